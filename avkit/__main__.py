@@ -1,0 +1,3 @@
+from avkit.cli import main
+
+main()

