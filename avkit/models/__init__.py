@@ -1,0 +1,70 @@
+"""Models: load a Llama / Qwen2 checkpoint (HF directory or GGUF) into avkit's compact forward.
+
+``load(path_or_id)`` -> :class:`LoadedModel` (model, tokenizer, model_id, sha256). The model's
+``forward(tokens, q_lens, slots, cache, logits)`` appends a different number of tokens per row to a
+slot-based KV cache (``model.new_cache(max_batch, max_len)``) and returns float32 logits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from avkit.errors import ModelError
+from avkit.models.config import ModelConfig
+from avkit.models.kv_cache import KVCache
+from avkit.models.registry import resolve
+from avkit.models.tokenizer import Tokenizer
+from avkit.models.transformer import Transformer
+from avkit.models.weights import fuse_hf_state, read_gguf, read_hf_dir
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: Transformer
+    tokenizer: Tokenizer
+    model_id: str  # what the caller asked for (alias, HF id or path)
+    sha256: str  # of the GGUF file, or of the safetensors files in name order
+
+
+def load(path_or_id: str | os.PathLike, dtype: torch.dtype = torch.float32,
+         device: str | torch.device = "cpu") -> LoadedModel:
+    """Resolve ``path_or_id`` (path, alias such as ``qwen2.5-coder-1.5b``, or cached HF id) and load it.
+
+    >>> m = load("qwen2.5-coder-0.5b")  # doctest: +SKIP
+    >>> m.model.config.num_layers  # doctest: +SKIP
+    24
+    """
+    path = resolve(path_or_id)
+    if path.is_dir():
+        cfg, tensors = read_hf_dir(path, dtype)
+        tokenizer = Tokenizer.from_dir(path)
+        digest = _sha256(sorted(path.glob("*.safetensors")))
+    elif path.suffix == ".gguf":
+        cfg, tensors, reader = read_gguf(path, dtype)
+        tokenizer = Tokenizer.from_gguf(reader, str(path))
+        digest = _sha256([path])
+    else:
+        raise ModelError(f"{path}: expected a model directory or a .gguf file")
+    state = fuse_hf_state(cfg, tensors, str(path))
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    model.load_state_dict(state, strict=True, assign=True)
+    model = model.to(device).eval().requires_grad_(False)
+    return LoadedModel(model, tokenizer, str(path_or_id), digest)
+
+
+def _sha256(files: list[Path]) -> str:
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            while chunk := fh.read(1 << 24):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+__all__ = ["KVCache", "LoadedModel", "ModelConfig", "Tokenizer", "Transformer", "load"]

@@ -1,0 +1,83 @@
+"""`avkit record`: run workloads through the engine and stream one Parquet row per draft slot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from avkit.config import RecordConfig, default_of
+from avkit.errors import ConfigError
+
+
+def _d(name: str):
+    return default_of(RecordConfig, name)
+
+
+def check_datasets(datasets: tuple[str, ...]) -> None:
+    """Fail before loading models: every dataset is a known workload or an existing JSONL file."""
+    from avkit.workloads import WORKLOADS
+
+    for name in datasets:
+        if name not in WORKLOADS and not Path(name).is_file():
+            raise ConfigError(f"--dataset {name!r}: not a built-in workload {sorted(WORKLOADS)} "
+                              "nor an existing .jsonl file")
+
+
+def render(result, console: Console) -> None:
+    table = Table(title=f"{result.trace_path}  ({result.rows_total} rows, run {result.run_id})")
+    for col in ("dataset", "rows", "labelled", "per-slot acc", "tokens/step", "acceptance by position"):
+        table.add_column(col, justify="left" if col in ("dataset", "acceptance by position") else "right")
+    for name, s in result.summary.items():
+        table.add_row(name, str(s["rows"]), str(s["labelled"]), f"{s['per_slot_acceptance']:.3f}",
+                      f"{s['tokens_per_step']:.2f}", " ".join(f"{a:.2f}" for a in s["acceptance_by_position"]))
+    console.print(table)
+    console.print(f"generations: {result.generations_path}  ({result.requests} requests finished this run"
+                  + (f", {result.skipped_long} prompts skipped as too long" if result.skipped_long else "") + ")")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("record")
+    def record(
+        target: Annotated[str, typer.Option(help="target model: alias, HF directory or GGUF file")] = _d("target"),
+        draft: Annotated[str, typer.Option(help="draft model ('none' = target-only decoding)")] = _d("draft"),
+        dataset: Annotated[Optional[list[str]], typer.Option(
+            "--dataset", help="humaneval | mtbench | sharegpt | bfcl | FILE.jsonl (repeatable)")] = None,
+        num_prompts: Annotated[int, typer.Option(help="prompts per dataset")] = _d("num_prompts"),
+        max_new_tokens: Annotated[int, typer.Option(help="tokens generated per request at most")] =
+            _d("max_new_tokens"),
+        max_prompt_tokens: Annotated[int, typer.Option(help="skip prompts longer than this")] =
+            _d("max_prompt_tokens"),
+        k: Annotated[int, typer.Option("-k", "--k", help="draft tokens per step")] = _d("k"),
+        temperature: Annotated[float, typer.Option(help="sampling temperature (0 = greedy)")] = _d("temperature"),
+        top_p: Annotated[float, typer.Option(help="top-p of target and draft sampling")] = _d("top_p"),
+        concurrency: Annotated[int, typer.Option(help="requests decoding at once")] = _d("concurrency"),
+        seed: Annotated[int, typer.Option(help="prompt order and sampling seed")] = _d("seed"),
+        out: Annotated[str, typer.Option(help="trace file (.parquet); generations go beside it")] = _d("out"),
+        resume: Annotated[bool, typer.Option(help="continue OUT: skip finished requests")] = _d("resume"),
+        slots_per_dataset: Annotated[int, typer.Option(
+            help="stop admitting a dataset after this many labelled slots (0 = off)")] = _d("slots_per_dataset"),
+        flush_interval: Annotated[float, typer.Option(help="seconds between flushes to disk")] =
+            _d("flush_interval_s"),
+        progress: Annotated[bool, typer.Option(help="show the progress bar")] = True,
+    ):
+        """Record acceptance traces: one row per draft slot, streamed to Parquet in row groups."""
+        from avkit.record import record as run
+
+        config = RecordConfig(
+            target=target, draft=draft, datasets=tuple(dataset) if dataset else _d("datasets"),
+            num_prompts=num_prompts, max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens, k=k,
+            temperature=temperature, top_p=top_p, concurrency=concurrency, seed=seed, out=out, resume=resume,
+            slots_per_dataset=slots_per_dataset, flush_interval_s=flush_interval)
+        check_datasets(config.datasets)
+        console = Console(stderr=True)
+        console.print(f"avkit record: {config.target} + {config.draft or 'no draft'}, "
+                      f"datasets {', '.join(config.datasets)} -> {config.out}")
+        result = run(config, progress=progress, console=console)
+        render(result, console)
+        if result.interrupted:
+            console.print("[yellow]interrupted:[/] files hold everything recorded so far; rerun with --resume")
+            raise typer.Exit(130)

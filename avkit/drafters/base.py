@@ -1,0 +1,68 @@
+"""The Drafter protocol: who proposes the K draft tokens that the target verifies.
+
+A drafter keeps its own per-slot state (the draft model's KV cache, a suffix tree) and is told
+three things by the engine: propose drafts for these sequences, these tokens are now final
+(`commit`), this slot is gone (`release`). It never sees target probabilities.
+Glossary:
+  slot         the engine's KV-cache slot of a request (shared with the target cache)
+  num_draft    the most drafts the engine wants from a request this step (<= K; fewer near the
+               end of max_new_tokens or max_len)
+  num_drafted  how many the drafter actually proposed (<= num_draft; a cache drafter may have none)
+  probs        the distribution each draft token was drawn from, after top-p (a deterministic
+               drafter gives one-hot rows): rejection sampling needs q(x) and q for the residual
+  features     lossless features of the UNtruncated draft distribution (avkit.features)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True)
+class DraftInput:
+    slots: torch.Tensor  # [B] int64 engine slots, ascending
+    sequences: list[list[int]]  # per request: prompt + output so far (read-only; the last token is new)
+    num_draft: torch.Tensor  # [B] int64, drafts wanted per request (0 allowed)
+    temperature: torch.Tensor  # [B] float32 (0 = greedy)
+    top_p: torch.Tensor  # [B] float32
+    seeds: torch.Tensor  # [B] int64 rng seed per request
+    request_keys: torch.Tensor  # [B] int64 rng key per request
+    positions: torch.Tensor  # [B] int64 = len(sequences[b]): absolute position of draft slot 0
+
+    @property
+    def k(self) -> int:
+        return int(self.num_draft.max()) if len(self.sequences) else 0
+
+
+@dataclass(frozen=True)
+class DraftProposal:
+    tokens: torch.Tensor  # [B, K] int64 draft tokens (0 beyond num_drafted)
+    probs: torch.Tensor  # [B, K, V] float32 truncated draft distributions (0 beyond num_drafted)
+    q_sampled: torch.Tensor  # [B, K] float32 q_j(x_j) under probs (LOSSY feature; trace only)
+    features: dict[str, torch.Tensor]  # name -> [B, K] float32 lossless features (NaN beyond num_drafted)
+    num_drafted: torch.Tensor  # [B] int64
+    kind: list[str]  # [B] drafter kind per request, the trace's `drafter` column: "model", "suffix"
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)  # optional trace columns, [B, K]:
+    # head_conf (trained head), match_len / cache_score (cache drafts); NaN = null
+
+
+class Drafter(Protocol):
+    kind: str
+
+    def propose(self, inp: DraftInput) -> DraftProposal:
+        """Up to num_draft[b] draft tokens per request, all requests batched."""
+        ...
+
+    def commit(self, slots: torch.Tensor, num_valid: torch.Tensor) -> None:
+        """The first num_valid[b] tokens of slot b's sequence are final: drop any state beyond them."""
+        ...
+
+    def release(self, slot: int) -> None:
+        """The request in `slot` left the batch."""
+        ...
+
+
+__all__ = ["DraftInput", "DraftProposal", "Drafter"]

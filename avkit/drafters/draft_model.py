@@ -1,0 +1,106 @@
+"""The model drafter: a small LM proposes K tokens per request, K forwards batched over requests.
+
+Its KV cache mirrors the target's slots. Invariant between steps: the cache holds a prefix of the
+sequence. A step first catches up on what it lacks (a new prompt, or the draft x_K and the bonus
+token after a fully accepted step: never fed, since x_K is sampled from the last forward), then
+runs K forwards of one token each:
+
+    forward 1 feeds seq[L:]  -> q_1 -> x_1      (L = cached length; 1 or 2 tokens)
+    forward i feeds x_{i-1}  -> q_i -> x_i      (i = 2..K)
+
+After verification `commit` truncates the cache to the accepted prefix, so nothing is recomputed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from avkit.drafters.base import DraftInput, DraftProposal
+from avkit.features import draft_features
+from avkit.runtime.sampling import probs_from_logits, sample_tokens
+
+_LONG_CATCH_UP = 2  # rows lacking more tokens than this are prefilled row by row first
+
+
+class DraftModelDrafter:
+    kind = "model"
+
+    def __init__(self, draft, max_batch: int, max_len: int):
+        self.model = draft.model
+        self.cache = self.model.new_cache(max_batch, max_len)
+        self.forward_s = 0.0  # wall time inside model forwards (for the engine's overhead stats)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    def _forward(self, tokens, q_lens, slots, logits):
+        t0 = time.perf_counter()
+        out = self.model.forward(tokens, q_lens, slots, self.cache, logits=logits)
+        self.forward_s += time.perf_counter() - t0
+        return out
+
+    def _prefill(self, inp: DraftInput) -> None:
+        """Feed all but the last token of rows that lag far behind (new prompts), in one padded forward."""
+        lengths = self.cache.lengths[inp.slots].tolist()
+        rows = [b for b, (seq, have) in enumerate(zip(inp.sequences, lengths)) if len(seq) - have > _LONG_CATCH_UP]
+        if not rows:
+            return
+        chunks = [inp.sequences[b][lengths[b]:-1] for b in rows]
+        q_lens = torch.tensor([len(c) for c in chunks], dtype=torch.int64)  # [n]
+        tokens = torch.zeros(len(rows), int(q_lens.max()), dtype=torch.int64)  # [n, S]
+        for i, c in enumerate(chunks):
+            tokens[i, : len(c)] = torch.tensor(c)
+        none = torch.zeros(len(rows), 0, dtype=torch.int64)  # no logits needed
+        self._forward(tokens, q_lens, inp.slots[rows], none)
+
+    def _first_inputs(self, inp: DraftInput) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, S<=2] right-padded tokens the cache lacks, and their counts [B]."""
+        lengths = self.cache.lengths[inp.slots].tolist()
+        feed = [seq[have:] for seq, have in zip(inp.sequences, lengths)]
+        q_lens = torch.tensor([len(f) for f in feed], dtype=torch.int64)
+        tokens = torch.zeros(len(feed), int(q_lens.max()), dtype=torch.int64)
+        for b, f in enumerate(feed):  # B rows of <= 2 tokens
+            tokens[b, : len(f)] = torch.tensor(f)
+        return tokens, q_lens
+
+    @torch.inference_mode()
+    def propose(self, inp: DraftInput) -> DraftProposal:
+        B, K, V = len(inp.sequences), inp.k, self.vocab_size
+        tokens_out = torch.zeros(B, K, dtype=torch.int64)  # [B, K]
+        probs_out = torch.zeros(B, K, V)  # [B, K, V]
+        q_sampled = torch.zeros(B, K)  # [B, K]
+        feats: dict[str, torch.Tensor] = {}
+        active = torch.nonzero(inp.num_draft > 0).squeeze(-1)  # rows still drafting
+        if K > 0:
+            self._prefill(inp)
+            tokens, q_lens = self._first_inputs(inp)
+            tokens, q_lens = tokens[active], q_lens[active]
+        for i in range(K):
+            logits = self._forward(tokens, q_lens, inp.slots[active], "last")  # [b, V]
+            temp, top_p = inp.temperature[active], inp.top_p[active]
+            for name, value in draft_features(logits, temp).items():  # lossless, before top-p
+                feats.setdefault(name, torch.full((B, K), float("nan")))[active, i] = value
+            q = probs_from_logits(logits, temp, top_p)  # [b, V] what x_i is drawn from
+            x = sample_tokens(q, inp.seeds[active], inp.request_keys[active], inp.positions[active] + i)
+            tokens_out[active, i] = x
+            probs_out[active, i] = q
+            q_sampled[active, i] = q.gather(-1, x[:, None]).squeeze(-1)
+            keep = inp.num_draft[active] > i + 1  # rows that want another draft
+            active, tokens, q_lens = active[keep], x[keep, None], torch.ones_like(x[keep])
+            if active.numel() == 0:
+                break
+        return DraftProposal(tokens_out, probs_out, q_sampled, feats, inp.num_draft.clone(),
+                             [self.kind] * B)
+
+    def commit(self, slots: torch.Tensor, num_valid: torch.Tensor) -> None:
+        have = self.cache.lengths[slots]
+        self.cache.truncate(slots, torch.minimum(have, num_valid))
+
+    def release(self, slot: int) -> None:
+        self.cache.free(slot)
+
+
+__all__ = ["DraftModelDrafter"]

@@ -1,0 +1,202 @@
+"""Routers for Hybrid Verified Decoding: per request and position, verify the cache draft or run
+the draft model (HVD paper, seeds/003; DESIGN.md §5).
+
+Glossary:
+  payoff        the cache draft's accepted length y (replay oracle, `avkit.sim.hvd_replay`)
+  tau           threshold on a predicted payoff: verify the cache draft iff prediction > tau;
+                chosen on the validation split to maximize simulated throughput (`avkit.hvd.path`)
+  survival      S_j = P(y >= j); a cycle verifying b cache tokens yields 1 + sum_{j<=b} S_j tokens
+Routers (registry `ROUTERS`, looked up by name):
+  model     never the cache (the model-only baseline; pays no cache lookup)
+  cache     always the cache when it has a draft (SuffixDecoding alone)
+  arctic    ArcticInference's rule: the cache iff its score >= the model draft length K
+  table     smoothed acceptance table keyed by (match-length bucket, draft position j):
+            p(j | bucket) = (accepted_j + a * p_j) / (reached_j + a), expected payoff
+            sum_{j<len} prod_{i<=j} p(i | bucket), thresholded at tau
+  mlp       `PayoffMLP` mean head thresholded at tau (the paper's router)
+  survival  `PayoffMLP` survival head: verify the cache prefix b that maximizes expected tokens per
+            cost when that beats the model drafter's expected tokens per cost (its survival from a
+            table keyed by recent model hit rate); cache and model compete in one budget
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import numpy as np
+import polars as pl
+
+from avkit.config import HvdCostConfig, PayoffConfig
+from avkit.errors import ConfigError
+from avkit.estimators.payoff_mlp import PayoffMLP
+from avkit.hvd.features import ALL_FEATURES, feature_matrix
+from avkit.hvd.path import Route, full_route, throughput
+
+MATCH_BUCKETS = np.array([1, 2, 3, 4, 6, 9, 13, 17])  # lower edges of the match-length buckets
+
+
+@dataclass(frozen=True)
+class RouterContext:
+    """What routers need besides the rows: K, the cost model, the feature set, the MLP config."""
+
+    k: int
+    cost: HvdCostConfig = HvdCostConfig()
+    features: tuple[str, ...] = ALL_FEATURES
+    payoff: PayoffConfig = PayoffConfig()
+
+
+class Router(Protocol):
+    name: str
+
+    def fit(self, train: pl.DataFrame, val: pl.DataFrame, ctx: RouterContext) -> None:
+        ...
+
+    def route(self, table: pl.DataFrame, ctx: RouterContext) -> Route:
+        ...
+
+
+def choose_tau(pred: np.ndarray, val: pl.DataFrame, ctx: RouterContext, grid: int = 40) -> float:
+    """The threshold (among prediction quantiles) with the best simulated validation throughput."""
+    has = val["draft_len"].to_numpy() > 0
+    cands = np.unique(np.quantile(pred[has], np.linspace(0, 1, grid + 1))) if has.any() else np.zeros(1)
+    cands = np.r_[cands[0] - 1.0, cands]  # also "always the cache"
+    scores = [throughput(val, full_route(val, pred > tau), ctx.cost, ctx.k) for tau in cands]
+    return float(cands[int(np.argmax(scores))])
+
+
+@dataclass
+class ModelOnly:
+    name: str = "model"
+
+    def fit(self, train, val, ctx) -> None:
+        pass
+
+    def route(self, table, ctx) -> Route:
+        return full_route(table, np.zeros(table.height, dtype=bool), consults_cache=False)
+
+
+@dataclass
+class CacheOnly:
+    name: str = "cache"
+
+    def fit(self, train, val, ctx) -> None:
+        pass
+
+    def route(self, table, ctx) -> Route:
+        return full_route(table, np.ones(table.height, dtype=bool))
+
+
+@dataclass
+class ArcticRule:
+    name: str = "arctic"
+
+    def fit(self, train, val, ctx) -> None:
+        pass
+
+    def route(self, table, ctx) -> Route:
+        return full_route(table, table["score"].to_numpy() >= ctx.k)
+
+
+@dataclass
+class AcceptanceTable:
+    prior_strength: float = 10.0  # a: pseudo-observations pulling each cell to its position's rate
+    name: str = "table"
+    tau: float = 0.0
+    cond: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # [buckets, K] P(accept j | reached j)
+
+    def fit(self, train, val, ctx) -> None:
+        rows = train.filter(pl.col("draft_len") > 0)
+        b = np.searchsorted(MATCH_BUCKETS, rows["match_len"].to_numpy(), side="right") - 1  # [N]
+        acc, dl = rows["cache_acc"].to_numpy(), rows["draft_len"].to_numpy()
+        j = np.arange(ctx.k)
+        reached = (j[None, :] < dl[:, None]) & (j[None, :] <= acc[:, None])  # [N, K] slot j labelled
+        accepted = j[None, :] < acc[:, None]  # [N, K]
+        nb = len(MATCH_BUCKETS)
+        r = np.zeros((nb, ctx.k))
+        a = np.zeros((nb, ctx.k))
+        np.add.at(r, b, reached)
+        np.add.at(a, b, accepted & reached)
+        prior = a.sum(0) / np.maximum(r.sum(0), 1)  # [K] per-position rate over all buckets
+        self.cond = (a + self.prior_strength * prior) / (r + self.prior_strength)
+        self.tau = choose_tau(self.predict(val, ctx), val, ctx)
+
+    def predict(self, table, ctx) -> np.ndarray:
+        b = np.searchsorted(MATCH_BUCKETS, np.maximum(table["match_len"].to_numpy(), 1), side="right") - 1
+        surv = np.cumprod(self.cond[b], axis=1)  # [N, K] P(y >= j + 1 | bucket)
+        mask = np.arange(ctx.k)[None, :] < table["draft_len"].to_numpy()[:, None]
+        return (surv * mask).sum(1)
+
+    def route(self, table, ctx) -> Route:
+        return full_route(table, self.predict(table, ctx) > self.tau)
+
+
+def _train_rows(table: pl.DataFrame, ctx: RouterContext) -> tuple[np.ndarray, np.ndarray]:
+    rows = table.filter(pl.col("draft_len") > 0)
+    return feature_matrix(dict(zip(rows.columns, rows.get_columns())), ctx.features), rows["cache_acc"].to_numpy()
+
+
+@dataclass
+class MLPRouter:
+    name: str = "mlp"
+    head: str = "mean"
+    tau: float = 0.0
+    model: PayoffMLP | None = None
+
+    def fit(self, train, val, ctx) -> None:
+        x, y = _train_rows(train, ctx)
+        xv, yv = _train_rows(val, ctx)
+        self.model = PayoffMLP(ctx.features, ctx.k, ctx.payoff, head=self.head).fit(x, y, xv, yv)
+        self.tau = choose_tau(self.predict(val, ctx), val, ctx)
+
+    def predict(self, table, ctx) -> np.ndarray:
+        x = feature_matrix(dict(zip(table.columns, table.get_columns())), ctx.features)
+        return np.where(table["draft_len"].to_numpy() > 0, self.model.predict(x), 0.0)
+
+    def route(self, table, ctx) -> Route:
+        return full_route(table, self.predict(table, ctx) > self.tau)
+
+
+@dataclass
+class SurvivalRouter(MLPRouter):
+    name: str = "survival"
+    head: str = "survival"
+    hit_bins: np.ndarray = field(default_factory=lambda: np.linspace(0, 1, 11)[1:-1])
+    model_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [bins] E[model accepted]
+
+    def fit(self, train, val, ctx) -> None:
+        x, y = _train_rows(train, ctx)
+        xv, yv = _train_rows(val, ctx)
+        self.model = PayoffMLP(ctx.features, ctx.k, ctx.payoff, head="survival").fit(x, y, xv, yv)
+        b = np.digitize(train["hist_model_hit"].to_numpy(), self.hit_bins)
+        acc = train["model_acc"].to_numpy().astype(np.float64)
+        n = np.bincount(b, minlength=len(self.hit_bins) + 1)
+        self.model_tokens = np.bincount(b, acc, minlength=len(self.hit_bins) + 1) / np.maximum(n, 1)
+
+    def _decide(self, table, ctx) -> tuple[np.ndarray, np.ndarray]:
+        c = ctx.cost
+        x = feature_matrix(dict(zip(table.columns, table.get_columns())), ctx.features)
+        surv = self.model.predict_survival(x)  # [N, K], zero beyond the draft
+        b = np.arange(1, ctx.k + 1)
+        cache_rate = (1 + np.cumsum(surv, 1)) / (1 + c.verify_token_cost * b + c.cache_cost)  # [N, K]
+        best_b = cache_rate.argmax(1) + 1  # [N] budget-optimal verify length
+        m_tok = self.model_tokens[np.digitize(table["hist_model_hit"].to_numpy(), self.hit_bins)]
+        model_rate = (1 + m_tok) / (1 + (c.verify_token_cost + c.draft_step_cost) * ctx.k + c.cache_cost)
+        use = (cache_rate.max(1) > model_rate) & (table["draft_len"].to_numpy() > 0)
+        return use, np.minimum(best_b, table["draft_len"].to_numpy())
+
+    def route(self, table, ctx) -> Route:
+        use, vlen = self._decide(table, ctx)
+        return Route(use, vlen.astype(np.int64))
+
+
+ROUTERS: dict[str, Callable[[], Router]] = {
+    "model": ModelOnly, "cache": CacheOnly, "arctic": ArcticRule, "table": AcceptanceTable,
+    "mlp": MLPRouter, "survival": SurvivalRouter,
+}
+
+
+def make_router(name: str) -> Router:
+    if name not in ROUTERS:
+        raise ConfigError(f"unknown hvd router {name!r}; choose from {sorted(ROUTERS)}")
+    return ROUTERS[name]()

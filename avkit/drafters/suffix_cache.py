@@ -1,0 +1,222 @@
+"""SuffixDecoding-style cache drafter: parameter-free drafts from the prompt, the output so far and
+past responses (Oliaro et al., SuffixDecoding, arXiv 2411.04975; DESIGN.md §5).
+
+Glossary:
+  suffix trie   counts of every substring of length <= max_depth of a set of sequences: inserting
+                token x_n walks the (at most max_depth) "active" nodes where the suffixes ending at
+                x_{n-1} stop, and moves each one child down. count(node) = occurrences of its string.
+  pattern       the last tokens of the request's context (prompt + output).
+  match_len     m, length of the pattern suffix the draft continues from (its trie node).
+  draft         the most frequent continuation path below the match node: at each step the child
+                with the largest count (ties: smallest token id), with path probability
+                P_j = prod_{i<=j} count(child_i) / count(parent_i). Drafting stops at K tokens, at
+                floor(m * max_spec_factor + max_spec_offset) tokens, or when P_j < min_token_prob.
+  score         sum_j P_j, the draft's expected accepted length under the frequency model. Among all
+                match lengths (and the local and global trees) the draft with the largest score wins;
+                ties go to the longer match, then to the local tree (ArcticInference's rule).
+  local tree    one per request over prompt + output (the trailing occurrence of the pattern is in
+                it, so a first occurrence yields no draft and repeats are slightly discounted).
+  global tree   past responses, FIFO-evicted by request beyond `max_cached_requests`.
+
+Memory is bounded: a sequence of n tokens adds at most n * max_depth nodes, and eviction removes
+exactly the nodes only it supported.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from avkit.config import SuffixCacheConfig
+from avkit.errors import ConfigError
+
+
+# A trie node is a two-item list [count, children: dict[token, node]]: a list literal is several
+# times cheaper to create than an object, and appends create up to max_depth nodes per token.
+_Node = list
+COUNT, CHILDREN = 0, 1
+
+
+def _new_node() -> list:
+    return [0, {}]
+
+
+@dataclass
+class CacheDraft:
+    """One cache draft and the runtime features the payoff predictor reads."""
+
+    tokens: list[int] = field(default_factory=list)  # [draft_len] proposed token ids
+    probs: list[float] = field(default_factory=list)  # [draft_len] path frequency probabilities P_j
+    match_len: int = 0  # m; 0 when there is no draft
+    score: float = 0.0  # sum(probs)
+    source: str = ""  # "local" (prompt + output) or "global" (past responses); "" when empty
+
+    @property
+    def draft_len(self) -> int:
+        return len(self.tokens)
+
+
+class SuffixTrie:
+    """Substring counts (length <= max_depth) over sequences that grow one token at a time."""
+
+    def __init__(self, max_depth: int):
+        self.max_depth = max_depth
+        self.root = _new_node()
+        self.num_nodes = 1
+        self._seqs: dict[int, list[int]] = {}
+        self._active: dict[int, list[_Node]] = {}  # seq -> [node of its last m tokens, m = 1..]
+
+    def append(self, seq_id: int, token: int) -> None:
+        seq = self._seqs.setdefault(seq_id, [])
+        active = self._active.get(seq_id, [])
+        new_active = []
+        # every suffix ending at the previous token (and the empty one at the root) grows by `token`,
+        # except the one already max_depth long
+        for node in [self.root, *active[: self.max_depth - 1]]:
+            child = node[CHILDREN].get(token)
+            if child is None:
+                child = node[CHILDREN][token] = [0, {}]
+                self.num_nodes += 1
+            child[COUNT] += 1
+            new_active.append(child)
+        self.root[COUNT] += 1
+        self._active[seq_id] = new_active
+        seq.append(token)
+
+    def extend(self, seq_id: int, tokens) -> None:
+        for t in tokens:
+            self.append(seq_id, int(t))
+
+    def remove(self, seq_id: int) -> None:
+        """Forget a sequence: undo the counts of each of its suffixes, dropping nodes that reach 0."""
+        seq = self._seqs.pop(seq_id)
+        self._active.pop(seq_id, None)
+        n = len(seq)
+        for start in range(n):
+            self.root[COUNT] -= 1
+            node, end = self.root, min(start + self.max_depth, n)
+            for j in range(start, end):
+                child = node[CHILDREN][seq[j]]
+                child[COUNT] -= 1
+                if child[COUNT] == 0:
+                    # its subtree held only this suffix: a chain of the remaining end - j nodes
+                    del node[CHILDREN][seq[j]]
+                    self.num_nodes -= end - j
+                    break
+                node = child
+
+    def suffix_nodes(self, seq_id: int) -> list[_Node]:
+        """Nodes of the sequence's own last m tokens, m = 1..min(len, max_depth)."""
+        return self._active.get(seq_id, [])
+
+    def match_nodes(self, pattern: list[int]) -> list[_Node]:
+        """Nodes of pattern[-m:] for m = 1.. while they exist (a suffix of a stored substring is stored)."""
+        out = []
+        n = len(pattern)
+        for m in range(1, min(n, self.max_depth) + 1):
+            node = self.root
+            for t in pattern[n - m:]:
+                node = node[CHILDREN].get(t)
+                if node is None:
+                    return out
+            out.append(node)
+        return out
+
+    @property
+    def num_sequences(self) -> int:
+        return len(self._seqs)
+
+
+def _walk(node: _Node, max_tokens: int, min_prob: float) -> tuple[list[int], list[float]]:
+    """Most frequent continuation below `node`, stopping when the path probability drops below min_prob."""
+    tokens, probs, prob = [], [], 1.0
+    while len(tokens) < max_tokens and node[CHILDREN]:
+        tok, child = max(node[CHILDREN].items(), key=lambda kv: (kv[1][COUNT], -kv[0]))
+        prob *= child[COUNT] / node[COUNT]
+        if prob < min_prob:
+            break
+        tokens.append(tok)
+        probs.append(prob)
+        node = child
+    return tokens, probs
+
+
+def best_draft(nodes: list[_Node], k: int, config: SuffixCacheConfig, source: str) -> CacheDraft:
+    """Highest-score draft over match lengths m = len(nodes)..1 (nodes[m-1] is the node of length m)."""
+    best = CacheDraft()
+    for m in range(len(nodes), 0, -1):
+        cap = min(k, int(m * config.max_spec_factor + config.max_spec_offset + 1e-6))
+        if cap <= 0 or best.score >= cap:
+            break  # caps shrink with m: no shorter match can beat the best score any more
+        tokens, probs = _walk(nodes[m - 1], cap, config.min_token_prob)
+        score = sum(probs)
+        if score > best.score:
+            best = CacheDraft(tokens, probs, m, score, source)
+    return best
+
+
+class SuffixCache:
+    """The cache drafter: a local trie per live request and a global trie over past responses.
+
+    >>> cache = SuffixCache(SuffixCacheConfig(min_token_prob=0.0))
+    >>> cache.start_request("r", [5, 6, 7, 8, 5, 6])
+    >>> cache.draft("r", k=4).tokens
+    [7, 8]
+    """
+
+    def __init__(self, config: SuffixCacheConfig = SuffixCacheConfig()):
+        self.config = config
+        self.global_trie = SuffixTrie(config.max_depth)
+        self._local: dict[str, SuffixTrie] = {}
+        self._outputs: dict[str, list[int]] = {}
+        self._fifo: deque[int] = deque()  # global sequence ids, oldest first
+        self._next_seq = 0
+
+    def start_request(self, request_id: str, prompt_ids) -> None:
+        if request_id in self._local:
+            raise ConfigError(f"suffix cache: request_id {request_id!r} is already active")
+        trie = SuffixTrie(self.config.max_depth)
+        trie.extend(0, prompt_ids)
+        self._local[request_id] = trie
+        self._outputs[request_id] = []
+
+    def append(self, request_id: str, token_ids) -> None:
+        """Add newly generated tokens of a live request."""
+        trie = self._trie(request_id)
+        trie.extend(0, token_ids)
+        self._outputs[request_id].extend(int(t) for t in token_ids)
+
+    def draft(self, request_id: str, k: int) -> CacheDraft:
+        """Draft up to k tokens continuing the request's context."""
+        trie = self._trie(request_id)
+        best = best_draft(trie.suffix_nodes(0), k, self.config, "local")
+        if self.config.use_global and self.global_trie.num_sequences:
+            context = trie._seqs[0][-self.config.max_depth:]
+            glob = best_draft(self.global_trie.match_nodes(context), k, self.config, "global")
+            if glob.score > best.score:
+                best = glob
+        return best
+
+    def finish_request(self, request_id: str, cache_response: bool = True) -> None:
+        """Drop the local trie; add the response to the global trie (evicting the oldest beyond the cap)."""
+        self._trie(request_id)
+        del self._local[request_id]
+        output = self._outputs.pop(request_id)
+        if not (cache_response and self.config.use_global and output and self.config.max_cached_requests):
+            return
+        seq_id, self._next_seq = self._next_seq, self._next_seq + 1
+        self.global_trie.extend(seq_id, output)
+        self._fifo.append(seq_id)
+        while len(self._fifo) > self.config.max_cached_requests:
+            self.global_trie.remove(self._fifo.popleft())
+
+    @property
+    def num_nodes(self) -> int:
+        """Trie nodes held (local + global): the memory measure, ~200 bytes each in CPython."""
+        return self.global_trie.num_nodes + sum(t.num_nodes for t in self._local.values())
+
+    def _trie(self, request_id: str) -> SuffixTrie:
+        trie = self._local.get(request_id)
+        if trie is None:
+            raise ConfigError(f"suffix cache: unknown request_id {request_id!r}")
+        return trie

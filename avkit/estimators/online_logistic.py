@@ -1,0 +1,193 @@
+"""The acceptance estimator: p_i = sigmoid(slope * f + intercept_i), refit online in rounds.
+
+Glossary:
+  feature     one lossless scalar per draft slot, oriented so that larger means more confident  [N]
+  position    draft position i in [0, K)                                                          [N]
+  round       `refit_interval` engine steps; its O(K) IRLS statistics (estimators/irls.py) are
+              summed at the predictions made when drafting, then one damped Newton step is taken
+              from that round's statistics only (vLLM's Adaptive Verification estimator)
+  batch fit   the same Newton step iterated on all observed slots to convergence (undamped:
+              damping protects online refits from small rounds; the fixed point is the MLE)
+Reference constants (EstimatorConfig): slope 0.5, intercepts -0.2, N = 100, ridge 1e-3,
+damping n / (n + 50).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from avkit.config import DEFAULT_K, EstimatorConfig
+from avkit.errors import DataError
+from avkit.estimators.base import register
+from avkit.estimators.irls import IrlsStats, irls_stats, shared_slope_step
+from avkit.features import FEATURES
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * x))  # overflow-free logistic
+
+
+def check_positions(positions, k: int) -> np.ndarray:
+    pos = np.asarray(positions)
+    if pos.size and (pos.min() < 0 or pos.max() >= k):
+        bad = pos.min() if pos.min() < 0 else pos.max()
+        raise DataError(f"positions must be in [0, {k}), got {bad}")
+    return pos.astype(np.intp, copy=False)
+
+
+class RoundLogistic:
+    """Online rounds and batch fitting shared by the logistic estimators; subclasses define the
+    coefficients (`_logits`, `_step`, `coefficients`)."""
+
+    name = "round_logistic"
+
+    def __init__(self, k: int = DEFAULT_K, config: EstimatorConfig = EstimatorConfig()):
+        self.k, self.config = k, config
+        spec = FEATURES.get(config.feature)
+        self.lossless = True if spec is None else spec.lossless
+        self.intercepts = np.full(k, config.init_intercept)  # [K]
+        self.observations = np.zeros(k, dtype=np.int64)  # [K] slots seen by applied and rejected refits
+        self.rounds = 0  # completed refit rounds (or batch iterations)
+        self.rejected = 0  # rounds whose step was rejected by a guard
+        self._round = IrlsStats.zeros(k)
+        self._steps = 0
+
+    # ---- subclass hooks ----
+    def _logits(self, features: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _step(self, stats: IrlsStats, damping: float) -> bool:
+        raise NotImplementedError
+
+    def coefficients(self) -> np.ndarray:
+        """All coefficients as one flat vector (convergence checks, trajectories)."""
+        raise NotImplementedError
+
+    # ---- Estimator protocol ----
+    def predict(self, features: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        """[N] feature, [N] position -> [N] acceptance probabilities."""
+        return sigmoid(self._logits(np.asarray(features, dtype=np.float64), check_positions(positions, self.k)))
+
+    def accumulate(self, features, positions, predictions, labels) -> None:
+        """Add observed slots ([N] each) to the current round's statistics (no refit)."""
+        pos = check_positions(positions, self.k)
+        self._round += irls_stats(np.asarray(features, dtype=np.float64), pos,
+                                  np.asarray(predictions, dtype=np.float64),
+                                  np.asarray(labels, dtype=np.float64), self.k)
+
+    def refit(self) -> bool:
+        """Close the round: one Newton step from its statistics; True if the step was applied."""
+        applied = self._step(self._round, self.config.damping)
+        self.observations += self._round.n
+        self.rounds += 1
+        self.rejected += int(not applied and self._round.n.any())
+        self._round, self._steps = IrlsStats.zeros(self.k), 0
+        return applied
+
+    def update(self, features, positions, predictions, labels) -> bool:
+        """Feed one engine step of observed slots; True when this step completed a refit round."""
+        self.accumulate(features, positions, predictions, labels)
+        self._steps += 1
+        if self._steps < self.config.refit_interval:
+            return False
+        self.refit()
+        return True
+
+    def fit(self, features, positions, labels, *, max_iter: int = 50, tol: float = 1e-10,
+            on_iteration: Callable[[RoundLogistic], None] | None = None) -> int:
+        """Batch fit: iterate the (undamped) Newton step on all rows until max |step| < tol.
+
+        Returns the number of iterations; `observations` becomes the per-position row counts.
+        """
+        f = np.asarray(features, dtype=np.float64)
+        pos = check_positions(positions, self.k)
+        y = np.asarray(labels, dtype=np.float64)
+        for it in range(1, max_iter + 1):
+            before = self.coefficients()
+            stats = irls_stats(f, pos, self.predict(f, pos), y, self.k)
+            applied = self._step(stats, 0.0)
+            self.rounds += 1
+            self.observations = stats.n.copy()
+            if on_iteration is not None:
+                on_iteration(self)
+            if not applied or np.max(np.abs(self.coefficients() - before)) < tol:
+                return it
+        return max_iter
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "feature": self.config.feature, "num_positions": self.k,
+                "intercepts": self.intercepts.tolist(), "observations": self.observations.tolist(),
+                "rounds": self.rounds, "rejected": self.rejected}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if int(state["num_positions"]) != self.k:
+            raise DataError(f"state has num_positions {state['num_positions']}, estimator has {self.k}")
+        self.intercepts = np.asarray(state["intercepts"], dtype=np.float64)
+        self.observations = np.asarray(state.get("observations", [0] * self.k), dtype=np.int64)
+        self.rounds, self.rejected = int(state.get("rounds", 0)), int(state.get("rejected", 0))
+
+
+@register("online_logistic")
+class OnlineLogistic(RoundLogistic):
+    """One slope shared by all positions, one intercept per position: K + 1 parameters.
+
+    Examples
+    --------
+    >>> est = OnlineLogistic(k=2)
+    >>> est.predict(np.array([0.0, 2.0]), np.array([0, 1])).round(4).tolist()
+    [0.4502, 0.69]
+    """
+
+    name = "online_logistic"
+
+    def __init__(self, k: int = DEFAULT_K, config: EstimatorConfig = EstimatorConfig()):
+        super().__init__(k, config)
+        self.slope = float(config.init_slope)
+
+    def _logits(self, features, positions):
+        return self.slope * features + self.intercepts[positions]
+
+    def _step(self, stats, damping):
+        self.slope, self.intercepts, applied = shared_slope_step(
+            stats, self.slope, self.intercepts, self.config.ridge, damping)
+        return applied
+
+    def coefficients(self):
+        return np.r_[self.slope, self.intercepts]
+
+    def state_dict(self):
+        return super().state_dict() | {"slope": self.slope}
+
+    def load_state_dict(self, state):
+        super().load_state_dict(state)
+        self.slope = float(state["slope"])
+
+
+@register("batch_logistic")
+class BatchLogistic(OnlineLogistic):
+    """The same model fitted in batch: `update` buffers observed slots, `refit` fits them all."""
+
+    name = "batch_logistic"
+
+    def __init__(self, k: int = DEFAULT_K, config: EstimatorConfig = EstimatorConfig(),
+                 max_iter: int = 50, tol: float = 1e-10):
+        super().__init__(k, config)
+        self.max_iter, self.tol = max_iter, tol
+        self._rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def update(self, features, positions, predictions, labels) -> bool:
+        self._rows.append((np.asarray(features, dtype=np.float64), check_positions(positions, self.k),
+                           np.asarray(labels, dtype=np.float64)))
+        return False
+
+    def refit(self) -> bool:
+        if not self._rows:
+            return False
+        f, pos, y = (np.concatenate(parts) for parts in zip(*self._rows))
+        self.fit(f, pos, y, max_iter=self.max_iter, tol=self.tol)
+        return True
+
+
+__all__ = ["BatchLogistic", "OnlineLogistic", "RoundLogistic", "check_positions", "sigmoid"]

@@ -1,0 +1,110 @@
+"""`avkit fit` as a library call: fit the chosen estimator on every feature and score it.
+
+For each feature of `avkit.features.FEATURES` present in the traces: a feature that already is
+a probability is scored by its no-fit estimator (q_max -> `qmax`, head_conf -> `passthrough`);
+every other feature is fitted with `online_logistic` (online mode: replayed in refit rounds)
+or `batch_logistic` (batch mode). The chosen feature is also fitted with the
+`per_position_slope` ablation. Lossy features are scored (flagged lossless = false) but never
+written to coefficients.json, the file `serve` deploys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import polars as pl
+
+from avkit.config import EstimatorConfig, FitConfig
+from avkit.errors import ConfigError
+from avkit.estimators import make_estimator
+from avkit.features import FEATURES
+from avkit.fit.data import FitData, load_fit_data
+from avkit.fit.replay import batch_fit, online_replay, trajectory_frame
+from avkit.metrics import score_table
+
+Progress = Callable[[str, int, int], None]  # (what, done, total)
+
+
+@dataclass
+class FitResult:
+    coefficients: dict  # the coefficients.json document
+    scores: list[dict]  # the scores.json rows
+    trajectory: pl.DataFrame  # one row per online refit (or batch iteration) of the chosen fit
+
+
+def check_feature(name: str) -> None:
+    if name not in FEATURES:
+        raise ConfigError(f"--feature: unknown feature {name!r}; choose from {sorted(FEATURES)}")
+    spec = FEATURES[name]
+    if spec.no_fit is not None:
+        raise ConfigError(f"--feature: {name!r} is a probability scored with no fit ({spec.no_fit}); "
+                          f"choose a feature to fit, e.g. 'logit_qmax'")
+    if not spec.lossless:
+        raise ConfigError(f"--feature: {name!r} is lossy (verifying by q(x_sampled) biases the output); "
+                          f"it is scored in scores.json but never deployed")
+
+
+def _fit_one(name: str, estimator: str, data: FitData, fit: FitConfig, est_cfg: EstimatorConfig,
+             progress: Progress | None):
+    """-> (estimator, predictions [N], trajectory rows) for one feature."""
+    spec = FEATURES[name]
+    values = data.features[name]
+    est = make_estimator(estimator, k=data.k, config=replace(est_cfg, feature=name))
+    if spec.no_fit is not None:
+        return est, est.predict(values, data.positions), []
+    f = spec.sign * values
+    if fit.mode == "batch":
+        preds, rows = batch_fit(est, data, f, max_iter=fit.max_iter, tol=fit.tol)
+    else:
+        on_round = None if progress is None else (lambda d, t: progress(f"{name} ({estimator})", d, t))
+        preds, rows = online_replay(est, data, f, est_cfg.refit_interval, on_round)
+    return est, preds, rows
+
+
+def _plan(fit: FitConfig, est_cfg: EstimatorConfig, data: FitData) -> list[tuple[str, str]]:
+    logistic = "online_logistic" if fit.mode == "online" else "batch_logistic"
+    plan = [(n, FEATURES[n].no_fit or logistic) for n in FEATURES if n in data.features]
+    return plan + [(est_cfg.feature, "per_position_slope")]
+
+
+def run_fit(paths, fit: FitConfig = FitConfig(), est_cfg: EstimatorConfig = EstimatorConfig(),
+            progress: Progress | None = None) -> FitResult:
+    """Fit and score every feature of the traces at `paths`; nothing is written here."""
+    check_feature(est_cfg.feature)
+    data = load_fit_data(paths)
+    scores, chosen = [], None
+    plan = _plan(fit, est_cfg, data)
+    for i, (name, estimator) in enumerate(plan):
+        est, preds, rows = _fit_one(name, estimator, data, fit, est_cfg, progress)
+        for row in score_table(data.labels, preds, data.positions, data.dataset_codes, data.dataset_names,
+                               n_bins=fit.n_bins):
+            scores.append({"feature": name, "lossless": FEATURES[name].lossless, "estimator": estimator, **row})
+        if name == est_cfg.feature and chosen is None:
+            chosen = (est, rows)
+        if progress is not None:
+            progress("features", i + 1, len(plan))
+    est, rows = chosen
+    return FitResult(_coefficients(est, data, fit, est_cfg), scores, trajectory_frame(rows))
+
+
+def _coefficients(est, data: FitData, fit: FitConfig, est_cfg: EstimatorConfig) -> dict:
+    return {
+        "schema_version": 1,
+        "feature": est_cfg.feature,
+        "feature_sign": FEATURES[est_cfg.feature].sign,  # p = sigmoid(slope * sign * feature + b_i)
+        "num_positions": data.k,
+        "slope": float(est.slope),
+        "intercepts": [float(b) for b in est.intercepts],
+        "observations": [int(n) for n in est.observations],
+        "mode": fit.mode,
+        "estimator": est.name,
+        "refit_interval": est_cfg.refit_interval,
+        "ridge": est_cfg.ridge,
+        "damping": est_cfg.damping,
+        "lossless": True,
+        "trained_on": data.trained_on,
+    }
+
+
+__all__ = ["FitResult", "check_feature", "run_fit"]

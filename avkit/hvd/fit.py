@@ -1,0 +1,140 @@
+"""`fit_hvd`: replay greedy traces, train the payoff predictor, choose tau, score every router.
+
+Pipeline: generations + greedy traces -> `replay` rows (one per request and decode position) ->
+split by request (per dataset: train / validation / test) -> routers fitted on train, thresholds
+chosen on validation -> metrics on test per dataset and overall -> files in `out_dir`:
+  payoff_mlp.pt        mean-head PayoffMLP + tau + feature names (what the live router loads)
+  payoff_survival.pt   survival-head PayoffMLP
+  hvd_metrics.json     the metrics table, thresholds, feature ablation and replay facts
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
+from avkit.drafters.router import ROUTERS, MLPRouter, RouterContext, make_router
+from avkit.errors import DataError
+from avkit.hvd.features import FEATURE_GROUPS, feature_matrix
+from avkit.sim.hvd_replay import ReplayGeneration, evaluate, load_generations, replay
+
+ABLATION = (("base",), ("base", "history"), ("base", "history", "structure"),
+            ("base", "history", "structure", "copy"))
+
+
+@dataclass
+class HvdResult:
+    metrics: pl.DataFrame  # router x dataset (test split)
+    ablation: pl.DataFrame  # feature groups -> validation MSE, test throughput of the mlp router
+    thresholds: dict[str, float]
+    info: dict = field(default_factory=dict)  # replay facts: rows, requests, seconds, splits
+    files: list[str] = field(default_factory=list)
+
+
+def split_by_request(table: pl.DataFrame, config: PayoffConfig) -> np.ndarray:
+    """[R] split label per row ('train' / 'val' / 'test'): requests shuffled per dataset with the seed."""
+    rng = np.random.default_rng(config.seed)
+    label: dict[str, str] = {}
+    reqs = table.select("dataset", "request_id").unique(maintain_order=True)
+    for (_,), grp in reqs.group_by("dataset", maintain_order=True):
+        ids = grp["request_id"].to_list()
+        perm = rng.permutation(len(ids))
+        n_val = max(1, round(config.val_fraction * len(ids)))
+        n_test = max(1, round(config.test_fraction * len(ids)))
+        for rank, i in enumerate(perm):
+            label[ids[i]] = "val" if rank < n_val else "test" if rank < n_val + n_test else "train"
+    return np.array([label[r] for r in table["request_id"].to_list()])
+
+
+def _ablation(train, val, test, ctx: RouterContext) -> pl.DataFrame:
+    rows = []
+    for groups in ABLATION:
+        feats = tuple(n for g in groups for n in FEATURE_GROUPS[g])
+        c = RouterContext(ctx.k, ctx.cost, feats, ctx.payoff)
+        r = MLPRouter()
+        r.fit(train, val, c)
+        mse = min(r.model.history) if r.model.history else float("nan")
+        m = evaluate(test, {"mlp": r.route(test, c), "model": make_router("model").route(test, c),
+                            "cache": make_router("cache").route(test, c)}, c.cost, c.k)
+        row = m.filter((pl.col("router") == "mlp") & (pl.col("dataset") == "overall"))
+        rows.append({"features": "+".join(groups), "n_features": len(feats), "val_mse": mse,
+                     "throughput": row["throughput"][0], "speedup_vs_model": row["speedup_vs_model"][0]})
+    return pl.DataFrame(rows)
+
+
+def fit_hvd_generations(gens: list[ReplayGeneration], out_dir: str | os.PathLike | None = None, *,
+                        cache_config: SuffixCacheConfig = SuffixCacheConfig(),
+                        replay_config: HvdReplayConfig = HvdReplayConfig(),
+                        payoff_config: PayoffConfig = PayoffConfig(), cost: HvdCostConfig = HvdCostConfig(),
+                        classes: np.ndarray | None = None, routers: tuple[str, ...] = tuple(ROUTERS),
+                        ablation: bool = True, progress: bool = False, extra_info: dict | None = None) -> HvdResult:
+    """Replay, fit and score on in-memory generations (the trace-free core of `fit_hvd`)."""
+    t0 = time.perf_counter()
+    table = replay(gens, cache_config, replay_config, classes, progress)
+    replay_s = time.perf_counter() - t0
+    if table.select("dataset", "request_id").unique().height < 3:
+        raise DataError(f"hvd fit: need at least 3 requests to split train/val/test, got "
+                        f"{table['request_id'].n_unique()}")
+    split = split_by_request(table, payoff_config)
+    train, val, test = (table.filter(pl.Series(split == s)) for s in ("train", "val", "test"))
+    ctx = RouterContext(replay_config.k, cost, tuple(n for g in FEATURE_GROUPS.values() for n in g)
+                        if classes is not None else tuple(n for g in ("base", "history", "copy")
+                                                          for n in FEATURE_GROUPS[g]), payoff_config)
+    fitted = {}
+    for name in dict.fromkeys(("model", "cache", *routers)):
+        fitted[name] = make_router(name)
+        fitted[name].fit(train, val, ctx)
+    metrics = evaluate(test, {n: r.route(test, ctx) for n, r in fitted.items()}, cost, replay_config.k,
+                       replay_config.high_payoff)
+    thresholds = {n: float(r.tau) for n, r in fitted.items() if hasattr(r, "tau")}
+    abl = _ablation(train, val, test, ctx) if ablation and classes is not None else pl.DataFrame()
+    info = {"rows": table.height, "requests": table["request_id"].n_unique(), "replay_s": round(replay_s, 2),
+            "rows_with_cache_draft": int((table["draft_len"] > 0).sum()),
+            "split_requests": {s: int(np.unique(table["request_id"].to_numpy()[split == s]).size)
+                               for s in ("train", "val", "test")},
+            "mean_cache_acc": float(table["cache_acc"].mean()), "mean_model_acc": float(table["model_acc"].mean()),
+            "features": list(ctx.features), "k": replay_config.k, "cost": asdict(cost),
+            "suffix_cache": asdict(cache_config), "payoff": asdict(payoff_config), **(extra_info or {})}
+    result = HvdResult(metrics, abl, thresholds, info)
+    if out_dir is not None:
+        result.files = _write(result, fitted, Path(out_dir))
+    return result
+
+
+def _write(result: HvdResult, fitted: dict, out: Path) -> list[str]:
+    out.mkdir(parents=True, exist_ok=True)
+    files = []
+    for name, fname in (("mlp", "payoff_mlp.pt"), ("survival", "payoff_survival.pt")):
+        if name in fitted and fitted[name].model is not None:
+            fitted[name].model.save(out / fname, tau=fitted[name].tau)
+            files.append(str(out / fname))
+    blob = {"metrics": result.metrics.to_dicts(), "ablation": result.ablation.to_dicts(),
+            "thresholds": result.thresholds, "info": result.info}
+    path = out / "hvd_metrics.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(blob, indent=1, default=float))
+    os.replace(tmp, path)
+    return files + [str(path)]
+
+
+def fit_hvd(trace_paths: list[str | os.PathLike], out_dir: str | os.PathLike | None, *,
+            tokenizer: str | None = None, **kwargs) -> HvdResult:
+    """`avkit fit --hvd`: greedy traces (each with its `.generations.parquet`) -> payoff predictor + metrics.
+
+    `tokenizer` (a model path or alias) provides the token-structure features; without it they are left out.
+    """
+    from avkit.hvd.token_classes import class_table_for
+
+    gens, facts = load_generations(trace_paths)
+    classes = class_table_for(tokenizer) if tokenizer else None
+    extra = {"traces": [str(p) for p in trace_paths], "tokenizer": tokenizer or "",
+             "unknown_model_positions": facts["unknown_model_positions"],
+             "temperatures": sorted(facts["temperatures"])}
+    return fit_hvd_generations(gens, out_dir, classes=classes, extra_info=extra, **kwargs)

@@ -1,0 +1,82 @@
+"""Survival and budgeted allocation, torch reference: the spec and CPU path of `allocate_triton`.
+
+Budgeted verification (DESIGN.md §4): with confidences c[r, j], request r's slot j survives the
+verification of its prefix with s[r, j] = prod_{i <= j} c[r, i]. Given a budget of b slots, the
+b valid slots with the largest survival are verified; ties are broken by (request, position)
+ascending, so the result is deterministic and, because survival never grows with depth, each
+request gets a prefix: num_verify[r] = how many of r's slots made the cut.
+Glossary:
+  c            confidence of a draft slot, in [0, 1]                          [B, K]
+  num_drafted  drafts proposed per request; slots j >= num_drafted are invalid [B]
+  budget       b, the number of slots to verify across the batch (int or 1-element tensor)
+The product is taken left to right in float32 (s_j = s_{j-1} * c_j), the order the kernel uses,
+so both paths give bit-identical survivals and therefore identical rankings.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from avkit.errors import DataError
+
+
+class Allocation(NamedTuple):
+    survival: torch.Tensor  # [B, K] float32, 0 at invalid slots
+    num_verify: torch.Tensor  # [B] int64, verified prefix length per request
+
+
+def allocation_inputs(confidences, num_drafted, budget):
+    """Check shapes (and values, on CPU); return c [B, K] fp32, num_drafted [B] int64, budget [1] int64."""
+    c = torch.as_tensor(confidences)
+    if c.dim() != 2:
+        raise DataError(f"confidences must be [B, K], got shape {tuple(c.shape)}")
+    nd = torch.as_tensor(num_drafted, device=c.device).to(torch.int64)
+    if tuple(nd.shape) != (c.shape[0],):
+        raise DataError(f"num_drafted must have shape [{c.shape[0]}], got {tuple(nd.shape)}")
+    b = torch.as_tensor(budget, device=c.device).to(torch.int64).reshape(-1)
+    if b.numel() != 1:
+        raise DataError(f"budget must be one integer, got shape {tuple(b.shape)}")
+    c = c.float()
+    if c.device.type == "cpu":  # on a GPU these checks would cost a sync per step
+        if c.numel() and not bool(((c >= 0) & (c <= 1)).all()):
+            raise DataError(f"confidences must be in [0, 1], got {c[~((c >= 0) & (c <= 1))][0].item()}")
+        if bool(((nd < 0) | (nd > c.shape[1])).any()):
+            raise DataError(f"num_drafted must be in [0, {c.shape[1]}], got {nd.tolist()[:8]}")
+        if int(b) < 0:
+            raise DataError(f"budget must be >= 0, got {int(b)}")
+    return c.contiguous(), nd.contiguous(), b
+
+
+def survival_ref(c: torch.Tensor, num_drafted: torch.Tensor) -> torch.Tensor:
+    """[B, K] fp32, [B] int64 -> [B, K] fp32 cumulative products, 0 beyond num_drafted."""
+    s = c.clone()
+    for j in range(1, c.shape[1]):  # over positions (K <= ~16), vectorized over requests
+        s[:, j] = s[:, j - 1] * c[:, j]
+    valid = torch.arange(c.shape[1], device=c.device) < num_drafted[:, None]
+    return torch.where(valid, s, torch.zeros_like(s))
+
+
+@torch.no_grad()
+def allocate_ref(confidences, num_drafted, budget) -> Allocation:
+    """Survival of every slot and each request's verified prefix under a budget of slots.
+
+    Examples
+    --------
+    >>> a = allocate_ref(torch.tensor([[0.9, 0.9], [0.5, 0.9]]), torch.tensor([2, 2]), 3)
+    >>> a.num_verify.tolist()
+    [2, 1]
+    """
+    c, nd, b = allocation_inputs(confidences, num_drafted, budget)
+    B, K = c.shape
+    s = survival_ref(c, nd)  # [B, K]
+    valid = (torch.arange(K, device=c.device) < nd[:, None]).reshape(-1)  # [B*K]
+    # Invalid slots get -1 (below any survival) and sort last; a stable descending sort keeps
+    # the flat (request, position) order among equal survivals: the tie rule.
+    key = torch.where(valid, s.reshape(-1), torch.full_like(s.reshape(-1), -1.0))
+    order = torch.sort(key, descending=True, stable=True).indices  # [B*K]
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=c.device)
+    chosen = valid & (rank < b)  # [B*K]
+    return Allocation(s, chosen.reshape(B, K).sum(-1))

@@ -1,0 +1,103 @@
+"""Draft confidence, torch reference: the specification and the CPU path of `confidence_triton`.
+
+One pass over each draft distribution gives the lossless features the policy needs and the
+estimator's prediction (DESIGN.md §3): c = sigma(slope * logit(q_max) + intercept[position]).
+Glossary:
+  l       draft logits / temperature (T = 0 read as 1), before top-p/top-k     [rows, V]
+  m       max_z l_z                                                            [rows]
+  s_o     sum_{z != argmax} exp(l_z - m): the other tokens' mass over the top  [rows]
+  q_max   1 / (1 + s_o)
+  logit   log(q_max / (1 - q_max)) = -log(s_o), exact as q_max -> 1, clamped to [-40, 40]
+  H       entropy of softmax(l) = log(1 + s_o) - sum_z e_z (l_z - m) / (1 + s_o)
+Rows are flattened draft slots (e.g. B*K); `positions` says which intercept each row uses.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from avkit.errors import DataError
+
+CLAMP = 40.0  # logit(q_max) is clamped to [-CLAMP, CLAMP], as in avkit.features
+
+
+class Confidence(NamedTuple):
+    logit_qmax: torch.Tensor  # [...] float32
+    q_max: torch.Tensor  # [...] float32
+    entropy: torch.Tensor  # [...] float32, nats
+    confidence: torch.Tensor  # [...] float32, sigma(slope * logit_qmax + intercepts[positions])
+
+
+def confidence_inputs(logits, temperature, positions, intercepts):
+    """Check and flatten the inputs shared by both paths.
+
+    Returns logits [rows, V], inverse temperature [rows] float32, positions [rows] int64 and
+    intercepts [K] float32, all on the logits' device, plus the leading shape to restore.
+    Temperature is per leading index (e.g. [B] per request); positions broadcast from the right.
+    """
+    if logits.dim() < 1 or logits.shape[-1] < 2:
+        raise DataError(f"logits must have shape [..., V] with V >= 2, got {tuple(logits.shape)}")
+    if not logits.dtype.is_floating_point:
+        raise DataError(f"logits must be a float tensor, got {logits.dtype}")
+    lead = tuple(logits.shape[:-1])
+    dev = logits.device
+    t = torch.as_tensor(temperature, dtype=torch.float32, device=dev)
+    pos = torch.as_tensor(positions, dtype=torch.int64, device=dev)
+    beta = torch.as_tensor(intercepts, dtype=torch.float32, device=dev).reshape(-1)  # [K]
+    if t.dim() > len(lead) or tuple(t.shape) != lead[: t.dim()]:
+        raise DataError(f"temperature shape {tuple(t.shape)} is not a leading shape of logits {lead}")
+    try:
+        pos = torch.broadcast_to(pos, lead)
+    except RuntimeError:
+        raise DataError(f"positions shape {tuple(pos.shape)} does not broadcast to logits {lead}") from None
+    if dev.type == "cpu":  # on a GPU these checks would cost a sync per step
+        if not bool(((t >= 0) & torch.isfinite(t)).all()):
+            raise DataError(f"temperature must be finite and >= 0, got {t.flatten()[:4].tolist()}")
+        if pos.numel() and not bool(((pos >= 0) & (pos < beta.numel())).all()):
+            raise DataError(f"positions must be in [0, {beta.numel()}) (one intercept each), "
+                            f"got {pos.flatten()[:8].tolist()}")
+
+    inv_t = 1.0 / torch.where(t == 0, torch.ones_like(t), t)  # greedy (T = 0) is read as T = 1
+    inv_t = inv_t.reshape(tuple(t.shape) + (1,) * (len(lead) - t.dim())).expand(lead)  # per request
+    return (logits.reshape(-1, logits.shape[-1]), inv_t.reshape(-1).contiguous(),
+            pos.reshape(-1).contiguous(), beta, lead)
+
+
+@torch.no_grad()
+def confidence_ref(logits: torch.Tensor, temperature, positions, slope: float, intercepts) -> Confidence:
+    """Features and predicted acceptance of every draft slot, from its draft logits.
+
+    Parameters
+    ----------
+    logits : Tensor [..., V], float32 or bfloat16 (V need not be a power of two)
+    temperature : float or Tensor of a leading shape of ``logits``; 0 is read as 1
+    positions : int or int64 Tensor broadcastable to ``logits.shape[:-1]`` (e.g. arange(K) for
+        [B, K, V]): the draft position, i.e. intercept index, of each row
+    slope : float, the shared slope (omega)
+    intercepts : Tensor or sequence [K], one intercept (beta_i) per draft position
+
+    Returns
+    -------
+    Confidence of float32 Tensors [...] (the leading shape of ``logits``).
+
+    Examples
+    --------
+    >>> c = confidence_ref(torch.tensor([[2.0, 0.0]]), 1.0, 0, 0.5, [-0.2])
+    >>> round(float(c.q_max[0]), 4), round(float(c.logit_qmax[0]), 4), round(float(c.confidence[0]), 4)
+    (0.8808, 2.0, 0.69)
+    """
+    x, inv_t, pos, beta, lead = confidence_inputs(logits, temperature, positions, intercepts)
+    lg = x.float() * inv_t[:, None]  # [rows, V]
+    m, top = lg.max(-1, keepdim=True)  # [rows, 1]
+    e = torch.exp(lg - m)  # [rows, V]; -inf logits give 0
+    e.scatter_(-1, top, 0.0)  # drop the top: s_o without the cancellation of (sum - 1)
+    s_o = e.sum(-1)  # [rows]
+    z = 1.0 + s_o
+    # e_z (l_z - m) with 0 where e_z = 0 (covers l_z = -inf); the top contributes 1 * 0.
+    el = torch.where(e > 0, e * (lg - m), torch.zeros_like(e)).sum(-1)  # [rows]
+    entropy = (torch.log1p(s_o) - el / z).clamp_min(0.0)
+    logit = (-torch.log(s_o)).clamp(-CLAMP, CLAMP)
+    conf = torch.sigmoid(float(slope) * logit + beta[pos])
+    return Confidence(*(v.reshape(lead) for v in (logit, 1.0 / z, entropy, conf)))

@@ -1,0 +1,163 @@
+"""Rejection sampling with variable verify lengths, Triton: one program per request.
+
+Spec and CPU path: `avkit.verify.rejection_sample_ref` (same signature, same random numbers, so
+integer outputs agree bit for bit). Per request r with k = num_verify[r]:
+  1. accept test for every slot at once: u_j < p_j(x_j) / q_j(x_j), u_j = uniform(seed, r,
+     pos + j, STREAM_ACCEPT, 0) (greedy: x_j == argmax p_j, from one [K+1, V] pass over the
+     rows 0..k only); n = length of the accepted prefix among the k verified slots;
+  2. one pass over row n of the vocabulary: the exponential race argmax_v w_v / E_v,
+     E_v = -log(uniform(seed, r, pos + n, STREAM_SAMPLE, v)), with w = max(p_n - q_n, 0) after a
+     rejection (n < k) or w = p_n for the bonus token (n = k); a residual with no mass falls back
+     to p_n. Both races run in the same pass, so the fallback costs no extra read.
+The hash chain over (seed, request, position, stream) is computed once per row; each vocabulary
+element costs one lowbias32 round. Ties keep the lowest index, as torch.argmax does.
+Glossary: x draft tokens [B, K], p target probs [B, K+1, V], q draft probs [B, K, V].
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from avkit.errors import DataError
+from avkit.kernels.rng import STREAM_ACCEPT, STREAM_SAMPLE
+from avkit.kernels.rng_triton import key_hash, stream_hash, uniform_from_prefix
+
+_ACCEPT = tl.constexpr(STREAM_ACCEPT)
+_SAMPLE = tl.constexpr(STREAM_SAMPLE)
+_TINY = tl.constexpr(torch.finfo(torch.float32).tiny)  # q is clamped to this, as in the reference
+
+
+@triton.jit
+def _greedy_argmax(p_row, stride_pk, rows, nv, V, K_PAD: tl.constexpr, BLOCK_V: tl.constexpr):
+    """[K_PAD] argmax over the vocabulary of target rows 0..nv (later rows are never read)."""
+    best = tl.full([K_PAD], float("-inf"), tl.float32)
+    arg = tl.zeros([K_PAD], tl.int64)
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        tile = tl.load(p_row + rows[:, None] * stride_pk + offs[None, :],
+                       mask=(rows[:, None] <= nv) & (offs[None, :] < V), other=float("-inf"))
+        tile = tile.to(tl.float32)  # [K_PAD, BLOCK_V]
+        bmax = tl.max(tile, 1)
+        barg = tl.argmax(tile, 1).to(tl.int64) + start
+        arg = tl.where(bmax > best, barg, arg)  # strictly greater: the earlier block wins ties
+        best = tl.maximum(best, bmax)
+    return arg
+
+
+@triton.jit
+def _race(p_row, q_row, resid, prefix, V, BLOCK_V: tl.constexpr):
+    """Exponential race over one vocabulary row; returns the residual's winner, or p's if no mass."""
+    best_w = tl.full([], -1.0, tl.float32)
+    arg_w = tl.zeros([], tl.int64)
+    best_p = tl.full([], -1.0, tl.float32)
+    arg_p = tl.zeros([], tl.int64)
+    mass = tl.zeros([], tl.float32)
+    q_end = tl.where(resid, V, 0)  # q_n is read only after a rejection
+    for start in range(0, V, BLOCK_V):
+        offs = start + tl.arange(0, BLOCK_V)
+        inb = offs < V
+        p = tl.load(p_row + offs, mask=inb, other=0.0).to(tl.float32)  # [BLOCK_V]
+        q = tl.load(q_row + offs, mask=offs < q_end, other=0.0).to(tl.float32)
+        w = tl.where(resid, tl.maximum(p - q, 0.0), p)
+        e = -tl.log(uniform_from_prefix(prefix, offs))  # Exp(1) per vocabulary index
+        kw = tl.where(inb, w / e, -1.0)
+        kp = tl.where(inb, p / e, -1.0)
+        bw = tl.max(kw, 0)
+        bp = tl.max(kp, 0)
+        arg_w = tl.where(bw > best_w, tl.argmax(kw, 0).to(tl.int64) + start, arg_w)
+        arg_p = tl.where(bp > best_p, tl.argmax(kp, 0).to(tl.int64) + start, arg_p)
+        best_w = tl.maximum(best_w, bw)
+        best_p = tl.maximum(best_p, bp)
+        mass = tl.maximum(mass, tl.max(w, 0))
+    return tl.where(mass > 0, arg_w, arg_p)
+
+
+@triton.jit
+def rejection_kernel(
+    target_ptr, stride_tb, stride_tk,  # *[B, K+1, V] target probs, unit stride along V
+    draft_ptr, stride_db, stride_dk,  # *[B, K, V] draft probs, unit stride along V
+    tokens_ptr, stride_xb,  # *[B, K] int64 draft tokens
+    num_verify_ptr, seeds_ptr, keys_ptr, pos_ptr,  # *[B] int64 each
+    out_ptr,  # *[B, K+1] int64 output tokens, -1 padded
+    num_acc_ptr,  # *[B] int64
+    accepted_ptr, observed_ptr,  # *[B, K] bool
+    target_prob_ptr,  # *[B, K] fp32
+    K, V,
+    GREEDY: tl.constexpr, K_PAD: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    nv = tl.load(num_verify_ptr + b)
+    key_h = key_hash(tl.load(seeds_ptr + b), tl.load(keys_ptr + b))
+    pos = tl.load(pos_ptr + b)
+    p_row = target_ptr + b * stride_tb
+    q_row = draft_ptr + b * stride_db
+    j = tl.arange(0, K_PAD).to(tl.int64)  # slots (K_PAD >= K + 1)
+    is_draft = j < K
+    x = tl.load(tokens_ptr + b * stride_xb + j, mask=is_draft, other=0)  # [K_PAD]
+    p_x = tl.load(p_row + j * stride_tk + x, mask=is_draft, other=0.0).to(tl.float32)
+    verified = j < nv
+    if GREEDY:
+        arg = _greedy_argmax(p_row, stride_tk, j, nv, V, K_PAD, BLOCK_V)  # [K_PAD]
+        ok = x == arg
+    else:
+        q_x = tl.load(q_row + j * stride_dk + x, mask=is_draft, other=1.0).to(tl.float32)
+        u = uniform_from_prefix(stream_hash(key_h, pos + j, _ACCEPT), tl.zeros_like(j))  # [K_PAD]
+        ok = u < p_x / tl.maximum(q_x, _TINY)  # accept with probability min(1, p/q)
+    n = tl.min(tl.where(verified & ~ok, j, nv), 0)  # first rejection among verified slots, else k
+    if GREEDY:
+        token = tl.sum(tl.where(j == n, arg, 0), 0)
+    else:
+        resid = n < nv  # rejected at n: residual max(p_n - q_n, 0); else bonus from p_n
+        prefix = stream_hash(key_h, pos + n, _SAMPLE)
+        token = _race(p_row + n * stride_tk, q_row + n * stride_dk, resid, prefix, V, BLOCK_V)
+    out = tl.where(j < n, x, tl.where(j == n, token, -1))
+    tl.store(out_ptr + b * (K + 1) + j, out, mask=j < K + 1)
+    tl.store(num_acc_ptr + b, n)
+    tl.store(accepted_ptr + b * K + j, j < n, mask=is_draft)
+    tl.store(observed_ptr + b * K + j, verified & (j <= n), mask=is_draft)
+    tl.store(target_prob_ptr + b * K + j, tl.where(verified, p_x, float("nan")), mask=is_draft)
+
+
+def _check(target_probs, draft_probs, draft_tokens, num_verify, seeds, request_keys, positions):
+    B, K = draft_tokens.shape
+    V = target_probs.shape[-1]
+    if tuple(target_probs.shape) != (B, K + 1, V) or tuple(draft_probs.shape) != (B, K, V):
+        raise DataError(f"rejection_sample: target_probs {tuple(target_probs.shape)} and draft_probs "
+                        f"{tuple(draft_probs.shape)} must be [B, K+1, V] and [B, K, V] with "
+                        f"draft_tokens [B, K] = {(B, K)}")
+    for name, t in (("num_verify", num_verify), ("seeds", seeds), ("request_keys", request_keys),
+                    ("positions", positions)):
+        if tuple(t.shape) != (B,):
+            raise DataError(f"rejection_sample: {name} must have shape [{B}], got {tuple(t.shape)}")
+
+
+def rejection_sample_triton(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
+                            num_verify: torch.Tensor, *, greedy: bool, seeds: torch.Tensor,
+                            request_keys: torch.Tensor, positions: torch.Tensor, block_v: int = 2048):
+    """Same contract as `avkit.verify.rejection_sample_ref`; one program per request."""
+    from avkit.verify import RejectionResult  # verify.py dispatches here: import at call time
+
+    _check(target_probs, draft_probs, draft_tokens, num_verify, seeds, request_keys, positions)
+    B, K = draft_tokens.shape
+    V = target_probs.shape[-1]
+    dev = draft_tokens.device
+    tp = target_probs if target_probs.stride(-1) == 1 else target_probs.contiguous()
+    dp = draft_probs if draft_probs.stride(-1) == 1 else draft_probs.contiguous()
+    x = draft_tokens.to(torch.int64).contiguous()
+    if K == 0:
+        dp = tp  # never read (no slot is verified), but the kernel needs a valid pointer
+    ints = [t.to(device=dev, dtype=torch.int64).contiguous() for t in (num_verify, seeds, request_keys, positions)]
+    out = torch.empty(B, K + 1, dtype=torch.int64, device=dev)
+    n = torch.empty(B, dtype=torch.int64, device=dev)
+    accepted = torch.empty(B, K, dtype=torch.bool, device=dev)
+    observed = torch.empty(B, K, dtype=torch.bool, device=dev)
+    target_prob = torch.empty(B, K, dtype=torch.float32, device=dev)
+    if B:
+        rejection_kernel[(B,)](
+            tp, tp.stride(0), tp.stride(1), dp, dp.stride(0), dp.stride(1), x, max(K, 1), *ints,
+            out, n, accepted, observed, target_prob, K, V,
+            GREEDY=bool(greedy), K_PAD=triton.next_power_of_2(K + 1),
+            BLOCK_V=min(block_v, triton.next_power_of_2(V)), num_warps=4 if greedy else 8)
+    return RejectionResult(out, n, accepted, observed, target_prob)

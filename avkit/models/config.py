@@ -1,0 +1,110 @@
+"""ModelConfig: the shape of a Llama / Qwen2 decoder, read from HF ``config.json`` or GGUF metadata.
+
+Glossary
+--------
+arch            ``"llama"`` or ``"qwen2"`` (Qwen2 = Llama + biases on the q/k/v projections)
+hidden_size     width of the residual stream, d
+num_heads       query heads H; head_dim = d / H unless the config says otherwise
+num_kv_heads    key/value heads H_kv (grouped-query attention: H / H_kv query heads share one)
+rope_theta      RoPE base; inverse frequencies theta^(-2i / head_dim)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from avkit.errors import ModelError
+
+ARCHITECTURES = {
+    # HF ``architectures[0]`` / ``model_type`` / GGUF ``general.architecture`` -> avkit arch
+    "LlamaForCausalLM": "llama", "llama": "llama",
+    "Qwen2ForCausalLM": "qwen2", "qwen2": "qwen2",
+}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    arch: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    max_position_embeddings: int = 32768
+
+    def __post_init__(self):
+        if self.arch not in ("llama", "qwen2"):
+            raise ModelError(f"arch: unsupported architecture {self.arch!r} (supported: llama, qwen2)")
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                     "num_kv_heads", "head_dim"):
+            if getattr(self, name) < 1:
+                raise ModelError(f"model config {name} must be >= 1, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ModelError(f"model config num_heads={self.num_heads} is not a multiple of "
+                             f"num_kv_heads={self.num_kv_heads}")
+
+    @classmethod
+    def from_hf(cls, cfg: dict, source: str = "config.json") -> "ModelConfig":
+        """Build from a HF ``config.json`` dict; unsupported architectures raise ModelError."""
+        names = list(cfg.get("architectures") or []) + [cfg.get("model_type", "")]
+        arch = next((ARCHITECTURES[n] for n in names if n in ARCHITECTURES), None)
+        if arch is None:
+            raise ModelError(f"{source}: unsupported architecture {names[0] if names else None!r} "
+                             f"(supported: {sorted(set(ARCHITECTURES))})")
+        scaling = cfg.get("rope_scaling") or {}
+        if scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
+            raise ModelError(f"{source}: unsupported rope_scaling {scaling!r}")
+        heads = cfg["num_attention_heads"]
+        return cls(
+            arch=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rope_theta=float(cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 1e4))),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+        )
+
+    @classmethod
+    def from_gguf(cls, meta: dict, vocab_size: int, tied: bool, qkv_bias: bool,
+                  source: str) -> "ModelConfig":
+        """Build from GGUF key/values (``<arch>.block_count`` ...)."""
+        arch = meta.get("general.architecture")
+        if arch not in ("llama", "qwen2"):
+            raise ModelError(f"{source}: unsupported GGUF architecture {arch!r} (supported: llama, qwen2)")
+
+        def get(key, default=None):
+            v = meta.get(f"{arch}.{key}", default)
+            if v is None:
+                raise ModelError(f"{source}: GGUF metadata lacks {arch}.{key}")
+            return v
+
+        heads = int(get("attention.head_count"))
+        hidden = int(get("embedding_length"))
+        return cls(
+            arch=arch,
+            vocab_size=vocab_size,
+            hidden_size=hidden,
+            intermediate_size=int(get("feed_forward_length")),
+            num_layers=int(get("block_count")),
+            num_heads=heads,
+            num_kv_heads=int(get("attention.head_count_kv", heads)),
+            head_dim=int(get("attention.key_length", hidden // heads)),
+            rope_theta=float(get("rope.freq_base", 10000.0)),
+            rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+            tie_word_embeddings=tied,
+            qkv_bias=qkv_bias,
+            max_position_embeddings=int(get("context_length", 32768)),
+        )

@@ -1,0 +1,64 @@
+"""KV cache with one slot per concurrent request: preallocated, per-slot lengths, rollback by truncation.
+
+Glossary
+--------
+slot        row of the cache owned by one request (0 <= slot < max_batch)
+lengths     number of valid positions per slot; positions >= lengths[slot] are garbage
+truncate    roll back rejected draft positions: lengths[slot] = new_length (never grows)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from avkit.errors import ConfigError
+
+
+class KVCache:
+    """Keys and values of every layer: ``k[layer]`` is ``[max_batch, n_kv_heads, max_len, head_dim]``."""
+
+    def __init__(self, num_layers: int, max_batch: int, num_kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+        if max_batch < 1 or max_len < 1:
+            raise ConfigError(f"KV cache needs max_batch >= 1 and max_len >= 1, got {max_batch}, {max_len}")
+        shape = (num_layers, max_batch, num_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, H_kv, T, D]
+        self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, H_kv, T, D]
+        self.lengths = torch.zeros(max_batch, dtype=torch.int64, device=device)  # [max_batch]
+        self.max_batch = max_batch
+        self.max_len = max_len
+
+    @torch.inference_mode()
+    def truncate(self, slots: torch.Tensor, new_lengths: torch.Tensor) -> None:
+        """Roll back: ``lengths[slots] = new_lengths``; a new length may not exceed the current one."""
+        slots = torch.as_tensor(slots, dtype=torch.int64, device=self.lengths.device).reshape(-1)
+        new = torch.as_tensor(new_lengths, dtype=torch.int64, device=self.lengths.device).reshape(-1)
+        bad = (new < 0) | (new > self.lengths[slots])
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            raise ConfigError(f"truncate: slot {int(slots[i])} has length {int(self.lengths[slots[i]])}, "
+                              f"cannot set it to {int(new[i])}")
+        self.lengths[slots] = new
+
+    @torch.inference_mode()
+    def free(self, slot: int) -> None:
+        """Forget everything in one slot (the request left the batch)."""
+        self.lengths[int(slot)] = 0
+
+    def append(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
+               k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write the new keys/values of the real (non-pad) query tokens of one layer.
+
+        slots [B], positions [B, S] absolute, valid [B, S] bool, k/v [B, S, H_kv, D].
+        """
+        rows = slots[:, None].expand_as(positions)[valid]  # [N]
+        pos = positions[valid]  # [N]
+        self.k[layer][rows, :, pos] = k[valid]  # [N, H_kv, D]
+        self.v[layer][rows, :, pos] = v[valid]
+
+    def view(self, layer: int, slots: torch.Tensor, span: int, contiguous_from: int | None):
+        """Keys/values ``[B, H_kv, span, D]`` of the given slots (a view when the slots are consecutive)."""
+        if contiguous_from is not None:
+            sl = slice(contiguous_from, contiguous_from + len(slots))
+            return self.k[layer, sl, :, :span], self.v[layer, sl, :, :span]
+        return self.k[layer, slots, :, :span], self.v[layer, slots, :, :span]

@@ -1,0 +1,187 @@
+"""The recording loop: admit requests, step the engine, write generations, flush, report.
+
+Glossary:
+  run        one invocation; its `run_id` tags every row (a resumed file holds several runs)
+  flush      trace first, then generations: a finished request's generation row is never on
+             disk before its trace rows, so `--resume` (which re-runs requests that have no
+             generation row and drops their partial trace rows) never duplicates a slot
+  interrupt  SIGINT/SIGTERM stop the loop between steps' work; both files are closed cleanly
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import avkit
+from avkit.config import EngineConfig, RecordConfig
+from avkit.record.progress import RecordProgress
+from avkit.record.requests import PromptQueue, Turn
+from avkit.record.sink import RecordingSink
+from avkit.record.stats import AcceptanceStats
+from avkit.trace.schema import generations_path
+from avkit.trace.writer import GenerationWriter, TraceWriter
+
+_NEVER = 1 << 40  # row_group_rows for writers the recorder flushes itself
+
+
+@dataclass(frozen=True)
+class RecordResult:
+    trace_path: Path
+    generations_path: Path
+    run_id: str
+    requests: int  # requests finished in this run
+    rows: int  # trace rows written in this run
+    rows_total: int  # trace rows in the file (resumed + this run)
+    interrupted: bool
+    skipped_long: int  # prompts skipped for exceeding max_prompt_tokens
+    summary: dict  # AcceptanceStats.summary() over the whole file
+    engine_steps: int  # the engine's own counters for this run
+    engine_tokens: int
+    elapsed_s: float
+
+
+def metadata(config: RecordConfig, target, draft) -> dict[str, str]:
+    """File-level metadata (schema.META_KEYS)."""
+    return {
+        "avkit.version": avkit.__version__,
+        "avkit.target": target.model_id,
+        "avkit.target_sha256": target.sha256 or "",
+        "avkit.draft": draft.model_id if draft is not None else "",
+        "avkit.draft_sha256": (draft.sha256 or "") if draft is not None else "",
+        "avkit.k": str(config.k),
+        "avkit.temperature": str(config.temperature),
+        "avkit.top_p": str(config.top_p),
+        "avkit.drafter": "model",
+        "avkit.seed": str(config.seed),
+        "avkit.datasets": json.dumps(list(config.datasets)),
+        "avkit.policy": "full",
+    }
+
+
+@contextmanager
+def _interruptible():
+    """SIGINT and SIGTERM raise KeyboardInterrupt (also when started in the background with SIGINT ignored)."""
+    def raise_interrupt(signum, frame):
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    try:
+        old = {s: signal.signal(s, raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread: leave signals alone
+        old = {}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _generation_row(run_id: str, turn: Turn, output_ids: list[int], reason: str) -> dict:
+    req = turn.request
+    return {"run_id": [run_id], "request_id": [req.request_id], "dataset": [req.dataset],
+            "prompt_ids": [list(req.prompt_ids)], "output_ids": [list(output_ids)],
+            "finish_reason": [reason or "length"]}
+
+
+def _load_models(config: RecordConfig, target, draft):
+    from avkit.models import load
+
+    target = target if target is not None else load(config.target)
+    if draft is None and config.k > 0 and config.draft not in ("", "none"):
+        draft = load(config.draft)
+    return target, draft
+
+
+def record(config: RecordConfig, *, target=None, draft=None, progress: bool = True, console=None,
+           run_id: str | None = None) -> RecordResult:
+    """Record `config.datasets` through the engine into `config.out` (+ its generations table).
+
+    `target`/`draft` are LoadedModels (loaded from config.target/draft when None).
+    """
+    target, draft = _load_models(config, target, draft)
+    meta = metadata(config, target, draft)
+    out = Path(config.out)
+    gen_path = generations_path(out)
+    run_id = run_id or f"{out.stem}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
+    with GenerationWriter(gen_path, meta, row_group_rows=_NEVER, resume=config.resume) as gens:
+        done = _finished_outputs(gens) if config.resume else {}
+        keep = set(done) if config.resume else None
+        with TraceWriter(out, meta, row_group_rows=config.row_group_rows, resume=config.resume,
+                         keep_requests=keep) as trace:
+            stats = AcceptanceStats(max(config.k, 1))
+            if config.resume and trace.rows_written:
+                stats.update(_columns(trace.table()))
+            resumed_rows = trace.rows_written
+            sink = RecordingSink(trace, run_id, stats)
+            queue = PromptQueue(config, target.tokenizer, done)
+            t0 = time.monotonic()
+            with _interruptible():
+                finished, interrupted, engine = _run(config, target, draft, sink, queue, gens, run_id, stats,
+                                                     progress, console)
+    return RecordResult(out, gen_path, run_id, finished, sink.rows, resumed_rows + sink.rows, interrupted,
+                        queue.skipped_long, stats.summary(), engine.stats.steps, engine.stats.tokens,
+                        time.monotonic() - t0)
+
+
+def _finished_outputs(gens: GenerationWriter) -> dict[str, list[int]]:
+    t = gens.table()
+    return dict(zip(t["request_id"].to_pylist(), t["output_ids"].to_pylist()))
+
+
+def _columns(table) -> dict:
+    cols = {name: table[name].to_numpy(zero_copy_only=False) for name in ("dataset", "position", "num_accepted")}
+    acc = table["accepted"]
+    cols["accepted"] = np.ma.masked_array(acc.fill_null(False).to_numpy(zero_copy_only=False),
+                                          mask=acc.is_null().to_numpy(zero_copy_only=False))
+    cols["dataset"] = table["dataset"].cast("string").to_numpy(zero_copy_only=False)
+    return cols
+
+
+def _run(config, target, draft, sink, queue, gens, run_id, stats, progress, console):
+    """Drive the engine until the queue is empty; return (requests finished, interrupted, engine)."""
+    from avkit.runtime.engine import Engine
+
+    max_len = config.max_prompt_tokens + config.max_new_tokens + config.k + 2
+    engine = Engine(target, draft, EngineConfig(k=config.k, max_batch=config.concurrency, max_len=max_len,
+                                                seed=config.seed), sink=sink)
+    active: dict[str, Turn] = {}
+    outputs: dict[str, list[int]] = {}
+    finished, last_flush = 0, time.monotonic()
+
+    def admit():
+        full = {d for d in stats.by_dataset if config.slots_per_dataset and stats.labelled(d) >= config.slots_per_dataset}
+        while len(active) < config.concurrency and (turn := queue.pop(full)) is not None:
+            engine.add_request(turn.request)
+            active[turn.request.request_id] = turn
+            outputs[turn.request.request_id] = []
+
+    with RecordProgress(queue.expected(), stats, enabled=progress, console=console) as bar:
+        try:
+            admit()
+            while active:
+                new_tokens = 0
+                for o in engine.step():
+                    outputs[o.request_id].extend(o.new_token_ids)
+                    new_tokens += len(o.new_token_ids)
+                    if o.finished:
+                        turn, ids = active.pop(o.request_id), outputs.pop(o.request_id)
+                        gens.write(_generation_row(run_id, turn, ids, o.finish_reason))
+                        queue.finished(turn, ids)
+                        finished += 1
+                admit()
+                bar.update(finished, new_tokens)
+                if time.monotonic() - last_flush >= config.flush_interval_s:
+                    sink.writer.flush()  # trace before generations (see module docstring)
+                    gens.flush()
+                    last_flush = time.monotonic()
+        except KeyboardInterrupt:
+            sink.writer.flush()
+            return finished, True, engine
+    return finished, False, engine

@@ -1,0 +1,130 @@
+"""Turn workload prompts into engine requests, in a seeded round-robin over datasets.
+
+Glossary:
+  turn 1       a prompt's opening messages rendered with the target's chat template
+  follow-up    MT-Bench's next user turn: asked after the model's own answer, so it is queued
+               only when the previous turn's generation finishes, and admitted before new prompts
+  quota        `slots_per_dataset`: a dataset stops admitting prompts once it has that many
+               labelled slots (requests already running finish normally)
+Request ids are `<dataset>/<prompt id>` and `<dataset>/<prompt id>/turn<n>` for follow-ups.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+from avkit.config import RecordConfig, SamplingConfig
+from avkit.runtime.request import Request
+from avkit.workloads import WORKLOADS, Prompt, load_workload
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A request plus what is needed to ask the prompt's next turn after it."""
+
+    request: Request
+    prompt: Prompt
+    turn: int  # 1-based
+    messages: tuple[dict, ...]  # the conversation rendered into request.prompt_ids
+
+
+def dataset_label(name_or_path: str) -> str:
+    """The `dataset` value a workload's rows carry: its name, or a JSONL file's stem."""
+    return name_or_path if name_or_path in WORKLOADS else Path(name_or_path).stem
+
+
+def request_id(prompt: Prompt, turn: int) -> str:
+    base = f"{prompt.dataset}/{prompt.prompt_id}"
+    return base if turn == 1 else f"{base}/turn{turn}"
+
+
+class PromptQueue:
+    """Hands out the next request: follow-ups first, then datasets in turn (skipping full ones).
+
+    `done` maps finished request ids to their output ids (from a resumed generations table);
+    finished turns are skipped and their follow-ups rebuilt from the stored answer.
+    """
+
+    def __init__(self, config: RecordConfig, tokenizer, done: dict[str, list[int]] | None = None):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.done = dict(done or {})
+        self.sampling = SamplingConfig(temperature=config.temperature, top_p=config.top_p,
+                                       max_new_tokens=config.max_new_tokens)
+        self._sources = {name: iter(load_workload(name, None, config.seed)) for name in config.datasets}
+        self._labels = {name: dataset_label(name) for name in config.datasets}  # the rows' `dataset`
+        self._taken = dict.fromkeys(self._sources, 0)  # first turns admitted (or already done)
+        self._followups: deque[Turn] = deque()
+        self._next = 0
+        self.skipped_long = 0
+
+    def _encode(self, messages: tuple[dict, ...], prompt: Prompt) -> list[int]:
+        if not messages:
+            return self.tokenizer.encode(prompt.text)
+        tools = list(prompt.tools) if prompt.tools else None
+        return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tools=tools)
+
+    def _make(self, prompt: Prompt, turn: int, messages: tuple[dict, ...]) -> Turn | None:
+        ids = self._encode(messages, prompt)
+        if len(ids) > self.config.max_prompt_tokens:
+            self.skipped_long += 1
+            return None
+        req = Request(request_id(prompt, turn), ids, self.sampling, dataset=prompt.dataset)
+        return Turn(req, prompt, turn, messages)
+
+    def finished(self, turn: Turn, output_ids: list[int]) -> None:
+        """Queue the prompt's next turn (if any) after `turn` produced `output_ids`."""
+        if turn.turn > len(turn.prompt.followups):
+            return
+        answer = self.tokenizer.decode(output_ids)
+        messages = turn.messages + ({"role": "assistant", "content": answer},
+                                    {"role": "user", "content": turn.prompt.followups[turn.turn - 1]})
+        nxt = self._make(turn.prompt, turn.turn + 1, messages)
+        if nxt is None:
+            return
+        if nxt.request.request_id in self.done:  # resumed: skip it, but keep walking the conversation
+            self.finished(nxt, self.done[nxt.request.request_id])
+        else:
+            self._followups.append(nxt)
+
+    def _next_first_turn(self, name: str) -> Turn | None:
+        """The dataset's next admissible first turn (None when its prompts are used up)."""
+        for prompt in self._sources[name]:
+            if self._taken[name] >= self.config.num_prompts:
+                return None
+            first = self._make(prompt, 1, prompt.messages)
+            if first is None:
+                continue
+            self._taken[name] += 1
+            rid = first.request.request_id
+            if rid in self.done:
+                self.finished(first, self.done[rid])
+                if self._followups:
+                    return self._followups.popleft()
+                continue
+            return first
+        return None
+
+    def pop(self, full: set[str] = frozenset()) -> Turn | None:
+        """The next request to admit, or None when every dataset is exhausted or full."""
+        if self._followups:
+            return self._followups.popleft()
+        names = list(self._sources)
+        for i in range(len(names)):
+            name = names[(self._next + i) % len(names)]
+            if self._labels[name] in full or self._taken[name] >= self.config.num_prompts:
+                continue
+            turn = self._next_first_turn(name)
+            if turn is not None:
+                self._next = (self._next + i + 1) % len(names)
+                return turn
+        return None
+
+    def expected(self) -> int:
+        """Requests this run aims at (first turns + follow-ups), for the progress bar total."""
+        return sum(self.config.num_prompts for _ in self._sources) + self._followups_hint()
+
+    def _followups_hint(self) -> int:
+        return self.config.num_prompts if "mtbench" in self._sources else 0

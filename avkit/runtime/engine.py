@@ -1,0 +1,270 @@
+"""The engine: continuous batching around one speculative decoding step.
+
+One `step()` (DESIGN.md §2, §7):
+  1. admit waiting requests into free KV slots and prefill the target with prompt[:-1]
+  2. draft: the drafter proposes up to K tokens per request (K forwards batched over requests)
+  3. decide: the verify policy picks k_r <= num_drafted_r from lossless features and the load
+  4. verify: ONE target forward over [last token, x_1..x_{k_r}] for every request -> p_1..p_{k_r+1}
+  5. rejection sampling: each request emits n_r accepted drafts + 1 recovered/bonus token
+  6. roll back both KV caches to the accepted prefix; finish at EOS / stop ids / max tokens
+  7. emit one trace row per draft slot through the sink; feed the outcome back to the policy
+Invariant between steps: the target cache holds every token of a sequence but the last (the last
+is fed, with the drafts, by the next verify forward). No draft model / k = 0: target-only decoding
+through the same path (the "bonus" token of an empty draft is a plain sample from p).
+Not thread-safe: call add_request / abort / step from one thread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from avkit.config import EngineConfig
+from avkit.drafters.base import DraftInput, DraftProposal, Drafter
+from avkit.errors import ConfigError
+from avkit.runtime.request import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Generation, Request, StepOutput
+from avkit.runtime.sampling import probs_from_logits
+from avkit.runtime.sink import TraceSink
+from avkit.runtime.trace_rows import trace_rows
+from avkit.scheduling.policy import DraftBatch, FullVerification, Load, VerifyOutcome, VerifyPolicy
+from avkit.verify import rejection_sample
+
+
+@dataclass
+class _Seq:
+    """A running request: its sequence and bookkeeping."""
+
+    req: Request
+    slot: int
+    tokens: list[int]  # prompt + output
+    seed: int
+    key: int
+    steps: int = 0
+
+    @property
+    def num_output(self) -> int:
+        return len(self.tokens) - len(self.req.prompt_ids)
+
+
+@dataclass
+class EngineStats:
+    """Cumulative wall time, for benchmarks: the share outside model forwards is the overhead."""
+
+    steps: int = 0
+    tokens: int = 0
+    step_s: float = 0.0
+    target_forward_s: float = 0.0
+    draft_forward_s: float = 0.0
+
+    @property
+    def overhead_share(self) -> float:
+        fwd = self.target_forward_s + self.draft_forward_s
+        return 0.0 if self.step_s == 0 else max(0.0, 1.0 - fwd / self.step_s)
+
+
+class Engine:
+    def __init__(self, target, draft=None, config: EngineConfig = EngineConfig(),
+                 policy: VerifyPolicy | None = None, sink: TraceSink | None = None,
+                 drafter: Drafter | None = None):
+        self.target, self.config, self.sink = target, config, sink
+        self.policy = policy if policy is not None else FullVerification()
+        self.vocab_size = target.model.config.vocab_size
+        if drafter is None and draft is not None and config.k > 0:
+            from avkit.drafters.draft_model import DraftModelDrafter
+
+            dv = draft.model.config.vocab_size
+            if dv != self.vocab_size:
+                raise ConfigError(f"draft vocabulary ({dv} tokens, {draft.model_id}) does not match the "
+                                  f"target's ({self.vocab_size} tokens, {target.model_id})")
+            drafter = DraftModelDrafter(draft, config.max_batch, config.max_len)
+        self.drafter = drafter if config.k > 0 else None
+        self.cache = target.model.new_cache(config.max_batch, config.max_len)
+        self.eos = frozenset(getattr(target.tokenizer, "eos_token_ids", ()) or ())
+        self.waiting: OrderedDict[str, Request] = OrderedDict()
+        self.running: dict[str, _Seq] = {}
+        self.free_slots = list(range(config.max_batch))
+        self.engine_step = 0
+        self.stats = EngineStats()
+
+    # ---- requests ----------------------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        if req.request_id in self.waiting or req.request_id in self.running:
+            raise ConfigError(f"request_id {req.request_id!r} is already in the engine")
+        if len(req.prompt_ids) >= self.config.max_len:
+            raise ConfigError(f"request {req.request_id!r}: prompt has {len(req.prompt_ids)} tokens, "
+                              f"max_len={self.config.max_len} leaves no room to generate")
+        bad = [t for t in req.prompt_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ConfigError(f"request {req.request_id!r}: token id {bad[0]} outside the vocabulary "
+                              f"[0, {self.vocab_size})")
+        self.waiting[req.request_id] = req
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a waiting or running request; True if it was there."""
+        if self.waiting.pop(request_id, None) is not None:
+            return True
+        seq = self.running.get(request_id)
+        if seq is not None:
+            self._finish(seq)
+        return seq is not None
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _admit(self) -> None:
+        new: list[_Seq] = []
+        while self.waiting and self.free_slots:
+            _, req = self.waiting.popitem(last=False)
+            seed = req.sampling.seed if req.sampling.seed is not None else self.config.seed
+            seq = _Seq(req, self.free_slots.pop(0), list(req.prompt_ids), seed, req.key)
+            self.running[req.request_id] = seq
+            new.append(seq)
+        self.running = dict(sorted(self.running.items(), key=lambda kv: kv[1].slot))  # contiguous slots
+        prefill = [s for s in new if len(s.tokens) > 1]
+        if prefill:  # one padded forward over all but the last prompt token of each; no LM head
+            q_lens = torch.tensor([len(s.tokens) - 1 for s in prefill], dtype=torch.int64)  # [n]
+            tokens = torch.zeros(len(prefill), int(q_lens.max()), dtype=torch.int64)  # [n, S]
+            for i, s in enumerate(prefill):
+                tokens[i, : len(s.tokens) - 1] = torch.tensor(s.tokens[:-1])
+            slots = torch.tensor([s.slot for s in prefill], dtype=torch.int64)
+            self._target_forward(tokens, q_lens, slots, torch.zeros(len(prefill), 0, dtype=torch.int64))
+
+    def _finish(self, seq: _Seq) -> None:
+        del self.running[seq.req.request_id]
+        self.cache.free(seq.slot)
+        if self.drafter is not None:
+            self.drafter.release(seq.slot)
+        self.free_slots.append(seq.slot)
+        self.free_slots.sort()
+
+    def _target_forward(self, tokens, q_lens, slots, logits):
+        t0 = time.perf_counter()
+        out = self.target.model.forward(tokens, q_lens, slots, self.cache, logits=logits)
+        self.stats.target_forward_s += time.perf_counter() - t0
+        return out
+
+    # ---- the step ----------------------------------------------------------------------------
+    def _draft_input(self, batch: list[_Seq]) -> DraftInput:
+        cfg = self.config
+        lens = torch.tensor([len(s.tokens) for s in batch], dtype=torch.int64)  # [B]
+        remaining = torch.tensor([s.req.sampling.max_new_tokens - s.num_output for s in batch])
+        # A step emits up to k + 1 tokens and feeds k + 1 positions into a cache that holds len - 1.
+        num_draft = torch.minimum(torch.minimum(remaining - 1, cfg.max_len - lens), torch.tensor(cfg.k))
+        k_max = cfg.k if self.drafter is not None else 0
+        return DraftInput(
+            slots=torch.tensor([s.slot for s in batch], dtype=torch.int64),
+            sequences=[s.tokens for s in batch],
+            num_draft=num_draft.clamp(0, k_max),
+            temperature=torch.tensor([s.req.sampling.temperature for s in batch], dtype=torch.float32),
+            top_p=torch.tensor([s.req.sampling.top_p for s in batch], dtype=torch.float32),
+            seeds=torch.tensor([s.seed for s in batch], dtype=torch.int64),
+            request_keys=torch.tensor([s.key for s in batch], dtype=torch.int64),
+            positions=lens)
+
+    def _no_drafts(self, inp: DraftInput) -> DraftProposal:
+        B = len(inp.sequences)
+        return DraftProposal(torch.zeros(B, 0, dtype=torch.int64), torch.zeros(B, 0, self.vocab_size),
+                             torch.zeros(B, 0), {}, torch.zeros(B, dtype=torch.int64), ["none"] * B)
+
+    @torch.inference_mode()
+    def step(self) -> list[StepOutput]:
+        t0 = time.perf_counter()
+        self._admit()
+        batch = list(self.running.values())
+        if not batch:
+            return []
+        inp = self._draft_input(batch)
+        draft = self.drafter.propose(inp) if self.drafter is not None and inp.k > 0 else self._no_drafts(inp)
+        B, K = draft.tokens.shape
+
+        # Decide k_r from what cannot depend on the drawn tokens: lossless features and the load.
+        load = Load(num_requests=B, num_sampling=B, num_scheduled_tokens=B)
+        num_verify = self.policy.num_verify(DraftBatch(draft.features, draft.num_drafted), load)
+        num_verify = torch.minimum(num_verify.to(torch.int64), draft.num_drafted)  # [B]
+        confidences = getattr(self.policy, "last_confidences", None)  # [B, K] or None
+
+        # One target forward: row r feeds [last token, x_1..x_{k_r}] and gets p_1..p_{k_r+1}.
+        k = int(num_verify.max()) if B else 0
+        last = torch.tensor([s.tokens[-1] for s in batch], dtype=torch.int64)[:, None]  # [B, 1]
+        tokens = torch.cat([last, draft.tokens[:, :k]], dim=1)  # [B, 1+k]
+        logits = self._target_forward(tokens, 1 + num_verify, inp.slots, "all")  # [B, 1+k, V]
+        target_probs = probs_from_logits(logits, inp.temperature[:, None], inp.top_p[:, None])
+
+        greedy = bool((inp.temperature == 0).all())
+        result = rejection_sample(target_probs, draft.probs[:, :k], draft.tokens[:, :k], num_verify,
+                                  greedy=greedy, seeds=inp.seeds, request_keys=inp.request_keys,
+                                  positions=inp.positions)
+        outputs = self._commit(batch, inp, result.output_tokens, result.num_accepted)
+
+        self.policy.observe(VerifyOutcome(draft.features, confidences, num_verify, result.num_accepted))
+        step_ms = (time.perf_counter() - t0) * 1e3
+        if self.sink is not None and K > 0:
+            self.sink.emit(trace_rows(batch, inp, draft, num_verify, result, confidences,
+                                      engine_step=self.engine_step, step_time_ms=step_ms))
+        self.engine_step += 1
+        self.stats.steps += 1
+        self.stats.tokens += sum(len(o.new_token_ids) for o in outputs)
+        self.stats.step_s += time.perf_counter() - t0
+        if self.drafter is not None:
+            self.stats.draft_forward_s = getattr(self.drafter, "forward_s", 0.0)
+        return outputs
+
+    def _commit(self, batch: list[_Seq], inp: DraftInput, output_tokens: torch.Tensor,
+                num_accepted: torch.Tensor) -> list[StepOutput]:
+        """Append each request's n_r + 1 tokens, apply stops, roll back both caches."""
+        emitted = output_tokens.tolist()
+        n_list = num_accepted.tolist()
+        outs = []
+        for seq, row, n in zip(batch, emitted, n_list):
+            new = row[: n + 1]
+            reason = None
+            stops = self.eos | set(seq.req.stop_token_ids)
+            cut = next((i for i, t in enumerate(new) if t in stops), None)
+            if cut is not None:
+                new, reason = new[: cut + 1], FINISH_STOP
+            room = seq.req.sampling.max_new_tokens - seq.num_output
+            if len(new) >= room:
+                new, reason = new[:room], reason or FINISH_LENGTH
+            seq.tokens.extend(new)
+            seq.steps += 1
+            if reason is None and len(seq.tokens) >= self.config.max_len:
+                reason = FINISH_LENGTH
+            outs.append(StepOutput(seq.req.request_id, new, reason is not None, reason))
+        # The target cache held len-1 tokens, then got 1 + k_r; keep the accepted prefix: len_new - 1.
+        valid = torch.tensor([len(s.tokens) - 1 for s in batch], dtype=torch.int64)
+        cached = self.cache.lengths[inp.slots]
+        self.cache.truncate(inp.slots, torch.minimum(cached, valid))
+        if self.drafter is not None:
+            self.drafter.commit(inp.slots, valid)
+        for seq, out in zip(batch, outs):
+            if out.finished:
+                self._finish(seq)
+        return outs
+
+    # ---- convenience -------------------------------------------------------------------------
+    def generate(self, requests: list[Request], on_step=None) -> list[Generation]:
+        """Run requests to completion (continuous batching); Generations in request order."""
+        for r in requests:
+            self.add_request(r)
+        out_ids: dict[str, list[int]] = {r.request_id: [] for r in requests}
+        reasons: dict[str, str] = {}
+        steps: dict[str, int] = {r.request_id: 0 for r in requests}
+        while self.has_unfinished():
+            outputs = self.step()
+            for o in outputs:
+                if o.request_id in out_ids:
+                    out_ids[o.request_id].extend(o.new_token_ids)
+                    steps[o.request_id] += 1
+                    if o.finished:
+                        reasons[o.request_id] = o.finish_reason
+            if on_step is not None:
+                on_step(outputs)
+        return [Generation(r.request_id, list(r.prompt_ids), out_ids[r.request_id],
+                           reasons.get(r.request_id, FINISH_ABORT), r.dataset, steps[r.request_id])
+                for r in requests]
+
+
+__all__ = ["Engine", "EngineConfig", "EngineStats", "Request", "StepOutput", "Generation"]

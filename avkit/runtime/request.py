@@ -1,0 +1,61 @@
+"""What goes into the engine (Request) and what comes out (StepOutput per step, Generation at the end).
+
+A request's random numbers are keyed by (seed, request key, position): the key is a hash of the
+request id, so a seeded request samples the same tokens whatever else shares its batch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from avkit.config import SamplingConfig
+from avkit.errors import ConfigError
+
+FINISH_STOP = "stop"  # EOS or a stop token was emitted
+FINISH_LENGTH = "length"  # max_new_tokens reached, or the context (max_len) is full
+FINISH_ABORT = "abort"  # aborted by the caller
+
+
+@dataclass(frozen=True)
+class Request:
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    dataset: str = ""
+    stop_token_ids: tuple[int, ...] = ()  # finish at these as well as at the tokenizer's EOS ids
+
+    def __post_init__(self):
+        if not isinstance(self.request_id, str) or not self.request_id:
+            raise ConfigError(f"request_id must be a non-empty string, got {self.request_id!r}")
+        if len(self.prompt_ids) == 0:
+            raise ConfigError(f"request {self.request_id!r}: prompt_ids is empty")
+        if not isinstance(self.sampling, SamplingConfig):
+            raise ConfigError(f"request {self.request_id!r}: sampling must be a SamplingConfig, "
+                              f"got {type(self.sampling).__name__}")
+
+    @property
+    def key(self) -> int:
+        """Stable 31-bit request key for the counter-based RNG (a hash of request_id)."""
+        return int.from_bytes(hashlib.blake2b(self.request_id.encode(), digest_size=4).digest(), "little") >> 1
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    request_id: str
+    new_token_ids: list[int]  # tokens emitted this step (after stop truncation)
+    finished: bool
+    finish_reason: str | None  # FINISH_STOP, FINISH_LENGTH, FINISH_ABORT or None while running
+
+
+@dataclass(frozen=True)
+class Generation:
+    request_id: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    finish_reason: str
+    dataset: str = ""
+    num_steps: int = 0  # engine steps this request took part in (decode steps)
+
+
+__all__ = ["FINISH_ABORT", "FINISH_LENGTH", "FINISH_STOP", "Generation", "Request", "StepOutput"]

@@ -1,0 +1,81 @@
+"""One step's trace rows: one per draft slot (request r, position j < num_drafted_r).
+
+Columns and their meaning are those of `avkit.trace.schema` (all but `run_id`, which the sink
+adds). Labels (DESIGN.md §3): a slot is observed iff verified and at or before the first
+rejection; `accepted` is null otherwise (censored). Nullable columns are masked arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from avkit.drafters.base import DraftInput, DraftProposal
+from avkit.verify import RejectionResult
+
+
+def _masked(values: np.ndarray, null: np.ndarray) -> np.ma.MaskedArray:
+    return np.ma.MaskedArray(values, mask=null)
+
+
+def trace_rows(batch, inp: DraftInput, draft: DraftProposal, num_verify: torch.Tensor,
+               result: RejectionResult, confidences: torch.Tensor | None, *, engine_step: int,
+               step_time_ms: float) -> dict[str, np.ndarray]:
+    """Columns for the slots of this step, in (request, position) order."""
+    B, K = draft.tokens.shape
+    k = result.accepted.shape[1]  # verified width (<= K)
+    j = torch.arange(K)
+    slot_mask = j[None, :] < draft.num_drafted[:, None]  # [B, K]
+    r_idx, j_idx = (x.numpy() for x in slot_mask.nonzero(as_tuple=True))  # [N] each
+
+    def pad(x: torch.Tensor, fill) -> torch.Tensor:  # [B, k] -> [B, K]
+        return torch.cat([x, torch.full((B, K - k), fill, dtype=x.dtype)], dim=1)
+
+    def pick(x: torch.Tensor) -> np.ndarray:  # [B, K] -> [N]
+        return x.numpy()[r_idx, j_idx]
+
+    verified = pick(j[None, :] < num_verify[:, None])
+    observed = pick(pad(result.observed, False))
+    accepted = pick(pad(result.accepted, False))
+    target_prob = pick(pad(result.target_prob.float(), float("nan"))).astype(np.float32)
+    q_sampled = pick(draft.q_sampled.float()).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        accept_prob = np.minimum(1.0, target_prob / q_sampled).astype(np.float32)
+    feats = {name: pick(draft.features[name].float()).astype(np.float32)
+             for name in ("q_max", "q_2nd", "entropy", "logit_qmax")}
+
+    def per_request(values, dtype) -> np.ndarray:
+        return np.asarray(values, dtype=dtype)[r_idx]
+
+    cols: dict[str, np.ndarray] = {
+        "dataset": per_request([s.req.dataset for s in batch], object),
+        "request_id": per_request([s.req.request_id for s in batch], object),
+        "drafter": per_request(draft.kind, object),
+        "step": per_request([s.steps - 1 for s in batch], np.int32),  # steps already counted this one
+        "position": j_idx.astype(np.int16),
+        "draft_token": pick(draft.tokens).astype(np.int32),
+        **feats,
+        "q_sampled": q_sampled,
+        "target_prob": _masked(target_prob, ~verified),
+        "verified": verified,
+        "accepted": _masked(accepted, ~observed),
+        "num_drafted": per_request(draft.num_drafted.tolist(), np.int16),
+        "num_verified": per_request(num_verify.tolist(), np.int16),
+        "num_accepted": per_request(result.num_accepted.tolist(), np.int16),
+        "batch_size": np.full(len(r_idx), B, dtype=np.int32),
+        "step_time_ms": np.full(len(r_idx), step_time_ms, dtype=np.float32),
+        "temperature": pick(inp.temperature[:, None].expand(B, K)).astype(np.float32),
+        "top_p": pick(inp.top_p[:, None].expand(B, K)).astype(np.float32),
+        "engine_step": np.full(len(r_idx), engine_step, dtype=np.int64),
+        "accept_prob": _masked(accept_prob, ~verified),
+    }
+    if confidences is not None:
+        conf = pick(confidences.float()[:, :K].cpu()).astype(np.float32)
+        cols["confidence"] = _masked(conf, ~np.isfinite(conf))
+    for name, value in draft.extra.items():  # head_conf, match_len, cache_score
+        v = pick(value.float()).astype(np.float32)
+        cols[name] = _masked(v, np.isnan(v))
+    return cols
+
+
+__all__ = ["trace_rows"]

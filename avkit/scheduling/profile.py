@@ -1,0 +1,131 @@
+"""Profile this device's step costs (DESIGN.md §4): the CostTable the adaptive budget divides by.
+
+Glossary:
+  verify point   T target tokens laid out as the verify step lays them out: ceil(T / (K+1)) requests
+                 of up to K+1 query tokens each, every request at the synthetic KV context
+  draft point    n requests, one draft token each (one draft forward), at the same context
+  context        synthetic KV length per request (default 8192; $AVKIT_PROFILE_CONTEXT_LEN overrides).
+                 The cache lengths are set without writing keys: attention reads as many positions as
+                 it would at that context, which is all the timing needs.
+Each point is timed `repeats` times after `warmup` runs; the median is kept and each curve is made
+non-decreasing (running maximum) before it becomes a CostTable.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+from avkit.config import PROFILE_CONTEXT_ENV, ProfileConfig
+from avkit.errors import ConfigError
+from avkit.scheduling.cost import CostTable, make_monotone
+
+
+def context_len_from_env(default: int) -> int:
+    raw = os.environ.get(PROFILE_CONTEXT_ENV)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{PROFILE_CONTEXT_ENV} must be an integer, got {raw!r}") from None
+    if value < 0:
+        raise ConfigError(f"{PROFILE_CONTEXT_ENV} must be >= 0, got {value}")
+    return value
+
+
+def _grid(top: int) -> list[int]:
+    """1, 2, 4, ... up to and including `top`."""
+    points, x = [], 1
+    while x < top:
+        points.append(x)
+        x *= 2
+    return points + [top]
+
+
+def _sync(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_ms(fn: Callable[[], None], device: torch.device, repeats: int, warmup: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def forward_timer(model, cache, num_requests: int, q_len: int, context: int, logits: str):
+    """A closure running one forward of `num_requests` rows x `q_len` tokens at `context`, then rolling back."""
+    device = model.device
+    tokens = torch.ones(num_requests, q_len, dtype=torch.int64, device=device)  # [n, q] (token ids irrelevant)
+    q_lens = torch.full((num_requests,), q_len, dtype=torch.int64, device=device)  # [n]
+    slots = torch.arange(num_requests, device=device)  # [n]
+    ctx = torch.full((num_requests,), context, dtype=torch.int64, device=device)  # [n]
+
+    def run():
+        cache.lengths[slots] = ctx  # synthetic context: positions [0, ctx) count as cached
+        model.forward(tokens, q_lens, slots, cache, logits=logits)
+    return run
+
+
+def _verify_layout(tokens: int, k: int) -> tuple[int, int]:
+    """T tokens -> (requests, query tokens per request) with requests * q >= T, q <= k + 1."""
+    requests = -(-tokens // (k + 1))
+    return requests, -(-tokens // requests)
+
+
+def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[], None] | None = None) -> CostTable:
+    """Measure verify_ms by target tokens and draft_ms by requests; `target`/`draft` are LoadedModels."""
+    context = context_len_from_env(config.context_len)
+    t_grid, d_grid = _grid(config.max_tokens), _grid(config.max_requests)
+    max_req = max(_verify_layout(config.max_tokens, config.k)[0], config.max_requests)
+    max_len = context + config.k + 2
+    verify_ms = []
+    cache = target.model.new_cache(max_req, max_len)
+    for t in t_grid:
+        n, q = _verify_layout(t, config.k)
+        verify_ms.append(_median_ms(forward_timer(target.model, cache, n, q, context, "all"),
+                                    target.model.device, config.repeats, config.warmup))
+        if on_point:
+            on_point()
+    del cache
+    draft_ms = []
+    if draft is not None:
+        cache = draft.model.new_cache(config.max_requests, max_len)
+        for n in d_grid:
+            draft_ms.append(_median_ms(forward_timer(draft.model, cache, n, 1, context, "last"),
+                                       draft.model.device, config.repeats, config.warmup))
+            if on_point:
+                on_point()
+        del cache
+    else:
+        draft_ms = [0.0] * len(d_grid)
+    meta = {"source": "profile", "device": device_name(target.model.device), "target": target.model_id,
+            "target_sha256": target.sha256, "draft": draft.model_id if draft else "",
+            "draft_sha256": draft.sha256 if draft else "", "context_len": context, "k": config.k,
+            "repeats": config.repeats, "dtype": str(target.model.dtype).removeprefix("torch."),
+            "raw_verify_ms": verify_ms, "raw_draft_ms": draft_ms}
+    return CostTable(tuple(t_grid), tuple(make_monotone(verify_ms)), tuple(d_grid),
+                     tuple(make_monotone(draft_ms)), (), "autoregressive", meta)
+
+
+def num_points(config: ProfileConfig, with_draft: bool) -> int:
+    return len(_grid(config.max_tokens)) + (len(_grid(config.max_requests)) if with_draft else 0)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu {platform.processor() or platform.machine()} x{torch.get_num_threads()} threads"

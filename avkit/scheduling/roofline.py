@@ -1,0 +1,133 @@
+"""Roofline cost model: step costs of a named accelerator and model size, for what-if simulation.
+
+A forward over T tokens of a dense decoder with P parameters and L layers is bounded by compute
+(2·P FLOPs per token for the matmuls, plus attention over the context) and by memory (every weight
+read once per forward). The target's KV reads scale with requests, not tokens — every verified query
+of a request shares its request's KV — so they go into `context_ms`:
+  verify_ms(T)   = max(2·P·T / F, P·bytes / BW) + 4·L·H·d_head·ctx·T / F + launch
+  context_ms(n)  = n · ctx · kv_bytes_per_token / BW
+  draft_ms(n)    = the same forward for the draft model with n tokens, its own KV reads included
+F and BW are *achievable* dense bf16 FLOP/s and memory bandwidth (not datasheet peaks). The model
+ignores overlap of compute and memory phases and kernel-level effects (tile quantization, attention
+kernel efficiency); it gets the shape — flat while memory-bound, linear once compute-bound — right.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from avkit.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    name: str
+    tflops: float  # achievable dense bf16 TFLOP/s (fp32 for CPU)
+    tb_s: float  # achievable memory bandwidth, TB/s
+    launch_ms: float  # fixed cost per forward (graph launch, sync)
+    bytes_per_param: float = 2.0
+
+
+# Achievable figures (about 80% of datasheet, H200 as measured in DESIGN.md §4).
+ACCELERATORS = {
+    "h200": Accelerator("H200", 790.0, 4.3, 0.05),
+    "h100": Accelerator("H100", 700.0, 2.9, 0.05),
+    "b200": Accelerator("B200", 1800.0, 6.4, 0.05),
+    "mi300x": Accelerator("MI300X", 900.0, 4.2, 0.08),
+    "a100": Accelerator("A100", 250.0, 1.6, 0.05),
+    "cpu": Accelerator("CPU (2 cores, fp32)", 0.1, 0.012, 1.0, bytes_per_param=4.0),
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    params: float  # parameters
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    def kv_bytes_per_token(self, bytes_per_param: float) -> float:
+        return 2.0 * self.layers * self.kv_heads * self.head_dim * bytes_per_param  # K and V
+
+
+_QWEN_15B = ModelShape("Qwen2.5-Coder-1.5B", 1.54e9, 28, 12, 2, 128)
+_QWEN_05B = ModelShape("Qwen2.5-Coder-0.5B", 0.49e9, 24, 14, 2, 64)
+MODELS = {
+    "qwen2.5-coder-1.5b": _QWEN_15B, "1.5b": _QWEN_15B,
+    "qwen2.5-coder-0.5b": _QWEN_05B, "0.5b": _QWEN_05B,
+    "1b": ModelShape("Llama-3.2-1B", 1.24e9, 16, 32, 8, 64),
+    "8b": ModelShape("Llama-3.1-8B", 8.03e9, 32, 32, 8, 128),
+    "70b": ModelShape("Llama-3.1-70B", 70.6e9, 80, 64, 8, 128),
+}
+DEFAULT_DRAFT = {"1.5b": "0.5b", "qwen2.5-coder-1.5b": "0.5b", "8b": "0.5b", "70b": "1b",
+                 "0.5b": "0.5b", "qwen2.5-coder-0.5b": "0.5b", "1b": "0.5b"}
+
+_TOKEN_GRID = np.unique(np.r_[np.arange(1, 257), np.geomspace(256, 65536, 64).round()]).astype(int)
+_REQUEST_GRID = np.unique(np.r_[np.arange(1, 65), np.geomspace(64, 8192, 48).round()]).astype(int)
+
+
+def forward_ms(model: ModelShape, acc: Accelerator, tokens, requests, context: int) -> np.ndarray:
+    """Roofline time of one forward: `tokens` query tokens from `requests` requests at `context`."""
+    t = np.asarray(tokens, dtype=np.float64)
+    flops = 2.0 * model.params * t
+    attn_flops = 4.0 * model.layers * model.heads * model.head_dim * context * t  # QK^T and PV
+    weight_bytes = model.params * acc.bytes_per_param
+    kv_bytes = np.asarray(requests, dtype=np.float64) * context * model.kv_bytes_per_token(acc.bytes_per_param)
+    f, bw = acc.tflops * 1e12, acc.tb_s * 1e12
+    return 1e3 * (np.maximum(flops / f, weight_bytes / bw) + attn_flops / f + kv_bytes / bw) + acc.launch_ms
+
+
+def roofline_table(accelerator: str, target: str, draft: str | None = None, *, context_len: int = 8192,
+                   drafter: str = "autoregressive"):
+    """CostTable for `target` (verify) and `draft` (drafting) on `accelerator`."""
+    from avkit.scheduling.cost import CostTable
+
+    acc = _lookup(ACCELERATORS, accelerator, "accelerator")
+    tgt = _lookup(MODELS, target, "target model")
+    drf = _lookup(MODELS, draft or DEFAULT_DRAFT.get(target.lower(), "0.5b"), "draft model")
+    tokens, reqs = _TOKEN_GRID, _REQUEST_GRID
+    verify = forward_ms(tgt, acc, tokens, 0, context_len)  # KV reads go to context_ms
+    context = 1e3 * reqs * context_len * tgt.kv_bytes_per_token(acc.bytes_per_param) / (acc.tb_s * 1e12)
+    draft_ms = forward_ms(drf, acc, reqs, reqs, context_len)
+    meta = {"source": "roofline", "device": acc.name, "target": tgt.name, "draft": drf.name,
+            "context_len": context_len, "tflops": acc.tflops, "tb_s": acc.tb_s}
+    return CostTable(tuple(int(x) for x in tokens), tuple(verify.tolist()), tuple(int(x) for x in reqs),
+                     tuple(draft_ms.tolist()), tuple(context.tolist()), drafter, meta)
+
+
+def parse_roofline_spec(spec: str):
+    """`roofline:GPU:TARGET[:DRAFT][:context=N,drafter=parallel]` -> CostTable.
+
+    The context defaults to $AVKIT_PROFILE_CONTEXT_LEN, else 8192.
+    """
+    from avkit.config import PROFILE_CONTEXT_ENV
+
+    parts = spec.split(":")
+    if len(parts) < 3 or parts[0] != "roofline":
+        raise ConfigError(f"cost spec must look like roofline:GPU:MODEL[:DRAFT][:key=value,...], got {spec!r}")
+    opts = {}
+    if "=" in parts[-1]:
+        for kv in parts.pop().split(","):
+            key, _, value = kv.partition("=")
+            opts[key.strip()] = value.strip()
+    unknown = set(opts) - {"context", "drafter"}
+    if unknown:
+        raise ConfigError(f"cost spec {spec!r}: unknown option {sorted(unknown)[0]!r} (context, drafter)")
+    try:
+        context = int(opts.get("context", os.environ.get(PROFILE_CONTEXT_ENV, 8192)))
+    except ValueError:
+        raise ConfigError(f"cost spec {spec!r}: context must be an integer, got {opts.get('context')!r}") from None
+    draft = parts[3] if len(parts) > 3 else None
+    return roofline_table(parts[1], parts[2], draft, context_len=context,
+                          drafter=opts.get("drafter", "autoregressive"))
+
+
+def _lookup(table: dict, name: str, what: str):
+    if name.lower() not in table:
+        raise ConfigError(f"unknown {what} {name!r}; choose from {sorted(table)}")
+    return table[name.lower()]

@@ -1,0 +1,172 @@
+"""The FastAPI application: OpenAI routes, auth, error envelopes, metrics, lifespan.
+
+Handlers never touch the engine: generation endpoints (`avkit.serve.completions`) submit to the
+`EngineLoop` and stream its events. Every error, including FastAPI's own validation errors, is
+returned in OpenAI's envelope `{"error": {"message", "type", "param", "code"}}` with a message
+that names the field and the bad value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from avkit.config import ServeConfig
+from avkit.serve.engine_loop import EngineLoop
+from avkit.serve.metrics import CONTENT_TYPE, ServeMetrics
+from avkit.serve.protocol import error_body, model_list
+
+
+class ApiError(Exception):
+    """An HTTP error in OpenAI's envelope."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 type_: str = "invalid_request_error", headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.type_ = status, message, param, type_
+        self.headers = headers or {}
+
+
+@dataclass
+class ServeState:
+    """What the routes need: config, the engine loop, the tokenizer, metrics, and a close hook."""
+
+    config: ServeConfig
+    engine_loop: EngineLoop
+    tokenizer: Any  # avkit.models tokenizer: encode, decode, apply_chat_template
+    vocab_size: int
+    model_name: str
+    metrics: ServeMetrics
+    on_close: Callable[[], None] = lambda: None  # snapshot coefficients, flush the trace
+    make_engine: Callable[[], Any] | None = None  # a fresh engine as the server builds it (tests)
+    created: int = field(default_factory=lambda: int(time.time()))
+    drain_started: float | None = None  # monotonic time the shutdown began
+
+    @property
+    def context_limit(self) -> int:
+        """Prompt + completion tokens a request may use: the KV cache keeps K + 1 verify slots free."""
+        return self.config.max_len - self.config.k - 1
+
+    def begin_drain(self) -> None:
+        if self.drain_started is None:
+            self.drain_started = time.monotonic()
+        self.engine_loop.begin_drain()
+
+
+def _validation_message(err: dict) -> tuple[str, str | None]:
+    """First pydantic error -> ("field: problem, got value", top-level field)."""
+    loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+    if err.get("type") == "json_invalid":
+        return f"request body is not valid JSON: {err.get('ctx', {}).get('error', err['msg'])}", None
+    if err.get("type") == "extra_forbidden":
+        return f"unknown field {'.'.join(loc)!r}", loc[0] if loc else None
+    where = ".".join(loc) or "body"
+    got = err.get("input")
+    got_s = "" if err.get("type") == "missing" else f", got {got!r}"[:200]
+    return f"{where}: {err['msg']}{got_s}", loc[0] if loc else None
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, e: ApiError):
+        return JSONResponse(error_body(e.message, type_=e.type_, param=e.param, code=e.status),
+                            status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, e: RequestValidationError):
+        errors = e.errors()
+        message, param = _validation_message(errors[0]) if errors else ("invalid request", None)
+        return JSONResponse(error_body(message, param=param, code=400), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, e: Exception):
+        message = f"internal error: {type(e).__name__}: {e}"
+        return JSONResponse(error_body(message, type_="internal_error", code=500), status_code=500)
+
+
+def _auth(state: ServeState):
+    """A dependency: `Authorization: Bearer KEY` when the server has an API key."""
+    key = state.config.api_key
+
+    async def check(request: Request) -> None:
+        if not key:
+            return
+        got = request.headers.get("authorization", "")
+        scheme, _, token = got.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):
+            raise ApiError(401, "missing or invalid API key (send `Authorization: Bearer KEY`)",
+                           type_="authentication_error", headers={"WWW-Authenticate": "Bearer"})
+
+    return check
+
+
+class _CountRequests:
+    """ASGI middleware: count every HTTP response by endpoint and status (streams included)."""
+
+    def __init__(self, app, metrics: ServeMetrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = {"code": 500}
+
+        async def send_status(message):
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            self.metrics.requests.labels(endpoint=scope["path"][:64], status=str(status["code"])).inc()
+
+
+def build_app(state: ServeState) -> FastAPI:
+    """The FastAPI app around a ready `ServeState`; the lifespan starts and stops the engine loop."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state.engine_loop.start()
+        try:
+            yield
+        finally:
+            state.begin_drain()
+            waited = time.monotonic() - (state.drain_started or time.monotonic())
+            grace = max(0.0, state.config.grace_period_s - waited)
+            await asyncio.to_thread(state.engine_loop.shutdown, grace)
+            await asyncio.to_thread(state.on_close)
+
+    app = FastAPI(title="avkit", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.avkit = state
+    _install_error_handlers(app)
+    auth = Depends(_auth(state))
+
+    @app.get("/health")
+    async def health():
+        status = "draining" if state.drain_started is not None else "ok"
+        return JSONResponse({"status": status, "running": state.engine_loop.num_running,
+                             "queued": state.engine_loop.queue_depth},
+                            status_code=200 if status == "ok" else 503)
+
+    @app.get("/v1/models", dependencies=[auth])
+    async def models():
+        return model_list(state.model_name, state.created)
+
+    @app.get("/metrics", dependencies=[auth])
+    async def metrics():
+        return Response(state.metrics.render(), media_type=CONTENT_TYPE)
+
+    from avkit.serve.completions import add_routes
+
+    add_routes(app, state, auth)
+    app.add_middleware(_CountRequests, metrics=state.metrics)
+    return app

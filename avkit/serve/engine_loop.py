@@ -1,0 +1,225 @@
+"""The one place the engine runs: a background thread doing continuous batching.
+
+HTTP handlers only `submit` a request (admission is bounded: running + waiting <= max_concurrency
++ queue_size, else `QueueFull` -> 429) and read its events from an asyncio queue; `cancel` (client
+gone, stop sequence hit) takes effect at the next step. Between steps the thread applies cancels
+and admits waiting requests up to `max_concurrency` (the engine's batch), so requests join and
+leave the batch without waiting for each other.
+Failure isolation: a request the engine refuses (`add_request` raises) fails alone; if a step
+raises, the requests in that batch fail with an error event and a fresh engine takes over (the
+factory keeps the models and the verify policy, so online refits continue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from avkit.errors import AvkitError
+
+log = logging.getLogger("avkit.serve")
+
+
+class QueueFull(Exception):
+    """More requests than max_concurrency + queue_size: the client should retry later."""
+
+
+class NotAccepting(Exception):
+    """The server is shutting down."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """What one engine step produced for one request (or why it ended)."""
+
+    new_token_ids: list[int]
+    finished: bool
+    finish_reason: str | None = None  # stop | length | abort | error
+    error: str | None = None  # message when finish_reason == "error"
+    status: int = 500  # HTTP status for an error event
+
+
+@dataclass
+class RequestHandle:
+    """The HTTP side of one request: events arrive on `events` in the server's event loop."""
+
+    request: Any  # avkit.runtime.engine.Request
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    def post(self, event: Event) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+
+class EngineLoop:
+    """Owns the engine and its thread; everything else talks to it through submit/cancel."""
+
+    def __init__(self, make_engine: Callable[[], Any], *, max_concurrency: int, queue_size: int,
+                 metrics=None, on_step: Callable[[], None] | None = None):
+        self._make_engine = make_engine
+        self._engine = make_engine()
+        self.max_concurrency = max_concurrency
+        self.queue_size = queue_size
+        self._metrics = metrics
+        self._on_step = on_step
+        self._cv = threading.Condition()
+        self._pending: collections.deque[RequestHandle] = collections.deque()
+        self._running: dict[str, RequestHandle] = {}
+        self._cancels: set[str] = set()
+        self._accepting = True
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="avkit-engine", daemon=True)
+
+    # ---- called from the HTTP side ---------------------------------------------------------
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._pending)
+
+    def submit(self, request, loop: asyncio.AbstractEventLoop) -> RequestHandle:
+        handle = RequestHandle(request, loop)
+        with self._cv:
+            if not self._accepting:
+                raise NotAccepting("server is shutting down")
+            if len(self._pending) + len(self._running) >= self.max_concurrency + self.queue_size:
+                raise QueueFull(f"{self.max_concurrency} running and {len(self._pending)} queued")
+            self._pending.append(handle)
+            self._gauges()
+            self._cv.notify()
+        return handle
+
+    def cancel(self, request_id: str) -> None:
+        """Drop a request: from the queue now, from the engine at the next step."""
+        with self._cv:
+            for h in self._pending:
+                if h.request_id == request_id:
+                    self._pending.remove(h)
+                    self._gauges()
+                    return
+            if request_id in self._running:
+                self._cancels.add(request_id)
+                self._cv.notify()
+
+    def begin_drain(self) -> None:
+        """Stop admitting: later submits raise NotAccepting (503). Lock-free: called from a signal handler."""
+        self._accepting = False
+
+    def shutdown(self, grace_s: float) -> None:
+        """Stop admitting, let in-flight requests finish for up to grace_s, cancel the rest, join."""
+        self.begin_drain()
+        deadline = time.monotonic() + grace_s
+        with self._cv:
+            while (self._pending or self._running) and time.monotonic() < deadline:
+                self._cv.wait(timeout=min(0.05, max(0.0, deadline - time.monotonic())))
+            for h in [*self._pending, *self._running.values()]:
+                h.post(Event([], True, "abort"))
+            self._cancels.update(self._running)
+            self._pending.clear()
+            self._stop = True
+            self._cv.notify_all()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    # ---- the engine thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._stop or self._pending or self._cancels or self._running):
+                    self._cv.wait()
+                cancels, self._cancels = self._cancels, set()
+                admit = []
+                while self._pending and len(self._running) + len(admit) < self.max_concurrency \
+                        and not self._stop:
+                    admit.append(self._pending.popleft())
+            self._apply_cancels(cancels)
+            if self._stop:
+                return
+            self._admit(admit)
+            if self._running:
+                self._step()
+            if self._on_step is not None:
+                self._on_step()
+
+    def _apply_cancels(self, cancels: set[str]) -> None:
+        for rid in cancels:
+            with self._cv:
+                handle = self._running.pop(rid, None)
+                self._gauges()
+                self._cv.notify_all()
+            if handle is not None:
+                self._engine.abort(rid)
+
+    def _admit(self, handles: list[RequestHandle]) -> None:
+        for h in handles:
+            try:
+                self._engine.add_request(h.request)
+            except AvkitError as e:  # the engine refuses this request alone
+                h.post(Event([], True, "error", str(e), status=400))
+                continue
+            except Exception as e:  # noqa: BLE001 - never let one request take the server down
+                log.error("add_request %s failed:\n%s", h.request_id, traceback.format_exc())
+                h.post(Event([], True, "error", f"internal error: {type(e).__name__}: {e}"))
+                continue
+            with self._cv:
+                self._running[h.request_id] = h
+        with self._cv:
+            self._gauges()
+
+    def _step(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            outputs = self._engine.step()
+        except Exception as e:  # noqa: BLE001 - fail this batch, keep serving
+            log.error("engine step failed:\n%s", traceback.format_exc())
+            if self._metrics is not None:
+                self._metrics.engine_errors.inc()
+            self._fail_running(f"internal error: {type(e).__name__}: {e}")
+            return
+        if self._metrics is not None:
+            self._metrics.step_seconds.observe(time.perf_counter() - t0)
+        for out in outputs:
+            handle = self._running.get(out.request_id)
+            if handle is None:  # cancelled meanwhile
+                continue
+            ids = [int(t) for t in out.new_token_ids]
+            if self._metrics is not None and ids:
+                self._metrics.generation_tokens.inc(len(ids))
+            handle.post(Event(ids, bool(out.finished), out.finish_reason if out.finished else None))
+            if out.finished:
+                with self._cv:
+                    self._running.pop(out.request_id, None)
+                    self._gauges()
+                    self._cv.notify_all()
+
+    def _fail_running(self, message: str) -> None:
+        with self._cv:
+            failed, self._running = list(self._running.values()), {}
+            self._gauges()
+            self._cv.notify_all()
+        for h in failed:
+            h.post(Event([], True, "error", message))
+        self._engine = self._make_engine()
+
+    def _gauges(self) -> None:
+        if self._metrics is not None:
+            self._metrics.queue_depth.set(len(self._pending))
+            self._metrics.running.set(len(self._running))

@@ -1,0 +1,104 @@
+"""Prometheus metrics of one server, in its own registry (several servers can share a process).
+
+Per-position drafted / verified / accepted counters come from the engine's trace rows (the
+serve sink sees every step's columns); estimator gauges (slope, intercepts, refits) are read at
+scrape time from the engine loop's last published coefficients.
+Glossary:
+  verify budget   drafts sent to the target in one engine step, summed over the batch
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_BUDGET_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+def accepted_mask(accepted) -> np.ndarray:
+    """Trace `accepted` (nullable bool: masked/None/NaN when censored) -> [N] bool, True iff accepted."""
+    if isinstance(accepted, np.ma.MaskedArray):
+        return np.ma.filled(accepted.astype(float), 0.0) == 1.0
+    a = np.asarray(accepted)
+    if a.dtype == object:
+        return np.array([x is True or x == 1 for x in a], dtype=bool)
+    if a.dtype.kind == "f":
+        return a == 1.0
+    return a.astype(bool)
+
+
+class _EstimatorCollector:
+    """Slope, intercepts and refit count, read from `coefficients()` at scrape time."""
+
+    def __init__(self, coefficients: Callable[[], dict[str, Any] | None]):
+        self._coefficients = coefficients
+
+    def collect(self):
+        c = self._coefficients()
+        if c is None:
+            return
+        slope = GaugeMetricFamily("avkit_estimator_slope", "shared slope of the online estimator")
+        slope.add_metric([], float(c["slope"]))
+        inter = GaugeMetricFamily("avkit_estimator_intercept", "intercept per draft position",
+                                  labels=["position"])
+        for i, b in enumerate(c["intercepts"]):
+            inter.add_metric([str(i)], float(b))
+        refits = CounterMetricFamily("avkit_refits", "online refit rounds completed since start")
+        refits.add_metric([], float(c.get("refits", 0)))
+        yield from (slope, inter, refits)
+
+
+class ServeMetrics:
+    """Every metric `/metrics` exposes; thread-safe (prometheus_client locks internally)."""
+
+    def __init__(self, k: int, coefficients: Callable[[], dict[str, Any] | None] = lambda: None):
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("avkit_requests", "HTTP requests by endpoint and status code",
+                                ["endpoint", "status"], registry=r)
+        self.prompt_tokens = Counter("avkit_prompt_tokens", "prompt tokens admitted", registry=r)
+        self.generation_tokens = Counter("avkit_generation_tokens", "tokens generated", registry=r)
+        self.drafted = Counter("avkit_drafted", "draft slots proposed, by position", ["position"],
+                               registry=r)
+        self.verified = Counter("avkit_verified", "draft slots verified, by position", ["position"],
+                                registry=r)
+        self.accepted = Counter("avkit_accepted", "draft slots accepted, by position", ["position"],
+                                registry=r)
+        self.verify_budget = Histogram("avkit_verify_budget", "drafts verified per engine step",
+                                       buckets=_BUDGET_BUCKETS, registry=r)
+        self.step_seconds = Histogram("avkit_step_seconds", "engine step wall time",
+                                      buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttft_seconds = Histogram("avkit_time_to_first_token_seconds", "admission to first token",
+                                      buckets=_LATENCY_BUCKETS, registry=r)
+        self.latency_seconds = Histogram("avkit_request_seconds", "admission to last token",
+                                         buckets=_LATENCY_BUCKETS, registry=r)
+        self.queue_depth = Gauge("avkit_queue_depth", "requests admitted but waiting for a slot",
+                                 registry=r)
+        self.running = Gauge("avkit_running_requests", "requests decoding in the engine", registry=r)
+        self.engine_errors = Counter("avkit_engine_errors", "engine steps that raised", registry=r)
+        r.register(_EstimatorCollector(coefficients))
+        for i in range(k):  # expose every position from the start, at zero
+            for c in (self.drafted, self.verified, self.accepted):
+                c.labels(position=str(i))
+
+    def observe_rows(self, columns: dict[str, np.ndarray]) -> None:
+        """One engine step's trace rows -> per-position counters and the verify-budget histogram."""
+        pos = np.asarray(columns["position"]).astype(np.int64)  # [N]
+        if pos.size == 0:
+            return
+        verified = np.asarray(columns["verified"]).astype(bool)  # [N]
+        accepted = accepted_mask(columns["accepted"]) & verified  # [N]
+        n = int(pos.max()) + 1
+        for name, counter, mask in (("drafted", self.drafted, None), ("verified", self.verified, verified),
+                                    ("accepted", self.accepted, accepted)):
+            counts = np.bincount(pos, weights=None if mask is None else mask, minlength=n)  # [n]
+            for i in np.flatnonzero(counts):
+                counter.labels(position=str(i)).inc(float(counts[i]))
+        self.verify_budget.observe(float(verified.sum()))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,113 @@
+"""Live estimator coefficients: publish them after refits, snapshot them to a file atomically.
+
+The snapshot has the layout of `avkit fit`'s coefficients.json (schema_version, feature,
+num_positions, slope, intercepts, observations, mode, trained_on) plus `refits`, so the file a
+server writes is a file a server (or `avkit simulate`) can deploy: a restart resumes from it.
+The engine thread calls `on_step()` after every step; `/metrics` reads `current()` from any
+thread (a new dict is published, never mutated).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("avkit.serve")
+
+
+def estimator_of(policy) -> Any | None:
+    """The online estimator behind a verify policy, if it has one (adaptive does; full/fixed do not)."""
+    return getattr(policy, "estimator", None) if policy is not None else None
+
+
+def coefficients_of(estimator) -> dict[str, Any] | None:
+    """Estimator state -> coefficients.json dict (None when the estimator has no slope/intercepts).
+
+    Keeps every key of the estimator's state (so `load_state_dict` restores it exactly, round
+    counter included) and adds the fields of `avkit fit`'s coefficients.json.
+    """
+    state = dict(estimator.state_dict())
+    if "slope" not in state or "intercepts" not in state:
+        return None
+    intercepts = [float(b) for b in state["intercepts"]]
+    return {
+        **state,
+        "schema_version": 1,
+        "feature": state.get("feature", "logit_qmax"),
+        "num_positions": len(intercepts),
+        "slope": float(state["slope"]),
+        "intercepts": intercepts,
+        "observations": [int(n) for n in state.get("observations", [0] * len(intercepts))],
+        "mode": "online",
+        "trained_on": {"source": "avkit serve",
+                       "snapshot_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+    }
+
+
+def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
+    """Write to a temp file beside `path`, fsync, rename: a crash never leaves a torn file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as fh:
+        json.dump(obj, fh, indent=2)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class CoefficientSnapshots:
+    """Publishes coefficients after each refit; writes `path` every `every` refits and at close."""
+
+    def __init__(self, policy, path: Path | None, every: int):
+        self._policy = policy
+        self._estimator = estimator_of(policy)
+        self.path = path
+        self.every = every
+        self.refits = 0  # refit rounds seen since start
+        self._last_written = 0
+        self._current = self._read()
+
+    def current(self) -> dict[str, Any] | None:
+        return self._current
+
+    def on_step(self) -> None:
+        """Engine thread, after each step: publish after a refit; snapshot every `every` refits."""
+        if self._estimator is None:
+            return
+        refits = self._refit_count()
+        if refits == self.refits:
+            return
+        self.refits = refits
+        self._current = self._read()
+        if self.refits - self._last_written >= self.every:
+            self.write()
+
+    def write(self) -> None:
+        if self.path is None or self._estimator is None:
+            return
+        coeffs = self._read()
+        if coeffs is None:
+            return
+        write_json_atomic(self.path, coeffs)
+        self._last_written = self.refits
+        log.info("coefficients snapshot -> %s (refit %d)", self.path, self.refits)
+
+    def _read(self) -> dict[str, Any] | None:
+        if self._estimator is None:
+            return None
+        c = coefficients_of(self._estimator)
+        if c is not None:
+            c["refits"] = self.refits  # refits of this server process
+        return c
+
+    def _refit_count(self) -> int:
+        """Refit rounds since start: the policy's counter (adaptive keeps one), else the estimator's."""
+        for owner, attr in ((self._policy, "refits"), (self._estimator, "num_refits")):
+            n = getattr(owner, attr, None)
+            if n is not None:
+                return int(n)
+        return int(self._estimator.state_dict().get("refits", 0))

@@ -1,0 +1,149 @@
+"""Trace replay for Hybrid Verified Decoding (DESIGN.md §5; HVD paper, seeds/003).
+
+For every position t of every recorded greedy generation the replay rebuilds the suffix cache as
+it stood (prompt + output[:t] in the request's local tree, earlier responses in the global tree),
+drafts from it, and compares the draft with the target's actual continuation output[t:]:
+  cache_acc[t]  oracle accepted length = common prefix of the cache draft and output[t:]
+  model_acc[t]  the model drafter's accepted length at t (`avkit.hvd.model_accept`)
+Rows: one per (request, t) with the features of `avkit.hvd.features`. Routers turn rows into a
+`Route`; `evaluate` walks the decode path of each route and reports, per dataset and overall,
+cycles per 1000 tokens, mean accepted length, throughput and speedups, and precision / recall of
+high-payoff (accepted >= 6) cache drafts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from avkit.config import HvdCostConfig, HvdReplayConfig, SuffixCacheConfig
+from avkit.drafters.suffix_cache import SuffixCache
+from avkit.errors import TraceError
+from avkit.hvd.features import contains, history_features, structure_features
+from avkit.hvd.model_accept import accept_lengths, matches_from_trace
+from avkit.hvd.path import Route, path_metrics, precision_recall, simulate_paths
+from avkit.hvd.token_classes import CLASSES
+
+
+@dataclass(frozen=True)
+class ReplayGeneration:
+    request_id: str
+    dataset: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    model_match: np.ndarray  # [N] bool, draft argmax == output[t] teacher-forced
+
+
+def _draft_rows(cache: SuffixCache, gen: ReplayGeneration, k: int, classes: np.ndarray | None) -> dict:
+    """Walk one generation token by token: draft, score against output[t:], then append output[t]."""
+    out, n = gen.output_ids, len(gen.output_ids)
+    cols = {c: np.zeros(n) for c in ("match_len", "draft_len", "score", "first_prob", "last_prob",
+                                     "source_global", "cache_acc", "in_prompt", "in_output")}
+    draft_cls = np.zeros((n, len(CLASSES)))
+    prompt_b = np.asarray(gen.prompt_ids, dtype=np.int32).tobytes()
+    out_b = np.asarray(out, dtype=np.int32).tobytes()
+    full, p = list(gen.prompt_ids) + list(out), len(gen.prompt_ids)
+    cache.start_request(gen.request_id, gen.prompt_ids)
+    for t in range(n):
+        d = cache.draft(gen.request_id, k)
+        if d.tokens:
+            acc = 0
+            for a, b in zip(d.tokens, out[t:t + d.draft_len]):  # <= K compares
+                if a != b:
+                    break
+                acc += 1
+            tail = full[p + t - d.match_len: p + t] + d.tokens
+            cols["match_len"][t], cols["draft_len"][t], cols["score"][t] = d.match_len, d.draft_len, d.score
+            cols["first_prob"][t], cols["last_prob"][t] = d.probs[0], d.probs[-1]
+            cols["source_global"][t] = d.source == "global"
+            cols["cache_acc"][t] = acc
+            cols["in_prompt"][t] = contains(prompt_b, tail)
+            cols["in_output"][t] = contains(out_b[: 4 * t], tail)
+            if classes is not None:
+                draft_cls[t] = classes[d.tokens].mean(axis=0)
+        cache.append(gen.request_id, [out[t]])
+    cache.finish_request(gen.request_id)
+    cols["draft_classes"] = draft_cls
+    return cols
+
+
+def replay(gens: list[ReplayGeneration], cache_config: SuffixCacheConfig = SuffixCacheConfig(),
+           config: HvdReplayConfig = HvdReplayConfig(), classes: np.ndarray | None = None,
+           progress: bool = False) -> pl.DataFrame:
+    """One row per (request, position) in generation order; the global tree fills in that order."""
+    from rich.progress import track
+
+    cache = SuffixCache(cache_config)
+    frames = []
+    it = track(gens, description="hvd replay", transient=True) if progress else gens
+    for gen in it:
+        n = len(gen.output_ids)
+        if n == 0:
+            continue
+        cols = _draft_rows(cache, gen, config.k, classes)
+        model_match = np.asarray(gen.model_match, dtype=bool)
+        model_acc = accept_lengths(model_match, config.k)
+        t = np.arange(n)
+        ctx = np.r_[gen.prompt_ids[-1:] or [0], gen.output_ids[:-1]].astype(np.int64)  # token before t
+        cols.update(history_features(cols["cache_acc"], model_match, model_acc, config.history_window))
+        cols.update(structure_features(cols.pop("draft_classes"), ctx, classes))
+        dl = np.maximum(cols["draft_len"], 1)
+        cols.update(mean_prob=cols["score"] / dl, log_position=np.log1p(t),
+                    log_prompt_len=np.full(n, np.log1p(len(gen.prompt_ids))))
+        frames.append(pl.DataFrame({"request_id": [gen.request_id] * n, "dataset": [gen.dataset] * n, "t": t,
+                                    "model_acc": model_acc, "model_match": model_match, **cols}))
+    if not frames:
+        raise TraceError("hvd replay: no generation with output tokens")
+    return pl.concat(frames).with_columns(pl.col("cache_acc", "draft_len", "match_len").cast(pl.Int64))
+
+
+def load_generations(trace_paths: list[str | Path]) -> tuple[list[ReplayGeneration], dict]:
+    """Generations beside each trace, with model matches from the trace. Returns (gens, info)."""
+    from avkit.trace.schema import generations_path
+
+    gens: list[ReplayGeneration] = []
+    info = {"unknown_model_positions": [], "temperatures": set()}
+    for path in map(Path, trace_paths):
+        gpath = generations_path(path)
+        if not gpath.is_file():
+            raise TraceError(f"{path}: no generations table beside it (expected {gpath})")
+        try:
+            table = pl.read_parquet(gpath).with_columns(pl.col("request_id", "dataset").cast(pl.String))
+            trace = pl.read_parquet(path, columns=["request_id", "step", "position", "draft_token",
+                                                   "num_accepted", "drafter", "temperature"])
+        except (OSError, pl.exceptions.PolarsError) as e:
+            raise TraceError(f"{path}: cannot read trace or generations: {e}") from None
+        info["temperatures"] |= set(trace["temperature"].unique().to_list())
+        match, unknown = matches_from_trace(trace, table)
+        info["unknown_model_positions"].append(unknown)
+        for row in table.iter_rows(named=True):
+            gens.append(ReplayGeneration(f"{path.stem}/{row['request_id']}", row["dataset"],
+                                         list(row["prompt_ids"]), list(row["output_ids"]), match[row["request_id"]]))
+    return gens, info
+
+
+def evaluate(table: pl.DataFrame, routes: dict[str, Route], cost: HvdCostConfig, k: int,
+             high: int = 6) -> pl.DataFrame:
+    """Metrics of every route per dataset and overall, with speedups over `model` and `cache` routes
+    (which must be among `routes`) and over target-only decoding (throughput 1)."""
+    rows = []
+    for name, route in routes.items():
+        paths = simulate_paths(table, route, cost, k)
+        per = pl.concat([path_metrics(paths, "dataset"), path_metrics(paths)], how="diagonal")
+        prs = [precision_recall(table.filter(pl.col("dataset") == d) if d != "overall" else table,
+                                route.use_cache[(table["dataset"] == d).to_numpy()] if d != "overall"
+                                else route.use_cache, high) for d in per["dataset"]]
+        rows.append(per.with_columns(router=pl.lit(name), precision=pl.Series([p for p, _ in prs]),
+                                     recall=pl.Series([r for _, r in prs])))
+    res = pl.concat(rows, how="diagonal")
+    base = res.select("dataset", "router", "throughput")
+    for ref in ("model", "cache"):
+        tp = base.filter(pl.col("router") == ref).select("dataset", pl.col("throughput").alias(f"tp_{ref}"))
+        res = res.join(tp, on="dataset", how="left").with_columns(
+            (pl.col("throughput") / pl.col(f"tp_{ref}")).alias(f"speedup_vs_{ref}")).drop(f"tp_{ref}")
+    return res.with_columns(speedup_vs_target=pl.col("throughput")).select(
+        "router", "dataset", "tokens", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
+        "throughput", "speedup_vs_model", "speedup_vs_cache", "speedup_vs_target")

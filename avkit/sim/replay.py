@@ -1,0 +1,137 @@
+"""Trace-replay simulation: verify policies x concurrency against a cost table (issue 5).
+
+For each concurrency c, recorded requests run in c lanes of a continuous batch (steps.py); each sim
+step costs cost.step_ms(n requests, draft passes, n + verified drafts) and a request that verifies k
+of a recorded step's drafts emits min(k, a) + 1 tokens, a = the recorded accepted length.
+
+What the min(k, a) + 1 approximation ignores:
+  * divergence: after a step that accepted fewer drafts than recorded, the real sequence continues
+    differently (the bonus/resampled token differs), so later drafts and acceptances would differ;
+    the replay keeps the recorded ones. Each request therefore takes its recorded number of steps
+    under every policy and the batch composition is identical across policies.
+  * slots the recording did not verify (trimmed live): a request never accepts more than recorded.
+  * prefill, admission and request lengths: no prefill steps (N_s = T = n), output lengths change with
+    the policy only through tokens per step; metrics use the steady-state window (every lane busy).
+  * drafting cost is k_max passes of the drafter for the whole batch (autoregressive) or one pass.
+Metrics per (concurrency, policy): throughput tok/s, per-request tok/s (= throughput / c: lanes share
+every step), mean accepted drafts and tokens per request-step, verified drafts per step, share of
+drafted tokens wasted (not accepted: rejected, after a rejection, or trimmed), mean step ms.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from avkit.config import SimulateConfig
+from avkit.errors import TraceError
+from avkit.estimators.base import ESTIMATORS
+from avkit.scheduling.cost import CostTable
+from avkit.sim.policies import Replay, SimPolicy, parse_policies
+from avkit.sim.steps import StepTable, schedule, step_table
+
+
+def load_steps(traces) -> StepTable:
+    """StepTable from a StepTable, a polars frame of trace rows, or trace paths (read and validated)."""
+    if isinstance(traces, StepTable):
+        return traces
+    if isinstance(traces, pl.DataFrame):
+        return step_table(traces)
+    from avkit.trace.reader import read_traces
+
+    return step_table(read_traces(traces))
+
+
+def default_policies(steps: StepTable, config: SimulateConfig) -> list[str]:
+    specs = ["nospec", "fixed"] + [f"adaptive:{e}" for e in config.estimators if e in ESTIMATORS]
+    if "confidence" in steps.features:
+        specs.append("adaptive:recorded")
+    return specs + (["adaptive:oracle"] if config.oracle else [])
+
+
+def policy_metrics(replay: Replay, policy: SimPolicy, k_verify: np.ndarray) -> dict:
+    """Replay one policy's verify counts through the cost table."""
+    steps, rows, bounds = replay.steps, replay.sched.rows, replay.bounds
+    draft_len = policy.draft_len(steps.k)
+    drafted = replay.drafted(draft_len)  # [S']
+    assert (k_verify <= drafted).all(), "a policy verified more drafts than it drafted"
+    accepted = np.minimum(k_verify, steps.accepted[rows])  # [S'] the min(k, a) approximation
+    n = replay.num_requests  # [G]
+    verified = np.add.reduceat(k_verify, bounds[:-1])  # [G]
+    step_ms = replay.cost.step_cost(n, replay.draft_passes(draft_len), n + verified)  # [G]
+    tokens = accepted.sum() + rows.size  # + 1 bonus / resampled token per request-step
+    throughput = 1e3 * tokens / step_ms.sum()
+    return {
+        "concurrency": replay.sched.concurrency, "policy": policy.name, "estimator": policy.estimator,
+        "draft_len": draft_len, "throughput_tok_s": throughput,
+        "per_request_tok_s": throughput / replay.sched.concurrency,
+        "mean_accepted": float(accepted.mean()), "tokens_per_step": float(accepted.mean() + 1.0),
+        "verified_per_step": float(verified.mean()), "step_ms": float(step_ms.mean()),
+        "drafts_wasted": float(1.0 - accepted.sum() / drafted.sum()) if drafted.sum() else 0.0,
+        "sim_steps": int(n.size),
+    }
+
+
+def simulate(traces, cost: CostTable, concurrency=None, policies=None, *, config: SimulateConfig = SimulateConfig(),
+             coefficients: str = "", progress=None) -> pl.DataFrame:
+    """Replay `traces` under each policy at each concurrency; one result row per pair.
+
+    policies: specs (see avkit.sim.policies); None -> no-spec, every fixed K, adaptive per estimator in
+    `config.estimators`, the recorded confidences if present, and the oracle. Adds `vs_best_fixed`
+    (throughput / best fixed K at that concurrency) and `vs_nospec`.
+    """
+    steps = load_steps(traces)
+    concurrency = tuple(concurrency or config.concurrency)
+    chosen = parse_policies(policies or default_policies(steps, config), steps.k, coefficients)
+    rows = []
+    for c in concurrency:
+        replay = Replay.build(steps, schedule(steps, c, config.waves), cost)
+        for policy in chosen:
+            rows.append(policy_metrics(replay, policy, policy.verify_counts(replay)))
+            if progress is not None:
+                progress()
+    df = pl.DataFrame(rows)
+    best_fixed = (df.filter(pl.col("policy").str.starts_with("fixed")).group_by("concurrency")
+                  .agg(pl.col("throughput_tok_s").max().alias("_best")))
+    nospec = df.filter(pl.col("policy") == "nospec").select("concurrency", pl.col("throughput_tok_s").alias("_ns"))
+    df = df.join(best_fixed, on="concurrency", how="left").join(nospec, on="concurrency", how="left")
+    return df.with_columns((pl.col("throughput_tok_s") / pl.col("_best")).alias("vs_best_fixed"),
+                           (pl.col("throughput_tok_s") / pl.col("_ns")).alias("vs_nospec")).drop("_best", "_ns")
+
+
+def step_time_check(traces, cost: CostTable) -> dict:
+    """Predicted vs recorded step time over the recorded engine steps (needs `engine_step`)."""
+    steps = load_steps(traces)
+    if (steps.engine_step < 0).any():
+        raise TraceError("step-time check needs the engine_step column")
+    eng, first = np.unique(steps.engine_step, return_index=True)
+    idx = np.searchsorted(eng, steps.engine_step)  # [S] engine step of each step row
+    verified = np.bincount(idx, weights=steps.verified)
+    passes = np.zeros(eng.size)
+    np.maximum.at(passes, idx, steps.drafted)
+    n = steps.batch_size[first].astype(np.float64)
+    predicted = cost.step_cost(n, passes, n + verified)
+    recorded = steps.step_time_ms[first]
+    rel = predicted / recorded - 1.0
+    return {"engine_steps": int(eng.size), "median_abs_rel_error": float(np.median(np.abs(rel))),
+            "median_ratio": float(np.median(predicted / recorded)), "mean_recorded_ms": float(recorded.mean()),
+            "mean_predicted_ms": float(predicted.mean())}
+
+
+def write_results(df: pl.DataFrame, path) -> Path:
+    """Parquet, written to a temp file in the same folder then renamed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        df.write_parquet(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

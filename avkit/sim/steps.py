@@ -1,0 +1,121 @@
+"""Recorded steps as arrays, and the continuous-batching schedule a concurrency replays them under.
+
+Glossary:
+  step row     one recorded (request, decode step): its K draft slots as one row of [S, K] arrays
+  label        recorded outcome of a slot: 1 accepted, 0 rejected, -1 censored (not observed)
+  lane         one of `concurrency` batch slots; a lane serves requests back to back
+  copy         recorded requests are cycled so that every lane serves >= `waves` requests; copy i
+               replays recorded request i mod R
+  sim step     index of a simulated engine step; a step row of copy i runs at start[i] + its ordinal
+  window       the sim steps in which every lane is busy (steady state); metrics use only these
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from avkit.errors import TraceError
+
+FEATURE_COLUMNS = ("logit_qmax", "q_max", "q_2nd", "entropy", "head_conf", "confidence")
+NEEDED = ("run_id", "request_id", "step", "position", "num_drafted", "num_verified", "num_accepted",
+          "accepted", "batch_size", "step_time_ms")
+
+
+@dataclass(frozen=True)
+class StepTable:
+    request: np.ndarray  # [S] int64 recorded request index, rows sorted by (request, step)
+    ordinal: np.ndarray  # [S] int64 step ordinal within its request (0, 1, ...)
+    drafted: np.ndarray  # [S] int64 recorded num_drafted
+    verified: np.ndarray  # [S] int64 recorded num_verified
+    accepted: np.ndarray  # [S] int64 recorded num_accepted (accepted length)
+    label: np.ndarray  # [S, K] int8: 1 accepted, 0 rejected, -1 censored
+    features: dict  # name -> [S, K] float64 (NaN where the slot does not exist or the column is null)
+    engine_step: np.ndarray  # [S] int64 recorded global engine step (-1 if absent)
+    batch_size: np.ndarray  # [S] int64 recorded batch size
+    step_time_ms: np.ndarray  # [S] float64 recorded wall time of the engine step
+    k: int  # recorded K (max drafted)
+
+    @property
+    def num_requests(self) -> int:
+        return int(self.request.max()) + 1 if self.request.size else 0
+
+    @property
+    def steps_per_request(self) -> np.ndarray:  # [R]
+        return np.bincount(self.request, minlength=self.num_requests)
+
+
+def step_table(df: pl.DataFrame) -> StepTable:
+    """Pivot slot rows (trace format v1) into step rows; model-drafter rows only."""
+    missing = [c for c in NEEDED if c not in df.columns]
+    if missing:
+        raise TraceError(f"simulate: trace frame lacks column {missing[0]!r}")
+    if "drafter" in df.columns:
+        df = df.filter(pl.col("drafter").cast(pl.Utf8) == "model")
+    if df.height == 0:
+        raise TraceError("simulate: the traces hold no model-drafter rows")
+    run = pl.col("file_index").cast(pl.Utf8) if "file_index" in df.columns else pl.lit("")
+    key = pl.concat_str([run, pl.col("run_id").cast(pl.Utf8), pl.col("request_id").cast(pl.Utf8)],
+                        separator="\x1f")
+    df = df.with_columns((key.rank("dense") - 1).cast(pl.Int64).alias("_req")).sort("_req", "step", "position")
+    req, step = df["_req"].to_numpy(), df["step"].to_numpy()
+    new = np.r_[True, (req[1:] != req[:-1]) | (step[1:] != step[:-1])]  # first slot row of each step row
+    sid = np.cumsum(new) - 1  # [N] step row of each slot row
+    first = np.flatnonzero(new)  # [S]
+    pos = df["position"].to_numpy().astype(np.int64)
+    k = int(max(df["num_drafted"].max(), pos.max() + 1))
+    s = first.size
+
+    def matrix(values: np.ndarray, fill, dtype) -> np.ndarray:
+        m = np.full((s, k), fill, dtype=dtype)
+        m[sid, pos] = values
+        return m
+
+    acc = df["accepted"].cast(pl.Int8).fill_null(-1).to_numpy()
+    feats = {c: matrix(df[c].cast(pl.Float64).fill_null(np.nan).to_numpy(), np.nan, np.float64)
+             for c in FEATURE_COLUMNS if c in df.columns and df[c].null_count() < df.height}
+    r = req[first]
+    starts = np.r_[0, np.flatnonzero(r[1:] != r[:-1]) + 1]  # first step row of each request
+    ordinal = np.arange(s) - np.repeat(starts, np.diff(np.r_[starts, s]))
+    col = lambda c: df[c].to_numpy()[first].astype(np.int64)  # noqa: E731
+    eng = df["engine_step"].fill_null(-1).to_numpy()[first] if "engine_step" in df.columns else np.full(s, -1)
+    return StepTable(r.astype(np.int64), ordinal, col("num_drafted"), col("num_verified"), col("num_accepted"),
+                     matrix(acc, -1, np.int8), feats, eng.astype(np.int64), col("batch_size"),
+                     df["step_time_ms"].to_numpy()[first].astype(np.float64), k)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Step rows of one concurrency's replay, in sim-step order, cut to the steady-state window."""
+
+    rows: np.ndarray  # [S'] index into the StepTable
+    group: np.ndarray  # [S'] sim step (0 .. num_groups-1), non-decreasing
+    num_groups: int
+    concurrency: int
+
+
+def schedule(steps: StepTable, concurrency: int, waves: int) -> Schedule:
+    """Continuous batching with `concurrency` lanes; a request takes its recorded number of steps."""
+    lengths = steps.steps_per_request  # [R]
+    n_copies = max(steps.num_requests, concurrency * waves)
+    source = np.arange(n_copies) % steps.num_requests  # [C] recorded request of each copy
+    start = np.empty(n_copies, dtype=np.int64)
+    lanes = [(0, lane) for lane in range(concurrency)]  # (free at sim step, lane); loop is over requests
+    for i in range(n_copies):
+        free_at, lane = heapq.heappop(lanes)
+        start[i] = free_at
+        heapq.heappush(lanes, (free_at + int(lengths[source[i]]), lane))
+    window = min(t for t, _ in lanes) if n_copies >= concurrency else 0  # first lane to run dry
+    row_start = np.r_[0, np.cumsum(lengths)[:-1]]  # [R] first step row of each request
+    n = lengths[source]  # [C] step rows per copy
+    copy = np.repeat(np.arange(n_copies), n)  # [sum n]
+    ordinal = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
+    rows, group = row_start[source[copy]] + ordinal, start[copy] + ordinal
+    if window == 0:  # fewer requests than lanes: use every step
+        window = int(group.max()) + 1
+    keep = group < window
+    order = np.lexsort((copy[keep], group[keep]))
+    return Schedule(rows[keep][order], group[keep][order], int(window), concurrency)

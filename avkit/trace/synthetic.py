@@ -1,0 +1,150 @@
+"""Synthetic traces with known truth, for tests and benchmarks.
+
+Layout: engine step e runs `batch_size` requests side by side; each request decodes
+`steps_per_request` steps and drafts K slots per step. A slot's feature is
+logit_qmax ~ Normal(mean of its dataset + depth_drift * position, feature_sd), and its
+acceptance is a Bernoulli draw with the known truth
+    P(accept) = sigmoid(slope * logit_qmax + intercepts[position]).
+Censoring follows DESIGN.md §3: a (request, step) verifies a prefix of its drafts (all of them,
+or with probability `trim_prob` a uniformly random shorter prefix); a slot is observed iff it is
+verified and at or before the first rejection, and `accepted` is null otherwise.
+The file metadata key `avkit.synthetic` holds the truth as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from avkit import __version__
+from avkit.config import SyntheticConfig
+from avkit.trace import schema as S
+
+
+def _dict_column(codes: np.ndarray, names: list[str]) -> pa.DictionaryArray:
+    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)), pa.array(names, pa.string()))
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * x))  # overflow-free logistic
+
+
+def _layout(cfg: SyntheticConfig, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Who drafts when: [M] arrays over (request, step) pairs, M = ceil(num_slots / K)."""
+    m = -(-cfg.num_slots // cfg.k)
+    pair = np.arange(m)
+    engine_step = pair // cfg.batch_size
+    lane = pair % cfg.batch_size
+    request = (engine_step // cfg.steps_per_request) * cfg.batch_size + lane  # [M]
+    num_requests = int(request.max()) + 1
+    dataset_of_request = rng.choice(len(cfg.datasets), size=num_requests, p=np.asarray(cfg.mix) / sum(cfg.mix))
+    trimmed = rng.uniform(size=m) < cfg.trim_prob
+    num_verified = np.where(trimmed, rng.integers(0, cfg.k, size=m), cfg.k)  # [M] verified prefix
+    batch = np.bincount(engine_step)[engine_step]  # [M] requests in the engine step
+    return {"engine_step": engine_step, "request": request, "step": engine_step % cfg.steps_per_request,
+            "dataset": dataset_of_request[request], "num_verified": num_verified, "batch_size": batch,
+            "num_requests": np.array(num_requests)}
+
+
+def synthetic_trace(cfg: SyntheticConfig = SyntheticConfig()) -> pa.Table:
+    """A trace table (schema v1, with metadata) drawn from the known truth in `cfg`.
+
+    Examples
+    --------
+    >>> t = synthetic_trace(SyntheticConfig(num_slots=70, k=7))
+    >>> t.num_rows, t.schema.metadata[b"avkit.k"]
+    (70, b'7')
+    """
+    rng = np.random.default_rng(cfg.seed)
+    lay = _layout(cfg, rng)
+    m, k = len(lay["request"]), cfg.k
+    pos = np.broadcast_to(np.arange(k), (m, k))  # [M, K]
+    mean = np.asarray(cfg.feature_means)[lay["dataset"]][:, None] + cfg.depth_drift * pos  # [M, K]
+    f = np.clip(rng.normal(mean, cfg.feature_sd), -40, 40).astype(np.float32)  # [M, K] logit_qmax
+    p_true = _sigmoid(cfg.slope * f.astype(np.float64) + np.asarray(cfg.intercepts)[pos])  # [M, K]
+    draw = rng.uniform(size=(m, k)) < p_true  # the target's decision if verified
+    verified = pos < lay["num_verified"][:, None]  # [M, K]
+    # accepted length = leading run of accepted draws inside the verified prefix
+    num_accepted = np.cumprod(draw & verified, axis=1).sum(axis=1)  # [M]
+    observed = verified & (pos <= num_accepted[:, None])  # at or before the first rejection
+    q_max = _sigmoid(f.astype(np.float64))
+    q_2nd = (1.0 - q_max) * rng.uniform(0.3, 1.0, size=(m, k)) * np.minimum(1.0, q_max / (1 - q_max + 1e-300))
+    entropy = -(q_max * np.log(q_max)) - np.where(q_max < 1, (1 - q_max) * np.log1p(-q_max), 0.0) \
+        + (1 - q_max) * np.log(50.0)
+    took_top = rng.uniform(size=(m, k)) < q_max
+    q_sampled = np.where(took_top, q_max, q_2nd * rng.uniform(0.2, 1.0, size=(m, k)))
+    head = _sigmoid(np.log(p_true / (1 - p_true + 1e-300)) + rng.normal(0, 0.5, size=(m, k)))
+    n_rows = min(m * k, cfg.num_slots)
+    cols = _columns(cfg, lay, k, f, q_max, q_2nd, q_sampled, entropy, p_true, draw, verified, observed,
+                    num_accepted, head, rng)
+    table = pa.table({name: arr[:n_rows] for name, arr in cols.items()}, schema=S.TRACE_SCHEMA)
+    return table.replace_schema_metadata(_metadata(cfg))
+
+
+def _columns(cfg, lay, k, f, q_max, q_2nd, q_sampled, entropy, p_true, draw, verified, observed,
+             num_accepted, head, rng) -> dict[str, pa.Array]:
+    """Flatten [M, K] arrays row-major (request-step major, position minor) into trace columns."""
+    m = len(lay["request"])
+    rep = lambda a: np.repeat(a, k)  # noqa: E731  [M] -> [M*K]
+    flat = lambda a: np.asarray(a).reshape(-1)  # noqa: E731  [M, K] -> [M*K]
+    num_req = int(lay["num_requests"])
+    step_ms = (20.0 + 2.0 * lay["batch_size"] + rng.exponential(2.0, size=m)).astype(np.float32)
+    target_prob = (p_true * q_sampled).astype(np.float32)
+    accept_prob = p_true.astype(np.float32)
+    return {
+        "run_id": _dict_column(np.zeros(m * k), ["synthetic"]),
+        "dataset": _dict_column(rep(lay["dataset"]), list(cfg.datasets)),
+        "request_id": _dict_column(rep(lay["request"]), [f"req-{i}" for i in range(num_req)]),
+        "drafter": _dict_column(np.zeros(m * k), ["model"]),
+        "step": pa.array(rep(lay["step"]).astype(np.int32)),
+        "position": pa.array(np.tile(np.arange(k, dtype=np.int16), m)),
+        "draft_token": pa.array(rng.integers(0, 1000, size=m * k, dtype=np.int32)),
+        "q_max": pa.array(flat(q_max).astype(np.float32)),
+        "q_2nd": pa.array(flat(q_2nd).astype(np.float32)),
+        "q_sampled": pa.array(flat(q_sampled).astype(np.float32)),
+        "entropy": pa.array(flat(entropy).astype(np.float32)),
+        "logit_qmax": pa.array(flat(f)),
+        "target_prob": pa.array(flat(target_prob), mask=~flat(verified)),
+        "verified": pa.array(flat(verified)),
+        "accepted": pa.array(flat(draw), mask=~flat(observed)),
+        "num_drafted": pa.array(np.full(m * k, k, dtype=np.int16)),
+        "num_verified": pa.array(rep(lay["num_verified"]).astype(np.int16)),
+        "num_accepted": pa.array(rep(num_accepted).astype(np.int16)),
+        "batch_size": pa.array(rep(lay["batch_size"]).astype(np.int32)),
+        "step_time_ms": pa.array(rep(step_ms)),
+        "temperature": pa.array(np.ones(m * k, dtype=np.float32)),
+        "top_p": pa.array(np.full(m * k, 0.95, dtype=np.float32)),
+        "engine_step": pa.array(rep(lay["engine_step"]).astype(np.int64)),
+        "accept_prob": pa.array(flat(accept_prob), mask=~flat(verified)),
+        "confidence": pa.nulls(m * k, pa.float32()),
+        "head_conf": pa.array(flat(head).astype(np.float32)),
+        "match_len": pa.nulls(m * k, pa.int16()),
+        "cache_score": pa.nulls(m * k, pa.float32()),
+    }
+
+
+def _metadata(cfg: SyntheticConfig) -> dict[str, str]:
+    truth = {"slope": cfg.slope, "intercepts": list(cfg.intercepts), "seed": cfg.seed}
+    return {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION, "avkit.version": __version__,
+            "avkit.target": "synthetic", "avkit.draft": "synthetic", "avkit.k": str(cfg.k),
+            "avkit.temperature": "1.0", "avkit.top_p": "0.95", "avkit.drafter": "model",
+            "avkit.seed": str(cfg.seed), "avkit.datasets": json.dumps(list(cfg.datasets)),
+            "avkit.policy": "synthetic-trim", "avkit.synthetic": json.dumps(truth)}
+
+
+def write_synthetic_trace(path, cfg: SyntheticConfig = SyntheticConfig(), row_group_rows: int = 1 << 20) -> Path:
+    """Draw a synthetic trace and write it as zstd Parquet (temp file, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(synthetic_trace(cfg), tmp, compression="zstd", row_group_size=row_group_rows)
+    os.replace(tmp, path)
+    return path
+
+
+__all__ = ["synthetic_trace", "write_synthetic_trace"]

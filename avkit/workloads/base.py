@@ -1,0 +1,96 @@
+"""Prompt sets as data: the `Prompt` record and the `WORKLOADS` registry.
+
+Glossary:
+  prompt     one conversation start: chat messages (or raw text), optional tool schemas, and
+             follow-up user turns asked after the model's own answer (MT-Bench's second turn)
+  workload   a named loader `fn(seed) -> list[Prompt]` returning every prompt of the set
+             in a seeded order; `load_workload` takes the first n
+Loaders register with `@register("name")`; a JSONL file path is accepted wherever a name is.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from avkit.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One prompt of a workload."""
+
+    dataset: str  # workload name, e.g. "humaneval"
+    prompt_id: str  # identifier within the dataset, e.g. "HumanEval/0"
+    messages: tuple[dict, ...] = ()  # chat messages [{"role", "content"}]; empty for raw text
+    text: str | None = None  # raw completion text (used when messages is empty)
+    tools: tuple[dict, ...] | None = None  # OpenAI-style tool schemas, rendered by the chat template
+    followups: tuple[str, ...] = ()  # user turns appended after each model answer
+
+    def __post_init__(self):
+        if not self.messages and not self.text:
+            raise ConfigError(f"prompt {self.dataset}/{self.prompt_id}: needs messages or text")
+
+
+Loader = Callable[[int], list[Prompt]]  # seed -> every prompt of the set, in a seeded order
+WORKLOADS: dict[str, Loader] = {}
+
+
+def register(name: str):
+    """Decorator adding a loader to `WORKLOADS` under `name`."""
+
+    def wrap(fn: Loader) -> Loader:
+        WORKLOADS[name] = fn
+        return fn
+
+    return wrap
+
+
+def seeded_order(items: list, seed: int) -> list:
+    """A seeded permutation of `items` (stable across runs and platforms)."""
+    order = list(items)
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def require_package(module: str, package: str):
+    """Import `module` or raise ConfigError telling which PyPI package to install."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError:
+        raise ConfigError(f"this workload needs the PyPI package {package!r}: pip install {package}") from None
+
+
+def package_data(module: str, package: str, *parts: str) -> Path:
+    """Path of a data file shipped inside a package, found without importing the package."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ConfigError(f"this workload needs the PyPI package {package!r}: pip install {package}")
+    path = Path(next(iter(spec.submodule_search_locations))).joinpath(*parts)
+    if not path.is_file():
+        raise ConfigError(f"{package}: data file missing from the installed package: {path}")
+    return path
+
+
+def load_workload(name_or_path: str, n: int | None = None, seed: int = 0) -> list[Prompt]:
+    """The first `n` prompts (all if None) of a workload or JSONL file, in a seeded order.
+
+    >>> [p.dataset for p in load_workload("humaneval", 2, seed=0)]
+    ['humaneval', 'humaneval']
+    """
+    if n is not None and n < 1:
+        raise ConfigError(f"num_prompts must be >= 1, got {n}")
+    if name_or_path in WORKLOADS:
+        prompts = WORKLOADS[name_or_path](seed)
+    elif name_or_path.endswith(".jsonl") or Path(name_or_path).is_file():
+        from avkit.workloads.jsonl import load_jsonl
+
+        prompts = seeded_order(load_jsonl(name_or_path), seed)
+    else:
+        raise ConfigError(f"unknown dataset {name_or_path!r}: choose from {sorted(WORKLOADS)} "
+                          "or give a .jsonl file")
+    return prompts if n is None else prompts[:n]

@@ -1,0 +1,107 @@
+"""The adaptive verify policy (avkit/scheduling/adaptive.py): decisions, labels, refits, losslessness."""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+import torch
+
+from avkit.errors import ConfigError
+from avkit.estimators.base import ESTIMATORS
+from avkit.scheduling.adaptive import AdaptiveVerification, make_adaptive, observed_labels
+from avkit.scheduling.cost import CostTable
+from avkit.scheduling.policy import DraftBatch, Load, VerifyOutcome, make_policy
+
+
+@dataclass
+class Logistic:
+    """sigma(slope * f + intercept_i); records every update; 'refits' every `every` calls."""
+
+    slope: float = 1.0
+    intercept: float = 0.0
+    every: int = 2
+    name: str = "test-logistic"
+    lossless: bool = True
+    feature: str = "logit_qmax"
+    updates: list = field(default_factory=list)
+    k: int = 7
+
+    def predict(self, features, positions):
+        return 1.0 / (1.0 + np.exp(-(self.slope * features + self.intercept - 0.0 * positions)))
+
+    def update(self, features, positions, predictions, labels):
+        self.updates.append((features, positions, predictions, labels))
+        return len(self.updates) % self.every == 0
+
+    def state_dict(self):
+        return {"slope": self.slope, "intercepts": [self.intercept], "n": len(self.updates)}
+
+
+def _cost(verify_slope: float, fixed: float = 1.0) -> CostTable:
+    return CostTable((1, 1000), (1.0, 1.0 + 999 * verify_slope), (1, 1000), (fixed, fixed))
+
+
+def _batch(logits, drafted):
+    f = torch.tensor(logits, dtype=torch.float32)
+    return DraftBatch({"logit_qmax": f, "q_max": torch.sigmoid(f)}, torch.tensor(drafted))
+
+
+def test_confident_and_flat_cost_verifies_all():
+    policy = AdaptiveVerification(_cost(0.0), Logistic(slope=1.0, intercept=40.0))
+    nv = policy.num_verify(_batch([[5.0] * 4] * 3, [4, 2, 0]), Load(3, 3, 3))
+    assert nv.tolist() == [4, 2, 0]
+    assert policy.last_confidences.shape == (3, 4)
+
+
+def test_steep_cost_verifies_nothing():
+    policy = AdaptiveVerification(_cost(100.0), Logistic())
+    assert policy.num_verify(_batch([[2.0] * 4] * 3, [4, 4, 4]), Load(3, 3, 3)).tolist() == [0, 0, 0]
+
+
+def test_doubtful_request_is_cut_first():
+    policy = AdaptiveVerification(_cost(0.02), Logistic())
+    nv = policy.num_verify(_batch([[6.0] * 7, [-1.0] * 7], [7, 7]), Load(2, 2, 2))
+    assert nv[0] > nv[1]
+
+
+def test_observed_labels_follow_design():
+    # request 0: verified 3, accepted 1 -> slots 0,1 observed (1 accepted, 1 rejected), slot 2 censored
+    # request 1: verified 2 (trimmed from 4), accepted 2 -> slots 0,1 observed, slots 2,3 censored
+    # request 2: verified 0 -> nothing observed
+    obs, lab = observed_labels(torch.tensor([3, 2, 0]), torch.tensor([1, 2, 0]), 4)
+    assert obs.tolist() == [[True, True, False, False], [True, True, False, False], [False] * 4]
+    assert lab[obs].tolist() == [True, False, True, True]
+
+
+def test_observe_feeds_only_observed_slots_and_logs_refits():
+    est = Logistic(every=2)
+    policy = AdaptiveVerification(_cost(0.0), est)
+    batch = _batch([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], [3, 3])
+    for _ in range(4):
+        nv = policy.num_verify(batch, Load(2, 2, 2))
+        policy.observe(VerifyOutcome(batch.features, policy.last_confidences, nv, torch.tensor([1, 3])))
+    f, pos, pred, lab = est.updates[0]
+    np.testing.assert_array_equal(f, [1.0, 2.0, 4.0, 5.0, 6.0])
+    np.testing.assert_array_equal(pos, [0, 1, 0, 1, 2])
+    np.testing.assert_array_equal(lab, [1, 0, 1, 1, 1])
+    np.testing.assert_allclose(pred, est.predict(f, pos), rtol=1e-6)  # the predictions made when drafting
+    assert [t["refit"] for t in policy.trajectory] == [1, 2] and policy.trajectory[-1]["step"] == 4
+
+
+def test_estimator_none_is_full_verification(monkeypatch):
+    policy = make_adaptive(cost=_cost(100.0), estimator="none")
+    assert policy.num_verify(_batch([[0.0] * 3], [2]), Load(1, 1, 1)).tolist() == [2]
+    assert policy.last_confidences is None
+
+
+def test_registry_and_errors(monkeypatch, tmp_path):
+    monkeypatch.setitem(ESTIMATORS, "test-logistic", lambda **kw: Logistic(**kw))
+    policy = make_policy("adaptive", cost="roofline:H200:8b", estimator="test-logistic", slope=2.0)
+    assert isinstance(policy, AdaptiveVerification) and policy.estimator.slope == 2.0
+    with pytest.raises(ConfigError, match="unknown estimator 'nope'"):
+        make_policy("adaptive", cost=_cost(0.0), estimator="nope")
+    with pytest.raises(ConfigError, match="coefficients: no such file"):
+        make_policy("adaptive", cost=_cost(0.0), estimator="test-logistic", coefficients=tmp_path / "x.json")
+    bad = AdaptiveVerification(_cost(0.0), Logistic(feature="head_conf"))
+    with pytest.raises(ConfigError, match="needs feature 'head_conf'"):
+        bad.num_verify(_batch([[0.0]], [1]), Load(1, 1, 1))

@@ -1,0 +1,129 @@
+"""Cost tables (avkit/scheduling/cost.py, roofline.py, profile.py)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from avkit.config import ProfileConfig
+from avkit.errors import ConfigError
+from avkit.scheduling.cost import CostTable, make_monotone, resolve_cost
+from avkit.scheduling.roofline import parse_roofline_spec
+
+
+def _table(**kw):
+    d = dict(verify_tokens=(1, 4, 16), verify_ms=(2.0, 2.0, 8.0), draft_requests=(1, 8), draft_ms=(1.0, 1.5))
+    d.update(kw)
+    return CostTable(**d)
+
+
+def test_interpolation_and_extrapolation():
+    t = _table()
+    np.testing.assert_allclose(t.verify_cost([0, 1, 2, 10, 16, 20]), [2.0, 2.0, 2.0, 5.0, 8.0, 10.0])
+    # autoregressive drafter: k passes of draft_ms(n); parallel: one pass
+    np.testing.assert_allclose(t.fixed_cost([1, 8], [7, 7]), [7.0, 10.5])
+    par = _table(drafter="parallel", context_ms=(0.5, 1.0))
+    np.testing.assert_allclose(par.fixed_cost([1, 8, 8], [7, 7, 0]), [1.5, 2.5, 1.0])
+    np.testing.assert_allclose(t.step_cost(1, 3, 4), 5.0)
+
+
+def test_json_round_trip(tmp_path):
+    t = _table(context_ms=(0.1, 0.2), meta={"device": "test"})
+    path = t.save(tmp_path / "sub" / "cost.json")
+    back = CostTable.load(path)
+    assert back.to_json() == t.to_json()
+    assert [p.name for p in path.parent.iterdir()] == ["cost.json"]  # no temp file left behind
+
+
+@pytest.mark.parametrize("content, match", [
+    ("{not json", "not valid JSON"),
+    (json.dumps({"verify_tokens": [1]}), "missing key 'verify_ms'"),
+    (json.dumps(dict(verify_tokens=[1, 2], verify_ms=[3.0, 1.0], draft_requests=[1], draft_ms=[1.0])),
+     "verify must be non-decreasing"),
+    (json.dumps(dict(verify_tokens=[2, 1], verify_ms=[1.0, 1.0], draft_requests=[1], draft_ms=[1.0])),
+     "strictly increasing"),
+    (json.dumps(dict(verify_tokens=[1], verify_ms=["x"], draft_requests=[1], draft_ms=[1.0])), "non-numeric"),
+])
+def test_bad_tables_name_the_file(tmp_path, content, match):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=match) as e:
+        CostTable.load(path)
+    assert "bad.json" in str(e.value)
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="no such file"):
+        resolve_cost("/nonexistent/cost.json")
+
+
+def test_make_monotone():
+    assert make_monotone([1.0, 3.0, 2.0, 4.0]) == [1.0, 3.0, 3.0, 4.0]
+
+
+def test_roofline_shape_h200_8b():
+    t = parse_roofline_spec("roofline:H200:8b:context=8192")
+    # memory-bound at small batches: verifying 8 tokens costs about what 1 token costs
+    assert t.verify_cost(8) / t.verify_cost(1) < 1.02
+    # compute-bound at large batches: linear in tokens (2*P FLOPs per token at ~790 TFLOP/s)
+    slope = (t.verify_cost(4096) - t.verify_cost(2048)) / 2048
+    assert slope == pytest.approx((2 * 8.03e9 + 4 * 32 * 32 * 128 * 8192) / 790e12 * 1e3, rel=0.02)
+    # KV reads scale with requests: 8192 tokens x 128 KiB per token at 4.3 TB/s
+    assert t.fixed_cost(1, 0) == pytest.approx(8192 * 2 * 32 * 8 * 128 * 2 / 4.3e12 * 1e3, rel=0.01)
+    assert np.all(np.diff(t.verify_ms) >= 0) and np.all(np.diff(t.draft_ms) >= 0)
+
+
+def test_roofline_orders_accelerators_and_models():
+    h200, a100 = parse_roofline_spec("roofline:H200:8b"), parse_roofline_spec("roofline:A100:8b")
+    assert (h200.verify_cost([1, 4096]) < a100.verify_cost([1, 4096])).all()
+    b70 = parse_roofline_spec("roofline:H200:70b")
+    assert b70.verify_cost(1) > 5 * h200.verify_cost(1)
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("roofline:H999:8b", "unknown accelerator"),
+    ("roofline:H200:3b", "unknown target model"),
+    ("roofline:H200", "roofline:GPU:MODEL"),
+    ("roofline:H200:8b:context=abc", "context must be an integer"),
+    ("roofline:H200:8b:colour=red", "unknown option"),
+])
+def test_roofline_spec_errors(spec, match):
+    with pytest.raises(ConfigError, match=match):
+        resolve_cost(spec)
+
+
+def test_roofline_context_env(monkeypatch):
+    monkeypatch.setenv("AVKIT_PROFILE_CONTEXT_LEN", "1024")
+    assert resolve_cost("roofline:H200:8b").meta["context_len"] == 1024
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    from avkit.models import load
+    from avkit.models.testing import write_tiny_model
+
+    root = tmp_path_factory.mktemp("models")
+    tgt = load(write_tiny_model(root / "t", vocab=300, seed=0, hidden=64, layers=2))
+    drf = load(write_tiny_model(root / "d", vocab=300, seed=1, hidden=32, layers=1, heads=2, kv_heads=1))
+    return tgt, drf
+
+
+def test_profile_tiny_model_is_monotone(tiny_pair, monkeypatch, tmp_path):
+    from avkit.scheduling.profile import profile_costs
+
+    monkeypatch.setenv("AVKIT_PROFILE_CONTEXT_LEN", "64")
+    cfg = ProfileConfig(k=3, max_tokens=12, max_requests=3, repeats=2, warmup=1)
+    table = profile_costs(*tiny_pair, cfg)
+    assert table.verify_tokens == (1, 2, 4, 8, 12) and table.draft_requests == (1, 2, 3)
+    assert np.all(np.diff(table.verify_ms) >= 0) and np.all(np.diff(table.draft_ms) >= 0)
+    assert min(table.verify_ms) > 0 and table.meta["context_len"] == 64
+    assert table.meta["target_sha256"] == tiny_pair[0].sha256
+    assert CostTable.load(table.save(tmp_path / "c.json")).verify_ms == table.verify_ms
+
+
+def test_profile_env_must_be_integer(monkeypatch):
+    from avkit.scheduling.profile import context_len_from_env
+
+    monkeypatch.setenv("AVKIT_PROFILE_CONTEXT_LEN", "lots")
+    with pytest.raises(ConfigError, match="AVKIT_PROFILE_CONTEXT_LEN"):
+        context_len_from_env(8192)

@@ -1,0 +1,176 @@
+"""The engine on tiny random models: greedy equivalence, determinism, batching, stops, trace rows, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import avkit.models
+from avkit.config import EngineConfig, SamplingConfig
+from avkit.errors import ConfigError
+from avkit.models.testing import write_tiny_model
+from avkit.runtime.engine import Engine
+from avkit.runtime.request import FINISH_LENGTH, FINISH_STOP, Request
+from avkit.runtime.sink import MemorySink
+from avkit.scheduling.policy import FixedK
+from avkit.trace.schema import BY_NAME, REQUIRED
+
+torch.set_num_threads(1)
+VOCAB = 300
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """target, a noisy copy of it (a draft that is often right), and an unrelated model."""
+    root = tmp_path_factory.mktemp("engine_models")
+    target = avkit.models.load(write_tiny_model(root / "t", vocab=VOCAB, seed=0, init_std=0.3))
+    noisy = avkit.models.load(root / "t")
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in noisy.model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.3 * p.std())
+    other = avkit.models.load(write_tiny_model(root / "o", vocab=VOCAB, seed=1, init_std=0.3))
+    return {"target": target, "noisy": noisy, "other": other}
+
+
+def _requests(n, temperature=0.0, max_new_tokens=24, seed=None, **kw):
+    return [Request(f"r{i}", [(7 * i + j) % 250 + 5 for j in range(3 + 2 * i)],
+                    SamplingConfig(temperature=temperature, top_p=0.9, max_new_tokens=max_new_tokens, seed=seed),
+                    **kw) for i in range(n)]
+
+
+def _no_eos(m):  # random models emit EOS at random; most tests want full-length outputs
+    return dataclasses.replace(m, tokenizer=type("T", (), {"eos_token_ids": set()})())
+
+
+@pytest.mark.parametrize("draft", ["noisy", "other", "target"])
+@pytest.mark.parametrize("k", [1, 4])
+def test_greedy_speculative_equals_target_only(models, draft, k):
+    target = _no_eos(models["target"])
+    reqs = _requests(5)
+    ref = Engine(target, None, EngineConfig(k=0, max_batch=3, max_len=96)).generate(reqs)
+    sink = MemorySink()
+    spec = Engine(target, models[draft], EngineConfig(k=k, max_batch=3, max_len=96), sink=sink).generate(reqs)
+    for a, b in zip(ref, spec):
+        assert b.output_ids == a.output_ids, a.request_id
+        assert len(b.output_ids) == 24 and b.finish_reason == FINISH_LENGTH
+    rows = sink.columns()
+    if draft == "target":  # the draft is the target: every verified greedy draft is accepted
+        assert bool(np.all(rows["accepted"].filled(False)[rows["verified"]]))
+
+
+def test_seeded_runs_are_deterministic_and_batch_independent(models):
+    target = _no_eos(models["target"])
+    reqs = _requests(6, temperature=1.0, seed=11)
+    a = Engine(target, models["noisy"], EngineConfig(k=3, max_batch=4, max_len=96)).generate(reqs)
+    b = Engine(target, models["noisy"], EngineConfig(k=3, max_batch=4, max_len=96)).generate(reqs)
+    assert [g.output_ids for g in a] == [g.output_ids for g in b]
+    alone = Engine(target, models["noisy"], EngineConfig(k=3, max_batch=1, max_len=96)).generate(reqs[2:3])
+    assert alone[0].output_ids == a[2].output_ids  # same keys, different batch
+    other_seed = Engine(target, models["noisy"], EngineConfig(k=3, max_batch=4, max_len=96)).generate(
+        _requests(6, temperature=1.0, seed=12))
+    assert [g.output_ids for g in other_seed] != [g.output_ids for g in a]
+
+
+def test_continuous_batching_and_stops(models):
+    target = models["target"]
+    stop = 17
+    reqs = [Request("long", [5, 6, 7], SamplingConfig(temperature=0.0, max_new_tokens=40)),
+            Request("short", [8, 9], SamplingConfig(temperature=0.0, max_new_tokens=3))]
+    engine = Engine(_no_eos(target), models["noisy"], EngineConfig(k=4, max_batch=2, max_len=128))
+    engine.add_request(reqs[0])
+    first = engine.step()
+    assert [o.request_id for o in first] == ["long"]
+    engine.add_request(reqs[1])  # joins between steps
+    seen, done = {"long": [], "short": []}, {}
+    while engine.has_unfinished():
+        for o in engine.step():
+            seen[o.request_id] += o.new_token_ids
+            if o.finished:
+                done[o.request_id] = o.finish_reason
+    assert len(seen["short"]) == 3 and done["short"] == FINISH_LENGTH
+    # A stop id ends the request right after it is emitted, even mid-step.
+    ref = first[0].new_token_ids + seen["long"]
+    tok = ref[5]
+    g = Engine(_no_eos(target), models["noisy"], EngineConfig(k=4, max_batch=2, max_len=128)).generate(
+        [dataclasses.replace(reqs[0], stop_token_ids=(tok, stop))])[0]
+    cut = next(i for i, t in enumerate(ref) if t in (tok, stop))
+    assert g.output_ids == ref[: cut + 1] and g.finish_reason == FINISH_STOP
+
+
+def test_max_len_finishes_with_length(models):
+    engine = Engine(_no_eos(models["target"]), models["noisy"], EngineConfig(k=5, max_batch=1, max_len=16))
+    g = engine.generate([Request("r", list(range(5, 15)), SamplingConfig(temperature=0.0, max_new_tokens=50))])[0]
+    assert g.finish_reason == FINISH_LENGTH and len(g.prompt_ids) + len(g.output_ids) == 16
+
+
+def test_abort_frees_the_slot(models):
+    engine = Engine(_no_eos(models["target"]), models["noisy"], EngineConfig(k=2, max_batch=1, max_len=64))
+    engine.add_request(Request("a", [5, 6], SamplingConfig(temperature=0.0, max_new_tokens=30)))
+    engine.add_request(Request("b", [7, 8], SamplingConfig(temperature=0.0, max_new_tokens=2)))
+    engine.step()
+    assert engine.abort("a") and not engine.abort("zzz")
+    outs = []
+    while engine.has_unfinished():
+        outs += engine.step()
+    assert {o.request_id for o in outs} == {"b"}
+
+
+def test_trace_rows_follow_the_schema(models):
+    sink = MemorySink()
+    policy = FixedK(2)
+    engine = Engine(_no_eos(models["target"]), models["noisy"], EngineConfig(k=4, max_batch=3, max_len=96),
+                    policy=policy, sink=sink)
+    gens = engine.generate(_requests(3, temperature=1.0, max_new_tokens=12, seed=3, dataset="demo"))
+    cols = sink.columns()
+    assert set(REQUIRED) - {"run_id"} <= set(cols)
+    n = len(cols["position"])
+    assert all(len(v) == n for v in cols.values())
+    for name, values in cols.items():
+        if not BY_NAME[name].nullable:
+            assert not isinstance(values, np.ma.MaskedArray) or not values.mask.any(), name
+    verified, accepted = cols["verified"], cols["accepted"]
+    assert (cols["num_verified"] <= 2).all() and (verified == (cols["position"] < cols["num_verified"])).all()
+    assert accepted.mask[~verified].all()  # trimmed slots are censored
+    observed = ~accepted.mask
+    assert (observed == verified & (cols["position"] <= cols["num_accepted"])).all()
+    assert (accepted.filled(False) == (cols["position"] < cols["num_accepted"])).all()
+    assert np.all((cols["q_sampled"] > 0) & (cols["q_sampled"] <= 1))
+    assert cols["target_prob"].mask[~verified].all() and not cols["target_prob"].mask[verified].any()
+    assert (np.diff(cols["engine_step"]) >= 0).all() and set(cols["dataset"]) == {"demo"}
+    # Tokens per request = accepted drafts + one per step (the last steps may draft nothing).
+    for g in gens:
+        first = (cols["request_id"] == g.request_id) & (cols["position"] == 0)
+        assert len(g.output_ids) == int(cols["num_accepted"][first].sum()) + g.num_steps
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=-0.1), dict(top_p=0.0), dict(top_p=1.5),
+                                    dict(max_new_tokens=0)])
+def test_bad_sampling_config(kwargs):
+    with pytest.raises(ConfigError, match=next(iter(kwargs))):
+        SamplingConfig(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [dict(k=-1), dict(max_batch=0), dict(k=7, max_len=8)])
+def test_bad_engine_config(kwargs):
+    with pytest.raises(ConfigError):
+        EngineConfig(**kwargs)
+
+
+def test_bad_requests(models, tmp_path):
+    with pytest.raises(ConfigError, match="prompt_ids is empty"):
+        Request("r", [])
+    engine = Engine(models["target"], models["noisy"], EngineConfig(k=2, max_batch=1, max_len=16))
+    with pytest.raises(ConfigError, match="max_len"):
+        engine.add_request(Request("r", list(range(5, 25))))
+    with pytest.raises(ConfigError, match="outside the vocabulary"):
+        engine.add_request(Request("r", [VOCAB + 3]))
+    engine.add_request(Request("r", [5]))
+    with pytest.raises(ConfigError, match="already"):
+        engine.add_request(Request("r", [6]))
+    small = avkit.models.load(write_tiny_model(tmp_path / "v", vocab=280, seed=2))
+    with pytest.raises(ConfigError, match="vocabulary"):
+        Engine(models["target"], small, EngineConfig(k=2))

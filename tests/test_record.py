@@ -1,0 +1,150 @@
+"""`avkit record` with tiny random models: schema, counters, follow-ups, resume, SIGINT, bad arguments."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from avkit.cli import app
+from avkit.config import RecordConfig
+from avkit.record import record
+from avkit.trace.reader import read_traces
+from avkit.trace.schema import generations_path
+from avkit.trace.writer import partial_path
+
+VOCAB = 320
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from avkit.models import load
+    from avkit.models.testing import write_tiny_model
+
+    root = tmp_path_factory.mktemp("tiny")
+    target_dir = write_tiny_model(root / "target", vocab=VOCAB, seed=0)
+    draft_dir = write_tiny_model(root / "draft", vocab=VOCAB, seed=1)
+    return target_dir, draft_dir, load(target_dir), load(draft_dir)
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    f = tmp_path / "p.jsonl"
+    rows = [{"prompt": "def add(a, b):"}, {"prompt": "Hello, world!", "followups": ["And again?"]},
+            {"prompt": "for i in range(10):"}, {"prompt": "import numpy as np"},
+            {"messages": [{"role": "user", "content": "The quick brown fox"}]}]
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return f
+
+
+def config(prompts, out, **kw) -> RecordConfig:
+    base = dict(datasets=(str(prompts),), num_prompts=3, max_new_tokens=12, k=3, concurrency=2, seed=0,
+                out=str(out))
+    return RecordConfig(**{**base, **kw})
+
+
+def run(pair, cfg):
+    return record(cfg, target=pair[2], draft=pair[3], progress=False)
+
+
+def test_recorded_file_passes_schema_and_matches_engine_counters(pair, prompts, tmp_path):
+    res = run(pair, config(prompts, tmp_path / "t.parquet"))
+    assert not res.interrupted and res.requests == 4  # 3 first turns + one follow-up
+    df = read_traces([res.trace_path])  # the offline reader's schema + value checks
+    gens = pl.read_parquet(res.generations_path)
+    assert len(df) == res.rows == res.rows_total > 0
+    assert gens["output_ids"].list.len().sum() == res.engine_tokens  # every emitted token is in a generation
+    assert df["engine_step"].n_unique() <= res.engine_steps
+    # one row per drafted slot: each (request, step) has exactly num_drafted rows
+    per_step = df.group_by("request_id", "step").agg(pl.len(), pl.first("num_drafted"), pl.first("num_accepted"),
+                                                      pl.col("accepted").is_not_null().sum().alias("labelled"))
+    assert (per_step["len"] == per_step["num_drafted"]).all()
+    # labels: observed = up to and including the first rejection, all verified here (full policy)
+    expect = np.minimum(per_step["num_accepted"].to_numpy() + 1, per_step["num_drafted"].to_numpy())
+    assert (per_step["labelled"].to_numpy() == expect).all()
+    assert res.summary["all"]["labelled"] == int(df["accepted"].is_not_null().sum())
+    meta = pq.read_schema(res.trace_path).metadata
+    assert meta[b"avkit.k"] == b"3" and meta[b"avkit.policy"] == b"full"
+
+
+def test_followup_turn_contains_the_models_answer(pair, prompts, tmp_path):
+    res = run(pair, config(prompts, tmp_path / "t.parquet"))
+    gens = {r["request_id"]: r for r in pl.read_parquet(res.generations_path).to_dicts()}
+    first, second = gens["p/2"], gens["p/2/turn2"]
+    tok = pair[2].tokenizer
+    answer = tok.decode(first["output_ids"])
+    assert answer in tok.decode(second["prompt_ids"]) and "And again?" in tok.decode(second["prompt_ids"])
+
+
+def test_resume_extends_without_duplicates(pair, prompts, tmp_path):
+    out = tmp_path / "t.parquet"
+    a = run(pair, config(prompts, out, num_prompts=2))
+    b = run(pair, config(prompts, out, num_prompts=4, resume=True))
+    df = read_traces([out])
+    keys = df.select("request_id", "step", "position")
+    assert len(keys) == len(keys.unique()) == b.rows_total == a.rows_total + b.rows
+    gens = pl.read_parquet(generations_path(out))
+    assert gens["request_id"].n_unique() == len(gens) == 5
+    first = set(gens.filter(pl.col("run_id") == a.run_id)["request_id"])
+    assert len(first) == 3 and "p/2/turn2" in first and b.requests == 2  # nothing re-run
+
+
+def test_slots_per_dataset_stops_admission(pair, prompts, tmp_path):
+    res = run(pair, config(prompts, tmp_path / "t.parquet", num_prompts=5, concurrency=1, slots_per_dataset=1))
+    assert res.requests == 1  # the first request alone passes the quota
+
+
+def test_sigint_leaves_readable_files_and_resume_completes(pair, prompts, tmp_path):
+    out = tmp_path / "t.parquet"
+    target_dir, draft_dir = pair[0], pair[1]
+    cmd = [sys.executable, "-m", "avkit", "record", "--target", str(target_dir), "--draft", str(draft_dir),
+           "--dataset", str(prompts), "--num-prompts", "5", "--max-new-tokens", "400", "-k", "3",
+           "--concurrency", "1", "--flush-interval", "0.05", "--out", str(out), "--no-progress"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not partial_path(out).exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert "interrupted" in err.decode()
+    interrupted = read_traces([out])
+    assert len(interrupted) > 0 and not partial_path(out).exists()
+    done = pl.read_parquet(generations_path(out))["request_id"].to_list()
+    res = run(pair, config(prompts, out, num_prompts=5, max_new_tokens=400, concurrency=1, resume=True))
+    df = read_traces([out])
+    keys = df.select("request_id", "step", "position")
+    assert len(keys) == len(keys.unique())
+    gens = pl.read_parquet(generations_path(out))
+    assert len(gens) == gens["request_id"].n_unique() == 6 and res.requests == 6 - len(done)
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--dataset", "gsm8k"], "--dataset 'gsm8k'"),
+    (["--dataset", "/no/such.jsonl"], "--dataset '/no/such.jsonl'"),
+    (["--top-p", "1.5"], "top_p must be in"),
+    (["--temperature", "-1"], "temperature must be in"),
+    (["-k", "-1"], "k must be in"),
+    (["--concurrency", "0"], "concurrency must be in"),
+    (["--num-prompts", "0"], "num_prompts must be in"),
+    (["--out", "trace.csv"], "out must be a .parquet path"),
+    (["--target", "/no/such/model", "--dataset", "humaneval", "--num-prompts", "1"], "/no/such/model"),
+])
+def test_bad_arguments_one_line_exit_2(args, match, tmp_path):
+    r = CliRunner().invoke(app, ["record", "--out", str(tmp_path / "o.parquet"), *args])
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.strip().splitlines() if ln.startswith("avkit: error:")]
+    assert len(lines) == 1 and match in lines[0], r.output
+    assert not (tmp_path / "o.parquet").exists()

@@ -1,0 +1,133 @@
+"""Trace-replay simulator (avkit/sim): replay invariants, analytic acceptance, oracle, step time."""
+
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+
+from avkit.config import SimulateConfig, SyntheticConfig
+from avkit.errors import ConfigError, TraceError
+from avkit.scheduling.budget import plan_verification
+from avkit.scheduling.cost import CostTable
+from avkit.scheduling.roofline import parse_roofline_spec
+from avkit.sim.allocate import grouped_budget
+from avkit.sim.replay import simulate, step_time_check, write_results
+from avkit.sim.steps import schedule, step_table
+from avkit.trace.synthetic import synthetic_trace
+
+CFG = SyntheticConfig(num_slots=7 * 8 * 64 * 6, k=7, trim_prob=0.0, batch_size=8, steps_per_request=64, seed=3)
+
+
+@pytest.fixture(scope="module")
+def frame():
+    return pl.from_arrow(synthetic_trace(CFG))
+
+
+@pytest.fixture(scope="module")
+def steps(frame):
+    return step_table(frame)
+
+
+def test_full_verification_replays_recorded_accepted_lengths(frame, steps):
+    res = simulate(steps, parse_roofline_spec("roofline:H200:8b"), [1], ["fixed:7"],
+                   config=SimulateConfig(waves=1))
+    per_step = frame.group_by("request_id", "step").agg(pl.col("num_accepted").first())
+    assert res["mean_accepted"][0] == pytest.approx(per_step["num_accepted"].mean(), abs=1e-12)
+    assert res["tokens_per_step"][0] == pytest.approx(per_step["num_accepted"].mean() + 1, abs=1e-12)
+
+
+def test_fixed_k_acceptance_matches_analytic_within_4_sigma(steps):
+    """E[min(K', L)] from the synthetic truth sigma(slope * f + b_j), with the replay's sampling error."""
+    f = steps.features["logit_qmax"]  # [S, K]
+    p = 1 / (1 + np.exp(-(CFG.slope * f + np.asarray(CFG.intercepts))))
+    surv = np.cumprod(p, axis=1)  # P(first j+1 accepted)
+    res = simulate(steps, parse_roofline_spec("roofline:H200:8b"), [1], ["fixed"], config=SimulateConfig(waves=1))
+    for kk, got in zip(range(1, 8), res["mean_accepted"]):
+        analytic = surv[:, :kk].sum(axis=1).mean()
+        sigma = np.minimum(steps.accepted, kk).std() / np.sqrt(steps.accepted.size)  # replay's sampling error
+        assert abs(got - analytic) < 4 * sigma, (kk, got, analytic, sigma)
+    assert np.all(np.diff(res["mean_accepted"].to_numpy()) >= 0)  # payoff non-decreasing in the budget
+
+
+def test_oracle_never_loses_to_best_fixed(steps):
+    cost = parse_roofline_spec("roofline:H200:8b:1b:drafter=parallel")
+    res = simulate(steps, cost, [1, 8, 64, 256], ["nospec", "fixed", "adaptive:oracle"])
+    oracle = res.filter(pl.col("policy") == "adaptive-oracle")
+    assert (oracle["vs_best_fixed"] >= 0.995).all(), oracle
+    assert (oracle["vs_nospec"] > 1.0).all()
+
+
+def test_adaptive_never_verifies_more_than_drafted(steps):
+    res = simulate(steps, parse_roofline_spec("roofline:H200:8b"), [4, 64], ["fixed:7", "adaptive:qmax"])
+    full, adaptive = res.filter(pl.col("policy") == "fixed7"), res.filter(pl.col("policy") == "adaptive-qmax")
+    assert (adaptive["verified_per_step"] <= full["verified_per_step"]).all()
+    assert adaptive["verified_per_step"][1] < full["verified_per_step"][1]  # trims at high load
+
+
+def test_online_estimator_runs_and_is_deterministic(steps):
+    cost = parse_roofline_spec("roofline:H200:8b:1b:drafter=parallel")
+    a = simulate(steps, cost, [32], ["adaptive:online_logistic"])
+    b = simulate(steps, cost, [32], ["adaptive:online_logistic"])
+    assert a.equals(b)
+    assert 0 < a["verified_per_step"][0] <= 32 * 7
+
+
+def test_schedule_keeps_every_lane_busy(steps):
+    sched = schedule(steps, 16, waves=3)
+    counts = np.bincount(sched.group)
+    assert (counts == 16).all() and sched.num_groups == counts.size
+    # a request's step rows run in recorded order, one per sim step: row index and sim step both +1
+    req = steps.request[sched.rows]
+    order = np.lexsort((sched.group, req))
+    r, g, rows = req[order], sched.group[order], sched.rows[order]
+    same = r[1:] == r[:-1]
+    contiguous = (np.diff(rows) == 1) & (np.diff(g) == 1)
+    assert np.mean(contiguous[same]) > 0.95  # the rest: a cycled copy of the same request restarting
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_grouped_budget_equals_per_step_plan(seed):
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(1, 6, 8)
+    group = np.repeat(np.arange(8), sizes)
+    conf = rng.uniform(0.2, 1.0, (group.size, 5))
+    drafted = rng.integers(0, 6, group.size)
+    cost = CostTable((1, 4, 64), (1.0, 1.0, 9.0), (1, 8), (0.3, 0.5))
+    n = sizes.astype(np.int64)
+    fixed = cost.fixed_cost(n, 5)
+    got = grouped_budget(group, conf, drafted, num_sampling=n, num_scheduled=n, fixed_ms=fixed,
+                         verify_ms=cost.verify_cost)
+    for g in range(8):
+        m = group == g
+        plan = plan_verification(torch.tensor(conf[m]), torch.tensor(drafted[m]), num_sampling=int(n[g]),
+                                 num_scheduled=int(n[g]), fixed_ms=float(fixed[g]), verify_ms=cost.verify_cost)
+        assert plan.num_verify.tolist() == got[m].tolist()
+
+
+def test_step_time_check(frame):
+    cost = CostTable((1, 100), (5.0, 104.0), (1, 100), (0.5, 50.0))
+    per_step = frame.group_by("engine_step").agg(
+        pl.col("batch_size").first(), pl.col("num_verified").filter(pl.col("position") == 0).sum(),
+        pl.col("num_drafted").max())
+    truth = cost.step_cost(per_step["batch_size"].to_numpy(), per_step["num_drafted"].to_numpy(),
+                           per_step["batch_size"].to_numpy() + per_step["num_verified"].to_numpy())
+    recorded = per_step.select("engine_step", pl.Series("step_time_ms", truth * 1.25, dtype=pl.Float32))
+    df = frame.drop("step_time_ms").join(recorded, on="engine_step")
+    check = step_time_check(df, cost)
+    assert check["median_ratio"] == pytest.approx(0.8, rel=1e-4)
+    assert check["median_abs_rel_error"] == pytest.approx(0.2, rel=1e-4)
+
+
+def test_results_parquet_and_errors(steps, frame, tmp_path):
+    res = simulate(steps, parse_roofline_spec("roofline:H200:8b"), [2], ["nospec", "fixed:2"])
+    path = write_results(res, tmp_path / "out" / "sim.parquet")
+    assert pl.read_parquet(path).equals(res) and len(list(path.parent.iterdir())) == 1
+    with pytest.raises(ConfigError, match="unknown simulate policy"):
+        simulate(steps, parse_roofline_spec("roofline:H200:8b"), [2], ["greedy"])
+    with pytest.raises(ConfigError, match="unknown estimator"):
+        simulate(steps, parse_roofline_spec("roofline:H200:8b"), [2], ["adaptive:nope"])
+    with pytest.raises(TraceError, match="num_accepted"):
+        step_table(frame.drop("num_accepted"))
+    assert json.dumps(res.row(0, named=True))  # plain values for report

