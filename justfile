@@ -26,3 +26,11 @@ bench:
 
 lint:
     ruff check avkit tests bench
+
+# demo: OpenAI-compatible server on the real pair at http://127.0.0.1:8000/v1 (Ctrl-C/SIGTERM: clean stop)
+serve *ARGS:
+    python -m avkit serve {{ARGS}}
+
+# bounded loopback load test of `avkit serve` (tiny models) -> bench/results/serve_load.md
+bench-serve:
+    python bench/load_test.py

@@ -76,6 +76,7 @@ class FitConfig:
     n_bins: int = 10  # ECE bins
     max_iter: int = 50  # batch Newton iterations
     tol: float = 1e-10  # batch convergence: max |step| of any coefficient
+    workers: int = 2  # threads fitting and scoring features in parallel
     out: str = "reports/fit"
 
     def __post_init__(self):
@@ -83,6 +84,7 @@ class FitConfig:
         check_range("n_bins", self.n_bins, 1)
         check_range("max_iter", self.max_iter, 1)
         check_range("tol", self.tol, 0.0, lo_open=True)
+        check_range("workers", self.workers, 1)
 
 
 @dataclass(frozen=True)
@@ -168,10 +170,12 @@ class RecordConfig:
     slots_per_dataset: int = 0  # stop admitting a dataset's prompts after this many labelled slots (0 = off)
     row_group_rows: int = 65536
     flush_interval_s: float = 60.0  # also flush (and make the partial file readable) this often
+    dtype: str = "float32"  # weights/activations of both models: float32 | bfloat16 (~3x faster on AVX512-BF16)
 
     def __post_init__(self):
         from avkit.errors import ConfigError
 
+        check_choice("dtype", self.dtype, ("float32", "bfloat16"))
         if not self.datasets:
             raise ConfigError(f"datasets must name at least one workload, got {self.datasets!r}")
         check_range("num_prompts", self.num_prompts, 1)
@@ -237,6 +241,7 @@ class SimulateConfig:
     waves: int = 4  # each lane serves >= this many requests (recorded requests are cycled)
     estimators: tuple[str, ...] = ("online_logistic", "qmax")  # adaptive runs, one per estimator
     oracle: bool = True  # adaptive with confidences that know the recorded outcomes
+    burn_in: bool = True  # online estimators start from one pass over the traces (no coefficients file)
 
     def __post_init__(self):
         from avkit.errors import ConfigError
@@ -334,9 +339,11 @@ class ServeConfig:
 
     target: str = DEFAULT_TARGET
     draft: str = DEFAULT_DRAFT  # "" or "none": target-only decoding
-    drafter: str = "model"  # model | hybrid
+    drafter: str = "model"  # model | hybrid (suffix cache + draft model behind the payoff router)
+    payoff: str = ""  # hybrid: payoff_mlp.pt from `avkit hvd` ("" = ArcticInference's rule)
     policy: str = "adaptive"  # a name in avkit.scheduling.policy.POLICIES
     estimator: str = "online_logistic"  # adaptive policy's estimator (a name in ESTIMATORS)
+    refit_interval: int = EstimatorConfig().refit_interval  # engine steps per online refit round
     coefficients: str = ""  # deployed coefficients.json for the warm start ("" = shipped default)
     cost: str = ""  # cost table JSON for the adaptive budget ("" = the policy's default)
     snapshot: str = ""  # where live coefficients are snapshotted ("" = SERVE_STATE_DIR/coefficients.json)
@@ -367,6 +374,7 @@ class ServeConfig:
         check_range("max_tokens_limit", self.max_tokens_limit, 1)
         check_range("default_max_tokens", self.default_max_tokens, 1, self.max_tokens_limit)
         check_range("snapshot_every", self.snapshot_every, 1)
+        check_range("refit_interval", self.refit_interval, 1)
         check_range("grace_period_s", self.grace_period_s, 0.0)
         check_range("retry_after_s", self.retry_after_s, 0)
 

@@ -137,4 +137,4 @@ def draft_features(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0
     }
 
 
-__all__ = ["CLAMP", "FEATURES", "FeatureSpec", "LOGIT_FEATURES", "draft_features"]
+__all__ = ["CLAMP", "FEATURES", "LOGIT_FEATURES", "FeatureSpec", "draft_features"]

@@ -12,7 +12,10 @@ Glossary:
   observed     verified and at or before the first rejection: the slot carries a label
 The output of a step is x_0..x_{n-1} followed by one recovered or bonus token, so every step
 emits n + 1 tokens whose distribution is exactly the target's, for any k_r chosen without looking
-at which tokens were drawn.
+at which tokens were drawn. Precisely: whether slot j is verified may depend on q_0..q_j (whose
+shapes depend on x_0..x_{j-1}, already part of the output whenever slot j is reached) but not on
+x_j or later draws. Trimming on q_j(x_j) breaks this (tests/test_lossless.py), and so, subtly,
+does a rule where verifying slot 0 depends on q_1's shape (a function of the drawn x_0).
 
 Random numbers come from the counter-based `avkit.kernels.rng.uniform` keyed by (seed, request key,
 absolute position, stream, index), so a draw never depends on batch composition, and the Triton
@@ -118,13 +121,14 @@ def rejection_sample_ref(target_probs: torch.Tensor, draft_probs: torch.Tensor, 
 def rejection_sample(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
                      num_verify: torch.Tensor, *, greedy: bool, seeds: torch.Tensor,
                      request_keys: torch.Tensor, positions: torch.Tensor) -> RejectionResult:
-    """Public entry: the Triton kernel on CUDA tensors (when available), the torch reference otherwise."""
-    impl = rejection_sample_ref
-    if target_probs.is_cuda:
-        try:
-            from avkit.kernels.rejection import rejection_sample_triton as impl  # noqa: F811
-        except ImportError:
-            impl = rejection_sample_ref
+    """Public entry: the kernel set of the tensors' device (Triton on CUDA, this reference on CPU).
+
+    Same arguments and result as `rejection_sample_ref`. A runtime that calls it every step keeps
+    `avkit.kernels.dispatch.select_kernels(device)` instead (dispatch decided once).
+    """
+    from avkit.kernels.dispatch import select_kernels
+
+    impl = select_kernels(target_probs.device).rejection_sample
     return impl(target_probs, draft_probs, draft_tokens, num_verify, greedy=greedy, seeds=seeds,
                 request_keys=request_keys, positions=positions)
 

@@ -105,3 +105,64 @@ def test_registry_and_errors(monkeypatch, tmp_path):
     bad = AdaptiveVerification(_cost(0.0), Logistic(feature="head_conf"))
     with pytest.raises(ConfigError, match="needs feature 'head_conf'"):
         bad.num_verify(_batch([[0.0]], [1]), Load(1, 1, 1))
+
+
+# ---- through the whole engine ----------------------------------------------------------------
+
+def _chi2(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
+    """Pearson chi2, bins with expected count < 5 pooled into one (joined to the smallest if still < 5)."""
+    exp = probs.double() * float(counts.sum())
+    big = exp >= 5
+    obs_l, exp_l = counts.double()[big].tolist(), exp[big].tolist()
+    pool_o, pool_e = float(counts.double()[~big].sum()), float(exp[~big].sum())
+    if pool_e >= 5:
+        obs_l.append(pool_o)
+        exp_l.append(pool_e)
+    elif pool_e > 0:
+        i = int(np.argmin(exp_l))
+        obs_l[i] += pool_o
+        exp_l[i] += pool_e
+    return sum((o - e) ** 2 / e for o, e in zip(obs_l, exp_l)), len(exp_l) - 1
+
+
+def test_engine_with_adaptive_verification_is_lossless(tmp_path):
+    """First two tokens after a fixed prompt over 3,000 seeded requests, adaptive policy trimming live
+    (online estimator refitting every 5 steps), vs HF transformers' own distribution of the target.
+    Pass: chi2 < df + 10 sqrt(2 df) (the engine tests' criterion)."""
+    import transformers
+
+    from avkit.config import EngineConfig, EstimatorConfig, SamplingConfig
+    from avkit.models import load
+    from avkit.models.testing import write_tiny_model
+    from avkit.runtime.engine import Engine
+    from avkit.runtime.request import Request
+
+    torch.set_num_threads(1)
+    target_dir = write_tiny_model(tmp_path / "t", vocab=300, seed=0, init_std=0.3)
+    target, draft = load(target_dir), load(write_tiny_model(tmp_path / "d", vocab=300, seed=5, init_std=0.3))
+    target = type(target)(target.model, type("T", (), {"eos_token_ids": set()})(), "t", "")
+    cost = CostTable((1, 400), (1.0, 1.0 + 399 * 0.03), (1, 400), (3.0, 3.0))  # trims the doubtful drafts
+    policy = make_adaptive(cost=cost, estimator="online_logistic", k=3, config=EstimatorConfig(refit_interval=5))
+    verified, drafted = [], []
+    observe = policy.observe
+    policy.observe = lambda o: (verified.append(int(o.num_verify.sum())), observe(o))
+    prompt, n = [40, 41, 42, 43, 44], 3000
+    sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=3, seed=7)
+    engine = Engine(target, draft, EngineConfig(k=3, max_batch=100, max_len=16), policy=policy)
+    num_verify = policy.num_verify
+    policy.num_verify = lambda b, l: (drafted.append(int(b.num_drafted.sum())), num_verify(b, l))[1]
+    gens = engine.generate([Request(f"s{i}", prompt, sampling) for i in range(n)])
+    out = torch.tensor([g.output_ids[:2] for g in gens])  # [N, 2]
+    share = sum(verified) / sum(drafted)
+    assert 0.05 < share < 0.95, f"adaptive should trim some drafts and keep others, verified {share:.2f}"
+    assert policy.refits >= 1
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    with torch.no_grad():
+        p0 = hf(torch.tensor([prompt])).logits[0, -1].softmax(-1)  # [V]
+        ctx = torch.cat([torch.tensor(prompt).expand(p0.numel(), -1), torch.arange(p0.numel())[:, None]], 1)
+        p1 = p0 @ hf(ctx).logits[:, -1].softmax(-1)  # [V] marginal of the second token
+    for what, counts, probs in (("token 0", torch.bincount(out[:, 0], minlength=300), p0),
+                                ("token 1", torch.bincount(out[:, 1], minlength=300), p1)):
+        chi2, df = _chi2(counts, probs)
+        assert chi2 < df + 10 * np.sqrt(2 * df), f"{what}: chi2 {chi2:.1f}, df {df}"

@@ -12,7 +12,7 @@ from avkit.scheduling.roofline import parse_roofline_spec
 
 
 def _table(**kw):
-    d = dict(verify_tokens=(1, 4, 16), verify_ms=(2.0, 2.0, 8.0), draft_requests=(1, 8), draft_ms=(1.0, 1.5))
+    d = {"verify_tokens": (1, 4, 16), "verify_ms": (2.0, 2.0, 8.0), "draft_requests": (1, 8), "draft_ms": (1.0, 1.5)}
     d.update(kw)
     return CostTable(**d)
 
@@ -38,11 +38,11 @@ def test_json_round_trip(tmp_path):
 @pytest.mark.parametrize("content, match", [
     ("{not json", "not valid JSON"),
     (json.dumps({"verify_tokens": [1]}), "missing key 'verify_ms'"),
-    (json.dumps(dict(verify_tokens=[1, 2], verify_ms=[3.0, 1.0], draft_requests=[1], draft_ms=[1.0])),
+    (json.dumps({"verify_tokens": [1, 2], "verify_ms": [3.0, 1.0], "draft_requests": [1], "draft_ms": [1.0]}),
      "verify must be non-decreasing"),
-    (json.dumps(dict(verify_tokens=[2, 1], verify_ms=[1.0, 1.0], draft_requests=[1], draft_ms=[1.0])),
+    (json.dumps({"verify_tokens": [2, 1], "verify_ms": [1.0, 1.0], "draft_requests": [1], "draft_ms": [1.0]}),
      "strictly increasing"),
-    (json.dumps(dict(verify_tokens=[1], verify_ms=["x"], draft_requests=[1], draft_ms=[1.0])), "non-numeric"),
+    (json.dumps({"verify_tokens": [1], "verify_ms": ["x"], "draft_requests": [1], "draft_ms": [1.0]}), "non-numeric"),
 ])
 def test_bad_tables_name_the_file(tmp_path, content, match):
     path = tmp_path / "bad.json"

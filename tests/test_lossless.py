@@ -120,6 +120,31 @@ def test_trimming_on_q_sampled_is_lossy():
     assert_fits(torch.bincount(res.output_tokens[:, 0], minlength=2), torch.tensor([0.5, 0.5]), "q_max trim")
 
 
+def test_looking_ahead_is_lossy():
+    """Verifying slot 0 only when q_1 is confident is lossy when q_1's shape depends on the drawn x_0.
+
+    q_1(. | x_0) is peaky after x_0 = b and flat after a, so "verify if q_max(q_1) >= 0.6" is the
+    counter-example's trimming in disguise: slot 0 emits [.4, .6] instead of p_0 = [.5, .5].
+    """
+    N = 40_000
+    p = torch.full((N, 3, 2), 0.5)
+    q = torch.tensor([[0.2, 0.8], [0.5, 0.5]]).repeat(N, 1, 1)  # [N, 2, V]; q_1 filled in below
+    seeds, keys, pos = torch.zeros(N, dtype=torch.int64), torch.arange(N), torch.zeros(N, dtype=torch.int64)
+    x0 = sample_tokens(q[:, 0], seeds, keys, pos)
+    q[x0 == 1, 1] = torch.tensor([0.9, 0.1])  # the draft's next distribution depends on what it drew
+    x = torch.stack([x0, sample_tokens(q[:, 1], seeds, keys, pos + 1)], 1)
+    k = torch.where(q[:, 1].amax(-1) >= 0.6, 2, 0)  # looks ahead at q_1: LOSSY
+    res = rejection_sample_ref(p, q, x, k, greedy=False, seeds=seeds, request_keys=keys, positions=pos)
+    share_a = float((res.output_tokens[:, 0] == 0).double().mean())
+    assert abs(share_a - 0.4) < 3 * math.sqrt(0.4 * 0.6 / N), share_a
+    # Causal: slot 0 decided from q_0, slot 1 from q_1 (x_0 is then already in the output) -> lossless.
+    k = (q[:, 0].amax(-1) >= 0.6).long() + (q[:, 1].amax(-1) >= 0.6).long() * (q[:, 0].amax(-1) >= 0.6).long()
+    res = rejection_sample_ref(p, q, x, k, greedy=False, seeds=seeds, request_keys=keys, positions=pos)
+    assert_fits(torch.bincount(res.output_tokens[:, 0], minlength=2), torch.tensor([0.5, 0.5]), "causal rule")
+    reached = res.num_accepted >= 1
+    assert_fits(torch.bincount(res.output_tokens[reached, 1], minlength=2), torch.tensor([0.5, 0.5]), "slot 1")
+
+
 # ---- through the whole engine ----------------------------------------------------------------
 
 class _QmaxPolicy:
@@ -153,7 +178,7 @@ def pair(tmp_path_factory):
 
 @pytest.mark.parametrize("policy", ["full", "qmax"])
 def test_engine_is_lossless(pair, policy):
-    """First two tokens after a fixed prompt over 3,000 seeded requests vs the target's own distribution.
+    """First two tokens after a fixed prompt over 2,000 seeded requests vs the target's own distribution.
 
     The oracle is HF transformers on the same checkpoint, with a sort-based top-p.
     """
@@ -161,7 +186,7 @@ def test_engine_is_lossless(pair, policy):
 
     target_dir, target, draft = pair
     target = type(target)(target.model, type("T", (), {"eos_token_ids": set()})(), "t", "")
-    prompt, top_p, N = [40, 41, 42, 43, 44], 0.9, 3000
+    prompt, top_p, N = [40, 41, 42, 43, 44], 0.9, 2000
     sampling = SamplingConfig(temperature=1.0, top_p=top_p, max_new_tokens=4, seed=123)
     pol = _QmaxPolicy() if policy == "qmax" else None
     engine = Engine(target, draft, EngineConfig(k=3, max_batch=100, max_len=16), policy=pol)

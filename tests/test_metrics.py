@@ -100,7 +100,7 @@ def _same(a, b):
 
 
 @pytest.mark.parametrize("name", sorted(METRICS))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(rows=_rows, seed=st.integers(0, 2**16))
 def test_row_permutation_invariance(name, rows, seed):
     y, p, _ = map(np.array, zip(*rows))
@@ -109,7 +109,7 @@ def test_row_permutation_invariance(name, rows, seed):
 
 
 @pytest.mark.parametrize("name", sorted(METRICS))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(rows=_rows)
 def test_unit_weights_equal_no_weights(name, rows):
     y, p, _ = map(np.array, zip(*rows))
@@ -117,7 +117,7 @@ def test_unit_weights_equal_no_weights(name, rows):
 
 
 @pytest.mark.parametrize("name", sorted(METRICS))
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(rows=_rows, dup=st.integers(0, 39))
 def test_duplicated_row_equals_weight_two(name, rows, dup):
     y, p, w = map(np.array, zip(*rows))
@@ -129,7 +129,7 @@ def test_duplicated_row_equals_weight_two(name, rows, dup):
 
 
 @pytest.mark.parametrize("name", [n for n, s in METRICS.items() if s.monotone_invariant])
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=40, deadline=None)
 @given(rows=st.lists(st.tuples(st.integers(0, 1), st.integers(-50, 50)), min_size=2, max_size=40))
 def test_monotone_transform_invariance(name, rows):
     # integer scores and an exact strictly increasing transform: no rounding can merge scores

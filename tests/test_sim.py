@@ -131,3 +131,34 @@ def test_results_parquet_and_errors(steps, frame, tmp_path):
     with pytest.raises(TraceError, match="num_accepted"):
         step_table(frame.drop("num_accepted"))
     assert json.dumps(res.row(0, named=True))  # plain values for report
+
+
+def test_adaptive_stop_drafting(steps):
+    """Autoregressive drafter: stopping early keeps adaptive near the best fixed K at every load; with a
+    parallel drafter (drafting cost independent of depth) it is the plain adaptive policy."""
+    ar = parse_roofline_spec("roofline:H200:8b")
+    res = simulate(steps, ar, [1, 64, 256], ["fixed", "adaptive:online_logistic", "adaptive-stop:online_logistic"])
+    stop = res.filter(pl.col("policy") == "adaptive-stop-online_logistic")
+    plain = res.filter(pl.col("policy") == "adaptive-online_logistic")
+    assert (stop["vs_best_fixed"] >= 0.95).all(), stop
+    assert (stop["throughput_tok_s"] >= plain["throughput_tok_s"]).all()
+    assert (stop["drafted_per_step"] < plain["drafted_per_step"]).all()
+    par = parse_roofline_spec("roofline:H200:8b:1b:drafter=parallel")
+    a = simulate(steps, par, [64], ["adaptive:oracle", "adaptive-stop:oracle"])
+    assert a["throughput_tok_s"][0] == a["throughput_tok_s"][1]
+
+
+def test_simulate_cli(tmp_path, steps):
+    from typer.testing import CliRunner
+
+    from avkit.cli import app
+    from avkit.trace.synthetic import write_synthetic_trace
+
+    trace = write_synthetic_trace(tmp_path / "t.parquet", SyntheticConfig(num_slots=7 * 8 * 64, trim_prob=0.0))
+    out = tmp_path / "r.parquet"
+    r = CliRunner().invoke(app, ["simulate", str(trace), "--concurrency", "1,8", "--policies", "nospec,fixed:3",
+                                 "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert pl.read_parquet(out).shape[0] == 4
+    r = CliRunner().invoke(app, ["simulate", str(trace), "--policies", "warp"])
+    assert r.exit_code != 0 and not (tmp_path / "missing.parquet").exists()

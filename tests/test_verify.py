@@ -19,8 +19,8 @@ def _random_case(B, K, V, seed, peaky=3.0):
     q = torch.softmax(torch.randn(B, K, V, generator=g) * peaky, -1)
     x = torch.multinomial(q.reshape(-1, V), 1, generator=g).reshape(B, K)
     k = torch.randint(0, K + 1, (B,), generator=g)
-    keys = dict(seeds=torch.full((B,), seed, dtype=torch.int64), request_keys=torch.arange(B) * 7 + 1,
-                positions=torch.randint(0, 1000, (B,), generator=g))
+    keys = {"seeds": torch.full((B,), seed, dtype=torch.int64), "request_keys": torch.arange(B) * 7 + 1,
+                "positions": torch.randint(0, 1000, (B,), generator=g)}
     return p, q, x, k, keys
 
 
@@ -78,7 +78,7 @@ def test_k_zero_is_plain_sampling():
 
 
 def test_identical_distributions_accept_everything():
-    p, q, x, k, keys = _random_case(6, 4, 13, seed=4)
+    p, q, x, _k, keys = _random_case(6, 4, 13, seed=4)
     q = p[:, :4].clone()
     res = rejection_sample_ref(p, q, x, torch.full((6,), 4), greedy=False, **keys)
     assert (res.num_accepted == 4).all()  # u < p/q = 1 always
@@ -107,3 +107,52 @@ def test_exponential_race_frequencies():
     chi2 = float(((counts[support] - expected[support]) ** 2 / expected[support]).sum())
     df = int(support.sum()) - 1
     assert chi2 < df + 10 * math.sqrt(2 * df)
+
+
+# ---- the sampling distributions the engine feeds in -------------------------------------------
+
+def _nucleus_oracle(logits, T, top_p):
+    """Sort-based nucleus: keep tokens while the mass ranked before them < top_p; T = 0 -> one-hot."""
+    if T == 0:
+        return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
+    probs = torch.softmax(logits / T, -1)
+    vals, idx = probs.sort(-1, descending=True)
+    keep = (vals.cumsum(-1) - vals) < top_p
+    out = torch.zeros_like(probs).scatter(-1, idx, vals * keep)
+    return out / out.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("T", [0.0, 0.7, 1.0])
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99, 1.0])
+def test_probs_from_logits_matches_sort_oracle(T, top_p):
+    from avkit.runtime.sampling import probs_from_logits
+
+    g = torch.Generator().manual_seed(0)
+    scale = torch.tensor([8.0, 3.0, 1.0, 0.3, 0.05])[:, None]  # nucleus from ~1 token to > 1024 of 5000
+    logits = torch.randn(5, 5000, generator=g) * scale
+    got = probs_from_logits(logits, torch.full((5,), T), torch.full((5,), top_p))
+    torch.testing.assert_close(got, _nucleus_oracle(logits, T, top_p), atol=1e-6, rtol=1e-5)
+
+
+def test_probs_from_logits_mixed_rows():
+    from avkit.runtime.sampling import probs_from_logits
+
+    logits = torch.randn(2, 4, 50, generator=torch.Generator().manual_seed(1))  # [B, S, V]
+    T, tp = torch.tensor([[0.0], [0.8]]), torch.tensor([[0.9], [0.9]])  # per request, broadcast over S
+    got = probs_from_logits(logits, T, tp)
+    for b in range(2):
+        torch.testing.assert_close(got[b], _nucleus_oracle(logits[b], float(T[b]), 0.9))
+
+
+def test_sample_tokens_frequencies():
+    from avkit.runtime.sampling import sample_tokens
+
+    probs = torch.tensor([0.1, 0.0, 0.25, 0.4, 0.25])
+    n = 20_000
+    x = sample_tokens(probs.expand(n, -1), torch.full((n,), 3), torch.arange(n), torch.full((n,), 9))
+    counts = torch.bincount(x, minlength=5).double()
+    assert counts[1] == 0
+    support = probs > 0
+    expected = probs.double()[support] * n
+    chi2 = float(((counts[support] - expected) ** 2 / expected).sum())
+    assert chi2 < 3 + 10 * math.sqrt(6)

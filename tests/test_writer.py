@@ -67,10 +67,9 @@ def test_partial_file_readable_after_each_flush_and_after_a_crash(tmp_path):
 
 def test_exception_inside_with_still_keeps_flushed_rows(tmp_path):
     path = tmp_path / "t.parquet"
-    with pytest.raises(KeyboardInterrupt):
-        with TraceWriter(path, META) as w:
-            w.write(rows("a"))
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), TraceWriter(path, META) as w:
+        w.write(rows("a"))
+        raise KeyboardInterrupt
     assert pq.read_table(path).num_rows == 6
 
 

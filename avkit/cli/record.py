@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -44,7 +44,7 @@ def register(app: typer.Typer) -> None:
     def record(
         target: Annotated[str, typer.Option(help="target model: alias, HF directory or GGUF file")] = _d("target"),
         draft: Annotated[str, typer.Option(help="draft model ('none' = target-only decoding)")] = _d("draft"),
-        dataset: Annotated[Optional[list[str]], typer.Option(
+        dataset: Annotated[list[str] | None, typer.Option(
             "--dataset", help="humaneval | mtbench | sharegpt | bfcl | FILE.jsonl (repeatable)")] = None,
         num_prompts: Annotated[int, typer.Option(help="prompts per dataset")] = _d("num_prompts"),
         max_new_tokens: Annotated[int, typer.Option(help="tokens generated per request at most")] =
@@ -62,6 +62,7 @@ def register(app: typer.Typer) -> None:
             help="stop admitting a dataset after this many labelled slots (0 = off)")] = _d("slots_per_dataset"),
         flush_interval: Annotated[float, typer.Option(help="seconds between flushes to disk")] =
             _d("flush_interval_s"),
+        dtype: Annotated[str, typer.Option(help="model dtype: float32 | bfloat16")] = _d("dtype"),
         progress: Annotated[bool, typer.Option(help="show the progress bar")] = True,
     ):
         """Record acceptance traces: one row per draft slot, streamed to Parquet in row groups."""
@@ -71,7 +72,7 @@ def register(app: typer.Typer) -> None:
             target=target, draft=draft, datasets=tuple(dataset) if dataset else _d("datasets"),
             num_prompts=num_prompts, max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens, k=k,
             temperature=temperature, top_p=top_p, concurrency=concurrency, seed=seed, out=out, resume=resume,
-            slots_per_dataset=slots_per_dataset, flush_interval_s=flush_interval)
+            slots_per_dataset=slots_per_dataset, flush_interval_s=flush_interval, dtype=dtype)
         check_datasets(config.datasets)
         console = Console(stderr=True)
         console.print(f"avkit record: {config.target} + {config.draft or 'no draft'}, "

@@ -19,6 +19,7 @@ import torch
 
 from avkit.drafters.base import DraftInput, DraftProposal
 from avkit.features import draft_features
+from avkit.runtime.prefill import prefill
 from avkit.runtime.sampling import probs_from_logits, sample_tokens
 
 _LONG_CATCH_UP = 2  # rows lacking more tokens than this are prefilled row by row first
@@ -30,6 +31,7 @@ class DraftModelDrafter:
     def __init__(self, draft, max_batch: int, max_len: int):
         self.model = draft.model
         self.cache = self.model.new_cache(max_batch, max_len)
+        self.device = self.cache.lengths.device
         self.forward_s = 0.0  # wall time inside model forwards (for the engine's overhead stats)
 
     @property
@@ -43,35 +45,28 @@ class DraftModelDrafter:
         return out
 
     def _prefill(self, inp: DraftInput) -> None:
-        """Feed all but the last token of rows that lag far behind (new prompts), in one padded forward."""
+        """Feed all but the last token of rows that lag far behind (new prompts); no logits."""
         lengths = self.cache.lengths[inp.slots].tolist()
         rows = [b for b, (seq, have) in enumerate(zip(inp.sequences, lengths)) if len(seq) - have > _LONG_CATCH_UP]
-        if not rows:
-            return
-        chunks = [inp.sequences[b][lengths[b]:-1] for b in rows]
-        q_lens = torch.tensor([len(c) for c in chunks], dtype=torch.int64)  # [n]
-        tokens = torch.zeros(len(rows), int(q_lens.max()), dtype=torch.int64)  # [n, S]
-        for i, c in enumerate(chunks):
-            tokens[i, : len(c)] = torch.tensor(c)
-        none = torch.zeros(len(rows), 0, dtype=torch.int64)  # no logits needed
-        self._forward(tokens, q_lens, inp.slots[rows], none)
+        slots = inp.slots.tolist()
+        prefill(self._forward, [inp.sequences[b][lengths[b]:-1] for b in rows], [slots[b] for b in rows],
+                device=self.device)
 
     def _first_inputs(self, inp: DraftInput) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, S<=2] right-padded tokens the cache lacks, and their counts [B]."""
         lengths = self.cache.lengths[inp.slots].tolist()
         feed = [seq[have:] for seq, have in zip(inp.sequences, lengths)]
+        width = max(len(f) for f in feed)
+        tokens = torch.tensor([f + [0] * (width - len(f)) for f in feed], dtype=torch.int64)  # B rows of <= 2
         q_lens = torch.tensor([len(f) for f in feed], dtype=torch.int64)
-        tokens = torch.zeros(len(feed), int(q_lens.max()), dtype=torch.int64)
-        for b, f in enumerate(feed):  # B rows of <= 2 tokens
-            tokens[b, : len(f)] = torch.tensor(f)
-        return tokens, q_lens
+        return tokens.to(self.device), q_lens.to(self.device)
 
     @torch.inference_mode()
     def propose(self, inp: DraftInput) -> DraftProposal:
-        B, K, V = len(inp.sequences), inp.k, self.vocab_size
-        tokens_out = torch.zeros(B, K, dtype=torch.int64)  # [B, K]
-        probs_out = torch.zeros(B, K, V)  # [B, K, V]
-        q_sampled = torch.zeros(B, K)  # [B, K]
+        B, K, V, dev = len(inp.sequences), inp.k, self.vocab_size, self.device
+        tokens_out = torch.zeros(B, K, dtype=torch.int64, device=dev)  # [B, K]
+        probs_out = torch.zeros(B, K, V, device=dev)  # [B, K, V]
+        q_sampled = torch.zeros(B, K, device=dev)  # [B, K]
         feats: dict[str, torch.Tensor] = {}
         active = torch.nonzero(inp.num_draft > 0).squeeze(-1)  # rows still drafting
         if K > 0:
@@ -82,7 +77,7 @@ class DraftModelDrafter:
             logits = self._forward(tokens, q_lens, inp.slots[active], "last")  # [b, V]
             temp, top_p = inp.temperature[active], inp.top_p[active]
             for name, value in draft_features(logits, temp).items():  # lossless, before top-p
-                feats.setdefault(name, torch.full((B, K), float("nan")))[active, i] = value
+                feats.setdefault(name, torch.full((B, K), float("nan"), device=dev))[active, i] = value
             q = probs_from_logits(logits, temp, top_p)  # [b, V] what x_i is drawn from
             x = sample_tokens(q, inp.seeds[active], inp.request_keys[active], inp.positions[active] + i)
             tokens_out[active, i] = x

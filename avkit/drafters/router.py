@@ -21,8 +21,9 @@ Routers (registry `ROUTERS`, looked up by name):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 import polars as pl
@@ -118,7 +119,9 @@ class AcceptanceTable:
         np.add.at(r, b, reached)
         np.add.at(a, b, accepted & reached)
         prior = a.sum(0) / np.maximum(r.sum(0), 1)  # [K] per-position rate over all buckets
-        self.cond = (a + self.prior_strength * prior) / (r + self.prior_strength)
+        den = r + self.prior_strength
+        self.cond = np.divide(a + self.prior_strength * prior, den, out=np.broadcast_to(prior, r.shape).copy(),
+                              where=den > 0)  # an empty cell (only when a = 0) falls back to the prior
         self.tau = choose_tau(self.predict(val, ctx), val, ctx)
 
     def predict(self, table, ctx) -> np.ndarray:
@@ -162,26 +165,35 @@ class SurvivalRouter(MLPRouter):
     name: str = "survival"
     head: str = "survival"
     hit_bins: np.ndarray = field(default_factory=lambda: np.linspace(0, 1, 11)[1:-1])
-    model_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [bins] E[model accepted]
+    model_surv: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # [bins, K] P(model acc >= j)
+
+    @property
+    def model_tokens(self) -> np.ndarray:  # [bins] E[model accepted] = sum_j P(acc >= j)
+        return self.model_surv.sum(1)
 
     def fit(self, train, val, ctx) -> None:
+        from avkit.hvd.budget_sim import model_survival_table
+
         x, y = _train_rows(train, ctx)
         xv, yv = _train_rows(val, ctx)
         self.model = PayoffMLP(ctx.features, ctx.k, ctx.payoff, head="survival").fit(x, y, xv, yv)
-        b = np.digitize(train["hist_model_hit"].to_numpy(), self.hit_bins)
-        acc = train["model_acc"].to_numpy().astype(np.float64)
-        n = np.bincount(b, minlength=len(self.hit_bins) + 1)
-        self.model_tokens = np.bincount(b, acc, minlength=len(self.hit_bins) + 1) / np.maximum(n, 1)
+        self.model_surv = model_survival_table(train, self.hit_bins, ctx.k)
+
+    def survivals(self, table, ctx) -> tuple[np.ndarray, np.ndarray]:
+        """([R, K] cache-draft survival from the MLP head, [R, K] model-draft survival from the table)."""
+        x = feature_matrix(dict(zip(table.columns, table.get_columns())), ctx.features)
+        model = self.model_surv[np.digitize(table["hist_model_hit"].to_numpy(), self.hit_bins)]
+        return self.model.predict_survival(x), model
 
     def _decide(self, table, ctx) -> tuple[np.ndarray, np.ndarray]:
         c = ctx.cost
         x = feature_matrix(dict(zip(table.columns, table.get_columns())), ctx.features)
         surv = self.model.predict_survival(x)  # [N, K], zero beyond the draft
         b = np.arange(1, ctx.k + 1)
-        cache_rate = (1 + np.cumsum(surv, 1)) / (1 + c.verify_token_cost * b + c.cache_cost)  # [N, K]
+        cache_rate = (1 + np.cumsum(surv, 1)) / (1 + c.verify_token_cost * (1 + b) + c.cache_cost)  # [N, K]
         best_b = cache_rate.argmax(1) + 1  # [N] budget-optimal verify length
         m_tok = self.model_tokens[np.digitize(table["hist_model_hit"].to_numpy(), self.hit_bins)]
-        model_rate = (1 + m_tok) / (1 + (c.verify_token_cost + c.draft_step_cost) * ctx.k + c.cache_cost)
+        model_rate = (1 + m_tok) / (1 + c.verify_token_cost * (1 + ctx.k) + c.draft_step_cost * ctx.k + c.cache_cost)
         use = (cache_rate.max(1) > model_rate) & (table["draft_len"].to_numpy() > 0)
         return use, np.minimum(best_b, table["draft_len"].to_numpy())
 

@@ -30,15 +30,15 @@ from dataclasses import dataclass, field
 from avkit.config import SuffixCacheConfig
 from avkit.errors import ConfigError
 
-
-# A trie node is a two-item list [count, children: dict[token, node]]: a list literal is several
-# times cheaper to create than an object, and appends create up to max_depth nodes per token.
-_Node = list
+# A trie node is a two-item list [count, children: dict[token, node] | None]: a list literal is
+# several times cheaper to create than an object, appends create up to max_depth nodes per token,
+# and most nodes are leaves, so their children dict is only made when a first child arrives.
+Node = list  # [count: int, children: dict[int, Node] | None]
 COUNT, CHILDREN = 0, 1
 
 
-def _new_node() -> list:
-    return [0, {}]
+def _new_node() -> Node:
+    return [0, None]
 
 
 @dataclass
@@ -64,7 +64,7 @@ class SuffixTrie:
         self.root = _new_node()
         self.num_nodes = 1
         self._seqs: dict[int, list[int]] = {}
-        self._active: dict[int, list[_Node]] = {}  # seq -> [node of its last m tokens, m = 1..]
+        self._active: dict[int, list[Node]] = {}  # seq -> [node of its last m tokens, m = 1..]
 
     def append(self, seq_id: int, token: int) -> None:
         seq = self._seqs.setdefault(seq_id, [])
@@ -73,9 +73,12 @@ class SuffixTrie:
         # every suffix ending at the previous token (and the empty one at the root) grows by `token`,
         # except the one already max_depth long
         for node in [self.root, *active[: self.max_depth - 1]]:
-            child = node[CHILDREN].get(token)
+            kids = node[CHILDREN]
+            if kids is None:
+                kids = node[CHILDREN] = {}
+            child = kids.get(token)
             if child is None:
-                child = node[CHILDREN][token] = [0, {}]
+                child = kids[token] = [0, None]
                 self.num_nodes += 1
             child[COUNT] += 1
             new_active.append(child)
@@ -105,18 +108,22 @@ class SuffixTrie:
                     break
                 node = child
 
-    def suffix_nodes(self, seq_id: int) -> list[_Node]:
+    def tail(self, seq_id: int, n: int) -> list[int]:
+        """The last n tokens of a sequence."""
+        return self._seqs[seq_id][-n:]
+
+    def suffix_nodes(self, seq_id: int) -> list[Node]:
         """Nodes of the sequence's own last m tokens, m = 1..min(len, max_depth)."""
         return self._active.get(seq_id, [])
 
-    def match_nodes(self, pattern: list[int]) -> list[_Node]:
+    def match_nodes(self, pattern: list[int]) -> list[Node]:
         """Nodes of pattern[-m:] for m = 1.. while they exist (a suffix of a stored substring is stored)."""
         out = []
         n = len(pattern)
         for m in range(1, min(n, self.max_depth) + 1):
             node = self.root
             for t in pattern[n - m:]:
-                node = node[CHILDREN].get(t)
+                node = node[CHILDREN].get(t) if node[CHILDREN] else None
                 if node is None:
                     return out
             out.append(node)
@@ -127,7 +134,7 @@ class SuffixTrie:
         return len(self._seqs)
 
 
-def _walk(node: _Node, max_tokens: int, min_prob: float) -> tuple[list[int], list[float]]:
+def _walk(node: Node, max_tokens: int, min_prob: float) -> tuple[list[int], list[float]]:
     """Most frequent continuation below `node`, stopping when the path probability drops below min_prob."""
     tokens, probs, prob = [], [], 1.0
     while len(tokens) < max_tokens and node[CHILDREN]:
@@ -141,7 +148,7 @@ def _walk(node: _Node, max_tokens: int, min_prob: float) -> tuple[list[int], lis
     return tokens, probs
 
 
-def best_draft(nodes: list[_Node], k: int, config: SuffixCacheConfig, source: str) -> CacheDraft:
+def best_draft(nodes: list[Node], k: int, config: SuffixCacheConfig, source: str) -> CacheDraft:
     """Highest-score draft over match lengths m = len(nodes)..1 (nodes[m-1] is the node of length m)."""
     best = CacheDraft()
     for m in range(len(nodes), 0, -1):
@@ -191,7 +198,7 @@ class SuffixCache:
         trie = self._trie(request_id)
         best = best_draft(trie.suffix_nodes(0), k, self.config, "local")
         if self.config.use_global and self.global_trie.num_sequences:
-            context = trie._seqs[0][-self.config.max_depth:]
+            context = trie.tail(0, self.config.max_depth)
             glob = best_draft(self.global_trie.match_nodes(context), k, self.config, "global")
             if glob.score > best.score:
                 best = glob

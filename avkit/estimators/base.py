@@ -35,6 +35,10 @@ class Estimator(Protocol):
     def state_dict(self) -> dict[str, Any]:
         ...
 
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned (same K)."""
+        ...
+
 
 ESTIMATORS: dict[str, Callable[..., Estimator]] = {}
 

@@ -19,6 +19,7 @@ Damping scales each update by n / (n + damping), n = the slots supporting that c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Self
 
 import numpy as np
 
@@ -39,7 +40,13 @@ class IrlsStats:
         z = np.zeros(k)
         return cls(z.copy(), z.copy(), z.copy(), z.copy(), z.copy(), np.zeros(k, dtype=np.int64))
 
-    def __iadd__(self, other: IrlsStats) -> IrlsStats:
+    @classmethod
+    def from_segments(cls, sums: list[tuple[float, ...]], n: np.ndarray) -> IrlsStats:
+        """Per-position (a, b, c, g0, g1) tuples [K] and counts [K] -> stats."""
+        cols = np.asarray(sums, dtype=np.float64).reshape(len(n), 5).T  # [5, K]
+        return cls(*cols.copy(), n=np.asarray(n, dtype=np.int64))
+
+    def __iadd__(self, other: IrlsStats) -> Self:
         for name in ("a", "b", "c", "g0", "g1", "n"):
             getattr(self, name).__iadd__(getattr(other, name))
         return self
@@ -53,6 +60,14 @@ def irls_stats(features: np.ndarray, positions: np.ndarray, predictions: np.ndar
     wf = w * features
     sums = [np.bincount(positions, weights=x, minlength=k) for x in (wf * features, wf, w, r * features, r)]
     return IrlsStats(*sums, n=np.bincount(positions, minlength=k).astype(np.int64))
+
+
+def segment_stats(f: np.ndarray, f2: np.ndarray, y: np.ndarray, p: np.ndarray) -> tuple[float, ...]:
+    """(a, b, c, g0, g1) of ONE position's rows ([n] each, f2 = f*f precomputed): BLAS dots,
+    no scattered writes. A batch fit keeps rows grouped by position and calls this per position."""
+    w = p * (1.0 - p)
+    r = y - p
+    return float(np.dot(w, f2)), float(np.dot(w, f)), float(w.sum()), float(np.dot(r, f)), float(r.sum())
 
 
 def _damp(n: np.ndarray | float, damping: float):
@@ -104,4 +119,4 @@ def per_position_step(s: IrlsStats, slopes: np.ndarray, intercepts: np.ndarray, 
     return out_s, out_i, ok
 
 
-__all__ = ["IrlsStats", "irls_stats", "per_position_step", "shared_slope_step"]
+__all__ = ["IrlsStats", "irls_stats", "per_position_step", "segment_stats", "shared_slope_step"]

@@ -14,14 +14,16 @@ damping n / (n + 50).
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import itertools
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from avkit.config import DEFAULT_K, EstimatorConfig
 from avkit.errors import DataError
 from avkit.estimators.base import register
-from avkit.estimators.irls import IrlsStats, irls_stats, shared_slope_step
+from avkit.estimators.irls import IrlsStats, irls_stats, segment_stats, shared_slope_step
 from avkit.features import FEATURES
 
 
@@ -39,11 +41,13 @@ def check_positions(positions, k: int) -> np.ndarray:
 
 class RoundLogistic:
     """Online rounds and batch fitting shared by the logistic estimators; subclasses define the
-    coefficients (`_logits`, `_step`, `coefficients`)."""
+    coefficients (`_logits`, `_slope_at`, `_step`, `coefficients`). Inputs are numpy arrays (or CPU
+    tensors) of one engine step or round."""
 
     name = "round_logistic"
 
-    def __init__(self, k: int = DEFAULT_K, config: EstimatorConfig = EstimatorConfig()):
+    def __init__(self, k: int = DEFAULT_K, config: EstimatorConfig | None = None):
+        config = config or EstimatorConfig()
         self.k, self.config = k, config
         spec = FEATURES.get(config.feature)
         self.lossless = True if spec is None else spec.lossless
@@ -56,6 +60,9 @@ class RoundLogistic:
 
     # ---- subclass hooks ----
     def _logits(self, features: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def _slope_at(self, position: int) -> float:
         raise NotImplementedError
 
     def _step(self, stats: IrlsStats, damping: float) -> bool:
@@ -101,15 +108,20 @@ class RoundLogistic:
 
         Returns the number of iterations; `observations` becomes the per-position row counts.
         """
-        f = np.asarray(features, dtype=np.float64)
         pos = check_positions(positions, self.k)
-        y = np.asarray(labels, dtype=np.float64)
+        order = np.argsort(pos, kind="stable")  # group rows by position: one contiguous segment each
+        f = np.asarray(features, dtype=np.float64)[order]
+        y = np.asarray(labels, dtype=np.float64)[order]
+        counts = np.bincount(pos, minlength=self.k)  # [K]
+        bounds = np.r_[0, np.cumsum(counts)]  # [K + 1]
+        segments = [(f[lo:hi], f[lo:hi] ** 2, y[lo:hi]) for lo, hi in itertools.pairwise(bounds)]
         for it in range(1, max_iter + 1):
             before = self.coefficients()
-            stats = irls_stats(f, pos, self.predict(f, pos), y, self.k)
-            applied = self._step(stats, 0.0)
+            sums = [segment_stats(fs, f2s, ys, sigmoid(self._slope_at(i) * fs + self.intercepts[i]))
+                    for i, (fs, f2s, ys) in enumerate(segments)]
+            applied = self._step(IrlsStats.from_segments(sums, counts), 0.0)
             self.rounds += 1
-            self.observations = stats.n.copy()
+            self.observations = counts.astype(np.int64)
             if on_iteration is not None:
                 on_iteration(self)
             if not applied or np.max(np.abs(self.coefficients() - before)) < tol:
@@ -142,12 +154,15 @@ class OnlineLogistic(RoundLogistic):
 
     name = "online_logistic"
 
-    def __init__(self, k: int = DEFAULT_K, config: EstimatorConfig = EstimatorConfig()):
+    def __init__(self, k: int = DEFAULT_K, config: EstimatorConfig | None = None):
         super().__init__(k, config)
-        self.slope = float(config.init_slope)
+        self.slope = float(self.config.init_slope)
 
     def _logits(self, features, positions):
         return self.slope * features + self.intercepts[positions]
+
+    def _slope_at(self, position):
+        return self.slope
 
     def _step(self, stats, damping):
         self.slope, self.intercepts, applied = shared_slope_step(
@@ -171,7 +186,7 @@ class BatchLogistic(OnlineLogistic):
 
     name = "batch_logistic"
 
-    def __init__(self, k: int = DEFAULT_K, config: EstimatorConfig = EstimatorConfig(),
+    def __init__(self, k: int = DEFAULT_K, config: EstimatorConfig | None = None,
                  max_iter: int = 50, tol: float = 1e-10):
         super().__init__(k, config)
         self.max_iter, self.tol = max_iter, tol

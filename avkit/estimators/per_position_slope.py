@@ -26,12 +26,15 @@ class PerPositionSlope(RoundLogistic):
 
     name = "per_position_slope"
 
-    def __init__(self, k: int = DEFAULT_K, config: EstimatorConfig = EstimatorConfig()):
+    def __init__(self, k: int = DEFAULT_K, config: EstimatorConfig | None = None):
         super().__init__(k, config)
-        self.slopes = np.full(k, config.init_slope)  # [K]
+        self.slopes = np.full(k, self.config.init_slope)  # [K]
 
     def _logits(self, features, positions):
         return self.slopes[positions] * features + self.intercepts[positions]
+
+    def _slope_at(self, position):
+        return self.slopes[position]
 
     def _step(self, stats, damping):
         self.slopes, self.intercepts, ok = per_position_step(

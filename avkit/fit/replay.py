@@ -10,7 +10,8 @@ Batch: the same Newton step iterated to convergence; scores are in-sample.
 
 from __future__ import annotations
 
-from typing import Callable
+import itertools
+from collections.abc import Callable
 
 import numpy as np
 import polars as pl
@@ -34,7 +35,7 @@ def online_replay(est, data: FitData, feature: np.ndarray, refit_interval: int,
     preds = np.empty(len(feature))
     rows = []
     num_rounds = len(bounds) - 1
-    for r, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+    for r, (lo, hi) in enumerate(itertools.pairwise(bounds)):
         f, pos = feature[lo:hi], data.positions[lo:hi]  # [n_r] the round's observed slots
         preds[lo:hi] = est.predict(f, pos)
         est.accumulate(f, pos, preds[lo:hi], data.labels[lo:hi])

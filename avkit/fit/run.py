@@ -10,8 +10,9 @@ written to coefficients.json, the file `serve` deploys.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import polars as pl
 
@@ -21,7 +22,7 @@ from avkit.estimators import make_estimator
 from avkit.features import FEATURES
 from avkit.fit.data import FitData, load_fit_data
 from avkit.fit.replay import batch_fit, online_replay, trajectory_frame
-from avkit.metrics import score_table
+from avkit.metrics.table import ScoreLayout
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
@@ -68,22 +69,32 @@ def _plan(fit: FitConfig, est_cfg: EstimatorConfig, data: FitData) -> list[tuple
     return plan + [(est_cfg.feature, "per_position_slope")]
 
 
-def run_fit(paths, fit: FitConfig = FitConfig(), est_cfg: EstimatorConfig = EstimatorConfig(),
+def run_fit(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None = None,
             progress: Progress | None = None) -> FitResult:
     """Fit and score every feature of the traces at `paths`; nothing is written here."""
+    fit, est_cfg = fit or FitConfig(), est_cfg or EstimatorConfig()
     check_feature(est_cfg.feature)
     data = load_fit_data(paths)
-    scores, chosen = [], None
     plan = _plan(fit, est_cfg, data)
-    for i, (name, estimator) in enumerate(plan):
+    layout = ScoreLayout(data.labels, data.positions, data.dataset_codes, data.dataset_names, fit.n_bins)
+
+    def job(item: tuple[str, str]):
+        name, estimator = item
         est, preds, rows = _fit_one(name, estimator, data, fit, est_cfg, progress)
-        for row in score_table(data.labels, preds, data.positions, data.dataset_codes, data.dataset_names,
-                               n_bins=fit.n_bins):
-            scores.append({"feature": name, "lossless": FEATURES[name].lossless, "estimator": estimator, **row})
-        if name == est_cfg.feature and chosen is None:
-            chosen = (est, rows)
-        if progress is not None:
-            progress("features", i + 1, len(plan))
+        table = [{"feature": name, "lossless": FEATURES[name].lossless, "estimator": estimator, **row}
+                 for row in layout.score(preds)]
+        return est, rows, table
+
+    # Features are independent and numpy/polars release the GIL on large arrays: score them on
+    # `fit.workers` threads; results come back in plan order, so the output is deterministic.
+    scores, chosen = [], None
+    with ThreadPoolExecutor(max_workers=fit.workers) as pool:
+        for i, ((name, _), (est, rows, table)) in enumerate(zip(plan, pool.map(job, plan))):
+            scores += table
+            if chosen is None and name == est_cfg.feature:
+                chosen = (est, rows)
+            if progress is not None:
+                progress("features", i + 1, len(plan))
     est, rows = chosen
     return FitResult(_coefficients(est, data, fit, est_cfg), scores, trajectory_frame(rows))
 

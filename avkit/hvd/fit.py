@@ -22,17 +22,21 @@ import polars as pl
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
 from avkit.drafters.router import ROUTERS, MLPRouter, RouterContext, make_router
 from avkit.errors import DataError
-from avkit.hvd.features import FEATURE_GROUPS, feature_matrix
+from avkit.hvd.features import FEATURE_GROUPS
 from avkit.sim.hvd_replay import ReplayGeneration, evaluate, load_generations, replay
 
 ABLATION = (("base",), ("base", "history"), ("base", "history", "structure"),
             ("base", "history", "structure", "copy"))
 
 
+CONCURRENCY = (1, 8, 32, 128)
+
+
 @dataclass
 class HvdResult:
     metrics: pl.DataFrame  # router x dataset (test split)
     ablation: pl.DataFrame  # feature groups -> validation MSE, test throughput of the mlp router
+    budget: pl.DataFrame  # concurrency x (mlp full, survival full, survival + one budget) throughput
     thresholds: dict[str, float]
     info: dict = field(default_factory=dict)  # replay facts: rows, requests, seconds, splits
     files: list[str] = field(default_factory=list)
@@ -53,9 +57,9 @@ def split_by_request(table: pl.DataFrame, config: PayoffConfig) -> np.ndarray:
     return np.array([label[r] for r in table["request_id"].to_list()])
 
 
-def _ablation(train, val, test, ctx: RouterContext) -> pl.DataFrame:
+def _ablation(train, val, test, ctx: RouterContext, structure: bool) -> pl.DataFrame:
     rows = []
-    for groups in ABLATION:
+    for groups in dict.fromkeys(tuple(g for g in gs if structure or g != "structure") for gs in ABLATION):
         feats = tuple(n for g in groups for n in FEATURE_GROUPS[g])
         c = RouterContext(ctx.k, ctx.cost, feats, ctx.payoff)
         r = MLPRouter()
@@ -69,40 +73,70 @@ def _ablation(train, val, test, ctx: RouterContext) -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
+def _budget(test: pl.DataFrame, fitted: dict, ctx: RouterContext) -> pl.DataFrame:
+    """Batched decoding of the test requests: threshold routing with full verification against
+    survival routing whose cache and model slots share one adaptive budget."""
+    from avkit.hvd.budget_sim import simulate_batched
+
+    rows = []
+    n_req = test["request_id"].n_unique()
+    for c in sorted({min(c, n_req) for c in CONCURRENCY}):
+        for name, router, budget in (("model", "model", False), ("mlp", "mlp", False),
+                                     ("survival", "survival", False), ("survival+budget", "survival", True)):
+            if router not in fitted:
+                continue
+            r = fitted[router]
+            surv = r.survivals(test, ctx) if budget else None
+            rows.append({"router": name, **simulate_batched(test, r.route(test, ctx), ctx.cost, ctx.k, c, surv)})
+    return pl.DataFrame(rows)
+
+
 def fit_hvd_generations(gens: list[ReplayGeneration], out_dir: str | os.PathLike | None = None, *,
                         cache_config: SuffixCacheConfig = SuffixCacheConfig(),
                         replay_config: HvdReplayConfig = HvdReplayConfig(),
-                        payoff_config: PayoffConfig = PayoffConfig(), cost: HvdCostConfig = HvdCostConfig(),
-                        classes: np.ndarray | None = None, routers: tuple[str, ...] = tuple(ROUTERS),
-                        ablation: bool = True, progress: bool = False, extra_info: dict | None = None) -> HvdResult:
+                        classes: np.ndarray | None = None, progress: bool = False,
+                        extra_info: dict | None = None, **kwargs) -> HvdResult:
     """Replay, fit and score on in-memory generations (the trace-free core of `fit_hvd`)."""
     t0 = time.perf_counter()
     table = replay(gens, cache_config, replay_config, classes, progress)
-    replay_s = time.perf_counter() - t0
+    extra = {"replay_s": round(time.perf_counter() - t0, 2), "suffix_cache": asdict(cache_config),
+             **(extra_info or {})}
+    return fit_hvd_table(table, out_dir, replay_config=replay_config, structure=classes is not None,
+                         extra_info=extra, **kwargs)
+
+
+def fit_hvd_table(table: pl.DataFrame, out_dir: str | os.PathLike | None = None, *,
+                  replay_config: HvdReplayConfig = HvdReplayConfig(), payoff_config: PayoffConfig = PayoffConfig(),
+                  cost: HvdCostConfig = HvdCostConfig(), structure: bool = True,
+                  routers: tuple[str, ...] = tuple(ROUTERS), ablation: bool = True,
+                  extra_info: dict | None = None) -> HvdResult:
+    """Fit routers on replayed rows (`replay`) and score them on held-out requests. `structure`: the
+    rows carry token-structure features (a tokenizer was available)."""
     if table.select("dataset", "request_id").unique().height < 3:
         raise DataError(f"hvd fit: need at least 3 requests to split train/val/test, got "
                         f"{table['request_id'].n_unique()}")
     split = split_by_request(table, payoff_config)
     train, val, test = (table.filter(pl.Series(split == s)) for s in ("train", "val", "test"))
-    ctx = RouterContext(replay_config.k, cost, tuple(n for g in FEATURE_GROUPS.values() for n in g)
-                        if classes is not None else tuple(n for g in ("base", "history", "copy")
-                                                          for n in FEATURE_GROUPS[g]), payoff_config)
+    groups = ("base", "history", "structure", "copy") if structure else ("base", "history", "copy")
+    ctx = RouterContext(replay_config.k, cost, tuple(n for g in groups for n in FEATURE_GROUPS[g]), payoff_config)
     fitted = {}
     for name in dict.fromkeys(("model", "cache", *routers)):
         fitted[name] = make_router(name)
         fitted[name].fit(train, val, ctx)
+    preds = {n: r.predict(test, ctx) for n, r in fitted.items() if hasattr(r, "predict")}
     metrics = evaluate(test, {n: r.route(test, ctx) for n, r in fitted.items()}, cost, replay_config.k,
-                       replay_config.high_payoff)
+                       replay_config.high_payoff, preds)
     thresholds = {n: float(r.tau) for n, r in fitted.items() if hasattr(r, "tau")}
-    abl = _ablation(train, val, test, ctx) if ablation and classes is not None else pl.DataFrame()
-    info = {"rows": table.height, "requests": table["request_id"].n_unique(), "replay_s": round(replay_s, 2),
+    abl = _ablation(train, val, test, ctx, structure) if ablation else pl.DataFrame()
+    info = {"rows": table.height, "requests": table["request_id"].n_unique(),
             "rows_with_cache_draft": int((table["draft_len"] > 0).sum()),
             "split_requests": {s: int(np.unique(table["request_id"].to_numpy()[split == s]).size)
                                for s in ("train", "val", "test")},
             "mean_cache_acc": float(table["cache_acc"].mean()), "mean_model_acc": float(table["model_acc"].mean()),
-            "features": list(ctx.features), "k": replay_config.k, "cost": asdict(cost),
-            "suffix_cache": asdict(cache_config), "payoff": asdict(payoff_config), **(extra_info or {})}
-    result = HvdResult(metrics, abl, thresholds, info)
+            "features": list(ctx.features), "k": replay_config.k, "high_payoff": replay_config.high_payoff,
+            "cost": asdict(cost),
+            "payoff": asdict(payoff_config), **(extra_info or {})}
+    result = HvdResult(metrics, abl, _budget(test, fitted, ctx), thresholds, info)
     if out_dir is not None:
         result.files = _write(result, fitted, Path(out_dir))
     return result
@@ -116,6 +150,7 @@ def _write(result: HvdResult, fitted: dict, out: Path) -> list[str]:
             fitted[name].model.save(out / fname, tau=fitted[name].tau)
             files.append(str(out / fname))
     blob = {"metrics": result.metrics.to_dicts(), "ablation": result.ablation.to_dicts(),
+            "budget": result.budget.to_dicts(),
             "thresholds": result.thresholds, "info": result.info}
     path = out / "hvd_metrics.json"
     tmp = path.with_name(path.name + ".tmp")

@@ -78,8 +78,10 @@ def _label_rows(rows: pl.DataFrame, outputs: dict[str, np.ndarray], base: int) -
     return df.with_columns(valid=(miss_before == 0) & (pl.Series(out_tok) >= 0))
 
 
-def matches_from_trace(trace: pl.DataFrame, gens: pl.DataFrame) -> tuple[dict[str, np.ndarray], float]:
-    """Model-drafter rows of a greedy trace + its generations -> ({request_id: [N] bool}, unknown share).
+def matches_from_trace(trace: pl.DataFrame, gens: pl.DataFrame) -> tuple[dict[str, np.ndarray],
+                                                                         dict[str, np.ndarray]]:
+    """Model-drafter rows of a greedy trace + its generations -> (match, known): {request_id: [N] bool}
+    each; positions no step labels are unknown and their match is filled with True.
 
     The first drafted step's offset (0, 1 when the prefill token precedes it, or -1) is detected from
     which one makes accepted draft tokens agree with the output."""
@@ -104,6 +106,4 @@ def matches_from_trace(trace: pl.DataFrame, gens: pl.DataFrame) -> tuple[dict[st
         p = grp["pos"].to_numpy()
         match[r][p] = grp["eq"].to_numpy()
         known[r][p] = True
-    total = sum(len(o) for o in outputs.values())
-    unknown = 1.0 - sum(int(k.sum()) for k in known.values()) / max(total, 1)
-    return match, unknown
+    return match, known

@@ -1,8 +1,8 @@
 """Decode-path simulation of a routing decision over replayed generations, and its metrics.
 
 Glossary:
-  cycle        one target verification: a cache draft (cost 1 + c_v * len + c_cache) or a K-token
-               model draft (cost 1 + (c_v + c_d) * K [+ c_cache when the cache was consulted]);
+  cycle        one target verification: a cache draft (cost 1 + c_v * (1 + len) + c_cache) or a K-token
+               model draft (cost 1 + c_v * (1 + K) + c_d * K [+ c_cache when the cache was consulted]);
                it emits accepted + 1 tokens (the bonus / corrected token)
   route        per replay row (request, position t): use the cache draft?, and how many of its
                tokens to verify (<= its length)
@@ -46,7 +46,7 @@ def simulate_paths(table: pl.DataFrame, route: Route, cost: HvdCostConfig, k: in
     g_n = len(starts)
     pos = np.zeros(g_n, dtype=np.int64)
     cycles, spent, accepted, cache_cycles = (np.zeros(g_n) for _ in range(4))
-    model_cost = 1.0 + (cost.verify_token_cost + cost.draft_step_cost) * k
+    model_cost = 1.0 + cost.verify_token_cost * (1 + k) + cost.draft_step_cost * k
     model_cost += cost.cache_cost if route.consults_cache else 0.0
     while True:
         g = np.flatnonzero(pos < lengths)
@@ -55,7 +55,7 @@ def simulate_paths(table: pl.DataFrame, route: Route, cost: HvdCostConfig, k: in
         r = starts[g] + pos[g]  # replay row of each active generation
         uc = route.use_cache[r]
         a = np.where(uc, np.minimum(cache_acc[r], vlen[r]), model_acc[r])
-        c = np.where(uc, 1.0 + cost.verify_token_cost * vlen[r] + cost.cache_cost, model_cost)
+        c = np.where(uc, 1.0 + cost.verify_token_cost * (1 + vlen[r]) + cost.cache_cost, model_cost)
         cycles[g] += 1
         spent[g] += c
         accepted[g] += a

@@ -1,7 +1,8 @@
-"""Draft confidence, Triton: logit(q_max), q_max, entropy and sigma(slope * f + intercept) in one pass.
+"""Draft confidence, Triton: logit(q_max), q_max, q_2nd, entropy and sigma(slope * f + intercept)
+in one pass.
 
 Each program owns one row (a draft slot) and streams its logits once in vocabulary blocks,
-keeping three running scalars in the units of the running max m (an online softmax):
+keeping the running max m, the runner-up m2 and two sums in the units of m (an online softmax):
   s_o  the mass of every token but the current top, sum exp(l_z - m)
   t    sum_z exp(l_z - m) (l_z - m), for the entropy
 When a block raises the max from m to m', the old sums are rescaled by alpha = exp(m - m'), the
@@ -29,7 +30,7 @@ def confidence_kernel(
     pos_ptr,  # *[rows] int64, draft position (intercept index)
     intercept_ptr,  # *[K] fp32
     slope,  # fp32 scalar
-    logit_ptr, qmax_ptr, entropy_ptr, conf_ptr,  # *[rows] fp32 outputs
+    logit_ptr, qmax_ptr, q2nd_ptr, entropy_ptr, conf_ptr,  # *[rows] fp32 outputs
     V,  # vocabulary size
     BLOCK_V: tl.constexpr,
 ):
@@ -38,14 +39,16 @@ def confidence_kernel(
     inv_t = tl.load(inv_temp_ptr + row)
     neg_inf = float("-inf")
     m = tl.full([], neg_inf, tl.float32)  # running max
+    m2 = tl.full([], neg_inf, tl.float32)  # running second largest (a tie for the top counts)
     s_o = tl.zeros([], tl.float32)  # others' mass / exp(m)
     t = tl.zeros([], tl.float32)  # sum e (l - m)
     for start in range(0, V, BLOCK_V):
         offs = start + tl.arange(0, BLOCK_V)
         x = tl.load(base + offs, mask=offs < V, other=neg_inf).to(tl.float32) * inv_t  # [BLOCK_V]
-        bm = tl.max(x, 0)
-        barg = tl.argmax(x, 0)
+        bm, barg = tl.max(x, 0, return_indices=True)  # first index among equal values
         grew = bm > m  # strictly: on a tie the earlier top stays the top
+        b2 = tl.max(tl.where(offs == start + barg, neg_inf, x), 0)  # this block's runner-up
+        m2 = tl.where(grew, tl.maximum(m, b2), tl.maximum(m2, bm))
         m_new = tl.maximum(m, bm)
         alpha = tl.where(grew, tl.exp(m - m_new), 1.0)  # 0 on the first finite block
         shift = tl.where(m > neg_inf, m - m_new, 0.0)  # (m - m'), 0 before any finite logit
@@ -64,6 +67,7 @@ def confidence_kernel(
     beta = tl.load(intercept_ptr + tl.load(pos_ptr + row))
     tl.store(logit_ptr + row, logit)
     tl.store(qmax_ptr + row, 1.0 / z)
+    tl.store(q2nd_ptr + row, tl.where(m2 > neg_inf, tl.exp(m2 - m) / z, 0.0))
     tl.store(entropy_ptr + row, entropy)
     tl.store(conf_ptr + row, tl.sigmoid(slope * logit + beta))
 
@@ -75,7 +79,7 @@ def confidence_triton(logits: torch.Tensor, temperature, positions, slope: float
     if x.stride(-1) != 1:
         x = x.contiguous()
     rows, V = x.shape
-    outs = [torch.empty(rows, dtype=torch.float32, device=x.device) for _ in range(4)]
+    outs = [torch.empty(rows, dtype=torch.float32, device=x.device) for _ in Confidence._fields]
     if rows:
         block = min(block_v, triton.next_power_of_2(V))
         confidence_kernel[(rows,)](x, x.stride(0), inv_t, pos, beta, float(slope), *outs, V,

@@ -1,12 +1,12 @@
 """Draft confidence, torch reference: the specification and the CPU path of `confidence_triton`.
 
-One pass over each draft distribution gives the lossless features the policy needs and the
-estimator's prediction (DESIGN.md §3): c = sigma(slope * logit(q_max) + intercept[position]).
+One pass over each draft distribution gives the lossless features the policy and the trace need
+and the estimator's prediction (DESIGN.md §3): c = sigma(slope * logit(q_max) + intercept[position]).
 Glossary:
   l       draft logits / temperature (T = 0 read as 1), before top-p/top-k     [rows, V]
-  m       max_z l_z                                                            [rows]
+  m, m2   the largest and second largest l_z (a tie for the top counts twice)  [rows]
   s_o     sum_{z != argmax} exp(l_z - m): the other tokens' mass over the top  [rows]
-  q_max   1 / (1 + s_o)
+  q_max   1 / (1 + s_o);  q_2nd = exp(m2 - m) / (1 + s_o)
   logit   log(q_max / (1 - q_max)) = -log(s_o), exact as q_max -> 1, clamped to [-40, 40]
   H       entropy of softmax(l) = log(1 + s_o) - sum_z e_z (l_z - m) / (1 + s_o)
 Rows are flattened draft slots (e.g. B*K); `positions` says which intercept each row uses.
@@ -26,6 +26,7 @@ CLAMP = 40.0  # logit(q_max) is clamped to [-CLAMP, CLAMP], as in avkit.features
 class Confidence(NamedTuple):
     logit_qmax: torch.Tensor  # [...] float32
     q_max: torch.Tensor  # [...] float32
+    q_2nd: torch.Tensor  # [...] float32, the second largest probability
     entropy: torch.Tensor  # [...] float32, nats
     confidence: torch.Tensor  # [...] float32, sigma(slope * logit_qmax + intercepts[positions])
 
@@ -90,9 +91,10 @@ def confidence_ref(logits: torch.Tensor, temperature, positions, slope: float, i
     """
     x, inv_t, pos, beta, lead = confidence_inputs(logits, temperature, positions, intercepts)
     lg = x.float() * inv_t[:, None]  # [rows, V]
-    m, top = lg.max(-1, keepdim=True)  # [rows, 1]
+    top, idx = lg.topk(2, dim=-1)  # [rows, 2]
+    m, m2 = top[:, :1], top[:, 1]  # [rows, 1], [rows]
     e = torch.exp(lg - m)  # [rows, V]; -inf logits give 0
-    e.scatter_(-1, top, 0.0)  # drop the top: s_o without the cancellation of (sum - 1)
+    e.scatter_(-1, idx[:, :1], 0.0)  # drop the top: s_o without the cancellation of (sum - 1)
     s_o = e.sum(-1)  # [rows]
     z = 1.0 + s_o
     # e_z (l_z - m) with 0 where e_z = 0 (covers l_z = -inf); the top contributes 1 * 0.
@@ -100,4 +102,5 @@ def confidence_ref(logits: torch.Tensor, temperature, positions, slope: float, i
     entropy = (torch.log1p(s_o) - el / z).clamp_min(0.0)
     logit = (-torch.log(s_o)).clamp(-CLAMP, CLAMP)
     conf = torch.sigmoid(float(slope) * logit + beta[pos])
-    return Confidence(*(v.reshape(lead) for v in (logit, 1.0 / z, entropy, conf)))
+    q_2nd = torch.where(m2 > float("-inf"), torch.exp(m2 - m[:, 0]) / z, torch.zeros_like(z))
+    return Confidence(*(v.reshape(lead) for v in (logit, 1.0 / z, q_2nd, entropy, conf)))

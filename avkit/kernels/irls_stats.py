@@ -18,7 +18,8 @@ from avkit.kernels.irls_stats_ref import IrlsStats, irls_inputs
 
 @triton.jit
 def irls_stats_kernel(
-    f_ptr, pos_ptr, p_ptr, y_ptr, obs_ptr,  # *[N]: fp32 feature, int64 position, fp32 prediction, fp32 label, bool
+    f_ptr, pos_ptr, p_ptr, y_ptr, obs_ptr,  # *[N]: fp32 feature, int64 position, fp32 prediction,
+                                            #   fp32 label, bool observed
     partial_ptr,  # *[num_blocks, 6, K_PAD] fp32: a, b, c, g0, g1, n
     N, K,
     K_PAD: tl.constexpr, BLOCK: tl.constexpr,

@@ -19,10 +19,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from avkit.errors import DataError
 from avkit.kernels.rng import STREAM_ACCEPT, STREAM_SAMPLE
 from avkit.kernels.rng_triton import key_hash, stream_hash, uniform_from_prefix
+from avkit.verify import RejectionResult  # verify.py imports this module lazily: no cycle
 
 _ACCEPT = tl.constexpr(STREAM_ACCEPT)
 _SAMPLE = tl.constexpr(STREAM_SAMPLE)
@@ -39,15 +41,14 @@ def _greedy_argmax(p_row, stride_pk, rows, nv, V, K_PAD: tl.constexpr, BLOCK_V: 
         tile = tl.load(p_row + rows[:, None] * stride_pk + offs[None, :],
                        mask=(rows[:, None] <= nv) & (offs[None, :] < V), other=float("-inf"))
         tile = tile.to(tl.float32)  # [K_PAD, BLOCK_V]
-        bmax = tl.max(tile, 1)
-        barg = tl.argmax(tile, 1).to(tl.int64) + start
-        arg = tl.where(bmax > best, barg, arg)  # strictly greater: the earlier block wins ties
+        bmax, barg = tl.max(tile, 1, return_indices=True)  # first index among equal values
+        arg = tl.where(bmax > best, barg.to(tl.int64) + start, arg)  # strictly: the earlier block wins ties
         best = tl.maximum(best, bmax)
     return arg
 
 
 @triton.jit
-def _race(p_row, q_row, resid, prefix, V, BLOCK_V: tl.constexpr):
+def _race(p_row, q_row, resid, prefix, V, BLOCK_V: tl.constexpr, LIBDEVICE: tl.constexpr):
     """Exponential race over one vocabulary row; returns the residual's winner, or p's if no mass."""
     best_w = tl.full([], -1.0, tl.float32)
     arg_w = tl.zeros([], tl.int64)
@@ -61,13 +62,19 @@ def _race(p_row, q_row, resid, prefix, V, BLOCK_V: tl.constexpr):
         p = tl.load(p_row + offs, mask=inb, other=0.0).to(tl.float32)  # [BLOCK_V]
         q = tl.load(q_row + offs, mask=offs < q_end, other=0.0).to(tl.float32)
         w = tl.where(resid, tl.maximum(p - q, 0.0), p)
-        e = -tl.log(uniform_from_prefix(prefix, offs))  # Exp(1) per vocabulary index
-        kw = tl.where(inb, w / e, -1.0)
-        kp = tl.where(inb, p / e, -1.0)
-        bw = tl.max(kw, 0)
-        bp = tl.max(kp, 0)
-        arg_w = tl.where(bw > best_w, tl.argmax(kw, 0).to(tl.int64) + start, arg_w)
-        arg_p = tl.where(bp > best_p, tl.argmax(kp, 0).to(tl.int64) + start, arg_p)
+        u = uniform_from_prefix(prefix, offs)
+        # E = -log(u) ~ Exp(1). Bit-exact with torch needs its logf (libdevice) and IEEE division
+        # (div_rn; Triton's `/` may round differently); the interpreter has no libdevice.
+        if LIBDEVICE:
+            e = -libdevice.log(u)
+        else:
+            e = -tl.log(u)
+        kw = tl.where(inb, tl.math.div_rn(w, e), -1.0)
+        kp = tl.where(inb, tl.math.div_rn(p, e), -1.0)
+        bw, iw = tl.max(kw, 0, return_indices=True)  # first index among equal keys
+        bp, ip = tl.max(kp, 0, return_indices=True)
+        arg_w = tl.where(bw > best_w, iw.to(tl.int64) + start, arg_w)  # strictly: earlier block wins ties
+        arg_p = tl.where(bp > best_p, ip.to(tl.int64) + start, arg_p)
         best_w = tl.maximum(best_w, bw)
         best_p = tl.maximum(best_p, bp)
         mass = tl.maximum(mass, tl.max(w, 0))
@@ -85,7 +92,7 @@ def rejection_kernel(
     accepted_ptr, observed_ptr,  # *[B, K] bool
     target_prob_ptr,  # *[B, K] fp32
     K, V,
-    GREEDY: tl.constexpr, K_PAD: tl.constexpr, BLOCK_V: tl.constexpr,
+    GREEDY: tl.constexpr, K_PAD: tl.constexpr, BLOCK_V: tl.constexpr, LIBDEVICE: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     nv = tl.load(num_verify_ptr + b)
@@ -103,15 +110,15 @@ def rejection_kernel(
         ok = x == arg
     else:
         q_x = tl.load(q_row + j * stride_dk + x, mask=is_draft, other=1.0).to(tl.float32)
-        u = uniform_from_prefix(stream_hash(key_h, pos + j, _ACCEPT), tl.zeros_like(j))  # [K_PAD]
-        ok = u < p_x / tl.maximum(q_x, _TINY)  # accept with probability min(1, p/q)
+        u = uniform_from_prefix(stream_hash(key_h, pos + j, _ACCEPT), tl.full([], 0, tl.int64))  # [K_PAD]
+        ok = u < tl.math.div_rn(p_x, tl.maximum(q_x, _TINY))  # accept with probability min(1, p/q)
     n = tl.min(tl.where(verified & ~ok, j, nv), 0)  # first rejection among verified slots, else k
     if GREEDY:
         token = tl.sum(tl.where(j == n, arg, 0), 0)
     else:
         resid = n < nv  # rejected at n: residual max(p_n - q_n, 0); else bonus from p_n
         prefix = stream_hash(key_h, pos + n, _SAMPLE)
-        token = _race(p_row + n * stride_tk, q_row + n * stride_dk, resid, prefix, V, BLOCK_V)
+        token = _race(p_row + n * stride_tk, q_row + n * stride_dk, resid, prefix, V, BLOCK_V, LIBDEVICE)
     out = tl.where(j < n, x, tl.where(j == n, token, -1))
     tl.store(out_ptr + b * (K + 1) + j, out, mask=j < K + 1)
     tl.store(num_acc_ptr + b, n)
@@ -137,27 +144,31 @@ def rejection_sample_triton(target_probs: torch.Tensor, draft_probs: torch.Tenso
                             num_verify: torch.Tensor, *, greedy: bool, seeds: torch.Tensor,
                             request_keys: torch.Tensor, positions: torch.Tensor, block_v: int = 2048):
     """Same contract as `avkit.verify.rejection_sample_ref`; one program per request."""
-    from avkit.verify import RejectionResult  # verify.py dispatches here: import at call time
-
     _check(target_probs, draft_probs, draft_tokens, num_verify, seeds, request_keys, positions)
     B, K = draft_tokens.shape
     V = target_probs.shape[-1]
     dev = draft_tokens.device
     tp = target_probs if target_probs.stride(-1) == 1 else target_probs.contiguous()
     dp = draft_probs if draft_probs.stride(-1) == 1 else draft_probs.contiguous()
-    x = draft_tokens.to(torch.int64).contiguous()
-    if K == 0:
-        dp = tp  # never read (no slot is verified), but the kernel needs a valid pointer
-    ints = [t.to(device=dev, dtype=torch.int64).contiguous() for t in (num_verify, seeds, request_keys, positions)]
+    # K = 0 (target-only decoding) still launches: buffers get >= 1 column so every pointer is
+    # valid; the kernel masks the draft columns away and the results are sliced back to K.
+    k1 = max(K, 1)
+    x = torch.zeros(B, k1, dtype=torch.int64, device=dev)
+    x[:, :K] = draft_tokens
+    dp = dp if K else tp  # q is never read without drafts
+    ints = [t.to(device=dev, dtype=torch.int64).contiguous()
+            for t in (num_verify, seeds, request_keys, positions)]
     out = torch.empty(B, K + 1, dtype=torch.int64, device=dev)
     n = torch.empty(B, dtype=torch.int64, device=dev)
-    accepted = torch.empty(B, K, dtype=torch.bool, device=dev)
-    observed = torch.empty(B, K, dtype=torch.bool, device=dev)
-    target_prob = torch.empty(B, K, dtype=torch.float32, device=dev)
+    accepted = torch.empty(B, k1, dtype=torch.bool, device=dev)
+    observed = torch.empty(B, k1, dtype=torch.bool, device=dev)
+    target_prob = torch.empty(B, k1, dtype=torch.float32, device=dev)
     if B:
         rejection_kernel[(B,)](
-            tp, tp.stride(0), tp.stride(1), dp, dp.stride(0), dp.stride(1), x, max(K, 1), *ints,
+            tp, tp.stride(0), tp.stride(1), dp, dp.stride(0), dp.stride(1), x, k1, *ints,
             out, n, accepted, observed, target_prob, K, V,
             GREEDY=bool(greedy), K_PAD=triton.next_power_of_2(K + 1),
-            BLOCK_V=min(block_v, triton.next_power_of_2(V)), num_warps=4 if greedy else 8)
+            BLOCK_V=min(block_v, triton.next_power_of_2(V)), LIBDEVICE=dev.type == "cuda",
+            num_warps=4 if greedy else 8)
+    accepted, observed, target_prob = accepted[:, :K], observed[:, :K], target_prob[:, :K]
     return RejectionResult(out, n, accepted, observed, target_prob)

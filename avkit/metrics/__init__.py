@@ -7,8 +7,8 @@ Naming follows sklearn: `*_score`/`auc` higher is better, `*_loss`/`*_error` low
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from avkit.metrics.calibration import ece, log_loss
 from avkit.metrics.checks import UndefinedMetricWarning

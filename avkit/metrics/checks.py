@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 from avkit.errors import DataError
 from avkit.validate import as_1d, check_labels, check_probs, check_same_length
 

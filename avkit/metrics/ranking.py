@@ -38,8 +38,25 @@ def auc(labels, scores, sample_weight=None) -> float:
     0.75
     """
     y, s, w = check_binary_inputs(labels, scores, sample_weight, name="scores", probabilities=False)
+    if w is None:
+        return _auc_unweighted(y, s)
     order = argsort(s)
-    return auc_sorted(y[order], s[order], None if w is None else w[order])
+    return auc_sorted(y[order], s[order], w[order])
+
+
+def _auc_unweighted(y: np.ndarray, s: np.ndarray) -> float:
+    """Sort positives' and negatives' scores apart (value sorts, ~3x cheaper than an argsort);
+    each positive beats the negatives strictly below it and ties with the equal ones: two
+    binary searches into the sorted negatives give both counts, exactly."""
+    pos_s = pl.Series(s[y > 0]).sort().to_numpy()  # [P]
+    neg_s = pl.Series(s[y == 0]).sort().to_numpy()  # [Q]
+    if len(pos_s) == 0 or len(neg_s) == 0:
+        warnings.warn("only one class present in labels: AUC is undefined, returning nan",
+                      UndefinedMetricWarning, stacklevel=3)
+        return float("nan")
+    below = np.searchsorted(neg_s, pos_s, "left")  # [P] negatives < each positive
+    at_or_below = np.searchsorted(neg_s, pos_s, "right")  # [P] negatives <= each positive
+    return float((below.sum() + 0.5 * (at_or_below - below).sum()) / (len(pos_s) * len(neg_s)))
 
 
 def argsort(s: np.ndarray) -> np.ndarray:
@@ -56,14 +73,25 @@ def auc_sorted(y: np.ndarray, s: np.ndarray, w: np.ndarray | None = None) -> flo
         warnings.warn("only one class present in labels: AUC is undefined, returning nan",
                       UndefinedMetricWarning, stacklevel=2)
         return float("nan")
-    new_group = s[1:] != s[:-1]  # [N-1]
-    if new_group.all():
-        # No ties: a positive row has no negative mass, so the running negative mass at it
-        # counts exactly the negatives ranked below it.
-        return float(np.dot(pos, np.cumsum(neg)) / (total_pos * total_neg))
-    starts = np.flatnonzero(np.r_[True, new_group])  # first row of each tie group  [G]
-    g_pos = np.add.reduceat(pos, starts)  # [G]
-    g_neg = np.add.reduceat(neg, starts)  # [G]
-    # Each positive beats every negative in lower tie groups and ties (1/2) with its own group.
-    neg_below = np.cumsum(g_neg) - g_neg  # [G]
-    return float(np.dot(g_pos, neg_below + 0.5 * g_neg) / (total_pos * total_neg))
+    # A positive row carries no negative mass, so the running negative mass at it counts the
+    # negatives ranked below it, exactly, when no scores tie.
+    cum_neg = np.cumsum(neg)  # [N]
+    wins = float(np.dot(pos, cum_neg))
+    tied = s[1:] == s[:-1]  # [N-1] row i+1 ties row i
+    if tied.any():
+        wins += _tie_correction(pos, cum_neg, tied)
+    return wins / (total_pos * total_neg)
+
+
+def _tie_correction(pos: np.ndarray, cum_neg: np.ndarray, tied: np.ndarray) -> float:
+    """Within a tie group the running count saw only the group's negatives sorted before each
+    positive; a tie counts 1/2, so replace that by half the group's negatives. O(N)."""
+    rows = np.flatnonzero(np.r_[tied, False] | np.r_[False, tied])  # [T] rows inside tie groups
+    first = ~np.r_[False, tied][rows]  # [T] row opens a new tie group
+    group = np.cumsum(first) - 1  # [T] tie group of each tied row
+    start = rows[first]  # [G] first row of each group
+    end = rows[np.r_[np.flatnonzero(first)[1:], len(rows)] - 1]  # [G] last row of each group
+    below = np.where(start > 0, cum_neg[np.maximum(start - 1, 0)], 0.0)  # [G] negatives below the group
+    in_group = cum_neg[end] - below  # [G] the group's negatives
+    seen = cum_neg[rows] - below[group]  # [T] group negatives at or before each row
+    return float(np.dot(pos[rows], 0.5 * in_group[group] - seen))

@@ -5,10 +5,16 @@ Scopes:
   all_but_first     positions >= 1 (position 0 is easy and dominates the pooled AUC)
   position=i        draft position i
   dataset=NAME      one workload
-Cost is one sort of the predictions plus O(N) passes, whatever the number of scopes:
-  AUC      a stable counting sort by group code of the score-sorted rows keeps every group's
-           rows contiguous and still sorted by score, so each group's AUC is an O(n_g) slice
-  log-loss per-row NLL once, then per-group sums (np.bincount)
+`ScoreLayout` holds what does not depend on the predictions (labels, groups = dataset x position,
+counts) and is built once per trace set; scoring one feature then costs one sort plus O(N) passes:
+  AUC      one radix sort of packed uint64 keys: the prediction's float64 bits (a non-negative
+           double orders like its bit pattern) with the low `bits` mantissa bits replaced by
+           (group, label). The sorted keys carry labels and groups along, so nothing is gathered.
+           A stable counting sort by group keeps each group's rows contiguous and still sorted,
+           so each group's AUC is an O(n_g) slice. Predictions are ranked at a relative
+           resolution of 2^-(52 - bits) (bits <= 12): two predictions closer than that count as
+           a tie (1/2) where an exact ranking would order them. The public `auc` is exact.
+  log-loss per-row NLL once, then per-group sums
   ECE      per-(group, bin) sums of p, y and counts; a union of groups sums its rows of the table
 """
 
@@ -17,48 +23,90 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
+import polars as pl
 
 from avkit.errors import DataError
 from avkit.metrics.calibration import _EPS
 from avkit.metrics.checks import UndefinedMetricWarning, check_binary_inputs
-from avkit.metrics.ranking import argsort, auc_sorted
+from avkit.metrics.ranking import auc_sorted
+
+MAX_KEY_BITS = 12  # label + group bits packed below the prediction's bits
 
 
-def _grouped_auc(y_s: np.ndarray, p_s: np.ndarray, codes_s: np.ndarray, num_groups: int) -> np.ndarray:
-    """[N] score-sorted labels, scores, group codes -> [G] AUC per group (nan if one class)."""
-    g_order = np.argsort(codes_s.astype(np.int16), kind="stable")  # counting sort: stays score-sorted within a group
-    y_g, p_g = y_s[g_order], p_s[g_order]
+def _grouped_auc(y_s: np.ndarray, s_s: np.ndarray, codes_s: np.ndarray, num_groups: int) -> np.ndarray:
+    """[N] score-sorted labels, sort keys and group codes -> [G] AUC per group (nan if one class)."""
+    g_order = np.argsort(codes_s.astype(np.int16), kind="stable")  # counting sort: stays sorted in a group
+    y_g, s_g = y_s[g_order], s_s[g_order]
     ends = np.cumsum(np.bincount(codes_s, minlength=num_groups))
     out = np.full(num_groups, np.nan)
     for g, (lo, hi) in enumerate(zip(np.r_[0, ends[:-1]], ends)):
         if hi > lo:
-            out[g] = auc_sorted(y_g[lo:hi], p_g[lo:hi])
+            out[g] = auc_sorted(y_g[lo:hi], s_g[lo:hi])
     return out
 
 
-def _bin_sums(codes: np.ndarray, bins: np.ndarray, p: np.ndarray, y: np.ndarray, num_groups: int,
-              n_bins: int) -> np.ndarray:
-    """-> [3, G, n_bins] (count, sum p, sum y) per group and probability bin."""
-    key = codes * n_bins + bins
-    size = num_groups * n_bins
-    sums = [np.bincount(key, minlength=size), np.bincount(key, weights=p, minlength=size),
-            np.bincount(key, weights=y, minlength=size)]
-    return np.stack(sums).astype(np.float64).reshape(3, num_groups, n_bins)
-
-
 def _ece(table: np.ndarray) -> np.ndarray:
-    """[3, ..., n_bins] bin sums -> [...] ECE = sum_b |sum p_b - sum y_b| / total."""
+    """[3, ..., n_bins] (count, sum p, sum y) -> [...] ECE = sum_b |sum p_b - sum y_b| / count."""
     return np.abs(table[1] - table[2]).sum(-1) / table[0].sum(-1)
 
 
-def _partition_rows(prefix, names, codes, y_s, p_s, codes_s, nll, table, n_bins) -> list[dict]:
-    num = len(names)
-    counts = np.bincount(codes, minlength=num)
-    aucs = _grouped_auc(y_s, p_s, codes_s, num)
-    ll = np.bincount(codes, weights=nll, minlength=num)
-    eces = _ece(table)
-    return [{"scope": f"{prefix}={names[g]}", "auc": float(aucs[g]), "log_loss": float(ll[g] / counts[g]),
-             "ece": float(eces[g]), "n": int(counts[g])} for g in range(num) if counts[g] > 0]
+def _row(scope: str, auc: float, nll_sum: float, table: np.ndarray) -> dict:
+    n = int(table[0].sum())
+    return {"scope": scope, "auc": float(auc), "log_loss": float(nll_sum / n), "ece": float(_ece(table)), "n": n}
+
+
+class ScoreLayout:
+    """The prediction-independent half of a score table over [N] observed slots.
+
+    y: [N] float64 labels in {0, 1}; pos: [N] int positions; ds: [N] int dataset codes or None.
+    """
+
+    def __init__(self, y: np.ndarray, pos: np.ndarray, ds: np.ndarray | None = None,
+                 dataset_names: list[str] | None = None, n_bins: int = 10):
+        self.y, self.n_bins = y, n_bins
+        self.k = int(pos.max()) + 1
+        self.names = dataset_names or [""]
+        self.d = 1 if ds is None else len(self.names)
+        self.group = pos.astype(np.int64) if ds is None else ds.astype(np.int64) * self.k + pos  # [N]
+        self.bits = 1 + max(1, (self.d * self.k - 1).bit_length())
+        if self.bits > MAX_KEY_BITS:
+            raise DataError(f"too many (dataset, position) groups to score: {self.d} x {self.k}")
+        self.base = (self.group.astype(np.uint64) << np.uint64(1)) | y.astype(np.uint64)  # [N]
+
+    def _sorted(self, p: np.ndarray):
+        """-> (labels, tie keys, group codes), each [N] in ascending order of p."""
+        mask = np.uint64((1 << self.bits) - 1)
+        bits = (p + 0.0).view(np.uint64)  # + 0.0 turns -0.0 into +0.0
+        key = pl.Series((bits & ~mask) | self.base).sort().to_numpy()  # [N] radix sort
+        return (key & np.uint64(1)).astype(np.float64), key >> np.uint64(self.bits), \
+            ((key >> np.uint64(1)) & (mask >> np.uint64(1))).astype(np.int64)
+
+    def score(self, p: np.ndarray) -> list[dict]:
+        """[N] predictions in [0, 1] -> rows {scope, auc, log_loss, ece, n}."""
+        y, k, d, nb = self.y, self.k, self.d, self.n_bins
+        y_s, s_s, g_s = self._sorted(np.ascontiguousarray(p, dtype=np.float64))
+        # NLL = -log of the probability given to the observed label, clipped as sklearn does.
+        nll = -np.log(np.clip(np.where(y > 0, p, 1.0 - p), _EPS, 1 - _EPS))  # [N]
+        nll_g = np.bincount(self.group, weights=nll, minlength=d * k).reshape(d, k)
+        key = self.group * nb + np.minimum((p * nb).astype(np.int64), nb - 1)  # [N] (group, bin)
+        table = np.stack([np.bincount(key, weights=w, minlength=d * k * nb) for w in (None, p, y)])
+        table = table.astype(np.float64).reshape(3, d, k, nb)  # [3, D, K, n_bins]
+        pos_s = g_s % k
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UndefinedMetricWarning)
+            rows = [_row("all", auc_sorted(y_s, s_s), nll_g.sum(), table.sum((1, 2)))]
+            if k > 1 and table[0, :, 1:].sum() > 0:
+                rest = pos_s > 0
+                rows.append(_row("all_but_first", auc_sorted(y_s[rest], s_s[rest]), nll_g[:, 1:].sum(),
+                                 table[:, :, 1:].sum((1, 2))))
+            aucs = _grouped_auc(y_s, s_s, pos_s, k)
+            rows += [_row(f"position={i}", aucs[i], nll_g[:, i].sum(), table[:, :, i].sum(1))
+                     for i in range(k) if table[0, :, i].sum() > 0]
+            if self.d > 1 or self.names != [""]:
+                aucs = _grouped_auc(y_s, s_s, g_s // k, d)
+                rows += [_row(f"dataset={self.names[j]}", aucs[j], nll_g[j].sum(), table[:, j].sum(1))
+                         for j in range(d) if table[0, j].sum() > 0]
+        return rows
 
 
 def score_table(labels, probs, positions, dataset_codes=None, dataset_names=None,
@@ -81,29 +129,10 @@ def score_table(labels, probs, positions, dataset_codes=None, dataset_names=None
     pos = np.asarray(positions, dtype=np.int64)
     if pos.shape != y.shape or (pos.size and pos.min() < 0):
         raise DataError(f"positions must be [N] non-negative integers matching labels, got shape {pos.shape}")
-    order = argsort(p)  # [N] the one sort
-    y_s, p_s = y[order], p[order]
-    # NLL = -log of the probability given to the observed label, clipped as sklearn does.
-    nll = -np.log(np.clip(np.where(y > 0, p, 1.0 - p), _EPS, 1 - _EPS))  # [N]
-    bins = np.minimum((p * n_bins).astype(np.int64), n_bins - 1)  # [N]
-    k = int(pos.max()) + 1
-    pos_table = _bin_sums(pos, bins, p, y, k, n_bins)  # [3, K, n_bins]
-    rest = pos > 0
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UndefinedMetricWarning)
-        rows = [{"scope": "all", "auc": auc_sorted(y_s, p_s), "log_loss": float(nll.mean()),
-                 "ece": float(_ece(pos_table.sum(1))), "n": len(y)}]
-        if rest.any():
-            rest_s = pos[order] > 0
-            rows.append({"scope": "all_but_first", "auc": auc_sorted(y_s[rest_s], p_s[rest_s]),
-                         "log_loss": float(nll[rest].mean()), "ece": float(_ece(pos_table[:, 1:].sum(1))),
-                         "n": int(rest.sum())})
-        rows += _partition_rows("position", list(range(k)), pos, y_s, p_s, pos[order], nll, pos_table, n_bins)
-        if dataset_codes is not None:
-            ds = np.asarray(dataset_codes, dtype=np.int64)
-            table = _bin_sums(ds, bins, p, y, len(dataset_names), n_bins)
-            rows += _partition_rows("dataset", dataset_names, ds, y_s, p_s, ds[order], nll, table, n_bins)
-    return rows
+    ds = None if dataset_codes is None else np.asarray(dataset_codes, dtype=np.int64)
+    if ds is not None and (ds.shape != y.shape or ds.min() < 0 or ds.max() >= len(dataset_names)):
+        raise DataError(f"dataset_codes must be [N] indices into dataset_names, got shape {ds.shape}")
+    return ScoreLayout(y, pos, ds, dataset_names, n_bins).score(p)
 
 
-__all__ = ["score_table"]
+__all__ = ["ScoreLayout", "score_table"]

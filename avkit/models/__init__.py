@@ -45,8 +45,8 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype = torch.float32,
         tokenizer = Tokenizer.from_dir(path)
         digest = _sha256(sorted(path.glob("*.safetensors")))
     elif path.suffix == ".gguf":
-        cfg, tensors, reader = read_gguf(path, dtype)
-        tokenizer = Tokenizer.from_gguf(reader, str(path))
+        cfg, tensors, gguf_file = read_gguf(path, dtype)
+        tokenizer = Tokenizer.from_gguf(gguf_file.metadata, str(path))
         digest = _sha256([path])
     else:
         raise ModelError(f"{path}: expected a model directory or a .gguf file")

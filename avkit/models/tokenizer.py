@@ -85,12 +85,11 @@ class Tokenizer:
         return cls(tok, template, eos_ids, bos or "", eos or "")
 
     @classmethod
-    def from_gguf(cls, reader, source: str) -> "Tokenizer":
-        """Rebuild the HF byte-level BPE tokenizer from GGUF ``tokenizer.ggml.*`` fields."""
-        fields = reader.fields
+    def from_gguf(cls, metadata: dict, source: str) -> "Tokenizer":
+        """Rebuild the HF byte-level BPE tokenizer from GGUF ``tokenizer.ggml.*`` key/values."""
 
         def get(key, default=None):
-            return fields[key].contents() if key in fields else default
+            return metadata.get(key, default)
 
         model, pre = get("tokenizer.ggml.model"), get("tokenizer.ggml.pre", "gpt2")
         if model != "gpt2":

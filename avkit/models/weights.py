@@ -22,6 +22,7 @@ import torch
 
 from avkit.errors import ModelError
 from avkit.models.config import ModelConfig
+from avkit.models.gguf_file import GGUFFile
 
 # GGUF tensor name -> HF tensor name ("{i}" is the layer)
 GGUF_TO_HF = {
@@ -115,49 +116,32 @@ def read_hf_dir(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, 
     return cfg, tensors
 
 
-def gguf_metadata(reader) -> dict:
-    """Scalar and string GGUF key/values (token arrays are read by the tokenizer)."""
-    meta = {}
-    for key, field in reader.fields.items():
-        if key.startswith("tokenizer.ggml.") and key.endswith(("tokens", "merges", "token_type", "scores")):
-            continue
-        try:
-            meta[key] = field.contents()
-        except Exception:  # noqa: BLE001 - an exotic field we do not need
-            continue
-    return meta
+def _iter_gguf_tensors(f, arch: str, heads: int, kv_heads: int, dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    from avkit.models.dequant import dequantize
 
-
-def _iter_gguf_tensors(reader, arch: str, heads: int, kv_heads: int, dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    from gguf.quants import dequantize
-
-    for t in reader.tensors:
+    for t in f.tensors.values():
         name = gguf_name_to_hf(t.name)
         if name is None:
             continue  # e.g. rope_freqs for llama3: not used by the default RoPE
-        w = dequantize(t.data, t.tensor_type).reshape([int(n) for n in reversed(t.shape)])
+        w = dequantize(f.raw(t), t.ggml_type, t.shape)
         if arch == "llama" and ".attn_q." in t.name:
-            w = unpermute_qk(w, heads)
+            w = torch.from_numpy(unpermute_qk(w.numpy(), heads).copy())
         elif arch == "llama" and ".attn_k." in t.name:
-            w = unpermute_qk(w, kv_heads)
-        w = np.array(w, dtype=np.float32, copy=not w.flags.writeable or not w.flags.c_contiguous)
-        yield name, torch.from_numpy(w).to(dtype)
+            w = torch.from_numpy(unpermute_qk(w.numpy(), kv_heads).copy())
+        yield name, w.to(dtype)
 
 
-def read_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor], object]:
-    """A GGUF file -> (config, HF-named dequantized tensors, the open reader for the tokenizer)."""
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as e:  # noqa: BLE001 - gguf raises ValueError/struct.error on bad files
-        raise ModelError(f"{path}: not a readable GGUF file ({e})") from None
-    meta = gguf_metadata(reader)
-    names = {t.name: t for t in reader.tensors}
+def read_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor], GGUFFile]:
+    """A GGUF file -> (config, HF-named dequantized tensors, the parsed file for the tokenizer)."""
+    f = GGUFFile(path)
+    names = f.tensors
+    arch = f.metadata.get("general.architecture")
+    if arch not in ("llama", "qwen2"):
+        raise ModelError(f"{path}: unsupported GGUF architecture {arch!r} (supported: llama, qwen2)")
     if "token_embd.weight" not in names:
         raise ModelError(f"{path}: GGUF has no token_embd.weight")
-    vocab = int(names["token_embd.weight"].shape[-1])
-    cfg = ModelConfig.from_gguf(meta, vocab_size=vocab, tied="output.weight" not in names,
+    vocab = int(names["token_embd.weight"].shape[0])
+    cfg = ModelConfig.from_gguf(f.metadata, vocab_size=vocab, tied="output.weight" not in names,
                                 qkv_bias="blk.0.attn_q.bias" in names, source=str(path))
-    tensors = dict(_iter_gguf_tensors(reader, cfg.arch, cfg.num_heads, cfg.num_kv_heads, dtype))
-    return cfg, tensors, reader
+    tensors = dict(_iter_gguf_tensors(f, cfg.arch, cfg.num_heads, cfg.num_kv_heads, dtype))
+    return cfg, tensors, f

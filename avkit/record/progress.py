@@ -12,17 +12,23 @@ from avkit.record.stats import AcceptanceStats
 
 
 class RecordProgress:
-    """`with RecordProgress(total, stats) as p: p.update(done, tokens)` (silent when disabled)."""
+    """`with RecordProgress(total, stats) as p: p.update(done, tokens)` (silent when disabled).
 
-    def __init__(self, total: int, stats: AcceptanceStats, *, enabled: bool = True, console: Console | None = None):
+    On a terminal this is a live bar; otherwise (a log file) one plain line every `log_interval_s`.
+    """
+
+    def __init__(self, total: int, stats: AcceptanceStats, *, enabled: bool = True, console: Console | None = None,
+                 log_interval_s: float = 30.0):
         self.stats = stats
-        self.enabled = enabled
-        self.start = time.monotonic()
+        self.console = console or Console(stderr=True)
+        self.log_every = None if (not enabled or self.console.is_terminal) else log_interval_s
+        enabled = enabled and self.console.is_terminal
+        self.start = self._last_log = time.monotonic()
         self.tokens = 0
         self._progress = Progress(
             TextColumn("[bold]record"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[accept]}"),
-            console=console, disable=not enabled, transient=False,
+            console=self.console, disable=not enabled, transient=False,
         )
         self._task = self._progress.add_task("record", total=total, rate="", accept="")
 
@@ -41,3 +47,8 @@ class RecordProgress:
         rate = f"{self.tokens / elapsed:.1f} tok/s  {self.stats.labelled()} labelled"
         self._progress.update(self._task, completed=done, rate=rate, accept=accept,
                               **({"total": total} if total is not None else {}))
+        now = time.monotonic()
+        if self.log_every is not None and now - self._last_log >= self.log_every:
+            self._last_log = now
+            self.console.print(f"[{time.strftime('%H:%M:%S')}] {done} requests done  {rate}  {accept}",
+                               highlight=False, soft_wrap=True)

@@ -18,8 +18,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 import avkit
 from avkit.config import EngineConfig, RecordConfig
 from avkit.record.progress import RecordProgress
@@ -63,6 +61,8 @@ def metadata(config: RecordConfig, target, draft) -> dict[str, str]:
         "avkit.seed": str(config.seed),
         "avkit.datasets": json.dumps(list(config.datasets)),
         "avkit.policy": "full",
+        "avkit.dtype": str(target.model.dtype).removeprefix("torch."),
+        "avkit.max_new_tokens": str(config.max_new_tokens),
     }
 
 
@@ -91,11 +91,14 @@ def _generation_row(run_id: str, turn: Turn, output_ids: list[int], reason: str)
 
 
 def _load_models(config: RecordConfig, target, draft):
+    import torch
+
     from avkit.models import load
 
-    target = target if target is not None else load(config.target)
+    dtype = getattr(torch, config.dtype)
+    target = target if target is not None else load(config.target, dtype=dtype)
     if draft is None and config.k > 0 and config.draft not in ("", "none"):
-        draft = load(config.draft)
+        draft = load(config.draft, dtype=dtype)
     return target, draft
 
 
@@ -117,7 +120,7 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
                          keep_requests=keep) as trace:
             stats = AcceptanceStats(max(config.k, 1))
             if config.resume and trace.rows_written:
-                stats.update(_columns(trace.table()))
+                stats.update_from_table(trace.table())
             resumed_rows = trace.rows_written
             sink = RecordingSink(trace, run_id, stats)
             queue = PromptQueue(config, target.tokenizer, done)
@@ -135,15 +138,6 @@ def _finished_outputs(gens: GenerationWriter) -> dict[str, list[int]]:
     return dict(zip(t["request_id"].to_pylist(), t["output_ids"].to_pylist()))
 
 
-def _columns(table) -> dict:
-    cols = {name: table[name].to_numpy(zero_copy_only=False) for name in ("dataset", "position", "num_accepted")}
-    acc = table["accepted"]
-    cols["accepted"] = np.ma.masked_array(acc.fill_null(False).to_numpy(zero_copy_only=False),
-                                          mask=acc.is_null().to_numpy(zero_copy_only=False))
-    cols["dataset"] = table["dataset"].cast("string").to_numpy(zero_copy_only=False)
-    return cols
-
-
 def _run(config, target, draft, sink, queue, gens, run_id, stats, progress, console):
     """Drive the engine until the queue is empty; return (requests finished, interrupted, engine)."""
     from avkit.runtime.engine import Engine
@@ -156,8 +150,11 @@ def _run(config, target, draft, sink, queue, gens, run_id, stats, progress, cons
     finished, last_flush = 0, time.monotonic()
 
     def admit():
-        full = {d for d in stats.by_dataset if config.slots_per_dataset and stats.labelled(d) >= config.slots_per_dataset}
-        while len(active) < config.concurrency and (turn := queue.pop(full)) is not None:
+        # One new request per step: the engine prefills the prompts admitted together in one padded
+        # forward (cost ~ n x longest prompt); one at a time costs the sum of prompt lengths.
+        labelled = {d: stats.labelled(d) for d in stats.by_dataset}
+        full = {d for d, n in labelled.items() if config.slots_per_dataset and n >= config.slots_per_dataset}
+        if len(active) < config.concurrency and (turn := queue.pop(full, labelled)) is not None:
             engine.add_request(turn.request)
             active[turn.request.request_id] = turn
             outputs[turn.request.request_id] = []

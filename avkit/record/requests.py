@@ -6,6 +6,7 @@ Glossary:
                only when the previous turn's generation finishes, and admitted before new prompts
   quota        `slots_per_dataset`: a dataset stops admitting prompts once it has that many
                labelled slots (requests already running finish normally)
+  balance      the dataset with the fewest labelled slots is admitted next
 Request ids are `<dataset>/<prompt id>` and `<dataset>/<prompt id>/turn<n>` for follow-ups.
 """
 
@@ -41,7 +42,7 @@ def request_id(prompt: Prompt, turn: int) -> str:
 
 
 class PromptQueue:
-    """Hands out the next request: follow-ups first, then datasets in turn (skipping full ones).
+    """Hands out the next request: follow-ups first, then the dataset furthest behind (skipping full ones).
 
     `done` maps finished request ids to their output ids (from a resumed generations table);
     finished turns are skipped and their follow-ups rebuilt from the stored answer.
@@ -57,7 +58,6 @@ class PromptQueue:
         self._labels = {name: dataset_label(name) for name in config.datasets}  # the rows' `dataset`
         self._taken = dict.fromkeys(self._sources, 0)  # first turns admitted (or already done)
         self._followups: deque[Turn] = deque()
-        self._next = 0
         self.skipped_long = 0
 
     def _encode(self, messages: tuple[dict, ...], prompt: Prompt) -> list[int]:
@@ -107,18 +107,20 @@ class PromptQueue:
             return first
         return None
 
-    def pop(self, full: set[str] = frozenset()) -> Turn | None:
-        """The next request to admit, or None when every dataset is exhausted or full."""
+    def pop(self, full: set[str] = frozenset(), labelled: dict[str, int] | None = None) -> Turn | None:
+        """The next request to admit, or None when every dataset is exhausted or full.
+
+        Among datasets with prompts left and not `full`, the one with the fewest labelled slots so
+        far goes first (then the fewest admitted prompts), so an interrupted run stays balanced.
+        """
         if self._followups:
             return self._followups.popleft()
-        names = list(self._sources)
-        for i in range(len(names)):
-            name = names[(self._next + i) % len(names)]
-            if self._labels[name] in full or self._taken[name] >= self.config.num_prompts:
-                continue
+        labelled = labelled or {}
+        names = [n for n in self._sources if self._labels[n] not in full and self._taken[n] < self.config.num_prompts]
+        names.sort(key=lambda n: (labelled.get(self._labels[n], 0), self._taken[n]))
+        for name in names:
             turn = self._next_first_turn(name)
             if turn is not None:
-                self._next = (self._next + i + 1) % len(names)
                 return turn
         return None
 

@@ -52,6 +52,19 @@ class AcceptanceStats:
             c.request_steps += int((sel & first).sum())
             c.accepted_total += int(num_accepted[sel & first].sum())
 
+    def update_from_table(self, table) -> None:
+        """Add the rows of a pyarrow trace table (e.g. a resumed file)."""
+        if table.num_rows == 0:
+            return
+        acc = table["accepted"]
+        self.update({
+            "dataset": table["dataset"].cast("string").to_numpy(zero_copy_only=False),
+            "position": table["position"].to_numpy(zero_copy_only=False),
+            "num_accepted": table["num_accepted"].to_numpy(zero_copy_only=False),
+            "accepted": np.ma.masked_array(acc.fill_null(False).to_numpy(zero_copy_only=False),
+                                           mask=acc.is_null().to_numpy(zero_copy_only=False)),
+        })
+
     def labelled(self, dataset: str | None = None) -> int:
         return int(sum(c.labelled.sum() for d, c in self.by_dataset.items() if dataset in (None, d)))
 

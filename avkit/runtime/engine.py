@@ -23,14 +23,15 @@ from dataclasses import dataclass
 import torch
 
 from avkit.config import EngineConfig
-from avkit.drafters.base import DraftInput, DraftProposal, Drafter
+from avkit.drafters.base import Drafter, DraftInput, DraftProposal
 from avkit.errors import ConfigError
+from avkit.kernels.dispatch import select_kernels
+from avkit.runtime.prefill import prefill
 from avkit.runtime.request import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Generation, Request, StepOutput
 from avkit.runtime.sampling import probs_from_logits
 from avkit.runtime.sink import TraceSink
 from avkit.runtime.trace_rows import trace_rows
 from avkit.scheduling.policy import DraftBatch, FullVerification, Load, VerifyOutcome, VerifyPolicy
-from avkit.verify import rejection_sample
 
 
 @dataclass
@@ -66,9 +67,26 @@ class EngineStats:
 
 
 class Engine:
-    def __init__(self, target, draft=None, config: EngineConfig = EngineConfig(),
+    """Speculative decoding with continuous batching over `config.max_batch` KV-cache slots.
+
+    Parameters
+    ----------
+    target, draft : LoadedModel (``avkit.models.load``); draft None or ``config.k == 0`` -> target-only
+    config : EngineConfig (K, batch, context length, default seed)
+    policy : VerifyPolicy deciding k_r per request (default: verify every draft)
+    sink : TraceSink receiving one batch of trace rows per step (default: none)
+    drafter : a Drafter to use instead of the draft model (cache drafter, hybrid router)
+
+    Examples
+    --------
+    >>> engine = Engine(target, draft, EngineConfig(k=5))  # doctest: +SKIP
+    >>> [g.output_ids for g in engine.generate([Request("r0", [1, 2, 3])])]  # doctest: +SKIP
+    """
+
+    def __init__(self, target, draft=None, config: EngineConfig | None = None,
                  policy: VerifyPolicy | None = None, sink: TraceSink | None = None,
                  drafter: Drafter | None = None):
+        config = config if config is not None else EngineConfig()
         self.target, self.config, self.sink = target, config, sink
         self.policy = policy if policy is not None else FullVerification()
         self.vocab_size = target.model.config.vocab_size
@@ -82,6 +100,8 @@ class Engine:
             drafter = DraftModelDrafter(draft, config.max_batch, config.max_len)
         self.drafter = drafter if config.k > 0 else None
         self.cache = target.model.new_cache(config.max_batch, config.max_len)
+        self.device = self.cache.lengths.device  # every per-step tensor lives beside the model
+        self.kernels = select_kernels(self.device)  # rejection sampling: Triton on CUDA, reference on CPU
         self.eos = frozenset(getattr(target.tokenizer, "eos_token_ids", ()) or ())
         self.waiting: OrderedDict[str, Request] = OrderedDict()
         self.running: dict[str, _Seq] = {}
@@ -123,14 +143,8 @@ class Engine:
             self.running[req.request_id] = seq
             new.append(seq)
         self.running = dict(sorted(self.running.items(), key=lambda kv: kv[1].slot))  # contiguous slots
-        prefill = [s for s in new if len(s.tokens) > 1]
-        if prefill:  # one padded forward over all but the last prompt token of each; no LM head
-            q_lens = torch.tensor([len(s.tokens) - 1 for s in prefill], dtype=torch.int64)  # [n]
-            tokens = torch.zeros(len(prefill), int(q_lens.max()), dtype=torch.int64)  # [n, S]
-            for i, s in enumerate(prefill):
-                tokens[i, : len(s.tokens) - 1] = torch.tensor(s.tokens[:-1])
-            slots = torch.tensor([s.slot for s in prefill], dtype=torch.int64)
-            self._target_forward(tokens, q_lens, slots, torch.zeros(len(prefill), 0, dtype=torch.int64))
+        # The target cache holds all but the last prompt token (the first verify forward feeds it).
+        prefill(self._target_forward, [s.tokens[:-1] for s in new], [s.slot for s in new], device=self.device)
 
     def _finish(self, seq: _Seq) -> None:
         del self.running[seq.req.request_id]
@@ -148,26 +162,27 @@ class Engine:
 
     # ---- the step ----------------------------------------------------------------------------
     def _draft_input(self, batch: list[_Seq]) -> DraftInput:
-        cfg = self.config
+        cfg, dev = self.config, self.device
         lens = torch.tensor([len(s.tokens) for s in batch], dtype=torch.int64)  # [B]
         remaining = torch.tensor([s.req.sampling.max_new_tokens - s.num_output for s in batch])
         # A step emits up to k + 1 tokens and feeds k + 1 positions into a cache that holds len - 1.
         num_draft = torch.minimum(torch.minimum(remaining - 1, cfg.max_len - lens), torch.tensor(cfg.k))
         k_max = cfg.k if self.drafter is not None else 0
         return DraftInput(
-            slots=torch.tensor([s.slot for s in batch], dtype=torch.int64),
+            slots=torch.tensor([s.slot for s in batch], dtype=torch.int64, device=dev),
             sequences=[s.tokens for s in batch],
-            num_draft=num_draft.clamp(0, k_max),
-            temperature=torch.tensor([s.req.sampling.temperature for s in batch], dtype=torch.float32),
-            top_p=torch.tensor([s.req.sampling.top_p for s in batch], dtype=torch.float32),
-            seeds=torch.tensor([s.seed for s in batch], dtype=torch.int64),
-            request_keys=torch.tensor([s.key for s in batch], dtype=torch.int64),
-            positions=lens)
+            num_draft=num_draft.clamp(0, k_max).to(dev),
+            temperature=torch.tensor([s.req.sampling.temperature for s in batch], device=dev),
+            top_p=torch.tensor([s.req.sampling.top_p for s in batch], device=dev),
+            seeds=torch.tensor([s.seed for s in batch], dtype=torch.int64, device=dev),
+            request_keys=torch.tensor([s.key for s in batch], dtype=torch.int64, device=dev),
+            positions=lens.to(dev))
 
     def _no_drafts(self, inp: DraftInput) -> DraftProposal:
-        B = len(inp.sequences)
-        return DraftProposal(torch.zeros(B, 0, dtype=torch.int64), torch.zeros(B, 0, self.vocab_size),
-                             torch.zeros(B, 0), {}, torch.zeros(B, dtype=torch.int64), ["none"] * B)
+        B, dev = len(inp.sequences), self.device
+        return DraftProposal(torch.zeros(B, 0, dtype=torch.int64, device=dev),
+                             torch.zeros(B, 0, self.vocab_size, device=dev), torch.zeros(B, 0, device=dev), {},
+                             torch.zeros(B, dtype=torch.int64, device=dev), ["none"] * B)
 
     @torch.inference_mode()
     def step(self) -> list[StepOutput]:
@@ -182,25 +197,32 @@ class Engine:
 
         # Decide k_r from what cannot depend on the drawn tokens: lossless features and the load.
         load = Load(num_requests=B, num_sampling=B, num_scheduled_tokens=B)
-        num_verify = self.policy.num_verify(DraftBatch(draft.features, draft.num_drafted), load)
-        num_verify = torch.minimum(num_verify.to(torch.int64), draft.num_drafted)  # [B]
-        confidences = getattr(self.policy, "last_confidences", None)  # [B, K] or None
+        num_verify, confidences = draft.num_drafted, None  # [B]; nothing drafted: nothing to decide
+        if K > 0:
+            num_verify = self.policy.num_verify(DraftBatch(draft.features, draft.num_drafted), load)
+            num_verify = torch.minimum(num_verify.to(torch.int64), draft.num_drafted)  # [B]
+            confidences = getattr(self.policy, "last_confidences", None)  # [B, K] or None
 
         # One target forward: row r feeds [last token, x_1..x_{k_r}] and gets p_1..p_{k_r+1}.
         k = int(num_verify.max()) if B else 0
-        last = torch.tensor([s.tokens[-1] for s in batch], dtype=torch.int64)[:, None]  # [B, 1]
+        last = torch.tensor([s.tokens[-1] for s in batch], dtype=torch.int64, device=self.device)[:, None]
         tokens = torch.cat([last, draft.tokens[:, :k]], dim=1)  # [B, 1+k]
         logits = self._target_forward(tokens, 1 + num_verify, inp.slots, "all")  # [B, 1+k, V]
         target_probs = probs_from_logits(logits, inp.temperature[:, None], inp.top_p[:, None])
 
+        # Accept x_j with probability min(1, p_j(x_j) / q_j(x_j)); at the first rejection resample from
+        # norm(max(0, p_j - q_j)), else add a bonus token from p_{k_r+1}: the output follows p for any k_r
+        # chosen without looking at the draws. T = 0 rows have one-hot p and q (accept iff x_j = argmax
+        # p_j); an all-greedy batch takes the greedy path, which draws no random numbers.
         greedy = bool((inp.temperature == 0).all())
-        result = rejection_sample(target_probs, draft.probs[:, :k], draft.tokens[:, :k], num_verify,
-                                  greedy=greedy, seeds=inp.seeds, request_keys=inp.request_keys,
-                                  positions=inp.positions)
+        result = self.kernels.rejection_sample(target_probs, draft.probs[:, :k], draft.tokens[:, :k],
+                                               num_verify, greedy=greedy, seeds=inp.seeds,
+                                               request_keys=inp.request_keys, positions=inp.positions)
         outputs = self._commit(batch, inp, result.output_tokens, result.num_accepted)
 
-        self.policy.observe(VerifyOutcome(draft.features, confidences, num_verify, result.num_accepted))
         step_ms = (time.perf_counter() - t0) * 1e3
+        if K > 0:
+            self.policy.observe(VerifyOutcome(draft.features, confidences, num_verify, result.num_accepted))
         if self.sink is not None and K > 0:
             self.sink.emit(trace_rows(batch, inp, draft, num_verify, result, confidences,
                                       engine_step=self.engine_step, step_time_ms=step_ms))
@@ -234,7 +256,7 @@ class Engine:
                 reason = FINISH_LENGTH
             outs.append(StepOutput(seq.req.request_id, new, reason is not None, reason))
         # The target cache held len-1 tokens, then got 1 + k_r; keep the accepted prefix: len_new - 1.
-        valid = torch.tensor([len(s.tokens) - 1 for s in batch], dtype=torch.int64)
+        valid = torch.tensor([len(s.tokens) - 1 for s in batch], dtype=torch.int64, device=self.device)
         cached = self.cache.lengths[inp.slots]
         self.cache.truncate(inp.slots, torch.minimum(cached, valid))
         if self.drafter is not None:
@@ -267,4 +289,4 @@ class Engine:
                 for r in requests]
 
 
-__all__ = ["Engine", "EngineConfig", "EngineStats", "Request", "StepOutput", "Generation"]
+__all__ = ["Engine", "EngineConfig", "EngineStats", "Generation", "Request", "StepOutput"]

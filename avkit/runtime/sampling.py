@@ -18,23 +18,22 @@ import torch
 from avkit.kernels.rng import uniform
 
 STREAM_DRAFT = 2  # rng stream of draft-token sampling (verify.py uses STREAM_ACCEPT and STREAM_SAMPLE)
-_TOPK_LADDER = (64, 1024)  # nucleus search: try the top 64, then 1024, then the whole vocabulary
+_TOPK_LADDER = (64, 1024, 8192)  # nucleus search: the top 64, 1024, 8192, then the whole vocabulary
 
 
 def top_p_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Smallest kept probability per row of ``probs`` [N, V] for nucleus ``top_p`` [N] -> [N].
 
-    A full sort of a 150k vocabulary costs ~10 ms per row on CPU; the nucleus is almost always
-    inside the top 64 or 1024, so sort only as far as needed (rows that need more go on to the
-    next rung).
+    A full sort of a 150k vocabulary costs ~10-40 ms per row on CPU while the nucleus of an LM is
+    almost always inside its top 64 or 1024 tokens, so sort only as far as needed: rows whose
+    nucleus is longer go on to the next rung of the ladder.
     """
     n, v = probs.shape
     thresh = torch.zeros(n, dtype=probs.dtype, device=probs.device)
     todo = torch.nonzero(top_p < 1.0).squeeze(-1)  # rows that truncate at all
-    for k in _TOPK_LADDER + (v,):
+    for k in [k for k in _TOPK_LADDER if k < v] + [v]:
         if todo.numel() == 0:
             break
-        k = min(k, v)
         vals = probs[todo].topk(k, dim=-1).values  # [n_todo, k] descending
         before = vals.cumsum(-1) - vals  # mass ranked strictly before each token
         keep = before < top_p[todo, None]  # [n_todo, k]: a prefix
@@ -45,25 +44,38 @@ def top_p_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return thresh
 
 
-def probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Sampling distribution of ``logits`` [..., V] with per-row ``temperature``, ``top_p`` [...] -> [..., V].
+def _sampled_probs(logits: torch.Tensor, t: torch.Tensor, tp: torch.Tensor) -> torch.Tensor:
+    """softmax(logits / T) truncated to the top-p nucleus and renormalised; [N, V], in place where possible."""
+    probs = torch.softmax(logits / t[:, None], dim=-1)  # [N, V]
+    rows = torch.nonzero(tp < 1.0).squeeze(-1)
+    if rows.numel() == len(tp):
+        probs.masked_fill_(probs < top_p_threshold(probs, tp)[:, None], 0.0)
+        probs.div_(probs.sum(-1, keepdim=True))
+    elif rows.numel():
+        sub = probs[rows]
+        sub.masked_fill_(sub < top_p_threshold(sub, tp[rows])[:, None], 0.0)
+        probs[rows] = sub / sub.sum(-1, keepdim=True)
+    return probs
 
-    T = 0 rows are one-hot at the argmax. Float32.
+
+def probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Sampling distribution of ``logits`` [..., V] -> [..., V] float32.
+
+    ``temperature`` and ``top_p`` broadcast to ``logits.shape[:-1]`` (e.g. [B, 1] for [B, S, V]).
+    T = 0 rows are one-hot at the argmax (no softmax is computed for them).
     """
     lead, v = logits.shape[:-1], logits.shape[-1]
     flat = logits.reshape(-1, v).float()  # [N, V]
     t = temperature.float().expand(lead).reshape(-1)  # [N]
     tp = top_p.float().expand(lead).reshape(-1)  # [N]
     greedy = t == 0
-    probs = torch.softmax(flat / torch.where(greedy, 1.0, t)[:, None], dim=-1)  # [N, V]
-    sampled = torch.nonzero(~greedy & (tp < 1.0)).squeeze(-1)
-    if sampled.numel():
-        sub = probs[sampled]
-        sub = sub * (sub >= top_p_threshold(sub, tp[sampled])[:, None])
-        probs[sampled] = sub / sub.sum(-1, keepdim=True)
-    if bool(greedy.any()):
-        hot = torch.zeros_like(probs).scatter_(-1, flat.argmax(-1, keepdim=True), 1.0)
-        probs = torch.where(greedy[:, None], hot, probs)
+    n_greedy = int(greedy.sum())
+    if n_greedy == 0:
+        return _sampled_probs(flat, t, tp).reshape(*lead, v)
+    probs = torch.zeros_like(flat).scatter_(-1, flat.argmax(-1, keepdim=True), 1.0)  # one-hot rows
+    if n_greedy < len(t):
+        rows = torch.nonzero(~greedy).squeeze(-1)
+        probs[rows] = _sampled_probs(flat[rows], t[rows], tp[rows])
     return probs.reshape(*lead, v)
 
 

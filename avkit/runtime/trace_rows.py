@@ -7,6 +7,8 @@ rejection; `accepted` is null otherwise (censored). Nullable columns are masked 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -18,10 +20,26 @@ def _masked(values: np.ndarray, null: np.ndarray) -> np.ma.MaskedArray:
     return np.ma.MaskedArray(values, mask=null)
 
 
+def _to_cpu(obj):
+    """A copy of a dataclass of tensors with every tensor (and dict of tensors) on the CPU."""
+    def move(v):
+        if isinstance(v, torch.Tensor):
+            return v.detach().cpu()
+        if isinstance(v, dict):
+            return {k: move(t) for k, t in v.items()}
+        return v
+    return dataclasses.replace(obj, **{f.name: move(getattr(obj, f.name)) for f in dataclasses.fields(obj)})
+
+
 def trace_rows(batch, inp: DraftInput, draft: DraftProposal, num_verify: torch.Tensor,
                result: RejectionResult, confidences: torch.Tensor | None, *, engine_step: int,
                step_time_ms: float) -> dict[str, np.ndarray]:
     """Columns for the slots of this step, in (request, position) order."""
+    # Rows are built on the CPU; the draft distributions [B, K, V] are not needed for them.
+    draft = _to_cpu(dataclasses.replace(draft, probs=draft.probs[:, :, :0]))
+    inp, result = _to_cpu(inp), _to_cpu(result)
+    num_verify = num_verify.cpu()
+    confidences = None if confidences is None else confidences.detach().cpu()
     B, K = draft.tokens.shape
     k = result.accepted.shape[1]  # verified width (<= K)
     j = torch.arange(K)
@@ -72,9 +90,10 @@ def trace_rows(batch, inp: DraftInput, draft: DraftProposal, num_verify: torch.T
     if confidences is not None:
         conf = pick(confidences.float()[:, :K].cpu()).astype(np.float32)
         cols["confidence"] = _masked(conf, ~np.isfinite(conf))
-    for name, value in draft.extra.items():  # head_conf, match_len, cache_score
-        v = pick(value.float()).astype(np.float32)
-        cols[name] = _masked(v, np.isnan(v))
+    for name, value in draft.extra.items():  # head_conf, match_len (int16), cache_score
+        v = pick(value.float())
+        dtype = np.int16 if name == "match_len" else np.float32
+        cols[name] = _masked(np.nan_to_num(v).astype(dtype), np.isnan(v))
     return cols
 
 

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import avkit.estimators  # noqa: F401  (registers the estimators)
 from avkit.config import DEFAULT_K, AdaptiveConfig
 from avkit.errors import AvkitError, ConfigError
-import avkit.estimators  # noqa: F401  (registers the estimators)
 from avkit.estimators.base import ESTIMATORS, Estimator, make_estimator
 from avkit.scheduling.budget import Allocation, plan_verification
 from avkit.scheduling.cost import CostTable, resolve_cost
@@ -144,10 +144,13 @@ class AdaptiveVerification:
 
 
 def make_adaptive(cost: str | CostTable | None = None, estimator: str | Estimator | None = None,
-                  coefficients: str | Path = "", k: int = DEFAULT_K, config: AdaptiveConfig | None = None,
+                  coefficients: str | Path = "", k: int = DEFAULT_K, adaptive: AdaptiveConfig | None = None,
                   **estimator_kwargs) -> AdaptiveVerification:
-    """POLICIES["adaptive"] factory: cost table or spec, estimator name (or object) for K positions, warm start."""
-    config = config or AdaptiveConfig()
+    """POLICIES["adaptive"] factory: cost table or spec, estimator name (or object) for K positions, warm start.
+
+    Other keyword arguments go to the estimator's factory (e.g. `config=EstimatorConfig(...)`).
+    """
+    config = adaptive or AdaptiveConfig()
     est = estimator if estimator is not None else config.estimator
     if isinstance(est, str):
         est = load_estimator(est, coefficients or config.coefficients, k=k, **estimator_kwargs)

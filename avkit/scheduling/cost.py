@@ -89,10 +89,17 @@ class CostTable:
         k = np.asarray(k, dtype=np.float64)
         return k if self.drafter == "autoregressive" else (k > 0).astype(np.float64)
 
+    def draft_cost(self, num_requests, k) -> np.ndarray:
+        """Drafting k tokens for each of n requests: passes(k) forwards of n rows."""
+        return self.draft_passes(k) * _interp(np.asarray(num_requests, dtype=np.float64), *self._d)
+
+    def context_cost(self, num_requests) -> np.ndarray:
+        """The target's KV reads for n requests (0 for profiled tables)."""
+        return _interp(np.asarray(num_requests, dtype=np.float64), *self._c)
+
     def fixed_cost(self, num_requests, k) -> np.ndarray:
         """Cost that does not depend on how many drafts are verified: drafting k + KV reads."""
-        n = np.asarray(num_requests, dtype=np.float64)
-        return self.draft_passes(k) * _interp(n, *self._d) + _interp(n, *self._c)
+        return self.draft_cost(num_requests, k) + self.context_cost(num_requests)
 
     def step_cost(self, num_requests, k, tokens) -> np.ndarray:
         """Predicted step time: n requests drafting k tokens each, T target tokens verified."""

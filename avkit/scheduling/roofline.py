@@ -117,9 +117,9 @@ def parse_roofline_spec(spec: str):
             opts[key.strip()] = value.strip()
     unknown = set(opts) - {"context", "drafter"}
     if unknown:
-        raise ConfigError(f"cost spec {spec!r}: unknown option {sorted(unknown)[0]!r} (context, drafter)")
+        raise ConfigError(f"cost spec {spec!r}: unknown option {min(unknown)!r} (context, drafter)")
     try:
-        context = int(opts.get("context", os.environ.get(PROFILE_CONTEXT_ENV, 8192)))
+        context = int(opts.get("context", os.environ.get(PROFILE_CONTEXT_ENV, "8192")))
     except ValueError:
         raise ConfigError(f"cost spec {spec!r}: context must be an integer, got {opts.get('context')!r}") from None
     draft = parts[3] if len(parts) > 3 else None

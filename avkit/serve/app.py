@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -108,8 +109,14 @@ def _auth(state: ServeState):
     return check
 
 
+ENDPOINTS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"})
+
+
 class _CountRequests:
-    """ASGI middleware: count every HTTP response by endpoint and status (streams included)."""
+    """ASGI middleware: count every HTTP response by endpoint and status (streams included).
+
+    Unknown paths share the label `other`, so scanning random URLs cannot grow the label set.
+    """
 
     def __init__(self, app, metrics: ServeMetrics):
         self.app, self.metrics = app, metrics
@@ -127,7 +134,8 @@ class _CountRequests:
         try:
             await self.app(scope, receive, send_status)
         finally:
-            self.metrics.requests.labels(endpoint=scope["path"][:64], status=str(status["code"])).inc()
+            path = scope["path"] if scope["path"] in ENDPOINTS else "other"
+            self.metrics.requests.labels(endpoint=path, status=str(status["code"])).inc()
 
 
 def build_app(state: ServeState) -> FastAPI:

@@ -12,8 +12,9 @@ import asyncio
 import functools
 import json
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator
+from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request
@@ -24,8 +25,15 @@ from avkit.errors import AvkitError
 from avkit.runtime.request import Request as EngineRequest
 from avkit.serve.app import ApiError, ServeState
 from avkit.serve.engine_loop import NotAccepting, QueueFull, RequestHandle
-from avkit.serve.protocol import (ChatCompletionRequest, CompletionRequest, chat_body, chat_chunk,
-                                  completion_body, new_id, usage)
+from avkit.serve.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    chat_body,
+    chat_chunk,
+    completion_body,
+    new_id,
+    usage,
+)
 from avkit.serve.text_stream import TextStream
 
 
@@ -82,7 +90,8 @@ def _prompt_ids(state: ServeState, prompt: str | list[int]) -> list[int]:
     return ids
 
 
-def _max_tokens(state: ServeState, prompt_len: int, requested: int | None, param: str, prompt_param: str) -> int:
+def _max_tokens(state: ServeState, prompt_len: int, requested: int | None, param: str,
+                prompt_param: str) -> int:
     """Check the prompt against the context and max_tokens against the limits; chat may leave it unset."""
     limit, cfg = state.context_limit, state.config
     if prompt_len >= limit:
@@ -104,7 +113,9 @@ class SeededRequest(EngineRequest):
 
     The engine keys its random numbers by (seed, request key, position) and derives the key from
     the (unique) request id; OpenAI's `seed` promises the same output for the same request, so a
-    seeded request uses key 0 instead: equal seed, prompt and parameters -> equal tokens.
+    seeded request uses key 0 instead: equal seed, prompt and parameters -> equal tokens. Best effort,
+    as OpenAI's: under adaptive verification the verified prefix depends on the rest of the batch,
+    so concurrent load can change a seeded sample (never its distribution).
     """
 
     @property

@@ -9,7 +9,8 @@ Glossary:
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -62,11 +63,12 @@ class ServeMetrics:
                                 ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter("avkit_prompt_tokens", "prompt tokens admitted", registry=r)
         self.generation_tokens = Counter("avkit_generation_tokens", "tokens generated", registry=r)
-        self.drafted = Counter("avkit_drafted", "draft slots proposed, by position", ["position"],
+        labels = ["position", "drafter"]
+        self.drafted = Counter("avkit_drafted", "draft slots proposed, by position and drafter", labels,
                                registry=r)
-        self.verified = Counter("avkit_verified", "draft slots verified, by position", ["position"],
+        self.verified = Counter("avkit_verified", "draft slots verified, by position and drafter", labels,
                                 registry=r)
-        self.accepted = Counter("avkit_accepted", "draft slots accepted, by position", ["position"],
+        self.accepted = Counter("avkit_accepted", "draft slots accepted, by position and drafter", labels,
                                 registry=r)
         self.verify_budget = Histogram("avkit_verify_budget", "drafts verified per engine step",
                                        buckets=_BUDGET_BUCKETS, registry=r)
@@ -81,9 +83,9 @@ class ServeMetrics:
         self.running = Gauge("avkit_running_requests", "requests decoding in the engine", registry=r)
         self.engine_errors = Counter("avkit_engine_errors", "engine steps that raised", registry=r)
         r.register(_EstimatorCollector(coefficients))
-        for i in range(k):  # expose every position from the start, at zero
+        for i in range(k):  # expose every position of the model drafter from the start, at zero
             for c in (self.drafted, self.verified, self.accepted):
-                c.labels(position=str(i))
+                c.labels(position=str(i), drafter="model")
 
     def observe_rows(self, columns: dict[str, np.ndarray]) -> None:
         """One engine step's trace rows -> per-position counters and the verify-budget histogram."""
@@ -92,12 +94,16 @@ class ServeMetrics:
             return
         verified = np.asarray(columns["verified"]).astype(bool)  # [N]
         accepted = accepted_mask(columns["accepted"]) & verified  # [N]
+        default_kind = np.full(pos.size, "model", dtype=object)
+        kinds = np.asarray(columns.get("drafter", default_kind), dtype=object)  # [N]
         n = int(pos.max()) + 1
-        for name, counter, mask in (("drafted", self.drafted, None), ("verified", self.verified, verified),
-                                    ("accepted", self.accepted, accepted)):
-            counts = np.bincount(pos, weights=None if mask is None else mask, minlength=n)  # [n]
-            for i in np.flatnonzero(counts):
-                counter.labels(position=str(i)).inc(float(counts[i]))
+        for kind in set(kinds.tolist()):
+            rows = kinds == kind  # [N]
+            for counter, mask in ((self.drafted, rows), (self.verified, rows & verified),
+                                  (self.accepted, rows & accepted)):
+                counts = np.bincount(pos, weights=mask, minlength=n)  # [n] slots per position
+                for i in np.flatnonzero(counts):
+                    counter.labels(position=str(i), drafter=str(kind)).inc(float(counts[i]))
         self.verify_budget.observe(float(verified.sum()))
 
     def render(self) -> bytes:

@@ -49,8 +49,8 @@ class _SamplingParams(_Strict):
         v = [v] if isinstance(v, str) else v
         if len(v) > 4:
             raise ValueError(f"at most 4 stop sequences, got {len(v)}")
-        if any(s == "" for s in v):
-            raise ValueError("stop sequences must be non-empty")
+        if any(not 0 < len(s) <= 256 for s in v):
+            raise ValueError("stop sequences must have 1 to 256 characters")
         return v
 
 
@@ -59,7 +59,7 @@ class CompletionRequest(_SamplingParams):
     max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's legacy default
     echo: Literal[False] = False
     best_of: Literal[1] = 1
-    logprobs: Literal[None, 0] = None
+    logprobs: Literal[0] | None = None
     suffix: None = None
 
 

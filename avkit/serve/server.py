@@ -14,10 +14,11 @@ import logging
 import signal
 import uuid
 from pathlib import Path
+
 import numpy as np
 
 from avkit.config import SERVE_STATE_DIR, SHIPPED_COEFFICIENTS, ServeConfig
-from avkit.errors import ConfigError
+from avkit.errors import AvkitError, ConfigError
 from avkit.serve.app import ServeState, build_app
 from avkit.serve.engine_loop import EngineLoop
 from avkit.serve.metrics import ServeMetrics
@@ -81,15 +82,18 @@ def warm_start(config: ServeConfig) -> str:
 
 
 def make_policy(config: ServeConfig, coefficients: str):
-    """The verify policy by name from the registry; adaptive gets the warm start and cost table."""
+    """The verify policy by name from the registry; adaptive gets its estimator (warm-started from
+    `coefficients`, refitting every `refit_interval` steps) and the cost table."""
     import avkit.scheduling.adaptive  # noqa: F401 - registers POLICIES["adaptive"]
+    from avkit.config import EstimatorConfig
     from avkit.scheduling.policy import make_policy as make
 
     if config.policy == "fixed":
         return make("fixed", k=config.k)
     if config.policy == "adaptive":
         return make("adaptive", cost=config.cost or None, estimator=config.estimator,
-                    coefficients=coefficients, k=config.k)
+                    coefficients=coefficients, k=config.k,
+                    config=EstimatorConfig(refit_interval=config.refit_interval))
     return make(config.policy)
 
 
@@ -99,8 +103,9 @@ def _trace_writer(config: ServeConfig, target, draft):
     from avkit import __version__
     from avkit.trace.writer import TraceWriter
 
-    meta = {"avkit.version": __version__, "avkit.target": target.model_id, "avkit.target_sha256": target.sha256,
-            "avkit.draft": draft.model_id if draft else "", "avkit.draft_sha256": draft.sha256 if draft else "",
+    meta = {"avkit.version": __version__, "avkit.target": target.model_id,
+            "avkit.target_sha256": target.sha256, "avkit.draft": draft.model_id if draft else "",
+            "avkit.draft_sha256": draft.sha256 if draft else "",
             "avkit.k": str(config.k), "avkit.drafter": config.drafter, "avkit.seed": str(config.seed),
             "avkit.datasets": '["serve"]', "avkit.policy": config.policy,
             "avkit.temperature": "per-request", "avkit.top_p": "per-request"}
@@ -112,23 +117,33 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
     from avkit.models import load
     from avkit.runtime.engine import Engine, EngineConfig
 
-    if config.drafter != "model":
-        raise ConfigError(f"--drafter {config.drafter}: only `model` is wired into the server so far")
     coefficients = warm_start(config)
     target = target if target is not None else load(config.target)
     use_draft = config.draft not in ("", "none") and config.k > 0
     if draft is None and use_draft:
         draft = load(config.draft)
     draft = draft if use_draft else None
-    policy = make_policy(config, coefficients) if draft is not None else None
+    try:
+        policy = make_policy(config, coefficients) if draft is not None else None
+    except AvkitError as e:
+        if not coefficients:
+            raise
+        raise ConfigError(f"warm start from {coefficients}: {e} (pass --no-resume, another --snapshot or "
+                          "--coefficients)") from None
     snapshots = CoefficientSnapshots(policy, snapshot_path(config), config.snapshot_every)
     metrics = ServeMetrics(config.k, snapshots.current)
     sink = ServeSink(metrics, _trace_writer(config, target, draft), run_id=f"serve-{uuid.uuid4().hex[:8]}")
-    engine_config = EngineConfig(k=config.k if draft is not None else 0, max_batch=config.max_concurrency, max_len=config.max_len,
-                                 seed=config.seed)
+    engine_config = EngineConfig(k=config.k if draft is not None else 0, max_batch=config.max_concurrency,
+                                 max_len=config.max_len, seed=config.seed)
 
     def make_engine():
-        return Engine(target, draft, engine_config, policy=policy, sink=sink)
+        drafter = None  # the engine builds the model drafter itself
+        if config.drafter == "hybrid" and draft is not None:
+            from avkit.drafters.hybrid import make_hybrid_drafter
+
+            drafter = make_hybrid_drafter(draft, config.max_concurrency, config.max_len, k=config.k,
+                                          payoff_path=config.payoff or None, tokenizer=config.target)
+        return Engine(target, draft, engine_config, policy=policy, sink=sink, drafter=drafter)
 
     loop = EngineLoop(make_engine, max_concurrency=config.max_concurrency, queue_size=config.queue_size,
                       metrics=metrics, on_step=snapshots.on_step)
@@ -154,7 +169,7 @@ def uvicorn_server(state: ServeState, *, log_level: str = "info"):
 
     cfg = state.config
     config = uvicorn.Config(build_app(state), host=cfg.host, port=cfg.port, log_level=log_level,
-                            timeout_graceful_shutdown=max(1, int(round(cfg.grace_period_s))),
+                            timeout_graceful_shutdown=max(1, round(cfg.grace_period_s)),
                             access_log=False, lifespan="on")
     return _Server(config)
 

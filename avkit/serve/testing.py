@@ -10,14 +10,15 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from avkit.serve.app import ServeState, build_app
 
 
 @contextmanager
-def serve_in_thread(state: ServeState, *, timeout_s: float = 30.0, log_level: str = "warning") -> Iterator[str]:
+def serve_in_thread(state: ServeState, *, timeout_s: float = 30.0,
+                    log_level: str = "warning") -> Iterator[str]:
     import uvicorn
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -27,7 +28,8 @@ def serve_in_thread(state: ServeState, *, timeout_s: float = 30.0, log_level: st
     config = uvicorn.Config(build_app(state), log_level=log_level, lifespan="on", access_log=False,
                             timeout_graceful_shutdown=max(1, int(state.config.grace_period_s)))
     server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="avkit-uvicorn", daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="avkit-uvicorn",
+                              daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s
     while not server.started:

@@ -11,7 +11,7 @@ equal the non-streamed text exactly.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 REPLACEMENT = "\ufffd"
 

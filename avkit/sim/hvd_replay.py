@@ -117,8 +117,9 @@ def load_generations(trace_paths: list[str | Path]) -> tuple[list[ReplayGenerati
         except (OSError, pl.exceptions.PolarsError) as e:
             raise TraceError(f"{path}: cannot read trace or generations: {e}") from None
         info["temperatures"] |= set(trace["temperature"].unique().to_list())
-        match, unknown = matches_from_trace(trace, table)
-        info["unknown_model_positions"].append(unknown)
+        match, known = matches_from_trace(trace, table)
+        n_known = sum(int(k.sum()) for k in known.values())
+        info["unknown_model_positions"].append(1.0 - n_known / max(sum(len(k) for k in known.values()), 1))
         for row in table.iter_rows(named=True):
             gens.append(ReplayGeneration(f"{path.stem}/{row['request_id']}", row["dataset"],
                                          list(row["prompt_ids"]), list(row["output_ids"]), match[row["request_id"]]))
@@ -126,16 +127,20 @@ def load_generations(trace_paths: list[str | Path]) -> tuple[list[ReplayGenerati
 
 
 def evaluate(table: pl.DataFrame, routes: dict[str, Route], cost: HvdCostConfig, k: int,
-             high: int = 6) -> pl.DataFrame:
+             high: int = 6, predictions: dict[str, np.ndarray] | None = None) -> pl.DataFrame:
     """Metrics of every route per dataset and overall, with speedups over `model` and `cache` routes
-    (which must be among `routes`) and over target-only decoding (throughput 1)."""
+    (which must be among `routes`) and over target-only decoding (throughput 1).
+    Precision / recall of high-payoff drafts compare `predictions[name] >= high` (the predicted
+    payoff, as the paper does) with the oracle `cache_acc >= high`; routers without a prediction
+    are scored on their decision (cache chosen)."""
     rows = []
+    datasets = table["dataset"].to_numpy()
     for name, route in routes.items():
         paths = simulate_paths(table, route, cost, k)
         per = pl.concat([path_metrics(paths, "dataset"), path_metrics(paths)], how="diagonal")
+        flag = predictions[name] >= high if predictions and name in predictions else route.use_cache
         prs = [precision_recall(table.filter(pl.col("dataset") == d) if d != "overall" else table,
-                                route.use_cache[(table["dataset"] == d).to_numpy()] if d != "overall"
-                                else route.use_cache, high) for d in per["dataset"]]
+                                flag[datasets == d] if d != "overall" else flag, high) for d in per["dataset"]]
         rows.append(per.with_columns(router=pl.lit(name), precision=pl.Series([p for p, _ in prs]),
                                      recall=pl.Series([r for _, r in prs])))
     res = pl.concat(rows, how="diagonal")

@@ -5,21 +5,26 @@ Glossary:
   source      where adaptive confidences come from: an estimator in ESTIMATORS (refit online as the
               replay goes, exactly as live), `oracle` (1 for drafts the trace accepted, else 0) or
               `recorded` (the trace's own `confidence` column, from the estimator that ran live)
+  stop        `adaptive-stop:SOURCE` also decides the draft length: an autoregressive drafter pays one
+              forward per depth, so the plain budget cannot save drafting (vLLM notes MTP/EAGLE gain
+              less from AV for this reason); this variant stops drafting once the budget stops growing
 Policies are named by specs: `nospec`, `fixed:K` (or `fixed` = 1..recorded K), `adaptive:SOURCE`,
-looked up in SIM_POLICIES by the part before the colon.
+`adaptive-stop:SOURCE`, looked up in SIM_POLICIES by the part before the colon.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Protocol
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 
 from avkit.errors import ConfigError
 from avkit.scheduling.adaptive import estimator_feature, load_estimator
 from avkit.scheduling.cost import CostTable
-from avkit.sim.allocate import grouped_budget
+from avkit.sim.allocate import grouped_budget, grouped_survival
+from avkit.sim.online import burn_in, run_rounds
 from avkit.sim.steps import Schedule, StepTable
 
 
@@ -52,7 +57,11 @@ class SimPolicy(Protocol):
 
     def draft_len(self, k: int) -> int: ...
 
-    def verify_counts(self, replay: Replay) -> np.ndarray: ...  # [S'] int64
+    def prepare(self, steps: StepTable) -> SimPolicy: ...  # once per trace set, before any concurrency
+
+    def decide(self, replay: Replay) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(verify counts [S'], drafts proposed [S'], drafting ms [G] per sim step)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -63,8 +72,12 @@ class NoSpec:
     def draft_len(self, k: int) -> int:
         return 0
 
-    def verify_counts(self, replay: Replay) -> np.ndarray:
-        return np.zeros(replay.sched.rows.size, dtype=np.int64)
+    def prepare(self, steps: StepTable) -> NoSpec:
+        return self
+
+    def decide(self, replay: Replay):
+        zero = np.zeros(replay.sched.rows.size, dtype=np.int64)
+        return zero, zero, np.zeros(replay.sched.num_groups)
 
 
 @dataclass(frozen=True)
@@ -79,68 +92,116 @@ class Fixed:
     def draft_len(self, k: int) -> int:
         return min(self.k, k)
 
-    def verify_counts(self, replay: Replay) -> np.ndarray:
-        return replay.drafted(self.k)
+    def prepare(self, steps: StepTable) -> Fixed:
+        return self
+
+    def decide(self, replay: Replay):
+        drafted = replay.drafted(self.k)
+        return drafted, drafted, replay.cost.draft_cost(replay.num_requests, replay.draft_passes(self.k))
 
 
 @dataclass(frozen=True)
 class Adaptive:
     estimator: str  # estimator name, "oracle" or "recorded"
     coefficients: str = ""
+    stop_drafting: bool = False  # also stop the (autoregressive) drafter early, see `_budget_stop`
+    burn_in: bool = True  # start online estimators from a pass over the traces (avkit/sim/online.py)
     chunk: int = 100  # sim steps predicted per estimator call (re-predicted after every refit)
+    warm_state: dict | None = None  # estimator state after burn-in (set by `prepare`)
 
     @property
     def name(self) -> str:
-        return f"adaptive-{self.estimator}"
+        return f"adaptive{'-stop' if self.stop_drafting else ''}-{self.estimator}"
 
     def draft_len(self, k: int) -> int:
         return k
 
-    def verify_counts(self, replay: Replay) -> np.ndarray:
+    def decide(self, replay: Replay):
         if self.estimator in STATIC_SOURCES:
             conf = STATIC_SOURCES[self.estimator](replay)
             return self._budget(replay, conf, 0, replay.sched.num_groups)
         return self._online(replay)
 
-    def _budget(self, replay: Replay, conf: np.ndarray, g0: int, g1: int) -> np.ndarray:
-        """Verify counts of the rows of sim steps [g0, g1) given their confidences [rows, K]."""
+    def _budget(self, replay: Replay, conf: np.ndarray, g0: int, g1: int):
+        """(verify counts, drafts, drafting ms) of sim steps [g0, g1) given their confidences [rows, K]."""
         r0, r1 = replay.bounds[g0], replay.bounds[g1]
-        k = replay.steps.k
-        n = replay.num_requests[g0:g1]
-        fixed = replay.cost.fixed_cost(n, replay.draft_passes(k)[g0:g1])
-        return grouped_budget(replay.sched.group[r0:r1] - g0, conf, replay.drafted(k)[r0:r1],
-                              num_sampling=n, num_scheduled=n, fixed_ms=fixed, verify_ms=replay.cost.verify_cost)
+        group, n = replay.sched.group[r0:r1] - g0, replay.num_requests[g0:g1]
+        drafted = replay.drafted(replay.steps.k)[r0:r1]
+        if self.stop_drafting and replay.cost.drafter == "autoregressive":
+            return self._budget_stop(replay.cost, conf, group, n, drafted)
+        draft_ms = replay.cost.draft_cost(n, replay.draft_passes(replay.steps.k)[g0:g1])
+        k = grouped_budget(group, conf, drafted, num_sampling=n, num_scheduled=n,
+                           fixed_ms=draft_ms + replay.cost.context_cost(n), verify_ms=replay.cost.verify_cost)
+        return k, drafted, draft_ms
 
-    def _online(self, replay: Replay) -> np.ndarray:
-        """Predict a chunk, decide it, feed each step's observed slots; after a refit, re-predict the rest."""
-        est = load_estimator(self.estimator, self.coefficients)
-        steps, rows, bounds = replay.steps, replay.sched.rows, replay.bounds
+    @staticmethod
+    def _budget_stop(cost: CostTable, conf, group, n, drafted):
+        """Draft pass by pass (autoregressive drafter: a pass forwards only the requests still drafting).
+
+        After each pass the budget is sized over everything drafted so far, drafting already paid. Request
+        r drafts one more token only if its newest draft is verified and the next one pays for itself at
+        the step's current rate: s_next > rate * (draft_ms(n_active) / n_active + marginal verify ms), with
+        s_next = s_newest * c_newest (the next confidence guessed as the newest one). Causal (drafted
+        confidences only) and lossless (q's shape only). The budget after the last pass is verified.
+        """
+        groups = int(group[-1]) + 1 if group.size else 0
+        rows = np.arange(group.size)
+        active = drafted > 0  # [rows] still drafting
+        proposed = np.zeros_like(drafted)  # [rows] drafts so far
+        draft_ms, k_out = np.zeros(groups), np.zeros_like(drafted)
+        while active.any():
+            proposed = proposed + active
+            n_active = np.bincount(group[active], minlength=groups)  # [G]
+            pass_ms = cost.draft_cost(n_active, 1) * (n_active > 0)  # [G] one pass over the active rows
+            draft_ms += pass_ms
+            fixed = draft_ms + cost.context_cost(n)
+            k_out = grouped_budget(group, conf, proposed, num_sampling=n, num_scheduled=n, fixed_ms=fixed,
+                                   verify_ms=cost.verify_cost)
+            surv = grouped_survival(conf, proposed)  # [rows, K]
+            budget = np.bincount(group, weights=k_out, minlength=groups)  # [G] b*
+            kept = np.where(np.arange(surv.shape[1]) < k_out[:, None], surv, 0.0).sum(1)  # [rows]
+            expected = n + np.bincount(group, weights=kept, minlength=groups)  # [G] E(b*)
+            rate = expected / (fixed + cost.verify_cost(n + budget))  # [G] tokens per ms at the optimum
+            marginal = (pass_ms / np.maximum(n_active, 1)  # [G] ms of one more draft for one request
+                        + cost.verify_cost(n + budget + 1) - cost.verify_cost(n + budget))
+            newest = np.maximum(proposed - 1, 0)
+            s_next = surv[rows, newest] * np.clip(np.nan_to_num(conf[rows, newest]), 0.0, 1.0)
+            active = active & (k_out == proposed) & (drafted > proposed) & (s_next > (rate * marginal)[group])
+        return k_out, proposed, draft_ms
+
+    def prepare(self, steps: StepTable) -> Adaptive:
+        """Burn the online estimator in on the traces once (skipped for static sources or a coefficients file)."""
+        if self.estimator in STATIC_SOURCES or self.coefficients or not self.burn_in:
+            return self
+        est = load_estimator(self.estimator, k=steps.k)
+        burn_in(est, steps, self._feature(est, steps), self.chunk)
+        return replace(self, warm_state=est.state_dict())
+
+    def _feature(self, est, steps: StepTable) -> str:
         name = estimator_feature(est)
         if name not in steps.features:
             raise ConfigError(f"simulate: estimator {self.estimator!r} needs trace column {name!r}")
-        feats = np.nan_to_num(steps.features[name][rows], nan=0.0)  # [S', K]
+        return name
+
+    def _online(self, replay: Replay):
+        """Predict a round, decide it, feed each step's observed slots; re-predict after a refit."""
+        steps, rows, bounds = replay.steps, replay.sched.rows, replay.bounds
+        est = load_estimator(self.estimator, self.coefficients, k=steps.k)
+        if self.warm_state is not None:
+            est.load_state_dict(self.warm_state)
+        feats = np.nan_to_num(steps.features[self._feature(est, steps)][rows], nan=0.0)  # [S', K]
         labels, acc = steps.label[rows], steps.accepted[rows]  # [S', K], [S']
-        k = steps.k
-        pos = np.broadcast_to(np.arange(k), feats.shape)  # [S', K]
-        out = np.zeros(rows.size, dtype=np.int64)
-        g0, groups = 0, replay.sched.num_groups
-        while g0 < groups:
-            g1 = min(groups, g0 + self.chunk)
+        out, drafted = np.zeros(rows.size, dtype=np.int64), np.zeros(rows.size, dtype=np.int64)
+        draft_ms = np.zeros(replay.sched.num_groups)
+        j = np.arange(steps.k)[None, :]
+
+        def decide(conf, g0, g1):
             r0, r1 = bounds[g0], bounds[g1]
-            conf = np.asarray(est.predict(feats[r0:r1].ravel(), pos[r0:r1].ravel())).reshape(-1, k)
-            out[r0:r1] = self._budget(replay, conf, g0, g1)
-            j = np.arange(k)[None, :]
-            observed = (j < out[r0:r1, None]) & (j <= acc[r0:r1, None]) & (labels[r0:r1] >= 0)  # DESIGN §3
-            next_g = g1
-            for g in range(g0, g1):  # one update per engine step, as live
-                a, b = bounds[g] - r0, bounds[g + 1] - r0
-                o = observed[a:b]
-                if est.update(feats[r0 + a:r0 + b][o], pos[r0 + a:r0 + b][o], conf[a:b][o],
-                              (labels[r0 + a:r0 + b][o] == 1).astype(np.float64)):
-                    next_g = g + 1  # coefficients changed: later steps of this chunk re-predict
-                    break
-            g0 = next_g
-        return out
+            out[r0:r1], drafted[r0:r1], draft_ms[g0:g1] = self._budget(replay, conf, g0, g1)
+            return (j < out[r0:r1, None]) & (j <= acc[r0:r1, None]) & (labels[r0:r1] >= 0)  # DESIGN §3
+
+        run_rounds(est, feats, labels, bounds, decide, self.chunk)
+        return out, drafted, draft_ms
 
 
 def _oracle(replay: Replay) -> np.ndarray:
@@ -157,7 +218,7 @@ def _recorded(replay: Replay) -> np.ndarray:
 STATIC_SOURCES: dict[str, Callable[[Replay], np.ndarray]] = {"oracle": _oracle, "recorded": _recorded}
 
 
-def _fixed(arg: str, k: int, coefficients: str) -> list[SimPolicy]:
+def _fixed(arg: str, k: int, coefficients: str, burn: bool) -> list[SimPolicy]:
     if not arg:
         return [Fixed(i) for i in range(1, k + 1)]
     if not arg.isdigit() or int(arg) < 1:
@@ -165,19 +226,21 @@ def _fixed(arg: str, k: int, coefficients: str) -> list[SimPolicy]:
     return [Fixed(int(arg))]
 
 
-SIM_POLICIES: dict[str, Callable[[str, int, str], list[SimPolicy]]] = {
-    "nospec": lambda arg, k, coef: [NoSpec()],
+# spec head -> factory(argument, recorded K, coefficients path, burn-in) -> policies
+SIM_POLICIES: dict[str, Callable[[str, int, str, bool], list[SimPolicy]]] = {
+    "nospec": lambda arg, k, coef, burn: [NoSpec()],
     "fixed": _fixed,
-    "adaptive": lambda arg, k, coef: [Adaptive(arg or "online", coef)],
+    "adaptive": lambda arg, k, coef, burn: [Adaptive(arg or "online_logistic", coef, burn_in=burn)],
+    "adaptive-stop": lambda arg, k, coef, burn: [Adaptive(arg or "online_logistic", coef, True, burn_in=burn)],
 }
 
 
-def parse_policies(specs, k: int, coefficients: str = "") -> list[SimPolicy]:
+def parse_policies(specs, k: int, coefficients: str = "", burn_in: bool = True) -> list[SimPolicy]:
     """Policy specs (`nospec`, `fixed`, `fixed:3`, `adaptive:online`, `adaptive:oracle`, ...) -> policies."""
     out: list[SimPolicy] = []
     for spec in specs:
         head, _, arg = spec.partition(":")
         if head not in SIM_POLICIES:
             raise ConfigError(f"unknown simulate policy {spec!r}; choose from {sorted(SIM_POLICIES)}")
-        out.extend(SIM_POLICIES[head](arg, k, coefficients))
+        out.extend(SIM_POLICIES[head](arg, k, coefficients, burn_in))
     return out

@@ -12,7 +12,8 @@ What the min(k, a) + 1 approximation ignores:
   * slots the recording did not verify (trimmed live): a request never accepts more than recorded.
   * prefill, admission and request lengths: no prefill steps (N_s = T = n), output lengths change with
     the policy only through tokens per step; metrics use the steady-state window (every lane busy).
-  * drafting cost is k_max passes of the drafter for the whole batch (autoregressive) or one pass.
+  * drafting cost is one drafter pass per depth for the whole batch (autoregressive) or one pass;
+    a pass drafts for every request of the step (requests at max length draft less, as recorded).
 Metrics per (concurrency, policy): throughput tok/s, per-request tok/s (= throughput / c: lanes share
 every step), mean accepted drafts and tokens per request-step, verified drafts per step, share of
 drafted tokens wasted (not accepted: rejected, after a rejection, or trimmed), mean step ms.
@@ -48,27 +49,27 @@ def load_steps(traces) -> StepTable:
 
 def default_policies(steps: StepTable, config: SimulateConfig) -> list[str]:
     specs = ["nospec", "fixed"] + [f"adaptive:{e}" for e in config.estimators if e in ESTIMATORS]
+    specs += [f"adaptive-stop:{e}" for e in config.estimators[:1] if e in ESTIMATORS]
     if "confidence" in steps.features:
         specs.append("adaptive:recorded")
     return specs + (["adaptive:oracle"] if config.oracle else [])
 
 
-def policy_metrics(replay: Replay, policy: SimPolicy, k_verify: np.ndarray) -> dict:
-    """Replay one policy's verify counts through the cost table."""
+def policy_metrics(replay: Replay, policy: SimPolicy, k_verify: np.ndarray, drafted: np.ndarray,
+                   draft_ms: np.ndarray) -> dict:
+    """Replay one policy's verify counts [S'], drafts [S'] and drafting ms [G] through the cost table."""
     steps, rows, bounds = replay.steps, replay.sched.rows, replay.bounds
-    draft_len = policy.draft_len(steps.k)
-    drafted = replay.drafted(draft_len)  # [S']
     assert (k_verify <= drafted).all(), "a policy verified more drafts than it drafted"
     accepted = np.minimum(k_verify, steps.accepted[rows])  # [S'] the min(k, a) approximation
     n = replay.num_requests  # [G]
     verified = np.add.reduceat(k_verify, bounds[:-1])  # [G]
-    step_ms = replay.cost.step_cost(n, replay.draft_passes(draft_len), n + verified)  # [G]
+    step_ms = draft_ms + replay.cost.context_cost(n) + replay.cost.verify_cost(n + verified)  # [G]
     tokens = accepted.sum() + rows.size  # + 1 bonus / resampled token per request-step
     throughput = 1e3 * tokens / step_ms.sum()
     return {
         "concurrency": replay.sched.concurrency, "policy": policy.name, "estimator": policy.estimator,
-        "draft_len": draft_len, "throughput_tok_s": throughput,
-        "per_request_tok_s": throughput / replay.sched.concurrency,
+        "draft_len": policy.draft_len(steps.k), "drafted_per_step": float(drafted.mean()),
+        "throughput_tok_s": throughput, "per_request_tok_s": throughput / replay.sched.concurrency,
         "mean_accepted": float(accepted.mean()), "tokens_per_step": float(accepted.mean() + 1.0),
         "verified_per_step": float(verified.mean()), "step_ms": float(step_ms.mean()),
         "drafts_wasted": float(1.0 - accepted.sum() / drafted.sum()) if drafted.sum() else 0.0,
@@ -76,7 +77,7 @@ def policy_metrics(replay: Replay, policy: SimPolicy, k_verify: np.ndarray) -> d
     }
 
 
-def simulate(traces, cost: CostTable, concurrency=None, policies=None, *, config: SimulateConfig = SimulateConfig(),
+def simulate(traces, cost: CostTable, concurrency=None, policies=None, *, config: SimulateConfig | None = None,
              coefficients: str = "", progress=None) -> pl.DataFrame:
     """Replay `traces` under each policy at each concurrency; one result row per pair.
 
@@ -85,13 +86,15 @@ def simulate(traces, cost: CostTable, concurrency=None, policies=None, *, config
     (throughput / best fixed K at that concurrency) and `vs_nospec`.
     """
     steps = load_steps(traces)
+    config = config or SimulateConfig()
     concurrency = tuple(concurrency or config.concurrency)
-    chosen = parse_policies(policies or default_policies(steps, config), steps.k, coefficients)
+    chosen = parse_policies(policies or default_policies(steps, config), steps.k, coefficients, config.burn_in)
+    chosen = [p.prepare(steps) for p in chosen]
     rows = []
     for c in concurrency:
         replay = Replay.build(steps, schedule(steps, c, config.waves), cost)
         for policy in chosen:
-            rows.append(policy_metrics(replay, policy, policy.verify_counts(replay)))
+            rows.append(policy_metrics(replay, policy, *policy.decide(replay)))
             if progress is not None:
                 progress()
     df = pl.DataFrame(rows)

@@ -80,7 +80,7 @@ def step_table(df: pl.DataFrame) -> StepTable:
     r = req[first]
     starts = np.r_[0, np.flatnonzero(r[1:] != r[:-1]) + 1]  # first step row of each request
     ordinal = np.arange(s) - np.repeat(starts, np.diff(np.r_[starts, s]))
-    col = lambda c: df[c].to_numpy()[first].astype(np.int64)  # noqa: E731
+    col = lambda c: df[c].to_numpy()[first].astype(np.int64)
     eng = df["engine_step"].fill_null(-1).to_numpy()[first] if "engine_step" in df.columns else np.full(s, -1)
     return StepTable(r.astype(np.int64), ordinal, col("num_drafted"), col("num_verified"), col("num_accepted"),
                      matrix(acc, -1, np.int8), feats, eng.astype(np.int64), col("batch_size"),

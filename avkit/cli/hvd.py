@@ -1,0 +1,109 @@
+"""`avkit hvd`: replay recorded generations for Hybrid Verified Decoding; train the payoff predictor,
+choose tau, score every router (the body of `avkit fit --hvd`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig, default_of
+from avkit.errors import ConfigError
+
+
+def greedy_traces(root: Path = Path("traces")) -> list[Path]:
+    """Shipped traces with a generations table beside them: those recorded at temperature 0, else all.
+
+    Sampled traces replay too: a deterministic cache draft token x is accepted with probability p(x),
+    exactly the chance that the recorded sample equals x, so comparing drafts with a sampled
+    continuation gives an unbiased draw of the accepted length (the model's matches are its realized
+    acceptances). The temperatures used are reported."""
+    import pyarrow.parquet as pq
+
+    from avkit.trace.schema import generations_path
+
+    found = {}
+    for p in sorted(root.glob("*.parquet")):
+        if p.name.endswith(".generations.parquet") or not generations_path(p).is_file():
+            continue
+        meta = pq.read_metadata(p).metadata or {}
+        found[p] = float(meta.get(b"avkit.temperature", b"nan") or "nan")
+    if not found:
+        raise ConfigError(f"no trace with a generations table in {root}/; pass trace files or --synthetic")
+    greedy = [p for p, t in found.items() if t == 0.0]
+    return greedy or list(found)
+
+
+def _tokenizer_for(paths: list[Path]) -> str | None:
+    """The target named in the first trace's metadata, when it resolves to local files."""
+    import pyarrow.parquet as pq
+
+    from avkit.models.registry import resolve
+
+    target = (pq.read_metadata(paths[0]).metadata or {}).get(b"avkit.target", b"").decode()
+    try:
+        return str(resolve(target)) if target else None
+    except Exception:  # noqa: BLE001 - no local tokenizer: the structure features are left out
+        return None
+
+
+def render(result, console: Console) -> None:
+    table = Table(title="HVD routers (test split, overall)")
+    cols = ("router", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
+            "speedup_vs_model", "speedup_vs_cache", "speedup_vs_target")
+    for c in cols:
+        table.add_column(c, justify="left" if c == "router" else "right")
+    for r in result.metrics.filter(result.metrics["dataset"] == "overall").iter_rows(named=True):
+        table.add_row(*(r[c] if isinstance(r[c], str) else f"{r[c]:.3f}" for c in cols))
+    console.print(table)
+    for f in result.files:
+        console.print(f"wrote {f}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("hvd")
+    def hvd(
+        traces: Annotated[list[Path] | None, typer.Argument(
+            help="traces with .generations.parquet beside them (default: the greedy ones in traces/, else all)",
+            show_default=False)] = None,
+        out: Annotated[Path, typer.Option(help="output directory for payoff_mlp.pt and hvd_metrics.json")] =
+            Path("reports/hvd"),
+        tokenizer: Annotated[str | None, typer.Option(
+            help="model path/alias for token-structure features (default: the trace's target)")] = None,
+        markdown: Annotated[Path | None, typer.Option(help="also write a Markdown report here")] = None,
+        synthetic: Annotated[int, typer.Option(help="replay N synthetic generations instead of traces")] = 0,
+        k: Annotated[int, typer.Option(help="model draft length K")] = default_of(HvdReplayConfig, "k"),
+        max_depth: Annotated[int, typer.Option(help="suffix trie depth")] = default_of(SuffixCacheConfig, "max_depth"),
+        draft_step_cost: Annotated[float, typer.Option(help="one draft-model step, in target forwards")] =
+            default_of(HvdCostConfig, "draft_step_cost"),
+        epochs: Annotated[int, typer.Option(help="payoff MLP epochs")] = default_of(PayoffConfig, "epochs"),
+        seed: Annotated[int, typer.Option(help="split and training seed")] = default_of(PayoffConfig, "seed"),
+    ):
+        """Replay greedy generations, fit the payoff predictor, compare routers (cache, model, arctic,
+        table, mlp, survival) per dataset on held-out requests."""
+        from avkit.hvd.fit import fit_hvd, fit_hvd_generations
+        from avkit.hvd.markdown import hvd_markdown
+
+        kw = {"cache_config": SuffixCacheConfig(max_depth=max_depth), "replay_config": HvdReplayConfig(k=k),
+              "payoff_config": PayoffConfig(epochs=epochs, seed=seed),
+              "cost": HvdCostConfig(draft_step_cost=draft_step_cost), "progress": sys.stderr.isatty()}
+        if synthetic:
+            from avkit.hvd.synthetic import synthetic_generations
+
+            result = fit_hvd_generations(synthetic_generations(synthetic, seed=seed), out, **kw)
+            title = f"HVD replay on {synthetic} synthetic generations"
+        else:
+            paths = list(traces) if traces else greedy_traces()
+            result = fit_hvd(paths, out, tokenizer=tokenizer or _tokenizer_for(paths), **kw)
+            title = "HVD replay on " + ", ".join(p.name for p in paths)
+        if markdown is not None:
+            tmp = markdown.with_name(markdown.name + ".tmp")
+            tmp.write_text(hvd_markdown(result, title))
+            os.replace(tmp, markdown)
+            result.files.append(str(markdown))
+        render(result, Console(width=None if sys.stdout.isatty() else 140))

@@ -1,0 +1,103 @@
+"""`avkit simulate`: replay traces under verify policies across concurrency against a cost model."""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from avkit.config import DEFAULT_TRACE_GLOB, SimulateConfig, default_of
+from avkit.errors import ConfigError
+
+
+def _d(name: str):
+    return default_of(SimulateConfig, name)
+
+
+def shipped_traces() -> list[str]:
+    """The trace files under traces/ (generation tables beside them excluded)."""
+    paths = sorted(p for p in glob.glob(DEFAULT_TRACE_GLOB) if not p.endswith(".generations.parquet"))
+    if not paths:
+        raise ConfigError(f"no TRACE given and no shipped traces match {DEFAULT_TRACE_GLOB!r}; "
+                          "record some with `avkit record` or pass trace files")
+    return paths
+
+
+def parse_ints(name: str, text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"--{name} must be comma-separated integers, got {text!r}") from None
+    if not values:
+        raise ConfigError(f"--{name} is empty")
+    return values
+
+
+def render(df, console: Console) -> None:
+    """Throughput (tok/s) per policy x concurrency; the best of each column in bold."""
+    conc = sorted(set(df["concurrency"].to_list()))
+    table = Table(title="throughput, tokens/s (x best fixed K)")
+    table.add_column("policy")
+    for c in conc:
+        table.add_column(f"c={c}", justify="right")
+    best = {c: df.filter(df["concurrency"] == c)["throughput_tok_s"].max() for c in conc}
+    for policy in dict.fromkeys(df["policy"].to_list()):
+        cells = []
+        for c in conc:
+            row = df.filter((df["policy"] == policy) & (df["concurrency"] == c)).row(0, named=True)
+            text = f"{row['throughput_tok_s']:,.0f} ({row['vs_best_fixed']:.2f})"
+            cells.append(f"[bold]{text}[/]" if row["throughput_tok_s"] == best[c] else text)
+        table.add_row(policy, *cells)
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("simulate")
+    def simulate(
+        traces: Annotated[list[Path] | None, typer.Argument(help="trace files (default: traces/*.parquet)")] = None,
+        cost: Annotated[str, typer.Option(help="cost table JSON (avkit profile) or roofline:GPU:TARGET[:DRAFT]"
+                                               "[:context=N,drafter=parallel]")] = _d("cost"),
+        concurrency: Annotated[str, typer.Option(help="comma-separated concurrencies")] =
+            ",".join(map(str, _d("concurrency"))),
+        policies: Annotated[str | None, typer.Option(
+            help="comma-separated: nospec, fixed, fixed:K, adaptive:ESTIMATOR, adaptive:oracle, adaptive:recorded "
+                 "(default: all)")] = None,
+        coefficients: Annotated[str, typer.Option(help="coefficients.json warm start for adaptive estimators")] = "",
+        waves: Annotated[int, typer.Option(help="requests served per lane at least (recorded ones are cycled)")] =
+            _d("waves"),
+        out: Annotated[str, typer.Option(help="results Parquet (one row per concurrency x policy)")] = _d("out"),
+        step_time: Annotated[bool, typer.Option(help="compare predicted with recorded step times")] = False,
+    ):
+        """Replay traces: no-spec, every fixed K, adaptive per estimator and the oracle, per concurrency."""
+        from avkit.scheduling.cost import resolve_cost
+        from avkit.sim.policies import parse_policies
+        from avkit.sim.replay import default_policies, load_steps, step_time_check, write_results
+        from avkit.sim.replay import simulate as run
+
+        config = SimulateConfig(concurrency=parse_ints("concurrency", concurrency), cost=cost, out=out, waves=waves)
+        table = resolve_cost(config.cost)
+        paths = [str(p) for p in traces] if traces else shipped_traces()
+        console = Console(stderr=True)
+        steps = load_steps(paths)
+        specs = [s.strip() for s in policies.split(",") if s.strip()] if policies else default_policies(steps, config)
+        n_policies = len(parse_policies(specs, steps.k, coefficients))  # validates before the long part
+        console.print(f"avkit simulate: {len(paths)} trace file(s), {steps.request.size} steps of "
+                      f"{steps.num_requests} requests, K={steps.k}; cost {table.meta.get('source', '')} "
+                      f"{table.meta.get('device', '')} {table.meta.get('target', '')}")
+        with Progress(console=console, transient=True) as bar:
+            task = bar.add_task("simulating", total=n_policies * len(config.concurrency))
+            df = run(steps, table, config.concurrency, specs, config=config, coefficients=coefficients,
+                     progress=lambda: bar.advance(task))
+        render(df, console)
+        path = write_results(df, config.out)
+        console.print(f"results: {path}")
+        if step_time:
+            check = step_time_check(steps, table)
+            console.print(f"step time: predicted/recorded median {check['median_ratio']:.3f}, "
+                          f"median |error| {100 * check['median_abs_rel_error']:.1f}% over "
+                          f"{check['engine_steps']} engine steps")

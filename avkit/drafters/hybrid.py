@@ -1,0 +1,224 @@
+"""Live Hybrid Verified Decoding: per request and step, verify the suffix-cache draft when the payoff
+predictor says so, else run the draft model (HVD paper, seeds/003; DESIGN.md §5).
+
+Glossary:
+  slot state   per engine slot: the suffix cache request, the prompt length, and one cache draft per
+               decode position (drafted before that position's token was appended, exactly as the
+               replay does, so live features equal replay features; drafting costs microseconds)
+  model hits   m[t] = the draft model's token at t was the target's, learned from the model's own
+               proposals after verification (slots up to the first mismatch); positions it never
+               proposed count as hits, as in `avkit.hvd.model_accept`
+  cache rows   deterministic drafts: the drawn distribution is one-hot at the draft token, so
+               rejection sampling accepts with p(x) and stays lossless; their lossless features come
+               from the two-point distribution (P_j / P_{j-1}, rest) of the trie's frequencies
+Routing uses only the context and the cache draft, never which token the target would draw, so
+the output distribution is the target's (DESIGN.md §2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from avkit.config import SuffixCacheConfig
+from avkit.drafters.base import DraftInput, DraftProposal
+from avkit.drafters.suffix_cache import CacheDraft, SuffixCache
+from avkit.errors import ConfigError
+from avkit.estimators.payoff_mlp import PayoffMLP
+from avkit.features import draft_features
+from avkit.hvd.features import FEATURE_GROUPS, contains, feature_matrix
+from avkit.hvd.token_classes import CLASSES
+
+
+@dataclass
+class _Slot:
+    rid: str
+    prompt: list[int]
+    seq: list[int]  # prompt + output appended to the cache so far
+    drafts: list[list[int]] = field(default_factory=list)  # cache draft made at output position t
+    hits: list[bool] = field(default_factory=list)  # model hit per output position (True when unknown)
+    pending: tuple[int, list[int]] | None = None  # (output position, tokens) of the last model draft
+
+
+def _prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class HybridDrafter:
+    kind = "hybrid"
+
+    def __init__(self, model_drafter, payoff: PayoffMLP | None, tau: float,
+                 cache_config: SuffixCacheConfig = SuffixCacheConfig(), classes: np.ndarray | None = None,
+                 history_window: int = 16, k: int = 7, vocab_size: int | None = None, rule: str = "arctic"):
+        needs_classes = bool(set(FEATURE_GROUPS["structure"]) & set(payoff.feature_names if payoff else ()))
+        if needs_classes and classes is None:
+            raise ConfigError("hybrid drafter: the payoff model uses token-structure features; pass `classes`")
+        self.model_drafter, self.payoff, self.tau = model_drafter, payoff, tau
+        self.cache, self.classes, self.window = SuffixCache(cache_config), classes, history_window
+        if rule not in ("arctic", "cache"):
+            raise ConfigError(f"hybrid drafter: rule must be 'arctic' or 'cache', got {rule!r}")
+        self.rule = rule  # used without a payoff model: ArcticInference's score >= K, or every cache draft
+        self.k = payoff.k if payoff is not None else k
+        self.vocab_size = vocab_size or getattr(model_drafter, "vocab_size", None)
+        if self.vocab_size is None:
+            raise ConfigError("hybrid drafter: vocab_size is needed when there is no model drafter")
+        self._slots: dict[int, _Slot] = {}
+        self._n = 0
+
+    @classmethod
+    def from_file(cls, model_drafter, path, **kwargs) -> HybridDrafter:
+        payoff, extra = PayoffMLP.load(path)
+        return cls(model_drafter, payoff, float(extra.get("tau", 0.0)), **kwargs)
+
+    @property
+    def forward_s(self) -> float:
+        return getattr(self.model_drafter, "forward_s", 0.0)
+
+    def _sync(self, slot: int, seq: list[int]) -> _Slot:
+        """Append tokens the cache lacks one at a time, drafting before each (the replay's loop)."""
+        st = self._slots.get(slot)
+        if st is None:
+            self._n += 1
+            st = self._slots[slot] = _Slot(f"s{slot}.{self._n}", list(seq), list(seq))
+            self.cache.start_request(st.rid, seq)
+            return st
+        for tok in seq[len(st.seq):]:
+            st.drafts.append(self.cache.draft(st.rid, self.k).tokens)
+            st.hits.append(True)
+            self.cache.append(st.rid, [tok])
+            st.seq.append(tok)
+        if st.pending is not None:  # learn the model's hits from its last proposal, now verified
+            t0, toks = st.pending
+            st.pending = None
+            truth = st.seq[len(st.prompt) + t0:]
+            n = _prefix(toks, truth)
+            if n < min(len(toks), len(truth)):
+                st.hits[t0 + n] = False
+        return st
+
+    def _row_features(self, st: _Slot, d: CacheDraft) -> dict[str, float]:
+        t, p = len(st.seq) - len(st.prompt), len(st.prompt)
+        out = st.seq[p:]
+        lags = range(1, min(self.window, t) + 1)
+        acc = [_prefix(st.drafts[t - l], out[t - l:]) for l in lags]  # truncated at t by construction
+        hits = [float(st.hits[t - l]) for l in lags]
+        k = self.k
+        m_acc = []
+        for l in lags:  # model accepted length at t - l, truncated to what output[:t] reveals
+            run = 0
+            while run < min(k, l) and st.hits[t - l + run]:
+                run += 1
+            m_acc.append(run)
+        tail = st.seq[len(st.seq) - d.match_len:] + d.tokens if d.tokens else []
+        f = {
+            "match_len": d.match_len, "draft_len": d.draft_len, "score": d.score,
+            "mean_prob": d.score / max(d.draft_len, 1), "first_prob": d.probs[0] if d.probs else 0.0,
+            "last_prob": d.probs[-1] if d.probs else 0.0, "source_global": float(d.source == "global"),
+            "log_position": np.log1p(t), "log_prompt_len": np.log1p(p),
+            "hist_cache_acc": np.mean(acc) if acc else 0.0,
+            "hist_cache_hit": np.mean([a > 0 for a in acc]) if acc else 0.0,
+            "hist_model_hit": np.mean(hits) if hits else 0.0, "hist_model_acc": np.mean(m_acc) if m_acc else 0.0,
+            "in_prompt": float(bool(tail) and contains(np.asarray(st.prompt, np.int32).tobytes(), tail)),
+            "in_output": float(bool(tail) and contains(np.asarray(out, np.int32).tobytes(), tail)),
+        }
+        if self.classes is not None:
+            dc = self.classes[d.tokens].mean(0) if d.tokens else np.zeros(len(CLASSES))
+            cc = self.classes[st.seq[-1]]
+            f.update({f"draft_{c}": float(dc[i]) for i, c in enumerate(CLASSES)})
+            f.update({f"ctx_{c}": float(cc[i]) for i, c in enumerate(CLASSES)})
+        return f
+
+    def features(self, inp: DraftInput) -> tuple[list[CacheDraft], dict[str, np.ndarray]]:
+        """Bring each row's cache up to date; its cache draft and payoff features ([B] per name)."""
+        drafts, rows = [], []
+        for b, slot in enumerate(inp.slots.tolist()):
+            st = self._sync(slot, inp.sequences[b])
+            drafts.append(d := self.cache.draft(st.rid, min(self.k, int(inp.num_draft[b]))))
+            rows.append(self._row_features(st, d))
+        return drafts, {n: np.array([r[n] for r in rows], dtype=np.float64) for n in rows[0]} if rows else {}
+
+    def route(self, inp: DraftInput) -> tuple[list[CacheDraft], np.ndarray]:
+        """Cache drafts for every row and whether to verify them ([B] bool): prediction > tau."""
+        drafts, cols = self.features(inp)
+        has = np.array([d.draft_len > 0 for d in drafts], dtype=bool)
+        if self.payoff is None:
+            return drafts, has & ((cols["score"] >= self.k) if self.rule == "arctic" else True)
+        return drafts, has & (self.payoff.predict(feature_matrix(cols, self.payoff.feature_names)) > self.tau)
+
+    def propose(self, inp: DraftInput) -> DraftProposal:
+        B, K = len(inp.sequences), inp.k
+        drafts, use = self.route(inp)
+        model_rows = torch.from_numpy(np.flatnonzero(~use))
+        V = self.vocab_size
+        tokens, probs = torch.zeros(B, K, dtype=torch.int64), torch.zeros(B, K, V)
+        q_sampled, num = torch.zeros(B, K), torch.zeros(B, dtype=torch.int64)
+        feats: dict[str, torch.Tensor] = {}
+        extra = {"match_len": torch.full((B, K), float("nan")), "cache_score": torch.full((B, K), float("nan"))}
+        kind = ["suffix" if u else "model" for u in use]
+        if self.model_drafter is not None and len(model_rows):
+            sub = DraftInput(inp.slots[model_rows], [inp.sequences[b] for b in model_rows.tolist()],
+                             inp.num_draft[model_rows], inp.temperature[model_rows], inp.top_p[model_rows],
+                             inp.seeds[model_rows], inp.request_keys[model_rows], inp.positions[model_rows])
+            prop = self.model_drafter.propose(sub)
+            kk = prop.tokens.shape[1]
+            tokens[model_rows, :kk], probs[model_rows, :kk] = prop.tokens, prop.probs
+            q_sampled[model_rows, :kk], num[model_rows] = prop.q_sampled, prop.num_drafted
+            for name, v in prop.features.items():
+                feats.setdefault(name, torch.full((B, K), float("nan")))[model_rows, :kk] = v
+            for i, b in enumerate(model_rows.tolist()):
+                st = self._slots[int(inp.slots[b])]
+                st.pending = (len(st.seq) - len(st.prompt), prop.tokens[i, : int(prop.num_drafted[i])].tolist())
+        for b in np.flatnonzero(use).tolist():
+            self._fill_cache_row(b, drafts[b], tokens, probs, q_sampled, num, feats, extra, K)
+        return DraftProposal(tokens, probs, q_sampled, feats, num, kind, extra)
+
+    def _fill_cache_row(self, b, d: CacheDraft, tokens, probs, q_sampled, num, feats, extra, K) -> None:
+        n = min(d.draft_len, K)
+        idx = torch.tensor(d.tokens[:n])
+        tokens[b, :n] = idx
+        probs[b, torch.arange(n), idx] = 1.0  # deterministic draft: one-hot
+        q_sampled[b, :n] = 1.0
+        num[b] = n
+        path = torch.tensor([1.0] + d.probs[:n])
+        cond = (path[1:] / path[:-1]).clamp(1e-6, 1 - 1e-6)  # [n] per-step frequency probability
+        two_point = torch.stack([cond.log(), (1 - cond).log()], -1)  # [n, 2] logits
+        for name, v in draft_features(two_point).items():
+            feats.setdefault(name, torch.full(tokens.shape, float("nan")))[b, :n] = v
+        extra["match_len"][b, :n] = float(d.match_len)
+        extra["cache_score"][b, :n] = float(d.score)
+
+    def commit(self, slots: torch.Tensor, num_valid: torch.Tensor) -> None:
+        if self.model_drafter is not None:
+            self.model_drafter.commit(slots, num_valid)
+
+    def release(self, slot: int) -> None:
+        st = self._slots.pop(slot, None)
+        if st is not None:
+            self.cache.finish_request(st.rid)
+        if self.model_drafter is not None:
+            self.model_drafter.release(slot)
+
+
+def make_hybrid_drafter(draft, max_batch: int, max_len: int, payoff_path: str | None = None,
+                        tokenizer: str | None = None, k: int = 7) -> HybridDrafter:
+    """The engine's `--drafter hybrid`: the draft model behind a payoff router loaded from `payoff_path`
+    (`avkit hvd` writes payoff_mlp.pt); without one, ArcticInference's rule. `tokenizer` (model path or
+    alias) supplies token classes when the payoff model uses structure features."""
+    from avkit.drafters.draft_model import DraftModelDrafter
+    from avkit.hvd.token_classes import class_table_for
+
+    model = DraftModelDrafter(draft, max_batch, max_len)
+    classes = class_table_for(tokenizer) if tokenizer else None
+    if payoff_path:
+        return HybridDrafter.from_file(model, payoff_path, classes=classes)
+    return HybridDrafter(model, None, tau=0.0, classes=classes, k=k)
+
+
+__all__ = ["HybridDrafter", "make_hybrid_drafter"]

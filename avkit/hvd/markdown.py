@@ -1,0 +1,66 @@
+"""Markdown rendering of an `HvdResult` (committed as bench/results/hvd.md)."""
+
+from __future__ import annotations
+
+import math
+
+import polars as pl
+
+from avkit.hvd.fit import HvdResult
+
+# HVD paper figures (seeds/003): high-payoff (accepted >= 6) precision / recall; cycles per 1000 tokens.
+PAPER = "precision 78.2-87.6%, recall 61.4-79.8% (payoff >= 6); cycles/1k tokens 571 (EAGLE-3) -> 200 (HVD)"
+_COLS = ("router", "dataset", "tokens", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
+         "speedup_vs_model", "speedup_vs_cache", "speedup_vs_target")
+
+
+def _fmt(x) -> str:
+    if isinstance(x, float):
+        return "-" if math.isnan(x) else f"{x:.3f}"
+    return str(x)
+
+
+def table_md(df: pl.DataFrame, cols: tuple[str, ...] | None = None) -> str:
+    cols = tuple(c for c in (cols or df.columns) if c in df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_fmt(r[c]) for c in cols) + " |" for r in df.iter_rows(named=True)]
+    return "\n".join(lines)
+
+
+def hvd_markdown(result: HvdResult, title: str, notes: str = "") -> str:
+    info = result.info
+    m = result.metrics
+    parts = [
+        f"# {title}", "",
+        notes, "",
+        (f"Replay: {info['requests']} requests, {info['rows']} decode positions "
+         f"({info['rows_with_cache_draft']} with a cache draft) in {info.get('replay_s', '?')} s; split by "
+         f"request {info['split_requests']}; metrics on the **test** requests, thresholds chosen on validation."),
+        (f"K = {info['k']}; mean oracle cache accepted length {info['mean_cache_acc']:.3f}, model "
+         f"{info['mean_model_acc']:.3f} (all positions). Cost model (target forwards): {info['cost']}."),
+        "",
+        "## Overall (test split)", "",
+        table_md(m.filter(pl.col("dataset") == "overall"), _COLS), "",
+        ("cycles_per_1k: target verifications per 1000 generated tokens; mean_accepted: accepted draft tokens "
+         "per cycle; cache_share: cycles that verified a cache draft; precision / recall: predicted payoff >= "
+         f"{info.get('high_payoff', 6)} against the oracle accepted length >= {info.get('high_payoff', 6)} over "
+         "positions with a cache draft (table, mlp, survival; the other routers by their decision); speedups are "
+         "throughput ratios under the cost model (target-only decoding = 1)."), "",
+        "## Per dataset", "",
+        table_md(m.filter(pl.col("dataset") != "overall").sort("dataset", "router"), _COLS), "",
+        "Thresholds: " + ", ".join(f"{k} tau={v:.3f}" for k, v in result.thresholds.items()), "",
+    ]
+    if result.budget.height:
+        wide = result.budget.pivot(on="router", index="concurrency", values="throughput")
+        parts += ["## One verification budget (batched replay, throughput in tokens per target forward)", "",
+                  ("Test requests decode `concurrency` at a time (at most the number of test requests). "
+                   "`survival+budget`: each step the batch either runs the draft model (each request then "
+                   "takes whichever draft, cache or model, has the larger expected accepted length) or not "
+                   "(cache drafts only), and all chosen slots compete for one budget b* = argmax E(b)/cost(b) "
+                   "over their survival curves (`avkit/hvd/budget_sim.py`); the other routers verify every "
+                   "drafted slot, the draft model's cost being shared by the batch."), "",
+                  table_md(wide), ""]
+    if result.ablation.height:
+        parts += ["## Feature ablation (mlp router)", "", table_md(result.ablation), ""]
+    parts += [f"Paper reference: {PAPER}.", ""]
+    return "\n".join(parts)

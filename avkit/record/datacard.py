@@ -1,0 +1,83 @@
+"""The data card of recorded traces (`traces/README.md`): settings, counts and acceptance, from the files.
+
+Every number is recomputed from the Parquet files and their metadata, so the card cannot drift
+from the data. `python -m avkit.record.datacard TRACE... [--out traces/README.md]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from avkit.record.stats import AcceptanceStats
+from avkit.trace.schema import generations_path
+
+
+def summarize(path) -> dict:
+    """Metadata, row counts and acceptance statistics of one trace file (+ its generations table)."""
+    path = Path(path)
+    f = pq.ParquetFile(path)
+    meta = {k.decode(): v.decode() for k, v in (f.schema_arrow.metadata or {}).items() if k.startswith(b"avkit.")}
+    table = f.read(columns=["dataset", "position", "num_accepted", "accepted", "request_id", "run_id"])
+    stats = AcceptanceStats(int(meta.get("avkit.k", "7")))
+    stats.update_from_table(table)
+    gens = generations_path(path)
+    g = pq.read_table(gens) if gens.exists() else None
+    return {
+        "path": path, "meta": meta, "rows": table.num_rows, "bytes": path.stat().st_size,
+        "requests": len(set(table["request_id"].cast("string").to_pylist())),
+        "runs": len(set(table["run_id"].cast("string").to_pylist())),
+        "generations": None if g is None else {"path": gens, "rows": g.num_rows, "bytes": gens.stat().st_size,
+                                                "tokens": sum(len(x) for x in g["output_ids"].to_pylist())},
+        "summary": stats.summary(),
+    }
+
+
+def _fmt(x: float) -> str:
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
+
+
+def render(info: dict) -> str:
+    m = info["meta"]
+    lines = [f"### `{info['path'].name}`", "",
+             f"- target `{m.get('avkit.target')}` sha256 `{m.get('avkit.target_sha256')}`",
+             f"- draft `{m.get('avkit.draft')}` sha256 `{m.get('avkit.draft_sha256')}`",
+             (f"- K={m.get('avkit.k')}, temperature={m.get('avkit.temperature')}, top-p={m.get('avkit.top_p')}, "
+              f"max_new_tokens={m.get('avkit.max_new_tokens', '?')}, dtype={m.get('avkit.dtype', 'float32')}, "
+              f"policy={m.get('avkit.policy')}, drafter={m.get('avkit.drafter')}, seed={m.get('avkit.seed')}"),
+             (f"- {info['rows']:,} rows (draft slots), {info['requests']} requests, {info['runs']} run(s), "
+              f"{info['bytes'] / 1e6:.2f} MB")]
+    if info["generations"]:
+        g = info["generations"]
+        lines.append(f"- generations: `{g['path'].name}`: {g['rows']} finished requests, {g['tokens']:,} tokens, "
+                     f"{g['bytes'] / 1e6:.2f} MB")
+    k = int(m.get("avkit.k", "7"))
+    lines += ["", "| dataset | rows | labelled slots | per-slot acceptance | tokens/step | "
+              + " | ".join(f"pos {i}" for i in range(k)) + " |",
+              "|---|---:|---:|---:|---:|" + "---:|" * k]
+    for name, s in info["summary"].items():
+        lines.append(f"| {name} | {s['rows']:,} | {s['labelled']:,} | {_fmt(s['per_slot_acceptance'])} | "
+                     f"{_fmt(s['tokens_per_step'])} | " + " | ".join(_fmt(a) for a in s["acceptance_by_position"]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("traces", nargs="+")
+    ap.add_argument("--out", default="", help="write the tables here (default: print)")
+    args = ap.parse_args(argv)
+    text = "\n".join(render(summarize(p)) for p in args.traces)
+    if not args.out:
+        print(text)
+        return
+    tmp = Path(args.out + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Online estimators inside a replay: predict a round at once, decide it, feed one update per engine step.
+
+Glossary:
+  round     up to `chunk` engine steps predicted with one `predict` call; the estimator's coefficients
+            only change when `update` reports a refit, and then the rest of the round is re-predicted,
+            so the predictions are exactly those a step-by-step live loop would make
+  burn-in   one pass over the traces in recorded engine-step order, labels as recorded: the state an
+            estimator reaches after serving that traffic (the live engine's estimator never starts cold
+            twice). The simulator starts adaptive runs from it unless a coefficients file is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from avkit.estimators.base import Estimator
+from avkit.sim.steps import StepTable
+
+
+def run_rounds(est: Estimator, feats: np.ndarray, labels: np.ndarray, bounds: np.ndarray,
+               decide: Callable[[np.ndarray, int, int], np.ndarray], chunk: int = 100) -> None:
+    """Drive `est` through steps [0, G): `decide(conf [rows, K], g0, g1)` acts on the rows of steps [g0, g1)
+    and returns which slots were observed ([rows, K] bool); labels [S, K] (1 accepted) give the outcomes.
+
+    feats: [S, K] the estimator's feature; bounds: [G+1] first row of each step.
+    """
+    k = feats.shape[1]
+    pos = np.broadcast_to(np.arange(k), feats.shape)  # [S, K]
+    groups, g0 = bounds.size - 1, 0
+    while g0 < groups:
+        g1 = min(groups, g0 + chunk)
+        r0, r1 = bounds[g0], bounds[g1]
+        conf = np.asarray(est.predict(feats[r0:r1].ravel(), pos[r0:r1].ravel())).reshape(-1, k)  # [rows, K]
+        observed = decide(conf, g0, g1)
+        next_g = g1
+        for g in range(g0, g1):  # one update per engine step, as live
+            a, b = bounds[g] - r0, bounds[g + 1] - r0
+            o = observed[a:b]
+            if est.update(feats[r0 + a:r0 + b][o], pos[r0 + a:r0 + b][o], conf[a:b][o],
+                          (labels[r0 + a:r0 + b][o] == 1).astype(np.float64)):
+                next_g = g + 1  # coefficients changed: the rest of the round re-predicts
+                break
+        g0 = next_g
+
+
+def burn_in(est: Estimator, steps: StepTable, feature: str, chunk: int = 100) -> None:
+    """Replay the traces' recorded outcomes through `est` in engine-step order (8 rows a step if unknown)."""
+    s = steps.request.size
+    known = (steps.engine_step >= 0).all()
+    order = np.argsort(steps.engine_step, kind="stable") if known else np.arange(s)
+    eng = steps.engine_step[order] if known else np.arange(s) // 8
+    bounds = np.r_[np.flatnonzero(np.r_[True, eng[1:] != eng[:-1]]), s]  # [G+1]
+    feats = np.nan_to_num(steps.features[feature][order], nan=0.0)
+    labels = steps.label[order]
+    run_rounds(est, feats, labels, bounds, lambda conf, g0, g1: labels[bounds[g0]:bounds[g1]] >= 0, chunk)

@@ -1,0 +1,186 @@
+"""Adaptive verification benchmark: simulated concurrency tables + the live policy's overhead per step.
+
+    python bench/adaptive.py                      # traces/*.parquet if any, else a synthetic trace
+    python bench/adaptive.py TRACE... --out bench/results/adaptive.md
+
+1. Trace replay (avkit.sim) at concurrency 1..256 with H200 roofline costs for an 8B target
+   (Llama-3.1-8B shape, 8192-token KV context): with the recorded draft model (Qwen2.5-Coder-0.5B,
+   autoregressive: one forward per draft depth) and with a parallel drafter (DSpark/DFlash-like: one
+   forward for all K drafts, the seeds' setting). Policies: no-spec, every fixed K, adaptive with the
+   online estimator / q_max / the recorded live confidences, adaptive that also stops drafting early,
+   and the oracle. Parquet of every table beside the Markdown.
+2. Overhead: `AdaptiveVerification.num_verify` + `observe` at batch 256, K = 7 on this CPU (median of
+   repeats), as a share of the predicted H200 step at c = 256 and of a measured CPU step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import torch
+
+from avkit.config import SimulateConfig, SyntheticConfig
+from avkit.scheduling.adaptive import make_adaptive
+from avkit.scheduling.cost import resolve_cost
+from avkit.scheduling.policy import DraftBatch, Load, VerifyOutcome
+from avkit.sim.replay import default_policies, load_steps, simulate, write_results
+
+SUMMARIZED = ("adaptive-online_logistic", "adaptive-stop-online_logistic", "adaptive-oracle")
+COSTS = {
+    "h200_8b_ar": ("roofline:H200:8b", "H200, 8B target, Qwen2.5-Coder-0.5B draft model (autoregressive)"),
+    "h200_8b_parallel": ("roofline:H200:8b:1b:drafter=parallel", "H200, 8B target, parallel drafter (1B, one pass)"),
+}
+
+
+def load_trace_steps(paths: list[str]):
+    if not paths:
+        paths = sorted(p for p in glob.glob("traces/*.parquet") if not p.endswith(".generations.parquet"))
+    if paths:
+        return load_steps(paths), f"{len(paths)} recorded trace file(s): {', '.join(paths)}"
+    from avkit.trace.synthetic import synthetic_trace
+
+    # Shaped like the Qwen2.5-Coder pair's recordings (per-slot acceptance ~0.8-0.9, ~5 tokens/step).
+    cfg = SyntheticConfig(num_slots=400_000, k=7, trim_prob=0.0, batch_size=8, steps_per_request=48,
+                          intercepts=(2.0, 1.8, 1.6, 1.5, 1.4, 1.3, 1.2), feature_means=(3.0, 1.5), seed=1)
+    return load_steps(pl.from_arrow(synthetic_trace(cfg))), "SYNTHETIC trace (no traces/*.parquet yet)"
+
+
+def markdown_table(df: pl.DataFrame) -> str:
+    conc = sorted(set(df["concurrency"].to_list()))
+    lines = ["| policy | " + " | ".join(f"c={c}" for c in conc) + " |",
+             "|---|" + "---:|" * len(conc)]
+    for policy in dict.fromkeys(df["policy"].to_list()):
+        cells = []
+        for c in conc:
+            r = df.filter((pl.col("policy") == policy) & (pl.col("concurrency") == c)).row(0, named=True)
+            best = r["throughput_tok_s"] >= df.filter(pl.col("concurrency") == c)["throughput_tok_s"].max()
+            cell = f"{r['throughput_tok_s']:,.0f} ({r['vs_best_fixed']:.2f})"
+            cells.append(f"**{cell}**" if best else cell)
+        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def shape_summary(df: pl.DataFrame, policy: str) -> str:
+    rows = df.filter(pl.col("policy") == policy).sort("concurrency")
+    parts = [f"c{c}: {v:+.1%}" for c, v in zip(rows["concurrency"], rows["vs_best_fixed"] - 1.0)]
+    return f"{policy} vs best fixed K: " + ", ".join(parts)
+
+
+def policy_overhead(batch: int = 256, k: int = 7, repeats: int = 200) -> dict:
+    """Median wall time of num_verify and observe for one step of `batch` requests."""
+    g = torch.Generator().manual_seed(0)
+    feats = {"logit_qmax": torch.randn(batch, k, generator=g) * 2 + 2}
+    drafted = torch.full((batch,), k, dtype=torch.int64)
+    policy = make_adaptive(cost="roofline:H200:8b", estimator="online_logistic", k=k)
+    load = Load(batch, batch, batch)
+    accepted = torch.randint(0, k + 1, (batch,), generator=g)
+    decide, learn = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        nv = policy.num_verify(DraftBatch(feats, drafted), load)
+        t1 = time.perf_counter()
+        policy.observe(VerifyOutcome(feats, policy.last_confidences, nv, torch.minimum(accepted, nv)))
+        t2 = time.perf_counter()
+        decide.append(t1 - t0)
+        learn.append(t2 - t1)
+    cost = resolve_cost("roofline:H200:8b")
+    step_ms = float(cost.step_cost(batch, k, batch + int(nv.sum())))
+    total_ms = 1e3 * (statistics.median(decide) + statistics.median(learn))
+    return {"num_verify_us": 1e6 * statistics.median(decide), "observe_us": 1e6 * statistics.median(learn),
+            "total_ms": total_ms, "h200_step_ms": step_ms, "share_h200": total_ms / step_ms,
+            "verified": int(nv.sum()), "threads": torch.get_num_threads()}
+
+
+def step_time_section(workdir: Path) -> str:
+    """Record a small trace with a tiny random pair on this CPU, profile the same pair, compare step times."""
+    import pyarrow as pa
+
+    from avkit.config import EngineConfig, ProfileConfig, SamplingConfig
+    from avkit.models import load
+    from avkit.models.testing import write_tiny_model
+    from avkit.runtime.engine import Engine
+    from avkit.runtime.request import Request
+    from avkit.runtime.sink import MemorySink
+    from avkit.scheduling.profile import profile_costs
+    from avkit.sim.replay import step_time_check
+
+    target = load(write_tiny_model(workdir / "t", vocab=2000, seed=0, hidden=256, layers=4, heads=8, kv_heads=2,
+                                   intermediate=768, init_std=0.3))
+    draft = load(write_tiny_model(workdir / "d", vocab=2000, seed=1, hidden=128, layers=2, heads=4, kv_heads=2,
+                                  intermediate=384, init_std=0.3))
+    sink = MemorySink()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: the shared 2-core box thrashes with more
+    engine = Engine(target, draft, EngineConfig(k=5, max_batch=8, max_len=160), sink=sink)
+    sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=32, seed=0)
+    g = torch.Generator().manual_seed(0)
+    reqs = [Request(f"r{i}", torch.randint(10, 1900, (32,), generator=g).tolist(), sampling) for i in range(16)]
+    engine.generate(reqs)
+    cols = sink.columns()
+    rows = len(next(iter(cols.values())))
+    table = {k: pa.array(np.ma.getdata(v), mask=np.ma.getmaskarray(v)) if isinstance(v, np.ma.MaskedArray)
+             else pa.array(v) for k, v in cols.items()}
+    frame = pl.from_arrow(pa.table({**table, "run_id": pa.array(["tiny"] * rows)}))
+    cost = profile_costs(target, draft, ProfileConfig(context_len=48, k=5, max_tokens=48, max_requests=8, repeats=7))
+    torch.set_num_threads(threads)
+    check = step_time_check(frame, cost)
+    return ("## Predicted vs recorded step time (this CPU, tiny random pair: 4x256 target, 2x128 draft)\n\n"
+            f"{check['engine_steps']} engine steps recorded at batch <= 8, K = 5, 1 torch thread on the shared "
+            f"2-core box; cost table profiled on the same pair at context 48. Predicted/recorded median {check['median_ratio']:.3f}, median |error| "
+            f"{100 * check['median_abs_rel_error']:.1f}% (recorded mean {check['mean_recorded_ms']:.2f} ms, "
+            f"predicted {check['mean_predicted_ms']:.2f} ms). The gap is the engine's own per-step work outside "
+            "the forwards (sampling, rejection, KV rollback, trace rows), which a forward-only profile omits; "
+            "on the real pair the forwards dominate. Real-pair check: `avkit profile` then "
+            "`avkit simulate traces/*.parquet --cost ~/.cache/avkit/cost.json --step-time`.\n")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("traces", nargs="*")
+    ap.add_argument("--out", default="bench/results/adaptive.md")
+    args = ap.parse_args(argv)
+    steps, source = load_trace_steps(args.traces)
+    config = SimulateConfig()
+    specs = default_policies(steps, config)
+    out = Path(args.out)
+    header = (f"# Adaptive verification benchmark\n\nTraces: {source}; {steps.request.size} recorded steps of "
+              f"{steps.num_requests} requests, K = {steps.k}. Cells: simulated throughput tokens/s "
+              f"(x best fixed K at that concurrency); bold = best. Command: `python bench/adaptive.py`.\n")
+    sections = [header]
+    for key, (spec, title) in COSTS.items():
+        t0 = time.perf_counter()
+        df = simulate(steps, resolve_cost(spec), config.concurrency, specs, config=config)
+        seconds = time.perf_counter() - t0
+        write_results(df, out.with_name(f"adaptive_sim_{key}.parquet"))
+        summary = "\n".join(f"- {shape_summary(df, p)}" for p in SUMMARIZED if p in df["policy"].to_list())
+        sections.append(f"## {title}\n\nCost: `{spec}` (context 8192). Simulated in {seconds:.1f} s.\n\n"
+                        f"{markdown_table(df)}\n\n{summary}\n")
+        print(sections[-1])
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sections.append(step_time_section(Path(tmp)))
+    print(sections[-1])
+    oh = policy_overhead()
+    sections.append(
+        "## Policy overhead (live `AdaptiveVerification`, batch 256, K = 7)\n\n"
+        f"num_verify (estimator predict + survival + sort + argmax budget + allocation): {oh['num_verify_us']:.0f} us; "
+        f"observe (labels + IRLS statistics): {oh['observe_us']:.0f} us; total {oh['total_ms']:.3f} ms on this CPU "
+        f"({oh['threads']} torch threads) = {oh['share_h200']:.1%} of the predicted H200 8B step at c=256 "
+        f"({oh['h200_step_ms']:.1f} ms, {oh['verified']} drafts verified). No Python loop over slots.\n")
+    print(sections[-1])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(sections))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Live adaptive verification on this machine: tokens/s of no-spec, fixed K and adaptive, side by side.
+
+    python bench/adaptive_live.py                                   # real Qwen2.5-Coder pair (slow on CPU)
+    python bench/adaptive_live.py --target qwen2.5-coder-0.5b --draft DIR_OF_A_SMALLER_MODEL
+    python bench/adaptive_live.py --concurrency 1,4,16 --max-new-tokens 64 --requests-per-lane 2
+
+NOT run by the test suite and not run while traces are being recorded (it needs the CPU to itself).
+Steps: (1) profile this device's step costs with the same models (`avkit.scheduling.profile`, the
+table the adaptive budget divides by; context = --context-len, default 1024: the workloads' real
+contexts are short); (2) for each concurrency, run the same HumanEval prompts and seeds through the
+engine under no-spec (k = 0), fixed K (engine k = K, full verification) for K in --ks, and adaptive
+(engine k = max K, AdaptiveVerification with the online estimator, warm-started from
+traces/coefficients.json when it exists); (3) print and write bench/results/adaptive_live.md with
+tokens/s and each policy's ratio to the best fixed K. Goal (issue 5): adaptive within 5% of the best
+fixed K at each concurrency and ahead of every fixed K at the highest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, ProfileConfig, SamplingConfig
+from avkit.models import load
+from avkit.runtime.engine import Engine
+from avkit.runtime.request import Request
+from avkit.scheduling.adaptive import make_adaptive
+from avkit.scheduling.profile import profile_costs
+from avkit.workloads import load_workload
+
+
+def prompts(tokenizer, n: int) -> list[list[int]]:
+    out = []
+    for p in load_workload("humaneval", n, seed=0):
+        out.append(tokenizer.apply_chat_template(list(p.messages), add_generation_prompt=True) if p.messages
+                   else tokenizer.encode(p.text))
+    return out
+
+
+def run(target, draft, k: int, policy, prompt_ids, concurrency: int, max_new: int, seed: int) -> tuple[float, int]:
+    """Wall-clock tokens/s of one engine run over all prompts at `concurrency`."""
+    cfg = EngineConfig(k=k, max_batch=concurrency, max_len=max(len(p) for p in prompt_ids) + max_new + k + 2,
+                       seed=seed)
+    engine = Engine(target, draft if k > 0 else None, cfg, policy=policy)
+    sampling = SamplingConfig(temperature=0.8, top_p=0.95, max_new_tokens=max_new, seed=seed)
+    reqs = [Request(f"r{i}", ids, sampling, "humaneval") for i, ids in enumerate(prompt_ids)]
+    t0 = time.perf_counter()
+    gens = engine.generate(reqs)
+    seconds = time.perf_counter() - t0
+    tokens = sum(len(g.output_ids) for g in gens)
+    return tokens / seconds, tokens
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default=DEFAULT_TARGET)
+    ap.add_argument("--draft", default=DEFAULT_DRAFT)
+    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--ks", default="1,3,5,7")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--requests-per-lane", type=int, default=2)
+    ap.add_argument("--context-len", type=int, default=1024)
+    ap.add_argument("--coefficients", default="traces/coefficients.json")
+    ap.add_argument("--out", default="bench/results/adaptive_live.md")
+    args = ap.parse_args(argv)
+    conc = [int(c) for c in args.concurrency.split(",")]
+    ks = [int(k) for k in args.ks.split(",")]
+    target, draft = load(args.target), load(args.draft)
+    print(f"profiling step costs ({args.target} + {args.draft}, context {args.context_len}) ...", flush=True)
+    cost = profile_costs(target, draft, ProfileConfig(context_len=args.context_len, k=max(ks),
+                                                      max_tokens=max(conc) * (max(ks) + 1),
+                                                      max_requests=max(conc), repeats=3))
+    coef = args.coefficients if Path(args.coefficients).is_file() else ""
+    title = f"# Live adaptive verification ({target.model_id} + {draft.model_id}, CPU, {torch.get_num_threads()} threads)\n"
+    setup = (f"T=0.8, top-p 0.95, {args.max_new_tokens} new tokens, HumanEval prompts, "
+             f"{args.requests_per_lane} requests per lane; cost table profiled at context {args.context_len}; "
+             f"estimator online_logistic{' warm-started from ' + coef if coef else ' (cold start)'}.\n")
+    lines = [title, setup, "| concurrency | policy | tokens/s | x best fixed |", "|---:|---|---:|---:|"]
+    run(target, draft, max(ks), None, prompts(target.tokenizer, 1), 1, 8, 0)  # warm-up (allocations, caches)
+    for c in conc:
+        ids = prompts(target.tokenizer, c * args.requests_per_lane)
+        results = {"nospec": run(target, draft, 0, None, ids, c, args.max_new_tokens, 0)[0]}
+        for k in ks:
+            results[f"fixed{k}"] = run(target, draft, k, None, ids, c, args.max_new_tokens, 0)[0]
+        policy = make_adaptive(cost=cost, estimator="online_logistic", coefficients=coef, k=max(ks))
+        results["adaptive"] = run(target, draft, max(ks), policy, ids, c, args.max_new_tokens, 0)[0]
+        best = max(v for name, v in results.items() if name.startswith("fixed"))
+        for name, tps in results.items():
+            lines.append(f"| {c} | {name} | {tps:.2f} | {tps / best:.3f} |")
+            print(lines[-1], flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(lines) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Engine throughput on this CPU: target-only vs speculative decoding, side by side in one run.
+
+Usage (real pair, ~10 GB RAM, tens of minutes on 2 cores; run when nothing else loads the models):
+
+    python bench/engine.py                          # K = 0,3,5,7 x T = 0,1 x concurrency 1,8
+    python bench/engine.py --ks 0,5 --concurrency 1 --max-new-tokens 32
+    python bench/engine.py --tiny                   # dry run on tiny random models (checks the script)
+
+For each temperature and concurrency c it decodes the first c HumanEval prompts (chat template of
+the target, top-p 0.95, fixed seed) with every K (K = 0 is target-only decoding through the same
+engine) and prints: output tokens/s, tokens per request-step, per-slot acceptance (labelled slots),
+and the share of step wall time spent outside model forwards (goal: < 10% at batch 8). The table
+is written to bench/results/engine-<date>.md (temp file, then rename). Timings only, never pass/fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import avkit.models
+from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, SamplingConfig
+from avkit.runtime.engine import Engine
+from avkit.runtime.request import Request
+from avkit.runtime.sink import MemorySink
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def _prompts(tokenizer, n: int, tiny: bool) -> list[list[int]]:
+    if tiny:
+        return [tokenizer.encode(f"def f{i}(x):\n    return x * {i}\n") for i in range(n)]
+    from avkit.workloads import load_workload
+
+    prompts = load_workload("humaneval", n=n, seed=0)
+    return [tokenizer.apply_chat_template(list(p.messages)) for p in prompts]
+
+
+def _run(target, draft, prompts, k: int, temperature: float, max_new: int, seed: int) -> dict:
+    max_len = max(len(p) for p in prompts) + max_new + k + 2
+    sink = MemorySink()
+    engine = Engine(target, draft if k > 0 else None,
+                    EngineConfig(k=k, max_batch=len(prompts), max_len=max_len, seed=seed), sink=sink)
+    sampling = SamplingConfig(temperature=temperature, top_p=0.95, max_new_tokens=max_new, seed=seed)
+    reqs = [Request(f"bench{i}", p, sampling, dataset="humaneval") for i, p in enumerate(prompts)]
+    t0 = time.perf_counter()
+    gens = engine.generate(reqs)
+    wall = time.perf_counter() - t0
+    tokens = sum(len(g.output_ids) for g in gens)
+    request_steps = sum(g.num_steps for g in gens)
+    rows = sink.columns()
+    acc = rows["accepted"].compressed().mean() if rows else float("nan")
+    s = engine.stats
+    return {"tok_s": tokens / wall, "tokens_per_step": tokens / max(request_steps, 1),
+            "acceptance": float(acc), "outside_forwards": s.overhead_share, "wall_s": wall, "tokens": tokens}
+
+
+def _tiny_pair():
+    from avkit.models.testing import write_tiny_model
+
+    root = Path(tempfile.mkdtemp(prefix="avkit-bench-"))
+    return (avkit.models.load(write_tiny_model(root / "t", vocab=512, seed=0, init_std=0.3)),
+            avkit.models.load(write_tiny_model(root / "d", vocab=512, seed=1, init_std=0.3)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default=DEFAULT_TARGET)
+    ap.add_argument("--draft", default=DEFAULT_DRAFT)
+    ap.add_argument("--ks", default="0,3,5,7")
+    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--concurrency", default="1,8")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tiny", action="store_true", help="tiny random models (a dry run of the script)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    target, draft = _tiny_pair() if args.tiny else (avkit.models.load(args.target), avkit.models.load(args.draft))
+    print(f"loaded target={target.model_id} draft={draft.model_id} in {time.perf_counter() - t0:.0f} s, "
+          f"threads={args.threads}")
+    ks = [int(x) for x in args.ks.split(",")]
+    temps = [float(x) for x in args.temperatures.split(",")]
+    concs = [int(x) for x in args.concurrency.split(",")]
+    prompts = _prompts(target.tokenizer, max(concs), args.tiny)
+    header = "| T | concurrency | K | tokens/s | speedup | tokens/step | acceptance | outside forwards | wall s |"
+    lines = [header, "|" + "---|" * 9]
+    print(header)
+    for temperature in temps:
+        for c in concs:
+            base = None
+            for k in ks:
+                r = _run(target, draft, prompts[:c], k, temperature, args.max_new_tokens, args.seed)
+                base = r["tok_s"] if k == 0 else base
+                speedup = f"{r['tok_s'] / base:.2f}x" if base else "-"
+                line = (f"| {temperature:g} | {c} | {k} | {r['tok_s']:.2f} | {speedup} | "
+                        f"{r['tokens_per_step']:.2f} | {r['acceptance']:.3f} | {100 * r['outside_forwards']:.1f}% | "
+                        f"{r['wall_s']:.0f} |")
+                lines.append(line)
+                print(line, flush=True)
+    _write(lines, args)
+
+
+def _write(lines: list[str], args) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
+    name = f"engine-{'tiny-' if args.tiny else ''}{stamp}.md"
+    body = "\n".join([f"# bench/engine.py ({stamp} UTC)", "",
+                      (f"target `{args.target}`, draft `{args.draft}`, HumanEval prompts, top-p 0.95, "
+                      f"max_new_tokens {args.max_new_tokens}, threads {args.threads}, "
+                      f"cpu count {os.cpu_count()}"), "", *lines, ""])
+    fd, tmp = tempfile.mkstemp(dir=RESULTS, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(body)
+    os.replace(tmp, RESULTS / name)
+    print(f"wrote {RESULTS / name}")
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    main()

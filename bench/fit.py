@@ -1,0 +1,127 @@
+"""Benchmark `avkit fit` on a synthetic trace of 5M draft slots against statsmodels and sklearn.
+
+Same data, same run:
+  fit      avkit batch_logistic (Schur-complement Newton, O(K) statistics per iteration) vs
+           statsmodels GLM(Binomial) on the design [feature, one-hot positions]
+  auc      avkit.metrics.auc vs sklearn.metrics.roc_auc_score (all observed slots)
+  log_loss avkit.metrics.log_loss vs sklearn.metrics.log_loss
+  table    avkit's full score table (11 scopes, one sort) for one feature
+  e2e      `avkit fit --mode batch` as a library call: read + check the trace, fit every
+           feature (+ the per-position ablation), score every scope, write the outputs
+Prints a table with ratios (peer time / avkit time, > 1 means avkit is faster) and writes
+bench/results/fit.json. Timings are wall-clock medians of `--repeats` runs; this is a
+benchmark, never a pass/fail test.
+
+    python bench/fit.py [--slots 5000000] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+_NONE = (float("nan"), float("nan"))  # no peer for this task
+
+
+def _time(fn, repeats: int) -> tuple[tuple[float, float], object]:
+    """-> ((median wall s, median CPU s of this process, all threads), last result)."""
+    walls, cpus, out = [], [], None
+    for _ in range(repeats):
+        w0, c0 = time.perf_counter(), time.process_time()
+        out = fn()
+        walls.append(time.perf_counter() - w0)
+        cpus.append(time.process_time() - c0)
+    return (statistics.median(walls), statistics.median(cpus)), out
+
+
+def _peers(data, repeats: int) -> dict[str, tuple[float, float]]:
+    """name -> ((avkit wall, cpu), (peer wall, cpu)) for the fit and the single metrics."""
+    import sklearn.metrics as skm
+    import statsmodels.api as sm
+
+    from avkit.config import EstimatorConfig
+    from avkit.estimators import make_estimator
+    from avkit.metrics import auc, log_loss, score_table
+
+    f, pos, y = data.features["logit_qmax"], data.positions, data.labels
+
+    def avkit_fit():
+        est = make_estimator("batch_logistic", k=data.k, config=EstimatorConfig(ridge=0.0))
+        est.fit(f, pos, y, tol=1e-10)
+        return est
+
+    def glm_fit():
+        design = np.column_stack([f, np.eye(data.k)[pos]])  # [N, 1 + K]
+        return sm.GLM(y, design, family=sm.families.Binomial()).fit(tol=1e-10)
+
+    t_fit, est = _time(avkit_fit, repeats)
+    t_glm, glm = _time(glm_fit, 1)
+    gap = float(np.abs(est.coefficients() - glm.params).max())
+    p = est.predict(f, pos)
+    t_auc, a = _time(lambda: auc(y, p), repeats)
+    t_sk_auc, a_sk = _time(lambda: skm.roc_auc_score(y, p), repeats)
+    t_ll, _ = _time(lambda: log_loss(y, p), repeats)
+    t_sk_ll, _ = _time(lambda: skm.log_loss(y, p), repeats)
+    t_table, _ = _time(lambda: score_table(y, p, pos, data.dataset_codes, data.dataset_names), repeats)
+    print(f"parity: max |coef - statsmodels| = {gap:.2e}, |auc - sklearn| = {abs(a - a_sk):.2e}")
+    return {"fit (1 feature)": (t_fit, t_glm), "auc": (t_auc, t_sk_auc), "log_loss": (t_ll, t_sk_ll),
+            "score table (11 scopes)": (t_table, _NONE)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--slots", type=int, default=5_000_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "fit.json"))
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore")
+
+    from avkit.config import FitConfig, SyntheticConfig
+    from avkit.fit import run_fit, write_fit_outputs
+    from avkit.fit.data import load_fit_data
+    from avkit.trace.synthetic import write_synthetic_trace
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        trace = write_synthetic_trace(Path(tmp) / "bench.parquet", SyntheticConfig(num_slots=args.slots, seed=0))
+        print(f"synthetic trace: {args.slots:,} slots in {time.perf_counter() - t0:.1f} s")
+        t_load, data = _time(lambda: load_fit_data([trace]), 1)
+        print(f"observed slots: {len(data.labels):,} (read + check + order: {t_load[0]:.2f} s wall, "
+              f"{t_load[1]:.2f} s CPU)")
+        results = _peers(data, args.repeats)
+        t_e2e, _ = _time(lambda: write_fit_outputs(Path(tmp) / "out", run_fit([trace], FitConfig(mode="batch"))),
+                         1)
+        results["e2e avkit fit --mode batch (9 fits)"] = (t_e2e, _NONE)
+
+    print(f"\n{'task':38s} {'avkit wall':>10s} {'cpu':>7s} {'peer wall':>10s} {'cpu':>7s} {'ratio wall':>10s} "
+          f"{'cpu':>6s}")
+    for name, ((ours, ours_cpu), (peer, peer_cpu)) in results.items():
+        print(f"{name:38s} {ours:10.3f} {ours_cpu:7.3f} {peer:10.3f} {peer_cpu:7.3f} {peer / ours:9.1f}x "
+              f"{peer_cpu / ours_cpu:5.1f}x")
+    print(f"(peers: statsmodels GLM, sklearn roc_auc_score / log_loss; {os.cpu_count()} CPUs, "
+          f"1-min load average {os.getloadavg()[0]:.1f}: wall times grow with load, CPU times do not)")
+    doc = {"slots": args.slots, "observed": len(data.labels), "cpus": os.cpu_count(),
+           "load_avg_1m": os.getloadavg()[0], "python": platform.python_version(),
+           "results": {k: {"avkit_wall_s": a[0], "avkit_cpu_s": a[1],
+                           "peer_wall_s": None if math.isnan(b[0]) else b[0],
+                           "peer_cpu_s": None if math.isnan(b[1]) else b[1]} for k, (a, b) in results.items()}}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = out.with_name(out.name + ".tmp")
+    tmp_out.write_text(json.dumps(doc, indent=2) + "\n")
+    os.replace(tmp_out, out)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

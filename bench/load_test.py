@@ -1,0 +1,269 @@
+"""Bounded load test of `avkit serve` on loopback: N concurrent streaming clients x R requests each.
+
+Runs a real uvicorn server in this process (127.0.0.1, free port) around a tiny random model pair
+(written to a temp dir unless --target/--draft are given), drives it with httpx streaming SSE, and
+checks the robustness contract of issue 8:
+  * every request either completes (HTTP 200, a finish_reason, `data: [DONE]`) or gets a clean 429
+    with Retry-After; none is lost, none is duplicated (response ids are unique);
+  * the server's own request counters agree with what the clients saw;
+  * the server is healthy and idle afterwards.
+Reports TTFT / end-to-end latency percentiles and tokens/s into bench/results/serve_load.md.
+Bounded: a fixed number of requests and a wall-clock limit (--time-limit).
+
+    python bench/load_test.py                      # 64 clients x 3 requests, tiny models
+    python bench/load_test.py --clients 8 --requests 2 --out /tmp/x.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+
+@dataclass
+class Result:
+    client: int
+    status: int
+    ttft_s: float | None = None
+    latency_s: float | None = None
+    completion_tokens: int = 0
+    response_id: str = ""
+    finish_reason: str | None = None
+    done: bool = False
+    retry_after: str | None = None
+    error: str = ""
+
+
+async def one_request(c: httpx.AsyncClient, client: int, body: dict) -> Result:
+    t0 = time.perf_counter()
+    try:
+        async with c.stream("POST", "/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                await r.aread()
+                return Result(client, r.status_code, retry_after=r.headers.get("retry-after"),
+                              error=r.text[:200])
+            res = Result(client, 200)
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    res.done = True
+                    break
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    res.error = chunk["error"]["message"]
+                    continue
+                res.response_id = chunk["id"]
+                if chunk.get("usage"):
+                    res.completion_tokens = chunk["usage"]["completion_tokens"]
+                for choice in chunk["choices"]:
+                    if choice["text"] and res.ttft_s is None:
+                        res.ttft_s = time.perf_counter() - t0
+                    res.finish_reason = choice["finish_reason"] or res.finish_reason
+            res.latency_s = time.perf_counter() - t0
+            return res
+    except httpx.HTTPError as e:  # a lost request: the contract says this never happens
+        return Result(client, -1, error=f"{type(e).__name__}: {e}")
+
+
+async def run_clients(url: str, args, prompts: list[str]) -> tuple[list[Result], float]:
+    limits = httpx.Limits(max_connections=args.clients + 8)
+    async with httpx.AsyncClient(base_url=url, timeout=args.request_timeout, limits=limits) as c:
+        async def client(i: int) -> list[Result]:
+            out = []
+            for j in range(args.requests):
+                body = {"model": "tiny", "prompt": prompts[(i + j) % len(prompts)],
+                        "max_tokens": args.max_tokens, "temperature": args.temperature, "seed": i * 1000 + j,
+                        "stream": True, "stream_options": {"include_usage": True}}
+                out.append(await one_request(c, i, body))
+            return out
+
+        t0 = time.perf_counter()
+        per_client = await asyncio.wait_for(asyncio.gather(*[client(i) for i in range(args.clients)]),
+                                            timeout=args.time_limit)
+        return [r for rs in per_client for r in rs], time.perf_counter() - t0
+
+
+def pct(xs, q) -> str:
+    return f"{np.percentile(xs, q) * 1e3:.0f}" if len(xs) else "-"
+
+
+def server_counts(url: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts = {}
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for s in fam.samples:
+            if s.name == "avkit_requests_total" and s.labels.get("endpoint") == "/v1/completions":
+                counts[s.labels["status"]] = s.value
+    return counts
+
+
+def check(results: list[Result], args, url: str) -> list[str]:
+    """The robustness contract; returns the list of violations (empty = pass)."""
+    bad = []
+    if len(results) != args.clients * args.requests:
+        bad.append(f"{len(results)} results for {args.clients * args.requests} requests")
+    for r in results:
+        if r.status == 200 and not (r.done and r.finish_reason and not r.error):
+            bad.append(f"client {r.client}: incomplete 200 response ({r.error or 'no [DONE]/finish_reason'})")
+        elif r.status == 429 and r.retry_after is None:
+            bad.append(f"client {r.client}: 429 without Retry-After")
+        elif r.status not in (200, 429):
+            bad.append(f"client {r.client}: status {r.status} {r.error}")
+    ids = [r.response_id for r in results if r.status == 200]
+    if len(set(ids)) != len(ids):
+        bad.append(f"duplicate response ids: {len(ids) - len(set(ids))}")
+    seen = server_counts(url)
+    for code in ("200", "429"):
+        client_n = sum(r.status == int(code) for r in results)
+        if seen.get(code, 0) != client_n:
+            bad.append(f"server counted {seen.get(code, 0)} x {code}, clients saw {client_n}")
+    health = httpx.get(url + "/health").json()
+    if health != {"status": "ok", "running": 0, "queued": 0}:
+        bad.append(f"unhealthy afterwards: {health}")
+    return bad
+
+
+def engine_stats(url: str) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for smp in fam.samples:
+            if smp.name in ("avkit_step_seconds_sum", "avkit_step_seconds_count", "avkit_refits_total"):
+                out[smp.name] = smp.value
+    return out
+
+
+def section(results: list[Result], wall_s: float, violations: list[str], cfg, stats: dict) -> list[str]:
+    ok = [r for r in results if r.status == 200]
+    ttft = [r.ttft_s for r in ok if r.ttft_s is not None]
+    lat = [r.latency_s for r in ok]
+    tokens = sum(r.completion_tokens for r in ok)
+    per_req = [r.completion_tokens / r.latency_s for r in ok if r.latency_s]
+    steps = stats.get("avkit_step_seconds_count", 0)
+    busy = stats.get("avkit_step_seconds_sum", 0.0)
+    return [
+        (f"## max_concurrency {cfg.max_concurrency}, queue_size {cfg.queue_size} "
+         f"(admits {cfg.max_concurrency + cfg.queue_size} at once)"), "",
+        ("| requests | completed (200) | rejected (429) | lost / other | duplicates | wall s | tokens "
+         "| tokens/s |"),
+        "|---|---|---|---|---|---|---|---|",
+        (f"| {len(results)} | {len(ok)} | {sum(r.status == 429 for r in results)} | "
+         f"{sum(r.status not in (200, 429) for r in results)} | "
+         f"{len(ok) - len({r.response_id for r in ok})} | {wall_s:.1f} | {tokens} "
+         f"| {tokens / wall_s:.0f} |"), "",
+        "| latency (ms) | p50 | p90 | p99 | max |", "|---|---|---|---|---|",
+        f"| time to first token | {pct(ttft, 50)} | {pct(ttft, 90)} | {pct(ttft, 99)} | {pct(ttft, 100)} |",
+        f"| end to end | {pct(lat, 50)} | {pct(lat, 90)} | {pct(lat, 99)} | {pct(lat, 100)} |", "",
+        (f"Per-request decode speed: median {np.median(per_req):.1f} tokens/s. Engine: {steps:.0f} steps, "
+         f"mean {1e3 * busy / max(steps, 1):.1f} ms/step, busy {100 * busy / wall_s:.0f}% of the wall time; "
+         f"{stats.get('avkit_refits_total', 0):.0f} online refits. Time to first token includes the wait "
+         "for a decoding slot.") if per_req else "", "",
+        "Contract: " + ("PASS: every request completed or got a clean 429 with Retry-After; no request "
+                        "lost or duplicated; server counters match the clients; healthy and idle afterwards."
+                        if not violations else "FAIL\n\n" + "\n".join(f"- {v}" for v in violations)), "",
+    ]
+
+
+def header(args, cfg) -> list[str]:
+    load = os.getloadavg()
+    return [
+        "# `avkit serve` load test (loopback)", "",
+        (f"Command: `python bench/load_test.py --clients {args.clients} --requests {args.requests} "
+         f"--max-tokens {args.max_tokens}`  "),
+        (f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {platform.machine()}, "
+         f"{os.cpu_count()} CPUs, load average before/after {args.load_before:.1f}/{load[0]:.1f} "
+         "(shared with other jobs: absolute numbers are a floor, not a capacity figure).  "),
+        (f"Model: tiny random Qwen2 pair (vocab {args.vocab}, hidden 64, 2 layers; draft = target weights x "
+         f"0.25/0.3), fp32 CPU, torch threads {args.threads}.  "),
+        (f"Each client sends {args.requests} streaming completions one after another (T={args.temperature}, "
+         f"max_tokens {args.max_tokens}, seeded); K={cfg.k}, policy {cfg.policy} ({cfg.estimator}, refit "
+         f"every {cfg.refit_interval} steps)."), "",
+    ]
+
+
+PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):", "import numpy as np",
+           "class Stack:", "Hello, world! How are you today?"]
+
+
+def run_scenario(cfg, models, args) -> tuple[list[str], list[str]]:
+    """One server configuration under the full client load: (report section, violations)."""
+    from avkit.serve.server import build_state
+    from avkit.serve.testing import serve_in_thread
+
+    state = build_state(cfg, target=models[0], draft=models[1])
+    with serve_in_thread(state) as url:
+        results, wall_s = asyncio.run(run_clients(url, args, PROMPTS))
+        violations = check(results, args, url)
+        stats = engine_stats(url)
+    return section(results, wall_s, violations, cfg, stats), violations
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=3, help="requests per client, sequential")
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--max-concurrency", type=int, default=16)
+    ap.add_argument("--queue-sizes", default="32,64", help="one run per queue size (comma separated)")
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--refit-interval", type=int, default=20, help="engine steps per online refit")
+    ap.add_argument("--vocab", type=int, default=384)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--target", default="", help="model dir/id (default: a tiny random model)")
+    ap.add_argument("--draft", default="")
+    ap.add_argument("--time-limit", type=float, default=600.0, help="wall-clock bound of each run, s")
+    ap.add_argument("--request-timeout", type=float, default=300.0)
+    ap.add_argument("--out", default="bench/results/serve_load.md")
+    args = ap.parse_args()
+    args.load_before = os.getloadavg()[0]
+
+    import torch
+
+    from avkit.config import ServeConfig
+    from avkit.models import load
+
+    torch.set_num_threads(args.threads)
+    lines, failed = [], False
+    with tempfile.TemporaryDirectory() as tmp:
+        target, draft = args.target, args.draft
+        if not target:
+            from avkit.models.testing import write_tiny_model
+
+            target = str(write_tiny_model(Path(tmp) / "target", vocab=args.vocab, seed=0, init_std=0.3))
+            draft = str(write_tiny_model(Path(tmp) / "draft", vocab=args.vocab, seed=0, init_std=0.25))
+        models = load(target), load(draft) if draft else None
+        for queue_size in [int(q) for q in args.queue_sizes.split(",")]:
+            cfg = ServeConfig(target=target, draft=draft or "none", served_model_name="tiny", k=args.k,
+                              refit_interval=args.refit_interval, snapshot=str(Path(tmp) / "snap.json"),
+                              resume=False, max_concurrency=args.max_concurrency, queue_size=queue_size,
+                              max_len=512, max_tokens_limit=max(args.max_tokens, 16), default_max_tokens=16,
+                              grace_period_s=5.0)
+            section_lines, violations = run_scenario(cfg, models, args)
+            lines += (header(args, cfg) if not lines else []) + section_lines
+            failed |= bool(violations)
+    text = "\n".join(lines)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = out.with_name(out.name + ".tmp")
+    tmp_out.write_text(text)
+    os.replace(tmp_out, out)
+    print(text)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,153 @@
+"""Acceptance estimators: the Newton step against a dense solve, the batch fit against statsmodels,
+online recovery of a synthetic truth, damping, guards, and registry-driven protocol checks."""
+
+import numpy as np
+import polars as pl
+import pytest
+import statsmodels.api as sm
+
+from avkit.config import EstimatorConfig, SyntheticConfig
+from avkit.errors import DataError
+from avkit.estimators import ESTIMATORS, make_estimator
+from avkit.estimators.irls import irls_stats, per_position_step, shared_slope_step
+from avkit.fit.data import load_fit_data
+from avkit.fit.replay import online_replay
+from avkit.trace.synthetic import write_synthetic_trace
+
+K = 7
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory):
+    """Observed slots of a 40k-slot synthetic trace (seed 3)."""
+    path = write_synthetic_trace(tmp_path_factory.mktemp("t") / "t.parquet", SyntheticConfig(num_slots=40_000, seed=3))
+    return load_fit_data([path])
+
+
+def _random_stats(seed=0, k=K, empty=()):
+    rng = np.random.default_rng(seed)
+    f = rng.normal(1, 2, 3000)
+    pos = rng.integers(0, k, 3000)
+    keep = ~np.isin(pos, empty)
+    p = 1 / (1 + np.exp(-(0.5 * f - 0.2)))
+    y = (rng.uniform(size=3000) < 1 / (1 + np.exp(-(0.7 * f + 0.3)))).astype(float)
+    return irls_stats(f[keep], pos[keep], p[keep], y[keep], k)
+
+
+def test_schur_step_equals_dense_solve():
+    s = _random_stats()
+    lam = 1e-3
+    h = np.zeros((K + 1, K + 1))  # arrowhead: slope row/column couples to every intercept
+    h[0, 0] = s.a.sum() + lam
+    h[0, 1:] = h[1:, 0] = s.b
+    h[1:, 1:] = np.diag(s.c + lam)
+    delta = np.linalg.solve(h, np.r_[s.g0.sum(), s.g1])
+    slope, ints, ok = shared_slope_step(s, 0.5, np.full(K, -0.2), lam, 0.0)
+    assert ok
+    np.testing.assert_allclose(np.r_[slope - 0.5, ints + 0.2], delta, rtol=1e-10, atol=1e-12)
+
+
+def test_damping_scales_by_n_over_n_plus_c():
+    s = _random_stats(seed=1)
+    ints0 = np.full(K, -0.2)
+    slope_u, ints_u, _ = shared_slope_step(s, 0.5, ints0, 1e-3, 0.0)
+    slope_d, ints_d, _ = shared_slope_step(s, 0.5, ints0, 1e-3, 50.0)
+    n = s.n.sum()
+    assert slope_d - 0.5 == pytest.approx((slope_u - 0.5) * n / (n + 50), rel=1e-12)
+    np.testing.assert_allclose(ints_d - ints0, (ints_u - ints0) * s.n / (s.n + 50), rtol=1e-12)
+
+
+def test_unobserved_position_keeps_intercept_bit_identical():
+    s = _random_stats(seed=2, empty=(3, 6))
+    assert s.n[3] == 0 and s.n[6] == 0
+    ints0 = np.array([0.1, -0.3, 0.7, 0.123456789012345, 2.0, -1.0, -0.0])
+    _, ints, ok = shared_slope_step(s, 0.5, ints0, 1e-3, 50.0)
+    assert ok
+    assert ints[3].tobytes() == ints0[3].tobytes() and ints[6].tobytes() == ints0[6].tobytes()
+    assert (ints[[0, 1, 2, 4, 5]] != ints0[[0, 1, 2, 4, 5]]).all()
+    slopes, ints_pp, _ = per_position_step(s, np.full(K, 0.5), ints0, 1e-3, 50.0)
+    assert ints_pp[3].tobytes() == ints0[3].tobytes() and slopes[6] == 0.5
+
+
+def test_guards_reject_nan_and_negative_slope():
+    s = _random_stats(seed=4)
+    s.g0[0] = np.nan
+    assert shared_slope_step(s, 0.5, np.zeros(K), 1e-3, 50.0) == (0.5, pytest.approx(np.zeros(K)), False)
+    rng = np.random.default_rng(5)
+    f = rng.normal(0, 2, 5000)
+    pos = rng.integers(0, K, 5000)
+    y = (rng.uniform(size=5000) < 1 / (1 + np.exp(2 * f))).astype(float)  # acceptance falls with f
+    est = make_estimator("online_logistic", k=K)
+    est.accumulate(f, pos, est.predict(f, pos), y)
+    before = est.coefficients()
+    assert est.refit() is False and est.rejected == 1
+    np.testing.assert_array_equal(est.coefficients(), before)
+
+
+def test_batch_fit_matches_statsmodels_glm(observed):
+    f, pos, y = observed.features["logit_qmax"], observed.positions, observed.labels
+    est = make_estimator("batch_logistic", k=K, config=EstimatorConfig(ridge=0.0))
+    est.fit(f, pos, y, tol=1e-12)
+    design = np.column_stack([f, np.eye(K)[pos]])  # feature column + one-hot positions
+    glm = sm.GLM(y, design, family=sm.families.Binomial()).fit(tol=1e-12)
+    np.testing.assert_allclose(est.coefficients(), glm.params, atol=1e-6, rtol=0)
+
+
+def test_per_position_batch_fit_matches_statsmodels_glm(observed):
+    f, pos, y = observed.features["logit_qmax"], observed.positions, observed.labels
+    est = make_estimator("per_position_slope", k=K, config=EstimatorConfig(ridge=0.0))
+    est.fit(f, pos, y, tol=1e-12)
+    onehot = np.eye(K)[pos]
+    glm = sm.GLM(y, np.column_stack([onehot * f[:, None], onehot]), family=sm.families.Binomial()).fit(tol=1e-12)
+    np.testing.assert_allclose(est.coefficients(), glm.params, atol=1e-6, rtol=0)
+
+
+def test_online_replay_recovers_truth(tmp_path):
+    # 300k slots = 54 rounds of 100 engine steps. Each refit is one Newton step from one round's
+    # ~2.5k labels, so single rounds are noisy (slope sd ~0.05); the mean over the second half of
+    # the trajectory is within 0.007 (slope) / 0.08 (intercepts) of the truth over seeds 0-4.
+    # Margins below are ~4x those.
+    cfg = SyntheticConfig(num_slots=300_000, seed=0)
+    data = load_fit_data([write_synthetic_trace(tmp_path / "t.parquet", cfg)])
+    est = make_estimator("online_logistic", k=K)
+    _, rows = online_replay(est, data, data.features["logit_qmax"], 100)
+    half = pl.DataFrame(rows).tail(len(rows) // 2)
+    assert half["slope"].mean() == pytest.approx(cfg.slope, abs=0.03)
+    for i, b in enumerate(cfg.intercepts):
+        assert half[f"intercept_{i}"].mean() == pytest.approx(b, abs=0.3 if i == K - 1 else 0.15), i
+    assert est.observations.sum() == len(data.labels)
+
+
+def test_update_refits_every_refit_interval_steps():
+    est = make_estimator("online_logistic", k=3, config=EstimatorConfig(refit_interval=4))
+    rng = np.random.default_rng(0)
+    done = []
+    for _ in range(12):
+        f, pos = rng.normal(size=5), rng.integers(0, 3, 5)
+        done.append(est.update(f, pos, est.predict(f, pos), rng.integers(0, 2, 5)))
+    assert done == [False, False, False, True] * 3 and est.rounds == 3
+
+
+# ---- every registered estimator honours the protocol ----
+
+@pytest.mark.parametrize("name", sorted(n for n in ESTIMATORS if n != "payoff_mlp"))
+def test_protocol(name):
+    est = make_estimator(name, k=4)
+    rng = np.random.default_rng(1)
+    f = rng.uniform(0.05, 0.95, 50)  # valid for logistic features and no-fit probabilities
+    pos = rng.integers(0, 4, 50)
+    p = est.predict(f, pos)
+    assert p.shape == (50,) and ((p >= 0) & (p <= 1)).all()
+    for _ in range(3):
+        assert isinstance(est.update(f, pos, p, (rng.uniform(size=50) < p).astype(float)), bool)
+    clone = make_estimator(name, k=4)
+    clone.load_state_dict(est.state_dict())
+    np.testing.assert_array_equal(clone.predict(f, pos), est.predict(f, pos))
+    assert isinstance(est.lossless, bool)
+    with pytest.raises(DataError, match="positions"):
+        est.predict(f, np.full(50, 4))
+
+
+def test_lossy_feature_makes_estimator_lossy():
+    assert make_estimator("online_logistic", config=EstimatorConfig(feature="logit_q_sampled")).lossless is False
+    assert make_estimator("online_logistic").lossless is True
