@@ -16,6 +16,11 @@ test-slow:
 models:
     python -m avkit models fetch
 
+# open a report in headless Chromium: every image loads, no table overflows; keeps a screenshot
+# (AVKIT_REPORT=path/index.html checks that report instead of a synthetic one)
+test-browser:
+    AVKIT_SCREENSHOT=bench/results/report_screenshot.png python -m pytest -m browser tests/test_report_browser.py
+
 # the main job on its embedded default
 demo:
     python -m avkit report

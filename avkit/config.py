@@ -142,6 +142,7 @@ class EngineConfig:
         check_range("max_batch", self.max_batch, 1)
         check_range("max_len", self.max_len, self.k + 2)
 
+
 # ---- record (issue: record) ----
 DEFAULT_RECORD_DATASETS = ("humaneval", "mtbench")
 
@@ -171,6 +172,7 @@ class RecordConfig:
     row_group_rows: int = 65536
     flush_interval_s: float = 60.0  # also flush (and make the partial file readable) this often
     dtype: str = "float32"  # weights/activations of both models: float32 | bfloat16 (~3x faster on AVX512-BF16)
+    threads: int = 0  # torch intra-op threads (0 = torch's default); 1 is fastest on an oversubscribed CPU
 
     def __post_init__(self):
         from avkit.errors import ConfigError
@@ -186,6 +188,7 @@ class RecordConfig:
         check_range("top_p", self.top_p, 0.0, 1.0, lo_open=True)
         check_range("concurrency", self.concurrency, 1)
         check_range("slots_per_dataset", self.slots_per_dataset, 0)
+        check_range("threads", self.threads, 0)
         check_range("row_group_rows", self.row_group_rows, 1)
         check_range("flush_interval_s", self.flush_interval_s, 0.0, lo_open=True)
         if not str(self.out).endswith(".parquet"):
@@ -380,6 +383,25 @@ class ServeConfig:
 
 
 # ---- report ----
+@dataclass(frozen=True)
+class ReportConfig:
+    """`avkit report`: HTML + Markdown + PNG from a fit directory, simulation and HVD results.
+
+    `sim` and `hvd` are read when the files exist (the default outputs of `avkit simulate` and
+    `avkit hvd`); a missing input omits its section with a note, never an error.
+    """
+
+    out: str = "reports/report"
+    sim: str = "reports/simulate.parquet"  # `avkit simulate` results (one row per concurrency x policy)
+    hvd: str = "reports/hvd/hvd_metrics.json"  # `avkit hvd` results
+    n_bins: int = 10  # reliability-diagram bins (equal-width in predicted probability, as the fit's ECE)
+    dpi: int = 120
+    embed_images: bool = True  # index.html carries the PNGs as data URIs (portable); they are written beside too
+
+    def __post_init__(self):
+        check_range("n_bins", self.n_bins, 2, 100)
+        check_range("dpi", self.dpi, 50, 600)
+
 
 
 __all__ = ["DEFAULT_K", "SamplingConfig", "EstimatorConfig", "default_of", "check_choice"]

@@ -5,6 +5,7 @@ Usage (real pair, ~10 GB RAM, tens of minutes on 2 cores; run when nothing else 
     python bench/engine.py                          # K = 0,3,5,7 x T = 0,1 x concurrency 1,8
     python bench/engine.py --ks 0,5 --concurrency 1 --max-new-tokens 32
     python bench/engine.py --tiny                   # dry run on tiny random models (checks the script)
+    python bench/engine.py --overhead               # engine ms/step outside forwards, stub models, V = 151,936
 
 For each temperature and concurrency c it decodes the first c HumanEval prompts (chat template of
 the target, top-p 0.95, fixed seed) with every K (K = 0 is target-only decoding through the same
@@ -70,6 +71,49 @@ def _tiny_pair():
             avkit.models.load(write_tiny_model(root / "d", vocab=512, seed=1, init_std=0.3)))
 
 
+class _LogitsStub:
+    """A "model" whose forward only draws peaky random logits over a real-size vocabulary: timing the
+    engine with it measures the engine's own per-step cost (sampling, features, verification, rows)."""
+
+    def __init__(self, vocab: int, seed: int):
+        from types import SimpleNamespace
+
+        self.config = SimpleNamespace(vocab_size=vocab)
+        self.g = torch.Generator().manual_seed(seed)
+
+    def new_cache(self, max_batch: int, max_len: int):
+        from avkit.models.kv_cache import KVCache
+
+        return KVCache(1, max_batch, 1, max_len, 1)
+
+    def forward(self, tokens, q_lens, slots, cache, logits="all"):
+        cache.lengths[slots] += q_lens
+        B, S = tokens.shape
+        shape = (B, self.config.vocab_size) if isinstance(logits, str) and logits == "last" else (
+            (B, S, self.config.vocab_size) if isinstance(logits, str) else (B, logits.shape[1], self.config.vocab_size))
+        return torch.randn(shape, generator=self.g) * 4.0
+
+
+def overhead(vocab: int, max_new: int) -> None:
+    """Engine ms per step outside model forwards (stub models, real vocabulary), K = 7."""
+    from types import SimpleNamespace
+
+    def stub(seed):
+        return SimpleNamespace(model=_LogitsStub(vocab, seed), tokenizer=SimpleNamespace(eos_token_ids=set()),
+                               model_id=f"stub{seed}", sha256="")
+
+    print(f"| T | batch | engine ms/step outside forwards (V = {vocab}, K = 7) |")
+    for temperature in (0.0, 1.0):
+        for batch in (1, 8):
+            engine = Engine(stub(0), stub(1), EngineConfig(k=7, max_batch=batch, max_len=64 + max_new + 9),
+                            sink=MemorySink())
+            sampling = SamplingConfig(temperature=temperature, top_p=0.95, max_new_tokens=max_new, seed=0)
+            engine.generate([Request(f"o{i}", list(range(1, 33)), sampling) for i in range(batch)])
+            s = engine.stats
+            outside = (s.step_s - s.target_forward_s - s.draft_forward_s) / s.steps * 1e3
+            print(f"| {temperature:g} | {batch} | {outside:.1f} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default=DEFAULT_TARGET)
@@ -81,8 +125,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true", help="tiny random models (a dry run of the script)")
+    ap.add_argument("--overhead", action="store_true",
+                    help="only the engine's own cost per step, with stub models of a 151,936-token vocabulary")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.overhead:
+        return overhead(151936, args.max_new_tokens)
     t0 = time.perf_counter()
     target, draft = _tiny_pair() if args.tiny else (avkit.models.load(args.target), avkit.models.load(args.draft))
     print(f"loaded target={target.model_id} draft={draft.model_id} in {time.perf_counter() - t0:.0f} s, "

@@ -7,7 +7,8 @@ Same data, same run:
   log_loss avkit.metrics.log_loss vs sklearn.metrics.log_loss
   table    avkit's full score table (11 scopes, one sort) for one feature
   e2e      `avkit fit --mode batch` as a library call: read + check the trace, fit every
-           feature (+ the per-position ablation), score every scope, write the outputs
+           feature (+ the per-position ablation), score every scope, write the outputs; with
+           features on 1 thread and on 2 (FitConfig.workers)
 Prints a table with ratios (peer time / avkit time, > 1 means avkit is faster) and writes
 bench/results/fit.json. Timings are wall-clock medians of `--repeats` runs; this is a
 benchmark, never a pass/fail test.
@@ -99,9 +100,10 @@ def main() -> None:
         print(f"observed slots: {len(data.labels):,} (read + check + order: {t_load[0]:.2f} s wall, "
               f"{t_load[1]:.2f} s CPU)")
         results = _peers(data, args.repeats)
-        t_e2e, _ = _time(lambda: write_fit_outputs(Path(tmp) / "out", run_fit([trace], FitConfig(mode="batch"))),
-                         1)
-        results["e2e avkit fit --mode batch (9 fits)"] = (t_e2e, _NONE)
+        for workers in (1, 2):
+            cfg = FitConfig(mode="batch", workers=workers)
+            t_e2e, _ = _time(lambda cfg=cfg: write_fit_outputs(Path(tmp) / "out", run_fit([trace], cfg)), 1)
+            results[f"e2e fit --mode batch, {workers} thread(s)"] = (t_e2e, _NONE)
 
     print(f"\n{'task':38s} {'avkit wall':>10s} {'cpu':>7s} {'peer wall':>10s} {'cpu':>7s} {'ratio wall':>10s} "
           f"{'cpu':>6s}")

@@ -1,5 +1,6 @@
 """The adaptive verify policy (avkit/scheduling/adaptive.py): decisions, labels, refits, losslessness."""
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -166,3 +167,54 @@ def test_engine_with_adaptive_verification_is_lossless(tmp_path):
                                 ("token 1", torch.bincount(out[:, 1], minlength=300), p1)):
         chi2, df = _chi2(counts, probs)
         assert chi2 < df + 10 * np.sqrt(2 * df), f"{what}: chi2 {chi2:.1f}, df {df}"
+
+
+def test_warm_start_from_coefficients(tmp_path):
+    from avkit.config import EstimatorConfig
+
+    path = tmp_path / "coefficients.json"
+    path.write_text(json.dumps({"schema_version": 1, "feature": "logit_qmax", "num_positions": 3, "slope": 0.9,
+                                "intercepts": [1.0, 0.5, 0.0], "observations": [10, 5, 1]}))
+    policy = make_adaptive(cost=_cost(0.0), estimator="online_logistic", coefficients=path, k=3,
+                           config=EstimatorConfig(refit_interval=7))
+    assert policy.estimator.slope == 0.9 and policy.estimator.intercepts.tolist() == [1.0, 0.5, 0.0]
+    with pytest.raises(ConfigError, match="cannot warm-start"):
+        make_adaptive(cost=_cost(0.0), estimator="online_logistic", coefficients=path, k=5)
+    path.write_text("{broken")
+    with pytest.raises(ConfigError, match="coefficients.json"):
+        make_adaptive(cost=_cost(0.0), estimator="online_logistic", coefficients=path, k=3)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_continue_drafting_matches_the_simulator(seed):
+    """The live per-pass stopping rule and the simulator's adaptive-stop make the same decisions."""
+    from avkit.scheduling.roofline import parse_roofline_spec
+    from avkit.sim.policies import Adaptive
+
+    rng = np.random.default_rng(seed)
+    b, k = 24, 6
+    conf = rng.uniform(0.3, 0.99, (b, k))
+    f = np.log(conf / (1 - conf))  # the test estimator is sigmoid(f)
+    cost = parse_roofline_spec("roofline:H200:8b:context=2048")
+    want_k, want_drafted, _ = Adaptive._budget_stop(cost, conf.astype(np.float32).astype(np.float64),
+                                                    np.zeros(b, np.int64), np.array([b]), np.full(b, k))
+    policy = AdaptiveVerification(cost, Logistic(slope=1.0, intercept=0.0))
+    feats = torch.tensor(f, dtype=torch.float32)
+    proposed, active, load = torch.zeros(b, dtype=torch.int64), torch.ones(b, dtype=torch.bool), Load(b, b, b)
+    for j in range(1, k + 1):
+        proposed = proposed + active
+        active = policy.continue_drafting(DraftBatch({"logit_qmax": feats[:, :j]}, proposed), load) & (proposed < k)
+        if not active.any():
+            break
+    got = policy.num_verify(DraftBatch({"logit_qmax": feats[:, :j]}, proposed), load)
+    assert proposed.tolist() == want_drafted.tolist()
+    assert got.tolist() == want_k.tolist()
+    assert 0 < int(proposed.sum()) < b * k  # the rule stopped some requests early, not all at once
+
+
+def test_lossy_estimators_are_refused_live():
+    from avkit.config import EstimatorConfig
+
+    with pytest.raises(ConfigError, match="lossless estimator"):
+        make_adaptive(cost=_cost(0.0), estimator="online_logistic", k=3,
+                      config=EstimatorConfig(feature="logit_q_sampled"))

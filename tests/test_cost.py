@@ -105,7 +105,7 @@ def tiny_pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     tgt = load(write_tiny_model(root / "t", vocab=300, seed=0, hidden=64, layers=2))
     drf = load(write_tiny_model(root / "d", vocab=300, seed=1, hidden=32, layers=1, heads=2, kv_heads=1))
-    return tgt, drf
+    return tgt, drf, root
 
 
 def test_profile_tiny_model_is_monotone(tiny_pair, monkeypatch, tmp_path):
@@ -113,7 +113,7 @@ def test_profile_tiny_model_is_monotone(tiny_pair, monkeypatch, tmp_path):
 
     monkeypatch.setenv("AVKIT_PROFILE_CONTEXT_LEN", "64")
     cfg = ProfileConfig(k=3, max_tokens=12, max_requests=3, repeats=2, warmup=1)
-    table = profile_costs(*tiny_pair, cfg)
+    table = profile_costs(*tiny_pair[:2], cfg)
     assert table.verify_tokens == (1, 2, 4, 8, 12) and table.draft_requests == (1, 2, 3)
     assert np.all(np.diff(table.verify_ms) >= 0) and np.all(np.diff(table.draft_ms) >= 0)
     assert min(table.verify_ms) > 0 and table.meta["context_len"] == 64
@@ -127,3 +127,18 @@ def test_profile_env_must_be_integer(monkeypatch):
     monkeypatch.setenv("AVKIT_PROFILE_CONTEXT_LEN", "lots")
     with pytest.raises(ConfigError, match="AVKIT_PROFILE_CONTEXT_LEN"):
         context_len_from_env(8192)
+
+
+def test_profile_cli_writes_a_cost_table(tiny_pair, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from avkit.cli import app
+
+    root = tiny_pair[2]
+    monkeypatch.setenv("AVKIT_PROFILE_CONTEXT_LEN", "16")
+    out = tmp_path / "cost.json"
+    r = CliRunner().invoke(app, ["profile", "--target", str(root / "t"), "--draft", str(root / "d"), "--out", str(out),
+                                 "--max-tokens", "4", "--max-requests", "2", "--repeats", "1", "-k", "1"])
+    assert r.exit_code == 0, r.output
+    table = CostTable.load(out)
+    assert table.verify_tokens == (1, 2, 4) and table.meta["context_len"] == 16

@@ -3,6 +3,7 @@ online recovery of a synthetic truth, damping, guards, and registry-driven proto
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 import pytest
 import statsmodels.api as sm
 
@@ -12,7 +13,7 @@ from avkit.estimators import ESTIMATORS, make_estimator
 from avkit.estimators.irls import irls_stats, per_position_step, shared_slope_step
 from avkit.fit.data import load_fit_data
 from avkit.fit.replay import online_replay
-from avkit.trace.synthetic import write_synthetic_trace
+from avkit.trace.synthetic import synthetic_trace, write_synthetic_trace
 
 K = 7
 
@@ -151,3 +152,29 @@ def test_protocol(name):
 def test_lossy_feature_makes_estimator_lossy():
     assert make_estimator("online_logistic", config=EstimatorConfig(feature="logit_q_sampled")).lossless is False
     assert make_estimator("online_logistic").lossless is True
+
+
+def test_entropy_is_oriented_inside_the_estimator():
+    est = make_estimator("online_logistic", k=2, config=EstimatorConfig(feature="entropy"))
+    p = est.predict(np.array([0.1, 2.0]), np.array([0, 0]))
+    assert est.sign == -1.0 and p[0] > p[1]  # more entropy, less confidence, with slope >= 0
+
+
+def test_state_of_another_feature_is_refused():
+    est = make_estimator("online_logistic", k=3)
+    state = make_estimator("online_logistic", k=3, config=EstimatorConfig(feature="entropy")).state_dict()
+    with pytest.raises(DataError, match="fitted on feature 'entropy'"):
+        est.load_state_dict(state)
+
+
+
+def test_replay_order_is_engine_step_order_per_file(tmp_path):
+    table = synthetic_trace(SyntheticConfig(num_slots=7000, seed=8))
+    shuffled = table.take(np.random.default_rng(0).permutation(table.num_rows))
+    pq.write_table(table, tmp_path / "a.parquet")
+    pq.write_table(shuffled, tmp_path / "b.parquet")
+    data = load_fit_data([tmp_path / "b.parquet", tmp_path / "a.parquet"])
+    key = data.file_index * 10**9 + data.engine_step
+    assert (np.diff(key) >= 0).all() and data.file_index[0] == 0
+    bounds = data.round_bounds(100)
+    assert len(bounds) - 1 == 2 * -(-(7000 // K // 8) // 100)  # each file's rounds, never shared

@@ -16,6 +16,7 @@ from avkit.cli import app
 from avkit.cli.fit import shipped_traces
 from avkit.config import EstimatorConfig, FitConfig, SyntheticConfig
 from avkit.errors import ConfigError
+from avkit.estimators import make_estimator
 from avkit.features import FEATURES
 from avkit.trace.synthetic import synthetic_trace
 
@@ -68,6 +69,10 @@ def test_online_outputs(capsys, trace, tmp_path):
     assert traj.height == -(-engine_steps // 100)  # one row per refit round of 100 engine steps
     assert traj["slope"][-1] == pytest.approx(coef["slope"])
     assert "logit_qmax" in out and "wrote" in out
+    # coefficients.json is a state the runtime can warm-start the estimator from
+    est = make_estimator("online_logistic", k=K)
+    est.load_state_dict(coef)
+    assert est.slope == coef["slope"] and est.intercepts.tolist() == coef["intercepts"]
 
 
 def test_batch_matches_statsmodels(capsys, trace, tmp_path, table):
@@ -163,6 +168,6 @@ def test_shipped_traces(tmp_path):
     with pytest.raises(ConfigError, match="no shipped traces"):
         shipped_traces((tmp_path,))
     (tmp_path / "traces").mkdir()
-    for name in ("b.parquet", "a.parquet", "a.generations.parquet", "c.parquet.partial"):
+    for name in ("b.parquet", "a.parquet", "a.generations.parquet", "c.parquet.partial", "trajectory.parquet"):
         (tmp_path / "traces" / name).write_bytes(b"")
     assert [p.name for p in shipped_traces((tmp_path,))] == ["a.parquet", "b.parquet"]

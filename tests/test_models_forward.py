@@ -116,3 +116,15 @@ def test_bad_forward_inputs(pair, bad):
                 model.forward(tokens, q_lens, slots, cache)
         else:
             cache.truncate(torch.tensor([0]), torch.tensor([1]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_forward_matches_cpu(tmp_path):
+    path = write_tiny_model(tmp_path / "gpu", arch="qwen2", vocab=VOCAB, seed=2, init_std=0.1)
+    cpu, gpu = avkit.models.load(path), avkit.models.load(path, device="cuda")
+    tokens, q_lens = pad(random_rows([5, 2], seed=4))
+    slots = torch.tensor([1, 0])
+    want = cpu.model.forward(tokens, q_lens, slots, cpu.model.new_cache(2, 8))
+    got = gpu.model.forward(tokens.cuda(), q_lens.cuda(), slots.cuda(), gpu.model.new_cache(2, 8))
+    torch.testing.assert_close(got.cpu(), want, atol=1e-3, rtol=1e-3)  # TF32 / kernel differences

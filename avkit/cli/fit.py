@@ -21,7 +21,8 @@ DEFAULT_OUT = Path(default_of(FitConfig, "out"))
 def shipped_traces(roots: tuple[Path, ...] | None = None) -> list[Path]:
     """The shipped traces: `traces/*.parquet` under the working directory, else beside the package."""
     for root in roots or (Path.cwd(), Path(__file__).resolve().parents[2]):
-        found = sorted(p for p in root.glob(DEFAULT_TRACE_GLOB) if not p.name.endswith(".generations.parquet"))
+        found = sorted(p for p in root.glob(DEFAULT_TRACE_GLOB)  # not companion tables nor fit outputs
+                       if not p.name.endswith(".generations.parquet") and p.name != "trajectory.parquet")
         if found:
             return found
     raise ConfigError(f"no TRACE given and no shipped traces match {DEFAULT_TRACE_GLOB} yet; "

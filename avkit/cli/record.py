@@ -18,13 +18,14 @@ def _d(name: str):
 
 
 def check_datasets(datasets: tuple[str, ...]) -> None:
-    """Fail before loading models: every dataset is a known workload or an existing JSONL file."""
-    from avkit.workloads import WORKLOADS
+    """Fail before loading models: every dataset is a known workload or a JSONL file, and it loads."""
+    from avkit.workloads import WORKLOADS, load_workload
 
     for name in datasets:
         if name not in WORKLOADS and not Path(name).is_file():
             raise ConfigError(f"--dataset {name!r}: not a built-in workload {sorted(WORKLOADS)} "
                               "nor an existing .jsonl file")
+        load_workload(name, 1)  # a missing package or a bad file fails here, not after loading models
 
 
 def render(result, console: Console) -> None:
@@ -63,6 +64,7 @@ def register(app: typer.Typer) -> None:
         flush_interval: Annotated[float, typer.Option(help="seconds between flushes to disk")] =
             _d("flush_interval_s"),
         dtype: Annotated[str, typer.Option(help="model dtype: float32 | bfloat16")] = _d("dtype"),
+        threads: Annotated[int, typer.Option(help="torch threads (0 = default; 1 on a busy CPU)")] = _d("threads"),
         progress: Annotated[bool, typer.Option(help="show the progress bar")] = True,
     ):
         """Record acceptance traces: one row per draft slot, streamed to Parquet in row groups."""
@@ -72,7 +74,8 @@ def register(app: typer.Typer) -> None:
             target=target, draft=draft, datasets=tuple(dataset) if dataset else _d("datasets"),
             num_prompts=num_prompts, max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens, k=k,
             temperature=temperature, top_p=top_p, concurrency=concurrency, seed=seed, out=out, resume=resume,
-            slots_per_dataset=slots_per_dataset, flush_interval_s=flush_interval, dtype=dtype)
+            slots_per_dataset=slots_per_dataset, flush_interval_s=flush_interval, dtype=dtype,
+            threads=threads)
         check_datasets(config.datasets)
         console = Console(stderr=True)
         console.print(f"avkit record: {config.target} + {config.draft or 'no draft'}, "

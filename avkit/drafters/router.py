@@ -16,7 +16,8 @@ Routers (registry `ROUTERS`, looked up by name):
   mlp       `PayoffMLP` mean head thresholded at tau (the paper's router)
   survival  `PayoffMLP` survival head: verify the cache prefix b that maximizes expected tokens per
             cost when that beats the model drafter's expected tokens per cost (its survival from a
-            table keyed by recent model hit rate); cache and model compete in one budget
+            table keyed by recent model hit rate); `avkit.hvd.budget_sim` lets a whole batch's cache
+            and model slots compete for one verification budget with the same curves
 """
 
 from __future__ import annotations
@@ -134,9 +135,14 @@ class AcceptanceTable:
         return full_route(table, self.predict(table, ctx) > self.tau)
 
 
+def _x(table: pl.DataFrame, ctx: RouterContext) -> np.ndarray:
+    """[R, F] payoff features of replay rows."""
+    return feature_matrix(dict(zip(table.columns, table.get_columns())), ctx.features)
+
+
 def _train_rows(table: pl.DataFrame, ctx: RouterContext) -> tuple[np.ndarray, np.ndarray]:
     rows = table.filter(pl.col("draft_len") > 0)
-    return feature_matrix(dict(zip(rows.columns, rows.get_columns())), ctx.features), rows["cache_acc"].to_numpy()
+    return _x(rows, ctx), rows["cache_acc"].to_numpy()
 
 
 @dataclass
@@ -153,7 +159,7 @@ class MLPRouter:
         self.tau = choose_tau(self.predict(val, ctx), val, ctx)
 
     def predict(self, table, ctx) -> np.ndarray:
-        x = feature_matrix(dict(zip(table.columns, table.get_columns())), ctx.features)
+        x = _x(table, ctx)
         return np.where(table["draft_len"].to_numpy() > 0, self.model.predict(x), 0.0)
 
     def route(self, table, ctx) -> Route:
@@ -181,13 +187,13 @@ class SurvivalRouter(MLPRouter):
 
     def survivals(self, table, ctx) -> tuple[np.ndarray, np.ndarray]:
         """([R, K] cache-draft survival from the MLP head, [R, K] model-draft survival from the table)."""
-        x = feature_matrix(dict(zip(table.columns, table.get_columns())), ctx.features)
+        x = _x(table, ctx)
         model = self.model_surv[np.digitize(table["hist_model_hit"].to_numpy(), self.hit_bins)]
         return self.model.predict_survival(x), model
 
     def _decide(self, table, ctx) -> tuple[np.ndarray, np.ndarray]:
         c = ctx.cost
-        x = feature_matrix(dict(zip(table.columns, table.get_columns())), ctx.features)
+        x = _x(table, ctx)
         surv = self.model.predict_survival(x)  # [N, K], zero beyond the draft
         b = np.arange(1, ctx.k + 1)
         cache_rate = (1 + np.cumsum(surv, 1)) / (1 + c.verify_token_cost * (1 + b) + c.cache_cost)  # [N, K]

@@ -1,7 +1,8 @@
 """The acceptance estimator: p_i = sigmoid(slope * f + intercept_i), refit online in rounds.
 
 Glossary:
-  feature     one lossless scalar per draft slot, oriented so that larger means more confident  [N]
+  feature     one lossless scalar per draft slot; the estimator multiplies it by its FeatureSpec
+              sign (-1 for entropy) so that larger means more confident and the slope is >= 0  [N]
   position    draft position i in [0, K)                                                          [N]
   round       `refit_interval` engine steps; its O(K) IRLS statistics (estimators/irls.py) are
               summed at the predictions made when drafting, then one damped Newton step is taken
@@ -51,6 +52,7 @@ class RoundLogistic:
         self.k, self.config = k, config
         spec = FEATURES.get(config.feature)
         self.lossless = True if spec is None else spec.lossless
+        self.sign = 1.0 if spec is None else spec.sign  # features are oriented: larger = more confident
         self.intercepts = np.full(k, config.init_intercept)  # [K]
         self.observations = np.zeros(k, dtype=np.int64)  # [K] slots seen by applied and rejected refits
         self.rounds = 0  # completed refit rounds (or batch iterations)
@@ -72,15 +74,19 @@ class RoundLogistic:
         """All coefficients as one flat vector (convergence checks, trajectories)."""
         raise NotImplementedError
 
+    def _oriented(self, features) -> np.ndarray:
+        f = np.asarray(features, dtype=np.float64)
+        return f if self.sign == 1.0 else self.sign * f
+
     # ---- Estimator protocol ----
     def predict(self, features: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """[N] feature, [N] position -> [N] acceptance probabilities."""
-        return sigmoid(self._logits(np.asarray(features, dtype=np.float64), check_positions(positions, self.k)))
+        return sigmoid(self._logits(self._oriented(features), check_positions(positions, self.k)))
 
     def accumulate(self, features, positions, predictions, labels) -> None:
         """Add observed slots ([N] each) to the current round's statistics (no refit)."""
         pos = check_positions(positions, self.k)
-        self._round += irls_stats(np.asarray(features, dtype=np.float64), pos,
+        self._round += irls_stats(self._oriented(features), pos,
                                   np.asarray(predictions, dtype=np.float64),
                                   np.asarray(labels, dtype=np.float64), self.k)
 
@@ -110,7 +116,7 @@ class RoundLogistic:
         """
         pos = check_positions(positions, self.k)
         order = np.argsort(pos, kind="stable")  # group rows by position: one contiguous segment each
-        f = np.asarray(features, dtype=np.float64)[order]
+        f = self._oriented(features)[order]
         y = np.asarray(labels, dtype=np.float64)[order]
         counts = np.bincount(pos, minlength=self.k)  # [K]
         bounds = np.r_[0, np.cumsum(counts)]  # [K + 1]
@@ -136,6 +142,9 @@ class RoundLogistic:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if int(state["num_positions"]) != self.k:
             raise DataError(f"state has num_positions {state['num_positions']}, estimator has {self.k}")
+        if state.get("feature", self.config.feature) != self.config.feature:
+            raise DataError(f"state was fitted on feature {state['feature']!r}, this estimator uses "
+                            f"{self.config.feature!r}")
         self.intercepts = np.asarray(state["intercepts"], dtype=np.float64)
         self.observations = np.asarray(state.get("observations", [0] * self.k), dtype=np.int64)
         self.rounds, self.rejected = int(state.get("rounds", 0)), int(state.get("rejected", 0))

@@ -57,8 +57,10 @@ def load_fit_data(paths) -> FitData:
     total = df.height
     step_col = "engine_step" if df["engine_step"].null_count() == 0 else "engine_step, else step"
     obs = (df.filter(pl.col("accepted").is_not_null())
-           .with_columns(pl.coalesce(pl.col("engine_step"), pl.col("step").cast(pl.Int64)).alias("_round_step"))
-           .sort(["file_index", "_round_step"], maintain_order=True))
+           .with_columns(pl.coalesce(pl.col("engine_step"), pl.col("step").cast(pl.Int64)).alias("_round_step")))
+    key = obs["file_index"].cast(pl.Int64) * (1 << 40) + obs["_round_step"]  # (file, step) as one int
+    if not key.is_sorted():  # recorders write in step order: usually nothing to do
+        obs = obs.sort(["file_index", "_round_step"], maintain_order=True)
     if obs.height == 0:
         raise TraceError(f"{', '.join(map(str, paths))}: no observed labels (every `accepted` is null)")
     derived = obs.select(spec.expr.alias(name) for name, spec in FEATURES.items())  # one parallel pass

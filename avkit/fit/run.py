@@ -54,12 +54,11 @@ def _fit_one(name: str, estimator: str, data: FitData, fit: FitConfig, est_cfg: 
     est = make_estimator(estimator, k=data.k, config=replace(est_cfg, feature=name))
     if spec.no_fit is not None:
         return est, est.predict(values, data.positions), []
-    f = spec.sign * values
-    if fit.mode == "batch":
-        preds, rows = batch_fit(est, data, f, max_iter=fit.max_iter, tol=fit.tol)
+    if fit.mode == "batch":  # (the estimator orients the feature by FeatureSpec.sign itself)
+        preds, rows = batch_fit(est, data, values, max_iter=fit.max_iter, tol=fit.tol)
     else:
         on_round = None if progress is None else (lambda d, t: progress(f"{name} ({estimator})", d, t))
-        preds, rows = online_replay(est, data, f, est_cfg.refit_interval, on_round)
+        preds, rows = online_replay(est, data, values, est_cfg.refit_interval, on_round)
     return est, preds, rows
 
 
@@ -103,7 +102,8 @@ def _coefficients(est, data: FitData, fit: FitConfig, est_cfg: EstimatorConfig) 
     return {
         "schema_version": 1,
         "feature": est_cfg.feature,
-        "feature_sign": FEATURES[est_cfg.feature].sign,  # p = sigmoid(slope * sign * feature + b_i)
+        "feature_sign": FEATURES[est_cfg.feature].sign,  # p = sigmoid(slope * sign * feature + b_i),
+        # applied inside the estimator: load_state_dict(this file) into an estimator of this feature
         "num_positions": data.k,
         "slope": float(est.slope),
         "intercepts": [float(b) for b in est.intercepts],

@@ -43,15 +43,17 @@ class HvdResult:
 
 
 def split_by_request(table: pl.DataFrame, config: PayoffConfig) -> np.ndarray:
-    """[R] split label per row ('train' / 'val' / 'test'): requests shuffled per dataset with the seed."""
+    """[R] split label per row ('train' / 'val' / 'test'): requests shuffled per dataset with the seed;
+    a dataset with fewer than 3 requests goes to train whole."""
     rng = np.random.default_rng(config.seed)
     label: dict[str, str] = {}
     reqs = table.select("dataset", "request_id").unique(maintain_order=True)
     for (_,), grp in reqs.group_by("dataset", maintain_order=True):
         ids = grp["request_id"].to_list()
         perm = rng.permutation(len(ids))
-        n_val = max(1, round(config.val_fraction * len(ids)))
-        n_test = max(1, round(config.test_fraction * len(ids)))
+        small = len(ids) < 3  # too few to hold any out: all train
+        n_val = 0 if small else max(1, round(config.val_fraction * len(ids)))
+        n_test = 0 if small else max(1, round(config.test_fraction * len(ids)))
         for rank, i in enumerate(perm):
             label[ids[i]] = "val" if rank < n_val else "test" if rank < n_val + n_test else "train"
     return np.array([label[r] for r in table["request_id"].to_list()])
@@ -117,6 +119,9 @@ def fit_hvd_table(table: pl.DataFrame, out_dir: str | os.PathLike | None = None,
                         f"{table['request_id'].n_unique()}")
     split = split_by_request(table, payoff_config)
     train, val, test = (table.filter(pl.Series(split == s)) for s in ("train", "val", "test"))
+    if not (train.height and val.height and test.height):
+        raise DataError(f"hvd fit: a split is empty (rows train/val/test = {train.height}/{val.height}/"
+                        f"{test.height}); record more requests per dataset (>= 3)")
     groups = ("base", "history", "structure", "copy") if structure else ("base", "history", "copy")
     ctx = RouterContext(replay_config.k, cost, tuple(n for g in groups for n in FEATURE_GROUPS[g]), payoff_config)
     fitted = {}
@@ -127,13 +132,21 @@ def fit_hvd_table(table: pl.DataFrame, out_dir: str | os.PathLike | None = None,
     metrics = evaluate(test, {n: r.route(test, ctx) for n, r in fitted.items()}, cost, replay_config.k,
                        replay_config.high_payoff, preds)
     thresholds = {n: float(r.tau) for n, r in fitted.items() if hasattr(r, "tau")}
+    vd, td = val.filter(pl.col("draft_len") > 0), train.filter(pl.col("draft_len") > 0)
+    yv = vd["cache_acc"].to_numpy()
+    val_mse = {"mean_of_train": float(np.mean((td["cache_acc"].mean() - yv) ** 2))}
+    val_mse.update({n: float(np.mean((fitted[n].predict(vd, ctx) - yv) ** 2))
+                    for n in ("table", "mlp", "survival") if n in fitted})
     abl = _ablation(train, val, test, ctx, structure) if ablation else pl.DataFrame()
     info = {"rows": table.height, "requests": table["request_id"].n_unique(),
             "rows_with_cache_draft": int((table["draft_len"] > 0).sum()),
             "split_requests": {s: int(np.unique(table["request_id"].to_numpy()[split == s]).size)
                                for s in ("train", "val", "test")},
             "mean_cache_acc": float(table["cache_acc"].mean()), "mean_model_acc": float(table["model_acc"].mean()),
-            "features": list(ctx.features), "k": replay_config.k, "high_payoff": replay_config.high_payoff,
+            "high_payoff_rate": float((table.filter(pl.col("draft_len") > 0)["cache_acc"]
+                                       >= replay_config.high_payoff).mean()),
+            "mean_cache_draft_len": float(table.filter(pl.col("draft_len") > 0)["draft_len"].mean()),
+            "val_mse": val_mse, "features": list(ctx.features), "k": replay_config.k, "high_payoff": replay_config.high_payoff,
             "cost": asdict(cost),
             "payoff": asdict(payoff_config), **(extra_info or {})}
     result = HvdResult(metrics, abl, _budget(test, fitted, ctx), thresholds, info)

@@ -49,6 +49,8 @@ def hvd_markdown(result: HvdResult, title: str, notes: str = "") -> str:
         "## Per dataset", "",
         table_md(m.filter(pl.col("dataset") != "overall").sort("dataset", "router"), _COLS), "",
         "Thresholds: " + ", ".join(f"{k} tau={v:.3f}" for k, v in result.thresholds.items()), "",
+        ("Validation MSE of the predicted cache accepted length (positions with a cache draft): "
+         + ", ".join(f"{k} {v:.3f}" for k, v in info.get("val_mse", {}).items())), "",
     ]
     if result.budget.height:
         wide = result.budget.pivot(on="router", index="concurrency", values="throughput")

@@ -50,7 +50,7 @@ class ModelConfig:
                              f"num_kv_heads={self.num_kv_heads}")
 
     @classmethod
-    def from_hf(cls, cfg: dict, source: str = "config.json") -> "ModelConfig":
+    def from_hf(cls, cfg: dict, source: str = "config.json") -> ModelConfig:
         """Build from a HF ``config.json`` dict; unsupported architectures raise ModelError."""
         names = list(cfg.get("architectures") or []) + [cfg.get("model_type", "")]
         arch = next((ARCHITECTURES[n] for n in names if n in ARCHITECTURES), None)
@@ -79,7 +79,7 @@ class ModelConfig:
 
     @classmethod
     def from_gguf(cls, meta: dict, vocab_size: int, tied: bool, qkv_bias: bool,
-                  source: str) -> "ModelConfig":
+                  source: str) -> ModelConfig:
         """Build from GGUF key/values (``<arch>.block_count`` ...)."""
         arch = meta.get("general.architecture")
         if arch not in ("llama", "qwen2"):

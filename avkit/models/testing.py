@@ -70,11 +70,13 @@ def write_tiny_model(directory, arch: str = "qwen2", vocab: int = 512, seed: int
     path = Path(directory)
     path.mkdir(parents=True, exist_ok=True)
     tok = train_tokenizer(vocab)
-    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
-                  num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                  max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=rope_theta,
-                  tie_word_embeddings=tie_word_embeddings, initializer_range=init_std,
-                  eos_token_id=tok.token_to_id("<|im_end|>"), bos_token_id=tok.token_to_id("<|endoftext|>"))
+    common = {
+        "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": intermediate,
+        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": rope_theta,
+        "tie_word_embeddings": tie_word_embeddings, "initializer_range": init_std,
+        "eos_token_id": tok.token_to_id("<|im_end|>"), "bos_token_id": tok.token_to_id("<|endoftext|>"),
+    }
     if arch == "qwen2":
         config = transformers.Qwen2Config(**common)
         cls = transformers.Qwen2ForCausalLM

@@ -46,7 +46,8 @@ class Tokenizer:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)  # a tensor, an array or a list
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
@@ -66,7 +67,7 @@ class Tokenizer:
                                      bos_token=self.bos_token, eos_token=self.eos_token)
 
     @classmethod
-    def from_dir(cls, path: Path) -> "Tokenizer":
+    def from_dir(cls, path: Path) -> Tokenizer:
         """``tokenizer.json`` (+ ``tokenizer_config.json`` and ``generation_config.json`` if present)."""
         from tokenizers import Tokenizer as HFTokenizer
 
@@ -85,7 +86,7 @@ class Tokenizer:
         return cls(tok, template, eos_ids, bos or "", eos or "")
 
     @classmethod
-    def from_gguf(cls, metadata: dict, source: str) -> "Tokenizer":
+    def from_gguf(cls, metadata: dict, source: str) -> Tokenizer:
         """Rebuild the HF byte-level BPE tokenizer from GGUF ``tokenizer.ggml.*`` key/values."""
 
         def get(key, default=None):

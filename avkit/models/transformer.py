@@ -143,6 +143,8 @@ class Transformer(nn.Module):
         tokens [B, S] int64 right-padded; q_lens [B] int64 in [1, S]; slots [B] int64 distinct.
         logits: ``"all"`` -> [B, S, V]; ``"last"`` -> [B, V] at each row's last real token (the LM head
         runs on B rows only); an int64 tensor [B, n] of query indices -> [B, n, V].
+        Runs under ``torch.inference_mode()``: the logits are inference tensors (use out-of-place ops or
+        ``.clone()`` them before editing in place outside inference mode).
         """
         step = self._step(tokens, q_lens, slots, cache)
         x = self.embed(tokens)  # [B, S, d]

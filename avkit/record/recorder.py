@@ -95,6 +95,8 @@ def _load_models(config: RecordConfig, target, draft):
 
     from avkit.models import load
 
+    if config.threads:
+        torch.set_num_threads(config.threads)
     dtype = getattr(torch, config.dtype)
     target = target if target is not None else load(config.target, dtype=dtype)
     if draft is None and config.k > 0 and config.draft not in ("", "none"):

@@ -200,7 +200,7 @@ class Engine:
         num_verify, confidences = draft.num_drafted, None  # [B]; nothing drafted: nothing to decide
         if K > 0:
             num_verify = self.policy.num_verify(DraftBatch(draft.features, draft.num_drafted), load)
-            num_verify = torch.minimum(num_verify.to(torch.int64), draft.num_drafted)  # [B]
+            num_verify = num_verify.to(self.device, torch.int64).clamp_min(0).minimum(draft.num_drafted)  # [B]
             confidences = getattr(self.policy, "last_confidences", None)  # [B, K] or None
 
         # One target forward: row r feeds [last token, x_1..x_{k_r}] and gets p_1..p_{k_r+1}.

@@ -9,6 +9,9 @@ Glossary:
                Trimmed slots and slots after the first rejection are censored: no label.
   refit round  the estimator accumulates statistics every step and refits every N steps; after each
                refit the policy appends the coefficients to `trajectory` and logs them.
+  stop early   an autoregressive drafter pays one forward per depth, which trimming cannot refund;
+               `continue_drafting` (called by the drafter after each pass, optional) stops a request's
+               drafting once its next draft would not pay for itself (the simulator's `adaptive-stop`)
 Registered in POLICIES as `adaptive`. With estimator "none" it verifies every draft (the `full` policy).
 """
 
@@ -23,7 +26,7 @@ import numpy as np
 import torch
 
 import avkit.estimators  # noqa: F401  (registers the estimators)
-from avkit.config import DEFAULT_K, AdaptiveConfig
+from avkit.config import DEFAULT_K, AdaptiveConfig, EstimatorConfig
 from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.base import ESTIMATORS, Estimator, make_estimator
 from avkit.scheduling.budget import Allocation, plan_verification
@@ -67,17 +70,23 @@ def load_estimator(name: str, coefficients: str | Path = "", k: int = DEFAULT_K,
         return None
     if name not in ESTIMATORS:
         raise ConfigError(f"unknown estimator {name!r}; choose from {sorted([*ESTIMATORS, *ALIASES, 'none'])}")
-    estimator = make_estimator(name, k=k, **kwargs)
     if not coefficients:
-        return estimator
+        return make_estimator(name, k=k, **kwargs)
     path = Path(coefficients).expanduser()
     if not path.is_file():
         raise ConfigError(f"coefficients: no such file: {path}")
     try:
         state = json.loads(path.read_text())
-        estimator.load_state_dict(state.get("state", state))
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AvkitError) as e:
-        raise ConfigError(f"coefficients {path}: cannot warm-start {name!r} from it ({type(e).__name__}: {e})") from None
+        state = state.get("state", state)
+        feature = state.get("feature")
+        if feature and "config" not in kwargs and feature != EstimatorConfig().feature:
+            kwargs["config"] = EstimatorConfig(feature=feature)  # the fitted file names its feature
+        estimator = make_estimator(name, k=k, **kwargs)
+        if feature and estimator_feature(estimator) != feature:
+            raise ConfigError(f"fitted on feature {feature!r}, estimator reads {estimator_feature(estimator)!r}")
+        estimator.load_state_dict(state)
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, AvkitError) as e:
+        raise ConfigError(f"coefficients {path}: cannot warm-start {name!r} from it ({e})") from None
     return estimator
 
 
@@ -94,6 +103,7 @@ class AdaptiveVerification:
     trajectory: list[dict] = field(default_factory=list)  # {"step", "refit", **estimator.state_dict()}
     steps: int = 0
     refits: int = 0
+    draft_ms: float | None = None  # drafting paid this step, when the drafter asks `continue_drafting`
 
     def confidences(self, batch: DraftBatch) -> torch.Tensor:
         """[B, K] acceptance predictions from the estimator's feature; 0 past num_drafted."""
@@ -113,12 +123,43 @@ class AdaptiveVerification:
             self.last_confidences = None
             return batch.num_drafted.clone()
         conf = self.confidences(batch)  # [B, K]
-        k_drafted = conf.shape[1]  # the drafter ran K passes whatever we verify
-        plan = plan_verification(
-            conf, batch.num_drafted, num_sampling=load.num_sampling, num_scheduled=load.num_scheduled_tokens,
-            fixed_ms=float(self.cost.fixed_cost(load.num_requests, k_drafted)), verify_ms=self.cost.verify_cost)
-        self.last_confidences, self.last_allocation = conf, plan
+        plan = self._plan(conf, batch.num_drafted, load)
+        self.last_confidences, self.last_allocation, self.draft_ms = conf, plan, None
         return plan.num_verify.to(batch.num_drafted.device)
+
+    def _plan(self, conf: torch.Tensor, num_drafted: torch.Tensor, load: Load) -> Allocation:
+        # Drafting is paid before verification: K passes over the batch, or what continue_drafting counted.
+        draft_ms = self.draft_ms if self.draft_ms is not None else float(
+            self.cost.draft_cost(load.num_requests, conf.shape[1]))
+        return plan_verification(
+            conf, num_drafted.cpu(), num_sampling=load.num_sampling, num_scheduled=load.num_scheduled_tokens,
+            fixed_ms=draft_ms + float(self.cost.context_cost(load.num_requests)), verify_ms=self.cost.verify_cost)
+
+    def continue_drafting(self, batch: DraftBatch, load: Load) -> torch.Tensor:
+        """For an autoregressive drafter, after each pass: which requests should draft one more token ([B] bool).
+
+        `batch` holds the drafts so far (features [B, j], num_drafted [B]); requests with num_drafted == j
+        drafted in this pass. A request goes on only if the budget sized now (drafting so far paid)
+        verifies its newest draft and the next one pays for itself at the step's current rate:
+        s_next = s_newest * c_newest > rate * (pass_ms / n_active + marginal verify ms). Lossless: only q's
+        shape and the load decide. Call `num_verify` after the last pass (it resets the count).
+        """
+        conf = self.confidences(batch)  # [B, j]
+        j = conf.shape[1]
+        drafted = batch.num_drafted.cpu()
+        active = drafted == j  # [B] drafted in this pass
+        n_active = int(active.sum())
+        pass_ms = float(self.cost.draft_cost(n_active, 1)) if n_active else 0.0
+        self.draft_ms = (0.0 if j == 1 or self.draft_ms is None else self.draft_ms) + pass_ms
+        plan = self._plan(conf, drafted, load)
+        rate = plan.expected_tokens / plan.cost_ms  # tokens per ms at the optimum
+        t = load.num_scheduled_tokens + plan.budget
+        marginal = pass_ms / max(n_active, 1) + float(np.diff(self.cost.verify_cost([t, t + 1]))[0])
+        rows = torch.arange(conf.shape[0])
+        newest = (drafted - 1).clamp(min=0)
+        s_next = plan.survival[rows, newest] * conf.cpu()[rows, newest].clamp(0, 1)  # [B] guess of s at j
+        keep = active & (plan.num_verify == drafted) & (s_next > rate * marginal)
+        return keep.to(batch.num_drafted.device)
 
     def observe(self, outcome: VerifyOutcome) -> None:
         self.steps += 1
@@ -154,6 +195,9 @@ def make_adaptive(cost: str | CostTable | None = None, estimator: str | Estimato
     est = estimator if estimator is not None else config.estimator
     if isinstance(est, str):
         est = load_estimator(est, coefficients or config.coefficients, k=k, **estimator_kwargs)
+    if est is not None and not getattr(est, "lossless", True):
+        raise ConfigError(f"adaptive verification needs a lossless estimator; {est.name!r} reads a lossy "
+                          "feature (trimming on q of the drawn token biases the output, DESIGN.md §2)")
     return AdaptiveVerification(resolve_cost(cost or config.cost), est, history=config.history)
 
 

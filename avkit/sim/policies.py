@@ -7,7 +7,8 @@ Glossary:
               `recorded` (the trace's own `confidence` column, from the estimator that ran live)
   stop        `adaptive-stop:SOURCE` also decides the draft length: an autoregressive drafter pays one
               forward per depth, so the plain budget cannot save drafting (vLLM notes MTP/EAGLE gain
-              less from AV for this reason); this variant stops drafting once the budget stops growing
+              less from AV for this reason); this variant stops a request's drafting once its newest
+              draft is trimmed or its next one would not pay for itself at the step's current rate
 Policies are named by specs: `nospec`, `fixed:K` (or `fixed` = 1..recorded K), `adaptive:SOURCE`,
 `adaptive-stop:SOURCE`, looked up in SIM_POLICIES by the part before the colon.
 """
@@ -54,6 +55,7 @@ class Replay:
 class SimPolicy(Protocol):
     name: str
     estimator: str
+    lossless: bool  # False: the decision depends on the drawn tokens (lossy feature, or the oracle)
 
     def draft_len(self, k: int) -> int: ...
 
@@ -68,6 +70,7 @@ class SimPolicy(Protocol):
 class NoSpec:
     name: str = "nospec"
     estimator: str = ""
+    lossless: bool = True
 
     def draft_len(self, k: int) -> int:
         return 0
@@ -84,6 +87,7 @@ class NoSpec:
 class Fixed:
     k: int
     estimator: str = ""
+    lossless: bool = True
 
     @property
     def name(self) -> str:
@@ -112,6 +116,13 @@ class Adaptive:
     @property
     def name(self) -> str:
         return f"adaptive{'-stop' if self.stop_drafting else ''}-{self.estimator}"
+
+    @property
+    def lossless(self) -> bool:
+        """The oracle reads the outcomes; an estimator is lossless iff its feature is."""
+        if self.estimator in STATIC_SOURCES:
+            return self.estimator != "oracle"
+        return bool(getattr(load_estimator(self.estimator, k=1), "lossless", True))
 
     def draft_len(self, k: int) -> int:
         return k

@@ -35,6 +35,26 @@ from avkit.scheduling.cost import CostTable
 from avkit.sim.policies import Replay, SimPolicy, parse_policies
 from avkit.sim.steps import StepTable, schedule, step_table
 
+# The results table (one row per concurrency x policy), as written to Parquet and read by `avkit report`.
+RESULT_COLUMNS = {
+    "concurrency": "requests decoding at once (lanes)",
+    "policy": "nospec, fixedK, adaptive-ESTIMATOR, adaptive-stop-ESTIMATOR, adaptive-oracle, adaptive-recorded",
+    "estimator": "confidence source of adaptive policies ('' otherwise)",
+    "lossless": "False when decisions depend on the drawn tokens (the oracle, lossy features): not deployable",
+    "draft_len": "drafts proposed per request and step at most",
+    "drafted_per_step": "mean drafts proposed per request-step",
+    "throughput_tok_s": "tokens emitted per second over the steady-state window",
+    "per_request_tok_s": "throughput / concurrency (interactivity)",
+    "mean_accepted": "mean accepted drafts per request-step, min(k, recorded accepted)",
+    "tokens_per_step": "mean tokens per request-step (accepted + 1)",
+    "verified_per_step": "mean drafts verified per engine step (batch total)",
+    "step_ms": "mean predicted engine step time, ms",
+    "drafts_wasted": "share of proposed drafts not accepted (rejected, after a rejection, or trimmed)",
+    "sim_steps": "engine steps in the steady-state window",
+    "vs_best_fixed": "throughput / best fixed K at this concurrency",
+    "vs_nospec": "throughput / no speculation at this concurrency",
+}
+
 
 def load_steps(traces) -> StepTable:
     """StepTable from a StepTable, a polars frame of trace rows, or trace paths (read and validated)."""
@@ -68,6 +88,7 @@ def policy_metrics(replay: Replay, policy: SimPolicy, k_verify: np.ndarray, draf
     throughput = 1e3 * tokens / step_ms.sum()
     return {
         "concurrency": replay.sched.concurrency, "policy": policy.name, "estimator": policy.estimator,
+        "lossless": policy.lossless,
         "draft_len": policy.draft_len(steps.k), "drafted_per_step": float(drafted.mean()),
         "throughput_tok_s": throughput, "per_request_tok_s": throughput / replay.sched.concurrency,
         "mean_accepted": float(accepted.mean()), "tokens_per_step": float(accepted.mean() + 1.0),

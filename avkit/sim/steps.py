@@ -108,14 +108,12 @@ def schedule(steps: StepTable, concurrency: int, waves: int) -> Schedule:
         free_at, lane = heapq.heappop(lanes)
         start[i] = free_at
         heapq.heappush(lanes, (free_at + int(lengths[source[i]]), lane))
-    window = min(t for t, _ in lanes) if n_copies >= concurrency else 0  # first lane to run dry
+    window = min(t for t, _ in lanes)  # first lane to run dry (every lane got >= `waves` requests)
     row_start = np.r_[0, np.cumsum(lengths)[:-1]]  # [R] first step row of each request
     n = lengths[source]  # [C] step rows per copy
     copy = np.repeat(np.arange(n_copies), n)  # [sum n]
     ordinal = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
     rows, group = row_start[source[copy]] + ordinal, start[copy] + ordinal
-    if window == 0:  # fewer requests than lanes: use every step
-        window = int(group.max()) + 1
     keep = group < window
     order = np.lexsort((copy[keep], group[keep]))
     return Schedule(rows[keep][order], group[keep][order], int(window), concurrency)

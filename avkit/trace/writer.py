@@ -5,7 +5,8 @@ Glossary:
   partial     `<path>.partial`: the file being written; after every flush it is a complete,
               readable Parquet file holding every flushed row group (rewritten to a temp file
               and renamed over, so a crash or SIGKILL never leaves a torn file)
-  close       renames `<path>.partial` to `<path>` (so `<path>` is never clobbered by a failed run)
+  close       compacts small (time-flushed) row groups into groups of `row_group_rows`, then renames
+              `<path>.partial` to `<path>` (so `<path>` is never clobbered by a failed run)
   resume      starts from the rows already in `<path>.partial` (a crashed run) or `<path>`,
               optionally keeping only some request ids, and appends to them
 Rewriting on flush costs O(file) each time; shipped traces are a few MB, so this is cheap next
@@ -122,14 +123,18 @@ class _ParquetStream:
         if self._buffered >= self.row_group_rows or due:
             self.flush()
 
-    def flush(self) -> None:
-        """Write buffered rows as a row group; afterwards `<path>.partial` is complete and readable."""
+    def _seal_buffer(self) -> None:
+        """Turn the buffered rows into one row group (in memory)."""
         self._last_flush = time.monotonic()
         if self._buffer:
             group = pa.concat_tables(self._buffer).unify_dictionaries().combine_chunks()
             self._groups.append(group)
             self.rows_written += group.num_rows
             self._buffer, self._buffered = [], 0
+
+    def flush(self) -> None:
+        """Write buffered rows as a row group; afterwards `<path>.partial` is complete and readable."""
+        self._seal_buffer()
         self._rewrite(self.partial)
 
     def _rewrite(self, dest: Path) -> None:
@@ -142,9 +147,19 @@ class _ParquetStream:
         os.replace(tmp, dest)
 
     def close(self) -> None:
-        """Flush, then rename `<path>.partial` to `<path>`."""
-        self.flush()
+        """Flush, compact the time-based small row groups, then rename `<path>.partial` to `<path>`."""
+        self._seal_buffer()
+        self._compact()
+        self._rewrite(self.partial)
         os.replace(self.partial, self.path)
+
+    def _compact(self) -> None:
+        """Merge consecutive row groups into groups of up to `row_group_rows` rows (row order kept)."""
+        if len(self._groups) < 2:
+            return
+        merged = pa.concat_tables(self._groups).unify_dictionaries()
+        step = max(1, min(self.row_group_rows, merged.num_rows))
+        self._groups = [merged.slice(i, step).combine_chunks() for i in range(0, merged.num_rows, step)]
 
     def __enter__(self):
         return self

@@ -1,0 +1,80 @@
+"""`avkit report`: HTML + Markdown + PNG from a fit directory or traces, plus simulation and HVD results."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from avkit.config import DEFAULT_TRACE_GLOB, EstimatorConfig, FitConfig, ReportConfig, default_of
+from avkit.errors import ConfigError
+
+
+def _d(name: str):
+    return default_of(ReportConfig, name)
+
+
+DEFAULT_OUT = Path(_d("out"))
+
+
+def split_inputs(inputs: list[Path] | None) -> tuple[Path | None, list[Path]]:
+    """-> (FIT_DIR, []) for one directory, (None, traces) for trace files, shipped traces for none."""
+    if not inputs:
+        from avkit.cli.fit import shipped_traces
+
+        return None, shipped_traces()
+    dirs = [p for p in inputs if p.is_dir()]
+    if dirs and len(inputs) > 1:
+        raise ConfigError(f"give one FIT_DIR or trace files, not both: {', '.join(map(str, inputs))}")
+    if dirs:
+        return dirs[0], []
+    missing = [p for p in inputs if not p.is_file()]
+    if missing:
+        raise ConfigError(f"TRACE {missing[0]}: no such file or directory")
+    return None, list(inputs)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("report")
+    def report(
+        inputs: Annotated[list[Path] | None, typer.Argument(
+            metavar="[FIT_DIR | TRACE...]", show_default=False,
+            help=f"an `avkit fit` output directory, or trace files to fit now (default: the shipped "
+                 f"{DEFAULT_TRACE_GLOB})")] = None,
+        out: Annotated[Path, typer.Option(help="report directory (replaced atomically)")] = DEFAULT_OUT,
+        sim: Annotated[Path | None, typer.Option(
+            help=f"`avkit simulate` results Parquet (default: {_d('sim')} when it exists)", show_default=False)] = None,
+        hvd: Annotated[Path | None, typer.Option(
+            help=f"`avkit hvd` hvd_metrics.json or its directory (default: {_d('hvd')} when it exists)",
+            show_default=False)] = None,
+        simulate: Annotated[bool, typer.Option(
+            help="with no --sim and no default results file: simulate the traces now (`avkit simulate` "
+                 "defaults; seconds on the shipped traces)")] = True,
+        mode: Annotated[str, typer.Option(help="fit mode when fitting traces: online | batch")] =
+            default_of(FitConfig, "mode"),
+        feature: Annotated[str, typer.Option(help="deployed feature when fitting traces")] =
+            default_of(EstimatorConfig, "feature"),
+        bins: Annotated[int, typer.Option(help="reliability-diagram and ECE bins")] = _d("n_bins"),
+        embed: Annotated[bool, typer.Option(help="embed the PNGs in index.html")] = _d("embed_images"),
+    ):
+        """Write index.html (self-contained), report.md and the PNGs: summary, feature table, reliability
+        diagrams, online fitting, simulation and hybrid drafting. Missing inputs omit their section."""
+        from avkit.report import report_fit_dir, report_traces
+
+        config = ReportConfig(out=str(out), n_bins=bins, embed_images=embed)
+        fit_dir, traces = split_inputs(inputs)
+        console = Console(stderr=True)
+        t0 = time.perf_counter()
+        with console.status("avkit report") as status:
+            progress = lambda what: status.update(f"avkit report: {what}")
+            kw = {"sim": sim, "hvd": hvd, "run_simulation": simulate, "progress": progress}
+            if fit_dir is not None:
+                path = report_fit_dir(fit_dir, out, config, **kw)
+            else:
+                path = report_traces(traces, out, config, fit=FitConfig(mode=mode, n_bins=bins),
+                                     estimator=EstimatorConfig(feature=feature), **kw)
+        Console().print(f"wrote {path / 'index.html'} and {path / 'report.md'} "
+                        f"({time.perf_counter() - t0:.1f} s)")

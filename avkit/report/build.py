@@ -1,0 +1,159 @@
+"""Build a report directory: index.html (self-contained), report.md, one PNG per figure, fit/.
+
+  out/index.html   inline CSS, figures embedded as PNG data URIs (ReportConfig.embed_images)
+  out/report.md    the same tables, figures linked
+  out/*.png        the figures
+  out/fit/         the fit outputs the report was made from (coefficients.json, scores.json,
+                   trajectory.parquet): every number in the page can be checked against them
+  out/simulate.parquet  when the report ran the simulation itself (no results were given or found)
+Everything is written into a temporary directory beside `out`, which replaces `out` only when
+complete: a failed run leaves the previous report as it was.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import datetime as dt
+import io
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from avkit import __version__
+from avkit.config import EstimatorConfig, FitConfig, ReportConfig, SimulateConfig
+from avkit.errors import ConfigError
+from avkit.report.document import Figure, Report, Section
+from avkit.report.html import render_html
+from avkit.report.inputs import FitOutputs, ReportInputs, load_fit_dir, load_inputs
+from avkit.report.markdown import render_markdown
+from avkit.report.sections import SECTIONS
+
+Progress = Callable[[str], None]
+FIT_FILES = ("coefficients.json", "scores.json", "trajectory.parquet")
+
+
+@contextlib.contextmanager
+def staging(out: Path) -> Iterator[Path]:
+    """Yield an empty temp dir beside `out`; on success it becomes `out` (the old one is removed)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out}: exists and is not a directory")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = out.with_name(f".{out.name}.{os.getpid()}.old")
+    if out.exists():
+        os.replace(out, old)
+    os.replace(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def build_document(inputs: ReportInputs, config: ReportConfig, progress: Progress | None = None) -> Report:
+    """Run every section builder; a section with missing inputs comes back `omitted`, never raises."""
+    sections: list[Section] = []
+    for name, build in SECTIONS.items():
+        if progress is not None:
+            progress(name)
+        sections.append(build(inputs, config))
+    c = inputs.fit.coefficients
+    t = c.get("trained_on", {})
+    pair = f"{t.get('target') or '?'} (target) / {t.get('draft') or '?'} (draft)"
+    facts = [("model pair", pair),
+             ("fit", f"{inputs.fit.dir.name}/: {c['estimator']} on {c['feature']}, {c.get('mode', '?')} mode"),
+             ("traces", ", ".join(p.name for p in inputs.traces) or "not at hand"),
+             ("simulation", inputs.sources.get("sim", "none")),
+             ("hybrid drafting", inputs.sources.get("hvd", "none")),
+             ("written", f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC by avkit {__version__}")]
+    return Report("avkit report: acceptance, calibration and verification", facts, sections)
+
+
+def _figures(report: Report) -> list[Figure]:
+    return [b for s in report.sections for b in s.blocks if isinstance(b, Figure)]
+
+
+def write_document(report: Report, out: Path, config: ReportConfig) -> dict[str, Path]:
+    """Write the PNGs, index.html and report.md into `out` (an existing directory)."""
+    files, embedded = {}, {}
+    for f in _figures(report):
+        buf = io.BytesIO()
+        f.figure.savefig(buf, format="png", dpi=config.dpi, facecolor="white")
+        (out / f"{f.name}.png").write_bytes(buf.getvalue())
+        files[f.name] = f"{f.name}.png"
+        embedded[f.name] = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    (out / "index.html").write_text(render_html(report, embedded if config.embed_images else files))
+    (out / "report.md").write_text(render_markdown(report, files))
+    return {"index.html": out / "index.html", "report.md": out / "report.md",
+            **{n: out / p for n, p in files.items()}}
+
+
+def _copy_fit(fit: FitOutputs, dest: Path) -> None:
+    dest.mkdir()
+    for name in FIT_FILES:
+        if (fit.dir / name).is_file():
+            shutil.copy2(fit.dir / name, dest / name)
+
+
+def _simulate(traces: list[Path], dest: Path) -> Path:
+    from avkit.scheduling.cost import resolve_cost
+    from avkit.sim.replay import simulate, write_results
+
+    config = SimulateConfig()
+    return write_results(simulate(traces, resolve_cost(config.cost), config=config), dest)
+
+
+def report_fit_dir(fit_dir, out, config: ReportConfig | None = None, *, traces=None, sim=None, hvd=None,
+                   run_simulation: bool = False, progress: Progress | None = None) -> Path:
+    """Report an `avkit fit` output directory (with the traces it names, when at hand) into `out`."""
+    out, config = Path(out), config or ReportConfig()
+    fit = load_fit_dir(fit_dir)
+    with staging(out) as tmp:
+        _copy_fit(fit, tmp / "fit")
+        inputs = _gather(load_fit_dir(tmp / "fit"), traces, sim, hvd, config, run_simulation, tmp, progress)
+        write_document(build_document(inputs, config, progress), tmp, config)
+    return out
+
+
+def report_traces(traces, out, config: ReportConfig | None = None, *, fit: FitConfig | None = None,
+                  estimator: EstimatorConfig | None = None, sim=None, hvd=None, run_simulation: bool = False,
+                  progress: Progress | None = None) -> Path:
+    """Fit `traces` with the fit library (outputs kept in out/fit) and report them into `out`."""
+    from avkit.fit import run_fit, write_fit_outputs
+
+    out, paths, config = Path(out), [Path(p) for p in traces], config or ReportConfig()
+    if progress is not None:
+        progress("fit")
+    result = run_fit(paths, fit, estimator)
+    with staging(out) as tmp:
+        write_fit_outputs(tmp / "fit", result)
+        inputs = _gather(load_fit_dir(tmp / "fit"), paths, sim, hvd, config, run_simulation, tmp, progress)
+        write_document(build_document(inputs, config, progress), tmp, config)
+    return out
+
+
+def _gather(fit: FitOutputs, traces, sim, hvd, config: ReportConfig, run_simulation: bool, tmp: Path,
+            progress: Progress | None) -> ReportInputs:
+    """sim / hvd: an explicit path must exist; None falls back to the config default when present, and
+    for sim, with `run_simulation`, to simulating the traces now (SimulateConfig defaults)."""
+    paths = [Path(p) for p in (traces or fit.coefficients.get("trained_on", {}).get("traces", []))]
+    simulated = ""
+    if sim is None and run_simulation and not Path(config.sim).expanduser().exists() and all(
+            p.is_file() for p in paths) and paths:
+        if progress is not None:
+            progress("simulate")
+        sim = _simulate(paths, tmp / "simulate.parquet")
+        simulated = f"simulated now with the avkit simulate defaults (cost model {SimulateConfig().cost})"
+    inputs = load_inputs(fit, traces, sim or config.sim, hvd or config.hvd, sim_explicit=sim is not None,
+                         hvd_explicit=hvd is not None)
+    if simulated:
+        inputs.sources["sim"] = simulated
+    return inputs
+
+
+__all__ = ["build_document", "report_fit_dir", "report_traces", "staging", "write_document"]

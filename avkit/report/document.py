@@ -1,0 +1,75 @@
+"""The report as data: sections of paragraphs, tables and figures, rendered by html.py and markdown.py.
+
+Every number is formatted once, here or in a section (`fmt`), so the HTML and the Markdown show the
+same strings and a test can compare them with the inputs (scores.json) at the printed precision.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from matplotlib.figure import Figure as MplFigure
+
+DIGITS = 4  # metrics (AUC, log-loss, ECE, coefficients) are printed with this many decimals
+
+
+def fmt(x, digits: int = DIGITS) -> str:
+    """One table cell: None / NaN -> '-', floats with `digits` decimals, everything else str()."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, float):
+        return f"{x:,.{digits}f}" if abs(x) >= 1e4 else f"{x:.{digits}f}"
+    if isinstance(x, int):
+        return f"{x:,}"
+    return str(x)
+
+
+@dataclass(frozen=True)
+class Table:
+    columns: tuple[str, ...]
+    rows: list[tuple[str, ...]]  # pre-formatted cells, len(columns) each
+    caption: str = ""
+    numeric: tuple[bool, ...] = ()  # right-align these columns (default: all but the first)
+    emphasis: frozenset[tuple[int, int]] = frozenset()  # (row, column) cells shown in bold
+    collapsed: bool = False  # long reference tables: folded in HTML (<details>), full in Markdown
+
+    def __post_init__(self):
+        assert all(len(r) == len(self.columns) for r in self.rows), "ragged table"
+        if not self.numeric:
+            object.__setattr__(self, "numeric", (False,) + (True,) * (len(self.columns) - 1))
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str  # PNG file stem, unique in the report
+    caption: str
+    figure: MplFigure  # drawn on the object-oriented API (no pyplot global state)
+    alt: str = ""
+
+
+Block = str | Table | Figure  # a paragraph, a table or a figure
+
+
+@dataclass
+class Section:
+    key: str  # HTML anchor and registry name
+    title: str
+    blocks: list[Block] = field(default_factory=list)
+    omitted: str = ""  # non-empty: the section is left out and this says why and how to add it
+
+    def add(self, *blocks: Block) -> Section:
+        self.blocks.extend(blocks)
+        return self
+
+
+@dataclass
+class Report:
+    title: str
+    facts: list[tuple[str, str]]  # (label, value) lines under the title: inputs, model pair, time
+    sections: list[Section]
+
+
+__all__ = ["DIGITS", "Block", "Figure", "Report", "Section", "Table", "fmt"]

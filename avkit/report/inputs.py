@@ -1,0 +1,155 @@
+"""What a report reads: the fit outputs, the traces behind them, simulation and HVD results.
+
+  fit dir      coefficients.json + scores.json (required), trajectory.parquet (optional), as
+               written by `avkit fit` (avkit/fit/outputs.py)
+  traces       the observed slots the fit was trained on (coefficients.json `trained_on.traces`,
+               or given): acceptance per position, reliability diagrams, the per-dataset refits
+  sim          `avkit simulate` results Parquet: one row per (concurrency, policy)
+  hvd          `avkit hvd` hvd_metrics.json: routers x datasets on held-out requests
+An input that is absent leaves `None` and a note; the sections that need it say so in the report.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from avkit.errors import ConfigError, DataError
+from avkit.fit.data import FitData, load_fit_data
+from avkit.trace.reader import read_traces
+
+SCORE_KEYS = ("feature", "lossless", "estimator", "scope", "auc", "log_loss", "ece", "n")
+SIM_COLUMNS = ("concurrency", "policy", "throughput_tok_s", "per_request_tok_s", "vs_best_fixed")
+HVD_KEYS = ("router", "dataset", "cycles_per_1k", "precision", "recall", "speedup_vs_model")
+
+
+@dataclass
+class FitOutputs:
+    dir: Path
+    coefficients: dict  # coefficients.json
+    scores: list[dict]  # scores.json rows {feature, lossless, estimator, scope, auc, log_loss, ece, n}
+    trajectory: pl.DataFrame | None  # one row per refit round; None when the file is absent
+
+
+@dataclass
+class ReportInputs:
+    fit: FitOutputs
+    traces: list[Path] = field(default_factory=list)
+    data: FitData | None = None  # observed slots of `traces`, in engine-step order
+    drafts: dict[str, dict] = field(default_factory=dict)  # dataset -> {slots, entropy}: ALL drafted slots
+    sim: pl.DataFrame | None = None
+    hvd: dict | None = None
+    notes: dict[str, str] = field(default_factory=dict)  # input -> why it is missing
+    sources: dict[str, str] = field(default_factory=dict)  # input -> where it came from (shown in the report)
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: not valid JSON: {e}") from None
+
+
+def load_fit_dir(path) -> FitOutputs:
+    """Read an `avkit fit` output directory; raise ConfigError/DataError naming the file."""
+    d = Path(path)
+    if not d.is_dir():
+        raise ConfigError(f"FIT_DIR {d}: not a directory")
+    for name in ("coefficients.json", "scores.json"):
+        if not (d / name).is_file():
+            raise ConfigError(f"FIT_DIR {d}: no {name} (write one with `avkit fit --out {d}`)")
+    coefficients, scores = _read_json(d / "coefficients.json"), _read_json(d / "scores.json")
+    for key in ("feature", "slope", "intercepts", "estimator"):
+        if key not in coefficients:
+            raise DataError(f"{d / 'coefficients.json'}: missing key {key!r}")
+    if not isinstance(scores, list) or not scores:
+        raise DataError(f"{d / 'scores.json'}: expected a non-empty list of score rows")
+    for i, row in enumerate(scores):
+        missing = [k for k in SCORE_KEYS if k not in row]
+        if missing:
+            raise DataError(f"{d / 'scores.json'}: row {i} lacks {missing}")
+    traj = d / "trajectory.parquet"
+    trajectory = pl.read_parquet(traj) if traj.is_file() else None
+    return FitOutputs(d, coefficients, scores, trajectory)
+
+
+def load_sim(path) -> pl.DataFrame:
+    p = Path(path)
+    try:
+        df = pl.read_parquet(p)
+    except (OSError, pl.exceptions.PolarsError) as e:
+        raise DataError(f"--sim {p}: not a readable Parquet file: {str(e).splitlines()[0]}") from None
+    missing = [c for c in SIM_COLUMNS if c not in df.columns]
+    if missing:
+        raise DataError(f"--sim {p}: missing column(s) {missing} (expected `avkit simulate` results)")
+    return df
+
+
+def load_hvd(path) -> dict:
+    p = Path(path)
+    p = p / "hvd_metrics.json" if p.is_dir() else p
+    blob = _read_json(p)
+    rows = blob.get("metrics") if isinstance(blob, dict) else None
+    if not rows or any(k not in rows[0] for k in HVD_KEYS):
+        raise DataError(f"--hvd {p}: expected `avkit hvd` hvd_metrics.json with metrics rows {list(HVD_KEYS)}")
+    return blob
+
+
+def draft_stats(paths: list[Path]) -> dict[str, dict]:
+    """dataset -> {slots: drafted slots, entropy: mean draft entropy (nats)} over every drafted slot,
+    observed or not (the seeds' "mean draft entropy" of a workload)."""
+    df = read_traces(paths, ["dataset", "entropy"], check=False)
+    agg = (df.group_by(pl.col("dataset").cast(pl.String))
+           .agg(pl.len().alias("slots"), pl.col("entropy").cast(pl.Float64).mean()).sort("dataset"))
+    return {r["dataset"]: {"slots": r["slots"], "entropy": r["entropy"]} for r in agg.iter_rows(named=True)}
+
+
+def _optional(path, explicit: bool, loader, name: str, hint: str, notes: dict):
+    """Load `path` if it exists; an explicitly given path must exist, a default one may not."""
+    if path is None:
+        notes[name] = hint
+        return None
+    p = Path(path).expanduser()
+    if not p.exists():
+        if explicit:
+            raise ConfigError(f"--{name} {p}: no such file")
+        notes[name] = f"no {p} yet: {hint}"
+        return None
+    return loader(p)
+
+
+def load_inputs(fit: FitOutputs, traces=None, sim=None, hvd=None, *, sim_explicit: bool = False,
+                hvd_explicit: bool = False) -> ReportInputs:
+    """Gather everything a report reads. `traces` default to the ones the fit was trained on."""
+    notes: dict[str, str] = {}
+    paths = [Path(p) for p in (traces or fit.coefficients.get("trained_on", {}).get("traces", []))]
+    found = [p for p in paths if p.is_file()]
+    inputs = ReportInputs(fit, found, notes=notes)
+    if found:
+        inputs.data = load_fit_data(found)
+        inputs.drafts = draft_stats(found)
+    else:
+        notes["traces"] = ("the traces the fit was trained on are not at hand"
+                           + (f" ({', '.join(map(str, paths))})" if paths else "") + "; pass them as TRACE")
+    inputs.sim = _optional(sim, sim_explicit, load_sim, "sim", "run `avkit simulate` and pass its results with "
+                           "--sim (or let `avkit report` simulate the traces)", notes)
+    inputs.hvd = _optional(hvd, hvd_explicit, load_hvd, "hvd", "run `avkit hvd` to add the hybrid-drafting results",
+                           notes)
+    inputs.sources.update({name: str(path) for name, path, got in (("sim", sim, inputs.sim), ("hvd", hvd, inputs.hvd))
+                           if got is not None})
+    return inputs
+
+
+def subset(data: FitData, mask: np.ndarray) -> FitData:
+    """The observed slots where `mask` [N] holds, still in engine-step order."""
+    return FitData(k=data.k, features={n: v[mask] for n, v in data.features.items()}, positions=data.positions[mask],
+                   labels=data.labels[mask], engine_step=data.engine_step[mask], file_index=data.file_index[mask],
+                   dataset_codes=data.dataset_codes[mask], dataset_names=data.dataset_names,
+                   trained_on=data.trained_on)
+
+
+__all__ = ["FitOutputs", "ReportInputs", "load_fit_dir", "load_hvd", "load_inputs", "load_sim", "subset"]

@@ -1,0 +1,225 @@
+"""The report's matplotlib figures: each function takes plain arrays and returns a Figure.
+
+Drawn on the object-oriented API (`matplotlib.figure.Figure`, Agg canvas): no pyplot state, safe to
+build in any order. Every axis names its quantity and unit; every multi-series plot has a legend.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+GRID = {"color": "#d9d9d9", "linewidth": 0.6}
+ACCENT = ("#d62728", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+
+
+def new_figure(width: float = 7.5, height: float = 4.2, nrows: int = 1, ncols: int = 1, **kw):
+    fig = Figure(figsize=(width, height), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, **kw)
+    for ax in axes.flat:
+        ax.grid(True, **GRID)
+        ax.set_axisbelow(True)
+        ax.spines[["top", "right"]].set_visible(False)
+    return fig, axes
+
+
+def plain_log(ax, axis: str = "both", base: int = 10) -> None:
+    """Log scale with plain numbers (1,000 not 10^3) on the major ticks and 2 and 5 multiples."""
+    plain = FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}")
+    for name in ("x", "y") if axis == "both" else (axis,):
+        a = getattr(ax, f"{name}axis")
+        getattr(ax, f"set_{name}scale")("log", base=base)
+        a.set_major_formatter(plain)
+        if base == 10:
+            a.set_minor_locator(LogLocator(10, subs=(2.0, 5.0)))
+            a.set_minor_formatter(plain)
+        else:
+            a.set_minor_formatter(NullFormatter())
+
+
+def series_colors(names: list[str]) -> dict[str, str]:
+    """A stable color per series name (tab10 in order)."""
+    cmap = colormaps["tab10"]
+    return {n: cmap(i % 10) for i, n in enumerate(names)}
+
+
+def acceptance_by_position(curves: dict[str, tuple[np.ndarray, np.ndarray]], k: int) -> Figure:
+    """curves: label -> (positions [P], observed acceptance rate [P])."""
+    fig, ax = new_figure(7.0, 3.8)
+    ax = ax[0, 0]
+    colors = series_colors(list(curves))
+    for label, (pos, rate) in curves.items():
+        bold = label == "all datasets"
+        ax.plot(pos, rate, marker="o", color="black" if bold else colors[label], linewidth=2.4 if bold else 1.4,
+                label=label, zorder=3 if bold else 2)
+    ax.set(title="Acceptance rate per draft position (observed slots)", xlabel="draft position i",
+           ylabel="P(accept | reached, verified)", ylim=(0, 1.02), xticks=range(k))
+    ax.legend(frameon=False, fontsize=8)
+    return fig
+
+
+def per_position_auc(curves: dict[str, tuple[np.ndarray, np.ndarray, bool]], k: int) -> Figure:
+    """curves: 'feature (estimator)' -> (positions [P], AUC [P], lossless)."""
+    fig, ax = new_figure(8.0, 4.4)
+    ax = ax[0, 0]
+    colors = series_colors(list(curves))
+    for label, (pos, auc, lossless) in curves.items():
+        ax.plot(pos, auc, marker="o" if lossless else "x", linestyle="-" if lossless else "--",
+                color=colors[label], label=label + ("" if lossless else "  [LOSSY]"), linewidth=1.5)
+    ax.axhline(0.5, color="grey", linewidth=0.8, linestyle=":")
+    ax.set(title="AUC per draft position, by feature and estimator", xlabel="draft position i",
+           ylabel="AUC (rank, ties = 1/2)", xticks=range(k))
+    ax.legend(frameon=False, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return fig
+
+
+def reliability(panels: list[dict]) -> Figure:
+    """panels: {title, pred [B], rate [B], count [B], ece}; bins with no slot are nan. Top row: the
+    diagram (marker area ~ bin count); bottom row: slots per bin (log scale)."""
+    n = len(panels)
+    fig = Figure(figsize=(3.6 * n + 0.4, 5.4), layout="constrained")
+    axes = fig.subplots(2, n, squeeze=False, height_ratios=(3, 1.2), sharex=True)
+    for j, p in enumerate(panels):
+        top, bottom = axes[0, j], axes[1, j]
+        for ax in (top, bottom):
+            ax.grid(True, **GRID)
+            ax.spines[["top", "right"]].set_visible(False)
+        ok = p["count"] > 0
+        top.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1, label="perfect calibration")
+        size = 20 + 180 * np.sqrt(p["count"][ok] / max(p["count"].max(), 1))
+        top.plot(p["pred"][ok], p["rate"][ok], color=ACCENT[j % len(ACCENT)], linewidth=1.2)
+        top.scatter(p["pred"][ok], p["rate"][ok], s=size, color=ACCENT[j % len(ACCENT)], alpha=0.8,
+                    edgecolor="white", label="bins (area ~ slots)", zorder=3)
+        top.set(title=f"{p['title']}\nECE {p['ece']:.4f}", xlim=(0, 1), ylim=(0, 1), aspect="equal",
+                ylabel="observed acceptance rate" if j == 0 else None)
+        top.legend(frameon=False, fontsize=7, loc="upper left")
+        width = 1.0 / len(p["count"])
+        centers = (np.arange(len(p["count"])) + 0.5) * width
+        bottom.bar(centers, np.maximum(p["count"], 0.8), width=width * 0.9, color="#7f7f7f")
+        bottom.set_yscale("log")
+        bottom.set(xlabel="predicted acceptance probability", ylabel="slots per bin" if j == 0 else None)
+    fig.suptitle("Reliability: predicted vs observed acceptance", fontsize=12)
+    return fig
+
+
+def coefficient_trajectory(x: np.ndarray, slope: np.ndarray, intercepts: np.ndarray, xlabel: str) -> Figure:
+    """x [R]; slope [R]; intercepts [R, K] after each refit."""
+    fig, axes = new_figure(10.0, 3.8, 1, 2)
+    a, b = axes[0, 0], axes[0, 1]
+    a.plot(x, slope, color="black", linewidth=1.6)
+    a.set(title="Slope ω after each refit", xlabel=xlabel, ylabel="ω (log-odds per feature unit)")
+    cmap = colormaps["viridis"]
+    k = intercepts.shape[1]
+    for i in range(k):
+        b.plot(x, intercepts[:, i], color=cmap(i / max(k - 1, 1)), linewidth=1.3, label=f"β{i}")
+    b.set(title="Intercepts β_i after each refit", xlabel=xlabel, ylabel="β_i (log-odds)")
+    b.legend(frameon=False, fontsize=7, ncols=2, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return fig
+
+
+def _scatter_with_fit(ax, x, y, labels, r: float | None, title: str, ylabel: str):
+    ax.scatter(x, y, s=60, color=ACCENT[0], zorder=3)
+    for xi, yi, name in zip(x, y, labels):
+        ax.annotate(name, (xi, yi), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    if len(x) >= 2 and np.ptp(x) > 0:
+        coef = np.polyfit(x, y, 1)
+        xs = np.linspace(np.min(x), np.max(x), 20)
+        ax.plot(xs, np.polyval(coef, xs), color="grey", linestyle="--", linewidth=1,
+                label="least-squares line" + (f" (r = {r:+.2f})" if r is not None else ""))
+        ax.legend(frameon=False, fontsize=8)
+    ax.set(title=title, xlabel="mean draft entropy H(q) (nats)", ylabel=ylabel)
+
+
+def role_analysis(entropy, slope, first_intercept, labels, r_slope, r_b0) -> Figure:
+    """Per dataset: mean draft entropy [D] against the fitted slope [D] and first intercept [D]."""
+    fig, axes = new_figure(10.0, 4.0, 1, 2)
+    _scatter_with_fit(axes[0, 0], entropy, slope, labels, r_slope, "Slope per dataset", "slope ω")
+    _scatter_with_fit(axes[0, 1], entropy, first_intercept, labels, r_b0, "First intercept per dataset",
+                      "intercept β0 (log-odds)")
+    return fig
+
+
+def policy_style(policy: str, fixed_rank: float) -> dict:
+    if policy == "nospec":
+        return {"color": "#7f7f7f", "linestyle": ":", "marker": "s", "linewidth": 1.8}
+    if policy.startswith("fixed"):
+        return {"color": colormaps["Blues"](0.35 + 0.6 * fixed_rank), "linestyle": "-", "marker": ".",
+                "linewidth": 1.0}
+    return {"linestyle": "-", "marker": "o", "linewidth": 2.2}
+
+
+def _policy_lines(ax, series: dict[str, tuple[np.ndarray, np.ndarray]]):
+    fixed = [p for p in series if p.startswith("fixed")]
+    accents = iter(ACCENT)
+    for policy, (x, y) in series.items():
+        style = policy_style(policy, fixed.index(policy) / max(len(fixed) - 1, 1) if policy in fixed else 0.0)
+        if "color" not in style:
+            style["color"] = next(accents, "black")
+        ax.plot(x, y, label=policy, **style)
+
+
+def throughput_vs_concurrency(series: dict[str, tuple[np.ndarray, np.ndarray]],
+                              relative: dict[str, tuple[np.ndarray, np.ndarray]]) -> Figure:
+    """series: policy -> (concurrency [C], throughput tok/s [C]); relative: the same against the best
+    fixed K at each concurrency (a ratio), where the policies' differences are visible."""
+    fig, axes = new_figure(12.0, 4.6, 1, 2)
+    a, b = axes[0, 0], axes[0, 1]
+    _policy_lines(a, series)
+    plain_log(a, "x", base=2)
+    plain_log(a, "y")
+    a.set(title="Simulated throughput vs concurrency", xlabel="concurrency (requests decoding at once)",
+          ylabel="throughput (tokens/s, all requests)")
+    _policy_lines(b, {p: v for p, v in relative.items() if p != "nospec"})
+    b.axhline(1.0, color="black", linewidth=0.8, linestyle=":")
+    plain_log(b, "x", base=2)
+    b.set(title="Relative to the best fixed K", xlabel="concurrency (requests decoding at once)",
+          ylabel="throughput / best fixed K (×)")
+    b.legend(frameon=False, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return fig
+
+
+def pareto(series: dict[str, tuple[np.ndarray, np.ndarray]], front: tuple[np.ndarray, np.ndarray],
+           concurrency: dict[str, np.ndarray] | None = None, annotate: str | None = None) -> Figure:
+    """series: policy -> (per-request tok/s [C], throughput tok/s [C]); front: the Pareto points;
+    `annotate`: a policy whose points are labelled with their concurrency."""
+    fig, ax = new_figure(8.5, 4.8)
+    ax = ax[0, 0]
+    _policy_lines(ax, series)
+    order = np.argsort(front[0])
+    ax.step(front[0][order], front[1][order], where="post", color="black", linewidth=2.5, alpha=0.3,
+            label="Pareto front", zorder=1)
+    ax.scatter(front[0], front[1], s=110, facecolor="none", edgecolor="black", linewidth=1.0, zorder=4,
+               label="on the front")
+    if annotate in series and concurrency is not None:
+        for x, y, c in zip(*series[annotate], concurrency[annotate]):
+            ax.annotate(f"c={c}", (x, y), textcoords="offset points", xytext=(6, 6), fontsize=7)
+    plain_log(ax)
+    ax.set(title="Throughput–interactivity trade-off (one point per concurrency)",
+           xlabel="interactivity (tokens/s per request)", ylabel="throughput (tokens/s, all requests)")
+    ax.legend(frameon=False, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return fig
+
+
+def grouped_bars(values: dict[str, dict[str, float]], title: str, ylabel: str, baseline: float | None = None) -> Figure:
+    """values: group (x tick) -> series (bar) -> value."""
+    groups = list(values)
+    series = list(dict.fromkeys(s for g in values.values() for s in g))
+    colors = series_colors(series)
+    fig, ax = new_figure(8.0, 3.9)
+    ax = ax[0, 0]
+    width = 0.8 / max(len(series), 1)
+    for j, s in enumerate(series):
+        x = np.arange(len(groups)) + (j - (len(series) - 1) / 2) * width
+        ax.bar(x, [values[g].get(s, np.nan) for g in groups], width=width * 0.95, color=colors[s], label=s)
+    if baseline is not None:
+        ax.axhline(baseline, color="black", linewidth=0.8, linestyle=":")
+    ax.set_xticks(np.arange(len(groups)), groups)
+    ax.set(title=title, ylabel=ylabel)
+    ax.legend(frameon=False, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return fig
+
+
+__all__ = ["acceptance_by_position", "coefficient_trajectory", "grouped_bars", "pareto", "per_position_auc",
+           "reliability", "role_analysis", "throughput_vs_concurrency"]

@@ -1,0 +1,81 @@
+"""Feature table (AUC, log-loss, ECE, lossless; overall and without position 0) and AUC per position.
+
+Every number comes from scores.json as written by `avkit fit`, printed with DIGITS decimals.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from avkit.config import ReportConfig
+from avkit.report import plots
+from avkit.report.document import Figure, Section, Table, fmt
+from avkit.report.inputs import ReportInputs
+
+# DESIGN.md §3 / seeds: DeepSeek-V4-Flash + DSpark, ~4.5M drafts (AUC, log-loss, ECE).
+SEEDS_REFERENCE = (("logit(q_max) (shipped)", 0.8336, 0.4284, 0.0100),
+                   ("trained confidence head", 0.8191, 0.4449, 0.0052),
+                   ("q_max, no fit", 0.8259, 0.4880, 0.0736))
+
+
+def label(row: dict) -> str:
+    return f"{row['feature']} ({row['estimator']})"
+
+
+def score_index(scores: list[dict]) -> dict[tuple[str, str], dict[str, dict]]:
+    """(feature, estimator) -> scope -> row, in scores.json order."""
+    out: dict[tuple[str, str], dict[str, dict]] = {}
+    for r in scores:
+        out.setdefault((r["feature"], r["estimator"]), {})[r["scope"]] = r
+    return out
+
+
+def feature_table(scores: list[dict], deployed: tuple[str, str]) -> Table:
+    rows, bold = [], set()
+    for i, ((feature, est), scopes) in enumerate(score_index(scores).items()):
+        a, b = scopes.get("all", {}), scopes.get("all_but_first", {})
+        lossless = next(iter(scopes.values()))["lossless"]
+        rows.append((feature, est, "yes" if lossless else "NO (lossy)", fmt(a.get("auc")), fmt(a.get("log_loss")),
+                     fmt(a.get("ece")), fmt(b.get("auc")), fmt(b.get("log_loss")), fmt(b.get("ece")), fmt(a.get("n"))))
+        if (feature, est) == deployed:
+            bold |= {(i, j) for j in range(len(rows[-1]))}
+    return Table(("feature", "estimator", "lossless", "AUC", "log-loss", "ECE", "AUC pos≥1", "log-loss pos≥1",
+                  "ECE pos≥1", "observed slots"), rows, numeric=(False, False, False) + (True,) * 7,
+                 emphasis=frozenset(bold),
+                 caption="Bold: the deployed estimator. Lossy features (of q(x_sampled)) rank better but bias the "
+                         "output distribution when used to trim drafts; they are never deployed. Online fits are "
+                         "scored on predictions made before each label was learned from (out of sample).")
+
+
+def dataset_auc_table(scores: list[dict]) -> Table | None:
+    index = score_index(scores)
+    datasets = list(dict.fromkeys(s.removeprefix("dataset=") for sc in index.values() for s in sc
+                                  if s.startswith("dataset=")))
+    if not datasets:
+        return None
+    rows = [(f"{f} ({e})", *(fmt(sc.get(f"dataset={d}", {}).get("auc")) for d in datasets))
+            for (f, e), sc in index.items()]
+    return Table(("feature (estimator)", *datasets), rows, caption="AUC per dataset (scores.json `dataset=` scopes).")
+
+
+def auc_figure(scores: list[dict], k: int) -> Figure:
+    curves = {}
+    for (feature, est), scopes in score_index(scores).items():
+        pos = sorted(int(s.split("=")[1]) for s in scopes if s.startswith("position="))
+        auc = np.array([scopes[f"position={i}"]["auc"] for i in pos], dtype=float)  # None (one class) -> nan
+        curves[f"{feature} ({est})"] = (np.array(pos), auc, next(iter(scopes.values()))["lossless"])
+    return Figure("auc_by_position", "AUC of each feature and estimator at each draft position (dashed: lossy).",
+                  plots.per_position_auc(curves, k), alt="AUC per draft position")
+
+
+def build(inputs: ReportInputs, config: ReportConfig) -> Section:
+    scores, c = inputs.fit.scores, inputs.fit.coefficients
+    sec = Section("features", "Features and estimators")
+    sec.add(feature_table(scores, (c["feature"], c["estimator"])))
+    sec.add(Table(("seeds reference", "AUC", "log-loss", "ECE"), [(n, *(fmt(x) for x in v)) for n, *v in
+                                                                 SEEDS_REFERENCE],
+                  caption="For comparison, the seeds' figures on DeepSeek-V4-Flash + DSpark (~4.5M drafts); "
+                          "a different model pair and workload mix, so compare orderings, not values."))
+    sec.add(auc_figure(scores, int(c.get("num_positions", len(c["intercepts"])))))
+    table = dataset_auc_table(scores)
+    return sec.add(table) if table is not None else sec

@@ -1,0 +1,79 @@
+"""Summary: model pair, datasets, drafts, acceptance rate per position, the deployed coefficients."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from avkit.config import ReportConfig
+from avkit.report import plots
+from avkit.report.document import Figure, Section, Table, fmt
+from avkit.report.inputs import ReportInputs
+
+
+def acceptance_per_position(labels: np.ndarray, positions: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """-> (observed slots [K], acceptance rate [K]; nan where a position has no observed slot)."""
+    n = np.bincount(positions, minlength=k)
+    acc = np.bincount(positions, weights=labels, minlength=k)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return n, acc / n
+
+
+def _coefficients_table(c: dict) -> Table:
+    k = len(c["intercepts"])
+    obs = c.get("observations") or [None] * k
+    rows = [("slope ω", fmt(float(c["slope"])), fmt(sum(o for o in obs if o) if obs[0] is not None else None))]
+    rows += [(f"intercept β{i}", fmt(float(b)), fmt(obs[i])) for i, b in enumerate(c["intercepts"])]
+    sign = "" if c.get("feature_sign", 1.0) == 1.0 else f"{c['feature_sign']:+g} × "
+    return Table(("coefficient", "value", "observations"), rows,
+                 caption=f"Deployed estimator ({c['estimator']}, {c.get('mode', '?')} fit): "
+                         f"p_i = σ(ω · {sign}{c['feature']} + β_i); refit every {c.get('refit_interval', '?')} "
+                         f"engine steps, ridge {c.get('ridge', '?')}, damping n/(n+{c.get('damping', '?')}).")
+
+
+def _dataset_table(inputs: ReportInputs) -> Table:
+    data = inputs.data
+    rows = []
+    for j, name in enumerate(data.dataset_names):
+        mask = data.dataset_codes == j
+        d = inputs.drafts.get(name, {})
+        rows.append((name, fmt(d.get("slots")), fmt(int(mask.sum())), fmt(float(data.labels[mask].mean()), 3),
+                     fmt(d.get("entropy"), 3)))
+    total = sum(d["slots"] for d in inputs.drafts.values())
+    rows.append(("all", fmt(total), fmt(len(data.labels)), fmt(float(data.labels.mean()), 3), "-"))
+    return Table(("dataset", "drafted slots", "observed slots", "acceptance rate", "mean draft entropy (nats)"),
+                 rows, caption="Observed = verified and at or before the first rejection (carries a label); "
+                               "acceptance rate = accepted / observed.")
+
+
+def _position_block(inputs: ReportInputs) -> list:
+    data, k = inputs.data, inputs.data.k
+    n, rate = acceptance_per_position(data.labels, data.positions, k)
+    curves = {"all datasets": (np.arange(k), rate)}
+    per_ds = []
+    for j, name in enumerate(data.dataset_names):
+        mask = data.dataset_codes == j
+        _, r = acceptance_per_position(data.labels[mask], data.positions[mask], k)
+        curves[name] = (np.arange(k), r)
+        per_ds.append(r)
+    reach = np.r_[1.0, np.cumprod(np.nan_to_num(rate, nan=0.0))[:-1]]  # P(all earlier drafts accepted)
+    rows = [(str(i), fmt(int(n[i])), fmt(float(rate[i]), 3), fmt(float(reach[i]), 3),
+             *(fmt(float(r[i]), 3) for r in per_ds)) for i in range(k)]
+    table = Table(("position", "observed slots", "acceptance rate", "P(reached)", *data.dataset_names), rows,
+                  caption="P(reached) = product of the acceptance rates of earlier positions (all drafts verified).")
+    fig = Figure("acceptance_by_position", "Observed acceptance rate per draft position, overall and per dataset.",
+                 plots.acceptance_by_position(curves, k), alt="acceptance rate per draft position")
+    return [table, fig]
+
+
+def build(inputs: ReportInputs, config: ReportConfig) -> Section:
+    c = inputs.fit.coefficients
+    t = c.get("trained_on", {})
+    sec = Section("summary", "Summary")
+    sec.add(f"Target {t.get('target') or '?'}, draft {t.get('draft') or '?'}, K = {c.get('num_positions', '?')} "
+            f"draft positions. {fmt(t.get('slots'))} draft slots, {fmt(t.get('observed'))} observed, "
+            f"from {len(t.get('traces', []))} trace file(s).")
+    if inputs.data is None:
+        sec.add(f"Per-dataset and per-position acceptance need the traces: {inputs.notes.get('traces', '')}.")
+    else:
+        sec.add(_dataset_table(inputs), *_position_block(inputs))
+    return sec.add(_coefficients_table(c))
