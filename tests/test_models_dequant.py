@@ -14,7 +14,7 @@ Q = gguf.GGMLQuantizationType
 
 def random_blocks(qtype, n_blocks: int, seed: int) -> np.ndarray:
     """Random codes with finite float16 scales at the offsets ggml keeps them."""
-    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    _, size = gguf.GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(seed)
     raw = rng.integers(0, 256, (n_blocks, size), dtype=np.uint8)
     scale_at = {Q.Q4_K: [0, 2], Q.Q5_K: [0, 2], Q.Q2_K: [size - 4, size - 2], Q.Q6_K: [size - 2],

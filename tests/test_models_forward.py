@@ -21,9 +21,11 @@ def pair(request, tmp_path_factory):
 
     arch, tied = request.param
     path = write_tiny_model(tmp_path_factory.mktemp(arch), arch=arch, vocab=VOCAB, seed=1,
-                            tie_word_embeddings=tied, init_std=0.1)
+                            tie_word_embeddings=tied, init_std=0.1, rope_theta=500.0)
     hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return avkit.models.load(path), hf
+    loaded = avkit.models.load(path)
+    assert loaded.model.config.rope_theta == 500.0  # read from config.json, not a default
+    return loaded, hf
 
 
 def hf_logits(hf, ids: list[int]) -> torch.Tensor:
@@ -101,7 +103,14 @@ def test_free_slot_restarts_sequence(pair):
     torch.testing.assert_close(out[0], hf_logits(hf, b), atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("bad", ["q_len_zero", "dup_slots", "overflow", "grow"])
+def test_pad_ids_are_ignored(pair):
+    model = pair[0].model
+    a = model.forward(torch.tensor([[5, 6], [7, 0]]), torch.tensor([2, 1]), torch.tensor([0, 1]), model.new_cache(2, 4))
+    b = model.forward(torch.tensor([[5, 6], [7, -1]]), torch.tensor([2, 1]), torch.tensor([0, 1]), model.new_cache(2, 4))
+    torch.testing.assert_close(a[1, 0], b[1, 0], atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("bad", ["q_len_zero", "dup_slots", "overflow", "grow", "token_id"])
 def test_bad_forward_inputs(pair, bad):
     model = pair[0].model
     cache = model.new_cache(2, 4)
@@ -114,8 +123,10 @@ def test_bad_forward_inputs(pair, bad):
         elif bad == "overflow":
             for _ in range(3):
                 model.forward(tokens, q_lens, slots, cache)
-        else:
+        elif bad == "grow":
             cache.truncate(torch.tensor([0]), torch.tensor([1]))
+        else:
+            model.forward(torch.tensor([[1, VOCAB]]), torch.tensor([2]), torch.tensor([0]), cache)
 
 
 @pytest.mark.gpu

@@ -154,3 +154,13 @@ def test_cli_list_shows_pinned_models(tmp_path, monkeypatch):
     out = CliRunner().invoke(app, ["models", "list"]).output
     for m in PINNED.values():
         assert m.alias in out and m.hf_id in out
+
+
+def test_unsupported_tokenizer_and_file_kind(tmp_path):
+    with pytest.raises(ModelError, match="'llama'"):
+        avkit.models.Tokenizer.from_gguf({"tokenizer.ggml.model": "llama"}, "m.gguf")
+    with pytest.raises(ModelError, match="'tekken'"):
+        avkit.models.Tokenizer.from_gguf({"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "tekken"}, "m.gguf")
+    (tmp_path / "weights.bin").write_bytes(b"\0")
+    with pytest.raises(ModelError, match="weights.bin"):
+        avkit.models.load(tmp_path / "weights.bin")

@@ -14,8 +14,9 @@ import pytest
 from scipy.stats import pearsonr
 from sklearn.metrics import roc_auc_score
 
-from avkit.config import PayoffConfig, ReportConfig, SyntheticConfig
+from avkit.config import EstimatorConfig, FitConfig, PayoffConfig, ReportConfig, SyntheticConfig
 from avkit.errors import ConfigError, DataError
+from avkit.fit import run_fit, write_fit_outputs
 from avkit.hvd.fit import fit_hvd_generations
 from avkit.hvd.synthetic import synthetic_generations
 from avkit.report import report_fit_dir, report_traces
@@ -159,6 +160,18 @@ def test_reliability_reproduces_the_fit(made):
     assert table[1][1] == fmt(fit.coefficients["slope"])
 
 
+def test_reliability_reproduces_a_batch_fit_of_a_negated_feature(made, tmp_path):
+    """Batch mode and a feature fitted with sign -1 (entropy) replay to the fit's ECE as well."""
+    result = run_fit([made["trace"]], FitConfig(mode="batch"), EstimatorConfig(feature="entropy"))
+    write_fit_outputs(tmp_path / "fit", result)
+    fit = load_fit_dir(tmp_path / "fit")
+    inputs = load_inputs(fit)
+    bins = reliability_bins(deployed_predictions(inputs.data, fit.coefficients), inputs.data.labels, 10)
+    ece = next(r["ece"] for r in fit.scores if (r["scope"], r["feature"], r["estimator"]) ==
+               ("all", "entropy", "batch_logistic"))
+    assert bins["ece"] == pytest.approx(ece, abs=1e-12)
+
+
 def test_role_analysis_recovers_the_synthetic_truth(made):
     """Every dataset shares the true slope and intercepts, so each separate fit lands near them
     (margins: ~4 standard errors at ~2,500 observed slots per dataset)."""
@@ -222,8 +235,11 @@ def test_explicit_inputs_must_exist(made, tmp_path):
 
 
 def test_failed_run_keeps_the_previous_report(made, tmp_path, monkeypatch):
+    for key in set(SECTIONS) - {"features"}:  # one cheap section is enough here
+        monkeypatch.delitem(SECTIONS, key)
     out = report_fit_dir(made["out"] / "fit", tmp_path / "r", NOWHERE)
     before = (out / "index.html").read_text()
+    assert '<section id="features">' in before
 
     def boom(inputs, config):
         raise DataError("boom")

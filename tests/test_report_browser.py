@@ -40,9 +40,9 @@ window.addEventListener("load", () => {
 </script>"""
 
 
-def _chromium(*args: str) -> str:
+def _chromium(*args: str, height: int = 2400) -> str:
     cmd = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-           f"--window-size={WIDTH},2400", "--virtual-time-budget=15000", *args]
+           f"--window-size={WIDTH},{height}", "--virtual-time-budget=15000", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
 
 
@@ -74,7 +74,7 @@ def test_images_load_and_tables_fit(page, tmp_path):
 
 def test_screenshot(page, tmp_path):
     shot = tmp_path / "report.png"
-    _chromium(f"--screenshot={shot}", page.as_uri())
+    _chromium(f"--screenshot={shot}", page.as_uri(), height=3600)  # summary, feature table, reliability
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if os.environ.get("AVKIT_SCREENSHOT"):
         dest = Path(os.environ["AVKIT_SCREENSHOT"])

@@ -15,7 +15,7 @@ from avkit.trace.synthetic import write_synthetic_trace
 
 @pytest.fixture(scope="module")
 def trace(tmp_path_factory):
-    return write_synthetic_trace(tmp_path_factory.mktemp("cli") / "traces/t.parquet", SyntheticConfig(num_slots=7_000))
+    return write_synthetic_trace(tmp_path_factory.mktemp("cli") / "traces/t.parquet", SyntheticConfig(num_slots=3_500))
 
 
 def _run(capsys, *args) -> tuple[int, str, str]:

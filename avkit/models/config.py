@@ -57,9 +57,13 @@ class ModelConfig:
         if arch is None:
             raise ModelError(f"{source}: unsupported architecture {names[0] if names else None!r} "
                              f"(supported: {sorted(set(ARCHITECTURES))})")
-        scaling = cfg.get("rope_scaling") or {}
-        if scaling.get("rope_type", scaling.get("type", "default")) not in ("default", None):
-            raise ModelError(f"{source}: unsupported rope_scaling {scaling!r}")
+        rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}  # transformers 4 / 5 spelling
+        if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+            raise ModelError(f"{source}: unsupported RoPE scaling {rope!r} (only the default RoPE)")
+        if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
+            raise ModelError(f"{source}: unsupported hidden_act {cfg['hidden_act']!r} (SwiGLU needs silu)")
+        if cfg.get("use_sliding_window"):
+            raise ModelError(f"{source}: sliding-window attention is not supported")
         heads = cfg["num_attention_heads"]
         return cls(
             arch=arch,
@@ -70,7 +74,7 @@ class ModelConfig:
             num_heads=heads,
             num_kv_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            rope_theta=float(cfg.get("rope_theta", (cfg.get("rope_parameters") or {}).get("rope_theta", 1e4))),
+            rope_theta=float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta", 1e4)),
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),

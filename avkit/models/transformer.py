@@ -147,6 +147,10 @@ class Transformer(nn.Module):
         ``.clone()`` them before editing in place outside inference mode).
         """
         step = self._step(tokens, q_lens, slots, cache)
+        tokens = torch.where(step.valid, tokens, 0)  # pad ids may be anything (-1); never looked up
+        if bool(((tokens < 0) | (tokens >= self.config.vocab_size)).any()):
+            bad = tokens[(tokens < 0) | (tokens >= self.config.vocab_size)][0]
+            raise ConfigError(f"forward: token id {int(bad)} outside the vocabulary [0, {self.config.vocab_size})")
         x = self.embed(tokens)  # [B, S, d]
         for block in self.layers:
             x = block(x, step, cache)

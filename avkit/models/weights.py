@@ -122,7 +122,7 @@ def _iter_gguf_tensors(f, arch: str, heads: int, kv_heads: int, dtype) -> Iterat
     for t in f.tensors.values():
         name = gguf_name_to_hf(t.name)
         if name is None:
-            continue  # e.g. rope_freqs for llama3: not used by the default RoPE
+            continue  # a tensor the forward has no use for
         w = dequantize(f.raw(t), t.ggml_type, t.shape)
         if arch == "llama" and ".attn_q." in t.name:
             w = torch.from_numpy(unpermute_qk(w.numpy(), heads).copy())
@@ -140,6 +140,8 @@ def read_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, to
         raise ModelError(f"{path}: unsupported GGUF architecture {arch!r} (supported: llama, qwen2)")
     if "token_embd.weight" not in names:
         raise ModelError(f"{path}: GGUF has no token_embd.weight")
+    if "rope_freqs.weight" in names or f.metadata.get(f"{arch}.rope.scaling.type", "none") != "none":
+        raise ModelError(f"{path}: RoPE scaling (e.g. Llama 3.1's rope_freqs) is not supported")
     vocab = int(names["token_embd.weight"].shape[0])
     cfg = ModelConfig.from_gguf(f.metadata, vocab_size=vocab, tied="output.weight" not in names,
                                 qkv_bias="blk.0.attn_q.bias" in names, source=str(path))

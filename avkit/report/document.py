@@ -15,7 +15,13 @@ DIGITS = 4  # metrics (AUC, log-loss, ECE, coefficients) are printed with this m
 
 
 def fmt(x, digits: int = DIGITS) -> str:
-    """One table cell: None / NaN -> '-', floats with `digits` decimals, everything else str()."""
+    """One table cell: None / NaN -> '-', floats with `digits` decimals, everything else str().
+
+    Examples
+    --------
+    >>> fmt(0.83361), fmt(float("nan")), fmt(12345.0, 0), fmt(4500000), fmt(True)
+    ('0.8336', '-', '12,345', '4,500,000', 'yes')
+    """
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "-"
     if isinstance(x, bool):

@@ -45,18 +45,24 @@ def series_colors(names: list[str]) -> dict[str, str]:
     return {n: cmap(i % 10) for i, n in enumerate(names)}
 
 
-def acceptance_by_position(curves: dict[str, tuple[np.ndarray, np.ndarray]], k: int) -> Figure:
-    """curves: label -> (positions [P], observed acceptance rate [P])."""
+def acceptance_by_position(curves: dict[str, tuple[np.ndarray, np.ndarray]], k: int,
+                           band: np.ndarray | None = None) -> Figure:
+    """curves: label -> (positions [P], observed acceptance rate [P]); the first is drawn bold, with
+    `band` [P] (a half-width) shaded around it."""
     fig, ax = new_figure(7.0, 3.8)
     ax = ax[0, 0]
+    if band is not None:
+        pos, rate = next(iter(curves.values()))
+        ax.fill_between(pos, np.clip(rate - band, 0, 1), np.clip(rate + band, 0, 1), color="black", alpha=0.12,
+                        linewidth=0, label="95% interval")
     colors = series_colors(list(curves))
     for label, (pos, rate) in curves.items():
-        bold = label == "all datasets"
+        bold = label == next(iter(curves))
         ax.plot(pos, rate, marker="o", color="black" if bold else colors[label], linewidth=2.4 if bold else 1.4,
                 label=label, zorder=3 if bold else 2)
     ax.set(title="Acceptance rate per draft position (observed slots)", xlabel="draft position i",
            ylabel="P(accept | reached, verified)", ylim=(0, 1.02), xticks=range(k))
-    ax.legend(frameon=False, fontsize=8)
+    ax.legend(frameon=False, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     return fig
 
 
@@ -87,19 +93,25 @@ def reliability(panels: list[dict]) -> Figure:
             ax.grid(True, **GRID)
             ax.spines[["top", "right"]].set_visible(False)
         ok = p["count"] > 0
+        color = ACCENT[j % len(ACCENT)]
+        x, y, n = p["pred"][ok], p["rate"][ok], p["count"][ok]
         top.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1, label="perfect calibration")
-        size = 20 + 180 * np.sqrt(p["count"][ok] / max(p["count"].max(), 1))
-        top.plot(p["pred"][ok], p["rate"][ok], color=ACCENT[j % len(ACCENT)], linewidth=1.2)
-        top.scatter(p["pred"][ok], p["rate"][ok], s=size, color=ACCENT[j % len(ACCENT)], alpha=0.8,
-                    edgecolor="white", label="bins (area ~ slots)", zorder=3)
-        top.set(title=f"{p['title']}\nECE {p['ece']:.4f}", xlim=(0, 1), ylim=(0, 1), aspect="equal",
+        top.errorbar(x, y, yerr=1.96 * np.sqrt(y * (1 - y) / n), color=color, linewidth=1.2, capsize=2,
+                     label="observed, 95% interval")
+        top.scatter(x, y, s=20 + 180 * np.sqrt(n / n.max()), color=color, alpha=0.8, edgecolor="white",
+                    label="bin (area ~ slots)", zorder=3)
+        for xi, yi, ni in zip(x, y, n):
+            top.annotate(f"{int(ni):,}", (xi, yi), textcoords="offset points", xytext=(5, -10), fontsize=6.5,
+                         color="#444444")
+        top.set(title=f"{p['title']}\nECE {p['ece']:.4f}", xlim=(0, 1), ylim=(0, 1.04), aspect="equal",
                 ylabel="observed acceptance rate" if j == 0 else None)
         top.legend(frameon=False, fontsize=7, loc="upper left")
         width = 1.0 / len(p["count"])
         centers = (np.arange(len(p["count"])) + 0.5) * width
-        bottom.bar(centers, np.maximum(p["count"], 0.8), width=width * 0.9, color="#7f7f7f")
+        bottom.bar(centers[ok], n, width=width * 0.9, color="#7f7f7f")
         bottom.set_yscale("log")
-        bottom.set(xlabel="predicted acceptance probability", ylabel="slots per bin" if j == 0 else None)
+        bottom.set(xlabel="predicted acceptance probability", ylabel="slots per bin" if j == 0 else None,
+                   ylim=(0.7, None))
     fig.suptitle("Reliability: predicted vs observed acceptance", fontsize=12)
     return fig
 

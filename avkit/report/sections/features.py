@@ -64,7 +64,10 @@ def auc_figure(scores: list[dict], k: int) -> Figure:
         pos = sorted(int(s.split("=")[1]) for s in scopes if s.startswith("position="))
         auc = np.array([scopes[f"position={i}"]["auc"] for i in pos], dtype=float)  # None (one class) -> nan
         curves[f"{feature} ({est})"] = (np.array(pos), auc, next(iter(scopes.values()))["lossless"])
-    return Figure("auc_by_position", "AUC of each feature and estimator at each draft position (dashed: lossy).",
+    return Figure("auc_by_position", "AUC of each feature and estimator at each draft position (dashed: lossy). "
+                  "Within one position, fixed coefficients make an estimator a monotone map of its feature, so "
+                  "q_max, logit(q_max) and −log(−log q_max) rank nearly identically there; only the online "
+                  "refits (coefficients changing over time) separate their lines.",
                   plots.per_position_auc(curves, k), alt="AUC per draft position")
 
 

@@ -18,7 +18,13 @@ from avkit.report.inputs import ReportInputs
 
 
 def pareto_mask(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """[N] True where no other point has x' >= x and y' >= y with one of them strict (O(N^2), N small)."""
+    """[N] True where no other point has x' >= x and y' >= y with one of them strict (O(N^2), N small).
+
+    Examples
+    --------
+    >>> pareto_mask(np.array([1.0, 2.0, 1.5, 3.0]), np.array([3.0, 2.0, 1.0, 0.5])).tolist()
+    [True, True, False, True]
+    """
     ge = (x[None, :] >= x[:, None]) & (y[None, :] >= y[:, None])  # [N, N] j weakly dominates i
     gt = (x[None, :] > x[:, None]) | (y[None, :] > y[:, None])
     return ~(ge & gt).any(axis=1)
@@ -49,23 +55,22 @@ def _headline(df: pl.DataFrame) -> str:
             "+6% at c64, +18% at c128, +70% at c256.")
 
 
-def throughput_table(df: pl.DataFrame) -> Table:
+def policy_tables(df: pl.DataFrame) -> list[Table]:
+    """Policy x concurrency: throughput (tok/s) and its ratio to the best fixed K; best per column in bold."""
     conc = sorted(set(df["concurrency"].to_list()))
     policies = list(dict.fromkeys(df["policy"].to_list()))
     cell = {(r["policy"], r["concurrency"]): r for r in df.iter_rows(named=True)}
     best = {c: max(cell[p, c]["throughput_tok_s"] for p in policies if (p, c) in cell) for c in conc}
-    rows, bold = [], set()
-    for i, p in enumerate(policies):
-        row = [p]
-        for j, c in enumerate(conc):
-            r = cell.get((p, c))
-            row.append("-" if r is None else f"{fmt(r['throughput_tok_s'], 0)} ({r['vs_best_fixed']:.2f}×)")
-            if r is not None and r["throughput_tok_s"] == best[c]:
-                bold.add((i, j + 1))
-        rows.append(tuple(row))
-    return Table(("policy", *(f"c={c}" for c in conc)), rows, emphasis=frozenset(bold),
-                 caption="Throughput in tokens/s (in brackets: ratio to the best fixed K at that concurrency); "
-                         "bold: best at that concurrency.")
+    bold = frozenset((i, j + 1) for i, p in enumerate(policies) for j, c in enumerate(conc)
+                     if (p, c) in cell and cell[p, c]["throughput_tok_s"] == best[c])
+    header = ("policy", *(f"c={c}" for c in conc))
+    tables = []
+    captions = ("Simulated throughput, tokens/s; bold: best at that concurrency.",
+                "Throughput relative to the best fixed K at that concurrency (×).")
+    for (col, digits), caption in zip((("throughput_tok_s", 0), ("vs_best_fixed", 3)), captions):
+        rows = [(p, *(fmt(cell[p, c][col], digits) if (p, c) in cell else "-" for c in conc)) for p in policies]
+        tables.append(Table(header, rows, emphasis=bold, caption=caption))
+    return tables
 
 
 DETAIL = (("concurrency", "concurrency", 0), ("policy", "policy", None), ("throughput_tok_s", "throughput (tok/s)", 0),
@@ -91,13 +96,15 @@ def build(inputs: ReportInputs, config: ReportConfig) -> Section:
         return sec
     df = df.sort("concurrency", maintain_order=True)
     front = pareto_mask(df["per_request_tok_s"].to_numpy(), df["throughput_tok_s"].to_numpy())
-    sec.add(f"Source: {inputs.sources.get('sim', '?')}. " + _headline(df))
+    sec.add(f"Source: {inputs.sources.get('sim', '?')}. " + _headline(df)
+            + (" adaptive-oracle verifies with confidences that know the recorded outcomes: an upper bound, "
+               "not a deployable policy." if "adaptive-oracle" in df["policy"].to_list() else ""))
     sec.add(Figure("throughput_vs_concurrency", "Simulated throughput per policy across concurrency: "
                    "absolute (left, log-log) and against the best fixed K at each concurrency (right).",
                    plots.throughput_vs_concurrency(_series(df, "concurrency"),
                                                    _series(df, "concurrency", "vs_best_fixed")),
                    alt="throughput vs concurrency"))
-    sec.add(throughput_table(df))
+    sec.add(*policy_tables(df))
     pts = (df["per_request_tok_s"].to_numpy()[front], df["throughput_tok_s"].to_numpy()[front])
     on_front = df.filter(pl.Series(front))
     sec.add(Figure("pareto", "Throughput against per-request speed; each policy's line runs over concurrency, "

@@ -49,6 +49,8 @@ def _position_block(inputs: ReportInputs) -> list:
     data, k = inputs.data, inputs.data.k
     n, rate = acceptance_per_position(data.labels, data.positions, k)
     curves = {"all datasets": (np.arange(k), rate)}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        half = 1.96 * np.sqrt(rate * (1 - rate) / n)  # [K] normal-approximation 95% interval
     per_ds = []
     for j, name in enumerate(data.dataset_names):
         mask = data.dataset_codes == j
@@ -60,9 +62,22 @@ def _position_block(inputs: ReportInputs) -> list:
              *(fmt(float(r[i]), 3) for r in per_ds)) for i in range(k)]
     table = Table(("position", "observed slots", "acceptance rate", "P(reached)", *data.dataset_names), rows,
                   caption="P(reached) = product of the acceptance rates of earlier positions (all drafts verified).")
-    fig = Figure("acceptance_by_position", "Observed acceptance rate per draft position, overall and per dataset.",
-                 plots.acceptance_by_position(curves, k), alt="acceptance rate per draft position")
+    fig = Figure("acceptance_by_position", "Observed acceptance rate per draft position, overall (band: 95% "
+                 "interval) and per dataset.",
+                 plots.acceptance_by_position(curves, k, half), alt="acceptance rate per draft position")
     return [table, fig]
+
+
+def _headline(inputs: ReportInputs) -> str:
+    """The deployed estimator's scores (from scores.json) in one sentence."""
+    c = inputs.fit.coefficients
+    row = next((r for r in inputs.fit.scores if r["scope"] == "all" and r["feature"] == c["feature"]
+                and r["estimator"] == c["estimator"]), None)
+    if row is None:
+        return f"The deployed estimator ({c['feature']}, {c['estimator']}) has no row in scores.json."
+    return (f"Deployed: {c['estimator']} on {c['feature']}, slope ω = {fmt(float(c['slope']))}. Over "
+            f"{fmt(row['n'])} observed slots it scores AUC {fmt(row['auc'])}, log-loss {fmt(row['log_loss'])}, "
+            f"ECE {fmt(row['ece'])} (the seeds' shipped estimator: 0.8336 / 0.4284 / 0.0100).")
 
 
 def build(inputs: ReportInputs, config: ReportConfig) -> Section:
@@ -71,7 +86,7 @@ def build(inputs: ReportInputs, config: ReportConfig) -> Section:
     sec = Section("summary", "Summary")
     sec.add(f"Target {t.get('target') or '?'}, draft {t.get('draft') or '?'}, K = {c.get('num_positions', '?')} "
             f"draft positions. {fmt(t.get('slots'))} draft slots, {fmt(t.get('observed'))} observed, "
-            f"from {len(t.get('traces', []))} trace file(s).")
+            f"from {len(t.get('traces', []))} trace file(s).", _headline(inputs))
     if inputs.data is None:
         sec.add(f"Per-dataset and per-position acceptance need the traces: {inputs.notes.get('traces', '')}.")
     else:
