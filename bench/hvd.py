@@ -11,7 +11,7 @@ paper's setting), so the numbers can be read against the paper's.
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import math
 import os
 import time
 from pathlib import Path
@@ -32,12 +32,12 @@ def _inputs(args):
         from avkit.hvd.synthetic import synthetic_generations
 
         return synthetic_generations(args.synthetic, seed=0), None, f"{args.synthetic} synthetic generations", {}
-    from avkit.cli.hvd import _tokenizer_for, greedy_traces
+    from avkit.cli.hvd import greedy_traces, tokenizer_for
     from avkit.hvd.token_classes import class_table_for
 
     paths = [Path(p) for p in args.traces] if args.traces else greedy_traces()
     gens, facts = load_generations(paths)
-    tok = _tokenizer_for(paths)
+    tok = tokenizer_for(paths)
     facts = {"traces": [str(p) for p in paths], "unknown_model_positions": facts["unknown_model_positions"],
              "temperatures": sorted(facts["temperatures"])}
     return gens, class_table_for(tok) if tok else None, ", ".join(p.name for p in paths), facts
@@ -90,19 +90,20 @@ def _discussion(m_pair: pl.DataFrame, m_eagle: pl.DataFrame, budget: pl.DataFram
         return row[col][0] if row.height else float("nan")
 
     def pct(x: float) -> str:
-        return "-" if x != x else f"{x:.1%}"
+        return "-" if math.isnan(x) else f"{x:.1%}"
 
     lines = ["## Where avkit stands", "",
              f"Paper: {PAPER}.",
-             f"- payoff MLP, high-payoff (predicted >= 6 vs oracle >= 6) precision "
-             f"{pct(get(m_pair, 'mlp', 'precision'))} / recall {pct(get(m_pair, 'mlp', 'recall'))}; survival head "
-             f"{pct(get(m_pair, 'survival', 'precision'))} / {pct(get(m_pair, 'survival', 'recall'))}.",
-             f"- cycles per 1000 tokens: model-only {get(m_pair, 'model', 'cycles_per_1k'):.0f}, cache-only "
-             f"{get(m_pair, 'cache', 'cycles_per_1k'):.0f}, mlp {get(m_pair, 'mlp', 'cycles_per_1k'):.0f}, "
-             f"survival {get(m_pair, 'survival', 'cycles_per_1k'):.0f}.",
-             f"- speedup over model-only: mlp {get(m_pair, 'mlp', 'speedup_vs_model'):.3f}x, survival "
-             f"{get(m_pair, 'survival', 'speedup_vs_model'):.3f}x (this pair); with an EAGLE-like drafter mlp "
-             f"{get(m_eagle, 'mlp', 'speedup_vs_model'):.3f}x, survival {get(m_eagle, 'survival', 'speedup_vs_model'):.3f}x.",
+             (f"- payoff MLP, high-payoff (predicted >= 6 vs oracle >= 6) precision "
+              f"{pct(get(m_pair, 'mlp', 'precision'))} / recall {pct(get(m_pair, 'mlp', 'recall'))}; survival head "
+              f"{pct(get(m_pair, 'survival', 'precision'))} / {pct(get(m_pair, 'survival', 'recall'))}."),
+             (f"- cycles per 1000 tokens: model-only {get(m_pair, 'model', 'cycles_per_1k'):.0f}, cache-only "
+              f"{get(m_pair, 'cache', 'cycles_per_1k'):.0f}, mlp {get(m_pair, 'mlp', 'cycles_per_1k'):.0f}, "
+              f"survival {get(m_pair, 'survival', 'cycles_per_1k'):.0f}."),
+             (f"- speedup over model-only: mlp {get(m_pair, 'mlp', 'speedup_vs_model'):.3f}x, survival "
+              f"{get(m_pair, 'survival', 'speedup_vs_model'):.3f}x (this pair); with an EAGLE-like drafter mlp "
+              f"{get(m_eagle, 'mlp', 'speedup_vs_model'):.3f}x, survival "
+              f"{get(m_eagle, 'survival', 'speedup_vs_model'):.3f}x."),
              (f"- the data: {info['rows_with_cache_draft'] / info['rows']:.0%} of positions have a cache draft "
               f"(mean length {info['mean_cache_draft_len']:.2f}); only {info['high_payoff_rate']:.1%} of them reach "
               f"an accepted length >= {info['high_payoff']}; the draft model accepts {info['mean_model_acc']:.2f} "

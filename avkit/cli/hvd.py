@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig, default_of
-from avkit.errors import ConfigError
+from avkit.errors import ConfigError, ModelError
 
 
 def greedy_traces(root: Path = Path("traces")) -> list[Path]:
@@ -39,7 +39,7 @@ def greedy_traces(root: Path = Path("traces")) -> list[Path]:
     return greedy or list(found)
 
 
-def _tokenizer_for(paths: list[Path]) -> str | None:
+def tokenizer_for(paths: list[Path]) -> str | None:
     """The target named in the first trace's metadata, when it resolves to local files."""
     import pyarrow.parquet as pq
 
@@ -48,7 +48,7 @@ def _tokenizer_for(paths: list[Path]) -> str | None:
     target = (pq.read_metadata(paths[0]).metadata or {}).get(b"avkit.target", b"").decode()
     try:
         return str(resolve(target)) if target else None
-    except Exception:  # noqa: BLE001 - no local tokenizer: the structure features are left out
+    except ModelError:  # no local tokenizer: the structure features are left out
         return None
 
 
@@ -99,7 +99,7 @@ def register(app: typer.Typer) -> None:
             title = f"HVD replay on {synthetic} synthetic generations"
         else:
             paths = list(traces) if traces else greedy_traces()
-            result = fit_hvd(paths, out, tokenizer=tokenizer or _tokenizer_for(paths), **kw)
+            result = fit_hvd(paths, out, tokenizer=tokenizer or tokenizer_for(paths), **kw)
             title = "HVD replay on " + ", ".join(p.name for p in paths)
         if markdown is not None:
             tmp = markdown.with_name(markdown.name + ".tmp")
