@@ -155,8 +155,9 @@ def real_step_time_lines(steps) -> str:
         lines.append(f"- `{spec}`: predicted/recorded median {c['median_ratio']:.3f}, median |error| "
                      f"{100 * c['median_abs_rel_error']:.0f}% over {c['engine_steps']} engine steps "
                      f"(recorded mean {c['mean_recorded_ms'] / 1e3:.1f} s, predicted {c['mean_predicted_ms'] / 1e3:.1f} s)")
-    lines.append("  The recording shared 2 cores with eight builds and test runs, so its step times are mostly "
-                 "contention; a fair check profiles the idle machine first (`avkit profile`).\n")
+    lines.append("  The recording ran bf16 on 1 thread while sharing 2 cores with other jobs; the CPU roofline assumes "
+                 "fp32-sized weights at 12 GB/s and 0.1 TFLOP/s, and prefill steps (long prompts) are the outliers "
+                 "behind the mean gap. A fair check profiles the idle machine first (`avkit profile`).\n")
     return "\n".join(lines)
 
 

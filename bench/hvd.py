@@ -67,8 +67,9 @@ def main() -> None:
         notes += (f" Recording temperature(s): {facts['temperatures']} (sampled continuations give unbiased "
                   "draws of a deterministic cache draft's accepted length; see `avkit/cli/hvd.py`).")
     if facts.get("unknown_model_positions"):
-        notes += (" Model-drafter matches come from the greedy trace; positions it does not label (bonus "
-                  f"tokens) are counted as hits: {facts['unknown_model_positions']} of positions.")
+        unknown = ", ".join(f"{u:.1%}" for u in facts["unknown_model_positions"])
+        notes += (" Model-drafter matches come from the trace's own draft tokens; positions no step labels "
+                  f"(bonus tokens) are counted as hits: {unknown} of positions.")
     md = hvd_markdown(results[first], f"HVD replay: {source}", notes)
     other = results[second].metrics
     md += "\n".join(["", f"## Cost sensitivity: {second}", "",

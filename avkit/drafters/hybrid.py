@@ -215,10 +215,12 @@ def make_hybrid_drafter(draft, max_batch: int, max_len: int, payoff_path: str | 
     from avkit.hvd.token_classes import class_table_for
 
     model = DraftModelDrafter(draft, max_batch, max_len)
-    classes = class_table_for(tokenizer) if tokenizer else None
-    if payoff_path:
-        return HybridDrafter.from_file(model, payoff_path, classes=classes)
-    return HybridDrafter(model, None, tau=0.0, classes=classes, k=k)
+    if not payoff_path:
+        return HybridDrafter(model, None, tau=0.0, k=k)
+    payoff, extra = PayoffMLP.load(payoff_path)
+    needs = set(FEATURE_GROUPS["structure"]) & set(payoff.feature_names)
+    classes = class_table_for(tokenizer) if needs and tokenizer else None  # else __init__ names the problem
+    return HybridDrafter(model, payoff, float(extra.get("tau", 0.0)), classes=classes)
 
 
 __all__ = ["HybridDrafter", "make_hybrid_drafter"]
