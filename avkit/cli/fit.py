@@ -65,6 +65,8 @@ def register(app: typer.Typer) -> None:
         refit_interval: Annotated[int, typer.Option(help="engine steps per online refit round")] =
             default_of(EstimatorConfig, "refit_interval"),
         bins: Annotated[int, typer.Option(help="ECE bins")] = default_of(FitConfig, "n_bins"),
+        hvd: Annotated[bool, typer.Option("--hvd", help="also replay the traces' generations tables for Hybrid "
+                                          "Verified Decoding: payoff MLP, tau, routers -> OUT/hvd")] = False,
     ):
         """Fit the acceptance estimator and score every feature; write coefficients.json, scores.json,
         trajectory.parquet into --out (atomically; nothing is written on bad input)."""
@@ -87,3 +89,19 @@ def register(app: typer.Typer) -> None:
             result = run_fit(paths, config, est_cfg, progress=progress)
         written = write_fit_outputs(out, result)
         render(result, written, Console(width=None if sys.stdout.isatty() else 132))
+        if hvd:
+            fit_hvd_outputs(paths, out / "hvd")
+
+
+def fit_hvd_outputs(paths: list[Path], out: Path) -> None:
+    """`--hvd`: the same replay as `avkit hvd`, on the given traces that have a generations table."""
+    from avkit.cli.hvd import render as render_hvd
+    from avkit.cli.hvd import tokenizer_for
+    from avkit.hvd.fit import fit_hvd
+    from avkit.trace.schema import generations_path
+
+    with_gens = [p for p in paths if generations_path(p).is_file()]
+    if not with_gens:
+        raise ConfigError(f"--hvd: none of the traces has a generations table beside it ({paths[0]} ...)")
+    result = fit_hvd(with_gens, out, tokenizer=tokenizer_for(with_gens), progress=sys.stderr.isatty())
+    render_hvd(result, Console(width=None if sys.stdout.isatty() else 140))
