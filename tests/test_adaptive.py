@@ -218,3 +218,46 @@ def test_lossy_estimators_are_refused_live():
     with pytest.raises(ConfigError, match="lossless estimator"):
         make_adaptive(cost=_cost(0.0), estimator="online_logistic", k=3,
                       config=EstimatorConfig(feature="logit_q_sampled"))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_decisions_are_causal_within_a_request(seed):
+    """The losslessness condition itself: whether slot j of request r is verified may depend on r's
+    features at positions <= j (fixed before x_j is drawn) but not on those after j (functions of x_j).
+    Perturbing request r's features past j must leave min(num_verify[r], j + 1) unchanged."""
+    g = torch.Generator().manual_seed(seed)
+    # Step-shaped verify cost (tiles of 8 tokens): with a linear cost the live rule happens to be causal.
+    tiles = CostTable((1, 8, 9, 16, 17, 24, 25, 32, 33, 56), (1.0, 1.0, 1.6, 1.6, 2.2, 2.2, 2.8, 2.8, 3.4, 4.0),
+                      (1, 1000), (1.0, 1.0))
+    policy = AdaptiveVerification(tiles, Logistic(slope=0.8, intercept=0.5))
+    b, k = 6, 7
+    feats = torch.randn(b, k, generator=g) * 3  # [B, K]
+    drafted = torch.full((b,), k)
+    base = policy.num_verify(_batch(feats.tolist(), drafted.tolist()), Load(b, b, b))
+    assert 0 < int(base.sum()) < b * k  # the budget really trims: the test can see a dependence
+    changed = 0
+    for r in range(b):
+        for j in range(k - 1):
+            other = feats.clone()
+            other[r, j + 1:] = torch.randn(k - j - 1, generator=g) * 6  # what x_j would change
+            nv = policy.num_verify(_batch(other.tolist(), drafted.tolist()), Load(b, b, b))
+            assert min(int(nv[r]), j + 1) == min(int(base[r]), j + 1), (r, j)
+            changed += int(nv[r] != base[r])
+    assert changed > 0  # deeper slots do move with their own features
+
+
+def test_live_budget_sizing_would_be_lossy():
+    """Counter-check: sizing b* from the live survivals (no `sizing`) lets a request's deeper features
+    move whether its first slot is verified, the look-ahead that biases the output."""
+    from avkit.scheduling.budget import plan_verification
+
+    # A step-shaped verify cost (as GPUs have: tiles fill up): 2..4 target tokens cost the same.
+    cost = CostTable((1, 2, 4, 5), (1.0, 2.0, 2.0, 10.0), (1, 1000), (1.0, 1.0))
+
+    def first_slot_verified(c1):
+        conf = torch.tensor([[0.4, c1, c1]])  # [1, 3]; c[0, 1:] would depend on the drawn x_0
+        plan = plan_verification(conf, torch.tensor([3]), num_sampling=1, num_scheduled=1, fixed_ms=1.0,
+                                 verify_ms=cost.verify_cost)
+        return int(plan.num_verify[0]) >= 1
+
+    assert first_slot_verified(0.99) != first_slot_verified(0.01)

@@ -118,22 +118,37 @@ class AdaptiveVerification:
         pred = np.asarray(self.estimator.predict(feats, pos), dtype=np.float32).reshape(b, k)
         return torch.from_numpy(pred).to(f.device)
 
+    def sizing(self, batch: DraftBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Draw-independent inputs that size b*: every position j of request r predicted from r's
+        position-0 feature (q_0 depends on the prefix only) with position j's coefficients, and K
+        nominal drafts for every request that drafted. Live features at j >= 1 are functions of the
+        drawn x_0..x_{j-1}; letting them move b* would make k_r >= 1 depend on x_0 (lossy)."""
+        f = batch.features[estimator_feature(self.estimator)]  # [B, K]
+        b, k = f.shape
+        f0 = torch.nan_to_num(f[:, :1].detach().float(), nan=0.0).expand(b, k).cpu().numpy().reshape(-1)
+        pos = np.tile(np.arange(k), b)  # [B*K]
+        pred = np.asarray(self.estimator.predict(f0, pos), dtype=np.float32).reshape(b, k)
+        nominal = torch.where(batch.num_drafted.cpu() > 0, k, 0)  # [B]
+        return torch.from_numpy(pred), nominal
+
     def num_verify(self, batch: DraftBatch, load: Load) -> torch.Tensor:
         if self.estimator is None:
             self.last_confidences = None
             return batch.num_drafted.clone()
         conf = self.confidences(batch)  # [B, K]
-        plan = self._plan(conf, batch.num_drafted, load)
+        self.draft_ms = None  # size with the nominal drafting cost: the passes run depend on the draws
+        plan = self._plan(conf, batch.num_drafted, load, sizing=self.sizing(batch))
         self.last_confidences, self.last_allocation, self.draft_ms = conf, plan, None
         return plan.num_verify.to(batch.num_drafted.device)
 
-    def _plan(self, conf: torch.Tensor, num_drafted: torch.Tensor, load: Load) -> Allocation:
+    def _plan(self, conf: torch.Tensor, num_drafted: torch.Tensor, load: Load, sizing=None) -> Allocation:
         # Drafting is paid before verification: K passes over the batch, or what continue_drafting counted.
         draft_ms = self.draft_ms if self.draft_ms is not None else float(
             self.cost.draft_cost(load.num_requests, conf.shape[1]))
         return plan_verification(
             conf, num_drafted.cpu(), num_sampling=load.num_sampling, num_scheduled=load.num_scheduled_tokens,
-            fixed_ms=draft_ms + float(self.cost.context_cost(load.num_requests)), verify_ms=self.cost.verify_cost)
+            fixed_ms=draft_ms + float(self.cost.context_cost(load.num_requests)), verify_ms=self.cost.verify_cost,
+            sizing=sizing)
 
     def continue_drafting(self, batch: DraftBatch, load: Load) -> torch.Tensor:
         """For an autoregressive drafter, after each pass: which requests should draft one more token ([B] bool).

@@ -15,8 +15,13 @@ Because c <= 1, survival never grows with depth, so the b largest survivals of a
 of its drafts: each request verifies its first num_verify[r] drafts. Slots compete across requests:
 a confident request keeps position 5 while a doubtful one is cut after position 1.
 Ties between equal survivals are broken by (request, position), as the Triton allocation kernel does.
-vLLM sizes b* from the previous step's confidences to avoid a device sync; on CPU there is nothing to
-hide, so `plan_verification` sizes and allocates from the live confidences.
+Losslessness (DESIGN.md §2) needs a causal rule: whether slot j of request r is verified may depend on
+q_0..q_j of r (already fixed when x_j is drawn) but not on c[r, j+1..], which are functions of the drawn
+x_j. Sizing b* from this step's survivals breaks that (b* moves with c[r, 1], so k_r >= 1 depends on
+x_0). vLLM sizes b* from confidences one step old; `plan_verification` takes `sizing` confidences that
+must not depend on this step's draws (adaptive.py uses each request's position-0 feature, which depends
+on the prefix only) and then allocates the top-b* slots from the live survivals. With b* fixed the
+allocation is causal: a request's deeper slots never outrank its shallower ones.
 """
 
 from __future__ import annotations
@@ -88,11 +93,14 @@ def allocate(order: torch.Tensor, budget: int, batch: int, k: int) -> torch.Tens
 
 
 def plan_verification(confidences: torch.Tensor, num_drafted: torch.Tensor, *, num_sampling: int,
-                      num_scheduled: int, fixed_ms: float, verify_ms) -> Allocation:
+                      num_scheduled: int, fixed_ms: float, verify_ms,
+                      sizing: tuple[torch.Tensor, torch.Tensor] | None = None) -> Allocation:
     """Survival -> sort -> E(b)/cost(b) -> argmax budget -> per-request prefixes.
 
     confidences: [B, K]; num_drafted: [B] int64; verify_ms: callable mapping a [n] int64 numpy array
-    of target token counts to [n] milliseconds (e.g. `CostTable.verify_cost`).
+    of target token counts to [n] milliseconds (e.g. `CostTable.verify_cost`). `sizing`: optional
+    (confidences [B, K], num_drafted [B]) that size b* instead of the live ones (see the module note on
+    losslessness); the top-b* live slots are then verified (b* capped at the drafted slots).
 
     >>> flat = lambda t: t * 0.0 + 1.0   # verifying is free beyond a constant: verify everything
     >>> plan_verification(torch.ones(2, 3), torch.tensor([3, 2]), num_sampling=2, num_scheduled=2,
@@ -104,7 +112,13 @@ def plan_verification(confidences: torch.Tensor, num_drafted: torch.Tensor, *, n
     values, order = rank_slots(surv, num_drafted)  # [M], [M]
     tokens = num_scheduled + torch.arange(values.numel() + 1)  # [M+1] target tokens for b = 0..M
     v_ms = torch.as_tensor(verify_ms(tokens.numpy()), dtype=torch.float64)  # [M+1]
-    b = choose_budget(values, num_sampling, fixed_ms, v_ms)
+    if sizing is None:
+        b = choose_budget(values, num_sampling, fixed_ms, v_ms)
+    else:
+        s_values, _ = rank_slots(survival(*sizing), sizing[1])  # [M'] from draw-independent inputs
+        s_tokens = num_scheduled + torch.arange(s_values.numel() + 1)
+        s_ms = torch.as_tensor(verify_ms(s_tokens.numpy()), dtype=torch.float64)
+        b = min(choose_budget(s_values, num_sampling, fixed_ms, s_ms), values.numel())
     num_verify = allocate(order, b, batch, k)
     expected = num_sampling + float(values[:b].double().sum())
     return Allocation(num_verify, b, surv, expected, fixed_ms + float(v_ms[b]))
