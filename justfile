@@ -25,9 +25,22 @@ test-browser:
 demo:
     python -m avkit report
 
-# benchmarks, each printing ratios against a peer measured in the same run
+# CPU benchmarks, each printing ratios against a peer measured in the same run (results in bench/results/)
 bench:
     python bench/fit.py
+    python bench/adaptive.py
+    python bench/suffix_cache.py
+    python bench/hvd.py
+    python bench/load_test.py
+
+# real-pair engine and live adaptive benchmarks (slow: needs `just models`, an idle CPU and ~12 GB RAM)
+bench-real:
+    python bench/engine.py
+    python bench/adaptive_live.py
+
+# Triton kernels vs torch references on a CUDA GPU (H200: ~3 min)
+bench-gpu:
+    python bench/gpu_kernels.py
 
 lint:
     ruff check avkit tests bench

@@ -2,6 +2,6 @@
 
 __version__ = "0.1.0"
 
-from avkit.errors import AvkitError  # noqa: E402
+from avkit.errors import AvkitError
 
 __all__ = ["AvkitError", "__version__"]

@@ -404,4 +404,4 @@ class ReportConfig:
 
 
 
-__all__ = ["DEFAULT_K", "SamplingConfig", "EstimatorConfig", "default_of", "check_choice"]
+__all__ = ["DEFAULT_K", "EstimatorConfig", "SamplingConfig", "check_choice", "default_of"]

@@ -143,7 +143,7 @@ def test_bad_input(capsys, tmp_path, table, case):
     code, _, err = _run(capsys, path, "--out", out_dir)
     assert code == 2
     assert err.startswith("avkit: error: ") and err.count("\n") == 1 and "Traceback" not in err
-    assert message in err and (str(path) in err or case == "no observed labels" and "bad.parquet" in err)
+    assert message in err and (str(path) in err or (case == "no observed labels" and "bad.parquet" in err))
     assert not out_dir.exists()
 
 

@@ -11,7 +11,8 @@ Policies implement the `VerifyPolicy` protocol and live in `POLICIES`, looked up
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Protocol
+from collections.abc import Callable
 
 import torch
 

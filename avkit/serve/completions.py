@@ -178,7 +178,7 @@ async def _collect(state: ServeState, handle: RequestHandle, ts: TextStream, req
     """Run a non-streamed request to the end; None when the client disconnected first."""
     async def drain():
         parts, finish = [], None
-        async for delta, finish in _text_events(state, handle, ts):
+        async for delta, finish in _text_events(state, handle, ts):  # noqa: B007 (finish: the last one)
             parts.append(delta)
         return "".join(parts), finish
 
@@ -253,7 +253,7 @@ def add_routes(app: FastAPI, state: ServeState, auth) -> None:
         messages = [m.as_template_dict() for m in body.messages]
         try:
             ids = state.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=body.tools)
-        except Exception as e:  # noqa: BLE001 - a template error is the request's fault
+        except Exception as e:
             raise ApiError(400, f"messages: chat template failed: {e}", param="messages") from None
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         requested = body.max_completion_tokens or body.max_tokens

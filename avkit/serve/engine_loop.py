@@ -176,7 +176,7 @@ class EngineLoop:
             except AvkitError as e:  # the engine refuses this request alone
                 h.post(Event([], True, "error", str(e), status=400))
                 continue
-            except Exception as e:  # noqa: BLE001 - never let one request take the server down
+            except Exception as e:
                 log.error("add_request %s failed:\n%s", h.request_id, traceback.format_exc())
                 h.post(Event([], True, "error", f"internal error: {type(e).__name__}: {e}"))
                 continue
@@ -189,7 +189,7 @@ class EngineLoop:
         t0 = time.perf_counter()
         try:
             outputs = self._engine.step()
-        except Exception as e:  # noqa: BLE001 - fail this batch, keep serving
+        except Exception as e:
             log.error("engine step failed:\n%s", traceback.format_exc())
             if self._metrics is not None:
                 self._metrics.engine_errors.inc()
