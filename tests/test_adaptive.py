@@ -261,3 +261,30 @@ def test_live_budget_sizing_would_be_lossy():
         return int(plan.num_verify[0]) >= 1
 
     assert first_slot_verified(0.99) != first_slot_verified(0.01)
+
+
+def test_engine_stops_drafting_early_and_stays_exact_under_greedy(tmp_path):
+    """The drafter asks the policy's `continue_drafting` after each pass: some requests stop before K,
+    and greedy output still equals target-only greedy decoding token for token."""
+    from avkit.config import EngineConfig, SamplingConfig
+    from avkit.models import load
+    from avkit.models.testing import write_tiny_model
+    from avkit.runtime.engine import Engine
+    from avkit.runtime.request import Request
+
+    torch.set_num_threads(1)
+    target = load(write_tiny_model(tmp_path / "t", vocab=300, seed=0, init_std=0.3))
+    draft = load(write_tiny_model(tmp_path / "d", vocab=300, seed=5, init_std=0.3))
+    target = type(target)(target.model, type("T", (), {"eos_token_ids": set()})(), "t", "")
+    cost = CostTable((1, 400), (1.0, 1.0 + 399 * 0.03), (1, 400), (3.0, 3.0))
+    policy = make_adaptive(cost=cost, estimator="online_logistic", k=5)
+    drafted = []
+    num_verify = policy.num_verify
+    policy.num_verify = lambda b, l: (drafted.append(b.num_drafted.clone()), num_verify(b, l))[1]
+    greedy = SamplingConfig(temperature=0.0, top_p=1.0, max_new_tokens=24)
+    reqs = [Request(f"g{i}", [10 + i, 11, 12 + 2 * i], greedy) for i in range(6)]
+    spec = Engine(target, draft, EngineConfig(k=5, max_batch=6, max_len=40), policy=policy).generate(reqs)
+    plain = Engine(target, None, EngineConfig(k=0, max_batch=6, max_len=40)).generate(reqs)
+    assert [g.output_ids for g in spec] == [g.output_ids for g in plain]
+    early = torch.cat(drafted[:3])  # the first steps: every request still has > K tokens to go
+    assert bool((early < 5).any()), "no request stopped drafting early"

@@ -413,7 +413,9 @@ def test_sigterm_finishes_in_flight_snapshots_and_flushes_trace(pair, tmp_path):
     assert coeffs["refits"] >= 2 and coeffs["rounds"] >= 2  # 48 greedy tokens take > 6 steps
     rows = read_traces([trace])
     assert len(rows) > 0 and set(rows["dataset"].unique()) == {"serve"}
-    assert rows["position"].max() == 3 and not (tmp_path / "serve.parquet.partial").exists()
+    # positions < K = 4 (the adaptive policy may stop drafting early, so not every depth appears)
+    assert 0 <= rows["position"].min() and rows["position"].max() <= 3
+    assert not (tmp_path / "serve.parquet.partial").exists()
 
 
 def test_restart_resumes_from_the_snapshot(pair, tmp_path):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Protocol
+from collections.abc import Callable
 
 import torch
 
@@ -31,6 +32,10 @@ class DraftInput:
     seeds: torch.Tensor  # [B] int64 rng seed per request
     request_keys: torch.Tensor  # [B] int64 rng key per request
     positions: torch.Tensor  # [B] int64 = len(sequences[b]): absolute position of draft slot 0
+    # Optional early stop, asked after each draft pass j with the lossless features so far
+    # (DraftBatch: name -> [B, j], num_drafted [B]) -> [B] bool "draft one more". Decides slot j from
+    # q_0..q_{j-1} only, never from the drawn x_{j-1}'s probability, so it stays lossless.
+    continue_drafting: Callable | None = None
 
     @property
     def k(self) -> int:

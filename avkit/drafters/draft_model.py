@@ -21,6 +21,7 @@ from avkit.drafters.base import DraftInput, DraftProposal
 from avkit.features import draft_features
 from avkit.runtime.prefill import prefill
 from avkit.runtime.sampling import probs_from_logits, sample_tokens
+from avkit.scheduling.policy import DraftBatch
 
 _LONG_CATCH_UP = 2  # rows lacking more tokens than this are prefilled row by row first
 
@@ -68,6 +69,7 @@ class DraftModelDrafter:
         probs_out = torch.zeros(B, K, V, device=dev)  # [B, K, V]
         q_sampled = torch.zeros(B, K, device=dev)  # [B, K]
         feats: dict[str, torch.Tensor] = {}
+        drafted = torch.zeros(B, dtype=torch.int64, device=dev)  # [B] drafts proposed so far
         active = torch.nonzero(inp.num_draft > 0).squeeze(-1)  # rows still drafting
         if K > 0:
             self._prefill(inp)
@@ -83,12 +85,15 @@ class DraftModelDrafter:
             tokens_out[active, i] = x
             probs_out[active, i] = q
             q_sampled[active, i] = q.gather(-1, x[:, None]).squeeze(-1)
+            drafted[active] = i + 1
             keep = inp.num_draft[active] > i + 1  # rows that want another draft
+            if inp.continue_drafting is not None and bool(keep.any()):
+                so_far = DraftBatch({n: f[:, : i + 1] for n, f in feats.items()}, drafted.clone())
+                keep &= inp.continue_drafting(so_far).to(dev)[active]  # the policy's lossless early stop
             active, tokens, q_lens = active[keep], x[keep, None], torch.ones_like(x[keep])
             if active.numel() == 0:
                 break
-        return DraftProposal(tokens_out, probs_out, q_sampled, feats, inp.num_draft.clone(),
-                             [self.kind] * B)
+        return DraftProposal(tokens_out, probs_out, q_sampled, feats, drafted, [self.kind] * B)
 
     def commit(self, slots: torch.Tensor, num_valid: torch.Tensor) -> None:
         have = self.cache.lengths[slots]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -192,11 +192,14 @@ class Engine:
         if not batch:
             return []
         inp = self._draft_input(batch)
+        load = Load(num_requests=len(batch), num_sampling=len(batch), num_scheduled_tokens=len(batch))
+        stop_rule = getattr(self.policy, "continue_drafting", None)  # optional early stop of drafting
+        if stop_rule is not None:
+            inp = replace(inp, continue_drafting=lambda so_far: stop_rule(so_far, load))
         draft = self.drafter.propose(inp) if self.drafter is not None and inp.k > 0 else self._no_drafts(inp)
         B, K = draft.tokens.shape
 
         # Decide k_r from what cannot depend on the drawn tokens: lossless features and the load.
-        load = Load(num_requests=B, num_sampling=B, num_scheduled_tokens=B)
         num_verify, confidences = draft.num_drafted, None  # [B]; nothing drafted: nothing to decide
         if K > 0:
             num_verify = self.policy.num_verify(DraftBatch(draft.features, draft.num_drafted), load)
