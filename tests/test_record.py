@@ -113,6 +113,11 @@ def test_resume_extends_without_duplicates(pair, prompts, tmp_path):
     assert gens["request_id"].n_unique() == len(gens) == 5
     first = set(gens.filter(pl.col("run_id") == a.run_id)["request_id"])
     assert len(first) == 3 and "p/2/turn2" in first and b.requests == 2  # nothing re-run
+    # engine_step is global over the file: the resumed run's steps come after the first run's
+    steps = df.group_by("run_id").agg(pl.col("engine_step").min().alias("lo"), pl.col("engine_step").max().alias("hi"))
+    lo = dict(zip(steps["run_id"].cast(pl.String), steps["lo"]))
+    hi = dict(zip(steps["run_id"].cast(pl.String), steps["hi"]))
+    assert lo[b.run_id] == hi[a.run_id] + 1
 
 
 def test_slots_per_dataset_stops_admission(pair, prompts, tmp_path):

@@ -1,7 +1,8 @@
 """The data card of recorded traces (`traces/README.md`): settings, counts and acceptance, from the files.
 
 Every number is recomputed from the Parquet files and their metadata, so the card cannot drift
-from the data. `python -m avkit.record.datacard TRACE... [--out traces/README.md]`.
+from the data. `python -m avkit.record.datacard TRACE... [--out traces/README.md]` replaces the text
+between the BEGIN/END markers of an existing card (or writes the tables alone to a new file).
 """
 
 from __future__ import annotations
@@ -65,6 +66,17 @@ def render(info: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+BEGIN, END = "<!-- datacard:begin -->", "<!-- datacard:end -->"
+
+
+def splice(card: str, tables: str) -> str:
+    """Replace the generated part of a card (between the markers); append it when there are none."""
+    if BEGIN in card and END in card:
+        head, rest = card.split(BEGIN, 1)
+        return f"{head}{BEGIN}\n{tables}{END}{rest.split(END, 1)[1]}"
+    return f"{card}{BEGIN}\n{tables}{END}\n"
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("traces", nargs="+")
@@ -74,9 +86,10 @@ def main(argv=None) -> None:
     if not args.out:
         print(text)
         return
+    out = Path(args.out)
     tmp = Path(args.out + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, args.out)
+    tmp.write_text(splice(out.read_text() if out.exists() else "", text))
+    os.replace(tmp, out)
 
 
 if __name__ == "__main__":

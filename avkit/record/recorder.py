@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow.compute as pc
+
 import avkit
 from avkit.config import EngineConfig, RecordConfig
 from avkit.record.progress import RecordProgress
@@ -124,12 +126,14 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
             if config.resume and trace.rows_written:
                 stats.update_from_table(trace.table())
             resumed_rows = trace.rows_written
+            # engine_step is a global index over the file: a resumed run continues after the last one
+            step_offset = int(pc.max(trace.table()["engine_step"]).as_py()) + 1 if resumed_rows else 0
             sink = RecordingSink(trace, run_id, stats)
             queue = PromptQueue(config, target.tokenizer, done)
             t0 = time.monotonic()
             with _interruptible():
                 finished, interrupted, engine = _run(config, target, draft, sink, queue, gens, run_id, stats,
-                                                     progress, console)
+                                                     progress, console, step_offset)
     return RecordResult(out, gen_path, run_id, finished, sink.rows, resumed_rows + sink.rows, interrupted,
                         queue.skipped_long, stats.summary(), engine.stats.steps, engine.stats.tokens,
                         time.monotonic() - t0)
@@ -140,13 +144,14 @@ def _finished_outputs(gens: GenerationWriter) -> dict[str, list[int]]:
     return dict(zip(t["request_id"].to_pylist(), t["output_ids"].to_pylist()))
 
 
-def _run(config, target, draft, sink, queue, gens, run_id, stats, progress, console):
+def _run(config, target, draft, sink, queue, gens, run_id, stats, progress, console, step_offset=0):
     """Drive the engine until the queue is empty; return (requests finished, interrupted, engine)."""
     from avkit.runtime.engine import Engine
 
     max_len = config.max_prompt_tokens + config.max_new_tokens + config.k + 2
     engine = Engine(target, draft, EngineConfig(k=config.k, max_batch=config.concurrency, max_len=max_len,
                                                 seed=config.seed), sink=sink)
+    engine.engine_step = step_offset
     active: dict[str, Turn] = {}
     outputs: dict[str, list[int]] = {}
     finished, last_flush = 0, time.monotonic()
