@@ -173,11 +173,14 @@ class RecordConfig:
     flush_interval_s: float = 60.0  # also flush (and make the partial file readable) this often
     dtype: str = "float32"  # weights/activations of both models: float32 | bfloat16 (~3x faster on AVX512-BF16)
     threads: int = 0  # torch intra-op threads (0 = torch's default); 1 is fastest on an oversubscribed CPU
+    drafter: str = "model"  # model: the draft model; hybrid: suffix cache or draft model per step (HVD)
+    payoff: str = ""  # hybrid: payoff_mlp.pt written by `avkit hvd` ("" = ArcticInference's rule)
 
     def __post_init__(self):
         from avkit.errors import ConfigError
 
         check_choice("dtype", self.dtype, ("float32", "bfloat16"))
+        check_choice("drafter", self.drafter, ("model", "hybrid"))
         if not self.datasets:
             raise ConfigError(f"datasets must name at least one workload, got {self.datasets!r}")
         check_range("num_prompts", self.num_prompts, 1)

@@ -235,3 +235,23 @@ def test_datacard_recomputes_from_files(recorded):
     assert info["summary"]["all"]["labelled"] == recorded.summary["all"]["labelled"]
     text = render(info)
     assert "| all |" in text and "pos 2" in text and "K=3" in text
+
+
+def test_hybrid_drafter_records_both_kinds_of_drafts(pair, prompts, tmp_path):
+    """`--drafter hybrid`: each step's drafts come from the suffix cache or the draft model; the trace says
+    which, and the file's metadata names the drafter."""
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "h.parquet"
+    res = run(pair, config(prompts, out, drafter="hybrid", temperature=0.0, max_new_tokens=24))
+    df = read_traces([out])
+    assert res.rows == len(df) > 0
+    assert set(df["drafter"].cast(pl.String).unique()) <= {"model", "suffix"}
+    assert pq.read_metadata(out).metadata[b"avkit.drafter"] == b"hybrid"
+
+
+def test_bad_drafter_is_a_config_error(prompts, tmp_path):
+    from avkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="drafter"):
+        config(prompts, tmp_path / "x.parquet", drafter="eagle")

@@ -65,6 +65,10 @@ def register(app: typer.Typer) -> None:
             _d("flush_interval_s"),
         dtype: Annotated[str, typer.Option(help="model dtype: float32 | bfloat16")] = _d("dtype"),
         threads: Annotated[int, typer.Option(help="torch threads (0 = default; 1 on a busy CPU)")] = _d("threads"),
+        drafter: Annotated[str, typer.Option(help="model | hybrid (suffix cache or draft model per step)")] =
+            _d("drafter"),
+        payoff: Annotated[str, typer.Option(help="hybrid: payoff_mlp.pt from `avkit hvd` (default: "
+                                                 "ArcticInference's rule)")] = _d("payoff"),
         progress: Annotated[bool, typer.Option(help="show the progress bar")] = True,
     ):
         """Record acceptance traces: one row per draft slot, streamed to Parquet in row groups."""
@@ -75,7 +79,7 @@ def register(app: typer.Typer) -> None:
             num_prompts=num_prompts, max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens, k=k,
             temperature=temperature, top_p=top_p, concurrency=concurrency, seed=seed, out=out, resume=resume,
             slots_per_dataset=slots_per_dataset, flush_interval_s=flush_interval, dtype=dtype,
-            threads=threads)
+            threads=threads, drafter=drafter, payoff=payoff)
         check_datasets(config.datasets)
         console = Console(stderr=True)
         console.print(f"avkit record: {config.target} + {config.draft or 'no draft'}, "

@@ -59,7 +59,7 @@ def metadata(config: RecordConfig, target, draft) -> dict[str, str]:
         "avkit.k": str(config.k),
         "avkit.temperature": str(config.temperature),
         "avkit.top_p": str(config.top_p),
-        "avkit.drafter": "model",
+        "avkit.drafter": config.drafter,
         "avkit.seed": str(config.seed),
         "avkit.datasets": json.dumps(list(config.datasets)),
         "avkit.policy": "full",
@@ -149,8 +149,14 @@ def _run(config, target, draft, sink, queue, gens, run_id, stats, progress, cons
     from avkit.runtime.engine import Engine
 
     max_len = config.max_prompt_tokens + config.max_new_tokens + config.k + 2
+    drafter = None  # the engine builds the model drafter itself
+    if config.drafter == "hybrid" and draft is not None:
+        from avkit.drafters.hybrid import make_hybrid_drafter
+
+        drafter = make_hybrid_drafter(draft, config.concurrency, max_len, payoff_path=config.payoff or None,
+                                      tokenizer=config.target, k=config.k)
     engine = Engine(target, draft, EngineConfig(k=config.k, max_batch=config.concurrency, max_len=max_len,
-                                                seed=config.seed), sink=sink)
+                                                seed=config.seed), sink=sink, drafter=drafter)
     engine.engine_step = step_offset
     active: dict[str, Turn] = {}
     outputs: dict[str, list[int]] = {}
