@@ -5,6 +5,9 @@ Same rule as the live policy, vectorized over groups (one group = one sim step):
   b*_g = argmax_b (N_s + sum of the top-b survivals) / (fixed_ms_g + verify_ms(T_g + b)), ties -> smallest;
   row r verifies the number of its slots ranked < b*.
 One lexsort over all slots, cumulative sums restarted at group starts, and reduceat for the argmax.
+Known gap: the live policy sizes b* from draw-independent inputs (each request's position-0 feature,
+see budget.py on losslessness) and allocates from live survivals; this replay sizes b* from the live
+survivals, so its adaptive rows are a slightly optimistic bound on the live policy.
 """
 
 from __future__ import annotations
