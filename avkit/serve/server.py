@@ -10,6 +10,7 @@ period -> the engine loop cancels what is left -> coefficients snapshot -> trace
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import signal
 import uuid
@@ -78,7 +79,13 @@ def warm_start(config: ServeConfig) -> str:
             raise ConfigError(f"--coefficients: no such file: {config.coefficients}")
         return config.coefficients
     shipped = shipped_coefficients()
-    return str(shipped) if shipped is not None else ""
+    if shipped is None:
+        return ""
+    try:  # the shipped fit is a default, not a demand: it applies only to the K it was fitted for
+        fitted_k = json.loads(Path(shipped).read_text()).get("num_positions")
+    except (OSError, ValueError):
+        fitted_k = None
+    return str(shipped) if fitted_k == config.k else ""
 
 
 def make_policy(config: ServeConfig, coefficients: str):
