@@ -10,3 +10,21 @@ import shutil
 
 if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    """The Triton kernels (interpreted on CPU), or a skip when triton is missing or was imported early."""
+    pytest.importorskip("triton")
+    import torch
+
+    from avkit.errors import ConfigError
+    from avkit.kernels.dispatch import select_kernels
+
+    try:
+        return select_kernels("cuda" if torch.cuda.is_available() else "cpu", backend="triton")
+    except ConfigError as e:  # triton was imported earlier in this process without the interpreter
+        pytest.skip(str(e))

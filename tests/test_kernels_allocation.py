@@ -4,29 +4,15 @@ Survivals are products taken in the same order on both paths (bit-identical floa
 ties included, and the per-request verify counts must be identical.
 """
 
-import os
 
 import pytest
 import torch
 
-from avkit.errors import ConfigError, DataError
+from avkit.errors import DataError
 from avkit.kernels.allocation_ref import allocate_ref
-from avkit.kernels.dispatch import select_kernels
 
-# On CPU the kernels run in Triton's interpreter, which @triton.jit selects when it decorates:
-# the variable must be set before this process first imports triton (nothing above does).
+# On CPU the kernels run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu":
-    os.environ["TRITON_INTERPRET"] = "1"
-
-
-@pytest.fixture(scope="module")
-def kernels():
-    pytest.importorskip("triton")
-    try:
-        return select_kernels(DEVICE, backend="triton")
-    except ConfigError as e:  # triton was imported earlier in this process without the interpreter
-        pytest.skip(str(e))
 
 
 def make_confidences(B, K, dtype=torch.float32, seed=0):

@@ -5,34 +5,20 @@ Tolerances (float32 arithmetic over up to 4099 logits, different summation order
 """
 
 import math
-import os
 
 import pytest
 import torch
 
-from avkit.errors import ConfigError, DataError
+from avkit.errors import DataError
 from avkit.kernels.confidence_ref import confidence_ref
-from avkit.kernels.dispatch import select_kernels
 
-# On CPU the kernels run in Triton's interpreter, which @triton.jit selects when it decorates:
-# the variable must be set before this process first imports triton (nothing above does).
+# On CPU the kernels run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu":
-    os.environ["TRITON_INTERPRET"] = "1"
 
 # numpy (under the interpreter) warns on log(0) = -inf, which the kernel clamps on purpose
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 
 ATOL = {"logit_qmax": 2e-5, "q_max": 1e-6, "q_2nd": 1e-6, "entropy": 1e-5, "confidence": 1e-6}
-
-
-@pytest.fixture(scope="module")
-def kernels():
-    pytest.importorskip("triton")
-    try:
-        return select_kernels(DEVICE, backend="triton")
-    except ConfigError as e:  # triton was imported earlier in this process without the interpreter
-        pytest.skip(str(e))
 
 
 def make_logits(B, K, V, dtype, seed=0):

@@ -4,30 +4,16 @@ Tolerance Triton vs reference: float32 sums inside 1024-row blocks against float
 and atol 1e-4 (sums of up to ~3000 terms of size <= ~10); the counts n are exact.
 """
 
-import os
 
 import numpy as np
 import pytest
 import torch
 
-from avkit.errors import ConfigError, DataError
-from avkit.kernels.dispatch import select_kernels
+from avkit.errors import DataError
 from avkit.kernels.irls_stats_ref import irls_stats_ref
 
-# On CPU the kernels run in Triton's interpreter, which @triton.jit selects when it decorates:
-# the variable must be set before this process first imports triton (nothing above does).
+# On CPU the kernels run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu":
-    os.environ["TRITON_INTERPRET"] = "1"
-
-
-@pytest.fixture(scope="module")
-def kernels():
-    pytest.importorskip("triton")
-    try:
-        return select_kernels(DEVICE, backend="triton")
-    except ConfigError as e:  # triton was imported earlier in this process without the interpreter
-        pytest.skip(str(e))
 
 
 def make_round(steps, B, K, dtype=torch.float32, seed=0):

@@ -4,31 +4,16 @@ Integer outputs (tokens, accepted lengths, accepted/observed masks) must be iden
 target_prob (a gather: no arithmetic). The chi-square tests run the Triton kernel itself.
 """
 
-import os
 
 import pytest
 import torch
 from scipy.stats import chisquare
 
-from avkit.errors import ConfigError
-from avkit.kernels.dispatch import select_kernels
 from avkit.verify import rejection_sample_ref
 
-# On CPU the kernels run in Triton's interpreter, which @triton.jit selects when it decorates:
-# the variable must be set before this process first imports triton (nothing above does).
+# On CPU the kernels run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu":
-    os.environ["TRITON_INTERPRET"] = "1"
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy overflow notes in the interpreter
-
-
-@pytest.fixture(scope="module")
-def kernels():
-    pytest.importorskip("triton")
-    try:
-        return select_kernels(DEVICE, backend="triton")
-    except ConfigError as e:  # triton was imported earlier in this process without the interpreter
-        pytest.skip(str(e))
 
 
 def make_step(B, K, V, dtype, greedy, seed=0):
