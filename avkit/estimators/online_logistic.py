@@ -16,6 +16,7 @@ damping n / (n + 50).
 from __future__ import annotations
 
 import itertools
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -40,7 +41,7 @@ def check_positions(positions, k: int) -> np.ndarray:
     return pos.astype(np.intp, copy=False)
 
 
-class RoundLogistic:
+class RoundLogistic(ABC):
     """Online rounds and batch fitting shared by the logistic estimators; subclasses define the
     coefficients (`_logits`, `_slope_at`, `_step`, `coefficients`). Inputs are numpy arrays (or CPU
     tensors) of one engine step or round."""
@@ -61,18 +62,21 @@ class RoundLogistic:
         self._steps = 0
 
     # ---- subclass hooks ----
+    @abstractmethod
     def _logits(self, features: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """Subclass hook."""
 
+    @abstractmethod
     def _slope_at(self, position: int) -> float:
-        raise NotImplementedError
+        """Subclass hook."""
 
+    @abstractmethod
     def _step(self, stats: IrlsStats, damping: float) -> bool:
-        raise NotImplementedError
+        """Subclass hook."""
 
+    @abstractmethod
     def coefficients(self) -> np.ndarray:
         """All coefficients as one flat vector (convergence checks, trajectories)."""
-        raise NotImplementedError
 
     def _oriented(self, features) -> np.ndarray:
         f = np.asarray(features, dtype=np.float64)
