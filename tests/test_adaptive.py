@@ -196,8 +196,10 @@ def test_continue_drafting_matches_the_simulator(seed):
     conf = rng.uniform(0.3, 0.99, (b, k))
     f = np.log(conf / (1 - conf))  # the test estimator is sigmoid(f)
     cost = parse_roofline_spec("roofline:H200:8b:context=2048")
-    want_k, want_drafted, _ = Adaptive._budget_stop(cost, conf.astype(np.float32).astype(np.float64),
-                                                    np.zeros(b, np.int64), np.array([b]), np.full(b, k))
+    c32 = conf.astype(np.float32).astype(np.float64)
+    sizing = (np.repeat(c32[:, :1], k, axis=1), np.full(b, k))  # the live sizing: position-0 feature, K drafts
+    want_k, want_drafted, _ = Adaptive._budget_stop(cost, c32, np.zeros(b, np.int64), np.array([b]),
+                                                    np.full(b, k), sizing)
     policy = AdaptiveVerification(cost, Logistic(slope=1.0, intercept=0.0))
     feats = torch.tensor(f, dtype=torch.float32)
     proposed, active, load = torch.zeros(b, dtype=torch.int64), torch.ones(b, dtype=torch.bool), Load(b, b, b)
@@ -206,7 +208,8 @@ def test_continue_drafting_matches_the_simulator(seed):
         active = policy.continue_drafting(DraftBatch({"logit_qmax": feats[:, :j]}, proposed), load) & (proposed < k)
         if not active.any():
             break
-    got = policy.num_verify(DraftBatch({"logit_qmax": feats[:, :j]}, proposed), load)
+    padded = feats.masked_fill(torch.arange(k)[None, :] >= proposed[:, None], float("nan"))  # as the drafter
+    got = policy.num_verify(DraftBatch({"logit_qmax": padded}, proposed), load)
     assert proposed.tolist() == want_drafted.tolist()
     assert got.tolist() == want_k.tolist()
     assert 0 < int(proposed.sum()) < b * k  # the rule stopped some requests early, not all at once

@@ -88,23 +88,60 @@ def test_schedule_keeps_every_lane_busy(steps):
     assert np.mean(contiguous[same]) > 0.95  # the rest: a cycled copy of the same request restarting
 
 
+@pytest.mark.parametrize("sized", [False, True])
 @pytest.mark.parametrize("seed", range(5))
-def test_grouped_budget_equals_per_step_plan(seed):
+def test_grouped_budget_equals_per_step_plan(seed, sized):
+    """The vectorized replay budget equals the live `plan_verification` group by group, with and without
+    separate sizing inputs (the live policy's lossless sizing)."""
     rng = np.random.default_rng(seed)
     sizes = rng.integers(1, 6, 8)
     group = np.repeat(np.arange(8), sizes)
     conf = rng.uniform(0.2, 1.0, (group.size, 5))
     drafted = rng.integers(0, 6, group.size)
+    size_conf = rng.uniform(0.2, 1.0, (group.size, 5))
+    nominal = np.where(drafted > 0, 5, 0)
     cost = CostTable((1, 4, 64), (1.0, 1.0, 9.0), (1, 8), (0.3, 0.5))
     n = sizes.astype(np.int64)
     fixed = cost.fixed_cost(n, 5)
     got = grouped_budget(group, conf, drafted, num_sampling=n, num_scheduled=n, fixed_ms=fixed,
-                         verify_ms=cost.verify_cost)
+                         verify_ms=cost.verify_cost, sizing=(size_conf, nominal) if sized else None)
     for g in range(8):
         m = group == g
+        sizing = (torch.tensor(size_conf[m]), torch.tensor(nominal[m])) if sized else None
         plan = plan_verification(torch.tensor(conf[m]), torch.tensor(drafted[m]), num_sampling=int(n[g]),
-                                 num_scheduled=int(n[g]), fixed_ms=float(fixed[g]), verify_ms=cost.verify_cost)
+                                 num_scheduled=int(n[g]), fixed_ms=float(fixed[g]), verify_ms=cost.verify_cost,
+                                 sizing=sizing)
         assert plan.num_verify.tolist() == got[m].tolist()
+
+
+def test_simulated_adaptive_decides_as_the_live_policy(steps, tmp_path):
+    """With the same (frozen) coefficients, the simulator's online adaptive policy makes the live
+    policy's decision in every simulated step: sizing from position-0 features, top-b* live slots."""
+    from avkit.scheduling.adaptive import make_adaptive
+    from avkit.scheduling.policy import DraftBatch, Load
+    from avkit.sim.policies import Adaptive, Replay
+
+    coef = tmp_path / "coefficients.json"
+    coef.write_text(json.dumps({"feature": "logit_qmax", "num_positions": 7, "slope": 0.8,
+                                "intercepts": [2.0, 1.6, 1.2, 1.0, 0.8, 0.6, 0.4], "observations": [0] * 7}))
+    cost = CostTable((1, 8, 9, 16, 17, 64, 65, 512), (1.0, 1.0, 1.6, 1.6, 2.2, 2.2, 4.0, 20.0),
+                     (1, 16), (0.2, 0.6))  # step-shaped: sizing inputs matter
+    replay = Replay.build(steps, schedule(steps, 16, waves=1), cost)
+    g1 = 40  # steps before the first refit round ends (refit_interval 100): coefficients are frozen
+    conf_rows = slice(0, replay.bounds[g1])
+    live = make_adaptive(cost=cost, estimator="online_logistic", coefficients=coef, k=steps.k)
+    feats = np.nan_to_num(steps.features["logit_qmax"][replay.sched.rows[conf_rows]], nan=0.0)
+    got, drafted, _ = Adaptive("online_logistic", str(coef), burn_in=False).decide(replay)
+    trimmed = 0
+    for g in range(g1):
+        a, b = replay.bounds[g] - replay.bounds[0], replay.bounds[g + 1] - replay.bounds[0]
+        batch = DraftBatch({"logit_qmax": torch.tensor(feats[a:b], dtype=torch.float32)},
+                           torch.tensor(drafted[a:b]))
+        n = b - a
+        want = live.num_verify(batch, Load(n, n, n))
+        assert want.tolist() == got[a:b].tolist(), g
+        trimmed += int((want < batch.num_drafted).sum())
+    assert trimmed > 0  # the cost really trims: the comparison can see a difference
 
 
 def test_step_time_check(frame):

@@ -9,6 +9,10 @@ Glossary:
               forward per depth, so the plain budget cannot save drafting (vLLM notes MTP/EAGLE gain
               less from AV for this reason); this variant stops a request's drafting once its newest
               draft is trimmed or its next one would not pay for itself at the step's current rate
+  sizing      as live (AdaptiveVerification.sizing): an estimator source sizes b* from each request's
+              position-0 feature predicted at every position and K nominal drafts (draw-independent,
+              so lossless), then verifies the top-b* live slots. `oracle` and `recorded` have no
+              estimator to re-predict with and size b* from their own confidences: upper bounds.
 Policies are named by specs: `nospec`, `fixed:K` (or `fixed` = 1..recorded K), `adaptive:SOURCE`,
 `adaptive-stop:SOURCE`, looked up in SIM_POLICIES by the part before the colon.
 """
@@ -133,27 +137,33 @@ class Adaptive:
             return self._budget(replay, conf, 0, replay.sched.num_groups)
         return self._online(replay)
 
-    def _budget(self, replay: Replay, conf: np.ndarray, g0: int, g1: int):
-        """(verify counts, drafts, drafting ms) of sim steps [g0, g1) given their confidences [rows, K]."""
+    def _budget(self, replay: Replay, conf: np.ndarray, g0: int, g1: int, sizing_conf: np.ndarray | None = None):
+        """(verify counts, drafts, drafting ms) of sim steps [g0, g1) given their confidences [rows, K].
+
+        sizing_conf: [rows, K] draw-independent confidences that size b* (None: size from `conf`)."""
         r0, r1 = replay.bounds[g0], replay.bounds[g1]
         group, n = replay.sched.group[r0:r1] - g0, replay.num_requests[g0:g1]
         drafted = replay.drafted(replay.steps.k)[r0:r1]
+        sizing = None if sizing_conf is None else (sizing_conf, np.where(drafted > 0, replay.steps.k, 0))
         if self.stop_drafting and replay.cost.drafter == "autoregressive":
-            return self._budget_stop(replay.cost, conf, group, n, drafted)
+            return self._budget_stop(replay.cost, conf, group, n, drafted, sizing)
         draft_ms = replay.cost.draft_cost(n, replay.draft_passes(replay.steps.k)[g0:g1])
         k = grouped_budget(group, conf, drafted, num_sampling=n, num_scheduled=n,
-                           fixed_ms=draft_ms + replay.cost.context_cost(n), verify_ms=replay.cost.verify_cost)
+                           fixed_ms=draft_ms + replay.cost.context_cost(n), verify_ms=replay.cost.verify_cost,
+                           sizing=sizing)
         return k, drafted, draft_ms
 
     @staticmethod
-    def _budget_stop(cost: CostTable, conf, group, n, drafted):
+    def _budget_stop(cost: CostTable, conf, group, n, drafted, sizing=None):
         """Draft pass by pass (autoregressive drafter: a pass forwards only the requests still drafting).
 
         After each pass the budget is sized over everything drafted so far, drafting already paid. Request
         r drafts one more token only if its newest draft is verified and the next one pays for itself at
         the step's current rate: s_next > rate * (draft_ms(n_active) / n_active + marginal verify ms), with
         s_next = s_newest * c_newest (the next confidence guessed as the newest one). Causal (drafted
-        confidences only) and lossless (q's shape only). The budget after the last pass is verified.
+        confidences only) and lossless (q's shape only). The budget after the last pass is verified;
+        with `sizing` (confidences [rows, K], nominal drafts [rows]) it is re-sized as the live policy's
+        `num_verify` does after the passes: from the sizing inputs, at the nominal K-pass drafting cost.
         """
         groups = int(group[-1]) + 1 if group.size else 0
         rows = np.arange(group.size)
@@ -178,6 +188,10 @@ class Adaptive:
             newest = np.maximum(proposed - 1, 0)
             s_next = surv[rows, newest] * np.clip(np.nan_to_num(conf[rows, newest]), 0.0, 1.0)
             active = active & (k_out == proposed) & (drafted > proposed) & (s_next > (rate * marginal)[group])
+        if sizing is not None:
+            fixed = cost.draft_cost(n, conf.shape[1]) + cost.context_cost(n)
+            k_out = grouped_budget(group, conf, proposed, num_sampling=n, num_scheduled=n, fixed_ms=fixed,
+                                   verify_ms=cost.verify_cost, sizing=sizing)
         return k_out, proposed, draft_ms
 
     def prepare(self, steps: StepTable) -> Adaptive:
@@ -201,6 +215,8 @@ class Adaptive:
         if self.warm_state is not None:
             est.load_state_dict(self.warm_state)
         feats = np.nan_to_num(steps.features[self._feature(est, steps)][rows], nan=0.0)  # [S', K]
+        first = np.repeat(feats[:, :1], steps.k, axis=1).ravel()  # [S' * K] position-0 feature everywhere
+        pos = np.tile(np.arange(steps.k), rows.size)  # [S' * K]
         labels, acc = steps.label[rows], steps.accepted[rows]  # [S', K], [S']
         out, drafted = np.zeros(rows.size, dtype=np.int64), np.zeros(rows.size, dtype=np.int64)
         draft_ms = np.zeros(replay.sched.num_groups)
@@ -208,7 +224,9 @@ class Adaptive:
 
         def decide(conf, g0, g1):
             r0, r1 = bounds[g0], bounds[g1]
-            out[r0:r1], drafted[r0:r1], draft_ms[g0:g1] = self._budget(replay, conf, g0, g1)
+            k = steps.k  # the estimator has not changed since `conf` was predicted: size with the same one
+            sizing = np.asarray(est.predict(first[r0 * k:r1 * k], pos[r0 * k:r1 * k])).reshape(-1, k)
+            out[r0:r1], drafted[r0:r1], draft_ms[g0:g1] = self._budget(replay, conf, g0, g1, sizing)
             return (j < out[r0:r1, None]) & (j <= acc[r0:r1, None]) & (labels[r0:r1] >= 0)  # DESIGN §3
 
         run_rounds(est, feats, labels, bounds, decide, self.chunk)
