@@ -65,17 +65,24 @@ def main(argv=None) -> int:
     ap.add_argument("--requests-per-lane", type=int, default=2)
     ap.add_argument("--context-len", type=int, default=1024)
     ap.add_argument("--coefficients", default="traces/coefficients.json")
+    ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--out", default="bench/results/adaptive_live.md")
     args = ap.parse_args(argv)
     conc = [int(c) for c in args.concurrency.split(",")]
     ks = [int(k) for k in args.ks.split(",")]
-    target, draft = load(args.target), load(args.draft)
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    target, draft = load(args.target, dtype=dtype), load(args.draft, dtype=dtype)
     print(f"profiling step costs ({args.target} + {args.draft}, context {args.context_len}) ...", flush=True)
     cost = profile_costs(target, draft, ProfileConfig(context_len=args.context_len, k=max(ks),
                                                       max_tokens=max(conc) * (max(ks) + 1),
                                                       max_requests=max(conc), repeats=3))
+    out = Path(args.out)
+    print(f"cost table: {cost.save(out.with_name(out.stem + '_cost.json'))}", flush=True)
     coef = args.coefficients if Path(args.coefficients).is_file() else ""
-    title = f"# Live adaptive verification ({target.model_id} + {draft.model_id}, CPU, {torch.get_num_threads()} threads)\n"
+    title = (f"# Live adaptive verification ({target.model_id} + {draft.model_id}, {args.dtype}, CPU, "
+             f"{torch.get_num_threads()} threads)\n")
     setup = (f"T=0.8, top-p 0.95, {args.max_new_tokens} new tokens, HumanEval prompts, "
              f"{args.requests_per_lane} requests per lane; cost table profiled at context {args.context_len}; "
              f"estimator online_logistic{' warm-started from ' + coef if coef else ' (cold start)'}.\n")
@@ -92,9 +99,9 @@ def main(argv=None) -> int:
         for name, tps in results.items():
             lines.append(f"| {c} | {name} | {tps:.2f} | {tps / best:.3f} |")
             print(lines[-1], flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines) + "\n")
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(out)
     print(f"wrote {out}")
     return 0
 

@@ -123,6 +123,8 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,8")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"),
+                    help="both models (bfloat16: as the shipped traces were recorded; ~3x fp32 on AVX512-BF16)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tiny", action="store_true", help="tiny random models (a dry run of the script)")
     ap.add_argument("--overhead", action="store_true",
@@ -132,7 +134,9 @@ def main() -> None:
     if args.overhead:
         return overhead(151936, args.max_new_tokens)
     t0 = time.perf_counter()
-    target, draft = _tiny_pair() if args.tiny else (avkit.models.load(args.target), avkit.models.load(args.draft))
+    target, draft = _tiny_pair() if args.tiny else (
+        avkit.models.load(args.target, dtype=getattr(torch, args.dtype)),
+        avkit.models.load(args.draft, dtype=getattr(torch, args.dtype)))
     print(f"loaded target={target.model_id} draft={draft.model_id} in {time.perf_counter() - t0:.0f} s, "
           f"threads={args.threads}")
     ks = [int(x) for x in args.ks.split(",")]
@@ -163,7 +167,7 @@ def _write(lines: list[str], args) -> None:
     name = f"engine-{'tiny-' if args.tiny else ''}{stamp}.md"
     body = "\n".join([f"# bench/engine.py ({stamp} UTC)", "",
                       (f"target `{args.target}`, draft `{args.draft}`, HumanEval prompts, top-p 0.95, "
-                      f"max_new_tokens {args.max_new_tokens}, threads {args.threads}, "
+                      f"max_new_tokens {args.max_new_tokens}, dtype {args.dtype}, threads {args.threads}, "
                       f"cpu count {os.cpu_count()}"), "", *lines, ""])
     fd, tmp = tempfile.mkstemp(dir=RESULTS, suffix=".tmp")
     with os.fdopen(fd, "w") as f:

@@ -142,3 +142,11 @@ def test_profile_cli_writes_a_cost_table(tiny_pair, tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     table = CostTable.load(out)
     assert table.verify_tokens == (1, 2, 4) and table.meta["context_len"] == 16
+    assert table.meta["dtype"] == "float32"  # auto on CPU
+
+    r = CliRunner().invoke(app, ["profile", "--target", str(root / "t"), "--draft", "none", "--out", str(out),
+                                 "--max-tokens", "2", "--repeats", "1", "-k", "1", "--dtype", "bfloat16"])
+    assert r.exit_code == 0, r.output
+    assert CostTable.load(out).meta["dtype"] == "bfloat16"
+    r = CliRunner().invoke(app, ["profile", "--target", str(root / "t"), "--out", str(out), "--dtype", "fp8"])
+    assert "dtype" in str(r.exception) and "'fp8'" in str(r.exception)  # a ConfigError: exit 2 from `avkit`
