@@ -157,6 +157,20 @@ def test_step_time_check(frame):
     assert check["median_ratio"] == pytest.approx(0.8, rel=1e-4)
     assert check["median_abs_rel_error"] == pytest.approx(0.2, rel=1e-4)
 
+    # Steps that admitted a request (its step 0) also ran its prefill: 4x slower here; decode-only ignores them.
+    admitting = frame.filter(pl.col("step") == 0)["engine_step"].unique()
+    slow = pl.when(pl.col("engine_step").is_in(admitting.implode())).then(4.0).otherwise(1.0)
+    df2 = df.with_columns((pl.col("step_time_ms") * slow).cast(pl.Float32))
+    check = step_time_check(df2, cost)
+    assert 0 < admitting.len() < check["engine_steps"]
+    assert check["decode_only"]["engine_steps"] == check["engine_steps"] - admitting.len()
+    assert check["decode_only"]["median_ratio"] == pytest.approx(0.8, rel=1e-4)
+    assert check["mean_recorded_ms"] > check["decode_only"]["mean_recorded_ms"]
+
+    # Two trace files count engine steps from 0 each: their steps stay apart.
+    both = pl.concat([df.with_columns(pl.lit(i, dtype=pl.UInt16).alias("file_index")) for i in (0, 1)])
+    assert step_time_check(both, cost)["engine_steps"] == 2 * per_step.height
+
 
 def test_results_parquet_and_errors(steps, frame, tmp_path):
     res = simulate(steps, parse_roofline_spec("roofline:H200:8b"), [2], ["nospec", "fixed:2"])

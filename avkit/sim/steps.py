@@ -34,7 +34,7 @@ class StepTable:
     accepted: np.ndarray  # [S] int64 recorded num_accepted (accepted length)
     label: np.ndarray  # [S, K] int8: 1 accepted, 0 rejected, -1 censored
     features: dict  # name -> [S, K] float64 (NaN where the slot does not exist or the column is null)
-    engine_step: np.ndarray  # [S] int64 recorded global engine step (-1 if absent)
+    engine_step: np.ndarray  # [S] int64 recorded global engine step (-1 if absent), + file_index << 40
     batch_size: np.ndarray  # [S] int64 recorded batch size
     step_time_ms: np.ndarray  # [S] float64 recorded wall time of the engine step
     k: int  # recorded K (max drafted)
@@ -82,6 +82,8 @@ def step_table(df: pl.DataFrame) -> StepTable:
     ordinal = np.arange(s) - np.repeat(starts, np.diff(np.r_[starts, s]))
     col = lambda c: df[c].to_numpy()[first].astype(np.int64)
     eng = df["engine_step"].fill_null(-1).to_numpy()[first] if "engine_step" in df.columns else np.full(s, -1)
+    if "file_index" in df.columns and (eng >= 0).all():  # engine steps count per file: keep files apart
+        eng = df["file_index"].to_numpy()[first].astype(np.int64) * (1 << 40) + eng
     return StepTable(r.astype(np.int64), ordinal, col("num_drafted"), col("num_verified"), col("num_accepted"),
                      matrix(acc, -1, np.int8), feats, eng.astype(np.int64), col("batch_size"),
                      df["step_time_ms"].to_numpy()[first].astype(np.float64), k)
