@@ -76,3 +76,16 @@ def check_same_length(**arrays) -> int:
     if len(set(lens.values())) > 1:
         raise DataError(f"inconsistent lengths: {lens}")
     return next(iter(lens.values()))
+
+
+DEVICES = ("auto", "cpu", "cuda")  # "cuda:N" also accepted
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+def check_placement(device: str, dtype: str) -> tuple[str, str]:
+    """Validate a model placement by name (no torch import): device auto|cpu|cuda|cuda:N, dtype auto|float32|bfloat16."""
+    head, _, index = str(device).partition(":")
+    if head not in DEVICES or (index and (head != "cuda" or not index.isdigit())):
+        raise ConfigError(f"device must be one of {list(DEVICES)} or cuda:N, got {device!r}")
+    check_choice("dtype", dtype, DTYPES)
+    return device, dtype

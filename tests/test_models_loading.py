@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import avkit.models
+import torch
 from avkit.cli import app
 from avkit.errors import ConfigError, ModelError
 from avkit.models import fetch as fetching
@@ -164,3 +165,21 @@ def test_unsupported_tokenizer_and_file_kind(tmp_path):
     (tmp_path / "weights.bin").write_bytes(b"\0")
     with pytest.raises(ModelError, match="weights.bin"):
         avkit.models.load(tmp_path / "weights.bin")
+
+
+def test_placement_resolves_auto_and_refuses_a_missing_gpu(monkeypatch):
+    from avkit.errors import ConfigError
+    from avkit.models.placement import placement
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert placement() == (torch.device("cpu"), torch.float32)
+    assert placement("cpu", "bfloat16") == (torch.device("cpu"), torch.bfloat16)
+    with pytest.raises(ConfigError, match=r"device 'cuda:1': torch sees no CUDA GPU"):
+        placement("cuda:1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert placement() == (torch.device("cuda"), torch.bfloat16)  # serving dtype on a GPU
+    assert placement("auto", "float32") == (torch.device("cuda"), torch.float32)
+    for device, dtype, match in (("gpu", "auto", "device must be one of"), ("cpu:0", "auto", "device must be"),
+                                 ("cpu", "half", "dtype must be one of")):
+        with pytest.raises(ConfigError, match=match):
+            placement(device, dtype)

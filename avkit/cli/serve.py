@@ -47,6 +47,8 @@ def register(app: typer.Typer) -> None:
         max_tokens_limit: Annotated[int, _o("largest max_tokens accepted")] = _d("max_tokens_limit"),
         k: Annotated[int, _o("draft tokens per step")] = _d("k"),
         seed: Annotated[int, _o("engine seed")] = _d("seed"),
+        device: Annotated[str, _o("auto (a GPU if torch sees one) | cpu | cuda[:N]")] = _d("device"),
+        dtype: Annotated[str, _o("auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16")] = _d("dtype"),
         grace_period: Annotated[float, _o("seconds to finish in-flight requests on SIGTERM")] =
             _d("grace_period_s"),
         log_level: Annotated[str, _o("uvicorn log level")] = "info",
@@ -62,6 +64,7 @@ def register(app: typer.Typer) -> None:
             api_key=api_key, served_model_name=served_model_name, max_concurrency=max_concurrency,
             queue_size=queue_size, max_len=max_len, max_tokens_limit=max_tokens_limit,
             default_max_tokens=min(_d("default_max_tokens"), max_tokens_limit), k=k, seed=seed,
+            device=device, dtype=dtype,
             grace_period_s=grace_period)
         warm_start(config)  # a bad --coefficients / snapshot fails before any model is loaded
         console = Console(stderr=True)

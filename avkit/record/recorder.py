@@ -96,13 +96,14 @@ def _load_models(config: RecordConfig, target, draft):
     import torch
 
     from avkit.models import load
+    from avkit.models.placement import placement
 
     if config.threads:
         torch.set_num_threads(config.threads)
-    dtype = getattr(torch, config.dtype)
-    target = target if target is not None else load(config.target, dtype=dtype)
+    device, dtype = placement(config.device, config.dtype)
+    target = target if target is not None else load(config.target, dtype=dtype, device=device)
     if draft is None and config.k > 0 and config.draft not in ("", "none"):
-        draft = load(config.draft, dtype=dtype)
+        draft = load(config.draft, dtype=dtype, device=device)
     return target, draft
 
 

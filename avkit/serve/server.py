@@ -122,13 +122,15 @@ def _trace_writer(config: ServeConfig, target, draft):
 def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
     """Load models (unless given), build policy, sink and engine loop; nothing is started yet."""
     from avkit.models import load
+    from avkit.models.placement import placement
     from avkit.runtime.engine import Engine, EngineConfig
 
     coefficients = warm_start(config)
-    target = target if target is not None else load(config.target)
+    device, dtype = placement(config.device, config.dtype)
+    target = target if target is not None else load(config.target, dtype=dtype, device=device)
     use_draft = config.draft not in ("", "none") and config.k > 0
     if draft is None and use_draft:
-        draft = load(config.draft)
+        draft = load(config.draft, dtype=dtype, device=device)
     draft = draft if use_draft else None
     try:
         policy = make_policy(config, coefficients) if draft is not None else None
