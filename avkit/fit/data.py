@@ -50,6 +50,14 @@ def _num_positions(paths: list[Path], positions: np.ndarray) -> int:
     return max(declared + [int(positions.max()) + 1])
 
 
+def _shown(path: Path) -> str:
+    """A trace path as a shipped file should name it: relative to the working directory when inside it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def load_fit_data(paths) -> FitData:
     """Read, check and order the observed slots of `paths`; raise TraceError on unusable input."""
     paths = [Path(p) for p in paths]
@@ -75,7 +83,7 @@ def load_fit_data(paths) -> FitData:
         k=_num_positions(paths, positions), features=features, positions=positions,
         labels=obs["accepted"].cast(pl.Float64).to_numpy(), engine_step=obs["_round_step"].to_numpy(),
         file_index=obs["file_index"].cast(pl.Int64).to_numpy(), dataset_codes=codes, dataset_names=names,
-        trained_on={"traces": [str(p) for p in paths], "slots": total, "observed": obs.height,
+        trained_on={"traces": [_shown(p) for p in paths], "slots": total, "observed": obs.height,
                     "datasets": {n: int(c) for n, c in zip(names, np.bincount(codes, minlength=len(names)))},
                     "target": meta.get("avkit.target", ""), "draft": meta.get("avkit.draft", ""),
                     "round_step_column": step_col,
