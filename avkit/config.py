@@ -228,8 +228,12 @@ class ProfileConfig:
     max_requests: int = 8  # largest draft batch profiled
     repeats: int = 5  # timed runs per point; the median is kept
     warmup: int = 1
+    temperature: float = 1.0  # sampling work timed with every forward (the engine's logits work; 0 = argmax)
+    top_p: float = 0.95
 
     def __post_init__(self):
+        check_range("temperature", self.temperature, 0.0)
+        check_range("top_p", self.top_p, 0.0, 1.0, lo_open=True)
         check_range("context_len", self.context_len, 0)
         check_range("k", self.k, 0)
         check_range("max_tokens", self.max_tokens, 1)

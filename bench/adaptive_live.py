@@ -63,6 +63,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ks", default="1,3,5,7")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--requests-per-lane", type=int, default=2)
+    ap.add_argument("--min-requests", type=int, default=8,
+                    help="at least this many requests per run (low concurrency: less sampling noise)")
     ap.add_argument("--context-len", type=int, default=1024)
     ap.add_argument("--coefficients", default="traces/coefficients.json")
     ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
@@ -84,20 +86,34 @@ def main(argv=None) -> int:
     title = (f"# Live adaptive verification ({target.model_id} + {draft.model_id}, {args.dtype}, CPU, "
              f"{torch.get_num_threads()} threads)\n")
     setup = (f"T=0.8, top-p 0.95, {args.max_new_tokens} new tokens, HumanEval prompts, "
-             f"{args.requests_per_lane} requests per lane; cost table profiled at context {args.context_len}; "
+             f"max({args.min_requests}, {args.requests_per_lane} x concurrency) requests per run; cost table "
+             f"profiled at context {args.context_len} (forwards + the engine's logits work, "
+             f"`avkit.scheduling.profile`); "
              f"estimator online_logistic{' warm-started from ' + coef if coef else ' (cold start)'}.\n")
-    lines = [title, setup, "| concurrency | policy | tokens/s | x best fixed |", "|---:|---|---:|---:|"]
+    lines = [title, setup, "Drafted / verified: mean per request-step (adaptive stops drafting early and trims "
+             "verification; fixed K drafts and verifies K).\n",
+             "| concurrency | policy | tokens/s | x best fixed | drafted | verified |", "|---:|---|---:|---:|---:|---:|"]
     run(target, draft, max(ks), None, prompts(target.tokenizer, 1), 1, 8, 0)  # warm-up (allocations, caches)
     for c in conc:
-        ids = prompts(target.tokenizer, c * args.requests_per_lane)
+        ids = prompts(target.tokenizer, max(args.min_requests, c * args.requests_per_lane))
         results = {"nospec": run(target, draft, 0, None, ids, c, args.max_new_tokens, 0)[0]}
         for k in ks:
             results[f"fixed{k}"] = run(target, draft, k, None, ids, c, args.max_new_tokens, 0)[0]
         policy = make_adaptive(cost=cost, estimator="online_logistic", coefficients=coef, k=max(ks))
+        counts = []  # (drafted, verified) per engine step
+        decide = policy.num_verify
+        def counted(batch, load, decide=decide, counts=counts):
+            out = decide(batch, load)
+            counts.append((float(batch.num_drafted.float().mean()), float(out.float().mean())))
+            return out
+        policy.num_verify = counted
         results["adaptive"] = run(target, draft, max(ks), policy, ids, c, args.max_new_tokens, 0)[0]
         best = max(v for name, v in results.items() if name.startswith("fixed"))
         for name, tps in results.items():
-            lines.append(f"| {c} | {name} | {tps:.2f} | {tps / best:.3f} |")
+            k = 0 if name == "nospec" else int(name.removeprefix("fixed")) if name.startswith("fixed") else None
+            dv = (f"{sum(d for d, _ in counts) / len(counts):.2f} | {sum(v for _, v in counts) / len(counts):.2f}"
+                  if k is None else f"{k} | {k}")
+            lines.append(f"| {c} | {name} | {tps:.2f} | {tps / best:.3f} | {dv} |")
             print(lines[-1], flush=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text("\n".join(lines) + "\n")

@@ -143,6 +143,8 @@ def main() -> None:
     temps = [float(x) for x in args.temperatures.split(",")]
     concs = [int(x) for x in args.concurrency.split(",")]
     prompts = _prompts(target.tokenizer, max(concs), args.tiny)
+    for k in sorted({0, max(ks)}):  # warm-up: first-touch allocations and kernel selection are not timed
+        _run(target, draft, prompts[:max(concs)], k, 1.0, 8, args.seed)
     header = "| T | concurrency | K | tokens/s | speedup | tokens/step | acceptance | outside forwards | wall s |"
     lines = [header, "|" + "---|" * 9]
     print(header)

@@ -43,6 +43,9 @@ def register(app: typer.Typer) -> None:
         max_tokens: Annotated[int, typer.Option(help="largest verify step, target tokens")] = _d("max_tokens"),
         max_requests: Annotated[int, typer.Option(help="largest draft batch, requests")] = _d("max_requests"),
         repeats: Annotated[int, typer.Option(help="timed runs per point (median kept)")] = _d("repeats"),
+        temperature: Annotated[float, typer.Option(help="sampling work timed with each forward (0: argmax)")] =
+            _d("temperature"),
+        top_p: Annotated[float, typer.Option(help="top-p of that sampling work")] = _d("top_p"),
         device: Annotated[str, typer.Option(help="auto (a GPU if torch sees one) | cpu | cuda[:N]")] = "auto",
         dtype: Annotated[str, typer.Option(help="model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 "
                                                 "| bfloat16; profile what you record or serve with")] = "auto",
@@ -53,7 +56,7 @@ def register(app: typer.Typer) -> None:
         from avkit.scheduling.profile import num_points, profile_costs
 
         config = ProfileConfig(context_len=context_len, k=k, max_tokens=max_tokens, max_requests=max_requests,
-                               repeats=repeats)
+                               repeats=repeats, temperature=temperature, top_p=top_p)
         console = Console(stderr=True)
         dev, dt = placement(device, dtype)
         tgt = load(target, dtype=dt, device=dev)

@@ -7,6 +7,10 @@ Glossary:
   context        synthetic KV length per request (default 8192; $AVKIT_PROFILE_CONTEXT_LEN overrides).
                  The cache lengths are set without writing keys: attention reads as many positions as
                  it would at that context, which is all the timing needs.
+  logits work   what the engine does with each forward's logits, timed with it (what actually runs):
+                 verify = the target's sampling distributions over [n, q, V]; draft pass = lossless
+                 features, the draft distribution and one draw per row. At the config's temperature and
+                 top-p; on a 2-core CPU with V = 151,936 this is ~30% of a batch-16 draft pass.
 Each point is timed `repeats` times after `warmup` runs; the median is kept and each curve is made
 non-decreasing (running maximum) before it becomes a CostTable.
 """
@@ -23,6 +27,8 @@ import torch
 
 from avkit.config import PROFILE_CONTEXT_ENV, ProfileConfig
 from avkit.errors import ConfigError
+from avkit.features import draft_features
+from avkit.runtime.sampling import probs_from_logits, sample_tokens
 from avkit.scheduling.cost import CostTable, make_monotone
 
 
@@ -66,8 +72,10 @@ def _median_ms(fn: Callable[[], None], device: torch.device, repeats: int, warmu
     return statistics.median(times)
 
 
-def forward_timer(model, cache, num_requests: int, q_len: int, context: int, logits: str):
-    """A closure running one forward of `num_requests` rows x `q_len` tokens at `context`, then rolling back."""
+def forward_timer(model, cache, num_requests: int, q_len: int, context: int, logits: str,
+                  after: Callable[[torch.Tensor], object] | None = None):
+    """A closure running one forward of `num_requests` rows x `q_len` tokens at `context` (then `after` on
+    its logits), rolling the cache back to the synthetic context each time."""
     device = model.device
     tokens = torch.ones(num_requests, q_len, dtype=torch.int64, device=device)  # [n, q] (token ids irrelevant)
     q_lens = torch.full((num_requests,), q_len, dtype=torch.int64, device=device)  # [n]
@@ -76,7 +84,29 @@ def forward_timer(model, cache, num_requests: int, q_len: int, context: int, log
 
     def run():
         cache.lengths[slots] = ctx  # synthetic context: positions [0, ctx) count as cached
-        model.forward(tokens, q_lens, slots, cache, logits=logits)
+        out = model.forward(tokens, q_lens, slots, cache, logits=logits)
+        if after is not None:
+            after(out)
+    return run
+
+
+def verify_work(temperature: float, top_p: float) -> Callable[[torch.Tensor], object]:
+    """The engine's work on verify logits [n, q, V]: the target's sampling distributions."""
+    def run(logits):
+        n = logits.shape[0]
+        return probs_from_logits(logits, logits.new_full((n, 1), temperature), logits.new_full((n, 1), top_p))
+    return run
+
+
+def draft_work(temperature: float, top_p: float) -> Callable[[torch.Tensor], object]:
+    """The engine's work on one draft pass's logits [n, V]: features, the draft distribution, one draw."""
+    def run(logits):
+        n = logits.shape[0]
+        t = logits.new_full((n,), temperature)
+        draft_features(logits, t)
+        q = probs_from_logits(logits, t, logits.new_full((n,), top_p))  # [n, V]
+        zeros = torch.zeros(n, dtype=torch.int64, device=logits.device)
+        return sample_tokens(q, zeros, zeros, zeros)
     return run
 
 
@@ -93,10 +123,11 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
     max_req = max(_verify_layout(config.max_tokens, config.k)[0], config.max_requests)
     max_len = context + config.k + 2
     verify_ms = []
+    verify, drafting = verify_work(config.temperature, config.top_p), draft_work(config.temperature, config.top_p)
     cache = target.model.new_cache(max_req, max_len)
     for t in t_grid:
         n, q = _verify_layout(t, config.k)
-        verify_ms.append(_median_ms(forward_timer(target.model, cache, n, q, context, "all"),
+        verify_ms.append(_median_ms(forward_timer(target.model, cache, n, q, context, "all", verify),
                                     target.model.device, config.repeats, config.warmup))
         if on_point:
             on_point()
@@ -105,7 +136,7 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
     if draft is not None:
         cache = draft.model.new_cache(config.max_requests, max_len)
         for n in d_grid:
-            draft_ms.append(_median_ms(forward_timer(draft.model, cache, n, 1, context, "last"),
+            draft_ms.append(_median_ms(forward_timer(draft.model, cache, n, 1, context, "last", drafting),
                                        draft.model.device, config.repeats, config.warmup))
             if on_point:
                 on_point()
@@ -115,6 +146,7 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
     meta = {"source": "profile", "device": device_name(target.model.device), "target": target.model_id,
             "target_sha256": target.sha256, "draft": draft.model_id if draft else "",
             "draft_sha256": draft.sha256 if draft else "", "context_len": context, "k": config.k,
+            "temperature": config.temperature, "top_p": config.top_p,
             "repeats": config.repeats, "dtype": str(target.model.dtype).removeprefix("torch."),
             "raw_verify_ms": verify_ms, "raw_draft_ms": draft_ms}
     return CostTable(tuple(t_grid), tuple(make_monotone(verify_ms)), tuple(d_grid),
