@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import torch
 import pytest
 
 from avkit.config import ProfileConfig
@@ -119,6 +120,26 @@ def test_profile_tiny_model_is_monotone(tiny_pair, monkeypatch, tmp_path):
     assert min(table.verify_ms) > 0 and table.meta["context_len"] == 64
     assert table.meta["target_sha256"] == tiny_pair[0].sha256
     assert CostTable.load(table.save(tmp_path / "c.json")).verify_ms == table.verify_ms
+
+
+def test_profile_times_the_engines_logits_work(tiny_pair):
+    """Each profiled forward also runs what the engine does with its logits: the verify point computes the
+    target's sampling distributions, a draft point the features, q and one draw; the table says at which T."""
+    from avkit.runtime.sampling import probs_from_logits
+    from avkit.scheduling.profile import draft_work, profile_costs, verify_work
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 4, 300, generator=g) * 3  # [n, q, V]
+    want = probs_from_logits(logits, torch.full((3, 1), 0.7), torch.full((3, 1), 0.9))
+    assert torch.equal(verify_work(0.7, 0.9)(logits), want)
+    tokens = draft_work(0.7, 0.9)(logits[:, 0])  # [n] one draw per row, inside the top-p set
+    q = probs_from_logits(logits[:, 0], torch.full((3,), 0.7), torch.full((3,), 0.9))
+    assert tokens.shape == (3,) and bool((q.gather(-1, tokens[:, None]) > 0).all())
+    table = profile_costs(*tiny_pair[:2], ProfileConfig(context_len=8, k=1, max_tokens=2, max_requests=1,
+                                                        repeats=1, temperature=0.0, top_p=1.0))
+    assert table.meta["temperature"] == 0.0 and table.meta["top_p"] == 1.0
+    with pytest.raises(ConfigError, match="top_p must be in"):
+        ProfileConfig(top_p=0.0)
 
 
 def test_profile_env_must_be_integer(monkeypatch):
