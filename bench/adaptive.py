@@ -37,6 +37,9 @@ COSTS = {
     "h200_8b_ar": ("roofline:H200:8b", "H200, 8B target, Qwen2.5-Coder-0.5B draft model (autoregressive)"),
     "h200_8b_parallel": ("roofline:H200:8b:1b:drafter=parallel", "H200, 8B target, parallel drafter (1B, one pass)"),
 }
+# This CPU's profiled table, written by bench/adaptive_live.py: the simulator's view of the live benchmark.
+LIVE_COST = Path("bench/results/adaptive_live_cost.json")
+LIVE_CONCURRENCY = (1, 4, 16)
 
 
 def load_trace_steps(paths: list[str]):
@@ -61,7 +64,8 @@ def markdown_table(df: pl.DataFrame) -> str:
         for c in conc:
             r = df.filter((pl.col("policy") == policy) & (pl.col("concurrency") == c)).row(0, named=True)
             best = r["throughput_tok_s"] >= df.filter(pl.col("concurrency") == c)["throughput_tok_s"].max()
-            cell = f"{r['throughput_tok_s']:,.0f} ({r['vs_best_fixed']:.2f})"
+            tps = r["throughput_tok_s"]
+            cell = f"{tps:,.0f} ({r['vs_best_fixed']:.2f})" if tps >= 100 else f"{tps:.1f} ({r['vs_best_fixed']:.2f})"
             cells.append(f"**{cell}**" if best else cell)
         lines.append(f"| {policy} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -177,13 +181,18 @@ def main(argv=None) -> int:
               f"{steps.num_requests} requests, K = {steps.k}. Cells: simulated throughput tokens/s "
               f"(x best fixed K at that concurrency); bold = best. Command: `python bench/adaptive.py`.\n")
     sections = [header]
-    for key, (spec, title) in COSTS.items():
+    costs = {key: (spec, title, config.concurrency, "context 8192") for key, (spec, title) in COSTS.items()}
+    if LIVE_COST.is_file():
+        costs["cpu_live"] = (str(LIVE_COST), "This CPU, the real pair (profiled table of bench/adaptive_live.py)",
+                             LIVE_CONCURRENCY, "profiled with the engine's logits work; compare "
+                             "`bench/results/adaptive_live.md`, measured live with the same table")
+    for key, (spec, title, concurrency, note) in costs.items():
         t0 = time.perf_counter()
-        df = simulate(steps, resolve_cost(spec), config.concurrency, specs, config=config)
+        df = simulate(steps, resolve_cost(spec), concurrency, specs, config=config)
         seconds = time.perf_counter() - t0
         write_results(df, out.with_name(f"adaptive_sim_{key}.parquet"))
         summary = "\n".join(f"- {shape_summary(df, p)}" for p in SUMMARIZED if p in df["policy"].to_list())
-        sections.append(f"## {title}\n\nCost: `{spec}` (context 8192). Simulated in {seconds:.1f} s.\n\n"
+        sections.append(f"## {title}\n\nCost: `{spec}` ({note}). Simulated in {seconds:.1f} s.\n\n"
                         f"{markdown_table(df)}\n\n{summary}\n")
         print(sections[-1])
     import tempfile
