@@ -11,8 +11,9 @@ Glossary:
                  verify = the target's sampling distributions over [n, q, V]; draft pass = lossless
                  features, the draft distribution and one draw per row. At the config's temperature and
                  top-p; on a 2-core CPU with V = 151,936 this is ~30% of a batch-16 draft pass.
-Every point runs `warmup` times untimed before any is timed, then each is timed `repeats` times after `warmup` runs; the median is kept and each curve is made
-non-decreasing (running maximum) before it becomes a CostTable.
+Every point runs `warmup` times untimed before any is timed; then each is timed `repeats` times after
+`warmup` more runs, the median is kept, and each curve is made non-decreasing (running maximum) before
+it becomes a CostTable.
 """
 
 from __future__ import annotations
