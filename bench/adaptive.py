@@ -139,9 +139,10 @@ def step_time_section(workdir: Path) -> str:
             f"{check['engine_steps']} engine steps recorded at batch <= 8, K = 5, 1 torch thread on the shared "
             f"2-core box; cost table profiled on the same pair at context 48. Predicted/recorded median {check['median_ratio']:.3f}, median |error| "
             f"{100 * check['median_abs_rel_error']:.1f}% (recorded mean {check['mean_recorded_ms']:.2f} ms, "
-            f"predicted {check['mean_predicted_ms']:.2f} ms). What a forward-only profile cannot see: the engine's "
-            "work outside the forwards (sampling, rejection, KV rollback, trace rows), the drafter's catch-up "
-            "token, and other jobs on this shared box. Real-pair check: `avkit profile` then "
+            f"predicted {check['mean_predicted_ms']:.2f} ms). The profile times each forward with the engine's logits "
+            "work (sampling distributions, draft features and draw); what it cannot see: rejection sampling, KV "
+            "rollback, trace rows, the drafter's catch-up token, prefill of admitted prompts, and other jobs on "
+            "this shared box. Real-pair check: `avkit profile --dtype bfloat16` then "
             "`avkit simulate traces/*.parquet --cost ~/.cache/avkit/cost.json --step-time`.\n")
 
 
@@ -163,8 +164,9 @@ def real_step_time_lines(steps) -> str:
     lines.append("  Decode-only steps exclude steps that admitted a request: their wall time holds the prompt's "
                  "prefill (target and drafter), which a decode cost table does not price. The CPU roofline assumes "
                  "fp32-sized weights at 12 GB/s and 0.1 TFLOP/s; the profiled table (`avkit profile --dtype "
-                 "bfloat16`, when present) measures this machine's forwards only: sampling, rejection, KV rollback "
-                 "and trace rows are outside it.\n")
+                 "bfloat16 --context-len 512`, idle box, 2 threads) times forwards plus logits work at one "
+                 "context, while the traces mix 1- and 2-thread runs (traces/README.md) and contexts up to ~830 "
+                 "tokens.\n")
     return "\n".join(lines)
 
 
