@@ -213,9 +213,14 @@ class AdaptiveConfig:
     coefficients: str = ""  # coefficients.json warm start for the estimator ("" = its defaults)
     cost: str = ""  # cost table JSON or roofline:GPU:MODEL ("" = DEFAULT_COST_PATH, else CPU roofline)
     history: int = 1000  # refits kept in the coefficient trajectory
+    gate: bool = True  # may skip drafting for a step when no draft depth pays at its load (gate.py)
+    gate_window: int = 64  # request-steps in the gate's running mean of the survival curve
+    probe_every: int = 32  # skipped steps in a row before the gate drafts again to re-measure
 
     def __post_init__(self):
         check_range("history", self.history, 1)
+        check_range("gate_window", self.gate_window, 1)
+        check_range("probe_every", self.probe_every, 1)
 
 
 @dataclass(frozen=True)
@@ -357,6 +362,7 @@ class ServeConfig:
     refit_interval: int = EstimatorConfig().refit_interval  # engine steps per online refit round
     coefficients: str = ""  # deployed coefficients.json for the warm start ("" = shipped default)
     cost: str = ""  # cost table JSON for the adaptive budget ("" = the policy's default)
+    draft_gate: bool = AdaptiveConfig().gate  # adaptive: skip drafting in steps where no draft depth pays
     snapshot: str = ""  # where live coefficients are snapshotted ("" = SERVE_STATE_DIR/coefficients.json)
     snapshot_every: int = 10  # snapshot every M refits (and on shutdown)
     resume: bool = True  # warm-start from the snapshot when it exists

@@ -128,11 +128,12 @@ def _chi2(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
 
 def test_engine_with_adaptive_verification_is_lossless(tmp_path):
     """First two tokens after a fixed prompt over 3,000 seeded requests, adaptive policy trimming live
-    (online estimator refitting every 5 steps), vs HF transformers' own distribution of the target.
+    (online estimator refitting every 5 steps) and its draft gate switching speculation off and on,
+    vs HF transformers' own distribution of the target.
     Pass: chi2 < df + 10 sqrt(2 df) (the engine tests' criterion)."""
     import transformers
 
-    from avkit.config import EngineConfig, EstimatorConfig, SamplingConfig
+    from avkit.config import AdaptiveConfig, EngineConfig, EstimatorConfig, SamplingConfig
     from avkit.models import load
     from avkit.models.testing import write_tiny_model
     from avkit.runtime.engine import Engine
@@ -143,7 +144,8 @@ def test_engine_with_adaptive_verification_is_lossless(tmp_path):
     target, draft = load(target_dir), load(write_tiny_model(tmp_path / "d", vocab=300, seed=5, init_std=0.3))
     target = type(target)(target.model, type("T", (), {"eos_token_ids": set()})(), "t", "")
     cost = CostTable((1, 400), (1.0, 1.0 + 399 * 0.03), (1, 400), (3.0, 3.0))  # trims the doubtful drafts
-    policy = make_adaptive(cost=cost, estimator="online_logistic", k=3, config=EstimatorConfig(refit_interval=5))
+    policy = make_adaptive(cost=cost, estimator="online_logistic", k=3, config=EstimatorConfig(refit_interval=5),
+                           adaptive=AdaptiveConfig(probe_every=2))  # the gate skips most steps, probes often
     verified, drafted = [], []
     observe = policy.observe
     policy.observe = lambda o: (verified.append(int(o.num_verify.sum())), observe(o))
@@ -157,6 +159,7 @@ def test_engine_with_adaptive_verification_is_lossless(tmp_path):
     share = sum(verified) / sum(drafted)
     assert 0.05 < share < 0.95, f"adaptive should trim some drafts and keep others, verified {share:.2f}"
     assert policy.refits >= 1
+    assert 0.2 < policy.gate.skipped_total / policy.gate.steps < 0.8, "the gate should skip some steps, not all"
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(target_dir).eval()
     with torch.no_grad():

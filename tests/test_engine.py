@@ -250,3 +250,26 @@ def test_real_pair_greedy_and_acceptance():
     assert spec.output_ids == ref.output_ids  # fp32: verify and decode forwards agree on the argmax
     assert "def" in target.tokenizer.decode(spec.output_ids)
     assert sink.columns()["accepted"].compressed().mean() > 0.6
+
+
+def test_draft_gate_skips_speculation_and_stays_exact(models):
+    """Adaptive policy whose drafter costs more than any draft depth gains: the gate skips drafting for
+    most steps (target-only decoding, no trace rows), probes every 3rd step, and greedy output is unchanged."""
+    from avkit.config import AdaptiveConfig
+    from avkit.scheduling.adaptive import make_adaptive
+    from avkit.scheduling.cost import CostTable
+
+    target = _no_eos(models["target"])
+    reqs = _requests(5)
+    ref = Engine(target, None, EngineConfig(k=0, max_batch=3, max_len=96)).generate(reqs)
+    cost = CostTable((1, 100), (10.0, 11.0), (1, 100), (50.0, 50.0))  # one draft pass = 5 verify steps
+    policy = make_adaptive(cost=cost, estimator="online_logistic", k=4, adaptive=AdaptiveConfig(probe_every=2))
+    sink = MemorySink()
+    engine = Engine(target, models["noisy"], EngineConfig(k=4, max_batch=3, max_len=96), policy=policy, sink=sink)
+    out = engine.generate(reqs)
+    assert [g.output_ids for g in out] == [g.output_ids for g in ref]
+    drafted_steps = np.unique(sink.columns()["engine_step"]).size  # trace rows come from drafted steps only
+    assert policy.gate.skipped_total > 0 and drafted_steps > 0
+    # the gate is asked whenever some request may draft (not on steps whose requests all need only 1 token)
+    assert drafted_steps + policy.gate.skipped_total == policy.gate.steps <= engine.stats.steps
+    assert policy.gate.skipped_total <= 2 * drafted_steps  # a probe after at most 2 skips in a row

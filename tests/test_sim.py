@@ -114,9 +114,13 @@ def test_grouped_budget_equals_per_step_plan(seed, sized):
         assert plan.num_verify.tolist() == got[m].tolist()
 
 
-def test_simulated_adaptive_decides_as_the_live_policy(steps, tmp_path):
+@pytest.mark.parametrize("draft_ms, gated", [(0.6, False), (1.1, True)])
+def test_simulated_adaptive_decides_as_the_live_policy(steps, tmp_path, draft_ms, gated):
     """With the same (frozen) coefficients, the simulator's online adaptive policy makes the live
-    policy's decision in every simulated step: sizing from position-0 features, top-b* live slots."""
+    policy's decisions in every simulated step: whether to draft at all (the gate, from earlier steps),
+    then sizing from position-0 features and the top-b* live slots. The costlier drafter sits near the
+    gate's threshold, so the running survival mean, not only the probes, switches speculation."""
+    from avkit.config import AdaptiveConfig
     from avkit.scheduling.adaptive import make_adaptive
     from avkit.scheduling.policy import DraftBatch, Load
     from avkit.sim.policies import Adaptive, Replay
@@ -125,23 +129,32 @@ def test_simulated_adaptive_decides_as_the_live_policy(steps, tmp_path):
     coef.write_text(json.dumps({"feature": "logit_qmax", "num_positions": 7, "slope": 0.8,
                                 "intercepts": [2.0, 1.6, 1.2, 1.0, 0.8, 0.6, 0.4], "observations": [0] * 7}))
     cost = CostTable((1, 8, 9, 16, 17, 64, 65, 512), (1.0, 1.0, 1.6, 1.6, 2.2, 2.2, 4.0, 20.0),
-                     (1, 16), (0.2, 0.6))  # step-shaped: sizing inputs matter
+                     (1, 16), (0.2, draft_ms))  # step-shaped: sizing inputs matter
+    config = AdaptiveConfig(gate_window=16, probe_every=4)
     replay = Replay.build(steps, schedule(steps, 16, waves=1), cost)
     g1 = 40  # steps before the first refit round ends (refit_interval 100): coefficients are frozen
     conf_rows = slice(0, replay.bounds[g1])
-    live = make_adaptive(cost=cost, estimator="online_logistic", coefficients=coef, k=steps.k)
+    live = make_adaptive(cost=cost, estimator="online_logistic", coefficients=coef, k=steps.k, adaptive=config)
     feats = np.nan_to_num(steps.features["logit_qmax"][replay.sched.rows[conf_rows]], nan=0.0)
-    got, drafted, _ = Adaptive("online_logistic", str(coef), burn_in=False).decide(replay)
-    trimmed = 0
+    got, drafted, _ = Adaptive("online_logistic", str(coef), burn_in=False, gate=config).decide(replay)
+    trimmed, on = 0, []
     for g in range(g1):
         a, b = replay.bounds[g] - replay.bounds[0], replay.bounds[g + 1] - replay.bounds[0]
+        n = b - a
+        on.append(live.draft_this_step(Load(n, n, n)))
+        assert on[-1] == bool((drafted[a:b] > 0).any()), g
+        if not on[-1]:
+            assert not got[a:b].any()
+            continue
         batch = DraftBatch({"logit_qmax": torch.tensor(feats[a:b], dtype=torch.float32)},
                            torch.tensor(drafted[a:b]))
-        n = b - a
         want = live.num_verify(batch, Load(n, n, n))
         assert want.tolist() == got[a:b].tolist(), g
         trimmed += int((want < batch.num_drafted).sum())
-    assert trimmed > 0  # the cost really trims: the comparison can see a difference
+    if gated:  # skipped steps, and drafted steps beyond the probes (every 5th step)
+        assert not all(on) and sum(on) > sum(1 for i in range(0, g1, config.probe_every + 1))
+    else:
+        assert all(on) and trimmed > 0  # the cost really trims: the comparison can see a difference
 
 
 def test_step_time_check(frame):

@@ -30,6 +30,8 @@ def register(app: typer.Typer) -> None:
         refit_interval: Annotated[int, _o("engine steps per online refit")] = _d("refit_interval"),
         coefficients: Annotated[str, _o("deployed coefficients.json (warm start)")] = _d("coefficients"),
         cost: Annotated[str, _o("cost table JSON from `avkit profile`, or roofline:GPU:MODEL")] = _d("cost"),
+        draft_gate: Annotated[bool, _o("adaptive: skip drafting in steps where no draft depth pays")] =
+            _d("draft_gate"),
         snapshot: Annotated[str, _o("live coefficient snapshot (default "
                                     "~/.cache/avkit/serve/coefficients.json)")] = _d("snapshot"),
         snapshot_every: Annotated[int, _o("snapshot every M refits")] = _d("snapshot_every"),
@@ -59,8 +61,8 @@ def register(app: typer.Typer) -> None:
 
         config = ServeConfig(
             target=target, draft=draft, drafter=drafter, payoff=payoff, policy=policy, estimator=estimator,
-            refit_interval=refit_interval, coefficients=coefficients, cost=cost, snapshot=snapshot,
-            snapshot_every=snapshot_every, resume=resume, record=record, host=host, port=port,
+            refit_interval=refit_interval, coefficients=coefficients, cost=cost, draft_gate=draft_gate,
+            snapshot=snapshot, snapshot_every=snapshot_every, resume=resume, record=record, host=host, port=port,
             api_key=api_key, served_model_name=served_model_name, max_concurrency=max_concurrency,
             queue_size=queue_size, max_len=max_len, max_tokens_limit=max_tokens_limit,
             default_max_tokens=min(_d("default_max_tokens"), max_tokens_limit), k=k, seed=seed,

@@ -2,7 +2,8 @@
 
 One `step()` (DESIGN.md §2, §7):
   1. admit waiting requests into free KV slots and prefill the target with prompt[:-1]
-  2. draft: the drafter proposes up to K tokens per request (K forwards batched over requests)
+  2. draft: the drafter proposes up to K tokens per request (K forwards batched over requests), unless
+     the policy's optional `draft_this_step(load)` gate, judging from earlier steps, skips speculation
   3. decide: the verify policy picks k_r <= num_drafted_r from lossless features and the load
   4. verify: ONE target forward over [last token, x_1..x_{k_r}] for every request -> p_1..p_{k_r+1}
   5. rejection sampling: each request emits n_r accepted drafts + 1 recovered/bonus token
@@ -193,6 +194,11 @@ class Engine:
             return []
         inp = self._draft_input(batch)
         load = Load(num_requests=len(batch), num_sampling=len(batch), num_scheduled_tokens=len(batch))
+        # Optional gate: skip speculation this step, decided from earlier steps only. It weighs draft-model
+        # passes against the cost table, so cache drafts (free) and hybrid drafters are never gated.
+        gate = getattr(self.policy, "draft_this_step", None) if getattr(self.drafter, "kind", "") == "model" else None
+        if gate is not None and inp.k > 0 and not gate(load):
+            inp = replace(inp, num_draft=torch.zeros_like(inp.num_draft))
         stop_rule = getattr(self.policy, "continue_drafting", None)  # optional early stop of drafting
         if stop_rule is not None:
             inp = replace(inp, continue_drafting=lambda so_far: stop_rule(so_far, load))

@@ -9,6 +9,8 @@ Glossary:
                Trimmed slots and slots after the first rejection are censored: no label.
   refit round  the estimator accumulates statistics every step and refits every N steps; after each
                refit the policy appends the coefficients to `trajectory` and logs them.
+  draft gate   before drafting, `draft_this_step` may skip speculation for the step when no draft depth
+               pays at its load, judged from earlier steps (gate.py); the engine then decodes target-only
   stop early   an autoregressive drafter pays one forward per depth, which trimming cannot refund;
                `continue_drafting` (called by the drafter after each pass, optional) stops a request's
                drafting once its next draft would not pay for itself (the simulator's `adaptive-stop`)
@@ -31,6 +33,7 @@ from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.base import ESTIMATORS, Estimator, make_estimator
 from avkit.scheduling.budget import Allocation, plan_verification
 from avkit.scheduling.cost import CostTable, resolve_cost
+from avkit.scheduling.gate import DraftGate
 from avkit.scheduling.policy import POLICIES, DraftBatch, Load, VerifyOutcome
 
 log = logging.getLogger("avkit.adaptive")
@@ -104,6 +107,8 @@ class AdaptiveVerification:
     steps: int = 0
     refits: int = 0
     draft_ms: float | None = None  # drafting paid this step, when the drafter asks `continue_drafting`
+    gate: DraftGate | None = None  # skips drafting for a step when no depth pays (None: always draft)
+    k: int = DEFAULT_K  # positions the estimator predicts (the gate's survival curve length)
 
     def confidences(self, batch: DraftBatch) -> torch.Tensor:
         """[B, K] acceptance predictions from the estimator's feature; 0 past num_drafted."""
@@ -118,18 +123,27 @@ class AdaptiveVerification:
         pred = np.asarray(self.estimator.predict(feats, pos), dtype=np.float32).reshape(b, k)
         return torch.from_numpy(pred).to(f.device)
 
+    def first_predictions(self, batch: DraftBatch, k: int) -> np.ndarray:
+        """[B, k] every position j < k predicted from each request's position-0 feature."""
+        f = batch.features[estimator_feature(self.estimator)]  # [B, K]
+        b = f.shape[0]
+        f0 = torch.nan_to_num(f[:, :1].detach().float(), nan=0.0).expand(b, k).cpu().numpy().reshape(-1)
+        pos = np.tile(np.arange(k), b)  # [B*k]
+        return np.asarray(self.estimator.predict(f0, pos), dtype=np.float32).reshape(b, k)
+
     def sizing(self, batch: DraftBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Draw-independent inputs that size b*: every position j of request r predicted from r's
         position-0 feature (q_0 depends on the prefix only) with position j's coefficients, and K
         nominal drafts for every request that drafted. Live features at j >= 1 are functions of the
         drawn x_0..x_{j-1}; letting them move b* would make k_r >= 1 depend on x_0 (lossy)."""
-        f = batch.features[estimator_feature(self.estimator)]  # [B, K]
-        b, k = f.shape
-        f0 = torch.nan_to_num(f[:, :1].detach().float(), nan=0.0).expand(b, k).cpu().numpy().reshape(-1)
-        pos = np.tile(np.arange(k), b)  # [B*K]
-        pred = np.asarray(self.estimator.predict(f0, pos), dtype=np.float32).reshape(b, k)
+        k = batch.features[estimator_feature(self.estimator)].shape[1]
+        pred = self.first_predictions(batch, k)
         nominal = torch.where(batch.num_drafted.cpu() > 0, k, 0)  # [B]
         return torch.from_numpy(pred), nominal
+
+    def draft_this_step(self, load: Load) -> bool:
+        """Before drafting: False skips speculation for this step (the gate; always True without one)."""
+        return self.gate is None or self.estimator is None or self.gate.draft_this_step(load.num_requests)
 
     def num_verify(self, batch: DraftBatch, load: Load) -> torch.Tensor:
         if self.estimator is None:
@@ -137,8 +151,12 @@ class AdaptiveVerification:
             return batch.num_drafted.clone()
         conf = self.confidences(batch)  # [B, K]
         self.draft_ms = None  # size with the nominal drafting cost: the passes run depend on the draws
-        plan = self._plan(conf, batch.num_drafted, load, sizing=self.sizing(batch))
+        sizing = self.sizing(batch)
+        plan = self._plan(conf, batch.num_drafted, load, sizing=sizing)
         self.last_confidences, self.last_allocation, self.draft_ms = conf, plan, None
+        if self.gate is not None:  # the gate's curve spans all K positions, even when fewer were drafted
+            full = sizing[0].numpy() if conf.shape[1] == self.k else self.first_predictions(batch, self.k)
+            self.gate.observe(full[batch.num_drafted.cpu().numpy() > 0])
         return plan.num_verify.to(batch.num_drafted.device)
 
     def _plan(self, conf: torch.Tensor, num_drafted: torch.Tensor, load: Load, sizing=None) -> Allocation:
@@ -213,7 +231,9 @@ def make_adaptive(cost: str | CostTable | None = None, estimator: str | Estimato
     if est is not None and not getattr(est, "lossless", True):
         raise ConfigError(f"adaptive verification needs a lossless estimator; {est.name!r} reads a lossy "
                           "feature (trimming on q of the drawn token biases the output, DESIGN.md §2)")
-    return AdaptiveVerification(resolve_cost(cost or config.cost), est, history=config.history)
+    table = resolve_cost(cost or config.cost)
+    gate = DraftGate(table, config.gate_window, config.probe_every) if config.gate and est is not None else None
+    return AdaptiveVerification(table, est, history=config.history, gate=gate, k=k)
 
 
 POLICIES["adaptive"] = make_adaptive

@@ -114,8 +114,9 @@ class SeededRequest(EngineRequest):
     The engine keys its random numbers by (seed, request key, position) and derives the key from
     the (unique) request id; OpenAI's `seed` promises the same output for the same request, so a
     seeded request uses key 0 instead: equal seed, prompt and parameters -> equal tokens. Best effort,
-    as OpenAI's: under adaptive verification the verified prefix depends on the rest of the batch,
-    so concurrent load can change a seeded sample (never its distribution).
+    as OpenAI's: under adaptive verification the verified prefix depends on the rest of the batch and
+    the draft gate on the traffic served before, so load can change a seeded sample (never its
+    distribution); the `full` and `fixed` policies reproduce it exactly.
     """
 
     @property

@@ -90,9 +90,9 @@ def warm_start(config: ServeConfig) -> str:
 
 def make_policy(config: ServeConfig, coefficients: str):
     """The verify policy by name from the registry; adaptive gets its estimator (warm-started from
-    `coefficients`, refitting every `refit_interval` steps) and the cost table."""
+    `coefficients`, refitting every `refit_interval` steps), the cost table and its draft gate."""
     import avkit.scheduling.adaptive  # noqa: F401 - registers POLICIES["adaptive"]
-    from avkit.config import EstimatorConfig
+    from avkit.config import AdaptiveConfig, EstimatorConfig
     from avkit.scheduling.policy import make_policy as make
 
     if config.policy == "fixed":
@@ -100,7 +100,8 @@ def make_policy(config: ServeConfig, coefficients: str):
     if config.policy == "adaptive":
         return make("adaptive", cost=config.cost or None, estimator=config.estimator,
                     coefficients=coefficients, k=config.k,
-                    config=EstimatorConfig(refit_interval=config.refit_interval))
+                    config=EstimatorConfig(refit_interval=config.refit_interval),
+                    adaptive=AdaptiveConfig(gate=config.draft_gate))
     return make(config.policy)
 
 

@@ -21,9 +21,10 @@ from avkit.sim.steps import StepTable
 
 
 def run_rounds(est: Estimator, feats: np.ndarray, labels: np.ndarray, bounds: np.ndarray,
-               decide: Callable[[np.ndarray, int, int], np.ndarray], chunk: int = 100) -> int:
+               decide: Callable[[np.ndarray, int, int], tuple[np.ndarray, np.ndarray]], chunk: int = 100) -> int:
     """Drive `est` through steps [0, G): `decide(conf [rows, K], g0, g1)` acts on the rows of steps [g0, g1)
-    and returns which slots were observed ([rows, K] bool); labels [S, K] (1 accepted) give the outcomes.
+    and returns which slots were observed ([rows, K] bool) and which steps drafted ([g1-g0] bool: only
+    those feed the estimator an update, as live); labels [S, K] (1 accepted) give the outcomes.
 
     feats: [S, K] the estimator's feature; bounds: [G+1] first row of each step. Returns the refits done.
     """
@@ -35,9 +36,9 @@ def run_rounds(est: Estimator, feats: np.ndarray, labels: np.ndarray, bounds: np
         g1 = min(groups, g0 + chunk)
         r0, r1 = bounds[g0], bounds[g1]
         conf = np.asarray(est.predict(feats[r0:r1].ravel(), pos[r0:r1].ravel())).reshape(-1, k)  # [rows, K]
-        observed = decide(conf, g0, g1)
+        observed, stepped = decide(conf, g0, g1)
         next_g = g1
-        for g in range(g0, g1):  # one update per engine step, as live
+        for g in (np.flatnonzero(stepped) + g0).tolist():  # one update per drafted engine step, as live
             a, b = bounds[g] - r0, bounds[g + 1] - r0
             o = observed[a:b]
             if est.update(feats[r0 + a:r0 + b][o], pos[r0 + a:r0 + b][o], conf[a:b][o],
@@ -62,7 +63,7 @@ def burn_in(est: Estimator, steps: StepTable, feature: str, chunk: int = 100, mi
     labels = steps.label[order]
     refits, passes = 0, 0
     while refits < min_refits and passes < max_passes:
-        refits += run_rounds(est, feats, labels, bounds, lambda conf, g0, g1: labels[bounds[g0]:bounds[g1]] >= 0,
-                             chunk)
+        refits += run_rounds(est, feats, labels, bounds,
+                             lambda conf, g0, g1: (labels[bounds[g0]:bounds[g1]] >= 0, np.ones(g1 - g0, bool)), chunk)
         passes += 1
     return passes

@@ -9,6 +9,10 @@ Glossary:
               forward per depth, so the plain budget cannot save drafting (vLLM notes MTP/EAGLE gain
               less from AV for this reason); this variant stops a request's drafting once its newest
               draft is trimmed or its next one would not pay for itself at the step's current rate
+  gate        as live (scheduling/gate.py): before each sim step the policy may skip drafting when, at
+              that load, no draft depth pays on the cost table given the running mean of earlier
+              drafted steps' sizing survival; skipped steps verify nothing, emit one token per
+              request and feed the estimator nothing (live: no drafts, no `observe`)
   sizing      as live (AdaptiveVerification.sizing): an estimator source sizes b* from each request's
               position-0 feature predicted at every position and K nominal drafts (draw-independent,
               so lossless), then verifies the top-b* live slots. `oracle` and `recorded` have no
@@ -25,9 +29,11 @@ from typing import Protocol
 
 import numpy as np
 
+from avkit.config import AdaptiveConfig
 from avkit.errors import ConfigError
 from avkit.scheduling.adaptive import estimator_feature, load_estimator
 from avkit.scheduling.cost import CostTable
+from avkit.scheduling.gate import DraftGate
 from avkit.sim.allocate import grouped_budget, grouped_survival
 from avkit.sim.online import burn_in, run_rounds
 from avkit.sim.steps import Schedule, StepTable
@@ -116,6 +122,7 @@ class Adaptive:
     burn_in: bool = True  # start online estimators from a pass over the traces (avkit/sim/online.py)
     chunk: int = 100  # sim steps predicted per estimator call (re-predicted after every refit)
     warm_state: dict | None = None  # estimator state after burn-in (set by `prepare`)
+    gate: AdaptiveConfig | None = AdaptiveConfig()  # the draft gate's settings, as live (None: always draft)
 
     @property
     def name(self) -> str:
@@ -134,20 +141,42 @@ class Adaptive:
     def decide(self, replay: Replay):
         if self.estimator in STATIC_SOURCES:
             conf = STATIC_SOURCES[self.estimator](replay)
-            return self._budget(replay, conf, 0, replay.sched.num_groups)
+            on = self._gate(replay, conf, 0, replay.sched.num_groups)[0] if self.gate is not None else None
+            return self._budget(replay, conf, 0, replay.sched.num_groups, on=on)
         return self._online(replay)
 
-    def _budget(self, replay: Replay, conf: np.ndarray, g0: int, g1: int, sizing_conf: np.ndarray | None = None):
+    def make_gate(self, replay: Replay) -> DraftGate | None:
+        return None if self.gate is None else DraftGate(replay.cost, self.gate.gate_window, self.gate.probe_every)
+
+    def _gate(self, replay: Replay, sizing_conf: np.ndarray, g0: int, g1: int, gate: DraftGate | None = None):
+        """Which sim steps in [g0, g1) draft ([g1-g0] bool) and the gate's state before each, from the
+        steps' sizing confidences [rows, K] (float32, as live) of the requests that would draft."""
+        gate = gate or self.make_gate(replay)
+        r0, r1 = replay.bounds[g0], replay.bounds[g1]
+        local = replay.bounds[g0:g1] - r0  # [G'] first row of each step
+        valid = replay.drafted(replay.steps.k)[r0:r1] > 0  # [rows]
+        surv = np.cumprod(np.clip(np.nan_to_num(sizing_conf.astype(np.float32).astype(np.float64), nan=0.0),
+                                  0.0, 1.0), axis=1) * valid[:, None]  # [rows, K]
+        count = np.add.reduceat(valid.astype(np.int64), local) if local.size else np.zeros(0, np.int64)
+        mean = np.add.reduceat(surv, local, axis=0) / np.maximum(count, 1)[:, None] if local.size else surv[:0]
+        return gate.replay(replay.num_requests[g0:g1], mean, count)
+
+    def _budget(self, replay: Replay, conf: np.ndarray, g0: int, g1: int, sizing_conf: np.ndarray | None = None,
+                on: np.ndarray | None = None):
         """(verify counts, drafts, drafting ms) of sim steps [g0, g1) given their confidences [rows, K].
 
-        sizing_conf: [rows, K] draw-independent confidences that size b* (None: size from `conf`)."""
+        sizing_conf: [rows, K] draw-independent confidences that size b* (None: size from `conf`).
+        on: [g1-g0] bool, the steps that draft (the gate; None: all)."""
         r0, r1 = replay.bounds[g0], replay.bounds[g1]
         group, n = replay.sched.group[r0:r1] - g0, replay.num_requests[g0:g1]
         drafted = replay.drafted(replay.steps.k)[r0:r1]
+        passes = replay.draft_passes(replay.steps.k)[g0:g1]
+        if on is not None:  # skipped steps draft nothing
+            drafted, passes = np.where(on[group], drafted, 0), np.where(on, passes, 0)
         sizing = None if sizing_conf is None else (sizing_conf, np.where(drafted > 0, replay.steps.k, 0))
         if self.stop_drafting and replay.cost.drafter == "autoregressive":
             return self._budget_stop(replay.cost, conf, group, n, drafted, sizing)
-        draft_ms = replay.cost.draft_cost(n, replay.draft_passes(replay.steps.k)[g0:g1])
+        draft_ms = replay.cost.draft_cost(n, passes)
         k = grouped_budget(group, conf, drafted, num_sampling=n, num_scheduled=n,
                            fixed_ms=draft_ms + replay.cost.context_cost(n), verify_ms=replay.cost.verify_cost,
                            sizing=sizing)
@@ -222,12 +251,22 @@ class Adaptive:
         draft_ms = np.zeros(replay.sched.num_groups)
         j = np.arange(steps.k)[None, :]
 
+        gate, states = self.make_gate(replay), {}  # states: the gate before each step of the last round
+
         def decide(conf, g0, g1):
             r0, r1 = bounds[g0], bounds[g1]
             k = steps.k  # the estimator has not changed since `conf` was predicted: size with the same one
             sizing = np.asarray(est.predict(first[r0 * k:r1 * k], pos[r0 * k:r1 * k])).reshape(-1, k)
-            out[r0:r1], drafted[r0:r1], draft_ms[g0:g1] = self._budget(replay, conf, g0, g1, sizing)
-            return (j < out[r0:r1, None]) & (j <= acc[r0:r1, None]) & (labels[r0:r1] >= 0)  # DESIGN §3
+            on = None
+            if gate is not None:  # a refit re-predicts from step g0: rewind the gate to its state there
+                if g0 in states:
+                    gate.restore(states[g0])
+                on, before = self._gate(replay, sizing, g0, g1, gate)
+                states.clear()
+                states.update(zip(range(g0, g1), before))
+            out[r0:r1], drafted[r0:r1], draft_ms[g0:g1] = self._budget(replay, conf, g0, g1, sizing, on)
+            observed = (j < out[r0:r1, None]) & (j <= acc[r0:r1, None]) & (labels[r0:r1] >= 0)  # DESIGN §3
+            return observed, (np.ones(g1 - g0, bool) if on is None else on)
 
         run_rounds(est, feats, labels, bounds, decide, self.chunk)
         return out, drafted, draft_ms
