@@ -215,12 +215,14 @@ class AdaptiveConfig:
     history: int = 1000  # refits kept in the coefficient trajectory
     gate: bool = True  # may skip drafting for a step when no draft depth pays at its load (gate.py)
     gate_window: int = 64  # request-steps in the gate's running mean of the survival curve
-    probe_every: int = 32  # skipped steps in a row before the gate drafts again to re-measure
+    probe_every: int = 256  # skipped steps in a row before the gate drafts again to re-measure
+    resume_margin: float = 0.1  # gate off: resume drafting only when it promises > 10% more tokens/ms
 
     def __post_init__(self):
         check_range("history", self.history, 1)
         check_range("gate_window", self.gate_window, 1)
         check_range("probe_every", self.probe_every, 1)
+        check_range("resume_margin", self.resume_margin, 0.0)
 
 
 @dataclass(frozen=True)

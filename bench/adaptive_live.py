@@ -10,8 +10,9 @@ table the adaptive budget divides by; context = --context-len, default 1024: the
 contexts are short); (2) for each concurrency, run the same HumanEval prompts and seeds through the
 engine under no-spec (k = 0), fixed K (engine k = K, full verification) for K in --ks, and adaptive
 (engine k = max K, AdaptiveVerification with the online estimator, warm-started from
-traces/coefficients.json when it exists); (3) print and write bench/results/adaptive_live.md with
-tokens/s and each policy's ratio to the best fixed K. Goal (issue 5): adaptive within 5% of the best
+traces/coefficients.json when it exists, and its draft gate), --repeats times each, interleaved with
+the order alternating; (3) print and write bench/results/adaptive_live.md with the mean tokens/s
+and each policy's ratio to the best fixed K. Goal (issue 5): adaptive within 5% of the best
 fixed K at each concurrency and ahead of every fixed K at the highest.
 """
 
@@ -41,8 +42,9 @@ def prompts(tokenizer, n: int) -> list[list[int]]:
     return out
 
 
-def run(target, draft, k: int, policy, prompt_ids, concurrency: int, max_new: int, seed: int) -> tuple[float, int]:
-    """Wall-clock tokens/s of one engine run over all prompts at `concurrency`."""
+def run(target, draft, k: int, policy, prompt_ids, concurrency: int, max_new: int,
+        seed: int) -> tuple[float, int, int]:
+    """(wall-clock tokens/s, tokens, engine steps) of one engine run over all prompts at `concurrency`."""
     cfg = EngineConfig(k=k, max_batch=concurrency, max_len=max(len(p) for p in prompt_ids) + max_new + k + 2,
                        seed=seed)
     engine = Engine(target, draft if k > 0 else None, cfg, policy=policy)
@@ -52,7 +54,7 @@ def run(target, draft, k: int, policy, prompt_ids, concurrency: int, max_new: in
     gens = engine.generate(reqs)
     seconds = time.perf_counter() - t0
     tokens = sum(len(g.output_ids) for g in gens)
-    return tokens / seconds, tokens
+    return tokens / seconds, tokens, engine.stats.steps
 
 
 def main(argv=None) -> int:
@@ -65,6 +67,7 @@ def main(argv=None) -> int:
     ap.add_argument("--requests-per-lane", type=int, default=2)
     ap.add_argument("--min-requests", type=int, default=8,
                     help="at least this many requests per run (low concurrency: less sampling noise)")
+    ap.add_argument("--repeats", type=int, default=2, help="interleaved runs of every policy (order alternates)")
     ap.add_argument("--context-len", type=int, default=1024)
     ap.add_argument("--coefficients", default="traces/coefficients.json")
     ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
@@ -90,34 +93,60 @@ def main(argv=None) -> int:
              f"profiled at context {args.context_len} (forwards + the engine's logits work, "
              f"`avkit.scheduling.profile`); "
              f"estimator online_logistic{' warm-started from ' + coef if coef else ' (cold start)'}.\n")
-    lines = [title, setup, "Drafted / verified: mean per request-step (adaptive stops drafting early and trims "
-             "verification; fixed K drafts and verifies K).\n",
-             "| concurrency | policy | tokens/s | x best fixed | drafted | verified |", "|---:|---|---:|---:|---:|---:|"]
+    lines = [title, setup,
+             f"Each policy ran {args.repeats} times per concurrency, interleaved: the policy order alternates "
+             "forward and reverse between repeats, so a slow drift of this box weighs on every policy alike. "
+             "tokens/s is the mean over repeats (each repeat's value in brackets); x best fixed divides means. "
+             "Adaptive starts every run cold (its draft gate has seen nothing; the estimator is warm-started).\n",
+             "Drafted / verified: mean per request-step; skipped: share of engine steps the adaptive draft gate "
+             "ran target-only (no drafting).\n",
+             "| concurrency | policy | tokens/s | x best fixed | drafted | verified | skipped |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
     run(target, draft, max(ks), None, prompts(target.tokenizer, 1), 1, 8, 0)  # warm-up (allocations, caches)
+    names = ["nospec", *(f"fixed{k}" for k in ks), "adaptive"]
     for c in conc:
         ids = prompts(target.tokenizer, max(args.min_requests, c * args.requests_per_lane))
-        results = {"nospec": run(target, draft, 0, None, ids, c, args.max_new_tokens, 0)[0]}
-        for k in ks:
-            results[f"fixed{k}"] = run(target, draft, k, None, ids, c, args.max_new_tokens, 0)[0]
-        policy = make_adaptive(cost=cost, estimator="online_logistic", coefficients=coef, k=max(ks))
-        counts = []  # (drafted, verified) per engine step
-        decide = policy.num_verify
-        def counted(batch, load, decide=decide, counts=counts):
-            out = decide(batch, load)
-            counts.append((float(batch.num_drafted.float().mean()), float(out.float().mean())))
-            return out
-        policy.num_verify = counted
-        results["adaptive"] = run(target, draft, max(ks), policy, ids, c, args.max_new_tokens, 0)[0]
-        best = max(v for name, v in results.items() if name.startswith("fixed"))
-        for name, tps in results.items():
+        tps: dict[str, list[float]] = {name: [] for name in names}
+        counts, gated = [], []  # adaptive: (drafted, verified) per drafted step; (drafts?, requests) per gate call
+        for rep in range(args.repeats):
+            for name in (names if rep % 2 == 0 else names[::-1]):
+                if name == "adaptive":
+                    policy = make_adaptive(cost=cost, estimator="online_logistic", coefficients=coef, k=max(ks))
+                    decide, gate = policy.num_verify, policy.draft_this_step
+
+                    def counted(batch, load, decide=decide, counts=counts):
+                        out = decide(batch, load)
+                        counts.append((int(batch.num_drafted.sum()), int(out.sum())))
+                        return out
+
+                    def logged(load, gate=gate, gated=gated):
+                        on = gate(load)
+                        gated.append((on, load.num_requests))
+                        return on
+
+                    policy.num_verify, policy.draft_this_step = counted, logged
+                    result = run(target, draft, max(ks), policy, ids, c, args.max_new_tokens, 0)
+                else:
+                    k = 0 if name == "nospec" else int(name.removeprefix("fixed"))
+                    result = run(target, draft, k, None, ids, c, args.max_new_tokens, 0)
+                tps[name].append(result[0])
+                print(f"c={c} repeat {rep + 1}: {name} {result[0]:.2f} tok/s", flush=True)
+        mean = {name: sum(v) / len(v) for name, v in tps.items()}
+        best = max(v for name, v in mean.items() if name.startswith("fixed"))
+        for name in names:
             k = 0 if name == "nospec" else int(name.removeprefix("fixed")) if name.startswith("fixed") else None
-            dv = (f"{sum(d for d, _ in counts) / len(counts):.2f} | {sum(v for _, v in counts) / len(counts):.2f}"
-                  if k is None else f"{k} | {k}")
-            lines.append(f"| {c} | {name} | {tps:.2f} | {tps / best:.3f} | {dv} |")
+            if k is None:
+                per = max(sum(n for _, n in gated), 1)  # request-steps the gate was asked about
+                dv = (f"{sum(d for d, _ in counts) / per:.2f} | {sum(v for _, v in counts) / per:.2f} | "
+                      f"{sum(not on for on, _ in gated) / max(len(gated), 1):.2f}")
+            else:
+                dv = f"{k} | {k} | 0"
+            reps = ", ".join(f"{v:.2f}" for v in tps[name])
+            lines.append(f"| {c} | {name} | {mean[name]:.2f} [{reps}] | {mean[name] / best:.3f} | {dv} |")
             print(lines[-1], flush=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(out)
+        tmp = out.with_suffix(".tmp")  # after every concurrency: a long run that dies keeps what it measured
+        tmp.write_text("\n".join(lines) + "\n")
+        tmp.replace(out)
     print(f"wrote {out}")
     return 0
 

@@ -5,7 +5,7 @@ import pytest
 
 from avkit.errors import ConfigError
 from avkit.scheduling.cost import CostTable
-from avkit.scheduling.gate import DraftGate, best_depth, mean_survival
+from avkit.scheduling.gate import DraftGate, best_depth, depth_rates, mean_survival
 
 
 def _cost(draft_ms: float) -> CostTable:
@@ -39,6 +39,20 @@ def test_gate_drafts_when_drafts_pay_and_skips_when_they_cannot():
     useless.draft_this_step(4)
     useless.fold(np.zeros(7), 4)  # nothing is ever accepted: even cheap drafts do not pay
     assert not useless.draft_this_step(4)
+
+
+def test_resuming_needs_the_margin_continuing_does_not():
+    """A 0 < gain < margin keeps a drafting gate drafting and a paused gate paused (the catch-up it would pay)."""
+    survival, cost = np.full(7, 0.5), _cost(2.0)
+    rates = depth_rates(survival, 4, cost)
+    gain = rates.max() / rates[0] - 1.0
+    assert 0.0 < gain < 0.5, gain  # the fixture sits in the band the test is about
+    for margin, resumes in ((gain / 2, True), (gain * 2, False)):
+        on, off = DraftGate(cost, resume_margin=margin), DraftGate(cost, resume_margin=margin)
+        for gate in (on, off):
+            gate.survival = survival
+        off.skipped = 1
+        assert on.draft_this_step(4) and off.draft_this_step(4) is resumes
 
 
 def test_probes_come_after_probe_every_skips():

@@ -12,10 +12,15 @@ Glossary:
                  B requests moves it by alpha = 1 - (1 - 1/window)^B (the first one sets it)
   depth rate     mean field, n requests each drafting and verifying d tokens:
                  rate(d) = n (1 + sum_{j<d} s[j]) / (draft_ms(n, d) + context_ms(n) + verify_ms(n + n d))
-  gate           draft this step iff argmax_d rate(d) >= 1 (ties -> the smaller d); a skipped step runs
-                 target-only decoding: one target token per request, nothing drafted, nothing observed
+  gate           while drafting: draft this step iff argmax_d rate(d) >= 1 (ties -> the smaller d); a
+                 skipped step runs target-only decoding: one target token per request, nothing drafted,
+                 nothing observed
+  catch-up       the draft model's KV cache does not see the tokens decoded while drafting is off; the
+                 first drafted step after a pause feeds them to the drafter (a prefill of every stale
+                 token), a cost the step-rate comparison does not see. Hence:
+  hysteresis     while off, drafting resumes only if max_d rate(d) > (1 + `resume_margin`) rate(0)
   probe          after `probe_every` skipped steps in a row the next step drafts anyway, so that s
-                 follows the traffic while speculation is off
+                 follows the traffic while speculation is off (rare: each probe pays a catch-up)
 Lossless: the decision reads the load and earlier steps' features only (prefixes already emitted,
 drafts of steps that are over), never this step's draws; each emitted token still follows the target
 given everything before it, so the output does (DESIGN.md §2).
@@ -37,13 +42,18 @@ def mean_survival(conf: np.ndarray) -> np.ndarray:
     return np.cumprod(np.clip(np.nan_to_num(np.asarray(conf, dtype=np.float64), nan=0.0), 0.0, 1.0), axis=1).mean(0)
 
 
-def best_depth(survival: np.ndarray, num_requests: int, cost: CostTable) -> int:
-    """argmax over d in 0..K of the mean-field depth rate (module note); ties -> the smaller d."""
+def depth_rates(survival: np.ndarray, num_requests: int, cost: CostTable) -> np.ndarray:
+    """[K+1] mean-field tokens per ms when every request drafts and verifies d = 0..K tokens."""
     d = np.arange(survival.size + 1)  # [K+1]
     tokens = num_requests * (1.0 + np.r_[0.0, np.cumsum(survival)])  # [K+1] expected tokens per step
     ms = (cost.draft_cost(num_requests, d) + cost.context_cost(num_requests)
           + cost.verify_cost(num_requests * (1 + d)))  # [K+1]
-    return int(np.argmax(tokens / ms))
+    return tokens / ms
+
+
+def best_depth(survival: np.ndarray, num_requests: int, cost: CostTable) -> int:
+    """argmax over d in 0..K of the mean-field depth rate (module note); ties -> the smaller d."""
+    return int(np.argmax(depth_rates(survival, num_requests, cost)))
 
 
 @dataclass
@@ -52,7 +62,8 @@ class DraftGate:
 
     cost: CostTable
     window: int = 64  # request-steps in the running mean of the survival curve
-    probe_every: int = 32  # skipped steps in a row before a probing drafted step
+    probe_every: int = 256  # skipped steps in a row before a probing drafted step
+    resume_margin: float = 0.1  # while off, resume drafting only for a predicted gain above this
     survival: np.ndarray | None = None  # [K] mean sizing survival (None until a step drafted)
     skipped: int = 0  # consecutive skipped steps
     skipped_total: int = 0
@@ -61,12 +72,17 @@ class DraftGate:
     def __post_init__(self):
         check_range("gate_window", self.window, 1)
         check_range("probe_every", self.probe_every, 1)
+        check_range("resume_margin", self.resume_margin, 0.0)
 
     def draft_this_step(self, num_requests: int) -> bool:
         """Ask once per step, before drafting; counts skipped steps and schedules probes."""
         self.steps += 1
-        draft = (self.survival is None or self.skipped >= self.probe_every or num_requests < 1
-                 or best_depth(self.survival, num_requests, self.cost) > 0)
+        if self.survival is None or self.skipped >= self.probe_every or num_requests < 1:
+            draft = True
+        else:
+            rate = depth_rates(self.survival, num_requests, self.cost)  # [K+1]
+            d = int(np.argmax(rate))
+            draft = d > 0 and bool(self.skipped == 0 or rate[d] > (1.0 + self.resume_margin) * rate[0])
         self.skipped = 0 if draft else self.skipped + 1
         self.skipped_total += not draft
         return draft

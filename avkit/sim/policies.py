@@ -146,7 +146,8 @@ class Adaptive:
         return self._online(replay)
 
     def make_gate(self, replay: Replay) -> DraftGate | None:
-        return None if self.gate is None else DraftGate(replay.cost, self.gate.gate_window, self.gate.probe_every)
+        return None if self.gate is None else DraftGate(replay.cost, self.gate.gate_window, self.gate.probe_every,
+                                                             self.gate.resume_margin)
 
     def _gate(self, replay: Replay, sizing_conf: np.ndarray, g0: int, g1: int, gate: DraftGate | None = None):
         """Which sim steps in [g0, g1) draft ([g1-g0] bool) and the gate's state before each, from the
