@@ -214,7 +214,7 @@ class AdaptiveConfig:
     cost: str = ""  # cost table JSON or roofline:GPU:MODEL ("" = DEFAULT_COST_PATH, else CPU roofline)
     history: int = 1000  # refits kept in the coefficient trajectory
     gate: bool = True  # may skip drafting for a step when no draft depth pays at its load (gate.py)
-    gate_window: int = 64  # request-steps in the gate's running mean of the survival curve
+    gate_window: int = 64  # recent drafted request-steps the gate replays its step on
     probe_every: int = 256  # skipped steps in a row before the gate drafts again to re-measure
     resume_margin: float = 0.1  # gate off: resume drafting only when it promises > 10% more tokens/ms
 

@@ -1,94 +1,124 @@
-"""The draft gate (avkit/scheduling/gate.py): mean-field depth, running mean, probes, bad settings."""
+"""The draft gate (avkit/scheduling/gate.py): the replayed step rate, warm-up, hysteresis, probes, state."""
 
 import numpy as np
 import pytest
 
 from avkit.errors import ConfigError
 from avkit.scheduling.cost import CostTable
-from avkit.scheduling.gate import DraftGate, best_depth, depth_rates, mean_survival
+from avkit.scheduling.gate import DraftGate, step_rates
 
 
 def _cost(draft_ms: float) -> CostTable:
     return CostTable((1, 8, 64), (10.0, 12.0, 40.0), (1, 8), (draft_ms, 2 * draft_ms))
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_best_depth_is_the_brute_force_argmax(seed):
-    """Each depth's tokens and ms summed request by request, slot by slot (no cumsum, no vector cost)."""
+def _brute_rates(conf, n, cost, stop):
+    """Slot by slot in Python: the top-m survivals, each row's depth, one draft pass per depth that
+    runs when any of the n requests (each a random recent row) reaches it."""
+    w, k = conf.shape
+    surv = [[float(np.prod(conf[r, :j + 1])) for j in range(k)] for r in range(w)]
+    ranked = sorted((-surv[r][j], r, j) for r in range(w) for j in range(k))
+    out = []
+    for m in range(w * k + 1):
+        depth = [0] * w
+        for _, r, _ in ranked[:m]:
+            depth[r] += 1
+        tokens = n + n / w * sum(-s for s, _, _ in ranked[:m])
+        if stop:  # pass j runs unless all n requests stop short of it: P = 1 - (1 - p)^n
+            draft = 0.0
+            for j in range(1, k + 1):
+                p = sum(d >= j for d in depth) / w
+                if p > 0:
+                    run = 1 - (1 - p) ** n
+                    draft += run * float(cost.draft_cost(n * p / run, 1))
+        else:
+            draft = float(cost.draft_cost(n, k)) if m else 0.0
+        out.append(tokens / (draft + float(cost.context_cost(n)) + float(cost.verify_cost(n + m * n / w))))
+    return np.array(out)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("stop", [True, False])
+def test_step_rates_equal_the_slot_by_slot_replay(seed, stop):
     rng = np.random.default_rng(seed)
-    survival = np.sort(rng.uniform(0, 1, 6))[::-1]
+    conf = rng.uniform(0.05, 0.99, (5, 4))
     cost = _cost(rng.uniform(0.1, 8.0))
-    for n in (1, 3, 8):
-        rates = []
-        for d in range(7):
-            tokens = sum(1 + sum(survival[j] for j in range(d)) for _ in range(n))
-            ms = d * float(cost.draft_cost(n, 1)) + float(cost.context_cost(n)) + float(cost.verify_cost(n + n * d))
-            rates.append(tokens / ms)
-        assert best_depth(survival, n, cost) == rates.index(max(rates)), (n, rates)
+    for n in (1, 3, 16):
+        np.testing.assert_allclose(step_rates(conf, n, cost, stop), _brute_rates(conf, n, cost, stop), rtol=1e-12)
+
+
+def _gate(draft_ms: float, conf: float, **kw) -> DraftGate:
+    gate = DraftGate(_cost(draft_ms), window=8, **kw)
+    gate.observe(np.full((8, 7), conf))
+    return gate
 
 
 def test_gate_drafts_when_drafts_pay_and_skips_when_they_cannot():
-    sure = np.full(7, 0.95)
-    cheap, dear = DraftGate(_cost(0.5)), DraftGate(_cost(60.0))
-    for gate in (cheap, dear):
-        assert gate.draft_this_step(4)  # nothing measured yet: draft to measure
-        gate.fold(sure, 4)
+    cheap, dear = _gate(0.5, 0.95), _gate(60.0, 0.95)
     assert all(cheap.draft_this_step(4) for _ in range(10))
     assert not any(dear.draft_this_step(4) for _ in range(10)) and dear.skipped_total == 10
-    useless = DraftGate(_cost(0.5))
-    useless.draft_this_step(4)
-    useless.fold(np.zeros(7), 4)  # nothing is ever accepted: even cheap drafts do not pay
-    assert not useless.draft_this_step(4)
+    assert not _gate(0.5, 0.0).draft_this_step(4)  # nothing is ever accepted: even cheap drafts do not pay
+
+
+def test_gate_drafts_until_a_window_of_rows_was_seen():
+    gate = DraftGate(_cost(60.0), window=8)
+    for _ in range(3):
+        assert gate.draft_this_step(4)
+        gate.observe(np.full((3, 7), 0.5))  # 3, 6, 9 rows seen
+    assert len(gate.rows) == 8 and not gate.draft_this_step(4)
 
 
 def test_resuming_needs_the_margin_continuing_does_not():
-    """A 0 < gain < margin keeps a drafting gate drafting and a paused gate paused (the catch-up it would pay)."""
-    survival, cost = np.full(7, 0.5), _cost(2.0)
-    rates = depth_rates(survival, 4, cost)
-    gain = rates.max() / rates[0] - 1.0
+    """A 0 < gain - 1 < margin keeps a drafting gate drafting and a paused gate paused (the catch-up it would pay)."""
+    on = _gate(2.0, 0.5)
+    gain = on.gain(4) - 1.0
     assert 0.0 < gain < 0.5, gain  # the fixture sits in the band the test is about
     for margin, resumes in ((gain / 2, True), (gain * 2, False)):
-        on, off = DraftGate(cost, resume_margin=margin), DraftGate(cost, resume_margin=margin)
-        for gate in (on, off):
-            gate.survival = survival
+        on, off = _gate(2.0, 0.5, resume_margin=margin), _gate(2.0, 0.5, resume_margin=margin)
         off.skipped = 1
-        assert on.draft_this_step(4) and off.draft_this_step(4) is resumes
+        assert on.draft_this_step(4)
+        assert off.draft_this_step(4) is resumes
 
 
-def test_probes_come_after_probe_every_skips():
-    gate = DraftGate(_cost(60.0), probe_every=3)
-    gate.draft_this_step(2)
-    gate.fold(np.full(5, 0.9), 2)
-    pattern = [gate.draft_this_step(2) for _ in range(12)]
-    assert pattern == [False, False, False, True] * 3
+def test_probes_come_after_probe_every_skips_and_refill_the_window():
+    gate = _gate(60.0, 0.9, probe_every=3)  # window 8
+    pattern = []
+    for _ in range(3):
+        pattern += [gate.draft_this_step(2) for _ in range(3)]  # off: nothing observed
+        for _ in range(4):  # probe: 4 steps of 2 requests refill the window of 8 rows
+            pattern.append(gate.draft_this_step(2))
+            gate.observe(np.full((2, 7), 0.9))
+    assert pattern == [False] * 3 + [True] * 4 + [False] * 3 + [True] * 4 + [False] * 3 + [True] * 4
 
 
-def test_running_mean_does_not_depend_on_how_rows_are_batched():
-    """Folding a mean over b rows moves the curve as much as folding b single rows of that mean."""
-    s0, s1 = np.linspace(0.9, 0.3, 7), np.linspace(0.6, 0.1, 7)
-    one, many = DraftGate(_cost(1.0), window=10), DraftGate(_cost(1.0), window=10)
-    for g in (one, many):
-        g.fold(s0, 3)
-    one.fold(s1, 5)
-    for _ in range(5):
-        many.fold(s1, 1)
-    np.testing.assert_allclose(one.survival, many.survival, rtol=1e-12)
-    assert np.all((one.survival < s0) & (one.survival > s1))
+def test_heterogeneous_rows_beat_their_mean():
+    """Half sure, half hopeless rows: the budget drafts only for the sure half, which pays even where
+    drafting every request to a uniform depth on the mean curve would not."""
+    mixed = np.r_[np.full((4, 7), 0.97), np.full((4, 7), 0.05)]
+    mean = np.cumprod(mixed, axis=1).mean(0)  # [K] mean survival
+    uniform_conf = np.r_[mean[:1], mean[1:] / mean[:-1]][None, :].repeat(8, 0)  # one curve with that mean
+    np.testing.assert_allclose(np.cumprod(uniform_conf, axis=1).mean(0), mean)
+    gate = DraftGate(_cost(2.0), window=8)
+    gate.observe(uniform_conf)
+    uniform = gate.gain(8)
+    gate.observe(mixed)
+    assert gate.gain(8) > 1.0 > uniform, (gate.gain(8), uniform)
 
 
-def test_mean_survival_and_state_roundtrip():
-    conf = np.array([[0.5, 0.5, np.nan], [1.0, 0.2, 0.5]])
-    np.testing.assert_allclose(mean_survival(conf), [0.75, 0.225, 0.05])
-    gate = DraftGate(_cost(60.0))
-    gate.draft_this_step(1)
-    gate.observe(conf)
+def test_observe_keeps_the_latest_rows_and_state_roundtrips():
+    gate = DraftGate(_cost(60.0), window=4)
+    gate.observe(np.full((3, 2), 0.1))
+    gate.observe(np.array([[0.2, 0.2], [0.3, 0.3]]))
+    np.testing.assert_allclose(gate.rows[:, 0], [0.1, 0.1, 0.2, 0.3])
     state = gate.state()
     first = [gate.draft_this_step(1) for _ in range(5)]
+    gate.observe(np.full((4, 2), 0.99))
     gate.restore(state)
     assert [gate.draft_this_step(1) for _ in range(5)] == first
 
 
-@pytest.mark.parametrize("kwargs, match", [({"window": 0}, "gate_window"), ({"probe_every": 0}, "probe_every")])
+@pytest.mark.parametrize("kwargs, match", [({"window": 0}, "gate_window"), ({"probe_every": 0}, "probe_every"),
+                                           ({"resume_margin": -0.1}, "resume_margin")])
 def test_bad_settings_name_the_field(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         DraftGate(_cost(1.0), **kwargs)

@@ -5,22 +5,27 @@ started, so they can shorten speculation but never drop it; when the drafter's f
 share of a target forward and verification is compute-bound (a CPU at concurrency 16), target-only
 decoding wins and only a decision taken before drafting can pick it.
 Glossary:
-  mean survival  s[j] = running mean, over recent drafted request-steps, of the sizing survival
-                 prod_{i<=j} c(f_0, i): each request's position-0 feature predicted at every position,
-                 exactly the draw-independent inputs that size b* (adaptive.py `sizing`)
-  window         the running mean forgets with a horizon of `window` request-steps: a drafted step of
-                 B requests moves it by alpha = 1 - (1 - 1/window)^B (the first one sets it)
-  depth rate     mean field, n requests each drafting and verifying d tokens:
-                 rate(d) = n (1 + sum_{j<d} s[j]) / (draft_ms(n, d) + context_ms(n) + verify_ms(n + n d))
-  gate           while drafting: draft this step iff argmax_d rate(d) >= 1 (ties -> the smaller d); a
-                 skipped step runs target-only decoding: one target token per request, nothing drafted,
-                 nothing observed
+  recent rows    the sizing confidences [W, K] of the last `window` drafted request-steps: each
+                 request's position-0 feature predicted at every position, the draw-independent inputs
+                 that size b* (adaptive.py `sizing`); survival s[r, j] = prod_{i<=j} c[r, i]
+  step rate      the policy's own step replayed on the recent rows at this step's load n, each row
+                 standing for n/W requests: verify the top-m survival slots (m = 0..W K; a row's
+                 slots are a prefix, its depth), draft what is verified, and
+                 rate(m) = (n + n/W sum_top-m s) / (draft_ms + context_ms(n) + verify_ms(n + m n/W)),
+                 draft_ms = sum_j P(pass j runs) draft_ms(requests in it) when the drafter stops early
+                 (one pass per depth over the requests still drafting; with p_j the share of rows
+                 of depth >= j, P = 1 - (1 - p_j)^n and n p_j / P requests), else draft_ms(n, K)
+  gain           max_{m>=1} rate(m) / rate(0): speculation's best rate over target-only decoding
+  gate           while drafting: draft this step iff gain > 1; a skipped step runs target-only
+                 decoding: one target token per request, nothing drafted, nothing observed.
+                 Until `window` rows were seen it drafts (a few samples must not switch it off)
   catch-up       the draft model's KV cache does not see the tokens decoded while drafting is off; the
                  first drafted step after a pause feeds them to the drafter (a prefill of every stale
-                 token), a cost the step-rate comparison does not see. Hence:
-  hysteresis     while off, drafting resumes only if max_d rate(d) > (1 + `resume_margin`) rate(0)
-  probe          after `probe_every` skipped steps in a row the next step drafts anyway, so that s
-                 follows the traffic while speculation is off (rare: each probe pays a catch-up)
+                 token), a cost the step rate does not see. Hence:
+  hysteresis     while off, drafting resumes only if gain > 1 + `resume_margin`
+  probe          after `probe_every` skipped steps in a row the gate forgets its rows and drafts until it
+                 has seen `window` new ones, so that it follows the traffic while speculation is off
+                 (rare: each probe pays a catch-up)
 Lossless: the decision reads the load and earlier steps' features only (prefixes already emitted,
 drafts of steps that are over), never this step's draws; each emitted token still follows the target
 given everything before it, so the output does (DESIGN.md §2).
@@ -37,34 +42,35 @@ from avkit.scheduling.cost import CostTable
 from avkit.validate import check_range
 
 
-def mean_survival(conf: np.ndarray) -> np.ndarray:
-    """[B, K] confidences -> [K] mean over rows of the survival prod_{i<=j} c[r, i]."""
-    return np.cumprod(np.clip(np.nan_to_num(np.asarray(conf, dtype=np.float64), nan=0.0), 0.0, 1.0), axis=1).mean(0)
-
-
-def depth_rates(survival: np.ndarray, num_requests: int, cost: CostTable) -> np.ndarray:
-    """[K+1] mean-field tokens per ms when every request drafts and verifies d = 0..K tokens."""
-    d = np.arange(survival.size + 1)  # [K+1]
-    tokens = num_requests * (1.0 + np.r_[0.0, np.cumsum(survival)])  # [K+1] expected tokens per step
-    ms = (cost.draft_cost(num_requests, d) + cost.context_cost(num_requests)
-          + cost.verify_cost(num_requests * (1 + d)))  # [K+1]
-    return tokens / ms
-
-
-def best_depth(survival: np.ndarray, num_requests: int, cost: CostTable) -> int:
-    """argmax over d in 0..K of the mean-field depth rate (module note); ties -> the smaller d."""
-    return int(np.argmax(depth_rates(survival, num_requests, cost)))
+def step_rates(conf: np.ndarray, num_requests: int, cost: CostTable, stop_drafting: bool = True) -> np.ndarray:
+    """[W K + 1] tokens per ms of the step replayed on rows conf [W, K] at n requests (module note)."""
+    w, k = conf.shape
+    surv = np.cumprod(np.clip(np.nan_to_num(conf, nan=0.0), 0.0, 1.0), axis=1)  # [W, K]
+    order = np.argsort(-surv.ravel(), kind="stable")  # [M] best slots first; within a row, a prefix
+    scale = num_requests / w  # requests each recent row stands for
+    tokens = num_requests + scale * np.r_[0.0, np.cumsum(surv.ravel()[order])]  # [M+1]
+    verify = cost.verify_cost(num_requests + scale * np.arange(order.size + 1))  # [M+1]
+    if stop_drafting:  # pass j runs iff one of the n requests reaches depth j + 1, over those that do
+        reach = np.zeros((order.size + 1, k))  # [M+1, K] share of rows of depth > j among the top m
+        reach[1:] = np.cumsum(np.eye(k)[order % k], axis=0) / w
+        runs = 1.0 - (1.0 - reach) ** num_requests  # [M+1, K] P(the pass runs)
+        active = num_requests * reach / np.maximum(runs, 1e-300)  # [M+1, K] requests in it, when it runs
+        draft = (runs * cost.draft_cost(active, 1) * (reach > 0)).sum(1)  # [M+1] expected drafting ms
+    else:
+        draft = np.r_[0.0, np.full(order.size, float(cost.draft_cost(num_requests, k)))]
+    return tokens / (draft + cost.context_cost(num_requests) + verify)
 
 
 @dataclass
 class DraftGate:
-    """Skip drafting while, at this step's load, no draft depth pays for itself on the cost table."""
+    """Skip drafting while, at this step's load, no verify budget on recent rows pays for its drafts."""
 
     cost: CostTable
-    window: int = 64  # request-steps in the running mean of the survival curve
+    window: int = 64  # recent drafted request-steps the decision replays
     probe_every: int = 256  # skipped steps in a row before a probing drafted step
     resume_margin: float = 0.1  # while off, resume drafting only for a predicted gain above this
-    survival: np.ndarray | None = None  # [K] mean sizing survival (None until a step drafted)
+    stop_drafting: bool = True  # the drafter stops each request early (live: `continue_drafting`)
+    rows: np.ndarray | None = None  # [<= window, K] sizing confidences of the latest drafted request-steps
     skipped: int = 0  # consecutive skipped steps
     skipped_total: int = 0
     steps: int = 0  # steps asked about
@@ -73,49 +79,54 @@ class DraftGate:
         check_range("gate_window", self.window, 1)
         check_range("probe_every", self.probe_every, 1)
         check_range("resume_margin", self.resume_margin, 0.0)
+        self._memo: tuple = (None, None, 0.0)  # (rows object, n, gain): unchanged rows and load, same gain
+
+    def gain(self, num_requests: int) -> float:
+        """Best speculative rate over target-only decoding at this load, on the recent rows."""
+        if self._memo[0] is not self.rows or self._memo[1] != num_requests:
+            rate = step_rates(self.rows, num_requests, self.cost, self.stop_drafting)
+            self._memo = (self.rows, num_requests, float(rate[1:].max() / rate[0]) if rate.size > 1 else 0.0)
+        return self._memo[2]
 
     def draft_this_step(self, num_requests: int) -> bool:
         """Ask once per step, before drafting; counts skipped steps and schedules probes."""
         self.steps += 1
-        if self.survival is None or self.skipped >= self.probe_every or num_requests < 1:
+        if self.skipped >= self.probe_every:  # probe: forget the stale rows, draft until a window is seen
+            self.rows, draft = None, True
+        elif self.rows is None or len(self.rows) < self.window or num_requests < 1:
             draft = True
         else:
-            rate = depth_rates(self.survival, num_requests, self.cost)  # [K+1]
-            d = int(np.argmax(rate))
-            draft = d > 0 and bool(self.skipped == 0 or rate[d] > (1.0 + self.resume_margin) * rate[0])
+            draft = self.gain(num_requests) > (1.0 if self.skipped == 0 else 1.0 + self.resume_margin)
         self.skipped = 0 if draft else self.skipped + 1
         self.skipped_total += not draft
         return draft
 
     def observe(self, sizing_conf: np.ndarray) -> None:
-        """Fold a drafted step's sizing confidences ([B, K], rows that drafted) into the running mean."""
-        if sizing_conf.shape[0]:
-            self.fold(mean_survival(sizing_conf), sizing_conf.shape[0])
-
-    def fold(self, s: np.ndarray, b: int) -> None:
-        """Fold a step's mean survival s [K] over b drafted requests into the running mean."""
-        if self.survival is None or self.survival.shape != s.shape:
-            self.survival = s
+        """Keep a drafted step's sizing confidences ([B, K], the rows that drafted) among the recent rows."""
+        conf = np.asarray(sizing_conf, dtype=np.float64)
+        if conf.shape[0] == 0:
             return
-        alpha = 1.0 - (1.0 - 1.0 / self.window) ** b
-        self.survival = (1.0 - alpha) * self.survival + alpha * s
+        if self.rows is not None and self.rows.shape[1] == conf.shape[1]:
+            conf = np.concatenate([self.rows, conf])
+        self.rows = conf[-self.window:].copy()
 
     def state(self) -> tuple:
         """What the next decisions depend on (the simulator rewinds to it when a round re-predicts)."""
-        return (None if self.survival is None else self.survival.copy(), self.skipped, self.skipped_total, self.steps)
+        return self.rows, self.skipped, self.skipped_total, self.steps
 
     def restore(self, state: tuple) -> None:
-        self.survival, self.skipped, self.skipped_total, self.steps = state
+        self.rows, self.skipped, self.skipped_total, self.steps = state
 
-    def replay(self, num_requests: np.ndarray, survival: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, list]:
-        """Steps in order, as the simulator runs them: requests [G], each step's mean sizing survival
-        [G, K] over its `rows` [G] drafting requests -> (drafted [G] bool, state before each step [G]).
-        One iteration per step (the running mean is sequential), none per request or slot."""
+    def replay(self, num_requests: np.ndarray, conf: np.ndarray, bounds: np.ndarray,
+               drafts: np.ndarray) -> tuple[np.ndarray, list]:
+        """Steps in order, as the simulator runs them: requests [G], sizing confidences [rows, K] of the
+        steps' rows (bounds [G+1]), which rows would draft [rows] -> (drafted [G] bool, state before each
+        step). One iteration per step (each decision needs the previous ones), none per request or slot."""
         on, states = np.zeros(len(num_requests), dtype=bool), []
         for g, n in enumerate(num_requests.tolist()):
             states.append(self.state())
             on[g] = self.draft_this_step(n)
-            if on[g] and rows[g]:
-                self.fold(survival[g], int(rows[g]))
+            if on[g]:
+                a, b = bounds[g], bounds[g + 1]
+                self.observe(conf[a:b][drafts[a:b]])
         return on, states
-

@@ -10,9 +10,9 @@ Glossary:
               less from AV for this reason); this variant stops a request's drafting once its newest
               draft is trimmed or its next one would not pay for itself at the step's current rate
   gate        as live (scheduling/gate.py): before each sim step the policy may skip drafting when, at
-              that load, no draft depth pays on the cost table given the running mean of earlier
-              drafted steps' sizing survival; skipped steps verify nothing, emit one token per
-              request and feed the estimator nothing (live: no drafts, no `observe`)
+              that load, its own step replayed on the recent drafted rows' sizing confidences would
+              not pay on the cost table; skipped steps verify nothing, emit one token per request
+              and feed the estimator nothing (live: no drafts, no `observe`)
   sizing      as live (AdaptiveVerification.sizing): an estimator source sizes b* from each request's
               position-0 feature predicted at every position and K nominal drafts (draw-independent,
               so lossless), then verifies the top-b* live slots. `oracle` and `recorded` have no
@@ -146,21 +146,19 @@ class Adaptive:
         return self._online(replay)
 
     def make_gate(self, replay: Replay) -> DraftGate | None:
-        return None if self.gate is None else DraftGate(replay.cost, self.gate.gate_window, self.gate.probe_every,
-                                                             self.gate.resume_margin)
+        if self.gate is None:
+            return None
+        g = self.gate
+        return DraftGate(replay.cost, g.gate_window, g.probe_every, g.resume_margin, self.stop_drafting)
 
     def _gate(self, replay: Replay, sizing_conf: np.ndarray, g0: int, g1: int, gate: DraftGate | None = None):
         """Which sim steps in [g0, g1) draft ([g1-g0] bool) and the gate's state before each, from the
         steps' sizing confidences [rows, K] (float32, as live) of the requests that would draft."""
         gate = gate or self.make_gate(replay)
         r0, r1 = replay.bounds[g0], replay.bounds[g1]
-        local = replay.bounds[g0:g1] - r0  # [G'] first row of each step
-        valid = replay.drafted(replay.steps.k)[r0:r1] > 0  # [rows]
-        surv = np.cumprod(np.clip(np.nan_to_num(sizing_conf.astype(np.float32).astype(np.float64), nan=0.0),
-                                  0.0, 1.0), axis=1) * valid[:, None]  # [rows, K]
-        count = np.add.reduceat(valid.astype(np.int64), local) if local.size else np.zeros(0, np.int64)
-        mean = np.add.reduceat(surv, local, axis=0) / np.maximum(count, 1)[:, None] if local.size else surv[:0]
-        return gate.replay(replay.num_requests[g0:g1], mean, count)
+        drafts = replay.drafted(replay.steps.k)[r0:r1] > 0  # [rows]
+        conf = sizing_conf.astype(np.float32).astype(np.float64)
+        return gate.replay(replay.num_requests[g0:g1], conf, replay.bounds[g0:g1 + 1] - r0, drafts)
 
     def _budget(self, replay: Replay, conf: np.ndarray, g0: int, g1: int, sizing_conf: np.ndarray | None = None,
                 on: np.ndarray | None = None):
