@@ -7,9 +7,10 @@
    (Llama-3.1-8B shape, 8192-token KV context): with the recorded draft model (Qwen2.5-Coder-0.5B,
    autoregressive: one forward per draft depth) and with a parallel drafter (DSpark/DFlash-like: one
    forward for all K drafts, the seeds' setting). Policies: no-spec, every fixed K, adaptive with the
-   online estimator / q_max / the recorded live confidences, adaptive that also stops drafting early,
-   and the oracle. Parquet of every table beside the Markdown.
-2. Overhead: `AdaptiveVerification.num_verify` + `observe` at batch 256, K = 7 on this CPU (median of
+   online estimator / q_max / the recorded live confidences, adaptive that also stops drafting early
+   (with and without the draft gate that may switch speculation off for a step), and the oracle.
+   Parquet of every table beside the Markdown.
+2. Overhead: `AdaptiveVerification.draft_this_step` + `num_verify` + `observe` at batch 256, K = 7 on this CPU (median of
    repeats), as a share of the predicted H200 step at c = 256 and of a measured CPU step.
 """
 
@@ -32,7 +33,8 @@ from avkit.scheduling.cost import resolve_cost
 from avkit.scheduling.policy import DraftBatch, Load, VerifyOutcome
 from avkit.sim.replay import default_policies, load_steps, simulate, write_results
 
-SUMMARIZED = ("adaptive-online_logistic", "adaptive-stop-online_logistic", "adaptive-oracle")
+SUMMARIZED = ("adaptive-online_logistic", "adaptive-stop-online_logistic", "adaptive-stop-nogate-online_logistic",
+              "adaptive-oracle")
 COSTS = {
     "h200_8b_ar": ("roofline:H200:8b", "H200, 8B target, Qwen2.5-Coder-0.5B draft model (autoregressive)"),
     "h200_8b_parallel": ("roofline:H200:8b:1b:drafter=parallel", "H200, 8B target, parallel drafter (1B, one pass)"),
@@ -78,16 +80,19 @@ def shape_summary(df: pl.DataFrame, policy: str) -> str:
 
 
 def policy_overhead(batch: int = 256, k: int = 7, repeats: int = 200) -> dict:
-    """Median wall time of num_verify and observe for one step of `batch` requests."""
+    """Median wall time of the gate, num_verify and observe for one step of `batch` requests."""
     g = torch.Generator().manual_seed(0)
     feats = {"logit_qmax": torch.randn(batch, k, generator=g) * 2 + 2}
     drafted = torch.full((batch,), k, dtype=torch.int64)
     policy = make_adaptive(cost="roofline:H200:8b", estimator="online_logistic", k=k)
     load = Load(batch, batch, batch)
     accepted = torch.randint(0, k + 1, (batch,), generator=g)
-    decide, learn = [], []
+    decide, learn, gate = [], [], []
     for _ in range(repeats):
+        tg = time.perf_counter()
+        policy.draft_this_step(load)  # the gate: its window is full after the first step (64 rows)
         t0 = time.perf_counter()
+        gate.append(t0 - tg)
         nv = policy.num_verify(DraftBatch(feats, drafted), load)
         t1 = time.perf_counter()
         policy.observe(VerifyOutcome(feats, policy.last_confidences, nv, torch.minimum(accepted, nv)))
@@ -96,8 +101,9 @@ def policy_overhead(batch: int = 256, k: int = 7, repeats: int = 200) -> dict:
         learn.append(t2 - t1)
     cost = resolve_cost("roofline:H200:8b")
     step_ms = float(cost.step_cost(batch, k, batch + int(nv.sum())))
-    total_ms = 1e3 * (statistics.median(decide) + statistics.median(learn))
-    return {"num_verify_us": 1e6 * statistics.median(decide), "observe_us": 1e6 * statistics.median(learn),
+    total_ms = 1e3 * (statistics.median(gate) + statistics.median(decide) + statistics.median(learn))
+    return {"gate_us": 1e6 * statistics.median(gate[1:]),
+            "num_verify_us": 1e6 * statistics.median(decide), "observe_us": 1e6 * statistics.median(learn),
             "total_ms": total_ms, "h200_step_ms": step_ms, "share_h200": total_ms / step_ms,
             "verified": int(nv.sum()), "threads": torch.get_num_threads()}
 
@@ -177,7 +183,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     steps, source = load_trace_steps(args.traces)
     config = SimulateConfig()
-    specs = default_policies(steps, config)
+    specs = default_policies(steps, config) + ["adaptive-stop-nogate:online_logistic"]  # what the gate adds
     out = Path(args.out)
     header = (f"# Adaptive verification benchmark\n\nTraces: {source}; {steps.request.size} recorded steps of "
               f"{steps.num_requests} requests, K = {steps.k}. Cells: simulated throughput tokens/s "
@@ -207,6 +213,7 @@ def main(argv=None) -> int:
     oh = policy_overhead()
     sections.append(
         "## Policy overhead (live `AdaptiveVerification`, batch 256, K = 7)\n\n"
+        f"draft_this_step (the gate: its step replayed on 64 recent rows): {oh['gate_us']:.0f} us; "
         f"num_verify (estimator predict + survival + sort + argmax budget + allocation): {oh['num_verify_us']:.0f} us; "
         f"observe (labels + IRLS statistics): {oh['observe_us']:.0f} us; total {oh['total_ms']:.3f} ms on this CPU "
         f"({oh['threads']} torch threads) = {oh['share_h200']:.1%} of the predicted H200 8B step at c=256 "

@@ -30,6 +30,7 @@ from avkit.models import load
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.scheduling.adaptive import make_adaptive
+from avkit.scheduling.cost import CostTable
 from avkit.scheduling.profile import profile_costs
 from avkit.workloads import load_workload
 
@@ -69,6 +70,7 @@ def main(argv=None) -> int:
                     help="at least this many requests per run (low concurrency: less sampling noise)")
     ap.add_argument("--repeats", type=int, default=2, help="interleaved runs of every policy (order alternates)")
     ap.add_argument("--context-len", type=int, default=1024)
+    ap.add_argument("--cost", default="", help="reuse this profiled cost table instead of profiling again")
     ap.add_argument("--coefficients", default="traces/coefficients.json")
     ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
@@ -79,19 +81,23 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     target, draft = load(args.target, dtype=dtype), load(args.draft, dtype=dtype)
-    print(f"profiling step costs ({args.target} + {args.draft}, context {args.context_len}) ...", flush=True)
-    cost = profile_costs(target, draft, ProfileConfig(context_len=args.context_len, k=max(ks),
-                                                      max_tokens=max(conc) * (max(ks) + 1),
-                                                      max_requests=max(conc), repeats=3))
     out = Path(args.out)
-    print(f"cost table: {cost.save(out.with_name(out.stem + '_cost.json'))}", flush=True)
+    if args.cost:
+        cost = CostTable.load(args.cost)
+        print(f"cost table: {args.cost} (reused)", flush=True)
+    else:
+        print(f"profiling step costs ({args.target} + {args.draft}, context {args.context_len}) ...", flush=True)
+        cost = profile_costs(target, draft, ProfileConfig(context_len=args.context_len, k=max(ks),
+                                                          max_tokens=max(conc) * (max(ks) + 1),
+                                                          max_requests=max(conc), repeats=3))
+        print(f"cost table: {cost.save(out.with_name(out.stem + '_cost.json'))}", flush=True)
     coef = args.coefficients if Path(args.coefficients).is_file() else ""
     title = (f"# Live adaptive verification ({target.model_id} + {draft.model_id}, {args.dtype}, CPU, "
              f"{torch.get_num_threads()} threads)\n")
     setup = (f"T=0.8, top-p 0.95, {args.max_new_tokens} new tokens, HumanEval prompts, "
              f"max({args.min_requests}, {args.requests_per_lane} x concurrency) requests per run; cost table "
              f"profiled at context {args.context_len} (forwards + the engine's logits work, "
-             f"`avkit.scheduling.profile`); "
+             f"`avkit.scheduling.profile`{'; reused: ' + args.cost if args.cost else ''}); "
              f"estimator online_logistic{' warm-started from ' + coef if coef else ' (cold start)'}.\n")
     lines = [title, setup,
              f"Each policy ran {args.repeats} times per concurrency, interleaved: the policy order alternates "

@@ -143,7 +143,7 @@ def test_engine_with_adaptive_verification_is_lossless(tmp_path):
     target_dir = write_tiny_model(tmp_path / "t", vocab=300, seed=0, init_std=0.3)
     target, draft = load(target_dir), load(write_tiny_model(tmp_path / "d", vocab=300, seed=5, init_std=0.3))
     target = type(target)(target.model, type("T", (), {"eos_token_ids": set()})(), "t", "")
-    cost = CostTable((1, 400), (1.0, 1.0 + 399 * 0.03), (1, 400), (3.0, 3.0))  # trims the doubtful drafts
+    cost = CostTable((1, 400), (1.0, 5.0), (1, 400), (0.5, 0.5))  # sure drafts would pay; doubtful ones trimmed
     policy = make_adaptive(cost=cost, estimator="online_logistic", k=3, config=EstimatorConfig(refit_interval=5),
                            adaptive=AdaptiveConfig(probe_every=2))  # the gate skips most steps, probes often
     verified, drafted = [], []
@@ -282,8 +282,11 @@ def test_engine_stops_drafting_early_and_stays_exact_under_greedy(tmp_path):
     target = load(write_tiny_model(tmp_path / "t", vocab=300, seed=0, init_std=0.3))
     draft = load(write_tiny_model(tmp_path / "d", vocab=300, seed=5, init_std=0.3))
     target = type(target)(target.model, type("T", (), {"eos_token_ids": set()})(), "t", "")
+    from avkit.config import AdaptiveConfig
+
     cost = CostTable((1, 400), (1.0, 1.0 + 399 * 0.03), (1, 400), (3.0, 3.0))
-    policy = make_adaptive(cost=cost, estimator="online_logistic", k=5)
+    # the early stop alone: at this cost the draft gate would not draft at all (tests/test_gate.py)
+    policy = make_adaptive(cost=cost, estimator="online_logistic", k=5, adaptive=AdaptiveConfig(gate=False))
     drafted = []
     num_verify = policy.num_verify
     policy.num_verify = lambda b, l: (drafted.append(b.num_drafted.clone()), num_verify(b, l))[1]

@@ -253,8 +253,9 @@ def test_real_pair_greedy_and_acceptance():
 
 
 def test_draft_gate_skips_speculation_and_stays_exact(models):
-    """Adaptive policy whose drafter costs more than any draft depth gains: the gate skips drafting for
-    most steps (target-only decoding, no trace rows), probes every 3rd step, and greedy output is unchanged."""
+    """Adaptive policy with an unrelated drafter whose drafts are hopeless: the gate skips drafting for
+    most steps (target-only decoding, no trace rows), probes after 2 skipped steps, and greedy output is
+    unchanged."""
     from avkit.config import AdaptiveConfig
     from avkit.scheduling.adaptive import make_adaptive
     from avkit.scheduling.cost import CostTable
@@ -262,10 +263,11 @@ def test_draft_gate_skips_speculation_and_stays_exact(models):
     target = _no_eos(models["target"])
     reqs = _requests(5)
     ref = Engine(target, None, EngineConfig(k=0, max_batch=3, max_len=96)).generate(reqs)
-    cost = CostTable((1, 100), (10.0, 11.0), (1, 100), (50.0, 50.0))  # one draft pass = 5 verify steps
-    policy = make_adaptive(cost=cost, estimator="online_logistic", k=4, adaptive=AdaptiveConfig(probe_every=2))
+    cost = CostTable((1, 100), (10.0, 11.0), (1, 100), (3.0, 3.0))  # sure drafts would pay, hopeless ones not
+    policy = make_adaptive(cost=cost, estimator="online_logistic", k=4,
+                           adaptive=AdaptiveConfig(gate_window=6, probe_every=2))
     sink = MemorySink()
-    engine = Engine(target, models["noisy"], EngineConfig(k=4, max_batch=3, max_len=96), policy=policy, sink=sink)
+    engine = Engine(target, models["other"], EngineConfig(k=4, max_batch=3, max_len=96), policy=policy, sink=sink)
     out = engine.generate(reqs)
     assert [g.output_ids for g in out] == [g.output_ids for g in ref]
     drafted_steps = np.unique(sink.columns()["engine_step"]).size  # trace rows come from drafted steps only

@@ -61,7 +61,8 @@ def test_gate_drafts_when_drafts_pay_and_skips_when_they_cannot():
 
 
 def test_gate_drafts_until_a_window_of_rows_was_seen():
-    gate = DraftGate(_cost(60.0), window=8)
+    gate = DraftGate(_cost(6.0), window=8)
+    assert gate.sure_gain(4) > 1.0  # sure drafts would pay here: worth measuring
     for _ in range(3):
         assert gate.draft_this_step(4)
         gate.observe(np.full((3, 7), 0.5))  # 3, 6, 9 rows seen
@@ -81,13 +82,14 @@ def test_resuming_needs_the_margin_continuing_does_not():
 
 
 def test_probes_come_after_probe_every_skips_and_refill_the_window():
-    gate = _gate(60.0, 0.9, probe_every=3)  # window 8
+    gate = _gate(1.0, 0.05, probe_every=3)  # window 8; hopeless drafts, though sure ones would pay
+    assert gate.sure_gain(2) > 1.0 + gate.resume_margin
     pattern = []
     for _ in range(3):
         pattern += [gate.draft_this_step(2) for _ in range(3)]  # off: nothing observed
         for _ in range(4):  # probe: 4 steps of 2 requests refill the window of 8 rows
             pattern.append(gate.draft_this_step(2))
-            gate.observe(np.full((2, 7), 0.9))
+            gate.observe(np.full((2, 7), 0.05))
     assert pattern == [False] * 3 + [True] * 4 + [False] * 3 + [True] * 4 + [False] * 3 + [True] * 4
 
 
@@ -122,3 +124,16 @@ def test_observe_keeps_the_latest_rows_and_state_roundtrips():
 def test_bad_settings_name_the_field(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         DraftGate(_cost(1.0), **kwargs)
+
+
+def test_a_gate_without_data_skips_only_where_sure_drafts_would_not_pay():
+    """No rows yet: measure (draft) at a light load; at a load where even all-accepted drafts lose to
+    target-only decoding, skip at once: no measurement could change the answer."""
+    cost = CostTable((1, 8, 64, 512), (10.0, 12.0, 60.0, 500.0), (1, 8, 64), (2.0, 8.0, 60.0))
+    gate = DraftGate(cost, window=8, k=7)
+    assert gate.sure_gain(1) > 1.0 > gate.sure_gain(64)
+    assert gate.draft_this_step(1)
+    assert not gate.draft_this_step(64) and gate.rows is None
+    sure = gate.sure_gain(1)
+    gate.observe(np.full((8, 7), 0.999999))  # rows all but sure: their gain approaches the bound from below
+    assert sure * 0.999 < gate.gain(1) <= sure + 1e-12

@@ -239,3 +239,43 @@ def test_recorded_confidences_are_a_source(frame):
     assert res["verified_per_step"][1] < res["verified_per_step"][0]
     with pytest.raises(ConfigError, match="confidence"):
         simulate(step_table(frame), cost, [4], ["adaptive:recorded"])
+
+
+def test_stale_tokens_and_catch_up_follow_each_request():
+    """Brute force over each request copy's rows in time order: tokens decoded since its last drafted step."""
+    from avkit.sim.policies import stale_tokens
+
+    rng = np.random.default_rng(0)
+    copy = rng.integers(0, 5, 200)
+    copy = copy[np.argsort(rng.permutation(200), kind="stable")]  # interleaved, as lanes share steps
+    drafts = rng.random(200) < 0.3
+    want = np.zeros(200, dtype=np.int64)
+    for c in range(5):
+        idle = 0
+        for i in np.flatnonzero(copy == c):
+            if drafts[i]:
+                want[i], idle = idle, 0
+            else:
+                idle += 1
+    np.testing.assert_array_equal(stale_tokens(copy, drafts), want)
+
+
+def test_gated_simulation_pays_the_catch_up(steps):
+    """With the gate switching, the gated policy's drafting time holds the catch-up passes; without
+    switches (a cheap drafter: always on) there is nothing to catch up."""
+    from avkit.config import AdaptiveConfig
+    from avkit.sim.policies import Adaptive, Replay, catch_up_ms
+
+    cost = CostTable((1, 8, 9, 16, 17, 64, 65, 512), (1.0, 1.0, 1.6, 1.6, 2.2, 2.2, 4.0, 20.0), (1, 16), (0.2, 0.55))
+    replay = Replay.build(steps, schedule(steps, 16, waves=1), cost)
+    config = AdaptiveConfig(gate_window=16, probe_every=4)
+    gated = Adaptive("oracle", gate=config)
+    _, drafted, draft_ms = gated.decide(replay)
+    extra = catch_up_ms(replay, drafted > 0)
+    on = np.maximum.reduceat(drafted, replay.bounds[:-1]) > 0
+    assert (extra > 0).sum() > 0 and not extra[~on].any()  # paid at drafting steps after a pause only
+    passes = np.maximum.reduceat(drafted, replay.bounds[:-1])
+    np.testing.assert_allclose(draft_ms, cost.draft_cost(replay.num_requests, passes) * on + extra)
+    cheap = CostTable(cost.verify_tokens, cost.verify_ms, (1, 16), (0.01, 0.02))
+    replay = Replay.build(steps, schedule(steps, 16, waves=1), cheap)
+    assert not catch_up_ms(replay, Adaptive("oracle", gate=config).decide(replay)[1] > 0).any()

@@ -65,8 +65,9 @@ def register(app: typer.Typer) -> None:
         concurrency: Annotated[str, typer.Option(help="comma-separated concurrencies")] =
             ",".join(map(str, _d("concurrency"))),
         policies: Annotated[str | None, typer.Option(
-            help="comma-separated: nospec, fixed, fixed:K, adaptive:ESTIMATOR, adaptive:oracle, adaptive:recorded "
-                 "(default: all)")] = None,
+            help="comma-separated: nospec, fixed, fixed:K, adaptive:ESTIMATOR, adaptive:oracle, adaptive:recorded, "
+                 "adaptive-stop:ESTIMATOR (also stops drafting early), adaptive[-stop]-nogate:... (no draft gate) "
+                 "(default: all but -nogate)")] = None,
         coefficients: Annotated[str, typer.Option(help="coefficients.json warm start for adaptive estimators")] = "",
         waves: Annotated[int, typer.Option(help="requests served per lane at least (recorded ones are cycled)")] =
             _d("waves"),

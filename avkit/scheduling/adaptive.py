@@ -232,7 +232,7 @@ def make_adaptive(cost: str | CostTable | None = None, estimator: str | Estimato
         raise ConfigError(f"adaptive verification needs a lossless estimator; {est.name!r} reads a lossy "
                           "feature (trimming on q of the drawn token biases the output, DESIGN.md §2)")
     table = resolve_cost(cost or config.cost)
-    gate = (DraftGate(table, config.gate_window, config.probe_every, config.resume_margin)
+    gate = (DraftGate(table, config.gate_window, config.probe_every, config.resume_margin, k=k)
             if config.gate and est is not None else None)
     return AdaptiveVerification(table, est, history=config.history, gate=gate, k=k)
 

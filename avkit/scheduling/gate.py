@@ -18,7 +18,10 @@ Glossary:
   gain           max_{m>=1} rate(m) / rate(0): speculation's best rate over target-only decoding
   gate           while drafting: draft this step iff gain > 1; a skipped step runs target-only
                  decoding: one target token per request, nothing drafted, nothing observed.
-                 Until `window` rows were seen it drafts (a few samples must not switch it off)
+                 Until `window` rows were seen it drafts to measure (a few samples must not switch it
+                 off), unless even sure drafts (every confidence 1, K of them) would not pay at this
+                 load: then no measurement could change the answer and it skips without data, so a
+                 heavily loaded server never pays the drafter's prompt prefill to find that out
   catch-up       the draft model's KV cache does not see the tokens decoded while drafting is off; the
                  first drafted step after a pause feeds them to the drafter (a prefill of every stale
                  token), a cost the step rate does not see. Hence:
@@ -70,6 +73,7 @@ class DraftGate:
     probe_every: int = 256  # skipped steps in a row before a probing drafted step
     resume_margin: float = 0.1  # while off, resume drafting only for a predicted gain above this
     stop_drafting: bool = True  # the drafter stops each request early (live: `continue_drafting`)
+    k: int = 7  # drafts per request at most (the width of the rows)
     rows: np.ndarray | None = None  # [<= window, K] sizing confidences of the latest drafted request-steps
     skipped: int = 0  # consecutive skipped steps
     skipped_total: int = 0
@@ -79,7 +83,9 @@ class DraftGate:
         check_range("gate_window", self.window, 1)
         check_range("probe_every", self.probe_every, 1)
         check_range("resume_margin", self.resume_margin, 0.0)
+        check_range("k", self.k, 1)
         self._memo: tuple = (None, None, 0.0)  # (rows object, n, gain): unchanged rows and load, same gain
+        self._sure: dict[int, float] = {}  # n -> gain of sure drafts
 
     def gain(self, num_requests: int) -> float:
         """Best speculative rate over target-only decoding at this load, on the recent rows."""
@@ -88,15 +94,25 @@ class DraftGate:
             self._memo = (self.rows, num_requests, float(rate[1:].max() / rate[0]) if rate.size > 1 else 0.0)
         return self._memo[2]
 
+    def sure_gain(self, num_requests: int) -> float:
+        """The gain if every draft were accepted: an upper bound on `gain` for any rows."""
+        if num_requests not in self._sure:
+            rate = step_rates(np.ones((1, self.k)), num_requests, self.cost, self.stop_drafting)
+            self._sure[num_requests] = float(rate[1:].max() / rate[0])
+        return self._sure[num_requests]
+
     def draft_this_step(self, num_requests: int) -> bool:
         """Ask once per step, before drafting; counts skipped steps and schedules probes."""
         self.steps += 1
-        if self.skipped >= self.probe_every:  # probe: forget the stale rows, draft until a window is seen
-            self.rows, draft = None, True
-        elif self.rows is None or len(self.rows) < self.window or num_requests < 1:
+        if self.skipped >= self.probe_every:  # probe: forget the stale rows, measure a new window
+            self.rows = None
+        need = 1.0 if self.skipped == 0 else 1.0 + self.resume_margin  # resuming pays a catch-up
+        if num_requests < 1:
             draft = True
+        elif self.rows is None or len(self.rows) < self.window:  # measure, if measuring could say yes
+            draft = self.sure_gain(num_requests) > need
         else:
-            draft = self.gain(num_requests) > (1.0 if self.skipped == 0 else 1.0 + self.resume_margin)
+            draft = self.gain(num_requests) > need
         self.skipped = 0 if draft else self.skipped + 1
         self.skipped_total += not draft
         return draft

@@ -12,13 +12,16 @@ Glossary:
   gate        as live (scheduling/gate.py): before each sim step the policy may skip drafting when, at
               that load, its own step replayed on the recent drafted rows' sizing confidences would
               not pay on the cost table; skipped steps verify nothing, emit one token per request
-              and feed the estimator nothing (live: no drafts, no `observe`)
+              and feed the estimator nothing (live: no drafts, no `observe`); the next step that
+              drafts also pays the drafter's catch-up on the tokens its requests decoded meanwhile
+              (`catch_up_ms`: one forward over them, priced as a draft pass of that many rows)
   sizing      as live (AdaptiveVerification.sizing): an estimator source sizes b* from each request's
               position-0 feature predicted at every position and K nominal drafts (draw-independent,
               so lossless), then verifies the top-b* live slots. `oracle` and `recorded` have no
               estimator to re-predict with and size b* from their own confidences: upper bounds.
 Policies are named by specs: `nospec`, `fixed:K` (or `fixed` = 1..recorded K), `adaptive:SOURCE`,
-`adaptive-stop:SOURCE`, looked up in SIM_POLICIES by the part before the colon.
+`adaptive-stop:SOURCE` (and `adaptive-nogate:SOURCE`, `adaptive-stop-nogate:SOURCE` without the gate),
+looked up in SIM_POLICIES by the part before the colon.
 """
 
 from __future__ import annotations
@@ -126,7 +129,7 @@ class Adaptive:
 
     @property
     def name(self) -> str:
-        return f"adaptive{'-stop' if self.stop_drafting else ''}-{self.estimator}"
+        return f"adaptive{'-stop' if self.stop_drafting else ''}{'-nogate' if self.gate is None else ''}-{self.estimator}"
 
     @property
     def lossless(self) -> bool:
@@ -142,14 +145,19 @@ class Adaptive:
         if self.estimator in STATIC_SOURCES:
             conf = STATIC_SOURCES[self.estimator](replay)
             on = self._gate(replay, conf, 0, replay.sched.num_groups)[0] if self.gate is not None else None
-            return self._budget(replay, conf, 0, replay.sched.num_groups, on=on)
-        return self._online(replay)
+            k, drafted, draft_ms = self._budget(replay, conf, 0, replay.sched.num_groups, on=on)
+        else:
+            k, drafted, draft_ms = self._online(replay)
+        if self.gate is not None:  # the drafter catches up on what was decoded while the gate was off
+            draft_ms = draft_ms + catch_up_ms(replay, drafted > 0)
+        return k, drafted, draft_ms
 
     def make_gate(self, replay: Replay) -> DraftGate | None:
         if self.gate is None:
             return None
         g = self.gate
-        return DraftGate(replay.cost, g.gate_window, g.probe_every, g.resume_margin, self.stop_drafting)
+        return DraftGate(replay.cost, g.gate_window, g.probe_every, g.resume_margin, self.stop_drafting,
+                         replay.steps.k)
 
     def _gate(self, replay: Replay, sizing_conf: np.ndarray, g0: int, g1: int, gate: DraftGate | None = None):
         """Which sim steps in [g0, g1) draft ([g1-g0] bool) and the gate's state before each, from the
@@ -271,6 +279,28 @@ class Adaptive:
         return out, drafted, draft_ms
 
 
+def stale_tokens(copy: np.ndarray, drafts: np.ndarray) -> np.ndarray:
+    """[S'] tokens each row's request decoded without the drafter since its last drafted step (or since
+    it started), for rows that draft ([S'] bool drafts; rows in sim-step order, `copy` [S'] their request)."""
+    order = np.lexsort((np.arange(copy.size), copy))  # each copy's rows in time order
+    c, d = copy[order], drafts[order]
+    i = np.arange(c.size)
+    start = np.maximum.accumulate(np.where(np.r_[True, c[1:] != c[:-1]], i, 0)) if c.size else i
+    last = np.maximum.accumulate(np.where(d, i, -1))  # latest drafting row at or before i
+    prev = np.r_[-1, last[:-1]]  # latest drafting row before i
+    stale = np.zeros(copy.size, dtype=np.int64)
+    stale[order] = np.where(d, i - np.maximum(prev + 1, start), 0)
+    return stale
+
+
+def catch_up_ms(replay: Replay, drafts: np.ndarray) -> np.ndarray:
+    """[G] drafter time spent, at each sim step that drafts, feeding it the tokens of its requests decoded
+    while the gate was off: one forward over all of them, priced as a draft pass of that many rows."""
+    stale = stale_tokens(replay.sched.copy, drafts)
+    tokens = np.bincount(replay.sched.group, weights=stale, minlength=replay.sched.num_groups)  # [G]
+    return np.where(tokens > 0, replay.cost.draft_cost(tokens, 1), 0.0)
+
+
 def _oracle(replay: Replay) -> np.ndarray:
     acc = replay.steps.accepted[replay.sched.rows]
     return (np.arange(replay.steps.k)[None, :] < acc[:, None]).astype(np.float64)  # knows the outcomes
@@ -299,6 +329,10 @@ SIM_POLICIES: dict[str, Callable[[str, int, str, bool], list[SimPolicy]]] = {
     "fixed": _fixed,
     "adaptive": lambda arg, k, coef, burn: [Adaptive(arg or "online_logistic", coef, burn_in=burn)],
     "adaptive-stop": lambda arg, k, coef, burn: [Adaptive(arg or "online_logistic", coef, True, burn_in=burn)],
+    # without the draft gate: speculation never switched off (what the gate adds, measured)
+    "adaptive-nogate": lambda arg, k, coef, burn: [Adaptive(arg or "online_logistic", coef, burn_in=burn, gate=None)],
+    "adaptive-stop-nogate": lambda arg, k, coef, burn: [Adaptive(arg or "online_logistic", coef, True, burn_in=burn,
+                                                                 gate=None)],
 }
 
 

@@ -97,6 +97,7 @@ class Schedule:
     group: np.ndarray  # [S'] sim step (0 .. num_groups-1), non-decreasing
     num_groups: int
     concurrency: int
+    copy: np.ndarray | None = None  # [S'] request copy of each row (its lane's request, see glossary)
 
 
 def schedule(steps: StepTable, concurrency: int, waves: int) -> Schedule:
@@ -118,4 +119,4 @@ def schedule(steps: StepTable, concurrency: int, waves: int) -> Schedule:
     rows, group = row_start[source[copy]] + ordinal, start[copy] + ordinal
     keep = group < window
     order = np.lexsort((copy[keep], group[keep]))
-    return Schedule(rows[keep][order], group[keep][order], int(window), concurrency)
+    return Schedule(rows[keep][order], group[keep][order], int(window), concurrency, copy[keep][order])
