@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from avkit.config import DEFAULT_K
 from avkit.scheduling.cost import CostTable
 from avkit.validate import check_range
 
@@ -73,7 +74,7 @@ class DraftGate:
     probe_every: int = 256  # skipped steps in a row before a probing drafted step
     resume_margin: float = 0.1  # while off, resume drafting only for a predicted gain above this
     stop_drafting: bool = True  # the drafter stops each request early (live: `continue_drafting`)
-    k: int = 7  # drafts per request at most (the width of the rows)
+    k: int = DEFAULT_K  # drafts per request at most (the width of the rows)
     rows: np.ndarray | None = None  # [<= window, K] sizing confidences of the latest drafted request-steps
     skipped: int = 0  # consecutive skipped steps
     skipped_total: int = 0
