@@ -107,8 +107,8 @@ class AdaptiveVerification:
     steps: int = 0
     refits: int = 0
     draft_ms: float | None = None  # drafting paid this step, when the drafter asks `continue_drafting`
-    gate: DraftGate | None = None  # skips drafting for a step when no depth pays (None: always draft)
-    k: int = DEFAULT_K  # positions the estimator predicts (the gate's survival curve length)
+    gate: DraftGate | None = None  # skips drafting for a step when it cannot pay (None: always draft)
+    k: int = DEFAULT_K  # positions the estimator predicts (the width of the gate's rows)
 
     def confidences(self, batch: DraftBatch) -> torch.Tensor:
         """[B, K] acceptance predictions from the estimator's feature; 0 past num_drafted."""
