@@ -137,3 +137,12 @@ def test_a_gate_without_data_skips_only_where_sure_drafts_would_not_pay():
     sure = gate.sure_gain(1)
     gate.observe(np.full((8, 7), 0.999999))  # rows all but sure: their gain approaches the bound from below
     assert sure * 0.999 < gate.gain(1) <= sure + 1e-12
+
+
+def test_a_parallel_drafter_pays_one_pass_however_deep():
+    """Stopping early saves an autoregressive drafter passes; a parallel one drafts K in one pass anyway."""
+    conf = np.random.default_rng(0).uniform(0.3, 0.99, (6, 5))
+    ar = _cost(3.0)
+    par = CostTable(ar.verify_tokens, ar.verify_ms, ar.draft_requests, ar.draft_ms, drafter="parallel")
+    np.testing.assert_allclose(step_rates(conf, 4, par, True), step_rates(conf, 4, par, False))
+    assert not np.allclose(step_rates(conf, 4, ar, True), step_rates(conf, 4, ar, False))

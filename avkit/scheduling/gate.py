@@ -15,6 +15,7 @@ Glossary:
                  draft_ms = sum_j P(pass j runs) draft_ms(requests in it) when the drafter stops early
                  (one pass per depth over the requests still drafting; with p_j the share of rows
                  of depth >= j, P = 1 - (1 - p_j)^n and n p_j / P requests), else draft_ms(n, K)
+                 (a parallel drafter pays its one pass however deep it drafts)
   gain           max_{m>=1} rate(m) / rate(0): speculation's best rate over target-only decoding
   gate           while drafting: draft this step iff gain > 1; a skipped step runs target-only
                  decoding: one target token per request, nothing drafted, nothing observed.
@@ -54,7 +55,7 @@ def step_rates(conf: np.ndarray, num_requests: int, cost: CostTable, stop_drafti
     scale = num_requests / w  # requests each recent row stands for
     tokens = num_requests + scale * np.r_[0.0, np.cumsum(surv.ravel()[order])]  # [M+1]
     verify = cost.verify_cost(num_requests + scale * np.arange(order.size + 1))  # [M+1]
-    if stop_drafting:  # pass j runs iff one of the n requests reaches depth j + 1, over those that do
+    if stop_drafting and cost.drafter == "autoregressive":  # pass j runs iff a request reaches depth j + 1
         reach = np.zeros((order.size + 1, k))  # [M+1, K] share of rows of depth > j among the top m
         reach[1:] = np.cumsum(np.eye(k)[order % k], axis=0) / w
         runs = 1.0 - (1.0 - reach) ** num_requests  # [M+1, K] P(the pass runs)
