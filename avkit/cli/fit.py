@@ -34,6 +34,12 @@ def render(result, written: dict, console: Console) -> None:
     console.print(f"[bold]{c['estimator']}[/] on {c['feature']} ({c['mode']}): slope {c['slope']:.4f}, "
                   f"intercepts {' '.join(f'{b:+.3f}' for b in c['intercepts'])}, "
                   f"{c['trained_on']['observed']} observed of {c['trained_on']['slots']} slots")
+    if c["mode"] == "online":
+        from avkit.fit.data import CLOCKS
+
+        console.print(f"clock: {c['trained_on']['engine_steps']} engine steps from the "
+                      f"{CLOCKS.get(c['clock'], 'engine_step column in some files, (request_id, step) groups in others')}"
+                      f"; {c['refits']} refits every {c['refit_interval']} steps")
     table = Table(title="scores (scope all / all_but_first)")
     for col in ("feature", "lossless", "estimator", "AUC", "log-loss", "ECE", "AUC >0", "n"):
         table.add_column(col, justify="left" if col in ("feature", "estimator") else "right")

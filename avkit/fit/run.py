@@ -58,7 +58,7 @@ def _fit_one(name: str, estimator: str, data: FitData, fit: FitConfig, est_cfg: 
         preds, rows = batch_fit(est, data, values, max_iter=fit.max_iter, tol=fit.tol)
     else:
         on_round = None if progress is None else (lambda d, t: progress(f"{name} ({estimator})", d, t))
-        preds, rows = online_replay(est, data, values, est_cfg.refit_interval, on_round)
+        preds, rows = online_replay(est, data, values, on_round)
     return est, preds, rows
 
 
@@ -111,9 +111,11 @@ def _coefficients(est, data: FitData, fit: FitConfig, est_cfg: EstimatorConfig) 
         "mode": fit.mode,
         "estimator": est.name,
         "refit_interval": est_cfg.refit_interval,
+        "refits": int(est.rounds),
         "ridge": est_cfg.ridge,
         "damping": est_cfg.damping,
         "lossless": True,
+        "clock": data.clock,  # what counted engine steps: fit/data.py CLOCKS
         "trained_on": data.trained_on,
     }
 

@@ -147,9 +147,9 @@ def load_inputs(fit: FitOutputs, traces=None, sim=None, hvd=None, *, sim_explici
 def subset(data: FitData, mask: np.ndarray) -> FitData:
     """The observed slots where `mask` [N] holds, still in engine-step order."""
     return FitData(k=data.k, features={n: v[mask] for n, v in data.features.items()}, positions=data.positions[mask],
-                   labels=data.labels[mask], engine_step=data.engine_step[mask], file_index=data.file_index[mask],
-                   dataset_codes=data.dataset_codes[mask], dataset_names=data.dataset_names,
-                   trained_on=data.trained_on)
+                   labels=data.labels[mask], row_step=data.row_step[mask], step_file=data.step_file,
+                   step_clock=data.step_clock, file_index=data.file_index[mask],
+                   dataset_codes=data.dataset_codes[mask], dataset_names=data.dataset_names, trained_on=data.trained_on)
 
 
 __all__ = ["FitOutputs", "ReportInputs", "load_fit_dir", "load_hvd", "load_inputs", "load_sim", "subset"]

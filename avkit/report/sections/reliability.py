@@ -39,7 +39,7 @@ def deployed_predictions(data: FitData, c: dict) -> np.ndarray:
     if c.get("mode") == "batch":
         fit = FitConfig()
         return batch_fit(est, data, values, max_iter=fit.max_iter, tol=fit.tol)[0]
-    return online_replay(est, data, values, cfg.refit_interval)[0]
+    return online_replay(est, data, values)[0]
 
 
 def _panels(inputs: ReportInputs) -> list[tuple[str, str, str, str, np.ndarray]]:
