@@ -63,11 +63,15 @@ def batch_fit(est, data: FitData, feature: np.ndarray, *, max_iter: int, tol: fl
     return est.predict(feature, data.positions), rows
 
 
-def trajectory_frame(rows: list[dict]) -> pl.DataFrame:
-    """Trajectory rows -> a frame with fixed dtypes (engine_step is null for batch iterations)."""
-    frame = pl.DataFrame(rows, infer_schema_length=None)
-    return frame.with_columns(pl.col("round").cast(pl.Int64), pl.col("engine_step").cast(pl.Int64),
-                              pl.col("observations").cast(pl.Int64))
+def trajectory_frame(rows: list[dict], k: int, per_position_slope: bool = False) -> pl.DataFrame:
+    """Trajectory rows -> a frame with fixed dtypes (engine_step is null for batch iterations); a replay
+    too short for one refit gives an empty frame with the same columns."""
+    slopes = [f"slope_{i}" for i in range(k)] if per_position_slope else ["slope"]
+    schema = {"round": pl.Int64, "engine_step": pl.Int64, "applied": pl.Boolean, "observations": pl.Int64,
+              **{c: pl.Float64 for c in slopes}, **{f"intercept_{i}": pl.Float64 for i in range(k)}}
+    if not rows:
+        return pl.DataFrame(schema=schema)
+    return pl.DataFrame(rows, infer_schema_length=None).select(pl.col(c).cast(t) for c, t in schema.items())
 
 
 __all__ = ["batch_fit", "online_replay", "trajectory_frame"]

@@ -95,7 +95,7 @@ def run_fit(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None
             if progress is not None:
                 progress("features", i + 1, len(plan))
     est, rows = chosen
-    return FitResult(_coefficients(est, data, fit, est_cfg), scores, trajectory_frame(rows))
+    return FitResult(_coefficients(est, data, fit, est_cfg), scores, trajectory_frame(rows, data.k, hasattr(est, "slopes")))
 
 
 def _coefficients(est, data: FitData, fit: FitConfig, est_cfg: EstimatorConfig) -> dict:
