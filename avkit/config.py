@@ -60,6 +60,27 @@ class EstimatorConfig:
         check_range("damping", self.damping, 0.0)
 
 
+@dataclass(frozen=True)
+class ForgettingConfig:
+    """`forgetting_logistic` (estimators/forgetting_logistic.py): the same model as EstimatorConfig's,
+    refit from exponentially forgotten curvature, more often while young, faster after a shift."""
+
+    half_life: float = 2000.0  # engine steps after which past evidence weighs half
+    young_interval: int = 10  # first round's engine steps; doubles every refit up to refit_interval
+    refit_interval: int = 50  # engine steps per round once grown
+    shift_z: float = 4.0  # |calibration z| of a round above this: a workload shift
+    shift_keep: float = 0.2  # share of past evidence kept after a shift
+    prior_slots: float = 50.0  # weight of the start coefficients, in pseudo-slots per position
+
+    def __post_init__(self):
+        check_range("half_life", self.half_life, 0.0, lo_open=True)
+        check_range("young_interval", self.young_interval, 1)
+        check_range("refit_interval", self.refit_interval, 1)
+        check_range("shift_z", self.shift_z, 0.0, lo_open=True)
+        check_range("shift_keep", self.shift_keep, 0.0, 1.0)
+        check_range("prior_slots", self.prior_slots, 0.0, lo_open=True)
+
+
 # ---- fit (issue 2: offline core) ----
 FIT_MODES = ("online", "batch")
 DEFAULT_TRACE_GLOB = "traces/*.parquet"  # the shipped traces `avkit fit` uses with no TRACE argument
@@ -423,4 +444,4 @@ class ReportConfig:
 
 
 
-__all__ = ["DEFAULT_K", "EstimatorConfig", "SamplingConfig", "check_choice", "default_of"]
+__all__ = ["DEFAULT_K", "EstimatorConfig", "ForgettingConfig", "SamplingConfig", "check_choice", "default_of"]

@@ -74,6 +74,18 @@ def _damp(n: np.ndarray | float, damping: float):
     return n / (n + damping) if damping > 0 else np.ones_like(np.asarray(n, dtype=np.float64))
 
 
+def schur_slope_step(a_sum: float, b: np.ndarray, c: np.ndarray, g0_sum: float, g1: np.ndarray,
+                     ridge: float) -> float:
+    """Slope component of the ridged arrowhead Newton step [[a_sum, b^T], [b, diag(c)]] + ridge I
+    against the gradient (g0_sum, g1 [K]): the intercepts eliminated by their Schur complement.
+    Not finite when the system is singular (the caller guards)."""
+    inv = 1.0 / (c + ridge)  # [K]
+    num = g0_sum - np.dot(b * inv, g1)
+    den = a_sum + ridge - np.dot(b * b, inv)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(num / den)
+
+
 def shared_slope_step(s: IrlsStats, slope: float, intercepts: np.ndarray, ridge: float,
                       damping: float) -> tuple[float, np.ndarray, bool]:
     """One damped, ridged Newton step for (slope, intercepts [K]); -> (slope, intercepts, slope_applied).
@@ -90,10 +102,9 @@ def shared_slope_step(s: IrlsStats, slope: float, intercepts: np.ndarray, ridge:
     if not seen.any():
         return slope, intercepts, False
     inv = 1.0 / (s.c + ridge)  # [K] 1 / (c_i + lambda); c_i = 0 for unseen positions
-    num = s.g0.sum() - np.dot(s.b * inv, s.g1)
-    den = s.a.sum() + ridge - np.dot(s.b * s.b, inv)  # Schur complement of diag(c) + lambda I
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        d_slope = float(num / den) * _damp(float(s.n.sum()), damping)
+        d_slope = schur_slope_step(float(s.a.sum()), s.b, s.c, float(s.g0.sum()), s.g1, ridge) \
+            * _damp(float(s.n.sum()), damping)
         applied = bool(np.isfinite(d_slope) and slope + d_slope >= 0)
         d_slope = d_slope if applied else 0.0
         d_int = (s.g1 - s.b * d_slope) * inv * _damp(s.n.astype(np.float64), damping)  # [K]
@@ -126,4 +137,4 @@ def per_position_step(s: IrlsStats, slopes: np.ndarray, intercepts: np.ndarray, 
     return out_s, out_i, ok
 
 
-__all__ = ["IrlsStats", "irls_stats", "per_position_step", "segment_stats", "shared_slope_step"]
+__all__ = ["IrlsStats", "irls_stats", "per_position_step", "schur_slope_step", "segment_stats", "shared_slope_step"]

@@ -98,7 +98,11 @@ class RoundLogistic(ABC):
     @property
     def steps_to_refit(self) -> int:
         """Engine steps still to feed before this round refits (>= 1): a replay predicts them at once."""
-        return self.config.refit_interval - self._steps
+        return self.interval() - self._steps
+
+    def interval(self) -> int:
+        """Engine steps in the current round (a constant `refit_interval` here)."""
+        return self.config.refit_interval
 
     def refit(self) -> bool:
         """Close the round: one Newton step from its statistics; True if the slope step was applied."""
@@ -124,7 +128,7 @@ class RoundLogistic(ABC):
             raise ValueError(f"steps={steps}: a call may feed 0..{self.steps_to_refit} engine steps")
         self.accumulate(features, positions, predictions, labels)
         self._steps += steps
-        if self._steps < self.config.refit_interval:
+        if self._steps < self.interval():
             return False
         self.refit()
         return True
