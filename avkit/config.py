@@ -66,8 +66,7 @@ class ForgettingConfig:
     refit from exponentially forgotten curvature, more often while young, faster after a shift."""
 
     half_life: float = 2000.0  # engine steps after which past evidence weighs half
-    young_interval: int = 10  # first round's engine steps; doubles every refit up to refit_interval
-    refit_interval: int = 50  # engine steps per round once grown
+    young_interval: int = 5  # first round's engine steps; doubles every refit up to EstimatorConfig's
     shift_z: float = 4.0  # |calibration z| of a round above this: a workload shift
     shift_keep: float = 0.2  # share of past evidence kept after a shift
     prior_slots: float = 50.0  # weight of the start coefficients, in pseudo-slots per position
@@ -75,7 +74,6 @@ class ForgettingConfig:
     def __post_init__(self):
         check_range("half_life", self.half_life, 0.0, lo_open=True)
         check_range("young_interval", self.young_interval, 1)
-        check_range("refit_interval", self.refit_interval, 1)
         check_range("shift_z", self.shift_z, 0.0, lo_open=True)
         check_range("shift_keep", self.shift_keep, 0.0, 1.0)
         check_range("prior_slots", self.prior_slots, 0.0, lo_open=True)

@@ -22,7 +22,7 @@ coefficients, where the forgotten quadratic has zero gradient). No damping: the 
 Guard as vLLM: a slope step that is NaN or breaks monotonicity is zeroed and the intercepts step
 from the guarded slope step.
   young   the first round lasts `young_interval` engine steps and each round doubles until
-          `refit_interval`: calibrated within tens of steps of a cold start
+          `refit_interval` (EstimatorConfig, 100 as vLLM): calibrated within tens of steps of a cold start
   shift   a round whose residual sum is implausible under the current fit (|sum r| >
           shift_z * sqrt(sum p (1 - p)), a calibration z-test) keeps only `shift_keep` of the past
   prior   the start coefficients weigh `prior_slots` pseudo-slots per position (p = 1/2)
@@ -54,7 +54,7 @@ class ForgettingLogistic(RoundLogistic):
     --------
     >>> est = ForgettingLogistic(k=2)
     >>> est.steps_to_refit, est.predict(np.array([0.0]), np.array([0])).round(4).tolist()
-    (10, [0.4502])
+    (5, [0.4502])
     """
 
     name = "forgetting_logistic"
@@ -99,7 +99,7 @@ class ForgettingLogistic(RoundLogistic):
 
     def interval(self) -> int:
         cfg = self.forgetting
-        return int(min(cfg.refit_interval, cfg.young_interval * 2 ** min(self.rounds, 30)))
+        return int(min(self.config.refit_interval, cfg.young_interval * 2 ** min(self.rounds, 30)))
 
     def accumulate(self, features, positions, predictions, labels) -> None:
         pos = check_positions(positions, self.k)
