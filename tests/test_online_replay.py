@@ -159,7 +159,7 @@ def test_shipped_traces_match_vllm(name):
     assert len(rows) == est.rounds == refits
     assert est.slope == pytest.approx(slope, abs=1e-4)  # vLLM runs in float32: printed digits agree
     np.testing.assert_allclose(est.intercepts, icpt, atol=1e-3)
-    digits = lambda x: 10.0 ** -(len(str(x).split(".")[1]))  # noqa: E731  (the precision quoted)
+    digits = lambda x: 10.0 ** -(len(str(x).split(".")[1]))  # the precision quoted
     assert auc(data.labels, preds) == pytest.approx(want_auc, abs=digits(want_auc))
     assert log_loss(data.labels, preds) == pytest.approx(want_ll, abs=digits(want_ll))
     assert ece(data.labels, preds) == pytest.approx(want_ece, abs=digits(want_ece))

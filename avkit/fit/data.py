@@ -16,6 +16,7 @@ Glossary:
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,14 +61,14 @@ class FitData:
         """-> (step slice, row slice) of each file (run), in order."""
         edges = np.r_[0, np.flatnonzero(self.step_file[1:] != self.step_file[:-1]) + 1, self.step_file.size]
         bounds = self.step_bounds
-        for lo, hi in zip(edges[:-1], edges[1:]):
+        for lo, hi in itertools.pairwise(edges):
             yield slice(int(lo), int(hi)), slice(int(bounds[lo]), int(bounds[hi]))
 
 
 def _engine_clock(df: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray, list[str]]:
     """-> (rows in replay order, [rows] engine step id in 0..G-1, clock of each file)."""
     parts, clocks = [], []
-    for (fi,), part in df.group_by("file_index", maintain_order=True):
+    for _, part in df.group_by("file_index", maintain_order=True):
         if part["engine_step"].null_count() == 0:
             clocks.append("engine_step")
             if not part["engine_step"].is_sorted():  # recorders write in step order: usually a no-op
@@ -128,7 +129,8 @@ def load_fit_data(paths) -> FitData:
         trained_on={"traces": [_shown(p) for p in paths], "slots": total, "observed": obs.height,
                     "datasets": {n: int(c) for n, c in zip(names, np.bincount(codes, minlength=len(names)))},
                     "target": meta.get("avkit.target", ""), "draft": meta.get("avkit.draft", ""),
-                    "clock": clock, "clock_per_file": clocks, "engine_steps": int(step_file.size),
+                    "target_sha256": meta.get("avkit.target_sha256", ""),
+                    "draft_sha256": meta.get("avkit.draft_sha256", ""), "clock": clock, "clock_per_file": clocks, "engine_steps": int(step_file.size),
                     "synthetic_truth": json.loads(meta["avkit.synthetic"]) if "avkit.synthetic" in meta else None},
     )
 
