@@ -9,6 +9,7 @@ document whose fields are safe to use or raises one AvkitError line naming the f
   slope           finite, >= 0 (a larger feature means a more confident draft)
   intercepts      K finite numbers
   observations    optional: K integers >= 0
+  rounds, rejected, shifts, refits   optional counters: integers >= 0
   estimator       optional: a registered estimator
   basis_slopes    optional (forgetting_logistic): 2 finite numbers, w1 >= 0 and w1 + w2 >= 0
   precision       optional (forgetting_logistic): finite a [2, 2], b [K, 2], c [K]
@@ -99,6 +100,10 @@ def check_coefficients(doc: Any, source: str, *, k: int | None = None, pair: Ser
     if obs is not None and (not isinstance(obs, list) or len(obs) != n
                             or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in obs)):
         raise _bad(source, "observations", f"must be {n} integers >= 0", obs)
+    for key in ("rounds", "rejected", "shifts", "refits"):
+        v = doc.get(key, 0)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise _bad(source, key, "must be an integer >= 0", v)
     name = doc.get("estimator", doc.get("name"))
     if name is not None and name not in ESTIMATORS:
         raise _bad(source, "estimator", f"must be one of {sorted(ESTIMATORS)}", name)

@@ -19,6 +19,7 @@ import numpy as np
 import polars as pl
 
 from avkit.errors import ConfigError, DataError
+from avkit.estimators.coefficients import load_coefficients
 from avkit.fit.data import FitData, load_fit_data
 from avkit.trace.reader import read_traces
 
@@ -62,10 +63,10 @@ def load_fit_dir(path) -> FitOutputs:
     for name in ("coefficients.json", "scores.json"):
         if not (d / name).is_file():
             raise ConfigError(f"FIT_DIR {d}: no {name} (write one with `avkit fit --out {d}`)")
-    coefficients, scores = _read_json(d / "coefficients.json"), _read_json(d / "scores.json")
-    for key in ("feature", "slope", "intercepts", "estimator"):
-        if key not in coefficients:
-            raise DataError(f"{d / 'coefficients.json'}: missing key {key!r}")
+    coefficients = load_coefficients(d / "coefficients.json")  # the one validated loader
+    scores = _read_json(d / "scores.json")
+    if "estimator" not in coefficients:
+        raise DataError(f"{d / 'coefficients.json'}: missing key 'estimator'")
     if not isinstance(scores, list) or not scores:
         raise DataError(f"{d / 'scores.json'}: expected a non-empty list of score rows")
     for i, row in enumerate(scores):

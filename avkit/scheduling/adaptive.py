@@ -95,7 +95,7 @@ def load_estimator(name: str, coefficients: str | Path = "", k: int = DEFAULT_K,
                           f"{estimator_feature(estimator)!r}")
     try:
         estimator.load_state_dict(state)
-    except (KeyError, TypeError, ValueError, AttributeError, AvkitError) as e:
+    except (KeyError, TypeError, ValueError, OverflowError, AttributeError, AvkitError) as e:
         raise ConfigError(f"coefficients {path}: cannot warm-start {name!r} from it ({e})") from None
     return estimator
 
