@@ -81,7 +81,8 @@ def check_coefficients(doc: Any, source: str, *, k: int | None = None, pair: Ser
         doc = doc["state"]
     if not isinstance(doc, dict):
         raise ConfigError(f"coefficients {source}: must be a JSON object, got {type(doc).__name__}")
-    if doc.get("schema_version", 1) != 1:
+    version = doc.get("schema_version", 1)
+    if type(version) is not int or version != 1:
         raise _bad(source, "schema_version", "must be 1", doc.get("schema_version"))
     feature = doc.get("feature", "logit_qmax")
     spec = FEATURES.get(feature) if isinstance(feature, str) else None
@@ -105,7 +106,7 @@ def check_coefficients(doc: Any, source: str, *, k: int | None = None, pair: Ser
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise _bad(source, key, "must be an integer >= 0", v)
     name = doc.get("estimator", doc.get("name"))
-    if name is not None and name not in ESTIMATORS:
+    if name is not None and (not isinstance(name, str) or name not in ESTIMATORS):
         raise _bad(source, "estimator", f"must be one of {sorted(ESTIMATORS)}", name)
     if "basis_slopes" in doc:
         w = doc["basis_slopes"]
