@@ -81,6 +81,7 @@ class ForgettingConfig:
 
 # ---- fit (issue 2: offline core) ----
 FIT_MODES = ("online", "batch")
+ONLINE_ESTIMATORS = ("online_logistic", "forgetting_logistic")  # what `avkit fit --estimator` replays
 DEFAULT_TRACE_GLOB = "traces/*.parquet"  # the shipped traces `avkit fit` uses with no TRACE argument
 
 
@@ -92,6 +93,7 @@ class FitConfig:
 
     mode: str = "online"  # online: refit rounds as live (scores use predictions made when drafting);
     # batch: the same Newton step iterated to convergence on all observed rows
+    estimator: str = "online_logistic"  # online mode: the estimator replayed and written (ONLINE_ESTIMATORS)
     n_bins: int = 10  # ECE bins
     max_iter: int = 50  # batch Newton iterations
     tol: float = 1e-10  # batch convergence: max |step| of any coefficient
@@ -100,6 +102,7 @@ class FitConfig:
 
     def __post_init__(self):
         check_choice("mode", self.mode, FIT_MODES)
+        check_choice("estimator", self.estimator, ONLINE_ESTIMATORS)
         check_range("n_bins", self.n_bins, 1)
         check_range("max_iter", self.max_iter, 1)
         check_range("tol", self.tol, 0.0, lo_open=True)

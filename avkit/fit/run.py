@@ -2,8 +2,8 @@
 
 For each feature of `avkit.features.FEATURES` present in the traces: a feature that already is
 a probability is scored by its no-fit estimator (q_max -> `qmax`, head_conf -> `passthrough`);
-every other feature is fitted with `online_logistic` (online mode: replayed in refit rounds)
-or `batch_logistic` (batch mode). The chosen feature is also fitted with the
+every other feature is fitted with `--estimator` (online mode, `online_logistic` by default:
+replayed in refit rounds as live) or `batch_logistic` (batch mode). The chosen feature is also fitted with the
 `per_position_slope` ablation. Lossy features are scored (flagged lossless = false) but never
 written to coefficients.json, the file `serve` deploys.
 """
@@ -63,7 +63,7 @@ def _fit_one(name: str, estimator: str, data: FitData, fit: FitConfig, est_cfg: 
 
 
 def _plan(fit: FitConfig, est_cfg: EstimatorConfig, data: FitData) -> list[tuple[str, str]]:
-    logistic = "online_logistic" if fit.mode == "online" else "batch_logistic"
+    logistic = fit.estimator if fit.mode == "online" else "batch_logistic"
     plan = [(n, FEATURES[n].no_fit or logistic) for n in FEATURES if n in data.features]
     return plan + [(est_cfg.feature, "per_position_slope")]
 
@@ -100,6 +100,7 @@ def run_fit(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None
 
 def _coefficients(est, data: FitData, fit: FitConfig, est_cfg: EstimatorConfig) -> dict:
     return {
+        **est.state_dict(),  # everything a warm start restores (forgetting_logistic: basis slopes, precision)
         "schema_version": 1,
         "feature": est_cfg.feature,
         "feature_sign": FEATURES[est_cfg.feature].sign,  # p = sigmoid(slope * sign * feature + b_i),
