@@ -8,6 +8,8 @@ Glossary:
               summed at the predictions made when drafting, then one damped Newton step is taken
               from that round's statistics only (vLLM's Adaptive Verification estimator). A round
               refits only once it is full: a run that stops mid-round drops its open statistics
+  guard       a slope step that is NaN or would make the slope negative is zeroed; the intercepts
+              still step, from the damped, guarded slope step (vLLM's rule; estimators/irls.py)
   batch fit   the same Newton step iterated on all observed slots to convergence (undamped:
               damping protects online refits from small rounds; the fixed point is the MLE)
 Reference constants (EstimatorConfig): slope 0.5, intercepts -0.2, N = 100, ridge 1e-3,
