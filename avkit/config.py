@@ -98,6 +98,7 @@ class FitConfig:
     max_iter: int = 50  # batch Newton iterations
     tol: float = 1e-10  # batch convergence: max |step| of any coefficient
     workers: int = 2  # threads fitting and scoring features in parallel
+    coefficients: str = ""  # online mode: warm-start the written estimator from this file ("" = start constants)
     out: str = "reports/fit"
 
     def __post_init__(self):

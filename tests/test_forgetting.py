@@ -157,3 +157,25 @@ def test_serve_uses_it_and_refuses_another_pairs_snapshot(tmp_path):
     write_json_atomic(tmp_path / "snap.json", {**snap, "trained_on": {"target": "another-model"}})
     with pytest.raises(ConfigError, match="field 'trained_on.target' does not match the served target"):
         build_state(config, target=target, draft=draft)
+
+
+def test_fit_warm_starts_through_the_validated_loader(fitted, tmp_path, capsys):
+    """`avkit fit --coefficients`: the replay resumes from the file (rounds add up); a file fitted on
+    another model pair is refused with one line naming the field."""
+    from avkit.config import SyntheticConfig
+    from avkit.trace.synthetic import write_synthetic_trace
+
+    greedy = str(ROOT / "traces/greedy_k7.parquet")
+    with pytest.raises(SystemExit) as e:
+        app(["fit", greedy, "--estimator", "forgetting_logistic", "--coefficients", str(fitted),
+             "--out", str(tmp_path / "o")], prog_name="avkit")
+    assert e.value.code == 0
+    first, again = json.loads(fitted.read_text()), json.loads((tmp_path / "o/coefficients.json").read_text())
+    assert again["rounds"] == first["rounds"] + 6  # 669 steps of rounds of 100 after the warm start
+    syn = write_synthetic_trace(tmp_path / "syn.parquet", SyntheticConfig(num_slots=7000, seed=1))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        app(["fit", str(syn), "--estimator", "forgetting_logistic", "--coefficients", str(fitted),
+             "--out", str(tmp_path / "o2")], prog_name="avkit")
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "field 'trained_on.target" in err and not (tmp_path / "o2").exists()

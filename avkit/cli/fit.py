@@ -69,6 +69,8 @@ def register(app: typer.Typer) -> None:
         estimator: Annotated[str, typer.Option(help="online estimator replayed and written to coefficients.json: "
                                                      "online_logistic (vLLM's) or forgetting_logistic")] =
             default_of(FitConfig, "estimator"),
+        coefficients: Annotated[str, typer.Option(help="online: warm-start the written estimator from this "
+                                                        "coefficients file or serve snapshot (validated)")] = "",
         feature: Annotated[str, typer.Option(help="lossless feature written to coefficients.json")] =
             default_of(EstimatorConfig, "feature"),
         refit_interval: Annotated[int, typer.Option(help="engine steps per online refit round")] =
@@ -81,7 +83,7 @@ def register(app: typer.Typer) -> None:
         trajectory.parquet into --out (atomically; nothing is written on bad input)."""
         from avkit.fit import run_fit, write_fit_outputs
 
-        config = FitConfig(mode=mode, estimator=estimator, n_bins=bins, out=str(out))
+        config = FitConfig(mode=mode, estimator=estimator, n_bins=bins, coefficients=coefficients, out=str(out))
         est_cfg = EstimatorConfig(feature=feature, refit_interval=refit_interval)
         if out.exists() and not out.is_dir():
             raise ConfigError(f"--out {out}: exists and is not a directory")

@@ -52,6 +52,8 @@ def _fit_one(name: str, estimator: str, data: FitData, fit: FitConfig, est_cfg: 
     spec = FEATURES[name]
     values = data.features[name]
     est = make_estimator(estimator, k=data.k, config=replace(est_cfg, feature=name))
+    if fit.coefficients and fit.mode == "online" and name == est_cfg.feature and estimator == fit.estimator:
+        est = warm_start(estimator, fit.coefficients, data, replace(est_cfg, feature=name))
     if spec.no_fit is not None:
         return est, est.predict(values, data.positions), []
     if fit.mode == "batch":  # (the estimator orients the feature by FeatureSpec.sign itself)
@@ -60,6 +62,17 @@ def _fit_one(name: str, estimator: str, data: FitData, fit: FitConfig, est_cfg: 
         on_round = None if progress is None else (lambda d, t: progress(f"{name} ({estimator})", d, t))
         preds, rows = online_replay(est, data, values, on_round)
     return est, preds, rows
+
+
+def warm_start(estimator: str, path: str, data: FitData, est_cfg: EstimatorConfig):
+    """The written estimator resumed from a coefficients file (as a server restarting from its snapshot),
+    through the one validated loader: K and the traces' model pair must match the file's."""
+    from avkit.estimators.coefficients import ServedPair
+    from avkit.scheduling.adaptive import load_estimator
+
+    t = data.trained_on
+    pair = ServedPair(t.get("target", ""), t.get("draft", ""), t.get("target_sha256", ""), t.get("draft_sha256", ""))
+    return load_estimator(estimator, path, k=data.k, pair=pair, config=est_cfg)
 
 
 def _plan(fit: FitConfig, est_cfg: EstimatorConfig, data: FitData) -> list[tuple[str, str]]:
