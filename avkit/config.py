@@ -60,8 +60,28 @@ class EstimatorConfig:
         check_range("damping", self.damping, 0.0)
 
 
+@dataclass(frozen=True)
+class ForgettingConfig:
+    """`forgetting_logistic` (estimators/forgetting_logistic.py): the same model as EstimatorConfig's,
+    refit from exponentially forgotten curvature, more often while young, faster after a shift."""
+
+    half_life: float = 2000.0  # engine steps after which past evidence weighs half
+    young_interval: int = 5  # first round's engine steps; doubles every refit up to EstimatorConfig's
+    shift_z: float = 4.0  # |calibration z| of a round above this: a workload shift
+    shift_keep: float = 0.2  # share of past evidence kept after a shift
+    prior_slots: float = 50.0  # weight of the start coefficients, in pseudo-slots per position
+
+    def __post_init__(self):
+        check_range("half_life", self.half_life, 0.0, lo_open=True)
+        check_range("young_interval", self.young_interval, 1)
+        check_range("shift_z", self.shift_z, 0.0, lo_open=True)
+        check_range("shift_keep", self.shift_keep, 0.0, 1.0)
+        check_range("prior_slots", self.prior_slots, 0.0, lo_open=True)
+
+
 # ---- fit (issue 2: offline core) ----
 FIT_MODES = ("online", "batch")
+ONLINE_ESTIMATORS = ("online_logistic", "forgetting_logistic")  # what `avkit fit --estimator` replays
 DEFAULT_TRACE_GLOB = "traces/*.parquet"  # the shipped traces `avkit fit` uses with no TRACE argument
 
 
@@ -73,14 +93,17 @@ class FitConfig:
 
     mode: str = "online"  # online: refit rounds as live (scores use predictions made when drafting);
     # batch: the same Newton step iterated to convergence on all observed rows
+    estimator: str = "online_logistic"  # online mode: the estimator replayed and written (ONLINE_ESTIMATORS)
     n_bins: int = 10  # ECE bins
     max_iter: int = 50  # batch Newton iterations
     tol: float = 1e-10  # batch convergence: max |step| of any coefficient
     workers: int = 2  # threads fitting and scoring features in parallel
+    coefficients: str = ""  # online mode: warm-start the written estimator from this file ("" = start constants)
     out: str = "reports/fit"
 
     def __post_init__(self):
         check_choice("mode", self.mode, FIT_MODES)
+        check_choice("estimator", self.estimator, ONLINE_ESTIMATORS)
         check_range("n_bins", self.n_bins, 1)
         check_range("max_iter", self.max_iter, 1)
         check_range("tol", self.tol, 0.0, lo_open=True)
@@ -423,4 +446,4 @@ class ReportConfig:
 
 
 
-__all__ = ["DEFAULT_K", "EstimatorConfig", "SamplingConfig", "check_choice", "default_of"]
+__all__ = ["DEFAULT_K", "EstimatorConfig", "ForgettingConfig", "SamplingConfig", "check_choice", "default_of"]

@@ -229,7 +229,7 @@ def test_explicit_inputs_must_exist(made, tmp_path):
     bad.mkdir()
     (bad / "coefficients.json").write_text("{}")
     (bad / "scores.json").write_text("[]")
-    with pytest.raises(DataError, match="coefficients.json: missing key 'feature'"):
+    with pytest.raises(ConfigError, match="coefficients.json: field 'num_positions' must be an integer"):
         report_fit_dir(bad, tmp_path / "r", NOWHERE)
     assert not (tmp_path / "r").exists()
 

@@ -19,6 +19,7 @@ import numpy as np
 import polars as pl
 
 from avkit.errors import ConfigError, DataError
+from avkit.estimators.coefficients import load_coefficients
 from avkit.fit.data import FitData, load_fit_data
 from avkit.trace.reader import read_traces
 
@@ -62,10 +63,10 @@ def load_fit_dir(path) -> FitOutputs:
     for name in ("coefficients.json", "scores.json"):
         if not (d / name).is_file():
             raise ConfigError(f"FIT_DIR {d}: no {name} (write one with `avkit fit --out {d}`)")
-    coefficients, scores = _read_json(d / "coefficients.json"), _read_json(d / "scores.json")
-    for key in ("feature", "slope", "intercepts", "estimator"):
-        if key not in coefficients:
-            raise DataError(f"{d / 'coefficients.json'}: missing key {key!r}")
+    coefficients = load_coefficients(d / "coefficients.json")  # the one validated loader
+    scores = _read_json(d / "scores.json")
+    if "estimator" not in coefficients:
+        raise DataError(f"{d / 'coefficients.json'}: missing key 'estimator'")
     if not isinstance(scores, list) or not scores:
         raise DataError(f"{d / 'scores.json'}: expected a non-empty list of score rows")
     for i, row in enumerate(scores):
@@ -147,9 +148,9 @@ def load_inputs(fit: FitOutputs, traces=None, sim=None, hvd=None, *, sim_explici
 def subset(data: FitData, mask: np.ndarray) -> FitData:
     """The observed slots where `mask` [N] holds, still in engine-step order."""
     return FitData(k=data.k, features={n: v[mask] for n, v in data.features.items()}, positions=data.positions[mask],
-                   labels=data.labels[mask], engine_step=data.engine_step[mask], file_index=data.file_index[mask],
-                   dataset_codes=data.dataset_codes[mask], dataset_names=data.dataset_names,
-                   trained_on=data.trained_on)
+                   labels=data.labels[mask], row_step=data.row_step[mask], step_file=data.step_file,
+                   step_clock=data.step_clock, file_index=data.file_index[mask],
+                   dataset_codes=data.dataset_codes[mask], dataset_names=data.dataset_names, trained_on=data.trained_on)
 
 
 __all__ = ["FitOutputs", "ReportInputs", "load_fit_dir", "load_hvd", "load_inputs", "load_sim", "subset"]
