@@ -125,6 +125,14 @@ def test_slots_per_dataset_stops_admission(pair, prompts, tmp_path):
     assert res.requests == 1  # the first request alone passes the quota
 
 
+def _has_rows(path) -> bool:
+    """The partial file exists and holds recorded rows (it is written empty when the run starts)."""
+    try:
+        return pq.read_metadata(path).num_rows > 0
+    except (OSError, ValueError):
+        return False
+
+
 def test_sigint_leaves_readable_files_and_resume_completes(pair, prompts, tmp_path):
     out = tmp_path / "t.parquet"
     target_dir, draft_dir = pair[0], pair[1]
@@ -134,7 +142,7 @@ def test_sigint_leaves_readable_files_and_resume_completes(pair, prompts, tmp_pa
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
-    while not partial_path(out).exists() and time.monotonic() < deadline and proc.poll() is None:
+    while not _has_rows(partial_path(out)) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
     assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
     proc.send_signal(signal.SIGINT)
