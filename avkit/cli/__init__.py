@@ -1,7 +1,8 @@
 """The `avkit` command line: one module per command, each with `register(app)`.
 
 Commands stay thin: parse options, build a config, call the library, render. Any AvkitError
-becomes one line on stderr and exit code 2, never a traceback.
+(and any OSError the checks could not foresee, e.g. a disk that fills up) becomes one line on
+stderr and exit code 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ class _App(typer.Typer):
             return super().__call__(*args, **kwargs)
         except AvkitError as e:
             print(f"avkit: error: {e}", file=sys.stderr)
+            sys.exit(2)
+        except OSError as e:  # the disk or the OS refused (full disk, permissions) after the checks passed
+            where = f"{e.filename}: " if e.filename else ""
+            print(f"avkit: error: {where}{e.strerror or e}", file=sys.stderr)
             sys.exit(2)
 
 

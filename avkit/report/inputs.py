@@ -49,9 +49,30 @@ class ReportInputs:
 
 def _read_json(path: Path):
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: not valid JSON: {e}") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
+
+
+def _check_coefficients(path: Path, c) -> None:
+    """The fields a report reads, with their types (the full check is the coefficients loader's)."""
+    if not isinstance(c, dict):
+        raise DataError(f"{path}: expected a JSON object, got {type(c).__name__}")
+    for key in ("feature", "slope", "intercepts", "estimator"):
+        if key not in c:
+            raise DataError(f"{path}: missing key {key!r}")
+    for key in ("feature", "estimator"):
+        if not isinstance(c[key], str):
+            raise DataError(f"{path}: field {key!r} must be a string, got {c[key]!r}")
+    number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
+    if not number(c["slope"]):
+        raise DataError(f"{path}: field 'slope' must be a number, got {c['slope']!r}")
+    if not isinstance(c["intercepts"], list) or not c["intercepts"] or not all(map(number, c["intercepts"])):
+        raise DataError(f"{path}: field 'intercepts' must be a non-empty list of numbers, got {c['intercepts']!r}")
+    if not isinstance(c.get("trained_on", {}), dict):
+        raise DataError(f"{path}: field 'trained_on' must be an object, got {c['trained_on']!r}")
 
 
 def load_fit_dir(path) -> FitOutputs:
@@ -63,17 +84,20 @@ def load_fit_dir(path) -> FitOutputs:
         if not (d / name).is_file():
             raise ConfigError(f"FIT_DIR {d}: no {name} (write one with `avkit fit --out {d}`)")
     coefficients, scores = _read_json(d / "coefficients.json"), _read_json(d / "scores.json")
-    for key in ("feature", "slope", "intercepts", "estimator"):
-        if key not in coefficients:
-            raise DataError(f"{d / 'coefficients.json'}: missing key {key!r}")
+    _check_coefficients(d / "coefficients.json", coefficients)
     if not isinstance(scores, list) or not scores:
         raise DataError(f"{d / 'scores.json'}: expected a non-empty list of score rows")
     for i, row in enumerate(scores):
+        if not isinstance(row, dict):
+            raise DataError(f"{d / 'scores.json'}: row {i} is not an object: {row!r}")
         missing = [k for k in SCORE_KEYS if k not in row]
         if missing:
             raise DataError(f"{d / 'scores.json'}: row {i} lacks {missing}")
     traj = d / "trajectory.parquet"
-    trajectory = pl.read_parquet(traj) if traj.is_file() else None
+    try:
+        trajectory = pl.read_parquet(traj) if traj.is_file() else None
+    except (OSError, pl.exceptions.PolarsError) as e:
+        raise DataError(f"{traj}: not a readable Parquet file: {str(e).splitlines()[0]}") from None
     return FitOutputs(d, coefficients, scores, trajectory)
 
 
@@ -94,7 +118,8 @@ def load_hvd(path) -> dict:
     p = p / "hvd_metrics.json" if p.is_dir() else p
     blob = _read_json(p)
     rows = blob.get("metrics") if isinstance(blob, dict) else None
-    if not rows or any(k not in rows[0] for k in HVD_KEYS):
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) and all(k in r for k in HVD_KEYS)
+                                                         for r in rows):
         raise DataError(f"--hvd {p}: expected `avkit hvd` hvd_metrics.json with metrics rows {list(HVD_KEYS)}")
     return blob
 

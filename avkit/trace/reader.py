@@ -138,6 +138,29 @@ def scan_traces(paths) -> pl.LazyFrame:
     return pl.concat([_scan_one(p, i) for i, p in enumerate(paths)], how="vertical")
 
 
+def _read_arrow(path: Path, columns: list[str], then=lambda df: df) -> pl.DataFrame:
+    """Columns of a Parquet file read eagerly with pyarrow and validated (a damaged page or invalid UTF-8
+    raises a clean error, never a decoder panic), as polars, passed through `then`; TraceError on failure."""
+    try:
+        table = pq.read_table(path, columns=columns)
+        table = pa.Table.from_arrays(table.columns, names=table.column_names)  # no (possibly non-UTF-8) metadata
+        table.validate(full=True)
+        return then(pl.from_arrow(table))
+    except (pl.exceptions.PolarsError, OSError, pa.ArrowException, ValueError, TypeError) as e:
+        raise TraceError(f"{path}: cannot read rows: {_first_line(e)}") from None
+    except pl.exceptions.PanicException as e:  # last resort: a decoder bug on damaged input
+        raise TraceError(f"{path}: cannot read rows (damaged data): {_first_line(e)}") from None
+
+
+def _read_one(path: Path, index: int, want: set[str] | None) -> pl.DataFrame:
+    """One file's rows (schema-checked; absent optional columns as nulls, types cast to the schema's)."""
+    names = set(check_schema(path).names)
+    cols = [c.name for c in S.COLUMNS if want is None or c.name in want]
+    return _read_arrow(path, [c for c in cols if c in names], lambda df: df.select(
+        *(pl.col(c).cast(POLARS_SCHEMA[c]) if c in names else pl.lit(None, dtype=POLARS_SCHEMA[c]).alias(c)
+          for c in cols), pl.lit(index, dtype=pl.UInt16).alias("file_index")))
+
+
 def _first_bad(df: pl.DataFrame, bad: pl.Expr, column: str) -> str:
     row = df.with_row_index("_row").filter(bad).select("_row", column).row(0)
     return f"row {row[0]} has {column} = {row[1]}"
@@ -223,15 +246,9 @@ def read_traces(paths, columns: list[str] | None = None, *, check: bool = True) 
     _no_repeats(paths)
     frames = []
     for i, path in enumerate(paths):
-        lf = _scan_one(path, i)
-        want = None if columns is None else list(dict.fromkeys(
-            [*columns, *(CHECKED_COLUMNS if check else ("position", "accepted", "verified")), "file_index"]))
-        try:
-            df = (lf if want is None else lf.select(want)).collect()
-        except (pl.exceptions.PolarsError, OSError, pa.ArrowException) as e:
-            raise TraceError(f"{path}: cannot read rows: {_first_line(e)}") from None
-        except pl.exceptions.PanicException as e:  # a corrupt page can make the Parquet decoder panic
-            raise TraceError(f"{path}: cannot read rows (corrupt data): {_first_line(e)}") from None
+        want = None if columns is None else set(
+            [*columns, *(CHECKED_COLUMNS if check else ("position", "accepted", "verified"))])
+        df = _read_one(path, i, want)
         if check:
             check_values(df, path, trace_k(path))
         frames.append(df if columns is None else df.select([*columns, "file_index"]))
@@ -260,14 +277,8 @@ def read_generations(trace_path) -> pl.DataFrame:
               (pa.types.is_list(got) or pa.types.is_large_list(got)) and _family(got.value_type) == "int")
         if not ok:
             raise TraceError(f"{path}: column {col.name!r} has type {got}, expected {col.type}")
-    try:
-        df = pl.read_parquet(path, columns=list(GENERATION_NEEDED))
-        df = df.with_columns(pl.col("request_id", "dataset").cast(pl.String),
-                             pl.col("prompt_ids", "output_ids").cast(pl.List(pl.Int64)))
-    except (pl.exceptions.PolarsError, OSError, pa.ArrowException) as e:
-        raise TraceError(f"{path}: cannot read rows: {_first_line(e)}") from None
-    except pl.exceptions.PanicException as e:
-        raise TraceError(f"{path}: cannot read rows (corrupt data): {_first_line(e)}") from None
+    df = _read_arrow(path, list(GENERATION_NEEDED), lambda df: df.with_columns(
+        pl.col("request_id", "dataset").cast(pl.String), pl.col("prompt_ids", "output_ids").cast(pl.List(pl.Int64))))
     nulls = [c for c in df.columns if df[c].null_count() or (df[c].dtype == pl.List(pl.Int64)
                                                               and df[c].list.eval(pl.element().is_null()).list.any().any())]
     if nulls:
