@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
             reserve_fit_outputs(out, outputs)
             with_gens = hvd_traces(paths, out / "hvd", outputs) if hvd else []
             if note := common_k(paths)[1]:
-                console.print(f"avkit fit: {note}")
+                console.print(f"avkit fit: {note}", soft_wrap=True)
             with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
                 tasks: dict[str, int] = {}
 

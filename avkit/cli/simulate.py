@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
             outputs.file(config.out, "--out")  # an unwritable --out fails now, not after the replay
             steps = load_steps(paths)
             if note := common_k(paths)[1]:
-                console.print(f"avkit simulate: {note}")
+                console.print(f"avkit simulate: {note}", soft_wrap=True)
             specs = ([s.strip() for s in policies.split(",") if s.strip()] if policies
                      else default_policies(steps, config))
             n_policies = len(parse_policies(specs, steps.k, coefficients))  # validates before the long part
