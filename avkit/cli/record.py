@@ -79,6 +79,7 @@ def register(app: typer.Typer) -> None:
     ):
         """Record acceptance traces: one row per draft slot, streamed to Parquet in row groups."""
         from avkit.record import record as run
+        from avkit.record.files import preflight
 
         config = RecordConfig(
             target=target, draft=draft, datasets=tuple(dataset) if dataset else _d("datasets"),
@@ -88,6 +89,7 @@ def register(app: typer.Typer) -> None:
             slots_per_dataset=slots_per_dataset, flush_interval_s=flush_interval, device=device, dtype=dtype,
             threads=threads, drafter=drafter, payoff=payoff)
         check_datasets(config.datasets)
+        preflight(config)  # --out and --resume checks, before the banner and the models
         console = Console(stderr=True)
         console.print(f"avkit record: {config.target} + {config.draft or 'no draft'}, "
                       f"datasets {', '.join(config.datasets)} -> {config.out}")

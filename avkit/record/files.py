@@ -66,7 +66,8 @@ def plan_files(config: RecordConfig) -> RecordFiles:
     check_writable(out, "--out")
     existing = [p for p in (out, partial_path(out), gens, partial_path(gens)) if p.exists()]
     if existing and not (config.resume or config.overwrite):
-        raise ConfigError(f"--out {out}: {existing[0]} exists; pass --resume to continue it or --overwrite to "
+        what = "exists" if existing[0] == out else f"{existing[0].name} exists beside it"
+        raise ConfigError(f"--out {out}: {what}; pass --resume to continue it or --overwrite to "
                           "replace it (the old files stay until the new run finishes)")
     src = trace_src = None
     if config.resume:
@@ -74,6 +75,17 @@ def plan_files(config: RecordConfig) -> RecordFiles:
         trace_src = partial_path(out) if from_partial else out if out.exists() else None
         src = partial_path(gens) if from_partial else gens if gens.exists() else None
     return RecordFiles(out, gens, trace_src, src, out.exists())
+
+
+def preflight(config: RecordConfig) -> RecordFiles:
+    """Every check that needs no model: `--out` (plan_files) and the resume settings other than models."""
+    files = plan_files(config)
+    for src in (files.trace_source, files.generations_source):
+        if src is not None and src.exists():
+            _readable(src)
+    check_resume(files, {"avkit.k": str(config.k), "avkit.temperature": str(config.temperature),
+                         "avkit.top_p": str(config.top_p), "avkit.drafter": config.drafter})
+    return files
 
 
 def check_resume(files: RecordFiles, meta: dict[str, str]) -> None:
@@ -95,6 +107,18 @@ def check_resume(files: RecordFiles, meta: dict[str, str]) -> None:
                               f"{now!r} ({option}); record into another --out or match the settings")
 
 
+def _readable(src: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from avkit.errors import TraceError
+
+    try:
+        pq.ParquetFile(src)
+    except (OSError, pa.ArrowException) as e:
+        raise TraceError(f"{src}: cannot resume from an unreadable file ({str(e).splitlines()[0]})") from None
+
+
 def _same_float(a: str, b: str) -> bool:
     try:
         return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-9)
@@ -102,4 +126,4 @@ def _same_float(a: str, b: str) -> bool:
         return a == b
 
 
-__all__ = ["RecordFiles", "check_resume", "plan_files"]
+__all__ = ["RecordFiles", "check_resume", "plan_files", "preflight"]

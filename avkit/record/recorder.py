@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 import avkit
 from avkit.config import EngineConfig, RecordConfig
-from avkit.record.files import check_resume, plan_files
+from avkit.record.files import check_resume, preflight
 from avkit.record.progress import RecordProgress
 from avkit.record.requests import PromptQueue, Turn
 from avkit.record.sink import RecordingSink
@@ -124,9 +124,7 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
     `target`/`draft` are LoadedModels (loaded from config.target/draft when None). What may happen to
     existing files at `config.out` is decided by `avkit.record.files` (nothing is clobbered).
     """
-    files = plan_files(config)  # before the models load: a refused --out costs nothing
-    if files.trace_source is not None:  # settings that need no model: refuse a mismatched resume now
-        check_resume(files, metadata_from_config(config))
+    files = preflight(config)  # before the models load: a refused --out or resume costs nothing
     target, draft = _load_models(config, target, draft)
     meta = metadata(config, target, draft)
     check_resume(files, meta)
@@ -176,12 +174,6 @@ def _keep_partials(trace: TraceWriter | None, gens: GenerationWriter | None) -> 
                 writer.flush()
             except Exception:  # the original error is the one to report
                 pass
-
-
-def metadata_from_config(config: RecordConfig) -> dict[str, str]:
-    """The resume-relevant metadata known before the models load (no model ids)."""
-    return {"avkit.k": str(config.k), "avkit.temperature": str(config.temperature),
-            "avkit.top_p": str(config.top_p), "avkit.drafter": config.drafter}
 
 
 def _finished_outputs(gens: GenerationWriter) -> dict[str, list[int]]:
