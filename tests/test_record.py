@@ -135,16 +135,7 @@ def _has_rows(path) -> bool:
 
 def test_sigint_leaves_readable_files_and_resume_completes(pair, prompts, tmp_path):
     out = tmp_path / "t.parquet"
-    target_dir, draft_dir = pair[0], pair[1]
-    cmd = [sys.executable, "-m", "avkit", "record", "--target", str(target_dir), "--draft", str(draft_dir),
-           "--dataset", str(prompts), "--num-prompts", "2", "--max-new-tokens", "48", "-k", "3",
-           "--concurrency", "1", "--flush-interval", "0.05", "--out", str(out), "--no-progress"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while not _has_rows(partial_path(out)) and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
+    proc = _start(pair, prompts, out, num_prompts=2)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()[-2000:]
@@ -352,10 +343,12 @@ def test_non_utf8_jsonl_is_one_line(tmp_path, capsys):
                              "--no-progress"], f"{bad}:2: not UTF-8 (byte 0xe9 at column 16)")
 
 
-def _start(pair, prompts, out, *args):
+def _start(pair, prompts, out, *args, num_prompts: int = 3):
+    """`avkit record` in a subprocess (48 tokens, one request at a time, 50 ms flushes), returned once
+    its partial file holds rows."""
     cmd = [sys.executable, "-m", "avkit", *_cli(pair, prompts, out, "--flush-interval", "0.05", *args)]
-    cmd[cmd.index("--max-new-tokens") + 1] = "48"
-    cmd[cmd.index("--concurrency") + 1] = "1"
+    for option, value in (("--max-new-tokens", 48), ("--concurrency", 1), ("--num-prompts", num_prompts)):
+        cmd[cmd.index(option) + 1] = str(value)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60

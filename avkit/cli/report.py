@@ -64,10 +64,13 @@ def register(app: typer.Typer) -> None:
         diagrams, online fitting, simulation and hybrid drafting. Missing inputs omit their section."""
         from avkit.report import report_fit_dir, report_traces
         from avkit.staged import StagedOutputs
+        from avkit.trace.reader import common_k
 
         config = ReportConfig(out=str(out), n_bins=bins, embed_images=embed)
         fit_dir, traces = split_inputs(inputs)
         console = Console(stderr=True)
+        if traces and (note := common_k(traces)[1]):
+            console.print(f"avkit report: {note}", soft_wrap=True)
         t0 = time.perf_counter()
         with StagedOutputs() as outputs, console.status("avkit report") as status:
             outputs.directory(out, "--out")  # an unwritable --out fails now, before the fit
