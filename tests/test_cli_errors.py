@@ -308,3 +308,30 @@ def test_staged_discard_keeps_the_old_file(tmp_path):
         out.file(a)
         out.discard(a)
     assert a.read_text() == "old" and os.listdir(tmp_path) == ["a.txt"]
+
+
+def test_three_quick_sigints_during_fit_leave_no_traceback_and_no_partial_outputs(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    trace = write_synthetic_trace(tmp_path / "big.parquet", SyntheticConfig(num_slots=300_000))
+    out = tmp_path / "fit"
+    out.mkdir()
+    (out / "coefficients.json").write_text("previous")
+    proc = subprocess.Popen([sys.executable, "-m", "avkit", "fit", "--out", str(out), str(trace)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    deadline = time.monotonic() + 120
+    while not any(p.name.endswith(".tmp") for p in out.iterdir()) and proc.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(0.01)  # the outputs are reserved: the command is past its imports, in the work
+    assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
+    for _ in range(3):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.01)
+    _, err = proc.communicate(timeout=120)
+    err = err.decode()
+    assert proc.returncode != 0 and "Traceback" not in err, err[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["coefficients.json"]  # temps removed, nothing committed
+    assert (out / "coefficients.json").read_text() == "previous"
