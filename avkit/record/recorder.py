@@ -131,6 +131,7 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
     out, gen_path = files.trace, files.generations
     run_id = run_id or f"{out.stem}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
     gens = trace = None
+    started = False  # both partials written: from here on an error keeps what was recorded in them
     with _interruptible():
         try:
             # Read both sources before writing anything: a failed resume leaves both tables as they were.
@@ -141,6 +142,7 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
                                 keep_requests=set(done) if config.resume else None, source=files.trace_source)
             gens.flush()  # generations partial first: a trace partial never exists without its generations
             trace.flush()
+            started = True
             stats = AcceptanceStats(max(config.k, 1))
             if config.resume and trace.rows_written:
                 stats.update_from_table(trace.table())
@@ -159,7 +161,8 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
                 trace.flush()
                 gens.flush()
         except BaseException:
-            _keep_partials(trace, gens)
+            if started:
+                _keep_partials(trace, gens)
             raise
     return RecordResult(out, gen_path, run_id, finished, sink.rows, resumed_rows + sink.rows, interrupted,
                         queue.skipped_long, stats.summary(), engine.stats.steps, engine.stats.tokens,

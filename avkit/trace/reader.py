@@ -1,4 +1,8 @@
-"""Read trace files (format v1) lazily with polars, after checking them against the schema.
+"""Read trace files (format v1) and their generations tables, after checking them against the schema.
+
+`read_traces` reads rows eagerly with pyarrow and validates them before polars sees them (a damaged
+page or invalid UTF-8 is a TraceError, never a decoder panic); `scan_traces` is the lazy polars
+scan for callers that only need the schema layer. Every error is one line naming the file.
 
 Two layers of checks, each naming the file and the column:
   schema  (footer only, cheap; `scan_traces`)  the file exists and is Parquet with a footer
@@ -35,8 +39,8 @@ FINITE_COLUMNS = ("q_max", "q_2nd", "q_sampled", "entropy", "logit_qmax", "step_
 MAX_K = 1024  # largest K a file may declare in `avkit.k`
 MAX_INFERRED_K = 64  # largest K inferred from the rows of a file without `avkit.k`
 SLOT_KEY = ("run_id", "request_id", "drafter", "step", "position")  # one row per draft slot
-# Read in any case by `read_traces` (the checks need them), then projected away if not asked for.
 GENERATION_NEEDED = ("request_id", "dataset", "prompt_ids", "output_ids")  # what a replay reads
+# Read in any case by `read_traces` (the checks need them), then projected away if not asked for.
 CHECKED_COLUMNS = (*SLOT_KEY, "accepted", "verified", "num_drafted", "num_verified", "num_accepted")
 PROBABILITY_COLUMNS = ("q_max", "q_2nd", "q_sampled", "target_prob", "accept_prob", "confidence", "head_conf")
 
