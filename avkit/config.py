@@ -191,6 +191,7 @@ class RecordConfig:
     seed: int = 0
     out: str = "traces/record.parquet"
     resume: bool = False  # continue an existing file: finished requests are skipped
+    overwrite: bool = False  # replace an existing file (only when the new run finishes; see avkit/record)
     slots_per_dataset: int = 0  # stop admitting a dataset's prompts after this many labelled slots (0 = off)
     row_group_rows: int = 65536
     flush_interval_s: float = 60.0  # also flush (and make the partial file readable) this often
@@ -220,6 +221,8 @@ class RecordConfig:
         check_range("flush_interval_s", self.flush_interval_s, 0.0, lo_open=True)
         if not str(self.out).endswith(".parquet"):
             raise ConfigError(f"out must be a .parquet path, got {self.out!r}")
+        if self.resume and self.overwrite:
+            raise ConfigError("resume and overwrite exclude each other: continue the file or replace it")
 
 
 # ---- adaptive verification / simulate / profile ----

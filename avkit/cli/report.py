@@ -63,14 +63,19 @@ def register(app: typer.Typer) -> None:
         """Write index.html (self-contained), report.md and the PNGs: summary, feature table, reliability
         diagrams, online fitting, simulation and hybrid drafting. Missing inputs omit their section."""
         from avkit.report import report_fit_dir, report_traces
+        from avkit.staged import StagedOutputs
+        from avkit.trace.reader import common_k
 
         config = ReportConfig(out=str(out), n_bins=bins, embed_images=embed)
         fit_dir, traces = split_inputs(inputs)
         console = Console(stderr=True)
+        if traces and (note := common_k(traces)[1]):
+            console.print(f"avkit report: {note}", soft_wrap=True)
         t0 = time.perf_counter()
-        with console.status("avkit report") as status:
+        with StagedOutputs() as outputs, console.status("avkit report") as status:
+            outputs.directory(out, "--out")  # an unwritable --out fails now, before the fit
             progress = lambda what: status.update(f"avkit report: {what}")
-            kw = {"sim": sim, "hvd": hvd, "run_simulation": simulate, "progress": progress}
+            kw = {"sim": sim, "hvd": hvd, "run_simulation": simulate, "progress": progress, "outputs": outputs}
             if fit_dir is not None:
                 path = report_fit_dir(fit_dir, out, config, **kw)
             else:

@@ -7,7 +7,7 @@
                    trajectory.parquet): every number in the page can be checked against them
   out/simulate.parquet  when the report ran the simulation itself (no results were given or found)
 Everything is written into a temporary directory beside `out`, which replaces `out` only when
-complete: a failed run leaves the previous report as it was.
+complete (avkit/staged.py): a failed run leaves the previous report as it was.
 """
 
 from __future__ import annotations
@@ -16,43 +16,32 @@ import base64
 import contextlib
 import datetime as dt
 import io
-import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from avkit import __version__
 from avkit.config import EstimatorConfig, FitConfig, ReportConfig, SimulateConfig
-from avkit.errors import ConfigError
 from avkit.report.document import Figure, Report, Section
 from avkit.report.html import render_html
 from avkit.report.inputs import FitOutputs, ReportInputs, load_fit_dir, load_inputs
 from avkit.report.markdown import render_markdown
 from avkit.report.sections import SECTIONS
+from avkit.staged import StagedOutputs
 
 Progress = Callable[[str], None]
 FIT_FILES = ("coefficients.json", "scores.json", "trajectory.parquet")
 
 
 @contextlib.contextmanager
-def staging(out: Path) -> Iterator[Path]:
-    """Yield an empty temp dir beside `out`; on success it becomes `out` (the old one is removed)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: exists and is not a directory")
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = out.with_name(f".{out.name}.{os.getpid()}.old")
-    if out.exists():
-        os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
+def staging(out: Path, outputs: StagedOutputs | None = None) -> Iterator[Path]:
+    """Yield an empty temp dir beside `out` that replaces `out` when the run succeeds (see avkit/staged.py):
+    reserved in `outputs` (the caller commits it with its other outputs), else committed here."""
+    if outputs is not None:
+        yield outputs.directory(out)
+        return
+    with StagedOutputs() as own:
+        yield own.directory(out)
 
 
 def build_document(inputs: ReportInputs, config: ReportConfig, progress: Progress | None = None) -> Report:
@@ -109,11 +98,12 @@ def _simulate(traces: list[Path], dest: Path) -> Path:
 
 
 def report_fit_dir(fit_dir, out, config: ReportConfig | None = None, *, traces=None, sim=None, hvd=None,
-                   run_simulation: bool = False, progress: Progress | None = None) -> Path:
+                   run_simulation: bool = False, progress: Progress | None = None,
+                   outputs: StagedOutputs | None = None) -> Path:
     """Report an `avkit fit` output directory (with the traces it names, when at hand) into `out`."""
     out, config = Path(out), config or ReportConfig()
     fit = load_fit_dir(fit_dir)
-    with staging(out) as tmp:
+    with staging(out, outputs) as tmp:
         _copy_fit(fit, tmp / "fit")
         inputs = _gather(load_fit_dir(tmp / "fit"), traces, sim, hvd, config, run_simulation, tmp, progress)
         write_document(build_document(inputs, config, progress), tmp, config)
@@ -122,7 +112,7 @@ def report_fit_dir(fit_dir, out, config: ReportConfig | None = None, *, traces=N
 
 def report_traces(traces, out, config: ReportConfig | None = None, *, fit: FitConfig | None = None,
                   estimator: EstimatorConfig | None = None, sim=None, hvd=None, run_simulation: bool = False,
-                  progress: Progress | None = None) -> Path:
+                  progress: Progress | None = None, outputs: StagedOutputs | None = None) -> Path:
     """Fit `traces` with the fit library (outputs kept in out/fit) and report them into `out`."""
     from avkit.fit import run_fit, write_fit_outputs
 
@@ -130,7 +120,7 @@ def report_traces(traces, out, config: ReportConfig | None = None, *, fit: FitCo
     if progress is not None:
         progress("fit")
     result = run_fit(paths, fit, estimator)
-    with staging(out) as tmp:
+    with staging(out, outputs) as tmp:
         write_fit_outputs(tmp / "fit", result)
         inputs = _gather(load_fit_dir(tmp / "fit"), paths, sim, hvd, config, run_simulation, tmp, progress)
         write_document(build_document(inputs, config, progress), tmp, config)

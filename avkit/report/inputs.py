@@ -50,9 +50,11 @@ class ReportInputs:
 
 def _read_json(path: Path):
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: not valid JSON: {e}") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
 
 
 def load_fit_dir(path) -> FitOutputs:
@@ -70,11 +72,16 @@ def load_fit_dir(path) -> FitOutputs:
     if not isinstance(scores, list) or not scores:
         raise DataError(f"{d / 'scores.json'}: expected a non-empty list of score rows")
     for i, row in enumerate(scores):
+        if not isinstance(row, dict):
+            raise DataError(f"{d / 'scores.json'}: row {i} is not an object: {row!r}")
         missing = [k for k in SCORE_KEYS if k not in row]
         if missing:
             raise DataError(f"{d / 'scores.json'}: row {i} lacks {missing}")
     traj = d / "trajectory.parquet"
-    trajectory = pl.read_parquet(traj) if traj.is_file() else None
+    try:
+        trajectory = pl.read_parquet(traj) if traj.is_file() else None
+    except (OSError, pl.exceptions.PolarsError) as e:
+        raise DataError(f"{traj}: not a readable Parquet file: {str(e).splitlines()[0]}") from None
     return FitOutputs(d, coefficients, scores, trajectory)
 
 
@@ -95,7 +102,8 @@ def load_hvd(path) -> dict:
     p = p / "hvd_metrics.json" if p.is_dir() else p
     blob = _read_json(p)
     rows = blob.get("metrics") if isinstance(blob, dict) else None
-    if not rows or any(k not in rows[0] for k in HVD_KEYS):
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) and all(k in r for k in HVD_KEYS)
+                                                         for r in rows):
         raise DataError(f"--hvd {p}: expected `avkit hvd` hvd_metrics.json with metrics rows {list(HVD_KEYS)}")
     return blob
 
