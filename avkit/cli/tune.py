@@ -113,11 +113,17 @@ def register(app: typer.Typer) -> None:
                             draft_gate=gate, estimator=estimator, bootstrap=bootstrap, seed=seed, out=out)
         paths = [str(p) for p in traces] if traces else shipped_traces()
         console = Console(stderr=True)
-        with Progress(console=console, transient=True) as bar:
-            def progress(total: int):
-                task = bar.add_task("simulating", total=total)
-                return lambda: bar.advance(task)
+        bar = Progress(console=console, transient=True)  # started once the inputs are validated
+
+        def progress(total: int):
+            bar.start()
+            task = bar.add_task("simulating", total=total)
+            return lambda: bar.advance(task)
+        try:
             result = run(paths, config, progress=progress)
+        finally:
+            if bar.live.is_started:
+                bar.stop()
         write_json_atomic(Path(config.out), result)
         width = 24 + 26 * (len(result["concurrency"]) + len(result["infeasible"]))  # one line per arm
         if config.format == "table":
