@@ -2,6 +2,7 @@
 prices, the engine fragments' rules."""
 
 from fractions import Fraction
+from itertools import pairwise
 
 import numpy as np
 import polars as pl
@@ -92,7 +93,7 @@ def test_cell_accounting_matches_a_loop_over_sim_steps(trace):
         ms = float(cost.draft_cost(n, max(drafts)) + cost.context_cost(n) + cost.verify_cost(n + sum(drafts)))
         step_ms[g] = ms
         total_ms += ms
-    for row, g, copy in zip(sched.rows, sched.group, sched.copy):
+    for g, copy in zip(sched.group, sched.copy):
         per_copy_ms[copy] = per_copy_ms.get(copy, 0.0) + step_ms[g]
     assert cell.throughput == pytest.approx(1e3 * sum(tokens.values()) / total_ms, rel=1e-9)
     assert 1e3 * cell.tokens.sum() / cell.time_ms.sum() == pytest.approx(cell.throughput, rel=1e-9)
@@ -120,8 +121,8 @@ def test_ranges_are_log_nearest_contiguous_and_merged():
         values = rng.integers(0, 3, size=len(conc)).tolist()
         got = ranges(conc, values)
         assert got[0][0] == 1 and got[-1][1] == conc[-1]
-        assert all(a[1] + 1 == b[0] for a, b in zip(got, got[1:]))  # contiguous
-        assert all(a[2] != b[2] for a, b in zip(got, got[1:]))  # merged
+        assert all(a[1] + 1 == b[0] for a, b in pairwise(got))  # contiguous
+        assert all(a[2] != b[2] for a, b in pairwise(got))  # merged
         for b in range(1, conc[-1] + 1):  # brute force: nearest concurrency on a log scale, ties to the lower
             d = [max(Fraction(b, c), Fraction(c, b)) for c in conc]  # exact: e^|log b - log c|
             want = values[d.index(min(d))]
@@ -209,7 +210,7 @@ def test_vllm_fragment_and_its_rules():
            "K < 0": ({"num_speculative_tokens_per_batch_size": [[1, 4, -1]]}, "K must be an integer >= 0"),
            "K > n": ({"num_speculative_tokens_per_batch_size": [[1, 4, 9]]}, "K 9 > num_speculative_tokens 7"),
            "flag": ({"enable_adaptive_verification": "yes"}, "must be a bool")}
-    for name, (change, message) in bad.items():
+    for change, message in bad.values():
         with pytest.raises(ConfigError, match=message):
             check_vllm({**frag, **change})
 

@@ -73,7 +73,7 @@ def test_bad_input_is_one_line_exit_2(capsys, trace, tmp_path, case):
             args += [flag, value]
     if "--out" not in args:
         args += ["--out", tmp_path / "tune.json"]
-    code, out, err = _run(capsys, trace, *args)
+    code, _, err = _run(capsys, trace, *args)
     assert code == 2, err
     assert err.startswith("avkit: error: ") and err.count("\n") == 1 and "Traceback" not in err
     assert message in err, err

@@ -90,7 +90,7 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
     if not config.context and lengths is None:
         raise ConfigError(f"{paths[0]}: no generations table beside it to take context lengths from; "
                           "pass --context N")
-    context = config.context or int(round(sum(lengths)))
+    context = config.context or round(sum(lengths))
     conc, infeasible, memory = _feasible(config, cost, context)
     sim = dict(waves=config.waves, estimator=config.estimator, gate=config.draft_gate)
 

@@ -16,6 +16,7 @@ Rules (the tests check each against a brute-force loop):
 from __future__ import annotations
 
 import math
+from itertools import pairwise
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,7 +57,7 @@ def ranges(concurrency: list[int], values: list, last_hi: int = 0) -> list[tuple
     [(1, 2, 7), (3, 11, 5), (12, 16, 0)]
     """
     assert list(concurrency) == sorted(set(concurrency)) and len(values) == len(concurrency)
-    his = [math.isqrt(a * b) for a, b in zip(concurrency[:-1], concurrency[1:])] + [max(concurrency[-1], last_hi)]
+    his = [math.isqrt(a * b) for a, b in pairwise(concurrency)] + [max(concurrency[-1], last_hi)]
     out: list[tuple[int, int, object]] = []
     lo = 1
     for hi, value in zip(his, values):
