@@ -192,7 +192,8 @@ def test_idle_prices_follow_the_cost_table():
     assert got["sync_share"] == pytest.approx(draft(8) / 11.0)
     assert got["catch_up_share"]["64"] == pytest.approx(draft(8 * 64) / (64 * 11.0))
     assert got["prefill_share"] == pytest.approx(8 * draft(300) / (100 * 11.0))
-    assert got["at_least_share"] >= got["prefill_share"]
+    assert got["overhead_share"] == pytest.approx(got["prefill_share"] + min(got["sync_share"],
+                                                                              got["catch_up_share"]["64"]))
 
 
 def test_vllm_fragment_and_its_rules():

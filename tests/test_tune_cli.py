@@ -58,6 +58,7 @@ BAD = {
     "no context": (("--context", "0"), "no generations table beside it"),
     "missing cost": (("--cost", "/nonexistent/cost.json"), "cost table: no such file: /nonexistent/cost.json"),
     "bad roofline": (("--cost", "roofline:H9000:8b"), "unknown accelerator 'H9000'"),
+    "unknown estimator": (("--estimator", "magic"), "--estimator must be one of"),
     "out not json": (("--out", "x.txt"), "--out must be a .json path, got 'x.txt'"),
 }
 

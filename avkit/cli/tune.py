@@ -66,10 +66,10 @@ def summary_lines(result: dict) -> list[str]:
         lines.append(f"p90 TPOT SLO {result['slo']['tpot_ms']:g} ms: "
                      + (f"cannot be met at c={unmet}" if unmet else "met at every feasible concurrency"))
     for r in result["idle"]["per_concurrency"]:
-        lines.append(f"  speculation configured but off at c={r['concurrency']}: at least "
-                     f"{100 * r['at_least_share']:.1f}% of no-spec time (drafter prefill "
-                     f"{100 * r['prefill_share']:.1f}%, sync {100 * r['sync_share']:.1f}%/step or catch-up "
-                     f"{100 * r['catch_up_share']['64']:.1f}% after a 64-step pause)")
+        lines.append(f"  speculation configured but off at c={r['concurrency']}: at most "
+                     f"{100 * r['overhead_share']:.1f}% of no-spec time (drafter prefill <= "
+                     f"{100 * r['prefill_share']:.1f}%; keeping the drafter in sync {100 * r['sync_share']:.1f}% "
+                     f"per step, or catching up <= {100 * r['catch_up_share']['64']:.1f}% after a 64-step pause)")
     if result["idle"]["per_concurrency"]:
         lines.append("  not priced: " + "; ".join(result["idle"]["not_priced"]))
     return lines + [f"note: {n}" for n in result["notes"]]

@@ -11,8 +11,11 @@ and output L tokens per request):
   drafter prefill   every admitted prompt is prefilled by the drafter too (one forward over P tokens,
                     draft_ms(P)); c requests are admitted per L steps at steady state, a share
                     c * draft_ms(P) / (L * t_c) of the time, paid whether or not the range drafts
-A forward over n tokens is priced as the table's draft pass over n rows, as the simulator does; that
-over-states KV reads on a roofline table and is what a profiled table measured for n <= its grid.
+The sync price is exact on the table (a draft pass over c requests is what it measures). Catch-up and
+prefill are forwards over n tokens of few requests, priced as the table's draft pass over n rows, as the
+simulator prices catch-up: an upper bound wherever the table charges KV reads per row (roofline:
+context_len tokens of KV per row), so both are reported as "at most". `overhead_share` = prefill + the
+cheaper of sync and a 64-step catch-up: at most what the table shows for being on but idle.
 What neither the cost table nor the traces show (not priced, stated in every output): the engine's
 per-step speculative bookkeeping with nothing drafted (scheduler metadata, rejection-sampler launch,
 draft-token placeholders); CUDA-graph differences (vLLM V1 with a per-batch-size schedule replays
@@ -44,6 +47,6 @@ def idle_costs(cost: CostTable, concurrency: int, nospec_step_ms: float, prompt_
             "catch_up_ms": {str(p): ms for p, ms in catch.items()},
             "catch_up_share": {str(p): ms / (p * t) for p, ms in catch.items()},
             "prefill_ms_per_request": prefill, "prefill_share": prefill_share,
-            # the cheaper way to keep the drafter ready, plus the prefill it cannot avoid
-            "at_least_share": prefill_share + min(sync / t, min(ms / (p * t) for p, ms in catch.items()))}
+            # the prefill it cannot avoid plus the cheaper way to keep the drafter ready (upper bound, module note)
+            "overhead_share": prefill_share + min(sync / t, catch[64] / (64 * t))}
 

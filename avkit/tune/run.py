@@ -23,6 +23,7 @@ import numpy as np
 
 from avkit.config import TuneConfig
 from avkit.errors import ConfigError
+from avkit.estimators.base import ESTIMATORS
 from avkit.scheduling.cost import resolve_cost
 from avkit.sim.replay import load_steps
 from avkit.tune.arms import Arm, Cell, simulate_arms
@@ -85,6 +86,8 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
     max_k = config.max_k or steps.k
     if max_k > steps.k:
         raise ConfigError(f"--max-k {max_k} exceeds the traces' K = {steps.k} (deeper drafts were never recorded)")
+    if config.estimator not in ESTIMATORS:
+        raise ConfigError(f"--estimator must be one of {sorted(ESTIMATORS)}, got {config.estimator!r}")
     cost = resolve_cost(config.cost)
     lengths = trace_lengths(paths)
     if not config.context and lengths is None:

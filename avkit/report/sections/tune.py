@@ -90,8 +90,9 @@ def build(inputs: ReportInputs, config: ReportConfig) -> Section:
             + json.dumps(result["trtllm"]["speculative_config"]) + "`.")
     idle = result["idle"]
     if idle["per_concurrency"]:
-        sec.add("Speculation configured but off (K = 0): at least " + ", ".join(
-            f"{100 * r['at_least_share']:.1f}% at c{r['concurrency']}" for r in idle["per_concurrency"])
-            + " of no-spec time (drafter prefill and sync or catch-up). Not priced: " + "; ".join(idle["not_priced"])
+        sec.add("Speculation configured but off (K = 0): at most " + ", ".join(
+            f"{100 * r['overhead_share']:.1f}% at c{r['concurrency']}" for r in idle["per_concurrency"])
+            + " of no-spec time as the cost table prices it (drafter prefill, and keeping the drafter in sync or "
+            "catching it up). Not priced: " + "; ".join(idle["not_priced"])
             + ".")
     return sec.add(*(f"Note: {n}." for n in result["notes"]))
