@@ -62,14 +62,15 @@ def table(result: dict) -> str:
 
 
 def section(name: str, title: str, opts: dict, result: dict, seconds: float) -> str:
+    tpot = {(r["arm"], r["concurrency"]): r["p90_tpot_ms"] for r in result["cells"]}
     out = [f"## {title}", "",
            f"`{command(opts)}` ({seconds:.0f} s on this 2-core machine, shared). Cells: predicted tokens/s "
            f"({result['config']['level']:.0%} bootstrap interval over the {result['requests']} recorded requests, "
            f"{result['config']['bootstrap']} resamples); bold: recommended; ✗: p90 TPOT over the SLO.", "",
            table(result), "", "```", *summary_lines(result), "```", "",
            "p90 TPOT (ms) of the recommended arm: " + ", ".join(
-               f"c{r['concurrency']} {next(x['p90_tpot_ms'] for x in result['cells'] if x['arm'] == r['arm'] and x['concurrency'] == r['concurrency']):.2f}"  # noqa: E501
-               for r in result["schedule"]["per_concurrency"]) + ".", "",
+               f"c{r['concurrency']} {tpot[r['arm'], r['concurrency']]:.2f}" for r in result["schedule"]["per_concurrency"])
+           + ".", "",
            "`--format vllm`: `" + json.dumps(result["vllm"]) + "`", "",
            "`--format trtllm`: `" + json.dumps(result["trtllm"]) + "`", ""]
     return "\n".join(out)
