@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from avkit.cli.simulate import COST_HELP, TracesArgument, parse_ints, shipped_traces
 from avkit.config import TuneConfig, default_of
 
 
@@ -78,9 +79,8 @@ def summary_lines(result: dict) -> list[str]:
 def register(app: typer.Typer) -> None:
     @app.command("tune")
     def tune(
-        traces: Annotated[list[Path] | None, typer.Argument(help="trace files (default: traces/*.parquet)")] = None,
-        cost: Annotated[str, typer.Option(help="cost table JSON (avkit profile) or roofline:GPU:TARGET[:DRAFT]"
-                                               "[:context=N,drafter=parallel]")] = _d("cost"),
+        traces: TracesArgument = None,
+        cost: Annotated[str, typer.Option(help=COST_HELP)] = _d("cost"),
         concurrency: Annotated[str, typer.Option(help="comma-separated batch sizes to simulate")] =
             ",".join(map(str, _d("concurrency"))),
         max_k: Annotated[int, typer.Option(help="largest K tried (0: the traces' K)")] = _d("max_k"),
@@ -103,7 +103,6 @@ def register(app: typer.Typer) -> None:
     ):
         """Per batch size: predicted tokens/s for no-spec, each fixed K, adaptive and adaptive with early stop;
         the recommended K per batch-size range, adaptive on or off, and the engine fragment."""
-        from avkit.cli.simulate import parse_ints, shipped_traces
         from avkit.serve.snapshot import write_json_atomic
         from avkit.tune import tune as run
 
