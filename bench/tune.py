@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from avkit.cli.tune import summary_lines
+from avkit.cli.tune import summary_lines, tok
 from avkit.config import TuneConfig
 from avkit.serve.snapshot import write_json_atomic
 from avkit.tune import tune
@@ -46,18 +46,17 @@ def table(result: dict) -> str:
     conc = result["concurrency"]
     cells = {(r["arm"], r["concurrency"]): r for r in result["cells"]}
     chosen = {(r["arm"], r["concurrency"]) for r in result["schedule"]["per_concurrency"]}
-    head = ["| arm | " + " | ".join(f"c={c}" for c in conc) + " | "
-            + " | ".join(f"c={r['concurrency']}" for r in result["infeasible"]) + " |",
+    head = ["| arm | " + " | ".join([f"c={c}" for c in conc] + [f"c={r['concurrency']}" for r in result["infeasible"]])
+            + " |",
             "|---|" + "---:|" * (len(conc) + len(result["infeasible"]))]
     lines = []
     for arm in dict.fromkeys(r["arm"] for r in result["cells"]):
         row = []
         for c in conc:
             r = cells[arm, c]
-            text = f"{r['throughput_tok_s']:,.0f} ({r['lo']:,.0f}–{r['hi']:,.0f})" + ("" if r["meets_slo"] else " ✗")
+            text = f"{tok(r['throughput_tok_s'])} ({tok(r['lo'])}–{tok(r['hi'])})" + ("" if r["meets_slo"] else " ✗")
             row.append(f"**{text}**" if (arm, c) in chosen else text)
-        lines.append(f"| {arm} | " + " | ".join(row) + " | " + " | ".join("infeasible" for _ in result["infeasible"])
-                     + " |")
+        lines.append(f"| {arm} | " + " | ".join(row + ["infeasible"] * len(result["infeasible"])) + " |")
     return "\n".join(head + lines)
 
 

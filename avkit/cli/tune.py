@@ -19,10 +19,15 @@ def _d(name: str):
     return default_of(TuneConfig, name)
 
 
+def tok(x: float) -> str:
+    """Tokens/s for people: whole numbers from 100 up, one decimal below (a CPU's 4.2 tok/s)."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
+
+
 def _cell_text(row: dict | None) -> str:
     if row is None:
         return "-"
-    text = f"{row['throughput_tok_s']:,.0f} ({row['lo']:,.0f}-{row['hi']:,.0f})"
+    text = f"{tok(row['throughput_tok_s'])} ({tok(row['lo'])}-{tok(row['hi'])})"
     return text if row["meets_slo"] else text + " >slo"
 
 
@@ -54,7 +59,7 @@ def summary_lines(result: dict) -> list[str]:
              f"(mean gain of adaptive at the same K: {s['adaptive_geomean_gain']:.3f}x)"]
     for r in s["per_concurrency"]:
         a, b = r["vs_single_k"], r["vs_nospec"]
-        lines.append(f"  c={r['concurrency']}: {r['arm']} {r['throughput_tok_s']:,.0f} tok/s; "
+        lines.append(f"  c={r['concurrency']}: {r['arm']} {tok(r['throughput_tok_s'])} tok/s; "
                      f"vs fixed K={s['single_k']} everywhere {a['ratio']:.3f}x [{a['lo']:.3f}, {a['hi']:.3f}], "
                      f"vs no-spec {b['ratio']:.3f}x [{b['lo']:.3f}, {b['hi']:.3f}]"
                      + ("" if r["meets_slo"] else "  (no arm meets the TPOT SLO)"))
