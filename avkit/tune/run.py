@@ -78,6 +78,47 @@ def _adaptive_on(cells, fixed_choice, conc, slo) -> tuple[bool, list[Arm], float
     return bool(np.mean(logs) > 0 and not broken), on, float(np.exp(np.mean(logs)))
 
 
+def _simulate(steps, cost, conc: list[int], max_k: int, config: TuneConfig, progress: Progress | None):
+    """Steps 2-5: the cells, the fixed schedule's choices, the adaptive-on arms and whether to enable them."""
+    sim = dict(waves=config.waves, estimator=config.estimator, gate=config.draft_gate)
+    fixed = [Arm("fixed", k) for k in range(1, max_k + 1)]
+    first = [Arm("nospec", 0), *fixed, Arm("adaptive", max_k), Arm("adaptive-stop", max_k)]
+    advance = progress(len(first) * len(conc)) if progress else None
+    cells = {(x.arm.name, x.concurrency): x for x in simulate_arms(steps, first, cost, conc, progress=advance, **sim)}
+    fixed_choice = choose(cells, [Arm("nospec", 0), *fixed], conc, config.tpot_slo_ms)
+    extra = sorted({ch.arm.k for ch in fixed_choice} - {0, max_k})
+    if extra:
+        advance = progress(len(extra) * len(conc)) if progress else None
+        more = simulate_arms(steps, [Arm("adaptive", k) for k in extra], cost, conc, progress=advance, **sim)
+        cells.update({(x.arm.name, x.concurrency): x for x in more})
+    enable, on, gain = _adaptive_on(cells, fixed_choice, conc, config.tpot_slo_ms)
+    return cells, fixed_choice, enable, on, gain, single_best(cells, fixed, conc)
+
+
+def _per_concurrency(cells, samples, fixed_choice, on, enable, single: Arm, max_k: int, level: float) -> list[dict]:
+    out = []
+    for ch, adaptive in zip(fixed_choice, on):
+        c, arm = ch.concurrency, adaptive if enable else ch.arm
+        out.append({"concurrency": c, "k": ch.arm.k, "arm": arm.name, "fixed_arm": ch.arm.name,
+                    "throughput_tok_s": cells[arm.name, c].throughput, "meets_slo": ch.meets_slo,
+                    "vs_single_k": _gain(samples, arm.name, single.name, c, level, cells),
+                    "vs_nospec": _gain(samples, arm.name, "nospec", c, level, cells),
+                    "adaptive_vs_fixed": _gain(samples, adaptive.name, ch.arm.name, c, level, cells),
+                    "stop_vs_recommended": _gain(samples, f"adaptive-stop-K{max_k}", arm.name, c, level, cells)})
+    return out
+
+
+def _trtllm_loss(cells, fixed_choice, trt: list[tuple[int, int, int]]) -> dict[int, float]:
+    """Concurrency -> throughput of the K TensorRT-LLM runs there over the tuned one, where its clamp changed K."""
+    out = {}
+    for ch in fixed_choice:
+        c = ch.concurrency
+        k = next((k for lo, hi, k in trt if lo <= c <= hi), 0)
+        if k != ch.arm.k:
+            out[c] = cells[f"fixed{k}" if k else "nospec", c].throughput / cells[ch.arm.name, c].throughput
+    return out
+
+
 def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None = None) -> dict:
     """Tune on `traces` (paths); returns the result as a JSON-ready dict (see avkit/tune/__init__.py)."""
     config = config or TuneConfig()
@@ -95,45 +136,22 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
                           "pass --context N")
     context = config.context or round(sum(lengths))
     conc, infeasible, memory = _feasible(config, cost, context)
-    sim = dict(waves=config.waves, estimator=config.estimator, gate=config.draft_gate)
-
-    fixed = [Arm("fixed", k) for k in range(1, max_k + 1)]
-    first = [Arm("nospec", 0), *fixed, Arm("adaptive", max_k), Arm("adaptive-stop", max_k)]
-    advance = progress(len(first) * len(conc)) if progress else None
-    cells = {(x.arm.name, x.concurrency): x for x in simulate_arms(steps, first, cost, conc, progress=advance, **sim)}
-    fixed_choice = choose(cells, [Arm("nospec", 0), *fixed], conc, config.tpot_slo_ms)
-    extra = sorted({ch.arm.k for ch in fixed_choice} - {0, max_k})
-    if extra:
-        advance = progress(len(extra) * len(conc)) if progress else None
-        more = simulate_arms(steps, [Arm("adaptive", k) for k in extra], cost, conc, progress=advance, **sim)
-        cells.update({(x.arm.name, x.concurrency): x for x in more})
-    enable, on, adaptive_gain = _adaptive_on(cells, fixed_choice, conc, config.tpot_slo_ms)
-    chosen = on if enable else [ch.arm for ch in fixed_choice]
-    single = single_best(cells, fixed, conc)
+    cells, fixed_choice, enable, on, adaptive_gain, single = _simulate(steps, cost, conc, max_k, config, progress)
 
     w = resample_weights(steps.num_requests, config.bootstrap, config.seed)  # [B, R], shared: paired ratios
     samples = {key: resampled_rate(w, x.tokens, x.time_ms) for key, x in cells.items()}
     rows = [_cell_json(x, samples[key], config, cells["nospec", x.concurrency].throughput)
             for key, x in cells.items()]
     k_ranges = ranges(conc, [ch.arm.k for ch in fixed_choice], memory["max_concurrency"] if infeasible else 0)
-    per_c = []
-    for c, ch, arm in zip(conc, fixed_choice, chosen):
-        per_c.append({"concurrency": c, "k": ch.arm.k, "arm": arm.name, "fixed_arm": ch.arm.name,
-                      "throughput_tok_s": cells[arm.name, c].throughput, "meets_slo": ch.meets_slo,
-                      "vs_single_k": _gain(samples, arm.name, single.name, c, config.level, cells),
-                      "vs_nospec": _gain(samples, arm.name, "nospec", c, config.level, cells),
-                      "adaptive_vs_fixed": _gain(samples, on[conc.index(c)].name, ch.arm.name, c, config.level,
-                                                 cells),
-                      "stop_vs_recommended": _gain(samples, f"adaptive-stop-K{max_k}", arm.name, c, config.level,
-                                                   cells)})
+    per_c = _per_concurrency(cells, samples, fixed_choice, on, enable, single, max_k, config.level)
     prompt, output = lengths if lengths else (None, float(np.mean(np.bincount(steps.request,
                                                                                weights=steps.accepted + 1))))
-    idle = [idle_costs(cost, c, cells["nospec", c].metrics["step_ms"], prompt or 0.0, output)
-            for c, ch in zip(conc, fixed_choice) if ch.arm.k == 0]
+    idle = [idle_costs(cost, ch.concurrency, cells["nospec", ch.concurrency].metrics["step_ms"], prompt or 0.0,
+                       output) for ch in fixed_choice if ch.arm.k == 0]
     on_cpu = "cpu" in str(cost.meta.get("device", "")).lower()
     trt = trtllm_schedule(k_ranges)
-    trt_k = {c: next((k for lo, hi, k in trt if lo <= c <= hi), 0) for c in conc}
-    notes = _notes(config, cost, enable, on_cpu, lengths, trt_k, fixed_choice, memory, conc, infeasible)
+    notes = _notes(config, cost, enable, on_cpu, lengths, _trtllm_loss(cells, fixed_choice, trt), memory, conc,
+                   infeasible)
     return {
         "avkit_tune": 1, "traces": paths, "requests": steps.num_requests, "trace_k": steps.k, "max_k": max_k,
         "cost": {k: v for k, v in cost.meta.items() if not k.startswith("raw_")} | {"spec": config.cost,
@@ -145,9 +163,9 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
                     "traces: mean prompt + generated tokens per request"},
         "memory": memory, "infeasible": infeasible, "concurrency": conc, "cells": rows,
         "slo": {"tpot_ms": config.tpot_slo_ms, "unmet": [ch.concurrency for ch in fixed_choice if not ch.meets_slo]},
-        "schedule": {"ranges": [list(r) for r in k_ranges], "trtllm_ranges": [list(r) for r in trt], "adaptive": enable, "per_concurrency": per_c,
-                     "single_k": single.k, "adaptive_geomean_gain": adaptive_gain,
-                     "geomean_vs_single_k": _geomean(per_c, "vs_single_k"),
+        "schedule": {"ranges": [list(r) for r in k_ranges], "trtllm_ranges": [list(r) for r in trt],
+                     "adaptive": enable, "per_concurrency": per_c, "single_k": single.k,
+                     "adaptive_geomean_gain": adaptive_gain, "geomean_vs_single_k": _geomean(per_c, "vs_single_k"),
                      "geomean_vs_nospec": _geomean(per_c, "vs_nospec")},
         "idle": {"per_concurrency": idle, "not_priced": list(NOT_PRICED),
                  "prompt_tokens": prompt, "output_tokens": output},
@@ -161,7 +179,7 @@ def _geomean(per_c: list[dict], key: str) -> float:
     return float(np.exp(np.mean([np.log(r[key]["ratio"]) for r in per_c])))
 
 
-def _notes(config, cost, enable, on_cpu, lengths, trt_k, fixed_choice, memory, conc, infeasible) -> list[str]:
+def _notes(config, cost, enable, on_cpu, lengths, trt_loss, memory, conc, infeasible) -> list[str]:
     notes = []
     if enable and on_cpu:
         notes.append("adaptive verification is recommended, but vLLM-CPU refuses enable_adaptive_verification "
@@ -172,9 +190,9 @@ def _notes(config, cost, enable, on_cpu, lengths, trt_k, fixed_choice, memory, c
     if enable and config.draft_gate:
         notes.append("adaptive arms were simulated with avkit's draft gate; vLLM's adaptive verification has "
                      "none (rerun with --no-draft-gate for vLLM)")
-    clamped = [c for c, ch in zip(conc, fixed_choice) if trt_k[c] != ch.arm.k]
-    if clamped:
-        notes.append(f"TensorRT-LLM needs the first range's K to be the largest: K clamped at c={clamped}")
+    if trt_loss:
+        notes.append("TensorRT-LLM needs the first range's K to be the largest: its schedule runs a smaller K at "
+                     + ", ".join(f"c{c} ({r:.3f}x the tuned throughput)" for c, r in trt_loss.items()))
     if lengths is None:
         notes.append("no generations tables beside the traces: the drafter's prompt prefill is not priced")
     if memory is None:
