@@ -152,6 +152,11 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
     trt = trtllm_schedule(k_ranges)
     notes = _notes(config, cost, enable, on_cpu, lengths, _trtllm_loss(cells, fixed_choice, trt), memory, conc,
                    infeasible)
+    unmet = [ch.concurrency for ch in fixed_choice if not ch.meets_slo]
+    if unmet and unmet[0] > conc[0]:
+        met = max(c for c in conc if c < unmet[0])
+        notes.append(f"the p90 TPOT SLO holds up to c={met} and fails from c={unmet[0]}: to keep it, cap max_num_seqs "
+                     f"between {met} and {unmet[0] - 1}")
     return {
         "avkit_tune": 1, "traces": paths, "requests": steps.num_requests, "trace_k": steps.k, "max_k": max_k,
         "cost": {k: v for k, v in cost.meta.items() if not k.startswith("raw_")} | {"spec": config.cost,
