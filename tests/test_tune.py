@@ -242,3 +242,21 @@ def test_result_is_deterministic_and_self_consistent(trace, result):
         assert r["vs_nospec"]["ratio"] == pytest.approx(cell[r["arm"]] / cell["nospec"])
         assert r["vs_single_k"]["ratio"] == pytest.approx(cell[r["arm"]] / cell[f"fixed{s['single_k']}"])
         assert r["arm"] == (f"adaptive-K{r['k']}" if s["adaptive"] and r["k"] else r["fixed_arm"])
+
+
+def test_profiled_memory_meta_matches_the_kv_cache_it_allocates(tmp_path):
+    """`avkit profile` records what feasibility needs; the KV bytes per token match a real cache's tensors."""
+    from avkit.models import load
+    from avkit.models.testing import write_tiny_model
+    from avkit.scheduling.profile import memory_meta
+
+    target = load(write_tiny_model(tmp_path / "t", vocab=300, seed=0)).model
+    draft = load(write_tiny_model(tmp_path / "d", vocab=300, seed=1, hidden=32)).model
+    meta = memory_meta(target, draft)
+    per_token = 0
+    for m in (target, draft):
+        cache = m.new_cache(2, 10)  # 2 requests x 10 positions
+        per_token += (cache.k.numel() * cache.k.element_size() + cache.v.numel() * cache.v.element_size()) / 20
+    assert meta["kv_bytes_per_token"] == pytest.approx(per_token)
+    weights = sum(p.numel() * p.element_size() for m in (target, draft) for p in m.parameters())
+    assert meta["weights_gb"] == pytest.approx(weights / 1e9) and meta["memory_gb"] > 1.0
