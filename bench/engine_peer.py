@@ -28,7 +28,10 @@ from pathlib import Path
 import torch
 
 BENCH = Path(__file__).parent
-VLLM_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
+# 2 threads on cores 0-1 (vLLM defaults to 1 thread + 1 reserved core), 2 GiB of KV cache; a step may take
+# minutes on a loaded box, past the default 300 s RPC timeout that otherwise kills the engine mid-run
+VLLM_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "2",
+            "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600"}
 
 
 def prompt_ids(tokenizer, dataset: str, n: int) -> list[list[int]]:
