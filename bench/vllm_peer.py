@@ -8,7 +8,7 @@ each config is ``{"k": K, "runs": [{"name", "prompts": [[token ids]], "temperatu
 decoding with K tokens per step. One offline ``LLM`` per config (its startup is not timed), one untimed
 warm-up generate, then every run: ``llm.generate`` of all its prompts at once (concurrency = number of
 prompts), wall time including prefill, the generated token ids, and the spec-decode counters' deltas.
-Writes ``results.json`` (temp file, then rename). Imports nothing from avkit: this venv has no avkit.
+Rewrites ``results.json`` after every run (temp file, then rename), so a crash keeps what was measured. Imports nothing from avkit: this venv has no avkit.
 """
 
 from __future__ import annotations
@@ -30,7 +30,15 @@ def _counters(llm) -> dict[str, float]:
     return out
 
 
-def run_config(spec: dict, cfg: dict) -> list[dict]:
+def _save(results: list[dict], out_path: str) -> None:
+    tmp = out_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"results": results}, f)
+    os.replace(tmp, out_path)
+
+
+def run_config(spec: dict, cfg: dict, done: list[dict], out_path: str) -> None:
+    """Run one config; append each run's result to ``done`` and save after every run (a crash keeps them)."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -47,7 +55,6 @@ def run_config(spec: dict, cfg: dict) -> list[dict]:
     first = cfg["runs"][0]
     llm.generate([TokensPrompt(prompt_token_ids=p) for p in first["prompts"]],
                  SamplingParams(max_tokens=8, temperature=1.0), use_tqdm=False)  # warm-up, untimed
-    results = []
     for r in cfg["runs"]:
         sp = SamplingParams(temperature=r["temperature"], top_p=r["top_p"] if r["temperature"] > 0 else 1.0,
                             max_tokens=r["max_new_tokens"], seed=r["seed"])
@@ -58,22 +65,21 @@ def run_config(spec: dict, cfg: dict) -> list[dict]:
         wall = time.perf_counter() - t0
         after = _counters(llm)
         delta = {name: after[name] - before.get(name, 0.0) for name in after}
-        results.append({"name": r["name"], "k": k, "wall_s": wall, "startup_s": startup, "load": load,
+        done.append({"name": r["name"], "k": k, "wall_s": wall, "startup_s": startup, "load": load,
                         "outputs": [list(o.outputs[0].token_ids) for o in outs], "counters": delta})
-        print(f"vllm k={k} {r['name']}: {sum(map(len, results[-1]['outputs'])) / wall:.2f} tok/s", flush=True)
+        _save(done, out_path)
+        print(f"vllm k={k} {r['name']}: {sum(map(len, done[-1]['outputs'])) / wall:.2f} tok/s", flush=True)
     del llm
     gc.collect()
-    return results
 
 
 def main() -> None:
     jobs_path, out_path = sys.argv[1], sys.argv[2]
     spec = json.loads(open(jobs_path).read())
-    results = [res for cfg in spec["configs"] for res in run_config(spec, cfg)]
-    tmp = out_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"results": results}, f)
-    os.replace(tmp, out_path)
+    done: list[dict] = []
+    for cfg in spec["configs"]:
+        run_config(spec, cfg, done, out_path)
+    _save(done, out_path)
 
 
 if __name__ == "__main__":
