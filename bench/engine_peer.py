@@ -171,7 +171,7 @@ def table(args, ks: list[int], runs: list[dict], reps: list[tuple[dict, dict]]) 
 
     lines = ["| run | config | avkit tok/s | vLLM tok/s | avkit / vLLM | vLLM acceptance | greedy avkit | "
              "greedy vLLM | avkit outside forwards | load |", "|---|---|---:|---:|---:|---:|---|---|---:|---:|"]
-    avk, vll = reps[-1]
+    vll, avk = reps[-1]  # (vLLM, avkit) of the last repeat
     for r in runs:
         name, greedy = r["name"], r["temperature"] == 0
         for k in ks:
