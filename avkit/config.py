@@ -384,6 +384,9 @@ class ServeConfig:
     dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16
     grace_period_s: float = 10.0  # SIGTERM: finish in-flight requests for this long, then cancel
     retry_after_s: int = 1  # Retry-After header on 429
+    max_body_bytes: int = 8 * 2**20  # larger request bodies get 413 (read before any parsing)
+    log_requests: bool = False  # one access-log line per request (method, path, status, tokens, seconds)
+    record_flush_s: float = 30.0  # --record: write buffered trace rows to disk this often
 
     def __post_init__(self):
         check_choice("drafter", self.drafter, ("model", "hybrid"))
@@ -399,6 +402,8 @@ class ServeConfig:
         check_range("refit_interval", self.refit_interval, 1)
         check_range("grace_period_s", self.grace_period_s, 0.0)
         check_range("retry_after_s", self.retry_after_s, 0)
+        check_range("max_body_bytes", self.max_body_bytes, 1)
+        check_range("record_flush_s", self.record_flush_s, 0.0)
 
 
 # ---- report ----

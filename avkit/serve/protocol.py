@@ -1,9 +1,11 @@
 """The OpenAI wire format: request bodies (validated) and response bodies.
 
 Requests are pydantic models with `extra="forbid"`, as OpenAI's own API rejects an unrecognized
-argument. Parameters of the OpenAI API that avkit accepts but does not implement take only their
-neutral value (n=1, logprobs off, penalties 0); anything else is a 400 naming the field.
-Limits that depend on the server (max_tokens ceiling, context length) are checked by the app.
+argument. Parameters of the OpenAI API (and vLLM's extra sampling fields) that avkit cannot apply
+losslessly through speculative decoding take only their neutral value; anything else is a 400
+that names the field and says it is not supported (`UNSUPPORTED`). `n` choices are independent
+samples (lossless). Limits that depend on the server (max_tokens ceiling, context length, n up
+to --max-concurrency) are checked by the app.
 """
 
 from __future__ import annotations
@@ -13,6 +15,15 @@ import uuid
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+UNSUPPORTED = "not supported by avkit serve"
+
+
+def _neutral(name: str, value, neutral: tuple, why: str):
+    """A field accepted only at its neutral value(s); otherwise a ValueError that says why."""
+    if value is not None and value not in neutral:
+        raise ValueError(f"{name}={value!r} is {UNSUPPORTED}: {why}")
+    return value
 
 
 class _Strict(BaseModel):
@@ -32,14 +43,45 @@ class _SamplingParams(_Strict):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
-    n: Literal[1] = 1
+    n: int = Field(default=1, ge=1, le=128)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # Accepted for client compatibility, neutral values only.
-    presence_penalty: Literal[0, 0.0] = 0.0
-    frequency_penalty: Literal[0, 0.0] = 0.0
-    logit_bias: dict[str, float] | None = Field(default=None, max_length=0)
+    # Accepted for client compatibility, neutral values only: each would change the target distribution
+    # the verifier samples from, and avkit's verifier applies temperature and top-p only.
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None  # vLLM
+    top_k: int | None = None  # vLLM: -1 or 0 = off
+    min_p: float | None = None  # vLLM: 0 = off
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _no_penalty(cls, v, info):
+        return _neutral(info.field_name, v, (0, 0.0), "only 0 (no penalty)")
+
+    @field_validator("repetition_penalty")
+    @classmethod
+    def _no_repetition_penalty(cls, v):
+        return _neutral("repetition_penalty", v, (1, 1.0), "only 1.0 (no penalty)")
+
+    @field_validator("top_k")
+    @classmethod
+    def _no_top_k(cls, v):
+        return _neutral("top_k", v, (-1, 0), "only -1 or 0 (off); use top_p")
+
+    @field_validator("min_p")
+    @classmethod
+    def _no_min_p(cls, v):
+        return _neutral("min_p", v, (0, 0.0), "only 0 (off); use top_p")
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, v):
+        if v:
+            raise ValueError(f"logit_bias is {UNSUPPORTED}: only an empty map")
+        return v
 
     @field_validator("stop")
     @classmethod
@@ -58,14 +100,31 @@ class CompletionRequest(_SamplingParams):
     prompt: str | list[int] = Field(min_length=1)
     max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's legacy default
     echo: Literal[False] = False
-    best_of: Literal[1] = 1
-    logprobs: Literal[0] | None = None
+    best_of: int | None = None
+    logprobs: int | None = None
     suffix: None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v):
+        return _neutral("logprobs", v, (0,), "token log-probabilities are not returned")
+
+    @field_validator("best_of")
+    @classmethod
+    def _no_best_of(cls, v):
+        return _neutral("best_of", v, (1,), "use n for several samples")
+
+
+class TextPart(_Strict):
+    """One part of a message's content: avkit serves text models, so text parts only."""
+
+    type: Literal["text"]
+    text: str
 
 
 class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[TextPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
@@ -74,8 +133,7 @@ class ChatMessage(_Strict):
         """A dict for the chat template; list content (OpenAI 'parts') is joined to its text."""
         d: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role}
         if isinstance(self.content, list):
-            parts = [p.get("text", "") for p in self.content if p.get("type") == "text"]
-            d["content"] = "".join(parts)
+            d["content"] = "".join(p.text for p in self.content)
         else:
             d["content"] = self.content or ""
         for key in ("name", "tool_calls", "tool_call_id"):
@@ -90,9 +148,19 @@ class ChatCompletionRequest(_SamplingParams):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
-    logprobs: Literal[False] | None = None
-    top_logprobs: None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, v):
+        return _neutral("logprobs", v, (False,), "token log-probabilities are not returned")
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _no_top_logprobs(cls, v):
+        return _neutral("top_logprobs", v, (0,), "token log-probabilities are not returned")
 
     @field_validator("response_format")
     @classmethod
@@ -113,27 +181,28 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def completion_body(rid: str, model: str, text: str, finish_reason: str | None,
-                    use: dict[str, int] | None, *, chunk: bool = False) -> dict[str, Any]:
-    """A /v1/completions response, or one SSE chunk of it (chunks carry no usage unless asked)."""
+def completion_body(rid: str, model: str, choices: list[tuple[str, str | None]],
+                    use: dict[str, int] | None, *, chunk: bool = False, index: int = 0) -> dict[str, Any]:
+    """A /v1/completions response [(text, finish_reason)] per choice, or one SSE chunk of it (one
+    choice, numbered `index`; chunks carry no usage unless asked)."""
     body = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+            "choices": [{"index": index + i, "text": text, "logprobs": None, "finish_reason": finish}
+                        for i, (text, finish) in enumerate(choices)]}
     if use is not None or not chunk:
         body["usage"] = use
     return body
 
 
-def chat_body(rid: str, model: str, text: str, finish_reason: str | None,
-              use: dict[str, int]) -> dict[str, Any]:
+def chat_body(rid: str, model: str, choices: list[tuple[str, str]], use: dict[str, int]) -> dict[str, Any]:
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [{"index": i, "message": {"role": "assistant", "content": text},
+                         "logprobs": None, "finish_reason": finish} for i, (text, finish) in enumerate(choices)],
             "usage": use}
 
 
 def chat_chunk(rid: str, model: str, delta: dict[str, Any], finish_reason: str | None,
-               use: dict[str, int] | None = None) -> dict[str, Any]:
-    choices = [] if use is not None else [{"index": 0, "delta": delta, "logprobs": None,
+               use: dict[str, int] | None = None, *, index: int = 0) -> dict[str, Any]:
+    choices = [] if use is not None else [{"index": index, "delta": delta, "logprobs": None,
                                            "finish_reason": finish_reason}]
     body = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
             "model": model, "choices": choices}
