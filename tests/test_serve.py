@@ -10,54 +10,21 @@ from __future__ import annotations
 
 import json
 import math
-import time
-from contextlib import contextmanager
 
 import httpx
 import numpy as np
 import openai
 import pytest
 import torch
-from prometheus_client.parser import text_string_to_metric_families
 
-from avkit.config import SamplingConfig, ServeConfig
-from avkit.models import load
-from avkit.models.testing import write_tiny_model
+from avkit.config import SamplingConfig
 from avkit.runtime.engine import Engine, EngineConfig
 from avkit.runtime.request import Request
 from avkit.scheduling.policy import POLICIES, FullVerification
 from avkit.serve.server import bind_warning, build_state
-from avkit.serve.testing import serve_in_thread
+from serve_support import PROMPTS, VOCAB, metrics, running_server, serve_config, wait_for
 
-VOCAB = 384
-PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):", "import numpy as np"]
-
-
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: threads only add contention
-    root = tmp_path_factory.mktemp("serve_models")
-    tpath = write_tiny_model(root / "target", vocab=VOCAB, seed=0, init_std=0.3)
-    dpath = write_tiny_model(root / "draft", vocab=VOCAB, seed=0, init_std=0.25)
-    yield tpath, dpath, load(tpath), load(dpath)
-    torch.set_num_threads(threads)
-
-
-def _config(pair, tmp_path, **kw) -> ServeConfig:
-    tpath, dpath = pair[:2]
-    base = {"target": str(tpath), "draft": str(dpath), "served_model_name": "tiny",
-            "snapshot": str(tmp_path / "snap.json"), "k": 4, "max_concurrency": 4, "queue_size": 8,
-            "max_len": 192, "max_tokens_limit": 120, "default_max_tokens": 24, "grace_period_s": 2.0,
-            "cost": "roofline:cpu:1.5b"}  # pinned: the default would read a profiled table if this machine has one
-    return ServeConfig(**{**base, **kw})
-
-
-@contextmanager
-def _server(pair, tmp_path, **kw):
-    state = build_state(_config(pair, tmp_path, **kw), target=pair[2], draft=pair[3])
-    with serve_in_thread(state) as url:
-        yield url, state
+_config, _server, _metrics, _wait = serve_config, running_server, metrics, wait_for
 
 
 def _greedy_reference(target, prompt_ids: list[int], n: int):
@@ -189,12 +156,6 @@ def test_bad_chat_requests(server, raw, field):
     assert ("JSON" in err["message"]) if field is None else (field in err["message"])
 
 
-def _metrics(url: str, headers=None) -> dict[tuple[str, tuple], float]:
-    text = httpx.get(url + "/metrics", headers=headers).text
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
-
-
 def test_metrics_count_drafts_per_position(server, client):
     client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=24, temperature=1.0, seed=1)
     m = _metrics(server[0])
@@ -227,15 +188,6 @@ def test_api_key_required_except_health(pair, tmp_path):
     assert bind_warning(_config(pair, tmp_path, host="0.0.0.0")) is not None
     assert bind_warning(_config(pair, tmp_path, host="0.0.0.0", api_key="k")) is None
     assert bind_warning(_config(pair, tmp_path, host="::1")) is None
-
-
-def _wait(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def _long_prompt(pair, n):

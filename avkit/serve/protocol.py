@@ -129,6 +129,22 @@ class ChatMessage(_Strict):
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, v):
+        """One clear message per bad part (pydantic's union errors would name the `str` branch)."""
+        if not isinstance(v, list):
+            return v
+        for i, part in enumerate(v):
+            if not isinstance(part, dict):
+                raise ValueError(f"part {i} must be an object, got {type(part).__name__}")
+            if part.get("type") != "text":
+                raise ValueError(f"part {i} has type {part.get('type')!r}: only 'text' parts are supported "
+                                 "(avkit serves text models)")
+            if not isinstance(part.get("text"), str):
+                raise ValueError(f"part {i}: text must be a string, got {type(part.get('text')).__name__}")
+        return v
+
     def as_template_dict(self) -> dict[str, Any]:
         """A dict for the chat template; list content (OpenAI 'parts') is joined to its text."""
         d: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role}
