@@ -64,7 +64,7 @@ def register(app: typer.Typer) -> None:
         """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
         from avkit.serve.server import bind_warning
         from avkit.serve.server import serve as run
-        from avkit.serve.startup import warm_start
+        from avkit.serve.startup import bind_socket, check_record_writable, warm_start
 
         config = ServeConfig(
             target=target, draft=draft, drafter=drafter, payoff=payoff, policy=policy, estimator=estimator,
@@ -75,11 +75,15 @@ def register(app: typer.Typer) -> None:
             default_max_tokens=min(_d("default_max_tokens"), max_tokens_limit), k=k, seed=seed,
             device=device, dtype=dtype, grace_period_s=grace_period, max_body_bytes=max_body_bytes,
             log_requests=log_requests)
-        warm_start(config)  # a bad --coefficients fails before any model is loaded
+        # Everything that can be wrong with the options fails here, as one line, before the models load.
+        warm_start(config)
+        if config.record:
+            check_record_writable(config.record)
+        sock = bind_socket(config.host, config.port)
         console = Console(stderr=True)
         warning = bind_warning(config)
         if warning:
             console.print(f"[bold yellow]warning:[/] {warning}")
         draft_note = f" + {config.draft}" if config.draft not in ("", "none") else ""
         console.print(f"avkit serve: loading {config.target}{draft_note}")
-        run(config, log_level=log_level)
+        run(config, log_level=log_level, sock=sock)

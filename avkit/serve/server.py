@@ -163,10 +163,12 @@ def configure_logging(log_level: str) -> None:
     logger.propagate = False
 
 
-def serve(config: ServeConfig, *, log_level: str = "info") -> None:
-    """Run until SIGTERM/SIGINT; returns normally (exit code 0) after a graceful shutdown."""
+def serve(config: ServeConfig, *, log_level: str = "info", sock=None) -> None:
+    """Run until SIGTERM/SIGINT; returns normally (exit code 0) after a graceful shutdown. `sock`: the
+    listening socket if the caller bound it already (the CLI does, before loading models)."""
     configure_logging(log_level)
-    sock = bind_socket(config.host, config.port)  # a busy port fails now, not after loading models
+    if sock is None:
+        sock = bind_socket(config.host, config.port)  # a busy port fails now, not after loading models
     try:
         state = build_state(config)
         log.info("%s", state.startup)
