@@ -11,7 +11,6 @@ import time
 
 import httpx
 import openai
-import pytest
 
 from avkit.config import SamplingConfig
 from avkit.runtime.request import Request
@@ -87,7 +86,7 @@ def test_a_cancel_while_the_request_is_in_transit_is_not_lost(pair, tmp_path):
     loop.start()
     try:
         prompt = pair[2].tokenizer.encode("The quick brown fox")
-        handle, aloop = _submit(loop, "r1", prompt, 100)
+        handle, _aloop = _submit(loop, "r1", prompt, 100)
         assert wait_for(lambda: loop.num_running == 0 and not loop._in_transit and "cancelled_in_transit" in seen)
         assert seen["cancelled_in_transit"]
         time.sleep(0.2)
@@ -180,7 +179,7 @@ def test_record_path_lost_mid_run_keeps_rows_in_memory_and_writes_them_later(pai
     record_dir = tmp_path / "rec"
     record_dir.mkdir()
     with running_server(pair, tmp_path, record=str(record_dir / "t.parquet"), record_flush_s=0.0,
-                        draft_gate=False) as (url, state):
+                        draft_gate=False) as (url, _state):
         client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
         record_dir.rename(tmp_path / "rec_moved")  # the directory vanishes under the server
         unwritable_dir(record_dir)
