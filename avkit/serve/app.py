@@ -105,7 +105,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         elif e.status_code == 405:
             message, type_ = f"method {request.method} not allowed on {request.url.path}", "invalid_request_error"
         else:  # 400: a body FastAPI cannot decode (invalid UTF-8 among them)
-            message, type_ = f"request body: {e.detail}", "invalid_request_error"
+            message, type_ = "request body: cannot be parsed as UTF-8 JSON", "invalid_request_error"
         return JSONResponse(error_body(message, type_=type_, code=e.status_code), status_code=e.status_code,
                             headers=getattr(e, "headers", None))
 
