@@ -124,7 +124,8 @@ def test_stop_sequence_truncates(pair, client):
     ({"prompt": "x", "temperature": -0.5}, 400, "temperature"),
     ({"prompt": "x", "top_p": 0}, 400, "top_p"),
     ({"prompt": "x", "n": 5}, 400, "n"),  # n choices decode at once: at most max_concurrency (4)
-    ({"prompt": "x", "top_k": 5}, 400, "top_k"),
+    ({"prompt": "x", "top_k": -2}, 400, "top_k"),
+    ({"prompt": "x", "min_p": 1.5}, 400, "min_p"),
     ({"prompt": "x", "max_tokens_typo": 3}, 400, "max_tokens_typo"),
     ({"prompt": ""}, 400, "prompt"),
     ({"prompt": [1, 2, VOCAB + 5]}, 400, "prompt"),

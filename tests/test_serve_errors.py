@@ -43,8 +43,6 @@ COMPL = "/v1/completions"
     (CHAT, {"messages": [{"role": "user", "content": "x"}], "logprobs": True}, 400, "logprobs", "not supported"),
     (CHAT, {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}, 400, "top_logprobs",
      "not supported"),
-    (COMPL, {"prompt": "x", "top_k": 20}, 400, "top_k", "not supported"),
-    (COMPL, {"prompt": "x", "min_p": 0.1}, 400, "min_p", "not supported"),
     (COMPL, {"prompt": "x", "repetition_penalty": 1.2}, 400, "repetition_penalty", "not supported"),
     (COMPL, {"prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty", "not supported"),
     (COMPL, {"prompt": "x", "best_of": 3}, 400, "best_of", "not supported"),
@@ -58,7 +56,7 @@ def test_bad_bodies_get_a_400_naming_the_field(server, path, body, status, param
 
 
 def test_neutral_values_of_unsupported_fields_are_accepted(server):
-    body = {"model": "tiny", "prompt": "x", "max_tokens": 2, "top_k": -1, "min_p": 0, "repetition_penalty": 1,
+    body = {"model": "tiny", "prompt": "x", "max_tokens": 2, "repetition_penalty": 1,
             "presence_penalty": 0, "frequency_penalty": 0, "logprobs": 0, "best_of": 1, "logit_bias": {}}
     assert httpx.post(server[0] + COMPL, json=body).status_code == 200
 
@@ -156,3 +154,17 @@ def test_n_choices_with_the_openai_client(server):
     greedy = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
                                             max_tokens=6, n=2, temperature=0)
     assert greedy.choices[0].message.content == greedy.choices[1].message.content  # greedy: both the argmax path
+
+
+@pytest.mark.parametrize("extra", [{"top_k": 1}, {"min_p": 1.0}, {"top_k": 1, "min_p": 0.3}])
+def test_top_k_and_min_p_reach_the_verifier(server, extra):
+    """top_k = 1 (or min_p = 1) keeps only the most probable token: sampling at T = 1 must then give the
+    greedy text exactly, through speculative decoding (drafts from the untruncated draft distribution)."""
+    client = openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0, timeout=60)
+    greedy = client.completions.create(model="tiny", prompt="def f(x):", max_tokens=16, temperature=0)
+    sampled = client.completions.create(model="tiny", prompt="def f(x):", max_tokens=16, temperature=1.0, top_p=1.0,
+                                        extra_body=extra)
+    assert sampled.choices[0].text == greedy.choices[0].text and len(greedy.choices[0].text) > 0
+    loose = client.completions.create(model="tiny", prompt="def f(x):", max_tokens=16, temperature=1.0, seed=3,
+                                      extra_body={"top_k": 50, "min_p": 0.01})
+    assert loose.usage.completion_tokens >= 1

@@ -63,8 +63,8 @@ class Generation:
     def __init__(self, state: ServeState, rid: str, prompt_ids: list[int], body, max_tokens: int):
         self.state, self.rid, self.prompt_len = state, rid, len(prompt_ids)
         try:
-            sampling = SamplingConfig(temperature=body.temperature, top_p=body.top_p,
-                                      max_new_tokens=max_tokens, seed=body.seed)
+            sampling = SamplingConfig(temperature=body.temperature, top_p=body.top_p, max_new_tokens=max_tokens,
+                                      seed=body.seed, top_k=max(0, body.top_k or 0), min_p=body.min_p or 0.0)
             requests = [SeededRequest(f"{rid}-{i}", prompt_ids, sampling, dataset="serve", choice=i)
                         if body.seed is not None else EngineRequest(f"{rid}-{i}", prompt_ids, sampling,
                                                                     dataset="serve")

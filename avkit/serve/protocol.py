@@ -1,10 +1,11 @@
 """The OpenAI wire format: request bodies (validated) and response bodies.
 
 Requests are pydantic models with `extra="forbid"`, as OpenAI's own API rejects an unrecognized
-argument. Parameters of the OpenAI API (and vLLM's extra sampling fields) that avkit cannot apply
-losslessly through speculative decoding take only their neutral value; anything else is a 400
-that names the field and says it is not supported (`UNSUPPORTED`). `n` choices are independent
-samples (lossless). Limits that depend on the server (max_tokens ceiling, context length, n up
+argument. Sampling: temperature, top_p and vLLM's top_k and min_p are applied by the verifier to
+the target distribution (lossless: `avkit.runtime.sampling`); `n` choices are independent samples.
+Parameters that avkit cannot apply losslessly through speculative decoding (logprobs, penalties,
+logit_bias, best_of) take only their neutral value; anything else is a 400 that names the field
+and says it is not supported (`UNSUPPORTED`). Limits that depend on the server (max_tokens ceiling, context length, n up
 to --max-concurrency) are checked by the app.
 """
 
@@ -47,13 +48,14 @@ class _SamplingParams(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # Accepted for client compatibility, neutral values only: each would change the target distribution
-    # the verifier samples from, and avkit's verifier applies temperature and top-p only.
+    # vLLM's extra sampling fields that the verifier applies to the target distribution (lossless).
+    top_k: int | None = Field(default=None, ge=-1)  # -1 or 0 = off
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)  # 0 = off
+    # Accepted for client compatibility, neutral values only: a penalty depends on the tokens generated
+    # so far, drafts included, and the verifier does not apply it.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None  # vLLM
-    top_k: int | None = None  # vLLM: -1 or 0 = off
-    min_p: float | None = None  # vLLM: 0 = off
     logit_bias: dict[str, float] | None = None
 
     @field_validator("presence_penalty", "frequency_penalty")
@@ -65,16 +67,6 @@ class _SamplingParams(_Strict):
     @classmethod
     def _no_repetition_penalty(cls, v):
         return _neutral("repetition_penalty", v, (1, 1.0), "only 1.0 (no penalty)")
-
-    @field_validator("top_k")
-    @classmethod
-    def _no_top_k(cls, v):
-        return _neutral("top_k", v, (-1, 0), "only -1 or 0 (off); use top_p")
-
-    @field_validator("min_p")
-    @classmethod
-    def _no_min_p(cls, v):
-        return _neutral("min_p", v, (0, 0.0), "only 0 (off); use top_p")
 
     @field_validator("logit_bias")
     @classmethod
