@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 import time
 from contextlib import contextmanager
 
@@ -46,3 +50,37 @@ def wait_for(predicate, timeout=20.0) -> bool:
             return False
         time.sleep(0.02)
     return True
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serve_process(pair, *args: str, timeout: float = 120.0):
+    """`python -m avkit serve` on the tiny pair (K 4, max_len 192, model name `tiny`, no draft gate: tiny
+    random drafts rarely pay, the gate would skip the steps that refit) -> (process, base URL) once
+    /health answers; killed on exit if still running."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "avkit", "serve", "--target", str(pair[0]), "--draft", str(pair[1]),
+           "--port", str(port), "--k", "4", "--max-len", "192", "--served-model-name", "tiny",
+           "--log-level", "warning", "--no-draft-gate", *args]
+    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def up():
+        try:
+            return httpx.get(url + "/health").status_code == 200
+        except httpx.TransportError:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            return False
+
+    try:
+        assert wait_for(up, timeout=timeout)
+        yield proc, url
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -22,7 +22,7 @@ from avkit.runtime.engine import Engine, EngineConfig
 from avkit.runtime.request import Request
 from avkit.scheduling.policy import POLICIES, FullVerification
 from avkit.serve.server import bind_warning, build_state
-from serve_support import PROMPTS, VOCAB, metrics, running_server, serve_config, wait_for
+from serve_support import PROMPTS, VOCAB, metrics, running_server, serve_config, serve_process, wait_for
 
 _config, _server, _metrics, _wait = serve_config, running_server, metrics, wait_for
 
@@ -314,14 +314,6 @@ def test_lossless_through_the_servers_engine_configuration(pair, tmp_path):
     assert engine.stats.steps > 0 and state.engine_loop.num_running == 0
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _refused(url: str) -> bool:
     try:
         return httpx.post(url + "/v1/completions", json={"model": "tiny", "prompt": "x"}).status_code == 503
@@ -331,31 +323,14 @@ def _refused(url: str) -> bool:
 
 def test_sigterm_finishes_in_flight_snapshots_and_flushes_trace(pair, tmp_path):
     """`avkit serve` as a process: SIGTERM mid-stream -> the stream completes, snapshot + trace, exit 0."""
-    import os
     import signal
-    import subprocess
-    import sys
 
     from avkit.trace.reader import read_traces
 
-    port, snap, trace = _free_port(), tmp_path / "snap.json", tmp_path / "serve.parquet"
-    cmd = [sys.executable, "-m", "avkit", "serve", "--target", str(pair[0]), "--draft", str(pair[1]),
-           "--port", str(port), "--snapshot", str(snap), "--snapshot-every", "2", "--refit-interval", "3",
-           "--record", str(trace), "--k", "4", "--max-len", "192", "--max-tokens-limit", "120",
-           "--served-model-name", "tiny", "--grace-period", "20", "--log-level", "warning",
-           "--no-draft-gate"]  # tiny random drafts rarely pay: the gate would skip the steps that refit
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def up():
-            try:
-                return httpx.get(url + "/health").status_code == 200
-            except httpx.TransportError:
-                assert proc.poll() is None, proc.communicate()[1][-2000:]
-                return False
-
-        assert _wait(up, timeout=90)
+    snap, trace = tmp_path / "snap.json", tmp_path / "serve.parquet"
+    args = ["--snapshot", str(snap), "--snapshot-every", "2", "--refit-interval", "3", "--record", str(trace),
+            "--max-tokens-limit", "120", "--grace-period", "20"]
+    with serve_process(pair, *args) as (proc, url):
         body = {"model": "tiny", "prompt": _long_prompt(pair, 48), "max_tokens": 48, "temperature": 0,
                 "stream": True}
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
@@ -367,9 +342,6 @@ def test_sigterm_finishes_in_flight_snapshots_and_flushes_trace(pair, tmp_path):
         chunks = [json.loads(ln[6:]) for ln in [first, *rest] if ln.startswith("data: {")]
         assert rest[-1] == "data: [DONE]" and chunks[-1]["choices"][0]["finish_reason"] == "length"
         assert proc.wait(timeout=60) == 0, proc.communicate()[1][-2000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     coeffs = json.loads(snap.read_text())
     assert coeffs["num_positions"] == 4 and len(coeffs["intercepts"]) == 4 and coeffs["slope"] > 0
     assert coeffs["refits"] >= 2 and coeffs["rounds"] >= 2  # 48 greedy tokens take > 6 steps

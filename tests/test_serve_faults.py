@@ -14,23 +14,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
-import os
 import signal
-import subprocess
-import sys
 
 import httpx
 
-from serve_support import metrics, wait_for
+from serve_support import metrics, serve_process, wait_for
 from test_serve_failures import unwritable_dir
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def _one(c: httpx.AsyncClient, body: dict, *, leave_after: int | None = None) -> dict:
@@ -72,26 +61,13 @@ def _check_answered(results: list[dict]) -> None:
 
 
 def test_serve_under_load_with_failing_disks_disconnects_overflow_and_sigterm(pair, tmp_path):
-    port, record_dir = _free_port(), tmp_path / "rec"
+    record_dir = tmp_path / "rec"
     snap_dir = unwritable_dir(tmp_path / "snapdir")
     record_dir.mkdir()
-    cmd = [sys.executable, "-m", "avkit", "serve", "--target", str(pair[0]), "--draft", str(pair[1]),
-           "--port", str(port), "--snapshot", str(snap_dir / "snap.json"), "--snapshot-every", "1",
-           "--refit-interval", "2", "--record", str(record_dir / "t.parquet"), "--k", "4", "--max-len", "192",
-           "--max-tokens-limit", "64", "--max-concurrency", "2", "--queue-size", "3", "--served-model-name",
-           "tiny", "--grace-period", "30", "--log-level", "warning", "--no-draft-gate"]
-    proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        def up():
-            try:
-                return httpx.get(url + "/health").status_code == 200
-            except httpx.TransportError:
-                assert proc.poll() is None, proc.communicate()[1][-3000:]
-                return False
-
-        assert wait_for(up, timeout=120)
+    args = ["--snapshot", str(snap_dir / "snap.json"), "--snapshot-every", "1", "--refit-interval", "2",
+            "--record", str(record_dir / "t.parquet"), "--max-tokens-limit", "64", "--max-concurrency", "2",
+            "--queue-size", "3", "--grace-period", "30"]
+    with serve_process(pair, *args) as (proc, url):
         record_dir.rename(tmp_path / "rec_gone")  # --record was writable at start; now it is not
         unwritable_dir(record_dir)
 
@@ -140,9 +116,6 @@ def test_serve_under_load_with_failing_disks_disconnects_overflow_and_sigterm(pa
         assert [r["status"] for r in in_flight] == [200] * 4 and all(r["done"] for r in in_flight)
         assert late["status"] == 503
         assert proc.wait(timeout=60) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
     err = proc.stderr.read()
     assert "Traceback" not in err, err[-3000:]
     assert err.count("snapshot write failed") == 1, err[-3000:]  # logged once per kind

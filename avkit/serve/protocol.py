@@ -13,22 +13,29 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 UNSUPPORTED = "not supported by avkit serve"
 
 
-def _neutral(name: str, value, neutral: tuple, why: str):
-    """A field accepted only at its neutral value(s); otherwise a ValueError that says why."""
-    if value is not None and value not in neutral:
-        raise ValueError(f"{name}={value!r} is {UNSUPPORTED}: {why}")
-    return value
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    # field -> (its neutral values, why nothing else is accepted); checked by `_neutral_only`
+    NEUTRAL: ClassVar[dict[str, tuple[tuple, str]]] = {}
+
+    @field_validator("*")
+    @classmethod
+    def _neutral_only(cls, v, info):
+        """A field of NEUTRAL is accepted at its neutral value(s) only; otherwise a 400 that says why."""
+        rule = cls.NEUTRAL.get(info.field_name)
+        if rule is not None and v is not None and v not in rule[0]:
+            raise ValueError(f"{info.field_name}={v!r} is {UNSUPPORTED}: {rule[1]}")
+        return v
+
+
+_NO_LOGPROBS = "token log-probabilities are not returned"
 
 
 class StreamOptions(_Strict):
@@ -57,23 +64,10 @@ class _SamplingParams(_Strict):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None  # vLLM
     logit_bias: dict[str, float] | None = None
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, v, info):
-        return _neutral(info.field_name, v, (0, 0.0), "only 0 (no penalty)")
-
-    @field_validator("repetition_penalty")
-    @classmethod
-    def _no_repetition_penalty(cls, v):
-        return _neutral("repetition_penalty", v, (1, 1.0), "only 1.0 (no penalty)")
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_logit_bias(cls, v):
-        if v:
-            raise ValueError(f"logit_bias is {UNSUPPORTED}: only an empty map")
-        return v
+    NEUTRAL: ClassVar = {"presence_penalty": ((0,), "only 0 (no penalty)"),
+                         "frequency_penalty": ((0,), "only 0 (no penalty)"),
+                         "repetition_penalty": ((1,), "only 1.0 (no penalty)"),
+                         "logit_bias": (({},), "only an empty map")}
 
     @field_validator("stop")
     @classmethod
@@ -95,16 +89,8 @@ class CompletionRequest(_SamplingParams):
     best_of: int | None = None
     logprobs: int | None = None
     suffix: None = None
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v):
-        return _neutral("logprobs", v, (0,), "token log-probabilities are not returned")
-
-    @field_validator("best_of")
-    @classmethod
-    def _no_best_of(cls, v):
-        return _neutral("best_of", v, (1,), "use n for several samples")
+    NEUTRAL: ClassVar = {**_SamplingParams.NEUTRAL, "logprobs": ((0,), _NO_LOGPROBS),
+                         "best_of": ((1,), "use n for several samples")}
 
 
 class TextPart(_Strict):
@@ -159,16 +145,8 @@ class ChatCompletionRequest(_SamplingParams):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
-
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, v):
-        return _neutral("logprobs", v, (False,), "token log-probabilities are not returned")
-
-    @field_validator("top_logprobs")
-    @classmethod
-    def _no_top_logprobs(cls, v):
-        return _neutral("top_logprobs", v, (0,), "token log-probabilities are not returned")
+    NEUTRAL: ClassVar = {**_SamplingParams.NEUTRAL, "logprobs": ((False,), _NO_LOGPROBS),
+                         "top_logprobs": ((0,), _NO_LOGPROBS)}
 
     @field_validator("response_format")
     @classmethod
