@@ -157,7 +157,9 @@ def configure_logging(log_level: str) -> None:
     logger = logging.getLogger("avkit")
     if not logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(levelname)-9s %(message)s"))
+        from uvicorn.logging import DefaultFormatter
+
+        handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s", use_colors=False))  # as uvicorn's
         logger.addHandler(handler)
     logger.setLevel(log_level.upper())
     logger.propagate = False

@@ -121,7 +121,9 @@ def startup_block(config: ServeConfig, *, target, draft, device: str, dtype: str
               "snapshot": f"{warm.path} (snapshot of an earlier run; --no-resume to ignore it)",
               "shipped": f"{warm.path} (shipped, fitted on the repository's traces)",
               "reference": "the estimator's reference constants (no coefficients file)"}[warm.source]
+    host = f"[{config.host}]" if ":" in config.host else config.host
     lines = [
+        ("listening", f"http://{host}:{config.port}/v1"),
         ("models", models),
         ("device", f"{device}, {dtype}"),
         ("K", str(config.k if spec else 0)),
