@@ -19,12 +19,14 @@ import uuid
 
 from avkit.config import ServeConfig
 from avkit.errors import AvkitError, ConfigError
+from avkit.estimators.coefficients import ServedPair, load_coefficients
 from avkit.serve.app import ServeState, asgi_app
 from avkit.serve.engine_loop import EngineLoop
 from avkit.serve.metrics import ServeMetrics
 from avkit.serve.side_writes import SideWrites
 from avkit.serve.snapshot import CoefficientSnapshots
-from avkit.serve.startup import bind_socket, check_record_writable, snapshot_path, startup_block, warm_start
+from avkit.serve.startup import WarmStart, bind_socket, check_record_writable, snapshot_path, startup_block, \
+    warm_start
 from avkit.serve.trace_sink import ServeSink
 
 log = logging.getLogger("avkit.serve")
@@ -41,7 +43,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def make_policy(config: ServeConfig, coefficients: str):
+def make_policy(config: ServeConfig, coefficients: str, pair: ServedPair | None = None):
     """The verify policy by name from the registry; adaptive gets its estimator (warm-started from
     `coefficients`, refitting every `refit_interval` steps), the cost table and its draft gate."""
     import avkit.scheduling.adaptive  # noqa: F401 - registers POLICIES["adaptive"]
@@ -52,7 +54,7 @@ def make_policy(config: ServeConfig, coefficients: str):
         return make("fixed", k=config.k)
     if config.policy == "adaptive":
         return make("adaptive", cost=config.cost or None, estimator=config.estimator,
-                    coefficients=coefficients, k=config.k,
+                    coefficients=coefficients, k=config.k, pair=pair,
                     config=EstimatorConfig(refit_interval=config.refit_interval),
                     adaptive=AdaptiveConfig(gate=config.draft_gate))
     return make(config.policy)
@@ -88,15 +90,23 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
     if draft is None and use_draft:
         draft = load(config.draft, dtype=dtype, device=device)
     draft = draft if use_draft else None
+    pair = ServedPair(target.model_id, draft.model_id if draft else "", target.sha256 or "",
+                      (draft.sha256 or "") if draft else "")
+    if warm.source == "shipped":
+        try:  # the shipped fit is a default: fitted on another pair, it is not used (a given file must match)
+            load_coefficients(warm.path, k=config.k, pair=pair)
+        except AvkitError as e:
+            log.warning("not warm-starting from the shipped coefficients: %s", e)
+            warm = WarmStart("", "reference")
     try:
-        policy = make_policy(config, warm.path) if draft is not None else None
+        policy = make_policy(config, warm.path, pair) if draft is not None else None
     except AvkitError as e:
         if not warm.path:
             raise
         raise ConfigError(f"warm start from {warm.path} ({warm.source}): {e} (pass --no-resume, another "
                           "--snapshot or --coefficients)") from None
     side_writes = SideWrites()
-    snapshots = CoefficientSnapshots(policy, snapshot_path(config), config.snapshot_every, side_writes)
+    snapshots = CoefficientSnapshots(policy, snapshot_path(config), config.snapshot_every, pair, side_writes)
     metrics = ServeMetrics(config.k, snapshots.current)
     side_writes.failures = metrics.side_write_failures
     sink = ServeSink(metrics, _trace_writer(config, target, draft), run_id=f"serve-{uuid.uuid4().hex[:8]}",

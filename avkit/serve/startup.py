@@ -7,20 +7,21 @@ cannot be bound, an unwritable --record, a missing --coefficients file.
 Warm start, first match wins:
   explicit   --coefficients FILE (it names what the operator wants, over any snapshot)
   snapshot   the live snapshot of an earlier run (--resume, the default, when the file exists)
-  shipped    traces/coefficients.json fitted on the shipped traces (only for the K it was fitted for)
+  shipped    traces/coefficients.json fitted on the shipped traces (only for the K and the model pair it
+             was fitted for)
   reference  the estimator's reference constants (no file)
 """
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 from avkit.config import DEFAULT_COST_PATH, SERVE_STATE_DIR, SHIPPED_COEFFICIENTS, ServeConfig
-from avkit.errors import ConfigError
+from avkit.errors import AvkitError, ConfigError
+from avkit.estimators.coefficients import load_coefficients
 
 
 @dataclass(frozen=True)
@@ -55,11 +56,10 @@ def warm_start(config: ServeConfig) -> WarmStart:
     shipped = shipped_coefficients()
     if shipped is not None:
         try:  # the shipped fit is a default, not a demand: it applies only to the K it was fitted for
-            fitted_k = json.loads(Path(shipped).read_text()).get("num_positions")
-        except (OSError, ValueError, AttributeError):
-            fitted_k = None
-        if fitted_k == config.k:
-            return WarmStart(str(shipped), "shipped")
+            load_coefficients(shipped, k=config.k)
+        except AvkitError:
+            return WarmStart("", "reference")
+        return WarmStart(str(shipped), "shipped")  # build_state also checks it was fitted on the served pair
     return WarmStart("", "reference")
 
 
