@@ -248,11 +248,11 @@ def fit_dir(base, tmp_path_factory) -> Path:
 
 
 DAMAGE = {
-    "coefficients.json not UTF-8": ("coefficients.json", b"\xff\xfe{", "coefficients.json: not valid JSON"),
-    "coefficients.json a list": ("coefficients.json", b"[1, 2]", "coefficients.json: expected a JSON object, got list"),
+    "coefficients.json not UTF-8": ("coefficients.json", b"\xff\xfe{", "coefficients.json: not JSON"),
+    "coefficients.json a list": ("coefficients.json", b"[1, 2]", "coefficients.json: must be a JSON object, got list"),
     "coefficients.json slope a string": ("coefficients.json", json.dumps(
-        {"feature": "logit_qmax", "slope": "x", "intercepts": [0.1], "estimator": "e"}).encode(),
-        "field 'slope' must be a number, got 'x'"),
+        {"feature": "logit_qmax", "num_positions": 1, "slope": "x", "intercepts": [0.1], "estimator": "e"}).encode(),
+        "field 'slope'"),
     "scores.json rows not objects": ("scores.json", b"[1, 2]", "scores.json: row 0 is not an object: 1"),
     "trajectory.parquet damaged": ("trajectory.parquet", b"PAR1 not parquet", "trajectory.parquet: not a readable"),
 }

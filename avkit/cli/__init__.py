@@ -17,7 +17,7 @@ import typer
 
 from avkit.errors import AvkitError
 
-COMMANDS = ("models", "record", "fit", "hvd", "simulate", "profile", "serve", "report")
+COMMANDS = ("models", "record", "fit", "hvd", "simulate", "tune", "profile", "serve", "report")
 
 
 @contextlib.contextmanager

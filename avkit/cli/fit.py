@@ -34,6 +34,12 @@ def render(result, written: dict, console: Console) -> None:
     console.print(f"[bold]{c['estimator']}[/] on {c['feature']} ({c['mode']}): slope {c['slope']:.4f}, "
                   f"intercepts {' '.join(f'{b:+.3f}' for b in c['intercepts'])}, "
                   f"{c['trained_on']['observed']} observed of {c['trained_on']['slots']} slots")
+    if c["mode"] == "online":
+        from avkit.fit.data import CLOCKS
+
+        console.print(f"clock: {c['trained_on']['engine_steps']} engine steps from the "
+                      f"{CLOCKS.get(c['clock'], 'engine_step column in some files, (request_id, step) groups in others')}"
+                      f"; {c['refits']} refits every {c['refit_interval']} steps")
     table = Table(title="scores (scope all / all_but_first)")
     for col in ("feature", "lossless", "estimator", "AUC", "log-loss", "ECE", "AUC >0", "n"):
         table.add_column(col, justify="left" if col in ("feature", "estimator") else "right")
@@ -60,6 +66,11 @@ def register(app: typer.Typer) -> None:
         mode: Annotated[str, typer.Option(help="online: replay refit rounds as live (out-of-sample scores); "
                                                 "batch: Newton to convergence (in-sample)")] =
             default_of(FitConfig, "mode"),
+        estimator: Annotated[str, typer.Option(help="online estimator replayed and written to coefficients.json: "
+                                                     "online_logistic (vLLM's) or forgetting_logistic")] =
+            default_of(FitConfig, "estimator"),
+        coefficients: Annotated[str, typer.Option(help="online: warm-start the written estimator from this "
+                                                        "coefficients file or serve snapshot (validated)")] = "",
         feature: Annotated[str, typer.Option(help="lossless feature written to coefficients.json")] =
             default_of(EstimatorConfig, "feature"),
         refit_interval: Annotated[int, typer.Option(help="engine steps per online refit round")] =
@@ -75,7 +86,7 @@ def register(app: typer.Typer) -> None:
         from avkit.staged import StagedOutputs
         from avkit.trace.reader import common_k
 
-        config = FitConfig(mode=mode, n_bins=bins, out=str(out))
+        config = FitConfig(mode=mode, estimator=estimator, n_bins=bins, coefficients=coefficients, out=str(out))
         est_cfg = EstimatorConfig(feature=feature, refit_interval=refit_interval)
         paths = list(traces) if traces else shipped_traces()
         console = Console(stderr=True)

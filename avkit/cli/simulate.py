@@ -19,6 +19,11 @@ def _d(name: str):
     return default_of(SimulateConfig, name)
 
 
+# shared with `avkit tune`
+TracesArgument = Annotated[list[Path] | None, typer.Argument(help="trace files (default: traces/*.parquet)")]
+COST_HELP = "cost table JSON (avkit profile) or roofline:GPU:TARGET[:DRAFT][:context=N,drafter=parallel]"
+
+
 def shipped_traces() -> list[str]:
     """The trace files under traces/ (generation tables beside them excluded)."""
     paths = sorted(p for p in glob.glob(DEFAULT_TRACE_GLOB) if not p.endswith(".generations.parquet"))
@@ -59,9 +64,8 @@ def render(df, console: Console) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate(
-        traces: Annotated[list[Path] | None, typer.Argument(help="trace files (default: traces/*.parquet)")] = None,
-        cost: Annotated[str, typer.Option(help="cost table JSON (avkit profile) or roofline:GPU:TARGET[:DRAFT]"
-                                               "[:context=N,drafter=parallel]")] = _d("cost"),
+        traces: TracesArgument = None,
+        cost: Annotated[str, typer.Option(help=COST_HELP)] = _d("cost"),
         concurrency: Annotated[str, typer.Option(help="comma-separated concurrencies")] =
             ",".join(map(str, _d("concurrency"))),
         policies: Annotated[str | None, typer.Option(

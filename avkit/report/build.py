@@ -59,6 +59,7 @@ def build_document(inputs: ReportInputs, config: ReportConfig, progress: Progres
              ("traces", ", ".join(p.name for p in inputs.traces) or "not at hand"),
              ("simulation", inputs.sources.get("sim", "none")),
              ("hybrid drafting", inputs.sources.get("hvd", "none")),
+             ("tuning", inputs.sources.get("tune", "none")),
              ("written", f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC by avkit {__version__}")]
     return Report("avkit report: acceptance, calibration and verification", facts, sections)
 
@@ -98,21 +99,22 @@ def _simulate(traces: list[Path], dest: Path) -> Path:
 
 
 def report_fit_dir(fit_dir, out, config: ReportConfig | None = None, *, traces=None, sim=None, hvd=None,
-                   run_simulation: bool = False, progress: Progress | None = None,
+                   tune=None, run_simulation: bool = False, progress: Progress | None = None,
                    outputs: StagedOutputs | None = None) -> Path:
     """Report an `avkit fit` output directory (with the traces it names, when at hand) into `out`."""
     out, config = Path(out), config or ReportConfig()
     fit = load_fit_dir(fit_dir)
     with staging(out, outputs) as tmp:
         _copy_fit(fit, tmp / "fit")
-        inputs = _gather(load_fit_dir(tmp / "fit"), traces, sim, hvd, config, run_simulation, tmp, progress)
+        inputs = _gather(load_fit_dir(tmp / "fit"), traces, sim, hvd, config, run_simulation, tmp, progress, tune)
         write_document(build_document(inputs, config, progress), tmp, config)
     return out
 
 
 def report_traces(traces, out, config: ReportConfig | None = None, *, fit: FitConfig | None = None,
-                  estimator: EstimatorConfig | None = None, sim=None, hvd=None, run_simulation: bool = False,
-                  progress: Progress | None = None, outputs: StagedOutputs | None = None) -> Path:
+                  estimator: EstimatorConfig | None = None, sim=None, hvd=None, tune=None,
+                  run_simulation: bool = False, progress: Progress | None = None,
+                  outputs: StagedOutputs | None = None) -> Path:
     """Fit `traces` with the fit library (outputs kept in out/fit) and report them into `out`."""
     from avkit.fit import run_fit, write_fit_outputs
 
@@ -122,14 +124,14 @@ def report_traces(traces, out, config: ReportConfig | None = None, *, fit: FitCo
     result = run_fit(paths, fit, estimator)
     with staging(out, outputs) as tmp:
         write_fit_outputs(tmp / "fit", result)
-        inputs = _gather(load_fit_dir(tmp / "fit"), paths, sim, hvd, config, run_simulation, tmp, progress)
+        inputs = _gather(load_fit_dir(tmp / "fit"), paths, sim, hvd, config, run_simulation, tmp, progress, tune)
         write_document(build_document(inputs, config, progress), tmp, config)
     return out
 
 
 def _gather(fit: FitOutputs, traces, sim, hvd, config: ReportConfig, run_simulation: bool, tmp: Path,
-            progress: Progress | None) -> ReportInputs:
-    """sim / hvd: an explicit path must exist; None falls back to the config default when present, and
+            progress: Progress | None, tune=None) -> ReportInputs:
+    """sim / hvd / tune: an explicit path must exist; None falls back to the config default when present, and
     for sim, with `run_simulation`, to simulating the traces now (SimulateConfig defaults)."""
     paths = [Path(p) for p in (traces or fit.coefficients.get("trained_on", {}).get("traces", []))]
     simulated = ""
@@ -140,7 +142,7 @@ def _gather(fit: FitOutputs, traces, sim, hvd, config: ReportConfig, run_simulat
         sim = _simulate(paths, tmp / "simulate.parquet")
         simulated = f"simulated now with the avkit simulate defaults (cost model {SimulateConfig().cost})"
     inputs = load_inputs(fit, traces, sim or config.sim, hvd or config.hvd, sim_explicit=sim is not None,
-                         hvd_explicit=hvd is not None)
+                         hvd_explicit=hvd is not None, tune=tune or config.tune, tune_explicit=tune is not None)
     if simulated:
         inputs.sources["sim"] = simulated
     return inputs

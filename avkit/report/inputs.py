@@ -6,6 +6,7 @@
                or given): acceptance per position, reliability diagrams, the per-dataset refits
   sim          `avkit simulate` results Parquet: one row per (concurrency, policy)
   hvd          `avkit hvd` hvd_metrics.json: routers x datasets on held-out requests
+  tune         `avkit tune` result JSON (avkit/tune/__init__.py lists its keys)
 An input that is absent leaves `None` and a note; the sections that need it say so in the report.
 """
 
@@ -19,12 +20,14 @@ import numpy as np
 import polars as pl
 
 from avkit.errors import ConfigError, DataError
+from avkit.estimators.coefficients import load_coefficients
 from avkit.fit.data import FitData, load_fit_data
 from avkit.trace.reader import read_traces
 
 SCORE_KEYS = ("feature", "lossless", "estimator", "scope", "auc", "log_loss", "ece", "n")
 SIM_COLUMNS = ("concurrency", "policy", "throughput_tok_s", "per_request_tok_s", "vs_best_fixed")
 HVD_KEYS = ("router", "dataset", "cycles_per_1k", "precision", "recall", "speedup_vs_model")
+TUNE_KEYS = ("avkit_tune", "concurrency", "cells", "schedule", "infeasible", "idle", "vllm", "trtllm", "notes")
 
 
 @dataclass
@@ -43,6 +46,7 @@ class ReportInputs:
     drafts: dict[str, dict] = field(default_factory=dict)  # dataset -> {slots, entropy}: ALL drafted slots
     sim: pl.DataFrame | None = None
     hvd: dict | None = None
+    tune: dict | None = None
     notes: dict[str, str] = field(default_factory=dict)  # input -> why it is missing
     sources: dict[str, str] = field(default_factory=dict)  # input -> where it came from (shown in the report)
 
@@ -56,25 +60,6 @@ def _read_json(path: Path):
         raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
 
 
-def _check_coefficients(path: Path, c) -> None:
-    """The fields a report reads, with their types (the full check is the coefficients loader's)."""
-    if not isinstance(c, dict):
-        raise DataError(f"{path}: expected a JSON object, got {type(c).__name__}")
-    for key in ("feature", "slope", "intercepts", "estimator"):
-        if key not in c:
-            raise DataError(f"{path}: missing key {key!r}")
-    for key in ("feature", "estimator"):
-        if not isinstance(c[key], str):
-            raise DataError(f"{path}: field {key!r} must be a string, got {c[key]!r}")
-    number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)
-    if not number(c["slope"]):
-        raise DataError(f"{path}: field 'slope' must be a number, got {c['slope']!r}")
-    if not isinstance(c["intercepts"], list) or not c["intercepts"] or not all(map(number, c["intercepts"])):
-        raise DataError(f"{path}: field 'intercepts' must be a non-empty list of numbers, got {c['intercepts']!r}")
-    if not isinstance(c.get("trained_on", {}), dict):
-        raise DataError(f"{path}: field 'trained_on' must be an object, got {c['trained_on']!r}")
-
-
 def load_fit_dir(path) -> FitOutputs:
     """Read an `avkit fit` output directory; raise ConfigError/DataError naming the file."""
     d = Path(path)
@@ -83,8 +68,10 @@ def load_fit_dir(path) -> FitOutputs:
     for name in ("coefficients.json", "scores.json"):
         if not (d / name).is_file():
             raise ConfigError(f"FIT_DIR {d}: no {name} (write one with `avkit fit --out {d}`)")
-    coefficients, scores = _read_json(d / "coefficients.json"), _read_json(d / "scores.json")
-    _check_coefficients(d / "coefficients.json", coefficients)
+    coefficients = load_coefficients(d / "coefficients.json")  # the one validated loader
+    scores = _read_json(d / "scores.json")
+    if "estimator" not in coefficients:
+        raise DataError(f"{d / 'coefficients.json'}: missing key 'estimator'")
     if not isinstance(scores, list) or not scores:
         raise DataError(f"{d / 'scores.json'}: expected a non-empty list of score rows")
     for i, row in enumerate(scores):
@@ -124,6 +111,15 @@ def load_hvd(path) -> dict:
     return blob
 
 
+def load_tune(path) -> dict:
+    p = Path(path)
+    blob = _read_json(p)
+    missing = [k for k in TUNE_KEYS if not isinstance(blob, dict) or k not in blob]
+    if missing:
+        raise DataError(f"--tune {p}: missing key(s) {missing} (expected an `avkit tune` result)")
+    return blob
+
+
 def draft_stats(paths: list[Path]) -> dict[str, dict]:
     """dataset -> {slots: drafted slots, entropy: mean draft entropy (nats)} over every drafted slot,
     observed or not (the seeds' "mean draft entropy" of a workload)."""
@@ -148,7 +144,7 @@ def _optional(path, explicit: bool, loader, name: str, hint: str, notes: dict):
 
 
 def load_inputs(fit: FitOutputs, traces=None, sim=None, hvd=None, *, sim_explicit: bool = False,
-                hvd_explicit: bool = False) -> ReportInputs:
+                hvd_explicit: bool = False, tune=None, tune_explicit: bool = False) -> ReportInputs:
     """Gather everything a report reads. `traces` default to the ones the fit was trained on."""
     notes: dict[str, str] = {}
     paths = [Path(p) for p in (traces or fit.coefficients.get("trained_on", {}).get("traces", []))]
@@ -164,17 +160,19 @@ def load_inputs(fit: FitOutputs, traces=None, sim=None, hvd=None, *, sim_explici
                            "--sim (or let `avkit report` simulate the traces)", notes)
     inputs.hvd = _optional(hvd, hvd_explicit, load_hvd, "hvd", "run `avkit hvd` to add the hybrid-drafting results",
                            notes)
-    inputs.sources.update({name: str(path) for name, path, got in (("sim", sim, inputs.sim), ("hvd", hvd, inputs.hvd))
-                           if got is not None})
+    inputs.tune = _optional(tune, tune_explicit, load_tune, "tune", "run `avkit tune` to add the recommended "
+                            "schedule", notes)
+    inputs.sources.update({name: str(path) for name, path, got in (("sim", sim, inputs.sim), ("hvd", hvd, inputs.hvd),
+                                                                   ("tune", tune, inputs.tune)) if got is not None})
     return inputs
 
 
 def subset(data: FitData, mask: np.ndarray) -> FitData:
     """The observed slots where `mask` [N] holds, still in engine-step order."""
     return FitData(k=data.k, features={n: v[mask] for n, v in data.features.items()}, positions=data.positions[mask],
-                   labels=data.labels[mask], engine_step=data.engine_step[mask], file_index=data.file_index[mask],
-                   dataset_codes=data.dataset_codes[mask], dataset_names=data.dataset_names,
-                   trained_on=data.trained_on)
+                   labels=data.labels[mask], row_step=data.row_step[mask], step_file=data.step_file,
+                   step_clock=data.step_clock, file_index=data.file_index[mask],
+                   dataset_codes=data.dataset_codes[mask], dataset_names=data.dataset_names, trained_on=data.trained_on)
 
 
-__all__ = ["FitOutputs", "ReportInputs", "load_fit_dir", "load_hvd", "load_inputs", "load_sim", "subset"]
+__all__ = ["FitOutputs", "ReportInputs", "load_fit_dir", "load_hvd", "load_inputs", "load_sim", "load_tune", "subset"]

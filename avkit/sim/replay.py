@@ -75,6 +75,13 @@ def default_policies(steps: StepTable, config: SimulateConfig) -> list[str]:
     return specs + (["adaptive:oracle"] if config.oracle else [])
 
 
+def step_times(replay: Replay, k_verify: np.ndarray, draft_ms: np.ndarray) -> np.ndarray:
+    """[G] predicted ms of each sim step from a policy's verify counts [S'] and drafting ms [G]."""
+    n = replay.num_requests  # [G]
+    verified = np.add.reduceat(k_verify, replay.bounds[:-1])  # [G]
+    return draft_ms + replay.cost.context_cost(n) + replay.cost.verify_cost(n + verified)
+
+
 def policy_metrics(replay: Replay, policy: SimPolicy, k_verify: np.ndarray, drafted: np.ndarray,
                    draft_ms: np.ndarray) -> dict:
     """Replay one policy's verify counts [S'], drafts [S'] and drafting ms [G] through the cost table."""
@@ -83,7 +90,7 @@ def policy_metrics(replay: Replay, policy: SimPolicy, k_verify: np.ndarray, draf
     accepted = np.minimum(k_verify, steps.accepted[rows])  # [S'] the min(k, a) approximation
     n = replay.num_requests  # [G]
     verified = np.add.reduceat(k_verify, bounds[:-1])  # [G]
-    step_ms = draft_ms + replay.cost.context_cost(n) + replay.cost.verify_cost(n + verified)  # [G]
+    step_ms = step_times(replay, k_verify, draft_ms)  # [G]
     tokens = accepted.sum() + rows.size  # + 1 bonus / resampled token per request-step
     throughput = 1e3 * tokens / step_ms.sum()
     return {
