@@ -30,17 +30,21 @@ def default_of(cls, name: str):
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """How one request samples: temperature 0 means greedy."""
+    """How one request samples: temperature 0 means greedy; top_k 0 and min_p 0 are off."""
 
     temperature: float = 1.0
     top_p: float = 0.95
     max_new_tokens: int = 256
     seed: int | None = None
+    top_k: int = 0  # keep the k most probable tokens (ties at the k-th kept)
+    min_p: float = 0.0  # keep tokens with probability >= min_p * the most probable one's
 
     def __post_init__(self):
         check_range("temperature", self.temperature, 0.0)
         check_range("top_p", self.top_p, 0.0, 1.0, lo_open=True)
         check_range("max_new_tokens", self.max_new_tokens, 1)
+        check_range("top_k", self.top_k, 0)
+        check_range("min_p", self.min_p, 0.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -453,6 +457,9 @@ class ServeConfig:
     dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16
     grace_period_s: float = 10.0  # SIGTERM: finish in-flight requests for this long, then cancel
     retry_after_s: int = 1  # Retry-After header on 429
+    max_body_bytes: int = 8 * 2**20  # larger request bodies get 413 (read before any parsing)
+    log_requests: bool = False  # one access-log line per request (method, path, status, tokens, seconds)
+    record_flush_s: float = 30.0  # --record: write buffered trace rows to disk this often
 
     def __post_init__(self):
         check_choice("drafter", self.drafter, ("model", "hybrid"))
@@ -468,6 +475,8 @@ class ServeConfig:
         check_range("refit_interval", self.refit_interval, 1)
         check_range("grace_period_s", self.grace_period_s, 0.0)
         check_range("retry_after_s", self.retry_after_s, 0)
+        check_range("max_body_bytes", self.max_body_bytes, 1)
+        check_range("record_flush_s", self.record_flush_s, 0.0)
 
 
 # ---- report ----

@@ -89,14 +89,15 @@ class StagedOutputs:
             return self._entries[final].tmp
         if final.is_dir():
             raise ConfigError(f"{name} {final}: is a directory, expected a file path")
-        self._parent(final, name)
-        try:
-            fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
-            os.close(fd)
-            os.chmod(tmp, 0o666 & ~self._mask)
-        except OSError as e:
-            raise _os_error(name, final, e) from None
-        self._entries[final] = _Entry(final, Path(tmp), False)
+        with deferred_signals():  # created and registered together: an interrupt never orphans a temp
+            self._parent(final, name)
+            try:
+                fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
+                self._entries[final] = _Entry(final, Path(tmp), False)
+                os.close(fd)
+                os.chmod(tmp, 0o666 & ~self._mask)
+            except OSError as e:
+                raise _os_error(name, final, e) from None
         return Path(tmp)
 
     def directory(self, path, name: str = "--out") -> Path:
@@ -106,13 +107,14 @@ class StagedOutputs:
             return self._entries[final].tmp
         if final.exists() and not final.is_dir():
             raise ConfigError(f"{name} {final}: exists and is not a directory")
-        self._parent(final, name)
-        try:
-            tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
-            os.chmod(tmp, 0o777 & ~self._mask)
-        except OSError as e:
-            raise _os_error(name, final, e) from None
-        self._entries[final] = _Entry(final, tmp, True)
+        with deferred_signals():
+            self._parent(final, name)
+            try:
+                tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
+                self._entries[final] = _Entry(final, tmp, True)
+                os.chmod(tmp, 0o777 & ~self._mask)
+            except OSError as e:
+                raise _os_error(name, final, e) from None
         return tmp
 
     def discard(self, path) -> None:

@@ -6,7 +6,8 @@ server writes is a file a server (or `avkit simulate`) can deploy: a restart res
 `trained_on` names the served pair (target, draft and their sha256), so a server never resumes
 from another pair's snapshot (estimators/coefficients.py validates every file on load).
 The engine thread calls `on_step()` after every step; `/metrics` reads `current()` from any
-thread (a new dict is published, never mutated).
+thread (a new dict is published, never mutated). A failing write (read-only or full disk) goes
+through `SideWrites`: counted, logged once, retried at later refits with backoff, never raised.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
 class CoefficientSnapshots:
     """Publishes coefficients after each refit; writes `path` every `every` refits and at close."""
 
-    def __init__(self, policy, path: Path | None, every: int, pair: ServedPair | None = None):
+    def __init__(self, policy, path: Path | None, every: int, pair: ServedPair | None = None, side_writes=None):
+        self._side_writes = side_writes  # SideWrites: a failing write is counted, backed off, never raised
         self._policy = policy
         self._pair = pair
         self._estimator = estimator_of(policy)
@@ -92,7 +94,14 @@ class CoefficientSnapshots:
         self.refits = refits
         self._current = self._read()
         if self.refits - self._last_written >= self.every:
+            self.write_guarded()
+
+    def write_guarded(self, *, force: bool = False) -> bool:
+        """`write` through the side-write guard (retried with backoff; `force`: now, at shutdown)."""
+        if self._side_writes is None:
             self.write()
+            return True
+        return self._side_writes.run("snapshot", self.write, force=force)
 
     def write(self) -> None:
         if self.path is None or self._estimator is None:

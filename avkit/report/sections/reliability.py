@@ -67,12 +67,14 @@ def _bin_table(panels: list[tuple[str, dict]], n_bins: int) -> Table:
     rows = []
     for b in range(n_bins):
         cells = [f"[{b / n_bins:.1f}, {(b + 1) / n_bins:.1f}{']' if b == n_bins - 1 else ')'}"]
-        for _, bins in panels:
-            cells += [fmt(int(bins["count"][b])), fmt(float(bins["pred"][b]), 3), fmt(float(bins["rate"][b]), 3)]
+        for _, bins in panels:  # one cell per estimator keeps the table narrow: pred / obs (slots)
+            cells.append("-" if bins["count"][b] == 0 else
+                         f"{fmt(float(bins['pred'][b]), 3)} / {fmt(float(bins['rate'][b]), 3)} "
+                         f"({fmt(int(bins['count'][b]))})")
         rows.append(tuple(cells))
-    cols = ["predicted bin"] + [f"{t} {what}" for t, _ in panels for what in ("slots", "pred", "obs")]
-    return Table(tuple(cols), rows, collapsed=True, caption="The bins behind the diagrams (slots, mean "
-                 "prediction and observed acceptance rate per bin).")
+    cols = ["predicted bin"] + [t for t, _ in panels]
+    return Table(tuple(cols), rows, collapsed=True, caption="The bins behind the diagrams: mean prediction / "
+                 "observed acceptance rate (slots) per bin and estimator.")
 
 
 def build(inputs: ReportInputs, config: ReportConfig) -> Section:
