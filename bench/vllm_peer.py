@@ -1,0 +1,86 @@
+"""The vLLM side of `bench/engine.py --peer vllm`: runs in vLLM's own venv (`just peer-vllm`), as a subprocess.
+
+    .venv-vllm/bin/python bench/vllm_peer.py jobs.json results.json
+
+``jobs.json`` holds ``{"target": dir, "draft": dir, "dtype": "bfloat16", "threads": 2, "configs": [...]}``;
+each config is ``{"k": K, "runs": [{"name", "prompts": [[token ids]], "temperature", "top_p",
+"max_new_tokens", "seed"}, ...]}``. K = 0 is target-only; K > 0 is vLLM's ``draft_model`` speculative
+decoding with K tokens per step. One offline ``LLM`` per config (its startup is not timed), one untimed
+warm-up generate, then every run: ``llm.generate`` of all its prompts at once (concurrency = number of
+prompts), wall time including prefill, the generated token ids, and the spec-decode counters' deltas.
+Rewrites ``results.json`` after every run (temp file, then rename), so a crash keeps what was measured. Imports nothing from avkit: this venv has no avkit.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+
+
+def _counters(llm) -> dict[str, float]:
+    """Spec-decode counters (cumulative) from vLLM's metrics; empty when stats are off."""
+    out: dict[str, float] = {}
+    for m in llm.get_metrics():
+        if m.name in ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                      "vllm:spec_decode_num_accepted_tokens"):
+            out[m.name.split(":", 1)[1]] = float(getattr(m, "value", 0.0))
+    return out
+
+
+def _save(results: list[dict], out_path: str) -> None:
+    tmp = out_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump({"results": results}, f)
+    os.replace(tmp, out_path)
+
+
+def run_config(spec: dict, cfg: dict, done: list[dict], out_path: str) -> None:
+    """Run one config; append each run's result to ``done`` and save after every run (a crash keeps them)."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    k = int(cfg["k"])
+    longest = max(len(p) + r["max_new_tokens"] for r in cfg["runs"] for p in r["prompts"])
+    max_seqs = max(len(r["prompts"]) for r in cfg["runs"])
+    kwargs = dict(model=spec["target"], dtype=spec["dtype"], max_model_len=longest + k + 16, max_num_seqs=max_seqs,
+                  enforce_eager=spec.get("eager", True), disable_log_stats=False, seed=0)
+    if k > 0:
+        kwargs["speculative_config"] = {"method": "draft_model", "model": spec["draft"], "num_speculative_tokens": k}
+    t0 = time.perf_counter()
+    llm = LLM(**kwargs)
+    startup = time.perf_counter() - t0
+    first = cfg["runs"][0]
+    llm.generate([TokensPrompt(prompt_token_ids=p) for p in first["prompts"]],
+                 SamplingParams(max_tokens=8, temperature=1.0), use_tqdm=False)  # warm-up, untimed
+    for r in cfg["runs"]:
+        sp = SamplingParams(temperature=r["temperature"], top_p=r["top_p"] if r["temperature"] > 0 else 1.0,
+                            max_tokens=r["max_new_tokens"], seed=r["seed"])
+        load = os.getloadavg()[0]
+        before = _counters(llm)
+        t0 = time.perf_counter()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in r["prompts"]], sp, use_tqdm=False)
+        wall = time.perf_counter() - t0
+        after = _counters(llm)
+        delta = {name: after[name] - before.get(name, 0.0) for name in after}
+        done.append({"name": r["name"], "k": k, "wall_s": wall, "startup_s": startup, "load": load,
+                        "outputs": [list(o.outputs[0].token_ids) for o in outs], "counters": delta})
+        _save(done, out_path)
+        print(f"vllm k={k} {r['name']}: {sum(map(len, done[-1]['outputs'])) / wall:.2f} tok/s", flush=True)
+    del llm
+    gc.collect()
+
+
+def main() -> None:
+    jobs_path, out_path = sys.argv[1], sys.argv[2]
+    spec = json.loads(open(jobs_path).read())
+    done: list[dict] = []
+    for cfg in spec["configs"]:
+        run_config(spec, cfg, done, out_path)
+    _save(done, out_path)
+
+
+if __name__ == "__main__":
+    main()

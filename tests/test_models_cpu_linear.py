@@ -1,0 +1,109 @@
+"""The CPU backend's bf16 kernel (avkit/models/cpu_linear.cpp) against float64 matmuls and F.linear.
+
+Oracle: the exact product in float64, rounded once to bf16. The kernel sums in fp32, so each output may
+differ from that rounding by one bf16 step plus the fp32 summation error; torch's own bf16 F.linear has
+the same allowance and is checked against the same bound, so the test cannot pass a kernel that is
+worse than torch. Skipped where the kernel cannot build (no AVX2 or no compiler).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import avkit.models
+from avkit.models import cpu_linear
+from avkit.models.testing import write_tiny_model
+
+pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="CPU bf16 kernel unavailable here")
+
+
+def _bound(ref64: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Per output: one bf16 rounding step of the result + fp32 summation error of K products."""
+    step = ref64.abs() * 2.0 ** -8
+    sum_err = (x.double().abs() @ w.double().abs().T) * x.shape[-1] * 2.0 ** -23
+    return step + sum_err + 1e-30
+
+
+@pytest.mark.parametrize("m", [1, 2, 5, 6, 7, 13])
+@pytest.mark.parametrize(("n", "k", "bias"), [(37, 100, True), (64, 96, False), (130, 33, True)])
+def test_kernel_matches_float64_like_torch(m, n, k, bias):
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    x = torch.randn(m, k, generator=g).bfloat16()
+    w = (torch.randn(n, k, generator=g) * 0.1).bfloat16()
+    b = torch.randn(n, generator=g).bfloat16() if bias else None
+    ref = x.double() @ w.double().T + (b.double() if bias else 0.0)  # [m, n]
+    y = cpu_linear.linear(x, cpu_linear.pack(w), b, n)
+    assert y.dtype == torch.bfloat16 and y.shape == (m, n)
+    bound = _bound(ref, x, w)
+    assert bool(((y.double() - ref).abs() <= bound).all())
+    assert bool(((F.linear(x, w, b).double() - ref).abs() <= bound).all())  # torch meets the same bound
+
+
+def test_rows_do_not_depend_on_the_batch():
+    """Batch invariance: a row's output is bit-identical alone or among 12 others (any tile position)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(13, 200, generator=g).bfloat16()
+    w = torch.randn(70, 200, generator=g).bfloat16()
+    packed = cpu_linear.pack(w)
+    full = cpu_linear.linear(x, packed, None, 70)
+    for i in (0, 5, 6, 12):
+        assert torch.equal(cpu_linear.linear(x[i:i + 1], packed, None, 70), full[i:i + 1])
+
+
+def test_pack_round_trips_and_leading_dims():
+    w = torch.randn(45, 24).bfloat16()
+    layer = cpu_linear.PackedLinear(w, None)
+    assert torch.equal(layer.unpacked(), w)
+    x = torch.randn(2, 3, 24).bfloat16()
+    assert layer(x).shape == (2, 3, 45)
+    assert torch.equal(layer(x).reshape(6, 45), cpu_linear.linear(x.reshape(6, 24), layer.packed, None, 45))
+
+
+def _load_plain(path, monkeypatch):
+    """The same bf16 model through plain F.linear (the kernel switched off while it loads)."""
+    monkeypatch.setenv("AVKIT_CPU_KERNELS", "0")
+    cpu_linear._extension.cache_clear()
+    try:
+        return avkit.models.load(path, dtype=torch.bfloat16).model
+    finally:
+        monkeypatch.delenv("AVKIT_CPU_KERNELS")
+        cpu_linear._extension.cache_clear()
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_bf16_model_uses_packed_weights_and_matches_plain_path(tmp_path, monkeypatch, tied):
+    """A bf16 model on CPU packs its linears; its logits match the F.linear path within bf16 noise."""
+    path = write_tiny_model(tmp_path / "m", arch="qwen2", vocab=300, seed=3, tie_word_embeddings=tied,
+                            init_std=0.1)
+    plain = _load_plain(path, monkeypatch)
+    packed = avkit.models.load(path, dtype=torch.bfloat16).model
+    assert isinstance(packed.layers[0].mlp.down, cpu_linear.PackedLinear)
+    assert not any(isinstance(m, cpu_linear.PackedLinear) for m in plain.modules())
+    assert not any(isinstance(m, cpu_linear.PackedLinear) for m in avkit.models.load(path).model.modules())  # fp32
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, 300, (3, 9), generator=g)
+    outs = []
+    for model in (packed, plain):
+        cache = model.new_cache(3, 16)
+        outs.append(model.forward(tokens, torch.tensor([9, 4, 7]), torch.arange(3), cache))
+    valid = torch.arange(9)[None, :] < torch.tensor([9, 4, 7])[:, None]
+    scale = float(outs[1][valid].abs().max())
+    assert float((outs[0] - outs[1])[valid].abs().max()) <= 0.03 * scale
+
+
+def test_bf16_greedy_speculative_output_equals_target_only(tmp_path):
+    """Through the packed kernel, verify forwards (1 + k rows) give the logits one-token decodes give, so
+    greedy speculative decoding reproduces greedy target-only decoding token for token in bf16 too."""
+    from avkit.config import EngineConfig, SamplingConfig
+    from avkit.runtime.engine import Engine
+    from avkit.runtime.request import Request
+
+    target = avkit.models.load(write_tiny_model(tmp_path / "t", vocab=300, seed=5, init_std=0.3), dtype=torch.bfloat16)
+    draft = avkit.models.load(write_tiny_model(tmp_path / "d", vocab=300, seed=6, init_std=0.3), dtype=torch.bfloat16)
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=24, seed=0)
+    reqs = [Request(f"r{i}", list(range(1 + i, 9 + 3 * i)), sampling) for i in range(3)]
+    outs = {}
+    for k in (0, 3):
+        engine = Engine(target, draft if k else None, EngineConfig(k=k, max_batch=3, max_len=64))
+        outs[k] = [g.output_ids for g in engine.generate(reqs)]
+    assert outs[3] == outs[0]
