@@ -96,12 +96,15 @@ def register(app: typer.Typer) -> None:
 def fit_hvd_outputs(paths: list[Path], out: Path) -> None:
     """`--hvd`: the same replay as `avkit hvd`, on the given traces that have a generations table."""
     from avkit.cli.hvd import render as render_hvd
-    from avkit.cli.hvd import tokenizer_for
     from avkit.hvd.fit import fit_hvd
+    from avkit.hvd.token_lookup import token_classes_for
     from avkit.trace.schema import generations_path
 
     with_gens = [p for p in paths if generations_path(p).is_file()]
     if not with_gens:
         raise ConfigError(f"--hvd: none of the traces has a generations table beside it ({paths[0]} ...)")
-    result = fit_hvd(with_gens, out, tokenizer=tokenizer_for(with_gens), progress=sys.stderr.isatty())
+    classes = token_classes_for(with_gens)
+    if classes.table is None:
+        Console(stderr=True).print(f"[bold yellow]warning:[/] {classes.source}", highlight=False)
+    result = fit_hvd(with_gens, out, token_classes=classes, progress=sys.stderr.isatty())
     render_hvd(result, Console(width=None if sys.stdout.isatty() else 140))

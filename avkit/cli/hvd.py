@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig, default_of
-from avkit.errors import ConfigError, ModelError
+from avkit.errors import ConfigError
 
 
 def greedy_traces(root: Path = Path("traces")) -> list[Path]:
@@ -39,19 +39,6 @@ def greedy_traces(root: Path = Path("traces")) -> list[Path]:
     return greedy or list(found)
 
 
-def tokenizer_for(paths: list[Path]) -> str | None:
-    """The target named in the first trace's metadata, when it resolves to local files."""
-    import pyarrow.parquet as pq
-
-    from avkit.models.registry import resolve
-
-    target = (pq.read_metadata(paths[0]).metadata or {}).get(b"avkit.target", b"").decode()
-    try:
-        return str(resolve(target)) if target else None
-    except ModelError:  # no local tokenizer: the structure features are left out
-        return None
-
-
 def render(result, console: Console) -> None:
     table = Table(title="HVD routers (test split, overall)")
     cols = ("router", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
@@ -59,7 +46,8 @@ def render(result, console: Console) -> None:
     for c in cols:
         table.add_column(c, justify="left" if c == "router" else "right")
     for r in result.metrics.filter(result.metrics["dataset"] == "overall").iter_rows(named=True):
-        table.add_row(*(r[c] if isinstance(r[c], str) else f"{r[c]:.3f}" for c in cols))
+        table.add_row(*(r[c] if isinstance(r[c], str) else "-" if r[c] is None or r[c] != r[c] else f"{r[c]:.3f}"
+                        for c in cols))  # NaN (no positive prediction: precision undefined) -> "-"
     console.print(table)
     for f in result.files:
         console.print(f"wrote {f}")
@@ -74,7 +62,8 @@ def register(app: typer.Typer) -> None:
         out: Annotated[Path, typer.Option(help="output directory for payoff_mlp.pt and hvd_metrics.json")] =
             Path("reports/hvd"),
         tokenizer: Annotated[str | None, typer.Option(
-            help="model path/alias for token-structure features (default: the trace's target)")] = None,
+            help="model path/alias for token-structure features (default: the trace's target, else the class "
+                 "table shipped for it; 'none': leave them out)")] = None,
         markdown: Annotated[Path | None, typer.Option(help="also write a Markdown report here")] = None,
         synthetic: Annotated[int, typer.Option(help="replay N synthetic generations instead of traces")] = 0,
         k: Annotated[int, typer.Option(help="model draft length K")] = default_of(HvdReplayConfig, "k"),
@@ -88,6 +77,7 @@ def register(app: typer.Typer) -> None:
         table, mlp, survival) per dataset on held-out requests."""
         from avkit.hvd.fit import fit_hvd, fit_hvd_generations
         from avkit.hvd.markdown import hvd_markdown
+        from avkit.hvd.token_lookup import token_classes_for
 
         kw = {"cache_config": SuffixCacheConfig(max_depth=max_depth), "replay_config": HvdReplayConfig(k=k),
               "payoff_config": PayoffConfig(epochs=epochs, seed=seed),
@@ -99,7 +89,10 @@ def register(app: typer.Typer) -> None:
             title = f"HVD replay on {synthetic} synthetic generations"
         else:
             paths = list(traces) if traces else greedy_traces()
-            result = fit_hvd(paths, out, tokenizer=tokenizer or tokenizer_for(paths), **kw)
+            classes = token_classes_for(paths, tokenizer)
+            if classes.table is None and tokenizer != "none":
+                Console(stderr=True).print(f"[bold yellow]warning:[/] {classes.source}", highlight=False)
+            result = fit_hvd(paths, out, token_classes=classes, **kw)
             title = "HVD replay on " + ", ".join(p.name for p in paths)
         if markdown is not None:
             tmp = markdown.with_name(markdown.name + ".tmp")

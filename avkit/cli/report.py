@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from avkit.config import DEFAULT_TRACE_GLOB, EstimatorConfig, FitConfig, ReportConfig, default_of
 from avkit.errors import ConfigError
@@ -63,18 +64,30 @@ def register(app: typer.Typer) -> None:
         """Write index.html (self-contained), report.md and the PNGs: summary, feature table, reliability
         diagrams, online fitting, simulation and hybrid drafting. Missing inputs omit their section."""
         from avkit.report import report_fit_dir, report_traces
+        from avkit.report.sections import SECTIONS
 
         config = ReportConfig(out=str(out), n_bins=bins, embed_images=embed)
         fit_dir, traces = split_inputs(inputs)
         console = Console(stderr=True)
         t0 = time.perf_counter()
-        with console.status("avkit report") as status:
-            progress = lambda what: status.update(f"avkit report: {what}")
-            kw = {"sim": sim, "hvd": hvd, "run_simulation": simulate, "progress": progress}
+        warnings: list[str] = []
+        stages = ["fit", "simulate", *SECTIONS]
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as bar:
+            task = bar.add_task("avkit report", total=len(stages))
+
+            def progress(what: str) -> None:
+                done = stages.index(what) if what in stages else bar.tasks[task].completed
+                bar.update(task, completed=done, description=f"avkit report: {what}")
+
+            kw = {"sim": sim, "hvd": hvd, "run_simulation": simulate, "progress": progress, "warn": warnings.append}
             if fit_dir is not None:
                 path = report_fit_dir(fit_dir, out, config, **kw)
             else:
                 path = report_traces(traces, out, config, fit=FitConfig(mode=mode, n_bins=bins),
                                      estimator=EstimatorConfig(feature=feature), **kw)
+            bar.update(task, completed=len(stages))
+        for w in warnings:
+            console.print(f"[bold yellow]warning:[/] {w}", highlight=False)
         Console().print(f"wrote {path / 'index.html'} and {path / 'report.md'} "
                         f"({time.perf_counter() - t0:.1f} s)")

@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
 from avkit.config import DEFAULT_TRACE_GLOB, SimulateConfig, default_of
 from avkit.errors import ConfigError
@@ -38,24 +37,6 @@ def parse_ints(name: str, text: str) -> tuple[int, ...]:
     return values
 
 
-def render(df, console: Console) -> None:
-    """Throughput (tok/s) per policy x concurrency; the best of each column in bold."""
-    conc = sorted(set(df["concurrency"].to_list()))
-    table = Table(title="throughput, tokens/s (x best fixed K)")
-    table.add_column("policy")
-    for c in conc:
-        table.add_column(f"c={c}", justify="right")
-    best = {c: df.filter(df["concurrency"] == c)["throughput_tok_s"].max() for c in conc}
-    for policy in dict.fromkeys(df["policy"].to_list()):
-        cells = []
-        for c in conc:
-            row = df.filter((df["policy"] == policy) & (df["concurrency"] == c)).row(0, named=True)
-            text = f"{row['throughput_tok_s']:,.0f} ({row['vs_best_fixed']:.2f})"
-            cells.append(f"[bold]{text}[/]" if row["throughput_tok_s"] == best[c] else text)
-        table.add_row(policy, *cells)
-    console.print(table)
-
-
 def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate(
@@ -77,8 +58,9 @@ def register(app: typer.Typer) -> None:
         """Replay traces: no-spec, every fixed K, adaptive per estimator and the oracle, per concurrency."""
         from avkit.scheduling.cost import resolve_cost
         from avkit.sim.policies import parse_policies
-        from avkit.sim.replay import default_policies, load_steps, step_time_check, write_results
+        from avkit.sim.replay import default_policies, load_steps, results_inputs, step_time_check, write_results
         from avkit.sim.replay import simulate as run
+        from avkit.sim.terminal import render_results
 
         config = SimulateConfig(concurrency=parse_ints("concurrency", concurrency), cost=cost, out=out, waves=waves)
         table = resolve_cost(config.cost)
@@ -94,8 +76,8 @@ def register(app: typer.Typer) -> None:
             task = bar.add_task("simulating", total=n_policies * len(config.concurrency))
             df = run(steps, table, config.concurrency, specs, config=config, coefficients=coefficients,
                      progress=lambda: bar.advance(task))
-        render(df, console)
-        path = write_results(df, config.out)
+        render_results(df, console, f"throughput, tokens/s (× best fixed K); cost {config.cost}")
+        path = write_results(df, config.out, results_inputs(paths, table, config, specs))
         console.print(f"results: {path}")
         if step_time:
             check = step_time_check(steps, table)

@@ -9,23 +9,13 @@ JSON has no NaN: undefined metrics (AUC of a one-class scope) are written as nul
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 
 from avkit.fit.run import FitResult
+from avkit.jsonsafe import json_safe
 
 FILES = ("coefficients.json", "scores.json", "trajectory.parquet")
-
-
-def _no_nan(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _no_nan(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_no_nan(v) for v in x]
-    return x
 
 
 def write_fit_outputs(out_dir, result: FitResult) -> dict[str, Path]:
@@ -34,8 +24,8 @@ def write_fit_outputs(out_dir, result: FitResult) -> dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     tmp = {name: out / f".{name}.{os.getpid()}.tmp" for name in FILES}
     try:
-        tmp["coefficients.json"].write_text(json.dumps(_no_nan(result.coefficients), indent=2) + "\n")
-        tmp["scores.json"].write_text(json.dumps(_no_nan(result.scores), indent=1) + "\n")
+        tmp["coefficients.json"].write_text(json.dumps(json_safe(result.coefficients), indent=2, allow_nan=False) + "\n")
+        tmp["scores.json"].write_text(json.dumps(json_safe(result.scores), indent=1, allow_nan=False) + "\n")
         result.trajectory.write_parquet(tmp["trajectory.parquet"], compression="zstd")
     except BaseException:
         for p in tmp.values():

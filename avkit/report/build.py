@@ -24,6 +24,7 @@ from pathlib import Path
 from avkit import __version__
 from avkit.config import EstimatorConfig, FitConfig, ReportConfig, SimulateConfig
 from avkit.errors import ConfigError
+from avkit.provenance import describe
 from avkit.report.document import Figure, Report, Section
 from avkit.report.html import render_html
 from avkit.report.inputs import FitOutputs, ReportInputs, load_fit_dir, load_inputs
@@ -32,6 +33,7 @@ from avkit.report.sections import SECTIONS
 
 Progress = Callable[[str], None]
 FIT_FILES = ("coefficients.json", "scores.json", "trajectory.parquet")
+SECTION_INPUT = {"simulation": "sim", "hybrid": "hvd"}  # the results file behind a section (others: the fit)
 
 
 @contextlib.contextmanager
@@ -61,7 +63,12 @@ def build_document(inputs: ReportInputs, config: ReportConfig, progress: Progres
     for name, build in SECTIONS.items():
         if progress is not None:
             progress(name)
-        sections.append(build(inputs, config))
+        section = build(inputs, config)
+        source = SECTION_INPUT.get(name, "fit")
+        if source in inputs.records:
+            section.inputs = describe(inputs.records[source])
+            section.warnings += inputs.warnings.get(source, [])
+        sections.append(section)
     c = inputs.fit.coefficients
     t = c.get("trained_on", {})
     pair = f"{t.get('target') or '?'} (target) / {t.get('draft') or '?'} (draft)"
@@ -70,6 +77,8 @@ def build_document(inputs: ReportInputs, config: ReportConfig, progress: Progres
              ("traces", ", ".join(p.name for p in inputs.traces) or "not at hand"),
              ("simulation", inputs.sources.get("sim", "none")),
              ("hybrid drafting", inputs.sources.get("hvd", "none")),
+             ("inputs checked", "; ".join(w for ws in inputs.warnings.values() for w in ws)
+              or "every results file records traces matching this report's (sha256)"),
              ("written", f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC by avkit {__version__}")]
     return Report("avkit report: acceptance, calibration and verification", facts, sections)
 
@@ -102,27 +111,30 @@ def _copy_fit(fit: FitOutputs, dest: Path) -> None:
 
 def _simulate(traces: list[Path], dest: Path) -> Path:
     from avkit.scheduling.cost import resolve_cost
-    from avkit.sim.replay import simulate, write_results
+    from avkit.sim.replay import default_policies, load_steps, results_inputs, simulate, write_results
 
-    config = SimulateConfig()
-    return write_results(simulate(traces, resolve_cost(config.cost), config=config), dest)
+    config, steps = SimulateConfig(), load_steps(traces)
+    cost, specs = resolve_cost(config.cost), default_policies(steps, config)
+    return write_results(simulate(steps, cost, policies=specs, config=config), dest,
+                         results_inputs(traces, cost, config, specs, command="avkit report (simulated now)"))
 
 
 def report_fit_dir(fit_dir, out, config: ReportConfig | None = None, *, traces=None, sim=None, hvd=None,
-                   run_simulation: bool = False, progress: Progress | None = None) -> Path:
+                   run_simulation: bool = False, progress: Progress | None = None,
+                   warn: Callable[[str], None] | None = None) -> Path:
     """Report an `avkit fit` output directory (with the traces it names, when at hand) into `out`."""
     out, config = Path(out), config or ReportConfig()
     fit = load_fit_dir(fit_dir)
     with staging(out) as tmp:
         _copy_fit(fit, tmp / "fit")
-        inputs = _gather(load_fit_dir(tmp / "fit"), traces, sim, hvd, config, run_simulation, tmp, progress)
+        inputs = _gather(load_fit_dir(tmp / "fit"), traces, sim, hvd, config, run_simulation, tmp, progress, warn)
         write_document(build_document(inputs, config, progress), tmp, config)
     return out
 
 
 def report_traces(traces, out, config: ReportConfig | None = None, *, fit: FitConfig | None = None,
                   estimator: EstimatorConfig | None = None, sim=None, hvd=None, run_simulation: bool = False,
-                  progress: Progress | None = None) -> Path:
+                  progress: Progress | None = None, warn: Callable[[str], None] | None = None) -> Path:
     """Fit `traces` with the fit library (outputs kept in out/fit) and report them into `out`."""
     from avkit.fit import run_fit, write_fit_outputs
 
@@ -132,13 +144,13 @@ def report_traces(traces, out, config: ReportConfig | None = None, *, fit: FitCo
     result = run_fit(paths, fit, estimator)
     with staging(out) as tmp:
         write_fit_outputs(tmp / "fit", result)
-        inputs = _gather(load_fit_dir(tmp / "fit"), paths, sim, hvd, config, run_simulation, tmp, progress)
+        inputs = _gather(load_fit_dir(tmp / "fit"), paths, sim, hvd, config, run_simulation, tmp, progress, warn)
         write_document(build_document(inputs, config, progress), tmp, config)
     return out
 
 
 def _gather(fit: FitOutputs, traces, sim, hvd, config: ReportConfig, run_simulation: bool, tmp: Path,
-            progress: Progress | None) -> ReportInputs:
+            progress: Progress | None, warn: Callable[[str], None] | None = None) -> ReportInputs:
     """sim / hvd: an explicit path must exist; None falls back to the config default when present, and
     for sim, with `run_simulation`, to simulating the traces now (SimulateConfig defaults)."""
     paths = [Path(p) for p in (traces or fit.coefficients.get("trained_on", {}).get("traces", []))]
@@ -153,6 +165,8 @@ def _gather(fit: FitOutputs, traces, sim, hvd, config: ReportConfig, run_simulat
                          hvd_explicit=hvd is not None)
     if simulated:
         inputs.sources["sim"] = simulated
+    for w in (w for ws in inputs.warnings.values() for w in ws) if warn is not None else ():
+        warn(w)
     return inputs
 
 
