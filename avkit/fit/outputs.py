@@ -2,7 +2,8 @@
 
   coefficients.json  the deployable estimator (schema_version 1), read by `serve`
   scores.json        rows {feature, lossless, estimator, scope, auc, log_loss, ece, n}
-  trajectory.parquet slope and intercepts after every online refit (or batch iteration)
+  trajectory.parquet slope and intercepts after every online refit (or batch iteration); `file` is
+                     the index of the trace the round came from (engine steps restart per trace)
 JSON has no NaN: undefined metrics (AUC of a one-class scope) are written as null.
 """
 

@@ -41,6 +41,7 @@ def online_replay(est, data: FitData, feature: np.ndarray, refit_interval: int,
         est.accumulate(f, pos, preds[lo:hi], data.labels[lo:hi])
         applied = est.refit()
         rows.append(_coef_row(est, r, int(data.engine_step[hi - 1]), applied, int(hi - lo)))
+        rows[-1]["file"] = int(data.file_index[hi - 1])  # engine steps restart in each trace file
         if on_round is not None and (r % 64 == 63 or r == num_rounds - 1):
             on_round(r + 1, num_rounds)
     return preds, rows
@@ -57,8 +58,10 @@ def batch_fit(est, data: FitData, feature: np.ndarray, *, max_iter: int, tol: fl
 def trajectory_frame(rows: list[dict]) -> pl.DataFrame:
     """Trajectory rows -> a frame with fixed dtypes (engine_step is null for batch iterations)."""
     frame = pl.DataFrame(rows, infer_schema_length=None)
+    if "file" not in frame.columns:  # batch iterations span every file
+        frame = frame.with_columns(pl.lit(None, dtype=pl.Int64).alias("file"))
     return frame.with_columns(pl.col("round").cast(pl.Int64), pl.col("engine_step").cast(pl.Int64),
-                              pl.col("observations").cast(pl.Int64))
+                              pl.col("observations").cast(pl.Int64), pl.col("file").cast(pl.Int64))
 
 
 __all__ = ["batch_fit", "online_replay", "trajectory_frame"]

@@ -10,6 +10,8 @@ deployed feature; r is Pearson's correlation across datasets, reported from 3 da
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import polars as pl
 
@@ -31,6 +33,27 @@ def pearson(x: np.ndarray, y: np.ndarray) -> float | None:
     return float(np.corrcoef(x, y)[0, 1])
 
 
+def global_steps(step: np.ndarray, file: np.ndarray | None, names: list[str]) -> tuple[np.ndarray, list]:
+    """Per-trace engine steps [R] -> one increasing axis: each trace is offset by the steps of the traces
+    before it. -> (x [R], [(x where a later trace starts, its name)]). Without a `file` column (older
+    trajectory files) a trace starts wherever the engine step goes backwards.
+
+    Examples
+    --------
+    >>> global_steps(np.array([100, 200, 100, 300]), np.array([0, 0, 1, 1]), ["a.parquet", "b.parquet"])
+    (array([100, 200, 300, 500]), [(200, 'b.parquet')])
+    """
+    if file is None or (file < 0).any():
+        file = np.r_[0, np.cumsum(np.diff(step) < 0)]  # [R]
+    ends = np.maximum.reduceat(step, np.r_[0, np.flatnonzero(np.diff(file)) + 1])  # [F'] last step per trace
+    offset = np.r_[0, np.cumsum(ends)[:-1]]  # [F'] steps before each trace
+    seg = np.r_[0, np.cumsum(np.diff(file) != 0)]  # [R] segment of each round
+    x = step + offset[seg]
+    starts = [(int(offset[j]), Path(names[f]).name if f < len(names) else f"trace {f + 1}")
+              for j, f in enumerate(file[np.r_[0, np.flatnonzero(np.diff(file)) + 1]]) if j > 0]
+    return x, starts
+
+
 def _trajectory_block(traj: pl.DataFrame, c: dict) -> list:
     k = sum(1 for col in traj.columns if col.startswith("intercept_"))
     slope_cols = ["slope"] if "slope" in traj.columns else [f"slope_{i}" for i in range(k)]
@@ -38,11 +61,14 @@ def _trajectory_block(traj: pl.DataFrame, c: dict) -> list:
     icpt = traj.select(f"intercept_{i}" for i in range(k)).to_numpy()  # [R, K]
     online = traj["engine_step"].null_count() == 0
     x = traj["engine_step"].to_numpy() if online else traj["round"].to_numpy()
+    starts: list[tuple[float, str]] = []
     if online:  # the live estimator starts from the reference constants before its first refit
+        x, starts = global_steps(x, traj["file"].to_numpy() if "file" in traj.columns else None,
+                                 c.get("trained_on", {}).get("traces", []))
         start = EstimatorConfig()
         x, slope = np.r_[0, x], np.r_[start.init_slope, slope]
         icpt = np.vstack([np.full((1, k), start.init_intercept), icpt])
-    xlabel = "engine step (end of refit round)" if online else "Newton iteration (batch fit)"
+    xlabel = ("engine step, traces replayed one after another" if online else "Newton iteration (batch fit)")
     half = slope[len(slope) // 2:]
     applied = int(traj["applied"].sum()) if "applied" in traj.columns else len(traj)
     rows = [("slope ω", fmt(float(slope[0])), fmt(float(slope[-1]))),
@@ -51,8 +77,9 @@ def _trajectory_block(traj: pl.DataFrame, c: dict) -> list:
                   caption=f"{len(traj)} refits, {applied} applied (a step that is NaN or makes ω negative is "
                           f"rejected). Over the last half of the refits ω stays in [{half.min():.4f}, {half.max():.4f}].")
     fig = Figure("coefficient_trajectory", f"Slope and intercepts of {c['feature']} ({c['estimator']}) after "
-                 "every refit round, replayed in engine-step order as live.",
-                 plots.coefficient_trajectory(x, slope, icpt, xlabel), alt="slope and intercepts over refits")
+                 "every refit round, replayed in engine-step order as live; each trace's engine steps restart at 0, so "
+                 "they are laid end to end (dashed line: the next trace starts, the estimator carries over).",
+                 plots.coefficient_trajectory(x, slope, icpt, xlabel, starts), alt="slope and intercepts over refits")
     return [fig, table]
 
 
