@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import Progress
+from rich.progress import Progress, TimeElapsedColumn
 from rich.table import Table
 
 from avkit.config import DEFAULT_COST_PATH, DEFAULT_DRAFT, DEFAULT_TARGET, ProfileConfig, default_of
@@ -59,10 +59,29 @@ def register(app: typer.Typer) -> None:
                                repeats=repeats, temperature=temperature, top_p=top_p)
         console = Console(stderr=True)
         dev, dt = placement(device, dtype)
-        tgt = load(target, dtype=dt, device=dev)
-        drf = None if draft in ("", "none") else load(draft, dtype=dt, device=dev)
-        with Progress(console=console, transient=True) as bar:
-            task = bar.add_task("profiling", total=num_points(config, drf is not None))
+        with console.status(f"avkit profile: loading {target}" + ("" if draft in ("", "none") else f" + {draft}")):
+            tgt = load(target, dtype=dt, device=dev)
+            drf = None if draft in ("", "none") else load(draft, dtype=dt, device=dev)
+        with Progress(*Progress.get_default_columns(), TimeElapsedColumn(), console=console, transient=True) as bar:
+            task = bar.add_task(f"profiling ({config.repeats} runs per point)", total=num_points(config, drf is not None))
             table = profile_costs(tgt, drf, config, on_point=lambda: bar.advance(task))
         render(table, console)
+        console.print(noise_line(table.meta.get("noise", {})), highlight=False)
         console.print(f"cost table: {table.save(out)}")
+
+
+def noise_line(noise: dict) -> str:
+    """How noisy the table is, in one line; a warning when repeated runs disagree or spikes were lifted."""
+    if not noise:
+        return ""
+    text = (f"noise: repeated runs of a point differ by {100 * noise['median_spread']:.1f}% (median over points; "
+            f"worst {100 * noise['max_spread']:.1f}% at {noise['worst']})")
+    lifted = noise.get("lifted", [])
+    if lifted:
+        worst = max(lifted, key=lambda x: x[2])
+        text += (f"; the monotone table lifted {len(lifted)} point(s) above their measurement, up to "
+                 f"{100 * worst[2]:.1f}% at {worst[0]}={worst[1]} (a spike before it carried upward)")
+    if noise.get("noisy"):
+        return (f"[bold yellow]warning:[/] {text}. The table is noisy: rerun on an idle machine or with more "
+                "--repeats.")
+    return text + "."
