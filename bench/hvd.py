@@ -4,7 +4,7 @@
     python bench/hvd.py --synthetic 80       # no traces yet: synthetic generations
 
 Replays once, then fits and scores every router under two cost models: this pair's measured
-draft/target step ratio (0.33, DESIGN.md §7) and an EAGLE-like one-layer drafter (0.05, the
+draft/target step ratio (0.33, docs/runtime.md) and an EAGLE-like one-layer drafter (0.05, the
 paper's setting), so the numbers can be read against the paper's.
 """
 

@@ -16,7 +16,7 @@ from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCac
 from avkit.errors import ConfigError
 
 
-def greedy_traces(root: Path = Path("traces")) -> list[Path]:
+def greedy_traces(root: Path | None = None) -> list[Path]:
     """Shipped traces with a generations table beside them: those recorded at temperature 0, else all.
 
     Sampled traces replay too: a deterministic cache draft token x is accepted with probability p(x),
@@ -25,8 +25,14 @@ def greedy_traces(root: Path = Path("traces")) -> list[Path]:
     acceptances). The temperatures used are reported."""
     import pyarrow.parquet as pq
 
+    from avkit.cli.fit import shipped_traces
     from avkit.trace.schema import generations_path
 
+    if root is None:  # where fit, simulate and report find them: ./traces, else beside the package
+        try:
+            root = shipped_traces()[0].parent
+        except ConfigError:
+            root = Path("traces")
     found = {}
     for p in sorted(root.glob("*.parquet")):
         if p.name.endswith(".generations.parquet") or not generations_path(p).is_file():

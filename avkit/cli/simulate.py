@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 from pathlib import Path
 from typing import Annotated
 
@@ -18,15 +17,6 @@ def _d(name: str):
     return default_of(SimulateConfig, name)
 
 
-def shipped_traces() -> list[str]:
-    """The trace files under traces/ (generation tables beside them excluded)."""
-    paths = sorted(p for p in glob.glob(DEFAULT_TRACE_GLOB) if not p.endswith(".generations.parquet"))
-    if not paths:
-        raise ConfigError(f"no TRACE given and no shipped traces match {DEFAULT_TRACE_GLOB!r}; "
-                          "record some with `avkit record` or pass trace files")
-    return paths
-
-
 def parse_ints(name: str, text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
@@ -40,7 +30,7 @@ def parse_ints(name: str, text: str) -> tuple[int, ...]:
 def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate(
-        traces: Annotated[list[Path] | None, typer.Argument(help="trace files (default: traces/*.parquet)")] = None,
+        traces: Annotated[list[Path] | None, typer.Argument(help=f"trace files (default: the shipped {DEFAULT_TRACE_GLOB})", show_default=False)] = None,
         cost: Annotated[str, typer.Option(help="cost table JSON (avkit profile) or roofline:GPU:TARGET[:DRAFT]"
                                                "[:context=N,drafter=parallel]")] = _d("cost"),
         concurrency: Annotated[str, typer.Option(help="comma-separated concurrencies")] =
@@ -56,6 +46,7 @@ def register(app: typer.Typer) -> None:
         step_time: Annotated[bool, typer.Option(help="compare predicted with recorded step times")] = False,
     ):
         """Replay traces: no-spec, every fixed K, adaptive per estimator and the oracle, per concurrency."""
+        from avkit.cli.fit import shipped_traces
         from avkit.scheduling.cost import resolve_cost
         from avkit.sim.policies import parse_policies
         from avkit.sim.replay import default_policies, load_steps, results_inputs, step_time_check, write_results
@@ -64,7 +55,7 @@ def register(app: typer.Typer) -> None:
 
         config = SimulateConfig(concurrency=parse_ints("concurrency", concurrency), cost=cost, out=out, waves=waves)
         table = resolve_cost(config.cost)
-        paths = [str(p) for p in traces] if traces else shipped_traces()
+        paths = [str(p) for p in traces] if traces else [str(p) for p in shipped_traces()]
         console = Console(stderr=True)
         steps = load_steps(paths)
         specs = [s.strip() for s in policies.split(",") if s.strip()] if policies else default_policies(steps, config)

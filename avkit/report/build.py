@@ -77,6 +77,10 @@ def build_document(inputs: ReportInputs, config: ReportConfig, progress: Progres
              ("traces", ", ".join(p.name for p in inputs.traces) or "not at hand"),
              ("simulation", inputs.sources.get("sim", "none")),
              ("hybrid drafting", inputs.sources.get("hvd", "none")),
+             ("reference figures", "quoted from the seeds, the source write-ups avkit was built from: vLLM's "
+              "Adaptive Verification docs, two write-ups of vLLM PR #52228 (online acceptance estimator) and the "
+              "Hybrid Verified Decoding paper; listed in docs/seeds.md. Other model pairs and hardware: "
+              "compare shapes, not values"),
              ("inputs checked", "; ".join(w for ws in inputs.warnings.values() for w in ws)
               or "every results file records traces matching this report's (sha256)"),
              ("written", f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC by avkit {__version__}")]

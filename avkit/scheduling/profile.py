@@ -1,4 +1,4 @@
-"""Profile this device's step costs (DESIGN.md §4): the CostTable the adaptive budget divides by.
+"""Profile this device's step costs (docs/budget.md): the CostTable the adaptive budget divides by.
 
 Glossary:
   verify point   T target tokens laid out as the verify step lays them out: ceil(T / (K+1)) requests

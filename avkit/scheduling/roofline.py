@@ -31,7 +31,7 @@ class Accelerator:
     bytes_per_param: float = 2.0
 
 
-# Achievable figures (about 80% of datasheet, H200 as measured in DESIGN.md §4).
+# Achievable figures (about 80% of datasheet, H200 as measured in docs/budget.md).
 ACCELERATORS = {
     "h200": Accelerator("H200", 790.0, 4.3, 0.05),
     "h100": Accelerator("H100", 700.0, 2.9, 0.05),

@@ -1,6 +1,6 @@
 """Online fitting: slope and intercepts over refits, and the seeds' role analysis.
 
-Role analysis (seeds 001/002): fit the estimator independently on each dataset and compare with
+Role analysis (seeds 001/002, docs/seeds.md): fit the estimator independently on each dataset and compare with
 the dataset's mean draft entropy. In the seeds the slope barely moves across workloads
 (0.51-0.55, r = -0.08 against entropy) while the first intercept tracks entropy (r = -0.89): the
 slope is a property of the model pair, the intercepts absorb the workload's base acceptance rate.
@@ -23,7 +23,8 @@ from avkit.report.document import Figure, Section, Table, fmt
 from avkit.report.inputs import ReportInputs, subset
 
 MIN_SLOTS = 50  # observed slots at position 0 a dataset needs for its own fit
-SEEDS_ROLE = "seeds (DeepSeek-V4-Flash + DSpark, 5 workloads): slope 0.51–0.55, r = −0.08; β0 r = −0.89"
+SEEDS_ROLE = ("vLLM PR #52228 write-ups (seeds 001/002, docs/seeds.md; DeepSeek-V4-Flash + DSpark, 5 workloads): "
+              "slope 0.51–0.55, r = −0.08; β0 r = −0.89")
 
 
 def pearson(x: np.ndarray, y: np.ndarray) -> float | None:

@@ -60,7 +60,8 @@ def _headline(df: pl.DataFrame) -> str:
     part = df.filter(pl.col("policy") == main).sort("concurrency")
     cells = ", ".join(f"c{c}: {v:.2f}×" for c, v in zip(part["concurrency"], part["vs_best_fixed"]))
     return (f"{main} against the best fixed K at each concurrency (throughput ratio): {cells}. "
-            "For comparison, vLLM's DeepSeek-V4 ROCm table: adaptive 5–8% below fixed K = 7 at c ≤ 32, "
+            "For comparison, the DeepSeek-V4 ROCm table of vLLM's Adaptive Verification docs (seed 000, "
+            "docs/seeds.md): adaptive 5–8% below fixed K = 7 at c ≤ 32, "
             "+6% at c64, +18% at c128, +70% at c256.")
 
 
