@@ -159,7 +159,7 @@ def test_profile_cli_writes_a_cost_table(tiny_pair, tmp_path, monkeypatch):
     monkeypatch.setenv("AVKIT_PROFILE_CONTEXT_LEN", "16")
     out = tmp_path / "cost.json"
     r = CliRunner().invoke(app, ["profile", "--target", str(root / "t"), "--draft", str(root / "d"), "--out", str(out),
-                                 "--max-tokens", "4", "--max-requests", "2", "--repeats", "1", "-k", "1"])
+                                 "--max-verify-tokens", "4", "--max-requests", "2", "--repeats", "1", "-k", "1"])
     assert r.exit_code == 0, r.output
     table = CostTable.load(out)
     assert table.verify_tokens == (1, 2, 4) and table.meta["context_len"] == 16
@@ -167,7 +167,7 @@ def test_profile_cli_writes_a_cost_table(tiny_pair, tmp_path, monkeypatch):
     assert "noise: repeated runs" in r.output and table.meta["noise"]["max_spread"] == 0.0  # one run per point
 
     r = CliRunner().invoke(app, ["profile", "--target", str(root / "t"), "--draft", "none", "--out", str(out),
-                                 "--max-tokens", "2", "--repeats", "1", "-k", "1", "--dtype", "bfloat16"])
+                                 "--max-verify-tokens", "2", "--repeats", "1", "-k", "1", "--dtype", "bfloat16"])
     assert r.exit_code == 0, r.output
     assert CostTable.load(out).meta["dtype"] == "bfloat16"
     r = CliRunner().invoke(app, ["profile", "--target", str(root / "t"), "--out", str(out), "--dtype", "fp8"])

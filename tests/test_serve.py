@@ -386,7 +386,7 @@ def test_sigterm_finishes_in_flight_snapshots_and_flushes_trace(pair, tmp_path):
     port, snap, trace = _free_port(), tmp_path / "snap.json", tmp_path / "serve.parquet"
     cmd = [sys.executable, "-m", "avkit", "serve", "--target", str(pair[0]), "--draft", str(pair[1]),
            "--port", str(port), "--snapshot", str(snap), "--snapshot-every", "2", "--refit-interval", "3",
-           "--record", str(trace), "--k", "4", "--max-len", "192", "--max-tokens-limit", "120",
+           "--record", str(trace), "--k", "4", "--max-len", "192", "--max-new-tokens", "120",
            "--served-model-name", "tiny", "--grace-period", "20", "--log-level", "warning",
            "--no-draft-gate"]  # tiny random drafts rarely pay: the gate would skip the steps that refit
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
     @app.command("hvd")
     def hvd(
         traces: Annotated[list[Path] | None, typer.Argument(
-            help="traces with .generations.parquet beside them (default: the greedy ones in traces/, else all)",
+            metavar="TRACE", help="traces with .generations.parquet beside them (default: the greedy ones in traces/, else all)",
             show_default=False)] = None,
         out: Annotated[Path, typer.Option(help="output directory for payoff_mlp.pt and hvd_metrics.json")] =
             Path("reports/hvd"),
@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
                  "table shipped for it; 'none': leave them out)")] = None,
         markdown: Annotated[Path | None, typer.Option(help="also write a Markdown report here")] = None,
         synthetic: Annotated[int, typer.Option(help="replay N synthetic generations instead of traces")] = 0,
-        k: Annotated[int, typer.Option(help="model draft length K")] = default_of(HvdReplayConfig, "k"),
+        k: Annotated[int, typer.Option("-k", "--k", help="model draft length K")] = default_of(HvdReplayConfig, "k"),
         max_depth: Annotated[int, typer.Option(help="suffix trie depth")] = default_of(SuffixCacheConfig, "max_depth"),
         draft_step_cost: Annotated[float, typer.Option(help="one draft-model step, in target forwards")] =
             default_of(HvdCostConfig, "draft_step_cost"),

@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
         context_len: Annotated[int, typer.Option(help="synthetic KV context per request "
                                                       "(AVKIT_PROFILE_CONTEXT_LEN overrides)")] = _d("context_len"),
         k: Annotated[int, typer.Option("-k", "--k", help="draft tokens per request (verify layout)")] = _d("k"),
-        max_tokens: Annotated[int, typer.Option(help="largest verify step, target tokens")] = _d("max_tokens"),
+        max_verify_tokens: Annotated[int, typer.Option(help="largest verify step, target tokens")] = _d("max_tokens"),
         max_requests: Annotated[int, typer.Option(help="largest draft batch, requests")] = _d("max_requests"),
         repeats: Annotated[int, typer.Option(help="timed runs per point (median kept)")] = _d("repeats"),
         temperature: Annotated[float, typer.Option(help="sampling work timed with each forward (0: argmax)")] =
@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
         from avkit.models.placement import placement
         from avkit.scheduling.profile import num_points, profile_costs
 
-        config = ProfileConfig(context_len=context_len, k=k, max_tokens=max_tokens, max_requests=max_requests,
+        config = ProfileConfig(context_len=context_len, k=k, max_tokens=max_verify_tokens, max_requests=max_requests,
                                repeats=repeats, temperature=temperature, top_p=top_p)
         console = Console(stderr=True)
         dev, dt = placement(device, dtype)

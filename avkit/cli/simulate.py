@@ -30,15 +30,15 @@ def parse_ints(name: str, text: str) -> tuple[int, ...]:
 def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate(
-        traces: Annotated[list[Path] | None, typer.Argument(help=f"trace files (default: the shipped {DEFAULT_TRACE_GLOB})", show_default=False)] = None,
+        traces: Annotated[list[Path] | None, typer.Argument(metavar="TRACE", help=f"trace files (default: the shipped {DEFAULT_TRACE_GLOB})", show_default=False)] = None,
         cost: Annotated[str, typer.Option(help="cost table JSON (avkit profile) or roofline:GPU:TARGET[:DRAFT]"
                                                "[:context=N,drafter=parallel]")] = _d("cost"),
         concurrency: Annotated[str, typer.Option(help="comma-separated concurrencies")] =
             ",".join(map(str, _d("concurrency"))),
-        policies: Annotated[str | None, typer.Option(
-            help="comma-separated: nospec, fixed, fixed:K, adaptive:ESTIMATOR, adaptive:oracle, adaptive:recorded, "
-                 "adaptive-stop:ESTIMATOR (also stops drafting early), adaptive[-stop]-nogate:... (no draft gate) "
-                 "(default: all but -nogate)")] = None,
+        policy: Annotated[list[str] | None, typer.Option(
+            "--policy", help="repeatable (or comma-separated): nospec, fixed, fixed:K, adaptive:ESTIMATOR, "
+            "adaptive:oracle, adaptive:recorded, adaptive-stop:ESTIMATOR (also stops drafting early), "
+            "adaptive[-stop]-nogate:... (no draft gate) (default: all but -nogate)", show_default=False)] = None,
         coefficients: Annotated[str, typer.Option(help="coefficients.json warm start for adaptive estimators")] = "",
         waves: Annotated[int, typer.Option(help="requests served per lane at least (recorded ones are cycled)")] =
             _d("waves"),
@@ -58,7 +58,8 @@ def register(app: typer.Typer) -> None:
         paths = [str(p) for p in traces] if traces else [str(p) for p in shipped_traces()]
         console = Console(stderr=True)
         steps = load_steps(paths)
-        specs = [s.strip() for s in policies.split(",") if s.strip()] if policies else default_policies(steps, config)
+        specs = ([s.strip() for p in policy for s in p.split(",") if s.strip()] if policy
+                 else default_policies(steps, config))
         n_policies = len(parse_policies(specs, steps.k, coefficients))  # validates before the long part
         console.print(f"avkit simulate: {len(paths)} trace file(s), {steps.request.size} steps of "
                       f"{steps.num_requests} requests, K={steps.k}; cost {table.meta.get('source', '')} "

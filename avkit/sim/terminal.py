@@ -57,7 +57,8 @@ def render_results(df: pl.DataFrame, console: Console, title: str = "") -> None:
     cell = {(r["policy"], r["concurrency"]): r for r in df.iter_rows(named=True)}
     best = {c: df.filter(pl.col("concurrency") == c)["throughput_tok_s"].max() for c in conc}
     short = {p: short_policy(p) for p in policies}
-    texts = {(p, c): (f"{cell[p, c]['throughput_tok_s']:,.0f}", f"{cell[p, c]['vs_best_fixed']:.2f}")
+    ratio = lambda x: "-" if x is None or x != x else f"{x:.2f}"  # no fixed K simulated: no ratio
+    texts = {(p, c): (f"{cell[p, c]['throughput_tok_s']:,.0f}", ratio(cell[p, c]["vs_best_fixed"]))
              for p in policies for c in conc if (p, c) in cell}
     pad = 3  # one space each side and a separator
     widths = [max(len(f"c={c}"), *(len(t[0]) + len(t[1]) + 3 for (p, cc), t in texts.items() if cc == c)) + pad
