@@ -6,6 +6,7 @@ came from, and a file made from other traces (or another cost model) is named, n
   simulate.parquet   Parquet key-value metadata `avkit.inputs` (JSON)
   coefficients.json  `trained_on.inputs`           (`avkit fit`, and `avkit report` fitting traces)
   hvd_metrics.json   `info.inputs`                 (`avkit hvd`, `avkit fit --hvd`)
+  cost table JSON    `meta.inputs`                 (`avkit profile`: version and time; the models are in meta)
 
 The record (a JSON object):
   command        the command that wrote the file, e.g. "avkit simulate"

@@ -30,6 +30,7 @@ import torch
 from avkit.config import PROFILE_CONTEXT_ENV, ProfileConfig
 from avkit.errors import ConfigError
 from avkit.features import draft_features
+from avkit.provenance import inputs_record
 from avkit.runtime.sampling import probs_from_logits, sample_tokens
 from avkit.scheduling.cost import CostTable, make_monotone
 
@@ -197,7 +198,8 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
             "temperature": config.temperature, "top_p": config.top_p,
             "repeats": config.repeats, "dtype": str(target.model.dtype).removeprefix("torch."),
             "raw_verify_ms": verify_ms, "raw_draft_ms": draft_ms,
-            "noise": noise_summary({"verify T": (t_grid, verify_runs), "draft n": (d_grid, draft_runs)})}
+            "noise": noise_summary({"verify T": (t_grid, verify_runs), "draft n": (d_grid, draft_runs)}),
+            "inputs": inputs_record("avkit profile")}  # avkit version and time (avkit/provenance.py)
     return CostTable(tuple(t_grid), tuple(make_monotone(verify_ms)), tuple(d_grid),
                      tuple(make_monotone(draft_ms)), (), "autoregressive", meta)
 
