@@ -145,3 +145,11 @@ def test_hvd_metrics_json_is_strict_json(tmp_path):
     assert "NaN" not in text
     json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in hvd_metrics.json"))
     shutil.rmtree(tmp_path)
+
+
+def test_report_names_a_simulation_of_a_subset_of_its_traces(traces):
+    root, one, two = traces
+    sim = _sim([one], root / "subset.parquet")
+    warnings = []
+    report_traces([one, two], root / "r3", NOWHERE, sim=sim, warn=warnings.append)
+    assert any("1 of this report's 2 traces" in w for w in warnings)

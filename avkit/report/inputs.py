@@ -171,6 +171,10 @@ def check_records(inputs: ReportInputs, sim_path) -> None:
         mismatch = trace_mismatch(record, reference, what[name])
         if mismatch:
             warn.append(mismatch)
+    sim_traces = {t["sha256"] for t in (records.get("sim") or {}).get("traces", [])}
+    if sim_traces and reference and sim_traces < {t["sha256"] for t in reference}:  # fewer traces: other mix
+        inputs.warnings["sim"].append(f"The simulation results replay {len(sim_traces)} of this report's "
+                                      f"{len(reference)} traces; its throughputs are for that subset.")
     sim_cost = ((records.get("sim") or {}).get("cost") or {}).get("spec")
     if sim_cost and sim_cost != SimulateConfig().cost:
         inputs.warnings["sim"].append(f"Simulated with cost model {sim_cost}, not avkit simulate's default "
