@@ -202,7 +202,7 @@ def main(argv=None) -> int:
         seconds = time.perf_counter() - t0
         inputs = results_inputs(paths, table, replace(config, cost=spec, concurrency=tuple(concurrency)), specs,
                                 command="bench/adaptive.py")
-        write_results(df, out.with_name(f"adaptive_sim_{key}.parquet"), inputs)
+        write_results(df, out.with_name(f"adaptive_sim_{key}.parquet"), inputs=inputs)
         summary = "\n".join(f"- {shape_summary(df, p)}" for p in SUMMARIZED if p in df["policy"].to_list())
         sections.append(f"## {title}\n\nCost: `{spec}` ({note}). Simulated in {seconds:.1f} s.\n\n"
                         f"{markdown_table(df)}\n\n{summary}\n")

@@ -62,7 +62,7 @@ def _sim(paths, out, cost="roofline:H200:8b"):
     config = SimulateConfig(concurrency=(1, 8), cost=cost)
     table = resolve_cost(cost)
     df = simulate(paths, table, config.concurrency, POLICIES, config=config)
-    return write_results(df, out, results_inputs(paths, table, config, POLICIES))
+    return write_results(df, out, inputs=results_inputs(paths, table, config, POLICIES))
 
 
 def test_simulate_results_carry_their_inputs(traces):

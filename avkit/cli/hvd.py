@@ -3,7 +3,6 @@ choose tau, score every router (the body of `avkit fit --hvd`)."""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -23,9 +22,8 @@ def greedy_traces(root: Path | None = None) -> list[Path]:
     exactly the chance that the recorded sample equals x, so comparing drafts with a sampled
     continuation gives an unbiased draw of the accepted length (the model's matches are its realized
     acceptances). The temperatures used are reported."""
-    import pyarrow.parquet as pq
-
     from avkit.cli.fit import shipped_traces
+    from avkit.trace.reader import trace_metadata
     from avkit.trace.schema import generations_path
 
     if root is None:  # where fit, simulate and report find them: ./traces, else beside the package
@@ -37,8 +35,11 @@ def greedy_traces(root: Path | None = None) -> list[Path]:
     for p in sorted(root.glob("*.parquet")):
         if p.name.endswith(".generations.parquet") or not generations_path(p).is_file():
             continue
-        meta = pq.read_metadata(p).metadata or {}
-        found[p] = float(meta.get(b"avkit.temperature", b"nan") or "nan")
+        temperature = trace_metadata(p).get("avkit.temperature", "nan")
+        try:
+            found[p] = float(temperature)
+        except ValueError:
+            found[p] = float("nan")
     if not found:
         raise ConfigError(f"no trace with a generations table in {root}/; pass trace files or --synthetic")
     greedy = [p for p, t in found.items() if t == 0.0]
@@ -81,28 +82,30 @@ def register(app: typer.Typer) -> None:
     ):
         """Replay greedy generations, fit the payoff predictor, compare routers (cache, model, arctic,
         table, mlp, survival) per dataset on held-out requests."""
-        from avkit.hvd.fit import fit_hvd, fit_hvd_generations
+        from avkit.hvd.fit import fit_hvd, fit_hvd_generations, reserve_hvd_outputs
         from avkit.hvd.markdown import hvd_markdown
         from avkit.hvd.token_lookup import token_classes_for
+        from avkit.staged import StagedOutputs
 
         kw = {"cache_config": SuffixCacheConfig(max_depth=max_depth), "replay_config": HvdReplayConfig(k=k),
               "payoff_config": PayoffConfig(epochs=epochs, seed=seed),
               "cost": HvdCostConfig(draft_step_cost=draft_step_cost), "progress": sys.stderr.isatty()}
-        if synthetic:
-            from avkit.hvd.synthetic import synthetic_generations
+        with StagedOutputs() as outputs:  # the hvd files and --markdown are committed together, or none
+            reserve_hvd_outputs(out, outputs, "--out")
+            md = outputs.file(markdown, "--markdown") if markdown is not None else None
+            if synthetic:
+                from avkit.hvd.synthetic import synthetic_generations
 
-            result = fit_hvd_generations(synthetic_generations(synthetic, seed=seed), out, **kw)
-            title = f"HVD replay on {synthetic} synthetic generations"
-        else:
-            paths = list(traces) if traces else greedy_traces()
-            classes = token_classes_for(paths, tokenizer)
-            if classes.table is None and tokenizer != "none":
-                Console(stderr=True).print(f"[bold yellow]warning:[/] {classes.source}", highlight=False)
-            result = fit_hvd(paths, out, token_classes=classes, **kw)
-            title = "HVD replay on " + ", ".join(p.name for p in paths)
-        if markdown is not None:
-            tmp = markdown.with_name(markdown.name + ".tmp")
-            tmp.write_text(hvd_markdown(result, title))
-            os.replace(tmp, markdown)
-            result.files.append(str(markdown))
+                result = fit_hvd_generations(synthetic_generations(synthetic, seed=seed), out, outputs=outputs, **kw)
+                title = f"HVD replay on {synthetic} synthetic generations"
+            else:
+                paths = list(traces) if traces else greedy_traces()
+                classes = token_classes_for(paths, tokenizer)
+                if classes.table is None and tokenizer != "none":
+                    Console(stderr=True).print(f"[bold yellow]warning:[/] {classes.source}", highlight=False)
+                result = fit_hvd(paths, out, token_classes=classes, outputs=outputs, **kw)
+                title = "HVD replay on " + ", ".join(p.name for p in paths)
+            if md is not None:
+                md.write_text(hvd_markdown(result, title))
+                result.files.append(str(markdown))
         render(result, Console(width=None if sys.stdout.isatty() else 140))

@@ -54,20 +54,27 @@ def register(app: typer.Typer) -> None:
         from avkit.models import load
         from avkit.models.placement import placement
         from avkit.scheduling.profile import num_points, profile_costs
+        from avkit.staged import StagedOutputs
 
         config = ProfileConfig(context_len=context_len, k=k, max_tokens=max_verify_tokens, max_requests=max_requests,
                                repeats=repeats, temperature=temperature, top_p=top_p)
         console = Console(stderr=True)
         dev, dt = placement(device, dtype)
-        with console.status(f"avkit profile: loading {target}" + ("" if draft in ("", "none") else f" + {draft}")):
-            tgt = load(target, dtype=dt, device=dev)
-            drf = None if draft in ("", "none") else load(draft, dtype=dt, device=dev)
-        with Progress(*Progress.get_default_columns(), TimeElapsedColumn(), console=console, transient=True) as bar:
-            task = bar.add_task(f"profiling ({config.repeats} runs per point)", total=num_points(config, drf is not None))
-            table = profile_costs(tgt, drf, config, on_point=lambda: bar.advance(task))
-        render(table, console)
-        console.print(noise_line(table.meta.get("noise", {})), highlight=False)
-        console.print(f"cost table: {table.save(out)}")
+        with StagedOutputs() as outputs:
+            outputs.file(out, "--out")  # an unwritable --out fails now, not after minutes of profiling
+            loading = f"avkit profile: loading {target}" + ("" if draft in ("", "none") else f" + {draft}")
+            with console.status(loading):
+                tgt = load(target, dtype=dt, device=dev)
+                drf = None if draft in ("", "none") else load(draft, dtype=dt, device=dev)
+            with Progress(*Progress.get_default_columns(), TimeElapsedColumn(), console=console,
+                          transient=True) as bar:
+                task = bar.add_task(f"profiling ({config.repeats} runs per point)",
+                                    total=num_points(config, drf is not None))
+                table = profile_costs(tgt, drf, config, on_point=lambda: bar.advance(task))
+            render(table, console)
+            console.print(noise_line(table.meta.get("noise", {})), highlight=False)
+            path = table.save(out, outputs)
+        console.print(f"cost table: {path}")
 
 
 def noise_line(noise: dict) -> str:

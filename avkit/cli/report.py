@@ -51,6 +51,8 @@ def register(app: typer.Typer) -> None:
         hvd: Annotated[Path | None, typer.Option(
             help=f"`avkit hvd` hvd_metrics.json or its directory (default: {_d('hvd')} when it exists)",
             show_default=False)] = None,
+        tune: Annotated[Path | None, typer.Option(
+            help=f"`avkit tune` result JSON (default: {_d('tune')} when it exists)", show_default=False)] = None,
         simulate: Annotated[bool, typer.Option(
             help="with no --sim and no default results file: simulate the traces now (`avkit simulate` "
                  "defaults; seconds on the shipped traces)")] = True,
@@ -62,25 +64,32 @@ def register(app: typer.Typer) -> None:
         embed: Annotated[bool, typer.Option(help="embed the PNGs in index.html")] = _d("embed_images"),
     ):
         """Write index.html (self-contained), report.md and the PNGs: summary, feature table, reliability
-        diagrams, online fitting, simulation and hybrid drafting. Missing inputs omit their section."""
+        diagrams, online fitting, simulation, tuning and hybrid drafting. Missing inputs omit their section."""
         from avkit.report import report_fit_dir, report_traces
         from avkit.report.sections import SECTIONS
+        from avkit.staged import StagedOutputs
+        from avkit.trace.reader import common_k
 
         config = ReportConfig(out=str(out), n_bins=bins, embed_images=embed)
         fit_dir, traces = split_inputs(inputs)
         console = Console(stderr=True)
+        if traces and (note := common_k(traces)[1]):
+            console.print(f"avkit report: {note}", soft_wrap=True)
         t0 = time.perf_counter()
         warnings: list[str] = []
         stages = ["fit", "simulate", *SECTIONS]
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as bar:
+        with StagedOutputs() as outputs, Progress(
+                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as bar:
+            outputs.directory(out, "--out")  # an unwritable --out fails now, before the fit
             task = bar.add_task("avkit report", total=len(stages))
 
             def progress(what: str) -> None:
                 done = stages.index(what) if what in stages else bar.tasks[task].completed
                 bar.update(task, completed=done, description=f"avkit report: {what}")
 
-            kw = {"sim": sim, "hvd": hvd, "run_simulation": simulate, "progress": progress, "warn": warnings.append}
+            kw = {"sim": sim, "hvd": hvd, "tune": tune, "run_simulation": simulate, "progress": progress,
+                  "outputs": outputs, "warn": warnings.append}
             if fit_dir is not None:
                 path = report_fit_dir(fit_dir, out, config, **kw)
             else:

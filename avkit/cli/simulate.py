@@ -17,6 +17,19 @@ def _d(name: str):
     return default_of(SimulateConfig, name)
 
 
+# shared with `avkit tune`
+TracesArgument = Annotated[list[Path] | None, typer.Argument(
+    metavar="TRACE", help=f"trace files (default: the shipped {DEFAULT_TRACE_GLOB})", show_default=False)]
+COST_HELP = "cost table JSON (avkit profile) or roofline:GPU:TARGET[:DRAFT][:context=N,drafter=parallel]"
+
+
+def shipped_traces() -> list[str]:
+    """The shipped trace files, found as `avkit fit` finds them (./traces, else beside the package)."""
+    from avkit.cli.fit import shipped_traces as found
+
+    return [str(p) for p in found()]
+
+
 def parse_ints(name: str, text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
@@ -30,9 +43,8 @@ def parse_ints(name: str, text: str) -> tuple[int, ...]:
 def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate(
-        traces: Annotated[list[Path] | None, typer.Argument(metavar="TRACE", help=f"trace files (default: the shipped {DEFAULT_TRACE_GLOB})", show_default=False)] = None,
-        cost: Annotated[str, typer.Option(help="cost table JSON (avkit profile) or roofline:GPU:TARGET[:DRAFT]"
-                                               "[:context=N,drafter=parallel]")] = _d("cost"),
+        traces: TracesArgument = None,
+        cost: Annotated[str, typer.Option(help=COST_HELP)] = _d("cost"),
         concurrency: Annotated[str, typer.Option(help="comma-separated concurrencies")] =
             ",".join(map(str, _d("concurrency"))),
         policy: Annotated[list[str] | None, typer.Option(
@@ -46,33 +58,38 @@ def register(app: typer.Typer) -> None:
         step_time: Annotated[bool, typer.Option(help="compare predicted with recorded step times")] = False,
     ):
         """Replay traces: no-spec, every fixed K, adaptive per estimator and the oracle, per concurrency."""
-        from avkit.cli.fit import shipped_traces
         from avkit.scheduling.cost import resolve_cost
         from avkit.sim.policies import parse_policies
         from avkit.sim.replay import default_policies, load_steps, results_inputs, step_time_check, write_results
         from avkit.sim.replay import simulate as run
         from avkit.sim.terminal import render_results
+        from avkit.staged import StagedOutputs
+        from avkit.trace.reader import common_k
 
         config = SimulateConfig(concurrency=parse_ints("concurrency", concurrency), cost=cost, out=out, waves=waves)
         table = resolve_cost(config.cost)
-        paths = [str(p) for p in traces] if traces else [str(p) for p in shipped_traces()]
+        paths = [str(p) for p in traces] if traces else shipped_traces()
         console = Console(stderr=True)
-        steps = load_steps(paths)
-        specs = ([s.strip() for p in policy for s in p.split(",") if s.strip()] if policy
-                 else default_policies(steps, config))
-        n_policies = len(parse_policies(specs, steps.k, coefficients))  # validates before the long part
-        console.print(f"avkit simulate: {len(paths)} trace file(s), {steps.request.size} steps of "
-                      f"{steps.num_requests} requests, K={steps.k}; cost {table.meta.get('source', '')} "
-                      f"{table.meta.get('device', '')} {table.meta.get('target', '')}")
-        with Progress(console=console, transient=True) as bar:
-            task = bar.add_task("simulating", total=n_policies * len(config.concurrency))
-            df = run(steps, table, config.concurrency, specs, config=config, coefficients=coefficients,
-                     progress=lambda: bar.advance(task))
-        render_results(df, console, f"throughput, tokens/s (× best fixed K); cost {config.cost}")
-        path = write_results(df, config.out, results_inputs(paths, table, config, specs))
+        with StagedOutputs() as outputs:
+            outputs.file(config.out, "--out")  # an unwritable --out fails now, not after the replay
+            steps = load_steps(paths)
+            if note := common_k(paths)[1]:
+                console.print(f"avkit simulate: {note}", soft_wrap=True)
+            specs = ([s.strip() for p in policy for s in p.split(",") if s.strip()] if policy
+                     else default_policies(steps, config))
+            n_policies = len(parse_policies(specs, steps.k, coefficients))  # validates before the long part
+            console.print(f"avkit simulate: {len(paths)} trace file(s), {steps.request.size} steps of "
+                          f"{steps.num_requests} requests, K={steps.k}; cost {table.meta.get('source', '')} "
+                          f"{table.meta.get('device', '')} {table.meta.get('target', '')}")
+            with Progress(console=console, transient=True) as bar:
+                task = bar.add_task("simulating", total=n_policies * len(config.concurrency))
+                df = run(steps, table, config.concurrency, specs, config=config, coefficients=coefficients,
+                         progress=lambda: bar.advance(task))
+            render_results(df, console, f"throughput, tokens/s (× best fixed K); cost {config.cost}")
+            path = write_results(df, config.out, outputs, inputs=results_inputs(paths, table, config, specs))
+            check = step_time_check(steps, table) if step_time else None
         console.print(f"results: {path}")
-        if step_time:
-            check = step_time_check(steps, table)
+        if check is not None:
             for label, c in (("all steps", check), ("decode-only steps", check["decode_only"])):
                 console.print(f"step time ({label}): predicted/recorded median {c['median_ratio']:.3f}, "
                               f"median |error| {100 * c['median_abs_rel_error']:.1f}% over "

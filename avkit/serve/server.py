@@ -10,7 +10,6 @@ period -> the engine loop cancels what is left -> coefficients snapshot -> trace
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import signal
 import uuid
@@ -20,6 +19,7 @@ import numpy as np
 
 from avkit.config import SERVE_STATE_DIR, SHIPPED_COEFFICIENTS, ServeConfig
 from avkit.errors import AvkitError, ConfigError
+from avkit.estimators.coefficients import ServedPair, load_coefficients
 from avkit.serve.app import ServeState, build_app
 from avkit.serve.engine_loop import EngineLoop
 from avkit.serve.metrics import ServeMetrics
@@ -82,13 +82,13 @@ def warm_start(config: ServeConfig) -> str:
     if shipped is None:
         return ""
     try:  # the shipped fit is a default, not a demand: it applies only to the K it was fitted for
-        fitted_k = json.loads(Path(shipped).read_text()).get("num_positions")
-    except (OSError, ValueError):
-        fitted_k = None
-    return str(shipped) if fitted_k == config.k else ""
+        load_coefficients(shipped, k=config.k)
+    except AvkitError:
+        return ""
+    return str(shipped)
 
 
-def make_policy(config: ServeConfig, coefficients: str):
+def make_policy(config: ServeConfig, coefficients: str, pair: ServedPair | None = None):
     """The verify policy by name from the registry; adaptive gets its estimator (warm-started from
     `coefficients`, refitting every `refit_interval` steps), the cost table and its draft gate."""
     import avkit.scheduling.adaptive  # noqa: F401 - registers POLICIES["adaptive"]
@@ -99,7 +99,7 @@ def make_policy(config: ServeConfig, coefficients: str):
         return make("fixed", k=config.k)
     if config.policy == "adaptive":
         return make("adaptive", cost=config.cost or None, estimator=config.estimator,
-                    coefficients=coefficients, k=config.k,
+                    coefficients=coefficients, k=config.k, pair=pair,
                     config=EstimatorConfig(refit_interval=config.refit_interval),
                     adaptive=AdaptiveConfig(gate=config.draft_gate))
     return make(config.policy)
@@ -133,14 +133,22 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
     if draft is None and use_draft:
         draft = load(config.draft, dtype=dtype, device=device)
     draft = draft if use_draft else None
+    pair = ServedPair(target.model_id, draft.model_id if draft else "", target.sha256 or "",
+                      (draft.sha256 or "") if draft else "")
+    if coefficients and coefficients == str(shipped_coefficients()):
+        try:  # the shipped fit is a default: fitted on another pair, it is not used (a given file must match)
+            load_coefficients(coefficients, k=config.k, pair=pair)
+        except AvkitError as e:
+            log.warning("not warm-starting from the shipped coefficients: %s", e)
+            coefficients = ""
     try:
-        policy = make_policy(config, coefficients) if draft is not None else None
+        policy = make_policy(config, coefficients, pair) if draft is not None else None
     except AvkitError as e:
         if not coefficients:
             raise
         raise ConfigError(f"warm start from {coefficients}: {e} (pass --no-resume, another --snapshot or "
                           "--coefficients)") from None
-    snapshots = CoefficientSnapshots(policy, snapshot_path(config), config.snapshot_every)
+    snapshots = CoefficientSnapshots(policy, snapshot_path(config), config.snapshot_every, pair)
     metrics = ServeMetrics(config.k, snapshots.current)
     sink = ServeSink(metrics, _trace_writer(config, target, draft), run_id=f"serve-{uuid.uuid4().hex[:8]}")
     engine_config = EngineConfig(k=config.k if draft is not None else 0, max_batch=config.max_concurrency,

@@ -3,6 +3,8 @@
 The snapshot has the layout of `avkit fit`'s coefficients.json (schema_version, feature,
 num_positions, slope, intercepts, observations, mode, trained_on) plus `refits`, so the file a
 server writes is a file a server (or `avkit simulate`) can deploy: a restart resumes from it.
+`trained_on` names the served pair (target, draft and their sha256), so a server never resumes
+from another pair's snapshot (estimators/coefficients.py validates every file on load).
 The engine thread calls `on_step()` after every step; `/metrics` reads `current()` from any
 thread (a new dict is published, never mutated).
 """
@@ -14,7 +16,10 @@ import logging
 import os
 import time
 from pathlib import Path
+from dataclasses import asdict
 from typing import Any
+
+from avkit.estimators.coefficients import ServedPair
 
 log = logging.getLogger("avkit.serve")
 
@@ -24,7 +29,7 @@ def estimator_of(policy) -> Any | None:
     return getattr(policy, "estimator", None) if policy is not None else None
 
 
-def coefficients_of(estimator) -> dict[str, Any] | None:
+def coefficients_of(estimator, pair: ServedPair | None = None) -> dict[str, Any] | None:
     """Estimator state -> coefficients.json dict (None when the estimator has no slope/intercepts).
 
     Keeps every key of the estimator's state (so `load_state_dict` restores it exactly, round
@@ -43,8 +48,10 @@ def coefficients_of(estimator) -> dict[str, Any] | None:
         "intercepts": intercepts,
         "observations": [int(n) for n in state.get("observations", [0] * len(intercepts))],
         "mode": "online",
+        "estimator": state.get("name", getattr(estimator, "name", "online_logistic")),
         "trained_on": {"source": "avkit serve",
-                       "snapshot_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+                       "snapshot_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       **(asdict(pair) if pair is not None else {})},
     }
 
 
@@ -62,8 +69,9 @@ def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
 class CoefficientSnapshots:
     """Publishes coefficients after each refit; writes `path` every `every` refits and at close."""
 
-    def __init__(self, policy, path: Path | None, every: int):
+    def __init__(self, policy, path: Path | None, every: int, pair: ServedPair | None = None):
         self._policy = policy
+        self._pair = pair
         self._estimator = estimator_of(policy)
         self.path = path
         self.every = every
@@ -99,7 +107,7 @@ class CoefficientSnapshots:
     def _read(self) -> dict[str, Any] | None:
         if self._estimator is None:
             return None
-        c = coefficients_of(self._estimator)
+        c = coefficients_of(self._estimator, self._pair)
         if c is not None:
             c["refits"] = self.refits  # refits of this server process
         return c
