@@ -113,3 +113,12 @@ def test_simulate_finds_the_shipped_traces_from_any_directory(tmp_path, capsys, 
     assert code in (0, None), err
     names = sorted(t["path"].rsplit("/", 1)[-1] for t in read_inputs(out)["traces"])
     assert names == ["greedy_k7.parquet", "sampled_t1.0_k7.parquet"]
+
+
+def test_new_spelling_prints_no_deprecation_warning(tmp_path, capsys, monkeypatch):
+    from avkit.trace.synthetic import write_synthetic_trace
+
+    trace = write_synthetic_trace(tmp_path / "t.parquet", SyntheticConfig(num_slots=3000, seed=2))
+    code, _, err = _run(capsys, monkeypatch, "simulate", str(trace), "--policy", "nospec", "--concurrency", "1",
+                        "--out", str(tmp_path / "sim.parquet"))
+    assert code in (0, None) and "deprecated" not in err, err

@@ -40,7 +40,7 @@ def _alias(old: str, new: str, dest: str):
     """An eager hidden option `old` that hands its value to `dest` through the context's default map
     (what a parameter not given on the command line reads), after one warning line."""
     def forward(ctx, _param, value):
-        if value is None or ctx.resilient_parsing:
+        if value is None or value == () or value == [] or ctx.resilient_parsing:  # not given
             return
         print(f"avkit: warning: {old} is deprecated; use {new}", file=sys.stderr)
         current = ctx.default_map or {}

@@ -131,6 +131,7 @@ def fit_hvd_outputs(with_gens: list[Path], out: Path, outputs):
     from avkit.hvd.token_lookup import token_classes_for
 
     classes = token_classes_for(with_gens)
-    if classes.table is None:
-        Console(stderr=True).print(f"[bold yellow]warning:[/] {classes.source}", highlight=False)
-    return fit_hvd(with_gens, out, token_classes=classes, progress=sys.stderr.isatty(), outputs=outputs)
+    result = fit_hvd(with_gens, out, token_classes=classes, progress=sys.stderr.isatty(), outputs=outputs)
+    if classes.table is None:  # one line, once the inputs proved good
+        Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {classes.source}", highlight=False)
+    return result

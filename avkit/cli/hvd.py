@@ -101,9 +101,10 @@ def register(app: typer.Typer) -> None:
             else:
                 paths = list(traces) if traces else greedy_traces()
                 classes = token_classes_for(paths, tokenizer)
-                if classes.table is None and tokenizer != "none":
-                    Console(stderr=True).print(f"[bold yellow]warning:[/] {classes.source}", highlight=False)
                 result = fit_hvd(paths, out, token_classes=classes, outputs=outputs, **kw)
+                if classes.table is None and tokenizer != "none":  # one line, once the inputs proved good
+                    Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {classes.source}",
+                                                               highlight=False)
                 title = "HVD replay on " + ", ".join(p.name for p in paths)
             if md is not None:
                 md.write_text(hvd_markdown(result, title))

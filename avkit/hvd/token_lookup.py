@@ -32,10 +32,14 @@ class TokenClasses:
 
 
 def _trace_meta(path) -> dict[str, str]:
-    import pyarrow.parquet as pq
+    """The trace's avkit.* metadata; {} when it cannot be read (the replay then names the problem)."""
+    from avkit.errors import AvkitError
+    from avkit.trace.reader import trace_metadata
 
-    meta = pq.read_metadata(path).metadata or {}
-    return {k.decode(): v.decode() for k, v in meta.items() if k.startswith(b"avkit.")}
+    try:
+        return trace_metadata(path)
+    except (AvkitError, OSError):
+        return {}
 
 
 def shipped_path(target_sha256: str) -> Path:
