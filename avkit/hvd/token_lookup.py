@@ -32,14 +32,10 @@ class TokenClasses:
 
 
 def _trace_meta(path) -> dict[str, str]:
-    """The trace's avkit.* metadata; {} when it cannot be read (the replay then names the problem)."""
-    from avkit.errors import AvkitError
+    """The trace's avkit.* metadata, read through the trace contract (a missing or bad file is named)."""
     from avkit.trace.reader import trace_metadata
 
-    try:
-        return trace_metadata(path)
-    except (AvkitError, OSError):
-        return {}
+    return trace_metadata(path)
 
 
 def shipped_path(target_sha256: str) -> Path:
