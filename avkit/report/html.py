@@ -36,7 +36,7 @@ figcaption, .caption { color: var(--muted); font-size: 13px; margin-top: 6px; ma
 .table-wrap { max-width: 100%; overflow-x: auto; margin: 14px 0; }
 table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums; }
 th, td { border-bottom: 1px solid var(--line); padding: 4px 9px; text-align: left; white-space: nowrap; }
-th { background: var(--band); font-weight: 600; white-space: normal; vertical-align: bottom; min-width: 5.5em; }
+th { background: var(--band); font-weight: 600; white-space: normal; vertical-align: bottom; min-width: 5em; }
 td.num, th.num { text-align: right; }
 tbody tr:hover { background: #f0f6fc; }
 td.em { font-weight: 700; }
