@@ -8,7 +8,7 @@ setup:
 test:
     python -m pytest
 
-# opt-in tests that need the real model pair (run `just models` first)
+# opt-in tests that need the real model pair (run `avkit models fetch` first)
 test-slow:
     python -m pytest -m slow
 
@@ -38,10 +38,10 @@ bench:
     python bench/tune.py
     python bench/load_test.py
 
-# real-pair benchmarks, bf16 (slow: ~1.5 h on 2 cores, the live adaptive runs every policy twice; needs `just models`, an idle CPU and ~12 GB RAM):
+# real-pair benchmarks, bf16 (slow: ~1.5 h on 2 cores, the live adaptive runs every policy twice; needs `avkit models fetch`, an idle CPU and ~12 GB RAM):
 # this CPU's cost table (simulate --step-time checks the traces against it), engine, live adaptive
 bench-real:
-    python -m avkit profile --dtype bfloat16 --context-len 512 -k 7 --max-tokens 64 --max-requests 16
+    python -m avkit profile --dtype bfloat16 --context-len 512 -k 7 --max-verify-tokens 64 --max-requests 16
     python bench/engine.py
     python bench/adaptive_live.py --context-len 512
 

@@ -11,7 +11,7 @@ from dataclasses import MISSING, dataclass, fields
 
 from avkit.validate import check_choice, check_placement, check_range
 
-# ---- shared constants (DESIGN.md §3, reference values from vLLM's implementation) ----
+# ---- shared constants (docs/estimator.md, reference values from vLLM's implementation) ----
 DEFAULT_K = 7
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
@@ -49,7 +49,7 @@ class SamplingConfig:
 
 @dataclass(frozen=True)
 class EstimatorConfig:
-    """Online acceptance estimator (DESIGN.md §3): p_i = sigmoid(slope * f + intercept_i)."""
+    """Online acceptance estimator (docs/estimator.md): p_i = sigmoid(slope * f + intercept_i)."""
 
     feature: str = "logit_qmax"
     init_slope: float = 0.5
@@ -237,7 +237,7 @@ PROFILE_CONTEXT_ENV = "AVKIT_PROFILE_CONTEXT_LEN"  # overrides ProfileConfig.con
 
 @dataclass(frozen=True)
 class AdaptiveConfig:
-    """Budgeted verification (DESIGN.md §4): where the confidences and the step costs come from."""
+    """Budgeted verification (docs/budget.md): where the confidences and the step costs come from."""
 
     estimator: str = "online_logistic"  # a name in ESTIMATORS, or "none" (verify everything)
     coefficients: str = ""  # coefficients.json warm start for the estimator ("" = its defaults)
@@ -345,7 +345,7 @@ class TuneConfig:
 # ---- hybrid verified decoding ----
 @dataclass(frozen=True)
 class SuffixCacheConfig:
-    """SuffixDecoding cache drafter (DESIGN.md §5); defaults follow vLLM's suffix decoding."""
+    """SuffixDecoding cache drafter (docs/hvd.md); defaults follow vLLM's suffix decoding."""
 
     max_depth: int = 24  # longest suffix stored per position (trie depth)
     max_spec_factor: float = 1.0  # draft length <= match_len * factor + offset
@@ -367,7 +367,7 @@ class HvdCostConfig:
     """Cost of one decoding cycle, in units of one target forward (HVD replay throughput)."""
 
     verify_token_cost: float = 0.02  # extra target cost per verified draft token
-    draft_step_cost: float = 0.33  # one draft-model step (CPU: ~3 vs ~9 tok/s, DESIGN.md §7)
+    draft_step_cost: float = 0.33  # one draft-model step (CPU: ~3 vs ~9 tok/s, docs/runtime.md)
     cache_cost: float = 0.005  # suffix lookup + payoff predictor
 
     def __post_init__(self):

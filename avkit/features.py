@@ -1,4 +1,4 @@
-"""Draft-distribution features of a draft slot, each flagged lossless or lossy (DESIGN.md §2-3).
+"""Draft-distribution features of a draft slot, each flagged lossless or lossy (docs/lossless.md, docs/estimator.md).
 
 A feature is lossless when it depends only on the shape of the draft distribution q (never on
 which token was drawn): choosing how many drafts to verify from it keeps the output distribution

@@ -21,6 +21,7 @@ import glob
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,7 @@ from avkit.config import SimulateConfig, SyntheticConfig
 from avkit.scheduling.adaptive import make_adaptive
 from avkit.scheduling.cost import resolve_cost
 from avkit.scheduling.policy import DraftBatch, Load, VerifyOutcome
-from avkit.sim.replay import default_policies, load_steps, simulate, write_results
+from avkit.sim.replay import default_policies, load_steps, results_inputs, simulate, write_results
 
 SUMMARIZED = ("adaptive-online_logistic", "adaptive-stop-online_logistic", "adaptive-stop-nogate-online_logistic",
               "adaptive-oracle")
@@ -48,13 +49,13 @@ def load_trace_steps(paths: list[str]):
     if not paths:
         paths = sorted(p for p in glob.glob("traces/*.parquet") if not p.endswith(".generations.parquet"))
     if paths:
-        return load_steps(paths), f"{len(paths)} recorded trace file(s): {', '.join(paths)}"
+        return load_steps(paths), f"{len(paths)} recorded trace file(s): {', '.join(paths)}", paths
     from avkit.trace.synthetic import synthetic_trace
 
     # Shaped like the Qwen2.5-Coder pair's recordings (per-slot acceptance ~0.8-0.9, ~5 tokens/step).
     cfg = SyntheticConfig(num_slots=400_000, k=7, trim_prob=0.0, batch_size=8, steps_per_request=48,
                           intercepts=(2.0, 1.8, 1.6, 1.5, 1.4, 1.3, 1.2), feature_means=(3.0, 1.5), seed=1)
-    return load_steps(pl.from_arrow(synthetic_trace(cfg))), "SYNTHETIC trace (no traces/*.parquet yet)"
+    return load_steps(pl.from_arrow(synthetic_trace(cfg))), "SYNTHETIC trace (no traces/*.parquet yet)", []
 
 
 def markdown_table(df: pl.DataFrame) -> str:
@@ -181,7 +182,7 @@ def main(argv=None) -> int:
     ap.add_argument("traces", nargs="*")
     ap.add_argument("--out", default="bench/results/adaptive.md")
     args = ap.parse_args(argv)
-    steps, source = load_trace_steps(args.traces)
+    steps, source, paths = load_trace_steps(args.traces)
     config = SimulateConfig()
     specs = default_policies(steps, config) + ["adaptive-stop-nogate:online_logistic"]  # what the gate adds
     out = Path(args.out)
@@ -196,9 +197,12 @@ def main(argv=None) -> int:
                              "`bench/results/adaptive_live.md`, measured live with the same table")
     for key, (spec, title, concurrency, note) in costs.items():
         t0 = time.perf_counter()
-        df = simulate(steps, resolve_cost(spec), concurrency, specs, config=config)
+        table = resolve_cost(spec)
+        df = simulate(steps, table, concurrency, specs, config=config)
         seconds = time.perf_counter() - t0
-        write_results(df, out.with_name(f"adaptive_sim_{key}.parquet"))
+        inputs = results_inputs(paths, table, replace(config, cost=spec, concurrency=tuple(concurrency)), specs,
+                                command="bench/adaptive.py")
+        write_results(df, out.with_name(f"adaptive_sim_{key}.parquet"), inputs=inputs)
         summary = "\n".join(f"- {shape_summary(df, p)}" for p in SUMMARIZED if p in df["policy"].to_list())
         sections.append(f"## {title}\n\nCost: `{spec}` ({note}). Simulated in {seconds:.1f} s.\n\n"
                         f"{markdown_table(df)}\n\n{summary}\n")

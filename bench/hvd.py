@@ -4,7 +4,7 @@
     python bench/hvd.py --synthetic 80       # no traces yet: synthetic generations
 
 Replays once, then fits and scores every router under two cost models: this pair's measured
-draft/target step ratio (0.33, DESIGN.md §7) and an EAGLE-like one-layer drafter (0.05, the
+draft/target step ratio (0.33, docs/runtime.md) and an EAGLE-like one-layer drafter (0.05, the
 paper's setting), so the numbers can be read against the paper's.
 """
 
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -32,15 +33,17 @@ def _inputs(args):
         from avkit.hvd.synthetic import synthetic_generations
 
         return synthetic_generations(args.synthetic, seed=0), None, f"{args.synthetic} synthetic generations", {}
-    from avkit.cli.hvd import greedy_traces, tokenizer_for
-    from avkit.hvd.token_classes import class_table_for
+    from avkit.cli.hvd import greedy_traces
+    from avkit.hvd.token_lookup import token_classes_for
 
     paths = [Path(p) for p in args.traces] if args.traces else greedy_traces()
     gens, facts = load_generations(paths)
-    tok = tokenizer_for(paths)
+    classes = token_classes_for(paths)
+    if classes.table is None:
+        print(f"warning: {classes.source}", file=sys.stderr)
     facts = {"traces": [str(p) for p in paths], "unknown_model_positions": facts["unknown_model_positions"],
              "temperatures": sorted(facts["temperatures"])}
-    return gens, class_table_for(tok) if tok else None, ", ".join(p.name for p in paths), facts
+    return gens, classes.table, ", ".join(p.name for p in paths), facts
 
 
 def main() -> None:

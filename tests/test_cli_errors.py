@@ -76,7 +76,7 @@ def snapshot(*roots: Path) -> dict[Path, bytes]:
 
 
 # ---- simulate (bad traces: also what every reader of traces refuses) ----
-SIM = ("simulate", "--policies", "nospec,fixed", "--concurrency", "1,2", "--cost", "roofline:cpu:1.5b")
+SIM = ("simulate", "--policy", "nospec,fixed", "--concurrency", "1,2", "--cost", "roofline:cpu:1.5b")
 
 
 def _no_k(t: pa.Table) -> pa.Table:

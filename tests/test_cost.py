@@ -193,15 +193,32 @@ def test_profile_cli_writes_a_cost_table(tiny_pair, tmp_path, monkeypatch):
     monkeypatch.setenv("AVKIT_PROFILE_CONTEXT_LEN", "16")
     out = tmp_path / "cost.json"
     r = CliRunner().invoke(app, ["profile", "--target", str(root / "t"), "--draft", str(root / "d"), "--out", str(out),
-                                 "--max-tokens", "4", "--max-requests", "2", "--repeats", "1", "-k", "1"])
+                                 "--max-verify-tokens", "4", "--max-requests", "2", "--repeats", "1", "-k", "1"])
     assert r.exit_code == 0, r.output
     table = CostTable.load(out)
     assert table.verify_tokens == (1, 2, 4) and table.meta["context_len"] == 16
     assert table.meta["dtype"] == "float32"  # auto on CPU
+    assert "noise: repeated runs" in r.output and table.meta["noise"]["max_spread"] == 0.0  # one run per point
 
     r = CliRunner().invoke(app, ["profile", "--target", str(root / "t"), "--draft", "none", "--out", str(out),
-                                 "--max-tokens", "2", "--repeats", "1", "-k", "1", "--dtype", "bfloat16"])
+                                 "--max-verify-tokens", "2", "--repeats", "1", "-k", "1", "--dtype", "bfloat16"])
     assert r.exit_code == 0, r.output
     assert CostTable.load(out).meta["dtype"] == "bfloat16"
     r = CliRunner().invoke(app, ["profile", "--target", str(root / "t"), "--out", str(out), "--dtype", "fp8"])
     assert "dtype" in str(r.exception) and "'fp8'" in str(r.exception)  # a ConfigError: exit 2 from `avkit`
+
+
+def test_profile_noise_names_disagreeing_runs_and_lifted_spikes():
+    from avkit.cli.profile import noise_line
+    from avkit.scheduling.profile import noise_summary
+
+    quiet = noise_summary({"verify T": ([1, 2, 4], [[1.0, 1.01], [2.0, 2.02], [4.0, 4.04]])})
+    assert not quiet["noisy"] and quiet["lifted"] == [] and abs(quiet["max_spread"] - 0.01) < 1e-6
+    assert "warning" not in noise_line(quiet)
+    # a spike at T=2 (its median 5 ms) is carried upward by the running maximum to T=4 (measured 4 ms): +25%
+    spiky = noise_summary({"verify T": ([1, 2, 4], [[1.0, 1.0], [5.0, 5.0], [4.0, 4.0]])})
+    assert spiky["noisy"] and spiky["lifted"] == [("verify T", 4, 0.25)]
+    assert "warning" in noise_line(spiky) and "verify T=4" in noise_line(spiky)
+    # runs of one point that disagree by 30% make the table noisy with no lift at all
+    wide = noise_summary({"draft n": ([1, 2], [[1.0, 1.3, 1.0], [2.0, 2.0, 2.0]])})
+    assert wide["noisy"] and wide["worst"] == "draft n=1" and abs(wide["max_spread"] - 0.3) < 1e-9

@@ -237,7 +237,7 @@ def test_engine_runs_on_cuda(models):
 @pytest.mark.slow
 def test_real_pair_greedy_and_acceptance():
     """The real pair (~10 GB RAM, minutes on 2 cores): greedy speculative == target-only, and the
-    code prompt's per-slot acceptance is high (DESIGN.md §7 reports ~0.93 on HumanEval at T=0.8)."""
+    code prompt's per-slot acceptance is high (docs/runtime.md reports ~0.93 on HumanEval at T=0.8)."""
     from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET
 
     target, draft = avkit.models.load(DEFAULT_TARGET), avkit.models.load(DEFAULT_DRAFT)

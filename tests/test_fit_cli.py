@@ -62,7 +62,7 @@ def test_online_outputs(capsys, trace, tmp_path):
     assert {("q_max", "qmax"), ("head_conf", "passthrough"), ("logit_qmax", "online_logistic"),
             ("logit_qmax", "per_position_slope")} <= est
     traj = pl.read_parquet(tmp_path / "o/trajectory.parquet")
-    assert {"round", "engine_step", "applied", "observations", "slope"} | {f"intercept_{i}" for i in range(K)} \
+    assert {"round", "engine_step", "file", "applied", "observations", "slope"} | {f"intercept_{i}" for i in range(K)} \
         == set(traj.columns)
     assert traj["engine_step"].is_sorted() and traj["observations"].sum() == coef["trained_on"]["observed"]
     engine_steps = 28_000 // K // 8  # 8 requests per engine step

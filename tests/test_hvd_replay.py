@@ -182,10 +182,20 @@ def test_cli_builds_configs_and_maps_errors(tmp_path, monkeypatch):
     res = CliRunner().invoke(app, ["hvd", str(trace), "--out", str(tmp_path / "o"), "--k", "5",
                                    "--draft-step-cost", "0.1", "--tokenizer", "none"])
     assert res.exit_code == 0, res.output
-    assert calls["paths"] == [trace] and calls["out"] == tmp_path / "o" and calls["tokenizer"] == "none"
+    assert calls["paths"] == [trace] and calls["out"] == tmp_path / "o" and calls["token_classes"].table is None
     assert calls["replay_config"] == HvdReplayConfig(k=5)
     assert calls["cost"] == HvdCostConfig(draft_step_cost=0.1)
-    monkeypatch.chdir(tmp_path)  # no traces/ here
+    monkeypatch.chdir(tmp_path)  # no traces/ here: the shipped ones beside the package, as fit/report find them
+    res = CliRunner().invoke(app, ["hvd", "--tokenizer", "none"])
+    assert res.exit_code == 0, res.output
+    assert [p.name for p in calls["paths"]] == ["greedy_k7.parquet"] and calls["paths"][0].is_absolute()
+    import avkit.cli.fit
+    from avkit.errors import ConfigError
+
+    def nothing_shipped():
+        raise ConfigError("none")
+
+    monkeypatch.setattr(avkit.cli.fit, "shipped_traces", nothing_shipped)
     res = CliRunner().invoke(app, ["hvd"])
     assert res.exit_code != 0 and "no trace with a generations table" in str(res.exception)
 
@@ -193,7 +203,7 @@ def test_cli_builds_configs_and_maps_errors(tmp_path, monkeypatch):
 def test_trace_matches_equal_teacher_forced_draft(tmp_path):
     """A greedy trace recorded by `avkit record` (tiny target + a slightly perturbed copy as draft):
     model matches read from the trace equal one teacher-forced draft forward at every labelled
-    position (DESIGN.md §5 replay shortcut), and the step-offset detection agrees with the engine."""
+    position (docs/hvd.md replay shortcut), and the step-offset detection agrees with the engine."""
     import json
 
     import torch

@@ -110,7 +110,7 @@ def test_chi_square_lossless_through_kernel(kernels):
 
 
 def test_chi_square_detects_trimming_on_q_sampled(kernels):
-    # DESIGN.md §2: deciding num_verify from q(x_sampled) biases the output. p = [.5, .5],
+    # docs/lossless.md: deciding num_verify from q(x_sampled) biases the output. p = [.5, .5],
     # q = [.4, .6], verify only when q(x) >= .5: P(a) = .4 * .5 + .6 * (1 - .5/.6) = 0.3, not 0.5.
     # 160 samples (expected chi-square 26.6 on 1 df): the observed rate is within 4 sigma of 0.3
     # and chi-square rejects p at p < 1e-4.

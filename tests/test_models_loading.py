@@ -24,12 +24,12 @@ def tiny(tmp_path_factory):
     return write_tiny_model(tmp_path_factory.mktemp("tiny"), arch="qwen2", vocab=400, seed=0)
 
 
-def test_unknown_id_names_it_and_suggests_just_models(tmp_path, monkeypatch):
+def test_unknown_id_names_it_and_suggests_models_fetch(tmp_path, monkeypatch):
     monkeypatch.setenv("AVKIT_MODELS_DIR", str(tmp_path))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     with pytest.raises(ModelError, match="no-such-model"):
         avkit.models.load("no-such-model")
-    with pytest.raises(ModelError, match="just models"):
+    with pytest.raises(ModelError, match="avkit models fetch"):
         avkit.models.load("qwen2.5-coder-1.5b")  # a known alias whose file is absent
 
 

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def oracle(f, pos, y, step, n_steps, k=K, interval=100, ridge=1e-3, damping=50.0):
-    """Per-engine-step replay from DESIGN.md §3 alone: predict a step with the current coefficients,
+    """Per-engine-step replay from docs/estimator.md alone: predict a step with the current coefficients,
     add its sums, and after every `interval` steps solve the ridged arrowhead system densely; damp the
     slope step by n/(n+50), zero it if NaN or it makes the slope negative, then step each intercept by
     (g1_i - b_i d_slope) / (c_i + ridge) * n_i / (n_i + 50). -> (predictions [N], [(slope, intercepts)])."""

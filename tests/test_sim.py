@@ -222,11 +222,11 @@ def test_simulate_cli(tmp_path, steps):
 
     trace = write_synthetic_trace(tmp_path / "t.parquet", SyntheticConfig(num_slots=7 * 8 * 64, trim_prob=0.0))
     out = tmp_path / "r.parquet"
-    r = CliRunner().invoke(app, ["simulate", str(trace), "--concurrency", "1,8", "--policies", "nospec,fixed:3",
+    r = CliRunner().invoke(app, ["simulate", str(trace), "--concurrency", "1,8", "--policy", "nospec,fixed:3",
                                  "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert pl.read_parquet(out).shape[0] == 4
-    r = CliRunner().invoke(app, ["simulate", str(trace), "--policies", "warp"])
+    r = CliRunner().invoke(app, ["simulate", str(trace), "--policy", "warp"])
     assert r.exit_code != 0 and not (tmp_path / "missing.parquet").exists()
 
 

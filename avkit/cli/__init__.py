@@ -12,9 +12,13 @@ import importlib
 import signal
 import sys
 import threading
+from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 
+from avkit import __version__
+from avkit.cli import conventions
 from avkit.errors import AvkitError
 
 COMMANDS = ("models", "record", "fit", "hvd", "simulate", "tune", "profile", "serve", "report")
@@ -42,6 +46,18 @@ def _one_interrupt():
         signal.signal(signal.SIGINT, signal.SIG_IGN if state["raised"] else signal.default_int_handler)
 
 
+class _Group(TyperGroup):
+    """Every command is looked up here: the conventions (avkit/cli/conventions.py) apply to each."""
+
+    def make_context(self, *args, **kwargs):
+        conventions.apply(self, "avkit")  # the group's own options (--version, completion, -h)
+        return super().make_context(*args, **kwargs)
+
+    def get_command(self, ctx, cmd_name):
+        cmd = super().get_command(ctx, cmd_name)
+        return None if cmd is None else conventions.apply(cmd, cmd_name)
+
+
 class _App(typer.Typer):
     def __call__(self, *args, **kwargs):
         try:
@@ -58,11 +74,25 @@ class _App(typer.Typer):
 
 app = _App(
     name="avkit",
+    cls=_Group,
     help="Adaptive verification for LLM speculative decoding: record, fit, simulate, serve, report.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"avkit {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="print the avkit version and exit")] = False) -> None:
+    """Adaptive verification for LLM speculative decoding: record, fit, simulate, serve, report."""
+
 
 for _name in COMMANDS:
     try:

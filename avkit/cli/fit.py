@@ -127,8 +127,11 @@ def hvd_traces(paths: list[Path], out: Path, outputs) -> list[Path]:
 
 def fit_hvd_outputs(with_gens: list[Path], out: Path, outputs):
     """`--hvd`: the same replay as `avkit hvd`, staged into `outputs` beside the fit files."""
-    from avkit.cli.hvd import tokenizer_for
     from avkit.hvd.fit import fit_hvd
+    from avkit.hvd.token_lookup import token_classes_for
 
-    return fit_hvd(with_gens, out, tokenizer=tokenizer_for(with_gens), progress=sys.stderr.isatty(),
-                   outputs=outputs)
+    classes = token_classes_for(with_gens)
+    result = fit_hvd(with_gens, out, token_classes=classes, progress=sys.stderr.isatty(), outputs=outputs)
+    if classes.table is None:  # one line, once the inputs proved good
+        Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {classes.source}", highlight=False)
+    return result

@@ -12,19 +12,25 @@ from rich.console import Console
 from rich.table import Table
 
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig, default_of
-from avkit.errors import ConfigError, ModelError
+from avkit.errors import ConfigError
 
 
-def greedy_traces(root: Path = Path("traces")) -> list[Path]:
+def greedy_traces(root: Path | None = None) -> list[Path]:
     """Shipped traces with a generations table beside them: those recorded at temperature 0, else all.
 
     Sampled traces replay too: a deterministic cache draft token x is accepted with probability p(x),
     exactly the chance that the recorded sample equals x, so comparing drafts with a sampled
     continuation gives an unbiased draw of the accepted length (the model's matches are its realized
     acceptances). The temperatures used are reported."""
+    from avkit.cli.fit import shipped_traces
     from avkit.trace.reader import trace_metadata
     from avkit.trace.schema import generations_path
 
+    if root is None:  # where fit, simulate and report find them: ./traces, else beside the package
+        try:
+            root = shipped_traces()[0].parent
+        except ConfigError:
+            root = Path("traces")
     found = {}
     for p in sorted(root.glob("*.parquet")):
         if p.name.endswith(".generations.parquet") or not generations_path(p).is_file():
@@ -40,18 +46,6 @@ def greedy_traces(root: Path = Path("traces")) -> list[Path]:
     return greedy or list(found)
 
 
-def tokenizer_for(paths: list[Path]) -> str | None:
-    """The target named in the first trace's metadata, when it resolves to local files."""
-    from avkit.models.registry import resolve
-    from avkit.trace.reader import trace_metadata
-
-    target = trace_metadata(paths[0]).get("avkit.target", "")
-    try:
-        return str(resolve(target)) if target else None
-    except ModelError:  # no local tokenizer: the structure features are left out
-        return None
-
-
 def render(result, console: Console) -> None:
     table = Table(title="HVD routers (test split, overall)")
     cols = ("router", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
@@ -59,7 +53,8 @@ def render(result, console: Console) -> None:
     for c in cols:
         table.add_column(c, justify="left" if c == "router" else "right")
     for r in result.metrics.filter(result.metrics["dataset"] == "overall").iter_rows(named=True):
-        table.add_row(*(r[c] if isinstance(r[c], str) else f"{r[c]:.3f}" for c in cols))
+        table.add_row(*(r[c] if isinstance(r[c], str) else "-" if r[c] is None or r[c] != r[c] else f"{r[c]:.3f}"
+                        for c in cols))  # NaN (no positive prediction: precision undefined) -> "-"
     console.print(table)
     for f in result.files:
         console.print(f"wrote {f}")
@@ -69,15 +64,16 @@ def register(app: typer.Typer) -> None:
     @app.command("hvd")
     def hvd(
         traces: Annotated[list[Path] | None, typer.Argument(
-            help="traces with .generations.parquet beside them (default: the greedy ones in traces/, else all)",
+            metavar="TRACE", help="traces with .generations.parquet beside them (default: the greedy ones in traces/, else all)",
             show_default=False)] = None,
         out: Annotated[Path, typer.Option(help="output directory for payoff_mlp.pt and hvd_metrics.json")] =
             Path("reports/hvd"),
         tokenizer: Annotated[str | None, typer.Option(
-            help="model path/alias for token-structure features (default: the trace's target)")] = None,
+            help="model path/alias for token-structure features (default: the trace's target, else the class "
+                 "table shipped for it; 'none': leave them out)")] = None,
         markdown: Annotated[Path | None, typer.Option(help="also write a Markdown report here")] = None,
         synthetic: Annotated[int, typer.Option(help="replay N synthetic generations instead of traces")] = 0,
-        k: Annotated[int, typer.Option(help="model draft length K")] = default_of(HvdReplayConfig, "k"),
+        k: Annotated[int, typer.Option("-k", "--k", help="model draft length K")] = default_of(HvdReplayConfig, "k"),
         max_depth: Annotated[int, typer.Option(help="suffix trie depth")] = default_of(SuffixCacheConfig, "max_depth"),
         draft_step_cost: Annotated[float, typer.Option(help="one draft-model step, in target forwards")] =
             default_of(HvdCostConfig, "draft_step_cost"),
@@ -88,6 +84,7 @@ def register(app: typer.Typer) -> None:
         table, mlp, survival) per dataset on held-out requests."""
         from avkit.hvd.fit import fit_hvd, fit_hvd_generations, reserve_hvd_outputs
         from avkit.hvd.markdown import hvd_markdown
+        from avkit.hvd.token_lookup import token_classes_for
         from avkit.staged import StagedOutputs
 
         kw = {"cache_config": SuffixCacheConfig(max_depth=max_depth), "replay_config": HvdReplayConfig(k=k),
@@ -103,7 +100,11 @@ def register(app: typer.Typer) -> None:
                 title = f"HVD replay on {synthetic} synthetic generations"
             else:
                 paths = list(traces) if traces else greedy_traces()
-                result = fit_hvd(paths, out, tokenizer=tokenizer or tokenizer_for(paths), outputs=outputs, **kw)
+                classes = token_classes_for(paths, tokenizer)
+                result = fit_hvd(paths, out, token_classes=classes, outputs=outputs, **kw)
+                if classes.table is None and tokenizer != "none":  # one line, once the inputs proved good
+                    Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {classes.source}",
+                                                               highlight=False)
                 title = "HVD replay on " + ", ".join(p.name for p in paths)
             if md is not None:
                 md.write_text(hvd_markdown(result, title))

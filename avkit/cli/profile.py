@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import Progress
+from rich.progress import Progress, TimeElapsedColumn
 from rich.table import Table
 
 from avkit.config import DEFAULT_COST_PATH, DEFAULT_DRAFT, DEFAULT_TARGET, ProfileConfig, default_of
@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
         context_len: Annotated[int, typer.Option(help="synthetic KV context per request "
                                                       "(AVKIT_PROFILE_CONTEXT_LEN overrides)")] = _d("context_len"),
         k: Annotated[int, typer.Option("-k", "--k", help="draft tokens per request (verify layout)")] = _d("k"),
-        max_tokens: Annotated[int, typer.Option(help="largest verify step, target tokens")] = _d("max_tokens"),
+        max_verify_tokens: Annotated[int, typer.Option(help="largest verify step, target tokens")] = _d("max_tokens"),
         max_requests: Annotated[int, typer.Option(help="largest draft batch, requests")] = _d("max_requests"),
         repeats: Annotated[int, typer.Option(help="timed runs per point (median kept)")] = _d("repeats"),
         temperature: Annotated[float, typer.Option(help="sampling work timed with each forward (0: argmax)")] =
@@ -56,17 +56,39 @@ def register(app: typer.Typer) -> None:
         from avkit.scheduling.profile import num_points, profile_costs
         from avkit.staged import StagedOutputs
 
-        config = ProfileConfig(context_len=context_len, k=k, max_tokens=max_tokens, max_requests=max_requests,
+        config = ProfileConfig(context_len=context_len, k=k, max_tokens=max_verify_tokens, max_requests=max_requests,
                                repeats=repeats, temperature=temperature, top_p=top_p)
         console = Console(stderr=True)
         dev, dt = placement(device, dtype)
         with StagedOutputs() as outputs:
             outputs.file(out, "--out")  # an unwritable --out fails now, not after minutes of profiling
-            tgt = load(target, dtype=dt, device=dev)
-            drf = None if draft in ("", "none") else load(draft, dtype=dt, device=dev)
-            with Progress(console=console, transient=True) as bar:
-                task = bar.add_task("profiling", total=num_points(config, drf is not None))
+            loading = f"avkit profile: loading {target}" + ("" if draft in ("", "none") else f" + {draft}")
+            with console.status(loading):
+                tgt = load(target, dtype=dt, device=dev)
+                drf = None if draft in ("", "none") else load(draft, dtype=dt, device=dev)
+            with Progress(*Progress.get_default_columns(), TimeElapsedColumn(), console=console,
+                          transient=True) as bar:
+                task = bar.add_task(f"profiling ({config.repeats} runs per point)",
+                                    total=num_points(config, drf is not None))
                 table = profile_costs(tgt, drf, config, on_point=lambda: bar.advance(task))
             render(table, console)
+            console.print(noise_line(table.meta.get("noise", {})), highlight=False)
             path = table.save(out, outputs)
         console.print(f"cost table: {path}")
+
+
+def noise_line(noise: dict) -> str:
+    """How noisy the table is, in one line; a warning when repeated runs disagree or spikes were lifted."""
+    if not noise:
+        return ""
+    text = (f"noise: repeated runs of a point differ by {100 * noise['median_spread']:.1f}% (median over points; "
+            f"worst {100 * noise['max_spread']:.1f}% at {noise['worst']})")
+    lifted = noise.get("lifted", [])
+    if lifted:
+        worst = max(lifted, key=lambda x: x[2])
+        text += (f"; the monotone table lifted {len(lifted)} point(s) above their measurement, up to "
+                 f"{100 * worst[2]:.1f}% at {worst[0]}={worst[1]} (a spike before it carried upward)")
+    if noise.get("noisy"):
+        return (f"[bold yellow]warning:[/] {text}. The table is noisy: rerun on an idle machine or with more "
+                "--repeats.")
+    return text + "."

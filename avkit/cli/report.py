@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from avkit.config import DEFAULT_TRACE_GLOB, EstimatorConfig, FitConfig, ReportConfig, default_of
 from avkit.errors import ConfigError
@@ -65,6 +66,7 @@ def register(app: typer.Typer) -> None:
         """Write index.html (self-contained), report.md and the PNGs: summary, feature table, reliability
         diagrams, online fitting, simulation, tuning and hybrid drafting. Missing inputs omit their section."""
         from avkit.report import report_fit_dir, report_traces
+        from avkit.report.sections import SECTIONS
         from avkit.staged import StagedOutputs
         from avkit.trace.reader import common_k
 
@@ -74,15 +76,27 @@ def register(app: typer.Typer) -> None:
         if traces and (note := common_k(traces)[1]):
             console.print(f"avkit report: {note}", soft_wrap=True)
         t0 = time.perf_counter()
-        with StagedOutputs() as outputs, console.status("avkit report") as status:
+        warnings: list[str] = []
+        stages = ["fit", "simulate", *SECTIONS]
+        with StagedOutputs() as outputs, Progress(
+                SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as bar:
             outputs.directory(out, "--out")  # an unwritable --out fails now, before the fit
-            progress = lambda what: status.update(f"avkit report: {what}")
+            task = bar.add_task("avkit report", total=len(stages))
+
+            def progress(what: str) -> None:
+                done = stages.index(what) if what in stages else bar.tasks[task].completed
+                bar.update(task, completed=done, description=f"avkit report: {what}")
+
             kw = {"sim": sim, "hvd": hvd, "tune": tune, "run_simulation": simulate, "progress": progress,
-                  "outputs": outputs}
+                  "outputs": outputs, "warn": warnings.append}
             if fit_dir is not None:
                 path = report_fit_dir(fit_dir, out, config, **kw)
             else:
                 path = report_traces(traces, out, config, fit=FitConfig(mode=mode, n_bins=bins),
                                      estimator=EstimatorConfig(feature=feature), **kw)
+            bar.update(task, completed=len(stages))
+        for w in warnings:
+            console.print(f"[bold yellow]warning:[/] {w}", highlight=False)
         Console().print(f"wrote {path / 'index.html'} and {path / 'report.md'} "
                         f"({time.perf_counter() - t0:.1f} s)")

@@ -8,6 +8,7 @@ import typer
 from rich.console import Console
 
 from avkit.config import ServeConfig, default_of
+from avkit.errors import ConfigError
 
 
 def _d(name: str):
@@ -18,6 +19,22 @@ def _o(help: str, **kw):
     return typer.Option(help=help, **kw)
 
 
+def policy_spec(spec: str, estimator: str, k: int) -> tuple[str, str, int]:
+    """`--policy` in simulate's syntax -> (policy, estimator, k): adaptive:ESTIMATOR names the estimator,
+    fixed:K sets K (as -k does)."""
+    name, _, arg = spec.partition(":")
+    if not arg:
+        return spec, estimator, k
+    if name == "adaptive":
+        return name, arg, k
+    if name == "fixed":
+        try:
+            return name, estimator, int(arg)
+        except ValueError:
+            raise ConfigError(f"--policy {spec!r}: fixed:K needs an integer K") from None
+    raise ConfigError(f"--policy {spec!r}: only adaptive:ESTIMATOR and fixed:K take an argument")
+
+
 def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve(
@@ -25,7 +42,8 @@ def register(app: typer.Typer) -> None:
         draft: Annotated[str, _o("draft model ('none' = target-only decoding)")] = _d("draft"),
         drafter: Annotated[str, _o("drafter: model | hybrid (suffix cache + model)")] = _d("drafter"),
         payoff: Annotated[str, _o("hybrid: payoff_mlp.pt from `avkit hvd`")] = _d("payoff"),
-        policy: Annotated[str, _o("verify policy: adaptive | full | fixed")] = _d("policy"),
+        policy: Annotated[str, _o("verify policy: adaptive[:ESTIMATOR] | full | fixed[:K] (simulate's --policy "
+                                  "syntax)")] = _d("policy"),
         estimator: Annotated[str, _o("adaptive policy's estimator (registry name)")] = _d("estimator"),
         refit_interval: Annotated[int, _o("engine steps per online refit")] = _d("refit_interval"),
         coefficients: Annotated[str, _o("deployed coefficients.json (warm start; wins over an existing "
@@ -46,11 +64,12 @@ def register(app: typer.Typer) -> None:
                                    envvar="AVKIT_API_KEY", show_default=False)] = _d("api_key"),
         served_model_name: Annotated[str, _o("model name clients use (default: the target id)")] =
             _d("served_model_name"),
-        max_concurrency: Annotated[int, _o("requests decoding at once")] = _d("max_concurrency"),
+        concurrency: Annotated[int, _o("requests decoding at once, at most")] = _d("max_concurrency"),
         queue_size: Annotated[int, _o("requests waiting beyond those before 429")] = _d("queue_size"),
         max_len: Annotated[int, _o("context limit in tokens")] = _d("max_len"),
-        max_tokens_limit: Annotated[int, _o("largest max_tokens accepted")] = _d("max_tokens_limit"),
-        k: Annotated[int, _o("draft tokens per step")] = _d("k"),
+        max_new_tokens: Annotated[int, _o("largest max_tokens a request may ask (new tokens per request)")] =
+            _d("max_tokens_limit"),
+        k: Annotated[int, typer.Option("-k", "--k", help="draft tokens per step")] = _d("k"),
         seed: Annotated[int, _o("engine seed")] = _d("seed"),
         device: Annotated[str, _o("auto (a GPU if torch sees one) | cpu | cuda[:N]")] = _d("device"),
         dtype: Annotated[str, _o("auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16")] = _d("dtype"),
@@ -66,13 +85,14 @@ def register(app: typer.Typer) -> None:
         from avkit.serve.server import serve as run
         from avkit.serve.startup import bind_socket, check_record_writable, warm_start
 
+        policy, estimator, k = policy_spec(policy, estimator, k)
         config = ServeConfig(
             target=target, draft=draft, drafter=drafter, payoff=payoff, policy=policy, estimator=estimator,
             refit_interval=refit_interval, coefficients=coefficients, cost=cost, draft_gate=draft_gate,
             snapshot=snapshot, snapshot_every=snapshot_every, resume=resume, record=record, host=host, port=port,
-            api_key=api_key, served_model_name=served_model_name, max_concurrency=max_concurrency,
-            queue_size=queue_size, max_len=max_len, max_tokens_limit=max_tokens_limit,
-            default_max_tokens=min(_d("default_max_tokens"), max_tokens_limit), k=k, seed=seed,
+            api_key=api_key, served_model_name=served_model_name, max_concurrency=concurrency,
+            queue_size=queue_size, max_len=max_len, max_tokens_limit=max_new_tokens,
+            default_max_tokens=min(_d("default_max_tokens"), max_new_tokens), k=k, seed=seed,
             device=device, dtype=dtype, grace_period_s=grace_period, max_body_bytes=max_body_bytes,
             log_requests=log_requests)
         # Everything that can be wrong with the options fails here, as one line, before the models load.

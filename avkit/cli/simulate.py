@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import glob
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
 from avkit.config import DEFAULT_TRACE_GLOB, SimulateConfig, default_of
 from avkit.errors import ConfigError
@@ -20,17 +18,16 @@ def _d(name: str):
 
 
 # shared with `avkit tune`
-TracesArgument = Annotated[list[Path] | None, typer.Argument(help="trace files (default: traces/*.parquet)")]
+TracesArgument = Annotated[list[Path] | None, typer.Argument(
+    metavar="TRACE", help=f"trace files (default: the shipped {DEFAULT_TRACE_GLOB})", show_default=False)]
 COST_HELP = "cost table JSON (avkit profile) or roofline:GPU:TARGET[:DRAFT][:context=N,drafter=parallel]"
 
 
 def shipped_traces() -> list[str]:
-    """The trace files under traces/ (generation tables beside them excluded)."""
-    paths = sorted(p for p in glob.glob(DEFAULT_TRACE_GLOB) if not p.endswith(".generations.parquet"))
-    if not paths:
-        raise ConfigError(f"no TRACE given and no shipped traces match {DEFAULT_TRACE_GLOB!r}; "
-                          "record some with `avkit record` or pass trace files")
-    return paths
+    """The shipped trace files, found as `avkit fit` finds them (./traces, else beside the package)."""
+    from avkit.cli.fit import shipped_traces as found
+
+    return [str(p) for p in found()]
 
 
 def parse_ints(name: str, text: str) -> tuple[int, ...]:
@@ -43,24 +40,6 @@ def parse_ints(name: str, text: str) -> tuple[int, ...]:
     return values
 
 
-def render(df, console: Console) -> None:
-    """Throughput (tok/s) per policy x concurrency; the best of each column in bold."""
-    conc = sorted(set(df["concurrency"].to_list()))
-    table = Table(title="throughput, tokens/s (x best fixed K)")
-    table.add_column("policy")
-    for c in conc:
-        table.add_column(f"c={c}", justify="right")
-    best = {c: df.filter(df["concurrency"] == c)["throughput_tok_s"].max() for c in conc}
-    for policy in dict.fromkeys(df["policy"].to_list()):
-        cells = []
-        for c in conc:
-            row = df.filter((df["policy"] == policy) & (df["concurrency"] == c)).row(0, named=True)
-            text = f"{row['throughput_tok_s']:,.0f} ({row['vs_best_fixed']:.2f})"
-            cells.append(f"[bold]{text}[/]" if row["throughput_tok_s"] == best[c] else text)
-        table.add_row(policy, *cells)
-    console.print(table)
-
-
 def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate(
@@ -68,10 +47,10 @@ def register(app: typer.Typer) -> None:
         cost: Annotated[str, typer.Option(help=COST_HELP)] = _d("cost"),
         concurrency: Annotated[str, typer.Option(help="comma-separated concurrencies")] =
             ",".join(map(str, _d("concurrency"))),
-        policies: Annotated[str | None, typer.Option(
-            help="comma-separated: nospec, fixed, fixed:K, adaptive:ESTIMATOR, adaptive:oracle, adaptive:recorded, "
-                 "adaptive-stop:ESTIMATOR (also stops drafting early), adaptive[-stop]-nogate:... (no draft gate) "
-                 "(default: all but -nogate)")] = None,
+        policy: Annotated[list[str] | None, typer.Option(
+            "--policy", help="repeatable (or comma-separated): nospec, fixed, fixed:K, adaptive:ESTIMATOR, "
+            "adaptive:oracle, adaptive:recorded, adaptive-stop:ESTIMATOR (also stops drafting early), "
+            "adaptive[-stop]-nogate:... (no draft gate) (default: all but -nogate)", show_default=False)] = None,
         coefficients: Annotated[str, typer.Option(help="coefficients.json warm start for adaptive estimators")] = "",
         waves: Annotated[int, typer.Option(help="requests served per lane at least (recorded ones are cycled)")] =
             _d("waves"),
@@ -81,8 +60,9 @@ def register(app: typer.Typer) -> None:
         """Replay traces: no-spec, every fixed K, adaptive per estimator and the oracle, per concurrency."""
         from avkit.scheduling.cost import resolve_cost
         from avkit.sim.policies import parse_policies
-        from avkit.sim.replay import default_policies, load_steps, step_time_check, write_results
+        from avkit.sim.replay import default_policies, load_steps, results_inputs, step_time_check, write_results
         from avkit.sim.replay import simulate as run
+        from avkit.sim.terminal import render_results
         from avkit.staged import StagedOutputs
         from avkit.trace.reader import common_k
 
@@ -95,7 +75,7 @@ def register(app: typer.Typer) -> None:
             steps = load_steps(paths)
             if note := common_k(paths)[1]:
                 console.print(f"avkit simulate: {note}", soft_wrap=True)
-            specs = ([s.strip() for s in policies.split(",") if s.strip()] if policies
+            specs = ([s.strip() for p in policy for s in p.split(",") if s.strip()] if policy
                      else default_policies(steps, config))
             n_policies = len(parse_policies(specs, steps.k, coefficients))  # validates before the long part
             console.print(f"avkit simulate: {len(paths)} trace file(s), {steps.request.size} steps of "
@@ -105,8 +85,8 @@ def register(app: typer.Typer) -> None:
                 task = bar.add_task("simulating", total=n_policies * len(config.concurrency))
                 df = run(steps, table, config.concurrency, specs, config=config, coefficients=coefficients,
                          progress=lambda: bar.advance(task))
-            render(df, console)
-            path = write_results(df, config.out, outputs)
+            render_results(df, console, f"throughput, tokens/s (× best fixed K); cost {config.cost}")
+            path = write_results(df, config.out, outputs, inputs=results_inputs(paths, table, config, specs))
             check = step_time_check(steps, table) if step_time else None
         console.print(f"results: {path}")
         if check is not None:

@@ -1,5 +1,5 @@
 """Live Hybrid Verified Decoding: per request and step, verify the suffix-cache draft when the payoff
-predictor says so, else run the draft model (HVD paper, seeds/003; DESIGN.md §5).
+predictor says so, else run the draft model (HVD paper, seed 003 in docs/seeds.md; docs/hvd.md).
 
 Glossary:
   slot state   per engine slot: the suffix cache request, the prompt length, and one cache draft per
@@ -12,7 +12,7 @@ Glossary:
                rejection sampling accepts with p(x) and stays lossless; their lossless features come
                from the two-point distribution (P_j / P_{j-1}, rest) of the trie's frequencies
 Routing uses only the context and the cache draft, never which token the target would draw, so
-the output distribution is the target's (DESIGN.md §2).
+the output distribution is the target's (docs/lossless.md).
 """
 
 from __future__ import annotations

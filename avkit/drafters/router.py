@@ -1,5 +1,5 @@
 """Routers for Hybrid Verified Decoding: per request and position, verify the cache draft or run
-the draft model (HVD paper, seeds/003; DESIGN.md §5).
+the draft model (HVD paper, seed 003 in docs/seeds.md; docs/hvd.md).
 
 Glossary:
   payoff        the cache draft's accepted length y (replay oracle, `avkit.sim.hvd_replay`)

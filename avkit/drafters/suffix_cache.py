@@ -1,5 +1,5 @@
 """SuffixDecoding-style cache drafter: parameter-free drafts from the prompt, the output so far and
-past responses (Oliaro et al., SuffixDecoding, arXiv 2411.04975; DESIGN.md §5).
+past responses (Oliaro et al., SuffixDecoding, arXiv 2411.04975; docs/hvd.md).
 
 Glossary:
   suffix trie   counts of every substring of length <= max_depth of a set of sequences: inserting

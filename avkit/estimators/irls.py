@@ -1,4 +1,4 @@
-"""IRLS statistics and Newton steps for the acceptance estimator (DESIGN.md §3).
+"""IRLS statistics and Newton steps for the acceptance estimator (docs/estimator.md).
 
 Model: p = sigmoid(slope * f + intercept[i]) for a draft slot at position i with feature f.
 Glossary (per position i, sums over the observed slots of a round, at the predictions p made

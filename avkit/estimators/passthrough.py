@@ -1,7 +1,7 @@
 """Estimators with no fit: a feature that already is a probability is used as the prediction.
 
   passthrough  a trained confidence head's output (`head_conf` trace column)
-  qmax         q_max itself (the seeds' "q_max (no fit)" row: fair ranking, poor calibration)
+  qmax         q_max itself (the seeds' "q_max (no fit)" row, docs/seeds.md: fair ranking, poor calibration)
 """
 
 from __future__ import annotations

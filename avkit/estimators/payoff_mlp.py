@@ -1,5 +1,5 @@
 """Payoff predictor for Hybrid Verified Decoding: a small MLP estimating a cache draft's accepted
-length from runtime features before it is verified (HVD paper, seeds/003; DESIGN.md §5).
+length from runtime features before it is verified (HVD paper, seed 003 in docs/seeds.md; docs/hvd.md).
 
 Glossary:
   payoff      y, the cache draft's accepted length under greedy verification (0..draft_len)
@@ -8,7 +8,7 @@ Glossary:
               construction), trained with binary cross-entropy on 1[y >= j] for j <= draft_len
               (longer positions cannot be accepted, so they carry no label); its expected payoff
               is sum_{j <= draft_len} S_j. The survival curve lets cache and model drafts compete
-              for one verification budget (DESIGN.md §4).
+              for one verification budget (docs/budget.md).
   standardize features are centred and scaled with training-split statistics, stored with the weights
 Training is seeded and reproducible: the initial weights and the batch order come from private
 generators, so global torch RNG state neither affects nor is affected by `fit`.

@@ -2,30 +2,21 @@
 
   coefficients.json  the deployable estimator (schema_version 1), read by `serve`
   scores.json        rows {feature, lossless, estimator, scope, auc, log_loss, ece, n}
-  trajectory.parquet slope and intercepts after every online refit (or batch iteration)
+  trajectory.parquet slope and intercepts after every online refit (or batch iteration); `file` is
+                     the index of the trace the round came from (engine steps restart per trace)
 JSON has no NaN: undefined metrics (AUC of a one-class scope) are written as null.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from avkit.fit.run import FitResult
+from avkit.jsonsafe import json_safe
 from avkit.staged import StagedOutputs
 
 FILES = ("coefficients.json", "scores.json", "trajectory.parquet")
-
-
-def _no_nan(x):
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _no_nan(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_no_nan(v) for v in x]
-    return x
 
 
 def reserve_fit_outputs(out_dir, outputs: StagedOutputs, name: str = "--out") -> dict[str, Path]:
@@ -48,8 +39,8 @@ def write_fit_outputs(out_dir, result: FitResult, outputs: StagedOutputs | None 
         with StagedOutputs() as own:
             return write_fit_outputs(out_dir, result, own)
     tmp = reserve_fit_outputs(out_dir, outputs)
-    tmp["coefficients.json"].write_text(json.dumps(_no_nan(result.coefficients), indent=2) + "\n")
-    tmp["scores.json"].write_text(json.dumps(_no_nan(result.scores), indent=1) + "\n")
+    tmp["coefficients.json"].write_text(json.dumps(json_safe(result.coefficients), indent=2, allow_nan=False) + "\n")
+    tmp["scores.json"].write_text(json.dumps(json_safe(result.scores), indent=1, allow_nan=False) + "\n")
     result.trajectory.write_parquet(tmp["trajectory.parquet"], compression="zstd")
     return {name: Path(out_dir).expanduser() / name for name in FILES}
 

@@ -40,12 +40,13 @@ def online_replay(est, data: FitData, feature: np.ndarray,
     for steps, slots in data.runs():
         bounds = data.step_bounds[steps.start:steps.stop + 1] - slots.start  # [G_run + 1]
         clock, last = data.step_clock[steps], {"row": 0, "rejected": getattr(est, "rejected", 0)}
+        file = int(data.step_file[steps.start])  # engine steps restart in each trace file: the report needs it
 
-        def after(g: int, refit: bool, bounds=bounds, clock=clock, start=steps.start, last=last) -> None:
+        def after(g: int, refit: bool, bounds=bounds, clock=clock, start=steps.start, last=last, file=file) -> None:
             if refit:  # the round [last row, end of step g) was refitted
                 rejected = getattr(est, "rejected", 0)
-                rows.append(_coef_row(est, len(rows), int(clock[g]), rejected == last["rejected"],
-                                      int(bounds[g + 1]) - last["row"]))
+                rows.append({**_coef_row(est, len(rows), int(clock[g]), rejected == last["rejected"],
+                                         int(bounds[g + 1]) - last["row"]), "file": file})
                 last.update(row=int(bounds[g + 1]), rejected=rejected)
             if on_round is not None:
                 on_round(start + g + 1, total)
@@ -64,14 +65,18 @@ def batch_fit(est, data: FitData, feature: np.ndarray, *, max_iter: int, tol: fl
 
 
 def trajectory_frame(rows: list[dict], k: int, per_position_slope: bool = False) -> pl.DataFrame:
-    """Trajectory rows -> a frame with fixed dtypes (engine_step is null for batch iterations); a replay
-    too short for one refit gives an empty frame with the same columns."""
+    """Trajectory rows -> a frame with fixed dtypes (engine_step and file are null for batch iterations); a
+    replay too short for one refit gives an empty frame with the same columns."""
     slopes = [f"slope_{i}" for i in range(k)] if per_position_slope else ["slope"]
-    schema = {"round": pl.Int64, "engine_step": pl.Int64, "applied": pl.Boolean, "observations": pl.Int64,
-              **{c: pl.Float64 for c in slopes}, **{f"intercept_{i}": pl.Float64 for i in range(k)}}
+    schema = {"round": pl.Int64, "engine_step": pl.Int64, "file": pl.Int64, "applied": pl.Boolean,
+              "observations": pl.Int64, **{c: pl.Float64 for c in slopes},
+              **{f"intercept_{i}": pl.Float64 for i in range(k)}}
     if not rows:
         return pl.DataFrame(schema=schema)
-    return pl.DataFrame(rows, infer_schema_length=None).select(pl.col(c).cast(t) for c, t in schema.items())
+    frame = pl.DataFrame(rows, infer_schema_length=None)
+    if "file" not in frame.columns:  # batch iterations span every file
+        frame = frame.with_columns(pl.lit(None, dtype=pl.Int64).alias("file"))
+    return frame.select(pl.col(c).cast(t) for c, t in schema.items())
 
 
 __all__ = ["batch_fit", "online_replay", "trajectory_frame"]

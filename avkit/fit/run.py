@@ -23,6 +23,7 @@ from avkit.features import FEATURES
 from avkit.fit.data import FitData, load_fit_data
 from avkit.fit.replay import batch_fit, online_replay, trajectory_frame
 from avkit.metrics.table import ScoreLayout
+from avkit.provenance import inputs_record
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
@@ -130,7 +131,10 @@ def _coefficients(est, data: FitData, fit: FitConfig, est_cfg: EstimatorConfig) 
         "damping": est_cfg.damping,
         "lossless": True,
         "clock": data.clock,  # what counted engine steps: fit/data.py CLOCKS
-        "trained_on": data.trained_on,
+        # the traces by content hash and the settings (avkit/provenance.py): `avkit report` checks them
+        "trained_on": {**data.trained_on, "inputs": inputs_record(
+            "avkit fit", data.trained_on["traces"], mode=fit.mode, feature=est_cfg.feature,
+            refit_interval=est_cfg.refit_interval)},
     }
 
 

@@ -1,4 +1,4 @@
-"""Hybrid Verified Decoding (DESIGN.md §5): route each decode step to the suffix cache or the draft model.
+"""Hybrid Verified Decoding (docs/hvd.md): route each decode step to the suffix cache or the draft model.
 
 Reading order: `avkit.drafters.suffix_cache` (the cache drafter) -> `avkit.sim.hvd_replay` (trace
 replay: oracle accepted lengths and features) -> `features`, `model_accept`, `token_classes` (what the

@@ -1,5 +1,5 @@
 """Cache and model drafts competing for one verification budget at a given concurrency
-(HVD + Adaptive Verification, DESIGN.md §4-5; going beyond the HVD paper).
+(HVD + Adaptive Verification, docs/budget.md, docs/hvd.md; going beyond the HVD paper).
 
 Glossary:
   batch         `concurrency` replayed requests decoding in lockstep (the next waiting request takes a

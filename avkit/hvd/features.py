@@ -1,4 +1,4 @@
-"""Runtime features of a cache-draft candidate for the payoff predictor (HVD, DESIGN.md §5).
+"""Runtime features of a cache-draft candidate for the payoff predictor (HVD, docs/hvd.md).
 
 Every feature at decode position t uses only what the runtime knows before verifying there:
 the cache state over prompt + output[:t], the draft itself, and outcomes already decided by

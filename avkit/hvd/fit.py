@@ -10,7 +10,6 @@ chosen on validation -> metrics on test per dataset and overall -> files in `out
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -22,7 +21,9 @@ import polars as pl
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
 from avkit.drafters.router import ROUTERS, MLPRouter, RouterContext, make_router
 from avkit.errors import DataError
+from avkit.jsonsafe import dumps
 from avkit.hvd.features import FEATURE_GROUPS
+from avkit.hvd.token_lookup import TokenClasses, token_classes_for
 from avkit.sim.hvd_replay import ReplayGeneration, evaluate, load_generations, replay
 from avkit.staged import StagedOutputs
 
@@ -179,21 +180,26 @@ def _write(result: HvdResult, fitted: dict, out: Path, outputs: StagedOutputs) -
     blob = {"metrics": result.metrics.to_dicts(), "ablation": result.ablation.to_dicts(),
             "budget": result.budget.to_dicts(),
             "thresholds": result.thresholds, "info": result.info}
-    tmp["hvd_metrics.json"].write_text(json.dumps(blob, indent=1, default=float))
+    tmp["hvd_metrics.json"].write_text(dumps(blob, indent=1))  # NaN (an undefined precision) -> null
     return files + [str(out / "hvd_metrics.json")]
 
 
 def fit_hvd(trace_paths: list[str | os.PathLike], out_dir: str | os.PathLike | None, *,
-            tokenizer: str | None = None, **kwargs) -> HvdResult:
+            tokenizer: str | None = None, token_classes: TokenClasses | None = None, **kwargs) -> HvdResult:
     """`avkit fit --hvd`: greedy traces (each with its `.generations.parquet`) -> payoff predictor + metrics.
 
-    `tokenizer` (a model path or alias) provides the token-structure features; without it they are left out.
+    The token-structure features come from `token_classes`, else `token_classes_for(trace_paths,
+    tokenizer)` (avkit/hvd/token_lookup.py); `info["tokenizer"]` says where from, or that they were left out.
     """
-    from avkit.hvd.token_classes import class_table_for
+    from avkit.provenance import inputs_record
 
     gens, facts = load_generations(trace_paths)
-    classes = class_table_for(tokenizer) if tokenizer else None
-    extra = {"traces": [str(p) for p in trace_paths], "tokenizer": tokenizer or "",
+    tc = token_classes or token_classes_for(trace_paths, tokenizer)
+    extra = {"traces": [str(p) for p in trace_paths], "tokenizer": tc.source,
+             "structure_features": tc.table is not None,
              "unknown_model_positions": facts["unknown_model_positions"],
-             "temperatures": sorted(facts["temperatures"])}
-    return fit_hvd_generations(gens, out_dir, classes=classes, extra_info=extra, **kwargs)
+             "temperatures": sorted(facts["temperatures"]),
+             "inputs": inputs_record("avkit hvd", trace_paths, tokenizer=tc.source,
+                                     k=kwargs.get("replay_config", HvdReplayConfig()).k,
+                                     draft_step_cost=kwargs.get("cost", HvdCostConfig()).draft_step_cost)}
+    return fit_hvd_generations(gens, out_dir, classes=tc.table, extra_info=extra, **kwargs)

@@ -8,7 +8,7 @@ import polars as pl
 
 from avkit.hvd.fit import HvdResult
 
-# HVD paper figures (seeds/003): high-payoff (accepted >= 6) precision / recall; cycles per 1000 tokens.
+# HVD paper figures (seed 003, docs/seeds.md): high-payoff (accepted >= 6) precision / recall; cycles per 1000 tokens.
 PAPER = "precision 78.2-87.6%, recall 61.4-79.8% (payoff >= 6); cycles/1k tokens 571 (EAGLE-3) -> 200 (HVD)"
 _COLS = ("router", "dataset", "tokens", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
          "speedup_vs_model", "speedup_vs_cache", "speedup_vs_target")

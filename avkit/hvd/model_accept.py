@@ -1,4 +1,4 @@
-"""The model drafter's accepted length at every decode position of a greedy generation (DESIGN.md §5).
+"""The model drafter's accepted length at every decode position of a greedy generation (docs/hvd.md).
 
 Glossary:
   match[t]    the draft model's argmax given prompt + output[:t] equals the target's output[t]

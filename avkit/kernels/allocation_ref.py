@@ -1,6 +1,6 @@
 """Survival and budgeted allocation, torch reference: the spec and CPU path of `allocate_triton`.
 
-Budgeted verification (DESIGN.md §4): with confidences c[r, j], request r's slot j survives the
+Budgeted verification (docs/budget.md): with confidences c[r, j], request r's slot j survives the
 verification of its prefix with s[r, j] = prod_{i <= j} c[r, i]. Given a budget of b slots, the
 b valid slots with the largest survival are verified; ties are broken by (request, position)
 ascending, so the result is deterministic and, because survival never grows with depth, each

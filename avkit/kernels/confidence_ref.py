@@ -1,7 +1,7 @@
 """Draft confidence, torch reference: the specification and the CPU path of `confidence_triton`.
 
 One pass over each draft distribution gives the lossless features the policy and the trace need
-and the estimator's prediction (DESIGN.md §3): c = sigma(slope * logit(q_max) + intercept[position]).
+and the estimator's prediction (docs/estimator.md): c = sigma(slope * logit(q_max) + intercept[position]).
 Glossary:
   l       draft logits / temperature (T = 0 read as 1), before top-p/top-k     [rows, V]
   m, m2   the largest and second largest l_z (a tie for the top counts twice)  [rows]

@@ -1,7 +1,7 @@
 """IRLS statistics of one refit round, torch reference: the spec and CPU path of `irls_stats_triton`.
 
 The online estimator p_i = sigma(omega * f + beta_i) refits with one Newton step on the arrowhead
-Hessian (DESIGN.md §3). All it needs from a round of drafts are six sums per position i:
+Hessian (docs/estimator.md). All it needs from a round of drafts are six sums per position i:
   a_i = sum w f^2,  b_i = sum w f,  c_i = sum w,  g0_i = sum r f,  g1_i = sum r,  n_i = count
 over the observed slots at position i, with w = p (1 - p) and r = y - p at the prediction p made
 when drafting. Memory is O(K) per round, whatever the number of steps and requests.

@@ -1,4 +1,4 @@
-"""Score tables: every metric over the standard scopes of a trace (DESIGN.md §3).
+"""Score tables: every metric over the standard scopes of a trace (docs/estimator.md).
 
 Scopes:
   all               every observed slot

@@ -4,7 +4,7 @@ Glossary
 --------
 alias        short name of a pinned GGUF (``qwen2.5-coder-1.5b``) found in ``$AVKIT_MODELS_DIR``
              (default ``~/.cache/avkit/models``) as ``<alias>.gguf``
-chunk wheels the PyPI packages whose ``data/partNN.bin`` files join into that GGUF (DESIGN.md §7)
+chunk wheels the PyPI packages whose ``data/partNN.bin`` files join into that GGUF (docs/runtime.md)
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def resolve(path_or_id: str | os.PathLike) -> Path:
     cached = _hf_cache_snapshot(name)
     if cached is not None:
         return cached
-    hint = " (run `just models` to fetch it)" if pinned else f"; known aliases: {sorted(PINNED)}"
+    hint = " (run `avkit models fetch` to fetch it)" if pinned else f"; known aliases: {sorted(PINNED)}"
     raise ModelError(f"model {name!r}: not a path, not in {models_dir()}, not in the local HF cache{hint}")
 
 

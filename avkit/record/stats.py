@@ -1,6 +1,6 @@
 """Running acceptance statistics of a recording, per dataset and draft position.
 
-Glossary (DESIGN.md §3):
+Glossary (docs/estimator.md):
   labelled slot   observed slot: verified and at or before the first rejection; `accepted` not null
   acceptance[i]   accepted / labelled at draft position i (the per-slot acceptance rate)
   tokens/step     emitted tokens per request-step = accepted drafts + 1 (bonus or resampled token)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from avkit import __version__
 from avkit.config import EstimatorConfig, FitConfig, ReportConfig, SimulateConfig
+from avkit.provenance import describe
 from avkit.report.document import Figure, Report, Section
 from avkit.report.html import render_html
 from avkit.report.inputs import FitOutputs, ReportInputs, load_fit_dir, load_inputs
@@ -31,6 +32,8 @@ from avkit.staged import StagedOutputs
 
 Progress = Callable[[str], None]
 FIT_FILES = ("coefficients.json", "scores.json", "trajectory.parquet")
+# the results file behind a section (others: the fit); `tune` results record no inputs yet
+SECTION_INPUT = {"simulation": "sim", "hybrid": "hvd", "tune": "tune"}
 
 
 @contextlib.contextmanager
@@ -50,7 +53,12 @@ def build_document(inputs: ReportInputs, config: ReportConfig, progress: Progres
     for name, build in SECTIONS.items():
         if progress is not None:
             progress(name)
-        sections.append(build(inputs, config))
+        section = build(inputs, config)
+        source = SECTION_INPUT.get(name, "fit")
+        if source in inputs.records:
+            section.inputs = describe(inputs.records[source])
+            section.warnings += inputs.warnings.get(source, [])
+        sections.append(section)
     c = inputs.fit.coefficients
     t = c.get("trained_on", {})
     pair = f"{t.get('target') or '?'} (target) / {t.get('draft') or '?'} (draft)"
@@ -60,6 +68,12 @@ def build_document(inputs: ReportInputs, config: ReportConfig, progress: Progres
              ("simulation", inputs.sources.get("sim", "none")),
              ("hybrid drafting", inputs.sources.get("hvd", "none")),
              ("tuning", inputs.sources.get("tune", "none")),
+             ("reference figures", "quoted from the seeds, the source write-ups avkit was built from: vLLM's "
+              "Adaptive Verification docs, two write-ups of vLLM PR #52228 (online acceptance estimator) and the "
+              "Hybrid Verified Decoding paper; listed in docs/seeds.md. Other model pairs and hardware: "
+              "compare shapes, not values"),
+             ("inputs checked", "; ".join(w for ws in inputs.warnings.values() for w in ws)
+              or "every results file records traces matching this report's (sha256)"),
              ("written", f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC by avkit {__version__}")]
     return Report("avkit report: acceptance, calibration and verification", facts, sections)
 
@@ -92,21 +106,24 @@ def _copy_fit(fit: FitOutputs, dest: Path) -> None:
 
 def _simulate(traces: list[Path], dest: Path) -> Path:
     from avkit.scheduling.cost import resolve_cost
-    from avkit.sim.replay import simulate, write_results
+    from avkit.sim.replay import default_policies, load_steps, results_inputs, simulate, write_results
 
-    config = SimulateConfig()
-    return write_results(simulate(traces, resolve_cost(config.cost), config=config), dest)
+    config, steps = SimulateConfig(), load_steps(traces)
+    cost, specs = resolve_cost(config.cost), default_policies(steps, config)
+    return write_results(simulate(steps, cost, policies=specs, config=config), dest,
+                         inputs=results_inputs(traces, cost, config, specs, command="avkit report (simulated now)"))
 
 
 def report_fit_dir(fit_dir, out, config: ReportConfig | None = None, *, traces=None, sim=None, hvd=None,
                    tune=None, run_simulation: bool = False, progress: Progress | None = None,
-                   outputs: StagedOutputs | None = None) -> Path:
+                   outputs: StagedOutputs | None = None, warn: Callable[[str], None] | None = None) -> Path:
     """Report an `avkit fit` output directory (with the traces it names, when at hand) into `out`."""
     out, config = Path(out), config or ReportConfig()
     fit = load_fit_dir(fit_dir)
     with staging(out, outputs) as tmp:
         _copy_fit(fit, tmp / "fit")
-        inputs = _gather(load_fit_dir(tmp / "fit"), traces, sim, hvd, config, run_simulation, tmp, progress, tune)
+        inputs = _gather(load_fit_dir(tmp / "fit"), traces, sim, hvd, config, run_simulation, tmp, progress, tune,
+                         warn)
         write_document(build_document(inputs, config, progress), tmp, config)
     return out
 
@@ -114,7 +131,7 @@ def report_fit_dir(fit_dir, out, config: ReportConfig | None = None, *, traces=N
 def report_traces(traces, out, config: ReportConfig | None = None, *, fit: FitConfig | None = None,
                   estimator: EstimatorConfig | None = None, sim=None, hvd=None, tune=None,
                   run_simulation: bool = False, progress: Progress | None = None,
-                  outputs: StagedOutputs | None = None) -> Path:
+                  outputs: StagedOutputs | None = None, warn: Callable[[str], None] | None = None) -> Path:
     """Fit `traces` with the fit library (outputs kept in out/fit) and report them into `out`."""
     from avkit.fit import run_fit, write_fit_outputs
 
@@ -124,13 +141,14 @@ def report_traces(traces, out, config: ReportConfig | None = None, *, fit: FitCo
     result = run_fit(paths, fit, estimator)
     with staging(out, outputs) as tmp:
         write_fit_outputs(tmp / "fit", result)
-        inputs = _gather(load_fit_dir(tmp / "fit"), paths, sim, hvd, config, run_simulation, tmp, progress, tune)
+        inputs = _gather(load_fit_dir(tmp / "fit"), paths, sim, hvd, config, run_simulation, tmp, progress, tune,
+                         warn)
         write_document(build_document(inputs, config, progress), tmp, config)
     return out
 
 
 def _gather(fit: FitOutputs, traces, sim, hvd, config: ReportConfig, run_simulation: bool, tmp: Path,
-            progress: Progress | None, tune=None) -> ReportInputs:
+            progress: Progress | None, tune=None, warn: Callable[[str], None] | None = None) -> ReportInputs:
     """sim / hvd / tune: an explicit path must exist; None falls back to the config default when present, and
     for sim, with `run_simulation`, to simulating the traces now (SimulateConfig defaults)."""
     paths = [Path(p) for p in (traces or fit.coefficients.get("trained_on", {}).get("traces", []))]
@@ -145,6 +163,8 @@ def _gather(fit: FitOutputs, traces, sim, hvd, config: ReportConfig, run_simulat
                          hvd_explicit=hvd is not None, tune=tune or config.tune, tune_explicit=tune is not None)
     if simulated:
         inputs.sources["sim"] = simulated
+    for w in (w for ws in inputs.warnings.values() for w in ws) if warn is not None else ():
+        warn(w)
     return inputs
 
 

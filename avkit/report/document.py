@@ -65,6 +65,8 @@ class Section:
     title: str
     blocks: list[Block] = field(default_factory=list)
     omitted: str = ""  # non-empty: the section is left out and this says why and how to add it
+    inputs: str = ""  # what the section's numbers were made from (avkit/provenance.py), shown under the title
+    warnings: list[str] = field(default_factory=list)  # stale or mismatched inputs, shown as notes
 
     def add(self, *blocks: Block) -> Section:
         self.blocks.extend(blocks)

@@ -27,14 +27,16 @@ nav.toc .omitted { color: var(--muted); }
 section { margin-top: 34px; }
 h2 { font-size: 21px; border-bottom: 1px solid var(--line); padding-bottom: 5px; }
 p { max-width: 90ch; }
+.inputs { color: var(--muted); font-size: 12.5px; margin: -4px 0 10px; overflow-wrap: anywhere; max-width: none; }
 .note { background:#fff8c5; border:1px solid #d4a72c66; border-radius:6px; padding:8px 12px; }
+.note.warn { background:#ffebe9; border-color:#ff818266; }
 figure { margin: 18px 0; }
 figure img { max-width: 100%; height: auto; display: block; border: 1px solid var(--line); border-radius: 6px; }
 figcaption, .caption { color: var(--muted); font-size: 13px; margin-top: 6px; max-width: 100ch; }
 .table-wrap { max-width: 100%; overflow-x: auto; margin: 14px 0; }
 table { border-collapse: collapse; font-size: 13px; font-variant-numeric: tabular-nums; }
 th, td { border-bottom: 1px solid var(--line); padding: 4px 9px; text-align: left; white-space: nowrap; }
-th { background: var(--band); font-weight: 600; white-space: normal; vertical-align: bottom; min-width: 5.5em; }
+th { background: var(--band); font-weight: 600; white-space: normal; vertical-align: bottom; min-width: 5em; }
 td.num, th.num { text-align: right; }
 tbody tr:hover { background: #f0f6fc; }
 td.em { font-weight: 700; }
@@ -55,6 +57,8 @@ TEMPLATE = jinja2.Template("""<!DOCTYPE html>
 {% endfor %}</ol></nav>
 {% for s in report.sections %}
 <section id="{{ s.key }}"><h2>{{ s.title }}</h2>
+{% if s.inputs and not s.omitted %}<p class="inputs">Inputs: {{ s.inputs }}</p>{% endif %}
+{% for w in s.warnings %}<p class="note warn">{{ w }}</p>{% endfor %}
 {% if s.omitted %}<p class="note">Omitted: {{ s.omitted }}</p>{% endif %}
 {% for b in s.blocks %}
 {% if b is string %}<p>{{ b }}</p>

@@ -22,6 +22,7 @@ import polars as pl
 from avkit.errors import ConfigError, DataError
 from avkit.estimators.coefficients import load_coefficients
 from avkit.fit.data import FitData, load_fit_data
+from avkit.provenance import trace_mismatch, trace_records
 from avkit.trace.reader import read_traces
 
 SCORE_KEYS = ("feature", "lossless", "estimator", "scope", "auc", "log_loss", "ece", "n")
@@ -49,6 +50,8 @@ class ReportInputs:
     tune: dict | None = None
     notes: dict[str, str] = field(default_factory=dict)  # input -> why it is missing
     sources: dict[str, str] = field(default_factory=dict)  # input -> where it came from (shown in the report)
+    records: dict[str, dict | None] = field(default_factory=dict)  # fit / sim / hvd -> provenance record
+    warnings: dict[str, list[str]] = field(default_factory=dict)  # fit / sim / hvd -> stale or mismatched input
 
 
 def _read_json(path: Path):
@@ -164,7 +167,42 @@ def load_inputs(fit: FitOutputs, traces=None, sim=None, hvd=None, *, sim_explici
                             "schedule", notes)
     inputs.sources.update({name: str(path) for name, path, got in (("sim", sim, inputs.sim), ("hvd", hvd, inputs.hvd),
                                                                    ("tune", tune, inputs.tune)) if got is not None})
+    check_records(inputs, sim if inputs.sim is not None else None)
     return inputs
+
+
+def check_records(inputs: ReportInputs, sim_path) -> None:
+    """Read each results file's provenance record and name every one made from other traces than the
+    report's (by content hash), or made by an avkit that recorded none."""
+    from avkit.config import SimulateConfig
+    from avkit.sim.replay import read_inputs
+
+    records = {"fit": inputs.fit.coefficients.get("trained_on", {}).get("inputs")}
+    if sim_path is not None:
+        records["sim"] = read_inputs(Path(sim_path).expanduser())
+    if inputs.hvd is not None:
+        records["hvd"] = (inputs.hvd.get("info") or {}).get("inputs")
+    reference = trace_records(inputs.traces)
+    what = {"fit": f"The fit ({inputs.fit.dir})", "sim": f"The simulation results ({inputs.sources.get('sim')})",
+            "hvd": f"The HVD results ({inputs.sources.get('hvd')})"}
+    for name, record in records.items():
+        warn = inputs.warnings.setdefault(name, [])
+        if record is None:
+            warn.append(f"{what[name]} records no inputs (written by an older avkit): which traces and settings "
+                        "made it cannot be checked; rerun the command that wrote it.")
+            continue
+        mismatch = trace_mismatch(record, reference, what[name])
+        if mismatch:
+            warn.append(mismatch)
+    sim_traces = {t["sha256"] for t in (records.get("sim") or {}).get("traces", [])}
+    if sim_traces and reference and sim_traces < {t["sha256"] for t in reference}:  # fewer traces: other mix
+        inputs.warnings["sim"].append(f"The simulation results replay {len(sim_traces)} of this report's "
+                                      f"{len(reference)} traces; its throughputs are for that subset.")
+    sim_cost = ((records.get("sim") or {}).get("cost") or {}).get("spec")
+    if sim_cost and sim_cost != SimulateConfig().cost:
+        inputs.warnings["sim"].append(f"Simulated with cost model {sim_cost}, not avkit simulate's default "
+                                      f"{SimulateConfig().cost}: the throughputs below are for that device/model.")
+    inputs.records = records
 
 
 def subset(data: FitData, mask: np.ndarray) -> FitData:

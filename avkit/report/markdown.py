@@ -24,6 +24,9 @@ def render_markdown(report: Report, images: dict[str, str]) -> str:
     out += [f"- **{k}**: {v}" for k, v in report.facts]
     for s in report.sections:
         out += ["", f"## {s.title}", ""]
+        if s.inputs and not s.omitted:
+            out += [f"*Inputs: {s.inputs}*", ""]
+        out += [line for w in s.warnings for line in (f"> **Warning:** {w}", "")]
         if s.omitted:
             out += [f"> Omitted: {s.omitted}", ""]
         for b in s.blocks:

@@ -97,13 +97,13 @@ def reliability(panels: list[dict]) -> Figure:
         x, y, n = p["pred"][ok], p["rate"][ok], p["count"][ok]
         top.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1, label="perfect calibration")
         top.errorbar(x, y, yerr=1.96 * np.sqrt(y * (1 - y) / n), color=color, linewidth=1.2, capsize=2,
-                     label="observed, 95% interval")
+                     label="observed, 95% interval", clip_on=False)
         top.scatter(x, y, s=20 + 180 * np.sqrt(n / n.max()), color=color, alpha=0.8, edgecolor="white",
-                    label="bin (area ~ slots)", zorder=3)
+                    label="bin (area ~ slots)", zorder=3, clip_on=False)  # the top bin sits at ~(1, 1)
         for xi, yi, ni in zip(x, y, n):
             top.annotate(f"{int(ni):,}", (xi, yi), textcoords="offset points", xytext=(5, -10), fontsize=6.5,
                          color="#444444")
-        top.set(title=f"{p['title']}\nECE {p['ece']:.4f}", xlim=(0, 1), ylim=(0, 1.04), aspect="equal",
+        top.set(title=f"{p['title']}\nECE {p['ece']:.4f}", xlim=(0, 1.03), ylim=(0, 1.06), aspect="equal",
                 ylabel="observed acceptance rate" if j == 0 else None)
         top.legend(frameon=False, fontsize=7, loc="upper left")
         width = 1.0 / len(p["count"])
@@ -116,10 +116,18 @@ def reliability(panels: list[dict]) -> Figure:
     return fig
 
 
-def coefficient_trajectory(x: np.ndarray, slope: np.ndarray, intercepts: np.ndarray, xlabel: str) -> Figure:
-    """x [R]; slope [R]; intercepts [R, K] after each refit."""
+def coefficient_trajectory(x: np.ndarray, slope: np.ndarray, intercepts: np.ndarray, xlabel: str,
+                           starts: list[tuple[float, str]] = ()) -> Figure:
+    """x [R] increasing; slope [R]; intercepts [R, K] after each refit; starts: (x, name) where a later
+    trace begins (a dashed line, named in the slope panel)."""
     fig, axes = new_figure(10.0, 3.8, 1, 2)
     a, b = axes[0, 0], axes[0, 1]
+    for ax in (a, b):
+        for xs, name in starts:
+            ax.axvline(xs, color="#555555", linestyle="--", linewidth=0.9)
+            if ax is a:
+                ax.annotate(f"→ {name}", (xs, 1.0), xycoords=("data", "axes fraction"), xytext=(3, -10),
+                            textcoords="offset points", fontsize=7, color="#555555")
     a.plot(x, slope, color="black", linewidth=1.6)
     a.set(title="Slope ω after each refit", xlabel=xlabel, ylabel="ω (log-odds per feature unit)")
     cmap = colormaps["viridis"]
@@ -154,6 +162,8 @@ def role_analysis(entropy, slope, first_intercept, labels, r_slope, r_b0) -> Fig
 
 
 def policy_style(policy: str, fixed_rank: float) -> dict:
+    if policy.endswith("oracle"):  # reads the recorded outcomes: a bound, drawn as one
+        return {"color": "#7f7f7f", "linestyle": "--", "marker": "", "linewidth": 1.2}
     if policy == "nospec":
         return {"color": "#7f7f7f", "linestyle": ":", "marker": "s", "linewidth": 1.8}
     if policy.startswith("fixed"):
@@ -186,22 +196,28 @@ def throughput_vs_concurrency(series: dict[str, tuple[np.ndarray, np.ndarray]],
     _policy_lines(b, {p: v for p, v in relative.items() if p != "nospec"})
     b.axhline(1.0, color="black", linewidth=0.8, linestyle=":")
     plain_log(b, "x", base=2)
-    b.set(title="Relative to the best fixed K", xlabel="concurrency (requests decoding at once)",
+    b.set(title="Relative to the best fixed K (no-spec is far below)", xlabel="concurrency (requests decoding at once)",
           ylabel="throughput / best fixed K (×)")
-    b.legend(frameon=False, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    handles, labels = a.get_legend_handles_labels()  # every policy, no-spec (grey dotted) included
+    fig.legend(handles, labels, frameon=False, fontsize=7, loc="outside right center")
     return fig
 
 
 def pareto(series: dict[str, tuple[np.ndarray, np.ndarray]], front: tuple[np.ndarray, np.ndarray],
-           concurrency: dict[str, np.ndarray] | None = None, annotate: str | None = None) -> Figure:
-    """series: policy -> (per-request tok/s [C], throughput tok/s [C]); front: the Pareto points;
-    `annotate`: a policy whose points are labelled with their concurrency."""
+           concurrency: dict[str, np.ndarray] | None = None, annotate: str | None = None,
+           bounds: frozenset[str] = frozenset()) -> Figure:
+    """series: policy -> (per-request tok/s [C], throughput tok/s [C]); front: the Pareto points of the
+    deployable policies; `bounds`: policies that are bounds, not deployable (the oracle), drawn dashed
+    grey; `annotate`: a policy whose points are labelled with their concurrency."""
     fig, ax = new_figure(8.5, 4.8)
     ax = ax[0, 0]
-    _policy_lines(ax, series)
+    _policy_lines(ax, {p: v for p, v in series.items() if p not in bounds})
+    for p in bounds & series.keys():
+        ax.plot(*series[p], color="#7f7f7f", linestyle="--", linewidth=1.2, marker="",
+                label=f"{p} (upper bound, not deployable)", zorder=1)
     order = np.argsort(front[0])
-    ax.step(front[0][order], front[1][order], where="post", color="black", linewidth=2.5, alpha=0.3,
-            label="Pareto front", zorder=1)
+    ax.step(front[0][order], front[1][order], where="post", color="black", linewidth=1.2,
+            label="Pareto front (deployable policies)", zorder=1)
     ax.scatter(front[0], front[1], s=110, facecolor="none", edgecolor="black", linewidth=1.0, zorder=4,
                label="on the front")
     if annotate in series and concurrency is not None:

@@ -1,6 +1,6 @@
 """The engine: continuous batching around one speculative decoding step.
 
-One `step()` (DESIGN.md §2, §7):
+One `step()` (docs/lossless.md, docs/runtime.md):
   1. admit waiting requests into free KV slots and prefill the target with prompt[:-1]
   2. draft: the drafter proposes up to K tokens per request (K forwards batched over requests), unless
      the policy's optional `draft_this_step(load)` gate, judging from earlier steps, skips speculation

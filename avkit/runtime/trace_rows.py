@@ -1,7 +1,7 @@
 """One step's trace rows: one per draft slot (request r, position j < num_drafted_r).
 
 Columns and their meaning are those of `avkit.trace.schema` (all but `run_id`, which the sink
-adds). Labels (DESIGN.md §3): a slot is observed iff verified and at or before the first
+adds). Labels (docs/estimator.md): a slot is observed iff verified and at or before the first
 rejection; `accepted` is null otherwise (censored). Nullable columns are masked arrays.
 """
 

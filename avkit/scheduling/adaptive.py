@@ -1,4 +1,4 @@
-"""Adaptive verification: the budgeted verify policy with live estimator refits (DESIGN.md §3-4).
+"""Adaptive verification: the budgeted verify policy with live estimator refits (docs/estimator.md, docs/budget.md).
 
 Glossary:
   confidence   c[r, j] = estimator.predict(feature[r, j], j), a lossless feature of the draft
@@ -42,7 +42,7 @@ DEFAULT_FEATURE = "logit_qmax"
 
 
 def observed_labels(num_verify: torch.Tensor, num_accepted: torch.Tensor, k: int):
-    """DESIGN.md §3 labels: (observed [B, K] bool, label [B, K] bool); label is meaningful where observed."""
+    """docs/estimator.md labels: (observed [B, K] bool, label [B, K] bool); label is meaningful where observed."""
     j = torch.arange(k, device=num_verify.device)[None, :]  # [1, K]
     observed = (j < num_verify[:, None]) & (j <= num_accepted[:, None])  # [B, K]
     return observed, j < num_accepted[:, None]
@@ -240,7 +240,7 @@ def make_adaptive(cost: str | CostTable | None = None, estimator: str | Estimato
         est = load_estimator(est, coefficients or config.coefficients, k=k, **estimator_kwargs)
     if est is not None and not getattr(est, "lossless", True):
         raise ConfigError(f"adaptive verification needs a lossless estimator; {est.name!r} reads a lossy "
-                          "feature (trimming on q of the drawn token biases the output, DESIGN.md §2)")
+                          "feature (trimming on q of the drawn token biases the output, docs/lossless.md)")
     table = resolve_cost(cost or config.cost)
     gate = (DraftGate(table, config.gate_window, config.probe_every, config.resume_margin, k=k)
             if config.gate and est is not None else None)

@@ -1,4 +1,4 @@
-"""Budgeted verification (DESIGN.md §4): how many drafts the target verifies this step, and whose.
+"""Budgeted verification (docs/budget.md): how many drafts the target verifies this step, and whose.
 
 Glossary:
   confidence  c[r, j]  predicted P(draft j of request r is accepted | drafts before j were accepted)
@@ -15,7 +15,7 @@ Because c <= 1, survival never grows with depth, so the b largest survivals of a
 of its drafts: each request verifies its first num_verify[r] drafts. Slots compete across requests:
 a confident request keeps position 5 while a doubtful one is cut after position 1.
 Ties between equal survivals are broken by (request, position), as the Triton allocation kernel does.
-Losslessness (DESIGN.md §2) needs a causal rule: whether slot j of request r is verified may depend on
+Losslessness (docs/lossless.md) needs a causal rule: whether slot j of request r is verified may depend on
 q_0..q_j of r (already fixed when x_j is drawn) but not on c[r, j+1..], which are functions of the drawn
 x_j. Sizing b* from this step's survivals breaks that (b* moves with c[r, 1], so k_r >= 1 depends on
 x_0). vLLM sizes b* from confidences one step old; `plan_verification` takes `sizing` confidences that

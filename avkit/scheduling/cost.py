@@ -1,4 +1,4 @@
-"""Step cost tables: what one engine step costs as a function of its shape (DESIGN.md §4).
+"""Step cost tables: what one engine step costs as a function of its shape (docs/budget.md).
 
 Glossary:
   verify_ms(T)    target forward over T tokens at the table's KV context (weights + compute)

@@ -32,7 +32,7 @@ Glossary:
                  (rare: each probe pays a catch-up)
 Lossless: the decision reads the load and earlier steps' features only (prefixes already emitted,
 drafts of steps that are over), never this step's draws; each emitted token still follows the target
-given everything before it, so the output does (DESIGN.md §2).
+given everything before it, so the output does (docs/lossless.md).
 Used live by AdaptiveVerification (`draft_this_step`) and by the simulator (sim/policies.py) alike.
 """
 

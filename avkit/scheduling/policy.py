@@ -1,7 +1,7 @@
 """Verify policies: how many of each request's K drafts the target verifies this step.
 
 A policy sees only what cannot depend on which draft token was drawn: the lossless features of
-the draft distributions and the load. That is what keeps every policy lossless (DESIGN.md §2).
+the draft distributions and the load. That is what keeps every policy lossless (docs/lossless.md).
 Glossary:
   num_verify  k_r in [0, num_drafted_r], the verified prefix length of request r
   load        requests that sample this step (N_s) and non-draft tokens already scheduled (T)
@@ -44,7 +44,7 @@ class VerifyOutcome:
     confidences: torch.Tensor | None  # [B, K] predictions used when deciding (None if none)
     num_verify: torch.Tensor  # [B] int64
     num_accepted: torch.Tensor  # [B] int64
-    # Labels follow DESIGN.md §3: slot j of request r is observed iff j < num_verify[r] and
+    # Labels follow docs/estimator.md: slot j of request r is observed iff j < num_verify[r] and
     # j <= num_accepted[r] (at or before the first rejection); label = j < num_accepted[r].
 
 

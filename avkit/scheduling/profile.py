@@ -1,4 +1,4 @@
-"""Profile this device's step costs (DESIGN.md §4): the CostTable the adaptive budget divides by.
+"""Profile this device's step costs (docs/budget.md): the CostTable the adaptive budget divides by.
 
 Glossary:
   verify point   T target tokens laid out as the verify step lays them out: ceil(T / (K+1)) requests
@@ -13,7 +13,8 @@ Glossary:
                  top-p; on a 2-core CPU with V = 151,936 this is ~30% of a batch-16 draft pass.
 Every point runs `warmup` times untimed before any is timed; then each is timed `repeats` times after
 `warmup` more runs, the median is kept, and each curve is made non-decreasing (running maximum) before
-it becomes a CostTable.
+it becomes a CostTable. `meta["noise"]` says how much the repeated runs disagreed and which points the
+running maximum lifted (a spike carried upward); `avkit profile` warns when the table is noisy.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import torch
 from avkit.config import PROFILE_CONTEXT_ENV, ProfileConfig
 from avkit.errors import ConfigError
 from avkit.features import draft_features
+from avkit.provenance import inputs_record
 from avkit.runtime.sampling import probs_from_logits, sample_tokens
 from avkit.scheduling.cost import CostTable, make_monotone
 
@@ -60,7 +62,8 @@ def _sync(device: torch.device):
         torch.cuda.synchronize(device)
 
 
-def _median_ms(fn: Callable[[], None], device: torch.device, repeats: int, warmup: int) -> float:
+def _times_ms(fn: Callable[[], None], device: torch.device, repeats: int, warmup: int) -> list[float]:
+    """`repeats` timed runs of `fn` (ms) after `warmup` untimed ones."""
     for _ in range(warmup):
         fn()
     times = []
@@ -70,7 +73,41 @@ def _median_ms(fn: Callable[[], None], device: torch.device, repeats: int, warmu
         fn()
         _sync(device)
         times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return times
+
+
+NOISY_SPREAD = 0.10  # repeated runs of one point differing by more than this (max-min over median) is noisy
+NOISY_LIFT = 0.05  # the running maximum raising a point by more than this hides a spike before it
+
+
+def noise_summary(curves: dict[str, tuple[list[int], list[list[float]]]]) -> dict:
+    """How much a profile's repeated runs disagree. curves: name -> (grid [P], timed runs [P][repeats]).
+
+    spread of a point = (max - min) / median of its runs; lift = how far the running maximum (the monotone
+    table) raised a point's median above what was measured there, i.e. a spike at an earlier point carried
+    upward. -> {median_spread, max_spread, worst, lifted: [(curve, x, lift)], noisy}.
+
+    Examples
+    --------
+    >>> s = noise_summary({"verify": ([1, 2, 4], [[1.0, 1.0], [3.0, 2.0], [2.0, 2.0]])})
+    >>> round(s["max_spread"], 2), s["worst"], s["lifted"], s["noisy"]
+    (0.4, 'verify=2', [('verify', 4, 0.25)], True)
+    """
+    spreads, lifted = [], []
+    for name, (grid, runs) in curves.items():
+        medians = [statistics.median(r) for r in runs]
+        monotone = make_monotone(medians)
+        for x, r, m, mono in zip(grid, runs, medians, monotone):
+            spreads.append(((max(r) - min(r)) / m if m > 0 else 0.0, f"{name}={x}"))
+            if m > 0 and mono > m * (1 + 1e-9):
+                lifted.append((name, x, round(mono / m - 1, 4)))
+    if not spreads:
+        return {"median_spread": 0.0, "max_spread": 0.0, "worst": "", "lifted": [], "noisy": False}
+    worst = max(spreads)
+    med = statistics.median(v for v, _ in spreads)
+    noisy = worst[0] > NOISY_SPREAD or any(lift > NOISY_LIFT for _, _, lift in lifted)
+    return {"median_spread": round(med, 4), "max_spread": round(worst[0], 4), "worst": worst[1],
+            "lifted": lifted, "noisy": noisy}
 
 
 def _warm(timers: list[Callable[[], None]], rounds: int) -> None:
@@ -131,23 +168,25 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
     t_grid, d_grid = _grid(config.max_tokens), _grid(config.max_requests)
     max_req = max(_verify_layout(config.max_tokens, config.k)[0], config.max_requests)
     max_len = context + config.k + 2
-    verify_ms = []
+    verify_ms, verify_runs = [], []
     verify, drafting = verify_work(config.temperature, config.top_p), draft_work(config.temperature, config.top_p)
     cache = target.model.new_cache(max_req, max_len)
     timers = [forward_timer(target.model, cache, *_verify_layout(t, config.k), context, "all", verify) for t in t_grid]
     _warm(timers, config.warmup)
     for timer in timers:
-        verify_ms.append(_median_ms(timer, target.model.device, config.repeats, config.warmup))
+        verify_runs.append(_times_ms(timer, target.model.device, config.repeats, config.warmup))
+        verify_ms.append(statistics.median(verify_runs[-1]))
         if on_point:
             on_point()
     del cache, timers
-    draft_ms = []
+    draft_ms, draft_runs = [], []
     if draft is not None:
         cache = draft.model.new_cache(config.max_requests, max_len)
         timers = [forward_timer(draft.model, cache, n, 1, context, "last", drafting) for n in d_grid]
         _warm(timers, config.warmup)
         for timer in timers:
-            draft_ms.append(_median_ms(timer, draft.model.device, config.repeats, config.warmup))
+            draft_runs.append(_times_ms(timer, draft.model.device, config.repeats, config.warmup))
+            draft_ms.append(statistics.median(draft_runs[-1]))
             if on_point:
                 on_point()
         del cache, timers
@@ -159,6 +198,8 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
             "temperature": config.temperature, "top_p": config.top_p,
             "repeats": config.repeats, "dtype": str(target.model.dtype).removeprefix("torch."),
             "raw_verify_ms": verify_ms, "raw_draft_ms": draft_ms,
+            "noise": noise_summary({"verify T": (t_grid, verify_runs), "draft n": (d_grid, draft_runs)}),
+            "inputs": inputs_record("avkit profile"),  # avkit version and time (avkit/provenance.py)
             **memory_meta(target.model, draft.model if draft else None)}
     return CostTable(tuple(t_grid), tuple(make_monotone(verify_ms)), tuple(d_grid),
                      tuple(make_monotone(draft_ms)), (), "autoregressive", meta)

@@ -32,7 +32,7 @@ class Accelerator:
     memory_gb: float = 0.0  # device memory, 1e9 bytes (0: unknown); `avkit tune` checks KV feasibility with it
 
 
-# Achievable figures (about 80% of datasheet, H200 as measured in DESIGN.md §4).
+# Achievable figures (about 80% of datasheet, H200 as measured in docs/budget.md).
 ACCELERATORS = {
     "h200": Accelerator("H200", 790.0, 4.3, 0.05, memory_gb=141.0),
     "h100": Accelerator("H100", 700.0, 2.9, 0.05, memory_gb=80.0),

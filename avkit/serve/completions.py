@@ -183,7 +183,7 @@ async def _stream(gen: Generation, request: Request, chat: bool, include_usage: 
 async def _respond(state: ServeState, request: Request, body, prompt_ids: list[int],
                    max_tokens: int, chat: bool):
     if body.n > state.config.max_concurrency:
-        raise ApiError(400, f"n: must be <= {state.config.max_concurrency} (the server's --max-concurrency), "
+        raise ApiError(400, f"n: must be <= {state.config.max_concurrency} (the server's --concurrency), "
                             f"got {body.n}", param="n")
     gen = Generation(state, new_id("chatcmpl" if chat else "cmpl"), prompt_ids, body, max_tokens)
     if body.stream:

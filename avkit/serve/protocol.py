@@ -6,7 +6,7 @@ the target distribution (lossless: `avkit.runtime.sampling`); `n` choices are in
 Parameters that avkit cannot apply losslessly through speculative decoding (logprobs, penalties,
 logit_bias, best_of) take only their neutral value; anything else is a 400 that names the field
 and says it is not supported (`UNSUPPORTED`). Limits that depend on the server (max_tokens ceiling, context length, n up
-to --max-concurrency) are checked by the app.
+to --concurrency) are checked by the app.
 """
 
 from __future__ import annotations

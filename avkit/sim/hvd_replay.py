@@ -1,4 +1,4 @@
-"""Trace replay for Hybrid Verified Decoding (DESIGN.md §5; HVD paper, seeds/003).
+"""Trace replay for Hybrid Verified Decoding (docs/hvd.md; HVD paper, seed 003 in docs/seeds.md).
 
 For every position t of every recorded greedy generation the replay rebuilds the suffix cache as
 it stood (prompt + output[:t] in the request's local tree, earlier responses in the global tree),

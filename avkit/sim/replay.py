@@ -21,14 +21,18 @@ drafted tokens wasted (not accepted: rejected, after a rejection, or trimmed), m
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import polars as pl
+import pyarrow.parquet as pq
 
 from avkit.config import SimulateConfig
 from avkit.errors import TraceError
 from avkit.estimators.base import ESTIMATORS
+from avkit.jsonsafe import json_safe
+from avkit.provenance import INPUTS_KEY
 from avkit.scheduling.cost import CostTable
 from avkit.sim.policies import Replay, SimPolicy, parse_policies
 from avkit.sim.steps import StepTable, schedule, step_table
@@ -134,6 +138,24 @@ def simulate(traces, cost: CostTable, concurrency=None, policies=None, *, config
                            (pl.col("throughput_tok_s") / pl.col("_ns")).alias("vs_nospec")).drop("_best", "_ns")
 
 
+def results_inputs(paths, cost: CostTable, config: SimulateConfig, policies, command: str = "avkit simulate") -> dict:
+    """The provenance record of a results file: traces (hashed), cost model, policies, concurrency."""
+    from avkit.provenance import file_sha256, inputs_record
+
+    meta = cost.meta
+    described = {"spec": config.cost, **{k: meta.get(k, "") for k in ("source", "device", "target", "draft")}}
+    if meta.get("path") and Path(meta["path"]).is_file():  # a profiled table: its content, too
+        described["sha256"] = file_sha256(meta["path"])[:16]
+    return inputs_record(command, paths, cost=described, policies=list(policies),
+                         concurrency=list(config.concurrency), waves=config.waves)
+
+
+def read_inputs(path) -> dict | None:
+    """The provenance record of a results file (None when it predates them)."""
+    raw = (pq.read_metadata(path).metadata or {}).get(INPUTS_KEY.encode())
+    return json.loads(raw) if raw else None
+
+
 def step_time_check(traces, cost: CostTable) -> dict:
     """Predicted vs recorded step time over the recorded engine steps (needs `engine_step`).
 
@@ -166,10 +188,16 @@ def step_time_check(traces, cost: CostTable) -> dict:
     return {**summary(np.ones(eng.size, bool)), "decode_only": summary(~admits)}
 
 
-def write_results(df: pl.DataFrame, path, outputs: StagedOutputs | None = None) -> Path:
-    """Parquet through a staged output (`outputs`, committed by the caller; else committed here)."""
+def write_results(df: pl.DataFrame, path, outputs: StagedOutputs | None = None, *,
+                  inputs: dict | None = None) -> Path:
+    """Parquet through a staged output (`outputs`, committed by the caller; else committed here).
+    `inputs`: the provenance record (avkit/provenance.py), stored as the file's `avkit.inputs` metadata."""
     if outputs is None:
         with StagedOutputs() as own:
-            return write_results(df, path, own)
-    df.write_parquet(outputs.file(path))
+            return write_results(df, path, own, inputs=inputs)
+    table = df.to_arrow()
+    if inputs is not None:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}),
+                                               INPUTS_KEY: json.dumps(json_safe(inputs))})
+    pq.write_table(table, outputs.file(path), compression="zstd")
     return Path(path).expanduser()

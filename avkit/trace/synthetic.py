@@ -5,7 +5,7 @@ Layout: engine step e runs `batch_size` requests side by side; each request deco
 logit_qmax ~ Normal(mean of its dataset + depth_drift * position, feature_sd), and its
 acceptance is a Bernoulli draw with the known truth
     P(accept) = sigmoid(slope * logit_qmax + intercepts[position]).
-Censoring follows DESIGN.md §3: a (request, step) verifies a prefix of its drafts (all of them,
+Censoring follows docs/estimator.md: a (request, step) verifies a prefix of its drafts (all of them,
 or with probability `trim_prob` a uniformly random shorter prefix); a slot is observed iff it is
 verified and at or before the first rejection, and `accepted` is null otherwise.
 The file metadata key `avkit.synthetic` holds the truth as JSON.

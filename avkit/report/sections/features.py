@@ -12,7 +12,7 @@ from avkit.report import plots
 from avkit.report.document import Figure, Section, Table, fmt
 from avkit.report.inputs import ReportInputs
 
-# DESIGN.md §3 / seeds: DeepSeek-V4-Flash + DSpark, ~4.5M drafts (AUC, log-loss, ECE).
+# the seeds (docs/seeds.md, vLLM PR #52228 write-ups): DeepSeek-V4-Flash + DSpark, ~4.5M drafts (AUC, log-loss, ECE).
 SEEDS_REFERENCE = (("logit(q_max) (shipped)", 0.8336, 0.4284, 0.0100),
                    ("trained confidence head", 0.8191, 0.4449, 0.0052),
                    ("q_max, no fit", 0.8259, 0.4880, 0.0736))
@@ -75,9 +75,10 @@ def build(inputs: ReportInputs, config: ReportConfig) -> Section:
     scores, c = inputs.fit.scores, inputs.fit.coefficients
     sec = Section("features", "Features and estimators")
     sec.add(feature_table(scores, (c["feature"], c["estimator"])))
-    sec.add(Table(("seeds reference", "AUC", "log-loss", "ECE"), [(n, *(fmt(x) for x in v)) for n, *v in
+    sec.add(Table(("reference (vLLM PR #52228)", "AUC", "log-loss", "ECE"), [(n, *(fmt(x) for x in v)) for n, *v in
                                                                  SEEDS_REFERENCE],
-                  caption="For comparison, the seeds' figures on DeepSeek-V4-Flash + DSpark (~4.5M drafts); "
+                  caption="For comparison, vLLM's online acceptance estimator as reported in the write-ups of "
+                          "vLLM PR #52228 (seeds 001/002, docs/seeds.md), on DeepSeek-V4-Flash + DSpark (~4.5M drafts); "
                           "a different model pair and workload mix, so compare orderings, not values."))
     sec.add(auc_figure(scores, int(c.get("num_positions", len(c["intercepts"])))))
     table = dataset_auc_table(scores)

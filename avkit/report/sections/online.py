@@ -1,6 +1,6 @@
 """Online fitting: slope and intercepts over refits, and the seeds' role analysis.
 
-Role analysis (seeds 001/002): fit the estimator independently on each dataset and compare with
+Role analysis (seeds 001/002, docs/seeds.md): fit the estimator independently on each dataset and compare with
 the dataset's mean draft entropy. In the seeds the slope barely moves across workloads
 (0.51-0.55, r = -0.08 against entropy) while the first intercept tracks entropy (r = -0.89): the
 slope is a property of the model pair, the intercepts absorb the workload's base acceptance rate.
@@ -9,6 +9,8 @@ deployed feature; r is Pearson's correlation across datasets, reported from 3 da
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -21,7 +23,8 @@ from avkit.report.document import Figure, Section, Table, fmt
 from avkit.report.inputs import ReportInputs, subset
 
 MIN_SLOTS = 50  # observed slots at position 0 a dataset needs for its own fit
-SEEDS_ROLE = "seeds (DeepSeek-V4-Flash + DSpark, 5 workloads): slope 0.51–0.55, r = −0.08; β0 r = −0.89"
+SEEDS_ROLE = ("vLLM PR #52228 write-ups (seeds 001/002, docs/seeds.md; DeepSeek-V4-Flash + DSpark, 5 workloads): "
+              "slope 0.51–0.55, r = −0.08; β0 r = −0.89")
 
 
 def pearson(x: np.ndarray, y: np.ndarray) -> float | None:
@@ -31,6 +34,27 @@ def pearson(x: np.ndarray, y: np.ndarray) -> float | None:
     return float(np.corrcoef(x, y)[0, 1])
 
 
+def global_steps(step: np.ndarray, file: np.ndarray | None, names: list[str]) -> tuple[np.ndarray, list]:
+    """Per-trace engine steps [R] -> one increasing axis: each trace is offset by the steps of the traces
+    before it. -> (x [R], [(x where a later trace starts, its name)]). Without a `file` column (older
+    trajectory files) a trace starts wherever the engine step goes backwards.
+
+    Examples
+    --------
+    >>> global_steps(np.array([100, 200, 100, 300]), np.array([0, 0, 1, 1]), ["a.parquet", "b.parquet"])
+    (array([100, 200, 300, 500]), [(200, 'b.parquet')])
+    """
+    if file is None or (file < 0).any():
+        file = np.r_[0, np.cumsum(np.diff(step) < 0)]  # [R]
+    ends = np.maximum.reduceat(step, np.r_[0, np.flatnonzero(np.diff(file)) + 1])  # [F'] last step per trace
+    offset = np.r_[0, np.cumsum(ends)[:-1]]  # [F'] steps before each trace
+    seg = np.r_[0, np.cumsum(np.diff(file) != 0)]  # [R] segment of each round
+    x = step + offset[seg]
+    starts = [(int(offset[j]), Path(names[f]).name if f < len(names) else f"trace {f + 1}")
+              for j, f in enumerate(file[np.r_[0, np.flatnonzero(np.diff(file)) + 1]]) if j > 0]
+    return x, starts
+
+
 def _trajectory_block(traj: pl.DataFrame, c: dict) -> list:
     k = sum(1 for col in traj.columns if col.startswith("intercept_"))
     slope_cols = ["slope"] if "slope" in traj.columns else [f"slope_{i}" for i in range(k)]
@@ -38,11 +62,14 @@ def _trajectory_block(traj: pl.DataFrame, c: dict) -> list:
     icpt = traj.select(f"intercept_{i}" for i in range(k)).to_numpy()  # [R, K]
     online = traj["engine_step"].null_count() == 0
     x = traj["engine_step"].to_numpy() if online else traj["round"].to_numpy()
+    starts: list[tuple[float, str]] = []
     if online:  # the live estimator starts from the reference constants before its first refit
+        x, starts = global_steps(x, traj["file"].to_numpy() if "file" in traj.columns else None,
+                                 c.get("trained_on", {}).get("traces", []))
         start = EstimatorConfig()
         x, slope = np.r_[0, x], np.r_[start.init_slope, slope]
         icpt = np.vstack([np.full((1, k), start.init_intercept), icpt])
-    xlabel = "engine step (end of refit round)" if online else "Newton iteration (batch fit)"
+    xlabel = ("engine step, traces replayed one after another" if online else "Newton iteration (batch fit)")
     half = slope[len(slope) // 2:]
     applied = int(traj["applied"].sum()) if "applied" in traj.columns else len(traj)
     rows = [("slope ω", fmt(float(slope[0])), fmt(float(slope[-1]))),
@@ -51,8 +78,9 @@ def _trajectory_block(traj: pl.DataFrame, c: dict) -> list:
                   caption=f"{len(traj)} refits, {applied} with a slope step (a slope step that is NaN or makes ω "
                           f"negative is zeroed; the intercepts still step, from the guarded slope step). Over the last half of the refits ω stays in [{half.min():.4f}, {half.max():.4f}].")
     fig = Figure("coefficient_trajectory", f"Slope and intercepts of {c['feature']} ({c['estimator']}) after "
-                 "every refit round, replayed in engine-step order as live.",
-                 plots.coefficient_trajectory(x, slope, icpt, xlabel), alt="slope and intercepts over refits")
+                 "every refit round, replayed in engine-step order as live; each trace's engine steps restart at 0, so "
+                 "they are laid end to end (dashed line: the next trace starts, the estimator carries over).",
+                 plots.coefficient_trajectory(x, slope, icpt, xlabel, starts), alt="slope and intercepts over refits")
     return [fig, table]
 
 

@@ -77,7 +77,8 @@ def _headline(inputs: ReportInputs) -> str:
         return f"The deployed estimator ({c['feature']}, {c['estimator']}) has no row in scores.json."
     return (f"Deployed: {c['estimator']} on {c['feature']}, slope ω = {fmt(float(c['slope']))}. Over "
             f"{fmt(row['n'])} observed slots it scores AUC {fmt(row['auc'])}, log-loss {fmt(row['log_loss'])}, "
-            f"ECE {fmt(row['ece'])} (the seeds' shipped estimator: 0.8336 / 0.4284 / 0.0100).")
+            f"ECE {fmt(row['ece'])} (vLLM's shipped estimator on DeepSeek-V4-Flash + DSpark, from the write-ups of "
+            "vLLM PR #52228: 0.8336 / 0.4284 / 0.0100; seeds 001/002, docs/seeds.md).")
 
 
 def build(inputs: ReportInputs, config: ReportConfig) -> Section:

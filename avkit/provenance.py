@@ -1,0 +1,106 @@
+"""What a results file was made from: written into the file, shown and checked by `avkit report`.
+
+Every results file records its inputs, so a report never shows numbers without saying where they
+came from, and a file made from other traces (or another cost model) is named, not silently reused:
+
+  simulate.parquet   Parquet key-value metadata `avkit.inputs` (JSON)
+  coefficients.json  `trained_on.inputs`           (`avkit fit`, and `avkit report` fitting traces)
+  hvd_metrics.json   `info.inputs`                 (`avkit hvd`, `avkit fit --hvd`)
+  cost table JSON    `meta.inputs`                 (`avkit profile`: version and time; the models are in meta)
+
+The record (a JSON object):
+  command        the command that wrote the file, e.g. "avkit simulate"
+  avkit_version  avkit.__version__ of the writer
+  written        UTC time, ISO 8601
+  traces         [{path, sha256, bytes}]: sha256 is of the file's bytes, so an edited or re-recorded
+                 trace under the same name is told apart
+  ...            command-specific settings: cost (spec, source, device, target), policies, feature,
+                 mode, tokenizer / structure features
+Files written before this record existed have none; the report says so instead of guessing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import hashlib
+import os
+from pathlib import Path
+
+INPUTS_KEY = "avkit.inputs"  # Parquet metadata key of the record
+
+
+@functools.lru_cache(maxsize=256)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_sha256(path) -> str:
+    """sha256 of a file's bytes (cached per path, size and mtime: a report hashes each trace once)."""
+    st = os.stat(path)
+    return _sha256(str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+
+
+def trace_records(paths) -> list[dict]:
+    """[{path, sha256, bytes}] for each trace file."""
+    return [{"path": str(p), "sha256": file_sha256(p), "bytes": os.path.getsize(p)} for p in paths]
+
+
+def inputs_record(command: str, traces=(), **settings) -> dict:
+    """The record a results file stores (see the module docstring)."""
+    from avkit import __version__
+
+    return {"command": command, "avkit_version": __version__,
+            "written": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "traces": trace_records(traces), **settings}
+
+
+def describe(record: dict | None) -> str:
+    """One line for a report: command, version, time, traces (short hashes), then the settings."""
+    if not record:
+        return "records no inputs (written before avkit recorded them): its traces and settings are unknown"
+    traces = ", ".join(f"{Path(t['path']).name} [{t['sha256'][:8]}]" for t in record.get("traces", []))
+    skip = {"command", "avkit_version", "written", "traces"}
+    settings = "; ".join(f"{k} {_short(v)}" for k, v in record.items() if k not in skip and v not in ("", None))
+    when = record.get("written", "?").replace("T", " ").rstrip("Z")
+    return (f"{record.get('command', '?')} (avkit {record.get('avkit_version', '?')}, {when} UTC) on "
+            f"{traces or 'no trace files'}" + (f"; {settings}" if settings else ""))
+
+
+def _short(v) -> str:
+    if isinstance(v, dict):
+        return " ".join(str(x) for x in v.values() if x not in ("", None))
+    if isinstance(v, list | tuple):
+        return ", ".join(map(str, v))
+    return str(v)
+
+
+def trace_mismatch(record: dict | None, reference: list[dict], what: str) -> str:
+    """'' when every trace `record` was made from is one of `reference` (by content hash); else one
+    sentence naming the stale or foreign traces. `reference`: trace_records of the report's traces."""
+    if not record or not reference:
+        return ""
+    ref_hashes = {t["sha256"] for t in reference}
+    ref_names = {Path(t["path"]).name: t["sha256"] for t in reference}
+    stale, other = [], []
+    for t in record.get("traces", []):
+        if t["sha256"] in ref_hashes:
+            continue
+        name = Path(t["path"]).name
+        (stale if name in ref_names else other).append(
+            f"{name} (sha256 {t['sha256'][:8]} then, {ref_names[name][:8]} now)" if name in ref_names else name)
+    if not stale and not other:
+        return ""
+    parts = []
+    if stale:
+        parts.append(f"stale: {', '.join(stale)} changed since")
+    if other:
+        parts.append(f"made from other traces than this report's: {', '.join(other)}")
+    return f"{what} does not match this report's traces: " + "; ".join(parts) + "."
+
+
+__all__ = ["INPUTS_KEY", "describe", "file_sha256", "inputs_record", "trace_mismatch", "trace_records"]
