@@ -23,6 +23,7 @@ from avkit.features import FEATURES
 from avkit.fit.data import FitData, load_fit_data
 from avkit.fit.replay import batch_fit, online_replay, trajectory_frame
 from avkit.metrics.table import ScoreLayout
+from avkit.trace.shards import check_shards
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
@@ -62,9 +63,10 @@ def _fit_one(name: str, estimator: str, data: FitData, fit: FitConfig, est_cfg: 
     return est, preds, rows
 
 
-def _plan(fit: FitConfig, est_cfg: EstimatorConfig, data: FitData) -> list[tuple[str, str]]:
+def plan_features(fit: FitConfig, est_cfg: EstimatorConfig, present) -> list[tuple[str, str]]:
+    """(feature, estimator) of every fit `avkit fit` runs, for the features `present` in the traces."""
     logistic = "online_logistic" if fit.mode == "online" else "batch_logistic"
-    plan = [(n, FEATURES[n].no_fit or logistic) for n in FEATURES if n in data.features]
+    plan = [(n, FEATURES[n].no_fit or logistic) for n in FEATURES if n in present]
     return plan + [(est_cfg.feature, "per_position_slope")]
 
 
@@ -73,8 +75,13 @@ def run_fit(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None
     """Fit and score every feature of the traces at `paths`; nothing is written here."""
     fit, est_cfg = fit or FitConfig(), est_cfg or EstimatorConfig()
     check_feature(est_cfg.feature)
-    data = load_fit_data(paths)
-    plan = _plan(fit, est_cfg, data)
+    if fit.engine != "memory":  # out of core, on this machine or a Ray cluster
+        from avkit.fit.distributed import fit_ray
+        from avkit.fit.streaming import fit_streaming
+
+        return (fit_ray if fit.engine == "ray" else fit_streaming)(paths, fit, est_cfg, progress)
+    data = load_fit_data(check_shards(paths).paths)
+    plan = plan_features(fit, est_cfg, data.features)
     layout = ScoreLayout(data.labels, data.positions, data.dataset_codes, data.dataset_names, fit.n_bins)
 
     def job(item: tuple[str, str]):
@@ -95,16 +102,17 @@ def run_fit(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None
             if progress is not None:
                 progress("features", i + 1, len(plan))
     est, rows = chosen
-    return FitResult(_coefficients(est, data, fit, est_cfg), scores, trajectory_frame(rows))
+    return FitResult(coefficients_doc(est, data.k, data.trained_on, fit, est_cfg), scores, trajectory_frame(rows))
 
 
-def _coefficients(est, data: FitData, fit: FitConfig, est_cfg: EstimatorConfig) -> dict:
+def coefficients_doc(est, k: int, trained_on: dict, fit: FitConfig, est_cfg: EstimatorConfig) -> dict:
+    """The coefficients.json document of a fitted estimator."""
     return {
         "schema_version": 1,
         "feature": est_cfg.feature,
         "feature_sign": FEATURES[est_cfg.feature].sign,  # p = sigmoid(slope * sign * feature + b_i),
         # applied inside the estimator: load_state_dict(this file) into an estimator of this feature
-        "num_positions": data.k,
+        "num_positions": k,
         "slope": float(est.slope),
         "intercepts": [float(b) for b in est.intercepts],
         "observations": [int(n) for n in est.observations],
@@ -114,8 +122,8 @@ def _coefficients(est, data: FitData, fit: FitConfig, est_cfg: EstimatorConfig) 
         "ridge": est_cfg.ridge,
         "damping": est_cfg.damping,
         "lossless": True,
-        "trained_on": data.trained_on,
+        "trained_on": trained_on,
     }
 
 
-__all__ = ["FitResult", "check_feature", "run_fit"]
+__all__ = ["FitResult", "check_feature", "coefficients_doc", "plan_features", "run_fit"]

@@ -1,0 +1,282 @@
+"""Batch fit and feature scores out of core: passes over the shards in bounded chunks, summed.
+
+Glossary:
+  shard   one trace file (a replica's run): the unit of work of every pass
+  spill   pass 0 reads each shard once, `chunk_rows` rows at a time, checks every value
+          (`reader.check_values`), and appends the observed slots' raw feature columns to an
+          uncompressed Arrow IPC file in a scratch directory; later passes read it back batch by
+          batch (no decompression, no unobserved rows: far cheaper than re-reading the Parquet)
+  survey  what pass 0 learns about a shard: rows, observed rows, dataset counts, per-position
+          minimum and maximum of every feature (the AUC histogram's range), null counts
+  pass    a map over shards of a function of one shard's chunks that returns additive sums,
+          then a reduce (+=) on the driver. An engine runs the map: `LocalEngine` on this
+          machine's threads, `RayEngine` (fit/distributed.py) as tasks on a Ray cluster; the
+          driver `fit_streaming` is the same for both
+Batch IRLS (DESIGN.md §3, estimators/irls.py): each Newton iteration is one pass summing, for
+every feature not yet converged, the O(K) arrowhead statistics at its current coefficients; the
+driver takes the step (`RoundLogistic.batch_step`). The fixed point is the in-memory fit's: only
+the order of the sums differs. Scores: one last pass sums `metrics/binned.py` for every feature.
+Memory: a pass holds `workers` chunks at once; `chunk_rows` = the budget left after FIXED_MB,
+shared by the workers, over BYTES_PER_ROW (read columns, derived features, predictions and
+temporaries of one row; measured with `bench/fit.py --scale`).
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from avkit.config import EstimatorConfig, FitConfig
+from avkit.errors import TraceError
+from avkit.estimators import make_estimator
+from avkit.features import FEATURES
+from avkit.fit.replay import _coef_row, trajectory_frame
+from avkit.fit.run import FitResult, check_feature, coefficients_doc, plan_features
+from avkit.metrics.binned import BinnedScores
+from avkit.trace.reader import check_values, scan_traces
+from avkit.trace.shards import check_shards
+
+SOURCE_COLUMNS = ("q_max", "q_2nd", "q_sampled", "entropy", "logit_qmax", "head_conf")  # features' inputs
+MAX_K = 64  # positions a survey can hold before K is known (traces without avkit.k)
+BYTES_PER_ROW = 1024  # working memory per chunk row (all trace columns read and checked in pass 0)
+FIXED_MB = 512  # interpreter, libraries, score histograms
+
+Progress = Callable[[str, int, int], None]
+
+
+def chunk_rows(fit: FitConfig) -> int:
+    """Rows per chunk so that `fit.workers` chunks in flight stay inside the memory budget."""
+    share = max(64, fit.memory_budget_mb - FIXED_MB) * (1 << 20) // fit.workers
+    return max(1 << 15, share // BYTES_PER_ROW)
+
+
+@dataclass
+class ShardSurvey:
+    """What pass 0 learned about one shard (small: travels back from a worker)."""
+
+    path: str
+    spill: str  # Arrow IPC file of the observed slots
+    rows: int
+    observed: int
+    dataset_names: list[str]  # the spill's dataset codes index this list
+    datasets: dict[str, int]  # name -> observed slots
+    fmin: dict[str, np.ndarray]  # feature -> [MAX_K] min over observed slots per position (+inf: none)
+    fmax: dict[str, np.ndarray]  # feature -> [MAX_K] max
+    nulls: dict[str, int]  # feature -> observed slots where it is null
+    engine_step_nulls: int = 0
+    num_positions: int = 0  # max observed position + 1
+
+
+def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int) -> ShardSurvey:
+    """Pass 0 over one shard: check, keep the observed slots, survey them."""
+    lf = scan_traces([path])
+    spill = Path(scratch) / f"{index:06d}.arrow"
+    spill.parent.mkdir(parents=True, exist_ok=True)
+    total = lf.select(pl.len()).collect().item()
+    s = ShardSurvey(path, str(spill), total, 0, [], {}, {n: np.full(MAX_K, np.inf) for n in FEATURES},
+                    {n: np.full(MAX_K, -np.inf) for n in FEATURES}, dict.fromkeys(FEATURES, 0))
+    writer = None
+    try:
+        for off in range(0, max(total, 1), rows):
+            try:
+                df = lf.slice(off, rows).collect()
+            except (pl.exceptions.PolarsError, OSError) as e:
+                raise TraceError(f"{path}: cannot read rows {off}..{off + rows - 1}: "
+                                 f"{str(e).splitlines()[0]}") from None
+            check_values(df, f"{path} (chunk from row {off})", k)
+            table = _survey_chunk(s, df.filter(pl.col("accepted").is_not_null()))
+            writer = writer or pa.ipc.new_file(str(spill), table.schema)
+            writer.write_table(table)
+    finally:
+        if writer is not None:
+            writer.close()
+    return s
+
+
+def _survey_chunk(s: ShardSurvey, obs: pl.DataFrame) -> pa.Table:
+    """Add one chunk's observed slots to the survey; -> the spill table of the chunk."""
+    ds = obs["dataset"].cast(pl.String)
+    for name in ds.unique(maintain_order=True).to_list():
+        if name not in s.dataset_names:
+            s.dataset_names.append(name)
+        s.datasets[name] = s.datasets.get(name, 0)
+    for name, n in ds.value_counts().iter_rows():
+        s.datasets[name] += n
+    s.observed += obs.height
+    s.engine_step_nulls += obs["engine_step"].null_count()
+    derived = obs.select(pl.col("position"), *(spec.expr.alias(n) for n, spec in FEATURES.items()))
+    agg = derived.group_by("position").agg(*(pl.col(n).min().alias(f"{n}.min") for n in FEATURES),
+                                           *(pl.col(n).max().alias(f"{n}.max") for n in FEATURES))
+    pos = agg["position"].to_numpy().astype(np.intp)
+    if pos.size:
+        s.num_positions = max(s.num_positions, int(pos.max()) + 1)
+    for n in FEATURES:
+        s.nulls[n] += derived[n].null_count()
+        lo, hi = agg[f"{n}.min"].to_numpy(), agg[f"{n}.max"].to_numpy()
+        ok = ~np.isnan(lo.astype(np.float64))  # all-null groups
+        s.fmin[n][pos[ok]] = np.minimum(s.fmin[n][pos[ok]], lo[ok])
+        s.fmax[n][pos[ok]] = np.maximum(s.fmax[n][pos[ok]], hi[ok])
+    code = ds.replace_strict(s.dataset_names, list(range(len(s.dataset_names))), return_dtype=pl.Int16)
+    return obs.select(pl.col("position").cast(pl.Int16), pl.col("accepted").cast(pl.Int8).alias("label"),
+                      code.alias("dataset"), *SOURCE_COLUMNS).to_arrow()
+
+
+@dataclass
+class PassWork:
+    """One pass: predict with each estimator on its feature; IRLS sums, or score sums when `score`."""
+
+    features: list[str]  # [E] feature of each estimator
+    estimators: list  # [E] estimators at their current coefficients
+    k: int
+    dataset_names: list[str]  # global dataset codes
+    score: dict | None = None  # {"n_bins", "auc_bins", "ranges": [E] (lo, hi) of logit(p)}
+    fitting: list[bool] = field(default_factory=list)
+
+
+def shard_pass(survey: ShardSurvey, work: PassWork) -> list:
+    """Map step of a pass over one shard's spill -> [E] additive sums (IrlsStats or BinnedScores)."""
+    lut = np.array([work.dataset_names.index(n) for n in survey.dataset_names] or [0], dtype=np.int64)
+    ests = [copy.deepcopy(e) for e in work.estimators]  # accumulate into private copies
+    sc = work.score
+    out = [BinnedScores.zeros(len(work.dataset_names), work.k, sc["n_bins"], lo, hi, sc["auc_bins"])
+           for lo, hi in sc["ranges"]] if sc else None
+    wanted = list(dict.fromkeys(work.features))
+    with pa.OSFile(survey.spill) as source:
+        reader = pa.ipc.open_file(source)
+        for i in range(reader.num_record_batches):
+            df = pl.from_arrow(reader.get_batch(i))
+            pos = df["position"].to_numpy().astype(np.intp)  # [n]
+            y = df["label"].to_numpy().astype(np.float64)  # [n]
+            derived = df.select(FEATURES[n].expr.alias(n) for n in wanted)
+            for j, (name, est) in enumerate(zip(work.features, ests)):
+                f = derived[name].to_numpy().astype(np.float64, copy=False)
+                p = est.predict(f, pos)
+                if out is None:
+                    est.accumulate(f, pos, p, y)
+                else:
+                    out[j].add(p, y, lut[df["dataset"].to_numpy()] * work.k + pos)
+    return out if out is not None else [e._round for e in ests]
+
+
+class LocalEngine:
+    """Runs a pass's map on this machine: shards on `workers` threads (numpy and polars release the GIL)."""
+
+    def __init__(self, workers: int = 1):
+        self.workers = workers
+
+    def map(self, fn, items: list[tuple], nodes=None) -> tuple[list, list]:
+        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+            results = list(pool.map(lambda args: fn(*args), items))
+        return results, [None] * len(items)
+
+    def cleanup(self, scratch: str, nodes) -> None:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _reduce(parts: list[list]) -> list:
+    total = parts[0]
+    for part in parts[1:]:
+        for acc, x in zip(total, part):
+            acc += x
+    return total
+
+
+def _z_range(est, fmin: np.ndarray, fmax: np.ndarray) -> tuple[float, float]:
+    """Range of logit(prediction) over the observed slots: predictions are monotone in the feature per
+    position, so the ends are the predictions at each position's feature minimum and maximum."""
+    seen = np.flatnonzero(np.isfinite(fmin))
+    p = est.predict(np.r_[fmin[seen], fmax[seen]], np.r_[seen, seen])
+    with np.errstate(divide="ignore"):
+        z = np.log(p) - np.log1p(-p)
+    z = np.clip(z, -745.0, 745.0)
+    return float(z.min()), float(z.max())
+
+
+def _merge_surveys(surveys: list[ShardSurvey], k: int | None) -> dict:
+    names = sorted({n for s in surveys for n in s.datasets})
+    num_positions = max([k or 0] + [s.num_positions for s in surveys])
+    fmin = {n: np.min([s.fmin[n] for s in surveys], axis=0)[:num_positions] for n in FEATURES}
+    fmax = {n: np.max([s.fmax[n] for s in surveys], axis=0)[:num_positions] for n in FEATURES}
+    present = [n for n in FEATURES if all(s.nulls[n] == 0 for s in surveys)]
+    datasets = {n: sum(s.datasets.get(n, 0) for s in surveys) for n in names}
+    return {"names": names, "k": num_positions, "fmin": fmin, "fmax": fmax, "present": present,
+            "datasets": datasets, "observed": sum(s.observed for s in surveys),
+            "rows": sum(s.rows for s in surveys), "step_nulls": sum(s.engine_step_nulls for s in surveys)}
+
+
+def _newton(engine, surveys, nodes, plan, ests, m, fit: FitConfig, progress) -> dict[int, list[dict]]:
+    """Batch IRLS of every fitted estimator, one pass per iteration; -> index -> trajectory rows."""
+    active = [i for i, (name, _) in enumerate(plan) if FEATURES[name].no_fit is None]
+    rows: dict[int, list[dict]] = {i: [] for i in active}
+    for it in range(fit.max_iter):
+        if not active:
+            break
+        work = PassWork([plan[i][0] for i in active], [ests[i] for i in active], m["k"], m["names"])
+        stats = _reduce(engine.map(shard_pass, [(s, work) for s in surveys], nodes)[0])
+        still = []
+        for i, st in zip(active, stats):
+            before = ests[i].coefficients()
+            applied = ests[i].batch_step(st)
+            rows[i].append(_coef_row(ests[i], it, None, True, m["observed"]))
+            if applied and np.max(np.abs(ests[i].coefficients() - before)) >= fit.tol:
+                still.append(i)
+        active = still
+        if progress is not None:
+            progress("newton iterations", it + 1, fit.max_iter)
+    return rows
+
+
+def fit_streaming(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None = None,
+                  progress: Progress | None = None, engine=None) -> FitResult:
+    """`avkit fit --mode batch` out of core: the same FitResult as `run_fit`, memory bounded by
+    `fit.memory_budget_mb` whatever the size of the traces (AUC within each row's `auc_bound`)."""
+    fit, est_cfg = fit or FitConfig(mode="batch", engine="streaming"), est_cfg or EstimatorConfig()
+    check_feature(est_cfg.feature)
+    shards = check_shards(paths)
+    engine = engine or LocalEngine(fit.workers)
+    scratch = tempfile.mkdtemp(prefix="avkit-spill-", dir=fit.scratch)
+    nodes = None
+    try:
+        items = [(str(p), i, shards.k, scratch, chunk_rows(fit)) for i, p in enumerate(shards.paths)]
+        surveys, nodes = engine.map(spill_shard, items)
+        m = _merge_surveys(surveys, shards.k)
+        if m["observed"] == 0:
+            raise TraceError(f"{', '.join(map(str, shards.paths))}: no observed labels (every `accepted` is null)")
+        plan = plan_features(fit, est_cfg, m["present"])
+        ests = [make_estimator(e, k=m["k"], config=replace(est_cfg, feature=n)) for n, e in plan]
+        rows = _newton(engine, surveys, nodes, plan, ests, m, fit, progress)
+        ranges = [_z_range(e, m["fmin"][n], m["fmax"][n]) for (n, _), e in zip(plan, ests)]
+        work = PassWork([n for n, _ in plan], ests, m["k"], m["names"],
+                        score={"n_bins": fit.n_bins, "auc_bins": fit.auc_bins, "ranges": ranges})
+        sums = _reduce(engine.map(shard_pass, [(s, work) for s in surveys], nodes)[0])
+    finally:
+        engine.cleanup(scratch, nodes)
+    scores = [{"feature": n, "lossless": FEATURES[n].lossless, "estimator": e, **row}
+              for (n, e), acc in zip(plan, sums) for row in acc.rows(m["names"])]
+    chosen = next(i for i, (n, _) in enumerate(plan) if n == est_cfg.feature)
+    doc = coefficients_doc(ests[chosen], m["k"], _trained_on(shards, m), fit, est_cfg)
+    return FitResult(doc, scores, trajectory_frame(rows[chosen]))
+
+
+def _trained_on(shards, m: dict) -> dict:
+    import json
+
+    from avkit.fit.data import _shown
+
+    meta = shards.meta
+    return {"traces": [_shown(p) for p in shards.paths], "slots": m["rows"], "observed": m["observed"],
+            "datasets": m["datasets"], "target": meta.get("avkit.target", ""), "draft": meta.get("avkit.draft", ""),
+            "round_step_column": "engine_step" if m["step_nulls"] == 0 else "engine_step, else step",
+            "synthetic_truth": json.loads(meta["avkit.synthetic"]) if "avkit.synthetic" in meta else None}
+
+
+__all__ = ["LocalEngine", "PassWork", "ShardSurvey", "chunk_rows", "fit_streaming", "shard_pass", "spill_shard"]
