@@ -14,6 +14,7 @@ from rich.table import Table
 
 from avkit.config import DEFAULT_TRACE_GLOB, EstimatorConfig, FitConfig, default_of
 from avkit.errors import ConfigError
+from avkit.trace.shards import resolve_shards
 
 DEFAULT_OUT = Path(default_of(FitConfig, "out"))
 
@@ -54,7 +55,8 @@ def register(app: typer.Typer) -> None:
     @app.command("fit")
     def fit(
         traces: Annotated[list[Path] | None, typer.Argument(
-            metavar="TRACE", help=f"trace files (default: the shipped {DEFAULT_TRACE_GLOB})",
+            metavar="TRACE", help=f"trace files, directories of them or globs: one shard per replica "
+                                  f"(default: the shipped {DEFAULT_TRACE_GLOB})",
             show_default=False)] = None,
         out: Annotated[Path, typer.Option(help="output directory")] = DEFAULT_OUT,
         mode: Annotated[str, typer.Option(help="online: replay refit rounds as live (out-of-sample scores); "
@@ -65,6 +67,17 @@ def register(app: typer.Typer) -> None:
         refit_interval: Annotated[int, typer.Option(help="engine steps per online refit round")] =
             default_of(EstimatorConfig, "refit_interval"),
         bins: Annotated[int, typer.Option(help="ECE bins")] = default_of(FitConfig, "n_bins"),
+        engine: Annotated[str, typer.Option(help="memory: all observed slots in RAM; streaming: out of core in "
+                                                  "bounded chunks (--mode batch); ray: the same passes as Ray "
+                                                  "tasks (pip install 'avkit[distributed]')")] =
+            default_of(FitConfig, "engine"),
+        address: Annotated[str | None, typer.Option(help="--engine ray: cluster address (default: start a "
+                                                         "local cluster)", show_default=False)] = None,
+        memory_budget: Annotated[int, typer.Option(help="--engine streaming/ray: MB of memory to stay under")] =
+            default_of(FitConfig, "memory_budget_mb"),
+        scratch: Annotated[Path | None, typer.Option(help="--engine streaming/ray: directory for the spilled "
+                                                         "observed slots (default: system temp)",
+                                                     show_default=False)] = None,
         hvd: Annotated[bool, typer.Option("--hvd", help="also replay the traces' generations tables for Hybrid "
                                           "Verified Decoding: payoff MLP, tau, routers -> OUT/hvd")] = False,
     ):
@@ -72,11 +85,12 @@ def register(app: typer.Typer) -> None:
         trajectory.parquet into --out (atomically; nothing is written on bad input)."""
         from avkit.fit import run_fit, write_fit_outputs
 
-        config = FitConfig(mode=mode, n_bins=bins, out=str(out))
+        config = FitConfig(mode=mode, n_bins=bins, out=str(out), engine=engine, address=address,
+                           memory_budget_mb=memory_budget, scratch=None if scratch is None else str(scratch))
         est_cfg = EstimatorConfig(feature=feature, refit_interval=refit_interval)
         if out.exists() and not out.is_dir():
             raise ConfigError(f"--out {out}: exists and is not a directory")
-        paths = list(traces) if traces else shipped_traces()
+        paths = resolve_shards(traces) if traces else shipped_traces()
         console = Console(stderr=True)
         with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
             tasks: dict[str, int] = {}

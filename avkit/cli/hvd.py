@@ -14,6 +14,7 @@ from rich.table import Table
 
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig, default_of
 from avkit.errors import ConfigError, ModelError
+from avkit.trace.shards import resolve_shards
 
 
 def greedy_traces(root: Path = Path("traces")) -> list[Path]:
@@ -98,7 +99,7 @@ def register(app: typer.Typer) -> None:
             result = fit_hvd_generations(synthetic_generations(synthetic, seed=seed), out, **kw)
             title = f"HVD replay on {synthetic} synthetic generations"
         else:
-            paths = list(traces) if traces else greedy_traces()
+            paths = resolve_shards(traces) if traces else greedy_traces()
             result = fit_hvd(paths, out, tokenizer=tokenizer or tokenizer_for(paths), **kw)
             title = "HVD replay on " + ", ".join(p.name for p in paths)
         if markdown is not None:

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from avkit.config import DEFAULT_TRACE_GLOB, SimulateConfig, default_of
 from avkit.errors import ConfigError
+from avkit.trace.shards import check_shards
 
 
 def _d(name: str):
@@ -59,7 +60,8 @@ def render(df, console: Console) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate(
-        traces: Annotated[list[Path] | None, typer.Argument(help="trace files (default: traces/*.parquet)")] = None,
+        traces: Annotated[list[Path] | None, typer.Argument(
+            help="trace files, directories of them or globs (default: traces/*.parquet)")] = None,
         cost: Annotated[str, typer.Option(help="cost table JSON (avkit profile) or roofline:GPU:TARGET[:DRAFT]"
                                                "[:context=N,drafter=parallel]")] = _d("cost"),
         concurrency: Annotated[str, typer.Option(help="comma-separated concurrencies")] =
@@ -82,7 +84,7 @@ def register(app: typer.Typer) -> None:
 
         config = SimulateConfig(concurrency=parse_ints("concurrency", concurrency), cost=cost, out=out, waves=waves)
         table = resolve_cost(config.cost)
-        paths = [str(p) for p in traces] if traces else shipped_traces()
+        paths = [str(p) for p in check_shards(traces).paths] if traces else shipped_traces()
         console = Console(stderr=True)
         steps = load_steps(paths)
         specs = [s.strip() for s in policies.split(",") if s.strip()] if policies else default_policies(steps, config)

@@ -46,7 +46,7 @@ def _expand(spec: Path) -> list[Path]:
         if not found:
             raise TraceError(f"TRACE {spec}: glob matches no trace files")
         return found
-    raise TraceError(f"TRACE {spec}: no such file, directory or glob match")
+    raise TraceError(f"{spec}: no such trace file, directory or glob match")
 
 
 def resolve_shards(specs: Iterable[str | Path]) -> list[Path]:
