@@ -183,7 +183,7 @@ class LocalEngine:
 
 
 def _reduce(parts: list[list]) -> list:
-    total = parts[0]
+    total = copy.deepcopy(parts[0])  # results from an object store are read-only
     for part in parts[1:]:
         for acc, x in zip(total, part):
             acc += x
@@ -243,6 +243,8 @@ def fit_streaming(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig 
     check_feature(est_cfg.feature)
     shards = check_shards(paths)
     engine = engine or LocalEngine(fit.workers)
+    if fit.scratch is not None:
+        Path(fit.scratch).mkdir(parents=True, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix="avkit-spill-", dir=fit.scratch)
     nodes = None
     try:

@@ -11,12 +11,15 @@ AUC from the histogram counts a positive/negative pair in different bins exactly
 one bin as a tie (1/2):
   AUC_hist = sum_b pos_b (neg_{<b} + neg_b / 2) / (P N)
 A pair in one bin is a win, a loss or a tie of the exact AUC, each 1/2 away from the tie it was
-counted as, so
-  |AUC_hist - AUC| <= bound = sum_b pos_b neg_b / (2 P N)
-which the same counts give; every row carries it as `auc_bound`. With B = 2^16 bins over the
-logit range of the predictions, smooth score distributions give bounds of ~1e-5 (tested below
-1e-4). Predictions that tie exactly (e.g. a feature clamped at its limit) fall in one bin and
-count in the bound although they cost no error: the bound is conservative there.
+counted as; but pairs of EQUAL predictions are true ties, counted exactly (a feature clamped at
+its limit puts a block of equal predictions in one bin). Each bin keeps one of its values, `ref`
+(the first seen: in a bin with a block of ties, most likely a member of the block), and counts
+the negatives and positives equal to it (`eq`), so
+  |AUC_hist - AUC| <= bound = sum_b (pos_b neg_b - eqpos_b eqneg_b) / (2 P N)
+which the same sums give; every row carries it as `auc_bound`. Sums with different `ref` in a bin
+keep the larger block's count (the bound stays valid, only less tight). With B = 2^16 bins over
+the logit range of the predictions, smooth score distributions give bounds of ~1e-5 (tested
+below 1e-4 with 5% of the predictions tied).
 """
 
 from __future__ import annotations
@@ -31,15 +34,19 @@ from avkit.metrics.table import additive_sums, scope_rows
 DEFAULT_AUC_BINS = 1 << 16
 
 
-def auc_from_histogram(hist: np.ndarray) -> tuple[float, float]:
-    """[2, B] counts (negatives, positives) per ascending rank bin -> (AUC, error bound); nan if one class."""
+def auc_from_histogram(hist: np.ndarray, eq: np.ndarray | None = None) -> tuple[float, float]:
+    """[2, B] counts (negatives, positives) per ascending rank bin and [2, B] counts of each bin's
+    tied block (None: no ties known) -> (AUC, error bound); nan if one class."""
     neg, pos = hist[0].astype(np.float64), hist[1].astype(np.float64)  # [B]
     total_pos, total_neg = pos.sum(), neg.sum()
     if total_pos == 0 or total_neg == 0:
         return float("nan"), float("nan")
     below = np.cumsum(neg) - neg  # [B] negatives in lower bins
     pairs = total_pos * total_neg
-    return float(np.dot(pos, below + 0.5 * neg) / pairs), float(np.dot(pos, neg) / (2.0 * pairs))
+    within = pos * neg  # [B] pairs in one bin ...
+    if eq is not None:
+        within = within - eq[0].astype(np.float64) * eq[1]  # ... less the true ties among them
+    return float(np.dot(pos, below + 0.5 * neg) / pairs), float(within.sum() / (2.0 * pairs))
 
 
 @dataclass
@@ -51,12 +58,15 @@ class BinnedScores:
     nll: np.ndarray  # [D, K] float64
     table: np.ndarray  # [3, D, K, n_bins] float64
     hist: np.ndarray  # [D, K, 2, B] int64
+    ref: np.ndarray  # [D, K, B] float64: one value z of the bin (nan: empty)
+    eq: np.ndarray  # [D, K, 2, B] int64: negatives / positives whose z equals `ref`
 
     @classmethod
     def zeros(cls, d: int, k: int, n_bins: int, lo: float, hi: float,
               auc_bins: int = DEFAULT_AUC_BINS) -> BinnedScores:
         hi = hi if hi > lo else lo + 1.0  # one distinct value: any positive width
         return cls(float(lo), float(hi), np.zeros((d, k)), np.zeros((3, d, k, n_bins)),
+                   np.zeros((d, k, 2, auc_bins), dtype=np.int64), np.full((d, k, auc_bins), np.nan),
                    np.zeros((d, k, 2, auc_bins), dtype=np.int64))
 
     def add(self, p: np.ndarray, y: np.ndarray, group: np.ndarray) -> None:
@@ -71,6 +81,13 @@ class BinnedScores:
         b = np.clip((z - self.lo) * scale, 0, nb - 1).astype(np.int64)  # [N] rank bin
         key = (group * 2 + y.astype(np.int64)) * nb + b  # [N] (group, label, bin)
         self.hist += np.bincount(key, minlength=d * k * 2 * nb).reshape(self.hist.shape)
+        cell = group * nb + b  # [N] (group, bin)
+        ref = self.ref.reshape(-1)  # view
+        empty = np.isnan(ref[cell])
+        first = np.unique(cell[empty], return_index=True)[1]  # first row of each newly filled bin
+        ref[cell[empty][first]] = z[empty][first]
+        same = z == ref[cell]  # [N]
+        self.eq += np.bincount(key[same], minlength=d * k * 2 * nb).reshape(self.eq.shape)
 
     def __iadd__(self, other: BinnedScores) -> Self:
         if (other.lo, other.hi, other.hist.shape) != (self.lo, self.hi, self.hist.shape):
@@ -78,17 +95,31 @@ class BinnedScores:
         self.nll += other.nll
         self.table += other.table
         self.hist += other.hist
+        mine, theirs = self.eq.sum(2), other.eq.sum(2)  # [D, K, B] tied block sizes
+        same = self.ref == other.ref
+        take = np.isnan(self.ref) | (~same & ~np.isnan(other.ref) & (theirs > mine))  # keep the larger block
+        self.eq = np.where(same[:, :, None], self.eq + other.eq, np.where(take[:, :, None], other.eq, self.eq))
+        self.ref = np.where(take, other.ref, self.ref)
         return self
+
+    def _scope(self, groups: tuple) -> tuple[float, float]:
+        """AUC and bound of the union of the (dataset, position) groups selected by `groups` (an index)."""
+        b = self.hist.shape[-1]
+        hist = self.hist[groups].reshape(-1, 2, b)  # [G, 2, B]
+        ref, eq = self.ref[groups].reshape(-1, b), self.eq[groups].reshape(-1, 2, b)  # [G, B], [G, 2, B]
+        top = np.take_along_axis(ref, eq.sum(1).argmax(0)[None], 0)  # [1, B] ref of the largest block
+        eq = (eq * (ref == top)[:, None]).sum(0)  # [2, B] the blocks tied at that value
+        return auc_from_histogram(hist.sum(0), eq)
 
     def rows(self, names: list[str]) -> list[dict]:
         """Rows {scope, auc, log_loss, ece, n, auc_bound} for the standard scopes (metrics/table.py)."""
-        h = self.hist
-        scopes = {"all": h.sum((0, 1)), "all_but_first": h[:, 1:].sum((0, 1))}
-        scopes |= {f"position={i}": h[:, i].sum(0) for i in range(h.shape[1])}
-        scopes |= {f"dataset={n}": h[j].sum(0) for j, n in enumerate(names)}
-        res = {scope: auc_from_histogram(x) for scope, x in scopes.items()}
+        k = self.hist.shape[1]
+        scopes = {"all": np.s_[:, :], "all_but_first": np.s_[:, 1:]}
+        scopes |= {f"position={i}": np.s_[:, i:i + 1] for i in range(k)}
+        scopes |= {f"dataset={n}": np.s_[j:j + 1, :] for j, n in enumerate(names)}
+        res = {scope: self._scope(index) for scope, index in scopes.items()}
         aucs = {"all": res["all"][0], "all_but_first": res["all_but_first"][0],
-                "position": [res[f"position={i}"][0] for i in range(h.shape[1])],
+                "position": [res[f"position={i}"][0] for i in range(k)],
                 "dataset": [res[f"dataset={n}"][0] for n in names]}
         return scope_rows(self.nll, self.table, names, aucs, extra=lambda s: {"auc_bound": res[s][1]})
 
