@@ -119,9 +119,17 @@ class RayEngine:
         _remove(scratch)
 
 
-def _shard(args: tuple) -> str:
-    first = args[0]
-    return str(getattr(first, "path", first))
+def _shard(args) -> str:
+    """The shard a task's arguments name: a survey's path, or a path string."""
+    if hasattr(args, "path"):
+        return str(args.path)
+    if isinstance(args, str):
+        return args
+    if isinstance(args, tuple):
+        for a in args:
+            if (found := _shard(a)) != "?":
+                return found
+    return "?"
 
 
 def fit_ray(paths, fit, est_cfg=None, progress=None, **engine_kw):
