@@ -20,6 +20,7 @@ existing cluster, whose workers must have avkit installed and see the trace path
 
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 
@@ -101,7 +102,8 @@ class RayEngine:
                     ray.cancel(r)
                 raise AvkitError(f"ray: task on shard {_shard(args)} failed after {self.max_retries} "
                                  f"retries: {type(e).__name__}: {str(e).splitlines()[0]}") from None
-        return [r for _, r in out], [n for n, _ in out]
+        # arrays from the object store are read-only views: copy what the driver will add into
+        return [copy.deepcopy(r) for _, r in out], [n for n, _ in out]
 
     def cleanup(self, scratch: str, nodes) -> None:
         """Remove the spill directory on every node that wrote to it (and here)."""

@@ -3,9 +3,11 @@
 Glossary:
   shard   one trace file (a replica's run): the unit of work of every pass
   spill   pass 0 reads each shard once, `chunk_rows` rows at a time, checks every value
-          (`reader.check_values`), and appends the observed slots' raw feature columns to an
-          uncompressed Arrow IPC file in a scratch directory; later passes read it back batch by
-          batch (no decompression, no unobserved rows: far cheaper than re-reading the Parquet)
+          (`reader.check_values`), derives every feature (float64, the same polars expressions
+          as the in-memory fit) of the observed slots, sorts each chunk by position and writes
+          one raw array file per column and chunk into a scratch directory; later passes read
+          back only the columns they need (no decompression, no unobserved rows) and sum each
+          position's rows as one contiguous segment (`irls.segment_stats`: BLAS dots)
   survey  what pass 0 learns about a shard: rows, observed rows, dataset counts, per-position
           minimum and maximum of every feature (the AUC histogram's range), null counts
   pass    a map over shards of a function of one shard's chunks that returns additive sums,
@@ -23,7 +25,7 @@ temporaries of one row; measured with `bench/fit.py --scale`).
 
 from __future__ import annotations
 
-import copy
+import itertools
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -33,19 +35,19 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 
 from avkit.config import EstimatorConfig, FitConfig
 from avkit.errors import TraceError
 from avkit.estimators import make_estimator
+from avkit.estimators.irls import IrlsStats, segment_stats
 from avkit.features import FEATURES
+from avkit.fit.data import TRACE_COLUMNS, _shown
 from avkit.fit.replay import _coef_row, trajectory_frame
 from avkit.fit.run import FitResult, check_feature, coefficients_doc, plan_features
 from avkit.metrics.binned import BinnedScores
 from avkit.trace.reader import check_values, scan_traces
 from avkit.trace.shards import check_shards
 
-SOURCE_COLUMNS = ("q_max", "q_2nd", "q_sampled", "entropy", "logit_qmax", "head_conf")  # features' inputs
 MAX_K = 64  # positions a survey can hold before K is known (traces without avkit.k)
 BYTES_PER_ROW = 1024  # working memory per chunk row (all trace columns read and checked in pass 0)
 FIXED_MB = 512  # interpreter, libraries, score histograms
@@ -64,7 +66,7 @@ class ShardSurvey:
     """What pass 0 learned about one shard (small: travels back from a worker)."""
 
     path: str
-    spill: str  # Arrow IPC file of the observed slots
+    spill: str  # directory of the spilled columns: c{chunk}.{column}
     rows: int
     observed: int
     dataset_names: list[str]  # the spill's dataset codes index this list
@@ -74,41 +76,39 @@ class ShardSurvey:
     nulls: dict[str, int]  # feature -> observed slots where it is null
     engine_step_nulls: int = 0
     num_positions: int = 0  # max observed position + 1
+    chunks: list[np.ndarray] = field(default_factory=list)  # [C] x [MAX_K] observed slots per position
+
+    def column(self, chunk: int, name: str, dtype) -> np.ndarray:
+        return np.fromfile(Path(self.spill) / f"c{chunk}.{name}", dtype=dtype)
 
 
 def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int) -> ShardSurvey:
     """Pass 0 over one shard: check, keep the observed slots, survey them."""
-    lf = scan_traces([path])
-    spill = Path(scratch) / f"{index:06d}.arrow"
-    spill.parent.mkdir(parents=True, exist_ok=True)
+    lf = scan_traces([path]).select(*TRACE_COLUMNS)  # the columns (and so the checks) of the in-memory fit
+    spill = Path(scratch) / f"{index:06d}"
+    shutil.rmtree(spill, ignore_errors=True)  # a rerun (retried task) starts afresh
+    spill.mkdir(parents=True)
     total = lf.select(pl.len()).collect().item()
     s = ShardSurvey(path, str(spill), total, 0, [], {}, {n: np.full(MAX_K, np.inf) for n in FEATURES},
                     {n: np.full(MAX_K, -np.inf) for n in FEATURES}, dict.fromkeys(FEATURES, 0))
-    writer = None
-    try:
-        for off in range(0, max(total, 1), rows):
-            try:
-                df = lf.slice(off, rows).collect()
-            except (pl.exceptions.PolarsError, OSError) as e:
-                raise TraceError(f"{path}: cannot read rows {off}..{off + rows - 1}: "
-                                 f"{str(e).splitlines()[0]}") from None
-            check_values(df, f"{path} (chunk from row {off})", k)
-            table = _survey_chunk(s, df.filter(pl.col("accepted").is_not_null()))
-            writer = writer or pa.ipc.new_file(str(spill), table.schema)
-            writer.write_table(table)
-    finally:
-        if writer is not None:
-            writer.close()
+    for off in range(0, total, rows):
+        try:
+            df = lf.slice(off, rows).collect()
+        except (pl.exceptions.PolarsError, OSError) as e:
+            raise TraceError(f"{path}: cannot read rows {off}..{off + rows - 1}: "
+                             f"{str(e).splitlines()[0]}") from None
+        check_values(df, f"{path} (chunk from row {off})", k)
+        _survey_chunk(s, df.filter(pl.col("accepted").is_not_null()).sort("position", maintain_order=True))
     return s
 
 
-def _survey_chunk(s: ShardSurvey, obs: pl.DataFrame) -> pa.Table:
-    """Add one chunk's observed slots to the survey; -> the spill table of the chunk."""
+def _survey_chunk(s: ShardSurvey, obs: pl.DataFrame) -> None:
+    """Add one chunk's observed slots (sorted by position) to the survey and spill them."""
     ds = obs["dataset"].cast(pl.String)
     for name in ds.unique(maintain_order=True).to_list():
         if name not in s.dataset_names:
             s.dataset_names.append(name)
-        s.datasets[name] = s.datasets.get(name, 0)
+            s.datasets[name] = 0
     for name, n in ds.value_counts().iter_rows():
         s.datasets[name] += n
     s.observed += obs.height
@@ -119,15 +119,19 @@ def _survey_chunk(s: ShardSurvey, obs: pl.DataFrame) -> pa.Table:
     pos = agg["position"].to_numpy().astype(np.intp)
     if pos.size:
         s.num_positions = max(s.num_positions, int(pos.max()) + 1)
+    c = len(s.chunks)
+    s.chunks.append(np.bincount(obs["position"].to_numpy(), minlength=MAX_K))
+    out = Path(s.spill)
     for n in FEATURES:
         s.nulls[n] += derived[n].null_count()
         lo, hi = agg[f"{n}.min"].to_numpy(), agg[f"{n}.max"].to_numpy()
         ok = ~np.isnan(lo.astype(np.float64))  # all-null groups
         s.fmin[n][pos[ok]] = np.minimum(s.fmin[n][pos[ok]], lo[ok])
         s.fmax[n][pos[ok]] = np.maximum(s.fmax[n][pos[ok]], hi[ok])
+        derived[n].to_numpy().astype(np.float64).tofile(out / f"c{c}.{n}")  # nulls become nan
     code = ds.replace_strict(s.dataset_names, list(range(len(s.dataset_names))), return_dtype=pl.Int16)
-    return obs.select(pl.col("position").cast(pl.Int16), pl.col("accepted").cast(pl.Int8).alias("label"),
-                      code.alias("dataset"), *SOURCE_COLUMNS).to_arrow()
+    code.to_numpy().tofile(out / f"c{c}.dataset")
+    obs["accepted"].cast(pl.Int8).to_numpy().tofile(out / f"c{c}.label")
 
 
 @dataclass
@@ -144,27 +148,30 @@ class PassWork:
 
 def shard_pass(survey: ShardSurvey, work: PassWork) -> list:
     """Map step of a pass over one shard's spill -> [E] additive sums (IrlsStats or BinnedScores)."""
+    k, sc = work.k, work.score
     lut = np.array([work.dataset_names.index(n) for n in survey.dataset_names] or [0], dtype=np.int64)
-    ests = [copy.deepcopy(e) for e in work.estimators]  # accumulate into private copies
-    sc = work.score
-    out = [BinnedScores.zeros(len(work.dataset_names), work.k, sc["n_bins"], lo, hi, sc["auc_bins"])
-           for lo, hi in sc["ranges"]] if sc else None
-    wanted = list(dict.fromkeys(work.features))
-    with pa.OSFile(survey.spill) as source:
-        reader = pa.ipc.open_file(source)
-        for i in range(reader.num_record_batches):
-            df = pl.from_arrow(reader.get_batch(i))
-            pos = df["position"].to_numpy().astype(np.intp)  # [n]
-            y = df["label"].to_numpy().astype(np.float64)  # [n]
-            derived = df.select(FEATURES[n].expr.alias(n) for n in wanted)
-            for j, (name, est) in enumerate(zip(work.features, ests)):
-                f = derived[name].to_numpy().astype(np.float64, copy=False)
-                p = est.predict(f, pos)
-                if out is None:
-                    est.accumulate(f, pos, p, y)
-                else:
-                    out[j].add(p, y, lut[df["dataset"].to_numpy()] * work.k + pos)
-    return out if out is not None else [e._round for e in ests]
+    out = [BinnedScores.zeros(len(work.dataset_names), k, sc["n_bins"], lo, hi, sc["auc_bins"])
+           for lo, hi in sc["ranges"]] if sc else [IrlsStats.zeros(k) for _ in work.estimators]
+    for c, counts in enumerate(survey.chunks):
+        counts = counts[:k]  # [K] rows are sorted by position
+        bounds = np.r_[0, np.cumsum(counts)]  # [K + 1]
+        pos = np.repeat(np.arange(k), counts)  # [n]
+        y = survey.column(c, "label", np.int8).astype(np.float64)  # [n]
+        group = lut[survey.column(c, "dataset", np.int16)] * k + pos if sc else None  # [n]
+        cache: dict[str, np.ndarray] = {}
+        for j, (name, est) in enumerate(zip(work.features, work.estimators)):
+            if name not in cache:
+                cache[name] = survey.column(c, name, np.float64)  # [n]
+            f = cache[name]
+            p = est.predict(f, pos)  # [n] at the current coefficients
+            if sc:
+                out[j].add(p, y, group)
+                continue
+            fo = FEATURES[name].sign * f  # oriented as the estimator fits it
+            sums = [segment_stats(fo[lo:hi], fo[lo:hi] ** 2, y[lo:hi], p[lo:hi])
+                    for lo, hi in itertools.pairwise(bounds)]
+            out[j] += IrlsStats.from_segments(sums, counts)
+    return out
 
 
 class LocalEngine:
@@ -183,7 +190,7 @@ class LocalEngine:
 
 
 def _reduce(parts: list[list]) -> list:
-    total = copy.deepcopy(parts[0])  # results from an object store are read-only
+    total = parts[0]
     for part in parts[1:]:
         for acc, x in zip(total, part):
             acc += x
@@ -271,8 +278,6 @@ def fit_streaming(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig 
 
 def _trained_on(shards, m: dict) -> dict:
     import json
-
-    from avkit.fit.data import _shown
 
     meta = shards.meta
     return {"traces": [_shown(p) for p in shards.paths], "slots": m["rows"], "observed": m["observed"],

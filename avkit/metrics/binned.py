@@ -13,7 +13,8 @@ one bin as a tie (1/2):
 A pair in one bin is a win, a loss or a tie of the exact AUC, each 1/2 away from the tie it was
 counted as; but pairs of EQUAL predictions are true ties, counted exactly (a feature clamped at
 its limit puts a block of equal predictions in one bin). Each bin keeps one of its values, `ref`
-(the first seen: in a bin with a block of ties, most likely a member of the block), and counts
+(any one of the first chunk that reaches the bin: where a block of ties sits, most
+likely a member of it), and counts
 the negatives and positives equal to it (`eq`), so
   |AUC_hist - AUC| <= bound = sum_b (pos_b neg_b - eqpos_b eqneg_b) / (2 P N)
 which the same sums give; every row carries it as `auc_bound`. Sums with different `ref` in a bin
@@ -84,8 +85,7 @@ class BinnedScores:
         cell = group * nb + b  # [N] (group, bin)
         ref = self.ref.reshape(-1)  # view
         empty = np.isnan(ref[cell])
-        first = np.unique(cell[empty], return_index=True)[1]  # first row of each newly filled bin
-        ref[cell[empty][first]] = z[empty][first]
+        ref[cell[empty]] = z[empty]  # one of the values of each newly filled bin
         same = z == ref[cell]  # [N]
         self.eq += np.bincount(key[same], minlength=d * k * 2 * nb).reshape(self.eq.shape)
 
