@@ -37,7 +37,11 @@ MEMORY_BYTES_PER_SLOT = 200  # in-memory fit: observed columns + features + pred
 
 def _tree_rss(proc: psutil.Process) -> int:
     total = 0
-    for p in [proc, *proc.children(recursive=True)]:
+    try:
+        tree = [proc, *proc.children(recursive=True)]
+    except psutil.Error:  # the child has just exited
+        return 0
+    for p in tree:
         try:
             total += p.memory_info().rss
         except psutil.Error:
@@ -115,14 +119,19 @@ def run_scale(sizes: list[int], engines: list[str], scratch: str, budget_mb: int
                            abs(a - b) for a, b in zip(res["intercepts"], ref["intercepts"]))),
                        "auc_diff_vs_first": abs(res["auc"] - ref["auc"])}
                 rows.append(row)
+                _save(out, cores, budget_mb, rows)  # after every row: a long run keeps what it measured
                 print(f"{'':>12}  {engine:9s} {res['wall_s']:7.1f} s  {row['slots_per_s'] / 1e6:6.2f} M slots/s "
                       f"({row['slots_per_s_per_core'] / 1e6:.2f} per core)  peak {row['peak_rss_mb']:7.0f} MB  "
                       f"coef diff {row['max_coef_diff_vs_first']:.1e}", flush=True)
+    _save(out, cores, budget_mb, rows)
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
+
+
+def _save(out: Path, cores: int, budget_mb: int, rows: list[dict]) -> None:
     doc = {"cores": cores, "budget_mb": budget_mb, "load_avg_1m": os.getloadavg()[0],
            "date": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}
     _write(out.with_suffix(".json"), json.dumps(doc, indent=2) + "\n")
     _write(out.with_suffix(".md"), _markdown(doc))
-    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
 
 
 def _markdown(doc: dict) -> str:

@@ -16,7 +16,7 @@ from avkit.config import FitConfig, SyntheticConfig
 from avkit.errors import ConfigError, TraceError
 from avkit.fit import run_fit
 from avkit.fit.streaming import chunk_rows
-from avkit.metrics.binned import BinnedScores, auc_from_histogram
+from avkit.metrics.binned import BinnedScores, auc_from_histogram, logit, quantile_edges
 from avkit.trace.synthetic import synthetic_trace, write_synthetic_trace
 
 
@@ -112,7 +112,7 @@ def test_binned_auc_is_within_its_bound_of_the_exact_auc(seed):
     y = (rng.uniform(size=n) < 1 / (1 + np.exp(-(0.8 * z + 0.3)))).astype(float)
     group = rng.integers(0, 3, n)
     for bins in (64, 1 << 16):
-        acc = BinnedScores.zeros(1, 3, 10, z.min(), z.max(), auc_bins=bins)
+        acc = BinnedScores.zeros(1, 3, 10, quantile_edges(logit(p[rng.integers(0, n, 1 << 17)]), bins))
         for lo in range(0, n, 70_000):  # chunks add up
             acc.add(p[lo:lo + 70_000], y[lo:lo + 70_000], group[lo:lo + 70_000])
         auc, bound = acc._scope(np.s_[:, :])

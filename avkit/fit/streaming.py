@@ -8,8 +8,9 @@ Glossary:
           one raw array file per column and chunk into a scratch directory; later passes read
           back only the columns they need (no decompression, no unobserved rows) and sum each
           position's rows as one contiguous segment (`irls.segment_stats`: BLAS dots)
-  survey  what pass 0 learns about a shard: rows, observed rows, dataset counts, per-position
-          minimum and maximum of every feature (the AUC histogram's range), null counts
+  survey  what pass 0 learns about a shard: rows, observed rows, dataset counts, null counts,
+          and a uniform sample of its observed slots (the AUC histogram's bin edges are
+          quantiles of the predictions on the samples: metrics/binned.py)
   pass    a map over shards of a function of one shard's chunks that returns additive sums,
           then a reduce (+=) on the driver. An engine runs the map: `LocalEngine` on this
           machine's threads, `RayEngine` (fit/distributed.py) as tasks on a Ray cluster; the
@@ -44,10 +45,11 @@ from avkit.features import FEATURES
 from avkit.fit.data import TRACE_COLUMNS, _shown
 from avkit.fit.replay import _coef_row, trajectory_frame
 from avkit.fit.run import FitResult, check_feature, coefficients_doc, plan_features
-from avkit.metrics.binned import BinnedScores
+from avkit.metrics.binned import BinnedScores, logit, quantile_edges
 from avkit.trace.reader import check_values, scan_traces
 from avkit.trace.shards import check_shards
 
+SAMPLE_SLOTS = 1 << 21  # observed slots sampled over all shards in pass 0: the AUC bins' quantiles
 MAX_K = 64  # positions a survey can hold before K is known (traces without avkit.k)
 BYTES_PER_ROW = 1024  # working memory per chunk row (all trace columns read and checked in pass 0)
 FIXED_MB = 512  # interpreter, libraries, score histograms
@@ -71,26 +73,26 @@ class ShardSurvey:
     observed: int
     dataset_names: list[str]  # the spill's dataset codes index this list
     datasets: dict[str, int]  # name -> observed slots
-    fmin: dict[str, np.ndarray]  # feature -> [MAX_K] min over observed slots per position (+inf: none)
-    fmax: dict[str, np.ndarray]  # feature -> [MAX_K] max
+    sample: dict[str, np.ndarray]  # feature -> [S] a uniform sample of the observed slots (AUC bin edges)
     nulls: dict[str, int]  # feature -> observed slots where it is null
     engine_step_nulls: int = 0
     num_positions: int = 0  # max observed position + 1
     chunks: list[np.ndarray] = field(default_factory=list)  # [C] x [MAX_K] observed slots per position
+    sample_positions: list[np.ndarray] = field(default_factory=list)  # [S] positions of the sample
 
     def column(self, chunk: int, name: str, dtype) -> np.ndarray:
         return np.fromfile(Path(self.spill) / f"c{chunk}.{name}", dtype=dtype)
 
 
-def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int) -> ShardSurvey:
+def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int, sample: int) -> ShardSurvey:
     """Pass 0 over one shard: check, keep the observed slots, survey them."""
     lf = scan_traces([path]).select(*TRACE_COLUMNS)  # the columns (and so the checks) of the in-memory fit
     spill = Path(scratch) / f"{index:06d}"
     shutil.rmtree(spill, ignore_errors=True)  # a rerun (retried task) starts afresh
     spill.mkdir(parents=True)
     total = lf.select(pl.len()).collect().item()
-    s = ShardSurvey(path, str(spill), total, 0, [], {}, {n: np.full(MAX_K, np.inf) for n in FEATURES},
-                    {n: np.full(MAX_K, -np.inf) for n in FEATURES}, dict.fromkeys(FEATURES, 0))
+    s = ShardSurvey(path, str(spill), total, 0, [], {}, {n: [] for n in FEATURES}, dict.fromkeys(FEATURES, 0))
+    rng = np.random.default_rng(index)  # the sample is a function of the shard: reruns agree
     for off in range(0, total, rows):
         try:
             df = lf.slice(off, rows).collect()
@@ -98,11 +100,14 @@ def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int) -
             raise TraceError(f"{path}: cannot read rows {off}..{off + rows - 1}: "
                              f"{str(e).splitlines()[0]}") from None
         check_values(df, f"{path} (chunk from row {off})", k)
-        _survey_chunk(s, df.filter(pl.col("accepted").is_not_null()).sort("position", maintain_order=True))
+        _survey_chunk(s, df.filter(pl.col("accepted").is_not_null()).sort("position", maintain_order=True),
+                      rng, sample / max(total, 1))
+    s.sample = {n: np.concatenate(v) for n, v in s.sample.items()}
+    s.sample_positions = np.concatenate(s.sample_positions)
     return s
 
 
-def _survey_chunk(s: ShardSurvey, obs: pl.DataFrame) -> None:
+def _survey_chunk(s: ShardSurvey, obs: pl.DataFrame, rng: np.random.Generator, rate: float) -> None:
     """Add one chunk's observed slots (sorted by position) to the survey and spill them."""
     ds = obs["dataset"].cast(pl.String)
     for name in ds.unique(maintain_order=True).to_list():
@@ -113,22 +118,20 @@ def _survey_chunk(s: ShardSurvey, obs: pl.DataFrame) -> None:
         s.datasets[name] += n
     s.observed += obs.height
     s.engine_step_nulls += obs["engine_step"].null_count()
-    derived = obs.select(pl.col("position"), *(spec.expr.alias(n) for n, spec in FEATURES.items()))
-    agg = derived.group_by("position").agg(*(pl.col(n).min().alias(f"{n}.min") for n in FEATURES),
-                                           *(pl.col(n).max().alias(f"{n}.max") for n in FEATURES))
-    pos = agg["position"].to_numpy().astype(np.intp)
+    derived = obs.select(*(spec.expr.alias(n) for n, spec in FEATURES.items()))
+    pos = obs["position"].to_numpy()
     if pos.size:
-        s.num_positions = max(s.num_positions, int(pos.max()) + 1)
+        s.num_positions = max(s.num_positions, int(pos[-1]) + 1)  # sorted
     c = len(s.chunks)
-    s.chunks.append(np.bincount(obs["position"].to_numpy(), minlength=MAX_K))
+    s.chunks.append(np.bincount(pos, minlength=MAX_K))
+    pick = rng.random(obs.height) < rate  # [n] the chunk's share of the shard's sample
+    s.sample_positions.append(pos[pick])
     out = Path(s.spill)
     for n in FEATURES:
         s.nulls[n] += derived[n].null_count()
-        lo, hi = agg[f"{n}.min"].to_numpy(), agg[f"{n}.max"].to_numpy()
-        ok = ~np.isnan(lo.astype(np.float64))  # all-null groups
-        s.fmin[n][pos[ok]] = np.minimum(s.fmin[n][pos[ok]], lo[ok])
-        s.fmax[n][pos[ok]] = np.maximum(s.fmax[n][pos[ok]], hi[ok])
-        derived[n].to_numpy().astype(np.float64).tofile(out / f"c{c}.{n}")  # nulls become nan
+        values = derived[n].to_numpy().astype(np.float64)  # nulls become nan
+        values.tofile(out / f"c{c}.{n}")
+        s.sample[n].append(values[pick])
     code = ds.replace_strict(s.dataset_names, list(range(len(s.dataset_names))), return_dtype=pl.Int16)
     code.to_numpy().tofile(out / f"c{c}.dataset")
     obs["accepted"].cast(pl.Int8).to_numpy().tofile(out / f"c{c}.label")
@@ -142,7 +145,7 @@ class PassWork:
     estimators: list  # [E] estimators at their current coefficients
     k: int
     dataset_names: list[str]  # global dataset codes
-    score: dict | None = None  # {"n_bins", "auc_bins", "ranges": [E] (lo, hi) of logit(p)}
+    score: dict | None = None  # {"n_bins", "edges": [E] AUC bin edges of logit(p)}
     fitting: list[bool] = field(default_factory=list)
 
 
@@ -150,8 +153,8 @@ def shard_pass(survey: ShardSurvey, work: PassWork) -> list:
     """Map step of a pass over one shard's spill -> [E] additive sums (IrlsStats or BinnedScores)."""
     k, sc = work.k, work.score
     lut = np.array([work.dataset_names.index(n) for n in survey.dataset_names] or [0], dtype=np.int64)
-    out = [BinnedScores.zeros(len(work.dataset_names), k, sc["n_bins"], lo, hi, sc["auc_bins"])
-           for lo, hi in sc["ranges"]] if sc else [IrlsStats.zeros(k) for _ in work.estimators]
+    out = [BinnedScores.zeros(len(work.dataset_names), k, sc["n_bins"], edges) for edges in sc["edges"]] \
+        if sc else [IrlsStats.zeros(k) for _ in work.estimators]
     for c, counts in enumerate(survey.chunks):
         counts = counts[:k]  # [K] rows are sorted by position
         bounds = np.r_[0, np.cumsum(counts)]  # [K + 1]
@@ -197,25 +200,19 @@ def _reduce(parts: list[list]) -> list:
     return total
 
 
-def _z_range(est, fmin: np.ndarray, fmax: np.ndarray) -> tuple[float, float]:
-    """Range of logit(prediction) over the observed slots: predictions are monotone in the feature per
-    position, so the ends are the predictions at each position's feature minimum and maximum."""
-    seen = np.flatnonzero(np.isfinite(fmin))
-    p = est.predict(np.r_[fmin[seen], fmax[seen]], np.r_[seen, seen])
-    with np.errstate(divide="ignore"):
-        z = np.log(p) - np.log1p(-p)
-    z = np.clip(z, -745.0, 745.0)
-    return float(z.min()), float(z.max())
+def _edges(est, name: str, surveys: list[ShardSurvey], bins: int) -> np.ndarray:
+    """AUC rank-bin edges of one estimator: quantiles of its logits on the shards' samples."""
+    f = np.concatenate([s.sample[name] for s in surveys])  # [S]
+    pos = np.concatenate([s.sample_positions for s in surveys])
+    return quantile_edges(logit(est.predict(f, pos)), bins) if f.size else np.zeros(0)
 
 
 def _merge_surveys(surveys: list[ShardSurvey], k: int | None) -> dict:
     names = sorted({n for s in surveys for n in s.datasets})
     num_positions = max([k or 0] + [s.num_positions for s in surveys])
-    fmin = {n: np.min([s.fmin[n] for s in surveys], axis=0)[:num_positions] for n in FEATURES}
-    fmax = {n: np.max([s.fmax[n] for s in surveys], axis=0)[:num_positions] for n in FEATURES}
     present = [n for n in FEATURES if all(s.nulls[n] == 0 for s in surveys)]
     datasets = {n: sum(s.datasets.get(n, 0) for s in surveys) for n in names}
-    return {"names": names, "k": num_positions, "fmin": fmin, "fmax": fmax, "present": present,
+    return {"names": names, "k": num_positions, "present": present,
             "datasets": datasets, "observed": sum(s.observed for s in surveys),
             "rows": sum(s.rows for s in surveys), "step_nulls": sum(s.engine_step_nulls for s in surveys)}
 
@@ -255,7 +252,8 @@ def fit_streaming(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig 
     scratch = tempfile.mkdtemp(prefix="avkit-spill-", dir=fit.scratch)
     nodes = None
     try:
-        items = [(str(p), i, shards.k, scratch, chunk_rows(fit)) for i, p in enumerate(shards.paths)]
+        sample = max(1024, SAMPLE_SLOTS // len(shards.paths))  # per shard
+        items = [(str(p), i, shards.k, scratch, chunk_rows(fit), sample) for i, p in enumerate(shards.paths)]
         surveys, nodes = engine.map(spill_shard, items)
         m = _merge_surveys(surveys, shards.k)
         if m["observed"] == 0:
@@ -263,9 +261,8 @@ def fit_streaming(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig 
         plan = plan_features(fit, est_cfg, m["present"])
         ests = [make_estimator(e, k=m["k"], config=replace(est_cfg, feature=n)) for n, e in plan]
         rows = _newton(engine, surveys, nodes, plan, ests, m, fit, progress)
-        ranges = [_z_range(e, m["fmin"][n], m["fmax"][n]) for (n, _), e in zip(plan, ests)]
-        work = PassWork([n for n, _ in plan], ests, m["k"], m["names"],
-                        score={"n_bins": fit.n_bins, "auc_bins": fit.auc_bins, "ranges": ranges})
+        edges = [_edges(e, n, surveys, fit.auc_bins) for (n, _), e in zip(plan, ests)]
+        work = PassWork([n for n, _ in plan], ests, m["k"], m["names"], score={"n_bins": fit.n_bins, "edges": edges})
         sums = _reduce(engine.map(shard_pass, [(s, work) for s in surveys], nodes)[0])
     finally:
         engine.cleanup(scratch, nodes)
