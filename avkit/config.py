@@ -30,17 +30,21 @@ def default_of(cls, name: str):
 
 @dataclass(frozen=True)
 class SamplingConfig:
-    """How one request samples: temperature 0 means greedy."""
+    """How one request samples: temperature 0 means greedy; top_k 0 and min_p 0 are off."""
 
     temperature: float = 1.0
     top_p: float = 0.95
     max_new_tokens: int = 256
     seed: int | None = None
+    top_k: int = 0  # keep the k most probable tokens (ties at the k-th kept)
+    min_p: float = 0.0  # keep tokens with probability >= min_p * the most probable one's
 
     def __post_init__(self):
         check_range("temperature", self.temperature, 0.0)
         check_range("top_p", self.top_p, 0.0, 1.0, lo_open=True)
         check_range("max_new_tokens", self.max_new_tokens, 1)
+        check_range("top_k", self.top_k, 0)
+        check_range("min_p", self.min_p, 0.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -60,9 +64,29 @@ class EstimatorConfig:
         check_range("damping", self.damping, 0.0)
 
 
+@dataclass(frozen=True)
+class ForgettingConfig:
+    """`forgetting_logistic` (estimators/forgetting_logistic.py): the same model as EstimatorConfig's,
+    refit from exponentially forgotten curvature, more often while young, faster after a shift."""
+
+    half_life: float = 2000.0  # engine steps after which past evidence weighs half
+    young_interval: int = 5  # first round's engine steps; doubles every refit up to EstimatorConfig's
+    shift_z: float = 4.0  # |calibration z| of a round above this: a workload shift
+    shift_keep: float = 0.2  # share of past evidence kept after a shift
+    prior_slots: float = 50.0  # weight of the start coefficients, in pseudo-slots per position
+
+    def __post_init__(self):
+        check_range("half_life", self.half_life, 0.0, lo_open=True)
+        check_range("young_interval", self.young_interval, 1)
+        check_range("shift_z", self.shift_z, 0.0, lo_open=True)
+        check_range("shift_keep", self.shift_keep, 0.0, 1.0)
+        check_range("prior_slots", self.prior_slots, 0.0, lo_open=True)
+
+
 # ---- fit (issue 2: offline core) ----
 FIT_MODES = ("online", "batch")
 FIT_ENGINES = ("memory", "streaming", "ray")
+ONLINE_ESTIMATORS = ("online_logistic", "forgetting_logistic")  # what `avkit fit --estimator` replays
 DEFAULT_TRACE_GLOB = "traces/*.parquet"  # the shipped traces `avkit fit` uses with no TRACE argument
 
 
@@ -74,10 +98,12 @@ class FitConfig:
 
     mode: str = "online"  # online: refit rounds as live (scores use predictions made when drafting);
     # batch: the same Newton step iterated to convergence on all observed rows
+    estimator: str = "online_logistic"  # online mode: the estimator replayed and written (ONLINE_ESTIMATORS)
     n_bins: int = 10  # ECE bins
     max_iter: int = 50  # batch Newton iterations
     tol: float = 1e-10  # batch convergence: max |step| of any coefficient
     workers: int = 2  # threads fitting and scoring features (memory) or shards (streaming) in parallel
+    coefficients: str = ""  # online mode: warm-start the written estimator from this file ("" = start constants)
     out: str = "reports/fit"
     engine: str = "memory"  # memory: every observed slot in RAM; streaming: out of core, passes over
     # shards in bounded chunks (fit/streaming.py); ray: the same passes as tasks on a Ray cluster
@@ -88,6 +114,7 @@ class FitConfig:
 
     def __post_init__(self):
         check_choice("mode", self.mode, FIT_MODES)
+        check_choice("estimator", self.estimator, ONLINE_ESTIMATORS)
         check_choice("engine", self.engine, FIT_ENGINES)
         check_range("memory_budget_mb", self.memory_budget_mb, 256)
         check_range("auc_bins", self.auc_bins, 16, 1 << 24)
@@ -183,6 +210,7 @@ class RecordConfig:
     seed: int = 0
     out: str = "traces/record.parquet"
     resume: bool = False  # continue an existing file: finished requests are skipped
+    overwrite: bool = False  # replace an existing file (only when the new run finishes; see avkit/record)
     slots_per_dataset: int = 0  # stop admitting a dataset's prompts after this many labelled slots (0 = off)
     row_group_rows: int = 65536
     flush_interval_s: float = 60.0  # also flush (and make the partial file readable) this often
@@ -212,6 +240,8 @@ class RecordConfig:
         check_range("flush_interval_s", self.flush_interval_s, 0.0, lo_open=True)
         if not str(self.out).endswith(".parquet"):
             raise ConfigError(f"out must be a .parquet path, got {self.out!r}")
+        if self.resume and self.overwrite:
+            raise ConfigError("resume and overwrite exclude each other: continue the file or replace it")
 
 
 # ---- adaptive verification / simulate / profile ----
@@ -282,6 +312,49 @@ class SimulateConfig:
         if not self.concurrency or min(self.concurrency) < 1:
             raise ConfigError(f"concurrency must be positive integers, got {self.concurrency!r}")
         check_range("waves", self.waves, 1)
+
+
+TUNE_FORMATS = ("table", "json", "vllm", "trtllm")
+
+
+@dataclass(frozen=True)
+class TuneConfig:
+    """`avkit tune`: which K at which batch size, and whether adaptive verification pays (avkit/tune/)."""
+
+    concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
+    cost: str = "roofline:H200:8b"  # cost table JSON or roofline:GPU:TARGET[:DRAFT][:key=value,...]
+    max_k: int = 0  # largest fixed K tried, and adaptive's most drafts per step (0 = the traces' K)
+    tpot_slo_ms: float = 0.0  # p90 per-request ms per output token must stay <= this (0 = no SLO)
+    context: int = 0  # tokens per request for the KV-cache check (0 = mean prompt + generated in the traces)
+    memory_gb: float = 0.0  # device memory in 1e9 bytes (0 = from the cost table's meta)
+    memory_utilization: float = 0.9  # share of device memory the engine may fill (vLLM gpu_memory_utilization)
+    estimator: str = "online_logistic"  # adaptive verification's confidence source
+    draft_gate: bool = True  # adaptive arms may switch drafting off (avkit's engine; vLLM's AV has no gate)
+    waves: int = 4  # each lane serves >= this many requests (recorded requests are cycled)
+    bootstrap: int = 1000  # resamples of the recorded requests for the intervals
+    level: float = 0.9  # two-sided interval level
+    seed: int = 0
+    format: str = "table"
+    out: str = "reports/tune.json"  # every result, for scripts and `avkit report`
+
+    def __post_init__(self):
+        from avkit.errors import ConfigError
+
+        if not self.concurrency or min(self.concurrency) < 1:
+            raise ConfigError(f"--concurrency must be positive integers, got {self.concurrency!r}")
+        if len(set(self.concurrency)) != len(self.concurrency):
+            raise ConfigError(f"--concurrency has a repeated value: {self.concurrency!r}")
+        check_range("--max-k", self.max_k, 0, 64)
+        check_range("--tpot-slo-ms", self.tpot_slo_ms, 0.0)
+        check_range("--context", self.context, 0)
+        check_range("--memory-gb", self.memory_gb, 0.0)
+        check_range("--memory-utilization", self.memory_utilization, 0.0, 1.0, lo_open=True)
+        check_range("--waves", self.waves, 1)
+        check_range("--bootstrap", self.bootstrap, 10)
+        check_range("--level", self.level, 0.0, 1.0, lo_open=True, hi_open=True)
+        check_choice("--format", self.format, TUNE_FORMATS)
+        if not str(self.out).endswith(".json"):
+            raise ConfigError(f"--out must be a .json path, got {self.out!r}")
 
 
 # ---- hybrid verified decoding ----
@@ -399,6 +472,9 @@ class ServeConfig:
     dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16
     grace_period_s: float = 10.0  # SIGTERM: finish in-flight requests for this long, then cancel
     retry_after_s: int = 1  # Retry-After header on 429
+    max_body_bytes: int = 8 * 2**20  # larger request bodies get 413 (read before any parsing)
+    log_requests: bool = False  # one access-log line per request (method, path, status, tokens, seconds)
+    record_flush_s: float = 30.0  # --record: write buffered trace rows to disk this often
 
     def __post_init__(self):
         check_choice("drafter", self.drafter, ("model", "hybrid"))
@@ -414,6 +490,8 @@ class ServeConfig:
         check_range("refit_interval", self.refit_interval, 1)
         check_range("grace_period_s", self.grace_period_s, 0.0)
         check_range("retry_after_s", self.retry_after_s, 0)
+        check_range("max_body_bytes", self.max_body_bytes, 1)
+        check_range("record_flush_s", self.record_flush_s, 0.0)
 
 
 # ---- report ----
@@ -428,6 +506,7 @@ class ReportConfig:
     out: str = "reports/report"
     sim: str = "reports/simulate.parquet"  # `avkit simulate` results (one row per concurrency x policy)
     hvd: str = "reports/hvd/hvd_metrics.json"  # `avkit hvd` results
+    tune: str = "reports/tune.json"  # `avkit tune` results (its section is left out when absent)
     n_bins: int = 10  # reliability-diagram bins (equal-width in predicted probability, as the fit's ECE)
     dpi: int = 120
     embed_images: bool = True  # index.html carries the PNGs as data URIs (portable); they are written beside too
@@ -438,4 +517,4 @@ class ReportConfig:
 
 
 
-__all__ = ["DEFAULT_K", "EstimatorConfig", "SamplingConfig", "check_choice", "default_of"]
+__all__ = ["DEFAULT_K", "EstimatorConfig", "ForgettingConfig", "SamplingConfig", "check_choice", "default_of"]

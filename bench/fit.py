@@ -6,9 +6,12 @@ Same data, same run:
   auc      avkit.metrics.auc vs sklearn.metrics.roc_auc_score (all observed slots)
   log_loss avkit.metrics.log_loss vs sklearn.metrics.log_loss
   table    avkit's full score table (11 scopes, one sort) for one feature
+  online   the online replay of online_logistic and forgetting_logistic (estimators/rounds.py: one
+           predict and one update per refit round) vs the live loop on the same data (one predict and
+           one update per engine step, as `AdaptiveVerification` runs it)
   e2e      `avkit fit --mode batch` as a library call: read + check the trace, fit every
            feature (+ the per-position ablation), score every scope, write the outputs; with
-           features on 1 thread and on 2 (FitConfig.workers)
+           features on 1 thread and on 2 (FitConfig.workers); and `avkit fit` (online)
 Prints a table with ratios (peer time / avkit time, > 1 means avkit is faster) and writes
 bench/results/fit.json. Timings are wall-clock medians of `--repeats` runs; this is a
 benchmark, never a pass/fail test.
@@ -80,6 +83,32 @@ def _peers(data, repeats: int) -> dict[str, tuple[float, float]]:
             "score table (11 scopes)": (t_table, _NONE)}
 
 
+def _online(data, repeats: int) -> dict[str, tuple[float, float]]:
+    """Online replay of each online estimator (one predict + one update per refit round,
+    estimators/rounds.py) vs the live loop on the same data (one predict + one update per engine step)."""
+    from avkit.estimators import make_estimator
+    from avkit.fit.replay import online_replay
+
+    f, pos, y = data.features["logit_qmax"], data.positions, data.labels
+    bounds = data.step_bounds
+
+    def live_loop(name):
+        est = make_estimator(name, k=data.k)
+        for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+            p = est.predict(f[lo:hi], pos[lo:hi])
+            est.update(f[lo:hi], pos[lo:hi], p, y[lo:hi])
+        return est
+
+    out = {}
+    for name in ("online_logistic", "forgetting_logistic"):
+        t_replay, (_, rows) = _time(lambda name=name: online_replay(make_estimator(name, k=data.k), data, f), repeats)
+        t_live, est = _time(lambda name=name: live_loop(name), 1)
+        print(f"{name}: {len(rows)} refits over {data.step_file.size:,} engine steps; live loop agrees: "
+              f"{est.rounds == len(rows)}")
+        out[f"online replay {name}"] = (t_replay, t_live)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--slots", type=int, default=5_000_000)
@@ -112,6 +141,9 @@ def main() -> None:
         print(f"observed slots: {len(data.labels):,} (read + check + order: {t_load[0]:.2f} s wall, "
               f"{t_load[1]:.2f} s CPU)")
         results = _peers(data, args.repeats)
+        results.update(_online(data, args.repeats))
+        t_e2e, _ = _time(lambda: write_fit_outputs(Path(tmp) / "out", run_fit([trace], FitConfig())), 1)
+        results["e2e fit --mode online, 2 threads"] = (t_e2e, _NONE)
         for workers in (1, 2):
             cfg = FitConfig(mode="batch", workers=workers)
             t_e2e, _ = _time(lambda cfg=cfg: write_fit_outputs(Path(tmp) / "out", run_fit([trace], cfg)), 1)
@@ -122,7 +154,7 @@ def main() -> None:
     for name, ((ours, ours_cpu), (peer, peer_cpu)) in results.items():
         print(f"{name:38s} {ours:10.3f} {ours_cpu:7.3f} {peer:10.3f} {peer_cpu:7.3f} {peer / ours:9.1f}x "
               f"{peer_cpu / ours_cpu:5.1f}x")
-    print(f"(peers: statsmodels GLM, sklearn roc_auc_score / log_loss; {os.cpu_count()} CPUs, "
+    print(f"(peers: statsmodels GLM, sklearn roc_auc_score / log_loss, the live per-step loop; {os.cpu_count()} CPUs, "
           f"1-min load average {os.getloadavg()[0]:.1f}: wall times grow with load, CPU times do not)")
     doc = {"slots": args.slots, "observed": len(data.labels), "cpus": os.cpu_count(),
            "load_avg_1m": os.getloadavg()[0], "python": platform.python_version(),

@@ -28,3 +28,22 @@ def kernels():
         return select_kernels("cuda" if torch.cuda.is_available() else "cpu", backend="triton")
     except ConfigError as e:  # triton was imported earlier in this process without the interpreter
         pytest.skip(str(e))
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """The serve tests' tiny random pair: (target dir, draft dir, target, draft). The draft is the
+    target's weights at a smaller init std (same seed), so acceptance is high but not 1 and every
+    branch of verification runs."""
+    import torch
+
+    from avkit.models import load
+    from avkit.models.testing import write_tiny_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: threads only add contention
+    root = tmp_path_factory.mktemp("serve_models")
+    tpath = write_tiny_model(root / "target", vocab=384, seed=0, init_std=0.3)
+    dpath = write_tiny_model(root / "draft", vocab=384, seed=0, init_std=0.25)
+    yield tpath, dpath, load(tpath), load(dpath)
+    torch.set_num_threads(threads)

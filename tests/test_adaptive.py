@@ -181,7 +181,7 @@ def test_warm_start_from_coefficients(tmp_path):
     policy = make_adaptive(cost=_cost(0.0), estimator="online_logistic", coefficients=path, k=3,
                            config=EstimatorConfig(refit_interval=7))
     assert policy.estimator.slope == 0.9 and policy.estimator.intercepts.tolist() == [1.0, 0.5, 0.0]
-    with pytest.raises(ConfigError, match="cannot warm-start"):
+    with pytest.raises(ConfigError, match="field .num_positions. does not match the K being served"):
         make_adaptive(cost=_cost(0.0), estimator="online_logistic", coefficients=path, k=5)
     path.write_text("{broken")
     with pytest.raises(ConfigError, match="coefficients.json"):

@@ -34,6 +34,7 @@ def test_json_round_trip(tmp_path):
     back = CostTable.load(path)
     assert back.to_json() == t.to_json()
     assert [p.name for p in path.parent.iterdir()] == ["cost.json"]  # no temp file left behind
+    assert path.stat().st_mode & 0o777 == 0o666 & ~_umask()  # a plain file's mode, not mkstemp's 0600
 
 
 @pytest.mark.parametrize("content, match", [
@@ -43,14 +44,47 @@ def test_json_round_trip(tmp_path):
      "verify must be non-decreasing"),
     (json.dumps({"verify_tokens": [2, 1], "verify_ms": [1.0, 1.0], "draft_requests": [1], "draft_ms": [1.0]}),
      "strictly increasing"),
-    (json.dumps({"verify_tokens": [1], "verify_ms": ["x"], "draft_requests": [1], "draft_ms": [1.0]}), "non-numeric"),
+    (json.dumps({"verify_tokens": [1], "verify_ms": ["x"], "draft_requests": [1], "draft_ms": [1.0]}),
+     r"field 'verify_ms'\[0\] must be a finite number, got 'x'"),
+    ('{"verify_tokens": [1], "verify_ms": [NaN], "draft_requests": [1], "draft_ms": [1.0]}',
+     "NaN is not a number JSON allows"),
+    ('{"verify_tokens": [1], "verify_ms": [1e400], "draft_requests": [1], "draft_ms": [1.0]}',
+     r"field 'verify_ms'\[0\] must be a finite number, got inf"),
+    (json.dumps({"verify_tokens": [1], "verify_ms": [0.0], "draft_requests": [1], "draft_ms": [1.0]}),
+     "field 'verify_ms' must be positive"),
+    (json.dumps({"verify_tokens": [1], "verify_ms": [1.0], "draft_requests": [1], "draft_ms": [-1.0]}),
+     "draft ms must be finite and >= 0"),
+    (json.dumps({"verify_tokens": [1.5], "verify_ms": [1.0], "draft_requests": [1], "draft_ms": [1.0]}),
+     r"field 'verify_tokens'\[0\] must be an integer, got 1.5"),
+    (json.dumps({"verify_tokens": [True], "verify_ms": [1.0], "draft_requests": [1], "draft_ms": [1.0]}),
+     r"field 'verify_tokens'\[0\] must be an integer, got True"),
+    (json.dumps({"verify_tokens": [], "verify_ms": [], "draft_requests": [1], "draft_ms": [1.0]}),
+     "field 'verify_tokens' must be a non-empty list"),
+    (json.dumps({"verify_tokens": [1], "verify_ms": [1.0, 2.0], "draft_requests": [1], "draft_ms": [1.0]}),
+     "verify needs equal"),
+    (json.dumps({"verify_tokens": [1], "verify_ms": [1.0], "draft_requests": [1], "draft_ms": [1.0],
+                 "meta": {"k": "7"}}), "field 'meta.k' must be a non-negative integer, got '7'"),
+    (json.dumps({"verify_tokens": [1], "verify_ms": [1.0], "draft_requests": [1], "draft_ms": [1.0],
+                 "meta": {"target": 3}}), "field 'meta.target' must be a string, got 3"),
+    (json.dumps({"verify_tokens": [1], "verify_ms": [1.0], "draft_requests": [1], "draft_ms": [1.0],
+                 "drafter": "tree"}), "drafter must be one of"),
+    (json.dumps([1, 2]), "expected a JSON object, got list"),
+    (b"\xff\xfe{}", "not valid JSON"),
 ])
 def test_bad_tables_name_the_file(tmp_path, content, match):
     path = tmp_path / "bad.json"
-    path.write_text(content)
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
     with pytest.raises(ConfigError, match=match) as e:
         CostTable.load(path)
     assert "bad.json" in str(e.value)
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def test_missing_file():

@@ -72,6 +72,23 @@ def _greedy_trace(out: list[int], match: np.ndarray, k: int, base: int, rid: str
     return rows
 
 
+def write_trace_rows(path, rows: list[dict], k: int) -> None:
+    """A schema-valid greedy trace (every column, avkit.k) around `_greedy_trace` rows."""
+    from avkit.trace.writer import TraceWriter
+
+    df = pl.DataFrame(rows)
+    pos, acc = df["position"].to_numpy(), df["num_accepted"].to_numpy()
+    n = df.height
+    with TraceWriter(path, {"avkit.k": str(k), "avkit.temperature": "0.0"}) as w:
+        w.write({**{c: df[c].to_list() for c in df.columns}, "run_id": ["r"] * n, "dataset": ["d"] * n,
+                 "q_max": [0.9] * n, "q_2nd": [0.05] * n, "q_sampled": [0.9] * n, "entropy": [0.3] * n,
+                 "logit_qmax": [2.2] * n, "target_prob": [0.5] * n, "verified": [True] * n,
+                 "accepted": [bool(p < a) if p <= a else None for p, a in zip(pos, acc)],
+                 "num_drafted": [k] * n, "num_verified": [k] * n, "batch_size": [1] * n,
+                 "step_time_ms": [1.0] * n, "temperature": [0.0] * n, "top_p": [1.0] * n,
+                 "engine_step": df["step"].to_list()})
+
+
 @pytest.mark.parametrize("base", [0, 1])
 def test_model_matches_from_trace_recover_truth(base):
     rng = np.random.default_rng(base)
@@ -124,7 +141,7 @@ def test_fit_hvd_on_traces(tmp_path):
     rows = []
     for g in gens:
         rows += _greedy_trace(g.output_ids, np.ones(len(g.output_ids), bool), 4, 1, g.request_id)
-    pl.DataFrame(rows).with_columns(temperature=pl.lit(0.0)).write_parquet(trace)
+    write_trace_rows(trace, rows, k=4)
     pl.DataFrame({"request_id": [g.request_id for g in gens], "dataset": [g.dataset for g in gens],
                   "prompt_ids": [g.prompt_ids for g in gens], "output_ids": [g.output_ids for g in gens]}
                  ).write_parquet(generations_path(trace))

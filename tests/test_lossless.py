@@ -176,18 +176,30 @@ def pair(tmp_path_factory):
     return target_dir, avkit.models.load(target_dir), avkit.models.load(draft_dir)
 
 
-@pytest.mark.parametrize("policy", ["full", "qmax"])
-def test_engine_is_lossless(pair, policy):
-    """First two tokens after a fixed prompt over 2,000 seeded requests vs the target's own distribution.
+def _top_k_min_p(probs: torch.Tensor, top_k: int, min_p: float) -> torch.Tensor:
+    """Independent top-k / min-p oracle by a full sort: keep the first k sorted values (and ties with the
+    k-th) and those >= min_p * max, renormalise."""
+    vals, _ = probs.sort(-1, descending=True)
+    kth = vals[..., top_k - 1:top_k] if top_k > 0 else torch.zeros_like(vals[..., :1])
+    keep = (probs >= kth) & (probs >= min_p * vals[..., :1])
+    out = probs * keep
+    return out / out.sum(-1, keepdim=True)
 
-    The oracle is HF transformers on the same checkpoint, with a sort-based top-p.
+
+@pytest.mark.parametrize("policy, top_k, min_p", [("full", 0, 0.0), ("qmax", 0, 0.0), ("full", 6, 0.0),
+                                                  ("qmax", 0, 0.2), ("qmax", 8, 0.05)])
+def test_engine_is_lossless(pair, policy, top_k, min_p):
+    """First two tokens after a fixed prompt over 2,000 seeded requests vs the target's own distribution,
+    with the request's top-k / min-p applied by the verifier (the draft proposes from its untruncated q).
+
+    The oracle is HF transformers on the same checkpoint, with sort-based top-k, min-p and top-p.
     """
     import transformers
 
     target_dir, target, draft = pair
     target = type(target)(target.model, type("T", (), {"eos_token_ids": set()})(), "t", "")
     prompt, top_p, N = [40, 41, 42, 43, 44], 0.9, 2000
-    sampling = SamplingConfig(temperature=1.0, top_p=top_p, max_new_tokens=4, seed=123)
+    sampling = SamplingConfig(temperature=1.0, top_p=top_p, max_new_tokens=4, seed=123, top_k=top_k, min_p=min_p)
     pol = _QmaxPolicy() if policy == "qmax" else None
     engine = Engine(target, draft, EngineConfig(k=3, max_batch=100, max_len=16), policy=pol)
     gens = engine.generate([Request(f"s{i}", prompt, sampling) for i in range(N)])
@@ -195,10 +207,10 @@ def test_engine_is_lossless(pair, policy):
 
     hf = transformers.AutoModelForCausalLM.from_pretrained(target_dir).eval()
     with torch.no_grad():
-        p0 = _top_p(hf(torch.tensor([prompt])).logits[0, -1].softmax(-1), top_p)  # [V]
+        p0 = _top_p(_top_k_min_p(hf(torch.tensor([prompt])).logits[0, -1].softmax(-1), top_k, min_p), top_p)  # [V]
         support = p0.nonzero().squeeze(-1)  # next tokens with mass
         ctx = torch.cat([torch.tensor(prompt).expand(len(support), -1), support[:, None]], 1)
-        p1 = _top_p(hf(ctx).logits[:, -1].softmax(-1), top_p)  # [n, V]: p(. | prompt, x0)
+        p1 = _top_p(_top_k_min_p(hf(ctx).logits[:, -1].softmax(-1), top_k, min_p), top_p)  # [n, V]: p(. | prompt, x0)
     V = p0.shape[0]
     assert_fits(torch.bincount(out[:, 0], minlength=V), p0, "token 0")
     assert_fits(torch.bincount(out[:, 1], minlength=V), p0[support] @ p1, "token 1 (marginal)")

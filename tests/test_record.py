@@ -125,18 +125,17 @@ def test_slots_per_dataset_stops_admission(pair, prompts, tmp_path):
     assert res.requests == 1  # the first request alone passes the quota
 
 
+def _has_rows(path) -> bool:
+    """The partial file exists and holds recorded rows (it is written empty when the run starts)."""
+    try:
+        return pq.read_metadata(path).num_rows > 0
+    except (OSError, ValueError):
+        return False
+
+
 def test_sigint_leaves_readable_files_and_resume_completes(pair, prompts, tmp_path):
     out = tmp_path / "t.parquet"
-    target_dir, draft_dir = pair[0], pair[1]
-    cmd = [sys.executable, "-m", "avkit", "record", "--target", str(target_dir), "--draft", str(draft_dir),
-           "--dataset", str(prompts), "--num-prompts", "2", "--max-new-tokens", "48", "-k", "3",
-           "--concurrency", "1", "--flush-interval", "0.05", "--out", str(out), "--no-progress"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 60
-    while not partial_path(out).exists() and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
+    proc = _start(pair, prompts, out, num_prompts=2)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()[-2000:]
@@ -257,3 +256,140 @@ def test_bad_drafter_is_a_config_error(prompts, tmp_path):
 
     with pytest.raises(ConfigError, match="drafter"):
         config(prompts, tmp_path / "x.parquet", drafter="eagle")
+
+
+# ---- nothing is clobbered (issue 15 items 3 and 9) ----
+def _cli(pair, prompts, out, *args) -> list[str]:
+    return ["record", "--target", str(pair[0]), "--draft", str(pair[1]), "--dataset", str(prompts),
+            "--num-prompts", "3", "--max-new-tokens", "12", "-k", "3", "--concurrency", "2", "--seed", "0",
+            "--out", str(out), "--no-progress", *args]
+
+
+def _files(out) -> dict:
+    """Bytes of the trace, its generations table and their partials (None where absent)."""
+    paths = (out, generations_path(out), partial_path(out), partial_path(generations_path(out)))
+    return {p.name: p.read_bytes() if p.exists() else None for p in paths}
+
+
+def _one_error_line(capsys, argv, match, *, after_banner: bool = False):
+    """Exit 2 with one `avkit: error:` line (after the run's banner where the models had to load first)."""
+    with pytest.raises(SystemExit) as exit_:
+        app(argv, prog_name="avkit")
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    if after_banner:
+        assert lines[0].startswith("avkit record: ") and "Traceback" not in err, err
+        lines = [ln for ln in lines if ln.startswith("avkit: error: ")]
+    assert exit_.value.code == 2 and len(lines) == 1 and lines[0].startswith("avkit: error: "), err
+    assert match in lines[0], lines[0]
+
+
+@pytest.fixture()
+def complete(recorded, tmp_path):
+    """A copy of a finished recording (trace + generations) to run commands against."""
+    out = tmp_path / "t.parquet"
+    out.write_bytes(recorded.trace_path.read_bytes())
+    generations_path(out).write_bytes(recorded.generations_path.read_bytes())
+    return out
+
+
+@pytest.mark.parametrize("args, match", [
+    ([], "t.parquet: exists; pass --resume to continue it or --overwrite to replace it"),
+    (["--resume", "-k", "2"], "recorded with avkit.k = '3', this run has '2' (-k)"),
+    (["--resume", "--temperature", "0.5"], "recorded with avkit.temperature = '1.0', this run has '0.5'"),
+    (["--resume", "--top-p", "0.5"], "recorded with avkit.top_p = '0.95', this run has '0.5' (--top-p)"),
+    (["--resume", "--drafter", "hybrid"], "recorded with avkit.drafter = 'model', this run has 'hybrid'"),
+    (["--resume", "--overwrite"], "resume and overwrite exclude each other"),
+])
+def test_existing_trace_is_never_touched_by_a_refused_run(args, match, pair, prompts, complete, capsys):
+    before = _files(complete)
+    _one_error_line(capsys, _cli(pair, prompts, complete, *args), match)
+    assert _files(complete) == before
+
+
+def test_resume_with_another_model_is_refused(pair, prompts, complete, capsys):
+    before = _files(complete)
+    argv = _cli(pair, prompts, complete, "--resume")
+    argv[argv.index("--draft") + 1] = str(pair[0])  # the target as draft: another model pair
+    _one_error_line(capsys, argv, "recorded with avkit.draft = ", after_banner=True)
+    assert _files(complete) == before
+
+
+def test_failed_resume_leaves_both_tables_as_they_were(pair, prompts, complete, capsys):
+    gens = generations_path(complete)
+    gens.write_bytes(gens.read_bytes()[:-40])  # a damaged generations table
+    before = _files(complete)
+    _one_error_line(capsys, _cli(pair, prompts, complete, "--resume"), "cannot resume from an unreadable file")
+    assert _files(complete) == before
+
+
+@pytest.mark.parametrize("out, match", [
+    ("d.parquet", "is a directory, expected a file path"),
+    ("f.txt/t.parquet", "f.txt is not a directory"),
+    ("/proc/avkit-no-such-dir/t.parquet", "cannot write there"),
+])
+def test_bad_out_paths_fail_before_loading_models(out, match, prompts, tmp_path, capsys):
+    (tmp_path / "f.txt").write_text("x")
+    (tmp_path / "d.parquet").mkdir()
+    target = tmp_path / "not-a-model"  # never loaded: the output check comes first
+    _one_error_line(capsys, ["record", "--target", str(target), "--dataset", str(prompts), "--no-progress",
+                             "--out", str(tmp_path / out)], match)
+
+
+def test_non_utf8_jsonl_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n')
+    _one_error_line(capsys, ["record", "--dataset", str(bad), "--out", str(tmp_path / "t.parquet"),
+                             "--no-progress"], f"{bad}:2: not UTF-8 (byte 0xe9 at column 16)")
+
+
+def _start(pair, prompts, out, *args, num_prompts: int = 3):
+    """`avkit record` in a subprocess (48 tokens, one request at a time, 50 ms flushes), returned once
+    its partial file holds rows."""
+    cmd = [sys.executable, "-m", "avkit", *_cli(pair, prompts, out, "--flush-interval", "0.05", *args)]
+    for option, value in (("--max-new-tokens", 48), ("--concurrency", 1), ("--num-prompts", num_prompts)):
+        cmd[cmd.index(option) + 1] = str(value)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not _has_rows(partial_path(out)) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    assert proc.poll() is None, proc.communicate()[1].decode()[-2000:]
+    return proc
+
+
+def test_interrupted_overwrite_leaves_the_complete_file_and_its_generations(pair, prompts, complete, recorded):
+    before = _files(complete)
+    proc = _start(pair, prompts, complete, "--overwrite")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    err = err.decode()
+    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    assert f"{complete} was left as it was" in " ".join(err.split())
+    after = _files(complete)
+    assert after["t.parquet"] == before["t.parquet"]
+    assert after["t.generations.parquet"] == before["t.generations.parquet"]
+    assert pq.read_metadata(partial_path(complete)).num_rows > 0  # the new rows are kept for --resume
+    # --resume continues the interrupted overwrite; when it finishes, it replaces the old file
+    res = run(pair, config(prompts, complete, num_prompts=3, max_new_tokens=48, concurrency=1, resume=True))
+    assert res.committed and not partial_path(complete).exists()
+    df = read_traces([complete])
+    assert df.height == res.rows_total
+    assert recorded.run_id not in set(df["run_id"].cast(pl.String))  # the overwrite replaced the old run
+    keys = df.select("request_id", "step", "position")
+    assert len(keys) == len(keys.unique())
+    gens = pl.read_parquet(generations_path(complete))
+    assert len(gens) == gens["request_id"].n_unique() == 4  # 3 prompts + 1 follow-up, none twice
+
+
+def test_three_quick_sigints_no_traceback(pair, prompts, tmp_path):
+    out = tmp_path / "t.parquet"
+    proc = _start(pair, prompts, out)
+    for _ in range(3):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.02)
+    _, err = proc.communicate(timeout=60)
+    err = err.decode()
+    assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
+    assert len(read_traces([out])) > 0  # a fresh run's rows are committed: nothing existed to lose
+    assert not partial_path(out).exists()

@@ -14,7 +14,7 @@ import pytest
 from scipy.stats import pearsonr
 from sklearn.metrics import roc_auc_score
 
-from avkit.config import EstimatorConfig, FitConfig, PayoffConfig, ReportConfig, SyntheticConfig
+from avkit.config import EstimatorConfig, FitConfig, PayoffConfig, ReportConfig, SyntheticConfig, TuneConfig
 from avkit.errors import ConfigError, DataError
 from avkit.fit import run_fit, write_fit_outputs
 from avkit.hvd.fit import fit_hvd_generations
@@ -27,13 +27,15 @@ from avkit.report.sections.online import pearson, per_dataset_fits
 from avkit.report.sections.reliability import deployed_predictions, reliability_bins
 from avkit.report.sections.simulation import pareto_mask
 from avkit.scheduling.cost import resolve_cost
+from avkit.serve.snapshot import write_json_atomic
 from avkit.sim.replay import simulate, write_results
 from avkit.trace.reader import read_traces
 from avkit.trace.synthetic import write_synthetic_trace
+from avkit.tune import tune
 
 TRUTH = SyntheticConfig(num_slots=24_000, datasets=("code", "chat", "tool"), mix=(1, 1, 1),
                         feature_means=(2.5, 1.0, 0.0), steps_per_request=32, seed=3)
-NOWHERE = ReportConfig(sim="/nonexistent/sim.parquet", hvd="/nonexistent/hvd.json")
+NOWHERE = ReportConfig(sim="/nonexistent/sim.parquet", hvd="/nonexistent/hvd.json", tune="/nonexistent/tune.json")
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +48,9 @@ def made(tmp_path_factory):
     write_results(sim, root / "sim.parquet")
     fit_hvd_generations(synthetic_generations(10, seed=0, output_len=120), root / "hvd",
                         payoff_config=PayoffConfig(epochs=2), ablation=False)
-    out = report_traces([trace], root / "out", NOWHERE, sim=root / "sim.parquet", hvd=root / "hvd")
+    write_json_atomic(root / "tune.json", tune([trace], TuneConfig(concurrency=(1, 8, 64), context=4096, bootstrap=50)))
+    out = report_traces([trace], root / "out", NOWHERE, sim=root / "sim.parquet", hvd=root / "hvd",
+                        tune=root / "tune.json")
     return {"root": root, "trace": trace, "out": out, "html": (out / "index.html").read_text(),
             "md": (out / "report.md").read_text(), "scores": json.loads((out / "fit/scores.json").read_text())}
 
@@ -106,7 +110,8 @@ def test_every_section_renders(made):
     assert "Omitted" not in html
     pngs = sorted(p.stem for p in out.glob("*.png"))
     assert set(pngs) >= {"acceptance_by_position", "auc_by_position", "reliability", "coefficient_trajectory",
-                         "role_analysis", "throughput_vs_concurrency", "pareto", "hvd_speedup", "hvd_cycles"}
+                         "role_analysis", "throughput_vs_concurrency", "pareto", "hvd_speedup", "hvd_cycles",
+                         "tune_schedule"}
     for name in pngs:
         assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"]({name}.png)" in made["md"]
@@ -210,10 +215,10 @@ def test_missing_inputs_are_omitted_with_a_note(made, tmp_path):
     (fit_dir / "coefficients.json").write_text(json.dumps(coef))
     out = report_fit_dir(fit_dir, tmp_path / "r", NOWHERE)
     html = (out / "index.html").read_text()
-    for key in ("reliability", "simulation", "hybrid"):
+    for key in ("reliability", "simulation", "hybrid", "tune"):
         section = html.split(f'<section id="{key}">')[1].split("</section>")[0]
         assert '<p class="note">Omitted: ' in section, key
-    assert "avkit simulate" in html and "avkit hvd" in html and "gone.parquet" in html
+    assert "avkit simulate" in html and "avkit hvd" in html and "avkit tune" in html and "gone.parquet" in html
     assert _table(html, "feature", "estimator")  # the feature table needs only scores.json
     assert (out / "fit/scores.json").read_text() == (fit_dir / "scores.json").read_text()
     assert "> Omitted: " in (out / "report.md").read_text()
@@ -229,7 +234,7 @@ def test_explicit_inputs_must_exist(made, tmp_path):
     bad.mkdir()
     (bad / "coefficients.json").write_text("{}")
     (bad / "scores.json").write_text("[]")
-    with pytest.raises(DataError, match="coefficients.json: missing key 'feature'"):
+    with pytest.raises(ConfigError, match="coefficients.json: field 'num_positions' must be an integer"):
         report_fit_dir(bad, tmp_path / "r", NOWHERE)
     assert not (tmp_path / "r").exists()
 

@@ -3,6 +3,8 @@ before any model is loaded (the target path does not even exist)."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from avkit.cli import app
@@ -23,3 +25,38 @@ def test_bad_options_exit_2_with_one_line(tmp_path, capsys, args, message):
     assert exit_info.value.code == 2
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert lines == [f"avkit: error: {message}"]
+
+
+@pytest.fixture()
+def busy_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def test_busy_port_bad_host_and_unwritable_record_exit_2_with_one_line(tmp_path, capsys, busy_port):
+    (tmp_path / "file").write_text("x")
+    cases = [
+        (["--port", str(busy_port)], f"--port {busy_port}: address already in use on 127.0.0.1"),
+        (["--host", "10.255.255.1", "--api-key", "k"],
+         "--host 10.255.255.1 --port 8000: cannot bind (Cannot assign requested address)"),
+        (["--host", "256.0.0.1", "--api-key", "k"], "--host 256.0.0.1: cannot resolve it"),
+        (["--record", str(tmp_path / "file" / "t.parquet")], f"--record {tmp_path}/file/t.parquet: cannot write "
+                                                              "there (FileExistsError: File exists)"),
+        (["--record", str(tmp_path)], f"--record {tmp_path}: is a directory, expected a .parquet file path"),
+    ]
+    for args, message in cases:
+        argv = ["serve", "--target", "/nonexistent/model", "--snapshot", str(tmp_path / "snap.json"), *args]
+        with pytest.raises(SystemExit) as exit_info:
+            app(argv, prog_name="avkit")
+        assert exit_info.value.code == 2
+        lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith(f"avkit: error: {message}"), lines
+
+
+def test_api_key_help_warns_about_ps(capsys):
+    with pytest.raises(SystemExit):
+        app(["serve", "--help"], prog_name="avkit")
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "AVKIT_API_KEY" in help_text and "visible to every user in `ps`" in help_text.replace("│ ", "")

@@ -65,12 +65,16 @@ def test_partial_file_readable_after_each_flush_and_after_a_crash(tmp_path):
     assert t.num_rows == 6 and set(t["request_id"].cast(pa.string()).to_pylist()) == {"a"}
 
 
-def test_exception_inside_with_still_keeps_flushed_rows(tmp_path):
+def test_exception_inside_with_keeps_rows_in_the_partial_and_the_final_untouched(tmp_path):
     path = tmp_path / "t.parquet"
+    with TraceWriter(path, META) as w:
+        w.write(rows("old"))
+    before = path.read_bytes()
     with pytest.raises(KeyboardInterrupt), TraceWriter(path, META) as w:
         w.write(rows("a"))
         raise KeyboardInterrupt
-    assert pq.read_table(path).num_rows == 6
+    assert pq.read_table(partial_path(path)).num_rows == 6  # what was recorded is kept...
+    assert path.read_bytes() == before  # ...but a run that failed never replaces the final file
 
 
 def test_flush_interval_makes_rows_durable_and_close_compacts(tmp_path):

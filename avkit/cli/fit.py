@@ -35,6 +35,12 @@ def render(result, written: dict, console: Console) -> None:
     console.print(f"[bold]{c['estimator']}[/] on {c['feature']} ({c['mode']}): slope {c['slope']:.4f}, "
                   f"intercepts {' '.join(f'{b:+.3f}' for b in c['intercepts'])}, "
                   f"{c['trained_on']['observed']} observed of {c['trained_on']['slots']} slots")
+    if c["mode"] == "online":
+        from avkit.fit.data import CLOCKS
+
+        console.print(f"clock: {c['trained_on']['engine_steps']} engine steps from the "
+                      f"{CLOCKS.get(c['clock'], 'engine_step column in some files, (request_id, step) groups in others')}"
+                      f"; {c['refits']} refits every {c['refit_interval']} steps")
     table = Table(title="scores (scope all / all_but_first)")
     for col in ("feature", "lossless", "estimator", "AUC", "log-loss", "ECE", "AUC >0", "n"):
         table.add_column(col, justify="left" if col in ("feature", "estimator") else "right")
@@ -62,6 +68,11 @@ def register(app: typer.Typer) -> None:
         mode: Annotated[str, typer.Option(help="online: replay refit rounds as live (out-of-sample scores); "
                                                 "batch: Newton to convergence (in-sample)")] =
             default_of(FitConfig, "mode"),
+        estimator: Annotated[str, typer.Option(help="online estimator replayed and written to coefficients.json: "
+                                                     "online_logistic (vLLM's) or forgetting_logistic")] =
+            default_of(FitConfig, "estimator"),
+        coefficients: Annotated[str, typer.Option(help="online: warm-start the written estimator from this "
+                                                        "coefficients file or serve snapshot (validated)")] = "",
         feature: Annotated[str, typer.Option(help="lossless feature written to coefficients.json")] =
             default_of(EstimatorConfig, "feature"),
         refit_interval: Annotated[int, typer.Option(help="engine steps per online refit round")] =
@@ -84,38 +95,55 @@ def register(app: typer.Typer) -> None:
         """Fit the acceptance estimator and score every feature; write coefficients.json, scores.json,
         trajectory.parquet into --out (atomically; nothing is written on bad input)."""
         from avkit.fit import run_fit, write_fit_outputs
+        from avkit.fit.outputs import reserve_fit_outputs
+        from avkit.staged import StagedOutputs
+        from avkit.trace.reader import common_k
 
-        config = FitConfig(mode=mode, n_bins=bins, out=str(out), engine=engine, address=address,
-                           memory_budget_mb=memory_budget, scratch=None if scratch is None else str(scratch))
+        config = FitConfig(mode=mode, estimator=estimator, n_bins=bins, coefficients=coefficients, out=str(out),
+                           engine=engine, address=address, memory_budget_mb=memory_budget,
+                           scratch=None if scratch is None else str(scratch))
         est_cfg = EstimatorConfig(feature=feature, refit_interval=refit_interval)
-        if out.exists() and not out.is_dir():
-            raise ConfigError(f"--out {out}: exists and is not a directory")
         paths = resolve_shards(traces) if traces else shipped_traces()
         console = Console(stderr=True)
-        with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
-            tasks: dict[str, int] = {}
+        with StagedOutputs() as outputs:  # the fit files and the --hvd files are committed together
+            reserve_fit_outputs(out, outputs)
+            with_gens = hvd_traces(paths, out / "hvd", outputs) if hvd else []
+            if note := common_k(paths)[1]:
+                console.print(f"avkit fit: {note}", soft_wrap=True)
+            with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
+                tasks: dict[str, int] = {}
 
-            def progress(what: str, done: int, total: int) -> None:
-                if what not in tasks:
-                    tasks[what] = bar.add_task(what, total=total)
-                bar.update(tasks[what], completed=done)
+                def progress(what: str, done: int, total: int) -> None:
+                    if what not in tasks:
+                        tasks[what] = bar.add_task(what, total=total)
+                    bar.update(tasks[what], completed=done)
 
-            result = run_fit(paths, config, est_cfg, progress=progress)
-        written = write_fit_outputs(out, result)
+                result = run_fit(paths, config, est_cfg, progress=progress)
+            written = write_fit_outputs(out, result, outputs)
+            hvd_result = fit_hvd_outputs(with_gens, out / "hvd", outputs) if hvd else None
         render(result, written, Console(width=None if sys.stdout.isatty() else 132))
-        if hvd:
-            fit_hvd_outputs(paths, out / "hvd")
+        if hvd_result is not None:
+            from avkit.cli.hvd import render as render_hvd
+
+            render_hvd(hvd_result, Console(width=None if sys.stdout.isatty() else 140))
 
 
-def fit_hvd_outputs(paths: list[Path], out: Path) -> None:
-    """`--hvd`: the same replay as `avkit hvd`, on the given traces that have a generations table."""
-    from avkit.cli.hvd import render as render_hvd
-    from avkit.cli.hvd import tokenizer_for
-    from avkit.hvd.fit import fit_hvd
+def hvd_traces(paths: list[Path], out: Path, outputs) -> list[Path]:
+    """`--hvd`, before any work: the traces with a generations table; the hvd files reserved in `out`."""
+    from avkit.hvd.fit import reserve_hvd_outputs
     from avkit.trace.schema import generations_path
 
     with_gens = [p for p in paths if generations_path(p).is_file()]
     if not with_gens:
         raise ConfigError(f"--hvd: none of the traces has a generations table beside it ({paths[0]} ...)")
-    result = fit_hvd(with_gens, out, tokenizer=tokenizer_for(with_gens), progress=sys.stderr.isatty())
-    render_hvd(result, Console(width=None if sys.stdout.isatty() else 140))
+    reserve_hvd_outputs(out, outputs, "--out")
+    return with_gens
+
+
+def fit_hvd_outputs(with_gens: list[Path], out: Path, outputs):
+    """`--hvd`: the same replay as `avkit hvd`, staged into `outputs` beside the fit files."""
+    from avkit.cli.hvd import tokenizer_for
+    from avkit.hvd.fit import fit_hvd
+
+    return fit_hvd(with_gens, out, tokenizer=tokenizer_for(with_gens), progress=sys.stderr.isatty(),
+                   outputs=outputs)

@@ -3,7 +3,6 @@ choose tau, score every router (the body of `avkit fit --hvd`)."""
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -24,16 +23,18 @@ def greedy_traces(root: Path = Path("traces")) -> list[Path]:
     exactly the chance that the recorded sample equals x, so comparing drafts with a sampled
     continuation gives an unbiased draw of the accepted length (the model's matches are its realized
     acceptances). The temperatures used are reported."""
-    import pyarrow.parquet as pq
-
+    from avkit.trace.reader import trace_metadata
     from avkit.trace.schema import generations_path
 
     found = {}
     for p in sorted(root.glob("*.parquet")):
         if p.name.endswith(".generations.parquet") or not generations_path(p).is_file():
             continue
-        meta = pq.read_metadata(p).metadata or {}
-        found[p] = float(meta.get(b"avkit.temperature", b"nan") or "nan")
+        temperature = trace_metadata(p).get("avkit.temperature", "nan")
+        try:
+            found[p] = float(temperature)
+        except ValueError:
+            found[p] = float("nan")
     if not found:
         raise ConfigError(f"no trace with a generations table in {root}/; pass trace files or --synthetic")
     greedy = [p for p, t in found.items() if t == 0.0]
@@ -42,11 +43,10 @@ def greedy_traces(root: Path = Path("traces")) -> list[Path]:
 
 def tokenizer_for(paths: list[Path]) -> str | None:
     """The target named in the first trace's metadata, when it resolves to local files."""
-    import pyarrow.parquet as pq
-
     from avkit.models.registry import resolve
+    from avkit.trace.reader import trace_metadata
 
-    target = (pq.read_metadata(paths[0]).metadata or {}).get(b"avkit.target", b"").decode()
+    target = trace_metadata(paths[0]).get("avkit.target", "")
     try:
         return str(resolve(target)) if target else None
     except ModelError:  # no local tokenizer: the structure features are left out
@@ -87,24 +87,26 @@ def register(app: typer.Typer) -> None:
     ):
         """Replay greedy generations, fit the payoff predictor, compare routers (cache, model, arctic,
         table, mlp, survival) per dataset on held-out requests."""
-        from avkit.hvd.fit import fit_hvd, fit_hvd_generations
+        from avkit.hvd.fit import fit_hvd, fit_hvd_generations, reserve_hvd_outputs
         from avkit.hvd.markdown import hvd_markdown
+        from avkit.staged import StagedOutputs
 
         kw = {"cache_config": SuffixCacheConfig(max_depth=max_depth), "replay_config": HvdReplayConfig(k=k),
               "payoff_config": PayoffConfig(epochs=epochs, seed=seed),
               "cost": HvdCostConfig(draft_step_cost=draft_step_cost), "progress": sys.stderr.isatty()}
-        if synthetic:
-            from avkit.hvd.synthetic import synthetic_generations
+        with StagedOutputs() as outputs:  # the hvd files and --markdown are committed together, or none
+            reserve_hvd_outputs(out, outputs, "--out")
+            md = outputs.file(markdown, "--markdown") if markdown is not None else None
+            if synthetic:
+                from avkit.hvd.synthetic import synthetic_generations
 
-            result = fit_hvd_generations(synthetic_generations(synthetic, seed=seed), out, **kw)
-            title = f"HVD replay on {synthetic} synthetic generations"
-        else:
-            paths = resolve_shards(traces) if traces else greedy_traces()
-            result = fit_hvd(paths, out, tokenizer=tokenizer or tokenizer_for(paths), **kw)
-            title = "HVD replay on " + ", ".join(p.name for p in paths)
-        if markdown is not None:
-            tmp = markdown.with_name(markdown.name + ".tmp")
-            tmp.write_text(hvd_markdown(result, title))
-            os.replace(tmp, markdown)
-            result.files.append(str(markdown))
+                result = fit_hvd_generations(synthetic_generations(synthetic, seed=seed), out, outputs=outputs, **kw)
+                title = f"HVD replay on {synthetic} synthetic generations"
+            else:
+                paths = resolve_shards(traces) if traces else greedy_traces()
+                result = fit_hvd(paths, out, tokenizer=tokenizer or tokenizer_for(paths), outputs=outputs, **kw)
+                title = "HVD replay on " + ", ".join(p.name for p in paths)
+            if md is not None:
+                md.write_text(hvd_markdown(result, title))
+                result.files.append(str(markdown))
         render(result, Console(width=None if sys.stdout.isatty() else 140))

@@ -54,15 +54,19 @@ def register(app: typer.Typer) -> None:
         from avkit.models import load
         from avkit.models.placement import placement
         from avkit.scheduling.profile import num_points, profile_costs
+        from avkit.staged import StagedOutputs
 
         config = ProfileConfig(context_len=context_len, k=k, max_tokens=max_tokens, max_requests=max_requests,
                                repeats=repeats, temperature=temperature, top_p=top_p)
         console = Console(stderr=True)
         dev, dt = placement(device, dtype)
-        tgt = load(target, dtype=dt, device=dev)
-        drf = None if draft in ("", "none") else load(draft, dtype=dt, device=dev)
-        with Progress(console=console, transient=True) as bar:
-            task = bar.add_task("profiling", total=num_points(config, drf is not None))
-            table = profile_costs(tgt, drf, config, on_point=lambda: bar.advance(task))
-        render(table, console)
-        console.print(f"cost table: {table.save(out)}")
+        with StagedOutputs() as outputs:
+            outputs.file(out, "--out")  # an unwritable --out fails now, not after minutes of profiling
+            tgt = load(target, dtype=dt, device=dev)
+            drf = None if draft in ("", "none") else load(draft, dtype=dt, device=dev)
+            with Progress(console=console, transient=True) as bar:
+                task = bar.add_task("profiling", total=num_points(config, drf is not None))
+                table = profile_costs(tgt, drf, config, on_point=lambda: bar.advance(task))
+            render(table, console)
+            path = table.save(out, outputs)
+        console.print(f"cost table: {path}")

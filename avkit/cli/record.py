@@ -58,7 +58,11 @@ def register(app: typer.Typer) -> None:
         concurrency: Annotated[int, typer.Option(help="requests decoding at once")] = _d("concurrency"),
         seed: Annotated[int, typer.Option(help="prompt order and sampling seed")] = _d("seed"),
         out: Annotated[str, typer.Option(help="trace file (.parquet); generations go beside it")] = _d("out"),
-        resume: Annotated[bool, typer.Option(help="continue OUT: skip finished requests")] = _d("resume"),
+        resume: Annotated[bool, typer.Option(help="continue OUT: skip finished requests (refused when OUT was "
+                                                 "recorded with another K, temperature, top-p, drafter or "
+                                                 "model)")] = _d("resume"),
+        overwrite: Annotated[bool, typer.Option(help="replace an existing OUT; the old files stay until the "
+                                                     "new run finishes")] = _d("overwrite"),
         slots_per_dataset: Annotated[int, typer.Option(
             help="stop admitting a dataset after this many labelled slots (0 = off)")] = _d("slots_per_dataset"),
         flush_interval: Annotated[float, typer.Option(help="seconds between flushes to disk")] =
@@ -75,19 +79,27 @@ def register(app: typer.Typer) -> None:
     ):
         """Record acceptance traces: one row per draft slot, streamed to Parquet in row groups."""
         from avkit.record import record as run
+        from avkit.record.files import preflight
 
         config = RecordConfig(
             target=target, draft=draft, datasets=tuple(dataset) if dataset else _d("datasets"),
             num_prompts=num_prompts, max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens, k=k,
             temperature=temperature, top_p=top_p, concurrency=concurrency, seed=seed, out=out, resume=resume,
+            overwrite=overwrite,
             slots_per_dataset=slots_per_dataset, flush_interval_s=flush_interval, device=device, dtype=dtype,
             threads=threads, drafter=drafter, payoff=payoff)
         check_datasets(config.datasets)
+        preflight(config)  # --out and --resume checks, before the banner and the models
         console = Console(stderr=True)
         console.print(f"avkit record: {config.target} + {config.draft or 'no draft'}, "
                       f"datasets {', '.join(config.datasets)} -> {config.out}")
         result = run(config, progress=progress, console=console)
         render(result, console)
+        if not result.committed:
+            console.print(f"[yellow]interrupted:[/] {result.trace_path} was left as it was; the rows recorded so "
+                          f"far are in {result.trace_path}.partial (and its generations); rerun with --resume "
+                          "to continue them")
+            raise typer.Exit(130)
         if result.interrupted:
             console.print("[yellow]interrupted:[/] files hold everything recorded so far; rerun with --resume")
             raise typer.Exit(130)

@@ -50,6 +50,8 @@ def register(app: typer.Typer) -> None:
         hvd: Annotated[Path | None, typer.Option(
             help=f"`avkit hvd` hvd_metrics.json or its directory (default: {_d('hvd')} when it exists)",
             show_default=False)] = None,
+        tune: Annotated[Path | None, typer.Option(
+            help=f"`avkit tune` result JSON (default: {_d('tune')} when it exists)", show_default=False)] = None,
         simulate: Annotated[bool, typer.Option(
             help="with no --sim and no default results file: simulate the traces now (`avkit simulate` "
                  "defaults; seconds on the shipped traces)")] = True,
@@ -61,16 +63,22 @@ def register(app: typer.Typer) -> None:
         embed: Annotated[bool, typer.Option(help="embed the PNGs in index.html")] = _d("embed_images"),
     ):
         """Write index.html (self-contained), report.md and the PNGs: summary, feature table, reliability
-        diagrams, online fitting, simulation and hybrid drafting. Missing inputs omit their section."""
+        diagrams, online fitting, simulation, tuning and hybrid drafting. Missing inputs omit their section."""
         from avkit.report import report_fit_dir, report_traces
+        from avkit.staged import StagedOutputs
+        from avkit.trace.reader import common_k
 
         config = ReportConfig(out=str(out), n_bins=bins, embed_images=embed)
         fit_dir, traces = split_inputs(inputs)
         console = Console(stderr=True)
+        if traces and (note := common_k(traces)[1]):
+            console.print(f"avkit report: {note}", soft_wrap=True)
         t0 = time.perf_counter()
-        with console.status("avkit report") as status:
+        with StagedOutputs() as outputs, console.status("avkit report") as status:
+            outputs.directory(out, "--out")  # an unwritable --out fails now, before the fit
             progress = lambda what: status.update(f"avkit report: {what}")
-            kw = {"sim": sim, "hvd": hvd, "run_simulation": simulate, "progress": progress}
+            kw = {"sim": sim, "hvd": hvd, "tune": tune, "run_simulation": simulate, "progress": progress,
+                  "outputs": outputs}
             if fit_dir is not None:
                 path = report_fit_dir(fit_dir, out, config, **kw)
             else:

@@ -28,19 +28,22 @@ def register(app: typer.Typer) -> None:
         policy: Annotated[str, _o("verify policy: adaptive | full | fixed")] = _d("policy"),
         estimator: Annotated[str, _o("adaptive policy's estimator (registry name)")] = _d("estimator"),
         refit_interval: Annotated[int, _o("engine steps per online refit")] = _d("refit_interval"),
-        coefficients: Annotated[str, _o("deployed coefficients.json (warm start)")] = _d("coefficients"),
+        coefficients: Annotated[str, _o("deployed coefficients.json (warm start; wins over an existing "
+                                        "snapshot)")] = _d("coefficients"),
         cost: Annotated[str, _o("cost table JSON from `avkit profile`, or roofline:GPU:MODEL")] = _d("cost"),
         draft_gate: Annotated[bool, _o("adaptive: skip drafting in steps where no draft depth pays")] =
             _d("draft_gate"),
         snapshot: Annotated[str, _o("live coefficient snapshot (default "
                                     "~/.cache/avkit/serve/coefficients.json)")] = _d("snapshot"),
         snapshot_every: Annotated[int, _o("snapshot every M refits")] = _d("snapshot_every"),
-        resume: Annotated[bool, _o("warm-start from the snapshot when it exists")] = _d("resume"),
+        resume: Annotated[bool, _o("warm-start from the snapshot when it exists (and no --coefficients)")] =
+            _d("resume"),
         record: Annotated[str, _o("stream per-draft trace rows to this Parquet file")] = _d("record"),
         host: Annotated[str, _o("bind address (loopback by default)")] = _d("host"),
         port: Annotated[int, _o("TCP port")] = _d("port"),
-        api_key: Annotated[str, _o("require `Authorization: Bearer KEY`", envvar="AVKIT_API_KEY")] =
-            _d("api_key"),
+        api_key: Annotated[str, _o("require `Authorization: Bearer KEY`; prefer the AVKIT_API_KEY environment "
+                                   "variable: a key on the command line is visible to every user in `ps`",
+                                   envvar="AVKIT_API_KEY", show_default=False)] = _d("api_key"),
         served_model_name: Annotated[str, _o("model name clients use (default: the target id)")] =
             _d("served_model_name"),
         max_concurrency: Annotated[int, _o("requests decoding at once")] = _d("max_concurrency"),
@@ -53,11 +56,15 @@ def register(app: typer.Typer) -> None:
         dtype: Annotated[str, _o("auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16")] = _d("dtype"),
         grace_period: Annotated[float, _o("seconds to finish in-flight requests on SIGTERM")] =
             _d("grace_period_s"),
-        log_level: Annotated[str, _o("uvicorn log level")] = "info",
+        max_body_bytes: Annotated[int, _o("largest request body in bytes (413 beyond)")] = _d("max_body_bytes"),
+        log_requests: Annotated[bool, _o("one access-log line per request: method, path, status, tokens, "
+                                         "seconds")] = _d("log_requests"),
+        log_level: Annotated[str, _o("log level (uvicorn and avkit)")] = "info",
     ):
         """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
-        from avkit.serve.server import bind_warning, warm_start
+        from avkit.serve.server import bind_warning
         from avkit.serve.server import serve as run
+        from avkit.serve.startup import bind_socket, check_record_writable, warm_start
 
         config = ServeConfig(
             target=target, draft=draft, drafter=drafter, payoff=payoff, policy=policy, estimator=estimator,
@@ -66,13 +73,17 @@ def register(app: typer.Typer) -> None:
             api_key=api_key, served_model_name=served_model_name, max_concurrency=max_concurrency,
             queue_size=queue_size, max_len=max_len, max_tokens_limit=max_tokens_limit,
             default_max_tokens=min(_d("default_max_tokens"), max_tokens_limit), k=k, seed=seed,
-            device=device, dtype=dtype,
-            grace_period_s=grace_period)
-        warm_start(config)  # a bad --coefficients / snapshot fails before any model is loaded
+            device=device, dtype=dtype, grace_period_s=grace_period, max_body_bytes=max_body_bytes,
+            log_requests=log_requests)
+        # Everything that can be wrong with the options fails here, as one line, before the models load.
+        warm_start(config)
+        if config.record:
+            check_record_writable(config.record)
+        sock = bind_socket(config.host, config.port)
         console = Console(stderr=True)
         warning = bind_warning(config)
         if warning:
             console.print(f"[bold yellow]warning:[/] {warning}")
         draft_note = f" + {config.draft}" if config.draft not in ("", "none") else ""
         console.print(f"avkit serve: loading {config.target}{draft_note}")
-        run(config, log_level=log_level)
+        run(config, log_level=log_level, sock=sock)

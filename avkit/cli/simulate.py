@@ -20,6 +20,12 @@ def _d(name: str):
     return default_of(SimulateConfig, name)
 
 
+# shared with `avkit tune`
+TracesArgument = Annotated[list[Path] | None, typer.Argument(
+    help="trace files, directories of them or globs (default: traces/*.parquet)")]
+COST_HELP = "cost table JSON (avkit profile) or roofline:GPU:TARGET[:DRAFT][:context=N,drafter=parallel]"
+
+
 def shipped_traces() -> list[str]:
     """The trace files under traces/ (generation tables beside them excluded)."""
     paths = sorted(p for p in glob.glob(DEFAULT_TRACE_GLOB) if not p.endswith(".generations.parquet"))
@@ -60,10 +66,8 @@ def render(df, console: Console) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate(
-        traces: Annotated[list[Path] | None, typer.Argument(
-            help="trace files, directories of them or globs (default: traces/*.parquet)")] = None,
-        cost: Annotated[str, typer.Option(help="cost table JSON (avkit profile) or roofline:GPU:TARGET[:DRAFT]"
-                                               "[:context=N,drafter=parallel]")] = _d("cost"),
+        traces: TracesArgument = None,
+        cost: Annotated[str, typer.Option(help=COST_HELP)] = _d("cost"),
         concurrency: Annotated[str, typer.Option(help="comma-separated concurrencies")] =
             ",".join(map(str, _d("concurrency"))),
         policies: Annotated[str | None, typer.Option(
@@ -81,26 +85,33 @@ def register(app: typer.Typer) -> None:
         from avkit.sim.policies import parse_policies
         from avkit.sim.replay import default_policies, load_steps, step_time_check, write_results
         from avkit.sim.replay import simulate as run
+        from avkit.staged import StagedOutputs
+        from avkit.trace.reader import common_k
 
         config = SimulateConfig(concurrency=parse_ints("concurrency", concurrency), cost=cost, out=out, waves=waves)
         table = resolve_cost(config.cost)
         paths = [str(p) for p in check_shards(traces).paths] if traces else shipped_traces()
         console = Console(stderr=True)
-        steps = load_steps(paths)
-        specs = [s.strip() for s in policies.split(",") if s.strip()] if policies else default_policies(steps, config)
-        n_policies = len(parse_policies(specs, steps.k, coefficients))  # validates before the long part
-        console.print(f"avkit simulate: {len(paths)} trace file(s), {steps.request.size} steps of "
-                      f"{steps.num_requests} requests, K={steps.k}; cost {table.meta.get('source', '')} "
-                      f"{table.meta.get('device', '')} {table.meta.get('target', '')}")
-        with Progress(console=console, transient=True) as bar:
-            task = bar.add_task("simulating", total=n_policies * len(config.concurrency))
-            df = run(steps, table, config.concurrency, specs, config=config, coefficients=coefficients,
-                     progress=lambda: bar.advance(task))
-        render(df, console)
-        path = write_results(df, config.out)
+        with StagedOutputs() as outputs:
+            outputs.file(config.out, "--out")  # an unwritable --out fails now, not after the replay
+            steps = load_steps(paths)
+            if note := common_k(paths)[1]:
+                console.print(f"avkit simulate: {note}", soft_wrap=True)
+            specs = ([s.strip() for s in policies.split(",") if s.strip()] if policies
+                     else default_policies(steps, config))
+            n_policies = len(parse_policies(specs, steps.k, coefficients))  # validates before the long part
+            console.print(f"avkit simulate: {len(paths)} trace file(s), {steps.request.size} steps of "
+                          f"{steps.num_requests} requests, K={steps.k}; cost {table.meta.get('source', '')} "
+                          f"{table.meta.get('device', '')} {table.meta.get('target', '')}")
+            with Progress(console=console, transient=True) as bar:
+                task = bar.add_task("simulating", total=n_policies * len(config.concurrency))
+                df = run(steps, table, config.concurrency, specs, config=config, coefficients=coefficients,
+                         progress=lambda: bar.advance(task))
+            render(df, console)
+            path = write_results(df, config.out, outputs)
+            check = step_time_check(steps, table) if step_time else None
         console.print(f"results: {path}")
-        if step_time:
-            check = step_time_check(steps, table)
+        if check is not None:
             for label, c in (("all steps", check), ("decode-only steps", check["decode_only"])):
                 console.print(f"step time ({label}): predicted/recorded median {c['median_ratio']:.3f}, "
                               f"median |error| {100 * c['median_abs_rel_error']:.1f}% over "

@@ -27,10 +27,12 @@ class Estimator(Protocol):
         ...
 
     def update(self, features: np.ndarray, positions: np.ndarray, predictions: np.ndarray,
-               labels: np.ndarray) -> bool:
-        """Feed one engine step of observed slots ([N] each; labels in {0,1}, only observed rows).
-        `predictions` are the estimator's own predictions made when drafting. Returns True when
-        this call completed a refit round."""
+               labels: np.ndarray, steps: int = 1) -> bool:
+        """Feed the observed slots of `steps` engine steps ([N] each; labels in {0,1}, only observed
+        rows); live feeds one step per call. `predictions` are the estimator's own predictions made
+        when drafting. Returns True when this call completed a refit round. An estimator that refits
+        in rounds also has `steps_to_refit` (steps a call may feed at most) and `reset_round()`
+        (drop an unfinished round); estimators/rounds.py drives replays through them."""
         ...
 
     def state_dict(self) -> dict[str, Any]:

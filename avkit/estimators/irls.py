@@ -74,49 +74,67 @@ def _damp(n: np.ndarray | float, damping: float):
     return n / (n + damping) if damping > 0 else np.ones_like(np.asarray(n, dtype=np.float64))
 
 
+def schur_slope_step(a_sum: float, b: np.ndarray, c: np.ndarray, g0_sum: float, g1: np.ndarray,
+                     ridge: float) -> float:
+    """Slope component of the ridged arrowhead Newton step [[a_sum, b^T], [b, diag(c)]] + ridge I
+    against the gradient (g0_sum, g1 [K]): the intercepts eliminated by their Schur complement.
+    Not finite when the system is singular (the caller guards)."""
+    inv = 1.0 / (c + ridge)  # [K]
+    num = g0_sum - np.dot(b * inv, g1)
+    den = a_sum + ridge - np.dot(b * b, inv)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return float(num / den)
+
+
 def shared_slope_step(s: IrlsStats, slope: float, intercepts: np.ndarray, ridge: float,
                       damping: float) -> tuple[float, np.ndarray, bool]:
-    """One damped, ridged Newton step for (slope, intercepts [K]); -> (slope, intercepts, applied).
+    """One damped, ridged Newton step for (slope, intercepts [K]); -> (slope, intercepts, slope_applied).
 
-    The step is rejected (coefficients returned unchanged, applied=False) when it is not finite or
-    would make the slope negative. Positions with no observations keep their intercept bit-identical.
+    The guard (vLLM's): when the damped slope step is not finite or would make the slope negative,
+    only the slope step is zeroed; each intercept still steps, from the damped, guarded slope step
+        d_slope' = 0 if guarded else d_slope * n / (n + damping)
+        d_int_i  = (g1_i - b_i d_slope') / (c_i + lambda) * n_i / (n_i + damping)
+    so an estimator that starts where the slope cannot move still learns its intercepts (discarding
+    the whole step there would freeze it for ever). A non-finite intercept step leaves that
+    intercept alone, and positions with no observations keep theirs bit-identical.
     """
     seen = s.n > 0  # [K]
     if not seen.any():
         return slope, intercepts, False
     inv = 1.0 / (s.c + ridge)  # [K] 1 / (c_i + lambda); c_i = 0 for unseen positions
-    num = s.g0.sum() - np.dot(s.b * inv, s.g1)
-    den = s.a.sum() + ridge - np.dot(s.b * s.b, inv)  # Schur complement of diag(c) + lambda I
-    with np.errstate(divide="ignore", invalid="ignore"):
-        d_slope = num / den
-        d_int = (s.g1 - s.b * d_slope) * inv  # [K]
-    new_slope = slope + d_slope * _damp(float(s.n.sum()), damping)
-    if not (np.isfinite(new_slope) and np.isfinite(d_int[seen]).all()) or new_slope < 0:
-        return slope, intercepts, False
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        d_slope = schur_slope_step(float(s.a.sum()), s.b, s.c, float(s.g0.sum()), s.g1, ridge) \
+            * _damp(float(s.n.sum()), damping)
+        applied = bool(np.isfinite(d_slope) and slope + d_slope >= 0)
+        d_slope = d_slope if applied else 0.0
+        d_int = (s.g1 - s.b * d_slope) * inv * _damp(s.n.astype(np.float64), damping)  # [K]
+    step = seen & np.isfinite(d_int)  # [K]
     new_int = intercepts.copy()
-    new_int[seen] = intercepts[seen] + d_int[seen] * _damp(s.n[seen], damping)
-    return float(new_slope), new_int, True
+    new_int[step] = intercepts[step] + d_int[step]
+    return float(slope + d_slope), new_int, applied
 
 
 def per_position_step(s: IrlsStats, slopes: np.ndarray, intercepts: np.ndarray, ridge: float,
                       damping: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Ablation: an independent 2x2 Newton step per position for (slope_i, intercept_i).
 
-    -> (slopes [K], intercepts [K], applied [K] bool); a position's step is rejected when it is
-    not finite or makes its slope negative, and unseen positions are untouched.
+    -> (slopes [K], intercepts [K], slope applied [K] bool). The guard is the shared-slope one per
+    position: a slope step that is not finite or makes the slope negative is zeroed and the intercept
+    steps from the guarded slope step; unseen positions are untouched.
     """
-    # [[a+l, b], [b, c+l]] [ds, di]^T = [g0, g1]^T, solved in closed form per position.
-    det = (s.a + ridge) * (s.c + ridge) - s.b * s.b  # [K]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        d_slope = ((s.c + ridge) * s.g0 - s.b * s.g1) / det
-        d_int = ((s.a + ridge) * s.g1 - s.b * s.g0) / det
-    scale = _damp(s.n.astype(np.float64), damping)
-    new_slopes = slopes + d_slope * scale
-    ok = (s.n > 0) & np.isfinite(d_slope) & np.isfinite(d_int) & (new_slopes >= 0)  # [K]
-    out_s, out_i = slopes.copy(), intercepts.copy()
-    out_s[ok] = new_slopes[ok]
-    out_i[ok] = intercepts[ok] + d_int[ok] * scale[ok]
+    # [[a+l, b], [b, c+l]] [ds, di]^T = [g0, g1]^T; eliminating the intercept gives the slope step.
+    seen = s.n > 0  # [K]
+    scale = _damp(s.n.astype(np.float64), damping)  # [K]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        inv = 1.0 / (s.c + ridge)
+        d_slope = (s.g0 - s.b * s.g1 * inv) / (s.a + ridge - s.b * s.b * inv) * scale  # [K]
+        ok = seen & np.isfinite(d_slope) & (slopes + d_slope >= 0)  # [K]
+        d_slope = np.where(ok, d_slope, 0.0)
+        d_int = (s.g1 - s.b * d_slope) * inv * scale  # [K]
+    step = seen & np.isfinite(d_int)
+    out_s, out_i = slopes + d_slope, intercepts.copy()
+    out_i[step] = intercepts[step] + d_int[step]
     return out_s, out_i, ok
 
 
-__all__ = ["IrlsStats", "irls_stats", "per_position_step", "segment_stats", "shared_slope_step"]
+__all__ = ["IrlsStats", "irls_stats", "per_position_step", "schur_slope_step", "segment_stats", "shared_slope_step"]

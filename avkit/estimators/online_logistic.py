@@ -6,7 +6,10 @@ Glossary:
   position    draft position i in [0, K)                                                          [N]
   round       `refit_interval` engine steps; its O(K) IRLS statistics (estimators/irls.py) are
               summed at the predictions made when drafting, then one damped Newton step is taken
-              from that round's statistics only (vLLM's Adaptive Verification estimator)
+              from that round's statistics only (vLLM's Adaptive Verification estimator). A round
+              refits only once it is full: a run that stops mid-round drops its open statistics
+  guard       a slope step that is NaN or would make the slope negative is zeroed; the intercepts
+              still step, from the damped, guarded slope step (vLLM's rule; estimators/irls.py)
   batch fit   the same Newton step iterated on all observed slots to convergence (undamped:
               damping protects online refits from small rounds; the fixed point is the MLE)
 Reference constants (EstimatorConfig): slope 0.5, intercepts -0.2, N = 100, ridge 1e-3,
@@ -94,20 +97,40 @@ class RoundLogistic(ABC):
                                   np.asarray(predictions, dtype=np.float64),
                                   np.asarray(labels, dtype=np.float64), self.k)
 
+    @property
+    def steps_to_refit(self) -> int:
+        """Engine steps still to feed before this round refits (>= 1): a replay predicts them at once."""
+        return self.interval() - self._steps
+
+    def interval(self) -> int:
+        """Engine steps in the current round (a constant `refit_interval` here)."""
+        return self.config.refit_interval
+
     def refit(self) -> bool:
-        """Close the round: one Newton step from its statistics; True if the step was applied."""
+        """Close the round: one Newton step from its statistics; True if the slope step was applied."""
         applied = self._step(self._round, self.config.damping)
         self.observations += self._round.n
         self.rounds += 1
         self.rejected += int(not applied and self._round.n.any())
-        self._round, self._steps = IrlsStats.zeros(self.k), 0
+        self.reset_round()
         return applied
 
-    def update(self, features, positions, predictions, labels) -> bool:
-        """Feed one engine step of observed slots; True when this step completed a refit round."""
+    def reset_round(self) -> None:
+        """Drop the open round's statistics (a run ended before the round was full: live, they are lost)."""
+        self._round, self._steps = IrlsStats.zeros(self.k), 0
+
+    def update(self, features, positions, predictions, labels, steps: int = 1) -> bool:
+        """Feed the observed slots of `steps` engine steps (1 live; a replay feeds up to `steps_to_refit`
+        at once, predicted with the same coefficients); True when the round filled and was refitted.
+
+        This is THE online round: live (scheduling/adaptive.py), the simulator and `avkit fit` all
+        count engine steps and refit here, after exactly `refit_interval` of them.
+        """
+        if not 0 <= steps <= self.steps_to_refit:
+            raise ValueError(f"steps={steps}: a call may feed 0..{self.steps_to_refit} engine steps")
         self.accumulate(features, positions, predictions, labels)
-        self._steps += 1
-        if self._steps < self.config.refit_interval:
+        self._steps += steps
+        if self._steps < self.interval():
             return False
         self.refit()
         return True
@@ -211,7 +234,7 @@ class BatchLogistic(OnlineLogistic):
         self.max_iter, self.tol = max_iter, tol
         self._rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
 
-    def update(self, features, positions, predictions, labels) -> bool:
+    def update(self, features, positions, predictions, labels, steps: int = 1) -> bool:
         self._rows.append((np.asarray(features, dtype=np.float64), check_positions(positions, self.k),
                            np.asarray(labels, dtype=np.float64)))
         return False

@@ -38,7 +38,7 @@ class Passthrough:
                             f"{p.min() if p.min() < 0 else p.max()}")
         return p
 
-    def update(self, features, positions, predictions, labels) -> bool:
+    def update(self, features, positions, predictions, labels, steps: int = 1) -> bool:
         return False  # nothing to learn
 
     def state_dict(self) -> dict[str, Any]:

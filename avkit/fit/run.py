@@ -2,8 +2,8 @@
 
 For each feature of `avkit.features.FEATURES` present in the traces: a feature that already is
 a probability is scored by its no-fit estimator (q_max -> `qmax`, head_conf -> `passthrough`);
-every other feature is fitted with `online_logistic` (online mode: replayed in refit rounds)
-or `batch_logistic` (batch mode). The chosen feature is also fitted with the
+every other feature is fitted with `--estimator` (online mode, `online_logistic` by default:
+replayed in refit rounds as live) or `batch_logistic` (batch mode). The chosen feature is also fitted with the
 `per_position_slope` ablation. Lossy features are scored (flagged lossless = false) but never
 written to coefficients.json, the file `serve` deploys.
 """
@@ -53,19 +53,32 @@ def _fit_one(name: str, estimator: str, data: FitData, fit: FitConfig, est_cfg: 
     spec = FEATURES[name]
     values = data.features[name]
     est = make_estimator(estimator, k=data.k, config=replace(est_cfg, feature=name))
+    if fit.coefficients and fit.mode == "online" and name == est_cfg.feature and estimator == fit.estimator:
+        est = warm_start(estimator, fit.coefficients, data, replace(est_cfg, feature=name))
     if spec.no_fit is not None:
         return est, est.predict(values, data.positions), []
     if fit.mode == "batch":  # (the estimator orients the feature by FeatureSpec.sign itself)
         preds, rows = batch_fit(est, data, values, max_iter=fit.max_iter, tol=fit.tol)
     else:
         on_round = None if progress is None else (lambda d, t: progress(f"{name} ({estimator})", d, t))
-        preds, rows = online_replay(est, data, values, est_cfg.refit_interval, on_round)
+        preds, rows = online_replay(est, data, values, on_round)
     return est, preds, rows
+
+
+def warm_start(estimator: str, path: str, data: FitData, est_cfg: EstimatorConfig):
+    """The written estimator resumed from a coefficients file (as a server restarting from its snapshot),
+    through the one validated loader: K and the traces' model pair must match the file's."""
+    from avkit.estimators.coefficients import ServedPair
+    from avkit.scheduling.adaptive import load_estimator
+
+    t = data.trained_on
+    pair = ServedPair(t.get("target", ""), t.get("draft", ""), t.get("target_sha256", ""), t.get("draft_sha256", ""))
+    return load_estimator(estimator, path, k=data.k, pair=pair, config=est_cfg)
 
 
 def plan_features(fit: FitConfig, est_cfg: EstimatorConfig, present) -> list[tuple[str, str]]:
     """(feature, estimator) of every fit `avkit fit` runs, for the features `present` in the traces."""
-    logistic = "online_logistic" if fit.mode == "online" else "batch_logistic"
+    logistic = fit.estimator if fit.mode == "online" else "batch_logistic"
     plan = [(n, FEATURES[n].no_fit or logistic) for n in FEATURES if n in present]
     return plan + [(est_cfg.feature, "per_position_slope")]
 
@@ -102,12 +115,14 @@ def run_fit(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None
             if progress is not None:
                 progress("features", i + 1, len(plan))
     est, rows = chosen
-    return FitResult(coefficients_doc(est, data.k, data.trained_on, fit, est_cfg), scores, trajectory_frame(rows))
+    return FitResult(coefficients_doc(est, data.k, data.trained_on, data.clock, fit, est_cfg), scores,
+                     trajectory_frame(rows, data.k, hasattr(est, "slopes")))
 
 
-def coefficients_doc(est, k: int, trained_on: dict, fit: FitConfig, est_cfg: EstimatorConfig) -> dict:
+def coefficients_doc(est, k: int, trained_on: dict, clock: str, fit: FitConfig, est_cfg: EstimatorConfig) -> dict:
     """The coefficients.json document of a fitted estimator."""
     return {
+        **est.state_dict(),  # everything a warm start restores (forgetting_logistic: basis slopes, precision)
         "schema_version": 1,
         "feature": est_cfg.feature,
         "feature_sign": FEATURES[est_cfg.feature].sign,  # p = sigmoid(slope * sign * feature + b_i),
@@ -119,9 +134,11 @@ def coefficients_doc(est, k: int, trained_on: dict, fit: FitConfig, est_cfg: Est
         "mode": fit.mode,
         "estimator": est.name,
         "refit_interval": est_cfg.refit_interval,
+        "refits": int(est.rounds),
         "ridge": est_cfg.ridge,
         "damping": est_cfg.damping,
         "lossless": True,
+        "clock": clock,  # what counted engine steps: fit/data.py CLOCKS
         "trained_on": trained_on,
     }
 

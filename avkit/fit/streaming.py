@@ -79,6 +79,10 @@ class ShardSurvey:
     num_positions: int = 0  # max observed position + 1
     chunks: list[np.ndarray] = field(default_factory=list)  # [C] x [MAX_K] observed slots per position
     sample_positions: list[np.ndarray] = field(default_factory=list)  # [S] positions of the sample
+    all_step_nulls: int = 0  # rows (observed or not) without engine_step
+    steps_by_engine_step: int = 0  # engine steps counted by the engine_step clock
+    steps_by_request: int = 0  # ... by the (request_id, step) clock
+    last: tuple = (None, None)
 
     def column(self, chunk: int, name: str, dtype) -> np.ndarray:
         return np.fromfile(Path(self.spill) / f"c{chunk}.{name}", dtype=dtype)
@@ -100,11 +104,24 @@ def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int, s
             raise TraceError(f"{path}: cannot read rows {off}..{off + rows - 1}: "
                              f"{str(e).splitlines()[0]}") from None
         check_values(df, f"{path} (chunk from row {off})", k)
+        _count_steps(s, df)
         _survey_chunk(s, df.filter(pl.col("accepted").is_not_null()).sort("position", maintain_order=True),
                       rng, sample / max(total, 1))
     s.sample = {n: np.concatenate(v) for n, v in s.sample.items()}
     s.sample_positions = np.concatenate(s.sample_positions)
     return s
+
+
+def _count_steps(s: ShardSurvey, df: pl.DataFrame) -> None:
+    """Engine steps of the chunk by both clocks of fit/data.py (rows in file order; the last step of the
+    previous chunk carried), and the engine_step nulls that choose between them."""
+    s.all_step_nulls += df["engine_step"].null_count()
+    es = df["engine_step"].fill_null(-1).to_numpy()
+    key = (df["request_id"].cast(pl.String) + "\x00" + df["step"].cast(pl.String)).to_numpy()
+    if df.height:
+        s.steps_by_engine_step += int(np.count_nonzero(np.r_[es[0] != s.last[0], es[1:] != es[:-1]]))
+        s.steps_by_request += int(np.count_nonzero(np.r_[key[0] != s.last[1], key[1:] != key[:-1]]))
+        s.last = (es[-1], key[-1])
 
 
 def _survey_chunk(s: ShardSurvey, obs: pl.DataFrame, rng: np.random.Generator, rate: float) -> None:
@@ -212,7 +229,9 @@ def _merge_surveys(surveys: list[ShardSurvey], k: int | None) -> dict:
     num_positions = max([k or 0] + [s.num_positions for s in surveys])
     present = [n for n in FEATURES if all(s.nulls[n] == 0 for s in surveys)]
     datasets = {n: sum(s.datasets.get(n, 0) for s in surveys) for n in names}
-    return {"names": names, "k": num_positions, "present": present,
+    clocks = ["engine_step" if s.all_step_nulls == 0 else "request_step" for s in surveys]
+    steps = sum(s.steps_by_engine_step if c == "engine_step" else s.steps_by_request for s, c in zip(surveys, clocks))
+    return {"names": names, "k": num_positions, "present": present, "clocks": clocks, "engine_steps": steps,
             "datasets": datasets, "observed": sum(s.observed for s in surveys),
             "rows": sum(s.rows for s in surveys), "step_nulls": sum(s.engine_step_nulls for s in surveys)}
 
@@ -269,17 +288,21 @@ def fit_streaming(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig 
     scores = [{"feature": n, "lossless": FEATURES[n].lossless, "estimator": e, **row}
               for (n, e), acc in zip(plan, sums) for row in acc.rows(m["names"])]
     chosen = next(i for i, (n, _) in enumerate(plan) if n == est_cfg.feature)
-    doc = coefficients_doc(ests[chosen], m["k"], _trained_on(shards, m), fit, est_cfg)
-    return FitResult(doc, scores, trajectory_frame(rows[chosen]))
+    trained_on = _trained_on(shards, m)
+    doc = coefficients_doc(ests[chosen], m["k"], trained_on, trained_on["clock"], fit, est_cfg)
+    return FitResult(doc, scores, trajectory_frame(rows[chosen], m["k"], hasattr(ests[chosen], "slopes")))
 
 
 def _trained_on(shards, m: dict) -> dict:
+    """The same `trained_on` as fit/data.py's (the clocks per shard from pass 0)."""
     import json
 
-    meta = shards.meta
+    meta, clocks = shards.meta, m["clocks"]
     return {"traces": [_shown(p) for p in shards.paths], "slots": m["rows"], "observed": m["observed"],
             "datasets": m["datasets"], "target": meta.get("avkit.target", ""), "draft": meta.get("avkit.draft", ""),
-            "round_step_column": "engine_step" if m["step_nulls"] == 0 else "engine_step, else step",
+            "target_sha256": meta.get("avkit.target_sha256", ""), "draft_sha256": meta.get("avkit.draft_sha256", ""),
+            "clock": clocks[0] if len(set(clocks)) == 1 else "mixed", "clock_per_file": clocks,
+            "engine_steps": m["engine_steps"],
             "synthetic_truth": json.loads(meta["avkit.synthetic"]) if "avkit.synthetic" in meta else None}
 
 

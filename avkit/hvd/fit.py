@@ -24,12 +24,14 @@ from avkit.drafters.router import ROUTERS, MLPRouter, RouterContext, make_router
 from avkit.errors import DataError
 from avkit.hvd.features import FEATURE_GROUPS
 from avkit.sim.hvd_replay import ReplayGeneration, evaluate, load_generations, replay
+from avkit.staged import StagedOutputs
 
 ABLATION = (("base",), ("base", "history"), ("base", "history", "structure"),
             ("base", "history", "structure", "copy"))
 
 
 CONCURRENCY = (1, 8, 32, 128)
+HVD_FILES = ("payoff_mlp.pt", "payoff_survival.pt", "hvd_metrics.json")
 
 
 @dataclass
@@ -111,9 +113,10 @@ def fit_hvd_table(table: pl.DataFrame, out_dir: str | os.PathLike | None = None,
                   replay_config: HvdReplayConfig = HvdReplayConfig(), payoff_config: PayoffConfig = PayoffConfig(),
                   cost: HvdCostConfig = HvdCostConfig(), structure: bool = True,
                   routers: tuple[str, ...] = tuple(ROUTERS), ablation: bool = True,
-                  extra_info: dict | None = None) -> HvdResult:
+                  extra_info: dict | None = None, outputs: StagedOutputs | None = None) -> HvdResult:
     """Fit routers on replayed rows (`replay`) and score them on held-out requests. `structure`: the
-    rows carry token-structure features (a tokenizer was available)."""
+    rows carry token-structure features (a tokenizer was available). With `outputs` the files in
+    `out_dir` are only staged (the caller commits them with its other outputs)."""
     if table.select("dataset", "request_id").unique().height < 3:
         raise DataError(f"hvd fit: need at least 3 requests to split train/val/test, got "
                         f"{table['request_id'].n_unique()}")
@@ -151,25 +154,33 @@ def fit_hvd_table(table: pl.DataFrame, out_dir: str | os.PathLike | None = None,
             "payoff": asdict(payoff_config), **(extra_info or {})}
     result = HvdResult(metrics, abl, _budget(test, fitted, ctx), thresholds, info)
     if out_dir is not None:
-        result.files = _write(result, fitted, Path(out_dir))
+        if outputs is None:
+            with StagedOutputs() as own:
+                result.files = _write(result, fitted, Path(out_dir), own)
+        else:
+            result.files = _write(result, fitted, Path(out_dir), outputs)
     return result
 
 
-def _write(result: HvdResult, fitted: dict, out: Path) -> list[str]:
-    out.mkdir(parents=True, exist_ok=True)
+def reserve_hvd_outputs(out_dir, outputs: StagedOutputs, name: str = "--out") -> dict[str, Path]:
+    """Reserve the hvd files in `out_dir` before the replay (checked writable now); -> file -> temp."""
+    return {f: outputs.file(Path(out_dir) / f, name) for f in HVD_FILES}
+
+
+def _write(result: HvdResult, fitted: dict, out: Path, outputs: StagedOutputs) -> list[str]:
+    tmp = reserve_hvd_outputs(out, outputs)
     files = []
     for name, fname in (("mlp", "payoff_mlp.pt"), ("survival", "payoff_survival.pt")):
         if name in fitted and fitted[name].model is not None:
-            fitted[name].model.save(out / fname, tau=fitted[name].tau)
+            fitted[name].model.save(tmp[fname], tau=fitted[name].tau)
             files.append(str(out / fname))
+        else:
+            outputs.discard(out / fname)  # not fitted this run: an older file stays as it was
     blob = {"metrics": result.metrics.to_dicts(), "ablation": result.ablation.to_dicts(),
             "budget": result.budget.to_dicts(),
             "thresholds": result.thresholds, "info": result.info}
-    path = out / "hvd_metrics.json"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(blob, indent=1, default=float))
-    os.replace(tmp, path)
-    return files + [str(path)]
+    tmp["hvd_metrics.json"].write_text(json.dumps(blob, indent=1, default=float))
+    return files + [str(out / "hvd_metrics.json")]
 
 
 def fit_hvd(trace_paths: list[str | os.PathLike], out_dir: str | os.PathLike | None, *,

@@ -43,7 +43,9 @@ class Tokenizer:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
+        # encode_batch releases the GIL while it works (encode does not): the server tokenizes in a
+        # worker thread, and a multi-MB prompt must not stall its event loop. Same ids as encode.
+        return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)  # a tensor, an array or a list

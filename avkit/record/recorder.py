@@ -5,7 +5,8 @@ Glossary:
   flush      trace first, then generations: a finished request's generation row is never on
              disk before its trace rows, so `--resume` (which re-runs requests that have no
              generation row and drops their partial trace rows) never duplicates a slot
-  interrupt  SIGINT/SIGTERM stop the loop between steps' work; both files are closed cleanly
+  interrupt  SIGINT/SIGTERM stop the loop between steps' work; both files are flushed, and committed
+             when avkit/record/files.py allows it (never over rows it could lose)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,11 +24,11 @@ import pyarrow.compute as pc
 
 import avkit
 from avkit.config import EngineConfig, RecordConfig
+from avkit.record.files import check_resume, preflight
 from avkit.record.progress import RecordProgress
 from avkit.record.requests import PromptQueue, Turn
 from avkit.record.sink import RecordingSink
 from avkit.record.stats import AcceptanceStats
-from avkit.trace.schema import generations_path
 from avkit.trace.writer import GenerationWriter, TraceWriter
 
 _NEVER = 1 << 40  # row_group_rows for writers the recorder flushes itself
@@ -46,6 +48,7 @@ class RecordResult:
     engine_steps: int  # the engine's own counters for this run
     engine_tokens: int
     elapsed_s: float
+    committed: bool = True  # False: the rows are in the .partial files, the finals were left as they were
 
 
 def metadata(config: RecordConfig, target, draft) -> dict[str, str]:
@@ -70,8 +73,15 @@ def metadata(config: RecordConfig, target, draft) -> dict[str, str]:
 
 @contextmanager
 def _interruptible():
-    """SIGINT and SIGTERM raise KeyboardInterrupt (also when started in the background with SIGINT ignored)."""
+    """SIGINT and SIGTERM raise KeyboardInterrupt once (also when started in the background with SIGINT
+    ignored); further signals while the files are being saved are noted and ignored."""
+    state = {"raised": False}
+
     def raise_interrupt(signum, frame):
+        if state["raised"]:
+            print("avkit record: still saving the files, please wait", file=sys.stderr, flush=True)
+            return
+        state["raised"] = True
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     try:
@@ -111,18 +121,28 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
            run_id: str | None = None) -> RecordResult:
     """Record `config.datasets` through the engine into `config.out` (+ its generations table).
 
-    `target`/`draft` are LoadedModels (loaded from config.target/draft when None).
+    `target`/`draft` are LoadedModels (loaded from config.target/draft when None). What may happen to
+    existing files at `config.out` is decided by `avkit.record.files` (nothing is clobbered).
     """
+    files = preflight(config)  # before the models load: a refused --out or resume costs nothing
     target, draft = _load_models(config, target, draft)
     meta = metadata(config, target, draft)
-    out = Path(config.out)
-    gen_path = generations_path(out)
+    check_resume(files, meta)
+    out, gen_path = files.trace, files.generations
     run_id = run_id or f"{out.stem}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
-    with GenerationWriter(gen_path, meta, row_group_rows=_NEVER, resume=config.resume) as gens:
-        done = _finished_outputs(gens) if config.resume else {}
-        keep = set(done) if config.resume else None
-        with TraceWriter(out, meta, row_group_rows=config.row_group_rows, resume=config.resume,
-                         keep_requests=keep) as trace:
+    gens = trace = None
+    started = False  # both partials written: from here on an error keeps what was recorded in them
+    with _interruptible():
+        try:
+            # Read both sources before writing anything: a failed resume leaves both tables as they were.
+            gens = GenerationWriter(gen_path, meta, row_group_rows=_NEVER, resume=config.resume,
+                                    source=files.generations_source)
+            done = _finished_outputs(gens) if config.resume else {}
+            trace = TraceWriter(out, meta, row_group_rows=config.row_group_rows, resume=config.resume,
+                                keep_requests=set(done) if config.resume else None, source=files.trace_source)
+            gens.flush()  # generations partial first: a trace partial never exists without its generations
+            trace.flush()
+            started = True
             stats = AcceptanceStats(max(config.k, 1))
             if config.resume and trace.rows_written:
                 stats.update_from_table(trace.table())
@@ -132,12 +152,31 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
             sink = RecordingSink(trace, run_id, stats)
             queue = PromptQueue(config, target.tokenizer, done)
             t0 = time.monotonic()
-            with _interruptible():
-                finished, interrupted, engine = _run(config, target, draft, sink, queue, gens, run_id, stats,
-                                                     progress, console, step_offset)
+            finished, interrupted, engine = _run(config, target, draft, sink, queue, gens, run_id, stats,
+                                                 progress, console, step_offset)
+            if not interrupted or files.commit_on_interrupt():
+                trace.close()  # trace first (see avkit/record/files.py)
+                gens.close()
+            else:
+                trace.flush()
+                gens.flush()
+        except BaseException:
+            if started:
+                _keep_partials(trace, gens)
+            raise
     return RecordResult(out, gen_path, run_id, finished, sink.rows, resumed_rows + sink.rows, interrupted,
                         queue.skipped_long, stats.summary(), engine.stats.steps, engine.stats.tokens,
-                        time.monotonic() - t0)
+                        time.monotonic() - t0, committed=trace.closed)
+
+
+def _keep_partials(trace: TraceWriter | None, gens: GenerationWriter | None) -> None:
+    """After an error: what was recorded stays in the partials (trace first); the finals are untouched."""
+    for writer in (trace, gens):
+        if writer is not None and not writer.closed:
+            try:
+                writer.flush()
+            except Exception:  # the original error is the one to report
+                pass
 
 
 def _finished_outputs(gens: GenerationWriter) -> dict[str, list[int]]:
@@ -192,7 +231,6 @@ def _run(config, target, draft, sink, queue, gens, run_id, stats, progress, cons
                     sink.writer.flush()  # trace before generations (see module docstring)
                     gens.flush()
                     last_flush = time.monotonic()
-        except KeyboardInterrupt:
-            sink.writer.flush()
+        except KeyboardInterrupt:  # the caller flushes or commits both files
             return finished, True, engine
     return finished, False, engine

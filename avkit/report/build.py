@@ -7,7 +7,7 @@
                    trajectory.parquet): every number in the page can be checked against them
   out/simulate.parquet  when the report ran the simulation itself (no results were given or found)
 Everything is written into a temporary directory beside `out`, which replaces `out` only when
-complete: a failed run leaves the previous report as it was.
+complete (avkit/staged.py): a failed run leaves the previous report as it was.
 """
 
 from __future__ import annotations
@@ -16,43 +16,32 @@ import base64
 import contextlib
 import datetime as dt
 import io
-import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from avkit import __version__
 from avkit.config import EstimatorConfig, FitConfig, ReportConfig, SimulateConfig
-from avkit.errors import ConfigError
 from avkit.report.document import Figure, Report, Section
 from avkit.report.html import render_html
 from avkit.report.inputs import FitOutputs, ReportInputs, load_fit_dir, load_inputs
 from avkit.report.markdown import render_markdown
 from avkit.report.sections import SECTIONS
+from avkit.staged import StagedOutputs
 
 Progress = Callable[[str], None]
 FIT_FILES = ("coefficients.json", "scores.json", "trajectory.parquet")
 
 
 @contextlib.contextmanager
-def staging(out: Path) -> Iterator[Path]:
-    """Yield an empty temp dir beside `out`; on success it becomes `out` (the old one is removed)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"--out {out}: exists and is not a directory")
-    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = out.with_name(f".{out.name}.{os.getpid()}.old")
-    if out.exists():
-        os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
+def staging(out: Path, outputs: StagedOutputs | None = None) -> Iterator[Path]:
+    """Yield an empty temp dir beside `out` that replaces `out` when the run succeeds (see avkit/staged.py):
+    reserved in `outputs` (the caller commits it with its other outputs), else committed here."""
+    if outputs is not None:
+        yield outputs.directory(out)
+        return
+    with StagedOutputs() as own:
+        yield own.directory(out)
 
 
 def build_document(inputs: ReportInputs, config: ReportConfig, progress: Progress | None = None) -> Report:
@@ -70,6 +59,7 @@ def build_document(inputs: ReportInputs, config: ReportConfig, progress: Progres
              ("traces", ", ".join(p.name for p in inputs.traces) or "not at hand"),
              ("simulation", inputs.sources.get("sim", "none")),
              ("hybrid drafting", inputs.sources.get("hvd", "none")),
+             ("tuning", inputs.sources.get("tune", "none")),
              ("written", f"{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC by avkit {__version__}")]
     return Report("avkit report: acceptance, calibration and verification", facts, sections)
 
@@ -109,20 +99,22 @@ def _simulate(traces: list[Path], dest: Path) -> Path:
 
 
 def report_fit_dir(fit_dir, out, config: ReportConfig | None = None, *, traces=None, sim=None, hvd=None,
-                   run_simulation: bool = False, progress: Progress | None = None) -> Path:
+                   tune=None, run_simulation: bool = False, progress: Progress | None = None,
+                   outputs: StagedOutputs | None = None) -> Path:
     """Report an `avkit fit` output directory (with the traces it names, when at hand) into `out`."""
     out, config = Path(out), config or ReportConfig()
     fit = load_fit_dir(fit_dir)
-    with staging(out) as tmp:
+    with staging(out, outputs) as tmp:
         _copy_fit(fit, tmp / "fit")
-        inputs = _gather(load_fit_dir(tmp / "fit"), traces, sim, hvd, config, run_simulation, tmp, progress)
+        inputs = _gather(load_fit_dir(tmp / "fit"), traces, sim, hvd, config, run_simulation, tmp, progress, tune)
         write_document(build_document(inputs, config, progress), tmp, config)
     return out
 
 
 def report_traces(traces, out, config: ReportConfig | None = None, *, fit: FitConfig | None = None,
-                  estimator: EstimatorConfig | None = None, sim=None, hvd=None, run_simulation: bool = False,
-                  progress: Progress | None = None) -> Path:
+                  estimator: EstimatorConfig | None = None, sim=None, hvd=None, tune=None,
+                  run_simulation: bool = False, progress: Progress | None = None,
+                  outputs: StagedOutputs | None = None) -> Path:
     """Fit `traces` with the fit library (outputs kept in out/fit) and report them into `out`."""
     from avkit.fit import run_fit, write_fit_outputs
 
@@ -130,16 +122,16 @@ def report_traces(traces, out, config: ReportConfig | None = None, *, fit: FitCo
     if progress is not None:
         progress("fit")
     result = run_fit(paths, fit, estimator)
-    with staging(out) as tmp:
+    with staging(out, outputs) as tmp:
         write_fit_outputs(tmp / "fit", result)
-        inputs = _gather(load_fit_dir(tmp / "fit"), paths, sim, hvd, config, run_simulation, tmp, progress)
+        inputs = _gather(load_fit_dir(tmp / "fit"), paths, sim, hvd, config, run_simulation, tmp, progress, tune)
         write_document(build_document(inputs, config, progress), tmp, config)
     return out
 
 
 def _gather(fit: FitOutputs, traces, sim, hvd, config: ReportConfig, run_simulation: bool, tmp: Path,
-            progress: Progress | None) -> ReportInputs:
-    """sim / hvd: an explicit path must exist; None falls back to the config default when present, and
+            progress: Progress | None, tune=None) -> ReportInputs:
+    """sim / hvd / tune: an explicit path must exist; None falls back to the config default when present, and
     for sim, with `run_simulation`, to simulating the traces now (SimulateConfig defaults)."""
     paths = [Path(p) for p in (traces or fit.coefficients.get("trained_on", {}).get("traces", []))]
     simulated = ""
@@ -150,7 +142,7 @@ def _gather(fit: FitOutputs, traces, sim, hvd, config: ReportConfig, run_simulat
         sim = _simulate(paths, tmp / "simulate.parquet")
         simulated = f"simulated now with the avkit simulate defaults (cost model {SimulateConfig().cost})"
     inputs = load_inputs(fit, traces, sim or config.sim, hvd or config.hvd, sim_explicit=sim is not None,
-                         hvd_explicit=hvd is not None)
+                         hvd_explicit=hvd is not None, tune=tune or config.tune, tune_explicit=tune is not None)
     if simulated:
         inputs.sources["sim"] = simulated
     return inputs

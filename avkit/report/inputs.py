@@ -6,6 +6,7 @@
                or given): acceptance per position, reliability diagrams, the per-dataset refits
   sim          `avkit simulate` results Parquet: one row per (concurrency, policy)
   hvd          `avkit hvd` hvd_metrics.json: routers x datasets on held-out requests
+  tune         `avkit tune` result JSON (avkit/tune/__init__.py lists its keys)
 An input that is absent leaves `None` and a note; the sections that need it say so in the report.
 """
 
@@ -19,12 +20,14 @@ import numpy as np
 import polars as pl
 
 from avkit.errors import ConfigError, DataError
+from avkit.estimators.coefficients import load_coefficients
 from avkit.fit.data import FitData, load_fit_data
 from avkit.trace.reader import read_traces
 
 SCORE_KEYS = ("feature", "lossless", "estimator", "scope", "auc", "log_loss", "ece", "n")
 SIM_COLUMNS = ("concurrency", "policy", "throughput_tok_s", "per_request_tok_s", "vs_best_fixed")
 HVD_KEYS = ("router", "dataset", "cycles_per_1k", "precision", "recall", "speedup_vs_model")
+TUNE_KEYS = ("avkit_tune", "concurrency", "cells", "schedule", "infeasible", "idle", "vllm", "trtllm", "notes")
 
 
 @dataclass
@@ -43,15 +46,18 @@ class ReportInputs:
     drafts: dict[str, dict] = field(default_factory=dict)  # dataset -> {slots, entropy}: ALL drafted slots
     sim: pl.DataFrame | None = None
     hvd: dict | None = None
+    tune: dict | None = None
     notes: dict[str, str] = field(default_factory=dict)  # input -> why it is missing
     sources: dict[str, str] = field(default_factory=dict)  # input -> where it came from (shown in the report)
 
 
 def _read_json(path: Path):
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: not valid JSON: {e}") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
 
 
 def load_fit_dir(path) -> FitOutputs:
@@ -62,18 +68,23 @@ def load_fit_dir(path) -> FitOutputs:
     for name in ("coefficients.json", "scores.json"):
         if not (d / name).is_file():
             raise ConfigError(f"FIT_DIR {d}: no {name} (write one with `avkit fit --out {d}`)")
-    coefficients, scores = _read_json(d / "coefficients.json"), _read_json(d / "scores.json")
-    for key in ("feature", "slope", "intercepts", "estimator"):
-        if key not in coefficients:
-            raise DataError(f"{d / 'coefficients.json'}: missing key {key!r}")
+    coefficients = load_coefficients(d / "coefficients.json")  # the one validated loader
+    scores = _read_json(d / "scores.json")
+    if "estimator" not in coefficients:
+        raise DataError(f"{d / 'coefficients.json'}: missing key 'estimator'")
     if not isinstance(scores, list) or not scores:
         raise DataError(f"{d / 'scores.json'}: expected a non-empty list of score rows")
     for i, row in enumerate(scores):
+        if not isinstance(row, dict):
+            raise DataError(f"{d / 'scores.json'}: row {i} is not an object: {row!r}")
         missing = [k for k in SCORE_KEYS if k not in row]
         if missing:
             raise DataError(f"{d / 'scores.json'}: row {i} lacks {missing}")
     traj = d / "trajectory.parquet"
-    trajectory = pl.read_parquet(traj) if traj.is_file() else None
+    try:
+        trajectory = pl.read_parquet(traj) if traj.is_file() else None
+    except (OSError, pl.exceptions.PolarsError) as e:
+        raise DataError(f"{traj}: not a readable Parquet file: {str(e).splitlines()[0]}") from None
     return FitOutputs(d, coefficients, scores, trajectory)
 
 
@@ -94,8 +105,18 @@ def load_hvd(path) -> dict:
     p = p / "hvd_metrics.json" if p.is_dir() else p
     blob = _read_json(p)
     rows = blob.get("metrics") if isinstance(blob, dict) else None
-    if not rows or any(k not in rows[0] for k in HVD_KEYS):
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) and all(k in r for k in HVD_KEYS)
+                                                         for r in rows):
         raise DataError(f"--hvd {p}: expected `avkit hvd` hvd_metrics.json with metrics rows {list(HVD_KEYS)}")
+    return blob
+
+
+def load_tune(path) -> dict:
+    p = Path(path)
+    blob = _read_json(p)
+    missing = [k for k in TUNE_KEYS if not isinstance(blob, dict) or k not in blob]
+    if missing:
+        raise DataError(f"--tune {p}: missing key(s) {missing} (expected an `avkit tune` result)")
     return blob
 
 
@@ -123,7 +144,7 @@ def _optional(path, explicit: bool, loader, name: str, hint: str, notes: dict):
 
 
 def load_inputs(fit: FitOutputs, traces=None, sim=None, hvd=None, *, sim_explicit: bool = False,
-                hvd_explicit: bool = False) -> ReportInputs:
+                hvd_explicit: bool = False, tune=None, tune_explicit: bool = False) -> ReportInputs:
     """Gather everything a report reads. `traces` default to the ones the fit was trained on."""
     notes: dict[str, str] = {}
     paths = [Path(p) for p in (traces or fit.coefficients.get("trained_on", {}).get("traces", []))]
@@ -139,17 +160,19 @@ def load_inputs(fit: FitOutputs, traces=None, sim=None, hvd=None, *, sim_explici
                            "--sim (or let `avkit report` simulate the traces)", notes)
     inputs.hvd = _optional(hvd, hvd_explicit, load_hvd, "hvd", "run `avkit hvd` to add the hybrid-drafting results",
                            notes)
-    inputs.sources.update({name: str(path) for name, path, got in (("sim", sim, inputs.sim), ("hvd", hvd, inputs.hvd))
-                           if got is not None})
+    inputs.tune = _optional(tune, tune_explicit, load_tune, "tune", "run `avkit tune` to add the recommended "
+                            "schedule", notes)
+    inputs.sources.update({name: str(path) for name, path, got in (("sim", sim, inputs.sim), ("hvd", hvd, inputs.hvd),
+                                                                   ("tune", tune, inputs.tune)) if got is not None})
     return inputs
 
 
 def subset(data: FitData, mask: np.ndarray) -> FitData:
     """The observed slots where `mask` [N] holds, still in engine-step order."""
     return FitData(k=data.k, features={n: v[mask] for n, v in data.features.items()}, positions=data.positions[mask],
-                   labels=data.labels[mask], engine_step=data.engine_step[mask], file_index=data.file_index[mask],
-                   dataset_codes=data.dataset_codes[mask], dataset_names=data.dataset_names,
-                   trained_on=data.trained_on)
+                   labels=data.labels[mask], row_step=data.row_step[mask], step_file=data.step_file,
+                   step_clock=data.step_clock, file_index=data.file_index[mask],
+                   dataset_codes=data.dataset_codes[mask], dataset_names=data.dataset_names, trained_on=data.trained_on)
 
 
-__all__ = ["FitOutputs", "ReportInputs", "load_fit_dir", "load_hvd", "load_inputs", "load_sim", "subset"]
+__all__ = ["FitOutputs", "ReportInputs", "load_fit_dir", "load_hvd", "load_inputs", "load_sim", "load_tune", "subset"]

@@ -235,3 +235,35 @@ def grouped_bars(values: dict[str, dict[str, float]], title: str, ylabel: str, b
 
 __all__ = ["acceptance_by_position", "coefficient_trajectory", "grouped_bars", "pareto", "per_position_auc",
            "reliability", "role_analysis", "throughput_vs_concurrency"]
+
+
+def tune_schedule(series: dict[str, tuple[np.ndarray, np.ndarray]], chosen: tuple[np.ndarray, np.ndarray],
+                  relative: dict[str, tuple[np.ndarray, np.ndarray]], gain: tuple[np.ndarray, ...],
+                  ranges: list[tuple[int, int, str]], infeasible: list[int]) -> Figure:
+    """`avkit tune`: series: arm -> (concurrency [C], tok/s [C]); chosen: the schedule's (concurrency, tok/s);
+    relative: arm -> tok/s over the best single fixed K; gain: (concurrency, ratio, lo, hi) of the schedule
+    over that K; ranges: (batch lo, batch hi, label) shaded and labelled; infeasible: concurrencies hatched."""
+    fig, axes = new_figure(12.0, 4.8, 1, 2)
+    relative = {arm: v for arm, v in relative.items() if arm != "nospec"}  # far below: it would flatten the rest
+    for ax, lines in ((axes[0, 0], series), (axes[0, 1], relative)):
+        for i, (lo, hi, label) in enumerate(ranges):
+            ax.axvspan(max(lo, 0.75) if i == 0 else lo - 0.5, hi + 0.5, color="#f2f2f2" if i % 2 else "#e4ecf7",
+                       zorder=0)
+            ax.text(np.sqrt(max(lo, 1) * hi), 0.02, label, transform=ax.get_xaxis_transform(), ha="center",
+                    va="bottom", fontsize=8, fontweight="bold")
+        for c in infeasible:
+            ax.axvspan(c / 1.3, c * 1.3, facecolor="none", hatch="//", edgecolor="#c44e52", linewidth=0, zorder=0)
+        _policy_lines(ax, lines)
+        plain_log(ax, "x", base=2)
+        ax.set_xlabel("batch size (requests decoding at once)")
+    a, b = axes[0, 0], axes[0, 1]
+    a.plot(*chosen, color="black", linewidth=3.0, marker="D", label="recommended schedule", zorder=5)
+    plain_log(a, "y")
+    a.set(title="Predicted throughput; shaded: the schedule's ranges", ylabel="throughput (tokens/s, all requests)")
+    c, ratio, lo, hi = gain
+    b.errorbar(c, ratio, yerr=[ratio - lo, hi - ratio], color="black", linewidth=2.5, marker="D", capsize=3,
+               label="recommended schedule", zorder=5)
+    b.axhline(1.0, color="black", linewidth=0.8, linestyle=":")
+    b.set(title="Relative to the best single fixed K (bootstrap interval)", ylabel="throughput / best single K (×)")
+    b.legend(frameon=False, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return fig

@@ -217,7 +217,8 @@ class Engine:
         last = torch.tensor([s.tokens[-1] for s in batch], dtype=torch.int64, device=self.device)[:, None]
         tokens = torch.cat([last, draft.tokens[:, :k]], dim=1)  # [B, 1+k]
         logits = self._target_forward(tokens, 1 + num_verify, inp.slots, "all")  # [B, 1+k, V]
-        target_probs = probs_from_logits(logits, inp.temperature[:, None], inp.top_p[:, None])
+        target_probs = probs_from_logits(logits, inp.temperature[:, None], inp.top_p[:, None],
+                                         *self._top_k_min_p(batch))
 
         # Accept x_j with probability min(1, p_j(x_j) / q_j(x_j)); at the first rejection resample from
         # norm(max(0, p_j - q_j)), else add a bonus token from p_{k_r+1}: the output follows p for any k_r
@@ -242,6 +243,15 @@ class Engine:
         if self.drafter is not None:
             self.stats.draft_forward_s = getattr(self.drafter, "forward_s", 0.0)
         return outputs
+
+    def _top_k_min_p(self, batch: list[_Seq]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Per-request top-k / min-p as [B, 1] for the verifier's distribution; (None, None) when all are off.
+        Only the target's distribution needs them: rejection sampling emits it whatever the draft proposed."""
+        if not any(s.req.sampling.top_k or s.req.sampling.min_p for s in batch):
+            return None, None
+        top_k = torch.tensor([s.req.sampling.top_k for s in batch], dtype=torch.int64, device=self.device)
+        min_p = torch.tensor([s.req.sampling.min_p for s in batch], dtype=torch.float32, device=self.device)
+        return top_k[:, None], min_p[:, None]
 
     def _commit(self, batch: list[_Seq], inp: DraftInput, output_tokens: torch.Tensor,
                 num_accepted: torch.Tensor) -> list[StepOutput]:

@@ -1,4 +1,5 @@
-"""From logits to the distribution a token is sampled from: temperature, then top-p (nucleus).
+"""From logits to the distribution a token is sampled from: temperature, then top-k and min-p
+(optional, per request), then top-p (nucleus).
 
 Glossary:
   T        temperature; T = 0 is greedy and gives a one-hot distribution at the argmax, so greedy
@@ -7,8 +8,15 @@ Glossary:
   top_p    keep the most probable tokens until their mass reaches top_p; the token that crosses
            the threshold is kept, and so is every token tied with it (the rule depends on values
            only, never on sort order)
-Both target and draft distributions are truncated the same way: speculative decoding is then
-lossless with respect to the target's own temperature + top-p sampling.
+  top_k    keep the k most probable tokens (and every token tied with the k-th), renormalise
+  min_p    keep tokens whose probability is >= min_p times the largest one, renormalise
+           (top-k and min-p are both value thresholds on softmax(logits / T): they commute; top-p
+           then applies to what they kept, as vLLM orders them)
+Target and draft distributions are truncated by temperature and top-p alike; top-k and min-p are
+applied to the target's distribution only (the engine verifies against it). Rejection sampling
+emits the verifier's distribution whatever the draft proposes, so speculative decoding stays
+lossless with respect to the target's own temperature + top-k + min-p + top-p sampling; drafts
+outside the kept set are simply rejected.
 """
 
 from __future__ import annotations
@@ -44,9 +52,28 @@ def top_p_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return thresh
 
 
-def _sampled_probs(logits: torch.Tensor, t: torch.Tensor, tp: torch.Tensor) -> torch.Tensor:
-    """softmax(logits / T) truncated to the top-p nucleus and renormalised; [N, V], in place where possible."""
+def top_k_min_p(probs: torch.Tensor, top_k: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Zero what top-k and min-p drop from ``probs`` [N, V] and renormalise -> [N, V].
+
+    ``top_k`` [N] int (0 = off), ``min_p`` [N] float (0 = off). A token survives iff its probability is
+    >= the k-th largest (ties kept) and >= min_p * the largest: both are thresholds on values.
+    """
+    v = probs.shape[-1]
+    k = top_k.clamp(0, v)  # [N]
+    thresh = probs.max(-1).values * min_p  # [N]
+    if bool((k > 0).any()):
+        kth = probs.topk(int(k.max()), dim=-1).values.gather(-1, (k.clamp(min=1) - 1)[:, None]).squeeze(-1)  # [N]
+        thresh = torch.where(k > 0, torch.maximum(thresh, kth), thresh)
+    probs = probs.masked_fill(probs < thresh[:, None], 0.0)
+    return probs / probs.sum(-1, keepdim=True)
+
+
+def _sampled_probs(logits: torch.Tensor, t: torch.Tensor, tp: torch.Tensor, tk: torch.Tensor | None = None,
+                   mp: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(logits / T), then top-k / min-p when given, then the top-p nucleus, renormalised; [N, V]."""
     probs = torch.softmax(logits / t[:, None], dim=-1)  # [N, V]
+    if tk is not None:
+        probs = top_k_min_p(probs, tk, mp)
     rows = torch.nonzero(tp < 1.0).squeeze(-1)
     if rows.numel() == len(tp):
         probs.masked_fill_(probs < top_p_threshold(probs, tp)[:, None], 0.0)
@@ -58,24 +85,29 @@ def _sampled_probs(logits: torch.Tensor, t: torch.Tensor, tp: torch.Tensor) -> t
     return probs
 
 
-def probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
+                      top_k: torch.Tensor | None = None, min_p: torch.Tensor | None = None) -> torch.Tensor:
     """Sampling distribution of ``logits`` [..., V] -> [..., V] float32.
 
-    ``temperature`` and ``top_p`` broadcast to ``logits.shape[:-1]`` (e.g. [B, 1] for [B, S, V]).
-    T = 0 rows are one-hot at the argmax (no softmax is computed for them).
+    ``temperature``, ``top_p`` and the optional ``top_k`` / ``min_p`` (both or neither) broadcast to
+    ``logits.shape[:-1]`` (e.g. [B, 1] for [B, S, V]). T = 0 rows are one-hot at the argmax (no softmax
+    is computed for them; top-k and min-p always keep the argmax).
     """
     lead, v = logits.shape[:-1], logits.shape[-1]
     flat = logits.reshape(-1, v).float()  # [N, V]
     t = temperature.float().expand(lead).reshape(-1)  # [N]
     tp = top_p.float().expand(lead).reshape(-1)  # [N]
+    tk = top_k.expand(lead).reshape(-1) if top_k is not None else None  # [N]
+    mp = min_p.float().expand(lead).reshape(-1) if top_k is not None else None  # [N]
     greedy = t == 0
     n_greedy = int(greedy.sum())
     if n_greedy == 0:
-        return _sampled_probs(flat, t, tp).reshape(*lead, v)
+        return _sampled_probs(flat, t, tp, tk, mp).reshape(*lead, v)
     probs = torch.zeros_like(flat).scatter_(-1, flat.argmax(-1, keepdim=True), 1.0)  # one-hot rows
     if n_greedy < len(t):
         rows = torch.nonzero(~greedy).squeeze(-1)
-        probs[rows] = _sampled_probs(flat[rows], t[rows], tp[rows])
+        probs[rows] = _sampled_probs(flat[rows], t[rows], tp[rows], None if tk is None else tk[rows],
+                                     None if mp is None else mp[rows])
     return probs.reshape(*lead, v)
 
 
@@ -92,4 +124,4 @@ def sample_tokens(probs: torch.Tensor, seeds: torch.Tensor, request_keys: torch.
     return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
 
 
-__all__ = ["STREAM_DRAFT", "probs_from_logits", "sample_tokens", "top_p_threshold"]
+__all__ = ["STREAM_DRAFT", "probs_from_logits", "sample_tokens", "top_k_min_p", "top_p_threshold"]

@@ -19,7 +19,6 @@ Registered in POLICIES as `adaptive`. With estimator "none" it verifies every dr
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ import avkit.estimators  # noqa: F401  (registers the estimators)
 from avkit.config import DEFAULT_K, AdaptiveConfig, EstimatorConfig
 from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.base import ESTIMATORS, Estimator, make_estimator
+from avkit.estimators.coefficients import ServedPair, load_coefficients
 from avkit.scheduling.budget import Allocation, plan_verification
 from avkit.scheduling.cost import CostTable, resolve_cost
 from avkit.scheduling.gate import DraftGate
@@ -62,11 +62,14 @@ def estimator_feature(estimator: Estimator) -> str:
     return PROBABILITY_FEATURES.get(getattr(estimator, "name", ""), DEFAULT_FEATURE)
 
 
-def load_estimator(name: str, coefficients: str | Path = "", k: int = DEFAULT_K, **kwargs) -> Estimator | None:
-    """An estimator from the registry (K positions), warm-started from a coefficients.json if given.
+def load_estimator(name: str, coefficients: str | Path = "", k: int = DEFAULT_K, pair: ServedPair | None = None,
+                   **kwargs) -> Estimator | None:
+    """An estimator from the registry (K positions), warm-started from a coefficients file if given.
 
-    "none" -> None (full verification); "online" is short for "online_logistic". The warm start goes
-    through the estimator's `load_state_dict` (the JSON's `state` entry when it has one).
+    "none" -> None (full verification); "online" is short for "online_logistic". The file goes through
+    the one validated loader (estimators/coefficients.py: K, finiteness, feature, the served `pair`)
+    and then the estimator's `load_state_dict`. A file written by `forgetting_logistic` (two basis
+    slopes) or `per_position_slope` loads only into that estimator; a shared-slope file into any.
     """
     name = ALIASES.get(name, name)
     if name == "none":
@@ -78,19 +81,26 @@ def load_estimator(name: str, coefficients: str | Path = "", k: int = DEFAULT_K,
     path = Path(coefficients).expanduser()
     if not path.is_file():
         raise ConfigError(f"coefficients: no such file: {path}")
+    state = load_coefficients(path, k=k, pair=pair)
+    written_by = state.get("estimator", state.get("name", "online_logistic"))
+    if written_by in OWN_FILES and written_by != name:
+        raise ConfigError(f"coefficients {path}: field 'estimator' is {written_by!r}; its coefficients load "
+                          f"only into {written_by!r}, not {name!r}")
+    feature = state.get("feature")
+    if feature and "config" not in kwargs and feature != EstimatorConfig().feature:
+        kwargs["config"] = EstimatorConfig(feature=feature)  # the fitted file names its feature
+    estimator = make_estimator(name, k=k, **kwargs)
+    if feature and estimator_feature(estimator) != feature:
+        raise ConfigError(f"coefficients {path}: field 'feature' is {feature!r}, estimator {name!r} reads "
+                          f"{estimator_feature(estimator)!r}")
     try:
-        state = json.loads(path.read_text())
-        state = state.get("state", state)
-        feature = state.get("feature")
-        if feature and "config" not in kwargs and feature != EstimatorConfig().feature:
-            kwargs["config"] = EstimatorConfig(feature=feature)  # the fitted file names its feature
-        estimator = make_estimator(name, k=k, **kwargs)
-        if feature and estimator_feature(estimator) != feature:
-            raise ConfigError(f"fitted on feature {feature!r}, estimator reads {estimator_feature(estimator)!r}")
         estimator.load_state_dict(state)
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, AvkitError) as e:
+    except (KeyError, TypeError, ValueError, OverflowError, AttributeError, AvkitError) as e:
         raise ConfigError(f"coefficients {path}: cannot warm-start {name!r} from it ({e})") from None
     return estimator
+
+
+OWN_FILES = ("forgetting_logistic", "per_position_slope")  # files only their own estimator can load
 
 
 @dataclass

@@ -16,14 +16,14 @@ segment's slope), non-decreasing by construction. Tables come from `avkit profil
 from __future__ import annotations
 
 import json
-import os
-import tempfile
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from avkit.errors import ConfigError
+from avkit.staged import StagedOutputs
 
 DRAFTER_KINDS = ("autoregressive", "parallel")
 
@@ -111,45 +111,80 @@ class CostTable:
         d["meta"] = {k: v for k, v in self.meta.items() if k != "path"}
         return d
 
-    def save(self, path) -> Path:
-        """Write JSON atomically (temp file in the same folder, then rename)."""
-        path = Path(path).expanduser()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(self.to_json(), f, indent=1)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+    def save(self, path, outputs: StagedOutputs | None = None) -> Path:
+        """Write JSON through a staged output (`outputs`, committed by the caller; else committed here)."""
+        if outputs is None:
+            with StagedOutputs() as own:
+                return self.save(path, own)
+        outputs.file(path).write_text(json.dumps(self.to_json(), indent=1))
+        return Path(path).expanduser()
 
     @classmethod
     def load(cls, path) -> CostTable:
+        """Read and validate a cost table JSON; every error names the file and the field."""
         path = Path(path).expanduser()
         if not path.is_file():
             raise ConfigError(f"cost table: no such file: {path}")
         try:
-            d = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ConfigError(f"cost table {path}: not valid JSON ({e})") from None
+            d = json.loads(path.read_text(encoding="utf-8"), parse_constant=_reject_constant)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as e:
+            raise ConfigError(f"cost table {path}: not valid JSON ({_one_line(e)})") from None
+        if not isinstance(d, dict):
+            raise ConfigError(f"cost table {path}: expected a JSON object, got {type(d).__name__}")
         need = ("verify_tokens", "verify_ms", "draft_requests", "draft_ms")
         missing = [k for k in need if k not in d]
         if missing:
             raise ConfigError(f"cost table {path}: missing key {missing[0]!r}")
-        try:
-            return cls(
-                verify_tokens=tuple(int(x) for x in d["verify_tokens"]),
-                verify_ms=tuple(float(x) for x in d["verify_ms"]),
-                draft_requests=tuple(int(x) for x in d["draft_requests"]),
-                draft_ms=tuple(float(x) for x in d["draft_ms"]),
-                context_ms=tuple(float(x) for x in d.get("context_ms", ())),
-                drafter=str(d.get("drafter", "autoregressive")),
-                meta={**dict(d.get("meta", {})), "path": str(path)},
-            )
-        except (TypeError, ValueError) as e:
-            raise ConfigError(f"cost table {path}: non-numeric entry ({e})") from None
+        meta = d.get("meta", {})
+        if not isinstance(meta, dict):
+            raise ConfigError(f"cost table {path}: field 'meta' must be an object, got {meta!r}")
+        _check_meta(path, meta)
+        drafter = d.get("drafter", "autoregressive")
+        if not isinstance(drafter, str):
+            raise ConfigError(f"cost table {path}: field 'drafter' must be a string, got {drafter!r}")
+        table = cls(
+            verify_tokens=_numbers(path, d, "verify_tokens", integer=True),
+            verify_ms=_numbers(path, d, "verify_ms"),
+            draft_requests=_numbers(path, d, "draft_requests", integer=True),
+            draft_ms=_numbers(path, d, "draft_ms"),
+            context_ms=_numbers(path, d, "context_ms", empty=True) if "context_ms" in d else (),
+            drafter=drafter, meta={**meta, "path": str(path)})
+        if min(table.verify_ms) <= 0:
+            raise ConfigError(f"cost table {path}: field 'verify_ms' must be positive (a target forward costs "
+                              f"time), got {list(table.verify_ms)}")
+        return table
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _one_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def _numbers(path: Path, d: dict, key: str, *, integer: bool = False, empty: bool = False) -> tuple:
+    """A list field of finite numbers (integers where asked); the error names file, field and index."""
+    values = d[key]
+    if not isinstance(values, list) or (not values and not empty):
+        raise ConfigError(f"cost table {path}: field {key!r} must be a non-empty list of numbers, got {values!r}")
+    for i, v in enumerate(values):
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        if not ok or (integer and v != int(v)):
+            kind = "an integer" if integer else "a finite number"
+            raise ConfigError(f"cost table {path}: field {key!r}[{i}] must be {kind}, got {v!r}")
+    return tuple(int(v) for v in values) if integer else tuple(float(v) for v in values)
+
+
+def _check_meta(path: Path, meta: dict) -> None:
+    """Model ids are strings and K / context a non-negative integer, where the table states them."""
+    for key in ("device", "target", "draft", "source"):
+        if key in meta and not isinstance(meta[key], str):
+            raise ConfigError(f"cost table {path}: field 'meta.{key}' must be a string, got {meta[key]!r}")
+    for key in ("k", "context_len"):
+        v = meta.get(key)
+        if key in meta and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise ConfigError(f"cost table {path}: field 'meta.{key}' must be a non-negative integer, got {v!r}")
 
 
 def resolve_cost(spec: str | CostTable | None) -> CostTable:

@@ -158,13 +158,27 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
             "draft_sha256": draft.sha256 if draft else "", "context_len": context, "k": config.k,
             "temperature": config.temperature, "top_p": config.top_p,
             "repeats": config.repeats, "dtype": str(target.model.dtype).removeprefix("torch."),
-            "raw_verify_ms": verify_ms, "raw_draft_ms": draft_ms}
+            "raw_verify_ms": verify_ms, "raw_draft_ms": draft_ms,
+            **memory_meta(target.model, draft.model if draft else None)}
     return CostTable(tuple(t_grid), tuple(make_monotone(verify_ms)), tuple(d_grid),
                      tuple(make_monotone(draft_ms)), (), "autoregressive", meta)
 
 
 def num_points(config: ProfileConfig, with_draft: bool) -> int:
     return len(_grid(config.max_tokens)) + (len(_grid(config.max_requests)) if with_draft else 0)
+
+
+def memory_meta(target, draft=None) -> dict:
+    """What `avkit tune` needs to tell whether a batch fits: the device's memory, both models' weights, and
+    the KV bytes each context token costs in the target and the drafter (at the models' dtype)."""
+    models = [m for m in (target, draft) if m is not None]
+    weights = sum(p.numel() * p.element_size() for m in models for p in m.parameters())
+    kv = sum(2 * m.config.num_layers * m.config.num_kv_heads * m.config.head_dim * m.dtype.itemsize for m in models)
+    if target.device.type == "cuda":
+        memory = torch.cuda.get_device_properties(target.device).total_memory
+    else:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"memory_gb": memory / 1e9, "weights_gb": weights / 1e9, "kv_bytes_per_token": float(kv)}
 
 
 def device_name(device: torch.device) -> str:

@@ -29,15 +29,16 @@ class Accelerator:
     tb_s: float  # achievable memory bandwidth, TB/s
     launch_ms: float  # fixed cost per forward (graph launch, sync)
     bytes_per_param: float = 2.0
+    memory_gb: float = 0.0  # device memory, 1e9 bytes (0: unknown); `avkit tune` checks KV feasibility with it
 
 
 # Achievable figures (about 80% of datasheet, H200 as measured in DESIGN.md §4).
 ACCELERATORS = {
-    "h200": Accelerator("H200", 790.0, 4.3, 0.05),
-    "h100": Accelerator("H100", 700.0, 2.9, 0.05),
-    "b200": Accelerator("B200", 1800.0, 6.4, 0.05),
-    "mi300x": Accelerator("MI300X", 900.0, 4.2, 0.08),
-    "a100": Accelerator("A100", 250.0, 1.6, 0.05),
+    "h200": Accelerator("H200", 790.0, 4.3, 0.05, memory_gb=141.0),
+    "h100": Accelerator("H100", 700.0, 2.9, 0.05, memory_gb=80.0),
+    "b200": Accelerator("B200", 1800.0, 6.4, 0.05, memory_gb=180.0),
+    "mi300x": Accelerator("MI300X", 900.0, 4.2, 0.08, memory_gb=192.0),
+    "a100": Accelerator("A100", 250.0, 1.6, 0.05, memory_gb=80.0),
     "cpu": Accelerator("CPU (2 cores, fp32)", 0.1, 0.012, 1.0, bytes_per_param=4.0),
 }
 
@@ -95,7 +96,10 @@ def roofline_table(accelerator: str, target: str, draft: str | None = None, *, c
     context = 1e3 * reqs * context_len * tgt.kv_bytes_per_token(acc.bytes_per_param) / (acc.tb_s * 1e12)
     draft_ms = forward_ms(drf, acc, reqs, reqs, context_len)
     meta = {"source": "roofline", "device": acc.name, "target": tgt.name, "draft": drf.name,
-            "context_len": context_len, "tflops": acc.tflops, "tb_s": acc.tb_s}
+            "context_len": context_len, "tflops": acc.tflops, "tb_s": acc.tb_s, "memory_gb": acc.memory_gb,
+            "weights_gb": (tgt.params + drf.params) * acc.bytes_per_param / 1e9,  # both models resident
+            "kv_bytes_per_token": tgt.kv_bytes_per_token(acc.bytes_per_param) + drf.kv_bytes_per_token(
+                acc.bytes_per_param)}  # target + drafter KV per context token
     return CostTable(tuple(int(x) for x in tokens), tuple(verify.tolist()), tuple(int(x) for x in reqs),
                      tuple(draft_ms.tolist()), tuple(context.tolist()), drafter, meta)
 

@@ -1,14 +1,18 @@
 """The FastAPI application: OpenAI routes, auth, error envelopes, metrics, lifespan.
 
 Handlers never touch the engine: generation endpoints (`avkit.serve.completions`) submit to the
-`EngineLoop` and stream its events. Every error, including FastAPI's own validation errors, is
-returned in OpenAI's envelope `{"error": {"message", "type", "param", "code"}}` with a message
-that names the field and the bad value.
+`EngineLoop` and stream its events. Every error, including FastAPI's own validation errors, 404,
+405 and unparsable bodies, is returned in OpenAI's envelope `{"error": {"message", "type",
+"param", "code"}}` with a message that names the field and the bad value; a 500 says only that
+the log has the details. `asgi_app` wraps the app in the layers of `avkit.serve.middleware`.
+/health: 200 `ok` or `degraded` (a side write is failing; `reasons` says which and why), 503
+`draining` (shutting down) or `failed` (the engine thread died).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -19,11 +23,14 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
 
 from avkit.config import ServeConfig
 from avkit.serve.engine_loop import EngineLoop
 from avkit.serve.metrics import CONTENT_TYPE, ServeMetrics
+from avkit.serve.middleware import INTERNAL_ERROR_BODY, BodyLimit, ContainErrors, CountRequests
 from avkit.serve.protocol import error_body, model_list
+from avkit.serve.side_writes import SideWrites
 
 
 class ApiError(Exception):
@@ -48,6 +55,8 @@ class ServeState:
     metrics: ServeMetrics
     on_close: Callable[[], None] = lambda: None  # snapshot coefficients, flush the trace
     make_engine: Callable[[], Any] | None = None  # a fresh engine as the server builds it (tests)
+    side_writes: SideWrites = field(default_factory=SideWrites)  # snapshot / trace failures -> degraded
+    startup: str = ""  # the block logged at start: what this server runs
     created: int = field(default_factory=lambda: int(time.time()))
     drain_started: float | None = None  # monotonic time the shutdown began
 
@@ -70,6 +79,8 @@ def _validation_message(err: dict) -> tuple[str, str | None]:
     if err.get("type") == "extra_forbidden":
         return f"unknown field {'.'.join(loc)!r}", loc[0] if loc else None
     where = ".".join(loc) or "body"
+    if err.get("type") == "value_error":  # our own validators: the message already shows the value
+        return f"{where}: {err['msg'].removeprefix('Value error, ')}", loc[0] if loc else None
     got = err.get("input")
     got_s = "" if err.get("type") == "missing" else f", got {got!r}"[:200]
     return f"{where}: {err['msg']}{got_s}", loc[0] if loc else None
@@ -87,10 +98,20 @@ def _install_error_handlers(app: FastAPI) -> None:
         message, param = _validation_message(errors[0]) if errors else ("invalid request", None)
         return JSONResponse(error_body(message, param=param, code=400), status_code=400)
 
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, e: HTTPException):
+        if e.status_code == 404:
+            message, type_ = f"no route {request.url.path}", "not_found_error"
+        elif e.status_code == 405:
+            message, type_ = f"method {request.method} not allowed on {request.url.path}", "invalid_request_error"
+        else:  # 400: a body FastAPI cannot decode (invalid UTF-8 among them)
+            message, type_ = "request body: cannot be parsed as UTF-8 JSON", "invalid_request_error"
+        return JSONResponse(error_body(message, type_=type_, code=e.status_code), status_code=e.status_code,
+                            headers=getattr(e, "headers", None))
+
     @app.exception_handler(Exception)
-    async def _internal(request: Request, e: Exception):
-        message = f"internal error: {type(e).__name__}: {e}"
-        return JSONResponse(error_body(message, type_="internal_error", code=500), status_code=500)
+    async def _internal(request: Request, e: Exception):  # logged by ContainErrors, never echoed
+        return JSONResponse(INTERNAL_ERROR_BODY, status_code=500)
 
 
 def _auth(state: ServeState):
@@ -109,35 +130,6 @@ def _auth(state: ServeState):
     return check
 
 
-ENDPOINTS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"})
-
-
-class _CountRequests:
-    """ASGI middleware: count every HTTP response by endpoint and status (streams included).
-
-    Unknown paths share the label `other`, so scanning random URLs cannot grow the label set.
-    """
-
-    def __init__(self, app, metrics: ServeMetrics):
-        self.app, self.metrics = app, metrics
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        status = {"code": 500}
-
-        async def send_status(message):
-            if message["type"] == "http.response.start":
-                status["code"] = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            path = scope["path"] if scope["path"] in ENDPOINTS else "other"
-            self.metrics.requests.labels(endpoint=path, status=str(status["code"])).inc()
-
-
 def build_app(state: ServeState) -> FastAPI:
     """The FastAPI app around a ready `ServeState`; the lifespan starts and stops the engine loop."""
 
@@ -151,7 +143,10 @@ def build_app(state: ServeState) -> FastAPI:
             waited = time.monotonic() - (state.drain_started or time.monotonic())
             grace = max(0.0, state.config.grace_period_s - waited)
             await asyncio.to_thread(state.engine_loop.shutdown, grace)
-            await asyncio.to_thread(state.on_close)
+            try:
+                await asyncio.to_thread(state.on_close)
+            except Exception:  # on_close reports its own failures; this is the backstop
+                logging.getLogger("avkit.serve").exception("shutdown: closing the side writes failed")
 
     app = FastAPI(title="avkit", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.avkit = state
@@ -160,10 +155,17 @@ def build_app(state: ServeState) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        status = "draining" if state.drain_started is not None else "ok"
-        return JSONResponse({"status": status, "running": state.engine_loop.num_running,
-                             "queued": state.engine_loop.queue_depth},
-                            status_code=200 if status == "ok" else 503)
+        reasons = state.side_writes.reasons()
+        if state.engine_loop.dead is not None:
+            status, reasons = "failed", {"engine": f"engine thread died ({state.engine_loop.dead})"}
+        elif state.drain_started is not None:
+            status = "draining"
+        else:
+            status = "degraded" if reasons else "ok"
+        body = {"status": status, "running": state.engine_loop.num_running, "queued": state.engine_loop.queue_depth}
+        if reasons:
+            body["reasons"] = reasons
+        return JSONResponse(body, status_code=200 if status in ("ok", "degraded") else 503)
 
     @app.get("/v1/models", dependencies=[auth])
     async def models():
@@ -176,5 +178,11 @@ def build_app(state: ServeState) -> FastAPI:
     from avkit.serve.completions import add_routes
 
     add_routes(app, state, auth)
-    app.add_middleware(_CountRequests, metrics=state.metrics)
     return app
+
+
+def asgi_app(state: ServeState):
+    """What uvicorn runs: the app inside its error, metrics/access-log and body-size layers."""
+    cfg = state.config
+    return ContainErrors(CountRequests(BodyLimit(build_app(state), cfg.max_body_bytes), state.metrics,
+                                       log_requests=cfg.log_requests))

@@ -1,30 +1,28 @@
 """`POST /v1/completions` and `POST /v1/chat/completions`: tokenize, admit, stream or collect.
 
-One request flows: validate (protocol.py) -> token ids -> limits (context, max_tokens) ->
-`EngineLoop.submit` (429 + Retry-After when full) -> engine events -> `TextStream` (detokenize,
-stop sequences) -> SSE chunks or one JSON body. A client that disconnects, or a stop sequence
-that matches, cancels the request in the engine at its next step.
+One request flows: validate (protocol.py) -> token ids (tokenizer and chat template run in a
+worker thread: the tokenizer releases the GIL, so a multi-MB prompt never stalls /health) ->
+limits (context, max_tokens, n) -> `Generation` (n engine requests; 429 + Retry-After when full)
+-> engine events -> `TextStream` (detokenize, stop sequences) -> SSE chunks or one JSON body. A
+client that disconnects, or a stop sequence that matches, cancels the request in the engine at
+its next step.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
-import time
+import re
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from avkit.config import SamplingConfig
-from avkit.errors import AvkitError
-from avkit.runtime.request import Request as EngineRequest
 from avkit.serve.app import ApiError, ServeState
-from avkit.serve.engine_loop import NotAccepting, QueueFull, RequestHandle
+from avkit.serve.generation import Failed, Generation
+from avkit.serve.middleware import USAGE_KEY
 from avkit.serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -34,7 +32,8 @@ from avkit.serve.protocol import (
     new_id,
     usage,
 )
-from avkit.serve.text_stream import TextStream
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class _SSEResponse(StreamingResponse):
@@ -76,9 +75,18 @@ def _check_model(state: ServeState, model: str) -> None:
                        param="model", type_="not_found_error")
 
 
-def _prompt_ids(state: ServeState, prompt: str | list[int]) -> list[int]:
+def _check_text(text: str, param: str) -> None:
+    """JSON may carry a lone UTF-16 surrogate (\\ud800) that no tokenizer can encode: a 400, not a 500."""
+    bad = _SURROGATE.search(text)
+    if bad:
+        raise ApiError(400, f"{param}: lone surrogate {bad.group()!r} at character {bad.start()} is not valid "
+                            "Unicode text", param=param)
+
+
+async def _prompt_ids(state: ServeState, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, str):
-        ids = state.tokenizer.encode(prompt)
+        _check_text(prompt, "prompt")
+        ids = await anyio.to_thread.run_sync(state.tokenizer.encode, prompt)  # off the event loop
     else:
         bad = [t for t in prompt if not 0 <= t < state.vocab_size]
         if bad:
@@ -88,6 +96,19 @@ def _prompt_ids(state: ServeState, prompt: str | list[int]) -> list[int]:
     if not ids:
         raise ApiError(400, "prompt: encodes to no tokens", param="prompt")
     return ids
+
+
+async def _chat_ids(state: ServeState, body: ChatCompletionRequest) -> list[int]:
+    messages = [m.as_template_dict() for m in body.messages]
+    for i, m in enumerate(messages):
+        _check_text(m["content"], f"messages.{i}.content")
+    try:  # jinja2 rendering and tokenization off the event loop
+        ids = await anyio.to_thread.run_sync(
+            lambda: state.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=body.tools))
+    except Exception as e:  # a template that cannot render these messages is the client's 400
+        raise ApiError(400, f"messages: the chat template cannot render them ({type(e).__name__}: "
+                            f"{str(e)[:200]})", param="messages") from None
+    return list(ids)
 
 
 def _max_tokens(state: ServeState, prompt_len: int, requested: int | None, param: str,
@@ -107,83 +128,9 @@ def _max_tokens(state: ServeState, prompt_len: int, requested: int | None, param
     return requested
 
 
-@dataclass(frozen=True)
-class SeededRequest(EngineRequest):
-    """An engine request whose RNG key is fixed, so `seed` reproduces a completion across requests.
-
-    The engine keys its random numbers by (seed, request key, position) and derives the key from
-    the (unique) request id; OpenAI's `seed` promises the same output for the same request, so a
-    seeded request uses key 0 instead: equal seed, prompt and parameters -> equal tokens. Best effort,
-    as OpenAI's: under adaptive verification the verified prefix depends on the rest of the batch and
-    the draft gate on the traffic served before, so load can change a seeded sample (never its
-    distribution); the `full` and `fixed` policies reproduce it exactly.
-    """
-
-    @property
-    def key(self) -> int:
-        return 0
-
-
-def _submit(state: ServeState, rid: str, prompt_ids: list[int], body, max_tokens: int) -> RequestHandle:
-    try:
-        sampling = SamplingConfig(temperature=body.temperature, top_p=body.top_p,
-                                  max_new_tokens=max_tokens, seed=body.seed)
-        make = EngineRequest if body.seed is None else SeededRequest
-        req = make(rid, prompt_ids, sampling, dataset="serve")
-    except AvkitError as e:
-        raise ApiError(400, str(e)) from None
-    try:
-        handle = state.engine_loop.submit(req, asyncio.get_running_loop())
-    except QueueFull as e:
-        raise ApiError(429, f"server busy ({e}); retry later", type_="rate_limit_error",
-                       headers={"Retry-After": str(state.config.retry_after_s)}) from None
-    except NotAccepting:
-        raise ApiError(503, "server is shutting down", type_="unavailable_error") from None
-    state.metrics.prompt_tokens.inc(len(prompt_ids))
-    return handle
-
-
-class _Failed(Exception):
-    def __init__(self, message: str, status: int):
-        super().__init__(message)
-        self.status = status
-
-
-async def _text_events(state: ServeState, handle: RequestHandle, ts: TextStream):
-    """Engine events -> (text delta, finish_reason or None); finish_reason set on the last one."""
-    t0, first = time.monotonic(), True
-    while True:
-        ev = await handle.events.get()
-        if ev.error is not None:
-            raise _Failed(ev.error, ev.status)
-        delta = ts.push(ev.new_token_ids)
-        if first and ev.new_token_ids:
-            state.metrics.ttft_seconds.observe(time.monotonic() - t0)
-            first = False
-        if ts.stopped or ev.finished:
-            if ts.stopped and not ev.finished:
-                state.engine_loop.cancel(handle.request_id)
-            state.metrics.latency_seconds.observe(time.monotonic() - t0)
-            yield delta + ts.finish(), "stop" if ts.stopped else (ev.finish_reason or "stop")
-            return
-        if delta:
-            yield delta, None
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _collect(state: ServeState, handle: RequestHandle, ts: TextStream, request: Request):
+async def _collect(gen: Generation, request: Request) -> list[tuple[str, str]] | None:
     """Run a non-streamed request to the end; None when the client disconnected first."""
-    async def drain():
-        parts, finish = [], None
-        async for delta, finish in _text_events(state, handle, ts):  # noqa: B007 (finish: the last one)
-            parts.append(delta)
-        return "".join(parts), finish
-
-    work = asyncio.ensure_future(drain())
+    work = asyncio.ensure_future(gen.collect())
     gone = asyncio.ensure_future(_wait_disconnect(request))
     try:
         await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -191,72 +138,78 @@ async def _collect(state: ServeState, handle: RequestHandle, ts: TextStream, req
         gone.cancel()
         if not work.done():
             work.cancel()
-            state.engine_loop.cancel(handle.request_id)
+            gen.cancel()
     if not work.done() or work.cancelled():
         return None
     try:
         return work.result()
-    except _Failed as e:
-        raise ApiError(e.status, str(e), type_="internal_error" if e.status >= 500 else
-                       "invalid_request_error") from None
+    except Failed as e:
+        raise ApiError(e.status, str(e), type_=_error_type(e.status)) from None
 
 
-async def _stream(state, handle, ts, rid, chat: bool, include_usage: bool, prompt_len: int):
-    model = state.model_name
+def _error_type(status: int) -> str:
+    return {500: "internal_error", 503: "unavailable_error"}.get(status, "invalid_request_error")
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _stream(gen: Generation, request: Request, chat: bool, include_usage: bool):
+    rid, model = gen.rid, gen.state.model_name
     if chat:
-        yield _sse(chat_chunk(rid, model, {"role": "assistant", "content": ""}, None))
+        for c in gen.choices:
+            yield _sse(chat_chunk(rid, model, {"role": "assistant", "content": ""}, None, index=c.index))
     try:
-        async for delta, finish in _text_events(state, handle, ts):
+        async for i, delta, finish in gen.events():
             if chat:
-                yield _sse(chat_chunk(rid, model, {"content": delta} if delta else {}, finish))
+                yield _sse(chat_chunk(rid, model, {"content": delta} if delta else {}, finish, index=i))
             else:
-                yield _sse(completion_body(rid, model, delta, finish, None, chunk=True))
-    except _Failed as e:  # headers are sent: report the error in-band, as OpenAI does
-        yield _sse({"error": {"message": str(e), "type": "internal_error", "code": e.status}})
+                yield _sse(completion_body(rid, model, [(delta, finish)], None, chunk=True, index=i))
+    except Failed as e:  # headers are sent: report the error in-band, as OpenAI does
+        gen.cancel()
+        yield _sse({"error": {"message": str(e), "type": _error_type(e.status), "code": e.status}})
         return
+    finally:
+        request.scope[USAGE_KEY] = (gen.prompt_len, gen.completion_tokens)
     if include_usage:
-        use = usage(prompt_len, ts.num_tokens)
+        use = usage(gen.prompt_len, gen.completion_tokens)
         yield _sse(chat_chunk(rid, model, {}, None, use) if chat else
-                   {**completion_body(rid, model, "", None, use, chunk=True), "choices": []})
+                   {**completion_body(rid, model, [], use, chunk=True)})
     yield _sse("[DONE]")
 
 
 async def _respond(state: ServeState, request: Request, body, prompt_ids: list[int],
                    max_tokens: int, chat: bool):
-    rid = new_id("chatcmpl" if chat else "cmpl")
-    handle = _submit(state, rid, prompt_ids, body, max_tokens)
-    decode = functools.partial(state.tokenizer.decode, skip_special_tokens=True)
-    ts = TextStream(decode, body.stop or ())
+    if body.n > state.config.max_concurrency:
+        raise ApiError(400, f"n: must be <= {state.config.max_concurrency} (the server's --max-concurrency), "
+                            f"got {body.n}", param="n")
+    gen = Generation(state, new_id("chatcmpl" if chat else "cmpl"), prompt_ids, body, max_tokens)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _SSEResponse(_stream(state, handle, ts, rid, chat, include_usage, len(prompt_ids)),
-                            on_close=lambda: state.engine_loop.cancel(rid))
-    result = await _collect(state, handle, ts, request)
-    if result is None:  # client gone; nobody reads this
+        return _SSEResponse(_stream(gen, request, chat, include_usage), on_close=gen.cancel)
+    choices = await _collect(gen, request)
+    request.scope[USAGE_KEY] = (gen.prompt_len, gen.completion_tokens)
+    if choices is None:  # client gone; nobody reads this
         return JSONResponse({}, status_code=499)
-    text, finish = result
-    use = usage(len(prompt_ids), ts.num_tokens)
-    make = chat_body if chat else completion_body
-    return make(rid, state.model_name, text, finish, use)
+    use = usage(gen.prompt_len, gen.completion_tokens)
+    return (chat_body if chat else completion_body)(gen.rid, state.model_name, choices, use)
 
 
 def add_routes(app: FastAPI, state: ServeState, auth) -> None:
     @app.post("/v1/completions", dependencies=[auth])
     async def completions(body: CompletionRequest, request: Request):
         _check_model(state, body.model)
-        ids = _prompt_ids(state, body.prompt)
+        ids = await _prompt_ids(state, body.prompt)
         max_tokens = _max_tokens(state, len(ids), body.max_tokens, "max_tokens", "prompt")
         return await _respond(state, request, body, ids, max_tokens, chat=False)
 
     @app.post("/v1/chat/completions", dependencies=[auth])
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         _check_model(state, body.model)
-        messages = [m.as_template_dict() for m in body.messages]
-        try:
-            ids = state.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=body.tools)
-        except Exception as e:
-            raise ApiError(400, f"messages: chat template failed: {e}", param="messages") from None
+        ids = await _chat_ids(state, body)
         param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
         requested = body.max_completion_tokens or body.max_tokens
         max_tokens = _max_tokens(state, len(ids), requested, param, "messages")
-        return await _respond(state, request, body, list(ids), max_tokens, chat=True)
+        return await _respond(state, request, body, ids, max_tokens, chat=True)

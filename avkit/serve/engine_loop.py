@@ -7,7 +7,10 @@ and admits waiting requests up to `max_concurrency` (the engine's batch), so req
 leave the batch without waiting for each other.
 Failure isolation: a request the engine refuses (`add_request` raises) fails alone; if a step
 raises, the requests in that batch fail with an error event and a fresh engine takes over (the
-factory keeps the models and the verify policy, so online refits continue).
+factory keeps the models and the verify policy, so online refits continue). The after-step hook
+(snapshots) cannot raise into the loop. If the thread dies anyway, every pending and running
+request fails at once with a 503, later submits raise `EngineDead` (503) and `/health` says so.
+Error events carry no exception text (the log has the traceback): 500 bodies never echo it.
 """
 
 from __future__ import annotations
@@ -33,6 +36,14 @@ class QueueFull(Exception):
 
 class NotAccepting(Exception):
     """The server is shutting down."""
+
+
+class EngineDead(Exception):
+    """The engine thread has stopped on an unexpected error: nothing can be served."""
+
+
+INTERNAL_ERROR = "internal error; the server log has the details"
+ENGINE_DEAD = "the engine stopped on an internal error; the server log has the details"
 
 
 @dataclass(frozen=True)
@@ -80,8 +91,10 @@ class EngineLoop:
         self._pending: collections.deque[RequestHandle] = collections.deque()
         self._running: dict[str, RequestHandle] = {}
         self._cancels: set[str] = set()
+        self._in_transit: dict[str, RequestHandle] = {}  # popped from _pending, not yet in _running
         self._accepting = True
         self._stop = False
+        self.dead: str | None = None  # why the engine thread died (None while it runs)
         self._thread = threading.Thread(target=self._run, name="avkit-engine", daemon=True)
 
     # ---- called from the HTTP side ---------------------------------------------------------
@@ -97,16 +110,23 @@ class EngineLoop:
         return len(self._pending)
 
     def submit(self, request, loop: asyncio.AbstractEventLoop) -> RequestHandle:
-        handle = RequestHandle(request, loop)
+        return self.submit_all([request], loop)[0]
+
+    def submit_all(self, requests: list, loop: asyncio.AbstractEventLoop) -> list[RequestHandle]:
+        """Queue every request or none (QueueFull / NotAccepting / EngineDead)."""
+        handles = [RequestHandle(r, loop) for r in requests]
         with self._cv:
+            if self.dead is not None:
+                raise EngineDead(self.dead)
             if not self._accepting:
                 raise NotAccepting("server is shutting down")
-            if len(self._pending) + len(self._running) >= self.max_concurrency + self.queue_size:
-                raise QueueFull(f"{self.max_concurrency} running and {len(self._pending)} queued")
-            self._pending.append(handle)
+            busy = len(self._pending) + len(self._in_transit) + len(self._running)
+            if busy + len(handles) > self.max_concurrency + self.queue_size:
+                raise QueueFull(f"{len(self._running)} running and {len(self._pending)} queued")
+            self._pending.extend(handles)
             self._gauges()
             self._cv.notify()
-        return handle
+        return handles
 
     def cancel(self, request_id: str) -> None:
         """Drop a request: from the queue now, from the engine at the next step."""
@@ -116,20 +136,21 @@ class EngineLoop:
                     self._pending.remove(h)
                     self._gauges()
                     return
-            if request_id in self._running:
-                self._cancels.add(request_id)
+            if request_id in self._running or request_id in self._in_transit:
+                self._cancels.add(request_id)  # applied at the next step, or by _admit on arrival
                 self._cv.notify()
 
     def begin_drain(self) -> None:
         """Stop admitting: later submits raise NotAccepting (503). Lock-free: called from a signal handler."""
         self._accepting = False
 
-    def shutdown(self, grace_s: float) -> None:
-        """Stop admitting, let in-flight requests finish for up to grace_s, cancel the rest, join."""
+    def shutdown(self, grace_s: float, join_s: float = 30.0) -> None:
+        """Stop admitting, let in-flight requests finish for up to grace_s, cancel the rest, join the
+        thread for up to join_s more (a step in progress ends first; a hung one is left behind)."""
         self.begin_drain()
         deadline = time.monotonic() + grace_s
         with self._cv:
-            while (self._pending or self._running) and time.monotonic() < deadline:
+            while (self._pending or self._running) and self.dead is None and time.monotonic() < deadline:
                 self._cv.wait(timeout=min(0.05, max(0.0, deadline - time.monotonic())))
             for h in [*self._pending, *self._running.values()]:
                 h.post(Event([], True, "abort"))
@@ -138,10 +159,27 @@ class EngineLoop:
             self._stop = True
             self._cv.notify_all()
         if self._thread.is_alive():
-            self._thread.join()
+            self._thread.join(timeout=join_s)
+            if self._thread.is_alive():
+                log.error("engine thread still busy %.0f s after shutdown; exiting without it", join_s)
 
     # ---- the engine thread -----------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # the thread's last words: fail everyone cleanly
+            log.critical("engine thread died:\n%s", traceback.format_exc())
+            with self._cv:
+                self.dead = f"{type(e).__name__}"
+                failed = [*self._pending, *self._in_transit.values(), *self._running.values()]
+                self._pending.clear()
+                self._in_transit, self._running = {}, {}
+                self._gauges()
+                self._cv.notify_all()
+            for h in failed:
+                h.post(Event([], True, "error", ENGINE_DEAD, status=503))
+
+    def _loop(self) -> None:
         while True:
             with self._cv:
                 while not (self._stop or self._pending or self._cancels or self._running):
@@ -151,6 +189,7 @@ class EngineLoop:
                 while self._pending and len(self._running) + len(admit) < self.max_concurrency \
                         and not self._stop:
                     admit.append(self._pending.popleft())
+                self._in_transit.update((h.request_id, h) for h in admit)
             self._apply_cancels(cancels)
             if self._stop:
                 return
@@ -158,7 +197,10 @@ class EngineLoop:
             if self._running:
                 self._step()
             if self._on_step is not None:
-                self._on_step()
+                try:
+                    self._on_step()
+                except Exception:  # side writes are guarded upstream; this is the backstop
+                    log.error("after-step hook failed:\n%s", traceback.format_exc())
 
     def _apply_cancels(self, cancels: set[str]) -> None:
         for rid in cancels:
@@ -174,26 +216,41 @@ class EngineLoop:
             try:
                 self._engine.add_request(h.request)
             except AvkitError as e:  # the engine refuses this request alone
+                self._left_transit(h)
                 h.post(Event([], True, "error", str(e), status=400))
                 continue
-            except Exception as e:
+            except Exception:
+                self._left_transit(h)
                 log.error("add_request %s failed:\n%s", h.request_id, traceback.format_exc())
-                h.post(Event([], True, "error", f"internal error: {type(e).__name__}: {e}"))
+                h.post(Event([], True, "error", INTERNAL_ERROR))
                 continue
             with self._cv:
-                self._running[h.request_id] = h
+                self._in_transit.pop(h.request_id, None)
+                cancelled = h.request_id in self._cancels  # the client left while it was in transit
+                if cancelled:
+                    self._cancels.discard(h.request_id)
+                else:
+                    self._running[h.request_id] = h
+            if cancelled:
+                self._engine.abort(h.request_id)
         with self._cv:
             self._gauges()
+            self._cv.notify_all()
+
+    def _left_transit(self, h: RequestHandle) -> None:
+        with self._cv:
+            self._in_transit.pop(h.request_id, None)
+            self._cancels.discard(h.request_id)
 
     def _step(self) -> None:
         t0 = time.perf_counter()
         try:
             outputs = self._engine.step()
-        except Exception as e:
+        except Exception:
             log.error("engine step failed:\n%s", traceback.format_exc())
             if self._metrics is not None:
                 self._metrics.engine_errors.inc()
-            self._fail_running(f"internal error: {type(e).__name__}: {e}")
+            self._fail_running(INTERNAL_ERROR)
             return
         if self._metrics is not None:
             self._metrics.step_seconds.observe(time.perf_counter() - t0)

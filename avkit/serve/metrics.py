@@ -82,6 +82,11 @@ class ServeMetrics:
                                  registry=r)
         self.running = Gauge("avkit_running_requests", "requests decoding in the engine", registry=r)
         self.engine_errors = Counter("avkit_engine_errors", "engine steps that raised", registry=r)
+        self.side_write_failures = Counter("avkit_side_write_failures", "failed side writes by kind "
+                                           "(snapshot, trace); requests are unaffected", ["kind"], registry=r)
+        self.trace_rows = Counter("avkit_trace_rows", "trace rows produced for --record", registry=r)
+        self.trace_rows_unwritten = Gauge("avkit_trace_rows_unwritten", "--record rows held in memory, "
+                                          "not yet on disk", registry=r)
         r.register(_EstimatorCollector(coefficients))
         for i in range(k):  # expose every position of the model drafter from the start, at zero
             for c in (self.drafted, self.verified, self.accepted):

@@ -1,22 +1,41 @@
 """The OpenAI wire format: request bodies (validated) and response bodies.
 
 Requests are pydantic models with `extra="forbid"`, as OpenAI's own API rejects an unrecognized
-argument. Parameters of the OpenAI API that avkit accepts but does not implement take only their
-neutral value (n=1, logprobs off, penalties 0); anything else is a 400 naming the field.
-Limits that depend on the server (max_tokens ceiling, context length) are checked by the app.
+argument. Sampling: temperature, top_p and vLLM's top_k and min_p are applied by the verifier to
+the target distribution (lossless: `avkit.runtime.sampling`); `n` choices are independent samples.
+Parameters that avkit cannot apply losslessly through speculative decoding (logprobs, penalties,
+logit_bias, best_of) take only their neutral value; anything else is a 400 that names the field
+and says it is not supported (`UNSUPPORTED`). Limits that depend on the server (max_tokens ceiling, context length, n up
+to --max-concurrency) are checked by the app.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+UNSUPPORTED = "not supported by avkit serve"
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    # field -> (its neutral values, why nothing else is accepted); checked by `_neutral_only`
+    NEUTRAL: ClassVar[dict[str, tuple[tuple, str]]] = {}
+
+    @field_validator("*")
+    @classmethod
+    def _neutral_only(cls, v, info):
+        """A field of NEUTRAL is accepted at its neutral value(s) only; otherwise a 400 that says why."""
+        rule = cls.NEUTRAL.get(info.field_name)
+        if rule is not None and v is not None and v not in rule[0]:
+            raise ValueError(f"{info.field_name}={v!r} is {UNSUPPORTED}: {rule[1]}")
+        return v
+
+
+_NO_LOGPROBS = "token log-probabilities are not returned"
 
 
 class StreamOptions(_Strict):
@@ -32,14 +51,23 @@ class _SamplingParams(_Strict):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
-    n: Literal[1] = 1
+    n: int = Field(default=1, ge=1, le=128)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # Accepted for client compatibility, neutral values only.
-    presence_penalty: Literal[0, 0.0] = 0.0
-    frequency_penalty: Literal[0, 0.0] = 0.0
-    logit_bias: dict[str, float] | None = Field(default=None, max_length=0)
+    # vLLM's extra sampling fields that the verifier applies to the target distribution (lossless).
+    top_k: int | None = Field(default=None, ge=-1)  # -1 or 0 = off
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)  # 0 = off
+    # Accepted for client compatibility, neutral values only: a penalty depends on the tokens generated
+    # so far, drafts included, and the verifier does not apply it.
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None  # vLLM
+    logit_bias: dict[str, float] | None = None
+    NEUTRAL: ClassVar = {"presence_penalty": ((0,), "only 0 (no penalty)"),
+                         "frequency_penalty": ((0,), "only 0 (no penalty)"),
+                         "repetition_penalty": ((1,), "only 1.0 (no penalty)"),
+                         "logit_bias": (({},), "only an empty map")}
 
     @field_validator("stop")
     @classmethod
@@ -58,24 +86,48 @@ class CompletionRequest(_SamplingParams):
     prompt: str | list[int] = Field(min_length=1)
     max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's legacy default
     echo: Literal[False] = False
-    best_of: Literal[1] = 1
-    logprobs: Literal[0] | None = None
+    best_of: int | None = None
+    logprobs: int | None = None
     suffix: None = None
+    NEUTRAL: ClassVar = {**_SamplingParams.NEUTRAL, "logprobs": ((0,), _NO_LOGPROBS),
+                         "best_of": ((1,), "use n for several samples")}
+
+
+class TextPart(_Strict):
+    """One part of a message's content: avkit serves text models, so text parts only."""
+
+    type: Literal["text"]
+    text: str
 
 
 class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[TextPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, v):
+        """One clear message per bad part (pydantic's union errors would name the `str` branch)."""
+        if not isinstance(v, list):
+            return v
+        for i, part in enumerate(v):
+            if not isinstance(part, dict):
+                raise ValueError(f"part {i} must be an object, got {type(part).__name__}")
+            if part.get("type") != "text":
+                raise ValueError(f"part {i} has type {part.get('type')!r}: only 'text' parts are supported "
+                                 "(avkit serves text models)")
+            if not isinstance(part.get("text"), str):
+                raise ValueError(f"part {i}: text must be a string, got {type(part.get('text')).__name__}")
+        return v
 
     def as_template_dict(self) -> dict[str, Any]:
         """A dict for the chat template; list content (OpenAI 'parts') is joined to its text."""
         d: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role}
         if isinstance(self.content, list):
-            parts = [p.get("text", "") for p in self.content if p.get("type") == "text"]
-            d["content"] = "".join(parts)
+            d["content"] = "".join(p.text for p in self.content)
         else:
             d["content"] = self.content or ""
         for key in ("name", "tool_calls", "tool_call_id"):
@@ -90,9 +142,11 @@ class ChatCompletionRequest(_SamplingParams):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
-    logprobs: Literal[False] | None = None
-    top_logprobs: None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
+    NEUTRAL: ClassVar = {**_SamplingParams.NEUTRAL, "logprobs": ((False,), _NO_LOGPROBS),
+                         "top_logprobs": ((0,), _NO_LOGPROBS)}
 
     @field_validator("response_format")
     @classmethod
@@ -113,27 +167,28 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def completion_body(rid: str, model: str, text: str, finish_reason: str | None,
-                    use: dict[str, int] | None, *, chunk: bool = False) -> dict[str, Any]:
-    """A /v1/completions response, or one SSE chunk of it (chunks carry no usage unless asked)."""
+def completion_body(rid: str, model: str, choices: list[tuple[str, str | None]],
+                    use: dict[str, int] | None, *, chunk: bool = False, index: int = 0) -> dict[str, Any]:
+    """A /v1/completions response [(text, finish_reason)] per choice, or one SSE chunk of it (one
+    choice, numbered `index`; chunks carry no usage unless asked)."""
     body = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}]}
+            "choices": [{"index": index + i, "text": text, "logprobs": None, "finish_reason": finish}
+                        for i, (text, finish) in enumerate(choices)]}
     if use is not None or not chunk:
         body["usage"] = use
     return body
 
 
-def chat_body(rid: str, model: str, text: str, finish_reason: str | None,
-              use: dict[str, int]) -> dict[str, Any]:
+def chat_body(rid: str, model: str, choices: list[tuple[str, str]], use: dict[str, int]) -> dict[str, Any]:
     return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": None, "finish_reason": finish_reason}],
+            "choices": [{"index": i, "message": {"role": "assistant", "content": text},
+                         "logprobs": None, "finish_reason": finish} for i, (text, finish) in enumerate(choices)],
             "usage": use}
 
 
 def chat_chunk(rid: str, model: str, delta: dict[str, Any], finish_reason: str | None,
-               use: dict[str, int] | None = None) -> dict[str, Any]:
-    choices = [] if use is not None else [{"index": 0, "delta": delta, "logprobs": None,
+               use: dict[str, int] | None = None, *, index: int = 0) -> dict[str, Any]:
+    choices = [] if use is not None else [{"index": index, "delta": delta, "logprobs": None,
                                            "finish_reason": finish_reason}]
     body = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
             "model": model, "choices": choices}

@@ -1,51 +1,40 @@
 """Assemble a server from a `ServeConfig` and run it under uvicorn with a clean SIGTERM.
 
 Pieces: models (`avkit.models.load`), the verify policy (`POLICIES[config.policy]`, adaptive by
-default, warm-started from the snapshot or the deployed coefficients), a sink that feeds
-`/metrics` and, with `--record`, a `TraceWriter`, the engine factory for `EngineLoop`.
+default, warm-started as `startup.warm_start` decides), a sink that feeds `/metrics` and, with
+`--record`, a `TraceWriter` (`trace_sink.py`), the engine factory for `EngineLoop`, and the
+`SideWrites` that keep snapshot and trace failures away from requests.
+Start order: bind the socket and check --record (one line, exit 2, before minutes of model
+loading) -> load models -> log the startup block -> serve.
 Shutdown order on SIGTERM: stop admitting (503) -> uvicorn drains connections for the grace
 period -> the engine loop cancels what is left -> coefficients snapshot -> trace closed -> exit 0.
 """
 
 from __future__ import annotations
 
-import ipaddress
-import json
 import logging
 import signal
+import sys
 import uuid
-from pathlib import Path
 
-import numpy as np
-
-from avkit.config import SERVE_STATE_DIR, SHIPPED_COEFFICIENTS, ServeConfig
+from avkit.config import ServeConfig
 from avkit.errors import AvkitError, ConfigError
-from avkit.serve.app import ServeState, build_app
+from avkit.estimators.coefficients import ServedPair, load_coefficients
+from avkit.serve.app import ServeState, asgi_app
 from avkit.serve.engine_loop import EngineLoop
 from avkit.serve.metrics import ServeMetrics
+from avkit.serve.side_writes import SideWrites
 from avkit.serve.snapshot import CoefficientSnapshots
+from avkit.serve.startup import WarmStart, bind_socket, check_record_writable, snapshot_path, startup_block, \
+    warm_start
+from avkit.serve.trace_sink import ServeSink
 
 log = logging.getLogger("avkit.serve")
 
 
-class ServeSink:
-    """The engine's TraceSink while serving: per-position metrics, and the trace file with --record."""
-
-    def __init__(self, metrics: ServeMetrics, writer=None, run_id: str = ""):
-        self.metrics, self.writer, self.run_id = metrics, writer, run_id
-
-    def emit(self, columns: dict[str, np.ndarray]) -> None:
-        self.metrics.observe_rows(columns)
-        if self.writer is not None:
-            n = len(columns["position"])
-            self.writer.write({"run_id": np.full(n, self.run_id, dtype=object), **columns})
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-
-
 def is_loopback(host: str) -> bool:
+    import ipaddress
+
     if host == "localhost":
         return True
     try:
@@ -54,41 +43,7 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def snapshot_path(config: ServeConfig) -> Path:
-    return Path(config.snapshot or f"{SERVE_STATE_DIR}/coefficients.json").expanduser()
-
-
-def shipped_coefficients() -> Path | None:
-    """The coefficients fitted on the shipped traces, from the working directory or the repo root."""
-    import avkit
-
-    for root in (Path.cwd(), Path(avkit.__file__).resolve().parents[1]):
-        if (root / SHIPPED_COEFFICIENTS).is_file():
-            return root / SHIPPED_COEFFICIENTS
-    return None
-
-
-def warm_start(config: ServeConfig) -> str:
-    """Coefficients to start from: the live snapshot (resume) if there is one, else --coefficients,
-    else the shipped fit, else the estimator's reference constants ("")."""
-    snap = snapshot_path(config)
-    if config.resume and snap.is_file():
-        return str(snap)
-    if config.coefficients:
-        if not Path(config.coefficients).expanduser().is_file():
-            raise ConfigError(f"--coefficients: no such file: {config.coefficients}")
-        return config.coefficients
-    shipped = shipped_coefficients()
-    if shipped is None:
-        return ""
-    try:  # the shipped fit is a default, not a demand: it applies only to the K it was fitted for
-        fitted_k = json.loads(Path(shipped).read_text()).get("num_positions")
-    except (OSError, ValueError):
-        fitted_k = None
-    return str(shipped) if fitted_k == config.k else ""
-
-
-def make_policy(config: ServeConfig, coefficients: str):
+def make_policy(config: ServeConfig, coefficients: str, pair: ServedPair | None = None):
     """The verify policy by name from the registry; adaptive gets its estimator (warm-started from
     `coefficients`, refitting every `refit_interval` steps), the cost table and its draft gate."""
     import avkit.scheduling.adaptive  # noqa: F401 - registers POLICIES["adaptive"]
@@ -99,7 +54,7 @@ def make_policy(config: ServeConfig, coefficients: str):
         return make("fixed", k=config.k)
     if config.policy == "adaptive":
         return make("adaptive", cost=config.cost or None, estimator=config.estimator,
-                    coefficients=coefficients, k=config.k,
+                    coefficients=coefficients, k=config.k, pair=pair,
                     config=EstimatorConfig(refit_interval=config.refit_interval),
                     adaptive=AdaptiveConfig(gate=config.draft_gate))
     return make(config.policy)
@@ -117,7 +72,7 @@ def _trace_writer(config: ServeConfig, target, draft):
             "avkit.k": str(config.k), "avkit.drafter": config.drafter, "avkit.seed": str(config.seed),
             "avkit.datasets": '["serve"]', "avkit.policy": config.policy,
             "avkit.temperature": "per-request", "avkit.top_p": "per-request"}
-    return TraceWriter(config.record, meta, flush_interval_s=30.0)
+    return TraceWriter(config.record, meta)  # flushed by ServeSink every record_flush_s
 
 
 def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
@@ -126,23 +81,36 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
     from avkit.models.placement import placement
     from avkit.runtime.engine import Engine, EngineConfig
 
-    coefficients = warm_start(config)
+    warm = warm_start(config)
+    if config.record:
+        check_record_writable(config.record)
     device, dtype = placement(config.device, config.dtype)
     target = target if target is not None else load(config.target, dtype=dtype, device=device)
     use_draft = config.draft not in ("", "none") and config.k > 0
     if draft is None and use_draft:
         draft = load(config.draft, dtype=dtype, device=device)
     draft = draft if use_draft else None
+    pair = ServedPair(target.model_id, draft.model_id if draft else "", target.sha256 or "",
+                      (draft.sha256 or "") if draft else "")
+    if warm.source == "shipped":
+        try:  # the shipped fit is a default: fitted on another pair, it is not used (a given file must match)
+            load_coefficients(warm.path, k=config.k, pair=pair)
+        except AvkitError as e:
+            log.warning("not warm-starting from the shipped coefficients: %s", e)
+            warm = WarmStart("", "reference")
     try:
-        policy = make_policy(config, coefficients) if draft is not None else None
+        policy = make_policy(config, warm.path, pair) if draft is not None else None
     except AvkitError as e:
-        if not coefficients:
+        if not warm.path:
             raise
-        raise ConfigError(f"warm start from {coefficients}: {e} (pass --no-resume, another --snapshot or "
-                          "--coefficients)") from None
-    snapshots = CoefficientSnapshots(policy, snapshot_path(config), config.snapshot_every)
+        raise ConfigError(f"warm start from {warm.path} ({warm.source}): {e} (pass --no-resume, another "
+                          "--snapshot or --coefficients)") from None
+    side_writes = SideWrites()
+    snapshots = CoefficientSnapshots(policy, snapshot_path(config), config.snapshot_every, pair, side_writes)
     metrics = ServeMetrics(config.k, snapshots.current)
-    sink = ServeSink(metrics, _trace_writer(config, target, draft), run_id=f"serve-{uuid.uuid4().hex[:8]}")
+    side_writes.failures = metrics.side_write_failures
+    sink = ServeSink(metrics, _trace_writer(config, target, draft), run_id=f"serve-{uuid.uuid4().hex[:8]}",
+                     side_writes=side_writes, flush_s=config.record_flush_s)
     engine_config = EngineConfig(k=config.k if draft is not None else 0, max_batch=config.max_concurrency,
                                  max_len=config.max_len, seed=config.seed)
 
@@ -158,14 +126,16 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
     loop = EngineLoop(make_engine, max_concurrency=config.max_concurrency, queue_size=config.queue_size,
                       metrics=metrics, on_step=snapshots.on_step)
 
-    def close():
-        snapshots.write()
+    def close():  # never raises: each side write reports its own failure
+        snapshots.write_guarded(force=True)
         sink.close()
 
+    block = startup_block(config, target=target, draft=draft, device=str(device),
+                          dtype=str(dtype).removeprefix("torch."), warm=warm)
     return ServeState(config=config, engine_loop=loop, tokenizer=target.tokenizer,
                       vocab_size=target.model.config.vocab_size,
                       model_name=config.served_model_name or target.model_id, metrics=metrics, on_close=close,
-                      make_engine=make_engine)
+                      make_engine=make_engine, side_writes=side_writes, startup=block)
 
 
 def uvicorn_server(state: ServeState, *, log_level: str = "info"):
@@ -178,7 +148,7 @@ def uvicorn_server(state: ServeState, *, log_level: str = "info"):
             super().handle_exit(sig, frame)
 
     cfg = state.config
-    config = uvicorn.Config(build_app(state), host=cfg.host, port=cfg.port, log_level=log_level,
+    config = uvicorn.Config(asgi_app(state), host=cfg.host, port=cfg.port, log_level=log_level,
                             timeout_graceful_shutdown=max(1, round(cfg.grace_period_s)),
                             access_log=False, lifespan="on")
     return _Server(config)
@@ -192,13 +162,35 @@ def bind_warning(config: ServeConfig) -> str | None:
             "the server")
 
 
-def serve(config: ServeConfig, *, log_level: str = "info") -> None:
-    """Run until SIGTERM/SIGINT; returns normally (exit code 0) after a graceful shutdown."""
-    server = uvicorn_server(build_state(config), log_level=log_level)
-    # uvicorn re-raises a captured SIGTERM after its graceful shutdown, with the handler that was
-    # installed before it started; a no-op handler here makes that re-raise end the process with 0.
-    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+def configure_logging(log_level: str) -> None:
+    """avkit's server log (startup block, side-write failures, access log) on stderr beside uvicorn's."""
+    logger = logging.getLogger("avkit")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        from uvicorn.logging import DefaultFormatter
+
+        handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s", use_colors=False))  # as uvicorn's
+        logger.addHandler(handler)
+    logger.setLevel(log_level.upper())
+    logger.propagate = False
+
+
+def serve(config: ServeConfig, *, log_level: str = "info", sock=None) -> None:
+    """Run until SIGTERM/SIGINT; returns normally (exit code 0) after a graceful shutdown. `sock`: the
+    listening socket if the caller bound it already (the CLI does, before loading models)."""
+    configure_logging(log_level)
+    if sock is None:
+        sock = bind_socket(config.host, config.port)  # a busy port fails now, not after loading models
     try:
-        server.run()
+        state = build_state(config)
+        log.info("%s", state.startup)
+        server = uvicorn_server(state, log_level=log_level)
+        # uvicorn re-raises a captured SIGTERM after its graceful shutdown, with the handler that was
+        # installed before it started; a no-op handler here makes that re-raise end the process with 0.
+        previous = signal.signal(signal.SIGTERM, lambda *_: None)
+        try:
+            server.run(sockets=[sock])
+        finally:
+            signal.signal(signal.SIGTERM, previous)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        sock.close()

@@ -3,8 +3,11 @@
 The snapshot has the layout of `avkit fit`'s coefficients.json (schema_version, feature,
 num_positions, slope, intercepts, observations, mode, trained_on) plus `refits`, so the file a
 server writes is a file a server (or `avkit simulate`) can deploy: a restart resumes from it.
+`trained_on` names the served pair (target, draft and their sha256), so a server never resumes
+from another pair's snapshot (estimators/coefficients.py validates every file on load).
 The engine thread calls `on_step()` after every step; `/metrics` reads `current()` from any
-thread (a new dict is published, never mutated).
+thread (a new dict is published, never mutated). A failing write (read-only or full disk) goes
+through `SideWrites`: counted, logged once, retried at later refits with backoff, never raised.
 """
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ import logging
 import os
 import time
 from pathlib import Path
+from dataclasses import asdict
 from typing import Any
+
+from avkit.estimators.coefficients import ServedPair
 
 log = logging.getLogger("avkit.serve")
 
@@ -24,7 +30,7 @@ def estimator_of(policy) -> Any | None:
     return getattr(policy, "estimator", None) if policy is not None else None
 
 
-def coefficients_of(estimator) -> dict[str, Any] | None:
+def coefficients_of(estimator, pair: ServedPair | None = None) -> dict[str, Any] | None:
     """Estimator state -> coefficients.json dict (None when the estimator has no slope/intercepts).
 
     Keeps every key of the estimator's state (so `load_state_dict` restores it exactly, round
@@ -43,8 +49,10 @@ def coefficients_of(estimator) -> dict[str, Any] | None:
         "intercepts": intercepts,
         "observations": [int(n) for n in state.get("observations", [0] * len(intercepts))],
         "mode": "online",
+        "estimator": state.get("name", getattr(estimator, "name", "online_logistic")),
         "trained_on": {"source": "avkit serve",
-                       "snapshot_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+                       "snapshot_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       **(asdict(pair) if pair is not None else {})},
     }
 
 
@@ -62,8 +70,10 @@ def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
 class CoefficientSnapshots:
     """Publishes coefficients after each refit; writes `path` every `every` refits and at close."""
 
-    def __init__(self, policy, path: Path | None, every: int):
+    def __init__(self, policy, path: Path | None, every: int, pair: ServedPair | None = None, side_writes=None):
+        self._side_writes = side_writes  # SideWrites: a failing write is counted, backed off, never raised
         self._policy = policy
+        self._pair = pair
         self._estimator = estimator_of(policy)
         self.path = path
         self.every = every
@@ -84,7 +94,14 @@ class CoefficientSnapshots:
         self.refits = refits
         self._current = self._read()
         if self.refits - self._last_written >= self.every:
+            self.write_guarded()
+
+    def write_guarded(self, *, force: bool = False) -> bool:
+        """`write` through the side-write guard (retried with backoff; `force`: now, at shutdown)."""
+        if self._side_writes is None:
             self.write()
+            return True
+        return self._side_writes.run("snapshot", self.write, force=force)
 
     def write(self) -> None:
         if self.path is None or self._estimator is None:
@@ -99,7 +116,7 @@ class CoefficientSnapshots:
     def _read(self) -> dict[str, Any] | None:
         if self._estimator is None:
             return None
-        c = coefficients_of(self._estimator)
+        c = coefficients_of(self._estimator, self._pair)
         if c is not None:
             c["refits"] = self.refits  # refits of this server process
         return c

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from avkit.serve.app import ServeState, build_app
+from avkit.serve.app import ServeState, asgi_app
 
 
 @contextmanager
@@ -25,7 +25,7 @@ def serve_in_thread(state: ServeState, *, timeout_s: float = 30.0,
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(build_app(state), log_level=log_level, lifespan="on", access_log=False,
+    config = uvicorn.Config(asgi_app(state), log_level=log_level, lifespan="on", access_log=False,
                             timeout_graceful_shutdown=max(1, int(state.config.grace_period_s)))
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="avkit-uvicorn",

@@ -102,20 +102,14 @@ def replay(gens: list[ReplayGeneration], cache_config: SuffixCacheConfig = Suffi
 
 def load_generations(trace_paths: list[str | Path]) -> tuple[list[ReplayGeneration], dict]:
     """Generations beside each trace, with model matches from the trace. Returns (gens, info)."""
-    from avkit.trace.schema import generations_path
+    from avkit.trace.reader import read_generations, read_traces
 
     gens: list[ReplayGeneration] = []
     info = {"unknown_model_positions": [], "temperatures": set()}
     for path in map(Path, trace_paths):
-        gpath = generations_path(path)
-        if not gpath.is_file():
-            raise TraceError(f"{path}: no generations table beside it (expected {gpath})")
-        try:
-            table = pl.read_parquet(gpath).with_columns(pl.col("request_id", "dataset").cast(pl.String))
-            trace = pl.read_parquet(path, columns=["request_id", "step", "position", "draft_token",
-                                                   "num_accepted", "drafter", "temperature"])
-        except (OSError, pl.exceptions.PolarsError) as e:
-            raise TraceError(f"{path}: cannot read trace or generations: {e}") from None
+        table = read_generations(path)
+        trace = read_traces([path], ["request_id", "step", "position", "draft_token", "num_accepted", "drafter",
+                                     "temperature"]).with_columns(pl.col("request_id", "drafter").cast(pl.String))
         info["temperatures"] |= set(trace["temperature"].unique().to_list())
         match, known = matches_from_trace(trace, table)
         n_known = sum(int(k.sum()) for k in known.values())

@@ -34,11 +34,12 @@ import numpy as np
 
 from avkit.config import AdaptiveConfig
 from avkit.errors import ConfigError
+from avkit.estimators.rounds import replay_steps
 from avkit.scheduling.adaptive import estimator_feature, load_estimator
 from avkit.scheduling.cost import CostTable
 from avkit.scheduling.gate import DraftGate
 from avkit.sim.allocate import grouped_budget, grouped_survival
-from avkit.sim.online import burn_in, run_rounds
+from avkit.sim.online import burn_in
 from avkit.sim.steps import Schedule, StepTable
 
 
@@ -123,7 +124,7 @@ class Adaptive:
     coefficients: str = ""
     stop_drafting: bool = False  # also stop the (autoregressive) drafter early, see `_budget_stop`
     burn_in: bool = True  # start online estimators from a pass over the traces (avkit/sim/online.py)
-    chunk: int = 100  # sim steps predicted per estimator call (re-predicted after every refit)
+    chunk: int = 100  # sim steps predicted per call for estimators without refit rounds
     warm_state: dict | None = None  # estimator state after burn-in (set by `prepare`)
     gate: AdaptiveConfig | None = AdaptiveConfig()  # the draft gate's settings, as live (None: always draft)
 
@@ -245,37 +246,31 @@ class Adaptive:
         return name
 
     def _online(self, replay: Replay):
-        """Predict a round, decide it, feed each step's observed slots; re-predict after a refit."""
+        """Predict a round, decide it, feed its observed slots (estimators/rounds.py, as `avkit fit`)."""
         steps, rows, bounds = replay.steps, replay.sched.rows, replay.bounds
-        est = load_estimator(self.estimator, self.coefficients, k=steps.k)
+        k = steps.k
+        est = load_estimator(self.estimator, self.coefficients, k=k)
         if self.warm_state is not None:
             est.load_state_dict(self.warm_state)
         feats = np.nan_to_num(steps.features[self._feature(est, steps)][rows], nan=0.0)  # [S', K]
-        first = np.repeat(feats[:, :1], steps.k, axis=1).ravel()  # [S' * K] position-0 feature everywhere
-        pos = np.tile(np.arange(steps.k), rows.size)  # [S' * K]
+        first = np.repeat(feats[:, :1], k, axis=1).ravel()  # [S' * K] position-0 feature everywhere
+        pos = np.tile(np.arange(k), rows.size)  # [S' * K]
         labels, acc = steps.label[rows], steps.accepted[rows]  # [S', K], [S']
         out, drafted = np.zeros(rows.size, dtype=np.int64), np.zeros(rows.size, dtype=np.int64)
         draft_ms = np.zeros(replay.sched.num_groups)
-        j = np.arange(steps.k)[None, :]
-
-        gate, states = self.make_gate(replay), {}  # states: the gate before each step of the last round
+        j = np.arange(k)[None, :]
+        gate = self.make_gate(replay)
 
         def decide(conf, g0, g1):
-            r0, r1 = bounds[g0], bounds[g1]
-            k = steps.k  # the estimator has not changed since `conf` was predicted: size with the same one
+            r0, r1 = bounds[g0], bounds[g1]  # the estimator cannot change before g1: size with the same one
             sizing = np.asarray(est.predict(first[r0 * k:r1 * k], pos[r0 * k:r1 * k])).reshape(-1, k)
-            on = None
-            if gate is not None:  # a refit re-predicts from step g0: rewind the gate to its state there
-                if g0 in states:
-                    gate.restore(states[g0])
-                on, before = self._gate(replay, sizing, g0, g1, gate)
-                states.clear()
-                states.update(zip(range(g0, g1), before))
-            out[r0:r1], drafted[r0:r1], draft_ms[g0:g1] = self._budget(replay, conf, g0, g1, sizing, on)
+            on = None if gate is None else self._gate(replay, sizing, g0, g1, gate)[0]
+            out[r0:r1], drafted[r0:r1], draft_ms[g0:g1] = self._budget(replay, conf.reshape(-1, k), g0, g1,
+                                                                       sizing, on)
             observed = (j < out[r0:r1, None]) & (j <= acc[r0:r1, None]) & (labels[r0:r1] >= 0)  # DESIGN §3
-            return observed, (np.ones(g1 - g0, bool) if on is None else on)
+            return observed.ravel(), (np.ones(g1 - g0, bool) if on is None else on)
 
-        run_rounds(est, feats, labels, bounds, decide, self.chunk)
+        replay_steps(est, feats.ravel(), pos, labels.ravel(), bounds * k, decide, chunk=self.chunk)
         return out, drafted, draft_ms
 
 

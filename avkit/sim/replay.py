@@ -21,8 +21,6 @@ drafted tokens wasted (not accepted: rejected, after a rejection, or trimmed), m
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +32,7 @@ from avkit.estimators.base import ESTIMATORS
 from avkit.scheduling.cost import CostTable
 from avkit.sim.policies import Replay, SimPolicy, parse_policies
 from avkit.sim.steps import StepTable, schedule, step_table
+from avkit.staged import StagedOutputs
 
 # The results table (one row per concurrency x policy), as written to Parquet and read by `avkit report`.
 RESULT_COLUMNS = {
@@ -62,9 +61,10 @@ def load_steps(traces) -> StepTable:
         return traces
     if isinstance(traces, pl.DataFrame):
         return step_table(traces)
-    from avkit.trace.reader import read_traces
+    from avkit.trace.reader import common_k, read_traces
 
-    return step_table(read_traces(traces))
+    paths = [traces] if isinstance(traces, (str, Path)) else list(traces)
+    return step_table(read_traces(paths), common_k(paths)[0])
 
 
 def default_policies(steps: StepTable, config: SimulateConfig) -> list[str]:
@@ -75,6 +75,13 @@ def default_policies(steps: StepTable, config: SimulateConfig) -> list[str]:
     return specs + (["adaptive:oracle"] if config.oracle else [])
 
 
+def step_times(replay: Replay, k_verify: np.ndarray, draft_ms: np.ndarray) -> np.ndarray:
+    """[G] predicted ms of each sim step from a policy's verify counts [S'] and drafting ms [G]."""
+    n = replay.num_requests  # [G]
+    verified = np.add.reduceat(k_verify, replay.bounds[:-1])  # [G]
+    return draft_ms + replay.cost.context_cost(n) + replay.cost.verify_cost(n + verified)
+
+
 def policy_metrics(replay: Replay, policy: SimPolicy, k_verify: np.ndarray, drafted: np.ndarray,
                    draft_ms: np.ndarray) -> dict:
     """Replay one policy's verify counts [S'], drafts [S'] and drafting ms [G] through the cost table."""
@@ -83,7 +90,7 @@ def policy_metrics(replay: Replay, policy: SimPolicy, k_verify: np.ndarray, draf
     accepted = np.minimum(k_verify, steps.accepted[rows])  # [S'] the min(k, a) approximation
     n = replay.num_requests  # [G]
     verified = np.add.reduceat(k_verify, bounds[:-1])  # [G]
-    step_ms = draft_ms + replay.cost.context_cost(n) + replay.cost.verify_cost(n + verified)  # [G]
+    step_ms = step_times(replay, k_verify, draft_ms)  # [G]
     tokens = accepted.sum() + rows.size  # + 1 bonus / resampled token per request-step
     throughput = 1e3 * tokens / step_ms.sum()
     return {
@@ -159,16 +166,10 @@ def step_time_check(traces, cost: CostTable) -> dict:
     return {**summary(np.ones(eng.size, bool)), "decode_only": summary(~admits)}
 
 
-def write_results(df: pl.DataFrame, path) -> Path:
-    """Parquet, written to a temp file in the same folder then renamed."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        df.write_parquet(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+def write_results(df: pl.DataFrame, path, outputs: StagedOutputs | None = None) -> Path:
+    """Parquet through a staged output (`outputs`, committed by the caller; else committed here)."""
+    if outputs is None:
+        with StagedOutputs() as own:
+            return write_results(df, path, own)
+    df.write_parquet(outputs.file(path))
+    return Path(path).expanduser()

@@ -48,8 +48,29 @@ class StepTable:
         return np.bincount(self.request, minlength=self.num_requests)
 
 
-def step_table(df: pl.DataFrame) -> StepTable:
-    """Pivot slot rows (trace format v1) into step rows; model-drafter rows only."""
+def _replay_k(df: pl.DataFrame, pos: np.ndarray, k: int | None) -> int:
+    """K of the [S, K] arrays: the files' declared K, else max(num_drafted, position + 1) up to MAX_INFERRED_K."""
+    from avkit.trace.reader import MAX_INFERRED_K
+
+    drafted = df["num_drafted"].to_numpy()
+    if k is None:
+        worst = int(np.argmax(np.maximum(drafted, pos + 1)))
+        if max(drafted[worst], pos[worst] + 1) > MAX_INFERRED_K:
+            col = "position" if pos[worst] + 1 > drafted[worst] else "num_drafted"
+            raise TraceError(f"simulate: column {col!r} row {worst} has {col} = {df[col][worst]}: K above "
+                             f"{MAX_INFERRED_K} without avkit.k metadata is refused")
+        return int(max(drafted.max(), pos.max() + 1))
+    bad = np.flatnonzero((pos >= k) | (drafted > k))
+    if bad.size:
+        raise TraceError(f"simulate: row {bad[0]} has position {pos[bad[0]]}, num_drafted {drafted[bad[0]]} "
+                         f"beyond K = {k}")
+    return k
+
+
+def step_table(df: pl.DataFrame, k: int | None = None) -> StepTable:
+    """Pivot slot rows (trace format v1) into step rows; model-drafter rows only.
+
+    `k`: the traces' K (`avkit.k`, see `trace.reader.common_k`); None infers it from the rows."""
     missing = [c for c in NEEDED if c not in df.columns]
     if missing:
         raise TraceError(f"simulate: trace frame lacks column {missing[0]!r}")
@@ -66,7 +87,7 @@ def step_table(df: pl.DataFrame) -> StepTable:
     sid = np.cumsum(new) - 1  # [N] step row of each slot row
     first = np.flatnonzero(new)  # [S]
     pos = df["position"].to_numpy().astype(np.int64)
-    k = int(max(df["num_drafted"].max(), pos.max() + 1))
+    k = _replay_k(df, pos, k)
     s = first.size
 
     def matrix(values: np.ndarray, fill, dtype) -> np.ndarray:

@@ -1,12 +1,23 @@
-"""Read trace files (format v1) lazily with polars, after checking them against the schema.
+"""Read trace files (format v1) and their generations tables, after checking them against the schema.
+
+`read_traces` reads rows eagerly with pyarrow and validates them before polars sees them (a damaged
+page or invalid UTF-8 is a TraceError, never a decoder panic); `scan_traces` is the lazy polars
+scan for callers that only need the schema layer. Every error is one line naming the file.
 
 Two layers of checks, each naming the file and the column:
   schema  (footer only, cheap; `scan_traces`)  the file exists and is Parquet with a footer
           (truncated files have none), `avkit.schema_version` is 1, every required column is
           present with the right type family (string columns may be plain or dictionary
           strings; integer and float widths may differ and are cast to the schema's)
-  values  (`read_traces`)  features finite, probabilities in [0, 1], positions in [0, K),
-          labels only on verified slots
+  values  (`read_traces`)  no nulls in non-null columns; features finite, probabilities in
+          [0, 1]; positions in [0, K) and below num_drafted; 0 <= num_accepted <= num_verified
+          <= num_drafted <= K; step_time_ms finite and >= 0; batch_size >= 1; labels only on
+          verified slots; no two rows for one slot (run_id, request_id, drafter, step, position)
+          and no file given twice (rows would count twice); at least one row per file
+K of a file is its `avkit.k` metadata, an integer in [0, MAX_K]; a file without it gets K =
+max(num_drafted, position + 1), refused above MAX_INFERRED_K (one corrupt integer must not size
+arrays). Files of different K are read together under `common_k`'s rule: K = the largest, and
+each step verifies at most the drafts it recorded (the caller prints `common_k`'s note).
 Optional columns (engine_step, accept_prob, ...) absent from a file read as nulls. Every frame
 gets a `file_index` column (UInt16: index of the file in `paths`) so replays can keep runs apart.
 """
@@ -24,7 +35,13 @@ from avkit.trace import schema as S
 
 # Canonical polars dtypes of every column (dictionary strings become Categorical).
 POLARS_SCHEMA: dict[str, pl.DataType] = dict(pl.from_arrow(S.TRACE_SCHEMA.empty_table()).schema)
-FINITE_COLUMNS = ("q_max", "q_2nd", "q_sampled", "entropy", "logit_qmax")
+FINITE_COLUMNS = ("q_max", "q_2nd", "q_sampled", "entropy", "logit_qmax", "step_time_ms", "temperature")
+MAX_K = 1024  # largest K a file may declare in `avkit.k`
+MAX_INFERRED_K = 64  # largest K inferred from the rows of a file without `avkit.k`
+SLOT_KEY = ("run_id", "request_id", "drafter", "step", "position")  # one row per draft slot
+GENERATION_NEEDED = ("request_id", "dataset", "prompt_ids", "output_ids")  # what a replay reads
+# Read in any case by `read_traces` (the checks need them), then projected away if not asked for.
+CHECKED_COLUMNS = (*SLOT_KEY, "accepted", "verified", "num_drafted", "num_verified", "num_accepted")
 PROBABILITY_COLUMNS = ("q_max", "q_2nd", "q_sampled", "target_prob", "accept_prob", "confidence", "head_conf")
 
 
@@ -44,14 +61,41 @@ def _open(path: Path) -> pq.ParquetFile:
         raise TraceError(f"{path}: no such trace file")
     try:
         return pq.ParquetFile(path)
-    except (OSError, pa.ArrowInvalid) as e:
-        raise TraceError(f"{path}: not a readable Parquet file (truncated or another format): {e}") from None
+    except (OSError, pa.ArrowException, ValueError, TypeError) as e:
+        raise TraceError(f"{path}: not a readable Parquet file (truncated or another format): "
+                         f"{_first_line(e)}") from None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def trace_metadata(path) -> dict[str, str]:
     """The file's key/value metadata (`avkit.*` keys, see `schema.META_KEYS`) as str -> str."""
     meta = _open(Path(path)).schema_arrow.metadata or {}
-    return {k.decode(): v.decode() for k, v in meta.items() if not k.startswith(b"ARROW:")}
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, v in meta.items()
+            if not k.startswith(b"ARROW:")}
+
+
+def trace_k(path) -> int | None:
+    """K declared by a file (`avkit.k`), checked to be an integer in [0, MAX_K]; None when absent."""
+    text = trace_metadata(path).get("avkit.k")
+    if text is None:
+        return None
+    if not (text.isascii() and text.isdigit()) or int(text) > MAX_K:
+        raise TraceError(f"{path}: metadata avkit.k is {text!r}, expected an integer in [0, {MAX_K}]")
+    return int(text)
+
+
+def common_k(paths) -> tuple[int | None, str]:
+    """(K of the files, note): the largest declared K, and a one-line note when the files differ."""
+    ks = {Path(p): trace_k(p) for p in paths}
+    declared = sorted({k for k in ks.values() if k is not None})
+    if len(declared) <= 1:
+        return (declared[0] if declared else None), ""
+    per = ", ".join(f"{p.name} K={k}" for p, k in ks.items() if k is not None)
+    return declared[-1], (f"traces of different K ({per}): read at K = {declared[-1]}; a step never verifies "
+                          "more drafts than it recorded")
 
 
 def check_schema(path) -> pa.Schema:
@@ -59,7 +103,7 @@ def check_schema(path) -> pa.Schema:
     path = Path(path)
     schema = _open(path).schema_arrow
     meta = schema.metadata or {}
-    version = meta.get(S.META_SCHEMA_VERSION.encode(), b"<missing>").decode()
+    version = meta.get(S.META_SCHEMA_VERSION.encode(), b"<missing>").decode(errors="replace")
     if version != S.SCHEMA_VERSION:
         raise TraceError(f"{path}: {S.META_SCHEMA_VERSION} is {version!r}, this avkit reads {S.SCHEMA_VERSION!r}")
     for col in S.COLUMNS:
@@ -98,28 +142,100 @@ def scan_traces(paths) -> pl.LazyFrame:
     return pl.concat([_scan_one(p, i) for i, p in enumerate(paths)], how="vertical")
 
 
+def _read_arrow(path: Path, columns: list[str], then=lambda df: df) -> pl.DataFrame:
+    """Columns of a Parquet file read eagerly with pyarrow and validated (a damaged page or invalid UTF-8
+    raises a clean error, never a decoder panic), as polars, passed through `then`; TraceError on failure."""
+    try:
+        table = pq.read_table(path, columns=columns)
+        table = pa.Table.from_arrays(table.columns, names=table.column_names)  # no (possibly non-UTF-8) metadata
+        table.validate(full=True)
+        return then(pl.from_arrow(table))
+    except (pl.exceptions.PolarsError, OSError, pa.ArrowException, ValueError, TypeError) as e:
+        raise TraceError(f"{path}: cannot read rows: {_first_line(e)}") from None
+    except pl.exceptions.PanicException as e:  # last resort: a decoder bug on damaged input
+        raise TraceError(f"{path}: cannot read rows (damaged data): {_first_line(e)}") from None
+
+
+def _read_one(path: Path, index: int, want: set[str] | None) -> pl.DataFrame:
+    """One file's rows (schema-checked; absent optional columns as nulls, types cast to the schema's)."""
+    names = set(check_schema(path).names)
+    cols = [c.name for c in S.COLUMNS if want is None or c.name in want]
+    return _read_arrow(path, [c for c in cols if c in names], lambda df: df.select(
+        *(pl.col(c).cast(POLARS_SCHEMA[c]) if c in names else pl.lit(None, dtype=POLARS_SCHEMA[c]).alias(c)
+          for c in cols), pl.lit(index, dtype=pl.UInt16).alias("file_index")))
+
+
 def _first_bad(df: pl.DataFrame, bad: pl.Expr, column: str) -> str:
     row = df.with_row_index("_row").filter(bad).select("_row", column).row(0)
     return f"row {row[0]} has {column} = {row[1]}"
 
 
+def _value_checks(k: int | None) -> list[tuple[str, pl.Expr, str]]:
+    """(column, bad-row expression, what is wrong) for every rule of the module docstring."""
+    c = pl.col
+    checks: list[tuple[str, pl.Expr, str]] = [
+        (col.name, c(col.name).is_null(), "is null (a required, non-null column)")
+        for col in S.COLUMNS if not col.nullable and col.name in S.REQUIRED]
+    checks += [(n, ~c(n).is_finite(), "is not finite") for n in FINITE_COLUMNS]
+    checks += [(n, (c(n) < 0) | (c(n) > 1), "is outside [0, 1]") for n in PROBABILITY_COLUMNS]
+    checks += [
+        ("step_time_ms", c("step_time_ms") < 0, "is negative"),
+        ("temperature", c("temperature") < 0, "is negative"),
+        ("top_p", (c("top_p") <= 0) | (c("top_p") > 1) | c("top_p").is_nan(), "is outside (0, 1]"),
+        ("batch_size", c("batch_size") < 1, "is below 1"),
+        ("step", c("step") < 0, "is negative"),
+        ("position", c("position") < 0, "is negative"),
+    ]
+    if k is not None:
+        checks += [("position", c("position") >= k, f"is >= K = {k} (avkit.k)"),
+                   ("num_drafted", c("num_drafted") > k, f"is > K = {k} (avkit.k)")]
+    else:
+        checks += [("position", c("position") >= MAX_INFERRED_K,
+                    f"is >= {MAX_INFERRED_K} in a file without avkit.k metadata (K above {MAX_INFERRED_K} "
+                    "is refused)"),
+                   ("num_drafted", c("num_drafted") > MAX_INFERRED_K,
+                    f"is > {MAX_INFERRED_K} in a file without avkit.k metadata (K above {MAX_INFERRED_K} "
+                    "is refused)")]
+    checks += [
+        ("num_verified", (c("num_verified") < 0) | (c("num_verified") > c("num_drafted")),
+         "is outside [0, num_drafted]"),
+        ("num_accepted", (c("num_accepted") < 0) | (c("num_accepted") > c("num_verified")),
+         "is outside [0, num_verified]"),
+        ("position", c("position") >= c("num_drafted"), "is >= num_drafted of its row"),
+        ("accepted", c("accepted").is_not_null() & ~c("verified"), "is set on an unverified slot"),
+    ]
+    return checks
+
+
 def check_values(df: pl.DataFrame, path, k: int | None) -> None:
     """Value checks of the columns read from one file; raise TraceError naming file, column, row."""
-    checks: list[tuple[str, pl.Expr, str]] = []
-    for c in FINITE_COLUMNS:
-        checks.append((c, ~pl.col(c).is_finite(), "is not finite"))
-    for c in PROBABILITY_COLUMNS:
-        checks.append((c, (pl.col(c) < 0) | (pl.col(c) > 1), "is outside [0, 1]"))
-    checks.append(("position", pl.col("position") < 0, "is negative"))
-    if k is not None:
-        checks.append(("position", pl.col("position") >= k, f"is >= K = {k}"))
-    checks.append(("accepted", pl.col("accepted").is_not_null() & ~pl.col("verified"),
-                   "is set on an unverified slot"))
-    checks = [ch for ch in checks if set(ch[1].meta.root_names()) <= set(df.columns)]  # what was read
+    if df.height == 0:
+        raise TraceError(f"{path}: holds no rows")
+    checks = [ch for ch in _value_checks(k) if set(ch[1].meta.root_names()) <= set(df.columns)]  # what was read
     hits = df.select(e.fill_null(False).any().alias(str(i)) for i, (_, e, _) in enumerate(checks)).row(0)
     for (column, bad, what), hit in zip(checks, hits):
         if hit:
             raise TraceError(f"{path}: column {column!r} {what}: {_first_bad(df, bad.fill_null(False), column)}")
+    if set(SLOT_KEY) <= set(df.columns):
+        dup = df.select(SLOT_KEY).is_duplicated()
+        if dup.any():
+            i = int(dup.arg_true()[0])
+            key = ", ".join(f"{n}={v}" for n, v in zip(SLOT_KEY, df.select(SLOT_KEY).row(i)))
+            raise TraceError(f"{path}: row {i} duplicates another row of the same draft slot ({key}); "
+                             "it would be counted twice")
+
+
+def _no_repeats(paths: list[Path]) -> None:
+    seen: dict[tuple[int, int], Path] = {}
+    for p in paths:
+        try:
+            st = p.stat()
+        except OSError:
+            continue  # reported as missing by the reader
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            raise TraceError(f"{p}: given twice (also as {seen[key]}); its rows would be counted twice")
+        seen[key] = p
 
 
 def read_traces(paths, columns: list[str] | None = None, *, check: bool = True) -> pl.DataFrame:
@@ -131,20 +247,53 @@ def read_traces(paths, columns: list[str] | None = None, *, check: bool = True) 
     paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
     if not paths:
         raise TraceError("no trace files given")
+    _no_repeats(paths)
     frames = []
     for i, path in enumerate(paths):
-        lf = _scan_one(path, i)
-        want = None if columns is None else list(dict.fromkeys(
-            [*columns, "position", "accepted", "verified", "file_index"]))
-        try:
-            df = (lf if want is None else lf.select(want)).collect()
-        except (pl.exceptions.PolarsError, OSError) as e:
-            raise TraceError(f"{path}: cannot read rows: {str(e).splitlines()[0]}") from None
+        want = None if columns is None else set(
+            [*columns, *(CHECKED_COLUMNS if check else ("position", "accepted", "verified"))])
+        df = _read_one(path, i, want)
         if check:
-            k = trace_metadata(path).get("avkit.k")
-            check_values(df, path, int(k) if k and k.isdigit() else None)
+            check_values(df, path, trace_k(path))
         frames.append(df if columns is None else df.select([*columns, "file_index"]))
     return pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
 
 
-__all__ = ["POLARS_SCHEMA", "check_schema", "check_values", "read_traces", "scan_traces", "trace_metadata"]
+def read_generations(trace_path) -> pl.DataFrame:
+    """The generations table beside a trace, checked: readable, not another schema version, the columns a
+    replay reads (GENERATION_NEEDED) present with their types, no nulls, one row per request_id.
+    Returns those columns; request_id and dataset as plain strings, token ids as Int64 lists."""
+    trace_path = Path(trace_path)
+    path = S.generations_path(trace_path)
+    if not path.is_file():
+        raise TraceError(f"{trace_path}: no generations table beside it (expected {path})")
+    schema = _open(path).schema_arrow
+    version = (schema.metadata or {}).get(S.META_SCHEMA_VERSION.encode(), b"1").decode(errors="replace")
+    if version != S.SCHEMA_VERSION:  # absent is fine: the table is plain Parquet anyone can write
+        raise TraceError(f"{path}: {S.META_SCHEMA_VERSION} is {version!r}, this avkit reads {S.SCHEMA_VERSION!r}")
+    for col in S.GENERATION_COLUMNS:
+        if col.name not in schema.names:
+            if col.name in GENERATION_NEEDED:
+                raise TraceError(f"{path}: required column {col.name!r} is missing")
+            continue
+        got = schema.field(col.name).type
+        ok = (_family(got) == "string" if _family(col.type) == "string" else
+              (pa.types.is_list(got) or pa.types.is_large_list(got)) and _family(got.value_type) == "int")
+        if not ok:
+            raise TraceError(f"{path}: column {col.name!r} has type {got}, expected {col.type}")
+    df = _read_arrow(path, list(GENERATION_NEEDED), lambda df: df.with_columns(
+        pl.col("request_id", "dataset").cast(pl.String), pl.col("prompt_ids", "output_ids").cast(pl.List(pl.Int64))))
+    nulls = [c for c in df.columns if df[c].null_count() or (df[c].dtype == pl.List(pl.Int64)
+                                                              and df[c].list.eval(pl.element().is_null()).list.any().any())]
+    if nulls:
+        i = int(df[nulls[0]].is_null().arg_true()[0]) if df[nulls[0]].null_count() else 0
+        raise TraceError(f"{path}: column {nulls[0]!r} holds nulls (first at row {i})")
+    dup = df["request_id"].is_duplicated()
+    if dup.any():
+        i = int(dup.arg_true()[0])
+        raise TraceError(f"{path}: row {i} repeats request_id {df['request_id'][i]!r}; it would be counted twice")
+    return df
+
+
+__all__ = ["MAX_INFERRED_K", "MAX_K", "POLARS_SCHEMA", "check_schema", "check_values", "common_k", "read_generations", "read_traces",
+           "scan_traces", "trace_k", "trace_metadata"]

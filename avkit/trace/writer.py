@@ -6,9 +6,12 @@ Glossary:
               readable Parquet file holding every flushed row group (rewritten to a temp file
               and renamed over, so a crash or SIGKILL never leaves a torn file)
   close       compacts small (time-flushed) row groups into groups of `row_group_rows`, then renames
-              `<path>.partial` to `<path>` (so `<path>` is never clobbered by a failed run)
-  resume      starts from the rows already in `<path>.partial` (a crashed run) or `<path>`,
-              optionally keeping only some request ids, and appends to them
+              `<path>.partial` to `<path>`; leaving the `with` block by an exception only flushes,
+              so `<path>` is never replaced by a failed run (`avkit record` decides when to close)
+  resume      starts from the rows already in `source` (default: `<path>.partial` of a crashed run,
+              else `<path>`), optionally keeping only some request ids, and appends to them
+Flushes and the final rename hold SIGINT/SIGTERM back until they are done: an interrupt never
+lands between sealing the buffer and writing it (which could duplicate or lose a row group).
 Rewriting on flush costs O(file) each time; shipped traces are a few MB, so this is cheap next
 to the model forwards that produce the rows.
 """
@@ -24,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from avkit.errors import TraceError
+from avkit.staged import deferred_signals
 from avkit.trace import schema as S
 
 COMPRESSION = "zstd"
@@ -32,6 +36,12 @@ COMPRESSION = "zstd"
 def partial_path(path) -> Path:
     p = Path(path)
     return p.with_name(p.name + ".partial")
+
+
+def resume_source(path) -> Path | None:
+    """Where a resumed run starts: the partial file of an unfinished run, else the finished file."""
+    p = Path(path)
+    return partial_path(p) if partial_path(p).exists() else p if p.exists() else None
 
 
 def _column_array(col: S.Column, values, n: int, path: Path) -> pa.Array:
@@ -55,7 +65,8 @@ class _ParquetStream:
     """Buffer column chunks, flush them as row groups of a Parquet file that is valid after each flush."""
 
     def __init__(self, path, columns: tuple[S.Column, ...], metadata: dict[str, str], *,
-                 row_group_rows: int, flush_interval_s: float | None, resume: bool, keep=None):
+                 row_group_rows: int, flush_interval_s: float | None, resume: bool, keep=None,
+                 source: Path | None = None):
         self.path = Path(path)
         self.partial = partial_path(self.path)
         self.columns = columns
@@ -67,27 +78,31 @@ class _ParquetStream:
         self._buffered = 0
         self._last_flush = time.monotonic()
         self.rows_written = 0
+        self.closed = False
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._groups: list[pa.Table] = self._existing(keep) if resume else []
+        self._groups: list[pa.Table] = self._existing(keep, source) if resume else []
         self.rows_written = sum(g.num_rows for g in self._groups)
         if not resume and self.partial.exists():
             self.partial.unlink()
 
-    def _existing(self, keep) -> list[pa.Table]:
-        """Row groups of a previous run (crashed partial first, else the finished file)."""
-        src = self.partial if self.partial.exists() else self.path if self.path.exists() else None
-        if src is None:
+    def _existing(self, keep, source: Path | None) -> list[pa.Table]:
+        """Row groups of a previous run (`source`, else the crashed partial, else the finished file)."""
+        src = source if source is not None else resume_source(self.path)
+        if src is None or not src.exists():
             return []
         try:
             f = pq.ParquetFile(src)
             groups = [f.read_row_group(i) for i in range(f.num_row_groups)]
-        except (OSError, pa.ArrowInvalid) as e:
-            raise TraceError(f"{src}: cannot resume from an unreadable file ({e})") from None
+        except (OSError, pa.ArrowException) as e:
+            raise TraceError(f"{src}: cannot resume from an unreadable file ({str(e).splitlines()[0]})") from None
         names = {c.name for c in self.columns}
         if not names <= set(f.schema_arrow.names):
             missing = sorted(names - set(f.schema_arrow.names))
             raise TraceError(f"{src}: cannot resume, columns missing: {missing}")
-        groups = [g.select([c.name for c in self.columns]).cast(self.schema.remove_metadata()) for g in groups]
+        try:
+            groups = [g.select([c.name for c in self.columns]).cast(self.schema.remove_metadata()) for g in groups]
+        except (pa.ArrowException, ValueError) as e:
+            raise TraceError(f"{src}: cannot resume, columns do not cast to the schema ({e})") from None
         if keep is not None:
             keep_arr = pa.array(sorted(keep), type=pa.string())
             groups = [g.filter(pa.compute.is_in(g["request_id"].cast(pa.string()), keep_arr)) for g in groups]
@@ -134,8 +149,9 @@ class _ParquetStream:
 
     def flush(self) -> None:
         """Write buffered rows as a row group; afterwards `<path>.partial` is complete and readable."""
-        self._seal_buffer()
-        self._rewrite(self.partial)
+        with deferred_signals():
+            self._seal_buffer()
+            self._rewrite(self.partial)
 
     def _rewrite(self, dest: Path) -> None:
         tmp = dest.with_name(dest.name + ".tmp")
@@ -148,10 +164,12 @@ class _ParquetStream:
 
     def close(self) -> None:
         """Flush, compact the time-based small row groups, then rename `<path>.partial` to `<path>`."""
-        self._seal_buffer()
-        self._compact()
-        self._rewrite(self.partial)
-        os.replace(self.partial, self.path)
+        with deferred_signals():
+            self._seal_buffer()
+            self._compact()
+            self._rewrite(self.partial)
+            os.replace(self.partial, self.path)
+        self.closed = True
 
     def _compact(self) -> None:
         """Merge consecutive row groups into groups of up to `row_group_rows` rows (row order kept)."""
@@ -164,9 +182,17 @@ class _ParquetStream:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        # On any exit (including KeyboardInterrupt) keep what was recorded: flushed rows are data.
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        # A normal exit commits `<path>`; an exception keeps what was recorded in `<path>.partial` only.
+        if self.closed:
+            return False
+        if exc_type is None:
+            self.close()
+        else:
+            try:
+                self.flush()
+            except Exception:  # the original error matters more than a failed last flush
+                pass
         return False
 
 
@@ -187,17 +213,17 @@ class TraceWriter(_ParquetStream):
     """
 
     def __init__(self, path, metadata: dict[str, str], row_group_rows: int = 65536, resume: bool = False,
-                 *, flush_interval_s: float | None = None, keep_requests=None):
+                 *, flush_interval_s: float | None = None, keep_requests=None, source: Path | None = None):
         meta = {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION, **metadata}
         super().__init__(path, S.COLUMNS, meta, row_group_rows=row_group_rows,
-                         flush_interval_s=flush_interval_s, resume=resume, keep=keep_requests)
+                         flush_interval_s=flush_interval_s, resume=resume, keep=keep_requests, source=source)
 
 
 class GenerationWriter(_ParquetStream):
     """Write the generations table (one row per finished request) beside a trace."""
 
     def __init__(self, path, metadata: dict[str, str], row_group_rows: int = 4096, resume: bool = False,
-                 *, flush_interval_s: float | None = None):
+                 *, flush_interval_s: float | None = None, source: Path | None = None):
         meta = {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION, **metadata}
         super().__init__(path, S.GENERATION_COLUMNS, meta, row_group_rows=row_group_rows,
-                         flush_interval_s=flush_interval_s, resume=resume)
+                         flush_interval_s=flush_interval_s, resume=resume, source=source)

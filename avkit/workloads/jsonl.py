@@ -15,7 +15,15 @@ def load_jsonl(path) -> list[Prompt]:
     if not p.is_file():
         raise ConfigError(f"dataset file not found: {p}")
     prompts = []
-    for lineno, line in enumerate(p.read_text().splitlines(), 1):
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read ({e.strerror or e})") from None
+    for lineno, data in enumerate(raw.splitlines(), 1):
+        try:
+            line = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{p}:{lineno}: not UTF-8 (byte {data[e.start]:#04x} at column {e.start + 1})") from None
         if not line.strip():
             continue
         try:

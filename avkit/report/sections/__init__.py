@@ -6,7 +6,7 @@ inputs are missing returns `Section(..., omitted="why, and how to add it")` inst
 
 from collections.abc import Callable
 
-from avkit.report.sections import features, hybrid, online, reliability, simulation, summary
+from avkit.report.sections import features, hybrid, online, reliability, simulation, summary, tune
 
 SECTIONS: dict[str, Callable] = {
     "summary": summary.build,
@@ -14,6 +14,7 @@ SECTIONS: dict[str, Callable] = {
     "reliability": reliability.build,
     "online": online.build,
     "simulation": simulation.build,
+    "tune": tune.build,
     "hybrid": hybrid.build,
 }
 

@@ -48,8 +48,8 @@ def _trajectory_block(traj: pl.DataFrame, c: dict) -> list:
     rows = [("slope ω", fmt(float(slope[0])), fmt(float(slope[-1]))),
             *((f"intercept β{i}", fmt(float(icpt[0, i])), fmt(float(icpt[-1, i]))) for i in range(k))]
     table = Table(("", "start" if online else "first iteration", "last refit"), rows,
-                  caption=f"{len(traj)} refits, {applied} applied (a step that is NaN or makes ω negative is "
-                          f"rejected). Over the last half of the refits ω stays in [{half.min():.4f}, {half.max():.4f}].")
+                  caption=f"{len(traj)} refits, {applied} with a slope step (a slope step that is NaN or makes ω "
+                          f"negative is zeroed; the intercepts still step, from the guarded slope step). Over the last half of the refits ω stays in [{half.min():.4f}, {half.max():.4f}].")
     fig = Figure("coefficient_trajectory", f"Slope and intercepts of {c['feature']} ({c['estimator']}) after "
                  "every refit round, replayed in engine-step order as live.",
                  plots.coefficient_trajectory(x, slope, icpt, xlabel), alt="slope and intercepts over refits")

@@ -1,5 +1,6 @@
 """Reliability diagrams: predicted vs observed acceptance, with slots per bin, for the deployed
-estimator, the q_max-no-fit baseline and a confidence head where the trace has one.
+estimator, the other online estimator (vLLM-style `online_logistic` vs `forgetting_logistic`, replayed
+on the same feature), the q_max-no-fit baseline and a confidence head where the trace has one.
 
 Predictions are replayed exactly as `avkit fit` made them (online: each slot predicted with the
 coefficients of its refit round, before its label was learned from), so each diagram's ECE is the
@@ -30,6 +31,9 @@ def reliability_bins(p: np.ndarray, y: np.ndarray, n_bins: int) -> dict:
     return {"pred": pred, "rate": rate, "count": count, "ece": ece}
 
 
+ONLINE_PEERS = {"online_logistic": "forgetting_logistic", "forgetting_logistic": "online_logistic"}
+
+
 def deployed_predictions(data: FitData, c: dict) -> np.ndarray:
     """[N] predictions of the deployed estimator, replayed as the fit made them."""
     cfg = EstimatorConfig(feature=c["feature"], refit_interval=int(c.get("refit_interval", 100)),
@@ -39,7 +43,7 @@ def deployed_predictions(data: FitData, c: dict) -> np.ndarray:
     if c.get("mode") == "batch":
         fit = FitConfig()
         return batch_fit(est, data, values, max_iter=fit.max_iter, tol=fit.tol)[0]
-    return online_replay(est, data, values, cfg.refit_interval)[0]
+    return online_replay(est, data, values)[0]
 
 
 def _panels(inputs: ReportInputs) -> list[tuple[str, str, str, str, np.ndarray]]:
@@ -47,6 +51,10 @@ def _panels(inputs: ReportInputs) -> list[tuple[str, str, str, str, np.ndarray]]
     data, c = inputs.data, inputs.fit.coefficients
     out = [(f"deployed: {c['feature']} ({c['estimator']})", "deployed", c["feature"], c["estimator"],
             deployed_predictions(data, c))]
+    peer = ONLINE_PEERS.get(c["estimator"]) if c.get("mode", "online") == "online" else None
+    if peer is not None:  # the other online estimator, replayed the same way on the same feature
+        out.append((f"{c['feature']} ({peer})", peer, c["feature"], peer,
+                    deployed_predictions(data, {**c, "estimator": peer})))
     no_fit = (("q_max", "qmax", "q_max, no fit", "q_max"), ("head_conf", "passthrough", "confidence head", "head"))
     for feature, est, title, short in no_fit:
         if feature in data.features:

@@ -1,0 +1,149 @@
+"""The one validated loader of coefficients files: `avkit fit`'s coefficients.json and `serve`'s snapshots.
+
+Every reader (serve's warm start and resume, simulate, the report, any estimator warm start via
+`scheduling.adaptive.load_estimator`) goes through `load_coefficients`, which either returns a
+document whose fields are safe to use or raises one AvkitError line naming the file and the field:
+  schema_version  1
+  feature         a known, lossless feature that is fitted (not a no-fit probability)
+  num_positions   integer K >= 1, equal to the K being served when one is given
+  slope           finite, >= 0 (a larger feature means a more confident draft)
+  intercepts      K finite numbers
+  observations    optional: K integers >= 0
+  rounds, rejected, shifts, refits   optional counters: integers >= 0
+  estimator       optional: a registered estimator
+  basis_slopes    optional (forgetting_logistic): 2 finite numbers, w1 >= 0 and w1 + w2 >= 0
+  precision       optional (forgetting_logistic): finite a [2, 2], b [K, 2], c [K]
+  trained_on      optional object; its target / draft ids (and *_sha256) must match the pair being
+                  served when both sides know them (sha256 wins over ids when both sides have it)
+A file may nest the state under "state" (older snapshots); that object is validated instead.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from avkit.errors import ConfigError
+from avkit.features import FEATURES
+
+
+@dataclass(frozen=True)
+class ServedPair:
+    """The model pair a coefficients file is deployed on ("" = unknown, not checked)."""
+
+    target: str = ""
+    draft: str = ""
+    target_sha256: str = ""
+    draft_sha256: str = ""
+
+
+def _bad(source: str, field: str, why: str, value: Any) -> ConfigError:
+    shown = repr(value)
+    return ConfigError(f"coefficients {source}: field {field!r} {why}, got {shown[:80]}")
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _numbers(source: str, field: str, value: Any, shape: tuple[int, ...]) -> None:
+    """Nested lists of finite numbers with exactly `shape`."""
+    if not shape:
+        if not _number(value):
+            raise _bad(source, field, "must be a finite number", value)
+        return
+    if not isinstance(value, list) or len(value) != shape[0]:
+        raise _bad(source, field, f"must be a list of {shape[0]}", value)
+    for v in value:
+        _numbers(source, field, v, shape[1:])
+
+
+def _check_models(source: str, trained: dict, pair: ServedPair) -> None:
+    for role in ("target", "draft"):
+        mine, served = trained.get(f"{role}_sha256", ""), getattr(pair, f"{role}_sha256")
+        if mine and served:
+            if mine != served:
+                raise _bad(source, f"trained_on.{role}_sha256", f"does not match the served {role} ({served})", mine)
+            continue
+        mine, served = trained.get(role, ""), getattr(pair, role)
+        if mine and served and mine != served:
+            raise _bad(source, f"trained_on.{role}", f"does not match the served {role} ({served})", mine)
+
+
+def check_coefficients(doc: Any, source: str, *, k: int | None = None, pair: ServedPair | None = None) -> dict:
+    """Validate a parsed coefficients document (see the module docstring); -> the state to load."""
+    from avkit.estimators.base import ESTIMATORS
+
+    if isinstance(doc, dict) and isinstance(doc.get("state"), dict):
+        doc = doc["state"]
+    if not isinstance(doc, dict):
+        raise ConfigError(f"coefficients {source}: must be a JSON object, got {type(doc).__name__}")
+    version = doc.get("schema_version", 1)
+    if type(version) is not int or version != 1:
+        raise _bad(source, "schema_version", "must be 1", doc.get("schema_version"))
+    feature = doc.get("feature", "logit_qmax")
+    spec = FEATURES.get(feature) if isinstance(feature, str) else None
+    if spec is None or not spec.lossless or spec.no_fit is not None:
+        raise _bad(source, "feature", "must be a known lossless feature to fit "
+                   f"({', '.join(n for n, s in FEATURES.items() if s.lossless and s.no_fit is None)})", feature)
+    n = doc.get("num_positions")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise _bad(source, "num_positions", "must be an integer >= 1", n)
+    if k is not None and n != k:
+        raise _bad(source, "num_positions", f"does not match the K being served ({k})", n)
+    if not _number(doc.get("slope")) or doc["slope"] < 0:
+        raise _bad(source, "slope", "must be a finite number >= 0", doc.get("slope"))
+    _numbers(source, "intercepts", doc.get("intercepts"), (n,))
+    obs = doc.get("observations")
+    if obs is not None and (not isinstance(obs, list) or len(obs) != n
+                            or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in obs)):
+        raise _bad(source, "observations", f"must be {n} integers >= 0", obs)
+    for key in ("rounds", "rejected", "shifts", "refits"):
+        v = doc.get(key, 0)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise _bad(source, key, "must be an integer >= 0", v)
+    name = doc.get("estimator", doc.get("name"))
+    if name is not None and (not isinstance(name, str) or name not in ESTIMATORS):
+        raise _bad(source, "estimator", f"must be one of {sorted(ESTIMATORS)}", name)
+    if "basis_slopes" in doc:
+        w = doc["basis_slopes"]
+        _numbers(source, "basis_slopes", w, (2,))
+        if w[0] < 0 or w[0] + w[1] < 0:
+            raise _bad(source, "basis_slopes", "must keep p monotone (w1 >= 0, w1 + w2 >= 0)", w)
+    if "precision" in doc:
+        prec = doc["precision"]
+        if not isinstance(prec, dict):
+            raise _bad(source, "precision", "must be an object {a, b, c}", prec)
+        for part, shape in (("a", (2, 2)), ("b", (n, 2)), ("c", (n,))):
+            _numbers(source, f"precision.{part}", prec.get(part), shape)
+    trained = doc.get("trained_on", {})
+    if not isinstance(trained, dict):
+        raise _bad(source, "trained_on", "must be an object", trained)
+    for key in ("target", "draft", "target_sha256", "draft_sha256"):
+        if not isinstance(trained.get(key, ""), str):
+            raise _bad(source, f"trained_on.{key}", "must be a string", trained.get(key))
+    if pair is not None:
+        _check_models(source, trained, pair)
+    return doc
+
+
+def load_coefficients(path, *, k: int | None = None, pair: ServedPair | None = None) -> dict:
+    """Read and validate a coefficients file; raise ConfigError (one line: file, field, value)."""
+    path = Path(path).expanduser()
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"coefficients {path}: cannot read ({e.strerror or e})") from None
+    try:
+        doc = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"coefficients {path}: not JSON ({e})") from None
+    except RecursionError:
+        raise ConfigError(f"coefficients {path}: not JSON (nested too deeply)") from None
+    return check_coefficients(doc, str(path), k=k, pair=pair)
+
+
+__all__ = ["ServedPair", "check_coefficients", "load_coefficients"]

@@ -1,0 +1,129 @@
+"""What `avkit record` may do to the files at `--out`: nothing is clobbered.
+
+Glossary:
+  final      `<out>` and its generations table `<out stem>.generations.parquet`
+  partial    `<final>.partial`: the rows of a run that has not been committed (see trace/writer.py)
+  source     where a `--resume` starts: both partials when the trace's partial exists, else both
+             finals (decided once for the pair, so the two tables always come from the same run)
+  commit     both partials renamed over the finals, trace first (a crash between the two leaves a
+             newer trace beside older generations, which `--resume` reads consistently: it keeps
+             only requests that have a generation row)
+Rules:
+  * an existing final or partial is never touched by a run without `--resume` or `--overwrite`:
+    the run is refused before the models load;
+  * a run that finishes commits; a failed run (an error) never does, its rows stay in the partials;
+  * an interrupted run (SIGINT/SIGTERM) commits only when that cannot lose rows: no final existed,
+    or the run resumed from the final itself (it keeps every finished request of it). Otherwise
+    (`--overwrite` of an existing final, a resume from partials beside a final) the final stays as
+    it was and the rows stay in the partials for the next `--resume`;
+  * `--resume` is refused when the source was recorded with another K, temperature, top-p,
+    drafter or model pair (the rows would mix two experiments in one file);
+  * both sources are read and checked before anything is written: a failed resume leaves both
+    tables as they were.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from avkit.config import RecordConfig
+from avkit.errors import ConfigError
+from avkit.trace.schema import generations_path
+from avkit.trace.writer import partial_path
+
+# Metadata that must match for a resume: (key, what it is called on the command line, compare as float)
+RESUME_KEYS = (("avkit.k", "-k", False), ("avkit.temperature", "--temperature", True),
+               ("avkit.top_p", "--top-p", True), ("avkit.drafter", "--drafter", False),
+               ("avkit.target", "--target", False), ("avkit.draft", "--draft", False),
+               ("avkit.target_sha256", "--target (weights)", False), ("avkit.draft_sha256", "--draft (weights)", False))
+
+
+@dataclass(frozen=True)
+class RecordFiles:
+    trace: Path  # final trace
+    generations: Path  # final generations table
+    trace_source: Path | None  # where a resume reads the trace from (None: a fresh run)
+    generations_source: Path | None
+    final_existed: bool  # a final trace was at `trace` when the run started
+
+    @property
+    def from_partial(self) -> bool:
+        return self.trace_source is not None and self.trace_source == partial_path(self.trace)
+
+    def commit_on_interrupt(self) -> bool:
+        """May an interrupted run replace the finals? Only when no rows can be lost (module docstring)."""
+        return not self.final_existed or (self.trace_source == self.trace)
+
+
+def plan_files(config: RecordConfig) -> RecordFiles:
+    """Check `--out` against the rules before any model is loaded; -> the files of this run."""
+    from avkit.staged import check_writable
+
+    out = Path(config.out)
+    gens = generations_path(out)
+    check_writable(out, "--out")
+    existing = [p for p in (out, partial_path(out), gens, partial_path(gens)) if p.exists()]
+    if existing and not (config.resume or config.overwrite):
+        what = "exists" if existing[0] == out else f"{existing[0].name} exists beside it"
+        raise ConfigError(f"--out {out}: {what}; pass --resume to continue it or --overwrite to "
+                          "replace it (the old files stay until the new run finishes)")
+    src = trace_src = None
+    if config.resume:
+        from_partial = partial_path(out).exists()
+        trace_src = partial_path(out) if from_partial else out if out.exists() else None
+        src = partial_path(gens) if from_partial else gens if gens.exists() else None
+    return RecordFiles(out, gens, trace_src, src, out.exists())
+
+
+def preflight(config: RecordConfig) -> RecordFiles:
+    """Every check that needs no model: `--out` (plan_files) and the resume settings other than models."""
+    files = plan_files(config)
+    for src in (files.trace_source, files.generations_source):
+        if src is not None and src.exists():
+            _readable(src)
+    check_resume(files, {"avkit.k": str(config.k), "avkit.temperature": str(config.temperature),
+                         "avkit.top_p": str(config.top_p), "avkit.drafter": config.drafter})
+    return files
+
+
+def check_resume(files: RecordFiles, meta: dict[str, str]) -> None:
+    """Refuse a resume whose source was recorded with other settings (`meta`: this run's metadata)."""
+    if files.trace_source is None:
+        return
+    from avkit.trace.reader import trace_metadata
+
+    old = trace_metadata(files.trace_source)
+    for key, option, numeric in RESUME_KEYS:
+        if key not in old or key not in meta:
+            continue
+        was, now = old[key], meta[key]
+        if key.endswith("sha256") and not (was and now):
+            continue  # a hash is only compared when both runs know it
+        same = _same_float(was, now) if numeric else was == now
+        if not same:
+            raise ConfigError(f"--resume {files.trace_source}: recorded with {key} = {was!r}, this run has "
+                              f"{now!r} ({option}); record into another --out or match the settings")
+
+
+def _readable(src: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from avkit.errors import TraceError
+
+    try:
+        pq.ParquetFile(src)
+    except (OSError, pa.ArrowException) as e:
+        raise TraceError(f"{src}: cannot resume from an unreadable file ({str(e).splitlines()[0]})") from None
+
+
+def _same_float(a: str, b: str) -> bool:
+    try:
+        return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-9)
+    except ValueError:
+        return a == b
+
+
+__all__ = ["RecordFiles", "check_resume", "plan_files", "preflight"]

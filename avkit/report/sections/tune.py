@@ -1,0 +1,102 @@
+"""Tuning: the recommended K per batch-size range and whether adaptive verification is on, drawn on the
+predicted throughput of every arm, from `avkit tune` results (reports/tune.json, avkit/tune/).
+
+Left out (with a note) when no tune result exists.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from avkit.config import ReportConfig
+from avkit.report import plots
+from avkit.report.document import Figure, Section, Table, fmt
+from avkit.report.inputs import ReportInputs
+
+
+def _series(result: dict, key: str, over: dict | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    out: dict[str, tuple[list, list]] = {}
+    for r in result["cells"]:
+        x, y = out.setdefault(r["arm"], ([], []))
+        x.append(r["concurrency"])
+        y.append(r[key] / (over[r["concurrency"]] if over else 1.0))
+    return {arm: (np.asarray(x), np.asarray(y)) for arm, (x, y) in out.items()}
+
+
+def _digits(tok_s: float) -> int:
+    return 0 if tok_s >= 100 else 1  # a CPU's 4.2 tok/s keeps its decimal
+
+
+def schedule_table(result: dict) -> Table:
+    """One row per simulated concurrency: the chosen arm, its throughput and the gains with intervals."""
+    rows = []
+    for r in result["schedule"]["per_concurrency"]:
+        a, b = r["vs_single_k"], r["vs_nospec"]
+        rows.append((fmt(r["concurrency"]), r["arm"], fmt(r["throughput_tok_s"], _digits(r["throughput_tok_s"])),
+                     f"{a['ratio']:.3f} [{a['lo']:.3f}, {a['hi']:.3f}]", f"{b['ratio']:.3f} [{b['lo']:.3f}, {b['hi']:.3f}]",
+                     fmt(r["meets_slo"])))
+    single = result["schedule"]["single_k"]
+    return Table(("concurrency", "recommended", "tok/s", f"× fixed K={single} everywhere", "× no-spec", "meets SLO"),
+                 rows, numeric=(True, False, True, True, True, False),
+                 caption="The recommended arm per simulated concurrency; ratios with their bootstrap intervals "
+                         "(paired: the same resampled requests on both sides).")
+
+
+def cell_table(result: dict) -> Table:
+    conc = result["concurrency"]
+    cell = {(r["arm"], r["concurrency"]): r for r in result["cells"]}
+    arms = list(dict.fromkeys(r["arm"] for r in result["cells"]))
+    chosen = {(r["arm"], r["concurrency"]) for r in result["schedule"]["per_concurrency"]}
+    bold = frozenset((i, j + 1) for i, a in enumerate(arms) for j, c in enumerate(conc) if (a, c) in chosen)
+    rows = [(a, *(f"{fmt(cell[a, c]['throughput_tok_s'], _digits(cell[a, c]['throughput_tok_s']))}{'' if cell[a, c]['meets_slo'] else ' ✗'}"
+                  for c in conc)) for a in arms]
+    return Table(("arm", *(f"c={c}" for c in conc)), rows, emphasis=bold, collapsed=True,
+                 caption="Predicted tokens/s per arm; bold: recommended; ✗: p90 TPOT over the SLO.")
+
+
+def build(inputs: ReportInputs, config: ReportConfig) -> Section:
+    sec = Section("tune", "Tuning: K per batch size, adaptive verification on or off")
+    result = inputs.tune
+    if result is None:
+        sec.omitted = inputs.notes.get("tune", "no `avkit tune` result")
+        return sec
+    s = result["schedule"]
+    cost = result["cost"]
+    ranges = ", ".join(f"{lo}–{hi}: K={k}" for lo, hi, k in s["ranges"])
+    sec.add(f"Source: {inputs.sources.get('tune', '?')} ({result['requests']} recorded requests; cost "
+            f"{cost.get('source', '?')} {cost.get('device', '')} {cost.get('target', '')}). Recommended schedule "
+            f"(batch size: K): {ranges}; adaptive verification {'on' if s['adaptive'] else 'off'} (at the same K it "
+            f"gains {s['adaptive_geomean_gain']:.3f}× on geometric mean). Over the concurrencies: "
+            f"{s['geomean_vs_single_k']:.3f}× the best single fixed K (K={s['single_k']}) and "
+            f"{s['geomean_vs_nospec']:.3f}× no-spec.")
+    if result["infeasible"]:
+        sec.add(f"Not simulated, the KV cache does not hold them at {result['memory']['context']} tokens per "
+                f"request: c = {', '.join(str(r['concurrency']) for r in result['infeasible'])} (at most "
+                f"{result['memory']['max_concurrency']} requests fit).")
+    single = f"fixed{s['single_k']}"
+    base = {r["concurrency"]: r["throughput_tok_s"] for r in result["cells"] if r["arm"] == single}
+    per = s["per_concurrency"]
+    gain = tuple(np.asarray(v) for v in ([r["concurrency"] for r in per], [r["vs_single_k"]["ratio"] for r in per],
+                                         [r["vs_single_k"]["lo"] for r in per], [r["vs_single_k"]["hi"] for r in per]))
+    labels = [(lo, hi, f"K={k}" + (" +AV" if s["adaptive"] and k else "")) for lo, hi, k in s["ranges"]]
+    sec.add(Figure("tune_schedule", "Predicted throughput of every arm against batch size, the recommended schedule "
+                   "in black over its shaded ranges (left); the same against the best single fixed K, the schedule "
+                   "with its bootstrap interval (right). Hatched: concurrencies that do not fit the KV cache.",
+                   plots.tune_schedule(_series(result, "throughput_tok_s"),
+                                       (gain[0], np.asarray([r["throughput_tok_s"] for r in per])),
+                                       _series(result, "throughput_tok_s", base), gain, labels,
+                                       [r["concurrency"] for r in result["infeasible"]]),
+                   alt="throughput vs batch size with the recommended schedule"))
+    sec.add(schedule_table(result), cell_table(result))
+    sec.add("vLLM `speculative_config`: `" + json.dumps(result["vllm"]["speculative_config"]) + "`; TensorRT-LLM: `"
+            + json.dumps(result["trtllm"]["speculative_config"]) + "`.")
+    idle = result["idle"]
+    if idle["per_concurrency"]:
+        sec.add("Speculation configured but off (K = 0): at most " + ", ".join(
+            f"{100 * r['overhead_share']:.1f}% at c{r['concurrency']}" for r in idle["per_concurrency"])
+            + " of no-spec time as the cost table prices it (drafter prefill, and keeping the drafter in sync or "
+            "catching it up). Not priced: " + "; ".join(idle["not_priced"])
+            + ".")
+    return sec.add(*(f"Note: {n}." for n in result["notes"]))

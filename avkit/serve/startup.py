@@ -1,0 +1,143 @@
+"""What a server checks and says before it serves: warm start, the listening socket, --record, the
+startup block.
+
+Everything that can be wrong with the options fails here, before (or right after) the models are
+loaded, as one `avkit: error:` line and exit code 2: a busy port, a host that does not resolve or
+cannot be bound, an unwritable --record, a missing --coefficients file.
+Warm start, first match wins:
+  explicit   --coefficients FILE (it names what the operator wants, over any snapshot)
+  snapshot   the live snapshot of an earlier run (--resume, the default, when the file exists)
+  shipped    traces/coefficients.json fitted on the shipped traces (only for the K and the model pair it
+             was fitted for)
+  reference  the estimator's reference constants (no file)
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from avkit.config import DEFAULT_COST_PATH, SERVE_STATE_DIR, SHIPPED_COEFFICIENTS, ServeConfig
+from avkit.errors import AvkitError, ConfigError
+from avkit.estimators.coefficients import load_coefficients
+
+
+@dataclass(frozen=True)
+class WarmStart:
+    path: str  # coefficients file ("" = the estimator's reference constants)
+    source: str  # explicit | snapshot | shipped | reference
+
+
+def snapshot_path(config: ServeConfig) -> Path:
+    return Path(config.snapshot or f"{SERVE_STATE_DIR}/coefficients.json").expanduser()
+
+
+def shipped_coefficients() -> Path | None:
+    """The coefficients fitted on the shipped traces, from the working directory or the repo root."""
+    import avkit
+
+    for root in (Path.cwd(), Path(avkit.__file__).resolve().parents[1]):
+        if (root / SHIPPED_COEFFICIENTS).is_file():
+            return root / SHIPPED_COEFFICIENTS
+    return None
+
+
+def warm_start(config: ServeConfig) -> WarmStart:
+    """The coefficients the adaptive policy starts from, and where they came from (see the module doc)."""
+    if config.coefficients:
+        if not Path(config.coefficients).expanduser().is_file():
+            raise ConfigError(f"--coefficients: no such file: {config.coefficients}")
+        return WarmStart(config.coefficients, "explicit")
+    snap = snapshot_path(config)
+    if config.resume and snap.is_file():
+        return WarmStart(str(snap), "snapshot")
+    shipped = shipped_coefficients()
+    if shipped is not None:
+        try:  # the shipped fit is a default, not a demand: it applies only to the K it was fitted for
+            load_coefficients(shipped, k=config.k)
+        except AvkitError:
+            return WarmStart("", "reference")
+        return WarmStart(str(shipped), "shipped")  # build_state also checks it was fitted on the served pair
+    return WarmStart("", "reference")
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The listening address, bound now (before the models load): a busy port or a bad host is one line."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise ConfigError(f"--host {host}: cannot resolve it ({e.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        what = f"--port {port}: address already in use on {host}" if e.errno == 98 else \
+            f"--host {host} --port {port}: cannot bind ({e.strerror})"
+        raise ConfigError(what) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def check_record_writable(path: str) -> None:
+    """--record must be a file we can create beside: fail at start, not after an hour of serving."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise ConfigError(f"--record {path}: is a directory, expected a .parquet file path")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        probe = p.with_name(f".{p.name}.{os.getpid()}.probe")
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"--record {path}: cannot write there ({type(e).__name__}: {e.strerror})") from None
+
+
+def _cost_source(config: ServeConfig) -> str:
+    if config.cost:
+        return config.cost
+    default = Path(DEFAULT_COST_PATH).expanduser()
+    return f"{default} (profiled on this machine)" if default.is_file() else \
+        "roofline:cpu:1.5b (default; run `avkit profile` for this machine's table)"
+
+
+def startup_block(config: ServeConfig, *, target, draft, device: str, dtype: str, warm: WarmStart) -> str:
+    """The lines logged once at start: what this server runs and with which limits."""
+    spec = config.k > 0 and draft is not None
+    models = f"{target.model_id}" + (f" + draft {draft.model_id} ({config.drafter} drafter)" if spec else
+                                     " (target only, no speculative decoding)")
+    if not spec:
+        policy = "none (no draft)"
+    elif config.policy == "adaptive":
+        policy = (f"adaptive, estimator {config.estimator}, refit every {config.refit_interval} steps, "
+                  f"draft gate {'on' if config.draft_gate else 'off'}")
+    else:
+        policy = config.policy
+    coeffs = {"explicit": f"{warm.path} (explicit --coefficients; an existing snapshot is not used)",
+              "snapshot": f"{warm.path} (snapshot of an earlier run; --no-resume to ignore it)",
+              "shipped": f"{warm.path} (shipped, fitted on the repository's traces)",
+              "reference": "the estimator's reference constants (no coefficients file)"}[warm.source]
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    lines = [
+        ("listening", f"http://{host}:{config.port}/v1"),
+        ("models", models),
+        ("device", f"{device}, {dtype}"),
+        ("K", str(config.k if spec else 0)),
+        ("policy", policy),
+    ]
+    if spec and config.policy == "adaptive":
+        lines += [("coefficients", coeffs), ("cost table", _cost_source(config)),
+                  ("snapshot", f"{snapshot_path(config)} every {config.snapshot_every} refits")]
+    lines += [
+        ("limits", f"max_concurrency {config.max_concurrency}, queue {config.queue_size}, max_len "
+                   f"{config.max_len}, max_tokens {config.max_tokens_limit}, body {config.max_body_bytes} bytes"),
+        ("record", config.record or "off"),
+        ("api key", "required" if config.api_key else "none"),
+        ("access log", "on" if config.log_requests else "off (--log-requests)"),
+    ]
+    width = max(len(k) for k, _ in lines)
+    return "avkit serve\n" + "\n".join(f"  {k.ljust(width)}  {v}" for k, v in lines)

@@ -1,0 +1,112 @@
+"""Arms: the deployments `avkit tune` compares, each replayed by the simulator (avkit/sim/) at each concurrency.
+
+Glossary:
+  arm        one way to run the engine at a batch size: `nospec`, `fixed K` (draft and verify K every step),
+             `adaptive K` (draft up to K, adaptive verification sizes the budget, avkit/sim/policies.py) or
+             `adaptive-stop K` (also stops drafting early, avkit's engine only)
+  cell       one arm at one concurrency: the simulator's metrics row plus what the bootstrap and the SLO
+             need, per recorded request (tokens, time share) and per request copy (time per output token)
+  truncated  traces replayed "as if recorded with at most K drafts": slot labels past K dropped, accepted
+             length min(a, K); under the simulator's min(k, a) replay this is exact, so an adaptive arm
+             drafting up to K < recorded K is simulated without re-recording
+Time share: the lanes of a sim step share its time, so a row's share is step ms / requests in the step;
+the shares of a recorded request (over all its copies) sum with its tokens to the cell's throughput.
+TPOT of a request copy: the ms of the sim steps it is in over the tokens it emitted (decode only: the
+simulator has no prefill), over copies that ran whole inside the steady-state window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from avkit.scheduling.cost import CostTable
+from avkit.sim.policies import Replay, parse_policies
+from avkit.sim.replay import policy_metrics, step_times
+from avkit.sim.steps import StepTable, schedule
+
+ARM_KINDS = ("nospec", "fixed", "adaptive", "adaptive-stop")
+
+
+@dataclass(frozen=True)
+class Arm:
+    kind: str  # one of ARM_KINDS
+    k: int  # drafts per request and step at most (0 for nospec)
+
+    def __post_init__(self):
+        assert self.kind in ARM_KINDS and (self.k == 0) == (self.kind == "nospec"), self
+
+    @property
+    def name(self) -> str:
+        if self.kind == "nospec":
+            return "nospec"
+        return f"fixed{self.k}" if self.kind == "fixed" else f"{self.kind}-K{self.k}"
+
+    def spec(self, estimator: str, gate: bool) -> str:
+        """The simulator's policy spec (avkit/sim/policies.py) for this arm."""
+        if self.kind == "nospec":
+            return "nospec"
+        if self.kind == "fixed":
+            return f"fixed:{self.k}"
+        return f"{self.kind}{'' if gate else '-nogate'}:{estimator}"
+
+
+@dataclass(frozen=True)
+class Cell:
+    arm: Arm
+    concurrency: int
+    metrics: dict  # the simulator's row (avkit/sim/replay.py RESULT_COLUMNS, less the vs_* ratios)
+    tokens: np.ndarray  # [R] tokens emitted per recorded request (all its copies in the window)
+    time_ms: np.ndarray  # [R] its share of the window's step time
+    p90_tpot_ms: float  # 90th percentile over request copies of ms per output token
+
+    @property
+    def throughput(self) -> float:
+        return float(self.metrics["throughput_tok_s"])
+
+
+def truncate(steps: StepTable, k: int) -> StepTable:
+    """The traces as if recorded with at most `k` drafts per step (see the glossary)."""
+    if k >= steps.k:
+        return steps
+    return replace(steps, drafted=np.minimum(steps.drafted, k), verified=np.minimum(steps.verified, k),
+                   accepted=np.minimum(steps.accepted, k), label=steps.label[:, :k].copy(),
+                   features={n: v[:, :k].copy() for n, v in steps.features.items()}, k=k)
+
+
+def _cell(arm: Arm, replay: Replay, policy) -> Cell:
+    k_verify, drafted, draft_ms = policy.decide(replay)
+    metrics = policy_metrics(replay, policy, k_verify, drafted, draft_ms)
+    steps, sched = replay.steps, replay.sched
+    step_ms = step_times(replay, k_verify, draft_ms)  # [G]
+    tokens = np.minimum(k_verify, steps.accepted[sched.rows]) + 1  # [S'] accepted + bonus per request-step
+    share = (step_ms / replay.num_requests)[sched.group]  # [S'] the lanes share each step
+    source = steps.request[sched.rows]  # [S'] recorded request of each row
+    r = steps.num_requests
+    per_copy_ms = np.bincount(sched.copy, weights=step_ms[sched.group])  # [C] a request waits for its whole step
+    per_copy_tok = np.bincount(sched.copy, weights=tokens)  # [C]
+    rows_per_copy = np.bincount(sched.copy)  # [C]
+    whole = (rows_per_copy > 0) & (rows_per_copy == steps.steps_per_request[np.arange(rows_per_copy.size) % r])
+    seen = whole if whole.any() else rows_per_copy > 0
+    tpot = per_copy_ms[seen] / per_copy_tok[seen]
+    return Cell(arm, sched.concurrency, metrics, np.bincount(source, weights=tokens, minlength=r),
+                np.bincount(source, weights=share, minlength=r), float(np.percentile(tpot, 90)))
+
+
+def simulate_arms(steps: StepTable, arms: list[Arm], cost: CostTable, concurrency: list[int], *, waves: int,
+                  estimator: str, gate: bool, progress: Callable[[], None] | None = None) -> list[Cell]:
+    """Every arm at every concurrency. Adaptive arms run on the traces truncated to their K, each with its
+    own estimator burn-in (as `avkit simulate` does)."""
+    cells = []
+    scheds = {c: schedule(steps, c, waves) for c in concurrency}  # request lengths do not depend on K
+    for arm in arms:
+        view = truncate(steps, arm.k) if arm.kind.startswith("adaptive") else steps
+        (policy,) = parse_policies([arm.spec(estimator, gate)], view.k)
+        policy = policy.prepare(view)
+        for c in concurrency:
+            cells.append(_cell(arm, Replay.build(view, scheds[c], cost), policy))
+            if progress is not None:
+                progress()
+    return cells

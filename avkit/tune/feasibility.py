@@ -1,0 +1,97 @@
+"""Does a batch fit? KV cache for `concurrency` requests of `context` tokens next to both models' weights.
+
+  usable   = utilization * device memory            (vLLM's gpu_memory_utilization, default 0.9)
+  KV pool  = usable - weights(target + drafter)     (both models resident in a speculative deployment)
+  fits(c)  = c * context * kv_bytes_per_token <= KV pool, kv_bytes_per_token = target's + drafter's
+             2 * layers * kv_heads * head_dim * bytes (K and V)
+Where the numbers come from: a roofline table's meta (accelerator memory, model shapes), a profiled
+table's meta (`avkit profile` records the device's memory and the loaded models), or for older profiled
+tables the model names in its meta looked up in the roofline's shapes; `--memory-gb` overrides the
+device memory. Activations, CUDA graphs and allocator fragmentation are not modelled: the utilization
+headroom stands in for them. Context: the mean of prompt + generated tokens over the traces' requests
+(their generations tables), or `--context`: each of c requests holds its whole context at once, which
+is what a batch must fit when its requests are all near their ends.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from avkit.errors import ConfigError
+from avkit.scheduling.cost import CostTable
+from avkit.scheduling.roofline import MODELS
+
+DTYPE_BYTES = {"bfloat16": 2.0, "float16": 2.0, "float32": 4.0}
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    memory_gb: float  # device memory, 1e9 bytes
+    weights_gb: float  # target + drafter weights
+    kv_bytes_per_token: float  # target + drafter, per context token
+    utilization: float
+    source: str  # where the numbers came from
+
+    @property
+    def kv_tokens(self) -> int:
+        """Context tokens the KV pool holds (0 when the weights alone do not fit)."""
+        free = (self.utilization * self.memory_gb - self.weights_gb) * 1e9
+        return max(int(free // self.kv_bytes_per_token), 0)
+
+    def max_concurrency(self, context: int) -> int:
+        return self.kv_tokens // max(context, 1)
+
+    def fits(self, concurrency: int, context: int) -> bool:
+        return concurrency * context <= self.kv_tokens
+
+    def to_json(self) -> dict:
+        return {"memory_gb": self.memory_gb, "weights_gb": self.weights_gb,
+                "kv_bytes_per_token": self.kv_bytes_per_token, "utilization": self.utilization,
+                "kv_tokens": self.kv_tokens, "source": self.source}
+
+
+def _from_names(meta: dict) -> tuple[float, float] | None:
+    """(weights GB, KV bytes per token) of the meta's target and draft looked up by name, or None."""
+    shapes = [MODELS.get(str(meta.get(key, "")).lower()) for key in ("target", "draft")]
+    nbytes = DTYPE_BYTES.get(str(meta.get("dtype", "")))
+    if None in shapes or nbytes is None:
+        return None
+    return (sum(s.params for s in shapes) * nbytes / 1e9, sum(s.kv_bytes_per_token(nbytes) for s in shapes))
+
+
+def memory_budget(cost: CostTable, memory_gb: float = 0.0, utilization: float = 0.9) -> MemoryBudget | None:
+    """The cost table's memory model, `memory_gb` overriding its device memory; None when unknown."""
+    meta = cost.meta
+    memory = memory_gb or float(meta.get("memory_gb") or 0.0)
+    if "weights_gb" in meta and "kv_bytes_per_token" in meta:
+        models, source = (float(meta["weights_gb"]), float(meta["kv_bytes_per_token"])), f"{meta.get('source')} meta"
+    else:
+        models, source = _from_names(meta), "model names in the cost table"
+    if not memory or models is None:
+        return None
+    where = "--memory-gb" if memory_gb else f"{meta.get('device', '?')} ({meta.get('source', '?')})"
+    return MemoryBudget(memory, models[0], models[1], utilization, f"memory: {where}; models: {source}")
+
+
+def trace_lengths(paths: list[str]) -> tuple[float, float] | None:
+    """(mean prompt tokens, mean generated tokens) per request from the generations tables beside the
+    traces; None when a trace has none."""
+    from avkit.trace.schema import generations_path
+
+    parts = []
+    for path in paths:
+        gen = generations_path(path)
+        if not Path(gen).is_file():
+            return None
+        try:
+            df = pl.read_parquet(gen, columns=["prompt_ids", "output_ids"])
+        except (OSError, pl.exceptions.PolarsError) as e:
+            raise ConfigError(f"{gen}: cannot read prompt_ids/output_ids ({str(e).splitlines()[0]})") from None
+        parts.append(df.select(pl.col("prompt_ids").list.len().alias("p"), pl.col("output_ids").list.len().alias("o")))
+    both = pl.concat(parts)
+    if both.height == 0:
+        return None
+    return float(both["p"].mean()), float(both["o"].mean())

@@ -1,0 +1,215 @@
+"""`tune`: traces + cost table -> the simulated table, the recommended schedule, and its exports.
+
+Steps (each rule is written once, in the module named):
+  1. feasibility.py   which concurrencies fit the KV cache next to both models' weights; the rest are
+                      reported infeasible and not simulated
+  2. arms.py          no-spec, every fixed K <= max K, adaptive and adaptive-stop drafting up to max K,
+                      replayed at every feasible concurrency
+  3. schedule.py      the fixed schedule: the best of no-spec and fixed K per concurrency (under the SLO)
+  4. arms.py again    adaptive verification at each K the fixed schedule uses ("adaptive on": every range
+                      keeps its K as the draft length and adaptive verification sizes the verify budget)
+  5. adaptive on or off, globally (it is one engine flag): on when its mean log gain over the fixed
+     schedule is > 0 across the feasible concurrencies and it breaks the SLO nowhere the fixed one met it
+  6. bootstrap.py     intervals for every cell and paired intervals for the gains
+  7. idle.py          prices of the ranges where speculation is configured but off
+  8. formats.py       the vLLM and TensorRT-LLM fragments, checked against their rules
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from avkit.config import TuneConfig
+from avkit.errors import ConfigError
+from avkit.estimators.base import ESTIMATORS
+from avkit.scheduling.cost import resolve_cost
+from avkit.sim.replay import load_steps
+from avkit.tune.arms import Arm, Cell, simulate_arms
+from avkit.tune.bootstrap import interval, resample_weights, resampled_rate
+from avkit.tune.feasibility import memory_budget, trace_lengths
+from avkit.tune.formats import trtllm_fragment, trtllm_schedule, vllm_fragment
+from avkit.tune.idle import NOT_PRICED, idle_costs
+from avkit.tune.schedule import choose, ranges, single_best
+
+Progress = Callable[[int], Callable[[], None]]  # total steps -> advance()
+
+
+def _feasible(config: TuneConfig, cost, context: int) -> tuple[list[int], list[dict], dict | None]:
+    budget = memory_budget(cost, config.memory_gb, config.memory_utilization)
+    conc = sorted(config.concurrency)
+    if budget is None:
+        return conc, [], None
+    bad = [{"concurrency": c, "kv_tokens_needed": c * context, "kv_tokens_available": budget.kv_tokens}
+           for c in conc if not budget.fits(c, context)]
+    ok = [c for c in conc if budget.fits(c, context)]
+    if not ok:
+        raise ConfigError(f"no --concurrency fits the KV cache: {conc[0]} x {context} tokens needs "
+                          f"{conc[0] * context:,} KV tokens, {budget.kv_tokens:,} fit next to "
+                          f"{budget.weights_gb:.1f} GB of weights in {budget.utilization:.0%} of "
+                          f"{budget.memory_gb:g} GB")
+    return ok, bad, {**budget.to_json(), "context": context, "max_concurrency": budget.max_concurrency(context)}
+
+
+def _cell_json(cell: Cell, samples: np.ndarray, config: TuneConfig, nospec: float) -> dict:
+    lo, hi = interval(samples, config.level)
+    m = cell.metrics
+    return {"concurrency": cell.concurrency, "arm": cell.arm.name, "kind": cell.arm.kind, "k": cell.arm.k,
+            "throughput_tok_s": cell.throughput, "lo": lo, "hi": hi, "per_request_tok_s": m["per_request_tok_s"],
+            "p90_tpot_ms": cell.p90_tpot_ms, "meets_slo": config.tpot_slo_ms <= 0 or
+            cell.p90_tpot_ms <= config.tpot_slo_ms, "tokens_per_step": m["tokens_per_step"],
+            "step_ms": m["step_ms"], "drafts_wasted": m["drafts_wasted"], "vs_nospec": cell.throughput / nospec}
+
+
+def _gain(samples: dict, a: str, b: str, c: int, level: float, cells: dict) -> dict:
+    ratio = samples[a, c] / samples[b, c]
+    lo, hi = interval(ratio, level)
+    return {"ratio": cells[a, c].throughput / cells[b, c].throughput, "lo": lo, "hi": hi}
+
+
+def _adaptive_on(cells, fixed_choice, conc, slo) -> tuple[bool, list[Arm], float]:
+    """Step 5: the adaptive-on arm per concurrency, whether to enable it, and its mean log gain."""
+    on = [Arm("adaptive", ch.arm.k) if ch.arm.k else ch.arm for ch in fixed_choice]
+    logs = [np.log(cells[a.name, c].throughput / cells[ch.arm.name, c].throughput)
+            for a, ch, c in zip(on, fixed_choice, conc)]
+    broken = slo > 0 and any(ch.meets_slo and cells[a.name, c].p90_tpot_ms > slo
+                             for a, ch, c in zip(on, fixed_choice, conc))
+    return bool(np.mean(logs) > 0 and not broken), on, float(np.exp(np.mean(logs)))
+
+
+def _simulate(steps, cost, conc: list[int], max_k: int, config: TuneConfig, progress: Progress | None):
+    """Steps 2-5: the cells, the fixed schedule's choices, the adaptive-on arms and whether to enable them."""
+    sim = dict(waves=config.waves, estimator=config.estimator, gate=config.draft_gate)
+    fixed = [Arm("fixed", k) for k in range(1, max_k + 1)]
+    first = [Arm("nospec", 0), *fixed, Arm("adaptive", max_k), Arm("adaptive-stop", max_k)]
+    advance = progress(len(first) * len(conc)) if progress else None
+    cells = {(x.arm.name, x.concurrency): x for x in simulate_arms(steps, first, cost, conc, progress=advance, **sim)}
+    fixed_choice = choose(cells, [Arm("nospec", 0), *fixed], conc, config.tpot_slo_ms)
+    extra = sorted({ch.arm.k for ch in fixed_choice} - {0, max_k})
+    if extra:
+        advance = progress(len(extra) * len(conc)) if progress else None
+        more = simulate_arms(steps, [Arm("adaptive", k) for k in extra], cost, conc, progress=advance, **sim)
+        cells.update({(x.arm.name, x.concurrency): x for x in more})
+    enable, on, gain = _adaptive_on(cells, fixed_choice, conc, config.tpot_slo_ms)
+    return cells, fixed_choice, enable, on, gain, single_best(cells, fixed, conc)
+
+
+def _per_concurrency(cells, samples, fixed_choice, on, enable, single: Arm, max_k: int, level: float) -> list[dict]:
+    out = []
+    for ch, adaptive in zip(fixed_choice, on):
+        c, arm = ch.concurrency, adaptive if enable else ch.arm
+        out.append({"concurrency": c, "k": ch.arm.k, "arm": arm.name, "fixed_arm": ch.arm.name,
+                    "throughput_tok_s": cells[arm.name, c].throughput, "meets_slo": ch.meets_slo,
+                    "vs_single_k": _gain(samples, arm.name, single.name, c, level, cells),
+                    "vs_nospec": _gain(samples, arm.name, "nospec", c, level, cells),
+                    "adaptive_vs_fixed": _gain(samples, adaptive.name, ch.arm.name, c, level, cells),
+                    "stop_vs_recommended": _gain(samples, f"adaptive-stop-K{max_k}", arm.name, c, level, cells)})
+    return out
+
+
+def _trtllm_loss(cells, fixed_choice, trt: list[tuple[int, int, int]]) -> dict[int, float]:
+    """Concurrency -> throughput of the K TensorRT-LLM runs there over the tuned one, where its clamp changed K."""
+    out = {}
+    for ch in fixed_choice:
+        c = ch.concurrency
+        k = next((k for lo, hi, k in trt if lo <= c <= hi), 0)
+        if k != ch.arm.k:
+            out[c] = cells[f"fixed{k}" if k else "nospec", c].throughput / cells[ch.arm.name, c].throughput
+    return out
+
+
+def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None = None) -> dict:
+    """Tune on `traces` (paths); returns the result as a JSON-ready dict (see avkit/tune/__init__.py)."""
+    config = config or TuneConfig()
+    paths = [str(p) for p in traces]
+    steps = load_steps(paths)
+    max_k = config.max_k or steps.k
+    if max_k > steps.k:
+        raise ConfigError(f"--max-k {max_k} exceeds the traces' K = {steps.k} (deeper drafts were never recorded)")
+    if config.estimator not in ESTIMATORS:
+        raise ConfigError(f"--estimator must be one of {sorted(ESTIMATORS)}, got {config.estimator!r}")
+    cost = resolve_cost(config.cost)
+    lengths = trace_lengths(paths)
+    if not config.context and lengths is None:
+        raise ConfigError(f"{paths[0]}: no generations table beside it to take context lengths from; "
+                          "pass --context N")
+    context = config.context or round(sum(lengths))
+    conc, infeasible, memory = _feasible(config, cost, context)
+    cells, fixed_choice, enable, on, adaptive_gain, single = _simulate(steps, cost, conc, max_k, config, progress)
+
+    w = resample_weights(steps.num_requests, config.bootstrap, config.seed)  # [B, R], shared: paired ratios
+    samples = {key: resampled_rate(w, x.tokens, x.time_ms) for key, x in cells.items()}
+    rows = [_cell_json(x, samples[key], config, cells["nospec", x.concurrency].throughput)
+            for key, x in cells.items()]
+    k_ranges = ranges(conc, [ch.arm.k for ch in fixed_choice], memory["max_concurrency"] if infeasible else 0)
+    per_c = _per_concurrency(cells, samples, fixed_choice, on, enable, single, max_k, config.level)
+    prompt, output = lengths if lengths else (None, float(np.mean(np.bincount(steps.request,
+                                                                               weights=steps.accepted + 1))))
+    idle = [idle_costs(cost, ch.concurrency, cells["nospec", ch.concurrency].metrics["step_ms"], prompt or 0.0,
+                       output) for ch in fixed_choice if ch.arm.k == 0]
+    on_cpu = "cpu" in str(cost.meta.get("device", "")).lower()
+    trt = trtllm_schedule(k_ranges)
+    notes = _notes(config, cost, enable, on_cpu, lengths, _trtllm_loss(cells, fixed_choice, trt), memory, conc,
+                   infeasible)
+    unmet = [ch.concurrency for ch in fixed_choice if not ch.meets_slo]
+    if unmet and unmet[0] > conc[0]:
+        met = max(c for c in conc if c < unmet[0])
+        notes.append(f"the p90 TPOT SLO holds up to c={met} and fails from c={unmet[0]}: to keep it, cap max_num_seqs "
+                     f"between {met} and {unmet[0] - 1}")
+    return {
+        "avkit_tune": 1, "traces": paths, "requests": steps.num_requests, "trace_k": steps.k, "max_k": max_k,
+        "cost": {k: v for k, v in cost.meta.items() if not k.startswith("raw_")} | {"spec": config.cost,
+                                                                                     "drafter": cost.drafter},
+        "config": {"concurrency": list(config.concurrency), "tpot_slo_ms": config.tpot_slo_ms,
+                   "estimator": config.estimator, "draft_gate": config.draft_gate, "waves": config.waves,
+                   "bootstrap": config.bootstrap, "level": config.level, "seed": config.seed},
+        "context": {"tokens": context, "source": "--context" if config.context else
+                    "traces: mean prompt + generated tokens per request"},
+        "memory": memory, "infeasible": infeasible, "concurrency": conc, "cells": rows,
+        "slo": {"tpot_ms": config.tpot_slo_ms, "unmet": [ch.concurrency for ch in fixed_choice if not ch.meets_slo]},
+        "schedule": {"ranges": [list(r) for r in k_ranges], "trtllm_ranges": [list(r) for r in trt],
+                     "adaptive": enable, "per_concurrency": per_c, "single_k": single.k,
+                     "adaptive_geomean_gain": adaptive_gain, "geomean_vs_single_k": _geomean(per_c, "vs_single_k"),
+                     "geomean_vs_nospec": _geomean(per_c, "vs_nospec")},
+        "idle": {"per_concurrency": idle, "not_priced": list(NOT_PRICED),
+                 "prompt_tokens": prompt, "output_tokens": output},
+        "vllm": vllm_fragment(k_ranges, enable and not on_cpu),
+        "trtllm": trtllm_fragment(k_ranges),
+        "notes": notes,
+    }
+
+
+def _geomean(per_c: list[dict], key: str) -> float:
+    return float(np.exp(np.mean([np.log(r[key]["ratio"]) for r in per_c])))
+
+
+def _notes(config, cost, enable, on_cpu, lengths, trt_loss, memory, conc, infeasible) -> list[str]:
+    notes = []
+    if enable and on_cpu:
+        notes.append("adaptive verification is recommended, but vLLM-CPU refuses enable_adaptive_verification "
+                     "(Model Runner V2 on a GPU only): the vLLM fragment leaves it out")
+    if enable and not on_cpu:
+        notes.append("vLLM runs enable_adaptive_verification only in Model Runner V2 on a GPU (full CUDA graphs; "
+                     "0.32's docstring lists method dspark as the supported one)")
+    if enable and config.draft_gate:
+        notes.append("adaptive arms were simulated with avkit's draft gate; vLLM's adaptive verification has "
+                     "none (rerun with --no-draft-gate for vLLM)")
+    if trt_loss:
+        notes.append("TensorRT-LLM needs the first range's K to be the largest: its schedule runs a smaller K at "
+                     + ", ".join(f"c{c} ({r:.3f}x the tuned throughput)" for c, r in trt_loss.items()))
+    if lengths is None:
+        notes.append("no generations tables beside the traces: the drafter's prompt prefill is not priced")
+    if memory is None:
+        notes.append(f"the cost table ({cost.meta.get('source')}, {cost.meta.get('device')}) does not say the "
+                     "device's memory: KV feasibility not checked (pass --memory-gb)")
+    elif infeasible:
+        notes.append(f"c={[r['concurrency'] for r in infeasible]} do not fit the KV cache at "
+                     f"{memory['context']} tokens per request: cap max_num_seqs at {memory['max_concurrency']}")
+    if not infeasible:
+        notes.append(f"batch sizes above {conc[-1]} were not simulated: vLLM carries the last range's K forward, "
+                     "TensorRT-LLM turns speculation off there")
+    if cost.meta.get("context_len") and memory and cost.meta["context_len"] != memory["context"]:
+        notes.append(f"the cost table prices KV reads at {cost.meta['context_len']} tokens of context; "
+                     f"the feasibility check uses {memory['context']}")
+    return notes
