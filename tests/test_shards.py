@@ -31,7 +31,9 @@ def test_directory_glob_and_files_resolve_in_order_without_repeats(fleet):
     d, paths = fleet
     assert resolve_shards([d]) == paths
     assert resolve_shards([str(d / "replica-[12].parquet")]) == paths[1:]
-    assert resolve_shards([paths[2], d]) == [paths[2], paths[0], paths[1]]
+    assert resolve_shards([paths[2], str(d / "replica-[01].parquet")]) == [paths[2], paths[0], paths[1]]
+    with pytest.raises(TraceError, match="given twice"):
+        resolve_shards([paths[2], d])
     s = check_shards([d])
     assert s.paths == tuple(paths) and s.k == 7 and s.total_rows == 3 * 1_400
 

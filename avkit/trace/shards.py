@@ -5,7 +5,7 @@ A fleet records one trace per replica (and per day); every command that reads tr
   a directory            every `*.parquet` in it, sorted by name (companion tables excluded:
                          `*.generations.parquet`, and the fit output `trajectory.parquet`)
   a glob                 e.g. `traces/2026-12-*/replica-*.parquet`, matches sorted by name
-in any mix; the result keeps the order given and drops repeats. A shard set must be one model
+in any mix; the result keeps the order given; a file reached twice is an error (it would weigh double). A shard set must be one model
 pair at one K: `check_shards` reads every footer (cheap, no rows), checks each against the schema
 (`reader.check_schema`) and compares the metadata keys in `AGREE` with the first shard; the first
 shard that disagrees is named in one line, with both values.
@@ -50,7 +50,7 @@ def _expand(spec: Path) -> list[Path]:
 
 
 def resolve_shards(specs: Iterable[str | Path]) -> list[Path]:
-    """Files, directories and globs -> trace files, in the order given, without repeats.
+    """Files, directories and globs -> trace files, in the order given (a repeat is an error).
 
     Examples
     --------
@@ -64,7 +64,9 @@ def resolve_shards(specs: Iterable[str | Path]) -> list[Path]:
     out: dict[Path, None] = {}
     for spec in ([specs] if isinstance(specs, (str, Path)) else specs):
         for p in _expand(Path(spec)):
-            out.setdefault(p, None)
+            if p in out:  # a replica counted twice would weigh double
+                raise TraceError(f"{p}: given twice (as TRACE {spec} and before)")
+            out[p] = None
     if not out:
         raise TraceError("no trace files given")
     return list(out)
