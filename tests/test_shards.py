@@ -1,5 +1,5 @@
 """Sharded trace input: files, directories and globs resolve in order; shards that do not belong
-together (K, model pair, schema) are named in one line, by the library and by every command."""
+together (model pair, schema) are named in one line, by the library and by every command."""
 
 import pyarrow.parquet as pq
 import pytest
@@ -45,7 +45,7 @@ def test_nothing_to_read_is_named(tmp_path, spec):
         resolve_shards([tmp_path / spec])
 
 
-@pytest.mark.parametrize("key,value", [("avkit.k", "5"), ("avkit.target", "another/model"),
+@pytest.mark.parametrize("key,value", [("avkit.draft", "another/draft"), ("avkit.target", "another/model"),
                                        ("avkit.draft_sha256", "00ff")])
 def test_a_shard_that_disagrees_is_named_with_both_values(fleet, key, value):
     d, paths = fleet
@@ -66,12 +66,12 @@ def test_a_shard_with_a_broken_schema_is_named(fleet):
 @pytest.mark.parametrize("command", ["fit", "simulate"])
 def test_commands_name_the_disagreeing_shard(capsys, fleet, tmp_path, command):
     d, _ = fleet
-    odd = _write(d / "replica-7.parquet", **{"avkit.k": "6"})
+    odd = _write(d / "replica-7.parquet", **{"avkit.target": "another/model"})
     with pytest.raises(SystemExit) as exit_:
         app([command, str(d), "--out", str(tmp_path / "out")], prog_name="avkit")
     err = capsys.readouterr().err
     line = err.splitlines()[-1]  # (main's fit may warn about K on a line of its own first)
-    assert exit_.value.code == 2 and err.count("avkit: error:") == 1 and f"shard {odd}: avkit.k is '6'" in line
+    assert exit_.value.code == 2 and err.count("avkit: error:") == 1 and f"shard {odd}: avkit.target is 'another/model'" in line
     assert not (tmp_path / "out").exists()
 
 

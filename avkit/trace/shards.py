@@ -7,7 +7,7 @@ A fleet records one trace per replica (and per day); every command that reads tr
   a glob                 e.g. `traces/2026-12-*/replica-*.parquet`, matches sorted by name
 in any mix; the result keeps the order given; a file reached twice is an error (it would weigh double). A shard set must be one model
 pair at one K: `check_shards` reads every footer (cheap, no rows), checks each against the schema
-(`reader.check_schema`) and compares the metadata keys in `AGREE` with the first shard; the first
+(`reader.check_schema`) and compares the model-pair keys in `AGREE` with the first shard; the first
 shard that disagrees is named in one line, with both values.
 """
 
@@ -23,8 +23,9 @@ import pyarrow.parquet as pq
 from avkit.errors import TraceError
 from avkit.trace.reader import check_schema
 
-# Metadata that every shard of one fit must share: the model pair (ids and weight hashes) and K.
-AGREE = ("avkit.k", "avkit.target", "avkit.target_sha256", "avkit.draft", "avkit.draft_sha256")
+# Metadata that every shard of one fit must share: the model pair (ids and weight hashes). K may
+# differ (main's rule, tests/test_cli_errors.py: traces are read at the largest K, said in one line).
+AGREE = ("avkit.target", "avkit.target_sha256", "avkit.draft", "avkit.draft_sha256")
 COMPANIONS = (".generations.parquet",)  # tables that sit beside a trace and are not traces
 NOT_TRACES = ("trajectory.parquet",)
 
@@ -109,7 +110,7 @@ def check_shards(specs: Iterable[str | Path]) -> ShardSet:
             mine, theirs = meta.get(key, "<missing>"), first[1].get(key, "<missing>")
             if mine != theirs:
                 raise TraceError(f"shard {path}: {key} is {mine!r} but {first[0]} (the first shard) has "
-                                 f"{theirs!r}; fit one model pair at one K per shard set")
+                                 f"{theirs!r}; one shard set is one model pair")
     return ShardSet(tuple(paths), tuple(rows), first[1])
 
 
