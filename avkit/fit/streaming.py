@@ -46,7 +46,7 @@ from avkit.fit.data import TRACE_COLUMNS, _shown
 from avkit.fit.replay import _coef_row, trajectory_frame
 from avkit.fit.run import FitResult, check_feature, coefficients_doc, plan_features
 from avkit.metrics.binned import BinnedScores, logit, quantile_edges
-from avkit.trace.reader import check_values, scan_traces
+from avkit.trace.reader import check_values, scan_traces, trace_metadata
 from avkit.trace.shards import check_shards
 
 SAMPLE_SLOTS = 1 << 21  # observed slots sampled over all shards in pass 0: the AUC bins' quantiles
@@ -272,9 +272,10 @@ def fit_streaming(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig 
     nodes = None
     try:
         sample = max(1024, SAMPLE_SLOTS // len(shards.paths))  # per shard
-        items = [(str(p), i, shards.k, scratch, chunk_rows(fit), sample) for i, p in enumerate(shards.paths)]
+        ks = [_declared_k(p) for p in shards.paths]  # K may differ across shards: each is checked at its own
+        items = [(str(p), i, k, scratch, chunk_rows(fit), sample) for i, (p, k) in enumerate(zip(shards.paths, ks))]
         surveys, nodes = engine.map(spill_shard, items)
-        m = _merge_surveys(surveys, shards.k)
+        m = _merge_surveys(surveys, max([k for k in ks if k] or [0]) or None)
         if m["observed"] == 0:
             raise TraceError(f"{', '.join(map(str, shards.paths))}: no observed labels (every `accepted` is null)")
         plan = plan_features(fit, est_cfg, m["present"])
@@ -291,6 +292,11 @@ def fit_streaming(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig 
     trained_on = _trained_on(shards, m)
     doc = coefficients_doc(ests[chosen], m["k"], trained_on, trained_on["clock"], fit, est_cfg)
     return FitResult(doc, scores, trajectory_frame(rows[chosen], m["k"], hasattr(ests[chosen], "slopes")))
+
+
+def _declared_k(path) -> int | None:
+    k = trace_metadata(path).get("avkit.k", "")
+    return int(k) if k.isdigit() else None
 
 
 def _trained_on(shards, m: dict) -> dict:
