@@ -85,6 +85,7 @@ class ForgettingConfig:
 
 # ---- fit (issue 2: offline core) ----
 FIT_MODES = ("online", "batch")
+FIT_ENGINES = ("memory", "streaming", "ray")
 ONLINE_ESTIMATORS = ("online_logistic", "forgetting_logistic")  # what `avkit fit --estimator` replays
 DEFAULT_TRACE_GLOB = "traces/*.parquet"  # the shipped traces `avkit fit` uses with no TRACE argument
 
@@ -101,13 +102,27 @@ class FitConfig:
     n_bins: int = 10  # ECE bins
     max_iter: int = 50  # batch Newton iterations
     tol: float = 1e-10  # batch convergence: max |step| of any coefficient
-    workers: int = 2  # threads fitting and scoring features in parallel
+    workers: int = 2  # threads fitting and scoring features (memory) or shards (streaming) in parallel
     coefficients: str = ""  # online mode: warm-start the written estimator from this file ("" = start constants)
     out: str = "reports/fit"
+    engine: str = "memory"  # memory: every observed slot in RAM; streaming: out of core, passes over
+    # shards in bounded chunks (fit/streaming.py); ray: the same passes as tasks on a Ray cluster
+    memory_budget_mb: int = 1536  # streaming/ray: peak memory a fit process aims to stay under
+    auc_bins: int = 1 << 16  # streaming/ray: rank-histogram bins per group (AUC error bound, metrics/binned.py)
+    address: str | None = None  # ray: cluster address (None starts a local cluster)
+    scratch: str | None = None  # streaming/ray: directory for the spilled observed slots (None: system temp)
 
     def __post_init__(self):
         check_choice("mode", self.mode, FIT_MODES)
         check_choice("estimator", self.estimator, ONLINE_ESTIMATORS)
+        check_choice("engine", self.engine, FIT_ENGINES)
+        check_range("memory_budget_mb", self.memory_budget_mb, 256)
+        check_range("auc_bins", self.auc_bins, 16, 1 << 24)
+        if self.engine != "memory" and self.mode != "batch":
+            from avkit.errors import ConfigError
+
+            raise ConfigError(f"--engine {self.engine} fits --mode batch (passes over the shards); the online "
+                              "replay reads its traces into memory: use --engine memory for --mode online")
         check_range("n_bins", self.n_bins, 1)
         check_range("max_iter", self.max_iter, 1)
         check_range("tol", self.tol, 0.0, lo_open=True)

@@ -17,6 +17,7 @@ bench/results/fit.json. Timings are wall-clock medians of `--repeats` runs; this
 benchmark, never a pass/fail test.
 
     python bench/fit.py [--slots 5000000] [--repeats 3]
+    python bench/fit.py --scale     # engines x 5M/50M/200M slots: bench/fit_scale.py
 """
 
 from __future__ import annotations
@@ -113,8 +114,19 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=5_000_000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "fit.json"))
+    ap.add_argument("--scale", action="store_true", help="engines x sizes instead (bench/fit_scale.py)")
+    ap.add_argument("--sizes", default="5000000,50000000,200000000", help="--scale: slots per trace")
+    ap.add_argument("--engines", default="memory,streaming,ray", help="--scale: engines to run")
+    ap.add_argument("--scratch", default=tempfile.gettempdir(), help="--scale: where traces and spills go")
+    ap.add_argument("--budget-mb", type=int, default=1536, help="--scale: memory budget of the out-of-core engines")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
+    if args.scale:
+        from fit_scale import run_scale
+
+        run_scale([int(x) for x in args.sizes.split(",")], args.engines.split(","), args.scratch, args.budget_mb,
+                  Path(__file__).parent / "results" / "fit_scale")
+        return
 
     from avkit.config import FitConfig, SyntheticConfig
     from avkit.fit import run_fit, write_fit_outputs

@@ -179,6 +179,7 @@ def test_cli_builds_configs_and_maps_errors(tmp_path, monkeypatch):
 
     monkeypatch.setattr(avkit.hvd.fit, "fit_hvd", fake_fit)
     trace = tmp_path / "a.parquet"
+    trace.write_bytes(b"")  # TRACE arguments resolve to existing files (fit_hvd is patched: never read)
     res = CliRunner().invoke(app, ["hvd", str(trace), "--out", str(tmp_path / "o"), "--k", "5",
                                    "--draft-step-cost", "0.1", "--tokenizer", "none"])
     assert res.exit_code == 0, res.output

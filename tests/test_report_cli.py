@@ -67,7 +67,7 @@ def test_bad_input_is_one_line_and_leaves_out_alone(capsys, trace, tmp_path, cas
     (out / "index.html").write_text("previous")
     args = {"dir and file": [tmp_path, trace], "missing trace": [tmp_path / "nope.parquet"],
             "fit dir without scores": [tmp_path], "bad feature": [trace, "--feature", "q_sampled_typo"]}[case]
-    message = {"dir and file": "give one FIT_DIR or trace files", "missing trace": "nope.parquet: no such file",
+    message = {"dir and file": "give one FIT_DIR or trace files", "missing trace": "nope.parquet: no such trace file",
                "fit dir without scores": "no coefficients.json", "bad feature": "q_sampled_typo"}[case]
     code, _, err = _run(capsys, *args, "--out", out)
     assert code == 2 and err.startswith("avkit: error: ") and err.count("\n") == 1, err

@@ -14,6 +14,7 @@ from rich.table import Table
 
 from avkit.config import DEFAULT_TRACE_GLOB, EstimatorConfig, FitConfig, default_of
 from avkit.errors import ConfigError
+from avkit.trace.shards import resolve_shards
 
 DEFAULT_OUT = Path(default_of(FitConfig, "out"))
 
@@ -60,7 +61,8 @@ def register(app: typer.Typer) -> None:
     @app.command("fit")
     def fit(
         traces: Annotated[list[Path] | None, typer.Argument(
-            metavar="TRACE", help=f"trace files (default: the shipped {DEFAULT_TRACE_GLOB})",
+            metavar="TRACE", help=f"trace files, directories of them or globs: one shard per replica "
+                                  f"(default: the shipped {DEFAULT_TRACE_GLOB})",
             show_default=False)] = None,
         out: Annotated[Path, typer.Option(help="output directory")] = DEFAULT_OUT,
         mode: Annotated[str, typer.Option(help="online: replay refit rounds as live (out-of-sample scores); "
@@ -76,6 +78,17 @@ def register(app: typer.Typer) -> None:
         refit_interval: Annotated[int, typer.Option(help="engine steps per online refit round")] =
             default_of(EstimatorConfig, "refit_interval"),
         bins: Annotated[int, typer.Option(help="ECE bins")] = default_of(FitConfig, "n_bins"),
+        engine: Annotated[str, typer.Option(help="memory: all observed slots in RAM; streaming: out of core in "
+                                                  "bounded chunks (--mode batch); ray: the same passes as Ray "
+                                                  "tasks (pip install 'avkit[distributed]')")] =
+            default_of(FitConfig, "engine"),
+        address: Annotated[str | None, typer.Option(help="--engine ray: cluster address (default: start a "
+                                                         "local cluster)", show_default=False)] = None,
+        memory_budget: Annotated[int, typer.Option(help="--engine streaming/ray: MB of memory to stay under")] =
+            default_of(FitConfig, "memory_budget_mb"),
+        scratch: Annotated[Path | None, typer.Option(help="--engine streaming/ray: directory for the spilled "
+                                                         "observed slots (default: system temp)",
+                                                     show_default=False)] = None,
         hvd: Annotated[bool, typer.Option("--hvd", help="also replay the traces' generations tables for Hybrid "
                                           "Verified Decoding: payoff MLP, tau, routers -> OUT/hvd")] = False,
     ):
@@ -86,9 +99,11 @@ def register(app: typer.Typer) -> None:
         from avkit.staged import StagedOutputs
         from avkit.trace.reader import common_k
 
-        config = FitConfig(mode=mode, estimator=estimator, n_bins=bins, coefficients=coefficients, out=str(out))
+        config = FitConfig(mode=mode, estimator=estimator, n_bins=bins, coefficients=coefficients, out=str(out),
+                           engine=engine, address=address, memory_budget_mb=memory_budget,
+                           scratch=None if scratch is None else str(scratch))
         est_cfg = EstimatorConfig(feature=feature, refit_interval=refit_interval)
-        paths = list(traces) if traces else shipped_traces()
+        paths = resolve_shards(traces) if traces else shipped_traces()
         console = Console(stderr=True)
         with StagedOutputs() as outputs:  # the fit files and the --hvd files are committed together
             reserve_fit_outputs(out, outputs)

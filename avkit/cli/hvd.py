@@ -13,6 +13,7 @@ from rich.table import Table
 
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig, default_of
 from avkit.errors import ConfigError
+from avkit.trace.shards import resolve_shards
 
 
 def greedy_traces(root: Path | None = None) -> list[Path]:
@@ -99,7 +100,7 @@ def register(app: typer.Typer) -> None:
                 result = fit_hvd_generations(synthetic_generations(synthetic, seed=seed), out, outputs=outputs, **kw)
                 title = f"HVD replay on {synthetic} synthetic generations"
             else:
-                paths = list(traces) if traces else greedy_traces()
+                paths = resolve_shards(traces) if traces else greedy_traces()
                 classes = token_classes_for(paths, tokenizer)
                 result = fit_hvd(paths, out, token_classes=classes, outputs=outputs, **kw)
                 if classes.table is None and tokenizer != "none":  # one line, once the inputs proved good

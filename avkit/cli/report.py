@@ -27,15 +27,15 @@ def split_inputs(inputs: list[Path] | None) -> tuple[Path | None, list[Path]]:
         from avkit.cli.fit import shipped_traces
 
         return None, shipped_traces()
-    dirs = [p for p in inputs if p.is_dir()]
+    from avkit.trace.shards import resolve_shards
+
+    # a directory of trace files (and no coefficients.json) is a shard set; any other one a FIT_DIR
+    dirs = [p for p in inputs if p.is_dir() and ((p / "coefficients.json").is_file() or not any(p.glob("*.parquet")))]
     if dirs and len(inputs) > 1:
         raise ConfigError(f"give one FIT_DIR or trace files, not both: {', '.join(map(str, inputs))}")
     if dirs:
         return dirs[0], []
-    missing = [p for p in inputs if not p.is_file()]
-    if missing:
-        raise ConfigError(f"TRACE {missing[0]}: no such file or directory")
-    return None, list(inputs)
+    return None, resolve_shards(inputs)
 
 
 def register(app: typer.Typer) -> None:
@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
     def report(
         inputs: Annotated[list[Path] | None, typer.Argument(
             metavar="[FIT_DIR | TRACE...]", show_default=False,
-            help=f"an `avkit fit` output directory, or trace files to fit now (default: the shipped "
+            help=f"an `avkit fit` output directory, or trace files (directories, globs) to fit now (default: the shipped "
                  f"{DEFAULT_TRACE_GLOB})")] = None,
         out: Annotated[Path, typer.Option(help="report directory (replaced atomically)")] = DEFAULT_OUT,
         sim: Annotated[Path | None, typer.Option(

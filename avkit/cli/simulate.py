@@ -11,6 +11,7 @@ from rich.progress import Progress
 
 from avkit.config import DEFAULT_TRACE_GLOB, SimulateConfig, default_of
 from avkit.errors import ConfigError
+from avkit.trace.shards import check_shards
 
 
 def _d(name: str):
@@ -19,7 +20,8 @@ def _d(name: str):
 
 # shared with `avkit tune`
 TracesArgument = Annotated[list[Path] | None, typer.Argument(
-    metavar="TRACE", help=f"trace files (default: the shipped {DEFAULT_TRACE_GLOB})", show_default=False)]
+    metavar="TRACE", help=f"trace files, directories of them or globs (default: the shipped {DEFAULT_TRACE_GLOB})",
+    show_default=False)]
 COST_HELP = "cost table JSON (avkit profile) or roofline:GPU:TARGET[:DRAFT][:context=N,drafter=parallel]"
 
 
@@ -68,7 +70,7 @@ def register(app: typer.Typer) -> None:
 
         config = SimulateConfig(concurrency=parse_ints("concurrency", concurrency), cost=cost, out=out, waves=waves)
         table = resolve_cost(config.cost)
-        paths = [str(p) for p in traces] if traces else shipped_traces()
+        paths = [str(p) for p in check_shards(traces).paths] if traces else shipped_traces()
         console = Console(stderr=True)
         with StagedOutputs() as outputs:
             outputs.file(config.out, "--out")  # an unwritable --out fails now, not after the replay

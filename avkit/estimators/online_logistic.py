@@ -152,14 +152,20 @@ class RoundLogistic(ABC):
             before = self.coefficients()
             sums = [segment_stats(fs, f2s, ys, sigmoid(self._slope_at(i) * fs + self.intercepts[i]))
                     for i, (fs, f2s, ys) in enumerate(segments)]
-            applied = self._step(IrlsStats.from_segments(sums, counts), 0.0)
-            self.rounds += 1
-            self.observations = counts.astype(np.int64)
+            applied = self.batch_step(IrlsStats.from_segments(sums, counts))
             if on_iteration is not None:
                 on_iteration(self)
             if not applied or np.max(np.abs(self.coefficients() - before)) < tol:
                 return it
         return max_iter
+
+    def batch_step(self, stats: IrlsStats) -> bool:
+        """One undamped Newton step of a batch fit, from ALL observed slots' statistics at the
+        current coefficients (summed over chunks or shards by out-of-core fits); True if applied."""
+        applied = self._step(stats, 0.0)
+        self.rounds += 1
+        self.observations = stats.n.astype(np.int64)
+        return applied
 
     def state_dict(self) -> dict[str, Any]:
         return {"name": self.name, "feature": self.config.feature, "num_positions": self.k,

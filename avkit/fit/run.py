@@ -24,6 +24,7 @@ from avkit.fit.data import FitData, load_fit_data
 from avkit.fit.replay import batch_fit, online_replay, trajectory_frame
 from avkit.metrics.table import ScoreLayout
 from avkit.provenance import inputs_record
+from avkit.trace.shards import check_shards
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
@@ -76,9 +77,10 @@ def warm_start(estimator: str, path: str, data: FitData, est_cfg: EstimatorConfi
     return load_estimator(estimator, path, k=data.k, pair=pair, config=est_cfg)
 
 
-def _plan(fit: FitConfig, est_cfg: EstimatorConfig, data: FitData) -> list[tuple[str, str]]:
+def plan_features(fit: FitConfig, est_cfg: EstimatorConfig, present) -> list[tuple[str, str]]:
+    """(feature, estimator) of every fit `avkit fit` runs, for the features `present` in the traces."""
     logistic = fit.estimator if fit.mode == "online" else "batch_logistic"
-    plan = [(n, FEATURES[n].no_fit or logistic) for n in FEATURES if n in data.features]
+    plan = [(n, FEATURES[n].no_fit or logistic) for n in FEATURES if n in present]
     return plan + [(est_cfg.feature, "per_position_slope")]
 
 
@@ -87,8 +89,13 @@ def run_fit(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None
     """Fit and score every feature of the traces at `paths`; nothing is written here."""
     fit, est_cfg = fit or FitConfig(), est_cfg or EstimatorConfig()
     check_feature(est_cfg.feature)
-    data = load_fit_data(paths)
-    plan = _plan(fit, est_cfg, data)
+    if fit.engine != "memory":  # out of core, on this machine or a Ray cluster
+        from avkit.fit.distributed import fit_ray
+        from avkit.fit.streaming import fit_streaming
+
+        return (fit_ray if fit.engine == "ray" else fit_streaming)(paths, fit, est_cfg, progress)
+    data = load_fit_data(check_shards(paths).paths)
+    plan = plan_features(fit, est_cfg, data.features)
     layout = ScoreLayout(data.labels, data.positions, data.dataset_codes, data.dataset_names, fit.n_bins)
 
     def job(item: tuple[str, str]):
@@ -109,17 +116,19 @@ def run_fit(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None
             if progress is not None:
                 progress("features", i + 1, len(plan))
     est, rows = chosen
-    return FitResult(_coefficients(est, data, fit, est_cfg), scores, trajectory_frame(rows, data.k, hasattr(est, "slopes")))
+    return FitResult(coefficients_doc(est, data.k, data.trained_on, data.clock, fit, est_cfg), scores,
+                     trajectory_frame(rows, data.k, hasattr(est, "slopes")))
 
 
-def _coefficients(est, data: FitData, fit: FitConfig, est_cfg: EstimatorConfig) -> dict:
+def coefficients_doc(est, k: int, trained_on: dict, clock: str, fit: FitConfig, est_cfg: EstimatorConfig) -> dict:
+    """The coefficients.json document of a fitted estimator."""
     return {
         **est.state_dict(),  # everything a warm start restores (forgetting_logistic: basis slopes, precision)
         "schema_version": 1,
         "feature": est_cfg.feature,
         "feature_sign": FEATURES[est_cfg.feature].sign,  # p = sigmoid(slope * sign * feature + b_i),
         # applied inside the estimator: load_state_dict(this file) into an estimator of this feature
-        "num_positions": data.k,
+        "num_positions": k,
         "slope": float(est.slope),
         "intercepts": [float(b) for b in est.intercepts],
         "observations": [int(n) for n in est.observations],
@@ -130,12 +139,12 @@ def _coefficients(est, data: FitData, fit: FitConfig, est_cfg: EstimatorConfig) 
         "ridge": est_cfg.ridge,
         "damping": est_cfg.damping,
         "lossless": True,
-        "clock": data.clock,  # what counted engine steps: fit/data.py CLOCKS
+        "clock": clock,  # what counted engine steps: fit/data.py CLOCKS
         # the traces by content hash and the settings (avkit/provenance.py): `avkit report` checks them
-        "trained_on": {**data.trained_on, "inputs": inputs_record(
-            "avkit fit", data.trained_on["traces"], mode=fit.mode, feature=est_cfg.feature,
+        "trained_on": {**trained_on, "inputs": inputs_record(
+            "avkit fit", trained_on["traces"], mode=fit.mode, feature=est_cfg.feature,
             refit_interval=est_cfg.refit_interval)},
     }
 
 
-__all__ = ["FitResult", "check_feature", "run_fit"]
+__all__ = ["FitResult", "check_feature", "coefficients_doc", "plan_features", "run_fit"]

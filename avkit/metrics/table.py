@@ -55,6 +55,18 @@ def _row(scope: str, auc: float, nll_sum: float, table: np.ndarray) -> dict:
     return {"scope": scope, "auc": float(auc), "log_loss": float(nll_sum / n), "ece": float(_ece(table)), "n": n}
 
 
+def additive_sums(p: np.ndarray, y: np.ndarray, group: np.ndarray, d: int, k: int,
+                  n_bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """[N] predictions, labels and groups (dataset * K + position) -> the additive half of a score
+    table: summed NLL [D, K] and ECE bins [3, D, K, n_bins] (count, sum p, sum y)."""
+    # NLL = -log of the probability given to the observed label, clipped as sklearn does.
+    nll = -np.log(np.clip(np.where(y > 0, p, 1.0 - p), _EPS, 1 - _EPS))  # [N]
+    nll_g = np.bincount(group, weights=nll, minlength=d * k).reshape(d, k)
+    key = group * n_bins + np.minimum((p * n_bins).astype(np.int64), n_bins - 1)  # [N] (group, bin)
+    table = np.stack([np.bincount(key, weights=w, minlength=d * k * n_bins) for w in (None, p, y)])
+    return nll_g, table.astype(np.float64).reshape(3, d, k, n_bins)
+
+
 class ScoreLayout:
     """The prediction-independent half of a score table over [N] observed slots.
 
@@ -85,28 +97,38 @@ class ScoreLayout:
         """[N] predictions in [0, 1] -> rows {scope, auc, log_loss, ece, n}."""
         y, k, d, nb = self.y, self.k, self.d, self.n_bins
         y_s, s_s, g_s = self._sorted(np.ascontiguousarray(p, dtype=np.float64))
-        # NLL = -log of the probability given to the observed label, clipped as sklearn does.
-        nll = -np.log(np.clip(np.where(y > 0, p, 1.0 - p), _EPS, 1 - _EPS))  # [N]
-        nll_g = np.bincount(self.group, weights=nll, minlength=d * k).reshape(d, k)
-        key = self.group * nb + np.minimum((p * nb).astype(np.int64), nb - 1)  # [N] (group, bin)
-        table = np.stack([np.bincount(key, weights=w, minlength=d * k * nb) for w in (None, p, y)])
-        table = table.astype(np.float64).reshape(3, d, k, nb)  # [3, D, K, n_bins]
+        nll_g, table = additive_sums(p, y, self.group, d, k, nb)
         pos_s = g_s % k
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UndefinedMetricWarning)
-            rows = [_row("all", auc_sorted(y_s, s_s), nll_g.sum(), table.sum((1, 2)))]
-            if k > 1 and table[0, :, 1:].sum() > 0:
-                rest = pos_s > 0
-                rows.append(_row("all_but_first", auc_sorted(y_s[rest], s_s[rest]), nll_g[:, 1:].sum(),
-                                 table[:, :, 1:].sum((1, 2))))
-            aucs = _grouped_auc(y_s, s_s, pos_s, k)
-            rows += [_row(f"position={i}", aucs[i], nll_g[:, i].sum(), table[:, :, i].sum(1))
-                     for i in range(k) if table[0, :, i].sum() > 0]
-            if self.d > 1 or self.names != [""]:
-                aucs = _grouped_auc(y_s, s_s, g_s // k, d)
-                rows += [_row(f"dataset={self.names[j]}", aucs[j], nll_g[j].sum(), table[:, j].sum(1))
-                         for j in range(d) if table[0, j].sum() > 0]
-        return rows
+            rest = pos_s > 0
+            aucs = {"all": auc_sorted(y_s, s_s),
+                    "all_but_first": auc_sorted(y_s[rest], s_s[rest]) if rest.any() else np.nan,
+                    "position": _grouped_auc(y_s, s_s, pos_s, k),
+                    "dataset": _grouped_auc(y_s, s_s, g_s // k, d) if d > 1 or self.names != [""] else None}
+        return scope_rows(nll_g, table, self.names, aucs)
+
+
+def scope_rows(nll_g: np.ndarray, table: np.ndarray, names: list[str], aucs: dict, extra=None) -> list[dict]:
+    """Rows of every scope from additive per-group sums and the scopes' AUCs.
+
+    nll_g: [D, K] summed NLL; table: [3, D, K, n_bins] (count, sum p, sum y); aucs: {"all": float,
+    "all_but_first": float, "position": [K], "dataset": [D]}; extra(scope) -> more keys of a row.
+    """
+    d, k = nll_g.shape
+
+    def row(scope, auc, nll_sum, t):
+        return _row(scope, auc, nll_sum, t) | ({} if extra is None else extra(scope))
+
+    rows = [row("all", aucs["all"], nll_g.sum(), table.sum((1, 2)))]
+    if k > 1 and table[0, :, 1:].sum() > 0:
+        rows.append(row("all_but_first", aucs["all_but_first"], nll_g[:, 1:].sum(), table[:, :, 1:].sum((1, 2))))
+    rows += [row(f"position={i}", aucs["position"][i], nll_g[:, i].sum(), table[:, :, i].sum(1))
+             for i in range(k) if table[0, :, i].sum() > 0]
+    if d > 1 or names != [""]:
+        rows += [row(f"dataset={names[j]}", aucs["dataset"][j], nll_g[j].sum(), table[:, j].sum(1))
+                 for j in range(d) if table[0, j].sum() > 0]
+    return rows
 
 
 def score_table(labels, probs, positions, dataset_codes=None, dataset_names=None,
@@ -135,4 +157,4 @@ def score_table(labels, probs, positions, dataset_codes=None, dataset_names=None
     return ScoreLayout(y, pos, ds, dataset_names, n_bins).score(p)
 
 
-__all__ = ["ScoreLayout", "score_table"]
+__all__ = ["ScoreLayout", "additive_sums", "scope_rows", "score_table"]

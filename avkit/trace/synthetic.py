@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute
 import pyarrow.parquet as pq
 
 from avkit import __version__
@@ -138,12 +140,45 @@ def _metadata(cfg: SyntheticConfig) -> dict[str, str]:
             "avkit.policy": "synthetic-trim", "avkit.synthetic": json.dumps(truth)}
 
 
-def write_synthetic_trace(path, cfg: SyntheticConfig | None = None, row_group_rows: int = 1 << 20) -> Path:
-    """Draw a synthetic trace and write it as zstd Parquet (temp file, then rename)."""
+def _chunk(cfg: SyntheticConfig, index: int, slots: int, pairs_before: int) -> pa.Table:
+    """Chunk `index` of a streamed trace: its own seed, engine steps and request ids offset so the
+    file reads as one run in engine-step order (chunks hold whole requests)."""
+    seed = cfg.seed if index == 0 else int(np.random.SeedSequence([cfg.seed, index]).generate_state(1)[0])
+    table = synthetic_trace(replace(cfg, num_slots=slots, seed=seed))
+    steps_before = pairs_before // cfg.batch_size
+    requests_before = (steps_before // cfg.steps_per_request) * cfg.batch_size
+    req = table.column("request_id").combine_chunks()
+    names = pa.array([f"req-{i + requests_before}" for i in range(len(req.dictionary))], pa.string())
+    cols = {"engine_step": pa.compute.add(table.column("engine_step"), steps_before),
+            "request_id": pa.DictionaryArray.from_arrays(req.indices, names)}
+    for name, col in cols.items():
+        i = table.schema.get_field_index(name)
+        table = table.set_column(i, table.schema.field(i), col)
+    return table
+
+
+def write_synthetic_trace(path, cfg: SyntheticConfig | None = None, row_group_rows: int = 1 << 20,
+                          chunk_slots: int = 1 << 22) -> Path:
+    """Draw a synthetic trace and write it as zstd Parquet (temp file, then rename).
+
+    Traces larger than `chunk_slots` are drawn and written chunk by chunk (memory stays flat
+    whatever `num_slots`): each chunk is drawn with its own seed, derived from `cfg.seed`, over
+    whole requests, so a trace of at most one chunk is exactly `synthetic_trace(cfg)`.
+    """
+    cfg = cfg or SyntheticConfig()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(synthetic_trace(cfg), tmp, compression="zstd", row_group_size=row_group_rows)
+    unit = cfg.k * cfg.batch_size * cfg.steps_per_request  # slots of one batch of whole requests
+    step = max(unit, chunk_slots // unit * unit)
+    try:
+        with pq.ParquetWriter(tmp, S.TRACE_SCHEMA.with_metadata(_metadata(cfg)), compression="zstd") as w:
+            for index, start in enumerate(range(0, cfg.num_slots, step)):
+                slots = min(step, cfg.num_slots - start)
+                w.write_table(_chunk(cfg, index, slots, start // cfg.k), row_group_size=row_group_rows)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
     return path
 

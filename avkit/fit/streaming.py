@@ -1,0 +1,315 @@
+"""Batch fit and feature scores out of core: passes over the shards in bounded chunks, summed.
+
+Glossary:
+  shard   one trace file (a replica's run): the unit of work of every pass
+  spill   pass 0 reads each shard once, `chunk_rows` rows at a time, checks every value
+          (`reader.check_values`), derives every feature (float64, the same polars expressions
+          as the in-memory fit) of the observed slots, sorts each chunk by position and writes
+          one raw array file per column and chunk into a scratch directory; later passes read
+          back only the columns they need (no decompression, no unobserved rows) and sum each
+          position's rows as one contiguous segment (`irls.segment_stats`: BLAS dots)
+  survey  what pass 0 learns about a shard: rows, observed rows, dataset counts, null counts,
+          and a uniform sample of its observed slots (the AUC histogram's bin edges are
+          quantiles of the predictions on the samples: metrics/binned.py)
+  pass    a map over shards of a function of one shard's chunks that returns additive sums,
+          then a reduce (+=) on the driver. An engine runs the map: `LocalEngine` on this
+          machine's threads, `RayEngine` (fit/distributed.py) as tasks on a Ray cluster; the
+          driver `fit_streaming` is the same for both
+Batch IRLS (DESIGN.md §3, estimators/irls.py): each Newton iteration is one pass summing, for
+every feature not yet converged, the O(K) arrowhead statistics at its current coefficients; the
+driver takes the step (`RoundLogistic.batch_step`). The fixed point is the in-memory fit's: only
+the order of the sums differs. Scores: one last pass sums `metrics/binned.py` for every feature.
+Memory: a pass holds `workers` chunks at once; `chunk_rows` = the budget left after FIXED_MB,
+shared by the workers, over BYTES_PER_ROW (read columns, derived features, predictions and
+temporaries of one row; measured with `bench/fit.py --scale`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from avkit.config import EstimatorConfig, FitConfig
+from avkit.errors import TraceError
+from avkit.estimators import make_estimator
+from avkit.estimators.irls import IrlsStats, segment_stats
+from avkit.features import FEATURES
+from avkit.fit.data import TRACE_COLUMNS, _shown
+from avkit.fit.replay import _coef_row, trajectory_frame
+from avkit.fit.run import FitResult, check_feature, coefficients_doc, plan_features
+from avkit.metrics.binned import BinnedScores, logit, quantile_edges
+from avkit.trace.reader import check_values, scan_traces, trace_metadata
+from avkit.trace.shards import check_shards
+
+SAMPLE_SLOTS = 1 << 21  # observed slots sampled over all shards in pass 0: the AUC bins' quantiles
+MAX_K = 64  # positions a survey can hold before K is known (traces without avkit.k)
+BYTES_PER_ROW = 1024  # working memory per chunk row (all trace columns read and checked in pass 0)
+FIXED_MB = 512  # interpreter, libraries, score histograms
+
+Progress = Callable[[str, int, int], None]
+
+
+def chunk_rows(fit: FitConfig) -> int:
+    """Rows per chunk so that `fit.workers` chunks in flight stay inside the memory budget."""
+    share = max(64, fit.memory_budget_mb - FIXED_MB) * (1 << 20) // fit.workers
+    return max(1 << 15, share // BYTES_PER_ROW)
+
+
+@dataclass
+class ShardSurvey:
+    """What pass 0 learned about one shard (small: travels back from a worker)."""
+
+    path: str
+    spill: str  # directory of the spilled columns: c{chunk}.{column}
+    rows: int
+    observed: int
+    dataset_names: list[str]  # the spill's dataset codes index this list
+    datasets: dict[str, int]  # name -> observed slots
+    sample: dict[str, np.ndarray]  # feature -> [S] a uniform sample of the observed slots (AUC bin edges)
+    nulls: dict[str, int]  # feature -> observed slots where it is null
+    engine_step_nulls: int = 0
+    num_positions: int = 0  # max observed position + 1
+    chunks: list[np.ndarray] = field(default_factory=list)  # [C] x [MAX_K] observed slots per position
+    sample_positions: list[np.ndarray] = field(default_factory=list)  # [S] positions of the sample
+    all_step_nulls: int = 0  # rows (observed or not) without engine_step
+    steps_by_engine_step: int = 0  # engine steps counted by the engine_step clock
+    steps_by_request: int = 0  # ... by the (request_id, step) clock
+    last: tuple = (None, None)
+
+    def column(self, chunk: int, name: str, dtype) -> np.ndarray:
+        return np.fromfile(Path(self.spill) / f"c{chunk}.{name}", dtype=dtype)
+
+
+def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int, sample: int) -> ShardSurvey:
+    """Pass 0 over one shard: check, keep the observed slots, survey them."""
+    lf = scan_traces([path]).select(*TRACE_COLUMNS)  # the columns (and so the checks) of the in-memory fit
+    spill = Path(scratch) / f"{index:06d}"
+    shutil.rmtree(spill, ignore_errors=True)  # a rerun (retried task) starts afresh
+    spill.mkdir(parents=True)
+    total = lf.select(pl.len()).collect().item()
+    s = ShardSurvey(path, str(spill), total, 0, [], {}, {n: [] for n in FEATURES}, dict.fromkeys(FEATURES, 0))
+    rng = np.random.default_rng(index)  # the sample is a function of the shard: reruns agree
+    for off in range(0, total, rows):
+        try:
+            df = lf.slice(off, rows).collect()
+        except (pl.exceptions.PolarsError, OSError) as e:
+            raise TraceError(f"{path}: cannot read rows {off}..{off + rows - 1}: "
+                             f"{str(e).splitlines()[0]}") from None
+        check_values(df, f"{path} (chunk from row {off})", k)
+        _count_steps(s, df)
+        _survey_chunk(s, df.filter(pl.col("accepted").is_not_null()).sort("position", maintain_order=True),
+                      rng, sample / max(total, 1))
+    s.sample = {n: np.concatenate(v) for n, v in s.sample.items()}
+    s.sample_positions = np.concatenate(s.sample_positions)
+    return s
+
+
+def _count_steps(s: ShardSurvey, df: pl.DataFrame) -> None:
+    """Engine steps of the chunk by both clocks of fit/data.py (rows in file order; the last step of the
+    previous chunk carried), and the engine_step nulls that choose between them."""
+    s.all_step_nulls += df["engine_step"].null_count()
+    es = df["engine_step"].fill_null(-1).to_numpy()
+    key = (df["request_id"].cast(pl.String) + "\x00" + df["step"].cast(pl.String)).to_numpy()
+    if df.height:
+        s.steps_by_engine_step += int(np.count_nonzero(np.r_[es[0] != s.last[0], es[1:] != es[:-1]]))
+        s.steps_by_request += int(np.count_nonzero(np.r_[key[0] != s.last[1], key[1:] != key[:-1]]))
+        s.last = (es[-1], key[-1])
+
+
+def _survey_chunk(s: ShardSurvey, obs: pl.DataFrame, rng: np.random.Generator, rate: float) -> None:
+    """Add one chunk's observed slots (sorted by position) to the survey and spill them."""
+    ds = obs["dataset"].cast(pl.String)
+    for name in ds.unique(maintain_order=True).to_list():
+        if name not in s.dataset_names:
+            s.dataset_names.append(name)
+            s.datasets[name] = 0
+    for name, n in ds.value_counts().iter_rows():
+        s.datasets[name] += n
+    s.observed += obs.height
+    s.engine_step_nulls += obs["engine_step"].null_count()
+    derived = obs.select(*(spec.expr.alias(n) for n, spec in FEATURES.items()))
+    pos = obs["position"].to_numpy()
+    if pos.size:
+        s.num_positions = max(s.num_positions, int(pos[-1]) + 1)  # sorted
+    c = len(s.chunks)
+    s.chunks.append(np.bincount(pos, minlength=MAX_K))
+    pick = rng.random(obs.height) < rate  # [n] the chunk's share of the shard's sample
+    s.sample_positions.append(pos[pick])
+    out = Path(s.spill)
+    for n in FEATURES:
+        s.nulls[n] += derived[n].null_count()
+        values = derived[n].to_numpy().astype(np.float64)  # nulls become nan
+        values.tofile(out / f"c{c}.{n}")
+        s.sample[n].append(values[pick])
+    code = ds.replace_strict(s.dataset_names, list(range(len(s.dataset_names))), return_dtype=pl.Int16)
+    code.to_numpy().tofile(out / f"c{c}.dataset")
+    obs["accepted"].cast(pl.Int8).to_numpy().tofile(out / f"c{c}.label")
+
+
+@dataclass
+class PassWork:
+    """One pass: predict with each estimator on its feature; IRLS sums, or score sums when `score`."""
+
+    features: list[str]  # [E] feature of each estimator
+    estimators: list  # [E] estimators at their current coefficients
+    k: int
+    dataset_names: list[str]  # global dataset codes
+    score: dict | None = None  # {"n_bins", "edges": [E] AUC bin edges of logit(p)}
+    fitting: list[bool] = field(default_factory=list)
+
+
+def shard_pass(survey: ShardSurvey, work: PassWork) -> list:
+    """Map step of a pass over one shard's spill -> [E] additive sums (IrlsStats or BinnedScores)."""
+    k, sc = work.k, work.score
+    lut = np.array([work.dataset_names.index(n) for n in survey.dataset_names] or [0], dtype=np.int64)
+    out = [BinnedScores.zeros(len(work.dataset_names), k, sc["n_bins"], edges) for edges in sc["edges"]] \
+        if sc else [IrlsStats.zeros(k) for _ in work.estimators]
+    for c, counts in enumerate(survey.chunks):
+        counts = counts[:k]  # [K] rows are sorted by position
+        bounds = np.r_[0, np.cumsum(counts)]  # [K + 1]
+        pos = np.repeat(np.arange(k), counts)  # [n]
+        y = survey.column(c, "label", np.int8).astype(np.float64)  # [n]
+        group = lut[survey.column(c, "dataset", np.int16)] * k + pos if sc else None  # [n]
+        cache: dict[str, np.ndarray] = {}
+        for j, (name, est) in enumerate(zip(work.features, work.estimators)):
+            if name not in cache:
+                cache[name] = survey.column(c, name, np.float64)  # [n]
+            f = cache[name]
+            p = est.predict(f, pos)  # [n] at the current coefficients
+            if sc:
+                out[j].add(p, y, group)
+                continue
+            fo = FEATURES[name].sign * f  # oriented as the estimator fits it
+            sums = [segment_stats(fo[lo:hi], fo[lo:hi] ** 2, y[lo:hi], p[lo:hi])
+                    for lo, hi in itertools.pairwise(bounds)]
+            out[j] += IrlsStats.from_segments(sums, counts)
+    return out
+
+
+class LocalEngine:
+    """Runs a pass's map on this machine: shards on `workers` threads (numpy and polars release the GIL)."""
+
+    def __init__(self, workers: int = 1):
+        self.workers = workers
+
+    def map(self, fn, items: list[tuple], nodes=None) -> tuple[list, list]:
+        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+            results = list(pool.map(lambda args: fn(*args), items))
+        return results, [None] * len(items)
+
+    def cleanup(self, scratch: str, nodes) -> None:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _reduce(parts: list[list]) -> list:
+    total = parts[0]
+    for part in parts[1:]:
+        for acc, x in zip(total, part):
+            acc += x
+    return total
+
+
+def _edges(est, name: str, surveys: list[ShardSurvey], bins: int) -> np.ndarray:
+    """AUC rank-bin edges of one estimator: quantiles of its logits on the shards' samples."""
+    f = np.concatenate([s.sample[name] for s in surveys])  # [S]
+    pos = np.concatenate([s.sample_positions for s in surveys])
+    return quantile_edges(logit(est.predict(f, pos)), bins) if f.size else np.zeros(0)
+
+
+def _merge_surveys(surveys: list[ShardSurvey], k: int | None) -> dict:
+    names = sorted({n for s in surveys for n in s.datasets})
+    num_positions = max([k or 0] + [s.num_positions for s in surveys])
+    present = [n for n in FEATURES if all(s.nulls[n] == 0 for s in surveys)]
+    datasets = {n: sum(s.datasets.get(n, 0) for s in surveys) for n in names}
+    clocks = ["engine_step" if s.all_step_nulls == 0 else "request_step" for s in surveys]
+    steps = sum(s.steps_by_engine_step if c == "engine_step" else s.steps_by_request for s, c in zip(surveys, clocks))
+    return {"names": names, "k": num_positions, "present": present, "clocks": clocks, "engine_steps": steps,
+            "datasets": datasets, "observed": sum(s.observed for s in surveys),
+            "rows": sum(s.rows for s in surveys), "step_nulls": sum(s.engine_step_nulls for s in surveys)}
+
+
+def _newton(engine, surveys, nodes, plan, ests, m, fit: FitConfig, progress) -> dict[int, list[dict]]:
+    """Batch IRLS of every fitted estimator, one pass per iteration; -> index -> trajectory rows."""
+    active = [i for i, (name, _) in enumerate(plan) if FEATURES[name].no_fit is None]
+    rows: dict[int, list[dict]] = {i: [] for i in active}
+    for it in range(fit.max_iter):
+        if not active:
+            break
+        work = PassWork([plan[i][0] for i in active], [ests[i] for i in active], m["k"], m["names"])
+        stats = _reduce(engine.map(shard_pass, [(s, work) for s in surveys], nodes)[0])
+        still = []
+        for i, st in zip(active, stats):
+            before = ests[i].coefficients()
+            applied = ests[i].batch_step(st)
+            rows[i].append(_coef_row(ests[i], it, None, True, m["observed"]))
+            if applied and np.max(np.abs(ests[i].coefficients() - before)) >= fit.tol:
+                still.append(i)
+        active = still
+        if progress is not None:
+            progress("newton iterations", it + 1, fit.max_iter)
+    return rows
+
+
+def fit_streaming(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None = None,
+                  progress: Progress | None = None, engine=None) -> FitResult:
+    """`avkit fit --mode batch` out of core: the same FitResult as `run_fit`, memory bounded by
+    `fit.memory_budget_mb` whatever the size of the traces (AUC within each row's `auc_bound`)."""
+    fit, est_cfg = fit or FitConfig(mode="batch", engine="streaming"), est_cfg or EstimatorConfig()
+    check_feature(est_cfg.feature)
+    shards = check_shards(paths)
+    engine = engine or LocalEngine(fit.workers)
+    if fit.scratch is not None:
+        Path(fit.scratch).mkdir(parents=True, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix="avkit-spill-", dir=fit.scratch)
+    nodes = None
+    try:
+        sample = max(1024, SAMPLE_SLOTS // len(shards.paths))  # per shard
+        ks = [_declared_k(p) for p in shards.paths]  # K may differ across shards: each is checked at its own
+        items = [(str(p), i, k, scratch, chunk_rows(fit), sample) for i, (p, k) in enumerate(zip(shards.paths, ks))]
+        surveys, nodes = engine.map(spill_shard, items)
+        m = _merge_surveys(surveys, max([k for k in ks if k] or [0]) or None)
+        if m["observed"] == 0:
+            raise TraceError(f"{', '.join(map(str, shards.paths))}: no observed labels (every `accepted` is null)")
+        plan = plan_features(fit, est_cfg, m["present"])
+        ests = [make_estimator(e, k=m["k"], config=replace(est_cfg, feature=n)) for n, e in plan]
+        rows = _newton(engine, surveys, nodes, plan, ests, m, fit, progress)
+        edges = [_edges(e, n, surveys, fit.auc_bins) for (n, _), e in zip(plan, ests)]
+        work = PassWork([n for n, _ in plan], ests, m["k"], m["names"], score={"n_bins": fit.n_bins, "edges": edges})
+        sums = _reduce(engine.map(shard_pass, [(s, work) for s in surveys], nodes)[0])
+    finally:
+        engine.cleanup(scratch, nodes)
+    scores = [{"feature": n, "lossless": FEATURES[n].lossless, "estimator": e, **row}
+              for (n, e), acc in zip(plan, sums) for row in acc.rows(m["names"])]
+    chosen = next(i for i, (n, _) in enumerate(plan) if n == est_cfg.feature)
+    trained_on = _trained_on(shards, m)
+    doc = coefficients_doc(ests[chosen], m["k"], trained_on, trained_on["clock"], fit, est_cfg)
+    return FitResult(doc, scores, trajectory_frame(rows[chosen], m["k"], hasattr(ests[chosen], "slopes")))
+
+
+def _declared_k(path) -> int | None:
+    k = trace_metadata(path).get("avkit.k", "")
+    return int(k) if k.isdigit() else None
+
+
+def _trained_on(shards, m: dict) -> dict:
+    """The same `trained_on` as fit/data.py's (the clocks per shard from pass 0)."""
+    import json
+
+    meta, clocks = shards.meta, m["clocks"]
+    return {"traces": [_shown(p) for p in shards.paths], "slots": m["rows"], "observed": m["observed"],
+            "datasets": m["datasets"], "target": meta.get("avkit.target", ""), "draft": meta.get("avkit.draft", ""),
+            "target_sha256": meta.get("avkit.target_sha256", ""), "draft_sha256": meta.get("avkit.draft_sha256", ""),
+            "clock": clocks[0] if len(set(clocks)) == 1 else "mixed", "clock_per_file": clocks,
+            "engine_steps": m["engine_steps"],
+            "synthetic_truth": json.loads(meta["avkit.synthetic"]) if "avkit.synthetic" in meta else None}
+
+
+__all__ = ["LocalEngine", "PassWork", "ShardSurvey", "chunk_rows", "fit_streaming", "shard_pass", "spill_shard"]

@@ -1,0 +1,117 @@
+"""Sharded trace input: resolve what the user named into trace files, check that they belong together.
+
+A fleet records one trace per replica (and per day); every command that reads traces takes
+  a file                 itself
+  a directory            every `*.parquet` in it, sorted by name (companion tables excluded:
+                         `*.generations.parquet`, and the fit output `trajectory.parquet`)
+  a glob                 e.g. `traces/2026-12-*/replica-*.parquet`, matches sorted by name
+in any mix; the result keeps the order given; a file reached twice is an error (it would weigh double). A shard set must be one model
+pair at one K: `check_shards` reads every footer (cheap, no rows), checks each against the schema
+(`reader.check_schema`) and compares the model-pair keys in `AGREE` with the first shard; the first
+shard that disagrees is named in one line, with both values.
+"""
+
+from __future__ import annotations
+
+import glob
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from avkit.errors import TraceError
+from avkit.trace.reader import check_schema
+
+# Metadata that every shard of one fit must share: the model pair (ids and weight hashes). K may
+# differ (main's rule, tests/test_cli_errors.py: traces are read at the largest K, said in one line).
+AGREE = ("avkit.target", "avkit.target_sha256", "avkit.draft", "avkit.draft_sha256")
+COMPANIONS = (".generations.parquet",)  # tables that sit beside a trace and are not traces
+NOT_TRACES = ("trajectory.parquet",)
+
+
+def _is_trace_name(p: Path) -> bool:
+    return p.suffix == ".parquet" and not p.name.endswith(COMPANIONS) and p.name not in NOT_TRACES
+
+
+def _expand(spec: Path) -> list[Path]:
+    if spec.is_file():
+        return [spec]
+    if spec.is_dir():
+        found = sorted(p for p in spec.iterdir() if p.is_file() and _is_trace_name(p))
+        if not found:
+            raise TraceError(f"TRACE {spec}: directory holds no trace files (*.parquet)")
+        return found
+    if glob.has_magic(str(spec)):
+        found = sorted(Path(p) for p in glob.glob(str(spec), recursive=True) if _is_trace_name(Path(p)))
+        if not found:
+            raise TraceError(f"TRACE {spec}: glob matches no trace files")
+        return found
+    raise TraceError(f"{spec}: no such trace file, directory or glob match")
+
+
+def resolve_shards(specs: Iterable[str | Path]) -> list[Path]:
+    """Files, directories and globs -> trace files, in the order given (a repeat is an error).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> for name in ("b.parquet", "a.parquet", "a.generations.parquet"):
+    ...     _ = (d / name).write_bytes(b"")
+    >>> [p.name for p in resolve_shards([d])]
+    ['a.parquet', 'b.parquet']
+    """
+    out: dict[Path, None] = {}
+    for spec in ([specs] if isinstance(specs, (str, Path)) else specs):
+        for p in _expand(Path(spec)):
+            if p in out:  # a replica counted twice would weigh double
+                raise TraceError(f"{p}: given twice (as TRACE {spec} and before)")
+            out[p] = None
+    if not out:
+        raise TraceError("no trace files given")
+    return list(out)
+
+
+@dataclass(frozen=True)
+class ShardSet:
+    """Trace files checked to belong to one fit (same schema family, K and model pair)."""
+
+    paths: tuple[Path, ...]  # [S] shard files, in the order given
+    rows: tuple[int, ...]  # [S] rows per shard (from the footers)
+    meta: dict  # the first shard's `avkit.*` metadata
+
+    @property
+    def total_rows(self) -> int:
+        return sum(self.rows)
+
+    @property
+    def k(self) -> int | None:
+        k = self.meta.get("avkit.k", "")
+        return int(k) if k.isdigit() else None
+
+
+def _meta(schema) -> dict[str, str]:
+    raw = schema.metadata or {}
+    return {k.decode(): v.decode() for k, v in raw.items() if not k.startswith(b"ARROW:")}
+
+
+def check_shards(specs: Iterable[str | Path]) -> ShardSet:
+    """Resolve `specs`, check every footer against the schema and the shards against each other."""
+    paths = resolve_shards(specs)
+    rows, first = [], None
+    for path in paths:
+        meta = _meta(check_schema(path))
+        rows.append(pq.ParquetFile(path).metadata.num_rows)
+        if first is None:
+            first = (path, meta)
+            continue
+        for key in AGREE:
+            mine, theirs = meta.get(key, "<missing>"), first[1].get(key, "<missing>")
+            if mine != theirs:
+                raise TraceError(f"shard {path}: {key} is {mine!r} but {first[0]} (the first shard) has "
+                                 f"{theirs!r}; one shard set is one model pair")
+    return ShardSet(tuple(paths), tuple(rows), first[1])
+
+
+__all__ = ["AGREE", "ShardSet", "check_shards", "resolve_shards"]

@@ -1,0 +1,166 @@
+"""`bench/fit.py --scale`: `avkit fit --mode batch` at fleet scale, engine by engine, in one run.
+
+For each size (default 5M, 50M, 200M draft slots) it draws a synthetic trace chunk by chunk into
+a scratch directory (`write_synthetic_trace` streams: its own peak memory is flat), then runs
+`run_fit(..., FitConfig(mode="batch", engine=E))` for E in memory, streaming, ray, each in a fresh
+child process, and records wall time, slots/s, slots/s per core and the peak resident memory of
+the child's whole process tree (the child and everything it starts, Ray's raylet, GCS and workers
+included), sampled every 0.1 s with psutil. The in-memory engine is skipped where the trace would
+not fit in RAM (estimated at MEMORY_BYTES_PER_SLOT); every skip is written down. The trace is
+deleted after each size. Results: bench/results/fit_scale.json and .md (temp file, then rename).
+
+    python bench/fit.py --scale [--sizes 5000000,50000000,200000000] [--engines memory,streaming,ray]
+                                [--scratch /tmp] [--budget-mb 1536]
+
+On a real cluster: start Ray on every node (`ray start --head` on one, `ray start --address HEAD:6379`
+on the others), put the shards on storage every node sees at the same path, install avkit on every
+node (`pip install 'avkit[distributed]'`), then on the head:
+    avkit fit /shared/traces/ --mode batch --engine ray --address auto --scratch /local/scratch
+Each shard is one task per pass; the spill stays on the node that read it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+MEMORY_BYTES_PER_SLOT = 200  # in-memory fit: observed columns + features + predictions (measured: ~140 at 5M)
+
+
+def _tree_rss(proc: psutil.Process) -> int:
+    total = 0
+    try:
+        tree = [proc, *proc.children(recursive=True)]
+    except psutil.Error:  # the child has just exited
+        return 0
+    for p in tree:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total
+
+
+def _run_child(args: list[str]) -> tuple[dict, int]:
+    """Run a child Python; -> (its JSON result line, peak RSS of its process tree in bytes)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    child = subprocess.Popen([sys.executable, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc, peak, done = psutil.Process(child.pid), [0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _tree_rss(proc))
+            done.wait(0.1)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    out, err = child.communicate()
+    done.set()
+    t.join()
+    if child.returncode != 0:
+        raise RuntimeError(f"child {args} failed: {err.strip().splitlines()[-1] if err.strip() else child.returncode}")
+    return json.loads(out.strip().splitlines()[-1]), peak[0]
+
+
+def child_generate(path: str, slots: int) -> None:
+    from avkit.config import SyntheticConfig
+    from avkit.trace.synthetic import write_synthetic_trace
+
+    t0 = time.perf_counter()
+    write_synthetic_trace(path, SyntheticConfig(num_slots=slots, seed=0))
+    print(json.dumps({"wall_s": time.perf_counter() - t0, "bytes": os.path.getsize(path)}))
+
+
+def child_fit(engine: str, path: str, budget_mb: int, scratch: str) -> None:
+    from avkit.config import FitConfig
+    from avkit.fit import run_fit
+
+    t0 = time.perf_counter()
+    r = run_fit([path], FitConfig(mode="batch", engine=engine, memory_budget_mb=budget_mb, scratch=scratch))
+    print(json.dumps({"wall_s": time.perf_counter() - t0, "slope": r.coefficients["slope"],
+                      "intercepts": r.coefficients["intercepts"], "observed": r.coefficients["trained_on"]["observed"],
+                      "auc": next(x["auc"] for x in r.scores if x["feature"] == "logit_qmax" and x["scope"] == "all"
+                                  and x["estimator"] == "batch_logistic")}))
+
+
+def run_scale(sizes: list[int], engines: list[str], scratch: str, budget_mb: int, out: Path) -> None:
+    me = str(Path(__file__).resolve())
+    cores = os.cpu_count() or 1
+    rows = []
+    for slots in sizes:
+        with tempfile.TemporaryDirectory(dir=scratch, prefix="avkit-bench-") as tmp:
+            trace = str(Path(tmp) / f"synthetic-{slots}.parquet")
+            gen, gen_peak = _run_child([me, "--child-generate", trace, str(slots)])
+            print(f"{slots:>12,} slots: trace {gen['bytes'] / 2**30:.2f} GiB in {gen['wall_s']:.0f} s, "
+                  f"generator peak {gen_peak / 2**20:.0f} MB", flush=True)
+            rows.append({"slots": slots, "engine": "generate", "wall_s": gen["wall_s"], "peak_rss_mb": gen_peak / 2**20,
+                         "trace_gib": gen["bytes"] / 2**30})
+            ref = None
+            for engine in engines:
+                need = slots * MEMORY_BYTES_PER_SLOT
+                if engine == "memory" and need > 0.4 * psutil.virtual_memory().available:  # a shared box
+                    print(f"{'':>12}  memory: skipped (~{need / 2**30:.0f} GiB needed, "
+                          f"{psutil.virtual_memory().available / 2**30:.0f} GiB available)", flush=True)
+                    rows.append({"slots": slots, "engine": engine, "skipped": "trace larger than available RAM"})
+                    continue
+                res, peak = _run_child([me, "--child-fit", engine, trace, str(budget_mb), tmp])
+                ref = ref or res
+                row = {"slots": slots, "engine": engine, "wall_s": res["wall_s"], "slots_per_s": slots / res["wall_s"],
+                       "slots_per_s_per_core": slots / res["wall_s"] / cores, "peak_rss_mb": peak / 2**20,
+                       "max_coef_diff_vs_first": max(abs(res["slope"] - ref["slope"]), *(
+                           abs(a - b) for a, b in zip(res["intercepts"], ref["intercepts"]))),
+                       "auc_diff_vs_first": abs(res["auc"] - ref["auc"])}
+                rows.append(row)
+                _save(out, cores, budget_mb, rows)  # after every row: a long run keeps what it measured
+                print(f"{'':>12}  {engine:9s} {res['wall_s']:7.1f} s  {row['slots_per_s'] / 1e6:6.2f} M slots/s "
+                      f"({row['slots_per_s_per_core'] / 1e6:.2f} per core)  peak {row['peak_rss_mb']:7.0f} MB  "
+                      f"coef diff {row['max_coef_diff_vs_first']:.1e}", flush=True)
+    _save(out, cores, budget_mb, rows)
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
+
+
+def _save(out: Path, cores: int, budget_mb: int, rows: list[dict]) -> None:
+    doc = {"cores": cores, "budget_mb": budget_mb, "load_avg_1m": os.getloadavg()[0],
+           "date": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}
+    _write(out.with_suffix(".json"), json.dumps(doc, indent=2) + "\n")
+    _write(out.with_suffix(".md"), _markdown(doc))
+
+
+def _markdown(doc: dict) -> str:
+    lines = [f"# `avkit fit --mode batch` at scale ({doc['date']}, {doc['cores']} cores, memory budget "
+             f"{doc['budget_mb']} MB, 1-min load average at the end {doc['load_avg_1m']:.1f})", "",
+             "| slots | engine | wall s | M slots/s | per core | peak RSS MB (process tree) | max coef diff |",
+             "|---:|---|---:|---:|---:|---:|---:|"]
+    for r in doc["rows"]:
+        if "skipped" in r:
+            lines.append(f"| {r['slots']:,} | {r['engine']} | skipped: {r['skipped']} | | | | |")
+        elif r["engine"] == "generate":
+            lines.append(f"| {r['slots']:,} | (synthetic trace, {r['trace_gib']:.2f} GiB) | {r['wall_s']:.1f} | | | "
+                         f"{r['peak_rss_mb']:.0f} | |")
+        else:
+            lines.append(f"| {r['slots']:,} | {r['engine']} | {r['wall_s']:.1f} | {r['slots_per_s'] / 1e6:.2f} | "
+                         f"{r['slots_per_s_per_core'] / 1e6:.2f} | {r['peak_rss_mb']:.0f} | "
+                         f"{r['max_coef_diff_vs_first']:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--child-generate":
+        child_generate(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "--child-fit":
+        child_fit(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
