@@ -42,8 +42,10 @@ def _one_interrupt():
     signal.signal(signal.SIGINT, interrupt)
     try:
         yield
-    finally:  # once interrupted the process is ending: later signals must not break its shutdown
-        signal.signal(signal.SIGINT, signal.SIG_IGN if state["raised"] else signal.default_int_handler)
+    finally:  # once interrupted (here or by a command's own handler, which then ignores SIGINT) the process
+        # is ending: later signals must not break its shutdown
+        ending = state["raised"] or signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        signal.signal(signal.SIGINT, signal.SIG_IGN if ending else signal.default_int_handler)
 
 
 class _Group(TyperGroup):

@@ -90,9 +90,9 @@ def _interruptible():
         old = {}
     try:
         yield
-    finally:
+    finally:  # once interrupted the run is ending: later signals must not break its shutdown (atexit included)
         for s, h in old.items():
-            signal.signal(s, h)
+            signal.signal(s, signal.SIG_IGN if state["raised"] else h)
 
 
 def _generation_row(run_id: str, turn: Turn, output_ids: list[int], reason: str) -> dict:
