@@ -45,6 +45,7 @@ def test_busy_port_bad_host_and_unwritable_record_exit_2_with_one_line(tmp_path,
         (["--record", str(tmp_path / "file" / "t.parquet")], f"--record {tmp_path}/file/t.parquet: cannot write "
                                                               "there (FileExistsError: File exists)"),
         (["--record", str(tmp_path)], f"--record {tmp_path}: is a directory, expected a .parquet file path"),
+        (["--record", str(tmp_path / "file")], f"--record {tmp_path}/file: exists; serve writes a new trace"),
     ]
     for args, message in cases:
         argv = ["serve", "--target", "/nonexistent/model", "--snapshot", str(tmp_path / "snap.json"), *args]
@@ -53,6 +54,7 @@ def test_busy_port_bad_host_and_unwritable_record_exit_2_with_one_line(tmp_path,
         assert exit_info.value.code == 2
         lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
         assert len(lines) == 1 and lines[0].startswith(f"avkit: error: {message}"), lines
+    assert (tmp_path / "file").read_text() == "x"  # the existing file was left as it was
 
 
 def test_api_key_help_warns_about_ps(capsys):

@@ -88,6 +88,9 @@ def check_record_writable(path: str) -> None:
     p = Path(path).expanduser()
     if p.is_dir():
         raise ConfigError(f"--record {path}: is a directory, expected a .parquet file path")
+    if p.exists():  # the trace written at shutdown would replace it: a server never clobbers a trace
+        raise ConfigError(f"--record {path}: exists; serve writes a new trace (give another path or move the old "
+                          "file away)")
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         probe = p.with_name(f".{p.name}.{os.getpid()}.probe")
