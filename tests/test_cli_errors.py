@@ -183,6 +183,14 @@ def test_fit_bad_out(out, match, base, tmp_path, capsys):
     assert snapshot(tmp_path) == before
 
 
+def test_fit_batch_never_ignores_an_online_estimator(base, tmp_path, capsys):
+    code, _, err = run_cli(capsys, "fit", "--out", tmp_path / "fit", "--mode", "batch",
+                           "--estimator", "forgetting_logistic", base)
+    one_line(code, err, "--estimator forgetting_logistic: names the online estimator; --mode batch fits "
+                        "batch_logistic")
+    assert not (tmp_path / "fit").exists()
+
+
 def test_fit_mixed_k_prints_the_rule(base, tmp_path, capsys):
     other = write_synthetic_trace(tmp_path / "k2.parquet", SyntheticConfig(num_slots=400, k=2, intercepts=(1.0, 0.5)))
     code, _, err = run_cli(capsys, "fit", "--out", tmp_path / "fit", "--mode", "batch", base, other)

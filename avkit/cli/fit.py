@@ -99,6 +99,9 @@ def register(app: typer.Typer) -> None:
         from avkit.staged import StagedOutputs
         from avkit.trace.reader import common_k
 
+        if mode == "batch" and estimator != default_of(FitConfig, "estimator"):  # never ignored silently
+            raise ConfigError(f"--estimator {estimator}: names the online estimator; --mode batch fits "
+                              "batch_logistic (drop --estimator or use --mode online)")
         config = FitConfig(mode=mode, estimator=estimator, n_bins=bins, coefficients=coefficients, out=str(out),
                            engine=engine, address=address, memory_budget_mb=memory_budget,
                            scratch=None if scratch is None else str(scratch))
