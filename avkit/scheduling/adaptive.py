@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import avkit.estimators  # noqa: F401  (registers the estimators)
 from avkit.config import DEFAULT_K, AdaptiveConfig, EstimatorConfig
 from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.base import ESTIMATORS, Estimator, make_estimator
@@ -35,7 +34,7 @@ from avkit.kernels.dispatch import Kernels
 from avkit.scheduling.cost import CostTable, resolve_cost
 from avkit.scheduling.gate import DraftGate
 from avkit.scheduling.plan import Plan, plan, single_group, verify_lookup
-from avkit.scheduling.policy import POLICIES, VerifyPolicy
+from avkit.scheduling.policy import VerifyPolicy
 from avkit.scheduling.stop import continue_drafting
 from avkit.step_types import DraftBatch, Load, StepPlan, VerifyOutcome
 
@@ -265,5 +264,3 @@ def make_adaptive(cost: str | CostTable | None = None, estimator: str | Estimato
             if config.gate and est is not None else None)
     return AdaptiveVerification(table, est, history=config.history, gate=gate, k=k)
 
-
-POLICIES["adaptive"] = make_adaptive

@@ -77,7 +77,7 @@ def rank_slots(surv: torch.Tensor, num_drafted: torch.Tensor, group: torch.Tenso
     """Rank every group's slots (module note); `group` [S] ascending ints in [0, num_groups).
 
     Fixed shapes (all S K slots, invalid ones ranked last in their group), no host read."""
-    rows, k = surv.shape
+    k = surv.shape[1]
     dev = surv.device
     valid = (torch.arange(k, device=dev)[None, :] < num_drafted[:, None]).reshape(-1)  # [M] row-major
     key = surv.reshape(-1).masked_fill(~valid, -1.0)  # invalid slots below every survival
@@ -180,4 +180,5 @@ def single_group(rows: int, device=None) -> torch.Tensor:
     return torch.zeros(rows, dtype=torch.int64, device=device)
 
 
-__all__ = ["Plan", "Ranked", "best_budget", "expected_tokens", "plan", "prefixes", "plan_survival", "rank_slots", "single_group", "survival", "verify_lookup"]
+__all__ = ["Plan", "Ranked", "best_budget", "expected_tokens", "plan", "plan_survival", "prefixes", "rank_slots",
+           "single_group", "survival", "verify_lookup"]

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Protocol
-from collections.abc import Callable
 
 import torch
 
 from avkit.errors import ConfigError
+from avkit.registry import Registry
 from avkit.step_types import DraftBatch, Load, StepPlan, VerifyOutcome
 
 
@@ -73,14 +73,13 @@ class FixedK(VerifyPolicy):
         return StepPlan(batch.num_drafted.clamp(max=self.k))
 
 
-# name -> factory(**kwargs) -> VerifyPolicy. Other modules register themselves here.
-POLICIES: dict[str, Callable[..., VerifyPolicy]] = {
+# name -> factory(**kwargs) -> VerifyPolicy; "adaptive" is imported the first time it is looked up.
+POLICIES = Registry("verify policy", {
     "full": FullVerification,
     "fixed": FixedK,
-}
+    "adaptive": "avkit.scheduling.adaptive:make_adaptive",
+})
 
 
 def make_policy(name: str, **kwargs) -> VerifyPolicy:
-    if name not in POLICIES:
-        raise ConfigError(f"unknown verify policy {name!r}; choose from {sorted(POLICIES)}")
-    return POLICIES[name](**kwargs)
+    return POLICIES.make(name, **kwargs)
