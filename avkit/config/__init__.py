@@ -18,7 +18,7 @@ field and the bad value. The CLI builds its options from these defaults (``defau
   report.py      ReportConfig
 """
 
-from avkit.config.engine import DRAFTERS, EngineConfig, ModelsConfig
+from avkit.config.engine import DRAFTERS, KERNEL_BACKENDS, EngineConfig, ModelsConfig
 from avkit.config.estimation import AdaptiveConfig, EstimatorConfig, ForgettingConfig
 from avkit.config.fields import DEFAULT_DRAFT, DEFAULT_K, DEFAULT_TARGET, MAX_K, default_of, named
 from avkit.config.fit import DEFAULT_TRACE_GLOB, FIT_ENGINES, FIT_MODES, ONLINE_ESTIMATORS, FitConfig, SyntheticConfig
@@ -32,11 +32,42 @@ from avkit.config.simulate import (
     TuneConfig)
 
 __all__ = [
-    "DEFAULT_CONCURRENCY", "DEFAULT_COST_PATH", "DEFAULT_DRAFT", "DEFAULT_K", "DEFAULT_RECORD_DATASETS",
-    "DEFAULT_TARGET", "DEFAULT_TRACE_GLOB", "DRAFTERS", "FIT_ENGINES", "FIT_MODES", "MAX_K", "ONLINE_ESTIMATORS",
-    "PROFILE_CONTEXT_ENV", "SERVE_STATE_DIR", "SHIPPED_COEFFICIENTS", "TUNE_FORMATS", "AdaptiveConfig",
-    "EngineConfig", "EstimatorConfig", "FitConfig", "ForgettingConfig", "HttpConfig", "HvdCostConfig",
-    "HvdReplayConfig", "ModelsConfig", "PayoffConfig", "ProfileConfig", "RecordConfig", "ReportConfig",
-    "SamplingConfig", "ServeConfig", "SimulateConfig", "SuffixCacheConfig", "SyntheticConfig", "TuneConfig",
-    "default_of", "named",
+    "DEFAULT_CONCURRENCY",
+    "DEFAULT_COST_PATH",
+    "DEFAULT_DRAFT",
+    "DEFAULT_K",
+    "DEFAULT_RECORD_DATASETS",
+    "DEFAULT_TARGET",
+    "DEFAULT_TRACE_GLOB",
+    "DRAFTERS",
+    "FIT_ENGINES",
+    "FIT_MODES",
+    "KERNEL_BACKENDS",
+    "MAX_K",
+    "ONLINE_ESTIMATORS",
+    "PROFILE_CONTEXT_ENV",
+    "SERVE_STATE_DIR",
+    "SHIPPED_COEFFICIENTS",
+    "TUNE_FORMATS",
+    "AdaptiveConfig",
+    "EngineConfig",
+    "EstimatorConfig",
+    "FitConfig",
+    "ForgettingConfig",
+    "HttpConfig",
+    "HvdCostConfig",
+    "HvdReplayConfig",
+    "ModelsConfig",
+    "PayoffConfig",
+    "ProfileConfig",
+    "RecordConfig",
+    "ReportConfig",
+    "SamplingConfig",
+    "ServeConfig",
+    "SimulateConfig",
+    "SuffixCacheConfig",
+    "SyntheticConfig",
+    "TuneConfig",
+    "default_of",
+    "named",
 ]

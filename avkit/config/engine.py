@@ -8,6 +8,7 @@ from avkit.config.fields import DEFAULT_DRAFT, DEFAULT_K, DEFAULT_TARGET, MAX_K
 from avkit.validate import check_choice, check_placement, check_range
 
 DRAFTERS = ("model", "hybrid")
+KERNEL_BACKENDS = ("auto", "torch", "triton")  # avkit/kernels/dispatch.py BACKENDS
 
 
 @dataclass(frozen=True)
@@ -22,11 +23,15 @@ class EngineConfig:
     max_batch: int = 8  # concurrent requests (KV-cache slots)
     max_len: int = 2048  # tokens per sequence: prompt + output (+ K draft slots in flight)
     seed: int = 0
+    # hot-path kernels (avkit/kernels/dispatch.py): auto = Triton on CUDA, the torch references on CPU;
+    # triton on a CPU runs Triton's interpreter (TRITON_INTERPRET=1 set before triton is imported)
+    kernels: str = "auto"
 
     def __post_init__(self):
         check_range("k", self.k, 0, MAX_K)
         check_range("max_batch", self.max_batch, 1)
         check_range("max_len", self.max_len, self.k + 2)
+        check_choice("kernels", self.kernels, KERNEL_BACKENDS)
 
 
 @dataclass(frozen=True)
@@ -49,4 +54,4 @@ class ModelsConfig:
         return self.draft not in ("", "none")
 
 
-__all__ = ["DRAFTERS", "EngineConfig", "ModelsConfig"]
+__all__ = ["DRAFTERS", "KERNEL_BACKENDS", "EngineConfig", "ModelsConfig"]
