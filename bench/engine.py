@@ -144,16 +144,14 @@ def main() -> None:
     peer.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     peer.add_argument("--vllm-compile", action="store_true", help="let vLLM compile (default: eager, faster start)")
     peer.add_argument("--vllm-timeout", type=int, default=3600, help="seconds per vLLM process")
+    peer.add_argument("--fresh", action="store_true",
+                      help="start the day's results over (default: add these cells to engine-vllm-<date>.json)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.overhead:
         return overhead(151936, args.max_new_tokens)
     if args.peer:
-        from engine_peer import main_peer
-
-        lines = main_peer(args)
-        print("\n".join(lines))
-        return _write(lines, args, prefix="engine-vllm-")
+        return _peer(args)
     t0 = time.perf_counter()
     target, draft = _tiny_pair() if args.tiny else (
         avkit.models.load(args.target, dtype=getattr(torch, args.dtype)),
@@ -184,7 +182,39 @@ def main() -> None:
     _write(lines, args)
 
 
-def _write(lines: list[str], args, prefix: str = "engine-") -> None:
+def _peer(args) -> None:
+    """Run the peer grid, merge its cells into the day's JSON, rewrite the markdown table from all cells."""
+    import json
+
+    from engine_peer import main_peer, merge, table
+
+    new = main_peer(args)
+    path = RESULTS / f"engine-vllm-{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d')}.json"
+    old = [] if args.fresh or not path.exists() else json.loads(path.read_text())["cells"]
+    all_cells = merge(old, new)
+    if old:
+        print(f"merged {len(new)} new cells with {len(old)} from {path}")
+    lines = table(all_cells)
+    print("\n".join(lines))
+    doc = json.dumps({"fields": CELL_FIELDS, "cells": all_cells})
+    _write(lines, args, prefix="engine-vllm-", extra={path: doc})
+
+
+# The JSON cells beside engine-vllm-<date>.md, one per (engine, run, config); numbers are means over repeats.
+CELL_FIELDS = {
+    "engine": "avkit | vllm", "run": "'<dataset> T=<T> c=<c>'", "dataset": "workload name", "T": "temperature",
+    "c": "concurrency: the first c prompts, submitted at once", "config": "'K=<K>' or 'adaptive'",
+    "K": "draft tokens per step (0: target only; null for adaptive)",
+    "tok_s": "generated tokens / wall seconds incl. prefill",
+    "steps": "request-steps (vLLM: spec_decode_num_drafts; its target-only: one per token)",
+    "accepted_per_step": "accepted drafts per request-step (avkit: (tokens - steps) / steps; vLLM: its counters)",
+    "acceptance": "vLLM: accepted / drafted tokens", "outside_forwards": "avkit: share of step time outside forwards",
+    "load": "1-minute load average at the run's start", "repeats": "alternating repeats averaged",
+    "max_new_tokens": "per request", "outputs": "generated token ids per request (last repeat)"}
+
+
+def _write(lines: list[str], args, prefix: str = "engine-", extra: dict | None = None) -> None:
+    """The markdown table (plus ``extra`` {path: text}), each to a temp file, all renamed at the end."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     name = f"{prefix}{'tiny-' if args.tiny else ''}{stamp}.md"
@@ -195,11 +225,15 @@ def _write(lines: list[str], args, prefix: str = "engine-") -> None:
                       (f"target `{args.target}`, draft `{args.draft}`, {what}, top-p 0.95, "
                       f"max_new_tokens {args.max_new_tokens}, dtype {args.dtype}, threads {args.threads}, "
                       f"cpu count {os.cpu_count()}, load at start {os.getloadavg()[0]:.1f}"), "", *lines, ""])
-    fd, tmp = tempfile.mkstemp(dir=RESULTS, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(body)
-    os.replace(tmp, RESULTS / name)
-    print(f"wrote {RESULTS / name}")
+    staged = []
+    for path, text in {RESULTS / name: body, **(extra or {})}.items():
+        fd, tmp = tempfile.mkstemp(dir=RESULTS, suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        staged.append((tmp, path))
+    for tmp, path in staged:
+        os.replace(tmp, path)
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -71,9 +71,13 @@ def vllm_phase(args, ks: list[int], runs: list[dict]) -> dict[tuple[str, str], d
             if proc.returncode != 0:  # keep the runs it finished; the table shows the rest as missing
                 print(f"vLLM peer failed for K={k} (exit {proc.returncode}); keeping its finished runs", flush=True)
             for r in (json.loads(res.read_text())["results"] if res.exists() else []):
-                out[(r["name"], f"K={k}")] = {"tok_s": sum(map(len, r["outputs"])) / r["wall_s"],
-                                              "outputs": r["outputs"], "acceptance": _vllm_acceptance(r),
-                                              "load": r.get("load", float("nan"))}
+                tokens = sum(map(len, r["outputs"]))
+                # vLLM counts one draft per request-step that speculated; target-only: one step per token
+                steps = r["counters"].get("spec_decode_num_drafts", 0.0) if k else tokens
+                accepted = r["counters"].get("spec_decode_num_accepted_tokens", 0.0)
+                out[(r["name"], f"K={k}")] = {"tok_s": tokens / r["wall_s"], "outputs": r["outputs"],
+                                              "acceptance": _vllm_acceptance(r), "load": r.get("load", float("nan")),
+                                              "steps": steps, "accepted_per_step": accepted / steps if steps else 0.0}
     return out
 
 
@@ -115,8 +119,10 @@ def avkit_phase(args, ks: list[int], runs: list[dict], cost) -> dict[tuple[str, 
             load = os.getloadavg()[0]
             gens, wall, outside = run(r, k, policy, r["max_new_tokens"])
             outputs = [g.output_ids for g in gens]
-            out[(r["name"], name)] = {"tok_s": sum(map(len, outputs)) / wall, "outputs": outputs, "load": load,
-                                      "outside": outside}
+            tokens, steps = sum(map(len, outputs)), sum(g.num_steps for g in gens)  # request-steps
+            # a request-step emits its accepted drafts plus one token (EOS may cut the last step short)
+            out[(r["name"], name)] = {"tok_s": tokens / wall, "outputs": outputs, "load": load, "outside": outside,
+                                      "steps": steps, "accepted_per_step": (tokens - steps) / steps if steps else 0.0}
             print(f"avkit {name} {r['name']}: {out[(r['name'], name)]['tok_s']:.2f} tok/s, "
                   f"{100 * outside:.1f}% outside forwards (load {load:.1f})", flush=True)
     models.clear()  # free ~5 GB before the next vLLM phase
@@ -154,50 +160,86 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def greedy_check(res: dict, name: str, config: str) -> str:
+def cells(runs: list[dict], reps: list[tuple[dict, dict]]) -> list[dict]:
+    """One record per (engine, run, config): means over repeats, the last repeat's outputs (the JSON file)."""
+    out = []
+    for r in runs:
+        for side, engine in ((0, "vllm"), (1, "avkit")):
+            configs = dict.fromkeys(c for rep in reps for (name, c) in rep[side] if name == r["name"])
+            for config in configs:
+                got = [rep[side][(r["name"], config)] for rep in reps if (r["name"], config) in rep[side]]
+
+                def mean(field, got=got):  # NaN (no drafts: no acceptance) is left out, JSON gets null
+                    vals = [g[field] for g in got if field in g and g[field] == g[field]]
+                    return sum(vals) / len(vals) if vals else None
+
+                out.append({"engine": engine, "run": r["name"], "dataset": r["dataset"], "T": r["temperature"],
+                            "c": r["c"], "config": config,
+                            "K": int(config[2:]) if config.startswith("K=") else None,
+                            "tok_s": mean("tok_s"), "steps": mean("steps"),
+                            "accepted_per_step": mean("accepted_per_step"), "acceptance": mean("acceptance"),
+                            "outside_forwards": mean("outside"), "load": mean("load"), "repeats": len(got),
+                            "max_new_tokens": r["max_new_tokens"], "outputs": got[-1]["outputs"]})
+    return out
+
+
+def merge(old: list[dict], new: list[dict]) -> list[dict]:
+    """``old`` cells with ``new`` ones added (a cell measured again replaces the old one)."""
+    key = lambda c: (c["engine"], c["run"], c["config"])
+    merged = {key(c): c for c in old}
+    merged.update({key(c): c for c in new})
+    return list(merged.values())
+
+
+def greedy_check(by: dict, engine: str, run: str, config: str) -> str:
     """T = 0: does the config's output equal the same engine's target-only output, token for token?"""
-    base, got = res.get((name, "K=0")), res.get((name, config))
+    base, got = by.get((engine, run, "K=0")), by.get((engine, run, config))
     if base is None or got is None:
         return "-"
     bad = [i for i, (a, b) in enumerate(zip(base["outputs"], got["outputs"])) if a != b]
     return "= target" if not bad else f"{len(bad)}/{len(base['outputs'])} differ"
 
 
-def table(args, ks: list[int], runs: list[dict], reps: list[tuple[dict, dict]]) -> list[str]:
-    """Mean tokens/s over repeats per (run, config), the avkit / vLLM ratio, greedy checks."""
-    def mean(side: int, key, field="tok_s"):
-        vals = [rep[side][key][field] for rep in reps if key in rep[side]]
-        return sum(vals) / len(vals) if vals else float("nan")
+def table(all_cells: list[dict]) -> list[str]:
+    """The ratio table from cells (possibly merged from several runs of the grid)."""
+    by = {(c["engine"], c["run"], c["config"]): c for c in all_cells}
+    runs = list(dict.fromkeys(c["run"] for c in all_cells))
+    lines = ["| run | config | avkit tok/s | vLLM tok/s | avkit / vLLM | accepted / step (avkit, vLLM) | "
+             "greedy avkit | greedy vLLM | avkit outside forwards | load (avkit, vLLM) |",
+             "|---|---|---:|---:|---:|---|---|---|---:|---|"]
 
-    lines = ["| run | config | avkit tok/s | vLLM tok/s | avkit / vLLM | vLLM acceptance | greedy avkit | "
-             "greedy vLLM | avkit outside forwards | load |", "|---|---|---:|---:|---:|---:|---|---|---:|---:|"]
-    vll, avk = reps[-1]  # (vLLM, avkit) of the last repeat
-    for r in runs:
-        name, greedy = r["name"], r["temperature"] == 0
+    def num(c, field, fmt):
+        return "—" if c is None or c.get(field) is None else format(c[field], fmt)
+
+    for run in runs:
+        ks = sorted({c["K"] for c in all_cells if c["run"] == run and c["K"] is not None})
+        greedy = any(c["T"] == 0 for c in all_cells if c["run"] == run)
         for k in ks:
-            key = (name, f"K={k}")
-            a, v = mean(1, key), mean(0, key)
-            ga = greedy_check(avk, name, f"K={k}") if greedy and k else "-"
-            gv = greedy_check(vll, name, f"K={k}") if greedy and k else "-"
-            if greedy and k == 0 and key in avk and key in vll:
-                pref = [_common_prefix(x, y) for x, y in zip(avk[key]["outputs"], vll[key]["outputs"])]
+            a, v = by.get(("avkit", run, f"K={k}")), by.get(("vllm", run, f"K={k}"))
+            ratio = f"{a['tok_s'] / v['tok_s']:.2f}" if a and v else "—"
+            ga = greedy_check(by, "avkit", run, f"K={k}") if greedy and k else "-"
+            gv = greedy_check(by, "vllm", run, f"K={k}") if greedy and k else "-"
+            if greedy and k == 0 and a and v:
+                pref = [_common_prefix(x, y) for x, y in zip(a["outputs"], v["outputs"])]
                 ga = gv = f"avkit = vLLM on {min(pref)}+ tokens" if pref else "-"
-            lines.append(f"| {name} | {'target only' if k == 0 else f'K={k}'} | {a:.2f} | {v:.2f} | {a / v:.2f} | "
-                         f"{mean(0, key, 'acceptance'):.3f} | {ga} | {gv} | {100 * mean(1, key, 'outside'):.1f}% | "
-                         f"{mean(1, key, 'load'):.1f} |")
-        if args.adaptive:
-            a = mean(1, (name, "adaptive"))
-            best_k = max(ks, key=lambda k: mean(0, (name, f"K={k}")))
-            v = mean(0, (name, f"K={best_k}"))
-            ga = greedy_check(avk, name, "adaptive") if greedy else "-"
-            lines.append(f"| {name} | avkit adaptive vs vLLM best (K={best_k}) | {a:.2f} | {v:.2f} | {a / v:.2f} | "
-                         f"- | {ga} | - | {100 * mean(1, (name, 'adaptive'), 'outside'):.1f}% | "
-                         f"{mean(1, (name, 'adaptive'), 'load'):.1f} |")
+            lines.append(f"| {run} | {'target only' if k == 0 else f'K={k}'} | {num(a, 'tok_s', '.2f')} | "
+                         f"{num(v, 'tok_s', '.2f')} | {ratio} | {num(a, 'accepted_per_step', '.2f')}, "
+                         f"{num(v, 'accepted_per_step', '.2f')} | {ga} | {gv} | "
+                         f"{num(a, 'outside_forwards', '.1%')} | {num(a, 'load', '.1f')}, {num(v, 'load', '.1f')} |")
+        a = by.get(("avkit", run, "adaptive"))
+        vs = [by[("vllm", run, f"K={k}")] for k in ks if ("vllm", run, f"K={k}") in by]
+        if a and vs:
+            v = max(vs, key=lambda c: c["tok_s"])
+            ga = greedy_check(by, "avkit", run, "adaptive") if greedy else "-"
+            lines.append(f"| {run} | avkit adaptive vs vLLM best ({v['config']}) | {a['tok_s']:.2f} | "
+                         f"{v['tok_s']:.2f} | {a['tok_s'] / v['tok_s']:.2f} | "
+                         f"{num(a, 'accepted_per_step', '.2f')}, {num(v, 'accepted_per_step', '.2f')} | {ga} | - | "
+                         f"{num(a, 'outside_forwards', '.1%')} | {num(a, 'load', '.1f')}, {num(v, 'load', '.1f')} |")
     return lines
 
 
-def main_peer(args) -> list[str]:
-    """Run the grid on both engines (``args.repeats`` alternating phases); the result table's lines."""
+def main_peer(args) -> list[dict]:
+    """Run the grid on both engines (``args.repeats`` alternating phases); one cell per (engine, run, config)."""
     import avkit.models
     from avkit.models.registry import models_dir
 
@@ -221,4 +263,4 @@ def main_peer(args) -> list[str]:
         print(f"repeat {rep + 1}/{args.repeats}: avkit phase", flush=True)
         a = avkit_phase(args, ks, runs, cost)
         reps.append((v, a))
-    return table(args, ks, runs, reps)
+    return cells(runs, reps)

@@ -19,7 +19,7 @@ from avkit.models.config import ModelConfig
 from avkit.models.kv_cache import KVCache
 from avkit.models.registry import resolve
 from avkit.models.tokenizer import Tokenizer
-from avkit.models.transformer import Transformer
+from avkit.models.transformer import HostLengths, Transformer
 from avkit.models.weights import fuse_hf_state, read_gguf, read_hf_dir
 
 
@@ -68,4 +68,4 @@ def _sha256(files: list[Path]) -> str:
     return h.hexdigest()
 
 
-__all__ = ["KVCache", "LoadedModel", "ModelConfig", "Tokenizer", "Transformer", "load"]
+__all__ = ["HostLengths", "KVCache", "LoadedModel", "ModelConfig", "Tokenizer", "Transformer", "load"]
