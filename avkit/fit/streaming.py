@@ -7,7 +7,7 @@ Glossary:
           as the in-memory fit) of the observed slots, sorts each chunk by position and writes
           one raw array file per column and chunk into a scratch directory; later passes read
           back only the columns they need (no decompression, no unobserved rows) and sum each
-          position's rows as one contiguous segment (`irls.segment_stats`: BLAS dots)
+          position's rows as one contiguous segment (`irls.fused_segment_stats`: one fused pass)
   survey  what pass 0 learns about a shard: rows, observed rows, dataset counts, null counts,
           and a uniform sample of its observed slots (the AUC histogram's bin edges are
           quantiles of the predictions on the samples: metrics/binned.py)
@@ -40,7 +40,7 @@ import polars as pl
 from avkit.config import EstimatorConfig, FitConfig
 from avkit.errors import TraceError
 from avkit.estimators import make_estimator
-from avkit.estimators.irls import IrlsStats, segment_stats
+from avkit.estimators.irls import IrlsStats, fused_segment_stats, torch_single_threaded
 from avkit.features import FEATURES
 from avkit.fit.data import TRACE_COLUMNS, _shown
 from avkit.fit.replay import _coef_row, trajectory_frame
@@ -183,13 +183,13 @@ def shard_pass(survey: ShardSurvey, work: PassWork) -> list:
             if name not in cache:
                 cache[name] = survey.column(c, name, np.float64)  # [n]
             f = cache[name]
-            p = est.predict(f, pos)  # [n] at the current coefficients
             if sc:
-                out[j].add(p, y, group)
+                out[j].add(est.predict(f, pos), y, group)  # [n] predictions at the fitted coefficients
                 continue
             fo = FEATURES[name].sign * f  # oriented as the estimator fits it
-            sums = [segment_stats(fo[lo:hi], fo[lo:hi] ** 2, y[lo:hi], p[lo:hi])
-                    for lo, hi in itertools.pairwise(bounds)]
+            with torch_single_threaded():  # the same fused pass as the in-memory fit
+                sums = [fused_segment_stats(fo[lo:hi], fo[lo:hi] ** 2, y[lo:hi], est._slope_at(i), est.intercepts[i])
+                        for i, (lo, hi) in enumerate(itertools.pairwise(bounds))]
             out[j] += IrlsStats.from_segments(sums, counts)
     return out
 
