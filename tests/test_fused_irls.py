@@ -1,16 +1,13 @@
-"""The batch fit's fused IRLS pass (estimators/irls.py) against the two-step numpy pass it replaced,
-the thread guard around it, and the hashed duplicate-slot prefilter of the trace reader."""
+"""The batch fit's IRLS pass (estimators/irls.py) against the predict-then-sum pass it replaced, and
+the hashed duplicate-slot prefilter of the trace reader."""
 
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 import polars as pl
 import pytest
-import torch
 
-from avkit.estimators.irls import fused_segment_stats, segment_stats, torch_single_threaded
+from avkit.estimators.irls import fused_segment_stats, segment_stats
 from avkit.estimators.online_logistic import sigmoid
 from avkit.trace.reader import SLOT_KEY, _may_repeat_a_slot
 
@@ -24,26 +21,7 @@ def test_fused_pass_equals_the_numpy_pass(seed):
     slope, intercept = rng.uniform(0, 2), rng.normal()
     want = segment_stats(f, f * f, y, sigmoid(slope * f + intercept))  # the oracle: tanh logistic, numpy dots
     got = fused_segment_stats(f, f * f, y, slope, intercept)
-    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-9)
-
-
-def test_single_threaded_guard_restores_the_setting_after_overlapping_callers():
-    before = torch.get_num_threads()
-    inside, go = [], threading.Barrier(2)
-
-    def caller():
-        with torch_single_threaded():
-            go.wait()  # both callers inside at once
-            inside.append(torch.get_num_threads())
-            go.wait()
-
-    threads = [threading.Thread(target=caller) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert inside == [1, 1]
-    assert torch.get_num_threads() == before
+    np.testing.assert_allclose(got, want, rtol=0, atol=0)
 
 
 def _slots(n: int, dup: tuple[int, int] | None = None) -> pl.DataFrame:

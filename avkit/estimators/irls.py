@@ -18,13 +18,10 @@ Damping scales each update by n / (n + damping), n = the slots supporting that c
 
 from __future__ import annotations
 
-import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Self
 
 import numpy as np
-import torch
 
 
 @dataclass
@@ -73,42 +70,13 @@ def segment_stats(f: np.ndarray, f2: np.ndarray, y: np.ndarray, p: np.ndarray) -
     return float(np.dot(w, f2)), float(np.dot(w, f)), float(w.sum()), float(np.dot(r, f)), float(r.sum())
 
 
-_threads = {"lock": threading.Lock(), "users": 0, "saved": 1}
-
-
-@contextmanager
-def torch_single_threaded():
-    """torch on one thread while any caller is inside (callers nest and overlap across threads: the
-    first in saves the setting, the last out restores it). A batch fit's parallelism is its features on
-    threads (fit/run.py); torch's own pool on top of that busy-waits and triples the CPU time."""
-    with _threads["lock"]:
-        if _threads["users"] == 0:
-            _threads["saved"] = torch.get_num_threads()
-            torch.set_num_threads(1)
-        _threads["users"] += 1
-    try:
-        yield
-    finally:
-        with _threads["lock"]:
-            _threads["users"] -= 1
-            if _threads["users"] == 0:
-                torch.set_num_threads(_threads["saved"])
-
-
 def fused_segment_stats(f: np.ndarray, f2: np.ndarray, y: np.ndarray, slope: float,
                         intercept: float) -> tuple[float, ...]:
     """(a, b, c, g0, g1) of ONE position's rows ([n] float64 each, f oriented, f2 = f*f) at
-    p = sigmoid(slope * f + intercept), computed here: a batch Newton iteration's whole pass.
-
-    torch's vectorized sigmoid and dots on zero-copy views of the numpy arrays: ~3x the numpy pass
-    (whose tanh is not vectorized) with the same float64 arithmetic (bench/fit.py profiles it).
-    """
-    ft, f2t, yt = torch.from_numpy(f), torch.from_numpy(f2), torch.from_numpy(y)  # [n] views
-    p = torch.sigmoid(ft * slope + intercept)  # [n]
-    r = yt - p  # [n] residual
-    w = p.mul_(1.0 - p)  # [n] IRLS weight, in place of p
-    return (float(torch.dot(w, f2t)), float(torch.dot(w, ft)), float(w.sum()), float(torch.dot(r, ft)),
-            float(r.sum()))
+    p = sigmoid(slope * f + intercept), computed here: a batch Newton iteration's whole pass
+    (the in-memory and out-of-core fits both call this, so their sums are formed alike)."""
+    p = 0.5 * (1.0 + np.tanh(0.5 * (slope * f + intercept)))  # [n] overflow-free logistic
+    return segment_stats(f, f2, y, p)
 
 
 def _damp(n: np.ndarray | float, damping: float):
@@ -178,4 +146,4 @@ def per_position_step(s: IrlsStats, slopes: np.ndarray, intercepts: np.ndarray, 
     return out_s, out_i, ok
 
 
-__all__ = ["IrlsStats", "fused_segment_stats", "irls_stats", "per_position_step", "schur_slope_step", "segment_stats", "shared_slope_step", "torch_single_threaded"]
+__all__ = ["IrlsStats", "fused_segment_stats", "irls_stats", "per_position_step", "schur_slope_step", "segment_stats", "shared_slope_step"]

@@ -27,8 +27,7 @@ import numpy as np
 
 from avkit.config import DEFAULT_K, EstimatorConfig
 from avkit.errors import DataError
-from avkit.estimators.irls import (IrlsStats, fused_segment_stats, irls_stats, shared_slope_step,
-                                  torch_single_threaded)
+from avkit.estimators.irls import IrlsStats, fused_segment_stats, irls_stats, shared_slope_step
 from avkit.features import FEATURES
 
 
@@ -151,9 +150,8 @@ class RoundLogistic(ABC):
         segments = [(f[lo:hi], f[lo:hi] ** 2, y[lo:hi]) for lo, hi in itertools.pairwise(bounds)]
         for it in range(1, max_iter + 1):
             before = self.coefficients()
-            with torch_single_threaded():
-                sums = [fused_segment_stats(fs, f2s, ys, self._slope_at(i), self.intercepts[i])
-                        for i, (fs, f2s, ys) in enumerate(segments)]
+            sums = [fused_segment_stats(fs, f2s, ys, self._slope_at(i), self.intercepts[i])
+                    for i, (fs, f2s, ys) in enumerate(segments)]
             applied = self.batch_step(IrlsStats.from_segments(sums, counts))
             if on_iteration is not None:
                 on_iteration(self)

@@ -40,7 +40,7 @@ import polars as pl
 from avkit.config import EstimatorConfig, FitConfig
 from avkit.errors import TraceError
 from avkit.estimators import make_estimator
-from avkit.estimators.irls import IrlsStats, fused_segment_stats, torch_single_threaded
+from avkit.estimators.irls import IrlsStats, fused_segment_stats
 from avkit.features import FEATURES
 from avkit.fit.data import TRACE_COLUMNS, _shown
 from avkit.fit.replay import _coef_row, trajectory_frame
@@ -193,9 +193,8 @@ def shard_pass(survey: ShardSurvey, work: PassWork) -> list:
                 out[j].add(est.predict(f, pos), y, group)  # [n] predictions at the fitted coefficients
                 continue
             fo = FEATURES[name].sign * f  # oriented as the estimator fits it
-            with torch_single_threaded():  # the same fused pass as the in-memory fit
-                sums = [fused_segment_stats(fo[lo:hi], fo[lo:hi] ** 2, y[lo:hi], est._slope_at(i), est.intercepts[i])
-                        for i, (lo, hi) in enumerate(itertools.pairwise(bounds))]
+            sums = [fused_segment_stats(fo[lo:hi], fo[lo:hi] ** 2, y[lo:hi], est._slope_at(i), est.intercepts[i])
+                    for i, (lo, hi) in enumerate(itertools.pairwise(bounds))]  # as the in-memory fit
             out[j] += IrlsStats.from_segments(sums, counts)
     return out
 
