@@ -10,7 +10,14 @@ not fit in RAM (estimated at MEMORY_BYTES_PER_SLOT); every skip is written down.
 deleted after each size. Results: bench/results/fit_scale.json and .md (temp file, then rename).
 
     python bench/fit.py --scale [--sizes 5000000,50000000,200000000] [--engines memory,streaming,ray]
-                                [--scratch /tmp] [--budget-mb 1536]
+                                [--scratch /tmp] [--budget-mb 1536] [--traces DIR]
+    python bench/fit.py --generate DIR [--sizes ...]   # draw the traces first, outside a timed run
+
+With `--traces DIR` the traces DIR/synthetic-{slots}.parquet drawn by `--generate` are used and
+kept, and the rows of sizes not rerun stay in the table: a long grid runs as several commands
+(`just bench-fit-scale`), each under the machine's benchmark lock, with the drawing outside it.
+"driver CPU s" is the fitting process's CPU time (all its threads; Ray's workers not included):
+on a shared box the wall time is inflated by the load written beside it, the CPU time much less.
 
 On a real cluster: start Ray on every node (`ray start --head` on one, `ray start --address HEAD:6379`
 on the others), put the shards on storage every node sees at the same path, install avkit on every
@@ -83,26 +90,39 @@ def child_fit(engine: str, path: str, budget_mb: int, scratch: str) -> None:
     from avkit.config import FitConfig
     from avkit.fit import run_fit
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     r = run_fit([path], FitConfig(mode="batch", engine=engine, memory_budget_mb=budget_mb, scratch=scratch))
-    print(json.dumps({"wall_s": time.perf_counter() - t0, "slope": r.coefficients["slope"],
+    print(json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
+                      "slope": r.coefficients["slope"],
                       "intercepts": r.coefficients["intercepts"], "observed": r.coefficients["trained_on"]["observed"],
                       "auc": next(x["auc"] for x in r.scores if x["feature"] == "logit_qmax" and x["scope"] == "all"
                                   and x["estimator"] == "batch_logistic")}))
 
 
-def run_scale(sizes: list[int], engines: list[str], scratch: str, budget_mb: int, out: Path) -> None:
+def generate(slots: int, trace: str) -> dict:
+    """Draw one synthetic trace in a child; -> its row (wall time, size, the generator's peak RSS)."""
+    gen, gen_peak = _run_child([str(Path(__file__).resolve()), "--child-generate", trace, str(slots)])
+    print(f"{slots:>12,} slots: trace {gen['bytes'] / 2**30:.2f} GiB in {gen['wall_s']:.0f} s, "
+          f"generator peak {gen_peak / 2**20:.0f} MB", flush=True)
+    return {"slots": slots, "engine": "generate", "wall_s": gen["wall_s"], "peak_rss_mb": gen_peak / 2**20,
+            "trace_gib": gen["bytes"] / 2**30, "load_avg_1m": os.getloadavg()[0]}
+
+
+def run_scale(sizes: list[int], engines: list[str], scratch: str, budget_mb: int, out: Path,
+              traces: str | None = None) -> None:
+    """Fit each size with each engine; `traces`: a directory of traces drawn before by `--generate`
+    (synthetic-{slots}.parquet, kept), so that drawing them stays out of a timed, locked run."""
     me = str(Path(__file__).resolve())
     cores = os.cpu_count() or 1
-    rows = []
+    previous = json.loads(out.with_suffix(".json").read_text())["rows"] if out.with_suffix(".json").exists() \
+        and traces else []  # pieces of one grid run in several commands add up in one table
+    rows = [r for r in previous if r["slots"] not in sizes]
     for slots in sizes:
         with tempfile.TemporaryDirectory(dir=scratch, prefix="avkit-bench-") as tmp:
-            trace = str(Path(tmp) / f"synthetic-{slots}.parquet")
-            gen, gen_peak = _run_child([me, "--child-generate", trace, str(slots)])
-            print(f"{slots:>12,} slots: trace {gen['bytes'] / 2**30:.2f} GiB in {gen['wall_s']:.0f} s, "
-                  f"generator peak {gen_peak / 2**20:.0f} MB", flush=True)
-            rows.append({"slots": slots, "engine": "generate", "wall_s": gen["wall_s"], "peak_rss_mb": gen_peak / 2**20,
-                         "trace_gib": gen["bytes"] / 2**30})
+            given = Path(traces or tmp) / f"synthetic-{slots}.parquet"
+            trace = str(given)
+            if not (traces and given.exists()):
+                rows.append(generate(slots, trace))
             ref = None
             for engine in engines:
                 need = slots * MEMORY_BYTES_PER_SLOT
@@ -113,7 +133,8 @@ def run_scale(sizes: list[int], engines: list[str], scratch: str, budget_mb: int
                     continue
                 res, peak = _run_child([me, "--child-fit", engine, trace, str(budget_mb), tmp])
                 ref = ref or res
-                row = {"slots": slots, "engine": engine, "wall_s": res["wall_s"], "slots_per_s": slots / res["wall_s"],
+                row = {"slots": slots, "engine": engine, "wall_s": res["wall_s"], "cpu_s": res["cpu_s"],
+                       "load_avg_1m": os.getloadavg()[0], "slots_per_s": slots / res["wall_s"],
                        "slots_per_s_per_core": slots / res["wall_s"] / cores, "peak_rss_mb": peak / 2**20,
                        "max_coef_diff_vs_first": max(abs(res["slope"] - ref["slope"]), *(
                            abs(a - b) for a, b in zip(res["intercepts"], ref["intercepts"]))),
@@ -137,18 +158,20 @@ def _save(out: Path, cores: int, budget_mb: int, rows: list[dict]) -> None:
 def _markdown(doc: dict) -> str:
     lines = [f"# `avkit fit --mode batch` at scale ({doc['date']}, {doc['cores']} cores, memory budget "
              f"{doc['budget_mb']} MB, 1-min load average at the end {doc['load_avg_1m']:.1f})", "",
-             "| slots | engine | wall s | M slots/s | per core | peak RSS MB (process tree) | max coef diff |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
+             "| slots | engine | wall s | M slots/s | per core | driver CPU s | peak RSS MB (process tree) | "
+             "max coef diff | load (1 min) |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in doc["rows"]:
         if "skipped" in r:
-            lines.append(f"| {r['slots']:,} | {r['engine']} | skipped: {r['skipped']} | | | | |")
+            lines.append(f"| {r['slots']:,} | {r['engine']} | skipped: {r['skipped']} | | | | | | |")
         elif r["engine"] == "generate":
-            lines.append(f"| {r['slots']:,} | (synthetic trace, {r['trace_gib']:.2f} GiB) | {r['wall_s']:.1f} | | | "
-                         f"{r['peak_rss_mb']:.0f} | |")
+            lines.append(f"| {r['slots']:,} | (synthetic trace, {r['trace_gib']:.2f} GiB) | {r['wall_s']:.1f} | | | | "
+                         f"{r['peak_rss_mb']:.0f} | | {r.get('load_avg_1m', float('nan')):.1f} |")
         else:
             lines.append(f"| {r['slots']:,} | {r['engine']} | {r['wall_s']:.1f} | {r['slots_per_s'] / 1e6:.2f} | "
-                         f"{r['slots_per_s_per_core'] / 1e6:.2f} | {r['peak_rss_mb']:.0f} | "
-                         f"{r['max_coef_diff_vs_first']:.1e} |")
+                         f"{r['slots_per_s_per_core'] / 1e6:.2f} | {r.get('cpu_s', float('nan')):.1f} | "
+                         f"{r['peak_rss_mb']:.0f} | {r['max_coef_diff_vs_first']:.1e} | "
+                         f"{r.get('load_avg_1m', float('nan')):.1f} |")
     return "\n".join(lines) + "\n"
 
 

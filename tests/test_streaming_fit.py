@@ -96,6 +96,23 @@ def test_bad_value_in_a_later_chunk_names_the_shard_and_writes_nothing(capsys, f
     assert exit_.value.code == 2 and err.count("\n") == 1 and str(bad) in err and not (tmp_path / "out").exists()
 
 
+def test_a_slot_repeated_across_chunks_is_refused_as_in_memory(tmp_path):
+    t = synthetic_trace(SyntheticConfig(num_slots=70_000, seed=5))
+    rows = list(range(t.num_rows))
+    rows[66_000] = 3  # row 66,000 (in a later chunk at a 256 MB budget) repeats row 3's slot
+    bad = tmp_path / "replica-dup.parquet"
+    pq.write_table(t.take(rows).replace_schema_metadata(t.schema.metadata), bad)
+    fit = FitConfig(mode="batch", engine="streaming", memory_budget_mb=256, scratch=str(tmp_path / "scratch"))
+    assert chunk_rows(fit) < 66_000
+    with pytest.raises(TraceError) as streaming:
+        run_fit([bad], fit)
+    with pytest.raises(TraceError) as memory:
+        run_fit([bad], FitConfig(mode="batch"))
+    assert str(streaming.value) == str(memory.value)
+    assert f"{bad}: row 3 duplicates another row of the same draft slot" in str(streaming.value)
+    assert os.listdir(tmp_path / "scratch") == []
+
+
 def test_cli_streaming_writes_the_outputs(capsys, fleet, tmp_path):
     with pytest.raises(SystemExit) as exit_:
         app(["fit", str(fleet[0].parent), "--mode", "batch", "--engine", "streaming", "--memory-budget", "600",

@@ -70,6 +70,15 @@ def segment_stats(f: np.ndarray, f2: np.ndarray, y: np.ndarray, p: np.ndarray) -
     return float(np.dot(w, f2)), float(np.dot(w, f)), float(w.sum()), float(np.dot(r, f)), float(r.sum())
 
 
+def fused_segment_stats(f: np.ndarray, f2: np.ndarray, y: np.ndarray, slope: float,
+                        intercept: float) -> tuple[float, ...]:
+    """(a, b, c, g0, g1) of ONE position's rows ([n] float64 each, f oriented, f2 = f*f) at
+    p = sigmoid(slope * f + intercept), computed here: a batch Newton iteration's whole pass
+    (the in-memory and out-of-core fits both call this, so their sums are formed alike)."""
+    p = 0.5 * (1.0 + np.tanh(0.5 * (slope * f + intercept)))  # [n] overflow-free logistic
+    return segment_stats(f, f2, y, p)
+
+
 def _damp(n: np.ndarray | float, damping: float):
     return n / (n + damping) if damping > 0 else np.ones_like(np.asarray(n, dtype=np.float64))
 
@@ -137,4 +146,4 @@ def per_position_step(s: IrlsStats, slopes: np.ndarray, intercepts: np.ndarray, 
     return out_s, out_i, ok
 
 
-__all__ = ["IrlsStats", "irls_stats", "per_position_step", "schur_slope_step", "segment_stats", "shared_slope_step"]
+__all__ = ["IrlsStats", "fused_segment_stats", "irls_stats", "per_position_step", "schur_slope_step", "segment_stats", "shared_slope_step"]

@@ -27,7 +27,7 @@ import numpy as np
 
 from avkit.config import DEFAULT_K, EstimatorConfig
 from avkit.errors import DataError
-from avkit.estimators.irls import IrlsStats, irls_stats, segment_stats, shared_slope_step
+from avkit.estimators.irls import IrlsStats, fused_segment_stats, irls_stats, shared_slope_step
 from avkit.features import FEATURES
 
 
@@ -141,7 +141,8 @@ class RoundLogistic(ABC):
         Returns the number of iterations; `observations` becomes the per-position row counts.
         """
         pos = check_positions(positions, self.k)
-        order = np.argsort(pos, kind="stable")  # group rows by position: one contiguous segment each
+        # group rows by position, one contiguous segment each (int16 keys: numpy's radix sort)
+        order = np.argsort(pos.astype(np.int16), kind="stable")
         f = self._oriented(features)[order]
         y = np.asarray(labels, dtype=np.float64)[order]
         counts = np.bincount(pos, minlength=self.k)  # [K]
@@ -149,7 +150,7 @@ class RoundLogistic(ABC):
         segments = [(f[lo:hi], f[lo:hi] ** 2, y[lo:hi]) for lo, hi in itertools.pairwise(bounds)]
         for it in range(1, max_iter + 1):
             before = self.coefficients()
-            sums = [segment_stats(fs, f2s, ys, sigmoid(self._slope_at(i) * fs + self.intercepts[i]))
+            sums = [fused_segment_stats(fs, f2s, ys, self._slope_at(i), self.intercepts[i])
                     for i, (fs, f2s, ys) in enumerate(segments)]
             applied = self.batch_step(IrlsStats.from_segments(sums, counts))
             if on_iteration is not None:

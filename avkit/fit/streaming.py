@@ -7,7 +7,7 @@ Glossary:
           as the in-memory fit) of the observed slots, sorts each chunk by position and writes
           one raw array file per column and chunk into a scratch directory; later passes read
           back only the columns they need (no decompression, no unobserved rows) and sum each
-          position's rows as one contiguous segment (`irls.segment_stats`: BLAS dots)
+          position's rows as one contiguous segment (`irls.fused_segment_stats`: one fused pass)
   survey  what pass 0 learns about a shard: rows, observed rows, dataset counts, null counts,
           and a uniform sample of its observed slots (the AUC histogram's bin edges are
           quantiles of the predictions on the samples: metrics/binned.py)
@@ -40,13 +40,14 @@ import polars as pl
 from avkit.config import EstimatorConfig, FitConfig
 from avkit.errors import TraceError
 from avkit.estimators import make_estimator
-from avkit.estimators.irls import IrlsStats, segment_stats
+from avkit.estimators.irls import IrlsStats, fused_segment_stats
 from avkit.features import FEATURES
 from avkit.fit.data import TRACE_COLUMNS, _shown
 from avkit.fit.replay import _coef_row, trajectory_frame
+from avkit.fit.slot_check import SlotKeys
 from avkit.fit.run import FitResult, check_feature, coefficients_doc, plan_features
 from avkit.metrics.binned import BinnedScores, logit, quantile_edges
-from avkit.trace.reader import check_values, scan_traces, trace_metadata
+from avkit.trace.reader import CHECKED_COLUMNS, check_values, scan_traces, trace_metadata
 from avkit.trace.shards import check_shards
 
 SAMPLE_SLOTS = 1 << 21  # observed slots sampled over all shards in pass 0: the AUC bins' quantiles
@@ -90,10 +91,12 @@ class ShardSurvey:
 
 def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int, sample: int) -> ShardSurvey:
     """Pass 0 over one shard: check, keep the observed slots, survey them."""
-    lf = scan_traces([path]).select(*TRACE_COLUMNS)  # the columns (and so the checks) of the in-memory fit
+    # the columns (and so the checks) of the in-memory fit: what it fits on and what read_traces checks
+    lf = scan_traces([path]).select(*dict.fromkeys([*TRACE_COLUMNS, *CHECKED_COLUMNS]))
     spill = Path(scratch) / f"{index:06d}"
     shutil.rmtree(spill, ignore_errors=True)  # a rerun (retried task) starts afresh
     spill.mkdir(parents=True)
+    keys = SlotKeys(spill / "slots")  # a slot repeated across chunks (each chunk checks its own rows)
     total = lf.select(pl.len()).collect().item()
     s = ShardSurvey(path, str(spill), total, 0, [], {}, {n: [] for n in FEATURES}, dict.fromkeys(FEATURES, 0))
     rng = np.random.default_rng(index)  # the sample is a function of the shard: reruns agree
@@ -104,9 +107,12 @@ def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int, s
             raise TraceError(f"{path}: cannot read rows {off}..{off + rows - 1}: "
                              f"{str(e).splitlines()[0]}") from None
         check_values(df, f"{path} (chunk from row {off})", k)
+        keys.add(df, off)
         _count_steps(s, df)
         _survey_chunk(s, df.filter(pl.col("accepted").is_not_null()).sort("position", maintain_order=True),
                       rng, sample / max(total, 1))
+    keys.check(path, lf)
+    shutil.rmtree(keys.dir, ignore_errors=True)
     s.sample = {n: np.concatenate(v) for n, v in s.sample.items()}
     s.sample_positions = np.concatenate(s.sample_positions)
     return s
@@ -183,13 +189,12 @@ def shard_pass(survey: ShardSurvey, work: PassWork) -> list:
             if name not in cache:
                 cache[name] = survey.column(c, name, np.float64)  # [n]
             f = cache[name]
-            p = est.predict(f, pos)  # [n] at the current coefficients
             if sc:
-                out[j].add(p, y, group)
+                out[j].add(est.predict(f, pos), y, group)  # [n] predictions at the fitted coefficients
                 continue
             fo = FEATURES[name].sign * f  # oriented as the estimator fits it
-            sums = [segment_stats(fo[lo:hi], fo[lo:hi] ** 2, y[lo:hi], p[lo:hi])
-                    for lo, hi in itertools.pairwise(bounds)]
+            sums = [fused_segment_stats(fo[lo:hi], fo[lo:hi] ** 2, y[lo:hi], est._slope_at(i), est.intercepts[i])
+                    for i, (lo, hi) in enumerate(itertools.pairwise(bounds))]  # as the in-memory fit
             out[j] += IrlsStats.from_segments(sums, counts)
     return out
 

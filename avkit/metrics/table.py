@@ -102,10 +102,12 @@ class ScoreLayout:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UndefinedMetricWarning)
             rest = pos_s > 0
-            aucs = {"all": auc_sorted(y_s, s_s),
+            aucs_all = auc_sorted(y_s, s_s)
+            aucs = {"all": aucs_all,
                     "all_but_first": auc_sorted(y_s[rest], s_s[rest]) if rest.any() else np.nan,
                     "position": _grouped_auc(y_s, s_s, pos_s, k),
-                    "dataset": _grouped_auc(y_s, s_s, g_s // k, d) if d > 1 or self.names != [""] else None}
+                    "dataset": None if d == 1 and self.names == [""] else  # one dataset: its AUC is "all"'s
+                    [aucs_all] if d == 1 else _grouped_auc(y_s, s_s, g_s // k, d)}
         return scope_rows(nll_g, table, self.names, aucs)
 
 

@@ -207,6 +207,19 @@ def _value_checks(k: int | None) -> list[tuple[str, pl.Expr, str]]:
     return checks
 
 
+def slot_hashes(df: pl.DataFrame) -> pl.Series:
+    """[N] uint64 hash of each row's slot key (SLOT_KEY): equal slots hash equal (within one frame:
+    Categorical columns hash their codes, which one frame shares)."""
+    return df.select(pl.col(c).to_physical() for c in SLOT_KEY).hash_rows(seed=0)
+
+
+def _may_repeat_a_slot(df: pl.DataFrame) -> bool:
+    """False when no two rows can share a slot: no two slot hashes are equal (a hash and a radix sort,
+    ~5x faster than polars' exact `is_duplicated` on the key; equal hashes go to the exact check)."""
+    h = slot_hashes(df).sort().to_numpy()  # [N]
+    return bool((h[1:] == h[:-1]).any())
+
+
 def check_values(df: pl.DataFrame, path, k: int | None) -> None:
     """Value checks of the columns read from one file; raise TraceError naming file, column, row."""
     if df.height == 0:
@@ -216,7 +229,7 @@ def check_values(df: pl.DataFrame, path, k: int | None) -> None:
     for (column, bad, what), hit in zip(checks, hits):
         if hit:
             raise TraceError(f"{path}: column {column!r} {what}: {_first_bad(df, bad.fill_null(False), column)}")
-    if set(SLOT_KEY) <= set(df.columns):
+    if set(SLOT_KEY) <= set(df.columns) and _may_repeat_a_slot(df):
         dup = df.select(SLOT_KEY).is_duplicated()
         if dup.any():
             i = int(dup.arg_true()[0])
@@ -296,4 +309,4 @@ def read_generations(trace_path) -> pl.DataFrame:
 
 
 __all__ = ["MAX_INFERRED_K", "MAX_K", "POLARS_SCHEMA", "check_schema", "check_values", "common_k", "read_generations", "read_traces",
-           "scan_traces", "trace_k", "trace_metadata"]
+           "scan_traces", "slot_hashes", "trace_k", "trace_metadata"]

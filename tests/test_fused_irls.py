@@ -1,0 +1,40 @@
+"""The batch fit's IRLS pass (estimators/irls.py) against the predict-then-sum pass it replaced, and
+the hashed duplicate-slot prefilter of the trace reader."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from avkit.estimators.irls import fused_segment_stats, segment_stats
+from avkit.estimators.online_logistic import sigmoid
+from avkit.trace.reader import SLOT_KEY, _may_repeat_a_slot
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_fused_pass_equals_the_numpy_pass(seed):
+    rng = np.random.default_rng(seed)
+    n = 50_000
+    f = rng.normal(1.0, 4.0, n) * (1 + 30 * (rng.random(n) < 0.01))  # a few far tails: p of 0 and 1
+    y = (rng.random(n) < 0.6).astype(np.float64)
+    slope, intercept = rng.uniform(0, 2), rng.normal()
+    want = segment_stats(f, f * f, y, sigmoid(slope * f + intercept))  # the oracle: tanh logistic, numpy dots
+    got = fused_segment_stats(f, f * f, y, slope, intercept)
+    np.testing.assert_allclose(got, want, rtol=0, atol=0)
+
+
+def _slots(n: int, dup: tuple[int, int] | None = None) -> pl.DataFrame:
+    rid = [f"r{i // 7}" for i in range(n)]
+    pos = [i % 7 for i in range(n)]
+    if dup:
+        rid[dup[1]], pos[dup[1]] = rid[dup[0]], pos[dup[0]]
+    return pl.DataFrame({"run_id": ["a"] * n, "request_id": rid, "drafter": ["model"] * n, "step": [3] * n,
+                         "position": pos}).with_columns(pl.col("run_id", "request_id", "drafter").cast(pl.Categorical))
+
+
+def test_duplicate_prefilter_passes_unique_slots_and_catches_every_repeat():
+    assert list(_slots(10).columns) == list(SLOT_KEY)
+    assert not _may_repeat_a_slot(_slots(70_000))
+    for pair in [(0, 1), (5, 69_999), (30_000, 2)]:
+        assert _may_repeat_a_slot(_slots(70_000, pair)), pair
