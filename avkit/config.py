@@ -219,12 +219,17 @@ class RecordConfig:
     threads: int = 0  # torch intra-op threads (0 = torch's default); 1 is fastest on an oversubscribed CPU
     drafter: str = "model"  # model: the draft model; hybrid: suffix cache or draft model per step (HVD)
     payoff: str = ""  # hybrid: payoff_mlp.pt written by `avkit hvd` ("" = ArcticInference's rule)
+    engine: str = "native"  # native: avkit's runtime; vllm: vLLM's offline engine in its own venv (docs/vllm.md)
+    vllm_python: str = ""  # vllm: the venv's python ("" = $AVKIT_VLLM_PYTHON, else .venv-vllm/bin/python)
+    vllm_draft_sampling: str = "probabilistic"  # vllm, T > 0: draw drafts from q (probabilistic) or take argmax
 
     def __post_init__(self):
         from avkit.errors import ConfigError
 
         check_placement(self.device, self.dtype)
         check_choice("drafter", self.drafter, ("model", "hybrid"))
+        check_choice("engine", self.engine, ("native", "vllm"))
+        check_choice("vllm_draft_sampling", self.vllm_draft_sampling, ("probabilistic", "greedy"))
         if not self.datasets:
             raise ConfigError(f"datasets must name at least one workload, got {self.datasets!r}")
         check_range("num_prompts", self.num_prompts, 1)
