@@ -14,18 +14,25 @@ Glossary:
   q_sampled  draft probability of the drawn token under the TRUNCATED distribution it was
              drawn from (a trace column; lossy)
 
-`draft_features` (avkit/logit_features.py, torch only) computes every logit-based feature; `FEATURES` lists every feature that `avkit
-fit` scores, with its lossless flag and the polars expression that derives it from a trace.
+`draft_features` computes every logit-based feature; `FEATURES` lists every feature that `avkit
+fit` scores, with its lossless flag and the polars expression that derives it from a trace (built
+when asked for: the engine imports this module and never polars).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import polars as pl
+import torch
 
-from avkit.logit_features import CLAMP, draft_features
+from avkit.errors import DataError
 
+if TYPE_CHECKING:
+    import polars as pl
+
+CLAMP = 40.0  # every unbounded feature is clamped to [-CLAMP, CLAMP] (float32-safe, finite)
 
 
 @dataclass(frozen=True)
@@ -35,9 +42,14 @@ class FeatureSpec:
     name: str
     lossless: bool
     doc: str
-    expr: pl.Expr  # derives the feature from trace columns (float64)
+    recipe: Callable[[], pl.Expr]  # builds the expression that derives the feature from trace columns
     no_fit: str | None = None  # already a probability: scored by this no-fit estimator instead
     sign: float = 1.0  # multiply before fitting so that larger means more confident (slope >= 0)
+
+    @property
+    def expr(self) -> pl.Expr:
+        """The polars expression (float64) deriving this feature from trace columns."""
+        return self.recipe()
 
 
 def _clamp(x: pl.Expr) -> pl.Expr:
@@ -45,6 +57,8 @@ def _clamp(x: pl.Expr) -> pl.Expr:
 
 
 def _col(name: str) -> pl.Expr:
+    import polars as pl
+
     return pl.col(name).cast(pl.Float64)
 
 
@@ -57,24 +71,82 @@ FEATURES: dict[str, FeatureSpec] = {
     s.name: s
     for s in (
         FeatureSpec("logit_qmax", True, "log-odds of q_max from logits (the shipped feature)",
-                    _col("logit_qmax")),
+                    lambda: _col("logit_qmax")),
         FeatureSpec("log_margin", True, "log q_max - log q_2nd, the top-2 margin",
-                    _clamp(_col("q_max").log() - _col("q_2nd").log())),
-        FeatureSpec("entropy", True, "entropy H(q) in nats (fitted as -H)", _col("entropy"), sign=-1.0),
+                    lambda: _clamp(_col("q_max").log() - _col("q_2nd").log())),
+        FeatureSpec("entropy", True, "entropy H(q) in nats (fitted as -H)", lambda: _col("entropy"), sign=-1.0),
         FeatureSpec("neg_log_neg_log_qmax", True, "-log(-log q_max)",
-                    _neg_log_neg_log_from_logit(_col("logit_qmax"))),
-        FeatureSpec("q_max", True, "q_max used directly as a probability (no fit)", _col("q_max"),
+                    lambda: _neg_log_neg_log_from_logit(_col("logit_qmax"))),
+        FeatureSpec("q_max", True, "q_max used directly as a probability (no fit)", lambda: _col("q_max"),
                     no_fit="qmax"),
         FeatureSpec("logit_q_sampled", False, "log-odds of q(x_sampled): LOSSY",
-                    _clamp(_col("q_sampled").log() - (-_col("q_sampled")).log1p())),
+                    lambda: _clamp(_col("q_sampled").log() - (-_col("q_sampled")).log1p())),
         FeatureSpec("neg_log_neg_log_q_sampled", False, "-log(-log q(x_sampled)): LOSSY",
-                    _clamp(-(-_col("q_sampled").log()).log())),
+                    lambda: _clamp(-(-_col("q_sampled").log()).log())),
         FeatureSpec("head_conf", True, "a trained confidence head's prediction (optional trace column)",
-                    _col("head_conf"), no_fit="passthrough"),
+                    lambda: _col("head_conf"), no_fit="passthrough"),
     )
 }
 
 LOGIT_FEATURES = ("logit_qmax", "q_max", "q_2nd", "entropy", "log_margin", "neg_log_neg_log_qmax")
+
+
+def _as_temperature(temperature, logits: torch.Tensor) -> torch.Tensor:
+    """float or tensor of a leading shape of `logits` -> [..., 1] float32, with T = 0 read as 1."""
+    t = torch.as_tensor(temperature, dtype=torch.float32, device=logits.device)
+    lead = tuple(logits.shape[:-1])
+    if t.dim() > len(lead) or tuple(t.shape) != lead[: t.dim()]:
+        raise DataError(f"temperature shape {tuple(t.shape)} is not a leading shape of logits {lead}")
+    if t.device.type == "cpu" and not bool(((t >= 0) & torch.isfinite(t)).all()):  # no GPU sync
+        raise DataError(f"temperature must be finite and >= 0, got {t.flatten()[:4].tolist()}")
+    t = torch.where(t == 0, torch.ones_like(t), t)
+    return t.reshape(tuple(t.shape) + (1,) * (logits.dim() - t.dim()))
+
+
+@torch.no_grad()
+def draft_features(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0) -> dict[str, torch.Tensor]:
+    """Lossless features of draft distributions, from logits before top-p/top-k truncation.
+
+    Parameters
+    ----------
+    logits : Tensor [..., V]
+        Raw draft logits (any float dtype; -inf entries allowed). V >= 2.
+    temperature : float or Tensor of a leading shape of ``logits`` (e.g. [B] for [B, K, V])
+        Sampling temperature; 0 (greedy) is treated as 1.
+
+    Returns
+    -------
+    dict of name -> float32 Tensor [...]: ``logit_qmax, q_max, q_2nd, entropy, log_margin,
+    neg_log_neg_log_qmax``.
+
+    Examples
+    --------
+    >>> f = draft_features(torch.tensor([[2.0, 0.0]]), 1.0)
+    >>> round(float(f["q_max"][0]), 4), round(float(f["logit_qmax"][0]), 4)
+    (0.8808, 2.0)
+    """
+    if logits.dim() < 1 or logits.shape[-1] < 2:
+        raise DataError(f"logits must have shape [..., V] with V >= 2, got {tuple(logits.shape)}")
+    l = logits.float() / _as_temperature(temperature, logits)  # [..., V]
+    top, idx = l.topk(2, dim=-1)  # [..., 2]
+    m, m2 = top[..., 0], top[..., 1]  # [...]
+    # e_z = exp(l_z - m) with the argmax zeroed: s_o = sum e is the others' mass, computed
+    # without the cancellation of (sum_all - 1), so logit_qmax = -log(s_o) stays exact as q -> 1.
+    e = torch.exp(l - m.unsqueeze(-1))  # [..., V]
+    e.scatter_(-1, idx[..., :1], 0.0)
+    s_o = e.sum(-1)  # [...]
+    z = 1.0 + s_o  # partition function in units of exp(m)
+    neg_log_qmax = torch.log1p(s_o)  # -log q_max
+    # H = -sum q log q = log Z - sum_z e_z (l_z - m) / Z, and e log e = e (l - m) (xlogy(0, 0) = 0).
+    entropy = neg_log_qmax - torch.xlogy(e, e).sum(-1) / z
+    return {
+        "logit_qmax": (-torch.log(s_o)).clamp(-CLAMP, CLAMP),
+        "q_max": 1.0 / z,
+        "q_2nd": torch.exp(m2 - m) / z,
+        "entropy": entropy.clamp_min(0.0),
+        "log_margin": (m - m2).clamp(-CLAMP, CLAMP),  # m2 = -inf -> +CLAMP
+        "neg_log_neg_log_qmax": (-torch.log(neg_log_qmax)).clamp(-CLAMP, CLAMP),
+    }
 
 
 __all__ = ["CLAMP", "FEATURES", "LOGIT_FEATURES", "FeatureSpec", "draft_features"]

@@ -216,7 +216,7 @@ def _native_engine(config: RecordConfig, target, draft, sink):
     max_len = config.max_prompt_tokens + config.max_new_tokens + config.k + 2
     drafter = None  # the engine builds the model drafter itself
     if config.drafter == "hybrid" and draft is not None:
-        from avkit.drafters.hybrid import make_hybrid_drafter
+        from avkit.hvd.hybrid_drafter import make_hybrid_drafter
 
         drafter = make_hybrid_drafter(draft, config.concurrency, max_len, payoff_path=config.payoff or None,
                                       tokenizer=config.target, k=config.k)

@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import avkit.estimators  # noqa: F401  (registers the estimators)
 from avkit.config import DEFAULT_K, AdaptiveConfig, EstimatorConfig
 from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.base import ESTIMATORS, Estimator, make_estimator
@@ -34,7 +33,7 @@ from avkit.estimators.coefficients import ServedPair, load_coefficients
 from avkit.scheduling.budget import Allocation, plan_verification
 from avkit.scheduling.cost import CostTable, resolve_cost
 from avkit.scheduling.gate import DraftGate
-from avkit.scheduling.policy import POLICIES, DraftBatch, Load, VerifyOutcome
+from avkit.scheduling.policy import DraftBatch, Load, VerifyOutcome
 
 log = logging.getLogger("avkit.adaptive")
 
@@ -246,5 +245,3 @@ def make_adaptive(cost: str | CostTable | None = None, estimator: str | Estimato
             if config.gate and est is not None else None)
     return AdaptiveVerification(table, est, history=config.history, gate=gate, k=k)
 
-
-POLICIES["adaptive"] = make_adaptive

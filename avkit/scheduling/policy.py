@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Protocol
-from collections.abc import Callable
 
 import torch
 
 from avkit.errors import ConfigError
+from avkit.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -90,14 +90,13 @@ class FixedK:
         pass
 
 
-# name -> factory(**kwargs) -> VerifyPolicy. Other modules register themselves here.
-POLICIES: dict[str, Callable[..., VerifyPolicy]] = {
+# name -> factory(**kwargs) -> VerifyPolicy; "adaptive" is imported the first time it is looked up.
+POLICIES = Registry("verify policy", {
     "full": FullVerification,
     "fixed": FixedK,
-}
+    "adaptive": "avkit.scheduling.adaptive:make_adaptive",
+})
 
 
 def make_policy(name: str, **kwargs) -> VerifyPolicy:
-    if name not in POLICIES:
-        raise ConfigError(f"unknown verify policy {name!r}; choose from {sorted(POLICIES)}")
-    return POLICIES[name](**kwargs)
+    return POLICIES.make(name, **kwargs)

@@ -9,7 +9,7 @@ process's original stdout (vLLM's own prints are moved to stderr first). Command
   counters  vLLM's spec-decode counters (its Prometheus metrics, read through `LLM.get_metrics`)
   close     counters, then exit
 Any failure -> `{"op": "error", "message": ...}` and exit code 1. Imports nothing of avkit's beyond
-`avkit.engines.vllm` and `avkit.logit_features` (torch only).
+`avkit.engines.vllm` and `avkit.features`.
 """
 
 from __future__ import annotations

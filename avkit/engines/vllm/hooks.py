@@ -1,6 +1,6 @@
 """Runs INSIDE vLLM's process: wraps four vLLM V1 methods at run time to observe every draft slot.
 
-Imports only torch and `avkit.logit_features` (vLLM's venv has no polars/pyarrow). No vLLM file is
+Imports only torch and `avkit.features` (vLLM's venv has no polars/pyarrow). No vLLM file is
 patched on disk: `install()` replaces methods on vLLM's classes in this process only, and each wrapper
 calls the original unchanged, so what vLLM decides is what it would decide without avkit.
 
@@ -27,7 +27,7 @@ import threading
 
 import torch
 
-from avkit.logit_features import draft_features
+from avkit.features import draft_features
 
 FEATURES = ("q_max", "q_2nd", "entropy", "logit_qmax")
 PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID in rejection_sample's output
