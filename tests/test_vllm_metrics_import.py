@@ -92,7 +92,7 @@ def test_cli_profile_then_simulate(tmp_path):
     (tmp_path / "metrics.txt").write_text(prometheus_text(lengths))
     env = {**os.environ}
     run = lambda *a: subprocess.run([sys.executable, "-m", "avkit", *a], capture_output=True, text=True, env=env,
-                                    cwd=tmp_path, timeout=300)
+                                    cwd=tmp_path, timeout=900)
     r = run("import", "vllm-metrics", "metrics.txt", "--out", "p.json")
     assert r.returncode == 0, r.stderr
     profile = json.loads((tmp_path / "p.json").read_text())

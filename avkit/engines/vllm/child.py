@@ -88,7 +88,20 @@ def _step(llm, rec, adds: list[dict], ids: dict[str, str]) -> dict:
             "unfinished": engine.get_num_unfinished_requests()}
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGTERM this process when avkit dies (it runs in its own session, so Ctrl-C and a killed
+    `timeout` reach only avkit; without this a SIGKILLed avkit would leave vLLM running)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent already died
+            sys.exit(1)
+
+
 def main() -> int:
+    _die_with_parent()
     reply = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # vLLM's prints go to stderr; stdout carries only protocol lines
     llm = rec = None
