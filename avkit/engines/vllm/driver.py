@@ -26,6 +26,7 @@ from avkit.engines.vllm.columns import slot_columns
 from avkit.engines.vllm.protocol import SUPPORTED, read_message, supported, write_message
 from avkit.errors import AvkitError, ConfigError, ModelError
 from avkit.models.tokenizer import Tokenizer
+from avkit.runtime.engine import EngineStats
 from avkit.runtime.request import Request, StepOutput
 
 VLLM_PYTHON_ENV = "AVKIT_VLLM_PYTHON"
@@ -46,14 +47,6 @@ class VllmModel:
     model_id: str
     sha256: str = ""
     dtype_name: str = ""
-
-
-@dataclass
-class VllmStats:
-    steps: int = 0
-    tokens: int = 0
-    startup_s: float = 0.0
-    step_s: float = 0.0
 
 
 def vllm_python(option: str) -> str:
@@ -111,7 +104,8 @@ class VllmEngine:
         self.config = config
         self.requests: dict[str, Request] = {}
         self._adds: list[dict] = []
-        self.stats = VllmStats()
+        self.stats = EngineStats()  # steps, tokens, step_s (the forwards happen inside vLLM: not split out)
+        self.startup_s = 0.0
         self.engine_step = 0
         self.sink = None
         self.counters: dict = {}
@@ -138,7 +132,7 @@ class VllmEngine:
         t0 = time.monotonic()
         ready = self._reply("ready")
         self.version, self.dtype = ready["vllm"], ready.get("dtype", "")
-        self.stats.startup_s = time.monotonic() - t0
+        self.startup_s = time.monotonic() - t0
 
     def _reply(self, op: str) -> dict:
         msg = read_message(self._proc.stdout)
@@ -217,7 +211,7 @@ def start(config: RecordConfig) -> tuple[VllmEngine, VllmModel, VllmModel]:
     target = VllmModel(target_dir, Tokenizer.from_dir(target_dir), config.target, shas[0], dtype)
     engine.eos_token_ids = set(target.tokenizer.eos_token_ids)
     draft = VllmModel(draft_dir, Tokenizer.from_dir(draft_dir), config.draft, shas[1], dtype)
-    print(f"avkit record: vLLM {engine.version} ready in {engine.stats.startup_s:.0f} s", file=sys.stderr)
+    print(f"avkit record: vLLM {engine.version} ready in {engine.startup_s:.0f} s", file=sys.stderr)
     return engine, target, draft
 
 
