@@ -177,7 +177,12 @@ class VllmEngine:
         try:
             if self._proc.poll() is None:
                 write_message(self._proc.stdin, {"op": "close"})
-                self.counters = self._reply("counters")["counters"]
+                # an interrupted step's reply may come first: its rows are dropped (they include that
+                # step, so after an interrupt the counters can exceed the trace by one step)
+                while (msg := read_message(self._proc.stdout)) is not None and msg.get("op") not in (
+                        "counters", "error"):
+                    pass
+                self.counters = msg.get("counters", {}) if msg else {}
                 self._proc.wait(timeout=120)
         except (AvkitError, OSError, subprocess.TimeoutExpired, ValueError):
             pass
