@@ -26,6 +26,7 @@ import torch
 
 from avkit.config import RecordConfig, SamplingConfig
 from avkit.engines.vllm.driver import VllmEngine
+from avkit.models.tokenizer import Tokenizer
 from avkit.record import record
 from avkit.runtime.request import Request
 from avkit.trace.reader import read_traces
@@ -107,6 +108,7 @@ def test_greedy_trace_matches_vllm_counters_and_target_only_output(pair):
     config = RecordConfig(target=str(target), draft="none", k=0, concurrency=len(gens), dtype="float32",
                           max_new_tokens=32, max_prompt_tokens=64, vllm_python=str(VLLM_PYTHON), engine="vllm")
     engine = VllmEngine(config, str(VLLM_PYTHON), target, target)
+    engine.eos_token_ids = set(Tokenizer.from_dir(target).eos_token_ids)  # the stops the recording used
     try:
         engine.wait_ready()
         for rid, ids in zip(gens["request_id"], gens["prompt_ids"]):
