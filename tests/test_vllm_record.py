@@ -24,7 +24,7 @@ import polars as pl
 import pytest
 import torch
 
-from avkit.config import RecordConfig, SamplingConfig
+from avkit.config import EngineConfig, ModelsConfig, RecordConfig, SamplingConfig
 from avkit.engines.vllm.driver import VllmEngine
 from avkit.models.tokenizer import Tokenizer
 from avkit.record import record
@@ -67,10 +67,11 @@ def pair(tmp_path_factory):
 
 def _record(pair, temperature: float, name: str):
     target, draft, root = pair
-    config = RecordConfig(target=str(target), draft=str(draft), datasets=(str(root / "prompts.jsonl"),),
-                          num_prompts=len(PROMPTS), max_new_tokens=32, max_prompt_tokens=64, k=3,
-                          temperature=temperature, top_p=0.9, concurrency=3, seed=0, dtype="float32",
-                          out=str(root / f"{name}.parquet"), engine="vllm", vllm_python=str(VLLM_PYTHON),
+    config = RecordConfig(models=ModelsConfig(target=str(target), draft=str(draft), dtype="float32"),
+                          engine=EngineConfig(k=3, max_batch=3, seed=0),
+                          sampling=SamplingConfig(temperature=temperature, top_p=0.9, max_new_tokens=32),
+                          datasets=(str(root / "prompts.jsonl"),), num_prompts=len(PROMPTS), max_prompt_tokens=64,
+                          out=str(root / f"{name}.parquet"), backend="vllm", vllm_python=str(VLLM_PYTHON),
                           threads=2)
     return record(config, progress=False)
 
@@ -105,8 +106,10 @@ def test_greedy_trace_matches_vllm_counters_and_target_only_output(pair):
     # vLLM target-only greedy on the same prompt ids
     gens = pl.read_parquet(result.generations_path)
     target = pair[0]
-    config = RecordConfig(target=str(target), draft="none", k=0, concurrency=len(gens), dtype="float32",
-                          max_new_tokens=32, max_prompt_tokens=64, vllm_python=str(VLLM_PYTHON), engine="vllm")
+    config = RecordConfig(models=ModelsConfig(target=str(target), draft="none", dtype="float32"),
+                          engine=EngineConfig(k=0, max_batch=len(gens)), max_prompt_tokens=64,
+                          sampling=SamplingConfig(temperature=0.0, max_new_tokens=32), backend="vllm",
+                          vllm_python=str(VLLM_PYTHON))
     engine = VllmEngine(config, str(VLLM_PYTHON), target, target)
     engine.eos_token_ids = set(Tokenizer.from_dir(target).eos_token_ids)  # the stops the recording used
     try:

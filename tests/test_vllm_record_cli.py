@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from avkit.config import RecordConfig, SamplingConfig
+from avkit.config import ModelsConfig, RecordConfig, SamplingConfig
 from avkit.engines.vllm.columns import slot_columns
 from avkit.engines.vllm.driver import start
 from avkit.errors import AvkitError
@@ -41,8 +41,8 @@ def test_unsupported_vllm_version_is_one_line(tmp_path):
     assert not (tmp_path / "t.parquet").exists() and not (tmp_path / "t.parquet.partial").exists()
 
 
-def _start(tmp_path, **kw):
-    config = RecordConfig(engine="vllm", out=str(tmp_path / "t.parquet"), **kw)
+def _start(tmp_path, target="qwen2.5-coder-1.5b", **kw):
+    config = RecordConfig(models=ModelsConfig(target=target), backend="vllm", out=str(tmp_path / "t.parquet"), **kw)
     with pytest.raises(AvkitError) as e:
         start(config)
     return str(e.value)

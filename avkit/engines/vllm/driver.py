@@ -121,11 +121,11 @@ class VllmEngine:
         self._proc = subprocess.Popen([python, "-m", "avkit.engines.vllm.child"], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, stderr=self._log, env=env, text=True,
                                       start_new_session=True)
-        dtype = {"auto": "auto", "float32": "float32", "bfloat16": "bfloat16"}[config.dtype]
-        max_len = config.max_prompt_tokens + config.max_new_tokens + config.k + 2
+        dtype = {"auto": "auto", "float32": "float32", "bfloat16": "bfloat16"}[config.models.dtype]
+        max_len = config.engine_for_run.max_len
         write_message(self._proc.stdin, {
-            "op": "start", "target": str(target), "draft": str(draft), "k": config.k, "dtype": dtype,
-            "max_model_len": max_len, "max_num_seqs": config.concurrency, "seed": config.seed,
+            "op": "start", "target": str(target), "draft": str(draft), "k": config.engine.k, "dtype": dtype,
+            "max_model_len": max_len, "max_num_seqs": config.engine.max_batch, "seed": config.engine.seed,
             "draft_sample_method": config.vllm_draft_sampling})
 
     def wait_ready(self) -> None:
@@ -200,11 +200,11 @@ def start(config: RecordConfig) -> tuple[VllmEngine, VllmModel, VllmModel]:
     """Check the venv and models, start vLLM, hash the weights while it starts; -> (engine, target, draft)."""
     python = vllm_python(config.vllm_python)
     check_vllm_version(python)
-    if config.k < 1 or config.draft in ("", "none"):
+    if config.engine.k < 1 or config.models.draft in ("", "none"):
         raise ConfigError("--engine vllm records draft slots: give a --draft and -k >= 1")
-    if config.drafter != "model":
-        raise ConfigError(f"--drafter {config.drafter}: --engine vllm runs vLLM's draft_model proposer only")
-    target_dir, draft_dir = hf_dir(config.target, "--target"), hf_dir(config.draft, "--draft")
+    if config.models.drafter != "model":
+        raise ConfigError(f"--drafter {config.models.drafter}: --engine vllm runs vLLM's draft_model proposer only")
+    target_dir, draft_dir = hf_dir(config.models.target, "--target"), hf_dir(config.models.draft, "--draft")
     engine = VllmEngine(config, python, target_dir, draft_dir)
     try:
         shas = [_sha256_dir(target_dir), _sha256_dir(draft_dir)]  # overlaps vLLM's startup
@@ -212,10 +212,10 @@ def start(config: RecordConfig) -> tuple[VllmEngine, VllmModel, VllmModel]:
     except BaseException:
         engine.close()
         raise
-    dtype = engine.dtype or config.dtype
-    target = VllmModel(target_dir, Tokenizer.from_dir(target_dir), config.target, shas[0], dtype)
+    dtype = engine.dtype or config.models.dtype
+    target = VllmModel(target_dir, Tokenizer.from_dir(target_dir), config.models.target, shas[0], dtype)
     engine.eos_token_ids = set(target.tokenizer.eos_token_ids)
-    draft = VllmModel(draft_dir, Tokenizer.from_dir(draft_dir), config.draft, shas[1], dtype)
+    draft = VllmModel(draft_dir, Tokenizer.from_dir(draft_dir), config.models.draft, shas[1], dtype)
     print(f"avkit record: vLLM {engine.version} ready in {engine.startup_s:.0f} s", file=sys.stderr)
     return engine, target, draft
 
