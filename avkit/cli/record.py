@@ -36,6 +36,10 @@ def render(result, console: Console) -> None:
         table.add_row(name, str(s["rows"]), str(s["labelled"]), f"{s['per_slot_acceptance']:.3f}",
                       f"{s['tokens_per_step']:.2f}", " ".join(f"{a:.2f}" for a in s["acceptance_by_position"]))
     console.print(table)
+    if result.engine_counters:
+        c = result.engine_counters
+        console.print(f"vLLM's counters this run: {c.get('spec_decode_num_draft_tokens', 0)} draft tokens verified, "
+                      f"accepted per position {c.get('spec_decode_num_accepted_tokens_per_pos', [])}")
     console.print(f"generations: {result.generations_path}  ({result.requests} requests finished this run"
                   + (f", {result.skipped_long} prompts skipped as too long" if result.skipped_long else "") + ")")
 
@@ -75,6 +79,14 @@ def register(app: typer.Typer) -> None:
             _d("models.drafter"),
         payoff: Annotated[str, typer.Option(help="hybrid: payoff_mlp.pt from `avkit hvd` (default: "
                                                  "ArcticInference's rule)")] = _d("models.payoff"),
+        engine: Annotated[str, typer.Option(help="native (avkit's runtime) | vllm (vLLM's offline engine in its "
+                                                 "own venv, docs/vllm.md)")] = _d("backend"),
+        vllm_python: Annotated[str, typer.Option(help="--engine vllm: that venv's python (default "
+                                                      "$AVKIT_VLLM_PYTHON, else .venv-vllm/bin/python)")] =
+            _d("vllm_python"),
+        vllm_draft_sampling: Annotated[str, typer.Option(help="--engine vllm, T > 0: probabilistic (draw drafts "
+                                                              "from q) | greedy (argmax drafts)")] =
+            _d("vllm_draft_sampling"),
         progress: Annotated[bool, typer.Option(help="show the progress bar")] = True,
     ):
         """Record acceptance traces: one row per draft slot, streamed to Parquet in row groups."""
@@ -89,7 +101,8 @@ def register(app: typer.Typer) -> None:
                 sampling=SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens),
                 datasets=tuple(dataset) if dataset else _d("datasets"), num_prompts=num_prompts,
                 max_prompt_tokens=max_prompt_tokens, out=out, resume=resume, overwrite=overwrite,
-                slots_per_dataset=slots_per_dataset, flush_interval_s=flush_interval, threads=threads)
+                slots_per_dataset=slots_per_dataset, flush_interval_s=flush_interval, threads=threads,
+                backend=engine, vllm_python=vllm_python, vllm_draft_sampling=vllm_draft_sampling)
         check_datasets(config.datasets)
         preflight(config)  # --out and --resume checks, before the banner and the models
         console = Console(stderr=True)

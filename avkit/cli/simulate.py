@@ -58,6 +58,8 @@ def register(app: typer.Typer) -> None:
             _d("waves"),
         out: Annotated[str, typer.Option(help="results Parquet (one row per concurrency x policy)")] = _d("out"),
         step_time: Annotated[bool, typer.Option(help="compare predicted with recorded step times")] = False,
+        profile: Annotated[str, typer.Option(help="replay an aggregate acceptance profile (`avkit import "
+                                                  "vllm-metrics`) instead of traces: nospec and fixed K only")] = "",
     ):
         """Replay traces: no-spec, every fixed K, adaptive per estimator and the oracle, per concurrency."""
         from avkit.scheduling.cost import resolve_cost
@@ -70,17 +72,28 @@ def register(app: typer.Typer) -> None:
 
         config = SimulateConfig(concurrency=parse_ints("concurrency", concurrency), cost=cost, out=out, waves=waves)
         table = resolve_cost(config.cost)
-        paths = [str(p) for p in check_shards(traces).paths] if traces else shipped_traces()
+        if profile and traces:
+            raise ConfigError("--profile replaces TRACE: an aggregate is never mixed with per-draft rows")
+        paths = [profile] if profile else [str(p) for p in check_shards(traces).paths] if traces else shipped_traces()
         console = Console(stderr=True)
         with StagedOutputs() as outputs:
             outputs.file(config.out, "--out")  # an unwritable --out fails now, not after the replay
-            steps = load_steps(paths)
-            if note := common_k(paths)[1]:
-                console.print(f"avkit simulate: {note}", soft_wrap=True)
-            specs = ([s.strip() for p in policy for s in p.split(",") if s.strip()] if policy
-                     else default_policies(steps, config))
+            given = [s.strip() for p in policy for s in p.split(",") if s.strip()] if policy else None
+            if profile:
+                from avkit.sim.profile_steps import policies_for_profile, profile_steps, read_profile
+
+                if step_time:
+                    raise ConfigError("--step-time needs recorded step times: not with --profile")
+                steps = profile_steps(read_profile(profile))
+                specs = policies_for_profile(given, steps.k)
+                console.print(f"avkit simulate: AGGREGATE acceptance profile {profile} (no per-draft rows)")
+            else:
+                steps = load_steps(paths)
+                if note := common_k(paths)[1]:
+                    console.print(f"avkit simulate: {note}", soft_wrap=True)
+                specs = given or default_policies(steps, config)
             n_policies = len(parse_policies(specs, steps.k, coefficients))  # validates before the long part
-            console.print(f"avkit simulate: {len(paths)} trace file(s), {steps.request.size} steps of "
+            console.print(f"avkit simulate: {len(paths)} input file(s), {steps.request.size} steps of "
                           f"{steps.num_requests} requests, K={steps.k}; cost {table.meta.get('source', '')} "
                           f"{table.meta.get('device', '')} {table.meta.get('target', '')}")
             with Progress(console=console, transient=True) as bar:

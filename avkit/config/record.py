@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from avkit.config.engine import EngineConfig, ModelsConfig
 from avkit.config.sampling import SamplingConfig
 from avkit.errors import ConfigError
-from avkit.validate import check_range
+from avkit.validate import check_choice, check_range
 
 DEFAULT_RECORD_DATASETS = ("humaneval", "mtbench")
 
@@ -35,6 +35,9 @@ class RecordConfig:
     row_group_rows: int = 65536
     flush_interval_s: float = 60.0  # also flush (and make the partial file readable) this often
     threads: int = 0  # torch intra-op threads (0 = torch's default); 1 is fastest on an oversubscribed CPU
+    backend: str = "native"  # --engine: native (avkit's runtime) | vllm (vLLM's offline engine, docs/vllm.md)
+    vllm_python: str = ""  # vllm: the venv's python ("" = $AVKIT_VLLM_PYTHON, else .venv-vllm/bin/python)
+    vllm_draft_sampling: str = "probabilistic"  # vllm, T > 0: draw drafts from q (probabilistic) or take argmax
 
     def __post_init__(self):
         if not self.datasets:
@@ -43,6 +46,8 @@ class RecordConfig:
         check_range("max_prompt_tokens", self.max_prompt_tokens, 1)
         check_range("slots_per_dataset", self.slots_per_dataset, 0)
         check_range("threads", self.threads, 0)
+        check_choice("engine", self.backend, ("native", "vllm"))
+        check_choice("vllm_draft_sampling", self.vllm_draft_sampling, ("probabilistic", "greedy"))
         check_range("row_group_rows", self.row_group_rows, 1)
         check_range("flush_interval_s", self.flush_interval_s, 0.0, lo_open=True)
         if not str(self.out).endswith(".parquet"):

@@ -37,7 +37,8 @@ from avkit.trace.writer import partial_path
 RESUME_KEYS = (("avkit.k", "-k", False), ("avkit.temperature", "--temperature", True),
                ("avkit.top_p", "--top-p", True), ("avkit.drafter", "--drafter", False),
                ("avkit.target", "--target", False), ("avkit.draft", "--draft", False),
-               ("avkit.target_sha256", "--target (weights)", False), ("avkit.draft_sha256", "--draft (weights)", False))
+               ("avkit.target_sha256", "--target (weights)", False), ("avkit.draft_sha256", "--draft (weights)", False),
+               ("avkit.engine", "--engine", False))
 
 
 @dataclass(frozen=True)

@@ -49,10 +49,12 @@ class RecordResult:
     engine_tokens: int
     elapsed_s: float
     committed: bool = True  # False: the rows are in the .partial files, the finals were left as they were
+    engine_counters: dict | None = None  # --engine vllm: vLLM's own spec-decode counters for this run
 
 
 def metadata(config: RecordConfig, target, draft) -> dict[str, str]:
     """File-level metadata (schema.META_KEYS)."""
+    dtype = getattr(target, "dtype_name", "") or str(target.model.dtype).removeprefix("torch.")
     return {
         "avkit.version": avkit.__version__,
         "avkit.target": target.model_id,
@@ -66,8 +68,9 @@ def metadata(config: RecordConfig, target, draft) -> dict[str, str]:
         "avkit.seed": str(config.engine.seed),
         "avkit.datasets": json.dumps(list(config.datasets)),
         "avkit.policy": "full",
-        "avkit.dtype": str(target.model.dtype).removeprefix("torch."),
+        "avkit.dtype": dtype,
         "avkit.max_new_tokens": str(config.sampling.max_new_tokens),
+        "avkit.engine": config.backend,
     }
 
 
@@ -125,8 +128,25 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
     existing files at `config.out` is decided by `avkit.record.files` (nothing is clobbered).
     """
     files = preflight(config)  # before the models load: a refused --out or resume costs nothing
-    target, draft = _load_models(config, target, draft)
+    engine = None
+    if config.backend == "vllm":
+        from avkit.engines.vllm.driver import start
+
+        engine, target, draft = start(config)  # vLLM started in its own venv (docs/vllm.md)
+    else:
+        target, draft = _load_models(config, target, draft)
+    try:
+        return _record(config, files, target, draft, engine, progress, console, run_id)
+    finally:
+        if engine is not None:
+            engine.close()
+
+
+def _record(config, files, target, draft, engine, progress, console, run_id) -> RecordResult:
     meta = metadata(config, target, draft)
+    if engine is not None:
+        meta["avkit.engine"] = f"vllm {engine.version}"
+        meta["avkit.vllm.draft_sample_method"] = config.vllm_draft_sampling
     check_resume(files, meta)
     out, gen_path = files.trace, files.generations
     run_id = run_id or f"{out.stem}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
@@ -152,8 +172,12 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
             sink = RecordingSink(trace, run_id, stats)
             queue = PromptQueue(config, target.tokenizer, done)
             t0 = time.monotonic()
-            finished, interrupted, engine = _run(config, target, draft, sink, queue, gens, run_id, stats,
-                                                 progress, console, step_offset)
+            if engine is None:
+                engine = _native_engine(config, target, draft, sink)
+            else:
+                engine.sink = sink
+            engine.engine_step = step_offset
+            finished, interrupted = _run(config, engine, sink, queue, gens, run_id, stats, progress, console)
             if not interrupted or files.commit_on_interrupt():
                 trace.close()  # trace first (see avkit/record/files.py)
                 gens.close()
@@ -164,9 +188,10 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
             if started:
                 _keep_partials(trace, gens)
             raise
+    counters = engine.close() if config.backend == "vllm" else None
     return RecordResult(out, gen_path, run_id, finished, sink.rows, resumed_rows + sink.rows, interrupted,
                         queue.skipped_long, stats.summary(), engine.stats.steps, engine.stats.tokens,
-                        time.monotonic() - t0, committed=trace.closed)
+                        time.monotonic() - t0, committed=trace.closed, engine_counters=counters)
 
 
 def _keep_partials(trace: TraceWriter | None, gens: GenerationWriter | None) -> None:
@@ -184,8 +209,8 @@ def _finished_outputs(gens: GenerationWriter) -> dict[str, list[int]]:
     return dict(zip(t["request_id"].to_pylist(), t["output_ids"].to_pylist()))
 
 
-def _run(config, target, draft, sink, queue, gens, run_id, stats, progress, console, step_offset=0):
-    """Drive the engine until the queue is empty; return (requests finished, interrupted, engine)."""
+def _native_engine(config: RecordConfig, target, draft, sink):
+    """avkit's own engine with the recording sink (the model drafter, or the hybrid one)."""
     from avkit.runtime.engine import Engine
 
     engine_config = config.engine_for_run  # context sized for the longest admitted prompt + generation
@@ -196,8 +221,12 @@ def _run(config, target, draft, sink, queue, gens, run_id, stats, progress, cons
         drafter = make_hybrid_drafter(draft, engine_config.max_batch, engine_config.max_len,
                                       payoff_path=config.models.payoff or None, tokenizer=config.models.target,
                                       k=engine_config.k)
-    engine = Engine(target, draft, engine_config, sink=sink, drafter=drafter)
-    engine.engine_step = step_offset
+    return Engine(target, draft, engine_config, sink=sink, drafter=drafter)
+
+
+def _run(config, engine, sink, queue, gens, run_id, stats, progress, console):
+    """Drive the engine (native or vLLM: `add_request`, `step`) until the queue is empty;
+    -> (requests finished, interrupted)."""
     active: dict[str, Turn] = {}
     outputs: dict[str, list[int]] = {}
     finished, last_flush = 0, time.monotonic()
@@ -232,5 +261,5 @@ def _run(config, target, draft, sink, queue, gens, run_id, stats, progress, cons
                     gens.flush()
                     last_flush = time.monotonic()
         except KeyboardInterrupt:  # the caller flushes or commits both files
-            return finished, True, engine
-    return finished, False, engine
+            return finished, True
+    return finished, False

@@ -102,6 +102,8 @@ META_KEYS = {
     "avkit.datasets": "JSON list of datasets in the file",
     "avkit.policy": "verify policy used while recording",
     "avkit.synthetic": "JSON of the true coefficients, for synthetic traces only",
+    "avkit.engine": "who drafted and verified: `native` (avkit's runtime) or `vllm X.Y.Z` (docs/vllm.md)",
+    "avkit.vllm.draft_sample_method": "vLLM recordings: `probabilistic` or `greedy` drafting at T > 0",
 }
 
 

@@ -1,0 +1,46 @@
+"""`avkit import vllm-metrics URL|FILE`: a running vLLM's spec-decode counters -> an acceptance profile JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+
+def register(app: typer.Typer) -> None:
+    sub = typer.Typer(help="Bring other engines' measurements into avkit's formats.", no_args_is_help=True)
+    app.add_typer(sub, name="import")
+
+    @sub.command("vllm-metrics")
+    def vllm_metrics(
+        source: Annotated[str, typer.Argument(metavar="URL|FILE", help="vLLM's /metrics URL or a saved copy")],
+        out: Annotated[str, typer.Option(help="acceptance profile JSON (for `avkit simulate --profile`)")] =
+            "reports/vllm_acceptance.json",
+        model_name: Annotated[str, typer.Option(help="the model_name label to read when vLLM serves several")] = "",
+    ):
+        """Per-position acceptance (conditional and survival, 95% intervals) from vLLM's Prometheus counters.
+
+        An AGGREGATE: no per-draft rows or features; `simulate --profile` replays it for no-spec and fixed K."""
+        from avkit.engines.vllm.metrics import acceptance_profile, parse_counters, read_source
+        from avkit.jsonsafe import json_safe
+        from avkit.staged import StagedOutputs
+
+        with StagedOutputs() as outputs:
+            tmp = outputs.file(out, "--out")
+            profile = acceptance_profile(parse_counters(read_source(source), source, model_name), source)
+            tmp.write_text(json.dumps(json_safe(profile), indent=1) + "\n")
+        console = Console(stderr=True)
+        table = Table(title=f"{source}: {profile['num_drafts']} drafts, K={profile['k']} (aggregate)")
+        for col in ("position", "reached", "accepted", "P(accept | reached) [95%]", "P(L > j)"):
+            table.add_column(col, justify="right")
+        for p in profile["positions"]:
+            table.add_row(str(p["position"]), str(p["reached"]), str(p["accepted"]),
+                          f"{p['conditional']:.3f} [{p['conditional_lo']:.3f}, {p['conditional_hi']:.3f}]",
+                          f"{p['survival']:.3f}")
+        console.print(table)
+        note = "" if profile["full_drafts"] else " (some drafts had fewer than K tokens: `reached` is approximate)"
+        console.print(f"per-slot acceptance {profile['per_slot_acceptance']:.3f}, mean accepted length "
+                      f"{profile['mean_accepted_length']:.2f}{note}; profile: {out}")

@@ -1,0 +1,1 @@
+"""Other engines avkit records from (each in its own process and venv): `vllm/`."""

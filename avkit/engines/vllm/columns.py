@@ -1,0 +1,61 @@
+"""vLLM records (one per verified request-step, from hooks.py) -> trace columns (avkit/trace/schema.py).
+
+A record holds K drafted slots: `draft_token` [K], `features` [K][F + 1] (hooks.FEATURES, then q_sampled),
+`target_prob` [num_verified], and the step's `num_drafted`, `num_verified`, `num_accepted`, `batch_size`,
+`step`. Labels as everywhere (docs/estimator.md): slot j is accepted iff j < num_accepted, rejected iff
+j == num_accepted < num_verified, censored (null) otherwise; unverified slots have no p(x).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from avkit.engines.vllm.hooks import FEATURES
+
+
+def slot_columns(records: list[dict], requests: dict, step_time_ms: float, engine_step: int) -> dict[str, np.ndarray]:
+    """Columns for one engine step's records, in (record, position) order; `requests`: id -> Request."""
+    k = np.array([r["num_drafted"] for r in records], dtype=np.int64)  # [R]
+    r_idx = np.repeat(np.arange(len(records)), k)  # [N]
+    j = np.arange(len(r_idx)) - np.repeat(np.cumsum(k) - k, k)  # [N] position within the record
+
+    def per_record(key, dtype) -> np.ndarray:  # [N]
+        return np.array([r[key] for r in records], dtype=dtype)[r_idx]
+
+    feats = np.concatenate([np.asarray(r["features"], dtype=np.float32).reshape(-1, len(FEATURES) + 1)
+                            for r in records])  # [N, F + 1]
+    n_ver, n_acc = per_record("num_verified", np.int64), per_record("num_accepted", np.int64)
+    verified = j < n_ver
+    p = np.full(len(r_idx), np.nan, dtype=np.float32)  # [N]
+    p[verified] = np.concatenate([np.asarray(r["target_prob"], dtype=np.float32) for r in records])
+    q = feats[:, len(FEATURES)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        accept_prob = np.minimum(1.0, p / q).astype(np.float32)
+    observed = verified & (j <= n_acc)
+    reqs = [requests[r["request_id"]] for r in records]
+    cols = {
+        "dataset": np.array([q_.dataset for q_ in reqs], dtype=object)[r_idx],
+        "request_id": per_record("request_id", object),
+        "drafter": np.full(len(r_idx), "model", dtype=object),
+        "step": per_record("step", np.int32),
+        "position": j.astype(np.int16),
+        "draft_token": np.concatenate([np.asarray(r["draft_token"], dtype=np.int32) for r in records]),
+        **{name: feats[:, i] for i, name in enumerate(FEATURES)},
+        "q_sampled": q,
+        "target_prob": np.ma.MaskedArray(p, mask=~verified),
+        "verified": verified,
+        "accepted": np.ma.MaskedArray(j < n_acc, mask=~observed),
+        "num_drafted": per_record("num_drafted", np.int16),
+        "num_verified": n_ver.astype(np.int16),
+        "num_accepted": n_acc.astype(np.int16),
+        "batch_size": per_record("batch_size", np.int32),
+        "step_time_ms": np.full(len(r_idx), step_time_ms, dtype=np.float32),
+        "temperature": np.array([q_.sampling.temperature for q_ in reqs], dtype=np.float32)[r_idx],
+        "top_p": np.array([q_.sampling.top_p for q_ in reqs], dtype=np.float32)[r_idx],
+        "engine_step": np.full(len(r_idx), engine_step, dtype=np.int64),
+        "accept_prob": np.ma.MaskedArray(accept_prob, mask=~verified),
+    }
+    return cols
+
+
+__all__ = ["slot_columns"]

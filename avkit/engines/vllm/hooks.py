@@ -1,0 +1,204 @@
+"""Runs INSIDE vLLM's process: wraps four vLLM V1 methods at run time to observe every draft slot.
+
+Imports only torch and `avkit.features` (vLLM's venv has no polars/pyarrow). No vLLM file is
+patched on disk: `install()` replaces methods on vLLM's classes in this process only, and each wrapper
+calls the original unchanged, so what vLLM decides is what it would decide without avkit.
+
+Where each column comes from (vLLM 0.32, V1 model runner, draft_model proposer):
+  draft features   `SpecDecodeBaseProposer._greedy_sample` / `._sample_from_logits`: the draft logits of
+                   each drafting pass, divided by the request's temperature (T = 0 read as 1) before
+                   vLLM's own sampling touches them -> q_max, q_2nd, entropy, logit_qmax [B, F] per pass
+  draft tokens     `GPUModelRunner.propose_draft_token_ids`'s return value [B, K], with the batch's
+                   request ids at that moment (the proposer's rows are the input batch's rows)
+  target p(x)      `rejection_sampler.rejection_sample`'s `target_logits` (vLLM already applied temperature
+                   and top-k/top-p): p(x) = softmax(target_logits)[x]; greedy rows: 1 iff x is the argmax
+  q_sampled        q(x) of the distribution vLLM drew x from and verifies it against: probabilistic drafting
+                   returns probs = softmax(l / T) (no top-p); greedy drafting (and T = 0 rows) verify
+                   against a one-hot q, so q_sampled = 1
+  accepted         `rejection_sample`'s output [B, K+1]: valid tokens = accepted drafts + 1 (bonus or
+                   recovered), exactly what vLLM's scheduler counts into its spec-decode metrics
+Slots are matched across the two steps (drafted at step s, verified at step s+1) by request id, as
+vLLM itself matches its cached draft probabilities (`_get_spec_decode_draft_probs`).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from avkit.features import draft_features
+
+FEATURES = ("q_max", "q_2nd", "entropy", "logit_qmax")
+PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID in rejection_sample's output
+
+
+def _features(logits: torch.Tensor, temperature) -> torch.Tensor:
+    """[B, V] draft logits -> [B, F] (FEATURES order), at temperature [B] or 1 (T = 0 read as 1)."""
+    t = 1.0 if temperature is None else temperature[: logits.shape[0]].float()
+    f = draft_features(logits, t)
+    return torch.stack([f[n] for n in FEATURES], dim=-1)
+
+
+class Recorder:
+    """What the wrappers collect; `active` gates them (vLLM's warm-up and dummy runs are not recorded)."""
+
+    def __init__(self):
+        self.active = False
+        self.lock = threading.Lock()
+        self._passes: list[torch.Tensor] = []  # per drafting pass: [B, F + 1] features and q(x) of this proposal
+        self.pending: dict[str, tuple[list[int], torch.Tensor]] = {}  # req id -> (draft tokens [K], [K, F + 1])
+        self._last_verify: dict | None = None  # the rejection_sample call of this step
+        self.rows: list[dict] = []  # per request-step: the slots verified in this engine step
+        self.verify_steps: dict[str, int] = {}  # req id -> verify steps so far (the trace's `step`)
+
+    # ---- drafting ----
+    def draft_pass(self, feats: torch.Tensor, q_sampled: torch.Tensor) -> None:
+        """One drafting pass: features [B, F] and q(x) of the drawn tokens [B]."""
+        self._passes.append(torch.cat([feats, q_sampled[:, None]], dim=-1).cpu())  # [B, F + 1]
+
+
+    def begin_proposal(self) -> None:
+        self._passes = []
+
+    def end_proposal(self, req_ids: list[str], draft_token_ids) -> None:
+        if not self.active or not self._passes or not isinstance(draft_token_ids, torch.Tensor):  # ngram etc.
+            self._passes = []
+            return
+        tokens = draft_token_ids.detach().cpu().to(torch.int64)  # [B, K]
+        feats = torch.stack(self._passes, dim=1)  # [B, K, F + 1]
+        self._passes = []
+        for i, rid in enumerate(req_ids[: tokens.shape[0]]):
+            self.pending[rid] = (tokens[i].tolist(), feats[i])
+
+    # ---- verification ----
+    def verify(self, draft_token_ids, num_draft_tokens, target_logits, sampling_metadata) -> None:
+        if not self.active:
+            return
+        x = draft_token_ids.to(torch.int64)  # [N]
+        logits = target_logits.float()  # [N, V]
+        p = torch.exp(logits.gather(1, x[:, None])[:, 0] - torch.logsumexp(logits, dim=-1))  # [N]
+        hit = (logits.argmax(dim=-1) == x).float()  # [N]
+        if sampling_metadata.all_greedy:
+            greedy_tok = torch.ones_like(p, dtype=torch.bool)
+        elif sampling_metadata.all_random:
+            greedy_tok = torch.zeros_like(p, dtype=torch.bool)
+        else:
+            per_req = (sampling_metadata.temperature == 0).cpu()
+            greedy_tok = per_req.repeat_interleave(torch.tensor(list(num_draft_tokens)))
+        self._last_verify = torch.where(greedy_tok, hit, p).cpu()  # [N] p(x) as vLLM verifies it
+
+    def verified(self, req_ids: list[str], num_draft_tokens, output_token_ids: torch.Tensor, vocab_size: int,
+                 batch_size: int) -> None:
+        """After rejection sampling: one record per request that verified drafts this step."""
+        if not self.active or self._last_verify is None:
+            return
+        out = output_token_ids.cpu()  # [B, max_spec + 1]
+        valid = ((out != PLACEHOLDER) & (out < vocab_size)).sum(dim=1)  # [B] accepted + 1
+        p = self._last_verify
+        self._last_verify = None
+        start = 0
+        for i, (rid, n) in enumerate(zip(req_ids, num_draft_tokens)):
+            if n == 0:
+                continue
+            if rid not in self.pending:
+                raise RuntimeError(f"avkit hook: request {rid} verified {n} drafts that were never proposed "
+                                   "through the draft_model proposer (unsupported vLLM path)")
+            tokens, feats = self.pending.pop(rid)
+            step = self.verify_steps.get(rid, 0)
+            self.verify_steps[rid] = step + 1
+            self.rows.append({
+                "request_id": rid, "step": step, "num_drafted": len(tokens), "num_verified": int(n),
+                "num_accepted": int(valid[i]) - 1, "batch_size": batch_size, "draft_token": tokens,
+                "features": feats.tolist(),  # [K][F + 1]: FEATURES, then q_sampled
+                "target_prob": p[start:start + n].tolist(),
+            })
+            start += n
+
+    def take_rows(self) -> list[dict]:
+        rows, self.rows = self.rows, []
+        return rows
+
+    def forget(self, req_id: str) -> None:
+        self.pending.pop(req_id, None)
+        self.verify_steps.pop(req_id, None)
+
+
+RECORDER = Recorder()
+
+
+def install() -> Recorder:
+    """Wrap vLLM's methods (idempotent); -> the process-wide recorder."""
+    from vllm.v1.sample import rejection_sampler as rs
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if getattr(GPUModelRunner, "_avkit_hooked", False):
+        return RECORDER
+    rec = RECORDER
+
+    orig_greedy = SpecDecodeBaseProposer._greedy_sample
+
+    def _greedy_sample(self, hidden_states):
+        if not rec.active:
+            return orig_greedy(self, hidden_states)
+        if self.use_local_argmax_reduction or self.use_heterogeneous_vocab:
+            raise RuntimeError("avkit hook: drafters with local argmax reduction or another vocabulary "
+                               "are not supported (the draft logits are never materialised)")
+        logits = self.model.compute_logits(hidden_states)  # [B, V]: the same call vLLM makes
+        rec.draft_pass(_features(logits, None), torch.ones(logits.shape[0]))  # verified against a one-hot q
+        return logits.argmax(dim=-1)
+
+    orig_from_logits = SpecDecodeBaseProposer._sample_from_logits
+
+    def _sample_from_logits(self, logits, sampling_metadata):
+        if not rec.active:
+            return orig_from_logits(self, logits, sampling_metadata)
+        t = None if sampling_metadata.all_greedy else sampling_metadata.temperature
+        feats = _features(logits, t)  # before vLLM divides the logits in place
+        tokens, probs = orig_from_logits(self, logits, sampling_metadata)
+        q = torch.ones(tokens.shape[0])  # greedy drafting: vLLM verifies against a one-hot q
+        if probs is not None and not sampling_metadata.all_greedy:
+            q = probs.float().gather(1, tokens.to(torch.int64)[:, None])[:, 0].cpu()
+            if t is not None:
+                q = torch.where(t[: q.shape[0]].cpu() == 0, torch.ones_like(q), q)
+        rec.draft_pass(feats, q)
+        return tokens, probs
+
+    orig_propose = GPUModelRunner.propose_draft_token_ids
+
+    def propose_draft_token_ids(self, *args, **kwargs):
+        rec.begin_proposal()
+        out = orig_propose(self, *args, **kwargs)
+        rec.end_proposal(list(self.input_batch.req_ids), out)
+        return out
+
+    orig_rejection_sample = rs.rejection_sample
+
+    def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                         target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs):
+        rec.verify(draft_token_ids, num_draft_tokens, target_logits, sampling_metadata)
+        return orig_rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
+                                     draft_probs, target_logits, bonus_token_ids, sampling_metadata, *args,
+                                     **kwargs)
+
+    orig_sample = GPUModelRunner._sample
+
+    def _sample(self, logits, spec_decode_metadata):
+        out = orig_sample(self, logits, spec_decode_metadata)
+        if spec_decode_metadata is not None:
+            n = self.input_batch.num_reqs
+            rec.verified(list(self.input_batch.req_ids[:n]), spec_decode_metadata.num_draft_tokens,
+                         out.sampled_token_ids, self.input_batch.vocab_size, n)
+        return out
+
+    SpecDecodeBaseProposer._greedy_sample = _greedy_sample
+    SpecDecodeBaseProposer._sample_from_logits = _sample_from_logits
+    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
+    GPUModelRunner._sample = _sample
+    rs.rejection_sample = rejection_sample
+    GPUModelRunner._avkit_hooked = True
+    return rec
+
+
+__all__ = ["FEATURES", "RECORDER", "Recorder", "install"]

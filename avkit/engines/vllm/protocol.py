@@ -1,0 +1,38 @@
+"""The line protocol between avkit and its vLLM child process, and the vLLM versions avkit supports.
+
+Standard library only: both sides import it (avkit's Python and vLLM's venv).
+"""
+
+from __future__ import annotations
+
+import json
+
+SUPPORTED = ">=0.32.0,<0.33"  # the V1 methods hooks.py wraps are those of vLLM 0.32.x
+_LO, _HI = (0, 32), (0, 33)
+
+
+def supported(version: str) -> bool:
+    """Is this vLLM version in SUPPORTED? (`0.32.0`, `0.32.1+cpu`, `0.32.0rc1` are; `0.31.2` is not)."""
+    parts = []
+    for piece in version.split("+")[0].split(".")[:2]:
+        digits = "".join(ch for ch in piece if ch.isdigit()) if piece[:1].isdigit() else ""
+        if not digits:
+            return False
+        parts.append(int(digits))
+    return len(parts) == 2 and _LO <= tuple(parts) < _HI
+
+
+def write_message(fh, obj: dict) -> None:
+    fh.write(json.dumps(obj, separators=(",", ":")) + "\n")
+    fh.flush()
+
+
+def read_message(fh) -> dict | None:
+    """The next message, or None at end of stream."""
+    line = fh.readline()
+    if not line:
+        return None
+    return json.loads(line)
+
+
+__all__ = ["SUPPORTED", "read_message", "supported", "write_message"]
