@@ -448,6 +448,7 @@ class ServeConfig:
     drafter: str = "model"  # model | hybrid (suffix cache + draft model behind the payoff router)
     payoff: str = ""  # hybrid: payoff_mlp.pt from `avkit hvd` ("" = ArcticInference's rule)
     policy: str = "adaptive"  # a name in avkit.scheduling.policy.POLICIES
+    schedule: str = ""  # policy "schedule": K by batch size, from `avkit tune` JSON or its vLLM fragment
     estimator: str = "online_logistic"  # adaptive policy's estimator (a name in ESTIMATORS)
     refit_interval: int = EstimatorConfig().refit_interval  # engine steps per online refit round
     coefficients: str = ""  # deployed coefficients.json for the warm start ("" = shipped default)
@@ -492,6 +493,11 @@ class ServeConfig:
         check_range("retry_after_s", self.retry_after_s, 0)
         check_range("max_body_bytes", self.max_body_bytes, 1)
         check_range("record_flush_s", self.record_flush_s, 0.0)
+        if (self.policy == "schedule") != bool(self.schedule):
+            from avkit.errors import ConfigError
+
+            raise ConfigError("--schedule FILE goes with --policy schedule (and only with it), got --policy "
+                              f"{self.policy!r}, --schedule {self.schedule!r}")
 
 
 # ---- report ----

@@ -43,7 +43,9 @@ def register(app: typer.Typer) -> None:
         drafter: Annotated[str, _o("drafter: model | hybrid (suffix cache + model)")] = _d("drafter"),
         payoff: Annotated[str, _o("hybrid: payoff_mlp.pt from `avkit hvd`")] = _d("payoff"),
         policy: Annotated[str, _o("verify policy: adaptive[:ESTIMATOR] | full | fixed[:K] (simulate's --policy "
-                                  "syntax)")] = _d("policy"),
+                                  "syntax) | schedule (K by batch size, --schedule)")] = _d("policy"),
+        schedule: Annotated[str, _o("--policy schedule: `avkit tune` results JSON or its --format vllm "
+                                    "fragment")] = _d("schedule"),
         estimator: Annotated[str, _o("adaptive policy's estimator (registry name)")] = _d("estimator"),
         refit_interval: Annotated[int, _o("engine steps per online refit")] = _d("refit_interval"),
         coefficients: Annotated[str, _o("deployed coefficients.json (warm start; wins over an existing "
@@ -87,7 +89,8 @@ def register(app: typer.Typer) -> None:
 
         policy, estimator, k = policy_spec(policy, estimator, k)
         config = ServeConfig(
-            target=target, draft=draft, drafter=drafter, payoff=payoff, policy=policy, estimator=estimator,
+            target=target, draft=draft, drafter=drafter, payoff=payoff, policy=policy, schedule=schedule,
+            estimator=estimator,
             refit_interval=refit_interval, coefficients=coefficients, cost=cost, draft_gate=draft_gate,
             snapshot=snapshot, snapshot_every=snapshot_every, resume=resume, record=record, host=host, port=port,
             api_key=api_key, served_model_name=served_model_name, max_concurrency=concurrency,
@@ -97,6 +100,10 @@ def register(app: typer.Typer) -> None:
             log_requests=log_requests)
         # Everything that can be wrong with the options fails here, as one line, before the models load.
         warm_start(config)
+        if config.policy == "schedule":
+            from avkit.scheduling.batch_schedule import make_scheduled
+
+            make_scheduled(config.schedule, k=config.k)
         if config.record:
             check_record_writable(config.record)
         sock = bind_socket(config.host, config.port)

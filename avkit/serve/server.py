@@ -52,6 +52,8 @@ def make_policy(config: ServeConfig, coefficients: str, pair: ServedPair | None 
 
     if config.policy == "fixed":
         return make("fixed", k=config.k)
+    if config.policy == "schedule":
+        return make("schedule", schedule=config.schedule, k=config.k)
     if config.policy == "adaptive":
         return make("adaptive", cost=config.cost or None, estimator=config.estimator,
                     coefficients=coefficients, k=config.k, pair=pair,
