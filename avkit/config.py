@@ -166,6 +166,9 @@ class SyntheticConfig:
 # ---- runtime (issue: runtime core) ----
 
 
+KERNEL_BACKENDS = ("auto", "torch", "triton")  # avkit/kernels/dispatch.py BACKENDS
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """The speculative decoding engine: K drafts per request and step, batch and context limits.
@@ -178,11 +181,15 @@ class EngineConfig:
     max_batch: int = 8  # concurrent requests (KV-cache slots)
     max_len: int = 2048  # tokens per sequence: prompt + output (+ K draft slots in flight)
     seed: int = 0
+    # hot-path kernels (avkit/kernels/dispatch.py): auto = Triton on CUDA, the torch references on CPU;
+    # triton on a CPU runs Triton's interpreter (TRITON_INTERPRET=1 set before triton is imported)
+    kernels: str = "auto"
 
     def __post_init__(self):
         check_range("k", self.k, 0, 64)
         check_range("max_batch", self.max_batch, 1)
         check_range("max_len", self.max_len, self.k + 2)
+        check_choice("kernels", self.kernels, KERNEL_BACKENDS)
 
 
 # ---- record (issue: record) ----

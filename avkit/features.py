@@ -15,17 +15,22 @@ Glossary:
              drawn from (a trace column; lossy)
 
 `draft_features` computes every logit-based feature; `FEATURES` lists every feature that `avkit
-fit` scores, with its lossless flag and the polars expression that derives it from a trace.
+fit` scores, with its lossless flag and the polars expression that derives it from a trace (built
+when asked for: the engine imports this module and never polars).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import polars as pl
 import torch
 
 from avkit.errors import DataError
+
+if TYPE_CHECKING:
+    import polars as pl
 
 CLAMP = 40.0  # every unbounded feature is clamped to [-CLAMP, CLAMP] (float32-safe, finite)
 
@@ -37,9 +42,14 @@ class FeatureSpec:
     name: str
     lossless: bool
     doc: str
-    expr: pl.Expr  # derives the feature from trace columns (float64)
+    recipe: Callable[[], pl.Expr]  # builds the expression that derives the feature from trace columns
     no_fit: str | None = None  # already a probability: scored by this no-fit estimator instead
     sign: float = 1.0  # multiply before fitting so that larger means more confident (slope >= 0)
+
+    @property
+    def expr(self) -> pl.Expr:
+        """The polars expression (float64) deriving this feature from trace columns."""
+        return self.recipe()
 
 
 def _clamp(x: pl.Expr) -> pl.Expr:
@@ -47,6 +57,8 @@ def _clamp(x: pl.Expr) -> pl.Expr:
 
 
 def _col(name: str) -> pl.Expr:
+    import polars as pl
+
     return pl.col(name).cast(pl.Float64)
 
 
@@ -59,20 +71,20 @@ FEATURES: dict[str, FeatureSpec] = {
     s.name: s
     for s in (
         FeatureSpec("logit_qmax", True, "log-odds of q_max from logits (the shipped feature)",
-                    _col("logit_qmax")),
+                    lambda: _col("logit_qmax")),
         FeatureSpec("log_margin", True, "log q_max - log q_2nd, the top-2 margin",
-                    _clamp(_col("q_max").log() - _col("q_2nd").log())),
-        FeatureSpec("entropy", True, "entropy H(q) in nats (fitted as -H)", _col("entropy"), sign=-1.0),
+                    lambda: _clamp(_col("q_max").log() - _col("q_2nd").log())),
+        FeatureSpec("entropy", True, "entropy H(q) in nats (fitted as -H)", lambda: _col("entropy"), sign=-1.0),
         FeatureSpec("neg_log_neg_log_qmax", True, "-log(-log q_max)",
-                    _neg_log_neg_log_from_logit(_col("logit_qmax"))),
-        FeatureSpec("q_max", True, "q_max used directly as a probability (no fit)", _col("q_max"),
+                    lambda: _neg_log_neg_log_from_logit(_col("logit_qmax"))),
+        FeatureSpec("q_max", True, "q_max used directly as a probability (no fit)", lambda: _col("q_max"),
                     no_fit="qmax"),
         FeatureSpec("logit_q_sampled", False, "log-odds of q(x_sampled): LOSSY",
-                    _clamp(_col("q_sampled").log() - (-_col("q_sampled")).log1p())),
+                    lambda: _clamp(_col("q_sampled").log() - (-_col("q_sampled")).log1p())),
         FeatureSpec("neg_log_neg_log_q_sampled", False, "-log(-log q(x_sampled)): LOSSY",
-                    _clamp(-(-_col("q_sampled").log()).log())),
+                    lambda: _clamp(-(-_col("q_sampled").log()).log())),
         FeatureSpec("head_conf", True, "a trained confidence head's prediction (optional trace column)",
-                    _col("head_conf"), no_fit="passthrough"),
+                    lambda: _col("head_conf"), no_fit="passthrough"),
     )
 }
 

@@ -115,7 +115,7 @@ def run_all(device: torch.device, batches, V: int, timed: bool = True):
     """Check every kernel against its reference at each batch size; time both when `timed`."""
     from avkit.kernels.dispatch import select_kernels
 
-    kernels, refs = select_kernels(device, backend="triton"), select_kernels(device, backend="ref")
+    kernels, refs = select_kernels(device, backend="triton"), select_kernels(device, backend="torch")
     g = torch.Generator(device=device).manual_seed(0)
     cases = []
     for B in batches:

@@ -22,7 +22,7 @@ import polars as pl
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
 from avkit.hvd.fit import fit_hvd_table
 from avkit.hvd.markdown import _COLS, PAPER, hvd_markdown, table_md
-from avkit.sim.hvd_replay import load_generations, replay
+from avkit.hvd.replay import load_generations, replay
 
 COSTS = {"this pair (draft step = 0.33 target forward)": 0.33,
          "EAGLE-like drafter (draft step = 0.05 target forward)": 0.05}

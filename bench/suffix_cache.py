@@ -15,7 +15,7 @@ import tracemalloc
 import numpy as np
 
 from avkit.config import SuffixCacheConfig
-from avkit.drafters.suffix_cache import SuffixCache
+from avkit.hvd.suffix_cache import SuffixCache
 
 
 def _stream(rng, base: list[int], n: int) -> list[int]:

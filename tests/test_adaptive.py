@@ -11,7 +11,8 @@ from avkit.errors import ConfigError
 from avkit.estimators.base import ESTIMATORS
 from avkit.scheduling.adaptive import AdaptiveVerification, make_adaptive, observed_labels
 from avkit.scheduling.cost import CostTable
-from avkit.scheduling.policy import DraftBatch, Load, VerifyOutcome, make_policy
+from avkit.scheduling.policy import make_policy
+from avkit.step_types import DraftBatch, Load, VerifyOutcome
 
 
 @dataclass
@@ -49,19 +50,19 @@ def _batch(logits, drafted):
 
 def test_confident_and_flat_cost_verifies_all():
     policy = AdaptiveVerification(_cost(0.0), Logistic(slope=1.0, intercept=40.0))
-    nv = policy.num_verify(_batch([[5.0] * 4] * 3, [4, 2, 0]), Load(3, 3, 3))
-    assert nv.tolist() == [4, 2, 0]
-    assert policy.last_confidences.shape == (3, 4)
+    plan = policy.num_verify(_batch([[5.0] * 4] * 3, [4, 2, 0]), Load(3, 3, 3))
+    assert plan.num_verify.tolist() == [4, 2, 0]
+    assert plan.confidences.shape == (3, 4)
 
 
 def test_steep_cost_verifies_nothing():
     policy = AdaptiveVerification(_cost(100.0), Logistic())
-    assert policy.num_verify(_batch([[2.0] * 4] * 3, [4, 4, 4]), Load(3, 3, 3)).tolist() == [0, 0, 0]
+    assert policy.num_verify(_batch([[2.0] * 4] * 3, [4, 4, 4]), Load(3, 3, 3)).num_verify.tolist() == [0, 0, 0]
 
 
 def test_doubtful_request_is_cut_first():
     policy = AdaptiveVerification(_cost(0.02), Logistic())
-    nv = policy.num_verify(_batch([[6.0] * 7, [-1.0] * 7], [7, 7]), Load(2, 2, 2))
+    nv = policy.num_verify(_batch([[6.0] * 7, [-1.0] * 7], [7, 7]), Load(2, 2, 2)).num_verify
     assert nv[0] > nv[1]
 
 
@@ -79,8 +80,8 @@ def test_observe_feeds_only_observed_slots_and_logs_refits():
     policy = AdaptiveVerification(_cost(0.0), est)
     batch = _batch([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], [3, 3])
     for _ in range(4):
-        nv = policy.num_verify(batch, Load(2, 2, 2))
-        policy.observe(VerifyOutcome(batch.features, policy.last_confidences, nv, torch.tensor([1, 3])))
+        plan = policy.num_verify(batch, Load(2, 2, 2))
+        policy.observe(VerifyOutcome(batch.features, plan.confidences, plan.num_verify, torch.tensor([1, 3])))
     f, pos, pred, lab = est.updates[0]
     np.testing.assert_array_equal(f, [1.0, 2.0, 4.0, 5.0, 6.0])
     np.testing.assert_array_equal(pos, [0, 1, 0, 1, 2])
@@ -91,8 +92,8 @@ def test_observe_feeds_only_observed_slots_and_logs_refits():
 
 def test_estimator_none_is_full_verification(monkeypatch):
     policy = make_adaptive(cost=_cost(100.0), estimator="none")
-    assert policy.num_verify(_batch([[0.0] * 3], [2]), Load(1, 1, 1)).tolist() == [2]
-    assert policy.last_confidences is None
+    plan = policy.num_verify(_batch([[0.0] * 3], [2]), Load(1, 1, 1))
+    assert plan.num_verify.tolist() == [2] and plan.confidences is None
 
 
 def test_registry_and_errors(monkeypatch, tmp_path):
@@ -192,7 +193,7 @@ def test_warm_start_from_coefficients(tmp_path):
 def test_continue_drafting_matches_the_simulator(seed):
     """The live per-pass stopping rule and the simulator's adaptive-stop make the same decisions."""
     from avkit.scheduling.roofline import parse_roofline_spec
-    from avkit.sim.policies import Adaptive
+    from avkit.sim.adaptive import Adaptive
 
     rng = np.random.default_rng(seed)
     b, k = 24, 6
@@ -212,7 +213,7 @@ def test_continue_drafting_matches_the_simulator(seed):
         if not active.any():
             break
     padded = feats.masked_fill(torch.arange(k)[None, :] >= proposed[:, None], float("nan"))  # as the drafter
-    got = policy.num_verify(DraftBatch({"logit_qmax": padded}, proposed), load)
+    got = policy.num_verify(DraftBatch({"logit_qmax": padded}, proposed), load).num_verify
     assert proposed.tolist() == want_drafted.tolist()
     assert got.tolist() == want_k.tolist()
     assert 0 < int(proposed.sum()) < b * k  # the rule stopped some requests early, not all at once
@@ -239,14 +240,14 @@ def test_decisions_are_causal_within_a_request(seed):
     b, k = 6, 7
     feats = torch.randn(b, k, generator=g) * 3  # [B, K]
     drafted = torch.full((b,), k)
-    base = policy.num_verify(_batch(feats.tolist(), drafted.tolist()), Load(b, b, b))
+    base = policy.num_verify(_batch(feats.tolist(), drafted.tolist()), Load(b, b, b)).num_verify
     assert 0 < int(base.sum()) < b * k  # the budget really trims: the test can see a dependence
     changed = 0
     for r in range(b):
         for j in range(k - 1):
             other = feats.clone()
             other[r, j + 1:] = torch.randn(k - j - 1, generator=g) * 6  # what x_j would change
-            nv = policy.num_verify(_batch(other.tolist(), drafted.tolist()), Load(b, b, b))
+            nv = policy.num_verify(_batch(other.tolist(), drafted.tolist()), Load(b, b, b)).num_verify
             assert min(int(nv[r]), j + 1) == min(int(base[r]), j + 1), (r, j)
             changed += int(nv[r] != base[r])
     assert changed > 0  # deeper slots do move with their own features
@@ -255,16 +256,17 @@ def test_decisions_are_causal_within_a_request(seed):
 def test_live_budget_sizing_would_be_lossy():
     """Counter-check: sizing b* from the live survivals (no `sizing`) lets a request's deeper features
     move whether its first slot is verified, the look-ahead that biases the output."""
-    from avkit.scheduling.budget import plan_verification
+    from avkit.scheduling.plan import plan, single_group, verify_lookup
 
     # A step-shaped verify cost (as GPUs have: tiles fill up): 2..4 target tokens cost the same.
     cost = CostTable((1, 2, 4, 5), (1.0, 2.0, 2.0, 10.0), (1, 1000), (1.0, 1.0))
 
     def first_slot_verified(c1):
         conf = torch.tensor([[0.4, c1, c1]])  # [1, 3]; c[0, 1:] would depend on the drawn x_0
-        plan = plan_verification(conf, torch.tensor([3]), num_sampling=1, num_scheduled=1, fixed_ms=1.0,
-                                 verify_ms=cost.verify_cost)
-        return int(plan.num_verify[0]) >= 1
+        one = torch.tensor([1])
+        p = plan(conf, torch.tensor([3]), single_group(1), 1, num_sampling=one, num_scheduled=one,
+                 fixed_ms=torch.tensor([1.0], dtype=torch.float64), verify_ms=verify_lookup(cost.verify_cost, 8))
+        return int(p.num_verify[0]) >= 1
 
     assert first_slot_verified(0.99) != first_slot_verified(0.01)
 

@@ -13,7 +13,6 @@ from avkit.config import EngineConfig, SamplingConfig
 from avkit.errors import ConfigError
 from avkit.models.testing import write_tiny_model
 from avkit.runtime.engine import Engine
-from avkit.runtime.pair import check_pair
 from avkit.runtime.request import FINISH_LENGTH, FINISH_STOP, Request
 from avkit.runtime.sink import MemorySink
 from avkit.scheduling.policy import FixedK
@@ -173,9 +172,6 @@ def test_bad_requests(models, tmp_path):
     with pytest.raises(ConfigError, match="already"):
         engine.add_request(Request("r", [6]))
     small_dir = write_tiny_model(tmp_path / "v", vocab=280, seed=2)
-    with pytest.raises(ConfigError, match="vocabulary"):  # from the headers, before loading weights
-        check_pair(tmp_path / "v", models["target"].model_id)
-    check_pair(models["target"].model_id, models["target"].model_id)
     with pytest.raises(ConfigError, match="vocabulary"):
         Engine(models["target"], avkit.models.load(small_dir), EngineConfig(k=2))
 

@@ -136,7 +136,7 @@ def test_update_refits_every_refit_interval_steps():
 
 # ---- every registered estimator honours the protocol ----
 
-@pytest.mark.parametrize("name", sorted(n for n in ESTIMATORS if n != "payoff_mlp"))
+@pytest.mark.parametrize("name", sorted(ESTIMATORS))
 def test_protocol(name):
     est = make_estimator(name, k=4)
     rng = np.random.default_rng(1)

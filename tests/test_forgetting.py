@@ -105,7 +105,7 @@ def test_fit_writes_a_file_it_warm_starts_from(fitted):
     assert est.name == "forgetting_logistic" and est.basis_slopes.tolist() == doc["basis_slopes"]
     np.testing.assert_array_equal(est.prec_c, doc["precision"]["c"])
     rounds = est.rounds
-    from avkit.scheduling.policy import VerifyOutcome
+    from avkit.step_types import VerifyOutcome
     import torch
 
     rng = np.random.default_rng(3)
@@ -120,7 +120,8 @@ def test_simulate_runs_it_warm_started(fitted):
     import polars as pl
 
     from avkit.scheduling.cost import CostTable
-    from avkit.sim.policies import Adaptive, Replay
+    from avkit.sim.adaptive import Adaptive
+    from avkit.sim.steps import Replay
     from avkit.sim.steps import schedule, step_table
     from avkit.trace.reader import read_traces
 

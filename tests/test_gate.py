@@ -111,7 +111,7 @@ def test_observe_keeps_the_latest_rows_and_state_roundtrips():
     gate = DraftGate(_cost(60.0), window=4)
     gate.observe(np.full((3, 2), 0.1))
     gate.observe(np.array([[0.2, 0.2], [0.3, 0.3]]))
-    np.testing.assert_allclose(gate.rows[:, 0], [0.1, 0.1, 0.2, 0.3])
+    np.testing.assert_allclose(gate.rows[:, 0].numpy(), [0.1, 0.1, 0.2, 0.3])
     state = gate.state()
     first = [gate.draft_this_step(1) for _ in range(5)]
     gate.observe(np.full((4, 2), 0.99))

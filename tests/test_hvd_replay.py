@@ -9,11 +9,11 @@ import polars as pl
 import pytest
 
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
-from avkit.drafters.suffix_cache import SuffixCache
+from avkit.hvd.suffix_cache import SuffixCache
 from avkit.hvd.model_accept import accept_lengths, matches_from_trace
 from avkit.hvd.path import Route, simulate_paths
 from avkit.hvd.synthetic import synthetic_generations
-from avkit.sim.hvd_replay import replay
+from avkit.hvd.replay import replay
 
 LOCAL = SuffixCacheConfig(max_depth=8, use_global=False)
 

@@ -9,11 +9,11 @@ import torch
 
 from avkit.config import HvdReplayConfig, PayoffConfig, SuffixCacheConfig
 from avkit.drafters.base import DraftInput
-from avkit.drafters.hybrid import HybridDrafter
-from avkit.estimators.payoff_mlp import PayoffMLP
+from avkit.hvd.hybrid_drafter import HybridDrafter
+from avkit.hvd.payoff_mlp import PayoffMLP
 from avkit.hvd.features import ALL_FEATURES
 from avkit.hvd.synthetic import synthetic_generations
-from avkit.sim.hvd_replay import replay
+from avkit.hvd.replay import replay
 
 K, V = 5, 60
 CFG = SuffixCacheConfig(max_depth=10)

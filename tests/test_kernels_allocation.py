@@ -60,16 +60,19 @@ def test_many_requests_and_device_budget(kernels):
     assert torch.equal(got.num_verify.cpu(), allocate_ref(c, nd, 100).num_verify)
 
 
-def test_agrees_with_scheduling_budget():
-    budget_mod = pytest.importorskip("avkit.scheduling.budget")
+def test_reference_is_the_plans_allocation():
+    """With b* the plan's own, the kernel reference allocates exactly as scheduling/plan.py does."""
+    from avkit.scheduling.plan import plan, single_group, verify_lookup
+
     c, nd = make_confidences(6, 7, seed=4)
-    surv = budget_mod.survival(c, nd)
-    _, order = budget_mod.rank_slots(surv, nd)
-    for b in (0, 5, 17):
-        want = budget_mod.allocate(order, b, 6, 7)
-        got = allocate_ref(c, nd, b)
-        assert torch.equal(got.survival, surv)
-        assert torch.equal(got.num_verify, want)
+    for slope in (0.0, 0.05, 0.3):  # verify everything, some, little
+        one = torch.tensor([6])
+        p = plan(c, nd, single_group(6), 1, num_sampling=one, num_scheduled=one,
+                 fixed_ms=torch.tensor([1.0], dtype=torch.float64),
+                 verify_ms=verify_lookup(lambda t, s=slope: 1.0 + s * t, 6 + 6 * 7 + 1))
+        got = allocate_ref(c, nd, p.budget)
+        assert torch.equal(got.survival, p.survival)
+        assert torch.equal(got.num_verify, p.num_verify)
 
 
 def test_prefixes_and_bad_input():

@@ -19,9 +19,10 @@ if DEVICE == "cpu":
 def test_reference_backend_on_cpu(monkeypatch):
     monkeypatch.delenv("AVKIT_KERNELS", raising=False)
     k = select_kernels("cpu")
-    assert k.backend == "ref"
+    assert k.backend == "torch"
     assert k.confidence.__name__ == "confidence_ref"
-    assert select_kernels("cpu", backend="ref").rejection_sample.__name__ == "rejection_sample_ref"
+    assert select_kernels("cpu", backend="torch").rejection_sample.__name__ == "rejection_sample_ref"
+    assert select_kernels("cpu", backend="ref").backend == "torch"  # the old name, read as torch
 
 
 def test_backend_override_and_errors(monkeypatch):

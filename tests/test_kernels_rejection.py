@@ -1,4 +1,4 @@
-"""Rejection-sampling kernel: bit-exact against `avkit.verify.rejection_sample_ref`, and lossless.
+"""Rejection-sampling kernel: bit-exact against `avkit.kernels.rejection_ref.rejection_sample_ref`, and lossless.
 
 Integer outputs (tokens, accepted lengths, accepted/observed masks) must be identical, and so must
 target_prob (a gather: no arithmetic). The chi-square tests run the Triton kernel itself.
@@ -9,7 +9,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from avkit.verify import rejection_sample_ref
+from avkit.kernels.rejection_ref import rejection_sample_ref
 
 # On CPU the kernels run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1).
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

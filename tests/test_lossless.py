@@ -17,8 +17,9 @@ from avkit.models.testing import write_tiny_model
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.runtime.sampling import sample_tokens
-from avkit.scheduling.policy import DraftBatch, Load
-from avkit.verify import rejection_sample_ref
+from avkit.scheduling.policy import VerifyPolicy
+from avkit.step_types import DraftBatch, Load, StepPlan
+from avkit.kernels.rejection_ref import rejection_sample_ref
 
 torch.set_num_threads(1)
 
@@ -147,17 +148,14 @@ def test_looking_ahead_is_lossy():
 
 # ---- through the whole engine ----------------------------------------------------------------
 
-class _QmaxPolicy:
+class _QmaxPolicy(VerifyPolicy):
     """Verify the leading drafts whose q_max >= 0.4 (lossless: a feature of q's shape)."""
 
     name = "qmax-test"
 
-    def num_verify(self, batch: DraftBatch, load: Load) -> torch.Tensor:
+    def num_verify(self, batch: DraftBatch, load: Load) -> StepPlan:
         confident = torch.nan_to_num(batch.features["q_max"], nan=0.0) >= 0.4
-        return confident.long().cumprod(-1).sum(-1).clamp(max=batch.num_drafted)
-
-    def observe(self, outcome) -> None:
-        pass
+        return StepPlan(confident.long().cumprod(-1).sum(-1).clamp(max=batch.num_drafted))
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -9,7 +9,7 @@ import torch
 
 from avkit.config import PayoffConfig
 from avkit.errors import DataError
-from avkit.estimators.payoff_mlp import PayoffMLP
+from avkit.hvd.payoff_mlp import PayoffMLP
 
 NAMES = ("a", "b", "draft_len")
 

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
-from avkit.drafters.router import (
+from avkit.hvd.router import (
     MATCH_BUCKETS,
     ROUTERS,
     AcceptanceTable,
@@ -22,7 +22,7 @@ from avkit.hvd.features import FEATURE_GROUPS
 from avkit.hvd.fit import split_by_request
 from avkit.hvd.path import full_route, throughput
 from avkit.hvd.synthetic import synthetic_generations
-from avkit.sim.hvd_replay import evaluate, replay
+from avkit.hvd.replay import evaluate, replay
 
 K = 5
 FEATS = tuple(n for g in ("base", "history", "copy") for n in FEATURE_GROUPS[g])

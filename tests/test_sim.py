@@ -9,10 +9,8 @@ import torch
 
 from avkit.config import SimulateConfig, SyntheticConfig
 from avkit.errors import ConfigError, TraceError
-from avkit.scheduling.budget import plan_verification
 from avkit.scheduling.cost import CostTable
 from avkit.scheduling.roofline import parse_roofline_spec
-from avkit.sim.allocate import grouped_budget
 from avkit.sim.replay import default_policies, simulate, step_time_check, write_results
 from avkit.sim.steps import schedule, step_table
 from avkit.trace.synthetic import synthetic_trace
@@ -88,32 +86,6 @@ def test_schedule_keeps_every_lane_busy(steps):
     assert np.mean(contiguous[same]) > 0.95  # the rest: a cycled copy of the same request restarting
 
 
-@pytest.mark.parametrize("sized", [False, True])
-@pytest.mark.parametrize("seed", range(5))
-def test_grouped_budget_equals_per_step_plan(seed, sized):
-    """The vectorized replay budget equals the live `plan_verification` group by group, with and without
-    separate sizing inputs (the live policy's lossless sizing)."""
-    rng = np.random.default_rng(seed)
-    sizes = rng.integers(1, 6, 8)
-    group = np.repeat(np.arange(8), sizes)
-    conf = rng.uniform(0.2, 1.0, (group.size, 5))
-    drafted = rng.integers(0, 6, group.size)
-    size_conf = rng.uniform(0.2, 1.0, (group.size, 5))
-    nominal = np.where(drafted > 0, 5, 0)
-    cost = CostTable((1, 4, 64), (1.0, 1.0, 9.0), (1, 8), (0.3, 0.5))
-    n = sizes.astype(np.int64)
-    fixed = cost.fixed_cost(n, 5)
-    got = grouped_budget(group, conf, drafted, num_sampling=n, num_scheduled=n, fixed_ms=fixed,
-                         verify_ms=cost.verify_cost, sizing=(size_conf, nominal) if sized else None)
-    for g in range(8):
-        m = group == g
-        sizing = (torch.tensor(size_conf[m]), torch.tensor(nominal[m])) if sized else None
-        plan = plan_verification(torch.tensor(conf[m]), torch.tensor(drafted[m]), num_sampling=int(n[g]),
-                                 num_scheduled=int(n[g]), fixed_ms=float(fixed[g]), verify_ms=cost.verify_cost,
-                                 sizing=sizing)
-        assert plan.num_verify.tolist() == got[m].tolist()
-
-
 @pytest.mark.parametrize("draft_ms, gated", [(0.4, False), (0.55, True)])
 def test_simulated_adaptive_decides_as_the_live_policy(steps, tmp_path, draft_ms, gated):
     """With the same (frozen) coefficients, the simulator's online adaptive policy makes the live
@@ -122,8 +94,9 @@ def test_simulated_adaptive_decides_as_the_live_policy(steps, tmp_path, draft_ms
     gate's threshold, so the running survival mean, not only the probes, switches speculation."""
     from avkit.config import AdaptiveConfig
     from avkit.scheduling.adaptive import make_adaptive
-    from avkit.scheduling.policy import DraftBatch, Load
-    from avkit.sim.policies import Adaptive, Replay
+    from avkit.step_types import DraftBatch, Load
+    from avkit.sim.adaptive import Adaptive
+    from avkit.sim.steps import Replay
 
     coef = tmp_path / "coefficients.json"
     coef.write_text(json.dumps({"feature": "logit_qmax", "num_positions": 7, "slope": 0.8,
@@ -149,7 +122,7 @@ def test_simulated_adaptive_decides_as_the_live_policy(steps, tmp_path, draft_ms
             continue
         batch = DraftBatch({"logit_qmax": torch.tensor(feats[a:b], dtype=torch.float32)},
                            torch.tensor(drafted[a:b]))
-        want = live.num_verify(batch, Load(n, n, n))
+        want = live.num_verify(batch, Load(n, n, n)).num_verify
         assert want.tolist() == got[a:b].tolist(), g
         trimmed += int((want < batch.num_drafted).sum())
     if gated:  # skipped steps, and drafted steps beyond the probes (every 5th step)
@@ -243,7 +216,7 @@ def test_recorded_confidences_are_a_source(frame):
 
 def test_stale_tokens_and_catch_up_follow_each_request():
     """Brute force over each request copy's rows in time order: tokens decoded since its last drafted step."""
-    from avkit.sim.policies import stale_tokens
+    from avkit.sim.adaptive import stale_tokens
 
     rng = np.random.default_rng(0)
     copy = rng.integers(0, 5, 200)
@@ -264,7 +237,8 @@ def test_gated_simulation_pays_the_catch_up(steps):
     """With the gate switching, the gated policy's drafting time holds the catch-up passes; without
     switches (a cheap drafter: always on) there is nothing to catch up."""
     from avkit.config import AdaptiveConfig
-    from avkit.sim.policies import Adaptive, Replay, catch_up_ms
+    from avkit.sim.adaptive import Adaptive, catch_up_ms
+    from avkit.sim.steps import Replay
 
     cost = CostTable((1, 8, 9, 16, 17, 64, 65, 512), (1.0, 1.0, 1.6, 1.6, 2.2, 2.2, 4.0, 20.0), (1, 16), (0.2, 0.55))
     replay = Replay.build(steps, schedule(steps, 16, waves=1), cost)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from avkit.config import SuffixCacheConfig
-from avkit.drafters.suffix_cache import SuffixCache, SuffixTrie
+from avkit.hvd.suffix_cache import SuffixCache, SuffixTrie
 from avkit.errors import ConfigError
 
 

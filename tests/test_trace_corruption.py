@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from avkit.config import SyntheticConfig
 from avkit.errors import AvkitError
-from avkit.sim.hvd_replay import load_generations
+from avkit.hvd.replay import load_generations
 from avkit.sim.replay import load_steps
 from avkit.trace import schema as S
 from avkit.trace.reader import MAX_INFERRED_K, common_k, read_generations, read_traces

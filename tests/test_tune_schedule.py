@@ -21,6 +21,7 @@ from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.scheduling.batch_schedule import BatchSchedule, ScheduledK
 from avkit.scheduling.policy import make_policy
+from avkit.step_types import DraftBatch, Load
 from avkit.tune.formats import vllm_fragment
 from avkit.tune.schedule import ranges
 
@@ -66,9 +67,9 @@ class _Recording(ScheduledK):
         return on
 
     def num_verify(self, batch, load):
-        out = super().num_verify(batch, load)
-        self.seen.append((load.num_requests, batch.num_drafted.tolist(), out.tolist()))
-        return out
+        plan = super().num_verify(batch, load)
+        self.seen.append((load.num_requests, batch.num_drafted.tolist(), plan.num_verify.tolist()))
+        return plan
 
 
 def test_engine_applies_the_schedule_at_each_batch_size_and_stays_lossless(pair):
@@ -105,9 +106,8 @@ def test_registry_and_k_check():
     with pytest.raises(ConfigError, match="K=4 at batch size 1 is more than the engine drafts"):
         make_policy("schedule", schedule=BatchSchedule(((1, 2, 4),)), k=3)
     drafted = torch.tensor([3, 1, 0])
-    from avkit.scheduling.policy import DraftBatch, Load
     got = policy.num_verify(DraftBatch({}, drafted), Load(3, 3, 3))
-    assert got.tolist() == [2, 1, 0]
+    assert got.num_verify.tolist() == [2, 1, 0] and got.confidences is None
 
 
 @pytest.mark.parametrize("content, message", [

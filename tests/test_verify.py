@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from avkit.kernels.rng import STREAM_ACCEPT, uniform
-from avkit.verify import exponential_race, rejection_sample, rejection_sample_ref
+from avkit.kernels.rejection_ref import exponential_race, rejection_sample, rejection_sample_ref
 
 torch.set_num_threads(1)
 

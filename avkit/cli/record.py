@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
         target: Annotated[str, typer.Option(help="target model: alias, HF directory or GGUF file")] = _d("target"),
         draft: Annotated[str, typer.Option(help="draft model ('none' = target-only decoding)")] = _d("draft"),
         dataset: Annotated[list[str] | None, typer.Option(
-            "--dataset", help="humaneval | mtbench | sharegpt | bfcl | FILE.jsonl (repeatable)")] = None,
+            "--dataset", help="a workload (docs/workloads.md: humaneval, mtbench, sharegpt, bfcl, humaneval_edit, bfcl_multiturn, mtbench_revise, sharegpt_multiround) or FILE.jsonl (repeatable)")] = None,
         num_prompts: Annotated[int, typer.Option(help="prompts per dataset")] = _d("num_prompts"),
         max_new_tokens: Annotated[int, typer.Option(help="tokens generated per request at most")] =
             _d("max_new_tokens"),

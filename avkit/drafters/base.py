@@ -33,12 +33,15 @@ class DraftInput:
     request_keys: torch.Tensor  # [B] int64 rng key per request
     positions: torch.Tensor  # [B] int64 = len(sequences[b]): absolute position of draft slot 0
     # Optional early stop, asked after each draft pass j with the lossless features so far
-    # (DraftBatch: name -> [B, j], num_drafted [B]) -> [B] bool "draft one more". Decides slot j from
-    # q_0..q_{j-1} only, never from the drawn x_{j-1}'s probability, so it stays lossless.
+    # (DraftBatch: name -> [B, j], num_drafted [B]) -> [B] bool "draft one more", or None (no stop).
+    # Decides slot j from q_0..q_{j-1} only, never from the drawn x_{j-1}'s probability: lossless.
     continue_drafting: Callable | None = None
+    max_draft: int | None = None  # the most drafts any row wants (host bookkeeping; None: read num_draft)
 
     @property
     def k(self) -> int:
+        if self.max_draft is not None:
+            return self.max_draft
         return int(self.num_draft.max()) if len(self.sequences) else 0
 
 
@@ -55,7 +58,10 @@ class DraftProposal:
 
 
 class Drafter(Protocol):
-    kind: str
+    """Drafters subclass this (or define every member): the engine reads `kind` and `forward_s` directly."""
+
+    kind: str  # "model": a draft model's forwards, which the verify policy's draft gate may skip
+    forward_s: float = 0.0  # wall time inside model forwards so far (the engine's overhead stats)
 
     def propose(self, inp: DraftInput) -> DraftProposal:
         """Up to num_draft[b] draft tokens per request, all requests batched."""

@@ -17,16 +17,16 @@ import time
 
 import torch
 
-from avkit.drafters.base import DraftInput, DraftProposal
+from avkit.drafters.base import Drafter, DraftInput, DraftProposal
 from avkit.features import draft_features
 from avkit.runtime.prefill import prefill
 from avkit.runtime.sampling import probs_from_logits, sample_tokens
-from avkit.scheduling.policy import DraftBatch
+from avkit.step_types import DraftBatch
 
 _LONG_CATCH_UP = 2  # rows lacking more tokens than this are prefilled row by row first
 
 
-class DraftModelDrafter:
+class DraftModelDrafter(Drafter):
     kind = "model"
 
     def __init__(self, draft, max_batch: int, max_len: int):
@@ -87,9 +87,11 @@ class DraftModelDrafter:
             q_sampled[active, i] = q.gather(-1, x[:, None]).squeeze(-1)
             drafted[active] = i + 1
             keep = inp.num_draft[active] > i + 1  # rows that want another draft
-            if inp.continue_drafting is not None and bool(keep.any()):
+            if inp.continue_drafting is not None and i + 1 < K:
                 so_far = DraftBatch({n: f[:, : i + 1] for n, f in feats.items()}, drafted.clone())
-                keep &= inp.continue_drafting(so_far).to(dev)[active]  # the policy's lossless early stop
+                more = inp.continue_drafting(so_far)  # [B] the policy's lossless early stop, or None
+                if more is not None:
+                    keep &= more.to(dev)[active]
             active, tokens, q_lens = active[keep], x[keep, None], torch.ones_like(x[keep])
             if active.numel() == 0:
                 break

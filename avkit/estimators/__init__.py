@@ -5,19 +5,12 @@
   batch_logistic      the same model fitted to convergence on all slots
   per_position_slope  ablation: a slope per position
   qmax, passthrough   no fit: q_max / a trained head's output used as the probability
-  payoff_mlp          HVD payoff predictor (its own module, registered when present)
+
+Each entry of `ESTIMATORS` is imported the first time its name is looked up (avkit/registry.py), so
+importing this package imports none of them. The HVD payoff predictor is not an acceptance estimator:
+it lives in avkit/hvd/payoff_mlp.py.
 """
 
-import importlib
-
-from avkit.estimators import (  # noqa: F401  (registers)
-    forgetting_logistic, online_logistic, passthrough, per_position_slope)
 from avkit.estimators.base import ESTIMATORS, Estimator, make_estimator, register
-
-try:  # the HVD payoff predictor registers itself when its module exists
-    importlib.import_module("avkit.estimators.payoff_mlp")
-except ModuleNotFoundError as _e:
-    if _e.name != "avkit.estimators.payoff_mlp":
-        raise
 
 __all__ = ["ESTIMATORS", "Estimator", "make_estimator", "register"]

@@ -11,11 +11,10 @@ Glossary:
 from __future__ import annotations
 
 from typing import Any, Protocol
-from collections.abc import Callable
 
 import numpy as np
 
-from avkit.errors import ConfigError
+from avkit.registry import Registry
 
 
 class Estimator(Protocol):
@@ -43,17 +42,17 @@ class Estimator(Protocol):
         ...
 
 
-ESTIMATORS: dict[str, Callable[..., Estimator]] = {}
-
-
-def register(name: str):
-    def deco(factory):
-        ESTIMATORS[name] = factory
-        return factory
-    return deco
+# name -> factory(k=..., ...) -> Estimator; each module is imported the first time its name is looked up.
+ESTIMATORS = Registry("estimator", {
+    "online_logistic": "avkit.estimators.online_logistic:OnlineLogistic",
+    "batch_logistic": "avkit.estimators.online_logistic:BatchLogistic",
+    "forgetting_logistic": "avkit.estimators.forgetting_logistic:ForgettingLogistic",
+    "per_position_slope": "avkit.estimators.per_position_slope:PerPositionSlope",
+    "passthrough": "avkit.estimators.passthrough:Passthrough",
+    "qmax": "avkit.estimators.passthrough:QMax",
+})
+register = ESTIMATORS.register  # plug-ins: @register("name") on a factory
 
 
 def make_estimator(name: str, **kwargs) -> Estimator:
-    if name not in ESTIMATORS:
-        raise ConfigError(f"unknown estimator {name!r}; choose from {sorted(ESTIMATORS)}")
-    return ESTIMATORS[name](**kwargs)
+    return ESTIMATORS.make(name, **kwargs)

@@ -37,7 +37,6 @@ import numpy as np
 
 from avkit.config import DEFAULT_K, EstimatorConfig, ForgettingConfig
 from avkit.errors import ConfigError
-from avkit.estimators.base import register
 from avkit.estimators.online_logistic import RoundLogistic, check_positions
 from avkit.features import CLAMP
 
@@ -48,7 +47,6 @@ def basis(f: np.ndarray) -> np.ndarray:
     return np.stack([f, np.clip(h, -CLAMP, CLAMP)], axis=-1)
 
 
-@register("forgetting_logistic")
 class ForgettingLogistic(RoundLogistic):
     """Examples
     --------

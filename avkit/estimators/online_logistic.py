@@ -27,7 +27,6 @@ import numpy as np
 
 from avkit.config import DEFAULT_K, EstimatorConfig
 from avkit.errors import DataError
-from avkit.estimators.base import register
 from avkit.estimators.irls import IrlsStats, irls_stats, segment_stats, shared_slope_step
 from avkit.features import FEATURES
 
@@ -183,7 +182,6 @@ class RoundLogistic(ABC):
         self.rounds, self.rejected = int(state.get("rounds", 0)), int(state.get("rejected", 0))
 
 
-@register("online_logistic")
 class OnlineLogistic(RoundLogistic):
     """One slope shared by all positions, one intercept per position: K + 1 parameters.
 
@@ -222,7 +220,6 @@ class OnlineLogistic(RoundLogistic):
         self.slope = float(state["slope"])
 
 
-@register("batch_logistic")
 class BatchLogistic(OnlineLogistic):
     """The same model fitted in batch: `update` buffers observed slots, `refit` fits them all."""
 

@@ -12,11 +12,9 @@ import numpy as np
 
 from avkit.config import DEFAULT_K
 from avkit.errors import DataError
-from avkit.estimators.base import register
 from avkit.estimators.online_logistic import check_positions
 
 
-@register("passthrough")
 class Passthrough:
     """Examples
     --------
@@ -48,7 +46,6 @@ class Passthrough:
         pass
 
 
-@register("qmax")
 class QMax(Passthrough):
     """q_max used directly as the acceptance probability."""
 

@@ -10,12 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from avkit.config import DEFAULT_K, EstimatorConfig
-from avkit.estimators.base import register
 from avkit.estimators.irls import per_position_step
 from avkit.estimators.online_logistic import RoundLogistic
 
 
-@register("per_position_slope")
 class PerPositionSlope(RoundLogistic):
     """Examples
     --------

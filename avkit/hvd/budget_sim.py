@@ -20,23 +20,27 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import torch
 
 from avkit.config import HvdCostConfig
 from avkit.hvd.path import Route
+from avkit.scheduling.plan import Plan, plan_survival, single_group
+
+
+def budget_plan(surv: np.ndarray, n_req: int, fixed_cost: float, c_v: float) -> Plan:
+    """[N, K] survivals (0 = no slot) -> scheduling/plan.py's plan of one step, costs in target forwards:
+    cost(b) = fixed_cost + 1 + c_v * (N + b)."""
+    s = torch.from_numpy(np.ascontiguousarray(surv, dtype=np.float64))
+    n, k = s.shape
+    verify = 1.0 + c_v * torch.arange(n_req + n * k + 1, dtype=torch.float64)  # [T+1] target forward + tokens
+    one = lambda v: torch.tensor([v])
+    return plan_survival(s, (s > 0).sum(1), single_group(n), 1, num_sampling=one(n_req), num_scheduled=one(n_req),
+                         fixed_ms=one(float(fixed_cost)), verify_ms=verify)
 
 
 def budget_allocation(surv: np.ndarray, n_req: int, fixed_cost: float, c_v: float) -> np.ndarray:
     """[N, K] survivals (0 = no slot) -> [N] verified prefix lengths maximizing E(b) / cost(b)."""
-    n, k = surv.shape
-    flat = surv.ravel()
-    order = np.lexsort((np.tile(np.arange(k), n), -flat))  # by survival desc, then position: prefixes
-    order = order[flat[order] > 0]
-    b = np.arange(len(order) + 1)
-    gain = n_req + np.r_[0.0, np.cumsum(flat[order])]  # E(b)
-    best = int(np.argmax(gain / (fixed_cost + 1 + c_v * (n_req + b))))
-    take = np.zeros(n * k, dtype=bool)
-    take[order[:best]] = True
-    return take.reshape(n, k).sum(1)
+    return budget_plan(surv, n_req, fixed_cost, c_v).num_verify.numpy()
 
 
 def _joint_step(cs: np.ndarray, ms: np.ndarray, cost: HvdCostConfig, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -53,12 +57,10 @@ def _joint_step(cs: np.ndarray, ms: np.ndarray, cost: HvdCostConfig, k: int) -> 
         if model_runs and use.all():
             continue  # nobody wants the model: option (b)
         fixed = (cost.draft_step_cost * k if model_runs else 0.0) + cost.cache_cost
-        s = np.where(use[:, None], cs, ms)
-        verify = budget_allocation(s, n, fixed, cost.verify_token_cost)
-        gain = n + sum(s[i, :v].sum() for i, v in enumerate(verify))
-        ratio = gain / (fixed + 1 + cost.verify_token_cost * (n + verify.sum()))
+        p = budget_plan(np.where(use[:, None], cs, ms), n, fixed, cost.verify_token_cost)
+        ratio = float(p.expected[0] / p.cost_ms[0])
         if best is None or ratio > best[0]:
-            best = (ratio, use, verify)
+            best = (ratio, use, p.num_verify.numpy())
     return best[1], best[2]
 
 

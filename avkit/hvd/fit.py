@@ -19,12 +19,12 @@ import numpy as np
 import polars as pl
 
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
-from avkit.drafters.router import ROUTERS, MLPRouter, RouterContext, make_router
+from avkit.hvd.router import ROUTERS, MLPRouter, RouterContext, make_router
 from avkit.errors import DataError
 from avkit.jsonsafe import dumps
 from avkit.hvd.features import FEATURE_GROUPS
 from avkit.hvd.token_lookup import TokenClasses, token_classes_for
-from avkit.sim.hvd_replay import ReplayGeneration, evaluate, load_generations, replay
+from avkit.hvd.replay import ReplayGeneration, evaluate, load_generations, replay
 from avkit.staged import StagedOutputs
 
 ABLATION = (("base",), ("base", "history"), ("base", "history", "structure"),

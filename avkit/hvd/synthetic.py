@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from avkit.sim.hvd_replay import ReplayGeneration
+from avkit.hvd.replay import ReplayGeneration
 
 # dataset -> probabilities of span kinds (prompt copy, boilerplate copy, mutated copy, fresh)
 PROFILES = {"code": (0.45, 0.2, 0.15, 0.2), "chat": (0.1, 0.05, 0.05, 0.8)}

@@ -1,7 +1,7 @@
 """Survival and budgeted allocation, Triton: two small launches, no sort.
 
 1. `survival_kernel`: BLOCK_R requests per program, the product over positions taken left to
-   right in float32, exactly as `survival_ref` does (so survivals are bit-identical).
+   right in float32, exactly as `avkit.scheduling.plan.survival` does (so survivals are bit-identical).
 2. `allocation_kernel`: one program per request r computes the rank of each of its slots in the
    order (survival desc, request asc, position asc) by counting the valid slots that precede it,
    streaming all B*K survivals in blocks ([K_PAD, BLOCK_S] comparisons); slot (r, j) is verified

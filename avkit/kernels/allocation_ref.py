@@ -9,8 +9,8 @@ Glossary:
   c            confidence of a draft slot, in [0, 1]                          [B, K]
   num_drafted  drafts proposed per request; slots j >= num_drafted are invalid [B]
   budget       b, the number of slots to verify across the batch (int or 1-element tensor)
-The product is taken left to right in float32 (s_j = s_{j-1} * c_j), the order the kernel uses,
-so both paths give bit-identical survivals and therefore identical rankings.
+The product is taken left to right in float32 (s_j = s_{j-1} * c_j, scheduling/plan.py `survival`),
+the order the kernel uses, so both paths give bit-identical survivals and therefore identical rankings.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import NamedTuple
 import torch
 
 from avkit.errors import DataError
+from avkit.scheduling.plan import prefixes, rank_slots, single_group, survival
 
 
 class Allocation(NamedTuple):
@@ -49,18 +50,10 @@ def allocation_inputs(confidences, num_drafted, budget):
     return c.contiguous(), nd.contiguous(), b
 
 
-def survival_ref(c: torch.Tensor, num_drafted: torch.Tensor) -> torch.Tensor:
-    """[B, K] fp32, [B] int64 -> [B, K] fp32 cumulative products, 0 beyond num_drafted."""
-    s = c.clone()
-    for j in range(1, c.shape[1]):  # over positions (K <= ~16), vectorized over requests
-        s[:, j] = s[:, j - 1] * c[:, j]
-    valid = torch.arange(c.shape[1], device=c.device) < num_drafted[:, None]
-    return torch.where(valid, s, torch.zeros_like(s))
-
-
 @torch.no_grad()
 def allocate_ref(confidences, num_drafted, budget) -> Allocation:
-    """Survival of every slot and each request's verified prefix under a budget of slots.
+    """Survival of every slot and each request's verified prefix under a budget of slots: the
+    scheduling plan's own survival and ranking (scheduling/plan.py) with b given instead of chosen.
 
     Examples
     --------
@@ -69,14 +62,6 @@ def allocate_ref(confidences, num_drafted, budget) -> Allocation:
     [2, 1]
     """
     c, nd, b = allocation_inputs(confidences, num_drafted, budget)
-    B, K = c.shape
-    s = survival_ref(c, nd)  # [B, K]
-    valid = (torch.arange(K, device=c.device) < nd[:, None]).reshape(-1)  # [B*K]
-    # Invalid slots get -1 (below any survival) and sort last; a stable descending sort keeps
-    # the flat (request, position) order among equal survivals: the tie rule.
-    key = torch.where(valid, s.reshape(-1), torch.full_like(s.reshape(-1), -1.0))
-    order = torch.sort(key, descending=True, stable=True).indices  # [B*K]
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.numel(), device=c.device)
-    chosen = valid & (rank < b)  # [B*K]
-    return Allocation(s, chosen.reshape(B, K).sum(-1))
+    s = survival(c, nd)  # [B, K]
+    ranked = rank_slots(s, nd, single_group(c.shape[0], c.device), 1)  # ties: request, then position
+    return Allocation(s, prefixes(ranked, b, c.shape[0]))  # the top-b slots

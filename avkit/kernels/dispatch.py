@@ -4,9 +4,11 @@ A runtime calls `select_kernels(device)` when it is built and keeps the returned
 hot path then calls `kernels.confidence(...)` etc. with no per-call branching. Both backends
 share one signature per kernel, so the choice changes speed, never results (integer outputs are
 bit-identical; floats agree to the tolerances stated in tests/test_kernels_*.py).
-Override: `backend="ref" | "triton"` or the AVKIT_KERNELS environment variable. On a CPU the
-Triton backend needs the interpreter: TRITON_INTERPRET=1 in the environment before the process
-first imports triton (how tests/test_kernels_*.py run the kernels).
+Override: `backend="torch" | "triton"` (EngineConfig.kernels, `--kernels` of serve and record) or
+the AVKIT_KERNELS environment variable ("ref" is read as "torch"). On a CPU the Triton backend
+needs the interpreter: TRITON_INTERPRET=1 in the environment before the process first imports
+triton (how tests/test_kernels_*.py and tests/test_engine_kernels.py run the kernels; small grids,
+big blocks keep it fast enough for a CI test with tiny models).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import torch
 from avkit.errors import ConfigError
 from avkit.validate import check_choice
 
-BACKENDS = ("auto", "ref", "triton")
+BACKENDS = ("auto", "torch", "triton")
 ENV_VAR = "AVKIT_KERNELS"
 
 
@@ -29,9 +31,9 @@ ENV_VAR = "AVKIT_KERNELS"
 class Kernels:
     """The four hot-path operations of one backend (signatures: see each *_ref function)."""
 
-    backend: str  # "ref" or "triton"
+    backend: str  # "torch" or "triton"
     confidence: Callable  # confidence_ref signature -> Confidence
-    rejection_sample: Callable  # avkit.verify.rejection_sample_ref signature -> RejectionResult
+    rejection_sample: Callable  # rejection_sample_ref signature -> RejectionResult
     irls_stats: Callable  # irls_stats_ref signature -> IrlsStats
     allocate: Callable  # allocate_ref signature -> Allocation
 
@@ -40,9 +42,9 @@ def _reference_kernels() -> Kernels:
     from avkit.kernels.allocation_ref import allocate_ref
     from avkit.kernels.confidence_ref import confidence_ref
     from avkit.kernels.irls_stats_ref import irls_stats_ref
-    from avkit.verify import rejection_sample_ref
+    from avkit.kernels.rejection_ref import rejection_sample_ref
 
-    return Kernels("ref", confidence_ref, rejection_sample_ref, irls_stats_ref, allocate_ref)
+    return Kernels("torch", confidence_ref, rejection_sample_ref, irls_stats_ref, allocate_ref)
 
 
 def _interpreted() -> bool:
@@ -64,7 +66,7 @@ def _triton_kernels() -> Kernels:
     return Kernels("triton", confidence_triton, rejection_sample_triton, irls_stats_triton, allocate_triton)
 
 
-_LOADERS: dict[str, Callable[[], Kernels]] = {"ref": _reference_kernels, "triton": _triton_kernels}
+_LOADERS: dict[str, Callable[[], Kernels]] = {"torch": _reference_kernels, "triton": _triton_kernels}
 
 
 def _triton_available() -> bool:
@@ -75,12 +77,13 @@ def select_kernels(device: str | torch.device = "cpu", backend: str | None = Non
     """The kernel set for tensors on `device`.
 
     backend: "auto" (default; Triton on CUDA when installed, the torch references otherwise),
-    "ref" or "triton"; None reads AVKIT_KERNELS (default "auto").
+    "torch" or "triton"; None reads AVKIT_KERNELS (default "auto").
     """
-    backend = check_choice("kernel backend", backend or os.environ.get(ENV_VAR, "auto"), BACKENDS)
+    backend = backend or os.environ.get(ENV_VAR, "auto")
+    backend = check_choice("kernel backend", "torch" if backend == "ref" else backend, BACKENDS)
     dev = torch.device(device)
     if backend == "auto":
-        backend = "triton" if dev.type == "cuda" and _triton_available() else "ref"
+        backend = "triton" if dev.type == "cuda" and _triton_available() else "torch"
     if backend == "triton":
         if not _triton_available():
             raise ConfigError("kernel backend 'triton': the triton package is not installed")

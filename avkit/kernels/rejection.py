@@ -1,6 +1,6 @@
 """Rejection sampling with variable verify lengths, Triton: one program per request.
 
-Spec and CPU path: `avkit.verify.rejection_sample_ref` (same signature, same random numbers, so
+Spec and CPU path: `avkit.kernels.rejection_ref.rejection_sample_ref` (same signature, same random numbers, so
 integer outputs agree bit for bit). Per request r with k = num_verify[r]:
   1. accept test for every slot at once: u_j < p_j(x_j) / q_j(x_j), u_j = uniform(seed, r,
      pos + j, STREAM_ACCEPT, 0) (greedy: x_j == argmax p_j, from one [K+1, V] pass over the
@@ -24,7 +24,7 @@ from triton.language.extra import libdevice
 from avkit.errors import DataError
 from avkit.kernels.rng import STREAM_ACCEPT, STREAM_SAMPLE
 from avkit.kernels.rng_triton import key_hash, stream_hash, uniform_from_prefix
-from avkit.verify import RejectionResult  # verify.py imports this module lazily: no cycle
+from avkit.kernels.rejection_ref import RejectionResult  # rejection_ref.py imports this module lazily: no cycle
 
 _ACCEPT = tl.constexpr(STREAM_ACCEPT)
 _SAMPLE = tl.constexpr(STREAM_SAMPLE)
@@ -143,7 +143,7 @@ def _check(target_probs, draft_probs, draft_tokens, num_verify, seeds, request_k
 def rejection_sample_triton(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
                             num_verify: torch.Tensor, *, greedy: bool, seeds: torch.Tensor,
                             request_keys: torch.Tensor, positions: torch.Tensor, block_v: int = 2048):
-    """Same contract as `avkit.verify.rejection_sample_ref`; one program per request."""
+    """Same contract as `avkit.kernels.rejection_ref.rejection_sample_ref`; one program per request."""
     _check(target_probs, draft_probs, draft_tokens, num_verify, seeds, request_keys, positions)
     B, K = draft_tokens.shape
     V = target_probs.shape[-1]

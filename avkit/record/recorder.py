@@ -191,7 +191,7 @@ def _run(config, target, draft, sink, queue, gens, run_id, stats, progress, cons
     max_len = config.max_prompt_tokens + config.max_new_tokens + config.k + 2
     drafter = None  # the engine builds the model drafter itself
     if config.drafter == "hybrid" and draft is not None:
-        from avkit.drafters.hybrid import make_hybrid_drafter
+        from avkit.hvd.hybrid_drafter import make_hybrid_drafter
 
         drafter = make_hybrid_drafter(draft, config.concurrency, max_len, payoff_path=config.payoff or None,
                                       tokenizer=config.target, k=config.k)

@@ -32,7 +32,8 @@ from avkit.runtime.request import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Gene
 from avkit.runtime.sampling import probs_from_logits
 from avkit.runtime.sink import TraceSink
 from avkit.runtime.trace_rows import trace_rows
-from avkit.scheduling.policy import DraftBatch, FullVerification, Load, VerifyOutcome, VerifyPolicy
+from avkit.scheduling.policy import FullVerification, VerifyPolicy
+from avkit.step_types import DraftBatch, Load, StepPlan, VerifyOutcome
 
 
 @dataclass
@@ -78,10 +79,7 @@ class Engine:
     sink : TraceSink receiving one batch of trace rows per step (default: none)
     drafter : a Drafter to use instead of the draft model (cache drafter, hybrid router)
 
-    Examples
-    --------
-    >>> engine = Engine(target, draft, EngineConfig(k=5))  # doctest: +SKIP
-    >>> [g.output_ids for g in engine.generate([Request("r0", [1, 2, 3])])]  # doctest: +SKIP
+    Example: ``Engine(target, draft, EngineConfig(k=5)).generate([Request("r0", [1, 2, 3])])``
     """
 
     def __init__(self, target, draft=None, config: EngineConfig | None = None,
@@ -102,7 +100,9 @@ class Engine:
         self.drafter = drafter if config.k > 0 else None
         self.cache = target.model.new_cache(config.max_batch, config.max_len)
         self.device = self.cache.lengths.device  # every per-step tensor lives beside the model
-        self.kernels = select_kernels(self.device)  # rejection sampling: Triton on CUDA, reference on CPU
+        # The hot-path kernels, chosen once: rejection sampling here, the plan's allocation in the policy.
+        self.kernels = select_kernels(self.device, config.kernels)
+        self.policy.use_kernels(self.kernels)
         self.eos = frozenset(getattr(target.tokenizer, "eos_token_ids", ()) or ())
         self.waiting: OrderedDict[str, Request] = OrderedDict()
         self.running: dict[str, _Seq] = {}
@@ -168,11 +168,11 @@ class Engine:
         remaining = torch.tensor([s.req.sampling.max_new_tokens - s.num_output for s in batch])
         # A step emits up to k + 1 tokens and feeds k + 1 positions into a cache that holds len - 1.
         num_draft = torch.minimum(torch.minimum(remaining - 1, cfg.max_len - lens), torch.tensor(cfg.k))
-        k_max = cfg.k if self.drafter is not None else 0
+        num_draft = num_draft.clamp(0, cfg.k if self.drafter is not None else 0)  # [B] on the host
         return DraftInput(
             slots=torch.tensor([s.slot for s in batch], dtype=torch.int64, device=dev),
             sequences=[s.tokens for s in batch],
-            num_draft=num_draft.clamp(0, k_max).to(dev),
+            num_draft=num_draft.to(dev), max_draft=int(num_draft.max()) if batch else 0,
             temperature=torch.tensor([s.req.sampling.temperature for s in batch], device=dev),
             top_p=torch.tensor([s.req.sampling.top_p for s in batch], device=dev),
             seeds=torch.tensor([s.seed for s in batch], dtype=torch.int64, device=dev),
@@ -194,26 +194,26 @@ class Engine:
             return []
         inp = self._draft_input(batch)
         load = Load(num_requests=len(batch), num_sampling=len(batch), num_scheduled_tokens=len(batch))
-        # Optional gate: skip speculation this step, decided from earlier steps only. It weighs draft-model
-        # passes against the cost table, so cache drafts (free) and hybrid drafters are never gated.
-        gate = getattr(self.policy, "draft_this_step", None) if getattr(self.drafter, "kind", "") == "model" else None
-        if gate is not None and inp.k > 0 and not gate(load):
-            inp = replace(inp, num_draft=torch.zeros_like(inp.num_draft))
-        stop_rule = getattr(self.policy, "continue_drafting", None)  # optional early stop of drafting
-        if stop_rule is not None:
-            inp = replace(inp, continue_drafting=lambda so_far: stop_rule(so_far, load))
+        # The gate (from earlier steps only) may skip speculation; it weighs draft-model passes against the
+        # cost table, so cache and hybrid drafters are never gated. The policy may stop drafting early.
+        if self.drafter is not None and self.drafter.kind == "model" and inp.k > 0 \
+                and not self.policy.draft_this_step(load):
+            inp = replace(inp, num_draft=torch.zeros_like(inp.num_draft), max_draft=0)
+        inp = replace(inp, continue_drafting=lambda so_far: self.policy.continue_drafting(so_far, load))
         draft = self.drafter.propose(inp) if self.drafter is not None and inp.k > 0 else self._no_drafts(inp)
-        B, K = draft.tokens.shape
+        K = draft.tokens.shape[1]
 
-        # Decide k_r from what cannot depend on the drawn tokens: lossless features and the load.
-        num_verify, confidences = draft.num_drafted, None  # [B]; nothing drafted: nothing to decide
+        # Decide k_r in [0, num_drafted_r] from what cannot depend on the drawn tokens: lossless features
+        # and the load (the policy's plan: survival -> rank -> b* = argmax E(b)/cost(b) -> prefixes).
+        plan = StepPlan(draft.num_drafted)  # [B]; nothing drafted: nothing to decide
         if K > 0:
-            num_verify = self.policy.num_verify(DraftBatch(draft.features, draft.num_drafted), load)
-            num_verify = num_verify.to(self.device, torch.int64).clamp_min(0).minimum(draft.num_drafted)  # [B]
-            confidences = getattr(self.policy, "last_confidences", None)  # [B, K] or None
+            plan = self.policy.num_verify(DraftBatch(draft.features, draft.num_drafted), load)
+        num_verify = plan.num_verify.to(self.device, torch.int64).clamp_min(0).minimum(draft.num_drafted)  # [B]
+        # Host read 1 of 2 per step (docs/runtime.md): k_r sizes the verify forward ([B, 1 + max k_r]).
+        verify_lens = num_verify.tolist()
 
         # One target forward: row r feeds [last token, x_1..x_{k_r}] and gets p_1..p_{k_r+1}.
-        k = int(num_verify.max()) if B else 0
+        k = max(verify_lens, default=0)
         last = torch.tensor([s.tokens[-1] for s in batch], dtype=torch.int64, device=self.device)[:, None]
         tokens = torch.cat([last, draft.tokens[:, :k]], dim=1)  # [B, 1+k]
         logits = self._target_forward(tokens, 1 + num_verify, inp.slots, "all")  # [B, 1+k, V]
@@ -224,7 +224,7 @@ class Engine:
         # norm(max(0, p_j - q_j)), else add a bonus token from p_{k_r+1}: the output follows p for any k_r
         # chosen without looking at the draws. T = 0 rows have one-hot p and q (accept iff x_j = argmax
         # p_j); an all-greedy batch takes the greedy path, which draws no random numbers.
-        greedy = bool((inp.temperature == 0).all())
+        greedy = all(s.req.sampling.temperature == 0 for s in batch)  # host bookkeeping, no device read
         result = self.kernels.rejection_sample(target_probs, draft.probs[:, :k], draft.tokens[:, :k],
                                                num_verify, greedy=greedy, seeds=inp.seeds,
                                                request_keys=inp.request_keys, positions=inp.positions)
@@ -232,16 +232,16 @@ class Engine:
 
         step_ms = (time.perf_counter() - t0) * 1e3
         if K > 0:
-            self.policy.observe(VerifyOutcome(draft.features, confidences, num_verify, result.num_accepted))
+            self.policy.observe(VerifyOutcome(draft.features, plan.confidences, num_verify, result.num_accepted))
         if self.sink is not None and K > 0:
-            self.sink.emit(trace_rows(batch, inp, draft, num_verify, result, confidences,
+            self.sink.emit(trace_rows(batch, inp, draft, num_verify, result, plan.confidences,
                                       engine_step=self.engine_step, step_time_ms=step_ms))
         self.engine_step += 1
         self.stats.steps += 1
         self.stats.tokens += sum(len(o.new_token_ids) for o in outputs)
         self.stats.step_s += time.perf_counter() - t0
         if self.drafter is not None:
-            self.stats.draft_forward_s = getattr(self.drafter, "forward_s", 0.0)
+            self.stats.draft_forward_s = self.drafter.forward_s
         return outputs
 
     def _top_k_min_p(self, batch: list[_Seq]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -256,8 +256,9 @@ class Engine:
     def _commit(self, batch: list[_Seq], inp: DraftInput, output_tokens: torch.Tensor,
                 num_accepted: torch.Tensor) -> list[StepOutput]:
         """Append each request's n_r + 1 tokens, apply stops, roll back both caches."""
-        emitted = output_tokens.tolist()
-        n_list = num_accepted.tolist()
+        # Host read 2 of 2: the emitted tokens (one copy; the host appends them and checks stops).
+        packed = torch.cat([num_accepted[:, None], output_tokens], dim=1).tolist()  # [B, 1 + K+1]
+        n_list, emitted = [row[0] for row in packed], [row[1:] for row in packed]
         outs = []
         for seq, row, n in zip(batch, emitted, n_list):
             new = row[: n + 1]

@@ -25,7 +25,7 @@ import torch
 
 from avkit.kernels.rng import uniform
 
-STREAM_DRAFT = 2  # rng stream of draft-token sampling (verify.py uses STREAM_ACCEPT and STREAM_SAMPLE)
+STREAM_DRAFT = 2  # rng stream of draft-token sampling (kernels/rejection_ref.py uses STREAM_ACCEPT and STREAM_SAMPLE)
 _TOPK_LADDER = (64, 1024, 8192)  # nucleus search: the top 64, 1024, 8192, then the whole vocabulary
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from avkit.drafters.base import DraftInput, DraftProposal
-from avkit.verify import RejectionResult
+from avkit.kernels.rejection_ref import RejectionResult
 
 
 def _masked(values: np.ndarray, null: np.ndarray) -> np.ma.MaskedArray:

@@ -3,7 +3,7 @@
 Glossary:
   confidence   c[r, j] = estimator.predict(feature[r, j], j), a lossless feature of the draft
                distribution only (never q of the drawn token), so trimming stays lossless
-  budget       b* = argmax_b E(b) / cost(b) over the batch's slots ranked by survival (budget.py)
+  budget       b* = argmax_b E(b) / cost(b) over the batch's slots ranked by survival (plan.py, one group)
   observed     slot j of request r carries a label iff j < num_verify[r] (verified) and
                j <= num_accepted[r] (at or before the first rejection); label = j < num_accepted[r].
                Trimmed slots and slots after the first rejection are censored: no label.
@@ -12,8 +12,8 @@ Glossary:
   draft gate   before drafting, `draft_this_step` may skip speculation for the step when no draft depth
                pays at its load, judged from earlier steps (gate.py); the engine then decodes target-only
   stop early   an autoregressive drafter pays one forward per depth, which trimming cannot refund;
-               `continue_drafting` (called by the drafter after each pass, optional) stops a request's
-               drafting once its next draft would not pay for itself (the simulator's `adaptive-stop`)
+               `continue_drafting` (called by the drafter after each pass) stops a request's drafting
+               once its next draft would not pay for itself (stop.py; the simulator's `adaptive-stop`)
 Registered in POLICIES as `adaptive`. With estimator "none" it verifies every draft (the `full` policy).
 """
 
@@ -26,15 +26,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-import avkit.estimators  # noqa: F401  (registers the estimators)
 from avkit.config import DEFAULT_K, AdaptiveConfig, EstimatorConfig
 from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.base import ESTIMATORS, Estimator, make_estimator
 from avkit.estimators.coefficients import ServedPair, load_coefficients
-from avkit.scheduling.budget import Allocation, plan_verification
+from avkit.kernels.dispatch import Kernels
 from avkit.scheduling.cost import CostTable, resolve_cost
 from avkit.scheduling.gate import DraftGate
-from avkit.scheduling.policy import POLICIES, DraftBatch, Load, VerifyOutcome
+from avkit.scheduling.plan import Plan, plan, single_group, verify_lookup
+from avkit.scheduling.policy import VerifyPolicy
+from avkit.scheduling.stop import continue_drafting
+from avkit.step_types import DraftBatch, Load, StepPlan, VerifyOutcome
 
 log = logging.getLogger("avkit.adaptive")
 
@@ -104,24 +106,27 @@ OWN_FILES = ("forgetting_logistic", "per_position_slope")  # files only their ow
 
 
 @dataclass
-class AdaptiveVerification:
+class AdaptiveVerification(VerifyPolicy):
     """Verify each request's drafts up to the survival-ranked budget that maximizes tokens per ms."""
 
     cost: CostTable
     estimator: Estimator | None
     history: int = 1000  # refits kept in `trajectory`
     name: str = "adaptive"
-    last_confidences: torch.Tensor | None = None  # [B, K] predictions of the last num_verify call
-    last_allocation: Allocation | None = None
     trajectory: list[dict] = field(default_factory=list)  # {"step", "refit", **estimator.state_dict()}
     steps: int = 0
     refits: int = 0
-    draft_ms: float | None = None  # drafting paid this step, when the drafter asks `continue_drafting`
+    draft_ms: torch.Tensor | None = None  # [1] drafting paid this step, summed by `continue_drafting`
     gate: DraftGate | None = None  # skips drafting for a step when it cannot pay (None: always draft)
     k: int = DEFAULT_K  # positions the estimator predicts (the width of the gate's rows)
+    last_plan: Plan | None = None  # the plan of the last num_verify call (one group)
+    kernels: Kernels | None = None  # the engine's kernel set: the plan's prefixes by its allocation kernel
+    _tables: dict = field(default_factory=dict, repr=False)  # (kind, device) -> cost lookup tables
 
     def confidences(self, batch: DraftBatch) -> torch.Tensor:
         """[B, K] acceptance predictions from the estimator's feature; 0 past num_drafted."""
+        if batch.confidences is not None:
+            return batch.confidences
         name = estimator_feature(self.estimator)
         if name not in batch.features:
             raise ConfigError(f"adaptive policy: estimator needs feature {name!r}, the drafter gives "
@@ -133,13 +138,14 @@ class AdaptiveVerification:
         pred = np.asarray(self.estimator.predict(feats, pos), dtype=np.float32).reshape(b, k)
         return torch.from_numpy(pred).to(f.device)
 
-    def first_predictions(self, batch: DraftBatch, k: int) -> np.ndarray:
+    def first_predictions(self, batch: DraftBatch, k: int) -> torch.Tensor:
         """[B, k] every position j < k predicted from each request's position-0 feature."""
         f = batch.features[estimator_feature(self.estimator)]  # [B, K]
         b = f.shape[0]
         f0 = torch.nan_to_num(f[:, :1].detach().float(), nan=0.0).expand(b, k).cpu().numpy().reshape(-1)
         pos = np.tile(np.arange(k), b)  # [B*k]
-        return np.asarray(self.estimator.predict(f0, pos), dtype=np.float32).reshape(b, k)
+        pred = np.asarray(self.estimator.predict(f0, pos), dtype=np.float32).reshape(b, k)
+        return torch.from_numpy(pred).to(f.device)
 
     def sizing(self, batch: DraftBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Draw-independent inputs that size b*: every position j of request r predicted from r's
@@ -147,62 +153,74 @@ class AdaptiveVerification:
         nominal drafts for every request that drafted. Live features at j >= 1 are functions of the
         drawn x_0..x_{j-1}; letting them move b* would make k_r >= 1 depend on x_0 (lossy)."""
         k = batch.features[estimator_feature(self.estimator)].shape[1]
-        pred = self.first_predictions(batch, k)
-        nominal = torch.where(batch.num_drafted.cpu() > 0, k, 0)  # [B]
-        return torch.from_numpy(pred), nominal
+        return self.first_predictions(batch, k), torch.where(batch.num_drafted > 0, k, 0)
+
+    def use_kernels(self, kernels: Kernels) -> None:
+        self.kernels = kernels
 
     def draft_this_step(self, load: Load) -> bool:
         """Before drafting: False skips speculation for this step (the gate; always True without one)."""
         return self.gate is None or self.estimator is None or self.gate.draft_this_step(load.num_requests)
 
-    def num_verify(self, batch: DraftBatch, load: Load) -> torch.Tensor:
+    def num_verify(self, batch: DraftBatch, load: Load) -> StepPlan:
         if self.estimator is None:
-            self.last_confidences = None
-            return batch.num_drafted.clone()
+            return StepPlan(batch.num_drafted.clone(), None)
         conf = self.confidences(batch)  # [B, K]
         self.draft_ms = None  # size with the nominal drafting cost: the passes run depend on the draws
         sizing = self.sizing(batch)
         plan = self._plan(conf, batch.num_drafted, load, sizing=sizing)
-        self.last_confidences, self.last_allocation, self.draft_ms = conf, plan, None
+        self.last_plan, self.draft_ms = plan, None
         if self.gate is not None:  # the gate's curve spans all K positions, even when fewer were drafted
-            full = sizing[0].numpy() if conf.shape[1] == self.k else self.first_predictions(batch, self.k)
-            self.gate.observe(full[batch.num_drafted.cpu().numpy() > 0])
-        return plan.num_verify.to(batch.num_drafted.device)
+            full = sizing[0] if conf.shape[1] == self.k else self.first_predictions(batch, self.k)
+            self.gate.observe(full[batch.num_drafted > 0])
+        return StepPlan(plan.num_verify, conf)
 
-    def _plan(self, conf: torch.Tensor, num_drafted: torch.Tensor, load: Load, sizing=None) -> Allocation:
-        # Drafting is paid before verification: K passes over the batch, or what continue_drafting counted.
-        draft_ms = self.draft_ms if self.draft_ms is not None else float(
-            self.cost.draft_cost(load.num_requests, conf.shape[1]))
-        return plan_verification(
-            conf, num_drafted.cpu(), num_sampling=load.num_sampling, num_scheduled=load.num_scheduled_tokens,
-            fixed_ms=draft_ms + float(self.cost.context_cost(load.num_requests)), verify_ms=self.cost.verify_cost,
-            sizing=sizing)
+    def _lookup(self, kind: str, size: int, device) -> torch.Tensor:
+        """Cost lookup table by count on `device`, built on the host once (grown when a step needs more)."""
+        table = self._tables.get((kind, device))
+        if table is None or table.numel() <= size:
+            fn = self.cost.verify_cost if kind == "verify" else (lambda n: self.cost.draft_cost(n, 1))
+            table = verify_lookup(fn, max(2 * size, 64), device)
+            self._tables[(kind, device)] = table
+        return table
+
+    def _group_inputs(self, load: Load, fixed_ms: float, device) -> dict:
+        one = lambda v, dt: torch.tensor([v], dtype=dt, device=device)
+        return {"num_sampling": one(load.num_sampling, torch.int64),
+                "num_scheduled": one(load.num_scheduled_tokens, torch.int64),
+                "fixed_ms": one(fixed_ms + float(self.cost.context_cost(load.num_requests)), torch.float64)}
+
+    def _plan(self, conf: torch.Tensor, num_drafted: torch.Tensor, load: Load, sizing=None) -> Plan:
+        # Drafting is paid before verification: K passes over the batch (nominal, the draws decide the rest).
+        b, k = conf.shape
+        dev = conf.device
+        verify_ms = self._lookup("verify", load.num_scheduled_tokens + b * max(k, self.k) + 1, dev)
+        draft_ms = float(self.cost.draft_cost(load.num_requests, k))
+        return plan(conf, num_drafted, single_group(b, dev), 1, verify_ms=verify_ms, sizing=sizing,
+                    allocate=None if self.kernels is None else self.kernels.allocate,
+                    **self._group_inputs(load, draft_ms, dev))
 
     def continue_drafting(self, batch: DraftBatch, load: Load) -> torch.Tensor:
         """For an autoregressive drafter, after each pass: which requests should draft one more token ([B] bool).
 
         `batch` holds the drafts so far (features [B, j], num_drafted [B]); requests with num_drafted == j
-        drafted in this pass. A request goes on only if the budget sized now (drafting so far paid)
-        verifies its newest draft and the next one pays for itself at the step's current rate:
-        s_next = s_newest * c_newest > rate * (pass_ms / n_active + marginal verify ms). Lossless: only q's
-        shape and the load decide. Call `num_verify` after the last pass (it resets the count).
+        drafted in this pass. The rule is scheduling/stop.py's, with the drafting paid so far summed
+        on the device (no host read). Call `num_verify` after the last pass.
         """
         conf = self.confidences(batch)  # [B, j]
-        j = conf.shape[1]
-        drafted = batch.num_drafted.cpu()
-        active = drafted == j  # [B] drafted in this pass
-        n_active = int(active.sum())
-        pass_ms = float(self.cost.draft_cost(n_active, 1)) if n_active else 0.0
-        self.draft_ms = (0.0 if j == 1 or self.draft_ms is None else self.draft_ms) + pass_ms
-        plan = self._plan(conf, drafted, load)
-        rate = plan.expected_tokens / plan.cost_ms  # tokens per ms at the optimum
-        t = load.num_scheduled_tokens + plan.budget
-        marginal = pass_ms / max(n_active, 1) + float(np.diff(self.cost.verify_cost([t, t + 1]))[0])
-        rows = torch.arange(conf.shape[0])
-        newest = (drafted - 1).clamp(min=0)
-        s_next = plan.survival[rows, newest] * conf.cpu()[rows, newest].clamp(0, 1)  # [B] guess of s at j
-        keep = active & (plan.num_verify == drafted) & (s_next > rate * marginal)
-        return keep.to(batch.num_drafted.device)
+        b, j = conf.shape
+        dev = conf.device
+        active = batch.num_drafted == j  # [B] drafted in this pass
+        n_active = active.sum().reshape(1)  # [1]
+        pass_ms = self._lookup("draft", b, dev)[n_active] * (n_active > 0)  # [1] one pass over the active rows
+        paid = pass_ms if j == 1 or self.draft_ms is None else self.draft_ms + pass_ms
+        self.draft_ms = paid
+        verify_ms = self._lookup("verify", load.num_scheduled_tokens + b * max(j, self.k) + 2, dev)
+        inputs = self._group_inputs(load, 0.0, dev)
+        inputs["fixed_ms"] = inputs["fixed_ms"] + paid
+        keep, _ = continue_drafting(conf, batch.num_drafted, active, single_group(b, dev), 1, pass_ms=pass_ms,
+                                    n_active=n_active, verify_ms=verify_ms, **inputs)
+        return keep
 
     def observe(self, outcome: VerifyOutcome) -> None:
         self.steps += 1
@@ -246,5 +264,3 @@ def make_adaptive(cost: str | CostTable | None = None, estimator: str | Estimato
             if config.gate and est is not None else None)
     return AdaptiveVerification(table, est, history=config.history, gate=gate, k=k)
 
-
-POLICIES["adaptive"] = make_adaptive

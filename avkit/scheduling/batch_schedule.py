@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from avkit.errors import ConfigError
-from avkit.scheduling.policy import POLICIES, DraftBatch, Load, VerifyOutcome
+from avkit.scheduling.policy import VerifyPolicy
+from avkit.step_types import DraftBatch, Load, StepPlan
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def _ranges(data, path: Path) -> tuple[tuple[int, int, int], ...]:
 
 
 @dataclass
-class ScheduledK:
+class ScheduledK(VerifyPolicy):
     """POLICIES["schedule"]: K(b) drafts drafted and verified per request at batch size b (module note)."""
 
     schedule: BatchSchedule
@@ -112,16 +113,11 @@ class ScheduledK:
     def continue_drafting(self, batch: DraftBatch, load: Load) -> torch.Tensor:  # [B] bool
         return batch.num_drafted < self.schedule.k_at(load.num_requests)
 
-    def num_verify(self, batch: DraftBatch, load: Load) -> torch.Tensor:  # [B] int64
-        return batch.num_drafted.clamp(max=self.schedule.k_at(load.num_requests))
-
-    def observe(self, outcome: VerifyOutcome) -> None:
-        pass
+    def num_verify(self, batch: DraftBatch, load: Load) -> StepPlan:
+        return StepPlan(batch.num_drafted.clamp(max=self.schedule.k_at(load.num_requests)))  # [B] int64
 
 
 def make_scheduled(schedule: str | Path | BatchSchedule, k: int = 0) -> ScheduledK:
-    """POLICIES["schedule"] factory: a schedule file (or a BatchSchedule) and the engine's K."""
+    """POLICIES["schedule"] factory (a lazy entry in policy.py): a schedule file or a BatchSchedule, the engine's K."""
     return ScheduledK(schedule if isinstance(schedule, BatchSchedule) else BatchSchedule.load(schedule), k=k)
 
-
-POLICIES["schedule"] = make_scheduled

@@ -41,29 +41,40 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from avkit.config import DEFAULT_K
 from avkit.scheduling.cost import CostTable
+from avkit.scheduling.plan import rank_slots, single_group, survival
 from avkit.validate import check_range
 
 
-def step_rates(conf: np.ndarray, num_requests: int, cost: CostTable, stop_drafting: bool = True) -> np.ndarray:
-    """[W K + 1] tokens per ms of the step replayed on rows conf [W, K] at n requests (module note)."""
+def _ms(fn, x: torch.Tensor) -> torch.Tensor:
+    """A cost-table curve (numpy in, numpy out) at float64 CPU points x."""
+    return torch.as_tensor(np.asarray(fn(x.numpy()), dtype=np.float64))
+
+
+def step_rates(conf, num_requests: int, cost: CostTable, stop_drafting: bool = True) -> torch.Tensor:
+    """[W K + 1] tokens per ms of the step replayed on rows conf [W, K] at n requests (module note).
+
+    The slots are ranked by plan.py's rule (one group, every row drafted K)."""
+    conf = torch.as_tensor(conf, dtype=torch.float64).cpu()
     w, k = conf.shape
-    surv = np.cumprod(np.clip(np.nan_to_num(conf, nan=0.0), 0.0, 1.0), axis=1)  # [W, K]
-    order = np.argsort(-surv.ravel(), kind="stable")  # [M] best slots first; within a row, a prefix
+    ranked = rank_slots(survival(conf, torch.full((w,), k)), torch.full((w,), k), single_group(w), 1)
     scale = num_requests / w  # requests each recent row stands for
-    tokens = num_requests + scale * np.r_[0.0, np.cumsum(surv.ravel()[order])]  # [M+1]
-    verify = cost.verify_cost(num_requests + scale * np.arange(order.size + 1))  # [M+1]
+    m = ranked.row.numel()
+    tokens = num_requests + scale * torch.cat([ranked.top.new_zeros(1), ranked.top])  # [M+1]
+    verify = _ms(cost.verify_cost, num_requests + scale * torch.arange(m + 1, dtype=torch.float64))  # [M+1]
     if stop_drafting and cost.drafter == "autoregressive":  # pass j runs iff a request reaches depth j + 1
-        reach = np.zeros((order.size + 1, k))  # [M+1, K] share of rows of depth > j among the top m
-        reach[1:] = np.cumsum(np.eye(k)[order % k], axis=0) / w
+        reach = torch.zeros(m + 1, k, dtype=torch.float64)  # [M+1, K] share of rows of depth > j among the top m
+        reach[1:] = torch.nn.functional.one_hot(ranked.pos, k).double().cumsum(0) / w
         runs = 1.0 - (1.0 - reach) ** num_requests  # [M+1, K] P(the pass runs)
-        active = num_requests * reach / np.maximum(runs, 1e-300)  # [M+1, K] requests in it, when it runs
-        draft = (runs * cost.draft_cost(active, 1) * (reach > 0)).sum(1)  # [M+1] expected drafting ms
+        active = num_requests * reach / runs.clamp(min=1e-300)  # [M+1, K] requests in it, when it runs
+        draft = (runs * _ms(lambda a: cost.draft_cost(a, 1), active) * (reach > 0)).sum(1)  # [M+1] expected ms
     else:
-        draft = np.r_[0.0, np.full(order.size, float(cost.draft_cost(num_requests, k)))]
-    return tokens / (draft + cost.context_cost(num_requests) + verify)
+        draft = torch.full((m + 1,), float(cost.draft_cost(num_requests, k)), dtype=torch.float64)
+        draft[0] = 0.0
+    return tokens / (draft + float(cost.context_cost(num_requests)) + verify)
 
 
 @dataclass
@@ -76,7 +87,7 @@ class DraftGate:
     resume_margin: float = 0.1  # while off, resume drafting only for a predicted gain above this
     stop_drafting: bool = True  # the drafter stops each request early (live: `continue_drafting`)
     k: int = DEFAULT_K  # drafts per request at most (the width of the rows)
-    rows: np.ndarray | None = None  # [<= window, K] sizing confidences of the latest drafted request-steps
+    rows: torch.Tensor | None = None  # [<= window, K] float64 (CPU) sizing confidences of the latest drafted request-steps
     skipped: int = 0  # consecutive skipped steps
     skipped_total: int = 0
     steps: int = 0  # steps asked about
@@ -93,13 +104,13 @@ class DraftGate:
         """Best speculative rate over target-only decoding at this load, on the recent rows."""
         if self._memo[0] is not self.rows or self._memo[1] != num_requests:
             rate = step_rates(self.rows, num_requests, self.cost, self.stop_drafting)
-            self._memo = (self.rows, num_requests, float(rate[1:].max() / rate[0]) if rate.size > 1 else 0.0)
+            self._memo = (self.rows, num_requests, float(rate[1:].max() / rate[0]) if rate.numel() > 1 else 0.0)
         return self._memo[2]
 
     def sure_gain(self, num_requests: int) -> float:
         """The gain if every draft were accepted: an upper bound on `gain` for any rows."""
         if num_requests not in self._sure:
-            rate = step_rates(np.ones((1, self.k)), num_requests, self.cost, self.stop_drafting)
+            rate = step_rates(torch.ones(1, self.k), num_requests, self.cost, self.stop_drafting)
             self._sure[num_requests] = float(rate[1:].max() / rate[0])
         return self._sure[num_requests]
 
@@ -119,14 +130,17 @@ class DraftGate:
         self.skipped_total += not draft
         return draft
 
-    def observe(self, sizing_conf: np.ndarray) -> None:
-        """Keep a drafted step's sizing confidences ([B, K], the rows that drafted) among the recent rows."""
-        conf = np.asarray(sizing_conf, dtype=np.float64)
+    def observe(self, sizing_conf) -> None:
+        """Keep a drafted step's sizing confidences ([B, K], the rows that drafted) among the recent rows.
+
+        On a GPU this is the policy's one device-to-host copy per step (the gate decides on the host,
+        before the next step drafts); it reads rows of a step whose decisions are already taken."""
+        conf = torch.as_tensor(sizing_conf).to("cpu", torch.float64)
         if conf.shape[0] == 0:
             return
         if self.rows is not None and self.rows.shape[1] == conf.shape[1]:
-            conf = np.concatenate([self.rows, conf])
-        self.rows = conf[-self.window:].copy()
+            conf = torch.cat([self.rows, conf])
+        self.rows = conf[-self.window:].clone()
 
     def state(self) -> tuple:
         """What the next decisions depend on (the simulator rewinds to it when a round re-predicts)."""
@@ -135,12 +149,13 @@ class DraftGate:
     def restore(self, state: tuple) -> None:
         self.rows, self.skipped, self.skipped_total, self.steps = state
 
-    def replay(self, num_requests: np.ndarray, conf: np.ndarray, bounds: np.ndarray,
+    def replay(self, num_requests: np.ndarray, conf: torch.Tensor, bounds: np.ndarray,
                drafts: np.ndarray) -> tuple[np.ndarray, list]:
         """Steps in order, as the simulator runs them: requests [G], sizing confidences [rows, K] of the
         steps' rows (bounds [G+1]), which rows would draft [rows] -> (drafted [G] bool, state before each
         step). One iteration per step (each decision needs the previous ones), none per request or slot."""
         on, states = np.zeros(len(num_requests), dtype=bool), []
+        conf, drafts = torch.as_tensor(conf, dtype=torch.float64), torch.as_tensor(drafts)
         for g, n in enumerate(num_requests.tolist()):
             states.append(self.state())
             on[g] = self.draft_this_step(n)

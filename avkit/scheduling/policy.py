@@ -5,74 +5,60 @@ the draft distributions and the load. That is what keeps every policy lossless (
 Glossary:
   num_verify  k_r in [0, num_drafted_r], the verified prefix length of request r
   load        requests that sample this step (N_s) and non-draft tokens already scheduled (T)
-Policies implement the `VerifyPolicy` protocol and live in `POLICIES`, looked up by name.
+Policies implement the `VerifyPolicy` protocol and live in `POLICIES`, looked up by name. The step's
+types (DraftBatch, Load, StepPlan, VerifyOutcome) live in avkit/step_types.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Protocol
-from collections.abc import Callable
 
 import torch
 
 from avkit.errors import ConfigError
-
-
-@dataclass(frozen=True)
-class Load:
-    """What the scheduler knows about this step besides the drafts."""
-
-    num_requests: int  # requests in the step
-    num_sampling: int  # N_s: requests that sample a token this step (not mid-prefill)
-    num_scheduled_tokens: int  # T: non-draft target tokens already scheduled (1 per decoding request + prefill)
-
-
-@dataclass(frozen=True)
-class DraftBatch:
-    """Lossless features of this step's drafts. Never holds q(x_sampled) or the drawn tokens."""
-
-    features: dict[str, torch.Tensor]  # name -> [B, K] float32, lossless features only
-    num_drafted: torch.Tensor  # [B] int64, drafts proposed per request (<= K)
-
-
-@dataclass(frozen=True)
-class VerifyOutcome:
-    """What verification decided, fed back to the policy for online refits."""
-
-    features: dict[str, torch.Tensor]  # name -> [B, K] (same as DraftBatch)
-    confidences: torch.Tensor | None  # [B, K] predictions used when deciding (None if none)
-    num_verify: torch.Tensor  # [B] int64
-    num_accepted: torch.Tensor  # [B] int64
-    # Labels follow docs/estimator.md: slot j of request r is observed iff j < num_verify[r] and
-    # j <= num_accepted[r] (at or before the first rejection); label = j < num_accepted[r].
+from avkit.registry import Registry
+from avkit.step_types import DraftBatch, Load, StepPlan, VerifyOutcome
 
 
 class VerifyPolicy(Protocol):
+    """The contract between the engine and a verify policy: policies subclass it, inheriting the
+    optional hooks' defaults, so the engine calls every hook unconditionally (no attribute probing)."""
+
     name: str
 
-    def num_verify(self, batch: DraftBatch, load: Load) -> torch.Tensor:  # [B] int64
+    def num_verify(self, batch: DraftBatch, load: Load) -> StepPlan:
+        """k_r per request (and the confidences it used) from lossless features and the load."""
         ...
 
     def observe(self, outcome: VerifyOutcome) -> None:
-        ...
+        """What verification decided (labels for online refits)."""
+
+    def use_kernels(self, kernels) -> None:
+        """The engine's kernel set (kernels/dispatch.py `Kernels`), chosen once; default: unused."""
+
+    def draft_this_step(self, load: Load) -> bool:
+        """Before drafting, from earlier steps only: False skips speculation this step (default: draft)."""
+        return True
+
+    def continue_drafting(self, batch: DraftBatch, load: Load) -> torch.Tensor | None:
+        """After each pass of an autoregressive drafter: [B] bool "draft one more" from the lossless
+        features so far (DraftBatch name -> [B, j]), or None: no early stop (default)."""
+        return None
 
 
 @dataclass
-class FullVerification:
+class FullVerification(VerifyPolicy):
     """Verify every draft: the classic speculative decoding step."""
 
     name: str = "full"
 
-    def num_verify(self, batch: DraftBatch, load: Load) -> torch.Tensor:
-        return batch.num_drafted.clone()
-
-    def observe(self, outcome: VerifyOutcome) -> None:
-        pass
+    def num_verify(self, batch: DraftBatch, load: Load) -> StepPlan:
+        return StepPlan(batch.num_drafted.clone())
 
 
 @dataclass
-class FixedK:
+class FixedK(VerifyPolicy):
     """Verify the first k drafts of every request (k <= drafted)."""
 
     k: int
@@ -83,21 +69,18 @@ class FixedK:
             raise ConfigError(f"fixed-k policy: k must be >= 0, got {self.k}")
         self.name = f"fixed{self.k}"
 
-    def num_verify(self, batch: DraftBatch, load: Load) -> torch.Tensor:
-        return batch.num_drafted.clamp(max=self.k)
-
-    def observe(self, outcome: VerifyOutcome) -> None:
-        pass
+    def num_verify(self, batch: DraftBatch, load: Load) -> StepPlan:
+        return StepPlan(batch.num_drafted.clamp(max=self.k))
 
 
-# name -> factory(**kwargs) -> VerifyPolicy. Other modules register themselves here.
-POLICIES: dict[str, Callable[..., VerifyPolicy]] = {
+# name -> factory(**kwargs) -> VerifyPolicy; "adaptive" is imported the first time it is looked up.
+POLICIES = Registry("verify policy", {
     "full": FullVerification,
     "fixed": FixedK,
-}
+    "adaptive": "avkit.scheduling.adaptive:make_adaptive",
+    "schedule": "avkit.scheduling.batch_schedule:make_scheduled",
+})
 
 
 def make_policy(name: str, **kwargs) -> VerifyPolicy:
-    if name not in POLICIES:
-        raise ConfigError(f"unknown verify policy {name!r}; choose from {sorted(POLICIES)}")
-    return POLICIES[name](**kwargs)
+    return POLICIES.make(name, **kwargs)

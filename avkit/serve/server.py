@@ -46,7 +46,6 @@ def is_loopback(host: str) -> bool:
 def make_policy(config: ServeConfig, coefficients: str, pair: ServedPair | None = None):
     """The verify policy by name from the registry; adaptive gets its estimator (warm-started from
     `coefficients`, refitting every `refit_interval` steps), the cost table and its draft gate."""
-    import avkit.scheduling.adaptive  # noqa: F401 - registers POLICIES["adaptive"]
     from avkit.config import AdaptiveConfig, EstimatorConfig
     from avkit.scheduling.policy import make_policy as make
 
@@ -119,7 +118,7 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
     def make_engine():
         drafter = None  # the engine builds the model drafter itself
         if config.drafter == "hybrid" and draft is not None:
-            from avkit.drafters.hybrid import make_hybrid_drafter
+            from avkit.hvd.hybrid_drafter import make_hybrid_drafter
 
             drafter = make_hybrid_drafter(draft, config.max_concurrency, config.max_len, k=config.k,
                                           payoff_path=config.payoff or None, tokenizer=config.target)

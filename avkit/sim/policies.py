@@ -1,4 +1,5 @@
-"""Verify policies as the simulator runs them: whole schedules at once instead of step by step.
+"""Verify policies as the simulator runs them: whole schedules at once instead of step by step
+(the adaptive one in sim/adaptive.py).
 
 Glossary:
   draft_len   drafts proposed per request and step (fixed K' drafts K', adaptive drafts the recorded K)
@@ -27,57 +28,13 @@ looked up in SIM_POLICIES by the part before the colon.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Protocol
+from dataclasses import dataclass
 
 import numpy as np
 
-from avkit.config import AdaptiveConfig
 from avkit.errors import ConfigError
-from avkit.estimators.rounds import replay_steps
-from avkit.scheduling.adaptive import estimator_feature, load_estimator
-from avkit.scheduling.cost import CostTable
-from avkit.scheduling.gate import DraftGate
-from avkit.sim.allocate import grouped_budget, grouped_survival
-from avkit.sim.online import burn_in
-from avkit.sim.steps import Schedule, StepTable
-
-
-@dataclass(frozen=True)
-class Replay:
-    """One concurrency's schedule with the per-step quantities every policy needs."""
-
-    steps: StepTable
-    sched: Schedule
-    cost: CostTable
-    bounds: np.ndarray  # [G+1] first schedule row of each sim step
-    num_requests: np.ndarray  # [G] requests in each sim step (N_s = T = this: all decoding, no prefill)
-
-    @classmethod
-    def build(cls, steps: StepTable, sched: Schedule, cost: CostTable) -> Replay:
-        bounds = np.searchsorted(sched.group, np.arange(sched.num_groups + 1))
-        return cls(steps, sched, cost, bounds, np.diff(bounds))
-
-    def drafted(self, draft_len: int) -> np.ndarray:  # [S'] drafts per row under a draft length
-        return np.minimum(self.steps.drafted[self.sched.rows], draft_len)
-
-    def draft_passes(self, draft_len: int) -> np.ndarray:  # [G] drafter forwards per sim step
-        d = self.drafted(draft_len)
-        return np.maximum.reduceat(d, self.bounds[:-1]) if d.size else np.zeros(0, np.int64)
-
-
-class SimPolicy(Protocol):
-    name: str
-    estimator: str
-    lossless: bool  # False: the decision depends on the drawn tokens (lossy feature, or the oracle)
-
-    def draft_len(self, k: int) -> int: ...
-
-    def prepare(self, steps: StepTable) -> SimPolicy: ...  # once per trace set, before any concurrency
-
-    def decide(self, replay: Replay) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(verify counts [S'], drafts proposed [S'], drafting ms [G] per sim step)."""
-        ...
+from avkit.sim.adaptive import Adaptive
+from avkit.sim.steps import Replay, SimPolicy, StepTable
 
 
 @dataclass(frozen=True)
@@ -116,198 +73,6 @@ class Fixed:
     def decide(self, replay: Replay):
         drafted = replay.drafted(self.k)
         return drafted, drafted, replay.cost.draft_cost(replay.num_requests, replay.draft_passes(self.k))
-
-
-@dataclass(frozen=True)
-class Adaptive:
-    estimator: str  # estimator name, "oracle" or "recorded"
-    coefficients: str = ""
-    stop_drafting: bool = False  # also stop the (autoregressive) drafter early, see `_budget_stop`
-    burn_in: bool = True  # start online estimators from a pass over the traces (avkit/sim/online.py)
-    chunk: int = 100  # sim steps predicted per call for estimators without refit rounds
-    warm_state: dict | None = None  # estimator state after burn-in (set by `prepare`)
-    gate: AdaptiveConfig | None = AdaptiveConfig()  # the draft gate's settings, as live (None: always draft)
-
-    @property
-    def name(self) -> str:
-        return f"adaptive{'-stop' if self.stop_drafting else ''}{'-nogate' if self.gate is None else ''}-{self.estimator}"
-
-    @property
-    def lossless(self) -> bool:
-        """The oracle reads the outcomes; an estimator is lossless iff its feature is."""
-        if self.estimator in STATIC_SOURCES:
-            return self.estimator != "oracle"
-        return bool(getattr(load_estimator(self.estimator, k=1), "lossless", True))
-
-    def draft_len(self, k: int) -> int:
-        return k
-
-    def decide(self, replay: Replay):
-        if self.estimator in STATIC_SOURCES:
-            conf = STATIC_SOURCES[self.estimator](replay)
-            on = self._gate(replay, conf, 0, replay.sched.num_groups)[0] if self.gate is not None else None
-            k, drafted, draft_ms = self._budget(replay, conf, 0, replay.sched.num_groups, on=on)
-        else:
-            k, drafted, draft_ms = self._online(replay)
-        if self.gate is not None:  # the drafter catches up on what was decoded while the gate was off
-            draft_ms = draft_ms + catch_up_ms(replay, drafted > 0)
-        return k, drafted, draft_ms
-
-    def make_gate(self, replay: Replay) -> DraftGate | None:
-        if self.gate is None:
-            return None
-        g = self.gate
-        return DraftGate(replay.cost, g.gate_window, g.probe_every, g.resume_margin, self.stop_drafting,
-                         replay.steps.k)
-
-    def _gate(self, replay: Replay, sizing_conf: np.ndarray, g0: int, g1: int, gate: DraftGate | None = None):
-        """Which sim steps in [g0, g1) draft ([g1-g0] bool) and the gate's state before each, from the
-        steps' sizing confidences [rows, K] (float32, as live) of the requests that would draft."""
-        gate = gate or self.make_gate(replay)
-        r0, r1 = replay.bounds[g0], replay.bounds[g1]
-        drafts = replay.drafted(replay.steps.k)[r0:r1] > 0  # [rows]
-        conf = sizing_conf.astype(np.float32).astype(np.float64)
-        return gate.replay(replay.num_requests[g0:g1], conf, replay.bounds[g0:g1 + 1] - r0, drafts)
-
-    def _budget(self, replay: Replay, conf: np.ndarray, g0: int, g1: int, sizing_conf: np.ndarray | None = None,
-                on: np.ndarray | None = None):
-        """(verify counts, drafts, drafting ms) of sim steps [g0, g1) given their confidences [rows, K].
-
-        sizing_conf: [rows, K] draw-independent confidences that size b* (None: size from `conf`).
-        on: [g1-g0] bool, the steps that draft (the gate; None: all)."""
-        r0, r1 = replay.bounds[g0], replay.bounds[g1]
-        group, n = replay.sched.group[r0:r1] - g0, replay.num_requests[g0:g1]
-        drafted = replay.drafted(replay.steps.k)[r0:r1]
-        passes = replay.draft_passes(replay.steps.k)[g0:g1]
-        if on is not None:  # skipped steps draft nothing
-            drafted, passes = np.where(on[group], drafted, 0), np.where(on, passes, 0)
-        sizing = None if sizing_conf is None else (sizing_conf, np.where(drafted > 0, replay.steps.k, 0))
-        if self.stop_drafting and replay.cost.drafter == "autoregressive":
-            return self._budget_stop(replay.cost, conf, group, n, drafted, sizing)
-        draft_ms = replay.cost.draft_cost(n, passes)
-        k = grouped_budget(group, conf, drafted, num_sampling=n, num_scheduled=n,
-                           fixed_ms=draft_ms + replay.cost.context_cost(n), verify_ms=replay.cost.verify_cost,
-                           sizing=sizing)
-        return k, drafted, draft_ms
-
-    @staticmethod
-    def _budget_stop(cost: CostTable, conf, group, n, drafted, sizing=None):
-        """Draft pass by pass (autoregressive drafter: a pass forwards only the requests still drafting).
-
-        After each pass the budget is sized over everything drafted so far, drafting already paid. Request
-        r drafts one more token only if its newest draft is verified and the next one pays for itself at
-        the step's current rate: s_next > rate * (draft_ms(n_active) / n_active + marginal verify ms), with
-        s_next = s_newest * c_newest (the next confidence guessed as the newest one). Causal (drafted
-        confidences only) and lossless (q's shape only). The budget after the last pass is verified;
-        with `sizing` (confidences [rows, K], nominal drafts [rows]) it is re-sized as the live policy's
-        `num_verify` does after the passes: from the sizing inputs, at the nominal K-pass drafting cost.
-        """
-        groups = int(group[-1]) + 1 if group.size else 0
-        rows = np.arange(group.size)
-        active = drafted > 0  # [rows] still drafting
-        proposed = np.zeros_like(drafted)  # [rows] drafts so far
-        draft_ms, k_out = np.zeros(groups), np.zeros_like(drafted)
-        while active.any():
-            proposed = proposed + active
-            n_active = np.bincount(group[active], minlength=groups)  # [G]
-            pass_ms = cost.draft_cost(n_active, 1) * (n_active > 0)  # [G] one pass over the active rows
-            draft_ms += pass_ms
-            fixed = draft_ms + cost.context_cost(n)
-            k_out = grouped_budget(group, conf, proposed, num_sampling=n, num_scheduled=n, fixed_ms=fixed,
-                                   verify_ms=cost.verify_cost)
-            surv = grouped_survival(conf, proposed)  # [rows, K]
-            budget = np.bincount(group, weights=k_out, minlength=groups)  # [G] b*
-            kept = np.where(np.arange(surv.shape[1]) < k_out[:, None], surv, 0.0).sum(1)  # [rows]
-            expected = n + np.bincount(group, weights=kept, minlength=groups)  # [G] E(b*)
-            rate = expected / (fixed + cost.verify_cost(n + budget))  # [G] tokens per ms at the optimum
-            marginal = (pass_ms / np.maximum(n_active, 1)  # [G] ms of one more draft for one request
-                        + cost.verify_cost(n + budget + 1) - cost.verify_cost(n + budget))
-            newest = np.maximum(proposed - 1, 0)
-            s_next = surv[rows, newest] * np.clip(np.nan_to_num(conf[rows, newest]), 0.0, 1.0)
-            active = active & (k_out == proposed) & (drafted > proposed) & (s_next > (rate * marginal)[group])
-        if sizing is not None:
-            fixed = cost.draft_cost(n, conf.shape[1]) + cost.context_cost(n)
-            k_out = grouped_budget(group, conf, proposed, num_sampling=n, num_scheduled=n, fixed_ms=fixed,
-                                   verify_ms=cost.verify_cost, sizing=sizing)
-        return k_out, proposed, draft_ms
-
-    def prepare(self, steps: StepTable) -> Adaptive:
-        """Burn the online estimator in on the traces once (skipped for static sources or a coefficients file)."""
-        if self.estimator in STATIC_SOURCES or self.coefficients or not self.burn_in:
-            return self
-        est = load_estimator(self.estimator, k=steps.k)
-        burn_in(est, steps, self._feature(est, steps), self.chunk)
-        return replace(self, warm_state=est.state_dict())
-
-    def _feature(self, est, steps: StepTable) -> str:
-        name = estimator_feature(est)
-        if name not in steps.features:
-            raise ConfigError(f"simulate: estimator {self.estimator!r} needs trace column {name!r}")
-        return name
-
-    def _online(self, replay: Replay):
-        """Predict a round, decide it, feed its observed slots (estimators/rounds.py, as `avkit fit`)."""
-        steps, rows, bounds = replay.steps, replay.sched.rows, replay.bounds
-        k = steps.k
-        est = load_estimator(self.estimator, self.coefficients, k=k)
-        if self.warm_state is not None:
-            est.load_state_dict(self.warm_state)
-        feats = np.nan_to_num(steps.features[self._feature(est, steps)][rows], nan=0.0)  # [S', K]
-        first = np.repeat(feats[:, :1], k, axis=1).ravel()  # [S' * K] position-0 feature everywhere
-        pos = np.tile(np.arange(k), rows.size)  # [S' * K]
-        labels, acc = steps.label[rows], steps.accepted[rows]  # [S', K], [S']
-        out, drafted = np.zeros(rows.size, dtype=np.int64), np.zeros(rows.size, dtype=np.int64)
-        draft_ms = np.zeros(replay.sched.num_groups)
-        j = np.arange(k)[None, :]
-        gate = self.make_gate(replay)
-
-        def decide(conf, g0, g1):
-            r0, r1 = bounds[g0], bounds[g1]  # the estimator cannot change before g1: size with the same one
-            sizing = np.asarray(est.predict(first[r0 * k:r1 * k], pos[r0 * k:r1 * k])).reshape(-1, k)
-            on = None if gate is None else self._gate(replay, sizing, g0, g1, gate)[0]
-            out[r0:r1], drafted[r0:r1], draft_ms[g0:g1] = self._budget(replay, conf.reshape(-1, k), g0, g1,
-                                                                       sizing, on)
-            observed = (j < out[r0:r1, None]) & (j <= acc[r0:r1, None]) & (labels[r0:r1] >= 0)  # DESIGN §3
-            return observed.ravel(), (np.ones(g1 - g0, bool) if on is None else on)
-
-        replay_steps(est, feats.ravel(), pos, labels.ravel(), bounds * k, decide, chunk=self.chunk)
-        return out, drafted, draft_ms
-
-
-def stale_tokens(copy: np.ndarray, drafts: np.ndarray) -> np.ndarray:
-    """[S'] tokens each row's request decoded without the drafter since its last drafted step (or since
-    it started), for rows that draft ([S'] bool drafts; rows in sim-step order, `copy` [S'] their request)."""
-    order = np.lexsort((np.arange(copy.size), copy))  # each copy's rows in time order
-    c, d = copy[order], drafts[order]
-    i = np.arange(c.size)
-    start = np.maximum.accumulate(np.where(np.r_[True, c[1:] != c[:-1]], i, 0)) if c.size else i
-    last = np.maximum.accumulate(np.where(d, i, -1))  # latest drafting row at or before i
-    prev = np.r_[-1, last[:-1]]  # latest drafting row before i
-    stale = np.zeros(copy.size, dtype=np.int64)
-    stale[order] = np.where(d, i - np.maximum(prev + 1, start), 0)
-    return stale
-
-
-def catch_up_ms(replay: Replay, drafts: np.ndarray) -> np.ndarray:
-    """[G] drafter time spent, at each sim step that drafts, feeding it the tokens of its requests decoded
-    while the gate was off: one forward over all of them, priced as a draft pass of that many rows."""
-    stale = stale_tokens(replay.sched.copy, drafts)
-    tokens = np.bincount(replay.sched.group, weights=stale, minlength=replay.sched.num_groups)  # [G]
-    return np.where(tokens > 0, replay.cost.draft_cost(tokens, 1), 0.0)
-
-
-def _oracle(replay: Replay) -> np.ndarray:
-    acc = replay.steps.accepted[replay.sched.rows]
-    return (np.arange(replay.steps.k)[None, :] < acc[:, None]).astype(np.float64)  # knows the outcomes
-
-
-def _recorded(replay: Replay) -> np.ndarray:
-    if "confidence" not in replay.steps.features:
-        raise ConfigError("simulate: adaptive:recorded needs a non-null `confidence` column in the traces")
-    return replay.steps.features["confidence"][replay.sched.rows]
-
-
-STATIC_SOURCES: dict[str, Callable[[Replay], np.ndarray]] = {"oracle": _oracle, "recorded": _recorded}
 
 
 def _fixed(arg: str, k: int, coefficients: str, burn: bool) -> list[SimPolicy]:

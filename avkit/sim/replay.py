@@ -34,7 +34,8 @@ from avkit.estimators.base import ESTIMATORS
 from avkit.jsonsafe import json_safe
 from avkit.provenance import INPUTS_KEY
 from avkit.scheduling.cost import CostTable
-from avkit.sim.policies import Replay, SimPolicy, parse_policies
+from avkit.sim.policies import parse_policies
+from avkit.sim.steps import Replay, SimPolicy
 from avkit.sim.steps import StepTable, schedule, step_table
 from avkit.staged import StagedOutputs
 

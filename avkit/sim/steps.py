@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import polars as pl
 
 from avkit.errors import TraceError
+from avkit.scheduling.cost import CostTable
 
 FEATURE_COLUMNS = ("logit_qmax", "q_max", "q_2nd", "entropy", "head_conf", "confidence")
 NEEDED = ("run_id", "request_id", "step", "position", "num_drafted", "num_verified", "num_accepted",
@@ -141,3 +143,40 @@ def schedule(steps: StepTable, concurrency: int, waves: int) -> Schedule:
     keep = group < window
     order = np.lexsort((copy[keep], group[keep]))
     return Schedule(rows[keep][order], group[keep][order], int(window), concurrency, copy[keep][order])
+
+
+@dataclass(frozen=True)
+class Replay:
+    """One concurrency's schedule with the per-step quantities every policy needs."""
+
+    steps: StepTable
+    sched: Schedule
+    cost: CostTable
+    bounds: np.ndarray  # [G+1] first schedule row of each sim step
+    num_requests: np.ndarray  # [G] requests in each sim step (N_s = T = this: all decoding, no prefill)
+
+    @classmethod
+    def build(cls, steps: StepTable, sched: Schedule, cost: CostTable) -> Replay:
+        bounds = np.searchsorted(sched.group, np.arange(sched.num_groups + 1))
+        return cls(steps, sched, cost, bounds, np.diff(bounds))
+
+    def drafted(self, draft_len: int) -> np.ndarray:  # [S'] drafts per row under a draft length
+        return np.minimum(self.steps.drafted[self.sched.rows], draft_len)
+
+    def draft_passes(self, draft_len: int) -> np.ndarray:  # [G] drafter forwards per sim step
+        d = self.drafted(draft_len)
+        return np.maximum.reduceat(d, self.bounds[:-1]) if d.size else np.zeros(0, np.int64)
+
+
+class SimPolicy(Protocol):
+    name: str
+    estimator: str
+    lossless: bool  # False: the decision depends on the drawn tokens (lossy feature, or the oracle)
+
+    def draft_len(self, k: int) -> int: ...
+
+    def prepare(self, steps: StepTable) -> SimPolicy: ...  # once per trace set, before any concurrency
+
+    def decide(self, replay: Replay) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(verify counts [S'], drafts proposed [S'], drafting ms [G] per sim step)."""
+        ...

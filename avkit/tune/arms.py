@@ -23,7 +23,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from avkit.scheduling.cost import CostTable
-from avkit.sim.policies import Replay, parse_policies
+from avkit.sim.policies import parse_policies
+from avkit.sim.steps import Replay
 from avkit.sim.replay import policy_metrics, step_times
 from avkit.sim.steps import StepTable, schedule
 

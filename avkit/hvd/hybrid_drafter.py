@@ -24,9 +24,9 @@ import torch
 
 from avkit.config import SuffixCacheConfig
 from avkit.drafters.base import DraftInput, DraftProposal
-from avkit.drafters.suffix_cache import CacheDraft, SuffixCache
+from avkit.hvd.suffix_cache import CacheDraft, SuffixCache
 from avkit.errors import ConfigError
-from avkit.estimators.payoff_mlp import PayoffMLP
+from avkit.hvd.payoff_mlp import PayoffMLP
 from avkit.features import draft_features
 from avkit.hvd.features import FEATURE_GROUPS, contains, feature_matrix
 from avkit.hvd.token_classes import CLASSES

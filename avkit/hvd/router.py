@@ -2,7 +2,7 @@
 the draft model (HVD paper, seed 003 in docs/seeds.md; docs/hvd.md).
 
 Glossary:
-  payoff        the cache draft's accepted length y (replay oracle, `avkit.sim.hvd_replay`)
+  payoff        the cache draft's accepted length y (replay oracle, `avkit.hvd.replay`)
   tau           threshold on a predicted payoff: verify the cache draft iff prediction > tau;
                 chosen on the validation split to maximize simulated throughput (`avkit.hvd.path`)
   survival      S_j = P(y >= j); a cycle verifying b cache tokens yields 1 + sum_{j<=b} S_j tokens
@@ -31,7 +31,7 @@ import polars as pl
 
 from avkit.config import HvdCostConfig, PayoffConfig
 from avkit.errors import ConfigError
-from avkit.estimators.payoff_mlp import PayoffMLP
+from avkit.hvd.payoff_mlp import PayoffMLP
 from avkit.hvd.features import ALL_FEATURES, feature_matrix
 from avkit.hvd.path import Route, full_route, throughput
 

@@ -20,7 +20,7 @@ import numpy as np
 import polars as pl
 
 from avkit.config import HvdCostConfig, HvdReplayConfig, SuffixCacheConfig
-from avkit.drafters.suffix_cache import SuffixCache
+from avkit.hvd.suffix_cache import SuffixCache
 from avkit.errors import TraceError
 from avkit.hvd.features import contains, history_features, structure_features
 from avkit.hvd.model_accept import accept_lengths, matches_from_trace

@@ -1,0 +1,184 @@
+"""The verification plan (docs/budget.md): how many drafts the target verifies, and whose, for many
+steps at once. The ONE implementation: the live policy calls it with one group (its step), the
+simulator with thousands (one group per simulated step, torch CPU tensors), the draft gate and the
+HVD joint budget with their own rows. Torch only, no host synchronisation: every output stays on
+the inputs' device.
+
+Glossary (per group g = one step; rows r are its requests, slots j < num_drafted[r] their drafts):
+  confidence  c[r, j]  predicted P(draft j of r is accepted | drafts before j were accepted)
+  survival    s[r, j] = prod_{i<=j} c[r, i], taken left to right in the input's float type (the
+              Triton survival kernel's order, so both give the same bits); 0 past num_drafted
+  rank        the group's valid slots sorted by (s desc, row, position): ties go to the earlier
+              request, then the shallower draft, as the Triton allocation kernel breaks them
+  E(b)        N_s + sum of the top-b survivals: expected tokens of the step (every sampling request
+              emits one target token even if all its drafts fail)
+  cost(b)     fixed_ms + verify_ms[T + b]; fixed_ms = drafting + the target's KV reads, T = non-draft
+              target tokens already scheduled
+  b*          argmax_b E(b) / cost(b) over b = 0..M_g, ties -> the smallest b
+  num_verify  row r verifies its slots ranked < b*: because c <= 1 survival never grows with depth,
+              so they are a prefix of r's drafts
+`sizing` (other confidences and drafts) sizes b* instead of the allocated ones; the top-b* allocated
+slots are then verified, b* capped at the group's slots. Losslessness needs it (adaptive.py): b* must
+not move with this step's draws. `verify_ms` is a lookup table [T_max + 1] of ms by target tokens
+(`verify_lookup`), so the rule needs no callback into numpy and runs on the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The plan of G groups over S rows."""
+
+    num_verify: torch.Tensor  # [S] int64, verified prefix length per row
+    budget: torch.Tensor  # [G] int64, b*_g (capped at the group's allocated slots)
+    expected: torch.Tensor  # [G] float64, E(b*_g) on the slots that sized b* (the verified ones without `sizing`)
+    cost_ms: torch.Tensor  # [G] float64, cost(b*_g)
+    survival: torch.Tensor  # [S, K], of the allocated confidences
+
+
+@dataclass(frozen=True)
+class Ranked:
+    """Every slot [M = S K] in plan order: by (group, valid first, survival desc, row, position)."""
+
+    row: torch.Tensor  # [M] int64
+    pos: torch.Tensor  # [M] int64
+    group: torch.Tensor  # [M] int64
+    valid: torch.Tensor  # [M] bool, j < num_drafted (a group's invalid slots rank after its valid ones)
+    value: torch.Tensor  # [M] survival (0 at invalid slots)
+    rank: torch.Tensor  # [M] int64, 0-based rank within its group
+    top: torch.Tensor  # [M] float64, sum of its group's survivals ranked at or before it
+    slots: torch.Tensor  # [G] int64, valid slots per group
+
+
+def survival(confidences: torch.Tensor, num_drafted: torch.Tensor) -> torch.Tensor:
+    """[S, K] confidences (NaN read as 0, clamped to [0, 1]), [S] drafts -> [S, K] survival, 0 past num_drafted.
+
+    float32 and float64 inputs keep their type; the product runs left to right, as the kernel's does.
+
+    >>> survival(torch.tensor([[0.5, 0.5, 1.0]]), torch.tensor([2])).tolist()
+    [[0.5, 0.25, 0.0]]
+    """
+    dtype = torch.promote_types(confidences.dtype, torch.float32)
+    c = torch.nan_to_num(confidences.to(dtype), nan=0.0).clamp(0.0, 1.0).t()  # [K, S]
+    s = [c[0]]
+    for j in range(1, c.shape[0]):  # over positions (K <= 64), vectorized over rows
+        s.append(s[-1] * c[j])
+    s = torch.stack(s, 1) if s else confidences.new_zeros(confidences.shape, dtype=dtype)  # [S, K]
+    valid = torch.arange(s.shape[1], device=s.device)[None, :] < num_drafted[:, None]  # [S, K]
+    return s.masked_fill(~valid, 0.0)
+
+
+def rank_slots(surv: torch.Tensor, num_drafted: torch.Tensor, group: torch.Tensor, num_groups: int) -> Ranked:
+    """Rank every group's slots (module note); `group` [S] ascending ints in [0, num_groups).
+
+    Fixed shapes (all S K slots, invalid ones ranked last in their group), no host read."""
+    k = surv.shape[1]
+    dev = surv.device
+    valid = (torch.arange(k, device=dev)[None, :] < num_drafted[:, None]).reshape(-1)  # [M] row-major
+    key = surv.reshape(-1).masked_fill(~valid, -1.0)  # invalid slots below every survival
+    order = torch.sort(key, descending=True, stable=True).indices  # ties keep (row, position)
+    if num_groups > 1:  # then by group, the survival order kept within each
+        order = order[torch.sort(group.repeat_interleave(k)[order], stable=True).indices]
+    row, pos = order // k, order % k
+    g, ok = group[row], valid[order]
+    value = key[order].clamp(min=0.0)  # [M] 0 at invalid slots: they add nothing to a running sum
+    size = torch.zeros(num_groups, dtype=torch.int64, device=dev).index_add_(0, group, torch.ones_like(group))
+    first = torch.cumsum(size * k, 0) - size * k  # [G] index of each group's first slot
+    rank = torch.arange(order.numel(), device=dev) - first[g]  # [M]
+    csum = value.double().cumsum(0)  # [M] one running sum, restarted per group below
+    before = torch.cat([csum - value.double(), csum.new_zeros(1)])  # [M+1] sum before each slot (+ a pad)
+    top = csum - before[first][g]  # [M]
+    slots = torch.zeros_like(size).index_add_(0, group, num_drafted.clamp(0, k))  # [G]
+    return Ranked(row, pos, g, ok, value, rank, top, slots)
+
+
+def best_budget(ranked: Ranked, num_sampling: torch.Tensor, num_scheduled: torch.Tensor, fixed_ms: torch.Tensor,
+                verify_ms: torch.Tensor) -> torch.Tensor:
+    """[G] b*_g = argmax_b E(b) / cost(b), ties -> smallest b; inputs [G], verify_ms table [T_max + 1]."""
+    n_s, fixed = num_sampling.double(), fixed_ms.double()
+    g = ranked.group
+    rate0 = n_s / (fixed + verify_ms[num_scheduled])  # [G] b = 0: target-only
+    b = ranked.rank + 1  # [M] the budget if this slot is the last one verified
+    tokens = (num_scheduled[g] + b).clamp(max=verify_ms.numel() - 1)  # [M] (invalid slots may pass the table)
+    rate = (n_s[g] + ranked.top) / (fixed[g] + verify_ms[tokens])  # [M]
+    rate = rate.masked_fill(~ranked.valid, float("-inf"))  # only valid slots can be verified
+    best = rate0.scatter_reduce(0, g, rate, "amax")  # [G] includes b = 0
+    big = torch.iinfo(torch.int64).max
+    first = torch.full_like(num_scheduled, big).scatter_reduce(0, g, torch.where(rate == best[g], b, big), "amin")
+    return torch.where(rate0 >= best, 0, first)  # [G]
+
+
+def expected_tokens(ranked: Ranked, budget: torch.Tensor, num_sampling: torch.Tensor) -> torch.Tensor:
+    """[G] float64 E(b_g) = N_s + the top-b_g survivals of each group (b_g <= its valid slots)."""
+    at = ranked.rank + 1 == budget[ranked.group]  # [M] the last verified slot of each group
+    return num_sampling.double().index_add(0, ranked.group, ranked.top.masked_fill(~at, 0.0))
+
+
+def prefixes(ranked: Ranked, budget: torch.Tensor, rows: int) -> torch.Tensor:
+    """[rows] int64: how many of each row's slots rank below its group's budget (a prefix of its drafts)."""
+    won = (ranked.rank < budget[ranked.group]) & ranked.valid  # [M]
+    return torch.zeros(rows, dtype=torch.int64, device=won.device).index_add_(0, ranked.row, won.long())
+
+
+def plan(confidences: torch.Tensor, num_drafted: torch.Tensor, group: torch.Tensor, num_groups: int, *,
+         num_sampling: torch.Tensor, num_scheduled: torch.Tensor, fixed_ms: torch.Tensor,
+         verify_ms: torch.Tensor, sizing: tuple[torch.Tensor, torch.Tensor] | None = None,
+         allocate=None) -> Plan:
+    """Survival -> rank -> b* -> per-row prefixes for rows [S] in `num_groups` groups.
+
+    confidences: [S, K]; num_drafted, group: [S] int64 (group ascending); num_sampling, num_scheduled
+    (int64), fixed_ms: [G]; verify_ms: [T_max + 1] float64 lookup (T_max >= num_scheduled + the group's drafts);
+    sizing: optional (confidences [S, K'], num_drafted [S]) that size b*. allocate: the kernel set's
+    `allocate(confidences, num_drafted, budget)` (one group): the prefixes by the allocation kernel
+    (kernels/allocation.py on the device, allocation_ref.py = this module's ranking on CPU).
+
+    >>> one = torch.zeros(2, dtype=torch.int64)
+    >>> plan(torch.ones(2, 3), torch.tensor([3, 2]), one, 1, num_sampling=torch.tensor([2]),
+    ...      num_scheduled=torch.tensor([2]), fixed_ms=torch.tensor([1.0]),
+    ...      verify_ms=torch.ones(8, dtype=torch.float64)).num_verify.tolist()
+    [3, 2]
+    """
+    surv = survival(confidences, num_drafted)  # [S, K]
+    live = rank_slots(surv, num_drafted, group, num_groups) if allocate is None else None
+    sized = live if sizing is None and live is not None else rank_slots(
+        *((survival(*sizing), sizing[1]) if sizing is not None else (surv, num_drafted)), group, num_groups)
+    slots = torch.zeros_like(num_scheduled).index_add(0, group, num_drafted.clamp(0, surv.shape[1]))  # [G]
+    budget = torch.minimum(best_budget(sized, num_sampling, num_scheduled, fixed_ms, verify_ms), slots)  # [G]
+    num_verify = (prefixes(live, budget, surv.shape[0]) if live is not None
+                  else allocate(confidences, num_drafted, budget).num_verify)  # [S]
+    cost_ms = fixed_ms.double() + verify_ms[num_scheduled + budget]
+    return Plan(num_verify, budget, expected_tokens(sized, budget, num_sampling), cost_ms, surv)
+
+
+def plan_survival(surv: torch.Tensor, num_drafted: torch.Tensor, group: torch.Tensor, num_groups: int, *,
+                  num_sampling: torch.Tensor, num_scheduled: torch.Tensor, fixed_ms: torch.Tensor,
+                  verify_ms: torch.Tensor) -> Plan:
+    """`plan` from survivals already known ([S, K], non-increasing along K), e.g. HVD's survival heads."""
+    live = rank_slots(surv, num_drafted, group, num_groups)
+    budget = torch.minimum(best_budget(live, num_sampling, num_scheduled, fixed_ms, verify_ms), live.slots)
+    cost_ms = fixed_ms.double() + verify_ms[num_scheduled + budget]
+    return Plan(prefixes(live, budget, surv.shape[0]), budget, expected_tokens(live, budget, num_sampling),
+                cost_ms, surv)
+
+
+def verify_lookup(verify_cost, max_tokens: int, device=None) -> torch.Tensor:
+    """[max_tokens + 1] float64 ms of verifying 0..max_tokens target tokens: a cost curve as a table
+    (`CostTable.verify_cost` or any numpy-array function), built once on the host, kept on `device`."""
+    import numpy as np
+
+    ms = verify_cost(np.arange(max_tokens + 1))
+    return torch.as_tensor(np.asarray(ms, dtype=np.float64).reshape(-1), device=device)
+
+
+def single_group(rows: int, device=None) -> torch.Tensor:
+    """[rows] zeros: every row in one group (the live step)."""
+    return torch.zeros(rows, dtype=torch.int64, device=device)
+
+
+__all__ = ["Plan", "Ranked", "best_budget", "expected_tokens", "plan", "plan_survival", "prefixes", "rank_slots",
+           "single_group", "survival", "verify_lookup"]

@@ -1,0 +1,56 @@
+"""The values one speculative step passes between its stages (a leaf module: torch and dataclasses only).
+
+  drafter ──DraftBatch──► policy ──StepPlan──► verifier ──VerifyOutcome──► policy (online refit)
+                     Load ──┘
+The drafter, the verify policy, the engine and the simulator all speak these four types, so none of
+them imports another stage to learn its shapes. Every tensor lives on the engine's device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the scheduler knows about this step besides the drafts (host ints, from its own bookkeeping)."""
+
+    num_requests: int  # requests in the step
+    num_sampling: int  # N_s: requests that sample a token this step (not mid-prefill)
+    num_scheduled_tokens: int  # T: non-draft target tokens already scheduled (1 per decoding request + prefill)
+
+
+@dataclass(frozen=True)
+class DraftBatch:
+    """Lossless features of this step's drafts. Never holds q(x_sampled) or the drawn tokens."""
+
+    features: dict[str, torch.Tensor]  # name -> [B, K] float32, lossless features only
+    num_drafted: torch.Tensor  # [B] int64, drafts proposed per request (<= K)
+    # [B, K] float32 acceptance predictions already made inside the draft passes (the confidence
+    # kernel, from the estimator's coefficients); None: the policy predicts from `features`
+    confidences: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """A verify policy's decision for one step."""
+
+    num_verify: torch.Tensor  # [B] int64, k_r in [0, num_drafted_r]: the verified prefix length of request r
+    confidences: torch.Tensor | None = None  # [B, K] predictions the decision used (None: none; the trace's column)
+
+
+@dataclass(frozen=True)
+class VerifyOutcome:
+    """What verification decided, fed back to the policy for online refits."""
+
+    features: dict[str, torch.Tensor]  # name -> [B, K] (same as DraftBatch)
+    confidences: torch.Tensor | None  # [B, K] predictions used when deciding (None if none)
+    num_verify: torch.Tensor  # [B] int64
+    num_accepted: torch.Tensor  # [B] int64
+    # Labels follow docs/estimator.md: slot j of request r is observed iff j < num_verify[r] and
+    # j <= num_accepted[r] (at or before the first rejection); label = j < num_accepted[r].
+
+
+__all__ = ["DraftBatch", "Load", "StepPlan", "VerifyOutcome"]

