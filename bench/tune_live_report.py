@@ -107,7 +107,8 @@ def write_report(data: dict, path: Path) -> str:
             f"arrivals at output tokens {sorted(set(r['arrival_tokens']))}" for r in data["plan"]) + ".",
         "Cells: tokens/s (generated tokens / wall time, prefill included); (n≠): n outputs differ from the "
         "same engine's no-spec outputs at T = 0.", "",
-        "## Verdicts", "", *verdicts(data), "", "## Measured", "", *tables(data),
+        "## Verdicts", "", *verdicts(data), "", *(["## Notes", "", *(f"- {n}" for n in data["notes"]), ""] if data.get("notes") else []),
+        "## Measured", "", *tables(data),
         "## Batch sizes visited by the mixed run", "", *(visits or ["- (no tuned mixed run yet)"]), "",
         f"Mixed run's requests: {len(mixed['prompts']) if mixed else 0}.", "",
         "## Commands (each piece run as `flock /tmp/avkit-bench.lock nice -n -15 python ...`)", "", *piece_lines, ""]
