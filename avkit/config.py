@@ -226,12 +226,14 @@ class RecordConfig:
     threads: int = 0  # torch intra-op threads (0 = torch's default); 1 is fastest on an oversubscribed CPU
     drafter: str = "model"  # model: the draft model; hybrid: suffix cache or draft model per step (HVD)
     payoff: str = ""  # hybrid: payoff_mlp.pt written by `avkit hvd` ("" = ArcticInference's rule)
+    kernels: str = EngineConfig.kernels  # hot-path kernels: auto | torch | triton (EngineConfig)
 
     def __post_init__(self):
         from avkit.errors import ConfigError
 
         check_placement(self.device, self.dtype)
         check_choice("drafter", self.drafter, ("model", "hybrid"))
+        check_choice("kernels", self.kernels, KERNEL_BACKENDS)
         if not self.datasets:
             raise ConfigError(f"datasets must name at least one workload, got {self.datasets!r}")
         check_range("num_prompts", self.num_prompts, 1)
@@ -482,9 +484,11 @@ class ServeConfig:
     max_body_bytes: int = 8 * 2**20  # larger request bodies get 413 (read before any parsing)
     log_requests: bool = False  # one access-log line per request (method, path, status, tokens, seconds)
     record_flush_s: float = 30.0  # --record: write buffered trace rows to disk this often
+    kernels: str = EngineConfig.kernels  # hot-path kernels: auto | torch | triton (EngineConfig)
 
     def __post_init__(self):
         check_choice("drafter", self.drafter, ("model", "hybrid"))
+        check_choice("kernels", self.kernels, KERNEL_BACKENDS)
         check_placement(self.device, self.dtype)
         check_range("port", self.port, 0, 65535)
         check_range("max_concurrency", self.max_concurrency, 1)

@@ -71,6 +71,8 @@ def register(app: typer.Typer) -> None:
         dtype: Annotated[str, typer.Option(help="model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 | "
                                                 "bfloat16 (~3x float32 on AVX512-BF16 CPUs)")] = _d("dtype"),
         threads: Annotated[int, typer.Option(help="torch threads (0 = default; 1 on a busy CPU)")] = _d("threads"),
+        kernels: Annotated[str, typer.Option(help="hot-path kernels: auto (Triton on CUDA, torch elsewhere) | torch | "
+                                         "triton (on a CPU: Triton's interpreter, TRITON_INTERPRET=1)")] = _d("kernels"),
         drafter: Annotated[str, typer.Option(help="model | hybrid (suffix cache or draft model per step)")] =
             _d("drafter"),
         payoff: Annotated[str, typer.Option(help="hybrid: payoff_mlp.pt from `avkit hvd` (default: "
@@ -87,7 +89,7 @@ def register(app: typer.Typer) -> None:
             temperature=temperature, top_p=top_p, concurrency=concurrency, seed=seed, out=out, resume=resume,
             overwrite=overwrite,
             slots_per_dataset=slots_per_dataset, flush_interval_s=flush_interval, device=device, dtype=dtype,
-            threads=threads, drafter=drafter, payoff=payoff)
+            threads=threads, drafter=drafter, payoff=payoff, kernels=kernels)
         check_datasets(config.datasets)
         preflight(config)  # --out and --resume checks, before the banner and the models
         console = Console(stderr=True)

@@ -73,6 +73,8 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int, _o("engine seed")] = _d("seed"),
         device: Annotated[str, _o("auto (a GPU if torch sees one) | cpu | cuda[:N]")] = _d("device"),
         dtype: Annotated[str, _o("auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16")] = _d("dtype"),
+        kernels: Annotated[str, _o("hot-path kernels: auto (Triton on CUDA, torch elsewhere) | torch | "
+                                         "triton (on a CPU: Triton's interpreter, TRITON_INTERPRET=1)")] = _d("kernels"),
         grace_period: Annotated[float, _o("seconds to finish in-flight requests on SIGTERM")] =
             _d("grace_period_s"),
         max_body_bytes: Annotated[int, _o("largest request body in bytes (413 beyond)")] = _d("max_body_bytes"),
@@ -94,7 +96,7 @@ def register(app: typer.Typer) -> None:
             queue_size=queue_size, max_len=max_len, max_tokens_limit=max_new_tokens,
             default_max_tokens=min(_d("default_max_tokens"), max_new_tokens), k=k, seed=seed,
             device=device, dtype=dtype, grace_period_s=grace_period, max_body_bytes=max_body_bytes,
-            log_requests=log_requests)
+            log_requests=log_requests, kernels=kernels)
         # Everything that can be wrong with the options fails here, as one line, before the models load.
         warm_start(config)
         if config.record:

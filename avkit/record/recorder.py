@@ -196,7 +196,7 @@ def _run(config, target, draft, sink, queue, gens, run_id, stats, progress, cons
         drafter = make_hybrid_drafter(draft, config.concurrency, max_len, payoff_path=config.payoff or None,
                                       tokenizer=config.target, k=config.k)
     engine = Engine(target, draft, EngineConfig(k=config.k, max_batch=config.concurrency, max_len=max_len,
-                                                seed=config.seed), sink=sink, drafter=drafter)
+                                                seed=config.seed, kernels=config.kernels), sink=sink, drafter=drafter)
     engine.engine_step = step_offset
     active: dict[str, Turn] = {}
     outputs: dict[str, list[int]] = {}

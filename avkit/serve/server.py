@@ -111,7 +111,7 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
     sink = ServeSink(metrics, _trace_writer(config, target, draft), run_id=f"serve-{uuid.uuid4().hex[:8]}",
                      side_writes=side_writes, flush_s=config.record_flush_s)
     engine_config = EngineConfig(k=config.k if draft is not None else 0, max_batch=config.max_concurrency,
-                                 max_len=config.max_len, seed=config.seed)
+                                 max_len=config.max_len, seed=config.seed, kernels=config.kernels)
 
     def make_engine():
         drafter = None  # the engine builds the model drafter itself
