@@ -155,8 +155,8 @@ def section(results: list[Result], wall_s: float, violations: list[str], cfg, st
     steps = stats.get("avkit_step_seconds_count", 0)
     busy = stats.get("avkit_step_seconds_sum", 0.0)
     return [
-        (f"## max_concurrency {cfg.max_concurrency}, queue_size {cfg.queue_size} "
-         f"(admits {cfg.max_concurrency + cfg.queue_size} at once)"), "",
+        (f"## max_concurrency {cfg.engine.max_batch}, queue_size {cfg.http.queue_size} "
+         f"(admits {cfg.engine.max_batch + cfg.http.queue_size} at once)"), "",
         ("| requests | completed (200) | rejected (429) | lost / other | duplicates | wall s | tokens "
          "| tokens/s |"),
         "|---|---|---|---|---|---|---|---|",
@@ -189,8 +189,8 @@ def header(args, cfg) -> list[str]:
         (f"Model: tiny random Qwen2 pair (vocab {args.vocab}, hidden 64, 2 layers; draft = target weights x "
          f"0.25/0.3), fp32 CPU, torch threads {args.threads}.  "),
         (f"Each client sends {args.requests} streaming completions one after another (T={args.temperature}, "
-         f"max_tokens {args.max_tokens}, seeded); K={cfg.k}, policy {cfg.policy} ({cfg.estimator}, refit "
-         f"every {cfg.refit_interval} steps)."), "",
+         f"max_tokens {args.max_tokens}, seeded); K={cfg.engine.k}, policy {cfg.policy} ({cfg.adaptive.estimator}, refit "
+         f"every {cfg.online.refit_interval} steps)."), "",
     ]
 
 
@@ -233,7 +233,7 @@ def main() -> int:
 
     import torch
 
-    from avkit.config import ServeConfig
+    from avkit.config import EngineConfig, EstimatorConfig, HttpConfig, ModelsConfig, ServeConfig
     from avkit.models import load
 
     torch.set_num_threads(args.threads)
@@ -247,11 +247,12 @@ def main() -> int:
             draft = str(write_tiny_model(Path(tmp) / "draft", vocab=args.vocab, seed=0, init_std=0.25))
         models = load(target), load(draft) if draft else None
         for queue_size in [int(q) for q in args.queue_sizes.split(",")]:
-            cfg = ServeConfig(target=target, draft=draft or "none", served_model_name="tiny", k=args.k,
-                              refit_interval=args.refit_interval, snapshot=str(Path(tmp) / "snap.json"),
-                              resume=False, max_concurrency=args.max_concurrency, queue_size=queue_size,
-                              max_len=512, max_tokens_limit=max(args.max_tokens, 16), default_max_tokens=16,
-                              grace_period_s=5.0)
+            cfg = ServeConfig(models=ModelsConfig(target=target, draft=draft or "none"),
+                              engine=EngineConfig(k=args.k, max_batch=args.max_concurrency, max_len=512),
+                              online=EstimatorConfig(refit_interval=args.refit_interval),
+                              http=HttpConfig(served_model_name="tiny", queue_size=queue_size, grace_period_s=5.0),
+                              snapshot=str(Path(tmp) / "snap.json"), resume=False,
+                              max_tokens_limit=max(args.max_tokens, 16), default_max_tokens=16)
             section_lines, violations = run_scenario(cfg, models, args)
             lines += (header(args, cfg) if not lines else []) + section_lines
             failed |= bool(violations)

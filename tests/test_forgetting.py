@@ -135,7 +135,7 @@ def test_simulate_runs_it_warm_started(fitted):
 
 
 def test_serve_uses_it_and_refuses_another_pairs_snapshot(tmp_path):
-    from avkit.config import ServeConfig
+    from avkit.config import AdaptiveConfig, EngineConfig, ModelsConfig, ServeConfig
     from avkit.errors import ConfigError
     from avkit.models import load
     from avkit.models.testing import write_tiny_model
@@ -145,8 +145,9 @@ def test_serve_uses_it_and_refuses_another_pairs_snapshot(tmp_path):
     tpath = write_tiny_model(tmp_path / "target", vocab=384, seed=0)
     dpath = write_tiny_model(tmp_path / "draft", vocab=384, seed=1)
     target, draft = load(tpath), load(dpath)
-    config = ServeConfig(target=str(tpath), draft=str(dpath), k=4, estimator="forgetting_logistic",
-                         snapshot=str(tmp_path / "snap.json"), cost="roofline:cpu:1.5b")
+    config = ServeConfig(models=ModelsConfig(target=str(tpath), draft=str(dpath)), engine=EngineConfig(k=4),
+                         adaptive=AdaptiveConfig(estimator="forgetting_logistic", cost="roofline:cpu:1.5b"),
+                         snapshot=str(tmp_path / "snap.json"))
     state = build_state(config, target=target, draft=draft)
     est = state.make_engine().policy.estimator
     assert est.name == "forgetting_logistic"  # (the shipped K = 7 fit does not apply to K = 4)

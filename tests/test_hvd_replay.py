@@ -209,7 +209,7 @@ def test_trace_matches_equal_teacher_forced_draft(tmp_path):
 
     import torch
 
-    from avkit.config import RecordConfig
+    from avkit.config import EngineConfig, RecordConfig, SamplingConfig
     from avkit.hvd.model_accept import matches_from_draft
     from avkit.models import load
     from avkit.models.testing import write_tiny_model
@@ -228,8 +228,10 @@ def test_trace_matches_equal_teacher_forced_draft(tmp_path):
         prompts = tmp_path / "p.jsonl"
         prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ("def add(a, b):", "Hello", "x = 1")))
         out = tmp_path / "greedy.parquet"
-        record(RecordConfig(datasets=(str(prompts),), num_prompts=3, max_new_tokens=24, k=4, concurrency=2,
-                            seed=0, temperature=0.0, out=str(out)), target=target, draft=draft, progress=False)
+        record(RecordConfig(engine=EngineConfig(k=4, max_batch=2, seed=0),
+                            sampling=SamplingConfig(temperature=0.0, max_new_tokens=24),
+                            datasets=(str(prompts),), num_prompts=3, out=str(out)),
+               target=target, draft=draft, progress=False)
         gens = pl.read_parquet(generations_path(out)).with_columns(pl.col("request_id").cast(pl.String))
         match, known = matches_from_trace(pl.read_parquet(out), gens)
         hits = 0

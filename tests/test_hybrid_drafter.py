@@ -92,3 +92,57 @@ def test_from_file_loads_payoff_and_tau(tmp_path):
     PayoffMLP(names, K, PayoffConfig(epochs=1)).fit(x, x[:, 1]).save(tmp_path / "p.pt", tau=2.5)
     live = HybridDrafter.from_file(None, tmp_path / "p.pt", vocab_size=V)
     assert live.tau == 2.5 and live.k == K and live.payoff.feature_names == names
+
+
+def test_substring_index_equals_brute_force():
+    """The suffix automaton behind in_prompt / in_output vs a direct search, on growing texts."""
+    from avkit.hvd.features import contains
+    from avkit.hvd.substrings import SubstringIndex
+
+    rng = np.random.default_rng(3)
+    for alphabet in (2, 3, 50):
+        text = rng.integers(0, alphabet, 300).tolist()
+        ix = SubstringIndex()
+        for n, tok in enumerate(text):
+            ix.append(tok)
+            for _ in range(4):
+                m = int(rng.integers(1, 9))
+                start = int(rng.integers(0, n + 1))
+                pat = text[start: start + m] if rng.random() < 0.5 else rng.integers(0, alphabet, m).tolist()
+                haystack = np.asarray(text[: n + 1], dtype=np.int32).tobytes()
+                assert ix.contains(pat) == contains(haystack, pat), (alphabet, n, pat)
+        assert ix.size == len(text) and ix.contains([])
+
+
+class _DeviceLog(torch.overrides.TorchFunctionMode):
+    """Records the device asked for by every tensor factory call (None when the call named none)."""
+
+    FACTORIES = frozenset({torch.zeros, torch.ones, torch.full, torch.empty, torch.tensor, torch.as_tensor,
+                           torch.arange, torch.zeros_like, torch.full_like, torch.from_numpy})
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[str, object]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in self.FACTORIES and not func.__name__.endswith("_like"):
+            self.calls.append((func.__name__, kwargs.get("device")))
+        return func(*args, **kwargs)
+
+
+def test_every_tensor_follows_the_input_device():
+    """Each tensor the hybrid drafter makes names the device of its inputs (on CUDA a CPU tensor
+    would fail at the first mixed op); here the inputs sit on the CPU, so `device` must be given."""
+    live = HybridDrafter(None, None, tau=0.0, cache_config=SuffixCacheConfig(min_token_prob=0.0), vocab_size=V,
+                         rule="cache")
+    seq = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
+    inp = _inp([seq, [7, 8, 9], seq[:9]])
+    with _DeviceLog() as log:
+        prop = live.propose(inp)
+    assert log.calls and all(str(dev) == str(inp.num_draft.device) for _, dev in log.calls), log.calls
+    assert prop.kind == ["suffix", "model", "suffix"]
+    for t in (prop.tokens, prop.probs, prop.q_sampled, prop.num_drafted, *prop.features.values(),
+              *prop.extra.values()):
+        assert t.device == inp.num_draft.device
+

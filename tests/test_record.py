@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from avkit.cli import app
-from avkit.config import RecordConfig
+from avkit.config import EngineConfig, ModelsConfig, RecordConfig, SamplingConfig
 from avkit.record import record
 from avkit.record.requests import PromptQueue
 from avkit.record.stats import AcceptanceStats
@@ -58,10 +58,12 @@ def prompts(tmp_path_factory):
     return f
 
 
-def config(prompts, out, **kw) -> RecordConfig:
-    base = {"datasets": (str(prompts),), "num_prompts": 3, "max_new_tokens": 12, "k": 3, "concurrency": 2,
-            "seed": 0, "out": str(out)}
-    return RecordConfig(**{**base, **kw})
+def config(prompts, out, *, max_new_tokens: int = 12, concurrency: int = 2, temperature: float = 1.0,
+           drafter: str = "model", **kw) -> RecordConfig:
+    """A small recording of `prompts` at K = 3; `kw` sets RecordConfig's own fields."""
+    return RecordConfig(models=ModelsConfig(drafter=drafter), engine=EngineConfig(k=3, max_batch=concurrency, seed=0),
+                        sampling=SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens),
+                        **{"datasets": (str(prompts),), "num_prompts": 3, "out": str(out), **kw})
 
 
 def run(pair, cfg):

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from avkit.config import RecordConfig, default_of
+from avkit.config import EngineConfig, ModelsConfig, RecordConfig, SamplingConfig, default_of, named
 from avkit.errors import ConfigError
 
 
@@ -43,20 +43,20 @@ def render(result, console: Console) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("record")
     def record(
-        target: Annotated[str, typer.Option(help="target model: alias, HF directory or GGUF file")] = _d("target"),
-        draft: Annotated[str, typer.Option(help="draft model ('none' = target-only decoding)")] = _d("draft"),
+        target: Annotated[str, typer.Option(help="target model: alias, HF directory or GGUF file")] = _d("models.target"),
+        draft: Annotated[str, typer.Option(help="draft model ('none' = target-only decoding)")] = _d("models.draft"),
         dataset: Annotated[list[str] | None, typer.Option(
             "--dataset", help="a workload (docs/workloads.md: humaneval, mtbench, sharegpt, bfcl, humaneval_edit, bfcl_multiturn, mtbench_revise, sharegpt_multiround) or FILE.jsonl (repeatable)")] = None,
         num_prompts: Annotated[int, typer.Option(help="prompts per dataset")] = _d("num_prompts"),
         max_new_tokens: Annotated[int, typer.Option(help="tokens generated per request at most")] =
-            _d("max_new_tokens"),
+            _d("sampling.max_new_tokens"),
         max_prompt_tokens: Annotated[int, typer.Option(help="skip prompts longer than this")] =
             _d("max_prompt_tokens"),
-        k: Annotated[int, typer.Option("-k", "--k", help="draft tokens per step")] = _d("k"),
-        temperature: Annotated[float, typer.Option(help="sampling temperature (0 = greedy)")] = _d("temperature"),
-        top_p: Annotated[float, typer.Option(help="top-p of target and draft sampling")] = _d("top_p"),
-        concurrency: Annotated[int, typer.Option(help="requests decoding at once")] = _d("concurrency"),
-        seed: Annotated[int, typer.Option(help="prompt order and sampling seed")] = _d("seed"),
+        k: Annotated[int, typer.Option("-k", "--k", help="draft tokens per step")] = _d("engine.k"),
+        temperature: Annotated[float, typer.Option(help="sampling temperature (0 = greedy)")] = _d("sampling.temperature"),
+        top_p: Annotated[float, typer.Option(help="top-p of target and draft sampling")] = _d("sampling.top_p"),
+        concurrency: Annotated[int, typer.Option(help="requests decoding at once")] = _d("engine.max_batch"),
+        seed: Annotated[int, typer.Option(help="prompt order and sampling seed")] = _d("engine.seed"),
         out: Annotated[str, typer.Option(help="trace file (.parquet); generations go beside it")] = _d("out"),
         resume: Annotated[bool, typer.Option(help="continue OUT: skip finished requests (refused when OUT was "
                                                  "recorded with another K, temperature, top-p, drafter or "
@@ -67,31 +67,35 @@ def register(app: typer.Typer) -> None:
             help="stop admitting a dataset after this many labelled slots (0 = off)")] = _d("slots_per_dataset"),
         flush_interval: Annotated[float, typer.Option(help="seconds between flushes to disk")] =
             _d("flush_interval_s"),
-        device: Annotated[str, typer.Option(help="auto (a GPU if torch sees one) | cpu | cuda[:N]")] = _d("device"),
+        device: Annotated[str, typer.Option(help="auto (a GPU if torch sees one) | cpu | cuda[:N]")] = _d("models.device"),
         dtype: Annotated[str, typer.Option(help="model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 | "
-                                                "bfloat16 (~3x float32 on AVX512-BF16 CPUs)")] = _d("dtype"),
+                                                "bfloat16 (~3x float32 on AVX512-BF16 CPUs)")] = _d("models.dtype"),
+        kernels: Annotated[str, typer.Option(help="hot-path kernels: auto (Triton on CUDA, torch elsewhere) | torch | "
+                                         "triton (on a CPU: Triton's interpreter, TRITON_INTERPRET=1)")] = _d("engine.kernels"),
         threads: Annotated[int, typer.Option(help="torch threads (0 = default; 1 on a busy CPU)")] = _d("threads"),
         drafter: Annotated[str, typer.Option(help="model | hybrid (suffix cache or draft model per step)")] =
-            _d("drafter"),
+            _d("models.drafter"),
         payoff: Annotated[str, typer.Option(help="hybrid: payoff_mlp.pt from `avkit hvd` (default: "
-                                                 "ArcticInference's rule)")] = _d("payoff"),
+                                                 "ArcticInference's rule)")] = _d("models.payoff"),
         progress: Annotated[bool, typer.Option(help="show the progress bar")] = True,
     ):
         """Record acceptance traces: one row per draft slot, streamed to Parquet in row groups."""
         from avkit.record import record as run
         from avkit.record.files import preflight
 
-        config = RecordConfig(
-            target=target, draft=draft, datasets=tuple(dataset) if dataset else _d("datasets"),
-            num_prompts=num_prompts, max_new_tokens=max_new_tokens, max_prompt_tokens=max_prompt_tokens, k=k,
-            temperature=temperature, top_p=top_p, concurrency=concurrency, seed=seed, out=out, resume=resume,
-            overwrite=overwrite,
-            slots_per_dataset=slots_per_dataset, flush_interval_s=flush_interval, device=device, dtype=dtype,
-            threads=threads, drafter=drafter, payoff=payoff)
+        with named(max_batch="concurrency"):  # the option's name in record's errors
+            config = RecordConfig(
+                models=ModelsConfig(target=target, draft=draft, drafter=drafter, payoff=payoff, device=device,
+                                    dtype=dtype),
+                engine=EngineConfig(k=k, max_batch=concurrency, seed=seed, kernels=kernels),
+                sampling=SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens),
+                datasets=tuple(dataset) if dataset else _d("datasets"), num_prompts=num_prompts,
+                max_prompt_tokens=max_prompt_tokens, out=out, resume=resume, overwrite=overwrite,
+                slots_per_dataset=slots_per_dataset, flush_interval_s=flush_interval, threads=threads)
         check_datasets(config.datasets)
         preflight(config)  # --out and --resume checks, before the banner and the models
         console = Console(stderr=True)
-        console.print(f"avkit record: {config.target} + {config.draft or 'no draft'}, "
+        console.print(f"avkit record: {config.models.target} + {config.models.draft or 'no draft'}, "
                       f"datasets {', '.join(config.datasets)} -> {config.out}")
         result = run(config, progress=progress, console=console)
         render(result, console)

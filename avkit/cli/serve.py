@@ -7,7 +7,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from avkit.config import ServeConfig, default_of
+from avkit.config import (
+    AdaptiveConfig, EngineConfig, EstimatorConfig, HttpConfig, ModelsConfig, ServeConfig, default_of, named)
 from avkit.errors import ConfigError
 
 
@@ -38,48 +39,50 @@ def policy_spec(spec: str, estimator: str, k: int) -> tuple[str, str, int]:
 def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve(
-        target: Annotated[str, _o("target model: alias, HF directory or GGUF file")] = _d("target"),
-        draft: Annotated[str, _o("draft model ('none' = target-only decoding)")] = _d("draft"),
-        drafter: Annotated[str, _o("drafter: model | hybrid (suffix cache + model)")] = _d("drafter"),
-        payoff: Annotated[str, _o("hybrid: payoff_mlp.pt from `avkit hvd`")] = _d("payoff"),
+        target: Annotated[str, _o("target model: alias, HF directory or GGUF file")] = _d("models.target"),
+        draft: Annotated[str, _o("draft model ('none' = target-only decoding)")] = _d("models.draft"),
+        drafter: Annotated[str, _o("drafter: model | hybrid (suffix cache + model)")] = _d("models.drafter"),
+        payoff: Annotated[str, _o("hybrid: payoff_mlp.pt from `avkit hvd`")] = _d("models.payoff"),
         policy: Annotated[str, _o("verify policy: adaptive[:ESTIMATOR] | full | fixed[:K] (simulate's --policy "
                                   "syntax) | schedule (K by batch size, --schedule)")] = _d("policy"),
         schedule: Annotated[str, _o("--policy schedule: `avkit tune` results JSON or its --format vllm "
                                     "fragment")] = _d("schedule"),
-        estimator: Annotated[str, _o("adaptive policy's estimator (registry name)")] = _d("estimator"),
-        refit_interval: Annotated[int, _o("engine steps per online refit")] = _d("refit_interval"),
+        estimator: Annotated[str, _o("adaptive policy's estimator (registry name)")] = _d("adaptive.estimator"),
+        refit_interval: Annotated[int, _o("engine steps per online refit")] = _d("online.refit_interval"),
         coefficients: Annotated[str, _o("deployed coefficients.json (warm start; wins over an existing "
-                                        "snapshot)")] = _d("coefficients"),
-        cost: Annotated[str, _o("cost table JSON from `avkit profile`, or roofline:GPU:MODEL")] = _d("cost"),
+                                        "snapshot)")] = _d("adaptive.coefficients"),
+        cost: Annotated[str, _o("cost table JSON from `avkit profile`, or roofline:GPU:MODEL")] = _d("adaptive.cost"),
         draft_gate: Annotated[bool, _o("adaptive: skip drafting in steps where no draft depth pays")] =
-            _d("draft_gate"),
+            _d("adaptive.gate"),
         snapshot: Annotated[str, _o("live coefficient snapshot (default "
                                     "~/.cache/avkit/serve/coefficients.json)")] = _d("snapshot"),
         snapshot_every: Annotated[int, _o("snapshot every M refits")] = _d("snapshot_every"),
         resume: Annotated[bool, _o("warm-start from the snapshot when it exists (and no --coefficients)")] =
             _d("resume"),
         record: Annotated[str, _o("stream per-draft trace rows to this Parquet file")] = _d("record"),
-        host: Annotated[str, _o("bind address (loopback by default)")] = _d("host"),
-        port: Annotated[int, _o("TCP port")] = _d("port"),
+        host: Annotated[str, _o("bind address (loopback by default)")] = _d("http.host"),
+        port: Annotated[int, _o("TCP port")] = _d("http.port"),
         api_key: Annotated[str, _o("require `Authorization: Bearer KEY`; prefer the AVKIT_API_KEY environment "
                                    "variable: a key on the command line is visible to every user in `ps`",
-                                   envvar="AVKIT_API_KEY", show_default=False)] = _d("api_key"),
+                                   envvar="AVKIT_API_KEY", show_default=False)] = _d("http.api_key"),
         served_model_name: Annotated[str, _o("model name clients use (default: the target id)")] =
-            _d("served_model_name"),
-        concurrency: Annotated[int, _o("requests decoding at once, at most")] = _d("max_concurrency"),
-        queue_size: Annotated[int, _o("requests waiting beyond those before 429")] = _d("queue_size"),
-        max_len: Annotated[int, _o("context limit in tokens")] = _d("max_len"),
+            _d("http.served_model_name"),
+        concurrency: Annotated[int, _o("requests decoding at once, at most")] = _d("engine.max_batch"),
+        queue_size: Annotated[int, _o("requests waiting beyond those before 429")] = _d("http.queue_size"),
+        max_len: Annotated[int, _o("context limit in tokens")] = _d("engine.max_len"),
         max_new_tokens: Annotated[int, _o("largest max_tokens a request may ask (new tokens per request)")] =
             _d("max_tokens_limit"),
-        k: Annotated[int, typer.Option("-k", "--k", help="draft tokens per step")] = _d("k"),
-        seed: Annotated[int, _o("engine seed")] = _d("seed"),
-        device: Annotated[str, _o("auto (a GPU if torch sees one) | cpu | cuda[:N]")] = _d("device"),
-        dtype: Annotated[str, _o("auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16")] = _d("dtype"),
+        k: Annotated[int, typer.Option("-k", "--k", help="draft tokens per step")] = _d("engine.k"),
+        seed: Annotated[int, _o("engine seed")] = _d("engine.seed"),
+        device: Annotated[str, _o("auto (a GPU if torch sees one) | cpu | cuda[:N]")] = _d("models.device"),
+        dtype: Annotated[str, _o("auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16")] = _d("models.dtype"),
+        kernels: Annotated[str, _o("hot-path kernels: auto (Triton on CUDA, torch elsewhere) | torch | "
+                                         "triton (on a CPU: Triton's interpreter, TRITON_INTERPRET=1)")] = _d("engine.kernels"),
         grace_period: Annotated[float, _o("seconds to finish in-flight requests on SIGTERM")] =
-            _d("grace_period_s"),
-        max_body_bytes: Annotated[int, _o("largest request body in bytes (413 beyond)")] = _d("max_body_bytes"),
+            _d("http.grace_period_s"),
+        max_body_bytes: Annotated[int, _o("largest request body in bytes (413 beyond)")] = _d("http.max_body_bytes"),
         log_requests: Annotated[bool, _o("one access-log line per request: method, path, status, tokens, "
-                                         "seconds")] = _d("log_requests"),
+                                         "seconds")] = _d("http.log_requests"),
         log_level: Annotated[str, _o("log level (uvicorn and avkit)")] = "info",
     ):
         """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
@@ -88,29 +91,32 @@ def register(app: typer.Typer) -> None:
         from avkit.serve.startup import bind_socket, check_record_writable, warm_start
 
         policy, estimator, k = policy_spec(policy, estimator, k)
-        config = ServeConfig(
-            target=target, draft=draft, drafter=drafter, payoff=payoff, policy=policy, schedule=schedule,
-            estimator=estimator,
-            refit_interval=refit_interval, coefficients=coefficients, cost=cost, draft_gate=draft_gate,
-            snapshot=snapshot, snapshot_every=snapshot_every, resume=resume, record=record, host=host, port=port,
-            api_key=api_key, served_model_name=served_model_name, max_concurrency=concurrency,
-            queue_size=queue_size, max_len=max_len, max_tokens_limit=max_new_tokens,
-            default_max_tokens=min(_d("default_max_tokens"), max_new_tokens), k=k, seed=seed,
-            device=device, dtype=dtype, grace_period_s=grace_period, max_body_bytes=max_body_bytes,
-            log_requests=log_requests)
+        with named(max_batch="max_concurrency"):  # the names serve's errors have always used
+            config = ServeConfig(
+                models=ModelsConfig(target=target, draft=draft, drafter=drafter, payoff=payoff, device=device,
+                                    dtype=dtype),
+                engine=EngineConfig(k=k, max_batch=concurrency, max_len=max_len, seed=seed, kernels=kernels),
+                online=EstimatorConfig(refit_interval=refit_interval),
+                adaptive=AdaptiveConfig(estimator=estimator, coefficients=coefficients, cost=cost, gate=draft_gate),
+                http=HttpConfig(host=host, port=port, api_key=api_key, served_model_name=served_model_name,
+                                queue_size=queue_size, grace_period_s=grace_period, max_body_bytes=max_body_bytes,
+                                log_requests=log_requests),
+                policy=policy, schedule=schedule, snapshot=snapshot, snapshot_every=snapshot_every, resume=resume, record=record,
+                max_tokens_limit=max_new_tokens,
+                default_max_tokens=min(_d("default_max_tokens"), max_new_tokens))
         # Everything that can be wrong with the options fails here, as one line, before the models load.
         warm_start(config)
         if config.policy == "schedule":
             from avkit.scheduling.batch_schedule import make_scheduled
 
-            make_scheduled(config.schedule, k=config.k)
+            make_scheduled(config.schedule, k=config.engine.k)
         if config.record:
             check_record_writable(config.record)
-        sock = bind_socket(config.host, config.port)
+        sock = bind_socket(config.http.host, config.http.port)
         console = Console(stderr=True)
         warning = bind_warning(config)
         if warning:
             console.print(f"[bold yellow]warning:[/] {warning}")
-        draft_note = f" + {config.draft}" if config.draft not in ("", "none") else ""
-        console.print(f"avkit serve: loading {config.target}{draft_note}")
+        draft_note = f" + {config.models.draft}" if config.models.draft not in ("", "none") else ""
+        console.print(f"avkit serve: loading {config.models.target}{draft_note}")
         run(config, log_level=log_level, sock=sock)

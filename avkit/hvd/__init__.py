@@ -1,8 +1,8 @@
 """Hybrid Verified Decoding (docs/hvd.md): route each decode step to the suffix cache or the draft model.
 
-Reading order: `avkit.hvd.suffix_cache` (the cache drafter) -> `avkit.hvd.replay` (trace
-replay: oracle accepted lengths and features) -> `features`, `model_accept`, `token_classes` (what the
-replay computes) -> `avkit.hvd.payoff_mlp` and `avkit.hvd.router` (predictor, routers) ->
-`path` (decode-path simulation, metrics) -> `fit` (`fit_hvd`, the body of `avkit fit --hvd`) ->
-`avkit.hvd.hybrid_drafter` (the live drafter).
+Reading order: `suffix_cache` (the cache drafter) -> `replay` (trace replay: oracle accepted lengths
+and features) -> `features`, `model_accept`, `token_classes`, `token_lookup` (what the replay
+computes) -> `payoff_mlp` and `router` (predictor, routers) -> `path` (decode-path simulation,
+metrics), `budget_sim` (the joint verification budget) -> `fit` (`fit_hvd`, the body of `avkit fit
+--hvd`) -> `hybrid_drafter` (the live drafter; `substrings` keeps its copy features incremental).
 """

@@ -13,6 +13,12 @@ Glossary:
                from the two-point distribution (P_j / P_{j-1}, rest) of the trie's frequencies
 Routing uses only the context and the cache draft, never which token the target would draw, so
 the output distribution is the target's (docs/lossless.md).
+
+Cost per step and request is independent of the sequence length n: the cache appends the new
+tokens, the history features read the last `history_window` positions, and `in_prompt` /
+`in_output` query suffix automata extended token by token (`substrings.py`) instead of searching
+prompt + output (which made a request O(n^2)). Every tensor of a proposal is made on the device of
+the step's inputs; the host holds the trie and the routing decision, read once per step.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from avkit.hvd.suffix_cache import CacheDraft, SuffixCache
 from avkit.errors import ConfigError
 from avkit.hvd.payoff_mlp import PayoffMLP
 from avkit.features import draft_features
-from avkit.hvd.features import FEATURE_GROUPS, contains, feature_matrix
+from avkit.hvd.features import FEATURE_GROUPS, feature_matrix
+from avkit.hvd.substrings import SubstringIndex
 from avkit.hvd.token_classes import CLASSES
 
 
@@ -40,6 +47,8 @@ class _Slot:
     drafts: list[list[int]] = field(default_factory=list)  # cache draft made at output position t
     hits: list[bool] = field(default_factory=list)  # model hit per output position (True when unknown)
     pending: tuple[int, list[int]] | None = None  # (output position, tokens) of the last model draft
+    in_prompt: SubstringIndex = field(default_factory=SubstringIndex)  # over `prompt`, built once
+    in_output: SubstringIndex = field(default_factory=SubstringIndex)  # over seq[len(prompt):], grows
 
 
 def _prefix(a: list[int], b: list[int]) -> int:
@@ -70,6 +79,7 @@ class HybridDrafter:
         if self.vocab_size is None:
             raise ConfigError("hybrid drafter: vocab_size is needed when there is no model drafter")
         self._slots: dict[int, _Slot] = {}
+        self._slot_ids: list[int] = []  # this step's slots, row by row (read once in `features`)
         self._n = 0
 
     @classmethod
@@ -86,7 +96,8 @@ class HybridDrafter:
         st = self._slots.get(slot)
         if st is None:
             self._n += 1
-            st = self._slots[slot] = _Slot(f"s{slot}.{self._n}", list(seq), list(seq))
+            st = self._slots[slot] = _Slot(f"s{slot}.{self._n}", list(seq), list(seq),
+                                           in_prompt=SubstringIndex(seq))
             self.cache.start_request(st.rid, seq)
             return st
         for tok in seq[len(st.seq):]:
@@ -94,10 +105,11 @@ class HybridDrafter:
             st.hits.append(True)
             self.cache.append(st.rid, [tok])
             st.seq.append(tok)
+            st.in_output.append(tok)
         if st.pending is not None:  # learn the model's hits from its last proposal, now verified
             t0, toks = st.pending
             st.pending = None
-            truth = st.seq[len(st.prompt) + t0:]
+            truth = st.seq[len(st.prompt) + t0: len(st.prompt) + t0 + len(toks)]
             n = _prefix(toks, truth)
             if n < min(len(toks), len(truth)):
                 st.hits[t0 + n] = False
@@ -105,9 +117,10 @@ class HybridDrafter:
 
     def _row_features(self, st: _Slot, d: CacheDraft) -> dict[str, float]:
         t, p = len(st.seq) - len(st.prompt), len(st.prompt)
-        out = st.seq[p:]
         lags = range(1, min(self.window, t) + 1)
-        acc = [_prefix(st.drafts[t - l], out[t - l:]) for l in lags]  # truncated at t by construction
+        # cache accepted length at t - l: the draft made there against the output that followed
+        # (truncated at t by construction: a draft made at t - l has at most l revealed tokens here)
+        acc = [_prefix(d0 := st.drafts[t - l], st.seq[p + t - l: p + t - l + len(d0)]) for l in lags]
         hits = [float(st.hits[t - l]) for l in lags]
         k = self.k
         m_acc = []
@@ -125,8 +138,8 @@ class HybridDrafter:
             "hist_cache_acc": np.mean(acc) if acc else 0.0,
             "hist_cache_hit": np.mean([a > 0 for a in acc]) if acc else 0.0,
             "hist_model_hit": np.mean(hits) if hits else 0.0, "hist_model_acc": np.mean(m_acc) if m_acc else 0.0,
-            "in_prompt": float(bool(tail) and contains(np.asarray(st.prompt, np.int32).tobytes(), tail)),
-            "in_output": float(bool(tail) and contains(np.asarray(out, np.int32).tobytes(), tail)),
+            "in_prompt": float(bool(tail) and st.in_prompt.contains(tail)),
+            "in_output": float(bool(tail) and st.in_output.contains(tail)),
         }
         if self.classes is not None:
             dc = self.classes[d.tokens].mean(0) if d.tokens else np.zeros(len(CLASSES))
@@ -138,9 +151,10 @@ class HybridDrafter:
     def features(self, inp: DraftInput) -> tuple[list[CacheDraft], dict[str, np.ndarray]]:
         """Bring each row's cache up to date; its cache draft and payoff features ([B] per name)."""
         drafts, rows = [], []
-        for b, slot in enumerate(inp.slots.tolist()):
+        self._slot_ids = inp.slots.tolist()  # the step's one host read of slots and draft counts
+        for b, (slot, wanted) in enumerate(zip(self._slot_ids, inp.num_draft.tolist())):
             st = self._sync(slot, inp.sequences[b])
-            drafts.append(d := self.cache.draft(st.rid, min(self.k, int(inp.num_draft[b]))))
+            drafts.append(d := self.cache.draft(st.rid, min(self.k, wanted)))
             rows.append(self._row_features(st, d))
         return drafts, {n: np.array([r[n] for r in rows], dtype=np.float64) for n in rows[0]} if rows else {}
 
@@ -153,17 +167,17 @@ class HybridDrafter:
         return drafts, has & (self.payoff.predict(feature_matrix(cols, self.payoff.feature_names)) > self.tau)
 
     def propose(self, inp: DraftInput) -> DraftProposal:
-        B, K = len(inp.sequences), inp.k
-        drafts, use = self.route(inp)
-        model_rows = torch.from_numpy(np.flatnonzero(~use))
-        V = self.vocab_size
-        tokens, probs = torch.zeros(B, K, dtype=torch.int64), torch.zeros(B, K, V)
-        q_sampled, num = torch.zeros(B, K), torch.zeros(B, dtype=torch.int64)
+        B, K, V, dev = len(inp.sequences), inp.k, self.vocab_size, inp.num_draft.device
+        drafts, use = self.route(inp)  # host: the tries and the router ([B] bool)
+        model_rows = torch.as_tensor(np.flatnonzero(~use), device=dev)  # [Bm]
+        tokens = torch.zeros(B, K, dtype=torch.int64, device=dev)
+        probs = torch.zeros(B, K, V, device=dev)
+        q_sampled, num = torch.zeros(B, K, device=dev), torch.zeros(B, dtype=torch.int64, device=dev)
         feats: dict[str, torch.Tensor] = {}
-        extra = {"match_len": torch.full((B, K), float("nan")), "cache_score": torch.full((B, K), float("nan"))}
+        extra = {name: torch.full((B, K), float("nan"), device=dev) for name in ("match_len", "cache_score")}
         kind = ["suffix" if u else "model" for u in use]
         if self.model_drafter is not None and len(model_rows):
-            sub = DraftInput(inp.slots[model_rows], [inp.sequences[b] for b in model_rows.tolist()],
+            sub = DraftInput(inp.slots[model_rows], [inp.sequences[b] for b in np.flatnonzero(~use).tolist()],
                              inp.num_draft[model_rows], inp.temperature[model_rows], inp.top_p[model_rows],
                              inp.seeds[model_rows], inp.request_keys[model_rows], inp.positions[model_rows])
             prop = self.model_drafter.propose(sub)
@@ -171,28 +185,51 @@ class HybridDrafter:
             tokens[model_rows, :kk], probs[model_rows, :kk] = prop.tokens, prop.probs
             q_sampled[model_rows, :kk], num[model_rows] = prop.q_sampled, prop.num_drafted
             for name, v in prop.features.items():
-                feats.setdefault(name, torch.full((B, K), float("nan")))[model_rows, :kk] = v
-            for i, b in enumerate(model_rows.tolist()):
-                st = self._slots[int(inp.slots[b])]
-                st.pending = (len(st.seq) - len(st.prompt), prop.tokens[i, : int(prop.num_drafted[i])].tolist())
-        for b in np.flatnonzero(use).tolist():
-            self._fill_cache_row(b, drafts[b], tokens, probs, q_sampled, num, feats, extra, K)
+                feats.setdefault(name, torch.full((B, K), float("nan"), device=dev))[model_rows, :kk] = v
+            self._remember_model_drafts(inp, np.flatnonzero(~use), prop)
+        cache_rows = np.flatnonzero(use)
+        if len(cache_rows):
+            self._fill_cache_rows(cache_rows, [drafts[b] for b in cache_rows], tokens, probs, q_sampled, num,
+                                  feats, extra)
         return DraftProposal(tokens, probs, q_sampled, feats, num, kind, extra)
 
-    def _fill_cache_row(self, b, d: CacheDraft, tokens, probs, q_sampled, num, feats, extra, K) -> None:
-        n = min(d.draft_len, K)
-        idx = torch.tensor(d.tokens[:n])
-        tokens[b, :n] = idx
-        probs[b, torch.arange(n), idx] = 1.0  # deterministic draft: one-hot
-        q_sampled[b, :n] = 1.0
-        num[b] = n
-        path = torch.tensor([1.0] + d.probs[:n])
-        cond = (path[1:] / path[:-1]).clamp(1e-6, 1 - 1e-6)  # [n] per-step frequency probability
-        two_point = torch.stack([cond.log(), (1 - cond).log()], -1)  # [n, 2] logits
-        for name, v in draft_features(two_point).items():
-            feats.setdefault(name, torch.full(tokens.shape, float("nan")))[b, :n] = v
-        extra["match_len"][b, :n] = float(d.match_len)
-        extra["cache_score"][b, :n] = float(d.score)
+    def _remember_model_drafts(self, inp: DraftInput, rows: np.ndarray, prop: DraftProposal) -> None:
+        """Keep each model row's proposal until the next step reveals how much of it the target took
+        (one device -> host copy of the proposal's tokens and counts per step)."""
+        toks, nums = prop.tokens.tolist(), prop.num_drafted.tolist()
+        for i, b in enumerate(rows.tolist()):
+            st = self._slots[self._slot_ids[b]]
+            st.pending = (len(st.seq) - len(st.prompt), toks[i][: nums[i]])
+
+    def _fill_cache_rows(self, rows: np.ndarray, drafts: list[CacheDraft], tokens, probs, q_sampled, num,
+                         feats, extra) -> None:
+        """Write the cache rows ([Bc] of them) into the proposal at once: one-hot draws, the two-point
+        features of each step's frequency probability, match length and score."""
+        K, dev = tokens.shape[1], tokens.device
+        n = np.array([min(d.draft_len, K) for d in drafts])  # [Bc]
+        pad_tok = np.zeros((len(drafts), K), dtype=np.int64)  # [Bc, K]
+        path = np.ones((len(drafts), K + 1))  # [Bc, K+1] P_0 = 1, P_j (held past the draft's end)
+        for i, d in enumerate(drafts):
+            pad_tok[i, : n[i]] = d.tokens[: n[i]]
+            path[i, 1: n[i] + 1] = d.probs[: n[i]]
+        r = torch.as_tensor(rows, device=dev)  # [Bc]
+        valid = torch.as_tensor(np.arange(K)[None, :] < n[:, None], device=dev)  # [Bc, K]
+        tok = torch.as_tensor(pad_tok, device=dev)  # [Bc, K]
+        tokens[r] = tok
+        onehot = torch.zeros(len(rows), K, probs.shape[2], device=dev)  # [Bc, K, V]
+        onehot.scatter_(2, tok[..., None], valid[..., None].float())
+        probs[r] = onehot  # deterministic draft: one-hot
+        q_sampled[r] = valid.float()
+        num[r] = torch.as_tensor(n, device=dev)
+        p = torch.as_tensor(path, dtype=torch.float32, device=dev)  # [Bc, K+1]
+        cond = (p[:, 1:] / p[:, :-1]).clamp(1e-6, 1 - 1e-6)  # [Bc, K] per-step frequency probability
+        two_point = torch.stack([cond.log(), (1 - cond).log()], -1)  # [Bc, K, 2] logits
+        nan = torch.tensor(float("nan"), device=dev)
+        for name, v in draft_features(two_point).items():  # v [Bc, K]
+            feats.setdefault(name, torch.full(tokens.shape, float("nan"), device=dev))[r] = torch.where(valid, v, nan)
+        for name, col in (("match_len", [d.match_len for d in drafts]), ("cache_score", [d.score for d in drafts])):
+            val = torch.as_tensor(col, dtype=torch.float32, device=dev)[:, None].expand(-1, K)  # [Bc, K]
+            extra[name][r] = torch.where(valid, val, nan)
 
     def commit(self, slots: torch.Tensor, num_valid: torch.Tensor) -> None:
         if self.model_drafter is not None:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 
 import avkit
-from avkit.config import EngineConfig, RecordConfig
+from avkit.config import RecordConfig
 from avkit.record.files import check_resume, preflight
 from avkit.record.progress import RecordProgress
 from avkit.record.requests import PromptQueue, Turn
@@ -59,15 +59,15 @@ def metadata(config: RecordConfig, target, draft) -> dict[str, str]:
         "avkit.target_sha256": target.sha256 or "",
         "avkit.draft": draft.model_id if draft is not None else "",
         "avkit.draft_sha256": (draft.sha256 or "") if draft is not None else "",
-        "avkit.k": str(config.k),
-        "avkit.temperature": str(config.temperature),
-        "avkit.top_p": str(config.top_p),
-        "avkit.drafter": config.drafter,
-        "avkit.seed": str(config.seed),
+        "avkit.k": str(config.engine.k),
+        "avkit.temperature": str(config.sampling.temperature),
+        "avkit.top_p": str(config.sampling.top_p),
+        "avkit.drafter": config.models.drafter,
+        "avkit.seed": str(config.engine.seed),
         "avkit.datasets": json.dumps(list(config.datasets)),
         "avkit.policy": "full",
         "avkit.dtype": str(target.model.dtype).removeprefix("torch."),
-        "avkit.max_new_tokens": str(config.max_new_tokens),
+        "avkit.max_new_tokens": str(config.sampling.max_new_tokens),
     }
 
 
@@ -110,10 +110,10 @@ def _load_models(config: RecordConfig, target, draft):
 
     if config.threads:
         torch.set_num_threads(config.threads)
-    device, dtype = placement(config.device, config.dtype)
-    target = target if target is not None else load(config.target, dtype=dtype, device=device)
-    if draft is None and config.k > 0 and config.draft not in ("", "none"):
-        draft = load(config.draft, dtype=dtype, device=device)
+    device, dtype = placement(config.models.device, config.models.dtype)
+    target = target if target is not None else load(config.models.target, dtype=dtype, device=device)
+    if draft is None and config.engine.k > 0 and config.models.has_draft:
+        draft = load(config.models.draft, dtype=dtype, device=device)
     return target, draft
 
 
@@ -121,7 +121,7 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
            run_id: str | None = None) -> RecordResult:
     """Record `config.datasets` through the engine into `config.out` (+ its generations table).
 
-    `target`/`draft` are LoadedModels (loaded from config.target/draft when None). What may happen to
+    `target`/`draft` are LoadedModels (loaded from config.models.target/draft when None). What may happen to
     existing files at `config.out` is decided by `avkit.record.files` (nothing is clobbered).
     """
     files = preflight(config)  # before the models load: a refused --out or resume costs nothing
@@ -143,7 +143,7 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
             gens.flush()  # generations partial first: a trace partial never exists without its generations
             trace.flush()
             started = True
-            stats = AcceptanceStats(max(config.k, 1))
+            stats = AcceptanceStats(max(config.engine.k, 1))
             if config.resume and trace.rows_written:
                 stats.update_from_table(trace.table())
             resumed_rows = trace.rows_written
@@ -188,15 +188,15 @@ def _run(config, target, draft, sink, queue, gens, run_id, stats, progress, cons
     """Drive the engine until the queue is empty; return (requests finished, interrupted, engine)."""
     from avkit.runtime.engine import Engine
 
-    max_len = config.max_prompt_tokens + config.max_new_tokens + config.k + 2
+    engine_config = config.engine_for_run  # context sized for the longest admitted prompt + generation
     drafter = None  # the engine builds the model drafter itself
-    if config.drafter == "hybrid" and draft is not None:
+    if config.models.drafter == "hybrid" and draft is not None:
         from avkit.hvd.hybrid_drafter import make_hybrid_drafter
 
-        drafter = make_hybrid_drafter(draft, config.concurrency, max_len, payoff_path=config.payoff or None,
-                                      tokenizer=config.target, k=config.k)
-    engine = Engine(target, draft, EngineConfig(k=config.k, max_batch=config.concurrency, max_len=max_len,
-                                                seed=config.seed), sink=sink, drafter=drafter)
+        drafter = make_hybrid_drafter(draft, engine_config.max_batch, engine_config.max_len,
+                                      payoff_path=config.models.payoff or None, tokenizer=config.models.target,
+                                      k=engine_config.k)
+    engine = Engine(target, draft, engine_config, sink=sink, drafter=drafter)
     engine.engine_step = step_offset
     active: dict[str, Turn] = {}
     outputs: dict[str, list[int]] = {}
@@ -207,7 +207,7 @@ def _run(config, target, draft, sink, queue, gens, run_id, stats, progress, cons
         # forward (cost ~ n x longest prompt); one at a time costs the sum of prompt lengths.
         labelled = {d: stats.labelled(d) for d in stats.by_dataset}
         full = {d for d, n in labelled.items() if config.slots_per_dataset and n >= config.slots_per_dataset}
-        if len(active) < config.concurrency and (turn := queue.pop(full, labelled)) is not None:
+        if len(active) < config.engine.max_batch and (turn := queue.pop(full, labelled)) is not None:
             engine.add_request(turn.request)
             active[turn.request.request_id] = turn
             outputs[turn.request.request_id] = []

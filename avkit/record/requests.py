@@ -52,9 +52,9 @@ class PromptQueue:
         self.config = config
         self.tokenizer = tokenizer
         self.done = dict(done or {})
-        self.sampling = SamplingConfig(temperature=config.temperature, top_p=config.top_p,
-                                       max_new_tokens=config.max_new_tokens)
-        self._sources = {name: iter(load_workload(name, None, config.seed)) for name in config.datasets}
+        self.sampling = SamplingConfig(temperature=config.sampling.temperature, top_p=config.sampling.top_p,
+                                       max_new_tokens=config.sampling.max_new_tokens)
+        self._sources = {name: iter(load_workload(name, None, config.engine.seed)) for name in config.datasets}
         self._labels = {name: dataset_label(name) for name in config.datasets}  # the rows' `dataset`
         self._taken = dict.fromkeys(self._sources, 0)  # first turns admitted (or already done)
         self._followups: deque[Turn] = deque()

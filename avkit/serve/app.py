@@ -63,7 +63,7 @@ class ServeState:
     @property
     def context_limit(self) -> int:
         """Prompt + completion tokens a request may use: the KV cache keeps K + 1 verify slots free."""
-        return self.config.max_len - self.config.k - 1
+        return self.config.engine.max_len - self.config.engine.k - 1
 
     def begin_drain(self) -> None:
         if self.drain_started is None:
@@ -116,7 +116,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 def _auth(state: ServeState):
     """A dependency: `Authorization: Bearer KEY` when the server has an API key."""
-    key = state.config.api_key
+    key = state.config.http.api_key
 
     async def check(request: Request) -> None:
         if not key:
@@ -141,7 +141,7 @@ def build_app(state: ServeState) -> FastAPI:
         finally:
             state.begin_drain()
             waited = time.monotonic() - (state.drain_started or time.monotonic())
-            grace = max(0.0, state.config.grace_period_s - waited)
+            grace = max(0.0, state.config.http.grace_period_s - waited)
             await asyncio.to_thread(state.engine_loop.shutdown, grace)
             try:
                 await asyncio.to_thread(state.on_close)
@@ -184,5 +184,5 @@ def build_app(state: ServeState) -> FastAPI:
 def asgi_app(state: ServeState):
     """What uvicorn runs: the app inside its error, metrics/access-log and body-size layers."""
     cfg = state.config
-    return ContainErrors(CountRequests(BodyLimit(build_app(state), cfg.max_body_bytes), state.metrics,
-                                       log_requests=cfg.log_requests))
+    return ContainErrors(CountRequests(BodyLimit(build_app(state), cfg.http.max_body_bytes), state.metrics,
+                                       log_requests=cfg.http.log_requests))

@@ -75,7 +75,7 @@ class Generation:
             handles = state.engine_loop.submit_all(requests, asyncio.get_running_loop())
         except QueueFull as e:
             raise ApiError(429, f"server busy ({e}); retry later", type_="rate_limit_error",
-                           headers={"Retry-After": str(state.config.retry_after_s)}) from None
+                           headers={"Retry-After": str(state.config.http.retry_after_s)}) from None
         except NotAccepting:
             raise ApiError(503, "server is shutting down", type_="unavailable_error") from None
         except EngineDead:

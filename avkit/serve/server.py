@@ -16,6 +16,7 @@ import logging
 import signal
 import sys
 import uuid
+from dataclasses import replace
 
 from avkit.config import ServeConfig
 from avkit.errors import AvkitError, ConfigError
@@ -46,18 +47,16 @@ def is_loopback(host: str) -> bool:
 def make_policy(config: ServeConfig, coefficients: str, pair: ServedPair | None = None):
     """The verify policy by name from the registry; adaptive gets its estimator (warm-started from
     `coefficients`, refitting every `refit_interval` steps), the cost table and its draft gate."""
-    from avkit.config import AdaptiveConfig, EstimatorConfig
     from avkit.scheduling.policy import make_policy as make
 
     if config.policy == "fixed":
-        return make("fixed", k=config.k)
+        return make("fixed", k=config.engine.k)
     if config.policy == "schedule":
-        return make("schedule", schedule=config.schedule, k=config.k)
+        return make("schedule", schedule=config.schedule, k=config.engine.k)
     if config.policy == "adaptive":
-        return make("adaptive", cost=config.cost or None, estimator=config.estimator,
-                    coefficients=coefficients, k=config.k, pair=pair,
-                    config=EstimatorConfig(refit_interval=config.refit_interval),
-                    adaptive=AdaptiveConfig(gate=config.draft_gate))
+        return make("adaptive", cost=config.adaptive.cost or None, estimator=config.adaptive.estimator,
+                    coefficients=coefficients, k=config.engine.k, pair=pair,
+                    config=config.online, adaptive=config.adaptive)
     return make(config.policy)
 
 
@@ -70,7 +69,8 @@ def _trace_writer(config: ServeConfig, target, draft):
     meta = {"avkit.version": __version__, "avkit.target": target.model_id,
             "avkit.target_sha256": target.sha256, "avkit.draft": draft.model_id if draft else "",
             "avkit.draft_sha256": draft.sha256 if draft else "",
-            "avkit.k": str(config.k), "avkit.drafter": config.drafter, "avkit.seed": str(config.seed),
+            "avkit.k": str(config.engine.k), "avkit.drafter": config.models.drafter,
+            "avkit.seed": str(config.engine.seed),
             "avkit.datasets": '["serve"]', "avkit.policy": config.policy,
             "avkit.temperature": "per-request", "avkit.top_p": "per-request"}
     return TraceWriter(config.record, meta)  # flushed by ServeSink every record_flush_s
@@ -80,22 +80,22 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
     """Load models (unless given), build policy, sink and engine loop; nothing is started yet."""
     from avkit.models import load
     from avkit.models.placement import placement
-    from avkit.runtime.engine import Engine, EngineConfig
+    from avkit.runtime.engine import Engine
 
     warm = warm_start(config)
     if config.record:
         check_record_writable(config.record)
-    device, dtype = placement(config.device, config.dtype)
-    target = target if target is not None else load(config.target, dtype=dtype, device=device)
-    use_draft = config.draft not in ("", "none") and config.k > 0
+    device, dtype = placement(config.models.device, config.models.dtype)
+    target = target if target is not None else load(config.models.target, dtype=dtype, device=device)
+    use_draft = config.models.has_draft and config.engine.k > 0
     if draft is None and use_draft:
-        draft = load(config.draft, dtype=dtype, device=device)
+        draft = load(config.models.draft, dtype=dtype, device=device)
     draft = draft if use_draft else None
     pair = ServedPair(target.model_id, draft.model_id if draft else "", target.sha256 or "",
                       (draft.sha256 or "") if draft else "")
     if warm.source == "shipped":
         try:  # the shipped fit is a default: fitted on another pair, it is not used (a given file must match)
-            load_coefficients(warm.path, k=config.k, pair=pair)
+            load_coefficients(warm.path, k=config.engine.k, pair=pair)
         except AvkitError as e:
             log.warning("not warm-starting from the shipped coefficients: %s", e)
             warm = WarmStart("", "reference")
@@ -108,23 +108,22 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
                           "--snapshot or --coefficients)") from None
     side_writes = SideWrites()
     snapshots = CoefficientSnapshots(policy, snapshot_path(config), config.snapshot_every, pair, side_writes)
-    metrics = ServeMetrics(config.k, snapshots.current)
+    metrics = ServeMetrics(config.engine.k, snapshots.current)
     side_writes.failures = metrics.side_write_failures
     sink = ServeSink(metrics, _trace_writer(config, target, draft), run_id=f"serve-{uuid.uuid4().hex[:8]}",
                      side_writes=side_writes, flush_s=config.record_flush_s)
-    engine_config = EngineConfig(k=config.k if draft is not None else 0, max_batch=config.max_concurrency,
-                                 max_len=config.max_len, seed=config.seed)
+    engine_config = replace(config.engine, k=config.engine.k if draft is not None else 0)
 
     def make_engine():
         drafter = None  # the engine builds the model drafter itself
-        if config.drafter == "hybrid" and draft is not None:
+        if config.models.drafter == "hybrid" and draft is not None:
             from avkit.hvd.hybrid_drafter import make_hybrid_drafter
 
-            drafter = make_hybrid_drafter(draft, config.max_concurrency, config.max_len, k=config.k,
-                                          payoff_path=config.payoff or None, tokenizer=config.target)
+            drafter = make_hybrid_drafter(draft, config.engine.max_batch, config.engine.max_len, k=config.engine.k,
+                                          payoff_path=config.models.payoff or None, tokenizer=config.models.target)
         return Engine(target, draft, engine_config, policy=policy, sink=sink, drafter=drafter)
 
-    loop = EngineLoop(make_engine, max_concurrency=config.max_concurrency, queue_size=config.queue_size,
+    loop = EngineLoop(make_engine, max_concurrency=config.engine.max_batch, queue_size=config.http.queue_size,
                       metrics=metrics, on_step=snapshots.on_step)
 
     def close():  # never raises: each side write reports its own failure
@@ -135,7 +134,7 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
                           dtype=str(dtype).removeprefix("torch."), warm=warm)
     return ServeState(config=config, engine_loop=loop, tokenizer=target.tokenizer,
                       vocab_size=target.model.config.vocab_size,
-                      model_name=config.served_model_name or target.model_id, metrics=metrics, on_close=close,
+                      model_name=config.http.served_model_name or target.model_id, metrics=metrics, on_close=close,
                       make_engine=make_engine, side_writes=side_writes, startup=block)
 
 
@@ -149,17 +148,17 @@ def uvicorn_server(state: ServeState, *, log_level: str = "info"):
             super().handle_exit(sig, frame)
 
     cfg = state.config
-    config = uvicorn.Config(asgi_app(state), host=cfg.host, port=cfg.port, log_level=log_level,
-                            timeout_graceful_shutdown=max(1, round(cfg.grace_period_s)),
+    config = uvicorn.Config(asgi_app(state), host=cfg.http.host, port=cfg.http.port, log_level=log_level,
+                            timeout_graceful_shutdown=max(1, round(cfg.http.grace_period_s)),
                             access_log=False, lifespan="on")
     return _Server(config)
 
 
 def bind_warning(config: ServeConfig) -> str | None:
     """The warning for a non-loopback bind without an API key (None when there is nothing to say)."""
-    if is_loopback(config.host) or config.api_key:
+    if is_loopback(config.http.host) or config.http.api_key:
         return None
-    return (f"binding {config.host} without --api-key: anyone who can reach this address can use "
+    return (f"binding {config.http.host} without --api-key: anyone who can reach this address can use "
             "the server")
 
 
@@ -181,7 +180,7 @@ def serve(config: ServeConfig, *, log_level: str = "info", sock=None) -> None:
     listening socket if the caller bound it already (the CLI does, before loading models)."""
     configure_logging(log_level)
     if sock is None:
-        sock = bind_socket(config.host, config.port)  # a busy port fails now, not after loading models
+        sock = bind_socket(config.http.host, config.http.port)  # a busy port fails now, not after loading models
     try:
         state = build_state(config)
         log.info("%s", state.startup)

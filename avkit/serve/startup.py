@@ -46,17 +46,17 @@ def shipped_coefficients() -> Path | None:
 
 def warm_start(config: ServeConfig) -> WarmStart:
     """The coefficients the adaptive policy starts from, and where they came from (see the module doc)."""
-    if config.coefficients:
-        if not Path(config.coefficients).expanduser().is_file():
-            raise ConfigError(f"--coefficients: no such file: {config.coefficients}")
-        return WarmStart(config.coefficients, "explicit")
+    if config.adaptive.coefficients:
+        if not Path(config.adaptive.coefficients).expanduser().is_file():
+            raise ConfigError(f"--coefficients: no such file: {config.adaptive.coefficients}")
+        return WarmStart(config.adaptive.coefficients, "explicit")
     snap = snapshot_path(config)
     if config.resume and snap.is_file():
         return WarmStart(str(snap), "snapshot")
     shipped = shipped_coefficients()
     if shipped is not None:
         try:  # the shipped fit is a default, not a demand: it applies only to the K it was fitted for
-            load_coefficients(shipped, k=config.k)
+            load_coefficients(shipped, k=config.engine.k)
         except AvkitError:
             return WarmStart("", "reference")
         return WarmStart(str(shipped), "shipped")  # build_state also checks it was fitted on the served pair
@@ -101,8 +101,8 @@ def check_record_writable(path: str) -> None:
 
 
 def _cost_source(config: ServeConfig) -> str:
-    if config.cost:
-        return config.cost
+    if config.adaptive.cost:
+        return config.adaptive.cost
     default = Path(DEFAULT_COST_PATH).expanduser()
     return f"{default} (profiled on this machine)" if default.is_file() else \
         "roofline:cpu:1.5b (default; run `avkit profile` for this machine's table)"
@@ -110,37 +110,37 @@ def _cost_source(config: ServeConfig) -> str:
 
 def startup_block(config: ServeConfig, *, target, draft, device: str, dtype: str, warm: WarmStart) -> str:
     """The lines logged once at start: what this server runs and with which limits."""
-    spec = config.k > 0 and draft is not None
-    models = f"{target.model_id}" + (f" + draft {draft.model_id} ({config.drafter} drafter)" if spec else
+    spec = config.engine.k > 0 and draft is not None
+    models = f"{target.model_id}" + (f" + draft {draft.model_id} ({config.models.drafter} drafter)" if spec else
                                      " (target only, no speculative decoding)")
     if not spec:
         policy = "none (no draft)"
     elif config.policy == "adaptive":
-        policy = (f"adaptive, estimator {config.estimator}, refit every {config.refit_interval} steps, "
-                  f"draft gate {'on' if config.draft_gate else 'off'}")
+        policy = (f"adaptive, estimator {config.adaptive.estimator}, refit every {config.online.refit_interval} steps, "
+                  f"draft gate {'on' if config.adaptive.gate else 'off'}")
     else:
         policy = config.policy
     coeffs = {"explicit": f"{warm.path} (explicit --coefficients; an existing snapshot is not used)",
               "snapshot": f"{warm.path} (snapshot of an earlier run; --no-resume to ignore it)",
               "shipped": f"{warm.path} (shipped, fitted on the repository's traces)",
               "reference": "the estimator's reference constants (no coefficients file)"}[warm.source]
-    host = f"[{config.host}]" if ":" in config.host else config.host
+    host = f"[{config.http.host}]" if ":" in config.http.host else config.http.host
     lines = [
-        ("listening", f"http://{host}:{config.port}/v1"),
+        ("listening", f"http://{host}:{config.http.port}/v1"),
         ("models", models),
         ("device", f"{device}, {dtype}"),
-        ("K", str(config.k if spec else 0)),
+        ("K", str(config.engine.k if spec else 0)),
         ("policy", policy),
     ]
     if spec and config.policy == "adaptive":
         lines += [("coefficients", coeffs), ("cost table", _cost_source(config)),
                   ("snapshot", f"{snapshot_path(config)} every {config.snapshot_every} refits")]
     lines += [
-        ("limits", f"max_concurrency {config.max_concurrency}, queue {config.queue_size}, max_len "
-                   f"{config.max_len}, max_tokens {config.max_tokens_limit}, body {config.max_body_bytes} bytes"),
+        ("limits", f"max_concurrency {config.engine.max_batch}, queue {config.http.queue_size}, max_len "
+                   f"{config.engine.max_len}, max_tokens {config.max_tokens_limit}, body {config.http.max_body_bytes} bytes"),
         ("record", config.record or "off"),
-        ("api key", "required" if config.api_key else "none"),
-        ("access log", "on" if config.log_requests else "off (--log-requests)"),
+        ("api key", "required" if config.http.api_key else "none"),
+        ("access log", "on" if config.http.log_requests else "off (--log-requests)"),
     ]
     width = max(len(k) for k, _ in lines)
     return "avkit serve\n" + "\n".join(f"  {k.ljust(width)}  {v}" for k, v in lines)

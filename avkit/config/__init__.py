@@ -1,0 +1,73 @@
+"""Frozen configuration dataclasses, one per component; every default lives here once.
+
+Each component receives the narrow config it uses; a command's config is composed of them
+(`ServeConfig.engine` is the `EngineConfig` the engine gets), so each field is declared and
+validated in one place. Validation happens in __post_init__ and raises ConfigError naming the
+field and the bad value. The CLI builds its options from these defaults (``default_of(Cls,
+"engine.k")``), so the two never drift.
+
+  fields.py      DEFAULT_K, MAX_K, the default pair, `default_of`, `named`
+  sampling.py    SamplingConfig (per request)
+  engine.py      EngineConfig, ModelsConfig (pair, drafter, placement)
+  estimation.py  EstimatorConfig, ForgettingConfig, AdaptiveConfig
+  fit.py         FitConfig, SyntheticConfig
+  record.py      RecordConfig = models + engine + sampling + the recording
+  simulate.py    ProfileConfig, SimulateConfig, TuneConfig
+  hvd.py         SuffixCacheConfig, HvdCostConfig, PayoffConfig, HvdReplayConfig
+  serve.py       ServeConfig = models + engine + online + adaptive + http + serve's own; HttpConfig
+  report.py      ReportConfig
+"""
+
+from avkit.config.engine import DRAFTERS, KERNEL_BACKENDS, EngineConfig, ModelsConfig
+from avkit.config.estimation import AdaptiveConfig, EstimatorConfig, ForgettingConfig
+from avkit.config.fields import DEFAULT_DRAFT, DEFAULT_K, DEFAULT_TARGET, MAX_K, default_of, named
+from avkit.config.fit import DEFAULT_TRACE_GLOB, FIT_ENGINES, FIT_MODES, ONLINE_ESTIMATORS, FitConfig, SyntheticConfig
+from avkit.config.hvd import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
+from avkit.config.record import DEFAULT_RECORD_DATASETS, RecordConfig
+from avkit.config.report import ReportConfig
+from avkit.config.sampling import SamplingConfig
+from avkit.config.serve import SERVE_STATE_DIR, SHIPPED_COEFFICIENTS, HttpConfig, ServeConfig
+from avkit.config.simulate import (
+    DEFAULT_CONCURRENCY, DEFAULT_COST_PATH, PROFILE_CONTEXT_ENV, TUNE_FORMATS, ProfileConfig, SimulateConfig,
+    TuneConfig)
+
+__all__ = [
+    "DEFAULT_CONCURRENCY",
+    "DEFAULT_COST_PATH",
+    "DEFAULT_DRAFT",
+    "DEFAULT_K",
+    "DEFAULT_RECORD_DATASETS",
+    "DEFAULT_TARGET",
+    "DEFAULT_TRACE_GLOB",
+    "DRAFTERS",
+    "FIT_ENGINES",
+    "FIT_MODES",
+    "KERNEL_BACKENDS",
+    "MAX_K",
+    "ONLINE_ESTIMATORS",
+    "PROFILE_CONTEXT_ENV",
+    "SERVE_STATE_DIR",
+    "SHIPPED_COEFFICIENTS",
+    "TUNE_FORMATS",
+    "AdaptiveConfig",
+    "EngineConfig",
+    "EstimatorConfig",
+    "FitConfig",
+    "ForgettingConfig",
+    "HttpConfig",
+    "HvdCostConfig",
+    "HvdReplayConfig",
+    "ModelsConfig",
+    "PayoffConfig",
+    "ProfileConfig",
+    "RecordConfig",
+    "ReportConfig",
+    "SamplingConfig",
+    "ServeConfig",
+    "SimulateConfig",
+    "SuffixCacheConfig",
+    "SyntheticConfig",
+    "TuneConfig",
+    "default_of",
+    "named",
+]

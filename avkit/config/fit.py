@@ -1,0 +1,89 @@
+"""`avkit fit` and the synthetic traces with known truth its tests fit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from avkit.config.fields import DEFAULT_K, MAX_K
+from avkit.validate import check_choice, check_range
+
+FIT_MODES = ("online", "batch")
+FIT_ENGINES = ("memory", "streaming", "ray")
+ONLINE_ESTIMATORS = ("online_logistic", "forgetting_logistic")  # what `avkit fit --estimator` replays
+DEFAULT_TRACE_GLOB = "traces/*.parquet"  # the shipped traces `avkit fit` uses with no TRACE argument
+
+
+@dataclass(frozen=True)
+class FitConfig:
+    """`avkit fit`: replay traces in engine-step order, fit an estimator per feature, score it.
+    The estimator itself (feature written to coefficients.json, refit interval, ridge, damping)
+    is an EstimatorConfig."""
+
+    mode: str = "online"  # online: refit rounds as live (scores use predictions made when drafting);
+    # batch: the same Newton step iterated to convergence on all observed rows
+    estimator: str = "online_logistic"  # online mode: the estimator replayed and written (ONLINE_ESTIMATORS)
+    n_bins: int = 10  # ECE bins
+    max_iter: int = 50  # batch Newton iterations
+    tol: float = 1e-10  # batch convergence: max |step| of any coefficient
+    workers: int = 2  # threads fitting and scoring features (memory) or shards (streaming) in parallel
+    coefficients: str = ""  # online mode: warm-start the written estimator from this file ("" = start constants)
+    out: str = "reports/fit"
+    engine: str = "memory"  # memory: every observed slot in RAM; streaming: out of core, passes over
+    # shards in bounded chunks (fit/streaming.py); ray: the same passes as tasks on a Ray cluster
+    memory_budget_mb: int = 1536  # streaming/ray: peak memory a fit process aims to stay under
+    auc_bins: int = 1 << 16  # streaming/ray: rank-histogram bins per group (AUC error bound, metrics/binned.py)
+    address: str | None = None  # ray: cluster address (None starts a local cluster)
+    scratch: str | None = None  # streaming/ray: directory for the spilled observed slots (None: system temp)
+
+    def __post_init__(self):
+        check_choice("mode", self.mode, FIT_MODES)
+        check_choice("estimator", self.estimator, ONLINE_ESTIMATORS)
+        check_choice("engine", self.engine, FIT_ENGINES)
+        check_range("memory_budget_mb", self.memory_budget_mb, 256)
+        check_range("auc_bins", self.auc_bins, 16, 1 << 24)
+        if self.engine != "memory" and self.mode != "batch":
+            from avkit.errors import ConfigError
+
+            raise ConfigError(f"--engine {self.engine} fits --mode batch (passes over the shards); the online "
+                              "replay reads its traces into memory: use --engine memory for --mode online")
+        check_range("n_bins", self.n_bins, 1)
+        check_range("max_iter", self.max_iter, 1)
+        check_range("tol", self.tol, 0.0, lo_open=True)
+        check_range("workers", self.workers, 1)
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """A synthetic trace with known truth: P(accept slot i) = sigmoid(slope * logit_qmax + intercepts[i]),
+    censored after the first rejection and after a randomly trimmed verify prefix."""
+
+    num_slots: int = 100_000  # draft slots (rows), rounded up to whole (request, step) pairs of K
+    k: int = DEFAULT_K
+    slope: float = 0.55
+    intercepts: tuple[float, ...] = (1.0, 0.8, 0.6, 0.45, 0.3, 0.2, 0.1)  # one per position, len K
+    datasets: tuple[str, ...] = ("code", "chat")
+    mix: tuple[float, ...] = (0.5, 0.5)  # share of requests per dataset
+    feature_means: tuple[float, ...] = (2.5, 1.0)  # mean logit_qmax per dataset
+    feature_sd: float = 2.0
+    depth_drift: float = -0.25  # mean logit_qmax shift per draft position
+    batch_size: int = 8  # requests per engine step
+    steps_per_request: int = 64
+    trim_prob: float = 0.2  # chance that a (request, step) verifies only a random prefix
+    seed: int = 0
+
+    def __post_init__(self):
+        check_range("num_slots", self.num_slots, 1)
+        check_range("k", self.k, 1, MAX_K)
+        check_range("feature_sd", self.feature_sd, 0.0)
+        check_range("batch_size", self.batch_size, 1)
+        check_range("steps_per_request", self.steps_per_request, 1)
+        check_range("trim_prob", self.trim_prob, 0.0, 1.0)
+        for name, n in (("intercepts", self.k), ("mix", len(self.datasets)),
+                        ("feature_means", len(self.datasets))):
+            if len(getattr(self, name)) != n:
+                from avkit.errors import ConfigError
+
+                raise ConfigError(f"{name} must have {n} entries, got {getattr(self, name)!r}")
+
+
+__all__ = ["DEFAULT_TRACE_GLOB", "FIT_ENGINES", "FIT_MODES", "ONLINE_ESTIMATORS", "FitConfig", "SyntheticConfig"]

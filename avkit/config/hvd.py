@@ -1,0 +1,83 @@
+"""Hybrid Verified Decoding: the suffix cache, the replay, its cost model and the payoff MLP (docs/hvd.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from avkit.config.fields import DEFAULT_K, MAX_K
+from avkit.validate import check_range
+
+
+@dataclass(frozen=True)
+class SuffixCacheConfig:
+    """SuffixDecoding cache drafter (docs/hvd.md); defaults follow vLLM's suffix decoding."""
+
+    max_depth: int = 24  # longest suffix stored per position (trie depth)
+    max_spec_factor: float = 1.0  # draft length <= match_len * factor + offset
+    max_spec_offset: float = 0.0
+    min_token_prob: float = 0.1  # stop when the path's frequency probability falls below this
+    max_cached_requests: int = 100  # global tree: FIFO eviction by request beyond this many
+    use_global: bool = True  # also draft from past responses
+
+    def __post_init__(self):
+        check_range("max_depth", self.max_depth, 1)
+        check_range("max_spec_factor", self.max_spec_factor, 0.0)
+        check_range("max_spec_offset", self.max_spec_offset, -1e9)
+        check_range("min_token_prob", self.min_token_prob, 0.0, 1.0)
+        check_range("max_cached_requests", self.max_cached_requests, 0)
+
+
+@dataclass(frozen=True)
+class HvdCostConfig:
+    """Cost of one decoding cycle, in units of one target forward (HVD replay throughput)."""
+
+    verify_token_cost: float = 0.02  # extra target cost per verified draft token
+    draft_step_cost: float = 0.33  # one draft-model step (CPU: ~3 vs ~9 tok/s, docs/runtime.md)
+    cache_cost: float = 0.005  # suffix lookup + payoff predictor
+
+    def __post_init__(self):
+        check_range("verify_token_cost", self.verify_token_cost, 0.0)
+        check_range("draft_step_cost", self.draft_step_cost, 0.0)
+        check_range("cache_cost", self.cache_cost, 0.0)
+
+
+@dataclass(frozen=True)
+class PayoffConfig:
+    """Payoff MLP (predicts the cache draft's accepted length) and its training run."""
+
+    hidden: int = 64
+    layers: int = 2
+    epochs: int = 30
+    batch_size: int = 1024
+    lr: float = 3e-3
+    weight_decay: float = 1e-4
+    val_fraction: float = 0.2  # requests held out to choose tau (split by request, never by row)
+    test_fraction: float = 0.2  # requests held out for the reported metrics
+    seed: int = 0
+
+    def __post_init__(self):
+        check_range("hidden", self.hidden, 1)
+        check_range("layers", self.layers, 1)
+        check_range("epochs", self.epochs, 1)
+        check_range("batch_size", self.batch_size, 1)
+        check_range("lr", self.lr, 0.0, lo_open=True)
+        check_range("weight_decay", self.weight_decay, 0.0)
+        check_range("val_fraction", self.val_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
+        check_range("test_fraction", self.test_fraction, 0.0, 1.0 - self.val_fraction, hi_open=True)
+
+
+@dataclass(frozen=True)
+class HvdReplayConfig:
+    """Trace replay for hybrid verified decoding."""
+
+    k: int = DEFAULT_K  # model drafter's draft length; also caps cache drafts
+    history_window: int = 16  # positions in the recent-acceptance features
+    high_payoff: int = 6  # precision/recall threshold on accepted length (the paper's >= 6)
+
+    def __post_init__(self):
+        check_range("k", self.k, 1, MAX_K)
+        check_range("history_window", self.history_window, 1)
+        check_range("high_payoff", self.high_payoff, 1)
+
+
+__all__ = ["HvdCostConfig", "HvdReplayConfig", "PayoffConfig", "SuffixCacheConfig"]

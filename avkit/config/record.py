@@ -1,0 +1,59 @@
+"""`avkit record`: workloads through the engine into a trace, composed of the engine's own configs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from avkit.config.engine import EngineConfig, ModelsConfig
+from avkit.config.sampling import SamplingConfig
+from avkit.errors import ConfigError
+from avkit.validate import check_range
+
+DEFAULT_RECORD_DATASETS = ("humaneval", "mtbench")
+
+
+@dataclass(frozen=True)
+class RecordConfig:
+    """`avkit record`: run workloads through the engine and stream one trace row per draft slot.
+
+    The default is a small seeded HumanEval + MT-Bench mix with the real pair that finishes in
+    minutes on 2 CPU cores. `num_prompts` is per dataset; MT-Bench adds its second turns.
+    """
+
+    models: ModelsConfig = field(default_factory=ModelsConfig)
+    # k, max_batch (--concurrency: requests decoding at once), seed (prompt order and sampling);
+    # the context limit is sized by `engine_for_run` from the prompt and generation caps
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)  # temperature, top_p, max_new_tokens
+    datasets: tuple[str, ...] = DEFAULT_RECORD_DATASETS  # workload names or .jsonl files
+    num_prompts: int = 4  # prompts per dataset (first turns)
+    max_prompt_tokens: int = 768  # longer prompts are skipped (prefill dominates CPU time)
+    out: str = "traces/record.parquet"
+    resume: bool = False  # continue an existing file: finished requests are skipped
+    overwrite: bool = False  # replace an existing file (only when the new run finishes; see avkit/record)
+    slots_per_dataset: int = 0  # stop admitting a dataset's prompts after this many labelled slots (0 = off)
+    row_group_rows: int = 65536
+    flush_interval_s: float = 60.0  # also flush (and make the partial file readable) this often
+    threads: int = 0  # torch intra-op threads (0 = torch's default); 1 is fastest on an oversubscribed CPU
+
+    def __post_init__(self):
+        if not self.datasets:
+            raise ConfigError(f"datasets must name at least one workload, got {self.datasets!r}")
+        check_range("num_prompts", self.num_prompts, 1)
+        check_range("max_prompt_tokens", self.max_prompt_tokens, 1)
+        check_range("slots_per_dataset", self.slots_per_dataset, 0)
+        check_range("threads", self.threads, 0)
+        check_range("row_group_rows", self.row_group_rows, 1)
+        check_range("flush_interval_s", self.flush_interval_s, 0.0, lo_open=True)
+        if not str(self.out).endswith(".parquet"):
+            raise ConfigError(f"out must be a .parquet path, got {self.out!r}")
+        if self.resume and self.overwrite:
+            raise ConfigError("resume and overwrite exclude each other: continue the file or replace it")
+
+    @property
+    def engine_for_run(self) -> EngineConfig:
+        """The engine config with room for the longest admitted prompt, its generation and K drafts."""
+        return replace(self.engine, max_len=self.max_prompt_tokens + self.sampling.max_new_tokens + self.engine.k + 2)
+
+
+__all__ = ["DEFAULT_RECORD_DATASETS", "RecordConfig"]

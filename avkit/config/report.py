@@ -1,0 +1,31 @@
+"""`avkit report`: which results it reads and how it draws them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from avkit.validate import check_range
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """`avkit report`: HTML + Markdown + PNG from a fit directory, simulation and HVD results.
+
+    `sim` and `hvd` are read when the files exist (the default outputs of `avkit simulate` and
+    `avkit hvd`); a missing input omits its section with a note, never an error.
+    """
+
+    out: str = "reports/report"
+    sim: str = "reports/simulate.parquet"  # `avkit simulate` results (one row per concurrency x policy)
+    hvd: str = "reports/hvd/hvd_metrics.json"  # `avkit hvd` results
+    tune: str = "reports/tune.json"  # `avkit tune` results (its section is left out when absent)
+    n_bins: int = 10  # reliability-diagram bins (equal-width in predicted probability, as the fit's ECE)
+    dpi: int = 120
+    embed_images: bool = True  # index.html carries the PNGs as data URIs (portable); they are written beside too
+
+    def __post_init__(self):
+        check_range("n_bins", self.n_bins, 2, 100)
+        check_range("dpi", self.dpi, 50, 600)
+
+
+__all__ = ["ReportConfig"]

@@ -1,0 +1,75 @@
+"""`avkit serve`: the HTTP front, request limits and snapshots around the engine's own configs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from avkit.config.engine import EngineConfig, ModelsConfig
+from avkit.config.estimation import AdaptiveConfig, EstimatorConfig
+from avkit.validate import check_range
+
+SERVE_STATE_DIR = "~/.cache/avkit/serve"  # default home of the coefficient snapshot
+SHIPPED_COEFFICIENTS = "traces/coefficients.json"  # fitted on the shipped traces (repo-relative)
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    """The OpenAI-compatible front: where it listens, who may call it, how it admits and stops.
+
+    Admission: at most the engine's `max_batch` requests decode at once and at most `queue_size`
+    more wait; beyond that a request gets 429 + Retry-After.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str = ""  # require `Authorization: Bearer KEY` on every endpoint but /health
+    served_model_name: str = ""  # name in /v1/models and responses ("" = the target id)
+    queue_size: int = 64  # requests waiting beyond the engine's batch before 429
+    retry_after_s: int = 1  # Retry-After header on 429
+    max_body_bytes: int = 8 * 2**20  # larger request bodies get 413 (read before any parsing)
+    log_requests: bool = False  # one access-log line per request (method, path, status, tokens, seconds)
+    grace_period_s: float = 10.0  # SIGTERM: finish in-flight requests for this long, then cancel
+
+    def __post_init__(self):
+        check_range("port", self.port, 0, 65535)
+        check_range("queue_size", self.queue_size, 0)
+        check_range("retry_after_s", self.retry_after_s, 0)
+        check_range("max_body_bytes", self.max_body_bytes, 1)
+        check_range("grace_period_s", self.grace_period_s, 0.0)
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """`avkit serve` (issue 8): the models, the engine (engine.max_batch = requests decoding at once),
+    the online estimator's refits, the adaptive policy, the HTTP front, and what serve adds itself."""
+
+    models: ModelsConfig = field(default_factory=ModelsConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)  # k, max_batch, max_len, seed
+    online: EstimatorConfig = field(default_factory=EstimatorConfig)  # refit_interval of the live refits
+    # estimator (a name in ESTIMATORS), coefficients (deployed file for the warm start; "" = the snapshot
+    # or the shipped default, serve/startup.py), cost ("" = the policy's default), gate (--draft-gate)
+    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
+    policy: str = "adaptive"  # a name in avkit.scheduling.policy.POLICIES
+    schedule: str = ""  # policy "schedule": K by batch size, from `avkit tune` JSON or its vLLM fragment
+    snapshot: str = ""  # where live coefficients are snapshotted ("" = SERVE_STATE_DIR/coefficients.json)
+    snapshot_every: int = 10  # snapshot every M refits (and on shutdown)
+    resume: bool = True  # warm-start from the snapshot when it exists
+    record: str = ""  # stream per-draft trace rows to this Parquet file while serving
+    record_flush_s: float = 30.0  # --record: write buffered trace rows to disk this often
+    max_tokens_limit: int = 1024  # largest max_tokens a request may ask for
+    default_max_tokens: int = 256  # chat default when the request sets none
+
+    def __post_init__(self):
+        check_range("max_tokens_limit", self.max_tokens_limit, 1)
+        check_range("default_max_tokens", self.default_max_tokens, 1, self.max_tokens_limit)
+        check_range("snapshot_every", self.snapshot_every, 1)
+        check_range("record_flush_s", self.record_flush_s, 0.0)
+        if (self.policy == "schedule") != bool(self.schedule):
+            from avkit.errors import ConfigError
+
+            raise ConfigError("--schedule FILE goes with --policy schedule (and only with it), got --policy "
+                              f"{self.policy!r}, --schedule {self.schedule!r}")
+
+
+__all__ = ["SERVE_STATE_DIR", "SHIPPED_COEFFICIENTS", "HttpConfig", "ServeConfig"]
