@@ -7,6 +7,7 @@ came from, and a file made from other traces (or another cost model) is named, n
   coefficients.json  `trained_on.inputs`           (`avkit fit`, and `avkit report` fitting traces)
   hvd_metrics.json   `info.inputs`                 (`avkit hvd`, `avkit fit --hvd`)
   cost table JSON    `meta.inputs`                 (`avkit profile`: version and time; the models are in meta)
+  tune.json          `inputs`                      (`avkit tune`)
 
 The record (a JSON object):
   command        the command that wrote the file, e.g. "avkit simulate"
@@ -59,6 +60,16 @@ def inputs_record(command: str, traces=(), **settings) -> dict:
             "traces": trace_records(traces), **settings}
 
 
+def cost_record(cost, spec: str) -> dict:
+    """What a cost model was: the spec given, its source, device and models, and a profiled table's content
+    hash (a re-profiled table under the same name is told apart)."""
+    meta = cost.meta
+    out = {"spec": spec, **{k: meta.get(k, "") for k in ("source", "device", "target", "draft")}}
+    if meta.get("path") and Path(meta["path"]).is_file():
+        out["sha256"] = file_sha256(meta["path"])[:16]
+    return out
+
+
 def describe(record: dict | None) -> str:
     """One line for a report: command, version, time, traces (short hashes), then the settings."""
     if not record:
@@ -103,4 +114,4 @@ def trace_mismatch(record: dict | None, reference: list[dict], what: str) -> str
     return f"{what} does not match this report's traces: " + "; ".join(parts) + "."
 
 
-__all__ = ["INPUTS_KEY", "describe", "file_sha256", "inputs_record", "trace_mismatch", "trace_records"]
+__all__ = ["INPUTS_KEY", "cost_record", "describe", "file_sha256", "inputs_record", "trace_mismatch", "trace_records"]

@@ -5,9 +5,13 @@
 ``jobs.json`` holds ``{"target": dir, "draft": dir, "dtype": "bfloat16", "threads": 2, "configs": [...]}``;
 each config is ``{"k": K, "runs": [{"name", "prompts": [[token ids]], "temperature", "top_p",
 "max_new_tokens", "seed"}, ...]}``. K = 0 is target-only; K > 0 is vLLM's ``draft_model`` speculative
-decoding with K tokens per step. One offline ``LLM`` per config (its startup is not timed), one untimed
-warm-up generate, then every run: ``llm.generate`` of all its prompts at once (concurrency = number of
-prompts), wall time including prefill, the generated token ids, and the spec-decode counters' deltas.
+decoding with K tokens per step; a config's optional ``"schedule": [[lo, hi, K], ...]`` becomes
+``num_speculative_tokens_per_batch_size`` (vLLM's Dynamic SD, K = the schedule's largest). One offline
+``LLM`` per config (its startup is not timed), one untimed warm-up generate, then every run: ``llm.generate``
+of all its prompts at once (concurrency = number of prompts), wall time including prefill, the generated
+token ids, and the spec-decode counters' deltas. A run with ``"arrival_s"`` (seconds after its start, one per
+prompt) and ``"max_new"`` (new tokens per prompt) is driven through ``llm.llm_engine`` instead: each request
+is added once its time has come, and ``in_flight`` records the unfinished requests at every engine step.
 Rewrites ``results.json`` after every run (temp file, then rename), so a crash keeps what was measured. Imports nothing from avkit: this venv has no avkit.
 """
 
@@ -43,12 +47,14 @@ def run_config(spec: dict, cfg: dict, done: list[dict], out_path: str) -> None:
     from vllm.inputs import TokensPrompt
 
     k = int(cfg["k"])
-    longest = max(len(p) + r["max_new_tokens"] for r in cfg["runs"] for p in r["prompts"])
+    longest = max(len(p) + max(r.get("max_new") or [r["max_new_tokens"]]) for r in cfg["runs"] for p in r["prompts"])
     max_seqs = max(len(r["prompts"]) for r in cfg["runs"])
     kwargs = dict(model=spec["target"], dtype=spec["dtype"], max_model_len=longest + k + 16, max_num_seqs=max_seqs,
                   enforce_eager=spec.get("eager", True), disable_log_stats=False, seed=0)
     if k > 0:
         kwargs["speculative_config"] = {"method": "draft_model", "model": spec["draft"], "num_speculative_tokens": k}
+        if cfg.get("schedule"):
+            kwargs["speculative_config"]["num_speculative_tokens_per_batch_size"] = [list(x) for x in cfg["schedule"]]
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
     startup = time.perf_counter() - t0
@@ -56,21 +62,53 @@ def run_config(spec: dict, cfg: dict, done: list[dict], out_path: str) -> None:
     llm.generate([TokensPrompt(prompt_token_ids=p) for p in first["prompts"]],
                  SamplingParams(max_tokens=8, temperature=1.0), use_tqdm=False)  # warm-up, untimed
     for r in cfg["runs"]:
-        sp = SamplingParams(temperature=r["temperature"], top_p=r["top_p"] if r["temperature"] > 0 else 1.0,
-                            max_tokens=r["max_new_tokens"], seed=r["seed"])
+        def params(max_tokens: int, r=r) -> SamplingParams:
+            return SamplingParams(temperature=r["temperature"], top_p=r["top_p"] if r["temperature"] > 0 else 1.0,
+                                  max_tokens=max_tokens, seed=r["seed"])
+        sp = params(r["max_new_tokens"])
         load = os.getloadavg()[0]
         before = _counters(llm)
+        in_flight: list[int] = []
         t0 = time.perf_counter()
-        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in r["prompts"]], sp, use_tqdm=False)
+        if "arrival_s" in r:
+            outputs = _arrivals(llm, r, params, in_flight)
+        else:
+            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in r["prompts"]], sp, use_tqdm=False)
+            outputs = [list(o.outputs[0].token_ids) for o in outs]
         wall = time.perf_counter() - t0
         after = _counters(llm)
         delta = {name: after[name] - before.get(name, 0.0) for name in after}
         done.append({"name": r["name"], "k": k, "wall_s": wall, "startup_s": startup, "load": load,
-                        "outputs": [list(o.outputs[0].token_ids) for o in outs], "counters": delta})
+                     "outputs": outputs, "counters": delta, "in_flight": in_flight})
         _save(done, out_path)
         print(f"vllm k={k} {r['name']}: {sum(map(len, done[-1]['outputs'])) / wall:.2f} tok/s", flush=True)
     del llm
     gc.collect()
+
+
+def _arrivals(llm, r: dict, params, in_flight: list[int]) -> list[list[int]]:
+    """Add each prompt at its arrival time (``params(its max_tokens)``), step the engine until all finish."""
+    from vllm.inputs import TokensPrompt
+
+    engine, start = llm.llm_engine, time.perf_counter()
+    order = sorted(range(len(r["prompts"])), key=lambda i: r["arrival_s"][i])
+    outputs: dict[int, list[int]] = {}
+    nxt = 0
+    while len(outputs) < len(order):
+        now = time.perf_counter() - start
+        while nxt < len(order) and r["arrival_s"][order[nxt]] <= now:
+            i = order[nxt]
+            engine.add_request(f"{r['name']}-{i}", TokensPrompt(prompt_token_ids=r["prompts"][i]),
+                               params(r["max_new"][i]))
+            nxt += 1
+        if not engine.has_unfinished_requests():  # idle until the next arrival
+            time.sleep(max(0.0, r["arrival_s"][order[nxt]] - now))
+            continue
+        in_flight.append(engine.get_num_unfinished_requests())
+        for o in engine.step():
+            if o.finished:
+                outputs[int(o.request_id.rsplit("-", 1)[1])] = list(o.outputs[0].token_ids)
+    return [outputs[i] for i in range(len(order))]
 
 
 def main() -> None:

@@ -231,7 +231,8 @@ def test_trtllm_fragment_clamps_to_the_first_range_and_drops_trailing_zero():
 
 def test_result_is_deterministic_and_self_consistent(trace, result):
     again = tune([trace], TuneConfig(concurrency=CONC, context=2048, bootstrap=200, max_k=5))
-    assert again == result
+    when = {"inputs": {**result["inputs"], "written": ""}}  # the provenance record's time may differ
+    assert {**again, **{"inputs": {**again["inputs"], "written": ""}}} == {**result, **when}
     s = result["schedule"]
     assert check_vllm(result["vllm"]["speculative_config"]) if result["vllm"]["speculative_config"] else True
     assert {r["arm"] for r in result["cells"]} >= {"nospec", "fixed5", "adaptive-K5", "adaptive-stop-K5"}

@@ -44,7 +44,9 @@ def register(app: typer.Typer) -> None:
         drafter: Annotated[str, _o("drafter: model | hybrid (suffix cache + model)")] = _d("models.drafter"),
         payoff: Annotated[str, _o("hybrid: payoff_mlp.pt from `avkit hvd`")] = _d("models.payoff"),
         policy: Annotated[str, _o("verify policy: adaptive[:ESTIMATOR] | full | fixed[:K] (simulate's --policy "
-                                  "syntax)")] = _d("policy"),
+                                  "syntax) | schedule (K by batch size, --schedule)")] = _d("policy"),
+        schedule: Annotated[str, _o("--policy schedule: `avkit tune` results JSON or its --format vllm "
+                                    "fragment")] = _d("schedule"),
         estimator: Annotated[str, _o("adaptive policy's estimator (registry name)")] = _d("adaptive.estimator"),
         refit_interval: Annotated[int, _o("engine steps per online refit")] = _d("online.refit_interval"),
         coefficients: Annotated[str, _o("deployed coefficients.json (warm start; wins over an existing "
@@ -74,6 +76,8 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int, _o("engine seed")] = _d("engine.seed"),
         device: Annotated[str, _o("auto (a GPU if torch sees one) | cpu | cuda[:N]")] = _d("models.device"),
         dtype: Annotated[str, _o("auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16")] = _d("models.dtype"),
+        kernels: Annotated[str, _o("hot-path kernels: auto (Triton on CUDA, torch elsewhere) | torch | "
+                                         "triton (on a CPU: Triton's interpreter, TRITON_INTERPRET=1)")] = _d("engine.kernels"),
         grace_period: Annotated[float, _o("seconds to finish in-flight requests on SIGTERM")] =
             _d("http.grace_period_s"),
         max_body_bytes: Annotated[int, _o("largest request body in bytes (413 beyond)")] = _d("http.max_body_bytes"),
@@ -91,17 +95,21 @@ def register(app: typer.Typer) -> None:
             config = ServeConfig(
                 models=ModelsConfig(target=target, draft=draft, drafter=drafter, payoff=payoff, device=device,
                                     dtype=dtype),
-                engine=EngineConfig(k=k, max_batch=concurrency, max_len=max_len, seed=seed),
+                engine=EngineConfig(k=k, max_batch=concurrency, max_len=max_len, seed=seed, kernels=kernels),
                 online=EstimatorConfig(refit_interval=refit_interval),
                 adaptive=AdaptiveConfig(estimator=estimator, coefficients=coefficients, cost=cost, gate=draft_gate),
                 http=HttpConfig(host=host, port=port, api_key=api_key, served_model_name=served_model_name,
                                 queue_size=queue_size, grace_period_s=grace_period, max_body_bytes=max_body_bytes,
                                 log_requests=log_requests),
-                policy=policy, snapshot=snapshot, snapshot_every=snapshot_every, resume=resume, record=record,
+                policy=policy, schedule=schedule, snapshot=snapshot, snapshot_every=snapshot_every, resume=resume, record=record,
                 max_tokens_limit=max_new_tokens,
                 default_max_tokens=min(_d("default_max_tokens"), max_new_tokens))
         # Everything that can be wrong with the options fails here, as one line, before the models load.
         warm_start(config)
+        if config.policy == "schedule":
+            from avkit.scheduling.batch_schedule import make_scheduled
+
+            make_scheduled(config.schedule, k=config.engine.k)
         if config.record:
             check_record_writable(config.record)
         sock = bind_socket(config.http.host, config.http.port)

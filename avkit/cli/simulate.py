@@ -23,6 +23,8 @@ TracesArgument = Annotated[list[Path] | None, typer.Argument(
     metavar="TRACE", help=f"trace files, directories of them or globs (default: the shipped {DEFAULT_TRACE_GLOB})",
     show_default=False)]
 COST_HELP = "cost table JSON (avkit profile) or roofline:GPU:TARGET[:DRAFT][:context=N,drafter=parallel]"
+CostOption = Annotated[str, typer.Option(help=COST_HELP)]
+ConcurrencyOption = Annotated[str, typer.Option(help="comma-separated concurrencies (batch sizes)")]
 
 
 def shipped_traces() -> list[str]:
@@ -46,9 +48,8 @@ def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate(
         traces: TracesArgument = None,
-        cost: Annotated[str, typer.Option(help=COST_HELP)] = _d("cost"),
-        concurrency: Annotated[str, typer.Option(help="comma-separated concurrencies")] =
-            ",".join(map(str, _d("concurrency"))),
+        cost: CostOption = _d("cost"),
+        concurrency: ConcurrencyOption = ",".join(map(str, _d("concurrency"))),
         policy: Annotated[list[str] | None, typer.Option(
             "--policy", help="repeatable (or comma-separated): nospec, fixed, fixed:K, adaptive:ESTIMATOR, "
             "adaptive:oracle, adaptive:recorded, adaptive-stop:ESTIMATOR (also stops drafting early), "

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from avkit.cli.simulate import COST_HELP, TracesArgument, parse_ints, shipped_traces
+from avkit.cli.simulate import ConcurrencyOption, CostOption, TracesArgument, parse_ints, shipped_traces
 from avkit.config import TuneConfig, default_of
 
 
@@ -85,9 +85,8 @@ def register(app: typer.Typer) -> None:
     @app.command("tune")
     def tune(
         traces: TracesArgument = None,
-        cost: Annotated[str, typer.Option(help=COST_HELP)] = _d("cost"),
-        concurrency: Annotated[str, typer.Option(help="comma-separated batch sizes to simulate")] =
-            ",".join(map(str, _d("concurrency"))),
+        cost: CostOption = _d("cost"),
+        concurrency: ConcurrencyOption = ",".join(map(str, _d("concurrency"))),
         max_k: Annotated[int, typer.Option(help="largest K tried (0: the traces' K)")] = _d("max_k"),
         tpot_slo_ms: Annotated[float, typer.Option(help="p90 per-request ms per output token must stay under "
                                                         "this (0: no SLO)")] = _d("tpot_slo_ms"),

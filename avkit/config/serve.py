@@ -51,6 +51,7 @@ class ServeConfig:
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     policy: str = "adaptive"  # a name in avkit.scheduling.policy.POLICIES
+    schedule: str = ""  # policy "schedule": K by batch size, from `avkit tune` JSON or its vLLM fragment
     snapshot: str = ""  # where live coefficients are snapshotted ("" = SERVE_STATE_DIR/coefficients.json)
     snapshot_every: int = 10  # snapshot every M refits (and on shutdown)
     resume: bool = True  # warm-start from the snapshot when it exists
@@ -64,6 +65,11 @@ class ServeConfig:
         check_range("default_max_tokens", self.default_max_tokens, 1, self.max_tokens_limit)
         check_range("snapshot_every", self.snapshot_every, 1)
         check_range("record_flush_s", self.record_flush_s, 0.0)
+        if (self.policy == "schedule") != bool(self.schedule):
+            from avkit.errors import ConfigError
+
+            raise ConfigError("--schedule FILE goes with --policy schedule (and only with it), got --policy "
+                              f"{self.policy!r}, --schedule {self.schedule!r}")
 
 
 __all__ = ["SERVE_STATE_DIR", "SHIPPED_COEFFICIENTS", "HttpConfig", "ServeConfig"]

@@ -182,9 +182,12 @@ def check_records(inputs: ReportInputs, sim_path) -> None:
         records["sim"] = read_inputs(Path(sim_path).expanduser())
     if inputs.hvd is not None:
         records["hvd"] = (inputs.hvd.get("info") or {}).get("inputs")
+    if inputs.tune is not None:
+        records["tune"] = inputs.tune.get("inputs")
     reference = trace_records(inputs.traces)
     what = {"fit": f"The fit ({inputs.fit.dir})", "sim": f"The simulation results ({inputs.sources.get('sim')})",
-            "hvd": f"The HVD results ({inputs.sources.get('hvd')})"}
+            "hvd": f"The HVD results ({inputs.sources.get('hvd')})",
+            "tune": f"The tuning results ({inputs.sources.get('tune')})"}
     for name, record in records.items():
         warn = inputs.warnings.setdefault(name, [])
         if record is None:

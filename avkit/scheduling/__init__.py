@@ -1,1 +1,2 @@
-"""Scheduling: verify policies (policy.py), the adaptive budget (budget.py, adaptive.py) and step costs."""
+"""Scheduling: verify policies (policy.py), the adaptive budget (budget.py, adaptive.py), K by batch size
+(batch_schedule.py) and step costs."""

@@ -78,6 +78,7 @@ POLICIES = Registry("verify policy", {
     "full": FullVerification,
     "fixed": FixedK,
     "adaptive": "avkit.scheduling.adaptive:make_adaptive",
+    "schedule": "avkit.scheduling.batch_schedule:make_scheduled",
 })
 
 

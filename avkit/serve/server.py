@@ -51,6 +51,8 @@ def make_policy(config: ServeConfig, coefficients: str, pair: ServedPair | None 
 
     if config.policy == "fixed":
         return make("fixed", k=config.engine.k)
+    if config.policy == "schedule":
+        return make("schedule", schedule=config.schedule, k=config.engine.k)
     if config.policy == "adaptive":
         return make("adaptive", cost=config.adaptive.cost or None, estimator=config.adaptive.estimator,
                     coefficients=coefficients, k=config.engine.k, pair=pair,

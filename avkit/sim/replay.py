@@ -141,13 +141,9 @@ def simulate(traces, cost: CostTable, concurrency=None, policies=None, *, config
 
 def results_inputs(paths, cost: CostTable, config: SimulateConfig, policies, command: str = "avkit simulate") -> dict:
     """The provenance record of a results file: traces (hashed), cost model, policies, concurrency."""
-    from avkit.provenance import file_sha256, inputs_record
+    from avkit.provenance import cost_record, inputs_record
 
-    meta = cost.meta
-    described = {"spec": config.cost, **{k: meta.get(k, "") for k in ("source", "device", "target", "draft")}}
-    if meta.get("path") and Path(meta["path"]).is_file():  # a profiled table: its content, too
-        described["sha256"] = file_sha256(meta["path"])[:16]
-    return inputs_record(command, paths, cost=described, policies=list(policies),
+    return inputs_record(command, paths, cost=cost_record(cost, config.cost), policies=list(policies),
                          concurrency=list(config.concurrency), waves=config.waves)
 
 

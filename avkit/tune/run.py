@@ -158,7 +158,7 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
         notes.append(f"the p90 TPOT SLO holds up to c={met} and fails from c={unmet[0]}: to keep it, cap max_num_seqs "
                      f"between {met} and {unmet[0] - 1}")
     return {
-        "avkit_tune": 1, "traces": paths, "requests": steps.num_requests, "trace_k": steps.k, "max_k": max_k,
+        "avkit_tune": 1, "inputs": _inputs(paths, cost, config), "traces": paths, "requests": steps.num_requests, "trace_k": steps.k, "max_k": max_k,
         "cost": {k: v for k, v in cost.meta.items() if not k.startswith("raw_")} | {"spec": config.cost,
                                                                                      "drafter": cost.drafter},
         "config": {"concurrency": list(config.concurrency), "tpot_slo_ms": config.tpot_slo_ms,
@@ -178,6 +178,16 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
         "trtllm": trtllm_fragment(k_ranges),
         "notes": notes,
     }
+
+
+def _inputs(paths: list[str], cost, config: TuneConfig) -> dict:
+    """The provenance record (avkit/provenance.py): traces by sha256, the cost model, every setting."""
+    from dataclasses import asdict
+
+    from avkit.provenance import cost_record, inputs_record
+
+    args = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items() if k not in ("out", "cost")}
+    return inputs_record("avkit tune", paths, cost=cost_record(cost, config.cost), args=args)
 
 
 def _geomean(per_c: list[dict], key: str) -> float:

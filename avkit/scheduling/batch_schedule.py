@@ -1,0 +1,123 @@
+"""The `schedule` verify policy: K by the current batch size, as vLLM's Dynamic SD runs it.
+
+A schedule is a list of inclusive batch-size ranges (lo, hi, K), the first starting at 1, read from
+`avkit tune`'s results JSON (`--out`, the key `schedule.ranges`), from its `--format vllm` fragment
+(`{"speculative_config": {"num_speculative_tokens_per_batch_size": ...}}`, or the inner dict alone;
+`"speculative_config": null` is speculation off at every batch size). Rules, the same as vLLM 0.32's
+dense lookup (vllm/v1/spec_decode/dynamic/utils.py):
+  K(b)        the K of the range holding b; a batch size past the last range takes the last range's K
+  clamp       the engine drafts at most its own k (-k): a schedule asking for more is refused at load
+              (vLLM clamps silently; here it is one error line naming the file)
+Each step the policy takes b = requests in the step (vLLM: `len(num_scheduled_tokens)`), skips
+drafting when K(b) = 0 (`draft_this_step`), stops each request's drafting after K(b) drafts
+(`continue_drafting`) and verifies min(drafted, K(b)). Only the batch size decides: lossless.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from avkit.errors import ConfigError
+from avkit.scheduling.policy import VerifyPolicy
+from avkit.step_types import DraftBatch, Load, StepPlan
+
+
+@dataclass(frozen=True)
+class BatchSchedule:
+    """Validated (lo, hi, K) ranges and their dense lookup."""
+
+    ranges: tuple[tuple[int, int, int], ...]
+    source: str = ""  # the file it came from (for messages)
+    dense: np.ndarray = field(init=False, repr=False, compare=False)  # [last hi + 1] K by batch size; [0] unused
+
+    def __post_init__(self):
+        from avkit.tune.formats import check_vllm
+
+        where = f"{self.source}: " if self.source else ""
+        if not self.ranges:
+            raise ConfigError(f"{where}the schedule has no batch-size ranges")
+        top = max(k for _, _, k in self.ranges)
+        try:  # vLLM's rules (formats.check_vllm), with num_speculative_tokens >= 1 even when K is 0 everywhere
+            check_vllm({"num_speculative_tokens": max(top, 1),
+                        "num_speculative_tokens_per_batch_size": [list(r) for r in self.ranges]})
+        except ConfigError as e:
+            raise ConfigError(f"{where}{e}") from None
+        dense = np.zeros(self.ranges[-1][1] + 1, dtype=np.int64)
+        for lo, hi, k in self.ranges:
+            dense[lo:hi + 1] = k
+        object.__setattr__(self, "dense", dense)
+
+    @property
+    def max_k(self) -> int:
+        return int(self.dense.max())
+
+    def k_at(self, batch_size: int) -> int:
+        """K at this batch size (past the last range: the last range's K)."""
+        return int(self.dense[min(max(batch_size, 1), self.dense.size - 1)])
+
+    @classmethod
+    def load(cls, path: str | Path) -> BatchSchedule:
+        """From `avkit tune --out` JSON or a `--format vllm` fragment; one ConfigError line naming the file."""
+        p = Path(path)
+        try:
+            data = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"--schedule {p}: no such file") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ConfigError(f"--schedule {p}: not a JSON file ({e})") from None
+        return cls(_ranges(data, p), source=str(p))
+
+
+def _ranges(data, path: Path) -> tuple[tuple[int, int, int], ...]:
+    if isinstance(data, dict) and isinstance(data.get("schedule"), dict) and "ranges" in data["schedule"]:
+        raw = data["schedule"]["ranges"]  # avkit tune --out
+    elif isinstance(data, dict) and "speculative_config" in data:
+        spec = data["speculative_config"]
+        if spec is None:  # the tuner's "speculation off everywhere"
+            return ((1, 1, 0),)
+        raw = spec.get("num_speculative_tokens_per_batch_size") if isinstance(spec, dict) else None
+    elif isinstance(data, dict) and "num_speculative_tokens_per_batch_size" in data:
+        raw = data["num_speculative_tokens_per_batch_size"]
+    else:
+        raise ConfigError(f"--schedule {path}: neither `avkit tune` results (schedule.ranges) nor a vLLM "
+                          "speculative_config with num_speculative_tokens_per_batch_size")
+    if not isinstance(raw, list) or not all(isinstance(r, list | tuple) and len(r) == 3 for r in raw):
+        raise ConfigError(f"--schedule {path}: ranges must be a list of (batch_lo, batch_hi, K), got {raw!r}")
+    if not all(isinstance(x, int) and not isinstance(x, bool) for r in raw for x in r):
+        raise ConfigError(f"--schedule {path}: range bounds and K must be integers, got {raw!r}")
+    return tuple((int(lo), int(hi), int(k)) for lo, hi, k in raw)
+
+
+@dataclass
+class ScheduledK(VerifyPolicy):
+    """POLICIES["schedule"]: K(b) drafts drafted and verified per request at batch size b (module note)."""
+
+    schedule: BatchSchedule
+    k: int = 0  # the engine's K (0: not checked)
+    name: str = "schedule"
+
+    def __post_init__(self):
+        if self.k and self.schedule.max_k > self.k:
+            b = int(np.argmax(self.schedule.dense))
+            raise ConfigError(f"--schedule {self.schedule.source}: K={self.schedule.max_k} at batch size {b} "
+                              f"is more than the engine drafts (k={self.k}); raise -k or lower the schedule")
+
+    def draft_this_step(self, load: Load) -> bool:
+        return self.schedule.k_at(load.num_requests) > 0
+
+    def continue_drafting(self, batch: DraftBatch, load: Load) -> torch.Tensor:  # [B] bool
+        return batch.num_drafted < self.schedule.k_at(load.num_requests)
+
+    def num_verify(self, batch: DraftBatch, load: Load) -> StepPlan:
+        return StepPlan(batch.num_drafted.clamp(max=self.schedule.k_at(load.num_requests)))  # [B] int64
+
+
+def make_scheduled(schedule: str | Path | BatchSchedule, k: int = 0) -> ScheduledK:
+    """POLICIES["schedule"] factory (a lazy entry in policy.py): a schedule file or a BatchSchedule, the engine's K."""
+    return ScheduledK(schedule if isinstance(schedule, BatchSchedule) else BatchSchedule.load(schedule), k=k)
+

@@ -1,0 +1,277 @@
+"""Issue 19 item 5: `avkit tune`'s schedule run on avkit's engine and on vLLM-CPU, against every fixed K.
+
+Usage (real pair; run each piece under the bench lock, results accumulate in --out):
+
+    python bench/tune_live.py --tiny                                  # dry run, tiny random models, both engines
+    python bench/tune_live.py --engines avkit                         # avkit: no-spec, K = 1,2,3, the schedule
+    python bench/tune_live.py --engines vllm --configs nospec,K=1      # vLLM, some configs (one process each)
+    python bench/tune_live.py --report                                # tune_live.md from tune_live.json only
+
+Glossary
+--------
+schedule  inclusive (batch_lo, batch_hi, K) ranges from `avkit tune --out` JSON (``--schedule``, default the
+          CPU run in bench/results/tune_cpu.json); avkit runs it as ``POLICIES["schedule"]``
+          (avkit/scheduling/batch_schedule.py), vLLM as ``num_speculative_tokens_per_batch_size``
+config    ``nospec`` (target only), ``K=k`` (the draft model, k drafts verified every step) or ``tuned``
+run       a list of requests, each a prompt (token ids, HumanEval and ShareGPT alternating, the target's chat
+          template), its new-token count and its arrival on the output-token clock: a request is added once
+          the engine has emitted that many tokens in the run (or at once when the engine has nothing left).
+          The clock, not wall time, decides arrivals so every engine and config sees the same batch-size path
+          although vLLM and avkit differ several-fold in speed.
+          ``c=N`` steady: N requests at token 0, ``--max-new-tokens`` each (``c=1``: two requests, the second
+          arriving at ``--max-new-tokens``, so one at a time)
+          ``mixed`` bursts ``--bursts`` (``COUNT@TOKENS``, default 1@0,3@24,12@120: batch 1, then 4, then 16)
+          with new-token counts drawn uniformly from ``--mixed-new`` (seeded), so the batch drains through
+          every size back to 1: it moves across all of the schedule's ranges
+tokens/s  generated tokens / wall time from the first request's arrival to the last one's end (prefill included)
+in flight unfinished requests before each engine step: its histogram shows the batch sizes the run visited
+
+Both engines load the same bf16 safetensors directories (`just peer-vllm`) and get the same token ids; vLLM
+runs in its own venv through bench/vllm_peer.py (one process per config, startup untimed). T = 0 (greedy):
+every speculative config's outputs are compared with the same engine's no-spec outputs. Results (one row
+per engine x config x run, with `uptime` load) are merged into ``--out`` JSON after every piece, and
+bench/results/tune_live.md is rewritten from all of them. Timings only, never pass/fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import gc
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+BENCH = Path(__file__).parent
+sys.path.insert(0, str(BENCH))
+from engine_peer import VLLM_ENV, prompt_ids  # noqa: E402  (bench/ is not a package)
+from tune_live_report import write_report  # noqa: E402
+
+RESULTS = BENCH / "results"
+
+
+def uptime() -> str:
+    return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def plan(args, tokenizer) -> list[dict]:
+    """Every run: name, prompts (token ids), max_new per prompt, arrival_tokens per prompt."""
+    concs = [int(c) for c in args.concurrency.split(",")]
+    bursts = [(int(n), int(t)) for n, t in (b.split("@") for b in args.bursts.split(","))]
+    n = max(max(concs), 2, sum(c for c, _ in bursts))
+    per = {d: prompt_ids(tokenizer, d, n) if not args.tiny else
+           [tokenizer.encode(f"def {d}{i}(x):\n    return x * {i}\n") for i in range(n)] for d in args.datasets}
+    pool = [per[args.datasets[i % len(args.datasets)]][i // len(args.datasets)] for i in range(n)]  # alternating
+    runs = []
+    for c in concs:
+        m = max(c, 2) if c == 1 else c
+        runs.append({"name": f"c={c}", "prompts": pool[:m], "max_new": [args.max_new_tokens] * m,
+                     "arrival_tokens": [0, args.max_new_tokens] if c == 1 else [0] * c})
+    rng = random.Random(args.seed)
+    lo, hi = (int(x) for x in args.mixed_new.split(","))
+    arrival = [t for c, t in bursts for _ in range(c)]
+    runs.append({"name": "mixed", "prompts": pool[:len(arrival)], "arrival_tokens": arrival,
+                 "max_new": [rng.randint(lo, hi) for _ in arrival]})
+    for r in runs:
+        r.update(temperature=args.temperature, top_p=0.95, seed=args.seed, max_new_tokens=max(r["max_new"]))
+    return runs
+
+
+def configs(args, schedule) -> list[tuple[str, int, list | None]]:
+    """(name, engine K, schedule ranges or None), filtered by --configs."""
+    out = [("nospec", 0, None)] + [(f"K={k}", k, None) for k in (int(x) for x in args.ks.split(","))]
+    out.append(("tuned", schedule.max_k, [list(r) for r in schedule.ranges]))
+    want = set(args.configs.split(",")) if args.configs else None
+    return [c for c in out if want is None or c[0] in want]
+
+
+# ---- avkit ----------------------------------------------------------------------------------------------
+def avkit_run(models, r: dict, k: int, schedule, max_batch: int) -> dict:
+    from avkit.config import EngineConfig, SamplingConfig
+    from avkit.runtime.engine import Engine
+    from avkit.runtime.request import Request
+    from avkit.scheduling.batch_schedule import ScheduledK
+
+    policy = ScheduledK(schedule, k=k) if schedule is not None else None
+    cfg = EngineConfig(k=k, max_batch=max_batch, max_len=max(map(len, r["prompts"])) + max(r["max_new"]) + k + 2,
+                       seed=r["seed"])
+    engine = Engine(models["target"], models["draft"] if k > 0 else None, cfg, policy=policy)
+    order = sorted(range(len(r["prompts"])), key=lambda i: r["arrival_tokens"][i])
+    outputs: dict[str, list[int]] = {f"r{i}": [] for i in order}
+    in_flight, emitted, nxt = [], 0, 0
+    t0 = time.perf_counter()
+    while nxt < len(order) or engine.has_unfinished():
+        while nxt < len(order) and (r["arrival_tokens"][order[nxt]] <= emitted or not engine.has_unfinished()):
+            i = order[nxt]
+            sampling = SamplingConfig(temperature=r["temperature"], top_p=r["top_p"], max_new_tokens=r["max_new"][i],
+                                      seed=r["seed"])
+            engine.add_request(Request(f"r{i}", r["prompts"][i], sampling))
+            nxt += 1
+        in_flight.append(len(engine.running) + len(engine.waiting))
+        for o in engine.step():
+            outputs[o.request_id].extend(o.new_token_ids)
+            emitted += len(o.new_token_ids)
+    wall = time.perf_counter() - t0
+    return {"outputs": [outputs[f"r{i}"] for i in range(len(order))], "wall_s": wall, "in_flight": in_flight,
+            "outside": engine.stats.overhead_share}
+
+
+def avkit_phase(args, runs, cfgs, schedule, save=None) -> list[dict]:
+    import avkit.models
+
+    dtype = getattr(torch, args.dtype)
+    models = {"target": avkit.models.load(args.target_dir, dtype=dtype),
+              "draft": avkit.models.load(args.draft_dir, dtype=dtype)}
+    max_batch = max(len(r["prompts"]) for r in runs)
+    top = max(k for _, k, _ in cfgs)
+    warm = dict(runs[0], max_new=[8] * len(runs[0]["prompts"]))
+    avkit_run(models, warm, top, None, max_batch)  # warm-up (allocations, the kernel's first load), untimed
+    out, start = [], time.perf_counter()
+    for r in runs:  # configs interleaved within a run: a drifting load on a shared box hits them alike
+        if args.budget_s and time.perf_counter() - start > args.budget_s:
+            print(f"budget of {args.budget_s} s spent: runs from {r['name']} on are left out", flush=True)
+            break
+        for name, k, ranges in cfgs:
+            load = uptime()
+            res = avkit_run(models, r, k, schedule if ranges is not None else None, max_batch)
+            out.append(_row("avkit", name, r, res, load))
+            if save is not None:
+                save(out[-1:])  # kept even if the piece is stopped later
+            gc.collect()  # the run's engine (KV caches) before the next one
+    models.clear()
+    gc.collect()
+    return out
+
+
+# ---- vLLM -----------------------------------------------------------------------------------------------
+def vllm_phase(args, runs, cfgs) -> list[dict]:
+    out = []
+    env = {**os.environ, **VLLM_ENV, "PYTHONPATH": ""}
+    for name, k, ranges in cfgs:
+        with tempfile.TemporaryDirectory(prefix="avkit-tune-live-") as d:
+            jobs, res = Path(d) / "jobs.json", Path(d) / "results.json"
+            cfg = {"k": k, "runs": runs, **({"schedule": ranges} if ranges is not None else {})}
+            jobs.write_text(json.dumps({"target": args.target_dir, "draft": args.draft_dir, "dtype": args.dtype,
+                                        "eager": True, "configs": [cfg]}))
+            load = uptime()
+            proc = subprocess.run([args.vllm_python, str(BENCH / "vllm_peer.py"), str(jobs), str(res)], env=env,
+                                  timeout=args.vllm_timeout, capture_output=True, text=True)
+            if proc.returncode != 0:
+                print(f"vLLM {name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}", flush=True)
+            for x in (json.loads(res.read_text())["results"] if res.exists() else []):
+                r = next(r for r in runs if r["name"] == x["name"])
+                out.append(_row("vllm", name, r, {**x, "outside": float("nan")}, x.get("load", load)))
+                out[-1]["startup_s"] = x["startup_s"]
+                out[-1]["spec_counters"] = x["counters"]
+            if proc.returncode != 0 and not any(o["config"] == name for o in out):
+                out.append({"engine": "vllm", "config": name, "run": "*", "error": proc.stderr[-4000:]})
+    return out
+
+
+def _row(engine: str, config: str, r: dict, res: dict, load) -> dict:
+    tokens = sum(map(len, res["outputs"]))
+    row = {"engine": engine, "config": config, "run": r["name"], "tokens": tokens, "wall_s": res["wall_s"],
+           "tok_s": tokens / res["wall_s"], "in_flight": res["in_flight"], "outputs": res["outputs"],
+           "outside": res["outside"], "uptime": load if isinstance(load, str) else f"load average: {load:.2f}"}
+    print(f"{engine} {config} {r['name']}: {row['tok_s']:.2f} tok/s ({tokens} tokens, {res['wall_s']:.1f} s; "
+          f"{row['uptime']})", flush=True)
+    return row
+
+
+def merge(path: Path, meta: dict | None, rows: list[dict]) -> dict:
+    """Add rows to the results file (a row replaces the one of the same engine, config and run) and, with
+    `meta`, a piece (its command, time, load and plan)."""
+    data = json.loads(path.read_text()) if path.exists() else {"pieces": [], "rows": []}
+
+    def key(x: dict) -> tuple[str, str, str]:
+        return x["engine"], x["config"], x["run"]
+    new = {key(x) for x in rows}
+    data["rows"] = [x for x in data["rows"] if key(x) not in new] + rows
+    if meta is not None:
+        data["pieces"].append(meta)
+        data["plan"] = [r for r in data.get("plan", []) if r["name"] not in {p["name"] for p in meta["plan"]}] + \
+            meta["plan"]
+        data["schedule"] = meta["schedule"]
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+    return data
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--schedule", default=str(RESULTS / "tune_cpu.json"),
+                    help="`avkit tune --out` JSON or a --format vllm fragment")
+    ap.add_argument("--engines", default="avkit,vllm")
+    ap.add_argument("--ks", default="1,2,3,5,7", help="the fixed K compared")
+    ap.add_argument("--configs", default="", help="only these configs (nospec, K=k, tuned; default all)")
+    ap.add_argument("--concurrency", default="1,4,16", help="steady runs")
+    ap.add_argument("--runs", default="", help="only these runs (c=N, mixed; default all)")
+    ap.add_argument("--bursts", default="1@0,3@24,12@120", help="mixed run: COUNT@OUTPUT-TOKENS, ...")
+    ap.add_argument("--mixed-new", default="64,128", help="mixed run: new tokens per request, uniform LO,HI")
+    ap.add_argument("--max-new-tokens", type=int, default=64, help="steady runs: new tokens per request")
+    ap.add_argument("--datasets", default="humaneval,sharegpt", type=lambda s: s.split(","))
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--target-dir", default="")
+    ap.add_argument("--draft-dir", default="")
+    ap.add_argument("--vllm-python", default=".venv-vllm/bin/python")
+    ap.add_argument("--vllm-timeout", type=int, default=1500, help="seconds per vLLM process")
+    ap.add_argument("--tiny", action="store_true", help="tiny random models (a dry run; results to *_tiny.*)")
+    ap.add_argument("--out", default="", help="results JSON (default bench/results/tune_live[_tiny].json)")
+    ap.add_argument("--report", action="store_true", help="only rewrite the Markdown from --out")
+    ap.add_argument("--budget-s", type=float, default=0.0,
+                    help="avkit: start no further run after this many seconds (keeps a locked piece short)")
+    args = ap.parse_args()
+    out = Path(args.out or RESULTS / f"tune_live{'_tiny' if args.tiny else ''}.json")
+    if args.report:
+        return print(write_report(json.loads(out.read_text()), out.with_suffix(".md")))
+
+    import avkit.models
+    from avkit.models.registry import models_dir
+    from avkit.scheduling.batch_schedule import BatchSchedule
+
+    if args.tiny:
+        args.target_dir, args.draft_dir, args.dtype = *_tiny_dirs(), "float32"
+        torch.set_num_threads(1)  # tiny models: a second thread only waits at OpenMP barriers on a busy box
+    args.target_dir = args.target_dir or str(models_dir() / "qwen2.5-coder-1.5b-hf")
+    args.draft_dir = args.draft_dir or str(models_dir() / "qwen2.5-coder-0.5b-hf")
+    schedule = BatchSchedule.load(args.schedule)
+    tokenizer = avkit.models.Tokenizer.from_dir(Path(args.target_dir))
+    runs = plan(args, tokenizer)
+    if args.runs:
+        runs = [r for name in args.runs.split(",") for r in runs if r["name"] == name]  # in the order given
+    cfgs = configs(args, schedule)
+    meta = {"argv": sys.argv, "utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "uptime_start": uptime(),
+            "schedule_file": args.schedule, "schedule": [list(r) for r in schedule.ranges], "plan": runs,
+            "target_dir": args.target_dir, "draft_dir": args.draft_dir, "dtype": args.dtype,
+            "threads": torch.get_num_threads(), "vllm_env": VLLM_ENV}
+    merge(out, meta, [])
+
+    def save(rows: list[dict]) -> None:
+        write_report(merge(out, None, rows), out.with_suffix(".md"))
+    for engine in args.engines.split(","):
+        save(avkit_phase(args, runs, cfgs, schedule, save) if engine == "avkit" else vllm_phase(args, runs, cfgs))
+    print(out.with_suffix(".md").read_text())
+
+
+def _tiny_dirs() -> tuple[str, str]:
+    """A tiny target/draft pair vLLM-CPU can load too (head size 64)."""
+    from avkit.models.testing import write_tiny_model
+
+    root = Path(tempfile.mkdtemp(prefix="avkit-tune-live-"))
+    kw = dict(vocab=512, init_std=0.3, hidden=128, heads=2, kv_heads=1, intermediate=256)
+    return (str(write_tiny_model(root / "t", seed=0, **kw)), str(write_tiny_model(root / "d", seed=1, **kw)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""bench/results/tune_live.md from tune_live.json (bench/tune_live.py): measured tokens/s per engine x config x
+run, the tuned schedule against the best fixed K (no-spec counts as K = 0) and the batch sizes each run visited."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+STEADY_MARGIN = 0.97  # issue 19 item 5: tuned >= 0.97x the best fixed K at every steady concurrency
+
+
+def _share_by_range(in_flight: list[int], schedule: list[list[int]]) -> str:
+    """Share of engine steps per schedule range (past the last range counts in it)."""
+    if not in_flight:
+        return "-"
+    counts = Counter(in_flight)
+    parts = []
+    for i, (lo, hi, k) in enumerate(schedule):
+        top = float("inf") if i == len(schedule) - 1 else hi
+        n = sum(v for b, v in counts.items() if lo <= b <= top)
+        parts.append(f"{lo}-{hi} (K={k}): {100 * n / len(in_flight):.0f}%")
+    return ", ".join(parts)
+
+
+def _greedy(rows: dict, engine: str, config: str, run: str) -> str:
+    base, got = rows.get((engine, "nospec", run)), rows.get((engine, config, run))
+    if config == "nospec" or base is None or got is None:
+        return ""
+    bad = sum(a != b for a, b in zip(base["outputs"], got["outputs"]))
+    return "" if not bad else f" ({bad}≠)"
+
+
+def verdicts(data: dict) -> list[str]:
+    """Per engine: tuned vs the best fixed config at each steady run, and vs every fixed config on `mixed`."""
+    rows = {(x["engine"], x["config"], x["run"]): x for x in data["rows"] if "tok_s" in x}
+    lines = []
+    for engine in dict.fromkeys(x["engine"] for x in data["rows"]):
+        for run in [r["name"] for r in data["plan"]]:
+            tuned = rows.get((engine, "tuned", run))
+            fixed = {c: x["tok_s"] for (e, c, r), x in rows.items() if e == engine and r == run and c != "tuned"}
+            if tuned is None or not fixed:
+                lines.append(f"- {engine} {run}: not measured (tuned or every fixed config missing)")
+                continue
+            best = max(fixed, key=fixed.get)
+            ratio = tuned["tok_s"] / fixed[best]
+            if run == "mixed":
+                ok = all(tuned["tok_s"] > v for v in fixed.values())
+                goal = "ahead of every fixed config"
+            else:
+                ok = ratio >= STEADY_MARGIN
+                goal = f">= {STEADY_MARGIN}x the best fixed config"
+            lines.append(f"- {engine} {run}: tuned {tuned['tok_s']:.2f} tok/s = {ratio:.3f}x the best fixed "
+                         f"({best}, {fixed[best]:.2f}; {len(fixed)} fixed configs measured): "
+                         f"{'meets' if ok else 'MISSES'} the goal ({goal})")
+    return lines
+
+
+def tables(data: dict) -> list[str]:
+    rows = {(x["engine"], x["config"], x["run"]): x for x in data["rows"] if "tok_s" in x}
+    runs = [r["name"] for r in data["plan"]]
+    out = []
+    for engine in dict.fromkeys(x["engine"] for x in data["rows"]):
+        cfgs = list(dict.fromkeys(c for e, c, _ in rows if e == engine))
+        cfgs.sort(key=lambda c: (c == "tuned", c != "nospec", int(c[2:]) if c.startswith("K=") else 0))
+        out += [f"### {engine}", "", "| run | " + " | ".join(cfgs) + " | tuned / best fixed |",
+                "|---|" + "---:|" * (len(cfgs) + 1)]
+        for run in runs:
+            cells, fixed = [], []
+            for c in cfgs:
+                x = rows.get((engine, c, run))
+                cells.append("-" if x is None else f"{x['tok_s']:.2f}{_greedy(rows, engine, c, run)}")
+                if x is not None and c != "tuned":
+                    fixed.append(x["tok_s"])
+            t = rows.get((engine, "tuned", run))
+            ratio = f"{t['tok_s'] / max(fixed):.3f}x" if t is not None and fixed else "-"
+            out.append(f"| {run} | " + " | ".join(cells) + f" | {ratio} |")
+        out += ["", "Load (`uptime` at the start of each run):", ""]
+        for (e, c, r), x in rows.items():
+            if e == engine:
+                extra = f", vLLM startup {x['startup_s']:.0f} s" if "startup_s" in x else ""
+                out.append(f"- {c} {r}: {x['uptime']}; {x['tokens']} tokens in {x['wall_s']:.1f} s{extra}")
+        errors = [x for x in data["rows"] if x["engine"] == engine and "error" in x]
+        for x in errors:
+            out += ["", f"{engine} {x['config']} failed:", "", "```", x["error"].strip()[-2500:], "```"]
+        out.append("")
+    return out
+
+
+def write_report(data: dict, path: Path) -> str:
+    schedule = data["schedule"]
+    mixed = next((r for r in data["plan"] if r["name"] == "mixed"), None)
+    visits = []
+    for x in data["rows"]:
+        if x.get("run") == "mixed" and x.get("config") == "tuned":
+            visits.append(f"- {x['engine']} tuned, steps per batch-size range: "
+                          f"{_share_by_range(x['in_flight'], schedule)}")
+    piece_lines = [f"- `{' '.join(p['argv'])}` ({p['utc']}; {p['uptime_start']} at the start)" for p in data["pieces"]]
+    body = [
+        "# The tuned schedule on real engines (issue 19 item 5)", "",
+        f"Schedule (`--schedule {data['pieces'][-1]['schedule_file']}`): "
+        + ", ".join(f"{lo}-{hi}: K={k}" for lo, hi, k in schedule) + " (batch size: K). Beyond the last range "
+        "the last K holds (vLLM's rule).", "",
+        "Runs (bench/tune_live.py docstring): " + "; ".join(
+            f"{r['name']}: {len(r['prompts'])} requests, new tokens {min(r['max_new'])}-{max(r['max_new'])}, "
+            f"arrivals at output tokens {sorted(set(r['arrival_tokens']))}" for r in data["plan"]) + ".",
+        "Cells: tokens/s (generated tokens / wall time, prefill included); (n≠): n outputs differ from the "
+        "same engine's no-spec outputs at T = 0.", "",
+        "## Verdicts", "", *verdicts(data), "", *(["## Notes", "", *(f"- {n}" for n in data["notes"]), ""] if data.get("notes") else []),
+        "## Measured", "", *tables(data),
+        "## Batch sizes visited by the mixed run", "", *(visits or ["- (no tuned mixed run yet)"]), "",
+        f"Mixed run's requests: {len(mixed['prompts']) if mixed else 0}.", "",
+        "## Commands (each piece run as `flock /tmp/avkit-bench.lock nice -n -15 python ...`)", "", *piece_lines, ""]
+    text = "\n".join(body)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return text
