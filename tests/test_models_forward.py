@@ -139,3 +139,63 @@ def test_cuda_forward_matches_cpu(tmp_path):
     want = cpu.model.forward(tokens, q_lens, slots, cpu.model.new_cache(2, 8))
     got = gpu.model.forward(tokens.cuda(), q_lens.cuda(), slots.cuda(), gpu.model.new_cache(2, 8))
     torch.testing.assert_close(got.cpu(), want, atol=1e-3, rtol=1e-3)  # TF32 / kernel differences
+
+
+class _NoHostReads:
+    """Within the block, reading a tensor back to the host (tolist / item / bool / int) raises."""
+
+    NAMES = ("tolist", "item", "__bool__", "__int__", "__index__")
+
+    def __enter__(self):
+        self.saved = {n: getattr(torch.Tensor, n) for n in self.NAMES}
+
+        def refuse(*_a, **_k):
+            raise AssertionError("host read inside forward(host=...)")
+
+        for n in self.NAMES:
+            setattr(torch.Tensor, n, refuse)
+
+    def __exit__(self, *exc):
+        for n, f in self.saved.items():
+            setattr(torch.Tensor, n, f)
+
+
+@pytest.mark.parametrize("known_q", [True, False], ids=["q_lens-known", "q_lens-device-only"])
+def test_host_lengths_same_logits_no_host_reads(pair, known_q):
+    """forward(host=HostLengths(...)) computes what the plain call computes, reading nothing back.
+
+    Rows of different lengths and widths (padding), non-consecutive slots, a row ending at max_len (its
+    pads must not write past it when q_lens is device-only), then a one-token decode step."""
+    model = pair[0].model
+    from avkit.models.transformer import HostLengths
+
+    rows = random_rows([3, 6, 1], seed=5)
+    slots = torch.tensor([4, 1, 2])
+    plain, fast = model.new_cache(5, 12), model.new_cache(5, 12)
+    cached = [0, 0, 0]
+    for feed in (rows, random_rows([8, 2, 4], seed=6), random_rows([1, 1, 1], seed=7)):
+        tokens, q_lens = pad(feed)
+        want = model.forward(tokens, q_lens, slots, plain)
+        host = HostLengths(tuple(slots.tolist()), tuple(cached), tuple(map(len, feed)) if known_q else None)
+        with _NoHostReads():
+            got = model.forward(tokens, q_lens, slots, fast, host=host)
+        for b, r in enumerate(feed):
+            # same keys in the same order: bit for bit; device-only q_lens attends over more (masked) keys
+            torch.testing.assert_close(got[b, : len(r)], want[b, : len(r)], atol=0 if known_q else 1e-5, rtol=0)
+        cached = [c + len(r) for c, r in zip(cached, feed)]
+        assert fast.lengths.tolist() == plain.lengths.tolist()
+        tol = 0 if known_q else 1e-5
+        for s, n in zip(slots.tolist(), cached):
+            torch.testing.assert_close(fast.k[:, s, :, :n], plain.k[:, s, :, :n], atol=tol, rtol=0)
+            torch.testing.assert_close(fast.v[:, s, :, :n], plain.v[:, s, :, :n], atol=tol, rtol=0)
+    assert max(cached) == 12  # row 0 reached max_len
+
+
+def test_host_lengths_must_describe_every_row(pair):
+    from avkit.models.transformer import HostLengths
+
+    with pytest.raises(ConfigError, match="one entry per row"):
+        HostLengths((0, 1), (3,))
+    with pytest.raises(ConfigError, match="2 distinct values"):
+        pair[0].model.forward(torch.tensor([[1], [2]]), torch.tensor([1, 1]), torch.tensor([0, 1]),
+                              pair[0].model.new_cache(2, 4), host=HostLengths((0,), (0,)))

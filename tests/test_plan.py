@@ -142,4 +142,7 @@ def test_survival_is_the_kernels_left_to_right_float32_product():
     for j in range(1, 7):
         want[:, j] = want[:, j - 1] * c[:, j]
     assert s.dtype == torch.float32 and torch.equal(s, want)
-    assert survival(c.double(), torch.full((64,), 7)).dtype == torch.float64
+    want64 = c.double()
+    for j in range(1, 7):
+        want64[:, j] = want64[:, j - 1] * want64[:, j]
+    assert torch.equal(survival(c.double(), torch.full((64,), 7)), want64)  # the scan, in order

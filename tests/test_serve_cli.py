@@ -15,6 +15,7 @@ from avkit.cli import app
     (["--drafter", "oracle"], "drafter must be one of ['hybrid', 'model'], got 'oracle'"),
     (["--device", "cuda:x"], "device must be one of ['auto', 'cpu', 'cuda'] or cuda:N, got 'cuda:x'"),
     (["--dtype", "fp8"], "dtype must be one of ['auto', 'bfloat16', 'float32'], got 'fp8'"),
+    (["--kernels", "cuda"], "kernels must be one of ['auto', 'torch', 'triton'], got 'cuda'"),
     (["--coefficients", "/nonexistent/coefficients.json", "--no-resume"],
      "--coefficients: no such file: /nonexistent/coefficients.json"),
 ])

@@ -71,6 +71,9 @@ def register(app: typer.Typer) -> None:
         dtype: Annotated[str, typer.Option(help="model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 | "
                                                 "bfloat16 (~3x float32 on AVX512-BF16 CPUs)")] = _d("models.dtype"),
         threads: Annotated[int, typer.Option(help="torch threads (0 = default; 1 on a busy CPU)")] = _d("threads"),
+        kernels: Annotated[str, typer.Option(help="hot-path kernels: auto (Triton on CUDA, torch elsewhere) | torch | "
+                                         "triton (on a CPU: Triton's interpreter, TRITON_INTERPRET=1)")] =
+            _d("engine.kernels"),
         drafter: Annotated[str, typer.Option(help="model | hybrid (suffix cache or draft model per step)")] =
             _d("models.drafter"),
         payoff: Annotated[str, typer.Option(help="hybrid: payoff_mlp.pt from `avkit hvd` (default: "
@@ -85,7 +88,7 @@ def register(app: typer.Typer) -> None:
             config = RecordConfig(
                 models=ModelsConfig(target=target, draft=draft, drafter=drafter, payoff=payoff, device=device,
                                     dtype=dtype),
-                engine=EngineConfig(k=k, max_batch=concurrency, seed=seed),
+                engine=EngineConfig(k=k, max_batch=concurrency, seed=seed, kernels=kernels),
                 sampling=SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens),
                 datasets=tuple(dataset) if dataset else _d("datasets"), num_prompts=num_prompts,
                 max_prompt_tokens=max_prompt_tokens, out=out, resume=resume, overwrite=overwrite,

@@ -74,6 +74,8 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int, _o("engine seed")] = _d("engine.seed"),
         device: Annotated[str, _o("auto (a GPU if torch sees one) | cpu | cuda[:N]")] = _d("models.device"),
         dtype: Annotated[str, _o("auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16")] = _d("models.dtype"),
+        kernels: Annotated[str, _o("hot-path kernels: auto (Triton on CUDA, torch elsewhere) | torch | "
+                                   "triton (on a CPU: Triton's interpreter, TRITON_INTERPRET=1)")] = _d("engine.kernels"),
         grace_period: Annotated[float, _o("seconds to finish in-flight requests on SIGTERM")] =
             _d("http.grace_period_s"),
         max_body_bytes: Annotated[int, _o("largest request body in bytes (413 beyond)")] = _d("http.max_body_bytes"),
@@ -91,7 +93,7 @@ def register(app: typer.Typer) -> None:
             config = ServeConfig(
                 models=ModelsConfig(target=target, draft=draft, drafter=drafter, payoff=payoff, device=device,
                                     dtype=dtype),
-                engine=EngineConfig(k=k, max_batch=concurrency, max_len=max_len, seed=seed),
+                engine=EngineConfig(k=k, max_batch=concurrency, max_len=max_len, seed=seed, kernels=kernels),
                 online=EstimatorConfig(refit_interval=refit_interval),
                 adaptive=AdaptiveConfig(estimator=estimator, coefficients=coefficients, cost=cost, gate=draft_gate),
                 http=HttpConfig(host=host, port=port, api_key=api_key, served_model_name=served_model_name,

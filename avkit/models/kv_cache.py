@@ -45,16 +45,20 @@ class KVCache:
         """Forget everything in one slot (the request left the batch)."""
         self.lengths[int(slot)] = 0
 
-    def append(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor,
+    def append(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, src: torch.Tensor | None,
                k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write the new keys/values of the real (non-pad) query tokens of one layer.
+        """Write one layer's new keys/values: ``k[b, src[b, s]]`` goes to position ``positions[b, s]`` of slot
+        ``slots[b]`` (``src`` None: ``k[b, s]``). The forward points right-padding at the row's last real
+        token, so pads rewrite an equal value instead of being filtered out (no data-dependent shapes).
 
-        slots [B], positions [B, S] absolute, valid [B, S] bool, k/v [B, S, H_kv, D].
+        slots [B], positions [B, S] absolute, src [B, S] or None, k/v [B, S, H_kv, D].
         """
-        rows = slots[:, None].expand_as(positions)[valid]  # [N]
-        pos = positions[valid]  # [N]
-        self.k[layer][rows, :, pos] = k[valid]  # [N, H_kv, D]
-        self.v[layer][rows, :, pos] = v[valid]
+        if src is not None:
+            idx = src[:, :, None, None].expand_as(k)  # [B, S, H_kv, D]
+            k, v = k.gather(1, idx), v.gather(1, idx)
+        rows = slots[:, None].expand_as(positions)  # [B, S]
+        self.k[layer][rows, :, positions] = k  # [B, S, H_kv, D]
+        self.v[layer][rows, :, positions] = v
 
     def view(self, layer: int, slots: torch.Tensor, span: int, contiguous_from: int | None):
         """Keys/values ``[B, H_kv, span, D]`` of the given slots (a view when the slots are consecutive)."""

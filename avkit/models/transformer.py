@@ -36,13 +36,38 @@ class RMSNorm(nn.Module):
         return self.weight * (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype)
 
 
+@dataclass(frozen=True)
+class HostLengths:
+    """What the caller already knows on the host about one forward, so the forward reads nothing back.
+
+    slots   the cache slot of each row (as the ``slots`` tensor)
+    cached  ``cache.lengths[slots]`` before this forward (the engine's own bookkeeping)
+    q_lens  real new tokens per row (as the ``q_lens`` tensor); None when only the device knows them:
+            the forward then attends over ``max(cached) + S`` keys with a mask (the same result)
+
+    Without it the forward reads ``q_lens``, ``slots`` and the cache lengths back from the device (one
+    synchronisation on CUDA, free on CPU). The values must match the tensors: the forward trusts them.
+    """
+
+    slots: tuple[int, ...]
+    cached: tuple[int, ...]
+    q_lens: tuple[int, ...] | None = None
+
+    def __post_init__(self):
+        n = len(self.slots)
+        if len(self.cached) != n or (self.q_lens is not None and len(self.q_lens) != n):
+            raise ConfigError(f"HostLengths: slots, cached and q_lens need one entry per row, got "
+                              f"{len(self.slots)}, {len(self.cached)}, "
+                              f"{None if self.q_lens is None else len(self.q_lens)}")
+
+
 @dataclass
 class _Step:
     """Per-forward metadata shared by every layer (computed once)."""
 
     slots: torch.Tensor  # [B] int64
-    positions: torch.Tensor  # [B, S] absolute position of each query token
-    valid: torch.Tensor  # [B, S] bool, False on right padding
+    write_pos: torch.Tensor  # [B, S] cache position each query's key/value is written to (pads: the last real one)
+    write_src: torch.Tensor | None  # [B, S] query whose key/value goes there (pads repeat the last real); None = all
     mask: torch.Tensor | None  # [B, 1, G*S, span] bool, True = may attend; None when every query sees all keys
     cos: torch.Tensor  # [B, S, D]
     sin: torch.Tensor  # [B, S, D]
@@ -73,7 +98,7 @@ class Attention(nn.Module):
         cos, sin = step.cos[:, :, None], step.sin[:, :, None]  # [B, S, 1, D]
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        cache.append(self.layer, step.slots, step.positions, step.valid, k, v)
+        cache.append(self.layer, step.slots, step.write_pos, step.write_src, k, v)
         keys, values = cache.view(self.layer, step.slots, step.span, step.contiguous_from)  # [B, H_kv, span, D]
         # GQA without repeating K/V: the G query heads of one kv head become G*S query rows.
         q = q.view(B, S, h_kv, g, d).permute(0, 2, 3, 1, 4).reshape(B, h_kv, g * S, d)
@@ -137,20 +162,25 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, q_lens: torch.Tensor, slots: torch.Tensor, cache: KVCache,
-                logits: str | torch.Tensor = "all") -> torch.Tensor:
+                logits: str | torch.Tensor = "all", *, host: HostLengths | None = None) -> torch.Tensor:
         """Append ``q_lens[b]`` tokens to cache slot ``slots[b]`` and return float32 logits.
 
         tokens [B, S] int64 right-padded; q_lens [B] int64 in [1, S]; slots [B] int64 distinct.
         logits: ``"all"`` -> [B, S, V]; ``"last"`` -> [B, V] at each row's last real token (the LM head
         runs on B rows only); an int64 tensor [B, n] of query indices -> [B, n, V].
+        host: the same lengths as host ints (:class:`HostLengths`): nothing is then read back from the device
+        (no synchronisation, CUDA-graph friendly), and token ids are not range-checked (the caller's job).
         Runs under ``torch.inference_mode()``: the logits are inference tensors (use out-of-place ops or
         ``.clone()`` them before editing in place outside inference mode).
         """
-        step = self._step(tokens, q_lens, slots, cache)
-        tokens = torch.where(step.valid, tokens, 0)  # pad ids may be anything (-1); never looked up
-        if bool(((tokens < 0) | (tokens >= self.config.vocab_size)).any()):
-            bad = tokens[(tokens < 0) | (tokens >= self.config.vocab_size)][0]
-            raise ConfigError(f"forward: token id {int(bad)} outside the vocabulary [0, {self.config.vocab_size})")
+        step = self._step(tokens, q_lens, slots, cache, host)
+        if step.write_src is not None:  # pad ids may be anything (-1); never looked up
+            tokens = tokens.gather(1, step.write_src)
+        if host is None:  # a caller passing host lengths vouches for its ids (the engine checks prompts)
+            out_of_range = (tokens < 0) | (tokens >= self.config.vocab_size)
+            if bool(out_of_range.any()):
+                raise ConfigError(f"forward: token id {int(tokens[out_of_range][0])} outside the vocabulary "
+                                  f"[0, {self.config.vocab_size})")
         x = self.embed(tokens)  # [B, S, d]
         for block in self.layers:
             x = block(x, step, cache)
@@ -183,33 +213,43 @@ class Transformer(nn.Module):
         self.lm_head = cpu_linear.PackedLinear(head, None)
         return True
 
-    def _step(self, tokens, q_lens, slots, cache: KVCache) -> _Step:
+    def _step(self, tokens, q_lens, slots, cache: KVCache, host: HostLengths | None) -> _Step:
         if tokens.ndim != 2 or q_lens.shape != tokens.shape[:1] or slots.shape != tokens.shape[:1]:
             raise ConfigError(f"forward: tokens must be [B, S] with q_lens and slots [B], got "
                               f"{tuple(tokens.shape)}, {tuple(q_lens.shape)}, {tuple(slots.shape)}")
         B, S = tokens.shape
-        q_list, s_list = q_lens.tolist(), slots.tolist()
+        s_list = list(host.slots) if host is not None else slots.tolist()  # .tolist(): a sync off the CPU
+        if len(set(s_list)) != len(s_list) or len(s_list) != B or min(s_list) < 0 or max(s_list) >= cache.max_batch:
+            raise ConfigError(f"forward: slots must be {B} distinct values in [0, {cache.max_batch}), got {s_list}")
+        if host is None:
+            host = HostLengths(tuple(s_list), tuple(cache.lengths[slots].tolist()), tuple(q_lens.tolist()))
+        q_list = host.q_lens if host.q_lens is not None else (S,) * B
         if min(q_list) < 1 or max(q_list) > S:
-            raise ConfigError(f"forward: q_lens must be in [1, {S}], got {q_list}")
-        if len(set(s_list)) != B or min(s_list) < 0 or max(s_list) >= cache.max_batch:
-            raise ConfigError(f"forward: slots must be distinct in [0, {cache.max_batch}), got {s_list}")
-        old = cache.lengths[slots]  # [B]
-        ends = old + q_lens.to(old.device)
-        span = int(ends.max())
+            raise ConfigError(f"forward: q_lens must be in [1, {S}], got {list(q_list)}")
+        ends = [c + q for c, q in zip(host.cached, q_list)]  # upper bounds when q_lens is unknown
+        span = max(ends)
         if span > cache.max_len:
-            raise ConfigError(f"forward: slot {s_list[int(ends.argmax())]} would reach length {span} "
-                              f"> max_len={cache.max_len}")
-        ar = torch.arange(S, device=old.device)
+            if host.q_lens is not None:
+                raise ConfigError(f"forward: slot {s_list[ends.index(span)]} would reach length {span} "
+                                  f"> max_len={cache.max_len}")
+            span = cache.max_len  # only pads can reach past it (their writes are redirected below)
+        dev = cache.lengths.device
+        old = cache.lengths[slots]  # [B]
+        ar = torch.arange(S, device=dev)
         positions = old[:, None] + ar  # [B, S]
-        valid = ar[None, :] < q_lens[:, None].to(old.device)  # [B, S]
+        padded = host.q_lens is None or min(q_list) < S
+        # Pads write the key/value of their row's last real token to its position: no boolean indexing, and
+        # duplicate writes of equal values whatever order the device applies them in.
+        write_src = torch.minimum(ar[None, :], q_lens.to(dev)[:, None] - 1) if padded else None  # [B, S]
+        write_pos = old[:, None] + write_src if padded else positions  # [B, S]
         g = self.config.num_heads // self.config.num_kv_heads
-        mask = None  # decode with every row at the same length (c = 1 always): no mask, SDPA's fast path
-        if S > 1 or bool((ends != span).any()):
-            mask = torch.arange(span, device=old.device)[None, None, :] <= positions[:, :, None]  # [B, S, span]
+        mask = None  # every row at the same length, one query each (decode): no mask, SDPA's fast path
+        if S > 1 or len(set(ends)) > 1:
+            mask = torch.arange(span, device=dev)[None, None, :] <= positions[:, :, None]  # [B, S, span]
             mask = mask[:, None, None].expand(B, 1, g, S, span).reshape(B, 1, g * S, span)
         freqs = positions[..., None].float() * self.inv_freq()  # [B, S, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [B, S, D]
         first = s_list[0]
         contiguous = s_list == list(range(first, first + B))
-        return _Step(slots, positions, valid, mask, emb.cos().to(self.dtype), emb.sin().to(self.dtype),
+        return _Step(slots, write_pos, write_src, mask, emb.cos().to(self.dtype), emb.sin().to(self.dtype),
                      span, first if contiguous else None)

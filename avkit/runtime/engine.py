@@ -27,6 +27,7 @@ from avkit.config import EngineConfig
 from avkit.drafters.base import Drafter, DraftInput, DraftProposal
 from avkit.errors import ConfigError
 from avkit.kernels.dispatch import select_kernels
+from avkit.models.transformer import HostLengths
 from avkit.runtime.prefill import prefill
 from avkit.runtime.request import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Generation, Request, StepOutput
 from avkit.runtime.sampling import probs_from_logits
@@ -155,9 +156,9 @@ class Engine:
         self.free_slots.append(seq.slot)
         self.free_slots.sort()
 
-    def _target_forward(self, tokens, q_lens, slots, logits):
+    def _target_forward(self, tokens, q_lens, slots, logits, host: HostLengths | None = None):
         t0 = time.perf_counter()
-        out = self.target.model.forward(tokens, q_lens, slots, self.cache, logits=logits)
+        out = self.target.model.forward(tokens, q_lens, slots, self.cache, logits=logits, host=host)
         self.stats.target_forward_s += time.perf_counter() - t0
         return out
 
@@ -216,7 +217,9 @@ class Engine:
         k = max(verify_lens, default=0)
         last = torch.tensor([s.tokens[-1] for s in batch], dtype=torch.int64, device=self.device)[:, None]
         tokens = torch.cat([last, draft.tokens[:, :k]], dim=1)  # [B, 1+k]
-        logits = self._target_forward(tokens, 1 + num_verify, inp.slots, "all")  # [B, 1+k, V]
+        host = HostLengths(tuple(s.slot for s in batch), tuple(len(s.tokens) - 1 for s in batch),
+                           tuple(1 + v for v in verify_lens))  # the target cache holds all but the last token
+        logits = self._target_forward(tokens, 1 + num_verify, inp.slots, "all", host)  # [B, 1+k, V]
         target_probs = probs_from_logits(logits, inp.temperature[:, None], inp.top_p[:, None],
                                          *self._top_k_min_p(batch))
 

@@ -64,13 +64,22 @@ def survival(confidences: torch.Tensor, num_drafted: torch.Tensor) -> torch.Tens
     [[0.5, 0.25, 0.0]]
     """
     dtype = torch.promote_types(confidences.dtype, torch.float32)
-    c = torch.nan_to_num(confidences.to(dtype), nan=0.0).clamp(0.0, 1.0).t()  # [K, S]
-    s = [c[0]]
-    for j in range(1, c.shape[0]):  # over positions (K <= 64), vectorized over rows
-        s.append(s[-1] * c[j])
-    s = torch.stack(s, 1) if s else confidences.new_zeros(confidences.shape, dtype=dtype)  # [S, K]
+    c = torch.nan_to_num(confidences.to(dtype), nan=0.0).clamp(0.0, 1.0)  # [S, K]
+    if dtype == torch.float64 or c.shape[1] < 2:  # torch's CPU scan accumulates float64 in float64, in order
+        s = c.cumprod(1) if c.device.type == "cpu" else _chain(c)
+    else:  # float32: its scan accumulates in float64 and rounds once; the kernel multiplies in float32
+        s = _chain(c)
     valid = torch.arange(s.shape[1], device=s.device)[None, :] < num_drafted[:, None]  # [S, K]
     return s.masked_fill(~valid, 0.0)
+
+
+def _chain(c: torch.Tensor) -> torch.Tensor:
+    """[S, K] left-to-right products in c's own float type: s_j = s_{j-1} * c_j."""
+    ct = c.t()  # [K, S]
+    s = [ct[0]]
+    for j in range(1, ct.shape[0]):  # over positions (K <= 64), vectorized over rows
+        s.append(s[-1] * ct[j])
+    return torch.stack(s, 1)
 
 
 def rank_slots(surv: torch.Tensor, num_drafted: torch.Tensor, group: torch.Tensor, num_groups: int) -> Ranked:
@@ -85,16 +94,20 @@ def rank_slots(surv: torch.Tensor, num_drafted: torch.Tensor, group: torch.Tenso
     if num_groups > 1:  # then by group, the survival order kept within each
         order = order[torch.sort(group.repeat_interleave(k)[order], stable=True).indices]
     row, pos = order // k, order % k
-    g, ok = group[row], valid[order]
+    ok = valid[order]
     value = key[order].clamp(min=0.0)  # [M] 0 at invalid slots: they add nothing to a running sum
+    csum = value.double().cumsum(0)  # [M] one running sum, restarted per group below
+    rank = torch.arange(order.numel(), device=dev)  # [M] rank in the whole order
+    if num_groups == 1:  # the live step and the gate: nothing to restart
+        g = torch.zeros_like(row)
+        return Ranked(row, pos, g, ok, value, rank, csum, num_drafted.clamp(0, k).sum().reshape(1))
+    g = group[row]
     size = torch.zeros(num_groups, dtype=torch.int64, device=dev).index_add_(0, group, torch.ones_like(group))
     first = torch.cumsum(size * k, 0) - size * k  # [G] index of each group's first slot
-    rank = torch.arange(order.numel(), device=dev) - first[g]  # [M]
-    csum = value.double().cumsum(0)  # [M] one running sum, restarted per group below
     before = torch.cat([csum - value.double(), csum.new_zeros(1)])  # [M+1] sum before each slot (+ a pad)
     top = csum - before[first][g]  # [M]
     slots = torch.zeros_like(size).index_add_(0, group, num_drafted.clamp(0, k))  # [G]
-    return Ranked(row, pos, g, ok, value, rank, top, slots)
+    return Ranked(row, pos, g, ok, value, rank - first[g], top, slots)
 
 
 def best_budget(ranked: Ranked, num_sampling: torch.Tensor, num_scheduled: torch.Tensor, fixed_ms: torch.Tensor,
@@ -143,14 +156,20 @@ def plan(confidences: torch.Tensor, num_drafted: torch.Tensor, group: torch.Tens
     ...      verify_ms=torch.ones(8, dtype=torch.float64)).num_verify.tolist()
     [3, 2]
     """
-    surv = survival(confidences, num_drafted)  # [S, K]
-    live = rank_slots(surv, num_drafted, group, num_groups) if allocate is None else None
-    sized = live if sizing is None and live is not None else rank_slots(
-        *((survival(*sizing), sizing[1]) if sizing is not None else (surv, num_drafted)), group, num_groups)
-    slots = torch.zeros_like(num_scheduled).index_add(0, group, num_drafted.clamp(0, surv.shape[1]))  # [G]
+    if allocate is None:
+        surv = survival(confidences, num_drafted)  # [S, K]
+        live = rank_slots(surv, num_drafted, group, num_groups)
+        sized = live if sizing is None else rank_slots(survival(*sizing), sizing[1], group, num_groups)
+    else:  # the kernel ranks the allocated slots itself
+        live, size_by = None, sizing if sizing is not None else (confidences, num_drafted)
+        sized = rank_slots(survival(*size_by), size_by[1], group, num_groups)
+    slots = torch.zeros_like(num_scheduled).index_add(0, group, num_drafted.clamp(0, confidences.shape[1]))  # [G]
     budget = torch.minimum(best_budget(sized, num_sampling, num_scheduled, fixed_ms, verify_ms), slots)  # [G]
-    num_verify = (prefixes(live, budget, surv.shape[0]) if live is not None
-                  else allocate(confidences, num_drafted, budget).num_verify)  # [S]
+    if live is not None:
+        num_verify = prefixes(live, budget, confidences.shape[0])  # [S]
+    else:
+        alloc = allocate(confidences, num_drafted, budget)  # kernels' Allocation: survival, num_verify
+        num_verify, surv = alloc.num_verify, alloc.survival
     cost_ms = fixed_ms.double() + verify_ms[num_scheduled + budget]
     return Plan(num_verify, budget, expected_tokens(sized, budget, num_sampling), cost_ms, surv)
 

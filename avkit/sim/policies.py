@@ -3,23 +3,8 @@
 
 Glossary:
   draft_len   drafts proposed per request and step (fixed K' drafts K', adaptive drafts the recorded K)
-  source      where adaptive confidences come from: an estimator in ESTIMATORS (refit online as the
-              replay goes, exactly as live), `oracle` (1 for drafts the trace accepted, else 0) or
-              `recorded` (the trace's own `confidence` column, from the estimator that ran live)
-  stop        `adaptive-stop:SOURCE` also decides the draft length: an autoregressive drafter pays one
-              forward per depth, so the plain budget cannot save drafting (vLLM notes MTP/EAGLE gain
-              less from AV for this reason); this variant stops a request's drafting once its newest
-              draft is trimmed or its next one would not pay for itself at the step's current rate
-  gate        as live (scheduling/gate.py): before each sim step the policy may skip drafting when, at
-              that load, its own step replayed on the recent drafted rows' sizing confidences would
-              not pay on the cost table; skipped steps verify nothing, emit one token per request
-              and feed the estimator nothing (live: no drafts, no `observe`); the next step that
-              drafts also pays the drafter's catch-up on the tokens its requests decoded meanwhile
-              (`catch_up_ms`: one forward over them, priced as a draft pass of that many rows)
-  sizing      as live (AdaptiveVerification.sizing): an estimator source sizes b* from each request's
-              position-0 feature predicted at every position and K nominal drafts (draw-independent,
-              so lossless), then verifies the top-b* live slots. `oracle` and `recorded` have no
-              estimator to re-predict with and size b* from their own confidences: upper bounds.
+  SOURCE      adaptive's confidences (an estimator, `oracle`, `recorded`), its early stop and its draft
+              gate: see sim/adaptive.py
 Policies are named by specs: `nospec`, `fixed:K` (or `fixed` = 1..recorded K), `adaptive:SOURCE`,
 `adaptive-stop:SOURCE` (and `adaptive-nogate:SOURCE`, `adaptive-stop-nogate:SOURCE` without the gate),
 looked up in SIM_POLICIES by the part before the colon.
