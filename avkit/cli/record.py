@@ -70,10 +70,9 @@ def register(app: typer.Typer) -> None:
         device: Annotated[str, typer.Option(help="auto (a GPU if torch sees one) | cpu | cuda[:N]")] = _d("models.device"),
         dtype: Annotated[str, typer.Option(help="model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 | "
                                                 "bfloat16 (~3x float32 on AVX512-BF16 CPUs)")] = _d("models.dtype"),
-        threads: Annotated[int, typer.Option(help="torch threads (0 = default; 1 on a busy CPU)")] = _d("threads"),
         kernels: Annotated[str, typer.Option(help="hot-path kernels: auto (Triton on CUDA, torch elsewhere) | torch | "
-                                         "triton (on a CPU: Triton's interpreter, TRITON_INTERPRET=1)")] =
-            _d("engine.kernels"),
+                                         "triton (on a CPU: Triton's interpreter, TRITON_INTERPRET=1)")] = _d("engine.kernels"),
+        threads: Annotated[int, typer.Option(help="torch threads (0 = default; 1 on a busy CPU)")] = _d("threads"),
         drafter: Annotated[str, typer.Option(help="model | hybrid (suffix cache or draft model per step)")] =
             _d("models.drafter"),
         payoff: Annotated[str, typer.Option(help="hybrid: payoff_mlp.pt from `avkit hvd` (default: "

@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
         device: Annotated[str, _o("auto (a GPU if torch sees one) | cpu | cuda[:N]")] = _d("models.device"),
         dtype: Annotated[str, _o("auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16")] = _d("models.dtype"),
         kernels: Annotated[str, _o("hot-path kernels: auto (Triton on CUDA, torch elsewhere) | torch | "
-                                   "triton (on a CPU: Triton's interpreter, TRITON_INTERPRET=1)")] = _d("engine.kernels"),
+                                         "triton (on a CPU: Triton's interpreter, TRITON_INTERPRET=1)")] = _d("engine.kernels"),
         grace_period: Annotated[float, _o("seconds to finish in-flight requests on SIGTERM")] =
             _d("http.grace_period_s"),
         max_body_bytes: Annotated[int, _o("largest request body in bytes (413 beyond)")] = _d("http.max_body_bytes"),
