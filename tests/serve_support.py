@@ -13,7 +13,7 @@ from contextlib import contextmanager
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from avkit.config import AdaptiveConfig, EngineConfig, HttpConfig, ModelsConfig, ServeConfig
+from avkit.config import AdaptiveConfig, EngineConfig, EstimatorConfig, HttpConfig, ModelsConfig, ServeConfig
 from avkit.serve.server import build_state
 from avkit.serve.testing import serve_in_thread
 
@@ -22,15 +22,19 @@ PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):", "impo
 
 
 def serve_config(pair, tmp_path, *, draft: str | None = None, max_concurrency: int = 4, host: str = "127.0.0.1",
-                 api_key: str = "", coefficients: str = "", **kw) -> ServeConfig:
+                 api_key: str = "", coefficients: str = "", queue_size: int = 8, log_requests: bool = False,
+                 refit_interval: int = EstimatorConfig().refit_interval, drafter: str = "model",
+                 max_body_bytes: int = HttpConfig().max_body_bytes, draft_gate: bool = True, **kw) -> ServeConfig:
     """The tests' server: the tiny pair, K = 4, small limits; `kw` sets ServeConfig's own fields."""
     tpath, dpath = pair[:2]
     return ServeConfig(
-        models=ModelsConfig(target=str(tpath), draft=str(dpath) if draft is None else draft),
+        models=ModelsConfig(target=str(tpath), draft=str(dpath) if draft is None else draft, drafter=drafter),
         engine=EngineConfig(k=4, max_batch=max_concurrency, max_len=192),
+        online=EstimatorConfig(refit_interval=refit_interval),
         # cost pinned: the default would read a profiled table if this machine has one
-        adaptive=AdaptiveConfig(coefficients=coefficients, cost="roofline:cpu:1.5b"),
-        http=HttpConfig(host=host, api_key=api_key, served_model_name="tiny", queue_size=8, grace_period_s=2.0),
+        adaptive=AdaptiveConfig(coefficients=coefficients, cost="roofline:cpu:1.5b", gate=draft_gate),
+        http=HttpConfig(host=host, api_key=api_key, served_model_name="tiny", queue_size=queue_size,
+                        grace_period_s=2.0, log_requests=log_requests, max_body_bytes=max_body_bytes),
         **{"snapshot": str(tmp_path / "snap.json"), "max_tokens_limit": 120, "default_max_tokens": 24, **kw})
 
 
