@@ -107,3 +107,20 @@ def test_bf16_greedy_speculative_output_equals_target_only(tmp_path):
         engine = Engine(target, draft if k else None, EngineConfig(k=k, max_batch=3, max_len=64))
         outs[k] = [g.output_ids for g in engine.generate(reqs)]
     assert outs[3] == outs[0]
+
+
+def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
+    import os
+    import time
+
+    from avkit.models.cpu_linear import clear_stale_build_lock
+
+    assert clear_stale_build_lock(tmp_path) is False  # no lock
+    lock = tmp_path / "lock"
+    lock.touch()
+    assert clear_stale_build_lock(tmp_path) is False and lock.exists()  # a build may be running
+    old = time.time() - 3600
+    os.utime(lock, (old, old))
+    with pytest.warns(UserWarning, match="stale build lock"):
+        assert clear_stale_build_lock(tmp_path) is True
+    assert not lock.exists()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 import warnings
 from pathlib import Path
 
@@ -34,6 +35,27 @@ _ORDER = torch.tensor([0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15])
 _INVERSE = torch.argsort(_ORDER)
 
 
+STALE_BUILD_LOCK_S = 1800  # a build takes ~1 min on 2 idle cores; a lock this old was left by a killed build
+
+
+def clear_stale_build_lock(build_dir: Path, max_age_s: float = STALE_BUILD_LOCK_S) -> bool:
+    """Remove ``build_dir/lock`` when older than ``max_age_s``; True if removed.
+
+    torch's extension builder holds that file while it compiles and waits, without a timeout, for any
+    other holder to delete it; a build killed mid-way leaves it behind, and every later import would hang.
+    """
+    lock = build_dir / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < max_age_s:
+        return False
+    lock.unlink(missing_ok=True)
+    warnings.warn(f"avkit: removed a stale build lock {lock} ({age / 60:.0f} min old)", stacklevel=2)
+    return True
+
+
 @functools.cache
 def _extension():
     """The compiled kernel module, or None where it cannot run here."""
@@ -42,8 +64,9 @@ def _extension():
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         return None
     try:
-        from torch.utils.cpp_extension import load
+        from torch.utils.cpp_extension import _get_build_directory, load
 
+        clear_stale_build_lock(Path(_get_build_directory("avkit_cpu_linear", verbose=False)))
         return load(name="avkit_cpu_linear", sources=[str(Path(__file__).with_suffix(".cpp"))],
                     extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
                     verbose=False)
