@@ -68,7 +68,7 @@ def measured(args, ks: list[int], concurrency: list[int]) -> dict:
                            temperatures="0", max_new_tokens=args.max_new_tokens, seed=0, target_dir=args.target_dir,
                            draft_dir=args.draft_dir, dtype=args.dtype, vllm_compile=False,
                            vllm_python=args.vllm_python, vllm_timeout=3600, adaptive=False, coefficients="")
-    runs = plan(peer, Tokenizer.from_dir(args.target_dir))
+    runs = plan(peer, Tokenizer.from_dir(Path(args.target_dir)))
     got = vllm_phase(peer, ks, runs) if args.engine == "vllm" else avkit_phase(peer, ks, runs, None)
     out = {}
     for (name, config), cell in got.items():
@@ -155,7 +155,7 @@ def main() -> None:
     args.ks = [int(x) for x in args.ks.split(",")]
     args.concurrency = [int(x) for x in args.concurrency.split(",")]
     args.datasets = args.datasets.split(",")
-    if args.tiny:
+    if args.tiny and not args.trace:  # (--tiny with --trace/--cost/--target-dir/--draft-dir: reuse a dry run's inputs)
         tiny_inputs(args)
     elif not (args.trace and args.cost):
         ap.error("--trace and --cost are required (or --tiny)")

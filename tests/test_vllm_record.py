@@ -144,7 +144,7 @@ def oracle_target_probs(target: Path, gens: pl.DataFrame, trace: pl.DataFrame, t
         out = np.asarray(list(output) + [-1])
         emitted = acc & (n_out < len(output))  # an accepted draft past max_tokens is not in the output
         assert (out[n_out[emitted]] == x[emitted]).all(), rid  # accepted drafts are what vLLM emitted
-        parts.append(rows.with_columns(oracle_p=pl.Series(probs[len(prompt) + n_out - 1, x].numpy())))
+        parts.append(rows.with_columns(oracle_p=pl.Series(probs[torch.tensor(len(prompt) + n_out - 1), torch.tensor(x)].numpy())))
     return pl.concat(parts)
 
 
