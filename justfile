@@ -69,3 +69,22 @@ peer-vllm:
     .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec
     .venv-vllm/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
     python bench/vllm_convert.py
+
+# vLLM's step-cost table on this CPU, real pair bf16 (`avkit profile --engine vllm`, docs/vllm.md; needs .venv-vllm and
+# `just peer-vllm`'s converted pair; two vLLM engines, K = 7 and target-only, 1..16 requests at context 256)
+profile-vllm:
+    python -m avkit profile --engine vllm --dtype bfloat16 --context-len 256 -k 7 --max-requests 16 --repeats 3 --temperature 0 --threads 2 --out bench/results/vllm_cost_cpu.json
+
+# the simulator against vLLM and avkit's engine: fixed K 0,3,5,7 x c 1,4,16, predicted vs measured, greedy HumanEval
+# (-> bench/results/sim_vs_measured.md; cells are cached, so each line can run on its own under the bench lock)
+sim-vs-measured:
+    python -m avkit profile --dtype bfloat16 --context-len 256 -k 7 --max-verify-tokens 128 --max-requests 16 --repeats 3 --temperature 0 --out bench/results/avkit_cost_cpu.json
+    python bench/sim_vs_measured.py --engine vllm --trace traces/vllm_greedy_k7.parquet --cost bench/results/vllm_cost_cpu.json --ks 0,3
+    python bench/sim_vs_measured.py --engine vllm --trace traces/vllm_greedy_k7.parquet --cost bench/results/vllm_cost_cpu.json --ks 5,7
+    python bench/sim_vs_measured.py --engine avkit --trace traces/greedy_k7.parquet --cost bench/results/avkit_cost_cpu.json --ks 0,3
+    python bench/sim_vs_measured.py --engine avkit --trace traces/greedy_k7.parquet --cost bench/results/avkit_cost_cpu.json --ks 5,7
+
+# dry run of the simulator check on tiny random models (records, profiles and measures them; minutes)
+sim-vs-measured-tiny:
+    python bench/sim_vs_measured.py --tiny --engine vllm --ks 0,3 --concurrency 1,4 --max-new-tokens 16
+    python bench/sim_vs_measured.py --tiny --engine avkit --ks 0,3 --concurrency 1,4 --max-new-tokens 16

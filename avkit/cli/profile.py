@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.progress import Progress, TimeElapsedColumn
 from rich.table import Table
 
+from avkit.errors import ConfigError
 from avkit.config import DEFAULT_COST_PATH, DEFAULT_DRAFT, DEFAULT_TARGET, ProfileConfig, default_of
 
 
@@ -49,6 +50,12 @@ def register(app: typer.Typer) -> None:
         device: Annotated[str, typer.Option(help="auto (a GPU if torch sees one) | cpu | cuda[:N]")] = "auto",
         dtype: Annotated[str, typer.Option(help="model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 "
                                                 "| bfloat16; profile what you record or serve with")] = "auto",
+        engine: Annotated[str, typer.Option(help="native (avkit's runtime) | vllm (vLLM's offline engine in its own "
+                                                 "venv: whole engine steps split by its hooks, docs/vllm.md)")] =
+            "native",
+        vllm_python: Annotated[str, typer.Option(help="--engine vllm: that venv's python (default "
+                                                      "$AVKIT_VLLM_PYTHON, else .venv-vllm/bin/python)")] = "",
+        threads: Annotated[int, typer.Option(help="--engine vllm: CPU cores vLLM binds (0 = all)")] = 0,
     ):
         """Profile verify cost by target tokens and draft cost by requests; save a monotone cost table."""
         from avkit.models import load
@@ -59,6 +66,10 @@ def register(app: typer.Typer) -> None:
         config = ProfileConfig(context_len=context_len, k=k, max_tokens=max_verify_tokens, max_requests=max_requests,
                                repeats=repeats, temperature=temperature, top_p=top_p)
         console = Console(stderr=True)
+        if engine == "vllm":
+            return _profile_vllm(config, target, draft, out, dtype, vllm_python, threads, console)
+        if engine != "native":
+            raise ConfigError(f"--engine must be native or vllm, got {engine!r}")
         dev, dt = placement(device, dtype)
         with StagedOutputs() as outputs:
             outputs.file(out, "--out")  # an unwritable --out fails now, not after minutes of profiling
@@ -75,6 +86,36 @@ def register(app: typer.Typer) -> None:
             console.print(noise_line(table.meta.get("noise", {})), highlight=False)
             path = table.save(out, outputs)
         console.print(f"cost table: {path}")
+
+
+def _profile_vllm(config, target: str, draft: str, out: str, dtype: str, vllm_python: str, threads: int,
+                  console: Console) -> None:
+    """`--engine vllm`: vLLM's step costs (avkit/engines/vllm/profile.py), the same table format."""
+    from avkit.engines.vllm.driver import check_vllm_version, hf_dir
+    from avkit.engines.vllm.driver import vllm_python as find_python
+    from avkit.engines.vllm.profile import num_points, profile_vllm
+    from avkit.staged import StagedOutputs
+
+    if dtype not in ("auto", "float32", "bfloat16"):
+        raise ConfigError(f"--dtype must be auto, float32 or bfloat16, got {dtype!r}")
+    if threads < 0:
+        raise ConfigError(f"--threads must be >= 0, got {threads}")
+    python = find_python(vllm_python)
+    check_vllm_version(python)
+    if config.k > 0 and draft in ("", "none"):
+        raise ConfigError("--engine vllm with -k > 0 profiles the drafter too: give a --draft (or -k 0)")
+    tgt = hf_dir(target, "--target")
+    drf = hf_dir(draft, "--draft") if config.k > 0 else tgt
+    with StagedOutputs() as outputs:
+        outputs.file(out, "--out")
+        with Progress(*Progress.get_default_columns(), TimeElapsedColumn(), console=console, transient=True) as bar:
+            task = bar.add_task(f"profiling vLLM ({config.repeats} steps per point)", total=num_points(config))
+            table = profile_vllm(python, tgt, drf, config, dtype=dtype, threads=threads,
+                                 on_point=lambda: bar.advance(task))
+        render(table, console)
+        console.print(noise_line(table.meta.get("noise", {})), highlight=False)
+        path = table.save(out, outputs)
+    console.print(f"cost table: {path}")
 
 
 def noise_line(noise: dict) -> str:

@@ -99,6 +99,26 @@ def write_tiny_model(directory, arch: str = "qwen2", vocab: int = 512, seed: int
     return path
 
 
+def write_tiny_pair(root, noise: float = 0.05) -> tuple[Path, Path]:
+    """A tiny Qwen2 target with peaked logits and a draft = target + `noise` x std Gaussian noise on every
+    matrix (seeded), under `root`/target and `root`/draft: some drafts are accepted, some rejected."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    root = Path(root)
+    target = write_tiny_model(root / "target", vocab=512, seed=0, hidden=128, heads=2, kv_heads=1,
+                              intermediate=256, init_std=0.5)
+    draft = root / "draft"
+    shutil.copytree(target, draft, dirs_exist_ok=True)
+    g = torch.Generator().manual_seed(1)
+    sd = load_file(str(target / "model.safetensors"))
+    sd = {k: (v + noise * v.std() * torch.randn(v.shape, generator=g)).contiguous() if v.dim() > 1 else v
+          for k, v in sd.items()}
+    save_file(sd, str(draft / "model.safetensors"), metadata={"format": "pt"})
+    return target, draft
+
+
 def write_tiny_gguf(hf_dir, out_path) -> Path:
     """Convert a tiny HF directory (from :func:`write_tiny_model`) to an F32 GGUF as llama.cpp would.
 

@@ -147,6 +147,7 @@ def _record(config, files, target, draft, engine, progress, console, run_id) -> 
     if engine is not None:
         meta["avkit.engine"] = f"vllm {engine.version}"
         meta["avkit.vllm.draft_sample_method"] = config.vllm_draft_sampling
+        meta["avkit.vllm.cpu_expand_fix"] = str(engine.cpu_expand_fix).lower()  # avkit/engines/vllm/cpu_fix.py
     check_resume(files, meta)
     out, gen_path = files.trace, files.generations
     run_id = run_id or f"{out.stem}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"

@@ -4,7 +4,8 @@
 
 Protocol (avkit/engines/vllm/protocol.py): one JSON object per line, commands on stdin, replies on the
 process's original stdout (vLLM's own prints are moved to stderr first). Commands, each answered once:
-  start     build `vllm.LLM` (in-process engine core, eager, no async scheduling) -> ready
+  start     build `vllm.LLM` (in-process engine core, eager, no async scheduling), apply cpu_fix where
+            vLLM-CPU needs it -> ready (with `cpu_expand_fix`: whether it did)
   step      add the given requests, run ONE `LLMEngine.step()` -> its outputs and verified slots
   counters  vLLM's spec-decode counters (its Prometheus metrics, read through `LLM.get_metrics`)
   close     counters, then exit
@@ -55,6 +56,7 @@ def _add(engine, req: dict) -> str:
     t = float(req["temperature"])
     sp = SamplingParams(temperature=t, top_p=float(req["top_p"]) if t > 0 else 1.0, max_tokens=int(req["max_tokens"]),
                         seed=req.get("seed"), stop_token_ids=list(req.get("stop_token_ids", ())),
+                        ignore_eos=bool(req.get("ignore_eos", False)),
                         output_kind=RequestOutputKind.DELTA, detokenize=False)
     return engine.add_request(req["request_id"], TokensPrompt(prompt_token_ids=list(req["prompt_ids"])), sp)
 
@@ -72,6 +74,7 @@ def _step(llm, rec, adds: list[dict], ids: dict[str, str]) -> dict:
     finally:
         rec.active = False
     slots = rec.take_rows()
+    draft_ms, scheduled = rec.take_timing()
     for slot in slots:
         slot["request_id"] = ids[slot["request_id"]]
     outputs = []
@@ -84,7 +87,8 @@ def _step(llm, rec, adds: list[dict], ids: dict[str, str]) -> dict:
             for i in internal:
                 rec.forget(i)
                 del ids[i]
-    return {"op": "stepped", "step_time_ms": step_ms, "outputs": outputs, "slots": slots,
+    return {"op": "stepped", "step_time_ms": step_ms, "draft_ms": draft_ms, "scheduled_tokens": scheduled,
+            "outputs": outputs, "slots": slots,
             "unfinished": engine.get_num_unfinished_requests()}
 
 
@@ -120,9 +124,12 @@ def main() -> int:
                 rec = install()
                 t0 = time.perf_counter()
                 llm = _llm(cmd)
+                from avkit.engines.vllm import cpu_fix
+
+                fixed = cpu_fix.install()  # after the engine: vLLM registers its CPU kernels while it starts
                 dtype = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
                 write_message(reply, {"op": "ready", "vllm": vllm.__version__, "dtype": dtype,
-                                      "startup_s": time.perf_counter() - t0})
+                                      "startup_s": time.perf_counter() - t0, "cpu_expand_fix": fixed})
             elif op == "step":
                 write_message(reply, _step(llm, rec, cmd.get("add", []), ids))
             elif op in ("counters", "close"):

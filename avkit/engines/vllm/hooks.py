@@ -1,4 +1,4 @@
-"""Runs INSIDE vLLM's process: wraps four vLLM V1 methods at run time to observe every draft slot.
+"""Runs INSIDE vLLM's process: wraps six vLLM V1 methods at run time to observe every draft slot.
 
 Imports only torch and `avkit.features` (vLLM's venv has no polars/pyarrow). No vLLM file is
 patched on disk: `install()` replaces methods on vLLM's classes in this process only, and each wrapper
@@ -15,6 +15,8 @@ Where each column comes from (vLLM 0.32, V1 model runner, draft_model proposer):
   q_sampled        q(x) of the distribution vLLM drew x from and verifies it against: probabilistic drafting
                    returns probs = softmax(l / T) (no top-p); greedy drafting (and T = 0 rows) verify
                    against a one-hot q, so q_sampled = 1
+  step timing      `propose_draft_token_ids`'s wall time and `execute_model`'s scheduled target tokens, per
+                   engine step (what `avkit profile --engine vllm` splits a step's cost with)
   accepted         `rejection_sample`'s output [B, K+1]: valid tokens = accepted drafts + 1 (bonus or
                    recovered), exactly what vLLM's scheduler counts into its spec-decode metrics
 Slots are matched across the two steps (drafted at step s, verified at step s+1) by request id, as
@@ -24,6 +26,7 @@ vLLM itself matches its cached draft probabilities (`_get_spec_decode_draft_prob
 from __future__ import annotations
 
 import threading
+import time
 
 import torch
 
@@ -51,6 +54,8 @@ class Recorder:
         self._last_verify: dict | None = None  # the rejection_sample call of this step
         self.rows: list[dict] = []  # per request-step: the slots verified in this engine step
         self.verify_steps: dict[str, int] = {}  # req id -> verify steps so far (the trace's `step`)
+        self.draft_s = 0.0  # this engine step: wall time inside propose_draft_token_ids (all K drafting passes)
+        self.scheduled_tokens = 0  # this engine step: target tokens vLLM's scheduler gave the model runner
 
     # ---- drafting ----
     def draft_pass(self, feats: torch.Tensor, q_sampled: torch.Tensor) -> None:
@@ -119,6 +124,12 @@ class Recorder:
         rows, self.rows = self.rows, []
         return rows
 
+    def take_timing(self) -> tuple[float, int]:
+        """(ms spent drafting, target tokens scheduled) in the engine step just run; resets both."""
+        out = (self.draft_s * 1e3, self.scheduled_tokens)
+        self.draft_s, self.scheduled_tokens = 0.0, 0
+        return out
+
     def forget(self, req_id: str) -> None:
         self.pending.pop(req_id, None)
         self.verify_steps.pop(req_id, None)
@@ -169,9 +180,17 @@ def install() -> Recorder:
 
     def propose_draft_token_ids(self, *args, **kwargs):
         rec.begin_proposal()
+        t0 = time.perf_counter()
         out = orig_propose(self, *args, **kwargs)
+        rec.draft_s += time.perf_counter() - t0
         rec.end_proposal(list(self.input_batch.req_ids), out)
         return out
+
+    orig_execute = GPUModelRunner.execute_model
+
+    def execute_model(self, scheduler_output, *args, **kwargs):
+        rec.scheduled_tokens += int(scheduler_output.total_num_scheduled_tokens)
+        return orig_execute(self, scheduler_output, *args, **kwargs)
 
     orig_rejection_sample = rs.rejection_sample
 
@@ -195,6 +214,7 @@ def install() -> Recorder:
     SpecDecodeBaseProposer._greedy_sample = _greedy_sample
     SpecDecodeBaseProposer._sample_from_logits = _sample_from_logits
     GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
+    GPUModelRunner.execute_model = execute_model
     GPUModelRunner._sample = _sample
     rs.rejection_sample = rejection_sample
     GPUModelRunner._avkit_hooked = True

@@ -1,0 +1,113 @@
+"""`avkit profile --engine vllm`: vLLM's step costs on this device, as a CostTable (avkit/scheduling/cost.py).
+
+The native profile times avkit's forwards on synthetic layouts; vLLM's forwards cannot be called apart
+from its engine, so this one times whole `LLMEngine.step()` calls of real requests and splits them with
+the hooks' per-step timing (hooks.py: wall time inside `propose_draft_token_ids`, target tokens the
+scheduler handed the model runner):
+
+  point          n requests decoding together, each at `context_len` prompt tokens (random ids, no prefix
+                 caching, `ignore_eos`), in an engine with K speculative tokens; a steady step is one whose
+                 scheduled target tokens are exactly n * (K + 1) (no prefill in it, all K drafts verified)
+  verify_ms(T)   T = n * (K + 1): median over steady steps of (step time - drafting time): the target
+                 forward, rejection sampling, scheduling and bookkeeping, i.e. everything but the drafter
+  draft_ms(n)    median drafting time / K: vLLM's draft_model proposer runs K forwards per step (the first
+                 over the request's newly verified tokens, then one token each), the cost table's
+                 `passes(k) = k`
+Two engines: one with the config's K (verify T = n (K+1), draft by n), one target-only (K = 0: verify
+T = n), so K = 0 and small T are measured, not extrapolated; where both give the same T, the K > 0
+point is kept (it is the layout spec decoding runs). Each point: `warmup` steady steps untimed, then
+`repeats` timed; curves made non-decreasing like the native table. `meta["points"]` keeps every raw point.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from collections.abc import Callable
+
+from avkit.config import EngineConfig, ModelsConfig, ProfileConfig, RecordConfig, SamplingConfig
+from avkit.errors import AvkitError
+from avkit.provenance import inputs_record
+from avkit.runtime.request import Request
+from avkit.scheduling.cost import CostTable, make_monotone
+from avkit.scheduling.profile import _grid, context_len_from_env, noise_summary
+
+
+def _point(engine, n: int, k: int, context: int, vocab: int, steps: int, sampling: SamplingConfig,
+           rng: random.Random, tag: str) -> list[tuple[float, float]]:
+    """Run n requests until `steps` steady steps were seen (then let them finish); -> [(step_ms, draft_ms)]."""
+    for i in range(n):
+        prompt = [rng.randrange(vocab) for _ in range(context)]
+        engine.add_request(Request(f"{tag}-n{n}-{i}", prompt, sampling))
+    steady: list[tuple[float, float]] = []
+    while engine.requests:
+        running = len(engine.requests)
+        engine.step()
+        s = engine.last_step
+        if running == n and s["scheduled_tokens"] == n * (k + 1) and len(steady) < steps:
+            steady.append((float(s["step_time_ms"]), float(s["draft_ms"])))
+    if len(steady) < steps:
+        raise AvkitError(f"avkit profile --engine vllm: {n} requests at K = {k} gave {len(steady)} steady steps "
+                         f"of {steps} (vLLM trimmed drafts or chunked the steps; try a smaller --context-len)")
+    return steady
+
+
+def profile_vllm(python: str, target, draft, config: ProfileConfig, *, dtype: str, threads: int,
+                 draft_sampling: str = "probabilistic", on_point: Callable[[], None] | None = None) -> CostTable:
+    """Measure vLLM's step costs (module docstring); `target`/`draft` are driver.hf_dir paths."""
+    from avkit.engines.vllm.driver import VllmEngine
+    from avkit.models.tokenizer import Tokenizer
+
+    context = context_len_from_env(config.context_len)
+    n_grid = _grid(config.max_requests)  # requests per point, both engines
+    steps = config.warmup + config.repeats
+    vocab = min(Tokenizer.from_dir(target).vocab_size, json.loads((target / "config.json").read_text())["vocab_size"])
+    max_new = (steps + 2) * (config.k + 1) + 2  # enough tokens for the steady steps even if every draft lands
+    sampling = SamplingConfig(temperature=config.temperature, top_p=config.top_p, max_new_tokens=max_new, seed=0)
+    rng = random.Random(0)
+    points, version = [], ""
+    for k in (config.k, 0) if config.k > 0 else (0,):
+        rc = RecordConfig(models=ModelsConfig(target=str(target), draft=str(draft) if k else "none", dtype=dtype),
+                          engine=EngineConfig(k=k, max_batch=max(n_grid), seed=0), sampling=sampling,
+                          max_prompt_tokens=context, threads=threads, backend="vllm", vllm_python=python,
+                          vllm_draft_sampling=draft_sampling)
+        engine = VllmEngine(rc, python, target, draft if k else target)
+        engine.ignore_eos = True
+        try:
+            engine.wait_ready()
+            version = engine.version
+            for n in n_grid:
+                runs = _point(engine, n, k, context, vocab, steps, sampling, rng, f"k{k}")[config.warmup:]
+                points.append({"k": k, "requests": n, "tokens": n * (k + 1),
+                               "step_ms": [r[0] for r in runs], "draft_ms": [r[1] for r in runs],
+                               "verify_ms": [r[0] - r[1] for r in runs]})
+                if on_point:
+                    on_point()
+        finally:
+            engine.close()
+    verify = {}  # T -> point (the K > 0 point wins a tie: it is measured first)
+    for p in points:
+        verify.setdefault(p["tokens"], p)
+    t_grid = sorted(verify)
+    verify_runs = [verify[t]["verify_ms"] for t in t_grid]
+    verify_ms = [statistics.median(r) for r in verify_runs]
+    spec = [p for p in points if p["k"] > 0]
+    draft_runs = [[d / p["k"] for d in p["draft_ms"]] for p in spec]
+    draft_ms = [statistics.median(r) for r in draft_runs] if spec else [0.0] * len(n_grid)
+    meta = {"source": "profile", "engine": f"vllm {version}", "device": f"vllm {version} cpu x{threads or 'all'} threads",
+            "target": str(target), "draft": str(draft) if config.k else "", "context_len": context, "k": config.k,
+            "temperature": config.temperature, "top_p": config.top_p, "repeats": config.repeats, "dtype": dtype,
+            "vllm_draft_sampling": draft_sampling, "raw_verify_ms": verify_ms, "raw_draft_ms": draft_ms,
+            "points": points, "inputs": inputs_record("avkit profile --engine vllm"),
+            "noise": noise_summary({"verify T": (t_grid, verify_runs), "draft n": (n_grid, draft_runs or
+                                                                                  [[0.0]] * len(n_grid))})}
+    return CostTable(tuple(t_grid), tuple(make_monotone(verify_ms)), tuple(n_grid), tuple(make_monotone(draft_ms)),
+                     (), "autoregressive", meta)
+
+
+def num_points(config: ProfileConfig) -> int:
+    return len(_grid(config.max_requests)) * (2 if config.k > 0 else 1)
+
+
+__all__ = ["num_points", "profile_vllm"]

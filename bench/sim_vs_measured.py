@@ -1,0 +1,188 @@
+"""The simulator against the engines it models: fixed K x concurrency, predicted vs measured (issue 18 item 3).
+
+    # each engine: its trace (recorded by that engine) and its cost table (profiled on this device)
+    python bench/sim_vs_measured.py --engine vllm --trace traces/vllm_greedy_k7.parquet --cost vllm_cost.json
+    python bench/sim_vs_measured.py --engine avkit --trace traces/greedy_k7.parquet --cost cpu_cost.json
+    python bench/sim_vs_measured.py --tiny          # dry run on tiny random models: records, profiles, all of it
+
+Predicted: `avkit.sim.replay.simulate` of `nospec` and `fixed:K` at each concurrency c, on the trace's rows
+of the measured dataset(s), with the cost table: steady-state tokens/s (every lane busy).
+Measured: the first c prompts of each dataset decoded together (bench/engine_peer.py: vLLM through
+bench/vllm_peer.py in its venv, avkit's engine in-process), generated tokens / wall time, greedy.
+The measured number includes the prompts' prefill and the batch's tail (requests finishing at
+different times); with `--max-new-tokens` well above the prompt's prefill cost that is a few percent,
+and the ratio columns (K vs K = 0 of the same engine and c) cancel most of it.
+
+Cells are cached in bench/results/sim_vs_measured.json (a cell measured again replaces the old one), so
+the grid can be run in pieces under the bench lock (`--ks 0,3` now, `--ks 5,7` later); every run rewrites
+bench/results/sim_vs_measured.md from all cached cells: per cell predicted / measured tok/s and their
+ratio, per (engine, c) whether the simulator's best K is the measured best (`--tiny` writes *_tiny.*
+instead). Timings only, never pass/fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+
+BENCH = Path(__file__).parent
+RESULTS = BENCH / "results"
+sys.path.insert(0, str(BENCH))
+
+
+def predicted(trace: str, cost: str, datasets: list[str], ks: list[int], concurrency: list[int]) -> dict:
+    """(c, K) -> simulated tok/s on the trace's rows of `datasets`."""
+    import polars as pl
+
+    from avkit.scheduling.cost import CostTable
+    from avkit.sim.replay import simulate
+    from avkit.sim.steps import step_table
+    from avkit.trace.reader import common_k, read_traces
+
+    rows = read_traces([trace])
+    rows = rows.filter(pl.col("dataset").cast(pl.Utf8).is_in(datasets))
+    if rows.height == 0:
+        raise SystemExit(f"{trace}: no rows of {datasets}")
+    policies = ["nospec"] + [f"fixed:{k}" for k in ks if k > 0]
+    df = simulate(step_table(rows, common_k([trace])[0]), CostTable.load(cost), concurrency, policies)
+    out = {}
+    for r in df.iter_rows(named=True):
+        k = 0 if r["policy"] == "nospec" else int(r["policy"].removeprefix("fixed"))
+        out[(r["concurrency"], k)] = r["throughput_tok_s"]
+    return out
+
+
+def measured(args, ks: list[int], concurrency: list[int]) -> dict:
+    """(c, K) -> measured tok/s (and load) on the first c prompts of each dataset, greedy."""
+    from avkit.models.tokenizer import Tokenizer
+    from engine_peer import avkit_phase, plan, vllm_phase
+
+    peer = SimpleNamespace(datasets=",".join(args.datasets), concurrency=",".join(map(str, concurrency)),
+                           temperatures="0", max_new_tokens=args.max_new_tokens, seed=0, target_dir=args.target_dir,
+                           draft_dir=args.draft_dir, dtype=args.dtype, vllm_compile=False,
+                           vllm_python=args.vllm_python, vllm_timeout=3600, adaptive=False, coefficients="")
+    runs = plan(peer, Tokenizer.from_dir(Path(args.target_dir)))
+    got = vllm_phase(peer, ks, runs) if args.engine == "vllm" else avkit_phase(peer, ks, runs, None)
+    out = {}
+    for (name, config), cell in got.items():
+        c = next(r["c"] for r in runs if r["name"] == name)
+        k = int(config.removeprefix("K="))
+        prev = out.get((c, k), {"tokens_s": [], "load": []})  # one entry per dataset, averaged below
+        prev["tokens_s"].append(cell["tok_s"])
+        prev["load"].append(cell["load"])
+        out[(c, k)] = prev
+    return {key: {"tok_s": sum(v["tokens_s"]) / len(v["tokens_s"]), "load": max(v["load"])} for key, v in out.items()}
+
+
+def render(cells: list[dict]) -> str:
+    lines = ["# Simulator vs measured: fixed K x concurrency", "",
+             "`python bench/sim_vs_measured.py` (see its docstring). Predicted: `avkit simulate` of the engine's own "
+             "trace with the engine's own cost table (steady state); measured: the first c prompts decoded "
+             "together, tokens / wall incl. prefill. Ratio = predicted / measured (goal: within 10%). "
+             "Speedup = tok/s over K = 0 at the same c (predicted, measured).", ""]
+    for engine in sorted({c["engine"] for c in cells}):
+        mine = [c for c in cells if c["engine"] == engine]
+        lines += [f"## {engine}", "", f"trace `{mine[0]['trace']}`, cost `{mine[0]['cost']}`, datasets "
+                  f"{', '.join(mine[0]['datasets'])}, {mine[0]['max_new_tokens']} new tokens, {mine[0]['dtype']}", "",
+                  "| c | K | predicted tok/s | measured tok/s | ratio | speedup pred | speedup meas | load | when |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+        best_lines = []
+        for c in sorted({x["c"] for x in mine}):
+            row = sorted((x for x in mine if x["c"] == c), key=lambda x: x["K"])
+            base = next((x for x in row if x["K"] == 0), None)
+            for x in row:
+                sp = lambda key, x=x, base=base: f"{x[key] / base[key]:.2f}" if base else "-"
+                lines.append(f"| {c} | {x['K']} | {x['predicted']:.2f} | {x['measured']:.2f} | "
+                             f"{x['predicted'] / x['measured']:.2f} | {sp('predicted')} | {sp('measured')} | "
+                             f"{x['load']:.1f} | {x['when']} |")
+            bp, bm = max(row, key=lambda x: x["predicted"])["K"], max(row, key=lambda x: x["measured"])["K"]
+            best_lines.append(f"- c = {c}: simulator's best K = {bp}, measured best K = {bm} "
+                              f"({'agree' if bp == bm else 'DISAGREE'}; over K = {[x['K'] for x in row]})")
+        lines += ["", *best_lines, ""]
+    return "\n".join(lines) + "\n"
+
+
+def _write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def tiny_inputs(args) -> None:
+    """--tiny: a tiny pair, a vLLM trace and a native trace of it, both cost tables (all under a temp dir)."""
+    from avkit.models.testing import write_tiny_pair
+
+    root = Path(tempfile.mkdtemp(prefix="avkit-simcheck-"))
+    target, draft = write_tiny_pair(root)
+    args.target_dir, args.draft_dir, args.dtype = str(target), str(draft), "float32"
+    k, cmax = max(args.ks), max(args.concurrency)
+    common = ["--target", str(target), "--draft", str(draft), "-k", str(k), "--dtype", "float32"]
+    rec = common + ["--temperature", "0", "--concurrency", "2", "--num-prompts", "4", "--max-new-tokens", "24",
+                    "--no-progress"] + [x for d in args.datasets for x in ("--dataset", d)]
+    prof = common + ["--temperature", "0", "--context-len", "64", "--max-requests", str(cmax), "--repeats", "2"]
+    trace = root / f"{args.engine}.parquet"
+    cost = root / f"{args.engine}_cost.json"
+    engine = ["--engine", "vllm", "--vllm-python", args.vllm_python] if args.engine == "vllm" else []
+    for cmd in (["record", *rec, *engine, "--out", str(trace)],
+                ["profile", *prof, *engine, "--max-verify-tokens", str(cmax * (k + 1)), "--out", str(cost)]):
+        subprocess.run([sys.executable, "-m", "avkit", *cmd], check=True)
+    args.trace, args.cost = str(trace), str(cost)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", choices=("vllm", "avkit"), required=True)
+    ap.add_argument("--trace", help="the engine's own trace (greedy, K >= max --ks)")
+    ap.add_argument("--cost", help="the engine's cost table (avkit profile [--engine vllm])")
+    ap.add_argument("--ks", default="0,3,5,7")
+    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--datasets", default="humaneval", help="comma-separated; the trace's rows of them are simulated")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--target-dir", default="", help="HF safetensors dir (default: the pinned target's -hf dir)")
+    ap.add_argument("--draft-dir", default="")
+    ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    ap.add_argument("--vllm-python", default=".venv-vllm/bin/python")
+    ap.add_argument("--tiny", action="store_true", help="dry run: tiny pair, its traces and cost tables in a temp dir")
+    args = ap.parse_args()
+    args.ks = [int(x) for x in args.ks.split(",")]
+    args.concurrency = [int(x) for x in args.concurrency.split(",")]
+    args.datasets = args.datasets.split(",")
+    if args.tiny and not args.trace:  # (--tiny with --trace/--cost/--target-dir/--draft-dir: reuse a dry run's inputs)
+        tiny_inputs(args)
+    elif not (args.trace and args.cost):
+        ap.error("--trace and --cost are required (or --tiny)")
+    if not args.target_dir:
+        from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET
+        from avkit.engines.vllm.driver import hf_dir
+
+        args.target_dir, args.draft_dir = str(hf_dir(DEFAULT_TARGET, "--target-dir")), str(
+            hf_dir(DEFAULT_DRAFT, "--draft-dir"))
+    pred = predicted(args.trace, args.cost, args.datasets, args.ks, args.concurrency)
+    meas = measured(args, args.ks, args.concurrency)
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M")
+    new = [{"engine": args.engine, "c": c, "K": k, "predicted": pred[(c, k)],
+            "measured": m["tok_s"], "load": m["load"], "when": when, "trace": args.trace, "cost": args.cost,
+            "datasets": args.datasets, "max_new_tokens": args.max_new_tokens, "dtype": args.dtype}
+           for (c, k), m in meas.items() if (c, k) in pred]
+    stem = "sim_vs_measured" + ("_tiny" if args.tiny else "")  # a dry run never mixes with real cells
+    cache = RESULTS / f"{stem}.json"
+    old = json.loads(cache.read_text()) if cache.exists() else []
+    key = lambda x: (x["engine"], x["c"], x["K"])
+    merged = {key(x): x for x in old}
+    merged.update({key(x): x for x in new})
+    cells = sorted(merged.values(), key=key)
+    _write(cache, json.dumps(cells, indent=1))
+    _write(RESULTS / f"{stem}.md", render(cells))
+    print(render([x for x in cells if x["engine"] == new[0]["engine"]]) if new else "no cells measured")
+
+
+if __name__ == "__main__":
+    main()

