@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from avkit.models import cpu_linear  # noqa: E402
+from avkit.models import cpu_linear
 
 # Qwen2.5-Coder-1.5B: q/k/v fused 1536 -> 2048, o 1536 -> 1536, gate+up 1536 -> 2 x 8960, down 8960 -> 1536,
 # lm_head 1536 -> 151,936 (tied embedding)
