@@ -67,10 +67,10 @@ def run(shapes: list[tuple[int, int]], rows: list[int], repeats: int, fp32: bool
         for m in rows:
             x = torch.randn(m, k).bfloat16()
             calls = max(2, min(50, int(2e9 / (n * k * max(m, 4)))))
-            ours = _time(lambda: cpu_linear.linear(x, packed(), None, n), calls, repeats)
-            tbf = _time(lambda: F.linear(x, plain()), max(1, calls // 4), repeats) if m <= 64 else float("nan")
+            ours = _time(lambda x=x, n=n, packed=packed: cpu_linear.linear(x, packed(), None, n), calls, repeats)
+            tbf = _time(lambda x=x, plain=plain: F.linear(x, plain()), max(1, calls // 4), repeats) if m <= 64 else float("nan")
             xf = x.float()
-            t32 = _time(lambda: F.linear(xf, wide()), calls, repeats) if fp32 else float("nan")
+            t32 = _time(lambda xf=xf, wide=wide: F.linear(xf, wide()), calls, repeats) if fp32 else float("nan")
             gf = 2 * m * n * k / 1e9
             lines.append(f"| {n}x{k} | {m} | {ours * 1e3:.2f} | {mb / 1e3 / ours:.1f} | {gf / ours:.0f} | "
                          f"{tbf * 1e3:.2f} | {t32 * 1e3:.2f} | {tbf / ours:.1f}x | {t32 / ours:.1f}x | "
