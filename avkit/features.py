@@ -91,20 +91,21 @@ FEATURES: dict[str, FeatureSpec] = {
 LOGIT_FEATURES = ("logit_qmax", "q_max", "q_2nd", "entropy", "log_margin", "neg_log_neg_log_qmax")
 
 
-def _as_temperature(temperature, logits: torch.Tensor) -> torch.Tensor:
+def _as_temperature(temperature, logits: torch.Tensor, check: bool = True) -> torch.Tensor:
     """float or tensor of a leading shape of `logits` -> [..., 1] float32, with T = 0 read as 1."""
     t = torch.as_tensor(temperature, dtype=torch.float32, device=logits.device)
     lead = tuple(logits.shape[:-1])
     if t.dim() > len(lead) or tuple(t.shape) != lead[: t.dim()]:
         raise DataError(f"temperature shape {tuple(t.shape)} is not a leading shape of logits {lead}")
-    if t.device.type == "cpu" and not bool(((t >= 0) & torch.isfinite(t)).all()):  # no GPU sync
+    if check and t.device.type == "cpu" and not bool(((t >= 0) & torch.isfinite(t)).all()):  # no GPU sync
         raise DataError(f"temperature must be finite and >= 0, got {t.flatten()[:4].tolist()}")
     t = torch.where(t == 0, torch.ones_like(t), t)
     return t.reshape(tuple(t.shape) + (1,) * (logits.dim() - t.dim()))
 
 
 @torch.no_grad()
-def draft_features(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0) -> dict[str, torch.Tensor]:
+def draft_features(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0,
+                   check: bool = True) -> dict[str, torch.Tensor]:
     """Lossless features of draft distributions, from logits before top-p/top-k truncation.
 
     Parameters
@@ -113,6 +114,7 @@ def draft_features(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0
         Raw draft logits (any float dtype; -inf entries allowed). V >= 2.
     temperature : float or Tensor of a leading shape of ``logits`` (e.g. [B] for [B, K, V])
         Sampling temperature; 0 (greedy) is treated as 1.
+    check : validate the temperature (CPU only: on a GPU it would be a host read)
 
     Returns
     -------
@@ -127,7 +129,7 @@ def draft_features(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0
     """
     if logits.dim() < 1 or logits.shape[-1] < 2:
         raise DataError(f"logits must have shape [..., V] with V >= 2, got {tuple(logits.shape)}")
-    l = logits.float() / _as_temperature(temperature, logits)  # [..., V]
+    l = logits.float() / _as_temperature(temperature, logits, check)  # [..., V]
     top, idx = l.topk(2, dim=-1)  # [..., 2]
     m, m2 = top[..., 0], top[..., 1]  # [...]
     # e_z = exp(l_z - m) with the argmax zeroed: s_o = sum e is the others' mass, computed

@@ -1,6 +1,9 @@
-"""`EngineConfig(kernels="triton")` on a CPU (Triton's interpreter): the engine's hot path runs the Triton
-kernels (counted per call) and its outputs equal the torch path's bit for bit: the same tokens and the
-same trace rows, with an adaptive policy that trims (so the allocation kernel's prefixes matter)."""
+"""`EngineConfig(kernels="triton")` on a CPU (Triton's interpreter): the engine's hot path runs every Triton
+kernel (counted per call: confidence in each draft pass, allocation for the plan, rejection sampling,
+IRLS statistics for the online refit, with refit rounds inside the run) and its outputs equal the torch
+path's: the same tokens and the same integer/boolean trace columns bit for bit, with an adaptive policy
+that trims (so the allocation kernel's prefixes matter). The float columns the confidence kernel computes
+(features, confidences) agree to 1e-5: the kernel sums the softmax online, in another order than torch."""
 
 import numpy as np
 import pytest
@@ -16,7 +19,8 @@ from avkit.runtime.sink import MemorySink
 from avkit.scheduling.adaptive import make_adaptive
 from avkit.scheduling.cost import CostTable
 
-HOT_PATH = ("allocate", "rejection_sample")  # the kernels one engine step calls
+HOT_PATH = ("confidence", "allocate", "rejection_sample", "irls_stats")  # every kernel, every drafting step
+KERNEL_FLOATS = ("logit_qmax", "q_max", "q_2nd", "entropy", "log_margin", "neg_log_neg_log_qmax", "confidence")
 
 
 def _counting(kernels: Kernels, calls: dict) -> Kernels:
@@ -41,7 +45,9 @@ def _run(pair, backend: str, monkeypatch, temperature: float):
     sampling = SamplingConfig(temperature=temperature, top_p=0.9, max_new_tokens=12, seed=3)
     reqs = [Request(f"r{i}", [10 + i, 11, 12 + 3 * i, 7], sampling) for i in range(6)]
     gens = engine.generate(reqs)
-    return [g.output_ids for g in gens], sink.columns(), calls, engine.kernels.backend
+    assert policy.refits >= 2  # online refit rounds ran inside the run (from the kernel's statistics)
+    coef = [policy.estimator.slope, *policy.estimator.intercepts]
+    return [g.output_ids for g in gens], sink.columns(), calls, engine.kernels.backend, coef
 
 
 @pytest.fixture(scope="module")
@@ -55,12 +61,13 @@ def pair(tmp_path_factory):
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
 def test_triton_hot_path_equals_the_torch_path(kernels, pair, monkeypatch, temperature):
     torch.set_num_threads(1)
-    out_t, rows_t, calls_t, name_t = _run(pair, "torch", monkeypatch, temperature)
-    out_k, rows_k, calls_k, name_k = _run(pair, "triton", monkeypatch, temperature)
+    out_t, rows_t, calls_t, name_t, coef_t = _run(pair, "torch", monkeypatch, temperature)
+    out_k, rows_k, calls_k, name_k, coef_k = _run(pair, "triton", monkeypatch, temperature)
     assert (name_t, name_k) == ("torch", "triton")
     steps = len(set(rows_t["engine_step"].tolist()))
-    for calls in (calls_t, calls_k):  # every step with drafts plans and verifies through the kernel set
+    for calls in (calls_t, calls_k):  # every step with drafts drafts, plans, verifies and learns through the set
         assert all(calls.get(n, 0) >= steps for n in HOT_PATH), calls
+    np.testing.assert_allclose(coef_k, coef_t, rtol=0, atol=1e-5)  # the refits agree
     verified = np.asarray(rows_t["verified"], dtype=bool)
     assert 0 < verified.sum() < verified.size  # the policy trimmed: the allocation decided something
     assert out_k == out_t
@@ -69,6 +76,10 @@ def test_triton_hot_path_equals_the_torch_path(kernels, pair, monkeypatch, tempe
         got = rows_k[col]
         if col == "step_time_ms":
             continue  # wall time
+        if col in KERNEL_FLOATS:
+            assert np.array_equal(np.ma.getmaskarray(got), np.ma.getmaskarray(want)), col
+            np.testing.assert_allclose(np.ma.getdata(got), np.ma.getdata(want), rtol=0, atol=1e-5, err_msg=col)
+            continue
         same = np.array_equal(np.ma.getmaskarray(got), np.ma.getmaskarray(want)) and np.array_equal(
             np.ma.getdata(got), np.ma.getdata(want), equal_nan=np.asarray(want).dtype.kind == "f")
         assert same, col

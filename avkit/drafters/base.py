@@ -37,6 +37,19 @@ class DraftInput:
     # Decides slot j from q_0..q_{j-1} only, never from the drawn x_{j-1}'s probability: lossless.
     continue_drafting: Callable | None = None
     max_draft: int | None = None  # the most drafts any row wants (host bookkeeping; None: read num_draft)
+    slot_ids: tuple[int, ...] | None = None  # `slots` as host ints (the engine's bookkeeping)
+    num_draft_ids: tuple[int, ...] | None = None  # `num_draft` as host ints
+    # (slope [1], intercepts [K]) float32 on the device: the estimator's coefficients for the confidence
+    # kernel in each draft pass (DraftProposal.confidences), or None (the policy predicts from features)
+    coefficients: tuple[torch.Tensor, torch.Tensor] | None = None
+    greedy: bool | None = None  # host: every request has T = 0 (None: unknown)
+    nucleus: bool | None = None  # host: some request has top_p < 1 (None: unknown)
+
+    def host_slots(self) -> tuple[int, ...]:
+        return self.slot_ids if self.slot_ids is not None else tuple(self.slots.tolist())
+
+    def host_num_draft(self) -> tuple[int, ...]:
+        return self.num_draft_ids if self.num_draft_ids is not None else tuple(self.num_draft.tolist())
 
     @property
     def k(self) -> int:
@@ -55,6 +68,7 @@ class DraftProposal:
     kind: list[str]  # [B] drafter kind per request, the trace's `drafter` column: "model", "suffix"
     extra: dict[str, torch.Tensor] = field(default_factory=dict)  # optional trace columns, [B, K]:
     # head_conf (trained head), match_len / cache_score (cache drafts); NaN = null
+    confidences: torch.Tensor | None = None  # [B, K] float32 predictions made in the draft passes, or None
 
 
 class Drafter(Protocol):
@@ -67,8 +81,10 @@ class Drafter(Protocol):
         """Up to num_draft[b] draft tokens per request, all requests batched."""
         ...
 
-    def commit(self, slots: torch.Tensor, num_valid: torch.Tensor) -> None:
-        """The first num_valid[b] tokens of slot b's sequence are final: drop any state beyond them."""
+    def commit(self, slots: torch.Tensor, num_valid: torch.Tensor,
+               host: tuple[list[int], list[int]] | None = None) -> None:
+        """The first num_valid[b] tokens of slot b's sequence are final: drop any state beyond them.
+        host: (slots, num_valid) as host ints when the caller has them (no read back)."""
         ...
 
     def release(self, slot: int) -> None:

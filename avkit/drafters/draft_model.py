@@ -18,7 +18,9 @@ import time
 import torch
 
 from avkit.drafters.base import Drafter, DraftInput, DraftProposal
-from avkit.features import draft_features
+from avkit.features import LOGIT_FEATURES
+from avkit.kernels.dispatch import Kernels, select_kernels
+from avkit.models.transformer import HostLengths
 from avkit.runtime.prefill import prefill
 from avkit.runtime.sampling import probs_from_logits, sample_tokens
 from avkit.step_types import DraftBatch
@@ -27,40 +29,40 @@ _LONG_CATCH_UP = 2  # rows lacking more tokens than this are prefilled row by ro
 
 
 class DraftModelDrafter(Drafter):
+    """Host bookkeeping: the drafter keeps its cache lengths per slot on the host (`_have`), knows
+    which rows draft in each pass from the engine's host counts, and so feeds the model with
+    `HostLengths`: a draft pass reads nothing back from the device, except the policy's early-stop
+    mask (one [B] bool copy per pass, only when the policy stops drafting early)."""
+
     kind = "model"
 
-    def __init__(self, draft, max_batch: int, max_len: int):
+    def __init__(self, draft, max_batch: int, max_len: int, kernels: Kernels | None = None):
         self.model = draft.model
         self.cache = self.model.new_cache(max_batch, max_len)
         self.device = self.cache.lengths.device
+        self.kernels = kernels if kernels is not None else select_kernels(self.device, "torch")
         self.forward_s = 0.0  # wall time inside model forwards (for the engine's overhead stats)
+        self._have = [0] * max_batch  # host mirror of cache.lengths
 
     @property
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
-    def _forward(self, tokens, q_lens, slots, logits):
+    def _forward(self, tokens, q_lens, slots, logits, host: HostLengths | None = None):
         t0 = time.perf_counter()
-        out = self.model.forward(tokens, q_lens, slots, self.cache, logits=logits)
+        out = self.model.forward(tokens, q_lens, slots, self.cache, logits=logits, host=host)
         self.forward_s += time.perf_counter() - t0
         return out
 
-    def _prefill(self, inp: DraftInput) -> None:
-        """Feed all but the last token of rows that lag far behind (new prompts); no logits."""
-        lengths = self.cache.lengths[inp.slots].tolist()
-        rows = [b for b, (seq, have) in enumerate(zip(inp.sequences, lengths)) if len(seq) - have > _LONG_CATCH_UP]
-        slots = inp.slots.tolist()
-        prefill(self._forward, [inp.sequences[b][lengths[b]:-1] for b in rows], [slots[b] for b in rows],
+    def _catch_up(self, inp: DraftInput, slots: list[int], rows: list[int]) -> tuple[list[list[int]], list[int]]:
+        """Prefill rows that lag far behind (new prompts) up to all but their last token; -> per row
+        of `rows` the tokens the first pass feeds (1 or 2) and the cached lengths before it."""
+        lag = [b for b in range(len(slots)) if len(inp.sequences[b]) - self._have[slots[b]] > _LONG_CATCH_UP]
+        prefill(self._forward, [inp.sequences[b][self._have[slots[b]]:-1] for b in lag], [slots[b] for b in lag],
                 device=self.device)
-
-    def _first_inputs(self, inp: DraftInput) -> tuple[torch.Tensor, torch.Tensor]:
-        """[B, S<=2] right-padded tokens the cache lacks, and their counts [B]."""
-        lengths = self.cache.lengths[inp.slots].tolist()
-        feed = [seq[have:] for seq, have in zip(inp.sequences, lengths)]
-        width = max(len(f) for f in feed)
-        tokens = torch.tensor([f + [0] * (width - len(f)) for f in feed], dtype=torch.int64)  # B rows of <= 2
-        q_lens = torch.tensor([len(f) for f in feed], dtype=torch.int64)
-        return tokens.to(self.device), q_lens.to(self.device)
+        for b in lag:
+            self._have[slots[b]] = len(inp.sequences[b]) - 1
+        return [inp.sequences[b][self._have[slots[b]]:] for b in rows], [self._have[slots[b]] for b in rows]
 
     @torch.inference_mode()
     def propose(self, inp: DraftInput) -> DraftProposal:
@@ -68,41 +70,68 @@ class DraftModelDrafter(Drafter):
         tokens_out = torch.zeros(B, K, dtype=torch.int64, device=dev)  # [B, K]
         probs_out = torch.zeros(B, K, V, device=dev)  # [B, K, V]
         q_sampled = torch.zeros(B, K, device=dev)  # [B, K]
-        feats: dict[str, torch.Tensor] = {}
+        confs = torch.zeros(B, K, device=dev)  # [B, K] the estimator's predictions (kernel), 0 past drafted
+        feats = {n: torch.full((B, K), float("nan"), device=dev) for n in LOGIT_FEATURES}  # [B, K] each
         drafted = torch.zeros(B, dtype=torch.int64, device=dev)  # [B] drafts proposed so far
-        active = torch.nonzero(inp.num_draft > 0).squeeze(-1)  # rows still drafting
-        if K > 0:
-            self._prefill(inp)
-            tokens, q_lens = self._first_inputs(inp)
-            tokens, q_lens = tokens[active], q_lens[active]
+        if K == 0:
+            return DraftProposal(tokens_out, probs_out, q_sampled, feats, drafted, [self.kind] * B)
+        slots, wanted = list(inp.host_slots()), list(inp.host_num_draft())  # host bookkeeping
+        rows = [b for b in range(B) if wanted[b] > 0]  # rows drafting in this pass
+        feed, cached = self._catch_up(inp, slots, rows)
+        width = max((len(f) for f in feed), default=1)
+        tokens = torch.tensor([f + [0] * (width - len(f)) for f in feed], dtype=torch.int64).to(dev)  # [b, <=2]
+        host = HostLengths(tuple(slots[b] for b in rows), tuple(cached), tuple(len(f) for f in feed))
+        coef = inp.coefficients if inp.coefficients is not None else (torch.zeros(1), torch.zeros(K))
+        done = {}  # row -> drafts proposed
         for i in range(K):
-            logits = self._forward(tokens, q_lens, inp.slots[active], "last")  # [b, V]
-            temp, top_p = inp.temperature[active], inp.top_p[active]
-            for name, value in draft_features(logits, temp).items():  # lossless, before top-p
-                feats.setdefault(name, torch.full((B, K), float("nan"), device=dev))[active, i] = value
-            q = probs_from_logits(logits, temp, top_p)  # [b, V] what x_i is drawn from
-            x = sample_tokens(q, inp.seeds[active], inp.request_keys[active], inp.positions[active] + i)
-            tokens_out[active, i] = x
-            probs_out[active, i] = q
-            q_sampled[active, i] = q.gather(-1, x[:, None]).squeeze(-1)
-            drafted[active] = i + 1
-            keep = inp.num_draft[active] > i + 1  # rows that want another draft
+            if not rows:
+                break
+            idx = torch.tensor(rows, dtype=torch.int64).to(dev)  # [b] a host-to-device copy
+            logits = self._forward(tokens, torch.tensor(host.q_lens).to(dev), inp.slots[idx], "last", host)  # [b, V]
+            temp, top_p = inp.temperature[idx], inp.top_p[idx]
+            # One pass over the logits (the confidence kernel): the lossless features and, from the
+            # estimator's coefficients, the predicted acceptance c = sigma(slope * logit(q_max) + beta_i).
+            c = self.kernels.confidence(logits, temp, i, *coef, check=False)
+            for name, value in c.features().items():
+                feats[name][idx, i] = value
+            confs[idx, i] = c.confidence
+            q = probs_from_logits(logits, temp, top_p, greedy=inp.greedy, nucleus=inp.nucleus)  # [b, V] x_i ~ q
+            x = sample_tokens(q, inp.seeds[idx], inp.request_keys[idx], inp.positions[idx] + i)
+            tokens_out[idx, i] = x
+            probs_out[idx, i] = q
+            q_sampled[idx, i] = q.gather(-1, x[:, None]).squeeze(-1)
+            drafted[idx] = i + 1
+            for b in rows:
+                done[b] = i + 1
+            keep = [wanted[b] > i + 1 for b in rows]  # rows that want another draft
             if inp.continue_drafting is not None and i + 1 < K:
-                so_far = DraftBatch({n: f[:, : i + 1] for n, f in feats.items()}, drafted.clone())
+                so_far = DraftBatch({n: f[:, : i + 1] for n, f in feats.items()}, drafted.clone(),
+                                    confs[:, : i + 1] if inp.coefficients is not None else None)
                 more = inp.continue_drafting(so_far)  # [B] the policy's lossless early stop, or None
                 if more is not None:
-                    keep &= more.to(dev)[active]
-            active, tokens, q_lens = active[keep], x[keep, None], torch.ones_like(x[keep])
-            if active.numel() == 0:
-                break
-        return DraftProposal(tokens_out, probs_out, q_sampled, feats, drafted, [self.kind] * B)
+                    more = more.tolist()  # host read: the early stop's mask, once per pass
+                    keep = [k and more[b] for k, b in zip(keep, rows)]
+            sel = [j for j, k in enumerate(keep) if k]
+            host = HostLengths(tuple(host.slots[j] for j in sel),
+                               tuple(host.cached[j] + host.q_lens[j] for j in sel), (1,) * len(sel))
+            rows = [rows[j] for j in sel]
+            tokens = x[torch.tensor(sel, dtype=torch.int64).to(dev), None]  # [b', 1]
+        for b, n in done.items():  # the cache now holds the sequence and x_1..x_{n-1}
+            self._have[slots[b]] = len(inp.sequences[b]) + n - 1
+        return DraftProposal(tokens_out, probs_out, q_sampled, feats, drafted, [self.kind] * B,
+                             confidences=confs if inp.coefficients is not None else None)
 
-    def commit(self, slots: torch.Tensor, num_valid: torch.Tensor) -> None:
+    def commit(self, slots: torch.Tensor, num_valid: torch.Tensor,
+               host: tuple[list[int], list[int]] | None = None) -> None:
+        ids, valid = host if host is not None else (slots.tolist(), num_valid.tolist())  # read only without host
+        for s, v in zip(ids, valid):
+            self._have[s] = min(self._have[s], v)
         have = self.cache.lengths[slots]
-        self.cache.truncate(slots, torch.minimum(have, num_valid))
+        self.cache.truncate(slots, torch.minimum(have, num_valid), check=False)
 
     def release(self, slot: int) -> None:
         self.cache.free(slot)
+        self._have[slot] = 0
 
 
 __all__ = ["DraftModelDrafter"]

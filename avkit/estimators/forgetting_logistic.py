@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from avkit.config import DEFAULT_K, EstimatorConfig, ForgettingConfig
 from avkit.errors import ConfigError
@@ -47,6 +48,12 @@ def basis(f: np.ndarray) -> np.ndarray:
     return np.stack([f, np.clip(h, -CLAMP, CLAMP)], axis=-1)
 
 
+def basis_torch(f: torch.Tensor) -> torch.Tensor:
+    """`basis` in torch, on f's device: [...] -> [..., 2]."""
+    h = -torch.log(torch.logaddexp(torch.zeros_like(f), -f))
+    return torch.stack([f, h.clamp(-CLAMP, CLAMP)], dim=-1)
+
+
 class ForgettingLogistic(RoundLogistic):
     """Examples
     --------
@@ -57,6 +64,7 @@ class ForgettingLogistic(RoundLogistic):
 
     name = "forgetting_logistic"
     M = 2  # basis terms
+    device_round = False  # its round sums the 2-term basis: accumulated on the host (`update`)
 
     def __init__(self, k: int = DEFAULT_K, config: EstimatorConfig | None = None,
                  forgetting: ForgettingConfig | None = None):
@@ -82,6 +90,12 @@ class ForgettingLogistic(RoundLogistic):
 
     def _logits(self, features, positions):
         return basis(features) @ self.basis_slopes + self.intercepts[positions]
+
+    def _coefficient_arrays(self):
+        return {"basis_slopes": self.basis_slopes, "intercepts": self.intercepts}
+
+    def _logits_torch(self, coef, features, positions):
+        return basis_torch(features) @ coef["basis_slopes"] + coef["intercepts"][positions]
 
     def _slope_at(self, position):
         return self.slope
@@ -146,6 +160,7 @@ class ForgettingLogistic(RoundLogistic):
         self.shifts += int(shift)
         self.rejected += int(not applied and s["n"].any())
         self.reset_round()
+        self.on_device.refresh()
         return applied
 
     def state_dict(self) -> dict[str, Any]:
@@ -156,8 +171,8 @@ class ForgettingLogistic(RoundLogistic):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores basis slopes and precision from its own files and snapshots; a file of
         `online_logistic` (slope, intercepts) warm-starts with w2 = 0 under the default prior."""
-        super().load_state_dict(state)
         self.basis_slopes = np.asarray(state.get("basis_slopes", [state["slope"], 0.0]), dtype=np.float64)
+        super().load_state_dict(state)
         prec = state.get("precision")
         if prec is not None:
             self.prec_a = np.asarray(prec["a"], dtype=np.float64).reshape(self.M, self.M)

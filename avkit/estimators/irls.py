@@ -24,15 +24,21 @@ from typing import Self
 import numpy as np
 
 
+STATS = ("a", "b", "c", "g0", "g1", "n")
+
+
 @dataclass
 class IrlsStats:
-    """O(K) sufficient statistics of one refit round; additive across steps, rounds and shards."""
+    """O(K) sufficient statistics of one refit round; additive across steps, rounds and shards.
 
-    a: np.ndarray  # [K] sum w f^2
-    b: np.ndarray  # [K] sum w f
-    c: np.ndarray  # [K] sum w
-    g0: np.ndarray  # [K] sum r f
-    g1: np.ndarray  # [K] sum r
+    The one statistics type of the package: numpy arrays on the host (fits, the simulator) or torch
+    tensors on the device (the live round, summed by the engine's `irls_stats` kernel), same fields."""
+
+    a: np.ndarray  # [K] float64 sum w f^2
+    b: np.ndarray  # [K] float64 sum w f
+    c: np.ndarray  # [K] float64 sum w
+    g0: np.ndarray  # [K] float64 sum r f
+    g1: np.ndarray  # [K] float64 sum r
     n: np.ndarray  # [K] int64 observed slots
 
     @classmethod
@@ -46,8 +52,20 @@ class IrlsStats:
         cols = np.asarray(sums, dtype=np.float64).reshape(len(n), 5).T  # [5, K]
         return cls(*cols.copy(), n=np.asarray(n, dtype=np.int64))
 
+    def fields(self) -> tuple:
+        return tuple(getattr(self, name) for name in STATS)
+
+    def numpy(self) -> IrlsStats:
+        """Host copy (numpy) of device statistics: one copy of 6 K numbers (a refit's one host read)."""
+        import torch
+
+        if not isinstance(self.a, torch.Tensor):
+            return self
+        packed = torch.stack([x.double() for x in self.fields()]).cpu().numpy()  # [6, K] one transfer
+        return IrlsStats(*packed[:5], n=packed[5].round().astype(np.int64))
+
     def __iadd__(self, other: IrlsStats) -> Self:
-        for name in ("a", "b", "c", "g0", "g1", "n"):
+        for name in STATS:
             getattr(self, name).__iadd__(getattr(other, name))
         return self
 
@@ -146,4 +164,4 @@ def per_position_step(s: IrlsStats, slopes: np.ndarray, intercepts: np.ndarray, 
     return out_s, out_i, ok
 
 
-__all__ = ["IrlsStats", "fused_segment_stats", "irls_stats", "per_position_step", "schur_slope_step", "segment_stats", "shared_slope_step"]
+__all__ = ["STATS", "IrlsStats", "fused_segment_stats", "irls_stats", "per_position_step", "schur_slope_step", "segment_stats", "shared_slope_step"]

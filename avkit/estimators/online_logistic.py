@@ -24,10 +24,12 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import torch
 
 from avkit.config import DEFAULT_K, EstimatorConfig
 from avkit.errors import DataError
 from avkit.estimators.irls import IrlsStats, fused_segment_stats, irls_stats, shared_slope_step
+from avkit.estimators.on_device import DeviceCoefficients, sigmoid_torch
 from avkit.features import FEATURES
 
 
@@ -62,6 +64,9 @@ class RoundLogistic(ABC):
         self.rejected = 0  # rounds whose step was rejected by a guard
         self._round = IrlsStats.zeros(k)
         self._steps = 0
+        self.on_device = DeviceCoefficients(self._coefficient_arrays)  # the live step's copy
+
+    device_round = True  # the live round's statistics may be summed on the device (`add_round`)
 
     # ---- subclass hooks ----
     @abstractmethod
@@ -77,6 +82,15 @@ class RoundLogistic(ABC):
         """Subclass hook."""
 
     @abstractmethod
+    def _coefficient_arrays(self) -> dict[str, np.ndarray]:
+        """Subclass hook: the coefficients by name (mirrored on the device)."""
+
+    @abstractmethod
+    def _logits_torch(self, coef: dict[str, torch.Tensor], features: torch.Tensor,
+                      positions: torch.Tensor) -> torch.Tensor:
+        """Subclass hook: `_logits` in torch, from the device mirror `coef`."""
+
+    @abstractmethod
     def coefficients(self) -> np.ndarray:
         """All coefficients as one flat vector (convergence checks, trajectories)."""
 
@@ -88,6 +102,32 @@ class RoundLogistic(ABC):
     def predict(self, features: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """[N] feature, [N] position -> [N] acceptance probabilities."""
         return sigmoid(self._logits(self._oriented(features), check_positions(positions, self.k)))
+
+    def predict_torch(self, features: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """`predict` on the features' device (float64 as the numpy path; no host read): [...] -> [...]."""
+        f = features.double() if self.sign == 1.0 else self.sign * features.double()
+        return sigmoid_torch(self._logits_torch(self.on_device.on(features.device), f, positions))
+
+    def kernel_coefficients(self, device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(slope [1], intercepts [K]) float32 on `device` when the prediction is the confidence kernel's
+        sigma(slope * logit(q_max) + intercept_i) (kernels/confidence_ref.py), else None."""
+        return None
+
+    def add_round(self, stats: IrlsStats, steps: int = 1) -> bool:
+        """Add `steps` engine steps' statistics (numpy, or device tensors summed by the `irls_stats`
+        kernel at the oriented feature) to the round; True when it filled and was refitted. A device
+        round is read to the host once, when it refits (6 K numbers)."""
+        if not 0 <= steps <= self.steps_to_refit:
+            raise ValueError(f"steps={steps}: a call may feed 0..{self.steps_to_refit} engine steps")
+        if isinstance(stats.a, torch.Tensor) and not isinstance(self._round.a, torch.Tensor):
+            self._round = IrlsStats(*(torch.zeros_like(x) for x in stats.fields()))
+        self._round += stats
+        self._steps += steps
+        if self._steps < self.interval():
+            return False
+        self._round = self._round.numpy()  # the round's one host read
+        self.refit()
+        return True
 
     def accumulate(self, features, positions, predictions, labels) -> None:
         """Add observed slots ([N] each) to the current round's statistics (no refit)."""
@@ -112,6 +152,7 @@ class RoundLogistic(ABC):
         self.rounds += 1
         self.rejected += int(not applied and self._round.n.any())
         self.reset_round()
+        self.on_device.refresh()
         return applied
 
     def reset_round(self) -> None:
@@ -165,6 +206,7 @@ class RoundLogistic(ABC):
         applied = self._step(stats, 0.0)
         self.rounds += 1
         self.observations = stats.n.astype(np.int64)
+        self.on_device.refresh()
         return applied
 
     def state_dict(self) -> dict[str, Any]:
@@ -181,6 +223,7 @@ class RoundLogistic(ABC):
         self.intercepts = np.asarray(state["intercepts"], dtype=np.float64)
         self.observations = np.asarray(state.get("observations", [0] * self.k), dtype=np.int64)
         self.rounds, self.rejected = int(state.get("rounds", 0)), int(state.get("rejected", 0))
+        self.on_device.refresh()
 
 
 class OnlineLogistic(RoundLogistic):
@@ -202,6 +245,18 @@ class OnlineLogistic(RoundLogistic):
     def _logits(self, features, positions):
         return self.slope * features + self.intercepts[positions]
 
+    def _coefficient_arrays(self):
+        return {"slope": np.float64(self.slope), "intercepts": self.intercepts}
+
+    def _logits_torch(self, coef, features, positions):
+        return coef["slope"] * features + coef["intercepts"][positions]
+
+    def kernel_coefficients(self, device):
+        if self.sign != 1.0 or self.config.feature != "logit_qmax":
+            return None
+        coef = self.on_device.on(device, torch.float32)
+        return coef["slope"], coef["intercepts"]
+
     def _slope_at(self, position):
         return self.slope
 
@@ -217,14 +272,15 @@ class OnlineLogistic(RoundLogistic):
         return super().state_dict() | {"slope": self.slope}
 
     def load_state_dict(self, state):
-        super().load_state_dict(state)
         self.slope = float(state["slope"])
+        super().load_state_dict(state)
 
 
 class BatchLogistic(OnlineLogistic):
     """The same model fitted in batch: `update` buffers observed slots, `refit` fits them all."""
 
     name = "batch_logistic"
+    device_round = False  # buffers every slot for a full fit: on the host
 
     def __init__(self, k: int = DEFAULT_K, config: EstimatorConfig | None = None,
                  max_iter: int = 50, tol: float = 1e-10):

@@ -36,6 +36,10 @@ class Passthrough:
                             f"{p.min() if p.min() < 0 else p.max()}")
         return p
 
+    def predict_torch(self, features, positions):
+        """`predict` on the device: the feature itself (the engine's features are probabilities)."""
+        return features.double()
+
     def update(self, features, positions, predictions, labels, steps: int = 1) -> bool:
         return False  # nothing to learn
 

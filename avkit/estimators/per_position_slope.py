@@ -31,6 +31,12 @@ class PerPositionSlope(RoundLogistic):
     def _logits(self, features, positions):
         return self.slopes[positions] * features + self.intercepts[positions]
 
+    def _coefficient_arrays(self):
+        return {"slopes": self.slopes, "intercepts": self.intercepts}
+
+    def _logits_torch(self, coef, features, positions):
+        return coef["slopes"][positions] * features + coef["intercepts"][positions]
+
     def _slope_at(self, position):
         return self.slopes[position]
 
@@ -46,8 +52,8 @@ class PerPositionSlope(RoundLogistic):
         return super().state_dict() | {"slopes": self.slopes.tolist()}
 
     def load_state_dict(self, state):
-        super().load_state_dict(state)
         self.slopes = np.asarray(state["slopes"], dtype=np.float64)
+        super().load_state_dict(state)
 
 
 __all__ = ["PerPositionSlope"]

@@ -231,9 +231,9 @@ class HybridDrafter:
             val = torch.as_tensor(col, dtype=torch.float32, device=dev)[:, None].expand(-1, K)  # [Bc, K]
             extra[name][r] = torch.where(valid, val, nan)
 
-    def commit(self, slots: torch.Tensor, num_valid: torch.Tensor) -> None:
+    def commit(self, slots: torch.Tensor, num_valid: torch.Tensor, host=None) -> None:
         if self.model_drafter is not None:
-            self.model_drafter.commit(slots, num_valid)
+            self.model_drafter.commit(slots, num_valid, host)
 
     def release(self, slot: int) -> None:
         st = self._slots.pop(slot, None)

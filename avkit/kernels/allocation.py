@@ -62,9 +62,9 @@ def allocation_kernel(
     tl.store(nv_ptr + r, tl.sum(chosen.to(tl.int64), 0))
 
 
-def allocate_triton(confidences, num_drafted, budget, *, block_s: int = 1024) -> Allocation:
+def allocate_triton(confidences, num_drafted, budget, *, check: bool = True, block_s: int = 1024) -> Allocation:
     """Same contract as `allocate_ref`."""
-    c, nd, b = allocation_inputs(confidences, num_drafted, budget)
+    c, nd, b = allocation_inputs(confidences, num_drafted, budget, check)
     B, K = c.shape
     s = torch.zeros(B, K, dtype=torch.float32, device=c.device)
     nv = torch.zeros(B, dtype=torch.int64, device=c.device)

@@ -28,8 +28,9 @@ class Allocation(NamedTuple):
     num_verify: torch.Tensor  # [B] int64, verified prefix length per request
 
 
-def allocation_inputs(confidences, num_drafted, budget):
-    """Check shapes (and values, on CPU); return c [B, K] fp32, num_drafted [B] int64, budget [1] int64."""
+def allocation_inputs(confidences, num_drafted, budget, check: bool = True):
+    """Check shapes (and values, on CPU, unless check=False: the plan's own inputs need no host read);
+    return c [B, K] fp32, num_drafted [B] int64, budget [1] int64."""
     c = torch.as_tensor(confidences)
     if c.dim() != 2:
         raise DataError(f"confidences must be [B, K], got shape {tuple(c.shape)}")
@@ -40,7 +41,7 @@ def allocation_inputs(confidences, num_drafted, budget):
     if b.numel() != 1:
         raise DataError(f"budget must be one integer, got shape {tuple(b.shape)}")
     c = c.float()
-    if c.device.type == "cpu":  # on a GPU these checks would cost a sync per step
+    if check and c.device.type == "cpu":  # on a GPU these checks would cost a sync per step
         if c.numel() and not bool(((c >= 0) & (c <= 1)).all()):
             raise DataError(f"confidences must be in [0, 1], got {c[~((c >= 0) & (c <= 1))][0].item()}")
         if bool(((nd < 0) | (nd > c.shape[1])).any()):
@@ -51,7 +52,7 @@ def allocation_inputs(confidences, num_drafted, budget):
 
 
 @torch.no_grad()
-def allocate_ref(confidences, num_drafted, budget) -> Allocation:
+def allocate_ref(confidences, num_drafted, budget, *, check: bool = True) -> Allocation:
     """Survival of every slot and each request's verified prefix under a budget of slots: the
     scheduling plan's own survival and ranking (scheduling/plan.py) with b given instead of chosen.
 
@@ -61,7 +62,7 @@ def allocate_ref(confidences, num_drafted, budget) -> Allocation:
     >>> a.num_verify.tolist()
     [2, 1]
     """
-    c, nd, b = allocation_inputs(confidences, num_drafted, budget)
+    c, nd, b = allocation_inputs(confidences, num_drafted, budget, check)
     s = survival(c, nd)  # [B, K]
     ranked = rank_slots(s, nd, single_group(c.shape[0], c.device), 1)  # ties: request, then position
     return Allocation(s, prefixes(ranked, b, c.shape[0]))  # the top-b slots

@@ -17,7 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
-from avkit.kernels.confidence_ref import CLAMP, Confidence, confidence_inputs
+from avkit.features import CLAMP
+from avkit.kernels.confidence_ref import Confidence, confidence_inputs
 
 _CLAMP = tl.constexpr(CLAMP)
 
@@ -29,8 +30,8 @@ def confidence_kernel(
     inv_temp_ptr,  # *[rows] fp32, 1 / temperature
     pos_ptr,  # *[rows] int64, draft position (intercept index)
     intercept_ptr,  # *[K] fp32
-    slope,  # fp32 scalar
-    logit_ptr, qmax_ptr, q2nd_ptr, entropy_ptr, conf_ptr,  # *[rows] fp32 outputs
+    slope_ptr,  # *[1] fp32 (a device tensor: no host read of the live coefficients)
+    logit_ptr, qmax_ptr, q2nd_ptr, entropy_ptr, conf_ptr, margin_ptr, nnlq_ptr,  # *[rows] fp32 outputs
     V,  # vocabulary size
     BLOCK_V: tl.constexpr,
 ):
@@ -69,19 +70,21 @@ def confidence_kernel(
     tl.store(qmax_ptr + row, 1.0 / z)
     tl.store(q2nd_ptr + row, tl.where(m2 > neg_inf, tl.exp(m2 - m) / z, 0.0))
     tl.store(entropy_ptr + row, entropy)
-    tl.store(conf_ptr + row, tl.sigmoid(slope * logit + beta))
+    tl.store(conf_ptr + row, tl.sigmoid(tl.load(slope_ptr) * logit + beta))
+    tl.store(margin_ptr + row, tl.minimum(tl.maximum(m - m2, -_CLAMP), _CLAMP))  # m2 = -inf -> +CLAMP
+    tl.store(nnlq_ptr + row, tl.minimum(tl.maximum(-tl.log(log1p_s), -_CLAMP), _CLAMP))
 
 
-def confidence_triton(logits: torch.Tensor, temperature, positions, slope: float, intercepts,
-                      *, block_v: int = 4096, num_warps: int = 8) -> Confidence:
+def confidence_triton(logits: torch.Tensor, temperature, positions, slope, intercepts, *, check: bool = True,
+                      block_v: int = 4096, num_warps: int = 8) -> Confidence:
     """Same contract as `confidence_ref`; one program per row, logits read once."""
-    x, inv_t, pos, beta, lead = confidence_inputs(logits, temperature, positions, intercepts)
+    x, inv_t, pos, omega, beta, lead = confidence_inputs(logits, temperature, positions, slope, intercepts, check)
     if x.stride(-1) != 1:
         x = x.contiguous()
     rows, V = x.shape
     outs = [torch.empty(rows, dtype=torch.float32, device=x.device) for _ in Confidence._fields]
     if rows:
         block = min(block_v, triton.next_power_of_2(V))
-        confidence_kernel[(rows,)](x, x.stride(0), inv_t, pos, beta, float(slope), *outs, V,
+        confidence_kernel[(rows,)](x, x.stride(0), inv_t, pos, beta, omega, *outs, V,
                                    BLOCK_V=block, num_warps=num_warps)
     return Confidence(*(o.reshape(lead) for o in outs))

@@ -9,6 +9,7 @@ Glossary:
   q_max   1 / (1 + s_o);  q_2nd = exp(m2 - m) / (1 + s_o)
   logit   log(q_max / (1 - q_max)) = -log(s_o), exact as q_max -> 1, clamped to [-40, 40]
   H       entropy of softmax(l) = log(1 + s_o) - sum_z e_z (l_z - m) / (1 + s_o)
+  margin  m - m2 = log q_max - log q_2nd;  -log(-log q_max) = -log(log1p(s_o)); both clamped
 Rows are flattened draft slots (e.g. B*K); `positions` says which intercept each row uses.
 """
 
@@ -19,8 +20,7 @@ from typing import NamedTuple
 import torch
 
 from avkit.errors import DataError
-
-CLAMP = 40.0  # logit(q_max) is clamped to [-CLAMP, CLAMP], as in avkit.features
+from avkit.features import LOGIT_FEATURES, draft_features  # one softmax pass, one clamp (features.CLAMP)
 
 
 class Confidence(NamedTuple):
@@ -30,13 +30,22 @@ class Confidence(NamedTuple):
     entropy: torch.Tensor  # [...] float32, nats
     confidence: torch.Tensor  # [...] float32, sigma(slope * logit_qmax + intercepts[positions])
 
+    log_margin: torch.Tensor  # [...] float32, m - m2 (log q_max - log q_2nd), clamped
+    neg_log_neg_log_qmax: torch.Tensor  # [...] float32, -log(-log q_max), clamped
 
-def confidence_inputs(logits, temperature, positions, intercepts):
+    def features(self) -> dict[str, torch.Tensor]:
+        """The lossless features of `avkit.features.draft_features` (name -> [...])."""
+        return {n: getattr(self, n) for n in LOGIT_FEATURES}
+
+
+def confidence_inputs(logits, temperature, positions, slope, intercepts, check: bool = True):
     """Check and flatten the inputs shared by both paths.
 
-    Returns logits [rows, V], inverse temperature [rows] float32, positions [rows] int64 and
-    intercepts [K] float32, all on the logits' device, plus the leading shape to restore.
+    Returns logits [rows, V], inverse temperature [rows] float32, positions [rows] int64, slope [1]
+    and intercepts [K] float32, all on the logits' device, plus the leading shape to restore.
     Temperature is per leading index (e.g. [B] per request); positions broadcast from the right.
+    check=False skips the value checks (the engine's inputs were validated when the request came in;
+    on a GPU each check would be a host read per draft pass).
     """
     if logits.dim() < 1 or logits.shape[-1] < 2:
         raise DataError(f"logits must have shape [..., V] with V >= 2, got {tuple(logits.shape)}")
@@ -46,6 +55,7 @@ def confidence_inputs(logits, temperature, positions, intercepts):
     dev = logits.device
     t = torch.as_tensor(temperature, dtype=torch.float32, device=dev)
     pos = torch.as_tensor(positions, dtype=torch.int64, device=dev)
+    omega = torch.as_tensor(slope, dtype=torch.float32, device=dev).reshape(1)  # [1]: may live on the device
     beta = torch.as_tensor(intercepts, dtype=torch.float32, device=dev).reshape(-1)  # [K]
     if t.dim() > len(lead) or tuple(t.shape) != lead[: t.dim()]:
         raise DataError(f"temperature shape {tuple(t.shape)} is not a leading shape of logits {lead}")
@@ -53,7 +63,7 @@ def confidence_inputs(logits, temperature, positions, intercepts):
         pos = torch.broadcast_to(pos, lead)
     except RuntimeError:
         raise DataError(f"positions shape {tuple(pos.shape)} does not broadcast to logits {lead}") from None
-    if dev.type == "cpu":  # on a GPU these checks would cost a sync per step
+    if check and dev.type == "cpu":  # on a GPU these checks would cost a sync per step
         if not bool(((t >= 0) & torch.isfinite(t)).all()):
             raise DataError(f"temperature must be finite and >= 0, got {t.flatten()[:4].tolist()}")
         if pos.numel() and not bool(((pos >= 0) & (pos < beta.numel())).all()):
@@ -63,12 +73,15 @@ def confidence_inputs(logits, temperature, positions, intercepts):
     inv_t = 1.0 / torch.where(t == 0, torch.ones_like(t), t)  # greedy (T = 0) is read as T = 1
     inv_t = inv_t.reshape(tuple(t.shape) + (1,) * (len(lead) - t.dim())).expand(lead)  # per request
     return (logits.reshape(-1, logits.shape[-1]), inv_t.reshape(-1).contiguous(),
-            pos.reshape(-1).contiguous(), beta, lead)
+            pos.reshape(-1).contiguous(), omega, beta, lead)
 
 
 @torch.no_grad()
-def confidence_ref(logits: torch.Tensor, temperature, positions, slope: float, intercepts) -> Confidence:
+def confidence_ref(logits: torch.Tensor, temperature, positions, slope, intercepts, *,
+                   check: bool = True) -> Confidence:
     """Features and predicted acceptance of every draft slot, from its draft logits.
+
+    The features are `avkit.features.draft_features` (one implementation of the softmax pass).
 
     Parameters
     ----------
@@ -76,8 +89,9 @@ def confidence_ref(logits: torch.Tensor, temperature, positions, slope: float, i
     temperature : float or Tensor of a leading shape of ``logits``; 0 is read as 1
     positions : int or int64 Tensor broadcastable to ``logits.shape[:-1]`` (e.g. arange(K) for
         [B, K, V]): the draft position, i.e. intercept index, of each row
-    slope : float, the shared slope (omega)
+    slope : float or one-element Tensor (it may live on the device), the shared slope (omega)
     intercepts : Tensor or sequence [K], one intercept (beta_i) per draft position
+    check : validate temperature and positions (CPU only; the engine passes False)
 
     Returns
     -------
@@ -89,18 +103,8 @@ def confidence_ref(logits: torch.Tensor, temperature, positions, slope: float, i
     >>> round(float(c.q_max[0]), 4), round(float(c.logit_qmax[0]), 4), round(float(c.confidence[0]), 4)
     (0.8808, 2.0, 0.69)
     """
-    x, inv_t, pos, beta, lead = confidence_inputs(logits, temperature, positions, intercepts)
-    lg = x.float() * inv_t[:, None]  # [rows, V]
-    top, idx = lg.topk(2, dim=-1)  # [rows, 2]
-    m, m2 = top[:, :1], top[:, 1]  # [rows, 1], [rows]
-    e = torch.exp(lg - m)  # [rows, V]; -inf logits give 0
-    e.scatter_(-1, idx[:, :1], 0.0)  # drop the top: s_o without the cancellation of (sum - 1)
-    s_o = e.sum(-1)  # [rows]
-    z = 1.0 + s_o
-    # e_z (l_z - m) with 0 where e_z = 0 (covers l_z = -inf); the top contributes 1 * 0.
-    el = torch.where(e > 0, e * (lg - m), torch.zeros_like(e)).sum(-1)  # [rows]
-    entropy = (torch.log1p(s_o) - el / z).clamp_min(0.0)
-    logit = (-torch.log(s_o)).clamp(-CLAMP, CLAMP)
-    conf = torch.sigmoid(float(slope) * logit + beta[pos])
-    q_2nd = torch.where(m2 > float("-inf"), torch.exp(m2 - m[:, 0]) / z, torch.zeros_like(z))
-    return Confidence(*(v.reshape(lead) for v in (logit, 1.0 / z, q_2nd, entropy, conf)))
+    _, _, pos, omega, beta, lead = confidence_inputs(logits, temperature, positions, slope, intercepts, check)
+    f = {n: v.reshape(-1) for n, v in draft_features(logits, temperature, check=False).items()}  # [rows] each
+    conf = torch.sigmoid(omega * f["logit_qmax"] + beta[pos])
+    return Confidence(*(v.reshape(lead) for v in (f["logit_qmax"], f["q_max"], f["q_2nd"], f["entropy"], conf,
+                                                   f["log_margin"], f["neg_log_neg_log_qmax"])))

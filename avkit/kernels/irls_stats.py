@@ -46,9 +46,9 @@ def irls_stats_kernel(
 
 
 def irls_stats_triton(features, positions, predictions, labels, observed, num_positions: int,
-                      *, block: int = 1024) -> IrlsStats:
+                      *, check: bool = True, block: int = 1024) -> IrlsStats:
     """Same contract as `irls_stats_ref`."""
-    f, pos, p, y, obs = irls_inputs(features, positions, predictions, labels, observed, num_positions)
+    f, pos, p, y, obs = irls_inputs(features, positions, predictions, labels, observed, num_positions, check)
     N, K = f.numel(), num_positions
     k_pad = triton.next_power_of_2(K)
     blocks = max(triton.cdiv(N, block), 1)
@@ -57,4 +57,4 @@ def irls_stats_triton(features, positions, predictions, labels, observed, num_po
         irls_stats_kernel[(blocks,)](f.contiguous(), pos.contiguous(), p.contiguous(), y.contiguous(),
                                      obs.contiguous(), partial, N, K, K_PAD=k_pad, BLOCK=block)
     sums = partial.double().sum(0)[:, :K]  # [6, K], block order
-    return IrlsStats(*sums[:5], sums[5].round().to(torch.int64))
+    return IrlsStats(*sums[:5], n=sums[5].round().to(torch.int64))

@@ -14,26 +14,15 @@ Glossary:
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
 from avkit.errors import DataError
-
-STATS = ("a", "b", "c", "g0", "g1", "n")
-
-
-class IrlsStats(NamedTuple):
-    a: torch.Tensor  # [K] float64, sum w f^2
-    b: torch.Tensor  # [K] float64, sum w f
-    c: torch.Tensor  # [K] float64, sum w
-    g0: torch.Tensor  # [K] float64, sum r f
-    g1: torch.Tensor  # [K] float64, sum r
-    n: torch.Tensor  # [K] int64, observed slots
+from avkit.estimators.irls import IrlsStats  # the one statistics type (fields: [K] tensors here)
 
 
-def irls_inputs(features, positions, predictions, labels, observed, num_positions: int):
-    """Broadcast the five inputs to one shape and flatten: [N] float32 x3, int64, bool."""
+def irls_inputs(features, positions, predictions, labels, observed, num_positions: int, check: bool = True):
+    """Broadcast the five inputs to one shape and flatten: [N] float32 x3, int64, bool.
+    check=False skips the position check (the engine's positions are an arange: no host read)."""
     if num_positions < 1:
         raise DataError(f"irls_stats: num_positions must be >= 1, got {num_positions}")
     f = torch.as_tensor(features)
@@ -48,7 +37,7 @@ def irls_inputs(features, positions, predictions, labels, observed, num_position
                         "do not broadcast") from None
     f, pos, p, y, obs = (t.reshape(-1) for t in ts)
     pos, obs = pos.to(torch.int64), obs.to(torch.bool)
-    if dev.type == "cpu" and obs.any():  # on a GPU these checks would cost a sync per round
+    if check and dev.type == "cpu" and obs.any():  # on a GPU these checks would cost a sync per round
         bad = obs & ((pos < 0) | (pos >= num_positions))
         if bad.any():
             raise DataError(f"irls_stats: observed positions must be in [0, {num_positions}), "
@@ -57,7 +46,8 @@ def irls_inputs(features, positions, predictions, labels, observed, num_position
 
 
 @torch.no_grad()
-def irls_stats_ref(features, positions, predictions, labels, observed, num_positions: int) -> IrlsStats:
+def irls_stats_ref(features, positions, predictions, labels, observed, num_positions: int, *,
+                   check: bool = True) -> IrlsStats:
     """Per-position sums a, b, c, g0, g1, n over the observed slots (float64 accumulation).
 
     Examples
@@ -67,11 +57,15 @@ def irls_stats_ref(features, positions, predictions, labels, observed, num_posit
     >>> s.a.tolist(), s.g1.tolist(), s.n.tolist()
     ([0.25, 1.0], [0.5, -0.5], [1, 1])
     """
-    f, pos, p, y, obs = irls_inputs(features, positions, predictions, labels, observed, num_positions)
-    f, pos, p, y = f[obs].double(), pos[obs], p[obs].double(), y[obs].double()  # [M]
-    w = p * (1.0 - p)  # Fisher weight of each observation
-    r = y - p  # residual (gradient of the log-likelihood in the logit)
-    cols = torch.stack([w * f * f, w * f, w, r * f, r], dim=1)  # [M, 5]
+    f, pos, p, y, obs = irls_inputs(features, positions, predictions, labels, observed, num_positions, check)
+    # Fixed shapes (no boolean indexing, which would read the device): unobserved rows weigh 0.
+    keep = obs.double()  # [N]
+    f, p, y = f.double(), p.double(), torch.nan_to_num(y.double(), nan=0.0)  # [N]
+    f, p = f.masked_fill(~obs, 0.0), p.masked_fill(~obs, 0.0)
+    w = p * (1.0 - p)  # Fisher weight of each observation (0 where unobserved)
+    r = (y - p) * keep  # residual (gradient of the log-likelihood in the logit)
+    cols = torch.stack([w * f * f, w * f, w, r * f, r], dim=1)  # [N, 5]
+    pos = pos.masked_fill(~obs, 0)
     sums = torch.zeros(num_positions, 5, dtype=torch.float64, device=f.device).index_add_(0, pos, cols)
-    n = torch.bincount(pos, minlength=num_positions)
-    return IrlsStats(*sums.unbind(1), n)
+    n = torch.zeros(num_positions, dtype=torch.int64, device=f.device).index_add_(0, pos, obs.long())
+    return IrlsStats(*sums.unbind(1), n=n)

@@ -19,54 +19,25 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
 from avkit.config import EngineConfig
-from avkit.drafters.base import Drafter, DraftInput, DraftProposal
+from avkit.drafters.base import Drafter
 from avkit.errors import ConfigError
 from avkit.kernels.dispatch import select_kernels
 from avkit.models.transformer import HostLengths
 from avkit.runtime.prefill import prefill
-from avkit.runtime.request import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Generation, Request, StepOutput
+from avkit.runtime.commit import append_tokens, roll_back
+from avkit.runtime.request import FINISH_ABORT, Generation, Request, StepOutput
+from avkit.runtime.running import EngineStats, RunningSeq
 from avkit.runtime.sampling import probs_from_logits
+from avkit.runtime.step_inputs import draft_input, no_drafts, top_k_min_p
 from avkit.runtime.sink import TraceSink
 from avkit.runtime.trace_rows import trace_rows
 from avkit.scheduling.policy import FullVerification, VerifyPolicy
 from avkit.step_types import DraftBatch, Load, StepPlan, VerifyOutcome
-
-
-@dataclass
-class _Seq:
-    """A running request: its sequence and bookkeeping."""
-
-    req: Request
-    slot: int
-    tokens: list[int]  # prompt + output
-    seed: int
-    key: int
-    steps: int = 0
-
-    @property
-    def num_output(self) -> int:
-        return len(self.tokens) - len(self.req.prompt_ids)
-
-
-@dataclass
-class EngineStats:
-    """Cumulative wall time, for benchmarks: the share outside model forwards is the overhead."""
-
-    steps: int = 0
-    tokens: int = 0
-    step_s: float = 0.0
-    target_forward_s: float = 0.0
-    draft_forward_s: float = 0.0
-
-    @property
-    def overhead_share(self) -> float:
-        fwd = self.target_forward_s + self.draft_forward_s
-        return 0.0 if self.step_s == 0 else max(0.0, 1.0 - fwd / self.step_s)
 
 
 class Engine:
@@ -91,22 +62,23 @@ class Engine:
         self.policy = policy if policy is not None else FullVerification()
         self.vocab_size = target.model.config.vocab_size
         if drafter is None and draft is not None and config.k > 0:
-            from avkit.drafters.draft_model import DraftModelDrafter
-
             dv = draft.model.config.vocab_size
             if dv != self.vocab_size:
                 raise ConfigError(f"draft vocabulary ({dv} tokens, {draft.model_id}) does not match the "
                                   f"target's ({self.vocab_size} tokens, {target.model_id})")
-            drafter = DraftModelDrafter(draft, config.max_batch, config.max_len)
-        self.drafter = drafter if config.k > 0 else None
+            from avkit.drafters.draft_model import DraftModelDrafter
         self.cache = target.model.new_cache(config.max_batch, config.max_len)
         self.device = self.cache.lengths.device  # every per-step tensor lives beside the model
-        # The hot-path kernels, chosen once: rejection sampling here, the plan's allocation in the policy.
+        # The hot-path kernels, chosen once: confidence in the draft passes, the plan's allocation and
+        # the refit's statistics in the policy, rejection sampling here.
         self.kernels = select_kernels(self.device, config.kernels)
         self.policy.use_kernels(self.kernels)
+        if drafter is None and draft is not None and config.k > 0:
+            drafter = DraftModelDrafter(draft, config.max_batch, config.max_len, self.kernels)
+        self.drafter = drafter if config.k > 0 else None
         self.eos = frozenset(getattr(target.tokenizer, "eos_token_ids", ()) or ())
         self.waiting: OrderedDict[str, Request] = OrderedDict()
-        self.running: dict[str, _Seq] = {}
+        self.running: dict[str, RunningSeq] = {}
         self.free_slots = list(range(config.max_batch))
         self.engine_step = 0
         self.stats = EngineStats()
@@ -137,18 +109,18 @@ class Engine:
         return bool(self.waiting or self.running)
 
     def _admit(self) -> None:
-        new: list[_Seq] = []
+        new: list[RunningSeq] = []
         while self.waiting and self.free_slots:
             _, req = self.waiting.popitem(last=False)
             seed = req.sampling.seed if req.sampling.seed is not None else self.config.seed
-            seq = _Seq(req, self.free_slots.pop(0), list(req.prompt_ids), seed, req.key)
+            seq = RunningSeq(req, self.free_slots.pop(0), list(req.prompt_ids), seed, req.key)
             self.running[req.request_id] = seq
             new.append(seq)
         self.running = dict(sorted(self.running.items(), key=lambda kv: kv[1].slot))  # contiguous slots
         # The target cache holds all but the last prompt token (the first verify forward feeds it).
         prefill(self._target_forward, [s.tokens[:-1] for s in new], [s.slot for s in new], device=self.device)
 
-    def _finish(self, seq: _Seq) -> None:
+    def _finish(self, seq: RunningSeq) -> None:
         del self.running[seq.req.request_id]
         self.cache.free(seq.slot)
         if self.drafter is not None:
@@ -163,29 +135,6 @@ class Engine:
         return out
 
     # ---- the step ----------------------------------------------------------------------------
-    def _draft_input(self, batch: list[_Seq]) -> DraftInput:
-        cfg, dev = self.config, self.device
-        lens = torch.tensor([len(s.tokens) for s in batch], dtype=torch.int64)  # [B]
-        remaining = torch.tensor([s.req.sampling.max_new_tokens - s.num_output for s in batch])
-        # A step emits up to k + 1 tokens and feeds k + 1 positions into a cache that holds len - 1.
-        num_draft = torch.minimum(torch.minimum(remaining - 1, cfg.max_len - lens), torch.tensor(cfg.k))
-        num_draft = num_draft.clamp(0, cfg.k if self.drafter is not None else 0)  # [B] on the host
-        return DraftInput(
-            slots=torch.tensor([s.slot for s in batch], dtype=torch.int64, device=dev),
-            sequences=[s.tokens for s in batch],
-            num_draft=num_draft.to(dev), max_draft=int(num_draft.max()) if batch else 0,
-            temperature=torch.tensor([s.req.sampling.temperature for s in batch], device=dev),
-            top_p=torch.tensor([s.req.sampling.top_p for s in batch], device=dev),
-            seeds=torch.tensor([s.seed for s in batch], dtype=torch.int64, device=dev),
-            request_keys=torch.tensor([s.key for s in batch], dtype=torch.int64, device=dev),
-            positions=lens.to(dev))
-
-    def _no_drafts(self, inp: DraftInput) -> DraftProposal:
-        B, dev = len(inp.sequences), self.device
-        return DraftProposal(torch.zeros(B, 0, dtype=torch.int64, device=dev),
-                             torch.zeros(B, 0, self.vocab_size, device=dev), torch.zeros(B, 0, device=dev), {},
-                             torch.zeros(B, dtype=torch.int64, device=dev), ["none"] * B)
-
     @torch.inference_mode()
     def step(self) -> list[StepOutput]:
         t0 = time.perf_counter()
@@ -193,101 +142,77 @@ class Engine:
         batch = list(self.running.values())
         if not batch:
             return []
-        inp = self._draft_input(batch)
-        load = Load(num_requests=len(batch), num_sampling=len(batch), num_scheduled_tokens=len(batch))
-        # The gate (from earlier steps only) may skip speculation; it weighs draft-model passes against the
-        # cost table, so cache and hybrid drafters are never gated. The policy may stop drafting early.
-        if self.drafter is not None and self.drafter.kind == "model" and inp.k > 0 \
-                and not self.policy.draft_this_step(load):
-            inp = replace(inp, num_draft=torch.zeros_like(inp.num_draft), max_draft=0)
-        inp = replace(inp, continue_drafting=lambda so_far: self.policy.continue_drafting(so_far, load))
-        draft = self.drafter.propose(inp) if self.drafter is not None and inp.k > 0 else self._no_drafts(inp)
+        draft, inp, load = self._draft(batch)
         K = draft.tokens.shape[1]
 
         # Decide k_r in [0, num_drafted_r] from what cannot depend on the drawn tokens: lossless features
         # and the load (the policy's plan: survival -> rank -> b* = argmax E(b)/cost(b) -> prefixes).
         plan = StepPlan(draft.num_drafted)  # [B]; nothing drafted: nothing to decide
         if K > 0:
-            plan = self.policy.num_verify(DraftBatch(draft.features, draft.num_drafted), load)
+            plan = self.policy.num_verify(DraftBatch(draft.features, draft.num_drafted, draft.confidences), load)
         num_verify = plan.num_verify.to(self.device, torch.int64).clamp_min(0).minimum(draft.num_drafted)  # [B]
-        # Host read 1 of 2 per step (docs/runtime.md): k_r sizes the verify forward ([B, 1 + max k_r]).
+        # Host read 1 (docs/runtime.md): k_r sizes the verify forward ([B, 1 + max k_r]).
         verify_lens = num_verify.tolist()
 
-        # One target forward: row r feeds [last token, x_1..x_{k_r}] and gets p_1..p_{k_r+1}.
+        # One target forward: row r feeds [last token, x_1..x_{k_r}] and gets p_1..p_{k_r+1}; the target
+        # cache holds all but the last token, so row r's cached length is len - 1 (host bookkeeping).
         k = max(verify_lens, default=0)
-        last = torch.tensor([s.tokens[-1] for s in batch], dtype=torch.int64, device=self.device)[:, None]
+        last = torch.tensor([s.tokens[-1] for s in batch], dtype=torch.int64).to(self.device)[:, None]
         tokens = torch.cat([last, draft.tokens[:, :k]], dim=1)  # [B, 1+k]
-        host = HostLengths(tuple(s.slot for s in batch), tuple(len(s.tokens) - 1 for s in batch),
-                           tuple(1 + v for v in verify_lens))  # the target cache holds all but the last token
+        host = HostLengths(inp.slot_ids, tuple(len(s.tokens) - 1 for s in batch), tuple(1 + v for v in verify_lens))
         logits = self._target_forward(tokens, 1 + num_verify, inp.slots, "all", host)  # [B, 1+k, V]
         target_probs = probs_from_logits(logits, inp.temperature[:, None], inp.top_p[:, None],
-                                         *self._top_k_min_p(batch))
+                                         *top_k_min_p(batch, self.device), greedy=inp.greedy, nucleus=inp.nucleus)
 
         # Accept x_j with probability min(1, p_j(x_j) / q_j(x_j)); at the first rejection resample from
         # norm(max(0, p_j - q_j)), else add a bonus token from p_{k_r+1}: the output follows p for any k_r
         # chosen without looking at the draws. T = 0 rows have one-hot p and q (accept iff x_j = argmax
         # p_j); an all-greedy batch takes the greedy path, which draws no random numbers.
-        greedy = all(s.req.sampling.temperature == 0 for s in batch)  # host bookkeeping, no device read
         result = self.kernels.rejection_sample(target_probs, draft.probs[:, :k], draft.tokens[:, :k],
-                                               num_verify, greedy=greedy, seeds=inp.seeds,
+                                               num_verify, greedy=inp.greedy, seeds=inp.seeds,
                                                request_keys=inp.request_keys, positions=inp.positions)
-        outputs = self._commit(batch, inp, result.output_tokens, result.num_accepted)
+        # Host read 2: the emitted tokens and accepted counts, one packed copy the host appends.
+        packed = torch.cat([result.num_accepted[:, None], result.output_tokens], dim=1).tolist()  # [B, 1 + k+1]
+        outputs = append_tokens(batch, [row[1:] for row in packed], [row[0] for row in packed], self.eos,
+                                self.config.max_len)
+        roll_back(batch, inp.slots, self.cache, self.drafter)
+        for seq, out in zip(batch, outputs):
+            if out.finished:
+                self._finish(seq)
 
-        step_ms = (time.perf_counter() - t0) * 1e3
-        if K > 0:
+        if K > 0:  # labels for the online refit (statistics summed on the device)
             self.policy.observe(VerifyOutcome(draft.features, plan.confidences, num_verify, result.num_accepted))
-        if self.sink is not None and K > 0:
+        self._account(batch, inp, draft, num_verify, result, plan, outputs, t0)
+        return outputs
+
+    def _draft(self, batch: list[RunningSeq]):
+        """Drafts for the batch (or none), their DraftInput and the step's load."""
+        inp = draft_input(batch, self.config.k, self.config.max_len, self.drafter is not None, self.device)
+        load = Load(num_requests=len(batch), num_sampling=len(batch), num_scheduled_tokens=len(batch))
+        # The gate (from earlier steps only) may skip speculation; it weighs draft-model passes against the
+        # cost table, so cache and hybrid drafters are never gated. The policy may stop drafting early.
+        if self.drafter is not None and self.drafter.kind == "model" and inp.k > 0 \
+                and not self.policy.draft_this_step(load):
+            inp = replace(inp, num_draft=torch.zeros_like(inp.num_draft), max_draft=0,
+                          num_draft_ids=(0,) * len(batch))
+        inp = replace(inp, continue_drafting=lambda so_far: self.policy.continue_drafting(so_far, load),
+                      coefficients=self.policy.confidence_coefficients(self.device))
+        if self.drafter is None or inp.k == 0:
+            return no_drafts(len(batch), self.vocab_size, self.device), inp, load
+        return self.drafter.propose(inp), inp, load
+
+    def _account(self, batch, inp, draft, num_verify, result, plan, outputs, t0: float) -> None:
+        """Trace rows (when recording) and the cumulative stats."""
+        if self.sink is not None and draft.tokens.shape[1] > 0:
             self.sink.emit(trace_rows(batch, inp, draft, num_verify, result, plan.confidences,
-                                      engine_step=self.engine_step, step_time_ms=step_ms))
+                                      engine_step=self.engine_step,
+                                      step_time_ms=(time.perf_counter() - t0) * 1e3))
         self.engine_step += 1
         self.stats.steps += 1
         self.stats.tokens += sum(len(o.new_token_ids) for o in outputs)
         self.stats.step_s += time.perf_counter() - t0
         if self.drafter is not None:
             self.stats.draft_forward_s = self.drafter.forward_s
-        return outputs
-
-    def _top_k_min_p(self, batch: list[_Seq]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Per-request top-k / min-p as [B, 1] for the verifier's distribution; (None, None) when all are off.
-        Only the target's distribution needs them: rejection sampling emits it whatever the draft proposed."""
-        if not any(s.req.sampling.top_k or s.req.sampling.min_p for s in batch):
-            return None, None
-        top_k = torch.tensor([s.req.sampling.top_k for s in batch], dtype=torch.int64, device=self.device)
-        min_p = torch.tensor([s.req.sampling.min_p for s in batch], dtype=torch.float32, device=self.device)
-        return top_k[:, None], min_p[:, None]
-
-    def _commit(self, batch: list[_Seq], inp: DraftInput, output_tokens: torch.Tensor,
-                num_accepted: torch.Tensor) -> list[StepOutput]:
-        """Append each request's n_r + 1 tokens, apply stops, roll back both caches."""
-        # Host read 2 of 2: the emitted tokens (one copy; the host appends them and checks stops).
-        packed = torch.cat([num_accepted[:, None], output_tokens], dim=1).tolist()  # [B, 1 + K+1]
-        n_list, emitted = [row[0] for row in packed], [row[1:] for row in packed]
-        outs = []
-        for seq, row, n in zip(batch, emitted, n_list):
-            new = row[: n + 1]
-            reason = None
-            stops = self.eos | set(seq.req.stop_token_ids)
-            cut = next((i for i, t in enumerate(new) if t in stops), None)
-            if cut is not None:
-                new, reason = new[: cut + 1], FINISH_STOP
-            room = seq.req.sampling.max_new_tokens - seq.num_output
-            if len(new) >= room:
-                new, reason = new[:room], reason or FINISH_LENGTH
-            seq.tokens.extend(new)
-            seq.steps += 1
-            if reason is None and len(seq.tokens) >= self.config.max_len:
-                reason = FINISH_LENGTH
-            outs.append(StepOutput(seq.req.request_id, new, reason is not None, reason))
-        # The target cache held len-1 tokens, then got 1 + k_r; keep the accepted prefix: len_new - 1.
-        valid = torch.tensor([len(s.tokens) - 1 for s in batch], dtype=torch.int64, device=self.device)
-        cached = self.cache.lengths[inp.slots]
-        self.cache.truncate(inp.slots, torch.minimum(cached, valid))
-        if self.drafter is not None:
-            self.drafter.commit(inp.slots, valid)
-        for seq, out in zip(batch, outs):
-            if out.finished:
-                self._finish(seq)
-        return outs
 
     # ---- convenience -------------------------------------------------------------------------
     def generate(self, requests: list[Request], on_step=None) -> list[Generation]:

@@ -30,26 +30,40 @@ _TOPK_LADDER = (64, 1024, 8192)  # nucleus search: the top 64, 1024, 8192, then 
 
 
 def top_p_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Smallest kept probability per row of ``probs`` [N, V] for nucleus ``top_p`` [N] -> [N].
+    """Smallest kept probability per row of ``probs`` [N, V] for nucleus ``top_p`` [N] -> [N] (0: keep all).
 
     A full sort of a 150k vocabulary costs ~10-40 ms per row on CPU while the nucleus of an LM is
-    almost always inside its top 64 or 1024 tokens, so sort only as far as needed: rows whose
-    nucleus is longer go on to the next rung of the ladder.
+    almost always inside its top 64 or 1024 tokens, so sort only as far as needed: every row's top 64
+    first (fixed shape), then ONE host read asks whether any nucleus is longer; only those rows go on
+    to the next rungs of the ladder (rare: further reads).
     """
     n, v = probs.shape
+    rungs = [k for k in _TOPK_LADDER if k < v] + [v]
+    pending = top_p < 1.0  # [N] rows whose nucleus is not found yet
     thresh = torch.zeros(n, dtype=probs.dtype, device=probs.device)
-    todo = torch.nonzero(top_p < 1.0).squeeze(-1)  # rows that truncate at all
-    for k in [k for k in _TOPK_LADDER if k < v] + [v]:
+    thresh, pending = _rung(probs, top_p, rungs[0], v, thresh, pending)
+    if len(rungs) == 1 or not bool(pending.any()):  # host read: the nucleus search's one
+        return thresh
+    todo = torch.nonzero(pending).squeeze(-1)
+    for k in rungs[1:]:
         if todo.numel() == 0:
             break
-        vals = probs[todo].topk(k, dim=-1).values  # [n_todo, k] descending
-        before = vals.cumsum(-1) - vals  # mass ranked strictly before each token
-        keep = before < top_p[todo, None]  # [n_todo, k]: a prefix
-        done = (~keep[:, -1]) | (k == v)  # the nucleus ends inside these k
-        last = keep.sum(-1).clamp(min=1) - 1
-        thresh[todo[done]] = vals[done].gather(-1, last[done, None]).squeeze(-1)
-        todo = todo[~done]
+        sub, still = _rung(probs[todo], top_p[todo], k, v, thresh[todo], torch.ones_like(todo, dtype=torch.bool))
+        thresh[todo] = sub
+        todo = todo[still]
     return thresh
+
+
+def _rung(probs, top_p, k: int, v: int, thresh, pending):
+    """One rung on every row of `probs` [N, V]: rows whose nucleus ends inside their top k get its
+    smallest probability; -> (thresh [N], still pending [N])."""
+    vals = probs.topk(k, dim=-1).values  # [N, k] descending
+    before = vals.cumsum(-1) - vals  # mass ranked strictly before each token
+    keep = before < top_p[:, None]  # [N, k]: a prefix
+    done = (~keep[:, -1]) | (k == v)  # the nucleus ends inside these k
+    last = keep.sum(-1).clamp(min=1) - 1
+    found = vals.gather(-1, last[:, None]).squeeze(-1)  # [N]
+    return torch.where(pending & done, found, thresh), pending & ~done
 
 
 def top_k_min_p(probs: torch.Tensor, top_k: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
@@ -61,7 +75,7 @@ def top_k_min_p(probs: torch.Tensor, top_k: torch.Tensor, min_p: torch.Tensor) -
     v = probs.shape[-1]
     k = top_k.clamp(0, v)  # [N]
     thresh = probs.max(-1).values * min_p  # [N]
-    if bool((k > 0).any()):
+    if bool((k > 0).any()):  # host reads (only when a request sets top-k/min-p): any top-k, the widest
         kth = probs.topk(int(k.max()), dim=-1).values.gather(-1, (k.clamp(min=1) - 1)[:, None]).squeeze(-1)  # [N]
         thresh = torch.where(k > 0, torch.maximum(thresh, kth), thresh)
     probs = probs.masked_fill(probs < thresh[:, None], 0.0)
@@ -69,46 +83,42 @@ def top_k_min_p(probs: torch.Tensor, top_k: torch.Tensor, min_p: torch.Tensor) -
 
 
 def _sampled_probs(logits: torch.Tensor, t: torch.Tensor, tp: torch.Tensor, tk: torch.Tensor | None = None,
-                   mp: torch.Tensor | None = None) -> torch.Tensor:
-    """softmax(logits / T), then top-k / min-p when given, then the top-p nucleus, renormalised; [N, V]."""
+                   mp: torch.Tensor | None = None, nucleus: bool | None = None) -> torch.Tensor:
+    """softmax(logits / T), then top-k / min-p when given, then the top-p nucleus, renormalised; [N, V].
+    Rows with top_p >= 1 are left as they are; nucleus=False (host: no row truncates) skips the search."""
     probs = torch.softmax(logits / t[:, None], dim=-1)  # [N, V]
     if tk is not None:
         probs = top_k_min_p(probs, tk, mp)
-    rows = torch.nonzero(tp < 1.0).squeeze(-1)
-    if rows.numel() == len(tp):
-        probs.masked_fill_(probs < top_p_threshold(probs, tp)[:, None], 0.0)
-        probs.div_(probs.sum(-1, keepdim=True))
-    elif rows.numel():
-        sub = probs[rows]
-        sub.masked_fill_(sub < top_p_threshold(sub, tp[rows])[:, None], 0.0)
-        probs[rows] = sub / sub.sum(-1, keepdim=True)
-    return probs
+    if nucleus is False:
+        return probs
+    cut = probs.masked_fill(probs < top_p_threshold(probs, tp)[:, None], 0.0)
+    return torch.where((tp < 1.0)[:, None], cut / cut.sum(-1, keepdim=True), probs)
 
 
 def probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
-                      top_k: torch.Tensor | None = None, min_p: torch.Tensor | None = None) -> torch.Tensor:
+                      top_k: torch.Tensor | None = None, min_p: torch.Tensor | None = None, *,
+                      greedy: bool | None = None, nucleus: bool | None = None) -> torch.Tensor:
     """Sampling distribution of ``logits`` [..., V] -> [..., V] float32.
 
     ``temperature``, ``top_p`` and the optional ``top_k`` / ``min_p`` (both or neither) broadcast to
-    ``logits.shape[:-1]`` (e.g. [B, 1] for [B, S, V]). T = 0 rows are one-hot at the argmax (no softmax
-    is computed for them; top-k and min-p always keep the argmax).
+    ``logits.shape[:-1]`` (e.g. [B, 1] for [B, S, V]). T = 0 rows are one-hot at the argmax (top-k and
+    min-p always keep the argmax). Fixed shapes, no host read: greedy and sampled rows are both computed
+    and selected per row. Host hints from the caller's bookkeeping skip work: greedy=True (every row
+    has T = 0: no softmax at all), nucleus=False (no row has top_p < 1: no nucleus search, whose first
+    rung otherwise costs one host read).
     """
     lead, v = logits.shape[:-1], logits.shape[-1]
     flat = logits.reshape(-1, v).float()  # [N, V]
     t = temperature.float().expand(lead).reshape(-1)  # [N]
+    one_hot = torch.zeros_like(flat).scatter_(-1, flat.argmax(-1, keepdim=True), 1.0)  # [N, V]
+    if greedy:
+        return one_hot.reshape(*lead, v)
     tp = top_p.float().expand(lead).reshape(-1)  # [N]
     tk = top_k.expand(lead).reshape(-1) if top_k is not None else None  # [N]
     mp = min_p.float().expand(lead).reshape(-1) if top_k is not None else None  # [N]
-    greedy = t == 0
-    n_greedy = int(greedy.sum())
-    if n_greedy == 0:
-        return _sampled_probs(flat, t, tp, tk, mp).reshape(*lead, v)
-    probs = torch.zeros_like(flat).scatter_(-1, flat.argmax(-1, keepdim=True), 1.0)  # one-hot rows
-    if n_greedy < len(t):
-        rows = torch.nonzero(~greedy).squeeze(-1)
-        probs[rows] = _sampled_probs(flat[rows], t[rows], tp[rows], None if tk is None else tk[rows],
-                                     None if mp is None else mp[rows])
-    return probs.reshape(*lead, v)
+    is_greedy = t == 0  # [N]
+    sampled = _sampled_probs(flat, torch.where(is_greedy, 1.0, t), torch.where(is_greedy, 1.0, tp), tk, mp, nucleus)
+    return torch.where(is_greedy[:, None], one_hot, sampled).reshape(*lead, v)
 
 
 def sample_tokens(probs: torch.Tensor, seeds: torch.Tensor, request_keys: torch.Tensor,

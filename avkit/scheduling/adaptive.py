@@ -124,7 +124,8 @@ class AdaptiveVerification(VerifyPolicy):
     _tables: dict = field(default_factory=dict, repr=False)  # (kind, device) -> cost lookup tables
 
     def confidences(self, batch: DraftBatch) -> torch.Tensor:
-        """[B, K] acceptance predictions from the estimator's feature; 0 past num_drafted."""
+        """[B, K] acceptance predictions: the confidence kernel's (computed in the draft pass) or the
+        estimator's from its feature; on the features' device."""
         if batch.confidences is not None:
             return batch.confidences
         name = estimator_feature(self.estimator)
@@ -132,20 +133,27 @@ class AdaptiveVerification(VerifyPolicy):
             raise ConfigError(f"adaptive policy: estimator needs feature {name!r}, the drafter gives "
                               f"{sorted(batch.features)}")
         f = batch.features[name]  # [B, K]
-        b, k = f.shape
-        feats = torch.nan_to_num(f.detach().float(), nan=0.0).cpu().numpy().reshape(-1)  # [B*K]
-        pos = np.tile(np.arange(k), b)  # [B*K] position of each slot
-        pred = np.asarray(self.estimator.predict(feats, pos), dtype=np.float32).reshape(b, k)
-        return torch.from_numpy(pred).to(f.device)
+        return self._predict(f, torch.arange(f.shape[1], device=f.device).expand(f.shape))
+
+    def _predict(self, f: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """[B, K] float32 predictions (NaN features read as 0), on the device: no host read."""
+        f = torch.nan_to_num(f.detach().float(), nan=0.0)  # [B, K]
+        if hasattr(self.estimator, "predict_torch"):
+            return self.estimator.predict_torch(f, positions).float()
+        # A plug-in estimator without a device path predicts in numpy (a host read per call).
+        pred = self.estimator.predict(f.cpu().numpy().reshape(-1), positions.cpu().numpy().reshape(-1))
+        return torch.as_tensor(np.asarray(pred, dtype=np.float32)).reshape(f.shape).to(f.device)
 
     def first_predictions(self, batch: DraftBatch, k: int) -> torch.Tensor:
         """[B, k] every position j < k predicted from each request's position-0 feature."""
         f = batch.features[estimator_feature(self.estimator)]  # [B, K]
         b = f.shape[0]
-        f0 = torch.nan_to_num(f[:, :1].detach().float(), nan=0.0).expand(b, k).cpu().numpy().reshape(-1)
-        pos = np.tile(np.arange(k), b)  # [B*k]
-        pred = np.asarray(self.estimator.predict(f0, pos), dtype=np.float32).reshape(b, k)
-        return torch.from_numpy(pred).to(f.device)
+        return self._predict(f[:, :1].expand(b, k), torch.arange(k, device=f.device).expand(b, k))
+
+    def confidence_coefficients(self, device):
+        """(slope [1], intercepts [K]) for the confidence kernel in the draft pass, or None."""
+        est = self.estimator
+        return None if est is None or not hasattr(est, "kernel_coefficients") else est.kernel_coefficients(device)
 
     def sizing(self, batch: DraftBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Draw-independent inputs that size b*: every position j of request r predicted from r's
@@ -226,13 +234,26 @@ class AdaptiveVerification(VerifyPolicy):
         self.steps += 1
         if self.estimator is None or outcome.confidences is None:
             return
-        f = outcome.features[estimator_feature(self.estimator)]  # [B, K]
+        est = self.estimator
+        f = outcome.features[estimator_feature(est)]  # [B, K]
         b, k = f.shape
-        observed, label = observed_labels(outcome.num_verify.cpu(), outcome.num_accepted.cpu(), k)
-        pos = torch.arange(k).expand(b, k)  # [B, K]
-        refit = self.estimator.update(
-            f.detach().float().cpu()[observed].numpy(), pos[observed].numpy(),
-            outcome.confidences.detach().float().cpu()[observed].numpy(), label[observed].numpy().astype(np.float64))
+        if self.kernels is not None and getattr(est, "device_round", False):
+            # The round's statistics are summed on the device by the irls_stats kernel (at the
+            # oriented feature and the predictions made when drafting); the estimator reads them
+            # once, when the round refits.
+            observed, label = observed_labels(outcome.num_verify, outcome.num_accepted, k)  # [B, K]
+            feat = torch.nan_to_num(f.detach().float(), nan=0.0) * est.sign
+            pos = torch.arange(k, device=f.device).expand(b, k)
+            stats = self.kernels.irls_stats(feat, pos, outcome.confidences.detach().float(), label.float(),
+                                            observed, est.k, check=False)
+            refit = est.add_round(stats)
+        else:  # host estimators (forgetting_logistic's basis, batch fits, plug-ins): numpy
+            observed, label = observed_labels(outcome.num_verify.cpu(), outcome.num_accepted.cpu(), k)
+            pos = torch.arange(k).expand(b, k)  # [B, K]
+            refit = est.update(
+                f.detach().float().cpu()[observed].numpy(), pos[observed].numpy(),
+                outcome.confidences.detach().float().cpu()[observed].numpy(),
+                label[observed].numpy().astype(np.float64))
         if refit:
             self._log_refit()
 

@@ -168,7 +168,7 @@ def plan(confidences: torch.Tensor, num_drafted: torch.Tensor, group: torch.Tens
     if live is not None:
         num_verify = prefixes(live, budget, confidences.shape[0])  # [S]
     else:
-        alloc = allocate(confidences, num_drafted, budget)  # kernels' Allocation: survival, num_verify
+        alloc = allocate(confidences, num_drafted, budget, check=False)  # kernels' Allocation: survival, num_verify
         num_verify, surv = alloc.num_verify, alloc.survival
     cost_ms = fixed_ms.double() + verify_ms[num_scheduled + budget]
     return Plan(num_verify, budget, expected_tokens(sized, budget, num_sampling), cost_ms, surv)

@@ -41,6 +41,12 @@ class VerifyPolicy(Protocol):
         """Before drafting, from earlier steps only: False skips speculation this step (default: draft)."""
         return True
 
+    def confidence_coefficients(self, device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(slope [1], intercepts [K]) on `device` for the confidence kernel in each draft pass, when
+        the policy's predictions are sigma(slope * logit(q_max) + intercept_i); None (default): the
+        policy predicts from the features itself."""
+        return None
+
     def continue_drafting(self, batch: DraftBatch, load: Load) -> torch.Tensor | None:
         """After each pass of an autoregressive drafter: [B] bool "draft one more" from the lossless
         features so far (DraftBatch name -> [B, j]), or None: no early stop (default)."""
