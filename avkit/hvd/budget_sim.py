@@ -43,7 +43,7 @@ def budget_allocation(surv: np.ndarray, n_req: int, fixed_cost: float, c_v: floa
     return budget_plan(surv, n_req, fixed_cost, c_v).num_verify.numpy()
 
 
-def _joint_step(cs: np.ndarray, ms: np.ndarray, cost: HvdCostConfig, k: int) -> tuple[np.ndarray, np.ndarray]:
+def joint_step(cs: np.ndarray, ms: np.ndarray, cost: HvdCostConfig, k: int) -> tuple[np.ndarray, np.ndarray]:
     """One step of joint routing + budget for n requests with cache / model survivals [n, K].
 
     Two options: (a) the draft model runs (its cost is shared by the whole batch), each request takes
@@ -67,7 +67,7 @@ def _joint_step(cs: np.ndarray, ms: np.ndarray, cost: HvdCostConfig, k: int) -> 
 def simulate_batched(table: pl.DataFrame, route: Route, cost: HvdCostConfig, k: int, concurrency: int,
                      survivals: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, float]:
     """Decode the table's requests `concurrency` at a time. With `survivals` = (cache [R, K], model
-    [R, K]) the drafters and slots are chosen jointly per step (`_joint_step`, `route` unused);
+    [R, K]) the drafters and slots are chosen jointly per step (`joint_step`, `route` unused);
     without, `route` decides and every drafted slot is verified."""
     rid = table["request_id"].to_numpy()
     starts = np.flatnonzero(np.r_[True, rid[1:] != rid[:-1]])
@@ -91,7 +91,7 @@ def simulate_batched(table: pl.DataFrame, route: Route, cost: HvdCostConfig, k: 
             verify = np.where(uc, np.minimum(route.verify_len[r], dlen[r]), k)
         else:
             cs = survivals[0][r] * (j <= dlen[r][:, None])  # [n, K] zero beyond each cache draft
-            uc, verify = _joint_step(cs, survivals[1][r], cost, k)
+            uc, verify = joint_step(cs, survivals[1][r], cost, k)
         draft_cost = cost.draft_step_cost * k if (~uc).any() else 0.0
         lookup = cost.cache_cost if survivals is not None or route.consults_cache else 0.0
         acc = np.minimum(np.where(uc, cache_acc[r], model_acc[r]), verify)
