@@ -29,13 +29,15 @@ from avkit.scheduling.plan import Plan, plan_survival, single_group
 
 def budget_plan(surv: np.ndarray, n_req: int, fixed_cost: float, c_v: float) -> Plan:
     """[N, K] survivals (0 = no slot) -> scheduling/plan.py's plan of one step, costs in target forwards:
-    cost(b) = fixed_cost + 1 + c_v * (N + b)."""
-    s = torch.from_numpy(np.ascontiguousarray(surv, dtype=np.float64))
+    cost(b) = fixed_cost + 1 + c_v * (N + b). Host survivals, so the plan runs on the host (named
+    explicitly: the live drafter makes every other tensor on its inputs' device)."""
+    cpu = torch.device("cpu")
+    s = torch.as_tensor(np.ascontiguousarray(surv, dtype=np.float64), device=cpu)
     n, k = s.shape
-    verify = 1.0 + c_v * torch.arange(n_req + n * k + 1, dtype=torch.float64)  # [T+1] target forward + tokens
-    one = lambda v: torch.tensor([v])
-    return plan_survival(s, (s > 0).sum(1), single_group(n), 1, num_sampling=one(n_req), num_scheduled=one(n_req),
-                         fixed_ms=one(float(fixed_cost)), verify_ms=verify)
+    verify = 1.0 + c_v * torch.arange(n_req + n * k + 1, dtype=torch.float64, device=cpu)  # [T+1] forward + tokens
+    one = lambda v: torch.tensor([v], device=cpu)
+    return plan_survival(s, (s > 0).sum(1), single_group(n, cpu), 1, num_sampling=one(n_req),
+                         num_scheduled=one(n_req), fixed_ms=one(float(fixed_cost)), verify_ms=verify)
 
 
 def budget_allocation(surv: np.ndarray, n_req: int, fixed_cost: float, c_v: float) -> np.ndarray:

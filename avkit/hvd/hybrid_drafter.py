@@ -267,6 +267,11 @@ class HybridDrafter:
         if self.model_drafter is not None:
             self.model_drafter.commit(slots, num_valid)
 
+    def observe_final(self, slot: int, sequence: list[int]) -> None:
+        """The request's final tokens (its last step's are not synced otherwise): cached whole on release."""
+        if slot in self._slots:
+            self._sync(slot, sequence)
+
     def release(self, slot: int) -> None:
         st = self._slots.pop(slot, None)
         if st is not None:

@@ -152,6 +152,9 @@ class Engine:
         del self.running[seq.req.request_id]
         self.cache.free(seq.slot)
         if self.drafter is not None:
+            final = getattr(self.drafter, "observe_final", None)  # a cache drafter keeps the whole response
+            if final is not None:
+                final(seq.slot, seq.tokens)
             self.drafter.release(seq.slot)
         self.free_slots.append(seq.slot)
         self.free_slots.sort()
