@@ -45,6 +45,11 @@ bench-real:
     python bench/engine.py
     python bench/adaptive_live.py --context-len 512
 
+# live HVD vs its replay on the real pair (needs out/hvd/payoff_survival.pt from `avkit hvd`; ~40 min in all,
+# one cell per locked command) -> bench/results/hvd_live.md; `--tiny` dry-runs it in ~1 min
+bench-hvd-live:
+    for w in humaneval_edit sharegpt; do for c in 1 4 16; do flock /tmp/avkit-bench.lock nice -n -10 python bench/hvd_live.py --payoff out/hvd/payoff_survival.pt --workloads $w --concurrency $c; done; done
+
 # Triton kernels vs torch references on a CUDA GPU (H200: ~3 min)
 bench-gpu:
     python bench/gpu_kernels.py

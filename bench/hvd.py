@@ -113,11 +113,20 @@ def _discussion(m_pair: pl.DataFrame, m_eagle: pl.DataFrame, budget: pl.DataFram
               f"an accepted length >= {info['high_payoff']}; the draft model accepts {info['mean_model_acc']:.2f} "
               f"tokens per position on average against the cache's {info['mean_cache_acc']:.2f}; "
               f"test split: {info['split_requests']['test']} requests."),
+             *[f"- {d}: precision / recall for payoff >= 6: mlp {pct(_pr(m_pair, 'mlp', d, 'precision'))} / "
+               f"{pct(_pr(m_pair, 'mlp', d, 'recall'))}, survival {pct(_pr(m_pair, 'survival', d, 'precision'))} / "
+               f"{pct(_pr(m_pair, 'survival', d, 'recall'))} (paper: 78-88% / 61-80%)."
+               for d in sorted(set(m_pair["dataset"]) - {"overall"})],
              *[f"- concurrency {c}: survival+budget {_tp(budget, c, 'survival+budget'):.3f} vs mlp threshold "
                f"{_tp(budget, c, 'mlp'):.3f} vs model-only {_tp(budget, c, 'model'):.3f} tokens per target forward."
                for c in sorted(set(budget["concurrency"]))],
              ]
     return "\n".join(lines)
+
+
+def _pr(m: pl.DataFrame, router: str, dataset: str, col: str) -> float:
+    row = m.filter((pl.col("router") == router) & (pl.col("dataset") == dataset))
+    return float(row[col][0]) if row.height and row[col][0] is not None else float("nan")
 
 
 def _tp(budget: pl.DataFrame, c: int, router: str) -> float:

@@ -1,4 +1,6 @@
-"""Suffix cache drafter: microseconds per append and per draft, and memory (trie nodes, bytes).
+"""Suffix cache drafter: microseconds per append and per draft, and memory (trie nodes, bytes, and
+bytes per cached token of the global tree: exact by a sys.getsizeof walk, and the NODE_BYTES estimate
+that /metrics reports).
 
     python bench/suffix_cache.py [--prompt 2000] [--output 500] [--requests 50]
 
@@ -57,7 +59,12 @@ def run(prompt_len: int, output_len: int, requests: int, max_depth: int, traced:
         drafted += d.draft_len
     mem = tracemalloc.get_traced_memory()[0] if traced else float("nan")
     tracemalloc.stop()
+    g = cache.memory()
     return {
+        "global_tokens": g["global_tokens"],
+        "global_nodes_per_token": g["global_nodes"] / max(g["global_tokens"], 1),
+        "global_bytes_per_token_exact": cache.global_trie.deep_bytes() / max(g["global_tokens"], 1),
+        "global_bytes_per_token_estimate": g["bytes_per_cached_token"],
         "prompt_us_per_token": 1e6 * t_prompt / prompt_len,
         "append_us": 1e6 * t_append / output_len,
         "draft_us": 1e6 * t_draft / output_len,
@@ -77,7 +84,7 @@ def main() -> None:
     a = ap.parse_args()
     res = run(a.prompt, a.output, a.requests, a.max_depth, traced=False)
     mem = run(a.prompt, a.output, a.requests, a.max_depth, traced=True)
-    res.update(mib=mem["mib"], bytes_per_node=mem["bytes_per_node"])
+    res.update(mib=mem["mib"], bytes_per_node=mem["bytes_per_node"])  # tracemalloc: every allocation of the cache
     print(f"suffix cache, prompt {a.prompt} tok, output {a.output} tok, {a.requests} cached responses, "
           f"max_depth {a.max_depth}")
     for k, v in res.items():

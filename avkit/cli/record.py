@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
         threads: Annotated[int, typer.Option(help="torch threads (0 = default; 1 on a busy CPU)")] = _d("threads"),
         drafter: Annotated[str, typer.Option(help="model | hybrid (suffix cache or draft model per step)")] =
             _d("models.drafter"),
-        payoff: Annotated[str, typer.Option(help="hybrid: payoff_mlp.pt from `avkit hvd` (default: "
+        payoff: Annotated[str, typer.Option(help="hybrid: payoff_mlp.pt (threshold) or payoff_survival.pt (joint verification budget) from `avkit hvd` (default: "
                                                  "ArcticInference's rule)")] = _d("models.payoff"),
         engine: Annotated[str, typer.Option(help="native (avkit's runtime) | vllm (vLLM's offline engine in its "
                                                  "own venv, docs/vllm.md)")] = _d("backend"),

@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
         target: Annotated[str, _o("target model: alias, HF directory or GGUF file")] = _d("models.target"),
         draft: Annotated[str, _o("draft model ('none' = target-only decoding)")] = _d("models.draft"),
         drafter: Annotated[str, _o("drafter: model | hybrid (suffix cache + model)")] = _d("models.drafter"),
-        payoff: Annotated[str, _o("hybrid: payoff_mlp.pt from `avkit hvd`")] = _d("models.payoff"),
+        payoff: Annotated[str, _o("hybrid: payoff_mlp.pt (threshold) or payoff_survival.pt (cache and model drafts share one verification budget) from `avkit hvd`")] = _d("models.payoff"),
         policy: Annotated[str, _o("verify policy: adaptive[:ESTIMATOR] | full | fixed[:K] (simulate's --policy "
                                   "syntax) | schedule (K by batch size, --schedule)")] = _d("policy"),
         schedule: Annotated[str, _o("--policy schedule: `avkit tune` results JSON or its --format vllm "

@@ -41,7 +41,7 @@ class ModelsConfig:
     target: str = DEFAULT_TARGET  # alias, HF directory or GGUF file
     draft: str = DEFAULT_DRAFT  # "" or "none": target-only decoding
     drafter: str = "model"  # model: the draft model; hybrid: suffix cache or draft model per step (HVD)
-    payoff: str = ""  # hybrid: payoff_mlp.pt written by `avkit hvd` ("" = ArcticInference's rule)
+    payoff: str = ""  # hybrid, from `avkit hvd`: payoff_mlp.pt (tau) or payoff_survival.pt (joint budget)
     device: str = "auto"  # auto (a GPU if torch sees one) | cpu | cuda[:N]
     dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 (~3x on AVX512-BF16)
 

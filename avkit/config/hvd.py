@@ -17,6 +17,7 @@ class SuffixCacheConfig:
     max_spec_offset: float = 0.0
     min_token_prob: float = 0.1  # stop when the path's frequency probability falls below this
     max_cached_requests: int = 100  # global tree: FIFO eviction by request beyond this many
+    max_cached_tokens: int = 50_000  # global tree: FIFO eviction beyond this many response tokens (~5 kB each)
     use_global: bool = True  # also draft from past responses
 
     def __post_init__(self):
@@ -25,6 +26,7 @@ class SuffixCacheConfig:
         check_range("max_spec_offset", self.max_spec_offset, -1e9)
         check_range("min_token_prob", self.min_token_prob, 0.0, 1.0)
         check_range("max_cached_requests", self.max_cached_requests, 0)
+        check_range("max_cached_tokens", self.max_cached_tokens, 0)
 
 
 @dataclass(frozen=True)

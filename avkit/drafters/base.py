@@ -76,6 +76,9 @@ class Drafter(Protocol):
 
     kind: str  # "model": a draft model's forwards, which the verify policy's draft gate may skip
     forward_s: float = 0.0  # wall time inside model forwards so far (the engine's overhead stats)
+    plans: bool = False  # True: propose() already trimmed each row to the prefix its own plan verifies (HVD's
+    #                      joint router), so the engine's policy does not plan a second time
+
 
     def propose(self, inp: DraftInput) -> DraftProposal:
         """Up to num_draft[b] draft tokens per request, all requests batched."""
@@ -86,6 +89,10 @@ class Drafter(Protocol):
         """The first num_valid[b] tokens of slot b's sequence are final: drop any state beyond them.
         host: (slots, num_valid) as host ints when the caller has them (no read back)."""
         ...
+
+    def observe_final(self, slot: int, sequence: list[int]) -> None:
+        """The request in `slot` finished with `sequence` (prompt + output), before `release`; a drafter that
+        learns from whole responses (the suffix cache) keeps it. Default: nothing."""
 
     def release(self, slot: int) -> None:
         """The request in `slot` left the batch."""

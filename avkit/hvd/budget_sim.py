@@ -29,13 +29,15 @@ from avkit.scheduling.plan import Plan, plan_survival, single_group
 
 def budget_plan(surv: np.ndarray, n_req: int, fixed_cost: float, c_v: float) -> Plan:
     """[N, K] survivals (0 = no slot) -> scheduling/plan.py's plan of one step, costs in target forwards:
-    cost(b) = fixed_cost + 1 + c_v * (N + b)."""
-    s = torch.from_numpy(np.ascontiguousarray(surv, dtype=np.float64))
+    cost(b) = fixed_cost + 1 + c_v * (N + b). Host survivals, so the plan runs on the host (named
+    explicitly: the live drafter makes every other tensor on its inputs' device)."""
+    cpu = torch.device("cpu")
+    s = torch.as_tensor(np.ascontiguousarray(surv, dtype=np.float64), device=cpu)
     n, k = s.shape
-    verify = 1.0 + c_v * torch.arange(n_req + n * k + 1, dtype=torch.float64)  # [T+1] target forward + tokens
-    one = lambda v: torch.tensor([v])
-    return plan_survival(s, (s > 0).sum(1), single_group(n), 1, num_sampling=one(n_req), num_scheduled=one(n_req),
-                         fixed_ms=one(float(fixed_cost)), verify_ms=verify)
+    verify = 1.0 + c_v * torch.arange(n_req + n * k + 1, dtype=torch.float64, device=cpu)  # [T+1] forward + tokens
+    one = lambda v: torch.tensor([v], device=cpu)
+    return plan_survival(s, (s > 0).sum(1), single_group(n, cpu), 1, num_sampling=one(n_req),
+                         num_scheduled=one(n_req), fixed_ms=one(float(fixed_cost)), verify_ms=verify)
 
 
 def budget_allocation(surv: np.ndarray, n_req: int, fixed_cost: float, c_v: float) -> np.ndarray:
@@ -43,7 +45,7 @@ def budget_allocation(surv: np.ndarray, n_req: int, fixed_cost: float, c_v: floa
     return budget_plan(surv, n_req, fixed_cost, c_v).num_verify.numpy()
 
 
-def _joint_step(cs: np.ndarray, ms: np.ndarray, cost: HvdCostConfig, k: int) -> tuple[np.ndarray, np.ndarray]:
+def joint_step(cs: np.ndarray, ms: np.ndarray, cost: HvdCostConfig, k: int) -> tuple[np.ndarray, np.ndarray]:
     """One step of joint routing + budget for n requests with cache / model survivals [n, K].
 
     Two options: (a) the draft model runs (its cost is shared by the whole batch), each request takes
@@ -67,7 +69,7 @@ def _joint_step(cs: np.ndarray, ms: np.ndarray, cost: HvdCostConfig, k: int) -> 
 def simulate_batched(table: pl.DataFrame, route: Route, cost: HvdCostConfig, k: int, concurrency: int,
                      survivals: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, float]:
     """Decode the table's requests `concurrency` at a time. With `survivals` = (cache [R, K], model
-    [R, K]) the drafters and slots are chosen jointly per step (`_joint_step`, `route` unused);
+    [R, K]) the drafters and slots are chosen jointly per step (`joint_step`, `route` unused);
     without, `route` decides and every drafted slot is verified."""
     rid = table["request_id"].to_numpy()
     starts = np.flatnonzero(np.r_[True, rid[1:] != rid[:-1]])
@@ -91,7 +93,7 @@ def simulate_batched(table: pl.DataFrame, route: Route, cost: HvdCostConfig, k: 
             verify = np.where(uc, np.minimum(route.verify_len[r], dlen[r]), k)
         else:
             cs = survivals[0][r] * (j <= dlen[r][:, None])  # [n, K] zero beyond each cache draft
-            uc, verify = _joint_step(cs, survivals[1][r], cost, k)
+            uc, verify = joint_step(cs, survivals[1][r], cost, k)
         draft_cost = cost.draft_step_cost * k if (~uc).any() else 0.0
         lookup = cost.cache_cost if survivals is not None or route.consults_cache else 0.0
         acc = np.minimum(np.where(uc, cache_acc[r], model_acc[r]), verify)

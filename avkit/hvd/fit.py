@@ -4,7 +4,8 @@ Pipeline: generations + greedy traces -> `replay` rows (one per request and deco
 split by request (per dataset: train / validation / test) -> routers fitted on train, thresholds
 chosen on validation -> metrics on test per dataset and overall -> files in `out_dir`:
   payoff_mlp.pt        mean-head PayoffMLP + tau + feature names (what the live router loads)
-  payoff_survival.pt   survival-head PayoffMLP
+  payoff_survival.pt   survival-head PayoffMLP + the model-survival table and the cost model
+                       (what the live joint router, `avkit.hvd.joint_route`, loads)
   hvd_metrics.json     the metrics table, thresholds, feature ablation and replay facts
 """
 
@@ -25,6 +26,7 @@ from avkit.jsonsafe import dumps
 from avkit.hvd.features import FEATURE_GROUPS
 from avkit.hvd.token_lookup import TokenClasses, token_classes_for
 from avkit.hvd.replay import ReplayGeneration, evaluate, load_generations, replay
+from avkit.hvd.verdict import dataset_verdict
 from avkit.staged import StagedOutputs
 
 ABLATION = (("base",), ("base", "history"), ("base", "history", "structure"),
@@ -43,6 +45,7 @@ class HvdResult:
     thresholds: dict[str, float]
     info: dict = field(default_factory=dict)  # replay facts: rows, requests, seconds, splits
     files: list[str] = field(default_factory=list)
+    verdict: pl.DataFrame = field(default_factory=pl.DataFrame)  # per dataset: best HVD vs best single (verdict.py)
 
 
 def split_by_request(table: pl.DataFrame, config: PayoffConfig) -> np.ndarray:
@@ -153,7 +156,8 @@ def fit_hvd_table(table: pl.DataFrame, out_dir: str | os.PathLike | None = None,
             "val_mse": val_mse, "features": list(ctx.features), "k": replay_config.k, "high_payoff": replay_config.high_payoff,
             "cost": asdict(cost),
             "payoff": asdict(payoff_config), **(extra_info or {})}
-    result = HvdResult(metrics, abl, _budget(test, fitted, ctx), thresholds, info)
+    result = HvdResult(metrics, abl, _budget(test, fitted, ctx), thresholds, info,
+                       verdict=dataset_verdict(test, fitted, ctx))
     if out_dir is not None:
         if outputs is None:
             with StagedOutputs() as own:
@@ -173,12 +177,15 @@ def _write(result: HvdResult, fitted: dict, out: Path, outputs: StagedOutputs) -
     files = []
     for name, fname in (("mlp", "payoff_mlp.pt"), ("survival", "payoff_survival.pt")):
         if name in fitted and fitted[name].model is not None:
-            fitted[name].model.save(tmp[fname], tau=fitted[name].tau)
+            r = fitted[name]
+            joint = {"model_surv": r.model_surv.tolist(), "hit_bins": r.hit_bins.tolist(),
+                     "cost": result.info["cost"]} if name == "survival" else {}  # JointRouter.from_extra
+            r.model.save(tmp[fname], tau=r.tau, **joint)
             files.append(str(out / fname))
         else:
             outputs.discard(out / fname)  # not fitted this run: an older file stays as it was
     blob = {"metrics": result.metrics.to_dicts(), "ablation": result.ablation.to_dicts(),
-            "budget": result.budget.to_dicts(),
+            "budget": result.budget.to_dicts(), "verdict": result.verdict.to_dicts(),
             "thresholds": result.thresholds, "info": result.info}
     tmp["hvd_metrics.json"].write_text(dumps(blob, indent=1))  # NaN (an undefined precision) -> null
     return files + [str(out / "hvd_metrics.json")]

@@ -1,5 +1,9 @@
 """Live Hybrid Verified Decoding: per request and step, verify the suffix-cache draft when the payoff
 predictor says so, else run the draft model (HVD paper, seed 003 in docs/seeds.md; docs/hvd.md).
+Routers: a mean-head payoff model thresholded at tau, ArcticInference's rule, every cache draft, or
+(a survival-head payoff model) the joint router of `joint_route.py`: cache and model drafts compete
+for one verification budget planned by scheduling/plan.py, and each row proposes exactly its
+planned prefix (`plans` is then True: the engine verifies what was proposed, no second plan).
 
 Glossary:
   slot state   per engine slot: the suffix cache request, the prompt length, and one cache draft per
@@ -8,6 +12,8 @@ Glossary:
   model hits   m[t] = the draft model's token at t was the target's, learned from the model's own
                proposals after verification (slots up to the first mismatch); positions it never
                proposed count as hits, as in `avkit.hvd.model_accept`
+  limit        drafts a row proposes this step: the cache draft's length (cache rows) or the wanted
+               count (model rows) under threshold routing; the planned prefix under joint routing
   cache rows   deterministic drafts: the drawn distribution is one-hot at the draft token, so
                rejection sampling accepts with p(x) and stays lossless; their lossless features come
                from the two-point distribution (P_j / P_{j-1}, rest) of the trie's frequencies
@@ -29,7 +35,8 @@ import numpy as np
 import torch
 
 from avkit.config import SuffixCacheConfig
-from avkit.drafters.base import DraftInput, DraftProposal
+from avkit.drafters.base import DraftInput, DraftProposal, Drafter
+from avkit.hvd.joint_route import JointRouter
 from avkit.hvd.suffix_cache import CacheDraft, SuffixCache
 from avkit.errors import ConfigError
 from avkit.hvd.payoff_mlp import PayoffMLP
@@ -60,17 +67,26 @@ def _prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-class HybridDrafter:
+class HybridDrafter(Drafter):
     kind = "hybrid"
 
     def __init__(self, model_drafter, payoff: PayoffMLP | None, tau: float,
                  cache_config: SuffixCacheConfig = SuffixCacheConfig(), classes: np.ndarray | None = None,
-                 history_window: int = 16, k: int = 7, vocab_size: int | None = None, rule: str = "arctic"):
+                 history_window: int = 16, k: int = 7, vocab_size: int | None = None, rule: str = "arctic",
+                 joint: JointRouter | None = None, cache: SuffixCache | None = None):
+        """`cache`: a suffix cache shared beyond this drafter (the server's, kept across engine restarts;
+        its live requests from an earlier drafter are dropped); default a new one from `cache_config`."""
+        if joint is not None:
+            payoff = joint.payoff
         needs_classes = bool(set(FEATURE_GROUPS["structure"]) & set(payoff.feature_names if payoff else ()))
         if needs_classes and classes is None:
             raise ConfigError("hybrid drafter: the payoff model uses token-structure features; pass `classes`")
         self.model_drafter, self.payoff, self.tau = model_drafter, payoff, tau
-        self.cache, self.classes, self.window = SuffixCache(cache_config), classes, history_window
+        if cache is not None:
+            cache.abandon_live()
+        self.cache = cache if cache is not None else SuffixCache(cache_config)
+        self.classes, self.window, self.joint = classes, history_window, joint
+        self.plans = joint is not None  # the engine's policy does not plan again (engine.step)
         if rule not in ("arctic", "cache"):
             raise ConfigError(f"hybrid drafter: rule must be 'arctic' or 'cache', got {rule!r}")
         self.rule = rule  # used without a payoff model: ArcticInference's score >= K, or every cache draft
@@ -84,7 +100,10 @@ class HybridDrafter:
 
     @classmethod
     def from_file(cls, model_drafter, path, **kwargs) -> HybridDrafter:
+        """A mean-head file -> threshold routing at its tau; a survival-head file -> joint routing."""
         payoff, extra = PayoffMLP.load(path)
+        if payoff.head == "survival":
+            return cls(model_drafter, None, 0.0, joint=JointRouter.from_extra(payoff, extra, str(path)), **kwargs)
         return cls(model_drafter, payoff, float(extra.get("tau", 0.0)), **kwargs)
 
     @property
@@ -152,24 +171,34 @@ class HybridDrafter:
         """Bring each row's cache up to date; its cache draft and payoff features ([B] per name)."""
         drafts, rows = [], []
         self._slot_ids = inp.slots.tolist()  # the step's one host read of slots and draft counts
-        for b, (slot, wanted) in enumerate(zip(self._slot_ids, inp.num_draft.tolist())):
+        self._wanted = np.asarray(inp.num_draft.tolist(), dtype=np.int64)  # [B]
+        for b, (slot, wanted) in enumerate(zip(self._slot_ids, self._wanted.tolist())):
             st = self._sync(slot, inp.sequences[b])
             drafts.append(d := self.cache.draft(st.rid, min(self.k, wanted)))
             rows.append(self._row_features(st, d))
         return drafts, {n: np.array([r[n] for r in rows], dtype=np.float64) for n in rows[0]} if rows else {}
 
-    def route(self, inp: DraftInput) -> tuple[list[CacheDraft], np.ndarray]:
-        """Cache drafts for every row and whether to verify them ([B] bool): prediction > tau."""
+    def route(self, inp: DraftInput) -> tuple[list[CacheDraft], np.ndarray, np.ndarray]:
+        """Cache drafts for every row, whether to use them ([B] bool) and each row's limit ([B] int64)."""
         drafts, cols = self.features(inp)
         has = np.array([d.draft_len > 0 for d in drafts], dtype=bool)
+        dlen = np.array([d.draft_len for d in drafts], dtype=np.int64)
+        if self.joint is not None and drafts:
+            use, limit = self.joint.decide(cols, self._wanted)
+            return drafts, use, limit
         if self.payoff is None:
-            return drafts, has & ((cols["score"] >= self.k) if self.rule == "arctic" else True)
-        return drafts, has & (self.payoff.predict(feature_matrix(cols, self.payoff.feature_names)) > self.tau)
+            use = has & ((cols["score"] >= self.k) if self.rule == "arctic" else True)
+        else:
+            use = has & (self.payoff.predict(feature_matrix(cols, self.payoff.feature_names)) > self.tau)
+        return drafts, use, np.where(use, dlen, self._wanted)
 
     def propose(self, inp: DraftInput) -> DraftProposal:
         B, K, V, dev = len(inp.sequences), inp.k, self.vocab_size, inp.num_draft.device
-        drafts, use = self.route(inp)  # host: the tries and the router ([B] bool)
-        model_rows = torch.as_tensor(np.flatnonzero(~use), device=dev)  # [Bm]
+        drafts, use, limit = self.route(inp)  # host: the tries and the router ([B] bool, [B] int64)
+        if not (limit > 0).any():
+            K = 0  # a target-only step (the plan verifies nothing): no slots, so no features to give
+        model_idx = np.flatnonzero(~use & (limit > 0))  # [Bm] rows the draft model drafts for
+        model_rows = torch.as_tensor(model_idx, device=dev)  # [Bm]
         tokens = torch.zeros(B, K, dtype=torch.int64, device=dev)
         probs = torch.zeros(B, K, V, device=dev)
         q_sampled, num = torch.zeros(B, K, device=dev), torch.zeros(B, dtype=torch.int64, device=dev)
@@ -177,20 +206,23 @@ class HybridDrafter:
         extra = {name: torch.full((B, K), float("nan"), device=dev) for name in ("match_len", "cache_score")}
         kind = ["suffix" if u else "model" for u in use]
         if self.model_drafter is not None and len(model_rows):
-            sub = DraftInput(inp.slots[model_rows], [inp.sequences[b] for b in np.flatnonzero(~use).tolist()],
-                             inp.num_draft[model_rows], inp.temperature[model_rows], inp.top_p[model_rows],
-                             inp.seeds[model_rows], inp.request_keys[model_rows], inp.positions[model_rows])
+            wanted = torch.as_tensor(limit[model_idx], device=dev)  # [Bm] (joint: the planned prefix)
+            sub = DraftInput(inp.slots[model_rows], [inp.sequences[b] for b in model_idx.tolist()],
+                             wanted, inp.temperature[model_rows], inp.top_p[model_rows],
+                             inp.seeds[model_rows], inp.request_keys[model_rows], inp.positions[model_rows],
+                             max_draft=int(limit[model_idx].max()))
             prop = self.model_drafter.propose(sub)
             kk = prop.tokens.shape[1]
             tokens[model_rows, :kk], probs[model_rows, :kk] = prop.tokens, prop.probs
             q_sampled[model_rows, :kk], num[model_rows] = prop.q_sampled, prop.num_drafted
             for name, v in prop.features.items():
                 feats.setdefault(name, torch.full((B, K), float("nan"), device=dev))[model_rows, :kk] = v
-            self._remember_model_drafts(inp, np.flatnonzero(~use), prop)
-        cache_rows = np.flatnonzero(use)
+            self._remember_model_drafts(inp, model_idx, prop)
+        cache_rows = np.flatnonzero(use & (limit > 0))
         if len(cache_rows):
-            self._fill_cache_rows(cache_rows, [drafts[b] for b in cache_rows], tokens, probs, q_sampled, num,
-                                  feats, extra)
+            cut = [CacheDraft(drafts[b].tokens[: limit[b]], drafts[b].probs[: limit[b]], drafts[b].match_len,
+                              drafts[b].score, drafts[b].source) for b in cache_rows]
+            self._fill_cache_rows(cache_rows, cut, tokens, probs, q_sampled, num, feats, extra)
         return DraftProposal(tokens, probs, q_sampled, feats, num, kind, extra)
 
     def _remember_model_drafts(self, inp: DraftInput, rows: np.ndarray, prop: DraftProposal) -> None:
@@ -235,6 +267,11 @@ class HybridDrafter:
         if self.model_drafter is not None:
             self.model_drafter.commit(slots, num_valid, host)
 
+    def observe_final(self, slot: int, sequence: list[int]) -> None:
+        """The request's final tokens (its last step's are not synced otherwise): cached whole on release."""
+        if slot in self._slots:
+            self._sync(slot, sequence)
+
     def release(self, slot: int) -> None:
         st = self._slots.pop(slot, None)
         if st is not None:
@@ -244,20 +281,25 @@ class HybridDrafter:
 
 
 def make_hybrid_drafter(draft, max_batch: int, max_len: int, payoff_path: str | None = None,
-                        tokenizer: str | None = None, k: int = 7) -> HybridDrafter:
-    """The engine's `--drafter hybrid`: the draft model behind a payoff router loaded from `payoff_path`
-    (`avkit hvd` writes payoff_mlp.pt); without one, ArcticInference's rule. `tokenizer` (model path or
-    alias) supplies token classes when the payoff model uses structure features."""
+                        tokenizer: str | None = None, k: int = 7, cache: SuffixCache | None = None) -> HybridDrafter:
+    """The engine's `--drafter hybrid`: the draft model behind a router loaded from `payoff_path`
+    (`avkit hvd` writes payoff_mlp.pt: threshold routing; payoff_survival.pt: joint routing with one
+    verification budget); without one, ArcticInference's rule. `tokenizer` (model path or alias)
+    supplies token classes when the payoff model uses structure features. `cache`: the server's
+    shared suffix cache (one global tree for every request, kept across engine restarts)."""
     from avkit.drafters.draft_model import DraftModelDrafter
     from avkit.hvd.token_classes import class_table_for
 
     model = DraftModelDrafter(draft, max_batch, max_len)
     if not payoff_path:
-        return HybridDrafter(model, None, tau=0.0, k=k)
+        return HybridDrafter(model, None, tau=0.0, k=k, cache=cache)
     payoff, extra = PayoffMLP.load(payoff_path)
     needs = set(FEATURE_GROUPS["structure"]) & set(payoff.feature_names)
     classes = class_table_for(tokenizer) if needs and tokenizer else None  # else __init__ names the problem
-    return HybridDrafter(model, payoff, float(extra.get("tau", 0.0)), classes=classes)
+    if payoff.head == "survival":
+        return HybridDrafter(model, None, 0.0, classes=classes, cache=cache,
+                             joint=JointRouter.from_extra(payoff, extra, str(payoff_path)))
+    return HybridDrafter(model, payoff, float(extra.get("tau", 0.0)), classes=classes, cache=cache)
 
 
 __all__ = ["HybridDrafter", "make_hybrid_drafter"]

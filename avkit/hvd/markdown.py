@@ -11,7 +11,30 @@ from avkit.hvd.fit import HvdResult
 # HVD paper figures (seed 003, docs/seeds.md): high-payoff (accepted >= 6) precision / recall; cycles per 1000 tokens.
 PAPER = "precision 78.2-87.6%, recall 61.4-79.8% (payoff >= 6); cycles/1k tokens 571 (EAGLE-3) -> 200 (HVD)"
 _COLS = ("router", "dataset", "tokens", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
-         "speedup_vs_model", "speedup_vs_cache", "speedup_vs_target")
+         "speedup_vs_model", "speedup_vs_cache", "speedup_vs_target", "c_draft", "c_verify")
+
+
+def cost_md(cost: dict) -> str:
+    """The replay's cost model in words (every speedup in these tables assumes it)."""
+    return (f"Cost model (units of one target forward): a draft-model step costs c_draft = "
+            f"{cost['draft_step_cost']}, each verified token adds c_verify = {cost['verify_token_cost']} to the "
+            f"target forward, a cache lookup + payoff prediction costs c_cache = {cost['cache_cost']}. A cycle "
+            f"costs 1 + c_verify (1 + verified) + c_draft K when the draft model ran + c_cache when the cache "
+            f"was consulted; throughput = tokens / cost (target-only decoding = 1).")
+
+
+def verdict_md(verdict: pl.DataFrame) -> list[str]:
+    from avkit.hvd.verdict import FLOOR, verdict_line
+
+    if not verdict.height:
+        return []
+    cols = ("dataset", "model", "cache", "arctic", "table", "mlp", "survival", "survival+budget",
+            "best_single_router", "best_router", "ratio", "holds")
+    return [f"## Best HVD router vs the best single drafter (goal >= {FLOOR}x on every dataset)", "",
+            ("Each dataset's test requests decoded one at a time (`avkit/hvd/verdict.py`), every router under the "
+             "same accounting; throughput in tokens per target forward. `survival+budget` is the joint router "
+             "the live `--drafter hybrid --payoff payoff_survival.pt` runs."), "",
+            table_md(verdict, cols), "", verdict_line(verdict), ""]
 
 
 def _fmt(x) -> str:
@@ -37,8 +60,8 @@ def hvd_markdown(result: HvdResult, title: str, notes: str = "") -> str:
          f"({info['rows_with_cache_draft']} with a cache draft) in {info.get('replay_s', '?')} s; split by "
          f"request {info['split_requests']}; metrics on the **test** requests, thresholds chosen on validation."),
         (f"K = {info['k']}; mean oracle cache accepted length {info['mean_cache_acc']:.3f}, model "
-         f"{info['mean_model_acc']:.3f} (all positions). Cost model (target forwards): {info['cost']}."),
-        "",
+         f"{info['mean_model_acc']:.3f} (all positions)."),
+        "", cost_md(info["cost"]), "",
         "## Overall (test split)", "",
         table_md(m.filter(pl.col("dataset") == "overall"), _COLS), "",
         ("cycles_per_1k: target verifications per 1000 generated tokens; mean_accepted: accepted draft tokens "
@@ -52,6 +75,7 @@ def hvd_markdown(result: HvdResult, title: str, notes: str = "") -> str:
         ("Validation MSE of the predicted cache accepted length (positions with a cache draft): "
          + ", ".join(f"{k} {v:.3f}" for k, v in info.get("val_mse", {}).items())), "",
     ]
+    parts += verdict_md(result.verdict)
     if result.budget.height:
         wide = result.budget.pivot(on="router", index="concurrency", values="throughput")
         parts += ["## One verification budget (batched replay, throughput in tokens per target forward)", "",

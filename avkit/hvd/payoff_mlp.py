@@ -154,7 +154,7 @@ class PayoffMLP:
         self.net.eval()
         with _one_thread():
             s = self._log_survival(self.net((xt - self.mean_) / self.scale_)).exp()
-        return (s * (torch.arange(1, self.k + 1) <= xt[:, self._dl, None])).numpy()
+        return (s * (torch.arange(1, self.k + 1, device=xt.device) <= xt[:, self._dl, None])).numpy()
 
     def save(self, path: str | os.PathLike, **extra) -> None:
         """Weights + feature names + standardization (+ extra scalars such as tau); temp file, then rename."""

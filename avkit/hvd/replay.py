@@ -123,7 +123,8 @@ def load_generations(trace_paths: list[str | Path]) -> tuple[list[ReplayGenerati
 def evaluate(table: pl.DataFrame, routes: dict[str, Route], cost: HvdCostConfig, k: int,
              high: int = 6, predictions: dict[str, np.ndarray] | None = None) -> pl.DataFrame:
     """Metrics of every route per dataset and overall, with speedups over `model` and `cache` routes
-    (which must be among `routes`) and over target-only decoding (throughput 1).
+    (which must be among `routes`) and over target-only decoding (throughput 1). Columns c_draft,
+    c_verify, c_cache state the cost model (`HvdCostConfig`, in target forwards) the speedups assume.
     Precision / recall of high-payoff drafts compare `predictions[name] >= high` (the predicted
     payoff, as the paper does) with the oracle `cache_acc >= high`; routers without a prediction
     are scored on their decision (cache chosen)."""
@@ -143,6 +144,8 @@ def evaluate(table: pl.DataFrame, routes: dict[str, Route], cost: HvdCostConfig,
         tp = base.filter(pl.col("router") == ref).select("dataset", pl.col("throughput").alias(f"tp_{ref}"))
         res = res.join(tp, on="dataset", how="left").with_columns(
             (pl.col("throughput") / pl.col(f"tp_{ref}")).alias(f"speedup_vs_{ref}")).drop(f"tp_{ref}")
-    return res.with_columns(speedup_vs_target=pl.col("throughput")).select(
+    # the cost model beside every row: a reader of the table alone knows what the speedups assume
+    return res.with_columns(speedup_vs_target=pl.col("throughput"), c_draft=pl.lit(cost.draft_step_cost),
+                            c_verify=pl.lit(cost.verify_token_cost), c_cache=pl.lit(cost.cache_cost)).select(
         "router", "dataset", "tokens", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
-        "throughput", "speedup_vs_model", "speedup_vs_cache", "speedup_vs_target")
+        "throughput", "speedup_vs_model", "speedup_vs_cache", "speedup_vs_target", "c_draft", "c_verify", "c_cache")

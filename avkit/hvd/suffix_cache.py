@@ -16,10 +16,14 @@ Glossary:
                 ties go to the longer match, then to the local tree (ArcticInference's rule).
   local tree    one per request over prompt + output (the trailing occurrence of the pattern is in
                 it, so a first occurrence yields no draft and repeats are slightly discounted).
-  global tree   past responses, FIFO-evicted by request beyond `max_cached_requests`.
+  global tree   past responses, one tree shared by every request of the engine, FIFO-evicted by
+                request beyond `max_cached_requests` responses or `max_cached_tokens` tokens.
 
 Memory is bounded: a sequence of n tokens adds at most n * max_depth nodes, and eviction removes
-exactly the nodes only it supported.
+exactly the nodes only it supported. `memory()` reports tokens, nodes and an estimate of the bytes
+(NODE_BYTES per node: a two-item list and its share of its parent's children dict, measured with
+tracemalloc and an exact sys.getsizeof walk in bench/suffix_cache.py: ~285 bytes on CPython 3.11,
+so ~19 nodes, ~5 kB, per cached token at max_depth 24 on code-like text).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from avkit.errors import ConfigError
 # and most nodes are leaves, so their children dict is only made when a first child arrives.
 Node = list  # [count: int, children: dict[int, Node] | None]
 COUNT, CHILDREN = 0, 1
+NODE_BYTES = 285  # CPython 3.11, 64-bit: see the module note; `deep_bytes` measures it exactly
 
 
 def _new_node() -> Node:
@@ -133,6 +138,22 @@ class SuffixTrie:
     def num_sequences(self) -> int:
         return len(self._seqs)
 
+    @property
+    def num_tokens(self) -> int:
+        return self.root[COUNT]
+
+    def deep_bytes(self) -> int:
+        """Bytes of every node and children dict by sys.getsizeof (O(nodes): for benches and tests)."""
+        import sys
+
+        total, stack = sys.getsizeof(self.root), [self.root]
+        while stack:
+            kids = stack.pop()[CHILDREN]
+            if kids:
+                total += sys.getsizeof(kids) + sum(sys.getsizeof(v) for v in kids.values())
+                stack.extend(kids.values())
+        return total
+
 
 def _walk(node: Node, max_tokens: int, min_prob: float) -> tuple[list[int], list[float]]:
     """Most frequent continuation below `node`, stopping when the path probability drops below min_prob."""
@@ -178,6 +199,7 @@ class SuffixCache:
         self._outputs: dict[str, list[int]] = {}
         self._fifo: deque[int] = deque()  # global sequence ids, oldest first
         self._next_seq = 0
+        self.evicted = 0  # responses evicted from the global tree so far
 
     def start_request(self, request_id: str, prompt_ids) -> None:
         if request_id in self._local:
@@ -209,18 +231,41 @@ class SuffixCache:
         self._trie(request_id)
         del self._local[request_id]
         output = self._outputs.pop(request_id)
-        if not (cache_response and self.config.use_global and output and self.config.max_cached_requests):
+        cfg = self.config
+        if not (cache_response and cfg.use_global and output and cfg.max_cached_requests):
             return
+        if cfg.max_cached_tokens and len(output) > cfg.max_cached_tokens:
+            output = output[-cfg.max_cached_tokens:]  # a response longer than the budget: its tail
         seq_id, self._next_seq = self._next_seq, self._next_seq + 1
         self.global_trie.extend(seq_id, output)
         self._fifo.append(seq_id)
-        while len(self._fifo) > self.config.max_cached_requests:
+        while len(self._fifo) > cfg.max_cached_requests or (
+                cfg.max_cached_tokens and self.global_trie.num_tokens > cfg.max_cached_tokens):
             self.global_trie.remove(self._fifo.popleft())
+            self.evicted += 1
+
+    def abandon_live(self) -> None:
+        """Drop every live request without caching its response (the engine that ran them is gone)."""
+        for rid in list(self._local):
+            self.finish_request(rid, cache_response=False)
 
     @property
     def num_nodes(self) -> int:
-        """Trie nodes held (local + global): the memory measure, ~200 bytes each in CPython."""
+        """Trie nodes held (local + global): the memory measure, NODE_BYTES each."""
         return self.global_trie.num_nodes + sum(t.num_nodes for t in self._local.values())
+
+    def memory(self) -> dict[str, float]:
+        """Tokens, nodes and estimated bytes of the global and local trees, and bytes per cached
+        (global) token; O(live requests), cheap enough for every /metrics scrape."""
+        g, local = self.global_trie, list(self._local.values())
+        g_tok = g.num_tokens
+        return {"global_tokens": g_tok, "global_nodes": g.num_nodes, "global_bytes": g.num_nodes * NODE_BYTES,
+                "global_responses": len(self._fifo), "budget_tokens": self.config.max_cached_tokens,
+                "local_tokens": sum(t.num_tokens for t in local),
+                "local_nodes": sum(t.num_nodes for t in local),
+                "local_bytes": sum(t.num_nodes for t in local) * NODE_BYTES,
+                "bytes_per_cached_token": g.num_nodes * NODE_BYTES / g_tok if g_tok else 0.0,
+                "evicted_responses": self.evicted}
 
     def _trie(self, request_id: str) -> SuffixTrie:
         trie = self._local.get(request_id)

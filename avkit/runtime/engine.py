@@ -124,6 +124,7 @@ class Engine:
         del self.running[seq.req.request_id]
         self.cache.free(seq.slot)
         if self.drafter is not None:
+            self.drafter.observe_final(seq.slot, seq.tokens)  # a cache drafter keeps the whole response
             self.drafter.release(seq.slot)
         self.free_slots.append(seq.slot)
         self.free_slots.sort()
@@ -147,8 +148,9 @@ class Engine:
 
         # Decide k_r in [0, num_drafted_r] from what cannot depend on the drawn tokens: lossless features
         # and the load (the policy's plan: survival -> rank -> b* = argmax E(b)/cost(b) -> prefixes).
+        # A planning drafter (HVD's joint router) proposed exactly the prefixes its plan verifies.
         plan = StepPlan(draft.num_drafted)  # [B]; nothing drafted: nothing to decide
-        if K > 0:
+        if K > 0 and not self.drafter.plans:
             plan = self.policy.num_verify(DraftBatch(draft.features, draft.num_drafted, draft.confidences), load)
         num_verify = plan.num_verify.to(self.device, torch.int64).clamp_min(0).minimum(draft.num_drafted)  # [B]
         # Host read 1 (docs/runtime.md): k_r sizes the verify forward ([B, 1 + max k_r]).

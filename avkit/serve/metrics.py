@@ -2,7 +2,8 @@
 
 Per-position drafted / verified / accepted counters come from the engine's trace rows (the
 serve sink sees every step's columns); estimator gauges (slope, intercepts, refits) are read at
-scrape time from the engine loop's last published coefficients.
+scrape time from the engine loop's last published coefficients; with `--drafter hybrid` the suffix
+cache's memory (tokens, trie nodes, estimated bytes, bytes per cached token) is read at scrape time too.
 Glossary:
   verify budget   drafts sent to the target in one engine step, summed over the batch
 """
@@ -10,7 +11,7 @@ Glossary:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -54,6 +55,35 @@ class _EstimatorCollector:
         yield from (slope, inter, refits)
 
 
+class _SuffixCacheCollector:
+    """The shared suffix cache's `memory()` at scrape time (plain int reads: safe beside the engine thread)."""
+
+    HELP: ClassVar[dict[str, str]] = {"tokens": "tokens held in the suffix cache trees", "nodes": "suffix trie nodes",
+            "bytes": "estimated bytes of the suffix trie nodes (NODE_BYTES per node)"}
+
+    def __init__(self, memory: Callable[[], dict[str, float]]):
+        self._memory = memory
+
+    def collect(self):
+        m = self._memory()
+        for what, help_text in self.HELP.items():
+            fam = GaugeMetricFamily(f"avkit_suffix_cache_{what}", help_text, labels=["tree"])
+            for tree in ("global", "local"):
+                fam.add_metric([tree], float(m[f"{tree}_{what}"]))
+            yield fam
+        for name, key, help_text in (
+                ("avkit_suffix_cache_bytes_per_token", "bytes_per_cached_token",
+                 "estimated bytes per token cached in the global tree"),
+                ("avkit_suffix_cache_budget_tokens", "budget_tokens", "global tree budget in tokens (0: none)"),
+                ("avkit_suffix_cache_responses", "global_responses", "responses held in the global tree")):
+            g = GaugeMetricFamily(name, help_text)
+            g.add_metric([], float(m[key]))
+            yield g
+        ev = CounterMetricFamily("avkit_suffix_cache_evicted_responses", "responses evicted from the global tree")
+        ev.add_metric([], float(m["evicted_responses"]))
+        yield ev
+
+
 class ServeMetrics:
     """Every metric `/metrics` exposes; thread-safe (prometheus_client locks internally)."""
 
@@ -91,6 +121,10 @@ class ServeMetrics:
         for i in range(k):  # expose every position of the model drafter from the start, at zero
             for c in (self.drafted, self.verified, self.accepted):
                 c.labels(position=str(i), drafter="model")
+
+    def watch_suffix_cache(self, memory: Callable[[], dict[str, float]]) -> None:
+        """Expose a suffix cache's `memory()` (avkit/hvd/suffix_cache.py) at every scrape."""
+        self.registry.register(_SuffixCacheCollector(memory))
 
     def observe_rows(self, columns: dict[str, np.ndarray]) -> None:
         """One engine step's trace rows -> per-position counters and the verify-budget histogram."""

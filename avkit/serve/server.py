@@ -113,14 +113,21 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
     sink = ServeSink(metrics, _trace_writer(config, target, draft), run_id=f"serve-{uuid.uuid4().hex[:8]}",
                      side_writes=side_writes, flush_s=config.record_flush_s)
     engine_config = replace(config.engine, k=config.engine.k if draft is not None else 0)
+    suffix_cache = None  # hybrid: one global tree for every request, kept when a failed engine is replaced
+    if config.models.drafter == "hybrid" and draft is not None:
+        from avkit.hvd.suffix_cache import SuffixCache
+
+        suffix_cache = SuffixCache()
+        metrics.watch_suffix_cache(suffix_cache.memory)
 
     def make_engine():
         drafter = None  # the engine builds the model drafter itself
-        if config.models.drafter == "hybrid" and draft is not None:
+        if suffix_cache is not None:
             from avkit.hvd.hybrid_drafter import make_hybrid_drafter
 
             drafter = make_hybrid_drafter(draft, config.engine.max_batch, config.engine.max_len, k=config.engine.k,
-                                          payoff_path=config.models.payoff or None, tokenizer=config.models.target)
+                                          payoff_path=config.models.payoff or None, tokenizer=config.models.target,
+                                          cache=suffix_cache)
         return Engine(target, draft, engine_config, policy=policy, sink=sink, drafter=drafter)
 
     loop = EngineLoop(make_engine, max_concurrency=config.engine.max_batch, queue_size=config.http.queue_size,

@@ -41,6 +41,17 @@ def _budget_table(budget: list[dict]) -> Table | None:
                          "slots compete for one adaptive verification budget.")
 
 
+def _verdict_table(verdict: list[dict]) -> Table | None:
+    """Per dataset: the best HVD router against the better single drafter (avkit/hvd/verdict.py)."""
+    if not verdict:
+        return None
+    rows = [(r["dataset"], r["best_single_router"], fmt(r["best_single"], 3), r["best_router"], fmt(r["best_hvd"], 3),
+             fmt(r["ratio"], 3), "yes" if r["holds"] else "NO") for r in verdict]
+    return Table(("dataset", "best single", "tokens/forward", "best HVD", "tokens/forward", "ratio", ">= 0.99x"),
+                 rows, caption="Goal: the best HVD router at >= 0.99x the best single drafter on every dataset "
+                               "(test requests decoded one at a time, one cost accounting).")
+
+
 def build(inputs: ReportInputs, config: ReportConfig) -> Section:
     sec = Section("hybrid", "Hybrid drafting (cache + model)")
     blob = inputs.hvd
@@ -54,6 +65,10 @@ def build(inputs: ReportInputs, config: ReportConfig) -> Section:
             f"positions, K = {info.get('k', '?')}); routers fitted on train requests, thresholds on validation, "
             f"scored on held-out test requests. High payoff = accepted length ≥ {info.get('high_payoff', 6)}. "
             + PAPER)
+    cost = info.get("cost")
+    if cost:
+        sec.add(f"Cost model (target forwards): draft-model step {cost['draft_step_cost']}, per verified token "
+                f"{cost['verify_token_cost']}, cache lookup {cost['cache_cost']}.")
     sec.add(_table(overall, "Routers over all test requests. Speedups are throughput ratios under the HVD cost "
                             "model (target-only decoding = 1)."))
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
@@ -66,6 +81,9 @@ def build(inputs: ReportInputs, config: ReportConfig) -> Section:
                    plots.grouped_bars(cycles, "Decoding cycles per 1,000 tokens", "cycles / 1,000 tokens"),
                    alt="HVD cycles per 1000 tokens"))
     sec.add(_table([r for r in rows if r["dataset"] != "overall"], "Per dataset.", collapsed=True, with_dataset=True))
+    verdict = _verdict_table(blob.get("verdict", []))
+    if verdict is not None:
+        sec.add(verdict)
     budget = _budget_table(blob.get("budget", []))
     if budget is not None:
         sec.add(budget)

@@ -1,0 +1,242 @@
+"""Live HVD vs its replay: tokens/s of target-only, model-only, cache-only and hybrid decoding, and the
+replay's predicted speedup for the same requests, per (workload, concurrency) cell.
+
+    python bench/hvd_live.py --tiny                      # dry run: tiny random pair, synthetic prompts (~1 min)
+    flock /tmp/avkit-bench.lock nice -n -10 python bench/hvd_live.py \
+        --payoff out/hvd/payoff_survival.pt --workloads humaneval_edit --concurrency 1
+    python bench/hvd_live.py --render                    # cells so far -> bench/results/hvd_live.md
+
+Each call measures the cells it is given and appends them to --cells (JSON lines), so the real-pair
+runs can be split into locked commands of <= 15 min; --render writes the markdown from every cell.
+Per cell, the four drafters decode the same greedy requests (T = 0), --repeats times, interleaved
+(order alternating), and must emit identical tokens (lossless). Drafters:
+  target    no speculation (k = 0)
+  model     the draft model, K drafts, every one verified
+  cache     the suffix cache's draft when it has one, else the draft model (the replay's `cache` router)
+  hybrid    `--drafter hybrid --payoff payoff_survival.pt`: the joint router (avkit/hvd/joint_route.py)
+Prediction: the target-only generations are replayed (avkit/hvd/replay.py; the draft model's accepted
+lengths from one teacher-forced forward per generation) and decoded `concurrency` at a time by
+`simulate_batched` under the payoff file's cost model; predicted speedup = predicted throughput /
+target-only's. ratio = live speedup / predicted speedup (1 = the replay's cost model is right).
+The replay fills the global tree in request order, the live engine in completion order: at c > 1
+the cache sees slightly different past responses. Multi-turn prompts run their first turn only (the
+follow-up turns need `avkit record`'s queue). Timings never gate tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, HvdReplayConfig, SamplingConfig
+from avkit.drafters.draft_model import DraftModelDrafter
+from avkit.hvd.budget_sim import simulate_batched
+from avkit.hvd.features import feature_matrix
+from avkit.hvd.hybrid_drafter import HybridDrafter
+from avkit.hvd.joint_route import JointRouter
+from avkit.hvd.model_accept import matches_from_draft
+from avkit.hvd.path import Route, full_route
+from avkit.hvd.payoff_mlp import PayoffMLP
+from avkit.hvd.replay import ReplayGeneration, replay
+from avkit.models import load
+from avkit.runtime.engine import Engine
+from avkit.runtime.request import Request
+
+DRAFTERS = ("target", "model", "cache", "hybrid")
+
+
+def _prompts(tokenizer, workload: str, n: int) -> list[list[int]]:
+    from avkit.workloads import load_workload
+
+    out = []
+    for p in load_workload(workload, n, seed=0):
+        tools = list(p.tools) if p.tools else None  # first turn only: follow-ups need the record queue
+        out.append(tokenizer.apply_chat_template(list(p.messages), add_generation_prompt=True, tools=tools)
+                   if p.messages else tokenizer.encode(p.text))
+    return out
+
+
+def _tiny_prompts(workload: str, n: int) -> list[list[int]]:
+    rng = np.random.default_rng(abs(hash(workload)) % 2**32)
+    return [(rng.integers(3, 200, 6).tolist() * 4) for _ in range(n)]
+
+
+def _joint(payoff: str) -> JointRouter:
+    model, extra = PayoffMLP.load(payoff)
+    return JointRouter.from_extra(model, extra, payoff)
+
+
+def _engine(name: str, target, draft, k: int, c: int, max_len: int, payoff: str, classes) -> Engine:
+    cfg = EngineConfig(k=0 if name == "target" else k, max_batch=c, max_len=max_len)
+    drafter = None
+    if name == "cache":
+        drafter = HybridDrafter(DraftModelDrafter(draft, c, max_len), None, 0.0, k=k, rule="cache")
+    elif name == "hybrid":
+        drafter = HybridDrafter(DraftModelDrafter(draft, c, max_len), None, 0.0, joint=_joint(payoff), classes=classes)
+    return Engine(target, None if name == "target" else draft, cfg, drafter=drafter)
+
+
+def measure(target, draft, prompt_ids, k: int, c: int, max_new: int, payoff: str, repeats: int, classes) -> dict:
+    """Interleaved runs of every drafter -> {drafter: [tokens/s per repeat]}, steps, the generations."""
+    max_len = max(map(len, prompt_ids)) + max_new + k + 2
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=max_new)
+    reqs = [Request(f"r{i}", ids, sampling, "live") for i, ids in enumerate(prompt_ids)]
+    tps: dict[str, list[float]] = {d: [] for d in DRAFTERS}
+    steps, outputs = {}, {}
+    for rep in range(repeats):
+        for name in DRAFTERS if rep % 2 == 0 else DRAFTERS[::-1]:
+            engine = _engine(name, target, draft, k, c, max_len, payoff, classes)
+            t0 = time.perf_counter()
+            gens = engine.generate(reqs)
+            dt = time.perf_counter() - t0
+            tps[name].append(sum(len(g.output_ids) for g in gens) / dt)
+            steps[name] = engine.stats.steps
+            out = [g.output_ids for g in gens]
+            if outputs.setdefault("target", out) != out and name != "target":
+                raise SystemExit(f"lossless check failed: {name} emitted other tokens than target-only")
+            outputs[name] = out
+    return {"tps": tps, "steps": steps, "outputs": outputs["target"]}
+
+
+def _target_only_throughput(lengths: np.ndarray, c: int, c_v: float) -> float:
+    """Tokens per target forward of plain decoding, `c` requests at a time (lanes refilled)."""
+    left, queue, spent = [], list(lengths[::-1]), 0.0
+    while queue or left:
+        left = [n for n in left if n > 0]
+        while queue and len(left) < c:
+            left.append(queue.pop())
+        if not left:
+            break
+        spent += 1 + c_v * len(left)
+        left = [n - 1 for n in left]
+    return float(lengths.sum()) / spent
+
+
+def predict(draft, prompt_ids, outputs, k: int, c: int, payoff: str, classes) -> dict[str, float]:
+    """Replay-predicted speedup over target-only of model / cache / hybrid for these generations."""
+    joint = _joint(payoff)
+    gens = [ReplayGeneration(f"r{i}", "live", p, o, matches_from_draft(draft, p, o))
+            for i, (p, o) in enumerate(zip(prompt_ids, outputs)) if o]
+    table = replay(gens, config=HvdReplayConfig(k=k), classes=classes)
+    cols = dict(zip(table.columns, table.get_columns()))
+    x = feature_matrix(cols, joint.payoff.feature_names)
+    surv = (joint.payoff.predict_survival(x), joint.model_survival(table["hist_model_hit"].to_numpy()))
+    n = len(table)
+    routes = {"model": Route(np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64), False),
+              "cache": full_route(table, np.ones(n, dtype=bool))}
+    base = _target_only_throughput(np.array([len(o) for o in outputs if o]), c, joint.cost.verify_token_cost)
+    pred = {d: simulate_batched(table, r, joint.cost, k, c)["throughput"] / base for d, r in routes.items()}
+    pred["hybrid"] = simulate_batched(table, routes["cache"], joint.cost, k, c, surv)["throughput"] / base
+    return pred
+
+
+def _tiny_pair_and_payoff(root: Path, k: int):
+    from avkit.config import PayoffConfig
+    from avkit.hvd.fit import fit_hvd_generations
+    from avkit.hvd.synthetic import synthetic_generations
+    from avkit.models.testing import write_tiny_model
+
+    target = load(write_tiny_model(root / "t", vocab=300, seed=0, init_std=0.3))
+    draft = load(write_tiny_model(root / "d", vocab=300, seed=1, init_std=0.3))
+    gens = synthetic_generations(num_requests=15, seed=2, vocab=300, prompt_len=40, output_len=60)
+    fit_hvd_generations(gens, root, replay_config=HvdReplayConfig(k=k), payoff_config=PayoffConfig(epochs=3),
+                        routers=("survival",), ablation=False)
+    return target, draft, str(root / "payoff_survival.pt")
+
+
+def render(cells_path: Path, out: Path) -> None:
+    cells = [json.loads(line) for line in cells_path.read_text().splitlines() if line.strip()]
+    lines = ["# Live HVD vs its replay", "", (__doc__ or "").split("\n\n")[2].strip(), "",
+             "| run | workload | c | drafter | tokens/s | live speedup | predicted | live / predicted | steps |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    for cell in cells:
+        tps = {d: float(np.mean(v)) for d, v in cell["tps"].items()}
+        for d in DRAFTERS:
+            live = tps[d] / tps["target"]
+            pred = cell["predicted"].get(d, 1.0)
+            lines.append(f"| {cell['run']} | {cell['workload']} | {cell['concurrency']} | {d} | {tps[d]:.2f} | "
+                         f"{live:.3f} | {pred:.3f} | {live / pred:.3f} | {cell['steps'][d]} |")
+        best = max(tps["model"], tps["cache"])
+        lines.append(f"| {cell['run']} | {cell['workload']} | {cell['concurrency']} | hybrid / best single | "
+                     f"{tps['hybrid'] / best:.3f} | | | | |")
+    lines += ["", "Runs (models, requests, new tokens, cost model, `uptime` load before each cell):", ""]
+    lines += [f"- {c['run']}: {c['target']} + {c['draft']}, {c['requests']} requests x {c['max_new_tokens']} "
+              f"tokens, K = {c['k']}, {c['repeats']} repeats, cost {c['cost']}, load {c['load']}" for c in cells]
+    out.write_text("\n".join(lines) + "\n")
+    print(out.read_text())
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default=DEFAULT_TARGET)
+    ap.add_argument("--draft", default=DEFAULT_DRAFT)
+    ap.add_argument("--payoff", default="", help="payoff_survival.pt from `avkit hvd` (the hybrid's joint router)")
+    ap.add_argument("--workloads", default="humaneval_edit,sharegpt")
+    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--requests", type=int, default=0, help="requests per cell (default: max(8, 2 x concurrency))")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--k", type=int, default=7)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
+    ap.add_argument("--tiny", action="store_true", help="dry run on a tiny random pair with synthetic prompts")
+    ap.add_argument("--cells", default="bench/results/hvd_live_cells.jsonl")
+    ap.add_argument("--out", default="bench/results/hvd_live.md")
+    ap.add_argument("--render", action="store_true", help="only write --out from --cells")
+    a = ap.parse_args(argv)
+    cells_path, out = Path(a.cells), Path(a.out)
+    if a.render:
+        render(cells_path, out)
+        return 0
+    torch.set_num_threads(torch.get_num_threads())
+    if a.tiny:
+        tmp = Path(tempfile.mkdtemp(prefix="hvd_live_"))
+        target, draft, payoff = _tiny_pair_and_payoff(tmp, a.k)
+        classes, names = None, ("tiny target", "tiny draft")
+    else:
+        from avkit.hvd.token_classes import class_table_for
+
+        if not a.payoff:
+            raise SystemExit("--payoff payoff_survival.pt is needed (run `avkit hvd` on the recorded traces)")
+        dtype = getattr(torch, a.dtype)
+        target, draft, payoff = load(a.target, dtype=dtype), load(a.draft, dtype=dtype), a.payoff
+        classes, names = class_table_for(a.target), (a.target, a.draft)
+    cost = _joint(payoff).cost
+    run_id = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    for wl in a.workloads.split(","):
+        for c in (int(x) for x in a.concurrency.split(",")):
+            n = a.requests or max(8, 2 * c)
+            ids = _tiny_prompts(wl, n) if a.tiny else _prompts(target.tokenizer, wl, n)
+            load_avg = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+            res = measure(target, draft, ids, a.k, c, a.max_new_tokens, payoff, a.repeats, classes)
+            pred = predict(draft, ids, res["outputs"], a.k, c, payoff, classes)
+            cell = {"run": run_id, "workload": wl, "concurrency": c, "tps": res["tps"], "steps": res["steps"],
+                    "predicted": pred, "target": names[0], "draft": names[1], "requests": n,
+                    "max_new_tokens": a.max_new_tokens, "k": a.k, "repeats": a.repeats, "cost": cost.__dict__,
+                    "load": load_avg.split("load average:")[-1].strip()}
+            print(json.dumps({k: v for k, v in cell.items() if k != "outputs"}), flush=True)
+            if not a.tiny:
+                cells_path.parent.mkdir(parents=True, exist_ok=True)
+                with cells_path.open("a") as f:
+                    f.write(json.dumps(cell) + "\n")
+            else:
+                tiny_cells = Path(tmp) / "cells.jsonl"
+                with tiny_cells.open("a") as f:
+                    f.write(json.dumps(cell) + "\n")
+    if a.tiny:
+        render(Path(tmp) / "cells.jsonl", Path(tmp) / "hvd_live.md")
+    else:
+        render(cells_path, out)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    raise SystemExit(main())

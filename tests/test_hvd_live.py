@@ -1,0 +1,277 @@
+"""Live HVD with the joint router (avkit/hvd/joint_route.py): the payoff survival file round trip, the
+plan against a brute-force oracle, losslessness through the engine (greedy equality, chi-square at
+T = 1 against HF transformers), a served request over HTTP, and the shared cache's memory bound."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import avkit.models
+from avkit.config import EngineConfig, HvdCostConfig, HvdReplayConfig, PayoffConfig, SamplingConfig, SuffixCacheConfig
+from avkit.drafters.draft_model import DraftModelDrafter
+from avkit.hvd.fit import fit_hvd_generations
+from avkit.hvd.hybrid_drafter import HybridDrafter
+from avkit.hvd.joint_route import JointRouter
+from avkit.hvd.payoff_mlp import PayoffMLP
+from avkit.hvd.suffix_cache import NODE_BYTES, SuffixCache, SuffixTrie
+from avkit.hvd.synthetic import synthetic_generations
+from avkit.models.testing import write_tiny_model
+from avkit.runtime.engine import Engine
+from avkit.runtime.request import Request
+from avkit.runtime.sink import MemorySink
+
+K = 4
+
+
+@pytest.fixture(scope="module")
+def survival_file(tmp_path_factory):
+    """payoff_survival.pt written by the real `avkit hvd` pipeline on synthetic generations (K = 4)."""
+    out = tmp_path_factory.mktemp("hvd_fit")
+    gens = synthetic_generations(num_requests=15, seed=2, vocab=300, prompt_len=40, output_len=60)
+    fit_hvd_generations(gens, out, replay_config=HvdReplayConfig(k=K), payoff_config=PayoffConfig(epochs=3),
+                        routers=("survival",), ablation=False)
+    return out / "payoff_survival.pt"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    torch.set_num_threads(1)
+    root = tmp_path_factory.mktemp("hvd_live_models")
+    target_dir = write_tiny_model(root / "t", vocab=300, seed=0, init_std=0.3)
+    target = avkit.models.load(target_dir)
+    target = dataclasses.replace(target, tokenizer=type("T", (), {"eos_token_ids": set()})())
+    return target_dir, target, avkit.models.load(write_tiny_model(root / "d", vocab=300, seed=1, init_std=0.3))
+
+
+def test_survival_file_loads_the_joint_router(survival_file):
+    live = HybridDrafter.from_file(None, survival_file, vocab_size=300)
+    assert live.plans and live.joint is not None and live.k == K
+    assert live.joint.model_surv.shape == (len(live.joint.hit_bins) + 1, K)
+    assert live.joint.cost == HvdCostConfig()  # the replay's cost model travels with the weights
+    surv = live.joint.model_surv
+    assert (np.diff(surv, axis=1) <= 1e-12).all() and (surv >= 0).all() and (surv <= 1).all()
+
+
+def _brute_force(cs: np.ndarray, ms: np.ndarray, cost: HvdCostConfig, k: int) -> tuple[float, np.ndarray]:
+    """Best E/cost over both options and every budget b by enumeration (no plan.py): (rate, [n] prefixes)."""
+    n = len(cs)
+    best = (-1.0, None)
+    for model_runs in (True, False):
+        use = (cs.sum(1) >= ms.sum(1)) if model_runs else np.ones(n, dtype=bool)
+        if model_runs and use.all():
+            continue
+        s = np.where(use[:, None], cs, ms)
+        fixed = (cost.draft_step_cost * k if model_runs else 0.0) + cost.cache_cost
+        slots = sorted(((s[r, j], r, j) for r in range(n) for j in range(k) if s[r, j] > 0),
+                       key=lambda t: (-t[0], t[1], t[2]))
+        for b in range(len(slots) + 1):
+            rate = (n + sum(v for v, _, _ in slots[:b])) / (fixed + 1 + cost.verify_token_cost * (n + b))
+            if rate > best[0] + 1e-12:
+                pref = np.zeros(n, dtype=np.int64)
+                for _, r, _ in slots[:b]:
+                    pref[r] += 1
+                best = (rate, pref)
+    return best
+
+
+def test_joint_plan_equals_brute_force(survival_file):
+    live = HybridDrafter.from_file(None, survival_file, vocab_size=300)
+    rng = np.random.default_rng(0)
+    for trial in range(30):
+        n = int(rng.integers(1, 7))
+        cs = np.sort(rng.random((n, K)), 1)[:, ::-1] * (rng.random((n, 1)) < 0.7)
+        ms = np.sort(rng.random((n, K)), 1)[:, ::-1]
+        cost = HvdCostConfig(draft_step_cost=float(rng.choice([0.05, 0.33])))
+        from avkit.hvd.budget_sim import joint_step
+
+        use, pref = joint_step(cs, ms, cost, K)
+        s = np.where(use[:, None], cs, ms)
+        fixed = (cost.draft_step_cost * K if (~use).any() else 0.0) + cost.cache_cost
+        got = (n + sum(s[r, :pref[r]].sum() for r in range(n))) / (fixed + 1 + cost.verify_token_cost * (n + pref.sum()))
+        want, want_pref = _brute_force(cs, ms, cost, K)
+        assert got == pytest.approx(want, rel=1e-9), trial
+        assert pref.sum() == want_pref.sum(), trial
+    assert live.joint is not None
+
+
+def _engine(tiny, survival_file, sampling_batch=2, model_rate=0.6, cache_rate=0.8):
+    """The engine with the joint router on pinned curves: the survival head's last layer set to a
+    constant hazard (cache S_j = cache_rate^j up to the draft's length), model S_j = model_rate^j, and an
+    EAGLE-like drafting cost (0.05 target forwards per step). Long cache drafts then beat the model and
+    one-token ones lose to it, so both drafters win rows on the tiny random pair (whose outputs are
+    far from the synthetic training data the fitted head saw)."""
+    _, target, draft = tiny
+    cfg = EngineConfig(k=K, max_batch=sampling_batch, max_len=96)
+    payoff, extra = PayoffMLP.load(survival_file)
+    last = payoff.net[-1]
+    with torch.no_grad():
+        last.weight.zero_()
+        last.bias.fill_(float(np.log(cache_rate / (1 - cache_rate))))
+    bins = np.asarray(extra["hit_bins"])
+    joint = JointRouter(payoff, np.tile(model_rate ** np.arange(1, K + 1), (len(bins) + 1, 1)), bins,
+                        HvdCostConfig(draft_step_cost=0.05))
+    hybrid = HybridDrafter(DraftModelDrafter(draft, cfg.max_batch, cfg.max_len), None, 0.0, joint=joint)
+    sink = MemorySink()
+    return Engine(target, None, cfg, sink=sink, drafter=hybrid), sink
+
+
+def test_engine_greedy_with_joint_router_equals_target_only(tiny, survival_file):
+    _, target, _ = tiny
+    reqs = [Request(f"r{i}", [5 + i, 6, 7, 8, 9] * 4, SamplingConfig(temperature=0.0, max_new_tokens=24))
+            for i in range(4)]
+    ref = Engine(target, None, EngineConfig(k=0, max_batch=2, max_len=96)).generate(reqs)
+    engine, sink = _engine(tiny, survival_file)
+    out = engine.generate(reqs)
+    for a, b in zip(ref, out):
+        assert b.output_ids == a.output_ids, a.request_id
+    cols = sink.columns()
+    kinds = set(np.asarray(cols["drafter"]).tolist())
+    assert "suffix" in kinds  # the cache won slots; the shared global tree saw every finished response
+    assert engine.drafter.cache.memory()["global_responses"] == len(reqs)
+
+
+def test_engine_with_joint_router_is_lossless_at_t1(tiny, survival_file):
+    """First two tokens over 2,000 seeded requests (one repetitive prompt, so cache drafts compete with
+    model drafts every step) against HF transformers' distribution of the target."""
+    import transformers
+
+    from test_lossless import _top_p, assert_fits
+
+    target_dir = tiny[0]
+    prompt, top_p, N = [40, 41, 42, 40, 41, 42, 40, 41], 0.9, 2000
+    sampling = SamplingConfig(temperature=1.0, top_p=top_p, max_new_tokens=4, seed=321)
+    engine, sink = _engine(tiny, survival_file, sampling_batch=100, model_rate=0.7)  # short cache drafts lose
+    gens = engine.generate([Request(f"s{i}", prompt, sampling) for i in range(N)])
+    out = torch.tensor([g.output_ids[:2] for g in gens])  # [N, 2]
+    cols = sink.columns()
+    verified = np.asarray(cols["verified"]).astype(bool)
+    kinds = np.asarray(cols["drafter"])
+    assert verified[kinds == "suffix"].any()  # cache drafts won slots (the greedy test sees model rows too)
+
+    hf = transformers.AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    with torch.no_grad():
+        p0 = _top_p(hf(torch.tensor([prompt])).logits[0, -1].softmax(-1), top_p)  # [V]
+        support = p0.nonzero().squeeze(-1)
+        ctx = torch.cat([torch.tensor(prompt).expand(len(support), -1), support[:, None]], 1)
+        p1 = _top_p(hf(ctx).logits[:, -1].softmax(-1), top_p)  # [n, V]
+    V = p0.shape[0]
+    assert_fits(torch.bincount(out[:, 0], minlength=V), p0, "token 0")
+    assert_fits(torch.bincount(out[:, 1], minlength=V), p0[support] @ p1, "token 1 (marginal)")
+
+
+def test_joint_proposal_follows_the_input_device(survival_file):
+    """Every tensor of a joint-routed proposal is made on the inputs' device (the log checks each
+    factory call). The routing decision itself (payoff MLP + plan of host survivals) runs on the host
+    by design and hands back numpy, so it is left out of the log."""
+    import types
+
+    from test_hybrid_drafter import _DeviceLog, _inp
+
+    live = HybridDrafter.from_file(None, survival_file, vocab_size=300,
+                                   cache_config=SuffixCacheConfig(min_token_prob=0.0))
+    seq = [1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2]
+    inp = _inp([seq, [7, 8, 9], seq[:9]], k=K)
+    host_decide, decided = live.joint.decide, []
+
+    def decide(cols, wanted):  # outside the log: numpy in, numpy out
+        with torch.overrides._pop_mode_temporarily():
+            decided.append(host_decide(cols, wanted))
+        return decided[-1]
+
+    live.joint = types.SimpleNamespace(decide=decide)
+    with _DeviceLog() as log:
+        prop = live.propose(inp)
+    assert decided and all(isinstance(a, np.ndarray) for a in decided[0])
+    assert log.calls and all(str(dev) == str(inp.num_draft.device) for _, dev in log.calls), log.calls
+    assert prop.num_drafted.device == inp.num_draft.device
+    assert int(prop.num_drafted[1]) == 0  # no cache draft and no model drafter: nothing proposed
+
+
+def _fresh_nodes(seqs: list[list[int]], depth: int) -> int:
+    trie = SuffixTrie(depth)
+    for i, s in enumerate(seqs):
+        trie.extend(i, s)
+    return trie.num_nodes
+
+
+def test_global_tree_stays_within_its_token_budget():
+    """Many requests through one shared cache: the global tree never holds more than its token budget,
+    holds exactly the newest responses that fit (node count equals a fresh build of them), and its
+    byte estimate tracks an exact sys.getsizeof walk."""
+    cfg = SuffixCacheConfig(max_depth=8, max_cached_requests=1000, max_cached_tokens=600)
+    cache = SuffixCache(cfg)
+    rng = np.random.default_rng(5)
+    kept: list[list[int]] = []
+    for r in range(150):
+        prompt = rng.integers(0, 50, 20).tolist()
+        out = rng.integers(0, 50, int(rng.integers(1, 120))).tolist()
+        cache.start_request(f"r{r}", prompt)
+        cache.append(f"r{r}", out)
+        cache.finish_request(f"r{r}")
+        kept.append(out)
+        while sum(map(len, kept)) > cfg.max_cached_tokens:
+            kept.pop(0)
+        m = cache.memory()
+        assert m["global_tokens"] == sum(map(len, kept)) <= cfg.max_cached_tokens
+    assert cache.global_trie.num_nodes == _fresh_nodes(kept, 8)
+    assert cache.evicted == 150 - len(kept)
+    exact = cache.global_trie.deep_bytes()
+    assert 0.6 < cache.memory()["global_bytes"] / exact < 1.6, (exact, cache.global_trie.num_nodes * NODE_BYTES)
+    long = SuffixCache(SuffixCacheConfig(max_cached_tokens=50))
+    long.start_request("x", [1])
+    long.append("x", list(range(200)))
+    long.finish_request("x")
+    assert long.memory()["global_tokens"] == 50  # a response longer than the budget keeps its tail
+
+
+def test_served_request_with_joint_router(pair, tmp_path, survival_file):
+    """`avkit serve --drafter hybrid --payoff payoff_survival.pt`: greedy completions over HTTP equal
+    target-only decoding, and /metrics reports the shared cache's memory."""
+    import openai
+
+    from avkit.serve.server import build_state
+    from avkit.serve.testing import serve_in_thread
+    from serve_support import metrics, serve_config
+    from test_serve import _greedy_reference
+
+    tok = pair[2].tokenizer
+    prompt = "x = 1\ny = 2\nx = 1\ny = 2\nx = 1\ny = 2\n"
+    ref = _greedy_reference(pair[2], tok.encode(prompt), 24)
+    cfg = serve_config(pair, tmp_path, drafter="hybrid", policy="full")
+    cfg = dataclasses.replace(cfg, models=dataclasses.replace(cfg.models, payoff=str(survival_file)))
+    state = build_state(cfg, target=pair[2], draft=pair[3])
+    assert state.make_engine().drafter.plans  # the joint router, from the survival file
+    with serve_in_thread(state) as url:
+        c = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        for _ in range(3):
+            out = c.completions.create(model="tiny", prompt=prompt, max_tokens=24, temperature=0)
+            assert out.choices[0].text == tok.decode(ref.output_ids, skip_special_tokens=True)
+        m = metrics(url)
+    assert m[("avkit_suffix_cache_responses", ())] == 3
+    assert m[("avkit_suffix_cache_tokens", (("tree", "global"),))] == 3 * len(ref.output_ids)
+    assert m[("avkit_suffix_cache_bytes_per_token", ())] > 0
+
+
+def test_verdict_agrees_with_the_path_simulator():
+    """The per-dataset verdict decodes one request at a time with `simulate_batched`; for the threshold
+    routers that must equal `evaluate`'s per-position path simulator (an independent loop), and its
+    flags must follow from its own numbers."""
+    from avkit.hvd.fit import fit_hvd_generations
+
+    gens = synthetic_generations(num_requests=24, seed=4, vocab=300, prompt_len=40, output_len=60)
+    res = fit_hvd_generations(gens, None, replay_config=HvdReplayConfig(k=K), payoff_config=PayoffConfig(epochs=2),
+                              routers=("arctic", "mlp", "survival"), ablation=False)
+    v, m = res.verdict, res.metrics
+    assert set(v["dataset"]) == set(m["dataset"]) - {"overall"}
+    for row in v.iter_rows(named=True):
+        for router in ("model", "cache", "arctic", "mlp", "survival"):
+            tp = m.filter((m["router"] == router) & (m["dataset"] == row["dataset"]))["throughput"][0]
+            assert row[router] == pytest.approx(tp, rel=1e-9), (row["dataset"], router)
+        assert row["best_single"] == max(row["model"], row["cache"])
+        assert row["best_hvd"] == max(row[r] for r in ("arctic", "table", "mlp", "survival", "survival+budget") if r in row)
+        assert row["holds"] == (row["best_hvd"] >= 0.99 * row["best_single"])
+    assert {"c_draft", "c_verify", "c_cache"} <= set(m.columns) and (m["c_draft"] == 0.33).all()
