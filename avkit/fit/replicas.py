@@ -28,7 +28,9 @@ from avkit.fit.replay import Run, replay_run, runs_of
 
 
 def replay_replica(est, run: Run) -> tuple[np.ndarray, list[dict], object]:
-    """Task body: replay one replica through its own estimator; -> (predictions [n], rows, estimator)."""
+    """Task body: replay one replica through its own copy of the start estimator `est` (Ray hands a
+    task's arrays over read-only, and threads share the start); -> (predictions [n], rows, estimator)."""
+    est = copy.deepcopy(est)
     rows: list[dict] = []
     preds = replay_run(est, run, rows)
     return preds, rows, est
@@ -36,10 +38,10 @@ def replay_replica(est, run: Run) -> tuple[np.ndarray, list[dict], object]:
 
 def online_replicas(estimators: list, features: list[np.ndarray], data: FitData, engine) -> list[tuple]:
     """Replay every (estimator, feature) pair over every replica of `data` on `engine` (one map for all
-    of them); estimators are the start states (copied per replica).
+    of them); estimators are the start states (each task replays a copy).
     -> per pair (the written estimator, predictions [N], trajectory rows)."""
     runs = [runs_of(data, f) for f in features]  # [E] x [R] (row slice, Run)
-    items = [(copy.deepcopy(est), run) for est, pairs in zip(estimators, runs) for _, run in pairs]
+    items = [(est, run) for est, pairs in zip(estimators, runs) for _, run in pairs]
     results, _ = engine.map(replay_replica, items)
     out, i = [], 0
     for pairs in runs:
