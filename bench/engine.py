@@ -136,6 +136,8 @@ def main() -> None:
     peer.add_argument("--peer", choices=("vllm",), help="run vLLM-CPU on the same prompts and weights, print ratios")
     peer.add_argument("--datasets", default="humaneval", help="comma-separated workloads (humaneval, sharegpt, ...)")
     peer.add_argument("--repeats", type=int, default=1, help="alternating vLLM / avkit phases")
+    peer.add_argument("--engines", default="vllm,avkit",
+                      help="phases to run (the day's JSON keeps the other engine's cells: add them in a later run)")
     peer.add_argument("--adaptive", action="store_true", help="add avkit's adaptive policy (engine k = max K)")
     peer.add_argument("--cost", default="", help="adaptive: reuse this cost table instead of profiling this CPU")
     peer.add_argument("--coefficients", default="traces/coefficients.json", help="adaptive: estimator warm start")
@@ -188,16 +190,18 @@ def _peer(args) -> None:
 
     from engine_peer import main_peer, merge, table
 
-    new = main_peer(args)
     path = RESULTS / f"engine-vllm-{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d')}.json"
     old = [] if args.fresh or not path.exists() else json.loads(path.read_text())["cells"]
-    all_cells = merge(old, new)
+
+    def save(new: list[dict]) -> None:
+        all_cells = merge(old, new)
+        lines = table(all_cells)
+        print("\n".join(lines))
+        _write(lines, args, prefix="engine-vllm-", extra={path: json.dumps({"fields": CELL_FIELDS, "cells": all_cells})})
+
+    new = main_peer(args, on_phase=save)
     if old:
         print(f"merged {len(new)} new cells with {len(old)} from {path}")
-    lines = table(all_cells)
-    print("\n".join(lines))
-    doc = json.dumps({"fields": CELL_FIELDS, "cells": all_cells})
-    _write(lines, args, prefix="engine-vllm-", extra={path: doc})
 
 
 # The JSON cells beside engine-vllm-<date>.md, one per (engine, run, config); numbers are means over repeats.

@@ -238,8 +238,11 @@ def table(all_cells: list[dict]) -> list[str]:
     return lines
 
 
-def main_peer(args) -> list[dict]:
-    """Run the grid on both engines (``args.repeats`` alternating phases); one cell per (engine, run, config)."""
+def main_peer(args, on_phase=lambda cells: None) -> list[dict]:
+    """Run the grid on both engines (``args.repeats`` alternating phases); one cell per (engine, run, config).
+
+    ``on_phase(cells)`` gets the cells measured so far after every phase (the caller saves them).
+    """
     import avkit.models
     from avkit.models.registry import models_dir
 
@@ -253,14 +256,26 @@ def main_peer(args) -> list[dict]:
     ks = [int(x) for x in args.ks.split(",")]
     if 0 not in ks:
         ks = [0, *ks]
+    if args.adaptive:  # fail now, not after an hour of vLLM: the warm start must match the adaptive engine's K
+        from avkit.estimators.coefficients import load_coefficients
+
+        load_coefficients(args.coefficients, k=max(ks))
+    engines = [e for e in args.engines.split(",") if e]
+    if not engines or set(engines) - {"vllm", "avkit"}:
+        raise SystemExit(f"avkit: error: --engines {args.engines!r}: expected a list of vllm, avkit")
     tokenizer = avkit.models.Tokenizer.from_dir(Path(args.target_dir))
     runs = plan(args, tokenizer)
-    cost = profile_cost(args, ks, runs)
+    cost = profile_cost(args, ks, runs) if "avkit" in engines else None
     reps = []
     for rep in range(args.repeats):
-        print(f"repeat {rep + 1}/{args.repeats}: vLLM phase", flush=True)
-        v = vllm_phase(args, ks, runs)
-        print(f"repeat {rep + 1}/{args.repeats}: avkit phase", flush=True)
-        a = avkit_phase(args, ks, runs, cost)
+        v = a = {}
+        if "vllm" in engines:
+            print(f"repeat {rep + 1}/{args.repeats}: vLLM phase", flush=True)
+            v = vllm_phase(args, ks, runs)
+            on_phase(cells(runs, [*reps, (v, a)]))  # saved now: a later phase that fails loses only itself
+        if "avkit" in engines:
+            print(f"repeat {rep + 1}/{args.repeats}: avkit phase", flush=True)
+            a = avkit_phase(args, ks, runs, cost)
         reps.append((v, a))
+        on_phase(cells(runs, reps))
     return cells(runs, reps)

@@ -9,7 +9,7 @@ The kernel here packs each weight once into 16-row panels and streams them with 
 It computes what ``F.linear`` computes for bf16 tensors (bf16 inputs and weights, fp32 sums, one
 rounding to bf16 per output), differing only in the fp32 summation order. It is used only for bf16
 weights on a CPU that reports AVX2 and only if the extension compiles (g++ and ninja, once per
-machine, ~1 min, cached by torch in ``~/.cache/torch_extensions``); otherwise, on CUDA and for
+machine and kernel version, ~1 min, cached by torch in ``~/.cache/torch_extensions``); otherwise, on CUDA and for
 float32, ``F.linear`` runs unchanged. ``AVKIT_CPU_KERNELS=0`` turns it off.
 
 Glossary
@@ -20,6 +20,7 @@ panel       16 consecutive output rows of W stored k-major: ``packed[p, k, j] = 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import time
 import warnings
@@ -56,6 +57,17 @@ def clear_stale_build_lock(build_dir: Path, max_age_s: float = STALE_BUILD_LOCK_
     return True
 
 
+_SOURCE = Path(__file__).with_suffix(".cpp")
+_CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
+
+
+def _build_name() -> str:
+    """``avkit_cpu_linear_<hash of source and flags>``: one build directory per kernel version, so checkouts
+    with different kernels (branches, an upgrade) never rebuild over each other in torch's shared cache."""
+    digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_CFLAGS).encode()).hexdigest()[:12]
+    return f"avkit_cpu_linear_{digest}"
+
+
 @functools.cache
 def _extension():
     """The compiled kernel module, or None where it cannot run here."""
@@ -66,9 +78,9 @@ def _extension():
     try:
         from torch.utils.cpp_extension import _get_build_directory, load
 
-        clear_stale_build_lock(Path(_get_build_directory("avkit_cpu_linear", verbose=False)))
-        return load(name="avkit_cpu_linear", sources=[str(Path(__file__).with_suffix(".cpp"))],
-                    extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"], extra_ldflags=["-fopenmp"],
+        name = _build_name()
+        clear_stale_build_lock(Path(_get_build_directory(name, verbose=False)))
+        return load(name=name, sources=[str(_SOURCE)], extra_cflags=list(_CFLAGS), extra_ldflags=["-fopenmp"],
                     verbose=False)
     except Exception as exc:  # no compiler / ninja: the plain torch path still computes the same thing
         warnings.warn(f"avkit: CPU bf16 kernel unavailable ({type(exc).__name__}: {exc}); using F.linear",
