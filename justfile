@@ -25,6 +25,13 @@ models:
 test-browser:
     AVKIT_SCREENSHOT=bench/results/report_screenshot.png python -m pytest -m browser tests/test_report_browser.py
 
+# avkit fit at fleet scale (bench/fit_scale.py): draw the replica shards once (not timed), then one run per
+# size, each engine side by side, into bench/results/fit_scale.{json,md}; the traces are deleted at the end
+bench-fit-scale dir="/tmp/avkit-fleet":
+    python bench/fit.py --generate {{dir}}
+    for n in 5000000 50000000 200000000; do python bench/fit.py --scale --sizes $n --traces {{dir}} --scratch {{dir}}; done
+    rm -rf {{dir}}
+
 # the main job on its embedded default
 demo:
     python -m avkit report

@@ -119,8 +119,8 @@ def main() -> None:
     ap.add_argument("--engines", default="memory,streaming,ray", help="--scale: engines to run")
     ap.add_argument("--scratch", default=tempfile.gettempdir(), help="--scale: where traces and spills go")
     ap.add_argument("--budget-mb", type=int, default=1536, help="--scale: memory budget of the out-of-core engines")
-    ap.add_argument("--traces", default=None, help="--scale: use (and keep) DIR/synthetic-{slots}.parquet")
-    ap.add_argument("--generate", default=None, metavar="DIR", help="draw DIR/synthetic-{slots}.parquet for --sizes")
+    ap.add_argument("--traces", default=None, help="--scale: use (and keep) DIR/synthetic-{slots}/ (replica shards)")
+    ap.add_argument("--generate", default=None, metavar="DIR", help="draw DIR/synthetic-{slots}/ (replica shards) for --sizes")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -128,7 +128,7 @@ def main() -> None:
         from fit_scale import generate
 
         for slots in sizes:
-            generate(slots, str(Path(args.generate) / f"synthetic-{slots}.parquet"))
+            generate(slots, str(Path(args.generate) / f"synthetic-{slots}"))
         return
     if args.scale:
         from fit_scale import run_scale

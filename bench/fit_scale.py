@@ -13,7 +13,7 @@ deleted after each size. Results: bench/results/fit_scale.json and .md (temp fil
                                 [--scratch /tmp] [--budget-mb 1536] [--traces DIR]
     python bench/fit.py --generate DIR [--sizes ...]   # draw the traces first, outside a timed run
 
-With `--traces DIR` the traces DIR/synthetic-{slots}.parquet drawn by `--generate` are used and
+With `--traces DIR` the traces DIR/synthetic-{slots}/ (replica shards) drawn by `--generate` are used and
 kept, and the rows of sizes not rerun stay in the table: a long grid runs as several commands
 (`just bench-fit-scale`), each under the machine's benchmark lock, with the drawing outside it.
 "driver CPU s" is the fitting process's CPU time (all its threads; Ray's workers not included):
@@ -77,12 +77,23 @@ def _run_child(args: list[str]) -> tuple[dict, int]:
     return json.loads(out.strip().splitlines()[-1]), peak[0]
 
 
-def child_generate(path: str, slots: int) -> None:
+SHARD_SLOTS = 25_000_000  # slots per replica shard of a synthetic fleet trace (at least MIN_SHARDS shards)
+MIN_SHARDS = 2
+
+
+def shard_sizes(slots: int) -> list[int]:
+    """Slots of each replica shard of a `slots`-slot fleet trace (sizes differ by at most K-rounding)."""
+    n = max(MIN_SHARDS, -(-slots // SHARD_SLOTS))
+    return [slots // n + (i < slots % n) for i in range(n)]
+
+
+def child_generate(path: str, slots: int, shard: int) -> None:
+    """Draw replica shard `shard` (its own seed) of a fleet trace into `path`."""
     from avkit.config import SyntheticConfig
     from avkit.trace.synthetic import write_synthetic_trace
 
     t0 = time.perf_counter()
-    write_synthetic_trace(path, SyntheticConfig(num_slots=slots, seed=0))
+    write_synthetic_trace(path, SyntheticConfig(num_slots=slots, seed=shard))
     print(json.dumps({"wall_s": time.perf_counter() - t0, "bytes": os.path.getsize(path)}))
 
 
@@ -100,29 +111,40 @@ def child_fit(engine: str, path: str, budget_mb: int, scratch: str) -> None:
 
 
 def generate(slots: int, trace: str) -> dict:
-    """Draw one synthetic trace in a child; -> its row (wall time, size, the generator's peak RSS)."""
-    gen, gen_peak = _run_child([str(Path(__file__).resolve()), "--child-generate", trace, str(slots)])
-    print(f"{slots:>12,} slots: trace {gen['bytes'] / 2**30:.2f} GiB in {gen['wall_s']:.0f} s, "
-          f"generator peak {gen_peak / 2**20:.0f} MB", flush=True)
-    return {"slots": slots, "engine": "generate", "wall_s": gen["wall_s"], "peak_rss_mb": gen_peak / 2**20,
-            "trace_gib": gen["bytes"] / 2**30, "load_avg_1m": os.getloadavg()[0]}
+    """Draw a synthetic fleet trace (a directory of replica shards, one child each, in turn);
+    -> its row (wall time, size, the generators' peak RSS)."""
+    Path(trace).mkdir(parents=True, exist_ok=True)
+    wall, size, peak = 0.0, 0, 0
+    for i, n in enumerate(shard_sizes(slots)):
+        part = str(Path(trace) / f"replica-{i:03d}.parquet")
+        gen, gen_peak = _run_child([str(Path(__file__).resolve()), "--child-generate", part, str(n), str(i)])
+        wall, size, peak = wall + gen["wall_s"], size + gen["bytes"], max(peak, gen_peak)
+    print(f"{slots:>12,} slots: {len(shard_sizes(slots))} shards, {size / 2**30:.2f} GiB in {wall:.0f} s, "
+          f"generator peak {peak / 2**20:.0f} MB", flush=True)
+    return {"slots": slots, "engine": "generate", "wall_s": wall, "peak_rss_mb": peak / 2**20,
+            "trace_gib": size / 2**30, "shards": len(shard_sizes(slots)), "load_avg_1m": os.getloadavg()[0]}
 
 
 def run_scale(sizes: list[int], engines: list[str], scratch: str, budget_mb: int, out: Path,
               traces: str | None = None) -> None:
     """Fit each size with each engine; `traces`: a directory of traces drawn before by `--generate`
-    (synthetic-{slots}.parquet, kept), so that drawing them stays out of a timed, locked run."""
+    (synthetic-{slots}/, kept), so that drawing them stays out of a timed, locked run."""
     me = str(Path(__file__).resolve())
     cores = os.cpu_count() or 1
     previous = json.loads(out.with_suffix(".json").read_text())["rows"] if out.with_suffix(".json").exists() \
         and traces else []  # pieces of one grid run in several commands add up in one table
-    rows = [r for r in previous if r["slots"] not in sizes]
+    rows = [r for r in previous if r["slots"] not in sizes or r["engine"] not in [*engines, "generate"]
+            or (r["engine"] == "generate" and traces)]
     for slots in sizes:
         with tempfile.TemporaryDirectory(dir=scratch, prefix="avkit-bench-") as tmp:
-            given = Path(traces or tmp) / f"synthetic-{slots}.parquet"
+            given = Path(traces or tmp) / f"synthetic-{slots}"
             trace = str(given)
             if not (traces and given.exists()):
                 rows.append(generate(slots, trace))
+            elif not any(r["slots"] == slots and r["engine"] == "generate" for r in rows):
+                files = sorted(given.glob("*.parquet"))  # drawn before by --generate (its time is not here)
+                rows.append({"slots": slots, "engine": "generate", "wall_s": None, "peak_rss_mb": None,
+                             "shards": len(files), "trace_gib": sum(f.stat().st_size for f in files) / 2**30})
             ref = None
             for engine in engines:
                 need = slots * MEMORY_BYTES_PER_SLOT
@@ -165,8 +187,11 @@ def _markdown(doc: dict) -> str:
         if "skipped" in r:
             lines.append(f"| {r['slots']:,} | {r['engine']} | skipped: {r['skipped']} | | | | | | |")
         elif r["engine"] == "generate":
-            lines.append(f"| {r['slots']:,} | (synthetic trace, {r['trace_gib']:.2f} GiB) | {r['wall_s']:.1f} | | | | "
-                         f"{r['peak_rss_mb']:.0f} | | {r.get('load_avg_1m', float('nan')):.1f} |")
+            drawn = "drawn before" if r["wall_s"] is None else f"{r['wall_s']:.1f}"
+            peak = "" if r["peak_rss_mb"] is None else f"{r['peak_rss_mb']:.0f}"
+            lines.append(f"| {r['slots']:,} | (synthetic trace: {r.get('shards', 1)} replica shards, "
+                         f"{r['trace_gib']:.2f} GiB) | {drawn} | | | | {peak} | | "
+                         f"{r.get('load_avg_1m', float('nan')):.1f} |")
         else:
             lines.append(f"| {r['slots']:,} | {r['engine']} | {r['wall_s']:.1f} | {r['slots_per_s'] / 1e6:.2f} | "
                          f"{r['slots_per_s_per_core'] / 1e6:.2f} | {r.get('cpu_s', float('nan')):.1f} | "
@@ -184,6 +209,6 @@ def _write(path: Path, text: str) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "--child-generate":
-        child_generate(sys.argv[2], int(sys.argv[3]))
+        child_generate(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
     elif sys.argv[1] == "--child-fit":
         child_fit(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])

@@ -8,6 +8,7 @@ import functools
 import os
 import signal
 
+import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -19,7 +20,7 @@ from avkit.fit import run_fit  # noqa: E402
 from avkit.fit.distributed import RayEngine  # noqa: E402
 from avkit.fit.streaming import fit_streaming  # noqa: E402
 from avkit.trace.synthetic import write_synthetic_trace  # noqa: E402
-from test_streaming_fit import check_same_fit  # noqa: E402
+from test_streaming_fit import _settled, check_same_fit  # noqa: E402
 
 BATCH = FitConfig(mode="batch", engine="ray")
 
@@ -122,3 +123,39 @@ def test_worker_killed_past_its_retries_fails_cleanly(cluster, by_value, fleet, 
     msg = str(e.value)
     assert "\n" not in msg and str(fleet[0]) in msg and "after 1 retries" in msg
     assert os.listdir(tmp_path) == []  # spills removed
+
+
+# ---- the online replay per replica (fit/replicas.py) ----
+
+ONLINE = FitConfig(mode="online", replicas="independent")
+
+
+@pytest.fixture(scope="module")
+def replicas_local(fleet):
+    return run_fit(fleet, ONLINE)  # each replica on its own estimator, on this process's threads
+
+
+def test_replica_replay_on_ray_equals_the_single_process_replay(cluster, fleet, replicas_local):
+    ours = run_fit(fleet, FitConfig(mode="online", engine="ray", replicas="independent"))
+    a, b = ours.coefficients, replicas_local.coefficients  # bit-identical: the same task function
+    assert a["slope"] == b["slope"] and a["intercepts"] == b["intercepts"] and _settled(a) == _settled(b)
+    assert ours.scores == replicas_local.scores
+    assert ours.trajectory.equals(replicas_local.trajectory)
+
+
+def test_worker_killed_mid_replay_is_retried(cluster, by_value, fleet, tmp_path):
+    from avkit.estimators import make_estimator
+    from avkit.fit.data import load_fit_data
+    from avkit.fit.replicas import online_replicas
+    from avkit.fit.streaming import LocalEngine
+
+    data = load_fit_data(fleet)
+    starts, feats = [make_estimator("online_logistic", k=data.k)], [data.features["logit_qmax"]]
+    want = online_replicas(starts, feats, data, LocalEngine(2))
+    killer = functools.partial(_die_first, str(tmp_path / "killed"))
+    with KillingEngine(0, killer, max_retries=2) as engine:
+        got = online_replicas(starts, feats, data, engine)
+    assert (tmp_path / "killed").exists()  # it did die once
+    (est_w, p_w, rows_w), (est_g, p_g, rows_g) = want[0], got[0]
+    np.testing.assert_array_equal(p_g, p_w)
+    assert rows_g == rows_w and est_g.state_dict() == est_w.state_dict()

@@ -89,6 +89,11 @@ def register(app: typer.Typer) -> None:
         scratch: Annotated[Path | None, typer.Option(help="--engine streaming/ray: directory for the spilled "
                                                          "observed slots (default: system temp)",
                                                      show_default=False)] = None,
+        replicas: Annotated[str, typer.Option(help="--mode online: chain = the files are one server's successive "
+                                                   "runs (one estimator carried through them); independent = "
+                                                   "each file is a replica with its own estimator, replayed in "
+                                                   "parallel (--engine ray: one Ray task per replica)")] =
+            default_of(FitConfig, "replicas"),
         hvd: Annotated[bool, typer.Option("--hvd", help="also replay the traces' generations tables for Hybrid "
                                           "Verified Decoding: payoff MLP, tau, routers -> OUT/hvd")] = False,
     ):
@@ -104,7 +109,7 @@ def register(app: typer.Typer) -> None:
                               "batch_logistic (drop --estimator or use --mode online)")
         config = FitConfig(mode=mode, estimator=estimator, n_bins=bins, coefficients=coefficients, out=str(out),
                            engine=engine, address=address, memory_budget_mb=memory_budget,
-                           scratch=None if scratch is None else str(scratch))
+                           scratch=None if scratch is None else str(scratch), replicas=replicas)
         est_cfg = EstimatorConfig(feature=feature, refit_interval=refit_interval)
         paths = resolve_shards(traces) if traces else shipped_traces()
         console = Console(stderr=True)

@@ -9,6 +9,7 @@ from avkit.validate import check_choice, check_range
 
 FIT_MODES = ("online", "batch")
 FIT_ENGINES = ("memory", "streaming", "ray")
+FIT_REPLICAS = ("chain", "independent")
 ONLINE_ESTIMATORS = ("online_logistic", "forgetting_logistic")  # what `avkit fit --estimator` replays
 DEFAULT_TRACE_GLOB = "traces/*.parquet"  # the shipped traces `avkit fit` uses with no TRACE argument
 
@@ -34,6 +35,8 @@ class FitConfig:
     auc_bins: int = 1 << 16  # streaming/ray: rank-histogram bins per group (AUC error bound, metrics/binned.py)
     address: str | None = None  # ray: cluster address (None starts a local cluster)
     scratch: str | None = None  # streaming/ray: directory for the spilled observed slots (None: system temp)
+    replicas: str = "chain"  # online: chain = the files are one server's successive runs (the estimator
+    # carries over); independent = each file is a replica with its own live estimator (fit/replicas.py)
 
     def __post_init__(self):
         check_choice("mode", self.mode, FIT_MODES)
@@ -41,11 +44,23 @@ class FitConfig:
         check_choice("engine", self.engine, FIT_ENGINES)
         check_range("memory_budget_mb", self.memory_budget_mb, 256)
         check_range("auc_bins", self.auc_bins, 16, 1 << 24)
-        if self.engine != "memory" and self.mode != "batch":
+        check_choice("replicas", self.replicas, FIT_REPLICAS)
+        if self.engine == "streaming" and self.mode != "batch":
             from avkit.errors import ConfigError
 
-            raise ConfigError(f"--engine {self.engine} fits --mode batch (passes over the shards); the online "
-                              "replay reads its traces into memory: use --engine memory for --mode online")
+            raise ConfigError("--engine streaming fits --mode batch (passes over the shards); the online "
+                              "replay reads its traces into memory: use --engine memory or ray for --mode online")
+        if self.engine == "ray" and self.mode == "online" and self.replicas != "independent":
+            from avkit.errors import ConfigError
+
+            raise ConfigError("--engine ray --mode online replays each replica (trace file) on its own estimator, "
+                              "in parallel: add --replicas independent (--replicas chain carries one estimator "
+                              "through every file in turn, which only --engine memory runs)")
+        if self.replicas != "chain" and self.mode != "online":
+            from avkit.errors import ConfigError
+
+            raise ConfigError(f"--replicas {self.replicas}: only --mode online replays per replica "
+                              "(a batch fit pools every shard)")
         check_range("n_bins", self.n_bins, 1)
         check_range("max_iter", self.max_iter, 1)
         check_range("tol", self.tol, 0.0, lo_open=True)
@@ -86,4 +101,4 @@ class SyntheticConfig:
                 raise ConfigError(f"{name} must have {n} entries, got {getattr(self, name)!r}")
 
 
-__all__ = ["DEFAULT_TRACE_GLOB", "FIT_ENGINES", "FIT_MODES", "ONLINE_ESTIMATORS", "FitConfig", "SyntheticConfig"]
+__all__ = ["DEFAULT_TRACE_GLOB", "FIT_ENGINES", "FIT_MODES", "FIT_REPLICAS", "ONLINE_ESTIMATORS", "FitConfig", "SyntheticConfig"]

@@ -18,6 +18,7 @@ Damping scales each update by n / (n + damping), n = the slots supporting that c
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Self
 
@@ -81,20 +82,73 @@ def irls_stats(features: np.ndarray, positions: np.ndarray, predictions: np.ndar
 
 
 def segment_stats(f: np.ndarray, f2: np.ndarray, y: np.ndarray, p: np.ndarray) -> tuple[float, ...]:
-    """(a, b, c, g0, g1) of ONE position's rows ([n] each, f2 = f*f precomputed): BLAS dots,
-    no scattered writes. A batch fit keeps rows grouped by position and calls this per position."""
+    """(a, b, c, g0, g1) of ONE position's rows ([n] each, f2 = f*f precomputed) at given
+    predictions p: plain numpy dots (the reference the fused pass is tested against)."""
     w = p * (1.0 - p)
     r = y - p
     return float(np.dot(w, f2)), float(np.dot(w, f)), float(w.sum()), float(np.dot(r, f)), float(r.sum())
 
 
-def fused_segment_stats(f: np.ndarray, f2: np.ndarray, y: np.ndarray, slope: float,
-                        intercept: float) -> tuple[float, ...]:
-    """(a, b, c, g0, g1) of ONE position's rows ([n] float64 each, f oriented, f2 = f*f) at
-    p = sigmoid(slope * f + intercept), computed here: a batch Newton iteration's whole pass
-    (the in-memory and out-of-core fits both call this, so their sums are formed alike)."""
-    p = 0.5 * (1.0 + np.tanh(0.5 * (slope * f + intercept)))  # [n] overflow-free logistic
-    return segment_stats(f, f2, y, p)
+BLOCK = 1 << 15  # rows per block of a fused pass: its [BLOCK] temporaries stay in the L2 cache
+
+
+@dataclass(frozen=True)
+class Segment:
+    """ONE position's rows laid out for batch passes (built once per fit, reused every iteration).
+
+    design  [3, n] float64 rows (f^2, f, 1), f oriented: one BLAS gemv gives (a, b, c) of a block
+    yf, ysum       sum y f and sum y: the gradient is g0 = yf - sum p f, g1 = ysum - sum p
+    """
+
+    design: np.ndarray  # [3, n]
+    yf: float
+    ysum: float
+
+    @classmethod
+    def build(cls, f: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> Segment:
+        """[n] oriented feature and labels -> a segment (`out`: a [3, n] view to fill, e.g. of one
+        array holding every position's segment)."""
+        design = np.empty((3, f.size)) if out is None else out
+        design[1] = f
+        np.multiply(f, f, out=design[0])
+        design[2] = 1.0
+        return cls(design, float(np.dot(y, f)), float(y.sum()))
+
+    @property
+    def n(self) -> int:
+        return self.design.shape[1]
+
+
+def fused_segment_stats(seg: Segment, slope: float, intercept: float) -> tuple[float, ...]:
+    """(a, b, c, g0, g1) of one position's rows at p = sigmoid(slope * f + intercept), computed
+    here: a batch Newton iteration's whole pass (the in-memory and out-of-core fits both call
+    this, so their sums are formed alike). Per block of BLOCK rows: p = 1 / (1 + exp(-z)) (exp
+    overflows to inf for z < -709, giving p = 0 exactly), w = p (1 - p), then two gemv against
+    the design ([f^2, f, 1] w and [f, 1] p) in float64; measured 3x the unblocked numpy pass
+    (docs/fleet.md)."""
+    acc = np.zeros(5)  # (a, b, c, sum p f, sum p)
+    f = seg.design[1]
+    for lo in range(0, seg.n, BLOCK):
+        hi = min(seg.n, lo + BLOCK)
+        p = np.multiply(f[lo:hi], -slope)  # [B] -z
+        p -= intercept
+        with np.errstate(over="ignore"):
+            np.exp(p, out=p)
+        p += 1.0
+        np.reciprocal(p, out=p)  # [B] p
+        w = np.subtract(1.0, p)
+        w *= p  # [B] w = p (1 - p)
+        acc[:3] += seg.design[:, lo:hi] @ w
+        acc[3:] += seg.design[1:, lo:hi] @ p
+    return float(acc[0]), float(acc[1]), float(acc[2]), seg.yf - float(acc[3]), seg.ysum - float(acc[4])
+
+
+def grouped_segments(f: np.ndarray, y: np.ndarray, order: np.ndarray | None, bounds: np.ndarray) -> list[Segment]:
+    """[N] oriented feature and labels, rows `order` grouping them by position (None: already grouped)
+    with segment `bounds` [K + 1] -> one Segment per position (views of one [3, N] design array)."""
+    design = np.empty((3, f.size))  # [3, N]
+    fg, yg = (f, y) if order is None else (f[order], y[order])  # [N] grouped by position
+    return [Segment.build(fg[lo:hi], yg[lo:hi], design[:, lo:hi]) for lo, hi in itertools.pairwise(bounds)]
 
 
 def _damp(n: np.ndarray | float, damping: float):
@@ -164,4 +218,5 @@ def per_position_step(s: IrlsStats, slopes: np.ndarray, intercepts: np.ndarray, 
     return out_s, out_i, ok
 
 
-__all__ = ["STATS", "IrlsStats", "fused_segment_stats", "irls_stats", "per_position_step", "schur_slope_step", "segment_stats", "shared_slope_step"]
+__all__ = ["BLOCK", "STATS", "IrlsStats", "Segment", "fused_segment_stats", "grouped_segments", "irls_stats",
+           "per_position_step", "schur_slope_step", "segment_stats", "shared_slope_step"]

@@ -18,7 +18,6 @@ damping n / (n + 50).
 
 from __future__ import annotations
 
-import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
@@ -28,13 +27,18 @@ import torch
 
 from avkit.config import DEFAULT_K, EstimatorConfig
 from avkit.errors import DataError
-from avkit.estimators.irls import IrlsStats, fused_segment_stats, irls_stats, shared_slope_step
+from avkit.estimators.irls import IrlsStats, fused_segment_stats, grouped_segments, irls_stats, shared_slope_step
 from avkit.estimators.on_device import DeviceCoefficients, sigmoid_torch
 from avkit.features import FEATURES
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))  # overflow-free logistic
+
+
+def group_by_position(positions: np.ndarray) -> np.ndarray:
+    """[N] positions -> [N] stable permutation grouping rows by position (int16 keys: numpy's radix sort)."""
+    return np.argsort(np.asarray(positions).astype(np.int16), kind="stable")
 
 
 def check_positions(positions, k: int) -> np.ndarray:
@@ -176,23 +180,21 @@ class RoundLogistic(ABC):
         return True
 
     def fit(self, features, positions, labels, *, max_iter: int = 50, tol: float = 1e-10,
-            on_iteration: Callable[[RoundLogistic], None] | None = None) -> int:
+            on_iteration: Callable[[RoundLogistic], None] | None = None, order: np.ndarray | None = None) -> int:
         """Batch fit: iterate the (undamped) Newton step on all rows until max |step| < tol.
 
-        Returns the number of iterations; `observations` becomes the per-position row counts.
+        `order`: [N] a stable permutation grouping the rows by position (`group_by_position`), when
+        the caller fits several features on the same rows. Returns the number of iterations;
+        `observations` becomes the per-position row counts.
         """
         pos = check_positions(positions, self.k)
-        # group rows by position, one contiguous segment each (int16 keys: numpy's radix sort)
-        order = np.argsort(pos.astype(np.int16), kind="stable")
-        f = self._oriented(features)[order]
-        y = np.asarray(labels, dtype=np.float64)[order]
+        order = group_by_position(pos) if order is None else order
         counts = np.bincount(pos, minlength=self.k)  # [K]
-        bounds = np.r_[0, np.cumsum(counts)]  # [K + 1]
-        segments = [(f[lo:hi], f[lo:hi] ** 2, y[lo:hi]) for lo, hi in itertools.pairwise(bounds)]
+        segments = grouped_segments(self._oriented(features), np.asarray(labels, dtype=np.float64), order,
+                                    np.r_[0, np.cumsum(counts)])
         for it in range(1, max_iter + 1):
             before = self.coefficients()
-            sums = [fused_segment_stats(fs, f2s, ys, self._slope_at(i), self.intercepts[i])
-                    for i, (fs, f2s, ys) in enumerate(segments)]
+            sums = [fused_segment_stats(seg, self._slope_at(i), self.intercepts[i]) for i, seg in enumerate(segments)]
             applied = self.batch_step(IrlsStats.from_segments(sums, counts))
             if on_iteration is not None:
                 on_iteration(self)
@@ -301,4 +303,4 @@ class BatchLogistic(OnlineLogistic):
         return True
 
 
-__all__ = ["BatchLogistic", "OnlineLogistic", "RoundLogistic", "check_positions", "sigmoid"]
+__all__ = ["BatchLogistic", "OnlineLogistic", "RoundLogistic", "check_positions", "group_by_position", "sigmoid"]

@@ -13,6 +13,7 @@ Batch: the same Newton step iterated to convergence; scores are in-sample.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
@@ -30,36 +31,61 @@ def _coef_row(est, round_index: int, engine_step, applied: bool, observations: i
     return row
 
 
+@dataclass(frozen=True)
+class Run:
+    """One run (trace file: a server process, a replica) of observed slots, in engine-step order."""
+
+    feature: np.ndarray  # [n] the estimator's raw feature
+    positions: np.ndarray  # [n]
+    labels: np.ndarray  # [n] int8 in {0, 1}
+    bounds: np.ndarray  # [G + 1] first row of each engine step of the run
+    clock: np.ndarray  # [G] recorded engine_step (or ordinal) of each step
+    file: int  # index of the trace file
+
+
+def runs_of(data: FitData, feature: np.ndarray) -> list[tuple[slice, Run]]:
+    """-> (row slice, Run) of each file of `data`, in order (views, no copies)."""
+    labels = data.labels.astype(np.int8)
+    return [(slots, Run(feature[slots], data.positions[slots], labels[slots],
+                        data.step_bounds[steps.start:steps.stop + 1] - slots.start, data.step_clock[steps],
+                        int(data.step_file[steps.start]))) for steps, slots in data.runs()]
+
+
+def replay_run(est, run: Run, rows: list[dict], on_step: Callable[[int], None] | None = None) -> np.ndarray:
+    """Replay one run through `est` as it ran live, appending one trajectory row per refit to `rows`
+    (its `round` counts on from len(rows)); -> predictions made when drafting [n]."""
+    last = {"row": 0, "rejected": getattr(est, "rejected", 0)}
+
+    def after(g: int, refit: bool) -> None:
+        if refit:  # the round [last row, end of step g) was refitted
+            rejected = getattr(est, "rejected", 0)
+            rows.append({**_coef_row(est, len(rows), int(run.clock[g]), rejected == last["rejected"],
+                                     int(run.bounds[g + 1]) - last["row"]), "file": run.file})
+            last.update(row=int(run.bounds[g + 1]), rejected=rejected)
+        if on_step is not None:
+            on_step(g + 1)
+
+    return replay_steps(est, run.feature, run.positions, run.labels, run.bounds, on_round=after)
+
+
 def online_replay(est, data: FitData, feature: np.ndarray,
                   on_round: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, list[dict]]:
-    """-> (predictions made when drafting [N], one trajectory row per refit)."""
+    """-> (predictions made when drafting [N], one trajectory row per refit). The files are one
+    chain: the estimator's state carries over from one to the next."""
     preds = np.empty(len(feature))
-    labels = data.labels.astype(np.int8)
     rows: list[dict] = []
-    total = data.step_file.size
-    for steps, slots in data.runs():
-        bounds = data.step_bounds[steps.start:steps.stop + 1] - slots.start  # [G_run + 1]
-        clock, last = data.step_clock[steps], {"row": 0, "rejected": getattr(est, "rejected", 0)}
-        file = int(data.step_file[steps.start])  # engine steps restart in each trace file: the report needs it
-
-        def after(g: int, refit: bool, bounds=bounds, clock=clock, start=steps.start, last=last, file=file) -> None:
-            if refit:  # the round [last row, end of step g) was refitted
-                rejected = getattr(est, "rejected", 0)
-                rows.append({**_coef_row(est, len(rows), int(clock[g]), rejected == last["rejected"],
-                                         int(bounds[g + 1]) - last["row"]), "file": file})
-                last.update(row=int(bounds[g + 1]), rejected=rejected)
-            if on_round is not None:
-                on_round(start + g + 1, total)
-
-        preds[slots] = replay_steps(est, feature[slots], data.positions[slots], labels[slots], bounds,
-                                    on_round=after)
+    total, done = data.step_file.size, 0
+    for slots, run in runs_of(data, feature):
+        step = None if on_round is None else (lambda g, done=done: on_round(done + g, total))
+        preds[slots] = replay_run(est, run, rows, step)
+        done += run.clock.size
     return preds, rows
 
 
 def batch_fit(est, data: FitData, feature: np.ndarray, *, max_iter: int, tol: float) -> tuple[np.ndarray, list[dict]]:
     """-> (in-sample predictions [N], one trajectory row per Newton iteration)."""
     rows: list[dict] = []
-    est.fit(feature, data.positions, data.labels, max_iter=max_iter, tol=tol,
+    est.fit(feature, data.positions, data.labels, max_iter=max_iter, tol=tol, order=data.position_order,
             on_iteration=lambda e: rows.append(_coef_row(e, len(rows), None, True, len(feature))))
     return est.predict(feature, data.positions), rows
 
@@ -79,4 +105,4 @@ def trajectory_frame(rows: list[dict], k: int, per_position_slope: bool = False)
     return frame.select(pl.col(c).cast(t) for c, t in schema.items())
 
 
-__all__ = ["batch_fit", "online_replay", "trajectory_frame"]
+__all__ = ["Run", "batch_fit", "online_replay", "replay_run", "runs_of", "trajectory_frame"]

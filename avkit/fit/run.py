@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import polars as pl
+from threadpoolctl import threadpool_limits
 
 from avkit.config import EstimatorConfig, FitConfig
 from avkit.errors import ConfigError
@@ -53,9 +54,7 @@ def _fit_one(name: str, estimator: str, data: FitData, fit: FitConfig, est_cfg: 
     """-> (estimator, predictions [N], trajectory rows) for one feature."""
     spec = FEATURES[name]
     values = data.features[name]
-    est = make_estimator(estimator, k=data.k, config=replace(est_cfg, feature=name))
-    if fit.coefficients and fit.mode == "online" and name == est_cfg.feature and estimator == fit.estimator:
-        est = warm_start(estimator, fit.coefficients, data, replace(est_cfg, feature=name))
+    est = start_estimator(name, estimator, data, fit, est_cfg)
     if spec.no_fit is not None:
         return est, est.predict(values, data.positions), []
     if fit.mode == "batch":  # (the estimator orients the feature by FeatureSpec.sign itself)
@@ -64,6 +63,14 @@ def _fit_one(name: str, estimator: str, data: FitData, fit: FitConfig, est_cfg: 
         on_round = None if progress is None else (lambda d, t: progress(f"{name} ({estimator})", d, t))
         preds, rows = online_replay(est, data, values, on_round)
     return est, preds, rows
+
+
+def start_estimator(name: str, estimator: str, data: FitData, fit: FitConfig, est_cfg: EstimatorConfig):
+    """The estimator a fit of feature `name` starts from: the start constants, or (online, the written
+    feature and estimator) the state of `--coefficients`."""
+    if fit.coefficients and fit.mode == "online" and name == est_cfg.feature and estimator == fit.estimator:
+        return warm_start(estimator, fit.coefficients, data, replace(est_cfg, feature=name))
+    return make_estimator(estimator, k=data.k, config=replace(est_cfg, feature=name))
 
 
 def warm_start(estimator: str, path: str, data: FitData, est_cfg: EstimatorConfig):
@@ -89,7 +96,7 @@ def run_fit(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None
     """Fit and score every feature of the traces at `paths`; nothing is written here."""
     fit, est_cfg = fit or FitConfig(), est_cfg or EstimatorConfig()
     check_feature(est_cfg.feature)
-    if fit.engine != "memory":  # out of core, on this machine or a Ray cluster
+    if fit.mode == "batch" and fit.engine != "memory":  # out of core, on this machine or a Ray cluster
         from avkit.fit.distributed import fit_ray
         from avkit.fit.streaming import fit_streaming
 
@@ -97,18 +104,23 @@ def run_fit(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None
     data = load_fit_data(check_shards(paths).paths)
     plan = plan_features(fit, est_cfg, data.features)
     layout = ScoreLayout(data.labels, data.positions, data.dataset_codes, data.dataset_names, fit.n_bins)
+    fitted = _replay_replicas(plan, data, fit, est_cfg) if fit.replicas == "independent" else {}
 
     def job(item: tuple[str, str]):
         name, estimator = item
-        est, preds, rows = _fit_one(name, estimator, data, fit, est_cfg, progress)
+        est, preds, rows = fitted.get(item) or _fit_one(name, estimator, data, fit, est_cfg, progress)
         table = [{"feature": name, "lossless": FEATURES[name].lossless, "estimator": estimator, **row}
                  for row in layout.score(preds)]
         return est, rows, table
 
+    if fit.mode == "batch":
+        data.position_order  # noqa: B018 (one sort by position, shared by every feature's fit)
     # Features are independent and numpy/polars release the GIL on large arrays: score them on
     # `fit.workers` threads; results come back in plan order, so the output is deterministic.
+    # BLAS runs one thread per caller (the workers are the parallelism): several threads calling a
+    # multi-threaded OpenBLAS on a small box oversubscribe the cores with spinning BLAS threads.
     scores, chosen = [], None
-    with ThreadPoolExecutor(max_workers=fit.workers) as pool:
+    with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(max_workers=fit.workers) as pool:
         for i, ((name, _), (est, rows, table)) in enumerate(zip(plan, pool.map(job, plan))):
             scores += table
             if chosen is None and name == est_cfg.feature:
@@ -118,6 +130,23 @@ def run_fit(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None
     est, rows = chosen
     return FitResult(coefficients_doc(est, data.k, data.trained_on, data.clock, fit, est_cfg), scores,
                      trajectory_frame(rows, data.k, hasattr(est, "slopes")))
+
+
+def _replay_replicas(plan, data: FitData, fit: FitConfig, est_cfg: EstimatorConfig) -> dict:
+    """(feature, estimator) -> (written estimator, predictions, rows) of every fitted feature, each
+    replica on its own estimator (fit/replicas.py), on Ray (`--engine ray`) or this machine's threads."""
+    from avkit.fit.replicas import online_replicas
+    from avkit.fit.streaming import LocalEngine
+
+    todo = [(n, e) for n, e in plan if FEATURES[n].no_fit is None]
+    starts = [start_estimator(n, e, data, fit, est_cfg) for n, e in todo]
+    features = [data.features[n] for n, _ in todo]
+    if fit.engine == "ray":
+        from avkit.fit.distributed import RayEngine
+
+        with RayEngine(fit.address, object_store_mb=min(1024, max(128, fit.memory_budget_mb // 2))) as engine:
+            return dict(zip(todo, online_replicas(starts, features, data, engine)))
+    return dict(zip(todo, online_replicas(starts, features, data, LocalEngine(fit.workers))))
 
 
 def coefficients_doc(est, k: int, trained_on: dict, clock: str, fit: FitConfig, est_cfg: EstimatorConfig) -> dict:
@@ -147,4 +176,4 @@ def coefficients_doc(est, k: int, trained_on: dict, clock: str, fit: FitConfig, 
     }
 
 
-__all__ = ["FitResult", "check_feature", "coefficients_doc", "plan_features", "run_fit"]
+__all__ = ["FitResult", "check_feature", "coefficients_doc", "plan_features", "run_fit", "start_estimator"]

@@ -26,7 +26,6 @@ temporaries of one row; measured with `bench/fit.py --scale`).
 
 from __future__ import annotations
 
-import itertools
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -40,7 +39,7 @@ import polars as pl
 from avkit.config import EstimatorConfig, FitConfig
 from avkit.errors import TraceError
 from avkit.estimators import make_estimator
-from avkit.estimators.irls import IrlsStats, fused_segment_stats
+from avkit.estimators.irls import IrlsStats, fused_segment_stats, grouped_segments
 from avkit.features import FEATURES
 from avkit.fit.data import TRACE_COLUMNS, _shown
 from avkit.fit.replay import _coef_row, trajectory_frame
@@ -192,9 +191,10 @@ def shard_pass(survey: ShardSurvey, work: PassWork) -> list:
             if sc:
                 out[j].add(est.predict(f, pos), y, group)  # [n] predictions at the fitted coefficients
                 continue
-            fo = FEATURES[name].sign * f  # oriented as the estimator fits it
-            sums = [fused_segment_stats(fo[lo:hi], fo[lo:hi] ** 2, y[lo:hi], est._slope_at(i), est.intercepts[i])
-                    for i, (lo, hi) in enumerate(itertools.pairwise(bounds))]  # as the in-memory fit
+            fo = FEATURES[name].sign * f  # oriented as the estimator fits it; rows already grouped by position
+            segments = grouped_segments(fo, y, None, bounds)
+            sums = [fused_segment_stats(seg, est._slope_at(i), est.intercepts[i])
+                    for i, seg in enumerate(segments)]  # as the in-memory fit
             out[j] += IrlsStats.from_segments(sums, counts)
     return out
 
