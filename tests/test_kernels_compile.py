@@ -14,8 +14,9 @@ import pytest
 TARGET = ("cuda", 90, 32)  # backend, compute capability (H100/H200), warp size
 SIGNATURES = {
     "avkit.kernels.confidence:confidence_kernel": (
-        ("logits_ptr=*bf16 stride_row=i64 inv_temp_ptr=*fp32 pos_ptr=*i64 intercept_ptr=*fp32 slope=fp32 "
-         "logit_ptr=*fp32 qmax_ptr=*fp32 q2nd_ptr=*fp32 entropy_ptr=*fp32 conf_ptr=*fp32 V=i32"),
+        ("logits_ptr=*bf16 stride_row=i64 inv_temp_ptr=*fp32 pos_ptr=*i64 intercept_ptr=*fp32 slope_ptr=*fp32 "
+         "logit_ptr=*fp32 qmax_ptr=*fp32 q2nd_ptr=*fp32 entropy_ptr=*fp32 conf_ptr=*fp32 margin_ptr=*fp32 "
+         "nnlq_ptr=*fp32 V=i32"),
         {"BLOCK_V": 4096}),
     "avkit.kernels.rejection:rejection_kernel": (
         ("target_ptr=*fp32 stride_tb=i64 stride_tk=i64 draft_ptr=*fp32 stride_db=i64 stride_dk=i64 "
