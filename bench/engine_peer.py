@@ -61,11 +61,14 @@ def vllm_phase(args, ks: list[int], runs: list[dict]) -> dict[tuple[str, str], d
     """Each config in its own vLLM process (`bench/vllm_peer.py` in the peer venv)."""
     out = {}
     env = {**os.environ, **VLLM_ENV, "PYTHONPATH": ""}
+    if args.vllm_fix_expand:  # the fix must run where the engine core does
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     for k in ks:
         with tempfile.TemporaryDirectory(prefix="avkit-peer-") as d:
             jobs, res = Path(d) / "jobs.json", Path(d) / "results.json"
             jobs.write_text(json.dumps({"target": args.target_dir, "draft": args.draft_dir, "dtype": args.dtype,
-                                        "eager": not args.vllm_compile, "configs": [{"k": k, "runs": runs}]}))
+                                        "eager": not args.vllm_compile,
+                                        "fix_cpu_expand": args.vllm_fix_expand, "configs": [{"k": k, "runs": runs}]}))
             proc = subprocess.run([args.vllm_python, str(BENCH / "vllm_peer.py"), str(jobs), str(res)], env=env,
                                   timeout=args.vllm_timeout)
             if proc.returncode != 0:  # keep the runs it finished; the table shows the rest as missing
@@ -77,6 +80,7 @@ def vllm_phase(args, ks: list[int], runs: list[dict]) -> dict[tuple[str, str], d
                 accepted = r["counters"].get("spec_decode_num_accepted_tokens", 0.0)
                 out[(r["name"], f"K={k}")] = {"tok_s": tokens / r["wall_s"], "outputs": r["outputs"],
                                               "acceptance": _vllm_acceptance(r), "load": r.get("load", float("nan")),
+                                              "cpu_expand_fix": bool(r.get("cpu_expand_fix", False)),
                                               "steps": steps, "accepted_per_step": accepted / steps if steps else 0.0}
     return out
 
@@ -179,7 +183,8 @@ def cells(runs: list[dict], reps: list[tuple[dict, dict]]) -> list[dict]:
                             "tok_s": mean("tok_s"), "steps": mean("steps"),
                             "accepted_per_step": mean("accepted_per_step"), "acceptance": mean("acceptance"),
                             "outside_forwards": mean("outside"), "load": mean("load"), "repeats": len(got),
-                            "max_new_tokens": r["max_new_tokens"], "outputs": got[-1]["outputs"]})
+                            "max_new_tokens": r["max_new_tokens"], "outputs": got[-1]["outputs"],
+                            "cpu_expand_fix": any(g.get("cpu_expand_fix", False) for g in got)})
     return out
 
 

