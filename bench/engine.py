@@ -199,6 +199,7 @@ def _peer(args) -> None:
     def save(new: list[dict]) -> None:
         all_cells = merge(old, new)
         lines = table(all_cells)
+        args.datasets = ",".join(sorted({c["dataset"] for c in all_cells}))  # the header names every run's prompts
         print("\n".join(lines))
         _write(lines, args, prefix="engine-vllm-", extra={path: json.dumps({"fields": CELL_FIELDS, "cells": all_cells})})
 
