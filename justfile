@@ -84,9 +84,10 @@ peer-vllm:
     python bench/vllm_convert.py
 
 # vLLM's step-cost table on this CPU, real pair bf16 (`avkit profile --engine vllm`, docs/vllm.md; needs .venv-vllm and
-# `just peer-vllm`'s converted pair; two vLLM engines, K = 7 and target-only, 1..16 requests at context 256)
+# `just peer-vllm`'s converted pair; two vLLM engines, K = 7 and target-only, 1..16 requests at context 32: vLLM-CPU
+# prefills at ~5 tok/s here, so 256 would be ~54 min of prefill; attention is a few % of a row's cost; ~17 min)
 profile-vllm:
-    python -m avkit profile --engine vllm --dtype bfloat16 --context-len 256 -k 7 --max-requests 16 --repeats 3 --temperature 0 --threads 2 --out bench/results/vllm_cost_cpu.json
+    python -m avkit profile --engine vllm --dtype bfloat16 --context-len 32 -k 7 --max-requests 16 --repeats 3 --temperature 0 --threads 2 --out bench/results/vllm_cost_cpu.json
 
 # the simulator against vLLM and avkit's engine: fixed K 0,3,5,7 x c 1,4,16, predicted vs measured, greedy HumanEval
 # (-> bench/results/sim_vs_measured.md; cells are cached, so each line can run on its own under the bench lock)
