@@ -15,14 +15,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-import avkit.models
 from avkit.config import AdaptiveConfig, EngineConfig, EstimatorConfig, FitConfig, SamplingConfig, SyntheticConfig
 from avkit.drafters.draft_model import DraftModelDrafter
 from avkit.errors import ConfigError
 from avkit.estimators.online_logistic import OnlineLogistic
 from avkit.hvd.hybrid_drafter import HybridDrafter
 from avkit.kernels.dispatch import select_kernels
-from avkit.models.testing import write_tiny_model
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.runtime.sink import MemorySink
@@ -175,29 +173,23 @@ def oracle_total(df: pl.DataFrame) -> int:
     return int(df["accepted"].is_not_null().sum())
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    torch.set_num_threads(1)
-    root = tmp_path_factory.mktemp("cache_est_models")
-    target_dir = write_tiny_model(root / "t", vocab=300, seed=0, init_std=0.3)
-    target = avkit.models.load(target_dir)
-    target = dataclasses.replace(target, tokenizer=type("T", (), {"eos_token_ids": set()})())
-    return target_dir, target, avkit.models.load(write_tiny_model(root / "d", vocab=300, seed=1, init_std=0.3))
-
-
-def _engine(tiny, files, max_batch: int, sink=None):
-    _, target, draft = tiny
+def _engine(pair, files, max_batch: int, sink=None):
+    """Hybrid drafter (every cache draft routed to verification) + the adaptive policy of `files`, on
+    the tests' tiny pair (conftest.py) with no EOS."""
+    target = dataclasses.replace(pair[2], tokenizer=type("T", (), {"eos_token_ids": set()})())
+    draft = pair[3]
     cfg = EngineConfig(k=K, max_batch=max_batch, max_len=64)
     hybrid = HybridDrafter(DraftModelDrafter(draft, cfg.max_batch, cfg.max_len), None, tau=0.0, k=K, rule="cache")
     return Engine(target, None, cfg, policy=_policy(files), sink=sink, drafter=hybrid)
 
 
-def test_engine_scores_cache_rows_by_their_estimator_and_stays_greedy_exact(tiny, files):
+def test_engine_scores_cache_rows_by_their_estimator_and_stays_greedy_exact(pair, files):
     reqs = [Request(f"r{i}", [5 + i, 6, 7, 8, 9] * 4, SamplingConfig(temperature=0.0, max_new_tokens=16))
             for i in range(3)]
-    ref = Engine(tiny[1], None, EngineConfig(k=0, max_batch=2, max_len=64)).generate(reqs)
+    target = dataclasses.replace(pair[2], tokenizer=type("T", (), {"eos_token_ids": set()})())
+    ref = Engine(target, None, EngineConfig(k=0, max_batch=2, max_len=64)).generate(reqs)
     sink = MemorySink()
-    out = _engine(tiny, files, 2, sink).generate(reqs)
+    out = _engine(pair, files, 2, sink).generate(reqs)
     for a, b in zip(ref, out):
         assert b.output_ids == a.output_ids, a.request_id
     cols = sink.columns()
@@ -212,31 +204,20 @@ def test_engine_scores_cache_rows_by_their_estimator_and_stays_greedy_exact(tiny
         np.testing.assert_allclose(conf[rows], want, rtol=1e-4, err_msg=who)
 
 
-def test_engine_with_cache_estimator_is_lossless_at_t1(tiny, files):
+def test_engine_with_cache_estimator_is_lossless_at_t1(pair, files):
     """First two tokens of 1,500 seeded requests (a repetitive prompt: cache rows every step, trimmed by
     the cache's own doubtful estimator) against HF transformers' distribution of the target."""
-    import transformers
-
-    from test_lossless import _top_p, assert_fits
+    from test_lossless import assert_first_two_tokens_follow_hf
 
     prompt, top_p, n = [40, 41, 42, 40, 41, 42, 40, 41], 0.9, 1500
     sampling = SamplingConfig(temperature=1.0, top_p=top_p, max_new_tokens=3, seed=77)
     sink = MemorySink()
-    gens = _engine(tiny, files, 100, sink).generate([Request(f"s{i}", prompt, sampling) for i in range(n)])
+    gens = _engine(pair, files, 100, sink).generate([Request(f"s{i}", prompt, sampling) for i in range(n)])
     cols = sink.columns()
     kinds = np.asarray(cols["drafter"])
     verified = np.asarray(cols["verified"]).astype(bool)
     assert verified[kinds == "suffix"].any() and (~verified[kinds == "suffix"]).any()  # trimmed, not all
-    out = torch.tensor([g.output_ids[:2] for g in gens])  # [N, 2]
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny[0]).eval()
-    with torch.no_grad():
-        p0 = _top_p(hf(torch.tensor([prompt])).logits[0, -1].softmax(-1), top_p)  # [V]
-        support = p0.nonzero().squeeze(-1)
-        ctx = torch.cat([torch.tensor(prompt).expand(len(support), -1), support[:, None]], 1)
-        p1 = _top_p(hf(ctx).logits[:, -1].softmax(-1), top_p)  # [n, V]
-    v = p0.shape[0]
-    assert_fits(torch.bincount(out[:, 0], minlength=v), p0, "token 0")
-    assert_fits(torch.bincount(out[:, 1], minlength=v), p0[support] @ p1, "token 1 (marginal)")
+    assert_first_two_tokens_follow_hf(pair[0], prompt, top_p, [g.output_ids[:2] for g in gens])
 
 
 def test_serve_refuses_cache_coefficients_without_the_hybrid_drafter(files):
