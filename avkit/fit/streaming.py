@@ -108,7 +108,8 @@ def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int, s
         check_values(df, f"{path} (chunk from row {off})", k)
         keys.add(df, off)
         _count_steps(s, df)
-        _survey_chunk(s, df.filter(pl.col("accepted").is_not_null()).sort("position", maintain_order=True),
+        obs = df.filter(pl.col("accepted").is_not_null() & (pl.col("drafter").cast(pl.String) == "model"))
+        _survey_chunk(s, obs.sort("position", maintain_order=True),
                       rng, sample / max(total, 1))
     keys.check(path, lf)
     shutil.rmtree(keys.dir, ignore_errors=True)
@@ -310,7 +311,7 @@ def _trained_on(shards, m: dict) -> dict:
 
     meta, clocks = shards.meta, m["clocks"]
     return {"traces": [_shown(p) for p in shards.paths], "slots": m["rows"], "observed": m["observed"],
-            "datasets": m["datasets"], "target": meta.get("avkit.target", ""), "draft": meta.get("avkit.draft", ""),
+            "datasets": m["datasets"], "drafter": "model", "target": meta.get("avkit.target", ""), "draft": meta.get("avkit.draft", ""),
             "target_sha256": meta.get("avkit.target_sha256", ""), "draft_sha256": meta.get("avkit.draft_sha256", ""),
             "clock": clocks[0] if len(set(clocks)) == 1 else "mixed", "clock_per_file": clocks,
             "engine_steps": m["engine_steps"],
