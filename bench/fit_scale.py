@@ -145,7 +145,9 @@ def run_scale(sizes: list[int], engines: list[str], scratch: str, budget_mb: int
                 files = sorted(given.glob("*.parquet"))  # drawn before by --generate (its time is not here)
                 rows.append({"slots": slots, "engine": "generate", "wall_s": None, "peak_rss_mb": None,
                              "shards": len(files), "trace_gib": sum(f.stat().st_size for f in files) / 2**30})
-            ref = None
+            # coefficients and AUC of the first engine run at this size (also in an earlier command)
+            ref = next(({"slope": r["slope"], "intercepts": r["intercepts"], "auc": r["auc"]} for r in rows
+                        if r["slots"] == slots and "slope" in r), None)
             for engine in engines:
                 need = slots * MEMORY_BYTES_PER_SLOT
                 if engine == "memory" and need > 0.4 * psutil.virtual_memory().available:  # a shared box
@@ -160,7 +162,8 @@ def run_scale(sizes: list[int], engines: list[str], scratch: str, budget_mb: int
                        "slots_per_s_per_core": slots / res["wall_s"] / cores, "peak_rss_mb": peak / 2**20,
                        "max_coef_diff_vs_first": max(abs(res["slope"] - ref["slope"]), *(
                            abs(a - b) for a, b in zip(res["intercepts"], ref["intercepts"]))),
-                       "auc_diff_vs_first": abs(res["auc"] - ref["auc"])}
+                       "auc_diff_vs_first": abs(res["auc"] - ref["auc"]), "slope": res["slope"],
+                       "intercepts": res["intercepts"], "auc": res["auc"]}
                 rows.append(row)
                 _save(out, cores, budget_mb, rows)  # after every row: a long run keeps what it measured
                 print(f"{'':>12}  {engine:9s} {res['wall_s']:7.1f} s  {row['slots_per_s'] / 1e6:6.2f} M slots/s "
