@@ -83,13 +83,16 @@ class ShardSurvey:
     steps_by_engine_step: int = 0  # engine steps counted by the engine_step clock
     steps_by_request: int = 0  # ... by the (request_id, step) clock
     last: tuple = (None, None)
+    drafted: dict[str, list] = field(default_factory=dict)  # dataset -> [rows, sum of entropy]: every drafted slot
 
     def column(self, chunk: int, name: str, dtype) -> np.ndarray:
         return np.fromfile(Path(self.spill) / f"c{chunk}.{name}", dtype=dtype)
 
 
-def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int, sample: int) -> ShardSurvey:
-    """Pass 0 over one shard: check, keep the observed slots, survey them."""
+def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int, sample: int,
+                drafts: bool = False) -> ShardSurvey:
+    """Pass 0 over one shard: check, keep the observed slots, survey them (`drafts`: and count every
+    drafted slot per dataset, for `avkit report`)."""
     # the columns (and so the checks) of the in-memory fit: what it fits on and what read_traces checks
     lf = scan_traces([path]).select(*dict.fromkeys([*TRACE_COLUMNS, *CHECKED_COLUMNS]))
     spill = Path(scratch) / f"{index:06d}"
@@ -108,6 +111,8 @@ def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int, s
         check_values(df, f"{path} (chunk from row {off})", k)
         keys.add(df, off)
         _count_steps(s, df)
+        if drafts:
+            _count_drafts(s, df)
         _survey_chunk(s, df.filter(pl.col("accepted").is_not_null()).sort("position", maintain_order=True),
                       rng, sample / max(total, 1))
     keys.check(path, lf)
@@ -127,6 +132,14 @@ def _count_steps(s: ShardSurvey, df: pl.DataFrame) -> None:
         s.steps_by_engine_step += int(np.count_nonzero(np.r_[es[0] != s.last[0], es[1:] != es[:-1]]))
         s.steps_by_request += int(np.count_nonzero(np.r_[key[0] != s.last[1], key[1:] != key[:-1]]))
         s.last = (es[-1], key[-1])
+
+
+def _count_drafts(s: ShardSurvey, df: pl.DataFrame) -> None:
+    """Drafted slots and their summed draft entropy per dataset, observed or not (`avkit report`)."""
+    agg = df.group_by(pl.col("dataset").cast(pl.String)).agg(pl.len(), pl.col("entropy").cast(pl.Float64).sum())
+    for name, n, h in agg.iter_rows():
+        acc = s.drafted.setdefault(name, [0, 0.0])
+        acc[0], acc[1] = acc[0] + n, acc[1] + h
 
 
 def _survey_chunk(s: ShardSurvey, obs: pl.DataFrame, rng: np.random.Generator, rate: float) -> None:
@@ -169,6 +182,7 @@ class PassWork:
     dataset_names: list[str]  # global dataset codes
     score: dict | None = None  # {"n_bins", "edges": [E] AUC bin edges of logit(p)}
     fitting: list[bool] = field(default_factory=list)
+    subsets: list[int | None] | None = None  # [E] fit estimator j on dataset code subsets[j] only (None: all)
 
 
 def shard_pass(survey: ShardSurvey, work: PassWork) -> list:
@@ -191,11 +205,15 @@ def shard_pass(survey: ShardSurvey, work: PassWork) -> list:
             if sc:
                 out[j].add(est.predict(f, pos), y, group)  # [n] predictions at the fitted coefficients
                 continue
-            fo = FEATURES[name].sign * f  # oriented as the estimator fits it; rows already grouped by position
-            segments = grouped_segments(fo, y, None, bounds)
+            fo, yj, cj, bj = FEATURES[name].sign * f, y, counts, bounds  # oriented as the estimator fits it
+            if work.subsets and work.subsets[j] is not None:  # one dataset's rows (still grouped by position)
+                keep = lut[survey.column(c, "dataset", np.int16)] == work.subsets[j]
+                fo, yj, cj = fo[keep], y[keep], np.bincount(pos[keep], minlength=k)
+                bj = np.r_[0, np.cumsum(cj)]
+            segments = grouped_segments(fo, yj, None, bj)
             sums = [fused_segment_stats(seg, est._slope_at(i), est.intercepts[i])
                     for i, seg in enumerate(segments)]  # as the in-memory fit
-            out[j] += IrlsStats.from_segments(sums, counts)
+            out[j] += IrlsStats.from_segments(sums, cj)
     return out
 
 
@@ -241,14 +259,17 @@ def _merge_surveys(surveys: list[ShardSurvey], k: int | None) -> dict:
             "rows": sum(s.rows for s in surveys), "step_nulls": sum(s.engine_step_nulls for s in surveys)}
 
 
-def _newton(engine, surveys, nodes, plan, ests, m, fit: FitConfig, progress) -> dict[int, list[dict]]:
-    """Batch IRLS of every fitted estimator, one pass per iteration; -> index -> trajectory rows."""
+def _newton(engine, surveys, nodes, plan, ests, m, fit: FitConfig, progress,
+            subsets: list[int | None] | None = None) -> dict[int, list[dict]]:
+    """Batch IRLS of every fitted estimator (estimator i on dataset code subsets[i] when given), one pass
+    per iteration; -> index -> trajectory rows."""
     active = [i for i, (name, _) in enumerate(plan) if FEATURES[name].no_fit is None]
     rows: dict[int, list[dict]] = {i: [] for i in active}
     for it in range(fit.max_iter):
         if not active:
             break
-        work = PassWork([plan[i][0] for i in active], [ests[i] for i in active], m["k"], m["names"])
+        work = PassWork([plan[i][0] for i in active], [ests[i] for i in active], m["k"], m["names"],
+                        subsets=None if subsets is None else [subsets[i] for i in active])
         stats = _reduce(engine.map(shard_pass, [(s, work) for s in surveys], nodes)[0])
         still = []
         for i, st in zip(active, stats):
@@ -263,6 +284,26 @@ def _newton(engine, surveys, nodes, plan, ests, m, fit: FitConfig, progress) -> 
     return rows
 
 
+def _scratch(fit: FitConfig) -> str:
+    if fit.scratch is not None:
+        Path(fit.scratch).mkdir(parents=True, exist_ok=True)
+    return tempfile.mkdtemp(prefix="avkit-spill-", dir=fit.scratch)
+
+
+def spill(engine, paths: list[Path], fit: FitConfig, scratch: str,
+          drafts: bool = False) -> tuple[list[ShardSurvey], list, dict]:
+    """Pass 0 over every shard (`spill_shard`) -> (surveys, node of each, their merge); TraceError when no
+    slot is observed. The caller removes `scratch` (engine.cleanup)."""
+    sample = max(1024, SAMPLE_SLOTS // len(paths))  # per shard
+    ks = [_declared_k(p) for p in paths]  # K may differ across shards: each is checked at its own
+    items = [(str(p), i, k, scratch, chunk_rows(fit), sample, drafts) for i, (p, k) in enumerate(zip(paths, ks))]
+    surveys, nodes = engine.map(spill_shard, items)
+    m = _merge_surveys(surveys, max([k for k in ks if k] or [0]) or None)
+    if m["observed"] == 0:
+        raise TraceError(f"{', '.join(map(str, paths))}: no observed labels (every `accepted` is null)")
+    return surveys, nodes, m
+
+
 def fit_streaming(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None = None,
                   progress: Progress | None = None, engine=None) -> FitResult:
     """`avkit fit --mode batch` out of core: the same FitResult as `run_fit`, memory bounded by
@@ -271,18 +312,10 @@ def fit_streaming(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig 
     check_feature(est_cfg.feature)
     shards = check_shards(paths)
     engine = engine or LocalEngine(fit.workers)
-    if fit.scratch is not None:
-        Path(fit.scratch).mkdir(parents=True, exist_ok=True)
-    scratch = tempfile.mkdtemp(prefix="avkit-spill-", dir=fit.scratch)
+    scratch = _scratch(fit)
     nodes = None
     try:
-        sample = max(1024, SAMPLE_SLOTS // len(shards.paths))  # per shard
-        ks = [_declared_k(p) for p in shards.paths]  # K may differ across shards: each is checked at its own
-        items = [(str(p), i, k, scratch, chunk_rows(fit), sample) for i, (p, k) in enumerate(zip(shards.paths, ks))]
-        surveys, nodes = engine.map(spill_shard, items)
-        m = _merge_surveys(surveys, max([k for k in ks if k] or [0]) or None)
-        if m["observed"] == 0:
-            raise TraceError(f"{', '.join(map(str, shards.paths))}: no observed labels (every `accepted` is null)")
+        surveys, nodes, m = spill(engine, shards.paths, fit, scratch)
         plan = plan_features(fit, est_cfg, m["present"])
         ests = [make_estimator(e, k=m["k"], config=replace(est_cfg, feature=n)) for n, e in plan]
         rows = _newton(engine, surveys, nodes, plan, ests, m, fit, progress)
@@ -317,4 +350,4 @@ def _trained_on(shards, m: dict) -> dict:
             "synthetic_truth": json.loads(meta["avkit.synthetic"]) if "avkit.synthetic" in meta else None}
 
 
-__all__ = ["LocalEngine", "PassWork", "ShardSurvey", "chunk_rows", "fit_streaming", "shard_pass", "spill_shard"]
+__all__ = ["LocalEngine", "PassWork", "ShardSurvey", "chunk_rows", "fit_streaming", "shard_pass", "spill", "spill_shard"]
