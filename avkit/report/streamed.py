@@ -25,7 +25,8 @@ import numpy as np
 from avkit.config import EstimatorConfig, FitConfig
 from avkit.errors import ConfigError
 from avkit.estimators import make_estimator
-from avkit.fit.streaming import LocalEngine, ShardSurvey, _newton, _scratch, spill
+from avkit.fit.spill import ShardSurvey
+from avkit.fit.streaming import LocalEngine, _newton, _scratch, spill
 from avkit.trace.shards import check_shards
 
 MIN_SLOTS = 50  # observed slots at position 0 a dataset needs for its own fit (the role analysis)
