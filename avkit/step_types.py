@@ -31,6 +31,9 @@ class DraftBatch:
     # [B, K] float32 acceptance predictions already made inside the draft passes (the confidence
     # kernel, from the estimator's coefficients); None: the policy predicts from `features`
     confidences: torch.Tensor | None = None
+    # [B] bool, rows the suffix cache drafted (HVD's hybrid drafter; the trace's `drafter` = "suffix"):
+    # the policy scores them with the cache's own estimator; None: every row is the draft model's
+    cache_rows: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class VerifyOutcome:
     confidences: torch.Tensor | None  # [B, K] predictions used when deciding (None if none)
     num_verify: torch.Tensor  # [B] int64
     num_accepted: torch.Tensor  # [B] int64
+    cache_rows: torch.Tensor | None = None  # [B] bool (as DraftBatch): whose estimator each row's labels teach
     # Labels follow docs/estimator.md: slot j of request r is observed iff j < num_verify[r] and
     # j <= num_accepted[r] (at or before the first rejection); label = j < num_accepted[r].
 

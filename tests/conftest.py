@@ -47,3 +47,14 @@ def pair(tmp_path_factory):
     dpath = write_tiny_model(root / "draft", vocab=384, seed=0, init_std=0.25)
     yield tpath, dpath, load(tpath), load(dpath)
     torch.set_num_threads(threads)
+
+
+def write_trace_pair(root, config, other_seed: int):
+    """(root, one, two): two synthetic trace files in `root`, `config`'s and the same with `other_seed`
+    (the provenance tests tell traces apart by their bytes)."""
+    from dataclasses import replace
+
+    from avkit.trace.synthetic import write_synthetic_trace
+
+    one = write_synthetic_trace(root / "one.parquet", config)
+    return root, one, write_synthetic_trace(root / "two.parquet", replace(config, seed=other_seed))

@@ -47,6 +47,24 @@ def test_step_rates_equal_the_slot_by_slot_replay(seed, stop):
         np.testing.assert_allclose(step_rates(conf, n, cost, stop), _brute_rates(conf, n, cost, stop), rtol=1e-12)
 
 
+@pytest.mark.parametrize("stop", [True, False])
+def test_kept_cost_curves_give_the_same_rates_bit_for_bit(stop):
+    """The gate keeps each (requests, window)'s cost tables (StepCurves) across steps: the same rates
+    as computing them for every call, whatever rows come and go."""
+    import torch
+
+    rng = np.random.default_rng(5)
+    gate = DraftGate(_cost(3.0), window=6, stop_drafting=stop, k=4)
+    for step in range(12):
+        gate.observe(rng.uniform(0.05, 0.99, (int(rng.integers(1, 4)), 4)))
+        for n in (1, 5, 40):
+            if len(gate.rows) == gate.window:
+                fresh = step_rates(gate.rows, n, gate.cost, stop)
+                assert gate.gain(n) == float(fresh[1:].max() / fresh[0]), (step, n)
+                kept = gate._curves[n, gate.window]
+                assert torch.equal(step_rates(gate.rows, n, gate.cost, stop, kept), fresh)
+
+
 def _gate(draft_ms: float, conf: float, **kw) -> DraftGate:
     gate = DraftGate(_cost(draft_ms), window=8, **kw)
     gate.observe(np.full((8, 7), conf))

@@ -137,9 +137,7 @@ def test_engine_greedy_with_joint_router_equals_target_only(tiny, survival_file)
 def test_engine_with_joint_router_is_lossless_at_t1(tiny, survival_file):
     """First two tokens over 2,000 seeded requests (one repetitive prompt, so cache drafts compete with
     model drafts every step) against HF transformers' distribution of the target."""
-    import transformers
-
-    from test_lossless import _top_p, assert_fits
+    from test_lossless import assert_first_two_tokens_follow_hf
 
     target_dir = tiny[0]
     prompt, top_p, N = [40, 41, 42, 40, 41, 42, 40, 41], 0.9, 2000
@@ -152,15 +150,7 @@ def test_engine_with_joint_router_is_lossless_at_t1(tiny, survival_file):
     kinds = np.asarray(cols["drafter"])
     assert verified[kinds == "suffix"].any()  # cache drafts won slots (the greedy test sees model rows too)
 
-    hf = transformers.AutoModelForCausalLM.from_pretrained(target_dir).eval()
-    with torch.no_grad():
-        p0 = _top_p(hf(torch.tensor([prompt])).logits[0, -1].softmax(-1), top_p)  # [V]
-        support = p0.nonzero().squeeze(-1)
-        ctx = torch.cat([torch.tensor(prompt).expand(len(support), -1), support[:, None]], 1)
-        p1 = _top_p(hf(ctx).logits[:, -1].softmax(-1), top_p)  # [n, V]
-    V = p0.shape[0]
-    assert_fits(torch.bincount(out[:, 0], minlength=V), p0, "token 0")
-    assert_fits(torch.bincount(out[:, 1], minlength=V), p0[support] @ p1, "token 1 (marginal)")
+    assert_first_two_tokens_follow_hf(target_dir, prompt, top_p, out)
 
 
 def test_joint_proposal_follows_the_input_device(survival_file):

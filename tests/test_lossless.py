@@ -166,6 +166,24 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return out / out.sum(-1, keepdim=True)
 
 
+def assert_first_two_tokens_follow_hf(target_dir, prompt: list[int], top_p: float, outputs) -> None:
+    """Chi-square of the first two sampled tokens of many requests (`outputs` [N, >= 2] ids at T = 1,
+    nucleus top_p) against HF transformers' distribution of the target at `target_dir`: token 0, and
+    token 1's marginal over token 0."""
+    import transformers
+
+    out = torch.as_tensor(outputs)[:, :2]  # [N, 2]
+    hf = transformers.AutoModelForCausalLM.from_pretrained(target_dir).eval()
+    with torch.no_grad():
+        p0 = _top_p(hf(torch.tensor([prompt])).logits[0, -1].softmax(-1), top_p)  # [V]
+        support = p0.nonzero().squeeze(-1)
+        ctx = torch.cat([torch.tensor(prompt).expand(len(support), -1), support[:, None]], 1)
+        p1 = _top_p(hf(ctx).logits[:, -1].softmax(-1), top_p)  # [n, V]
+    v = p0.shape[0]
+    assert_fits(torch.bincount(out[:, 0], minlength=v), p0, "token 0")
+    assert_fits(torch.bincount(out[:, 1], minlength=v), p0[support] @ p1, "token 1 (marginal)")
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("lossless_models")

@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import polars as pl
 import pytest
+from conftest import write_trace_pair
 
 from avkit.config import ReportConfig, SimulateConfig, SyntheticConfig
 from avkit.jsonsafe import dumps, json_safe
@@ -15,7 +16,6 @@ from avkit.provenance import describe, file_sha256, inputs_record, trace_mismatc
 from avkit.report import report_traces
 from avkit.scheduling.cost import resolve_cost
 from avkit.sim.replay import read_inputs, results_inputs, simulate, write_results
-from avkit.trace.synthetic import write_synthetic_trace
 
 SMALL = SyntheticConfig(num_slots=6_000, datasets=("code", "chat"), mix=(1, 1), feature_means=(2.0, 0.5),
                         steps_per_request=24, seed=5)
@@ -52,10 +52,7 @@ def test_record_hashes_file_content(tmp_path):
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
-    root = tmp_path_factory.mktemp("prov")
-    one = write_synthetic_trace(root / "one.parquet", SMALL)
-    two = write_synthetic_trace(root / "two.parquet", SyntheticConfig(**{**SMALL.__dict__, "seed": 6}))
-    return root, one, two
+    return write_trace_pair(tmp_path_factory.mktemp("prov"), SMALL, other_seed=6)
 
 
 def _sim(paths, out, cost="roofline:H200:8b"):

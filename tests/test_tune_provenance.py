@@ -6,12 +6,12 @@ import hashlib
 import json
 
 import pytest
+from conftest import write_trace_pair
 
 from avkit.config import ReportConfig, SyntheticConfig, TuneConfig
 from avkit.report import report_traces
 from avkit.scheduling.cost import CostTable
 from avkit.serve.snapshot import write_json_atomic
-from avkit.trace.synthetic import write_synthetic_trace
 from avkit.tune import tune
 
 SMALL = SyntheticConfig(num_slots=7 * 8 * 16 * 2, k=7, trim_prob=0.0, batch_size=8, steps_per_request=16, seed=2)
@@ -20,10 +20,7 @@ FAST = TuneConfig(concurrency=(1, 4), context=1024, bootstrap=20, max_k=2, seed=
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tune_prov")
-    one = write_synthetic_trace(root / "one.parquet", SMALL)
-    two = write_synthetic_trace(root / "two.parquet", SyntheticConfig(**{**SMALL.__dict__, "seed": 4}))
-    return root, one, two
+    return write_trace_pair(tmp_path_factory.mktemp("tune_prov"), SMALL, other_seed=4)
 
 
 def test_tune_records_traces_cost_and_settings(traces, tmp_path):

@@ -94,6 +94,9 @@ def register(app: typer.Typer) -> None:
                                                    "each file is a replica with its own estimator, replayed in "
                                                    "parallel (--engine ray: one Ray task per replica)")] =
             default_of(FitConfig, "replicas"),
+        drafter: Annotated[str, typer.Option(help="the rows fitted: model (the draft model's) or suffix (a hybrid "
+                                                  "drafter's cache rows: their own coefficients, for `serve "
+                                                  "--cache-coefficients`)")] = default_of(FitConfig, "drafter"),
         hvd: Annotated[bool, typer.Option("--hvd", help="also replay the traces' generations tables for Hybrid "
                                           "Verified Decoding: payoff MLP, tau, routers -> OUT/hvd")] = False,
     ):
@@ -109,7 +112,8 @@ def register(app: typer.Typer) -> None:
                               "batch_logistic (drop --estimator or use --mode online)")
         config = FitConfig(mode=mode, estimator=estimator, n_bins=bins, coefficients=coefficients, out=str(out),
                            engine=engine, address=address, memory_budget_mb=memory_budget,
-                           scratch=None if scratch is None else str(scratch), replicas=replicas)
+                           scratch=None if scratch is None else str(scratch), replicas=replicas,
+                           drafter=drafter)
         est_cfg = EstimatorConfig(feature=feature, refit_interval=refit_interval)
         paths = resolve_shards(traces) if traces else shipped_traces()
         console = Console(stderr=True)

@@ -51,6 +51,9 @@ def register(app: typer.Typer) -> None:
         refit_interval: Annotated[int, _o("engine steps per online refit")] = _d("online.refit_interval"),
         coefficients: Annotated[str, _o("deployed coefficients.json (warm start; wins over an existing "
                                         "snapshot)")] = _d("adaptive.coefficients"),
+        cache_coefficients: Annotated[str, _o("hybrid drafter: coefficients.json for the suffix cache's rows, fitted "
+                                              "on them (`avkit fit --drafter suffix`); default: their own estimator "
+                                              "from the reference constants")] = _d("adaptive.cache_coefficients"),
         cost: Annotated[str, _o("cost table JSON from `avkit profile`, or roofline:GPU:MODEL")] = _d("adaptive.cost"),
         draft_gate: Annotated[bool, _o("adaptive: skip drafting in steps where no draft depth pays")] =
             _d("adaptive.gate"),
@@ -97,7 +100,8 @@ def register(app: typer.Typer) -> None:
                                     dtype=dtype),
                 engine=EngineConfig(k=k, max_batch=concurrency, max_len=max_len, seed=seed, kernels=kernels),
                 online=EstimatorConfig(refit_interval=refit_interval),
-                adaptive=AdaptiveConfig(estimator=estimator, coefficients=coefficients, cost=cost, gate=draft_gate),
+                adaptive=AdaptiveConfig(estimator=estimator, coefficients=coefficients, cost=cost, gate=draft_gate,
+                                        cache_coefficients=cache_coefficients),
                 http=HttpConfig(host=host, port=port, api_key=api_key, served_model_name=served_model_name,
                                 queue_size=queue_size, grace_period_s=grace_period, max_body_bytes=max_body_bytes,
                                 log_requests=log_requests),

@@ -49,6 +49,9 @@ class AdaptiveConfig:
 
     estimator: str = "online_logistic"  # a name in ESTIMATORS, or "none" (verify everything)
     coefficients: str = ""  # coefficients.json warm start for the estimator ("" = its defaults)
+    # the suffix cache's rows (hybrid drafter): their own estimator, warm-started from a file fitted on
+    # cache rows (`avkit fit --drafter suffix`; "" = the reference constants, refit from cache rows)
+    cache_coefficients: str = ""
     cost: str = ""  # cost table JSON or roofline:GPU:MODEL ("" = DEFAULT_COST_PATH, else CPU roofline)
     history: int = 1000  # refits kept in the coefficient trajectory
     gate: bool = True  # may skip drafting for a step when no draft depth pays at its load (gate.py)

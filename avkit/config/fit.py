@@ -10,6 +10,7 @@ from avkit.validate import check_choice, check_range
 FIT_MODES = ("online", "batch")
 FIT_ENGINES = ("memory", "streaming", "ray")
 FIT_REPLICAS = ("chain", "independent")
+FIT_DRAFTERS = ("model", "suffix")  # the trace's `drafter` values
 ONLINE_ESTIMATORS = ("online_logistic", "forgetting_logistic")  # what `avkit fit --estimator` replays
 DEFAULT_TRACE_GLOB = "traces/*.parquet"  # the shipped traces `avkit fit` uses with no TRACE argument
 
@@ -35,6 +36,8 @@ class FitConfig:
     auc_bins: int = 1 << 16  # streaming/ray: rank-histogram bins per group (AUC error bound, metrics/binned.py)
     address: str | None = None  # ray: cluster address (None starts a local cluster)
     scratch: str | None = None  # streaming/ray: directory for the spilled observed slots (None: system temp)
+    drafter: str = "model"  # the trace rows fitted: model (the draft model's) or suffix (the hybrid drafter's
+    # cache rows, for `serve --cache-coefficients`); the memory engine fits either, streaming/ray the model's
     replicas: str = "chain"  # online: chain = the files are one server's successive runs (the estimator
     # carries over); independent = each file is a replica with its own live estimator (fit/replicas.py)
 
@@ -45,6 +48,12 @@ class FitConfig:
         check_range("memory_budget_mb", self.memory_budget_mb, 256)
         check_range("auc_bins", self.auc_bins, 16, 1 << 24)
         check_choice("replicas", self.replicas, FIT_REPLICAS)
+        check_choice("drafter", self.drafter, FIT_DRAFTERS)
+        if self.drafter != "model" and self.engine != "memory":
+            from avkit.errors import ConfigError
+
+            raise ConfigError(f"--drafter {self.drafter}: fitted by --engine memory only (streaming and ray fit "
+                              "the draft model's rows)")
         if self.engine == "streaming" and self.mode != "batch":
             from avkit.errors import ConfigError
 

@@ -69,6 +69,7 @@ class DraftProposal:
     extra: dict[str, torch.Tensor] = field(default_factory=dict)  # optional trace columns, [B, K]:
     # head_conf (trained head), match_len / cache_score (cache drafts); NaN = null
     confidences: torch.Tensor | None = None  # [B, K] float32 predictions made in the draft passes, or None
+    cache_rows: torch.Tensor | None = None  # [B] bool, rows a deterministic cache drafted (kind "suffix"), or None
 
 
 class Drafter(Protocol):

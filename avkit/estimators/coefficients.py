@@ -1,7 +1,7 @@
 """The one validated loader of coefficients files: `avkit fit`'s coefficients.json and `serve`'s snapshots.
 
 Every reader (serve's warm start and resume, simulate, the report, any estimator warm start via
-`scheduling.adaptive.load_estimator`) goes through `load_coefficients`, which either returns a
+`estimators.named.load_estimator`) goes through `load_coefficients`, which either returns a
 document whose fields are safe to use or raises one AvkitError line naming the file and the field:
   schema_version  1
   feature         a known, lossless feature that is fitted (not a no-fit probability)
@@ -14,7 +14,9 @@ document whose fields are safe to use or raises one AvkitError line naming the f
   basis_slopes    optional (forgetting_logistic): 2 finite numbers, w1 >= 0 and w1 + w2 >= 0
   precision       optional (forgetting_logistic): finite a [2, 2], b [K, 2], c [K]
   trained_on      optional object; its target / draft ids (and *_sha256) must match the pair being
-                  served when both sides know them (sha256 wins over ids when both sides have it)
+                  served when both sides know them (sha256 wins over ids when both sides have it);
+                  its `drafter` ("model" when absent, or "suffix": `avkit fit --drafter`) names the
+                  rows it was fitted on and must match the rows it will score when the caller says
 A file may nest the state under "state" (older snapshots); that object is validated instead.
 """
 
@@ -73,7 +75,11 @@ def _check_models(source: str, trained: dict, pair: ServedPair) -> None:
             raise _bad(source, f"trained_on.{role}", f"does not match the served {role} ({served})", mine)
 
 
-def check_coefficients(doc: Any, source: str, *, k: int | None = None, pair: ServedPair | None = None) -> dict:
+DRAFTERS = ("model", "suffix")  # the trace's `drafter` values: the rows a file may be fitted on
+
+
+def check_coefficients(doc: Any, source: str, *, k: int | None = None, pair: ServedPair | None = None,
+                       drafter: str | None = None) -> dict:
     """Validate a parsed coefficients document (see the module docstring); -> the state to load."""
     from avkit.estimators.base import ESTIMATORS
 
@@ -127,10 +133,17 @@ def check_coefficients(doc: Any, source: str, *, k: int | None = None, pair: Ser
             raise _bad(source, f"trained_on.{key}", "must be a string", trained.get(key))
     if pair is not None:
         _check_models(source, trained, pair)
+    fitted_on = trained.get("drafter", "model")
+    if fitted_on not in DRAFTERS:
+        raise _bad(source, "trained_on.drafter", f"must be one of {list(DRAFTERS)}", fitted_on)
+    if drafter is not None and fitted_on != drafter:
+        raise _bad(source, "trained_on.drafter", f"must be {drafter!r}: it scores {drafter!r} rows (fit it with "
+                   f"`avkit fit --drafter {drafter}`)", fitted_on)
     return doc
 
 
-def load_coefficients(path, *, k: int | None = None, pair: ServedPair | None = None) -> dict:
+def load_coefficients(path, *, k: int | None = None, pair: ServedPair | None = None,
+                      drafter: str | None = None) -> dict:
     """Read and validate a coefficients file; raise ConfigError (one line: file, field, value)."""
     path = Path(path).expanduser()
     try:
@@ -143,7 +156,7 @@ def load_coefficients(path, *, k: int | None = None, pair: ServedPair | None = N
         raise ConfigError(f"coefficients {path}: not JSON ({e})") from None
     except RecursionError:
         raise ConfigError(f"coefficients {path}: not JSON (nested too deeply)") from None
-    return check_coefficients(doc, str(path), k=k, pair=pair)
+    return check_coefficients(doc, str(path), k=k, pair=pair, drafter=drafter)
 
 
 __all__ = ["ServedPair", "check_coefficients", "load_coefficients"]

@@ -12,6 +12,9 @@ Glossary:
               is still a step (it is empty here), as it is for the live estimator
   run         each file is its own run (a server process): rounds never span files, and a file's
               trailing partial round is dropped (estimators/rounds.py)
+  drafter     the rows fitted are one drafter's (the trace's `drafter`): "model" (the draft model) or
+              "suffix" (the hybrid drafter's cache rows, scored live by their own estimator); the
+              other drafter's rows still tick the engine-step clock, as they do live
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from avkit.errors import TraceError
 from avkit.features import FEATURES
 from avkit.trace.reader import iter_traces, trace_metadata
 
-TRACE_COLUMNS = ("engine_step", "request_id", "step", "position", "dataset", "accepted", "verified", "q_max",
+TRACE_COLUMNS = ("engine_step", "request_id", "step", "position", "dataset", "drafter", "accepted", "verified", "q_max",
                  "q_2nd", "q_sampled", "entropy", "logit_qmax", "head_conf")
 CLOCKS = {"engine_step": "engine_step column",
           "request_step": "contiguous (request_id, step) groups in file order (no engine_step column)"}
@@ -120,8 +123,9 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def load_fit_data(paths) -> FitData:
-    """Read, check and order the observed slots of `paths`; raise TraceError on unusable input.
+def load_fit_data(paths, drafter: str = "model") -> FitData:
+    """Read, check and order the observed slots of `drafter`'s rows in `paths`; raise TraceError on unusable
+    input.
 
     File by file: each is read (only TRACE_COLUMNS and the checked ones), checked, put in replay
     order and reduced to its observed slots' OBSERVED_COLUMNS before the next is read."""
@@ -131,7 +135,8 @@ def load_fit_data(paths) -> FitData:
     for i, df in enumerate(iter_traces(paths, list(TRACE_COLUMNS))):
         df, clock, name = _file_clock(df)
         first = np.r_[True, clock[1:] != clock[:-1]]  # [n] the row opens an engine step
-        observed = df["accepted"].is_not_null().to_numpy()  # [n]
+        observed = (df["accepted"].is_not_null() & (df["drafter"] == drafter)).to_numpy()  # [n] (a categorical
+        # compares its few categories, not every row's string)
         row_step.append((np.cumsum(first) - 1)[observed] + steps)
         step_clock.append(clock[first])
         step_file.append(np.full(int(first.sum()), i, dtype=np.int64))
@@ -140,7 +145,8 @@ def load_fit_data(paths) -> FitData:
         parts.append(df.select(OBSERVED_COLUMNS).filter(pl.Series(observed)))
     obs = pl.concat(parts, how="vertical") if len(parts) > 1 else parts[0]
     if obs.height == 0:
-        raise TraceError(f"{', '.join(map(str, paths))}: no observed labels (every `accepted` is null)")
+        raise TraceError(f"{', '.join(map(str, paths))}: no observed labels of drafter {drafter!r} (every "
+                         f"`accepted` of its rows is null, or column `drafter` never says {drafter!r})")
     derived = obs.select(spec.expr.alias(name) for name, spec in FEATURES.items())  # one parallel pass
     features = {name: derived[name].to_numpy().astype(np.float64, copy=False) for name in derived.columns
                 if derived[name].null_count() == 0}  # optional columns (head_conf) count only when complete
@@ -157,7 +163,7 @@ def load_fit_data(paths) -> FitData:
         dataset_names=names,
         trained_on={"traces": [_shown(p) for p in paths], "slots": total, "observed": obs.height,
                     "datasets": {n: int(c) for n, c in zip(names, np.bincount(codes, minlength=len(names)))},
-                    "target": meta.get("avkit.target", ""), "draft": meta.get("avkit.draft", ""),
+                    "drafter": drafter, "target": meta.get("avkit.target", ""), "draft": meta.get("avkit.draft", ""),
                     "target_sha256": meta.get("avkit.target_sha256", ""),
                     "draft_sha256": meta.get("avkit.draft_sha256", ""), "clock": clock, "clock_per_file": clocks,
                     "engine_steps": steps,

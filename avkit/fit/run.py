@@ -75,13 +75,13 @@ def start_estimator(name: str, estimator: str, data: FitData, fit: FitConfig, es
 
 def warm_start(estimator: str, path: str, data: FitData, est_cfg: EstimatorConfig):
     """The written estimator resumed from a coefficients file (as a server restarting from its snapshot),
-    through the one validated loader: K and the traces' model pair must match the file's."""
+    through the one validated loader: K, the traces' model pair and the drafter fitted must match the file's."""
     from avkit.estimators.coefficients import ServedPair
-    from avkit.scheduling.adaptive import load_estimator
+    from avkit.estimators.named import load_estimator
 
     t = data.trained_on
     pair = ServedPair(t.get("target", ""), t.get("draft", ""), t.get("target_sha256", ""), t.get("draft_sha256", ""))
-    return load_estimator(estimator, path, k=data.k, pair=pair, config=est_cfg)
+    return load_estimator(estimator, path, k=data.k, pair=pair, drafter=t.get("drafter", "model"), config=est_cfg)
 
 
 def plan_features(fit: FitConfig, est_cfg: EstimatorConfig, present) -> list[tuple[str, str]]:
@@ -101,7 +101,7 @@ def run_fit(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None
         from avkit.fit.streaming import fit_streaming
 
         return (fit_ray if fit.engine == "ray" else fit_streaming)(paths, fit, est_cfg, progress)
-    data = load_fit_data(check_shards(paths).paths)
+    data = load_fit_data(check_shards(paths).paths, fit.drafter)
     plan = plan_features(fit, est_cfg, data.features)
     layout = ScoreLayout(data.labels, data.positions, data.dataset_codes, data.dataset_names, fit.n_bins)
     fitted = _replay_replicas(plan, data, fit, est_cfg) if fit.replicas == "independent" else {}

@@ -79,8 +79,8 @@ def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int, s
         _count_steps(s, df)
         if drafts:
             _count_drafts(s, df)
-        _survey_chunk(s, df.filter(pl.col("accepted").is_not_null()).sort("position", maintain_order=True),
-                      rng, sample / max(total, 1))
+        obs = df.filter(pl.col("accepted").is_not_null() & (pl.col("drafter").cast(pl.String) == "model"))
+        _survey_chunk(s, obs.sort("position", maintain_order=True), rng, sample / max(total, 1))
     keys.check(path, lf)
     shutil.rmtree(keys.dir, ignore_errors=True)
     s.sample = {n: np.concatenate(v) for n, v in s.sample.items()}

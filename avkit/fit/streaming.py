@@ -228,7 +228,7 @@ def _trained_on(shards, m: dict) -> dict:
 
     meta, clocks = shards.meta, m["clocks"]
     return {"traces": [_shown(p) for p in shards.paths], "slots": m["rows"], "observed": m["observed"],
-            "datasets": m["datasets"], "target": meta.get("avkit.target", ""), "draft": meta.get("avkit.draft", ""),
+            "datasets": m["datasets"], "drafter": "model", "target": meta.get("avkit.target", ""), "draft": meta.get("avkit.draft", ""),
             "target_sha256": meta.get("avkit.target_sha256", ""), "draft_sha256": meta.get("avkit.draft_sha256", ""),
             "clock": clocks[0] if len(set(clocks)) == 1 else "mixed", "clock_per_file": clocks,
             "engine_steps": m["engine_steps"],

@@ -17,6 +17,8 @@ Glossary:
   cache rows   deterministic drafts: the drawn distribution is one-hot at the draft token, so
                rejection sampling accepts with p(x) and stays lossless; their lossless features come
                from the two-point distribution (P_j / P_{j-1}, rest) of the trie's frequencies
+               (cache_proposal.py), and `cache_rows` marks them so the verify policy scores them
+               with the cache's own estimator, not the draft model's
 Routing uses only the context and the cache draft, never which token the target would draw, so
 the output distribution is the target's (docs/lossless.md).
 
@@ -36,11 +38,11 @@ import torch
 
 from avkit.config import SuffixCacheConfig
 from avkit.drafters.base import DraftInput, DraftProposal, Drafter
+from avkit.hvd.cache_proposal import fill_cache_rows
 from avkit.hvd.joint_route import JointRouter
 from avkit.hvd.suffix_cache import CacheDraft, SuffixCache
 from avkit.errors import ConfigError
 from avkit.hvd.payoff_mlp import PayoffMLP
-from avkit.features import draft_features
 from avkit.hvd.features import FEATURE_GROUPS, feature_matrix
 from avkit.hvd.substrings import SubstringIndex
 from avkit.hvd.token_classes import CLASSES
@@ -222,8 +224,11 @@ class HybridDrafter(Drafter):
         if len(cache_rows):
             cut = [CacheDraft(drafts[b].tokens[: limit[b]], drafts[b].probs[: limit[b]], drafts[b].match_len,
                               drafts[b].score, drafts[b].source) for b in cache_rows]
-            self._fill_cache_rows(cache_rows, cut, tokens, probs, q_sampled, num, feats, extra)
-        return DraftProposal(tokens, probs, q_sampled, feats, num, kind, extra)
+            fill_cache_rows(cache_rows, cut, tokens, probs, q_sampled, num, feats, extra)
+        # The policy scores these rows with the cache's own estimator (scheduling/adaptive.py): the trie's
+        # frequencies are not the draft model's probabilities, so they get their own coefficients.
+        by_cache = torch.as_tensor(use & (limit > 0), device=dev)  # [B] bool
+        return DraftProposal(tokens, probs, q_sampled, feats, num, kind, extra, cache_rows=by_cache)
 
     def _remember_model_drafts(self, inp: DraftInput, rows: np.ndarray, prop: DraftProposal) -> None:
         """Keep each model row's proposal until the next step reveals how much of it the target took
@@ -232,36 +237,6 @@ class HybridDrafter(Drafter):
         for i, b in enumerate(rows.tolist()):
             st = self._slots[self._slot_ids[b]]
             st.pending = (len(st.seq) - len(st.prompt), toks[i][: nums[i]])
-
-    def _fill_cache_rows(self, rows: np.ndarray, drafts: list[CacheDraft], tokens, probs, q_sampled, num,
-                         feats, extra) -> None:
-        """Write the cache rows ([Bc] of them) into the proposal at once: one-hot draws, the two-point
-        features of each step's frequency probability, match length and score."""
-        K, dev = tokens.shape[1], tokens.device
-        n = np.array([min(d.draft_len, K) for d in drafts])  # [Bc]
-        pad_tok = np.zeros((len(drafts), K), dtype=np.int64)  # [Bc, K]
-        path = np.ones((len(drafts), K + 1))  # [Bc, K+1] P_0 = 1, P_j (held past the draft's end)
-        for i, d in enumerate(drafts):
-            pad_tok[i, : n[i]] = d.tokens[: n[i]]
-            path[i, 1: n[i] + 1] = d.probs[: n[i]]
-        r = torch.as_tensor(rows, device=dev)  # [Bc]
-        valid = torch.as_tensor(np.arange(K)[None, :] < n[:, None], device=dev)  # [Bc, K]
-        tok = torch.as_tensor(pad_tok, device=dev)  # [Bc, K]
-        tokens[r] = tok
-        onehot = torch.zeros(len(rows), K, probs.shape[2], device=dev)  # [Bc, K, V]
-        onehot.scatter_(2, tok[..., None], valid[..., None].float())
-        probs[r] = onehot  # deterministic draft: one-hot
-        q_sampled[r] = valid.float()
-        num[r] = torch.as_tensor(n, device=dev)
-        p = torch.as_tensor(path, dtype=torch.float32, device=dev)  # [Bc, K+1]
-        cond = (p[:, 1:] / p[:, :-1]).clamp(1e-6, 1 - 1e-6)  # [Bc, K] per-step frequency probability
-        two_point = torch.stack([cond.log(), (1 - cond).log()], -1)  # [Bc, K, 2] logits
-        nan = torch.tensor(float("nan"), device=dev)
-        for name, v in draft_features(two_point).items():  # v [Bc, K]
-            feats.setdefault(name, torch.full(tokens.shape, float("nan"), device=dev))[r] = torch.where(valid, v, nan)
-        for name, col in (("match_len", [d.match_len for d in drafts]), ("cache_score", [d.score for d in drafts])):
-            val = torch.as_tensor(col, dtype=torch.float32, device=dev)[:, None].expand(-1, K)  # [Bc, K]
-            extra[name][r] = torch.where(valid, val, nan)
 
     def commit(self, slots: torch.Tensor, num_valid: torch.Tensor, host=None) -> None:
         if self.model_drafter is not None:

@@ -151,7 +151,8 @@ class Engine:
         # A planning drafter (HVD's joint router) proposed exactly the prefixes its plan verifies.
         plan = StepPlan(draft.num_drafted)  # [B]; nothing drafted: nothing to decide
         if K > 0 and not self.drafter.plans:
-            plan = self.policy.num_verify(DraftBatch(draft.features, draft.num_drafted, draft.confidences), load)
+            plan = self.policy.num_verify(DraftBatch(draft.features, draft.num_drafted, draft.confidences,
+                                                     draft.cache_rows), load)
         num_verify = plan.num_verify.to(self.device, torch.int64).clamp_min(0).minimum(draft.num_drafted)  # [B]
         # Host read 1 (docs/runtime.md): k_r sizes the verify forward ([B, 1 + max k_r]).
         verify_lens = num_verify.tolist()
@@ -183,7 +184,8 @@ class Engine:
                 self._finish(seq)
 
         if K > 0:  # labels for the online refit (statistics summed on the device)
-            self.policy.observe(VerifyOutcome(draft.features, plan.confidences, num_verify, result.num_accepted))
+            self.policy.observe(VerifyOutcome(draft.features, plan.confidences, num_verify, result.num_accepted,
+                                              draft.cache_rows))
         self._account(batch, inp, draft, num_verify, result, plan, outputs, t0)
         return outputs
 

@@ -26,10 +26,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from avkit.config import DEFAULT_K, AdaptiveConfig, EstimatorConfig
-from avkit.errors import AvkitError, ConfigError
-from avkit.estimators.base import ESTIMATORS, Estimator, make_estimator
-from avkit.estimators.coefficients import ServedPair, load_coefficients
+from avkit.config import DEFAULT_K, AdaptiveConfig
+from avkit.errors import ConfigError
+from avkit.estimators.base import Estimator, make_estimator
+from avkit.estimators.named import estimator_feature, load_estimator
 from avkit.kernels.dispatch import Kernels
 from avkit.scheduling.cost import CostTable, resolve_cost
 from avkit.scheduling.gate import DraftGate
@@ -40,69 +40,11 @@ from avkit.step_types import DraftBatch, Load, StepPlan, VerifyOutcome
 
 log = logging.getLogger("avkit.adaptive")
 
-DEFAULT_FEATURE = "logit_qmax"
-
-
 def observed_labels(num_verify: torch.Tensor, num_accepted: torch.Tensor, k: int):
     """docs/estimator.md labels: (observed [B, K] bool, label [B, K] bool); label is meaningful where observed."""
     j = torch.arange(k, device=num_verify.device)[None, :]  # [1, K]
     observed = (j < num_verify[:, None]) & (j <= num_accepted[:, None])  # [B, K]
     return observed, j < num_accepted[:, None]
-
-
-# Estimators that use a probability-valued feature as is, and the feature they read.
-PROBABILITY_FEATURES = {"qmax": "q_max", "passthrough": "head_conf"}
-ALIASES = {"online": "online_logistic", "batch": "batch_logistic"}
-
-
-def estimator_feature(estimator: Estimator) -> str:
-    """The DraftBatch feature an estimator reads: its `feature`, its config's, or its no-fit input."""
-    if hasattr(estimator, "feature"):
-        return str(estimator.feature)
-    if hasattr(getattr(estimator, "config", None), "feature"):
-        return str(estimator.config.feature)
-    return PROBABILITY_FEATURES.get(getattr(estimator, "name", ""), DEFAULT_FEATURE)
-
-
-def load_estimator(name: str, coefficients: str | Path = "", k: int = DEFAULT_K, pair: ServedPair | None = None,
-                   **kwargs) -> Estimator | None:
-    """An estimator from the registry (K positions), warm-started from a coefficients file if given.
-
-    "none" -> None (full verification); "online" is short for "online_logistic". The file goes through
-    the one validated loader (estimators/coefficients.py: K, finiteness, feature, the served `pair`)
-    and then the estimator's `load_state_dict`. A file written by `forgetting_logistic` (two basis
-    slopes) or `per_position_slope` loads only into that estimator; a shared-slope file into any.
-    """
-    name = ALIASES.get(name, name)
-    if name == "none":
-        return None
-    if name not in ESTIMATORS:
-        raise ConfigError(f"unknown estimator {name!r}; choose from {sorted([*ESTIMATORS, *ALIASES, 'none'])}")
-    if not coefficients:
-        return make_estimator(name, k=k, **kwargs)
-    path = Path(coefficients).expanduser()
-    if not path.is_file():
-        raise ConfigError(f"coefficients: no such file: {path}")
-    state = load_coefficients(path, k=k, pair=pair)
-    written_by = state.get("estimator", state.get("name", "online_logistic"))
-    if written_by in OWN_FILES and written_by != name:
-        raise ConfigError(f"coefficients {path}: field 'estimator' is {written_by!r}; its coefficients load "
-                          f"only into {written_by!r}, not {name!r}")
-    feature = state.get("feature")
-    if feature and "config" not in kwargs and feature != EstimatorConfig().feature:
-        kwargs["config"] = EstimatorConfig(feature=feature)  # the fitted file names its feature
-    estimator = make_estimator(name, k=k, **kwargs)
-    if feature and estimator_feature(estimator) != feature:
-        raise ConfigError(f"coefficients {path}: field 'feature' is {feature!r}, estimator {name!r} reads "
-                          f"{estimator_feature(estimator)!r}")
-    try:
-        estimator.load_state_dict(state)
-    except (KeyError, TypeError, ValueError, OverflowError, AttributeError, AvkitError) as e:
-        raise ConfigError(f"coefficients {path}: cannot warm-start {name!r} from it ({e})") from None
-    return estimator
-
-
-OWN_FILES = ("forgetting_logistic", "per_position_slope")  # files only their own estimator can load
 
 
 @dataclass
@@ -121,34 +63,56 @@ class AdaptiveVerification(VerifyPolicy):
     k: int = DEFAULT_K  # positions the estimator predicts (the width of the gate's rows)
     last_plan: Plan | None = None  # the plan of the last num_verify call (one group)
     kernels: Kernels | None = None  # the engine's kernel set: the plan's prefixes by its allocation kernel
-    _tables: dict = field(default_factory=dict, repr=False)  # (kind, device) -> cost lookup tables
+    # Scores the suffix cache's rows (DraftBatch.cache_rows, HVD's hybrid drafter) with its own coefficients,
+    # refit from those rows' labels only (None: a fresh one of the estimator's kind when cache rows appear)
+    cache_estimator: Estimator | None = None
+    cache_trajectory: list[dict] = field(default_factory=list)  # the cache estimator's refits, as `trajectory`
+    cache_refits: int = 0
+    _tables: dict = field(default_factory=dict, repr=False)  # (kind, device) -> cost lookup tables; (load, ..) -> inputs
+
+    def cache_scorer(self) -> Estimator:
+        """The estimator of the suffix cache's rows: `cache_estimator`, or (first asked) a fresh one of
+        the model estimator's kind and settings, so the cache never borrows the model's coefficients."""
+        if self.cache_estimator is None:
+            est = self.estimator
+            kwargs = {"config": est.config} if hasattr(est, "config") else {}
+            self.cache_estimator = make_estimator(est.name, k=getattr(est, "k", self.k), **kwargs)
+        return self.cache_estimator
+
+    def _by_drafter(self, batch, predict) -> torch.Tensor:
+        """predict(estimator) -> [B, K'] for every row, the cache's rows (`batch.cache_rows`) by the cache's estimator."""
+        conf = predict(self.estimator)
+        if batch.cache_rows is None:
+            return conf
+        return torch.where(batch.cache_rows[:, None], predict(self.cache_scorer()), conf)
 
     def confidences(self, batch: DraftBatch) -> torch.Tensor:
         """[B, K] acceptance predictions: the confidence kernel's (computed in the draft pass) or the
-        estimator's from its feature; on the features' device."""
-        if batch.confidences is not None:
-            return batch.confidences
-        name = estimator_feature(self.estimator)
-        if name not in batch.features:
-            raise ConfigError(f"adaptive policy: estimator needs feature {name!r}, the drafter gives "
-                              f"{sorted(batch.features)}")
-        f = batch.features[name]  # [B, K]
-        return self._predict(f, torch.arange(f.shape[1], device=f.device).expand(f.shape))
+        estimator's from its feature, cache-drafted rows by the cache estimator; on the features' device."""
+        def predict(est):
+            if est is self.estimator and batch.confidences is not None:
+                return batch.confidences
+            f = _feature(batch, est)  # [B, K]
+            return self._predict(est, f, torch.arange(f.shape[1], device=f.device).expand(f.shape))
+        return self._by_drafter(batch, predict)
 
-    def _predict(self, f: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _predict(est: Estimator, f: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """[B, K] float32 predictions (NaN features read as 0), on the device: no host read."""
         f = torch.nan_to_num(f.detach().float(), nan=0.0)  # [B, K]
-        if hasattr(self.estimator, "predict_torch"):
-            return self.estimator.predict_torch(f, positions).float()
+        if hasattr(est, "predict_torch"):
+            return est.predict_torch(f, positions).float()
         # A plug-in estimator without a device path predicts in numpy (a host read per call).
-        pred = self.estimator.predict(f.cpu().numpy().reshape(-1), positions.cpu().numpy().reshape(-1))
+        pred = est.predict(f.cpu().numpy().reshape(-1), positions.cpu().numpy().reshape(-1))
         return torch.as_tensor(np.asarray(pred, dtype=np.float32)).reshape(f.shape).to(f.device)
 
     def first_predictions(self, batch: DraftBatch, k: int) -> torch.Tensor:
         """[B, k] every position j < k predicted from each request's position-0 feature."""
-        f = batch.features[estimator_feature(self.estimator)]  # [B, K]
-        b = f.shape[0]
-        return self._predict(f[:, :1].expand(b, k), torch.arange(k, device=f.device).expand(b, k))
+        def predict(est):
+            f = _feature(batch, est)  # [B, K]
+            b = f.shape[0]
+            return self._predict(est, f[:, :1].expand(b, k), torch.arange(k, device=f.device).expand(b, k))
+        return self._by_drafter(batch, predict)
 
     def confidence_coefficients(self, device):
         """(slope [1], intercepts [K]) for the confidence kernel in the draft pass, or None."""
@@ -180,7 +144,8 @@ class AdaptiveVerification(VerifyPolicy):
         self.last_plan, self.draft_ms = plan, None
         if self.gate is not None:  # the gate's curve spans all K positions, even when fewer were drafted
             full = sizing[0] if conf.shape[1] == self.k else self.first_predictions(batch, self.k)
-            self.gate.observe(full[batch.num_drafted > 0])
+            drafted = batch.num_drafted > 0  # [B] the gate weighs draft-model passes: the model's rows
+            self.gate.observe(full[drafted if batch.cache_rows is None else drafted & ~batch.cache_rows])
         return StepPlan(plan.num_verify, conf)
 
     def _lookup(self, kind: str, size: int, device) -> torch.Tensor:
@@ -192,21 +157,30 @@ class AdaptiveVerification(VerifyPolicy):
             self._tables[(kind, device)] = table
         return table
 
-    def _group_inputs(self, load: Load, fixed_ms: float, device) -> dict:
-        one = lambda v, dt: torch.tensor([v], dtype=dt, device=device)
-        return {"num_sampling": one(load.num_sampling, torch.int64),
-                "num_scheduled": one(load.num_scheduled_tokens, torch.int64),
-                "fixed_ms": one(fixed_ms + float(self.cost.context_cost(load.num_requests)), torch.float64)}
+    def _group_inputs(self, load: Load, drafts: int, device) -> dict:
+        """The plan's [1] inputs at this load, fixed_ms = drafting `drafts` nominal passes + KV reads: made
+        once per (load, drafts, device) and kept (loads repeat), so a step builds no tensors for them."""
+        key = (load, drafts, device)
+        got = self._tables.get(key)
+        if got is None:
+            fixed_ms = float(self.cost.draft_cost(load.num_requests, drafts)) if drafts else 0.0
+            one = lambda v, dt: torch.tensor([v], dtype=dt, device=device)
+            got = {"num_sampling": one(load.num_sampling, torch.int64),
+                   "num_scheduled": one(load.num_scheduled_tokens, torch.int64),
+                   "fixed_ms": one(fixed_ms + float(self.cost.context_cost(load.num_requests)), torch.float64)}
+            if len(self._tables) > 4096:  # bounded: drop the kept inputs, keep nothing stale
+                self._tables = {k: v for k, v in self._tables.items() if not isinstance(k[0], Load)}
+            self._tables[key] = got
+        return dict(got)  # the caller may replace entries
 
     def _plan(self, conf: torch.Tensor, num_drafted: torch.Tensor, load: Load, sizing=None) -> Plan:
         # Drafting is paid before verification: K passes over the batch (nominal, the draws decide the rest).
         b, k = conf.shape
         dev = conf.device
         verify_ms = self._lookup("verify", load.num_scheduled_tokens + b * max(k, self.k) + 1, dev)
-        draft_ms = float(self.cost.draft_cost(load.num_requests, k))
         return plan(conf, num_drafted, single_group(b, dev), 1, verify_ms=verify_ms, sizing=sizing,
                     allocate=None if self.kernels is None else self.kernels.allocate,
-                    **self._group_inputs(load, draft_ms, dev))
+                    **self._group_inputs(load, k, dev))
 
     def continue_drafting(self, batch: DraftBatch, load: Load) -> torch.Tensor:
         """For an autoregressive drafter, after each pass: which requests should draft one more token ([B] bool).
@@ -224,7 +198,7 @@ class AdaptiveVerification(VerifyPolicy):
         paid = pass_ms if j == 1 or self.draft_ms is None else self.draft_ms + pass_ms
         self.draft_ms = paid
         verify_ms = self._lookup("verify", load.num_scheduled_tokens + b * max(j, self.k) + 2, dev)
-        inputs = self._group_inputs(load, 0.0, dev)
+        inputs = self._group_inputs(load, 0, dev)
         inputs["fixed_ms"] = inputs["fixed_ms"] + paid
         keep, _ = continue_drafting(conf, batch.num_drafted, active, single_group(b, dev), 1, pass_ms=pass_ms,
                                     n_active=n_active, verify_ms=verify_ms, **inputs)
@@ -234,36 +208,60 @@ class AdaptiveVerification(VerifyPolicy):
         self.steps += 1
         if self.estimator is None or outcome.confidences is None:
             return
-        est = self.estimator
-        f = outcome.features[estimator_feature(est)]  # [B, K]
+        observed, label = observed_labels(outcome.num_verify, outcome.num_accepted,
+                                          outcome.confidences.shape[1])  # [B, K]
+        if outcome.cache_rows is None:
+            self._learn(self.estimator, outcome, observed, label)
+            return
+        cache = outcome.cache_rows[:, None]  # [B, 1] each row's labels teach its drafter's estimator only
+        self._learn(self.estimator, outcome, observed & ~cache, label)
+        self._learn(self.cache_scorer(), outcome, observed & cache, label)
+
+    def _learn(self, est: Estimator, outcome: VerifyOutcome, observed: torch.Tensor, label: torch.Tensor) -> None:
+        """One step's labels ([B, K], where `observed`) into `est`'s round; log its refit."""
+        f = _feature(outcome, est)  # [B, K]
         b, k = f.shape
         if self.kernels is not None and getattr(est, "device_round", False):
             # The round's statistics are summed on the device by the irls_stats kernel (at the
             # oriented feature and the predictions made when drafting); the estimator reads them
             # once, when the round refits.
-            observed, label = observed_labels(outcome.num_verify, outcome.num_accepted, k)  # [B, K]
             feat = torch.nan_to_num(f.detach().float(), nan=0.0) * est.sign
             pos = torch.arange(k, device=f.device).expand(b, k)
             stats = self.kernels.irls_stats(feat, pos, outcome.confidences.detach().float(), label.float(),
                                             observed, est.k, check=False)
             refit = est.add_round(stats)
         else:  # host estimators (forgetting_logistic's basis, batch fits, plug-ins): numpy
-            observed, label = observed_labels(outcome.num_verify.cpu(), outcome.num_accepted.cpu(), k)
+            observed, label = observed.cpu(), label.cpu()
             pos = torch.arange(k).expand(b, k)  # [B, K]
             refit = est.update(
                 f.detach().float().cpu()[observed].numpy(), pos[observed].numpy(),
                 outcome.confidences.detach().float().cpu()[observed].numpy(),
                 label[observed].numpy().astype(np.float64))
         if refit:
-            self._log_refit()
+            self._log_refit(est)
 
-    def _log_refit(self):
-        self.refits += 1
-        state = self.estimator.state_dict()
-        self.trajectory.append({"step": self.steps, "refit": self.refits, **state})
-        del self.trajectory[: -self.history]
-        log.info("adaptive refit %d at step %d: %s", self.refits, self.steps,
+    def _log_refit(self, est: Estimator) -> None:
+        cache = est is not self.estimator
+        state = est.state_dict()
+        if cache:
+            self.cache_refits += 1
+        else:
+            self.refits += 1
+        trajectory = self.cache_trajectory if cache else self.trajectory
+        trajectory.append({"step": self.steps, "refit": self.cache_refits if cache else self.refits, **state})
+        del trajectory[: -self.history]
+        log.info("adaptive %srefit %d at step %d: %s", "cache-estimator " if cache else "",
+                 self.cache_refits if cache else self.refits, self.steps,
                  {k: v for k, v in state.items() if k in ("slope", "intercepts")})
+
+
+def _feature(batch: DraftBatch | VerifyOutcome, est: Estimator) -> torch.Tensor:
+    """[B, K] the feature `est` reads (ConfigError when the drafter does not give it)."""
+    name = estimator_feature(est)
+    if name not in batch.features:
+        raise ConfigError(f"adaptive policy: estimator needs feature {name!r}, the drafter gives "
+                          f"{sorted(batch.features)}")
+    return batch.features[name]
 
 
 def make_adaptive(cost: str | CostTable | None = None, estimator: str | Estimator | None = None,
@@ -271,17 +269,27 @@ def make_adaptive(cost: str | CostTable | None = None, estimator: str | Estimato
                   **estimator_kwargs) -> AdaptiveVerification:
     """POLICIES["adaptive"] factory: cost table or spec, estimator name (or object) for K positions, warm start.
 
-    Other keyword arguments go to the estimator's factory (e.g. `config=EstimatorConfig(...)`).
+    Other keyword arguments go to the estimator's factory (e.g. `config=EstimatorConfig(...)`). The
+    suffix cache's rows get their own estimator of the same kind: warm-started from
+    `adaptive.cache_coefficients` (a file fitted on cache rows, `avkit fit --drafter suffix`) or
+    fresh from the reference constants.
     """
     config = adaptive or AdaptiveConfig()
     est = estimator if estimator is not None else config.estimator
+    cache_est = None
     if isinstance(est, str):
-        est = load_estimator(est, coefficients or config.coefficients, k=k, **estimator_kwargs)
+        model_file = coefficients or config.coefficients
+        cache_est = load_estimator(est, config.cache_coefficients, k=k, drafter="suffix", **estimator_kwargs) \
+            if config.cache_coefficients else None
+        est = load_estimator(est, model_file, k=k, drafter="model", **estimator_kwargs)
+    elif est is not None and config.cache_coefficients:
+        cache_est = load_estimator(est.name, config.cache_coefficients, k=k, drafter="suffix")
     if est is not None and not getattr(est, "lossless", True):
         raise ConfigError(f"adaptive verification needs a lossless estimator; {est.name!r} reads a lossy "
                           "feature (trimming on q of the drawn token biases the output, docs/lossless.md)")
     table = resolve_cost(cost or config.cost)
     gate = (DraftGate(table, config.gate_window, config.probe_every, config.resume_margin, k=k)
             if config.gate and est is not None else None)
-    return AdaptiveVerification(table, est, history=config.history, gate=gate, k=k)
+    return AdaptiveVerification(table, est, history=config.history, gate=gate, k=k,
+                                cache_estimator=cache_est if est is not None else None)
 

@@ -54,27 +54,47 @@ def _ms(fn, x: torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(np.asarray(fn(x.numpy()), dtype=np.float64))
 
 
-def step_rates(conf, num_requests: int, cost: CostTable, stop_drafting: bool = True) -> torch.Tensor:
+class StepCurves:
+    """The cost side of `step_rates` at one (requests n, rows W, slots M), computed once and kept:
+    verify_ms at n + n/W m (m = 0..M), the context reads, and the expected ms of one draft pass as a
+    function of how many of the W rows reach its depth (reach = count / W, count = 0..W: the only
+    values the ranked rows can give it), so a step indexes tables instead of interpolating the cost
+    curves again. The same float64 operations on the same values as computing them in place."""
+
+    def __init__(self, cost: CostTable, n: int, w: int, m: int, k: int, stop_drafting: bool):
+        scale = n / w  # requests each recent row stands for
+        self.verify = _ms(cost.verify_cost, n + scale * torch.arange(m + 1, dtype=torch.float64))  # [M+1]
+        self.context = float(cost.context_cost(n))
+        self.autoregressive = stop_drafting and cost.drafter == "autoregressive"
+        if self.autoregressive:  # pass j runs iff a request reaches depth j + 1
+            reach = torch.arange(w + 1, dtype=torch.float64) / w  # [W+1] share of rows reaching the depth
+            runs = 1.0 - (1.0 - reach) ** n  # [W+1] P(the pass runs)
+            active = n * reach / runs.clamp(min=1e-300)  # [W+1] requests in it, when it runs
+            self.pass_ms = runs * _ms(lambda a: cost.draft_cost(a, 1), active) * (reach > 0)  # [W+1] expected ms
+        else:
+            self.draft = torch.full((m + 1,), float(cost.draft_cost(n, k)), dtype=torch.float64)  # [M+1]
+            self.draft[0] = 0.0
+
+
+def step_rates(conf, num_requests: int, cost: CostTable, stop_drafting: bool = True,
+               curves: StepCurves | None = None) -> torch.Tensor:
     """[W K + 1] tokens per ms of the step replayed on rows conf [W, K] at n requests (module note).
 
-    The slots are ranked by plan.py's rule (one group, every row drafted K)."""
+    The slots are ranked by plan.py's rule (one group, every row drafted K). `curves`: this
+    (n, W, K)'s cost tables, if kept from an earlier step (StepCurves)."""
     conf = torch.as_tensor(conf, dtype=torch.float64).cpu()
     w, k = conf.shape
     ranked = rank_slots(survival(conf, torch.full((w,), k)), torch.full((w,), k), single_group(w), 1)
-    scale = num_requests / w  # requests each recent row stands for
     m = ranked.row.numel()
-    tokens = num_requests + scale * torch.cat([ranked.top.new_zeros(1), ranked.top])  # [M+1]
-    verify = _ms(cost.verify_cost, num_requests + scale * torch.arange(m + 1, dtype=torch.float64))  # [M+1]
-    if stop_drafting and cost.drafter == "autoregressive":  # pass j runs iff a request reaches depth j + 1
-        reach = torch.zeros(m + 1, k, dtype=torch.float64)  # [M+1, K] share of rows of depth > j among the top m
-        reach[1:] = torch.nn.functional.one_hot(ranked.pos, k).double().cumsum(0) / w
-        runs = 1.0 - (1.0 - reach) ** num_requests  # [M+1, K] P(the pass runs)
-        active = num_requests * reach / runs.clamp(min=1e-300)  # [M+1, K] requests in it, when it runs
-        draft = (runs * _ms(lambda a: cost.draft_cost(a, 1), active) * (reach > 0)).sum(1)  # [M+1] expected ms
+    c = curves if curves is not None else StepCurves(cost, num_requests, w, m, k, stop_drafting)
+    tokens = num_requests + (num_requests / w) * torch.cat([ranked.top.new_zeros(1), ranked.top])  # [M+1]
+    if c.autoregressive:
+        count = torch.zeros(m + 1, k, dtype=torch.int64)  # [M+1, K] rows of depth > j among the top m
+        count[1:] = torch.nn.functional.one_hot(ranked.pos, k).cumsum(0)
+        draft = c.pass_ms[count].sum(1)  # [M+1] expected ms of the passes that run
     else:
-        draft = torch.full((m + 1,), float(cost.draft_cost(num_requests, k)), dtype=torch.float64)
-        draft[0] = 0.0
-    return tokens / (draft + float(cost.context_cost(num_requests)) + verify)
+        draft = c.draft
+    return tokens / (draft + c.context + c.verify)
 
 
 @dataclass
@@ -99,11 +119,19 @@ class DraftGate:
         check_range("k", self.k, 1)
         self._memo: tuple = (None, None, 0.0)  # (rows object, n, gain): unchanged rows and load, same gain
         self._sure: dict[int, float] = {}  # n -> gain of sure drafts
+        self._curves: dict[tuple[int, int], StepCurves] = {}  # (n, W) -> the step's cost tables
 
     def gain(self, num_requests: int) -> float:
         """Best speculative rate over target-only decoding at this load, on the recent rows."""
         if self._memo[0] is not self.rows or self._memo[1] != num_requests:
-            rate = step_rates(self.rows, num_requests, self.cost, self.stop_drafting)
+            w, k = self.rows.shape
+            curves = self._curves.get((num_requests, w))
+            if curves is None:
+                if len(self._curves) >= 1024:  # loads seen are few; bound it anyway
+                    self._curves.clear()
+                curves = self._curves[num_requests, w] = StepCurves(self.cost, num_requests, w, w * k, k,
+                                                                    self.stop_drafting)
+            rate = step_rates(self.rows, num_requests, self.cost, self.stop_drafting, curves)
             self._memo = (self.rows, num_requests, float(rate[1:].max() / rate[0]) if rate.numel() > 1 else 0.0)
         return self._memo[2]
 

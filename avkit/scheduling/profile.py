@@ -118,6 +118,18 @@ def _warm(timers: list[Callable[[], None]], rounds: int) -> None:
             timer()
 
 
+def _time_points(timers, device, config, on_point) -> tuple[list[float], list[list[float]]]:
+    """Warm every timer, then time each in turn: (median ms per point, every run's ms per point)."""
+    _warm(timers, config.warmup)
+    ms, runs = [], []
+    for timer in timers:
+        runs.append(_times_ms(timer, device, config.repeats, config.warmup))
+        ms.append(statistics.median(runs[-1]))
+        if on_point:
+            on_point()
+    return ms, runs
+
+
 def forward_timer(model, cache, num_requests: int, q_len: int, context: int, logits: str,
                   after: Callable[[torch.Tensor], object] | None = None):
     """A closure running one forward of `num_requests` rows x `q_len` tokens at `context` (then `after` on
@@ -168,30 +180,17 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
     t_grid, d_grid = _grid(config.max_tokens), _grid(config.max_requests)
     max_req = max(_verify_layout(config.max_tokens, config.k)[0], config.max_requests)
     max_len = context + config.k + 2
-    verify_ms, verify_runs = [], []
     verify, drafting = verify_work(config.temperature, config.top_p), draft_work(config.temperature, config.top_p)
     cache = target.model.new_cache(max_req, max_len)
     timers = [forward_timer(target.model, cache, *_verify_layout(t, config.k), context, "all", verify) for t in t_grid]
-    _warm(timers, config.warmup)
-    for timer in timers:
-        verify_runs.append(_times_ms(timer, target.model.device, config.repeats, config.warmup))
-        verify_ms.append(statistics.median(verify_runs[-1]))
-        if on_point:
-            on_point()
+    verify_ms, verify_runs = _time_points(timers, target.model.device, config, on_point)
     del cache, timers
-    draft_ms, draft_runs = [], []
+    draft_ms, draft_runs = [0.0] * len(d_grid), []
     if draft is not None:
         cache = draft.model.new_cache(config.max_requests, max_len)
         timers = [forward_timer(draft.model, cache, n, 1, context, "last", drafting) for n in d_grid]
-        _warm(timers, config.warmup)
-        for timer in timers:
-            draft_runs.append(_times_ms(timer, draft.model.device, config.repeats, config.warmup))
-            draft_ms.append(statistics.median(draft_runs[-1]))
-            if on_point:
-                on_point()
+        draft_ms, draft_runs = _time_points(timers, draft.model.device, config, on_point)
         del cache, timers
-    else:
-        draft_ms = [0.0] * len(d_grid)
     meta = {"source": "profile", "device": device_name(target.model.device), "target": target.model_id,
             "target_sha256": target.sha256, "draft": draft.model_id if draft else "",
             "draft_sha256": draft.sha256 if draft else "", "context_len": context, "k": config.k,

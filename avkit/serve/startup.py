@@ -45,7 +45,14 @@ def shipped_coefficients() -> Path | None:
 
 
 def warm_start(config: ServeConfig) -> WarmStart:
-    """The coefficients the adaptive policy starts from, and where they came from (see the module doc)."""
+    """The coefficients the adaptive policy starts from, and where they came from (see the module doc).
+    A --cache-coefficients file (the suffix cache's rows' own estimator) is checked here too."""
+    cache_file = config.adaptive.cache_coefficients
+    if cache_file:
+        if config.models.drafter != "hybrid":
+            raise ConfigError(f"--cache-coefficients {cache_file}: scores the suffix cache's rows, which only "
+                              "--drafter hybrid drafts")
+        load_coefficients(cache_file, k=config.engine.k, drafter="suffix")
     if config.adaptive.coefficients:
         if not Path(config.adaptive.coefficients).expanduser().is_file():
             raise ConfigError(f"--coefficients: no such file: {config.adaptive.coefficients}")
@@ -133,7 +140,10 @@ def startup_block(config: ServeConfig, *, target, draft, device: str, dtype: str
         ("policy", policy),
     ]
     if spec and config.policy == "adaptive":
-        lines += [("coefficients", coeffs), ("cost table", _cost_source(config)),
+        lines += [("coefficients", coeffs)]
+        if config.models.drafter == "hybrid":
+            lines += [("cache rows", f"own estimator, {config.adaptive.cache_coefficients or 'reference constants'}")]
+        lines += [("cost table", _cost_source(config)),
                   ("snapshot", f"{snapshot_path(config)} every {config.snapshot_every} refits")]
     lines += [
         ("limits", f"max_concurrency {config.engine.max_batch}, queue {config.http.queue_size}, max_len "

@@ -32,7 +32,7 @@ import torch
 from avkit.config import AdaptiveConfig
 from avkit.errors import ConfigError
 from avkit.estimators.rounds import replay_steps
-from avkit.scheduling.adaptive import estimator_feature, load_estimator
+from avkit.estimators.named import estimator_feature, load_estimator
 from avkit.scheduling.cost import CostTable
 from avkit.scheduling.gate import DraftGate
 from avkit.scheduling.plan import plan, verify_lookup
