@@ -73,9 +73,10 @@ class RayEngine:
         if self._started:
             _ray().shutdown()
 
-    def map(self, fn, items: list[tuple], nodes: list[str | None] | None = None) -> tuple[list, list]:
+    def map(self, fn, items: list[tuple], nodes: list[str | None] | None = None, fold=None) -> tuple[list, list]:
         """Run `fn(*item)` for every item as a task (item i on node nodes[i] when given);
-        -> (results, node ids), in item order."""
+        -> (results, node ids), in item order; with `fold`, the results folded in item order as they
+        are fetched (the driver holds one at a time)."""
         ray = _ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -85,10 +86,15 @@ class RayEngine:
             opts = {"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[i], soft=False)} \
                 if nodes and nodes[i] else {}
             refs.append(task.options(**opts).remote(fn, args))
-        out = []
+        out, acc = [], None
         for args, ref in zip(items, refs):
             try:
-                out.append(ray.get(ref))
+                node, result = ray.get(ref)
+                if fold is not None:  # arrays from the object store are read-only views: copy before adding
+                    result = copy.deepcopy(result)
+                    acc = result if acc is None else fold(acc, result)
+                    result = None
+                out.append((node, result))
             except ray.exceptions.RayTaskError as e:
                 for r in refs:
                     ray.cancel(r)
@@ -102,6 +108,8 @@ class RayEngine:
                     ray.cancel(r)
                 raise AvkitError(f"ray: task on shard {_shard(args)} failed after {self.max_retries} "
                                  f"retries: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        if fold is not None:
+            return acc, [n for n, _ in out]
         # arrays from the object store are read-only views: copy what the driver will add into
         return [copy.deepcopy(r) for _, r in out], [n for n, _ in out]
 

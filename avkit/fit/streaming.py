@@ -22,8 +22,10 @@ temporaries of one row; measured with `bench/fit.py --scale`).
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import tempfile
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -108,20 +110,29 @@ class LocalEngine:
     def __init__(self, workers: int = 1):
         self.workers = workers
 
-    def map(self, fn, items: list[tuple], nodes=None) -> tuple[list, list]:
+    def map(self, fn, items: list[tuple], nodes=None, fold=None) -> tuple[list, list]:
+        """-> (fn(*item) of every item, in order; or with `fold`, their fold in item order, holding at
+        most `workers` results at once: a score pass's sums are ~50 MB per feature and shard), nodes."""
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
-            results = list(pool.map(lambda args: fn(*args), items))
-        return results, [None] * len(items)
+            if fold is None:
+                return list(pool.map(lambda args: fn(*args), items)), [None] * len(items)
+            todo, acc = iter(items), None
+            pending = deque(pool.submit(fn, *args) for args in itertools.islice(todo, self.workers))
+            while pending:
+                result = pending.popleft().result()
+                if (args := next(todo, None)) is not None:
+                    pending.append(pool.submit(fn, *args))
+                acc = result if acc is None else fold(acc, result)
+        return acc, [None] * len(items)
 
     def cleanup(self, scratch: str, nodes) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _reduce(parts: list[list]) -> list:
-    total = parts[0]
-    for part in parts[1:]:
-        for acc, x in zip(total, part):
-            acc += x
+def _add(total: list, part: list) -> list:
+    """Fold of a pass: add one shard's sums (a list of IrlsStats or BinnedScores) into the total."""
+    for acc, x in zip(total, part):
+        acc += x
     return total
 
 
@@ -155,7 +166,7 @@ def _newton(engine, surveys, nodes, plan, ests, m, fit: FitConfig, progress,
             break
         work = PassWork([plan[i][0] for i in active], [ests[i] for i in active], m["k"], m["names"],
                         subsets=None if subsets is None else [subsets[i] for i in active])
-        stats = _reduce(engine.map(shard_pass, [(s, work) for s in surveys], nodes)[0])
+        stats = engine.map(shard_pass, [(s, work) for s in surveys], nodes, fold=_add)[0]
         still = []
         for i, st in zip(active, stats):
             before = ests[i].coefficients()
@@ -206,7 +217,7 @@ def fit_streaming(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig 
         rows = _newton(engine, surveys, nodes, plan, ests, m, fit, progress)
         edges = [_edges(e, n, surveys, fit.auc_bins) for (n, _), e in zip(plan, ests)]
         work = PassWork([n for n, _ in plan], ests, m["k"], m["names"], score={"n_bins": fit.n_bins, "edges": edges})
-        sums = _reduce(engine.map(shard_pass, [(s, work) for s in surveys], nodes)[0])
+        sums = engine.map(shard_pass, [(s, work) for s in surveys], nodes, fold=_add)[0]
     finally:
         engine.cleanup(scratch, nodes)
     scores = [{"feature": n, "lossless": FEATURES[n].lossless, "estimator": e, **row}

@@ -88,9 +88,8 @@ def stream_traces(paths, coefficients: dict, n_bins: int, fit: FitConfig) -> Str
         surveys, nodes, m = spill(engine, shards.paths, fit, scratch, drafts=True)
         k, names = m["k"], m["names"]
         panels = _panel_estimators(coefficients, k, m["present"])
-        parts = engine.map(_report_pass, [(s, k, names, panels, n_bins) for s in surveys], nodes)[0]
-        acc = sum(a for a, _ in parts)
-        bins = sum(b for _, b in parts)
+        acc, bins = engine.map(_report_pass, [(s, k, names, panels, n_bins) for s in surveys], nodes,
+                               fold=lambda a, b: (a[0] + b[0], a[1] + b[1]))[0]
         drafts = {}
         for s in surveys:
             for name, (n, h) in s.drafted.items():
