@@ -87,17 +87,17 @@ class RayEngine:
                 if nodes and nodes[i] else {}
             refs.append(task.options(**opts).remote(fn, args))
         out, acc = [], None
-        for args, ref in zip(items, refs):
+        for i, args in enumerate(items):
             try:
-                node, result = ray.get(ref)
+                node, result = ray.get(refs[i])
                 if fold is not None:  # arrays from the object store are read-only views: copy before adding
-                    result = copy.deepcopy(result)
-                    acc = result if acc is None else fold(acc, result)
-                    result = None
+                    acc = copy.deepcopy(result) if acc is None else fold(acc, copy.deepcopy(result))
+                    result, refs[i] = None, None  # the store may free it now
                 out.append((node, result))
             except ray.exceptions.RayTaskError as e:
                 for r in refs:
-                    ray.cancel(r)
+                    if r is not None:
+                        ray.cancel(r)
                 cause = getattr(e, "cause", None)
                 if isinstance(cause, AvkitError):
                     raise type(cause)(str(cause).splitlines()[0]) from None
@@ -105,7 +105,8 @@ class RayEngine:
                                  f"{str(cause).splitlines()[0] if cause else e}") from None
             except ray.exceptions.RayError as e:
                 for r in refs:
-                    ray.cancel(r)
+                    if r is not None:
+                        ray.cancel(r)
                 raise AvkitError(f"ray: task on shard {_shard(args)} failed after {self.max_retries} "
                                  f"retries: {type(e).__name__}: {str(e).splitlines()[0]}") from None
         if fold is not None:
