@@ -145,7 +145,9 @@ def run_scale(sizes: list[int], engines: list[str], scratch: str, budget_mb: int
                 files = sorted(given.glob("*.parquet"))  # drawn before by --generate (its time is not here)
                 rows.append({"slots": slots, "engine": "generate", "wall_s": None, "peak_rss_mb": None,
                              "shards": len(files), "trace_gib": sum(f.stat().st_size for f in files) / 2**30})
-            ref = None
+            # coefficients and AUC of the first engine run at this size (also in an earlier command)
+            ref = next(({"slope": r["slope"], "intercepts": r["intercepts"], "auc": r["auc"]} for r in rows
+                        if r["slots"] == slots and "slope" in r), None)
             for engine in engines:
                 need = slots * MEMORY_BYTES_PER_SLOT
                 if engine == "memory" and need > 0.4 * psutil.virtual_memory().available:  # a shared box
@@ -160,7 +162,8 @@ def run_scale(sizes: list[int], engines: list[str], scratch: str, budget_mb: int
                        "slots_per_s_per_core": slots / res["wall_s"] / cores, "peak_rss_mb": peak / 2**20,
                        "max_coef_diff_vs_first": max(abs(res["slope"] - ref["slope"]), *(
                            abs(a - b) for a, b in zip(res["intercepts"], ref["intercepts"]))),
-                       "auc_diff_vs_first": abs(res["auc"] - ref["auc"])}
+                       "auc_diff_vs_first": abs(res["auc"] - ref["auc"]), "slope": res["slope"],
+                       "intercepts": res["intercepts"], "auc": res["auc"], "date": time.strftime("%Y-%m-%d %H:%M")}
                 rows.append(row)
                 _save(out, cores, budget_mb, rows)  # after every row: a long run keeps what it measured
                 print(f"{'':>12}  {engine:9s} {res['wall_s']:7.1f} s  {row['slots_per_s'] / 1e6:6.2f} M slots/s "
@@ -181,22 +184,26 @@ def _markdown(doc: dict) -> str:
     lines = [f"# `avkit fit --mode batch` at scale ({doc['date']}, {doc['cores']} cores, memory budget "
              f"{doc['budget_mb']} MB, 1-min load average at the end {doc['load_avg_1m']:.1f})", "",
              "| slots | engine | wall s | M slots/s | per core | driver CPU s | peak RSS MB (process tree) | "
-             "max coef diff | load (1 min) |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in doc["rows"]:
+             "max coef diff | load (1 min) | measured |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    order = {"generate": 0, "memory": 1, "streaming": 2, "ray": 3}
+    for r in sorted(doc["rows"], key=lambda r: (r["slots"], order.get(r["engine"], 9))):
         if "skipped" in r:
-            lines.append(f"| {r['slots']:,} | {r['engine']} | skipped: {r['skipped']} | | | | | | |")
+            lines.append(f"| {r['slots']:,} | {r['engine']} | skipped: {r['skipped']} | | | | | | | |")
         elif r["engine"] == "generate":
             drawn = "drawn before" if r["wall_s"] is None else f"{r['wall_s']:.1f}"
             peak = "" if r["peak_rss_mb"] is None else f"{r['peak_rss_mb']:.0f}"
             lines.append(f"| {r['slots']:,} | (synthetic trace: {r.get('shards', 1)} replica shards, "
                          f"{r['trace_gib']:.2f} GiB) | {drawn} | | | | {peak} | | "
-                         f"{r.get('load_avg_1m', float('nan')):.1f} |")
+                         f"{r.get('load_avg_1m', float('nan')):.1f} | |")
         else:
             lines.append(f"| {r['slots']:,} | {r['engine']} | {r['wall_s']:.1f} | {r['slots_per_s'] / 1e6:.2f} | "
                          f"{r['slots_per_s_per_core'] / 1e6:.2f} | {r.get('cpu_s', float('nan')):.1f} | "
                          f"{r['peak_rss_mb']:.0f} | {r['max_coef_diff_vs_first']:.1e} | "
-                         f"{r.get('load_avg_1m', float('nan')):.1f} |")
+                         f"{r.get('load_avg_1m', float('nan')):.1f} | {r.get('date', 'an earlier run')} |")
+    lines += ["", "Each size is a fleet of replica shards (`bench/fit.py --generate`); each engine runs in a fresh child "
+              "process; \"max coef diff\" is against the first engine run at that size; \"driver CPU s\" leaves out Ray's "
+              "workers. Reading, goals and how each size was run: docs/fleet.md (\"Measured at scale\")."]
     return "\n".join(lines) + "\n"
 
 

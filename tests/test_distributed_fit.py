@@ -83,7 +83,7 @@ class KillingEngine(RayEngine):
         super().__init__(**kw)
         self.at, self.killer, self.calls = at, killer, 0
 
-    def map(self, fn, items, nodes=None):
+    def map(self, fn, items, nodes=None, fold=None):
         if self.calls == self.at:
             items = [(functools.partial(self.killer, fn), items[0])] + [(fn, a) for a in items[1:]]
             fn = _apply
@@ -91,7 +91,7 @@ class KillingEngine(RayEngine):
             items = [(fn, a) for a in items]
             fn = _apply
         self.calls += 1
-        return super().map(fn, items, nodes)
+        return super().map(fn, items, nodes, fold)
 
 
 def _apply(fn, args):

@@ -153,6 +153,25 @@ def test_score_table_matches_direct_calls():
         assert r["ece"] == pytest.approx(_ece_loop(y[mask], p[mask], 10), abs=1e-12)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_score_table_scopes_share_one_sort_exactly(seed):
+    """Every scope's AUC from the one shared order (place sums + tie runs) equals sklearn's, with
+    heavy ties (values rounded to 0.1, or a block at 0.5) spread over many (dataset, position) groups."""
+    rng = np.random.default_rng(seed)
+    n, k, d = int(rng.integers(200, 3000)), int(rng.integers(1, 9)), int(rng.integers(1, 4))
+    pos, ds, p = rng.integers(0, k, n), rng.integers(0, d, n), rng.random(n)
+    p = np.round(p, 1) if seed % 2 else np.where(rng.random(n) < 0.3, 0.5, p)
+    y = (rng.random(n) < 0.1 + 0.8 * p).astype(float)
+    rows = {r["scope"]: r for r in score_table(y, p, pos, ds, [f"d{j}" for j in range(d)])}
+    scopes = {"all": pos >= 0, **({"all_but_first": pos > 0} if k > 1 else {})}
+    scopes |= {f"position={i}": pos == i for i in range(k)} | {f"dataset=d{j}": ds == j for j in range(d)}
+    for scope, mask in scopes.items():
+        if scope not in rows:
+            continue
+        want = skm.roc_auc_score(y[mask], p[mask]) if len(set(y[mask])) == 2 else np.nan
+        assert rows[scope]["auc"] == pytest.approx(want, abs=1e-12, nan_ok=True), scope
+
+
 def test_score_table_one_class_scope_is_nan():
     rows = {r["scope"]: r for r in score_table([1, 1, 0, 1], [0.9, 0.8, 0.3, 0.6], [0, 0, 1, 1])}
     assert np.isnan(rows["position=0"]["auc"]) and rows["position=1"]["auc"] == 1.0

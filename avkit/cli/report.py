@@ -62,6 +62,13 @@ def register(app: typer.Typer) -> None:
             default_of(EstimatorConfig, "feature"),
         bins: Annotated[int, typer.Option(help="reliability-diagram and ECE bins")] = _d("n_bins"),
         embed: Annotated[bool, typer.Option(help="embed the PNGs in index.html")] = _d("embed_images"),
+        engine: Annotated[str, typer.Option(help="memory: the traces in RAM; streaming: out of core, memory "
+                                            "bounded by --memory-budget (a batch fit; no simulation unless --sim)")] =
+            _d("engine"),
+        memory_budget: Annotated[int, typer.Option(help="--engine streaming: MB of memory to stay under")] =
+            _d("memory_budget_mb"),
+        scratch: Annotated[Path | None, typer.Option(help="--engine streaming: directory for the spilled observed "
+                                                     "slots (default: the system temp)", show_default=False)] = None,
     ):
         """Write index.html (self-contained), report.md and the PNGs: summary, feature table, reliability
         diagrams, online fitting, simulation, tuning and hybrid drafting. Missing inputs omit their section."""
@@ -70,7 +77,8 @@ def register(app: typer.Typer) -> None:
         from avkit.staged import StagedOutputs
         from avkit.trace.reader import common_k
 
-        config = ReportConfig(out=str(out), n_bins=bins, embed_images=embed)
+        config = ReportConfig(out=str(out), n_bins=bins, embed_images=embed, engine=engine,
+                              memory_budget_mb=memory_budget, scratch=None if scratch is None else str(scratch))
         fit_dir, traces = split_inputs(inputs)
         console = Console(stderr=True)
         if traces and (note := common_k(traces)[1]):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from avkit.validate import check_range
+from avkit.validate import check_choice, check_range
 
 
 @dataclass(frozen=True)
@@ -22,10 +22,22 @@ class ReportConfig:
     n_bins: int = 10  # reliability-diagram bins (equal-width in predicted probability, as the fit's ECE)
     dpi: int = 120
     embed_images: bool = True  # index.html carries the PNGs as data URIs (portable); they are written beside too
+    engine: str = "memory"  # memory: the traces in RAM; streaming: summed out of core (report/streamed.py)
+    memory_budget_mb: int = 1536  # streaming: peak memory to stay under, whatever the traces' size
+    scratch: str | None = None  # streaming: directory for the spilled observed slots (None: system temp)
 
     def __post_init__(self):
         check_range("n_bins", self.n_bins, 2, 100)
         check_range("dpi", self.dpi, 50, 600)
+        check_choice("engine", self.engine, ("memory", "streaming"))
+        check_range("memory_budget_mb", self.memory_budget_mb, 256)
+
+    def streaming(self):
+        """The out-of-core FitConfig of `--engine streaming` (None: in memory)."""
+        from avkit.config.fit import FitConfig
+
+        return None if self.engine == "memory" else FitConfig(
+            mode="batch", engine="streaming", memory_budget_mb=self.memory_budget_mb, scratch=self.scratch)
 
 
 __all__ = ["ReportConfig"]

@@ -30,7 +30,7 @@ import polars as pl
 
 from avkit.errors import TraceError
 from avkit.features import FEATURES
-from avkit.trace.reader import read_traces, trace_metadata
+from avkit.trace.reader import iter_traces, trace_metadata
 
 TRACE_COLUMNS = ("engine_step", "request_id", "step", "position", "dataset", "drafter", "accepted", "verified", "q_max",
                  "q_2nd", "q_sampled", "entropy", "logit_qmax", "head_conf")
@@ -76,25 +76,37 @@ class FitData:
             yield slice(int(lo), int(hi)), slice(int(bounds[lo]), int(bounds[hi]))
 
 
-def _engine_clock(df: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray, list[str]]:
-    """-> (rows in replay order, [rows] engine step id in 0..G-1, clock of each file)."""
-    parts, clocks = [], []
-    for _, part in df.group_by("file_index", maintain_order=True):
-        if part["engine_step"].null_count() == 0:
-            clocks.append("engine_step")
-            if not part["engine_step"].is_sorted():  # recorders write in step order: usually a no-op
-                part = part.sort("engine_step", maintain_order=True)
-            clock = part["engine_step"]
-        else:
-            clocks.append("request_step")
-            rid = part["request_id"].cast(pl.String)
-            new = (rid != rid.shift(1)) | (part["step"] != part["step"].shift(1))
-            clock = new.fill_null(True).cast(pl.Int64).cum_sum() - 1
-        parts.append(part.with_columns(clock.alias("_clock")))
-    rows = pl.concat(parts) if len(parts) > 1 else parts[0]
-    fi, ck = rows["file_index"].to_numpy(), rows["_clock"].to_numpy()
-    new = np.r_[True, (fi[1:] != fi[:-1]) | (ck[1:] != ck[:-1])] if len(ck) else np.zeros(0, bool)
-    return rows, np.cumsum(new) - 1, clocks
+def _file_clock(df: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray, str]:
+    """One file's rows -> (rows in replay order, [rows] int64 clock, which clock): its engine_step
+    (rows ordered stably by it), or, without one, the ordinal of each contiguous (request_id, step) group."""
+    if df["engine_step"].null_count() == 0:
+        clock = df["engine_step"].to_numpy()
+        if clock.size > 1 and bool((clock[1:] < clock[:-1]).any()):  # recorders write in step order: rare
+            order = np.argsort(clock, kind="stable")
+            df, clock = df[order], clock[order]
+        return df, clock, "engine_step"
+    rid = df["request_id"].cast(pl.String)
+    new = (rid != rid.shift(1)) | (df["step"] != df["step"].shift(1))
+    return df, (new.fill_null(True).cast(pl.Int64).cum_sum() - 1).to_numpy(), "request_step"
+
+
+def _dataset_codes(ds: pl.Series) -> tuple[np.ndarray, list[str]]:
+    """[N] dataset names (Categorical or String) -> ([N] int64 codes into the sorted names, sorted names).
+    A Categorical maps its few distinct physical codes, never the N strings."""
+    uniq = ds.unique()
+    names = sorted(uniq.cast(pl.String).to_list())
+    if ds.dtype == pl.Categorical:
+        phys = uniq.to_physical().to_numpy().astype(np.int64)  # [D]
+        if phys.max() < 1 << 20:
+            lut = np.zeros(int(phys.max()) + 1, dtype=np.int64)
+            lut[phys] = [names.index(n) for n in uniq.cast(pl.String).to_list()]
+            return lut[ds.to_physical().to_numpy()], names
+    return ds.cast(pl.String).replace_strict(names, list(range(len(names))), return_dtype=pl.Int64).to_numpy(), names
+
+
+# what the observed slots keep after the read: the features' inputs, labels, positions, datasets
+FEATURE_INPUTS = ("q_max", "q_2nd", "q_sampled", "entropy", "logit_qmax", "head_conf")
+OBSERVED_COLUMNS = ("position", "dataset", "accepted", *FEATURE_INPUTS)
 
 
 def _num_positions(paths: list[Path], positions: np.ndarray) -> int:
@@ -112,39 +124,51 @@ def _shown(path: Path) -> str:
 
 
 def load_fit_data(paths, drafter: str = "model") -> FitData:
-    """Read, check and order the observed slots of `drafter`'s rows in `paths`; raise TraceError on unusable input."""
+    """Read, check and order the observed slots of `drafter`'s rows in `paths`; raise TraceError on unusable
+    input.
+
+    File by file: each is read (only TRACE_COLUMNS and the checked ones), checked, put in replay
+    order and reduced to its observed slots' OBSERVED_COLUMNS before the next is read."""
     paths = [Path(p) for p in paths]
-    rows, step_id, clocks = _engine_clock(read_traces(paths, list(TRACE_COLUMNS)))
-    total = rows.height
-    first = np.r_[True, step_id[1:] != step_id[:-1]] if total else np.zeros(0, bool)
-    step_file = rows["file_index"].to_numpy()[first].astype(np.int64)  # [G]
-    step_clock = rows["_clock"].to_numpy()[first].astype(np.int64)  # [G]
-    observed = (rows["accepted"].is_not_null() & (rows["drafter"].cast(pl.String) == drafter)).to_numpy()
-    obs = rows.filter(pl.Series(observed))
+    parts, step_file, step_clock, row_step, clocks = [], [], [], [], []
+    total = steps = 0
+    for i, df in enumerate(iter_traces(paths, list(TRACE_COLUMNS))):
+        df, clock, name = _file_clock(df)
+        first = np.r_[True, clock[1:] != clock[:-1]]  # [n] the row opens an engine step
+        observed = (df["accepted"].is_not_null() & (df["drafter"] == drafter)).to_numpy()  # [n] (a categorical
+        # compares its few categories, not every row's string)
+        row_step.append((np.cumsum(first) - 1)[observed] + steps)
+        step_clock.append(clock[first])
+        step_file.append(np.full(int(first.sum()), i, dtype=np.int64))
+        steps, total = steps + int(first.sum()), total + df.height
+        clocks.append(name)
+        parts.append(df.select(OBSERVED_COLUMNS).filter(pl.Series(observed)))
+    obs = pl.concat(parts, how="vertical") if len(parts) > 1 else parts[0]
     if obs.height == 0:
         raise TraceError(f"{', '.join(map(str, paths))}: no observed labels of drafter {drafter!r} (every "
                          f"`accepted` of its rows is null, or column `drafter` never says {drafter!r})")
     derived = obs.select(spec.expr.alias(name) for name, spec in FEATURES.items())  # one parallel pass
     features = {name: derived[name].to_numpy().astype(np.float64, copy=False) for name in derived.columns
                 if derived[name].null_count() == 0}  # optional columns (head_conf) count only when complete
-    ds = obs["dataset"].cast(pl.String)
-    names = sorted(ds.unique().to_list())
-    codes = ds.replace_strict(names, list(range(len(names))), return_dtype=pl.Int64).to_numpy()
+    codes, names = _dataset_codes(obs["dataset"])
     positions = obs["position"].to_numpy().astype(np.intp)
+    per_file = np.array([p.height for p in parts])
     meta = trace_metadata(paths[0])
     clock = clocks[0] if len(set(clocks)) == 1 else "mixed"
     return FitData(
         k=_num_positions(paths, positions), features=features, positions=positions,
-        labels=obs["accepted"].cast(pl.Float64).to_numpy(), row_step=step_id[observed], step_file=step_file,
-        step_clock=step_clock, file_index=obs["file_index"].cast(pl.Int64).to_numpy(), dataset_codes=codes,
+        labels=obs["accepted"].cast(pl.Float64).to_numpy(), row_step=np.concatenate(row_step),
+        step_file=np.concatenate(step_file), step_clock=np.concatenate(step_clock).astype(np.int64),
+        file_index=np.repeat(np.arange(len(parts), dtype=np.int64), per_file), dataset_codes=codes,
         dataset_names=names,
         trained_on={"traces": [_shown(p) for p in paths], "slots": total, "observed": obs.height,
                     "datasets": {n: int(c) for n, c in zip(names, np.bincount(codes, minlength=len(names)))},
                     "drafter": drafter, "target": meta.get("avkit.target", ""), "draft": meta.get("avkit.draft", ""),
                     "target_sha256": meta.get("avkit.target_sha256", ""),
-                    "draft_sha256": meta.get("avkit.draft_sha256", ""), "clock": clock, "clock_per_file": clocks, "engine_steps": int(step_file.size),
+                    "draft_sha256": meta.get("avkit.draft_sha256", ""), "clock": clock, "clock_per_file": clocks,
+                    "engine_steps": steps,
                     "synthetic_truth": json.loads(meta["avkit.synthetic"]) if "avkit.synthetic" in meta else None},
     )
 
 
-__all__ = ["CLOCKS", "TRACE_COLUMNS", "FitData", "load_fit_data"]
+__all__ = ["CLOCKS", "OBSERVED_COLUMNS", "TRACE_COLUMNS", "FitData", "load_fit_data"]

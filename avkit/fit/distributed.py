@@ -73,9 +73,10 @@ class RayEngine:
         if self._started:
             _ray().shutdown()
 
-    def map(self, fn, items: list[tuple], nodes: list[str | None] | None = None) -> tuple[list, list]:
+    def map(self, fn, items: list[tuple], nodes: list[str | None] | None = None, fold=None) -> tuple[list, list]:
         """Run `fn(*item)` for every item as a task (item i on node nodes[i] when given);
-        -> (results, node ids), in item order."""
+        -> (results, node ids), in item order; with `fold`, the results folded in item order as they
+        are fetched (the driver holds one at a time)."""
         ray = _ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -85,13 +86,18 @@ class RayEngine:
             opts = {"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[i], soft=False)} \
                 if nodes and nodes[i] else {}
             refs.append(task.options(**opts).remote(fn, args))
-        out = []
-        for args, ref in zip(items, refs):
+        out, acc = [], None
+        for i, args in enumerate(items):
             try:
-                out.append(ray.get(ref))
+                node, result = ray.get(refs[i])
+                if fold is not None:  # arrays from the object store are read-only views: copy before adding
+                    acc = copy.deepcopy(result) if acc is None else fold(acc, copy.deepcopy(result))
+                    result, refs[i] = None, None  # the store may free it now
+                out.append((node, result))
             except ray.exceptions.RayTaskError as e:
                 for r in refs:
-                    ray.cancel(r)
+                    if r is not None:
+                        ray.cancel(r)
                 cause = getattr(e, "cause", None)
                 if isinstance(cause, AvkitError):
                     raise type(cause)(str(cause).splitlines()[0]) from None
@@ -99,9 +105,12 @@ class RayEngine:
                                  f"{str(cause).splitlines()[0] if cause else e}") from None
             except ray.exceptions.RayError as e:
                 for r in refs:
-                    ray.cancel(r)
+                    if r is not None:
+                        ray.cancel(r)
                 raise AvkitError(f"ray: task on shard {_shard(args)} failed after {self.max_retries} "
                                  f"retries: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+        if fold is not None:
+            return acc, [n for n, _ in out]
         # arrays from the object store are read-only views: copy what the driver will add into
         return [copy.deepcopy(r) for _, r in out], [n for n, _ in out]
 

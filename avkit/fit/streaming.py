@@ -2,15 +2,11 @@
 
 Glossary:
   shard   one trace file (a replica's run): the unit of work of every pass
-  spill   pass 0 reads each shard once, `chunk_rows` rows at a time, checks every value
-          (`reader.check_values`), derives every feature (float64, the same polars expressions
-          as the in-memory fit) of the observed slots, sorts each chunk by position and writes
-          one raw array file per column and chunk into a scratch directory; later passes read
-          back only the columns they need (no decompression, no unobserved rows) and sum each
+  spill   pass 0 (`fit/spill.py`) reads each shard once in chunks of `chunk_rows` rows, checks
+          them and spills the observed slots' features per column; later passes sum each
           position's rows as one contiguous segment (`irls.fused_segment_stats`: one fused pass)
-  survey  what pass 0 learns about a shard: rows, observed rows, dataset counts, null counts,
-          and a uniform sample of its observed slots (the AUC histogram's bin edges are
-          quantiles of the predictions on the samples: metrics/binned.py)
+  survey  what pass 0 learns about a shard (`ShardSurvey`), with a uniform sample of its
+          observed slots (the AUC histogram's bin edges: metrics/binned.py)
   pass    a map over shards of a function of one shard's chunks that returns additive sums,
           then a reduce (+=) on the driver. An engine runs the map: `LocalEngine` on this
           machine's threads, `RayEngine` (fit/distributed.py) as tasks on a Ray cluster; the
@@ -26,31 +22,31 @@ temporaries of one row; measured with `bench/fit.py --scale`).
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import tempfile
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 
 from avkit.config import EstimatorConfig, FitConfig
 from avkit.errors import TraceError
 from avkit.estimators import make_estimator
 from avkit.estimators.irls import IrlsStats, fused_segment_stats, grouped_segments
 from avkit.features import FEATURES
-from avkit.fit.data import TRACE_COLUMNS, _shown
+from avkit.fit.data import _shown
 from avkit.fit.replay import _coef_row, trajectory_frame
-from avkit.fit.slot_check import SlotKeys
+from avkit.fit.spill import ShardSurvey, spill_shard
 from avkit.fit.run import FitResult, check_feature, coefficients_doc, plan_features
 from avkit.metrics.binned import BinnedScores, logit, quantile_edges
-from avkit.trace.reader import CHECKED_COLUMNS, check_values, scan_traces, trace_metadata
+from avkit.trace.reader import trace_metadata
 from avkit.trace.shards import check_shards
 
 SAMPLE_SLOTS = 1 << 21  # observed slots sampled over all shards in pass 0: the AUC bins' quantiles
-MAX_K = 64  # positions a survey can hold before K is known (traces without avkit.k)
 BYTES_PER_ROW = 1024  # working memory per chunk row (all trace columns read and checked in pass 0)
 FIXED_MB = 512  # interpreter, libraries, score histograms
 
@@ -64,103 +60,6 @@ def chunk_rows(fit: FitConfig) -> int:
 
 
 @dataclass
-class ShardSurvey:
-    """What pass 0 learned about one shard (small: travels back from a worker)."""
-
-    path: str
-    spill: str  # directory of the spilled columns: c{chunk}.{column}
-    rows: int
-    observed: int
-    dataset_names: list[str]  # the spill's dataset codes index this list
-    datasets: dict[str, int]  # name -> observed slots
-    sample: dict[str, np.ndarray]  # feature -> [S] a uniform sample of the observed slots (AUC bin edges)
-    nulls: dict[str, int]  # feature -> observed slots where it is null
-    engine_step_nulls: int = 0
-    num_positions: int = 0  # max observed position + 1
-    chunks: list[np.ndarray] = field(default_factory=list)  # [C] x [MAX_K] observed slots per position
-    sample_positions: list[np.ndarray] = field(default_factory=list)  # [S] positions of the sample
-    all_step_nulls: int = 0  # rows (observed or not) without engine_step
-    steps_by_engine_step: int = 0  # engine steps counted by the engine_step clock
-    steps_by_request: int = 0  # ... by the (request_id, step) clock
-    last: tuple = (None, None)
-
-    def column(self, chunk: int, name: str, dtype) -> np.ndarray:
-        return np.fromfile(Path(self.spill) / f"c{chunk}.{name}", dtype=dtype)
-
-
-def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int, sample: int) -> ShardSurvey:
-    """Pass 0 over one shard: check, keep the observed slots, survey them."""
-    # the columns (and so the checks) of the in-memory fit: what it fits on and what read_traces checks
-    lf = scan_traces([path]).select(*dict.fromkeys([*TRACE_COLUMNS, *CHECKED_COLUMNS]))
-    spill = Path(scratch) / f"{index:06d}"
-    shutil.rmtree(spill, ignore_errors=True)  # a rerun (retried task) starts afresh
-    spill.mkdir(parents=True)
-    keys = SlotKeys(spill / "slots")  # a slot repeated across chunks (each chunk checks its own rows)
-    total = lf.select(pl.len()).collect().item()
-    s = ShardSurvey(path, str(spill), total, 0, [], {}, {n: [] for n in FEATURES}, dict.fromkeys(FEATURES, 0))
-    rng = np.random.default_rng(index)  # the sample is a function of the shard: reruns agree
-    for off in range(0, total, rows):
-        try:
-            df = lf.slice(off, rows).collect()
-        except (pl.exceptions.PolarsError, OSError) as e:
-            raise TraceError(f"{path}: cannot read rows {off}..{off + rows - 1}: "
-                             f"{str(e).splitlines()[0]}") from None
-        check_values(df, f"{path} (chunk from row {off})", k)
-        keys.add(df, off)
-        _count_steps(s, df)
-        obs = df.filter(pl.col("accepted").is_not_null() & (pl.col("drafter").cast(pl.String) == "model"))
-        _survey_chunk(s, obs.sort("position", maintain_order=True),
-                      rng, sample / max(total, 1))
-    keys.check(path, lf)
-    shutil.rmtree(keys.dir, ignore_errors=True)
-    s.sample = {n: np.concatenate(v) for n, v in s.sample.items()}
-    s.sample_positions = np.concatenate(s.sample_positions)
-    return s
-
-
-def _count_steps(s: ShardSurvey, df: pl.DataFrame) -> None:
-    """Engine steps of the chunk by both clocks of fit/data.py (rows in file order; the last step of the
-    previous chunk carried), and the engine_step nulls that choose between them."""
-    s.all_step_nulls += df["engine_step"].null_count()
-    es = df["engine_step"].fill_null(-1).to_numpy()
-    key = (df["request_id"].cast(pl.String) + "\x00" + df["step"].cast(pl.String)).to_numpy()
-    if df.height:
-        s.steps_by_engine_step += int(np.count_nonzero(np.r_[es[0] != s.last[0], es[1:] != es[:-1]]))
-        s.steps_by_request += int(np.count_nonzero(np.r_[key[0] != s.last[1], key[1:] != key[:-1]]))
-        s.last = (es[-1], key[-1])
-
-
-def _survey_chunk(s: ShardSurvey, obs: pl.DataFrame, rng: np.random.Generator, rate: float) -> None:
-    """Add one chunk's observed slots (sorted by position) to the survey and spill them."""
-    ds = obs["dataset"].cast(pl.String)
-    for name in ds.unique(maintain_order=True).to_list():
-        if name not in s.dataset_names:
-            s.dataset_names.append(name)
-            s.datasets[name] = 0
-    for name, n in ds.value_counts().iter_rows():
-        s.datasets[name] += n
-    s.observed += obs.height
-    s.engine_step_nulls += obs["engine_step"].null_count()
-    derived = obs.select(*(spec.expr.alias(n) for n, spec in FEATURES.items()))
-    pos = obs["position"].to_numpy()
-    if pos.size:
-        s.num_positions = max(s.num_positions, int(pos[-1]) + 1)  # sorted
-    c = len(s.chunks)
-    s.chunks.append(np.bincount(pos, minlength=MAX_K))
-    pick = rng.random(obs.height) < rate  # [n] the chunk's share of the shard's sample
-    s.sample_positions.append(pos[pick])
-    out = Path(s.spill)
-    for n in FEATURES:
-        s.nulls[n] += derived[n].null_count()
-        values = derived[n].to_numpy().astype(np.float64)  # nulls become nan
-        values.tofile(out / f"c{c}.{n}")
-        s.sample[n].append(values[pick])
-    code = ds.replace_strict(s.dataset_names, list(range(len(s.dataset_names))), return_dtype=pl.Int16)
-    code.to_numpy().tofile(out / f"c{c}.dataset")
-    obs["accepted"].cast(pl.Int8).to_numpy().tofile(out / f"c{c}.label")
-
-
-@dataclass
 class PassWork:
     """One pass: predict with each estimator on its feature; IRLS sums, or score sums when `score`."""
 
@@ -170,6 +69,7 @@ class PassWork:
     dataset_names: list[str]  # global dataset codes
     score: dict | None = None  # {"n_bins", "edges": [E] AUC bin edges of logit(p)}
     fitting: list[bool] = field(default_factory=list)
+    subsets: list[int | None] | None = None  # [E] fit estimator j on dataset code subsets[j] only (None: all)
 
 
 def shard_pass(survey: ShardSurvey, work: PassWork) -> list:
@@ -192,11 +92,15 @@ def shard_pass(survey: ShardSurvey, work: PassWork) -> list:
             if sc:
                 out[j].add(est.predict(f, pos), y, group)  # [n] predictions at the fitted coefficients
                 continue
-            fo = FEATURES[name].sign * f  # oriented as the estimator fits it; rows already grouped by position
-            segments = grouped_segments(fo, y, None, bounds)
+            fo, yj, cj, bj = FEATURES[name].sign * f, y, counts, bounds  # oriented as the estimator fits it
+            if work.subsets and work.subsets[j] is not None:  # one dataset's rows (still grouped by position)
+                keep = lut[survey.column(c, "dataset", np.int16)] == work.subsets[j]
+                fo, yj, cj = fo[keep], y[keep], np.bincount(pos[keep], minlength=k)
+                bj = np.r_[0, np.cumsum(cj)]
+            segments = grouped_segments(fo, yj, None, bj)
             sums = [fused_segment_stats(seg, est._slope_at(i), est.intercepts[i])
                     for i, seg in enumerate(segments)]  # as the in-memory fit
-            out[j] += IrlsStats.from_segments(sums, counts)
+            out[j] += IrlsStats.from_segments(sums, cj)
     return out
 
 
@@ -206,20 +110,29 @@ class LocalEngine:
     def __init__(self, workers: int = 1):
         self.workers = workers
 
-    def map(self, fn, items: list[tuple], nodes=None) -> tuple[list, list]:
+    def map(self, fn, items: list[tuple], nodes=None, fold=None) -> tuple[list, list]:
+        """-> (fn(*item) of every item, in order; or with `fold`, their fold in item order, holding at
+        most `workers` results at once: a score pass's sums are ~50 MB per feature and shard), nodes."""
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
-            results = list(pool.map(lambda args: fn(*args), items))
-        return results, [None] * len(items)
+            if fold is None:
+                return list(pool.map(lambda args: fn(*args), items)), [None] * len(items)
+            todo, acc = iter(items), None
+            pending = deque(pool.submit(fn, *args) for args in itertools.islice(todo, self.workers))
+            while pending:
+                result = pending.popleft().result()
+                if (args := next(todo, None)) is not None:
+                    pending.append(pool.submit(fn, *args))
+                acc = result if acc is None else fold(acc, result)
+        return acc, [None] * len(items)
 
     def cleanup(self, scratch: str, nodes) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
-def _reduce(parts: list[list]) -> list:
-    total = parts[0]
-    for part in parts[1:]:
-        for acc, x in zip(total, part):
-            acc += x
+def _add(total: list, part: list) -> list:
+    """Fold of a pass: add one shard's sums (a list of IrlsStats or BinnedScores) into the total."""
+    for acc, x in zip(total, part):
+        acc += x
     return total
 
 
@@ -242,15 +155,18 @@ def _merge_surveys(surveys: list[ShardSurvey], k: int | None) -> dict:
             "rows": sum(s.rows for s in surveys), "step_nulls": sum(s.engine_step_nulls for s in surveys)}
 
 
-def _newton(engine, surveys, nodes, plan, ests, m, fit: FitConfig, progress) -> dict[int, list[dict]]:
-    """Batch IRLS of every fitted estimator, one pass per iteration; -> index -> trajectory rows."""
+def _newton(engine, surveys, nodes, plan, ests, m, fit: FitConfig, progress,
+            subsets: list[int | None] | None = None) -> dict[int, list[dict]]:
+    """Batch IRLS of every fitted estimator (estimator i on dataset code subsets[i] when given), one pass
+    per iteration; -> index -> trajectory rows."""
     active = [i for i, (name, _) in enumerate(plan) if FEATURES[name].no_fit is None]
     rows: dict[int, list[dict]] = {i: [] for i in active}
     for it in range(fit.max_iter):
         if not active:
             break
-        work = PassWork([plan[i][0] for i in active], [ests[i] for i in active], m["k"], m["names"])
-        stats = _reduce(engine.map(shard_pass, [(s, work) for s in surveys], nodes)[0])
+        work = PassWork([plan[i][0] for i in active], [ests[i] for i in active], m["k"], m["names"],
+                        subsets=None if subsets is None else [subsets[i] for i in active])
+        stats = engine.map(shard_pass, [(s, work) for s in surveys], nodes, fold=_add)[0]
         still = []
         for i, st in zip(active, stats):
             before = ests[i].coefficients()
@@ -264,6 +180,26 @@ def _newton(engine, surveys, nodes, plan, ests, m, fit: FitConfig, progress) -> 
     return rows
 
 
+def _scratch(fit: FitConfig) -> str:
+    if fit.scratch is not None:
+        Path(fit.scratch).mkdir(parents=True, exist_ok=True)
+    return tempfile.mkdtemp(prefix="avkit-spill-", dir=fit.scratch)
+
+
+def spill(engine, paths: list[Path], fit: FitConfig, scratch: str,
+          drafts: bool = False) -> tuple[list[ShardSurvey], list, dict]:
+    """Pass 0 over every shard (`spill_shard`) -> (surveys, node of each, their merge); TraceError when no
+    slot is observed. The caller removes `scratch` (engine.cleanup)."""
+    sample = max(1024, SAMPLE_SLOTS // len(paths))  # per shard
+    ks = [_declared_k(p) for p in paths]  # K may differ across shards: each is checked at its own
+    items = [(str(p), i, k, scratch, chunk_rows(fit), sample, drafts) for i, (p, k) in enumerate(zip(paths, ks))]
+    surveys, nodes = engine.map(spill_shard, items)
+    m = _merge_surveys(surveys, max([k for k in ks if k] or [0]) or None)
+    if m["observed"] == 0:
+        raise TraceError(f"{', '.join(map(str, paths))}: no observed labels (every `accepted` is null)")
+    return surveys, nodes, m
+
+
 def fit_streaming(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None = None,
                   progress: Progress | None = None, engine=None) -> FitResult:
     """`avkit fit --mode batch` out of core: the same FitResult as `run_fit`, memory bounded by
@@ -272,24 +208,16 @@ def fit_streaming(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig 
     check_feature(est_cfg.feature)
     shards = check_shards(paths)
     engine = engine or LocalEngine(fit.workers)
-    if fit.scratch is not None:
-        Path(fit.scratch).mkdir(parents=True, exist_ok=True)
-    scratch = tempfile.mkdtemp(prefix="avkit-spill-", dir=fit.scratch)
+    scratch = _scratch(fit)
     nodes = None
     try:
-        sample = max(1024, SAMPLE_SLOTS // len(shards.paths))  # per shard
-        ks = [_declared_k(p) for p in shards.paths]  # K may differ across shards: each is checked at its own
-        items = [(str(p), i, k, scratch, chunk_rows(fit), sample) for i, (p, k) in enumerate(zip(shards.paths, ks))]
-        surveys, nodes = engine.map(spill_shard, items)
-        m = _merge_surveys(surveys, max([k for k in ks if k] or [0]) or None)
-        if m["observed"] == 0:
-            raise TraceError(f"{', '.join(map(str, shards.paths))}: no observed labels (every `accepted` is null)")
+        surveys, nodes, m = spill(engine, shards.paths, fit, scratch)
         plan = plan_features(fit, est_cfg, m["present"])
         ests = [make_estimator(e, k=m["k"], config=replace(est_cfg, feature=n)) for n, e in plan]
         rows = _newton(engine, surveys, nodes, plan, ests, m, fit, progress)
         edges = [_edges(e, n, surveys, fit.auc_bins) for (n, _), e in zip(plan, ests)]
         work = PassWork([n for n, _ in plan], ests, m["k"], m["names"], score={"n_bins": fit.n_bins, "edges": edges})
-        sums = _reduce(engine.map(shard_pass, [(s, work) for s in surveys], nodes)[0])
+        sums = engine.map(shard_pass, [(s, work) for s in surveys], nodes, fold=_add)[0]
     finally:
         engine.cleanup(scratch, nodes)
     scores = [{"feature": n, "lossless": FEATURES[n].lossless, "estimator": e, **row}
@@ -318,4 +246,4 @@ def _trained_on(shards, m: dict) -> dict:
             "synthetic_truth": json.loads(meta["avkit.synthetic"]) if "avkit.synthetic" in meta else None}
 
 
-__all__ = ["LocalEngine", "PassWork", "ShardSurvey", "chunk_rows", "fit_streaming", "shard_pass", "spill_shard"]
+__all__ = ["LocalEngine", "PassWork", "ShardSurvey", "chunk_rows", "fit_streaming", "shard_pass", "spill", "spill_shard"]

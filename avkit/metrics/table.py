@@ -10,40 +10,74 @@ counts) and is built once per trace set; scoring one feature then costs one sort
   AUC      one radix sort of packed uint64 keys: the prediction's float64 bits (a non-negative
            double orders like its bit pattern) with the low `bits` mantissa bits replaced by
            (group, label). The sorted keys carry labels and groups along, so nothing is gathered.
-           A stable counting sort by group keeps each group's rows contiguous and still sorted,
-           so each group's AUC is an O(n_g) slice. Predictions are ranked at a relative
-           resolution of 2^-(52 - bits) (bits <= 12): two predictions closer than that count as
-           a tie (1/2) where an exact ranking would order them. The public `auc` is exact.
+           Every scope's AUC comes from that one order (`_family_auc`): a positive at place j
+           among its scope's rows outranks j - (positives before it) negatives, so a stable
+           counting sort of the rows' small scope codes (position, dataset) gives each scope's
+           Mann-Whitney count; runs of equal predictions are corrected on their rows alone.
+           Predictions are ranked at a relative resolution of 2^-(52 - bits) (bits <= 12): two
+           predictions closer than that count as a tie (1/2) where an exact ranking would order
+           them. The public `auc` is exact.
   log-loss per-row NLL once, then per-group sums
   ECE      per-(group, bin) sums of p, y and counts; a union of groups sums its rows of the table
 """
 
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 import polars as pl
 
 from avkit.errors import DataError
 from avkit.metrics.calibration import _EPS
-from avkit.metrics.checks import UndefinedMetricWarning, check_binary_inputs
-from avkit.metrics.ranking import auc_sorted
+from avkit.metrics.checks import check_binary_inputs
 
 MAX_KEY_BITS = 12  # label + group bits packed below the prediction's bits
 
 
-def _grouped_auc(y_s: np.ndarray, s_s: np.ndarray, codes_s: np.ndarray, num_groups: int) -> np.ndarray:
-    """[N] score-sorted labels, sort keys and group codes -> [G] AUC per group (nan if one class)."""
-    small = np.int8 if num_groups <= 127 else np.int16  # numpy's radix sort: one byte, one counting pass
-    g_order = np.argsort(codes_s.astype(small), kind="stable")  # counting sort: stays sorted in a group
-    y_g, s_g = y_s[g_order], s_s[g_order]
-    ends = np.cumsum(np.bincount(codes_s, minlength=num_groups))
-    out = np.full(num_groups, np.nan)
-    for g, (lo, hi) in enumerate(zip(np.r_[0, ends[:-1]], ends)):
-        if hi > lo:
-            out[g] = auc_sorted(y_g[lo:hi], s_g[lo:hi])
-    return out
+def _tie_correction(codes: np.ndarray, y: np.ndarray, block: np.ndarray, num_codes: int) -> np.ndarray:
+    """Rows inside tie blocks ([T] each, in ascending order of the prediction: code, label in {0, 1},
+    tie block id) -> [C] what turns the ordered win count of each code into the Mann-Whitney count:
+    a positive's tied negatives of its code count 1/2, not 1 (before it) or 0 (after it)."""
+    order = np.argsort(codes, kind="stable")  # [T] grouped by code, still in ascending order inside
+    c, yy, b = codes[order], y[order].astype(np.int64), block[order]
+    neg = 1 - yy  # [T]
+    start = np.r_[True, (c[1:] != c[:-1]) | (b[1:] != b[:-1])]  # [T] opens a (code, block) segment
+    seg = np.cumsum(start) - 1  # [T]
+    before = np.cumsum(neg) - neg  # [T] negatives before each row
+    before -= before[start][seg]  # ... inside its own segment
+    seg_neg = np.bincount(seg, weights=neg)  # [S] negatives per segment
+    return np.bincount(c, weights=yy * (0.5 * seg_neg[seg] - before), minlength=num_codes)
+
+
+def _family_auc(codes: np.ndarray | None, y: np.ndarray, ties, num_codes: int) -> np.ndarray:
+    """[C] AUC of each code's rows, from ONE sort shared by every scope.
+
+    codes: [N] small ints (None: one code) and y: [N] int8 labels, both in ascending order of the
+    prediction; ties: (rows inside tie blocks [T], their block ids [T]) or None. A positive of code c
+    at place j among c's rows (0-based, in ascending order) outranks the j - (positives of c before
+    it) negatives of c before it, so the ordered win count is sum_pos j - P (P - 1) / 2; a stable
+    counting sort by code gives every row's j. Ties are then corrected on the tied rows only."""
+    if codes is None:
+        n = np.array([y.size])  # [1]
+        idx_sum = np.array([float(np.flatnonzero(y).sum())])
+        pos = np.array([float(np.count_nonzero(y))])
+        start = np.zeros(1)
+        codes_t = None if ties is None else np.zeros(ties[0].size, np.int8)
+    else:
+        order = np.argsort(codes, kind="stable")  # counting sort of small ints
+        n = np.bincount(codes, minlength=num_codes)  # [C] rows per code
+        start = (np.cumsum(n) - n).astype(np.float64)  # [C] first place of each code
+        hit = np.flatnonzero(y[order])  # [P] places of the positives in the code-grouped layout
+        code_of = np.repeat(np.arange(num_codes), n)[hit]  # [P]
+        idx_sum = np.bincount(code_of, weights=hit, minlength=num_codes)
+        pos = np.bincount(code_of, minlength=num_codes).astype(np.float64)
+        codes_t = None if ties is None else codes[ties[0]]
+    neg = n - pos
+    wins = idx_sum - pos * start - pos * (pos - 1) / 2  # [C]
+    if ties is not None:
+        wins += _tie_correction(codes_t, y[ties[0]], ties[1], num_codes)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where((pos > 0) & (neg > 0), wins / (pos * neg), np.nan)
 
 
 def _ece(table: np.ndarray) -> np.ndarray:
@@ -85,30 +119,37 @@ class ScoreLayout:
         if self.bits > MAX_KEY_BITS:
             raise DataError(f"too many (dataset, position) groups to score: {self.d} x {self.k}")
         self.base = (self.group.astype(np.uint64) << np.uint64(1)) | y.astype(np.uint64)  # [N]
+        self.small = np.int8 if max(self.d, self.k) <= 127 else np.int16  # codes of the counting sorts
+        groups = np.arange(self.d * self.k)
+        self.pos_of, self.ds_of = (groups % self.k).astype(self.small), (groups // self.k).astype(self.small)
 
     def _sorted(self, p: np.ndarray):
-        """-> (labels, tie keys, group codes), each [N] in ascending order of p."""
+        """-> (labels [N] int8, group codes [N], tie blocks), in ascending order of p; the tie blocks
+        are (rows inside a run of equal predictions [T], run id of each [T]) or None."""
         mask = np.uint64((1 << self.bits) - 1)
         bits = (p + 0.0).view(np.uint64)  # + 0.0 turns -0.0 into +0.0
         key = pl.Series((bits & ~mask) | self.base).sort().to_numpy()  # [N] radix sort
-        return (key & np.uint64(1)).astype(np.float64), key >> np.uint64(self.bits), \
-            ((key >> np.uint64(1)) & (mask >> np.uint64(1))).astype(np.int64)
+        y = (key & np.uint64(1)).astype(np.int8)
+        group = (key >> np.uint64(1)) & (mask >> np.uint64(1))
+        tied = (key[1:] ^ key[:-1]) <= mask  # [N-1] row i+1 has row i's prediction
+        ties = None
+        if tied.any():
+            rows = np.flatnonzero(np.r_[tied, False] | np.r_[False, tied])  # [T]
+            ties = (rows, np.cumsum(~np.r_[False, tied][rows]))  # a run opens where row i+1 != row i
+        return y, group.astype(np.int16), ties  # (groups < 2^(MAX_KEY_BITS - 1))
 
     def score(self, p: np.ndarray) -> list[dict]:
         """[N] predictions in [0, 1] -> rows {scope, auc, log_loss, ece, n}."""
         y, k, d, nb = self.y, self.k, self.d, self.n_bins
-        y_s, s_s, g_s = self._sorted(np.ascontiguousarray(p, dtype=np.float64))
+        y_s, g_s, ties = self._sorted(np.ascontiguousarray(p, dtype=np.float64))
         nll_g, table = additive_sums(p, y, self.group, d, k, nb)
-        pos_s = g_s % k
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UndefinedMetricWarning)
-            rest = pos_s > 0
-            aucs_all = auc_sorted(y_s, s_s)
-            aucs = {"all": aucs_all,
-                    "all_but_first": auc_sorted(y_s[rest], s_s[rest]) if rest.any() else np.nan,
-                    "position": _grouped_auc(y_s, s_s, pos_s, k),
-                    "dataset": None if d == 1 and self.names == [""] else  # one dataset: its AUC is "all"'s
-                    [aucs_all] if d == 1 else _grouped_auc(y_s, s_s, g_s // k, d)}
+        pos_s = self.pos_of[g_s]  # [N] position of each sorted row
+        aucs_all = float(_family_auc(None, y_s, ties, 1)[0])
+        aucs = {"all": aucs_all,
+                "all_but_first": float(_family_auc((pos_s > 0).view(np.int8), y_s, ties, 2)[1]) if k > 1 else np.nan,
+                "position": _family_auc(pos_s, y_s, ties, k),
+                "dataset": None if d == 1 and self.names == [""] else  # one dataset: its AUC is "all"'s
+                [aucs_all] if d == 1 else _family_auc(self.ds_of[g_s], y_s, ties, d)}
         return scope_rows(nll_g, table, self.names, aucs)
 
 

@@ -18,6 +18,7 @@ import datetime as dt
 import io
 import shutil
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from avkit import __version__
@@ -138,6 +139,8 @@ def report_traces(traces, out, config: ReportConfig | None = None, *, fit: FitCo
     out, paths, config = Path(out), [Path(p) for p in traces], config or ReportConfig()
     if progress is not None:
         progress("fit")
+    if config.streaming() is not None:  # out of core: the fit too (a batch fit, report/streamed.py)
+        fit = replace(config.streaming(), mode=(fit or FitConfig()).mode, n_bins=(fit or FitConfig()).n_bins)
     result = run_fit(paths, fit, estimator)
     with staging(out, outputs) as tmp:
         write_fit_outputs(tmp / "fit", result)
@@ -153,14 +156,15 @@ def _gather(fit: FitOutputs, traces, sim, hvd, config: ReportConfig, run_simulat
     for sim, with `run_simulation`, to simulating the traces now (SimulateConfig defaults)."""
     paths = [Path(p) for p in (traces or fit.coefficients.get("trained_on", {}).get("traces", []))]
     simulated = ""
-    if sim is None and run_simulation and not Path(config.sim).expanduser().exists() and all(
-            p.is_file() for p in paths) and paths:
+    if sim is None and run_simulation and config.streaming() is None and not Path(config.sim).expanduser().exists() \
+            and all(p.is_file() for p in paths) and paths:  # (the simulator replays the traces in memory)
         if progress is not None:
             progress("simulate")
         sim = _simulate(paths, tmp / "simulate.parquet")
         simulated = f"simulated now with the avkit simulate defaults (cost model {SimulateConfig().cost})"
     inputs = load_inputs(fit, traces, sim or config.sim, hvd or config.hvd, sim_explicit=sim is not None,
-                         hvd_explicit=hvd is not None, tune=tune or config.tune, tune_explicit=tune is not None)
+                         hvd_explicit=hvd is not None, tune=tune or config.tune, tune_explicit=tune is not None,
+                         streaming=config.streaming(), n_bins=config.n_bins)
     if simulated:
         inputs.sources["sim"] = simulated
     for w in (w for ws in inputs.warnings.values() for w in ws) if warn is not None else ():

@@ -19,10 +19,12 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from avkit.config import FitConfig
 from avkit.errors import ConfigError, DataError
 from avkit.estimators.coefficients import load_coefficients
 from avkit.fit.data import FitData, load_fit_data
 from avkit.provenance import trace_mismatch, trace_records
+from avkit.report.streamed import StreamedTraces, stream_traces
 from avkit.trace.reader import read_traces
 
 SCORE_KEYS = ("feature", "lossless", "estimator", "scope", "auc", "log_loss", "ece", "n")
@@ -44,6 +46,7 @@ class ReportInputs:
     fit: FitOutputs
     traces: list[Path] = field(default_factory=list)
     data: FitData | None = None  # observed slots of `traces`, in engine-step order
+    streamed: StreamedTraces | None = None  # what the sections need of `traces`, summed out of core instead
     drafts: dict[str, dict] = field(default_factory=dict)  # dataset -> {slots, entropy}: ALL drafted slots
     sim: pl.DataFrame | None = None
     hvd: dict | None = None
@@ -147,13 +150,18 @@ def _optional(path, explicit: bool, loader, name: str, hint: str, notes: dict):
 
 
 def load_inputs(fit: FitOutputs, traces=None, sim=None, hvd=None, *, sim_explicit: bool = False,
-                hvd_explicit: bool = False, tune=None, tune_explicit: bool = False) -> ReportInputs:
-    """Gather everything a report reads. `traces` default to the ones the fit was trained on."""
+                hvd_explicit: bool = False, tune=None, tune_explicit: bool = False,
+                streaming: FitConfig | None = None, n_bins: int = 10) -> ReportInputs:
+    """Gather everything a report reads. `traces` default to the ones the fit was trained on; with
+    `streaming` (an out-of-core FitConfig: its budget and scratch) they are summed out of core."""
     notes: dict[str, str] = {}
     paths = [Path(p) for p in (traces or fit.coefficients.get("trained_on", {}).get("traces", []))]
     found = [p for p in paths if p.is_file()]
     inputs = ReportInputs(fit, found, notes=notes)
-    if found:
+    if found and streaming is not None:
+        inputs.streamed = stream_traces(found, fit.coefficients, n_bins, streaming)
+        inputs.drafts = inputs.streamed.drafts
+    elif found:
         inputs.data = load_fit_data(found)
         inputs.drafts = draft_stats(found)
     else:

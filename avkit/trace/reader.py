@@ -257,19 +257,24 @@ def read_traces(paths, columns: list[str] | None = None, *, check: bool = True) 
     `columns` projects the read (position, accepted and verified are read in any case); the value
     checks cover the columns read. `file_index` is added.
     """
+    frames = list(iter_traces(paths, columns, check=check))
+    return pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
+
+
+def iter_traces(paths, columns: list[str] | None = None, *, check: bool = True):
+    """`read_traces` one file at a time: yields each file's checked frame (with `file_index`), so a
+    caller can reduce a file before the next is read."""
     paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
     if not paths:
         raise TraceError("no trace files given")
     _no_repeats(paths)
-    frames = []
     for i, path in enumerate(paths):
         want = None if columns is None else set(
             [*columns, *(CHECKED_COLUMNS if check else ("position", "accepted", "verified"))])
         df = _read_one(path, i, want)
         if check:
             check_values(df, path, trace_k(path))
-        frames.append(df if columns is None else df.select([*columns, "file_index"]))
-    return pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
+        yield df if columns is None else df.select([*columns, "file_index"])
 
 
 def read_generations(trace_path) -> pl.DataFrame:
@@ -308,5 +313,5 @@ def read_generations(trace_path) -> pl.DataFrame:
     return df
 
 
-__all__ = ["MAX_INFERRED_K", "MAX_K", "POLARS_SCHEMA", "check_schema", "check_values", "common_k", "read_generations", "read_traces",
+__all__ = ["MAX_INFERRED_K", "MAX_K", "POLARS_SCHEMA", "check_schema", "check_values", "common_k", "iter_traces", "read_generations", "read_traces",
            "scan_traces", "slot_hashes", "trace_k", "trace_metadata"]

@@ -21,8 +21,8 @@ from avkit.fit.replay import batch_fit
 from avkit.report import plots
 from avkit.report.document import Figure, Section, Table, fmt
 from avkit.report.inputs import ReportInputs, subset
+from avkit.report.streamed import MIN_SLOTS
 
-MIN_SLOTS = 50  # observed slots at position 0 a dataset needs for its own fit
 SEEDS_ROLE = ("vLLM PR #52228 write-ups (seeds 001/002, docs/seeds.md; DeepSeek-V4-Flash + DSpark, 5 workloads): "
               "slope 0.51–0.55, r = −0.08; β0 r = −0.89")
 
@@ -86,6 +86,8 @@ def _trajectory_block(traj: pl.DataFrame, c: dict) -> list:
 
 def per_dataset_fits(inputs: ReportInputs) -> list[dict]:
     """One converged fit per dataset with enough slots: {dataset, rate, entropy, slope, b0, n}."""
+    if inputs.streamed is not None:  # summed out of core (report/streamed.py)
+        return inputs.streamed.role_fits
     data, c = inputs.data, inputs.fit.coefficients
     fit = FitConfig()
     out = []
@@ -123,14 +125,14 @@ def _role_block(inputs: ReportInputs) -> list:
 def build(inputs: ReportInputs, config: ReportConfig) -> Section:
     sec = Section("online", "Online fitting")
     traj, c = inputs.fit.trajectory, inputs.fit.coefficients
-    if traj is None and inputs.data is None:
+    if traj is None and inputs.data is None and inputs.streamed is None:
         sec.omitted = "needs trajectory.parquet in the fit directory or the traces"
         return sec
     if traj is not None and traj.height:
         sec.add(*_trajectory_block(traj, c))
     else:
         sec.add("No trajectory.parquet in the fit directory: refit history not shown.")
-    if inputs.data is not None:
+    if inputs.data is not None or inputs.streamed is not None:
         sec.add(*_role_block(inputs))
     else:
         sec.add(f"The per-dataset role analysis needs the traces: {inputs.notes.get('traces', '')}.")

@@ -23,10 +23,14 @@ from avkit.report.inputs import ReportInputs
 def reliability_bins(p: np.ndarray, y: np.ndarray, n_bins: int) -> dict:
     """[N] predictions and labels -> per equal-width bin: mean prediction, observed rate, count [B]."""
     b = np.minimum((p * n_bins).astype(np.int64), n_bins - 1)  # same binning as the score tables' ECE
-    count = np.bincount(b, minlength=n_bins).astype(np.float64)
+    return bins_from_sums(np.bincount(b, minlength=n_bins).astype(np.float64),
+                          np.bincount(b, weights=p, minlength=n_bins), np.bincount(b, weights=y, minlength=n_bins))
+
+
+def bins_from_sums(count: np.ndarray, sum_p: np.ndarray, sum_y: np.ndarray) -> dict:
+    """[B] slots, summed predictions and summed labels per bin (additive) -> the reliability bins."""
     with np.errstate(invalid="ignore", divide="ignore"):
-        pred = np.bincount(b, weights=p, minlength=n_bins) / count
-        rate = np.bincount(b, weights=y, minlength=n_bins) / count
+        pred, rate = sum_p / count, sum_y / count
     ece = float(np.nansum(np.abs(pred - rate) * count) / count.sum())
     return {"pred": pred, "rate": rate, "count": count, "ece": ece}
 
@@ -63,6 +67,14 @@ def _panels(inputs: ReportInputs) -> list[tuple[str, str, str, str, np.ndarray]]
     return out
 
 
+def _panel_bins(inputs: ReportInputs, n_bins: int) -> list[tuple[str, str, str, str, dict]]:
+    """(title, short name, feature, estimator, reliability bins) of each panel: from the predictions
+    (traces in memory) or from the summed bins (out of core, report/streamed.py)."""
+    if inputs.streamed is None:
+        return [(*head, reliability_bins(p, inputs.data.labels, n_bins)) for *head, p in _panels(inputs)]
+    return [(*head, bins_from_sums(*sums)) for *head, sums in inputs.streamed.panels]
+
+
 def _bin_table(panels: list[tuple[str, dict]], n_bins: int) -> Table:
     rows = []
     for b in range(n_bins):
@@ -79,13 +91,12 @@ def _bin_table(panels: list[tuple[str, dict]], n_bins: int) -> Table:
 
 def build(inputs: ReportInputs, config: ReportConfig) -> Section:
     sec = Section("reliability", "Reliability diagrams")
-    if inputs.data is None:
+    if inputs.data is None and inputs.streamed is None:
         sec.omitted = f"needs the traces: {inputs.notes.get('traces', '')}"
         return sec
     scored = {(r["feature"], r["estimator"]): r["ece"] for r in inputs.fit.scores if r["scope"] == "all"}
     panels, short = [], []
-    for title, name, feature, est, p in _panels(inputs):
-        bins = reliability_bins(p, inputs.data.labels, config.n_bins)
+    for title, name, feature, est, bins in _panel_bins(inputs, config.n_bins):
         ece = scored.get((feature, est))
         bins["ece"] = bins["ece"] if ece is None else ece  # print the scored value (scores.json)
         panels.append({"title": title, **bins})

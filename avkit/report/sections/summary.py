@@ -10,14 +10,6 @@ from avkit.report.document import Figure, Section, Table, fmt
 from avkit.report.inputs import ReportInputs
 
 
-def acceptance_per_position(labels: np.ndarray, positions: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """-> (observed slots [K], acceptance rate [K]; nan where a position has no observed slot)."""
-    n = np.bincount(positions, minlength=k)
-    acc = np.bincount(positions, weights=labels, minlength=k)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return n, acc / n
-
-
 def _coefficients_table(c: dict) -> Table:
     k = len(c["intercepts"])
     obs = c.get("observations") or [None] * k
@@ -30,37 +22,49 @@ def _coefficients_table(c: dict) -> Table:
                          f"engine steps, ridge {c.get('ridge', '?')}, damping n/(n+{c.get('damping', '?')}).")
 
 
+def acceptance_counts(inputs: ReportInputs) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """-> (datasets, observed slots [D, K], accepted slots [D, K]): from the traces in memory, or as
+    summed out of core (report/streamed.py)."""
+    if inputs.streamed is not None:
+        t = inputs.streamed
+        return t.names, t.counts, t.accepted
+    data, k = inputs.data, inputs.data.k
+    group = data.dataset_codes * k + data.positions  # [N]
+    size = len(data.dataset_names) * k
+    return data.dataset_names, np.bincount(group, minlength=size).reshape(-1, k).astype(np.float64), \
+        np.bincount(group, weights=data.labels, minlength=size).reshape(-1, k)
+
+
 def _dataset_table(inputs: ReportInputs) -> Table:
-    data = inputs.data
+    names, n, acc = acceptance_counts(inputs)
     rows = []
-    for j, name in enumerate(data.dataset_names):
-        mask = data.dataset_codes == j
+    for j, name in enumerate(names):
         d = inputs.drafts.get(name, {})
-        rows.append((name, fmt(d.get("slots")), fmt(int(mask.sum())), fmt(float(data.labels[mask].mean()), 3),
+        rows.append((name, fmt(d.get("slots")), fmt(int(n[j].sum())), fmt(float(acc[j].sum() / n[j].sum()), 3),
                      fmt(d.get("entropy"), 3)))
     total = sum(d["slots"] for d in inputs.drafts.values())
-    rows.append(("all", fmt(total), fmt(len(data.labels)), fmt(float(data.labels.mean()), 3), "-"))
+    rows.append(("all", fmt(total), fmt(int(n.sum())), fmt(float(acc.sum() / n.sum()), 3), "-"))
     return Table(("dataset", "drafted slots", "observed slots", "acceptance rate", "mean draft entropy (nats)"),
                  rows, caption="Observed = verified and at or before the first rejection (carries a label); "
                                "acceptance rate = accepted / observed.")
 
 
 def _position_block(inputs: ReportInputs) -> list:
-    data, k = inputs.data, inputs.data.k
-    n, rate = acceptance_per_position(data.labels, data.positions, k)
+    names, n_dk, acc_dk = acceptance_counts(inputs)
+    k = n_dk.shape[1]
+    n = n_dk.sum(0)  # [K]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = acc_dk.sum(0) / n  # [K] nan where a position has no observed slot
+        per_ds = list(acc_dk / n_dk)  # [D] x [K]
     curves = {"all datasets": (np.arange(k), rate)}
     with np.errstate(invalid="ignore", divide="ignore"):
         half = 1.96 * np.sqrt(rate * (1 - rate) / n)  # [K] normal-approximation 95% interval
-    per_ds = []
-    for j, name in enumerate(data.dataset_names):
-        mask = data.dataset_codes == j
-        _, r = acceptance_per_position(data.labels[mask], data.positions[mask], k)
+    for name, r in zip(names, per_ds):
         curves[name] = (np.arange(k), r)
-        per_ds.append(r)
     reach = np.r_[1.0, np.cumprod(np.nan_to_num(rate, nan=0.0))[:-1]]  # P(all earlier drafts accepted)
     rows = [(str(i), fmt(int(n[i])), fmt(float(rate[i]), 3), fmt(float(reach[i]), 3),
              *(fmt(float(r[i]), 3) for r in per_ds)) for i in range(k)]
-    table = Table(("position", "observed slots", "acceptance rate", "P(reached)", *data.dataset_names), rows,
+    table = Table(("position", "observed slots", "acceptance rate", "P(reached)", *names), rows,
                   caption="P(reached) = product of the acceptance rates of earlier positions (all drafts verified).")
     fig = Figure("acceptance_by_position", "Observed acceptance rate per draft position, overall (band: 95% "
                  "interval) and per dataset.",
@@ -88,7 +92,7 @@ def build(inputs: ReportInputs, config: ReportConfig) -> Section:
     sec.add(f"Target {t.get('target') or '?'}, draft {t.get('draft') or '?'}, K = {c.get('num_positions', '?')} "
             f"draft positions. {fmt(t.get('slots'))} draft slots, {fmt(t.get('observed'))} observed, "
             f"from {len(t.get('traces', []))} trace file(s).", _headline(inputs))
-    if inputs.data is None:
+    if inputs.data is None and inputs.streamed is None:
         sec.add(f"Per-dataset and per-position acceptance need the traces: {inputs.notes.get('traces', '')}.")
     else:
         sec.add(_dataset_table(inputs), *_position_block(inputs))

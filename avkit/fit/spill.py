@@ -1,0 +1,141 @@
+"""Pass 0 of the out-of-core fit: read each shard once in chunks, check it, spill its observed slots.
+
+  spill   each chunk of `rows` rows is checked (`reader.check_values`, the in-memory read's
+          checks on the same columns), its observed slots' features derived (float64, the same
+          polars expressions as the in-memory fit), sorted by position and written as one raw
+          array file per column and chunk into the scratch directory; later passes read back
+          only the columns they need (no decompression, no unobserved rows)
+  survey  what pass 0 learns about a shard (`ShardSurvey`, small: it travels back from a Ray
+          worker): rows, observed rows, datasets, null counts, engine steps by both clocks, and
+          a uniform sample of its observed slots (the AUC histogram's bin edges)
+A slot repeated across chunks of a shard is caught by `fit/slot_check.py`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from avkit.errors import TraceError
+from avkit.features import FEATURES
+from avkit.fit.data import TRACE_COLUMNS
+from avkit.fit.slot_check import SlotKeys
+from avkit.trace.reader import CHECKED_COLUMNS, check_values, scan_traces
+
+MAX_K = 64  # positions a survey can hold before K is known (traces without avkit.k)
+
+
+@dataclass
+class ShardSurvey:
+    """What pass 0 learned about one shard (small: travels back from a worker)."""
+
+    path: str
+    spill: str  # directory of the spilled columns: c{chunk}.{column}
+    rows: int
+    observed: int
+    dataset_names: list[str]  # the spill's dataset codes index this list
+    datasets: dict[str, int]  # name -> observed slots
+    sample: dict[str, np.ndarray]  # feature -> [S] a uniform sample of the observed slots (AUC bin edges)
+    nulls: dict[str, int]  # feature -> observed slots where it is null
+    engine_step_nulls: int = 0
+    num_positions: int = 0  # max observed position + 1
+    chunks: list[np.ndarray] = field(default_factory=list)  # [C] x [MAX_K] observed slots per position
+    sample_positions: list[np.ndarray] = field(default_factory=list)  # [S] positions of the sample
+    all_step_nulls: int = 0  # rows (observed or not) without engine_step
+    steps_by_engine_step: int = 0  # engine steps counted by the engine_step clock
+    steps_by_request: int = 0  # ... by the (request_id, step) clock
+    last: tuple = (None, None)
+    drafted: dict[str, list] = field(default_factory=dict)  # dataset -> [rows, sum of entropy]: every drafted slot
+
+    def column(self, chunk: int, name: str, dtype) -> np.ndarray:
+        return np.fromfile(Path(self.spill) / f"c{chunk}.{name}", dtype=dtype)
+
+
+def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int, sample: int,
+                drafts: bool = False) -> ShardSurvey:
+    """Pass 0 over one shard: check, keep the observed slots, survey them (`drafts`: and count every
+    drafted slot per dataset, for `avkit report`)."""
+    # the columns (and so the checks) of the in-memory fit: what it fits on and what read_traces checks
+    lf = scan_traces([path]).select(*dict.fromkeys([*TRACE_COLUMNS, *CHECKED_COLUMNS]))
+    spill = Path(scratch) / f"{index:06d}"
+    shutil.rmtree(spill, ignore_errors=True)  # a rerun (retried task) starts afresh
+    spill.mkdir(parents=True)
+    keys = SlotKeys(spill / "slots")  # a slot repeated across chunks (each chunk checks its own rows)
+    total = lf.select(pl.len()).collect().item()
+    s = ShardSurvey(path, str(spill), total, 0, [], {}, {n: [] for n in FEATURES}, dict.fromkeys(FEATURES, 0))
+    rng = np.random.default_rng(index)  # the sample is a function of the shard: reruns agree
+    for off in range(0, total, rows):
+        try:
+            df = lf.slice(off, rows).collect()
+        except (pl.exceptions.PolarsError, OSError) as e:
+            raise TraceError(f"{path}: cannot read rows {off}..{off + rows - 1}: "
+                             f"{str(e).splitlines()[0]}") from None
+        check_values(df, f"{path} (chunk from row {off})", k)
+        keys.add(df, off)
+        _count_steps(s, df)
+        if drafts:
+            _count_drafts(s, df)
+        obs = df.filter(pl.col("accepted").is_not_null() & (pl.col("drafter").cast(pl.String) == "model"))
+        _survey_chunk(s, obs.sort("position", maintain_order=True), rng, sample / max(total, 1))
+    keys.check(path, lf)
+    shutil.rmtree(keys.dir, ignore_errors=True)
+    s.sample = {n: np.concatenate(v) for n, v in s.sample.items()}
+    s.sample_positions = np.concatenate(s.sample_positions)
+    return s
+
+
+def _count_steps(s: ShardSurvey, df: pl.DataFrame) -> None:
+    """Engine steps of the chunk by both clocks of fit/data.py (rows in file order; the last step of the
+    previous chunk carried), and the engine_step nulls that choose between them."""
+    s.all_step_nulls += df["engine_step"].null_count()
+    es = df["engine_step"].fill_null(-1).to_numpy()
+    key = (df["request_id"].cast(pl.String) + "\x00" + df["step"].cast(pl.String)).to_numpy()
+    if df.height:
+        s.steps_by_engine_step += int(np.count_nonzero(np.r_[es[0] != s.last[0], es[1:] != es[:-1]]))
+        s.steps_by_request += int(np.count_nonzero(np.r_[key[0] != s.last[1], key[1:] != key[:-1]]))
+        s.last = (es[-1], key[-1])
+
+
+def _count_drafts(s: ShardSurvey, df: pl.DataFrame) -> None:
+    """Drafted slots and their summed draft entropy per dataset, observed or not (`avkit report`)."""
+    agg = df.group_by(pl.col("dataset").cast(pl.String)).agg(pl.len(), pl.col("entropy").cast(pl.Float64).sum())
+    for name, n, h in agg.iter_rows():
+        acc = s.drafted.setdefault(name, [0, 0.0])
+        acc[0], acc[1] = acc[0] + n, acc[1] + h
+
+
+def _survey_chunk(s: ShardSurvey, obs: pl.DataFrame, rng: np.random.Generator, rate: float) -> None:
+    """Add one chunk's observed slots (sorted by position) to the survey and spill them."""
+    ds = obs["dataset"].cast(pl.String)
+    for name in ds.unique(maintain_order=True).to_list():
+        if name not in s.dataset_names:
+            s.dataset_names.append(name)
+            s.datasets[name] = 0
+    for name, n in ds.value_counts().iter_rows():
+        s.datasets[name] += n
+    s.observed += obs.height
+    s.engine_step_nulls += obs["engine_step"].null_count()
+    derived = obs.select(*(spec.expr.alias(n) for n, spec in FEATURES.items()))
+    pos = obs["position"].to_numpy()
+    if pos.size:
+        s.num_positions = max(s.num_positions, int(pos[-1]) + 1)  # sorted
+    c = len(s.chunks)
+    s.chunks.append(np.bincount(pos, minlength=MAX_K))
+    pick = rng.random(obs.height) < rate  # [n] the chunk's share of the shard's sample
+    s.sample_positions.append(pos[pick])
+    out = Path(s.spill)
+    for n in FEATURES:
+        s.nulls[n] += derived[n].null_count()
+        values = derived[n].to_numpy().astype(np.float64)  # nulls become nan
+        values.tofile(out / f"c{c}.{n}")
+        s.sample[n].append(values[pick])
+    code = ds.replace_strict(s.dataset_names, list(range(len(s.dataset_names))), return_dtype=pl.Int16)
+    code.to_numpy().tofile(out / f"c{c}.dataset")
+    obs["accepted"].cast(pl.Int8).to_numpy().tofile(out / f"c{c}.label")
+
+
+__all__ = ["MAX_K", "ShardSurvey", "spill_shard"]
