@@ -147,6 +147,15 @@ def test_bad_input(capsys, tmp_path, table, case):
     assert not out_dir.exists()
 
 
+@pytest.mark.parametrize("drafter, message", [("eagle", "drafter must be one of"),
+                                              ("suffix", "no observed labels of drafter 'suffix'")])
+def test_drafter_option_errors(capsys, tmp_path, trace, drafter, message):
+    """--drafter names the rows fitted: a bad name, or a drafter the trace has no rows of, is one line."""
+    code, _, err = _run(capsys, trace, "--out", tmp_path / "out", "--drafter", drafter)
+    assert code == 2 and err.startswith("avkit: error: ") and err.count("\n") == 1
+    assert message in err and drafter in err and not (tmp_path / "out").exists()
+
+
 def test_existing_outputs_are_not_overwritten_on_error(capsys, tmp_path):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
