@@ -89,7 +89,7 @@ class _LogitsStub:
 
         return KVCache(1, max_batch, 1, max_len, 1)
 
-    def forward(self, tokens, q_lens, slots, cache, logits="all"):
+    def forward(self, tokens, q_lens, slots, cache, logits="all", *, host=None):  # the Transformer's signature
         cache.lengths[slots] += q_lens
         B, S = tokens.shape
         shape = (B, self.config.vocab_size) if isinstance(logits, str) and logits == "last" else (
