@@ -117,7 +117,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "fit.json"))
     ap.add_argument("--scale", action="store_true", help="engines x sizes instead (bench/fit_scale.py)")
     ap.add_argument("--sizes", default="5000000,50000000,200000000", help="--scale: slots per trace")
-    ap.add_argument("--engines", default="memory,streaming,ray", help="--scale: engines to run")
+    ap.add_argument("--engines", default="memory,deployed,streaming,ray",
+                    help="--scale: engines to run (deployed: memory with --features logit_qmax)")
     ap.add_argument("--scratch", default=tempfile.gettempdir(), help="--scale: where traces and spills go")
     ap.add_argument("--budget-mb", type=int, default=1536, help="--scale: memory budget of the out-of-core engines")
     ap.add_argument("--traces", default=None, help="--scale: use (and keep) DIR/synthetic-{slots}/ (replica shards)")

@@ -6,8 +6,9 @@ trace set DIR (replica shards): first the steps of `avkit fit --mode batch` on o
 timed in CPU seconds (`time.process_time`, so the load of a shared box inflates them little):
 read + check + order (`load_fit_data`), the score layout, the position grouping, then the fit and
 the score table of every (feature, estimator); then the whole `run_fit` on `--workers` threads
-(wall and CPU). Prints one table (baseline s, this s, ratio); nothing is written. A benchmark,
-never a pass/fail test.
+(wall and CPU), and the batch fit a fleet deploys: `--features logit_qmax` (read + check + fit +
+score of the one written feature), where the checkout has the option. Prints one table (baseline s,
+this s, ratio); nothing is written. A benchmark, never a pass/fail test.
 
     python bench/fit.py --profile /work/wip/fleet/synthetic-5000000 [--baseline /work/main] [--repeats 1]
 """
@@ -56,6 +57,11 @@ def child_steps(trace: str, workers: int) -> None:
     run_fit(paths, FitConfig(mode="batch", workers=workers))
     out[f"run_fit wall, {workers} threads"] = time.perf_counter() - w
     out[f"run_fit CPU, {workers} threads"] = time.process_time() - c
+    if "features" in FitConfig.__dataclass_fields__:  # the deployed fit: one feature
+        w, c = time.perf_counter(), time.process_time()
+        run_fit(paths, FitConfig(mode="batch", workers=workers, features=("logit_qmax",)))
+        out[f"--features logit_qmax wall, {workers} thr"] = time.perf_counter() - w
+        out[f"--features logit_qmax CPU, {workers} thr"] = time.process_time() - c
     print(json.dumps(out))
 
 
@@ -69,20 +75,28 @@ def _child(root: Path, trace: str, workers: int) -> dict:
 
 
 def run_profile(trace: str, baseline: str | None, repeats: int = 1, workers: int = 2) -> None:
+    import pyarrow.parquet as pq
+
+    from avkit.trace.shards import check_shards
+
     runs: dict[str, list[dict]] = {"this": [], "baseline": []}
     for _ in range(repeats):  # interleaved: the box's load drifts alike for both
         runs["this"].append(_child(ROOT, trace, workers))
         if baseline:
             runs["baseline"].append(_child(Path(baseline), trace, workers))
     best = {k: {s: min(r[s] for r in v) for s in v[0]} for k, v in runs.items() if v}
+    slots = sum(pq.ParquetFile(p).metadata.num_rows for p in check_shards([trace]).paths)
     this, base = best["this"], best.get("baseline", {})
-    print(f"{trace}: {this.pop('observed'):,.0f} observed slots; CPU s (min of {repeats}), "
+    print(f"{trace}: {slots:,} slots, {this.pop('observed'):,.0f} observed; CPU s (min of {repeats}), "
           f"1-min load {os.getloadavg()[0]:.1f}")
     base.pop("observed", None)
     print(f"{'step':34s} {'baseline':>9s} {'this':>9s} {'ratio':>6s}")
     for s, v in this.items():
         b = base.get(s, float("nan"))
         print(f"{s:34s} {b:9.3f} {v:9.3f} {b / v if v else float('nan'):5.2f}x")
+    for s, v in this.items():
+        if s.startswith(("run_fit CPU", "--features logit_qmax CPU")):
+            print(f"{s}: {slots / v / 1e6:.2f}M slots per CPU-second")
 
 
 if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "--child-steps":

@@ -2,7 +2,8 @@
 
 For each size (default 5M, 50M, 200M draft slots) it draws a synthetic trace chunk by chunk into
 a scratch directory (`write_synthetic_trace` streams: its own peak memory is flat), then runs
-`run_fit(..., FitConfig(mode="batch", engine=E))` for E in memory, streaming, ray, each in a fresh
+`run_fit(..., FitConfig(mode="batch", engine=E))` for E in memory, streaming, ray (and `deployed`:
+the memory engine with `--features logit_qmax`, the one feature a fleet deploys), each in a fresh
 child process, and records wall time, slots/s, slots/s per core and the peak resident memory of
 the child's whole process tree (the child and everything it starts, Ray's raylet, GCS and workers
 included), sampled every 0.1 s with psutil. The in-memory engine is skipped where the trace would
@@ -101,8 +102,10 @@ def child_fit(engine: str, path: str, budget_mb: int, scratch: str) -> None:
     from avkit.config import FitConfig
     from avkit.fit import run_fit
 
+    features = ("logit_qmax",) if engine == "deployed" else ()  # the fit a fleet deploys: one feature
     t0, c0 = time.perf_counter(), time.process_time()
-    r = run_fit([path], FitConfig(mode="batch", engine=engine, memory_budget_mb=budget_mb, scratch=scratch))
+    r = run_fit([path], FitConfig(mode="batch", engine="memory" if engine == "deployed" else engine,
+                                  memory_budget_mb=budget_mb, scratch=scratch, features=features))
     print(json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0,
                       "slope": r.coefficients["slope"],
                       "intercepts": r.coefficients["intercepts"], "observed": r.coefficients["trained_on"]["observed"],
@@ -150,7 +153,7 @@ def run_scale(sizes: list[int], engines: list[str], scratch: str, budget_mb: int
                         if r["slots"] == slots and "slope" in r), None)
             for engine in engines:
                 need = slots * MEMORY_BYTES_PER_SLOT
-                if engine == "memory" and need > 0.4 * psutil.virtual_memory().available:  # a shared box
+                if engine in ("memory", "deployed") and need > 0.4 * psutil.virtual_memory().available:  # a shared box
                     print(f"{'':>12}  memory: skipped (~{need / 2**30:.0f} GiB needed, "
                           f"{psutil.virtual_memory().available / 2**30:.0f} GiB available)", flush=True)
                     rows.append({"slots": slots, "engine": engine, "skipped": "trace larger than available RAM"})
@@ -186,7 +189,7 @@ def _markdown(doc: dict) -> str:
              "| slots | engine | wall s | M slots/s | per core | driver CPU s | peak RSS MB (process tree) | "
              "max coef diff | load (1 min) | measured |",
              "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    order = {"generate": 0, "memory": 1, "streaming": 2, "ray": 3}
+    order = {"generate": 0, "memory": 1, "deployed": 2, "streaming": 3, "ray": 4}
     for r in sorted(doc["rows"], key=lambda r: (r["slots"], order.get(r["engine"], 9))):
         if "skipped" in r:
             lines.append(f"| {r['slots']:,} | {r['engine']} | skipped: {r['skipped']} | | | | | | | |")
@@ -202,7 +205,8 @@ def _markdown(doc: dict) -> str:
                          f"{r['peak_rss_mb']:.0f} | {r['max_coef_diff_vs_first']:.1e} | "
                          f"{r.get('load_avg_1m', float('nan')):.1f} | {r.get('date', 'an earlier run')} |")
     lines += ["", "Each size is a fleet of replica shards (`bench/fit.py --generate`); each engine runs in a fresh child "
-              "process; \"max coef diff\" is against the first engine run at that size; \"driver CPU s\" leaves out Ray's "
+              "process; `deployed` is the memory engine fitting and scoring only the written feature (`--features "
+              "logit_qmax`); \"max coef diff\" is against the first engine run at that size; \"driver CPU s\" leaves out Ray's "
               "workers. Reading, goals and how each size was run: docs/fleet.md (\"Measured at scale\")."]
     return "\n".join(lines) + "\n"
 

@@ -173,6 +173,40 @@ def test_lossy_or_unknown_feature_is_refused(capsys, trace, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_features_fits_and_scores_only_those(capsys, trace, tmp_path):
+    """--features: only the listed features are fitted and scored (no ablation), and what is written equals
+    the default command's rows of those features: the same rows, the same Newton fixed point."""
+    code, _, err = _run(capsys, trace, "--out", tmp_path / "all", "--mode", "batch")
+    assert code == 0, err
+    code, _, err = _run(capsys, trace, "--out", tmp_path / "one", "--mode", "batch", "--features", "q_max, logit_qmax")
+    assert code == 0, err
+    read = lambda d, name: json.loads((tmp_path / d / name).read_text())
+    every, some = read("all", "scores.json"), read("one", "scores.json")
+    assert {(r["feature"], r["estimator"]) for r in some} == {("logit_qmax", "batch_logistic"), ("q_max", "qmax")}
+    assert some == [r for r in every if (r["feature"], r["estimator"]) in {("logit_qmax", "batch_logistic"),
+                                                                            ("q_max", "qmax")}]
+    a, b = read("all", "coefficients.json"), read("one", "coefficients.json")
+    assert (a["slope"], a["intercepts"], a["trained_on"]["observed"]) == \
+        (b["slope"], b["intercepts"], b["trained_on"]["observed"])
+
+
+@pytest.mark.parametrize("given, extra, message", [
+    ("nope", (), "features must be one of"),
+    ("entropy", (), "--features: entropy leaves out the written feature --feature 'logit_qmax'"),
+    ("logit_qmax,logit_qmax", (), "names a feature twice"),
+    (" , ", (), "--features ' , ': names no feature"),
+    ("logit_qmax,head_conf", ("no head_conf",), "--features: 'head_conf' is not in the traces"),
+])
+def test_features_option_errors(capsys, tmp_path, table, given, extra, message):
+    path = tmp_path / "t.parquet"
+    pq.write_table(table.drop_columns(["head_conf"]) if extra else table, path)
+    for engine in ("memory", "streaming"):
+        code, _, err = _run(capsys, path, "--out", tmp_path / "out", "--mode", "batch", "--engine", engine,
+                            "--features", given)
+        assert code == 2 and err.startswith("avkit: error: ") and err.count("\n") == 1, err
+        assert message in err and not (tmp_path / "out").exists()
+
+
 def test_shipped_traces(tmp_path):
     with pytest.raises(ConfigError, match="no shipped traces"):
         shipped_traces((tmp_path,))

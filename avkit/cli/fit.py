@@ -97,6 +97,10 @@ def register(app: typer.Typer) -> None:
         drafter: Annotated[str, typer.Option(help="the rows fitted: model (the draft model's) or suffix (a hybrid "
                                                   "drafter's cache rows: their own coefficients, for `serve "
                                                   "--cache-coefficients`)")] = default_of(FitConfig, "drafter"),
+        features: Annotated[str, typer.Option(help="fit and score only these features, comma-separated (e.g. "
+                                                    "logit_qmax: what a fleet deploys), --feature among them; "
+                                                    "default: every feature in the traces and the per-position-"
+                                                    "slope ablation of --feature")] = "",
         hvd: Annotated[bool, typer.Option("--hvd", help="also replay the traces' generations tables for Hybrid "
                                           "Verified Decoding: payoff MLP, tau, routers -> OUT/hvd")] = False,
     ):
@@ -110,10 +114,13 @@ def register(app: typer.Typer) -> None:
         if mode == "batch" and estimator != default_of(FitConfig, "estimator"):  # never ignored silently
             raise ConfigError(f"--estimator {estimator}: names the online estimator; --mode batch fits "
                               "batch_logistic (drop --estimator or use --mode online)")
+        chosen = tuple(f.strip() for f in features.split(",") if f.strip())
+        if features.strip() and not chosen:
+            raise ConfigError(f"--features {features!r}: names no feature")
         config = FitConfig(mode=mode, estimator=estimator, n_bins=bins, coefficients=coefficients, out=str(out),
                            engine=engine, address=address, memory_budget_mb=memory_budget,
                            scratch=None if scratch is None else str(scratch), replicas=replicas,
-                           drafter=drafter)
+                           drafter=drafter, features=chosen)
         est_cfg = EstimatorConfig(feature=feature, refit_interval=refit_interval)
         paths = resolve_shards(traces) if traces else shipped_traces()
         console = Console(stderr=True)

@@ -40,6 +40,8 @@ class FitConfig:
     # cache rows, for `serve --cache-coefficients`); the memory engine fits either, streaming/ray the model's
     replicas: str = "chain"  # online: chain = the files are one server's successive runs (the estimator
     # carries over); independent = each file is a replica with its own live estimator (fit/replicas.py)
+    features: tuple[str, ...] = ()  # fit and score only these features (avkit.features.FEATURES; the written
+    # EstimatorConfig.feature among them); () = every feature in the traces plus the per-position-slope ablation
 
     def __post_init__(self):
         check_choice("mode", self.mode, FIT_MODES)
@@ -70,6 +72,15 @@ class FitConfig:
 
             raise ConfigError(f"--replicas {self.replicas}: only --mode online replays per replica "
                               "(a batch fit pools every shard)")
+        if self.features:
+            from avkit.features import FEATURES
+
+            for name in self.features:
+                check_choice("features", name, FEATURES)
+            if len(set(self.features)) < len(self.features):
+                from avkit.errors import ConfigError
+
+                raise ConfigError(f"features: {','.join(self.features)} names a feature twice")
         check_range("n_bins", self.n_bins, 1)
         check_range("max_iter", self.max_iter, 1)
         check_range("tol", self.tol, 0.0, lo_open=True)

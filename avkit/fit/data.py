@@ -123,16 +123,26 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def load_fit_data(paths, drafter: str = "model") -> FitData:
+def feature_inputs(features) -> list[str]:
+    """The trace columns the polars expressions of `features` (names of FEATURES) read, in FEATURE_INPUTS order."""
+    used = {c for n in features for c in FEATURES[n].expr.meta.root_names()}
+    return [c for c in FEATURE_INPUTS if c in used]
+
+
+def load_fit_data(paths, drafter: str = "model", features=None) -> FitData:
     """Read, check and order the observed slots of `drafter`'s rows in `paths`; raise TraceError on unusable
-    input.
+    input. `features`: derive only these (names of FEATURES; None: every one) and read only their inputs.
 
     File by file: each is read (only TRACE_COLUMNS and the checked ones), checked, put in replay
     order and reduced to its observed slots' OBSERVED_COLUMNS before the next is read."""
     paths = [Path(p) for p in paths]
+    names = list(FEATURES) if features is None else [n for n in FEATURES if n in features]
+    inputs = feature_inputs(names)
+    columns = [c for c in TRACE_COLUMNS if c not in FEATURE_INPUTS or c in inputs]
+    kept = [c for c in OBSERVED_COLUMNS if c not in FEATURE_INPUTS or c in inputs]
     parts, step_file, step_clock, row_step, clocks = [], [], [], [], []
     total = steps = 0
-    for i, df in enumerate(iter_traces(paths, list(TRACE_COLUMNS))):
+    for i, df in enumerate(iter_traces(paths, columns)):
         df, clock, name = _file_clock(df)
         first = np.r_[True, clock[1:] != clock[:-1]]  # [n] the row opens an engine step
         observed = (df["accepted"].is_not_null() & (df["drafter"] == drafter)).to_numpy()  # [n] (a categorical
@@ -142,12 +152,12 @@ def load_fit_data(paths, drafter: str = "model") -> FitData:
         step_file.append(np.full(int(first.sum()), i, dtype=np.int64))
         steps, total = steps + int(first.sum()), total + df.height
         clocks.append(name)
-        parts.append(df.select(OBSERVED_COLUMNS).filter(pl.Series(observed)))
+        parts.append(df.select(kept).filter(pl.Series(observed)))
     obs = pl.concat(parts, how="vertical") if len(parts) > 1 else parts[0]
     if obs.height == 0:
         raise TraceError(f"{', '.join(map(str, paths))}: no observed labels of drafter {drafter!r} (every "
                          f"`accepted` of its rows is null, or column `drafter` never says {drafter!r})")
-    derived = obs.select(spec.expr.alias(name) for name, spec in FEATURES.items())  # one parallel pass
+    derived = obs.select(FEATURES[name].expr.alias(name) for name in names)  # one parallel pass
     features = {name: derived[name].to_numpy().astype(np.float64, copy=False) for name in derived.columns
                 if derived[name].null_count() == 0}  # optional columns (head_conf) count only when complete
     codes, names = _dataset_codes(obs["dataset"])
@@ -171,4 +181,4 @@ def load_fit_data(paths, drafter: str = "model") -> FitData:
     )
 
 
-__all__ = ["CLOCKS", "OBSERVED_COLUMNS", "TRACE_COLUMNS", "FitData", "load_fit_data"]
+__all__ = ["CLOCKS", "OBSERVED_COLUMNS", "TRACE_COLUMNS", "FitData", "feature_inputs", "load_fit_data"]

@@ -49,6 +49,14 @@ def check_feature(name: str) -> None:
                           f"it is scored in scores.json but never deployed")
 
 
+def check_features(fit: FitConfig, est_cfg: EstimatorConfig) -> None:
+    """The written feature is fittable and, with `--features`, among the features fitted."""
+    check_feature(est_cfg.feature)
+    if fit.features and est_cfg.feature not in fit.features:
+        raise ConfigError(f"--features: {','.join(fit.features)} leaves out the written feature "
+                          f"--feature {est_cfg.feature!r} (coefficients.json); add it")
+
+
 def _fit_one(name: str, estimator: str, data: FitData, fit: FitConfig, est_cfg: EstimatorConfig,
              progress: Progress | None):
     """-> (estimator, predictions [N], trajectory rows) for one feature."""
@@ -85,8 +93,15 @@ def warm_start(estimator: str, path: str, data: FitData, est_cfg: EstimatorConfi
 
 
 def plan_features(fit: FitConfig, est_cfg: EstimatorConfig, present) -> list[tuple[str, str]]:
-    """(feature, estimator) of every fit `avkit fit` runs, for the features `present` in the traces."""
+    """(feature, estimator) of every fit `avkit fit` runs, for the features `present` in the traces: each
+    present feature and the per-position-slope ablation of the written one, or only `fit.features`."""
     logistic = fit.estimator if fit.mode == "online" else "batch_logistic"
+    if fit.features:
+        absent = [n for n in fit.features if n not in present]
+        if absent:
+            raise ConfigError(f"--features: {absent[0]!r} is not in the traces (its columns are absent or "
+                              f"hold nulls); the traces have {[n for n in FEATURES if n in present]}")
+        return [(n, FEATURES[n].no_fit or logistic) for n in FEATURES if n in fit.features]
     plan = [(n, FEATURES[n].no_fit or logistic) for n in FEATURES if n in present]
     return plan + [(est_cfg.feature, "per_position_slope")]
 
@@ -95,13 +110,13 @@ def run_fit(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None
             progress: Progress | None = None) -> FitResult:
     """Fit and score every feature of the traces at `paths`; nothing is written here."""
     fit, est_cfg = fit or FitConfig(), est_cfg or EstimatorConfig()
-    check_feature(est_cfg.feature)
+    check_features(fit, est_cfg)
     if fit.mode == "batch" and fit.engine != "memory":  # out of core, on this machine or a Ray cluster
         from avkit.fit.distributed import fit_ray
         from avkit.fit.streaming import fit_streaming
 
         return (fit_ray if fit.engine == "ray" else fit_streaming)(paths, fit, est_cfg, progress)
-    data = load_fit_data(check_shards(paths).paths, fit.drafter)
+    data = load_fit_data(check_shards(paths).paths, fit.drafter, fit.features or None)
     plan = plan_features(fit, est_cfg, data.features)
     layout = ScoreLayout(data.labels, data.positions, data.dataset_codes, data.dataset_names, fit.n_bins)
     fitted = _replay_replicas(plan, data, fit, est_cfg) if fit.replicas == "independent" else {}
@@ -176,4 +191,4 @@ def coefficients_doc(est, k: int, trained_on: dict, clock: str, fit: FitConfig, 
     }
 
 
-__all__ = ["FitResult", "check_feature", "coefficients_doc", "plan_features", "run_fit", "start_estimator"]
+__all__ = ["FitResult", "check_feature", "check_features", "coefficients_doc", "plan_features", "run_fit", "start_estimator"]

@@ -41,7 +41,7 @@ from avkit.features import FEATURES
 from avkit.fit.data import _shown
 from avkit.fit.replay import _coef_row, trajectory_frame
 from avkit.fit.spill import ShardSurvey, spill_shard
-from avkit.fit.run import FitResult, check_feature, coefficients_doc, plan_features
+from avkit.fit.run import FitResult, check_features, coefficients_doc, plan_features
 from avkit.metrics.binned import BinnedScores, logit, quantile_edges
 from avkit.trace.reader import trace_metadata
 from avkit.trace.shards import check_shards
@@ -205,7 +205,7 @@ def fit_streaming(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig 
     """`avkit fit --mode batch` out of core: the same FitResult as `run_fit`, memory bounded by
     `fit.memory_budget_mb` whatever the size of the traces (AUC within each row's `auc_bound`)."""
     fit, est_cfg = fit or FitConfig(mode="batch", engine="streaming"), est_cfg or EstimatorConfig()
-    check_feature(est_cfg.feature)
+    check_features(fit, est_cfg)
     shards = check_shards(paths)
     engine = engine or LocalEngine(fit.workers)
     scratch = _scratch(fit)
