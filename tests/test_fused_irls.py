@@ -9,7 +9,7 @@ import pytest
 
 from avkit.estimators.irls import BLOCK, Segment, fused_segment_stats, segment_stats
 from avkit.estimators.online_logistic import sigmoid
-from avkit.trace.reader import SLOT_KEY, _may_repeat_a_slot
+from avkit.trace.values import SLOT_KEY, _may_repeat_a_slot
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -1,10 +1,10 @@
 """No two rows of one draft slot across a whole shard, out of core (the in-memory read checks a file at once).
 
-A slot is its key `reader.SLOT_KEY` (run_id, request_id, drafter, step, position). Each chunk's
+A slot is its key `values.SLOT_KEY` (run_id, request_id, drafter, step, position). Each chunk's
 rows are hashed (uint64 of the key's values, strings hashed as strings so chunks agree) and the
 (hash, row) pairs appended to one of PARTS files by the hash's top bits; at the end each file is
 sorted by hash on its own (memory: 16 B per row / PARTS) and rows of equal hash are compared
-exactly. The first repeated slot is reported as `reader.check_values` reports it, naming the shard and
+exactly. The first repeated slot is reported as `values.check_values` reports it, naming the shard and
 the row, so the in-memory and out-of-core fits refuse the same traces with the same line.
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 
 from avkit.errors import TraceError
-from avkit.trace.reader import SLOT_KEY
+from avkit.trace.values import SLOT_KEY
 
 PARTS = 64  # partitions by the top 6 bits of the hash
 

@@ -1,6 +1,6 @@
 """Pass 0 of the out-of-core fit: read each shard once in chunks, check it, spill its observed slots.
 
-  spill   each chunk of `rows` rows is checked (`reader.check_values`, the in-memory read's
+  spill   each chunk of `rows` rows is checked (`values.check_values`, the in-memory read's
           checks on the same columns), its observed slots' features derived (float64, the same
           polars expressions as the in-memory fit), sorted by position and written as one raw
           array file per column and chunk into the scratch directory; later passes read back
@@ -24,7 +24,8 @@ from avkit.errors import TraceError
 from avkit.features import FEATURES
 from avkit.fit.data import TRACE_COLUMNS
 from avkit.fit.slot_check import SlotKeys
-from avkit.trace.reader import CHECKED_COLUMNS, check_values, scan_traces
+from avkit.trace.reader import CHECKED_COLUMNS, scan_traces
+from avkit.trace.values import check_values
 
 MAX_K = 64  # positions a survey can hold before K is known (traces without avkit.k)
 

@@ -9,11 +9,8 @@ Two layers of checks, each naming the file and the column:
           (truncated files have none), `avkit.schema_version` is 1, every required column is
           present with the right type family (string columns may be plain or dictionary
           strings; integer and float widths may differ and are cast to the schema's)
-  values  (`read_traces`)  no nulls in non-null columns; features finite, probabilities in
-          [0, 1]; positions in [0, K) and below num_drafted; 0 <= num_accepted <= num_verified
-          <= num_drafted <= K; step_time_ms finite and >= 0; batch_size >= 1; labels only on
-          verified slots; no two rows for one slot (run_id, request_id, drafter, step, position)
-          and no file given twice (rows would count twice); at least one row per file
+  values  (`read_traces`, rules in `trace/values.py`)  every value of the columns read; no file
+          given twice (rows would count twice)
 K of a file is its `avkit.k` metadata, an integer in [0, MAX_K]; a file without it gets K =
 max(num_drafted, position + 1), refused above MAX_INFERRED_K (one corrupt integer must not size
 arrays). Files of different K are read together under `common_k`'s rule: K = the largest, and
@@ -24,6 +21,9 @@ gets a `file_index` column (UInt16: index of the file in `paths`) so replays can
 
 from __future__ import annotations
 
+import itertools
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import polars as pl
@@ -32,17 +32,14 @@ import pyarrow.parquet as pq
 
 from avkit.errors import TraceError
 from avkit.trace import schema as S
+from avkit.trace.values import MAX_INFERRED_K, SLOT_KEY, check_values, slot_hashes
 
 # Canonical polars dtypes of every column (dictionary strings become Categorical).
 POLARS_SCHEMA: dict[str, pl.DataType] = dict(pl.from_arrow(S.TRACE_SCHEMA.empty_table()).schema)
-FINITE_COLUMNS = ("q_max", "q_2nd", "q_sampled", "entropy", "logit_qmax", "step_time_ms", "temperature")
 MAX_K = 1024  # largest K a file may declare in `avkit.k`
-MAX_INFERRED_K = 64  # largest K inferred from the rows of a file without `avkit.k`
-SLOT_KEY = ("run_id", "request_id", "drafter", "step", "position")  # one row per draft slot
 GENERATION_NEEDED = ("request_id", "dataset", "prompt_ids", "output_ids")  # what a replay reads
 # Read in any case by `read_traces` (the checks need them), then projected away if not asked for.
 CHECKED_COLUMNS = (*SLOT_KEY, "accepted", "verified", "num_drafted", "num_verified", "num_accepted")
-PROBABILITY_COLUMNS = ("q_max", "q_2nd", "q_sampled", "target_prob", "accept_prob", "confidence", "head_conf")
 
 
 def _family(t: pa.DataType) -> str:
@@ -165,79 +162,6 @@ def _read_one(path: Path, index: int, want: set[str] | None) -> pl.DataFrame:
           for c in cols), pl.lit(index, dtype=pl.UInt16).alias("file_index")))
 
 
-def _first_bad(df: pl.DataFrame, bad: pl.Expr, column: str) -> str:
-    row = df.with_row_index("_row").filter(bad).select("_row", column).row(0)
-    return f"row {row[0]} has {column} = {row[1]}"
-
-
-def _value_checks(k: int | None) -> list[tuple[str, pl.Expr, str]]:
-    """(column, bad-row expression, what is wrong) for every rule of the module docstring."""
-    c = pl.col
-    checks: list[tuple[str, pl.Expr, str]] = [
-        (col.name, c(col.name).is_null(), "is null (a required, non-null column)")
-        for col in S.COLUMNS if not col.nullable and col.name in S.REQUIRED]
-    checks += [(n, ~c(n).is_finite(), "is not finite") for n in FINITE_COLUMNS]
-    checks += [(n, (c(n) < 0) | (c(n) > 1), "is outside [0, 1]") for n in PROBABILITY_COLUMNS]
-    checks += [
-        ("step_time_ms", c("step_time_ms") < 0, "is negative"),
-        ("temperature", c("temperature") < 0, "is negative"),
-        ("top_p", (c("top_p") <= 0) | (c("top_p") > 1) | c("top_p").is_nan(), "is outside (0, 1]"),
-        ("batch_size", c("batch_size") < 1, "is below 1"),
-        ("step", c("step") < 0, "is negative"),
-        ("position", c("position") < 0, "is negative"),
-    ]
-    if k is not None:
-        checks += [("position", c("position") >= k, f"is >= K = {k} (avkit.k)"),
-                   ("num_drafted", c("num_drafted") > k, f"is > K = {k} (avkit.k)")]
-    else:
-        checks += [("position", c("position") >= MAX_INFERRED_K,
-                    f"is >= {MAX_INFERRED_K} in a file without avkit.k metadata (K above {MAX_INFERRED_K} "
-                    "is refused)"),
-                   ("num_drafted", c("num_drafted") > MAX_INFERRED_K,
-                    f"is > {MAX_INFERRED_K} in a file without avkit.k metadata (K above {MAX_INFERRED_K} "
-                    "is refused)")]
-    checks += [
-        ("num_verified", (c("num_verified") < 0) | (c("num_verified") > c("num_drafted")),
-         "is outside [0, num_drafted]"),
-        ("num_accepted", (c("num_accepted") < 0) | (c("num_accepted") > c("num_verified")),
-         "is outside [0, num_verified]"),
-        ("position", c("position") >= c("num_drafted"), "is >= num_drafted of its row"),
-        ("accepted", c("accepted").is_not_null() & ~c("verified"), "is set on an unverified slot"),
-    ]
-    return checks
-
-
-def slot_hashes(df: pl.DataFrame) -> pl.Series:
-    """[N] uint64 hash of each row's slot key (SLOT_KEY): equal slots hash equal (within one frame:
-    Categorical columns hash their codes, which one frame shares)."""
-    return df.select(pl.col(c).to_physical() for c in SLOT_KEY).hash_rows(seed=0)
-
-
-def _may_repeat_a_slot(df: pl.DataFrame) -> bool:
-    """False when no two rows can share a slot: no two slot hashes are equal (a hash and a radix sort,
-    ~5x faster than polars' exact `is_duplicated` on the key; equal hashes go to the exact check)."""
-    h = slot_hashes(df).sort().to_numpy()  # [N]
-    return bool((h[1:] == h[:-1]).any())
-
-
-def check_values(df: pl.DataFrame, path, k: int | None) -> None:
-    """Value checks of the columns read from one file; raise TraceError naming file, column, row."""
-    if df.height == 0:
-        raise TraceError(f"{path}: holds no rows")
-    checks = [ch for ch in _value_checks(k) if set(ch[1].meta.root_names()) <= set(df.columns)]  # what was read
-    hits = df.select(e.fill_null(False).any().alias(str(i)) for i, (_, e, _) in enumerate(checks)).row(0)
-    for (column, bad, what), hit in zip(checks, hits):
-        if hit:
-            raise TraceError(f"{path}: column {column!r} {what}: {_first_bad(df, bad.fill_null(False), column)}")
-    if set(SLOT_KEY) <= set(df.columns) and _may_repeat_a_slot(df):
-        dup = df.select(SLOT_KEY).is_duplicated()
-        if dup.any():
-            i = int(dup.arg_true()[0])
-            key = ", ".join(f"{n}={v}" for n, v in zip(SLOT_KEY, df.select(SLOT_KEY).row(i)))
-            raise TraceError(f"{path}: row {i} duplicates another row of the same draft slot ({key}); "
-                             "it would be counted twice")
-
-
 def _no_repeats(paths: list[Path]) -> None:
     seen: dict[tuple[int, int], Path] = {}
     for p in paths:
@@ -261,20 +185,36 @@ def read_traces(paths, columns: list[str] | None = None, *, check: bool = True) 
     return pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
 
 
-def iter_traces(paths, columns: list[str] | None = None, *, check: bool = True):
-    """`read_traces` one file at a time: yields each file's checked frame (with `file_index`), so a
-    caller can reduce a file before the next is read."""
+def iter_traces(paths, columns: list[str] | None = None, *, check: bool = True, workers: int = 1):
+    """`read_traces` one file at a time: yields each file's checked frame (with `file_index`), in order,
+    so a caller can reduce a file before the next is read. `workers` > 1 reads and checks that many
+    files ahead on threads (pyarrow and polars release the GIL): at most `workers` + 1 frames are
+    held; an error is raised in file order (the first bad file is the one named)."""
     paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
     if not paths:
         raise TraceError("no trace files given")
     _no_repeats(paths)
-    for i, path in enumerate(paths):
+
+    def one(i: int, path: Path) -> pl.DataFrame:
         want = None if columns is None else set(
             [*columns, *(CHECKED_COLUMNS if check else ("position", "accepted", "verified"))])
         df = _read_one(path, i, want)
         if check:
             check_values(df, path, trace_k(path))
-        yield df if columns is None else df.select([*columns, "file_index"])
+        return df if columns is None else df.select([*columns, "file_index"])
+
+    if workers <= 1 or len(paths) == 1:
+        for i, path in enumerate(paths):
+            yield one(i, path)
+        return
+    todo = iter(enumerate(paths))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        pending = deque(pool.submit(one, *item) for item in itertools.islice(todo, workers))
+        while pending:
+            df = pending.popleft().result()
+            if (item := next(todo, None)) is not None:
+                pending.append(pool.submit(one, *item))
+            yield df
 
 
 def read_generations(trace_path) -> pl.DataFrame:
