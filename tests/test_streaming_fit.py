@@ -149,3 +149,34 @@ def test_binned_auc_is_within_its_bound_of_the_exact_auc(seed):
 def test_binned_auc_one_class_is_nan():
     auc, bound = auc_from_histogram(np.array([[0, 3, 1], [0, 0, 0]]))
     assert np.isnan(auc) and np.isnan(bound)
+
+
+def test_shard_sums_in_int32_add_up_to_the_int64_total():
+    """One shard's counts are int32 (less memory in flight): folding int32 shard sums gives exactly
+    the fold of the same sums in int64, and the total counts in int64."""
+    rng = np.random.default_rng(5)
+    n = 90_000
+    p = 1 / (1 + np.exp(-rng.normal(1, 2, n)))
+    p[rng.uniform(size=n) < 0.05] = 0.9  # tied blocks
+    y = (rng.uniform(size=n) < p).astype(float)
+    group = rng.integers(0, 4, n)
+    edges = quantile_edges(logit(p[:20_000]), 256)
+
+    def fold(count_type):
+        parts = []
+        for lo in range(0, n, 30_000):
+            part = BinnedScores.zeros(2, 2, 10, edges, count_type)
+            part.add(p[lo:lo + 30_000], y[lo:lo + 30_000], group[lo:lo + 30_000])
+            assert part.hist.dtype == part.eq.dtype == count_type
+            parts.append(part)
+        total = parts[0]
+        for part in parts[1:]:
+            total += part
+        return total
+
+    narrow, wide = fold(np.int32), fold(np.int64)
+    assert narrow.hist.dtype == narrow.eq.dtype == np.int64
+    np.testing.assert_array_equal(narrow.hist, wide.hist)
+    np.testing.assert_array_equal(narrow.eq, wide.eq)
+    np.testing.assert_array_equal(narrow.ref, wide.ref)
+    assert narrow.hist.sum() == n and narrow.rows(["a", "b"]) == wide.rows(["a", "b"])

@@ -76,7 +76,8 @@ def shard_pass(survey: ShardSurvey, work: PassWork) -> list:
     """Map step of a pass over one shard's spill -> [E] additive sums (IrlsStats or BinnedScores)."""
     k, sc = work.k, work.score
     lut = np.array([work.dataset_names.index(n) for n in survey.dataset_names] or [0], dtype=np.int64)
-    out = [BinnedScores.zeros(len(work.dataset_names), k, sc["n_bins"], edges) for edges in sc["edges"]] \
+    count_type = np.int32 if survey.observed < 1 << 31 else np.int64  # a shard's counts (the total's: int64)
+    out = [BinnedScores.zeros(len(work.dataset_names), k, sc["n_bins"], edges, count_type) for edges in sc["edges"]] \
         if sc else [IrlsStats.zeros(k) for _ in work.estimators]
     for c, counts in enumerate(survey.chunks):
         counts = counts[:k]  # [K] rows are sorted by position
@@ -111,8 +112,11 @@ class LocalEngine:
         self.workers = workers
 
     def map(self, fn, items: list[tuple], nodes=None, fold=None) -> tuple[list, list]:
-        """-> (fn(*item) of every item, in order; or with `fold`, their fold in item order, holding at
-        most `workers` results at once: a score pass's sums are ~50 MB per feature and shard), nodes."""
+        """-> (fn(*item) of every item, in order; or with `fold`, their fold in item order), nodes.
+
+        With `fold` the total and at most `workers` results exist at once (a score pass's sums are
+        ~37 MB per feature and shard): the next item starts only once a finished result is folded
+        and dropped, so the peak does not grow with the number of shards."""
         with ThreadPoolExecutor(max_workers=self.workers) as pool:
             if fold is None:
                 return list(pool.map(lambda args: fn(*args), items)), [None] * len(items)
@@ -120,9 +124,10 @@ class LocalEngine:
             pending = deque(pool.submit(fn, *args) for args in itertools.islice(todo, self.workers))
             while pending:
                 result = pending.popleft().result()
+                acc = result if acc is None else fold(acc, result)
+                del result  # (the first result is the total itself)
                 if (args := next(todo, None)) is not None:
                     pending.append(pool.submit(fn, *args))
-                acc = result if acc is None else fold(acc, result)
         return acc, [None] * len(items)
 
     def cleanup(self, scratch: str, nodes) -> None:

@@ -74,16 +74,18 @@ class BinnedScores:
     edges: np.ndarray  # [B - 1] ascending logit edges of the rank bins
     nll: np.ndarray  # [D, K] float64
     table: np.ndarray  # [3, D, K, n_bins] float64
-    hist: np.ndarray  # [D, K, 2, B] int64
+    hist: np.ndarray  # [D, K, 2, B] int64 (int32 in one shard's sums)
     ref: np.ndarray  # [D, K, B] float64: one value z of the bin (nan: empty)
-    eq: np.ndarray  # [D, K, 2, B] int64: negatives / positives whose z equals `ref`
+    eq: np.ndarray  # [D, K, 2, B] int64 (int32 likewise): negatives / positives whose z equals `ref`
 
     @classmethod
-    def zeros(cls, d: int, k: int, n_bins: int, edges: np.ndarray) -> BinnedScores:
+    def zeros(cls, d: int, k: int, n_bins: int, edges: np.ndarray, counts=np.int64) -> BinnedScores:
+        """Empty sums; `counts` = np.int32 for the sums of fewer than 2^31 slots (one shard's: 40% less
+        memory in flight; the total they are added into widens to int64)."""
         b = len(edges) + 1
         return cls(np.asarray(edges, dtype=np.float64), np.zeros((d, k)), np.zeros((3, d, k, n_bins)),
-                   np.zeros((d, k, 2, b), dtype=np.int64), np.full((d, k, b), np.nan),
-                   np.zeros((d, k, 2, b), dtype=np.int64))
+                   np.zeros((d, k, 2, b), dtype=counts), np.full((d, k, b), np.nan),
+                   np.zeros((d, k, 2, b), dtype=counts))
 
     def add(self, p: np.ndarray, y: np.ndarray, group: np.ndarray) -> None:
         """[N] predictions in [0, 1], labels in {0, 1}, groups (dataset * K + position)."""
@@ -105,13 +107,15 @@ class BinnedScores:
     def __iadd__(self, other: BinnedScores) -> Self:
         if not np.array_equal(other.edges, self.edges):
             raise ValueError("BinnedScores: cannot add sums over different bins")
+        self.hist = self.hist.astype(np.int64, copy=False)  # a total of several shards counts in int64
         self.nll += other.nll
         self.table += other.table
         self.hist += other.hist
         mine, theirs = self.eq.sum(2), other.eq.sum(2)  # [D, K, B] tied block sizes
         same = self.ref == other.ref
         take = np.isnan(self.ref) | (~same & ~np.isnan(other.ref) & (theirs > mine))  # keep the larger block
-        self.eq = np.where(same[:, :, None], self.eq + other.eq, np.where(take[:, :, None], other.eq, self.eq))
+        self.eq = np.where(same[:, :, None], self.eq.astype(np.int64) + other.eq,
+                           np.where(take[:, :, None], other.eq, self.eq)).astype(np.int64, copy=False)
         self.ref = np.where(take, other.ref, self.ref)
         return self
 
