@@ -114,21 +114,3 @@ def test_bad_files(tmp_path, table):
     with pytest.raises(TraceError, match="no trace files"):
         read_traces([])
 
-
-def test_files_read_ahead_on_threads_come_in_order(tmp_path, table):
-    """iter_traces(workers=3): the same frames in file order as one at a time; of two bad files the first
-    in order is the one named, whichever thread finishes first."""
-    from avkit.trace.reader import iter_traces
-
-    paths = [_write(tmp_path, synthetic_trace(SyntheticConfig(num_slots=700 + 70 * i, k=7, seed=i)), f"{i}.parquet")
-             for i in range(5)]
-    serial = list(iter_traces(paths, ["position", "logit_qmax"]))
-    threaded = list(iter_traces(paths, ["position", "logit_qmax"], workers=3))
-    assert [f.height for f in threaded] == [700 + 70 * i for i in range(5)]
-    assert all(a.equals(b) for a, b in zip(serial, threaded))
-    nan = table.set_column(table.schema.get_field_index("q_max"), "q_max",
-                           pa.array(np.r_[np.nan, table["q_max"].to_numpy()[1:]], pa.float32()))
-    for bad in (1, 3):
-        _write(tmp_path, nan, f"{bad}.parquet")
-    with pytest.raises(TraceError, match=r"1\.parquet: column 'q_max' is not finite"):
-        list(iter_traces(paths, workers=3))

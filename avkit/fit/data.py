@@ -129,13 +129,12 @@ def feature_inputs(features) -> list[str]:
     return [c for c in FEATURE_INPUTS if c in used]
 
 
-def load_fit_data(paths, drafter: str = "model", features=None, workers: int = 1) -> FitData:
+def load_fit_data(paths, drafter: str = "model", features=None) -> FitData:
     """Read, check and order the observed slots of `drafter`'s rows in `paths`; raise TraceError on unusable
     input. `features`: derive only these (names of FEATURES; None: every one) and read only their inputs.
 
     File by file: each is read (only TRACE_COLUMNS and the checked ones), checked, put in replay
-    order and reduced to its observed slots' OBSERVED_COLUMNS; `workers` files are read and checked
-    at once (`reader.iter_traces`), the rest wait."""
+    order and reduced to its observed slots' OBSERVED_COLUMNS before the next is read."""
     paths = [Path(p) for p in paths]
     names = list(FEATURES) if features is None else [n for n in FEATURES if n in features]
     inputs = feature_inputs(names)
@@ -143,7 +142,7 @@ def load_fit_data(paths, drafter: str = "model", features=None, workers: int = 1
     kept = [c for c in OBSERVED_COLUMNS if c not in FEATURE_INPUTS or c in inputs]
     parts, step_file, step_clock, row_step, clocks = [], [], [], [], []
     total = steps = 0
-    for i, df in enumerate(iter_traces(paths, columns, workers=workers)):
+    for i, df in enumerate(iter_traces(paths, columns)):
         df, clock, name = _file_clock(df)
         first = np.r_[True, clock[1:] != clock[:-1]]  # [n] the row opens an engine step
         observed = (df["accepted"].is_not_null() & (df["drafter"] == drafter)).to_numpy()  # [n] (a categorical

@@ -116,7 +116,7 @@ def run_fit(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None
         from avkit.fit.streaming import fit_streaming
 
         return (fit_ray if fit.engine == "ray" else fit_streaming)(paths, fit, est_cfg, progress)
-    data = load_fit_data(check_shards(paths).paths, fit.drafter, fit.features or None, fit.workers)
+    data = load_fit_data(check_shards(paths).paths, fit.drafter, fit.features or None)
     plan = plan_features(fit, est_cfg, data.features)
     layout = ScoreLayout(data.labels, data.positions, data.dataset_codes, data.dataset_names, fit.n_bins)
     fitted = _replay_replicas(plan, data, fit, est_cfg) if fit.replicas == "independent" else {}

@@ -21,9 +21,6 @@ gets a `file_index` column (UInt16: index of the file in `paths`) so replays can
 
 from __future__ import annotations
 
-import itertools
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import polars as pl
@@ -185,36 +182,20 @@ def read_traces(paths, columns: list[str] | None = None, *, check: bool = True) 
     return pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
 
 
-def iter_traces(paths, columns: list[str] | None = None, *, check: bool = True, workers: int = 1):
-    """`read_traces` one file at a time: yields each file's checked frame (with `file_index`), in order,
-    so a caller can reduce a file before the next is read. `workers` > 1 reads and checks that many
-    files ahead on threads (pyarrow and polars release the GIL): at most `workers` + 1 frames are
-    held; an error is raised in file order (the first bad file is the one named)."""
+def iter_traces(paths, columns: list[str] | None = None, *, check: bool = True):
+    """`read_traces` one file at a time: yields each file's checked frame (with `file_index`), so a
+    caller can reduce a file before the next is read."""
     paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
     if not paths:
         raise TraceError("no trace files given")
     _no_repeats(paths)
-
-    def one(i: int, path: Path) -> pl.DataFrame:
+    for i, path in enumerate(paths):
         want = None if columns is None else set(
             [*columns, *(CHECKED_COLUMNS if check else ("position", "accepted", "verified"))])
         df = _read_one(path, i, want)
         if check:
             check_values(df, path, trace_k(path))
-        return df if columns is None else df.select([*columns, "file_index"])
-
-    if workers <= 1 or len(paths) == 1:
-        for i, path in enumerate(paths):
-            yield one(i, path)
-        return
-    todo = iter(enumerate(paths))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        pending = deque(pool.submit(one, *item) for item in itertools.islice(todo, workers))
-        while pending:
-            df = pending.popleft().result()
-            if (item := next(todo, None)) is not None:
-                pending.append(pool.submit(one, *item))
-            yield df
+        yield df if columns is None else df.select([*columns, "file_index"])
 
 
 def read_generations(trace_path) -> pl.DataFrame:
