@@ -88,8 +88,8 @@ def test_attention_rows_do_not_depend_on_the_call():
 
 
 def test_silu_is_the_same_on_torchs_vector_and_scalar_paths():
-    """Every bf16 input: F.silu in a long tensor (vectorised, Sleef exp) equals F.silu in tensors shorter than
-    one vector (the scalar tail loop, libm exp), so where a thread's range splits a row cannot change a value."""
+    """Every bf16 input: F.silu in a long tensor (torch's vectorised loop) equals F.silu in tensors shorter than
+    one vector (its scalar tail loop), so where a thread's range splits a row cannot change a value."""
     every = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)  # [65536]
     every = every[~every.isnan()]  # NaN payloads may differ; a NaN is a NaN on both paths
     vector = torch.nn.functional.silu(every)

@@ -17,6 +17,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include "cpu_bf16.h"
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -25,6 +26,8 @@
 #include <vector>
 
 namespace {
+
+using avkit::round_bf16;
 
 constexpr int GMAX = 16;  // query heads per kv head the kernel takes (cpu_attention.MAX_GROUP)
 
@@ -57,14 +60,6 @@ inline __m256 exp8(__m256 x) {
   y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
   const __m256i pow2 = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(127)), 23);
   return _mm256_andnot_ps(tiny, _mm256_mul_ps(y, _mm256_castsi256_ps(pow2)));
-}
-
-inline uint16_t round_bf16(float f) {  // round to nearest even; NaN stays NaN
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
 }
 
 // GB query rows q [GB][D] (fp32) against n keys / values [n][D] (bf16) -> out [GB][D] (bf16); scores [GB][n]

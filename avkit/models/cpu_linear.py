@@ -62,9 +62,10 @@ _CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
 
 
 def _build_name(source: Path) -> str:
-    """``avkit_<stem>_<hash of source and flags>``: one build directory per kernel version, so checkouts
+    """``avkit_<stem>_<hash of source, headers and flags>``: one build directory per kernel version, so checkouts
     with different kernels (branches, an upgrade) never rebuild over each other in torch's shared cache."""
-    digest = hashlib.sha256(source.read_bytes() + " ".join(_CFLAGS).encode()).hexdigest()[:12]
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))  # what the sources include
+    digest = hashlib.sha256(source.read_bytes() + headers + " ".join(_CFLAGS).encode()).hexdigest()[:12]
     return f"avkit_{source.stem}_{digest}"
 
 
