@@ -25,7 +25,9 @@ import torch
 
 PEAK_TB_S = 4.3  # H200 memory bandwidth
 K, V = 7, 151_936  # draft length, Qwen2.5 vocabulary
-ATOL = {"logit_qmax": 2e-5, "q_max": 1e-6, "q_2nd": 1e-6, "entropy": 1e-5, "confidence": 1e-6}
+# every field of Confidence, the same tolerances as tests/test_kernels_confidence.py
+ATOL = {"logit_qmax": 2e-5, "q_max": 1e-6, "q_2nd": 1e-6, "entropy": 1e-5, "confidence": 1e-6,
+        "log_margin": 2e-5, "neg_log_neg_log_qmax": 5e-5}
 
 
 def bench_ms(fn, device: torch.device) -> float:

@@ -10,8 +10,8 @@ from avkit import __version__
 from avkit.cli import app
 from avkit.config import SyntheticConfig
 
-COMMANDS = (["record"], ["fit"], ["hvd"], ["simulate"], ["profile"], ["serve"], ["report"], ["models", "fetch"],
-            ["models", "list"], [])
+COMMANDS = (["record"], ["fit"], ["hvd"], ["simulate"], ["profile"], ["serve"], ["report"], ["tune"],
+            ["import", "vllm-metrics"], ["models", "fetch"], ["models", "list"], [])
 
 
 def _run(capsys, monkeypatch, *argv):
@@ -40,16 +40,16 @@ def _help(capsys, monkeypatch, command: str) -> str:
 
 def test_one_name_per_concept(capsys, monkeypatch):
     helps = {c: _help(capsys, monkeypatch, c) for c in ("record", "fit", "hvd", "simulate", "profile", "serve",
-                                                         "report")}
+                                                         "report", "tune")}
     for c in ("record", "hvd", "profile", "serve"):  # every command that sets K
         assert re.search(r"--k\s+-k\b", helps[c]), c
     for c in ("record", "serve"):
         assert "--max-new-tokens" in helps[c], c
-    for c in ("record", "simulate", "serve"):
+    for c in ("record", "simulate", "serve", "tune"):
         assert "--concurrency" in helps[c], c
     for c in ("simulate", "serve"):
         assert "--policy" in helps[c], c
-    for c in ("fit", "hvd", "simulate"):
+    for c in ("fit", "hvd", "simulate", "tune"):
         assert re.search(r"\[TRACE\]\.\.\.", helps[c]), c
     old = ("--max-tokens-limit", "--max-concurrency", "--policies", "--max-tokens ")
     assert not [(c, o) for c, h in helps.items() for o in old if o in h]

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from avkit.config import ReportConfig, SyntheticConfig
@@ -76,6 +77,13 @@ def test_screenshot(page, tmp_path):
     shot = tmp_path / "report.png"
     _chromium(f"--screenshot={shot}", page.as_uri(), height=3600)  # summary, feature table, reliability
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+
+    img = matplotlib.image.imread(shot)[..., :3]  # [height, width, rgb] in [0, 1]
+    # A rendered report is mostly white page with dark text, tables and plots: a blank or error page is not.
+    dark = (img.mean(-1) < 0.5).mean()
+    colours = len(np.unique((img * 255).astype(np.uint8).reshape(-1, 3), axis=0))
+    assert 0.005 < dark < 0.5 and colours > 50, (dark, colours)
     if os.environ.get("AVKIT_SCREENSHOT"):
         dest = Path(os.environ["AVKIT_SCREENSHOT"])
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -187,7 +187,7 @@ def test_adaptive_stop_drafting(steps):
     assert a["throughput_tok_s"][0] == a["throughput_tok_s"][1]
 
 
-def test_simulate_cli(tmp_path, steps):
+def test_simulate_cli(tmp_path, steps, capsys):
     from typer.testing import CliRunner
 
     from avkit.cli import app
@@ -199,8 +199,13 @@ def test_simulate_cli(tmp_path, steps):
                                  "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert pl.read_parquet(out).shape[0] == 4
-    r = CliRunner().invoke(app, ["simulate", str(trace), "--policy", "warp"])
-    assert r.exit_code != 0 and not (tmp_path / "missing.parquet").exists()
+    before = out.read_bytes()
+    with pytest.raises(SystemExit) as exit_:  # as the console script runs it: AvkitError -> one line, exit 2
+        app(["simulate", str(trace), "--policy", "warp", "--out", str(out)], prog_name="avkit")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("avkit: error: --policy warp: unknown simulate policy 'warp'"), err
+    assert out.read_bytes() == before  # the earlier result is left as it was
 
 
 def test_recorded_confidences_are_a_source(frame):

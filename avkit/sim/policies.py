@@ -87,6 +87,6 @@ def parse_policies(specs, k: int, coefficients: str = "", burn_in: bool = True) 
     for spec in specs:
         head, _, arg = spec.partition(":")
         if head not in SIM_POLICIES:
-            raise ConfigError(f"unknown simulate policy {spec!r}; choose from {sorted(SIM_POLICIES)}")
+            raise ConfigError(f"--policy {spec}: unknown simulate policy {spec!r}; choose from {sorted(SIM_POLICIES)}")
         out.extend(SIM_POLICIES[head](arg, k, coefficients, burn_in))
     return out
