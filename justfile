@@ -53,6 +53,12 @@ bench-real:
     python bench/engine.py
     python bench/adaptive_live.py --context-len 512
 
+# the CPU backend's batch-invariant attention vs SDPA on the real pair, bf16 (~6 min on 2 cores): forward ms at
+# B x S = 1-4 x 1-8, greedy K = 7 vs target-only at c4 with each, HF transformers' greedy on prompt 0
+# -> bench/results/batch_invariance.md; `--tiny` dry-runs it
+bench-invariance:
+    python bench/batch_invariance.py --repeats 7 --hf ~/.cache/avkit/models/qwen2.5-coder-1.5b-hf
+
 # live HVD vs its replay on the real pair (needs out/hvd/payoff_survival.pt from `avkit hvd`; ~40 min in all,
 # one cell per locked command) -> bench/results/hvd_live.md; `--tiny` dry-runs it in ~1 min
 bench-hvd-live:

@@ -67,12 +67,12 @@ def test_pack_round_trips_and_leading_dims():
 def _load_plain(path, monkeypatch):
     """The same bf16 model through plain F.linear (the kernel switched off while it loads)."""
     monkeypatch.setenv("AVKIT_CPU_KERNELS", "0")
-    cpu_linear._extension.cache_clear()
+    cpu_linear.load_extension.cache_clear()
     try:
         return avkit.models.load(path, dtype=torch.bfloat16).model
     finally:
         monkeypatch.delenv("AVKIT_CPU_KERNELS")
-        cpu_linear._extension.cache_clear()
+        cpu_linear.load_extension.cache_clear()
 
 
 @pytest.mark.parametrize("tied", [True, False])

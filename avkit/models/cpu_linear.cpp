@@ -17,12 +17,15 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
+#include "cpu_bf16.h"
 #include <cstdint>
 #include <cstring>
 #include <vector>
 #include <algorithm>
 
 namespace {
+
+using avkit::round_bf16;
 
 constexpr int NR = 16;  // output rows per panel
 constexpr int MR = 6;   // input rows per register tile
@@ -89,14 +92,6 @@ inline void tile_rows(int m, const float* x, int64_t ldx, const uint16_t* w, int
     case 2: tile<2, 1>(x, ldx, w, 0, kn, acc, 0); break;
     default: tile<1, 1>(x, ldx, w, 0, kn, acc, 0); break;
   }
-}
-
-inline uint16_t round_bf16(float f) {  // round to nearest even; NaN stays NaN
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
 }
 
 }  // namespace

@@ -61,16 +61,18 @@ _SOURCE = Path(__file__).with_suffix(".cpp")
 _CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
 
 
-def _build_name() -> str:
-    """``avkit_cpu_linear_<hash of source and flags>``: one build directory per kernel version, so checkouts
+def _build_name(source: Path) -> str:
+    """``avkit_<stem>_<hash of source, headers and flags>``: one build directory per kernel version, so checkouts
     with different kernels (branches, an upgrade) never rebuild over each other in torch's shared cache."""
-    digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_CFLAGS).encode()).hexdigest()[:12]
-    return f"avkit_cpu_linear_{digest}"
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))  # what the sources include
+    digest = hashlib.sha256(source.read_bytes() + headers + " ".join(_CFLAGS).encode()).hexdigest()[:12]
+    return f"avkit_{source.stem}_{digest}"
 
 
 @functools.cache
-def _extension():
-    """The compiled kernel module, or None where it cannot run here."""
+def load_extension(source: Path):
+    """The CPU backend's compiled kernel module built from ``source`` (a .cpp beside this file), or None where it
+    cannot run here: ``AVKIT_CPU_KERNELS=0``, a CPU without AVX2, or no compiler / ninja (warned)."""
     if os.environ.get("AVKIT_CPU_KERNELS", "1") == "0":
         return None
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
@@ -78,14 +80,18 @@ def _extension():
     try:
         from torch.utils.cpp_extension import _get_build_directory, load
 
-        name = _build_name()
+        name = _build_name(source)
         clear_stale_build_lock(Path(_get_build_directory(name, verbose=False)))
-        return load(name=name, sources=[str(_SOURCE)], extra_cflags=list(_CFLAGS), extra_ldflags=["-fopenmp"],
+        return load(name=name, sources=[str(source)], extra_cflags=list(_CFLAGS), extra_ldflags=["-fopenmp"],
                     verbose=False)
     except Exception as exc:  # no compiler / ninja: the plain torch path still computes the same thing
-        warnings.warn(f"avkit: CPU bf16 kernel unavailable ({type(exc).__name__}: {exc}); using F.linear",
+        warnings.warn(f"avkit: CPU kernel {source.name} unavailable ({type(exc).__name__}: {exc}); using torch",
                       stacklevel=2)
         return None
+
+
+def _extension():
+    return load_extension(_SOURCE)
 
 
 def available() -> bool:

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from avkit.errors import ConfigError
+from avkit.models import cpu_attention
 from avkit.models.config import ModelConfig
 from avkit.models.kv_cache import KVCache
 
@@ -69,6 +70,7 @@ class _Step:
     write_pos: torch.Tensor  # [B, S] cache position each query's key/value is written to (pads: the last real one)
     write_src: torch.Tensor | None  # [B, S] query whose key/value goes there (pads repeat the last real); None = all
     mask: torch.Tensor | None  # [B, 1, G*S, span] bool, True = may attend; None when every query sees all keys
+    ends: torch.Tensor | None  # [B, S] keys each query attends, 0 for pads: the CPU backend's attention; else None
     cos: torch.Tensor  # [B, S, D]
     sin: torch.Tensor  # [B, S, D]
     span: int
@@ -99,6 +101,10 @@ class Attention(nn.Module):
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         cache.append(self.layer, step.slots, step.write_pos, step.write_src, k, v)
+        if step.ends is not None:  # CPU backend: per query row over its own span, batch-invariant (cpu_attention.py)
+            out = cpu_attention.attention(q, cache.k[self.layer], cache.v[self.layer], step.slots, step.ends,
+                                          d ** -0.5)  # [B, S, H, D]
+            return self.o(out.view(B, S, h * d))
         keys, values = cache.view(self.layer, step.slots, step.span, step.contiguous_from)  # [B, H_kv, span, D]
         # GQA without repeating K/V: the G query heads of one kv head become G*S query rows.
         q = q.view(B, S, h_kv, g, d).permute(0, 2, 3, 1, 4).reshape(B, h_kv, g * S, d)
@@ -142,6 +148,8 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(
             config.hidden_size, config.vocab_size, bias=False)
+        self.cpu_attention = False  # pack_for_cpu() turns it on: attention by cpu_attention.py
+        self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin [positions, D]
 
     @property
     def device(self) -> torch.device:
@@ -195,11 +203,13 @@ class Transformer(nn.Module):
         return (F.linear(x, self.embed.weight) if self.lm_head is None else self.lm_head(x)).float()
 
     def pack_for_cpu(self) -> bool:
-        """CPU backend: swap every bf16 linear (and the tied LM head) for a pre-packed one (cpu_linear.py).
+        """CPU backend: swap every bf16 linear (and the tied LM head) for a pre-packed one (cpu_linear.py), and
+        compute attention per query row (cpu_attention.py) where its kernel builds and the heads fit it.
 
         Same computation, a kernel that streams bf16 weights at memory bandwidth; a no-op (False) off the
         CPU, for float32, or where the kernel is unavailable. The tied head gets its own packed copy of the
-        embedding (the lookup keeps the [V, d] table).
+        embedding (the lookup keeps the [V, d] table). Both kernels make the forward batch-invariant: a
+        token's logits do not depend on the other tokens and requests in its forward.
         """
         from avkit.models import cpu_linear
 
@@ -211,7 +221,30 @@ class Transformer(nn.Module):
                 setattr(owner, name, cpu_linear.PackedLinear(lin.weight, lin.bias))
         head = self.embed.weight if self.lm_head is None else self.lm_head.weight
         self.lm_head = cpu_linear.PackedLinear(head, None)
+        c = self.config
+        self.cpu_attention = (cpu_attention.available() and c.head_dim % 8 == 0
+                              and c.num_heads // c.num_kv_heads <= cpu_attention.MAX_GROUP)
         return True
+
+    def rope(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin ``[>= n, D]`` in the model's dtype, by position. Each position's row is computed once and
+        kept, so its value never depends on which other positions a forward needs (batch invariance)."""
+        table = self._rope_table
+        if table is not None and (table[0].device != self.device or table[0].dtype != self.dtype):
+            table = None
+        if table is None or table[0].shape[0] < n:
+            table = self._grow_rope(table, n)
+        return table
+
+    @torch.inference_mode(False)  # plain tensors: the model stays deep-copyable and movable after forwards
+    def _grow_rope(self, table, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        have = 0 if table is None else table[0].shape[0]
+        pos = torch.arange(have, max(n, 2 * have, 1024), device=self.device).float()
+        freqs = pos[:, None] * self.inv_freq()  # [new, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [new, D]
+        cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        self._rope_table = (cos, sin) if table is None else (torch.cat([table[0], cos]), torch.cat([table[1], sin]))
+        return self._rope_table
 
     def _step(self, tokens, q_lens, slots, cache: KVCache, host: HostLengths | None) -> _Step:
         if tokens.ndim != 2 or q_lens.shape != tokens.shape[:1] or slots.shape != tokens.shape[:1]:
@@ -243,13 +276,14 @@ class Transformer(nn.Module):
         write_src = torch.minimum(ar[None, :], q_lens.to(dev)[:, None] - 1) if padded else None  # [B, S]
         write_pos = old[:, None] + write_src if padded else positions  # [B, S]
         g = self.config.num_heads // self.config.num_kv_heads
-        mask = None  # every row at the same length, one query each (decode): no mask, SDPA's fast path
-        if S > 1 or len(set(ends)) > 1:
+        mask = ends_q = None  # every row at the same length, one query each (decode): no mask, SDPA's fast path
+        if self.cpu_attention and dev.type == "cpu":
+            ends_q = positions + 1 if not padded else (positions + 1) * (ar[None, :] < q_lens.to(dev)[:, None])
+        elif S > 1 or len(set(ends)) > 1:
             mask = torch.arange(span, device=dev)[None, None, :] <= positions[:, :, None]  # [B, S, span]
             mask = mask[:, None, None].expand(B, 1, g, S, span).reshape(B, 1, g * S, span)
-        freqs = positions[..., None].float() * self.inv_freq()  # [B, S, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [B, S, D]
+        cos, sin = self.rope(max(host.cached) + S)  # [>= positions, D]
         first = s_list[0]
         contiguous = s_list == list(range(first, first + B))
-        return _Step(slots, write_pos, write_src, mask, emb.cos().to(self.dtype), emb.sin().to(self.dtype),
-                     span, first if contiguous else None)
+        return _Step(slots, write_pos, write_src, mask, ends_q, cos[positions], sin[positions], span,
+                     first if contiguous else None)
