@@ -99,8 +99,8 @@ profile-vllm:
 # (-> bench/results/sim_vs_measured.md; cells are cached, so each line can run on its own under the bench lock)
 sim-vs-measured:
     python -m avkit profile --dtype bfloat16 --context-len 256 -k 7 --max-verify-tokens 128 --max-requests 16 --repeats 3 --temperature 0 --out bench/results/avkit_cost_cpu.json
-    python bench/sim_vs_measured.py --engine vllm --trace traces/vllm_greedy_k7.parquet --cost bench/results/vllm_cost_cpu.json --ks 0,3
-    python bench/sim_vs_measured.py --engine vllm --trace traces/vllm_greedy_k7.parquet --cost bench/results/vllm_cost_cpu.json --ks 5,7
+    python bench/sim_vs_measured.py --engine vllm --trace traces/vllm/vllm_greedy_k7.parquet --cost bench/results/vllm_cost_cpu.json --ks 0,3
+    python bench/sim_vs_measured.py --engine vllm --trace traces/vllm/vllm_greedy_k7.parquet --cost bench/results/vllm_cost_cpu.json --ks 5,7
     python bench/sim_vs_measured.py --engine avkit --trace traces/greedy_k7.parquet --cost bench/results/avkit_cost_cpu.json --ks 0,3
     python bench/sim_vs_measured.py --engine avkit --trace traces/greedy_k7.parquet --cost bench/results/avkit_cost_cpu.json --ks 5,7
 

@@ -1,6 +1,6 @@
 """Per-dataset acceptance of a vLLM-recorded trace beside avkit's own engine's, on the same prompts.
 
-    python bench/vllm_trace_compare.py traces/vllm_greedy_k7.parquet traces/greedy_k7.parquet [--out FILE.md]
+    python bench/vllm_trace_compare.py traces/vllm/vllm_greedy_k7.parquet traces/greedy_k7.parquet [--out FILE.md]
 
 Requests are joined on (dataset, prompt token ids) from the two generations tables, so only prompts that
 finished in both runs count, whatever order or request ids each run gave them (a partial trace works:
