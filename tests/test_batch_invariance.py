@@ -94,7 +94,9 @@ def test_silu_is_the_same_on_torchs_vector_and_scalar_paths():
     every = every[~every.isnan()]  # NaN payloads may differ; a NaN is a NaN on both paths
     vector = torch.nn.functional.silu(every)
     scalar = torch.cat([torch.nn.functional.silu(c) for c in every.split(7)])
-    assert torch.equal(vector.view(torch.int16), scalar.view(torch.int16))  # bitwise
+    both_nan = vector.isnan() & scalar.isnan()  # silu(-inf) = -inf * 0 = NaN, whose payload bits differ by path
+    assert int(both_nan.sum()) <= 1  # that one input, at most
+    assert torch.equal(vector[~both_nan].view(torch.int16), scalar[~both_nan].view(torch.int16))  # bitwise
 
 
 def _tokens(n: int, seed: int) -> list[int]:
