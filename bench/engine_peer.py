@@ -79,10 +79,22 @@ def vllm_phase(args, ks: list[int], runs: list[dict]) -> dict[tuple[str, str], d
                 steps = r["counters"].get("spec_decode_num_drafts", 0.0) if k else tokens
                 accepted = r["counters"].get("spec_decode_num_accepted_tokens", 0.0)
                 out[(r["name"], f"K={k}")] = {"tok_s": tokens / r["wall_s"], "outputs": r["outputs"],
+                                              "steady_tok_s": steady_tok_s(r.get("steps", []), len(r["outputs"])),
                                               "acceptance": _vllm_acceptance(r), "load": r.get("load", float("nan")),
                                               "cpu_expand_fix": bool(r.get("cpu_expand_fix", False)),
                                               "steps": steps, "accepted_per_step": accepted / steps if steps else 0.0}
     return out
+
+
+def steady_tok_s(steps: list[list[float]], n: int) -> float:
+    """Decode tok/s with every lane busy: from the step after which all ``n`` requests have a token (prefill
+    done) to the last step before any finishes. ``steps``: per engine step ``[seconds since start, tokens
+    emitted so far, requests with a token, requests finished]``. NaN when no such window of >= 1 step."""
+    first = next((i for i, s in enumerate(steps) if s[2] >= n), None)
+    last = max((i for i, s in enumerate(steps) if s[3] == 0), default=None)
+    if first is None or last is None or last <= first:
+        return float("nan")
+    return (steps[last][1] - steps[first][1]) / (steps[last][0] - steps[first][0])
 
 
 def _vllm_acceptance(r: dict) -> float:
@@ -112,20 +124,30 @@ def avkit_phase(args, ks: list[int], runs: list[dict], cost) -> dict[tuple[str, 
         sampling = SamplingConfig(temperature=r["temperature"], top_p=r["top_p"], max_new_tokens=max_new,
                                   seed=r["seed"])
         reqs = [Request(f"r{i}", p, sampling, r["dataset"]) for i, p in enumerate(r["prompts"])]
+        steps, emitted, done = [], {}, set()
+
+        def on_step(outputs):  # the same per-step record as bench/vllm_peer.py's
+            for o in outputs:
+                emitted[o.request_id] = emitted.get(o.request_id, 0) + len(o.new_token_ids)
+                done.update([o.request_id] if o.finished else [])
+            steps.append([time.perf_counter() - t0, float(sum(emitted.values())),
+                          float(sum(v > 0 for v in emitted.values())), float(len(done))])
+
         t0 = time.perf_counter()
-        gens = engine.generate(reqs)
-        return gens, time.perf_counter() - t0, engine.stats.overhead_share
+        gens = engine.generate(reqs, on_step=on_step)
+        return gens, time.perf_counter() - t0, engine.stats.overhead_share, steps
 
     out = {}
     run(runs[0], max(ks), None, 8)  # warm-up (allocations, the kernel's first load), untimed
     for name, k, policy in configs:
         for r in runs:
             load = os.getloadavg()[0]
-            gens, wall, outside = run(r, k, policy, r["max_new_tokens"])
+            gens, wall, outside, step_log = run(r, k, policy, r["max_new_tokens"])
             outputs = [g.output_ids for g in gens]
             tokens, steps = sum(map(len, outputs)), sum(g.num_steps for g in gens)  # request-steps
             # a request-step emits its accepted drafts plus one token (EOS may cut the last step short)
             out[(r["name"], name)] = {"tok_s": tokens / wall, "outputs": outputs, "load": load, "outside": outside,
+                                      "steady_tok_s": steady_tok_s(step_log, len(outputs)),
                                       "steps": steps, "accepted_per_step": (tokens - steps) / steps if steps else 0.0}
             print(f"avkit {name} {r['name']}: {out[(r['name'], name)]['tok_s']:.2f} tok/s, "
                   f"{100 * outside:.1f}% outside forwards (load {load:.1f})", flush=True)

@@ -8,10 +8,11 @@
 Predicted: `avkit.sim.replay.simulate` of `nospec` and `fixed:K` at each concurrency c, on the trace's rows
 of the measured dataset(s), with the cost table: steady-state tokens/s (every lane busy).
 Measured: the first c prompts of each dataset decoded together (bench/engine_peer.py: vLLM through
-bench/vllm_peer.py in its venv, avkit's engine in-process), generated tokens / wall time, greedy.
-The measured number includes the prompts' prefill and the batch's tail (requests finishing at
-different times); with `--max-new-tokens` well above the prompt's prefill cost that is a few percent,
-and the ratio columns (K vs K = 0 of the same engine and c) cancel most of it.
+bench/vllm_peer.py in its venv, avkit's engine in-process), greedy, every engine step timed. The measured
+tok/s is the steady decode rate, the state the simulator predicts: tokens emitted from the step after which
+all c requests have their first token (prefill done) to the last step before any request finishes, over that
+time. The end-to-end rate (generated tokens / wall time, prefill and the batch's tail included) is shown
+beside it; on vLLM-CPU prefill runs at ~5 tok/s, so at c = 16 it is most of the wall time.
 
 Cells are cached in bench/results/sim_vs_measured.json (a cell measured again replaces the old one), so
 the grid can be run in pieces under the bench lock (`--ks 0,3` now, `--ks 5,7` later); every run rewrites
@@ -75,25 +76,30 @@ def measured(args, ks: list[int], concurrency: list[int]) -> dict:
     for (name, config), cell in got.items():
         c = next(r["c"] for r in runs if r["name"] == name)
         k = int(config.removeprefix("K="))
-        prev = out.get((c, k), {"tokens_s": [], "load": []})  # one entry per dataset, averaged below
+        prev = out.get((c, k), {"tokens_s": [], "steady": [], "load": []})  # one entry per dataset, averaged below
         prev["tokens_s"].append(cell["tok_s"])
+        prev["steady"].append(cell["steady_tok_s"])
         prev["load"].append(cell["load"])
         out[(c, k)] = prev
-    return {key: {"tok_s": sum(v["tokens_s"]) / len(v["tokens_s"]), "load": max(v["load"])} for key, v in out.items()}
+    mean = lambda xs: sum(xs) / len(xs)
+    return {key: {"tok_s": mean(v["steady"]), "e2e": mean(v["tokens_s"]), "load": max(v["load"])}
+            for key, v in out.items()}
 
 
 def render(cells: list[dict]) -> str:
     lines = ["# Simulator vs measured: fixed K x concurrency", "",
              "`python bench/sim_vs_measured.py` (see its docstring). Predicted: `avkit simulate` of the engine's own "
              "trace with the engine's own cost table (steady state); measured: the first c prompts decoded "
-             "together, tokens / wall incl. prefill. Ratio = predicted / measured (goal: within 10%). "
+             "together, steady decode tok/s (all c requests past prefill, none finished); e2e: tokens / wall "
+             "incl. prefill. Ratio = predicted / measured steady (goal: within 10%). "
              "Speedup = tok/s over K = 0 at the same c (predicted, measured).", ""]
     for engine in sorted({c["engine"] for c in cells}):
         mine = [c for c in cells if c["engine"] == engine]
         lines += [f"## {engine}", "", f"trace `{mine[0]['trace']}`, cost `{mine[0]['cost']}`, datasets "
                   f"{', '.join(mine[0]['datasets'])}, {mine[0]['max_new_tokens']} new tokens, {mine[0]['dtype']}", "",
-                  "| c | K | predicted tok/s | measured tok/s | ratio | speedup pred | speedup meas | load | when |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+                  "| c | K | predicted tok/s | measured tok/s | ratio | speedup pred | speedup meas | e2e tok/s "
+                  "| load | when |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         best_lines = []
         for c in sorted({x["c"] for x in mine}):
             row = sorted((x for x in mine if x["c"] == c), key=lambda x: x["K"])
@@ -102,7 +108,7 @@ def render(cells: list[dict]) -> str:
                 sp = lambda key, x=x, base=base: f"{x[key] / base[key]:.2f}" if base else "-"
                 lines.append(f"| {c} | {x['K']} | {x['predicted']:.2f} | {x['measured']:.2f} | "
                              f"{x['predicted'] / x['measured']:.2f} | {sp('predicted')} | {sp('measured')} | "
-                             f"{x['load']:.1f} | {x['when']} |")
+                             f"{x.get('e2e', float('nan')):.2f} | {x['load']:.1f} | {x['when']} |")
             bp, bm = max(row, key=lambda x: x["predicted"])["K"], max(row, key=lambda x: x["measured"])["K"]
             best_lines.append(f"- c = {c}: simulator's best K = {bp}, measured best K = {bm} "
                               f"({'agree' if bp == bm else 'DISAGREE'}; over K = {[x['K'] for x in row]})")
@@ -170,7 +176,7 @@ def main() -> None:
     meas = measured(args, args.ks, args.concurrency)
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M")
     new = [{"engine": args.engine, "c": c, "K": k, "predicted": pred[(c, k)],
-            "measured": m["tok_s"], "load": m["load"], "when": when, "trace": args.trace, "cost": args.cost,
+            "measured": m["tok_s"], "e2e": m["e2e"], "load": m["load"], "when": when, "trace": args.trace, "cost": args.cost,
             "datasets": args.datasets, "max_new_tokens": args.max_new_tokens, "dtype": args.dtype}
            for (c, k), m in meas.items() if (c, k) in pred]
     stem = "sim_vs_measured" + ("_tiny" if args.tiny else "")  # a dry run never mixes with real cells

@@ -8,8 +8,9 @@ each config is ``{"k": K, "runs": [{"name", "prompts": [[token ids]], "temperatu
 decoding with K tokens per step; a config's optional ``"schedule": [[lo, hi, K], ...]`` becomes
 ``num_speculative_tokens_per_batch_size`` (vLLM's Dynamic SD, K = the schedule's largest). One offline
 ``LLM`` per config (its startup is not timed), one untimed warm-up generate, then every run: ``llm.generate``
-of all its prompts at once (concurrency = number of prompts), wall time including prefill, the generated
-token ids, and the spec-decode counters' deltas. A run with ``"arrival_s"`` (seconds after its start, one per
+of all its prompts at once (concurrency = number of prompts; driven step by step through ``llm.llm_engine``,
+the loop ``llm.generate`` runs, so every step is timed), wall time including prefill, the generated token ids,
+the spec-decode counters' deltas, and per step the time and the tokens emitted so far. A run with ``"arrival_s"`` (seconds after its start, one per
 prompt) and ``"max_new"`` (new tokens per prompt) is driven through ``llm.llm_engine`` instead: each request
 is added once its time has come, and ``in_flight`` records the unfinished requests at every engine step.
 Rewrites ``results.json`` after every run (temp file, then rename), so a crash keeps what was measured.
@@ -86,29 +87,35 @@ def run_config(spec: dict, cfg: dict, done: list[dict], out_path: str) -> None:
         before = _counters(llm)
         in_flight: list[int] = []
         t0 = time.perf_counter()
+        steps: list[list[float]] = []
         if "arrival_s" in r:
-            outputs = _arrivals(llm, r, params, in_flight)
-        else:
-            outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in r["prompts"]], sp, use_tqdm=False)
-            outputs = [list(o.outputs[0].token_ids) for o in outs]
+            outputs = _arrivals(llm, r, params, in_flight, steps)
+        else:  # all at once: the same engine steps llm.generate runs, timed one by one
+            n = len(r["prompts"])
+            outputs = _arrivals(llm, {**r, "arrival_s": [0.0] * n, "max_new": [sp.max_tokens] * n}, params,
+                                in_flight, steps)
         wall = time.perf_counter() - t0
         after = _counters(llm)
         delta = {name: after[name] - before.get(name, 0.0) for name in after}
         done.append({"name": r["name"], "k": k, "wall_s": wall, "startup_s": startup, "load": load,
-                     "outputs": outputs, "counters": delta, "in_flight": in_flight, "cpu_expand_fix": fixed})
+                     "outputs": outputs, "counters": delta, "in_flight": in_flight, "steps": steps, "cpu_expand_fix": fixed})
         _save(done, out_path)
         print(f"vllm k={k} {r['name']}: {sum(map(len, done[-1]['outputs'])) / wall:.2f} tok/s", flush=True)
     del llm
     gc.collect()
 
 
-def _arrivals(llm, r: dict, params, in_flight: list[int]) -> list[list[int]]:
-    """Add each prompt at its arrival time (``params(its max_tokens)``), step the engine until all finish."""
+def _arrivals(llm, r: dict, params, in_flight: list[int], steps: list[list[float]]) -> list[list[int]]:
+    """Add each prompt at its arrival time (``params(its max_tokens)``), step the engine until all finish.
+
+    ``steps`` gets one ``[seconds since start, tokens emitted so far, requests with a token, requests finished]``
+    per engine step (the steady decode rate of `bench/engine_peer.py` comes from it)."""
     from vllm.inputs import TokensPrompt
 
     engine, start = llm.llm_engine, time.perf_counter()
     order = sorted(range(len(r["prompts"])), key=lambda i: r["arrival_s"][i])
     outputs: dict[int, list[int]] = {}
+    emitted: dict[int, int] = {}
     nxt = 0
     while len(outputs) < len(order):
         now = time.perf_counter() - start
@@ -121,9 +128,13 @@ def _arrivals(llm, r: dict, params, in_flight: list[int]) -> list[list[int]]:
             time.sleep(max(0.0, r["arrival_s"][order[nxt]] - now))
             continue
         in_flight.append(engine.get_num_unfinished_requests())
-        for o in engine.step():
+        for o in engine.step():  # cumulative outputs: a request's token ids so far
+            i = int(o.request_id.rsplit("-", 1)[1])
+            emitted[i] = len(o.outputs[0].token_ids)
             if o.finished:
-                outputs[int(o.request_id.rsplit("-", 1)[1])] = list(o.outputs[0].token_ids)
+                outputs[i] = list(o.outputs[0].token_ids)
+        steps.append([time.perf_counter() - start, float(sum(emitted.values())),
+                      float(sum(v > 0 for v in emitted.values())), float(len(outputs))])
     return [outputs[i] for i in range(len(order))]
 
 
