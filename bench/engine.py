@@ -216,6 +216,8 @@ CELL_FIELDS = {
     "c": "concurrency: the first c prompts, submitted at once", "config": "'K=<K>' or 'adaptive'",
     "K": "draft tokens per step (0: target only; null for adaptive)",
     "tok_s": "generated tokens / wall seconds incl. prefill",
+    "steady_tok_s": "decode tokens / seconds while all c requests are past prefill and none has finished "
+                    "(every engine step timed; the state `avkit simulate` predicts; null: no such window)",
     "steps": "request-steps (vLLM: spec_decode_num_drafts; its target-only: one per token)",
     "accepted_per_step": "accepted drafts per request-step (avkit: (tokens - steps) / steps; vLLM: its counters)",
     "acceptance": "vLLM: accepted / drafted tokens", "outside_forwards": "avkit: share of step time outside forwards",

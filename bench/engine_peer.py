@@ -202,7 +202,7 @@ def cells(runs: list[dict], reps: list[tuple[dict, dict]]) -> list[dict]:
                 out.append({"engine": engine, "run": r["name"], "dataset": r["dataset"], "T": r["temperature"],
                             "c": r["c"], "config": config,
                             "K": int(config[2:]) if config.startswith("K=") else None,
-                            "tok_s": mean("tok_s"), "steps": mean("steps"),
+                            "tok_s": mean("tok_s"), "steady_tok_s": mean("steady_tok_s"), "steps": mean("steps"),
                             "accepted_per_step": mean("accepted_per_step"), "acceptance": mean("acceptance"),
                             "outside_forwards": mean("outside"), "load": mean("load"), "repeats": len(got),
                             "max_new_tokens": r["max_new_tokens"], "outputs": got[-1]["outputs"],

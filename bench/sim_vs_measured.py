@@ -4,6 +4,8 @@
     python bench/sim_vs_measured.py --engine vllm --trace traces/vllm/vllm_greedy_k7.parquet --cost vllm_cost.json
     python bench/sim_vs_measured.py --engine avkit --trace traces/greedy_k7.parquet --cost cpu_cost.json
     python bench/sim_vs_measured.py --tiny          # dry run on tiny random models: records, profiles, all of it
+    # measured cells taken from a `bench/engine.py --peer vllm` run (its JSON keeps steady_tok_s per cell)
+    python bench/sim_vs_measured.py --engine vllm --trace ... --cost ... --cells bench/results/engine-vllm-DATE.json
 
 Predicted: `avkit.sim.replay.simulate` of `nospec` and `fixed:K` at each concurrency c, on the trace's rows
 of the measured dataset(s), with the cost table: steady-state tokens/s (every lane busy).
@@ -38,8 +40,9 @@ RESULTS = BENCH / "results"
 sys.path.insert(0, str(BENCH))
 
 
-def predicted(trace: str, cost: str, datasets: list[str], ks: list[int], concurrency: list[int]) -> dict:
-    """(c, K) -> simulated tok/s on the trace's rows of `datasets`."""
+def predicted(trace: str, cost: str, datasets: list[str], ks: list[int], concurrency: list[int],
+              adaptive: str = "", coefficients: str = "") -> dict:
+    """(c, K) -> simulated tok/s on the trace's rows of `datasets`; K = "adaptive" for the `adaptive` spec."""
     import polars as pl
 
     from avkit.scheduling.cost import CostTable
@@ -51,11 +54,13 @@ def predicted(trace: str, cost: str, datasets: list[str], ks: list[int], concurr
     rows = rows.filter(pl.col("dataset").cast(pl.Utf8).is_in(datasets))
     if rows.height == 0:
         raise SystemExit(f"{trace}: no rows of {datasets}")
-    policies = ["nospec"] + [f"fixed:{k}" for k in ks if k > 0]
-    df = simulate(step_table(rows, common_k([trace])[0]), CostTable.load(cost), concurrency, policies)
+    policies = ["nospec"] + [f"fixed:{k}" for k in ks if k > 0] + ([adaptive] if adaptive else [])
+    df = simulate(step_table(rows, common_k([trace])[0]), CostTable.load(cost), concurrency, policies,
+                  coefficients=coefficients)
     out = {}
     for r in df.iter_rows(named=True):
-        k = 0 if r["policy"] == "nospec" else int(r["policy"].removeprefix("fixed"))
+        k = 0 if r["policy"] == "nospec" else "adaptive" if r["policy"] == adaptive \
+            else int(r["policy"].removeprefix("fixed"))
         out[(r["concurrency"], k)] = r["throughput_tok_s"]
     return out
 
@@ -86,6 +91,28 @@ def measured(args, ks: list[int], concurrency: list[int]) -> dict:
             for key, v in out.items()}
 
 
+def from_cells(path: str, engine: str, datasets: list[str], ks: list, concurrency: list[int]) -> dict:
+    """(c, K) -> measured tok/s from `bench/engine.py --peer vllm` cells (greedy runs of `datasets`);
+    K = "adaptive" takes avkit's adaptive cells."""
+    got = [x for x in json.loads(Path(path).read_text())["cells"]
+           if x["engine"] == engine and x["dataset"] in datasets and x["T"] == 0
+           and x["c"] in concurrency and x.get("steady_tok_s") is not None]
+    out = {}
+    for c in concurrency:
+        for k in ks:
+            mine = [x for x in got if x["c"] == c and (x["K"] == k or x["config"] == k)]
+            if len(mine) == len(datasets):  # every dataset measured, else the cell is left out
+                out[(c, k)] = {"tok_s": sum(x["steady_tok_s"] for x in mine) / len(mine),
+                               "e2e": sum(x["tok_s"] for x in mine) / len(mine),
+                               "load": max(x["load"] for x in mine), "max_new_tokens": mine[0]["max_new_tokens"]}
+    return out
+
+
+def _k_order(x: dict) -> tuple:
+    """Sort key: fixed K ascending, then adaptive."""
+    return (0, x["K"]) if isinstance(x["K"], int) else (1, 0)
+
+
 def render(cells: list[dict]) -> str:
     lines = ["# Simulator vs measured: fixed K x concurrency", "",
              "`python bench/sim_vs_measured.py` (see its docstring). Predicted: `avkit simulate` of the engine's own "
@@ -96,22 +123,25 @@ def render(cells: list[dict]) -> str:
     for engine in sorted({c["engine"] for c in cells}):
         mine = [c for c in cells if c["engine"] == engine]
         lines += [f"## {engine}", "", f"trace `{mine[0]['trace']}`, cost `{mine[0]['cost']}`, datasets "
-                  f"{', '.join(mine[0]['datasets'])}, {mine[0]['max_new_tokens']} new tokens, {mine[0]['dtype']}", "",
+                  f"{', '.join(mine[0]['datasets'])}, {mine[0]['max_new_tokens']} new tokens, {mine[0]['dtype']}, measured cells: "
+                  f"{mine[0].get('source', 'measured here')}", "",
                   "| c | K | predicted tok/s | measured tok/s | ratio | speedup pred | speedup meas | e2e tok/s "
                   "| load | when |",
                   "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         best_lines = []
         for c in sorted({x["c"] for x in mine}):
-            row = sorted((x for x in mine if x["c"] == c), key=lambda x: x["K"])
+            row = sorted((x for x in mine if x["c"] == c), key=_k_order)
             base = next((x for x in row if x["K"] == 0), None)
             for x in row:
                 sp = lambda key, x=x, base=base: f"{x[key] / base[key]:.2f}" if base else "-"
-                lines.append(f"| {c} | {x['K']} | {x['predicted']:.2f} | {x['measured']:.2f} | "
+                label = x["K"] if isinstance(x["K"], int) else f"{x['K']} (`{x.get('policy', '')}`)"
+                lines.append(f"| {c} | {label} | {x['predicted']:.2f} | {x['measured']:.2f} | "
                              f"{x['predicted'] / x['measured']:.2f} | {sp('predicted')} | {sp('measured')} | "
                              f"{x.get('e2e', float('nan')):.2f} | {x['load']:.1f} | {x['when']} |")
-            bp, bm = max(row, key=lambda x: x["predicted"])["K"], max(row, key=lambda x: x["measured"])["K"]
+            fixed = [x for x in row if isinstance(x["K"], int)]  # the best K is over fixed K (adaptive beside it)
+            bp, bm = max(fixed, key=lambda x: x["predicted"])["K"], max(fixed, key=lambda x: x["measured"])["K"]
             best_lines.append(f"- c = {c}: simulator's best K = {bp}, measured best K = {bm} "
-                              f"({'agree' if bp == bm else 'DISAGREE'}; over K = {[x['K'] for x in row]})")
+                              f"({'agree' if bp == bm else 'DISAGREE'}; over K = {[x['K'] for x in fixed]})")
         lines += ["", *best_lines, ""]
     return "\n".join(lines) + "\n"
 
@@ -158,6 +188,11 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
     ap.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     ap.add_argument("--tiny", action="store_true", help="dry run: tiny pair, its traces and cost tables in a temp dir")
+    ap.add_argument("--adaptive", default="", help="also this simulate policy (e.g. adaptive-stop:online_logistic, "
+                    "what avkit's live adaptive engine runs) against --cells' adaptive cells")
+    ap.add_argument("--coefficients", default="traces/coefficients.json", help="--adaptive's warm start")
+    ap.add_argument("--cells", default="", help="measure nothing: take the measured cells from this "
+                    "`bench/engine.py --peer vllm` JSON (bench/results/engine-vllm-DATE.json)")
     args = ap.parse_args()
     args.ks = [int(x) for x in args.ks.split(",")]
     args.concurrency = [int(x) for x in args.concurrency.split(",")]
@@ -172,17 +207,24 @@ def main() -> None:
 
         args.target_dir, args.draft_dir = str(hf_dir(DEFAULT_TARGET, "--target-dir")), str(
             hf_dir(DEFAULT_DRAFT, "--draft-dir"))
-    pred = predicted(args.trace, args.cost, args.datasets, args.ks, args.concurrency)
-    meas = measured(args, args.ks, args.concurrency)
+    if args.adaptive and not args.cells:
+        ap.error("--adaptive compares with measured adaptive cells: give --cells")
+    pred = predicted(args.trace, args.cost, args.datasets, args.ks, args.concurrency, args.adaptive,
+                     args.coefficients)
+    meas = (from_cells(args.cells, args.engine, args.datasets, args.ks + (["adaptive"] if args.adaptive else []),
+                       args.concurrency) if args.cells
+            else measured(args, args.ks, args.concurrency))
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M")
     new = [{"engine": args.engine, "c": c, "K": k, "predicted": pred[(c, k)],
             "measured": m["tok_s"], "e2e": m["e2e"], "load": m["load"], "when": when, "trace": args.trace, "cost": args.cost,
-            "datasets": args.datasets, "max_new_tokens": args.max_new_tokens, "dtype": args.dtype}
+            "datasets": args.datasets, "max_new_tokens": m.get("max_new_tokens", args.max_new_tokens),
+            "dtype": args.dtype, "source": args.cells or "measured here",
+            **({"policy": args.adaptive} if k == "adaptive" else {})}
            for (c, k), m in meas.items() if (c, k) in pred]
     stem = "sim_vs_measured" + ("_tiny" if args.tiny else "")  # a dry run never mixes with real cells
     cache = RESULTS / f"{stem}.json"
     old = json.loads(cache.read_text()) if cache.exists() else []
-    key = lambda x: (x["engine"], x["c"], x["K"])
+    key = lambda x: (x["engine"], x["c"], *_k_order(x))
     merged = {key(x): x for x in old}
     merged.update({key(x): x for x in new})
     cells = sorted(merged.values(), key=key)
