@@ -59,8 +59,8 @@ def predicted(trace: str, cost: str, datasets: list[str], ks: list[int], concurr
                   coefficients=coefficients)
     out = {}
     for r in df.iter_rows(named=True):
-        k = 0 if r["policy"] == "nospec" else "adaptive" if r["policy"] == adaptive \
-            else int(r["policy"].removeprefix("fixed"))
+        k = 0 if r["policy"] == "nospec" else int(r["policy"].removeprefix("fixed")) \
+            if r["policy"].startswith("fixed") else "adaptive"  # (the one adaptive spec, named with a dash)
         out[(r["concurrency"], k)] = r["throughput_tok_s"]
     return out
 
