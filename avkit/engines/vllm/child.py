@@ -65,12 +65,14 @@ def _add(engine, req: dict) -> str:
     return engine.add_request(req["request_id"], TokensPrompt(prompt_token_ids=list(req["prompt_ids"])), sp)
 
 
-def _step(llm, rec, adds: list[dict], ids: dict[str, str]) -> dict:
-    """One engine step; `ids` maps vLLM's internal request ids to the caller's."""
+def _step(llm, rec, adds: list[dict], ids: dict[str, str], record: bool = True) -> dict:
+    """One engine step; `ids` maps vLLM's internal request ids to the caller's. `record=False` (profiling)
+    leaves the hooks inactive: the step runs vLLM's own code and is only timed (drafting time and scheduled
+    tokens are counted either way)."""
     engine = llm.llm_engine
     for req in adds:
         ids[_add(engine, req)] = req["request_id"]
-    rec.active = True
+    rec.active = record
     try:
         t0 = time.perf_counter()
         outs = engine.step()
@@ -136,7 +138,7 @@ def main() -> int:
                 write_message(reply, {"op": "ready", "vllm": vllm.__version__, "dtype": dtype,
                                       "startup_s": time.perf_counter() - t0, "cpu_expand_fix": fixed})
             elif op == "step":
-                write_message(reply, _step(llm, rec, cmd.get("add", []), ids))
+                write_message(reply, _step(llm, rec, cmd.get("add", []), ids, bool(cmd.get("record", True))))
             elif op == "abort":
                 gone = set(cmd.get("request_ids", ()))
                 internal = [i for i, ext in ids.items() if ext in gone]

@@ -115,6 +115,7 @@ class VllmEngine:
         self.version = ""
         self.cpu_expand_fix = False
         self.ignore_eos = False  # profiling: requests run to max_new_tokens whatever they emit
+        self.record = True  # False (profiling): the hooks only time the step, no features or labels are computed
         self.last_step: dict = {}  # the last step's step_time_ms, draft_ms, scheduled_tokens / _requests
         self.eos_token_ids: set[int] = set()  # the target tokenizer's, as the native engine stops at them
         self._closed = False
@@ -161,7 +162,7 @@ class VllmEngine:
 
     def step(self) -> list[StepOutput]:
         t0 = time.perf_counter()
-        write_message(self._proc.stdin, {"op": "step", "add": self._adds})
+        write_message(self._proc.stdin, {"op": "step", "add": self._adds, "record": self.record})
         self._adds = []
         reply = self._reply("stepped")
         self.last_step = {key: reply.get(key, 0) for key in ("step_time_ms", "draft_ms", "scheduled_tokens",

@@ -3,7 +3,9 @@
 The native profile times avkit's forwards on synthetic layouts; vLLM's forwards cannot be called apart
 from its engine, so this one times whole `LLMEngine.step()` calls of real requests and splits them with
 the hooks' per-step timing (hooks.py: wall time inside `propose_draft_token_ids`, target tokens the
-scheduler handed the model runner):
+scheduler handed the model runner; the hooks compute no features or labels while profiling, so the
+step is vLLM's own code: with them on, the draft features over the 151,936-entry vocabulary made each
+drafting pass ~2.5x slower on the 2-core CPU and the table over-priced K > 0 by ~40%):
 
   point          n requests decoding together, each at `context_len` prompt tokens (random ids, no prefix
                  caching, `ignore_eos`), in an engine with K speculative tokens; a steady step is one whose
@@ -77,6 +79,7 @@ def profile_vllm(python: str, target, draft, config: ProfileConfig, *, dtype: st
                           vllm_draft_sampling=draft_sampling)
         engine = VllmEngine(rc, python, target, draft if k else target)
         engine.ignore_eos = True
+        engine.record = False  # time vLLM's own step: the recording hooks' feature work is not vLLM's cost
         try:
             engine.wait_ready()
             version = engine.version
