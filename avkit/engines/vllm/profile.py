@@ -4,8 +4,7 @@ The native profile times avkit's forwards on synthetic layouts; vLLM's forwards 
 from its engine, so this one times whole `LLMEngine.step()` calls of real requests and splits them with
 the hooks' per-step timing (hooks.py: wall time inside `propose_draft_token_ids`, target tokens the
 scheduler handed the model runner; the hooks compute no features or labels while profiling, so the
-step is vLLM's own code: with them on, the draft features over the 151,936-entry vocabulary made each
-drafting pass ~2.5x slower on the 2-core CPU and the table over-priced K > 0 by ~40%):
+step is vLLM's own code, not avkit's per-draft feature work over the 151,936-entry vocabulary):
 
   point          n requests decoding together, each at `context_len` prompt tokens (random ids, no prefix
                  caching, `ignore_eos`), in an engine with K speculative tokens; a steady step is one whose
