@@ -94,7 +94,11 @@ def measured(args, ks: list[int], concurrency: list[int]) -> dict:
 def from_cells(path: str, engine: str, datasets: list[str], ks: list, concurrency: list[int]) -> dict:
     """(c, K) -> measured tok/s from `bench/engine.py --peer vllm` cells (greedy runs of `datasets`);
     K = "adaptive" takes avkit's adaptive cells."""
-    got = [x for x in json.loads(Path(path).read_text())["cells"]
+    try:
+        cells = json.loads(Path(path).read_text())["cells"]
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"avkit: error: --cells {path}: not a bench/engine.py cells JSON ({type(e).__name__}: {e})")
+    got = [x for x in cells
            if x["engine"] == engine and x["dataset"] in datasets and x["T"] == 0
            and x["c"] in concurrency and x.get("steady_tok_s") is not None]
     out = {}
