@@ -171,9 +171,13 @@ def profile_cost(args, ks: list[int], runs: list[dict]):
     dtype = getattr(torch, args.dtype)
     target, draft = avkit.models.load(args.target_dir, dtype=dtype), avkit.models.load(args.draft_dir, dtype=dtype)
     c_max = max(r["c"] for r in runs)
-    context = max(len(p) for r in runs for p in r["prompts"]) + args.max_new_tokens
+    # the context a decode step sees on average (prompt + half the new tokens), not the longest one; the
+    # sampling work of the run with the highest temperature
+    prompts = [len(p) for r in runs for p in r["prompts"]]
+    context = round(sum(prompts) / len(prompts) + args.max_new_tokens / 2)
+    temperature = max(r["temperature"] for r in runs)
     cost = profile_costs(target, draft, ProfileConfig(context_len=context, k=max(ks), max_tokens=c_max * (max(ks) + 1),
-                                                      max_requests=c_max, repeats=3))
+                                                      max_requests=c_max, repeats=5, temperature=temperature))
     path = cost.save(BENCH / "results" / "engine_peer_cost.json")
     print(f"cost table: {path}", flush=True)
     del target, draft

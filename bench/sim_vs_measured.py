@@ -40,9 +40,31 @@ RESULTS = BENCH / "results"
 sys.path.insert(0, str(BENCH))
 
 
+def measured_prompts(datasets: list[str], c: int) -> list[str]:
+    """Trace request ids of the prompts a measured cell decodes: the first c of each dataset (engine_peer.plan)."""
+    from avkit.workloads import load_workload
+
+    return [f"{d}/{p.prompt_id}" for d in datasets for p in load_workload(d, c, seed=0)]
+
+
+def first_tokens(rows, max_new_tokens: int):
+    """The rows of each request's steps that start before its `max_new_tokens`-th generated token: the part of
+    the recorded generation a measured run of that length decodes (a step emits num_accepted + 1 tokens)."""
+    import polars as pl
+
+    req = ["run_id", "request_id"]
+    steps = (rows.group_by([*req, "step"]).agg(pl.col("num_accepted").first()).sort([*req, "step"])
+             .with_columns(((pl.col("num_accepted") + 1).cum_sum().over(req) - pl.col("num_accepted") - 1)
+                           .alias("_before")))  # tokens generated before the step
+    keep = steps.filter(pl.col("_before") < max_new_tokens).select(*req, "step")
+    return rows.join(keep, on=[*req, "step"], how="semi")
+
+
 def predicted(trace: str, cost: str, datasets: list[str], ks: list[int], concurrency: list[int],
-              adaptive: str = "", coefficients: str = "") -> dict:
-    """(c, K) -> simulated tok/s on the trace's rows of `datasets`; K = "adaptive" for the `adaptive` spec."""
+              adaptive: str = "", coefficients: str = "", rows_of: str = "measured", max_new_tokens: int = 0) -> dict:
+    """(c, K) -> simulated tok/s; K = "adaptive" for the `adaptive` spec. rows_of "measured": at each c the
+    trace's rows of the prompts that cell decodes, cut at `max_new_tokens` (the default: a one-request cell
+    is one prompt, whose acceptance can be far from its dataset's); "all": every row of `datasets`."""
     import polars as pl
 
     from avkit.scheduling.cost import CostTable
@@ -53,15 +75,25 @@ def predicted(trace: str, cost: str, datasets: list[str], ks: list[int], concurr
     rows = read_traces([trace])
     rows = rows.filter(pl.col("dataset").cast(pl.Utf8).is_in(datasets))
     if rows.height == 0:
-        raise SystemExit(f"{trace}: no rows of {datasets}")
+        raise SystemExit(f"avkit: error: --trace {trace}: no rows of {datasets}")
     policies = ["nospec"] + [f"fixed:{k}" for k in ks if k > 0] + ([adaptive] if adaptive else [])
-    df = simulate(step_table(rows, common_k([trace])[0]), CostTable.load(cost), concurrency, policies,
-                  coefficients=coefficients)
+    k, table = common_k([trace])[0], CostTable.load(cost)
+    sets = {c: rows for c in concurrency}
+    if rows_of == "measured":
+        for c in concurrency:
+            ids = measured_prompts(datasets, c)
+            sets[c] = first_tokens(rows.filter(pl.col("request_id").cast(pl.Utf8).is_in(ids)), max_new_tokens)
+            found = sets[c]["request_id"].n_unique()
+            if found < len(ids):
+                raise SystemExit(f"avkit: error: --trace {trace}: has {found} of the {len(ids)} prompts measured at "
+                                 f"c = {c}; use --rows all")
     out = {}
-    for r in df.iter_rows(named=True):
-        k = 0 if r["policy"] == "nospec" else int(r["policy"].removeprefix("fixed")) \
-            if r["policy"].startswith("fixed") else "adaptive"  # (the one adaptive spec, named with a dash)
-        out[(r["concurrency"], k)] = r["throughput_tok_s"]
+    for c, mine in sets.items():
+        df = simulate(step_table(mine, k), table, [c], policies, coefficients=coefficients)
+        for r in df.iter_rows(named=True):
+            kk = 0 if r["policy"] == "nospec" else int(r["policy"].removeprefix("fixed")) \
+                if r["policy"].startswith("fixed") else "adaptive"  # (the one adaptive spec, named with a dash)
+            out[(c, kk)] = r["throughput_tok_s"]
     return out
 
 
@@ -195,6 +227,9 @@ def main() -> None:
     ap.add_argument("--adaptive", default="", help="also this simulate policy (e.g. adaptive-stop:online_logistic, "
                     "what avkit's live adaptive engine runs) against --cells' adaptive cells")
     ap.add_argument("--coefficients", default="traces/coefficients.json", help="--adaptive's warm start")
+    ap.add_argument("--rows", choices=("measured", "all"), default="measured",
+                    help="simulate the rows of the prompts each cell measured, cut at its new tokens (default), or "
+                         "every row of --datasets")
     ap.add_argument("--cells", default="", help="measure nothing: take the measured cells from this "
                     "`bench/engine.py --peer vllm` JSON (bench/results/engine-vllm-DATE.json)")
     args = ap.parse_args()
@@ -213,16 +248,17 @@ def main() -> None:
             hf_dir(DEFAULT_DRAFT, "--draft-dir"))
     if args.adaptive and not args.cells:
         ap.error("--adaptive compares with measured adaptive cells: give --cells")
-    pred = predicted(args.trace, args.cost, args.datasets, args.ks, args.concurrency, args.adaptive,
-                     args.coefficients)
     meas = (from_cells(args.cells, args.engine, args.datasets, args.ks + (["adaptive"] if args.adaptive else []),
                        args.concurrency) if args.cells
             else measured(args, args.ks, args.concurrency))
+    new_tokens = max((m.get("max_new_tokens", args.max_new_tokens) for m in meas.values()), default=args.max_new_tokens)
+    pred = predicted(args.trace, args.cost, args.datasets, args.ks, args.concurrency, args.adaptive,
+                     args.coefficients, args.rows, new_tokens)
     when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M")
     new = [{"engine": args.engine, "c": c, "K": k, "predicted": pred[(c, k)],
             "measured": m["tok_s"], "e2e": m["e2e"], "load": m["load"], "when": when, "trace": args.trace, "cost": args.cost,
             "datasets": args.datasets, "max_new_tokens": m.get("max_new_tokens", args.max_new_tokens),
-            "dtype": args.dtype, "source": args.cells or "measured here",
+            "dtype": args.dtype, "source": args.cells or "measured here", "rows": args.rows,
             **({"policy": args.adaptive} if k == "adaptive" else {})}
            for (c, k), m in meas.items() if (c, k) in pred]
     stem = "sim_vs_measured" + ("_tiny" if args.tiny else "")  # a dry run never mixes with real cells

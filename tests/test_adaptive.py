@@ -190,8 +190,12 @@ def test_warm_start_from_coefficients(tmp_path):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_continue_drafting_matches_the_simulator(seed):
-    """The live per-pass stopping rule and the simulator's adaptive-stop make the same decisions."""
+@pytest.mark.parametrize("fixed", [False, True])
+def test_continue_drafting_matches_the_simulator(seed, fixed):
+    """The live per-pass stopping rule and the simulator's adaptive-stop make the same decisions (with a
+    drafting part paid once per step, as vLLM's proposer pays, both charge it with the first pass)."""
+    import dataclasses
+
     from avkit.scheduling.roofline import parse_roofline_spec
     from avkit.sim.adaptive import Adaptive
 
@@ -200,6 +204,8 @@ def test_continue_drafting_matches_the_simulator(seed):
     conf = rng.uniform(0.3, 0.99, (b, k))
     f = np.log(conf / (1 - conf))  # the test estimator is sigmoid(f)
     cost = parse_roofline_spec("roofline:H200:8b:context=2048")
+    if fixed:
+        cost = dataclasses.replace(cost, draft_fixed_ms=tuple(3 * x for x in cost.draft_ms))
     c32 = conf.astype(np.float32).astype(np.float64)
     sizing = (np.repeat(c32[:, :1], k, axis=1), np.full(b, k))  # the live sizing: position-0 feature, K drafts
     want_k, want_drafted, _ = Adaptive._budget_stop(cost, c32, np.zeros(b, np.int64), np.array([b]),

@@ -28,8 +28,35 @@ def test_interpolation_and_extrapolation():
     np.testing.assert_allclose(t.step_cost(1, 3, 4), 5.0)
 
 
+def test_draft_fixed_part_is_paid_once_per_drafting_step():
+    t = _table(draft_fixed_ms=(3.0, 5.0))  # e.g. vLLM's first pass over the tokens verified last step
+    np.testing.assert_allclose(t.draft_pass_cost([1, 8]), [1.0, 1.5])
+    np.testing.assert_allclose(t.draft_fixed_cost([1, 4.5, 8]), [3.0, 4.0, 5.0])
+    # k = 0 drafts nothing and pays nothing; k > 0: k passes + the fixed part once (brute force per cell)
+    n, k = np.array([1, 1, 8, 8, 4.5]), np.array([0, 3, 0, 7, 2])
+    want = [0.0 if kk == 0 else kk * np.interp(nn, [1, 8], [1.0, 1.5]) + np.interp(nn, [1, 8], [3.0, 5.0])
+            for nn, kk in zip(n, k)]
+    np.testing.assert_allclose(t.draft_cost(n, k), want)
+    np.testing.assert_allclose(t.step_cost(1, 3, 4), 2.0 + 3.0 + 3.0)
+    par = _table(drafter="parallel", draft_fixed_ms=(3.0, 5.0))  # one pass + the fixed part
+    np.testing.assert_allclose(par.draft_cost([1, 1], [0, 7]), [0.0, 4.0])
+    np.testing.assert_allclose(_table().draft_fixed_cost([1, 8]), [0.0, 0.0])  # absent: 0 (native tables)
+
+
+def test_draft_fixed_part_is_validated(tmp_path):
+    path = tmp_path / "bad.json"
+    base = {"verify_tokens": [1], "verify_ms": [1.0], "draft_requests": [1, 2], "draft_ms": [1.0, 1.0]}
+    for fixed, match in (([1.0], "draft_fixed needs equal"), ([2.0, 1.0], "draft_fixed must be non-decreasing"),
+                         ([1.0, "x"], r"field 'draft_fixed_ms'\[1\] must be a finite number")):
+        path.write_text(json.dumps({**base, "draft_fixed_ms": fixed}))
+        with pytest.raises(ConfigError, match=match):
+            CostTable.load(path)
+    path.write_text(json.dumps({**base, "draft_fixed_ms": []}))  # empty: no fixed part
+    assert CostTable.load(path).draft_fixed_cost(2) == 0.0
+
+
 def test_json_round_trip(tmp_path):
-    t = _table(context_ms=(0.1, 0.2), meta={"device": "test"})
+    t = _table(context_ms=(0.1, 0.2), meta={"device": "test"}, draft_fixed_ms=(0.5, 0.7))
     path = t.save(tmp_path / "sub" / "cost.json")
     back = CostTable.load(path)
     assert back.to_json() == t.to_json()

@@ -8,13 +8,14 @@ from avkit.scheduling.cost import CostTable
 from avkit.scheduling.gate import DraftGate, step_rates
 
 
-def _cost(draft_ms: float) -> CostTable:
-    return CostTable((1, 8, 64), (10.0, 12.0, 40.0), (1, 8), (draft_ms, 2 * draft_ms))
+def _cost(draft_ms: float, fixed_ms: float = 0.0) -> CostTable:
+    return CostTable((1, 8, 64), (10.0, 12.0, 40.0), (1, 8), (draft_ms, 2 * draft_ms),
+                     draft_fixed_ms=(fixed_ms, 1.5 * fixed_ms) if fixed_ms else ())
 
 
 def _brute_rates(conf, n, cost, stop):
     """Slot by slot in Python: the top-m survivals, each row's depth, one draft pass per depth that
-    runs when any of the n requests (each a random recent row) reaches it."""
+    runs when any of the n requests (each a random recent row) reaches it; the first pays the fixed part."""
     w, k = conf.shape
     surv = [[float(np.prod(conf[r, :j + 1])) for j in range(k)] for r in range(w)]
     ranked = sorted((-surv[r][j], r, j) for r in range(w) for j in range(k))
@@ -30,7 +31,8 @@ def _brute_rates(conf, n, cost, stop):
                 p = sum(d >= j for d in depth) / w
                 if p > 0:
                     run = 1 - (1 - p) ** n
-                    draft += run * float(cost.draft_cost(n * p / run, 1))
+                    rows = n * p / run
+                    draft += run * float(cost.draft_pass_cost(rows) + (j == 1) * cost.draft_fixed_cost(rows))
         else:
             draft = float(cost.draft_cost(n, k)) if m else 0.0
         out.append(tokens / (draft + float(cost.context_cost(n)) + float(cost.verify_cost(n + m * n / w))))
@@ -39,10 +41,11 @@ def _brute_rates(conf, n, cost, stop):
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("stop", [True, False])
-def test_step_rates_equal_the_slot_by_slot_replay(seed, stop):
+@pytest.mark.parametrize("fixed", [0.0, 5.0])
+def test_step_rates_equal_the_slot_by_slot_replay(seed, stop, fixed):
     rng = np.random.default_rng(seed)
     conf = rng.uniform(0.05, 0.99, (5, 4))
-    cost = _cost(rng.uniform(0.1, 8.0))
+    cost = _cost(rng.uniform(0.1, 8.0), fixed)
     for n in (1, 3, 16):
         np.testing.assert_allclose(step_rates(conf, n, cost, stop), _brute_rates(conf, n, cost, stop), rtol=1e-12)
 

@@ -103,3 +103,37 @@ def test_table_picks_the_best_fixed_k_and_shows_adaptive_beside_it():
     text = sim_vs_measured.render(sorted(cells, key=sim_vs_measured._k_order))
     assert "simulator's best K = 3, measured best K = 3 (agree; over K = [0, 3])" in text
     assert "| 1 | adaptive (`adaptive-stop:online_logistic`) | 9.00 | 9.00 | 1.00 | 4.50 | 4.29 |" in text
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_first_tokens_keeps_the_steps_a_measured_run_decodes(seed):
+    """Brute force: walk each request's steps in order, keeping a step while fewer than N tokens came before
+    it (a step emits num_accepted + 1); rows of a kept step are all kept, requests of two runs apart."""
+    import numpy as np
+    import polars as pl
+
+    rng = np.random.default_rng(seed)
+    rows, want = [], set()
+    for run in ("a", "b"):
+        for req in range(3):
+            before = 0
+            for step in range(12):
+                acc = int(rng.integers(0, 4))
+                for pos in range(3):  # three slot rows per step, each repeating the step's num_accepted
+                    rows.append({"run_id": run, "request_id": f"r{req}", "step": step, "position": pos,
+                                 "num_accepted": acc})
+                if before < 10:
+                    want.add((run, f"r{req}", step))
+                before += acc + 1
+    df = pl.DataFrame(rows).sample(fraction=1.0, shuffle=True, seed=seed)  # order must not matter
+    got = sim_vs_measured.first_tokens(df, 10)
+    assert {(r["run_id"], r["request_id"], r["step"]) for r in got.iter_rows(named=True)} == want
+    assert got.height == 3 * len(want)
+
+
+def test_measured_prompts_are_the_first_c_of_each_dataset():
+    from avkit.workloads import load_workload
+
+    ids = sim_vs_measured.measured_prompts(["humaneval"], 4)
+    assert ids == [f"humaneval/{p.prompt_id}" for p in load_workload("humaneval", 4, seed=0)]
+    assert sim_vs_measured.measured_prompts(["humaneval"], 16)[:4] == ids  # c = 4's prompts lead c = 16's

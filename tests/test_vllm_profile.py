@@ -7,6 +7,7 @@ the option checks need no vLLM.
 from __future__ import annotations
 
 import json
+import statistics
 import subprocess
 import sys
 
@@ -44,12 +45,24 @@ def test_vllm_cost_table_is_measured_and_simulate_reads_it(tmp_path):
                "--temperature", "0", "--dtype", "float32", "--threads", "2", "--out", str(cost))
     assert r.returncode == 0, r.stderr[-3000:]
     table = CostTable.load(cost)
-    # verify by target tokens: K = 0 engine at n = 1, 2, 4 requests (T = n), K = 3 engine at T = 4n
+    # verify by target tokens: K = 0 engine at n = 1, 2, 4 requests (T = n), K = 1 at T = 2n, K = 3 at T = 4n
     assert table.verify_tokens == (1, 2, 4, 8, 16) and table.draft_requests == (1, 2, 4)
     assert min(table.verify_ms) > 0 and min(table.draft_ms) > 0
     assert table.meta["engine"].startswith("vllm 0.32") and table.meta["source"] == "profile"
     points = table.meta["points"]
-    assert sorted((p["k"], p["requests"]) for p in points) == [(0, 1), (0, 2), (0, 4), (3, 1), (3, 2), (3, 4)]
+    assert sorted((p["k"], p["requests"]) for p in points) == [(k, n) for k in (0, 1, 3) for n in (1, 2, 4)]
+    # a tie in T keeps the larger K's layout: T = 2 is one request verifying 2 tokens, T = 4 one verifying 4
+    med = lambda xs: statistics.median(xs)
+    pt = {(p["k"], p["requests"]): p for p in points}
+    raw = table.meta["raw_verify_ms"]
+    assert raw[1] == med(pt[1, 1]["verify_ms"]) and raw[2] == med(pt[3, 1]["verify_ms"])
+    # drafting = fixed + K passes, the line through both Ks' medians (or through 0 where that is negative)
+    for i, n in enumerate((1, 2, 4)):
+        slope, fixed = table.meta["raw_draft_ms"][i], table.meta["raw_draft_fixed_ms"][i]
+        assert slope >= 0 and fixed >= 0
+        assert fixed + 3 * slope == pytest.approx(med(pt[3, n]["draft_ms"]))
+        if fixed > 0 and slope > 0:  # neither clipped
+            assert fixed + slope == pytest.approx(med(pt[1, n]["draft_ms"]))
     for p in points:  # every timed step was a steady one: the split adds up, no drafting without drafts
         assert len(p["step_ms"]) == 2
         assert all(abs(s - d - v) < 1e-6 for s, d, v in zip(p["step_ms"], p["draft_ms"], p["verify_ms"]))

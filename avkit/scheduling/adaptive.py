@@ -152,7 +152,8 @@ class AdaptiveVerification(VerifyPolicy):
         """Cost lookup table by count on `device`, built on the host once (grown when a step needs more)."""
         table = self._tables.get((kind, device))
         if table is None or table.numel() <= size:
-            fn = self.cost.verify_cost if kind == "verify" else (lambda n: self.cost.draft_cost(n, 1))
+            fn = {"verify": self.cost.verify_cost, "draft": self.cost.draft_pass_cost,
+                  "first": lambda n: self.cost.draft_cost(n, 1)}[kind]  # first: pass 1 pays the fixed part
             table = verify_lookup(fn, max(2 * size, 64), device)
             self._tables[(kind, device)] = table
         return table
@@ -194,7 +195,8 @@ class AdaptiveVerification(VerifyPolicy):
         dev = conf.device
         active = batch.num_drafted == j  # [B] drafted in this pass
         n_active = active.sum().reshape(1)  # [1]
-        pass_ms = self._lookup("draft", b, dev)[n_active] * (n_active > 0)  # [1] one pass over the active rows
+        kind = "first" if j == 1 else "draft"
+        pass_ms = self._lookup(kind, b, dev)[n_active] * (n_active > 0)  # [1] one pass over the active rows
         paid = pass_ms if j == 1 or self.draft_ms is None else self.draft_ms + pass_ms
         self.draft_ms = paid
         verify_ms = self._lookup("verify", load.num_scheduled_tokens + b * max(j, self.k) + 2, dev)

@@ -3,10 +3,13 @@
 Glossary:
   verify_ms(T)    target forward over T tokens at the table's KV context (weights + compute)
   draft_ms(n)     one draft forward, one token for each of n requests
+  draft_fixed_ms(n)  drafting a step pays once when n requests draft, whatever k: vLLM's draft_model
+                  proposer runs its first pass over the tokens verified last step (up to k + 1 per
+                  request) and prepares its inputs (0 in native tables: avkit's drafter feeds 1-2 tokens)
   context_ms(n)   target KV-cache reads that scale with requests, not tokens (0 in profiled tables,
                   whose verify_ms already includes them for the profiling layout)
   draft passes    forwards the drafter runs for k drafts: k (autoregressive) or 1 (parallel, DSpark-like)
-  step_ms(n, k, T) = passes(k) * draft_ms(n) + context_ms(n) + verify_ms(T)
+  step_ms(n, k, T) = passes(k) * draft_ms(n) + [k > 0] draft_fixed_ms(n) + context_ms(n) + verify_ms(T)
 
 A table is a few measured points per curve, interpolated linearly (extrapolated with the last
 segment's slope), non-decreasing by construction. Tables come from `avkit profile` (measured) or from
@@ -66,6 +69,7 @@ class CostTable:
     context_ms: tuple[float, ...] = ()  # [Q] target KV reads by requests (empty = 0)
     drafter: str = "autoregressive"
     meta: dict = field(default_factory=dict)  # device, target, draft, context_len, source, ...
+    draft_fixed_ms: tuple[float, ...] = ()  # [Q] drafting paid once per step by requests (empty = 0)
 
     def __post_init__(self):
         src = str(self.meta.get("path", ""))
@@ -73,12 +77,16 @@ class CostTable:
         _check_curve("draft", self.draft_requests, self.draft_ms, src)
         if self.context_ms:
             _check_curve("context", self.draft_requests, self.context_ms, src)
+        if self.draft_fixed_ms:
+            _check_curve("draft_fixed", self.draft_requests, self.draft_fixed_ms, src)
         if self.drafter not in DRAFTER_KINDS:
             raise ConfigError(f"cost table {src}: drafter must be one of {DRAFTER_KINDS}, got {self.drafter!r}")
         object.__setattr__(self, "_v", (np.asarray(self.verify_tokens, float), np.asarray(self.verify_ms)))
         object.__setattr__(self, "_d", (np.asarray(self.draft_requests, float), np.asarray(self.draft_ms)))
         ctx = self.context_ms or (0.0,) * len(self.draft_ms)
         object.__setattr__(self, "_c", (np.asarray(self.draft_requests, float), np.asarray(ctx)))
+        fixed = self.draft_fixed_ms or (0.0,) * len(self.draft_ms)
+        object.__setattr__(self, "_f", (np.asarray(self.draft_requests, float), np.asarray(fixed)))
 
     # ---- lookups (vectorized over numpy arrays) ----
     def verify_cost(self, tokens) -> np.ndarray:
@@ -89,9 +97,19 @@ class CostTable:
         k = np.asarray(k, dtype=np.float64)
         return k if self.drafter == "autoregressive" else (k > 0).astype(np.float64)
 
+    def draft_pass_cost(self, num_requests) -> np.ndarray:
+        """One draft forward of n rows, one token each."""
+        return _interp(np.asarray(num_requests, dtype=np.float64), *self._d)
+
+    def draft_fixed_cost(self, num_requests) -> np.ndarray:
+        """What a step's drafting pays once for n drafting requests, beyond its passes (0 unless profiled)."""
+        return _interp(np.asarray(num_requests, dtype=np.float64), *self._f)
+
     def draft_cost(self, num_requests, k) -> np.ndarray:
-        """Drafting k tokens for each of n requests: passes(k) forwards of n rows."""
-        return self.draft_passes(k) * _interp(np.asarray(num_requests, dtype=np.float64), *self._d)
+        """Drafting k tokens for each of n requests: passes(k) forwards of n rows, plus the fixed part if k > 0."""
+        k = np.asarray(k, dtype=np.float64)
+        return self.draft_passes(k) * self.draft_pass_cost(num_requests) + \
+            (k > 0) * self.draft_fixed_cost(num_requests)
 
     def context_cost(self, num_requests) -> np.ndarray:
         """The target's KV reads for n requests (0 for profiled tables)."""
@@ -148,7 +166,8 @@ class CostTable:
             draft_requests=_numbers(path, d, "draft_requests", integer=True),
             draft_ms=_numbers(path, d, "draft_ms"),
             context_ms=_numbers(path, d, "context_ms", empty=True) if "context_ms" in d else (),
-            drafter=drafter, meta={**meta, "path": str(path)})
+            drafter=drafter, meta={**meta, "path": str(path)},
+            draft_fixed_ms=_numbers(path, d, "draft_fixed_ms", empty=True) if "draft_fixed_ms" in d else ())
         if min(table.verify_ms) <= 0:
             raise ConfigError(f"cost table {path}: field 'verify_ms' must be positive (a target forward costs "
                               f"time), got {list(table.verify_ms)}")

@@ -70,7 +70,8 @@ class StepCurves:
             reach = torch.arange(w + 1, dtype=torch.float64) / w  # [W+1] share of rows reaching the depth
             runs = 1.0 - (1.0 - reach) ** n  # [W+1] P(the pass runs)
             active = n * reach / runs.clamp(min=1e-300)  # [W+1] requests in it, when it runs
-            self.pass_ms = runs * _ms(lambda a: cost.draft_cost(a, 1), active) * (reach > 0)  # [W+1] expected ms
+            self.pass_ms = runs * _ms(cost.draft_pass_cost, active) * (reach > 0)  # [W+1] expected ms
+            self.first_ms = runs * _ms(cost.draft_fixed_cost, active) * (reach > 0)  # [W+1] paid with pass 1
         else:
             self.draft = torch.full((m + 1,), float(cost.draft_cost(n, k)), dtype=torch.float64)  # [M+1]
             self.draft[0] = 0.0
@@ -91,7 +92,7 @@ def step_rates(conf, num_requests: int, cost: CostTable, stop_drafting: bool = T
     if c.autoregressive:
         count = torch.zeros(m + 1, k, dtype=torch.int64)  # [M+1, K] rows of depth > j among the top m
         count[1:] = torch.nn.functional.one_hot(ranked.pos, k).cumsum(0)
-        draft = c.pass_ms[count].sum(1)  # [M+1] expected ms of the passes that run
+        draft = c.pass_ms[count].sum(1) + c.first_ms[count[:, 0]]  # [M+1] expected ms of the passes that run
     else:
         draft = c.draft
     return tokens / (draft + c.context + c.verify)

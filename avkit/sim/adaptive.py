@@ -126,7 +126,8 @@ class Adaptive:
         while active.any():
             proposed = proposed + active
             n_active = np.bincount(group[active], minlength=groups)  # [G]
-            pass_ms = cost.draft_cost(n_active, 1) * (n_active > 0)  # [G] one pass over the active rows
+            first = proposed.max(initial=0) == 1  # the first pass pays the drafting's fixed part
+            pass_ms = (cost.draft_cost(n_active, 1) if first else cost.draft_pass_cost(n_active)) * (n_active > 0)  # [G]
             draft_ms += pass_ms
             keep, p = continue_drafting(
                 t(conf), t(proposed), t(active), t(group), groups, num_sampling=t(n), num_scheduled=t(n),
@@ -214,7 +215,7 @@ def catch_up_ms(replay: Replay, drafts: np.ndarray) -> np.ndarray:
     while the gate was off: one forward over all of them, priced as a draft pass of that many rows."""
     stale = stale_tokens(replay.sched.copy, drafts)
     tokens = np.bincount(replay.sched.group, weights=stale, minlength=replay.sched.num_groups)  # [G]
-    return np.where(tokens > 0, replay.cost.draft_cost(tokens, 1), 0.0)
+    return np.where(tokens > 0, replay.cost.draft_pass_cost(tokens), 0.0)
 
 
 def _oracle(replay: Replay) -> np.ndarray:

@@ -38,9 +38,9 @@ def idle_costs(cost: CostTable, concurrency: int, nospec_step_ms: float, prompt_
                output_tokens: float) -> dict:
     """Prices of being on but idle at one concurrency (module note); shares are of no-spec time."""
     c, t = float(concurrency), float(nospec_step_ms)
-    sync = float(cost.draft_cost(c, 1))
-    catch = {p: float(cost.draft_cost(c * p, 1)) for p in PAUSES}
-    prefill = float(cost.draft_cost(max(prompt_tokens, 1.0), 1))
+    sync = float(cost.draft_pass_cost(c))
+    catch = {p: float(cost.draft_pass_cost(c * p)) for p in PAUSES}
+    prefill = float(cost.draft_pass_cost(max(prompt_tokens, 1.0)))
     prefill_share = c * prefill / (max(output_tokens, 1.0) * t)
     return {"concurrency": concurrency, "nospec_step_ms": t,
             "sync_ms_per_step": sync, "sync_share": sync / t,

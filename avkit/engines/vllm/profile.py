@@ -12,13 +12,17 @@ step is vLLM's own code, not avkit's per-draft feature work over the 151,936-ent
                  once `warmup + repeats` steady steps were seen the requests are aborted
   verify_ms(T)   T = n * (K + 1): median over steady steps of (step time - drafting time): the target
                  forward, rejection sampling, scheduling and bookkeeping, i.e. everything but the drafter
-  draft_ms(n)    median drafting time / K: vLLM's draft_model proposer runs K forwards per step (the first
-                 over the request's newly verified tokens, then one token each), the cost table's
-                 `passes(k) = k`
-Two engines: one with the config's K (verify T = n (K+1), draft by n), one target-only (K = 0: verify
-T = n), so K = 0 and small T are measured, not extrapolated; where both give the same T, the K > 0
-point is kept (it is the layout spec decoding runs). Each point: `warmup` steady steps untimed, then
-`repeats` timed; curves made non-decreasing like the native table. `meta["points"]` keeps every raw point.
+  drafting       D(n, K) = median drafting time of a steady step. vLLM's draft_model proposer runs K
+                 forwards per step, the first over the request's newly verified tokens (up to K + 1) and
+                 then one token each, so D is not K times one pass: with a second engine at K2 = K // 2
+                 the table fits D(n, K) = draft_fixed_ms(n) + K draft_ms(n) through both points
+                 (draft_ms = the slope, draft_fixed_ms = the rest, both >= 0; without K2, draft_ms = D / K)
+Three engines: the config's K (verify T = n (K+1)), K2 (T = n (K2+1)) and target-only (K = 0: T = n), so
+K = 0, small T and the one-request layouts of spec steps are measured, not extrapolated. Where two give the
+same T, the larger K's point is kept (it is the layout spec decoding runs: fewer requests, more tokens
+each; on vLLM-CPU one request verifying 8 tokens costs ~30% less than 8 requests decoding one). Each
+point: `warmup` steady steps untimed, then `repeats` timed; curves made non-decreasing like the native
+table. `meta["points"]` keeps every raw point.
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ def profile_vllm(python: str, target, draft, config: ProfileConfig, *, dtype: st
     sampling = SamplingConfig(temperature=config.temperature, top_p=config.top_p, max_new_tokens=max_new, seed=0)
     rng = random.Random(0)
     points, version = [], ""
-    for k in (config.k, 0) if config.k > 0 else (0,):
+    for k in spec_ks(config.k) + [0]:
         rc = RecordConfig(models=ModelsConfig(target=str(target), draft=str(draft) if k else "none", dtype=dtype),
                           engine=EngineConfig(k=k, max_batch=max(n_grid), seed=0), sampling=sampling,
                           max_prompt_tokens=context, threads=threads, backend="vllm", vllm_python=python,
@@ -91,28 +95,66 @@ def profile_vllm(python: str, target, draft, config: ProfileConfig, *, dtype: st
                     on_point()
         finally:
             engine.close()
-    verify = {}  # T -> point (the K > 0 point wins a tie: it is measured first)
+    verify = {}  # T -> point (engines run largest K first: its layout wins a tie)
     for p in points:
         verify.setdefault(p["tokens"], p)
     t_grid = sorted(verify)
     verify_runs = [verify[t]["verify_ms"] for t in t_grid]
     verify_ms = [statistics.median(r) for r in verify_runs]
-    spec = [p for p in points if p["k"] > 0]
-    draft_runs = [[d / p["k"] for d in p["draft_ms"]] for p in spec]
-    draft_ms = [statistics.median(r) for r in draft_runs] if spec else [0.0] * len(n_grid)
+    draft_ms, fixed_ms, draft_runs = fit_drafting(points, n_grid)
     meta = {"source": "profile", "engine": f"vllm {version}", "device": f"vllm {version} cpu x{threads or 'all'} threads",
             "target": str(target), "draft": str(draft) if config.k else "", "context_len": context, "k": config.k,
             "temperature": config.temperature, "top_p": config.top_p, "repeats": config.repeats, "dtype": dtype,
             "vllm_draft_sampling": draft_sampling, "raw_verify_ms": verify_ms, "raw_draft_ms": draft_ms,
+            "raw_draft_fixed_ms": fixed_ms,
             "points": points, "inputs": inputs_record("avkit profile --engine vllm"),
-            "noise": noise_summary({"verify T": (t_grid, verify_runs), "draft n": (n_grid, draft_runs or
-                                                                                  [[0.0]] * len(n_grid))})}
+            "noise": noise_summary({"verify T": (t_grid, verify_runs), "draft n": (n_grid, draft_runs)})}
     return CostTable(tuple(t_grid), tuple(make_monotone(verify_ms)), tuple(n_grid), tuple(make_monotone(draft_ms)),
-                     (), "autoregressive", meta)
+                     (), "autoregressive", meta, tuple(make_monotone(fixed_ms)) if any(fixed_ms) else ())
+
+
+def spec_ks(k: int) -> list[int]:
+    """The speculative engines a profile runs, largest first: K and K // 2 (when that is >= 1)."""
+    return [x for x in (k, k // 2) if x > 0]
+
+
+def fit_drafting(points: list[dict], n_grid: list[int]) -> tuple[list[float], list[float], list[list[float]]]:
+    """Per request count n: (draft_ms, draft_fixed_ms, the runs behind draft_ms) from the spec points'
+    drafting times D(n, K) (module docstring): the line through the medians at the two Ks, slope and
+    intercept clipped at 0 (a negative intercept: the slope through the origin instead); one K: D / K.
+
+    Examples
+    --------
+    >>> pts = [{"k": 7, "requests": 1, "draft_ms": [800.0]}, {"k": 3, "requests": 1, "draft_ms": [400.0]}]
+    >>> fit_drafting(pts, [1])[:2]
+    ([100.0], [100.0])
+    >>> fit_drafting(pts[:1], [1])[:2]
+    ([114.28571428571429], [0.0])
+    """
+    spec = [p for p in points if p["k"] > 0]
+    if not spec:
+        return [0.0] * len(n_grid), [0.0] * len(n_grid), [[0.0]] * len(n_grid)
+    slopes, fixed, runs = [], [], []
+    for n in n_grid:
+        mine = sorted((p for p in spec if p["requests"] == n), key=lambda p: -p["k"])
+        hi = mine[0]
+        d_hi = statistics.median(hi["draft_ms"])
+        slope, rest = d_hi / hi["k"], 0.0
+        if len(mine) > 1:
+            lo = mine[1]
+            d_lo = statistics.median(lo["draft_ms"])
+            slope = max((d_hi - d_lo) / (hi["k"] - lo["k"]), 0.0)
+            rest = d_hi - hi["k"] * slope
+            if rest < 0:
+                slope, rest = d_hi / hi["k"], 0.0
+        slopes.append(slope)
+        fixed.append(rest)
+        runs.append([(d - rest) / hi["k"] for d in hi["draft_ms"]])
+    return slopes, fixed, runs
 
 
 def num_points(config: ProfileConfig) -> int:
-    return len(_grid(config.max_requests)) * (2 if config.k > 0 else 1)
+    return len(_grid(config.max_requests)) * (len(spec_ks(config.k)) + 1)
 
 
 __all__ = ["num_points", "profile_vllm"]
