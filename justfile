@@ -90,19 +90,21 @@ peer-vllm:
     python bench/vllm_convert.py
 
 # vLLM's step-cost table on this CPU, real pair bf16 (`avkit profile --engine vllm`, docs/vllm.md; needs .venv-vllm and
-# `just peer-vllm`'s converted pair; two vLLM engines, K = 7 and target-only, 1..16 requests at context 32: vLLM-CPU
-# prefills at ~5 tok/s here, so 256 would be ~54 min of prefill; attention is a few % of a row's cost; ~17 min)
+# `just peer-vllm`'s converted pair; three vLLM engines, K = 7, K = 3 and target-only, 1..16 requests at context 32:
+# vLLM-CPU prefills at ~5 tok/s here, so 256 would be ~54 min of prefill; attention is a few % of a row's cost)
 profile-vllm:
     python -m avkit profile --engine vllm --dtype bfloat16 --context-len 32 -k 7 --max-requests 16 --repeats 3 --temperature 0 --threads 2 --out bench/results/vllm_cost_cpu.json
 
 # the simulator against vLLM and avkit's engine: fixed K 0,3,5,7 x c 1,4,16, predicted vs measured, greedy HumanEval
-# (-> bench/results/sim_vs_measured.md). One bench/engine.py --peer vllm run measures both engines (steady decode
-# tok/s per cell; it also profiles avkit's cost table, engine_peer_cost.json); then each engine's simulator check
-# reads those cells. Needs `just profile-vllm` first; on this 2-core CPU the run takes ~1.5-2 h (vLLM's c16 cells).
+# (-> bench/results/sim_vs_measured.md). avkit's cost table first (`avkit profile`, T = 0 at the prompts' mean
+# context, ~3 min); one bench/engine.py --peer vllm run measures both engines (steady decode tok/s per cell; avkit's
+# adaptive policy runs on that table); then each engine's simulator check reads those cells. Needs
+# `just profile-vllm` first; on this 2-core CPU the run takes ~2 h (vLLM's c16 cells).
 sim-vs-measured:
-    python bench/engine.py --peer vllm --datasets humaneval --temperatures 0 --concurrency 1,4,16 --ks 0,3,5,7 --adaptive
+    python -m avkit profile --dtype bfloat16 --context-len 256 -k 7 --max-verify-tokens 128 --max-requests 16 --repeats 7 --temperature 0 --out bench/results/avkit_cost_cpu.json
+    python bench/engine.py --peer vllm --datasets humaneval --temperatures 0 --concurrency 1,4,16 --ks 0,3,5,7 --adaptive --cost bench/results/avkit_cost_cpu.json
     python bench/sim_vs_measured.py --engine vllm --trace traces/vllm/vllm_greedy_k7.parquet --cost bench/results/vllm_cost_cpu.json --cells bench/results/engine-vllm-$(date -u +%F).json
-    python bench/sim_vs_measured.py --engine avkit --trace traces/greedy_k7.parquet --cost bench/results/engine_peer_cost.json --cells bench/results/engine-vllm-$(date -u +%F).json --adaptive adaptive-stop:online_logistic
+    python bench/sim_vs_measured.py --engine avkit --trace traces/greedy_k7.parquet --cost bench/results/avkit_cost_cpu.json --cells bench/results/engine-vllm-$(date -u +%F).json --concurrency 1,4,16 --adaptive adaptive-stop:online_logistic
 
 # dry run of the simulator check on tiny random models (records, profiles and measures them; minutes)
 sim-vs-measured-tiny:

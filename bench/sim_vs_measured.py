@@ -7,8 +7,11 @@
     # measured cells taken from a `bench/engine.py --peer vllm` run (its JSON keeps steady_tok_s per cell)
     python bench/sim_vs_measured.py --engine vllm --trace ... --cost ... --cells bench/results/engine-vllm-DATE.json
 
-Predicted: `avkit.sim.replay.simulate` of `nospec` and `fixed:K` at each concurrency c, on the trace's rows
-of the measured dataset(s), with the cost table: steady-state tokens/s (every lane busy).
+Predicted: `avkit.sim.replay.simulate` of `nospec` and `fixed:K` at each concurrency c, with the cost table:
+steady-state tokens/s (every lane busy). It replays the trace's rows of the prompts the cell measured (the
+first c of each dataset, which the shipped traces hold), cut at the cell's new tokens: a one-request cell is
+one prompt (HumanEval/146 accepts every greedy draft in both engines' traces, against 0.98 over HumanEval),
+so the dataset's average would predict another workload. `--rows all` replays every row of the datasets.
 Measured: the first c prompts of each dataset decoded together (bench/engine_peer.py: vLLM through
 bench/vllm_peer.py in its venv, avkit's engine in-process), greedy, every engine step timed. The measured
 tok/s is the steady decode rate, the state the simulator predicts: tokens emitted from the step after which
@@ -152,7 +155,8 @@ def _k_order(x: dict) -> tuple:
 def render(cells: list[dict]) -> str:
     lines = ["# Simulator vs measured: fixed K x concurrency", "",
              "`python bench/sim_vs_measured.py` (see its docstring). Predicted: `avkit simulate` of the engine's own "
-             "trace with the engine's own cost table (steady state); measured: the first c prompts decoded "
+             "trace (rows `measured`: the prompts each cell decoded, cut at its new tokens; `all`: every row of "
+             "the datasets) with the engine's own cost table (steady state); measured: the first c prompts decoded "
              "together, steady decode tok/s (all c requests past prefill, none finished); e2e: tokens / wall "
              "incl. prefill. Ratio = predicted / measured steady (goal: within 10%). "
              "Speedup = tok/s over K = 0 at the same c (predicted, measured).", ""]
@@ -160,7 +164,7 @@ def render(cells: list[dict]) -> str:
         mine = [c for c in cells if c["engine"] == engine]
         lines += [f"## {engine}", "", f"trace `{mine[0]['trace']}`, cost `{mine[0]['cost']}`, datasets "
                   f"{', '.join(mine[0]['datasets'])}, {mine[0]['max_new_tokens']} new tokens, {mine[0]['dtype']}, measured cells: "
-                  f"{mine[0].get('source', 'measured here')}", "",
+                  f"{mine[0].get('source', 'measured here')}, rows {mine[0].get('rows', 'all')}", "",
                   "| c | K | predicted tok/s | measured tok/s | ratio | speedup pred | speedup meas | e2e tok/s "
                   "| load | when |",
                   "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]

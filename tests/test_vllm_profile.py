@@ -35,6 +35,31 @@ def test_bad_engine_is_one_line(tmp_path):
     assert not (tmp_path / "c.json").exists()
 
 
+@pytest.mark.parametrize("phi", [0.0, 0.4, 2.5])
+def test_drafting_fit_recovers_a_shared_first_pass_surcharge(phi):
+    """Drafting made as (K + phi) passes of a per-n pass cost, with noise in single runs: the fit gives phi
+    back (the median over n), draft_ms = D(n, K) / (K + phi) at the larger K and fixed = phi passes;
+    one K alone: phi = 0, the pass = D / K. No vLLM needed."""
+    import random
+
+    from avkit.engines.vllm.profile import fit_drafting
+
+    rng, grid = random.Random(int(phi * 10)), [1, 2, 4, 8, 16]
+    passes = {1: 90.0, 2: 150.0, 4: 260.0, 8: 480.0, 16: 930.0}
+    points = [{"k": k, "requests": n, "draft_ms": [(k + phi) * passes[n] * (1 + rng.uniform(-0.003, 0.003))
+                                                  for _ in range(3)]}
+              for k in (7, 3) for n in grid]
+    slopes, fixed, runs, got = fit_drafting(points, grid)
+    assert got == pytest.approx(phi, abs=0.05)
+    for i, n in enumerate(grid):
+        d7 = statistics.median(points[i]["draft_ms"])
+        assert slopes[i] == pytest.approx(d7 / (7 + got)) and fixed[i] == pytest.approx(got * slopes[i])
+        assert len(runs[i]) == 3
+    slopes, fixed, _, got = fit_drafting(points[:len(grid)], grid)  # the K = 7 engine alone
+    assert got == 0.0 and fixed == [0.0] * len(grid)
+    assert slopes == [pytest.approx(statistics.median(p["draft_ms"]) / 7) for p in points[:len(grid)]]
+
+
 @pytest.mark.vllm
 def test_vllm_cost_table_is_measured_and_simulate_reads_it(tmp_path):
     vllm_python = need_vllm()
@@ -56,13 +81,12 @@ def test_vllm_cost_table_is_measured_and_simulate_reads_it(tmp_path):
     pt = {(p["k"], p["requests"]): p for p in points}
     raw = table.meta["raw_verify_ms"]
     assert raw[1] == med(pt[1, 1]["verify_ms"]) and raw[2] == med(pt[3, 1]["verify_ms"])
-    # drafting = fixed + K passes, the line through both Ks' medians (or through 0 where that is negative)
+    # drafting = (K + phi) passes at every n, one phi >= 0 (fixed part = phi passes), exact at the larger K
+    phi = table.meta["draft_fixed_passes"]
+    assert phi >= 0
     for i, n in enumerate((1, 2, 4)):
         slope, fixed = table.meta["raw_draft_ms"][i], table.meta["raw_draft_fixed_ms"][i]
-        assert slope >= 0 and fixed >= 0
-        assert fixed + 3 * slope == pytest.approx(med(pt[3, n]["draft_ms"]))
-        if fixed > 0 and slope > 0:  # neither clipped
-            assert fixed + slope == pytest.approx(med(pt[1, n]["draft_ms"]))
+        assert (3 + phi) * slope == pytest.approx(med(pt[3, n]["draft_ms"])) and fixed == pytest.approx(phi * slope)
     for p in points:  # every timed step was a steady one: the split adds up, no drafting without drafts
         assert len(p["step_ms"]) == 2
         assert all(abs(s - d - v) < 1e-6 for s, d, v in zip(p["step_ms"], p["draft_ms"], p["verify_ms"]))

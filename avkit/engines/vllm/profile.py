@@ -15,8 +15,8 @@ step is vLLM's own code, not avkit's per-draft feature work over the 151,936-ent
   drafting       D(n, K) = median drafting time of a steady step. vLLM's draft_model proposer runs K
                  forwards per step, the first over the request's newly verified tokens (up to K + 1) and
                  then one token each, so D is not K times one pass: with a second engine at K2 = K // 2
-                 the table fits D(n, K) = draft_fixed_ms(n) + K draft_ms(n) through both points
-                 (draft_ms = the slope, draft_fixed_ms = the rest, both >= 0; without K2, draft_ms = D / K)
+                 the table fits D(n, K) = (K + phi) draft_ms(n), draft_fixed_ms(n) = phi draft_ms(n): the
+                 first pass costs phi passes more, one phi for all n (fit_drafting; without K2, phi = 0)
 Three engines: the config's K (verify T = n (K+1)), K2 (T = n (K2+1)) and target-only (K = 0: T = n), so
 K = 0, small T and the one-request layouts of spec steps are measured, not extrapolated. Where two give the
 same T, the larger K's point is kept (it is the layout spec decoding runs: fewer requests, more tokens
@@ -95,22 +95,27 @@ def profile_vllm(python: str, target, draft, config: ProfileConfig, *, dtype: st
                     on_point()
         finally:
             engine.close()
+    meta = {"source": "profile", "engine": f"vllm {version}", "device": f"vllm {version} cpu x{threads or 'all'} threads",
+            "target": str(target), "draft": str(draft) if config.k else "", "context_len": context, "k": config.k,
+            "temperature": config.temperature, "top_p": config.top_p, "repeats": config.repeats, "dtype": dtype,
+            "vllm_draft_sampling": draft_sampling, "inputs": inputs_record("avkit profile --engine vllm")}
+    return table_from_points(points, n_grid, meta)
+
+
+def table_from_points(points: list[dict], n_grid: list[int], meta: dict) -> CostTable:
+    """The cost table of a profile's raw points (meta["points"] of a saved table: it can be fitted again)."""
     verify = {}  # T -> point (engines run largest K first: its layout wins a tie)
     for p in points:
         verify.setdefault(p["tokens"], p)
     t_grid = sorted(verify)
     verify_runs = [verify[t]["verify_ms"] for t in t_grid]
     verify_ms = [statistics.median(r) for r in verify_runs]
-    draft_ms, fixed_ms, draft_runs = fit_drafting(points, n_grid)
-    meta = {"source": "profile", "engine": f"vllm {version}", "device": f"vllm {version} cpu x{threads or 'all'} threads",
-            "target": str(target), "draft": str(draft) if config.k else "", "context_len": context, "k": config.k,
-            "temperature": config.temperature, "top_p": config.top_p, "repeats": config.repeats, "dtype": dtype,
-            "vllm_draft_sampling": draft_sampling, "raw_verify_ms": verify_ms, "raw_draft_ms": draft_ms,
-            "raw_draft_fixed_ms": fixed_ms,
-            "points": points, "inputs": inputs_record("avkit profile --engine vllm"),
+    draft_ms, fixed_ms, draft_runs, phi = fit_drafting(points, n_grid)
+    meta = {**meta, "raw_verify_ms": verify_ms, "raw_draft_ms": draft_ms, "raw_draft_fixed_ms": fixed_ms,
+            "draft_fixed_passes": phi, "points": points,
             "noise": noise_summary({"verify T": (t_grid, verify_runs), "draft n": (n_grid, draft_runs)})}
     return CostTable(tuple(t_grid), tuple(make_monotone(verify_ms)), tuple(n_grid), tuple(make_monotone(draft_ms)),
-                     (), "autoregressive", meta, tuple(make_monotone(fixed_ms)) if any(fixed_ms) else ())
+                     (), "autoregressive", meta, tuple(make_monotone(fixed_ms)) if phi > 0 else ())
 
 
 def spec_ks(k: int) -> list[int]:
@@ -118,43 +123,42 @@ def spec_ks(k: int) -> list[int]:
     return [x for x in (k, k // 2) if x > 0]
 
 
-def fit_drafting(points: list[dict], n_grid: list[int]) -> tuple[list[float], list[float], list[list[float]]]:
-    """Per request count n: (draft_ms, draft_fixed_ms, the runs behind draft_ms) from the spec points'
-    drafting times D(n, K) (module docstring): the line through the medians at the two Ks, slope and
-    intercept clipped at 0 (a negative intercept: the slope through the origin instead); one K: D / K.
+def fit_drafting(points: list[dict], n_grid: list[int]) -> tuple[list[float], list[float], list[list[float]], float]:
+    """-> (draft_ms, draft_fixed_ms per request count n, the runs behind draft_ms, phi) from the spec points'
+    drafting times D(n, K) (module docstring). The fixed part is phi passes: D(n, K) = (K + phi) draft_ms(n),
+    one phi for all n, the median over n of the phi that fits both Ks' medians at n, clipped at 0. A line
+    fitted per n instead puts twice the noise into its intercept (on this CPU it came out 51-1,269 ms, not
+    monotone in n); with phi pooled both curves follow D(n, K), which is monotone. One K: phi = 0.
 
     Examples
     --------
     >>> pts = [{"k": 7, "requests": 1, "draft_ms": [800.0]}, {"k": 3, "requests": 1, "draft_ms": [400.0]}]
-    >>> fit_drafting(pts, [1])[:2]
-    ([100.0], [100.0])
+    >>> fit_drafting(pts, [1])[:2] + fit_drafting(pts, [1])[3:]
+    ([100.0], [100.0], 1.0)
     >>> fit_drafting(pts[:1], [1])[:2]
     ([114.28571428571429], [0.0])
     """
     spec = [p for p in points if p["k"] > 0]
     if not spec:
-        return [0.0] * len(n_grid), [0.0] * len(n_grid), [[0.0]] * len(n_grid)
-    slopes, fixed, runs = [], [], []
-    for n in n_grid:
-        mine = sorted((p for p in spec if p["requests"] == n), key=lambda p: -p["k"])
-        hi = mine[0]
-        d_hi = statistics.median(hi["draft_ms"])
-        slope, rest = d_hi / hi["k"], 0.0
+        return [0.0] * len(n_grid), [0.0] * len(n_grid), [[0.0]] * len(n_grid), 0.0
+    by_n = {n: sorted((p for p in spec if p["requests"] == n), key=lambda p: -p["k"]) for n in n_grid}
+    phis = []
+    for mine in by_n.values():
         if len(mine) > 1:
-            lo = mine[1]
-            d_lo = statistics.median(lo["draft_ms"])
-            slope = max((d_hi - d_lo) / (hi["k"] - lo["k"]), 0.0)
-            rest = d_hi - hi["k"] * slope
-            if rest < 0:
-                slope, rest = d_hi / hi["k"], 0.0
-        slopes.append(slope)
-        fixed.append(rest)
-        runs.append([(d - rest) / hi["k"] for d in hi["draft_ms"]])
-    return slopes, fixed, runs
+            (k, d), (k2, d2) = ((p["k"], statistics.median(p["draft_ms"])) for p in mine[:2])
+            if d > d2:  # (K + phi) / (K2 + phi) = D / D2
+                phis.append((d2 * k - d * k2) / (d - d2))
+    phi = max(statistics.median(phis), 0.0) if phis else 0.0
+    slopes, runs = [], []
+    for n in n_grid:
+        hi = by_n[n][0]
+        slopes.append(statistics.median(hi["draft_ms"]) / (hi["k"] + phi))
+        runs.append([d / (hi["k"] + phi) for d in hi["draft_ms"]])
+    return slopes, [phi * x for x in slopes], runs, phi
 
 
 def num_points(config: ProfileConfig) -> int:
     return len(_grid(config.max_requests)) * (len(spec_ks(config.k)) + 1)
 
 
-__all__ = ["num_points", "profile_vllm"]
+__all__ = ["fit_drafting", "num_points", "profile_vllm", "table_from_points"]
