@@ -132,7 +132,7 @@ def from_cells(path: str, engine: str, datasets: list[str], ks: list, concurrenc
     try:
         cells = json.loads(Path(path).read_text())["cells"]
     except (OSError, ValueError, KeyError) as e:
-        raise SystemExit(f"avkit: error: --cells {path}: not a bench/engine.py cells JSON ({type(e).__name__}: {e})")
+        raise SystemExit(f"avkit: error: --cells {path}: not a bench/engine.py cells JSON ({type(e).__name__}: {e})") from None
     got = [x for x in cells
            if x["engine"] == engine and x["dataset"] in datasets and x["T"] == 0
            and x["c"] in concurrency and x.get("steady_tok_s") is not None]
@@ -179,9 +179,13 @@ def render(cells: list[dict]) -> str:
                              f"{x['predicted'] / x['measured']:.2f} | {sp('predicted')} | {sp('measured')} | "
                              f"{x.get('e2e', float('nan')):.2f} | {x['load']:.1f} | {x['when']} |")
             fixed = [x for x in row if isinstance(x["K"], int)]  # the best K is over fixed K (adaptive beside it)
-            bp, bm = max(fixed, key=lambda x: x["predicted"])["K"], max(fixed, key=lambda x: x["measured"])["K"]
+            pick, best = max(fixed, key=lambda x: x["predicted"]), max(fixed, key=lambda x: x["measured"])
+            bp, bm = pick["K"], best["K"]
+            runner = sorted(x["predicted"] for x in fixed)[-2] if len(fixed) > 1 else float("nan")
             best_lines.append(f"- c = {c}: simulator's best K = {bp}, measured best K = {bm} "
-                              f"({'agree' if bp == bm else 'DISAGREE'}; over K = {[x['K'] for x in fixed]})")
+                              f"({'agree' if bp == bm else 'DISAGREE'}; over K = {[x['K'] for x in fixed]}); "
+                              f"the simulator's pick measured {pick['measured'] / best['measured']:.2f}x the "
+                              f"measured best, its runner-up predicted {runner / pick['predicted']:.3f}x its pick")
         lines += ["", *best_lines, ""]
     return "\n".join(lines) + "\n"
 

@@ -51,7 +51,7 @@ def test_drafting_fit_recovers_a_shared_first_pass_surcharge(phi):
               for k in (7, 3) for n in grid]
     slopes, fixed, runs, got = fit_drafting(points, grid)
     assert got == pytest.approx(phi, abs=0.05)
-    for i, n in enumerate(grid):
+    for i in range(len(grid)):
         d7 = statistics.median(points[i]["draft_ms"])
         assert slopes[i] == pytest.approx(d7 / (7 + got)) and fixed[i] == pytest.approx(got * slopes[i])
         assert len(runs[i]) == 3

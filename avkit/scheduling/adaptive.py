@@ -153,7 +153,7 @@ class AdaptiveVerification(VerifyPolicy):
         table = self._tables.get((kind, device))
         if table is None or table.numel() <= size:
             fn = {"verify": self.cost.verify_cost, "draft": self.cost.draft_pass_cost,
-                  "first": lambda n: self.cost.draft_cost(n, 1)}[kind]  # first: pass 1 pays the fixed part
+                  "fixed": self.cost.draft_fixed_cost}[kind]
             table = verify_lookup(fn, max(2 * size, 64), device)
             self._tables[(kind, device)] = table
         return table
@@ -195,9 +195,11 @@ class AdaptiveVerification(VerifyPolicy):
         dev = conf.device
         active = batch.num_drafted == j  # [B] drafted in this pass
         n_active = active.sum().reshape(1)  # [1]
-        kind = "first" if j == 1 else "draft"
-        pass_ms = self._lookup(kind, b, dev)[n_active] * (n_active > 0)  # [1] one pass over the active rows
-        paid = pass_ms if j == 1 or self.draft_ms is None else self.draft_ms + pass_ms
+        pass_ms = self._lookup("draft", b, dev)[n_active] * (n_active > 0)  # [1] one pass over the active rows
+        if j == 1 or self.draft_ms is None:  # the first pass also pays the drafting's fixed part (cost.py)
+            paid = pass_ms + self._lookup("fixed", b, dev)[n_active] * (n_active > 0)
+        else:
+            paid = self.draft_ms + pass_ms
         self.draft_ms = paid
         verify_ms = self._lookup("verify", load.num_scheduled_tokens + b * max(j, self.k) + 2, dev)
         inputs = self._group_inputs(load, 0, dev)

@@ -126,9 +126,9 @@ class Adaptive:
         while active.any():
             proposed = proposed + active
             n_active = np.bincount(group[active], minlength=groups)  # [G]
-            first = proposed.max(initial=0) == 1  # the first pass pays the drafting's fixed part
-            pass_ms = (cost.draft_cost(n_active, 1) if first else cost.draft_pass_cost(n_active)) * (n_active > 0)  # [G]
-            draft_ms += pass_ms
+            pass_ms = cost.draft_pass_cost(n_active) * (n_active > 0)  # [G] one pass over the active rows
+            first = proposed.max(initial=0) == 1  # the first pass also pays the drafting's fixed part
+            draft_ms += pass_ms + (cost.draft_fixed_cost(n_active) * (n_active > 0) if first else 0.0)
             keep, p = continue_drafting(
                 t(conf), t(proposed), t(active), t(group), groups, num_sampling=t(n), num_scheduled=t(n),
                 fixed_ms=t(draft_ms + cost.context_cost(n)), pass_ms=t(pass_ms), n_active=t(n_active),
