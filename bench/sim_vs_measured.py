@@ -246,6 +246,8 @@ def main() -> None:
     args.datasets = args.datasets.split(",")
     if args.tiny and not args.trace:  # (--tiny with --trace/--cost/--target-dir/--draft-dir: reuse a dry run's inputs)
         tiny_inputs(args)
+    if args.tiny:  # the tiny recording skips prompts too long for its models: the dry run replays every row
+        args.rows = "all"
     elif not (args.trace and args.cost):
         ap.error("--trace and --cost are required (or --tiny)")
     if not args.target_dir:
