@@ -55,6 +55,8 @@ def first_tokens(rows, max_new_tokens: int):
     the recorded generation a measured run of that length decodes (a step emits num_accepted + 1 tokens)."""
     import polars as pl
 
+    if max_new_tokens <= 0:  # no cut given: every step
+        return rows
     req = ["run_id", "request_id"]
     steps = (rows.group_by([*req, "step"]).agg(pl.col("num_accepted").first()).sort([*req, "step"])
              .with_columns(((pl.col("num_accepted") + 1).cum_sum().over(req) - pl.col("num_accepted") - 1)
