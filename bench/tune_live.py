@@ -9,9 +9,13 @@ Usage (real pair; run each piece under the bench lock, results accumulate in --o
 
 Glossary
 --------
-schedule  inclusive (batch_lo, batch_hi, K) ranges from `avkit tune --out` JSON (``--schedule``, default the
-          CPU run in bench/results/tune_cpu.json); avkit runs it as ``POLICIES["schedule"]``
-          (avkit/scheduling/batch_schedule.py), vLLM as ``num_speculative_tokens_per_batch_size``
+schedule  inclusive (batch_lo, batch_hi, K) ranges from `avkit tune --out` JSON, each engine its own: tuned on
+          its own trace with its own profiled cost table (bench/tune.py's runs ``cpu`` and ``cpu_vllm``:
+          ``--schedule`` bench/results/tune_cpu.json, ``--vllm-schedule`` bench/results/tune_cpu_vllm.json);
+          avkit runs it as ``POLICIES["schedule"]`` (avkit/scheduling/batch_schedule.py), vLLM as
+          ``num_speculative_tokens_per_batch_size``. A schedule with K = 0 everywhere (the tuner's
+          "speculation off", ``speculative_config: null``) *is* the no-spec config: it is not run twice, and
+          the report compares it with every speculative fixed K
 config    ``nospec`` (target only), ``K=k`` (the draft model, k drafts verified every step) or ``tuned``
 run       a list of requests, each a prompt (token ids, HumanEval and ShareGPT alternating, the target's chat
           template), its new-token count and its arrival on the output-token clock: a request is added once
@@ -24,6 +28,9 @@ run       a list of requests, each a prompt (token ids, HumanEval and ShareGPT a
           with new-token counts drawn uniformly from ``--mixed-new`` (seeded), so the batch drains through
           every size back to 1: it moves across all of the schedule's ranges
 tokens/s  generated tokens / wall time from the first request's arrival to the last one's end (prefill included)
+steady    decode tokens/s while all of a steady run's requests are past prefill and none has finished
+          (bench/engine_peer.py's ``steady_tok_s``; ``c=1``: the first request's decode): the state `avkit
+          tune` predicts, so the steady verdicts use it; the mixed run's verdict uses tokens/s
 in flight unfinished requests before each engine step: its histogram shows the batch sizes the run visited
 
 Both engines load the same bf16 safetensors directories (`just peer-vllm`) and get the same token ids; vLLM
@@ -51,7 +58,7 @@ import torch
 
 BENCH = Path(__file__).parent
 sys.path.insert(0, str(BENCH))
-from engine_peer import VLLM_ENV, prompt_ids  # noqa: E402  (bench/ is not a package)
+from engine_peer import VLLM_ENV, prompt_ids, steady_tok_s  # noqa: E402  (bench/ is not a package)
 from tune_live_report import write_report  # noqa: E402
 
 RESULTS = BENCH / "results"
@@ -85,9 +92,11 @@ def plan(args, tokenizer) -> list[dict]:
 
 
 def configs(args, schedule) -> list[tuple[str, int, list | None]]:
-    """(name, engine K, schedule ranges or None), filtered by --configs."""
+    """(name, engine K, schedule ranges or None), filtered by --configs; no "tuned" when the schedule is
+    speculation off (it is the no-spec config)."""
     out = [("nospec", 0, None)] + [(f"K={k}", k, None) for k in (int(x) for x in args.ks.split(","))]
-    out.append(("tuned", schedule.max_k, [list(r) for r in schedule.ranges]))
+    if schedule.max_k > 0:
+        out.append(("tuned", schedule.max_k, [list(r) for r in schedule.ranges]))
     want = set(args.configs.split(",")) if args.configs else None
     return [c for c in out if want is None or c[0] in want]
 
@@ -105,7 +114,7 @@ def avkit_run(models, r: dict, k: int, schedule, max_batch: int) -> dict:
     engine = Engine(models["target"], models["draft"] if k > 0 else None, cfg, policy=policy)
     order = sorted(range(len(r["prompts"])), key=lambda i: r["arrival_tokens"][i])
     outputs: dict[str, list[int]] = {f"r{i}": [] for i in order}
-    in_flight, emitted, nxt = [], 0, 0
+    in_flight, emitted, nxt, done, steps = [], 0, 0, 0, []
     t0 = time.perf_counter()
     while nxt < len(order) or engine.has_unfinished():
         while nxt < len(order) and (r["arrival_tokens"][order[nxt]] <= emitted or not engine.has_unfinished()):
@@ -118,9 +127,12 @@ def avkit_run(models, r: dict, k: int, schedule, max_batch: int) -> dict:
         for o in engine.step():
             outputs[o.request_id].extend(o.new_token_ids)
             emitted += len(o.new_token_ids)
+            done += o.finished
+        # per step, as bench/vllm_peer.py logs it: [seconds, tokens so far, requests with a token, finished]
+        steps.append([time.perf_counter() - t0, float(emitted), float(sum(map(bool, outputs.values()))), float(done)])
     wall = time.perf_counter() - t0
     return {"outputs": [outputs[f"r{i}"] for i in range(len(order))], "wall_s": wall, "in_flight": in_flight,
-            "outside": engine.stats.overhead_share}
+            "outside": engine.stats.overhead_share, "steps": steps}
 
 
 def avkit_phase(args, runs, cfgs, schedule, save=None) -> list[dict]:
@@ -177,10 +189,14 @@ def vllm_phase(args, runs, cfgs) -> list[dict]:
 
 def _row(engine: str, config: str, r: dict, res: dict, load) -> dict:
     tokens = sum(map(len, res["outputs"]))
+    steady = len(set(r["arrival_tokens"])) == 1 or r["name"] == "c=1"  # all at once, or one at a time
     row = {"engine": engine, "config": config, "run": r["name"], "tokens": tokens, "wall_s": res["wall_s"],
            "tok_s": tokens / res["wall_s"], "in_flight": res["in_flight"], "outputs": res["outputs"],
+           "steady_tok_s": steady_tok_s(res["steps"], 1 if r["name"] == "c=1" else len(r["prompts"]))
+           if steady else None, "steps": res["steps"],
            "outside": res["outside"], "uptime": load if isinstance(load, str) else f"load average: {load:.2f}"}
-    print(f"{engine} {config} {r['name']}: {row['tok_s']:.2f} tok/s ({tokens} tokens, {res['wall_s']:.1f} s; "
+    print(f"{engine} {config} {r['name']}: {row['tok_s']:.2f} tok/s, steady {row['steady_tok_s'] or 0:.2f} "
+          f"({tokens} tokens, {res['wall_s']:.1f} s; "
           f"{row['uptime']})", flush=True)
     return row
 
@@ -198,7 +214,7 @@ def merge(path: Path, meta: dict | None, rows: list[dict]) -> dict:
         data["pieces"].append(meta)
         data["plan"] = [r for r in data.get("plan", []) if r["name"] not in {p["name"] for p in meta["plan"]}] + \
             meta["plan"]
-        data["schedule"] = meta["schedule"]
+        data["schedules"] = {**data.get("schedules", {}), **meta["schedules"]}
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     with os.fdopen(fd, "w") as f:
         json.dump(data, f)
@@ -209,7 +225,9 @@ def merge(path: Path, meta: dict | None, rows: list[dict]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--schedule", default=str(RESULTS / "tune_cpu.json"),
-                    help="`avkit tune --out` JSON or a --format vllm fragment")
+                    help="avkit's schedule: `avkit tune --out` JSON or a --format vllm fragment")
+    ap.add_argument("--vllm-schedule", default=str(RESULTS / "tune_cpu_vllm.json"),
+                    help="vLLM's schedule (tuned on its own trace and cost table), the same formats")
     ap.add_argument("--engines", default="avkit,vllm")
     ap.add_argument("--ks", default="1,2,3,5,7", help="the fixed K compared")
     ap.add_argument("--configs", default="", help="only these configs (nospec, K=k, tuned; default all)")
@@ -245,22 +263,25 @@ def main() -> None:
         torch.set_num_threads(1)  # tiny models: a second thread only waits at OpenMP barriers on a busy box
     args.target_dir = args.target_dir or str(models_dir() / "qwen2.5-coder-1.5b-hf")
     args.draft_dir = args.draft_dir or str(models_dir() / "qwen2.5-coder-0.5b-hf")
-    schedule = BatchSchedule.load(args.schedule)
+    schedules = {"avkit": BatchSchedule.load(args.schedule), "vllm": BatchSchedule.load(args.vllm_schedule)}
     tokenizer = avkit.models.Tokenizer.from_dir(Path(args.target_dir))
     runs = plan(args, tokenizer)
     if args.runs:
         runs = [r for name in args.runs.split(",") for r in runs if r["name"] == name]  # in the order given
-    cfgs = configs(args, schedule)
+    engines = args.engines.split(",")
     meta = {"argv": sys.argv, "utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "uptime_start": uptime(),
-            "schedule_file": args.schedule, "schedule": [list(r) for r in schedule.ranges], "plan": runs,
+            "schedules": {e: {"file": args.schedule if e == "avkit" else args.vllm_schedule,
+                              "ranges": [list(r) for r in schedules[e].ranges]} for e in engines}, "plan": runs,
             "target_dir": args.target_dir, "draft_dir": args.draft_dir, "dtype": args.dtype,
             "threads": torch.get_num_threads(), "vllm_env": VLLM_ENV}
     merge(out, meta, [])
 
     def save(rows: list[dict]) -> None:
         write_report(merge(out, None, rows), out.with_suffix(".md"))
-    for engine in args.engines.split(","):
-        save(avkit_phase(args, runs, cfgs, schedule, save) if engine == "avkit" else vllm_phase(args, runs, cfgs))
+    for engine in engines:
+        cfgs = configs(args, schedules[engine])
+        save(avkit_phase(args, runs, cfgs, schedules[engine], save) if engine == "avkit" else
+             vllm_phase(args, runs, cfgs))
     print(out.with_suffix(".md").read_text())
 
 

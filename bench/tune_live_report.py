@@ -1,5 +1,7 @@
 """bench/results/tune_live.md from tune_live.json (bench/tune_live.py): measured tokens/s per engine x config x
-run, the tuned schedule against the best fixed K (no-spec counts as K = 0) and the batch sizes each run visited."""
+run, the tuned schedule against the best fixed K (no-spec counts as K = 0) and the batch sizes each run visited.
+An engine whose schedule is speculation off everywhere has no "tuned" runs: its tuned config is no-spec, and
+the verdicts compare no-spec with every speculative fixed K."""
 
 from __future__ import annotations
 
@@ -9,6 +11,13 @@ from collections import Counter
 from pathlib import Path
 
 STEADY_MARGIN = 0.97  # issue 19 item 5: tuned >= 0.97x the best fixed K at every steady concurrency
+
+
+def _rate(x: dict) -> float:
+    """What a verdict compares: a steady run's steady decode tok/s (the state `avkit tune` predicts), else
+    (the mixed run, or a run with no steady window) tokens/s including prefill."""
+    steady = x.get("steady_tok_s")
+    return steady if steady is not None and steady == steady else x["tok_s"]
 
 
 def _share_by_range(in_flight: list[int], schedule: list[list[int]]) -> str:
@@ -32,26 +41,36 @@ def _greedy(rows: dict, engine: str, config: str, run: str) -> str:
     return "" if not bad else f" ({bad}≠)"
 
 
+def _off(data: dict, engine: str) -> bool:
+    """The engine's schedule is speculation off at every batch size: its tuned config is no-spec."""
+    return all(k == 0 for _, _, k in data["schedules"][engine]["ranges"])
+
+
 def verdicts(data: dict) -> list[str]:
     """Per engine: tuned vs the best fixed config at each steady run, and vs every fixed config on `mixed`."""
     rows = {(x["engine"], x["config"], x["run"]): x for x in data["rows"] if "tok_s" in x}
     lines = []
     for engine in dict.fromkeys(x["engine"] for x in data["rows"]):
+        off = _off(data, engine)
+        tuned_name = "nospec" if off else "tuned"
         for run in [r["name"] for r in data["plan"]]:
-            tuned = rows.get((engine, "tuned", run))
-            fixed = {c: x["tok_s"] for (e, c, r), x in rows.items() if e == engine and r == run and c != "tuned"}
+            tuned = rows.get((engine, tuned_name, run))
+            fixed = {c: _rate(x) for (e, c, r), x in rows.items()
+                     if e == engine and r == run and c not in ("tuned", tuned_name)}
             if tuned is None or not fixed:
                 lines.append(f"- {engine} {run}: not measured (tuned or every fixed config missing)")
                 continue
             best = max(fixed, key=fixed.get)
-            ratio = tuned["tok_s"] / fixed[best]
+            ratio = _rate(tuned) / fixed[best]
             if run == "mixed":
-                ok = all(tuned["tok_s"] > v for v in fixed.values())
+                ok = all(_rate(tuned) > v for v in fixed.values())
                 goal = "ahead of every fixed config"
             else:
                 ok = ratio >= STEADY_MARGIN
                 goal = f">= {STEADY_MARGIN}x the best fixed config"
-            lines.append(f"- {engine} {run}: tuned {tuned['tok_s']:.2f} tok/s = {ratio:.3f}x the best fixed "
+            what = "steady decode tok/s" if _rate(tuned) != tuned["tok_s"] else "tok/s incl. prefill"
+            lines.append(f"- {engine} {run}: tuned{' (= nospec)' if off else ''} {_rate(tuned):.2f} {what} = "
+                         f"{ratio:.3f}x the best {'speculative ' if off else ''}fixed "
                          f"({best}, {fixed[best]:.2f}; {len(fixed)} fixed configs measured): "
                          f"{'meets' if ok else 'MISSES'} the goal ({goal})")
     return lines
@@ -64,17 +83,22 @@ def tables(data: dict) -> list[str]:
     for engine in dict.fromkeys(x["engine"] for x in data["rows"]):
         cfgs = list(dict.fromkeys(c for e, c, _ in rows if e == engine))
         cfgs.sort(key=lambda c: (c == "tuned", c != "nospec", int(c[2:]) if c.startswith("K=") else 0))
-        out += [f"### {engine}", "", "| run | " + " | ".join(cfgs) + " | tuned / best fixed |",
+        out += [f"### {engine}", "", "Cells: tok/s incl. prefill / steady decode tok/s (steady runs). The last "
+                "column compares what the verdicts compare.", "",
+                "| run | " + " | ".join(cfgs) + " | tuned / best fixed |",
                 "|---|" + "---:|" * (len(cfgs) + 1)]
         for run in runs:
             cells, fixed = [], []
             for c in cfgs:
                 x = rows.get((engine, c, run))
-                cells.append("-" if x is None else f"{x['tok_s']:.2f}{_greedy(rows, engine, c, run)}")
+                steady = "" if x is None or _rate(x) == x["tok_s"] else f" / {_rate(x):.2f}"
+                cells.append("-" if x is None else f"{x['tok_s']:.2f}{steady}{_greedy(rows, engine, c, run)}")
                 if x is not None and c != "tuned":
-                    fixed.append(x["tok_s"])
-            t = rows.get((engine, "tuned", run))
-            ratio = f"{t['tok_s'] / max(fixed):.3f}x" if t is not None and fixed else "-"
+                    fixed.append(_rate(x))
+            t = rows.get((engine, "nospec" if _off(data, engine) else "tuned", run))
+            if _off(data, engine):
+                fixed = [_rate(rows[engine, c, run]) for c in cfgs if c != "nospec" and (engine, c, run) in rows]
+            ratio = f"{_rate(t) / max(fixed):.3f}x" if t is not None and fixed else "-"
             out.append(f"| {run} | " + " | ".join(cells) + f" | {ratio} |")
         out += ["", "Load (`uptime` at the start of each run):", ""]
         for (e, c, r), x in rows.items():
@@ -89,19 +113,21 @@ def tables(data: dict) -> list[str]:
 
 
 def write_report(data: dict, path: Path) -> str:
-    schedule = data["schedule"]
+    schedules = data["schedules"]
     mixed = next((r for r in data["plan"] if r["name"] == "mixed"), None)
     visits = []
     for x in data["rows"]:
-        if x.get("run") == "mixed" and x.get("config") == "tuned":
+        if x.get("run") == "mixed" and x.get("config") == ("nospec" if _off(data, x["engine"]) else "tuned"):
             visits.append(f"- {x['engine']} tuned, steps per batch-size range: "
-                          f"{_share_by_range(x['in_flight'], schedule)}")
+                          f"{_share_by_range(x['in_flight'], schedules[x['engine']]['ranges'])}")
     piece_lines = [f"- `{' '.join(p['argv'])}` ({p['utc']}; {p['uptime_start']} at the start)" for p in data["pieces"]]
     body = [
         "# The tuned schedule on real engines (issue 19 item 5)", "",
-        f"Schedule (`--schedule {data['pieces'][-1]['schedule_file']}`): "
-        + ", ".join(f"{lo}-{hi}: K={k}" for lo, hi, k in schedule) + " (batch size: K). Beyond the last range "
-        "the last K holds (vLLM's rule).", "",
+        "Schedules (batch size: K; beyond the last range the last K holds, vLLM's rule), each engine's own "
+        "(`avkit tune` on its trace with its profiled cost table):", "",
+        *(f"- {e} (`{s['file']}`): " + ", ".join(f"{lo}-{hi}: K={k}" for lo, hi, k in s["ranges"])
+          + (" — speculation off: the tuned config is no-spec" if _off(data, e) else "")
+          for e, s in schedules.items()), "",
         "Runs (bench/tune_live.py docstring): " + "; ".join(
             f"{r['name']}: {len(r['prompts'])} requests, new tokens {min(r['max_new'])}-{max(r['max_new'])}, "
             f"arrivals at output tokens {sorted(set(r['arrival_tokens']))}" for r in data["plan"]) + ".",
@@ -111,7 +137,7 @@ def write_report(data: dict, path: Path) -> str:
         "## Measured", "", *tables(data),
         "## Batch sizes visited by the mixed run", "", *(visits or ["- (no tuned mixed run yet)"]), "",
         f"Mixed run's requests: {len(mixed['prompts']) if mixed else 0}.", "",
-        "## Commands (each piece run as `flock /tmp/avkit-bench.lock nice -n -15 python ...`)", "", *piece_lines, ""]
+        "## Commands (one piece each; `uptime` load at its start)", "", *piece_lines, ""]
     text = "\n".join(body)
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     with os.fdopen(fd, "w") as f:

@@ -10,9 +10,11 @@ decoding with K tokens per step; a config's optional ``"schedule": [[lo, hi, K],
 ``LLM`` per config (its startup is not timed), one untimed warm-up generate, then every run: ``llm.generate``
 of all its prompts at once (concurrency = number of prompts; driven step by step through ``llm.llm_engine``,
 the loop ``llm.generate`` runs, so every step is timed), wall time including prefill, the generated token ids,
-the spec-decode counters' deltas, and per step the time and the tokens emitted so far. A run with ``"arrival_s"`` (seconds after its start, one per
-prompt) and ``"max_new"`` (new tokens per prompt) is driven through ``llm.llm_engine`` instead: each request
-is added once its time has come, and ``in_flight`` records the unfinished requests at every engine step.
+the spec-decode counters' deltas, and per step the time and the tokens emitted so far. A run with
+``"max_new"`` (new tokens per prompt) and ``"arrival_s"`` (seconds after its start, one per prompt) or
+``"arrival_tokens"`` (tokens the run has emitted, one per prompt; a request also arrives once the engine has
+nothing left, bench/tune_live.py's clock) adds each request once its arrival has come; ``in_flight`` records
+the unfinished requests at every engine step.
 Rewrites ``results.json`` after every run (temp file, then rename), so a crash keeps what was measured.
 With ``"fix_cpu_expand": true`` the engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
 set by the caller) and `avkit/engines/vllm/cpu_fix.py` (torch only; loaded from the repository by path, this
@@ -88,7 +90,7 @@ def run_config(spec: dict, cfg: dict, done: list[dict], out_path: str) -> None:
         in_flight: list[int] = []
         t0 = time.perf_counter()
         steps: list[list[float]] = []
-        if "arrival_s" in r:
+        if "arrival_s" in r or "arrival_tokens" in r:
             outputs = _arrivals(llm, r, params, in_flight, steps)
         else:  # all at once: the same engine steps llm.generate runs, timed one by one
             n = len(r["prompts"])
@@ -106,20 +108,26 @@ def run_config(spec: dict, cfg: dict, done: list[dict], out_path: str) -> None:
 
 
 def _arrivals(llm, r: dict, params, in_flight: list[int], steps: list[list[float]]) -> list[list[int]]:
-    """Add each prompt at its arrival time (``params(its max_tokens)``), step the engine until all finish.
+    """Add each prompt at its arrival (``params(its max_tokens)``), step the engine until all finish.
 
     ``steps`` gets one ``[seconds since start, tokens emitted so far, requests with a token, requests finished]``
     per engine step (the steady decode rate of `bench/engine_peer.py` comes from it)."""
     from vllm.inputs import TokensPrompt
 
     engine, start = llm.llm_engine, time.perf_counter()
-    order = sorted(range(len(r["prompts"])), key=lambda i: r["arrival_s"][i])
+    clock = "arrival_tokens" if "arrival_tokens" in r else "arrival_s"
+    order = sorted(range(len(r["prompts"])), key=lambda i: r[clock][i])
     outputs: dict[int, list[int]] = {}
     emitted: dict[int, int] = {}
     nxt = 0
+
+    def due(i: int, now: float) -> bool:
+        if clock == "arrival_s":
+            return r["arrival_s"][i] <= now
+        return r["arrival_tokens"][i] <= sum(emitted.values()) or not engine.has_unfinished_requests()
     while len(outputs) < len(order):
         now = time.perf_counter() - start
-        while nxt < len(order) and r["arrival_s"][order[nxt]] <= now:
+        while nxt < len(order) and due(order[nxt], now):
             i = order[nxt]
             engine.add_request(f"{r['name']}-{i}", TokensPrompt(prompt_token_ids=r["prompts"][i]),
                                params(r["max_new"][i]))

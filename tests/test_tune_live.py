@@ -8,6 +8,7 @@ report states a verdict per run. Timings are not checked (bench/ holds those).""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -50,13 +51,16 @@ def test_plan_visits_every_range_and_runs_every_config(pair, tmp_path):
             assert [len(o) <= n for o, n in zip(x["outputs"], r["max_new"])] == [True] * len(r["prompts"])
             assert x["tok_s"] == pytest.approx(x["tokens"] / x["wall_s"]) and x["tokens"] > 0
             assert x["outputs"] == by["nospec", r["name"]]["outputs"]  # lossless at T = 0
+    assert by["nospec", "mixed"]["steady_tok_s"] is None  # arrivals spread: no steady window
+    assert by["nospec", "c=4"]["steady_tok_s"] is not None and len(by["nospec", "c=4"]["steps"]) == \
+        len(by["nospec", "c=4"]["in_flight"])  # one [seconds, tokens, started, finished] per engine step
     visited = {SCHEDULE.k_at(b) for b in by["tuned", "mixed"]["in_flight"]}
     assert visited == {0, 1, 2}, by["tuned", "mixed"]["in_flight"]  # every range of the schedule
     assert max(by["tuned", "c=1"]["in_flight"]) == 1 and set(by["tuned", "c=4"]["in_flight"]) >= {4}
 
     out = tmp_path / "live.json"
-    meta = {"argv": ["tune_live.py"], "utc": "t", "uptime_start": "u", "schedule_file": "s",
-            "schedule": [list(x) for x in SCHEDULE.ranges], "plan": runs}
+    meta = {"argv": ["tune_live.py"], "utc": "t", "uptime_start": "u", "plan": runs,
+            "schedules": {"avkit": {"file": "s", "ranges": [list(x) for x in SCHEDULE.ranges]}}}
     tune_live.merge(out, meta, rows[:3])
     data = tune_live.merge(out, meta, rows)  # the second piece replaces the rows it measured again
     assert len(data["rows"]) == len(rows) and len(data["pieces"]) == 2
@@ -64,3 +68,62 @@ def test_plan_visits_every_range_and_runs_every_config(pair, tmp_path):
     verdicts = [ln for ln in text.splitlines() if ln.startswith("- avkit ") and " tuned " in ln and "goal" in ln]
     assert len(verdicts) == len(runs) and all("meets the goal" in v or "MISSES the goal" in v for v in verdicts)
     assert "| c=1 | " in text and "steps per batch-size range: 1-1 (K=2): " in text
+
+
+def _row(engine: str, config: str, run: str, tok_s: float, steady: float | None = None) -> dict:
+    return {"engine": engine, "config": config, "run": run, "tokens": 10, "wall_s": 10 / tok_s, "tok_s": tok_s,
+            "steady_tok_s": steady,
+            "in_flight": [1, 2, 1], "outputs": [[1, 2]], "outside": 0.0, "uptime": "load average: 0.00"}
+
+
+def test_a_schedule_that_is_speculation_off_is_the_nospec_config(tmp_path):
+    """The tuner's "off" (speculative_config null) runs once, as no-spec, and is judged against every
+    speculative fixed K: ahead of all of them on the mixed run (tok/s incl. prefill), >= 0.97x the best at a
+    steady one (steady decode tok/s, what the tuner predicts)."""
+    args = argparse.Namespace(ks="1,3", configs="")
+    off = BatchSchedule.load(_fragment(tmp_path, None))
+    assert [c[0] for c in tune_live.configs(args, off)] == ["nospec", "K=1", "K=3"]
+    plan = [{"name": n, "prompts": [[1]], "max_new": [2], "arrival_tokens": [0]} for n in ("c=1", "mixed")]
+    rows = [_row("vllm", "nospec", "c=1", 2.50, 2.56), _row("vllm", "K=1", "c=1", 2.40, 2.70),
+            _row("vllm", "K=3", "c=1", 2.60, 2.50),
+            _row("vllm", "nospec", "mixed", 4.0), _row("vllm", "K=1", "mixed", 3.9), _row("vllm", "K=3", "mixed", 4.1)]
+    data = {"plan": plan, "rows": rows, "pieces": [{"argv": ["x"], "utc": "t", "uptime_start": "u"}],
+            "schedules": {"vllm": {"file": "f", "ranges": [[1, 1, 0]]}}}
+    lines = [ln for ln in write_report(data, tmp_path / "r.md").splitlines()
+             if ln.startswith("- vllm ") and "goal" in ln]
+    assert lines[0].startswith("- vllm c=1: tuned (= nospec) 2.56 steady decode tok/s = 0.948x the best "
+                               "speculative fixed (K=1, 2.70")
+    assert "MISSES" in lines[0] and "2 fixed configs" in lines[0]
+    assert "1.000x" not in lines[1] and "MISSES" in lines[1]  # 4.0 < K=3's 4.1: not ahead of every fixed K
+    rows[-1]["tok_s"], rows[1]["steady_tok_s"] = 3.95, 2.62
+    lines = [ln for ln in write_report(data, tmp_path / "r.md").splitlines() if " goal " in ln]
+    assert "0.977x" in lines[0] and "meets the goal" in lines[0]  # 2.56 / 2.62
+    assert "tok/s incl. prefill = 1.013x" in lines[1] and "meets the goal" in lines[1]
+
+
+def _fragment(tmp_path, spec) -> Path:
+    path = tmp_path / "fragment.json"
+    path.write_text(json.dumps({"speculative_config": spec}))
+    return path
+
+
+@pytest.mark.vllm
+def test_vllm_peer_runs_the_output_token_clock(tmp_path):
+    """vLLM gets the same plan as avkit: requests arrive by tokens emitted (or once the engine is idle), so
+    c=1 decodes one request at a time and the mixed run's batch grows to every burst; each request stops at
+    its own new-token count (vLLM's Dynamic SD schedule itself: tests/test_vllm_record.py)."""
+    from vllm_support import need_vllm
+
+    target, draft = tune_live._tiny_dirs()
+    args = _args((target, draft, None, None), vllm_python=str(need_vllm()), vllm_timeout=900)
+    runs = tune_live.plan(args, Tokenizer.from_dir(Path(target)))
+    rows = tune_live.vllm_phase(args, runs, [("tuned", 2, [list(r) for r in SCHEDULE.ranges])])
+    assert all("error" not in x for x in rows), rows
+    by = {x["run"]: x for x in rows}
+    assert max(by["c=1"]["in_flight"]) == 1 and len(by["c=1"]["outputs"]) == 2
+    assert max(by["c=4"]["in_flight"]) == 4
+    mixed = next(r for r in runs if r["name"] == "mixed")
+    visited = {SCHEDULE.k_at(b) for b in by["mixed"]["in_flight"]}
+    assert visited == {0, 1, 2}, by["mixed"]["in_flight"]  # every range of the schedule, as on avkit
+    assert [len(o) <= n for o, n in zip(by["mixed"]["outputs"], mixed["max_new"])] == [True] * len(mixed["max_new"])
+    assert sum(map(len, by["mixed"]["outputs"])) > len(mixed["max_new"])

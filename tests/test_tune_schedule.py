@@ -81,16 +81,23 @@ def test_engine_applies_the_schedule_at_each_batch_size_and_stays_lossless(pair)
     cfg = EngineConfig(k=3, max_batch=6, max_len=40)
     # arrivals: 1 alone, then 2 more (batch 3), then 3 more (batch 6): every range is visited
     engine = Engine(target, draft, cfg, policy=policy)
+    forwards, real = [0], engine.drafter._forward
+    engine.drafter._forward = lambda *a, **kw: (forwards.__setitem__(0, forwards[0] + 1), real(*a, **kw))[1]
     out = {f"r{i}": [] for i in range(6)}
     arrive = {0: [0], 3: [1, 2], 6: [3, 4, 5]}
-    step = 0
+    step, off = 0, []  # off: drafter forwards in each step the schedule skipped
     while step in arrive or engine.has_unfinished() or any(s > step for s in arrive):
         for i in arrive.get(step, []):
             engine.add_request(Request(f"r{i}", prompts[i], sampling))
+        before, skipped = forwards[0], len(policy.skipped)
         for o in engine.step():
             out[o.request_id].extend(o.new_token_ids)
+        if len(policy.skipped) > skipped:
+            off.append(forwards[0] - before)
         step += 1
     assert {b for b, _, _ in policy.seen} >= {1, 2, 3} and policy.skipped and min(policy.skipped) >= 4
+    assert off and set(off) == {0}  # K = 0: the drafter is not run, not even to keep its cache in sync
+    assert policy.seen[-1][0] < 4  # ... and drafts again as the batch drains: the lazy catch-up ran
     for b, drafted, verified in policy.seen:
         k = _brute(sched, b)
         assert k > 0 and max(drafted) <= k, (b, drafted)

@@ -1,14 +1,18 @@
 """The model drafter: a small LM proposes K tokens per request, K forwards batched over requests.
 
 Its KV cache mirrors the target's slots. Invariant between steps: the cache holds a prefix of the
-sequence. A step first catches up on what it lacks (a new prompt, or the draft x_K and the bonus
-token after a fully accepted step: never fed, since x_K is sampled from the last forward), then
-runs K forwards of one token each:
+sequence. A step first catches up, for the rows that draft in it, on what they lack (a new prompt, the
+draft x_K and the bonus token after a fully accepted step: never fed, since x_K is sampled from the
+last forward, or every token decoded while the row did not draft), then runs K forwards of one
+token each:
 
     forward 1 feeds seq[L:]  -> q_1 -> x_1      (L = cached length; 1 or 2 tokens)
     forward i feeds x_{i-1}  -> q_i -> x_i      (i = 2..K)
 
 After verification `commit` truncates the cache to the accepted prefix, so nothing is recomputed.
+Catch-up is lazy: a row that does not draft (a schedule's K = 0, the draft gate off) costs the drafter
+nothing, and the step that drafts it again feeds the tokens it missed in one prefill. That is the
+catch-up scheduling/gate.py, sim/adaptive.py (`catch_up_ms`) and tune/idle.py price.
 """
 
 from __future__ import annotations
@@ -55,9 +59,10 @@ class DraftModelDrafter(Drafter):
         return out
 
     def _catch_up(self, inp: DraftInput, slots: list[int], rows: list[int]) -> tuple[list[list[int]], list[int]]:
-        """Prefill rows that lag far behind (new prompts) up to all but their last token; -> per row
-        of `rows` the tokens the first pass feeds (1 or 2) and the cached lengths before it."""
-        lag = [b for b in range(len(slots)) if len(inp.sequences[b]) - self._have[slots[b]] > _LONG_CATCH_UP]
+        """Prefill the rows of `rows` (those drafting) that lag far behind (new prompts, rows that did not
+        draft for a while) up to all but their last token; -> per row of `rows` the tokens the first pass
+        feeds (1 or 2) and the cached lengths before it. Rows not drafting are left behind (lazy)."""
+        lag = [b for b in rows if len(inp.sequences[b]) - self._have[slots[b]] > _LONG_CATCH_UP]
         prefill(self._forward, [inp.sequences[b][self._have[slots[b]]:-1] for b in lag], [slots[b] for b in lag],
                 device=self.device)
         for b in lag:
@@ -73,10 +78,11 @@ class DraftModelDrafter(Drafter):
         confs = torch.zeros(B, K, device=dev)  # [B, K] the estimator's predictions (kernel), 0 past drafted
         feats = {n: torch.full((B, K), float("nan"), device=dev) for n in LOGIT_FEATURES}  # [B, K] each
         drafted = torch.zeros(B, dtype=torch.int64, device=dev)  # [B] drafts proposed so far
-        if K == 0:
-            return DraftProposal(tokens_out, probs_out, q_sampled, feats, drafted, [self.kind] * B)
-        slots, wanted = list(inp.host_slots()), list(inp.host_num_draft())  # host bookkeeping
+        slots, wanted = (list(inp.host_slots()), list(inp.host_num_draft())) if K else ([], [])  # host bookkeeping
         rows = [b for b in range(B) if wanted[b] > 0]  # rows drafting in this pass
+        if not rows:  # nothing drafts (K = 0, the gate off): the drafter is not run at all
+            return DraftProposal(tokens_out, probs_out, q_sampled, feats, drafted, [self.kind] * B,
+                                 confidences=confs if K and inp.coefficients is not None else None)
         feed, cached = self._catch_up(inp, slots, rows)
         width = max((len(f) for f in feed), default=1)
         tokens = torch.tensor([f + [0] * (width - len(f)) for f in feed], dtype=torch.int64).to(dev)  # [b, <=2]
