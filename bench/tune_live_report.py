@@ -41,6 +41,12 @@ def _greedy(rows: dict, engine: str, config: str, run: str) -> str:
     return "" if not bad else f" ({bad}≠)"
 
 
+def _runs(data: dict) -> list[str]:
+    """The plan's run names in reading order: steady runs by concurrency, then the mixed run."""
+    return sorted((r["name"] for r in data["plan"]),
+                  key=lambda n: (n == "mixed", int(n[2:]) if n.startswith("c=") else 0))
+
+
 def _off(data: dict, engine: str) -> bool:
     """The engine's schedule is speculation off at every batch size: its tuned config is no-spec."""
     return all(k == 0 for _, _, k in data["schedules"][engine]["ranges"])
@@ -53,7 +59,7 @@ def verdicts(data: dict) -> list[str]:
     for engine in dict.fromkeys(x["engine"] for x in data["rows"]):
         off = _off(data, engine)
         tuned_name = "nospec" if off else "tuned"
-        for run in [r["name"] for r in data["plan"]]:
+        for run in _runs(data):
             tuned = rows.get((engine, tuned_name, run))
             fixed = {c: _rate(x) for (e, c, r), x in rows.items()
                      if e == engine and r == run and c not in ("tuned", tuned_name)}
@@ -78,7 +84,7 @@ def verdicts(data: dict) -> list[str]:
 
 def tables(data: dict) -> list[str]:
     rows = {(x["engine"], x["config"], x["run"]): x for x in data["rows"] if "tok_s" in x}
-    runs = [r["name"] for r in data["plan"]]
+    runs = _runs(data)
     out = []
     for engine in dict.fromkeys(x["engine"] for x in data["rows"]):
         cfgs = list(dict.fromkeys(c for e, c, _ in rows if e == engine))
@@ -125,7 +131,7 @@ def write_report(data: dict, path: Path) -> str:
         "# The tuned schedule on real engines (issue 19 item 5)", "",
         "Schedules (batch size: K; beyond the last range the last K holds, vLLM's rule), each engine's own "
         "(`avkit tune` on its trace with its profiled cost table):", "",
-        *(f"- {e} (`{s['file']}`): " + ", ".join(f"{lo}-{hi}: K={k}" for lo, hi, k in s["ranges"])
+        *(f"- {e} (`{os.path.relpath(s['file']) if os.path.isabs(s['file']) else s['file']}`): " + ", ".join(f"{lo}-{hi}: K={k}" for lo, hi, k in s["ranges"])
           + (" — speculation off: the tuned config is no-spec" if _off(data, e) else "")
           for e, s in schedules.items()), "",
         "Runs (bench/tune_live.py docstring): " + "; ".join(

@@ -108,12 +108,13 @@ def _fragment(tmp_path, spec) -> Path:
 
 
 @pytest.mark.vllm
-def test_vllm_peer_runs_the_output_token_clock(tmp_path):
+def test_vllm_peer_runs_the_output_token_clock(tmp_path, monkeypatch):
     """vLLM gets the same plan as avkit: requests arrive by tokens emitted (or once the engine is idle), so
     c=1 decodes one request at a time and the mixed run's batch grows to every burst; each request stops at
     its own new-token count (vLLM's Dynamic SD schedule itself: tests/test_vllm_record.py)."""
     from vllm_support import need_vllm
 
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # conftest's, for avkit's kernels; not vLLM's business
     target, draft = tune_live._tiny_dirs()
     args = _args((target, draft, None, None), vllm_python=str(need_vllm()), vllm_timeout=900)
     runs = tune_live.plan(args, Tokenizer.from_dir(Path(target)))
