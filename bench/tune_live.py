@@ -3,7 +3,7 @@
 Usage (real pair; run each piece under the bench lock, results accumulate in --out):
 
     python bench/tune_live.py --tiny                                  # dry run, tiny random models, both engines
-    python bench/tune_live.py --engines avkit                         # avkit: no-spec, K = 1,2,3, the schedule
+    python bench/tune_live.py --engines avkit                         # avkit: no-spec, K = 1,2,3,5,7, its schedule
     python bench/tune_live.py --engines vllm --configs nospec,K=1      # vLLM, some configs (one process each)
     python bench/tune_live.py --report                                # tune_live.md from tune_live.json only
 
