@@ -4,6 +4,7 @@ Usage (real pair; run each piece under the bench lock, results accumulate in --o
 
     python bench/tune_live.py --tiny                                  # dry run, tiny random models, both engines
     python bench/tune_live.py --engines avkit                         # avkit: no-spec, K = 1,2,3,5,7, its schedule
+    python bench/tune_live.py --engines avkit --runs c=1 --repeats 3   # avkit, median of 3 interleaved rounds
     python bench/tune_live.py --engines vllm --configs nospec,K=1      # vLLM, some configs (one process each)
     python bench/tune_live.py --report                                # tune_live.md from tune_live.json only
 
@@ -150,13 +151,16 @@ def avkit_phase(args, runs, cfgs, schedule, save=None) -> list[dict]:
         if args.budget_s and time.perf_counter() - start > args.budget_s:
             print(f"budget of {args.budget_s} s spent: runs from {r['name']} on are left out", flush=True)
             break
-        for name, k, ranges in cfgs:
-            load = uptime()
-            res = avkit_run(models, r, k, schedule if ranges is not None else None, max_batch)
-            out.append(_row("avkit", name, r, res, load))
-            if save is not None:
-                save(out[-1:])  # kept even if the piece is stopped later
-            gc.collect()  # the run's engine (KV caches) before the next one
+        reps: dict[str, list[dict]] = {name: [] for name, _, _ in cfgs}
+        for _ in range(args.repeats):  # whole rounds: every config once per round
+            for name, k, ranges in cfgs:
+                load = uptime()
+                res = avkit_run(models, r, k, schedule if ranges is not None else None, max_batch)
+                reps[name].append(_row("avkit", name, r, res, load))
+                if save is not None:
+                    save([_median(reps[name])])  # kept even if the piece is stopped later
+                gc.collect()  # the run's engine (KV caches) before the next one
+        out += [_median(x) for x in reps.values()]
     models.clear()
     gc.collect()
     return out
@@ -199,6 +203,18 @@ def _row(engine: str, config: str, r: dict, res: dict, load) -> dict:
           f"({tokens} tokens, {res['wall_s']:.1f} s; "
           f"{row['uptime']})", flush=True)
     return row
+
+
+def _median(rows: list[dict]) -> dict:
+    """One row for repeated rounds of a config on a run: the round whose verdict rate (steady decode where the
+    run has a window, else tok/s) is the median (the lower middle for an even count), with every round's
+    rates, wall times and load under ``repeats``."""
+    from tune_live_report import rate
+
+    mid = sorted(rows, key=rate)[(len(rows) - 1) // 2]
+    keep = ("tok_s", "steady_tok_s", "wall_s", "uptime")
+    return {**mid, "repeats": [{f: x[f] for f in keep} for x in rows],
+            "outputs_vary": any(x["outputs"] != rows[0]["outputs"] for x in rows)}
 
 
 def merge(path: Path, meta: dict | None, rows: list[dict]) -> dict:
@@ -247,6 +263,8 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny random models (a dry run; results to *_tiny.*)")
     ap.add_argument("--out", default="", help="results JSON (default bench/results/tune_live[_tiny].json)")
     ap.add_argument("--report", action="store_true", help="only rewrite the Markdown from --out")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="avkit: rounds of every config per run; a row keeps the median round (noise on a CPU)")
     ap.add_argument("--budget-s", type=float, default=0.0,
                     help="avkit: start no further run after this many seconds (keeps a locked piece short)")
     args = ap.parse_args()

@@ -13,7 +13,7 @@ from pathlib import Path
 STEADY_MARGIN = 0.97  # issue 19 item 5: tuned >= 0.97x the best fixed K at every steady concurrency
 
 
-def _rate(x: dict) -> float:
+def rate(x: dict) -> float:
     """What a verdict compares: a steady run's steady decode tok/s (the state `avkit tune` predicts), else
     (the mixed run, or a run with no steady window) tokens/s including prefill."""
     steady = x.get("steady_tok_s")
@@ -61,21 +61,21 @@ def verdicts(data: dict) -> list[str]:
         tuned_name = "nospec" if off else "tuned"
         for run in _runs(data):
             tuned = rows.get((engine, tuned_name, run))
-            fixed = {c: _rate(x) for (e, c, r), x in rows.items()
+            fixed = {c: rate(x) for (e, c, r), x in rows.items()
                      if e == engine and r == run and c not in ("tuned", tuned_name)}
             if tuned is None or not fixed:
                 lines.append(f"- {engine} {run}: not measured (tuned or every fixed config missing)")
                 continue
             best = max(fixed, key=fixed.get)
-            ratio = _rate(tuned) / fixed[best]
+            ratio = rate(tuned) / fixed[best]
             if run == "mixed":
-                ok = all(_rate(tuned) > v for v in fixed.values())
+                ok = all(rate(tuned) > v for v in fixed.values())
                 goal = "ahead of every fixed config"
             else:
                 ok = ratio >= STEADY_MARGIN
                 goal = f">= {STEADY_MARGIN}x the best fixed config"
-            what = "steady decode tok/s" if _rate(tuned) != tuned["tok_s"] else "tok/s incl. prefill"
-            lines.append(f"- {engine} {run}: tuned{' (= nospec)' if off else ''} {_rate(tuned):.2f} {what} = "
+            what = "steady decode tok/s" if rate(tuned) != tuned["tok_s"] else "tok/s incl. prefill"
+            lines.append(f"- {engine} {run}: tuned{' (= nospec)' if off else ''} {rate(tuned):.2f} {what} = "
                          f"{ratio:.3f}x the best {'speculative ' if off else ''}fixed "
                          f"({best}, {fixed[best]:.2f}; {len(fixed)} fixed configs measured): "
                          f"{'meets' if ok else 'MISSES'} the goal ({goal})")
@@ -97,19 +97,22 @@ def tables(data: dict) -> list[str]:
             cells, fixed = [], []
             for c in cfgs:
                 x = rows.get((engine, c, run))
-                steady = "" if x is None or _rate(x) == x["tok_s"] else f" / {_rate(x):.2f}"
+                steady = "" if x is None or rate(x) == x["tok_s"] else f" / {rate(x):.2f}"
                 cells.append("-" if x is None else f"{x['tok_s']:.2f}{steady}{_greedy(rows, engine, c, run)}")
                 if x is not None and c != "tuned":
-                    fixed.append(_rate(x))
+                    fixed.append(rate(x))
             t = rows.get((engine, "nospec" if _off(data, engine) else "tuned", run))
             if _off(data, engine):
-                fixed = [_rate(rows[engine, c, run]) for c in cfgs if c != "nospec" and (engine, c, run) in rows]
-            ratio = f"{_rate(t) / max(fixed):.3f}x" if t is not None and fixed else "-"
+                fixed = [rate(rows[engine, c, run]) for c in cfgs if c != "nospec" and (engine, c, run) in rows]
+            ratio = f"{rate(t) / max(fixed):.3f}x" if t is not None and fixed else "-"
             out.append(f"| {run} | " + " | ".join(cells) + f" | {ratio} |")
         out += ["", "Load (`uptime` at the start of each run):", ""]
         for (e, c, r), x in rows.items():
             if e == engine:
                 extra = f", vLLM startup {x['startup_s']:.0f} s" if "startup_s" in x else ""
+                if len(x.get("repeats", [])) > 1:  # the median round is the row; every round's rate
+                    extra += "; rounds " + ", ".join(f"{rate(y):.2f}" for y in x["repeats"]) + " (median kept)"
+                    extra += ", outputs differ between rounds" if x.get("outputs_vary") else ""
                 out.append(f"- {c} {r}: {x['uptime']}; {x['tokens']} tokens in {x['wall_s']:.1f} s{extra}")
         errors = [x for x in data["rows"] if x["engine"] == engine and "error" in x]
         for x in errors:

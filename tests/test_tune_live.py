@@ -29,7 +29,7 @@ def _args(pair, **kw) -> argparse.Namespace:
     tpath, dpath, _, _ = pair
     base = dict(concurrency="1,4", bursts="1@0,2@6,3@14", mixed_new="6,14", max_new_tokens=8, seed=0,
                 datasets=["humaneval", "sharegpt"], temperature=0.0, tiny=True, ks="1,2", configs="",
-                target_dir=str(tpath), draft_dir=str(dpath), dtype="float32", runs="", budget_s=0.0)
+                target_dir=str(tpath), draft_dir=str(dpath), dtype="float32", runs="", budget_s=0.0, repeats=1)
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -99,6 +99,22 @@ def test_a_schedule_that_is_speculation_off_is_the_nospec_config(tmp_path):
     lines = [ln for ln in write_report(data, tmp_path / "r.md").splitlines() if " goal " in ln]
     assert "0.977x" in lines[0] and "meets the goal" in lines[0]  # 2.56 / 2.62
     assert "tok/s incl. prefill = 1.013x" in lines[1] and "meets the goal" in lines[1]
+
+
+def test_repeated_rounds_keep_the_median_round(tmp_path):
+    """--repeats: one row per config and run, the round whose verdict rate is the median (lower middle for an
+    even count), every round's rates kept, and outputs that differ between rounds flagged."""
+    rounds = [_row("avkit", "K=1", "c=4", t, s) for t, s in ((9.0, 30.0), (8.0, 33.0), (10.0, 31.0))]
+    x = tune_live._median(rounds)
+    assert (x["tok_s"], x["steady_tok_s"]) == (10.0, 31.0)  # steady 31 is the middle of 30, 31, 33
+    assert [r["steady_tok_s"] for r in x["repeats"]] == [30.0, 33.0, 31.0] and not x["outputs_vary"]
+    mixed = [_row("avkit", "K=1", "mixed", t) for t in (5.0, 7.0, 6.0, 4.0)]
+    mixed[3]["outputs"] = [[9]]
+    y = tune_live._median(mixed)
+    assert y["tok_s"] == 5.0 and y["outputs_vary"]  # no steady window: tok/s; 4, 5, 6, 7 -> lower middle 5
+    plan = [{"name": "c=4", "prompts": [[1]], "max_new": [2], "arrival_tokens": [0]}]
+    data = {"plan": plan, "rows": [x], "pieces": [], "schedules": {"avkit": {"file": "f", "ranges": [[1, 4, 1]]}}}
+    assert "rounds 30.00, 33.00, 31.00 (median kept)" in write_report(data, tmp_path / "r.md")
 
 
 def _fragment(tmp_path, spec) -> Path:
