@@ -60,7 +60,7 @@ import torch
 BENCH = Path(__file__).parent
 sys.path.insert(0, str(BENCH))
 from engine_peer import VLLM_ENV, prompt_ids, steady_tok_s  # noqa: E402  (bench/ is not a package)
-from tune_live_report import write_report  # noqa: E402
+from tune_live_report import rate, write_report  # noqa: E402
 
 RESULTS = BENCH / "results"
 
@@ -209,8 +209,6 @@ def _median(rows: list[dict]) -> dict:
     """One row for repeated rounds of a config on a run: the round whose verdict rate (steady decode where the
     run has a window, else tok/s) is the median (the lower middle for an even count), with every round's
     rates, wall times and load under ``repeats``."""
-    from tune_live_report import rate
-
     mid = sorted(rows, key=rate)[(len(rows) - 1) // 2]
     keep = ("tok_s", "steady_tok_s", "wall_s", "uptime")
     return {**mid, "repeats": [{f: x[f] for f in keep} for x in rows],
@@ -268,6 +266,8 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=0.0,
                     help="avkit: start no further run after this many seconds (keeps a locked piece short)")
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
     out = Path(args.out or RESULTS / f"tune_live{'_tiny' if args.tiny else ''}.json")
     if args.report:
         return print(write_report(json.loads(out.read_text()), out.with_suffix(".md")))
