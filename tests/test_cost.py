@@ -55,6 +55,24 @@ def test_draft_fixed_part_is_validated(tmp_path):
     assert CostTable.load(path).draft_fixed_cost(2) == 0.0
 
 
+def test_drafter_prefill_curve_prices_catch_up_and_falls_back_to_draft_passes(tmp_path):
+    path = tmp_path / "bad.json"
+    base = {"verify_tokens": [1], "verify_ms": [1.0], "draft_requests": [1, 16], "draft_ms": [1.0, 4.0]}
+    for tokens, ms, match in (([16, 64], [1.0], "prefill needs equal"), ([16, 64], [2.0, 1.0],
+                              "prefill must be non-decreasing"), ([16], [], "prefill needs equal"),
+                              ([16, 8], [1.0, 2.0], "strictly increasing")):
+        path.write_text(json.dumps({**base, "prefill_tokens": tokens, "prefill_ms": ms}))
+        with pytest.raises(ConfigError, match=match) as e:
+            CostTable.load(path)
+        assert "bad.json" in str(e.value)
+    path.write_text(json.dumps({**base, "prefill_tokens": [16, 64], "prefill_ms": [2.0, 5.0]}))
+    t = CostTable.load(path)
+    np.testing.assert_allclose(t.draft_prefill_cost([16, 40, 128]), [2.0, 3.5, 9.0])  # last slope beyond
+    assert CostTable.load(t.save(tmp_path / "c.json")).to_json() == t.to_json()
+    plain = CostTable.load(path.write_text(json.dumps(base)) and path)  # none profiled: a draft pass over n rows
+    np.testing.assert_allclose(plain.draft_prefill_cost([1, 16, 31]), plain.draft_pass_cost([1, 16, 31]))
+
+
 def test_json_round_trip(tmp_path):
     t = _table(context_ms=(0.1, 0.2), meta={"device": "test"}, draft_fixed_ms=(0.5, 0.7))
     path = t.save(tmp_path / "sub" / "cost.json")
@@ -171,13 +189,16 @@ def tiny_pair(tmp_path_factory):
 
 
 def test_profile_tiny_model_is_monotone(tiny_pair, monkeypatch, tmp_path):
+    from avkit.scheduling.catch_up import PRICE_GRID
     from avkit.scheduling.profile import profile_costs
 
     monkeypatch.setenv("AVKIT_PROFILE_CONTEXT_LEN", "64")
     cfg = ProfileConfig(k=3, max_tokens=12, max_requests=3, repeats=2, warmup=1)
     table = profile_costs(*tiny_pair[:2], cfg)
     assert table.verify_tokens == (1, 2, 4, 8, 12) and table.draft_requests == (1, 2, 3)
+    assert table.prefill_tokens == PRICE_GRID and len(table.prefill_ms) == len(PRICE_GRID)
     assert np.all(np.diff(table.verify_ms) >= 0) and np.all(np.diff(table.draft_ms) >= 0)
+    assert np.all(np.diff(table.prefill_ms) >= 0) and min(table.prefill_ms) > 0
     assert min(table.verify_ms) > 0 and table.meta["context_len"] == 64
     assert table.meta["target_sha256"] == tiny_pair[0].sha256
     assert CostTable.load(table.save(tmp_path / "c.json")).verify_ms == table.verify_ms

@@ -190,10 +190,18 @@ def test_idle_prices_follow_the_cost_table():
     got = idle_costs(table, concurrency=8, nospec_step_ms=11.0, prompt_tokens=300, output_tokens=100)
     draft = lambda n: float(np.interp(n, [1, 1024], [2.0, 50.0]))
     assert got["sync_share"] == pytest.approx(draft(8) / 11.0)
-    assert got["catch_up_share"]["64"] == pytest.approx(draft(8 * 64) / (64 * 11.0))
+    # no profiled prefill: a prefill of n tokens is priced as a draft pass over n rows (an upper bound)
+    assert got["catch_up_share"]["64"] == pytest.approx(8 * draft(64) / (64 * 11.0))
     assert got["prefill_share"] == pytest.approx(8 * draft(300) / (100 * 11.0))
     assert got["overhead_share"] == pytest.approx(got["prefill_share"] + min(got["sync_share"],
                                                                               got["catch_up_share"]["64"]))
+    profiled = CostTable((1, 64), (10.0, 20.0), (1, 1024), (2.0, 50.0), prefill_tokens=(16, 512),
+                         prefill_ms=(4.0, 128.0))
+    got = idle_costs(profiled, concurrency=8, nospec_step_ms=11.0, prompt_tokens=300, output_tokens=100)
+    prefill = lambda n: float(np.interp(n, [16, 512], [4.0, 128.0]))
+    assert got["sync_share"] == pytest.approx(draft(8) / 11.0)  # the decode pass is still the table's draft pass
+    assert got["catch_up_share"]["64"] == pytest.approx(8 * prefill(64) / (64 * 11.0))
+    assert got["prefill_share"] == pytest.approx(8 * prefill(300) / (100 * 11.0))
 
 
 def test_vllm_fragment_and_its_rules():
@@ -243,6 +251,33 @@ def test_result_is_deterministic_and_self_consistent(trace, result):
         assert r["vs_nospec"]["ratio"] == pytest.approx(cell[r["arm"]] / cell["nospec"])
         assert r["vs_single_k"]["ratio"] == pytest.approx(cell[r["arm"]] / cell[f"fixed{s['single_k']}"])
         assert r["arm"] == (f"adaptive-K{r['k']}" if s["adaptive"] and r["k"] else r["fixed_arm"])
+
+
+def test_catch_up_rule_is_priced_from_the_table_and_the_cost(trace, result):
+    """schedule.catch_up: batch ms saved per token = 1000/no-spec - 1000/chosen arm, from the cells; the
+    prefill price is the cost table's (roofline: none profiled, a draft pass over n rows)."""
+    rule = result["schedule"]["catch_up"]
+    cells = {(x["arm"], x["concurrency"]): x["throughput_tok_s"] for x in result["cells"]}
+    assert rule["concurrency"] == list(CONC)
+    for c, saving, r in zip(CONC, rule["saving_ms"], result["schedule"]["per_concurrency"]):
+        assert saving == pytest.approx(1000 / cells["nospec", c] - 1000 / cells[r["arm"], c], rel=1e-12)
+        assert (saving == 0.0) == (r["k"] == 0)
+    cost = parse_roofline_spec("roofline:H200:8b")
+    np.testing.assert_allclose(rule["prefill_ms"], cost.draft_pass_cost(rule["prefill_tokens"]))
+    assert any("no profiled drafter prefill" in n for n in result["notes"])
+
+
+def test_datasets_option_tunes_on_those_requests_only(trace):
+    frame = pl.read_parquet(trace)
+    names = sorted(frame["dataset"].cast(pl.Utf8).unique().to_list())
+    one = tune([trace], TuneConfig(concurrency=(1, 4), context=2048, bootstrap=20, max_k=3, datasets=(names[0],)))
+    want = frame.filter(pl.col("dataset").cast(pl.Utf8) == names[0])["request_id"].n_unique()
+    assert one["requests"] == want < frame["request_id"].n_unique() and one["config"]["datasets"] == [names[0]]
+    with pytest.raises(ConfigError, match=f"--datasets 'nope': no such dataset in the traces \\(they have "
+                                          f"{', '.join(names)}\\)"):
+        tune([trace], TuneConfig(concurrency=(1,), context=2048, datasets=("nope",)))
+    with pytest.raises(ConfigError, match="--datasets must be distinct non-empty names"):
+        TuneConfig(datasets=("a", "a"))
 
 
 def test_profiled_memory_meta_matches_the_kv_cache_it_allocates(tmp_path):

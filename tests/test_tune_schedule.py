@@ -3,7 +3,9 @@
 Checked against brute force: K(b) is the K of the range holding b (the last range's past it) for schedules
 read from `avkit tune --out` JSON and from its vLLM fragment; in the engine, every step at batch size b
 drafts at most K(b) per request, verifies min(drafted, K(b)), drafts nothing where K(b) = 0, and the
-greedy output equals target-only decoding token for token. Bad schedule files are one error line, exit 2.
+greedy output equals target-only decoding token for token. The catch-up rule (scheduling/catch_up.py)
+against a brute-force loop, and in the engine: the lags it is given are the drafter's, a request it keeps out
+runs no drafter forward, output unchanged. Bad schedule files are one error line, exit 2.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from avkit.errors import ConfigError
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.scheduling.batch_schedule import BatchSchedule, ScheduledK
+from avkit.scheduling.catch_up import FREE_LAG, CatchUpRule
 from avkit.scheduling.policy import make_policy
 from avkit.step_types import DraftBatch, Load
 from avkit.tune.formats import vllm_fragment
@@ -60,11 +63,11 @@ class _Recording(ScheduledK):
         self.seen: list[tuple[int, list[int], list[int]]] = []
         self.skipped: list[int] = []
 
-    def draft_this_step(self, load):
-        on = super().draft_this_step(load)
-        if not on:
+    def draft_limits(self, load, lag, remaining):
+        limits = super().draft_limits(load, lag, remaining)
+        if not any(limits):
             self.skipped.append(load.num_requests)
-        return on
+        return limits
 
     def num_verify(self, batch, load):
         plan = super().num_verify(batch, load)
@@ -104,6 +107,95 @@ def test_engine_applies_the_schedule_at_each_batch_size_and_stays_lossless(pair)
         assert verified == [min(d, k) for d in drafted]
     ref = Engine(target, None, EngineConfig(k=0, max_batch=6, max_len=40))
     want = ref.generate([Request(f"r{i}", p, sampling) for i, p in enumerate(prompts)])
+    assert [out[g.request_id] for g in want] == [g.output_ids for g in want]
+
+
+def _price(rule: CatchUpRule, lag: int) -> float:
+    """The prefill price by hand: linear between the curve's points, the last segment's slope past them."""
+    x, y = rule.prefill_tokens, rule.prefill_ms
+    if lag <= x[0]:
+        return y[0]
+    for (x0, y0), (x1, y1) in zip(zip(x, y), zip(x[1:], y[1:])):
+        if lag <= x1:
+            return y0 + (y1 - y0) * (lag - x0) / (x1 - x0)
+    return y[-1] + (y[-1] - y[-2]) * (lag - x[-1]) / (x[-1] - x[-2])
+
+
+def _saving(rule: CatchUpRule, b: int) -> float:
+    c, s = rule.concurrency, rule.saving_ms
+    if b <= c[0]:
+        return s[0]
+    for c0, c1, s0, s1 in zip(c, c[1:], s, s[1:]):
+        if b <= c1:
+            return s0 + (s1 - s0) * (b - c0) / (c1 - c0)
+    return s[-1]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_catch_up_rule_is_the_brute_force_loop(seed):
+    rng = random.Random(seed)
+    conc = sorted(rng.sample(range(1, 30), rng.randint(1, 5)))
+    grid = sorted(rng.sample(range(1, 600), rng.randint(2, 5)))
+    prices = sorted(rng.uniform(0, 2000) for _ in grid)
+    rule = CatchUpRule(tuple(conc), tuple(rng.uniform(-5, 60) for _ in conc), tuple(grid), tuple(prices))
+    lag = [rng.randint(0, 900) for _ in range(200)]
+    remaining = [rng.randint(0, 200) for _ in range(200)]
+    for b in range(1, 35):
+        want = [x <= FREE_LAG or _price(rule, x) <= r * _saving(rule, b) + 1e-9 for x, r in zip(lag, remaining)]
+        assert rule.drafts(lag, remaining, b).tolist() == want, b
+    back = CatchUpRule.from_json(json.loads(json.dumps(rule.to_json())))
+    assert back.drafts(lag, remaining, 3).tolist() == rule.drafts(lag, remaining, 3).tolist()
+
+
+class _Lags(ScheduledK):
+    """The schedule policy, recording what the engine gives `draft_limits` and what it returns."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.calls: list[tuple[int, list[int], list[int], list[int]]] = []
+
+    def draft_limits(self, load, lag, remaining):
+        limits = super().draft_limits(load, lag, remaining)
+        self.calls.append((load.num_requests, list(lag), list(remaining), limits))
+        return limits
+
+
+@pytest.mark.parametrize("saving, drafts", [(0.0, False), (1e6, True), (30.0, None)])
+def test_engine_applies_the_catch_up_rule(pair, saving, drafts):
+    """K = 3 alone, 0 from two requests: the first request drafts from its prompt on iff the rule lets it; the
+    second arrives at batch 2 (K = 0); when the first finishes, it is back alone with a long lag."""
+    _, _, target, draft = pair
+    rule = CatchUpRule((1, 2), (saving, saving), (4, 64), (40.0, 640.0))  # 10 ms per token of lag
+    policy = _Lags(BatchSchedule(((1, 1, 3), (2, 4, 0)), catch_up=rule), k=3)
+    engine = Engine(target, draft, EngineConfig(k=3, max_batch=2, max_len=80), policy=policy)
+    forwards, real = [0], engine.drafter._forward
+    engine.drafter._forward = lambda *a, **kw: (forwards.__setitem__(0, forwards[0] + 1), real(*a, **kw))[1]
+    prompts = [[5, 17, 33, 9, 4, 8, 21, 2], [6, 18, 34, 10, 3]]
+    sampling = [SamplingConfig(temperature=0.0, max_new_tokens=n) for n in (30, 26)]
+    out = {"r0": [], "r1": []}
+    engine.add_request(Request("r0", prompts[0], sampling[0]))
+    step = 0
+    while engine.has_unfinished():
+        if step == 2:
+            engine.add_request(Request("r1", prompts[1], sampling[1]))
+        for o in engine.step():
+            out[o.request_id].extend(o.new_token_ids)
+        step += 1
+    assert policy.calls[0][1] == [len(prompts[0])]  # a new request lacks its whole prompt in the drafter
+    for b, lag, remaining, limits in policy.calls:
+        want = [(3 if x <= FREE_LAG or 10.0 * x <= r * saving else 0) if b == 1 else 0 for x, r in zip(lag, remaining)]
+        assert limits == want, (b, lag, remaining, limits)
+    last_pair = max(i for i, c in enumerate(policy.calls) if c[0] == 2)
+    first, back = policy.calls[0], policy.calls[last_pair + 1]  # r0 new; r1 alone after steps without drafting
+    assert back[0] == 1 and back[1][0] > len(prompts[1]) + 2, back  # its lag: prompt + tokens decoded meanwhile
+    if drafts is False:
+        assert forwards[0] == 0
+    if drafts is True:
+        assert first[3] == [3] and back[3] == [3]
+    if drafts is None:  # 30 ms per token saved: the prompt (8 x 10 ms <= 10 x 30) drafts; the late lag,
+        assert first[3] == [3] and back[3] == [0]  # over few remaining tokens, does not
+    ref = Engine(target, None, EngineConfig(k=0, max_batch=2, max_len=80))
+    want = ref.generate([Request(f"r{i}", p, s) for i, (p, s) in enumerate(zip(prompts, sampling))])
     assert [out[g.request_id] for g in want] == [g.output_ids for g in want]
 
 

@@ -25,12 +25,17 @@ def render(table, console: Console) -> None:
     out.add_column("draft ms (1 pass)", justify="right")
     if table.draft_fixed_ms:  # vLLM's drafting: a first-pass surcharge paid once per step (cost.py)
         out.add_column("draft ms (once per step)", justify="right")
-    n = max(len(table.verify_tokens), len(table.draft_requests))
+    if table.prefill_tokens:  # the drafter's prefill of one request: a catch-up's price (scheduling/catch_up.py)
+        out.add_column("prefill tokens", justify="right")
+        out.add_column("drafter prefill ms", justify="right")
+    n = max(len(table.verify_tokens), len(table.draft_requests), len(table.prefill_tokens))
     cell = lambda seq, i, fmt: fmt(seq[i]) if i < len(seq) else ""
     for i in range(n):
         fixed = [cell(table.draft_fixed_ms, i, "{:.2f}".format)] if table.draft_fixed_ms else []
+        prefill = [cell(table.prefill_tokens, i, str), cell(table.prefill_ms, i, "{:.2f}".format)] \
+            if table.prefill_tokens else []
         out.add_row(cell(table.verify_tokens, i, str), cell(table.verify_ms, i, "{:.2f}".format),
-                    cell(table.draft_requests, i, str), cell(table.draft_ms, i, "{:.2f}".format), *fixed)
+                    cell(table.draft_requests, i, str), cell(table.draft_ms, i, "{:.2f}".format), *fixed, *prefill)
     console.print(out)
 
 

@@ -104,6 +104,8 @@ def register(app: typer.Typer) -> None:
             _d("bootstrap"),
         seed: Annotated[int, typer.Option(help="bootstrap seed")] = _d("seed"),
         out: Annotated[str, typer.Option(help="the whole result as JSON (read by `avkit report`)")] = _d("out"),
+        datasets: Annotated[str, typer.Option(help="comma-separated: tune on these datasets' requests only, the "
+                                                   "traffic the engine will serve (default: every request)")] = "",
     ):
         """Per batch size: predicted tokens/s for no-spec, each fixed K, adaptive and adaptive with early stop;
         the recommended K per batch-size range, adaptive on or off, and the engine fragment."""
@@ -113,7 +115,8 @@ def register(app: typer.Typer) -> None:
         gate = draft_gate if draft_gate is not None else format != "vllm"
         config = TuneConfig(concurrency=parse_ints("concurrency", concurrency), cost=cost, max_k=max_k,
                             tpot_slo_ms=tpot_slo_ms, context=context, memory_gb=memory_gb, format=format,
-                            draft_gate=gate, estimator=estimator, bootstrap=bootstrap, seed=seed, out=out)
+                            draft_gate=gate, estimator=estimator, bootstrap=bootstrap, seed=seed, out=out,
+                            datasets=tuple(d.strip() for d in datasets.split(",")) if datasets else ())
         paths = [str(p) for p in traces] if traces else shipped_traces()
         console = Console(stderr=True)
         bar = Progress(console=console, transient=True)  # started once the inputs are validated

@@ -79,6 +79,7 @@ class TuneConfig:
     seed: int = 0
     format: str = "table"
     out: str = "reports/tune.json"  # every result, for scripts and `avkit report`
+    datasets: tuple[str, ...] = ()  # tune on these datasets' requests only (empty: every request in the traces)
 
     def __post_init__(self):
         from avkit.errors import ConfigError
@@ -98,6 +99,8 @@ class TuneConfig:
         check_choice("--format", self.format, TUNE_FORMATS)
         if not str(self.out).endswith(".json"):
             raise ConfigError(f"--out must be a .json path, got {self.out!r}")
+        if any(not d for d in self.datasets) or len(set(self.datasets)) != len(self.datasets):
+            raise ConfigError(f"--datasets must be distinct non-empty names, got {','.join(self.datasets)!r}")
 
 
 __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_COST_PATH", "PROFILE_CONTEXT_ENV", "TUNE_FORMATS", "ProfileConfig", "SimulateConfig", "TuneConfig"]

@@ -91,6 +91,11 @@ class Drafter(Protocol):
         host: (slots, num_valid) as host ints when the caller has them (no read back)."""
         ...
 
+    def lag(self, slot: int, length: int) -> int:
+        """Tokens of the length-`length` sequence in `slot` the drafter has not seen, which drafting it next
+        costs a catch-up over (scheduling/catch_up.py). Default 0: a drafter without a cache of its own."""
+        return 0
+
     def observe_final(self, slot: int, sequence: list[int]) -> None:
         """The request in `slot` finished with `sequence` (prompt + output), before `release`; a drafter that
         learns from whole responses (the suffix cache) keeps it. Default: nothing."""

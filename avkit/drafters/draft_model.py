@@ -27,9 +27,9 @@ from avkit.kernels.dispatch import Kernels, select_kernels
 from avkit.models.transformer import HostLengths
 from avkit.runtime.prefill import prefill
 from avkit.runtime.sampling import probs_from_logits, sample_tokens
+from avkit.scheduling.catch_up import FREE_LAG  # rows lacking more tokens than this are prefilled first
 from avkit.step_types import DraftBatch
 
-_LONG_CATCH_UP = 2  # rows lacking more tokens than this are prefilled row by row first
 
 
 class DraftModelDrafter(Drafter):
@@ -52,6 +52,10 @@ class DraftModelDrafter(Drafter):
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
+    def lag(self, slot: int, length: int) -> int:
+        """Tokens of the length-`length` sequence in `slot` that the cache lacks (host count)."""
+        return length - self._have[slot]
+
     def _forward(self, tokens, q_lens, slots, logits, host: HostLengths | None = None):
         t0 = time.perf_counter()
         out = self.model.forward(tokens, q_lens, slots, self.cache, logits=logits, host=host)
@@ -62,7 +66,7 @@ class DraftModelDrafter(Drafter):
         """Prefill the rows of `rows` (those drafting) that lag far behind (new prompts, rows that did not
         draft for a while) up to all but their last token; -> per row of `rows` the tokens the first pass
         feeds (1 or 2) and the cached lengths before it. Rows not drafting are left behind (lazy)."""
-        lag = [b for b in rows if len(inp.sequences[b]) - self._have[slots[b]] > _LONG_CATCH_UP]
+        lag = [b for b in rows if len(inp.sequences[b]) - self._have[slots[b]] > FREE_LAG]
         prefill(self._forward, [inp.sequences[b][self._have[slots[b]]:-1] for b in lag], [slots[b] for b in lag],
                 device=self.device)
         for b in lag:

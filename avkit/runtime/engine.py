@@ -3,7 +3,8 @@
 One `step()` (docs/lossless.md, docs/runtime.md):
   1. admit waiting requests into free KV slots and prefill the target with prompt[:-1]
   2. draft: the drafter proposes up to K tokens per request (K forwards batched over requests), unless
-     the policy's optional `draft_this_step(load)` gate, judging from earlier steps, skips speculation
+     the policy's optional `draft_this_step(load)` gate, judging from earlier steps, skips speculation,
+     and its `draft_limits` caps each request's drafts (a schedule's K(b), its catch-up rule)
   3. decide: the verify policy picks k_r <= num_drafted_r from lossless features and the load
   4. verify: ONE target forward over [last token, x_1..x_{k_r}] for every request -> p_1..p_{k_r+1}
   5. rejection sampling: each request emits n_r accepted drafts + 1 recovered/bonus token
@@ -33,7 +34,7 @@ from avkit.runtime.commit import append_tokens, roll_back
 from avkit.runtime.request import FINISH_ABORT, Generation, Request, StepOutput
 from avkit.runtime.running import EngineStats, RunningSeq
 from avkit.runtime.sampling import probs_from_logits
-from avkit.runtime.step_inputs import draft_input, no_drafts, top_k_min_p
+from avkit.runtime.step_inputs import draft_input, limit_drafts, no_drafts, top_k_min_p
 from avkit.runtime.sink import TraceSink
 from avkit.runtime.trace_rows import trace_rows
 from avkit.scheduling.policy import FullVerification, VerifyPolicy
@@ -199,6 +200,11 @@ class Engine:
                 and not self.policy.draft_this_step(load):
             inp = replace(inp, num_draft=torch.zeros_like(inp.num_draft), max_draft=0,
                           num_draft_ids=(0,) * len(batch))
+        if self.drafter is not None and inp.max_draft > 0:  # per request (a schedule's K(b), its catch-up rule)
+            limits = self.policy.draft_limits(load, [self.drafter.lag(s.slot, len(s.tokens)) for s in batch],
+                                              [s.req.sampling.max_new_tokens - s.num_output for s in batch])
+            if limits is not None:
+                inp = limit_drafts(inp, limits, self.device)
         inp = replace(inp, continue_drafting=lambda so_far: self.policy.continue_drafting(so_far, load),
                       coefficients=self.policy.confidence_coefficients(self.device))
         if self.drafter is None or inp.k == 0:

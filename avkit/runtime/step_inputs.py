@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from avkit.drafters.base import DraftInput, DraftProposal
@@ -26,6 +28,13 @@ def draft_input(batch: list[RunningSeq], k: int, max_len: int, drafting: bool, d
         nucleus=any(s.req.sampling.top_p < 1 for s in batch))
 
 
+def limit_drafts(inp: DraftInput, limits: list[int], device) -> DraftInput:
+    """`inp` with each request's drafts capped at limits[b] (the policy's `draft_limits`)."""
+    wanted = tuple(min(w, max(0, int(m))) for w, m in zip(inp.num_draft_ids, limits))
+    return replace(inp, num_draft=torch.tensor(wanted, dtype=torch.int64).to(device),
+                   max_draft=max(wanted, default=0), num_draft_ids=wanted)
+
+
 def no_drafts(batch_size: int, vocab_size: int, device) -> DraftProposal:
     """An empty proposal: target-only decoding through the same step."""
     B, dev = batch_size, device
@@ -44,4 +53,4 @@ def top_k_min_p(batch: list[RunningSeq], device) -> tuple[torch.Tensor | None, t
     return top_k[:, None], min_p[:, None]
 
 
-__all__ = ["draft_input", "no_drafts", "top_k_min_p"]
+__all__ = ["draft_input", "limit_drafts", "no_drafts", "top_k_min_p"]

@@ -8,9 +8,13 @@ dense lookup (vllm/v1/spec_decode/dynamic/utils.py):
   K(b)        the K of the range holding b; a batch size past the last range takes the last range's K
   clamp       the engine drafts at most its own k (-k): a schedule asking for more is refused at load
               (vLLM clamps silently; here it is one error line naming the file)
-Each step the policy takes b = requests in the step (vLLM: `len(num_scheduled_tokens)`), skips
-drafting when K(b) = 0 (`draft_this_step`), stops each request's drafting after K(b) drafts
-(`continue_drafting`) and verifies min(drafted, K(b)). Only the batch size decides: lossless.
+Each step the policy takes b = requests in the step (vLLM: `len(num_scheduled_tokens)`), lets each
+request draft at most K(b) (`draft_limits`: K(b) = 0 drafts nothing and runs no drafter forward) and
+verifies min(drafted, K(b)). `avkit tune --out` JSON also carries the catch-up rule (scheduling/catch_up.py,
+key `schedule.catch_up`): a request whose drafter is behind (new, or sat out a K = 0 range) drafts only
+where the catch-up's prefill pays back over its remaining tokens. A vLLM fragment has no rule (vLLM's
+drafter prefills every prompt and follows every token: it never catches up). Only lengths and counts
+decide: lossless.
 """
 
 from __future__ import annotations
@@ -20,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from avkit.errors import ConfigError
+from avkit.scheduling.catch_up import CatchUpRule
 from avkit.scheduling.policy import VerifyPolicy
 from avkit.step_types import DraftBatch, Load, StepPlan
 
@@ -33,6 +37,7 @@ class BatchSchedule:
 
     ranges: tuple[tuple[int, int, int], ...]
     source: str = ""  # the file it came from (for messages)
+    catch_up: CatchUpRule | None = None  # when a lagging request drafts again (None: always, vLLM's way)
     dense: np.ndarray = field(init=False, repr=False, compare=False)  # [last hi + 1] K by batch size; [0] unused
 
     def __post_init__(self):
@@ -70,7 +75,10 @@ class BatchSchedule:
             raise ConfigError(f"--schedule {p}: no such file") from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
             raise ConfigError(f"--schedule {p}: not a JSON file ({e})") from None
-        return cls(_ranges(data, p), source=str(p))
+        rule = data.get("schedule", {}).get("catch_up") if isinstance(data, dict) and \
+            isinstance(data.get("schedule"), dict) else None
+        return cls(_ranges(data, p), source=str(p),
+                   catch_up=CatchUpRule.from_json(rule, f"--schedule {p}") if rule is not None else None)
 
 
 def _ranges(data, path: Path) -> tuple[tuple[int, int, int], ...]:
@@ -107,11 +115,11 @@ class ScheduledK(VerifyPolicy):
             raise ConfigError(f"--schedule {self.schedule.source}: K={self.schedule.max_k} at batch size {b} "
                               f"is more than the engine drafts (k={self.k}); raise -k or lower the schedule")
 
-    def draft_this_step(self, load: Load) -> bool:
-        return self.schedule.k_at(load.num_requests) > 0
-
-    def continue_drafting(self, batch: DraftBatch, load: Load) -> torch.Tensor:  # [B] bool
-        return batch.num_drafted < self.schedule.k_at(load.num_requests)
+    def draft_limits(self, load: Load, lag: list[int], remaining: list[int]) -> list[int]:
+        k, rule = self.schedule.k_at(load.num_requests), self.schedule.catch_up
+        if k == 0 or rule is None:
+            return [k] * len(lag)
+        return [k if ok else 0 for ok in rule.drafts(lag, remaining, load.num_requests).tolist()]
 
     def num_verify(self, batch: DraftBatch, load: Load) -> StepPlan:
         return StepPlan(batch.num_drafted.clamp(max=self.schedule.k_at(load.num_requests)))  # [B] int64

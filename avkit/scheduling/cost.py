@@ -8,6 +8,10 @@ Glossary:
                   request) and prepares its inputs (0 in native tables: avkit's drafter feeds 1-2 tokens)
   context_ms(n)   target KV-cache reads that scale with requests, not tokens (0 in profiled tables,
                   whose verify_ms already includes them for the profiling layout)
+  prefill_ms(n)   the drafter prefilling n tokens of one request (a new prompt, or what it missed while
+                  its request did not draft): the price of a catch-up (scheduling/catch_up.py). Profiled
+                  tables measure it; where it is absent it is priced as a draft pass over n rows, an upper
+                  bound (each row pays its own KV reads and one LM head)
   draft passes    forwards the drafter runs for k drafts: k (autoregressive) or 1 (parallel, DSpark-like)
   step_ms(n, k, T) = passes(k) * draft_ms(n) + [k > 0] draft_fixed_ms(n) + context_ms(n) + verify_ms(T)
 
@@ -70,6 +74,8 @@ class CostTable:
     drafter: str = "autoregressive"
     meta: dict = field(default_factory=dict)  # device, target, draft, context_len, source, ...
     draft_fixed_ms: tuple[float, ...] = ()  # [Q] drafting paid once per step by requests (empty = 0)
+    prefill_tokens: tuple[int, ...] = ()  # [U] tokens of one request the drafter prefills (grid; empty: not profiled)
+    prefill_ms: tuple[float, ...] = ()  # [U]
 
     def __post_init__(self):
         src = str(self.meta.get("path", ""))
@@ -79,6 +85,8 @@ class CostTable:
             _check_curve("context", self.draft_requests, self.context_ms, src)
         if self.draft_fixed_ms:
             _check_curve("draft_fixed", self.draft_requests, self.draft_fixed_ms, src)
+        if self.prefill_tokens or self.prefill_ms:
+            _check_curve("prefill", self.prefill_tokens, self.prefill_ms, src)
         if self.drafter not in DRAFTER_KINDS:
             raise ConfigError(f"cost table {src}: drafter must be one of {DRAFTER_KINDS}, got {self.drafter!r}")
         object.__setattr__(self, "_v", (np.asarray(self.verify_tokens, float), np.asarray(self.verify_ms)))
@@ -87,6 +95,7 @@ class CostTable:
         object.__setattr__(self, "_c", (np.asarray(self.draft_requests, float), np.asarray(ctx)))
         fixed = self.draft_fixed_ms or (0.0,) * len(self.draft_ms)
         object.__setattr__(self, "_f", (np.asarray(self.draft_requests, float), np.asarray(fixed)))
+        object.__setattr__(self, "_p", (np.asarray(self.prefill_tokens, float), np.asarray(self.prefill_ms, float)))
 
     # ---- lookups (vectorized over numpy arrays) ----
     def verify_cost(self, tokens) -> np.ndarray:
@@ -110,6 +119,12 @@ class CostTable:
         k = np.asarray(k, dtype=np.float64)
         return self.draft_passes(k) * self.draft_pass_cost(num_requests) + \
             (k > 0) * self.draft_fixed_cost(num_requests)
+
+    def draft_prefill_cost(self, tokens) -> np.ndarray:
+        """The drafter prefilling n tokens of one request; a draft pass over n rows where not profiled."""
+        if not self.prefill_tokens:
+            return self.draft_pass_cost(tokens)
+        return _interp(np.asarray(tokens, dtype=np.float64), *self._p)
 
     def context_cost(self, num_requests) -> np.ndarray:
         """The target's KV reads for n requests (0 for profiled tables)."""
@@ -167,7 +182,9 @@ class CostTable:
             draft_ms=_numbers(path, d, "draft_ms"),
             context_ms=_numbers(path, d, "context_ms", empty=True) if "context_ms" in d else (),
             drafter=drafter, meta={**meta, "path": str(path)},
-            draft_fixed_ms=_numbers(path, d, "draft_fixed_ms", empty=True) if "draft_fixed_ms" in d else ())
+            draft_fixed_ms=_numbers(path, d, "draft_fixed_ms", empty=True) if "draft_fixed_ms" in d else (),
+            prefill_tokens=_numbers(path, d, "prefill_tokens", integer=True, empty=True) if "prefill_tokens" in d
+            else (), prefill_ms=_numbers(path, d, "prefill_ms", empty=True) if "prefill_ms" in d else ())
         if min(table.verify_ms) <= 0:
             raise ConfigError(f"cost table {path}: field 'verify_ms' must be positive (a target forward costs "
                               f"time), got {list(table.verify_ms)}")

@@ -41,6 +41,12 @@ class VerifyPolicy(Protocol):
         """Before drafting, from earlier steps only: False skips speculation this step (default: draft)."""
         return True
 
+    def draft_limits(self, load: Load, lag: list[int], remaining: list[int]) -> list[int] | None:
+        """Before drafting: per request the most drafts it may propose this step, from host counts no draw
+        decides (lag: tokens its drafter has not seen; remaining: new tokens it may still emit; both [B]);
+        None (default): no limit beyond the engine's K."""
+        return None
+
     def confidence_coefficients(self, device) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(slope [1], intercepts [K]) on `device` for the confidence kernel in each draft pass, when
         the policy's predictions are sigma(slope * logit(q_max) + intercept_i); None (default): the

@@ -4,6 +4,8 @@ Glossary:
   verify point   T target tokens laid out as the verify step lays them out: ceil(T / (K+1)) requests
                  of up to K+1 query tokens each, every request at the synthetic KV context
   draft point    n requests, one draft token each (one draft forward), at the same context
+  prefill point  the drafter prefilling n tokens of one request into an empty slot, no logits: what a
+                 catch-up costs (a new prompt, or tokens missed while not drafting; scheduling/catch_up.py)
   context        synthetic KV length per request (default 8192; $AVKIT_PROFILE_CONTEXT_LEN overrides).
                  The cache lengths are set without writing keys: attention reads as many positions as
                  it would at that context, which is all the timing needs.
@@ -32,6 +34,7 @@ from avkit.errors import ConfigError
 from avkit.features import draft_features
 from avkit.provenance import inputs_record
 from avkit.runtime.sampling import probs_from_logits, sample_tokens
+from avkit.scheduling.catch_up import PRICE_GRID  # tokens of one request the drafter prefills: a catch-up's price
 from avkit.scheduling.cost import CostTable, make_monotone
 
 
@@ -130,7 +133,7 @@ def _time_points(timers, device, config, on_point) -> tuple[list[float], list[li
     return ms, runs
 
 
-def forward_timer(model, cache, num_requests: int, q_len: int, context: int, logits: str,
+def forward_timer(model, cache, num_requests: int, q_len: int, context: int, logits: str | torch.Tensor,
                   after: Callable[[torch.Tensor], object] | None = None):
     """A closure running one forward of `num_requests` rows x `q_len` tokens at `context` (then `after` on
     its logits), rolling the cache back to the synthetic context each time."""
@@ -175,7 +178,9 @@ def _verify_layout(tokens: int, k: int) -> tuple[int, int]:
 
 
 def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[], None] | None = None) -> CostTable:
-    """Measure verify_ms by target tokens and draft_ms by requests; `target`/`draft` are LoadedModels."""
+    """Measure verify_ms by target tokens, draft_ms by requests and the drafter's prefill_ms by tokens of
+    one request (as runtime/prefill.py feeds it: from an empty slot, no logits); `target`/`draft` are
+    LoadedModels."""
     context = context_len_from_env(config.context_len)
     t_grid, d_grid = _grid(config.max_tokens), _grid(config.max_requests)
     max_req = max(_verify_layout(config.max_tokens, config.k)[0], config.max_requests)
@@ -185,11 +190,14 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
     timers = [forward_timer(target.model, cache, *_verify_layout(t, config.k), context, "all", verify) for t in t_grid]
     verify_ms, verify_runs = _time_points(timers, target.model.device, config, on_point)
     del cache, timers
-    draft_ms, draft_runs = [0.0] * len(d_grid), []
+    draft_ms, draft_runs, prefill_ms, prefill_runs = [0.0] * len(d_grid), [], [], []
     if draft is not None:
-        cache = draft.model.new_cache(config.max_requests, max_len)
+        cache = draft.model.new_cache(config.max_requests, max(max_len, PRICE_GRID[-1]))
         timers = [forward_timer(draft.model, cache, n, 1, context, "last", drafting) for n in d_grid]
         draft_ms, draft_runs = _time_points(timers, draft.model.device, config, on_point)
+        none = torch.zeros(1, 0, dtype=torch.int64, device=draft.model.device)  # logits at no position
+        timers = [forward_timer(draft.model, cache, 1, n, 0, none) for n in PRICE_GRID]
+        prefill_ms, prefill_runs = _time_points(timers, draft.model.device, config, on_point)
         del cache, timers
     meta = {"source": "profile", "device": device_name(target.model.device), "target": target.model_id,
             "target_sha256": target.sha256, "draft": draft.model_id if draft else "",
@@ -197,15 +205,18 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
             "temperature": config.temperature, "top_p": config.top_p,
             "repeats": config.repeats, "dtype": str(target.model.dtype).removeprefix("torch."),
             "raw_verify_ms": verify_ms, "raw_draft_ms": draft_ms,
-            "noise": noise_summary({"verify T": (t_grid, verify_runs), "draft n": (d_grid, draft_runs)}),
+            "noise": noise_summary({"verify T": (t_grid, verify_runs), "draft n": (d_grid, draft_runs),
+                                    **({"prefill n": (list(PRICE_GRID), prefill_runs)} if prefill_runs else {})}),
             "inputs": inputs_record("avkit profile"),  # avkit version and time (avkit/provenance.py)
             **memory_meta(target.model, draft.model if draft else None)}
     return CostTable(tuple(t_grid), tuple(make_monotone(verify_ms)), tuple(d_grid),
-                     tuple(make_monotone(draft_ms)), (), "autoregressive", meta)
+                     tuple(make_monotone(draft_ms)), (), "autoregressive", meta,
+                     prefill_tokens=PRICE_GRID if prefill_ms else (),
+                     prefill_ms=tuple(make_monotone(prefill_ms)) if prefill_ms else ())
 
 
 def num_points(config: ProfileConfig, with_draft: bool) -> int:
-    return len(_grid(config.max_tokens)) + (len(_grid(config.max_requests)) if with_draft else 0)
+    return len(_grid(config.max_tokens)) + (len(_grid(config.max_requests)) + len(PRICE_GRID) if with_draft else 0)
 
 
 def memory_meta(target, draft=None) -> dict:

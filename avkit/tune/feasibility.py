@@ -76,9 +76,9 @@ def memory_budget(cost: CostTable, memory_gb: float = 0.0, utilization: float = 
     return MemoryBudget(memory, models[0], models[1], utilization, f"memory: {where}; models: {source}")
 
 
-def trace_lengths(paths: list[str]) -> tuple[float, float] | None:
+def trace_lengths(paths: list[str], datasets: tuple[str, ...] = ()) -> tuple[float, float] | None:
     """(mean prompt tokens, mean generated tokens) per request from the generations tables beside the
-    traces; None when a trace has none."""
+    traces (of `datasets`' requests only, when given); None when a trace has none."""
     from avkit.trace.schema import generations_path
 
     parts = []
@@ -87,9 +87,11 @@ def trace_lengths(paths: list[str]) -> tuple[float, float] | None:
         if not Path(gen).is_file():
             return None
         try:
-            df = pl.read_parquet(gen, columns=["prompt_ids", "output_ids"])
+            df = pl.read_parquet(gen, columns=["dataset"] * bool(datasets) + ["prompt_ids", "output_ids"])
         except (OSError, pl.exceptions.PolarsError) as e:
-            raise ConfigError(f"{gen}: cannot read prompt_ids/output_ids ({str(e).splitlines()[0]})") from None
+            raise ConfigError(f"{gen}: cannot read {'dataset/' * bool(datasets)}prompt_ids/output_ids ({str(e).splitlines()[0]})") from None
+        if datasets:
+            df = df.filter(pl.col("dataset").cast(pl.Utf8).is_in(list(datasets)))
         parts.append(df.select(pl.col("prompt_ids").list.len().alias("p"), pl.col("output_ids").list.len().alias("o")))
     both = pl.concat(parts)
     if both.height == 0:

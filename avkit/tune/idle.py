@@ -5,16 +5,16 @@ the cost table and the traces, per concurrency c of such a range (no-spec step t
 and output L tokens per request):
   drafter sync      the drafter fed every decoded token as it happens, to stay ready:
                     draft_ms(c) per step, a share draft_ms(c) / t_c of the step time
-  catch-up          or it is fed later, when speculation resumes after a pause of p steps: one forward
-                    over the c * p tokens decoded meanwhile, draft_ms(c * p) (the simulator prices the
-                    draft gate's catch-up the same way, avkit/sim/policies.py); as a share of the pause
-  drafter prefill   every admitted prompt is prefilled by the drafter too (one forward over P tokens,
-                    draft_ms(P)); c requests are admitted per L steps at steady state, a share
-                    c * draft_ms(P) / (L * t_c) of the time, paid whether or not the range drafts
-The sync price is exact on the table (a draft pass over c requests is what it measures). Catch-up and
-prefill are forwards over n tokens of few requests, priced as the table's draft pass over n rows, as the
-simulator prices catch-up: an upper bound wherever the table charges KV reads per row (roofline:
-context_len tokens of KV per row), so both are reported as "at most". `overhead_share` = prefill + the
+  catch-up          or it is fed later, when speculation resumes after a pause of p steps: a prefill of
+                    the p tokens each of the c requests missed, c * prefill_ms(p); as a share of the pause
+  drafter prefill   every admitted prompt is prefilled by the drafter too (prefill_ms(P)); c requests are
+                    admitted per L steps at steady state, a share c * prefill_ms(P) / (L * t_c) of the time,
+                    paid whether or not the range drafts
+The sync price is exact on the table (a draft pass over c requests is what it measures). prefill_ms is
+the table's profiled drafter prefill (scheduling/cost.py); a table without one prices a prefill of n
+tokens as a draft pass over n rows, an upper bound (roofline: context_len tokens of KV per row), so both
+are reported as "at most". The engine's catch-up rule (scheduling/catch_up.py) uses the same price to
+decide which requests draft again after a K = 0 range. `overhead_share` = prefill + the
 cheaper of sync and a 64-step catch-up: at most what the table shows for being on but idle.
 What neither the cost table nor the traces show (not priced, stated in every output): the engine's
 per-step speculative bookkeeping with nothing drafted (scheduler metadata, rejection-sampler launch,
@@ -39,8 +39,8 @@ def idle_costs(cost: CostTable, concurrency: int, nospec_step_ms: float, prompt_
     """Prices of being on but idle at one concurrency (module note); shares are of no-spec time."""
     c, t = float(concurrency), float(nospec_step_ms)
     sync = float(cost.draft_pass_cost(c))
-    catch = {p: float(cost.draft_pass_cost(c * p)) for p in PAUSES}
-    prefill = float(cost.draft_pass_cost(max(prompt_tokens, 1.0)))
+    catch = {p: c * float(cost.draft_prefill_cost(p)) for p in PAUSES}
+    prefill = float(cost.draft_prefill_cost(max(prompt_tokens, 1.0)))
     prefill_share = c * prefill / (max(output_tokens, 1.0) * t)
     return {"concurrency": concurrency, "nospec_step_ms": t,
             "sync_ms_per_step": sync, "sync_share": sync / t,

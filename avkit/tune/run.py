@@ -11,7 +11,8 @@ Steps (each rule is written once, in the module named):
   5. adaptive on or off, globally (it is one engine flag): on when its mean log gain over the fixed
      schedule is > 0 across the feasible concurrencies and it breaks the SLO nowhere the fixed one met it
   6. bootstrap.py     intervals for every cell and paired intervals for the gains
-  7. idle.py          prices of the ranges where speculation is configured but off
+  7. idle.py          prices of the ranges where speculation is configured but off; the catch-up rule
+                      (scheduling/catch_up.py) the engine applies at the switches between ranges
   8. formats.py       the vLLM and TensorRT-LLM fragments, checked against their rules
 """
 
@@ -25,7 +26,9 @@ from avkit.config import TuneConfig
 from avkit.errors import ConfigError
 from avkit.estimators.base import ESTIMATORS
 from avkit.scheduling.cost import resolve_cost
+from avkit.scheduling.catch_up import PRICE_GRID, CatchUpRule
 from avkit.sim.replay import load_steps
+from avkit.sim.steps import step_table
 from avkit.tune.arms import Arm, Cell, simulate_arms
 from avkit.tune.bootstrap import interval, resample_weights, resampled_rate
 from avkit.tune.feasibility import memory_budget, trace_lengths
@@ -108,6 +111,16 @@ def _per_concurrency(cells, samples, fixed_choice, on, enable, single: Arm, max_
     return out
 
 
+def _catch_up(cells, per_c: list[dict], cost) -> CatchUpRule:
+    """Step 7b: the engine's catch-up rule (scheduling/catch_up.py): batch ms saved per output token by each
+    concurrency's recommended arm over no-spec, and the drafter's prefill price from the cost table."""
+    conc = [r["concurrency"] for r in per_c]
+    saving = [1000.0 / cells["nospec", c].throughput - 1000.0 / cells[r["arm"], c].throughput
+              for r, c in zip(per_c, conc)]
+    grid = cost.prefill_tokens or PRICE_GRID
+    return CatchUpRule(tuple(conc), tuple(saving), tuple(grid), tuple(cost.draft_prefill_cost(grid).tolist()))
+
+
 def _trtllm_loss(cells, fixed_choice, trt: list[tuple[int, int, int]]) -> dict[int, float]:
     """Concurrency -> throughput of the K TensorRT-LLM runs there over the tuned one, where its clamp changed K."""
     out = {}
@@ -123,14 +136,14 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
     """Tune on `traces` (paths); returns the result as a JSON-ready dict (see avkit/tune/__init__.py)."""
     config = config or TuneConfig()
     paths = [str(p) for p in traces]
-    steps = load_steps(paths)
+    steps = _steps(paths, config.datasets)
     max_k = config.max_k or steps.k
     if max_k > steps.k:
         raise ConfigError(f"--max-k {max_k} exceeds the traces' K = {steps.k} (deeper drafts were never recorded)")
     if config.estimator not in ESTIMATORS:
         raise ConfigError(f"--estimator must be one of {sorted(ESTIMATORS)}, got {config.estimator!r}")
     cost = resolve_cost(config.cost)
-    lengths = trace_lengths(paths)
+    lengths = trace_lengths(paths, config.datasets)
     if not config.context and lengths is None:
         raise ConfigError(f"{paths[0]}: no generations table beside it to take context lengths from; "
                           "pass --context N")
@@ -163,6 +176,7 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
                                                                                      "drafter": cost.drafter},
         "config": {"concurrency": list(config.concurrency), "tpot_slo_ms": config.tpot_slo_ms,
                    "estimator": config.estimator, "draft_gate": config.draft_gate, "waves": config.waves,
+                   "datasets": list(config.datasets),
                    "bootstrap": config.bootstrap, "level": config.level, "seed": config.seed},
         "context": {"tokens": context, "source": "--context" if config.context else
                     "traces: mean prompt + generated tokens per request"},
@@ -171,13 +185,30 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
         "schedule": {"ranges": [list(r) for r in k_ranges], "trtllm_ranges": [list(r) for r in trt],
                      "adaptive": enable, "per_concurrency": per_c, "single_k": single.k,
                      "adaptive_geomean_gain": adaptive_gain, "geomean_vs_single_k": _geomean(per_c, "vs_single_k"),
-                     "geomean_vs_nospec": _geomean(per_c, "vs_nospec")},
+                     "geomean_vs_nospec": _geomean(per_c, "vs_nospec"),
+                     "catch_up": _catch_up(cells, per_c, cost).to_json()},
         "idle": {"per_concurrency": idle, "not_priced": list(NOT_PRICED),
                  "prompt_tokens": prompt, "output_tokens": output},
         "vllm": vllm_fragment(k_ranges, enable and not on_cpu),
         "trtllm": trtllm_fragment(k_ranges),
         "notes": notes,
     }
+
+
+def _steps(paths: list[str], datasets: tuple[str, ...]):
+    """The traces' steps, of `datasets`' requests only when given (one error line naming a missing one)."""
+    if not datasets:
+        return load_steps(paths)
+    import polars as pl
+
+    from avkit.trace.reader import common_k, read_traces
+
+    rows = read_traces(paths)
+    have = sorted(rows["dataset"].cast(pl.Utf8).unique().to_list())
+    missing = [d for d in datasets if d not in have]
+    if missing:
+        raise ConfigError(f"--datasets {missing[0]!r}: no such dataset in the traces (they have {', '.join(have)})")
+    return step_table(rows.filter(pl.col("dataset").cast(pl.Utf8).is_in(list(datasets))), common_k(paths)[0])
 
 
 def _inputs(paths: list[str], cost, config: TuneConfig) -> dict:
@@ -210,6 +241,9 @@ def _notes(config, cost, enable, on_cpu, lengths, trt_loss, memory, conc, infeas
                      + ", ".join(f"c{c} ({r:.3f}x the tuned throughput)" for c, r in trt_loss.items()))
     if lengths is None:
         notes.append("no generations tables beside the traces: the drafter's prompt prefill is not priced")
+    if not cost.prefill_tokens:
+        notes.append("the cost table has no profiled drafter prefill (`avkit profile` measures it): catch-up and "
+                     "prompt prefill are priced as a draft pass over as many rows, an upper bound")
     if memory is None:
         notes.append(f"the cost table ({cost.meta.get('source')}, {cost.meta.get('device')}) does not say the "
                      "device's memory: KV feasibility not checked (pass --memory-gb)")
