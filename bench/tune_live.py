@@ -13,8 +13,10 @@ Glossary
 schedule  inclusive (batch_lo, batch_hi, K) ranges from `avkit tune --out` JSON, each engine its own: tuned on
           its own trace with its own profiled cost table (bench/tune.py's runs ``cpu`` and ``cpu_vllm``:
           ``--schedule`` bench/results/tune_cpu.json, ``--vllm-schedule`` bench/results/tune_cpu_vllm.json);
-          avkit runs it as ``POLICIES["schedule"]`` (avkit/scheduling/batch_schedule.py), vLLM as
-          ``num_speculative_tokens_per_batch_size``. A schedule with K = 0 everywhere (the tuner's
+          avkit runs it as ``POLICIES["schedule"]`` (avkit/scheduling/batch_schedule.py) with the tuner's
+          catch-up rule (avkit/scheduling/catch_up.py: a request whose drafter is behind drafts only where
+          the drafter's prefill pays back over its remaining tokens), vLLM as
+          ``num_speculative_tokens_per_batch_size`` (its drafter prefills every prompt: no such choice). A schedule with K = 0 everywhere (the tuner's
           "speculation off", ``speculative_config: null``) *is* the no-spec config: it is not run twice, and
           the report compares it with every speculative fixed K
 config    ``nospec`` (target only), ``K=k`` (the draft model, k drafts verified every step) or ``tuned``
@@ -152,8 +154,8 @@ def avkit_phase(args, runs, cfgs, schedule, save=None) -> list[dict]:
             print(f"budget of {args.budget_s} s spent: runs from {r['name']} on are left out", flush=True)
             break
         reps: dict[str, list[dict]] = {name: [] for name, _, _ in cfgs}
-        for _ in range(args.repeats):  # whole rounds: every config once per round
-            for name, k, ranges in cfgs:
+        for i in range(args.repeats):  # whole rounds: every config once per round, each round starting one
+            for name, k, ranges in cfgs[i % len(cfgs):] + cfgs[:i % len(cfgs)]:  # later (no config always last)
                 load = uptime()
                 res = avkit_run(models, r, k, schedule if ranges is not None else None, max_batch)
                 reps[name].append(_row("avkit", name, r, res, load))

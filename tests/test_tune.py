@@ -262,8 +262,12 @@ def test_catch_up_rule_is_priced_from_the_table_and_the_cost(trace, result):
     for c, saving, r in zip(CONC, rule["saving_ms"], result["schedule"]["per_concurrency"]):
         assert saving == pytest.approx(1000 / cells["nospec", c] - 1000 / cells[r["arm"], c], rel=1e-12)
         assert (saving == 0.0) == (r["k"] == 0)
+        assert rule["accepted"][CONC.index(c)] == next(x for x in result["cells"] if x["concurrency"] == c and x["arm"]
+                                                        == r["arm"])["tokens_per_step"] - 1.0
     cost = parse_roofline_spec("roofline:H200:8b")
     np.testing.assert_allclose(rule["prefill_ms"], cost.draft_pass_cost(rule["prefill_tokens"]))
+    assert (rule["verify_tokens"], rule["verify_ms"]) == (list(cost.verify_tokens), list(cost.verify_ms))
+    assert (rule["draft_requests"], rule["draft_ms"]) == (list(cost.draft_requests), list(cost.draft_ms))
     assert any("no profiled drafter prefill" in n for n in result["notes"])
 
 

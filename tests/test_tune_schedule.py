@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import random
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -112,13 +114,7 @@ def test_engine_applies_the_schedule_at_each_batch_size_and_stays_lossless(pair)
 
 def _price(rule: CatchUpRule, lag: int) -> float:
     """The prefill price by hand: linear between the curve's points, the last segment's slope past them."""
-    x, y = rule.prefill_tokens, rule.prefill_ms
-    if lag <= x[0]:
-        return y[0]
-    for (x0, y0), (x1, y1) in zip(zip(x, y), zip(x[1:], y[1:])):
-        if lag <= x1:
-            return y0 + (y1 - y0) * (lag - x0) / (x1 - x0)
-    return y[-1] + (y[-1] - y[-2]) * (lag - x[-1]) / (x[-1] - x[-2])
+    return _lin(lag, rule.prefill_tokens, rule.prefill_ms)
 
 
 def _saving(rule: CatchUpRule, b: int) -> float:
@@ -137,14 +133,44 @@ def test_catch_up_rule_is_the_brute_force_loop(seed):
     conc = sorted(rng.sample(range(1, 30), rng.randint(1, 5)))
     grid = sorted(rng.sample(range(1, 600), rng.randint(2, 5)))
     prices = sorted(rng.uniform(0, 2000) for _ in grid)
-    rule = CatchUpRule(tuple(conc), tuple(rng.uniform(-5, 60) for _ in conc), tuple(grid), tuple(prices))
+    rule = _rule(conc, [rng.uniform(-5, 60) for _ in conc], grid, prices, accepted=[rng.uniform(0, 3) for _ in conc])
     lag = [rng.randint(0, 900) for _ in range(200)]
     remaining = [rng.randint(0, 200) for _ in range(200)]
     for b in range(1, 35):
         want = [x <= FREE_LAG or _price(rule, x) <= r * _saving(rule, b) + 1e-9 for x, r in zip(lag, remaining)]
         assert rule.drafts(lag, remaining, b).tolist() == want, b
+        k = rng.randint(1, 5)
+        sub = rng.sample(range(200), b)  # a batch of b of those requests
+        got = rule.plan([lag[i] for i in sub], [remaining[i] for i in sub], b, k).tolist()
+        ok = [want[i] for i in sub]
+        m = sum(ok)
+        a = min(float(np.interp(b, rule.concurrency, rule.accepted)), k)
+        pays = (b + m * a) / (_lin(b + m * k, rule.verify_tokens, rule.verify_ms)
+                              + k * _lin(m, rule.draft_requests, rule.draft_ms)) > b / _lin(b, rule.verify_tokens,
+                                                                                           rule.verify_ms)
+        assert got == (ok if m in (0, b) or pays else [False] * b), (b, m, k)
     back = CatchUpRule.from_json(json.loads(json.dumps(rule.to_json())))
-    assert back.drafts(lag, remaining, 3).tolist() == rule.drafts(lag, remaining, 3).tolist()
+    assert back.drafts(lag, remaining, 3).tolist() == rule.drafts(lag, remaining, 3).tolist() and back == rule
+    with pytest.raises(ConfigError, match="catch_up must be an object of lists"):
+        CatchUpRule.from_json({"concurrency": [1]}, "f.json")
+    with pytest.raises(ConfigError, match=r"f.json: catch_up.prefill_tokens/prefill_ms needs equal"):
+        CatchUpRule.from_json({**rule.to_json(), "prefill_ms": [1.0]}, "f.json")
+
+
+def _lin(x: float, xs, ys) -> float:
+    """Linear interpolation by hand, the last segment's slope beyond the points, the first value below."""
+    if x <= xs[0]:
+        return ys[0]
+    for x0, x1, y0, y1 in zip(xs, xs[1:], ys, ys[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    return ys[-1] + (ys[-1] - ys[-2]) * (x - xs[-1]) / (xs[-1] - xs[-2])
+
+
+def _rule(conc, saving, grid, prices, accepted=None, verify_ms=(100.0, 110.0, 200.0), draft_ms=(40.0, 45.0, 80.0)):
+    """A catch-up rule over a small cost table: verify at 1, 4, 16 tokens, a draft pass at 1, 4, 16 requests."""
+    return CatchUpRule(tuple(conc), tuple(saving), tuple(accepted or [1.0] * len(conc)), tuple(grid), tuple(prices),
+                       (1, 4, 16), tuple(verify_ms), (1, 4, 16), tuple(draft_ms))
 
 
 class _Lags(ScheduledK):
@@ -165,7 +191,7 @@ def test_engine_applies_the_catch_up_rule(pair, saving, drafts):
     """K = 3 alone, 0 from two requests: the first request drafts from its prompt on iff the rule lets it; the
     second arrives at batch 2 (K = 0); when the first finishes, it is back alone with a long lag."""
     _, _, target, draft = pair
-    rule = CatchUpRule((1, 2), (saving, saving), (4, 64), (40.0, 640.0))  # 10 ms per token of lag
+    rule = _rule((1, 2), (saving, saving), (4, 64), (40.0, 640.0))  # 10 ms per token of lag
     policy = _Lags(BatchSchedule(((1, 1, 3), (2, 4, 0)), catch_up=rule), k=3)
     engine = Engine(target, draft, EngineConfig(k=3, max_batch=2, max_len=80), policy=policy)
     forwards, real = [0], engine.drafter._forward

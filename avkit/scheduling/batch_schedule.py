@@ -12,7 +12,8 @@ Each step the policy takes b = requests in the step (vLLM: `len(num_scheduled_to
 request draft at most K(b) (`draft_limits`: K(b) = 0 drafts nothing and runs no drafter forward) and
 verifies min(drafted, K(b)). `avkit tune --out` JSON also carries the catch-up rule (scheduling/catch_up.py,
 key `schedule.catch_up`): a request whose drafter is behind (new, or sat out a K = 0 range) drafts only
-where the catch-up's prefill pays back over its remaining tokens. A vLLM fragment has no rule (vLLM's
+where the catch-up's prefill pays back over its remaining tokens, and a step where only some requests may
+draft drafts only if that still beats target-only decoding. A vLLM fragment has no rule (vLLM's
 drafter prefills every prompt and follows every token: it never catches up). Only lengths and counts
 decide: lossless.
 """
@@ -119,7 +120,7 @@ class ScheduledK(VerifyPolicy):
         k, rule = self.schedule.k_at(load.num_requests), self.schedule.catch_up
         if k == 0 or rule is None:
             return [k] * len(lag)
-        return [k if ok else 0 for ok in rule.drafts(lag, remaining, load.num_requests).tolist()]
+        return [k if ok else 0 for ok in rule.plan(lag, remaining, load.num_requests, k).tolist()]
 
     def num_verify(self, batch: DraftBatch, load: Load) -> StepPlan:
         return StepPlan(batch.num_drafted.clamp(max=self.schedule.k_at(load.num_requests)))  # [B] int64

@@ -15,6 +15,11 @@ for that forward. Drafting pays it back only over the tokens the request has lef
                the concurrencies it simulated and the nearest one's beyond them
   rule         a request drafts iff lag <= FREE_LAG (the first draft pass feeds those tokens itself) or
                price(lag) <= remaining * saving(b)
+  step check   saving(b) assumes every request of the batch drafts. When only m < b may, the drafter's
+               passes serve fewer of them; the step drafts only if that still beats target-only decoding,
+               by the cost table's curves and the tuner's mean accepted drafts a(b) per drafting request:
+                 (b + m a(b)) / (verify_ms(b + m k) + k draft_ms(m))  >  b / verify_ms(b)
+               (k = the schedule's K(b)); otherwise no request drafts this step
 
 A request kept out stays out while its lag grows and its remaining shrinks at that batch size; it drafts
 again where saving(b) is large enough (a smaller batch) or never. The steady-state tuner cannot see these
@@ -47,31 +52,59 @@ def _curve(name: str, xs, ys, where: str) -> tuple[tuple[int, ...], tuple[float,
     return x, y
 
 
+def _linear(x, xs, ys) -> np.ndarray:
+    """Piecewise linear in (xs, ys), the last segment's slope beyond it, the first value below it."""
+    xs, ys, x = np.asarray(xs, np.float64), np.asarray(ys, np.float64), np.asarray(x, np.float64)
+    out = np.interp(x, xs, ys)
+    if xs.size > 1:
+        out = np.where(x > xs[-1], ys[-1] + (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) * (x - xs[-1]), out)
+    return out
+
+
+CURVES = (("concurrency", "saving_ms"), ("concurrency", "accepted"), ("prefill_tokens", "prefill_ms"),
+          ("verify_tokens", "verify_ms"), ("draft_requests", "draft_ms"))
+
+
 @dataclass(frozen=True)
 class CatchUpRule:
     concurrency: tuple[int, ...]  # [C] batch sizes the tuner simulated, increasing
     saving_ms: tuple[float, ...]  # [C] batch ms saved per output token by drafting there (<= 0: never pays)
+    accepted: tuple[float, ...]  # [C] mean accepted drafts per drafting request-step there (the tuner's arm)
     prefill_tokens: tuple[int, ...]  # [U] the drafter's prefill price curve, tokens of one request
     prefill_ms: tuple[float, ...]  # [U]
+    verify_tokens: tuple[int, ...]  # [P] the cost table's target forward by tokens (the step check)
+    verify_ms: tuple[float, ...]  # [P]
+    draft_requests: tuple[int, ...]  # [Q] the cost table's draft pass by requests
+    draft_ms: tuple[float, ...]  # [Q]
     source: str = ""  # where it was read from (messages)
 
     def __post_init__(self):
         where = f"{self.source}: " if self.source else ""
-        conc, saving = _curve("concurrency/saving_ms", self.concurrency, self.saving_ms, where)
-        tokens, ms = _curve("prefill_tokens/prefill_ms", self.prefill_tokens, self.prefill_ms, where)
-        for name, value in (("concurrency", conc), ("saving_ms", saving), ("prefill_tokens", tokens), ("prefill_ms", ms)):
-            object.__setattr__(self, name, value)
-        if min(self.prefill_ms) < 0:
-            raise ConfigError(f"{where}catch_up.prefill_ms must be >= 0, got {list(self.prefill_ms)}")
+        for xname, yname in CURVES:
+            x, y = _curve(f"{xname}/{yname}", getattr(self, xname), getattr(self, yname), where)
+            object.__setattr__(self, xname, x)
+            object.__setattr__(self, yname, y)
+            if yname != "saving_ms" and min(y) < 0:
+                raise ConfigError(f"{where}catch_up.{yname} must be >= 0, got {list(y)}")
 
     def price_ms(self, lag: np.ndarray) -> np.ndarray:
         """[n] tokens -> [n] ms of drafter prefill (linear, the last segment's slope beyond the curve)."""
-        x, y = np.asarray(self.prefill_tokens, np.float64), np.asarray(self.prefill_ms, np.float64)
-        lag = np.asarray(lag, np.float64)
-        out = np.interp(lag, x, y)
-        if x.size > 1:
-            out = np.where(lag > x[-1], y[-1] + (y[-1] - y[-2]) / (x[-1] - x[-2]) * (lag - x[-1]), out)
-        return out
+        return _linear(lag, self.prefill_tokens, self.prefill_ms)
+
+    def step_pays(self, m: int, b: int, k: int) -> bool:
+        """The step check (module note): m of b requests drafting k each beats target-only decoding."""
+        a = float(np.interp(b, self.concurrency, self.accepted))
+        spec = (b + m * min(a, k)) / (_linear(b + m * k, self.verify_tokens, self.verify_ms)
+                                      + k * _linear(m, self.draft_requests, self.draft_ms))
+        return bool(spec > b / _linear(b, self.verify_tokens, self.verify_ms))
+
+    def plan(self, lag, remaining, batch_size: int, k: int) -> np.ndarray:
+        """[n] bool: which requests draft this step: the rule per request, then the step check."""
+        ok = self.drafts(lag, remaining, batch_size)
+        m = int(ok.sum())
+        if 0 < m < batch_size and not self.step_pays(m, batch_size, k):
+            ok[:] = False
+        return ok
 
     def saving_at(self, batch_size: int) -> float:
         return float(np.interp(batch_size, self.concurrency, self.saving_ms))
@@ -83,17 +116,15 @@ class CatchUpRule:
         return (lag <= FREE_LAG) | pays
 
     def to_json(self) -> dict:
-        return {"concurrency": list(self.concurrency), "saving_ms": list(self.saving_ms),
-                "prefill_tokens": list(self.prefill_tokens), "prefill_ms": list(self.prefill_ms)}
+        return {name: list(getattr(self, name)) for name in dict.fromkeys(n for pair in CURVES for n in pair)}
 
     @classmethod
     def from_json(cls, data, source: str = "") -> CatchUpRule:
-        if not isinstance(data, dict) or any(k not in data for k in ("concurrency", "saving_ms", "prefill_tokens",
-                                                                     "prefill_ms")):
-            raise ConfigError(f"{source + ': ' if source else ''}catch_up must be an object with concurrency, "
-                              f"saving_ms, prefill_tokens and prefill_ms, got {data!r}"[:300])
-        return cls(tuple(data["concurrency"]), tuple(data["saving_ms"]), tuple(data["prefill_tokens"]),
-                   tuple(data["prefill_ms"]), source)
+        names = list(dict.fromkeys(n for pair in CURVES for n in pair))
+        if not isinstance(data, dict) or any(not isinstance(data.get(n), list) for n in names):
+            raise ConfigError(f"{source + ': ' if source else ''}catch_up must be an object of lists "
+                              f"{', '.join(names)}; got {data!r}"[:400])
+        return cls(**{n: tuple(data[n]) for n in names}, source=source)
 
 
 __all__ = ["FREE_LAG", "PRICE_GRID", "CatchUpRule"]

@@ -113,12 +113,16 @@ def _per_concurrency(cells, samples, fixed_choice, on, enable, single: Arm, max_
 
 def _catch_up(cells, per_c: list[dict], cost) -> CatchUpRule:
     """Step 7b: the engine's catch-up rule (scheduling/catch_up.py): batch ms saved per output token by each
-    concurrency's recommended arm over no-spec, and the drafter's prefill price from the cost table."""
+    concurrency's recommended arm over no-spec and its mean accepted drafts, the drafter's prefill price and
+    the verify and draft curves (its step check) from the cost table."""
     conc = [r["concurrency"] for r in per_c]
     saving = [1000.0 / cells["nospec", c].throughput - 1000.0 / cells[r["arm"], c].throughput
               for r, c in zip(per_c, conc)]
+    accepted = [cells[r["arm"], c].metrics["mean_accepted"] for r, c in zip(per_c, conc)]
     grid = cost.prefill_tokens or PRICE_GRID
-    return CatchUpRule(tuple(conc), tuple(saving), tuple(grid), tuple(cost.draft_prefill_cost(grid).tolist()))
+    return CatchUpRule(tuple(conc), tuple(saving), tuple(accepted), tuple(grid),
+                       tuple(cost.draft_prefill_cost(grid).tolist()), cost.verify_tokens, cost.verify_ms,
+                       cost.draft_requests, cost.draft_ms)
 
 
 def _trtllm_loss(cells, fixed_choice, trt: list[tuple[int, int, int]]) -> dict[int, float]:
