@@ -97,11 +97,11 @@ profile-vllm:
 
 # the simulator against vLLM and avkit's engine: fixed K 0,3,5,7 x c 1,4,16, predicted vs measured, greedy HumanEval
 # (-> bench/results/sim_vs_measured.md). avkit's cost table first (`avkit profile`, T = 0 at the prompts' mean
-# context, ~3 min); one bench/engine.py --peer vllm run measures both engines (steady decode tok/s per cell; avkit's
+# context, ~3.5 min, on an idle box); one bench/engine.py --peer vllm run measures both engines (steady decode tok/s per cell; avkit's
 # adaptive policy runs on that table); then each engine's simulator check reads those cells. Needs
 # `just profile-vllm` first; on this 2-core CPU the run takes ~2 h (vLLM's c16 cells).
 sim-vs-measured:
-    python -m avkit profile --dtype bfloat16 --context-len 256 -k 7 --max-verify-tokens 128 --max-requests 16 --repeats 7 --temperature 0 --out bench/results/avkit_cost_cpu.json
+    python -m avkit profile --dtype bfloat16 --context-len 256 -k 7 --max-verify-tokens 128 --max-requests 16 --repeats 15 --temperature 0 --out bench/results/avkit_cost_cpu.json
     python bench/engine.py --peer vllm --datasets humaneval --temperatures 0 --concurrency 1,4,16 --ks 0,3,5,7 --adaptive --cost bench/results/avkit_cost_cpu.json
     python bench/sim_vs_measured.py --engine vllm --trace traces/vllm/vllm_greedy_k7.parquet --cost bench/results/vllm_cost_cpu.json --cells bench/results/engine-vllm-$(date -u +%F).json
     python bench/sim_vs_measured.py --engine avkit --trace traces/greedy_k7.parquet --cost bench/results/avkit_cost_cpu.json --cells bench/results/engine-vllm-$(date -u +%F).json --concurrency 1,4,16 --adaptive adaptive-stop:online_logistic
