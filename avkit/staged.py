@@ -91,6 +91,7 @@ class StagedOutputs:
             raise ConfigError(f"{name} {final}: is a directory, expected a file path")
         with deferred_signals():  # created and registered together: an interrupt never orphans a temp
             self._parent(final, name)
+            tmp = None
             try:
                 fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
                 self._entries[final] = _Entry(final, Path(tmp), False)
@@ -98,6 +99,9 @@ class StagedOutputs:
                 os.chmod(tmp, 0o666 & ~self._mask)
             except OSError as e:
                 raise _os_error(name, final, e) from None
+            except BaseException:
+                _orphan(final, tmp, self._entries)
+                raise
         return Path(tmp)
 
     def directory(self, path, name: str = "--out") -> Path:
@@ -109,12 +113,16 @@ class StagedOutputs:
             raise ConfigError(f"{name} {final}: exists and is not a directory")
         with deferred_signals():
             self._parent(final, name)
+            tmp = None
             try:
                 tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
                 self._entries[final] = _Entry(final, tmp, True)
                 os.chmod(tmp, 0o777 & ~self._mask)
             except OSError as e:
                 raise _os_error(name, final, e) from None
+            except BaseException:
+                _orphan(final, tmp, self._entries)
+                raise
         return tmp
 
     def discard(self, path) -> None:
@@ -167,6 +175,14 @@ class StagedOutputs:
         else:
             self.abort()
         return False
+
+
+def _orphan(final: Path, tmp, entries: dict) -> None:
+    """A temp made but not yet registered when an exception hit: remove it. Blocking the signals does not
+    stop a KeyboardInterrupt whose signal arrived just before the block: Python raises it at its next check,
+    which can fall between mkstemp and the registration."""
+    if tmp is not None and final not in entries:
+        _remove(Path(tmp))
 
 
 def _remove(p: Path) -> None:

@@ -166,6 +166,9 @@ class RandomDrafter:
         probs = torch.nn.functional.one_hot(tokens, self.vocab).float()  # [B, K, V]
         return DraftProposal(tokens, probs, torch.ones(B, K), {}, inp.num_draft.clone(), [self.kind] * B)
 
+    def lag(self, slot, length) -> int:
+        return 0  # no cache of its own: never behind
+
     def commit(self, slots, num_valid, host=None) -> None:
         pass
 

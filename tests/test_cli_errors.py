@@ -318,6 +318,20 @@ def test_staged_discard_keeps_the_old_file(tmp_path):
     assert a.read_text() == "old" and os.listdir(tmp_path) == ["a.txt"]
 
 
+@pytest.mark.parametrize("kind", ["file", "directory"])
+def test_an_interrupt_between_creating_and_registering_a_temp_leaves_no_orphan(tmp_path, monkeypatch, kind):
+    """Blocking SIGINT cannot stop a KeyboardInterrupt whose signal arrived just before the block: Python
+    raises it at its next check, which may fall after mkstemp and before the temp is registered."""
+    import avkit.staged as staged
+
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(staged, "_Entry", interrupted)  # fails right after the temp exists
+    with pytest.raises(KeyboardInterrupt), staged.StagedOutputs() as outputs:
+        getattr(outputs, kind)(tmp_path / "out.json")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_three_quick_sigints_during_fit_leave_no_traceback_and_no_partial_outputs(tmp_path):
     import signal
     import subprocess
