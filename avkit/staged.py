@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,13 +47,30 @@ class _Entry:
 
 @contextmanager
 def deferred_signals():
-    """Hold SIGINT/SIGTERM back while the body runs (they are delivered when it ends)."""
-    sigs = {signal.SIGINT, signal.SIGTERM}
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+    """Hold SIGINT/SIGTERM back while the body runs (they are delivered when it ends).
+
+    In the main thread the Python handlers are swapped for one that only notes the signal: blocking the
+    signals is not enough there, since a signal that arrived just before the block has already tripped
+    Python's flag and would raise KeyboardInterrupt at its next check inside the body (mid-abort, between
+    a temp's creation and its registration). The first noted signal is raised again at the end, to the
+    restored handler. Other threads cannot set handlers: they block the signals."""
+    sigs = (signal.SIGINT, signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread():
+        old = signal.pthread_sigmask(signal.SIG_BLOCK, set(sigs))
+        try:
+            yield
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        return
+    noted: list[int] = []
+    previous = {s: signal.signal(s, lambda number, frame: noted.append(number)) for s in sigs}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        if noted:
+            signal.raise_signal(noted[0])
 
 
 def _os_error(name: str, path: Path, e: OSError) -> ConfigError:
