@@ -50,10 +50,10 @@ def deferred_signals():
     """Hold SIGINT/SIGTERM back while the body runs (they are delivered when it ends).
 
     In the main thread the Python handlers are swapped for one that only notes the signal: blocking the
-    signals is not enough there, since a signal that arrived just before the block has already tripped
-    Python's flag and would raise KeyboardInterrupt at its next check inside the body (mid-abort, between
-    a temp's creation and its registration). The first noted signal is raised again at the end, to the
-    restored handler. Other threads cannot set handlers: they block the signals."""
+    signals there is not enough, since `kill` aims them at the process and any other thread (an OpenMP or
+    polars worker) may take one, trip Python's flag and make the main thread raise KeyboardInterrupt at its
+    next check inside the body (mid-abort, leaving a temp behind). The first noted signal is raised again
+    at the end, to the restored handler. Other threads cannot set handlers: they block the signals."""
     sigs = (signal.SIGINT, signal.SIGTERM)
     if threading.current_thread() is not threading.main_thread():
         old = signal.pthread_sigmask(signal.SIG_BLOCK, set(sigs))
@@ -109,7 +109,6 @@ class StagedOutputs:
             raise ConfigError(f"{name} {final}: is a directory, expected a file path")
         with deferred_signals():  # created and registered together: an interrupt never orphans a temp
             self._parent(final, name)
-            tmp = None
             try:
                 fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
                 self._entries[final] = _Entry(final, Path(tmp), False)
@@ -117,9 +116,6 @@ class StagedOutputs:
                 os.chmod(tmp, 0o666 & ~self._mask)
             except OSError as e:
                 raise _os_error(name, final, e) from None
-            except BaseException:
-                _orphan(final, tmp, self._entries)
-                raise
         return Path(tmp)
 
     def directory(self, path, name: str = "--out") -> Path:
@@ -131,16 +127,12 @@ class StagedOutputs:
             raise ConfigError(f"{name} {final}: exists and is not a directory")
         with deferred_signals():
             self._parent(final, name)
-            tmp = None
             try:
                 tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
                 self._entries[final] = _Entry(final, tmp, True)
                 os.chmod(tmp, 0o777 & ~self._mask)
             except OSError as e:
                 raise _os_error(name, final, e) from None
-            except BaseException:
-                _orphan(final, tmp, self._entries)
-                raise
         return tmp
 
     def discard(self, path) -> None:
@@ -193,14 +185,6 @@ class StagedOutputs:
         else:
             self.abort()
         return False
-
-
-def _orphan(final: Path, tmp, entries: dict) -> None:
-    """A temp made but not yet registered when an exception hit: remove it. Blocking the signals does not
-    stop a KeyboardInterrupt whose signal arrived just before the block: Python raises it at its next check,
-    which can fall between mkstemp and the registration."""
-    if tmp is not None and final not in entries:
-        _remove(Path(tmp))
 
 
 def _remove(p: Path) -> None:
