@@ -86,15 +86,20 @@ def vllm_phase(args, ks: list[int], runs: list[dict]) -> dict[tuple[str, str], d
     return out
 
 
-def steady_tok_s(steps: list[list[float]], n: int) -> float:
-    """Decode tok/s with every lane busy: from the step after which all ``n`` requests have a token (prefill
-    done) to the last step before any finishes. ``steps``: per engine step ``[seconds since start, tokens
-    emitted so far, requests with a token, requests finished]``. NaN when no such window of >= 1 step."""
-    first = next((i for i, s in enumerate(steps) if s[2] >= n), None)
-    last = max((i for i, s in enumerate(steps) if s[3] == 0), default=None)
-    if first is None or last is None or last <= first:
-        return float("nan")
-    return (steps[last][1] - steps[first][1]) / (steps[last][0] - steps[first][0])
+def steady_tok_s(steps: list[list[float]], n: int, waves: int = 1) -> float:
+    """Decode tok/s with every lane busy. ``steps``: per engine step ``[seconds since start, tokens emitted so
+    far, requests with a token, requests finished]``. One wave: from the step after which all ``n`` requests
+    have a token (prefill done) to the last step before any finishes. ``waves`` of ``n`` requests run one
+    after another (wave j arrives once waves before it are done): each wave's window is cut the same way and
+    the rate is their tokens over their seconds. NaN when no wave has a window of >= 1 step."""
+    tokens = seconds = 0.0
+    for j in range(waves):
+        first = next((i for i, s in enumerate(steps) if s[2] >= (j + 1) * n), None)
+        last = max((i for i, s in enumerate(steps) if s[3] <= j * n), default=None)
+        if first is not None and last is not None and last > first:
+            tokens += steps[last][1] - steps[first][1]
+            seconds += steps[last][0] - steps[first][0]
+    return tokens / seconds if seconds > 0 else float("nan")
 
 
 def _vllm_acceptance(r: dict) -> float:

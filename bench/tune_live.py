@@ -5,6 +5,7 @@ Usage (real pair; run each piece under the bench lock, results accumulate in --o
     python bench/tune_live.py --tiny                                  # dry run, tiny random models, both engines
     python bench/tune_live.py --engines avkit                         # avkit: no-spec, K = 1,2,3,5,7, its schedule
     python bench/tune_live.py --engines avkit --runs c=1 --repeats 3   # avkit, median of 3 interleaved rounds
+    python bench/tune_live.py --runs c=1,c=2 --waves 4                # steady cells over 4 waves of requests
     python bench/tune_live.py --engines vllm --configs nospec,K=1      # vLLM, some configs (one process each)
     python bench/tune_live.py --report                                # tune_live.md from tune_live.json only
 
@@ -25,15 +26,16 @@ run       a list of requests, each a prompt (token ids, HumanEval and ShareGPT a
           the engine has emitted that many tokens in the run (or at once when the engine has nothing left).
           The clock, not wall time, decides arrivals so every engine and config sees the same batch-size path
           although vLLM and avkit differ several-fold in speed.
-          ``c=N`` steady: N requests at token 0, ``--max-new-tokens`` each (``c=1``: two requests, the second
-          arriving at ``--max-new-tokens``, so one at a time)
+          ``c=N`` steady: ``--waves`` W waves of N requests, ``--max-new-tokens`` each, wave j arriving at
+          j N max-new output tokens (once the waves before it are done; ``c=1`` runs at least two waves,
+          one request at a time), so a cell averages N W prompts, not N
           ``mixed`` bursts ``--bursts`` (``COUNT@TOKENS``, default 1@0,3@24,12@120: batch 1, then 4, then 16)
           with new-token counts drawn uniformly from ``--mixed-new`` (seeded), so the batch drains through
           every size back to 1: it moves across all of the schedule's ranges
 tokens/s  generated tokens / wall time from the first request's arrival to the last one's end (prefill included)
-steady    decode tokens/s while all of a steady run's requests are past prefill and none has finished
-          (bench/engine_peer.py's ``steady_tok_s``; ``c=1``: the first request's decode): the state `avkit
-          tune` predicts, so the steady verdicts use it; the mixed run's verdict uses tokens/s
+steady    decode tokens/s while all N requests of a wave are past prefill and none has finished, pooled
+          over the waves (bench/engine_peer.py's ``steady_tok_s``): the state `avkit tune` predicts, so the
+          steady verdicts use it; the mixed run's verdict uses tokens/s
 in flight unfinished requests before each engine step: its histogram shows the batch sizes the run visited
 
 Both engines load the same bf16 safetensors directories (`just peer-vllm`) and get the same token ids; vLLM
@@ -75,15 +77,16 @@ def plan(args, tokenizer) -> list[dict]:
     """Every run: name, prompts (token ids), max_new per prompt, arrival_tokens per prompt."""
     concs = [int(c) for c in args.concurrency.split(",")]
     bursts = [(int(n), int(t)) for n, t in (b.split("@") for b in args.bursts.split(","))]
-    n = max(max(concs), 2, sum(c for c, _ in bursts))
+    waves = {c: max(args.waves, 2 if c == 1 else 1) for c in concs}
+    n = max(max(c * w for c, w in waves.items()), sum(c for c, _ in bursts))
     per = {d: prompt_ids(tokenizer, d, n) if not args.tiny else
            [tokenizer.encode(f"def {d}{i}(x):\n    return x * {i}\n") for i in range(n)] for d in args.datasets}
     pool = [per[args.datasets[i % len(args.datasets)]][i // len(args.datasets)] for i in range(n)]  # alternating
     runs = []
-    for c in concs:
-        m = max(c, 2) if c == 1 else c
-        runs.append({"name": f"c={c}", "prompts": pool[:m], "max_new": [args.max_new_tokens] * m,
-                     "arrival_tokens": [0, args.max_new_tokens] if c == 1 else [0] * c})
+    for c in concs:  # wave j (c requests) arrives once waves 0..j-1 emitted all their tokens, or at once if done
+        m = c * waves[c]
+        runs.append({"name": f"c={c}", "prompts": pool[:m], "max_new": [args.max_new_tokens] * m, "lanes": c,
+                     "arrival_tokens": [i // c * c * args.max_new_tokens for i in range(m)]})
     rng = random.Random(args.seed)
     lo, hi = (int(x) for x in args.mixed_new.split(","))
     arrival = [t for c, t in bursts for _ in range(c)]
@@ -195,11 +198,11 @@ def vllm_phase(args, runs, cfgs) -> list[dict]:
 
 def _row(engine: str, config: str, r: dict, res: dict, load) -> dict:
     tokens = sum(map(len, res["outputs"]))
-    steady = len(set(r["arrival_tokens"])) == 1 or r["name"] == "c=1"  # all at once, or one at a time
+    lanes = r.get("lanes")  # steady runs: requests per wave
     row = {"engine": engine, "config": config, "run": r["name"], "tokens": tokens, "wall_s": res["wall_s"],
            "tok_s": tokens / res["wall_s"], "in_flight": res["in_flight"], "outputs": res["outputs"],
-           "steady_tok_s": steady_tok_s(res["steps"], 1 if r["name"] == "c=1" else len(r["prompts"]))
-           if steady else None, "steps": res["steps"],
+           "steady_tok_s": steady_tok_s(res["steps"], lanes, waves=len(r["prompts"]) // lanes)
+           if lanes else None, "steps": res["steps"],
            "outside": res["outside"], "uptime": load if isinstance(load, str) else f"load average: {load:.2f}"}
     print(f"{engine} {config} {r['name']}: {row['tok_s']:.2f} tok/s, steady {row['steady_tok_s'] or 0:.2f} "
           f"({tokens} tokens, {res['wall_s']:.1f} s; "
@@ -252,6 +255,8 @@ def main() -> None:
     ap.add_argument("--bursts", default="1@0,3@24,12@120", help="mixed run: COUNT@OUTPUT-TOKENS, ...")
     ap.add_argument("--mixed-new", default="64,128", help="mixed run: new tokens per request, uniform LO,HI")
     ap.add_argument("--max-new-tokens", type=int, default=64, help="steady runs: new tokens per request")
+    ap.add_argument("--waves", type=int, default=1,
+                    help="steady runs: c=N runs this many waves of N requests, one after another (c=1: at least 2)")
     ap.add_argument("--datasets", default="humaneval,sharegpt", type=lambda s: s.split(","))
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
@@ -270,6 +275,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.waves < 1:
+        ap.error(f"--waves must be >= 1, got {args.waves}")
     out = Path(args.out or RESULTS / f"tune_live{'_tiny' if args.tiny else ''}.json")
     if args.report:
         return print(write_report(json.loads(out.read_text()), out.with_suffix(".md")))

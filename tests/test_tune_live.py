@@ -16,6 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 
+import engine_peer
 import tune_live
 from tune_live_report import write_report
 
@@ -29,7 +30,8 @@ def _args(pair, **kw) -> argparse.Namespace:
     tpath, dpath, _, _ = pair
     base = dict(concurrency="1,4", bursts="1@0,2@6,3@14", mixed_new="6,14", max_new_tokens=8, seed=0,
                 datasets=["humaneval", "sharegpt"], temperature=0.0, tiny=True, ks="1,2", configs="",
-                target_dir=str(tpath), draft_dir=str(dpath), dtype="float32", runs="", budget_s=0.0, repeats=1)
+                target_dir=str(tpath), draft_dir=str(dpath), dtype="float32", runs="", budget_s=0.0, repeats=1,
+                waves=1)
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -68,6 +70,24 @@ def test_plan_visits_every_range_and_runs_every_config(pair, tmp_path):
     verdicts = [ln for ln in text.splitlines() if ln.startswith("- avkit ") and " tuned " in ln and "goal" in ln]
     assert len(verdicts) == len(runs) and all("meets the goal" in v or "MISSES the goal" in v for v in verdicts)
     assert "| c=1 | " in text and "steps per batch-size range: 1-1 (K=2): " in text
+
+
+def test_waves_queue_steady_requests_and_the_steady_rate_spans_every_wave(pair):
+    """--waves W: c=N runs W waves of N requests (HumanEval and ShareGPT alternating), wave j arriving at
+    j N max_new output tokens; the batch never exceeds N and the steady rate pools every wave's window."""
+    args = _args(pair, concurrency="1,2", waves=3, runs="c=2")
+    runs = tune_live.plan(args, Tokenizer.from_dir(Path(args.target_dir)))
+    c1, c2 = runs[0], runs[1]
+    assert c1["arrival_tokens"] == [0, 8, 16] and c1["lanes"] == 1
+    assert c2["arrival_tokens"] == [0, 0, 16, 16, 32, 32] and c2["lanes"] == 2 and len(c2["prompts"]) == 6
+    assert c2["prompts"][:2] == c1["prompts"][:2] and c2["prompts"][0] != c2["prompts"][1]  # two datasets
+    cfgs = [c for c in tune_live.configs(args, SCHEDULE) if c[0] in ("nospec", "K=2")]
+    rows = tune_live.avkit_phase(args, [c2], cfgs, SCHEDULE)
+    for x in rows:
+        assert max(x["in_flight"]) == 2 and x["in_flight"].count(2) >= 3 * 2  # three waves, each decodes at 2
+        assert x["steady_tok_s"] == pytest.approx(engine_peer.steady_tok_s(x["steps"], 2, waves=3))
+        assert x["steady_tok_s"] > 0 and len(x["outputs"]) == 6
+    assert rows[0]["outputs"] == rows[1]["outputs"]
 
 
 def _row(engine: str, config: str, run: str, tok_s: float, steady: float | None = None) -> dict:
