@@ -25,7 +25,9 @@ run       a list of requests, each a prompt (token ids, HumanEval and ShareGPT a
           template), its new-token count and its arrival on the output-token clock: a request is added once
           the engine has emitted that many tokens in the run (or at once when the engine has nothing left).
           The clock, not wall time, decides arrivals so every engine and config sees the same batch-size path
-          although vLLM and avkit differ several-fold in speed.
+          although vLLM and avkit differ several-fold in speed. An engine that runs dry before the next
+          arrival (requests ended at EOS) jumps the clock to it, so every request due at that mark arrives
+          together: a wave stays a wave (before 2026-12-03 12:50 only its first request did)
           ``c=N`` steady: ``--waves`` W waves of N requests, ``--max-new-tokens`` each, wave j arriving at
           j N max-new output tokens (once the waves before it are done; ``c=1`` runs at least two waves,
           one request at a time), so a cell averages N W prompts, not N
@@ -39,6 +41,9 @@ steady    decode tokens/s while all N requests of a wave are past prefill and no
 verdict   on tokens/s (prefills included) at every run: the schedule's catch-up rule declines drafting where
           the drafter's prefill would not pay back, a trade a decode-only window cannot see
 in flight unfinished requests before each engine step: its histogram shows the batch sizes the run visited
+piece     one invocation; each row keeps its piece's start time. This box's speed drifts between
+          pieces by more than the 3% margin, so a verdict whose rows come from several pieces says so
+          and gives the tuned row's own piece's verdict beside it
 
 Both engines load the same bf16 safetensors directories (`just peer-vllm`) and get the same token ids; vLLM
 runs in its own venv through bench/vllm_peer.py (one process per config, startup untimed). T = 0 (greedy):
@@ -122,10 +127,12 @@ def avkit_run(models, r: dict, k: int, schedule, max_batch: int) -> dict:
     engine = Engine(models["target"], models["draft"] if k > 0 else None, cfg, policy=policy)
     order = sorted(range(len(r["prompts"])), key=lambda i: r["arrival_tokens"][i])
     outputs: dict[str, list[int]] = {f"r{i}": [] for i in order}
-    in_flight, emitted, nxt, done, steps = [], 0, 0, 0, []
+    in_flight, emitted, nxt, done, steps, skip = [], 0, 0, 0, [], 0
     t0 = time.perf_counter()
     while nxt < len(order) or engine.has_unfinished():
-        while nxt < len(order) and (r["arrival_tokens"][order[nxt]] <= emitted or not engine.has_unfinished()):
+        if nxt < len(order) and not engine.has_unfinished():  # ran dry (EOS came early): the clock jumps to
+            skip = max(skip, r["arrival_tokens"][order[nxt]] - emitted)  # the next arrival, its whole wave at once
+        while nxt < len(order) and r["arrival_tokens"][order[nxt]] <= emitted + skip:
             i = order[nxt]
             sampling = SamplingConfig(temperature=r["temperature"], top_p=r["top_p"], max_new_tokens=r["max_new"][i],
                                       seed=r["seed"])
@@ -140,7 +147,8 @@ def avkit_run(models, r: dict, k: int, schedule, max_batch: int) -> dict:
         steps.append([time.perf_counter() - t0, float(emitted), float(sum(map(bool, outputs.values()))), float(done)])
     wall = time.perf_counter() - t0
     return {"outputs": [outputs[f"r{i}"] for i in range(len(order))], "wall_s": wall, "in_flight": in_flight,
-            "outside": engine.stats.overhead_share, "steps": steps}
+            "outside": engine.stats.overhead_share, "steps": steps,
+            "draft_forward_s": engine.stats.draft_forward_s}  # 0: the drafter never ran (no-spec's work)
 
 
 def avkit_phase(args, runs, cfgs, schedule, save=None) -> list[dict]:
@@ -163,7 +171,7 @@ def avkit_phase(args, runs, cfgs, schedule, save=None) -> list[dict]:
             for name, k, ranges in cfgs[i % len(cfgs):] + cfgs[:i % len(cfgs)]:  # later (no config always last)
                 load = uptime()
                 res = avkit_run(models, r, k, schedule if ranges is not None else None, max_batch)
-                reps[name].append(_row("avkit", name, r, res, load))
+                reps[name].append(_row("avkit", name, r, res, load, args.piece))
                 if save is not None:
                     save([_median(reps[name])])  # kept even if the piece is stopped later
                 gc.collect()  # the run's engine (KV caches) before the next one
@@ -190,7 +198,7 @@ def vllm_phase(args, runs, cfgs) -> list[dict]:
                 print(f"vLLM {name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}", flush=True)
             for x in (json.loads(res.read_text())["results"] if res.exists() else []):
                 r = next(r for r in runs if r["name"] == x["name"])
-                out.append(_row("vllm", name, r, {**x, "outside": float("nan")}, x.get("load", load)))
+                out.append(_row("vllm", name, r, {**x, "outside": float("nan")}, x.get("load", load), args.piece))
                 out[-1]["startup_s"] = x["startup_s"]
                 out[-1]["spec_counters"] = x["counters"]
             if proc.returncode != 0 and not any(o["config"] == name for o in out):
@@ -198,14 +206,17 @@ def vllm_phase(args, runs, cfgs) -> list[dict]:
     return out
 
 
-def _row(engine: str, config: str, r: dict, res: dict, load) -> dict:
+def _row(engine: str, config: str, r: dict, res: dict, load, piece: str | None = None) -> dict:
     tokens = sum(map(len, res["outputs"]))
     lanes = r.get("lanes")  # steady runs: requests per wave
     row = {"engine": engine, "config": config, "run": r["name"], "tokens": tokens, "wall_s": res["wall_s"],
            "tok_s": tokens / res["wall_s"], "in_flight": res["in_flight"], "outputs": res["outputs"],
            "steady_tok_s": steady_tok_s(res["steps"], lanes, waves=len(r["prompts"]) // lanes)
            if lanes else None, "steps": res["steps"],
-           "outside": res["outside"], "uptime": load if isinstance(load, str) else f"load average: {load:.2f}"}
+           "outside": res["outside"], "uptime": load if isinstance(load, str) else f"load average: {load:.2f}",
+           "piece": piece}  # the invocation's start (UTC): rows of one piece saw the box at one speed
+    if "draft_forward_s" in res:  # avkit: seconds in draft forwards (0: the drafter never ran)
+        row["draft_forward_s"] = res["draft_forward_s"]
     print(f"{engine} {config} {r['name']}: {row['tok_s']:.2f} tok/s, steady {row['steady_tok_s'] or 0:.2f} "
           f"({tokens} tokens, {res['wall_s']:.1f} s; "
           f"{row['uptime']})", flush=True)
@@ -217,8 +228,8 @@ def _median(rows: list[dict]) -> dict:
     run has a window, else tok/s) is the median (the lower middle for an even count), with every round's
     rates, wall times and load under ``repeats``."""
     mid = sorted(rows, key=rate)[(len(rows) - 1) // 2]
-    keep = ("tok_s", "steady_tok_s", "wall_s", "uptime")
-    return {**mid, "repeats": [{f: x[f] for f in keep} for x in rows],
+    keep = ("tok_s", "steady_tok_s", "wall_s", "uptime", "draft_forward_s")
+    return {**mid, "repeats": [{f: x[f] for f in keep if f in x} for x in rows],
             "outputs_vary": any(x["outputs"] != rows[0]["outputs"] for x in rows)}
 
 
@@ -303,6 +314,7 @@ def main() -> None:
                               "ranges": [list(r) for r in schedules[e].ranges]} for e in engines}, "plan": runs,
             "target_dir": args.target_dir, "draft_dir": args.draft_dir, "dtype": args.dtype,
             "threads": torch.get_num_threads(), "vllm_env": VLLM_ENV}
+    args.piece = meta["utc"]
     merge(out, meta, [])
 
     def save(rows: list[dict]) -> None:

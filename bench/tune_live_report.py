@@ -6,6 +6,7 @@ the verdicts compare no-spec with every speculative fixed K."""
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -61,12 +62,43 @@ def _greedy(rows: dict, engine: str, config: str, run: str) -> str:
 def _runs(data: dict) -> list[str]:
     """The plan's run names in reading order: steady runs by concurrency, then the mixed run."""
     return sorted((r["name"] for r in data["plan"]),
-                  key=lambda n: (n == "mixed", int(n[2:]) if n.startswith("c=") else 0))
+                  key=lambda n: (n == "mixed", int(m.group(1)) if (m := re.match(r"c=(\d+)", n)) else 0, n))
 
 
 def _off(data: dict, engine: str) -> bool:
     """The engine's schedule is speculation off at every batch size: its tuned config is no-spec."""
     return all(k == 0 for _, _, k in data["schedules"][engine]["ranges"])
+
+
+def _k_at(ranges: list[list[int]], b: int) -> int:
+    """K of the range holding batch size b (past the last range, the last K: vLLM's rule)."""
+    return next((k for lo, hi, k in ranges if lo <= b <= hi), ranges[-1][2])
+
+
+def drafted_nowhere(data: dict, engine: str, x: dict) -> bool:
+    """The tuned row drafted at no step of its run: the drafter's forward time was 0 in every round, or, for
+    rows from before that was recorded, every batch size the run visited is in a K = 0 range."""
+    rounds = x.get("repeats") or [x]
+    if all("draft_forward_s" in y for y in rounds):
+        return all(y["draft_forward_s"] == 0 for y in rounds)
+    return all(_k_at(data["schedules"][engine]["ranges"], b) == 0 for b in x["in_flight"] if b > 0)
+
+
+def judged(data: dict, rows: dict, engine: str, run: str) -> tuple[dict | None, dict, str]:
+    """(the tuned side, the fixed configs it is judged against, how the tuned side was formed). A schedule
+    that is off everywhere is no-spec (vs every speculative K). A tuned run that drafted at no step did
+    no-spec's work, forward for forward: its rounds and no-spec's measure one thing, so they are pooled
+    (each rate the lower middle of both configs' rounds) and judged against every speculative K."""
+    others = {c: x for (e, c, r), x in rows.items() if e == engine and r == run and c not in ("tuned", "nospec")}
+    nospec = rows.get((engine, "nospec", run))
+    if _off(data, engine):
+        return nospec, others, " (= nospec)"
+    tuned = rows.get((engine, "tuned", run))
+    if tuned is not None and nospec is not None and drafted_nowhere(data, engine, tuned):
+        pool = (tuned.get("repeats") or [tuned]) + (nospec.get("repeats") or [nospec])
+        return ({**tuned, "repeats": pool}, others,
+                f" (drafted at no step: no-spec's work; its and no-spec's {len(pool)} rounds pooled)")
+    return tuned, {**others, **({"nospec": nospec} if nospec is not None else {})}, ""
 
 
 def verdicts(data: dict) -> list[str]:
@@ -76,11 +108,9 @@ def verdicts(data: dict) -> list[str]:
     rows = {(x["engine"], x["config"], x["run"]): x for x in data["rows"] if "tok_s" in x}
     lines = []
     for engine in dict.fromkeys(x["engine"] for x in data["rows"]):
-        off = _off(data, engine)
-        tuned_name = "nospec" if off else "tuned"
         for run in _runs(data):
-            tuned = rows.get((engine, tuned_name, run))
-            others = {c: x for (e, c, r), x in rows.items() if e == engine and r == run and c not in ("tuned", tuned_name)}
+            tuned, others, how = judged(data, rows, engine, run)
+            speculative = "speculative " if how else ""
             if tuned is None or not others:
                 lines.append(f"- {engine} {run}: not measured (tuned or every fixed config missing)")
                 continue
@@ -91,8 +121,8 @@ def verdicts(data: dict) -> list[str]:
                 ok, goal = all(whole(tuned) > v for v in fixed.values()), "ahead of every fixed config"
             else:
                 ok, goal = ratio >= STEADY_MARGIN, f">= {STEADY_MARGIN}x the best fixed config"
-            line = (f"- {engine} {run}: tuned{' (= nospec)' if off else ''} {whole(tuned):.2f} tok/s incl. prefill = "
-                    f"{ratio:.3f}x the best {'speculative ' if off else ''}fixed "
+            line = (f"- {engine} {run}: tuned{how} {whole(tuned):.2f} tok/s incl. prefill = "
+                    f"{ratio:.3f}x the best {speculative}fixed "
                     f"({best}, {fixed[best]:.2f}; {len(fixed)} fixed config{'s' * (len(fixed) != 1)} measured): "
                     f"{'meets' if ok else 'MISSES'} the goal ({goal})")
             dec = {c: steady(x) for c, x in others.items() if steady(x) is not None}
@@ -101,8 +131,28 @@ def verdicts(data: dict) -> list[str]:
                 r2 = steady(tuned) / dec[top]
                 line += (f"; steady decode {steady(tuned):.2f} tok/s = {r2:.3f}x the best ({top}, {dec[top]:.2f}; "
                          f"{len(dec)} with a window): {'meets' if r2 >= STEADY_MARGIN else 'misses'}")
-            lines.append(line)
+            lines.append(line + _pieces(tuned, others, run == "mixed"))
     return lines
+
+
+def _pieces(tuned: dict, others: dict, mixed: bool) -> str:
+    """Where the verdict's rows come from: a box's speed drifts between invocations (pieces) by more than
+    the margin, so a verdict across pieces is flagged and, where the tuned row's own piece measured fixed
+    configs too, that piece's verdict is given beside it."""
+    piece = tuned.get("piece")
+    pieces = {x.get("piece") for x in (tuned, *others.values())}
+    if len(pieces) == 1:  # one piece, or rows from before pieces were recorded
+        return ""
+    same = {c: x for c, x in others.items() if piece is not None and x.get("piece") == piece}
+    unknown = " (some unrecorded)" if None in pieces else ""
+    note = f" [rows from {len(pieces)} pieces (invocations){unknown}"
+    if not same:
+        return note + ": no fixed config shares the tuned row's piece]"
+    fixed = {c: whole(x) for c, x in same.items()}
+    best = max(fixed, key=fixed.get)
+    ok = all(whole(tuned) > v for v in fixed.values()) if mixed else whole(tuned) / fixed[best] >= STEADY_MARGIN
+    return (note + f"; within the tuned row's piece: {whole(tuned) / fixed[best]:.3f}x the best of "
+            f"{len(fixed)} ({best}, {fixed[best]:.2f}): {'meets' if ok else 'misses'}]")
 
 
 def tables(data: dict) -> list[str]:
@@ -113,20 +163,18 @@ def tables(data: dict) -> list[str]:
         cfgs = list(dict.fromkeys(c for e, c, _ in rows if e == engine))
         cfgs.sort(key=lambda c: (c == "tuned", c != "nospec", int(c[2:]) if c.startswith("K=") else 0))
         out += [f"### {engine}", "", "Cells: tok/s incl. prefill / steady decode tok/s (steady runs), each the "
-                "median round. The last column compares what the verdicts compare (tok/s incl. prefill).", "",
+                "median round. The last column compares what the verdicts compare (tok/s incl. prefill; a tuned run "
+                "that drafted at no step pools its rounds with no-spec's).", "",
                 "| run | " + " | ".join(cfgs) + " | tuned / best fixed |",
                 "|---|" + "---:|" * (len(cfgs) + 1)]
         for run in runs:
-            cells, fixed = [], []
+            cells = []
             for c in cfgs:
                 x = rows.get((engine, c, run))
                 dec = "" if x is None or steady(x) is None else f" / {steady(x):.2f}"
                 cells.append("-" if x is None else f"{whole(x):.2f}{dec}{_greedy(rows, engine, c, run)}")
-                if x is not None and c != "tuned":
-                    fixed.append(whole(x))
-            t = rows.get((engine, "nospec" if _off(data, engine) else "tuned", run))
-            if _off(data, engine):
-                fixed = [whole(rows[engine, c, run]) for c in cfgs if c != "nospec" and (engine, c, run) in rows]
+            t, vs, _ = judged(data, rows, engine, run)
+            fixed = [whole(x) for x in vs.values()]
             ratio = f"{whole(t) / max(fixed):.3f}x" if t is not None and fixed else "-"
             out.append(f"| {run} | " + " | ".join(cells) + f" | {ratio} |")
         out += ["", "Load (`uptime` at the start of each run):", ""]

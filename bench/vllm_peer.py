@@ -12,8 +12,8 @@ of all its prompts at once (concurrency = number of prompts; driven step by step
 the loop ``llm.generate`` runs, so every step is timed), wall time including prefill, the generated token ids,
 the spec-decode counters' deltas, and per step the time and the tokens emitted so far. A run with
 ``"max_new"`` (new tokens per prompt) and ``"arrival_s"`` (seconds after its start, one per prompt) or
-``"arrival_tokens"`` (tokens the run has emitted, one per prompt; a request also arrives once the engine has
-nothing left, bench/tune_live.py's clock) adds each request once its arrival has come; ``in_flight`` records
+``"arrival_tokens"`` (tokens the run has emitted, one per prompt; an engine that runs dry first jumps the
+clock to the next arrival, so all requests due there arrive together: bench/tune_live.py's clock) adds each request once its arrival has come; ``in_flight`` records
 the unfinished requests at every engine step.
 Rewrites ``results.json`` after every run (temp file, then rename), so a crash keeps what was measured.
 With ``"fix_cpu_expand": true`` the engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
@@ -119,14 +119,16 @@ def _arrivals(llm, r: dict, params, in_flight: list[int], steps: list[list[float
     order = sorted(range(len(r["prompts"])), key=lambda i: r[clock][i])
     outputs: dict[int, list[int]] = {}
     emitted: dict[int, int] = {}
-    nxt = 0
+    nxt, skip = 0, 0  # skip: output tokens the clock jumped while the engine ran dry
 
     def due(i: int, now: float) -> bool:
         if clock == "arrival_s":
             return r["arrival_s"][i] <= now
-        return r["arrival_tokens"][i] <= sum(emitted.values()) or not engine.has_unfinished_requests()
+        return r["arrival_tokens"][i] <= sum(emitted.values()) + skip
     while len(outputs) < len(order):
         now = time.perf_counter() - start
+        if clock == "arrival_tokens" and nxt < len(order) and not engine.has_unfinished_requests():
+            skip = max(skip, r["arrival_tokens"][order[nxt]] - sum(emitted.values()))  # its whole wave at once
         while nxt < len(order) and due(order[nxt], now):
             i = order[nxt]
             engine.add_request(f"{r['name']}-{i}", TokensPrompt(prompt_token_ids=r["prompts"][i]),

@@ -32,7 +32,7 @@ def _args(pair, **kw) -> argparse.Namespace:
     base = dict(concurrency="1,4", bursts="1@0,2@6,3@14", mixed_new="6,14", max_new_tokens=8, seed=0,
                 datasets=["humaneval", "sharegpt"], temperature=0.0, tiny=True, ks="1,2", configs="",
                 target_dir=str(tpath), draft_dir=str(dpath), dtype="float32", runs="", budget_s=0.0, repeats=1,
-                waves=1)
+                waves=1, piece="2026-12-03T00:00:00+00:00")
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -46,7 +46,7 @@ def test_plan_visits_every_range_and_runs_every_config(pair, tmp_path):
     cfgs = tune_live.configs(args, SCHEDULE)
     assert [c[0] for c in cfgs] == ["nospec", "K=1", "K=2", "tuned"] and cfgs[-1][1] == SCHEDULE.max_k
     rows = tune_live.avkit_phase(args, runs, cfgs, SCHEDULE)
-    assert len(rows) == len(runs) * len(cfgs)
+    assert len(rows) == len(runs) * len(cfgs) and all(x["piece"] == args.piece for x in rows)
     by = {(x["config"], x["run"]): x for x in rows}
     for r in runs:
         for name, _, _ in cfgs:
@@ -172,3 +172,71 @@ def test_vllm_peer_runs_the_output_token_clock(tmp_path, monkeypatch):
     assert visited == {0, 1, 2}, by["mixed"]["in_flight"]  # every range of the schedule, as on avkit
     assert [len(o) <= n for o, n in zip(by["mixed"]["outputs"], mixed["max_new"])] == [True] * len(mixed["max_new"])
     assert sum(map(len, by["mixed"]["outputs"])) > len(mixed["max_new"])
+
+
+def test_a_verdict_across_pieces_is_flagged_with_its_own_pieces_verdict(tmp_path):
+    """Rows of different invocations (pieces) saw the box at different speeds: the verdict says so and, where
+    the tuned row's piece measured fixed configs too, gives that piece's verdict beside it."""
+    plan = [{"name": n, "prompts": [[1]], "max_new": [2], "arrival_tokens": [0]} for n in ("c=8", "mixed")]
+    rows = [_row("avkit", "tuned", "c=8", 8.4), _row("avkit", "nospec", "c=8", 8.6), _row("avkit", "K=5", "c=8", 9.8),
+            _row("avkit", "tuned", "mixed", 19.6), _row("avkit", "nospec", "mixed", 19.5)]
+    for x, piece in zip(rows, ("b", "b", "a", "b", "b")):
+        x["piece"] = piece
+    data = {"plan": plan, "rows": rows, "pieces": [], "schedules": {"avkit": {"file": "f", "ranges": [[1, 8, 1]]}}}
+    lines = [ln for ln in write_report(data, tmp_path / "r.md").splitlines() if " goal " in ln]
+    assert "0.857x the best fixed (K=5, 9.80" in lines[0] and "MISSES" in lines[0]  # across pieces: 8.4 / 9.8
+    assert lines[0].endswith("[rows from 2 pieces (invocations); within the tuned row's piece: 0.977x the best of "
+                             "1 (nospec, 8.60): meets]")  # 8.4 / 8.6
+    assert "pieces" not in lines[1]  # one piece: nothing to flag
+    rows[1]["piece"] = None
+    lines = [ln for ln in write_report(data, tmp_path / "r.md").splitlines() if " goal " in ln]
+    assert lines[0].endswith("[rows from 3 pieces (invocations) (some unrecorded): no fixed config shares the tuned "
+                             "row's piece]")
+
+
+def test_a_tuned_run_that_drafted_nowhere_pools_with_nospec(tmp_path):
+    """A tuned run whose every step sat in a K = 0 range (or whose drafter never ran, where recorded) did
+    no-spec's work: both configs' rounds are pooled (lower middle) and judged against the speculative K only."""
+    plan = [{"name": "c=8", "prompts": [[1]], "max_new": [2], "arrival_tokens": [0]}]
+
+    def rounds(config, rates, **kw):
+        x = _row("avkit", config, "c=8", rates[0])
+        x["repeats"] = [{"tok_s": v, "steady_tok_s": None, "wall_s": 1.0, "uptime": "u", **kw} for v in rates]
+        x["in_flight"] = [8, 8, 7, 6]
+        return x
+    rows = [rounds("tuned", [9.7, 7.7, 7.8]), rounds("nospec", [8.8, 9.1, 10.0]), rounds("K=2", [7.9, 5.9, 8.1])]
+    data = {"plan": plan, "rows": rows, "pieces": [], "schedules": {"avkit": {"file": "f", "ranges": [[1, 3, 1],
+                                                                                                    [4, 8, 0]]}}}
+    text = write_report(data, tmp_path / "r.md")
+    line = next(ln for ln in text.splitlines() if " goal " in ln)
+    # pooled 7.7, 7.8, 8.8, 9.1, 9.7, 10.0 -> lower middle 8.8; against K=2's median 7.9, not no-spec
+    assert line.startswith("- avkit c=8: tuned (drafted at no step: no-spec's work; its and no-spec's 6 rounds "
+                           "pooled) 8.80 tok/s incl. prefill = 1.114x the best speculative fixed (K=2, 7.90; 1 fixed")
+    assert "| c=8 | 9.10 | 7.90 | 7.80 | 1.114x |" in text  # the cells stay each config's own median
+    rows[0]["in_flight"] = [8, 3, 1]  # batch 3 is in the K = 1 range: it may have drafted
+    assert "(nospec, 9.10" in next(ln for ln in write_report(data, tmp_path / "r.md").splitlines() if " goal " in ln)
+    rows[0]["in_flight"] = [8, 8, 7, 6]
+    rows[0]["repeats"][1]["draft_forward_s"] = 0.5  # recorded: the drafter ran in a round (a catch-up)
+    for y in rows[0]["repeats"][::2]:
+        y["draft_forward_s"] = 0.0
+    assert "pooled" not in write_report(data, tmp_path / "r.md")
+    rows[0]["repeats"][1]["draft_forward_s"] = 0.0
+    assert "6 rounds pooled" in write_report(data, tmp_path / "r.md")
+
+
+def test_a_wave_arrives_together_when_the_engine_runs_dry_first(pair):
+    """The output-token clock: wave 1 ends (here at its new-token limit, as at an early EOS) before the
+    clock reaches wave 2's mark; the engine runs dry, the clock jumps to the mark and both requests of wave
+    2 arrive together, so the run never decodes one of them alone while the other waits for tokens that
+    nobody emits. Wave 3's mark then counts from the jump (it waits for wave 2's 8 tokens)."""
+    _, _, target, draft = pair
+    r = {"name": "c=2", "prompts": [[5, 6, 7], [8, 9], [10, 11, 12], [13], [14, 15], [16, 17]],
+         "max_new": [2, 2, 4, 4, 3, 3], "arrival_tokens": [0, 0, 16, 16, 32, 32], "seed": 0, "temperature": 0.0,
+         "top_p": 1.0}
+    for k in (0, 2):
+        res = tune_live.avkit_run({"target": target, "draft": draft}, r, k, None, max_batch=2)
+        assert [len(o) for o in res["outputs"]] == r["max_new"]
+        started = [int(x[2]) for x in res["steps"]]  # requests with a token after each step
+        assert all(n % 2 == 0 for n in started), started  # a wave's two requests always start together
+        if k == 0:  # and, without drafts, both end together: the batch never holds one request alone
+            assert set(res["in_flight"]) == {2}, res["in_flight"]
