@@ -27,7 +27,7 @@ run       a list of requests, each a prompt (token ids, HumanEval and ShareGPT a
           The clock, not wall time, decides arrivals so every engine and config sees the same batch-size path
           although vLLM and avkit differ several-fold in speed. An engine that runs dry before the next
           arrival (requests ended at EOS) jumps the clock to it, so every request due at that mark arrives
-          together: a wave stays a wave (before 2026-12-03 12:50 only its first request did)
+          together: a wave stays a wave (before 2026-12-03 12:40 only its first request did)
           ``c=N`` steady: ``--waves`` W waves of N requests, ``--max-new-tokens`` each, wave j arriving at
           j N max-new output tokens (once the waves before it are done; ``c=1`` runs at least two waves,
           one request at a time), so a cell averages N W prompts, not N

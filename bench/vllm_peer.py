@@ -13,7 +13,8 @@ the loop ``llm.generate`` runs, so every step is timed), wall time including pre
 the spec-decode counters' deltas, and per step the time and the tokens emitted so far. A run with
 ``"max_new"`` (new tokens per prompt) and ``"arrival_s"`` (seconds after its start, one per prompt) or
 ``"arrival_tokens"`` (tokens the run has emitted, one per prompt; an engine that runs dry first jumps the
-clock to the next arrival, so all requests due there arrive together: bench/tune_live.py's clock) adds each request once its arrival has come; ``in_flight`` records
+clock to the next arrival, so all requests due there arrive together: bench/tune_live.py's clock) adds
+each request once its arrival has come; ``in_flight`` records
 the unfinished requests at every engine step.
 Rewrites ``results.json`` after every run (temp file, then rename), so a crash keeps what was measured.
 With ``"fix_cpu_expand": true`` the engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
