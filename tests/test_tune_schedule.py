@@ -146,8 +146,8 @@ def test_catch_up_rule_is_the_brute_force_loop(seed):
         m = sum(ok)
         a = min(float(np.interp(b, rule.concurrency, rule.accepted)), k)
         pays = (b + m * a) / (_lin(b + m * k, rule.verify_tokens, rule.verify_ms)
-                              + k * _lin(m, rule.draft_requests, rule.draft_ms)) > b / _lin(b, rule.verify_tokens,
-                                                                                           rule.verify_ms)
+                              + k * _lin(m, rule.draft_requests, rule.draft_ms)) > 1.05 * b / _lin(
+            b, rule.verify_tokens, rule.verify_ms)  # the step check's 5% margin
         assert got == (ok if m in (0, b) or pays else [False] * b), (b, m, k)
     back = CatchUpRule.from_json(json.loads(json.dumps(rule.to_json())))
     assert back.drafts(lag, remaining, 3).tolist() == rule.drafts(lag, remaining, 3).tolist() and back == rule

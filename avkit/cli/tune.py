@@ -106,6 +106,9 @@ def register(app: typer.Typer) -> None:
         out: Annotated[str, typer.Option(help="the whole result as JSON (read by `avkit report`)")] = _d("out"),
         datasets: Annotated[str, typer.Option(help="comma-separated: tune on these datasets' requests only, the "
                                                    "traffic the engine will serve (default: every request)")] = "",
+        max_new_tokens: Annotated[int, typer.Option(help="the engine's cap on new tokens per request: the traces' "
+                                                         "requests are cut there (0: as recorded)")] =
+            _d("max_new_tokens"),
     ):
         """Per batch size: predicted tokens/s for no-spec, each fixed K, adaptive and adaptive with early stop;
         the recommended K per batch-size range, adaptive on or off, and the engine fragment."""
@@ -116,7 +119,8 @@ def register(app: typer.Typer) -> None:
         config = TuneConfig(concurrency=parse_ints("concurrency", concurrency), cost=cost, max_k=max_k,
                             tpot_slo_ms=tpot_slo_ms, context=context, memory_gb=memory_gb, format=format,
                             draft_gate=gate, estimator=estimator, bootstrap=bootstrap, seed=seed, out=out,
-                            datasets=tuple(d.strip() for d in datasets.split(",")) if datasets else ())
+                            datasets=tuple(d.strip() for d in datasets.split(",")) if datasets else (),
+                            max_new_tokens=max_new_tokens)
         paths = [str(p) for p in traces] if traces else shipped_traces()
         console = Console(stderr=True)
         bar = Progress(console=console, transient=True)  # started once the inputs are validated

@@ -80,6 +80,7 @@ class TuneConfig:
     format: str = "table"
     out: str = "reports/tune.json"  # every result, for scripts and `avkit report`
     datasets: tuple[str, ...] = ()  # tune on these datasets' requests only (empty: every request in the traces)
+    max_new_tokens: int = 0  # requests as if capped at this many new tokens (0: as recorded; avkit/tune/prefill.py)
 
     def __post_init__(self):
         from avkit.errors import ConfigError
@@ -94,6 +95,7 @@ class TuneConfig:
         check_range("--memory-gb", self.memory_gb, 0.0)
         check_range("--memory-utilization", self.memory_utilization, 0.0, 1.0, lo_open=True)
         check_range("--waves", self.waves, 1)
+        check_range("--max-new-tokens", self.max_new_tokens, 0)
         check_range("--bootstrap", self.bootstrap, 10)
         check_range("--level", self.level, 0.0, 1.0, lo_open=True, hi_open=True)
         check_choice("--format", self.format, TUNE_FORMATS)

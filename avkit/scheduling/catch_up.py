@@ -17,8 +17,10 @@ for that forward. Drafting pays it back only over the tokens the request has lef
                price(lag) <= remaining * saving(b)
   step check   saving(b) assumes every request of the batch drafts. When only m < b may, the drafter's
                passes serve fewer of them; the step drafts only if that still beats target-only decoding,
-               by the cost table's curves and the tuner's mean accepted drafts a(b) per drafting request:
-                 (b + m a(b)) / (verify_ms(b + m k) + k draft_ms(m))  >  b / verify_ms(b)
+               by the cost table's curves and the tuner's mean accepted drafts a(b) per drafting request,
+               with a margin for what the curves miss (the engine's per-step speculative bookkeeping: live
+               on this CPU at c=2, a step priced at +1.2% over target-only lost to it):
+                 (b + m a(b)) / (verify_ms(b + m k) + k draft_ms(m))  >  (1 + STEP_MARGIN) b / verify_ms(b)
                (k = the schedule's K(b)); otherwise no request drafts this step
 
 A request kept out stays out while its lag grows and its remaining shrinks at that batch size; it drafts
@@ -38,6 +40,7 @@ from avkit.errors import ConfigError
 
 FREE_LAG = 2  # tokens the first draft pass feeds itself (the draft x_K and the bonus token); more are prefilled
 PRICE_GRID = (16, 64, 256, 512)  # lags the price curve is profiled (and exported) at
+STEP_MARGIN = 0.05  # a partly drafting step must beat target-only by this share (module note)
 
 
 def _curve(name: str, xs, ys, where: str) -> tuple[tuple[int, ...], tuple[float, ...]]:
@@ -96,7 +99,7 @@ class CatchUpRule:
         a = float(np.interp(b, self.concurrency, self.accepted))
         spec = (b + m * min(a, k)) / (_linear(b + m * k, self.verify_tokens, self.verify_ms)
                                       + k * _linear(m, self.draft_requests, self.draft_ms))
-        return bool(spec > b / _linear(b, self.verify_tokens, self.verify_ms))
+        return bool(spec > (1.0 + STEP_MARGIN) * b / _linear(b, self.verify_tokens, self.verify_ms))
 
     def plan(self, lag, remaining, batch_size: int, k: int) -> np.ndarray:
         """[n] bool: which requests draft this step: the rule per request, then the step check."""
@@ -127,4 +130,4 @@ class CatchUpRule:
         return cls(**{n: tuple(data[n]) for n in names}, source=source)
 
 
-__all__ = ["FREE_LAG", "PRICE_GRID", "CatchUpRule"]
+__all__ = ["FREE_LAG", "PRICE_GRID", "STEP_MARGIN", "CatchUpRule"]

@@ -69,6 +69,23 @@ def _replay_k(df: pl.DataFrame, pos: np.ndarray, k: int | None) -> int:
     return k
 
 
+def _model_rows(df: pl.DataFrame) -> pl.DataFrame:
+    return df.filter(pl.col("drafter").cast(pl.Utf8) == "model") if "drafter" in df.columns else df
+
+
+def _request_key(df: pl.DataFrame) -> pl.Expr:
+    """One string per request: (file_index, run_id, request_id); its dense rank is the StepTable request index."""
+    run = pl.col("file_index").cast(pl.Utf8) if "file_index" in df.columns else pl.lit("")
+    return pl.concat_str([run, pl.col("run_id").cast(pl.Utf8), pl.col("request_id").cast(pl.Utf8)], separator="\x1f")
+
+
+def request_ids(df: pl.DataFrame) -> pl.DataFrame:
+    """[R] rows (file_index, run_id, request_id as strings) in `step_table(df)`'s request-index order."""
+    df = _model_rows(df)
+    cols = [pl.col(c).cast(pl.Utf8) for c in ("file_index", "run_id", "request_id") if c in df.columns]
+    return df.select(_request_key(df).alias("_key"), *cols).unique("_key").sort("_key").drop("_key")
+
+
 def step_table(df: pl.DataFrame, k: int | None = None) -> StepTable:
     """Pivot slot rows (trace format v1) into step rows; model-drafter rows only.
 
@@ -76,14 +93,11 @@ def step_table(df: pl.DataFrame, k: int | None = None) -> StepTable:
     missing = [c for c in NEEDED if c not in df.columns]
     if missing:
         raise TraceError(f"simulate: trace frame lacks column {missing[0]!r}")
-    if "drafter" in df.columns:
-        df = df.filter(pl.col("drafter").cast(pl.Utf8) == "model")
+    df = _model_rows(df)
     if df.height == 0:
         raise TraceError("simulate: the traces hold no model-drafter rows")
-    run = pl.col("file_index").cast(pl.Utf8) if "file_index" in df.columns else pl.lit("")
-    key = pl.concat_str([run, pl.col("run_id").cast(pl.Utf8), pl.col("request_id").cast(pl.Utf8)],
-                        separator="\x1f")
-    df = df.with_columns((key.rank("dense") - 1).cast(pl.Int64).alias("_req")).sort("_req", "step", "position")
+    df = df.with_columns((_request_key(df).rank("dense") - 1).cast(pl.Int64).alias("_req")).sort("_req", "step",
+                                                                                                  "position")
     req, step = df["_req"].to_numpy(), df["step"].to_numpy()
     new = np.r_[True, (req[1:] != req[:-1]) | (step[1:] != step[:-1])]  # first slot row of each step row
     sid = np.cumsum(new) - 1  # [N] step row of each slot row

