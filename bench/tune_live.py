@@ -43,7 +43,10 @@ verdict   on tokens/s (prefills included) at every run: the schedule's catch-up 
 in flight unfinished requests before each engine step: its histogram shows the batch sizes the run visited
 piece     one invocation; each row keeps its piece's start time. This box's speed drifts between
           pieces by more than the 3% margin, so a verdict whose rows come from several pieces says so
-          and gives the tuned row's own piece's verdict beside it
+          and gives the tuned row's own piece's verdict beside it. A piece records its machine (CPU
+          model, cores, widest bf16 path) and its schedules: a verdict compares rows of the tuned row's
+          machine only, and a tuned row that ran an earlier schedule is judged only where every batch
+          size it visited keeps its K
 
 Both engines load the same bf16 safetensors directories (`just peer-vllm`) and get the same token ids; vLLM
 runs in its own venv through bench/vllm_peer.py (one process per config, startup untimed). T = 0 (greedy):
@@ -74,6 +77,15 @@ from engine_peer import VLLM_ENV, prompt_ids, steady_tok_s  # noqa: E402  (bench
 from tune_live_report import rate, write_report  # noqa: E402
 
 RESULTS = BENCH / "results"
+
+
+def machine() -> str:
+    """This CPU as the report compares rows by: model name, cores, and its widest bf16 path."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
+    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
+    isa = "AMX" if "amx_bf16" in flags else "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "?"
+    return f"{name}, {os.cpu_count()} cores, {isa}"
 
 
 def uptime() -> str:
@@ -310,6 +322,7 @@ def main() -> None:
         runs = [r for name in args.runs.split(",") for r in runs if r["name"] == name]  # in the order given
     engines = args.engines.split(",")
     meta = {"argv": sys.argv, "utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "uptime_start": uptime(),
+            "machine": machine(),
             "schedules": {e: {"file": args.schedule if e == "avkit" else args.vllm_schedule,
                               "ranges": [list(r) for r in schedules[e].ranges]} for e in engines}, "plan": runs,
             "target_dir": args.target_dir, "draft_dir": args.draft_dir, "dtype": args.dtype,

@@ -75,25 +75,61 @@ def _k_at(ranges: list[list[int]], b: int) -> int:
     return next((k for lo, hi, k in ranges if lo <= b <= hi), ranges[-1][2])
 
 
+def ran(data: dict, engine: str, x: dict) -> list[list[int]]:
+    """The schedule a tuned row ran: its piece's; for rows from before pieces were recorded on rows, the
+    engine's first piece's (every avkit piece until 2026-12-03 ran the same schedule)."""
+    pieces = [p for p in data["pieces"] if engine in p.get("schedules", {})]
+    own = next((p for p in pieces if p["utc"] == x.get("piece")), pieces[0] if pieces else None)
+    return own["schedules"][engine]["ranges"] if own else data["schedules"][engine]["ranges"]
+
+
+def _visited(x: dict) -> set[int]:
+    return {b for y in (x.get("repeats") or [x]) for b in y.get("in_flight", x.get("in_flight", [])) if b > 0}
+
+
+def stale(data: dict, engine: str, x: dict) -> str:
+    """'' when the tuned row ran the current schedule, or an earlier one with the same K at every batch size
+    it visited (the same decisions); else a note naming the schedule it ran."""
+    old, now = ran(data, engine, x), data["schedules"][engine]["ranges"]
+    if old == now:
+        return ""
+    if all(_k_at(old, b) == _k_at(now, b) for b in _visited(x)):
+        return f" (ran the earlier schedule {old}: the same K at every batch size it visited)"
+    return f"ran the earlier schedule {old}, a different K at batch sizes it visited"
+
+
 def drafted_nowhere(data: dict, engine: str, x: dict) -> bool:
     """The tuned row drafted at no step of its run: the drafter's forward time was 0 in every round, or, for
-    rows from before that was recorded, every batch size the run visited is in a K = 0 range."""
+    rows from before that was recorded, every batch size the run visited is in a K = 0 range of the schedule
+    it ran."""
     rounds = x.get("repeats") or [x]
     if all("draft_forward_s" in y for y in rounds):
         return all(y["draft_forward_s"] == 0 for y in rounds)
-    return all(_k_at(data["schedules"][engine]["ranges"], b) == 0 for b in x["in_flight"] if b > 0)
+    return all(_k_at(ran(data, engine, x), b) == 0 for b in x["in_flight"] if b > 0)
+
+
+OLD_MACHINE = "the AVX2 box"  # every piece before machines were recorded (2026-12-03 14:36) ran there
+
+
+def machine(data: dict, x: dict) -> str:
+    """The machine a row was measured on: its piece's record (bench/tune_live.py `machine()`)."""
+    meta = next((p for p in data["pieces"] if x.get("piece") is not None and p["utc"] == x["piece"]), {})
+    return meta.get("machine", OLD_MACHINE)
 
 
 def judged(data: dict, rows: dict, engine: str, run: str) -> tuple[dict | None, dict, str]:
     """(the tuned side, the fixed configs it is judged against, how the tuned side was formed). A schedule
     that is off everywhere is no-spec (vs every speculative K). A tuned run that drafted at no step did
     no-spec's work, forward for forward: its rounds and no-spec's measure one thing, so they are pooled
-    (each rate the lower middle of both configs' rounds) and judged against every speculative K."""
-    others = {c: x for (e, c, r), x in rows.items() if e == engine and r == run and c not in ("tuned", "nospec")}
-    nospec = rows.get((engine, "nospec", run))
+    (each rate the lower middle of both configs' rounds) and judged against every speculative K. Rows
+    measured on another machine than the tuned side are left out (a different CPU is not noise)."""
+    side = rows.get((engine, "nospec" if _off(data, engine) else "tuned", run))
+    here = {k: x for k, x in rows.items() if side is None or machine(data, x) == machine(data, side)}
+    others = {c: x for (e, c, r), x in here.items() if e == engine and r == run and c not in ("tuned", "nospec")}
+    nospec = here.get((engine, "nospec", run))
     if _off(data, engine):
         return nospec, others, " (= nospec)"
-    tuned = rows.get((engine, "tuned", run))
+    tuned = here.get((engine, "tuned", run))
     if tuned is not None and nospec is not None and drafted_nowhere(data, engine, tuned):
         pool = (tuned.get("repeats") or [tuned]) + (nospec.get("repeats") or [nospec])
         return ({**tuned, "repeats": pool}, others,
@@ -114,6 +150,11 @@ def verdicts(data: dict) -> list[str]:
             if tuned is None or not others:
                 lines.append(f"- {engine} {run}: not measured (tuned or every fixed config missing)")
                 continue
+            old = "" if _off(data, engine) else stale(data, engine, rows[engine, "tuned", run])
+            if old and not old.startswith(" "):
+                lines.append(f"- {engine} {run}: not judged: its tuned row {old} (not re-measured)")
+                continue
+            how += old
             fixed = {c: whole(x) for c, x in others.items()}
             best = max(fixed, key=fixed.get)
             ratio = whole(tuned) / fixed[best]
@@ -176,6 +217,8 @@ def tables(data: dict) -> list[str]:
             t, vs, _ = judged(data, rows, engine, run)
             fixed = [whole(x) for x in vs.values()]
             ratio = f"{whole(t) / max(fixed):.3f}x" if t is not None and fixed else "-"
+            if (engine, "tuned", run) in rows and (old := stale(data, engine, rows[engine, "tuned", run])):
+                ratio += "" if old.startswith(" ") else " (earlier schedule)"
             out.append(f"| {run} | " + " | ".join(cells) + f" | {ratio} |")
         out += ["", "Load (`uptime` at the start of each run):", ""]
         for (e, c, r), x in rows.items():
@@ -199,8 +242,9 @@ def write_report(data: dict, path: Path) -> str:
     for x in data["rows"]:
         if x.get("run") == "mixed" and x.get("config") == ("nospec" if _off(data, x["engine"]) else "tuned"):
             visits.append(f"- {x['engine']} tuned, steps per batch-size range: "
-                          f"{_share_by_range(x['in_flight'], schedules[x['engine']]['ranges'])}")
-    piece_lines = [f"- `{' '.join(p['argv'])}` ({p['utc']}; {p['uptime_start']} at the start)" for p in data["pieces"]]
+                          f"{_share_by_range(x['in_flight'], ran(data, x['engine'], x))}")
+    piece_lines = [f"- `{' '.join(p['argv'])}` ({p['utc']}, {p.get('machine', OLD_MACHINE)}; {p['uptime_start']} "
+                   "at the start)" for p in data["pieces"]]
     body = [
         "# The tuned schedule on real engines (issue 19 item 5)", "",
         "Schedules (batch size: K; beyond the last range the last K holds, vLLM's rule), each engine's own "

@@ -224,6 +224,41 @@ def test_a_tuned_run_that_drafted_nowhere_pools_with_nospec(tmp_path):
     assert "6 rounds pooled" in write_report(data, tmp_path / "r.md")
 
 
+def test_a_tuned_row_of_an_earlier_schedule_is_judged_only_where_it_made_the_same_decisions(tmp_path):
+    """Each tuned row ran its piece's schedule (rows from before pieces: the first piece's). Re-tuning changes
+    the current one: a row whose visited batch sizes all keep their K is still judged (and says so); one that
+    visited a batch size whose K changed is not judged."""
+    plan = [{"name": n, "prompts": [[1]], "max_new": [2], "arrival_tokens": [0]} for n in ("c=2", "c=8")]
+    old, now = [[1, 1, 3], [2, 3, 1], [4, 16, 0]], [[1, 1, 3], [2, 16, 0]]
+    rows = []
+    for run, sizes in (("c=2", [2, 2, 1]), ("c=8", [8, 7, 6])):
+        for config, tok in (("tuned", 5.0), ("nospec", 4.0), ("K=1", 3.0)):
+            rows.append({**_row("avkit", config, run, tok), "in_flight": sizes, "piece": "p0"})
+    pieces = [{"utc": "p0", "argv": ["x"], "uptime_start": "u", "schedules": {"avkit": {"ranges": old}}},
+              {"utc": "p1", "argv": ["y"], "uptime_start": "u", "schedules": {"avkit": {"ranges": now}}}]
+    data = {"plan": plan, "rows": rows, "pieces": pieces, "schedules": {"avkit": {"file": "f", "ranges": now}}}
+    lines = [ln for ln in write_report(data, tmp_path / "r.md").splitlines() if ln.startswith("- avkit c=")]
+    assert lines[0].startswith("- avkit c=2: not judged: its tuned row ran the earlier schedule [[1, 1, 3], "
+                               "[2, 3, 1], [4, 16, 0]], a different K at batch sizes it visited")
+    assert "(ran the earlier schedule [[1, 1, 3], [2, 3, 1], [4, 16, 0]]: the same K at every batch size it " \
+           "visited) 4.00 tok/s" in lines[1] and "meets the goal" in lines[1]  # K = 0 there: pooled with no-spec
+    rows[0]["piece"] = "p1"  # re-measured under the current schedule: judged, with no note
+    text = write_report(data, tmp_path / "r.md")
+    assert "- avkit c=2: tuned 5.00 tok/s incl. prefill = 1.250x the best fixed (nospec, 4.00" in text
+    # a fixed config measured on another machine is left out of the verdict (a different CPU is not noise)
+    pieces.append({"utc": "p2", "argv": ["z"], "uptime_start": "u", "machine": "another CPU",
+                   "schedules": {"avkit": {"ranges": now}}})
+    rows[2]["piece"] = "p2"  # c=2 K=1
+    rows[2]["tok_s"] = 9.0
+    assert "c=2: tuned 5.00 tok/s incl. prefill = 1.250x the best fixed (nospec, 4.00; 1 fixed config" \
+        in write_report(data, tmp_path / "r.md")
+    pieces[2]["machine"] = tune_live_report.machine(data, rows[0])  # the same machine: judged against it
+    assert "0.556x the best fixed (K=1, 9.00" in write_report(data, tmp_path / "r.md")
+    for x in rows:
+        x.pop("piece")  # rows from before pieces were recorded ran the first piece's schedule
+    assert "c=2: not judged" in write_report(data, tmp_path / "r.md")
+
+
 def test_a_wave_arrives_together_when_the_engine_runs_dry_first(pair):
     """The output-token clock: wave 1 ends (here at its new-token limit, as at an early EOS) before the
     clock reaches wave 2's mark; the engine runs dry, the clock jumps to the mark and both requests of wave

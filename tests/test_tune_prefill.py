@@ -44,7 +44,7 @@ def _by_loop(path) -> dict[str, tuple[int, list[int]]]:
     """request_id -> (prompt tokens, tokens emitted per step in step order), by a plain loop over slot rows."""
     df = pl.read_parquet(path, columns=["request_id", "step", "num_accepted"]).unique(["request_id", "step"])
     out: dict[str, tuple[int, list[int]]] = {}
-    for rid, step, acc in sorted(df.iter_rows(), key=lambda r: (str(r[0]), r[1])):
+    for rid, _step, acc in sorted(df.iter_rows(), key=lambda r: (str(r[0]), r[1])):
         out.setdefault(str(rid), (PROMPT(str(rid)), []))[1].append(acc + 1)
     return out
 
@@ -118,14 +118,24 @@ def test_a_dear_prefill_turns_the_schedule_off_and_a_free_one_changes_nothing(tr
     assert zero["prefill"]["priced"] and not plain["prefill"]["priced"]
     off = tune([trace], TuneConfig(cost=str(dear), **opts))
     assert [r["k"] for r in off["schedule"]["per_concurrency"]] == [0] * len(conc)
-    # the catch-up rule's saving stays decode-only: the same as with a free prefill where the arm is the same
     assert off["prefill"]["drafter_ms_per_request"] > 5_000
+    # a prefill that lowers the drafting arms' throughput without turning c=1 off: the catch-up rule's saving
+    # stays decode-only (it prices the prefill itself), so it equals the free-prefill run's
+    cheap = tmp_path / "cheap.json"
+    _table((16.0, 512.0)).save(cheap)
+    some = tune([trace], TuneConfig(cost=str(cheap), **opts))
+    cells = {(c["arm"], c["concurrency"]): c for c in some["cells"]}
+    arm = some["schedule"]["per_concurrency"][0]["arm"]
+    assert arm != "nospec" and cells[arm, 1]["throughput_tok_s"] < cells[arm, 1]["decode_tok_s"]
+    assert cells[arm, 1]["drafter_prefill_share"] > 0 and cells["nospec", 1]["drafter_prefill_share"] == 0
+    want = 1000 / cells["nospec", 1]["decode_tok_s"] - 1000 / cells[arm, 1]["decode_tok_s"]
+    assert some["schedule"]["catch_up"]["saving_ms"][0] == pytest.approx(want, rel=1e-12)
 
 
 def test_cap_and_missing_generations_rows_are_reported(trace, tmp_path):
     capped = tune([trace], TuneConfig(cost=str(_save(tmp_path)), concurrency=(1,), bootstrap=20, max_k=2,
                                       max_new_tokens=8))
-    assert capped["prefill"]["output_tokens"] < 8 + SMALL.k + 1 and capped["config"]["max_new_tokens"] == 8
+    assert capped["idle"]["output_tokens"] < 8 + SMALL.k + 1 and capped["config"]["max_new_tokens"] == 8
     assert any("capped at 8 new tokens" in n for n in capped["notes"])
     with pytest.raises(ConfigError, match="--max-new-tokens"):
         TuneConfig(max_new_tokens=-1)

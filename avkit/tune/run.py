@@ -63,7 +63,8 @@ def _cell_json(cell: Cell, samples: np.ndarray, config: TuneConfig, nospec: floa
             "throughput_tok_s": cell.throughput, "lo": lo, "hi": hi, "per_request_tok_s": m["per_request_tok_s"],
             "p90_tpot_ms": cell.p90_tpot_ms, "meets_slo": config.tpot_slo_ms <= 0 or
             cell.p90_tpot_ms <= config.tpot_slo_ms, "tokens_per_step": m["tokens_per_step"],
-            "step_ms": m["step_ms"], "drafts_wasted": m["drafts_wasted"], "vs_nospec": cell.throughput / nospec}
+            "step_ms": m["step_ms"], "drafts_wasted": m["drafts_wasted"], "vs_nospec": cell.throughput / nospec,
+            "decode_tok_s": m["decode_tok_s"], "drafter_prefill_share": m["drafter_prefill_share"]}
 
 
 def _gain(samples: dict, a: str, b: str, c: int, level: float, cells: dict) -> dict:
@@ -167,12 +168,12 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
     k_ranges = ranges(conc, [ch.arm.k for ch in fixed_choice], memory["max_concurrency"] if infeasible else 0)
     per_c = _per_concurrency(cells, samples, fixed_choice, on, enable, single, max_k, config.level)
     mean_prompt = None if prompt is None else float(prompt.mean())
-    idle = [idle_costs(cost, ch.concurrency, cells["nospec", ch.concurrency].metrics["step_ms"], mean_prompt or 0.0,
-                       output) for ch in fixed_choice if ch.arm.k == 0]
+    idle = [idle_costs(cost, ch.concurrency, cells["nospec", ch.concurrency].metrics["step_ms"],
+                       mean_prompt or 0.0, output) for ch in fixed_choice if ch.arm.k == 0]
     on_cpu = "cpu" in str(cost.meta.get("device", "")).lower()
     trt = trtllm_schedule(k_ranges)
-    notes = _notes(config, cost, enable, on_cpu, prompt is not None, _trtllm_loss(cells, fixed_choice, trt), memory, conc,
-                   infeasible)
+    notes = _notes(config, cost, enable, on_cpu, prompt is not None, _trtllm_loss(cells, fixed_choice, trt), memory,
+                   conc, infeasible)
     unmet = [ch.concurrency for ch in fixed_choice if not ch.meets_slo]
     if unmet and unmet[0] > conc[0]:
         met = max(c for c in conc if c < unmet[0])
@@ -197,8 +198,7 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
                      "catch_up": _catch_up(cells, per_c, cost).to_json()},
         "idle": {"per_concurrency": idle, "not_priced": list(NOT_PRICED),
                  "prompt_tokens": mean_prompt, "output_tokens": output},
-        "prefill": {"priced": prompt is not None, "prompt_tokens": mean_prompt, "output_tokens": output,
-                    "max_new_tokens": config.max_new_tokens,
+        "prefill": {"priced": prompt is not None, "max_new_tokens": config.max_new_tokens,  # tune/prefill.py
                     "drafter_ms_per_request": None if prompt is None else
                     float(cost.draft_prefill_cost(np.maximum(prompt, 1.0)).mean())},
         "vllm": vllm_fragment(k_ranges, enable and not on_cpu),
