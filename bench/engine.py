@@ -33,6 +33,7 @@ from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, SamplingCo
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.runtime.sink import MemorySink
+from engine_peer import machine  # noqa: E402  (bench/ is not a package; it imports torch only)
 
 RESULTS = Path(__file__).parent / "results"
 VLLM_THREADS = "VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_CPU_KVCACHE_SPACE=2"
@@ -89,7 +90,7 @@ class _LogitsStub:
 
         return KVCache(1, max_batch, 1, max_len, 1)
 
-    def forward(self, tokens, q_lens, slots, cache, logits="all", *, host=None):  # the Transformer's signature
+    def forward(self, tokens, q_lens, slots, cache, logits="all", *, host=None, prefill=False):  # the Transformer's
         cache.lengths[slots] += q_lens
         B, S = tokens.shape
         shape = (B, self.config.vocab_size) if isinstance(logits, str) and logits == "last" else (
@@ -225,7 +226,8 @@ CELL_FIELDS = {
     "acceptance": "vLLM: accepted / drafted tokens", "outside_forwards": "avkit: share of step time outside forwards",
     "load": "1-minute load average at the run's start", "repeats": "alternating repeats averaged",
     "max_new_tokens": "per request", "outputs": "generated token ids per request (last repeat)",
-    "cpu_expand_fix": "vLLM: run with --vllm-fix-expand and the fix was installed (its T > 0 spec bug fixed)"}
+    "cpu_expand_fix": "vLLM: run with --vllm-fix-expand and the fix was installed (its T > 0 spec bug fixed)",
+    "machine": "CPU model, cores and widest bf16 path (AMX / AVX-512 / AVX2) the cell ran on"}
 
 
 def _write(lines: list[str], args, prefix: str = "engine-", extra: dict | None = None) -> None:
@@ -239,7 +241,8 @@ def _write(lines: list[str], args, prefix: str = "engine-", extra: dict | None =
     body = "\n".join([f"# bench/engine.py ({stamp} UTC)", "",
                       (f"target `{args.target}`, draft `{args.draft}`, {what}, top-p 0.95, "
                       f"max_new_tokens {args.max_new_tokens}, dtype {args.dtype}, threads {args.threads}, "
-                      f"cpu count {os.cpu_count()}, load at start {os.getloadavg()[0]:.1f}"), "", *lines, ""])
+                      f"cpu count {os.cpu_count()}, load at start {os.getloadavg()[0]:.1f}, machine: {machine()}"),
+                      "", *lines, ""])
     staged = []
     for path, text in {RESULTS / name: body, **(extra or {})}.items():
         fd, tmp = tempfile.mkstemp(dir=RESULTS, suffix=".tmp")

@@ -34,6 +34,15 @@ VLLM_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": 
             "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600"}
 
 
+def machine() -> str:
+    """This CPU as the report compares rows by: model name, cores, and its widest bf16 path."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
+    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
+    isa = "AMX" if "amx_bf16" in flags else "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "?"
+    return f"{name}, {os.cpu_count()} cores, {isa}"
+
+
 def prompt_ids(tokenizer, dataset: str, n: int) -> list[list[int]]:
     from avkit.workloads import load_workload
 
@@ -215,7 +224,8 @@ def cells(runs: list[dict], reps: list[tuple[dict, dict]]) -> list[dict]:
                             "accepted_per_step": mean("accepted_per_step"), "acceptance": mean("acceptance"),
                             "outside_forwards": mean("outside"), "load": mean("load"), "repeats": len(got),
                             "max_new_tokens": r["max_new_tokens"], "outputs": got[-1]["outputs"],
-                            "cpu_expand_fix": any(g.get("cpu_expand_fix", False) for g in got)})
+                            "cpu_expand_fix": any(g.get("cpu_expand_fix", False) for g in got),
+                            "machine": machine()})
     return out
 
 

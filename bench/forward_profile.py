@@ -6,7 +6,8 @@
 For each (B rows, S query tokens per row: S = 1 is target-only decoding, S = 6 a K = 5 verify) it fills
 the cache to the context length, then profiles `--steps` forwards (logits at every position, as the
 engine's verify asks) and prints the top operators by self CPU time plus wall and process-CPU ms per
-forward (on a shared box the CPU time is the steadier number). Appends the tables to
+forward (on a shared box the CPU time is the steadier number). First it profiles one prefill of
+`--context` tokens (the engine's prefill forward: no logits, oneDNN's bulk path where cpu_bulk.py runs). Appends the tables to
 bench/results/forward_profile.md (temp file, then rename).
 """
 
@@ -22,6 +23,8 @@ import torch
 
 import avkit.models
 from avkit.config import DEFAULT_TARGET
+from avkit.models import cpu_bulk
+from engine_peer import machine  # noqa: E402  (bench/ is not a package)
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -31,7 +34,8 @@ def profile(model, batch: int, s: int, context: int, steps: int) -> str:
     slots = torch.arange(batch)
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, model.config.vocab_size, (batch, context), generator=g)
-    model.forward(tokens, torch.full((batch,), context), slots, cache, logits=torch.zeros(batch, 0, dtype=torch.int64))
+    model.forward(tokens, torch.full((batch,), context), slots, cache, logits=torch.zeros(batch, 0, dtype=torch.int64),
+                  prefill=True)
 
     def step():
         t = torch.randint(0, model.config.vocab_size, (batch, s), generator=g)
@@ -49,15 +53,37 @@ def profile(model, batch: int, s: int, context: int, steps: int) -> str:
     return f"{head}\n\n```\n{table}```\n"
 
 
+def profile_prefill(model, context: int) -> str:
+    """One engine prefill forward of ``context`` tokens (B = 1, no logits), after an untimed one."""
+    cache = model.new_cache(1, context + 2)
+    slot, none = torch.zeros(1, dtype=torch.int64), torch.zeros(1, 0, dtype=torch.int64)
+    tokens = torch.randint(0, model.config.vocab_size, (1, context), generator=torch.Generator().manual_seed(0))
+
+    def fill():
+        cache.free(0)
+        model.forward(tokens, torch.tensor([context]), slot, cache, logits=none, prefill=True)
+
+    fill()  # warm-up
+    w0, c0 = time.perf_counter(), time.process_time()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fill()
+    wall, cpu = (time.perf_counter() - w0) * 1e3, (time.process_time() - c0) * 1e3
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12)
+    head = (f"### prefill 1 x {context}: {wall:.1f} ms wall, {cpu:.1f} ms process CPU "
+            f"({torch.get_num_threads()} threads; load {os.getloadavg()[0]:.1f})")
+    return f"{head}\n\n```\n{table}```\n"
+
+
 def _label_packed_linears() -> None:
     """Name the custom kernel in the profile: it is not a registered torch op, so it would show as a gap."""
     from avkit.models import cpu_linear
 
     plain = cpu_linear.PackedLinear.forward
 
-    def forward(self, x):
-        with torch.profiler.record_function(f"avkit::linear_bf16 [{self.out_features}x{self.in_features}]"):
-            return plain(self, x)
+    def forward(self, x, bulk=False):
+        path = "onednn_bulk" if bulk and self.bulk_weight is not None else "linear_bf16"
+        with torch.profiler.record_function(f"avkit::{path} [{self.out_features}x{self.in_features}]"):
+            return plain(self, x, bulk)
 
     cpu_linear.PackedLinear.forward = forward
 
@@ -76,7 +102,10 @@ def main() -> None:
     _label_packed_linears()
     m = avkit.models.load(args.model, dtype=getattr(torch, args.dtype))
     packed = any(type(mod).__name__ == "PackedLinear" for mod in m.model.modules())
-    parts = [f"## {m.model_id}, {args.dtype}, CPU kernels {'on' if packed else 'off'}\n"]
+    parts = [f"## {m.model_id}, {args.dtype}, CPU kernels {'on' if packed else 'off'}, oneDNN bulk prefill "
+             f"{'on' if cpu_bulk.available() and packed else 'off'}; {machine()}\n",
+             profile_prefill(m.model, args.context)]
+    print(parts[-1], flush=True)
     for b in (int(x) for x in args.batches.split(",")):
         for s in (int(x) for x in args.queries.split(",")):
             parts.append(profile(m.model, b, s, args.context, args.steps))

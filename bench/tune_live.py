@@ -73,19 +73,10 @@ import torch
 
 BENCH = Path(__file__).parent
 sys.path.insert(0, str(BENCH))
-from engine_peer import VLLM_ENV, prompt_ids, steady_tok_s  # noqa: E402  (bench/ is not a package)
+from engine_peer import VLLM_ENV, machine, prompt_ids, steady_tok_s  # noqa: E402  (bench/ is not a package)
 from tune_live_report import rate, write_report  # noqa: E402
 
 RESULTS = BENCH / "results"
-
-
-def machine() -> str:
-    """This CPU as the report compares rows by: model name, cores, and its widest bf16 path."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
-    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
-    isa = "AMX" if "amx_bf16" in flags else "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "?"
-    return f"{name}, {os.cpu_count()} cores, {isa}"
 
 
 def uptime() -> str:

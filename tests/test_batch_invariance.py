@@ -16,7 +16,7 @@ import torch
 import avkit.models
 from avkit.config import EngineConfig
 from avkit.drafters.base import DraftInput, DraftProposal
-from avkit.models import cpu_attention, cpu_linear
+from avkit.models import cpu_attention, cpu_bulk, cpu_linear
 from avkit.models.testing import write_tiny_model
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
@@ -42,6 +42,9 @@ def models(tmp_path_factory):
         for name, b in noisy.model.named_buffers():  # the packed panels (pack_for_cpu)
             if name.endswith("packed"):
                 b.add_((torch.randn(b.shape, generator=g) * 0.3 * b.float().std()).bfloat16())
+        for m in noisy.model.modules():  # the prefill path's oneDNN copies follow the noisy panels
+            if isinstance(m, cpu_linear.PackedLinear) and m.bulk_weight is not None:
+                m.bulk_weight = cpu_bulk.pack(m.unpacked())
     assert target.model.dtype == torch.bfloat16
     return {"target": target, "noisy": noisy}
 

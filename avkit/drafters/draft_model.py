@@ -56,9 +56,9 @@ class DraftModelDrafter(Drafter):
         """Tokens of the length-`length` sequence in `slot` that the cache lacks (host count)."""
         return length - self._have[slot]
 
-    def _forward(self, tokens, q_lens, slots, logits, host: HostLengths | None = None):
+    def _forward(self, tokens, q_lens, slots, logits, host: HostLengths | None = None, prefill: bool = False):
         t0 = time.perf_counter()
-        out = self.model.forward(tokens, q_lens, slots, self.cache, logits=logits, host=host)
+        out = self.model.forward(tokens, q_lens, slots, self.cache, logits=logits, host=host, prefill=prefill)
         self.forward_s += time.perf_counter() - t0
         return out
 

@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from avkit.models import cpu_bulk
+
 PANEL = 16  # output rows per panel (NR in the kernel)
 # Within a panel, k's 16 values are stored as rows (0-3, 8-11, 4-7, 12-15): the kernel widens bf16 to fp32 with
 # AVX2 unpacklo/unpackhi, which interleave 128-bit lanes and so return rows 0-7 and 8-15 in order.
@@ -121,11 +123,14 @@ class PackedLinear(torch.nn.Module):
 
     ``weight`` stays available (same storage as before packing is not kept: the panels replace it), so
     ``unpacked()`` rebuilds it for code that needs ``[N, K]`` (tests, moving the model to another device).
+    ``bulk=True`` (prefill rows only) also keeps oneDNN's copy and runs ``forward(x, bulk=True)`` there
+    (cpu_bulk.py); the copy is a plain attribute, outside ``state_dict``.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bulk: bool = False):
         super().__init__()
         self.out_features, self.in_features = weight.shape
+        self.bulk_weight = cpu_bulk.pack(weight) if bulk else None  # oneDNN-blocked [N, K], or None
         self.register_buffer("packed", pack(weight))
         self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
 
@@ -133,7 +138,10 @@ class PackedLinear(torch.nn.Module):
         p, k, _ = self.packed.shape
         return self.packed.transpose(1, 2)[:, _INVERSE].reshape(p * PANEL, k)[: self.out_features]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bulk: bool = False) -> torch.Tensor:
+        """``bulk``: prefill rows, computed by oneDNN where this layer keeps its copy (else the kernel)."""
         if x.device.type != "cpu" or not available():
             return F.linear(x, self.unpacked(), self.bias)
+        if bulk and self.bulk_weight is not None:
+            return cpu_bulk.linear(x, self.bulk_weight, self.bias)
         return linear(x, self.packed, self.bias, self.out_features)

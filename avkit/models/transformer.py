@@ -21,8 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from avkit.errors import ConfigError
-from avkit.models import cpu_attention
+from avkit.models import cpu_attention, cpu_bulk, cpu_linear
 from avkit.models.config import ModelConfig
+from avkit.models.cpu_linear import PackedLinear
 from avkit.models.kv_cache import KVCache
 
 
@@ -75,6 +76,12 @@ class _Step:
     sin: torch.Tensor  # [B, S, D]
     span: int
     contiguous_from: int | None  # first slot when slots are consecutive (the cache is then viewed, not copied)
+    bulk: bool = False  # a prefill: packed CPU linears run on oneDNN (cpu_bulk.py), decode/verify never do
+
+
+def _linear(layer: nn.Module, x: torch.Tensor, bulk: bool) -> torch.Tensor:
+    """``layer(x)``; a packed CPU linear also gets ``bulk`` (prefill rows on oneDNN's fast path)."""
+    return layer(x, bulk=True) if bulk and isinstance(layer, PackedLinear) else layer(x)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -93,7 +100,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, step: _Step, cache: KVCache) -> torch.Tensor:
         B, S, _ = x.shape
         h, h_kv, d, g = self.h, self.h_kv, self.d, self.h // self.h_kv
-        q, k, v = self.qkv(x).split([h * d, h_kv * d, h_kv * d], dim=-1)
+        q, k, v = _linear(self.qkv, x, step.bulk).split([h * d, h_kv * d, h_kv * d], dim=-1)
         q = q.view(B, S, h, d)
         k = k.view(B, S, h_kv, d)
         v = v.view(B, S, h_kv, d)
@@ -104,13 +111,13 @@ class Attention(nn.Module):
         if step.ends is not None:  # CPU backend: per query row over its own span, batch-invariant (cpu_attention.py)
             out = cpu_attention.attention(q, cache.k[self.layer], cache.v[self.layer], step.slots, step.ends,
                                           d ** -0.5)  # [B, S, H, D]
-            return self.o(out.view(B, S, h * d))
+            return _linear(self.o, out.view(B, S, h * d), step.bulk)
         keys, values = cache.view(self.layer, step.slots, step.span, step.contiguous_from)  # [B, H_kv, span, D]
         # GQA without repeating K/V: the G query heads of one kv head become G*S query rows.
         q = q.view(B, S, h_kv, g, d).permute(0, 2, 3, 1, 4).reshape(B, h_kv, g * S, d)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask)  # [B, H_kv, G*S, D]
         out = out.view(B, h_kv, g, S, d).permute(0, 3, 1, 2, 4).reshape(B, S, h * d)
-        return self.o(out)
+        return _linear(self.o, out, step.bulk)
 
 
 class MLP(nn.Module):
@@ -119,9 +126,9 @@ class MLP(nn.Module):
         self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up(x).chunk(2, dim=-1)
-        return self.down(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, bulk: bool = False) -> torch.Tensor:
+        gate, up = _linear(self.gate_up, x, bulk).chunk(2, dim=-1)
+        return _linear(self.down, F.silu(gate) * up, bulk)
 
 
 class Block(nn.Module):
@@ -134,7 +141,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, step: _Step, cache: KVCache) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), step, cache)
-        return x + self.mlp(self.mlp_norm(x))
+        return x + self.mlp(self.mlp_norm(x), step.bulk)
 
 
 class Transformer(nn.Module):
@@ -170,7 +177,8 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, q_lens: torch.Tensor, slots: torch.Tensor, cache: KVCache,
-                logits: str | torch.Tensor = "all", *, host: HostLengths | None = None) -> torch.Tensor:
+                logits: str | torch.Tensor = "all", *, host: HostLengths | None = None,
+                prefill: bool = False) -> torch.Tensor:
         """Append ``q_lens[b]`` tokens to cache slot ``slots[b]`` and return float32 logits.
 
         tokens [B, S] int64 right-padded; q_lens [B] int64 in [1, S]; slots [B] int64 distinct.
@@ -178,10 +186,12 @@ class Transformer(nn.Module):
         runs on B rows only); an int64 tensor [B, n] of query indices -> [B, n, V].
         host: the same lengths as host ints (:class:`HostLengths`): nothing is then read back from the device
         (no synchronisation, CUDA-graph friendly), and token ids are not range-checked (the caller's job).
+        prefill: the tokens are prompt (or catch-up) runs: on the CPU backend the linears run on oneDNN's
+        bulk path (cpu_bulk.py; each token's result still independent of the others in the forward).
         Runs under ``torch.inference_mode()``: the logits are inference tensors (use out-of-place ops or
         ``.clone()`` them before editing in place outside inference mode).
         """
-        step = self._step(tokens, q_lens, slots, cache, host)
+        step = self._step(tokens, q_lens, slots, cache, host, prefill)
         if step.write_src is not None:  # pad ids may be anything (-1); never looked up
             tokens = tokens.gather(1, step.write_src)
         if host is None:  # a caller passing host lengths vouches for its ids (the engine checks prompts)
@@ -211,16 +221,15 @@ class Transformer(nn.Module):
         embedding (the lookup keeps the [V, d] table). Both kernels make the forward batch-invariant: a
         token's logits do not depend on the other tokens and requests in its forward.
         """
-        from avkit.models import cpu_linear
-
         if self.device.type != "cpu" or self.dtype != torch.bfloat16 or not cpu_linear.available():
             return False
+        bulk = cpu_bulk.available()  # prefill on oneDNN too (a second copy of each layer weight)
         for block in self.layers:
             for owner, name in ((block.attn, "qkv"), (block.attn, "o"), (block.mlp, "gate_up"), (block.mlp, "down")):
                 lin = getattr(owner, name)
-                setattr(owner, name, cpu_linear.PackedLinear(lin.weight, lin.bias))
+                setattr(owner, name, PackedLinear(lin.weight, lin.bias, bulk=bulk))
         head = self.embed.weight if self.lm_head is None else self.lm_head.weight
-        self.lm_head = cpu_linear.PackedLinear(head, None)
+        self.lm_head = PackedLinear(head, None)  # prefills compute no logits
         c = self.config
         self.cpu_attention = (cpu_attention.available() and c.head_dim % 8 == 0
                               and c.num_heads // c.num_kv_heads <= cpu_attention.MAX_GROUP)
@@ -246,7 +255,7 @@ class Transformer(nn.Module):
         self._rope_table = (cos, sin) if table is None else (torch.cat([table[0], cos]), torch.cat([table[1], sin]))
         return self._rope_table
 
-    def _step(self, tokens, q_lens, slots, cache: KVCache, host: HostLengths | None) -> _Step:
+    def _step(self, tokens, q_lens, slots, cache: KVCache, host: HostLengths | None, prefill: bool) -> _Step:
         if tokens.ndim != 2 or q_lens.shape != tokens.shape[:1] or slots.shape != tokens.shape[:1]:
             raise ConfigError(f"forward: tokens must be [B, S] with q_lens and slots [B], got "
                               f"{tuple(tokens.shape)}, {tuple(q_lens.shape)}, {tuple(slots.shape)}")
@@ -286,4 +295,4 @@ class Transformer(nn.Module):
         first = s_list[0]
         contiguous = s_list == list(range(first, first + B))
         return _Step(slots, write_pos, write_src, mask, ends_q, cos[positions], sin[positions], span,
-                     first if contiguous else None)
+                     first if contiguous else None, prefill)

@@ -130,9 +130,9 @@ class Engine:
         self.free_slots.append(seq.slot)
         self.free_slots.sort()
 
-    def _target_forward(self, tokens, q_lens, slots, logits, host: HostLengths | None = None):
+    def _target_forward(self, tokens, q_lens, slots, logits, host: HostLengths | None = None, prefill: bool = False):
         t0 = time.perf_counter()
-        out = self.target.model.forward(tokens, q_lens, slots, self.cache, logits=logits, host=host)
+        out = self.target.model.forward(tokens, q_lens, slots, self.cache, logits=logits, host=host, prefill=prefill)
         self.stats.target_forward_s += time.perf_counter() - t0
         return out
 

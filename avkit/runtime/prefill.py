@@ -18,7 +18,7 @@ PREFILL_CHUNK = 512  # tokens per forward
 
 def prefill(forward: Callable, runs: list[list[int]], slots: list[int], chunk: int | None = None,
             device: torch.device | str = "cpu") -> None:
-    """Append ``runs[i]`` to cache slot ``slots[i]`` via ``forward(tokens, q_lens, slots, logits)``."""
+    """Append ``runs[i]`` to cache slot ``slots[i]`` via ``forward(tokens, q_lens, slots, logits, prefill=True)``."""
     chunk = chunk or PREFILL_CHUNK
     groups: dict[int, list[int]] = defaultdict(list)  # length -> indices of runs
     for i, run in enumerate(runs):
@@ -30,4 +30,4 @@ def prefill(forward: Callable, runs: list[list[int]], slots: list[int], chunk: i
         none = torch.zeros(len(idx), 0, dtype=torch.int64, device=device)  # logits at no position: no LM head
         for start in range(0, length, chunk):
             piece = tokens[:, start:start + chunk]  # [n, S]
-            forward(piece, torch.full((len(idx),), piece.shape[1], device=device), group_slots, none)
+            forward(piece, torch.full((len(idx),), piece.shape[1], device=device), group_slots, none, prefill=True)
