@@ -33,7 +33,7 @@ from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, SamplingCo
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.runtime.sink import MemorySink
-from engine_peer import machine  # noqa: E402  (bench/ is not a package; it imports torch only)
+from engine_peer import machine  # bench/ is on sys.path when run as a script
 
 RESULTS = Path(__file__).parent / "results"
 VLLM_THREADS = "VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_CPU_KVCACHE_SPACE=2"

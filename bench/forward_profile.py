@@ -24,7 +24,7 @@ import torch
 import avkit.models
 from avkit.config import DEFAULT_TARGET
 from avkit.models import cpu_bulk
-from engine_peer import machine  # noqa: E402  (bench/ is not a package)
+from engine_peer import machine  # bench/ is on sys.path when run as a script
 
 RESULTS = Path(__file__).parent / "results"
 

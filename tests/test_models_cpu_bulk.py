@@ -60,7 +60,7 @@ def test_packed_linear_takes_the_bulk_path_only_when_asked():
     x = torch.randn(70, 24).bfloat16()
     layer = cpu_linear.PackedLinear(w, None, bulk=True)
     assert torch.equal(layer(x, bulk=True), cpu_bulk.linear(x, layer.bulk_weight, None))
-    assert torch.equal(layer(x), cpu_linear.linear(x, layer.packed, None, 45))
+    assert torch.equal(layer(x), cpu_linear.linear(x, layer.packed, None, 45, layer.kind))
     plain = cpu_linear.PackedLinear(w, None)  # no oneDNN copy: bulk rows go to the kernel
     assert plain.bulk_weight is None and torch.equal(plain(x, bulk=True), layer(x))
     assert "bulk_weight" not in layer.state_dict()

@@ -1,4 +1,5 @@
-"""The CPU backend's bf16 kernel (avkit/models/cpu_linear.cpp) against float64 matmuls and F.linear.
+"""The CPU backend's bf16 kernels (avkit/models/cpu_linear.cpp, and cpu_linear512.cpp where the CPU has
+AVX512-BF16) against float64 matmuls and F.linear; each kernel that runs here is tested.
 
 Oracle: the exact product in float64, rounded once to bf16. The kernel sums in fp32, so each output may
 differ from that rounding by one bf16 step plus the fp32 summation error; torch's own bf16 F.linear has
@@ -15,6 +16,7 @@ from avkit.models import cpu_linear
 from avkit.models.testing import write_tiny_model
 
 pytestmark = pytest.mark.skipif(not cpu_linear.available(), reason="CPU bf16 kernel unavailable here")
+KINDS = cpu_linear.kinds()  # the kernels that build and run on this CPU
 
 
 def _bound(ref64: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -24,35 +26,45 @@ def _bound(ref64: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tenso
     return step + sum_err + 1e-30
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 5, 6, 7, 8, 13])
-@pytest.mark.parametrize(("n", "k", "bias"), [(37, 100, True), (64, 96, False), (130, 33, True), (100, 600, False)])
-def test_kernel_matches_float64_like_torch(m, n, k, bias):
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 6, 7, 8, 13, 25])
+@pytest.mark.parametrize(("n", "k", "bias"), [(37, 100, True), (64, 96, False), (130, 33, True), (100, 600, False),
+                                              (300, 601, True)])
+def test_kernel_matches_float64_like_torch(kind, m, n, k, bias):
     g = torch.Generator().manual_seed(m * 1000 + n + k)
     x = torch.randn(m, k, generator=g).bfloat16()
     w = (torch.randn(n, k, generator=g) * 0.1).bfloat16()
     b = torch.randn(n, generator=g).bfloat16() if bias else None
     ref = x.double() @ w.double().T + (b.double() if bias else 0.0)  # [m, n]
-    y = cpu_linear.linear(x, cpu_linear.pack(w), b, n)
+    y = cpu_linear.linear(x, cpu_linear.pack(w, kind), b, n, kind)
     assert y.dtype == torch.bfloat16 and y.shape == (m, n)
     bound = _bound(ref, x, w)
     assert bool(((y.double() - ref).abs() <= bound).all())
     assert bool(((F.linear(x, w, b).double() - ref).abs() <= bound).all())  # torch meets the same bound
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 8])
-def test_rows_do_not_depend_on_the_batch(rows):
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 7, 8, 13, 25])
+def test_rows_do_not_depend_on_the_batch(kind, rows):
     """Batch invariance: a row's output is bit-identical alone or among others, whatever the tile shape.
 
-    K = 600 spans three k-blocks (the last partial), N = 100 is 7 panels (groups of 4 or 2 panels at one or
-    two rows leave a partial group), and 13 rows split into 5 + 4 + 4 while 8 split into 4 + 4.
+    K = 600 spans three k-blocks of the AVX2 kernel (the last partial) and three of 128 pairs of the AVX512 one,
+    N = 100 is 7 panels (groups of 8, 4 or 2 panels at one, two or more rows leave a partial group), and 30 rows
+    split into 10 + 10 + 10 (12-row tiles) or 6 x 5 (6-row tiles) while 8 split into 8 or 4 + 4.
     """
     g = torch.Generator().manual_seed(0)
-    x = torch.randn(13, 600, generator=g).bfloat16()
+    x = torch.randn(30, 600, generator=g).bfloat16()
     w = torch.randn(100, 600, generator=g).bfloat16()
-    packed = cpu_linear.pack(w)
-    full = cpu_linear.linear(x, packed, None, 100)
-    for i in (0, 5, 6, 13 - rows):
-        assert torch.equal(cpu_linear.linear(x[i:i + rows], packed, None, 100), full[i:i + rows])
+    packed = cpu_linear.pack(w, kind)
+    full = cpu_linear.linear(x, packed, None, 100, kind)
+    for i in (0, 5, 6, 30 - rows):
+        assert torch.equal(cpu_linear.linear(x[i:i + rows], packed, None, 100, kind), full[i:i + rows])
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_unpack_inverts_pack(kind):
+    w = torch.randn(45, 25).bfloat16()  # N and K off the panel and pair sizes
+    assert torch.equal(cpu_linear.unpack(cpu_linear.pack(w, kind), 45, 25), w)
 
 
 def test_pack_round_trips_and_leading_dims():
@@ -61,7 +73,7 @@ def test_pack_round_trips_and_leading_dims():
     assert torch.equal(layer.unpacked(), w)
     x = torch.randn(2, 3, 24).bfloat16()
     assert layer(x).shape == (2, 3, 45)
-    assert torch.equal(layer(x).reshape(6, 45), cpu_linear.linear(x.reshape(6, 24), layer.packed, None, 45))
+    assert torch.equal(layer(x).reshape(6, 45), cpu_linear.linear(x.reshape(6, 24), layer.packed, None, 45, layer.kind))
 
 
 def _load_plain(path, monkeypatch):

@@ -1,4 +1,6 @@
-"""The CPU backend's bf16 matmul: pre-packed weights and an AVX2 + FMA kernel (``cpu_linear.cpp``).
+"""The CPU backend's bf16 matmul: pre-packed weights and one of three kernels: AVX2 + FMA (``cpu_linear.cpp``, the
+default), AVX512-BF16's VDPBF16PS (``cpu_linear512.cpp``) or AMX tiles (``cpu_linear_amx.cpp``: 1-16 rows at about
+the cost of reading the weight, the fastest from ~8 rows).
 
 PyTorch computes a bf16 ``F.linear`` with more than one input row on x86 CPUs without AVX512-BF16
 or AMX through a scalar fallback (measured on this project's 2-core AVX2 box: 4 rows cost 2.5x one
@@ -7,14 +9,19 @@ forward, so decode and verification (B x (1 + k) rows) are bound by how fast the
 The kernel here packs each weight once into 16-row panels and streams them with fp32 accumulation.
 
 It computes what ``F.linear`` computes for bf16 tensors (bf16 inputs and weights, fp32 sums, one
-rounding to bf16 per output), differing only in the fp32 summation order. It is used only for bf16
-weights on a CPU that reports AVX2 and only if the extension compiles (g++ and ninja, once per
-machine and kernel version, ~1 min, cached by torch in ``~/.cache/torch_extensions``); otherwise, on CUDA and for
-float32, ``F.linear`` runs unchanged. ``AVKIT_CPU_KERNELS=0`` turns it off.
+rounding to bf16 per output), differing only in the fp32 summation order (and, for the AMX and AVX512-BF16
+kernels, denormal products flushed to zero). Each kernel computes a row the same way whatever
+other rows share the call (batch invariance). It is used only for bf16 weights on a CPU that reports
+AVX2 and only if the extension compiles (g++ and ninja, once per machine and kernel version, ~1 min,
+cached by torch in ``~/.cache/torch_extensions``); otherwise, on CUDA and for float32, ``F.linear``
+runs unchanged. ``AVKIT_CPU_KERNELS=0`` turns them all off; ``AVKIT_CPU_KERNEL`` picks one (``default_kind``).
 
 Glossary
 --------
-panel       16 consecutive output rows of W stored k-major: ``packed[p, k, j] = W[16 p + ORDER[j], k]``
+kind        the kernel: ``"amx_bf16"``, ``"avx512_bf16"`` or ``"avx2"`` (``PackedLinear.kind``)
+panel       16 consecutive output rows of W. avx2: k-major, ``packed[p, k, j] = W[16 p + ORDER[j], k]``;
+            amx_bf16 / avx512_bf16: k in pairs, ``packed[p, k2, j, e] = W[16 p + j, 2 k2 + e]`` (K zero-padded to a
+            multiple of 32 / 2)
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from avkit.errors import ConfigError
 from avkit.models import cpu_bulk
 
 PANEL = 16  # output rows per panel (NR in the kernel)
@@ -60,31 +68,41 @@ def clear_stale_build_lock(build_dir: Path, max_age_s: float = STALE_BUILD_LOCK_
 
 
 _SOURCE = Path(__file__).with_suffix(".cpp")
+_SOURCE512 = Path(__file__).with_name("cpu_linear512.cpp")
+_SOURCE_AMX = Path(__file__).with_name("cpu_linear_amx.cpp")
 _CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
+_CFLAGS512 = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp")
+_CFLAGS_AMX = ("-O3", "-mavx512f", "-mamx-tile", "-mamx-bf16", "-fopenmp")
+KINDS = ("amx_bf16", "avx512_bf16", "avx2")  # fastest first
+_PAIR_ALIGN = {"amx_bf16": 32, "avx512_bf16": 2}  # K padded to a multiple of this in the paired layout
 
 
-def _build_name(source: Path) -> str:
+def _build_name(source: Path, cflags: tuple[str, ...]) -> str:
     """``avkit_<stem>_<hash of source, headers and flags>``: one build directory per kernel version, so checkouts
     with different kernels (branches, an upgrade) never rebuild over each other in torch's shared cache."""
     headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))  # what the sources include
-    digest = hashlib.sha256(source.read_bytes() + headers + " ".join(_CFLAGS).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(source.read_bytes() + headers + " ".join(cflags).encode()).hexdigest()[:12]
     return f"avkit_{source.stem}_{digest}"
 
 
 @functools.cache
-def load_extension(source: Path):
+def load_extension(source: Path, cflags: tuple[str, ...] = _CFLAGS):
     """The CPU backend's compiled kernel module built from ``source`` (a .cpp beside this file), or None where it
-    cannot run here: ``AVKIT_CPU_KERNELS=0``, a CPU without AVX2, or no compiler / ninja (warned)."""
+    cannot run here: ``AVKIT_CPU_KERNELS=0``, a CPU without AVX2 (or AVX512-BF16 for ``_CFLAGS512``), or no
+    compiler / ninja (warned)."""
     if os.environ.get("AVKIT_CPU_KERNELS", "1") == "0":
         return None
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         return None
+    if (cflags == _CFLAGS512 and not torch.cpu._is_avx512_bf16_supported()) or \
+            (cflags == _CFLAGS_AMX and not torch.cpu._is_amx_tile_supported()):
+        return None
     try:
         from torch.utils.cpp_extension import _get_build_directory, load
 
-        name = _build_name(source)
+        name = _build_name(source, cflags)
         clear_stale_build_lock(Path(_get_build_directory(name, verbose=False)))
-        return load(name=name, sources=[str(source)], extra_cflags=list(_CFLAGS), extra_ldflags=["-fopenmp"],
+        return load(name=name, sources=[str(source)], extra_cflags=list(cflags), extra_ldflags=["-fopenmp"],
                     verbose=False)
     except Exception as exc:  # no compiler / ninja: the plain torch path still computes the same thing
         warnings.warn(f"avkit: CPU kernel {source.name} unavailable ({type(exc).__name__}: {exc}); using torch",
@@ -92,29 +110,71 @@ def load_extension(source: Path):
         return None
 
 
-def _extension():
-    return load_extension(_SOURCE)
+def _extension(kind: str):
+    if kind == "amx_bf16":
+        ext = load_extension(_SOURCE_AMX, _CFLAGS_AMX)
+        return ext if ext is not None and ext.available() else None  # the OS must grant the tile state
+    return load_extension(_SOURCE512, _CFLAGS512) if kind == "avx512_bf16" else load_extension(_SOURCE)
+
+
+@functools.cache
+def kinds() -> list[str]:
+    """The kernels that run here (each one built), e.g. ``["amx_bf16", "avx512_bf16", "avx2"]``, or []."""
+    return [k for k in KINDS if _extension(k) is not None]
+
+
+def default_kind() -> str:
+    """The kernel new ``PackedLinear`` layers use: ``$AVKIT_CPU_KERNEL`` if set, else avx2.
+
+    Why avx2 by default, measured end to end on a 2-core AMX Xeon (HumanEval, greedy, 48 new tokens, two
+    alternating rounds, `bench/results/cpu_kernels.md`): one row per forward (c1 decode, drafting) costs least
+    on the AVX2 kernel, so c1 ran 5.07 tok/s target-only vs 3.88 with AMX tiles; from ~8 rows the AMX kernel
+    wins (c4, K = 5: verify forwards of 24 rows, 9.78 vs 6.56 tok/s). A model's forwards must all use one kernel
+    (batch invariance), so the choice is per deployment: ``AVKIT_CPU_KERNEL=amx_bf16`` for batched speculation.
+    """
+    kind = os.environ.get("AVKIT_CPU_KERNEL", "") or "avx2"
+    if kind not in KINDS or _extension(kind) is None:
+        raise ConfigError(f"AVKIT_CPU_KERNEL={kind!r}: expected one of the kernels that run here, {kinds()}")
+    return kind
 
 
 def available() -> bool:
-    return _extension() is not None
+    return _extension("avx2") is not None
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """``W [N, K]`` -> panels ``[ceil(N / 16), K, 16]`` (zero rows pad the last panel)."""
+def pack(weight: torch.Tensor, kind: str | None = None) -> torch.Tensor:
+    """``W [N, K]`` -> the panels of ``kind`` (default: ``default_kind()``); zeros pad N to 16 rows and,
+    for avx512_bf16, K to even. avx2: ``[ceil(N / 16), K, 16]``; avx512_bf16: ``[ceil(N / 16), ceil(K / 2), 16, 2]``."""
+    kind = kind or default_kind()
     n, k = weight.shape
-    pad = (-n) % PANEL
-    if pad:
-        weight = torch.cat([weight, weight.new_zeros(pad, k)])
+    pad_n, pad_k = (-n) % PANEL, (-k) % _PAIR_ALIGN.get(kind, 1)
+    weight = F.pad(weight, (0, pad_k, 0, pad_n)) if pad_n or pad_k else weight
+    if kind in _PAIR_ALIGN:
+        return weight.view(-1, PANEL, (k + pad_k) // 2, 2).transpose(1, 2).contiguous()  # [P, K/2, 16, 2]
     return weight.view(-1, PANEL, k)[:, _ORDER].transpose(1, 2).contiguous()  # [P, K, 16]
 
 
-def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
-    """``F.linear(x, W, bias)`` for bf16 ``x [..., K]`` from ``pack(W)``."""
+def unpack(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """``pack``'s inverse: ``W [n, k]``."""
+    if packed.dim() == 4:  # amx_bf16, avx512_bf16
+        return packed.transpose(1, 2).reshape(packed.shape[0] * PANEL, -1)[:n, :k]
+    p, kk, _ = packed.shape
+    return packed.transpose(1, 2)[:, _INVERSE].reshape(p * PANEL, kk)[:n]
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int,
+           kind: str | None = None) -> torch.Tensor:
+    """``F.linear(x, W, bias)`` for bf16 ``x [..., K]`` from ``pack(W, kind)`` (``kind`` None: avx2's layout)."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])  # [M, K]
     b = bias if bias is not None else x2.new_empty(0)
-    y = _extension().linear_bf16(x2, packed, b, out_features)  # [M, N]
+    kind = kind or "avx2"
+    if packed.dim() != (4 if kind in _PAIR_ALIGN else 3):
+        raise ConfigError(f"cpu_linear.linear: a {packed.dim()}-dim packed weight is not {kind}'s layout")
+    if kind in _PAIR_ALIGN:  # x as bf16 pairs, K zero-padded like the weight (the model's x is bf16 already)
+        pad = 2 * packed.shape[1] - x2.shape[1]
+        x2 = (F.pad(x2, (0, pad)) if pad else x2).to(torch.bfloat16).contiguous()
+    y = _extension(kind).linear_bf16(x2, packed, b, out_features)  # [M, N]
     return y.view(*lead, out_features)
 
 
@@ -131,12 +191,12 @@ class PackedLinear(torch.nn.Module):
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.bulk_weight = cpu_bulk.pack(weight) if bulk else None  # oneDNN-blocked [N, K], or None
-        self.register_buffer("packed", pack(weight))
+        self.kind = default_kind()  # the kernel this layer's panels are laid out for
+        self.register_buffer("packed", pack(weight, self.kind))
         self.bias = None if bias is None else torch.nn.Parameter(bias, requires_grad=False)
 
     def unpacked(self) -> torch.Tensor:
-        p, k, _ = self.packed.shape
-        return self.packed.transpose(1, 2)[:, _INVERSE].reshape(p * PANEL, k)[: self.out_features]
+        return unpack(self.packed, self.out_features, self.in_features)
 
     def forward(self, x: torch.Tensor, bulk: bool = False) -> torch.Tensor:
         """``bulk``: prefill rows, computed by oneDNN where this layer keeps its copy (else the kernel)."""
@@ -144,4 +204,4 @@ class PackedLinear(torch.nn.Module):
             return F.linear(x, self.unpacked(), self.bias)
         if bulk and self.bulk_weight is not None:
             return cpu_bulk.linear(x, self.bulk_weight, self.bias)
-        return linear(x, self.packed, self.bias, self.out_features)
+        return linear(x, self.packed, self.bias, self.out_features, self.kind)

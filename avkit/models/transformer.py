@@ -34,8 +34,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        var = x.float().pow(2).mean(-1, keepdim=True)
-        return self.weight * (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype)
+        xf = x.float()
+        return self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
 @dataclass(frozen=True)
@@ -100,13 +100,11 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, step: _Step, cache: KVCache) -> torch.Tensor:
         B, S, _ = x.shape
         h, h_kv, d, g = self.h, self.h_kv, self.d, self.h // self.h_kv
-        q, k, v = _linear(self.qkv, x, step.bulk).split([h * d, h_kv * d, h_kv * d], dim=-1)
-        q = q.view(B, S, h, d)
-        k = k.view(B, S, h_kv, d)
-        v = v.view(B, S, h_kv, d)
+        qk, v = _linear(self.qkv, x, step.bulk).split([(h + h_kv) * d, h_kv * d], dim=-1)
+        qk = qk.view(B, S, h + h_kv, d)  # queries and keys rotate together: the same elementwise ops, half the calls
         cos, sin = step.cos[:, :, None], step.sin[:, :, None]  # [B, S, 1, D]
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q, k = (qk * cos + _rotate_half(qk) * sin).split([h, h_kv], dim=2)  # [B, S, H, D], [B, S, H_kv, D]
+        v = v.view(B, S, h_kv, d)
         cache.append(self.layer, step.slots, step.write_pos, step.write_src, k, v)
         if step.ends is not None:  # CPU backend: per query row over its own span, batch-invariant (cpu_attention.py)
             out = cpu_attention.attention(q, cache.k[self.layer], cache.v[self.layer], step.slots, step.ends,
