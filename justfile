@@ -59,6 +59,11 @@ bench-real:
 bench-invariance:
     python bench/batch_invariance.py --repeats 7 --hf ~/.cache/avkit/models/qwen2.5-coder-1.5b-hf
 
+# the CPU linear kernels (AVX2, AVX512-BF16, AMX) end to end on the real pair, bf16 (~5 min a kernel per round on
+# 2 cores): target-only and K = 5 at c1 and c4, kernels alternating -> bench/results/cpu_kernels.md
+bench-cpu-kernels:
+    python bench/cpu_kernels.py
+
 # live HVD vs its replay on the real pair (needs out/hvd/payoff_survival.pt from `avkit hvd`; ~40 min in all,
 # one cell per locked command) -> bench/results/hvd_live.md; `--tiny` dry-runs it in ~1 min
 bench-hvd-live:

@@ -5,10 +5,11 @@
 // of W. Here every call runs on AMX tiles, so 1-64 rows cost about what reading the weight costs.
 //
 // Layout: W packed as for the AVX512-BF16 kernel, [N/16][K/2][16][2] bf16 (K padded to a multiple of 32): 16 k-pairs
-// of one panel are one 16-row x 64-byte B tile. x is copied into 16-row blocks (zero rows pad the last block).
-// Per output the sum runs over k in blocks of 32, one TDPBF16PS per block, in order, whatever M is: a row's result
-// does not depend on the other rows of the call, nor on the row block it falls in (batch invariance, as in
-// cpu_linear.cpp). Each output is rounded to bf16 once, after the bias is added in fp32.
+// of one panel are one 16-row x 64-byte B tile. x is read in blocks of 16 rows; the last block's A and C tiles are
+// configured with only its rows. Per output the sum runs over k in blocks of 32, one TDPBF16PS per block, in order,
+// and TDPBF16PS computes each row of C from that row of A alone: a row's result does not depend on the other rows
+// of the call, nor on the block or tile height it falls in (batch invariance, as in cpu_linear.cpp). Each output
+// is rounded to bf16 once, after the bias is added in fp32.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -40,10 +41,10 @@ bool request_amx() {  // Linux: a process must ask for the AMX tile state once (
   return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
 }
 
-void configure() {
+void configure(int rows) {  // C tiles 0-3 and the A tile 4 hold `rows` rows of x; B tiles 5-7 16 k-pairs
   TileConfig cfg;
   for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
+    cfg.rows[t] = t < 5 ? rows : 16;
     cfg.colsb[t] = 64;  // C: 16 fp32; A: 32 bf16; B: 16 pairs of bf16
   }
   _tile_loadconfig(&cfg);
@@ -92,10 +93,8 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Tensor b
   TORCH_CHECK(K == 2 * packed.size(1) && K % KB == 0 && P * NR >= N, "linear_bf16: weight does not match x");
   TORCH_CHECK(request_amx(), "linear_bf16: the OS refused the AMX tile state");
   const int64_t blocks = (M + MB - 1) / MB;
-  auto xpad = torch::zeros({blocks * MB, K}, x.options());  // zero rows pad the last block
-  xpad.narrow(0, 0, M).copy_(x);
   auto y = torch::empty({M, N}, x.options());
-  const uint16_t* xp = reinterpret_cast<const uint16_t*>(xpad.data_ptr<at::BFloat16>());
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(packed.data_ptr<at::BFloat16>());
   uint16_t* yp = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
   const bool has_bias = bias.numel() > 0;
@@ -104,12 +103,14 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Tensor b
   const int64_t ldw = K * NR;  // elements per panel
   const int64_t groups = (P + NP - 1) / NP;
   at::parallel_for(0, groups, 1, [&](int64_t g0, int64_t g1) {
-    configure();  // tile state is per thread
+    int configured = 0;  // tile state is per thread
     alignas(64) float acc[NP * MB * NR];
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t pf = g * NP, pn = std::min<int64_t>(NP, P - pf);
       const uint16_t* w = wp + pf * ldw;
       for (int64_t r = 0; r < blocks; ++r) {  // the group's panels stay in L2 across row blocks
+        const int rows = static_cast<int>(std::min<int64_t>(MB, M - r * MB));
+        if (rows != configured) configure(configured = rows);
         const uint16_t* xb = xp + r * MB * K;
         switch (pn) {
           case 4: block<4>(xb, K * 2, w, ldw, K, acc); break;
@@ -117,7 +118,6 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Tensor b
           case 2: block<2>(xb, K * 2, w, ldw, K, acc); break;
           default: block<1>(xb, K * 2, w, ldw, K, acc); break;
         }
-        const int64_t rows = std::min<int64_t>(MB, M - r * MB);
         for (int64_t j = 0; j < pn; ++j) {
           const int64_t n0 = (pf + j) * NR, nn = std::min<int64_t>(NR, N - n0);
           for (int64_t m = 0; m < rows; ++m) {
