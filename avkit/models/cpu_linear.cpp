@@ -25,8 +25,6 @@
 
 namespace {
 
-using avkit::round_bf16;
-
 constexpr int NR = 16;  // output rows per panel
 constexpr int MR = 6;   // input rows per register tile
 constexpr int64_t PF_K = 64;  // software prefetch distance in k (2 KiB of a panel)
@@ -138,14 +136,7 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Tensor b
           }
         }
       }
-      for (int64_t j = 0; j < pn; ++j) {
-        const int64_t n0 = (pf + j) * NR, nn = std::min<int64_t>(NR, N - n0);
-        for (int64_t m = 0; m < M; ++m) {
-          uint16_t* row = yp + m * N + n0;
-          const float* a = acc.data() + (j * M + m) * NR;
-          for (int64_t jj = 0; jj < nn; ++jj) row[jj] = round_bf16(a[jj] + (has_bias ? bp[n0 + jj] : 0.0f));
-        }
-      }
+      avkit::store_panels(acc.data(), M * NR, pn, M, pf, N, bp, yp);
     }
   });
   return y;

@@ -23,8 +23,6 @@
 
 namespace {
 
-using avkit::round_bf16;
-
 constexpr int NR = 16;  // outputs per panel = columns of a C tile
 constexpr int MB = 16;  // rows of x per block = rows of an A / C tile
 constexpr int KB = 32;  // k per TDPBF16PS (16 pairs)
@@ -118,14 +116,7 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor packed, torch::Tensor b
           case 2: block<2>(xb, K * 2, w, ldw, K, acc); break;
           default: block<1>(xb, K * 2, w, ldw, K, acc); break;
         }
-        for (int64_t j = 0; j < pn; ++j) {
-          const int64_t n0 = (pf + j) * NR, nn = std::min<int64_t>(NR, N - n0);
-          for (int64_t m = 0; m < rows; ++m) {
-            uint16_t* row = yp + (r * MB + m) * N + n0;
-            const float* a = acc + (j * MB + m) * NR;
-            for (int64_t jj = 0; jj < nn; ++jj) row[jj] = round_bf16(a[jj] + (has_bias ? bp[n0 + jj] : 0.0f));
-          }
-        }
+        avkit::store_panels(acc, MB * NR, pn, rows, pf, N, bp, yp + r * MB * N);
       }
     }
     _tile_release();
