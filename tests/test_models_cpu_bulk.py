@@ -1,4 +1,4 @@
-"""The CPU backend's prefill path (avkit/models/cpu_bulk.py): oneDNN's bf16 matmul in fixed 64-row calls.
+"""The CPU backend's prefill path (avkit/models/cpu_bulk.py): oneDNN's bf16 matmul in fixed BULK_ROWS-row calls.
 
 Oracles: the exact product in float64 (within one bf16 rounding plus fp32 summation error, the bound
 torch's own bf16 F.linear meets too), and the path itself at other row counts and companions (bitwise:
@@ -41,18 +41,35 @@ def test_bulk_linear_matches_float64_like_torch(m, n, k, bias):
 
 
 def test_a_rows_result_does_not_depend_on_its_call():
-    """Bitwise: a row alone, at another position, among 63 or 200 other rows, and in a [B, S, K] batch."""
+    """Bitwise: a row alone, at another position, among 63 or 199 other rows, and in a [B, S, K] batch."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(200, 600, generator=g).bfloat16()
     w = torch.randn(100, 600, generator=g).bfloat16()
     b = torch.randn(100, generator=g).bfloat16()
     packed = cpu_bulk.pack(w)
-    full = cpu_bulk.linear(x, packed, b)  # [200, 100]: four calls, the last padded
+    assert 200 % cpu_bulk.BULK_ROWS  # more than one call, the last padded
+    full = cpu_bulk.linear(x, packed, b)  # [200, 100]
     for i in (0, 5, 63, 64, 131, 199):
         assert torch.equal(cpu_bulk.linear(x[i:i + 1], packed, b)[0], full[i])
         others = torch.cat([x[i:i + 1], torch.randn(63, 600, generator=g).bfloat16()])
         assert torch.equal(cpu_bulk.linear(others, packed, b)[0], full[i])
     assert torch.equal(cpu_bulk.linear(x.view(4, 50, 600), packed, b).view(200, 100), full)
+
+
+@pytest.mark.parametrize("m", [1, 129, 300])
+def test_gated_mlp_is_the_three_calls_and_its_rows_do_not_depend_on_the_call(m):
+    """``gated_mlp`` (a block of rows at a time) == ``down(silu(gate) * up)`` through ``linear``, bitwise; a row
+    alone gives the same bits as among ``m`` rows."""
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 96, generator=g).bfloat16()
+    w1 = (torch.randn(2 * 160, 96, generator=g) * 0.1).bfloat16()
+    w2 = (torch.randn(96, 160, generator=g) * 0.1).bfloat16()
+    p1, p2 = cpu_bulk.pack(w1), cpu_bulk.pack(w2)
+    gate, up = cpu_bulk.linear(x, p1, None).chunk(2, dim=-1)
+    want = cpu_bulk.linear(F.silu(gate) * up, p2, None)  # [m, 96]
+    got = cpu_bulk.gated_mlp(x.view(1, m, 96), p1, p2)
+    assert got.shape == (1, m, 96) and torch.equal(got[0], want)
+    assert torch.equal(cpu_bulk.gated_mlp(x[-1:], p1, p2)[0], want[-1])
 
 
 def test_packed_linear_takes_the_bulk_path_only_when_asked():
@@ -90,3 +107,49 @@ def test_a_prefilled_prompt_does_not_depend_on_its_companions(tmp_path):
                     (torch.cat([prompt[:, 40:], other[:, 40:]]), [2, 1])])
     for got in (beside, chunked):
         assert torch.equal(got[0], alone[0]) and torch.equal(got[1], alone[1])
+
+
+def test_ragged_prefill_computes_real_tokens_only_and_matches_each_run_alone(tmp_path):
+    """runtime/prefill.py with ``ragged``: runs of 3 lengths (one longer than a chunk) share forwards, each
+    forward's linears see only real tokens, and every slot's cache and next logits equal the run prefilled
+    alone, bitwise; without ``ragged`` runs of unequal length never share a forward."""
+    from avkit.runtime import prefill as pf
+
+    path = write_tiny_model(tmp_path / "m", vocab=300, seed=0, hidden=128, heads=4, kv_heads=2, intermediate=256,
+                            init_std=0.3)
+    model = avkit.models.load(path, dtype=torch.bfloat16).model
+    assert model.ragged_prefill
+    g = torch.Generator().manual_seed(2)
+    runs = [torch.randint(0, 300, (n,), generator=g).tolist() for n in (150, 7, 61)]
+    calls = []
+
+    def forward(tokens, q_lens, slots, logits, prefill):
+        rows = model.layers[0].attn.qkv
+        seen = []
+        plain = rows.forward
+        rows.forward = lambda x, bulk=False: (seen.append(x.reshape(-1, x.shape[-1]).shape[0]), plain(x, bulk))[1]
+        try:
+            model.forward(tokens, q_lens, slots, cache, logits=logits, prefill=prefill)
+        finally:
+            del rows.forward
+        calls.append((q_lens.tolist(), seen[0]))
+
+    def state(slot):
+        n = len(runs[slot])
+        nxt = model.forward(torch.tensor([[7]]), torch.tensor([1]), torch.tensor([slot]), cache, logits="last")
+        return cache.k[1][slot, :, :n].clone(), cache.v[0][slot, :, :n].clone(), nxt
+
+    cache = model.new_cache(3, 200)
+    pf.prefill(forward, runs, [0, 1, 2], chunk=100, ragged=True)
+    assert calls == [([100, 7, 61], 168), ([50], 50)]  # one forward per chunk, pads never reach a linear
+    together = [state(s) for s in range(3)]
+    for s in range(3):
+        cache = model.new_cache(3, 200)
+        pf.prefill(forward, [runs[s] if i == s else [] for i in range(3)], [0, 1, 2], ragged=True)
+        assert all(torch.equal(a, b) for a, b in zip(state(s), together[s]))
+    calls.clear()
+    cache = model.new_cache(3, 200)
+    pf.prefill(forward, runs, [0, 1, 2], chunk=100)
+    assert sorted(q for q, _ in calls) == [[7], [50], [61], [100]]
+    assert pf._groups([[1] * 3000, [1] * 600, [1] * 2000], True, 512) == [[0, 1, 2]] and \
+        pf._groups([[1] * 512] * 9, True, 512) == [list(range(8)), [8]]

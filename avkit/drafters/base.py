@@ -42,7 +42,7 @@ class DraftInput:
     # (slope [1], intercepts [K]) float32 on the device: the estimator's coefficients for the confidence
     # kernel in each draft pass (DraftProposal.confidences), or None (the policy predicts from features)
     coefficients: tuple[torch.Tensor, torch.Tensor] | None = None
-    greedy: bool | None = None  # host: every request has T = 0 (None: unknown)
+    greedy: bool | None = None  # host: True every request has T = 0, False none has (None: a mix, or unknown)
     nucleus: bool | None = None  # host: some request has top_p < 1 (None: unknown)
 
     def host_slots(self) -> tuple[int, ...]:

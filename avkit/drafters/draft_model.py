@@ -23,6 +23,7 @@ import torch
 
 from avkit.drafters.base import Drafter, DraftInput, DraftProposal
 from avkit.features import LOGIT_FEATURES
+from avkit.kernels.argmax import argmax
 from avkit.kernels.dispatch import Kernels, select_kernels
 from avkit.models.transformer import HostLengths
 from avkit.runtime.prefill import prefill
@@ -68,7 +69,7 @@ class DraftModelDrafter(Drafter):
         feeds (1 or 2) and the cached lengths before it. Rows not drafting are left behind (lazy)."""
         lag = [b for b in rows if len(inp.sequences[b]) - self._have[slots[b]] > FREE_LAG]
         prefill(self._forward, [inp.sequences[b][self._have[slots[b]]:-1] for b in lag], [slots[b] for b in lag],
-                device=self.device)
+                device=self.device, ragged=getattr(self.model, "ragged_prefill", False))
         for b in lag:
             self._have[slots[b]] = len(inp.sequences[b]) - 1
         return [inp.sequences[b][self._have[slots[b]]:] for b in rows], [self._have[slots[b]] for b in rows]
@@ -105,11 +106,16 @@ class DraftModelDrafter(Drafter):
             for name, value in c.features().items():
                 feats[name][idx, i] = value
             confs[idx, i] = c.confidence
-            q = probs_from_logits(logits, temp, top_p, greedy=inp.greedy, nucleus=inp.nucleus)  # [b, V] x_i ~ q
-            x = sample_tokens(q, inp.seeds[idx], inp.request_keys[idx], inp.positions[idx] + i)
+            if inp.greedy:  # every row T = 0: q is one-hot at the argmax, the token sample_tokens draws from it
+                x = argmax(logits)  # [b]
+                probs_out[idx, i, x] = 1.0
+                q_sampled[idx, i] = 1.0
+            else:
+                q = probs_from_logits(logits, temp, top_p, greedy=inp.greedy, nucleus=inp.nucleus)  # [b, V] x_i ~ q
+                x = sample_tokens(q, inp.seeds[idx], inp.request_keys[idx], inp.positions[idx] + i)
+                probs_out[idx, i] = q
+                q_sampled[idx, i] = q.gather(-1, x[:, None]).squeeze(-1)
             tokens_out[idx, i] = x
-            probs_out[idx, i] = q
-            q_sampled[idx, i] = q.gather(-1, x[:, None]).squeeze(-1)
             drafted[idx] = i + 1
             for b in rows:
                 done[b] = i + 1

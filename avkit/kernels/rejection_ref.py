@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from avkit.kernels.argmax import argmax
 from avkit.kernels.rng import STREAM_ACCEPT, STREAM_SAMPLE, uniform
 
 
@@ -53,7 +54,7 @@ def exponential_race(weights: torch.Tensor, seeds: torch.Tensor, request_keys: t
     u = uniform(seeds[rows], request_keys[rows], positions[rows], stream, cols)  # [N]
     score = torch.zeros_like(weights, dtype=torch.float32)  # [B, V]
     score[rows, cols] = weights[rows, cols].float() / -torch.log(u)
-    return score.argmax(-1)
+    return argmax(score)
 
 
 def rejection_sample_ref(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
@@ -86,7 +87,7 @@ def rejection_sample_ref(target_probs: torch.Tensor, draft_probs: torch.Tensor, 
     verified = j[None, :] < num_verify[:, None]  # [B, K]
     p_x = target_probs[:, :K].gather(-1, draft_tokens[..., None]).squeeze(-1).float()  # [B, K]
     if greedy:
-        ok = draft_tokens == target_probs[:, :K].argmax(-1)  # [B, K]
+        ok = draft_tokens == argmax(target_probs[:, :K])  # [B, K]
     else:
         q_x = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1).float()  # [B, K]
         u = uniform(seeds[:, None], request_keys[:, None], positions[:, None] + j, STREAM_ACCEPT, 0)
@@ -98,7 +99,7 @@ def rejection_sample_ref(target_probs: torch.Tensor, draft_probs: torch.Tensor, 
 
     p_n = target_probs[rows, n].float()  # [B, V]: target distribution at the first unaccepted slot
     if greedy:
-        token = p_n.argmax(-1)
+        token = argmax(p_n)
     else:
         # Rejected at slot n < k: recover from norm(max(0, p_n - q_n)); all k accepted: bonus from p_k.
         rejected = n < num_verify  # [B]

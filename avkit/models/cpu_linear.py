@@ -1,6 +1,6 @@
 """The CPU backend's bf16 matmul: pre-packed weights and one of three kernels: AVX2 + FMA (``cpu_linear.cpp``, the
-default), AVX512-BF16's VDPBF16PS (``cpu_linear512.cpp``) or AMX tiles (``cpu_linear_amx.cpp``: 1-16 rows at about
-the cost of reading the weight, the fastest from ~8 rows).
+default without AMX), AVX512-BF16's VDPBF16PS (``cpu_linear512.cpp``) or AMX tiles (``cpu_linear_amx.cpp``: 1-16 rows at about
+the cost of reading the weight: the default where the CPU has AMX).
 
 PyTorch computes a bf16 ``F.linear`` with more than one input row on x86 CPUs without AVX512-BF16
 or AMX through a scalar fallback (measured on this project's 2-core AVX2 box: 4 rows cost 2.5x one
@@ -124,15 +124,17 @@ def kinds() -> list[str]:
 
 
 def default_kind() -> str:
-    """The kernel new ``PackedLinear`` layers use: ``$AVKIT_CPU_KERNEL`` if set, else avx2.
+    """The kernel new ``PackedLinear`` layers use: ``$AVKIT_CPU_KERNEL`` if set, else amx_bf16 where the CPU has
+    AMX tiles (and the OS grants them), else avx2.
 
-    Why avx2 by default, measured end to end on a 2-core AMX Xeon (HumanEval, greedy, 48 new tokens, two
-    alternating rounds, `bench/results/cpu_kernels.md`): one row per forward (c1 decode, drafting) costs least
-    on the AVX2 kernel, so c1 ran 5.07 tok/s target-only vs 3.88 with AMX tiles; from ~8 rows the AMX kernel
-    wins (c4, K = 5: verify forwards of 24 rows, 9.78 vs 6.56 tok/s). A model's forwards must all use one kernel
-    (batch invariance), so the choice is per deployment: ``AVKIT_CPU_KERNEL=amx_bf16`` for batched speculation.
+    Why, measured end to end on a 2-core AMX Xeon (HumanEval, greedy, 48 new tokens, `bench/cpu_kernels.py`,
+    `bench/results/cpu_kernels.md`, 2026-12-03 21:24): since the AMX kernel's last row block uses tiles of its own
+    height, one row costs about what it costs the AVX2 kernel (c1 target-only 7.24 vs 7.72 tok/s, c1 K = 5 12.49
+    vs 12.20) and more rows cost almost nothing more (c4 target-only 18.23 vs 16.90, c4 K = 5 19.75 vs 15.62).
+    The AVX512-BF16 kernel is for CPUs with VDPBF16PS but no AMX; pick it there with ``AVKIT_CPU_KERNEL``. A
+    model's forwards must all use one kernel (batch invariance), so the choice is per deployment, never per call.
     """
-    kind = os.environ.get("AVKIT_CPU_KERNEL", "") or "avx2"
+    kind = os.environ.get("AVKIT_CPU_KERNEL", "") or ("amx_bf16" if _extension("amx_bf16") is not None else "avx2")
     if kind not in KINDS or _extension(kind) is None:
         raise ConfigError(f"AVKIT_CPU_KERNEL={kind!r}: expected one of the kernels that run here, {kinds()}")
     return kind

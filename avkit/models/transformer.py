@@ -77,6 +77,7 @@ class _Step:
     span: int
     contiguous_from: int | None  # first slot when slots are consecutive (the cache is then viewed, not copied)
     bulk: bool = False  # a prefill: packed CPU linears run on oneDNN (cpu_bulk.py), decode/verify never do
+    flat: torch.Tensor | None = None  # [N] a ragged prefill's real tokens in the flattened [B*S]; None = padded rows
 
 
 def _linear(layer: nn.Module, x: torch.Tensor, bulk: bool) -> torch.Tensor:
@@ -125,6 +126,10 @@ class MLP(nn.Module):
         self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, bulk: bool = False) -> torch.Tensor:
+        gu, down = self.gate_up, self.down
+        if bulk and x.device.type == "cpu" and getattr(gu, "bulk_weight", None) is not None \
+                and gu.bias is None and getattr(down, "bulk_weight", None) is not None and down.bias is None:
+            return cpu_bulk.gated_mlp(x, gu.bulk_weight, down.bulk_weight)  # prefill on oneDNN, a block at a time
         gate, up = _linear(self.gate_up, x, bulk).chunk(2, dim=-1)
         return _linear(self.down, F.silu(gate) * up, bulk)
 
@@ -190,17 +195,22 @@ class Transformer(nn.Module):
         ``.clone()`` them before editing in place outside inference mode).
         """
         step = self._step(tokens, q_lens, slots, cache, host, prefill)
-        if step.write_src is not None:  # pad ids may be anything (-1); never looked up
+        B, S = tokens.shape
+        if step.flat is not None:  # ragged prefill: the real tokens only, one per row (pads never computed)
+            tokens = tokens.reshape(-1)[step.flat][:, None]  # [N, 1]
+        elif step.write_src is not None:  # pad ids may be anything (-1); never looked up
             tokens = tokens.gather(1, step.write_src)
         if host is None:  # a caller passing host lengths vouches for its ids (the engine checks prompts)
             out_of_range = (tokens < 0) | (tokens >= self.config.vocab_size)
             if bool(out_of_range.any()):
                 raise ConfigError(f"forward: token id {int(tokens[out_of_range][0])} outside the vocabulary "
                                   f"[0, {self.config.vocab_size})")
-        x = self.embed(tokens)  # [B, S, d]
+        x = self.embed(tokens)  # [B, S, d]; a ragged prefill: [N, 1, d]
         for block in self.layers:
             x = block(x, step, cache)
-        cache.lengths[step.slots] += q_lens.to(cache.lengths.device)
+        cache.lengths[slots] += q_lens.to(cache.lengths.device)
+        if step.flat is not None:  # back to [B, S, d] rows (pads zero) for the logits' indexing
+            x = x.new_zeros(B * S, x.shape[-1]).index_copy_(0, step.flat, x[:, 0]).view(B, S, -1)
         if isinstance(logits, str) and logits == "last":
             x = x[torch.arange(x.shape[0], device=x.device), q_lens - 1]  # [B, d]
         elif isinstance(logits, torch.Tensor):
@@ -232,6 +242,13 @@ class Transformer(nn.Module):
         self.cpu_attention = (cpu_attention.available() and c.head_dim % 8 == 0
                               and c.num_heads // c.num_kv_heads <= cpu_attention.MAX_GROUP)
         return True
+
+    @property
+    def ragged_prefill(self) -> bool:
+        """A prefill forward may batch runs of any lengths: it computes real tokens only (the CPU backend, whose
+        attention takes each query row alone). Elsewhere pads would cost a full token each (``runtime/prefill.py``
+        then groups runs of equal length)."""
+        return self.cpu_attention and self.device.type == "cpu"
 
     def rope(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin ``[>= n, D]`` in the model's dtype, by position. Each position's row is computed once and
@@ -290,6 +307,14 @@ class Transformer(nn.Module):
             mask = torch.arange(span, device=dev)[None, None, :] <= positions[:, :, None]  # [B, S, span]
             mask = mask[:, None, None].expand(B, 1, g, S, span).reshape(B, 1, g * S, span)
         cos, sin = self.rope(max(host.cached) + S)  # [>= positions, D]
+        if prefill and self.ragged_prefill:
+            # Ragged prefill: each real token becomes a row of its own ([N, 1]: its slot, position and key span),
+            # so linears, norms and the MLP never compute a pad, and the prompts of one forward share the bulk
+            # linears' fixed-size row blocks. Per-row maths throughout: a token's result is the padded path's.
+            real = (ar[None, :] < q_lens.to(dev)[:, None]).reshape(-1).nonzero().squeeze(1)  # [N] into [B*S]
+            pos = positions.reshape(-1)[real][:, None]  # [N, 1]
+            return _Step(slots.repeat_interleave(q_lens.to(dev)), pos, None, None, pos + 1, cos[pos], sin[pos],
+                         span, None, prefill, real)
         first = s_list[0]
         contiguous = s_list == list(range(first, first + B))
         return _Step(slots, write_pos, write_src, mask, ends_q, cos[positions], sin[positions], span,

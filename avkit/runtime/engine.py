@@ -119,7 +119,8 @@ class Engine:
             new.append(seq)
         self.running = dict(sorted(self.running.items(), key=lambda kv: kv[1].slot))  # contiguous slots
         # The target cache holds all but the last prompt token (the first verify forward feeds it).
-        prefill(self._target_forward, [s.tokens[:-1] for s in new], [s.slot for s in new], device=self.device)
+        prefill(self._target_forward, [s.tokens[:-1] for s in new], [s.slot for s in new], device=self.device,
+                ragged=getattr(self.target.model, "ragged_prefill", False))
 
     def _finish(self, seq: RunningSeq) -> None:
         del self.running[seq.req.request_id]
@@ -173,7 +174,7 @@ class Engine:
         # chosen without looking at the draws. T = 0 rows have one-hot p and q (accept iff x_j = argmax
         # p_j); an all-greedy batch takes the greedy path, which draws no random numbers.
         result = self.kernels.rejection_sample(target_probs, draft.probs[:, :k], draft.tokens[:, :k],
-                                               num_verify, greedy=inp.greedy, seeds=inp.seeds,
+                                               num_verify, greedy=bool(inp.greedy), seeds=inp.seeds,
                                                request_keys=inp.request_keys, positions=inp.positions)
         # Host read 2: the emitted tokens and accepted counts, one packed copy the host appends.
         packed = torch.cat([result.num_accepted[:, None], result.output_tokens], dim=1).tolist()  # [B, 1 + k+1]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from avkit.kernels.argmax import argmax
 from avkit.kernels.rng import uniform
 
 STREAM_DRAFT = 2  # rng stream of draft-token sampling (kernels/rejection_ref.py uses STREAM_ACCEPT and STREAM_SAMPLE)
@@ -104,19 +105,21 @@ def probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_p: to
     ``logits.shape[:-1]`` (e.g. [B, 1] for [B, S, V]). T = 0 rows are one-hot at the argmax (top-k and
     min-p always keep the argmax). Fixed shapes, no host read: greedy and sampled rows are both computed
     and selected per row. Host hints from the caller's bookkeeping skip work: greedy=True (every row
-    has T = 0: no softmax at all), nucleus=False (no row has top_p < 1: no nucleus search, whose first
-    rung otherwise costs one host read).
+    has T = 0: no softmax at all), greedy=False (no row has T = 0: no one-hot), nucleus=False (no row
+    has top_p < 1: no nucleus search, whose first rung otherwise costs one host read).
     """
     lead, v = logits.shape[:-1], logits.shape[-1]
     flat = logits.reshape(-1, v).float()  # [N, V]
     t = temperature.float().expand(lead).reshape(-1)  # [N]
-    one_hot = torch.zeros_like(flat).scatter_(-1, flat.argmax(-1, keepdim=True), 1.0)  # [N, V]
     if greedy:
-        return one_hot.reshape(*lead, v)
+        return torch.zeros_like(flat).scatter_(-1, argmax(flat)[:, None], 1.0).reshape(*lead, v)  # one-hot [N, V]
     tp = top_p.float().expand(lead).reshape(-1)  # [N]
     tk = top_k.expand(lead).reshape(-1) if top_k is not None else None  # [N]
     mp = min_p.float().expand(lead).reshape(-1) if top_k is not None else None  # [N]
+    if greedy is False:  # no T = 0 row: no one-hot to build and select
+        return _sampled_probs(flat, t, tp, tk, mp, nucleus).reshape(*lead, v)
     is_greedy = t == 0  # [N]
+    one_hot = torch.zeros_like(flat).scatter_(-1, argmax(flat)[:, None], 1.0)  # [N, V]
     sampled = _sampled_probs(flat, torch.where(is_greedy, 1.0, t), torch.where(is_greedy, 1.0, tp), tk, mp, nucleus)
     return torch.where(is_greedy[:, None], one_hot, sampled).reshape(*lead, v)
 

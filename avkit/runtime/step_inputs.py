@@ -24,8 +24,13 @@ def draft_input(batch: list[RunningSeq], k: int, max_len: int, drafting: bool, d
         top_p=dev([s.req.sampling.top_p for s in batch], torch.float32),
         seeds=dev([s.seed for s in batch]), request_keys=dev([s.key for s in batch]), positions=dev(lens),
         max_draft=max(wanted, default=0), slot_ids=slots, num_draft_ids=wanted,
-        greedy=all(s.req.sampling.temperature == 0 for s in batch),
+        greedy=_all_or_none([s.req.sampling.temperature == 0 for s in batch]),
         nucleus=any(s.req.sampling.top_p < 1 for s in batch))
+
+
+def _all_or_none(flags: list[bool]) -> bool | None:
+    """True if every flag is set, False if none is, None for a mix (DraftInput.greedy)."""
+    return True if all(flags) else (False if not any(flags) else None)
 
 
 def limit_drafts(inp: DraftInput, limits: list[int], device) -> DraftInput:
