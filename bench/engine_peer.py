@@ -131,7 +131,7 @@ def avkit_phase(args, ks: list[int], runs: list[dict], cost) -> dict[tuple[str, 
 
     def run(r, k, policy_name, max_new):
         policy = None if policy_name is None else make_adaptive(
-            cost=cost, estimator="online_logistic", coefficients=args.coefficients, k=k)
+            cost=cost[r["temperature"]], estimator="online_logistic", coefficients=args.coefficients, k=k)
         cfg = EngineConfig(k=k, max_batch=len(r["prompts"]), max_len=max(map(len, r["prompts"])) + max_new + k + 2,
                            seed=r["seed"])
         engine = Engine(models["target"], models["draft"] if k > 0 else None, cfg, policy=policy)
@@ -170,14 +170,18 @@ def avkit_phase(args, ks: list[int], runs: list[dict], cost) -> dict[tuple[str, 
     return out
 
 
-def profile_cost(args, ks: list[int], runs: list[dict]):
-    """This CPU's cost table for the adaptive policy, from the same engine (or ``--cost``)."""
+def profile_cost(args, ks: list[int], runs: list[dict]) -> dict[float, object] | None:
+    """This CPU's cost tables for the adaptive policy, from the same engine, one per temperature of the runs
+    (a verify step's sampling work depends on it: on the 2-core AMX box a 16-token verify step cost 252 ms
+    profiled at T = 1 against ~160 ms of forward, so a T = 0 run priced by the T = 1 table verified too few
+    drafts); ``--cost``: one table for every run. -> {temperature: CostTable}."""
     if not args.adaptive:
         return None
     from avkit.scheduling.cost import CostTable
 
+    temperatures = sorted({r["temperature"] for r in runs})
     if args.cost:
-        return CostTable.load(args.cost)
+        return dict.fromkeys(temperatures, CostTable.load(args.cost))
     import avkit.models
     from avkit.config import ProfileConfig
     from avkit.scheduling.profile import profile_costs
@@ -185,18 +189,19 @@ def profile_cost(args, ks: list[int], runs: list[dict]):
     dtype = getattr(torch, args.dtype)
     target, draft = avkit.models.load(args.target_dir, dtype=dtype), avkit.models.load(args.draft_dir, dtype=dtype)
     c_max = max(r["c"] for r in runs)
-    # the context a decode step sees on average (prompt + half the new tokens), not the longest one; the
-    # sampling work of the run with the highest temperature
+    # the context a decode step sees on average (prompt + half the new tokens), not the longest one
     prompts = [len(p) for r in runs for p in r["prompts"]]
     context = round(sum(prompts) / len(prompts) + args.max_new_tokens / 2)
-    temperature = max(r["temperature"] for r in runs)
-    cost = profile_costs(target, draft, ProfileConfig(context_len=context, k=max(ks), max_tokens=c_max * (max(ks) + 1),
-                                                      max_requests=c_max, repeats=5, temperature=temperature))
-    path = cost.save(BENCH / "results" / "engine_peer_cost.json")
-    print(f"cost table: {path}", flush=True)
+    out = {}
+    for temperature in temperatures:
+        out[temperature] = profile_costs(target, draft, ProfileConfig(
+            context_len=context, k=max(ks), max_tokens=c_max * (max(ks) + 1), max_requests=c_max, repeats=5,
+            temperature=temperature))
+        path = out[temperature].save(BENCH / "results" / f"engine_peer_cost_T{temperature:g}.json")
+        print(f"cost table (T = {temperature:g}): {path}", flush=True)
     del target, draft
     gc.collect()
-    return cost
+    return out
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -92,8 +92,9 @@ def _sampled_probs(logits: torch.Tensor, t: torch.Tensor, tp: torch.Tensor, tk: 
         probs = top_k_min_p(probs, tk, mp)
     if nucleus is False:
         return probs
-    cut = probs.masked_fill(probs < top_p_threshold(probs, tp)[:, None], 0.0)
-    return torch.where((tp < 1.0)[:, None], cut / cut.sum(-1, keepdim=True), probs)
+    # In place: rows with top_p >= 1 have threshold 0 (nothing cut) and are divided by exactly 1 (unchanged).
+    cut = probs.masked_fill_(probs < top_p_threshold(probs, tp)[:, None], 0.0)  # [N, V]
+    return cut.div_(torch.where(tp < 1.0, cut.sum(-1), 1.0)[:, None])
 
 
 def probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
