@@ -122,7 +122,7 @@ def main(argv=None) -> int:
 
                     def counted(batch, load, decide=decide, counts=counts):
                         out = decide(batch, load)
-                        counts.append((int(batch.num_drafted.sum()), int(out.sum())))
+                        counts.append((int(batch.num_drafted.sum()), int(out.num_verify.sum())))  # out: a StepPlan
                         return out
 
                     def logged(load, gate=gate, gated=gated):
