@@ -20,6 +20,9 @@ class Load:
     num_requests: int  # requests in the step
     num_sampling: int  # N_s: requests that sample a token this step (not mid-prefill)
     num_scheduled_tokens: int  # T: non-draft target tokens already scheduled (1 per decoding request + prefill)
+    # [B] per request, from the engine's bookkeeping when a draft model may draft (None: not given):
+    lag: tuple[int, ...] | None = None  # tokens of the sequence its drafter has not seen (a catch-up's size)
+    remaining: tuple[int, ...] | None = None  # new tokens it may still emit (max_new_tokens - emitted)
 
 
 @dataclass(frozen=True)

@@ -144,7 +144,8 @@ def test_engine_with_adaptive_verification_is_lossless(tmp_path):
     target_dir = write_tiny_model(tmp_path / "t", vocab=300, seed=0, init_std=0.3)
     target, draft = load(target_dir), load(write_tiny_model(tmp_path / "d", vocab=300, seed=5, init_std=0.3))
     target = type(target)(target.model, type("T", (), {"eos_token_ids": set()})(), "t", "")
-    cost = CostTable((1, 400), (1.0, 5.0), (1, 400), (0.5, 0.5))  # sure drafts would pay; doubtful ones trimmed
+    cost = CostTable((1, 400), (1.0, 5.0), (1, 400), (0.5, 0.5),  # sure drafts would pay; doubtful ones trimmed
+                     prefill_tokens=(1, 400), prefill_ms=(0.0, 0.0))  # catch-ups free: the gate switches often
     policy = make_adaptive(cost=cost, estimator="online_logistic", k=3, config=EstimatorConfig(refit_interval=5),
                            adaptive=AdaptiveConfig(probe_every=2))  # the gate skips most steps, probes often
     verified, drafted = [], []

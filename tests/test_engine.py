@@ -271,3 +271,25 @@ def test_draft_gate_skips_speculation_and_stays_exact(models):
     # the gate is asked whenever some request may draft (not on steps whose requests all need only 1 token)
     assert drafted_steps + policy.gate.skipped_total == policy.gate.steps <= engine.stats.steps
     assert policy.gate.skipped_total <= 2 * drafted_steps  # a probe after at most 2 skips in a row
+
+
+@pytest.mark.parametrize("prefill_ms, drafts", [(1e9, False), (0.0, True)])
+def test_the_gate_prices_the_drafter_catch_up_from_the_engine_lags(models, prefill_ms, drafts):
+    """The engine gives the gate each request's drafter lag and remaining tokens: with the drafter's
+    prefill priced so dear that no prompt's catch-up is ever paid back, the adaptive engine never drafts
+    (its drafter runs no forward) and emits target-only decoding's tokens; priced free, it drafts."""
+    from avkit.config import AdaptiveConfig
+    from avkit.scheduling.adaptive import make_adaptive
+    from avkit.scheduling.cost import CostTable
+
+    target = _no_eos(models["target"])
+    reqs = _requests(3, max_new_tokens=12)
+    ref = Engine(target, None, EngineConfig(k=0, max_batch=3, max_len=96)).generate(reqs)
+    cost = CostTable((1, 100), (10.0, 11.0), (1, 100), (0.5, 0.5),  # sure drafts pay at every load
+                     prefill_tokens=(1, 1024), prefill_ms=(prefill_ms, prefill_ms))
+    policy = make_adaptive(cost=cost, estimator="online_logistic", k=4, adaptive=AdaptiveConfig(gate_window=6))
+    engine = Engine(target, models["noisy"], EngineConfig(k=4, max_batch=3, max_len=96), policy=policy)
+    out = engine.generate(reqs)
+    assert [g.output_ids for g in out] == [g.output_ids for g in ref]
+    assert (engine.drafter.forward_s > 0) is drafts
+    assert (policy.gate.skipped_total == policy.gate.steps > 0) is not drafts

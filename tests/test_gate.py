@@ -167,3 +167,39 @@ def test_a_parallel_drafter_pays_one_pass_however_deep():
     par = CostTable(ar.verify_tokens, ar.verify_ms, ar.draft_requests, ar.draft_ms, drafter="parallel")
     np.testing.assert_allclose(step_rates(conf, 4, par, True), step_rates(conf, 4, par, False))
     assert not np.allclose(step_rates(conf, 4, ar, True), step_rates(conf, 4, ar, False))
+
+
+def _paid_back_by_hand(cost, n, gain, lag, remaining):
+    """The catch-up rule in plain Python: each lagging request's drafter prefill, interpolated on the
+    profiled curve, against the ms per output token that drafting at `gain` saves over target-only."""
+    (x0, x1), (y0, y1) = cost.prefill_tokens[-2:], cost.prefill_ms[-2:]
+    price = sum(float(np.interp(x, cost.prefill_tokens, cost.prefill_ms)) if x <= x1
+                else y1 + (y1 - y0) / (x1 - x0) * (x - x1) for x in lag if x > 2)  # the last slope beyond
+    per_token = (float(np.interp(n, cost.verify_tokens, cost.verify_ms))) / n
+    return price <= sum(remaining) * per_token * (1 - 1 / gain)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_step_drafts_only_if_its_catch_up_is_paid_back(seed):
+    """With lags and remaining tokens given, a step the rates say to draft drafts only when the drafter's
+    prefill of the lagging requests costs no more than the tokens left save (sure drafts while measuring,
+    the recent rows' gain after); without them the decision is the rates' alone."""
+    rng = np.random.default_rng(seed)
+    cost = CostTable((1, 8, 64), (10.0, 12.0, 40.0), (1, 8), (0.5, 1.0),
+                     prefill_tokens=(16, 64, 256), prefill_ms=(2.0, 6.0, 20.0))
+    decided = []
+    for measured in (False, True):
+        for _ in range(40):
+            n = int(rng.integers(1, 9))
+            lag = rng.choice([1, 2, 3, 40, 300], n).tolist()
+            remaining = rng.integers(0, 64, n).tolist()
+            gate = DraftGate(cost, window=8, k=7)
+            if measured:
+                gate.observe(np.full((8, 7), rng.uniform(0.5, 0.95)))
+            gain = gate.gain(n) if measured else gate.sure_gain(n)
+            want = gain > 1.0 and _paid_back_by_hand(cost, n, gain, lag, remaining)
+            assert gate.draft_this_step(n, lag, remaining) is want, (n, lag, remaining, gain)
+            assert DraftGate(cost, window=8, k=7).draft_this_step(n) is (DraftGate(cost, window=8, k=7).sure_gain(n) > 1)
+            decided.append(want)
+    assert 0 < sum(decided) < len(decided)  # both answers occur
+

@@ -194,16 +194,17 @@ class Engine:
     def _draft(self, batch: list[RunningSeq]):
         """Drafts for the batch (or none), their DraftInput and the step's load."""
         inp = draft_input(batch, self.config.k, self.config.max_len, self.drafter is not None, self.device)
-        load = Load(num_requests=len(batch), num_sampling=len(batch), num_scheduled_tokens=len(batch))
+        drafting = self.drafter is not None and inp.k > 0
+        load = Load(num_requests=len(batch), num_sampling=len(batch), num_scheduled_tokens=len(batch),
+                    lag=tuple(self.drafter.lag(s.slot, len(s.tokens)) for s in batch) if drafting else None,
+                    remaining=tuple(s.req.sampling.max_new_tokens - s.num_output for s in batch) if drafting else None)
         # The gate (from earlier steps only) may skip speculation; it weighs draft-model passes against the
         # cost table, so cache and hybrid drafters are never gated. The policy may stop drafting early.
-        if self.drafter is not None and self.drafter.kind == "model" and inp.k > 0 \
-                and not self.policy.draft_this_step(load):
+        if drafting and self.drafter.kind == "model" and not self.policy.draft_this_step(load):
             inp = replace(inp, num_draft=torch.zeros_like(inp.num_draft), max_draft=0,
                           num_draft_ids=(0,) * len(batch))
         if self.drafter is not None and inp.max_draft > 0:  # per request (a schedule's K(b), its catch-up rule)
-            limits = self.policy.draft_limits(load, [self.drafter.lag(s.slot, len(s.tokens)) for s in batch],
-                                              [s.req.sampling.max_new_tokens - s.num_output for s in batch])
+            limits = self.policy.draft_limits(load, list(load.lag), list(load.remaining))
             if limits is not None:
                 inp = limit_drafts(inp, limits, self.device)
         inp = replace(inp, continue_drafting=lambda so_far: self.policy.continue_drafting(so_far, load),

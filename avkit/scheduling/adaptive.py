@@ -132,7 +132,8 @@ class AdaptiveVerification(VerifyPolicy):
 
     def draft_this_step(self, load: Load) -> bool:
         """Before drafting: False skips speculation for this step (the gate; always True without one)."""
-        return self.gate is None or self.estimator is None or self.gate.draft_this_step(load.num_requests)
+        return self.gate is None or self.estimator is None or \
+            self.gate.draft_this_step(load.num_requests, load.lag, load.remaining)
 
     def num_verify(self, batch: DraftBatch, load: Load) -> StepPlan:
         if self.estimator is None:

@@ -23,9 +23,18 @@ Glossary:
                  off), unless even sure drafts (every confidence 1, K of them) would not pay at this
                  load: then no measurement could change the answer and it skips without data, so a
                  heavily loaded server never pays the drafter's prompt prefill to find that out
-  catch-up       the draft model's KV cache does not see the tokens decoded while drafting is off; the
-                 first drafted step after a pause feeds them to the drafter (a prefill of every stale
-                 token), a cost the step rate does not see. Hence:
+  catch-up       the draft model's KV cache does not see a new request's prompt, nor the tokens decoded
+                 while drafting was off; the first drafted step feeds them to the drafter (a prefill of
+                 every stale token), a cost the step rate does not see. Hence:
+  paid back      when the caller gives the step's lags (tokens each request's drafter lacks) and the new
+                 tokens each may still emit (`remaining`, an upper bound: EOS may come first), a step
+                 that would draft does so only if its catch-up is paid back by then:
+                   sum_{lag_r > FREE_LAG} prefill_ms(lag_r) <= sum_r remaining_r * saving,
+                   saving = (context_ms(n) + verify_ms(n)) / n * (1 - 1 / gain)  (ms per output token)
+                 with the gain of sure drafts while measuring. A server at load 16 whose requests end
+                 at different times must not pay 8 prompts' drafter prefill for the last 20 tokens
+                 (the simulator's traces start caught up and pass no lags: it charges catch-ups after
+                 the fact, sim/adaptive.py `catch_up_ms`)
   hysteresis     while off, drafting resumes only if gain > 1 + `resume_margin`
   probe          after `probe_every` skipped steps in a row the gate forgets its rows and drafts until it
                  has seen `window` new ones, so that it follows the traffic while speculation is off
@@ -44,6 +53,7 @@ import numpy as np
 import torch
 
 from avkit.config import DEFAULT_K
+from avkit.scheduling.catch_up import FREE_LAG
 from avkit.scheduling.cost import CostTable
 from avkit.scheduling.plan import rank_slots, single_group, survival
 from avkit.validate import check_range
@@ -143,18 +153,31 @@ class DraftGate:
             self._sure[num_requests] = float(rate[1:].max() / rate[0])
         return self._sure[num_requests]
 
-    def draft_this_step(self, num_requests: int) -> bool:
-        """Ask once per step, before drafting; counts skipped steps and schedules probes."""
+    def pays_back(self, num_requests: int, gain: float, lag, remaining) -> bool:
+        """The step's catch-up (lag [n] host ints, > FREE_LAG: prefilled) against what drafting at `gain`
+        saves over the tokens its requests may still emit (remaining [n]); module note, "paid back"."""
+        lag = np.asarray(lag, dtype=np.int64)  # [n]
+        stale = lag[lag > FREE_LAG]
+        if stale.size == 0:
+            return True
+        price = float(self.cost.draft_prefill_cost(stale).sum())  # ms
+        t0 = float(self.cost.context_cost(num_requests) + self.cost.verify_cost(num_requests))  # target-only step
+        saving = t0 / num_requests * (1.0 - 1.0 / gain)  # ms per output token
+        return price <= float(np.sum(remaining)) * saving
+
+    def draft_this_step(self, num_requests: int, lag=None, remaining=None) -> bool:
+        """Ask once per step, before drafting; counts skipped steps and schedules probes. `lag` and
+        `remaining` ([n] host ints, both or neither) price the step's catch-up (module note)."""
         self.steps += 1
         if self.skipped >= self.probe_every:  # probe: forget the stale rows, measure a new window
             self.rows = None
         need = 1.0 if self.skipped == 0 else 1.0 + self.resume_margin  # resuming pays a catch-up
         if num_requests < 1:
             draft = True
-        elif self.rows is None or len(self.rows) < self.window:  # measure, if measuring could say yes
-            draft = self.sure_gain(num_requests) > need
         else:
-            draft = self.gain(num_requests) > need
+            measuring = self.rows is None or len(self.rows) < self.window  # measure, if measuring could say yes
+            gain = self.sure_gain(num_requests) if measuring else self.gain(num_requests)
+            draft = gain > need and (lag is None or self.pays_back(num_requests, gain, lag, remaining))
         self.skipped = 0 if draft else self.skipped + 1
         self.skipped_total += not draft
         return draft
