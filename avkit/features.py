@@ -103,6 +103,24 @@ def _as_temperature(temperature, logits: torch.Tensor, check: bool = True) -> to
     return t.reshape(tuple(t.shape) + (1,) * (logits.dim() - t.dim()))
 
 
+def _row_stats(logits: torch.Tensor, t: torch.Tensor):
+    """(m, m2, s_o, sum_others e log e) [...] of l = logits / t: the largest and second-largest l, and with
+    e_z = exp(l_z - m) over all but one argmax, s_o = sum e (the others' mass, without the cancellation of
+    sum_all - 1, so logit_qmax = -log(s_o) stays exact as q -> 1) and sum e log e."""
+    from avkit.models import cpu_sampling  # the CPU backend's one pass (not imported for the torch path)
+
+    lead, v = logits.shape[:-1], logits.shape[-1]
+    if logits.dim() >= 2 and cpu_sampling.usable(logits):
+        stats = cpu_sampling.row_stats(logits.reshape(-1, v), t.expand(*lead, 1).reshape(-1))  # [N, 4]
+        return tuple(stats[:, i].reshape(lead) for i in range(4))
+    l = logits.float() / t  # [..., V]
+    top, idx = l.topk(2, dim=-1)  # [..., 2]
+    m = top[..., 0]
+    e = torch.exp(l - m.unsqueeze(-1))  # [..., V]
+    e.scatter_(-1, idx[..., :1], 0.0)
+    return m, top[..., 1], e.sum(-1), torch.xlogy(e, e).sum(-1)
+
+
 @torch.no_grad()
 def draft_features(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0,
                    check: bool = True) -> dict[str, torch.Tensor]:
@@ -129,18 +147,12 @@ def draft_features(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0
     """
     if logits.dim() < 1 or logits.shape[-1] < 2:
         raise DataError(f"logits must have shape [..., V] with V >= 2, got {tuple(logits.shape)}")
-    l = logits.float() / _as_temperature(temperature, logits, check)  # [..., V]
-    top, idx = l.topk(2, dim=-1)  # [..., 2]
-    m, m2 = top[..., 0], top[..., 1]  # [...]
-    # e_z = exp(l_z - m) with the argmax zeroed: s_o = sum e is the others' mass, computed
-    # without the cancellation of (sum_all - 1), so logit_qmax = -log(s_o) stays exact as q -> 1.
-    e = torch.exp(l - m.unsqueeze(-1))  # [..., V]
-    e.scatter_(-1, idx[..., :1], 0.0)
-    s_o = e.sum(-1)  # [...]
+    t = _as_temperature(temperature, logits, check)  # [..., 1]
+    m, m2, s_o, s_elog = _row_stats(logits, t)  # [...] each
     z = 1.0 + s_o  # partition function in units of exp(m)
     neg_log_qmax = torch.log1p(s_o)  # -log q_max
     # H = -sum q log q = log Z - sum_z e_z (l_z - m) / Z, and e log e = e (l - m) (xlogy(0, 0) = 0).
-    entropy = neg_log_qmax - torch.xlogy(e, e).sum(-1) / z
+    entropy = neg_log_qmax - s_elog / z
     return {
         "logit_qmax": (-torch.log(s_o)).clamp(-CLAMP, CLAMP),
         "q_max": 1.0 / z,

@@ -19,6 +19,13 @@ READS = ("item", "tolist", "__bool__", "__int__", "__float__", "cpu", "numpy")
 K = 4
 
 
+@pytest.fixture(autouse=True)
+def torch_sampling(monkeypatch):
+    """The reads counted are those of the torch sampling path, the one a GPU runs (on a CPU the backend's native
+    pass, models/cpu_sampling.py, finds the nucleus without any)."""
+    monkeypatch.setattr("avkit.models.cpu_sampling.usable", lambda logits: False)
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pair")

@@ -29,6 +29,7 @@ from avkit.drafters.base import Drafter
 from avkit.errors import ConfigError
 from avkit.kernels.dispatch import select_kernels
 from avkit.models.transformer import HostLengths
+from avkit.runtime.host_memory import keep_freed_memory
 from avkit.runtime.prefill import prefill
 from avkit.runtime.commit import append_tokens, roll_back
 from avkit.runtime.request import FINISH_ABORT, Generation, Request, StepOutput
@@ -73,6 +74,8 @@ class Engine:
         # The hot-path kernels, chosen once: confidence in the draft passes, the plan's allocation and
         # the refit's statistics in the policy, rejection sampling here.
         self.kernels = select_kernels(self.device, config.kernels)
+        if self.device.type == "cpu":  # per-step vocabulary-wide buffers reuse their pages (host_memory.py)
+            keep_freed_memory()
         self.policy.use_kernels(self.kernels)
         if drafter is None and draft is not None and config.k > 0:
             drafter = DraftModelDrafter(draft, config.max_batch, config.max_len, self.kernels)

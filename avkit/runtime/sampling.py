@@ -25,6 +25,7 @@ import torch
 
 from avkit.kernels.argmax import argmax
 from avkit.kernels.rng import uniform
+from avkit.models import cpu_sampling
 
 STREAM_DRAFT = 2  # rng stream of draft-token sampling (kernels/rejection_ref.py uses STREAM_ACCEPT and STREAM_SAMPLE)
 _TOPK_LADDER = (64, 1024, 8192)  # nucleus search: the top 64, 1024, 8192, then the whole vocabulary
@@ -86,8 +87,11 @@ def top_k_min_p(probs: torch.Tensor, top_k: torch.Tensor, min_p: torch.Tensor) -
 def _sampled_probs(logits: torch.Tensor, t: torch.Tensor, tp: torch.Tensor, tk: torch.Tensor | None = None,
                    mp: torch.Tensor | None = None, nucleus: bool | None = None) -> torch.Tensor:
     """softmax(logits / T), then top-k / min-p when given, then the top-p nucleus, renormalised; [N, V].
-    Rows with top_p >= 1 are left as they are; nucleus=False (host: no row truncates) skips the search."""
-    probs = torch.softmax(logits / t[:, None], dim=-1)  # [N, V]
+    Rows with top_p >= 1 are left as they are; nucleus=False (host: no row truncates) skips the search.
+    On the CPU backend the same maths in a few passes per row (models/cpu_sampling.py), logits bf16 or float32."""
+    if tk is None and cpu_sampling.usable(logits):
+        return cpu_sampling.sampled_probs(logits, t, tp)
+    probs = torch.softmax(logits.float() / t[:, None], dim=-1)  # [N, V]
     if tk is not None:
         probs = top_k_min_p(probs, tk, mp)
     if nucleus is False:
@@ -95,6 +99,11 @@ def _sampled_probs(logits: torch.Tensor, t: torch.Tensor, tp: torch.Tensor, tk: 
     # In place: rows with top_p >= 1 have threshold 0 (nothing cut) and are divided by exactly 1 (unchanged).
     cut = probs.masked_fill_(probs < top_p_threshold(probs, tp)[:, None], 0.0)  # [N, V]
     return cut.div_(torch.where(tp < 1.0, cut.sum(-1), 1.0)[:, None])
+
+
+def _one_hot(flat: torch.Tensor) -> torch.Tensor:
+    """[N, V] -> [N, V] float32, 1 at each row's argmax."""
+    return torch.zeros(flat.shape, dtype=torch.float32, device=flat.device).scatter_(-1, argmax(flat)[:, None], 1.0)
 
 
 def probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
@@ -110,17 +119,17 @@ def probs_from_logits(logits: torch.Tensor, temperature: torch.Tensor, top_p: to
     has top_p < 1: no nucleus search, whose first rung otherwise costs one host read).
     """
     lead, v = logits.shape[:-1], logits.shape[-1]
-    flat = logits.reshape(-1, v).float()  # [N, V]
+    flat = logits.reshape(-1, v)  # [N, V] (float32 copies only where the torch maths needs them)
     t = temperature.float().expand(lead).reshape(-1)  # [N]
     if greedy:
-        return torch.zeros_like(flat).scatter_(-1, argmax(flat)[:, None], 1.0).reshape(*lead, v)  # one-hot [N, V]
+        return _one_hot(flat).reshape(*lead, v)  # [N, V]
     tp = top_p.float().expand(lead).reshape(-1)  # [N]
     tk = top_k.expand(lead).reshape(-1) if top_k is not None else None  # [N]
     mp = min_p.float().expand(lead).reshape(-1) if top_k is not None else None  # [N]
     if greedy is False:  # no T = 0 row: no one-hot to build and select
         return _sampled_probs(flat, t, tp, tk, mp, nucleus).reshape(*lead, v)
     is_greedy = t == 0  # [N]
-    one_hot = torch.zeros_like(flat).scatter_(-1, argmax(flat)[:, None], 1.0)  # [N, V]
+    one_hot = _one_hot(flat)  # [N, V]
     sampled = _sampled_probs(flat, torch.where(is_greedy, 1.0, t), torch.where(is_greedy, 1.0, tp), tk, mp, nucleus)
     return torch.where(is_greedy[:, None], one_hot, sampled).reshape(*lead, v)
 
