@@ -89,6 +89,20 @@ inline void store_row(float* y, int64_t i, int64_t n, __m256 v) {
   std::memcpy(y + i, buf, n * sizeof(float));
 }
 
+// The ladder's test on the first k of `sorted` (descending): how many are kept (the mass ranked before a token,
+// its running sum accumulated in double and rounded to float as torch's CPU cumsum does minus itself in float,
+// is < top_p) and whether the k-th is; -> (kept, float of the running sum after k).
+std::pair<int64_t, float> kept_of(const std::vector<float>& sorted, int64_t k, float top_p, bool& last) {
+  double run = 0.0;
+  int64_t kept = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    run += sorted[i];
+    last = static_cast<float>(run) - sorted[i] < top_p;  // mass ranked strictly before token i
+    kept += last;
+  }
+  return {kept, static_cast<float>(run)};
+}
+
 // The nucleus threshold of probabilities p [V] (top_p < 1) and the mass of what it keeps; `cand` is scratch.
 std::pair<float, double> nucleus(const float* p, int64_t V, float top_p, std::vector<float>& cand) {
   std::vector<int64_t> count(NBUCKETS, 0);
@@ -103,15 +117,8 @@ std::pair<float, double> nucleus(const float* p, int64_t V, float top_p, std::ve
     cand.clear();
     for (int64_t v = 0; v < V; ++v) if (bucket(p[v]) >= b) cand.push_back(p[v]);
     std::partial_sort(cand.begin(), cand.begin() + k, cand.end(), std::greater<float>());
-    double run = 0.0;  // torch's CPU cumsum: a double accumulator, each partial sum rounded to float
-    int64_t kept = 0;
     bool last = false;
-    for (int64_t i = 0; i < k; ++i) {
-      run += cand[i];
-      const float before = static_cast<float>(run) - cand[i];  // mass ranked strictly before token i
-      last = before < top_p;
-      kept += last;
-    }
+    const int64_t kept = kept_of(cand, k, top_p, last).first;
     if (!last || k == V) {
       const float thresh = cand[std::max<int64_t>(kept, 1) - 1];
       double mass = 0.0;  // every token >= thresh is a candidate (its bucket is >= thresh's)
@@ -129,27 +136,17 @@ bool nucleus_of_candidates(std::vector<float>& cand, int64_t V, float top_p, flo
   for (int64_t k : LADDER) {  // the ladder's rungs the candidates hold
     if (k >= V || k > n) break;
     std::partial_sort(cand.begin(), cand.begin() + k, cand.end(), std::greater<float>());
-    double run = 0.0;
-    int64_t kept = 0;
     bool last = false;
-    for (int64_t i = 0; i < k; ++i) {
-      run += cand[i];
-      last = static_cast<float>(run) - cand[i] < top_p;
-      kept += last;
-    }
+    const int64_t kept = kept_of(cand, k, top_p, last).first;
     if (!last) { thresh = cand[std::max<int64_t>(kept, 1) - 1]; break; }
   }
   if (thresh < 0.0f) {  // every rung up to the candidates' count kept its last token: all candidates, in order
     std::sort(cand.begin(), cand.end(), std::greater<float>());
-    double run = 0.0;
-    int64_t kept = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      run += cand[i];
-      kept += static_cast<float>(run) - cand[i] < top_p;
-    }
-    // Any other token j ranks after all candidates: its mass before is >= fl(fl(run) - tail) >= top_p, so it
-    // is not kept, and every rung longer than the candidates ends with a token not kept (it is done).
-    if (n == V || !(static_cast<float>(static_cast<float>(run) - tail) >= top_p) || kept == 0) return false;
+    bool last = false;
+    const auto [kept, run] = kept_of(cand, n, top_p, last);
+    // Any other token j ranks after all candidates: its mass before is >= fl(run - tail) >= top_p, so it is
+    // not kept, and every rung longer than the candidates ends with a token not kept (it is done).
+    if (n == V || !(run - tail >= top_p) || kept == 0) return false;
     thresh = cand[kept - 1];
   }
   mass = 0.0;
