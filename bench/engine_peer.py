@@ -75,7 +75,8 @@ def vllm_phase(args, ks: list[int], runs: list[dict]) -> dict[tuple[str, str], d
     for k in ks:
         with tempfile.TemporaryDirectory(prefix="avkit-peer-") as d:
             jobs, res = Path(d) / "jobs.json", Path(d) / "results.json"
-            jobs.write_text(json.dumps({"target": args.target_dir, "draft": args.draft_dir, "dtype": getattr(args, "vllm_dtype", "") or args.dtype,
+            dtype = getattr(args, "vllm_dtype", "") or args.dtype  # vLLM's own (bench/engine.py --vllm-dtype)
+            jobs.write_text(json.dumps({"target": args.target_dir, "draft": args.draft_dir, "dtype": dtype,
                                         "eager": not args.vllm_compile,
                                         "fix_cpu_expand": args.vllm_fix_expand, "configs": [{"k": k, "runs": runs}]}))
             proc = subprocess.run([args.vllm_python, str(BENCH / "vllm_peer.py"), str(jobs), str(res)], env=env,

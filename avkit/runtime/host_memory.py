@@ -33,7 +33,8 @@ def keep_freed_memory() -> bool:
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_NEVER))
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and \
+            bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_NEVER))
     except (OSError, AttributeError):  # not glibc (musl has no mallopt): its own policy stays
         return False
 
