@@ -11,13 +11,15 @@ runs can be split into locked commands of <= 15 min; --render writes the markdow
 Per cell, the four drafters decode the same greedy requests (T = 0), --repeats times, interleaved
 (order alternating), and must emit identical tokens (lossless). Drafters:
   target    no speculation (k = 0)
-  model     the draft model, K drafts, every one verified
-  cache     the suffix cache's draft when it has one, else the draft model (the replay's `cache` router)
+  model     the draft model, K drafts, every one verified (model-only)
+  suffix    the suffix cache alone: its draft when it has one, else a target-only step; no draft model
+            is loaded (cache-only: SuffixDecoding, the replay's `suffix` router, vLLM's `suffix` method)
   hybrid    `--drafter hybrid --payoff payoff_survival.pt`: the joint router (avkit/hvd/joint_route.py)
 Prediction: the target-only generations are replayed (avkit/hvd/replay.py; the draft model's accepted
 lengths from one teacher-forced forward per generation) and decoded `concurrency` at a time by
-`simulate_batched` under the payoff file's cost model; predicted speedup = predicted throughput /
-target-only's. ratio = live speedup / predicted speedup (1 = the replay's cost model is right).
+`simulate_batched` under the payoff file's cost model (a measured table's curves when `avkit hvd` had
+--cost-table); predicted speedup = predicted throughput / target-only's. ratio = live speedup /
+predicted speedup (1 = the replay's cost model is right).
 The replay fills the global tree in request order, the live engine in completion order: at c > 1
 the cache sees slightly different past responses. Multi-turn prompts run their first turn only (the
 follow-up turns need `avkit record`'s queue). Timings never gate tests.
@@ -43,14 +45,15 @@ from avkit.hvd.features import feature_matrix
 from avkit.hvd.hybrid_drafter import HybridDrafter
 from avkit.hvd.joint_route import JointRouter
 from avkit.hvd.model_accept import matches_from_draft
-from avkit.hvd.path import Route, full_route
+from avkit.hvd.path import full_route
 from avkit.hvd.payoff_mlp import PayoffMLP
 from avkit.hvd.replay import ReplayGeneration, replay
+from avkit.hvd.router import make_router
 from avkit.models import load
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 
-DRAFTERS = ("target", "model", "cache", "hybrid")
+DRAFTERS = ("target", "model", "suffix", "hybrid")
 
 
 def _prompts(tokenizer, workload: str, n: int) -> list[list[int]]:
@@ -77,9 +80,10 @@ def _joint(payoff: str) -> JointRouter:
 def _engine(name: str, target, draft, k: int, c: int, max_len: int, payoff: str, classes) -> Engine:
     cfg = EngineConfig(k=0 if name == "target" else k, max_batch=c, max_len=max_len)
     drafter = None
-    if name == "cache":
-        drafter = HybridDrafter(DraftModelDrafter(draft, c, max_len), None, 0.0, k=k, rule="cache")
-    elif name == "hybrid":
+    if name == "suffix":  # no draft model at all: the cache's draft or nothing
+        drafter = HybridDrafter(None, None, 0.0, k=k, rule="cache", vocab_size=target.model.config.vocab_size)
+        return Engine(target, None, cfg, drafter=drafter)
+    if name == "hybrid":
         drafter = HybridDrafter(DraftModelDrafter(draft, c, max_len), None, 0.0, joint=_joint(payoff), classes=classes)
     return Engine(target, None if name == "target" else draft, cfg, drafter=drafter)
 
@@ -106,7 +110,7 @@ def measure(target, draft, prompt_ids, k: int, c: int, max_new: int, payoff: str
     return {"tps": tps, "steps": steps, "outputs": outputs["target"]}
 
 
-def _target_only_throughput(lengths: np.ndarray, c: int, c_v: float) -> float:
+def _target_only_throughput(lengths: np.ndarray, c: int, cost) -> float:
     """Tokens per target forward of plain decoding, `c` requests at a time (lanes refilled)."""
     left, queue, spent = [], list(lengths[::-1]), 0.0
     while queue or left:
@@ -115,13 +119,13 @@ def _target_only_throughput(lengths: np.ndarray, c: int, c_v: float) -> float:
             left.append(queue.pop())
         if not left:
             break
-        spent += 1 + c_v * len(left)
+        spent += float(cost.verify(len(left)))
         left = [n - 1 for n in left]
     return float(lengths.sum()) / spent
 
 
 def predict(draft, prompt_ids, outputs, k: int, c: int, payoff: str, classes) -> dict[str, float]:
-    """Replay-predicted speedup over target-only of model / cache / hybrid for these generations."""
+    """Replay-predicted speedup over target-only of model / suffix / hybrid for these generations."""
     joint = _joint(payoff)
     gens = [ReplayGeneration(f"r{i}", "live", p, o, matches_from_draft(draft, p, o))
             for i, (p, o) in enumerate(zip(prompt_ids, outputs)) if o]
@@ -130,11 +134,11 @@ def predict(draft, prompt_ids, outputs, k: int, c: int, payoff: str, classes) ->
     x = feature_matrix(cols, joint.payoff.feature_names)
     surv = (joint.payoff.predict_survival(x), joint.model_survival(table["hist_model_hit"].to_numpy()))
     n = len(table)
-    routes = {"model": Route(np.zeros(n, dtype=bool), np.zeros(n, dtype=np.int64), False),
-              "cache": full_route(table, np.ones(n, dtype=bool))}
-    base = _target_only_throughput(np.array([len(o) for o in outputs if o]), c, joint.cost.verify_token_cost)
+    routes = {name: make_router(name).route(table, None) for name in ("model", "suffix")}  # ctx-free routers
+    base = _target_only_throughput(np.array([len(o) for o in outputs if o]), c, joint.cost)
     pred = {d: simulate_batched(table, r, joint.cost, k, c)["throughput"] / base for d, r in routes.items()}
-    pred["hybrid"] = simulate_batched(table, routes["cache"], joint.cost, k, c, surv)["throughput"] / base
+    pred["hybrid"] = simulate_batched(table, full_route(table, np.ones(n, dtype=bool)), joint.cost, k, c,
+                                      surv)["throughput"] / base
     return pred
 
 
@@ -164,7 +168,7 @@ def render(cells_path: Path, out: Path) -> None:
             pred = cell["predicted"].get(d, 1.0)
             lines.append(f"| {cell['run']} | {cell['workload']} | {cell['concurrency']} | {d} | {tps[d]:.2f} | "
                          f"{live:.3f} | {pred:.3f} | {live / pred:.3f} | {cell['steps'][d]} |")
-        best = max(tps["model"], tps["cache"])
+        best = max(tps["model"], tps["suffix"])
         lines.append(f"| {cell['run']} | {cell['workload']} | {cell['concurrency']} | hybrid / best single | "
                      f"{tps['hybrid'] / best:.3f} | | | | |")
     lines += ["", "Runs (models, requests, new tokens, cost model, `uptime` load before each cell):", ""]

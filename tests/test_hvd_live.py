@@ -98,6 +98,52 @@ def test_joint_plan_equals_brute_force(survival_file):
     assert live.joint is not None
 
 
+def _option_plans(cs, ms, cost, k):
+    """Per option (model runs / not), by enumeration: (use [n], best-ratio prefixes [n], E, cost)."""
+    n, out = len(cs), []
+    for model_runs in (True, False):
+        use = (cs.sum(1) >= ms.sum(1)) if model_runs else np.ones(n, dtype=bool)
+        if model_runs and use.all():
+            continue
+        s = np.where(use[:, None], cs, ms)
+        fixed = (k * float(cost.draft((~use).sum())) if model_runs else 0.0) + cost.cache_cost
+        slots = sorted(((s[r, j], r, j) for r in range(n) for j in range(k) if s[r, j] > 0),
+                       key=lambda t: (-t[0], t[1], t[2]))
+        plans = [((n + sum(v for v, _, _ in slots[:b])), fixed + float(cost.verify(n + b)), b) for b in
+                 range(len(slots) + 1)]
+        e, c, b = max(plans, key=lambda t: (t[0] / t[1] - 1e-12 * t[2]))  # ties: the smaller b
+        pref = np.zeros(n, dtype=np.int64)
+        for _, r, _ in slots[:b]:
+            pref[r] += 1
+        out.append((use, pref, e, c))
+    return out
+
+
+def test_joint_step_against_the_long_run_rate():
+    """With a running rate lambda the option with the larger E - lambda cost wins (Dinkelbach), each
+    option keeping its best-ratio budget; the rate then takes the chosen plan's E and cost."""
+    from avkit.hvd.budget_sim import RunningRate, joint_step
+
+    rng = np.random.default_rng(1)
+    seen = set()
+    for trial in range(60):
+        n = int(rng.integers(1, 6))
+        cs = np.sort(rng.random((n, K)), 1)[:, ::-1] * (rng.random((n, 1)) < 0.6)
+        ms = np.sort(rng.random((n, K)), 1)[:, ::-1]
+        cost = HvdCostConfig(verify_points=((1, 1.0), (4, 1.1), (8, 2.0), (32, 7.0)),
+                             draft_points=((1, float(rng.choice([0.1, 0.5]))), (8, 1.4)))
+        rate = RunningRate()
+        rate.update(float(rng.uniform(0.5, 3.0)) * n, 1.0)
+        lam = rate.value
+        use, pref = joint_step(cs, ms, cost, K, rate)
+        opts = _option_plans(cs, ms, cost, K)
+        want = max(opts, key=lambda o: o[2] - lam * o[3])
+        assert np.array_equal(use, want[0]) and np.array_equal(pref, want[1]), trial
+        assert rate.tokens == pytest.approx(0.95 * lam + want[2]) and rate.cost == pytest.approx(0.95 + want[3])
+        seen.add(bool(use.all()))
+    assert seen == {True, False}  # both options won somewhere
+
+
 def _engine(tiny, survival_file, sampling_batch=2, model_rate=0.6, cache_rate=0.8):
     """The engine with the joint router on pinned curves: the survival head's last layer set to a
     constant hazard (cache S_j = cache_rate^j up to the draft's length), model S_j = model_rate^j, and an
@@ -254,14 +300,19 @@ def test_verdict_agrees_with_the_path_simulator():
 
     gens = synthetic_generations(num_requests=24, seed=4, vocab=300, prompt_len=40, output_len=60)
     res = fit_hvd_generations(gens, None, replay_config=HvdReplayConfig(k=K), payoff_config=PayoffConfig(epochs=2),
-                              routers=("arctic", "mlp", "survival"), ablation=False)
+                              routers=("cache", "arctic", "mlp", "survival"), ablation=False)
     v, m = res.verdict, res.metrics
     assert set(v["dataset"]) == set(m["dataset"]) - {"overall"}
     for row in v.iter_rows(named=True):
-        for router in ("model", "cache", "arctic", "mlp", "survival"):
+        for router in ("model", "suffix", "cache", "arctic", "mlp", "survival"):
             tp = m.filter((m["router"] == router) & (m["dataset"] == row["dataset"]))["throughput"][0]
             assert row[router] == pytest.approx(tp, rel=1e-9), (row["dataset"], router)
-        assert row["best_single"] == max(row["model"], row["cache"])
-        assert row["best_hvd"] == max(row[r] for r in ("arctic", "table", "mlp", "survival", "survival+budget") if r in row)
+            cyc = m.filter((m["router"] == router) & (m["dataset"] == row["dataset"]))["cycles_per_1k"][0]
+            assert row[f"cycles_per_1k[{router}]"] == pytest.approx(cyc, rel=1e-9), (row["dataset"], router)
+        assert row["best_single"] == max(row["model"], row["suffix"])
+        hvd = ("cache", "arctic", "table", "mlp", "survival", "survival+budget")
+        assert row["best_hvd"] == max(row[r] for r in hvd if r in row)
+        fewer = 1 - row[f"cycles_per_1k[{row['best_router']}]"] / row[f"cycles_per_1k[{row['best_single_router']}]"]
+        assert row["fewer_cycles"] == pytest.approx(fewer)
         assert row["holds"] == (row["best_hvd"] >= 0.99 * row["best_single"])
     assert {"c_draft", "c_verify", "c_cache"} <= set(m.columns) and (m["c_draft"] == 0.33).all()

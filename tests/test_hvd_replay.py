@@ -150,7 +150,7 @@ def test_fit_hvd_on_traces(tmp_path):
     assert (tmp_path / "out" / "payoff_mlp.pt").is_file()
     assert (tmp_path / "out" / "hvd_metrics.json").is_file()
     overall = res.metrics.filter(pl.col("dataset") == "overall")
-    assert set(overall["router"]) == {"model", "cache", "arctic", "mlp"}
+    assert set(overall["router"]) == {"model", "suffix", "arctic", "mlp"}
     # every generation here is matched by the draft model: model-only accepts K=4 on all full steps
     model = overall.filter(pl.col("router") == "model")
     assert model["mean_accepted"][0] > 3.5
@@ -173,7 +173,7 @@ def test_cli_builds_configs_and_maps_errors(tmp_path, monkeypatch):
     def fake_fit(paths, out, **kw):
         calls.update(paths=paths, out=out, **kw)
         cols = ("cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall", "speedup_vs_model",
-                "speedup_vs_cache", "speedup_vs_target")
+                "speedup_vs_suffix", "speedup_vs_target")
         metrics = pl.DataFrame({"router": ["mlp"], "dataset": ["overall"], **{c: [1.0] for c in cols}})
         return HvdResult(metrics, pl.DataFrame(), pl.DataFrame(), {})
 

@@ -42,7 +42,7 @@ def ctx():
 
 
 def test_registry_and_unknown_name():
-    assert set(ROUTERS) == {"model", "cache", "arctic", "table", "mlp", "survival"}
+    assert set(ROUTERS) == {"model", "suffix", "cache", "arctic", "table", "mlp", "survival"}
     with pytest.raises(ConfigError, match="unknown hvd router 'nope'"):
         make_router("nope")
 
@@ -108,18 +108,24 @@ def test_fitted_router_not_worse_than_worst_baseline(splits, ctx, name):
     assert tp[name] >= 0.95 * max(tp["model"], tp["cache"])
 
 
-def test_budget_allocation_is_argmax_and_prefixes():
+@pytest.mark.parametrize("measured", [False, True])
+def test_budget_allocation_is_argmax_and_prefixes(measured):
     from avkit.hvd.budget_sim import budget_allocation
 
     rng = np.random.default_rng(0)
     for _ in range(20):
         s = np.cumprod(rng.random((6, K)), axis=1) * (np.arange(K)[None, :] < rng.integers(0, K + 1, 6)[:, None])
         fixed, cv = rng.random() * 2, rng.random() * 0.2
-        v = budget_allocation(s, 6, fixed, cv)
+        # a measured curve: flat for a few tokens, then steeper (a CPU's verify), points at odd places
+        pts = ((1, 1.0), (3, 1.0 + cv), (9, 1.5 + 4 * cv), (20, 2.5 + 12 * cv)) if measured else ()
+        cost = HvdCostConfig(verify_token_cost=cv, verify_points=pts)
+        verify = (lambda t: float(np.interp(t, [p[0] for p in pts], [p[1] for p in pts]))) if measured else \
+            (lambda t: 1 + cv * t)  # brute-force oracle of the curve (all tested T lie inside the grid)
+        v = budget_allocation(s, 6, fixed, cost)
         assert ((v >= 0) & (v <= (s > 0).sum(1))).all()
         flat = np.sort(s[s > 0])[::-1]
-        ratios = [(6 + flat[:b].sum()) / (fixed + 1 + cv * (6 + b)) for b in range(len(flat) + 1)]
-        got = (6 + sum(s[i, :n].sum() for i, n in enumerate(v))) / (fixed + 1 + cv * (6 + v.sum()))
+        ratios = [(6 + flat[:b].sum()) / (fixed + verify(6 + b)) for b in range(len(flat) + 1)]
+        got = (6 + sum(s[i, :n].sum() for i, n in enumerate(v))) / (fixed + verify(6 + v.sum()))
         assert got == pytest.approx(max(ratios))
 
 
@@ -127,7 +133,43 @@ def test_batched_concurrency_one_equals_path_simulation(splits, ctx):
     from avkit.hvd.budget_sim import simulate_batched
 
     test = splits[2]
-    for name in ("model", "cache", "arctic"):
-        route = make_router(name).route(test, ctx)
-        got = simulate_batched(test, route, ctx.cost, K, concurrency=1)["throughput"]
-        assert got == pytest.approx(throughput(test, route, ctx.cost, K))
+    measured = HvdCostConfig(verify_points=((1, 1.0), (4, 1.1), (8, 2.0), (16, 3.7)),
+                             draft_points=((1, 0.5), (4, 0.6), (16, 1.4)))
+    for cost in (ctx.cost, measured):
+        for name in ("model", "suffix", "cache", "arctic"):
+            route = make_router(name).route(test, ctx)
+            got = simulate_batched(test, route, cost, K, concurrency=1)["throughput"]
+            assert got == pytest.approx(throughput(test, route, cost, K))
+
+
+def test_split_keeps_a_conversation_together():
+    # follow-up turns reuse their first turn's text: one conversation is never both trained on and tested
+    rows = [(f"d{d}", f"t/d{d}/p{i}" + (f"/turn{t}" if t else ""))
+            for d in range(2) for i in range(9) for t in range(3)]
+    table = pl.DataFrame({"dataset": [d for d, _ in rows], "request_id": [r for _, r in rows]})
+    lab = split_by_request(table, PayoffConfig(seed=3))
+    conv = [r.split("/turn")[0] for _, r in rows]
+    seen: dict[str, str] = {}
+    for c, s in zip(conv, lab):
+        assert seen.setdefault(c, s) == s
+    assert {"train", "val", "test"} <= set(lab)
+
+
+@pytest.mark.parametrize("measured", [False, True])
+def test_suffix_route_is_suffix_decoding_alone(splits, ctx, measured):
+    """A plain loop: a cache draft is verified whole, no draft leaves a target-only step, the draft model never runs."""
+    test = splits[2]
+    cost = HvdCostConfig(verify_points=((1, 1.0), (4, 1.2), (8, 2.0)), draft_points=((1, 9.0),)) if measured \
+        else HvdCostConfig(draft_step_cost=9.0)  # a prohibitive draft model must not matter
+    route = make_router("suffix").route(test, ctx)
+    dl, acc = test["draft_len"].to_numpy(), test["cache_acc"].to_numpy()
+    tokens = spent = 0.0
+    for _, part in test.with_row_index("row").group_by("request_id", maintain_order=True):
+        rows, t = part["row"].to_numpy(), 0
+        while t < len(rows):
+            r = rows[t]
+            a = min(acc[r], dl[r])
+            spent += float(cost.verify(1 + dl[r])) + cost.cache_cost
+            t += a + 1
+        tokens += len(rows)
+    assert throughput(test, route, cost, K) == pytest.approx(tokens / spent)

@@ -50,7 +50,7 @@ def greedy_traces(root: Path | None = None) -> list[Path]:
 def render(result, console: Console) -> None:
     table = Table(title="HVD routers (test split, overall)")
     cols = ("router", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
-            "speedup_vs_model", "speedup_vs_cache", "speedup_vs_target")
+            "speedup_vs_model", "speedup_vs_suffix", "speedup_vs_target")
     for c in cols:
         table.add_column(c, justify="left" if c == "router" else "right")
     for r in result.metrics.filter(result.metrics["dataset"] == "overall").iter_rows(named=True):
@@ -78,11 +78,15 @@ def register(app: typer.Typer) -> None:
         max_depth: Annotated[int, typer.Option(help="suffix trie depth")] = default_of(SuffixCacheConfig, "max_depth"),
         draft_step_cost: Annotated[float, typer.Option(help="one draft-model step, in target forwards")] =
             default_of(HvdCostConfig, "draft_step_cost"),
+        cost_table: Annotated[Path | None, typer.Option(
+            help="this device's measured step costs (`avkit profile` JSON): verify and draft curves replace "
+                 "the linear model and --draft-step-cost (avkit/hvd/cost.py)", show_default=False)] = None,
         epochs: Annotated[int, typer.Option(help="payoff MLP epochs")] = default_of(PayoffConfig, "epochs"),
         seed: Annotated[int, typer.Option(help="split and training seed")] = default_of(PayoffConfig, "seed"),
     ):
-        """Replay greedy generations, fit the payoff predictor, compare routers (cache, model, arctic,
+        """Replay greedy generations, fit the payoff predictor, compare routers (model, suffix, cache, arctic,
         table, mlp, survival) per dataset on held-out requests."""
+        from avkit.hvd.cost import load_hvd_cost
         from avkit.hvd.fit import fit_hvd, fit_hvd_generations, reserve_hvd_outputs
         from avkit.hvd.markdown import hvd_markdown
         from avkit.hvd.token_lookup import token_classes_for
@@ -90,7 +94,8 @@ def register(app: typer.Typer) -> None:
 
         kw = {"cache_config": SuffixCacheConfig(max_depth=max_depth), "replay_config": HvdReplayConfig(k=k),
               "payoff_config": PayoffConfig(epochs=epochs, seed=seed),
-              "cost": HvdCostConfig(draft_step_cost=draft_step_cost), "progress": sys.stderr.isatty()}
+              "cost": load_hvd_cost(cost_table) if cost_table is not None else
+              HvdCostConfig(draft_step_cost=draft_step_cost), "progress": sys.stderr.isatty()}
         with StagedOutputs() as outputs:  # the hvd files and --markdown are committed together, or none
             reserve_hvd_outputs(out, outputs, "--out")
             md = outputs.file(markdown, "--markdown") if markdown is not None else None

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from avkit.config.fields import DEFAULT_K, MAX_K
+from avkit.curves import interp_curve
+from avkit.errors import ConfigError
 from avkit.validate import check_range
 
 
@@ -31,16 +35,44 @@ class SuffixCacheConfig:
 
 @dataclass(frozen=True)
 class HvdCostConfig:
-    """Cost of one decoding cycle, in units of one target forward (HVD replay throughput)."""
+    """Cost of one decoding cycle, in units of one target forward (HVD replay throughput, live joint plan).
+
+    Linear (the defaults): a target forward over T tokens costs 1 + c_v * T, a draft-model step c_d.
+    Measured (`avkit hvd --cost-table`, avkit/hvd/cost.py): the points of an `avkit profile` table, in
+    target forwards of one token, interpolated like the table (last segment's slope beyond it); the
+    scalars then only summarize them (c_v the slope over 1-8 tokens, c_d one request's step)."""
 
     verify_token_cost: float = 0.02  # extra target cost per verified draft token
     draft_step_cost: float = 0.33  # one draft-model step (CPU: ~3 vs ~9 tok/s, docs/runtime.md)
     cache_cost: float = 0.005  # suffix lookup + payoff predictor
+    verify_points: tuple[tuple[float, float], ...] = ()  # (target tokens T, cost of that forward); () = linear
+    draft_points: tuple[tuple[float, float], ...] = ()  # (requests n, one draft step over n rows); () = c_d
+    source: str = ""  # where measured points came from (the cost table's path and device)
 
     def __post_init__(self):
         check_range("verify_token_cost", self.verify_token_cost, 0.0)
         check_range("draft_step_cost", self.draft_step_cost, 0.0)
         check_range("cache_cost", self.cache_cost, 0.0)
+        for name in ("verify_points", "draft_points"):  # lists from JSON / torch.save -> tuples
+            pts = tuple((float(x), float(y)) for x, y in getattr(self, name))
+            object.__setattr__(self, name, pts)
+            xs, ys = [x for x, _ in pts], [y for _, y in pts]
+            if pts and (any(b <= a for a, b in zip(xs, xs[1:])) or min(ys) < 0 or xs[0] < 0):
+                raise ConfigError(f"{name}: x must be >= 0 and increasing, costs >= 0; got {list(pts)}")
+
+    def verify(self, tokens) -> np.ndarray:
+        """Target forwards over `tokens` tokens (requests' bonus tokens + verified drafts), vectorized."""
+        t = np.asarray(tokens, dtype=np.float64)
+        if not self.verify_points:
+            return 1.0 + self.verify_token_cost * t
+        return interp_curve(t, *map(np.asarray, zip(*self.verify_points)))
+
+    def draft(self, requests) -> np.ndarray:
+        """One draft-model step over `requests` rows, vectorized."""
+        n = np.asarray(requests, dtype=np.float64)
+        if not self.draft_points:
+            return np.full_like(n, self.draft_step_cost)
+        return interp_curve(n, *map(np.asarray, zip(*self.draft_points)))
 
 
 @dataclass(frozen=True)

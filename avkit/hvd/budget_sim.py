@@ -8,12 +8,13 @@ Glossary:
                 curve S_j = P(accepted >= j), j = 1..len (cache: the payoff MLP's survival head; model:
                 a table keyed by recent model hit rate)
   budget        b draft slots over the whole batch: E(b) = N + sum of the top-b survivals,
-                cost(b) = draft + 1 + c_v * (N + b), where draft = c_d * K when any request drafted
-                with the model; b* = argmax E(b) / cost(b) (ties: smallest b). Survival is
+                cost(b) = draft + verify(N + b), where draft = K draft(n_model) when n_model > 0 requests
+                drafted with the model; b* = argmax E(b) / cost(b) (ties: smallest b). Survival is
                 non-increasing in j, so each request verifies a prefix; a confident cache draft keeps
                 slot 5 while a doubtful model draft is cut after 1
   full          the same batch verifying every drafted slot (the threshold router's behaviour)
-Step cost is in target forwards; throughput = tokens / cost.
+Step cost is in target forwards (`HvdCostConfig.verify` / `.draft`: linear, or a measured table's
+curves); throughput = tokens / cost.
 """
 
 from __future__ import annotations
@@ -27,50 +28,79 @@ from avkit.hvd.path import Route
 from avkit.scheduling.plan import Plan, plan_survival, single_group
 
 
-def budget_plan(surv: np.ndarray, n_req: int, fixed_cost: float, c_v: float) -> Plan:
+def budget_plan(surv: np.ndarray, n_req: int, fixed_cost: float, cost: HvdCostConfig) -> Plan:
     """[N, K] survivals (0 = no slot) -> scheduling/plan.py's plan of one step, costs in target forwards:
-    cost(b) = fixed_cost + 1 + c_v * (N + b). Host survivals, so the plan runs on the host (named
+    cost(b) = fixed_cost + verify(N + b). Host survivals, so the plan runs on the host (named
     explicitly: the live drafter makes every other tensor on its inputs' device)."""
     cpu = torch.device("cpu")
     s = torch.as_tensor(np.ascontiguousarray(surv, dtype=np.float64), device=cpu)
     n, k = s.shape
-    verify = 1.0 + c_v * torch.arange(n_req + n * k + 1, dtype=torch.float64, device=cpu)  # [T+1] forward + tokens
+    verify = torch.as_tensor(cost.verify(np.arange(n_req + n * k + 1)), dtype=torch.float64)  # [T+1] by tokens
     one = lambda v: torch.tensor([v], device=cpu)
     return plan_survival(s, (s > 0).sum(1), single_group(n, cpu), 1, num_sampling=one(n_req),
                          num_scheduled=one(n_req), fixed_ms=one(float(fixed_cost)), verify_ms=verify)
 
 
-def budget_allocation(surv: np.ndarray, n_req: int, fixed_cost: float, c_v: float) -> np.ndarray:
+def budget_allocation(surv: np.ndarray, n_req: int, fixed_cost: float, cost: HvdCostConfig) -> np.ndarray:
     """[N, K] survivals (0 = no slot) -> [N] verified prefix lengths maximizing E(b) / cost(b)."""
-    return budget_plan(surv, n_req, fixed_cost, c_v).num_verify.numpy()
+    return budget_plan(surv, n_req, fixed_cost, cost).num_verify.numpy()
 
 
-def joint_step(cs: np.ndarray, ms: np.ndarray, cost: HvdCostConfig, k: int) -> tuple[np.ndarray, np.ndarray]:
+class RunningRate:
+    """The long-run rate lambda (tokens per target forward) the joint router compares options against:
+    sum of planned E over sum of planned cost, decayed by `decay` per step. Planned, not realized, values:
+    it never reads this step's draws (and past draws only through the features)."""
+
+    def __init__(self, decay: float = 0.95):
+        self.decay, self.tokens, self.cost = decay, 0.0, 0.0
+
+    @property
+    def value(self) -> float | None:
+        return self.tokens / self.cost if self.cost > 0 else None
+
+    def update(self, expected: float, cost: float) -> None:
+        self.tokens = self.decay * self.tokens + expected
+        self.cost = self.decay * self.cost + cost
+
+
+def joint_step(cs: np.ndarray, ms: np.ndarray, cost: HvdCostConfig, k: int,
+               rate: RunningRate | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One step of joint routing + budget for n requests with cache / model survivals [n, K].
 
-    Two options: (a) the draft model runs (its cost is shared by the whole batch), each request takes
-    the draft with the larger expected accepted length; (b) it does not, every request verifies its
-    cache draft or nothing. Each option's slots compete for one budget; the better E/cost wins.
-    Returns use_cache [n] bool and verified prefix lengths [n]."""
+    Two options: (a) the draft model runs for the requests that take its draft (K draft steps over
+    those rows), each request taking the draft with the larger expected accepted length; (b) it does
+    not, every request verifies its cache draft or nothing. Each option's slots compete for one
+    budget (b* = argmax E(b) / cost(b), scheduling/plan.py). Between the options:
+      without `rate`: the larger E / cost (myopic: the best rate of this step alone);
+      with `rate`:    the larger E - lambda cost, lambda = the running rate (Dinkelbach's criterion for
+                      the long-run tokens / cost). An expensive model draft at 1.3 tokens per forward
+                      loses to a plain target step (1.0) when the cache keeps the run near 2: the step
+                      is cheap and the next one drafts from the cache again.
+    Returns use_cache [n] bool and verified prefix lengths [n]; `rate` is updated with the choice."""
     n = len(cs)
+    lam = rate.value if rate is not None else None
     best = None
     for model_runs in (True, False):
         use = (cs.sum(1) >= ms.sum(1)) if model_runs else np.ones(n, dtype=bool)
         if model_runs and use.all():
             continue  # nobody wants the model: option (b)
-        fixed = (cost.draft_step_cost * k if model_runs else 0.0) + cost.cache_cost
-        p = budget_plan(np.where(use[:, None], cs, ms), n, fixed, cost.verify_token_cost)
-        ratio = float(p.expected[0] / p.cost_ms[0])
-        if best is None or ratio > best[0]:
-            best = (ratio, use, p.num_verify.numpy())
+        fixed = (k * float(cost.draft((~use).sum())) if model_runs else 0.0) + cost.cache_cost
+        p = budget_plan(np.where(use[:, None], cs, ms), n, fixed, cost)
+        e, c = float(p.expected[0]), float(p.cost_ms[0])
+        score = e / c if lam is None else e - lam * c
+        if best is None or score > best[0]:
+            best = (score, use, p.num_verify.numpy(), e, c)
+    if rate is not None:
+        rate.update(best[3], best[4])
     return best[1], best[2]
 
 
 def simulate_batched(table: pl.DataFrame, route: Route, cost: HvdCostConfig, k: int, concurrency: int,
                      survivals: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, float]:
     """Decode the table's requests `concurrency` at a time. With `survivals` = (cache [R, K], model
-    [R, K]) the drafters and slots are chosen jointly per step (`joint_step`, `route` unused);
-    without, `route` decides and every drafted slot is verified."""
+    [R, K]) the drafters and slots are chosen jointly per step (`joint_step` with a running rate, as
+    the live router does; `route` unused); without, `route` decides and every drafted slot is verified."""
+    rate = RunningRate()
     rid = table["request_id"].to_numpy()
     starts = np.flatnonzero(np.r_[True, rid[1:] != rid[:-1]])
     lengths = np.diff(np.r_[starts, len(rid)])
@@ -93,13 +123,14 @@ def simulate_batched(table: pl.DataFrame, route: Route, cost: HvdCostConfig, k: 
             verify = np.where(uc, np.minimum(route.verify_len[r], dlen[r]), k)
         else:
             cs = survivals[0][r] * (j <= dlen[r][:, None])  # [n, K] zero beyond each cache draft
-            uc, verify = joint_step(cs, survivals[1][r], cost, k)
-        draft_cost = cost.draft_step_cost * k if (~uc).any() else 0.0
+            uc, verify = joint_step(cs, survivals[1][r], cost, k, rate)
+        n_model = int((~uc).sum())
+        draft_cost = k * float(cost.draft(n_model)) if n_model else 0.0
         lookup = cost.cache_cost if survivals is not None or route.consults_cache else 0.0
         acc = np.minimum(np.where(uc, cache_acc[r], model_acc[r]), verify)
-        spent += draft_cost + lookup + 1 + cost.verify_token_cost * (len(g) + verify.sum())
+        spent += draft_cost + lookup + float(cost.verify(len(g) + verify.sum()))
         steps += 1
-        cache_steps += uc.mean()
+        cache_steps += (uc & (verify > 0)).mean()  # a cache row with nothing to verify is a target step
         pos[g] += acc + 1
     tokens = int(lengths.sum())
     return {"concurrency": concurrency, "steps": steps, "tokens": tokens, "throughput": tokens / spent,

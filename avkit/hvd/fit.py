@@ -12,6 +12,7 @@ chosen on validation -> metrics on test per dataset and overall -> files in `out
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -48,21 +49,28 @@ class HvdResult:
     verdict: pl.DataFrame = field(default_factory=pl.DataFrame)  # per dataset: best HVD vs best single (verdict.py)
 
 
+def conversation_of(request_id: str) -> str:
+    """A follow-up turn `<...>/turn<n>` belongs to its first turn's conversation (avkit/record/requests.py)."""
+    return re.sub(r"/turn\d+$", "", request_id)
+
+
 def split_by_request(table: pl.DataFrame, config: PayoffConfig) -> np.ndarray:
-    """[R] split label per row ('train' / 'val' / 'test'): requests shuffled per dataset with the seed;
-    a dataset with fewer than 3 requests goes to train whole."""
+    """[R] split label per row ('train' / 'val' / 'test'): conversations (a request and its follow-up
+    turns, which reuse its text) shuffled per dataset with the seed, so no conversation is both trained
+    on and tested; a dataset with fewer than 3 conversations goes to train whole."""
     rng = np.random.default_rng(config.seed)
     label: dict[str, str] = {}
-    reqs = table.select("dataset", "request_id").unique(maintain_order=True)
-    for (_,), grp in reqs.group_by("dataset", maintain_order=True):
-        ids = grp["request_id"].to_list()
+    convs = table.select("dataset", pl.col("request_id").map_elements(conversation_of, return_dtype=pl.String)
+                         .alias("conv")).unique(maintain_order=True)
+    for (_,), grp in convs.group_by("dataset", maintain_order=True):
+        ids = grp["conv"].to_list()
         perm = rng.permutation(len(ids))
         small = len(ids) < 3  # too few to hold any out: all train
         n_val = 0 if small else max(1, round(config.val_fraction * len(ids)))
         n_test = 0 if small else max(1, round(config.test_fraction * len(ids)))
         for rank, i in enumerate(perm):
             label[ids[i]] = "val" if rank < n_val else "test" if rank < n_val + n_test else "train"
-    return np.array([label[r] for r in table["request_id"].to_list()])
+    return np.array([label[conversation_of(r)] for r in table["request_id"].to_list()])
 
 
 def _ablation(train, val, test, ctx: RouterContext, structure: bool) -> pl.DataFrame:
@@ -74,7 +82,7 @@ def _ablation(train, val, test, ctx: RouterContext, structure: bool) -> pl.DataF
         r.fit(train, val, c)
         mse = min(r.model.history) if r.model.history else float("nan")
         m = evaluate(test, {"mlp": r.route(test, c), "model": make_router("model").route(test, c),
-                            "cache": make_router("cache").route(test, c)}, c.cost, c.k)
+                            "suffix": make_router("suffix").route(test, c)}, c.cost, c.k)
         row = m.filter((pl.col("router") == "mlp") & (pl.col("dataset") == "overall"))
         rows.append({"features": "+".join(groups), "n_features": len(feats), "val_mse": mse,
                      "throughput": row["throughput"][0], "speedup_vs_model": row["speedup_vs_model"][0]})
@@ -132,7 +140,7 @@ def fit_hvd_table(table: pl.DataFrame, out_dir: str | os.PathLike | None = None,
     groups = ("base", "history", "structure", "copy") if structure else ("base", "history", "copy")
     ctx = RouterContext(replay_config.k, cost, tuple(n for g in groups for n in FEATURE_GROUPS[g]), payoff_config)
     fitted = {}
-    for name in dict.fromkeys(("model", "cache", *routers)):
+    for name in dict.fromkeys(("model", "suffix", *routers)):
         fitted[name] = make_router(name)
         fitted[name].fit(train, val, ctx)
     preds = {n: r.predict(test, ctx) for n, r in fitted.items() if hasattr(r, "predict")}
@@ -208,5 +216,6 @@ def fit_hvd(trace_paths: list[str | os.PathLike], out_dir: str | os.PathLike | N
              "temperatures": sorted(facts["temperatures"]),
              "inputs": inputs_record("avkit hvd", trace_paths, tokenizer=tc.source,
                                      k=kwargs.get("replay_config", HvdReplayConfig()).k,
-                                     draft_step_cost=kwargs.get("cost", HvdCostConfig()).draft_step_cost)}
+                                     draft_step_cost=kwargs.get("cost", HvdCostConfig()).draft_step_cost,
+                                     cost_source=kwargs.get("cost", HvdCostConfig()).source or "linear")}
     return fit_hvd_generations(gens, out_dir, classes=tc.table, extra_info=extra, **kwargs)

@@ -9,7 +9,8 @@ Glossary:
   joint step      `avkit.hvd.budget_sim.joint_step`: the batch either runs the draft model (each row
                   then takes the draft with the larger expected accepted length) or does not (cache
                   drafts only); each option's slots are planned by scheduling/plan.py (one group,
-                  b* = argmax E(b) / cost(b)) and the better E / cost wins
+                  b* = argmax E(b) / cost(b)) and the option with the larger E - lambda cost wins,
+                  lambda the router's running rate of planned tokens per cost (`RunningRate`)
   limit           per row, how many drafts to propose: the plan's verified prefix. The model drafter
                   is asked for exactly that many, so a doubtful model row costs no draft passes
 Costs are the replay's (`HvdCostConfig`, in target forwards), written into payoff_survival.pt by
@@ -21,13 +22,13 @@ depend on this step's draws (docs/lossless.md).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from avkit.config import HvdCostConfig
 from avkit.errors import ConfigError
-from avkit.hvd.budget_sim import joint_step
+from avkit.hvd.budget_sim import RunningRate, joint_step
 from avkit.hvd.features import feature_matrix
 from avkit.hvd.payoff_mlp import PayoffMLP
 
@@ -38,6 +39,7 @@ class JointRouter:
     model_surv: np.ndarray  # [bins + 1, K] P(model accepted >= j | hit-rate bin)
     hit_bins: np.ndarray  # [bins] inner edges of the hit-rate bins
     cost: HvdCostConfig = HvdCostConfig()
+    rate: RunningRate = field(default_factory=RunningRate, compare=False)  # lambda: planned tokens / cost so far
 
     def __post_init__(self):
         if self.payoff.head != "survival":
@@ -72,7 +74,7 @@ class JointRouter:
         cap = np.minimum(cols["draft_len"], wanted)[:, None]  # [B, 1]
         cs = self.payoff.predict_survival(feature_matrix(cols, self.payoff.feature_names)) * (j <= cap)  # [B, K]
         ms = self.model_survival(cols["hist_model_hit"]) * (j <= wanted[:, None])  # [B, K]
-        use, limit = joint_step(cs, ms, self.cost, k)
+        use, limit = joint_step(cs, ms, self.cost, k, self.rate)
         return use & (cols["draft_len"] > 0), np.asarray(limit, dtype=np.int64)
 
 

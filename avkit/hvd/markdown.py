@@ -11,11 +11,21 @@ from avkit.hvd.fit import HvdResult
 # HVD paper figures (seed 003, docs/seeds.md): high-payoff (accepted >= 6) precision / recall; cycles per 1000 tokens.
 PAPER = "precision 78.2-87.6%, recall 61.4-79.8% (payoff >= 6); cycles/1k tokens 571 (EAGLE-3) -> 200 (HVD)"
 _COLS = ("router", "dataset", "tokens", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
-         "speedup_vs_model", "speedup_vs_cache", "speedup_vs_target", "c_draft", "c_verify")
+         "speedup_vs_model", "speedup_vs_suffix", "speedup_vs_target", "c_draft", "c_verify")
 
 
 def cost_md(cost: dict) -> str:
     """The replay's cost model in words (every speedup in these tables assumes it)."""
+    if cost.get("verify_points"):
+        v = ", ".join(f"{x:g}: {y:.2f}" for x, y in cost["verify_points"])
+        d = ", ".join(f"{x:g}: {y:.2f}" for x, y in cost["draft_points"])
+        return (f"Cost model (units of one target forward over one token), measured: {cost.get('source', '')}. "
+                f"A target forward over T tokens costs verify(T) {{{v}}}; one draft-model step over n requests "
+                f"costs draft(n) {{{d}}} (interpolated; c_verify = {cost['verify_token_cost']:.3f} per token over "
+                f"1-8 tokens, c_draft = {cost['draft_step_cost']:.3f} for one request); a cache lookup + payoff "
+                f"prediction costs c_cache = {cost['cache_cost']}. A step of N requests costs "
+                f"verify(N + verified) + K draft(requests drafting with the model) + c_cache when the cache was "
+                f"consulted; throughput = tokens / cost (target-only decoding = 1).")
     return (f"Cost model (units of one target forward): a draft-model step costs c_draft = "
             f"{cost['draft_step_cost']}, each verified token adds c_verify = {cost['verify_token_cost']} to the "
             f"target forward, a cache lookup + payoff prediction costs c_cache = {cost['cache_cost']}. A cycle "
@@ -28,8 +38,8 @@ def verdict_md(verdict: pl.DataFrame) -> list[str]:
 
     if not verdict.height:
         return []
-    cols = ("dataset", "model", "cache", "arctic", "table", "mlp", "survival", "survival+budget",
-            "best_single_router", "best_router", "ratio", "holds")
+    cols = ("dataset", "model", "suffix", "cache", "arctic", "table", "mlp", "survival", "survival+budget",
+            "best_single_router", "best_router", "ratio", "fewer_cycles", "holds")
     return [f"## Best HVD router vs the best single drafter (goal >= {FLOOR}x on every dataset)", "",
             ("Each dataset's test requests decoded one at a time (`avkit/hvd/verdict.py`), every router under the "
              "same accounting; throughput in tokens per target forward. `survival+budget` is the joint router "

@@ -1,9 +1,10 @@
 """Decode-path simulation of a routing decision over replayed generations, and its metrics.
 
 Glossary:
-  cycle        one target verification: a cache draft (cost 1 + c_v * (1 + len) + c_cache) or a K-token
-               model draft (cost 1 + c_v * (1 + K) + c_d * K [+ c_cache when the cache was consulted]);
-               it emits accepted + 1 tokens (the bonus / corrected token)
+  cycle        one target verification: a cache draft (cost verify(1 + len) + c_cache) or a K-token
+               model draft (cost verify(1 + K) + K draft(1) [+ c_cache when the cache was consulted]);
+               it emits accepted + 1 tokens (the bonus / corrected token). verify(T) = 1 + c_v T and
+               draft(n) = c_d, or a measured table's curves (`HvdCostConfig`, avkit/hvd/cost.py)
   route        per replay row (request, position t): use the cache draft?, and how many of its
                tokens to verify (<= its length)
   throughput   tokens / cost, in tokens per target forward; target-only decoding has 1.0
@@ -46,7 +47,7 @@ def simulate_paths(table: pl.DataFrame, route: Route, cost: HvdCostConfig, k: in
     g_n = len(starts)
     pos = np.zeros(g_n, dtype=np.int64)
     cycles, spent, accepted, cache_cycles = (np.zeros(g_n) for _ in range(4))
-    model_cost = 1.0 + cost.verify_token_cost * (1 + k) + cost.draft_step_cost * k
+    model_cost = float(cost.verify(1 + k) + k * cost.draft(1))
     model_cost += cost.cache_cost if route.consults_cache else 0.0
     while True:
         g = np.flatnonzero(pos < lengths)
@@ -55,11 +56,11 @@ def simulate_paths(table: pl.DataFrame, route: Route, cost: HvdCostConfig, k: in
         r = starts[g] + pos[g]  # replay row of each active generation
         uc = route.use_cache[r]
         a = np.where(uc, np.minimum(cache_acc[r], vlen[r]), model_acc[r])
-        c = np.where(uc, 1.0 + cost.verify_token_cost * (1 + vlen[r]) + cost.cache_cost, model_cost)
+        c = np.where(uc, cost.verify(1 + vlen[r]) + cost.cache_cost, model_cost)
         cycles[g] += 1
         spent[g] += c
         accepted[g] += a
-        cache_cycles[g] += uc
+        cache_cycles[g] += uc & (vlen[r] > 0)  # a cache row with no draft is a plain target step
         pos[g] += a + 1
     return pl.DataFrame({
         "request_id": rid[starts], "dataset": table["dataset"].to_numpy()[starts], "tokens": lengths,

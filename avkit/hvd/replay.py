@@ -140,7 +140,7 @@ def evaluate(table: pl.DataFrame, routes: dict[str, Route], cost: HvdCostConfig,
                                      recall=pl.Series([r for _, r in prs])))
     res = pl.concat(rows, how="diagonal")
     base = res.select("dataset", "router", "throughput")
-    for ref in ("model", "cache"):
+    for ref in ("model", "suffix"):
         tp = base.filter(pl.col("router") == ref).select("dataset", pl.col("throughput").alias(f"tp_{ref}"))
         res = res.join(tp, on="dataset", how="left").with_columns(
             (pl.col("throughput") / pl.col(f"tp_{ref}")).alias(f"speedup_vs_{ref}")).drop(f"tp_{ref}")
@@ -148,4 +148,4 @@ def evaluate(table: pl.DataFrame, routes: dict[str, Route], cost: HvdCostConfig,
     return res.with_columns(speedup_vs_target=pl.col("throughput"), c_draft=pl.lit(cost.draft_step_cost),
                             c_verify=pl.lit(cost.verify_token_cost), c_cache=pl.lit(cost.cache_cost)).select(
         "router", "dataset", "tokens", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
-        "throughput", "speedup_vs_model", "speedup_vs_cache", "speedup_vs_target", "c_draft", "c_verify", "c_cache")
+        "throughput", "speedup_vs_model", "speedup_vs_suffix", "speedup_vs_target", "c_draft", "c_verify", "c_cache")

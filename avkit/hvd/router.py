@@ -8,7 +8,9 @@ Glossary:
   survival      S_j = P(y >= j); a cycle verifying b cache tokens yields 1 + sum_{j<=b} S_j tokens
 Routers (registry `ROUTERS`, looked up by name):
   model     never the cache (the model-only baseline; pays no cache lookup)
-  cache     always the cache when it has a draft (SuffixDecoding alone)
+  suffix    the cache's draft, else a plain target step: SuffixDecoding alone, no draft model (the
+            cache-only baseline; vLLM's `suffix` method)
+  cache     the cache's draft when it has one, else the draft model (cache first: already a hybrid)
   arctic    ArcticInference's rule: the cache iff its score >= the model draft length K
   table     smoothed acceptance table keyed by (match-length bucket, draft position j):
             p(j | bucket) = (accepted_j + a * p_j) / (reached_j + a), expected payoff
@@ -87,6 +89,18 @@ class CacheOnly:
 
     def route(self, table, ctx) -> Route:
         return full_route(table, np.ones(table.height, dtype=bool))
+
+
+@dataclass
+class SuffixOnly:
+    name: str = "suffix"
+
+    def fit(self, train, val, ctx) -> None:
+        pass
+
+    def route(self, table, ctx) -> Route:
+        # every row is a cache row: an empty draft verifies nothing, i.e. a target-only step (no draft model)
+        return Route(np.ones(table.height, dtype=bool), table["draft_len"].to_numpy().astype(np.int64))
 
 
 @dataclass
@@ -196,10 +210,10 @@ class SurvivalRouter(MLPRouter):
         x = _x(table, ctx)
         surv = self.model.predict_survival(x)  # [N, K], zero beyond the draft
         b = np.arange(1, ctx.k + 1)
-        cache_rate = (1 + np.cumsum(surv, 1)) / (1 + c.verify_token_cost * (1 + b) + c.cache_cost)  # [N, K]
+        cache_rate = (1 + np.cumsum(surv, 1)) / (c.verify(1 + b) + c.cache_cost)  # [N, K]
         best_b = cache_rate.argmax(1) + 1  # [N] budget-optimal verify length
         m_tok = self.model_tokens[np.digitize(table["hist_model_hit"].to_numpy(), self.hit_bins)]
-        model_rate = (1 + m_tok) / (1 + c.verify_token_cost * (1 + ctx.k) + c.draft_step_cost * ctx.k + c.cache_cost)
+        model_rate = (1 + m_tok) / (c.verify(1 + ctx.k) + ctx.k * c.draft(1) + c.cache_cost)
         use = (cache_rate.max(1) > model_rate) & (table["draft_len"].to_numpy() > 0)
         return use, np.minimum(best_b, table["draft_len"].to_numpy())
 
@@ -209,7 +223,7 @@ class SurvivalRouter(MLPRouter):
 
 
 ROUTERS: dict[str, Callable[[], Router]] = {
-    "model": ModelOnly, "cache": CacheOnly, "arctic": ArcticRule, "table": AcceptanceTable,
+    "model": ModelOnly, "suffix": SuffixOnly, "cache": CacheOnly, "arctic": ArcticRule, "table": AcceptanceTable,
     "mlp": MLPRouter, "survival": SurvivalRouter,
 }
 

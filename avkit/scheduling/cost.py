@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from avkit.curves import interp_curve
 from avkit.errors import ConfigError
 from avkit.staged import StagedOutputs
 
@@ -53,15 +54,6 @@ def _check_curve(label: str, xs: tuple, ys: tuple, source: str):
 def make_monotone(ms) -> list[float]:
     """Running maximum: measured noise must never make a bigger step look cheaper."""
     return np.maximum.accumulate(np.asarray(ms, dtype=np.float64)).tolist()
-
-
-def _interp(x: np.ndarray, xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
-    """Piecewise-linear in the grid, last-segment slope beyond it, first value below it."""
-    y = np.interp(x, xs, ys)
-    if xs.size > 1:
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-        y = np.where(x > xs[-1], ys[-1] + slope * (x - xs[-1]), y)
-    return y
 
 
 @dataclass(frozen=True)
@@ -100,7 +92,7 @@ class CostTable:
     # ---- lookups (vectorized over numpy arrays) ----
     def verify_cost(self, tokens) -> np.ndarray:
         """[n] target tokens -> [n] ms."""
-        return _interp(np.asarray(tokens, dtype=np.float64), *self._v)
+        return interp_curve(np.asarray(tokens, dtype=np.float64), *self._v)
 
     def draft_passes(self, k) -> np.ndarray:
         k = np.asarray(k, dtype=np.float64)
@@ -108,11 +100,11 @@ class CostTable:
 
     def draft_pass_cost(self, num_requests) -> np.ndarray:
         """One draft forward of n rows, one token each."""
-        return _interp(np.asarray(num_requests, dtype=np.float64), *self._d)
+        return interp_curve(np.asarray(num_requests, dtype=np.float64), *self._d)
 
     def draft_fixed_cost(self, num_requests) -> np.ndarray:
         """What a step's drafting pays once for n drafting requests, beyond its passes (0 unless profiled)."""
-        return _interp(np.asarray(num_requests, dtype=np.float64), *self._f)
+        return interp_curve(np.asarray(num_requests, dtype=np.float64), *self._f)
 
     def draft_cost(self, num_requests, k) -> np.ndarray:
         """Drafting k tokens for each of n requests: passes(k) forwards of n rows, plus the fixed part if k > 0."""
@@ -124,11 +116,11 @@ class CostTable:
         """The drafter prefilling n tokens of one request; a draft pass over n rows where not profiled."""
         if not self.prefill_tokens:
             return self.draft_pass_cost(tokens)
-        return _interp(np.asarray(tokens, dtype=np.float64), *self._p)
+        return interp_curve(np.asarray(tokens, dtype=np.float64), *self._p)
 
     def context_cost(self, num_requests) -> np.ndarray:
         """The target's KV reads for n requests (0 for profiled tables)."""
-        return _interp(np.asarray(num_requests, dtype=np.float64), *self._c)
+        return interp_curve(np.asarray(num_requests, dtype=np.float64), *self._c)
 
     def fixed_cost(self, num_requests, k) -> np.ndarray:
         """Cost that does not depend on how many drafts are verified: drafting k + KV reads."""

@@ -1,0 +1,75 @@
+"""The HVD cost model from a measured step-cost table (avkit/hvd/cost.py): the curves are the table's,
+in target forwards of one token; they survive the payoff file; bad tables are one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from avkit.cli import app
+from avkit.config import HvdCostConfig
+from avkit.errors import ConfigError
+from avkit.hvd.cost import hvd_cost_from_table, load_hvd_cost
+from avkit.scheduling.cost import CostTable
+
+TABLE = {"verify_tokens": [1, 2, 4, 8, 16, 32], "verify_ms": [93.8, 96.5, 109.7, 186.2, 344.0, 673.0],
+         "draft_requests": [1, 2, 4, 8, 16], "draft_ms": [46.4, 52.7, 54.6, 77.3, 128.4],
+         "drafter": "autoregressive", "meta": {"device": "cpu x86_64 x2 threads"}}
+
+
+def test_curves_are_the_tables_in_forwards_of_one_token(tmp_path):
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps(TABLE))
+    cost, table = load_hvd_cost(path), CostTable.load(path)
+    unit = table.verify_cost(1)
+    t = np.array([1, 3, 5, 7, 8, 13, 31, 40, 77])  # odd places, inside and past the grid
+    assert np.allclose(cost.verify(t), table.verify_cost(t) / unit, rtol=1e-12)
+    n = np.array([1, 3, 9, 16, 21])
+    assert np.allclose(cost.draft(n), table.draft_pass_cost(n) / unit, rtol=1e-12)
+    assert cost.draft_step_cost == pytest.approx(46.4 / 93.8)
+    assert cost.verify_token_cost == pytest.approx(np.polyfit(np.arange(1, 9), table.verify_cost(np.arange(1, 9)) / unit,
+                                                              1)[0])
+    assert str(path) in cost.source and "cpu x86_64" in cost.source
+
+
+def test_linear_default_and_roundtrip_through_the_payoff_extra():
+    lin = HvdCostConfig(verify_token_cost=0.1, draft_step_cost=0.4)
+    assert np.allclose(lin.verify([0, 1, 9]), [1.0, 1.1, 1.9]) and np.allclose(lin.draft([1, 16]), [0.4, 0.4])
+    cost = hvd_cost_from_table(CostTable(**{k: tuple(v) if isinstance(v, list) else v for k, v in TABLE.items()}))
+    from dataclasses import asdict
+
+    back = HvdCostConfig(**json.loads(json.dumps(asdict(cost))))  # lists in, tuples out (payoff_survival.pt)
+    assert back == cost
+
+
+@pytest.mark.parametrize("pts", [((2, 1.0), (1, 2.0)), ((1, -1.0),), ((-1, 1.0), (2, 2.0))])
+def test_bad_points_are_refused(pts):
+    with pytest.raises(ConfigError, match="verify_points"):
+        HvdCostConfig(verify_points=pts)
+
+
+def _run(capsys, *args):
+    try:
+        app([str(a) for a in args], prog_name="avkit")
+        code = 0
+    except SystemExit as e:
+        code = e.code or 0
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.parametrize("change, match", [
+    (None, "no such file"),
+    (lambda d: d.update(verify_ms=[93.8, 90.0, 109.7, 186.2, 344.0, 673.0]), "non-decreasing"),
+    (lambda d: d.update(context_ms=[1.0, 2.0, 3.0, 4.0, 5.0]), "context_ms"),
+])
+def test_hvd_cli_bad_cost_table_is_one_line(change, match, tmp_path, capsys):
+    path = tmp_path / "cost.json"
+    if change is not None:
+        d = json.loads(json.dumps(TABLE))
+        change(d)
+        path.write_text(json.dumps(d))
+    code, lines = _run(capsys, "hvd", "--synthetic", "6", "--out", tmp_path / "out", "--cost-table", path)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("avkit: error: ") and match in lines[0], lines
+    assert not (tmp_path / "out").exists()
