@@ -91,7 +91,8 @@ def main() -> None:
         res = results[name]
         md += "\n".join(["", f"## Cost sensitivity: {name}", "",
                          table_md(res.metrics.filter(pl.col("dataset") == "overall"), _COLS), "",
-                         "Thresholds: " + ", ".join(f"{k} tau={v:.3f}" for k, v in res.thresholds.items()), "",
+                         "Thresholds: " + ", ".join(f"{k} tau={v:.3f}" for k, v in res.thresholds.items())
+                         + f"; model survival scale {res.info.get('model_scale')}", "",
                          *verdict_md(res.verdict)])
     md += "\n" + _discussion(results[first].metrics, results[second].metrics, results[first].budget, results[first].info) + "\n"
     out = Path(a.out)

@@ -173,3 +173,28 @@ def test_suffix_route_is_suffix_decoding_alone(splits, ctx, measured):
             t += a + 1
         tokens += len(rows)
     assert throughput(test, route, cost, K) == pytest.approx(tokens / spent)
+
+
+@pytest.mark.parametrize("draft_cost", [0.05, 3.0])
+def test_model_scale_is_the_validated_best(splits, ctx, draft_cost):
+    """The joint router's shrink of the model survival table: the scale among MODEL_SCALES with the best
+    joint throughput on the validation requests (recomputed here scale by scale), applied to the table
+    the router keeps (ties: the larger)."""
+    from avkit.hvd.budget_sim import model_survival_table, simulate_batched
+    from avkit.hvd.router import MODEL_SCALES
+
+    train, val, _ = splits
+    c = RouterContext(K, HvdCostConfig(draft_step_cost=draft_cost), FEATS, ctx.payoff)
+    r = make_router("survival")
+    r.fit(train, val, c)
+    raw = model_survival_table(train, r.hit_bins, K)
+    assert r.model_scale in MODEL_SCALES and np.allclose(r.model_surv, r.model_scale * raw)
+    tps = {}
+    for s in MODEL_SCALES:
+        r.model_surv = s * raw
+        tps[s] = simulate_batched(val, full_route(val, np.ones(val.height, bool)), c.cost, K, 1,
+                                  r.survivals(val, c))["throughput"]
+    chosen = [s for s in MODEL_SCALES if tps[s] >= max(tps.values()) * (1 - 1e-9)]
+    assert r.model_scale == chosen[0]  # the first (largest) of the best
+    if draft_cost == 3.0:  # a prohibitive draft model: no scale beats cache-or-nothing
+        assert max(tps.values()) == pytest.approx(tps[0.0])

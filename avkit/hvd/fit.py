@@ -163,6 +163,7 @@ def fit_hvd_table(table: pl.DataFrame, out_dir: str | os.PathLike | None = None,
             "mean_cache_draft_len": float(table.filter(pl.col("draft_len") > 0)["draft_len"].mean()),
             "val_mse": val_mse, "features": list(ctx.features), "k": replay_config.k, "high_payoff": replay_config.high_payoff,
             "cost": asdict(cost),
+            "model_scale": float(fitted["survival"].model_scale) if "survival" in fitted else None,
             "payoff": asdict(payoff_config), **(extra_info or {})}
     result = HvdResult(metrics, abl, _budget(test, fitted, ctx), thresholds, info,
                        verdict=dataset_verdict(test, fitted, ctx))
@@ -187,7 +188,7 @@ def _write(result: HvdResult, fitted: dict, out: Path, outputs: StagedOutputs) -
         if name in fitted and fitted[name].model is not None:
             r = fitted[name]
             joint = {"model_surv": r.model_surv.tolist(), "hit_bins": r.hit_bins.tolist(),
-                     "cost": result.info["cost"]} if name == "survival" else {}  # JointRouter.from_extra
+                     "model_scale": r.model_scale, "cost": result.info["cost"]} if name == "survival" else {}
             r.model.save(tmp[fname], tau=r.tau, **joint)
             files.append(str(out / fname))
         else:

@@ -7,6 +7,7 @@ import math
 import polars as pl
 
 from avkit.hvd.fit import HvdResult
+from avkit.hvd.router import MODEL_SCALES
 
 # HVD paper figures (seed 003, docs/seeds.md): high-payoff (accepted >= 6) precision / recall; cycles per 1000 tokens.
 PAPER = "precision 78.2-87.6%, recall 61.4-79.8% (payoff >= 6); cycles/1k tokens 571 (EAGLE-3) -> 200 (HVD)"
@@ -81,7 +82,9 @@ def hvd_markdown(result: HvdResult, title: str, notes: str = "") -> str:
          "throughput ratios under the cost model (target-only decoding = 1)."), "",
         "## Per dataset", "",
         table_md(m.filter(pl.col("dataset") != "overall").sort("dataset", "router"), _COLS), "",
-        "Thresholds: " + ", ".join(f"{k} tau={v:.3f}" for k, v in result.thresholds.items()), "",
+        "Thresholds: " + ", ".join(f"{k} tau={v:.3f}" for k, v in result.thresholds.items())
+        + (f"; joint router's model survival scale {info['model_scale']} (validated over "
+           f"{', '.join(map(str, MODEL_SCALES))})" if info.get("model_scale") is not None else ""), "",
         ("Validation MSE of the predicted cache accepted length (positions with a cache draft): "
          + ", ".join(f"{k} {v:.3f}" for k, v in info.get("val_mse", {}).items())), "",
     ]

@@ -18,8 +18,9 @@ Routers (registry `ROUTERS`, looked up by name):
   mlp       `PayoffMLP` mean head thresholded at tau (the paper's router)
   survival  `PayoffMLP` survival head: verify the cache prefix b that maximizes expected tokens per
             cost when that beats the model drafter's expected tokens per cost (its survival from a
-            table keyed by recent model hit rate); `avkit.hvd.budget_sim` lets a whole batch's cache
-            and model slots compete for one verification budget with the same curves
+            table keyed by recent model hit rate, shrunk by a scale chosen on validation);
+            `avkit.hvd.budget_sim` lets a whole batch's cache and model slots compete for one
+            verification budget with the same curves
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from avkit.hvd.features import ALL_FEATURES, feature_matrix
 from avkit.hvd.path import Route, full_route, throughput
 
 MATCH_BUCKETS = np.array([1, 2, 3, 4, 6, 9, 13, 17])  # lower edges of the match-length buckets
+MODEL_SCALES = (1.0, 0.9, 0.8, 0.6, 0.0)  # shrinks of the model survival the joint router is validated over
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,8 @@ class SurvivalRouter(MLPRouter):
     name: str = "survival"
     head: str = "survival"
     hit_bins: np.ndarray = field(default_factory=lambda: np.linspace(0, 1, 11)[1:-1])
-    model_surv: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # [bins, K] P(model acc >= j)
+    model_surv: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # [bins, K] scale * P(model acc >= j)
+    model_scale: float = 1.0  # the validated shrink of the model's survival (MODEL_SCALES)
 
     @property
     def model_tokens(self) -> np.ndarray:  # [bins] E[model accepted] = sum_j P(acc >= j)
@@ -197,7 +200,26 @@ class SurvivalRouter(MLPRouter):
         x, y = _train_rows(train, ctx)
         xv, yv = _train_rows(val, ctx)
         self.model = PayoffMLP(ctx.features, ctx.k, ctx.payoff, head="survival").fit(x, y, xv, yv)
-        self.model_surv = model_survival_table(train, self.hit_bins, ctx.k)
+        raw = model_survival_table(train, self.hit_bins, ctx.k)
+        self.model_scale = self._choose_model_scale(raw, val, ctx)
+        self.model_surv = self.model_scale * raw
+
+    def _choose_model_scale(self, raw: np.ndarray, val: pl.DataFrame, ctx: RouterContext) -> float:
+        """The shrink of the model's survival table with the best joint-routing throughput on the validation
+        requests, decoded one at a time (the `tau` of the joint router). The table is the model's average
+        acceptance at a recent hit rate, but the router asks for the model where the cache is weak, i.e. in
+        text neither has seen, where the model does worse than its average; under dear drafting (a CPU)
+        a scale below 1, down to 0 (no draft model: cache or nothing), is worth more. Ties keep the larger."""
+        from avkit.hvd.budget_sim import simulate_batched
+
+        route = full_route(val, np.ones(val.height, dtype=bool))  # unused by joint routing
+        best = (-1.0, 1.0)
+        for scale in MODEL_SCALES:
+            self.model_surv = scale * raw
+            tp = simulate_batched(val, route, ctx.cost, ctx.k, 1, self.survivals(val, ctx))["throughput"]
+            if tp > best[0] * (1 + 1e-9):
+                best = (tp, scale)
+        return best[1]
 
     def survivals(self, table, ctx) -> tuple[np.ndarray, np.ndarray]:
         """([R, K] cache-draft survival from the MLP head, [R, K] model-draft survival from the table)."""
