@@ -65,7 +65,7 @@ bench-cpu-kernels:
     python bench/cpu_kernels.py
 
 # the reuse workloads (docs/workloads.md) recorded by the real pair into traces/reuse/, greedy (temp=0) or
-# sampled (temp=1): ~45 min at T = 0 on 2 cores (editing 11 min, MT-Bench revise 6, BFCL multi-turn, ShareGPT multi-round)
+# sampled (temp=1): 34 min at T = 0 on 2 cores (editing 11 min, MT-Bench revise 6, BFCL multi-turn 10, ShareGPT multi-round 7)
 record-reuse temp="0":
     python -m avkit record --dataset humaneval_edit --num-prompts 40 --temperature {{temp}} --dtype bfloat16 --out traces/reuse/t{{temp}}_edit_k7.parquet
     python -m avkit record --dataset mtbench_revise --num-prompts 10 --max-prompt-tokens 2048 --temperature {{temp}} --dtype bfloat16 --out traces/reuse/t{{temp}}_mtbench_revise_k7.parquet
@@ -75,7 +75,7 @@ record-reuse temp="0":
 # HVD replay of the shipped greedy traces + the reuse traces under this CPU's measured costs -> out/hvd/
 # (payoff_survival.pt for the live runs) and bench/results/hvd_reuse.md
 hvd-reuse cost="bench/results/engine_peer_cost_T0.json":
-    python bench/hvd.py --traces traces/greedy_k7.parquet traces/reuse/*.parquet --cost-table {{cost}} --save out/hvd --out bench/results/hvd_reuse.md
+    python bench/hvd.py --traces traces/greedy_k7.parquet traces/reuse/t0_*_k7.parquet --cost-table {{cost}} --save out/hvd --out bench/results/hvd_reuse.md
 
 # live HVD vs its replay on the real pair (needs out/hvd/payoff_survival.pt from `just hvd-reuse`; ~40 min in all,
 # one cell per locked command) -> bench/results/hvd_live.md; `--tiny` dry-runs it in ~1 min

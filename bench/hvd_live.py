@@ -19,7 +19,9 @@ Prediction: the target-only generations are replayed (avkit/hvd/replay.py; the d
 lengths from one teacher-forced forward per generation) and decoded `concurrency` at a time by
 `simulate_batched` under the payoff file's cost model (a measured table's curves when `avkit hvd` had
 --cost-table); predicted speedup = predicted throughput / target-only's. ratio = live speedup /
-predicted speedup (1 = the replay's cost model is right).
+predicted speedup (1 = the replay's cost model is right). tokens/s counts the whole run (prefill
+included: what a user sees); decode tokens/s only the steps that admitted no request (no prefill,
+which the replay does not model), so `decode / predicted` is the check of the replay's cost model.
 The replay fills the global tree in request order, the live engine in completion order: at c > 1
 the cache sees slightly different past responses. Multi-turn prompts run their first turn only (the
 follow-up turns need `avkit record`'s queue). Timings never gate tests.
@@ -94,20 +96,31 @@ def measure(target, draft, prompt_ids, k: int, c: int, max_new: int, payoff: str
     sampling = SamplingConfig(temperature=0.0, max_new_tokens=max_new)
     reqs = [Request(f"r{i}", ids, sampling, "live") for i, ids in enumerate(prompt_ids)]
     tps: dict[str, list[float]] = {d: [] for d in DRAFTERS}
+    decode: dict[str, list[float]] = {d: [] for d in DRAFTERS}  # tokens/s over the steps that admitted nobody
     steps, outputs = {}, {}
     for rep in range(repeats):
         for name in DRAFTERS if rep % 2 == 0 else DRAFTERS[::-1]:
             engine = _engine(name, target, draft, k, c, max_len, payoff, classes)
-            t0 = time.perf_counter()
-            gens = engine.generate(reqs)
+            clock = {"t": 0.0, "waiting": len(reqs), "tokens": 0, "s": 0.0}
+
+            def on_step(outs, engine=engine, clock=clock):
+                now = time.perf_counter()
+                if len(engine.waiting) == clock["waiting"]:  # no prefill in this step: steady decode
+                    clock["tokens"] += sum(len(o.new_token_ids) for o in outs)
+                    clock["s"] += now - clock["t"]
+                clock["t"], clock["waiting"] = now, len(engine.waiting)
+
+            t0 = clock["t"] = time.perf_counter()
+            gens = engine.generate(reqs, on_step=on_step)
             dt = time.perf_counter() - t0
             tps[name].append(sum(len(g.output_ids) for g in gens) / dt)
+            decode[name].append(clock["tokens"] / max(clock["s"], 1e-9))
             steps[name] = engine.stats.steps
             out = [g.output_ids for g in gens]
             if outputs.setdefault("target", out) != out and name != "target":
                 raise SystemExit(f"lossless check failed: {name} emitted other tokens than target-only")
             outputs[name] = out
-    return {"tps": tps, "steps": steps, "outputs": outputs["target"]}
+    return {"tps": tps, "decode": decode, "steps": steps, "outputs": outputs["target"]}
 
 
 def _target_only_throughput(lengths: np.ndarray, c: int, cost) -> float:
@@ -159,21 +172,31 @@ def _tiny_pair_and_payoff(root: Path, k: int):
 def render(cells_path: Path, out: Path) -> None:
     cells = [json.loads(line) for line in cells_path.read_text().splitlines() if line.strip()]
     lines = ["# Live HVD vs its replay", "", (__doc__ or "").split("\n\n")[2].strip(), "",
-             "| run | workload | c | drafter | tokens/s | live speedup | predicted | live / predicted | steps |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+             "| run | workload | c | drafter | tokens/s | live speedup | decode tokens/s | decode speedup | predicted | "
+             "decode / predicted | steps |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for cell in cells:
         tps = {d: float(np.mean(v)) for d, v in cell["tps"].items()}
+        dec = {d: float(np.mean(v)) for d, v in cell.get("decode", {}).items()}
         for d in DRAFTERS:
+            if d not in tps:  # cells of an older drafter set
+                continue
             live = tps[d] / tps["target"]
             pred = cell["predicted"].get(d, 1.0)
+            ds = dec[d] / dec["target"] if dec else float("nan")
             lines.append(f"| {cell['run']} | {cell['workload']} | {cell['concurrency']} | {d} | {tps[d]:.2f} | "
-                         f"{live:.3f} | {pred:.3f} | {live / pred:.3f} | {cell['steps'][d]} |")
+                         f"{live:.3f} | {dec.get(d, float('nan')):.2f} | {ds:.3f} | {pred:.3f} | {ds / pred:.3f} | "
+                         f"{cell['steps'][d]} |")
         best = max(tps["model"], tps["suffix"])
         lines.append(f"| {cell['run']} | {cell['workload']} | {cell['concurrency']} | hybrid / best single | "
-                     f"{tps['hybrid'] / best:.3f} | | | | |")
+                     f"{tps['hybrid'] / best:.3f} | | | | | | |")
+        lines.append(f"| {cell['run']} | {cell['workload']} | {cell['concurrency']} | hybrid / best of all | "
+                     f"{tps['hybrid'] / max(tps.values()):.3f} | | | | | | |")
     lines += ["", "Runs (models, requests, new tokens, cost model, `uptime` load before each cell):", ""]
     lines += [f"- {c['run']}: {c['target']} + {c['draft']}, {c['requests']} requests x {c['max_new_tokens']} "
-              f"tokens, K = {c['k']}, {c['repeats']} repeats, cost {c['cost']}, load {c['load']}" for c in cells]
+              f"tokens, K = {c['k']}, {c['repeats']} repeats, joint router's model survival scale "
+              f"{c.get('model_scale', 1.0)}, cost {c['cost'].get('source') or c['cost']}, load {c['load']}"
+              for c in cells]
     out.write_text("\n".join(lines) + "\n")
     print(out.read_text())
 
@@ -213,6 +236,7 @@ def main(argv=None) -> int:
         target, draft, payoff = load(a.target, dtype=dtype), load(a.draft, dtype=dtype), a.payoff
         classes, names = class_table_for(a.target), (a.target, a.draft)
     cost = _joint(payoff).cost
+    model_scale = PayoffMLP.load(payoff)[1].get("model_scale", 1.0)
     run_id = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     for wl in a.workloads.split(","):
         for c in (int(x) for x in a.concurrency.split(",")):
@@ -221,9 +245,11 @@ def main(argv=None) -> int:
             load_avg = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
             res = measure(target, draft, ids, a.k, c, a.max_new_tokens, payoff, a.repeats, classes)
             pred = predict(draft, ids, res["outputs"], a.k, c, payoff, classes)
-            cell = {"run": run_id, "workload": wl, "concurrency": c, "tps": res["tps"], "steps": res["steps"],
+            cell = {"run": run_id, "workload": wl, "concurrency": c, "tps": res["tps"], "decode": res["decode"],
+                    "steps": res["steps"],
                     "predicted": pred, "target": names[0], "draft": names[1], "requests": n,
                     "max_new_tokens": a.max_new_tokens, "k": a.k, "repeats": a.repeats, "cost": cost.__dict__,
+                    "model_scale": model_scale,
                     "load": load_avg.split("load average:")[-1].strip()}
             print(json.dumps({k: v for k, v in cell.items() if k != "outputs"}), flush=True)
             if not a.tiny:

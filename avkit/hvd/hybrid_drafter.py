@@ -89,6 +89,7 @@ class HybridDrafter(Drafter):
         self.cache = cache if cache is not None else SuffixCache(cache_config)
         self.classes, self.window, self.joint = classes, history_window, joint
         self.plans = joint is not None  # the engine's policy does not plan again (engine.step)
+        self._history = joint is not None or payoff is not None  # a payoff model reads the features
         if rule not in ("arctic", "cache"):
             raise ConfigError(f"hybrid drafter: rule must be 'arctic' or 'cache', got {rule!r}")
         self.rule = rule  # used without a payoff model: ArcticInference's score >= K, or every cache draft
@@ -121,8 +122,8 @@ class HybridDrafter(Drafter):
                                            in_prompt=SubstringIndex(seq))
             self.cache.start_request(st.rid, seq)
             return st
-        for tok in seq[len(st.seq):]:
-            st.drafts.append(self.cache.draft(st.rid, self.k).tokens)
+        for tok in seq[len(st.seq):]:  # the draft made before each token feeds the history features only
+            st.drafts.append(self.cache.draft(st.rid, self.k).tokens if self._history else [])
             st.hits.append(True)
             self.cache.append(st.rid, [tok])
             st.seq.append(tok)
@@ -169,20 +170,21 @@ class HybridDrafter(Drafter):
             f.update({f"ctx_{c}": float(cc[i]) for i, c in enumerate(CLASSES)})
         return f
 
-    def features(self, inp: DraftInput) -> tuple[list[CacheDraft], dict[str, np.ndarray]]:
-        """Bring each row's cache up to date; its cache draft and payoff features ([B] per name)."""
+    def features(self, inp: DraftInput, payoff: bool = True) -> tuple[list[CacheDraft], dict[str, np.ndarray]]:
+        """Bring each row's cache up to date; its cache draft and payoff features ([B] per name). Without
+        `payoff` (a rule routes) only the cache's own numbers: the history and copy features go unread."""
         drafts, rows = [], []
         self._slot_ids = inp.slots.tolist()  # the step's one host read of slots and draft counts
         self._wanted = np.asarray(inp.num_draft.tolist(), dtype=np.int64)  # [B]
         for b, (slot, wanted) in enumerate(zip(self._slot_ids, self._wanted.tolist())):
             st = self._sync(slot, inp.sequences[b])
             drafts.append(d := self.cache.draft(st.rid, min(self.k, wanted)))
-            rows.append(self._row_features(st, d))
+            rows.append(self._row_features(st, d) if payoff else {"score": d.score, "draft_len": d.draft_len})
         return drafts, {n: np.array([r[n] for r in rows], dtype=np.float64) for n in rows[0]} if rows else {}
 
     def route(self, inp: DraftInput) -> tuple[list[CacheDraft], np.ndarray, np.ndarray]:
         """Cache drafts for every row, whether to use them ([B] bool) and each row's limit ([B] int64)."""
-        drafts, cols = self.features(inp)
+        drafts, cols = self.features(inp, payoff=self._history)
         has = np.array([d.draft_len > 0 for d in drafts], dtype=bool)
         dlen = np.array([d.draft_len for d in drafts], dtype=np.int64)
         if self.joint is not None and drafts:

@@ -39,7 +39,7 @@ def verdict_md(verdict: pl.DataFrame) -> list[str]:
 
     if not verdict.height:
         return []
-    cols = ("dataset", "model", "suffix", "cache", "arctic", "table", "mlp", "survival", "survival+budget",
+    cols = ("dataset", "requests", "model", "suffix", "cache", "arctic", "table", "mlp", "survival", "survival+budget",
             "best_single_router", "best_router", "ratio", "fewer_cycles", "holds")
     return [f"## Best HVD router vs the best single drafter (goal >= {FLOOR}x on every dataset)", "",
             ("Each dataset's test requests decoded one at a time (`avkit/hvd/verdict.py`), every router under the "

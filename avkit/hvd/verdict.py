@@ -30,7 +30,7 @@ def dataset_verdict(test: pl.DataFrame, fitted: dict, ctx) -> pl.DataFrame:
     concurrency 1, the best single drafter, the best HVD router and whether it holds >= 0.99x."""
     rows = []
     for (name,), part in test.group_by("dataset", maintain_order=True):
-        row: dict = {"dataset": name}
+        row: dict = {"dataset": name, "requests": part["request_id"].n_unique()}  # test requests it rests on
         for router in (*SINGLE, *HVD):
             base = "survival" if router == "survival+budget" else router
             if base not in fitted:
