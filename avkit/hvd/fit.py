@@ -12,7 +12,6 @@ chosen on validation -> metrics on test per dataset and overall -> files in `out
 from __future__ import annotations
 
 import os
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -49,9 +48,7 @@ class HvdResult:
     verdict: pl.DataFrame = field(default_factory=pl.DataFrame)  # per dataset: best HVD vs best single (verdict.py)
 
 
-def conversation_of(request_id: str) -> str:
-    """A follow-up turn `<...>/turn<n>` belongs to its first turn's conversation (avkit/record/requests.py)."""
-    return re.sub(r"/turn\d+$", "", request_id)
+TURN = r"/turn\d+$"  # a follow-up turn `<...>/turn<n>` belongs to its first turn's conversation (record/requests.py)
 
 
 def split_by_request(table: pl.DataFrame, config: PayoffConfig) -> np.ndarray:
@@ -59,18 +56,21 @@ def split_by_request(table: pl.DataFrame, config: PayoffConfig) -> np.ndarray:
     turns, which reuse its text) shuffled per dataset with the seed, so no conversation is both trained
     on and tested; a dataset with fewer than 3 conversations goes to train whole."""
     rng = np.random.default_rng(config.seed)
-    label: dict[str, str] = {}
-    convs = table.select("dataset", pl.col("request_id").map_elements(conversation_of, return_dtype=pl.String)
-                         .alias("conv")).unique(maintain_order=True)
-    for (_,), grp in convs.group_by("dataset", maintain_order=True):
+    conv = table["request_id"].cast(pl.String).str.replace(TURN, "")  # [R]
+    names, labels = [], []
+    for (_,), grp in pl.DataFrame({"dataset": table["dataset"], "conv": conv}).unique(maintain_order=True) \
+            .group_by("dataset", maintain_order=True):
         ids = grp["conv"].to_list()
         perm = rng.permutation(len(ids))
         small = len(ids) < 3  # too few to hold any out: all train
         n_val = 0 if small else max(1, round(config.val_fraction * len(ids)))
         n_test = 0 if small else max(1, round(config.test_fraction * len(ids)))
-        for rank, i in enumerate(perm):
-            label[ids[i]] = "val" if rank < n_val else "test" if rank < n_val + n_test else "train"
-    return np.array([label[conversation_of(r)] for r in table["request_id"].to_list()])
+        rank = np.empty(len(ids), dtype=np.int64)
+        rank[perm] = np.arange(len(ids))
+        names += ids
+        labels += np.where(rank < n_val, "val", np.where(rank < n_val + n_test, "test", "train")).tolist()
+    lookup = pl.DataFrame({"conv": names, "split": labels}).unique("conv", keep="first")
+    return pl.DataFrame({"conv": conv}).join(lookup, on="conv", how="left", maintain_order="left")["split"].to_numpy()
 
 
 def _ablation(train, val, test, ctx: RouterContext, structure: bool) -> pl.DataFrame:
