@@ -152,6 +152,40 @@ def test_a_tokens_logits_do_not_depend_on_the_forward_it_is_in(models, prompt_le
     assert torch.equal(last[1], alone)
 
 
+def test_an_uneven_verify_forward_computes_real_tokens_only(models):
+    """One row verifying 7 drafts beside three verifying none: the linears and the LM head see the 1 + 8 + 1 + 1
+    real tokens, not 4 x 8 padded ones (the ragged path), pad logits are zero, and each row's logits equal the
+    row forwarded alone, bitwise; equal drafts everywhere keep the padded [B, S] path (nothing to skip)."""
+    model = models["target"].model
+    seen: dict[str, list[int]] = {"qkv": [], "head": []}
+    spies = {"qkv": model.layers[0].attn.qkv, "head": model.lm_head}
+    for name, layer in spies.items():
+        plain = layer.forward
+        layer.forward = (lambda plain, name: lambda x, bulk=False: (
+            seen[name].append(x.reshape(-1, x.shape[-1]).shape[0]), plain(x))[1])(plain, name)
+    try:
+        rows = [(0, _tokens(1, 11)), (1, _tokens(8, 12)), (2, _tokens(1, 13)), (3, _tokens(1, 14))]
+        prompts = [_tokens(5 + 40 * s, 20 + s) for s in range(4)]
+        cache = model.new_cache(4, 256)
+        for s, prompt in enumerate(prompts):
+            _forward(model, cache, [(s, prompt)], torch.zeros(1, 0, dtype=torch.int64))
+        seen["qkv"].clear(), seen["head"].clear()
+        together = _forward(model, cache, rows)  # [4, 8, V]
+        assert seen == {"qkv": [11], "head": [11]}
+        assert bool((together[0, 1:] == 0).all()) and bool((together[2:, 1:] == 0).all())
+        for s, toks in rows:
+            alone_cache = model.new_cache(4, 256)
+            _forward(model, alone_cache, [(s, prompts[s])], torch.zeros(1, 0, dtype=torch.int64))
+            alone = _forward(model, alone_cache, [(s, toks)])[0]  # [q, V]
+            assert torch.equal(together[s, :len(toks)], alone)
+        seen["qkv"].clear(), seen["head"].clear()
+        _forward(model, cache, [(s, _tokens(3, 30 + s)) for s in range(4)])
+        assert seen == {"qkv": [12], "head": [12]}
+    finally:
+        for layer in spies.values():
+            del layer.forward
+
+
 class RandomDrafter:
     """Drafts uniformly random tokens (one-hot q): almost every draft is rejected, so verify forwards of
     1 + k tokens are followed by rollbacks, the pattern most unlike target-only decoding."""

@@ -77,7 +77,7 @@ class _Step:
     span: int
     contiguous_from: int | None  # first slot when slots are consecutive (the cache is then viewed, not copied)
     bulk: bool = False  # a prefill: packed CPU linears run on oneDNN (cpu_bulk.py), decode/verify never do
-    flat: torch.Tensor | None = None  # [N] a ragged prefill's real tokens in the flattened [B*S]; None = padded rows
+    flat: torch.Tensor | None = None  # [N] a ragged forward's real tokens in the flattened [B*S]; None = padded rows
 
 
 def _linear(layer: nn.Module, x: torch.Tensor, bulk: bool) -> torch.Tensor:
@@ -196,7 +196,7 @@ class Transformer(nn.Module):
         """
         step = self._step(tokens, q_lens, slots, cache, host, prefill)
         B, S = tokens.shape
-        if step.flat is not None:  # ragged prefill: the real tokens only, one per row (pads never computed)
+        if step.flat is not None:  # ragged: the real tokens only, one per row (pads never computed)
             tokens = tokens.reshape(-1)[step.flat][:, None]  # [N, 1]
         elif step.write_src is not None:  # pad ids may be anything (-1); never looked up
             tokens = tokens.gather(1, step.write_src)
@@ -205,10 +205,13 @@ class Transformer(nn.Module):
             if bool(out_of_range.any()):
                 raise ConfigError(f"forward: token id {int(tokens[out_of_range][0])} outside the vocabulary "
                                   f"[0, {self.config.vocab_size})")
-        x = self.embed(tokens)  # [B, S, d]; a ragged prefill: [N, 1, d]
+        x = self.embed(tokens)  # [B, S, d]; ragged: [N, 1, d]
         for block in self.layers:
             x = block(x, step, cache)
         cache.lengths[slots] += q_lens.to(cache.lengths.device)
+        if step.flat is not None and isinstance(logits, str) and logits == "all":  # the LM head on real rows only
+            real = self._head(self.norm(x[:, 0]))  # [N, V]
+            return real.new_zeros(B * S, real.shape[-1]).index_copy_(0, step.flat, real).view(B, S, -1)  # pads 0
         if step.flat is not None:  # back to [B, S, d] rows (pads zero) for the logits' indexing
             x = x.new_zeros(B * S, x.shape[-1]).index_copy_(0, step.flat, x[:, 0]).view(B, S, -1)
         if isinstance(logits, str) and logits == "last":
@@ -217,7 +220,10 @@ class Transformer(nn.Module):
             x = x.gather(1, logits[..., None].expand(-1, -1, x.shape[-1]))  # [B, n, d]
         elif logits != "all":
             raise ConfigError(f"logits must be 'all', 'last' or an index tensor, got {logits!r}")
-        x = self.norm(x)
+        return self._head(self.norm(x))
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 logits of normed hidden states [..., d] -> [..., V]."""
         return (F.linear(x, self.embed.weight) if self.lm_head is None else self.lm_head(x)).float()
 
     def pack_for_cpu(self) -> bool:
@@ -245,9 +251,9 @@ class Transformer(nn.Module):
 
     @property
     def ragged_prefill(self) -> bool:
-        """A prefill forward may batch runs of any lengths: it computes real tokens only (the CPU backend, whose
-        attention takes each query row alone). Elsewhere pads would cost a full token each (``runtime/prefill.py``
-        then groups runs of equal length)."""
+        """A forward may batch runs of any lengths and computes real tokens only (the CPU backend, whose attention
+        takes each query row alone): prefills, and verify forwards with uneven drafts. Elsewhere pads cost a full
+        token each (``runtime/prefill.py`` then groups runs of equal length)."""
         return self.cpu_attention and self.device.type == "cpu"
 
     def rope(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -307,10 +313,12 @@ class Transformer(nn.Module):
             mask = torch.arange(span, device=dev)[None, None, :] <= positions[:, :, None]  # [B, S, span]
             mask = mask[:, None, None].expand(B, 1, g, S, span).reshape(B, 1, g * S, span)
         cos, sin = self.rope(max(host.cached) + S)  # [>= positions, D]
-        if prefill and self.ragged_prefill:
-            # Ragged prefill: each real token becomes a row of its own ([N, 1]: its slot, position and key span),
-            # so linears, norms and the MLP never compute a pad, and the prompts of one forward share the bulk
-            # linears' fixed-size row blocks. Per-row maths throughout: a token's result is the padded path's.
+        if self.ragged_prefill and (prefill or (padded and host.q_lens is not None)):
+            # Ragged: each real token becomes a row of its own ([N, 1]: its slot, position and key span), so
+            # linears, norms, the MLP and the LM head never compute a pad. A prefill's prompts share the bulk
+            # linears' fixed-size row blocks; a verify forward of uneven drafts (one row verifying 7 among 15
+            # verifying none) costs its Sum(q_lens) tokens, not B * max(q_lens). Per-row maths throughout: a
+            # token's result is the padded path's, bit for bit.
             real = (ar[None, :] < q_lens.to(dev)[:, None]).reshape(-1).nonzero().squeeze(1)  # [N] into [B*S]
             pos = positions.reshape(-1)[real][:, None]  # [N, 1]
             return _Step(slots.repeat_interleave(q_lens.to(dev)), pos, None, None, pos + 1, cos[pos], sin[pos],
