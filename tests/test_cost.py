@@ -195,13 +195,36 @@ def test_profile_tiny_model_is_monotone(tiny_pair, monkeypatch, tmp_path):
     monkeypatch.setenv("AVKIT_PROFILE_CONTEXT_LEN", "64")
     cfg = ProfileConfig(k=3, max_tokens=12, max_requests=3, repeats=2, warmup=1)
     table = profile_costs(*tiny_pair[:2], cfg)
-    assert table.verify_tokens == (1, 2, 4, 8, 12) and table.draft_requests == (1, 2, 3)
+    assert table.verify_tokens == tuple(range(1, 13)) and table.draft_requests == (1, 2, 3)  # dense: a staircase
     assert table.prefill_tokens == PRICE_GRID and len(table.prefill_ms) == len(PRICE_GRID)
     assert np.all(np.diff(table.verify_ms) >= 0) and np.all(np.diff(table.draft_ms) >= 0)
     assert np.all(np.diff(table.prefill_ms) >= 0) and min(table.prefill_ms) > 0
     assert min(table.verify_ms) > 0 and table.meta["context_len"] == 64
     assert table.meta["target_sha256"] == tiny_pair[0].sha256
     assert CostTable.load(table.save(tmp_path / "c.json")).verify_ms == table.verify_ms
+
+
+def test_profile_verify_points_feed_exactly_their_tokens(tiny_pair):
+    """Each verify point T is one forward of rows of at most K + 1 tokens whose lengths sum to T (the last row
+    shorter: a ragged forward computes exactly T); the grid is every count up to DENSE_TOKENS, then powers of 2."""
+    from avkit.scheduling.profile import DENSE_TOKENS, _token_grid, _verify_layout, forward_timer
+
+    for k in range(0, 16):
+        for t in range(1, 300):
+            r, q = _verify_layout(t, k)
+            assert 1 <= t - q * (r - 1) <= q <= k + 1, (t, k)
+    assert _token_grid(100) == list(range(1, DENSE_TOKENS + 1)) + [64, 100] and _token_grid(5) == [1, 2, 3, 4, 5]
+    model = tiny_pair[0].model
+    seen = []
+    plain = model.forward
+    model.forward = lambda tokens, q_lens, *a, **kw: (seen.append(q_lens.tolist()), plain(tokens, q_lens, *a, **kw))[1]
+    try:
+        cache = model.new_cache(4, 64)
+        for t in (1, 7, 9, 13):
+            forward_timer(model, cache, *_verify_layout(t, 3), 8, "all", total=t)()
+    finally:
+        del model.forward
+    assert seen == [[1], [4, 3], [3, 3, 3], [4, 4, 4, 1]]
 
 
 def test_profile_times_the_engines_logits_work(tiny_pair):
@@ -244,7 +267,7 @@ def test_profile_cli_writes_a_cost_table(tiny_pair, tmp_path, monkeypatch):
                                  "--max-verify-tokens", "4", "--max-requests", "2", "--repeats", "1", "-k", "1"])
     assert r.exit_code == 0, r.output
     table = CostTable.load(out)
-    assert table.verify_tokens == (1, 2, 4) and table.meta["context_len"] == 16
+    assert table.verify_tokens == (1, 2, 3, 4) and table.meta["context_len"] == 16
     assert table.meta["dtype"] == "float32"  # auto on CPU
     assert "noise: repeated runs" in r.output and table.meta["noise"]["max_spread"] == 0.0  # one run per point
 

@@ -133,15 +133,21 @@ def test_joint_step_against_the_long_run_rate():
         cost = HvdCostConfig(verify_points=((1, 1.0), (4, 1.1), (8, 2.0), (32, 7.0)),
                              draft_points=((1, float(rng.choice([0.1, 0.5]))), (8, 1.4)))
         rate = RunningRate()
-        rate.update(float(rng.uniform(0.5, 3.0)) * n, 1.0)
-        lam = rate.value
+        rate.update(n, float(rng.uniform(0.5, 3.0)) * n, 1.0)
+        rate.update(n + 1, 100.0, 1.0)  # another batch size's rate plays no part
+        lam = rate.value(n)
         use, pref = joint_step(cs, ms, cost, K, rate)
         opts = _option_plans(cs, ms, cost, K)
         want = max(opts, key=lambda o: o[2] - lam * o[3])
         assert np.array_equal(use, want[0]) and np.array_equal(pref, want[1]), trial
-        assert rate.tokens == pytest.approx(0.95 * lam + want[2]) and rate.cost == pytest.approx(0.95 + want[3])
+        assert rate.sums[n] == pytest.approx((0.95 * lam + want[2], 0.95 + want[3]))
+        assert rate.sums[n + 1] == (100.0, 1.0)
         seen.add(bool(use.all()))
     assert seen == {True, False}  # both options won somewhere
+    fresh = RunningRate()  # no step at this size yet: the myopic E / cost
+    use, pref = joint_step(cs, ms, cost, K, fresh)
+    want = max(_option_plans(cs, ms, cost, K), key=lambda o: o[2] / o[3])
+    assert np.array_equal(use, want[0]) and np.array_equal(pref, want[1])
 
 
 def _engine(tiny, survival_file, sampling_batch=2, model_rate=0.6, cache_rate=0.8):

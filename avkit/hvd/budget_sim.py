@@ -47,20 +47,25 @@ def budget_allocation(surv: np.ndarray, n_req: int, fixed_cost: float, cost: Hvd
 
 
 class RunningRate:
-    """The long-run rate lambda (tokens per target forward) the joint router compares options against:
-    sum of planned E over sum of planned cost, decayed by `decay` per step. Planned, not realized, values:
-    it never reads this step's draws (and past draws only through the features)."""
+    """The long-run rate lambda (tokens per target forward) the joint router compares options against: per
+    batch size n, the sum of planned E over the sum of planned cost, decayed by `decay` per step at that n.
+    Per n because the rate is the operating point's: 16 rows make ~16 tokens per ~4 forwards, one row ~2
+    per ~1.3, and a lambda carried from c16 into c1 would keep the router on cheap options for ~20 steps.
+    Planned, not realized, values: it never reads this step's draws (and past draws only through the
+    features)."""
 
     def __init__(self, decay: float = 0.95):
-        self.decay, self.tokens, self.cost = decay, 0.0, 0.0
+        self.decay = decay
+        self.sums: dict[int, tuple[float, float]] = {}  # n -> (decayed planned tokens, decayed planned cost)
 
-    @property
-    def value(self) -> float | None:
-        return self.tokens / self.cost if self.cost > 0 else None
+    def value(self, n: int) -> float | None:
+        """lambda at batch size n; None before a step at that size (the router is then myopic)."""
+        tokens, cost = self.sums.get(n, (0.0, 0.0))
+        return tokens / cost if cost > 0 else None
 
-    def update(self, expected: float, cost: float) -> None:
-        self.tokens = self.decay * self.tokens + expected
-        self.cost = self.decay * self.cost + cost
+    def update(self, n: int, expected: float, cost: float) -> None:
+        tokens, c = self.sums.get(n, (0.0, 0.0))
+        self.sums[n] = (self.decay * tokens + expected, self.decay * c + cost)
 
 
 def joint_step(cs: np.ndarray, ms: np.ndarray, cost: HvdCostConfig, k: int,
@@ -72,13 +77,13 @@ def joint_step(cs: np.ndarray, ms: np.ndarray, cost: HvdCostConfig, k: int,
     not, every request verifies its cache draft or nothing. Each option's slots compete for one
     budget (b* = argmax E(b) / cost(b), scheduling/plan.py). Between the options:
       without `rate`: the larger E / cost (myopic: the best rate of this step alone);
-      with `rate`:    the larger E - lambda cost, lambda = the running rate (Dinkelbach's criterion for
-                      the long-run tokens / cost). An expensive model draft at 1.3 tokens per forward
+      with `rate`:    the larger E - lambda cost, lambda = the running rate at this batch size (Dinkelbach's
+                      criterion for the long-run tokens / cost). An expensive model draft at 1.3 tokens per forward
                       loses to a plain target step (1.0) when the cache keeps the run near 2: the step
                       is cheap and the next one drafts from the cache again.
     Returns use_cache [n] bool and verified prefix lengths [n]; `rate` is updated with the choice."""
     n = len(cs)
-    lam = rate.value if rate is not None else None
+    lam = rate.value(n) if rate is not None else None
     best = None
     for model_runs in (True, False):
         use = (cs.sum(1) >= ms.sum(1)) if model_runs else np.ones(n, dtype=bool)
@@ -91,7 +96,7 @@ def joint_step(cs: np.ndarray, ms: np.ndarray, cost: HvdCostConfig, k: int,
         if best is None or score > best[0]:
             best = (score, use, p.num_verify.numpy(), e, c)
     if rate is not None:
-        rate.update(best[3], best[4])
+        rate.update(n, best[3], best[4])
     return best[1], best[2]
 
 

@@ -60,6 +60,18 @@ def _grid(top: int) -> list[int]:
     return points + [top]
 
 
+DENSE_TOKENS = 32  # verify steps profiled at every token count up to here (the cost is a staircase, below)
+
+
+def _token_grid(top: int) -> list[int]:
+    """Verify step sizes: every count up to DENSE_TOKENS, then 1, 2, 4, ... as `_grid`. The CPU kernel computes
+    rows in tiles of 6 (cpu_linear.cpp), so a forward of 1-6 tokens costs about one of 1 and the 7th token
+    ~40% more (2-core AVX2, the 1.5B target: 115 / 121 / 129 / 171 ms for 4 / 5 / 6 / 7 tokens at c4): a
+    power-of-two grid interpolates across the steps, and a planner then prices the free 5th and 6th tokens at
+    ~0.2 forwards each. GPU kernels have such steps too (tile and CUDA-graph sizes)."""
+    return sorted({t for t in range(1, min(top, DENSE_TOKENS) + 1)} | set(_grid(top)))
+
+
 def _sync(device: torch.device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -134,12 +146,15 @@ def _time_points(timers, device, config, on_point) -> tuple[list[float], list[li
 
 
 def forward_timer(model, cache, num_requests: int, q_len: int, context: int, logits: str | torch.Tensor,
-                  after: Callable[[torch.Tensor], object] | None = None):
+                  after: Callable[[torch.Tensor], object] | None = None, total: int | None = None):
     """A closure running one forward of `num_requests` rows x `q_len` tokens at `context` (then `after` on
-    its logits), rolling the cache back to the synthetic context each time."""
+    its logits), rolling the cache back to the synthetic context each time; `total`: the last row feeds only
+    what reaches that many tokens (a ragged forward computes exactly `total`, a padded one pads the row)."""
     device = model.device
     tokens = torch.ones(num_requests, q_len, dtype=torch.int64, device=device)  # [n, q] (token ids irrelevant)
     q_lens = torch.full((num_requests,), q_len, dtype=torch.int64, device=device)  # [n]
+    if total is not None:
+        q_lens[-1] = total - q_len * (num_requests - 1)
     slots = torch.arange(num_requests, device=device)  # [n]
     ctx = torch.full((num_requests,), context, dtype=torch.int64, device=device)  # [n]
 
@@ -182,12 +197,13 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
     one request (as runtime/prefill.py feeds it: from an empty slot, no logits); `target`/`draft` are
     LoadedModels."""
     context = context_len_from_env(config.context_len)
-    t_grid, d_grid = _grid(config.max_tokens), _grid(config.max_requests)
+    t_grid, d_grid = _token_grid(config.max_tokens), _grid(config.max_requests)
     max_req = max(_verify_layout(config.max_tokens, config.k)[0], config.max_requests)
     max_len = context + config.k + 2
     verify, drafting = verify_work(config.temperature, config.top_p), draft_work(config.temperature, config.top_p)
     cache = target.model.new_cache(max_req, max_len)
-    timers = [forward_timer(target.model, cache, *_verify_layout(t, config.k), context, "all", verify) for t in t_grid]
+    timers = [forward_timer(target.model, cache, *_verify_layout(t, config.k), context, "all", verify, total=t)
+              for t in t_grid]
     verify_ms, verify_runs = _time_points(timers, target.model.device, config, on_point)
     del cache, timers
     draft_ms, draft_runs, prefill_ms, prefill_runs = [0.0] * len(d_grid), [], [], []
@@ -216,7 +232,7 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
 
 
 def num_points(config: ProfileConfig, with_draft: bool) -> int:
-    return len(_grid(config.max_tokens)) + (len(_grid(config.max_requests)) + len(PRICE_GRID) if with_draft else 0)
+    return len(_token_grid(config.max_tokens)) + (len(_grid(config.max_requests)) + len(PRICE_GRID) if with_draft else 0)
 
 
 def memory_meta(target, draft=None) -> dict:
