@@ -72,9 +72,10 @@ record-reuse temp="0":
     python -m avkit record --dataset bfcl_multiturn --num-prompts 6 --max-prompt-tokens 2048 --temperature {{temp}} --dtype bfloat16 --out traces/reuse/t{{temp}}_bfcl_multiturn_k7.parquet
     python -m avkit record --dataset sharegpt_multiround --num-prompts 6 --max-prompt-tokens 3072 --temperature {{temp}} --dtype bfloat16 --out traces/reuse/t{{temp}}_sharegpt_multiround_k7.parquet
 
-# HVD replay of the shipped greedy traces + the reuse traces under this CPU's measured costs -> out/hvd/
+# HVD replay of the shipped greedy traces + the reuse traces under this CPU's measured costs (every verify size to 32
+# tokens: the CPU kernel's 6-row staircase) -> out/hvd/
 # (payoff_survival.pt for the live runs) and bench/results/hvd_reuse.md
-hvd-reuse cost="bench/results/engine_peer_cost_T0.json":
+hvd-reuse cost="bench/results/cost_dense_T0.json":
     python bench/hvd.py --traces traces/greedy_k7.parquet traces/reuse/t0_*_k7.parquet --cost-table {{cost}} --save out/hvd --out bench/results/hvd_reuse.md
 
 # live HVD vs its replay on the real pair (needs out/hvd/payoff_survival.pt from `just hvd-reuse`; ~40 min in all,
@@ -106,6 +107,15 @@ peer-vllm:
     .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec
     .venv-vllm/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
     python bench/vllm_convert.py
+
+# ArcticInference's suffix tree for vLLM-CPU's `suffix` method (SuffixDecoding), built from its sdist into .venv-vllm
+# (after `just peer-vllm`; ~1 min): the reference beside avkit's suffix-only and hybrid drafters in bench/hvd_live.py
+peer-vllm-suffix:
+    python bench/vllm_arctic.py
+
+# vLLM-CPU's target-only and suffix method on the hvd_live cells' requests (float32: vLLM's faster dtype on AVX2)
+bench-hvd-live-vllm:
+    for w in humaneval_edit sharegpt; do for c in 1 4; do flock /tmp/avkit-bench.lock python bench/hvd_live.py --engines vllm --workloads $w --concurrency $c; done; done
 
 # vLLM's step-cost table on this CPU, real pair bf16 (`avkit profile --engine vllm`, docs/vllm.md; needs .venv-vllm and
 # `just peer-vllm`'s converted pair; three vLLM engines, K = 7, K = 3 and target-only, 1..16 requests at context 32:

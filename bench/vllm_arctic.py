@@ -33,7 +33,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--venv", default=".venv-vllm")
     a = ap.parse_args(argv)
-    py = Path(a.venv) / "bin" / "python"
+    py = Path(a.venv).absolute() / "bin" / "python"  # absolute, not resolved (the venv link must stay)
     if not py.exists():
         raise SystemExit(f"avkit: error: {py} not found: run `just peer-vllm` first")
     site = Path(subprocess.check_output([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],

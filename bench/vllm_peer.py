@@ -6,7 +6,8 @@
 each config is ``{"k": K, "runs": [{"name", "prompts": [[token ids]], "temperature", "top_p",
 "max_new_tokens", "seed"}, ...]}``. K = 0 is target-only; K > 0 is vLLM's ``draft_model`` speculative
 decoding with K tokens per step; a config's optional ``"schedule": [[lo, hi, K], ...]`` becomes
-``num_speculative_tokens_per_batch_size`` (vLLM's Dynamic SD, K = the schedule's largest). One offline
+``num_speculative_tokens_per_batch_size`` (vLLM's Dynamic SD, K = the schedule's largest); ``"method": "suffix"``
+runs vLLM's SuffixDecoding instead (up to K cache tokens per step, no draft model). One offline
 ``LLM`` per config (its startup is not timed), one untimed warm-up generate, then every run: ``llm.generate``
 of all its prompts at once (concurrency = number of prompts; driven step by step through ``llm.llm_engine``,
 the loop ``llm.generate`` runs, so every step is timed), wall time including prefill, the generated token ids,
@@ -67,10 +68,12 @@ def run_config(spec: dict, cfg: dict, done: list[dict], out_path: str) -> None:
 
     k = int(cfg["k"])
     longest = max(len(p) + max(r.get("max_new") or [r["max_new_tokens"]]) for r in cfg["runs"] for p in r["prompts"])
-    max_seqs = max(len(r["prompts"]) for r in cfg["runs"])
+    max_seqs = cfg.get("max_num_seqs") or max(len(r["prompts"]) for r in cfg["runs"])  # concurrency; others queue
     kwargs = dict(model=spec["target"], dtype=spec["dtype"], max_model_len=longest + k + 16, max_num_seqs=max_seqs,
                   enforce_eager=spec.get("eager", True), disable_log_stats=False, seed=0)
-    if k > 0:
+    if k > 0 and cfg.get("method") == "suffix":  # SuffixDecoding: no draft model (`just peer-vllm-suffix`)
+        kwargs["speculative_config"] = {"method": "suffix", "num_speculative_tokens": k}
+    elif k > 0:
         kwargs["speculative_config"] = {"method": "draft_model", "model": spec["draft"], "num_speculative_tokens": k}
         if cfg.get("schedule"):
             kwargs["speculative_config"]["num_speculative_tokens_per_batch_size"] = [list(x) for x in cfg["schedule"]]

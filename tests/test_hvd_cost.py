@@ -16,7 +16,8 @@ from avkit.scheduling.cost import CostTable
 
 TABLE = {"verify_tokens": [1, 2, 4, 8, 16, 32], "verify_ms": [93.8, 96.5, 109.7, 186.2, 344.0, 673.0],
          "draft_requests": [1, 2, 4, 8, 16], "draft_ms": [46.4, 52.7, 54.6, 77.3, 128.4],
-         "drafter": "autoregressive", "meta": {"device": "cpu x86_64 x2 threads"}}
+         "drafter": "autoregressive", "meta": {"device": "cpu x86_64 x2 threads"},
+         "prefill_tokens": [16, 64, 256, 512], "prefill_ms": [90.0, 305.0, 1216.0, 2598.0]}
 
 
 def test_curves_are_the_tables_in_forwards_of_one_token(tmp_path):
@@ -32,6 +33,10 @@ def test_curves_are_the_tables_in_forwards_of_one_token(tmp_path):
     assert cost.verify_token_cost == pytest.approx(np.polyfit(np.arange(1, 9), table.verify_cost(np.arange(1, 9)) / unit,
                                                               1)[0])
     assert str(path) in cost.source and "cpu x86_64" in cost.source
+    lag = np.array([2, 3, 17, 65, 300, 700])  # the catch-up prefills lag - 1 tokens (below 16: a draft step)
+    fed = lag - 1
+    want = np.where(lag > 2, np.where(fed < 16, table.draft_pass_cost(fed), table.draft_prefill_cost(fed)), 0) / unit
+    assert np.allclose(cost.catch_up(lag), want, rtol=1e-12)
 
 
 def test_linear_default_and_roundtrip_through_the_payoff_extra():

@@ -98,15 +98,21 @@ def test_joint_plan_equals_brute_force(survival_file):
     assert live.joint is not None
 
 
-def _option_plans(cs, ms, cost, k):
-    """Per option (model runs / not), by enumeration: (use [n], best-ratio prefixes [n], E, cost)."""
+def _option_plans(cs, ms, cost, k, catch=None):
+    """Per option (model runs for every row preferring it / for those of them needing no catch-up / not), by
+    enumeration: (use [n], best-ratio prefixes [n], E, cost); `catch` [n] each row's catch-up cost."""
     n, out = len(cs), []
-    for model_runs in (True, False):
-        use = (cs.sum(1) >= ms.sum(1)) if model_runs else np.ones(n, dtype=bool)
-        if model_runs and use.all():
-            continue
+    catch = np.zeros(n) if catch is None else catch
+    wants = cs.sum(1) < ms.sum(1)
+    for model in (wants, wants & (catch == 0), np.zeros(n, dtype=bool)):
+        use = ~model
+        if (model.any() or model is not wants) and any(np.array_equal(use, o[0]) for o in out):
+            continue  # the same option twice
+        if model is wants and not model.any():
+            continue  # nobody wants the model
         s = np.where(use[:, None], cs, ms)
-        fixed = (k * float(cost.draft((~use).sum())) if model_runs else 0.0) + cost.cache_cost
+        fixed = (k * float(cost.draft(model.sum())) + float(catch[model].sum()) if model.any() else 0.0) \
+            + cost.cache_cost
         slots = sorted(((s[r, j], r, j) for r in range(n) for j in range(k) if s[r, j] > 0),
                        key=lambda t: (-t[0], t[1], t[2]))
         plans = [((n + sum(v for v, _, _ in slots[:b])), fixed + float(cost.verify(n + b)), b) for b in
@@ -117,6 +123,70 @@ def _option_plans(cs, ms, cost, k):
             pref[r] += 1
         out.append((use, pref, e, c))
     return out
+
+
+CATCH_COST = HvdCostConfig(verify_points=((1, 1.0), (6, 1.5), (7, 2.1), (32, 7.0)),
+                           draft_points=((1, 0.5), (16, 1.4)), prefill_points=((16, 1.0), (256, 15.0)))
+
+
+def test_catch_up_is_the_draft_models_prefill_of_what_it_missed():
+    """lag <= 2: free (the first pass feeds it); else a forward over lag - 1 tokens: below the prefill grid a
+    draft step over that many rows, then the prefill curve (last slope beyond); no curve: free."""
+    c = CATCH_COST
+    lags = np.array([0, 1, 2, 3, 10, 16, 17, 100, 257, 400])
+    want = [0, 0, 0, c.draft(2), c.draft(9), c.draft(15), 1.0, 1.0 + 14 * 83 / 240, 15.0, 15.0 + 14 * 143 / 240]
+    assert np.allclose(c.catch_up(lags), want)
+    assert not HvdCostConfig().catch_up(lags).any()
+
+
+def test_joint_step_prices_the_catch_up_and_may_leave_lagging_rows_to_the_cache():
+    """With lags the model option pays each model row's catch-up; a third option runs the model only for rows
+    it already follows. The choice equals enumeration of the options, and every option wins somewhere."""
+    from avkit.hvd.budget_sim import RunningRate, joint_step
+
+    cost = dataclasses.replace(CATCH_COST, draft_points=((1, 0.1), (16, 0.3)))  # a cheap drafter: the model pays
+    rng = np.random.default_rng(3)
+    won = set()
+    for trial in range(80):
+        n = int(rng.integers(1, 6))
+        cs = np.sort(rng.random((n, K)), 1)[:, ::-1] * (rng.random((n, 1)) < 0.5)
+        ms = np.sort(rng.random((n, K)), 1)[:, ::-1] ** 0.3
+        lag = np.where(rng.random(n) < 0.5, rng.integers(3, 300, n), rng.integers(1, 3, n))
+        catch = cost.catch_up(lag)
+        rate = RunningRate() if trial % 2 else None
+        if rate is not None:
+            rate.update(n, float(rng.uniform(0.5, 2.0)) * n, 1.0)
+        lam = None if rate is None else rate.value(n)
+        use, pref = joint_step(cs, ms, cost, K, rate, lag)
+        opts = _option_plans(cs, ms, cost, K, catch)
+        want = max(opts, key=lambda o: o[2] / o[3] if lam is None else o[2] - lam * o[3])
+        assert np.array_equal(use, want[0]) and np.array_equal(pref, want[1]), trial
+        wants = cs.sum(1) < ms.sum(1)
+        won.add("cache" if use.all() else ("all" if np.array_equal(~use, wants) else "followed"))
+    assert won == {"cache", "followed", "all"}
+
+
+def test_the_batched_replay_pays_one_prompt_catch_up_then_follows():
+    """One request, the model always right and the cache empty: the first model step prefills the prompt
+    (priced once), later steps lag by at most 2 tokens (free). Spent = catch_up(prompt) + steps x step cost."""
+    import polars as pl
+
+    from avkit.hvd.budget_sim import simulate_batched
+    from avkit.hvd.path import full_route
+
+    n, prompt = 40, 120
+    table = pl.DataFrame({"request_id": ["r"] * n, "cache_acc": [0] * n, "model_acc": [K] * n, "draft_len": [0] * n,
+                          "log_prompt_len": [float(np.log1p(prompt))] * n})
+    cheap = dataclasses.replace(CATCH_COST, prefill_points=((16, 0.1), (256, 0.5)))
+    surv = (np.zeros((n, K)), np.ones((n, K)))
+    got = simulate_batched(table, full_route(table, np.ones(n, dtype=bool)), cheap, K, 1, surv)
+    steps = -(-n // (K + 1))
+    step = K * float(cheap.draft(1)) + float(cheap.verify(1 + K)) + cheap.cache_cost
+    assert got["steps"] == steps
+    assert n / got["throughput"] == pytest.approx(float(cheap.catch_up(prompt)) + steps * step)
+    free = dataclasses.replace(cheap, prefill_points=())
+    assert n / simulate_batched(table, full_route(table, np.ones(n, dtype=bool)), free, K, 1, surv)["throughput"] \
+        == pytest.approx(steps * step)
 
 
 def test_joint_step_against_the_long_run_rate():
@@ -150,7 +220,7 @@ def test_joint_step_against_the_long_run_rate():
     assert np.array_equal(use, want[0]) and np.array_equal(pref, want[1])
 
 
-def _engine(tiny, survival_file, sampling_batch=2, model_rate=0.6, cache_rate=0.8):
+def _engine(tiny, survival_file, sampling_batch=2, model_rate=0.6, cache_rate=0.8, cost=None):
     """The engine with the joint router on pinned curves: the survival head's last layer set to a
     constant hazard (cache S_j = cache_rate^j up to the draft's length), model S_j = model_rate^j, and an
     EAGLE-like drafting cost (0.05 target forwards per step). Long cache drafts then beat the model and
@@ -165,7 +235,7 @@ def _engine(tiny, survival_file, sampling_batch=2, model_rate=0.6, cache_rate=0.
         last.bias.fill_(float(np.log(cache_rate / (1 - cache_rate))))
     bins = np.asarray(extra["hit_bins"])
     joint = JointRouter(payoff, np.tile(model_rate ** np.arange(1, K + 1), (len(bins) + 1, 1)), bins,
-                        HvdCostConfig(draft_step_cost=0.05))
+                        cost or HvdCostConfig(draft_step_cost=0.05))
     hybrid = HybridDrafter(DraftModelDrafter(draft, cfg.max_batch, cfg.max_len), None, 0.0, joint=joint)
     sink = MemorySink()
     return Engine(target, None, cfg, sink=sink, drafter=hybrid), sink
@@ -184,6 +254,23 @@ def test_engine_greedy_with_joint_router_equals_target_only(tiny, survival_file)
     kinds = set(np.asarray(cols["drafter"]).tolist())
     assert "suffix" in kinds  # the cache won slots; the shared global tree saw every finished response
     assert engine.drafter.cache.memory()["global_responses"] == len(reqs)
+
+
+def test_engine_prices_the_draft_models_catch_up_live(tiny, survival_file):
+    """The live router passes each row's draft-model lag: with a prefill curve that makes a catch-up dearer
+    than any draft can repay, the model (which has followed no request yet) never runs; without a curve it
+    does. Output equals target-only either way."""
+    _, target, _ = tiny
+    reqs = [Request(f"r{i}", [5 + i, 6, 7, 8, 9] * 4, SamplingConfig(temperature=0.0, max_new_tokens=24))
+            for i in range(4)]
+    ref = Engine(target, None, EngineConfig(k=0, max_batch=2, max_len=96)).generate(reqs)
+    runs = {}
+    for name, prefill in (("dear", ((16, 500.0), (64, 2000.0))), ("free", ())):
+        cost = HvdCostConfig(draft_step_cost=0.05, draft_points=((1, 0.05), (16, 0.1)), prefill_points=prefill)
+        engine, sink = _engine(tiny, survival_file, cost=cost)
+        assert [g.output_ids for g in engine.generate(reqs)] == [g.output_ids for g in ref]
+        runs[name] = set(np.asarray(sink.columns()["drafter"]).tolist())
+    assert "model" not in runs["dear"] and "model" in runs["free"]
 
 
 def test_engine_with_joint_router_is_lossless_at_t1(tiny, survival_file):
@@ -219,9 +306,9 @@ def test_joint_proposal_follows_the_input_device(survival_file):
     inp = _inp([seq, [7, 8, 9], seq[:9]], k=K)
     host_decide, decided = live.joint.decide, []
 
-    def decide(cols, wanted):  # outside the log: numpy in, numpy out
+    def decide(cols, wanted, lag=None):  # outside the log: numpy in, numpy out
         with torch.overrides._pop_mode_temporarily():
-            decided.append(host_decide(cols, wanted))
+            decided.append(host_decide(cols, wanted, lag))
         return decided[-1]
 
     live.joint = types.SimpleNamespace(decide=decide)

@@ -47,13 +47,14 @@ class HvdCostConfig:
     cache_cost: float = 0.005  # suffix lookup + payoff predictor
     verify_points: tuple[tuple[float, float], ...] = ()  # (target tokens T, cost of that forward); () = linear
     draft_points: tuple[tuple[float, float], ...] = ()  # (requests n, one draft step over n rows); () = c_d
+    prefill_points: tuple[tuple[float, float], ...] = ()  # (tokens, the draft model's prefill of them); () = free
     source: str = ""  # where measured points came from (the cost table's path and device)
 
     def __post_init__(self):
         check_range("verify_token_cost", self.verify_token_cost, 0.0)
         check_range("draft_step_cost", self.draft_step_cost, 0.0)
         check_range("cache_cost", self.cache_cost, 0.0)
-        for name in ("verify_points", "draft_points"):  # lists from JSON / torch.save -> tuples
+        for name in ("verify_points", "draft_points", "prefill_points"):  # lists from JSON / torch.save -> tuples
             pts = tuple((float(x), float(y)) for x, y in getattr(self, name))
             object.__setattr__(self, name, pts)
             xs, ys = [x for x, _ in pts], [y for _, y in pts]
@@ -73,6 +74,19 @@ class HvdCostConfig:
         if not self.draft_points:
             return np.full_like(n, self.draft_step_cost)
         return interp_curve(n, *map(np.asarray, zip(*self.draft_points)))
+
+    def catch_up(self, lag) -> np.ndarray:
+        """What drafting a row whose draft model lacks `lag` tokens costs first, vectorized: the prefill of
+        lag - 1 tokens (drafters/draft_model.py feeds the last one with the first pass; lag <= FREE_LAG = 2
+        costs nothing extra). A row the model has not drafted yet lacks its whole prompt. 0 without measured
+        prefill points (the linear model prices no catch-up)."""
+        lag = np.asarray(lag, dtype=np.float64)
+        if not self.prefill_points:
+            return np.zeros_like(lag)
+        fed = lag - 1.0  # tokens the catch-up forward feeds; below the prefill grid it costs a draft step of as
+        xs, ys = map(np.asarray, zip(*self.prefill_points))  # many rows (one token each, the same forward)
+        cost = np.where(fed < xs[0], self.draft(np.maximum(fed, 1.0)), interp_curve(fed, xs, ys))
+        return np.where(lag > 2, cost, 0.0)
 
 
 @dataclass(frozen=True)

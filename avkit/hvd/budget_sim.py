@@ -69,13 +69,15 @@ class RunningRate:
 
 
 def joint_step(cs: np.ndarray, ms: np.ndarray, cost: HvdCostConfig, k: int,
-               rate: RunningRate | None = None) -> tuple[np.ndarray, np.ndarray]:
+               rate: RunningRate | None = None, lag: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One step of joint routing + budget for n requests with cache / model survivals [n, K].
 
-    Two options: (a) the draft model runs for the requests that take its draft (K draft steps over
-    those rows), each request taking the draft with the larger expected accepted length; (b) it does
-    not, every request verifies its cache draft or nothing. Each option's slots compete for one
-    budget (b* = argmax E(b) / cost(b), scheduling/plan.py). Between the options:
+    Options: (a) the draft model runs for the requests that take its draft (K draft steps over those rows,
+    plus the catch-up of rows it has not followed: `cost.catch_up(lag)`, `lag` [n] the tokens it lacks per
+    row), each request taking the draft with the larger expected accepted length; (a') the same without the
+    rows that need a catch-up (they take the cache or nothing); (b) the model does not run, every request
+    verifies its cache draft or nothing. Each option's slots compete for one budget (b* = argmax E(b) /
+    cost(b), scheduling/plan.py). Between the options:
       without `rate`: the larger E / cost (myopic: the best rate of this step alone);
       with `rate`:    the larger E - lambda cost, lambda = the running rate at this batch size (Dinkelbach's
                       criterion for the long-run tokens / cost). An expensive model draft at 1.3 tokens per forward
@@ -84,17 +86,19 @@ def joint_step(cs: np.ndarray, ms: np.ndarray, cost: HvdCostConfig, k: int,
     Returns use_cache [n] bool and verified prefix lengths [n]; `rate` is updated with the choice."""
     n = len(cs)
     lam = rate.value(n) if rate is not None else None
+    catch = np.zeros(n) if lag is None else cost.catch_up(lag)  # [n] target forwards
+    wants = cs.sum(1) < ms.sum(1)  # [n] rows whose model draft is worth more
+    options = [m for i, m in enumerate((wants, wants & (catch == 0)))
+               if m.any() and not (i == 1 and np.array_equal(m, wants))] + [np.zeros(n, dtype=bool)]
     best = None
-    for model_runs in (True, False):
-        use = (cs.sum(1) >= ms.sum(1)) if model_runs else np.ones(n, dtype=bool)
-        if model_runs and use.all():
-            continue  # nobody wants the model: option (b)
-        fixed = (k * float(cost.draft((~use).sum())) if model_runs else 0.0) + cost.cache_cost
-        p = budget_plan(np.where(use[:, None], cs, ms), n, fixed, cost)
+    for model in options:  # [n] rows the draft model drafts
+        fixed = (k * float(cost.draft(model.sum())) + float(catch[model].sum()) if model.any() else 0.0) \
+            + cost.cache_cost
+        p = budget_plan(np.where(model[:, None], ms, cs), n, fixed, cost)
         e, c = float(p.expected[0]), float(p.cost_ms[0])
         score = e / c if lam is None else e - lam * c
         if best is None or score > best[0]:
-            best = (score, use, p.num_verify.numpy(), e, c)
+            best = (score, ~model, p.num_verify.numpy(), e, c)
     if rate is not None:
         rate.update(n, best[3], best[4])
     return best[1], best[2]
@@ -104,7 +108,9 @@ def simulate_batched(table: pl.DataFrame, route: Route, cost: HvdCostConfig, k: 
                      survivals: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, float]:
     """Decode the table's requests `concurrency` at a time. With `survivals` = (cache [R, K], model
     [R, K]) the drafters and slots are chosen jointly per step (`joint_step` with a running rate, as
-    the live router does; `route` unused); without, `route` decides and every drafted slot is verified."""
+    the live router does; `route` unused), the draft model's catch-up priced as live: it follows a request
+    from its first model draft on (the prompt, from `log_prompt_len`, and what it missed since); without,
+    `route` decides and every drafted slot is verified."""
     rate = RunningRate()
     rid = table["request_id"].to_numpy()
     starts = np.flatnonzero(np.r_[True, rid[1:] != rid[:-1]])
@@ -114,6 +120,9 @@ def simulate_batched(table: pl.DataFrame, route: Route, cost: HvdCostConfig, k: 
     j = np.arange(1, k + 1)[None, :]
     queue, live = list(range(len(starts)))[::-1], []
     pos = np.zeros(len(starts), dtype=np.int64)
+    prompt = (np.rint(np.expm1(table["log_prompt_len"].to_numpy()[starts])).astype(np.int64)
+              if "log_prompt_len" in table.columns else np.zeros(len(starts), dtype=np.int64))  # [G]
+    have = prompt * 0 if "log_prompt_len" in table.columns else None  # [G] tokens the draft model holds
     spent, steps, cache_steps = 0.0, 0, 0.0
     while queue or live:
         live = [g for g in live if pos[g] < lengths[g]]
@@ -128,11 +137,17 @@ def simulate_batched(table: pl.DataFrame, route: Route, cost: HvdCostConfig, k: 
             verify = np.where(uc, np.minimum(route.verify_len[r], dlen[r]), k)
         else:
             cs = survivals[0][r] * (j <= dlen[r][:, None])  # [n, K] zero beyond each cache draft
-            uc, verify = joint_step(cs, survivals[1][r], cost, k, rate)
+            lag = None if have is None else prompt[g] + pos[g] - have[g]  # [n]
+            uc, verify = joint_step(cs, survivals[1][r], cost, k, rate, lag)
         n_model = int((~uc).sum())
         draft_cost = k * float(cost.draft(n_model)) if n_model else 0.0
+        drafts = ~uc & (verify > 0)  # [n] rows the model drafts for (live asks it for the planned prefix)
+        if survivals is not None and have is not None:  # their catch-up first
+            draft_cost += float(cost.catch_up(lag[drafts]).sum())
         lookup = cost.cache_cost if survivals is not None or route.consults_cache else 0.0
         acc = np.minimum(np.where(uc, cache_acc[r], model_acc[r]), verify)
+        if survivals is not None and have is not None:  # kept: the accepted drafts (the rest rolled back)
+            have[g] = np.where(drafts, prompt[g] + pos[g] + np.minimum(verify - 1, acc), have[g])
         spent += draft_cost + lookup + float(cost.verify(len(g) + verify.sum()))
         steps += 1
         cache_steps += (uc & (verify > 0)).mean()  # a cache row with nothing to verify is a target step

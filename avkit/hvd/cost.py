@@ -4,6 +4,8 @@ cycle costs on this device, in target forwards of one token, for the replay and 
     unit           verify_ms(1): one target forward over one token
     verify points  (T, verify_ms(T) / unit) at the table's token grid (a batch's bonus tokens + drafts)
     draft points   (n, (draft_ms(n) + draft_fixed_ms(n)) / unit): one draft-model step over n rows
+    prefill points (L, prefill_ms(L) / unit): the draft model's prefill of L tokens (its catch-up before it
+                   drafts a row it has not followed; `HvdCostConfig.catch_up`)
     c_v, c_d       summaries for the tables: least-squares slope of verify over 1..8 tokens, draft(1)
 The table's context curve (KV reads by requests) is 0 in profiled tables and left out; a roofline
 table with one is refused rather than mispriced.
@@ -40,6 +42,8 @@ def hvd_cost_from_table(table: CostTable, cache_cost: float = HvdCostConfig.cach
     return HvdCostConfig(verify_token_cost=max(c_v, 0.0), draft_step_cost=float(table.draft_pass_cost(1) / unit),
                          cache_cost=cache_cost, verify_points=tuple(zip(tokens.tolist(), verify.tolist())),
                          draft_points=tuple(zip(reqs.tolist(), draft.tolist())),
+                         prefill_points=tuple(zip(map(float, table.prefill_tokens),
+                                                  (np.asarray(table.prefill_ms, dtype=np.float64) / unit).tolist())),
                          source=f"{where} ({device})" if device else where)
 
 

@@ -188,7 +188,9 @@ class HybridDrafter(Drafter):
         has = np.array([d.draft_len > 0 for d in drafts], dtype=bool)
         dlen = np.array([d.draft_len for d in drafts], dtype=np.int64)
         if self.joint is not None and drafts:
-            use, limit = self.joint.decide(cols, self._wanted)
+            md = self.model_drafter
+            lag = None if md is None else np.array([md.lag(s, len(q)) for s, q in zip(self._slot_ids, inp.sequences)])
+            use, limit = self.joint.decide(cols, self._wanted, lag)
             return drafts, use, limit
         if self.payoff is None:
             use = has & ((cols["score"] >= self.k) if self.rule == "arctic" else True)

@@ -13,6 +13,9 @@ Glossary:
                   lambda the router's running rate of planned tokens per cost (`RunningRate`)
   limit           per row, how many drafts to propose: the plan's verified prefix. The model drafter
                   is asked for exactly that many, so a doubtful model row costs no draft passes
+  catch-up        the draft model follows a request only while it drafts for it; the first model draft
+                  prefills its prompt, a later one what it missed (`HvdCostConfig.catch_up`, the profiled
+                  prefill curve): priced in the model option, which also runs without the rows needing one
 Costs are the replay's (`HvdCostConfig`, in target forwards), written into payoff_survival.pt by
 `avkit hvd`, so the live plan and the replay's predictions use the same cost model.
 Lossless: every input (features of the context and the deterministic cache draft, the hit history
@@ -67,14 +70,16 @@ class JointRouter:
         """[R] recent model hit rates -> [R, K] model-draft survival."""
         return self.model_surv[np.digitize(hist_model_hit, self.hit_bins)]
 
-    def decide(self, cols: dict[str, np.ndarray], wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Row features ([B] per name) and drafts wanted [B] -> (use_cache [B] bool, limit [B] int64)."""
+    def decide(self, cols: dict[str, np.ndarray], wanted: np.ndarray,
+               lag: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Row features ([B] per name), drafts wanted [B] and the tokens the draft model lacks per row [B] (its
+        catch-up is priced; None: free) -> (use_cache [B] bool, limit [B] int64)."""
         k = self.payoff.k
         j = np.arange(1, k + 1)[None, :]  # [1, K]
         cap = np.minimum(cols["draft_len"], wanted)[:, None]  # [B, 1]
         cs = self.payoff.predict_survival(feature_matrix(cols, self.payoff.feature_names)) * (j <= cap)  # [B, K]
         ms = self.model_survival(cols["hist_model_hit"]) * (j <= wanted[:, None])  # [B, K]
-        use, limit = joint_step(cs, ms, self.cost, k, self.rate)
+        use, limit = joint_step(cs, ms, self.cost, k, self.rate, lag)
         return use & (cols["draft_len"] > 0), np.asarray(limit, dtype=np.int64)
 
 
