@@ -169,7 +169,8 @@ def test_an_uneven_verify_forward_computes_real_tokens_only(models):
         cache = model.new_cache(4, 256)
         for s, prompt in enumerate(prompts):
             _forward(model, cache, [(s, prompt)], torch.zeros(1, 0, dtype=torch.int64))
-        seen["qkv"].clear(), seen["head"].clear()
+        for calls in seen.values():
+            calls.clear()
         together = _forward(model, cache, rows)  # [4, 8, V]
         assert seen == {"qkv": [11], "head": [11]}
         assert bool((together[0, 1:] == 0).all()) and bool((together[2:, 1:] == 0).all())
@@ -178,7 +179,8 @@ def test_an_uneven_verify_forward_computes_real_tokens_only(models):
             _forward(model, alone_cache, [(s, prompts[s])], torch.zeros(1, 0, dtype=torch.int64))
             alone = _forward(model, alone_cache, [(s, toks)])[0]  # [q, V]
             assert torch.equal(together[s, :len(toks)], alone)
-        seen["qkv"].clear(), seen["head"].clear()
+        for calls in seen.values():
+            calls.clear()
         _forward(model, cache, [(s, _tokens(3, 30 + s)) for s in range(4)])
         assert seen == {"qkv": [12], "head": [12]}
     finally:
