@@ -24,9 +24,22 @@ VERSION = "0.3.0"
 NANOBIND = "2.9.2"  # the version arctic-inference's pyproject pins
 
 
+def fail(msg: str) -> None:
+    """One `avkit: error:` line and exit 2 (the project's bad-input convention), no traceback."""
+    print(f"avkit: error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def run(cmd: list[str], **kw) -> None:
+    """Run one build step; a failing step ends the script with one `avkit: error:` line naming it (its
+    own output, printed above, says why)."""
     print("+", " ".join(map(str, cmd)), flush=True)
-    subprocess.run(cmd, check=True, **kw)
+    try:
+        subprocess.run(cmd, check=True, **kw)
+    except (OSError, subprocess.CalledProcessError) as e:
+        code = getattr(e, "returncode", None)
+        why = f"exit {code}" if code is not None else str(e)
+        fail(f"{Path(cmd[0]).name} {' '.join(map(str, cmd[1:3]))}: failed ({why})")
 
 
 def main(argv=None) -> int:
@@ -35,15 +48,21 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     py = Path(a.venv).absolute() / "bin" / "python"  # absolute, not resolved (the venv link must stay)
     if not py.exists():
-        raise SystemExit(f"avkit: error: {py} not found: run `just peer-vllm` first")
-    site = Path(subprocess.check_output([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                        text=True).strip())
+        fail(f"{py} not found: run `just peer-vllm` first")
+    try:
+        site = Path(subprocess.check_output([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                            text=True).strip())
+    except (OSError, subprocess.CalledProcessError) as e:
+        fail(f"{py}: cannot run it ({e})")
     run([str(py), "-m", "pip", "install", "-q", f"nanobind=={NANOBIND}", "cmake", "ninja"])
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         run([str(py), "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
              "-d", str(tmp), f"arctic-inference=={VERSION}"])
-        with tarfile.open(next(tmp.glob("arctic_inference-*.tar.gz"))) as tar:
+        sdist = next(tmp.glob("arctic_inference-*.tar.gz"), None)
+        if sdist is None:
+            fail(f"arctic-inference=={VERSION}: pip downloaded no sdist into {tmp}")
+        with tarfile.open(sdist) as tar:
             tar.extractall(tmp, filter="data")
         src = tmp / f"arctic_inference-{VERSION}"
         build = tmp / "build"

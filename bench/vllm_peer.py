@@ -69,8 +69,12 @@ def run_config(spec: dict, cfg: dict, done: list[dict], out_path: str) -> None:
     k = int(cfg["k"])
     longest = max(len(p) + max(r.get("max_new") or [r["max_new_tokens"]]) for r in cfg["runs"] for p in r["prompts"])
     max_seqs = cfg.get("max_num_seqs") or max(len(r["prompts"]) for r in cfg["runs"])  # concurrency; others queue
+    # No prefix caching unless asked: one engine runs every run of a config, so its warm-up and earlier runs would
+    # leave later runs' prompts cached (a c16 run after c4 prefilled 12 of 16 prompts; T = 1 after T = 0 none),
+    # and tokens/s "incl. prefill" would compare avkit's prefill with vLLM's cache hits.
     kwargs = dict(model=spec["target"], dtype=spec["dtype"], max_model_len=longest + k + 16, max_num_seqs=max_seqs,
-                  enforce_eager=spec.get("eager", True), disable_log_stats=False, seed=0)
+                  enforce_eager=spec.get("eager", True), disable_log_stats=False, seed=0,
+                  enable_prefix_caching=bool(spec.get("prefix_caching", False)))
     if k > 0 and cfg.get("method") == "suffix":  # SuffixDecoding: no draft model (`just peer-vllm-suffix`)
         kwargs["speculative_config"] = {"method": "suffix", "num_speculative_tokens": k}
     elif k > 0:

@@ -56,6 +56,26 @@ def test_cache_rows_are_one_hot_proposals():
     assert (prop.extra["match_len"][0, :n] >= 1).all()
 
 
+def test_a_greedy_batch_gets_the_same_proposal_without_draft_distributions():
+    """DraftInput.greedy: the cache rows' one-hot q is not built (width 0); all else is unchanged."""
+    import dataclasses
+
+    seqs = [[1, 2, 3, 4, 5, 1, 2, 3, 4, 5, 1, 2], [7, 8, 9], [1, 2, 3, 4, 5, 1, 2, 3]]
+    props = []
+    for greedy in (None, True):
+        live = HybridDrafter(None, None, tau=0.0, cache_config=SuffixCacheConfig(min_token_prob=0.0),
+                             vocab_size=V, rule="cache")
+        props.append(live.propose(dataclasses.replace(_inp(seqs), greedy=greedy)))
+    full, lean = props
+    assert full.probs.shape == (3, K, V) and lean.probs.shape == (3, K, 0)
+    assert int(full.num_drafted[0]) >= 3 and full.probs.sum().item() == full.num_drafted.sum().item()
+    for name in ("tokens", "q_sampled", "num_drafted"):
+        assert torch.equal(getattr(full, name), getattr(lean, name)), name
+    for name in (*full.features, *full.extra):
+        a, b = (full.features | full.extra)[name], (lean.features | lean.extra)[name]
+        assert torch.equal(a.nan_to_num(-1.0), b.nan_to_num(-1.0)), name
+
+
 def test_engine_greedy_with_hybrid_equals_target_only(tmp_path):
     import dataclasses
 

@@ -61,6 +61,10 @@ def test_greedy_bit_exact(kernels, V, K, dtype):
     args[0][0, 0, [7, V - 1]] = 2.0  # a tie for the top across vocabulary blocks: the lower index wins
     want = run(rejection_sample_ref, args, keys, True)
     assert_identical(run(kernels.rejection_sample, args, keys, True), want)
+    # an all-greedy batch's drafters hand over no q ([B, K, 0], DraftInput.q_width): same result
+    lean = (args[0], args[1][:, :, :0], *args[2:])
+    assert_identical(run(kernels.rejection_sample, lean, keys, True), want)
+    assert_identical(run(rejection_sample_ref, lean, keys, True), want)
 
 
 def test_small_vocab_blocks_and_no_drafts(kernels):

@@ -66,7 +66,9 @@ def test_matches_loop_oracle(B, K, V, greedy):
         assert res.observed[b].tolist() == [j < int(k[b]) and j <= n for j in range(K)]
         verified = torch.arange(K) < k[b]
         assert torch.isnan(res.target_prob[b, ~verified]).all()
-        torch.testing.assert_close(res.target_prob[b, verified], p[b, torch.arange(K), x[b]][verified])
+        # greedy: the target distribution is one-hot at the argmax, p(x_j) = 1[x_j = argmax p_j]
+        p_x = (x[b] == p[b, :K].argmax(-1)).float() if greedy else p[b, torch.arange(K), x[b]]
+        torch.testing.assert_close(res.target_prob[b, verified], p_x[verified])
 
 
 def test_k_zero_is_plain_sampling():

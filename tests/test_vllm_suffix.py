@@ -48,3 +48,18 @@ def test_vllm_decode_rate_counts_steps_that_started_no_request():
     first token (prefill) are left out, the rest give tokens / seconds."""
     steps = [[1.0, 1, 1, 0], [1.5, 3, 1, 0], [3.0, 4, 2, 0], [3.5, 8, 2, 0], [4.0, 10, 2, 1]]
     assert hvd_live._decode_rate(steps) == pytest.approx((2 + 4 + 2) / (0.5 + 0.5 + 0.5))
+
+
+def test_a_failing_build_step_is_one_error_line(tmp_path):
+    """bench/vllm_arctic.py: a venv whose pip fails ends with one `avkit: error:` line naming the step, exit 2,
+    no traceback (a fake venv python: answers the site-packages query, fails everything else)."""
+    fake = tmp_path / "venv" / "bin" / "python"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(f"#!/bin/sh\ncase \"$*\" in *sysconfig*) echo {tmp_path / 'site'};; *) exit 3;; esac\n")
+    fake.chmod(0o755)
+    script = Path(__file__).parents[1] / "bench" / "vllm_arctic.py"
+    r = subprocess.run([sys.executable, str(script), "--venv", str(fake.parents[1])], capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == ["avkit: error: python -m pip: failed (exit 3)"]
+    r = subprocess.run([sys.executable, str(script), "--venv", str(tmp_path / "none")], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.startswith("avkit: error: ") and "just peer-vllm" in r.stderr

@@ -9,7 +9,8 @@ Glossary:
                end of max_new_tokens or max_len)
   num_drafted  how many the drafter actually proposed (<= num_draft; a cache drafter may have none)
   probs        the distribution each draft token was drawn from, after top-p (a deterministic
-               drafter gives one-hot rows): rejection sampling needs q(x) and q for the residual
+               drafter gives one-hot rows): rejection sampling needs q(x) and q for the residual;
+               an all-greedy batch gets none (width 0): its verify compares tokens with argmax p
   features     lossless features of the UNtruncated draft distribution (avkit.features)
 """
 
@@ -45,6 +46,11 @@ class DraftInput:
     greedy: bool | None = None  # host: True every request has T = 0, False none has (None: a mix, or unknown)
     nucleus: bool | None = None  # host: some request has top_p < 1 (None: unknown)
 
+    def q_width(self, vocab_size: int) -> int:
+        """The last dimension of a proposal's `probs`: 0 when every row is greedy (a greedy verify accepts
+        iff x_j = argmax p_j and never reads q, so no [B, K, V] buffer is filled), else `vocab_size`."""
+        return 0 if self.greedy else vocab_size
+
     def host_slots(self) -> tuple[int, ...]:
         return self.slot_ids if self.slot_ids is not None else tuple(self.slots.tolist())
 
@@ -61,7 +67,8 @@ class DraftInput:
 @dataclass(frozen=True)
 class DraftProposal:
     tokens: torch.Tensor  # [B, K] int64 draft tokens (0 beyond num_drafted)
-    probs: torch.Tensor  # [B, K, V] float32 truncated draft distributions (0 beyond num_drafted)
+    probs: torch.Tensor  # [B, K, V] float32 truncated draft distributions (0 beyond num_drafted);
+    # [B, K, 0] when DraftInput.greedy is True (DraftInput.q_width): greedy verification reads no q
     q_sampled: torch.Tensor  # [B, K] float32 q_j(x_j) under probs (LOSSY feature; trace only)
     features: dict[str, torch.Tensor]  # name -> [B, K] float32 lossless features (NaN beyond num_drafted)
     num_drafted: torch.Tensor  # [B] int64

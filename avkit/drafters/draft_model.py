@@ -78,7 +78,7 @@ class DraftModelDrafter(Drafter):
     def propose(self, inp: DraftInput) -> DraftProposal:
         B, K, V, dev = len(inp.sequences), inp.k, self.vocab_size, self.device
         tokens_out = torch.zeros(B, K, dtype=torch.int64, device=dev)  # [B, K]
-        probs_out = torch.zeros(B, K, V, device=dev)  # [B, K, V]
+        probs_out = torch.zeros(B, K, inp.q_width(V), device=dev)  # [B, K, V] ([B, K, 0] all greedy)
         q_sampled = torch.zeros(B, K, device=dev)  # [B, K]
         confs = torch.zeros(B, K, device=dev)  # [B, K] the estimator's predictions (kernel), 0 past drafted
         feats = {n: torch.full((B, K), float("nan"), device=dev) for n in LOGIT_FEATURES}  # [B, K] each
@@ -106,9 +106,8 @@ class DraftModelDrafter(Drafter):
             for name, value in c.features().items():
                 feats[name][idx, i] = value
             confs[idx, i] = c.confidence
-            if inp.greedy:  # every row T = 0: q is one-hot at the argmax, the token sample_tokens draws from it
+            if inp.greedy:  # every row T = 0: q is one-hot at the argmax (the verify reads only the token)
                 x = argmax(logits)  # [b]
-                probs_out[idx, i, x] = 1.0
                 q_sampled[idx, i] = 1.0
             else:
                 q = probs_from_logits(logits, temp, top_p, greedy=inp.greedy, nucleus=inp.nucleus)  # [b, V] x_i ~ q

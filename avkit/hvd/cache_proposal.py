@@ -17,8 +17,9 @@ from avkit.hvd.suffix_cache import CacheDraft
 
 def fill_cache_rows(rows: np.ndarray, drafts: list[CacheDraft], tokens, probs, q_sampled, num,
                     feats, extra) -> None:
-    """Write the cache rows ([Bc] of them) into the proposal at once: one-hot draws, the two-point
-    features of each step's frequency probability, match length and score."""
+    """Write the cache rows ([Bc] of them) into the proposal at once: one-hot draws (into `probs` rows
+    that are still zero; none when `probs` has width 0), the two-point features of each step's frequency
+    probability, match length and score."""
     K, dev = tokens.shape[1], tokens.device
     n = np.array([min(d.draft_len, K) for d in drafts])  # [Bc]
     pad_tok = np.zeros((len(drafts), K), dtype=np.int64)  # [Bc, K]
@@ -30,9 +31,8 @@ def fill_cache_rows(rows: np.ndarray, drafts: list[CacheDraft], tokens, probs, q
     valid = torch.as_tensor(np.arange(K)[None, :] < n[:, None], device=dev)  # [Bc, K]
     tok = torch.as_tensor(pad_tok, device=dev)  # [Bc, K]
     tokens[r] = tok
-    onehot = torch.zeros(len(rows), K, probs.shape[2], device=dev)  # [Bc, K, V]
-    onehot.scatter_(2, tok[..., None], valid[..., None].float())
-    probs[r] = onehot  # deterministic draft: one-hot
+    if probs.shape[2]:  # deterministic draft: one-hot at each drafted token (width 0: a greedy batch)
+        probs[r[:, None], torch.arange(K, device=dev)[None, :], tok] = valid.float()  # [Bc, K] entries
     q_sampled[r] = valid.float()
     num[r] = torch.as_tensor(n, device=dev)
     p = torch.as_tensor(path, dtype=torch.float32, device=dev)  # [Bc, K+1]

@@ -206,7 +206,7 @@ class HybridDrafter(Drafter):
         model_idx = np.flatnonzero(~use & (limit > 0))  # [Bm] rows the draft model drafts for
         model_rows = torch.as_tensor(model_idx, device=dev)  # [Bm]
         tokens = torch.zeros(B, K, dtype=torch.int64, device=dev)
-        probs = torch.zeros(B, K, V, device=dev)
+        probs = torch.zeros(B, K, inp.q_width(V), device=dev)  # [B, K, V] ([B, K, 0] all greedy)
         q_sampled, num = torch.zeros(B, K, device=dev), torch.zeros(B, dtype=torch.int64, device=dev)
         feats: dict[str, torch.Tensor] = {}
         extra = {name: torch.full((B, K), float("nan"), device=dev) for name in ("match_len", "cache_score")}
@@ -216,7 +216,7 @@ class HybridDrafter(Drafter):
             sub = DraftInput(inp.slots[model_rows], [inp.sequences[b] for b in model_idx.tolist()],
                              wanted, inp.temperature[model_rows], inp.top_p[model_rows],
                              inp.seeds[model_rows], inp.request_keys[model_rows], inp.positions[model_rows],
-                             max_draft=int(limit[model_idx].max()))
+                             max_draft=int(limit[model_idx].max()), greedy=inp.greedy, nucleus=inp.nucleus)
             prop = self.model_drafter.propose(sub)
             kk = prop.tokens.shape[1]
             tokens[model_rows, :kk], probs[model_rows, :kk] = prop.tokens, prop.probs

@@ -4,7 +4,8 @@ Spec and CPU path: `avkit.kernels.rejection_ref.rejection_sample_ref` (same sign
 integer outputs agree bit for bit). Per request r with k = num_verify[r]:
   1. accept test for every slot at once: u_j < p_j(x_j) / q_j(x_j), u_j = uniform(seed, r,
      pos + j, STREAM_ACCEPT, 0) (greedy: x_j == argmax p_j, from one [K+1, V] pass over the
-     rows 0..k only); n = length of the accepted prefix among the k verified slots;
+     rows 0..k only; p may then be the logits, and target_prob is 1[x_j = argmax]); n = length of
+     the accepted prefix among the k verified slots;
   2. one pass over row n of the vocabulary: the exponential race argmax_v w_v / E_v,
      E_v = -log(uniform(seed, r, pos + n, STREAM_SAMPLE, v)), with w = max(p_n - q_n, 0) after a
      rejection (n < k) or w = p_n for the bonus token (n = k); a residual with no mass falls back
@@ -103,12 +104,13 @@ def rejection_kernel(
     j = tl.arange(0, K_PAD).to(tl.int64)  # slots (K_PAD >= K + 1)
     is_draft = j < K
     x = tl.load(tokens_ptr + b * stride_xb + j, mask=is_draft, other=0)  # [K_PAD]
-    p_x = tl.load(p_row + j * stride_tk + x, mask=is_draft, other=0.0).to(tl.float32)
     verified = j < nv
-    if GREEDY:
+    if GREEDY:  # p_j is one-hot at the argmax of whatever scores the rows hold (probs or logits)
         arg = _greedy_argmax(p_row, stride_tk, j, nv, V, K_PAD, BLOCK_V)  # [K_PAD]
         ok = x == arg
+        p_x = tl.where(ok, 1.0, 0.0)
     else:
+        p_x = tl.load(p_row + j * stride_tk + x, mask=is_draft, other=0.0).to(tl.float32)
         q_x = tl.load(q_row + j * stride_dk + x, mask=is_draft, other=1.0).to(tl.float32)
         u = uniform_from_prefix(stream_hash(key_h, pos + j, _ACCEPT), tl.full([], 0, tl.int64))  # [K_PAD]
         ok = u < tl.math.div_rn(p_x, tl.maximum(q_x, _TINY))  # accept with probability min(1, p/q)
@@ -127,13 +129,14 @@ def rejection_kernel(
     tl.store(target_prob_ptr + b * K + j, tl.where(verified, p_x, float("nan")), mask=is_draft)
 
 
-def _check(target_probs, draft_probs, draft_tokens, num_verify, seeds, request_keys, positions):
+def _check(target_probs, draft_probs, draft_tokens, num_verify, seeds, request_keys, positions, greedy=False):
     B, K = draft_tokens.shape
     V = target_probs.shape[-1]
-    if tuple(target_probs.shape) != (B, K + 1, V) or tuple(draft_probs.shape) != (B, K, V):
+    q_ok = tuple(draft_probs.shape) in ({(B, K, V), (B, K, 0)} if greedy else {(B, K, V)})
+    if tuple(target_probs.shape) != (B, K + 1, V) or not q_ok:
         raise DataError(f"rejection_sample: target_probs {tuple(target_probs.shape)} and draft_probs "
-                        f"{tuple(draft_probs.shape)} must be [B, K+1, V] and [B, K, V] with "
-                        f"draft_tokens [B, K] = {(B, K)}")
+                        f"{tuple(draft_probs.shape)} must be [B, K+1, V] and [B, K, V] (greedy: or [B, K, 0]) "
+                        f"with draft_tokens [B, K] = {(B, K)}")
     for name, t in (("num_verify", num_verify), ("seeds", seeds), ("request_keys", request_keys),
                     ("positions", positions)):
         if tuple(t.shape) != (B,):
@@ -144,7 +147,7 @@ def rejection_sample_triton(target_probs: torch.Tensor, draft_probs: torch.Tenso
                             num_verify: torch.Tensor, *, greedy: bool, seeds: torch.Tensor,
                             request_keys: torch.Tensor, positions: torch.Tensor, block_v: int = 2048):
     """Same contract as `avkit.kernels.rejection_ref.rejection_sample_ref`; one program per request."""
-    _check(target_probs, draft_probs, draft_tokens, num_verify, seeds, request_keys, positions)
+    _check(target_probs, draft_probs, draft_tokens, num_verify, seeds, request_keys, positions, greedy)
     B, K = draft_tokens.shape
     V = target_probs.shape[-1]
     dev = draft_tokens.device
@@ -155,7 +158,7 @@ def rejection_sample_triton(target_probs: torch.Tensor, draft_probs: torch.Tenso
     k1 = max(K, 1)
     x = torch.zeros(B, k1, dtype=torch.int64, device=dev)
     x[:, :K] = draft_tokens
-    dp = dp if K else tp  # q is never read without drafts
+    dp = dp if K and not greedy else tp  # q is never read without drafts, nor by a greedy verify
     ints = [t.to(device=dev, dtype=torch.int64).contiguous()
             for t in (num_verify, seeds, request_keys, positions)]
     out = torch.empty(B, K + 1, dtype=torch.int64, device=dev)

@@ -64,8 +64,11 @@ def rejection_sample_ref(target_probs: torch.Tensor, draft_probs: torch.Tensor, 
 
     Parameters
     ----------
-    target_probs : [B, K+1, V] float, the target distribution at each slot (rows beyond k_r unused)
+    target_probs : [B, K+1, V] float, the target distribution at each slot (rows beyond k_r unused);
+        greedy: any scores whose argmax is the target's token (the logits), and target_prob reports the
+        one-hot distribution's p(x_j): 1 where x_j is that argmax, else 0
     draft_probs : [B, K, V] float, the (truncated) distribution each draft token was drawn from
+        (greedy: unread, and may be [B, K, 0])
     draft_tokens : [B, K] int64 (entries beyond num_drafted may hold any valid id)
     num_verify : [B] int64 in [0, K]
     greedy : accept iff x_j = argmax p_j and emit argmax tokens (no random numbers)
@@ -85,10 +88,11 @@ def rejection_sample_ref(target_probs: torch.Tensor, draft_probs: torch.Tensor, 
     rows = torch.arange(B, device=draft_tokens.device)
     j = torch.arange(K, device=draft_tokens.device)  # [K]
     verified = j[None, :] < num_verify[:, None]  # [B, K]
-    p_x = target_probs[:, :K].gather(-1, draft_tokens[..., None]).squeeze(-1).float()  # [B, K]
-    if greedy:
+    if greedy:  # T = 0: p_j is one-hot at the argmax, so p_j(x_j) = 1[x_j = argmax]
         ok = draft_tokens == argmax(target_probs[:, :K])  # [B, K]
+        p_x = ok.float()
     else:
+        p_x = target_probs[:, :K].gather(-1, draft_tokens[..., None]).squeeze(-1).float()  # [B, K]
         q_x = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1).float()  # [B, K]
         u = uniform(seeds[:, None], request_keys[:, None], positions[:, None] + j, STREAM_ACCEPT, 0)
         # Accept x_j with probability min(1, p/q): u < p/q. A drawn token has q > 0.

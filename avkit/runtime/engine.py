@@ -169,8 +169,11 @@ class Engine:
         tokens = torch.cat([last, draft.tokens[:, :k]], dim=1)  # [B, 1+k]
         host = HostLengths(inp.slot_ids, tuple(len(s.tokens) - 1 for s in batch), tuple(1 + v for v in verify_lens))
         logits = self._target_forward(tokens, 1 + num_verify, inp.slots, "all", host)  # [B, 1+k, V]
-        target_probs = probs_from_logits(logits, inp.temperature[:, None], inp.top_p[:, None],
-                                         *top_k_min_p(batch, self.device), greedy=inp.greedy, nucleus=inp.nucleus)
+        # An all-greedy batch verifies against argmax p_j, which the logits give directly (no [B, 1+k, V]
+        # one-hot); its drafters handed over no q either (DraftInput.q_width).
+        target_probs = logits if inp.greedy else probs_from_logits(
+            logits, inp.temperature[:, None], inp.top_p[:, None], *top_k_min_p(batch, self.device),
+            nucleus=inp.nucleus, greedy=inp.greedy)
 
         # Accept x_j with probability min(1, p_j(x_j) / q_j(x_j)); at the first rejection resample from
         # norm(max(0, p_j - q_j)), else add a bonus token from p_{k_r+1}: the output follows p for any k_r

@@ -32,6 +32,7 @@ import torch
 from avkit.config import PROFILE_CONTEXT_ENV, ProfileConfig
 from avkit.errors import ConfigError
 from avkit.features import draft_features
+from avkit.kernels.argmax import argmax
 from avkit.provenance import inputs_record
 from avkit.runtime.sampling import probs_from_logits, sample_tokens
 from avkit.scheduling.catch_up import PRICE_GRID  # tokens of one request the drafter prefills: a catch-up's price
@@ -167,20 +168,27 @@ def forward_timer(model, cache, num_requests: int, q_len: int, context: int, log
 
 
 def verify_work(temperature: float, top_p: float) -> Callable[[torch.Tensor], object]:
-    """The engine's work on verify logits [n, q, V]: the target's sampling distributions."""
+    """The engine's work on verify logits [n, q, V]: the target's sampling distributions (T = 0: none, the
+    greedy verify reads argmax p from the logits)."""
     def run(logits):
+        if temperature == 0:
+            return logits
         n = logits.shape[0]
-        return probs_from_logits(logits, logits.new_full((n, 1), temperature), logits.new_full((n, 1), top_p))
+        return probs_from_logits(logits, logits.new_full((n, 1), temperature), logits.new_full((n, 1), top_p),
+                                 greedy=False, nucleus=top_p < 1)
     return run
 
 
 def draft_work(temperature: float, top_p: float) -> Callable[[torch.Tensor], object]:
-    """The engine's work on one draft pass's logits [n, V]: features, the draft distribution, one draw."""
+    """The engine's work on one draft pass's logits [n, V]: features, the draft distribution, one draw
+    (T = 0: features and the argmax)."""
     def run(logits):
         n = logits.shape[0]
         t = logits.new_full((n,), temperature)
         draft_features(logits, t)
-        q = probs_from_logits(logits, t, logits.new_full((n,), top_p))  # [n, V]
+        if temperature == 0:
+            return argmax(logits)
+        q = probs_from_logits(logits, t, logits.new_full((n,), top_p), greedy=False, nucleus=top_p < 1)  # [n, V]
         zeros = torch.zeros(n, dtype=torch.int64, device=logits.device)
         return sample_tokens(q, zeros, zeros, zeros)
     return run
