@@ -408,4 +408,7 @@ def test_verdict_agrees_with_the_path_simulator():
         fewer = 1 - row[f"cycles_per_1k[{row['best_router']}]"] / row[f"cycles_per_1k[{row['best_single_router']}]"]
         assert row["fewer_cycles"] == pytest.approx(fewer)
         assert row["holds"] == (row["best_hvd"] >= 0.99 * row["best_single"])
+        # the clairvoyant router bounds every router, the joint one (with its catch-up) included
+        assert row["oracle"] >= max(row[r] for r in ("model", "suffix", *hvd) if r in row) - 1e-12
+        assert row["headroom"] == pytest.approx(row["oracle"] / row["best_single"])
     assert {"c_draft", "c_verify", "c_cache"} <= set(m.columns) and (m["c_draft"] == 0.33).all()

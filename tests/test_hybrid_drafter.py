@@ -76,7 +76,7 @@ def test_a_greedy_batch_gets_the_same_proposal_without_draft_distributions():
         assert torch.equal(a.nan_to_num(-1.0), b.nan_to_num(-1.0)), name
 
 
-def test_engine_greedy_with_hybrid_equals_target_only(tmp_path):
+def _greedy_hybrid_equals_target_only(tmp_path, device: str) -> None:
     import dataclasses
 
     import avkit.models
@@ -88,9 +88,9 @@ def test_engine_greedy_with_hybrid_equals_target_only(tmp_path):
     from avkit.runtime.sink import MemorySink
 
     torch.set_num_threads(1)
-    target = avkit.models.load(write_tiny_model(tmp_path / "t", vocab=300, seed=0, init_std=0.3))
+    target = avkit.models.load(write_tiny_model(tmp_path / "t", vocab=300, seed=0, init_std=0.3), device=device)
     target = dataclasses.replace(target, tokenizer=type("T", (), {"eos_token_ids": set()})())
-    draft = avkit.models.load(write_tiny_model(tmp_path / "d", vocab=300, seed=1, init_std=0.3))
+    draft = avkit.models.load(write_tiny_model(tmp_path / "d", vocab=300, seed=1, init_std=0.3), device=device)
     # repetitive prompts: the suffix cache has drafts from the first step on
     reqs = [Request(f"r{i}", [5 + i, 6, 7, 8, 9] * 4, SamplingConfig(temperature=0.0, max_new_tokens=20))
             for i in range(3)]
@@ -104,6 +104,18 @@ def test_engine_greedy_with_hybrid_equals_target_only(tmp_path):
         assert b.output_ids == a.output_ids, a.request_id
     kinds = set(np.asarray(sink.columns()["drafter"]).tolist())
     assert kinds == {"suffix", "model"}  # both drafters ran, so the model cache caught up after cache steps
+
+
+def test_engine_greedy_with_hybrid_equals_target_only(tmp_path):
+    _greedy_hybrid_equals_target_only(tmp_path, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_engine_greedy_with_hybrid_on_cuda_equals_target_only(tmp_path):
+    """The same run with both models on the GPU: the drafter's tensors follow the inputs' device
+    (test_every_tensor_follows_the_input_device checks the calls on CPU), its tries stay on the host."""
+    _greedy_hybrid_equals_target_only(tmp_path, "cuda")
 
 
 def test_from_file_loads_payoff_and_tau(tmp_path):

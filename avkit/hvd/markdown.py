@@ -40,11 +40,15 @@ def verdict_md(verdict: pl.DataFrame) -> list[str]:
     if not verdict.height:
         return []
     cols = ("dataset", "requests", "model", "suffix", "cache", "arctic", "table", "mlp", "survival", "survival+budget",
-            "best_single_router", "best_router", "ratio", "fewer_cycles", "holds")
+            "best_single_router", "best_router", "ratio", "fewer_cycles", "holds", "oracle", "headroom",
+            "oracle_fewer_cycles")
     return [f"## Best HVD router vs the best single drafter (goal >= {FLOOR}x on every dataset)", "",
             ("Each dataset's test requests decoded one at a time (`avkit/hvd/verdict.py`), every router under the "
              "same accounting; throughput in tokens per target forward. `survival+budget` is the joint router "
-             "the live `--drafter hybrid --payoff payoff_survival.pt` runs."), "",
+             "the live `--drafter hybrid --payoff payoff_survival.pt` runs. `oracle`: a clairvoyant router that "
+             "knows both drafts' accepted lengths and verifies exactly what will be accepted (`avkit/hvd/oracle.py`, "
+             "an upper bound for any router with these drafts at this K and cost model); `headroom` = oracle / the "
+             "best single drafter, `oracle_fewer_cycles` its cycle saving against that drafter."), "",
             table_md(verdict, cols), "", verdict_line(verdict), ""]
 
 

@@ -11,6 +11,8 @@ Glossary:
                 survival, survival+budget), named in `best_router`
   cycles        target verifications per 1000 tokens; `fewer_cycles` = 1 - best_hvd's / best_single's
   ratio         best_hvd / best_single; `holds` = ratio >= 0.99
+  oracle        the clairvoyant router's throughput (`avkit/hvd/oracle.py`): the most any router can make
+                of these drafts at this K and cost model; `headroom` = oracle / best_single bounds `ratio`
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 import polars as pl
 
 from avkit.hvd.budget_sim import simulate_batched
+from avkit.hvd.oracle import oracle_paths
 
 SINGLE = ("model", "suffix")
 HVD = ("cache", "arctic", "table", "mlp", "survival", "survival+budget")
@@ -45,9 +48,13 @@ def dataset_verdict(test: pl.DataFrame, fitted: dict, ctx) -> pl.DataFrame:
         best_single, best = max(single.values()), max(hvd, key=hvd.get)
         single_name = max(single, key=single.get)
         fewer = 1.0 - row[f"cycles_per_1k[{best}]"] / row[f"cycles_per_1k[{single_name}]"]
+        oracle = oracle_paths(part, ctx.cost, ctx.k)
         row.update(best_single=best_single, best_single_router=single_name, best_hvd=hvd[best],
                    best_router=best, ratio=hvd[best] / best_single, fewer_cycles=fewer,
-                   holds=bool(hvd[best] >= FLOOR * best_single))
+                   holds=bool(hvd[best] >= FLOOR * best_single), oracle=oracle["throughput"],
+                   headroom=oracle["throughput"] / best_single,
+                   oracle_fewer_cycles=1.0 - 1000.0 * oracle["cycles"] / oracle["tokens"]
+                   / row[f"cycles_per_1k[{single_name}]"])
         rows.append(row)
     return pl.DataFrame(rows).sort("dataset")
 
@@ -55,7 +62,9 @@ def dataset_verdict(test: pl.DataFrame, fitted: dict, ctx) -> pl.DataFrame:
 def verdict_line(v: pl.DataFrame) -> str:
     held = int(np.sum(v["holds"].to_numpy()))
     return (f"Best HVD router >= {FLOOR}x the best single drafter on {held}/{v.height} datasets "
-            f"(per-dataset ratio {', '.join(f'{d} {r:.3f}' for d, r in zip(v['dataset'], v['ratio']))}).")
+            f"(per-dataset ratio {', '.join(f'{d} {r:.3f}' for d, r in zip(v['dataset'], v['ratio']))}); "
+            f"a clairvoyant router's headroom over it: "
+            f"{', '.join(f'{d} {h:.3f}' for d, h in zip(v['dataset'], v['headroom']))}.")
 
 
 __all__ = ["FLOOR", "dataset_verdict", "verdict_line"]
