@@ -78,6 +78,11 @@ record-reuse temp="0":
 hvd-reuse cost="bench/results/cost_dense_T0.json":
     python bench/hvd.py --traces traces/greedy_k7.parquet traces/reuse/t0_*_k7.parquet --cost-table {{cost}} --save out/hvd --out bench/results/hvd_reuse.md
 
+# the same at T = 1: the sampled reuse traces + the shipped sampled trace under this CPU's T = 1 step costs ->
+# bench/results/hvd_reuse_t1.md (sampled continuations give unbiased draws of a cache draft's accepted length)
+hvd-reuse-t1 cost="bench/results/engine_peer_cost_T1.json":
+    python bench/hvd.py --traces traces/sampled_t1.0_k7.parquet traces/reuse/t1_*_k7.parquet --cost-table {{cost}} --save out/hvd_t1 --out bench/results/hvd_reuse_t1.md
+
 # live HVD vs its replay on the real pair (needs out/hvd/payoff_survival.pt from `just hvd-reuse`; ~40 min in all,
 # one cell per locked command) -> bench/results/hvd_live.md; `--tiny` dry-runs it in ~1 min
 bench-hvd-live:

@@ -240,6 +240,24 @@ def test_datacard_recomputes_from_files(recorded):
     assert "| all |" in text and "pos 2" in text and "K=3" in text
 
 
+def test_datacard_cli_skips_generation_tables_and_refuses_other_files(recorded, tmp_path, capsys):
+    """`datacard traces/*.parquet` also matches the generations tables: they are summarized with their trace;
+    a Parquet file that is not a trace is one `avkit: error:` line naming it, exit 2, and no card written."""
+    from avkit.record.datacard import main
+    from avkit.trace.schema import generations_path
+
+    card = tmp_path / "card.md"
+    main([str(recorded.trace_path), str(generations_path(recorded.trace_path)), "--out", str(card)])
+    assert card.read_text().count("| all |") == 1
+    other = tmp_path / "other.parquet"
+    pl.DataFrame({"x": [1]}).write_parquet(other)
+    with pytest.raises(SystemExit) as e:
+        main([str(other), "--out", str(tmp_path / "card2.md")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and err[0].startswith("avkit: error:") and "other.parquet" in err[0]
+    assert "accepted" in err[0] and not (tmp_path / "card2.md").exists()
+
+
 def test_hybrid_drafter_records_both_kinds_of_drafts(pair, prompts, tmp_path):
     """`--drafter hybrid`: each step's drafts come from the suffix cache or the draft model; the trace says
     which, and the file's metadata names the drafter."""

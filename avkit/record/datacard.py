@@ -10,12 +10,16 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from avkit.errors import AvkitError, TraceError
 from avkit.record.stats import AcceptanceStats
 from avkit.trace.schema import generations_path
+
+COLUMNS = ["dataset", "position", "num_accepted", "accepted", "request_id", "run_id"]
 
 
 def summarize(path) -> dict:
@@ -23,7 +27,10 @@ def summarize(path) -> dict:
     path = Path(path)
     f = pq.ParquetFile(path)
     meta = {k.decode(): v.decode() for k, v in (f.schema_arrow.metadata or {}).items() if k.startswith(b"avkit.")}
-    table = f.read(columns=["dataset", "position", "num_accepted", "accepted", "request_id", "run_id"])
+    missing = [c for c in COLUMNS if c not in f.schema_arrow.names]
+    if missing:
+        raise TraceError(f"{path}: not an avkit trace (no column {', '.join(missing)})")
+    table = f.read(columns=COLUMNS)
     stats = AcceptanceStats(int(meta.get("avkit.k", "7")))
     stats.update_from_table(table)
     gens = generations_path(path)
@@ -82,7 +89,12 @@ def main(argv=None) -> None:
     ap.add_argument("traces", nargs="+")
     ap.add_argument("--out", default="", help="write the tables here (default: print)")
     args = ap.parse_args(argv)
-    text = "\n".join(render(summarize(p)) for p in args.traces)
+    traces = [p for p in args.traces if not p.endswith(".generations.parquet")]  # each summarized with its trace
+    try:
+        text = "\n".join(render(summarize(p)) for p in traces)
+    except (AvkitError, OSError) as e:
+        print(f"avkit: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     if not args.out:
         print(text)
         return
