@@ -256,6 +256,11 @@ def test_datacard_cli_skips_generation_tables_and_refuses_other_files(recorded, 
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 1 and err[0].startswith("avkit: error:") and "other.parquet" in err[0]
     assert "accepted" in err[0] and not (tmp_path / "card2.md").exists()
+    (tmp_path / "junk.parquet").write_text("not parquet")
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path / "junk.parquet"), "--out", str(tmp_path / "card2.md")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 1 and "junk.parquet" in err[0] and "Traceback" not in err[0]
 
 
 def test_hybrid_drafter_records_both_kinds_of_drafts(pair, prompts, tmp_path):

@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from avkit.errors import AvkitError, TraceError
@@ -25,7 +26,10 @@ COLUMNS = ["dataset", "position", "num_accepted", "accepted", "request_id", "run
 def summarize(path) -> dict:
     """Metadata, row counts and acceptance statistics of one trace file (+ its generations table)."""
     path = Path(path)
-    f = pq.ParquetFile(path)
+    try:
+        f = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as e:
+        raise TraceError(f"{path}: cannot read as Parquet ({e})") from None
     meta = {k.decode(): v.decode() for k, v in (f.schema_arrow.metadata or {}).items() if k.startswith(b"avkit.")}
     missing = [c for c in COLUMNS if c not in f.schema_arrow.names]
     if missing:
@@ -92,7 +96,7 @@ def main(argv=None) -> None:
     traces = [p for p in args.traces if not p.endswith(".generations.parquet")]  # each summarized with its trace
     try:
         text = "\n".join(render(summarize(p)) for p in traces)
-    except (AvkitError, OSError) as e:
+    except AvkitError as e:
         print(f"avkit: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
     if not args.out:
