@@ -17,7 +17,7 @@ from avkit.cli import app  # noqa: E402
 from avkit.config import FitConfig, SyntheticConfig  # noqa: E402
 from avkit.errors import AvkitError  # noqa: E402
 from avkit.fit import run_fit  # noqa: E402
-from avkit.fit.distributed import RayEngine  # noqa: E402
+from avkit.fit.engines import LocalEngine, RayEngine  # noqa: E402
 from avkit.fit.streaming import fit_streaming  # noqa: E402
 from avkit.trace.synthetic import write_synthetic_trace  # noqa: E402
 from test_streaming_fit import _settled, check_same_fit  # noqa: E402
@@ -147,7 +147,6 @@ def test_worker_killed_mid_replay_is_retried(cluster, by_value, fleet, tmp_path)
     from avkit.estimators import make_estimator
     from avkit.fit.data import load_fit_data
     from avkit.fit.replicas import online_replicas
-    from avkit.fit.streaming import LocalEngine
 
     data = load_fit_data(fleet)
     starts, feats = [make_estimator("online_logistic", k=data.k)], [data.features["logit_qmax"]]

@@ -60,7 +60,7 @@ class FitData:
     @cached_property
     def position_order(self) -> np.ndarray:
         """[N] stable permutation grouping the rows by position: one sort shared by every batch fit."""
-        from avkit.estimators.online_logistic import group_by_position
+        from avkit.estimators.online_logistic import group_by_position  # lazy: torch (loading fit data needs none)
 
         return group_by_position(self.positions)
 
@@ -115,7 +115,7 @@ def _num_positions(paths: list[Path], positions: np.ndarray) -> int:
     return max(declared + [int(positions.max()) + 1])
 
 
-def _shown(path: Path) -> str:
+def shown(path: Path) -> str:
     """A trace path as a shipped file should name it: relative to the working directory when inside it."""
     try:
         return str(path.resolve().relative_to(Path.cwd().resolve()))
@@ -171,7 +171,7 @@ def load_fit_data(paths, drafter: str = "model", features=None) -> FitData:
         step_file=np.concatenate(step_file), step_clock=np.concatenate(step_clock).astype(np.int64),
         file_index=np.repeat(np.arange(len(parts), dtype=np.int64), per_file), dataset_codes=codes,
         dataset_names=names,
-        trained_on={"traces": [_shown(p) for p in paths], "slots": total, "observed": obs.height,
+        trained_on={"traces": [shown(p) for p in paths], "slots": total, "observed": obs.height,
                     "datasets": {n: int(c) for n, c in zip(names, np.bincount(codes, minlength=len(names)))},
                     "drafter": drafter, "target": meta.get("avkit.target", ""), "draft": meta.get("avkit.draft", ""),
                     "target_sha256": meta.get("avkit.target_sha256", ""),

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from avkit.fit.run import FitResult
+from avkit.errors import ConfigError
+from avkit.fit.plan import FitResult
 from avkit.jsonsafe import json_safe
 from avkit.staged import StagedOutputs
 
@@ -23,8 +24,6 @@ def reserve_fit_outputs(out_dir, outputs: StagedOutputs, name: str = "--out") ->
     """Reserve the three outputs in `out_dir` (checked writable now); -> name -> temp path."""
     out = Path(out_dir).expanduser()
     if out.exists() and not out.is_dir():
-        from avkit.errors import ConfigError
-
         raise ConfigError(f"{name} {out}: exists and is not a directory")
     return {f: outputs.file(out / f, name) for f in FILES}
 

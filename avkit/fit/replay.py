@@ -22,7 +22,7 @@ from avkit.estimators.rounds import replay_steps
 from avkit.fit.data import FitData
 
 
-def _coef_row(est, round_index: int, engine_step, applied: bool, observations: int) -> dict:
+def coef_row(est, round_index: int, engine_step, applied: bool, observations: int) -> dict:
     row = {"round": round_index, "engine_step": engine_step, "applied": applied, "observations": observations}
     slopes = getattr(est, "slopes", None)
     for i in range(est.k):
@@ -59,7 +59,7 @@ def replay_run(est, run: Run, rows: list[dict], on_step: Callable[[int], None] |
     def after(g: int, refit: bool) -> None:
         if refit:  # the round [last row, end of step g) was refitted
             rejected = getattr(est, "rejected", 0)
-            rows.append({**_coef_row(est, len(rows), int(run.clock[g]), rejected == last["rejected"],
+            rows.append({**coef_row(est, len(rows), int(run.clock[g]), rejected == last["rejected"],
                                      int(run.bounds[g + 1]) - last["row"]), "file": run.file})
             last.update(row=int(run.bounds[g + 1]), rejected=rejected)
         if on_step is not None:
@@ -86,7 +86,7 @@ def batch_fit(est, data: FitData, feature: np.ndarray, *, max_iter: int, tol: fl
     """-> (in-sample predictions [N], one trajectory row per Newton iteration)."""
     rows: list[dict] = []
     est.fit(feature, data.positions, data.labels, max_iter=max_iter, tol=tol, order=data.position_order,
-            on_iteration=lambda e: rows.append(_coef_row(e, len(rows), None, True, len(feature))))
+            on_iteration=lambda e: rows.append(coef_row(e, len(rows), None, True, len(feature))))
     return est.predict(feature, data.positions), rows
 
 

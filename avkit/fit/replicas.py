@@ -6,7 +6,7 @@ predictions depend on its own trace only. The replay is therefore a map over rep
   task        one (feature, replica): a fresh estimator (or a copy of the warm-started one) replayed
               through that replica's engine steps in order (`replay.replay_run`, as `--replicas chain`
               replays each file), -> (predictions [n_r], trajectory rows, the final estimator)
-  engine      `LocalEngine` threads (`--engine memory`) or `RayEngine` tasks (`--engine ray`): the same
+  engine      `LocalEngine` threads (`--engine memory`) or `RayEngine` tasks (`--engine ray`, fit/engines.py): the same
               task function either way, so both give bit-identical predictions and coefficients
   reduce      predictions concatenated in file order and scored as one set (the score table of the
               memory fit, exact); trajectory rows of every replica (column `file`; `round` counts

@@ -9,7 +9,7 @@ Glossary:
           observed slots (the AUC histogram's bin edges: metrics/binned.py)
   pass    a map over shards of a function of one shard's chunks that returns additive sums,
           then a reduce (+=) on the driver. An engine runs the map: `LocalEngine` on this
-          machine's threads, `RayEngine` (fit/distributed.py) as tasks on a Ray cluster; the
+          machine's threads, `RayEngine` (fit/engines.py) as tasks on a Ray cluster; the
           driver `fit_streaming` is the same for both
 Batch IRLS (DESIGN.md §3, estimators/irls.py): each Newton iteration is one pass summing, for
 every feature not yet converged, the O(K) arrowhead statistics at its current coefficients; the
@@ -22,12 +22,9 @@ temporaries of one row; measured with `bench/fit.py --scale`).
 
 from __future__ import annotations
 
-import itertools
-import shutil
+import json
 import tempfile
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -38,10 +35,11 @@ from avkit.errors import TraceError
 from avkit.estimators import make_estimator
 from avkit.estimators.irls import IrlsStats, fused_segment_stats, grouped_segments
 from avkit.features import FEATURES
-from avkit.fit.data import _shown
-from avkit.fit.replay import _coef_row, trajectory_frame
+from avkit.fit.data import shown
+from avkit.fit.engines import LocalEngine
+from avkit.fit.plan import FitResult, check_features, coefficients_doc, plan_features
+from avkit.fit.replay import coef_row, trajectory_frame
 from avkit.fit.spill import ShardSurvey, spill_shard
-from avkit.fit.run import FitResult, check_features, coefficients_doc, plan_features
 from avkit.metrics.binned import BinnedScores, logit, quantile_edges
 from avkit.trace.reader import trace_metadata
 from avkit.trace.shards import check_shards
@@ -105,35 +103,6 @@ def shard_pass(survey: ShardSurvey, work: PassWork) -> list:
     return out
 
 
-class LocalEngine:
-    """Runs a pass's map on this machine: shards on `workers` threads (numpy and polars release the GIL)."""
-
-    def __init__(self, workers: int = 1):
-        self.workers = workers
-
-    def map(self, fn, items: list[tuple], nodes=None, fold=None) -> tuple[list, list]:
-        """-> (fn(*item) of every item, in order; or with `fold`, their fold in item order), nodes.
-
-        With `fold` the total and at most `workers` results exist at once (a score pass's sums are
-        ~37 MB per feature and shard): the next item starts only once a finished result is folded
-        and dropped, so the peak does not grow with the number of shards."""
-        with ThreadPoolExecutor(max_workers=self.workers) as pool:
-            if fold is None:
-                return list(pool.map(lambda args: fn(*args), items)), [None] * len(items)
-            todo, acc = iter(items), None
-            pending = deque(pool.submit(fn, *args) for args in itertools.islice(todo, self.workers))
-            while pending:
-                result = pending.popleft().result()
-                acc = result if acc is None else fold(acc, result)
-                del result  # (the first result is the total itself)
-                if (args := next(todo, None)) is not None:
-                    pending.append(pool.submit(fn, *args))
-        return acc, [None] * len(items)
-
-    def cleanup(self, scratch: str, nodes) -> None:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
 def _add(total: list, part: list) -> list:
     """Fold of a pass: add one shard's sums (a list of IrlsStats or BinnedScores) into the total."""
     for acc, x in zip(total, part):
@@ -160,7 +129,7 @@ def _merge_surveys(surveys: list[ShardSurvey], k: int | None) -> dict:
             "rows": sum(s.rows for s in surveys), "step_nulls": sum(s.engine_step_nulls for s in surveys)}
 
 
-def _newton(engine, surveys, nodes, plan, ests, m, fit: FitConfig, progress,
+def newton(engine, surveys, nodes, plan, ests, m, fit: FitConfig, progress,
             subsets: list[int | None] | None = None) -> dict[int, list[dict]]:
     """Batch IRLS of every fitted estimator (estimator i on dataset code subsets[i] when given), one pass
     per iteration; -> index -> trajectory rows."""
@@ -176,7 +145,7 @@ def _newton(engine, surveys, nodes, plan, ests, m, fit: FitConfig, progress,
         for i, st in zip(active, stats):
             before = ests[i].coefficients()
             applied = ests[i].batch_step(st)
-            rows[i].append(_coef_row(ests[i], it, None, True, m["observed"]))
+            rows[i].append(coef_row(ests[i], it, None, True, m["observed"]))
             if applied and np.max(np.abs(ests[i].coefficients() - before)) >= fit.tol:
                 still.append(i)
         active = still
@@ -185,7 +154,7 @@ def _newton(engine, surveys, nodes, plan, ests, m, fit: FitConfig, progress,
     return rows
 
 
-def _scratch(fit: FitConfig) -> str:
+def scratch_dir(fit: FitConfig) -> str:
     if fit.scratch is not None:
         Path(fit.scratch).mkdir(parents=True, exist_ok=True)
     return tempfile.mkdtemp(prefix="avkit-spill-", dir=fit.scratch)
@@ -213,13 +182,13 @@ def fit_streaming(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig 
     check_features(fit, est_cfg)
     shards = check_shards(paths)
     engine = engine or LocalEngine(fit.workers)
-    scratch = _scratch(fit)
+    scratch = scratch_dir(fit)
     nodes = None
     try:
         surveys, nodes, m = spill(engine, shards.paths, fit, scratch)
         plan = plan_features(fit, est_cfg, m["present"])
         ests = [make_estimator(e, k=m["k"], config=replace(est_cfg, feature=n)) for n, e in plan]
-        rows = _newton(engine, surveys, nodes, plan, ests, m, fit, progress)
+        rows = newton(engine, surveys, nodes, plan, ests, m, fit, progress)
         edges = [_edges(e, n, surveys, fit.auc_bins) for (n, _), e in zip(plan, ests)]
         work = PassWork([n for n, _ in plan], ests, m["k"], m["names"], score={"n_bins": fit.n_bins, "edges": edges})
         sums = engine.map(shard_pass, [(s, work) for s in surveys], nodes, fold=_add)[0]
@@ -240,10 +209,8 @@ def _declared_k(path) -> int | None:
 
 def _trained_on(shards, m: dict) -> dict:
     """The same `trained_on` as fit/data.py's (the clocks per shard from pass 0)."""
-    import json
-
     meta, clocks = shards.meta, m["clocks"]
-    return {"traces": [_shown(p) for p in shards.paths], "slots": m["rows"], "observed": m["observed"],
+    return {"traces": [shown(p) for p in shards.paths], "slots": m["rows"], "observed": m["observed"],
             "datasets": m["datasets"], "drafter": "model", "target": meta.get("avkit.target", ""), "draft": meta.get("avkit.draft", ""),
             "target_sha256": meta.get("avkit.target_sha256", ""), "draft_sha256": meta.get("avkit.draft_sha256", ""),
             "clock": clocks[0] if len(set(clocks)) == 1 else "mixed", "clock_per_file": clocks,
@@ -251,4 +218,4 @@ def _trained_on(shards, m: dict) -> dict:
             "synthetic_truth": json.loads(meta["avkit.synthetic"]) if "avkit.synthetic" in meta else None}
 
 
-__all__ = ["LocalEngine", "PassWork", "ShardSurvey", "chunk_rows", "fit_streaming", "shard_pass", "spill", "spill_shard"]
+__all__ = ["PassWork", "ShardSurvey", "chunk_rows", "fit_streaming", "newton", "scratch_dir", "shard_pass", "spill", "spill_shard"]

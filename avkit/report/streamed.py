@@ -26,7 +26,8 @@ from avkit.config import EstimatorConfig, FitConfig
 from avkit.errors import ConfigError
 from avkit.estimators import make_estimator
 from avkit.fit.spill import ShardSurvey
-from avkit.fit.streaming import LocalEngine, _newton, _scratch, spill
+from avkit.fit.engines import LocalEngine
+from avkit.fit.streaming import newton, scratch_dir, spill
 from avkit.trace.shards import check_shards
 
 MIN_SLOTS = 50  # observed slots at position 0 a dataset needs for its own fit (the role analysis)
@@ -83,7 +84,7 @@ def stream_traces(paths, coefficients: dict, n_bins: int, fit: FitConfig) -> Str
         raise ConfigError("--engine streaming reports a batch fit (--mode batch): an online fit's reliability "
                           "panels replay its estimator over whole traces in memory (use --engine memory)")
     shards = check_shards(paths)
-    engine, scratch, nodes = LocalEngine(fit.workers), _scratch(fit), None
+    engine, scratch, nodes = LocalEngine(fit.workers), scratch_dir(fit), None
     try:
         surveys, nodes, m = spill(engine, shards.paths, fit, scratch, drafts=True)
         k, names = m["k"], m["names"]
@@ -109,7 +110,7 @@ def _role_fits(engine, surveys, nodes, m: dict, feature: str, t: StreamedTraces)
     todo = [j for j, n in enumerate(t.names) if t.counts[j, 0] >= MIN_SLOTS and n in t.drafts]
     plan = [(feature, "batch_logistic")] * len(todo)
     ests = [make_estimator("batch_logistic", k=t.k, config=EstimatorConfig(feature=feature)) for _ in todo]
-    _newton(engine, surveys, nodes, plan, ests, m, FitConfig(mode="batch"), None, subsets=todo)
+    newton(engine, surveys, nodes, plan, ests, m, FitConfig(mode="batch"), None, subsets=todo)
     return [{"dataset": t.names[j], "rate": float(t.accepted[j].sum() / t.counts[j].sum()),
              "entropy": t.drafts[t.names[j]]["entropy"], "slope": float(e.slope), "b0": float(e.intercepts[0]),
              "n": int(t.counts[j].sum())} for j, e in zip(todo, ests)]

@@ -1,13 +1,18 @@
-"""`avkit fit --engine ray`: the out-of-core passes of fit/streaming.py as tasks on a Ray cluster.
+"""Where a fit's map runs: `LocalEngine` on this machine's threads, `RayEngine` as tasks on a Ray cluster.
 
-Each shard is one task per pass (map); the driver sums the O(K) IRLS statistics or the score
-sums (reduce) and takes the Newton step, so coefficients equal the single-process fit's and the
-scores are those of `metrics/binned.py`. Pass 0 spills a shard's observed slots on the node that
-ran it; every later pass over that shard is pinned to the same node (NodeAffinitySchedulingStrategy),
-and the spills are removed on every node at the end. Nothing large crosses the object store:
-tasks take a shard path or survey and return sums of a few KB (scores: the rank histograms).
+A fit over shards (fit/streaming.py: out-of-core batch IRLS and scores; fit/replicas.py: one
+online replay per replica) is a map of a pure function over items, then a reduce on the driver.
+Both engines have the same two methods: `map(fn, items, nodes=None, fold=None)` -> (results, or
+their fold in item order; the node each ran on) and `cleanup(scratch, nodes)`. `open_engine(fit)`
+picks one by `--engine`.
 
-Failures:
+Ray (`--engine ray`): each item is one task (map); the driver folds the sums (reduce), so the
+coefficients equal the single-process fit's. Pass 0 spills a shard's observed slots on the node
+that ran it; every later pass over that shard is pinned to the same node
+(NodeAffinitySchedulingStrategy), and the spills are removed on every node at the end. Nothing
+large crosses the object store: tasks take a shard path or survey and return sums of a few KB.
+
+Failures on Ray:
   a task that raises (a shard that cannot be read, a bad value)  ->  the AvkitError itself, one
        line naming the shard; no output is written (`avkit fit` writes only after the fit)
   a worker process that dies (killed, out of memory)  ->  Ray reruns the task, up to
@@ -21,15 +26,49 @@ existing cluster, whose workers must have avkit installed and see the trace path
 from __future__ import annotations
 
 import copy
+import itertools
 import os
 import shutil
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
+from avkit.config import FitConfig
 from avkit.errors import AvkitError, ConfigError
+
+
+class LocalEngine:
+    """Runs a pass's map on this machine: shards on `workers` threads (numpy and polars release the GIL)."""
+
+    def __init__(self, workers: int = 1):
+        self.workers = workers
+
+    def map(self, fn, items: list[tuple], nodes=None, fold=None) -> tuple[list, list]:
+        """-> (fn(*item) of every item, in order; or with `fold`, their fold in item order), nodes.
+
+        With `fold` the total and at most `workers` results exist at once (a score pass's sums are
+        ~37 MB per feature and shard): the next item starts only once a finished result is folded
+        and dropped, so the peak does not grow with the number of shards."""
+        with ThreadPoolExecutor(max_workers=self.workers) as pool:
+            if fold is None:
+                return list(pool.map(lambda args: fn(*args), items)), [None] * len(items)
+            todo, acc = iter(items), None
+            pending = deque(pool.submit(fn, *args) for args in itertools.islice(todo, self.workers))
+            while pending:
+                result = pending.popleft().result()
+                acc = result if acc is None else fold(acc, result)
+                del result  # (the first result is the total itself)
+                if (args := next(todo, None)) is not None:
+                    pending.append(pool.submit(fn, *args))
+        return acc, [None] * len(items)
+
+    def cleanup(self, scratch: str, nodes) -> None:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _ray():
     try:
-        import ray
+        import ray  # optional: ray
     except ModuleNotFoundError:
         raise ConfigError("--engine ray needs Ray: pip install 'avkit[distributed]'") from None
     return ray
@@ -37,7 +76,7 @@ def _ray():
 
 def _call(fn, args):
     """Task body: run `fn(*args)` and say on which node it ran."""
-    import ray
+    import ray  # optional: ray (runs on a Ray worker)
 
     return ray.get_runtime_context().get_node_id(), fn(*args)
 
@@ -78,7 +117,7 @@ class RayEngine:
         -> (results, node ids), in item order; with `fold`, the results folded in item order as they
         are fetched (the driver holds one at a time)."""
         ray = _ray()
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # optional: ray
 
         task = ray.remote(max_retries=self.max_retries)(_call)
         refs = []
@@ -117,7 +156,7 @@ class RayEngine:
     def cleanup(self, scratch: str, nodes) -> None:
         """Remove the spill directory on every node that wrote to it (and here)."""
         ray = _ray()
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # optional: ray
 
         if ray.is_initialized():
             task = ray.remote(max_retries=0)(_remove)
@@ -143,13 +182,15 @@ def _shard(args) -> str:
     return "?"
 
 
-def fit_ray(paths, fit, est_cfg=None, progress=None, **engine_kw):
-    """`fit_streaming` on a Ray cluster (`fit.address`, or a local one)."""
-    from avkit.fit.streaming import fit_streaming
+@contextmanager
+def open_engine(fit: FitConfig):
+    """The engine `fit.engine` names: a Ray cluster for "ray" (`fit.address`, or a local one whose
+    object store takes half the memory budget, 128 MB to 1 GB), else `fit.workers` local threads."""
+    if fit.engine != "ray":
+        yield LocalEngine(fit.workers)
+        return
+    with RayEngine(fit.address, object_store_mb=min(1024, max(128, fit.memory_budget_mb // 2))) as engine:
+        yield engine
 
-    with RayEngine(fit.address, object_store_mb=min(1024, max(128, fit.memory_budget_mb // 2)),
-                   **engine_kw) as engine:
-        return fit_streaming(paths, fit, est_cfg, progress, engine=engine)
 
-
-__all__ = ["RayEngine", "fit_ray"]
+__all__ = ["LocalEngine", "RayEngine", "open_engine"]
