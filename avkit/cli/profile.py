@@ -66,13 +66,13 @@ def register(app: typer.Typer) -> None:
         threads: Annotated[int, typer.Option(help="--engine vllm: CPU cores vLLM binds (0 = all)")] = 0,
     ):
         """Profile verify cost by target tokens and draft cost by requests; save a monotone cost table."""
+        config = ProfileConfig(context_len=context_len, k=k, max_tokens=max_verify_tokens, max_requests=max_requests,
+                               repeats=repeats, temperature=temperature, top_p=top_p)
         from avkit.models import load
         from avkit.models.placement import placement
         from avkit.scheduling.profile import num_points, profile_costs
         from avkit.staged import StagedOutputs
 
-        config = ProfileConfig(context_len=context_len, k=k, max_tokens=max_verify_tokens, max_requests=max_requests,
-                               repeats=repeats, temperature=temperature, top_p=top_p)
         console = Console(stderr=True)
         if engine == "vllm":
             return _profile_vllm(config, target, draft, out, dtype, vllm_python, threads, console)

@@ -92,9 +92,6 @@ def register(app: typer.Typer) -> None:
         progress: Annotated[bool, typer.Option(help="show the progress bar")] = True,
     ):
         """Record acceptance traces: one row per draft slot, streamed to Parquet in row groups."""
-        from avkit.record import record as run
-        from avkit.record.files import preflight
-
         with named(max_batch="concurrency"):  # the option's name in record's errors
             config = RecordConfig(
                 models=ModelsConfig(target=target, draft=draft, drafter=drafter, payoff=payoff, device=device,
@@ -105,6 +102,9 @@ def register(app: typer.Typer) -> None:
                 max_prompt_tokens=max_prompt_tokens, out=out, resume=resume, overwrite=overwrite,
                 slots_per_dataset=slots_per_dataset, flush_interval_s=flush_interval, threads=threads,
                 backend=engine, vllm_python=vllm_python, vllm_draft_sampling=vllm_draft_sampling)
+        from avkit.record import record as run
+        from avkit.record.files import preflight
+
         check_datasets(config.datasets)
         preflight(config)  # --out and --resume checks, before the banner and the models
         console = Console(stderr=True)

@@ -72,13 +72,13 @@ def register(app: typer.Typer) -> None:
     ):
         """Write index.html (self-contained), report.md and the PNGs: summary, feature table, reliability
         diagrams, online fitting, simulation, tuning and hybrid drafting. Missing inputs omit their section."""
+        config = ReportConfig(out=str(out), n_bins=bins, embed_images=embed, engine=engine,
+                              memory_budget_mb=memory_budget, scratch=None if scratch is None else str(scratch))
         from avkit.report import report_fit_dir, report_traces
         from avkit.report.sections import SECTIONS
         from avkit.staged import StagedOutputs
         from avkit.trace.reader import common_k
 
-        config = ReportConfig(out=str(out), n_bins=bins, embed_images=embed, engine=engine,
-                              memory_budget_mb=memory_budget, scratch=None if scratch is None else str(scratch))
         fit_dir, traces = split_inputs(inputs)
         console = Console(stderr=True)
         if traces and (note := common_k(traces)[1]):

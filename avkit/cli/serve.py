@@ -89,10 +89,6 @@ def register(app: typer.Typer) -> None:
         log_level: Annotated[str, _o("log level (uvicorn and avkit)")] = "info",
     ):
         """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
-        from avkit.serve.server import bind_warning
-        from avkit.serve.server import serve as run
-        from avkit.serve.startup import bind_socket, check_record_writable, warm_start
-
         policy, estimator, k = policy_spec(policy, estimator, k)
         with named(max_batch="max_concurrency"):  # the names serve's errors have always used
             config = ServeConfig(
@@ -108,6 +104,10 @@ def register(app: typer.Typer) -> None:
                 policy=policy, schedule=schedule, snapshot=snapshot, snapshot_every=snapshot_every, resume=resume, record=record,
                 max_tokens_limit=max_new_tokens,
                 default_max_tokens=min(_d("default_max_tokens"), max_new_tokens))
+        from avkit.serve.server import bind_warning
+        from avkit.serve.server import serve as run
+        from avkit.serve.startup import bind_socket, check_record_writable, warm_start
+
         # Everything that can be wrong with the options fails here, as one line, before the models load.
         warm_start(config)
         if config.policy == "schedule":

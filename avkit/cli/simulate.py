@@ -11,7 +11,6 @@ from rich.progress import Progress
 
 from avkit.config import DEFAULT_TRACE_GLOB, SimulateConfig, default_of
 from avkit.errors import ConfigError
-from avkit.trace.shards import check_shards
 
 
 def _d(name: str):
@@ -63,6 +62,8 @@ def register(app: typer.Typer) -> None:
                                                   "vllm-metrics`) instead of traces: nospec and fixed K only")] = "",
     ):
         """Replay traces: no-spec, every fixed K, adaptive per estimator and the oracle, per concurrency."""
+
+        config = SimulateConfig(concurrency=parse_ints("concurrency", concurrency), cost=cost, out=out, waves=waves)
         from avkit.scheduling.cost import resolve_cost
         from avkit.sim.policies import parse_policies
         from avkit.sim.replay import default_policies, load_steps, results_inputs, step_time_check, write_results
@@ -70,8 +71,7 @@ def register(app: typer.Typer) -> None:
         from avkit.sim.terminal import render_results
         from avkit.staged import StagedOutputs
         from avkit.trace.reader import common_k
-
-        config = SimulateConfig(concurrency=parse_ints("concurrency", concurrency), cost=cost, out=out, waves=waves)
+        from avkit.trace.shards import check_shards
         table = resolve_cost(config.cost)
         if profile and traces:
             raise ConfigError("--profile replaces TRACE: an aggregate is never mixed with per-draft rows")

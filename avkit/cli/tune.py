@@ -112,15 +112,15 @@ def register(app: typer.Typer) -> None:
     ):
         """Per batch size: predicted tokens/s for no-spec, each fixed K, adaptive and adaptive with early stop;
         the recommended K per batch-size range, adaptive on or off, and the engine fragment."""
-        from avkit.serve.snapshot import write_json_atomic
-        from avkit.tune import tune as run
-
         gate = draft_gate if draft_gate is not None else format != "vllm"
         config = TuneConfig(concurrency=parse_ints("concurrency", concurrency), cost=cost, max_k=max_k,
                             tpot_slo_ms=tpot_slo_ms, context=context, memory_gb=memory_gb, format=format,
                             draft_gate=gate, estimator=estimator, bootstrap=bootstrap, seed=seed, out=out,
                             datasets=tuple(d.strip() for d in datasets.split(",")) if datasets else (),
                             max_new_tokens=max_new_tokens)
+        from avkit.serve.snapshot import write_json_atomic
+        from avkit.tune import tune as run
+
         paths = [str(p) for p in traces] if traces else shipped_traces()
         console = Console(stderr=True)
         bar = Progress(console=console, transient=True)  # started once the inputs are validated
