@@ -143,8 +143,32 @@ def test_cap_and_missing_generations_rows_are_reported(trace, tmp_path):
     lone.write_bytes(trace.read_bytes())
     pq.write_table(pa.table({"run_id": ["synthetic"], "request_id": ["req-0"], "prompt_ids": [[1, 2]],
                              "output_ids": [[3]]}), generations_path(lone))
-    with pytest.raises(ConfigError, match=r"lone\.generations\.parquet: no row for run_id 'synthetic', request_id"):
-        tune([lone], TuneConfig(concurrency=(1,), bootstrap=20, max_k=1))
+    lines = []
+    result = tune([lone], TuneConfig(cost=str(_save(tmp_path)), concurrency=(1,), bootstrap=20, max_k=1),
+                  warn=lines.append)
+    n = result["requests"]
+    assert len(lines) == 1 and lines[0].startswith(f"{n - 1} of {n} requests have no generations row")
+    assert result["idle"]["prompt_tokens"] == 2.0  # no other row in any dataset: every request priced at req-0's
+
+
+def test_a_request_without_a_generations_row_is_priced_at_its_datasets_mean_prompt(trace, tmp_path):
+    gone = {"req-1", "req-2", "req-5"}
+    partial = tmp_path / "partial.parquet"
+    partial.write_bytes(trace.read_bytes())
+    gens = pl.read_parquet(generations_path(trace)).filter(~pl.col("request_id").is_in(list(gone)))
+    gens.write_parquet(generations_path(partial))
+    rows = read_traces([str(partial)])
+    dataset = {str(r): str(d) for r, d in rows.select("request_id", "dataset").unique().iter_rows()}
+    kept = {}  # dataset -> prompt lengths of its requests that kept their row, by a loop
+    for rid, ds in dataset.items():
+        if rid not in gone:
+            kept.setdefault(ds, []).append(PROMPT(rid))
+    want = sorted(sum(kept[ds]) / len(kept[ds]) if rid in gone else PROMPT(rid) for rid, ds in dataset.items())
+    lines = []
+    got = prompt_tokens([str(partial)], rows, lines.append)
+    assert sorted(got.tolist()) == pytest.approx(want, rel=1e-12)
+    assert len(lines) == 1 and lines[0].startswith(f"3 of {len(dataset)} requests have no generations row")
+    assert prompt_tokens([str(trace)], read_traces([str(trace)]), lines.append) is not None and len(lines) == 1
 
 
 def _save(tmp_path):

@@ -130,7 +130,8 @@ def register(app: typer.Typer) -> None:
             task = bar.add_task("simulating", total=total)
             return lambda: bar.advance(task)
         try:
-            result = run(paths, config, progress=progress)
+            result = run(paths, config, progress=progress,
+                         warn=lambda line: console.print(f"avkit tune: warning: {line}", markup=False, highlight=False))
         finally:
             if bar.live.is_started:
                 bar.stop()

@@ -64,9 +64,13 @@ def cap_new_tokens(steps: StepTable, n: int) -> StepTable:
                    step_time_ms=steps.step_time_ms[keep])
 
 
-def prompt_tokens(paths: list[str], rows: pl.DataFrame) -> np.ndarray | None:
+def prompt_tokens(paths: list[str], rows: pl.DataFrame, warn=None) -> np.ndarray | None:
     """[R] prompt tokens of each request of `step_table(rows)` from the generations tables beside the trace
-    files (`rows` from read_traces(paths), with file_index); None when a trace has no generations table."""
+    files (`rows` from read_traces(paths), with file_index); None when a trace has no generations table.
+
+    A request without a generations row (still running when its recording was stopped: its slot rows stay in
+    the trace, traces/README.md) is priced at the mean prompt of its dataset's requests that have one (the
+    mean of all of them when none does); `warn` gets one line with their count."""
     parts = []
     for index, path in enumerate(paths):
         gen = generations_path(path)
@@ -80,12 +84,14 @@ def prompt_tokens(paths: list[str], rows: pl.DataFrame) -> np.ndarray | None:
                                pl.col("request_id").cast(pl.Utf8), pl.col("prompt_ids").list.len().alias("prompt")))
     ids = request_ids(rows)
     joined = ids.join(pl.concat(parts).unique(JOIN, keep="first"), on=JOIN, how="left", maintain_order="left")
-    missing = joined.filter(pl.col("prompt").is_null())
-    if missing.height:
-        first = missing.row(0, named=True)
-        raise ConfigError(f"{generations_path(paths[int(first['file_index'])])}: no row for run_id "
-                          f"{first['run_id']!r}, request_id {first['request_id']!r} of the trace "
-                          f"({missing.height} requests missing)")
+    missing = joined["prompt"].null_count()
+    if missing:
+        datasets = rows.select(*(pl.col(c).cast(pl.Utf8) for c in [*JOIN, "dataset"])).unique(JOIN)
+        joined = joined.join(datasets, on=JOIN, how="left", maintain_order="left").with_columns(
+            pl.col("prompt").fill_null(pl.col("prompt").mean().over("dataset")).fill_null(pl.col("prompt").mean()))
+        if warn is not None:
+            warn(f"{missing} of {joined.height} requests have no generations row (unfinished when their recording "
+                 "stopped): their drafter prefill is priced at their dataset's mean prompt length")
     return joined["prompt"].to_numpy().astype(np.float64)
 
 

@@ -139,8 +139,9 @@ def _trtllm_loss(cells, fixed_choice, trt: list[tuple[int, int, int]]) -> dict[i
     return out
 
 
-def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None = None) -> dict:
-    """Tune on `traces` (paths); returns the result as a JSON-ready dict (see avkit/tune/__init__.py)."""
+def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None = None, warn=None) -> dict:
+    """Tune on `traces` (paths); returns the result as a JSON-ready dict (see avkit/tune/__init__.py).
+    `warn(line)`: what the inputs lack and how it was priced (one line each)."""
     config = config or TuneConfig()
     paths = [str(p) for p in traces]
     steps, rows = _steps(paths, config.datasets)
@@ -151,7 +152,7 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
     if config.estimator not in ESTIMATORS:
         raise ConfigError(f"--estimator must be one of {sorted(ESTIMATORS)}, got {config.estimator!r}")
     cost = resolve_cost(config.cost)
-    prompt = prompt_tokens(paths, rows)  # [R] or None (no generations tables)
+    prompt = prompt_tokens(paths, rows, warn)  # [R] or None (no generations tables)
     output = float(output_tokens(steps).mean())
     if not config.context and prompt is None:
         raise ConfigError(f"{paths[0]}: no generations table beside it to take context lengths from; "
