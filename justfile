@@ -26,6 +26,11 @@ models:
 test-browser:
     AVKIT_SCREENSHOT=bench/results/report_screenshot.png python -m pytest -m browser tests/test_report_browser.py
 
+# acceptance estimators on traces their defaults never saw: leave-one-trace-out and leave-one-temperature-out
+# over traces/ (~2 min on 2 cores) -> bench/results/estimators.md, estimators_reliability.png
+bench-estimators:
+    python bench/estimators.py
+
 # avkit fit at fleet scale (bench/fit_scale.py): draw the replica shards once (not timed), then one run per
 # size, each engine side by side, into bench/results/fit_scale.{json,md}; the traces are deleted at the end
 bench-fit-scale dir="/tmp/avkit-fleet":

@@ -181,3 +181,19 @@ def test_fit_warm_starts_through_the_validated_loader(fitted, tmp_path, capsys):
              "--out", str(tmp_path / "o2")], prog_name="avkit")
     err = capsys.readouterr().err
     assert e.value.code == 2 and "field 'trained_on.target" in err and not (tmp_path / "o2").exists()
+
+
+def test_a_warm_start_from_another_estimators_file_refits_young_again():
+    """An online_logistic / batch file has no curvature: only the prior backs it, so rounds restart short;
+    its own snapshot (with precision) keeps its schedule."""
+    other = make_estimator("online_logistic", k=K)
+    other.rounds, other.slope = 22, 0.66
+    est = make_estimator("forgetting_logistic", k=K)
+    est.load_state_dict(other.state_dict())
+    assert est.rounds == 0 and est.steps_to_refit == ForgettingConfig().young_interval and est.slope == 0.66
+    rng = np.random.default_rng(4)
+    for _ in range(3):
+        _feed(est, est.steps_to_refit, rng)
+    again = make_estimator("forgetting_logistic", k=K)
+    again.load_state_dict(est.state_dict())
+    assert again.rounds == 3 and again.steps_to_refit == 40

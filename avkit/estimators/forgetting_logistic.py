@@ -170,7 +170,9 @@ class ForgettingLogistic(RoundLogistic):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores basis slopes and precision from its own files and snapshots; a file of
-        `online_logistic` (slope, intercepts) warm-starts with w2 = 0 under the default prior."""
+        `online_logistic` (slope, intercepts) warm-starts with w2 = 0 under the default prior and
+        young rounds (the file's curvature is unknown: the traffic it now sees corrects it within
+        tens of engine steps)."""
         self.basis_slopes = np.asarray(state.get("basis_slopes", [state["slope"], 0.0]), dtype=np.float64)
         super().load_state_dict(state)
         prec = state.get("precision")
@@ -178,6 +180,8 @@ class ForgettingLogistic(RoundLogistic):
             self.prec_a = np.asarray(prec["a"], dtype=np.float64).reshape(self.M, self.M)
             self.prec_b = np.asarray(prec["b"], dtype=np.float64).reshape(self.k, self.M)
             self.prec_c = np.asarray(prec["c"], dtype=np.float64).reshape(self.k)
+        else:  # another estimator's coefficients, backed by the prior's weight only: refit young again
+            self.rounds = 0
         self.shifts = int(state.get("shifts", 0))
 
 
