@@ -21,6 +21,10 @@ from dataclasses import dataclass
 import torch
 
 from avkit.errors import ConfigError
+from avkit.kernels.allocation_ref import allocate_ref
+from avkit.kernels.confidence_ref import confidence_ref
+from avkit.kernels.irls_stats_ref import irls_stats_ref
+from avkit.kernels.rejection_ref import rejection_sample_ref
 from avkit.validate import check_choice
 
 BACKENDS = ("auto", "torch", "triton")
@@ -39,11 +43,6 @@ class Kernels:
 
 
 def _reference_kernels() -> Kernels:
-    from avkit.kernels.allocation_ref import allocate_ref
-    from avkit.kernels.confidence_ref import confidence_ref
-    from avkit.kernels.irls_stats_ref import irls_stats_ref
-    from avkit.kernels.rejection_ref import rejection_sample_ref
-
     return Kernels("torch", confidence_ref, rejection_sample_ref, irls_stats_ref, allocate_ref)
 
 
@@ -51,17 +50,18 @@ def _interpreted() -> bool:
     """Whether triton was imported under TRITON_INTERPRET=1. @triton.jit reads the variable when
     it decorates, so it must be set before the first `import triton` in the process (triton's own
     library functions are decorated then); setting it later leaves compiled kernels."""
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
+    import triton.language as tl  # lazy: triton (absent on CPU-only installs)
+    from triton.runtime.interpreter import InterpretedFunction  # lazy: triton
 
     return isinstance(tl.zeros, InterpretedFunction)
 
 
 def _triton_kernels() -> Kernels:
+    # lazy: triton (these modules import it at their top; absent on CPU-only installs)
     from avkit.kernels.allocation import allocate_triton
-    from avkit.kernels.confidence import confidence_triton
-    from avkit.kernels.irls_stats import irls_stats_triton
-    from avkit.kernels.rejection import rejection_sample_triton
+    from avkit.kernels.confidence import confidence_triton  # lazy: triton
+    from avkit.kernels.irls_stats import irls_stats_triton  # lazy: triton
+    from avkit.kernels.rejection import rejection_sample_triton  # lazy: triton
 
     return Kernels("triton", confidence_triton, rejection_sample_triton, irls_stats_triton, allocate_triton)
 

@@ -23,9 +23,9 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from avkit.errors import DataError
+from avkit.kernels.rejection_ref import RejectionResult
 from avkit.kernels.rng import STREAM_ACCEPT, STREAM_SAMPLE
 from avkit.kernels.rng_triton import key_hash, stream_hash, uniform_from_prefix
-from avkit.kernels.rejection_ref import RejectionResult  # rejection_ref.py imports this module lazily: no cycle
 
 _ACCEPT = tl.constexpr(STREAM_ACCEPT)
 _SAMPLE = tl.constexpr(STREAM_SAMPLE)

@@ -123,19 +123,4 @@ def rejection_sample_ref(target_probs: torch.Tensor, draft_probs: torch.Tensor, 
     return RejectionResult(output, n, accepted, observed, target_prob)
 
 
-def rejection_sample(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
-                     num_verify: torch.Tensor, *, greedy: bool, seeds: torch.Tensor,
-                     request_keys: torch.Tensor, positions: torch.Tensor) -> RejectionResult:
-    """Public entry: the kernel set of the tensors' device (Triton on CUDA, this reference on CPU).
-
-    Same arguments and result as `rejection_sample_ref`. A runtime that calls it every step keeps
-    `avkit.kernels.dispatch.select_kernels(device)` instead (dispatch decided once).
-    """
-    from avkit.kernels.dispatch import select_kernels
-
-    impl = select_kernels(target_probs.device).rejection_sample
-    return impl(target_probs, draft_probs, draft_tokens, num_verify, greedy=greedy, seeds=seeds,
-                request_keys=request_keys, positions=positions)
-
-
-__all__ = ["RejectionResult", "exponential_race", "rejection_sample", "rejection_sample_ref"]
+__all__ = ["RejectionResult", "exponential_race", "rejection_sample_ref"]
