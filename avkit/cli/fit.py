@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
         bins: Annotated[int, typer.Option(help="ECE bins")] = default_of(FitConfig, "n_bins"),
         engine: Annotated[str, typer.Option(help="memory: all observed slots in RAM; streaming: out of core in "
                                                   "bounded chunks (--mode batch); ray: the same passes as Ray "
-                                                  "tasks (pip install 'avkit[distributed]')")] =
+                                                  "tasks (pip install 'avkit\\[distributed]')")] =
             default_of(FitConfig, "engine"),
         address: Annotated[str | None, typer.Option(help="--engine ray: cluster address (default: start a "
                                                          "local cluster)", show_default=False)] = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
 from rich.table import Table
@@ -24,13 +25,13 @@ def list_models() -> None:
     """Show the pinned models, where they live, and whether they are present."""
     from avkit.models.registry import PINNED, alias_path, models_dir  # torch (avkit.models): when the command runs
 
-    table = Table(title=f"models in {models_dir()}")
-    for col in ("alias", "hf id", "size", "present", "path"):
-        table.add_column(col)
+    table = Table(title=f"models in {models_dir()}", box=box.SIMPLE_HEAD)
+    for col in ("alias", "size", "present", "hf id"):
+        table.add_column(col, no_wrap=True)
     for m in PINNED.values():
         p = alias_path(m.alias)
         state = "yes" if p.is_file() and p.stat().st_size == m.size else "no"
-        table.add_row(m.alias, m.hf_id, f"{m.size / 1e9:.2f} GB", state, str(p))
+        table.add_row(m.alias, f"{m.size / 1e9:.2f} GB", state, m.hf_id)
     Console().print(table)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
@@ -90,7 +91,7 @@ def register(app: typer.Typer) -> None:
                 task = bar.add_task(f"profiling ({config.repeats} runs per point)",
                                     total=num_points(config, drf is not None))
                 table = profile_costs(tgt, drf, config, on_point=lambda: bar.advance(task))
-            render(table, console)
+            render(table, Console(width=None if sys.stdout.isatty() else 132))  # the result: stdout
             console.print(noise_line(table.meta.get("noise", {})), highlight=False)
             path = table.save(out, outputs)
         console.print(f"cost table: {path}")
@@ -120,7 +121,7 @@ def _profile_vllm(config, target: str, draft: str, out: str, dtype: str, vllm_py
             task = bar.add_task(f"profiling vLLM ({config.repeats} steps per point)", total=num_points(config))
             table = profile_vllm(python, tgt, drf, config, dtype=dtype, threads=threads,
                                  on_point=lambda: bar.advance(task))
-        render(table, console)
+        render(table, Console(width=None if sys.stdout.isatty() else 132))  # the result: stdout
         console.print(noise_line(table.meta.get("noise", {})), highlight=False)
         path = table.save(out, outputs)
     console.print(f"cost table: {path}")

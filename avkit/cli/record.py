@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -111,7 +112,7 @@ def register(app: typer.Typer) -> None:
         console.print(f"avkit record: {config.models.target} + {config.models.draft or 'no draft'}, "
                       f"datasets {', '.join(config.datasets)} -> {config.out}")
         result = run(config, progress=progress, console=console)
-        render(result, console)
+        render(result, Console(width=None if sys.stdout.isatty() else 132))  # the result: stdout
         if not result.committed:
             console.print(f"[yellow]interrupted:[/] {result.trace_path} was left as it was; the rows recorded so "
                           f"far are in {result.trace_path}.partial (and its generations); rerun with --resume "

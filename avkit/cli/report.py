@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
     @app.command("report")
     def report(
         inputs: Annotated[list[Path] | None, typer.Argument(
-            metavar="[FIT_DIR | TRACE...]", show_default=False,
+            metavar="FIT_DIR|TRACE", show_default=False,
             help=f"an `avkit fit` output directory, or trace files (directories, globs) to fit now (default: the shipped "
                  f"{DEFAULT_TRACE_GLOB})")] = None,
         out: Annotated[Path, typer.Option(help="report directory (replaced atomically)")] = DEFAULT_OUT,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -21,7 +22,8 @@ def _d(name: str):
 TracesArgument = Annotated[list[Path] | None, typer.Argument(
     metavar="TRACE", help=f"trace files, directories of them or globs (default: the shipped {DEFAULT_TRACE_GLOB})",
     show_default=False)]
-COST_HELP = "cost table JSON (avkit profile) or roofline:GPU:TARGET[:DRAFT][:context=N,drafter=parallel]"
+COST_HELP = ("a cost table JSON (`avkit profile`), or a roofline what-if: roofline:GPU:TARGET, optionally "
+             "followed by :DRAFT and :context=N,drafter=parallel")
 CostOption = Annotated[str, typer.Option(help=COST_HELP)]
 ConcurrencyOption = Annotated[str, typer.Option(help="comma-separated concurrencies (batch sizes)")]
 
@@ -57,7 +59,7 @@ def register(app: typer.Typer) -> None:
         waves: Annotated[int, typer.Option(help="requests served per lane at least (recorded ones are cycled)")] =
             _d("waves"),
         out: Annotated[str, typer.Option(help="results Parquet (one row per concurrency x policy)")] = _d("out"),
-        step_time: Annotated[bool, typer.Option(help="compare predicted with recorded step times")] = False,
+        step_time: Annotated[bool, typer.Option("--step-time", help="compare predicted with recorded step times")] = False,
         profile: Annotated[str, typer.Option(help="replay an aggregate acceptance profile (`avkit import "
                                                   "vllm-metrics`) instead of traces: nospec and fixed K only")] = "",
     ):
@@ -101,12 +103,13 @@ def register(app: typer.Typer) -> None:
                 task = bar.add_task("simulating", total=n_policies * len(config.concurrency))
                 df = run(steps, table, config.concurrency, specs, config=config, coefficients=coefficients,
                          progress=lambda: bar.advance(task))
-            render_results(df, console, f"throughput, tokens/s (× best fixed K); cost {config.cost}")
+            stdout = Console(width=None if sys.stdout.isatty() else 132)  # results; progress and logs on stderr
+            render_results(df, stdout, f"throughput, tokens/s (× best fixed K); cost {config.cost}")
             path = write_results(df, config.out, outputs, inputs=results_inputs(paths, table, config, specs))
             check = step_time_check(steps, table) if step_time else None
         console.print(f"results: {path}")
         if check is not None:
             for label, c in (("all steps", check), ("decode-only steps", check["decode_only"])):
-                console.print(f"step time ({label}): predicted/recorded median {c['median_ratio']:.3f}, "
+                stdout.print(f"step time ({label}): predicted/recorded median {c['median_ratio']:.3f}, "
                               f"median |error| {100 * c['median_abs_rel_error']:.1f}% over "
                               f"{c['engine_steps']} engine steps")

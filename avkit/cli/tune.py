@@ -131,7 +131,8 @@ def register(app: typer.Typer) -> None:
             return lambda: bar.advance(task)
         try:
             result = run(paths, config, progress=progress,
-                         warn=lambda line: console.print(f"avkit tune: warning: {line}", markup=False, highlight=False))
+                         warn=lambda line: console.print(f"avkit tune: warning: {line}", markup=False, highlight=False,
+                                                       soft_wrap=True))
         finally:
             if bar.live.is_started:
                 bar.stop()
