@@ -231,3 +231,39 @@ def test_serve_refuses_cache_coefficients_without_the_hybrid_drafter(files):
     warm_start(hybrid)  # the file is fitted on cache rows: accepted
     with pytest.raises(ConfigError, match="trained_on.drafter"):
         warm_start(dataclasses.replace(hybrid, adaptive=AdaptiveConfig(cache_coefficients=files[0])))
+
+
+def test_serve_snapshots_the_cache_estimator_and_a_restart_restores_it(pair, tmp_path):
+    """A real round trip: a hybrid server refits its cache estimator on repetitive prompts, closes (the
+    shutdown snapshot writes both files), and a server started on the same --snapshot resumes both."""
+    import httpx
+    from serve_support import running_server, serve_config
+
+    from avkit.estimators.coefficients import load_coefficients
+    from avkit.serve.server import build_state
+    from avkit.serve.snapshot import cache_snapshot_of
+
+    prompt = "x = 1\ny = 2\n" * 6
+    kw = {"drafter": "hybrid", "refit_interval": 2, "draft_gate": False}
+    with running_server(pair, tmp_path, **kw) as (url, state):
+        for _ in range(3):  # later requests also draft from the global cache of the earlier responses
+            r = httpx.post(url + "/v1/completions", timeout=60,
+                           json={"model": "tiny", "prompt": prompt, "max_tokens": 40, "temperature": 0})
+            assert r.status_code == 200
+        policy = state.make_engine().policy
+        assert policy.cache_refits > 0, "no cache estimator refit: the test saw no cache drafts"
+    live_model, live_cache = policy.estimator.state_dict(), policy.cache_estimator.state_dict()
+    snap = tmp_path / "snap.json"
+    doc = load_coefficients(cache_snapshot_of(snap), k=4, drafter="suffix")  # the file --cache-coefficients takes
+    assert doc["refits"] == policy.cache_refits and doc["trained_on"]["drafter"] == "suffix"
+    assert live_cache["intercepts"] != live_model["intercepts"]  # two estimators, not one file twice
+
+    resumed = build_state(serve_config(pair, tmp_path, **kw), target=pair[2], draft=pair[3])
+    again = resumed.make_engine().policy
+    assert resumed.config.adaptive.cache_coefficients == str(cache_snapshot_of(snap))
+    for live, back in ((live_model, again.estimator.state_dict()), (live_cache, again.cache_estimator.state_dict())):
+        assert back["slope"] == live["slope"] and back["intercepts"] == live["intercepts"]
+        assert back["rounds"] == live["rounds"] and back["observations"] == live["observations"]
+    # --no-resume: neither file; the cache estimator is made fresh when the first cache rows appear
+    fresh = build_state(serve_config(pair, tmp_path, resume=False, **kw), target=pair[2], draft=pair[3])
+    assert fresh.make_engine().policy.cache_estimator is None

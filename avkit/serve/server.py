@@ -27,7 +27,7 @@ from avkit.serve.metrics import ServeMetrics
 from avkit.serve.side_writes import SideWrites
 from avkit.serve.snapshot import CoefficientSnapshots
 from avkit.serve.startup import WarmStart, bind_socket, check_record_writable, snapshot_path, startup_block, \
-    warm_start
+    warm_start, with_cache_snapshot
 from avkit.serve.trace_sink import ServeSink
 
 log = logging.getLogger("avkit.serve")
@@ -83,6 +83,7 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
     from avkit.runtime.engine import Engine
 
     warm = warm_start(config)
+    config = with_cache_snapshot(config, warm)
     if config.record:
         check_record_writable(config.record)
     device, dtype = placement(config.models.device, config.models.dtype)

@@ -3,6 +3,9 @@
 The snapshot has the layout of `avkit fit`'s coefficients.json (schema_version, feature,
 num_positions, slope, intercepts, observations, mode, trained_on) plus `refits`, so the file a
 server writes is a file a server (or `avkit simulate`) can deploy: a restart resumes from it.
+With the hybrid drafter the suffix cache's rows have their own estimator; it is snapshotted beside,
+to `cache_snapshot_of(path)` (coefficients.cache.json; `trained_on.drafter` "suffix", the file
+`--cache-coefficients` takes), when it exists (it is made when the first cache rows appear).
 `trained_on` names the served pair (target, draft and their sha256), so a server never resumes
 from another pair's snapshot (estimators/coefficients.py validates every file on load).
 The engine thread calls `on_step()` after every step; `/metrics` reads `current()` from any
@@ -30,11 +33,17 @@ def estimator_of(policy) -> Any | None:
     return getattr(policy, "estimator", None) if policy is not None else None
 
 
-def coefficients_of(estimator, pair: ServedPair | None = None) -> dict[str, Any] | None:
+def cache_snapshot_of(path: Path) -> Path:
+    """The cache estimator's snapshot beside the model estimator's: coefficients.json -> coefficients.cache.json."""
+    return path.with_name(f"{path.stem}.cache{path.suffix or '.json'}")
+
+
+def coefficients_of(estimator, pair: ServedPair | None = None, drafter: str = "model") -> dict[str, Any] | None:
     """Estimator state -> coefficients.json dict (None when the estimator has no slope/intercepts).
 
     Keeps every key of the estimator's state (so `load_state_dict` restores it exactly, round
-    counter included) and adds the fields of `avkit fit`'s coefficients.json.
+    counter included) and adds the fields of `avkit fit`'s coefficients.json; `drafter` names the
+    rows it scored ("suffix": the hybrid drafter's cache rows).
     """
     state = dict(estimator.state_dict())
     if "slope" not in state or "intercepts" not in state:
@@ -52,7 +61,8 @@ def coefficients_of(estimator, pair: ServedPair | None = None) -> dict[str, Any]
         "estimator": state.get("name", getattr(estimator, "name", "online_logistic")),
         "trained_on": {"source": "avkit serve",
                        "snapshot_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       **(asdict(pair) if pair is not None else {})},
+                       **(asdict(pair) if pair is not None else {}),
+                       **({"drafter": drafter} if drafter != "model" else {})},
     }
 
 
@@ -68,7 +78,8 @@ def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
 
 
 class CoefficientSnapshots:
-    """Publishes coefficients after each refit; writes `path` every `every` refits and at close."""
+    """Publishes coefficients after each refit; writes `path` (and the cache estimator's beside it) every
+    `every` refits and at close."""
 
     def __init__(self, policy, path: Path | None, every: int, pair: ServedPair | None = None, side_writes=None):
         self._side_writes = side_writes  # SideWrites: a failing write is counted, backed off, never raised
@@ -78,22 +89,24 @@ class CoefficientSnapshots:
         self.path = path
         self.every = every
         self.refits = 0  # refit rounds seen since start
-        self._last_written = 0
+        self.cache_refits = 0  # the cache estimator's (hybrid drafter), counted apart
+        self._last_written = 0  # refits + cache_refits at the last write
         self._current = self._read()
 
     def current(self) -> dict[str, Any] | None:
         return self._current
 
     def on_step(self) -> None:
-        """Engine thread, after each step: publish after a refit; snapshot every `every` refits."""
+        """Engine thread, after each step: publish after a refit; snapshot every `every` refits (of either
+        estimator)."""
         if self._estimator is None:
             return
-        refits = self._refit_count()
-        if refits == self.refits:
+        refits, cache_refits = self._refit_count(), int(getattr(self._policy, "cache_refits", 0) or 0)
+        if (refits, cache_refits) == (self.refits, self.cache_refits):
             return
-        self.refits = refits
+        self.refits, self.cache_refits = refits, cache_refits
         self._current = self._read()
-        if self.refits - self._last_written >= self.every:
+        if self.refits + self.cache_refits - self._last_written >= self.every:
             self.write_guarded()
 
     def write_guarded(self, *, force: bool = False) -> bool:
@@ -109,9 +122,15 @@ class CoefficientSnapshots:
         coeffs = self._read()
         if coeffs is None:
             return
+        cache = getattr(self._policy, "cache_estimator", None)
+        cache_coeffs = coefficients_of(cache, self._pair, drafter="suffix") if cache is not None else None
+        if cache_coeffs is not None:
+            cache_coeffs["refits"] = self.cache_refits
+            write_json_atomic(cache_snapshot_of(self.path), cache_coeffs)
         write_json_atomic(self.path, coeffs)
-        self._last_written = self.refits
-        log.info("coefficients snapshot -> %s (refit %d)", self.path, self.refits)
+        self._last_written = self.refits + self.cache_refits
+        log.info("coefficients snapshot -> %s%s (refit %d)", self.path,
+                 f" and {cache_snapshot_of(self.path).name}" if cache_coeffs is not None else "", self.refits)
 
     def _read(self) -> dict[str, Any] | None:
         if self._estimator is None:

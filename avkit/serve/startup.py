@@ -10,18 +10,22 @@ Warm start, first match wins:
   shipped    traces/coefficients.json fitted on the shipped traces (only for the K and the model pair it
              was fitted for)
   reference  the estimator's reference constants (no file)
+The hybrid drafter's cache rows have their own estimator: --cache-coefficients FILE, else, when the
+model estimator resumes from its snapshot, the cache snapshot that run wrote beside it
+(serve/snapshot.py `cache_snapshot_of`), else its reference constants.
 """
 
 from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from avkit.config import DEFAULT_COST_PATH, SERVE_STATE_DIR, SHIPPED_COEFFICIENTS, ServeConfig
 from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.coefficients import load_coefficients
+from avkit.serve.snapshot import cache_snapshot_of
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,16 @@ def warm_start(config: ServeConfig) -> WarmStart:
             return WarmStart("", "reference")
         return WarmStart(str(shipped), "shipped")  # build_state also checks it was fitted on the served pair
     return WarmStart("", "reference")
+
+
+def with_cache_snapshot(config: ServeConfig, warm: WarmStart) -> ServeConfig:
+    """`config` with --cache-coefficients set to the cache snapshot of the run `warm` resumes (hybrid
+    drafter, no --cache-coefficients given, the file exists); else `config` unchanged."""
+    if warm.source != "snapshot" or config.models.drafter != "hybrid" or config.adaptive.cache_coefficients:
+        return config
+    cache = cache_snapshot_of(Path(warm.path))
+    return replace(config, adaptive=replace(config.adaptive, cache_coefficients=str(cache))) if cache.is_file() \
+        else config
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
