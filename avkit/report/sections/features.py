@@ -9,7 +9,7 @@ import numpy as np
 
 from avkit.config import ReportConfig
 from avkit.report import plots
-from avkit.report.document import Figure, Section, Table, fmt
+from avkit.report.document import DIGITS, Figure, Section, Table, fmt
 from avkit.report.inputs import ReportInputs
 
 # the seeds (docs/seeds.md, vLLM PR #52228 write-ups): DeepSeek-V4-Flash + DSpark, ~4.5M drafts (AUC, log-loss, ECE).
@@ -42,9 +42,28 @@ def feature_table(scores: list[dict], deployed: tuple[str, str]) -> Table:
     return Table(("feature", "estimator", "lossless", "AUC", "log-loss", "ECE", "AUC pos≥1", "log-loss pos≥1",
                   "ECE pos≥1", "observed slots"), rows, numeric=(False, False, False) + (True,) * 7,
                  emphasis=frozenset(bold),
-                 caption="Bold: the deployed estimator. Lossy features (of q(x_sampled)) rank better but bias the "
-                         "output distribution when used to trim drafts; they are never deployed. Online fits are "
-                         "scored on predictions made before each label was learned from (out of sample).")
+                 caption="Bold: the deployed estimator. " + lossy_sentence(scores) + "Online fits are scored on "
+                         "predictions made before each label was learned from (out of sample).")
+
+
+def lossy_sentence(scores: list[dict]) -> str:
+    """How the best lossy feature ranks against the best lossless one, in words computed from their AUCs (over
+    all observed slots, compared at the DIGITS the table shows); '' without both kinds."""
+    best: dict[bool, tuple[float, str]] = {}  # lossless? -> (AUC, label) of the best such row
+    for r in scores:
+        auc = r.get("auc")
+        if r["scope"] != "all" or auc is None or auc != auc:
+            continue
+        if bool(r["lossless"]) not in best or auc > best[bool(r["lossless"])][0]:
+            best[bool(r["lossless"])] = (auc, label(r))
+    if len(best) < 2:
+        return ""
+    (lossy, lossy_label), (lossless, lossless_label) = best[False], best[True]
+    a, b = round(lossy, DIGITS), round(lossless, DIGITS)
+    verb = "rank better than" if a > b else "rank worse than" if a < b else "rank as well as"
+    return (f"Lossy features (of q(x_sampled)) {verb} the lossless ones here (best AUC {fmt(lossy)}, {lossy_label}, "
+            f"against {fmt(lossless)}, {lossless_label}); they bias the output distribution when used to trim drafts "
+            "and are never deployed. ")
 
 
 def dataset_auc_table(scores: list[dict]) -> Table | None:

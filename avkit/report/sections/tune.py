@@ -29,6 +29,13 @@ def _digits(tok_s: float) -> int:
     return 0 if tok_s >= 100 else 1  # a CPU's 4.2 tok/s keeps its decimal
 
 
+def _gain(ratio: float) -> str:
+    """What a throughput ratio does, in words that follow its value as printed (3 decimals)."""
+    shown = round(ratio, 3)
+    verb = "it gains" if shown > 1 else "it loses" if shown < 1 else "it neither gains nor loses"
+    return f"{verb}: {ratio:.3f}×"
+
+
 def schedule_table(result: dict) -> Table:
     """One row per simulated concurrency: the chosen arm, its throughput and the gains with intervals."""
     rows = []
@@ -67,8 +74,8 @@ def build(inputs: ReportInputs, config: ReportConfig) -> Section:
     ranges = ", ".join(f"{lo}–{hi}: K={k}" for lo, hi, k in s["ranges"])
     sec.add(f"Source: {inputs.sources.get('tune', '?')} ({result['requests']} recorded requests; cost "
             f"{cost.get('source', '?')} {cost.get('device', '')} {cost.get('target', '')}). Recommended schedule "
-            f"(batch size: K): {ranges}; adaptive verification {'on' if s['adaptive'] else 'off'} (at the same K it "
-            f"gains {s['adaptive_geomean_gain']:.3f}× on geometric mean). Over the concurrencies: "
+            f"(batch size: K): {ranges}; adaptive verification {'on' if s['adaptive'] else 'off'} (at the same K "
+            f"{_gain(s['adaptive_geomean_gain'])} on geometric mean). Over the concurrencies: "
             f"{s['geomean_vs_single_k']:.3f}× the best single fixed K (K={s['single_k']}) and "
             f"{s['geomean_vs_nospec']:.3f}× no-spec.")
     if result["infeasible"]:
