@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from avkit.engines.vllm.metrics import wilson
+from avkit.tune.acceptance import wilson
 
 
 def prompts(path: str) -> pl.DataFrame:

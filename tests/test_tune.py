@@ -21,7 +21,7 @@ from avkit.tune import tune
 from avkit.tune.arms import Arm, simulate_arms, truncate
 from avkit.tune.bootstrap import interval, resample_weights, resampled_rate
 from avkit.tune.feasibility import memory_budget
-from avkit.tune.formats import check_trtllm, check_vllm, trtllm_fragment, trtllm_schedule, vllm_fragment
+from avkit.tune.formats import check_vllm
 from avkit.tune.idle import idle_costs
 from avkit.tune.schedule import ranges
 
@@ -210,45 +210,12 @@ def test_idle_prices_follow_the_cost_table():
     assert got["prefill_share"] == pytest.approx(8 * prefill(300) / (100 * 11.0))
 
 
-def test_vllm_fragment_and_its_rules():
-    frag = vllm_fragment([(1, 2, 7), (3, 11, 5), (12, 16, 0)], adaptive=True)["speculative_config"]
-    assert frag == {"num_speculative_tokens": 7, "num_speculative_tokens_per_batch_size": [[1, 2, 7], [3, 11, 5],
-                                                                                          [12, 16, 0]],
-                    "enable_adaptive_verification": True}
-    assert vllm_fragment([(1, 16, 0)], adaptive=False) == {"speculative_config": None}
-    bad = {"no K": ({"num_speculative_tokens": 0}, "num_speculative_tokens"),
-           "empty": ({"num_speculative_tokens_per_batch_size": []}, "non-empty"),
-           "not 1": ({"num_speculative_tokens_per_batch_size": [[2, 4, 3]]}, "starts at 2"),
-           "gap": ({"num_speculative_tokens_per_batch_size": [[1, 4, 3], [6, 8, 2]]}, "starts at 6"),
-           "overlap": ({"num_speculative_tokens_per_batch_size": [[1, 4, 3], [4, 8, 2]]}, "starts at 4"),
-           "lo > hi": ({"num_speculative_tokens_per_batch_size": [[1, 4, 3], [5, 4, 2]]}, "batch_lo 5 > batch_hi 4"),
-           "K < 0": ({"num_speculative_tokens_per_batch_size": [[1, 4, -1]]}, "K must be an integer >= 0"),
-           "K > n": ({"num_speculative_tokens_per_batch_size": [[1, 4, 9]]}, "K 9 > num_speculative_tokens 7"),
-           "flag": ({"enable_adaptive_verification": "yes"}, "must be a bool")}
-    for change, message in bad.values():
-        with pytest.raises(ConfigError, match=message):
-            check_vllm({**frag, **change})
-
-
-def test_trtllm_fragment_clamps_to_the_first_range_and_drops_trailing_zero():
-    assert trtllm_schedule([(1, 2, 3), (3, 11, 5), (12, 16, 0)]) == [(1, 11, 3)]
-    frag = trtllm_fragment([(1, 2, 7), (3, 11, 5), (12, 64, 0)])["speculative_config"]
-    assert frag == {"max_draft_len": 7, "draft_len_schedule": {"2": 7, "11": 5}}
-    assert trtllm_fragment([(1, 8, 0)]) == {"speculative_config": None}
-    for change, message in (({"max_draft_len": 5}, r"draft_len_schedule\[2\] = 7 > max_draft_len 5"),
-                            ({"draft_len_schedule": {"2": 5, "11": 5}}, "must equal max_draft_len 7"),
-                            ({"draft_len_schedule": {"0": 7}}, "key must be an integer >= 1"),
-                            ({"draft_len_schedule": {}}, "non-empty")):
-        with pytest.raises(ConfigError, match=message):
-            check_trtllm({**frag, **change})
-
-
 def test_result_is_deterministic_and_self_consistent(trace, result):
     again = tune([trace], TuneConfig(concurrency=CONC, context=2048, bootstrap=200, max_k=5))
     when = {"inputs": {**result["inputs"], "written": ""}}  # the provenance record's time may differ
     assert {**again, **{"inputs": {**again["inputs"], "written": ""}}} == {**result, **when}
     s = result["schedule"]
-    assert check_vllm(result["vllm"]["speculative_config"]) if result["vllm"]["speculative_config"] else True
+    assert check_vllm(result["vllm"]) if result["vllm"] else True
     assert {r["arm"] for r in result["cells"]} >= {"nospec", "fixed5", "adaptive-K5", "adaptive-stop-K5"}
     for r in result["cells"]:
         assert r["lo"] * (1 - 1e-9) <= r["throughput_tok_s"] <= r["hi"] * (1 + 1e-9)

@@ -7,9 +7,11 @@ import pytest
 from avkit.cli import app
 from avkit.config import SyntheticConfig
 from avkit.trace.synthetic import write_synthetic_trace
-from avkit.tune.formats import check_trtllm, check_vllm
+from avkit.tune.formats import check_sglang, check_synthetic, check_trtllm, check_vllm, check_vllm_context
 
 TINY = SyntheticConfig(num_slots=7 * 8 * 16 * 2, k=7, trim_prob=0.0, batch_size=8, steps_per_request=16, seed=2)
+CHECKS = {"vllm": check_vllm, "vllm-context": check_vllm_context, "vllm-synthetic": check_synthetic,
+          "trtllm": check_trtllm, "sglang": check_sglang}
 FAST = ("--concurrency", "1,8", "--context", "1024", "--bootstrap", "20", "--max-k", "3")
 
 
@@ -25,7 +27,7 @@ def _run(capsys, *args) -> tuple[int, str, str]:
     return exit_.value.code, out, err
 
 
-@pytest.mark.parametrize("fmt", ["vllm", "trtllm", "json"])
+@pytest.mark.parametrize("fmt", ["vllm", "vllm-context", "vllm-synthetic", "trtllm", "sglang", "json"])
 def test_formats_print_valid_json(capsys, trace, tmp_path, fmt):
     out_file = tmp_path / "tune.json"
     code, out, err = _run(capsys, trace, *FAST, "--format", fmt, "--out", out_file)
@@ -34,11 +36,12 @@ def test_formats_print_valid_json(capsys, trace, tmp_path, fmt):
     saved = json.loads(out_file.read_text())
     if fmt == "json":
         assert payload == saved
-    else:
-        assert payload == saved[fmt]
-        spec = payload["speculative_config"]
-        if spec is not None:
-            (check_vllm if fmt == "vllm" else check_trtllm)(spec)
+    else:  # exactly the engine's payload (what --speculative-config and its peers take), nothing around it
+        assert payload == saved[fmt.replace("-", "_")]
+        if payload is not None:
+            CHECKS[fmt](payload)
+    if fmt == "vllm-context":
+        assert "vLLM PR #48944 (not in vLLM 0.32)" in err
     assert saved["config"]["draft_gate"] is (fmt != "vllm")  # vLLM's adaptive verification has no gate
     assert "schedule (batch size: K)" in err
 

@@ -27,7 +27,7 @@ from avkit.scheduling.batch_schedule import BatchSchedule, ScheduledK
 from avkit.scheduling.catch_up import FREE_LAG, CatchUpRule
 from avkit.scheduling.policy import make_policy
 from avkit.step_types import DraftBatch, Load
-from avkit.tune.formats import vllm_fragment
+from avkit.tune.formats import vllm_spec
 from avkit.tune.schedule import ranges
 
 
@@ -48,10 +48,10 @@ def test_k_at_every_batch_size_is_the_schedules_from_both_file_forms(tmp_path, s
     schedule = _random_schedule(random.Random(seed))
     tune_json, frag = tmp_path / "tune.json", tmp_path / "vllm.json"
     tune_json.write_text(json.dumps({"schedule": {"ranges": [list(r) for r in schedule]}}))
-    frag.write_text(json.dumps(vllm_fragment(schedule, adaptive=False)))
+    frag.write_text(json.dumps(vllm_spec(schedule, adaptive=False)))  # what --format vllm prints
     for path in (tune_json, frag):
         got = BatchSchedule.load(path)
-        if max(k for _, _, k in schedule) == 0:  # the fragment is `speculative_config: null`
+        if max(k for _, _, k in schedule) == 0:  # the fragment is `null`: speculation off
             assert all(got.k_at(b) == 0 for b in range(1, 60))
             continue
         assert [got.k_at(b) for b in range(1, 60)] == [_brute(schedule, b) for b in range(1, 60)]

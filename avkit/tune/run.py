@@ -14,7 +14,8 @@ Steps (each rule is written once, in the module named):
   6. bootstrap.py     intervals for every cell and paired intervals for the gains
   7. idle.py          prices of the ranges where speculation is configured but off; the catch-up rule
                       (scheduling/catch_up.py) the engine applies at the switches between ranges
-  8. formats.py       the vLLM and TensorRT-LLM fragments, checked against their rules
+  8. acceptance.py    the acceptance profile of the traces (per dataset and temperature) and its fitted
+                      coefficients; formats.py compiles the document into every engine's settings
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ from avkit.estimators.base import ESTIMATORS
 from avkit.scheduling.cost import resolve_cost
 from avkit.scheduling.catch_up import PRICE_GRID, CatchUpRule
 from avkit.sim.steps import step_table
+from avkit.trace.reader import trace_metadata
+from avkit.tune.acceptance import acceptance_profile
 from avkit.tune.arms import Arm, Cell, simulate_arms
 from avkit.tune.bootstrap import interval, resample_weights, resampled_rate
 from avkit.tune.feasibility import memory_budget
-from avkit.tune.formats import trtllm_fragment, trtllm_schedule, vllm_fragment
+from avkit.tune.formats import engine_settings, trtllm_schedule
 from avkit.tune.idle import NOT_PRICED, idle_costs
 from avkit.tune.prefill import cap_new_tokens, output_tokens, prefill_per_token, prompt_tokens
 from avkit.tune.schedule import choose, ranges, single_best
@@ -145,6 +148,7 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
     config = config or TuneConfig()
     paths = [str(p) for p in traces]
     steps, rows = _steps(paths, config.datasets)
+    profile = acceptance_profile(rows, steps.k, trace_metadata(paths[0]))
     steps = cap_new_tokens(steps, config.max_new_tokens)
     max_k = config.max_k or steps.k
     if max_k > steps.k:
@@ -180,7 +184,7 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
         met = max(c for c in conc if c < unmet[0])
         notes.append(f"the p90 TPOT SLO holds up to c={met} and fails from c={unmet[0]}: to keep it, cap max_num_seqs "
                      f"between {met} and {unmet[0] - 1}")
-    return {
+    doc = {
         "avkit_tune": 1, "inputs": _inputs(paths, cost, config), "traces": paths, "requests": steps.num_requests, "trace_k": steps.k, "max_k": max_k,
         "cost": {k: v for k, v in cost.meta.items() if not k.startswith("raw_")} | {"spec": config.cost,
                                                                                      "drafter": cost.drafter},
@@ -202,10 +206,10 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
         "prefill": {"priced": prompt is not None, "max_new_tokens": config.max_new_tokens,  # tune/prefill.py
                     "drafter_ms_per_request": None if prompt is None else
                     float(cost.draft_prefill_cost(np.maximum(prompt, 1.0)).mean())},
-        "vllm": vllm_fragment(k_ranges, enable and not on_cpu),
-        "trtllm": trtllm_fragment(k_ranges),
+        "profile": profile,
         "notes": notes,
     }
+    return doc | engine_settings(doc, cost, adaptive_ok=enable and not on_cpu, draft=config.draft)
 
 
 def _steps(paths: list[str], datasets: tuple[str, ...]):

@@ -9,9 +9,8 @@ Glossary (per draft position j = 0..K-1):
   reached_j      request-steps that verified slot j given all before it were accepted:
                  drafts for j = 0, accepted_per_pos[j-1] after (exact when every draft has K tokens,
                  i.e. num_draft_tokens == K * num_drafts; the profile says whether that held)
-  conditional_j  accepted_per_pos[j] / reached_j: P(accept j | accepted 0..j-1), what a per-draft
-                 trace's per-position acceptance measures; 95% Wilson score interval
-  survival_j     accepted_per_pos[j] / drafts: P(accepted length > j)
+  conditional_j, survival_j   avkit/tune/acceptance.py's `position_table`, the one rule for traces and
+                 counters: conditional = P(accept j | accepted 0..j-1), survival = P(accepted length > j)
 The profile is an AGGREGATE (`"kind": "aggregate"`): it carries no features, so it serves no-spec and
 fixed-K simulation (`avkit simulate --profile`) and never joins per-draft trace rows.
 """
@@ -23,9 +22,9 @@ import urllib.request
 from pathlib import Path
 
 from avkit.errors import DataError
+from avkit.tune.acceptance import position_table
 
 PREFIX = "vllm:spec_decode_"
-Z95 = 1.959963984540054
 
 
 def read_source(source: str, timeout_s: float = 10.0) -> str:
@@ -40,17 +39,6 @@ def read_source(source: str, timeout_s: float = 10.0) -> str:
     if not path.is_file():
         raise DataError(f"{source}: no such file or URL")
     return path.read_text(encoding="utf-8", errors="replace")
-
-
-def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """95% Wilson score interval of k successes in n trials ((nan, nan) when n = 0)."""
-    if n == 0:
-        return float("nan"), float("nan")
-    p = k / n
-    d = 1 + z * z / n
-    c = (p + z * z / (2 * n)) / d
-    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return max(0.0, c - h), min(1.0, c + h)
 
 
 def parse_counters(text: str, source: str, model_name: str = "") -> dict:
@@ -107,14 +95,7 @@ def acceptance_profile(counters: dict, source: str) -> dict:
     if any(b > a for a, b in zip([drafts, *acc], acc)):
         raise DataError(f"{source}: accepted_per_pos {acc} is not non-increasing from num_drafts {drafts}")
     reached = [drafts, *acc[:-1]]
-    positions = []
-    for j in range(k):
-        lo, hi = wilson(acc[j], reached[j])
-        slo, shi = wilson(acc[j], drafts)
-        positions.append({"position": j, "reached": reached[j], "accepted": acc[j],
-                          "conditional": acc[j] / reached[j] if reached[j] else float("nan"),
-                          "conditional_lo": lo, "conditional_hi": hi,
-                          "survival": acc[j] / drafts, "survival_lo": slo, "survival_hi": shi})
+    positions = position_table(drafts, acc)
     return {
         "kind": "aggregate", "source": source, "engine": "vllm", "k": k, "model_name": counters["model_name"],
         "num_drafts": drafts, "num_draft_tokens": counters["num_draft_tokens"],
@@ -126,4 +107,4 @@ def acceptance_profile(counters: dict, source: str) -> dict:
     }
 
 
-__all__ = ["acceptance_profile", "parse_counters", "read_source", "wilson"]
+__all__ = ["acceptance_profile", "parse_counters", "read_source"]

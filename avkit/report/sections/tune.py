@@ -97,8 +97,8 @@ def build(inputs: ReportInputs, config: ReportConfig) -> Section:
                                        [r["concurrency"] for r in result["infeasible"]]),
                    alt="throughput vs batch size with the recommended schedule"))
     sec.add(schedule_table(result), cell_table(result))
-    sec.add("vLLM `speculative_config`: `" + json.dumps(result["vllm"]["speculative_config"]) + "`; TensorRT-LLM: `"
-            + json.dumps(result["trtllm"]["speculative_config"]) + "`.")
+    sec.add("vLLM `speculative_config`: `" + json.dumps(result["vllm"]) + "`; TensorRT-LLM: `"
+            + json.dumps(result["trtllm"]) + "`.")
     idle = result["idle"]
     if idle["per_concurrency"]:
         sec.add("Speculation configured but off (K = 0): at most " + ", ".join(
