@@ -15,60 +15,18 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from avkit.config import ServeConfig
-from avkit.serve.engine_loop import EngineLoop
-from avkit.serve.metrics import CONTENT_TYPE, ServeMetrics
+from avkit.serve.completions import add_routes
+from avkit.serve.metrics import CONTENT_TYPE
 from avkit.serve.middleware import INTERNAL_ERROR_BODY, BodyLimit, ContainErrors, CountRequests
 from avkit.serve.protocol import error_body, model_list
-from avkit.serve.side_writes import SideWrites
-
-
-class ApiError(Exception):
-    """An HTTP error in OpenAI's envelope."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 type_: str = "invalid_request_error", headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.type_ = status, message, param, type_
-        self.headers = headers or {}
-
-
-@dataclass
-class ServeState:
-    """What the routes need: config, the engine loop, the tokenizer, metrics, and a close hook."""
-
-    config: ServeConfig
-    engine_loop: EngineLoop
-    tokenizer: Any  # avkit.models tokenizer: encode, decode, apply_chat_template
-    vocab_size: int
-    model_name: str
-    metrics: ServeMetrics
-    on_close: Callable[[], None] = lambda: None  # snapshot coefficients, flush the trace
-    make_engine: Callable[[], Any] | None = None  # a fresh engine as the server builds it (tests)
-    side_writes: SideWrites = field(default_factory=SideWrites)  # snapshot / trace failures -> degraded
-    startup: str = ""  # the block logged at start: what this server runs
-    created: int = field(default_factory=lambda: int(time.time()))
-    drain_started: float | None = None  # monotonic time the shutdown began
-
-    @property
-    def context_limit(self) -> int:
-        """Prompt + completion tokens a request may use: the KV cache keeps K + 1 verify slots free."""
-        return self.config.engine.max_len - self.config.engine.k - 1
-
-    def begin_drain(self) -> None:
-        if self.drain_started is None:
-            self.drain_started = time.monotonic()
-        self.engine_loop.begin_drain()
+from avkit.serve.state import ApiError, ServeState
 
 
 def _validation_message(err: dict) -> tuple[str, str | None]:
@@ -174,8 +132,6 @@ def build_app(state: ServeState) -> FastAPI:
     @app.get("/metrics", dependencies=[auth])
     async def metrics():
         return Response(state.metrics.render(), media_type=CONTENT_TYPE)
-
-    from avkit.serve.completions import add_routes
 
     add_routes(app, state, auth)
     return app

@@ -20,7 +20,6 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from avkit.serve.app import ApiError, ServeState
 from avkit.serve.generation import Failed, Generation
 from avkit.serve.middleware import USAGE_KEY
 from avkit.serve.protocol import (
@@ -32,6 +31,7 @@ from avkit.serve.protocol import (
     new_id,
     usage,
 )
+from avkit.serve.state import ApiError, ServeState
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 

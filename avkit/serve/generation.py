@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from avkit.config import SamplingConfig
 from avkit.errors import AvkitError
 from avkit.runtime.request import Request as EngineRequest
-from avkit.serve.app import ApiError, ServeState
 from avkit.serve.engine_loop import EngineDead, NotAccepting, QueueFull, RequestHandle
+from avkit.serve.state import ApiError, ServeState
 from avkit.serve.text_stream import TextStream
 
 

@@ -21,11 +21,12 @@ from dataclasses import replace
 from avkit.config import ServeConfig
 from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.coefficients import ServedPair, load_coefficients
-from avkit.serve.app import ServeState, asgi_app
+from avkit.serve.app import asgi_app
 from avkit.serve.engine_loop import EngineLoop
 from avkit.serve.metrics import ServeMetrics
 from avkit.serve.side_writes import SideWrites
 from avkit.serve.snapshot import CoefficientSnapshots
+from avkit.serve.state import ServeState
 from avkit.serve.startup import WarmStart, bind_socket, check_record_writable, snapshot_path, startup_block, \
     warm_start, with_cache_snapshot
 from avkit.serve.trace_sink import ServeSink

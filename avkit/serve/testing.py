@@ -13,7 +13,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from avkit.serve.app import ServeState, asgi_app
+from avkit.serve.app import asgi_app
+from avkit.serve.state import ServeState
 
 
 @contextmanager

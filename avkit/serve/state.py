@@ -1,0 +1,58 @@
+"""What every route shares: the server's state (`ServeState`) and the error a handler raises (`ApiError`).
+
+The app (app.py) and the generation routes (completions.py, generation.py) import this module;
+it imports none of them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from avkit.config import ServeConfig
+from avkit.serve.engine_loop import EngineLoop
+from avkit.serve.metrics import ServeMetrics
+from avkit.serve.side_writes import SideWrites
+
+
+class ApiError(Exception):
+    """An HTTP error in OpenAI's envelope."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 type_: str = "invalid_request_error", headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.type_ = status, message, param, type_
+        self.headers = headers or {}
+
+
+@dataclass
+class ServeState:
+    """What the routes need: config, the engine loop, the tokenizer, metrics, and a close hook."""
+
+    config: ServeConfig
+    engine_loop: EngineLoop
+    tokenizer: Any  # avkit.models tokenizer: encode, decode, apply_chat_template
+    vocab_size: int
+    model_name: str
+    metrics: ServeMetrics
+    on_close: Callable[[], None] = lambda: None  # snapshot coefficients, flush the trace
+    make_engine: Callable[[], Any] | None = None  # a fresh engine as the server builds it (tests)
+    side_writes: SideWrites = field(default_factory=SideWrites)  # snapshot / trace failures -> degraded
+    startup: str = ""  # the block logged at start: what this server runs
+    created: int = field(default_factory=lambda: int(time.time()))
+    drain_started: float | None = None  # monotonic time the shutdown began
+
+    @property
+    def context_limit(self) -> int:
+        """Prompt + completion tokens a request may use: the KV cache keeps K + 1 verify slots free."""
+        return self.config.engine.max_len - self.config.engine.k - 1
+
+    def begin_drain(self) -> None:
+        if self.drain_started is None:
+            self.drain_started = time.monotonic()
+        self.engine_loop.begin_drain()
+
+
+__all__ = ["ApiError", "ServeState"]
