@@ -10,6 +10,7 @@ traces: LOTO trains on every other trace, LOTTO only on traces of another temper
 
   vllm             online_logistic from vLLM's reference constants (omega 0.5, beta -0.2): vLLM's estimator
   online_warm      online_logistic warm-started from the batch fit of the training traces (a shipped file)
+  online_warm_g    the same on another lossless feature of the draft distribution, -log(-log q_max)
   forgetting       forgetting_logistic with its defaults (those were tuned on greedy_k7 and
                    sampled_t1.0_k7: its rows on those two traces are not held-out scores)
   forgetting_warm  forgetting_logistic warm-started from the training fit, young rounds restarted;
@@ -18,7 +19,7 @@ traces: LOTO trains on every other trace, LOTTO only on traces of another temper
                    the temperature at the held-out trace's (temperature as an input)
   isotonic         forgetting_warm's output through an isotonic map fitted on its inner-LOTO
                    predictions of the training traces
-All read logit(q_max) only (and the served temperature): lossless. Scores come from avkit.metrics:
+All read q_max only (and the served temperature): lossless. Scores come from avkit.metrics:
 ECE (10 bins) with a 95% request-bootstrap interval and its floor (the ECE of perfect calibration
 on this many slots, metrics/bootstrap.py), log-loss, AUC, and per position.
 Goals (per held-out trace): ECE <= 0.010, log-loss <= vllm's, AUC >= vllm's - 0.002.
@@ -39,7 +40,7 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 
-from avkit.config import ForgettingConfig
+from avkit.config import EstimatorConfig, ForgettingConfig
 from avkit.estimators import make_estimator
 from avkit.fit.data import _file_clock, load_fit_data
 from avkit.fit.replay import online_replay
@@ -53,7 +54,8 @@ SHIFTS = [("reuse/t1_edit_k7", "reuse/t1_sharegpt_multiround_k7"), ("reuse/t0_ed
 PRIORS = (10.0, 50.0, 200.0, 1000.0)  # forgetting_warm's prior_slots grid (pseudo-slots per position)
 TUNED_ON = {"greedy_k7", "sampled_t1.0_k7"}  # ForgettingConfig's defaults were chosen on these
 GOAL_ECE, AUC_SLACK, BOOT = 0.010, 0.002, 1000
-CANDIDATES = ("vllm", "online_warm", "forgetting", "forgetting_warm", "forgetting_T", "isotonic")
+CANDIDATES = ("vllm", "online_warm", "online_warm_g", "forgetting", "forgetting_warm", "forgetting_T", "isotonic")
+FEATURES = ("logit_qmax", "neg_log_neg_log_qmax")
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,9 +66,6 @@ class Trace:
     data: object  # FitData
     requests: np.ndarray  # [N] request code of each observed slot (the bootstrap's clusters)
 
-    @property
-    def f(self) -> np.ndarray:
-        return self.data.features["logit_qmax"]
 
 
 def request_codes(path: Path, n: int) -> np.ndarray:
@@ -79,7 +78,7 @@ def request_codes(path: Path, n: int) -> np.ndarray:
 
 
 def load(path: Path, name: str, sources: tuple[str, ...]) -> Trace:
-    data = load_fit_data([path], features=["logit_qmax"])
+    data = load_fit_data([path], features=FEATURES)
     return Trace(name, sources, float(trace_metadata(path)["avkit.temperature"]), data,
                  request_codes(path, data.labels.size))
 
@@ -105,11 +104,12 @@ def traces(tmp: Path) -> tuple[list[Trace], list[Trace]]:
 
 
 @cache
-def batch_state(train: frozenset) -> dict:
+def batch_state(train: frozenset, feature: str = "logit_qmax") -> dict:
     """The shared-slope model fitted to convergence on the training traces' slots (a warm-start file)."""
     ts = sorted(train, key=lambda t: t.name)
-    est = make_estimator("batch_logistic", k=7)
-    est.fit(*(np.concatenate(x) for x in zip(*[(t.f, t.data.positions, t.data.labels) for t in ts])))
+    est = make_estimator("batch_logistic", k=7, config=EstimatorConfig(feature=feature))
+    est.fit(*(np.concatenate(x) for x in zip(*[(t.data.features[feature], t.data.positions, t.data.labels)
+                                                for t in ts])))
     return est.state_dict()
 
 
@@ -125,12 +125,13 @@ def by_temperature(train: frozenset, temperature: float) -> dict:
     return batch_state(train) | {"slope": max(float(at[0]), 0.0), "intercepts": at[1:].tolist()}
 
 
-def replay(name: str, trace: Trace, state: dict | None = None, prior: float | None = None) -> np.ndarray:
+def replay(name: str, trace: Trace, state: dict | None = None, prior: float | None = None,
+           feature: str = "logit_qmax") -> np.ndarray:
     kw = {"forgetting": ForgettingConfig(prior_slots=prior)} if prior is not None else {}
-    est = make_estimator(name, k=7, **kw)
+    est = make_estimator(name, k=7, config=EstimatorConfig(feature=feature), **kw)
     if state is not None:
         est.load_state_dict(state)
-    return online_replay(est, trace.data, trace.f)[0]
+    return online_replay(est, trace.data, trace.data.features[feature])[0]
 
 
 def inner(train: frozenset) -> tuple[float, object]:
@@ -152,7 +153,9 @@ def predict_all(trace: Trace, train: frozenset) -> tuple[dict[str, np.ndarray], 
     the prior_slots chosen)."""
     prior, iso = inner(train)
     warm = replay("forgetting_logistic", trace, batch_state(train), prior)
+    g = "neg_log_neg_log_qmax"
     return {"vllm": replay("online_logistic", trace), "online_warm": replay("online_logistic", trace, batch_state(train)),
+            "online_warm_g": replay("online_logistic", trace, batch_state(train, g), feature=g),
             "forgetting": replay("forgetting_logistic", trace), "forgetting_warm": warm,
             "forgetting_T": replay("forgetting_logistic", trace, by_temperature(train, trace.temperature), prior),
             "isotonic": np.clip(iso.predict(warm), 0.0, 1.0)}, prior
@@ -195,9 +198,10 @@ def table(rows: list[dict]) -> list[str]:
     for r in rows:
         mark = {"forgetting": "†" if r["trace"] in TUNED_ON else "", "forgetting_warm": f" ({r['prior']:g})"}.get(
             r["estimator"], "")
+        dll = "—" if r["estimator"] == "vllm" else f"[{r['dll_lo']:+.4f}, {r['dll_hi']:+.4f}]"
         lines.append(f"| {r['trace']} | {r['T']:g} | {r['slots']:,} | {r['requests']} | {r['estimator']}{mark} | "
                      f"{r['ece']:.4f} [{r['ece_lo']:.4f}, {r['ece_hi']:.4f}] | {r['floor']:.4f} | "
-                     f"{r['log_loss']:.4f} | {r['dll_lo']:+.4f}, {r['dll_hi']:+.4f} | {r['auc']:.4f} | "
+                     f"{r['log_loss']:.4f} | {dll} | {r['auc']:.4f} | "
                      f"{''.join('✓' if g else '✗' for g in r['goals'])} |")
     return lines
 
@@ -216,7 +220,7 @@ def summary(rows: list[dict]) -> list[str]:
     return lines
 
 
-def per_position(rows: list[dict], names=("vllm", "online_warm", "forgetting_warm")) -> list[str]:
+def per_position(rows: list[dict], names=("vllm", "online_warm", "online_warm_g", "forgetting_warm")) -> list[str]:
     lines = ["| held-out trace | estimator | " + " | ".join(f"pos {i}" for i in range(7)) + " |",
              "|---|---|" + "---:|" * 7]
     for r in rows:
@@ -226,7 +230,7 @@ def per_position(rows: list[dict], names=("vllm", "online_warm", "forgetting_war
     return lines
 
 
-def reliability(pool: list[Trace], preds: dict, path: Path, names=("vllm", "online_warm", "forgetting_warm")) -> None:
+def reliability(pool: list[Trace], preds: dict, path: Path, names=("vllm", "online_warm", "online_warm_g", "forgetting_warm")) -> None:
     """Reliability diagrams (10 bins) of the LOTO predictions, per temperature (rows) and position (columns)."""
     import matplotlib
 
