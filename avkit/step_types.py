@@ -2,8 +2,10 @@
 
   drafter ──DraftBatch──► policy ──StepPlan──► verifier ──VerifyOutcome──► policy (online refit)
                      Load ──┘
-The drafter, the verify policy, the engine and the simulator all speak these four types, so none of
+The drafter, the verify policy, the engine and the simulator all speak these types, so none of
 them imports another stage to learn its shapes. Every tensor lives on the engine's device.
+The engine's step is one `Load`; the simulator hands a policy many steps at once as `Groups` (row r of
+the DraftBatch belongs to step group[r]), and the policy decides them all with the same code.
 """
 
 from __future__ import annotations
@@ -23,6 +25,19 @@ class Load:
     # [B] per request, from the engine's bookkeeping when a draft model may draft (None: not given):
     lag: tuple[int, ...] | None = None  # tokens of the sequence its drafter has not seen (a catch-up's size)
     remaining: tuple[int, ...] | None = None  # new tokens it may still emit (max_new_tokens - emitted)
+
+
+@dataclass(frozen=True)
+class Groups:
+    """Many steps' loads at once (the simulator's group vector; the engine's step is one `Load`).
+    Every step decodes: no request is mid-prefill, no lags (the replayed traces start caught up)."""
+
+    group: torch.Tensor  # [B] int64, ascending: the step of each row
+    num_requests: torch.Tensor  # [G] int64, requests in each step (N_s = T = this)
+
+    @property
+    def num_groups(self) -> int:
+        return self.num_requests.numel()
 
 
 @dataclass(frozen=True)
@@ -60,4 +75,4 @@ class VerifyOutcome:
     # j <= num_accepted[r] (at or before the first rejection); label = j < num_accepted[r].
 
 
-__all__ = ["DraftBatch", "Load", "StepPlan", "VerifyOutcome"]
+__all__ = ["DraftBatch", "Groups", "Load", "StepPlan", "VerifyOutcome"]

@@ -190,42 +190,6 @@ def test_warm_start_from_coefficients(tmp_path):
         make_adaptive(cost=_cost(0.0), estimator="online_logistic", coefficients=path, k=3)
 
 
-@pytest.mark.parametrize("seed", range(4))
-@pytest.mark.parametrize("fixed", [False, True])
-def test_continue_drafting_matches_the_simulator(seed, fixed):
-    """The live per-pass stopping rule and the simulator's adaptive-stop make the same decisions (with a
-    drafting part paid once per step, as vLLM's proposer pays, both charge it with the first pass)."""
-    import dataclasses
-
-    from avkit.scheduling.roofline import parse_roofline_spec
-    from avkit.sim.adaptive import Adaptive
-
-    rng = np.random.default_rng(seed)
-    b, k = 24, 6
-    conf = rng.uniform(0.3, 0.99, (b, k))
-    f = np.log(conf / (1 - conf))  # the test estimator is sigmoid(f)
-    cost = parse_roofline_spec("roofline:H200:8b:context=2048")
-    if fixed:
-        cost = dataclasses.replace(cost, draft_fixed_ms=tuple(3 * x for x in cost.draft_ms))
-    c32 = conf.astype(np.float32).astype(np.float64)
-    sizing = (np.repeat(c32[:, :1], k, axis=1), np.full(b, k))  # the live sizing: position-0 feature, K drafts
-    want_k, want_drafted, _ = Adaptive._budget_stop(cost, c32, np.zeros(b, np.int64), np.array([b]),
-                                                    np.full(b, k), sizing)
-    policy = AdaptiveVerification(cost, Logistic(slope=1.0, intercept=0.0))
-    feats = torch.tensor(f, dtype=torch.float32)
-    proposed, active, load = torch.zeros(b, dtype=torch.int64), torch.ones(b, dtype=torch.bool), Load(b, b, b)
-    for j in range(1, k + 1):
-        proposed = proposed + active
-        active = policy.continue_drafting(DraftBatch({"logit_qmax": feats[:, :j]}, proposed), load) & (proposed < k)
-        if not active.any():
-            break
-    padded = feats.masked_fill(torch.arange(k)[None, :] >= proposed[:, None], float("nan"))  # as the drafter
-    got = policy.num_verify(DraftBatch({"logit_qmax": padded}, proposed), load).num_verify
-    assert proposed.tolist() == want_drafted.tolist()
-    assert got.tolist() == want_k.tolist()
-    assert 0 < int(proposed.sum()) < b * k  # the rule stopped some requests early, not all at once
-
-
 def test_lossy_estimators_are_refused_live():
     from avkit.config import EstimatorConfig
 

@@ -120,7 +120,8 @@ def test_simulate_runs_it_warm_started(fitted):
     import polars as pl
 
     from avkit.scheduling.cost import CostTable
-    from avkit.sim.adaptive import Adaptive
+    from avkit.scheduling.policy import parse_spec
+    from avkit.sim.drive import SimPolicy, decide
     from avkit.sim.steps import Replay
     from avkit.sim.steps import schedule, step_table
     from avkit.trace.reader import read_traces
@@ -128,8 +129,8 @@ def test_simulate_runs_it_warm_started(fitted):
     steps = step_table(read_traces([ROOT / "traces/greedy_k7.parquet"]).filter(pl.col("engine_step") < 300))
     cost = CostTable((1, 64, 512), (1.0, 1.6, 20.0), (1, 16), (0.2, 0.6))
     replay = Replay.build(steps, schedule(steps, 8, waves=1), cost)
-    policy = Adaptive("forgetting_logistic", str(fitted), burn_in=False)
-    k, drafted, _ = policy.decide(replay)
+    policy = SimPolicy(parse_spec("adaptive:forgetting_logistic"), str(fitted), burn_in=False)
+    k, drafted, _ = decide(policy.make(steps, cost), replay)
     assert k.shape == drafted.shape and (k <= drafted).all() and k.sum() > 0
     assert policy.name == "adaptive-forgetting_logistic"
 

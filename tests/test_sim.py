@@ -86,51 +86,6 @@ def test_schedule_keeps_every_lane_busy(steps):
     assert np.mean(contiguous[same]) > 0.95  # the rest: a cycled copy of the same request restarting
 
 
-@pytest.mark.parametrize("draft_ms, gated", [(0.4, False), (0.55, True)])
-def test_simulated_adaptive_decides_as_the_live_policy(steps, tmp_path, draft_ms, gated):
-    """With the same (frozen) coefficients, the simulator's online adaptive policy makes the live
-    policy's decisions in every simulated step: whether to draft at all (the gate, from earlier steps),
-    then sizing from position-0 features and the top-b* live slots. The costlier drafter sits near the
-    gate's threshold, so the running survival mean, not only the probes, switches speculation."""
-    from avkit.config import AdaptiveConfig
-    from avkit.scheduling.adaptive import make_adaptive
-    from avkit.step_types import DraftBatch, Load
-    from avkit.sim.adaptive import Adaptive
-    from avkit.sim.steps import Replay
-
-    coef = tmp_path / "coefficients.json"
-    coef.write_text(json.dumps({"feature": "logit_qmax", "num_positions": 7, "slope": 0.8,
-                                "intercepts": [2.0, 1.6, 1.2, 1.0, 0.8, 0.6, 0.4], "observations": [0] * 7}))
-    cost = CostTable((1, 8, 9, 16, 17, 64, 65, 512), (1.0, 1.0, 1.6, 1.6, 2.2, 2.2, 4.0, 20.0),
-                     (1, 16), (0.2, draft_ms))  # step-shaped: sizing inputs matter
-    config = AdaptiveConfig(gate_window=16, probe_every=4)
-    replay = Replay.build(steps, schedule(steps, 16, waves=1), cost)
-    g1 = 40  # steps before the first refit round ends (refit_interval 100): coefficients are frozen
-    conf_rows = slice(0, replay.bounds[g1])
-    live = make_adaptive(cost=cost, estimator="online_logistic", coefficients=coef, k=steps.k, adaptive=config)
-    live.gate.stop_drafting = False  # price drafting as this (plain) simulated policy drafts: K passes
-    feats = np.nan_to_num(steps.features["logit_qmax"][replay.sched.rows[conf_rows]], nan=0.0)
-    got, drafted, _ = Adaptive("online_logistic", str(coef), burn_in=False, gate=config).decide(replay)
-    trimmed, on = 0, []
-    for g in range(g1):
-        a, b = replay.bounds[g] - replay.bounds[0], replay.bounds[g + 1] - replay.bounds[0]
-        n = b - a
-        on.append(live.draft_this_step(Load(n, n, n)))
-        assert on[-1] == bool((drafted[a:b] > 0).any()), g
-        if not on[-1]:
-            assert not got[a:b].any()
-            continue
-        batch = DraftBatch({"logit_qmax": torch.tensor(feats[a:b], dtype=torch.float32)},
-                           torch.tensor(drafted[a:b]))
-        want = live.num_verify(batch, Load(n, n, n)).num_verify
-        assert want.tolist() == got[a:b].tolist(), g
-        trimmed += int((want < batch.num_drafted).sum())
-    if gated:  # skipped steps, and drafted steps beyond the probes (every 5th step)
-        assert not all(on) and sum(on) > sum(1 for i in range(0, g1, config.probe_every + 1))
-    else:
-        assert all(on) and trimmed > 0  # the cost really trims: the comparison can see a difference
-
-
 def test_step_time_check(frame):
     cost = CostTable((1, 100), (5.0, 104.0), (1, 100), (0.5, 50.0))
     per_step = frame.group_by("engine_step").agg(
@@ -163,7 +118,7 @@ def test_results_parquet_and_errors(steps, frame, tmp_path):
     res = simulate(steps, parse_roofline_spec("roofline:H200:8b"), [2], ["nospec", "fixed:2"])
     path = write_results(res, tmp_path / "out" / "sim.parquet")
     assert pl.read_parquet(path).equals(res) and len(list(path.parent.iterdir())) == 1
-    with pytest.raises(ConfigError, match="unknown simulate policy"):
+    with pytest.raises(ConfigError, match="unknown policy"):
         simulate(steps, parse_roofline_spec("roofline:H200:8b"), [2], ["greedy"])
     with pytest.raises(ConfigError, match="unknown estimator"):
         simulate(steps, parse_roofline_spec("roofline:H200:8b"), [2], ["adaptive:nope"])
@@ -204,7 +159,7 @@ def test_simulate_cli(tmp_path, steps, capsys):
         app(["simulate", str(trace), "--policy", "warp", "--out", str(out)], prog_name="avkit")
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(err) == 1, err
-    assert err[0].startswith("avkit: error: --policy warp: unknown simulate policy 'warp'"), err
+    assert err[0].startswith("avkit: error: --policy warp: unknown policy 'warp'"), err
     assert out.read_bytes() == before  # the earlier result is left as it was
 
 
@@ -221,7 +176,7 @@ def test_recorded_confidences_are_a_source(frame):
 
 def test_stale_tokens_and_catch_up_follow_each_request():
     """Brute force over each request copy's rows in time order: tokens decoded since its last drafted step."""
-    from avkit.sim.adaptive import stale_tokens
+    from avkit.sim.drive import stale_tokens
 
     rng = np.random.default_rng(0)
     copy = rng.integers(0, 5, 200)
@@ -242,14 +197,14 @@ def test_gated_simulation_pays_the_catch_up(steps):
     """With the gate switching, the gated policy's drafting time holds the catch-up passes; without
     switches (a cheap drafter: always on) there is nothing to catch up."""
     from avkit.config import AdaptiveConfig
-    from avkit.sim.adaptive import Adaptive, catch_up_ms
+    from avkit.scheduling.policy import parse_spec
+    from avkit.sim.drive import SimPolicy, catch_up_ms, decide
     from avkit.sim.steps import Replay
 
     cost = CostTable((1, 8, 9, 16, 17, 64, 65, 512), (1.0, 1.0, 1.6, 1.6, 2.2, 2.2, 4.0, 20.0), (1, 16), (0.2, 0.55))
     replay = Replay.build(steps, schedule(steps, 16, waves=1), cost)
-    config = AdaptiveConfig(gate_window=16, probe_every=4)
-    gated = Adaptive("oracle", gate=config)
-    _, drafted, draft_ms = gated.decide(replay)
+    gated = SimPolicy(parse_spec("adaptive:oracle"), adaptive=AdaptiveConfig(gate_window=16, probe_every=4))
+    _, drafted, draft_ms = decide(gated.make(steps, cost), replay)
     extra = catch_up_ms(replay, drafted > 0)
     on = np.maximum.reduceat(drafted, replay.bounds[:-1]) > 0
     assert (extra > 0).sum() > 0 and not extra[~on].any()  # paid at drafting steps after a pause only
@@ -257,4 +212,4 @@ def test_gated_simulation_pays_the_catch_up(steps):
     np.testing.assert_allclose(draft_ms, cost.draft_cost(replay.num_requests, passes) * on + extra)
     cheap = CostTable(cost.verify_tokens, cost.verify_ms, (1, 16), (0.01, 0.02))
     replay = Replay.build(steps, schedule(steps, 16, waves=1), cheap)
-    assert not catch_up_ms(replay, Adaptive("oracle", gate=config).decide(replay)[1] > 0).any()
+    assert not catch_up_ms(replay, decide(gated.make(steps, cheap), replay)[1] > 0).any()

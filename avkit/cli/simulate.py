@@ -54,7 +54,8 @@ def register(app: typer.Typer) -> None:
         policy: Annotated[list[str] | None, typer.Option(
             "--policy", help="repeatable (or comma-separated): nospec, fixed, fixed:K, adaptive:ESTIMATOR, "
             "adaptive:oracle, adaptive:recorded, adaptive-stop:ESTIMATOR (also stops drafting early), "
-            "adaptive[-stop]-nogate:... (no draft gate) (default: all but -nogate)", show_default=False)] = None,
+            "adaptive[-stop]-nogate:... (no draft gate), schedule:FILE, full (default: all but -nogate "
+            "and schedule)", show_default=False)] = None,
         coefficients: Annotated[str, typer.Option(help="coefficients.json warm start for adaptive estimators")] = "",
         waves: Annotated[int, typer.Option(help="requests served per lane at least (recorded ones are cycled)")] =
             _d("waves"),
@@ -67,7 +68,7 @@ def register(app: typer.Typer) -> None:
 
         config = SimulateConfig(concurrency=parse_ints("concurrency", concurrency), cost=cost, out=out, waves=waves)
         from avkit.scheduling.cost import resolve_cost
-        from avkit.sim.policies import parse_policies
+        from avkit.sim.drive import parse_policies
         from avkit.sim.replay import default_policies, load_steps, results_inputs, step_time_check, write_results
         from avkit.sim.replay import simulate as run
         from avkit.sim.terminal import render_results

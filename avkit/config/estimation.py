@@ -58,6 +58,7 @@ class AdaptiveConfig:
     gate_window: int = 64  # recent drafted request-steps the gate replays its step on
     probe_every: int = 256  # skipped steps in a row before the gate drafts again to re-measure
     resume_margin: float = 0.1  # gate off: resume drafting only when it promises > 10% more tokens/ms
+    stop_drafting: bool = True  # an autoregressive drafter stops each request's drafting early (stop.py)
 
     def __post_init__(self):
         check_range("history", self.history, 1)

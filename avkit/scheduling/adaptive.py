@@ -36,7 +36,7 @@ from avkit.scheduling.gate import DraftGate
 from avkit.scheduling.plan import Plan, plan, single_group, verify_lookup
 from avkit.scheduling.policy import VerifyPolicy
 from avkit.scheduling.stop import continue_drafting
-from avkit.step_types import DraftBatch, Load, StepPlan, VerifyOutcome
+from avkit.step_types import DraftBatch, Groups, Load, StepPlan, VerifyOutcome
 
 log = logging.getLogger("avkit.adaptive")
 
@@ -58,9 +58,10 @@ class AdaptiveVerification(VerifyPolicy):
     trajectory: list[dict] = field(default_factory=list)  # {"step", "refit", **estimator.state_dict()}
     steps: int = 0
     refits: int = 0
-    draft_ms: torch.Tensor | None = None  # [1] drafting paid this step, summed by `continue_drafting`
+    draft_ms: torch.Tensor | None = None  # [G] drafting paid this step, summed by `continue_drafting`
     gate: DraftGate | None = None  # skips drafting for a step when it cannot pay (None: always draft)
     k: int = DEFAULT_K  # positions the estimator predicts (the width of the gate's rows)
+    stop_drafting: bool = True  # stop an autoregressive drafter early (`continue_drafting`)
     last_plan: Plan | None = None  # the plan of the last num_verify call (one group)
     kernels: Kernels | None = None  # the engine's kernel set: the plan's prefixes by its allocation kernel
     # Scores the suffix cache's rows (DraftBatch.cache_rows, HVD's hybrid drafter) with its own coefficients,
@@ -119,11 +120,15 @@ class AdaptiveVerification(VerifyPolicy):
         est = self.estimator
         return None if est is None or not hasattr(est, "kernel_coefficients") else est.kernel_coefficients(device)
 
-    def sizing(self, batch: DraftBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def sizing(self, batch: DraftBatch, conf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Draw-independent inputs that size b*: every position j of request r predicted from r's
         position-0 feature (q_0 depends on the prefix only) with position j's coefficients, and K
         nominal drafts for every request that drafted. Live features at j >= 1 are functions of the
-        drawn x_0..x_{j-1}; letting them move b* would make k_r >= 1 depend on x_0 (lossy)."""
+        drawn x_0..x_{j-1}; letting them move b* would make k_r >= 1 depend on x_0 (lossy).
+        An estimator that reads a whole slot's column (`per_position = False`: the simulator's oracle and
+        recorded confidences) cannot predict position j from position 0: it sizes from `conf` (a bound)."""
+        if not getattr(self.estimator, "per_position", True):
+            return conf, batch.num_drafted
         k = batch.features[estimator_feature(self.estimator)].shape[1]
         return self.first_predictions(batch, k), torch.where(batch.num_drafted > 0, k, 0)
 
@@ -135,15 +140,27 @@ class AdaptiveVerification(VerifyPolicy):
         return self.gate is None or self.estimator is None or \
             self.gate.draft_this_step(load.num_requests, load.lag, load.remaining)
 
-    def num_verify(self, batch: DraftBatch, load: Load) -> StepPlan:
+    def draft_steps(self, batch: DraftBatch, groups: Groups) -> torch.Tensor | None:
+        """[G] bool: `draft_this_step` for many steps in order, each step's sizing rows observed after its
+        decision (as `num_verify` does live); None without a gate."""
+        if self.gate is None or self.estimator is None:
+            return None
+        conf = self.confidences(batch)  # [B, K]
+        full = self.sizing(batch, conf)[0]
+        bounds = torch.searchsorted(groups.group, torch.arange(groups.num_groups + 1))  # [G+1]
+        return torch.from_numpy(self.gate.replay(groups.num_requests.numpy(), full, bounds.numpy(),
+                                                 (batch.num_drafted > 0).numpy()))
+
+    def num_verify(self, batch: DraftBatch, load: Load | Groups) -> StepPlan:
         if self.estimator is None:
             return StepPlan(batch.num_drafted.clone(), None)
         conf = self.confidences(batch)  # [B, K]
         self.draft_ms = None  # size with the nominal drafting cost: the passes run depend on the draws
-        sizing = self.sizing(batch)
+        sizing = self.sizing(batch, conf)
         plan = self._plan(conf, batch.num_drafted, load, sizing=sizing)
         self.last_plan, self.draft_ms = plan, None
-        if self.gate is not None:  # the gate's curve spans all K positions, even when fewer were drafted
+        if self.gate is not None and isinstance(load, Load):  # Groups: observed by `draft_steps`
+            # the gate's curve spans all K positions, even when fewer were drafted
             full = sizing[0] if conf.shape[1] == self.k else self.first_predictions(batch, self.k)
             drafted = batch.num_drafted > 0  # [B] the gate weighs draft-model passes: the model's rows
             self.gate.observe(full[drafted if batch.cache_rows is None else drafted & ~batch.cache_rows])
@@ -159,9 +176,16 @@ class AdaptiveVerification(VerifyPolicy):
             self._tables[(kind, device)] = table
         return table
 
-    def _group_inputs(self, load: Load, drafts: int, device) -> dict:
-        """The plan's [1] inputs at this load, fixed_ms = drafting `drafts` nominal passes + KV reads: made
-        once per (load, drafts, device) and kept (loads repeat), so a step builds no tensors for them."""
+    def _group_inputs(self, load: Load | Groups, drafts, device) -> dict:
+        """The plan's [G] inputs, fixed_ms = drafting `drafts` nominal passes ([G] or one int) + KV reads.
+        For one step (`Load`) made once per (load, drafts, device) and kept (loads repeat), so a live step
+        builds no tensors for them."""
+        if isinstance(load, Groups):
+            n = load.num_requests.numpy()  # [G]
+            fixed = self.cost.draft_cost(n, np.asarray(drafts)) + self.cost.context_cost(n)
+            to = lambda v: torch.as_tensor(v, device=device)
+            return {"num_sampling": to(load.num_requests), "num_scheduled": to(load.num_requests),
+                    "fixed_ms": to(np.asarray(fixed, dtype=np.float64))}
         key = (load, drafts, device)
         got = self._tables.get(key)
         if got is None:
@@ -175,38 +199,57 @@ class AdaptiveVerification(VerifyPolicy):
             self._tables[key] = got
         return dict(got)  # the caller may replace entries
 
-    def _plan(self, conf: torch.Tensor, num_drafted: torch.Tensor, load: Load, sizing=None) -> Plan:
+    @staticmethod
+    def _groups(load: Load | Groups, rows: int, device) -> tuple[torch.Tensor, int, int]:
+        """(group [B], G, most target tokens a step schedules before its drafts) of one step or many."""
+        if isinstance(load, Groups):
+            return load.group.to(device), load.num_groups, int(load.num_requests.max()) if load.num_groups else 0
+        return single_group(rows, device), 1, load.num_scheduled_tokens
+
+    def _plan(self, conf: torch.Tensor, num_drafted: torch.Tensor, load: Load | Groups, sizing=None) -> Plan:
         # Drafting is paid before verification: K passes over the batch (nominal, the draws decide the rest).
         b, k = conf.shape
         dev = conf.device
-        verify_ms = self._lookup("verify", load.num_scheduled_tokens + b * max(k, self.k) + 1, dev)
-        return plan(conf, num_drafted, single_group(b, dev), 1, verify_ms=verify_ms, sizing=sizing,
-                    allocate=None if self.kernels is None else self.kernels.allocate,
-                    **self._group_inputs(load, k, dev))
+        group, num_groups, n = self._groups(load, b, dev)
+        many = isinstance(load, Groups)
+        if many:  # a step that drafted pays K nominal passes
+            drafted = torch.zeros(num_groups, dtype=torch.int64).index_add_(0, load.group, num_drafted.cpu())
+            drafts, width = np.where(drafted.numpy() > 0, k, 0), n * (max(k, self.k) + 1) + 1
+        else:
+            drafts, width = k, n + b * max(k, self.k) + 1
+        return plan(conf, num_drafted, group, num_groups, verify_ms=self._lookup("verify", width, dev),
+                    sizing=sizing, allocate=None if self.kernels is None or many else self.kernels.allocate,
+                    **self._group_inputs(load, drafts, dev))
 
-    def continue_drafting(self, batch: DraftBatch, load: Load) -> torch.Tensor:
+    def continue_drafting(self, batch: DraftBatch, load: Load | Groups) -> torch.Tensor | None:
         """For an autoregressive drafter, after each pass: which requests should draft one more token ([B] bool).
 
         `batch` holds the drafts so far (features [B, j], num_drafted [B]); requests with num_drafted == j
         drafted in this pass. The rule is scheduling/stop.py's, with the drafting paid so far summed
-        on the device (no host read). Call `num_verify` after the last pass.
+        on the device (no host read). Call `num_verify` after the last pass. None: no early stop (the
+        setting is off, no estimator, or the cost table's drafter drafts every depth in one pass).
         """
+        if not self.stop_drafting or self.estimator is None or self.cost.drafter != "autoregressive":
+            return None
         conf = self.confidences(batch)  # [B, j]
         b, j = conf.shape
         dev = conf.device
+        group, num_groups, n = self._groups(load, b, dev)
         active = batch.num_drafted == j  # [B] drafted in this pass
-        n_active = active.sum().reshape(1)  # [1]
-        pass_ms = self._lookup("draft", b, dev)[n_active] * (n_active > 0)  # [1] one pass over the active rows
+        n_active = torch.zeros(num_groups, dtype=torch.int64, device=dev).index_add_(0, group, active.long())  # [G]
+        many = isinstance(load, Groups)
+        size = n if many else b
+        pass_ms = self._lookup("draft", size, dev)[n_active] * (n_active > 0)  # [G] one pass over the active rows
         if j == 1 or self.draft_ms is None:  # the first pass also pays the drafting's fixed part (cost.py)
-            paid = pass_ms + self._lookup("fixed", b, dev)[n_active] * (n_active > 0)
+            paid = pass_ms + self._lookup("fixed", size, dev)[n_active] * (n_active > 0)
         else:
             paid = self.draft_ms + pass_ms
         self.draft_ms = paid
-        verify_ms = self._lookup("verify", load.num_scheduled_tokens + b * max(j, self.k) + 2, dev)
-        inputs = self._group_inputs(load, 0, dev)
+        width = n * (max(j, self.k) + 1) + 2 if many else n + b * max(j, self.k) + 2
+        inputs = self._group_inputs(load, np.zeros(num_groups, np.int64) if many else 0, dev)
         inputs["fixed_ms"] = inputs["fixed_ms"] + paid
-        keep, _ = continue_drafting(conf, batch.num_drafted, active, single_group(b, dev), 1, pass_ms=pass_ms,
-                                    n_active=n_active, verify_ms=verify_ms, **inputs)
+        keep, _ = continue_drafting(conf, batch.num_drafted, active, group, num_groups, pass_ms=pass_ms,
+                                    n_active=n_active, verify_ms=self._lookup("verify", width, dev), **inputs)
         return keep
 
     def observe(self, outcome: VerifyOutcome) -> None:
@@ -271,9 +314,10 @@ def _feature(batch: DraftBatch | VerifyOutcome, est: Estimator) -> torch.Tensor:
 
 def make_adaptive(cost: str | CostTable | None = None, estimator: str | Estimator | None = None,
                   coefficients: str | Path = "", k: int = DEFAULT_K, adaptive: AdaptiveConfig | None = None,
-                  **estimator_kwargs) -> AdaptiveVerification:
+                  bound: bool = False, **estimator_kwargs) -> AdaptiveVerification:
     """POLICIES["adaptive"] factory: cost table or spec, estimator name (or object) for K positions, warm start.
 
+    `bound`: accept a lossy estimator (the simulator's oracle: a bound, never an engine's policy).
     Other keyword arguments go to the estimator's factory (e.g. `config=EstimatorConfig(...)`). The
     suffix cache's rows get their own estimator of the same kind: warm-started from
     `adaptive.cache_coefficients` (a file fitted on cache rows, `avkit fit --drafter suffix`) or
@@ -289,12 +333,12 @@ def make_adaptive(cost: str | CostTable | None = None, estimator: str | Estimato
         est = load_estimator(est, model_file, k=k, drafter="model", **estimator_kwargs)
     elif est is not None and config.cache_coefficients:
         cache_est = load_estimator(est.name, config.cache_coefficients, k=k, drafter="suffix")
-    if est is not None and not getattr(est, "lossless", True):
+    if est is not None and not getattr(est, "lossless", True) and not bound:
         raise ConfigError(f"adaptive verification needs a lossless estimator; {est.name!r} reads a lossy "
                           "feature (trimming on q of the drawn token biases the output, docs/lossless.md)")
     table = resolve_cost(cost or config.cost)
-    gate = (DraftGate(table, config.gate_window, config.probe_every, config.resume_margin, k=k)
+    gate = (DraftGate(table, config.gate_window, config.probe_every, config.resume_margin, config.stop_drafting, k=k)
             if config.gate and est is not None else None)
-    return AdaptiveVerification(table, est, history=config.history, gate=gate, k=k,
+    return AdaptiveVerification(table, est, history=config.history, gate=gate, k=k, stop_drafting=config.stop_drafting,
                                 cache_estimator=cache_est if est is not None else None)
 

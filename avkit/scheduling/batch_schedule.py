@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from avkit.errors import ConfigError
 from avkit.scheduling.catch_up import CatchUpRule
 from avkit.scheduling.policy import VerifyPolicy
-from avkit.step_types import DraftBatch, Load, StepPlan
+from avkit.step_types import DraftBatch, Groups, Load, StepPlan
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,11 @@ class BatchSchedule:
     def k_at(self, batch_size: int) -> int:
         """K at this batch size (past the last range: the last range's K)."""
         return int(self.dense[min(max(batch_size, 1), self.dense.size - 1)])
+
+    def k_of(self, groups: Groups) -> torch.Tensor:
+        """[B] K of each row's step (`k_at` of its step's batch size), for many steps at once."""
+        n = groups.num_requests.clamp(1, self.dense.size - 1)  # [G]
+        return torch.from_numpy(self.dense)[n][groups.group]
 
     @classmethod
     def load(cls, path: str | Path) -> BatchSchedule:
@@ -118,13 +124,17 @@ class ScheduledK(VerifyPolicy):
             raise ConfigError(f"--schedule {self.schedule.source}: K={self.schedule.max_k} at batch size {b} "
                               f"is more than the engine drafts (k={self.k}); raise -k or lower the schedule")
 
-    def draft_limits(self, load: Load, lag: list[int], remaining: list[int]) -> list[int]:
+    def draft_limits(self, load: Load | Groups, lag, remaining):
+        if isinstance(load, Groups):  # the simulator's steps: no lags (its traces start caught up)
+            return self.schedule.k_of(load)
         k, rule = self.schedule.k_at(load.num_requests), self.schedule.catch_up
         if k == 0 or rule is None:
             return [k] * len(lag)
         return [k if ok else 0 for ok in rule.plan(lag, remaining, load.num_requests, k).tolist()]
 
-    def num_verify(self, batch: DraftBatch, load: Load) -> StepPlan:
+    def num_verify(self, batch: DraftBatch, load: Load | Groups) -> StepPlan:
+        if isinstance(load, Groups):
+            return StepPlan(torch.minimum(batch.num_drafted, self.schedule.k_of(load)))  # [B] int64
         return StepPlan(batch.num_drafted.clamp(max=self.schedule.k_at(load.num_requests)))  # [B] int64
 
 

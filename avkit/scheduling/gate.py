@@ -34,7 +34,7 @@ Glossary:
                  with the gain of sure drafts while measuring. A server at load 16 whose requests end
                  at different times must not pay 8 prompts' drafter prefill for the last 20 tokens
                  (the simulator's traces start caught up and pass no lags: it charges catch-ups after
-                 the fact, sim/adaptive.py `catch_up_ms`)
+                 the fact, sim/replay.py `catch_up_ms`)
   hysteresis     while off, drafting resumes only if gain > 1 + `resume_margin`
   probe          after `probe_every` skipped steps in a row the gate forgets its rows and drafts until it
                  has seen `window` new ones, so that it follows the traffic while speculation is off
@@ -42,7 +42,8 @@ Glossary:
 Lossless: the decision reads the load and earlier steps' features only (prefixes already emitted,
 drafts of steps that are over), never this step's draws; each emitted token still follows the target
 given everything before it, so the output does (docs/lossless.md).
-Used live by AdaptiveVerification (`draft_this_step`) and by the simulator (sim/policies.py) alike.
+Used by AdaptiveVerification: live one step at a time (`draft_this_step`), in the simulator over its
+steps in order (`draft_steps`, `replay` here).
 """
 
 from __future__ import annotations
@@ -194,24 +195,16 @@ class DraftGate:
             conf = torch.cat([self.rows, conf])
         self.rows = conf[-self.window:].clone()
 
-    def state(self) -> tuple:
-        """What the next decisions depend on (the simulator rewinds to it when a round re-predicts)."""
-        return self.rows, self.skipped, self.skipped_total, self.steps
-
-    def restore(self, state: tuple) -> None:
-        self.rows, self.skipped, self.skipped_total, self.steps = state
-
     def replay(self, num_requests: np.ndarray, conf: torch.Tensor, bounds: np.ndarray,
-               drafts: np.ndarray) -> tuple[np.ndarray, list]:
+               drafts: np.ndarray) -> np.ndarray:
         """Steps in order, as the simulator runs them: requests [G], sizing confidences [rows, K] of the
-        steps' rows (bounds [G+1]), which rows would draft [rows] -> (drafted [G] bool, state before each
-        step). One iteration per step (each decision needs the previous ones), none per request or slot."""
-        on, states = np.zeros(len(num_requests), dtype=bool), []
+        steps' rows (bounds [G+1]), which rows would draft [rows] -> drafted [G] bool. One iteration per
+        step (each decision needs the previous ones), none per request or slot."""
+        on = np.zeros(len(num_requests), dtype=bool)
         conf, drafts = torch.as_tensor(conf, dtype=torch.float64), torch.as_tensor(drafts)
         for g, n in enumerate(num_requests.tolist()):
-            states.append(self.state())
             on[g] = self.draft_this_step(n)
             if on[g]:
                 a, b = bounds[g], bounds[g + 1]
                 self.observe(conf[a:b][drafts[a:b]])
-        return on, states
+        return on

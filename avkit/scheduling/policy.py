@@ -6,19 +6,29 @@ Glossary:
   num_verify  k_r in [0, num_drafted_r], the verified prefix length of request r
   load        requests that sample this step (N_s) and non-draft tokens already scheduled (T)
 Policies implement the `VerifyPolicy` protocol and live in `POLICIES`, looked up by name. The step's
-types (DraftBatch, Load, StepPlan, VerifyOutcome) live in avkit/step_types.py.
+types (DraftBatch, Load, Groups, StepPlan, VerifyOutcome) live in avkit/step_types.py. The engine hands
+a policy one step (`Load`); the simulator many steps at once (`Groups`, one group per step), and the
+same policy object decides both. On a command line a policy is a spec (`parse_spec`):
+  full                     verify every draft
+  nospec, fixed:K          draft and verify K (0: target-only decoding)
+  adaptive[-stop][-nogate][:ESTIMATOR]
+                           budgeted verification (scheduling/adaptive.py) of K drafts; -stop also stops
+                           drafting early (what avkit's engine runs by default), -nogate never skips drafting
+  schedule:FILE            K by batch size (`avkit tune`'s schedule, scheduling/batch_schedule.py)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Protocol
 
 import torch
 
+from avkit.config import AdaptiveConfig
 from avkit.errors import ConfigError
 from avkit.registry import Registry
-from avkit.step_types import DraftBatch, Load, StepPlan, VerifyOutcome
+from avkit.step_types import DraftBatch, Groups, Load, StepPlan, VerifyOutcome
 
 
 class VerifyPolicy(Protocol):
@@ -27,7 +37,7 @@ class VerifyPolicy(Protocol):
 
     name: str
 
-    def num_verify(self, batch: DraftBatch, load: Load) -> StepPlan:
+    def num_verify(self, batch: DraftBatch, load: Load | Groups) -> StepPlan:
         """k_r per request (and the confidences it used) from lossless features and the load."""
         ...
 
@@ -41,10 +51,15 @@ class VerifyPolicy(Protocol):
         """Before drafting, from earlier steps only: False skips speculation this step (default: draft)."""
         return True
 
-    def draft_limits(self, load: Load, lag: list[int], remaining: list[int]) -> list[int] | None:
-        """Before drafting: per request the most drafts it may propose this step, from host counts no draw
-        decides (lag: tokens its drafter has not seen; remaining: new tokens it may still emit; both [B]);
-        None (default): no limit beyond the engine's K."""
+    def draft_steps(self, batch: DraftBatch, groups: Groups) -> torch.Tensor | None:
+        """The simulator's `draft_this_step`: [G] bool, which steps draft, decided in step order, each from
+        earlier steps only (`batch`: the drafts every step would propose); None (default): every step."""
+        return None
+
+    def draft_limits(self, load: Load | Groups, lag: list[int] | None, remaining: list[int] | None):
+        """Before drafting: per request ([B] list or tensor) the most drafts it may propose this step, from
+        host counts no draw decides (lag: tokens its drafter has not seen; remaining: new tokens it may
+        still emit; both [B], None for `Groups`); None (default): no limit beyond the engine's K."""
         return None
 
     def confidence_coefficients(self, device) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -53,7 +68,7 @@ class VerifyPolicy(Protocol):
         policy predicts from the features itself."""
         return None
 
-    def continue_drafting(self, batch: DraftBatch, load: Load) -> torch.Tensor | None:
+    def continue_drafting(self, batch: DraftBatch, load: Load | Groups) -> torch.Tensor | None:
         """After each pass of an autoregressive drafter: [B] bool "draft one more" from the lossless
         features so far (DraftBatch name -> [B, j]), or None: no early stop (default)."""
         return None
@@ -65,13 +80,13 @@ class FullVerification(VerifyPolicy):
 
     name: str = "full"
 
-    def num_verify(self, batch: DraftBatch, load: Load) -> StepPlan:
+    def num_verify(self, batch: DraftBatch, load: Load | Groups) -> StepPlan:
         return StepPlan(batch.num_drafted.clone())
 
 
 @dataclass
 class FixedK(VerifyPolicy):
-    """Verify the first k drafts of every request (k <= drafted)."""
+    """Draft and verify the first k drafts of every request (k = 0: target-only decoding)."""
 
     k: int
     name: str = field(default="fixed")
@@ -79,9 +94,14 @@ class FixedK(VerifyPolicy):
     def __post_init__(self):
         if self.k < 0:
             raise ConfigError(f"fixed-k policy: k must be >= 0, got {self.k}")
-        self.name = f"fixed{self.k}"
+        self.name = f"fixed{self.k}" if self.k else "nospec"
 
-    def num_verify(self, batch: DraftBatch, load: Load) -> StepPlan:
+    def draft_limits(self, load: Load | Groups, lag, remaining):
+        """Drafts past k would never be verified: none are proposed."""
+        rows = load.group.numel() if isinstance(load, Groups) else len(lag)
+        return [self.k] * rows
+
+    def num_verify(self, batch: DraftBatch, load: Load | Groups) -> StepPlan:
         return StepPlan(batch.num_drafted.clamp(max=self.k))
 
 
@@ -96,3 +116,62 @@ POLICIES = Registry("verify policy", {
 
 def make_policy(name: str, **kwargs) -> VerifyPolicy:
     return POLICIES.make(name, **kwargs)
+
+
+ADAPTIVE_HEADS = {"adaptive": (False, True), "adaptive-stop": (True, True), "adaptive-nogate": (False, False),
+                  "adaptive-stop-nogate": (True, False)}  # spec head -> (stop drafting early, draft gate)
+SPEC_HELP = "full, nospec, fixed:K, adaptive[-stop][-nogate]:ESTIMATOR, schedule:FILE"
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A policy named on a command line (module note): its POLICIES entry and argument."""
+
+    text: str  # as typed
+    name: str  # the POLICIES entry
+    arg: str = ""  # K, ESTIMATOR or FILE
+    stop_drafting: bool = False  # adaptive: also stop drafting early
+    gate: bool = True  # adaptive: the draft gate
+
+    @property
+    def label(self) -> str:
+        """The policy's name in results: nospec, fixedK, adaptive[-stop][-nogate]-ESTIMATOR, schedule-STEM, full."""
+        if self.name == "fixed":
+            return f"fixed{self.arg}" if self.arg != "0" else "nospec"
+        if self.name == "adaptive":
+            return f"adaptive{'-stop' if self.stop_drafting else ''}{'' if self.gate else '-nogate'}-{self.arg}"
+        return f"schedule-{Path(self.arg).stem}" if self.name == "schedule" else self.name
+
+    def make(self, *, k: int, cost=None, adaptive: AdaptiveConfig | None = None, estimator=None,
+             **kwargs) -> VerifyPolicy:
+        """The live policy object for an engine (or a simulator) drafting up to `k`; adaptive's `cost` table
+        and settings, `estimator` an estimator object instead of the spec's name (the simulator's sources)."""
+        if self.name == "fixed":
+            return make_policy("fixed", k=int(self.arg))
+        if self.name == "schedule":
+            return make_policy("schedule", schedule=self.arg, k=k)
+        if self.name == "full":
+            return make_policy("full")
+        config = replace(adaptive or AdaptiveConfig(), estimator=self.arg, stop_drafting=self.stop_drafting,
+                         gate=self.gate and (adaptive or AdaptiveConfig()).gate)
+        return make_policy("adaptive", cost=cost, estimator=estimator if estimator is not None else self.arg,
+                           k=k, adaptive=config, **kwargs)
+
+
+def parse_spec(text: str, option: str = "--policy", fixed_range: bool = False) -> PolicySpec:
+    """A PolicySpec from `HEAD[:ARG]` (module note); one ConfigError line naming `option` and the text.
+    `fixed_range`: a bare `fixed` is allowed (the caller expands it to every K), arg "" then."""
+    head, _, arg = text.strip().partition(":")
+    where = f"{option} {text}"
+    if head in ("full", "nospec") and not arg:
+        return PolicySpec(text, "full") if head == "full" else PolicySpec(text, "fixed", "0")
+    if head == "fixed" and (arg.isdigit() or (fixed_range and not arg)):
+        return PolicySpec(text, "fixed", str(int(arg)) if arg else "")
+    if head == "fixed":
+        raise ConfigError(f"{where}: fixed:K needs a non-negative integer K, got {arg!r}")
+    if head in ADAPTIVE_HEADS:
+        stop, gate = ADAPTIVE_HEADS[head]
+        return PolicySpec(text, "adaptive", arg or AdaptiveConfig().estimator, stop, gate)
+    if head == "schedule" and arg:
+        return PolicySpec(text, "schedule", arg)
+    raise ConfigError(f"{where}: unknown policy {text!r}; choose from {SPEC_HELP}")

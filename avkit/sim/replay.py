@@ -1,4 +1,4 @@
-"""Trace-replay simulation: verify policies x concurrency against a cost table (issue 5).
+"""Trace-replay simulation: verify policies x concurrency against a cost table.
 
 For each concurrency c, recorded requests run in c lanes of a continuous batch (steps.py); each sim
 step costs cost.step_ms(n requests, draft passes, n + verified drafts) and a request that verifies k
@@ -34,15 +34,15 @@ from avkit.estimators.base import ESTIMATORS
 from avkit.jsonsafe import json_safe
 from avkit.provenance import INPUTS_KEY
 from avkit.scheduling.cost import CostTable
-from avkit.sim.policies import parse_policies
-from avkit.sim.steps import Replay, SimPolicy
-from avkit.sim.steps import StepTable, schedule, step_table
+from avkit.sim.drive import SimPolicy, decide, parse_policies
+from avkit.sim.steps import Replay, StepTable, schedule, step_table
 from avkit.staged import StagedOutputs
 
 # The results table (one row per concurrency x policy), as written to Parquet and read by `avkit report`.
 RESULT_COLUMNS = {
     "concurrency": "requests decoding at once (lanes)",
-    "policy": "nospec, fixedK, adaptive-ESTIMATOR, adaptive-stop-ESTIMATOR, adaptive-oracle, adaptive-recorded",
+    "policy": "the policy spec's label (scheduling/policy.py): nospec, fixedK, adaptive[-stop][-nogate]-ESTIMATOR "
+              "(ESTIMATOR also oracle, recorded), schedule-FILESTEM, full",
     "estimator": "confidence source of adaptive policies ('' otherwise)",
     "lossless": "False when decisions depend on the drawn tokens (the oracle, lossy features): not deployable",
     "draft_len": "drafts proposed per request and step at most",
@@ -114,7 +114,7 @@ def simulate(traces, cost: CostTable, concurrency=None, policies=None, *, config
              coefficients: str = "", progress=None) -> pl.DataFrame:
     """Replay `traces` under each policy at each concurrency; one result row per pair.
 
-    policies: specs (see avkit.sim.policies); None -> no-spec, every fixed K, adaptive per estimator in
+    policies: specs (scheduling/policy.py; `fixed` = every K); None -> no-spec, every fixed K, adaptive per estimator in
     `config.estimators`, the recorded confidences if present, and the oracle. Adds `vs_best_fixed`
     (throughput / best fixed K at that concurrency) and `vs_nospec`.
     """
@@ -127,7 +127,7 @@ def simulate(traces, cost: CostTable, concurrency=None, policies=None, *, config
     for c in concurrency:
         replay = Replay.build(steps, schedule(steps, c, config.waves), cost)
         for policy in chosen:
-            rows.append(policy_metrics(replay, policy, *policy.decide(replay)))
+            rows.append(policy_metrics(replay, policy, *decide(policy.make(steps, cost), replay)))
             if progress is not None:
                 progress()
     df = pl.DataFrame(rows)

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Protocol
-
 import numpy as np
 import polars as pl
 
@@ -135,6 +133,7 @@ class Schedule:
     num_groups: int
     concurrency: int
     copy: np.ndarray | None = None  # [S'] request copy of each row (its lane's request, see glossary)
+    num_requests: np.ndarray | None = None  # [G] requests in each sim step (None: its rows)
 
 
 def schedule(steps: StepTable, concurrency: int, waves: int) -> Schedule:
@@ -159,6 +158,19 @@ def schedule(steps: StepTable, concurrency: int, waves: int) -> Schedule:
     return Schedule(rows[keep][order], group[keep][order], int(window), concurrency, copy[keep][order])
 
 
+def recorded_schedule(steps: StepTable) -> Schedule:
+    """The recording engine's own batches: one sim step per recorded engine step, in order, with its
+    recorded batch size (requests that drafted nothing that step have no rows but count)."""
+    if steps.request.size == 0 or (steps.engine_step < 0).any():
+        raise TraceError("a recorded schedule needs the engine_step column")
+    order = np.lexsort((steps.request, steps.engine_step))  # [S] by engine step, then request
+    eng = steps.engine_step[order]
+    new = np.r_[True, eng[1:] != eng[:-1]]  # [S] first row of each engine step
+    group = np.cumsum(new) - 1
+    return Schedule(order, group, int(group[-1]) + 1, int(steps.batch_size.max()), steps.request[order],
+                    steps.batch_size[order][new])
+
+
 @dataclass(frozen=True)
 class Replay:
     """One concurrency's schedule with the per-step quantities every policy needs."""
@@ -167,12 +179,13 @@ class Replay:
     sched: Schedule
     cost: CostTable
     bounds: np.ndarray  # [G+1] first schedule row of each sim step
-    num_requests: np.ndarray  # [G] requests in each sim step (N_s = T = this: all decoding, no prefill)
+    num_requests: np.ndarray  # [G] int64 requests in each sim step (N_s = T = this: all decoding, no prefill)
 
     @classmethod
     def build(cls, steps: StepTable, sched: Schedule, cost: CostTable) -> Replay:
         bounds = np.searchsorted(sched.group, np.arange(sched.num_groups + 1))
-        return cls(steps, sched, cost, bounds, np.diff(bounds))
+        n = np.diff(bounds) if sched.num_requests is None else sched.num_requests
+        return cls(steps, sched, cost, bounds, n.astype(np.int64))
 
     def drafted(self, draft_len: int) -> np.ndarray:  # [S'] drafts per row under a draft length
         return np.minimum(self.steps.drafted[self.sched.rows], draft_len)
@@ -180,17 +193,3 @@ class Replay:
     def draft_passes(self, draft_len: int) -> np.ndarray:  # [G] drafter forwards per sim step
         d = self.drafted(draft_len)
         return np.maximum.reduceat(d, self.bounds[:-1]) if d.size else np.zeros(0, np.int64)
-
-
-class SimPolicy(Protocol):
-    name: str
-    estimator: str
-    lossless: bool  # False: the decision depends on the drawn tokens (lossy feature, or the oracle)
-
-    def draft_len(self, k: int) -> int: ...
-
-    def prepare(self, steps: StepTable) -> SimPolicy: ...  # once per trace set, before any concurrency
-
-    def decide(self, replay: Replay) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(verify counts [S'], drafts proposed [S'], drafting ms [G] per sim step)."""
-        ...

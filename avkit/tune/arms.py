@@ -1,9 +1,10 @@
 """Arms: the deployments `avkit tune` compares, each replayed by the simulator (avkit/sim/) at each concurrency.
 
 Glossary:
-  arm        one way to run the engine at a batch size: `nospec`, `fixed K` (draft and verify K every step),
-             `adaptive K` (draft up to K, adaptive verification sizes the budget, avkit/sim/policies.py) or
-             `adaptive-stop K` (also stops drafting early, avkit's engine only)
+  arm        one way to run the engine at a batch size: a policy spec (scheduling/policy.py) and the most
+             drafts per step K: `nospec`, `fixed K` (draft and verify K every step), `adaptive K` (draft up
+             to K, adaptive verification sizes the budget) or `adaptive-stop K` (also stops drafting early,
+             avkit's engine only); the simulator runs the engine's policy object for it (sim/drive.py)
   cell       one arm at one concurrency: the simulator's metrics row plus what the bootstrap and the SLO
              need, per recorded request (tokens, time share) and per request copy (time per output token)
   truncated  traces replayed "as if recorded with at most K drafts": slot labels past K dropped, accepted
@@ -25,21 +26,20 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from avkit.scheduling.cost import CostTable
-from avkit.sim.policies import parse_policies
-from avkit.sim.steps import Replay
+from avkit.scheduling.policy import PolicySpec, parse_spec
+from avkit.sim.drive import SimPolicy, decide
 from avkit.sim.replay import policy_metrics, step_times
-from avkit.sim.steps import StepTable, schedule
-
-ARM_KINDS = ("nospec", "fixed", "adaptive", "adaptive-stop")
+from avkit.sim.steps import Replay, StepTable, schedule
 
 
 @dataclass(frozen=True)
 class Arm:
-    kind: str  # one of ARM_KINDS
+    kind: str  # a policy spec's head: nospec, fixed, adaptive or adaptive-stop
     k: int  # drafts per request and step at most (0 for nospec)
 
     def __post_init__(self):
-        assert self.kind in ARM_KINDS and (self.k == 0) == (self.kind == "nospec"), self
+        self.spec("online_logistic", True)  # one error line for a head that names no policy
+        assert (self.k == 0) == (self.kind == "nospec"), self
 
     @property
     def name(self) -> str:
@@ -47,13 +47,11 @@ class Arm:
             return "nospec"
         return f"fixed{self.k}" if self.kind == "fixed" else f"{self.kind}-K{self.k}"
 
-    def spec(self, estimator: str, gate: bool) -> str:
-        """The simulator's policy spec (avkit/sim/policies.py) for this arm."""
-        if self.kind == "nospec":
-            return "nospec"
-        if self.kind == "fixed":
-            return f"fixed:{self.k}"
-        return f"{self.kind}{'' if gate else '-nogate'}:{estimator}"
+    def spec(self, estimator: str, gate: bool) -> PolicySpec:
+        """The arm's policy spec, with tune's estimator and draft gate for adaptive arms."""
+        if self.kind in ("nospec", "fixed"):
+            return parse_spec(f"fixed:{self.k}", "arm")
+        return parse_spec(f"{self.kind}{'' if gate else '-nogate'}:{estimator}", "arm")
 
 
 @dataclass(frozen=True)
@@ -79,8 +77,8 @@ def truncate(steps: StepTable, k: int) -> StepTable:
                    features={n: v[:, :k].copy() for n, v in steps.features.items()}, k=k)
 
 
-def _cell(arm: Arm, replay: Replay, policy, prefill: np.ndarray | None) -> Cell:
-    k_verify, drafted, draft_ms = policy.decide(replay)
+def _cell(arm: Arm, replay: Replay, policy: SimPolicy, prefill: np.ndarray | None) -> Cell:
+    k_verify, drafted, draft_ms = decide(policy.make(replay.steps, replay.cost), replay)
     metrics = policy_metrics(replay, policy, k_verify, drafted, draft_ms)
     steps, sched = replay.steps, replay.sched
     step_ms = step_times(replay, k_verify, draft_ms)  # [G]
@@ -116,8 +114,7 @@ def simulate_arms(steps: StepTable, arms: list[Arm], cost: CostTable, concurrenc
     scheds = {c: schedule(steps, c, waves) for c in concurrency}  # request lengths do not depend on K
     for arm in arms:
         view = truncate(steps, arm.k) if arm.kind.startswith("adaptive") else steps
-        (policy,) = parse_policies([arm.spec(estimator, gate)], view.k)
-        policy = policy.prepare(view)
+        policy = SimPolicy(arm.spec(estimator, gate)).prepare(view)
         for c in concurrency:
             cells.append(_cell(arm, Replay.build(view, scheds[c], cost), policy, prefill))
             if progress is not None:

@@ -1,0 +1,249 @@
+"""The simulator's step loop: the engine's own policy objects (scheduling/) over a group vector of sim steps.
+
+Per concurrency a fresh policy object (as a server starts one) decides every sim step through the hooks
+the engine calls on its one step (scheduling/policy.py), here with `Groups` (one group per sim step):
+  draft_limits       the most drafts each request may propose (fixed K: K; a schedule: K(b))
+  draft_steps        which steps draft at all (the draft gate, step by step in order)
+  continue_drafting  after each draft pass, which requests draft on (an autoregressive drafter's early stop)
+  num_verify         how many drafts each request verifies
+An adaptive policy's estimator is driven in refit rounds (estimators/rounds.py: its coefficients cannot
+change within a round, so the round's steps are decided at once) and learns the round's observed slots,
+labels as recorded (docs/estimator.md), exactly as live.
+What a step costs is the simulator's: the draft passes that ran (`cost.draft_cost` of the step's deepest
+draft, or pass by pass over the requests still drafting when the drafter stopped early), and the drafter's
+catch-up on tokens its requests decoded while they did not draft (`catch_up_ms`).
+Confidence sources only a replay has (read whole slot columns, `per_position = False`: they size b* from
+themselves, an upper bound):
+  oracle     1 for drafts the trace accepted, else 0 (reads the outcomes: a bound, not lossless)
+  recorded   the trace's own `confidence` column (the estimator that ran live)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from avkit.config import AdaptiveConfig
+from avkit.errors import ConfigError
+from avkit.estimators.named import estimator_feature, load_estimator
+from avkit.estimators.rounds import replay_steps
+from avkit.scheduling.cost import CostTable
+from avkit.scheduling.policy import PolicySpec, VerifyPolicy, parse_spec
+from avkit.sim.online import burn_in
+from avkit.sim.steps import Replay, StepTable
+from avkit.step_types import DraftBatch, Groups
+
+
+class Column:
+    """A confidence source that reads a whole slot's column (`oracle`, `recorded`); nothing to learn."""
+
+    per_position = False  # cannot predict position j from position 0 (AdaptiveVerification.sizing)
+
+    def __init__(self, name: str, feature: str, lossless: bool, k: int):
+        self.name, self.feature, self.lossless, self.k = name, feature, lossless, k
+
+    def predict(self, features: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        return np.asarray(features, dtype=np.float64)
+
+    def predict_torch(self, features: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return features.double()
+
+    def update(self, features, positions, predictions, labels, steps: int = 1) -> bool:
+        return False
+
+    def state_dict(self) -> dict:
+        return {"name": self.name}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+SOURCES = {"oracle": ("oracle", False), "recorded": ("confidence", True)}  # name -> (feature, lossless)
+
+
+def source_features(steps: StepTable) -> dict[str, np.ndarray]:
+    """The step features plus the oracle's [S, K] column (1 where the trace accepted the draft)."""
+    oracle = (np.arange(steps.k)[None, :] < steps.accepted[:, None]).astype(np.float64)
+    return {**steps.features, "oracle": oracle}
+
+
+@dataclass(frozen=True)
+class SimPolicy:
+    """A policy spec as the simulator runs it: the live object made fresh per replay, warm-started."""
+
+    spec: PolicySpec
+    coefficients: str = ""  # adaptive: warm start file
+    burn_in: bool = True  # adaptive, no file: start from a pass over the traces (sim/online.py)
+    warm_state: dict | None = None  # the estimator's state after burn-in (set by `prepare`)
+    adaptive: AdaptiveConfig | None = None  # adaptive: gate settings (None: the defaults, as live)
+
+    @property
+    def name(self) -> str:
+        return self.spec.label
+
+    @property
+    def estimator(self) -> str:
+        return self.spec.arg if self.spec.name == "adaptive" else ""
+
+    @property
+    def lossless(self) -> bool:
+        """The oracle reads the outcomes; an estimator is lossless iff its feature is."""
+        if self.estimator in SOURCES:
+            return SOURCES[self.estimator][1]
+        return not self.estimator or bool(getattr(load_estimator(self.estimator, k=1), "lossless", True))
+
+    def draft_len(self, k: int) -> int:
+        """Drafts proposed per request and step at most."""
+        if self.spec.name == "fixed":
+            return min(int(self.spec.arg), k)
+        if self.spec.name == "schedule":
+            from avkit.scheduling.batch_schedule import BatchSchedule
+
+            return min(BatchSchedule.load(self.spec.arg).max_k, k)
+        return k
+
+    def make(self, steps: StepTable, cost: CostTable) -> VerifyPolicy:
+        if self.estimator not in SOURCES:
+            policy = self.spec.make(k=steps.k, cost=cost, adaptive=self.adaptive, coefficients=self.coefficients,
+                                    bound=True)
+            if self.warm_state is not None:
+                policy.estimator.load_state_dict(self.warm_state)
+            return policy
+        feature, lossless = SOURCES[self.estimator]
+        if feature not in source_features(steps):
+            raise ConfigError(f"simulate: adaptive:{self.estimator} needs a non-null `{feature}` column in the traces")
+        return self.spec.make(k=steps.k, cost=cost, adaptive=self.adaptive, bound=True,
+                              estimator=Column(self.estimator, feature, lossless, steps.k))
+
+    def prepare(self, steps: StepTable) -> SimPolicy:
+        """Burn a named online estimator in on the traces once (not for sources or a coefficients file)."""
+        if not self.estimator or self.estimator in SOURCES or self.coefficients or not self.burn_in:
+            return self
+        est = load_estimator(self.estimator, k=steps.k)
+        if est is None:
+            return self
+        burn_in(est, steps, _feature(est, steps), 100)
+        return replace(self, warm_state=est.state_dict())
+
+
+def parse_policies(specs, k: int, coefficients: str = "", burn_in: bool = True) -> list[SimPolicy]:
+    """Policy specs (scheduling/policy.py; a bare `fixed` is every K = 1..k) -> the simulator's policies."""
+    out = []
+    for text in specs:
+        spec = parse_spec(text, fixed_range=True)
+        if spec.name == "fixed" and not spec.arg:
+            out += [SimPolicy(parse_spec(f"fixed:{i}")) for i in range(1, k + 1)]
+        else:
+            out.append(SimPolicy(spec, coefficients, burn_in))
+    return out
+
+
+def _feature(est, steps: StepTable) -> str:
+    name = estimator_feature(est)
+    if name not in steps.features and name != "oracle":
+        raise ConfigError(f"simulate: estimator {getattr(est, 'name', est)!r} needs trace column {name!r}")
+    return name
+
+
+def decide(policy: VerifyPolicy, replay: Replay) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(verify counts [S'], drafts proposed [S'], drafting ms [G]) of `policy` over every sim step."""
+    steps, sched, cost = replay.steps, replay.sched, replay.cost
+    groups = Groups(torch.from_numpy(sched.group.astype(np.int64)), torch.from_numpy(replay.num_requests))
+    wanted = steps.drafted[sched.rows]  # [S'] what the recorded engine drafted (its K, its length caps)
+    limits = policy.draft_limits(groups, None, None)
+    if limits is not None:
+        wanted = np.minimum(wanted, np.asarray(limits))
+    est = getattr(policy, "estimator", None)
+    if est is None:
+        k, drafted, draft_ms = _step(policy, cost, {}, "", wanted, groups)
+    else:
+        k, drafted, draft_ms = _rounds(policy, est, replay, wanted, groups)
+    return k, drafted, draft_ms + catch_up_ms(replay, drafted > 0)
+
+
+def _rounds(policy, est, replay: Replay, wanted: np.ndarray, groups: Groups):
+    """An adaptive policy, one estimator round at a time (estimators/rounds.py)."""
+    steps, bounds, rows = replay.steps, replay.bounds, replay.sched.rows
+    feature = _feature(est, steps)
+    feats = source_features(steps)[feature][rows] if feature == "oracle" else steps.features[feature][rows]  # [S', K]
+    k = steps.k
+    labels, acc = steps.label[rows], steps.accepted[rows]  # [S', K], [S']
+    out, drafted = np.zeros(rows.size, np.int64), np.zeros(rows.size, np.int64)
+    draft_ms = np.zeros(replay.num_requests.size)
+    j = np.arange(k)[None, :]
+
+    def round_(conf, g0: int, g1: int):
+        r0, r1 = bounds[g0], bounds[g1]
+        sub = Groups(groups.group[r0:r1] - g0, groups.num_requests[g0:g1])
+        f = torch.from_numpy(feats[r0:r1]).float()  # [n, K] as the engine's drafter gives them
+        on = policy.draft_steps(DraftBatch({feature: f}, torch.from_numpy(wanted[r0:r1])), sub)
+        on = np.ones(g1 - g0, bool) if on is None else on.numpy()
+        w = np.where(on[sub.group.numpy()], wanted[r0:r1], 0)
+        out[r0:r1], drafted[r0:r1], draft_ms[g0:g1] = _step(policy, replay.cost, {feature: f}, feature, w, sub)
+        observed = (j < out[r0:r1, None]) & (j <= acc[r0:r1, None]) & (labels[r0:r1] >= 0)  # DESIGN §3
+        return observed.ravel(), on
+
+    pos = np.tile(np.arange(k), rows.size)  # [S' * K]
+    replay_steps(est, np.nan_to_num(feats, nan=0.0).ravel(), pos, labels.ravel(), bounds * k, round_)
+    return out, drafted, draft_ms
+
+
+def _step(policy, cost: CostTable, feats: dict, feature: str, wanted: np.ndarray, groups: Groups):
+    """Draft (pass by pass while the policy stops drafting early) and verify some steps: (verify counts,
+    drafts proposed [rows], drafting ms [G])."""
+    group, n = groups.group.numpy(), groups.num_requests.numpy()
+    t = torch.from_numpy
+    keep = None
+    if feature and cost.drafter == "autoregressive" and wanted.any():
+        keep = policy.continue_drafting(DraftBatch({feature: feats[feature][:, :1]}, t(np.minimum(wanted, 1))),
+                                        groups)
+    if keep is None:  # every request drafts what it wanted: the step's deepest draft sets the passes
+        proposed = wanted
+        passes = np.zeros(n.size, np.int64)
+        np.maximum.at(passes, group, wanted)
+        draft_ms = cost.draft_cost(n, passes)
+    else:  # an autoregressive drafter, pass by pass over the requests still drafting
+        proposed, active, depth = np.minimum(wanted, 1), wanted > 0, 1
+        draft_ms = np.zeros(n.size)
+        while True:
+            n_active = np.bincount(group[active], minlength=n.size)  # [G]
+            draft_ms += (cost.draft_pass_cost(n_active) + (cost.draft_fixed_cost(n_active) if depth == 1 else 0.0)) \
+                * (n_active > 0)
+            active = keep.numpy() & (wanted > proposed)
+            if not active.any():
+                break
+            proposed, depth = proposed + active, depth + 1
+            if (wanted > proposed).any():  # the engine asks only while a deeper pass may follow
+                keep = policy.continue_drafting(DraftBatch({feature: feats[feature][:, :depth]}, t(proposed)),
+                                                groups)
+            else:
+                keep = torch.zeros(len(proposed), dtype=torch.bool)
+    plan = policy.num_verify(DraftBatch(feats, t(proposed)), groups)
+    return plan.num_verify.numpy(), proposed, draft_ms
+
+
+def stale_tokens(copy: np.ndarray, drafts: np.ndarray) -> np.ndarray:
+    """[S'] tokens each row's request decoded without the drafter since its last drafted step (or since
+    it started), for rows that draft ([S'] bool drafts; rows in sim-step order, `copy` [S'] their request)."""
+    order = np.lexsort((np.arange(copy.size), copy))  # each copy's rows in time order
+    c, d = copy[order], drafts[order]
+    i = np.arange(c.size)
+    start = np.maximum.accumulate(np.where(np.r_[True, c[1:] != c[:-1]], i, 0)) if c.size else i
+    last = np.maximum.accumulate(np.where(d, i, -1))  # latest drafting row at or before i
+    prev = np.r_[-1, last[:-1]]  # latest drafting row before i
+    stale = np.zeros(copy.size, dtype=np.int64)
+    stale[order] = np.where(d, i - np.maximum(prev + 1, start), 0)
+    return stale
+
+
+def catch_up_ms(replay: Replay, drafts: np.ndarray) -> np.ndarray:
+    """[G] drafter time spent, at each sim step that drafts, feeding it the tokens of its requests decoded
+    while they did not draft: one forward over all of them, priced as a draft pass of that many rows."""
+    stale = stale_tokens(replay.sched.copy, drafts)
+    tokens = np.bincount(replay.sched.group, weights=stale, minlength=replay.num_requests.size)  # [G]
+    return np.where(tokens > 0, replay.cost.draft_pass_cost(tokens), 0.0)
+
+
+__all__ = ["Column", "SimPolicy", "catch_up_ms", "decide", "parse_policies", "stale_tokens"]
