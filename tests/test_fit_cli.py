@@ -13,11 +13,11 @@ import statsmodels.api as sm
 
 import avkit.fit
 from avkit.cli import app
-from avkit.cli.fit import shipped_traces
 from avkit.config import EstimatorConfig, FitConfig, SyntheticConfig
 from avkit.errors import ConfigError
 from avkit.estimators import make_estimator
 from avkit.features import FEATURES
+from avkit.trace.shards import shipped_traces
 from avkit.trace.synthetic import synthetic_trace
 
 K = 7

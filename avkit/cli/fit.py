@@ -18,17 +18,6 @@ from avkit.errors import ConfigError
 DEFAULT_OUT = Path(default_of(FitConfig, "out"))
 
 
-def shipped_traces(roots: tuple[Path, ...] | None = None) -> list[Path]:
-    """The shipped traces: `traces/*.parquet` under the working directory, else beside the package."""
-    for root in roots or (Path.cwd(), Path(__file__).resolve().parents[2]):
-        found = sorted(p for p in root.glob(DEFAULT_TRACE_GLOB)  # not companion tables nor fit outputs
-                       if not p.name.endswith(".generations.parquet") and p.name != "trajectory.parquet")
-        if found:
-            return found
-    raise ConfigError(f"no TRACE given and no shipped traces match {DEFAULT_TRACE_GLOB} yet; "
-                      "record some with `avkit record` or pass trace files")
-
-
 def render(result, written: dict, console: Console) -> None:
     c = result.coefficients
     console.print(f"[bold]{c['estimator']}[/] on {c['feature']} ({c['mode']}): slope {c['slope']:.4f}, "
@@ -120,9 +109,9 @@ def register(app: typer.Typer) -> None:
         from avkit.fit.outputs import reserve_fit_outputs
         from avkit.staged import StagedOutputs
         from avkit.trace.reader import common_k
-        from avkit.trace.shards import resolve_shards  # polars: imported when the command runs
+        from avkit.trace.shards import trace_files  # lazy: polars
 
-        paths = resolve_shards(traces) if traces else shipped_traces()
+        paths = trace_files(traces)
         console = Console(stderr=True)
         with StagedOutputs() as outputs:  # the fit files and the --hvd files are committed together
             reserve_fit_outputs(out, outputs)

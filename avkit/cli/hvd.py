@@ -22,8 +22,8 @@ def greedy_traces(root: Path | None = None) -> list[Path]:
     exactly the chance that the recorded sample equals x, so comparing drafts with a sampled
     continuation gives an unbiased draw of the accepted length (the model's matches are its realized
     acceptances). The temperatures used are reported."""
-    from avkit.cli.fit import shipped_traces
     from avkit.trace.reader import trace_metadata
+    from avkit.trace.shards import shipped_traces
     from avkit.trace.schema import generations_path
 
     if root is None:  # where fit, simulate and report find them: ./traces, else beside the package

@@ -24,7 +24,7 @@ DEFAULT_OUT = Path(_d("out"))
 def split_inputs(inputs: list[Path] | None) -> tuple[Path | None, list[Path]]:
     """-> (FIT_DIR, []) for one directory, (None, traces) for trace files, shipped traces for none."""
     if not inputs:
-        from avkit.cli.fit import shipped_traces
+        from avkit.trace.shards import shipped_traces
 
         return None, shipped_traces()
     from avkit.trace.shards import resolve_shards

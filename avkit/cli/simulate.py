@@ -28,13 +28,6 @@ CostOption = Annotated[str, typer.Option(help=COST_HELP)]
 ConcurrencyOption = Annotated[str, typer.Option(help="comma-separated concurrencies (batch sizes)")]
 
 
-def shipped_traces() -> list[str]:
-    """The shipped trace files, found as `avkit fit` finds them (./traces, else beside the package)."""
-    from avkit.cli.fit import shipped_traces as found
-
-    return [str(p) for p in found()]
-
-
 def parse_ints(name: str, text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
@@ -74,11 +67,11 @@ def register(app: typer.Typer) -> None:
         from avkit.sim.terminal import render_results
         from avkit.staged import StagedOutputs
         from avkit.trace.reader import common_k
-        from avkit.trace.shards import check_shards
+        from avkit.trace.shards import check_shards, shipped_traces
         table = resolve_cost(config.cost)
         if profile and traces:
             raise ConfigError("--profile replaces TRACE: an aggregate is never mixed with per-draft rows")
-        paths = [profile] if profile else [str(p) for p in check_shards(traces).paths] if traces else shipped_traces()
+        paths = [profile] if profile else [str(p) for p in (check_shards(traces).paths if traces else shipped_traces())]
         console = Console(stderr=True)
         with StagedOutputs() as outputs:
             outputs.file(config.out, "--out")  # an unwritable --out fails now, not after the replay

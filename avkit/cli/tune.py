@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from avkit.cli.simulate import ConcurrencyOption, CostOption, TracesArgument, parse_ints, shipped_traces
+from avkit.cli.simulate import ConcurrencyOption, CostOption, TracesArgument, parse_ints
 from avkit.config import TuneConfig, default_of
 
 
@@ -126,7 +126,9 @@ def register(app: typer.Typer) -> None:
         from avkit.tune import tune as run
         from avkit.tune.formats import UPSTREAM_CONTEXT_FORMAT  # lazy: polars
 
-        paths = [str(p) for p in traces] if traces else shipped_traces()
+        from avkit.trace.shards import trace_files  # lazy: polars
+
+        paths = [str(p) for p in trace_files(traces)]
         console = Console(stderr=True)
         bar = Progress(console=console, transient=True)  # started once the inputs are validated
 

@@ -5,7 +5,7 @@ A fleet records one trace per replica (and per day); every command that reads tr
   a directory            every `*.parquet` in it, sorted by name (companion tables excluded:
                          `*.generations.parquet`, and the fit output `trajectory.parquet`)
   a glob                 e.g. `traces/2026-12-*/replica-*.parquet`, matches sorted by name
-in any mix; the result keeps the order given; a file reached twice is an error (it would weigh double). A shard set must be one model
+in any mix (`trace_files`: none at all means the shipped traces); the result keeps the order given; a file reached twice is an error (it would weigh double). A shard set must be one model
 pair at one K: `check_shards` reads every footer (cheap, no rows), checks each against the schema
 (`reader.check_schema`) and compares the model-pair keys in `AGREE` with the first shard; the first
 shard that disagrees is named in one line, with both values.
@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from avkit.errors import TraceError
+from avkit.config import DEFAULT_TRACE_GLOB
+from avkit.errors import ConfigError, TraceError
 from avkit.trace.reader import check_schema
 
 # Metadata that every shard of one fit must share: the model pair (ids and weight hashes). K may
@@ -73,6 +74,22 @@ def resolve_shards(specs: Iterable[str | Path]) -> list[Path]:
     return list(out)
 
 
+def shipped_traces(roots: tuple[Path, ...] | None = None) -> list[Path]:
+    """The shipped traces: `traces/*.parquet` under the working directory, else beside the package."""
+    for root in roots or (Path.cwd(), Path(__file__).resolve().parents[2]):
+        found = sorted(p for p in root.glob(DEFAULT_TRACE_GLOB) if _is_trace_name(p))
+        if found:
+            return found
+    raise ConfigError(f"no TRACE given and no shipped traces match {DEFAULT_TRACE_GLOB} yet; "
+                      "record some with `avkit record` or pass trace files")
+
+
+def trace_files(specs: Iterable[str | Path] | None) -> list[Path]:
+    """A command's TRACE arguments -> trace files: files, directories and globs (`resolve_shards`);
+    none given: the shipped traces. Every command that reads traces resolves them here."""
+    return resolve_shards(specs) if specs else shipped_traces()
+
+
 @dataclass(frozen=True)
 class ShardSet:
     """Trace files checked to belong to one fit (same schema family, K and model pair)."""
@@ -114,4 +131,4 @@ def check_shards(specs: Iterable[str | Path]) -> ShardSet:
     return ShardSet(tuple(paths), tuple(rows), first[1])
 
 
-__all__ = ["AGREE", "ShardSet", "check_shards", "resolve_shards"]
+__all__ = ["AGREE", "ShardSet", "check_shards", "resolve_shards", "shipped_traces", "trace_files"]

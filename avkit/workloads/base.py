@@ -4,7 +4,7 @@ Glossary:
   prompt     one conversation start: chat messages (or raw text), optional tool schemas, and
              follow-up user turns asked after the model's own answer (MT-Bench's second turn)
   workload   a named loader `fn(seed) -> list[Prompt]` returning every prompt of the set
-             in a seeded order; `load_workload` takes the first n
+             in a seeded order; `load_workload` (avkit/workloads/__init__.py) takes the first n
 Loaders register with `@register("name")`; a JSONL file path is accepted wherever a name is.
 """
 
@@ -78,23 +78,3 @@ def package_data(module: str, package: str, *parts: str) -> Path:
     if not path.is_file():
         raise ConfigError(f"{package}: data file missing from the installed package: {path}")
     return path
-
-
-def load_workload(name_or_path: str, n: int | None = None, seed: int = 0) -> list[Prompt]:
-    """The first `n` prompts (all if None) of a workload or JSONL file, in a seeded order.
-
-    >>> [p.dataset for p in load_workload("humaneval", 2, seed=0)]
-    ['humaneval', 'humaneval']
-    """
-    if n is not None and n < 1:
-        raise ConfigError(f"num_prompts must be >= 1, got {n}")
-    if name_or_path in WORKLOADS:
-        prompts = WORKLOADS[name_or_path](seed)
-    elif name_or_path.endswith(".jsonl") or Path(name_or_path).is_file():
-        from avkit.workloads.jsonl import load_jsonl
-
-        prompts = seeded_order(load_jsonl(name_or_path), seed)
-    else:
-        raise ConfigError(f"unknown dataset {name_or_path!r}: choose from {sorted(WORKLOADS)} "
-                          "or give a .jsonl file")
-    return prompts if n is None else prompts[:n]
