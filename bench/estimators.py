@@ -11,6 +11,9 @@ traces: LOTO trains on every other trace, LOTTO only on traces of another temper
   vllm             online_logistic from vLLM's reference constants (omega 0.5, beta -0.2): vLLM's estimator
   online_warm      online_logistic warm-started from the batch fit of the training traces (a shipped file)
   online_warm_g    the same on another lossless feature of the draft distribution, -log(-log q_max)
+  per_position     per_position_slope from the same warm start (every position at the shared slope): each
+                   online step, damped by n / (n + 50), moves a position's slope away from the shared one
+                   only as its own slots accumulate (a per-position slope shrunk to the shared one)
   forgetting       forgetting_logistic with its defaults (those were tuned on greedy_k7 and
                    sampled_t1.0_k7: its rows on those two traces are not held-out scores)
   forgetting_warm  forgetting_logistic warm-started from the training fit, young rounds restarted;
@@ -50,11 +53,14 @@ from avkit.trace.reader import iter_traces, trace_metadata
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "results"
-SHIFTS = [("reuse/t1_edit_k7", "reuse/t1_sharegpt_multiround_k7"), ("reuse/t0_edit_k7", "reuse/t0_mtbench_revise_k7")]
+SHIFTS = [("reuse/t1_edit_k7", "reuse/t1_sharegpt_multiround_k7"),
+          ("reuse/t0_edit_k7", "reuse/t0_mtbench_revise_k7")]
 PRIORS = (10.0, 50.0, 200.0, 1000.0)  # forgetting_warm's prior_slots grid (pseudo-slots per position)
 TUNED_ON = {"greedy_k7", "sampled_t1.0_k7"}  # ForgettingConfig's defaults were chosen on these
 GOAL_ECE, AUC_SLACK, BOOT = 0.010, 0.002, 1000
-CANDIDATES = ("vllm", "online_warm", "online_warm_g", "forgetting", "forgetting_warm", "forgetting_T", "isotonic")
+CANDIDATES = ("vllm", "online_warm", "online_warm_g", "per_position", "forgetting", "forgetting_warm",
+              "forgetting_T", "isotonic")
+SHOWN = ("vllm", "online_warm", "online_warm_g", "forgetting_warm")  # per position, reliability diagrams
 FEATURES = ("logit_qmax", "neg_log_neg_log_qmax")
 
 
@@ -152,10 +158,11 @@ def predict_all(trace: Trace, train: frozenset) -> tuple[dict[str, np.ndarray], 
     """-> (each candidate's prequential predictions [N] on `trace`, having learned only from `train`;
     the prior_slots chosen)."""
     prior, iso = inner(train)
-    warm = replay("forgetting_logistic", trace, batch_state(train), prior)
-    g = "neg_log_neg_log_qmax"
-    return {"vllm": replay("online_logistic", trace), "online_warm": replay("online_logistic", trace, batch_state(train)),
+    fit, g = batch_state(train), "neg_log_neg_log_qmax"
+    warm = replay("forgetting_logistic", trace, fit, prior)
+    return {"vllm": replay("online_logistic", trace), "online_warm": replay("online_logistic", trace, fit),
             "online_warm_g": replay("online_logistic", trace, batch_state(train, g), feature=g),
+            "per_position": replay("per_position_slope", trace, fit | {"slopes": [fit["slope"]] * 7}),
             "forgetting": replay("forgetting_logistic", trace), "forgetting_warm": warm,
             "forgetting_T": replay("forgetting_logistic", trace, by_temperature(train, trace.temperature), prior),
             "isotonic": np.clip(iso.predict(warm), 0.0, 1.0)}, prior
@@ -208,7 +215,8 @@ def table(rows: list[dict]) -> list[str]:
 
 def summary(rows: list[dict]) -> list[str]:
     lines = ["| estimator | ECE <= 0.010 | log-loss <= vllm | AUC >= vllm - 0.002 | all three | "
-             "ECE within its 95% interval of the floor | mean ECE | mean log-loss |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "ECE within its 95% interval of the floor | mean ECE | mean log-loss |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     n = len({r["trace"] for r in rows})
     for name in CANDIDATES:
         rs = [r for r in rows if r["estimator"] == name]
@@ -220,17 +228,17 @@ def summary(rows: list[dict]) -> list[str]:
     return lines
 
 
-def per_position(rows: list[dict], names=("vllm", "online_warm", "online_warm_g", "forgetting_warm")) -> list[str]:
+def per_position(rows: list[dict], names=SHOWN) -> list[str]:
     lines = ["| held-out trace | estimator | " + " | ".join(f"pos {i}" for i in range(7)) + " |",
              "|---|---|" + "---:|" * 7]
     for r in rows:
         if r["estimator"] in names:
-            lines.append(f"| {r['trace']} | {r['estimator']} | " +
-                         " | ".join(f"{r['per_position'].get(f'position={i}', float('nan')):.4f}" for i in range(7)) + " |")
+            ece_i = [r["per_position"].get(f"position={i}", float("nan")) for i in range(7)]
+            lines.append(f"| {r['trace']} | {r['estimator']} | " + " | ".join(f"{e:.4f}" for e in ece_i) + " |")
     return lines
 
 
-def reliability(pool: list[Trace], preds: dict, path: Path, names=("vllm", "online_warm", "online_warm_g", "forgetting_warm")) -> None:
+def reliability(pool: list[Trace], preds: dict, path: Path, names=SHOWN) -> None:
     """Reliability diagrams (10 bins) of the LOTO predictions, per temperature (rows) and position (columns)."""
     import matplotlib
 
@@ -265,14 +273,15 @@ def reliability(pool: list[Trace], preds: dict, path: Path, names=("vllm", "onli
 def main() -> None:
     pool, shifts = traces(Path(tempfile.mkdtemp()))
     loto, preds = evaluate(pool, shifts, by_temp=False)
-    lotto, _ = evaluate([t for t in pool], [], by_temp=True)
+    lotto, _ = evaluate(pool, [], by_temp=True)
     lines = ["# Acceptance estimators on held-out traces", "",
              "`python bench/estimators.py` (`just bench-estimators`); the protocol is in the script's docstring and "
-             "docs/estimator.md. Prequential logit(q_max) predictions; ECE over 10 bins with a 95% "
+             "docs/estimator.md. Prequential predictions (each slot before its label is learned from); ECE over 10 bins, a 95% "
              f"request-bootstrap interval ({BOOT} resamples of requests); floor = the ECE a perfectly calibrated "
              "predictor shows on this many slots; Δ log-loss vs vllm: paired request bootstrap. goals: ECE <= 0.010, "
              "log-loss <= vllm's, AUC >= vllm's - 0.002 (✓/✗ in that order). † forgetting's defaults were tuned "
-             "on this trace; forgetting_warm (n): the prior_slots its inner LOTO chose.", "", "## Summary, leave-one-trace-out", "", *summary(loto), "",
+             "on this trace; forgetting_warm (n): the prior_slots its inner LOTO chose.", "",
+             "## Summary, leave-one-trace-out", "", *summary(loto), "",
              "## Summary, leave-one-temperature-out", "", *summary(lotto), "",
              "## Leave-one-trace-out", "", *table(loto), "", "## Leave-one-temperature-out", "", *table(lotto), "",
              "## ECE per position, leave-one-trace-out", "", *per_position(loto), "",
