@@ -1,0 +1,320 @@
+"""GPU check: one prepared run that proves avkit's GPU runtime the first time a device is lent (docs/gpu.md).
+
+    python bench/gpu_check.py                     # a CUDA machine: <= 8 min -> bench/results/gpu/<date>-<gpu>/
+    python bench/gpu_check.py --dry-run           # the same code on this CPU at tiny sizes (tests/test_gpu_check.py)
+    python bench/gpu_check.py --steps profile,sim --out DIR   # rerun some steps into the same directory
+
+Steps, in order; each is timed, guarded (an error is recorded and the next step runs) and bounded (its own
+time limit, plus what earlier steps left unused, inside --budget-s):
+  pytest   every `gpu`-marked test (tests/*.py that use the marker; junit XML)
+  kernels  each Triton kernel vs its torch reference at B in {1, 64, 256}, K = 7, V = 151,936, timed, with
+           bandwidth against the device's own peak (bench/gpu_kernels.py)
+  engine   tiny random models on the device (bench/gpu_engine.py): greedy speculative == target-only,
+           T = 1 vs target-only (chi-square), the Triton hot path == the torch path, the hybrid drafter
+  profile  avkit's profile (`profile_costs`, what `avkit profile` runs) on random weights in the real pair's
+           shapes and in an 8B shape -> cost_pair.json, cost_8b.json
+  sim      `avkit tune` on the shipped greedy trace with each measured table (adaptive vs each fixed K per
+           concurrency, KV feasibility) and `avkit hvd` on the greedy reuse traces with the pair's table
+Outputs: summary.json (rewritten after every step and kernel row), one file per step, logs; with
+--bundle PATH the directory is also packed into PATH after every step, so a run cut short returns files.
+The device image has no polars: it travels as the wheel in WHEELS (docs/gpu.md has the command line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # the device runs a copy of the tree: avkit is not installed there
+WHEELS = ("polars-1.33.1-cp39-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",)  # 37.9 MiB, in .whl/
+STEPS = ("pytest", "kernels", "engine", "profile", "sim")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Everything the dry run shrinks; the code paths stay the same."""
+
+    budget_s: dict  # step -> seconds
+    batches: tuple[int, ...]  # kernels: B
+    vocab: int  # kernels: V
+    matmul_n: int  # kernels: n of the n x n x n product timed for the roofline
+    engine_vocab: int  # engine: the tiny models' vocabulary
+    chi2_requests: int  # engine: seeded requests per engine in the T = 1 test
+    shapes: tuple[str, ...]  # profile: keys of SHAPES, each (target, draft)
+    context: int  # profile: synthetic KV context per request (the greedy trace's mean is 377 tokens)
+    max_concurrency: int  # profile: largest batch profiled (less where the device's memory says so)
+    repeats: int  # profile: timed runs per point
+    tune_traces: tuple[str, ...]  # sim: what `avkit tune` simulates
+    tune_concurrency: tuple[int, ...]  # sim: concurrencies simulated (cut at what was profiled)
+    bootstrap: int  # sim: tune's bootstrap resamples
+    hvd_traces: tuple[str, ...]  # sim: what `avkit hvd` replays
+    hvd_epochs: int  # sim: payoff MLP epochs
+
+
+REAL = Sizes(budget_s={"pytest": 90, "kernels": 100, "engine": 60, "profile": 80, "sim": 130},
+             batches=(1, 64, 256), vocab=151_936, matmul_n=8192, engine_vocab=300, chi2_requests=4000,
+             shapes=("pair", "8b"), context=512, max_concurrency=256, repeats=5,
+             tune_traces=("traces/greedy_k7.parquet",), tune_concurrency=(1, 2, 4, 8, 16, 32, 64, 128, 256), bootstrap=200,
+             hvd_traces=("traces/greedy_k7.parquet", "traces/reuse/t0_bfcl_multiturn_k7.parquet",
+                         "traces/reuse/t0_edit_k7.parquet", "traces/reuse/t0_mtbench_revise_k7.parquet",
+                         "traces/reuse/t0_sharegpt_multiround_k7.parquet"), hvd_epochs=30)
+DRY = Sizes(budget_s={"pytest": 60, "kernels": 60, "engine": 60, "profile": 60, "sim": 90},
+            batches=(1, 3), vocab=1000, matmul_n=128, engine_vocab=300, chi2_requests=400,
+            shapes=("tiny",), context=16, max_concurrency=4, repeats=1,
+            tune_traces=("traces/reuse/t0_bfcl_multiturn_k7.parquet",), tune_concurrency=(1, 4), bootstrap=10,
+            hvd_traces=("traces/reuse/t0_bfcl_multiturn_k7.parquet",), hvd_epochs=1)
+
+
+class StepTimeout(BaseException):
+    """Raised by the step's alarm; a BaseException so that no `except Exception` inside avkit swallows it."""
+
+
+class Results:
+    """One results directory: summary.json, step files, and the optional bundle, written as the run goes."""
+
+    def __init__(self, out: Path, bundle: Path | None, meta: dict):
+        self.out, self.bundle = out, bundle
+        out.mkdir(parents=True, exist_ok=True)
+        old = out / "summary.json"  # a rerun of some steps keeps the other steps' entries
+        self.summary = json.loads(old.read_text()) if old.is_file() else {"steps": {}}
+        self.summary.update(meta)
+
+    def write_json(self, name: str, obj) -> Path:
+        path = self.out / name
+        tmp = path.with_name(path.name + ".partial")
+        tmp.write_text(json.dumps(obj, indent=1, default=str))
+        os.replace(tmp, path)
+        return path
+
+    def step(self, name: str, entry: dict) -> None:
+        self.summary["steps"][name] = entry
+        self.write_json("summary.json", self.summary)
+
+    def pack(self) -> None:
+        if self.bundle is None:
+            return
+        tmp = self.bundle.with_name(self.bundle.name + ".partial")
+        with tarfile.open(tmp, "w:gz") as tar:
+            tar.add(self.out, arcname=self.out.name, filter=lambda t: None if t.name.endswith(".partial") else t)
+        os.replace(tmp, self.bundle)
+
+
+@dataclass
+class Context:
+    """What a step sees."""
+
+    sizes: Sizes
+    dry: bool
+    results: Results
+    device: object  # torch.device
+    env: dict  # for child processes: PYTHONPATH with the tree first
+
+    def run(self, name: str, cmd: list[str], timeout: float) -> dict:
+        """A child process, its output into <name>.log; -> {cmd, rc, seconds}."""
+        t0 = time.perf_counter()
+        with open(self.results.out / f"{name}.log", "w") as log:
+            p = subprocess.run(cmd, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                               timeout=max(timeout, 1))
+        return {"cmd": " ".join(cmd), "rc": p.returncode, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def step_pytest(ctx: Context, limit: float) -> dict:
+    """Every test that carries the `gpu` marker (they skip without CUDA: the dry run checks the command)."""
+    files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
+                   if "mark.gpu" in p.read_text(encoding="utf-8"))
+    xml = ctx.results.out / "pytest_gpu.xml"
+    res = ctx.run("pytest", [sys.executable, "-m", "pytest", "-m", "gpu and not slow", "-p", "no:cacheprovider",
+                             "-q", f"--junitxml={xml}", *files], limit - 5)
+    from xml.etree import ElementTree
+
+    suite = ElementTree.parse(xml).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    return {**res, "files": files, **counts, "ok": res["rc"] == 0 and not counts["failures"] + counts["errors"]}
+
+
+def step_kernels(ctx: Context, limit: float) -> dict:
+    import gpu_kernels as gk
+
+    s, dev = ctx.sizes, ctx.device
+    bw = gk.device_bandwidth(dev)
+    tflops = gk.matmul_tflops(dev, s.matmul_n)
+    rows = []
+
+    def on_case(row):
+        rows.append(row)
+        ctx.results.write_json("kernels.json", {"bandwidth": bw, "matmul_tflops": tflops, "cases": rows})
+
+    cases = gk.run_all(dev, s.batches, s.vocab, peak_tb_s=bw["peak_tb_s"], on_case=on_case)
+    hot = gk.hot_path(cases, max(s.batches), bw["copy_tb_s"], tflops)
+    sweep = gk.sweep_confidence(dev, max(s.batches), s.vocab, bw["peak_tb_s"]) if dev.type == "cuda" else []
+    ctx.results.write_json("kernels.json", {"bandwidth": bw, "matmul_tflops": tflops, "cases": cases,
+                                            "hot_path": hot, "confidence_sweep": sweep})
+    conf = next(c for c in cases if c["kernel"] == "confidence bf16" and c["B"] == max(s.batches))
+    return {"ok": all(c["correct"] for c in cases), "wrong": [(c["kernel"], c["B"]) for c in cases if not c["correct"]],
+            "peak_tb_s": bw["peak_tb_s"], "peak_source": bw["source"], "copy_tb_s": bw["copy_tb_s"],
+            "matmul_tflops": tflops, "confidence_bf16_pct_peak": conf["pct_peak"], "hot_path": hot}
+
+
+def step_engine(ctx: Context, limit: float) -> dict:
+    import gpu_engine
+
+    checks = gpu_engine.run_checks(ctx.device, ctx.sizes.engine_vocab, ctx.sizes.chi2_requests,
+                                   on_check=lambda c: ctx.results.write_json("engine.json", c))
+    return {"ok": all(c["ok"] for c in checks.values()), **{k: c["ok"] for k, c in checks.items()}}
+
+
+def step_profile(ctx: Context, limit: float) -> dict:
+    import gpu_engine
+
+    out = {}
+    for name in ctx.sizes.shapes:
+        out[name] = gpu_engine.profile_shape(name, ctx.device, ctx.sizes, ctx.results.out / f"cost_{name}.json")
+        ctx.results.write_json("profile.json", out)
+    return {"ok": True, **out}
+
+
+def step_sim(ctx: Context, limit: float) -> dict:
+    """`avkit tune` per measured table, then `avkit hvd` with the pair's (the traces are the pair's)."""
+    deadline = time.monotonic() + limit
+    s, out, res = ctx.sizes, ctx.results.out, {}
+    tables = {p.stem.removeprefix("cost_"): p for p in sorted(out.glob("cost_*.json"))}
+    if not tables:
+        raise RuntimeError(f"no cost_*.json in {out}: run the profile step first")
+    hvd_table = tables.get("pair", tables.get("tiny"))
+    if hvd_table is not None:  # the decision HVD waits on first: the traces were recorded by this pair
+        res["hvd"] = ctx.run("hvd", [sys.executable, "-m", "avkit", "hvd", *s.hvd_traces, "--cost-table",
+                                     str(hvd_table), "--out", str(out / "hvd"), "--markdown", str(out / "hvd.md"),
+                                     "--epochs", str(s.hvd_epochs)], deadline - time.monotonic())
+        res["hvd"].update(hvd_headline(out / "hvd" / "hvd_metrics.json"))
+    for name, path in tables.items():
+        profiled = json.loads(path.read_text())["draft_requests"][-1]
+        conc = ",".join(str(c) for c in s.tune_concurrency if c <= profiled)
+        res[f"tune_{name}"] = ctx.run(f"tune_{name}", [
+            sys.executable, "-m", "avkit", "tune", *s.tune_traces, "--cost", str(path), "--concurrency", conc,
+            "--bootstrap", str(s.bootstrap), "--out", str(out / f"tune_{name}.json")], deadline - time.monotonic())
+        res[f"tune_{name}"].update(tune_headline(out / f"tune_{name}.json"))
+    return {"ok": all(r["rc"] == 0 for r in res.values()), **res}
+
+
+def tune_headline(path: Path) -> dict:
+    """Per concurrency: the best fixed K, the best adaptive arm and their ratio; what tune recommends."""
+    if not path.is_file():
+        return {}
+    r = json.loads(path.read_text())
+    rows = []
+    for c in r["concurrency"]:
+        cells = [x for x in r["cells"] if x["concurrency"] == c]
+        fixed = max((x for x in cells if x["kind"] == "fixed"), key=lambda x: x["throughput_tok_s"])
+        adaptive = max((x for x in cells if x["kind"].startswith("adaptive")), key=lambda x: x["throughput_tok_s"])
+        nospec = next(x for x in cells if x["kind"] == "nospec")
+        rows.append({"c": c, "best_fixed": fixed["arm"], "fixed_tok_s": round(fixed["throughput_tok_s"], 1),
+                     "best_adaptive": adaptive["arm"], "adaptive_vs_fixed": round(adaptive["throughput_tok_s"]
+                                                                                 / fixed["throughput_tok_s"], 4),
+                     "nospec_tok_s": round(nospec["throughput_tok_s"], 1)})
+    return {"per_concurrency": rows, "infeasible": [x["concurrency"] for x in r["infeasible"]],
+            "ranges": r["schedule"]["ranges"], "adaptive_on": r["schedule"]["adaptive"]}
+
+
+def hvd_headline(path: Path) -> dict:
+    """Per dataset: best single drafter, best router and its ratio, the clairvoyant bound (headroom)."""
+    if not path.is_file():
+        return {}
+    return {"per_dataset": [{k: v[k] for k in ("dataset", "best_single_router", "best_router", "ratio", "oracle",
+                                               "headroom")} for v in json.loads(path.read_text())["verdict"]]}
+
+
+RUNNERS = {"pytest": step_pytest, "kernels": step_kernels, "engine": step_engine, "profile": step_profile,
+           "sim": step_sim}
+
+
+def _alarm(signum, frame):
+    raise StepTimeout
+
+
+def run_steps(ctx: Context, names: list[str], budget_s: float) -> bool:
+    """Each step under its limit (its budget plus what earlier steps left, never past the whole budget)."""
+    t_end, spare = time.monotonic() + budget_s, 0.0
+    signal.signal(signal.SIGALRM, _alarm)
+    for name in names:
+        limit = min(ctx.sizes.budget_s[name] + spare, t_end - time.monotonic())
+        if limit < 2:
+            ctx.results.step(name, {"ok": False, "error": "skipped: the run's time budget is spent"})
+            continue
+        print(f"gpu_check: {name} (limit {limit:.0f} s)", file=sys.stderr, flush=True)
+        ctx.results.step(name, {"ok": False, "error": "running (no result yet: cut short?)"})
+        t0 = time.perf_counter()
+        signal.setitimer(signal.ITIMER_REAL, limit)
+        try:
+            entry = RUNNERS[name](ctx, limit)
+        except StepTimeout:
+            entry = {"ok": False, "error": f"timed out after {limit:.0f} s"}
+        except Exception as e:  # guarded: record and go on
+            entry = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-4000:]}
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        entry["seconds"] = round(time.perf_counter() - t0, 1)
+        spare = max(limit - entry["seconds"], 0.0)
+        ctx.results.step(name, entry)
+        ctx.results.pack()
+        print(f"gpu_check: {name} {'ok' if entry.get('ok') else 'FAILED'} in {entry['seconds']} s"
+              + ("" if entry.get("ok") else f": {entry.get('error', 'see the step file')}"), file=sys.stderr, flush=True)
+    return all(ctx.results.summary["steps"][n].get("ok") for n in names)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dry-run", action="store_true", help="this CPU, tiny sizes, Triton's interpreter")
+    ap.add_argument("--out", default="", help="results directory (default bench/results/gpu/<date>-<gpu>; "
+                                              "dry run: a new temporary directory)")
+    ap.add_argument("--steps", default=",".join(STEPS), help=f"comma-separated subset of {','.join(STEPS)}")
+    ap.add_argument("--budget-s", type=float, default=450.0, help="the whole run's time limit, seconds")
+    ap.add_argument("--bundle", default="", help="also pack the results directory into this .tar.gz after every step")
+    a = ap.parse_args(argv)
+    names = [s.strip() for s in a.steps.split(",") if s.strip()]
+    if bad := [n for n in names if n not in STEPS]:
+        ap.error(f"--steps: unknown step {bad[0]!r} (steps: {', '.join(STEPS)})")
+    if a.dry_run:  # before torch or triton is imported: Triton runs interpreted on the CPU, and the CPU's
+        os.environ["TRITON_INTERPRET"] = "1"  # C++ kernels stay off (a GPU never runs them; no build in CI)
+        os.environ["AVKIT_CPU_KERNELS"] = "0"
+        os.environ["OMP_NUM_THREADS"] = "1"  # tiny models: threads only wait for each other on a shared CPU
+    import torch
+
+    if not a.dry_run and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device (use --dry-run on a CPU)", file=sys.stderr)
+        return 2
+    device = torch.device("cpu" if a.dry_run else "cuda")
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu-dry-run"
+    if a.out:
+        out = Path(a.out)
+    elif a.dry_run:
+        import tempfile
+
+        out = Path(tempfile.mkdtemp(prefix="gpu_check_dry_"))
+    else:
+        out = ROOT / "bench" / "results" / "gpu" / f"{time.strftime('%Y-%m-%d')}-{gpu.split()[-1].lower()}"
+    import triton
+
+    meta = {"device": gpu, "dry_run": a.dry_run, "python": sys.version.split()[0], "torch": torch.__version__,
+            "triton": triton.__version__, "cuda": torch.version.cuda, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "command": " ".join([Path(sys.executable).name, *sys.argv]), "wheels": list(WHEELS)}
+    sizes = DRY if a.dry_run else REAL
+    results = Results(out, Path(a.bundle) if a.bundle else None, {**meta, "sizes": asdict(sizes)})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    ok = run_steps(Context(sizes, a.dry_run, results, device, env), names, a.budget_s)
+    print(f"gpu_check: {'all steps ok' if ok else 'some steps FAILED'}; results in {out}", file=sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
