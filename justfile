@@ -93,9 +93,15 @@ hvd-reuse-t1 cost="bench/results/engine_peer_cost_T1.json":
 bench-hvd-live:
     for w in humaneval_edit sharegpt; do for c in 1 4 16; do flock /tmp/avkit-bench.lock nice -n -10 python bench/hvd_live.py --payoff out/hvd/payoff_survival.pt --workloads $w --concurrency $c; done; done
 
-# Triton kernels vs torch references on a CUDA GPU (H200: ~3 min)
-bench-gpu:
-    python bench/gpu_kernels.py
+# the GPU check (docs/gpu.md): gpu-marked tests, kernels vs references with bandwidth, the engine on CUDA, profile
+# of random weights (real pair's and an 8B shape), tune + hvd on the measured tables, <= 8 min on an H100/H200 ->
+# bench/results/gpu/<date>-<gpu>/; `just gpu-check --dry-run` runs the same steps on this CPU at tiny sizes
+gpu-check *ARGS:
+    python bench/gpu_check.py {{ARGS}}
+
+# only the kernels step of the GPU check (Triton kernels vs torch references, timed, with bandwidth)
+bench-gpu *ARGS:
+    python bench/gpu_check.py --steps kernels {{ARGS}}
 
 lint:
     ruff check avkit tests bench

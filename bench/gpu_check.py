@@ -23,8 +23,10 @@ The device image has no polars: it travels as the wheel in WHEELS (docs/gpu.md h
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -61,10 +63,10 @@ class Sizes:
     hvd_epochs: int  # sim: payoff MLP epochs
 
 
-REAL = Sizes(budget_s={"pytest": 90, "kernels": 100, "engine": 60, "profile": 80, "sim": 130},
+REAL = Sizes(budget_s={"pytest": 75, "kernels": 90, "engine": 60, "profile": 60, "sim": 165},
              batches=(1, 64, 256), vocab=151_936, matmul_n=8192, engine_vocab=300, chi2_requests=4000,
              shapes=("pair", "8b"), context=512, max_concurrency=256, repeats=5,
-             tune_traces=("traces/greedy_k7.parquet",), tune_concurrency=(1, 2, 4, 8, 16, 32, 64, 128, 256), bootstrap=200,
+             tune_traces=("traces/greedy_k7.parquet",), tune_concurrency=(1, 4, 16, 64, 256), bootstrap=100,
              hvd_traces=("traces/greedy_k7.parquet", "traces/reuse/t0_bfcl_multiturn_k7.parquet",
                          "traces/reuse/t0_edit_k7.parquet", "traces/reuse/t0_mtbench_revise_k7.parquet",
                          "traces/reuse/t0_sharegpt_multiround_k7.parquet"), hvd_epochs=30)
@@ -264,12 +266,31 @@ def run_steps(ctx: Context, names: list[str], budget_s: float) -> bool:
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         entry["seconds"] = round(time.perf_counter() - t0, 1)
+        if getattr(ctx.device, "type", "") == "cuda":  # what a failed or cut step held goes back before the next
+            import torch
+
+            gc.collect()
+            torch.cuda.empty_cache()
         spare = max(limit - entry["seconds"], 0.0)
         ctx.results.step(name, entry)
         ctx.results.pack()
         print(f"gpu_check: {name} {'ok' if entry.get('ok') else 'FAILED'} in {entry['seconds']} s"
               + ("" if entry.get("ok") else f": {entry.get('error', 'see the step file')}"), file=sys.stderr, flush=True)
     return all(ctx.results.summary["steps"][n].get("ok") for n in names)
+
+
+def package_versions() -> dict:
+    """The versions the run met (the device's own, or a carried wheel's); "missing" where not installed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("numpy", "polars", "pyarrow", "scipy", "transformers", "tokenizers", "typer", "rich", "pytest",
+                 "nvidia-ml-py", "cupy-cuda13x"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "missing"
+    return out
 
 
 def main(argv=None) -> int:
@@ -302,16 +323,19 @@ def main(argv=None) -> int:
 
         out = Path(tempfile.mkdtemp(prefix="gpu_check_dry_"))
     else:
-        out = ROOT / "bench" / "results" / "gpu" / f"{time.strftime('%Y-%m-%d')}-{gpu.split()[-1].lower()}"
+        out = ROOT / "bench" / "results" / "gpu" / f"{time.strftime('%Y-%m-%d')}-{re.sub('[^a-z0-9]+', '-', gpu.lower()).strip('-')}"
     import triton
 
     meta = {"device": gpu, "dry_run": a.dry_run, "python": sys.version.split()[0], "torch": torch.__version__,
             "triton": triton.__version__, "cuda": torch.version.cuda, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-            "command": " ".join([Path(sys.executable).name, *sys.argv]), "wheels": list(WHEELS)}
+            "command": " ".join([Path(sys.executable).name, *sys.argv]), "wheels": list(WHEELS),
+            "packages": package_versions()}
     sizes = DRY if a.dry_run else REAL
     results = Results(out, Path(a.bundle) if a.bundle else None, {**meta, "sizes": asdict(sizes)})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
     ok = run_steps(Context(sizes, a.dry_run, results, device, env), names, a.budget_s)
+    brief = {n: {k: v for k, v in e.items() if k != "traceback"} for n, e in results.summary["steps"].items()}
+    print(json.dumps(brief, indent=1, default=str))  # the headline numbers, last in the output
     print(f"gpu_check: {'all steps ok' if ok else 'some steps FAILED'}; results in {out}", file=sys.stderr)
     return 0 if ok else 1
 

@@ -91,7 +91,6 @@ def device_bandwidth(device: torch.device) -> dict:
     y = torch.empty_like(x)
     ms = bench_ms(lambda: y.copy_(x), device)
     info["copy_tb_s"] = 2 * x.numel() * 4 / (ms * 1e-3) / 1e12
-    del x, y
     return info
 
 
