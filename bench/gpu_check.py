@@ -13,9 +13,10 @@ time limit, plus what earlier steps left unused, inside --budget-s):
            T = 1 vs target-only (chi-square), the Triton hot path == the torch path, the hybrid drafter
   profile  avkit's profile (`profile_costs`, what `avkit profile` runs) on random weights in the real pair's
            shapes and in an 8B shape -> cost_pair.json, cost_8b.json
-  sim      `avkit tune` on the shipped greedy trace with each measured table (adaptive vs each fixed K per
-           concurrency, KV feasibility) and `avkit hvd` on the greedy reuse traces with the pair's table
-Outputs: summary.json (rewritten after every step and kernel row), one file per step, logs; with
+  sim      `avkit hvd` on the greedy reuse traces with the pair's table, then `avkit tune` on the shipped
+           greedy trace with each table (adaptive vs each fixed K per concurrency, KV feasibility)
+Outputs: summary.json (rewritten after every step; kernels.json and engine.json after every row), one file
+per step, logs; with
 --bundle PATH the directory is also packed into PATH after every step, so a run cut short returns files.
 The device image has no polars: it travels as the wheel in WHEELS (docs/gpu.md has the command line).
 """
@@ -65,8 +66,8 @@ class Sizes:
 
 REAL = Sizes(budget_s={"pytest": 75, "kernels": 90, "engine": 60, "profile": 60, "sim": 165},
              batches=(1, 64, 256), vocab=151_936, matmul_n=8192, engine_vocab=300, chi2_requests=4000,
-             shapes=("pair", "8b"), context=512, max_concurrency=256, repeats=5,
-             tune_traces=("traces/greedy_k7.parquet",), tune_concurrency=(1, 4, 16, 64, 256), bootstrap=100,
+             shapes=("pair", "8b"), context=512, max_concurrency=1024, repeats=5,
+             tune_traces=("traces/greedy_k7.parquet",), tune_concurrency=(1, 4, 16, 64, 256, 1024), bootstrap=100,
              hvd_traces=("traces/greedy_k7.parquet", "traces/reuse/t0_bfcl_multiturn_k7.parquet",
                          "traces/reuse/t0_edit_k7.parquet", "traces/reuse/t0_mtbench_revise_k7.parquet",
                          "traces/reuse/t0_sharegpt_multiround_k7.parquet"), hvd_epochs=30)
@@ -116,18 +117,20 @@ class Context:
     """What a step sees."""
 
     sizes: Sizes
-    dry: bool
     results: Results
     device: object  # torch.device
     env: dict  # for child processes: PYTHONPATH with the tree first
 
     def run(self, name: str, cmd: list[str], timeout: float) -> dict:
-        """A child process, its output into <name>.log; -> {cmd, rc, seconds}."""
+        """A child process, its output into <name>.log; -> {cmd, rc (None: killed at `timeout` s), seconds}."""
         t0 = time.perf_counter()
         with open(self.results.out / f"{name}.log", "w") as log:
-            p = subprocess.run(cmd, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                               timeout=max(timeout, 1))
-        return {"cmd": " ".join(cmd), "rc": p.returncode, "seconds": round(time.perf_counter() - t0, 1)}
+            try:
+                rc = subprocess.run(cmd, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                    timeout=max(timeout, 1)).returncode
+            except subprocess.TimeoutExpired:
+                rc = None
+        return {"cmd": " ".join(cmd), "rc": rc, "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def step_pytest(ctx: Context, limit: float) -> dict:
@@ -137,6 +140,8 @@ def step_pytest(ctx: Context, limit: float) -> dict:
     xml = ctx.results.out / "pytest_gpu.xml"
     res = ctx.run("pytest", [sys.executable, "-m", "pytest", "-m", "gpu and not slow", "-p", "no:cacheprovider",
                              "-q", f"--junitxml={xml}", *files], limit - 5)
+    if not xml.is_file():
+        return {**res, "files": files, "ok": False, "error": "no junit XML (killed at its limit?): see pytest.log"}
     from xml.etree import ElementTree
 
     suite = ElementTree.parse(xml).getroot()
@@ -159,7 +164,7 @@ def step_kernels(ctx: Context, limit: float) -> dict:
 
     cases = gk.run_all(dev, s.batches, s.vocab, peak_tb_s=bw["peak_tb_s"], on_case=on_case)
     hot = gk.hot_path(cases, max(s.batches), bw["copy_tb_s"], tflops)
-    sweep = gk.sweep_confidence(dev, max(s.batches), s.vocab, bw["peak_tb_s"]) if dev.type == "cuda" else []
+    sweep = gk.sweep_confidence(dev, max(s.batches), s.vocab, bw["peak_tb_s"])
     ctx.results.write_json("kernels.json", {"bandwidth": bw, "matmul_tflops": tflops, "cases": cases,
                                             "hot_path": hot, "confidence_sweep": sweep})
     conf = next(c for c in cases if c["kernel"] == "confidence bf16" and c["B"] == max(s.batches))
@@ -194,10 +199,11 @@ def step_sim(ctx: Context, limit: float) -> dict:
     if not tables:
         raise RuntimeError(f"no cost_*.json in {out}: run the profile step first")
     hvd_table = tables.get("pair", tables.get("tiny"))
-    if hvd_table is not None:  # the decision HVD waits on first: the traces were recorded by this pair
+    if hvd_table is not None:  # the decision HVD waits on first (the traces were recorded by this pair); it
+        # leaves `avkit tune` a minute at least
         res["hvd"] = ctx.run("hvd", [sys.executable, "-m", "avkit", "hvd", *s.hvd_traces, "--cost-table",
                                      str(hvd_table), "--out", str(out / "hvd"), "--markdown", str(out / "hvd.md"),
-                                     "--epochs", str(s.hvd_epochs)], deadline - time.monotonic())
+                                     "--epochs", str(s.hvd_epochs)], max(limit / 2, deadline - time.monotonic() - 60))
         res["hvd"].update(hvd_headline(out / "hvd" / "hvd_metrics.json"))
     for name, path in tables.items():
         profiled = json.loads(path.read_text())["draft_requests"][-1]
@@ -225,6 +231,7 @@ def tune_headline(path: Path) -> dict:
                                                                                  / fixed["throughput_tok_s"], 4),
                      "nospec_tok_s": round(nospec["throughput_tok_s"], 1)})
     return {"per_concurrency": rows, "infeasible": [x["concurrency"] for x in r["infeasible"]],
+            "kv_max_concurrency": r["memory"].get("max_concurrency"),
             "ranges": r["schedule"]["ranges"], "adaptive_on": r["schedule"]["adaptive"]}
 
 
@@ -333,7 +340,7 @@ def main(argv=None) -> int:
     sizes = DRY if a.dry_run else REAL
     results = Results(out, Path(a.bundle) if a.bundle else None, {**meta, "sizes": asdict(sizes)})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    ok = run_steps(Context(sizes, a.dry_run, results, device, env), names, a.budget_s)
+    ok = run_steps(Context(sizes, results, device, env), names, a.budget_s)
     brief = {n: {k: v for k, v in e.items() if k != "traceback"} for n, e in results.summary["steps"].items()}
     print(json.dumps(brief, indent=1, default=str))  # the headline numbers, last in the output
     print(f"gpu_check: {'all steps ok' if ok else 'some steps FAILED'}; results in {out}", file=sys.stderr)

@@ -48,7 +48,7 @@ def test_a_failing_or_overrunning_step_is_recorded_and_the_run_goes_on(tmp_path,
                                                "engine": lambda ctx, limit: {"ok": True, "n": 1}})
     sizes = gpu_check.Sizes(**{**gpu_check.DRY.__dict__, "budget_s": {"pytest": 2.5, "kernels": 5, "engine": 5}})
     results = gpu_check.Results(tmp_path / "r", tmp_path / "b.tar.gz", {"device": "test"})
-    ctx = gpu_check.Context(sizes, True, results, None, {})
+    ctx = gpu_check.Context(sizes, results, None, {})
     t0 = time.monotonic()
     assert not gpu_check.run_steps(ctx, ["pytest", "kernels", "engine"], budget_s=60)
     assert time.monotonic() - t0 < 10
