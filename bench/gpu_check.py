@@ -138,6 +138,7 @@ def step_pytest(ctx: Context, limit: float) -> dict:
     files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
                    if "mark.gpu" in p.read_text(encoding="utf-8"))
     xml = ctx.results.out / "pytest_gpu.xml"
+    xml.unlink(missing_ok=True)  # a rerun into the same directory must not read the last run's
     res = ctx.run("pytest", [sys.executable, "-m", "pytest", "-m", "gpu and not slow", "-p", "no:cacheprovider",
                              "-q", f"--junitxml={xml}", *files], limit - 5)
     if not xml.is_file():
@@ -192,10 +193,10 @@ def step_profile(ctx: Context, limit: float) -> dict:
 
 
 def step_sim(ctx: Context, limit: float) -> dict:
-    """`avkit tune` per measured table, then `avkit hvd` with the pair's (the traces are the pair's)."""
+    """`avkit hvd` with the pair's table (the traces are the pair's), then `avkit tune` per measured table."""
     deadline = time.monotonic() + limit
     s, out, res = ctx.sizes, ctx.results.out, {}
-    tables = {p.stem.removeprefix("cost_"): p for p in sorted(out.glob("cost_*.json"))}
+    tables = {n: out / f"cost_{n}.json" for n in s.shapes if (out / f"cost_{n}.json").is_file()}
     if not tables:
         raise RuntimeError(f"no cost_*.json in {out}: run the profile step first")
     hvd_table = tables.get("pair", tables.get("tiny"))
@@ -204,21 +205,19 @@ def step_sim(ctx: Context, limit: float) -> dict:
         res["hvd"] = ctx.run("hvd", [sys.executable, "-m", "avkit", "hvd", *s.hvd_traces, "--cost-table",
                                      str(hvd_table), "--out", str(out / "hvd"), "--markdown", str(out / "hvd.md"),
                                      "--epochs", str(s.hvd_epochs)], max(limit / 2, deadline - time.monotonic() - 60))
-        res["hvd"].update(hvd_headline(out / "hvd" / "hvd_metrics.json"))
+        res["hvd"].update(hvd_headline(out / "hvd" / "hvd_metrics.json") if res["hvd"]["rc"] == 0 else {})
     for name, path in tables.items():
         profiled = json.loads(path.read_text())["draft_requests"][-1]
         conc = ",".join(str(c) for c in s.tune_concurrency if c <= profiled)
         res[f"tune_{name}"] = ctx.run(f"tune_{name}", [
             sys.executable, "-m", "avkit", "tune", *s.tune_traces, "--cost", str(path), "--concurrency", conc,
             "--bootstrap", str(s.bootstrap), "--out", str(out / f"tune_{name}.json")], deadline - time.monotonic())
-        res[f"tune_{name}"].update(tune_headline(out / f"tune_{name}.json"))
+        res[f"tune_{name}"].update(tune_headline(out / f"tune_{name}.json") if res[f"tune_{name}"]["rc"] == 0 else {})
     return {"ok": all(r["rc"] == 0 for r in res.values()), **res}
 
 
 def tune_headline(path: Path) -> dict:
     """Per concurrency: the best fixed K, the best adaptive arm and their ratio; what tune recommends."""
-    if not path.is_file():
-        return {}
     r = json.loads(path.read_text())
     rows = []
     for c in r["concurrency"]:
@@ -237,8 +236,6 @@ def tune_headline(path: Path) -> dict:
 
 def hvd_headline(path: Path) -> dict:
     """Per dataset: best single drafter, best router and its ratio, the clairvoyant bound (headroom)."""
-    if not path.is_file():
-        return {}
     return {"per_dataset": [{k: v[k] for k in ("dataset", "best_single_router", "best_router", "ratio", "oracle",
                                                "headroom")} for v in json.loads(path.read_text())["verdict"]]}
 
