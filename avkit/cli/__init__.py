@@ -26,10 +26,12 @@ COMMANDS = ("models", "record", "fit", "hvd", "simulate", "tune", "profile", "se
 
 @contextlib.contextmanager
 def _one_interrupt():
-    """The first SIGINT interrupts (KeyboardInterrupt: outputs are aborted, nothing half-written stays);
-    further ones while that unwinds are ignored, so a burst of Ctrl-C never ends in a traceback."""
+    """The first SIGINT or SIGTERM interrupts (KeyboardInterrupt: outputs are aborted, nothing half-written
+    stays, a kernel build's compiler is stopped); further ones while that unwinds are ignored, so a burst of
+    Ctrl-C never ends in a traceback. `avkit serve` hands both signals to uvicorn once its port is open."""
     if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         yield
         return
     state = {"raised": False}
@@ -40,12 +42,14 @@ def _one_interrupt():
             raise KeyboardInterrupt
 
     signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     try:
         yield
     finally:  # once interrupted (here or by a command's own handler, which then ignores SIGINT) the process
         # is ending: later signals must not break its shutdown
         ending = state["raised"] or signal.getsignal(signal.SIGINT) is signal.SIG_IGN
         signal.signal(signal.SIGINT, signal.SIG_IGN if ending else signal.default_int_handler)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN if ending else signal.SIG_DFL)
 
 
 class _Group(TyperGroup):

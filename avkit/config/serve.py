@@ -28,7 +28,7 @@ class HttpConfig:
     retry_after_s: int = 1  # Retry-After header on 429
     max_body_bytes: int = 8 * 2**20  # larger request bodies get 413 (read before any parsing)
     log_requests: bool = False  # one access-log line per request (method, path, status, tokens, seconds)
-    grace_period_s: float = 10.0  # SIGTERM: finish in-flight requests for this long, then cancel
+    grace_period_s: float = 3.0  # SIGTERM: finish in-flight requests for this long, then cancel (exit within ~5 s)
 
     def __post_init__(self):
         check_range("port", self.port, 0, 65535)

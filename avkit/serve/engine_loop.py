@@ -10,6 +10,8 @@ raises, the requests in that batch fail with an error event and a fresh engine t
 factory keeps the models and the verify policy, so online refits continue). The after-step hook
 (snapshots) cannot raise into the loop. If the thread dies anyway, every pending and running
 request fails at once with a 503, later submits raise `EngineDead` (503) and `/health` says so.
+Warm-up: the thread's first act is `warm_up()` (a throwaway engine's first forwards, `serve/warmup.py`);
+`ready` is False until it has run (`/health` 503 `starting`); requests submitted meanwhile wait in the queue.
 Error events carry no exception text (the log has the traceback): 500 bodies never echo it.
 """
 
@@ -80,8 +82,11 @@ class EngineLoop:
     """Owns the engine and its thread; everything else talks to it through submit/cancel."""
 
     def __init__(self, make_engine: Callable[[], Any], *, max_concurrency: int, queue_size: int,
-                 metrics=None, on_step: Callable[[], None] | None = None):
+                 metrics=None, on_step: Callable[[], None] | None = None,
+                 warm_up: Callable[[], None] | None = None):
         self._make_engine = make_engine
+        self.warm_up = warm_up
+        self.ready = warm_up is None  # True once the warm-up has run
         self._engine = make_engine()
         self.max_concurrency = max_concurrency
         self.queue_size = queue_size
@@ -166,6 +171,9 @@ class EngineLoop:
     # ---- the engine thread -----------------------------------------------------------------
     def _run(self) -> None:
         try:
+            if self.warm_up is not None:
+                self.warm_up()
+                self.ready = True
             self._loop()
         except BaseException as e:  # the thread's last words: fail everyone cleanly
             log.critical("engine thread died:\n%s", traceback.format_exc())

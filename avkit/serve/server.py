@@ -5,13 +5,16 @@ default, warm-started as `startup.warm_start` decides), a sink that feeds `/metr
 `--record`, a `TraceWriter` (`trace_sink.py`), the engine factory for `EngineLoop`, and the
 `SideWrites` that keep snapshot and trace failures away from requests.
 Start order: bind the socket and check --record (one line, exit 2, before minutes of model
-loading) -> load models -> log the startup block -> serve.
+loading) -> build the CPU kernels (`avkit/models/native.py`) -> load models -> log the startup block ->
+open the port -> warm-up (`warmup.py`; /health 503 `starting` until it has run) -> ready.
 Shutdown order on SIGTERM: stop admitting (503) -> uvicorn drains connections for the grace
 period -> the engine loop cancels what is left -> coefficients snapshot -> trace closed -> exit 0.
+A SIGTERM before the port opens (kernel build, model loading) stops the start-up at once.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import sys
@@ -30,6 +33,7 @@ from avkit.serve.state import ServeState
 from avkit.serve.startup import WarmStart, bind_socket, check_record_writable, snapshot_path, startup_block, \
     warm_start, with_cache_snapshot
 from avkit.serve.trace_sink import ServeSink
+from avkit.serve.warmup import warm_up
 
 log = logging.getLogger("avkit.serve")
 
@@ -133,7 +137,8 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
         return Engine(target, draft, engine_config, policy=policy, sink=sink, drafter=drafter)
 
     loop = EngineLoop(make_engine, max_concurrency=config.engine.max_batch, queue_size=config.http.queue_size,
-                      metrics=metrics, on_step=snapshots.on_step)
+                      metrics=metrics, on_step=snapshots.on_step,
+                      warm_up=functools.partial(warm_up, target, draft, engine_config))
 
     def close():  # never raises: each side write reports its own failure
         snapshots.write_guarded(force=True)
@@ -184,6 +189,21 @@ def configure_logging(log_level: str) -> None:
     logger.propagate = False
 
 
+def build_kernels(config: ServeConfig) -> None:
+    """On a CPU, build the native kernels the models will use before the port opens (a child process that
+    SIGTERM stops at once); nothing to do when they are built already or the models go to a GPU."""
+    import torch
+
+    from avkit.models.native import build_in_child
+    from avkit.models.placement import placement
+
+    device, dtype = placement(config.models.device, config.models.dtype)
+    if device.type == "cpu":
+        seconds = build_in_child(bf16=dtype == torch.bfloat16, log=lambda message: log.info("%s", message))
+        if seconds:
+            log.info("CPU kernels built in %.0f s", seconds)
+
+
 def serve(config: ServeConfig, *, log_level: str = "info", sock=None) -> None:
     """Run until SIGTERM/SIGINT; returns normally (exit code 0) after a graceful shutdown. `sock`: the
     listening socket if the caller bound it already (the CLI does, before loading models)."""
@@ -191,6 +211,7 @@ def serve(config: ServeConfig, *, log_level: str = "info", sock=None) -> None:
     if sock is None:
         sock = bind_socket(config.http.host, config.http.port)  # a busy port fails now, not after loading models
     try:
+        build_kernels(config)
         state = build_state(config)
         log.info("%s", state.startup)
         server = uvicorn_server(state, log_level=log_level)

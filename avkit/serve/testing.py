@@ -2,7 +2,8 @@
 
 `serve_in_thread(state)` binds 127.0.0.1 on a free port (the socket is bound before uvicorn starts,
 so there is no port race), runs uvicorn in a thread, yields the base URL, and shuts it down
-gracefully (lifespan shutdown included) on exit.
+gracefully (lifespan shutdown included) on exit. It yields once the warm-up has run (`/health` 200)
+unless `ready=False`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from avkit.serve.state import ServeState
 
 @contextmanager
 def serve_in_thread(state: ServeState, *, timeout_s: float = 30.0,
-                    log_level: str = "warning") -> Iterator[str]:
+                    log_level: str = "warning", ready: bool = True) -> Iterator[str]:
     import uvicorn
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -33,7 +34,7 @@ def serve_in_thread(state: ServeState, *, timeout_s: float = 30.0,
                               daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s
-    while not server.started:
+    while not server.started or (ready and not state.engine_loop.ready and state.engine_loop.dead is None):
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError("avkit test server did not start")
         time.sleep(0.01)

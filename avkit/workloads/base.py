@@ -10,12 +10,9 @@ Loaders register with `@register("name")`; a JSONL file path is accepted whereve
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 from avkit.errors import ConfigError
 
@@ -55,26 +52,3 @@ def seeded_order(items: list, seed: int) -> list:
     order = list(items)
     random.Random(seed).shuffle(order)
     return order
-
-
-# The prompt-set packages are the `data` extra: one command installs all four.
-INSTALL_HINT = "pip install 'avkit[data]' (the prompt-set packages)"
-
-
-def require_package(module: str, package: str):
-    """Import `module` or raise ConfigError telling which PyPI package to install."""
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError:
-        raise ConfigError(f"this workload needs the PyPI package {package!r}: {INSTALL_HINT}") from None
-
-
-def package_data(module: str, package: str, *parts: str) -> Path:
-    """Path of a data file shipped inside a package, found without importing the package."""
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        raise ConfigError(f"this workload needs the PyPI package {package!r}: {INSTALL_HINT}")
-    path = Path(next(iter(spec.submodule_search_locations))).joinpath(*parts)
-    if not path.is_file():
-        raise ConfigError(f"{package}: data file missing from the installed package: {path}")
-    return path

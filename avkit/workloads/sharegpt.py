@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 
-from avkit.workloads.base import Prompt, package_data, register, seeded_order
+from avkit.workloads.base import Prompt, register, seeded_order
+from avkit.workloads.packages import package_data
 
 DATA_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
 MAX_CHARS = 6000  # skip giant pastes: they would dominate prefill time
