@@ -77,8 +77,6 @@ def _processes_in(root: Path) -> list[int]:
 
 
 def test_sigterm_during_the_kernel_build_stops_the_compiler_and_leaves_no_lock(pair, tmp_path):
-    from avkit.models import native
-
     ext = tmp_path / "torch_extensions"  # a fresh install: nothing built yet
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext), "OMP_NUM_THREADS": "1"}
     if subprocess.run([sys.executable, "-c", "from avkit.models import native; assert native.missing(bf16=False)"],
@@ -98,7 +96,6 @@ def test_sigterm_during_the_kernel_build_stops_the_compiler_and_leaves_no_lock(p
     assert proc.returncode != 0
     assert not list(ext.glob("*/lock")) and not list(ext.glob("*/*.so"))
     assert wait_for(lambda: not _processes_in(ext), timeout=2), "the compiler outlived the server"
-    assert native.KERNELS  # (the module the server used)
 
 
 def test_sigterm_during_a_generation_exits_within_5_s(pair, tmp_path):
@@ -113,7 +110,7 @@ def test_sigterm_during_a_generation_exits_within_5_s(pair, tmp_path):
 
 def test_first_request_after_ready_is_answered_like_the_rest(pair, tmp_path):
     """Everything a first request used to pay for (kernel build, first forwards) happens before /health 200."""
-    with serve_process(pair) as (proc, url):
+    with serve_process(pair) as (_, url):
         body = {"model": "tiny", "prompt": "def f(x):", "max_tokens": 8, "temperature": 1.0}
         times = []
         for _ in range(3):

@@ -126,6 +126,15 @@ def _extension(kind: str):
     return load_extension(_SOURCE512, _CFLAGS512) if kind == "avx512_bf16" else load_extension(_SOURCE)
 
 
+_KIND_FLAGS = {"amx_bf16": _CFLAGS_AMX, "avx512_bf16": _CFLAGS512, "avx2": _CFLAGS}
+
+
+def candidate_kinds() -> list[str]:
+    """The kernels this CPU may run, decided without building any (``kinds()`` builds them and keeps those that
+    work)."""
+    return [k for k in KINDS if runs_here(_KIND_FLAGS[k])]
+
+
 @functools.cache
 def kinds() -> list[str]:
     """The kernels that run here (each one built), e.g. ``["amx_bf16", "avx512_bf16", "avx2"]``, or []."""
