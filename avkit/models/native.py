@@ -35,7 +35,7 @@ KERNELS = (
 
 def build_dir(source: Path, cflags: tuple[str, ...]) -> Path:
     """Where torch's builder puts this kernel (``$TORCH_EXTENSIONS_DIR`` or its default root)."""
-    from torch.utils.cpp_extension import _get_build_directory
+    from torch.utils.cpp_extension import _get_build_directory  # lazy: setuptools and the build tools behind it
 
     return Path(_get_build_directory(cpu_linear.build_name(source, cflags), verbose=False))
 

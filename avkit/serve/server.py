@@ -192,10 +192,10 @@ def configure_logging(log_level: str) -> None:
 def build_kernels(config: ServeConfig) -> None:
     """On a CPU, build the native kernels the models will use before the port opens (a child process that
     SIGTERM stops at once); nothing to do when they are built already or the models go to a GPU."""
-    import torch
+    import torch  # lazy: torch (as build_state's models)
 
-    from avkit.models.native import build_in_child
-    from avkit.models.placement import placement
+    from avkit.models.native import build_in_child  # lazy: torch
+    from avkit.models.placement import placement  # lazy: torch
 
     device, dtype = placement(config.models.device, config.models.dtype)
     if device.type == "cpu":

@@ -22,8 +22,8 @@ PROMPT_LEN = 4  # tokens of the warm-up prompt (ids 1..4, in every vocabulary)
 
 def warm_up(target, draft, config: EngineConfig) -> float:
     """Run the warm-up requests to completion on a small engine of `config`'s K; seconds taken."""
-    from avkit.runtime.engine import Engine
-    from avkit.runtime.request import Request
+    from avkit.runtime.engine import Engine  # lazy: torch (as build_state's models)
+    from avkit.runtime.request import Request  # lazy: with the engine
 
     t0 = time.perf_counter()
     new = config.k + 2  # at least one full verify step

