@@ -40,7 +40,7 @@ class HttpConfig:
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """`avkit serve` (issue 8): the models, the engine (engine.max_batch = requests decoding at once),
+    """`avkit serve`: the models, the engine (engine.max_batch = requests decoding at once),
     the online estimator's refits, the adaptive policy, the HTTP front, and what serve adds itself."""
 
     models: ModelsConfig = field(default_factory=ModelsConfig)

@@ -1,4 +1,4 @@
-"""Per dataset: does the best HVD router match the best single drafter? (issue #20: HVD must never lose
+"""Per dataset: does the best HVD router match the best single drafter? (HVD must never lose
 by more than noise, >= 0.99x the better of model-only and cache-only on every dataset; cache-only is
 SuffixDecoding alone, the `suffix` router: no draft model where the cache has nothing.)
 

@@ -146,7 +146,7 @@ def default_kind() -> str:
     AMX tiles (and the OS grants them), else avx2.
 
     Why, measured end to end on a 2-core AMX Xeon (HumanEval, greedy, 48 new tokens, `bench/cpu_kernels.py`,
-    `bench/results/cpu_kernels.md`, 2026-12-03 21:24): since the AMX kernel's last row block uses tiles of its own
+    `bench/results/cpu_kernels.md`, 2026-12-03): since the AMX kernel's last row block uses tiles of its own
     height, one row costs about what it costs the AVX2 kernel (c1 target-only 7.24 vs 7.72 tok/s, c1 K = 5 12.49
     vs 12.20) and more rows cost almost nothing more (c4 target-only 18.23 vs 16.90, c4 K = 5 19.75 vs 15.62).
     The AVX512-BF16 kernel is for CPUs with VDPBF16PS but no AMX; pick it there with ``AVKIT_CPU_KERNEL``. A

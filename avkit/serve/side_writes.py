@@ -1,7 +1,7 @@
 """Writes the server makes beside the requests (coefficient snapshot, trace rows): they may fail,
 the requests may not.
 
-Rule (issue 15): a failing side write never fails a request and never stops the engine. Each
+Rule: a failing side write never fails a request and never stops the engine. Each
 failure is counted on `/metrics` (`avkit_side_write_failures_total{kind}`), logged once per kind
 until that kind succeeds again (then one "recovered" line), and retried with exponential backoff
 (1 s, 2 s, 4 s ... capped at 60 s); meanwhile `/health` reports `degraded` with the reason.

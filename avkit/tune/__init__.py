@@ -1,4 +1,4 @@
-"""`avkit tune`: which K at which batch size, and is adaptive verification worth it (issue 19).
+"""`avkit tune`: which K at which batch size, and is adaptive verification worth it.
 
 Reading order: feasibility.py (what fits the KV cache), arms.py (the deployments compared, replayed by
 avkit/sim/), schedule.py (best arm per concurrency, batch-size ranges), bootstrap.py (intervals over
