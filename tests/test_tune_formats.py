@@ -187,3 +187,29 @@ def test_trtllm_and_sglang_rules():
     for steps in ([], [3, 1], [0, 2], [2, 2], ["3"]):
         with pytest.raises(ConfigError, match="candidate_steps"):
             check_sglang({"candidate_steps": steps})
+
+
+def test_context_bands_are_each_a_tune_at_their_context(trace):
+    from avkit.tune.context import at_context, band_bounds
+
+    assert band_bounds((2047, 65535)) == [(0, 2047), (2048, 65535)]
+    assert at_context("roofline:H200:8b", 100) == "roofline:H200:8b:context=100"
+    assert at_context("roofline:H200:8b:1b:context=8192,drafter=parallel", 7) == \
+        "roofline:H200:8b:1b:drafter=parallel,context=7"
+    for bad, message in (((2047, 2047), "ascending distinct"), ((0,), "ascending distinct")):
+        with pytest.raises(ConfigError, match=message):
+            band_bounds(bad)
+    with pytest.raises(ConfigError, match="measured at one context"):
+        at_context("bench/results/vllm_cost_cpu.json", 100)
+    fast = dict(concurrency=(1, 16), bootstrap=10, max_k=3)
+    doc = tune([trace], TuneConfig(context=1024, context_bands=(2047, 65535), **fast))
+    s = doc["schedule"]
+    alone = tune([trace], TuneConfig(context=33791, cost="roofline:H200:8b:context=33791", **fast))
+    assert s["context_ranges"][1] == [2048, 65535, alone["schedule"]["ranges"]]  # the band's middle: 33791
+    assert [b["context"] for b in s["bands"]] == [1023, 33791]
+    entries = [[lo, hi, c_lo, c_hi, k] for c_lo, c_hi, rs in s["context_ranges"] for lo, hi, k in rs]
+    assert check_vllm_context(doc["vllm_context"])["num_speculative_tokens_per_batch_size"] == entries
+    k_by = [{r["concurrency"]: r["k"] for r in b_doc} for b_doc in
+            ([{"concurrency": c, "k": k} for c, k in b["k"].items()] for b in s["bands"])]
+    assert s["context_changes"] == [{"concurrency": c, "k_by_band": [m.get(c) for m in k_by]}
+                                    for c in (1, 16) if len({m.get(c) for m in k_by}) > 1]

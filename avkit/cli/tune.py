@@ -52,6 +52,19 @@ def render(result: dict, console: Console) -> None:
         console.print(line, markup=False, highlight=False)
 
 
+def change_lines(result: dict) -> list[str]:
+    """One line per concurrency whose recommended K depends on the context band (none: one line saying so)."""
+    s = result["schedule"]
+    if "context_ranges" not in s:
+        return []
+    bands = [f"{lo}-{hi}" for lo, hi, _ in s["context_ranges"]]
+    if not s["context_changes"]:
+        return [f"context bands {', '.join(bands)} tokens: the same K at every concurrency"]
+    return [f"  c={ch['concurrency']}: K " + ", ".join(f"{k if k is not None else 'infeasible'} at {b} tokens"
+                                                     for k, b in zip(ch["k_by_band"], bands))
+            for ch in s["context_changes"]]
+
+
 def summary_lines(result: dict) -> list[str]:
     s = result["schedule"]
     ranges = ", ".join(f"{lo}-{hi}: K={k}" for lo, hi, k in s["ranges"])
@@ -78,7 +91,7 @@ def summary_lines(result: dict) -> list[str]:
                      f"per step, or catching up <= {100 * r['catch_up_share']['64']:.1f}% after a 64-step pause)")
     if result["idle"]["per_concurrency"]:
         lines.append("  not priced: " + "; ".join(result["idle"]["not_priced"]))
-    return lines + [f"note: {n}" for n in result["notes"]]
+    return lines + change_lines(result) + [f"note: {n}" for n in result["notes"]]
 
 
 def register(app: typer.Typer) -> None:
@@ -100,6 +113,9 @@ def register(app: typer.Typer) -> None:
             _d("format"),
         draft: Annotated[str, typer.Option(help="the draft model vLLM loads (its HF directory; default: the "
                                                 "traces' draft id)")] = _d("draft"),
+        context_bands: Annotated[str, typer.Option(help="comma-separated upper bounds of context-length bands, "
+                                                        "each tuned apart (e.g. 2047,8191,32767; a roofline cost)")]
+            = "",
         draft_gate: Annotated[bool | None, typer.Option(
             help="simulate adaptive with avkit's draft gate (default: on, off for --format vllm: vLLM has "
                  "none)", show_default=False)] = None,
@@ -121,7 +137,8 @@ def register(app: typer.Typer) -> None:
                             tpot_slo_ms=tpot_slo_ms, context=context, memory_gb=memory_gb, format=format,
                             draft_gate=gate, estimator=estimator, bootstrap=bootstrap, seed=seed, out=out,
                             datasets=tuple(d.strip() for d in datasets.split(",")) if datasets else (),
-                            max_new_tokens=max_new_tokens, draft=draft)
+                            max_new_tokens=max_new_tokens, draft=draft,
+                            context_bands=parse_ints("context-bands", context_bands) if context_bands else ())
         from avkit.serve.snapshot import write_json_atomic
         from avkit.tune import tune as run
         from avkit.tune.formats import UPSTREAM_CONTEXT_FORMAT  # lazy: polars

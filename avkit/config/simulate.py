@@ -81,6 +81,7 @@ class TuneConfig:
     datasets: tuple[str, ...] = ()  # tune on these datasets' requests only (empty: every request in the traces)
     max_new_tokens: int = 0  # requests as if capped at this many new tokens (0: as recorded; avkit/tune/prefill.py)
     draft: str = ""  # the draft model vLLM loads (`model` in its speculative_config; "": the traces' draft id)
+    context_bands: tuple[int, ...] = ()  # upper bounds of context-length bands tuned apart (avkit/tune/context.py)
 
     def __post_init__(self):
         from avkit.errors import ConfigError

@@ -261,8 +261,9 @@ def engine_settings(doc: dict, cost, *, adaptive_ok: bool, draft: str = "") -> d
     base = {**spec, "num_speculative_tokens": top}
     out["vllm"] = vllm_spec(ranges, doc["schedule"]["adaptive"] and adaptive_ok, spec)
     bands = doc["schedule"].get("context_ranges") or [[0, doc["context"]["tokens"], [list(r) for r in ranges]]]
-    out["vllm_context"] = check_vllm_context({**base, "num_speculative_tokens_per_batch_size":
-                                              _context_entries(bands)})
+    entries = _context_entries(bands)
+    out["vllm_context"] = check_vllm_context({**base, "num_speculative_tokens": max(e[4] for e in entries),
+                                              "num_speculative_tokens_per_batch_size": entries})
     rates = [round(p["survival"], 6) for p in pooled["positions"][:top]]
     out["vllm_synthetic"] = check_synthetic({**base, "rejection_sample_method": "synthetic",
                                              "synthetic_acceptance_rates": rates})

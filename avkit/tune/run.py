@@ -33,6 +33,7 @@ from avkit.sim.steps import step_table
 from avkit.trace.reader import trace_metadata
 from avkit.tune.acceptance import acceptance_profile
 from avkit.tune.arms import Arm, Cell, simulate_arms
+from avkit.tune.context import context_schedule
 from avkit.tune.bootstrap import interval, resample_weights, resampled_rate
 from avkit.tune.feasibility import memory_budget
 from avkit.tune.formats import engine_settings, trtllm_schedule
@@ -209,6 +210,8 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
         "profile": profile,
         "notes": notes,
     }
+    if config.context_bands:  # context.py: every band tuned on the same traces at its own context
+        doc["schedule"] |= context_schedule(paths, config, tune)
     return doc | engine_settings(doc, cost, adaptive_ok=enable and not on_cpu, draft=config.draft)
 
 

@@ -31,6 +31,7 @@ import time
 
 import torch
 
+from avkit.engines.vllm.protocol import SUPPORTED, supported
 from avkit.features import draft_features
 
 FEATURES = ("q_max", "q_2nd", "entropy", "logit_qmax")
@@ -58,6 +59,9 @@ class Recorder:
         self.draft_s = 0.0  # this engine step: wall time inside propose_draft_token_ids (all K drafting passes)
         self.scheduled_tokens = 0  # this engine step: target tokens vLLM's scheduler gave the model runner
         self.scheduled_requests = 0  # this engine step: requests scheduled (the batch size Dynamic SD's lookup reads)
+        self.on_step = None  # plugin.py: called with (model runner, scheduler output) as each engine step starts
+        self.on_step_end = None  # plugin.py: called with the model runner once a step's drafting is done
+        self.strict = True  # False inside a server (plugin.py): an unmatched verification is skipped, not raised
 
     # ---- drafting ----
     def draft_pass(self, feats: torch.Tensor, q_sampled: torch.Tensor) -> None:
@@ -108,6 +112,9 @@ class Recorder:
         for i, (rid, n) in enumerate(zip(req_ids, num_draft_tokens)):
             if n == 0:
                 continue
+            if rid not in self.pending and not self.strict:
+                start += n
+                continue
             if rid not in self.pending:
                 raise RuntimeError(f"avkit hook: request {rid} verified {n} drafts that were never proposed "
                                    "through the draft_model proposer (unsupported vLLM path)")
@@ -141,7 +148,12 @@ RECORDER = Recorder()
 
 
 def install() -> Recorder:
-    """Wrap vLLM's methods (idempotent); -> the process-wide recorder."""
+    """Wrap vLLM's methods (idempotent; only for the SUPPORTED vLLM versions); -> the process-wide recorder."""
+    import vllm  # lazy: vllm
+
+    if not supported(vllm.__version__):
+        raise RuntimeError(f"vLLM {vllm.__version__} is not supported (avkit's hooks wrap vLLM {SUPPORTED}'s "
+                           "methods)")
     from vllm.v1.sample import rejection_sampler as rs
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -186,11 +198,15 @@ def install() -> Recorder:
         out = orig_propose(self, *args, **kwargs)
         rec.draft_s += time.perf_counter() - t0
         rec.end_proposal(list(self.input_batch.req_ids), out)
+        if rec.on_step_end is not None:
+            rec.on_step_end(self)
         return out
 
     orig_execute = GPUModelRunner.execute_model
 
     def execute_model(self, scheduler_output, *args, **kwargs):
+        if rec.on_step is not None:
+            rec.on_step(self, scheduler_output)
         rec.scheduled_tokens += int(scheduler_output.total_num_scheduled_tokens)
         rec.scheduled_requests += len(scheduler_output.num_scheduled_tokens)
         return orig_execute(self, scheduler_output, *args, **kwargs)

@@ -1,4 +1,5 @@
-"""The line protocol between avkit and its vLLM child process, and the vLLM versions avkit supports.
+"""The line protocol between avkit and its vLLM child process, the vLLM versions avkit supports, and how
+avkit reports inside a vLLM server.
 
 Standard library only: both sides import it (avkit's Python and vLLM's venv).
 """
@@ -6,6 +7,7 @@ Standard library only: both sides import it (avkit's Python and vLLM's venv).
 from __future__ import annotations
 
 import json
+import logging
 
 SUPPORTED = ">=0.32.0,<0.33"  # the V1 methods hooks.py wraps are those of vLLM 0.32.x
 _LO, _HI = (0, 32), (0, 33)
@@ -22,6 +24,11 @@ def supported(version: str) -> bool:
     return len(parts) == 2 and _LO <= tuple(parts) < _HI
 
 
+def error(message: str) -> None:
+    """Inside a vLLM server (plugin.py, warmstart.py): one `avkit: error:` line on vLLM's log, never a raise."""
+    logging.getLogger("avkit.vllm").error("avkit: error: %s", message)
+
+
 def write_message(fh, obj: dict) -> None:
     fh.write(json.dumps(obj, separators=(",", ":")) + "\n")
     fh.flush()
@@ -35,4 +42,4 @@ def read_message(fh) -> dict | None:
     return json.loads(line)
 
 
-__all__ = ["SUPPORTED", "read_message", "supported", "write_message"]
+__all__ = ["SUPPORTED", "error", "read_message", "supported", "write_message"]

@@ -1,0 +1,267 @@
+"""avkit inside vLLM: the general plugin vLLM loads in each of its processes (pyproject.toml entry points).
+
+vLLM calls `register()` in its API server, engine core and worker processes before the model is built
+(`vllm.general_plugins`); the stat logger (`vllm.stat_logger_plugins`) is stat_logger.py. Both are inert
+unless one of these is set (docs/vllm.md shows the lines a user adds):
+  AVKIT_VLLM_TRACE         trace path: every draft slot in avkit's v1 schema, one row group every
+                           AVKIT_VLLM_FLUSH_S seconds (default 5; 0: every engine step), each flush replacing
+                           the complete file at the path (vLLM kills its workers at shutdown: there is no
+                           "finished"); the generations table beside it (trace/writer.py). A request's
+                           generations row is written when the next engine step starts (the worker learns
+                           it finished then)
+  AVKIT_VLLM_COEFFICIENTS  an avkit coefficients.json (`avkit fit`, or `profile.coefficients` of `avkit tune`):
+                           warm-starts vLLM's OnlineAcceptanceEstimator (warmstart.py) and is the predictor
+                           the calibration health scores (health.py)
+  AVKIT_VLLM_METRICS       1: calibration health on vLLM's /metrics (needs AVKIT_VLLM_COEFFICIENTS)
+  AVKIT_VLLM_DATASET       the trace's `dataset` label (default `vllm`)
+Nothing here may take a server down: an unsupported vLLM, a coefficients file that does not match the served
+pair, or a failing write is one `avkit: error:` line on vLLM's log, and that part of the plugin turns off.
+
+Patches, because vLLM 0.32 has no supported hook for them (each installed only for protocol.SUPPORTED):
+  hooks.py      six wrappers on the V1 runner: draft logits, draft tokens, verification (what is observed)
+  warmstart.py  OnlineAcceptanceEstimator.__init__: the start coefficients (Model Runner V2, GPU)
+`avkit record --engine vllm` drives an offline vLLM (child.py) with the same hooks and the same columns.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import avkit
+from avkit.engines.vllm.protocol import SUPPORTED, error, supported
+
+TRACE, COEFFICIENTS, METRICS, DATASET = ("AVKIT_VLLM_TRACE", "AVKIT_VLLM_COEFFICIENTS", "AVKIT_VLLM_METRICS",
+                                         "AVKIT_VLLM_DATASET")
+RUN_DIR = "AVKIT_VLLM_RUN_DIR"  # set by the first process that loads the plugin; its children inherit it
+FLUSH, FLUSH_S = "AVKIT_VLLM_FLUSH_S", 5.0  # seconds between row-group flushes of the trace (env, default)
+
+
+@dataclass(frozen=True)
+class PluginEnv:
+    """What the environment asks of the plugin (module docstring)."""
+
+    trace: str = ""
+    coefficients: str = ""
+    metrics: bool = False
+    dataset: str = "vllm"
+
+    @classmethod
+    def read(cls) -> PluginEnv:
+        e = os.environ
+        return cls(e.get(TRACE, ""), e.get(COEFFICIENTS, ""), e.get(METRICS, "0") not in ("", "0"),
+                   e.get(DATASET, "vllm") or "vllm")
+
+    @property
+    def active(self) -> bool:
+        return bool(self.trace or self.coefficients or self.metrics)
+
+
+def run_dir() -> Path:
+    return Path(os.environ[RUN_DIR])
+
+
+def register() -> None:
+    """vLLM's `vllm.general_plugins` entry point (idempotent)."""
+    env = PluginEnv.read()
+    if not env.active:
+        return
+    import vllm  # lazy: vllm
+
+    if not supported(vllm.__version__):
+        error(f"vLLM {vllm.__version__} is not supported (avkit's plugin patches vLLM {SUPPORTED}); it stays off")
+        return
+    if RUN_DIR not in os.environ:
+        os.environ[RUN_DIR] = tempfile.mkdtemp(prefix="avkit-vllm-")
+    # the draft features' torch path: a server never waits on avkit's C++ kernels compiling (or on another
+    # process's build lock) at its first step; the kernel computes the same numbers
+    os.environ.setdefault("AVKIT_CPU_KERNELS", "0")
+    if env.metrics and not env.coefficients:
+        error(f"{METRICS}=1 needs {COEFFICIENTS} (the predictor it scores); calibration health is off")
+    try:
+        _install(env)
+    except Exception as e:  # vLLM calls plugins unguarded: nothing may raise into it
+        error(f"the vLLM plugin could not install ({type(e).__name__}: {e}); it stays off")
+
+
+def _install(env: PluginEnv) -> None:
+    if env.coefficients:
+        from avkit.engines.vllm import warmstart  # lazy: vllm
+
+        warmstart.install(env.coefficients)
+    if env.trace or (env.metrics and env.coefficients):
+        from avkit.engines.vllm import hooks  # lazy: torch
+
+        rec = hooks.install()
+        if rec.on_step is None:
+            rec.strict = False
+            observer = Observer(env)
+            rec.on_step, rec.on_step_end = observer.on_step, observer.on_step_end
+
+
+@dataclass(frozen=True)
+class _Sampling:
+    temperature: float
+    top_p: float
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What columns.slot_columns reads of a request."""
+
+    dataset: str
+    sampling: _Sampling
+
+
+def _metadata(config, k: int, dataset: str) -> dict[str, str]:
+    """The trace's file metadata (trace/schema.py META_KEYS) from vLLM's config; sampling is per request, so
+    temperature and top-p are in the rows only ("mixed" here)."""
+    import vllm  # lazy: vllm
+
+    spec = config.speculative_config
+    return {"avkit.version": avkit.__version__, "avkit.target": str(config.model_config.model),
+            "avkit.target_sha256": "", "avkit.draft": str(spec.model or ""), "avkit.draft_sha256": "",
+            "avkit.k": str(k), "avkit.temperature": "mixed", "avkit.top_p": "mixed", "avkit.drafter": "model",
+            "avkit.seed": str(config.model_config.seed), "avkit.datasets": json.dumps([dataset]),
+            "avkit.policy": "full", "avkit.engine": f"vllm {vllm.__version__}",
+            "avkit.vllm.draft_sample_method": str(spec.draft_sample_method)}
+
+
+def _emitted(tokens: list[int], sp) -> tuple[list[int], str]:
+    """What vLLM returned of a request's tokens, and why it stopped: the worker's state can hold accepted
+    drafts past the end (the scheduler cuts a multi-token step at the first stop token, after min_tokens, and at
+    max_tokens)."""
+    stops = set(getattr(sp, "all_stop_token_ids", None) or ())
+    floor = getattr(sp, "min_tokens", 0) or 0
+    cut = next((i + 1 for i, t in enumerate(tokens) if t in stops and i + 1 > floor), None)
+    limit = getattr(sp, "max_tokens", None)
+    if cut is not None and (limit is None or cut <= limit):
+        return tokens[:cut], "stop"
+    return (tokens[:limit], "length") if limit is not None and len(tokens) >= limit else (tokens, "stop")
+
+
+class Observer:
+    """In the worker: each engine step's verified slots -> the trace and the calibration health."""
+
+    def __init__(self, env: PluginEnv):
+        self.env = env
+        self.engine_step = 0
+        self.t_start = 0.0
+        self.sink = None  # (TraceWriter, GenerationWriter), opened at the first step that verified drafts
+        self.health = None
+        self.off = False
+
+    def on_step(self, runner, scheduler_output) -> None:
+        """As an engine step starts: slots the last step left (it drafted nothing), the finished requests."""
+        self._guarded(runner, scheduler_output.finished_req_ids)
+        self.t_start = time.perf_counter()
+        self.engine_step += 1
+
+    def on_step_end(self, runner) -> None:
+        """Once a step's drafting is done: the slots it verified."""
+        self._guarded(runner, ())
+
+    def _guarded(self, runner, finished) -> None:
+        from avkit.engines.vllm.hooks import RECORDER  # lazy: torch
+
+        if self.off:
+            RECORDER.active = False
+            return
+        try:
+            records = RECORDER.take_rows()
+            if records:
+                self._emit(runner, records, (time.perf_counter() - self.t_start) * 1e3)
+            self._finished(runner, finished)
+        except Exception as e:  # a failing side write never takes the server down
+            self.off = True
+            RECORDER.active = False
+            error(f"the vLLM plugin stopped observing ({type(e).__name__}: {e})")
+            return
+        RECORDER.active = True
+
+    def _requests(self, runner, records) -> dict[str, _Request]:
+        out = {}
+        for r in records:
+            sp = runner.requests[r["request_id"]].sampling_params
+            out[r["request_id"]] = _Request(self.env.dataset, _Sampling(float(sp.temperature), float(sp.top_p)))
+        return out
+
+    def _emit(self, runner, records: list[dict], step_ms: float) -> None:
+        from avkit.engines.vllm.columns import slot_columns  # lazy: torch
+
+        cols = slot_columns(records, self._requests(runner, records), step_ms, self.engine_step - 1)
+        if self.env.trace:
+            if self.sink is None:
+                self.sink = self._open(runner, records)
+            self.sink[0].write({"run_id": np.full(len(cols["position"]), self.run_id, dtype=object), **cols})
+        if self.env.metrics and self.env.coefficients:
+            if self.health is None:
+                self.health = self._health(len(records[0]["draft_token"]))
+            if self.health is not None:
+                acc = np.where(cols["accepted"].mask, -1, cols["accepted"].filled(False).astype(np.int64))
+                self.health.add_step(cols["logit_qmax"].astype(np.float64), cols["position"].astype(np.int64),
+                                     cols["verified"], acc, cols["position"] == 0)
+                self.health.publish(run_dir())
+
+    def _health(self, k: int):
+        from avkit.engines.vllm.health import Health  # lazy: vllm venv
+        from avkit.estimators.coefficients import load_coefficients  # lazy: vllm venv
+
+        try:
+            doc = load_coefficients(self.env.coefficients, k=k)
+        except Exception as e:  # AvkitError: one line, health off
+            self.env = PluginEnv(self.env.trace, self.env.coefficients, False, self.env.dataset)
+            error(f"calibration health off: {e}")
+            return None
+        return Health(k, doc["slope"], doc["intercepts"])
+
+    def _open(self, runner, records):
+        from avkit.trace.schema import generations_path  # lazy: pyarrow
+        from avkit.trace.writer import GenerationWriter, TraceWriter  # lazy: pyarrow
+
+        if Path(self.env.trace).exists():
+            raise FileExistsError(f"{TRACE} {self.env.trace} exists; the plugin writes a new trace only (nothing "
+                                  "is clobbered): choose another path")
+        meta = _metadata(runner.vllm_config, len(records[0]["draft_token"]), self.env.dataset)
+        self.run_id = f"{Path(self.env.trace).stem}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
+        flush = float(os.environ.get(FLUSH, FLUSH_S))
+        trace = TraceWriter(self.env.trace, meta, flush_interval_s=flush)
+        gens = GenerationWriter(generations_path(Path(self.env.trace)), meta, flush_interval_s=flush)
+        for w in (trace, gens):  # a server is never finished: every flush replaces the complete file at its
+            w.partial = w.path  # path (temp file + rename), readable while vLLM runs and after it is killed
+        atexit.register(self.close)
+        return trace, gens
+
+    def _finished(self, runner, finished) -> None:
+        from avkit.engines.vllm.hooks import RECORDER  # lazy: torch
+
+        for rid in finished:
+            RECORDER.forget(rid)
+            state = runner.requests.get(rid)
+            if self.sink is None or state is None or state.prompt_token_ids is None:
+                continue
+            out, reason = _emitted(list(state.output_token_ids), state.sampling_params)
+            self.sink[1].write({"run_id": [self.run_id], "request_id": [rid], "dataset": [self.env.dataset],
+                                "prompt_ids": [list(state.prompt_token_ids)], "output_ids": [out],
+                                "finish_reason": [reason]})
+
+    def close(self) -> None:
+        """At a clean exit (an offline `LLM`): the buffered rows, compacted, at the path."""
+        if self.sink is None:
+            return
+        sink, self.sink = self.sink, None
+        try:
+            for w in sink:
+                w.close()
+        except Exception as e:
+            error(f"closing the trace failed ({type(e).__name__}: {e}); {self.env.trace} holds what was flushed")
+
+
+__all__ = ["COEFFICIENTS", "DATASET", "FLUSH", "METRICS", "RUN_DIR", "TRACE", "Observer", "PluginEnv", "register"]
