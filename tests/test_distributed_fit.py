@@ -8,25 +8,30 @@ import functools
 import os
 import signal
 
+import importlib.util
+
 import numpy as np
 import pytest
 
-ray = pytest.importorskip("ray")
+from avkit.cli import app
+from avkit.config import FitConfig, SyntheticConfig
+from avkit.errors import AvkitError
+from avkit.fit import run_fit
+from avkit.fit.engines import LocalEngine, RayEngine
+from avkit.fit.streaming import fit_streaming
+from avkit.trace.synthetic import write_synthetic_trace
+from test_streaming_fit import _settled, check_same_fit
 
-from avkit.cli import app  # noqa: E402
-from avkit.config import FitConfig, SyntheticConfig  # noqa: E402
-from avkit.errors import AvkitError  # noqa: E402
-from avkit.fit import run_fit  # noqa: E402
-from avkit.fit.engines import LocalEngine, RayEngine  # noqa: E402
-from avkit.fit.streaming import fit_streaming  # noqa: E402
-from avkit.trace.synthetic import write_synthetic_trace  # noqa: E402
-from test_streaming_fit import _settled, check_same_fit  # noqa: E402
-
+# Ray is imported by the cluster fixture, not while the suite is collected (seconds of import).
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
+                                reason="needs Ray: pip install 'avkit[distributed]'")
 BATCH = FitConfig(mode="batch", engine="ray")
 
 
 @pytest.fixture(scope="module")
 def cluster():
+    import ray  # lazy: heavy, imported by the tests that use it
+
     ray.init(num_cpus=2, object_store_memory=128 << 20, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()

@@ -5,7 +5,6 @@ import numpy as np
 import polars as pl
 import pyarrow.parquet as pq
 import pytest
-import statsmodels.api as sm
 
 from avkit.config import EstimatorConfig, SyntheticConfig
 from avkit.errors import DataError
@@ -90,6 +89,7 @@ def test_guard_zeroes_only_the_slope_step():
 
 
 def test_batch_fit_matches_statsmodels_glm(observed):
+    import statsmodels.api as sm  # lazy: heavy, imported by the tests that use it
     f, pos, y = observed.features["logit_qmax"], observed.positions, observed.labels
     est = make_estimator("batch_logistic", k=K, config=EstimatorConfig(ridge=0.0))
     est.fit(f, pos, y, tol=1e-12)
@@ -99,6 +99,7 @@ def test_batch_fit_matches_statsmodels_glm(observed):
 
 
 def test_per_position_batch_fit_matches_statsmodels_glm(observed):
+    import statsmodels.api as sm  # lazy: heavy, imported by the tests that use it
     f, pos, y = observed.features["logit_qmax"], observed.positions, observed.labels
     est = make_estimator("per_position_slope", k=K, config=EstimatorConfig(ridge=0.0))
     est.fit(f, pos, y, tol=1e-12)

@@ -9,7 +9,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
-import statsmodels.api as sm
 
 import avkit.fit
 from avkit.cli import app
@@ -76,6 +75,7 @@ def test_online_outputs(capsys, trace, tmp_path):
 
 
 def test_batch_matches_statsmodels(capsys, trace, tmp_path, table):
+    import statsmodels.api as sm  # lazy: heavy, imported by the tests that use it
     code, _, err = _run(capsys, trace, "--out", tmp_path / "b", "--mode", "batch")
     assert code == 0, err
     coef = json.loads((tmp_path / "b/coefficients.json").read_text())

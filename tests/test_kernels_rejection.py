@@ -7,7 +7,6 @@ target_prob (a gather: no arithmetic). The chi-square tests run the Triton kerne
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from avkit.kernels.rejection_ref import rejection_sample_ref
 
@@ -105,6 +104,7 @@ def test_chi_square_lossless_through_kernel(kernels):
     # K = 2, V = 5; num_verify depends on the request only (lossless): 0, 1 or 2 by index.
     # 160 samples: chi-square against p_0 must not reject at alpha = 1e-3 (fixed seed); the same
     # sample size rejects the biased rule below at p < 1e-4.
+    from scipy.stats import chisquare  # lazy: heavy, imported by the tests that use it
     g = torch.Generator().manual_seed(0)
     p = torch.softmax(torch.randn(3, 5, generator=g) * 0.6, -1)  # [K+1, V], every expected count >= 5
     q = torch.softmax(torch.randn(2, 5, generator=g) * 1.0, -1)  # [K, V]
@@ -118,6 +118,7 @@ def test_chi_square_detects_trimming_on_q_sampled(kernels):
     # q = [.4, .6], verify only when q(x) >= .5: P(a) = .4 * .5 + .6 * (1 - .5/.6) = 0.3, not 0.5.
     # 160 samples (expected chi-square 26.6 on 1 df): the observed rate is within 4 sigma of 0.3
     # and chi-square rejects p at p < 1e-4.
+    from scipy.stats import chisquare  # lazy: heavy, imported by the tests that use it
     p, q = torch.tensor([[0.5, 0.5], [0.5, 0.5]]), torch.tensor([[0.4, 0.6]])
     counts = first_tokens(kernels, p, q, lambda x: (q[0][x[:, 0]] >= 0.5).long(), 160, seed=2)
     rate, sigma = counts[0].item() / 160, (0.3 * 0.7 / 160) ** 0.5

@@ -6,7 +6,6 @@ import warnings
 
 import numpy as np
 import pytest
-import sklearn.metrics as skm
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -38,6 +37,7 @@ def _ece_loop(y, p, n_bins, w=None):
 @pytest.mark.parametrize("ties", [False, True])
 @pytest.mark.parametrize("weighted", [False, True])
 def test_sklearn_parity(ties, weighted):
+    import sklearn.metrics as skm  # lazy: heavy, imported by the tests that use it
     y, p, w = _data(ties=ties)
     sw = w if weighted else None
     assert auc(y, p, sw) == pytest.approx(skm.roc_auc_score(y, p, sample_weight=sw), abs=1e-9)
@@ -52,6 +52,7 @@ def test_ece_matches_loop_oracle(n_bins):
 
 
 def test_log_loss_clips_like_sklearn():
+    import sklearn.metrics as skm  # lazy: heavy, imported by the tests that use it
     y, p = [1, 0, 1], [0.0, 1.0, 1.0]
     assert log_loss(y, p) == pytest.approx(skm.log_loss(y, p), abs=1e-9)
 
@@ -138,6 +139,7 @@ def test_monotone_transform_invariance(name, rows):
 
 
 def test_score_table_matches_direct_calls():
+    import sklearn.metrics as skm  # lazy: heavy, imported by the tests that use it
     y, p, _ = _data(n=900, seed=5, ties=True)
     pos = np.arange(900) % 4
     ds = (np.arange(900) // 7) % 2
@@ -157,6 +159,7 @@ def test_score_table_matches_direct_calls():
 def test_score_table_scopes_share_one_sort_exactly(seed):
     """Every scope's AUC from the one shared order (place sums + tie runs) equals sklearn's, with
     heavy ties (values rounded to 0.1, or a block at 0.5) spread over many (dataset, position) groups."""
+    import sklearn.metrics as skm  # lazy: heavy, imported by the tests that use it
     rng = np.random.default_rng(seed)
     n, k, d = int(rng.integers(200, 3000)), int(rng.integers(1, 9)), int(rng.integers(1, 4))
     pos, ds, p = rng.integers(0, k, n), rng.integers(0, d, n), rng.random(n)

@@ -2,7 +2,6 @@
 as oracles), and the ECE floor is the ECE of labels drawn from the predictions."""
 
 import numpy as np
-import sklearn.metrics as skm
 
 from avkit.metrics import ece
 from avkit.metrics.bootstrap import cluster_bootstrap, ece_floor
@@ -27,6 +26,7 @@ def _loop_ece(y, p, w, n_bins=10):
 
 
 def test_each_resample_is_the_metric_weighted_by_cluster_counts():
+    import sklearn.metrics as skm  # lazy: heavy, imported by the tests that use it
     y, p, c = _clustered()
     boot = cluster_bootstrap(y, p, c, n_boot=20, seed=3)
     names, codes = np.unique(c, return_inverse=True)
@@ -40,6 +40,7 @@ def test_each_resample_is_the_metric_weighted_by_cluster_counts():
 
 
 def test_same_seed_pairs_the_resamples_and_the_interval_covers_the_estimate():
+    import sklearn.metrics as skm  # lazy: heavy, imported by the tests that use it
     y, p, c = _clustered()
     a = cluster_bootstrap(y, p, c, n_boot=200, seed=1)
     b = cluster_bootstrap(y, 0.98 * p, c, n_boot=200, seed=1)

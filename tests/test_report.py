@@ -11,8 +11,6 @@ from html.parser import HTMLParser
 import numpy as np
 import polars as pl
 import pytest
-from scipy.stats import pearsonr
-from sklearn.metrics import roc_auc_score
 
 from avkit.config import EstimatorConfig, FitConfig, PayoffConfig, ReportConfig, SyntheticConfig, TuneConfig
 from avkit.errors import ConfigError, DataError
@@ -136,6 +134,7 @@ def test_html_numbers_equal_scores_json(made):
 
 def test_html_auc_matches_sklearn(made):
     """Independent oracle: the q_max (no fit) AUC printed in the page is sklearn's on the raw trace."""
+    from sklearn.metrics import roc_auc_score  # lazy: heavy, imported by the tests that use it
     df = read_traces([made["trace"]], ["q_max", "accepted"]).filter(pl.col("accepted").is_not_null())
     table = _table(made["html"], "feature", "estimator")
     row = next(r for r in table[1:] if r[:2] == ["q_max", "qmax"])
@@ -200,6 +199,7 @@ def test_pareto_mask_matches_brute_force():
 
 
 def test_pearson():
+    from scipy.stats import pearsonr  # lazy: heavy, imported by the tests that use it
     rng = np.random.default_rng(1)
     x, y = rng.normal(size=5), rng.normal(size=5)
     assert pearson(x, y) == pytest.approx(pearsonr(x, y)[0], abs=1e-12)

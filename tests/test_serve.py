@@ -13,7 +13,6 @@ import math
 
 import httpx
 import numpy as np
-import openai
 import pytest
 import torch
 
@@ -42,6 +41,7 @@ def server(pair, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(server):
+    import openai  # lazy: heavy, imported by the tests that use it
     return openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
@@ -79,6 +79,7 @@ def test_greedy_chat_and_streaming_equal_target_only_decoding(pair, client):
 
 def test_hybrid_drafter_greedy_equals_target_only_decoding(pair, tmp_path):
     """--drafter hybrid (suffix cache + draft model): a repetitive prompt makes cache drafts likely."""
+    import openai  # lazy: heavy, imported by the tests that use it
     tok = pair[2].tokenizer
     prompt = "x = 1\ny = 2\nx = 1\ny = 2\nx = 1\ny = 2\n"
     ref = _greedy_reference(pair[2], tok.encode(prompt), 24)
@@ -96,6 +97,7 @@ def test_seeded_sampling_is_reproducible_streamed_or_not(pair, tmp_path):
     """Under the `full` policy every step drafts and verifies K: the path, hence the sample, is fixed by the
     seed. (Adaptive verification is best effort here, as OpenAI's seed: its budget depends on the batch
     and its draft gate on the traffic before the request.)"""
+    import openai  # lazy: heavy, imported by the tests that use it
     kw = {"model": "tiny", "prompt": PROMPTS[3], "max_tokens": 24, "temperature": 0.9, "top_p": 0.9,
           "seed": 7}
     with _server(pair, tmp_path, policy="full") as (url, _):
@@ -174,6 +176,7 @@ def test_metrics_count_drafts_per_position(server, client):
 
 
 def test_api_key_required_except_health(pair, tmp_path):
+    import openai  # lazy: heavy, imported by the tests that use it
     with _server(pair, tmp_path, api_key="sekret") as (url, _):
         assert httpx.get(url + "/health").status_code == 200
         for path in ("/v1/models", "/metrics"):
@@ -261,6 +264,7 @@ class _FailFirstStep(FullVerification):
 
 
 def test_engine_error_fails_that_request_with_500_and_server_keeps_serving(pair, tmp_path, monkeypatch):
+    import openai  # lazy: heavy, imported by the tests that use it
     monkeypatch.setitem(POLICIES, "fail_first_step", _FailFirstStep)
     with _server(pair, tmp_path, policy="fail_first_step") as (url, _):
         c = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)

@@ -10,7 +10,6 @@ import threading
 import time
 
 import httpx
-import openai
 import pytest
 
 from serve_support import running_server
@@ -133,6 +132,7 @@ def test_tokenizing_a_huge_prompt_does_not_stall_health(pair, tmp_path):
 
 
 def test_n_choices_with_the_openai_client(server):
+    import openai  # lazy: heavy, imported by the tests that use it
     client = openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0, timeout=60)
     out = client.completions.create(model="tiny", prompt="def f(x):", max_tokens=8, temperature=1.0, n=3, seed=5)
     assert sorted(c.index for c in out.choices) == [0, 1, 2]
@@ -160,6 +160,7 @@ def test_n_choices_with_the_openai_client(server):
 def test_top_k_and_min_p_reach_the_verifier(server, extra):
     """top_k = 1 (or min_p = 1) keeps only the most probable token: sampling at T = 1 must then give the
     greedy text exactly, through speculative decoding (drafts from the untruncated draft distribution)."""
+    import openai  # lazy: heavy, imported by the tests that use it
     client = openai.OpenAI(base_url=server[0] + "/v1", api_key="unused", max_retries=0, timeout=60)
     greedy = client.completions.create(model="tiny", prompt="def f(x):", max_tokens=16, temperature=0)
     sampled = client.completions.create(model="tiny", prompt="def f(x):", max_tokens=16, temperature=1.0, top_p=1.0,

@@ -10,7 +10,6 @@ import threading
 import time
 
 import httpx
-import openai
 
 from avkit.config import SamplingConfig
 from avkit.runtime.request import Request
@@ -155,6 +154,7 @@ def test_shutdown_joins_with_a_timeout(pair, tmp_path, monkeypatch):
 
 
 def test_unwritable_snapshot_degrades_health_and_never_fails_a_request(pair, tmp_path):
+    import openai  # lazy: heavy, imported by the tests that use it
     snap_dir = unwritable_dir(tmp_path / "state")
     with running_server(pair, tmp_path, snapshot=str(snap_dir / "snap.json"), refit_interval=1, snapshot_every=1,
                         draft_gate=False) as (url, state):
@@ -176,6 +176,7 @@ def test_unwritable_snapshot_degrades_health_and_never_fails_a_request(pair, tmp
 
 
 def test_record_path_lost_mid_run_keeps_rows_in_memory_and_writes_them_later(pair, tmp_path, caplog):
+    import openai  # lazy: heavy, imported by the tests that use it
     record_dir = tmp_path / "rec"
     record_dir.mkdir()
     with running_server(pair, tmp_path, record=str(record_dir / "t.parquet"), record_flush_s=0.0,

@@ -9,7 +9,6 @@ import os
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from sklearn.metrics import roc_auc_score
 
 from avkit.cli import app
 from avkit.config import FitConfig, SyntheticConfig
@@ -126,6 +125,7 @@ def test_cli_streaming_writes_the_outputs(capsys, fleet, tmp_path):
 
 @pytest.mark.parametrize("seed", range(4))
 def test_binned_auc_is_within_its_bound_of_the_exact_auc(seed):
+    from sklearn.metrics import roc_auc_score  # lazy: heavy, imported by the tests that use it
     rng = np.random.default_rng(seed)
     n = 200_000
     z = rng.normal(rng.uniform(-1, 2), rng.uniform(0.5, 3), n)

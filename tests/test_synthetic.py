@@ -5,7 +5,6 @@ import json
 import numpy as np
 import polars as pl
 import pytest
-import statsmodels.api as sm
 
 from avkit.config import SyntheticConfig
 from avkit.errors import ConfigError
@@ -33,6 +32,7 @@ def test_censoring_follows_the_first_rejection():
 
 
 def test_batch_fit_recovers_known_truth():
+    import statsmodels.api as sm  # lazy: heavy, imported by the tests that use it
     cfg = SyntheticConfig(num_slots=140_000, seed=4)
     df = _frame(cfg).filter(pl.col("accepted").is_not_null())
     design = np.column_stack([df["logit_qmax"].to_numpy(), np.eye(cfg.k)[df["position"].to_numpy()]])

@@ -27,13 +27,13 @@ COMMANDS = ("models", "record", "fit", "hvd", "simulate", "tune", "profile", "se
 @contextlib.contextmanager
 def _one_interrupt():
     """The first SIGINT or SIGTERM interrupts (KeyboardInterrupt: outputs are aborted, nothing half-written
-    stays, a kernel build's compiler is stopped); further ones while that unwinds are ignored, so a burst of
-    Ctrl-C never ends in a traceback. `avkit serve` hands both signals to uvicorn once its port is open."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGINT) is not signal.default_int_handler or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
-        return
+    stays, a kernel build's compiler is stopped); further SIGINTs while that unwinds are ignored, so a burst of
+    Ctrl-C never ends in a traceback. Each signal is taken over only where it has its default handler (a
+    SIGINT ignored since the shell started us stays ignored); `avkit serve` hands both to uvicorn once its
+    port is open."""
+    main = threading.current_thread() is threading.main_thread()
+    own_int = main and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    own_term = main and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     state = {"raised": False}
 
     def interrupt(signum, frame):
@@ -41,15 +41,20 @@ def _one_interrupt():
             state["raised"] = True
             raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, interrupt)
-    signal.signal(signal.SIGTERM, interrupt)
+    if own_int:
+        signal.signal(signal.SIGINT, interrupt)
+    if own_term:
+        signal.signal(signal.SIGTERM, interrupt)
     try:
         yield
     finally:  # once interrupted (here or by a command's own handler, which then ignores SIGINT) the process
-        # is ending: later signals must not break its shutdown
-        ending = state["raised"] or signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-        signal.signal(signal.SIGINT, signal.SIG_IGN if ending else signal.default_int_handler)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN if ending else signal.SIG_DFL)
+        # is ending: later SIGINTs must not break its shutdown. SIGTERM gets its default back (an ignored
+        # SIGTERM would be inherited by every child process started later).
+        if own_int:
+            ending = state["raised"] or signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+            signal.signal(signal.SIGINT, signal.SIG_IGN if ending else signal.default_int_handler)
+        if own_term:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 class _Group(TyperGroup):
