@@ -58,17 +58,6 @@ bench-real:
     python bench/engine.py
     python bench/adaptive_live.py --context-len 512
 
-# the CPU backend's batch-invariant attention vs SDPA on the real pair, bf16 (~6 min on 2 cores): forward ms at
-# B x S = 1-4 x 1-8, greedy K = 7 vs target-only at c4 with each, HF transformers' greedy on prompt 0
-# -> bench/results/batch_invariance.md; `--tiny` dry-runs it
-bench-invariance:
-    python bench/batch_invariance.py --repeats 7 --hf ~/.cache/avkit/models/qwen2.5-coder-1.5b-hf
-
-# the CPU linear kernels (AVX2, AVX512-BF16, AMX) end to end on the real pair, bf16 (~5 min a kernel per round on
-# 2 cores): target-only and K = 5 at c1 and c4, kernels alternating -> bench/results/cpu_kernels.md
-bench-cpu-kernels:
-    python bench/cpu_kernels.py
-
 # the reuse workloads (docs/workloads.md) recorded by the real pair into traces/reuse/, greedy (temp=0) or
 # sampled (temp=1): 34 min at T = 0 on 2 cores (editing 11 min, MT-Bench revise 6, BFCL multi-turn 10, ShareGPT multi-round 7)
 record-reuse temp="0":

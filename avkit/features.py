@@ -57,7 +57,7 @@ def _clamp(x: pl.Expr) -> pl.Expr:
 
 
 def _col(name: str) -> pl.Expr:
-    import polars as pl
+    import polars as pl  # lazy: polars (the engine imports this module without it)
 
     return pl.col(name).cast(pl.Float64)
 
@@ -107,7 +107,7 @@ def _row_stats(logits: torch.Tensor, t: torch.Tensor):
     """(m, m2, s_o, sum_others e log e) [...] of l = logits / t: the largest and second-largest l, and with
     e_z = exp(l_z - m) over all but one argmax, s_o = sum e (the others' mass, without the cancellation of
     sum_all - 1, so logit_qmax = -log(s_o) stays exact as q -> 1) and sum e log e."""
-    from avkit.models import cpu_sampling  # the CPU backend's one pass (not imported for the torch path)
+    from avkit.models import cpu_sampling  # lazy: the CPU backend's C++ extension (not built for the torch path)
 
     lead, v = logits.shape[:-1], logits.shape[-1]
     if logits.dim() >= 2 and cpu_sampling.usable(logits):

@@ -28,6 +28,8 @@ import hashlib
 import os
 from pathlib import Path
 
+from avkit import __version__
+
 INPUTS_KEY = "avkit.inputs"  # Parquet metadata key of the record
 
 
@@ -53,8 +55,6 @@ def trace_records(paths) -> list[dict]:
 
 def inputs_record(command: str, traces=(), **settings) -> dict:
     """The record a results file stores (see the module docstring)."""
-    from avkit import __version__
-
     return {"command": command, "avkit_version": __version__,
             "written": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "traces": trace_records(traces), **settings}

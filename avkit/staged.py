@@ -16,18 +16,25 @@ Files get the mode of a plain `open()` (0666 minus the umask), not the 0600 of `
         tmp = outputs.file("reports/simulate.parquet", "--out")   # before the work
         ...                                                       # the work
         df.write_parquet(tmp)                                     # committed at the end of `with`
+
+One file alone: `with staged_file(path) as tmp: ...` (fsync=True where a crash must never leave a
+torn file: server snapshots, trace flushes), or `write_json_atomic(path, obj)`. Every atomic write
+of avkit goes through this module.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import tempfile
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from avkit.errors import ConfigError
 
@@ -207,4 +214,23 @@ def check_writable(path, name: str = "--out", *, directory: bool = False) -> Pat
     return Path(path).expanduser()
 
 
-__all__ = ["StagedOutputs", "check_writable", "deferred_signals"]
+@contextmanager
+def staged_file(path, name: str = "--out", *, fsync: bool = False) -> Iterator[Path]:
+    """One output file written atomically: the body writes the yielded temp beside `path`, which is
+    renamed over `path` when the body ends (flushed to disk first with `fsync`), or removed if it raises."""
+    with StagedOutputs() as outputs:
+        tmp = outputs.file(path, name)
+        yield tmp
+        if fsync:
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+
+
+def write_json_atomic(path, obj: Any, name: str = "--out") -> Path:
+    """`obj` as indented JSON at `path`, fsync'd and renamed into place: a crash never leaves a torn file."""
+    with staged_file(path, name, fsync=True) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2))
+    return Path(path).expanduser()
+
+
+__all__ = ["StagedOutputs", "check_writable", "deferred_signals", "staged_file", "write_json_atomic"]

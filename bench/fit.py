@@ -18,7 +18,6 @@ benchmark, never a pass/fail test.
 
     python bench/fit.py [--slots 5000000] [--repeats 3]
     python bench/fit.py --scale     # engines x 5M/50M/200M slots: bench/fit_scale.py
-    python bench/fit.py --profile DIR [--baseline CHECKOUT]   # step by step: bench/fit_profile.py
 """
 
 from __future__ import annotations
@@ -123,15 +122,8 @@ def main() -> None:
     ap.add_argument("--budget-mb", type=int, default=1536, help="--scale: memory budget of the out-of-core engines")
     ap.add_argument("--traces", default=None, help="--scale: use (and keep) DIR/synthetic-{slots}/ (replica shards)")
     ap.add_argument("--generate", default=None, metavar="DIR", help="draw DIR/synthetic-{slots}/ (replica shards) for --sizes")
-    ap.add_argument("--profile", default=None, metavar="DIR", help="the batch fit of DIR step by step")
-    ap.add_argument("--baseline", default=None, metavar="CHECKOUT", help="--profile: also time this checkout")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
-    if args.profile:
-        from fit_profile import run_profile
-
-        run_profile(args.profile, args.baseline, args.repeats)
-        return
     sizes = [int(x) for x in args.sizes.split(",")]
     if args.generate:
         from fit_scale import generate

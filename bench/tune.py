@@ -21,7 +21,7 @@ from pathlib import Path
 
 from avkit.cli.tune import summary_lines, tok
 from avkit.config import TuneConfig
-from avkit.serve.snapshot import write_json_atomic
+from avkit.staged import write_json_atomic
 from avkit.tune import tune
 
 RAM_GB = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9  # the profiled table's device: this box

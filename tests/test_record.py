@@ -243,26 +243,27 @@ def test_datacard_recomputes_from_files(recorded):
 
 
 def test_datacard_cli_skips_generation_tables_and_refuses_other_files(recorded, tmp_path, capsys):
-    """`datacard traces/*.parquet` also matches the generations tables: they are summarized with their trace;
+    """`avkit datacard traces/*.parquet` also matches the generations tables: they are summarized with their trace;
     a Parquet file that is not a trace is one `avkit: error:` line naming it, exit 2, and no card written."""
-    from avkit.record.datacard import main
+    from avkit.cli import app
     from avkit.trace.schema import generations_path
 
+    def datacard(*argv) -> tuple[int, list[str]]:
+        with pytest.raises(SystemExit) as e:
+            app(["datacard", *map(str, argv)])
+        return e.value.code, capsys.readouterr().err.strip().splitlines()
+
     card = tmp_path / "card.md"
-    main([str(recorded.trace_path), str(generations_path(recorded.trace_path)), "--out", str(card)])
+    assert datacard(recorded.trace_path, generations_path(recorded.trace_path), "--out", card)[0] == 0
     assert card.read_text().count("| all |") == 1
     other = tmp_path / "other.parquet"
     pl.DataFrame({"x": [1]}).write_parquet(other)
-    with pytest.raises(SystemExit) as e:
-        main([str(other), "--out", str(tmp_path / "card2.md")])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and len(err) == 1 and err[0].startswith("avkit: error:") and "other.parquet" in err[0]
+    code, err = datacard(other, "--out", tmp_path / "card2.md")
+    assert code == 2 and len(err) == 1 and err[0].startswith("avkit: error:") and "other.parquet" in err[0]
     assert "accepted" in err[0] and not (tmp_path / "card2.md").exists()
     (tmp_path / "junk.parquet").write_text("not parquet")
-    with pytest.raises(SystemExit) as e:
-        main([str(tmp_path / "junk.parquet"), "--out", str(tmp_path / "card2.md")])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 2 and len(err) == 1 and "junk.parquet" in err[0] and "Traceback" not in err[0]
+    code, err = datacard(tmp_path / "junk.parquet", "--out", tmp_path / "card2.md")
+    assert code == 2 and len(err) == 1 and "junk.parquet" in err[0] and "Traceback" not in err[0]
 
 
 def test_hybrid_drafter_records_both_kinds_of_drafts(pair, prompts, tmp_path):

@@ -25,7 +25,7 @@ from avkit.report.sections.online import pearson, per_dataset_fits
 from avkit.report.sections.reliability import deployed_predictions, reliability_bins
 from avkit.report.sections.simulation import pareto_mask
 from avkit.scheduling.cost import resolve_cost
-from avkit.serve.snapshot import write_json_atomic
+from avkit.staged import write_json_atomic
 from avkit.sim.replay import simulate, write_results
 from avkit.trace.reader import read_traces
 from avkit.trace.synthetic import write_synthetic_trace

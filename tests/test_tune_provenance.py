@@ -11,7 +11,7 @@ from conftest import write_trace_pair
 from avkit.config import ReportConfig, SyntheticConfig, TuneConfig
 from avkit.report import report_traces
 from avkit.scheduling.cost import CostTable
-from avkit.serve.snapshot import write_json_atomic
+from avkit.staged import write_json_atomic
 from avkit.tune import tune
 
 SMALL = SyntheticConfig(num_slots=7 * 8 * 16 * 2, k=7, trim_prob=0.0, batch_size=8, steps_per_request=16, seed=2)

@@ -21,7 +21,8 @@ from avkit import __version__
 from avkit.cli import conventions
 from avkit.errors import AvkitError
 
-COMMANDS = ("models", "record", "fit", "hvd", "simulate", "tune", "profile", "serve", "report", "import_")
+COMMANDS = ("models", "record", "datacard", "fit", "hvd", "simulate", "tune", "profile", "serve", "report",
+            "import_")
 
 
 @contextlib.contextmanager

@@ -94,9 +94,6 @@ def register(app: typer.Typer) -> None:
     ):
         """Fit the acceptance estimator and score every feature; write coefficients.json, scores.json,
         trajectory.parquet into --out (atomically; nothing is written on bad input)."""
-        if mode == "batch" and estimator != default_of(FitConfig, "estimator"):  # never ignored silently
-            raise ConfigError(f"--estimator {estimator}: names the online estimator; --mode batch fits "
-                              "batch_logistic (drop --estimator or use --mode online)")
         chosen = tuple(f.strip() for f in features.split(",") if f.strip())
         if features.strip() and not chosen:
             raise ConfigError(f"--features {features!r}: names no feature")

@@ -139,7 +139,7 @@ def register(app: typer.Typer) -> None:
                             datasets=tuple(d.strip() for d in datasets.split(",")) if datasets else (),
                             max_new_tokens=max_new_tokens, draft=draft,
                             context_bands=parse_ints("context-bands", context_bands) if context_bands else ())
-        from avkit.serve.snapshot import write_json_atomic
+        from avkit.staged import write_json_atomic
         from avkit.tune import tune as run
         from avkit.tune.formats import UPSTREAM_CONTEXT_FORMAT  # lazy: polars
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from avkit.config.fields import DEFAULT_K, MAX_K
+from avkit.errors import ConfigError
 from avkit.validate import check_choice, check_range
 
 FIT_MODES = ("online", "batch")
@@ -19,7 +20,8 @@ DEFAULT_TRACE_GLOB = "traces/*.parquet"  # the shipped traces `avkit fit` uses w
 class FitConfig:
     """`avkit fit`: replay traces in engine-step order, fit an estimator per feature, score it.
     The estimator itself (feature written to coefficients.json, refit interval, ridge, damping)
-    is an EstimatorConfig."""
+    is an EstimatorConfig. Which options go together is checked here, once (`__post_init__`); the
+    one rule that involves the EstimatorConfig (`--features` holds `--feature`) is fit/plan.py's."""
 
     mode: str = "online"  # online: refit rounds as live (scores use predictions made when drafting);
     # batch: the same Newton step iterated to convergence on all observed rows
@@ -51,25 +53,20 @@ class FitConfig:
         check_range("auc_bins", self.auc_bins, 16, 1 << 24)
         check_choice("replicas", self.replicas, FIT_REPLICAS)
         check_choice("drafter", self.drafter, FIT_DRAFTERS)
+        if self.mode == "batch" and self.estimator != "online_logistic":  # never ignored silently
+            raise ConfigError(f"--estimator {self.estimator}: names the online estimator; --mode batch fits "
+                              "batch_logistic (drop --estimator or use --mode online)")
         if self.drafter != "model" and self.engine != "memory":
-            from avkit.errors import ConfigError
-
             raise ConfigError(f"--drafter {self.drafter}: fitted by --engine memory only (streaming and ray fit "
                               "the draft model's rows)")
         if self.engine == "streaming" and self.mode != "batch":
-            from avkit.errors import ConfigError
-
             raise ConfigError("--engine streaming fits --mode batch (passes over the shards); the online "
                               "replay reads its traces into memory: use --engine memory or ray for --mode online")
         if self.engine == "ray" and self.mode == "online" and self.replicas != "independent":
-            from avkit.errors import ConfigError
-
             raise ConfigError("--engine ray --mode online replays each replica (trace file) on its own estimator, "
                               "in parallel: add --replicas independent (--replicas chain carries one estimator "
                               "through every file in turn, which only --engine memory runs)")
         if self.replicas != "chain" and self.mode != "online":
-            from avkit.errors import ConfigError
-
             raise ConfigError(f"--replicas {self.replicas}: only --mode online replays per replica "
                               "(a batch fit pools every shard)")
         if self.features:
@@ -78,8 +75,6 @@ class FitConfig:
             for name in self.features:
                 check_choice("features", name, FEATURES)
             if len(set(self.features)) < len(self.features):
-                from avkit.errors import ConfigError
-
                 raise ConfigError(f"features: {','.join(self.features)} names a feature twice")
         check_range("n_bins", self.n_bins, 1)
         check_range("max_iter", self.max_iter, 1)
@@ -116,8 +111,6 @@ class SyntheticConfig:
         for name, n in (("intercepts", self.k), ("mix", len(self.datasets)),
                         ("feature_means", len(self.datasets))):
             if len(getattr(self, name)) != n:
-                from avkit.errors import ConfigError
-
                 raise ConfigError(f"{name} must have {n} entries, got {getattr(self, name)!r}")
 
 

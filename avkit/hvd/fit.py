@@ -20,13 +20,15 @@ import numpy as np
 import polars as pl
 
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
-from avkit.hvd.router import ROUTERS, MLPRouter, RouterContext, make_router
 from avkit.errors import DataError
-from avkit.jsonsafe import dumps
+from avkit.hvd.budget_sim import simulate_batched
 from avkit.hvd.features import FEATURE_GROUPS
-from avkit.hvd.token_lookup import TokenClasses, token_classes_for
 from avkit.hvd.replay import ReplayGeneration, evaluate, load_generations, replay
+from avkit.hvd.router import ROUTERS, MLPRouter, RouterContext, make_router
+from avkit.hvd.token_lookup import TokenClasses, token_classes_for
 from avkit.hvd.verdict import dataset_verdict
+from avkit.jsonsafe import dumps
+from avkit.provenance import inputs_record
 from avkit.staged import StagedOutputs
 
 ABLATION = (("base",), ("base", "history"), ("base", "history", "structure"),
@@ -92,8 +94,6 @@ def _ablation(train, val, test, ctx: RouterContext, structure: bool) -> pl.DataF
 def _budget(test: pl.DataFrame, fitted: dict, ctx: RouterContext) -> pl.DataFrame:
     """Batched decoding of the test requests: threshold routing with full verification against
     survival routing whose cache and model slots share one adaptive budget."""
-    from avkit.hvd.budget_sim import simulate_batched
-
     rows = []
     n_req = test["request_id"].n_unique()
     for c in sorted({min(c, n_req) for c in CONCURRENCY}):
@@ -207,8 +207,6 @@ def fit_hvd(trace_paths: list[str | os.PathLike], out_dir: str | os.PathLike | N
     The token-structure features come from `token_classes`, else `token_classes_for(trace_paths,
     tokenizer)` (avkit/hvd/token_lookup.py); `info["tokenizer"]` says where from, or that they were left out.
     """
-    from avkit.provenance import inputs_record
-
     gens, facts = load_generations(trace_paths)
     tc = token_classes or token_classes_for(trace_paths, tokenizer)
     extra = {"traces": [str(p) for p in trace_paths], "tokenizer": tc.source,

@@ -37,15 +37,16 @@ import numpy as np
 import torch
 
 from avkit.config import SuffixCacheConfig
-from avkit.drafters.base import DraftInput, DraftProposal, Drafter
-from avkit.hvd.cache_proposal import fill_cache_rows
-from avkit.hvd.joint_route import JointRouter
-from avkit.hvd.suffix_cache import CacheDraft, SuffixCache
+from avkit.drafters.base import Drafter, DraftInput, DraftProposal
+from avkit.drafters.draft_model import DraftModelDrafter
 from avkit.errors import ConfigError
-from avkit.hvd.payoff_mlp import PayoffMLP
+from avkit.hvd.cache_proposal import fill_cache_rows
 from avkit.hvd.features import FEATURE_GROUPS, feature_matrix
+from avkit.hvd.joint_route import JointRouter
+from avkit.hvd.payoff_mlp import PayoffMLP
 from avkit.hvd.substrings import SubstringIndex
-from avkit.hvd.token_classes import CLASSES
+from avkit.hvd.suffix_cache import CacheDraft, SuffixCache
+from avkit.hvd.token_classes import CLASSES, class_table_for
 
 
 @dataclass
@@ -266,9 +267,6 @@ def make_hybrid_drafter(draft, max_batch: int, max_len: int, payoff_path: str | 
     verification budget); without one, ArcticInference's rule. `tokenizer` (model path or alias)
     supplies token classes when the payoff model uses structure features. `cache`: the server's
     shared suffix cache (one global tree for every request, kept across engine restarts)."""
-    from avkit.drafters.draft_model import DraftModelDrafter
-    from avkit.hvd.token_classes import class_table_for
-
     model = DraftModelDrafter(draft, max_batch, max_len)
     if not payoff_path:
         return HybridDrafter(model, None, tau=0.0, k=k, cache=cache)

@@ -8,6 +8,7 @@ import polars as pl
 
 from avkit.hvd.fit import HvdResult
 from avkit.hvd.router import MODEL_SCALES
+from avkit.hvd.verdict import FLOOR, verdict_line
 
 # HVD paper figures (seed 003, docs/seeds.md): high-payoff (accepted >= 6) precision / recall; cycles per 1000 tokens.
 PAPER = "precision 78.2-87.6%, recall 61.4-79.8% (payoff >= 6); cycles/1k tokens 571 (EAGLE-3) -> 200 (HVD)"
@@ -35,8 +36,6 @@ def cost_md(cost: dict) -> str:
 
 
 def verdict_md(verdict: pl.DataFrame) -> list[str]:
-    from avkit.hvd.verdict import FLOOR, verdict_line
-
     if not verdict.height:
         return []
     cols = ("dataset", "requests", "model", "suffix", "cache", "arctic", "table", "mlp", "survival", "survival+budget",

@@ -28,6 +28,7 @@ from torch import nn
 
 from avkit.config import PayoffConfig
 from avkit.errors import ConfigError, DataError
+from avkit.staged import staged_file
 
 HEADS = ("mean", "survival")
 
@@ -162,9 +163,8 @@ class PayoffMLP:
         blob = {"state_dict": self.net.state_dict(), "feature_names": list(self.feature_names), "k": self.k,
                 "head": self.head, "config": asdict(self.config), "mean": self.mean_, "scale": self.scale_,
                 "extra": extra}
-        tmp = path.with_name(path.name + ".tmp")
-        torch.save(blob, tmp)
-        os.replace(tmp, path)
+        with staged_file(path, "payoff model") as tmp:
+            torch.save(blob, tmp)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> tuple[PayoffMLP, dict]:

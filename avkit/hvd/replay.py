@@ -20,12 +20,13 @@ import numpy as np
 import polars as pl
 
 from avkit.config import HvdCostConfig, HvdReplayConfig, SuffixCacheConfig
-from avkit.hvd.suffix_cache import SuffixCache
 from avkit.errors import TraceError
 from avkit.hvd.features import contains, history_features, structure_features
 from avkit.hvd.model_accept import accept_lengths, matches_from_trace
 from avkit.hvd.path import Route, path_metrics, precision_recall, simulate_paths
+from avkit.hvd.suffix_cache import SuffixCache
 from avkit.hvd.token_classes import CLASSES
+from avkit.trace.reader import read_generations, read_traces
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,7 @@ def replay(gens: list[ReplayGeneration], cache_config: SuffixCacheConfig = Suffi
            config: HvdReplayConfig = HvdReplayConfig(), classes: np.ndarray | None = None,
            progress: bool = False) -> pl.DataFrame:
     """One row per (request, position) in generation order; the global tree fills in that order."""
-    from rich.progress import track
+    from rich.progress import track  # lazy: rich (progress bar only on a terminal)
 
     cache = SuffixCache(cache_config)
     frames = []
@@ -102,8 +103,6 @@ def replay(gens: list[ReplayGeneration], cache_config: SuffixCacheConfig = Suffi
 
 def load_generations(trace_paths: list[str | Path]) -> tuple[list[ReplayGeneration], dict]:
     """Generations beside each trace, with model matches from the trace. Returns (gens, info)."""
-    from avkit.trace.reader import read_generations, read_traces
-
     gens: list[ReplayGeneration] = []
     info = {"unknown_model_positions": [], "temperatures": set()}
     for path in map(Path, trace_paths):

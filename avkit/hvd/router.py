@@ -34,9 +34,11 @@ import polars as pl
 
 from avkit.config import HvdCostConfig, PayoffConfig
 from avkit.errors import ConfigError
-from avkit.hvd.payoff_mlp import PayoffMLP
+from avkit.hvd.budget_sim import model_survival_table, simulate_batched
 from avkit.hvd.features import ALL_FEATURES, feature_matrix
 from avkit.hvd.path import Route, full_route, throughput
+from avkit.hvd.payoff_mlp import PayoffMLP
+from avkit.trace import labels
 
 MATCH_BUCKETS = np.array([1, 2, 3, 4, 6, 9, 13, 17])  # lower edges of the match-length buckets
 MODEL_SCALES = (1.0, 0.9, 0.8, 0.6, 0.0)  # shrinks of the model survival the joint router is validated over
@@ -128,7 +130,7 @@ class AcceptanceTable:
         b = np.searchsorted(MATCH_BUCKETS, rows["match_len"].to_numpy(), side="right") - 1  # [N]
         acc, dl = rows["cache_acc"].to_numpy(), rows["draft_len"].to_numpy()
         j = np.arange(ctx.k)
-        reached = (j[None, :] < dl[:, None]) & (j[None, :] <= acc[:, None])  # [N, K] slot j labelled
+        reached = labels.observed(j[None, :], dl[:, None], acc[:, None])  # [N, K] slot j labelled
         accepted = j[None, :] < acc[:, None]  # [N, K]
         nb = len(MATCH_BUCKETS)
         r = np.zeros((nb, ctx.k))
@@ -195,8 +197,6 @@ class SurvivalRouter(MLPRouter):
         return self.model_surv.sum(1)
 
     def fit(self, train, val, ctx) -> None:
-        from avkit.hvd.budget_sim import model_survival_table
-
         x, y = _train_rows(train, ctx)
         xv, yv = _train_rows(val, ctx)
         self.model = PayoffMLP(ctx.features, ctx.k, ctx.payoff, head="survival").fit(x, y, xv, yv)
@@ -210,8 +210,6 @@ class SurvivalRouter(MLPRouter):
         acceptance at a recent hit rate, but the router asks for the model where the cache is weak, i.e. in
         text neither has seen, where the model does worse than its average; under dear drafting (a CPU)
         a scale below 1, down to 0 (no draft model: cache or nothing), is worth more. Ties keep the larger."""
-        from avkit.hvd.budget_sim import simulate_batched
-
         route = full_route(val, np.ones(val.height, dtype=bool))  # unused by joint routing
         best = (-1.0, 1.0)
         for scale in MODEL_SCALES:

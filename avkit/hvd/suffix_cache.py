@@ -28,6 +28,7 @@ so ~19 nodes, ~5 kB, per cached token at max_depth 24 on code-like text).
 
 from __future__ import annotations
 
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -144,8 +145,6 @@ class SuffixTrie:
 
     def deep_bytes(self) -> int:
         """Bytes of every node and children dict by sys.getsizeof (O(nodes): for benches and tests)."""
-        import sys
-
         total, stack = sys.getsizeof(self.root), [self.root]
         while stack:
             kids = stack.pop()[CHILDREN]

@@ -18,6 +18,7 @@ import os
 import numpy as np
 
 from avkit.errors import ModelError
+from avkit.staged import staged_file
 
 CLASSES = ("ident", "space", "punct", "digit", "newline")
 
@@ -61,11 +62,11 @@ def class_table(vocab: list[str]) -> np.ndarray:
 
 def load_vocab(path_or_id: str | os.PathLike) -> list[str]:
     """Vocabulary entries by id from a GGUF file or an HF directory (tokenizer.json), without weights."""
-    from avkit.models.registry import resolve
+    from avkit.models.registry import resolve  # lazy: torch (avkit.models)
 
     path = resolve(path_or_id)
     if path.is_dir():
-        from tokenizers import Tokenizer
+        from tokenizers import Tokenizer  # lazy: tokenizers
 
         if not (path / "tokenizer.json").is_file():
             raise ModelError(f"{path}: no tokenizer.json")
@@ -75,7 +76,7 @@ def load_vocab(path_or_id: str | os.PathLike) -> list[str]:
             out[i] = tok
         return out
     if path.suffix == ".gguf":
-        import gguf
+        import gguf  # lazy: gguf
 
         field = gguf.GGUFReader(str(path)).fields.get("tokenizer.ggml.tokens")
         if field is None:
@@ -86,7 +87,7 @@ def load_vocab(path_or_id: str | os.PathLike) -> list[str]:
 
 def class_table_for(path_or_id: str | os.PathLike) -> np.ndarray:
     """`class_table(load_vocab(...))`, cached on disk beside the models (GGUF parsing takes seconds)."""
-    from avkit.models.registry import models_dir, resolve
+    from avkit.models.registry import models_dir, resolve  # lazy: torch (avkit.models)
 
     path = resolve(path_or_id)
     stat = path.stat()
@@ -94,8 +95,6 @@ def class_table_for(path_or_id: str | os.PathLike) -> np.ndarray:
     if cache.is_file():
         return np.load(cache)
     table = class_table(load_vocab(path))
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp.npy")
-    np.save(tmp, table)
-    os.replace(tmp, cache)
+    with staged_file(cache, "token-class cache") as tmp, open(tmp, "wb") as fh:
+        np.save(fh, table)
     return table

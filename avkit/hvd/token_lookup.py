@@ -33,7 +33,7 @@ class TokenClasses:
 
 def _trace_meta(path) -> dict[str, str]:
     """The trace's avkit.* metadata, read through the trace contract (a missing or bad file is named)."""
-    from avkit.trace.reader import trace_metadata
+    from avkit.trace.reader import trace_metadata  # lazy: polars
 
     return trace_metadata(path)
 
@@ -61,7 +61,7 @@ def save_shipped(model: str, target_sha256: str) -> Path:
 
 def token_classes_for(paths, tokenizer: str | None = None) -> TokenClasses:
     """The structure table for traces `paths` (the first one's target decides), see the module docstring."""
-    from avkit.models.registry import resolve
+    from avkit.models.registry import resolve  # lazy: torch (avkit.models)
 
     if tokenizer == "none":
         return TokenClasses(None, "--tokenizer none: token-structure features left out")

@@ -30,6 +30,7 @@ import torch
 
 from avkit.kernels.argmax import argmax
 from avkit.kernels.rng import STREAM_ACCEPT, STREAM_SAMPLE, uniform
+from avkit.trace import labels as label_rule
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ def rejection_sample_ref(target_probs: torch.Tensor, draft_probs: torch.Tensor, 
         ok = u < p_x / q_x.clamp_min(torch.finfo(torch.float32).tiny)
     accepted = (ok & verified).long().cumprod(-1).bool()  # [B, K]: prefix up to the first rejection
     n = accepted.sum(-1)  # [B]
-    observed = verified & (j[None, :] <= n[:, None])
+    observed = label_rule.observed(j[None, :], num_verify[:, None], n[:, None])  # [B, K]
 
     p_n = target_probs[rows, n].float()  # [B, V]: target distribution at the first unaccepted slot
     if greedy:

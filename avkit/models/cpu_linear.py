@@ -107,7 +107,7 @@ def load_extension(source: Path, cflags: tuple[str, ...] = _CFLAGS):
     if not runs_here(cflags):
         return None
     try:
-        from torch.utils.cpp_extension import _get_build_directory, load
+        from torch.utils.cpp_extension import _get_build_directory, load  # lazy: torch.utils.cpp_extension (builds on first use)
 
         name = build_name(source, cflags)
         clear_stale_build_lock(Path(_get_build_directory(name, verbose=False)))

@@ -21,8 +21,8 @@ _CHUNK_BLOCKS = 1 << 16  # ~64 MiB of float32 output per chunk for 256-weight bl
 
 def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> torch.Tensor:
     """Bytes of one tensor (uint8) -> a float32 tensor of row-major ``shape`` that owns its memory."""
-    import gguf.quants
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    import gguf.quants  # lazy: gguf
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # lazy: gguf
 
     qtype = GGMLQuantizationType(ggml_type)
     if qtype == GGMLQuantizationType.F32:

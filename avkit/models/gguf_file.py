@@ -84,7 +84,7 @@ class GGUFFile:
 
 
 def _nbytes(ggml_type: int, shape: tuple[int, ...]) -> int:
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # lazy: gguf
 
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType(ggml_type)]
     return int(np.prod(shape)) // block * size

@@ -9,11 +9,15 @@ pair for engine tests is two seeds of the same vocab).
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from avkit.errors import ConfigError
+from avkit.models.tokenizer import PRETOKENIZER_REGEX
+from avkit.models.weights import hf_name_to_gguf, permute_qk
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -34,9 +38,15 @@ _CORPUS = [
 
 def train_tokenizer(vocab: int):
     """A deterministic byte-level BPE with the Qwen2 split regex and ChatML special tokens."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-
-    from avkit.models.tokenizer import PRETOKENIZER_REGEX
+    from tokenizers import (  # lazy: tokenizers
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        trainers,
+    )
 
     tok = Tokenizer(models.BPE())
     tok.normalizer = normalizers.NFC()
@@ -61,7 +71,7 @@ def write_tiny_model(directory, arch: str = "qwen2", vocab: int = 512, seed: int
     >>> avkit.models.load(path).model.config.vocab_size  # doctest: +SKIP
     512
     """
-    import transformers
+    import transformers  # lazy: transformers (tests only)
 
     if arch not in ("qwen2", "llama"):
         raise ConfigError(f"arch must be 'qwen2' or 'llama', got {arch!r}")
@@ -102,9 +112,7 @@ def write_tiny_model(directory, arch: str = "qwen2", vocab: int = 512, seed: int
 def write_tiny_pair(root, noise: float = 0.05) -> tuple[Path, Path]:
     """A tiny Qwen2 target with peaked logits and a draft = target + `noise` x std Gaussian noise on every
     matrix (seeded), under `root`/target and `root`/draft: some drafts are accepted, some rejected."""
-    import shutil
-
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file, save_file  # lazy: safetensors
 
     root = Path(root)
     target = write_tiny_model(root / "target", vocab=512, seed=0, hidden=128, heads=2, kv_heads=1,
@@ -125,11 +133,8 @@ def write_tiny_gguf(hf_dir, out_path) -> Path:
     Tensor names are llama.cpp's; for arch ``llama`` the q/k rows are permuted like llama.cpp's converter;
     a tied model gets no ``output.weight``. Used by the GGUF round-trip test.
     """
-    import gguf
-    import numpy as np
-    from safetensors.numpy import load_file
-
-    from avkit.models.weights import hf_name_to_gguf, permute_qk
+    import gguf  # lazy: gguf
+    from safetensors.numpy import load_file  # lazy: safetensors
 
     hf_dir, out_path = Path(hf_dir), Path(out_path)
     cfg = json.loads((hf_dir / "config.json").read_text())

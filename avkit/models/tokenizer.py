@@ -71,7 +71,7 @@ class Tokenizer:
     @classmethod
     def from_dir(cls, path: Path) -> Tokenizer:
         """``tokenizer.json`` (+ ``tokenizer_config.json`` and ``generation_config.json`` if present)."""
-        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import Tokenizer as HFTokenizer  # lazy: tokenizers
 
         if not (path / "tokenizer.json").is_file():
             raise ModelError(f"{path}: no tokenizer.json")
@@ -113,8 +113,8 @@ class Tokenizer:
 
 def build_bpe(tokens: list[str], merges: list[tuple[str, str]], types: list[int], pre: str):
     """A ``tokenizers.Tokenizer``: byte-level BPE, ``pre`` split regex, added tokens of type 3/4."""
-    from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
-    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers  # lazy: tokenizers
+    from tokenizers import Tokenizer as HFTokenizer  # lazy: tokenizers
 
     vocab = {t: i for i, t in enumerate(tokens)}
     tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
@@ -130,8 +130,8 @@ def build_bpe(tokens: list[str], merges: list[tuple[str, str]], types: list[int]
 
 
 def _compile_template(source: str):
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2.ext import loopcontrols  # lazy: jinja2 (chat templates)
+    from jinja2.sandbox import ImmutableSandboxedEnvironment  # lazy: jinja2
 
     def raise_exception(message):
         raise ModelError(f"chat template: {message}")

@@ -22,6 +22,7 @@ import torch
 
 from avkit.errors import ModelError
 from avkit.models.config import ModelConfig
+from avkit.models.dequant import dequantize
 from avkit.models.gguf_file import GGUFFile
 
 # GGUF tensor name -> HF tensor name ("{i}" is the layer)
@@ -99,7 +100,7 @@ def fuse_hf_state(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: st
 
 def read_hf_dir(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     """``config.json`` + ``*.safetensors`` -> (config, HF-named tensors in ``dtype``)."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load_file  # lazy: safetensors
 
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
@@ -117,8 +118,6 @@ def read_hf_dir(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, 
 
 
 def _iter_gguf_tensors(f, arch: str, heads: int, kv_heads: int, dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    from avkit.models.dequant import dequantize
-
     for t in f.tensors.values():
         name = gguf_name_to_hf(t.name)
         if name is None:

@@ -1,23 +1,21 @@
 """The data card of recorded traces (`traces/README.md`): settings, counts and acceptance, from the files.
 
 Every number is recomputed from the Parquet files and their metadata, so the card cannot drift
-from the data. `python -m avkit.record.datacard TRACE... [--out traces/README.md]` replaces the text
+from the data. `avkit datacard TRACE... [--out traces/README.md]` replaces the text
 between the BEGIN/END markers of an existing card (or writes the tables alone to a new file).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
-import os
-import sys
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from avkit.errors import AvkitError, TraceError
+from avkit.errors import TraceError
 from avkit.record.stats import AcceptanceStats
+from avkit.staged import staged_file
 from avkit.trace.schema import generations_path
 
 COLUMNS = ["dataset", "position", "num_accepted", "accepted", "request_id", "run_id"]
@@ -88,25 +86,16 @@ def splice(card: str, tables: str) -> str:
     return f"{card}{BEGIN}\n{tables}{END}\n"
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("traces", nargs="+")
-    ap.add_argument("--out", default="", help="write the tables here (default: print)")
-    args = ap.parse_args(argv)
-    traces = [p for p in args.traces if not p.endswith(".generations.parquet")]  # each summarized with its trace
-    try:
-        text = "\n".join(render(summarize(p)) for p in traces)
-    except AvkitError as e:
-        print(f"avkit: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
-    if not args.out:
-        print(text)
-        return
-    out = Path(args.out)
-    tmp = Path(args.out + ".tmp")
-    tmp.write_text(splice(out.read_text() if out.exists() else "", text))
-    os.replace(tmp, out)
+def write_datacard(traces, out=None) -> str:
+    """The tables of every trace (a generations table is summarized with its trace, not alone); with
+    `out`, spliced into that card (written atomically). -> the tables."""
+    text = "\n".join(render(summarize(p)) for p in map(str, traces) if not p.endswith(".generations.parquet"))
+    if out is not None:
+        out = Path(out)
+        card = splice(out.read_text() if out.exists() else "", text)
+        with staged_file(out, "--out") as tmp:
+            tmp.write_text(card)
+    return text
 
 
-if __name__ == "__main__":
-    main()
+__all__ = ["render", "splice", "summarize", "write_datacard"]

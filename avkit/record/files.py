@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from avkit.config import RecordConfig
-from avkit.errors import ConfigError
+from avkit.errors import ConfigError, TraceError
+from avkit.staged import check_writable
 from avkit.trace.schema import generations_path
 from avkit.trace.writer import partial_path
 
@@ -60,8 +61,6 @@ class RecordFiles:
 
 def plan_files(config: RecordConfig) -> RecordFiles:
     """Check `--out` against the rules before any model is loaded; -> the files of this run."""
-    from avkit.staged import check_writable
-
     out = Path(config.out)
     gens = generations_path(out)
     check_writable(out, "--out")
@@ -93,7 +92,7 @@ def check_resume(files: RecordFiles, meta: dict[str, str]) -> None:
     """Refuse a resume whose source was recorded with other settings (`meta`: this run's metadata)."""
     if files.trace_source is None:
         return
-    from avkit.trace.reader import trace_metadata
+    from avkit.trace.reader import trace_metadata  # lazy: polars
 
     old = trace_metadata(files.trace_source)
     for key, option, numeric in RESUME_KEYS:
@@ -109,10 +108,8 @@ def check_resume(files: RecordFiles, meta: dict[str, str]) -> None:
 
 
 def _readable(src: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from avkit.errors import TraceError
+    import pyarrow as pa  # lazy: pyarrow
+    import pyarrow.parquet as pq  # lazy: pyarrow
 
     try:
         pq.ParquetFile(src)

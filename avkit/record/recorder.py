@@ -106,10 +106,10 @@ def _generation_row(run_id: str, turn: Turn, output_ids: list[int], reason: str)
 
 
 def _load_models(config: RecordConfig, target, draft):
-    import torch
+    import torch  # lazy: torch
 
-    from avkit.models import load
-    from avkit.models.placement import placement
+    from avkit.models import load  # lazy: torch
+    from avkit.models.placement import placement  # lazy: torch
 
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -130,7 +130,7 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
     files = preflight(config)  # before the models load: a refused --out or resume costs nothing
     engine = None
     if config.backend == "vllm":
-        from avkit.engines.vllm.driver import start
+        from avkit.engines.vllm.driver import start  # lazy: vllm (its driver starts vLLM's venv)
 
         engine, target, draft = start(config)  # vLLM started in its own venv (docs/vllm.md)
     else:
@@ -212,12 +212,12 @@ def _finished_outputs(gens: GenerationWriter) -> dict[str, list[int]]:
 
 def _native_engine(config: RecordConfig, target, draft, sink):
     """avkit's own engine with the recording sink (the model drafter, or the hybrid one)."""
-    from avkit.runtime.engine import Engine
+    from avkit.runtime.engine import Engine  # lazy: torch
 
     engine_config = config.engine_for_run  # context sized for the longest admitted prompt + generation
     drafter = None  # the engine builds the model drafter itself
     if config.models.drafter == "hybrid" and draft is not None:
-        from avkit.hvd.hybrid_drafter import make_hybrid_drafter
+        from avkit.hvd.hybrid_drafter import make_hybrid_drafter  # lazy: torch (the HVD stack)
 
         drafter = make_hybrid_drafter(draft, engine_config.max_batch, engine_config.max_len,
                                       payoff_path=config.models.payoff or None, tokenizer=config.models.target,

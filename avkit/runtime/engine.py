@@ -26,17 +26,18 @@ import torch
 
 from avkit.config import EngineConfig
 from avkit.drafters.base import Drafter
+from avkit.drafters.draft_model import DraftModelDrafter
 from avkit.errors import ConfigError
 from avkit.kernels.dispatch import select_kernels
 from avkit.models.transformer import HostLengths
+from avkit.runtime.commit import append_tokens, roll_back
 from avkit.runtime.host_memory import keep_freed_memory
 from avkit.runtime.prefill import prefill
-from avkit.runtime.commit import append_tokens, roll_back
 from avkit.runtime.request import FINISH_ABORT, Generation, Request, StepOutput
 from avkit.runtime.running import EngineStats, RunningSeq
 from avkit.runtime.sampling import probs_from_logits
-from avkit.runtime.step_inputs import draft_input, limit_drafts, no_drafts, top_k_min_p
 from avkit.runtime.sink import TraceSink
+from avkit.runtime.step_inputs import draft_input, limit_drafts, no_drafts, top_k_min_p
 from avkit.runtime.trace_rows import trace_rows
 from avkit.scheduling.policy import FullVerification, VerifyPolicy
 from avkit.step_types import DraftBatch, Load, StepPlan, VerifyOutcome
@@ -68,7 +69,6 @@ class Engine:
             if dv != self.vocab_size:
                 raise ConfigError(f"draft vocabulary ({dv} tokens, {draft.model_id}) does not match the "
                                   f"target's ({self.vocab_size} tokens, {target.model_id})")
-            from avkit.drafters.draft_model import DraftModelDrafter
         self.cache = target.model.new_cache(config.max_batch, config.max_len)
         self.device = self.cache.lengths.device  # every per-step tensor lives beside the model
         # The hot-path kernels, chosen once: confidence in the draft passes, the plan's allocation and

@@ -15,15 +15,14 @@ through `SideWrites`: counted, logged once, retried at later refits with backoff
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from pathlib import Path
 from dataclasses import asdict
 from typing import Any
 
 from avkit.estimators.coefficients import ServedPair
+from avkit.staged import write_json_atomic
 
 log = logging.getLogger("avkit.serve")
 
@@ -64,17 +63,6 @@ def coefficients_of(estimator, pair: ServedPair | None = None, drafter: str = "m
                        **(asdict(pair) if pair is not None else {}),
                        **({"drafter": drafter} if drafter != "model" else {})},
     }
-
-
-def write_json_atomic(path: Path, obj: dict[str, Any]) -> None:
-    """Write to a temp file beside `path`, fsync, rename: a crash never leaves a torn file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=2)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 class CoefficientSnapshots:

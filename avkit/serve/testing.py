@@ -21,7 +21,7 @@ from avkit.serve.state import ServeState
 @contextmanager
 def serve_in_thread(state: ServeState, *, timeout_s: float = 30.0,
                     log_level: str = "warning", ready: bool = True) -> Iterator[str]:
-    import uvicorn
+    import uvicorn  # lazy: uvicorn
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -13,6 +13,7 @@ distribution the token was drawn from (and is a lossy feature).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -109,7 +110,5 @@ META_KEYS = {
 
 def generations_path(trace_path):
     """Path of the generations table that sits beside a trace file."""
-    from pathlib import Path
-
     p = Path(trace_path)
     return p.with_name(p.name.removesuffix(".parquet") + ".generations.parquet")

@@ -14,7 +14,6 @@ The file metadata key `avkit.synthetic` holds the truth as JSON.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,6 +24,8 @@ import pyarrow.parquet as pq
 
 from avkit import __version__
 from avkit.config import SyntheticConfig
+from avkit.staged import staged_file
+from avkit.trace import labels
 from avkit.trace import schema as S
 
 
@@ -74,7 +75,7 @@ def synthetic_trace(cfg: SyntheticConfig | None = None) -> pa.Table:
     verified = pos < lay["num_verified"][:, None]  # [M, K]
     # accepted length = leading run of accepted draws inside the verified prefix
     num_accepted = np.cumprod(draw & verified, axis=1).sum(axis=1)  # [M]
-    observed = verified & (pos <= num_accepted[:, None])  # at or before the first rejection
+    observed = labels.observed(pos, lay["num_verified"][:, None], num_accepted[:, None])  # [M, K]
     q_max = _sigmoid(f.astype(np.float64))
     q_2nd = (1.0 - q_max) * rng.uniform(0.3, 1.0, size=(m, k)) * np.minimum(1.0, q_max / (1 - q_max + 1e-300))
     entropy = -(q_max * np.log(q_max)) - np.where(q_max < 1, (1 - q_max) * np.log1p(-q_max), 0.0) \
@@ -167,19 +168,13 @@ def write_synthetic_trace(path, cfg: SyntheticConfig | None = None, row_group_ro
     """
     cfg = cfg or SyntheticConfig()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     unit = cfg.k * cfg.batch_size * cfg.steps_per_request  # slots of one batch of whole requests
     step = max(unit, chunk_slots // unit * unit)
-    try:
-        with pq.ParquetWriter(tmp, S.TRACE_SCHEMA.with_metadata(_metadata(cfg)), compression="zstd") as w:
-            for index, start in enumerate(range(0, cfg.num_slots, step)):
-                slots = min(step, cfg.num_slots - start)
-                w.write_table(_chunk(cfg, index, slots, start // cfg.k), row_group_size=row_group_rows)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
+    with staged_file(path, "path") as tmp, \
+            pq.ParquetWriter(tmp, S.TRACE_SCHEMA.with_metadata(_metadata(cfg)), compression="zstd") as w:
+        for index, start in enumerate(range(0, cfg.num_slots, step)):
+            slots = min(step, cfg.num_slots - start)
+            w.write_table(_chunk(cfg, index, slots, start // cfg.k), row_group_size=row_group_rows)
     return path
 
 

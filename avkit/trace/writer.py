@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from avkit.errors import TraceError
-from avkit.staged import deferred_signals
+from avkit.staged import deferred_signals, staged_file
 from avkit.trace import schema as S
 
 COMPRESSION = "zstd"
@@ -154,13 +154,10 @@ class _ParquetStream:
             self._rewrite(self.partial)
 
     def _rewrite(self, dest: Path) -> None:
-        tmp = dest.with_name(dest.name + ".tmp")
-        with pq.ParquetWriter(tmp, self.schema, compression=COMPRESSION) as w:
+        with staged_file(dest, "--record", fsync=True) as tmp, \
+                pq.ParquetWriter(tmp, self.schema, compression=COMPRESSION) as w:
             for g in self._groups:
                 w.write_table(g.replace_schema_metadata(self.schema.metadata), row_group_size=g.num_rows)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, dest)
 
     def close(self) -> None:
         """Flush, compact the time-based small row groups, then rename `<path>.partial` to `<path>`."""
