@@ -14,7 +14,10 @@ $AVKIT_VLLM_PYTHON) with an offline `LLM` built from the profile's `vllm_synthet
                         prefill and none had finished (what the simulator models)
   predicted tok/s       avkit's simulator (sim/): fixed K at concurrency c on --cost, accepted lengths drawn from
                         the profile's survival rates (`avkit simulate --profile`'s aggregate replay)
-If vLLM-CPU refuses synthetic mode the cell holds its error line. The box is shared: timings are noisy.
+If vLLM refuses synthetic mode the cell holds its error line. vLLM-CPU 0.32 does (2026-12-06): its CPU stand-in
+for the Triton rejection kernels asserts "Synthetic acceptance not supported with CPU sampling"
+(vllm/utils/cpu_triton_utils.py); keeping the Triton kernels under TRITON_INTERPRET failed too (InterpreterError
+"mask has unsupported dtype"). Run it where vLLM's Triton path runs (a GPU). The box is shared: timings are noisy.
 """
 
 from __future__ import annotations
@@ -40,9 +43,10 @@ try:
 except Exception as e:
     print(json.dumps({"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"})); sys.exit(0)
 engine = llm.llm_engine
+vocab = min(1000, llm.llm_engine.model_config.get_vocab_size() - 1)
 rng = random.Random(seed)
 sp = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
-queue = [TokensPrompt(prompt_token_ids=[rng.randrange(100, 1000) for _ in range(16)]) for _ in range(n)]
+queue = [TokensPrompt(prompt_token_ids=[rng.randrange(10, vocab) for _ in range(16)]) for _ in range(n)]
 running, emitted, steady_tokens, steady_s, nid = {}, 0, 0, 0.0, 0
 try:
     while queue or running:

@@ -3,6 +3,7 @@
 Reading order: feasibility.py (what fits the KV cache), arms.py (the deployments compared, replayed by
 avkit/sim/), schedule.py (best arm per concurrency, batch-size ranges), bootstrap.py (intervals over
 recorded requests), idle.py (speculation configured but off), acceptance.py (the acceptance profile),
+context.py (K per context band),
 formats.py (the document compiled into every engine's settings, and their rules), run.py (`tune`, the whole
 result as one JSON-ready dict).
 
@@ -22,6 +23,9 @@ The result (`avkit tune --out`, default reports/tune.json), key by key:
                                      adaptive_vs_fixed, stop_vs_recommended: {ratio, lo, hi}}], single_k,
                                      geomean gains
   idle                               idle.py prices per K = 0 concurrency, what is not priced, request lengths
+  schedule.context_ranges, context_changes, bands
+                                     with --context-bands only (context.py): the schedule per context band
+                                     and the concurrencies whose K changes with context
   profile                            the acceptance profile (acceptance.py): the pair, per-position acceptance
                                      with intervals per dataset and temperature, the fitted coefficients
   vllm, vllm_context, vllm_synthetic, trtllm, sglang

@@ -84,12 +84,18 @@ def _check_batch_ranges(entries: list, n: int, where: str) -> None:
         prev = hi
 
 
-def check_vllm(spec: dict) -> dict:
-    """Raise ConfigError naming the key and value unless `spec` (the speculative_config dict) passes."""
+def _schedule(spec: dict) -> tuple[int, list]:
+    """num_speculative_tokens and the non-empty num_speculative_tokens_per_batch_size list."""
     n = _int("num_speculative_tokens", spec.get("num_speculative_tokens"), 1)
     sched = spec.get("num_speculative_tokens_per_batch_size")
     if not isinstance(sched, list) or not sched:
         raise ConfigError(f"num_speculative_tokens_per_batch_size must be a non-empty list, got {sched!r}")
+    return n, sched
+
+
+def check_vllm(spec: dict) -> dict:
+    """Raise ConfigError naming the key and value unless `spec` (the speculative_config dict) passes."""
+    n, sched = _schedule(spec)
     for i, entry in enumerate(sched):
         if not isinstance(entry, list | tuple) or len(entry) != 3:
             raise ConfigError(f"num_speculative_tokens_per_batch_size[{i}] must be (batch_lo, batch_hi, K), "
@@ -102,10 +108,7 @@ def check_vllm(spec: dict) -> dict:
 
 def check_vllm_context(spec: dict) -> dict:
     """The 5-item form's rules (module note): per context band, batch ranges as vLLM's 3-item ones."""
-    n = _int("num_speculative_tokens", spec.get("num_speculative_tokens"), 1)
-    sched = spec.get("num_speculative_tokens_per_batch_size")
-    if not isinstance(sched, list) or not sched:
-        raise ConfigError(f"num_speculative_tokens_per_batch_size must be a non-empty list, got {sched!r}")
+    n, sched = _schedule(spec)
     bands: dict[tuple[int, int], list] = {}
     for i, entry in enumerate(sched):
         if not isinstance(entry, list | tuple) or len(entry) != 5:
