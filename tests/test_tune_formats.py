@@ -99,7 +99,11 @@ def test_every_format_is_compiled_and_passes_its_rules(trace, result):
     synth = check_synthetic(result["vllm_synthetic"])
     pooled = result["profile"]["groups"][-1]["positions"]
     assert synth["synthetic_acceptance_rates"] == [round(p["survival"], 6) for p in pooled[:top]]
-    assert check_sglang(result["sglang"])["candidate_steps"] == sorted({k for *_, k in ranges if k})
+    assert check_sglang(result["sglang"]) == {str(lo): {"candidate_steps": [k]} for lo, _, k in ranges}
+    route = sorted(int(b) for b in result["sglang"])  # SGLang's routing: the largest key <= the batch size
+    for b in range(1, ranges[-1][1] + 1):
+        key = max(x for x in route if x <= b)
+        assert result["sglang"][str(key)]["candidate_steps"] == [next(k for lo, hi, k in ranges if lo <= b <= hi)]
     trt = check_trtllm(result["trtllm"])
     assert trt["draft_len_schedule"] == {str(hi): k for _, hi, k in trtllm_schedule(ranges)}
 
@@ -183,10 +187,12 @@ def test_trtllm_and_sglang_rules():
                             ({"acceptance_rate_threshold": 1.5}, "threshold must be a number in")):
         with pytest.raises(ConfigError, match=message):
             check_trtllm({**frag, **change})
-    check_sglang({"candidate_steps": [1, 3, 7]})
-    for steps in ([], [3, 1], [0, 2], [2, 2], ["3"]):
-        with pytest.raises(ConfigError, match="candidate_steps"):
-            check_sglang({"candidate_steps": steps})
+    check_sglang({"1": {"candidate_steps": [1, 3, 7]}, "32": {"candidate_steps": [0]}, "ema_alpha": 0.2})
+    with pytest.raises(ConfigError, match="integer-string batch-size key"):
+        check_sglang({"candidate_steps": [1, 3, 7]})
+    for steps in ([], [-1], [True], ["3"], None):
+        with pytest.raises(ConfigError, match=r"\[1\].candidate_steps"):
+            check_sglang({"1": {"candidate_steps": steps}})
 
 
 def test_context_bands_are_each_a_tune_at_their_context(trace):

@@ -109,7 +109,8 @@ def register(app: typer.Typer) -> None:
             _d("memory_gb"),
         format: Annotated[str, typer.Option(help="stdout: table | json (everything) | vllm (exactly the "
                                                  "--speculative-config JSON) | vllm-context (5-item, vLLM PR "
-                                                 "#48944's format) | vllm-synthetic | trtllm | sglang")] =
+                                                 "#48944's format) | vllm-synthetic | trtllm | sglang (its "
+                                                 "--speculative-adaptive-config file)")] =
             _d("format"),
         draft: Annotated[str, typer.Option(help="the draft model vLLM loads (its HF directory; default: the "
                                                 "traces' draft id)")] = _d("draft"),

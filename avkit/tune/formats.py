@@ -9,7 +9,7 @@ takes (`avkit tune --format NAME` prints it alone on stdout; null: speculation o
   vllm-synthetic  `rejection_sample_method: "synthetic"` with the profile's survival rates: the deployment
                   timed with the measured acceptance and no drafter quality in the way
   trtllm          TensorRT-LLM's `speculative_config`: draft_len_schedule and the acceptance gate
-  sglang          SGLang's `--speculative-adaptive` JSON
+  sglang          SGLang's `--speculative-adaptive-config` file (JSON)
 
 vLLM 0.32, `speculative_config` (vllm/config/speculative.py, vllm/v1/spec_decode/dynamic/utils.py):
   method, model                          `draft_model` + the draft's HF directory, or `suffix` (no model)
@@ -28,7 +28,8 @@ vLLM 0.32, `speculative_config` (vllm/config/speculative.py, vllm/v1/spec_decode
 vLLM PR #48944 (read from its description, not from code): entries [bs_lo, bs_hi, ctx_lo, ctx_hi, K],
   inclusive; avkit writes, per context band, batch ranges from 1 as above, and context bands contiguous
   from 0, the last one carried past its end.
-TensorRT-LLM, `speculative_config` (llmapi DecodingBaseConfig):
+TensorRT-LLM, `speculative_config` (llmapi DecodingBaseConfig; TensorRT-LLM does not install here: these rules
+and the gate's key names are as avkit's design notes describe them, not read in its code):
   max_draft_len        int > 0
   draft_len_schedule   {batch_size: draft_len}: a key is the largest batch size of its range (batch sizes
                        from the previous key + 1 up to it use its value), 0 above the largest key; keys
@@ -42,9 +43,14 @@ TensorRT-LLM, `speculative_config` (llmapi DecodingBaseConfig):
                        cost table, per-slot acceptance i.i.d. (one request is where drafting pays most, so
                        below it drafting pays nowhere); window: enough request-steps that the 95% interval
                        of the profile's rate stays clear of the threshold (half the gap), at least 16.
-SGLang `--speculative-adaptive` (its key as the flag's description names it; SGLang does not install here, so
-  no SGLang class checks it): candidate_steps, the distinct K > 0 the schedule uses, ascending; SGLang's own
-  defaults for the rest (EMA 0.2, 10 warm-up batches, update interval 5, hysteresis).
+SGLang 0.5.23 (read in its wheel: sglang/srt/speculative/adaptive_spec_params.py, `_load_adaptive_config`,
+  `AdaptiveSpeculativeParams`): `--speculative-adaptive --speculative-adaptive-config FILE`, FILE a JSON object
+  whose integer-string keys are batch sizes, each {"candidate_steps": [non-negative ints], ...}; a batch size
+  takes the entry of the largest key <= it (the first entry below all keys), and the step count moves among
+  that entry's candidates with an EMA of accepted lengths. avkit writes one entry per tuned range, keyed by its
+  batch_lo, with the tuned K as its only candidate (0: no speculation): SGLang then runs the tuned schedule.
+  SGLang does not import here (its dependencies need a GPU build); check_sglang applies `_load_adaptive_config`'s
+  rules.
 """
 
 from __future__ import annotations
@@ -166,12 +172,18 @@ def check_trtllm(spec: dict) -> dict:
     return spec
 
 
-def check_sglang(spec: dict) -> dict:
-    steps = spec.get("candidate_steps")
-    if not isinstance(steps, list) or not steps or any(isinstance(s, bool) or not isinstance(s, int) or s < 1
-                                                       for s in steps) or steps != sorted(set(steps)):
-        raise ConfigError(f"candidate_steps must be distinct ascending integers >= 1, got {steps!r}")
-    return spec
+def check_sglang(config: dict) -> dict:
+    """SGLang's rules for an adaptive config file (module note)."""
+    entries = {k: v for k, v in config.items() if isinstance(k, str) and k.isdigit()}
+    if not entries:
+        raise ConfigError(f"the SGLang adaptive config needs at least one integer-string batch-size key, got "
+                          f"{list(config)!r}")
+    for key, entry in entries.items():
+        steps = entry.get("candidate_steps") if isinstance(entry, dict) else None
+        if not isinstance(steps, list) or not steps or any(isinstance(x, bool) or not isinstance(x, int) or x < 0
+                                                           for x in steps):
+            raise ConfigError(f"[{key}].candidate_steps must be a non-empty list of integers >= 0, got {steps!r}")
+    return config
 
 
 def trtllm_schedule(ranges: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
@@ -257,9 +269,9 @@ def engine_settings(doc: dict, cost, *, adaptive_ok: bool, draft: str = "") -> d
         out["trtllm"] = check_trtllm({"max_draft_len": k, "draft_len_schedule": {str(hi): k for _, hi, k in runnable},
                                       "acceptance_rate_window_size": _window(rate, threshold),
                                       "acceptance_rate_threshold": round(threshold, 4)})
+    out["sglang"] = check_sglang({str(lo): {"candidate_steps": [k]} for lo, _, k in ranges})
     if top == 0:
         return out
-    out["sglang"] = check_sglang({"candidate_steps": sorted({k for _, _, k in ranges if k})})
     spec = _speculator(profile, draft)
     base = {**spec, "num_speculative_tokens": top}
     out["vllm"] = vllm_spec(ranges, doc["schedule"]["adaptive"] and adaptive_ok, spec)
