@@ -56,7 +56,12 @@ bench:
 bench-real:
     python -m avkit profile --dtype bfloat16 --context-len 512 -k 7 --max-verify-tokens 64 --max-requests 16
     python bench/engine.py
-    python bench/adaptive_live.py --context-len 512
+    just bench-adaptive-live
+
+# live adaptive / best fixed K per cell through `avkit record --policy`, 3 interleaved repeats, 95% intervals
+# (real pair, idle CPU, hours on 2 cores; `python bench/adaptive_live.py --tiny` checks it in seconds)
+bench-adaptive-live:
+    python bench/adaptive_live.py --cost bench/results/avkit_cost_cpu.json
 
 # the reuse workloads (docs/workloads.md) recorded by the real pair into traces/reuse/, greedy (temp=0) or
 # sampled (temp=1): 34 min at T = 0 on 2 cores (editing 11 min, MT-Bench revise 6, BFCL multi-turn 10, ShareGPT multi-round 7)

@@ -1,159 +1,167 @@
-"""Live adaptive verification on this machine: tokens/s of no-spec, fixed K and adaptive, side by side.
+"""Live adaptive verification against the best fixed K, through the CLI, with paired 95% intervals.
 
-    python bench/adaptive_live.py                                   # real Qwen2.5-Coder pair (slow on CPU)
-    python bench/adaptive_live.py --target qwen2.5-coder-0.5b --draft DIR_OF_A_SMALLER_MODEL
-    python bench/adaptive_live.py --concurrency 1,4,16 --max-new-tokens 64 --requests-per-lane 2
+    python bench/adaptive_live.py --cost bench/results/avkit_cost_cpu.json      # the real pair (hours)
+    python bench/adaptive_live.py --tiny                                        # tiny random models (seconds)
 
-NOT run by the test suite and not run while traces are being recorded (it needs the CPU to itself).
-Steps: (1) profile this device's step costs with the same models (`avkit.scheduling.profile`, the
-table the adaptive budget divides by; context = --context-len, default 1024: the workloads' real
-contexts are short); (2) for each concurrency, run the same HumanEval prompts and seeds through the
-engine under no-spec (k = 0), fixed K (engine k = K, full verification) for K in --ks, and adaptive
-(engine k = max K, AdaptiveVerification with the online estimator, warm-started from
-traces/coefficients.json when it exists, and its draft gate), --repeats times each, interleaved with
-the order alternating; (3) print and write bench/results/adaptive_live.md with the mean tokens/s
-and each policy's ratio to the best fixed K. Goal (issue 5): adaptive within 5% of the best
-fixed K at each concurrency and ahead of every fixed K at the highest.
+Protocol (each rule once, here):
+  cell      dataset x temperature x concurrency; every policy of the cell serves the same prompts (the
+            first `--requests-per-lane` x concurrency of the dataset) with the same seed
+  policies  `fixed:K` for K in --ks (0 = target-only) and --adaptive (default adaptive-stop:online_logistic,
+            what avkit's engine runs), each run by `avkit record --policy SPEC` (in this process, through the
+            CLI's own option parsing) into a trace and its generations table
+  repeats   >= 3 per cell, interleaved: the policy order rotates by one each repeat, so a drift of the
+            machine weighs on every policy alike and every repeat holds one run of each
+  tokens/s  read from the generations table (avkit/trace/schema.py): per run, including prefill =
+            sum(tokens) / (last token - first admission); steady state = concurrency x
+            sum(tokens - 1) / sum(last token - first token) over its requests (each request's decode
+            after its first token; >= --max-new-tokens 256 new tokens unless EOS comes first)
+  ratio     adaptive / best fixed K (the fixed K of highest mean over the cell's repeats), paired by repeat:
+            mean of the log ratios exp'd, 95% interval exp(mean +- t_{0.975, n-1} sd / sqrt(n)) over the
+            n repeats (a Student t over paired repeats: the pair shares its minute of the machine)
+The best fixed K is chosen on the same repeats it is compared with, which favours it slightly: a ratio
+>= 1 is conservative. Run it on an otherwise idle machine (`just bench-adaptive-live`); `--tiny` checks
+that the protocol runs (tests/test_bench_adaptive_live.py), its timings mean nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
+import os
 import sys
-import time
+import tempfile
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
-import torch
+import numpy as np
+import polars as pl
+from scipy import stats
 
-from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, ProfileConfig, SamplingConfig
-from avkit.models import load
-from avkit.runtime.engine import Engine
-from avkit.runtime.request import Request
-from avkit.scheduling.adaptive import make_adaptive
-from avkit.scheduling.cost import CostTable
-from avkit.scheduling.profile import profile_costs
-from avkit.workloads import load_workload
+from avkit.cli import app
+from avkit.trace.schema import generations_path
 
 
-def prompts(tokenizer, n: int) -> list[list[int]]:
-    out = []
-    for p in load_workload("humaneval", n, seed=0):
-        out.append(tokenizer.apply_chat_template(list(p.messages), add_generation_prompt=True) if p.messages
-                   else tokenizer.encode(p.text))
+def run_tokens_s(gens: pl.DataFrame, concurrency: int) -> dict:
+    """Tokens/s of one run from its generations table (module note)."""
+    n = gens["output_ids"].list.len().to_numpy().astype(np.float64)
+    first, last, start = (gens[c].to_numpy() for c in ("first_token_s", "last_token_s", "admitted_s"))
+    decoding = n >= 2
+    return {"tok_s": float(n.sum() / (last.max() - start.min())),
+            "decode_tok_s": float(concurrency * (n[decoding] - 1).sum() / (last - first)[decoding].sum()),
+            "new_tokens": float(n.mean())}
+
+
+def paired_ratio(a: np.ndarray, b: np.ndarray, level: float = 0.95) -> dict:
+    """exp(mean log(a / b)) over paired repeats and its Student-t interval."""
+    logs = np.log(np.asarray(a) / np.asarray(b))
+    m, n = float(logs.mean()), logs.size
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1) * logs.std(ddof=1) / math.sqrt(n)) if n > 1 else math.inf
+    return {"ratio": math.exp(m), "lo": math.exp(m - half), "hi": math.exp(m + half)}
+
+
+def record(args, out: Path, policy: str, dataset: str, temperature: float, concurrency: int) -> dict:
+    """One `avkit record --policy` run; -> its tokens/s."""
+    argv = ["record", "--target", args.target, "--draft", args.draft, "--dataset", dataset,
+            "--num-prompts", str(args.requests_per_lane * concurrency), "--max-new-tokens", str(args.max_new_tokens),
+            "-k", str(max(args.ks)), "--temperature", str(temperature), "--concurrency", str(concurrency),
+            "--seed", str(args.seed), "--policy", policy, "--out", str(out), "--overwrite", "--no-progress",
+            "--dtype", args.dtype, "--threads", str(args.threads)]
+    if args.cost:
+        argv += ["--cost", args.cost]
+    if args.coefficients and Path(args.coefficients).is_file():
+        argv += ["--coefficients", args.coefficients]
+    with open(os.devnull, "w") as quiet, redirect_stdout(quiet), redirect_stderr(quiet):  # record's tables
+        app(argv, standalone_mode=False)
+    return run_tokens_s(pl.read_parquet(generations_path(out)), concurrency)
+
+
+def cell(args, work: Path, dataset: str, temperature: float, concurrency: int) -> dict:
+    """Every policy x --repeats, interleaved; -> per policy its runs, and adaptive / best fixed K."""
+    policies = [f"fixed:{k}" for k in args.ks] + [args.adaptive]
+    runs: dict[str, list[dict]] = {p: [] for p in policies}
+    for rep in range(args.repeats):
+        for p in policies[rep % len(policies):] + policies[:rep % len(policies)]:
+            runs[p].append(record(args, work / "run.parquet", p, dataset, temperature, concurrency))
+            print(f"{dataset} T={temperature} c={concurrency} repeat {rep + 1}: {p} "
+                  f"{runs[p][-1]['decode_tok_s']:.2f} tok/s steady", file=sys.stderr, flush=True)
+    out = {"dataset": Path(dataset).name, "temperature": temperature, "concurrency": concurrency, "runs": runs}
+    for metric in ("decode_tok_s", "tok_s"):
+        col = {p: np.array([r[metric] for r in rs]) for p, rs in runs.items()}
+        best = max(policies[:-1], key=lambda p: col[p].mean())
+        out[metric] = {"best_fixed": best, **paired_ratio(col[args.adaptive], col[best]),
+                       "mean": {p: float(v.mean()) for p, v in col.items()}}
     return out
 
 
-def run(target, draft, k: int, policy, prompt_ids, concurrency: int, max_new: int,
-        seed: int) -> tuple[float, int, int]:
-    """(wall-clock tokens/s, tokens, engine steps) of one engine run over all prompts at `concurrency`."""
-    cfg = EngineConfig(k=k, max_batch=concurrency, max_len=max(len(p) for p in prompt_ids) + max_new + k + 2,
-                       seed=seed)
-    engine = Engine(target, draft if k > 0 else None, cfg, policy=policy)
-    sampling = SamplingConfig(temperature=0.8, top_p=0.95, max_new_tokens=max_new, seed=seed)
-    reqs = [Request(f"r{i}", ids, sampling, "humaneval") for i, ids in enumerate(prompt_ids)]
-    t0 = time.perf_counter()
-    gens = engine.generate(reqs)
-    seconds = time.perf_counter() - t0
-    tokens = sum(len(g.output_ids) for g in gens)
-    return tokens / seconds, tokens, engine.stats.steps
+def markdown(args, cells: list[dict]) -> str:
+    lines = [f"# Live adaptive verification: {args.adaptive} / best fixed K\n",
+             f"`python bench/adaptive_live.py {' '.join(args.argv)}`: {args.target} + {args.draft}, {args.dtype}, "
+             f"{args.threads} threads, {args.repeats} interleaved repeats per cell, up to {args.max_new_tokens} new "
+             f"tokens, fixed K in {args.ks}. Ratios are paired by repeat, 95% t intervals (bench/adaptive_live.py).\n",
+             "| dataset | T | c | steady tok/s (adaptive) | best fixed | steady ratio [95%] | tok/s incl. prefill "
+             "ratio [95%] | new tokens |", "|---|---:|---:|---:|---|---|---|---:|"]
+    for c in cells:
+        d, p = c["decode_tok_s"], c["tok_s"]
+        tokens = np.mean([r["new_tokens"] for r in c["runs"][args.adaptive]])
+        lines.append(f"| {c['dataset']} | {c['temperature']:g} | {c['concurrency']} | "
+                     f"{d['mean'][args.adaptive]:.2f} | {d['best_fixed']} | {d['ratio']:.3f} [{d['lo']:.3f}, "
+                     f"{d['hi']:.3f}] | {p['ratio']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}] | {tokens:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def tiny_setup(root: Path, args) -> None:
+    """Tiny random models, a prompt file and a cost table in `root` (the --tiny mode)."""
+    from avkit.models.testing import write_tiny_model
+    from avkit.scheduling.cost import CostTable
+
+    args.target = str(write_tiny_model(root / "target", vocab=320, seed=0))
+    args.draft = str(write_tiny_model(root / "draft", vocab=320, seed=1))
+    prompts = root / "tiny.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in
+                               ("def add(a, b):", "Hello, world!", "for i in range(10):", "import numpy as np")))
+    args.datasets, args.cost = [str(prompts)], str(CostTable((1, 8, 32), (1.0, 1.6, 4.0), (1, 8), (0.1, 0.3)).save(
+        root / "cost.json"))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default=DEFAULT_TARGET)
-    ap.add_argument("--draft", default=DEFAULT_DRAFT)
-    ap.add_argument("--concurrency", default="1,4,16")
-    ap.add_argument("--ks", default="1,3,5,7")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--datasets", type=lambda s: s.split(","), default=["humaneval", "sharegpt"])
+    ap.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 1.0])
+    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16])
+    ap.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2, 3, 5, 7])
+    ap.add_argument("--adaptive", default="adaptive-stop:online_logistic", help="the adaptive policy spec")
+    ap.add_argument("--cost", default="", help="the adaptive policy's cost table (avkit profile)")
+    ap.add_argument("--coefficients", default="traces/coefficients.json",
+                    help="the estimator's warm start (when the file exists; each run starts from it)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--requests-per-lane", type=int, default=2)
-    ap.add_argument("--min-requests", type=int, default=8,
-                    help="at least this many requests per run (low concurrency: less sampling noise)")
-    ap.add_argument("--repeats", type=int, default=2, help="interleaved runs of every policy (order alternates)")
-    ap.add_argument("--context-len", type=int, default=1024)
-    ap.add_argument("--cost", default="", help="reuse this profiled cost table instead of profiling again")
-    ap.add_argument("--coefficients", default="traces/coefficients.json")
-    ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
-    ap.add_argument("--out", default="bench/results/adaptive_live.md")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="bench/results/adaptive_live.md", help="Markdown; the JSON goes beside it")
+    ap.add_argument("--tiny", action="store_true", help="tiny random models, few tokens: checks the protocol runs")
+    if "--tiny" in (argv if argv is not None else sys.argv[1:]):  # small defaults: seconds, not hours
+        ap.set_defaults(temperatures=[1.0], concurrency=[2], ks=[0, 2], max_new_tokens=24, requests_per_lane=1,
+                        out=str(Path(tempfile.gettempdir()) / "adaptive_live_tiny.md"))
     args = ap.parse_args(argv)
-    conc = [int(c) for c in args.concurrency.split(",")]
-    ks = [int(k) for k in args.ks.split(",")]
-    torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
-    target, draft = load(args.target, dtype=dtype), load(args.draft, dtype=dtype)
+    args.argv = list(argv if argv is not None else sys.argv[1:])
+    if args.repeats < 3 and not args.tiny:
+        ap.error("--repeats must be >= 3: an interval needs them")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        if args.tiny:
+            tiny_setup(work, args)
+            args.dtype, args.threads, args.coefficients = "float32", 1, ""
+        cells = [cell(args, work, d, t, c) for d in args.datasets for t in args.temperatures for c in args.concurrency]
     out = Path(args.out)
-    if args.cost:
-        cost = CostTable.load(args.cost)
-        print(f"cost table: {args.cost} (reused)", flush=True)
-    else:
-        print(f"profiling step costs ({args.target} + {args.draft}, context {args.context_len}) ...", flush=True)
-        cost = profile_costs(target, draft, ProfileConfig(context_len=args.context_len, k=max(ks),
-                                                          max_tokens=max(conc) * (max(ks) + 1),
-                                                          max_requests=max(conc), repeats=3))
-        print(f"cost table: {cost.save(out.with_name(out.stem + '_cost.json'))}", flush=True)
-    coef = args.coefficients if Path(args.coefficients).is_file() else ""
-    title = (f"# Live adaptive verification ({target.model_id} + {draft.model_id}, {args.dtype}, CPU, "
-             f"{torch.get_num_threads()} threads)\n")
-    setup = (f"T=0.8, top-p 0.95, {args.max_new_tokens} new tokens, HumanEval prompts, "
-             f"max({args.min_requests}, {args.requests_per_lane} x concurrency) requests per run; cost table "
-             f"profiled at context {args.context_len} (forwards + the engine's logits work, "
-             f"`avkit.scheduling.profile`{'; reused: ' + args.cost if args.cost else ''}); "
-             f"estimator online_logistic{' warm-started from ' + coef if coef else ' (cold start)'}.\n")
-    lines = [title, setup,
-             f"Each policy ran {args.repeats} times per concurrency, interleaved: the policy order alternates "
-             "forward and reverse between repeats, so a slow drift of this box weighs on every policy alike. "
-             "tokens/s is the mean over repeats (each repeat's value in brackets); x best fixed divides means. "
-             "Adaptive starts every run cold (its draft gate has seen nothing; the estimator is warm-started).\n",
-             "Drafted / verified: mean per request-step; skipped: share of engine steps the adaptive draft gate "
-             "ran target-only (no drafting).\n",
-             "| concurrency | policy | tokens/s | x best fixed | drafted | verified | skipped |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
-    run(target, draft, max(ks), None, prompts(target.tokenizer, 1), 1, 8, 0)  # warm-up (allocations, caches)
-    names = ["nospec", *(f"fixed{k}" for k in ks), "adaptive"]
-    for c in conc:
-        ids = prompts(target.tokenizer, max(args.min_requests, c * args.requests_per_lane))
-        tps: dict[str, list[float]] = {name: [] for name in names}
-        counts, gated = [], []  # adaptive: (drafted, verified) per drafted step; (drafts?, requests) per gate call
-        for rep in range(args.repeats):
-            for name in (names if rep % 2 == 0 else names[::-1]):
-                if name == "adaptive":
-                    policy = make_adaptive(cost=cost, estimator="online_logistic", coefficients=coef, k=max(ks))
-                    decide, gate = policy.num_verify, policy.draft_this_step
-
-                    def counted(batch, load, decide=decide, counts=counts):
-                        out = decide(batch, load)
-                        counts.append((int(batch.num_drafted.sum()), int(out.num_verify.sum())))  # out: a StepPlan
-                        return out
-
-                    def logged(load, gate=gate, gated=gated):
-                        on = gate(load)
-                        gated.append((on, load.num_requests))
-                        return on
-
-                    policy.num_verify, policy.draft_this_step = counted, logged
-                    result = run(target, draft, max(ks), policy, ids, c, args.max_new_tokens, 0)
-                else:
-                    k = 0 if name == "nospec" else int(name.removeprefix("fixed"))
-                    result = run(target, draft, k, None, ids, c, args.max_new_tokens, 0)
-                tps[name].append(result[0])
-                print(f"c={c} repeat {rep + 1}: {name} {result[0]:.2f} tok/s", flush=True)
-        mean = {name: sum(v) / len(v) for name, v in tps.items()}
-        best = max(v for name, v in mean.items() if name.startswith("fixed"))
-        for name in names:
-            k = 0 if name == "nospec" else int(name.removeprefix("fixed")) if name.startswith("fixed") else None
-            if k is None:
-                per = max(sum(n for _, n in gated), 1)  # request-steps the gate was asked about
-                dv = (f"{sum(d for d, _ in counts) / per:.2f} | {sum(v for _, v in counts) / per:.2f} | "
-                      f"{sum(not on for on, _ in gated) / max(len(gated), 1):.2f}")
-            else:
-                dv = f"{k} | {k} | 0"
-            reps = ", ".join(f"{v:.2f}" for v in tps[name])
-            lines.append(f"| {c} | {name} | {mean[name]:.2f} [{reps}] | {mean[name] / best:.3f} | {dv} |")
-            print(lines[-1], flush=True)
-        tmp = out.with_suffix(".tmp")  # after every concurrency: a long run that dies keeps what it measured
-        tmp.write_text("\n".join(lines) + "\n")
-        tmp.replace(out)
-    print(f"wrote {out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(markdown(args, cells))
+    out.with_suffix(".json").write_text(json.dumps(cells, indent=1))
+    print(out.read_text())
     return 0
 
 

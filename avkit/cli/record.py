@@ -90,6 +90,15 @@ def register(app: typer.Typer) -> None:
         vllm_draft_sampling: Annotated[str, typer.Option(help="--engine vllm, T > 0: probabilistic (draw drafts "
                                                               "from q) | greedy (argmax drafts)")] =
             _d("vllm_draft_sampling"),
+        policy: Annotated[str, typer.Option(help="verify policy: full, fixed:K, adaptive[-stop][-nogate]:ESTIMATOR, "
+                                                 "schedule:FILE (avkit tune --out); trimmed slots are recorded "
+                                                 "unverified (censored)")] = _d("policy"),
+        cost: Annotated[str, typer.Option(help="adaptive policies: cost table JSON (avkit profile) or "
+                                               "roofline:GPU:TARGET (default: the profiled table, else the CPU "
+                                               "roofline)")] = _d("cost"),
+        coefficients: Annotated[str, typer.Option(help="adaptive policies: coefficients.json warm start of the "
+                                                       "estimator (default: vLLM's reference constants)")] =
+            _d("coefficients"),
         progress: Annotated[bool, typer.Option(help="show the progress bar")] = True,
     ):
         """Record acceptance traces: one row per draft slot, streamed to Parquet in row groups."""
@@ -102,12 +111,15 @@ def register(app: typer.Typer) -> None:
                 datasets=tuple(dataset) if dataset else _d("datasets"), num_prompts=num_prompts,
                 max_prompt_tokens=max_prompt_tokens, out=out, resume=resume, overwrite=overwrite,
                 slots_per_dataset=slots_per_dataset, flush_interval_s=flush_interval, threads=threads,
-                backend=engine, vllm_python=vllm_python, vllm_draft_sampling=vllm_draft_sampling)
+                backend=engine, vllm_python=vllm_python, vllm_draft_sampling=vllm_draft_sampling, policy=policy,
+                cost=cost, coefficients=coefficients)
         from avkit.record import record as run
         from avkit.record.files import preflight
+        from avkit.record.recorder import verify_policy
 
         check_datasets(config.datasets)
         preflight(config)  # --out and --resume checks, before the banner and the models
+        verify_policy(config)  # --policy and --cost too
         console = Console(stderr=True)
         console.print(f"avkit record: {config.models.target} + {config.models.draft or 'no draft'}, "
                       f"datasets {', '.join(config.datasets)} -> {config.out}")

@@ -38,6 +38,9 @@ class RecordConfig:
     backend: str = "native"  # --engine: native (avkit's runtime) | vllm (vLLM's offline engine, docs/vllm.md)
     vllm_python: str = ""  # vllm: the venv's python ("" = $AVKIT_VLLM_PYTHON, else .venv-vllm/bin/python)
     vllm_draft_sampling: str = "probabilistic"  # vllm, T > 0: draw drafts from q (probabilistic) or take argmax
+    policy: str = "full"  # the verify policy recorded, a spec (avkit/scheduling/policy.py): full, fixed:K, adaptive:E, ...
+    cost: str = ""  # adaptive policies' cost table ("" = AdaptiveConfig's default)
+    coefficients: str = ""  # adaptive policies' estimator warm start (coefficients.json; "" = reference constants)
 
     def __post_init__(self):
         if not self.datasets:
@@ -52,6 +55,9 @@ class RecordConfig:
         check_range("flush_interval_s", self.flush_interval_s, 0.0, lo_open=True)
         if not str(self.out).endswith(".parquet"):
             raise ConfigError(f"out must be a .parquet path, got {self.out!r}")
+        if self.policy != "full" and self.backend != "native":
+            raise ConfigError(f"policy {self.policy!r} runs in avkit's own engine only (engine {self.backend!r} "
+                              "verifies with its own rule)")
         if self.resume and self.overwrite:
             raise ConfigError("resume and overwrite exclude each other: continue the file or replace it")
 

@@ -12,6 +12,7 @@ Glossary:
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -67,7 +68,7 @@ def metadata(config: RecordConfig, target, draft) -> dict[str, str]:
         "avkit.drafter": config.models.drafter,
         "avkit.seed": str(config.engine.seed),
         "avkit.datasets": json.dumps(list(config.datasets)),
-        "avkit.policy": "full",
+        "avkit.policy": config.policy,
         "avkit.dtype": dtype,
         "avkit.max_new_tokens": str(config.sampling.max_new_tokens),
         "avkit.engine": config.backend,
@@ -98,11 +99,13 @@ def _interruptible():
             signal.signal(s, signal.SIG_IGN if state["raised"] else h)
 
 
-def _generation_row(run_id: str, turn: Turn, output_ids: list[int], reason: str) -> dict:
+def _generation_row(run_id: str, turn: Turn, output_ids: list[int], reason: str, times: list[float]) -> dict:
+    """One generations row; times: [admitted, first token, last token] in seconds since the epoch."""
     req = turn.request
     return {"run_id": [run_id], "request_id": [req.request_id], "dataset": [req.dataset],
             "prompt_ids": [list(req.prompt_ids)], "output_ids": [list(output_ids)],
-            "finish_reason": [reason or "length"]}
+            "finish_reason": [reason or "length"], "admitted_s": [times[0]], "first_token_s": [times[1]],
+            "last_token_s": [times[2]]}
 
 
 def _load_models(config: RecordConfig, target, draft):
@@ -128,6 +131,7 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
     existing files at `config.out` is decided by `avkit.record.files` (nothing is clobbered).
     """
     files = preflight(config)  # before the models load: a refused --out or resume costs nothing
+    policy = verify_policy(config)  # a bad spec, schedule or cost file fails here too
     engine = None
     if config.backend == "vllm":
         from avkit.engines.vllm.driver import start  # lazy: vllm (its driver starts vLLM's venv)
@@ -136,13 +140,13 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
     else:
         target, draft = _load_models(config, target, draft)
     try:
-        return _record(config, files, target, draft, engine, progress, console, run_id)
+        return _record(config, files, target, draft, engine, progress, console, run_id, policy)
     finally:
         if engine is not None:
             engine.close()
 
 
-def _record(config, files, target, draft, engine, progress, console, run_id) -> RecordResult:
+def _record(config, files, target, draft, engine, progress, console, run_id, policy=None) -> RecordResult:
     meta = metadata(config, target, draft)
     if engine is not None:
         meta["avkit.engine"] = f"vllm {engine.version}"
@@ -174,7 +178,7 @@ def _record(config, files, target, draft, engine, progress, console, run_id) -> 
             queue = PromptQueue(config, target.tokenizer, done)
             t0 = time.monotonic()
             if engine is None:
-                engine = _native_engine(config, target, draft, sink)
+                engine = _native_engine(config, target, draft, sink, policy)
             else:
                 engine.sink = sink
             engine.engine_step = step_offset
@@ -210,8 +214,18 @@ def _finished_outputs(gens: GenerationWriter) -> dict[str, list[int]]:
     return dict(zip(t["request_id"].to_pylist(), t["output_ids"].to_pylist()))
 
 
-def _native_engine(config: RecordConfig, target, draft, sink):
-    """avkit's own engine with the recording sink (the model drafter, or the hybrid one)."""
+def verify_policy(config: RecordConfig):
+    """The verify policy of `config.policy` (None: `full`, the engine's default), for the engine's K."""
+    if config.policy == "full":
+        return None
+    from avkit.scheduling.policy import parse_spec  # lazy: torch
+
+    return parse_spec(config.policy).make(k=config.engine.k, cost=config.cost or None,
+                                          coefficients=config.coefficients)
+
+
+def _native_engine(config: RecordConfig, target, draft, sink, policy=None):
+    """avkit's own engine with the recording sink and the verify policy (the model drafter, or the hybrid one)."""
     from avkit.runtime.engine import Engine  # lazy: torch
 
     engine_config = config.engine_for_run  # context sized for the longest admitted prompt + generation
@@ -222,7 +236,7 @@ def _native_engine(config: RecordConfig, target, draft, sink):
         drafter = make_hybrid_drafter(draft, engine_config.max_batch, engine_config.max_len,
                                       payoff_path=config.models.payoff or None, tokenizer=config.models.target,
                                       k=engine_config.k)
-    return Engine(target, draft, engine_config, sink=sink, drafter=drafter)
+    return Engine(target, draft, engine_config, policy=policy, sink=sink, drafter=drafter)
 
 
 def _run(config, engine, sink, queue, gens, run_id, stats, progress, console):
@@ -230,6 +244,7 @@ def _run(config, engine, sink, queue, gens, run_id, stats, progress, console):
     -> (requests finished, interrupted)."""
     active: dict[str, Turn] = {}
     outputs: dict[str, list[int]] = {}
+    times: dict[str, list[float]] = {}  # request -> [admitted, first token, last token] (epoch seconds)
     finished, last_flush = 0, time.monotonic()
 
     def admit():
@@ -241,18 +256,25 @@ def _run(config, engine, sink, queue, gens, run_id, stats, progress, console):
             engine.add_request(turn.request)
             active[turn.request.request_id] = turn
             outputs[turn.request.request_id] = []
+            times[turn.request.request_id] = [time.time(), float("nan"), float("nan")]
 
     with RecordProgress(queue.expected(), stats, enabled=progress, console=console) as bar:
         try:
             admit()
             while active:
                 new_tokens = 0
-                for o in engine.step():
+                step_out = engine.step()
+                now = time.time()
+                for o in step_out:
                     outputs[o.request_id].extend(o.new_token_ids)
                     new_tokens += len(o.new_token_ids)
+                    if o.new_token_ids:
+                        t = times[o.request_id]
+                        t[1] = now if math.isnan(t[1]) else t[1]  # the first token's step
+                        t[2] = now
                     if o.finished:
                         turn, ids = active.pop(o.request_id), outputs.pop(o.request_id)
-                        gens.write(_generation_row(run_id, turn, ids, o.finish_reason))
+                        gens.write(_generation_row(run_id, turn, ids, o.finish_reason, times.pop(o.request_id)))
                         queue.finished(turn, ids)
                         finished += 1
                 admit()

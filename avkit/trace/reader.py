@@ -216,7 +216,7 @@ def read_generations(trace_path) -> pl.DataFrame:
                 raise TraceError(f"{path}: required column {col.name!r} is missing")
             continue
         got = schema.field(col.name).type
-        ok = (_family(got) == "string" if _family(col.type) == "string" else
+        ok = (_family(got) == _family(col.type) if not pa.types.is_list(col.type) else
               (pa.types.is_list(got) or pa.types.is_large_list(got)) and _family(got.value_type) == "int")
         if not ok:
             raise TraceError(f"{path}: column {col.name!r} has type {got}, expected {col.type}")

@@ -83,6 +83,13 @@ GENERATION_COLUMNS: tuple[Column, ...] = (
     Column("prompt_ids", pa.list_(pa.int32()), False, "prompt token ids after the chat template"),
     Column("output_ids", pa.list_(pa.int32()), False, "generated token ids"),
     Column("finish_reason", _STR, False, "`stop` (EOS or stop token) or `length` (max tokens)"),
+    # Decode timing, read off the recorder's clock between engine steps (seconds since the Unix epoch;
+    # null in files recorded before these columns). Tokens/s of a request including its prefill:
+    # len(output_ids) / (last_token_s - admitted_s); in steady state (decode only, >= 2 tokens):
+    # (len(output_ids) - 1) / (last_token_s - first_token_s). bench/adaptive_live.py reads them.
+    Column("admitted_s", pa.float64(), True, "when the request entered the engine (before its prefill)"),
+    Column("first_token_s", pa.float64(), True, "when the engine step that emitted its first token returned"),
+    Column("last_token_s", pa.float64(), True, "when the engine step that emitted its last token returned"),
 )
 GENERATION_SCHEMA = pa.schema([pa.field(c.name, c.type, nullable=c.nullable) for c in GENERATION_COLUMNS])
 
@@ -101,7 +108,8 @@ META_KEYS = {
     "avkit.drafter": "drafter kind: model, suffix, hybrid",
     "avkit.seed": "run seed",
     "avkit.datasets": "JSON list of datasets in the file",
-    "avkit.policy": "verify policy used while recording",
+    "avkit.policy": "verify policy used while recording, as its spec (`full`, `fixed:K`, `adaptive:ESTIMATOR`, "
+                    "`schedule:FILE`, ...; scheduling/policy.py)",
     "avkit.synthetic": "JSON of the true coefficients, for synthetic traces only",
     "avkit.engine": "who drafted and verified: `native` (avkit's runtime) or `vllm X.Y.Z` (docs/vllm.md)",
     "avkit.vllm.draft_sample_method": "vLLM recordings: `probabilistic` or `greedy` drafting at T > 0",

@@ -95,10 +95,13 @@ class _ParquetStream:
             groups = [f.read_row_group(i) for i in range(f.num_row_groups)]
         except (OSError, pa.ArrowException) as e:
             raise TraceError(f"{src}: cannot resume from an unreadable file ({str(e).splitlines()[0]})") from None
-        names = {c.name for c in self.columns}
-        if not names <= set(f.schema_arrow.names):
-            missing = sorted(names - set(f.schema_arrow.names))
+        have = set(f.schema_arrow.names)
+        missing = sorted(c.name for c in self.columns if c.name not in have and not c.nullable)
+        if missing:
             raise TraceError(f"{src}: cannot resume, columns missing: {missing}")
+        for c in self.columns:  # a nullable column newer than the file: null in its rows
+            if c.name not in have:
+                groups = [g.append_column(pa.field(c.name, c.type), pa.nulls(g.num_rows, c.type)) for g in groups]
         try:
             groups = [g.select([c.name for c in self.columns]).cast(self.schema.remove_metadata()) for g in groups]
         except (pa.ArrowException, ValueError) as e:
