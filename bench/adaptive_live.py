@@ -36,7 +36,6 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-from scipy import stats
 
 from avkit.cli import app
 from avkit.trace.schema import generations_path
@@ -54,6 +53,8 @@ def run_tokens_s(gens: pl.DataFrame, concurrency: int) -> dict:
 
 def paired_ratio(a: np.ndarray, b: np.ndarray, level: float = 0.95) -> dict:
     """exp(mean log(a / b)) over paired repeats and its Student-t interval."""
+    from scipy import stats  # lazy: scipy (the test suite imports this module at collection)
+
     logs = np.log(np.asarray(a) / np.asarray(b))
     m, n = float(logs.mean()), logs.size
     half = float(stats.t.ppf(0.5 + level / 2, n - 1) * logs.std(ddof=1) / math.sqrt(n)) if n > 1 else math.inf

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
-from scipy import stats
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 
@@ -25,6 +24,8 @@ def test_tokens_per_second_from_the_generations_table():
 
 
 def test_paired_ratio_is_a_t_interval_over_log_ratios():
+    from scipy import stats
+
     rng = np.random.default_rng(0)
     b = rng.uniform(10, 20, 5)
     a = b * np.exp(rng.normal(0.02, 0.01, 5))
