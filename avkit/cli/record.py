@@ -115,7 +115,7 @@ def register(app: typer.Typer) -> None:
                 cost=cost, coefficients=coefficients)
         from avkit.record import record as run
         from avkit.record.files import preflight
-        from avkit.record.recorder import verify_policy
+        from avkit.record.recorder import verify_policy  # lazy: torch (the policy it builds)
 
         check_datasets(config.datasets)
         preflight(config)  # --out and --resume checks, before the banner and the models
