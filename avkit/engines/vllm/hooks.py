@@ -167,6 +167,8 @@ def install() -> Recorder:
     def _greedy_sample(self, hidden_states):
         if not rec.active:
             return orig_greedy(self, hidden_states)
+        if (self.use_local_argmax_reduction or self.use_heterogeneous_vocab) and not rec.strict:
+            return orig_greedy(self, hidden_states)  # in a server (plugin.py): these drafts are not traced
         if self.use_local_argmax_reduction or self.use_heterogeneous_vocab:
             raise RuntimeError("avkit hook: drafters with local argmax reduction or another vocabulary "
                                "are not supported (the draft logits are never materialised)")
