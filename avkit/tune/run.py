@@ -210,6 +210,9 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
         "profile": profile,
         "notes": notes,
     }
+    if not config.draft and profile["pair"]["drafter"] == "model":
+        notes.append(f"vLLM's `model` is the traces' draft id {profile['pair']['draft']!r}: pass --draft with the "
+                     "directory vLLM loads (vLLM reads no GGUF)")
     if config.context_bands:  # context.py: every band tuned on the same traces at its own context
         doc["schedule"] |= context_schedule(paths, config, tune)
     return doc | engine_settings(doc, cost, adaptive_ok=enable and not on_cpu, draft=config.draft)
