@@ -270,15 +270,18 @@ def engine_settings(doc: dict, cost, *, adaptive_ok: bool, draft: str = "") -> d
                                       "acceptance_rate_window_size": _window(rate, threshold),
                                       "acceptance_rate_threshold": round(threshold, 4)})
     out["sglang"] = check_sglang({str(lo): {"candidate_steps": [k]} for lo, _, k in ranges})
-    if top == 0:
-        return out
-    spec = _speculator(profile, draft)
-    base = {**spec, "num_speculative_tokens": top}
-    out["vllm"] = vllm_spec(ranges, doc["schedule"]["adaptive"] and adaptive_ok, spec)
     bands = doc["schedule"].get("context_ranges") or [[0, doc["context"]["tokens"], [list(r) for r in ranges]]]
     entries = _context_entries(bands)
-    out["vllm_context"] = check_vllm_context({**base, "num_speculative_tokens": max(e[4] for e in entries),
+    top_ctx = max(e[4] for e in entries)  # a band may draft where the base context does not
+    if top_ctx == 0:
+        return out
+    spec = _speculator(profile, draft)
+    out["vllm_context"] = check_vllm_context({**spec, "num_speculative_tokens": top_ctx,
                                               "num_speculative_tokens_per_batch_size": entries})
+    if top == 0:
+        return out
+    base = {**spec, "num_speculative_tokens": top}
+    out["vllm"] = vllm_spec(ranges, doc["schedule"]["adaptive"] and adaptive_ok, spec)
     rates = [round(p["survival"], 6) for p in pooled["positions"][:top]]
     out["vllm_synthetic"] = check_synthetic({**base, "rejection_sample_method": "synthetic",
                                              "synthetic_acceptance_rates": rates})
