@@ -1,6 +1,6 @@
 """Draft gate: whether a step drafts at all, the adaptive policy's choice of no speculation.
 
-The budget (budget.py) and the early stop (adaptive.py `continue_drafting`) decide after drafting has
+The budget (plan.py `plan`) and the early stop (adaptive.py `continue_drafting`) decide after drafting has
 started, so they can shorten speculation but never drop it; when the drafter's forward costs a large
 share of a target forward and verification is compute-bound (a CPU at concurrency 16), target-only
 decoding wins and only a decision taken before drafting can pick it.

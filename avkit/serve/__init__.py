@@ -1,9 +1,10 @@
 """`avkit serve`: an OpenAI-compatible HTTP server around the speculative decoding engine.
 
 Reading order:
-  protocol.py     the wire format: validated request bodies, response/chunk bodies, error envelope
+  openai_api.py   the OpenAI wire format: validated request bodies, response/chunk bodies, error envelope
   engine_loop.py  the one thread that runs the engine: bounded admission, continuous batching, cancel
   text_stream.py  token ids -> text deltas with stop sequences (streamed == non-streamed)
+  state.py        what every route shares: ServeState, ApiError
   generation.py   one request's n choices in the engine, their merged text events
   completions.py  the two generation endpoints (SSE and JSON), off-loop tokenization, disconnects
   app.py          FastAPI app: auth, error handlers, /health, /v1/models, /metrics, lifespan

@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException
 from avkit.serve.completions import add_routes
 from avkit.serve.metrics import CONTENT_TYPE
 from avkit.serve.middleware import INTERNAL_ERROR_BODY, BodyLimit, ContainErrors, CountRequests
-from avkit.serve.protocol import error_body, model_list
+from avkit.serve.openai_api import error_body, model_list
 from avkit.serve.state import ApiError, ServeState
 
 

@@ -1,6 +1,6 @@
 """`POST /v1/completions` and `POST /v1/chat/completions`: tokenize, admit, stream or collect.
 
-One request flows: validate (protocol.py) -> token ids (tokenizer and chat template run in a
+One request flows: validate (openai_api.py) -> token ids (tokenizer and chat template run in a
 worker thread: the tokenizer releases the GIL, so a multi-MB prompt never stalls /health) ->
 limits (context, max_tokens, n) -> `Generation` (n engine requests; 429 + Retry-After when full)
 -> engine events -> `TextStream` (detokenize, stop sequences) -> SSE chunks or one JSON body. A
@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from avkit.serve.generation import Failed, Generation
 from avkit.serve.middleware import USAGE_KEY
-from avkit.serve.protocol import (
+from avkit.serve.openai_api import (
     ChatCompletionRequest,
     CompletionRequest,
     chat_body,

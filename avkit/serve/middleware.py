@@ -17,7 +17,7 @@ import json
 import logging
 import time
 
-from avkit.serve.protocol import error_body
+from avkit.serve.openai_api import error_body
 
 log = logging.getLogger("avkit.serve")
 access_log = logging.getLogger("avkit.serve.access")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from avkit.engines.vllm.hooks import FEATURES
+from avkit.trace import labels
 
 
 def slot_columns(records: list[dict], requests: dict, step_time_ms: float, engine_step: int) -> dict[str, np.ndarray]:
@@ -31,7 +32,7 @@ def slot_columns(records: list[dict], requests: dict, step_time_ms: float, engin
     q = feats[:, len(FEATURES)]
     with np.errstate(divide="ignore", invalid="ignore"):
         accept_prob = np.minimum(1.0, p / q).astype(np.float32)
-    observed = verified & (j <= n_acc)
+    observed = labels.observed(j, n_ver, n_acc)
     reqs = [requests[r["request_id"]] for r in records]
     cols = {
         "dataset": np.array([q_.dataset for q_ in reqs], dtype=object)[r_idx],
