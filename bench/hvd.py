@@ -27,6 +27,7 @@ from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCac
 from avkit.hvd.fit import fit_hvd_table
 from avkit.hvd.markdown import _COLS, PAPER, hvd_markdown, table_md, verdict_md
 from avkit.hvd.replay import load_generations, replay
+from avkit.staged import staged_file
 
 COSTS = {"this pair (draft step = 0.33 target forward)": HvdCostConfig(draft_step_cost=0.33),
          "EAGLE-like drafter (draft step = 0.05 target forward)": HvdCostConfig(draft_step_cost=0.05)}
@@ -95,11 +96,8 @@ def main() -> None:
                          + f"; model survival scale {res.info.get('model_scale')}", "",
                          *verdict_md(res.verdict)])
     md += "\n" + _discussion(results[first].metrics, results[second].metrics, results[first].budget, results[first].info) + "\n"
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(md)
-    os.replace(tmp, out)
+    with staged_file(a.out) as tmp:
+        tmp.write_text(md)
     print(md)
 
 

@@ -235,6 +235,7 @@ def main() -> int:
 
     from avkit.config import EngineConfig, EstimatorConfig, HttpConfig, ModelsConfig, ServeConfig
     from avkit.models import load
+    from avkit.staged import staged_file
 
     torch.set_num_threads(args.threads)
     lines, failed = [], False
@@ -257,11 +258,8 @@ def main() -> int:
             lines += (header(args, cfg) if not lines else []) + section_lines
             failed |= bool(violations)
     text = "\n".join(lines)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = out.with_name(out.name + ".tmp")
-    tmp_out.write_text(text)
-    os.replace(tmp_out, out)
+    with staged_file(args.out) as tmp_out:
+        tmp_out.write_text(text)
     print(text)
     return 1 if failed else 0
 
