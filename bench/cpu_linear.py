@@ -26,7 +26,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from avkit.models import cpu_bulk, cpu_linear
 from engine_peer import machine  # bench/ is on sys.path when run as a script
 

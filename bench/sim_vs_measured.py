@@ -40,7 +40,6 @@ from types import SimpleNamespace
 
 BENCH = Path(__file__).parent
 RESULTS = BENCH / "results"
-sys.path.insert(0, str(BENCH))
 
 
 def measured_prompts(datasets: list[str], c: int) -> list[str]:

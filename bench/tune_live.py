@@ -70,12 +70,10 @@ import time
 from pathlib import Path
 
 import torch
+from engine_peer import VLLM_ENV, machine, prompt_ids, steady_tok_s  # bench/ is on sys.path when run as a script
+from tune_live_report import rate, write_report
 
 BENCH = Path(__file__).parent
-sys.path.insert(0, str(BENCH))
-from engine_peer import VLLM_ENV, machine, prompt_ids, steady_tok_s  # noqa: E402  (bench/ is not a package)
-from tune_live_report import rate, write_report  # noqa: E402
-
 RESULTS = BENCH / "results"
 
 
