@@ -52,8 +52,6 @@ UNMARKED: dict[str, int] = {
     "scheduling/cost.py": 2,
     "scheduling/plan.py": 1,
     "scheduling/roofline.py": 2,
-    "serve/server.py": 11,
-    "serve/startup.py": 1,
     "sim/drive.py": 1,
     "sim/replay.py": 2,
     "sim/steps.py": 1,

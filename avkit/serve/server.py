@@ -15,12 +15,14 @@ A SIGTERM before the port opens (kernel build, model loading) stops the start-up
 from __future__ import annotations
 
 import functools
+import ipaddress
 import logging
 import signal
 import sys
 import uuid
 from dataclasses import replace
 
+from avkit import __version__
 from avkit.config import ServeConfig
 from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.coefficients import ServedPair, load_coefficients
@@ -29,9 +31,16 @@ from avkit.serve.engine_loop import EngineLoop
 from avkit.serve.metrics import ServeMetrics
 from avkit.serve.side_writes import SideWrites
 from avkit.serve.snapshot import CoefficientSnapshots
+from avkit.serve.startup import (
+    WarmStart,
+    bind_socket,
+    check_record_writable,
+    snapshot_path,
+    startup_block,
+    warm_start,
+    with_cache_snapshot,
+)
 from avkit.serve.state import ServeState
-from avkit.serve.startup import WarmStart, bind_socket, check_record_writable, snapshot_path, startup_block, \
-    warm_start, with_cache_snapshot
 from avkit.serve.trace_sink import ServeSink
 from avkit.serve.warmup import warm_up
 
@@ -39,8 +48,6 @@ log = logging.getLogger("avkit.serve")
 
 
 def is_loopback(host: str) -> bool:
-    import ipaddress
-
     if host == "localhost":
         return True
     try:
@@ -52,7 +59,7 @@ def is_loopback(host: str) -> bool:
 def make_policy(config: ServeConfig, coefficients: str, pair: ServedPair | None = None):
     """The verify policy by name from the registry; adaptive gets its estimator (warm-started from
     `coefficients`, refitting every `refit_interval` steps), the cost table and its draft gate."""
-    from avkit.scheduling.policy import make_policy as make
+    from avkit.scheduling.policy import make_policy as make  # lazy: torch (the verify policies)
 
     if config.policy == "fixed":
         return make("fixed", k=config.engine.k)
@@ -68,8 +75,7 @@ def make_policy(config: ServeConfig, coefficients: str, pair: ServedPair | None 
 def _trace_writer(config: ServeConfig, target, draft):
     if not config.record:
         return None
-    from avkit import __version__
-    from avkit.trace.writer import TraceWriter
+    from avkit.trace.writer import TraceWriter  # lazy: pyarrow (--record only)
 
     meta = {"avkit.version": __version__, "avkit.target": target.model_id,
             "avkit.target_sha256": target.sha256, "avkit.draft": draft.model_id if draft else "",
@@ -83,9 +89,9 @@ def _trace_writer(config: ServeConfig, target, draft):
 
 def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
     """Load models (unless given), build policy, sink and engine loop; nothing is started yet."""
-    from avkit.models import load
-    from avkit.models.placement import placement
-    from avkit.runtime.engine import Engine
+    from avkit.models import load  # lazy: torch
+    from avkit.models.placement import placement  # lazy: torch
+    from avkit.runtime.engine import Engine  # lazy: torch
 
     warm = warm_start(config)
     config = with_cache_snapshot(config, warm)
@@ -121,7 +127,7 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
     engine_config = replace(config.engine, k=config.engine.k if draft is not None else 0)
     suffix_cache = None  # hybrid: one global tree for every request, kept when a failed engine is replaced
     if config.models.drafter == "hybrid" and draft is not None:
-        from avkit.hvd.suffix_cache import SuffixCache
+        from avkit.hvd.suffix_cache import SuffixCache  # lazy: the HVD stack (--drafter hybrid only)
 
         suffix_cache = SuffixCache()
         metrics.watch_suffix_cache(suffix_cache.memory)
@@ -129,7 +135,9 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
     def make_engine():
         drafter = None  # the engine builds the model drafter itself
         if suffix_cache is not None:
-            from avkit.hvd.hybrid_drafter import make_hybrid_drafter
+            from avkit.hvd.hybrid_drafter import (
+                make_hybrid_drafter,  # lazy: the HVD stack (--drafter hybrid only)
+            )
 
             drafter = make_hybrid_drafter(draft, config.engine.max_batch, config.engine.max_len, k=config.engine.k,
                                           payoff_path=config.models.payoff or None, tokenizer=config.models.target,
@@ -154,7 +162,7 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
 
 def uvicorn_server(state: ServeState, *, log_level: str = "info"):
     """A uvicorn Server whose first SIGTERM/SIGINT also stops admission in the engine loop."""
-    import uvicorn
+    import uvicorn  # lazy: uvicorn
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
@@ -181,7 +189,7 @@ def configure_logging(log_level: str) -> None:
     logger = logging.getLogger("avkit")
     if not logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        from uvicorn.logging import DefaultFormatter
+        from uvicorn.logging import DefaultFormatter  # lazy: uvicorn
 
         handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s", use_colors=False))  # as uvicorn's
         logger.addHandler(handler)

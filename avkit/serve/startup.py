@@ -22,6 +22,7 @@ import socket
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import avkit
 from avkit.config import DEFAULT_COST_PATH, SERVE_STATE_DIR, SHIPPED_COEFFICIENTS, ServeConfig
 from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.coefficients import load_coefficients
@@ -40,8 +41,6 @@ def snapshot_path(config: ServeConfig) -> Path:
 
 def shipped_coefficients() -> Path | None:
     """The coefficients fitted on the shipped traces, from the working directory or the repo root."""
-    import avkit
-
     for root in (Path.cwd(), Path(avkit.__file__).resolve().parents[1]):
         if (root / SHIPPED_COEFFICIENTS).is_file():
             return root / SHIPPED_COEFFICIENTS
