@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from avkit.errors import ConfigError
+from avkit.estimators.base import ESTIMATORS
 from avkit.features import FEATURES
 
 
@@ -81,8 +82,6 @@ DRAFTERS = ("model", "suffix")  # the trace's `drafter` values: the rows a file 
 def check_coefficients(doc: Any, source: str, *, k: int | None = None, pair: ServedPair | None = None,
                        drafter: str | None = None) -> dict:
     """Validate a parsed coefficients document (see the module docstring); -> the state to load."""
-    from avkit.estimators.base import ESTIMATORS
-
     if isinstance(doc, dict) and isinstance(doc.get("state"), dict):
         doc = doc["state"]
     if not isinstance(doc, dict):

@@ -58,7 +58,7 @@ class IrlsStats:
 
     def numpy(self) -> IrlsStats:
         """Host copy (numpy) of device statistics: one copy of 6 K numbers (a refit's one host read)."""
-        import torch
+        import torch  # lazy: torch (the numpy path needs none)
 
         if not isinstance(self.a, torch.Tensor):
             return self

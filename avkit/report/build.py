@@ -106,8 +106,8 @@ def _copy_fit(fit: FitOutputs, dest: Path) -> None:
 
 
 def _simulate(traces: list[Path], dest: Path) -> Path:
-    from avkit.scheduling.cost import resolve_cost
-    from avkit.sim.replay import default_policies, load_steps, results_inputs, simulate, write_results
+    from avkit.scheduling.cost import resolve_cost  # lazy: polars (the simulator, only when simulating)
+    from avkit.sim.replay import default_policies, load_steps, results_inputs, simulate, write_results  # lazy: polars (the simulator)
 
     config, steps = SimulateConfig(), load_steps(traces)
     cost, specs = resolve_cost(config.cost), default_policies(steps, config)
@@ -134,7 +134,7 @@ def report_traces(traces, out, config: ReportConfig | None = None, *, fit: FitCo
                   run_simulation: bool = False, progress: Progress | None = None,
                   outputs: StagedOutputs | None = None, warn: Callable[[str], None] | None = None) -> Path:
     """Fit `traces` with the fit library (outputs kept in out/fit) and report them into `out`."""
-    from avkit.fit import run_fit, write_fit_outputs
+    from avkit.fit import run_fit, write_fit_outputs  # lazy: polars (the fit, only when fitting)
 
     out, paths, config = Path(out), [Path(p) for p in traces], config or ReportConfig()
     if progress is not None:

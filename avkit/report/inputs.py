@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from avkit.config import FitConfig
+from avkit.config import FitConfig, SimulateConfig
 from avkit.errors import ConfigError, DataError
 from avkit.estimators.coefficients import load_coefficients
 from avkit.fit.data import FitData, load_fit_data
@@ -182,8 +182,7 @@ def load_inputs(fit: FitOutputs, traces=None, sim=None, hvd=None, *, sim_explici
 def check_records(inputs: ReportInputs, sim_path) -> None:
     """Read each results file's provenance record and name every one made from other traces than the
     report's (by content hash), or made by an avkit that recorded none."""
-    from avkit.config import SimulateConfig
-    from avkit.sim.replay import read_inputs
+    from avkit.sim.replay import read_inputs  # lazy: polars (the simulator's inputs)
 
     records = {"fit": inputs.fit.coefficients.get("trained_on", {}).get("inputs")}
     if sim_path is not None:
