@@ -70,7 +70,7 @@ class FitConfig:
             raise ConfigError(f"--replicas {self.replicas}: only --mode online replays per replica "
                               "(a batch fit pools every shard)")
         if self.features:
-            from avkit.features import FEATURES
+            from avkit.features import FEATURES  # lazy: torch (avkit.features; config is imported at start-up)
 
             for name in self.features:
                 check_choice("features", name, FEATURES)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from avkit.config.fit import FitConfig
 from avkit.validate import check_choice, check_range
 
 
@@ -34,8 +35,6 @@ class ReportConfig:
 
     def streaming(self):
         """The out-of-core FitConfig of `--engine streaming` (None: in memory)."""
-        from avkit.config.fit import FitConfig
-
         return None if self.engine == "memory" else FitConfig(
             mode="batch", engine="streaming", memory_budget_mb=self.memory_budget_mb, scratch=self.scratch)
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from avkit.config.engine import EngineConfig, ModelsConfig
 from avkit.config.estimation import AdaptiveConfig, EstimatorConfig
+from avkit.errors import ConfigError
 from avkit.validate import check_range
 
 SERVE_STATE_DIR = "~/.cache/avkit/serve"  # default home of the coefficient snapshot
@@ -66,8 +67,6 @@ class ServeConfig:
         check_range("snapshot_every", self.snapshot_every, 1)
         check_range("record_flush_s", self.record_flush_s, 0.0)
         if (self.policy == "schedule") != bool(self.schedule):
-            from avkit.errors import ConfigError
-
             raise ConfigError("--schedule FILE goes with --policy schedule (and only with it), got --policy "
                               f"{self.policy!r}, --schedule {self.schedule!r}")
 

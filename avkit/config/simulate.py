@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from avkit.config.fields import DEFAULT_K, MAX_K
+from avkit.errors import ConfigError
 from avkit.validate import check_choice, check_range
 
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -49,8 +50,6 @@ class SimulateConfig:
     burn_in: bool = True  # online estimators start from one pass over the traces (no coefficients file)
 
     def __post_init__(self):
-        from avkit.errors import ConfigError
-
         if not self.concurrency or min(self.concurrency) < 1:
             raise ConfigError(f"concurrency must be positive integers, got {self.concurrency!r}")
         check_range("waves", self.waves, 1)
@@ -84,8 +83,6 @@ class TuneConfig:
     context_bands: tuple[int, ...] = ()  # upper bounds of context-length bands tuned apart (avkit/tune/context.py)
 
     def __post_init__(self):
-        from avkit.errors import ConfigError
-
         if not self.concurrency or min(self.concurrency) < 1:
             raise ConfigError(f"--concurrency must be positive integers, got {self.concurrency!r}")
         if len(set(self.concurrency)) != len(self.concurrency):
