@@ -12,8 +12,10 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from avkit.cli.hvd import render as render_hvd
 from avkit.config import DEFAULT_TRACE_GLOB, EstimatorConfig, FitConfig, default_of
 from avkit.errors import ConfigError
+from avkit.staged import StagedOutputs
 
 DEFAULT_OUT = Path(default_of(FitConfig, "out"))
 
@@ -24,7 +26,7 @@ def render(result, written: dict, console: Console) -> None:
                   f"intercepts {' '.join(f'{b:+.3f}' for b in c['intercepts'])}, "
                   f"{c['trained_on']['observed']} observed of {c['trained_on']['slots']} slots")
     if c["mode"] == "online":
-        from avkit.fit.data import CLOCKS
+        from avkit.fit.data import CLOCKS  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
         console.print(f"clock: {c['trained_on']['engine_steps']} engine steps from the "
                       f"{CLOCKS.get(c['clock'], 'engine_step column in some files, (request_id, step) groups in others')}"
@@ -102,10 +104,9 @@ def register(app: typer.Typer) -> None:
                            scratch=None if scratch is None else str(scratch), replicas=replicas,
                            drafter=drafter, features=chosen)
         est_cfg = EstimatorConfig(feature=feature, refit_interval=refit_interval)
-        from avkit.fit import run_fit, write_fit_outputs
-        from avkit.fit.outputs import reserve_fit_outputs
-        from avkit.staged import StagedOutputs
-        from avkit.trace.reader import common_k
+        from avkit.fit import run_fit, write_fit_outputs  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.fit.outputs import reserve_fit_outputs  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.trace.reader import common_k  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.trace.shards import trace_files  # lazy: polars
 
         paths = trace_files(traces)
@@ -128,15 +129,13 @@ def register(app: typer.Typer) -> None:
             hvd_result = fit_hvd_outputs(with_gens, out / "hvd", outputs) if hvd else None
         render(result, written, Console(width=None if sys.stdout.isatty() else 132))
         if hvd_result is not None:
-            from avkit.cli.hvd import render as render_hvd
-
             render_hvd(hvd_result, Console(width=None if sys.stdout.isatty() else 140))
 
 
 def hvd_traces(paths: list[Path], out: Path, outputs) -> list[Path]:
     """`--hvd`, before any work: the traces with a generations table; the hvd files reserved in `out`."""
-    from avkit.hvd.fit import reserve_hvd_outputs
-    from avkit.trace.schema import generations_path
+    from avkit.hvd.fit import reserve_hvd_outputs  # lazy: start-up (the library loads when the command runs: -h stays fast)
+    from avkit.trace.schema import generations_path  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
     with_gens = [p for p in paths if generations_path(p).is_file()]
     if not with_gens:
@@ -147,8 +146,8 @@ def hvd_traces(paths: list[Path], out: Path, outputs) -> list[Path]:
 
 def fit_hvd_outputs(with_gens: list[Path], out: Path, outputs):
     """`--hvd`: the same replay as `avkit hvd`, staged into `outputs` beside the fit files."""
-    from avkit.hvd.fit import fit_hvd
-    from avkit.hvd.token_lookup import token_classes_for
+    from avkit.hvd.fit import fit_hvd  # lazy: start-up (the library loads when the command runs: -h stays fast)
+    from avkit.hvd.token_lookup import token_classes_for  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
     classes = token_classes_for(with_gens)
     result = fit_hvd(with_gens, out, token_classes=classes, progress=sys.stderr.isatty(), outputs=outputs)

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig, default_of
 from avkit.errors import ConfigError
+from avkit.staged import StagedOutputs
 
 
 def greedy_traces(root: Path | None = None) -> list[Path]:
@@ -22,9 +23,9 @@ def greedy_traces(root: Path | None = None) -> list[Path]:
     exactly the chance that the recorded sample equals x, so comparing drafts with a sampled
     continuation gives an unbiased draw of the accepted length (the model's matches are its realized
     acceptances). The temperatures used are reported."""
-    from avkit.trace.reader import trace_metadata
-    from avkit.trace.shards import shipped_traces
-    from avkit.trace.schema import generations_path
+    from avkit.trace.reader import trace_metadata  # lazy: start-up (the library loads when the command runs: -h stays fast)
+    from avkit.trace.shards import shipped_traces  # lazy: start-up (the library loads when the command runs: -h stays fast)
+    from avkit.trace.schema import generations_path  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
     if root is None:  # where fit, simulate and report find them: ./traces, else beside the package
         try:
@@ -87,11 +88,10 @@ def register(app: typer.Typer) -> None:
         table, mlp, survival) per dataset on held-out requests."""
         configs = {"cache_config": SuffixCacheConfig(max_depth=max_depth), "replay_config": HvdReplayConfig(k=k),
                    "payoff_config": PayoffConfig(epochs=epochs, seed=seed)}  # bad options fail before the imports
-        from avkit.hvd.cost import load_hvd_cost
-        from avkit.hvd.fit import fit_hvd, fit_hvd_generations, reserve_hvd_outputs
-        from avkit.hvd.markdown import hvd_markdown
-        from avkit.hvd.token_lookup import token_classes_for
-        from avkit.staged import StagedOutputs
+        from avkit.hvd.cost import load_hvd_cost  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.hvd.fit import fit_hvd, fit_hvd_generations, reserve_hvd_outputs  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.hvd.markdown import hvd_markdown  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.hvd.token_lookup import token_classes_for  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
         kw = {**configs,
               "cost": load_hvd_cost(cost_table) if cost_table is not None else
@@ -100,12 +100,12 @@ def register(app: typer.Typer) -> None:
             reserve_hvd_outputs(out, outputs, "--out")
             md = outputs.file(markdown, "--markdown") if markdown is not None else None
             if synthetic:
-                from avkit.hvd.synthetic import synthetic_generations
+                from avkit.hvd.synthetic import synthetic_generations  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
                 result = fit_hvd_generations(synthetic_generations(synthetic, seed=seed), out, outputs=outputs, **kw)
                 title = f"HVD replay on {synthetic} synthetic generations"
             else:
-                from avkit.trace.shards import resolve_shards  # polars: imported when the command runs
+                from avkit.trace.shards import resolve_shards  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
                 paths = resolve_shards(traces) if traces else greedy_traces()
                 classes = token_classes_for(paths, tokenizer)

@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.table import Table
+from avkit.jsonsafe import json_safe
+from avkit.staged import StagedOutputs
 
 
 def register(app: typer.Typer) -> None:
@@ -25,9 +27,7 @@ def register(app: typer.Typer) -> None:
         """Per-position acceptance (conditional and survival, 95% intervals) from vLLM's Prometheus counters.
 
         An AGGREGATE: no per-draft rows or features; `simulate --profile` replays it for no-spec and fixed K."""
-        from avkit.engines.vllm.metrics import acceptance_profile, parse_counters, read_source
-        from avkit.jsonsafe import json_safe
-        from avkit.staged import StagedOutputs
+        from avkit.engines.vllm.metrics import acceptance_profile, parse_counters, read_source  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
         with StagedOutputs() as outputs:
             tmp = outputs.file(out, "--out")

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from avkit.errors import ConfigError
 from avkit.config import DEFAULT_COST_PATH, DEFAULT_DRAFT, DEFAULT_TARGET, ProfileConfig, default_of
+from avkit.staged import StagedOutputs
 
 
 def _d(name: str):
@@ -69,10 +70,9 @@ def register(app: typer.Typer) -> None:
         """Profile verify cost by target tokens and draft cost by requests; save a monotone cost table."""
         config = ProfileConfig(context_len=context_len, k=k, max_tokens=max_verify_tokens, max_requests=max_requests,
                                repeats=repeats, temperature=temperature, top_p=top_p)
-        from avkit.models import load
-        from avkit.models.placement import placement
-        from avkit.scheduling.profile import num_points, profile_costs
-        from avkit.staged import StagedOutputs
+        from avkit.models import load  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.models.placement import placement  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.scheduling.profile import num_points, profile_costs  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
         console = Console(stderr=True)
         if engine == "vllm":
@@ -100,10 +100,9 @@ def register(app: typer.Typer) -> None:
 def _profile_vllm(config, target: str, draft: str, out: str, dtype: str, vllm_python: str, threads: int,
                   console: Console) -> None:
     """`--engine vllm`: vLLM's step costs (avkit/engines/vllm/profile.py), the same table format."""
-    from avkit.engines.vllm.driver import check_vllm_version, hf_dir
-    from avkit.engines.vllm.driver import vllm_python as find_python
-    from avkit.engines.vllm.profile import num_points, profile_vllm
-    from avkit.staged import StagedOutputs
+    from avkit.engines.vllm.driver import check_vllm_version, hf_dir  # lazy: start-up (the library loads when the command runs: -h stays fast)
+    from avkit.engines.vllm.driver import vllm_python as find_python  # lazy: start-up (the library loads when the command runs: -h stays fast)
+    from avkit.engines.vllm.profile import num_points, profile_vllm  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
     if dtype not in ("auto", "float32", "bfloat16"):
         raise ConfigError(f"--dtype must be auto, float32 or bfloat16, got {dtype!r}")

@@ -20,7 +20,7 @@ def _d(name: str):
 
 def check_datasets(datasets: tuple[str, ...]) -> None:
     """Fail before loading models: every dataset is a known workload or a JSONL file, and it loads."""
-    from avkit.workloads import WORKLOADS, load_workload
+    from avkit.workloads import WORKLOADS, load_workload  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
     for name in datasets:
         if name not in WORKLOADS and not Path(name).is_file():
@@ -113,8 +113,8 @@ def register(app: typer.Typer) -> None:
                 slots_per_dataset=slots_per_dataset, flush_interval_s=flush_interval, threads=threads,
                 backend=engine, vllm_python=vllm_python, vllm_draft_sampling=vllm_draft_sampling, policy=policy,
                 cost=cost, coefficients=coefficients)
-        from avkit.record import record as run
-        from avkit.record.files import preflight
+        from avkit.record import record as run  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.record.files import preflight  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.record.recorder import verify_policy  # lazy: torch (the policy it builds)
 
         check_datasets(config.datasets)

@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 from avkit.config import DEFAULT_TRACE_GLOB, EstimatorConfig, FitConfig, ReportConfig, default_of
 from avkit.errors import ConfigError
+from avkit.staged import StagedOutputs
 
 
 def _d(name: str):
@@ -24,10 +25,10 @@ DEFAULT_OUT = Path(_d("out"))
 def split_inputs(inputs: list[Path] | None) -> tuple[Path | None, list[Path]]:
     """-> (FIT_DIR, []) for one directory, (None, traces) for trace files, shipped traces for none."""
     if not inputs:
-        from avkit.trace.shards import shipped_traces
+        from avkit.trace.shards import shipped_traces  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
         return None, shipped_traces()
-    from avkit.trace.shards import resolve_shards
+    from avkit.trace.shards import resolve_shards  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
     # a directory of trace files (and no coefficients.json) is a shard set; any other one a FIT_DIR
     dirs = [p for p in inputs if p.is_dir() and ((p / "coefficients.json").is_file() or not any(p.glob("*.parquet")))]
@@ -74,10 +75,9 @@ def register(app: typer.Typer) -> None:
         diagrams, online fitting, simulation, tuning and hybrid drafting. Missing inputs omit their section."""
         config = ReportConfig(out=str(out), n_bins=bins, embed_images=embed, engine=engine,
                               memory_budget_mb=memory_budget, scratch=None if scratch is None else str(scratch))
-        from avkit.report import report_fit_dir, report_traces
-        from avkit.report.sections import SECTIONS
-        from avkit.staged import StagedOutputs
-        from avkit.trace.reader import common_k
+        from avkit.report import report_fit_dir, report_traces  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.report.sections import SECTIONS  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.trace.reader import common_k  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
         fit_dir, traces = split_inputs(inputs)
         console = Console(stderr=True)

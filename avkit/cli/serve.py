@@ -104,14 +104,14 @@ def register(app: typer.Typer) -> None:
                 policy=policy, schedule=schedule, snapshot=snapshot, snapshot_every=snapshot_every, resume=resume, record=record,
                 max_tokens_limit=max_new_tokens,
                 default_max_tokens=min(_d("default_max_tokens"), max_new_tokens))
-        from avkit.serve.server import bind_warning
-        from avkit.serve.server import serve as run
-        from avkit.serve.startup import bind_socket, check_record_writable, warm_start
+        from avkit.serve.server import bind_warning  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.serve.server import serve as run  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.serve.startup import bind_socket, check_record_writable, warm_start  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
         # Everything that can be wrong with the options fails here, as one line, before the models load.
         warm_start(config)
         if config.policy == "schedule":
-            from avkit.scheduling.batch_schedule import make_scheduled
+            from avkit.scheduling.batch_schedule import make_scheduled  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
             make_scheduled(config.schedule, k=config.engine.k)
         if config.record:

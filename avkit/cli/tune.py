@@ -13,6 +13,7 @@ from rich.table import Table
 
 from avkit.cli.simulate import ConcurrencyOption, CostOption, TracesArgument, parse_ints
 from avkit.config import TuneConfig, default_of
+from avkit.staged import write_json_atomic
 
 
 def _d(name: str):
@@ -140,8 +141,7 @@ def register(app: typer.Typer) -> None:
                             datasets=tuple(d.strip() for d in datasets.split(",")) if datasets else (),
                             max_new_tokens=max_new_tokens, draft=draft,
                             context_bands=parse_ints("context-bands", context_bands) if context_bands else ())
-        from avkit.staged import write_json_atomic
-        from avkit.tune import tune as run
+        from avkit.tune import tune as run  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.tune.formats import UPSTREAM_CONTEXT_FORMAT  # lazy: polars
 
         from avkit.trace.shards import trace_files  # lazy: polars
