@@ -24,13 +24,14 @@ from pathlib import Path
 import polars as pl
 
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
+from avkit.hvd.cost import HvdCost
 from avkit.hvd.fit import fit_hvd_table
 from avkit.hvd.markdown import _COLS, PAPER, hvd_markdown, table_md, verdict_md
 from avkit.hvd.replay import load_generations, replay
 from avkit.staged import staged_file
 
-COSTS = {"this pair (draft step = 0.33 target forward)": HvdCostConfig(draft_step_cost=0.33),
-         "EAGLE-like drafter (draft step = 0.05 target forward)": HvdCostConfig(draft_step_cost=0.05)}
+COSTS = {"this pair (draft step = 0.33 target forward)": HvdCost.linear(HvdCostConfig(draft_step_cost=0.33)),
+         "EAGLE-like drafter (draft step = 0.05 target forward)": HvdCost.linear(HvdCostConfig(draft_step_cost=0.05))}
 
 
 def _inputs(args):

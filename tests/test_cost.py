@@ -8,8 +8,7 @@ import pytest
 
 from avkit.config import ProfileConfig
 from avkit.errors import ConfigError
-from avkit.scheduling.cost import CostTable, make_monotone, resolve_cost
-from avkit.scheduling.roofline import parse_roofline_spec
+from avkit.scheduling.cost import CostTable, isotonic, parse_roofline_spec, resolve_cost
 
 
 def _table(**kw):
@@ -137,8 +136,67 @@ def test_missing_file():
         resolve_cost("/nonexistent/cost.json")
 
 
-def test_make_monotone():
-    assert make_monotone([1.0, 3.0, 2.0, 4.0]) == [1.0, 3.0, 3.0, 4.0]
+@pytest.mark.parametrize("seed", range(8))
+def test_isotonic_is_sklearns_isotonic_regression(seed):
+    """Pool adjacent violators against sklearn's IsotonicRegression (the oracle), weighted and not, with ties."""
+    from sklearn.isotonic import IsotonicRegression
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 40))
+    y = np.round(np.cumsum(rng.normal(0.5, 2.0, n)), 1)  # a rising curve with spikes and dips (and ties)
+    w = rng.uniform(0.1, 3.0, n)
+    x = np.arange(n)
+    np.testing.assert_allclose(isotonic(y), IsotonicRegression().fit_transform(x, y), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(isotonic(y, w), IsotonicRegression().fit(x, y, sample_weight=w).predict(x),
+                               rtol=1e-12, atol=1e-12)
+    assert isotonic([1.0, 9.0, 2.0, 3.0, 4.0]).tolist() == [1.0, 4.5, 4.5, 4.5, 4.5]  # a spike is averaged
+    assert isotonic([]).size == 0
+
+
+def test_catch_up_prices_all_but_the_last_lagging_token():
+    """lag <= 2: free (the first pass feeds it); else the drafter's prefill of lag - 1 tokens, below the
+    prefill grid a draft pass over that many rows; without a prefill curve every price is a draft pass."""
+    t = _table(draft_requests=(1, 16), draft_ms=(1.0, 4.0), prefill_tokens=(16, 64), prefill_ms=(2.0, 5.0))
+    lag = np.array([0, 1, 2, 3, 10, 17, 41, 129])
+    want = [0, 0, 0, 1.0 + 3 * 1 / 15, 1.0 + 3 * 8 / 15, 2.0, 3.5, 9.0]
+    np.testing.assert_allclose(t.catch_up_cost(lag), want)
+    np.testing.assert_allclose(_table().catch_up_cost([2, 3, 9]), [0.0, *_table().draft_pass_cost([2, 8])])
+
+
+def test_context_length_moves_the_kv_read():
+    """context_cost at the table's context is the curve; each cached token beyond it adds kv_ms_per_token,
+    each one short of it takes it off (the roofline's KV read is linear in the context)."""
+    t = _table(context_ms=(0.5, 4.0), context_len=100, kv_ms_per_token=0.01)
+    np.testing.assert_allclose(t.context_cost([1, 8]), [0.5, 4.0])
+    np.testing.assert_allclose(t.context_cost([1, 8], [100, 800]), [0.5, 4.0])
+    np.testing.assert_allclose(t.context_cost([1, 8], [300, 0]), [2.5, -4.0])
+    np.testing.assert_allclose(t.step_cost(1, 0, 4, 300) - t.step_cost(1, 0, 4), 2.0)
+    short, long = (parse_roofline_spec(f"roofline:H200:8b:context={c}") for c in (1024, 8192))
+    np.testing.assert_allclose(short.context_cost([1, 64], [8192, 64 * 8192]), long.context_cost([1, 64]), rtol=1e-9)
+
+
+def test_unit_view_divides_every_price():
+    t = _table(draft_fixed_ms=(0.5, 0.7), prefill_tokens=(16, 64), prefill_ms=(2.0, 5.0), kv_ms_per_token=0.1,
+               context_len=10)
+    u = t.in_units(2.0)
+    n, k, tok, lag = np.array([1, 3, 8]), np.array([0, 2, 5]), np.array([1, 7, 20]), np.array([2, 30, 100])
+    np.testing.assert_allclose(u.step_cost(n, k, tok, 50 * n), t.step_cost(n, k, tok, 50 * n) / 2.0)
+    np.testing.assert_allclose(u.catch_up_cost(lag), t.catch_up_cost(lag) / 2.0)
+
+
+@pytest.mark.parametrize("name", ["avkit_cost_cpu.json", "adaptive_live_cost_amx.json", "cost_dense_T0.json",
+                                  "engine_peer_cost_T1.json", "vllm_cost_cpu.json"])
+def test_shipped_cost_files_still_load(name):
+    """Files written before context_len, kv_ms_per_token and noise were fields: the reader takes meta's
+    context_len and prices them as before (no context term)."""
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "bench" / "results" / name
+    raw = json.loads(path.read_text())
+    t = CostTable.load(path)
+    assert t.context_len == raw["meta"].get("context_len", 0) and t.kv_ms_per_token == 0.0
+    np.testing.assert_allclose(t.verify_cost(raw["verify_tokens"]), raw["verify_ms"])
+    assert t.context_cost(4, 4 * 99999).item() == t.context_cost(4).item()
 
 
 def test_roofline_shape_h200_8b():
@@ -189,8 +247,7 @@ def tiny_pair(tmp_path_factory):
 
 
 def test_profile_tiny_model_is_monotone(tiny_pair, monkeypatch, tmp_path):
-    from avkit.scheduling.catch_up import PRICE_GRID
-    from avkit.scheduling.profile import profile_costs
+    from avkit.scheduling.profile import PRICE_GRID, profile_costs
 
     monkeypatch.setenv("AVKIT_PROFILE_CONTEXT_LEN", "64")
     cfg = ProfileConfig(k=3, max_tokens=12, max_requests=3, repeats=2, warmup=1)
@@ -279,17 +336,18 @@ def test_profile_cli_writes_a_cost_table(tiny_pair, tmp_path, monkeypatch):
     assert "dtype" in str(r.exception) and "'fp8'" in str(r.exception)  # a ConfigError: exit 2 from `avkit`
 
 
-def test_profile_noise_names_disagreeing_runs_and_lifted_spikes():
+def test_profile_noise_is_per_point_and_names_what_the_isotonic_fit_moved():
     from avkit.cli.profile import noise_line
     from avkit.scheduling.profile import noise_summary
 
-    quiet = noise_summary({"verify T": ([1, 2, 4], [[1.0, 1.01], [2.0, 2.02], [4.0, 4.04]])})
-    assert not quiet["noisy"] and quiet["lifted"] == [] and abs(quiet["max_spread"] - 0.01) < 1e-6
+    quiet = noise_summary({"verify_ms": ([1, 2, 4], [[1.0, 1.01, 1.02], [2.0, 2.02, 2.0], [4.0, 4.04, 4.0]])})
+    assert not quiet["noisy"] and quiet["moved"] == [] and quiet["points"]["verify_ms"] == [0.0099, 0.005, 0.005]
     assert "warning" not in noise_line(quiet)
-    # a spike at T=2 (its median 5 ms) is carried upward by the running maximum to T=4 (measured 4 ms): +25%
-    spiky = noise_summary({"verify T": ([1, 2, 4], [[1.0, 1.0], [5.0, 5.0], [4.0, 4.0]])})
-    assert spiky["noisy"] and spiky["lifted"] == [("verify T", 4, 0.25)]
-    assert "warning" in noise_line(spiky) and "verify T=4" in noise_line(spiky)
-    # runs of one point that disagree by 30% make the table noisy with no lift at all
-    wide = noise_summary({"draft n": ([1, 2], [[1.0, 1.3, 1.0], [2.0, 2.0, 2.0]])})
-    assert wide["noisy"] and wide["worst"] == "draft n=1" and abs(wide["max_spread"] - 0.3) < 1e-9
+    # the curve goes down at T=4 (a spike at T=2): the isotonic fit pools them (4.5 each) and says so
+    spiky = noise_summary({"verify_ms": ([1, 2, 4], [[1.0, 1.0], [5.0, 5.0], [4.0, 4.0]])})
+    assert spiky["noisy"] and spiky["moved"] == [("verify_ms", 2, -0.1), ("verify_ms", 4, 0.125)]
+    assert "warning" in noise_line(spiky) and "verify_ms=4" in noise_line(spiky)
+    # repeats of one point spread by 30% (IQR / median) make the table noisy with nothing moved
+    wide = noise_summary({"draft_ms": ([1, 2], [[1.0, 1.6, 1.0, 1.6], [2.0, 2.0, 2.0, 2.0]])})
+    assert wide["noisy"] and wide["worst"] == "draft_ms=1" and wide["moved"] == []
+    assert wide["points"]["draft_ms"] == [round(0.6 / 1.3, 4), 0.0]

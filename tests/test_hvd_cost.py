@@ -11,7 +11,7 @@ import pytest
 from avkit.cli import app
 from avkit.config import HvdCostConfig
 from avkit.errors import ConfigError
-from avkit.hvd.cost import hvd_cost_from_table, load_hvd_cost
+from avkit.hvd.cost import HvdCost, hvd_cost_from_table, load_hvd_cost
 from avkit.scheduling.cost import CostTable
 
 TABLE = {"verify_tokens": [1, 2, 4, 8, 16, 32], "verify_ms": [93.8, 96.5, 109.7, 186.2, 344.0, 673.0],
@@ -40,19 +40,32 @@ def test_curves_are_the_tables_in_forwards_of_one_token(tmp_path):
 
 
 def test_linear_default_and_roundtrip_through_the_payoff_extra():
-    lin = HvdCostConfig(verify_token_cost=0.1, draft_step_cost=0.4)
+    lin = HvdCost.linear(HvdCostConfig(verify_token_cost=0.1, draft_step_cost=0.4))
     assert np.allclose(lin.verify([0, 1, 9]), [1.0, 1.1, 1.9]) and np.allclose(lin.draft([1, 16]), [0.4, 0.4])
+    assert not lin.catch_up([0, 3, 500]).any()  # the linear model prices no catch-up
     cost = hvd_cost_from_table(CostTable(**{k: tuple(v) if isinstance(v, list) else v for k, v in TABLE.items()}))
-    from dataclasses import asdict
+    for c in (lin, cost):
+        back = HvdCost.from_json(json.loads(json.dumps(c.to_json())))  # lists in, tuples out (payoff_survival.pt)
+        assert back == c
 
-    back = HvdCostConfig(**json.loads(json.dumps(asdict(cost))))  # lists in, tuples out (payoff_survival.pt)
-    assert back == cost
+
+def test_payoff_files_of_the_point_format_still_load():
+    """Older payoff files stored the scalars and (x, cost) points: they price exactly as those points did."""
+    old = {"verify_token_cost": 0.03, "draft_step_cost": 0.5, "cache_cost": 0.01, "source": "t.json (cpu)",
+           "verify_points": [[1.0, 1.0], [4.0, 1.1], [8.0, 2.0]], "draft_points": [[1.0, 0.5], [16.0, 1.4]],
+           "prefill_points": [[16.0, 1.0], [256.0, 15.0]]}
+    cost = HvdCost.from_json(old)
+    np.testing.assert_allclose(cost.verify([1, 6, 12]), [1.0, 1.55, 2.9])
+    np.testing.assert_allclose(cost.draft([1, 6]), [0.5, 0.5 + 0.9 * 5 / 15])
+    np.testing.assert_allclose(cost.catch_up([2, 17, 257]), [0.0, 1.0, 15.0])
+    assert cost.cache_cost == 0.01 and cost.source == "t.json (cpu)"
+    assert HvdCost.from_json({"draft_step_cost": 0.2}) == HvdCost.linear(HvdCostConfig(draft_step_cost=0.2))
 
 
 @pytest.mark.parametrize("pts", [((2, 1.0), (1, 2.0)), ((1, -1.0),), ((-1, 1.0), (2, 2.0))])
 def test_bad_points_are_refused(pts):
-    with pytest.raises(ConfigError, match="verify_points"):
-        HvdCostConfig(verify_points=pts)
+    with pytest.raises(ConfigError, match="verify"):
+        HvdCost.points(verify_points=pts)
 
 
 def _run(capsys, *args):

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import avkit.models
-from avkit.config import EngineConfig, HvdCostConfig, HvdReplayConfig, PayoffConfig, SamplingConfig, SuffixCacheConfig
+from avkit.config import EngineConfig, HvdReplayConfig, PayoffConfig, SamplingConfig, SuffixCacheConfig
 from avkit.drafters.draft_model import DraftModelDrafter
+from avkit.hvd.cost import HvdCost
 from avkit.hvd.fit import fit_hvd_generations
 from avkit.hvd.hybrid_drafter import HybridDrafter
 from avkit.hvd.joint_route import JointRouter
@@ -51,12 +52,12 @@ def test_survival_file_loads_the_joint_router(survival_file):
     live = HybridDrafter.from_file(None, survival_file, vocab_size=300)
     assert live.plans and live.joint is not None and live.k == K
     assert live.joint.model_surv.shape == (len(live.joint.hit_bins) + 1, K)
-    assert live.joint.cost == HvdCostConfig()  # the replay's cost model travels with the weights
+    assert live.joint.cost == HvdCost()  # the replay's cost model travels with the weights
     surv = live.joint.model_surv
     assert (np.diff(surv, axis=1) <= 1e-12).all() and (surv >= 0).all() and (surv <= 1).all()
 
 
-def _brute_force(cs: np.ndarray, ms: np.ndarray, cost: HvdCostConfig, k: int) -> tuple[float, np.ndarray]:
+def _brute_force(cs: np.ndarray, ms: np.ndarray, cost: HvdCost, k: int) -> tuple[float, np.ndarray]:
     """Best E/cost over both options and every budget b by enumeration (no plan.py): (rate, [n] prefixes)."""
     n = len(cs)
     best = (-1.0, None)
@@ -85,7 +86,7 @@ def test_joint_plan_equals_brute_force(survival_file):
         n = int(rng.integers(1, 7))
         cs = np.sort(rng.random((n, K)), 1)[:, ::-1] * (rng.random((n, 1)) < 0.7)
         ms = np.sort(rng.random((n, K)), 1)[:, ::-1]
-        cost = HvdCostConfig(draft_step_cost=float(rng.choice([0.05, 0.33])))
+        cost = HvdCost.points(draft_step_cost=float(rng.choice([0.05, 0.33])))
         from avkit.hvd.budget_sim import joint_step
 
         use, pref = joint_step(cs, ms, cost, K)
@@ -125,8 +126,9 @@ def _option_plans(cs, ms, cost, k, catch=None):
     return out
 
 
-CATCH_COST = HvdCostConfig(verify_points=((1, 1.0), (6, 1.5), (7, 2.1), (32, 7.0)),
-                           draft_points=((1, 0.5), (16, 1.4)), prefill_points=((16, 1.0), (256, 15.0)))
+CATCH = {"verify_points": ((1, 1.0), (6, 1.5), (7, 2.1), (32, 7.0)), "draft_points": ((1, 0.5), (16, 1.4)),
+         "prefill_points": ((16, 1.0), (256, 15.0))}
+CATCH_COST = HvdCost.points(**CATCH)
 
 
 def test_catch_up_is_the_draft_models_prefill_of_what_it_missed():
@@ -136,7 +138,7 @@ def test_catch_up_is_the_draft_models_prefill_of_what_it_missed():
     lags = np.array([0, 1, 2, 3, 10, 16, 17, 100, 257, 400])
     want = [0, 0, 0, c.draft(2), c.draft(9), c.draft(15), 1.0, 1.0 + 14 * 83 / 240, 15.0, 15.0 + 14 * 143 / 240]
     assert np.allclose(c.catch_up(lags), want)
-    assert not HvdCostConfig().catch_up(lags).any()
+    assert not HvdCost().catch_up(lags).any()
 
 
 def test_joint_step_prices_the_catch_up_and_may_leave_lagging_rows_to_the_cache():
@@ -144,7 +146,7 @@ def test_joint_step_prices_the_catch_up_and_may_leave_lagging_rows_to_the_cache(
     it already follows. The choice equals enumeration of the options, and every option wins somewhere."""
     from avkit.hvd.budget_sim import RunningRate, joint_step
 
-    cost = dataclasses.replace(CATCH_COST, draft_points=((1, 0.1), (16, 0.3)))  # a cheap drafter: the model pays
+    cost = HvdCost.points(**{**CATCH, "draft_points": ((1, 0.1), (16, 0.3))})  # a cheap drafter: the model pays
     rng = np.random.default_rng(3)
     won = set()
     for trial in range(80):
@@ -177,14 +179,14 @@ def test_the_batched_replay_pays_one_prompt_catch_up_then_follows():
     n, prompt = 40, 120
     table = pl.DataFrame({"request_id": ["r"] * n, "cache_acc": [0] * n, "model_acc": [K] * n, "draft_len": [0] * n,
                           "log_prompt_len": [float(np.log1p(prompt))] * n})
-    cheap = dataclasses.replace(CATCH_COST, prefill_points=((16, 0.1), (256, 0.5)))
+    cheap = HvdCost.points(**{**CATCH, "prefill_points": ((16, 0.1), (256, 0.5))})
     surv = (np.zeros((n, K)), np.ones((n, K)))
     got = simulate_batched(table, full_route(table, np.ones(n, dtype=bool)), cheap, K, 1, surv)
     steps = -(-n // (K + 1))
     step = K * float(cheap.draft(1)) + float(cheap.verify(1 + K)) + cheap.cache_cost
     assert got["steps"] == steps
     assert n / got["throughput"] == pytest.approx(float(cheap.catch_up(prompt)) + steps * step)
-    free = dataclasses.replace(cheap, prefill_points=())
+    free = HvdCost.points(**{**CATCH, "prefill_points": ()})
     assert n / simulate_batched(table, full_route(table, np.ones(n, dtype=bool)), free, K, 1, surv)["throughput"] \
         == pytest.approx(steps * step)
 
@@ -200,7 +202,7 @@ def test_joint_step_against_the_long_run_rate():
         n = int(rng.integers(1, 6))
         cs = np.sort(rng.random((n, K)), 1)[:, ::-1] * (rng.random((n, 1)) < 0.6)
         ms = np.sort(rng.random((n, K)), 1)[:, ::-1]
-        cost = HvdCostConfig(verify_points=((1, 1.0), (4, 1.1), (8, 2.0), (32, 7.0)),
+        cost = HvdCost.points(verify_points=((1, 1.0), (4, 1.1), (8, 2.0), (32, 7.0)),
                              draft_points=((1, float(rng.choice([0.1, 0.5]))), (8, 1.4)))
         rate = RunningRate()
         rate.update(n, float(rng.uniform(0.5, 3.0)) * n, 1.0)
@@ -235,7 +237,7 @@ def _engine(tiny, survival_file, sampling_batch=2, model_rate=0.6, cache_rate=0.
         last.bias.fill_(float(np.log(cache_rate / (1 - cache_rate))))
     bins = np.asarray(extra["hit_bins"])
     joint = JointRouter(payoff, np.tile(model_rate ** np.arange(1, K + 1), (len(bins) + 1, 1)), bins,
-                        cost or HvdCostConfig(draft_step_cost=0.05))
+                        cost or HvdCost.points(draft_step_cost=0.05))
     hybrid = HybridDrafter(DraftModelDrafter(draft, cfg.max_batch, cfg.max_len), None, 0.0, joint=joint)
     sink = MemorySink()
     return Engine(target, None, cfg, sink=sink, drafter=hybrid), sink
@@ -266,7 +268,7 @@ def test_engine_prices_the_draft_models_catch_up_live(tiny, survival_file):
     ref = Engine(target, None, EngineConfig(k=0, max_batch=2, max_len=96)).generate(reqs)
     runs = {}
     for name, prefill in (("dear", ((16, 500.0), (64, 2000.0))), ("free", ())):
-        cost = HvdCostConfig(draft_step_cost=0.05, draft_points=((1, 0.05), (16, 0.1)), prefill_points=prefill)
+        cost = HvdCost.points(draft_step_cost=0.05, draft_points=((1, 0.05), (16, 0.1)), prefill_points=prefill)
         engine, sink = _engine(tiny, survival_file, cost=cost)
         assert [g.output_ids for g in engine.generate(reqs)] == [g.output_ids for g in ref]
         runs[name] = set(np.asarray(sink.columns()["drafter"]).tolist())

@@ -9,15 +9,16 @@ import numpy as np
 import polars as pl
 import pytest
 
-from avkit.config import HvdCostConfig, HvdReplayConfig, SuffixCacheConfig
+from avkit.config import HvdReplayConfig, SuffixCacheConfig
+from avkit.hvd.cost import HvdCost
 from avkit.hvd.oracle import oracle_paths
 from avkit.hvd.path import Route, simulate_paths
 from avkit.hvd.replay import replay
 from avkit.hvd.synthetic import synthetic_generations
 
 K = 5
-COSTS = {"linear": HvdCostConfig(draft_step_cost=0.33),
-         "staircase": HvdCostConfig(verify_points=((1, 1.0), (3, 1.1), (4, 1.6), (6, 1.7), (8, 2.9)),
+COSTS = {"linear": HvdCost.points(draft_step_cost=0.33),
+         "staircase": HvdCost.points(verify_points=((1, 1.0), (3, 1.1), (4, 1.6), (6, 1.7), (8, 2.9)),
                                     draft_points=((1, 0.5), (16, 1.4)), cache_cost=0.01)}
 
 
@@ -27,7 +28,7 @@ def table():
     return replay(gens, SuffixCacheConfig(max_depth=8, use_global=True), HvdReplayConfig(k=K))
 
 
-def _cheapest(ca: np.ndarray, ma: np.ndarray, cost: HvdCostConfig) -> float:
+def _cheapest(ca: np.ndarray, ma: np.ndarray, cost: HvdCost) -> float:
     """One request's cheapest decode, by plain recursion over positions trying every option."""
     n = len(ca)
 
@@ -47,7 +48,7 @@ def _cheapest(ca: np.ndarray, ma: np.ndarray, cost: HvdCostConfig) -> float:
     return best(0)
 
 
-def _brute(table: pl.DataFrame, cost: HvdCostConfig) -> float:
+def _brute(table: pl.DataFrame, cost: HvdCost) -> float:
     """Sum over requests of the cheapest decode."""
     return sum(_cheapest(np.minimum(part["cache_acc"].to_numpy(), part["draft_len"].to_numpy()),
                          part["model_acc"].to_numpy(), cost)

@@ -8,7 +8,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
+from avkit.config import HvdReplayConfig, PayoffConfig, SuffixCacheConfig
+from avkit.hvd.cost import HvdCost
 from avkit.hvd.suffix_cache import SuffixCache
 from avkit.hvd.model_accept import accept_lengths, matches_from_trace
 from avkit.hvd.path import Route, simulate_paths
@@ -111,7 +112,7 @@ def test_path_simulation_equals_scalar_loop(gens):
     rng = np.random.default_rng(2)
     use = rng.random(table.height) < 0.5
     vlen = rng.integers(0, 6, table.height)
-    cost = HvdCostConfig()
+    cost = HvdCost()
     paths = simulate_paths(table, Route(use, vlen), cost, 5).sort("request_id")
     for g in gens:
         rows = table.filter(pl.col("request_id") == g.request_id).sort("t")
@@ -185,7 +186,7 @@ def test_cli_builds_configs_and_maps_errors(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     assert calls["paths"] == [trace] and calls["out"] == tmp_path / "o" and calls["token_classes"].table is None
     assert calls["replay_config"] == HvdReplayConfig(k=5)
-    assert calls["cost"] == HvdCostConfig(draft_step_cost=0.1)
+    assert calls["cost"] == HvdCost.points(draft_step_cost=0.1)
     monkeypatch.chdir(tmp_path)  # no traces/ here: the shipped ones beside the package, as fit/report find them
     res = CliRunner().invoke(app, ["hvd", "--tokenizer", "none"])
     assert res.exit_code == 0, res.output

@@ -8,7 +8,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
+from avkit.config import HvdReplayConfig, PayoffConfig, SuffixCacheConfig
+from avkit.hvd.cost import HvdCost
 from avkit.hvd.router import (
     MATCH_BUCKETS,
     ROUTERS,
@@ -38,7 +39,7 @@ def splits():
 
 @pytest.fixture(scope="module")
 def ctx():
-    return RouterContext(K, HvdCostConfig(), FEATS, PayoffConfig(epochs=8, batch_size=256))
+    return RouterContext(K, HvdCost(), FEATS, PayoffConfig(epochs=8, batch_size=256))
 
 
 def test_registry_and_unknown_name():
@@ -118,7 +119,7 @@ def test_budget_allocation_is_argmax_and_prefixes(measured):
         fixed, cv = rng.random() * 2, rng.random() * 0.2
         # a measured curve: flat for a few tokens, then steeper (a CPU's verify), points at odd places
         pts = ((1, 1.0), (3, 1.0 + cv), (9, 1.5 + 4 * cv), (20, 2.5 + 12 * cv)) if measured else ()
-        cost = HvdCostConfig(verify_token_cost=cv, verify_points=pts)
+        cost = HvdCost.points(verify_token_cost=cv, verify_points=pts)
         verify = (lambda t: float(np.interp(t, [p[0] for p in pts], [p[1] for p in pts]))) if measured else \
             (lambda t: 1 + cv * t)  # brute-force oracle of the curve (all tested T lie inside the grid)
         v = budget_allocation(s, 6, fixed, cost)
@@ -133,7 +134,7 @@ def test_batched_concurrency_one_equals_path_simulation(splits, ctx):
     from avkit.hvd.budget_sim import simulate_batched
 
     test = splits[2]
-    measured = HvdCostConfig(verify_points=((1, 1.0), (4, 1.1), (8, 2.0), (16, 3.7)),
+    measured = HvdCost.points(verify_points=((1, 1.0), (4, 1.1), (8, 2.0), (16, 3.7)),
                              draft_points=((1, 0.5), (4, 0.6), (16, 1.4)))
     for cost in (ctx.cost, measured):
         for name in ("model", "suffix", "cache", "arctic"):
@@ -159,8 +160,8 @@ def test_split_keeps_a_conversation_together():
 def test_suffix_route_is_suffix_decoding_alone(splits, ctx, measured):
     """A plain loop: a cache draft is verified whole, no draft leaves a target-only step, the draft model never runs."""
     test = splits[2]
-    cost = HvdCostConfig(verify_points=((1, 1.0), (4, 1.2), (8, 2.0)), draft_points=((1, 9.0),)) if measured \
-        else HvdCostConfig(draft_step_cost=9.0)  # a prohibitive draft model must not matter
+    cost = HvdCost.points(verify_points=((1, 1.0), (4, 1.2), (8, 2.0)), draft_points=((1, 9.0),)) if measured \
+        else HvdCost.points(draft_step_cost=9.0)  # a prohibitive draft model must not matter
     route = make_router("suffix").route(test, ctx)
     dl, acc = test["draft_len"].to_numpy(), test["cache_acc"].to_numpy()
     tokens = spent = 0.0
@@ -184,7 +185,7 @@ def test_model_scale_is_the_validated_best(splits, ctx, draft_cost):
     from avkit.hvd.router import MODEL_SCALES
 
     train, val, _ = splits
-    c = RouterContext(K, HvdCostConfig(draft_step_cost=draft_cost), FEATS, ctx.payoff)
+    c = RouterContext(K, HvdCost.points(draft_step_cost=draft_cost), FEATS, ctx.payoff)
     r = make_router("survival")
     r.fit(train, val, c)
     raw = model_survival_table(train, r.hit_bins, K)

@@ -10,7 +10,7 @@ import torch
 from avkit.config import SimulateConfig, SyntheticConfig
 from avkit.errors import ConfigError, TraceError
 from avkit.scheduling.cost import CostTable
-from avkit.scheduling.roofline import parse_roofline_spec
+from avkit.scheduling.cost import parse_roofline_spec
 from avkit.sim.replay import default_policies, simulate, step_time_check, write_results
 from avkit.sim.steps import schedule, step_table
 from avkit.trace.synthetic import synthetic_trace

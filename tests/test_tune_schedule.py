@@ -25,6 +25,7 @@ from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.scheduling.batch_schedule import BatchSchedule, ScheduledK
 from avkit.scheduling.catch_up import FREE_LAG, CatchUpRule
+from avkit.scheduling.cost import CostTable
 from avkit.scheduling.policy import make_policy
 from avkit.step_types import DraftBatch, Load
 from avkit.tune.formats import vllm_spec
@@ -113,8 +114,14 @@ def test_engine_applies_the_schedule_at_each_batch_size_and_stays_lossless(pair)
 
 
 def _price(rule: CatchUpRule, lag: int) -> float:
-    """The prefill price by hand: linear between the curve's points, the last segment's slope past them."""
-    return _lin(lag, rule.prefill_tokens, rule.prefill_ms)
+    """The catch-up price by hand: free up to FREE_LAG, else the prefill of lag - 1 tokens, linear between the
+    curve's points, the last segment's slope past them, a draft pass of that many rows below them."""
+    fed, c = lag - 1, rule.cost
+    if lag <= FREE_LAG:
+        return 0.0
+    if fed < c.prefill_tokens[0]:
+        return _lin(fed, c.draft_requests, c.draft_ms)
+    return _lin(fed, c.prefill_tokens, c.prefill_ms)
 
 
 def _saving(rule: CatchUpRule, b: int) -> float:
@@ -145,16 +152,21 @@ def test_catch_up_rule_is_the_brute_force_loop(seed):
         ok = [want[i] for i in sub]
         m = sum(ok)
         a = min(float(np.interp(b, rule.concurrency, rule.accepted)), k)
-        pays = (b + m * a) / (_lin(b + m * k, rule.verify_tokens, rule.verify_ms)
-                              + k * _lin(m, rule.draft_requests, rule.draft_ms)) > 1.05 * b / _lin(
-            b, rule.verify_tokens, rule.verify_ms)  # the step check's 5% margin
+        c = rule.cost
+        pays = (b + m * a) / (_lin(b + m * k, c.verify_tokens, c.verify_ms)
+                              + k * _lin(m, c.draft_requests, c.draft_ms)) > 1.05 * b / _lin(
+            b, c.verify_tokens, c.verify_ms)  # the step check's 5% margin
         assert got == (ok if m in (0, b) or pays else [False] * b), (b, m, k)
     back = CatchUpRule.from_json(json.loads(json.dumps(rule.to_json())))
     assert back.drafts(lag, remaining, 3).tolist() == rule.drafts(lag, remaining, 3).tolist() and back == rule
     with pytest.raises(ConfigError, match="catch_up must be an object of lists"):
         CatchUpRule.from_json({"concurrency": [1]}, "f.json")
+    old = {**{n: list(getattr(rule, n)) for n in ("concurrency", "saving_ms", "accepted")},
+           **{n: list(getattr(rule.cost, n)) for n in ("prefill_tokens", "prefill_ms", "verify_tokens", "verify_ms",
+                                                       "draft_requests", "draft_ms")}}  # files with copied curves
+    assert CatchUpRule.from_json(old).drafts(lag, remaining, 3).tolist() == rule.drafts(lag, remaining, 3).tolist()
     with pytest.raises(ConfigError, match=r"f.json: catch_up.prefill_tokens/prefill_ms needs equal"):
-        CatchUpRule.from_json({**rule.to_json(), "prefill_ms": [1.0]}, "f.json")
+        CatchUpRule.from_json({**old, "prefill_ms": [1.0]}, "f.json")
 
 
 def _lin(x: float, xs, ys) -> float:
@@ -169,8 +181,9 @@ def _lin(x: float, xs, ys) -> float:
 
 def _rule(conc, saving, grid, prices, accepted=None, verify_ms=(100.0, 110.0, 200.0), draft_ms=(40.0, 45.0, 80.0)):
     """A catch-up rule over a small cost table: verify at 1, 4, 16 tokens, a draft pass at 1, 4, 16 requests."""
-    return CatchUpRule(tuple(conc), tuple(saving), tuple(accepted or [1.0] * len(conc)), tuple(grid), tuple(prices),
-                       (1, 4, 16), tuple(verify_ms), (1, 4, 16), tuple(draft_ms))
+    cost = CostTable((1, 4, 16), tuple(verify_ms), (1, 4, 16), tuple(draft_ms), prefill_tokens=tuple(grid),
+                     prefill_ms=tuple(prices))
+    return CatchUpRule(tuple(conc), tuple(saving), tuple(accepted or [1.0] * len(conc)), cost)
 
 
 class _Lags(ScheduledK):
@@ -209,7 +222,8 @@ def test_engine_applies_the_catch_up_rule(pair, saving, drafts):
         step += 1
     assert policy.calls[0][1] == [len(prompts[0])]  # a new request lacks its whole prompt in the drafter
     for b, lag, remaining, limits in policy.calls:
-        want = [(3 if x <= FREE_LAG or 10.0 * x <= r * saving else 0) if b == 1 else 0 for x, r in zip(lag, remaining)]
+        want = [(3 if x <= FREE_LAG or 10.0 * (x - 1) <= r * saving else 0) if b == 1 else 0
+                for x, r in zip(lag, remaining)]
         assert limits == want, (b, lag, remaining, limits)
     last_pair = max(i for i, c in enumerate(policy.calls) if c[0] == 2)
     first, back = policy.calls[0], policy.calls[last_pair + 1]  # r0 new; r1 alone after steps without drafting

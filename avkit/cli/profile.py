@@ -127,16 +127,16 @@ def _profile_vllm(config, target: str, draft: str, out: str, dtype: str, vllm_py
 
 
 def noise_line(noise: dict) -> str:
-    """How noisy the table is, in one line; a warning when repeated runs disagree or spikes were lifted."""
+    """How noisy the table is, in one line; a warning when repeated runs disagree or the curve went down."""
     if not noise:
         return ""
-    text = (f"noise: repeated runs of a point differ by {100 * noise['median_spread']:.1f}% (median over points; "
-            f"worst {100 * noise['max_spread']:.1f}% at {noise['worst']})")
-    lifted = noise.get("lifted", [])
-    if lifted:
-        worst = max(lifted, key=lambda x: x[2])
-        text += (f"; the monotone table lifted {len(lifted)} point(s) above their measurement, up to "
-                 f"{100 * worst[2]:.1f}% at {worst[0]}={worst[1]} (a spike before it carried upward)")
+    text = (f"noise: repeated runs of a point spread by {100 * noise['median_spread']:.1f}% IQR / median (median "
+            f"over points; worst {100 * noise['max_spread']:.1f}% at {noise['worst']})")
+    moved = noise.get("moved", [])
+    if moved:
+        worst = max(moved, key=lambda x: abs(x[2]))
+        text += (f"; the monotone (isotonic) fit moved {len(moved)} point(s) off their measurement, up to "
+                 f"{100 * worst[2]:+.1f}% at {worst[0]}={worst[1]} (the measured curve went down there)")
     if noise.get("noisy"):
         return (f"[bold yellow]warning:[/] {text}. The table is noisy: rerun on an idle machine or with more "
                 "--repeats.")

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from avkit.config.fields import DEFAULT_K, MAX_K
-from avkit.curves import interp_curve
-from avkit.errors import ConfigError
 from avkit.validate import check_range
 
 
@@ -35,58 +31,18 @@ class SuffixCacheConfig:
 
 @dataclass(frozen=True)
 class HvdCostConfig:
-    """Cost of one decoding cycle, in units of one target forward (HVD replay throughput, live joint plan).
-
-    Linear (the defaults): a target forward over T tokens costs 1 + c_v * T, a draft-model step c_d.
-    Measured (`avkit hvd --cost-table`, avkit/hvd/cost.py): the points of an `avkit profile` table, in
-    target forwards of one token, interpolated like the table (last segment's slope beyond it); the
-    scalars then only summarize them (c_v the slope over 1-8 tokens, c_d one request's step)."""
+    """HVD's linear cost model, in units of one target forward (the defaults of `avkit hvd`): a target
+    forward over T tokens costs 1 + c_v * T, a draft-model step c_d. A measured table (`avkit hvd
+    --cost-table`) replaces the lines; pricing is avkit/hvd/cost.py's `HvdCost`, a view of the cost model."""
 
     verify_token_cost: float = 0.02  # extra target cost per verified draft token
     draft_step_cost: float = 0.33  # one draft-model step (CPU: ~3 vs ~9 tok/s, docs/runtime.md)
     cache_cost: float = 0.005  # suffix lookup + payoff predictor
-    verify_points: tuple[tuple[float, float], ...] = ()  # (target tokens T, cost of that forward); () = linear
-    draft_points: tuple[tuple[float, float], ...] = ()  # (requests n, one draft step over n rows); () = c_d
-    prefill_points: tuple[tuple[float, float], ...] = ()  # (tokens, the draft model's prefill of them); () = free
-    source: str = ""  # where measured points came from (the cost table's path and device)
 
     def __post_init__(self):
         check_range("verify_token_cost", self.verify_token_cost, 0.0)
         check_range("draft_step_cost", self.draft_step_cost, 0.0)
         check_range("cache_cost", self.cache_cost, 0.0)
-        for name in ("verify_points", "draft_points", "prefill_points"):  # lists from JSON / torch.save -> tuples
-            pts = tuple((float(x), float(y)) for x, y in getattr(self, name))
-            object.__setattr__(self, name, pts)
-            xs, ys = [x for x, _ in pts], [y for _, y in pts]
-            if pts and (any(b <= a for a, b in zip(xs, xs[1:])) or min(ys) < 0 or xs[0] < 0):
-                raise ConfigError(f"{name}: x must be >= 0 and increasing, costs >= 0; got {list(pts)}")
-
-    def verify(self, tokens) -> np.ndarray:
-        """Target forwards over `tokens` tokens (requests' bonus tokens + verified drafts), vectorized."""
-        t = np.asarray(tokens, dtype=np.float64)
-        if not self.verify_points:
-            return 1.0 + self.verify_token_cost * t
-        return interp_curve(t, *map(np.asarray, zip(*self.verify_points)))
-
-    def draft(self, requests) -> np.ndarray:
-        """One draft-model step over `requests` rows, vectorized."""
-        n = np.asarray(requests, dtype=np.float64)
-        if not self.draft_points:
-            return np.full_like(n, self.draft_step_cost)
-        return interp_curve(n, *map(np.asarray, zip(*self.draft_points)))
-
-    def catch_up(self, lag) -> np.ndarray:
-        """What drafting a row whose draft model lacks `lag` tokens costs first, vectorized: the prefill of
-        lag - 1 tokens (drafters/draft_model.py feeds the last one with the first pass; lag <= FREE_LAG = 2
-        costs nothing extra). A row the model has not drafted yet lacks its whole prompt. 0 without measured
-        prefill points (the linear model prices no catch-up)."""
-        lag = np.asarray(lag, dtype=np.float64)
-        if not self.prefill_points:
-            return np.zeros_like(lag)
-        fed = lag - 1.0  # tokens the catch-up forward feeds; below the prefill grid it costs a draft step of as
-        xs, ys = map(np.asarray, zip(*self.prefill_points))  # many rows (one token each, the same forward)
-        cost = np.where(fed < xs[0], self.draft(np.maximum(fed, 1.0)), interp_curve(fed, xs, ys))
-        return np.where(lag > 2, cost, 0.0)
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from avkit.kernels.dispatch import Kernels, select_kernels
 from avkit.models.transformer import HostLengths
 from avkit.runtime.prefill import prefill
 from avkit.runtime.sampling import probs_from_logits, sample_tokens
-from avkit.scheduling.catch_up import FREE_LAG  # rows lacking more tokens than this are prefilled first
+from avkit.scheduling.cost import FREE_LAG  # rows lacking more tokens than this are prefilled first
 from avkit.step_types import DraftBatch
 
 

@@ -13,7 +13,7 @@ Glossary:
                 non-increasing in j, so each request verifies a prefix; a confident cache draft keeps
                 slot 5 while a doubtful model draft is cut after 1
   full          the same batch verifying every drafted slot (the threshold router's behaviour)
-Step cost is in target forwards (`HvdCostConfig.verify` / `.draft`: linear, or a measured table's
+Step cost is in target forwards (`HvdCost.verify` / `.draft`: linear, or a measured table's
 curves); throughput = tokens / cost.
 """
 
@@ -23,12 +23,13 @@ import numpy as np
 import polars as pl
 import torch
 
-from avkit.config import HvdCostConfig
+
+from avkit.hvd.cost import HvdCost
 from avkit.hvd.path import Route
 from avkit.scheduling.plan import Plan, plan_survival, single_group
 
 
-def budget_plan(surv: np.ndarray, n_req: int, fixed_cost: float, cost: HvdCostConfig) -> Plan:
+def budget_plan(surv: np.ndarray, n_req: int, fixed_cost: float, cost: HvdCost) -> Plan:
     """[N, K] survivals (0 = no slot) -> scheduling/plan.py's plan of one step, costs in target forwards:
     cost(b) = fixed_cost + verify(N + b). Host survivals, so the plan runs on the host (named
     explicitly: the live drafter makes every other tensor on its inputs' device)."""
@@ -41,7 +42,7 @@ def budget_plan(surv: np.ndarray, n_req: int, fixed_cost: float, cost: HvdCostCo
                          num_scheduled=one(n_req), fixed_ms=one(float(fixed_cost)), verify_ms=verify)
 
 
-def budget_allocation(surv: np.ndarray, n_req: int, fixed_cost: float, cost: HvdCostConfig) -> np.ndarray:
+def budget_allocation(surv: np.ndarray, n_req: int, fixed_cost: float, cost: HvdCost) -> np.ndarray:
     """[N, K] survivals (0 = no slot) -> [N] verified prefix lengths maximizing E(b) / cost(b)."""
     return budget_plan(surv, n_req, fixed_cost, cost).num_verify.numpy()
 
@@ -68,7 +69,7 @@ class RunningRate:
         self.sums[n] = (self.decay * tokens + expected, self.decay * c + cost)
 
 
-def joint_step(cs: np.ndarray, ms: np.ndarray, cost: HvdCostConfig, k: int,
+def joint_step(cs: np.ndarray, ms: np.ndarray, cost: HvdCost, k: int,
                rate: RunningRate | None = None, lag: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One step of joint routing + budget for n requests with cache / model survivals [n, K].
 
@@ -104,7 +105,7 @@ def joint_step(cs: np.ndarray, ms: np.ndarray, cost: HvdCostConfig, k: int,
     return best[1], best[2]
 
 
-def simulate_batched(table: pl.DataFrame, route: Route, cost: HvdCostConfig, k: int, concurrency: int,
+def simulate_batched(table: pl.DataFrame, route: Route, cost: HvdCost, k: int, concurrency: int,
                      survivals: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, float]:
     """Decode the table's requests `concurrency` at a time. With `survivals` = (cache [R, K], model
     [R, K]) the drafters and slots are chosen jointly per step (`joint_step` with a running rate, as

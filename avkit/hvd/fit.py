@@ -19,9 +19,10 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
+from avkit.config import HvdReplayConfig, PayoffConfig, SuffixCacheConfig
 from avkit.errors import DataError
 from avkit.hvd.budget_sim import simulate_batched
+from avkit.hvd.cost import HvdCost
 from avkit.hvd.features import FEATURE_GROUPS
 from avkit.hvd.replay import ReplayGeneration, evaluate, load_generations, replay
 from avkit.hvd.router import ROUTERS, MLPRouter, RouterContext, make_router
@@ -123,7 +124,7 @@ def fit_hvd_generations(gens: list[ReplayGeneration], out_dir: str | os.PathLike
 
 def fit_hvd_table(table: pl.DataFrame, out_dir: str | os.PathLike | None = None, *,
                   replay_config: HvdReplayConfig = HvdReplayConfig(), payoff_config: PayoffConfig = PayoffConfig(),
-                  cost: HvdCostConfig = HvdCostConfig(), structure: bool = True,
+                  cost: HvdCost = HvdCost(), structure: bool = True,
                   routers: tuple[str, ...] = tuple(ROUTERS), ablation: bool = True,
                   extra_info: dict | None = None, outputs: StagedOutputs | None = None) -> HvdResult:
     """Fit routers on replayed rows (`replay`) and score them on held-out requests. `structure`: the
@@ -162,7 +163,7 @@ def fit_hvd_table(table: pl.DataFrame, out_dir: str | os.PathLike | None = None,
                                        >= replay_config.high_payoff).mean()),
             "mean_cache_draft_len": float(table.filter(pl.col("draft_len") > 0)["draft_len"].mean()),
             "val_mse": val_mse, "features": list(ctx.features), "k": replay_config.k, "high_payoff": replay_config.high_payoff,
-            "cost": asdict(cost),
+            "cost": cost.to_json(),
             "model_scale": float(fitted["survival"].model_scale) if "survival" in fitted else None,
             "payoff": asdict(payoff_config), **(extra_info or {})}
     result = HvdResult(metrics, abl, _budget(test, fitted, ctx), thresholds, info,
@@ -215,6 +216,6 @@ def fit_hvd(trace_paths: list[str | os.PathLike], out_dir: str | os.PathLike | N
              "temperatures": sorted(facts["temperatures"]),
              "inputs": inputs_record("avkit hvd", trace_paths, tokenizer=tc.source,
                                      k=kwargs.get("replay_config", HvdReplayConfig()).k,
-                                     draft_step_cost=kwargs.get("cost", HvdCostConfig()).draft_step_cost,
-                                     cost_source=kwargs.get("cost", HvdCostConfig()).source or "linear")}
+                                     draft_step_cost=kwargs.get("cost", HvdCost()).draft_step_cost,
+                                     cost_source=kwargs.get("cost", HvdCost()).source or "linear")}
     return fit_hvd_generations(gens, out_dir, classes=tc.table, extra_info=extra, **kwargs)

@@ -14,9 +14,9 @@ Glossary:
   limit           per row, how many drafts to propose: the plan's verified prefix. The model drafter
                   is asked for exactly that many, so a doubtful model row costs no draft passes
   catch-up        the draft model follows a request only while it drafts for it; the first model draft
-                  prefills its prompt, a later one what it missed (`HvdCostConfig.catch_up`, the profiled
+                  prefills its prompt, a later one what it missed (`HvdCost.catch_up`, the profiled
                   prefill curve): priced in the model option, which also runs without the rows needing one
-Costs are the replay's (`HvdCostConfig`, in target forwards), written into payoff_survival.pt by
+Costs are the replay's (`HvdCost`, in target forwards), written into payoff_survival.pt by
 `avkit hvd`, so the live plan and the replay's predictions use the same cost model.
 Lossless: every input (features of the context and the deterministic cache draft, the hit history
 of verified steps, the costs) is fixed before the model draws anything, so the limits never
@@ -25,13 +25,14 @@ depend on this step's draws (docs/lossless.md).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from avkit.config import HvdCostConfig
+
 from avkit.errors import ConfigError
 from avkit.hvd.budget_sim import RunningRate, joint_step
+from avkit.hvd.cost import HvdCost
 from avkit.hvd.features import feature_matrix
 from avkit.hvd.payoff_mlp import PayoffMLP
 
@@ -41,7 +42,7 @@ class JointRouter:
     payoff: PayoffMLP  # survival head
     model_surv: np.ndarray  # [bins + 1, K] P(model accepted >= j | hit-rate bin)
     hit_bins: np.ndarray  # [bins] inner edges of the hit-rate bins
-    cost: HvdCostConfig = HvdCostConfig()
+    cost: HvdCost = HvdCost()
     rate: RunningRate = field(default_factory=RunningRate, compare=False)  # lambda: planned tokens / cost so far
 
     def __post_init__(self):
@@ -54,7 +55,7 @@ class JointRouter:
     def extra(self) -> dict:
         """What `PayoffMLP.save` stores beside the weights so `from_extra` can rebuild the router."""
         return {"model_surv": self.model_surv.tolist(), "hit_bins": self.hit_bins.tolist(),
-                "cost": asdict(self.cost)}
+                "cost": self.cost.to_json()}
 
     @classmethod
     def from_extra(cls, payoff: PayoffMLP, extra: dict, path: str = "payoff file") -> JointRouter:
@@ -62,7 +63,7 @@ class JointRouter:
         if missing:
             raise ConfigError(f"{path}: survival payoff model lacks {missing} (written by an older `avkit hvd`; "
                               "rerun it)")
-        cost = HvdCostConfig(**extra.get("cost", {}))
+        cost = HvdCost.from_json(extra.get("cost", {}))
         return cls(payoff, np.asarray(extra["model_surv"], dtype=np.float64),
                    np.asarray(extra["hit_bins"], dtype=np.float64), cost)
 

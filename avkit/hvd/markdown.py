@@ -18,9 +18,11 @@ _COLS = ("router", "dataset", "tokens", "cycles_per_1k", "mean_accepted", "cache
 
 def cost_md(cost: dict) -> str:
     """The replay's cost model in words (every speedup in these tables assumes it)."""
-    if cost.get("verify_points"):
-        v = ", ".join(f"{x:g}: {y:.2f}" for x, y in cost["verify_points"])
-        d = ", ".join(f"{x:g}: {y:.2f}" for x, y in cost["draft_points"])
+    table = cost.get("table") or {}
+    if table and table.get("meta", {}).get("source") != "linear":  # a measured table, in target forwards
+        v = ", ".join(f"{x:g}: {y:.2f}" for x, y in zip(table["verify_tokens"], table["verify_ms"]))
+        fixed = table.get("draft_fixed_ms") or [0.0] * len(table["draft_ms"])
+        d = ", ".join(f"{x:g}: {y + f:.2f}" for x, y, f in zip(table["draft_requests"], table["draft_ms"], fixed))
         return (f"Cost model (units of one target forward over one token), measured: {cost.get('source', '')}. "
                 f"A target forward over T tokens costs verify(T) {{{v}}}; one draft-model step over n requests "
                 f"costs draft(n) {{{d}}} (interpolated; c_verify = {cost['verify_token_cost']:.3f} per token over "

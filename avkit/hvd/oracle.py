@@ -22,10 +22,10 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from avkit.config import HvdCostConfig
+from avkit.hvd.cost import HvdCost
 
 
-def oracle_paths(table: pl.DataFrame, cost: HvdCostConfig, k: int) -> dict[str, float]:
+def oracle_paths(table: pl.DataFrame, cost: HvdCost, k: int) -> dict[str, float]:
     """Rows (request_id, t) contiguous and t-sorted, as `replay` writes them -> the clairvoyant router's
     tokens, cycles (target verifications), cost (target forwards) and throughput over all requests."""
     rid = table["request_id"].to_numpy()

@@ -4,7 +4,7 @@ Glossary:
   cycle        one target verification: a cache draft (cost verify(1 + len) + c_cache) or a K-token
                model draft (cost verify(1 + K) + K draft(1) [+ c_cache when the cache was consulted]);
                it emits accepted + 1 tokens (the bonus / corrected token). verify(T) = 1 + c_v T and
-               draft(n) = c_d, or a measured table's curves (`HvdCostConfig`, avkit/hvd/cost.py)
+               draft(n) = c_d, or a measured table's curves (`HvdCost`, avkit/hvd/cost.py)
   route        per replay row (request, position t): use the cache draft?, and how many of its
                tokens to verify (<= its length)
   throughput   tokens / cost, in tokens per target forward; target-only decoding has 1.0
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from avkit.config import HvdCostConfig
+from avkit.hvd.cost import HvdCost
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ def full_route(table: pl.DataFrame, use_cache: np.ndarray, consults_cache: bool 
     return Route(np.asarray(use_cache, dtype=bool) & (dl > 0), dl.astype(np.int64), consults_cache)
 
 
-def simulate_paths(table: pl.DataFrame, route: Route, cost: HvdCostConfig, k: int) -> pl.DataFrame:
+def simulate_paths(table: pl.DataFrame, route: Route, cost: HvdCost, k: int) -> pl.DataFrame:
     """Per request: tokens, cycles, cost, accepted draft tokens, cache cycles along the decode path.
     `table` holds rows (request_id, t) for t = 0..n-1 of every request, contiguous and t-sorted."""
     rid = table["request_id"].to_numpy()
@@ -82,7 +82,7 @@ def path_metrics(paths: pl.DataFrame, by: str | None = None) -> pl.DataFrame:
     return paths.group_by(by).agg(aggs).sort(by)
 
 
-def throughput(table: pl.DataFrame, route: Route, cost: HvdCostConfig, k: int) -> float:
+def throughput(table: pl.DataFrame, route: Route, cost: HvdCost, k: int) -> float:
     """Overall tokens per unit cost of one route (the objective tau is chosen for)."""
     p = simulate_paths(table, route, cost, k)
     return float(p["tokens"].sum() / p["cost"].sum())

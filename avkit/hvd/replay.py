@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from avkit.config import HvdCostConfig, HvdReplayConfig, SuffixCacheConfig
+from avkit.config import HvdReplayConfig, SuffixCacheConfig
 from avkit.errors import TraceError
+from avkit.hvd.cost import HvdCost
 from avkit.hvd.features import contains, history_features, structure_features
 from avkit.hvd.model_accept import accept_lengths, matches_from_trace
 from avkit.hvd.path import Route, path_metrics, precision_recall, simulate_paths
@@ -119,11 +120,11 @@ def load_generations(trace_paths: list[str | Path]) -> tuple[list[ReplayGenerati
     return gens, info
 
 
-def evaluate(table: pl.DataFrame, routes: dict[str, Route], cost: HvdCostConfig, k: int,
+def evaluate(table: pl.DataFrame, routes: dict[str, Route], cost: HvdCost, k: int,
              high: int = 6, predictions: dict[str, np.ndarray] | None = None) -> pl.DataFrame:
     """Metrics of every route per dataset and overall, with speedups over `model` and `cache` routes
     (which must be among `routes`) and over target-only decoding (throughput 1). Columns c_draft,
-    c_verify, c_cache state the cost model (`HvdCostConfig`, in target forwards) the speedups assume.
+    c_verify, c_cache state the cost model (`HvdCost`, in target forwards) the speedups assume.
     Precision / recall of high-payoff drafts compare `predictions[name] >= high` (the predicted
     payoff, as the paper does) with the oracle `cache_acc >= high`; routers without a prediction
     are scored on their decision (cache chosen)."""

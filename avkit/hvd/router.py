@@ -32,9 +32,10 @@ from typing import Protocol
 import numpy as np
 import polars as pl
 
-from avkit.config import HvdCostConfig, PayoffConfig
+from avkit.config import PayoffConfig
 from avkit.errors import ConfigError
 from avkit.hvd.budget_sim import model_survival_table, simulate_batched
+from avkit.hvd.cost import HvdCost
 from avkit.hvd.features import ALL_FEATURES, feature_matrix
 from avkit.hvd.path import Route, full_route, throughput
 from avkit.hvd.payoff_mlp import PayoffMLP
@@ -49,7 +50,7 @@ class RouterContext:
     """What routers need besides the rows: K, the cost model, the feature set, the MLP config."""
 
     k: int
-    cost: HvdCostConfig = HvdCostConfig()
+    cost: HvdCost = HvdCost()
     features: tuple[str, ...] = ALL_FEATURES
     payoff: PayoffConfig = PayoffConfig()
 

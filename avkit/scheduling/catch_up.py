@@ -8,8 +8,8 @@ for that forward. Drafting pays it back only over the tokens the request has lef
   lag          tokens of the sequence the drafter has not seen (host count, `Drafter.lag`)
   remaining    new tokens the request may still emit, max_new_tokens - emitted: an upper bound (EOS may
                come first), so the rule errs towards drafting
-  price(lag)   prefill_ms(lag): the drafter's prefill of one request (the cost table's `prefill_ms`,
-               profiled; a draft pass over lag rows, an upper bound, where the table has none)
+  price(lag)   the cost model's catch-up price (scheduling/cost.py `catch_up_cost`: the drafter's prefill
+               of all but the last lagging token)
   saving(b)    batch ms saved per output token by drafting at batch size b: 1000 / tok_s(no-spec, b) -
                1000 / tok_s(schedule's arm at b), from `avkit tune`'s simulated table, linear in b between
                the concurrencies it simulated and the nearest one's beyond them
@@ -20,7 +20,8 @@ for that forward. Drafting pays it back only over the tokens the request has lef
                by the cost table's curves and the tuner's mean accepted drafts a(b) per drafting request,
                with a margin for what the curves miss (the engine's per-step speculative bookkeeping: live
                on this CPU at c=2, a step priced at +1.2% over target-only lost to it):
-                 (b + m a(b)) / (verify_ms(b + m k) + k draft_ms(m))  >  (1 + STEP_MARGIN) b / verify_ms(b)
+                 (b + m a(b)) / step_ms(b requests, m drafting k, b + m k tokens)
+                   >  (1 + STEP_MARGIN) b / step_ms(b, none drafting, b tokens)
                (k = the schedule's K(b)); otherwise no request drafts this step
 
 A request kept out stays out while its lag grows and its remaining shrinks at that batch size; it drafts
@@ -37,10 +38,11 @@ from itertools import pairwise
 import numpy as np
 
 from avkit.errors import ConfigError
+from avkit.scheduling.cost import FREE_LAG, CostTable, interp_curve
 
-FREE_LAG = 2  # tokens the first draft pass feeds itself (the draft x_K and the bonus token); more are prefilled
-PRICE_GRID = (16, 64, 256, 512)  # lags the price curve is profiled (and exported) at
 STEP_MARGIN = 0.05  # a partly drafting step must beat target-only by this share (module note)
+TUNED = ("concurrency", "saving_ms", "accepted")  # the tuner's curves, by batch size
+OLD_CURVES = {"prefill_tokens": "prefill_ms", "verify_tokens": "verify_ms", "draft_requests": "draft_ms"}
 
 
 def _curve(name: str, xs, ys, where: str) -> tuple[tuple[int, ...], tuple[float, ...]]:
@@ -55,51 +57,34 @@ def _curve(name: str, xs, ys, where: str) -> tuple[tuple[int, ...], tuple[float,
     return x, y
 
 
-def _linear(x, xs, ys) -> np.ndarray:
-    """Piecewise linear in (xs, ys), the last segment's slope beyond it, the first value below it."""
-    xs, ys, x = np.asarray(xs, np.float64), np.asarray(ys, np.float64), np.asarray(x, np.float64)
-    out = np.interp(x, xs, ys)
-    if xs.size > 1:
-        out = np.where(x > xs[-1], ys[-1] + (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) * (x - xs[-1]), out)
-    return out
-
-
-CURVES = (("concurrency", "saving_ms"), ("concurrency", "accepted"), ("prefill_tokens", "prefill_ms"),
-          ("verify_tokens", "verify_ms"), ("draft_requests", "draft_ms"))
-
-
 @dataclass(frozen=True)
 class CatchUpRule:
     concurrency: tuple[int, ...]  # [C] batch sizes the tuner simulated, increasing
     saving_ms: tuple[float, ...]  # [C] batch ms saved per output token by drafting there (<= 0: never pays)
     accepted: tuple[float, ...]  # [C] mean accepted drafts per drafting request-step there (the tuner's arm)
-    prefill_tokens: tuple[int, ...]  # [U] the drafter's prefill price curve, tokens of one request
-    prefill_ms: tuple[float, ...]  # [U]
-    verify_tokens: tuple[int, ...]  # [P] the cost table's target forward by tokens (the step check)
-    verify_ms: tuple[float, ...]  # [P]
-    draft_requests: tuple[int, ...]  # [Q] the cost table's draft pass by requests
-    draft_ms: tuple[float, ...]  # [Q]
+    cost: CostTable  # the cost model that prices the catch-up and the step check
     source: str = ""  # where it was read from (messages)
 
     def __post_init__(self):
         where = f"{self.source}: " if self.source else ""
-        for xname, yname in CURVES:
-            x, y = _curve(f"{xname}/{yname}", getattr(self, xname), getattr(self, yname), where)
-            object.__setattr__(self, xname, x)
-            object.__setattr__(self, yname, y)
-            if yname != "saving_ms" and min(y) < 0:
-                raise ConfigError(f"{where}catch_up.{yname} must be >= 0, got {list(y)}")
+        c, s = _curve("concurrency/saving_ms", self.concurrency, self.saving_ms, where)
+        _, a = _curve("concurrency/accepted", self.concurrency, self.accepted, where)
+        if min(a) < 0:
+            raise ConfigError(f"{where}catch_up.accepted must be >= 0, got {list(a)}")
+        object.__setattr__(self, "concurrency", c)
+        object.__setattr__(self, "saving_ms", s)
+        object.__setattr__(self, "accepted", a)
 
     def price_ms(self, lag: np.ndarray) -> np.ndarray:
-        """[n] tokens -> [n] ms of drafter prefill (linear, the last segment's slope beyond the curve)."""
-        return _linear(lag, self.prefill_tokens, self.prefill_ms)
+        """[n] tokens the drafter lacks -> [n] ms of its catch-up (the cost model's rule)."""
+        return self.cost.catch_up_cost(lag)
 
     def step_pays(self, m: int, b: int, k: int) -> bool:
         """The step check (module note): m of b requests drafting k each beats target-only decoding."""
-        a = float(np.interp(b, self.concurrency, self.accepted))
-        spec = (b + m * min(a, k)) / (_linear(b + m * k, self.verify_tokens, self.verify_ms)
-                                      + k * _linear(m, self.draft_requests, self.draft_ms))
-        return bool(spec > (1.0 + STEP_MARGIN) * b / _linear(b, self.verify_tokens, self.verify_ms))
+        a = float(interp_curve(b, self.concurrency, self.accepted, beyond="flat"))
+        spec_ms = self.cost.draft_cost(m, k) + self.cost.context_cost(b) + self.cost.verify_cost(b + m * k)
+        base_ms = self.cost.context_cost(b) + self.cost.verify_cost(b)
+        return bool((b + m * min(a, k)) / spec_ms > (1.0 + STEP_MARGIN) * b / base_ms)
 
     def plan(self, lag, remaining, batch_size: int, k: int) -> np.ndarray:
         """[n] bool: which requests draft this step: the rule per request, then the step check."""
@@ -110,7 +95,7 @@ class CatchUpRule:
         return ok
 
     def saving_at(self, batch_size: int) -> float:
-        return float(np.interp(batch_size, self.concurrency, self.saving_ms))
+        return float(interp_curve(batch_size, self.concurrency, self.saving_ms, beyond="flat"))
 
     def drafts(self, lag, remaining, batch_size: int) -> np.ndarray:
         """[n] bool: which of n requests (lag [n], remaining [n] host ints) draft at this batch size."""
@@ -119,15 +104,25 @@ class CatchUpRule:
         return (lag <= FREE_LAG) | pays
 
     def to_json(self) -> dict:
-        return {name: list(getattr(self, name)) for name in dict.fromkeys(n for pair in CURVES for n in pair)}
+        return {**{name: list(getattr(self, name)) for name in TUNED}, "cost": self.cost.to_json()}
 
     @classmethod
     def from_json(cls, data, source: str = "") -> CatchUpRule:
-        names = list(dict.fromkeys(n for pair in CURVES for n in pair))
+        """Back from `to_json`; older files carried copies of the cost curves instead of the cost model."""
+        where = f"{source}: " if source else ""
+        old = isinstance(data, dict) and "cost" not in data
+        names = list(TUNED) + ([n for pair in OLD_CURVES.items() for n in pair] if old else [])
         if not isinstance(data, dict) or any(not isinstance(data.get(n), list) for n in names):
-            raise ConfigError(f"{source + ': ' if source else ''}catch_up must be an object of lists "
-                              f"{', '.join(names)}; got {data!r}"[:400])
-        return cls(**{n: tuple(data[n]) for n in names}, source=source)
+            raise ConfigError(f"{where}catch_up must be an object of lists {', '.join(TUNED)} and a cost model; "
+                              f"got {data!r}"[:400])
+        if old:
+            curves = {}
+            for x, y in OLD_CURVES.items():
+                curves[x], curves[y] = _curve(f"{x}/{y}", data[x], data[y], where)
+            cost = CostTable(**curves, meta={"source": "catch-up rule"})
+        else:
+            cost = CostTable.from_json(data["cost"], source)
+        return cls(*(tuple(data[n]) for n in TUNED), cost=cost, source=source)
 
 
-__all__ = ["FREE_LAG", "PRICE_GRID", "STEP_MARGIN", "CatchUpRule"]
+__all__ = ["FREE_LAG", "STEP_MARGIN", "CatchUpRule"]

@@ -1,39 +1,95 @@
-"""Step cost tables: what one engine step costs as a function of its shape (docs/budget.md).
+"""The step cost model: what one engine step costs by its shape (docs/budget.md). The ONE pricing of a
+step: budget, early stop, draft gate, catch-up, the HVD joint plan (in target-forward units, `in_units`),
+`tune`'s arms and the simulator all price through `CostTable`.
 
-Glossary:
-  verify_ms(T)    target forward over T tokens at the table's KV context (weights + compute)
-  draft_ms(n)     one draft forward, one token for each of n requests
-  draft_fixed_ms(n)  drafting a step pays once when n requests draft, whatever k: vLLM's draft_model
-                  proposer runs its first pass over the tokens verified last step (up to k + 1 per
-                  request) and prepares its inputs (0 in native tables: avkit's drafter feeds 1-2 tokens)
-  context_ms(n)   target KV-cache reads that scale with requests, not tokens (0 in profiled tables,
-                  whose verify_ms already includes them for the profiling layout)
-  prefill_ms(n)   the drafter prefilling n tokens of one request (a new prompt, or what it missed while
-                  its request did not draft): the price of a catch-up (scheduling/catch_up.py). Profiled
-                  tables measure it; where it is absent it is priced as a draft pass over n rows, an upper
-                  bound (each row pays its own KV reads and one LM head)
-  draft passes    forwards the drafter runs for k drafts: k (autoregressive) or 1 (parallel, DSpark-like)
-  step_ms(n, k, T) = passes(k) * draft_ms(n) + [k > 0] draft_fixed_ms(n) + context_ms(n) + verify_ms(T)
-
-A table is a few measured points per curve, interpolated linearly (extrapolated with the last
-segment's slope), non-decreasing by construction. Tables come from `avkit profile` (measured) or from
-`avkit.scheduling.roofline` (what-if for a named accelerator and model size); both save as JSON.
+Schema (the JSON fields of a cost file; ms unless said; every grid strictly increasing from >= 0,
+every curve non-decreasing):
+  verify_tokens [P], verify_ms [P]   one target forward over T query tokens (weights + compute, and the
+                  KV reads of the profiling layout at `context_len`: 0 in `context_ms` then)
+  draft_requests [Q], draft_ms [Q]   one draft forward, one token for each of n requests, with the
+                  engine's work on its logits (features, the draft distribution, one draw)
+  draft_fixed_ms [Q]   drafting a step pays once when n requests draft, whatever k: vLLM's draft_model
+                  proposer runs its first pass over the tokens verified last step and prepares its inputs
+                  (empty = 0: avkit's drafter feeds 1-2 tokens)
+  context_ms [Q]  target KV-cache reads that scale with requests, not tokens (empty = 0: profiled tables,
+                  whose verify_ms holds them for the profiling layout)
+  prefill_tokens [U], prefill_ms [U]   the drafter prefilling n tokens of one request: the price of a
+                  catch-up (empty: priced as a draft pass over n rows, an upper bound)
+  drafter         "autoregressive" (k draft passes for k drafts) or "parallel" (one, DSpark-like)
+  context_len     KV tokens per request the curves were measured (or modelled) at; older files keep it
+                  in meta.context_len, which the reader accepts
+  kv_ms_per_token ms the target's KV read adds per cached context token of the step (summed over its
+                  requests) beyond context_len each (0: context does not move the price)
+  noise           per curve, the relative spread of each point's repeats (IQR / median; `avkit profile`)
+  meta            device, target, draft, source (profile | roofline | learned | vllm), provenance
+Model, for n requests drafting k each, T target tokens, C context tokens in the step (None: n context_len):
+  step_ms(n, k, T, C) = passes(k) draft_ms(n) + [k > 0] draft_fixed_ms(n) + context_ms(n)
+                        + kv_ms_per_token (C - n context_len) + verify_ms(T)
+  passes(k)       k (autoregressive) or [k > 0] (parallel)
+  catch_up(lag)   a request whose drafter lacks `lag` tokens: the drafter prefills all but the last
+                  (drafters/draft_model.py), prefill_ms(lag - 1), below the prefill grid a draft pass over
+                  those rows; lag <= FREE_LAG costs nothing (the first draft pass feeds them)
+Each curve is a few points, piecewise linear between them and the last segment's slope beyond
+(`interp_curve`, the one interpolation in avkit). Tables come from `avkit profile` (measured), `avkit
+serve` (learned online, scheduling/learn.py) or the roofline model (scheduling/roofline.py).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+import os
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from avkit.curves import interp_curve
+from avkit.config import DEFAULT_COST_PATH, PROFILE_CONTEXT_ENV
 from avkit.errors import ConfigError
+from avkit.scheduling.roofline import roofline_curves
 from avkit.staged import StagedOutputs
 
 DRAFTER_KINDS = ("autoregressive", "parallel")
+FREE_LAG = 2  # tokens the first draft pass feeds itself (the draft x_K and the bonus token); more are prefilled
+CURVES = ("verify_ms", "draft_ms", "context_ms", "draft_fixed_ms", "prefill_ms")  # the ms curves, by field
+GRID_OF = {"verify_ms": "verify_tokens", "draft_ms": "draft_requests", "context_ms": "draft_requests",
+           "draft_fixed_ms": "draft_requests", "prefill_ms": "prefill_tokens"}
+
+
+def interp_curve(x, xs, ys, beyond: str = "slope") -> np.ndarray:
+    """Piecewise linear in the grid `xs` -> `ys`; the first value below it; beyond it the last segment's
+    slope (`beyond="slope"`, cost curves) or the last value (`"flat"`, e.g. a tuner's per-batch savings).
+
+    >>> interp_curve([0, 1.5, 4], [1, 2, 3], [10.0, 20.0, 25.0]).tolist()
+    [10.0, 15.0, 30.0]
+    """
+    x, xs, ys = (np.asarray(v, dtype=np.float64) for v in (x, xs, ys))
+    y = np.interp(x, xs, ys)
+    if beyond == "slope" and xs.size > 1:
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        y = np.where(x > xs[-1], ys[-1] + slope * (x - xs[-1]), y)
+    return y
+
+
+def isotonic(y, weight=None) -> np.ndarray:
+    """Pool adjacent violators: the non-decreasing sequence closest to `y` in (weighted) least squares.
+    A spike is averaged with its neighbours instead of carried upward (a running maximum lifts every
+    point after it). One loop over curve points (tens), never over drafts.
+
+    >>> isotonic([1.0, 3.0, 2.0, 4.0]).tolist()
+    [1.0, 2.5, 2.5, 4.0]
+    """
+    y = np.asarray(y, dtype=np.float64).reshape(-1)
+    w = np.ones_like(y) if weight is None else np.asarray(weight, dtype=np.float64).reshape(-1)
+    means, weights, sizes = [], [], []
+    for yi, wi in zip(y.tolist(), w.tolist()):
+        means.append(yi), weights.append(wi), sizes.append(1)
+        while len(means) > 1 and means[-2] > means[-1]:  # pool the last two blocks
+            m, ww, s = means.pop(), weights.pop(), sizes.pop()
+            means[-1] = (means[-1] * weights[-1] + m * ww) / (weights[-1] + ww)
+            weights[-1] += ww
+            sizes[-1] += s
+    return np.repeat(np.asarray(means, dtype=np.float64), sizes)
 
 
 def _check_curve(label: str, xs: tuple, ys: tuple, source: str):
@@ -45,15 +101,10 @@ def _check_curve(label: str, xs: tuple, ys: tuple, source: str):
         raise ConfigError(f"{where}{label} ms must be finite and >= 0, got {y.tolist()}")
     if x[0] < 0 or np.any(np.diff(x) <= 0):
         raise ConfigError(f"{where}{label} x must be >= 0 and strictly increasing, got {x.tolist()}")
-    if np.any(np.diff(y) < 0):
+    if np.any(np.diff(y) < -1e-9 * max(float(y.max()), 1.0)):
         i = int(np.flatnonzero(np.diff(y) < 0)[0])
         raise ConfigError(f"{where}{label} must be non-decreasing: {y[i]} ms at {x[i]:g} > "
-                          f"{y[i + 1]} ms at {x[i + 1]:g} (use make_monotone)")
-
-
-def make_monotone(ms) -> list[float]:
-    """Running maximum: measured noise must never make a bigger step look cheaper."""
-    return np.maximum.accumulate(np.asarray(ms, dtype=np.float64)).tolist()
+                          f"{y[i + 1]} ms at {x[i + 1]:g} (use isotonic)")
 
 
 @dataclass(frozen=True)
@@ -64,35 +115,42 @@ class CostTable:
     draft_ms: tuple[float, ...]  # [Q] one draft forward
     context_ms: tuple[float, ...] = ()  # [Q] target KV reads by requests (empty = 0)
     drafter: str = "autoregressive"
-    meta: dict = field(default_factory=dict)  # device, target, draft, context_len, source, ...
+    meta: dict = field(default_factory=dict)  # device, target, draft, source, ...
     draft_fixed_ms: tuple[float, ...] = ()  # [Q] drafting paid once per step by requests (empty = 0)
     prefill_tokens: tuple[int, ...] = ()  # [U] tokens of one request the drafter prefills (grid; empty: not profiled)
     prefill_ms: tuple[float, ...] = ()  # [U]
+    context_len: int = 0  # KV tokens per request the curves hold
+    kv_ms_per_token: float = 0.0  # ms per cached context token of a step beyond context_len per request
+    noise: dict = field(default_factory=dict)  # curve -> [points] IQR / median of the repeats (profiled tables)
 
     def __post_init__(self):
         src = str(self.meta.get("path", ""))
         _check_curve("verify", self.verify_tokens, self.verify_ms, src)
         _check_curve("draft", self.draft_requests, self.draft_ms, src)
-        if self.context_ms:
-            _check_curve("context", self.draft_requests, self.context_ms, src)
-        if self.draft_fixed_ms:
-            _check_curve("draft_fixed", self.draft_requests, self.draft_fixed_ms, src)
+        for name in ("context_ms", "draft_fixed_ms"):
+            if getattr(self, name):
+                _check_curve(name.removesuffix("_ms"), self.draft_requests, getattr(self, name), src)
         if self.prefill_tokens or self.prefill_ms:
             _check_curve("prefill", self.prefill_tokens, self.prefill_ms, src)
         if self.drafter not in DRAFTER_KINDS:
             raise ConfigError(f"cost table {src}: drafter must be one of {DRAFTER_KINDS}, got {self.drafter!r}")
-        object.__setattr__(self, "_v", (np.asarray(self.verify_tokens, float), np.asarray(self.verify_ms)))
-        object.__setattr__(self, "_d", (np.asarray(self.draft_requests, float), np.asarray(self.draft_ms)))
-        ctx = self.context_ms or (0.0,) * len(self.draft_ms)
-        object.__setattr__(self, "_c", (np.asarray(self.draft_requests, float), np.asarray(ctx)))
-        fixed = self.draft_fixed_ms or (0.0,) * len(self.draft_ms)
-        object.__setattr__(self, "_f", (np.asarray(self.draft_requests, float), np.asarray(fixed)))
-        object.__setattr__(self, "_p", (np.asarray(self.prefill_tokens, float), np.asarray(self.prefill_ms, float)))
+        if self.context_len < 0 or not math.isfinite(self.kv_ms_per_token) or self.kv_ms_per_token < 0:
+            raise ConfigError(f"cost table {src}: context_len and kv_ms_per_token must be >= 0, got "
+                              f"{self.context_len} and {self.kv_ms_per_token}")
+
+    def curve(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """(grid, ms) of a curve by its ms field; an empty optional curve reads as zeros on its grid."""
+        xs = np.asarray(getattr(self, GRID_OF[name]), dtype=np.float64)
+        ys = np.asarray(getattr(self, name), dtype=np.float64)
+        return xs, (ys if ys.size else np.zeros_like(xs))
+
+    def _at(self, name: str, x) -> np.ndarray:
+        return interp_curve(x, *self.curve(name))
 
     # ---- lookups (vectorized over numpy arrays) ----
     def verify_cost(self, tokens) -> np.ndarray:
         """[n] target tokens -> [n] ms."""
-        return interp_curve(np.asarray(tokens, dtype=np.float64), *self._v)
+        return self._at("verify_ms", tokens)
 
     def draft_passes(self, k) -> np.ndarray:
         k = np.asarray(k, dtype=np.float64)
@@ -100,11 +158,11 @@ class CostTable:
 
     def draft_pass_cost(self, num_requests) -> np.ndarray:
         """One draft forward of n rows, one token each."""
-        return interp_curve(np.asarray(num_requests, dtype=np.float64), *self._d)
+        return self._at("draft_ms", num_requests)
 
     def draft_fixed_cost(self, num_requests) -> np.ndarray:
         """What a step's drafting pays once for n drafting requests, beyond its passes (0 unless profiled)."""
-        return interp_curve(np.asarray(num_requests, dtype=np.float64), *self._f)
+        return self._at("draft_fixed_ms", num_requests)
 
     def draft_cost(self, num_requests, k) -> np.ndarray:
         """Drafting k tokens for each of n requests: passes(k) forwards of n rows, plus the fixed part if k > 0."""
@@ -113,22 +171,47 @@ class CostTable:
             (k > 0) * self.draft_fixed_cost(num_requests)
 
     def draft_prefill_cost(self, tokens) -> np.ndarray:
-        """The drafter prefilling n tokens of one request; a draft pass over n rows where not profiled."""
+        """The drafter prefilling n tokens of one request; a draft pass over n rows where not profiled
+        or below the profiled grid (the same forward: n rows of one token)."""
+        tokens = np.asarray(tokens, dtype=np.float64)
         if not self.prefill_tokens:
             return self.draft_pass_cost(tokens)
-        return interp_curve(np.asarray(tokens, dtype=np.float64), *self._p)
+        return np.where(tokens < self.prefill_tokens[0], self.draft_pass_cost(np.maximum(tokens, 1.0)),
+                        self._at("prefill_ms", tokens))
 
-    def context_cost(self, num_requests) -> np.ndarray:
-        """The target's KV reads for n requests (0 for profiled tables)."""
-        return interp_curve(np.asarray(num_requests, dtype=np.float64), *self._c)
+    def catch_up_cost(self, lag) -> np.ndarray:
+        """[n] ms the drafter spends before drafting rows that lack `lag` [n] tokens (module note)."""
+        lag = np.asarray(lag, dtype=np.float64)
+        return np.where(lag > FREE_LAG, self.draft_prefill_cost(np.maximum(lag - 1.0, 1.0)), 0.0)
 
-    def fixed_cost(self, num_requests, k) -> np.ndarray:
+    def context_cost(self, num_requests, context_tokens=None) -> np.ndarray:
+        """The target's KV reads for n requests holding `context_tokens` cached tokens in all (None: the
+        table's context_len each): the context curve, moved by kv_ms_per_token per token beyond it."""
+        n = np.asarray(num_requests, dtype=np.float64)
+        base = self._at("context_ms", n)
+        if context_tokens is None or not self.kv_ms_per_token:
+            return base
+        return base + self.kv_ms_per_token * (np.asarray(context_tokens, dtype=np.float64) - n * self.context_len)
+
+    def fixed_cost(self, num_requests, k, context_tokens=None) -> np.ndarray:
         """Cost that does not depend on how many drafts are verified: drafting k + KV reads."""
-        return self.draft_cost(num_requests, k) + self.context_cost(num_requests)
+        return self.draft_cost(num_requests, k) + self.context_cost(num_requests, context_tokens)
 
-    def step_cost(self, num_requests, k, tokens) -> np.ndarray:
+    def step_cost(self, num_requests, k, tokens, context_tokens=None) -> np.ndarray:
         """Predicted step time: n requests drafting k tokens each, T target tokens verified."""
-        return self.fixed_cost(num_requests, k) + self.verify_cost(tokens)
+        return self.fixed_cost(num_requests, k, context_tokens) + self.verify_cost(tokens)
+
+    # ---- views ----
+    def in_units(self, unit_ms: float) -> CostTable:
+        """The same model with every price divided by `unit_ms` (HVD counts in target forwards of one token)."""
+        scaled = {name: tuple((np.asarray(getattr(self, name), dtype=np.float64) / unit_ms).tolist())
+                  for name in CURVES}
+        return replace(self, **scaled, kv_ms_per_token=self.kv_ms_per_token / unit_ms,
+                       meta={**self.meta, "unit_ms": unit_ms})
+
+    def with_curves(self, **curves) -> CostTable:
+        """A copy with some ms curves replaced (same grids), e.g. learned ones (scheduling/learn.py)."""
+        return replace(self, **{k: tuple(float(v) for v in ys) for k, ys in curves.items()})
 
     # ---- persistence ----
     def to_json(self) -> dict:
@@ -146,7 +229,7 @@ class CostTable:
 
     @classmethod
     def load(cls, path) -> CostTable:
-        """Read and validate a cost table JSON; every error names the file and the field."""
+        """Read and validate a cost file (any version of the schema above); errors name the file and field."""
         path = Path(path).expanduser()
         if not path.is_file():
             raise ConfigError(f"cost table: no such file: {path}")
@@ -154,33 +237,46 @@ class CostTable:
             d = json.loads(path.read_text(encoding="utf-8"), parse_constant=_reject_constant)
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as e:
             raise ConfigError(f"cost table {path}: not valid JSON ({_one_line(e)})") from None
-        if not isinstance(d, dict):
-            raise ConfigError(f"cost table {path}: expected a JSON object, got {type(d).__name__}")
-        need = ("verify_tokens", "verify_ms", "draft_requests", "draft_ms")
-        missing = [k for k in need if k not in d]
-        if missing:
-            raise ConfigError(f"cost table {path}: missing key {missing[0]!r}")
-        meta = d.get("meta", {})
-        if not isinstance(meta, dict):
-            raise ConfigError(f"cost table {path}: field 'meta' must be an object, got {meta!r}")
-        _check_meta(path, meta)
-        drafter = d.get("drafter", "autoregressive")
-        if not isinstance(drafter, str):
-            raise ConfigError(f"cost table {path}: field 'drafter' must be a string, got {drafter!r}")
-        table = cls(
-            verify_tokens=_numbers(path, d, "verify_tokens", integer=True),
-            verify_ms=_numbers(path, d, "verify_ms"),
-            draft_requests=_numbers(path, d, "draft_requests", integer=True),
-            draft_ms=_numbers(path, d, "draft_ms"),
-            context_ms=_numbers(path, d, "context_ms", empty=True) if "context_ms" in d else (),
-            drafter=drafter, meta={**meta, "path": str(path)},
-            draft_fixed_ms=_numbers(path, d, "draft_fixed_ms", empty=True) if "draft_fixed_ms" in d else (),
-            prefill_tokens=_numbers(path, d, "prefill_tokens", integer=True, empty=True) if "prefill_tokens" in d
-            else (), prefill_ms=_numbers(path, d, "prefill_ms", empty=True) if "prefill_ms" in d else ())
+        table = cls.from_json(d, str(path))
         if min(table.verify_ms) <= 0:
             raise ConfigError(f"cost table {path}: field 'verify_ms' must be positive (a target forward costs "
                               f"time), got {list(table.verify_ms)}")
         return table
+
+    @classmethod
+    def from_json(cls, d, source: str = "") -> CostTable:
+        """A table from its JSON object (`to_json`), older files included (context_len in meta, no noise)."""
+        where = f"cost table {source}" if source else "cost table"
+        if not isinstance(d, dict):
+            raise ConfigError(f"{where}: expected a JSON object, got {type(d).__name__}")
+        missing = [k for k in ("verify_tokens", "verify_ms", "draft_requests", "draft_ms") if k not in d]
+        if missing:
+            raise ConfigError(f"{where}: missing key {missing[0]!r}")
+        meta = d.get("meta", {})
+        if not isinstance(meta, dict):
+            raise ConfigError(f"{where}: field 'meta' must be an object, got {meta!r}")
+        _check_meta(where, meta)
+        drafter = d.get("drafter", "autoregressive")
+        if not isinstance(drafter, str):
+            raise ConfigError(f"{where}: field 'drafter' must be a string, got {drafter!r}")
+        noise = d.get("noise", {})
+        if not isinstance(noise, dict):
+            raise ConfigError(f"{where}: field 'noise' must be an object, got {noise!r}")
+        lists = {}
+        for f in ("verify_tokens", "draft_requests", "prefill_tokens"):
+            if f in d:
+                lists[f] = _numbers(where, d, f, integer=True, empty=f == "prefill_tokens")
+        for f in CURVES:
+            if f in d:
+                lists[f] = _numbers(where, d, f, empty=f not in ("verify_ms", "draft_ms"))
+        context_len = d.get("context_len", meta.get("context_len", 0))
+        kv = d.get("kv_ms_per_token", 0.0)
+        for key, v in (("context_len", context_len), ("kv_ms_per_token", kv)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or \
+                    (key == "context_len" and v != int(v)):
+                raise ConfigError(f"{where}: field {key!r} must be a non-negative number, got {v!r}")
+        return cls(**lists, drafter=drafter, meta={**meta, **({"path": source} if source else {})},
+                   context_len=int(context_len), kv_ms_per_token=float(kv), noise=noise)
 
 
 def _reject_constant(name: str):
@@ -191,28 +287,41 @@ def _one_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
-def _numbers(path: Path, d: dict, key: str, *, integer: bool = False, empty: bool = False) -> tuple:
+def _numbers(where: str, d: dict, key: str, *, integer: bool = False, empty: bool = False) -> tuple:
     """A list field of finite numbers (integers where asked); the error names file, field and index."""
     values = d[key]
-    if not isinstance(values, list) or (not values and not empty):
-        raise ConfigError(f"cost table {path}: field {key!r} must be a non-empty list of numbers, got {values!r}")
+    if not isinstance(values, (list, tuple)) or (not values and not empty):
+        raise ConfigError(f"{where}: field {key!r} must be a non-empty list of numbers, got {values!r}")
     for i, v in enumerate(values):
         ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
         if not ok or (integer and v != int(v)):
             kind = "an integer" if integer else "a finite number"
-            raise ConfigError(f"cost table {path}: field {key!r}[{i}] must be {kind}, got {v!r}")
+            raise ConfigError(f"{where}: field {key!r}[{i}] must be {kind}, got {v!r}")
     return tuple(int(v) for v in values) if integer else tuple(float(v) for v in values)
 
 
-def _check_meta(path: Path, meta: dict) -> None:
+def _check_meta(where: str, meta: dict) -> None:
     """Model ids are strings and K / context a non-negative integer, where the table states them."""
     for key in ("device", "target", "draft", "source"):
         if key in meta and not isinstance(meta[key], str):
-            raise ConfigError(f"cost table {path}: field 'meta.{key}' must be a string, got {meta[key]!r}")
+            raise ConfigError(f"{where}: field 'meta.{key}' must be a string, got {meta[key]!r}")
     for key in ("k", "context_len"):
         v = meta.get(key)
         if key in meta and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-            raise ConfigError(f"cost table {path}: field 'meta.{key}' must be a non-negative integer, got {v!r}")
+            raise ConfigError(f"{where}: field 'meta.{key}' must be a non-negative integer, got {v!r}")
+
+
+def parse_roofline_spec(spec: str) -> CostTable:
+    """`roofline:GPU:TARGET[:DRAFT][:context=N,drafter=parallel]` -> CostTable (scheduling/roofline.py's
+    curves). The context defaults to $AVKIT_PROFILE_CONTEXT_LEN, else 8192."""
+    return CostTable(**roofline_curves(spec, os.environ.get(PROFILE_CONTEXT_ENV, "8192")))
+
+
+def roofline_table(accelerator: str, target: str, draft: str | None = None, *, context_len: int = 8192,
+                   drafter: str = "autoregressive") -> CostTable:
+    """CostTable for `target` (verify) and `draft` (drafting) on `accelerator`."""
+    opts = f"context={context_len},drafter={drafter}"
+    return parse_roofline_spec(":".join(["roofline", accelerator, target, *([draft] if draft else []), opts]))
 
 
 def resolve_cost(spec: str | CostTable | None) -> CostTable:
@@ -221,9 +330,6 @@ def resolve_cost(spec: str | CostTable | None) -> CostTable:
     Empty/None: the profiled table at DEFAULT_COST_PATH if it exists, else the CPU roofline of the
     default model pair.
     """
-    from avkit.config import DEFAULT_COST_PATH
-    from avkit.scheduling.roofline import parse_roofline_spec
-
     if isinstance(spec, CostTable):
         return spec
     if not spec:
@@ -232,3 +338,7 @@ def resolve_cost(spec: str | CostTable | None) -> CostTable:
     if spec.startswith("roofline:"):
         return parse_roofline_spec(spec)
     return CostTable.load(spec)
+
+
+__all__ = ["CURVES", "DRAFTER_KINDS", "FREE_LAG", "CostTable", "interp_curve", "isotonic", "parse_roofline_spec",
+           "resolve_cost", "roofline_table"]

@@ -29,7 +29,7 @@ Glossary:
   paid back      when the caller gives the step's lags (tokens each request's drafter lacks) and the new
                  tokens each may still emit (`remaining`, an upper bound: EOS may come first), a step
                  that would draft does so only if its catch-up is paid back by then:
-                   sum_{lag_r > FREE_LAG} prefill_ms(lag_r) <= sum_r remaining_r * saving,
+                   sum_r catch_up_ms(lag_r) <= sum_r remaining_r * saving   (scheduling/cost.py),
                    saving = (context_ms(n) + verify_ms(n)) / n * (1 - 1 / gain)  (ms per output token)
                  with the gain of sure drafts while measuring. A server at load 16 whose requests end
                  at different times must not pay 8 prompts' drafter prefill for the last 20 tokens
@@ -54,7 +54,6 @@ import numpy as np
 import torch
 
 from avkit.config import DEFAULT_K
-from avkit.scheduling.catch_up import FREE_LAG
 from avkit.scheduling.cost import CostTable
 from avkit.scheduling.plan import rank_slots, single_group, survival
 from avkit.validate import check_range
@@ -157,11 +156,9 @@ class DraftGate:
     def pays_back(self, num_requests: int, gain: float, lag, remaining) -> bool:
         """The step's catch-up (lag [n] host ints, > FREE_LAG: prefilled) against what drafting at `gain`
         saves over the tokens its requests may still emit (remaining [n]); module note, "paid back"."""
-        lag = np.asarray(lag, dtype=np.int64)  # [n]
-        stale = lag[lag > FREE_LAG]
-        if stale.size == 0:
+        price = float(self.cost.catch_up_cost(lag).sum())  # ms
+        if price == 0.0:
             return True
-        price = float(self.cost.draft_prefill_cost(stale).sum())  # ms
         t0 = float(self.cost.context_cost(num_requests) + self.cost.verify_cost(num_requests))  # target-only step
         saving = t0 / num_requests * (1.0 - 1.0 / gain)  # ms per output token
         return price <= float(np.sum(remaining)) * saving

@@ -14,9 +14,10 @@ Glossary:
                  features, the draft distribution and one draw per row. At the config's temperature and
                  top-p; on a 2-core CPU with V = 151,936 this is ~30% of a batch-16 draft pass.
 Every point runs `warmup` times untimed before any is timed; then each is timed `repeats` times after
-`warmup` more runs, the median is kept, and each curve is made non-decreasing (running maximum) before
-it becomes a CostTable. `meta["noise"]` says how much the repeated runs disagreed and which points the
-running maximum lifted (a spike carried upward); `avkit profile` warns when the table is noisy.
+`warmup` more runs, the median is kept, and each curve is made non-decreasing by isotonic regression (pool
+adjacent violators: a spike is averaged with its neighbours, never carried upward) before it becomes a
+CostTable. The table's `noise` holds each point's IQR / median of its repeats; `meta["noise"]` sums it up
+and names the points the isotonic fit moved; `avkit profile` warns when the table is noisy.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import statistics
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from avkit.config import PROFILE_CONTEXT_ENV, ProfileConfig
@@ -35,8 +37,7 @@ from avkit.features import draft_features
 from avkit.kernels.argmax import argmax
 from avkit.provenance import inputs_record
 from avkit.runtime.sampling import probs_from_logits, sample_tokens
-from avkit.scheduling.catch_up import PRICE_GRID  # tokens of one request the drafter prefills: a catch-up's price
-from avkit.scheduling.cost import CostTable, make_monotone
+from avkit.scheduling.cost import CostTable, isotonic
 
 
 def context_len_from_env(default: int) -> int:
@@ -61,6 +62,7 @@ def _grid(top: int) -> list[int]:
     return points + [top]
 
 
+PRICE_GRID = (16, 64, 256, 512)  # tokens of one request the drafter prefills: a catch-up's price
 DENSE_TOKENS = 32  # verify steps profiled at every token count up to here (the cost is a staircase, below)
 
 
@@ -92,38 +94,45 @@ def _times_ms(fn: Callable[[], None], device: torch.device, repeats: int, warmup
     return times
 
 
-NOISY_SPREAD = 0.10  # repeated runs of one point differing by more than this (max-min over median) is noisy
-NOISY_LIFT = 0.05  # the running maximum raising a point by more than this hides a spike before it
+NOISY_SPREAD = 0.05  # a point whose repeats' IQR exceeds this share of their median is noisy (~3.7% sd if normal)
+NOISY_MOVE = 0.05  # the isotonic fit moving a point's median by more than this means the curve contradicts itself
+
+
+def spread(runs) -> float:
+    """A point's noise: the interquartile range of its repeats over their median (0 for one repeat)."""
+    q1, med, q3 = np.percentile(np.asarray(runs, dtype=np.float64), [25, 50, 75])
+    return float((q3 - q1) / med) if med > 0 else 0.0
 
 
 def noise_summary(curves: dict[str, tuple[list[int], list[list[float]]]]) -> dict:
     """How much a profile's repeated runs disagree. curves: name -> (grid [P], timed runs [P][repeats]).
 
-    spread of a point = (max - min) / median of its runs; lift = how far the running maximum (the monotone
-    table) raised a point's median above what was measured there, i.e. a spike at an earlier point carried
-    upward. -> {median_spread, max_spread, worst, lifted: [(curve, x, lift)], noisy}.
+    points: name -> [P] spread of each point (IQR / median, written per point into the cost file);
+    moved: (curve, x, change) where the isotonic fit (the monotone table) moved a point's median, i.e. the
+    measured curve went down there. -> {points, median_spread, max_spread, worst, moved, noisy}.
 
     Examples
     --------
-    >>> s = noise_summary({"verify": ([1, 2, 4], [[1.0, 1.0], [3.0, 2.0], [2.0, 2.0]])})
-    >>> round(s["max_spread"], 2), s["worst"], s["lifted"], s["noisy"]
-    (0.4, 'verify=2', [('verify', 4, 0.25)], True)
+    >>> s = noise_summary({"verify_ms": ([1, 2, 4], [[1.0, 1.0], [3.0, 2.0], [2.0, 2.0]])})
+    >>> s["points"]["verify_ms"], s["worst"], s["moved"], s["noisy"]
+    ([0.0, 0.2, 0.0], 'verify_ms=2', [('verify_ms', 2, -0.1), ('verify_ms', 4, 0.125)], True)
     """
-    spreads, lifted = [], []
+    points, spreads, moved = {}, [], []
     for name, (grid, runs) in curves.items():
+        points[name] = [round(spread(r), 4) for r in runs]
         medians = [statistics.median(r) for r in runs]
-        monotone = make_monotone(medians)
-        for x, r, m, mono in zip(grid, runs, medians, monotone):
-            spreads.append(((max(r) - min(r)) / m if m > 0 else 0.0, f"{name}={x}"))
-            if m > 0 and mono > m * (1 + 1e-9):
-                lifted.append((name, x, round(mono / m - 1, 4)))
+        fitted = isotonic(medians)
+        for x, m, fit, sp in zip(grid, medians, fitted.tolist(), points[name]):
+            spreads.append((sp, f"{name}={x}"))
+            if m > 0 and abs(fit / m - 1) > 1e-9:
+                moved.append((name, x, round(fit / m - 1, 4)))
     if not spreads:
-        return {"median_spread": 0.0, "max_spread": 0.0, "worst": "", "lifted": [], "noisy": False}
+        return {"points": points, "median_spread": 0.0, "max_spread": 0.0, "worst": "", "moved": [], "noisy": False}
     worst = max(spreads)
     med = statistics.median(v for v, _ in spreads)
-    noisy = worst[0] > NOISY_SPREAD or any(lift > NOISY_LIFT for _, _, lift in lifted)
-    return {"median_spread": round(med, 4), "max_spread": round(worst[0], 4), "worst": worst[1],
-            "lifted": lifted, "noisy": noisy}
+    noisy = worst[0] > NOISY_SPREAD or any(abs(change) > NOISY_MOVE for _, _, change in moved)
+    return {"points": points, "median_spread": round(med, 4), "max_spread": round(worst[0], 4), "worst": worst[1],
+            "moved": moved, "noisy": noisy}
 
 
 def _warm(timers: list[Callable[[], None]], rounds: int) -> None:
@@ -223,20 +232,22 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
         timers = [forward_timer(draft.model, cache, 1, n, 0, none) for n in PRICE_GRID]
         prefill_ms, prefill_runs = _time_points(timers, draft.model.device, config, on_point)
         del cache, timers
+    noise = noise_summary({"verify_ms": (t_grid, verify_runs), "draft_ms": (d_grid, draft_runs),
+                           **({"prefill_ms": (list(PRICE_GRID), prefill_runs)} if prefill_runs else {})})
     meta = {"source": "profile", "device": device_name(target.model.device), "target": target.model_id,
             "target_sha256": target.sha256, "draft": draft.model_id if draft else "",
             "draft_sha256": draft.sha256 if draft else "", "context_len": context, "k": config.k,
             "temperature": config.temperature, "top_p": config.top_p,
             "repeats": config.repeats, "dtype": str(target.model.dtype).removeprefix("torch."),
             "raw_verify_ms": verify_ms, "raw_draft_ms": draft_ms,
-            "noise": noise_summary({"verify T": (t_grid, verify_runs), "draft n": (d_grid, draft_runs),
-                                    **({"prefill n": (list(PRICE_GRID), prefill_runs)} if prefill_runs else {})}),
+            "noise": noise,
             "inputs": inputs_record("avkit profile"),  # avkit version and time (avkit/provenance.py)
             **memory_meta(target.model, draft.model if draft else None)}
-    return CostTable(tuple(t_grid), tuple(make_monotone(verify_ms)), tuple(d_grid),
-                     tuple(make_monotone(draft_ms)), (), "autoregressive", meta,
+    return CostTable(tuple(t_grid), tuple(isotonic(verify_ms).tolist()), tuple(d_grid),
+                     tuple(isotonic(draft_ms).tolist()), (), "autoregressive", meta,
                      prefill_tokens=PRICE_GRID if prefill_ms else (),
-                     prefill_ms=tuple(make_monotone(prefill_ms)) if prefill_ms else ())
+                     prefill_ms=tuple(isotonic(prefill_ms).tolist()) if prefill_ms else (),
+                     context_len=context, noise=noise.pop("points"))
 
 
 def num_points(config: ProfileConfig, with_draft: bool) -> int:

@@ -7,6 +7,8 @@ of a request shares its request's KV — so they go into `context_ms`:
   verify_ms(T)   = max(2·P·T / F, P·bytes / BW) + 4·L·H·d_head·ctx·T / F + launch
   context_ms(n)  = n · ctx · kv_bytes_per_token / BW
   draft_ms(n)    = the same forward for the draft model with n tokens, its own KV reads included
+  kv_ms_per_token = kv_bytes_per_token / BW: what each cached token beyond ctx per request adds
+This module returns those curves as plain tuples; scheduling/cost.py builds the cost model from them.
 F and BW are *achievable* dense bf16 FLOP/s and memory bandwidth (not datasheet peaks). The model
 ignores overlap of compute and memory phases and kernel-level effects (tile quantization, attention
 kernel efficiency); it gets the shape — flat while memory-bound, linear once compute-bound — right.
@@ -14,7 +16,6 @@ kernel efficiency); it gets the shape — flat while memory-bound, linear once c
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,34 +84,30 @@ def forward_ms(model: ModelShape, acc: Accelerator, tokens, requests, context: i
     return 1e3 * (np.maximum(flops / f, weight_bytes / bw) + attn_flops / f + kv_bytes / bw) + acc.launch_ms
 
 
-def roofline_table(accelerator: str, target: str, draft: str | None = None, *, context_len: int = 8192,
-                   drafter: str = "autoregressive"):
-    """CostTable for `target` (verify) and `draft` (drafting) on `accelerator`."""
-    from avkit.scheduling.cost import CostTable
-
+def _curves(accelerator: str, target: str, draft: str | None, context_len: int, drafter: str) -> dict:
+    """The cost model's fields (scheduling/cost.py `CostTable`) for `target` (verify) and `draft`
+    (drafting) on `accelerator`: plain tuples, the cost module builds the table."""
     acc = _lookup(ACCELERATORS, accelerator, "accelerator")
     tgt = _lookup(MODELS, target, "target model")
     drf = _lookup(MODELS, draft or DEFAULT_DRAFT.get(target.lower(), "0.5b"), "draft model")
     tokens, reqs = _TOKEN_GRID, _REQUEST_GRID
     verify = forward_ms(tgt, acc, tokens, 0, context_len)  # KV reads go to context_ms
-    context = 1e3 * reqs * context_len * tgt.kv_bytes_per_token(acc.bytes_per_param) / (acc.tb_s * 1e12)
+    kv_bytes = tgt.kv_bytes_per_token(acc.bytes_per_param)
+    context = 1e3 * reqs * context_len * kv_bytes / (acc.tb_s * 1e12)  # [Q] KV reads by requests
     draft_ms = forward_ms(drf, acc, reqs, reqs, context_len)
     meta = {"source": "roofline", "device": acc.name, "target": tgt.name, "draft": drf.name,
             "context_len": context_len, "tflops": acc.tflops, "tb_s": acc.tb_s, "memory_gb": acc.memory_gb,
             "weights_gb": (tgt.params + drf.params) * acc.bytes_per_param / 1e9,  # both models resident
             "kv_bytes_per_token": tgt.kv_bytes_per_token(acc.bytes_per_param) + drf.kv_bytes_per_token(
                 acc.bytes_per_param)}  # target + drafter KV per context token
-    return CostTable(tuple(int(x) for x in tokens), tuple(verify.tolist()), tuple(int(x) for x in reqs),
-                     tuple(draft_ms.tolist()), tuple(context.tolist()), drafter, meta)
+    return {"verify_tokens": tuple(int(x) for x in tokens), "verify_ms": tuple(verify.tolist()),
+            "draft_requests": tuple(int(x) for x in reqs), "draft_ms": tuple(draft_ms.tolist()),
+            "context_ms": tuple(context.tolist()), "drafter": drafter, "meta": meta,
+            "context_len": context_len, "kv_ms_per_token": 1e3 * kv_bytes / (acc.tb_s * 1e12)}
 
 
-def parse_roofline_spec(spec: str):
-    """`roofline:GPU:TARGET[:DRAFT][:context=N,drafter=parallel]` -> CostTable.
-
-    The context defaults to $AVKIT_PROFILE_CONTEXT_LEN, else 8192.
-    """
-    from avkit.config import PROFILE_CONTEXT_ENV
-
+def roofline_curves(spec: str, default_context: str = "8192") -> dict:
+    """`roofline:GPU:TARGET[:DRAFT][:context=N,drafter=parallel]` -> the cost model's fields (`_curves`)."""
     parts = spec.split(":")
     if len(parts) < 3 or parts[0] != "roofline":
         raise ConfigError(f"cost spec must look like roofline:GPU:MODEL[:DRAFT][:key=value,...], got {spec!r}")
@@ -123,12 +120,11 @@ def parse_roofline_spec(spec: str):
     if unknown:
         raise ConfigError(f"cost spec {spec!r}: unknown option {min(unknown)!r} (context, drafter)")
     try:
-        context = int(opts.get("context", os.environ.get(PROFILE_CONTEXT_ENV, "8192")))
+        context = int(opts.get("context", default_context))
     except ValueError:
         raise ConfigError(f"cost spec {spec!r}: context must be an integer, got {opts.get('context')!r}") from None
     draft = parts[3] if len(parts) > 3 else None
-    return roofline_table(parts[1], parts[2], draft, context_len=context,
-                          drafter=opts.get("drafter", "autoregressive"))
+    return _curves(parts[1], parts[2], draft, context, opts.get("drafter", "autoregressive"))
 
 
 def _lookup(table: dict, name: str, what: str):

@@ -240,10 +240,11 @@ def stale_tokens(copy: np.ndarray, drafts: np.ndarray) -> np.ndarray:
 
 def catch_up_ms(replay: Replay, drafts: np.ndarray) -> np.ndarray:
     """[G] drafter time spent, at each sim step that drafts, feeding it the tokens of its requests decoded
-    while they did not draft: one forward over all of them, priced as a draft pass of that many rows."""
-    stale = stale_tokens(replay.sched.copy, drafts)
-    tokens = np.bincount(replay.sched.group, weights=stale, minlength=replay.num_requests.size)  # [G]
-    return np.where(tokens > 0, replay.cost.draft_pass_cost(tokens), 0.0)
+    while they did not draft: per request the cost model's catch-up of a drafter `stale + 1` tokens behind,
+    as live (scheduling/cost.py `catch_up_cost`; one step without drafting leaves a free lag of 2)."""
+    stale = stale_tokens(replay.sched.copy, drafts)  # [S']
+    ms = np.where(stale > 0, replay.cost.catch_up_cost(stale + 1), 0.0)  # [S']
+    return np.bincount(replay.sched.group, weights=ms, minlength=replay.num_requests.size)  # [G]
 
 
 __all__ = ["Column", "SimPolicy", "catch_up_ms", "decide", "parse_policies", "stale_tokens"]

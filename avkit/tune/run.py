@@ -28,7 +28,7 @@ from avkit.config import TuneConfig
 from avkit.errors import ConfigError
 from avkit.estimators.base import ESTIMATORS
 from avkit.scheduling.cost import resolve_cost
-from avkit.scheduling.catch_up import PRICE_GRID, CatchUpRule
+from avkit.scheduling.catch_up import CatchUpRule
 from avkit.sim.steps import step_table
 from avkit.trace.reader import trace_metadata
 from avkit.tune.acceptance import acceptance_profile
@@ -120,16 +120,12 @@ def _per_concurrency(cells, samples, fixed_choice, on, enable, single: Arm, max_
 def _catch_up(cells, per_c: list[dict], cost) -> CatchUpRule:
     """Step 7b: the engine's catch-up rule (scheduling/catch_up.py): batch ms saved per output token in decode
     by each concurrency's recommended arm over no-spec (decode-only: the rule prices the prefill itself) and
-    its mean accepted drafts, the drafter's prefill price and the verify and draft curves (its step check)
-    from the cost table."""
+    its mean accepted drafts, and the cost model that prices the catch-up and its step check."""
     conc = [r["concurrency"] for r in per_c]
     rate = lambda arm, c: cells[arm, c].metrics["decode_tok_s"]
     saving = [1000.0 / rate("nospec", c) - 1000.0 / rate(r["arm"], c) for r, c in zip(per_c, conc)]
     accepted = [cells[r["arm"], c].metrics["mean_accepted"] for r, c in zip(per_c, conc)]
-    grid = cost.prefill_tokens or PRICE_GRID
-    return CatchUpRule(tuple(conc), tuple(saving), tuple(accepted), tuple(grid),
-                       tuple(cost.draft_prefill_cost(grid).tolist()), cost.verify_tokens, cost.verify_ms,
-                       cost.draft_requests, cost.draft_ms)
+    return CatchUpRule(tuple(conc), tuple(saving), tuple(accepted), cost)
 
 
 def _trtllm_loss(cells, fixed_choice, trt: list[tuple[int, int, int]]) -> dict[int, float]:

@@ -36,7 +36,7 @@ from avkit.config import EngineConfig, ModelsConfig, ProfileConfig, RecordConfig
 from avkit.errors import AvkitError
 from avkit.provenance import inputs_record
 from avkit.runtime.request import Request
-from avkit.scheduling.cost import CostTable, make_monotone
+from avkit.scheduling.cost import CostTable, isotonic
 from avkit.scheduling.profile import _grid, context_len_from_env, noise_summary
 
 
@@ -113,9 +113,10 @@ def table_from_points(points: list[dict], n_grid: list[int], meta: dict) -> Cost
     draft_ms, fixed_ms, draft_runs, phi = fit_drafting(points, n_grid)
     meta = {**meta, "raw_verify_ms": verify_ms, "raw_draft_ms": draft_ms, "raw_draft_fixed_ms": fixed_ms,
             "draft_fixed_passes": phi, "points": points,
-            "noise": noise_summary({"verify T": (t_grid, verify_runs), "draft n": (n_grid, draft_runs)})}
-    return CostTable(tuple(t_grid), tuple(make_monotone(verify_ms)), tuple(n_grid), tuple(make_monotone(draft_ms)),
-                     (), "autoregressive", meta, tuple(make_monotone(fixed_ms)) if phi > 0 else ())
+            "noise": noise_summary({"verify_ms": (t_grid, verify_runs), "draft_ms": (n_grid, draft_runs)})}
+    return CostTable(tuple(t_grid), tuple(isotonic(verify_ms).tolist()), tuple(n_grid), tuple(isotonic(draft_ms).tolist()),
+                     (), "autoregressive", meta, tuple(isotonic(fixed_ms).tolist()) if phi > 0 else (),
+                     context_len=int(meta.get("context_len", 0)), noise=meta["noise"].pop("points"))
 
 
 def spec_ks(k: int) -> list[int]:
