@@ -75,4 +75,16 @@ class VerifyOutcome:
     # j <= num_accepted[r] (at or before the first rejection); label = j < num_accepted[r].
 
 
-__all__ = ["DraftBatch", "Groups", "Load", "StepPlan", "VerifyOutcome"]
+@dataclass(frozen=True)
+class StepTime:
+    """One engine step's shape and wall time, for a policy that learns its cost model (host values)."""
+
+    num_requests: int  # requests in the step
+    passes: int  # draft passes that ran (0: target-only)
+    tokens: int  # target tokens the verify forward computed (one per request + the verified drafts)
+    context_tokens: int  # cached tokens of the step's requests in all (the KV the target read)
+    ms: float  # wall time from after admission (the target's prompt prefill is not the step's shape)
+    unpriced: bool  # the step holds work its shape does not price (a drafter's catch-up prefill, cache lookups)
+
+
+__all__ = ["DraftBatch", "Groups", "Load", "StepPlan", "StepTime", "VerifyOutcome"]

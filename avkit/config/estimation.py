@@ -59,12 +59,15 @@ class AdaptiveConfig:
     probe_every: int = 256  # skipped steps in a row before the gate drafts again to re-measure
     resume_margin: float = 0.1  # gate off: resume drafting only when it promises > 10% more tokens/ms
     stop_drafting: bool = True  # an autoregressive drafter stops each request's drafting early (stop.py)
+    learn_cost: bool = False  # learn the cost model from the engine's step times (scheduling/learn.py; serve: on)
+    cost_probe_every: int = 97  # learning: every this many steps a probe verifies a depth set by the step count
 
     def __post_init__(self):
         check_range("history", self.history, 1)
         check_range("gate_window", self.gate_window, 1)
         check_range("probe_every", self.probe_every, 1)
         check_range("resume_margin", self.resume_margin, 0.0)
+        check_range("cost_probe_every", self.cost_probe_every, 0)
 
 
 __all__ = ["AdaptiveConfig", "EstimatorConfig", "ForgettingConfig"]

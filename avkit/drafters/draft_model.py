@@ -85,6 +85,7 @@ class DraftModelDrafter(Drafter):
         drafted = torch.zeros(B, dtype=torch.int64, device=dev)  # [B] drafts proposed so far
         slots, wanted = (list(inp.host_slots()), list(inp.host_num_draft())) if K else ([], [])  # host bookkeeping
         rows = [b for b in range(B) if wanted[b] > 0]  # rows drafting in this pass
+        self.passes = 0
         if not rows:  # nothing drafts (K = 0, the gate off): the drafter is not run at all
             return DraftProposal(tokens_out, probs_out, q_sampled, feats, drafted, [self.kind] * B,
                                  confidences=confs if K and inp.coefficients is not None else None)
@@ -131,6 +132,7 @@ class DraftModelDrafter(Drafter):
                                tuple(host.cached[j] + host.q_lens[j] for j in sel), (1,) * len(sel))
             rows = [rows[j] for j in sel]
             tokens = x[torch.tensor(sel, dtype=torch.int64).to(dev), None]  # [b', 1]
+        self.passes = max(done.values(), default=0)
         for b, n in done.items():  # the cache now holds the sequence and x_1..x_{n-1}
             self._have[slots[b]] = len(inp.sequences[b]) + n - 1
         return DraftProposal(tokens_out, probs_out, q_sampled, feats, drafted, [self.kind] * B,

@@ -39,8 +39,9 @@ from avkit.runtime.sampling import probs_from_logits
 from avkit.runtime.sink import TraceSink
 from avkit.runtime.step_inputs import draft_input, limit_drafts, no_drafts, top_k_min_p
 from avkit.runtime.trace_rows import trace_rows
+from avkit.scheduling.cost import FREE_LAG
 from avkit.scheduling.policy import FullVerification, VerifyPolicy
-from avkit.step_types import DraftBatch, Load, StepPlan, VerifyOutcome
+from avkit.step_types import DraftBatch, Load, StepPlan, StepTime, VerifyOutcome
 
 
 class Engine:
@@ -148,6 +149,7 @@ class Engine:
         batch = list(self.running.values())
         if not batch:
             return []
+        t_decode = time.perf_counter()  # the step's shape starts here: admission prefill is not part of it
         draft, inp, load = self._draft(batch)
         K = draft.tokens.shape[1]
 
@@ -195,7 +197,19 @@ class Engine:
             self.policy.observe(VerifyOutcome(draft.features, plan.confidences, num_verify, result.num_accepted,
                                               draft.cache_rows))
         self._account(batch, inp, draft, num_verify, result, plan, outputs, t0)
+        self._time_step(batch, load, inp, verify_lens, t_decode)
         return outputs
+
+    def _time_step(self, batch, load: Load, inp, verify_lens: list[int], t_decode: float) -> None:
+        """The step's shape and time for the policy's cost model (host counts only, no device read)."""
+        drafting = self.drafter is not None and inp.k > 0
+        passes = self.drafter.passes if drafting else 0
+        wanted = inp.host_num_draft() if passes else ()
+        unpriced = (drafting and self.drafter.kind != "model") or (  # cache lookups; a catch-up prefill
+            load.lag is not None and any(lag > FREE_LAG and w > 0 for lag, w in zip(load.lag, wanted)))
+        timing = StepTime(len(batch), passes, len(batch) + sum(verify_lens), sum(len(s.tokens) - 1 for s in batch),
+                          (time.perf_counter() - t_decode) * 1e3, unpriced)
+        self.stats.cost_ratio = self.policy.observe_step_time(timing)
 
     def _draft(self, batch: list[RunningSeq]):
         """Drafts for the batch (or none), their DraftInput and the step's load."""

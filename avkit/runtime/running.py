@@ -32,6 +32,7 @@ class EngineStats:
     step_s: float = 0.0
     target_forward_s: float = 0.0
     draft_forward_s: float = 0.0
+    cost_ratio: float | None = None  # the last step's actual / predicted ms (a policy that predicts it), or None
 
     @property
     def overhead_share(self) -> float:

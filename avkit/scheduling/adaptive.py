@@ -13,14 +13,17 @@ Glossary:
                pays at its load, judged from earlier steps (gate.py); the engine then decodes target-only
   stop early   an autoregressive drafter pays one forward per depth, which trimming cannot refund;
                `continue_drafting` (called by the drafter after each pass) stops a request's drafting
-               once its next draft would not pay for itself (stop.py; the simulator's `adaptive-stop`)
+               once no deeper draft would pay for itself (stop.py; the simulator's `adaptive-stop`)
+  learned cost with a `learner` (AdaptiveConfig.learn_cost; serve) the engine's step times refit the
+               cost model (learn.py) and swap it in; every `cost_probe_every`-th step is a probe that
+               drafts and verifies a depth set by the step count alone (lossless, as fixed K)
 Registered in POLICIES as `adaptive`. With estimator "none" it verifies every draft (the `full` policy).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -33,10 +36,11 @@ from avkit.estimators.named import estimator_feature, load_estimator
 from avkit.kernels.dispatch import Kernels
 from avkit.scheduling.cost import CostTable, resolve_cost
 from avkit.scheduling.gate import DraftGate
+from avkit.scheduling.learn import CostLearner
 from avkit.scheduling.plan import Plan, plan, single_group, verify_lookup
 from avkit.scheduling.policy import VerifyPolicy
 from avkit.scheduling.stop import continue_drafting
-from avkit.step_types import DraftBatch, Groups, Load, StepPlan, VerifyOutcome
+from avkit.step_types import DraftBatch, Groups, Load, StepPlan, StepTime, VerifyOutcome
 
 log = logging.getLogger("avkit.adaptive")
 
@@ -69,6 +73,7 @@ class AdaptiveVerification(VerifyPolicy):
     cache_estimator: Estimator | None = None
     cache_trajectory: list[dict] = field(default_factory=list)  # the cache estimator's refits, as `trajectory`
     cache_refits: int = 0
+    learner: CostLearner | None = None  # learns `cost` from the engine's step times, probes (learn.py)
     _tables: dict = field(default_factory=dict, repr=False)  # (kind, device) -> cost lookup tables; (load, ..) -> inputs
 
     def cache_scorer(self) -> Estimator:
@@ -135,8 +140,33 @@ class AdaptiveVerification(VerifyPolicy):
     def use_kernels(self, kernels: Kernels) -> None:
         self.kernels = kernels
 
+    def probe(self) -> int | None:
+        """The depth this step verifies if the cost learner's schedule makes it a probe (step count only)."""
+        return None if self.learner is None or self.estimator is None else self.learner.probe_depth(self.k)
+
+    def use_cost(self, cost: CostTable) -> None:
+        """Price with `cost` from now on (a learned model): the kept lookup tables and the gate's go."""
+        self.cost = cost
+        self._tables.clear()
+        if self.gate is not None:
+            self.gate.use_cost(cost)
+
+    def observe_step_time(self, timing: StepTime) -> float | None:
+        """Feed the learner (when there is one); refits swap the model in. -> actual / predicted ms."""
+        if self.learner is None:
+            return None
+        ratio = self.learner.observe(timing.num_requests, timing.passes, timing.tokens, timing.ms,
+                                     timing.context_tokens, learn=not timing.unpriced)
+        if self.learner.model is not self.cost:
+            self.use_cost(self.learner.model)
+        return ratio
+
     def draft_this_step(self, load: Load) -> bool:
-        """Before drafting: False skips speculation for this step (the gate; always True without one)."""
+        """Before drafting: False skips speculation for this step (the gate; always True without one).
+        A cost probe decides alone: depth 0 decodes target-only, any other depth drafts."""
+        probe = self.probe()
+        if probe is not None:
+            return probe > 0
         return self.gate is None or self.estimator is None or \
             self.gate.draft_this_step(load.num_requests, load.lag, load.remaining)
 
@@ -159,6 +189,9 @@ class AdaptiveVerification(VerifyPolicy):
         sizing = self.sizing(batch, conf)
         plan = self._plan(conf, batch.num_drafted, load, sizing=sizing)
         self.last_plan, self.draft_ms = plan, None
+        probe = self.probe() if isinstance(load, Load) else None
+        if probe is not None:  # a cost probe verifies the depth its step count sets (lossless, as fixed K)
+            plan = replace(plan, num_verify=batch.num_drafted.clamp(max=probe))
         if self.gate is not None and isinstance(load, Load):  # Groups: observed by `draft_steps`
             # the gate's curve spans all K positions, even when fewer were drafted
             full = sizing[0] if conf.shape[1] == self.k else self.first_predictions(batch, self.k)
@@ -231,6 +264,9 @@ class AdaptiveVerification(VerifyPolicy):
         """
         if not self.stop_drafting or self.estimator is None or self.cost.drafter != "autoregressive":
             return None
+        probe = self.probe() if isinstance(load, Load) else None
+        if probe is not None:  # a cost probe drafts to its depth
+            return batch.num_drafted < probe
         conf = self.confidences(batch)  # [B, j]
         b, j = conf.shape
         dev = conf.device
@@ -245,11 +281,13 @@ class AdaptiveVerification(VerifyPolicy):
         else:
             paid = self.draft_ms + pass_ms
         self.draft_ms = paid
-        width = n * (max(j, self.k) + 1) + 2 if many else n + b * max(j, self.k) + 2
+        deep = max(j, self.k)  # the look-ahead reads verify_ms up to K tokens past the optimum
+        width = (n * (deep + 1) if many else n + b * deep) + deep + 2
         inputs = self._group_inputs(load, np.zeros(num_groups, np.int64) if many else 0, dev)
         inputs["fixed_ms"] = inputs["fixed_ms"] + paid
         keep, _ = continue_drafting(conf, batch.num_drafted, active, group, num_groups, pass_ms=pass_ms,
-                                    n_active=n_active, verify_ms=self._lookup("verify", width, dev), **inputs)
+                                    n_active=n_active, verify_ms=self._lookup("verify", width, dev),
+                                    max_drafts=deep, **inputs)
         return keep
 
     def observe(self, outcome: VerifyOutcome) -> None:
@@ -337,8 +375,10 @@ def make_adaptive(cost: str | CostTable | None = None, estimator: str | Estimato
         raise ConfigError(f"adaptive verification needs a lossless estimator; {est.name!r} reads a lossy "
                           "feature (trimming on q of the drawn token biases the output, docs/lossless.md)")
     table = resolve_cost(cost or config.cost)
+    learner = CostLearner(table, probe_every=config.cost_probe_every) if config.learn_cost and est is not None \
+        else None
     gate = (DraftGate(table, config.gate_window, config.probe_every, config.resume_margin, config.stop_drafting, k=k)
             if config.gate and est is not None else None)
     return AdaptiveVerification(table, est, history=config.history, gate=gate, k=k, stop_drafting=config.stop_drafting,
-                                cache_estimator=cache_est if est is not None else None)
+                                cache_estimator=cache_est if est is not None else None, learner=learner)
 

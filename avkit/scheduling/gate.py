@@ -132,6 +132,11 @@ class DraftGate:
         self._sure: dict[int, float] = {}  # n -> gain of sure drafts
         self._curves: dict[tuple[int, int], StepCurves] = {}  # (n, W) -> the step's cost tables
 
+    def use_cost(self, cost: CostTable) -> None:
+        """Price with `cost` from now on (a learned model): the kept curves and gains go."""
+        self.cost = cost
+        self._memo, self._sure, self._curves = (None, None, 0.0), {}, {}
+
     def gain(self, num_requests: int) -> float:
         """Best speculative rate over target-only decoding at this load, on the recent rows."""
         if self._memo[0] is not self.rows or self._memo[1] != num_requests:

@@ -28,7 +28,7 @@ import torch
 from avkit.config import AdaptiveConfig
 from avkit.errors import ConfigError
 from avkit.registry import Registry
-from avkit.step_types import DraftBatch, Groups, Load, StepPlan, VerifyOutcome
+from avkit.step_types import DraftBatch, Groups, Load, StepPlan, StepTime, VerifyOutcome
 
 
 class VerifyPolicy(Protocol):
@@ -71,6 +71,11 @@ class VerifyPolicy(Protocol):
     def continue_drafting(self, batch: DraftBatch, load: Load | Groups) -> torch.Tensor | None:
         """After each pass of an autoregressive drafter: [B] bool "draft one more" from the lossless
         features so far (DraftBatch name -> [B, j]), or None: no early stop (default)."""
+        return None
+
+    def observe_step_time(self, timing: StepTime) -> float | None:
+        """After a step, its shape and wall time (a policy may learn its cost model from them); returns the
+        step's actual / predicted ms, or None (default) when the policy predicts none."""
         return None
 
 
