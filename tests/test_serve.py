@@ -168,6 +168,7 @@ def test_metrics_count_drafts_per_position(server, client):
         assert drafted >= verified >= m[("avkit_accepted_total", key)] >= 0
     assert m[("avkit_drafted_total", (("drafter", "model"), ("position", "0")))] > 0
     assert m[("avkit_verify_budget_count", ())] > 0 and m[("avkit_step_seconds_count", ())] > 0
+    assert m[("avkit_spec_decode_step_time_actual_over_predicted_count", ())] > 0  # the cost model's error
     assert m[("avkit_generation_tokens_total", ())] >= 24
     assert m[("avkit_requests_total", (("endpoint", "/v1/completions"), ("status", "200")))] >= 1
     assert ("avkit_estimator_slope", ()) in m  # adaptive verification with the online estimator

@@ -262,6 +262,9 @@ class EngineLoop:
             return
         if self._metrics is not None:
             self._metrics.step_seconds.observe(time.perf_counter() - t0)
+            ratio = self._engine.stats.cost_ratio
+            if ratio is not None and ratio == ratio:  # the policy predicted this step (NaN: nothing predicted)
+                self._metrics.step_time_ratio.observe(ratio)
         for out in outputs:
             handle = self._running.get(out.request_id)
             if handle is None:  # cancelled meanwhile

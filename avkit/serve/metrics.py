@@ -102,6 +102,10 @@ class ServeMetrics:
                                 registry=r)
         self.verify_budget = Histogram("avkit_verify_budget", "drafts verified per engine step",
                                        buckets=_BUDGET_BUCKETS, registry=r)
+        self.step_time_ratio = Histogram(
+            "avkit_spec_decode_step_time_actual_over_predicted", "engine step wall time over the cost model's "
+            "prediction for its shape (adaptive policy; the learned model once it has refit)",
+            buckets=(0.5, 0.8, 0.9, 0.95, 1.0, 1.05, 1.1, 1.25, 1.5, 2.0, float("inf")), registry=r)
         self.step_seconds = Histogram("avkit_step_seconds", "engine step wall time",
                                       buckets=_LATENCY_BUCKETS, registry=r)
         self.ttft_seconds = Histogram("avkit_time_to_first_token_seconds", "admission to first token",

@@ -30,6 +30,7 @@ from avkit.serve.app import asgi_app
 from avkit.serve.engine_loop import EngineLoop
 from avkit.serve.metrics import ServeMetrics
 from avkit.serve.side_writes import SideWrites
+from avkit.serve.cost_snapshot import COST_SNAPSHOT, CostSnapshots
 from avkit.serve.snapshot import CoefficientSnapshots
 from avkit.serve.startup import (
     WarmStart,
@@ -68,7 +69,7 @@ def make_policy(config: ServeConfig, coefficients: str, pair: ServedPair | None 
     if config.policy == "adaptive":
         return make("adaptive", cost=config.adaptive.cost or None, estimator=config.adaptive.estimator,
                     coefficients=coefficients, k=config.engine.k, pair=pair,
-                    config=config.online, adaptive=config.adaptive)
+                    config=config.online, adaptive=replace(config.adaptive, learn_cost=True))  # serve learns
     return make(config.policy)
 
 
@@ -120,6 +121,7 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
                           "--snapshot or --coefficients)") from None
     side_writes = SideWrites()
     snapshots = CoefficientSnapshots(policy, snapshot_path(config), config.snapshot_every, pair, side_writes)
+    costs = CostSnapshots(policy, snapshot_path(config).with_name(COST_SNAPSHOT), side_writes=side_writes)
     metrics = ServeMetrics(config.engine.k, snapshots.current)
     side_writes.failures = metrics.side_write_failures
     sink = ServeSink(metrics, _trace_writer(config, target, draft), run_id=f"serve-{uuid.uuid4().hex[:8]}",
@@ -145,11 +147,12 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
         return Engine(target, draft, engine_config, policy=policy, sink=sink, drafter=drafter)
 
     loop = EngineLoop(make_engine, max_concurrency=config.engine.max_batch, queue_size=config.http.queue_size,
-                      metrics=metrics, on_step=snapshots.on_step,
+                      metrics=metrics, on_step=lambda: (snapshots.on_step(), costs.on_step()),
                       warm_up=functools.partial(warm_up, target, draft, engine_config))
 
     def close():  # never raises: each side write reports its own failure
         snapshots.write_guarded(force=True)
+        costs.write_guarded(force=True)
         sink.close()
 
     block = startup_block(config, target=target, draft=draft, device=str(device),
