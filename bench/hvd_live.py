@@ -42,7 +42,7 @@ import torch
 
 from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, HvdReplayConfig, SamplingConfig
 from avkit.drafters.draft_model import DraftModelDrafter
-from avkit.hvd.budget_sim import simulate_batched
+from avkit.hvd.joint_budget import simulate_batched
 from avkit.hvd.features import feature_matrix
 from avkit.hvd.hybrid_drafter import HybridDrafter
 from avkit.hvd.joint_route import JointRouter

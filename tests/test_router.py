@@ -111,7 +111,7 @@ def test_fitted_router_not_worse_than_worst_baseline(splits, ctx, name):
 
 @pytest.mark.parametrize("measured", [False, True])
 def test_budget_allocation_is_argmax_and_prefixes(measured):
-    from avkit.hvd.budget_sim import budget_allocation
+    from avkit.hvd.joint_budget import budget_allocation
 
     rng = np.random.default_rng(0)
     for _ in range(20):
@@ -131,7 +131,7 @@ def test_budget_allocation_is_argmax_and_prefixes(measured):
 
 
 def test_batched_concurrency_one_equals_path_simulation(splits, ctx):
-    from avkit.hvd.budget_sim import simulate_batched
+    from avkit.hvd.joint_budget import simulate_batched
 
     test = splits[2]
     measured = HvdCost.points(verify_points=((1, 1.0), (4, 1.1), (8, 2.0), (16, 3.7)),
@@ -181,7 +181,7 @@ def test_model_scale_is_the_validated_best(splits, ctx, draft_cost):
     """The joint router's shrink of the model survival table: the scale among MODEL_SCALES with the best
     joint throughput on the validation requests (recomputed here scale by scale), applied to the table
     the router keeps (ties: the larger)."""
-    from avkit.hvd.budget_sim import model_survival_table, simulate_batched
+    from avkit.hvd.joint_budget import model_survival_table, simulate_batched
     from avkit.hvd.router import MODEL_SCALES
 
     train, val, _ = splits

@@ -21,9 +21,9 @@ import polars as pl
 
 from avkit.config import HvdReplayConfig, PayoffConfig, SuffixCacheConfig
 from avkit.errors import DataError
-from avkit.hvd.budget_sim import simulate_batched
 from avkit.hvd.cost import HvdCost
 from avkit.hvd.features import FEATURE_GROUPS
+from avkit.hvd.joint_budget import simulate_batched
 from avkit.hvd.replay import ReplayGeneration, evaluate, load_generations, replay
 from avkit.hvd.router import ROUTERS, MLPRouter, RouterContext, make_router
 from avkit.hvd.token_lookup import TokenClasses, token_classes_for

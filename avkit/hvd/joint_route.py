@@ -6,7 +6,7 @@ Glossary:
                   row's features; 0 past min(draft length, the engine's wanted drafts)
   model survival  S^m[r, j] from a table keyed by the row's recent model hit rate (`hist_model_hit`),
                   fitted on the replay's training requests (`model_survival_table`); 0 past wanted
-  joint step      `avkit.hvd.budget_sim.joint_step`: the batch either runs the draft model (each row
+  joint step      `avkit.hvd.joint_budget.joint_step`: the batch either runs the draft model (each row
                   then takes the draft with the larger expected accepted length) or does not (cache
                   drafts only); each option's slots are planned by scheduling/plan.py (one group,
                   b* = argmax E(b) / cost(b)) and the option with the larger E - lambda cost wins,
@@ -29,11 +29,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-
 from avkit.errors import ConfigError
-from avkit.hvd.budget_sim import RunningRate, joint_step
 from avkit.hvd.cost import HvdCost
 from avkit.hvd.features import feature_matrix
+from avkit.hvd.joint_budget import RunningRate, joint_step
 from avkit.hvd.payoff_mlp import PayoffMLP
 
 

@@ -101,7 +101,7 @@ def hvd_markdown(result: HvdResult, title: str, notes: str = "") -> str:
                    "`survival+budget`: each step the batch either runs the draft model (each request then "
                    "takes whichever draft, cache or model, has the larger expected accepted length) or not "
                    "(cache drafts only), and all chosen slots compete for one budget b* = argmax E(b)/cost(b) "
-                   "over their survival curves (`avkit/hvd/budget_sim.py`); the other routers verify every "
+                   "over their survival curves (`avkit/hvd/joint_budget.py`); the other routers verify every "
                    "drafted slot, the draft model's cost being shared by the batch."), "",
                   table_md(wide), ""]
     if result.ablation.height:

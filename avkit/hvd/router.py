@@ -19,7 +19,7 @@ Routers (registry `ROUTERS`, looked up by name):
   survival  `PayoffMLP` survival head: verify the cache prefix b that maximizes expected tokens per
             cost when that beats the model drafter's expected tokens per cost (its survival from a
             table keyed by recent model hit rate, shrunk by a scale chosen on validation);
-            `avkit.hvd.budget_sim` lets a whole batch's cache and model slots compete for one
+            `avkit.hvd.joint_budget` lets a whole batch's cache and model slots compete for one
             verification budget with the same curves
 """
 
@@ -34,9 +34,9 @@ import polars as pl
 
 from avkit.config import PayoffConfig
 from avkit.errors import ConfigError
-from avkit.hvd.budget_sim import model_survival_table, simulate_batched
 from avkit.hvd.cost import HvdCost
 from avkit.hvd.features import ALL_FEATURES, feature_matrix
+from avkit.hvd.joint_budget import model_survival_table, simulate_batched
 from avkit.hvd.path import Route, full_route, throughput
 from avkit.hvd.payoff_mlp import PayoffMLP
 from avkit.trace import labels

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from avkit.hvd.budget_sim import simulate_batched
+from avkit.hvd.joint_budget import simulate_batched
 from avkit.hvd.oracle import oracle_paths
 
 SINGLE = ("model", "suffix")

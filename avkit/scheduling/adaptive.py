@@ -41,13 +41,14 @@ from avkit.scheduling.plan import Plan, plan, single_group, verify_lookup
 from avkit.scheduling.policy import VerifyPolicy
 from avkit.scheduling.stop import continue_drafting
 from avkit.step_types import DraftBatch, Groups, Load, StepPlan, StepTime, VerifyOutcome
+from avkit.trace import labels
 
 log = logging.getLogger("avkit.adaptive")
 
 def observed_labels(num_verify: torch.Tensor, num_accepted: torch.Tensor, k: int):
     """docs/estimator.md labels: (observed [B, K] bool, label [B, K] bool); label is meaningful where observed."""
     j = torch.arange(k, device=num_verify.device)[None, :]  # [1, K]
-    observed = (j < num_verify[:, None]) & (j <= num_accepted[:, None])  # [B, K]
+    observed = labels.observed(j, num_verify[:, None], num_accepted[:, None])  # [B, K]
     return observed, j < num_accepted[:, None]
 
 

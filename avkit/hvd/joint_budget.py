@@ -1,5 +1,6 @@
 """Cache and model drafts competing for one verification budget at a given concurrency
-(HVD + Adaptive Verification, docs/budget.md, docs/hvd.md; going beyond the HVD paper).
+(HVD + Adaptive Verification, docs/budget.md, docs/hvd.md; going beyond the HVD paper): the live
+router's step (`joint_step`, used by hvd/joint_route.py) and its batched replay (`simulate_batched`).
 
 Glossary:
   batch         `concurrency` replayed requests decoding in lockstep (the next waiting request takes a
