@@ -58,6 +58,11 @@ bench-real:
     python bench/engine.py
     just bench-adaptive-live
 
+# predicted / live step time per (T, batch, K): the profiled table vs the cost model learned online (real pair,
+# an idle CPU; `python bench/cost_live.py --tiny` checks it in seconds)
+bench-cost-live:
+    python bench/cost_live.py --cost ~/.cache/avkit/cost.json
+
 # live adaptive / best fixed K per cell through `avkit record --policy`, 3 interleaved repeats, 95% intervals
 # (real pair, idle CPU, hours on 2 cores; `python bench/adaptive_live.py --tiny` checks it in seconds)
 bench-adaptive-live:
