@@ -26,12 +26,6 @@ UNMARKED: dict[str, int] = {
     "engines/vllm/hooks.py": 3,
     "engines/vllm/metrics.py": 1,
     "engines/vllm/profile.py": 2,
-    "scheduling/batch_schedule.py": 1,
-    "scheduling/plan.py": 1,
-    "sim/drive.py": 1,
-    "sim/replay.py": 2,
-    "sim/steps.py": 1,
-    "tune/run.py": 4,
 }
 
 

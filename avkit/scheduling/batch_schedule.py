@@ -43,7 +43,7 @@ class BatchSchedule:
     dense: np.ndarray = field(init=False, repr=False, compare=False)  # [last hi + 1] K by batch size; [0] unused
 
     def __post_init__(self):
-        from avkit.tune.formats import check_vllm
+        from avkit.tune.formats import check_vllm  # lazy: polars (avkit.tune.formats; the engine imports this module)
 
         where = f"{self.source}: " if self.source else ""
         if not self.ranges:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 
@@ -188,8 +189,6 @@ def plan_survival(surv: torch.Tensor, num_drafted: torch.Tensor, group: torch.Te
 def verify_lookup(verify_cost, max_tokens: int, device=None) -> torch.Tensor:
     """[max_tokens + 1] float64 ms of verifying 0..max_tokens target tokens: a cost curve as a table
     (`CostTable.verify_cost` or any numpy-array function), built once on the host, kept on `device`."""
-    import numpy as np
-
     ms = verify_cost(np.arange(max_tokens + 1))
     return torch.as_tensor(np.asarray(ms, dtype=np.float64).reshape(-1), device=device)
 

@@ -29,6 +29,7 @@ from avkit.config import AdaptiveConfig
 from avkit.errors import ConfigError
 from avkit.estimators.named import estimator_feature, load_estimator
 from avkit.estimators.rounds import replay_steps
+from avkit.scheduling.batch_schedule import BatchSchedule
 from avkit.scheduling.cost import CostTable
 from avkit.scheduling.policy import PolicySpec, VerifyPolicy, parse_spec
 from avkit.sim.online import burn_in
@@ -99,8 +100,6 @@ class SimPolicy:
         if self.spec.name == "fixed":
             return min(int(self.spec.arg), k)
         if self.spec.name == "schedule":
-            from avkit.scheduling.batch_schedule import BatchSchedule
-
             return min(BatchSchedule.load(self.spec.arg).max_k, k)
         return k
 

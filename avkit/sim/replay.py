@@ -32,11 +32,12 @@ from avkit.config import SimulateConfig
 from avkit.errors import TraceError
 from avkit.estimators.base import ESTIMATORS
 from avkit.jsonsafe import json_safe
-from avkit.provenance import INPUTS_KEY
+from avkit.provenance import INPUTS_KEY, cost_record, inputs_record
 from avkit.scheduling.cost import CostTable
 from avkit.sim.drive import SimPolicy, decide, parse_policies
 from avkit.sim.steps import Replay, StepTable, schedule, step_table
 from avkit.staged import StagedOutputs
+from avkit.trace.reader import common_k, read_traces
 
 # The results table (one row per concurrency x policy), as written to Parquet and read by `avkit report`.
 RESULT_COLUMNS = {
@@ -66,8 +67,6 @@ def load_steps(traces) -> StepTable:
         return traces
     if isinstance(traces, pl.DataFrame):
         return step_table(traces)
-    from avkit.trace.reader import common_k, read_traces
-
     paths = [traces] if isinstance(traces, (str, Path)) else list(traces)
     return step_table(read_traces(paths), common_k(paths)[0])
 
@@ -141,8 +140,6 @@ def simulate(traces, cost: CostTable, concurrency=None, policies=None, *, config
 
 def results_inputs(paths, cost: CostTable, config: SimulateConfig, policies, command: str = "avkit simulate") -> dict:
     """The provenance record of a results file: traces (hashed), cost model, policies, concurrency."""
-    from avkit.provenance import cost_record, inputs_record
-
     return inputs_record(command, paths, cost=cost_record(cost, config.cost), policies=list(policies),
                          concurrency=list(config.concurrency), waves=config.waves)
 

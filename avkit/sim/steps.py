@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+
 import numpy as np
 import polars as pl
 
 from avkit.errors import TraceError
 from avkit.scheduling.cost import CostTable
+from avkit.trace.reader import MAX_INFERRED_K
 
 FEATURE_COLUMNS = ("logit_qmax", "q_max", "q_2nd", "entropy", "head_conf", "confidence")
 NEEDED = ("run_id", "request_id", "step", "position", "num_drafted", "num_verified", "num_accepted",
@@ -50,8 +52,6 @@ class StepTable:
 
 def _replay_k(df: pl.DataFrame, pos: np.ndarray, k: int | None) -> int:
     """K of the [S, K] arrays: the files' declared K, else max(num_drafted, position + 1) up to MAX_INFERRED_K."""
-    from avkit.trace.reader import MAX_INFERRED_K
-
     drafted = df["num_drafted"].to_numpy()
     if k is None:
         worst = int(np.argmax(np.maximum(drafted, pos + 1)))

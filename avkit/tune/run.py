@@ -21,20 +21,23 @@ Steps (each rule is written once, in the module named):
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import asdict
 
 import numpy as np
+import polars as pl
 
 from avkit.config import TuneConfig
 from avkit.errors import ConfigError
 from avkit.estimators.base import ESTIMATORS
-from avkit.scheduling.cost import resolve_cost
+from avkit.provenance import cost_record, inputs_record
 from avkit.scheduling.catch_up import CatchUpRule
+from avkit.scheduling.cost import resolve_cost
 from avkit.sim.steps import step_table
-from avkit.trace.reader import trace_metadata
+from avkit.trace.reader import common_k, read_traces, trace_metadata
 from avkit.tune.acceptance import acceptance_profile
 from avkit.tune.arms import Arm, Cell, simulate_arms
-from avkit.tune.context import context_schedule
 from avkit.tune.bootstrap import interval, resample_weights, resampled_rate
+from avkit.tune.context import context_schedule
 from avkit.tune.feasibility import memory_budget
 from avkit.tune.formats import engine_settings, trtllm_schedule
 from avkit.tune.idle import NOT_PRICED, idle_costs
@@ -217,10 +220,6 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
 def _steps(paths: list[str], datasets: tuple[str, ...]):
     """The traces' steps and slot rows, of `datasets`' requests only when given (one error line naming a
     missing one)."""
-    import polars as pl
-
-    from avkit.trace.reader import common_k, read_traces
-
     rows = read_traces(paths)
     if not datasets:
         return step_table(rows, common_k(paths)[0]), rows
@@ -234,10 +233,6 @@ def _steps(paths: list[str], datasets: tuple[str, ...]):
 
 def _inputs(paths: list[str], cost, config: TuneConfig) -> dict:
     """The provenance record (avkit/provenance.py): traces by sha256, the cost model, every setting."""
-    from dataclasses import asdict
-
-    from avkit.provenance import cost_record, inputs_record
-
     args = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items() if k not in ("out", "cost")}
     return inputs_record("avkit tune", paths, cost=cost_record(cost, config.cost), args=args)
 
