@@ -351,3 +351,22 @@ def test_profile_noise_is_per_point_and_names_what_the_isotonic_fit_moved():
     wide = noise_summary({"draft_ms": ([1, 2], [[1.0, 1.6, 1.0, 1.6], [2.0, 2.0, 2.0, 2.0]])})
     assert wide["noisy"] and wide["worst"] == "draft_ms=1" and wide["moved"] == []
     assert wide["points"]["draft_ms"] == [round(0.6 / 1.3, 4), 0.0]
+
+
+def test_profile_reads_a_real_prefix_written_by_the_models_prefill(tiny_pair):
+    """write_prefix: slot 0's keys come from the model's own prefill of real tokens and every row reads a copy;
+    a timed forward then gets the logits of the prefix + its continuation (as one forward over both gives)."""
+    from avkit.scheduling.profile import forward_timer, prompt_tokens, write_prefix
+
+    model = tiny_pair[0].model
+    ids = prompt_tokens(tiny_pair[0], 24)
+    assert len(ids) == 24 and ids == prompt_tokens(tiny_pair[0], 24)  # seeded: the tiny model has no tokenizer
+    cache = model.new_cache(3, 32)
+    write_prefix(model, cache, ids[:20], 3)
+    assert cache.lengths.tolist() == [20, 20, 20] and bool(cache.k[:, 0, :, :20].abs().sum() > 0)
+    assert torch.equal(cache.k[:, 2, :, :20], cache.k[:, 0, :, :20])
+    seen = []
+    forward_timer(model, cache, 3, 2, 20, "all", after=seen.append, feed=ids[20:])()
+    ref = model.new_cache(1, 32)
+    whole = model.forward(torch.tensor([ids[:22]]), torch.tensor([22]), torch.tensor([0]), ref, logits="all")
+    torch.testing.assert_close(seen[0][1, :2], whole[0, 20:22], rtol=1e-4, atol=1e-4)

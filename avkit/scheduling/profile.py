@@ -6,9 +6,10 @@ Glossary:
   draft point    n requests, one draft token each (one draft forward), at the same context
   prefill point  the drafter prefilling n tokens of one request into an empty slot, no logits: what a
                  catch-up costs (a new prompt, or tokens missed while not drafting; scheduling/catch_up.py)
-  context        synthetic KV length per request (default 8192; $AVKIT_PROFILE_CONTEXT_LEN overrides).
-                 The cache lengths are set without writing keys: attention reads as many positions as
-                 it would at that context, which is all the timing needs.
+  context        KV length per request (default 8192; $AVKIT_PROFILE_CONTEXT_LEN overrides): a real prefix,
+                 HumanEval prompts through the tokenizer, prefilled by the model into one slot (keys and
+                 values written) and copied to the others; each point feeds the tokens that continue it,
+                 so the logits (and each temperature's sampling work on them) are the model's own
   logits work   what the engine does with each forward's logits, timed with it (what actually runs):
                  verify = the target's sampling distributions over [n, q, V]; draft pass = lossless
                  features, the draft distribution and one draw per row. At the config's temperature and
@@ -36,6 +37,7 @@ from avkit.errors import ConfigError
 from avkit.features import draft_features
 from avkit.kernels.argmax import argmax
 from avkit.provenance import inputs_record
+from avkit.runtime.prefill import prefill
 from avkit.runtime.sampling import probs_from_logits, sample_tokens
 from avkit.scheduling.cost import CostTable, isotonic
 
@@ -155,13 +157,44 @@ def _time_points(timers, device, config, on_point) -> tuple[list[float], list[li
     return ms, runs
 
 
+def prompt_tokens(loaded, count: int, seed: int = 0) -> list[int]:
+    """`count` real prompt tokens: HumanEval prompts through the model's tokenizer, one after another (a tiny
+    test model without a tokenizer: seeded token ids of its vocabulary)."""
+    tok, vocab = getattr(loaded, "tokenizer", None), loaded.model.config.vocab_size
+    ids: list[int] = []
+    if tok is not None:
+        from avkit.workloads import load_workload  # lazy: the prompt sets load only when a profile runs
+
+        for prompt in load_workload("humaneval"):
+            ids += [t for t in tok.encode(prompt.text or "") if t < vocab]
+            if len(ids) >= count:
+                return ids[:count]
+    g = torch.Generator().manual_seed(seed)
+    return (ids + torch.randint(0, vocab, (count,), generator=g).tolist())[:count]
+
+
+def write_prefix(model, cache, ids: list[int], rows: int) -> None:
+    """Prefill `ids` into slot 0 (keys and values actually written by the model's prefill), then copy that
+    slot's KV into slots 1..rows-1: every row reads a real prefix of len(ids) tokens."""
+    if not ids:
+        return
+    prefill(lambda tokens, q_lens, slots, logits, host=None, prefill=False: model.forward(
+        tokens, q_lens, slots, cache, logits=logits, host=host, prefill=prefill), [ids], [0], device=model.device,
+        ragged=getattr(model, "ragged_prefill", False))
+    cache.k[:, 1:rows], cache.v[:, 1:rows] = cache.k[:, :1], cache.v[:, :1]  # [L, rows-1, H, T, D]
+    cache.lengths[:rows] = len(ids)
+
+
 def forward_timer(model, cache, num_requests: int, q_len: int, context: int, logits: str | torch.Tensor,
-                  after: Callable[[torch.Tensor], object] | None = None, total: int | None = None):
+                  after: Callable[[torch.Tensor], object] | None = None, total: int | None = None,
+                  feed: list[int] | None = None):
     """A closure running one forward of `num_requests` rows x `q_len` tokens at `context` (then `after` on
-    its logits), rolling the cache back to the synthetic context each time; `total`: the last row feeds only
-    what reaches that many tokens (a ragged forward computes exactly `total`, a padded one pads the row)."""
+    its logits), rolling the cache back to the context each time (the prefix `write_prefix` wrote stays);
+    `feed`: the real tokens each row feeds (their continuation of the prefix; default: token 1); `total`:
+    the last row feeds only what reaches that many tokens (a ragged forward computes exactly `total`)."""
     device = model.device
-    tokens = torch.ones(num_requests, q_len, dtype=torch.int64, device=device)  # [n, q] (token ids irrelevant)
+    row = (feed or [])[:q_len] + [1] * max(0, q_len - len(feed or []))
+    tokens = torch.tensor([row] * num_requests, dtype=torch.int64, device=device)  # [n, q] real continuation
     q_lens = torch.full((num_requests,), q_len, dtype=torch.int64, device=device)  # [n]
     if total is not None:
         q_lens[-1] = total - q_len * (num_requests - 1)
@@ -169,7 +202,7 @@ def forward_timer(model, cache, num_requests: int, q_len: int, context: int, log
     ctx = torch.full((num_requests,), context, dtype=torch.int64, device=device)  # [n]
 
     def run():
-        cache.lengths[slots] = ctx  # synthetic context: positions [0, ctx) count as cached
+        cache.lengths[slots] = ctx  # back to the prefix: positions [0, ctx) hold its keys and values
         out = model.forward(tokens, q_lens, slots, cache, logits=logits)
         if after is not None:
             after(out)
@@ -218,18 +251,22 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
     max_req = max(_verify_layout(config.max_tokens, config.k)[0], config.max_requests)
     max_len = context + config.k + 2
     verify, drafting = verify_work(config.temperature, config.top_p), draft_work(config.temperature, config.top_p)
+    ids = prompt_tokens(target, context + config.k + 1)  # the prefix and the tokens that continue it
     cache = target.model.new_cache(max_req, max_len)
-    timers = [forward_timer(target.model, cache, *_verify_layout(t, config.k), context, "all", verify, total=t)
-              for t in t_grid]
+    write_prefix(target.model, cache, ids[:context], max_req)
+    timers = [forward_timer(target.model, cache, *_verify_layout(t, config.k), context, "all", verify, total=t,
+                            feed=ids[context:]) for t in t_grid]
     verify_ms, verify_runs = _time_points(timers, target.model.device, config, on_point)
     del cache, timers
     draft_ms, draft_runs, prefill_ms, prefill_runs = [0.0] * len(d_grid), [], [], []
     if draft is not None:
         cache = draft.model.new_cache(config.max_requests, max(max_len, PRICE_GRID[-1]))
-        timers = [forward_timer(draft.model, cache, n, 1, context, "last", drafting) for n in d_grid]
+        write_prefix(draft.model, cache, ids[:context], config.max_requests)
+        timers = [forward_timer(draft.model, cache, n, 1, context, "last", drafting, feed=ids[context:])
+                  for n in d_grid]
         draft_ms, draft_runs = _time_points(timers, draft.model.device, config, on_point)
         none = torch.zeros(1, 0, dtype=torch.int64, device=draft.model.device)  # logits at no position
-        timers = [forward_timer(draft.model, cache, 1, n, 0, none) for n in PRICE_GRID]
+        timers = [forward_timer(draft.model, cache, 1, n, 0, none, feed=ids[:n]) for n in PRICE_GRID]
         prefill_ms, prefill_runs = _time_points(timers, draft.model.device, config, on_point)
         del cache, timers
     noise = noise_summary({"verify_ms": (t_grid, verify_runs), "draft_ms": (d_grid, draft_runs),
