@@ -119,9 +119,16 @@ def test_abort_frees_the_slot(models):
     assert {o.request_id for o in outs} == {"b"}
 
 
+class _TrimToTwo(FixedK):
+    """Drafts the engine's K and verifies the first k: a policy that trims after drafting."""
+
+    def draft_limits(self, load, lag, remaining):
+        return None
+
+
 def test_trace_rows_follow_the_schema(models):
     sink = MemorySink()
-    policy = FixedK(2)
+    policy = _TrimToTwo(2)  # drafts 4, verifies 2: the trimmed slots must be censored
     engine = Engine(_no_eos(models["target"]), models["noisy"], EngineConfig(k=4, max_batch=3, max_len=96),
                     policy=policy, sink=sink)
     gens = engine.generate(_requests(3, temperature=1.0, max_new_tokens=12, seed=3, dataset="demo"))
@@ -134,6 +141,7 @@ def test_trace_rows_follow_the_schema(models):
             assert not isinstance(values, np.ma.MaskedArray) or not values.mask.any(), name
     verified, accepted = cols["verified"], cols["accepted"]
     assert (cols["num_verified"] <= 2).all() and (verified == (cols["position"] < cols["num_verified"])).all()
+    assert (~verified).any()
     assert accepted.mask[~verified].all()  # trimmed slots are censored
     observed = ~accepted.mask
     assert (observed == verified & (cols["position"] <= cols["num_accepted"])).all()
