@@ -201,7 +201,7 @@ def run_checks(device, vocab: int, n_chi2: int, on_check) -> dict:
 
 def _fit_concurrency(target, draft, context: int, top: int) -> int:
     """The largest power of two <= top whose caches and verify logits fit in 80% of the device's free memory."""
-    from avkit.scheduling.catch_up import PRICE_GRID
+    from avkit.scheduling.profile import PRICE_GRID
     from avkit.scheduling.profile import memory_meta
 
     if target.model.device.type != "cuda":

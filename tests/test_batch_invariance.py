@@ -201,6 +201,7 @@ class RandomDrafter:
     kind = "random"
     forward_s = 0.0
     plans = False
+    passes = 0  # no draft forwards: the cost model sees no draft pass
 
     def __init__(self, vocab: int, seed: int):
         self.vocab, self.g = vocab, torch.Generator().manual_seed(seed)

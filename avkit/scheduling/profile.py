@@ -159,10 +159,10 @@ def _time_points(timers, device, config, on_point) -> tuple[list[float], list[li
 
 def prompt_tokens(loaded, count: int, seed: int = 0) -> list[int]:
     """`count` real prompt tokens: HumanEval prompts through the model's tokenizer, one after another (a tiny
-    test model without a tokenizer: seeded token ids of its vocabulary)."""
+    test model, or random weights, without a tokenizer that encodes: seeded token ids of its vocabulary)."""
     tok, vocab = getattr(loaded, "tokenizer", None), loaded.model.config.vocab_size
     ids: list[int] = []
-    if tok is not None:
+    if callable(getattr(tok, "encode", None)):
         from avkit.workloads import load_workload  # lazy: the prompt sets load only when a profile runs
 
         for prompt in load_workload("humaneval"):
