@@ -28,6 +28,7 @@ import torch
 from avkit.config import AdaptiveConfig
 from avkit.errors import ConfigError
 from avkit.estimators.named import estimator_feature, load_estimator
+from avkit.estimators.passthrough import Passthrough
 from avkit.estimators.rounds import replay_steps
 from avkit.scheduling.batch_schedule import BatchSchedule
 from avkit.scheduling.cost import CostTable
@@ -37,28 +38,14 @@ from avkit.sim.steps import Replay, StepTable
 from avkit.step_types import DraftBatch, Groups
 
 
-class Column:
-    """A confidence source that reads a whole slot's column (`oracle`, `recorded`); nothing to learn."""
+class Column(Passthrough):
+    """A confidence source that reads a whole slot's column (`oracle`, `recorded`) as the prediction."""
 
     per_position = False  # cannot predict position j from position 0 (AdaptiveVerification.sizing)
 
     def __init__(self, name: str, feature: str, lossless: bool, k: int):
-        self.name, self.feature, self.lossless, self.k = name, feature, lossless, k
-
-    def predict(self, features: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        return np.asarray(features, dtype=np.float64)
-
-    def predict_torch(self, features: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        return features.double()
-
-    def update(self, features, positions, predictions, labels, steps: int = 1) -> bool:
-        return False
-
-    def state_dict(self) -> dict:
-        return {"name": self.name}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
+        super().__init__(k)
+        self.name, self.feature, self.lossless = name, feature, lossless
 
 
 SOURCES = {"oracle": ("oracle", False), "recorded": ("confidence", True)}  # name -> (feature, lossless)

@@ -186,10 +186,3 @@ class Replay:
         bounds = np.searchsorted(sched.group, np.arange(sched.num_groups + 1))
         n = np.diff(bounds) if sched.num_requests is None else sched.num_requests
         return cls(steps, sched, cost, bounds, n.astype(np.int64))
-
-    def drafted(self, draft_len: int) -> np.ndarray:  # [S'] drafts per row under a draft length
-        return np.minimum(self.steps.drafted[self.sched.rows], draft_len)
-
-    def draft_passes(self, draft_len: int) -> np.ndarray:  # [G] drafter forwards per sim step
-        d = self.drafted(draft_len)
-        return np.maximum.reduceat(d, self.bounds[:-1]) if d.size else np.zeros(0, np.int64)
