@@ -238,6 +238,19 @@ def per_position(rows: list[dict], names=SHOWN) -> list[str]:
     return lines
 
 
+def around_shift(pool: list[Trace], shifts: list[Trace], preds: dict, names=SHOWN) -> list[str]:
+    """ECE of each shift trace's first workload, of the second one's first 1,000 slots, and of the rest."""
+    lines = ["| shift trace | estimator | first workload | second: first 1,000 slots | second: the rest |",
+             "|---|---|---:|---:|---:|"]
+    for t in shifts:
+        switch = next(p.data.labels.size for p in pool if p.name == t.sources[0])
+        parts = [slice(0, switch), slice(switch, switch + 1000), slice(switch + 1000, None)]
+        for name in names:
+            cells = [f"{ece(t.data.labels[s], preds[t.name][name][s]):.4f}" for s in parts]
+            lines.append(f"| {t.name} | {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def reliability(pool: list[Trace], preds: dict, path: Path, names=SHOWN) -> None:
     """Reliability diagrams (10 bins) of the LOTO predictions, per temperature (rows) and position (columns)."""
     import matplotlib
@@ -285,6 +298,7 @@ def main() -> None:
              "## Summary, leave-one-temperature-out", "", *summary(lotto), "",
              "## Leave-one-trace-out", "", *table(loto), "", "## Leave-one-temperature-out", "", *table(lotto), "",
              "## ECE per position, leave-one-trace-out", "", *per_position(loto), "",
+             "## Through the workload shift, leave-one-trace-out", "", *around_shift(pool, shifts, preds), "",
              "![reliability](estimators_reliability.png)", ""]
     OUT.mkdir(parents=True, exist_ok=True)
     tmp_md, tmp_png = OUT / f".estimators.md.{os.getpid()}.tmp", OUT / f".estimators_reliability.{os.getpid()}.png"
