@@ -31,6 +31,17 @@ def kernels():
 
 
 @pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module's tests: tiny models run ~10x faster single-threaded on a loaded 2-core box."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
 def pair(tmp_path_factory):
     """The serve tests' tiny random pair: (target dir, draft dir, target, draft). The draft is the
     target's weights at a smaller init std (same seed), so acceptance is high but not 1 and every

@@ -26,15 +26,7 @@ from avkit.trace.writer import partial_path
 VOCAB = 320
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run ~10x faster single-threaded on a loaded 2-core box."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

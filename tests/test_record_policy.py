@@ -27,14 +27,7 @@ VOCAB, K, NEW = 320, 4, 100
 COST = CostTable((1, 2, 3, 4, 6, 8, 12, 16), (1.0, 1.3, 1.9, 2.2, 3.4, 4.0, 7.0, 9.0), (1, 4), (0.05, 0.08))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -71,7 +71,7 @@ def test_profile_counts_equal_a_loop_over_request_steps(trace, result):
 
 
 def test_fitted_coefficients_equal_statsmodels_logit(trace, result):
-    sm = pytest.importorskip("statsmodels.api")
+    import statsmodels.api as sm  # lazy: heavy; in the test extra
     obs = read_traces([trace]).filter(pl.col("accepted").is_not_null())
     f = obs["logit_qmax"].to_numpy().astype(np.float64)
     pos = obs["position"].to_numpy()

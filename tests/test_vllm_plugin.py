@@ -70,7 +70,7 @@ def pair(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served(pair):
     """One `vllm serve` with the plugin; -> (trace path, vLLM's /metrics text, completion token counts)."""
-    openai = pytest.importorskip("openai")
+    import openai  # lazy: heavy; in the test extra
     python, root, target, draft, coef = pair
     port, trace = _port(), root / "served.parquet"
     env = {**vllm_env(), "AVKIT_VLLM_TRACE": str(trace), "AVKIT_VLLM_COEFFICIENTS": str(coef),
