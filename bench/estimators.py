@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 
 from avkit.config import EstimatorConfig, ForgettingConfig
 from avkit.estimators import make_estimator
-from avkit.fit.data import _file_clock, load_fit_data
+from avkit.fit.data import file_clock, load_fit_data
 from avkit.fit.replay import online_replay
 from avkit.metrics import auc, ece, log_loss, score_table
 from avkit.metrics.bootstrap import cluster_bootstrap, ece_floor
@@ -77,7 +77,7 @@ class Trace:
 def request_codes(path: Path, n: int) -> np.ndarray:
     """[n] request of each observed slot, in load_fit_data's order (its clock, then its filter)."""
     df = next(iter_traces([path], ["engine_step", "request_id", "step", "accepted", "drafter"]))
-    df, _, _ = _file_clock(df)
+    df, _, _ = file_clock(df)
     rid = df.filter(pl.col("accepted").is_not_null() & (pl.col("drafter") == "model"))["request_id"].cast(pl.String)
     assert rid.len() == n, (path, rid.len(), n)
     return rid.to_numpy()

@@ -18,7 +18,6 @@ from avkit.config import FitConfig, SyntheticConfig
 from avkit.errors import AvkitError
 from avkit.fit import run_fit
 from avkit.fit.engines import LocalEngine, RayEngine
-from avkit.fit.streaming import fit_streaming
 from avkit.trace.synthetic import write_synthetic_trace
 from test_streaming_fit import _settled, check_same_fit
 
@@ -117,20 +116,20 @@ def by_value():
 def test_worker_killed_mid_fit_is_retried(cluster, by_value, fleet, in_memory, tmp_path):
     killer = functools.partial(_die_first, str(tmp_path / "killed"))
     with KillingEngine(2, killer, max_retries=2) as engine:
-        ours = fit_streaming(fleet, BATCH, engine=engine)
+        ours = run_fit(fleet, BATCH, engine=engine)
     assert (tmp_path / "killed").exists()  # it did die once
     check_same_fit(ours, in_memory)
 
 
 def test_worker_killed_past_its_retries_fails_cleanly(cluster, by_value, fleet, tmp_path):
     with KillingEngine(1, _die_always, max_retries=1) as engine, pytest.raises(AvkitError) as e:
-        fit_streaming(fleet, FitConfig(mode="batch", engine="ray", scratch=str(tmp_path)), engine=engine)
+        run_fit(fleet, FitConfig(mode="batch", engine="ray", scratch=str(tmp_path)), engine=engine)
     msg = str(e.value)
     assert "\n" not in msg and str(fleet[0]) in msg and "after 1 retries" in msg
     assert os.listdir(tmp_path) == []  # spills removed
 
 
-# ---- the online replay per replica (fit/replicas.py) ----
+# ---- the online replay per replica (fit/replay.py `online_replicas`) ----
 
 ONLINE = FitConfig(mode="online", replicas="independent")
 
@@ -151,7 +150,7 @@ def test_replica_replay_on_ray_equals_the_single_process_replay(cluster, fleet, 
 def test_worker_killed_mid_replay_is_retried(cluster, by_value, fleet, tmp_path):
     from avkit.estimators import make_estimator
     from avkit.fit.data import load_fit_data
-    from avkit.fit.replicas import online_replicas
+    from avkit.fit.replay import online_replicas
 
     data = load_fit_data(fleet)
     starts, feats = [make_estimator("online_logistic", k=data.k)], [data.features["logit_qmax"]]

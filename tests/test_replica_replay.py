@@ -1,4 +1,4 @@
-"""`avkit fit --mode online --replicas independent` (fit/replicas.py): each trace file is a replica
+"""`avkit fit --mode online --replicas independent` (fit/replay.py `online_replicas`): each trace file is a replica
 replayed on its own estimator. Oracle: each replica fitted alone (`--replicas chain` on that one
 file, the long-standing replay) gives the same refits, and the written estimator is the replica
 with the most observed slots."""

@@ -41,7 +41,7 @@ class FitConfig:
     drafter: str = "model"  # the trace rows fitted: model (the draft model's) or suffix (the hybrid drafter's
     # cache rows, for `serve --cache-coefficients`); the memory engine fits either, streaming/ray the model's
     replicas: str = "chain"  # online: chain = the files are one server's successive runs (the estimator
-    # carries over); independent = each file is a replica with its own live estimator (fit/replicas.py)
+    # carries over); independent = each file is a replica with its own live estimator (fit/replay.py `online_replicas`)
     features: tuple[str, ...] = ()  # fit and score only these features (avkit.features.FEATURES; the written
     # EstimatorConfig.feature among them); () = every feature in the traces plus the per-position-slope ablation
 

@@ -76,7 +76,7 @@ class FitData:
             yield slice(int(lo), int(hi)), slice(int(bounds[lo]), int(bounds[hi]))
 
 
-def _file_clock(df: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray, str]:
+def file_clock(df: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray, str]:
     """One file's rows -> (rows in replay order, [rows] int64 clock, which clock): its engine_step
     (rows ordered stably by it), or, without one, the ordinal of each contiguous (request_id, step) group."""
     if df["engine_step"].null_count() == 0:
@@ -143,7 +143,7 @@ def load_fit_data(paths, drafter: str = "model", features=None) -> FitData:
     parts, step_file, step_clock, row_step, clocks = [], [], [], [], []
     total = steps = 0
     for i, df in enumerate(iter_traces(paths, columns)):
-        df, clock, name = _file_clock(df)
+        df, clock, name = file_clock(df)
         first = np.r_[True, clock[1:] != clock[:-1]]  # [n] the row opens an engine step
         observed = (df["accepted"].is_not_null() & (df["drafter"] == drafter)).to_numpy()  # [n] (a categorical
         # compares its few categories, not every row's string)
@@ -163,22 +163,26 @@ def load_fit_data(paths, drafter: str = "model", features=None) -> FitData:
     codes, names = _dataset_codes(obs["dataset"])
     positions = obs["position"].to_numpy().astype(np.intp)
     per_file = np.array([p.height for p in parts])
-    meta = trace_metadata(paths[0])
-    clock = clocks[0] if len(set(clocks)) == 1 else "mixed"
     return FitData(
         k=_num_positions(paths, positions), features=features, positions=positions,
         labels=obs["accepted"].cast(pl.Float64).to_numpy(), row_step=np.concatenate(row_step),
         step_file=np.concatenate(step_file), step_clock=np.concatenate(step_clock).astype(np.int64),
         file_index=np.repeat(np.arange(len(parts), dtype=np.int64), per_file), dataset_codes=codes,
         dataset_names=names,
-        trained_on={"traces": [shown(p) for p in paths], "slots": total, "observed": obs.height,
-                    "datasets": {n: int(c) for n, c in zip(names, np.bincount(codes, minlength=len(names)))},
-                    "drafter": drafter, "target": meta.get("avkit.target", ""), "draft": meta.get("avkit.draft", ""),
-                    "target_sha256": meta.get("avkit.target_sha256", ""),
-                    "draft_sha256": meta.get("avkit.draft_sha256", ""), "clock": clock, "clock_per_file": clocks,
-                    "engine_steps": steps,
-                    "synthetic_truth": json.loads(meta["avkit.synthetic"]) if "avkit.synthetic" in meta else None},
-    )
+        trained_on=trained_on(paths, trace_metadata(paths[0]), total, obs.height,
+                              dict(zip(names, np.bincount(codes, minlength=len(names)).tolist())), drafter,
+                              clocks, steps))
 
 
-__all__ = ["CLOCKS", "OBSERVED_COLUMNS", "TRACE_COLUMNS", "FitData", "feature_inputs", "load_fit_data"]
+def trained_on(paths, meta: dict, slots: int, observed: int, datasets: dict[str, int], drafter: str,
+               clocks: list[str], engine_steps: int) -> dict:
+    """coefficients.json's `trained_on`: the traces, what they held, the model pair (first shard's metadata)."""
+    return {"traces": [shown(Path(p)) for p in paths], "slots": slots, "observed": observed,
+            "datasets": datasets, "drafter": drafter, **{k: meta.get(f"avkit.{k}", "") for k in
+                                                        ("target", "draft", "target_sha256", "draft_sha256")},
+            "clock": clocks[0] if len(set(clocks)) == 1 else "mixed", "clock_per_file": clocks,
+            "engine_steps": engine_steps,
+            "synthetic_truth": json.loads(meta["avkit.synthetic"]) if "avkit.synthetic" in meta else None}
+
+__all__ = ["CLOCKS", "OBSERVED_COLUMNS", "TRACE_COLUMNS", "FitData", "feature_inputs", "file_clock", "load_fit_data",
+           "shown", "trained_on"]

@@ -1,7 +1,8 @@
 """Where a fit's map runs: `LocalEngine` on this machine's threads, `RayEngine` as tasks on a Ray cluster.
 
-A fit over shards (fit/streaming.py: out-of-core batch IRLS and scores; fit/replicas.py: one
-online replay per replica) is a map of a pure function over items, then a reduce on the driver.
+A fit over shards (fit/streaming.py: out-of-core batch IRLS and scores; fit/replay.py
+`online_replicas`: one online replay per replica) is a map of a pure function over items, then a
+reduce on the driver.
 Both engines have the same two methods: `map(fn, items, nodes=None, fold=None)` -> (results, or
 their fold in item order; the node each ran on) and `cleanup(scratch, nodes)`. `open_engine(fit)`
 picks one by `--engine`.
@@ -129,25 +130,20 @@ class RayEngine:
         for i, args in enumerate(items):
             try:
                 node, result = ray.get(refs[i])
-                if fold is not None:  # arrays from the object store are read-only views: copy before adding
-                    acc = copy.deepcopy(result) if acc is None else fold(acc, copy.deepcopy(result))
-                    result, refs[i] = None, None  # the store may free it now
-                out.append((node, result))
-            except ray.exceptions.RayTaskError as e:
-                for r in refs:
-                    if r is not None:
-                        ray.cancel(r)
-                cause = getattr(e, "cause", None)
-                if isinstance(cause, AvkitError):
-                    raise type(cause)(str(cause).splitlines()[0]) from None
-                raise AvkitError(f"ray: task on shard {_shard(args)} failed: {type(cause).__name__}: "
-                                 f"{str(cause).splitlines()[0] if cause else e}") from None
             except ray.exceptions.RayError as e:
                 for r in refs:
                     if r is not None:
                         ray.cancel(r)
-                raise AvkitError(f"ray: task on shard {_shard(args)} failed after {self.max_retries} "
-                                 f"retries: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+                cause = getattr(e, "cause", None) if isinstance(e, ray.exceptions.RayTaskError) else e
+                if isinstance(cause, AvkitError):
+                    raise type(cause)(str(cause).splitlines()[0]) from None
+                retried = "" if isinstance(e, ray.exceptions.RayTaskError) else f" after {self.max_retries} retries"
+                raise AvkitError(f"ray: task on shard {_shard(args)} failed{retried}: {type(cause).__name__}: "
+                                 f"{str(cause or e).splitlines()[0]}") from None
+            if fold is not None:  # arrays from the object store are read-only views: copy before adding
+                acc = copy.deepcopy(result) if acc is None else fold(acc, copy.deepcopy(result))
+                result, refs[i] = None, None  # the store may free it now
+            out.append((node, result))
         if fold is not None:
             return acc, [n for n, _ in out]
         # arrays from the object store are read-only views: copy what the driver will add into

@@ -18,7 +18,6 @@ from avkit.estimators import make_estimator
 from avkit.estimators.coefficients import ServedPair
 from avkit.estimators.named import load_estimator
 from avkit.features import FEATURES
-from avkit.fit.data import FitData
 from avkit.provenance import inputs_record
 
 @dataclass
@@ -48,20 +47,18 @@ def check_features(fit: FitConfig, est_cfg: EstimatorConfig) -> None:
                           f"--feature {est_cfg.feature!r} (coefficients.json); add it")
 
 
-def start_estimator(name: str, estimator: str, data: FitData, fit: FitConfig, est_cfg: EstimatorConfig):
+def start_estimator(name: str, estimator: str, k: int, trained_on: dict, fit: FitConfig, est_cfg: EstimatorConfig):
     """The estimator a fit of feature `name` starts from: the start constants, or (online, the written
-    feature and estimator) the state of `--coefficients`."""
+    feature and estimator) the state of `--coefficients`, through the one validated loader: K, the
+    traces' model pair and the drafter fitted must match the file's (as a server restarting from its snapshot)."""
+    config = replace(est_cfg, feature=name)
     if fit.coefficients and fit.mode == "online" and name == est_cfg.feature and estimator == fit.estimator:
-        return warm_start(estimator, fit.coefficients, data, replace(est_cfg, feature=name))
-    return make_estimator(estimator, k=data.k, config=replace(est_cfg, feature=name))
-
-
-def warm_start(estimator: str, path: str, data: FitData, est_cfg: EstimatorConfig):
-    """The written estimator resumed from a coefficients file (as a server restarting from its snapshot),
-    through the one validated loader: K, the traces' model pair and the drafter fitted must match the file's."""
-    t = data.trained_on
-    pair = ServedPair(t.get("target", ""), t.get("draft", ""), t.get("target_sha256", ""), t.get("draft_sha256", ""))
-    return load_estimator(estimator, path, k=data.k, pair=pair, drafter=t.get("drafter", "model"), config=est_cfg)
+        t = trained_on
+        pair = ServedPair(t.get("target", ""), t.get("draft", ""), t.get("target_sha256", ""),
+                          t.get("draft_sha256", ""))
+        return load_estimator(estimator, fit.coefficients, k=k, pair=pair, drafter=t.get("drafter", "model"),
+                              config=config)
+    return make_estimator(estimator, k=k, config=config)
 
 
 def plan_features(fit: FitConfig, est_cfg: EstimatorConfig, present) -> list[tuple[str, str]]:
@@ -78,7 +75,7 @@ def plan_features(fit: FitConfig, est_cfg: EstimatorConfig, present) -> list[tup
     return plan + [(est_cfg.feature, "per_position_slope")]
 
 
-def coefficients_doc(est, k: int, trained_on: dict, clock: str, fit: FitConfig, est_cfg: EstimatorConfig) -> dict:
+def coefficients_doc(est, k: int, trained_on: dict, fit: FitConfig, est_cfg: EstimatorConfig) -> dict:
     """The coefficients.json document of a fitted estimator."""
     return {
         **est.state_dict(),  # everything a warm start restores (forgetting_logistic: basis slopes, precision)
@@ -97,7 +94,7 @@ def coefficients_doc(est, k: int, trained_on: dict, clock: str, fit: FitConfig, 
         "ridge": est_cfg.ridge,
         "damping": est_cfg.damping,
         "lossless": True,
-        "clock": clock,  # what counted engine steps: fit/data.py CLOCKS
+        "clock": trained_on["clock"],  # what counted engine steps: fit/data.py CLOCKS
         # the traces by content hash and the settings (avkit/provenance.py): `avkit report` checks them
         "trained_on": {**trained_on, "inputs": inputs_record(
             "avkit fit", trained_on["traces"], mode=fit.mode, feature=est_cfg.feature,
@@ -106,4 +103,4 @@ def coefficients_doc(est, k: int, trained_on: dict, clock: str, fit: FitConfig, 
 
 
 __all__ = ["FitResult", "check_feature", "check_features", "coefficients_doc", "plan_features",
-           "start_estimator", "warm_start"]
+           "start_estimator"]

@@ -7,11 +7,17 @@ estimator had when drafting, the estimator refits after exactly `refit_interval`
 a file's trailing partial round is dropped. The predictions are progressive validation: each is
 made before its label was learned from, so online scores are honest out-of-sample scores. The
 estimator's state carries over from one file to the next (a restart from the server's snapshot).
+Replicas (`--replicas independent`): each file is a replica whose own estimator predicted its drafts,
+so the replay is a map over (feature, replica) on the fit's engine (threads or Ray tasks: the same
+task function, bit-identical results); predictions are scored as one set, the trajectory keeps every
+replica's refits (column `file`), and the replica that observed the most slots (the first on a tie)
+is the one written. A task gets its run's arrays, so a Ray worker needs no access to the traces.
 Batch: the same Newton step iterated to convergence; scores are in-sample.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -82,6 +88,32 @@ def online_replay(est, data: FitData, feature: np.ndarray,
     return preds, rows
 
 
+def replay_replica(est, run: Run) -> tuple[np.ndarray, list[dict], object]:
+    """Task body: replay one replica through its own copy of the start estimator `est` (Ray hands a
+    task's arrays over read-only, and threads share the start); -> (predictions [n], rows, estimator)."""
+    est = copy.deepcopy(est)
+    rows: list[dict] = []
+    return replay_run(est, run, rows), rows, est
+
+
+def online_replicas(estimators: list, features: list[np.ndarray], data: FitData, engine) -> list[tuple]:
+    """Replay every (start estimator, feature) pair over every replica of `data` in one map on `engine`;
+    -> per pair (the written estimator, predictions [N], trajectory rows)."""
+    runs = [runs_of(data, f) for f in features]  # [E] x [R] (row slice, Run)
+    results = iter(engine.map(replay_replica, [(est, run) for est, pairs in zip(estimators, runs)
+                                                for _, run in pairs])[0])
+    out = []
+    for pairs in runs:
+        preds, rows, best = np.empty(data.labels.size), [], (-1, None)
+        for slots, _ in pairs:
+            p, r, est = next(results)
+            preds[slots] = p
+            rows += r
+            best = max(best, (slots.stop - slots.start, est), key=lambda b: b[0])  # first on a tie
+        out.append((best[1], preds, rows))
+    return out
+
+
 def batch_fit(est, data: FitData, feature: np.ndarray, *, max_iter: int, tol: float) -> tuple[np.ndarray, list[dict]]:
     """-> (in-sample predictions [N], one trajectory row per Newton iteration)."""
     rows: list[dict] = []
@@ -105,4 +137,5 @@ def trajectory_frame(rows: list[dict], k: int, per_position_slope: bool = False)
     return frame.select(pl.col(c).cast(t) for c, t in schema.items())
 
 
-__all__ = ["Run", "batch_fit", "online_replay", "replay_run", "runs_of", "trajectory_frame"]
+__all__ = ["Run", "batch_fit", "online_replay", "online_replicas", "replay_replica", "replay_run", "runs_of",
+           "trajectory_frame"]

@@ -10,7 +10,7 @@ Glossary:
   pass    a map over shards of a function of one shard's chunks that returns additive sums,
           then a reduce (+=) on the driver. An engine runs the map: `LocalEngine` on this
           machine's threads, `RayEngine` (fit/engines.py) as tasks on a Ray cluster; the
-          driver `fit_streaming` is the same for both
+          driver (`fit_passes`, called by `run_fit`) is the same for both
 Batch IRLS (DESIGN.md §3, estimators/irls.py): each Newton iteration is one pass summing, for
 every feature not yet converged, the O(K) arrowhead statistics at its current coefficients; the
 driver takes the step (`RoundLogistic.batch_step`). The fixed point is the in-memory fit's: only
@@ -22,7 +22,6 @@ temporaries of one row; measured with `bench/fit.py --scale`).
 
 from __future__ import annotations
 
-import json
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -35,10 +34,9 @@ from avkit.errors import TraceError
 from avkit.estimators import make_estimator
 from avkit.estimators.irls import IrlsStats, fused_segment_stats, grouped_segments
 from avkit.features import FEATURES
-from avkit.fit.data import shown
-from avkit.fit.engines import LocalEngine
-from avkit.fit.plan import FitResult, check_features, coefficients_doc, plan_features
-from avkit.fit.replay import coef_row, trajectory_frame
+from avkit.fit.data import trained_on
+from avkit.fit.plan import plan_features
+from avkit.fit.replay import coef_row
 from avkit.fit.spill import ShardSurvey, spill_shard
 from avkit.metrics.binned import BinnedScores, logit, quantile_edges
 from avkit.trace.reader import trace_metadata
@@ -174,16 +172,12 @@ def spill(engine, paths: list[Path], fit: FitConfig, scratch: str,
     return surveys, nodes, m
 
 
-def fit_streaming(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None = None,
-                  progress: Progress | None = None, engine=None) -> FitResult:
-    """`avkit fit --mode batch` out of core: the same FitResult as `run_fit`, memory bounded by
-    `fit.memory_budget_mb` whatever the size of the traces (AUC within each row's `auc_bound`)."""
-    fit, est_cfg = fit or FitConfig(mode="batch", engine="streaming"), est_cfg or EstimatorConfig()
-    check_features(fit, est_cfg)
+def fit_passes(paths, fit: FitConfig, est_cfg: EstimatorConfig, progress: Progress | None, engine):
+    """`run_fit` out of core (`--mode batch`, engine streaming or ray): pass 0 spills, one Newton pass per
+    iteration, one score pass; -> (plan, estimators, trajectory rows, score rows, K, trained_on) as the
+    in-memory fit's, memory bounded by `fit.memory_budget_mb` (AUC within each row's `auc_bound`)."""
     shards = check_shards(paths)
-    engine = engine or LocalEngine(fit.workers)
-    scratch = scratch_dir(fit)
-    nodes = None
+    scratch, nodes = scratch_dir(fit), None
     try:
         surveys, nodes, m = spill(engine, shards.paths, fit, scratch)
         plan = plan_features(fit, est_cfg, m["present"])
@@ -194,28 +188,14 @@ def fit_streaming(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig 
         sums = engine.map(shard_pass, [(s, work) for s in surveys], nodes, fold=_add)[0]
     finally:
         engine.cleanup(scratch, nodes)
-    scores = [{"feature": n, "lossless": FEATURES[n].lossless, "estimator": e, **row}
-              for (n, e), acc in zip(plan, sums) for row in acc.rows(m["names"])]
-    chosen = next(i for i, (n, _) in enumerate(plan) if n == est_cfg.feature)
-    trained_on = _trained_on(shards, m)
-    doc = coefficients_doc(ests[chosen], m["k"], trained_on, trained_on["clock"], fit, est_cfg)
-    return FitResult(doc, scores, trajectory_frame(rows[chosen], m["k"], hasattr(ests[chosen], "slopes")))
+    meta = trained_on(shards.paths, shards.meta, m["rows"], m["observed"], m["datasets"], "model", m["clocks"],
+                      m["engine_steps"])
+    return plan, ests, [rows.get(i, []) for i in range(len(plan))], [acc.rows(m["names"]) for acc in sums], \
+        m["k"], meta
 
 
 def _declared_k(path) -> int | None:
     k = trace_metadata(path).get("avkit.k", "")
     return int(k) if k.isdigit() else None
 
-
-def _trained_on(shards, m: dict) -> dict:
-    """The same `trained_on` as fit/data.py's (the clocks per shard from pass 0)."""
-    meta, clocks = shards.meta, m["clocks"]
-    return {"traces": [shown(p) for p in shards.paths], "slots": m["rows"], "observed": m["observed"],
-            "datasets": m["datasets"], "drafter": "model", "target": meta.get("avkit.target", ""), "draft": meta.get("avkit.draft", ""),
-            "target_sha256": meta.get("avkit.target_sha256", ""), "draft_sha256": meta.get("avkit.draft_sha256", ""),
-            "clock": clocks[0] if len(set(clocks)) == 1 else "mixed", "clock_per_file": clocks,
-            "engine_steps": m["engine_steps"],
-            "synthetic_truth": json.loads(meta["avkit.synthetic"]) if "avkit.synthetic" in meta else None}
-
-
-__all__ = ["PassWork", "ShardSurvey", "chunk_rows", "fit_streaming", "newton", "scratch_dir", "shard_pass", "spill", "spill_shard"]
+__all__ = ["PassWork", "chunk_rows", "fit_passes", "newton", "scratch_dir", "shard_pass", "spill"]
