@@ -19,8 +19,6 @@ is written to bench/results/engine-<date>.md (temp file, then rename). Timings o
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -33,9 +31,8 @@ from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, SamplingCo
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.runtime.sink import MemorySink
-from engine_peer import machine  # bench/ is on sys.path when run as a script
+from common import RESULTS, header, today, write  # bench/ is on sys.path when run as a script
 
-RESULTS = Path(__file__).parent / "results"
 VLLM_THREADS = "VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_CPU_KVCACHE_SPACE=2"
 
 
@@ -199,7 +196,7 @@ def _peer(args) -> None:
 
     from engine_peer import main_peer, merge, table
 
-    path = RESULTS / f"engine-vllm-{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d')}.json"
+    path = RESULTS / f"engine-vllm-{today()}.json"
     old = [] if args.fresh or not path.exists() else json.loads(path.read_text())["cells"]
 
     def save(new: list[dict]) -> None:
@@ -235,27 +232,15 @@ CELL_FIELDS = {
 
 def _write(lines: list[str], args, prefix: str = "engine-", extra: dict | None = None) -> None:
     """The markdown table (plus ``extra`` {path: text}), each to a temp file, all renamed at the end."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
-    name = f"{prefix}{'tiny-' if args.tiny else ''}{stamp}.md"
+    name = f"{prefix}{'tiny-' if args.tiny else ''}{today()}.md"
     peer = (f"vLLM-CPU 0.32 peer ({args.vllm_dtype or args.dtype}, eager={not args.vllm_compile}, {VLLM_THREADS})"
             if "vllm" in args.engines.split(",") else "avkit only (no vLLM phase)") if args.peer else ""
     what = (f"`{args.datasets}` prompts, {peer}, {args.repeats} alternating repeat(s), adaptive from "
             f"`{args.coefficients}`" if args.peer else "HumanEval prompts")
-    body = "\n".join([f"# bench/engine.py ({stamp} UTC)", "",
-                      (f"target `{args.target}`, draft `{args.draft}`, {what}, top-p 0.95, "
-                      f"max_new_tokens {args.max_new_tokens}, dtype {args.dtype}, threads {args.threads}, "
-                      f"cpu count {os.cpu_count()}, load at start {os.getloadavg()[0]:.1f}, machine: {machine()}"),
-                      "", *lines, ""])
-    staged = []
-    for path, text in {RESULTS / name: body, **(extra or {})}.items():
-        fd, tmp = tempfile.mkstemp(dir=RESULTS, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        staged.append((tmp, path))
-    for tmp, path in staged:
-        os.replace(tmp, path)
-        print(f"wrote {path}")
+    body = header("bench/engine.py") + "\n".join([
+        f"target `{args.target}`, draft `{args.draft}`, {what}, top-p 0.95, max_new_tokens {args.max_new_tokens}, "
+        f"dtype {args.dtype}, threads {args.threads}", "", *lines, ""])
+    write({RESULTS / name: body, **(extra or {})})
 
 
 if __name__ == "__main__":

@@ -18,29 +18,12 @@ the table also gives the longest common prefix of avkit's and vLLM's target-only
 from __future__ import annotations
 
 import gc
-import json
-import os
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-BENCH = Path(__file__).parent
-# 2 threads on cores 0-1 (vLLM defaults to 1 thread + 1 reserved core), 2 GiB of KV cache; a step may take
-# minutes on a loaded box, past the default 300 s RPC timeout that otherwise kills the engine mid-run
-VLLM_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "2",
-            "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600"}
-
-
-def machine() -> str:
-    """This CPU as the report compares rows by: model name, cores, and its widest bf16 path."""
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
-    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
-    isa = "AMX" if "amx_bf16" in flags else "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "?"
-    return f"{name}, {os.cpu_count()} cores, {isa}"
+from common import RESULTS, load, machine, steady_tok_s, vllm_peer  # bench/ is on sys.path
 
 
 def prompt_ids(tokenizer, dataset: str, n: int) -> list[list[int]]:
@@ -69,47 +52,25 @@ def plan(args, tokenizer) -> list[dict]:
 def vllm_phase(args, ks: list[int], runs: list[dict]) -> dict[tuple[str, str], dict]:
     """Each config in its own vLLM process (`bench/vllm_peer.py` in the peer venv)."""
     out = {}
-    env = {**os.environ, **VLLM_ENV, "PYTHONPATH": ""}
-    if args.vllm_fix_expand:  # the fix must run where the engine core does
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if args.vllm_fix_expand else {}  # the fix runs where the core does
     for k in ks:
-        with tempfile.TemporaryDirectory(prefix="avkit-peer-") as d:
-            jobs, res = Path(d) / "jobs.json", Path(d) / "results.json"
-            dtype = getattr(args, "vllm_dtype", "") or args.dtype  # vLLM's own (bench/engine.py --vllm-dtype)
-            jobs.write_text(json.dumps({"target": args.target_dir, "draft": args.draft_dir, "dtype": dtype,
-                                        "eager": not args.vllm_compile,
-                                        "fix_cpu_expand": args.vllm_fix_expand, "configs": [{"k": k, "runs": runs}]}))
-            proc = subprocess.run([args.vllm_python, str(BENCH / "vllm_peer.py"), str(jobs), str(res)], env=env,
-                                  timeout=args.vllm_timeout)
-            if proc.returncode != 0:  # keep the runs it finished; the table shows the rest as missing
-                print(f"vLLM peer failed for K={k} (exit {proc.returncode}); keeping its finished runs", flush=True)
-            for r in (json.loads(res.read_text())["results"] if res.exists() else []):
-                tokens = sum(map(len, r["outputs"]))
-                # vLLM counts one draft per request-step that speculated; target-only: one step per token
-                steps = r["counters"].get("spec_decode_num_drafts", 0.0) if k else tokens
-                accepted = r["counters"].get("spec_decode_num_accepted_tokens", 0.0)
-                out[(r["name"], f"K={k}")] = {"tok_s": tokens / r["wall_s"], "outputs": r["outputs"],
-                                              "steady_tok_s": steady_tok_s(r.get("steps", []), len(r["outputs"])),
-                                              "acceptance": _vllm_acceptance(r), "load": r.get("load", float("nan")),
-                                              "cpu_expand_fix": bool(r.get("cpu_expand_fix", False)),
-                                              "steps": steps, "accepted_per_step": accepted / steps if steps else 0.0}
+        dtype = getattr(args, "vllm_dtype", "") or args.dtype  # vLLM's own (bench/engine.py --vllm-dtype)
+        jobs = {"target": args.target_dir, "draft": args.draft_dir, "dtype": dtype, "eager": not args.vllm_compile,
+                "fix_cpu_expand": args.vllm_fix_expand, "configs": [{"k": k, "runs": runs}]}
+        results, proc = vllm_peer(args.vllm_python, jobs, args.vllm_timeout, env)
+        if proc.returncode != 0:  # keep the runs it finished; the table shows the rest as missing
+            print(f"vLLM peer failed for K={k} (exit {proc.returncode}); keeping its finished runs", flush=True)
+        for r in results:
+            tokens = sum(map(len, r["outputs"]))
+            # vLLM counts one draft per request-step that speculated; target-only: one step per token
+            steps = r["counters"].get("spec_decode_num_drafts", 0.0) if k else tokens
+            accepted = r["counters"].get("spec_decode_num_accepted_tokens", 0.0)
+            out[(r["name"], f"K={k}")] = {"tok_s": tokens / r["wall_s"], "outputs": r["outputs"],
+                                          "steady_tok_s": steady_tok_s(r.get("steps", []), len(r["outputs"])),
+                                          "acceptance": _vllm_acceptance(r), "load": r.get("load", float("nan")),
+                                          "cpu_expand_fix": bool(r.get("cpu_expand_fix", False)),
+                                          "steps": steps, "accepted_per_step": accepted / steps if steps else 0.0}
     return out
-
-
-def steady_tok_s(steps: list[list[float]], n: int, waves: int = 1) -> float:
-    """Decode tok/s with every lane busy. ``steps``: per engine step ``[seconds since start, tokens emitted so
-    far, requests with a token, requests finished]``. One wave: from the step after which all ``n`` requests
-    have a token (prefill done) to the last step before any finishes. ``waves`` of ``n`` requests run one
-    after another (wave j arrives once waves before it are done): each wave's window is cut the same way and
-    the rate is their tokens over their seconds. NaN when no wave has a window of >= 1 step."""
-    tokens = seconds = 0.0
-    for j in range(waves):
-        first = next((i for i, s in enumerate(steps) if s[2] >= (j + 1) * n), None)
-        last = max((i for i, s in enumerate(steps) if s[3] <= j * n), default=None)
-        if first is not None and last is not None and last > first:
-            tokens += steps[last][1] - steps[first][1]
-            seconds += steps[last][0] - steps[first][0]
-    return tokens / seconds if seconds > 0 else float("nan")
 
 
 def _vllm_acceptance(r: dict) -> float:
@@ -156,16 +117,16 @@ def avkit_phase(args, ks: list[int], runs: list[dict], cost) -> dict[tuple[str, 
     run(runs[0], max(ks), None, 8)  # warm-up (allocations, the kernel's first load), untimed
     for name, k, policy in configs:
         for r in runs:
-            load = os.getloadavg()[0]
+            load_avg = load()
             gens, wall, outside, step_log = run(r, k, policy, r["max_new_tokens"])
             outputs = [g.output_ids for g in gens]
             tokens, steps = sum(map(len, outputs)), sum(g.num_steps for g in gens)  # request-steps
             # a request-step emits its accepted drafts plus one token (EOS may cut the last step short)
-            out[(r["name"], name)] = {"tok_s": tokens / wall, "outputs": outputs, "load": load, "outside": outside,
+            out[(r["name"], name)] = {"tok_s": tokens / wall, "outputs": outputs, "load": load_avg, "outside": outside,
                                       "steady_tok_s": steady_tok_s(step_log, len(outputs)),
                                       "steps": steps, "accepted_per_step": (tokens - steps) / steps if steps else 0.0}
             print(f"avkit {name} {r['name']}: {out[(r['name'], name)]['tok_s']:.2f} tok/s, "
-                  f"{100 * outside:.1f}% outside forwards (load {load:.1f})", flush=True)
+                  f"{100 * outside:.1f}% outside forwards (load {load_avg:.1f})", flush=True)
     models.clear()  # free ~5 GB before the next vLLM phase
     gc.collect()
     return out
@@ -198,7 +159,7 @@ def profile_cost(args, ks: list[int], runs: list[dict]) -> dict[float, object] |
         out[temperature] = profile_costs(target, draft, ProfileConfig(
             context_len=context, k=max(ks), max_tokens=c_max * (max(ks) + 1), max_requests=c_max, repeats=5,
             temperature=temperature))
-        path = out[temperature].save(BENCH / "results" / f"engine_peer_cost_T{temperature:g}.json")
+        path = out[temperature].save(RESULTS / f"engine_peer_cost_T{temperature:g}.json")
         print(f"cost table (T = {temperature:g}): {path}", flush=True)
     del target, draft
     gc.collect()

@@ -40,6 +40,8 @@ from pathlib import Path
 
 import psutil
 
+from common import write  # bench/ is on sys.path when run as a script
+
 MEMORY_BYTES_PER_SLOT = 200  # in-memory fit: observed columns + features + predictions (measured: ~140 at 5M)
 
 
@@ -187,8 +189,7 @@ def run_scale(sizes: list[int], engines: list[str], scratch: str, budget_mb: int
 def _save(out: Path, cores: int, budget_mb: int, rows: list[dict]) -> None:
     doc = {"cores": cores, "budget_mb": budget_mb, "load_avg_1m": os.getloadavg()[0],
            "date": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}
-    _write(out.with_suffix(".json"), json.dumps(doc, indent=2) + "\n")
-    _write(out.with_suffix(".md"), _markdown(doc))
+    write({out.with_suffix(".json"): json.dumps(doc, indent=2) + "\n", out.with_suffix(".md"): _markdown(doc)})
 
 
 def _markdown(doc: dict) -> str:
@@ -219,13 +220,6 @@ def _markdown(doc: dict) -> str:
               "joined by the fit); \"max coef diff\" is against the first engine run at that size; \"driver CPU s\" leaves out Ray's "
               "workers. Reading, goals and how each size was run: docs/fleet.md (\"Measured at scale\")."]
     return "\n".join(lines) + "\n"
-
-
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ from avkit.hvd.router import make_router
 from avkit.models import load
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
+from common import vllm_peer, write  # bench/ is on sys.path when run as a script
 
 DRAFTERS = ("target", "model", "suffix", "hybrid")
 
@@ -165,21 +166,16 @@ def vllm_cell(python: str, target_dir: str, prompt_ids, k: int, c: int, max_new:
     `just peer-vllm-suffix`) on the same greedy requests, c at a time (its scheduler queues the rest), each
     config in its own process of the peer venv (bench/vllm_peer.py) -> tokens/s, decode tokens/s, and how
     many suffix outputs equal vLLM's own target-only outputs."""
-    from engine_peer import VLLM_ENV
-
     run = {"name": f"c={c}", "prompts": prompt_ids, "temperature": 0.0, "top_p": 1.0, "max_new_tokens": max_new,
            "seed": 0}
     got: dict[str, dict] = {}
     for name, cfg in (("target", {"k": 0}), ("suffix", {"k": k, "method": "suffix"})):
-        with tempfile.TemporaryDirectory(prefix="avkit-hvd-vllm-") as d:
-            jobs, res = Path(d) / "jobs.json", Path(d) / "results.json"
-            jobs.write_text(json.dumps({"target": target_dir, "draft": target_dir, "dtype": dtype,
-                                        "configs": [{**cfg, "max_num_seqs": c, "runs": [run]}]}))
-            proc = subprocess.run([python, str(Path(__file__).parent / "vllm_peer.py"), str(jobs), str(res)],
-                                  env={**os.environ, **VLLM_ENV, "PYTHONPATH": ""}, timeout=timeout)
-            if proc.returncode != 0 or not res.exists():
-                raise SystemExit(f"vLLM peer failed for {name} (exit {proc.returncode})")
-            got[name] = json.loads(res.read_text())["results"][0]
+        jobs = {"target": target_dir, "draft": target_dir, "dtype": dtype,
+                "configs": [{**cfg, "max_num_seqs": c, "runs": [run]}]}
+        results, proc = vllm_peer(python, jobs, timeout)
+        if proc.returncode != 0 or not results:
+            raise SystemExit(f"vLLM peer failed for {name} (exit {proc.returncode})")
+        got[name] = results[0]
     out = {"tps": {}, "decode": {}, "dtype": dtype}
     for name, r in got.items():
         out["tps"][name] = sum(map(len, r["outputs"])) / r["wall_s"]
@@ -264,8 +260,8 @@ def render(cells_path: Path, out: Path) -> None:
                          f"{v['tps']['suffix']:.2f} | {v['tps']['suffix'] / v['tps']['target']:.3f} | "
                          f"{v['decode']['suffix'] / v['decode']['target']:.3f} | "
                          f"{v['suffix_equal_target']} / {p['requests']} | {sp('suffix')} | {sp('hybrid')} |")
-    out.write_text("\n".join(lines) + "\n")
-    print(out.read_text())
+    write({out: "\n".join(lines) + "\n"})
+    print("\n".join(lines))
 
 
 def main(argv=None) -> int:

@@ -31,15 +31,13 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-BENCH = Path(__file__).parent
-RESULTS = BENCH / "results"
+from common import RESULTS, write  # bench/ is on sys.path when run as a script
 
 
 def measured_prompts(datasets: list[str], c: int) -> list[str]:
@@ -191,13 +189,6 @@ def render(cells: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def tiny_inputs(args) -> None:
     """--tiny: a tiny pair, a vLLM trace and a native trace of it, both cost tables (all under a temp dir)."""
     from avkit.models.testing import write_tiny_pair
@@ -279,8 +270,7 @@ def main() -> None:
     merged = {key(x): x for x in old}
     merged.update({key(x): x for x in new})
     cells = sorted(merged.values(), key=key)
-    _write(cache, json.dumps(cells, indent=1))
-    _write(RESULTS / f"{stem}.md", render(cells))
+    write({cache: json.dumps(cells, indent=1), RESULTS / f"{stem}.md": render(cells)})
     print(render([x for x in cells if x["engine"] == new[0]["engine"]]) if new else "no cells measured")
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from avkit.cli.tune import summary_lines, tok
 from avkit.config import TuneConfig
-from avkit.staged import write_json_atomic
 from avkit.tune import tune
+from common import write  # bench/ is on sys.path when run as a script
 
 RAM_GB = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9  # the profiled table's device: this box
 SHIPPED = "traces/*.parquet"
@@ -110,17 +110,14 @@ def main() -> None:
             t0 = time.perf_counter()
             result = tune(traces, TuneConfig(**opts, out=str(path)))
             result["bench_seconds"] = time.perf_counter() - t0
-            write_json_atomic(path, result)
+            write({path: result})
             print(f"{name}: {result['bench_seconds']:.0f} s", flush=True)
         elif path.exists():
             result = json.loads(path.read_text())
         else:
             continue
         parts.append(section(title, pattern, opts, result) + f"\nTraces: {', '.join(result['traces'])}.\n")
-    tmp = Path(args.out).with_suffix(".md.tmp")
-    tmp.write_text("\n".join(parts))
-    os.replace(tmp, args.out)
-    print(f"wrote {args.out}")
+    write({args.out: "\n".join(parts)})
 
 
 if __name__ == "__main__":

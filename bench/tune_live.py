@@ -63,18 +63,15 @@ import gc
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
-from engine_peer import VLLM_ENV, machine, prompt_ids, steady_tok_s  # bench/ is on sys.path when run as a script
+from common import RESULTS, VLLM_ENV, machine, rounds, steady_tok_s, vllm_peer, write  # bench/ is on sys.path
+from engine_peer import prompt_ids
 from tune_live_report import rate, write_report
-
-BENCH = Path(__file__).parent
-RESULTS = BENCH / "results"
 
 
 def uptime() -> str:
@@ -168,8 +165,8 @@ def avkit_phase(args, runs, cfgs, schedule, save=None) -> list[dict]:
             print(f"budget of {args.budget_s} s spent: runs from {r['name']} on are left out", flush=True)
             break
         reps: dict[str, list[dict]] = {name: [] for name, _, _ in cfgs}
-        for i in range(args.repeats):  # whole rounds: every config once per round, each round starting one
-            for name, k, ranges in cfgs[i % len(cfgs):] + cfgs[:i % len(cfgs)]:  # later (no config always last)
+        for order in rounds(cfgs, args.repeats):  # whole rounds, each starting one config later
+            for name, k, ranges in order:
                 load = uptime()
                 res = avkit_run(models, r, k, schedule if ranges is not None else None, max_batch)
                 reps[name].append(_row("avkit", name, r, res, load, args.piece))
@@ -185,25 +182,21 @@ def avkit_phase(args, runs, cfgs, schedule, save=None) -> list[dict]:
 # ---- vLLM -----------------------------------------------------------------------------------------------
 def vllm_phase(args, runs, cfgs) -> list[dict]:
     out = []
-    env = {**os.environ, **VLLM_ENV, "PYTHONPATH": ""}
     for name, k, ranges in cfgs:
-        with tempfile.TemporaryDirectory(prefix="avkit-tune-live-") as d:
-            jobs, res = Path(d) / "jobs.json", Path(d) / "results.json"
-            cfg = {"k": k, "runs": runs, **({"schedule": ranges} if ranges is not None else {})}
-            jobs.write_text(json.dumps({"target": args.target_dir, "draft": args.draft_dir, "dtype": args.dtype,
-                                        "eager": True, "configs": [cfg]}))
-            load = uptime()
-            proc = subprocess.run([args.vllm_python, str(BENCH / "vllm_peer.py"), str(jobs), str(res)], env=env,
-                                  timeout=args.vllm_timeout, capture_output=True, text=True)
-            if proc.returncode != 0:
-                print(f"vLLM {name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}", flush=True)
-            for x in (json.loads(res.read_text())["results"] if res.exists() else []):
-                r = next(r for r in runs if r["name"] == x["name"])
-                out.append(_row("vllm", name, r, {**x, "outside": float("nan")}, x.get("load", load), args.piece))
-                out[-1]["startup_s"] = x["startup_s"]
-                out[-1]["spec_counters"] = x["counters"]
-            if proc.returncode != 0 and not any(o["config"] == name for o in out):
-                out.append({"engine": "vllm", "config": name, "run": "*", "error": proc.stderr[-4000:]})
+        cfg = {"k": k, "runs": runs, **({"schedule": ranges} if ranges is not None else {})}
+        jobs = {"target": args.target_dir, "draft": args.draft_dir, "dtype": args.dtype, "eager": True,
+                "configs": [cfg]}
+        load = uptime()
+        results, proc = vllm_peer(args.vllm_python, jobs, args.vllm_timeout, capture=True)
+        if proc.returncode != 0:
+            print(f"vLLM {name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}", flush=True)
+        for x in results:
+            r = next(r for r in runs if r["name"] == x["name"])
+            out.append(_row("vllm", name, r, {**x, "outside": float("nan")}, x.get("load", load), args.piece))
+            out[-1]["startup_s"] = x["startup_s"]
+            out[-1]["spec_counters"] = x["counters"]
+        if proc.returncode != 0 and not any(o["config"] == name for o in out):
+            out.append({"engine": "vllm", "config": name, "run": "*", "error": proc.stderr[-4000:]})
     return out
 
 
@@ -248,10 +241,7 @@ def merge(path: Path, meta: dict | None, rows: list[dict]) -> dict:
         data["plan"] = [r for r in data.get("plan", []) if r["name"] not in {p["name"] for p in meta["plan"]}] + \
             meta["plan"]
         data["schedules"] = {**data.get("schedules", {}), **meta["schedules"]}
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f)
-    os.replace(tmp, path)
+    write({path: json.dumps(data)})
     return data
 
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from collections import Counter
 from pathlib import Path
+
+from common import write  # bench/ is on sys.path when run as a script
 
 STEADY_MARGIN = 0.97  # issue 19 item 5: tuned >= 0.97x the best fixed K at every steady concurrency
 
@@ -263,8 +264,5 @@ def write_report(data: dict, path: Path) -> str:
         f"Mixed run's requests: {len(mixed['prompts']) if mixed else 0}.", "",
         "## Commands (one piece each; `uptime` load at its start)", "", *piece_lines, ""]
     text = "\n".join(body)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write({path: text})
     return text

@@ -1,0 +1,127 @@
+"""What every bench script shares: where results go, the header that says when, on what and by which command
+they were measured, writing them all at once, interleaved repeats, paired ratios with a 95% interval, the
+steady decode rate of a timed run, the vLLM peer process, and progress on stderr.
+
+    from common import RESULTS, header, write      # bench/ is on sys.path when a script runs
+    write({RESULTS / "x.md": header("x.py") + table})
+
+Glossary
+--------
+machine   CPU model, cores and widest bf16 path (AMX / AVX-512 / AVX2): what results rows are compared by
+header    a Markdown title and one line: UTC date, machine, 1-minute load at the start, the command as typed
+round     every config once, in an order rotated by one per round (no config always last), so that a drift
+          of a shared box's load hits every config alike
+paired    per round the ratio a / b; their geometric mean and Student-t interval over rounds (log scale)
+steady    decode tokens/s while every lane is busy: all n requests past prefill, none finished
+peer      one vLLM process (bench/vllm_peer.py in vLLM's own venv) running a jobs file's configs
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.progress import Progress
+from scipy import stats
+
+from avkit.staged import StagedOutputs
+
+BENCH = Path(__file__).resolve().parent
+RESULTS = BENCH / "results"
+# 2 threads on cores 0-1 (vLLM defaults to 1 thread + 1 reserved core), 2 GiB of KV cache; a step may take
+# minutes on a loaded box, past the default 300 s RPC timeout that otherwise kills the engine mid-run
+VLLM_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "2",
+            "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600"}
+
+
+def machine() -> str:
+    """This CPU as results rows are compared by: model name, cores, and its widest bf16 path."""
+    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
+    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), []))
+    isa = "AMX" if "amx_bf16" in flags else "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "?"
+    return f"{name}, {os.cpu_count()} cores, {isa}"
+
+
+def load() -> float:
+    """The 1-minute load average: timings on a shared box are read beside it."""
+    return os.getloadavg()[0]
+
+
+def today() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
+
+
+def header(title: str) -> str:
+    """A results file's first lines: its title, then when (UTC), on what, under which load, by which command."""
+    command = " ".join(["python", *(Path(a).as_posix() if i == 0 else a for i, a in enumerate(sys.argv))])
+    return (f"# {title}\n\n{dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC, {machine()}, load {load():.1f} at the "
+            f"start; `{command}`\n\n")
+
+
+def write(files: dict) -> list[Path]:
+    """Each {path: str | bytes | JSON-able} to a temp file beside it, all renamed together at the end (or none)."""
+    with StagedOutputs() as outputs:
+        for path, body in files.items():
+            tmp = outputs.file(path)
+            if isinstance(body, bytes):
+                tmp.write_bytes(body)
+            else:
+                tmp.write_text(body if isinstance(body, str) else json.dumps(body, indent=1))
+    for path in files:
+        print(f"wrote {path}", file=sys.stderr)
+    return [Path(p) for p in files]
+
+
+def rounds(configs: list, repeats: int) -> list[list]:
+    """`repeats` rounds of every config, round r starting r configs later (module glossary)."""
+    return [configs[r % len(configs):] + configs[:r % len(configs)] for r in range(repeats)]
+
+
+def paired_ratio(a, b, level: float = 0.95) -> dict:
+    """exp(mean log(a / b)) over paired rounds and its Student-t interval (infinite with one round)."""
+    logs = np.log(np.asarray(a, dtype=np.float64) / np.asarray(b, dtype=np.float64))
+    m, n = float(logs.mean()), logs.size
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1) * logs.std(ddof=1) / math.sqrt(n)) if n > 1 else math.inf
+    return {"ratio": math.exp(m), "lo": math.exp(m - half), "hi": math.exp(m + half)}
+
+
+def steady_tok_s(steps: list[list[float]], n: int, waves: int = 1) -> float:
+    """Decode tok/s with every lane busy. ``steps``: per engine step ``[seconds since start, tokens emitted so
+    far, requests with a token, requests finished]``. One wave: from the step after which all ``n`` requests
+    have a token (prefill done) to the last step before any finishes. ``waves`` of ``n`` requests run one
+    after another (wave j arrives once waves before it are done): each wave's window is cut the same way and
+    the rate is their tokens over their seconds. NaN when no wave has a window of >= 1 step."""
+    tokens = seconds = 0.0
+    for j in range(waves):
+        first = next((i for i, s in enumerate(steps) if s[2] >= (j + 1) * n), None)
+        last = max((i for i, s in enumerate(steps) if s[3] <= j * n), default=None)
+        if first is not None and last is not None and last > first:
+            tokens += steps[last][1] - steps[first][1]
+            seconds += steps[last][0] - steps[first][0]
+    return tokens / seconds if seconds > 0 else float("nan")
+
+
+def vllm_peer(python: str, jobs: dict, timeout: float, env: dict | None = None,
+              capture: bool = False) -> tuple[list[dict], subprocess.CompletedProcess]:
+    """Run `jobs` (bench/vllm_peer.py's jobs file) in one vLLM process -> (the runs it finished, the process)."""
+    with tempfile.TemporaryDirectory(prefix="avkit-peer-") as d:
+        jobs_path, res = Path(d) / "jobs.json", Path(d) / "results.json"
+        jobs_path.write_text(json.dumps(jobs))
+        proc = subprocess.run([python, str(BENCH / "vllm_peer.py"), str(jobs_path), str(res)],
+                              env={**os.environ, **VLLM_ENV, "PYTHONPATH": "", **(env or {})}, timeout=timeout,
+                              capture_output=capture, text=True)
+        return (json.loads(res.read_text())["results"] if res.exists() else []), proc
+
+
+def progress() -> Progress:
+    """A rich progress bar on stderr (results go to files and stdout)."""
+    return Progress(console=Console(stderr=True))
