@@ -21,10 +21,10 @@ test-vllm:
 models:
     python -m avkit models fetch
 
-# open a report in headless Chromium: every image loads, no table overflows; keeps a screenshot
+# open a report in headless Chromium: every image loads, no table overflows; keeps a screenshot in out/ (not in git)
 # (AVKIT_REPORT=path/index.html checks that report instead of a synthetic one)
 test-browser:
-    AVKIT_SCREENSHOT=bench/results/report_screenshot.png python -m pytest -m browser tests/test_report_browser.py
+    AVKIT_SCREENSHOT=out/report_screenshot.png python -m pytest -m browser tests/test_report_browser.py
 
 # acceptance estimators on traces their defaults never saw: leave-one-trace-out and leave-one-temperature-out
 # over traces/ (~2 min on 2 cores) -> bench/results/estimators.md, estimators_reliability.png

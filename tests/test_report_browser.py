@@ -2,7 +2,7 @@
 
 Skips without a Chromium binary (`apt-get install chromium`). `AVKIT_REPORT=path/index.html` checks
 that report instead of a synthetic one; `AVKIT_SCREENSHOT=file.png` keeps a screenshot of it
-(`just test-browser` writes bench/results/report_screenshot.png).
+(`just test-browser` writes out/report_screenshot.png).
 """
 
 import json

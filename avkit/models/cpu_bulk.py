@@ -3,7 +3,7 @@
 A prefill forward multiplies hundreds of rows by each weight: it is compute-bound, not bandwidth-bound.
 avkit's AVX2 kernel (cpu_linear.cpp) reaches ~75 GFLOP/s there on 2 cores; oneDNN's bf16 matmul with a
 pre-packed weight reaches ~2,000 GFLOP/s on 2 cores of a CPU with AMX at 128 rows per call (~1,360 at 64;
-measured on the target's four layer shapes: ``python bench/cpu_linear.py --bulk``).
+measured on the target's four layer shapes by a one-off harness, since retired).
 
 Batch invariance. oneDNN picks its blocking by the number of rows, so a row's result depends on how
 many rows share the call (measured: a 64-row call and a 128-row call round the same row differently).

@@ -10,7 +10,7 @@
 // the inner loop reads 32 contiguous bytes per k and does an outer-product update of a 6 x 16 fp32
 // register tile (12 ymm accumulators, the BLIS-style AVX2 micro-kernel), or 1 x 64 / 2 x 32 at one or two
 // rows. k is blocked (KC) so a panel block stays in L1 across row tiles, and weights are prefetched ahead.
-// bf16 -> fp32 is exact (a shift). Measured on a 2-core AVX2 Zen 3 (bench/cpu_linear.py): 1.2-1.5x the
+// bf16 -> fp32 is exact (a shift). Measured on a 2-core AVX2 Zen 3 (bench/results/cpu_linear.md): 1.2-1.5x the
 // unblocked 6 x 16 kernel at 1-64 rows; 1-4 rows run at memory bandwidth, 8+ rows at ~90 GFLOP/s.
 // x (bf16 or fp32) is widened to fp32 once per call. Each output is rounded to bf16 (nearest-even) once,
 // after the bias is added in fp32: the same values F.linear computes up to the fp32 summation order.
