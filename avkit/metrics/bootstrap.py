@@ -11,6 +11,8 @@ Glossary:
             the mean ECE over labels drawn y* ~ Bernoulli(p) ("consistency resampling", Broecker
             and Smith 2007). Binned ECE is biased upwards at finite N; an ECE near its floor is
             indistinguishable from perfect calibration on this many slots
+  ce2       the debiased squared calibration error (metrics/debiased.py) of each resample, every drawn
+            copy of a request a cluster of its own
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from __future__ import annotations
 import numpy as np
 
 from avkit.metrics.checks import check_binary_inputs
+from avkit.metrics.debiased import _ce2_debiased, cluster_stats
 from avkit.metrics.table import _ece, additive_sums
 
 
 def cluster_bootstrap(labels, probs, clusters, *, n_boot: int = 1000, n_bins: int = 10,
                       seed: int = 0) -> dict[str, np.ndarray]:
-    """-> {"ece": [n_boot], "log_loss": [n_boot]} over cluster resamples (the same resamples for the
+    """-> {"ece": [n_boot], "log_loss": [n_boot], "ce2": [n_boot]} over cluster resamples (the same resamples for the
     same `clusters`, `n_boot` and `seed`: two predictors' draws are paired)."""
     y, p, _ = check_binary_inputs(labels, probs, name="probs", probabilities=True)
     _, codes = np.unique(np.asarray(clusters), return_inverse=True)  # [N] 0..R-1
@@ -31,7 +34,8 @@ def cluster_bootstrap(labels, probs, clusters, *, n_boot: int = 1000, n_bins: in
     nll, table = additive_sums(p, y, codes, 1, r, n_bins)  # [1, R], [3, 1, R, n_bins]
     counts = np.random.default_rng(seed).multinomial(r, np.full(r, 1.0 / r), size=n_boot).astype(np.float64)  # [B, R]
     boot = np.einsum("br,crk->cbk", counts, table[:, 0])  # [3, B, n_bins]
-    return {"ece": _ece(boot), "log_loss": counts @ nll[0] / boot[0].sum(-1)}
+    ce2 = _ce2_debiased(np.einsum("br,crk->cbk", counts, cluster_stats(y, p, codes, r, n_bins)))  # [B]
+    return {"ece": _ece(boot), "log_loss": counts @ nll[0] / boot[0].sum(-1), "ce2": ce2}
 
 
 def ece_floor(probs, *, n_draws: int = 200, n_bins: int = 10, seed: int = 0) -> float:

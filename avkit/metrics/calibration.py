@@ -49,18 +49,25 @@ def ece(labels, probs, n_bins: int = 10, sample_weight=None) -> float:
     >>> round(ece([1, 0, 1, 1], [0.9, 0.1, 0.8, 0.6]), 6)
     0.2
     """
+    y, p, w = check_binary_inputs(labels, probs, sample_weight, name="probs", probabilities=True)
+    return ece_checked(y, p, w, check_n_bins(n_bins))
+
+
+def check_n_bins(n_bins) -> int:
     if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
         raise DataError(f"n_bins must be a positive integer, got {n_bins!r}")
-    y, p, w = check_binary_inputs(labels, probs, sample_weight, name="probs", probabilities=True)
-    return ece_checked(y, p, w, int(n_bins))
+    return int(n_bins)
 
 
 def ece_checked(y: np.ndarray, p: np.ndarray, w: np.ndarray | None, n_bins: int) -> float:
     """ece of validated float64 arrays ([N] each)."""
-    b = np.minimum((p * n_bins).astype(np.int64), n_bins - 1)  # [N] bin index
-    ones = np.ones_like(p) if w is None else w
-    mass = np.bincount(b, weights=ones, minlength=n_bins)  # [n_bins] W_b
-    sum_p = np.bincount(b, weights=ones * p, minlength=n_bins)
-    sum_y = np.bincount(b, weights=ones * y, minlength=n_bins)
+    mass, sum_p, sum_y = bin_sums(y, p, w, n_bins)  # [n_bins] each
     # sum_b W_b/W |sum_p/W_b - sum_y/W_b| = sum_b |sum_p - sum_y| / W
     return float(np.abs(sum_p - sum_y).sum() / mass.sum())
+
+
+def bin_sums(y: np.ndarray, p: np.ndarray, w: np.ndarray | None, n_bins: int) -> np.ndarray:
+    """[N] labels, predictions, weights (None: 1) -> [3, n_bins] (W_b, sum w p, sum w y) per equal-width bin."""
+    b = np.minimum((p * n_bins).astype(np.int64), n_bins - 1)  # [N] bin index
+    ones = np.ones_like(p) if w is None else w
+    return np.stack([np.bincount(b, weights=x, minlength=n_bins) for x in (ones, ones * p, ones * y)])
