@@ -71,8 +71,9 @@ class VerifyOutcome:
     num_verify: torch.Tensor  # [B] int64
     num_accepted: torch.Tensor  # [B] int64
     cache_rows: torch.Tensor | None = None  # [B] bool (as DraftBatch): whose estimator each row's labels teach
-    # Labels follow docs/estimator.md: slot j of request r is observed iff j < num_verify[r] and
-    # j <= num_accepted[r] (at or before the first rejection); label = j < num_accepted[r].
+    observed: torch.Tensor | None = None  # [B, K] bool: the slot carries a label (RejectionResult.observed;
+    # None: trace/labels.py's rule from num_verify and num_accepted, for a policy driven without a sampler)
+    accepted: torch.Tensor | None = None  # [B, K] bool: its label (RejectionResult.accepted), with `observed`
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from avkit.metrics.calibration import ece_from_bins
 from avkit.metrics.checks import check_binary_inputs
-from avkit.metrics.debiased import _ce2_debiased, cluster_stats
-from avkit.metrics.table import _ece, additive_sums
+from avkit.metrics.debiased import ce2_from_stats, cluster_stats
+from avkit.metrics.table import additive_sums
 
 
 def cluster_bootstrap(labels, probs, clusters, *, n_boot: int = 1000, n_bins: int = 10,
@@ -34,8 +35,8 @@ def cluster_bootstrap(labels, probs, clusters, *, n_boot: int = 1000, n_bins: in
     nll, table = additive_sums(p, y, codes, 1, r, n_bins)  # [1, R], [3, 1, R, n_bins]
     counts = np.random.default_rng(seed).multinomial(r, np.full(r, 1.0 / r), size=n_boot).astype(np.float64)  # [B, R]
     boot = np.einsum("br,crk->cbk", counts, table[:, 0])  # [3, B, n_bins]
-    ce2 = _ce2_debiased(np.einsum("br,crk->cbk", counts, cluster_stats(y, p, codes, r, n_bins)))  # [B]
-    return {"ece": _ece(boot), "log_loss": counts @ nll[0] / boot[0].sum(-1), "ce2": ce2}
+    ce2 = ce2_from_stats(np.einsum("br,crk->cbk", counts, cluster_stats(y, p, codes, r, n_bins)))  # [B]
+    return {"ece": ece_from_bins(boot), "log_loss": counts @ nll[0] / boot[0].sum(-1), "ce2": ce2}
 
 
 def ece_floor(probs, *, n_draws: int = 200, n_bins: int = 10, seed: int = 0) -> float:
@@ -45,7 +46,7 @@ def ece_floor(probs, *, n_draws: int = 200, n_bins: int = 10, seed: int = 0) -> 
     y = (rng.random((n_draws, p.size)) < p).astype(np.float64)  # [D, N]
     _, table = additive_sums(np.tile(p, n_draws), y.ravel(), np.repeat(np.arange(n_draws), p.size), 1, n_draws,
                              n_bins)
-    return float(_ece(table[:, 0]).mean())
+    return float(ece_from_bins(table[:, 0]).mean())
 
 
 __all__ = ["cluster_bootstrap", "ece_floor"]

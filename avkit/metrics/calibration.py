@@ -17,7 +17,7 @@ import numpy as np
 from avkit.errors import DataError
 from avkit.metrics.checks import check_binary_inputs
 
-_EPS = np.finfo(np.float64).eps
+EPS = np.finfo(np.float64).eps
 
 
 def log_loss(labels, probs, sample_weight=None) -> float:
@@ -34,7 +34,7 @@ def log_loss(labels, probs, sample_weight=None) -> float:
 
 def log_loss_checked(y: np.ndarray, p: np.ndarray, w: np.ndarray | None = None) -> float:
     """log_loss of validated float64 arrays ([N] each)."""
-    p = np.clip(p, _EPS, 1 - _EPS)
+    p = np.clip(p, EPS, 1 - EPS)
     nll = -(y * np.log(p) + (1.0 - y) * np.log1p(-p))  # [N]
     if w is None:
         return float(nll.mean())
@@ -61,9 +61,7 @@ def check_n_bins(n_bins) -> int:
 
 def ece_checked(y: np.ndarray, p: np.ndarray, w: np.ndarray | None, n_bins: int) -> float:
     """ece of validated float64 arrays ([N] each)."""
-    mass, sum_p, sum_y = bin_sums(y, p, w, n_bins)  # [n_bins] each
-    # sum_b W_b/W |sum_p/W_b - sum_y/W_b| = sum_b |sum_p - sum_y| / W
-    return float(np.abs(sum_p - sum_y).sum() / mass.sum())
+    return float(ece_from_bins(bin_sums(y, p, w, n_bins)))
 
 
 def bin_sums(y: np.ndarray, p: np.ndarray, w: np.ndarray | None, n_bins: int) -> np.ndarray:
@@ -71,3 +69,9 @@ def bin_sums(y: np.ndarray, p: np.ndarray, w: np.ndarray | None, n_bins: int) ->
     b = np.minimum((p * n_bins).astype(np.int64), n_bins - 1)  # [N] bin index
     ones = np.ones_like(p) if w is None else w
     return np.stack([np.bincount(b, weights=x, minlength=n_bins) for x in (ones, ones * p, ones * y)])
+
+
+def ece_from_bins(table: np.ndarray) -> np.ndarray:
+    """[3, ..., n_bins] per-bin sums (weight, sum p, sum y) -> [...] ECE = sum_b |sum p_b - sum y_b| / weight
+    (= sum_b W_b/W |mean_b p - mean_b y|): the one ECE of in-memory, binned, bootstrap and live scores."""
+    return np.abs(table[1] - table[2]).sum(-1) / table[0].sum(-1)

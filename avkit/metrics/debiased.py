@@ -39,7 +39,7 @@ def cluster_stats(y: np.ndarray, p: np.ndarray, codes: np.ndarray, r: int, n_bin
     return np.stack([n, sp, sy, n * n, n * sy, sy * sy, (n > 0).astype(np.float64)])
 
 
-def _ce2_debiased(stats: np.ndarray) -> np.ndarray:
+def ce2_from_stats(stats: np.ndarray) -> np.ndarray:
     """[7, ..., n_bins] stats summed over clusters -> [...] CE2."""
     n, sum_p, sum_y, nn, ns, ss, g = stats
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -69,7 +69,7 @@ def debiased_ce2(labels, probs, clusters=None, n_bins: int = 10) -> float:
     if codes.size != y.size:
         raise DataError(f"clusters has {codes.size} entries for {y.size} labels")
     r = int(codes.max()) + 1
-    return float(_ce2_debiased(cluster_stats(y, p, codes, r, check_n_bins(n_bins)).sum(1)))
+    return float(ce2_from_stats(cluster_stats(y, p, codes, r, check_n_bins(n_bins)).sum(1)))
 
 
-__all__ = ["cluster_stats", "debiased_ce2", "signed_root"]
+__all__ = ["ce2_from_stats", "cluster_stats", "debiased_ce2", "signed_root"]

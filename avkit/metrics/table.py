@@ -28,7 +28,7 @@ import numpy as np
 import polars as pl
 
 from avkit.errors import DataError
-from avkit.metrics.calibration import _EPS
+from avkit.metrics.calibration import EPS, ece_from_bins
 from avkit.metrics.checks import check_binary_inputs
 
 MAX_KEY_BITS = 12  # label + group bits packed below the prediction's bits
@@ -80,14 +80,9 @@ def _family_auc(codes: np.ndarray | None, y: np.ndarray, ties, num_codes: int) -
         return np.where((pos > 0) & (neg > 0), wins / (pos * neg), np.nan)
 
 
-def _ece(table: np.ndarray) -> np.ndarray:
-    """[3, ..., n_bins] (count, sum p, sum y) -> [...] ECE = sum_b |sum p_b - sum y_b| / count."""
-    return np.abs(table[1] - table[2]).sum(-1) / table[0].sum(-1)
-
-
 def _row(scope: str, auc: float, nll_sum: float, table: np.ndarray) -> dict:
     n = int(table[0].sum())
-    return {"scope": scope, "auc": float(auc), "log_loss": float(nll_sum / n), "ece": float(_ece(table)), "n": n}
+    return {"scope": scope, "auc": float(auc), "log_loss": float(nll_sum / n), "ece": float(ece_from_bins(table)), "n": n}
 
 
 def additive_sums(p: np.ndarray, y: np.ndarray, group: np.ndarray, d: int, k: int,
@@ -95,7 +90,7 @@ def additive_sums(p: np.ndarray, y: np.ndarray, group: np.ndarray, d: int, k: in
     """[N] predictions, labels and groups (dataset * K + position) -> the additive half of a score
     table: summed NLL [D, K] and ECE bins [3, D, K, n_bins] (count, sum p, sum y)."""
     # NLL = -log of the probability given to the observed label, clipped as sklearn does.
-    nll = -np.log(np.clip(np.where(y > 0, p, 1.0 - p), _EPS, 1 - _EPS))  # [N]
+    nll = -np.log(np.clip(np.where(y > 0, p, 1.0 - p), EPS, 1 - EPS))  # [N]
     nll_g = np.bincount(group, weights=nll, minlength=d * k).reshape(d, k)
     key = group * n_bins + np.minimum((p * n_bins).astype(np.int64), n_bins - 1)  # [N] (group, bin)
     table = np.stack([np.bincount(key, weights=w, minlength=d * k * n_bins) for w in (None, p, y)])

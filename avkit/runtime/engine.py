@@ -193,9 +193,10 @@ class Engine:
             if out.finished:
                 self._finish(seq)
 
-        if K > 0:  # labels for the online refit (statistics summed on the device)
+        if K > 0:  # labels for the online refit (statistics summed on the device): the sampler's own
+            wide = lambda x: torch.nn.functional.pad(x, (0, K - k))  # [B, k] -> [B, K], False beyond k
             self.policy.observe(VerifyOutcome(draft.features, plan.confidences, num_verify, result.num_accepted,
-                                              draft.cache_rows))
+                                              draft.cache_rows, wide(result.observed), wide(result.accepted)))
         self._account(batch, inp, draft, num_verify, result, plan, outputs, t0)
         self._time_step(batch, load, inp, verify_lens, t_decode)
         return outputs

@@ -295,8 +295,8 @@ class AdaptiveVerification(VerifyPolicy):
         self.steps += 1
         if self.estimator is None or outcome.confidences is None:
             return
-        observed, label = observed_labels(outcome.num_verify, outcome.num_accepted,
-                                          outcome.confidences.shape[1])  # [B, K]
+        observed, label = (outcome.observed, outcome.accepted) if outcome.observed is not None else \
+            observed_labels(outcome.num_verify, outcome.num_accepted, outcome.confidences.shape[1])  # [B, K]
         if outcome.cache_rows is None:
             self._learn(self.estimator, outcome, observed, label)
             return

@@ -10,19 +10,19 @@ Glossary (a labelled slot: verified, at or before the first rejection; docs/esti
   expected accepted tokens of a request-step: sum_j prod_{i <= j} p_i over its verified slots (the survival
            the predictor implies); actual: vLLM's accepted length
   Brier    mean (p - y)^2; ECE: sum_b (n_b / n) |mean_b p - mean_b y| over BINS equal-width bins of p
-           (avkit/metrics/table.py's, from the bins' sums)
+           (avkit/metrics/calibration.py `ece_from_bins`, from the bins' sums)
   cumulative counters since start; rolling: the last WINDOW engine steps (a ring of per-step sums)
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
-from avkit.metrics.table import _ece as bin_ece  # the one ECE of (count, sum p, sum y) per bin
+from avkit.metrics.calibration import ece_from_bins
+from avkit.staged import staged_file
 
 BINS = 10
 WINDOW = 100  # engine steps, vLLM's REFIT_INTERVAL: the span its online estimator refits on
@@ -84,7 +84,7 @@ class Health:
         brier, expected, actual, drafts = sums[3 * k + 3 * BINS:]
         n = counts.sum()
         with np.errstate(invalid="ignore", divide="ignore"):
-            ece = float(bin_ece(bins)) if n else float("nan")
+            ece = float(ece_from_bins(bins)) if n else float("nan")
             return {"labelled": counts.tolist(), "accepted": acc.tolist(),
                     "predicted": (pred / counts).tolist(), "observed": (acc / counts).tolist(),
                     "brier": brier / n if n else float("nan"), "ece": ece,
@@ -98,9 +98,8 @@ class Health:
 
     def publish(self, run_dir: Path) -> None:
         """Replace `run_dir`/health.json with the state (a reader never sees a torn file)."""
-        tmp = run_dir / f".{STATE_FILE}.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(self.state()))
-        os.replace(tmp, run_dir / STATE_FILE)
+        with staged_file(run_dir / STATE_FILE, "health") as tmp:
+            tmp.write_text(json.dumps(self.state()))
 
 
 def read_state(run_dir: Path) -> dict | None:
