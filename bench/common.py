@@ -1,6 +1,6 @@
 """What every bench script shares: where results go, the header that says when, on what and by which command
 they were measured, writing them all at once, interleaved repeats, paired ratios with a 95% interval, the
-steady decode rate of a timed run, the vLLM peer process, and progress on stderr.
+the vLLM peer process, and progress on stderr.
 
     from common import RESULTS, header, write      # bench/ is on sys.path when a script runs
     write({RESULTS / "x.md": header("x.py") + table})
@@ -12,7 +12,6 @@ header    a Markdown title and one line: UTC date, machine, 1-minute load at the
 round     every config once, in an order rotated by one per round (no config always last), so that a drift
           of a shared box's load hits every config alike
 paired    per round the ratio a / b; their geometric mean and Student-t interval over rounds (log scale)
-steady    decode tokens/s while every lane is busy: all n requests past prefill, none finished
 peer      one vLLM process (bench/vllm_peer.py in vLLM's own venv) running a jobs file's configs
 """
 
@@ -92,22 +91,6 @@ def paired_ratio(a, b, level: float = 0.95) -> dict:
     m, n = float(logs.mean()), logs.size
     half = float(stats.t.ppf(0.5 + level / 2, n - 1) * logs.std(ddof=1) / math.sqrt(n)) if n > 1 else math.inf
     return {"ratio": math.exp(m), "lo": math.exp(m - half), "hi": math.exp(m + half)}
-
-
-def steady_tok_s(steps: list[list[float]], n: int, waves: int = 1) -> float:
-    """Decode tok/s with every lane busy. ``steps``: per engine step ``[seconds since start, tokens emitted so
-    far, requests with a token, requests finished]``. One wave: from the step after which all ``n`` requests
-    have a token (prefill done) to the last step before any finishes. ``waves`` of ``n`` requests run one
-    after another (wave j arrives once waves before it are done): each wave's window is cut the same way and
-    the rate is their tokens over their seconds. NaN when no wave has a window of >= 1 step."""
-    tokens = seconds = 0.0
-    for j in range(waves):
-        first = next((i for i, s in enumerate(steps) if s[2] >= (j + 1) * n), None)
-        last = max((i for i, s in enumerate(steps) if s[3] <= j * n), default=None)
-        if first is not None and last is not None and last > first:
-            tokens += steps[last][1] - steps[first][1]
-            seconds += steps[last][0] - steps[first][0]
-    return tokens / seconds if seconds > 0 else float("nan")
 
 
 def vllm_peer(python: str, jobs: dict, timeout: float, env: dict | None = None,

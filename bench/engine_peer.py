@@ -18,12 +18,12 @@ the table also gives the longest common prefix of avkit's and vLLM's target-only
 from __future__ import annotations
 
 import gc
-import time
 from pathlib import Path
 
 import torch
 
-from common import RESULTS, load, machine, steady_tok_s, vllm_peer  # bench/ is on sys.path
+from avkit.runtime.step_log import StepLog, steady_tok_s
+from common import RESULTS, load, machine, vllm_peer  # bench/ is on sys.path
 
 
 def prompt_ids(tokenizer, dataset: str, n: int) -> list[list[int]]:
@@ -100,18 +100,9 @@ def avkit_phase(args, ks: list[int], runs: list[dict], cost) -> dict[tuple[str, 
         sampling = SamplingConfig(temperature=r["temperature"], top_p=r["top_p"], max_new_tokens=max_new,
                                   seed=r["seed"])
         reqs = [Request(f"r{i}", p, sampling, r["dataset"]) for i, p in enumerate(r["prompts"])]
-        steps, emitted, done = [], {}, set()
-
-        def on_step(outputs):  # the same per-step record as bench/vllm_peer.py's
-            for o in outputs:
-                emitted[o.request_id] = emitted.get(o.request_id, 0) + len(o.new_token_ids)
-                done.update([o.request_id] if o.finished else [])
-            steps.append([time.perf_counter() - t0, float(sum(emitted.values())),
-                          float(sum(v > 0 for v in emitted.values())), float(len(done))])
-
-        t0 = time.perf_counter()
-        gens = engine.generate(reqs, on_step=on_step)
-        return gens, time.perf_counter() - t0, engine.stats.overhead_share, steps
+        log = StepLog()
+        gens = engine.generate(reqs, on_step=log)
+        return gens, log.clock() - log.t0, engine.stats.overhead_share, log.rows
 
     out = {}
     run(runs[0], max(ks), None, 8)  # warm-up (allocations, the kernel's first load), untimed

@@ -54,6 +54,7 @@ from avkit.hvd.router import make_router
 from avkit.models import load
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
+from avkit.runtime.step_log import StepLog, decode_tok_s
 from common import vllm_peer, write  # bench/ is on sys.path when run as a script
 
 DRAFTERS = ("target", "model", "suffix", "hybrid")
@@ -102,20 +103,10 @@ def measure(target, draft, prompt_ids, k: int, c: int, max_new: int, payoff: str
     for rep in range(repeats):
         for name in DRAFTERS if rep % 2 == 0 else DRAFTERS[::-1]:
             engine = _engine(name, target, draft, k, c, max_len, payoff, classes)
-            clock = {"t": 0.0, "waiting": len(reqs), "tokens": 0, "s": 0.0}
-
-            def on_step(outs, engine=engine, clock=clock):
-                now = time.perf_counter()
-                if len(engine.waiting) == clock["waiting"]:  # no prefill in this step: steady decode
-                    clock["tokens"] += sum(len(o.new_token_ids) for o in outs)
-                    clock["s"] += now - clock["t"]
-                clock["t"], clock["waiting"] = now, len(engine.waiting)
-
-            t0 = clock["t"] = time.perf_counter()
-            gens = engine.generate(reqs, on_step=on_step)
-            dt = time.perf_counter() - t0
-            tps[name].append(sum(len(g.output_ids) for g in gens) / dt)
-            decode[name].append(clock["tokens"] / max(clock["s"], 1e-9))
+            log = StepLog()
+            gens = engine.generate(reqs, on_step=log)
+            tps[name].append(sum(len(g.output_ids) for g in gens) / (log.clock() - log.t0))
+            decode[name].append(decode_tok_s(log.rows))
             steps[name] = engine.stats.steps
             st = engine.stats  # host work per step: the step's wall time outside the target and draft forwards
             outside[name] = 1e3 * (st.step_s - st.target_forward_s - st.draft_forward_s) / max(st.steps, 1)
@@ -179,22 +170,11 @@ def vllm_cell(python: str, target_dir: str, prompt_ids, k: int, c: int, max_new:
     out = {"tps": {}, "decode": {}, "dtype": dtype}
     for name, r in got.items():
         out["tps"][name] = sum(map(len, r["outputs"])) / r["wall_s"]
-        out["decode"][name] = _decode_rate(r["steps"])
+        out["decode"][name] = decode_tok_s(r["steps"])
     out["suffix_equal_target"] = sum(a == b for a, b in zip(got["suffix"]["outputs"], got["target"]["outputs"]))
     out["accepted"] = got["suffix"]["counters"]
     out["target_outputs"] = got["target"]["outputs"]  # the caller compares them with avkit's, then drops them
     return out
-
-
-def _decode_rate(steps: list[list[float]]) -> float:
-    """vLLM's tokens/s over the steps that started no request (bench/vllm_peer.py's per-step record
-    [seconds, tokens so far, requests with a token, requests finished]): the decode rate as measured for avkit."""
-    tokens = seconds = 0.0
-    for prev, cur in zip([[0.0, 0.0, 0.0, 0.0]] + steps, steps):
-        if cur[2] == prev[2]:
-            tokens += cur[1] - prev[1]
-            seconds += cur[0] - prev[0]
-    return tokens / seconds if seconds > 0 else float("nan")
 
 
 def _tiny_pair_and_payoff(root: Path, k: int):
@@ -255,7 +235,7 @@ def render(cells_path: Path, out: Path) -> None:
             v = p["vllm"]
             mine = [c for c in cells if c["workload"] == p["workload"] and c["concurrency"] == p["concurrency"]]
             own = ({d: float(np.mean(x)) for d, x in mine[-1]["tps"].items()} if mine else {})
-            sp = lambda d: f"{own[d] / own['target']:.3f}" if own else "—"
+            sp = lambda d, own=own: f"{own[d] / own['target']:.3f}" if own else "—"
             lines.append(f"| {p['run']} | {p['workload']} | {p['concurrency']} | {v['dtype']} | {v['tps']['target']:.2f} | "
                          f"{v['tps']['suffix']:.2f} | {v['tps']['suffix'] / v['tps']['target']:.3f} | "
                          f"{v['decode']['suffix'] / v['decode']['target']:.3f} | "

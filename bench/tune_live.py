@@ -69,7 +69,8 @@ import time
 from pathlib import Path
 
 import torch
-from common import RESULTS, VLLM_ENV, machine, rounds, steady_tok_s, vllm_peer, write  # bench/ is on sys.path
+from avkit.runtime.step_log import StepLog, steady_tok_s
+from common import RESULTS, VLLM_ENV, machine, rounds, vllm_peer, write  # bench/ is on sys.path
 from engine_peer import prompt_ids
 from tune_live_report import rate, write_report
 
@@ -125,8 +126,8 @@ def avkit_run(models, r: dict, k: int, schedule, max_batch: int) -> dict:
     engine = Engine(models["target"], models["draft"] if k > 0 else None, cfg, policy=policy)
     order = sorted(range(len(r["prompts"])), key=lambda i: r["arrival_tokens"][i])
     outputs: dict[str, list[int]] = {f"r{i}": [] for i in order}
-    in_flight, emitted, nxt, done, steps, skip = [], 0, 0, 0, [], 0
-    t0 = time.perf_counter()
+    in_flight, emitted, nxt, skip = [], 0, 0, 0
+    log = StepLog()
     while nxt < len(order) or engine.has_unfinished():
         if nxt < len(order) and not engine.has_unfinished():  # ran dry (EOS came early): the clock jumps to
             skip = max(skip, r["arrival_tokens"][order[nxt]] - emitted)  # the next arrival, its whole wave at once
@@ -137,15 +138,14 @@ def avkit_run(models, r: dict, k: int, schedule, max_batch: int) -> dict:
             engine.add_request(Request(f"r{i}", r["prompts"][i], sampling))
             nxt += 1
         in_flight.append(len(engine.running) + len(engine.waiting))
-        for o in engine.step():
+        step = engine.step()
+        log(step)
+        for o in step:
             outputs[o.request_id].extend(o.new_token_ids)
             emitted += len(o.new_token_ids)
-            done += o.finished
-        # per step, as bench/vllm_peer.py logs it: [seconds, tokens so far, requests with a token, finished]
-        steps.append([time.perf_counter() - t0, float(emitted), float(sum(map(bool, outputs.values()))), float(done)])
-    wall = time.perf_counter() - t0
+    wall = log.clock() - log.t0
     return {"outputs": [outputs[f"r{i}"] for i in range(len(order))], "wall_s": wall, "in_flight": in_flight,
-            "outside": engine.stats.overhead_share, "steps": steps,
+            "outside": engine.stats.overhead_share, "steps": log.rows,
             "draft_forward_s": engine.stats.draft_forward_s}  # 0: the drafter never ran (no-spec's work)
 
 

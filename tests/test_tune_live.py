@@ -16,12 +16,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 
-import engine_peer
 import tune_live
 import tune_live_report
 from tune_live_report import write_report
 
 from avkit.models import Tokenizer
+from avkit.runtime.step_log import steady_tok_s
 from avkit.scheduling.batch_schedule import BatchSchedule
 
 SCHEDULE = BatchSchedule(((1, 1, 2), (2, 3, 1), (4, 6, 0)))
@@ -86,7 +86,7 @@ def test_waves_queue_steady_requests_and_the_steady_rate_spans_every_wave(pair):
     rows = tune_live.avkit_phase(args, [c2], cfgs, SCHEDULE)
     for x in rows:
         assert max(x["in_flight"]) == 2 and x["in_flight"].count(2) >= 3 * 2  # three waves, each decodes at 2
-        assert x["steady_tok_s"] == pytest.approx(engine_peer.steady_tok_s(x["steps"], 2, waves=3))
+        assert x["steady_tok_s"] == pytest.approx(steady_tok_s(x["steps"], 2, waves=3))
         assert x["steady_tok_s"] > 0 and len(x["outputs"]) == 6
     assert rows[0]["outputs"] == rows[1]["outputs"]
 

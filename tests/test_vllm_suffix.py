@@ -43,13 +43,6 @@ def test_vllm_suffix_method_drafts_from_earlier_responses_and_is_lossless(monkey
     assert cell["accepted"]["spec_decode_num_accepted_tokens"] > 0 and cell["tps"]["suffix"] > 0
 
 
-def test_vllm_decode_rate_counts_steps_that_started_no_request():
-    """Steps [seconds, tokens so far, requests with a token, finished]: the two steps where a request got its
-    first token (prefill) are left out, the rest give tokens / seconds."""
-    steps = [[1.0, 1, 1, 0], [1.5, 3, 1, 0], [3.0, 4, 2, 0], [3.5, 8, 2, 0], [4.0, 10, 2, 1]]
-    assert hvd_live._decode_rate(steps) == pytest.approx((2 + 4 + 2) / (0.5 + 0.5 + 0.5))
-
-
 def test_a_failing_build_step_is_one_error_line(tmp_path):
     """bench/vllm_arctic.py: a venv whose pip fails ends with one `avkit: error:` line naming the step, exit 2,
     no traceback (a fake venv python: answers the site-packages query, fails everything else)."""

@@ -1,0 +1,62 @@
+"""A timed log of engine steps, and the decode rates read from it.
+
+Glossary
+--------
+step log  one row per engine step: ``[seconds since start, tokens emitted so far, requests with a token,
+          requests finished]``. `StepLog` fills it from `Engine.step` outputs (``on_step=``); vLLM's peer
+          process (bench/vllm_peer.py) writes the same rows from vLLM's outputs, so both engines are read
+          by one rule.
+steady    decode tok/s with every lane busy: from the step after which all n requests have a token (their
+          prefill is done) to the last step before any finishes; the state the simulator predicts.
+decode    tok/s over the steps in which no request got its first token (no prefill in the step).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+class StepLog:
+    """`on_step` callback of `Engine.generate` (or call it with each `Engine.step()`'s outputs)."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.t0 = clock()
+        self.rows: list[list[float]] = []
+        self._emitted: dict[str, int] = {}
+        self._done = 0
+
+    def __call__(self, outputs) -> None:
+        for o in outputs:
+            self._emitted[o.request_id] = self._emitted.get(o.request_id, 0) + len(o.new_token_ids)
+            self._done += bool(o.finished)
+        self.rows.append([self.clock() - self.t0, float(sum(self._emitted.values())),
+                          float(sum(v > 0 for v in self._emitted.values())), float(self._done)])
+
+
+def steady_tok_s(steps: list[list[float]], n: int, waves: int = 1) -> float:
+    """Steady decode tok/s of a step log (module glossary). ``waves`` of ``n`` requests run one after another
+    (wave j arrives once the waves before it are done): each wave's window is cut the same way and the rate
+    is their tokens over their seconds. NaN when no wave has a window of >= 1 step."""
+    tokens = seconds = 0.0
+    for j in range(waves):
+        first = next((i for i, s in enumerate(steps) if s[2] >= (j + 1) * n), None)
+        last = max((i for i, s in enumerate(steps) if s[3] <= j * n), default=None)
+        if first is not None and last is not None and last > first:
+            tokens += steps[last][1] - steps[first][1]
+            seconds += steps[last][0] - steps[first][0]
+    return tokens / seconds if seconds > 0 else float("nan")
+
+
+def decode_tok_s(steps: list[list[float]]) -> float:
+    """Tok/s over the steps of a step log in which no request got its first token; NaN without one."""
+    tokens = seconds = 0.0
+    for prev, cur in zip([[0.0, 0.0, 0.0, 0.0], *steps], steps):
+        if cur[2] == prev[2]:
+            tokens += cur[1] - prev[1]
+            seconds += cur[0] - prev[0]
+    return tokens / seconds if seconds > 0 else float("nan")
+
+
+__all__ = ["StepLog", "decode_tok_s", "steady_tok_s"]
