@@ -71,20 +71,38 @@ def cost_record(cost, spec: str) -> dict:
 
 
 def describe(record: dict | None) -> str:
-    """One line for a report: command, version, time, traces (short hashes), then the settings."""
+    """One line for a report: command, version, time, traces (short hashes), the cost model, then the
+    settings (a command's `args` as the options that set them: `--concurrency 1,4 --no-draft-gate`)."""
     if not record:
         return "records no inputs (written before avkit recorded them): its traces and settings are unknown"
     traces = ", ".join(f"{Path(t['path']).name} [{t['sha256'][:8]}]" for t in record.get("traces", []))
     skip = {"command", "avkit_version", "written", "traces"}
-    settings = "; ".join(f"{k} {_short(v)}" for k, v in record.items() if k not in skip and v not in ("", None))
+    parts = [_setting(k, v) for k, v in record.items() if k not in skip and v not in ("", None, [], {})]
     when = record.get("written", "?").replace("T", " ").rstrip("Z")
     return (f"{record.get('command', '?')} (avkit {record.get('avkit_version', '?')}, {when} UTC) on "
-            f"{traces or 'no trace files'}" + (f"; {settings}" if settings else ""))
+            f"{traces or 'no trace files'}" + "".join(f"; {p}" for p in parts if p))
+
+
+def _setting(key: str, v) -> str:
+    if key == "cost" and isinstance(v, dict):  # cost_record
+        models = " + ".join(m for m in (v.get("target"), v.get("draft")) if m)
+        what = ", ".join(x for x in (v.get("source"), v.get("device"), models) if x)
+        return f"cost {v.get('spec', '?')}" + (f" ({what})" if what else "")
+    if key == "args" and isinstance(v, dict):  # a command's options, by name
+        return " ".join(_option(name, x) for name, x in v.items() if x not in ("", None, [], ()))
+    return f"{key} {_short(v)}"
+
+
+def _option(name: str, v) -> str:
+    flag = "--" + name.replace("_", "-")
+    if isinstance(v, bool):
+        return flag if v else "--no-" + name.replace("_", "-")
+    return f"{flag} {','.join(map(str, v)) if isinstance(v, list | tuple) else v}"
 
 
 def _short(v) -> str:
     if isinstance(v, dict):
-        return " ".join(str(x) for x in v.values() if x not in ("", None))
+        return ", ".join(f"{k} {x}" for k, x in v.items() if x not in ("", None))
     if isinstance(v, list | tuple):
         return ", ".join(map(str, v))
     return str(v)

@@ -89,7 +89,7 @@ def test_report_names_a_simulation_of_other_traces_and_another_cost(traces):
 
 def test_report_of_matching_results_has_no_warning_and_shows_the_hashes(traces):
     root, one, _ = traces
-    sim = _sim([one], root / "match.parquet")
+    sim = _sim([one], root / "match.parquet", cost=SimulateConfig().cost)  # the default cost model: no warning
     warnings = []
     out = report_traces([one], root / "r2", NOWHERE, sim=sim, warn=warnings.append)
     html = (out / "index.html").read_text()

@@ -39,3 +39,12 @@ def test_no_lossy_sentence_without_both_kinds():
 @pytest.mark.parametrize("ratio, verb", [(0.97, "it loses"), (1.03, "it gains"), (1.0002, "it neither gains nor loses")])
 def test_tune_gain_follows_the_ratio(ratio, verb):
     assert _gain(ratio) == f"{verb}: {ratio:.3f}×"
+
+
+def test_a_roofline_simulation_is_titled_a_what_if():
+    from avkit.report.sections.simulation import title
+
+    roofline = {"spec": "roofline:H200:8b", "source": "roofline", "device": "H200", "target": "Llama-3.1-8B"}
+    assert "what-if on a H200 roofline (Llama-3.1-8B target)" in title(roofline)
+    measured = {"spec": "traces/cost_cpu.json", "source": "profile", "device": "cpu x86_64 x2 threads"}
+    assert "what-if" not in title(measured) and "what-if" not in title(None)

@@ -26,6 +26,8 @@ from avkit.tune.formats import check_vllm
 from avkit.tune.idle import idle_costs
 from avkit.tune.schedule import ranges
 
+ROOFLINE = "roofline:H200:8b"  # these tests were set on the H200 roofline (the default is the shipped CPU table)
+
 SMALL = SyntheticConfig(num_slots=7 * 8 * 24 * 5, k=7, trim_prob=0.0, batch_size=8, steps_per_request=24, seed=5)
 CONC = (1, 4, 16)
 
@@ -37,7 +39,7 @@ def trace(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def result(trace):
-    return tune([trace], TuneConfig(concurrency=CONC, context=2048, bootstrap=200, max_k=5))
+    return tune([trace], TuneConfig(cost=ROOFLINE, concurrency=CONC, context=2048, bootstrap=200, max_k=5))
 
 
 def test_schedule_is_the_argmax_of_an_independently_simulated_table(trace, result):
@@ -57,12 +59,12 @@ def test_schedule_is_the_argmax_of_an_independently_simulated_table(trace, resul
 
 
 def test_slo_picks_the_fastest_arm_that_meets_it(trace):
-    loose = tune([trace], TuneConfig(concurrency=CONC, context=2048, bootstrap=50, max_k=5))
+    loose = tune([trace], TuneConfig(cost=ROOFLINE, concurrency=CONC, context=2048, bootstrap=50, max_k=5))
     # an SLO between the fastest arm's p90 TPOT and the slowest's at c=16 forces a different choice there
     at16 = [r for r in loose["cells"] if r["concurrency"] == 16 and r["kind"] in ("nospec", "fixed")]
     best = max(at16, key=lambda r: r["throughput_tok_s"])
     slo = best["p90_tpot_ms"] * 0.999
-    strict = tune([trace], TuneConfig(concurrency=CONC, context=2048, bootstrap=50, max_k=5, tpot_slo_ms=slo))
+    strict = tune([trace], TuneConfig(cost=ROOFLINE, concurrency=CONC, context=2048, bootstrap=50, max_k=5, tpot_slo_ms=slo))
     for c in CONC:
         cand = [r for r in strict["cells"] if r["concurrency"] == c and r["kind"] in ("nospec", "fixed")]
         ok = [r for r in cand if r["p90_tpot_ms"] <= slo]
@@ -134,7 +136,7 @@ def test_ranges_are_log_nearest_contiguous_and_merged():
 
 def test_infeasible_cells_are_flagged_not_simulated(trace):
     """8B target on one H200 at 8192 tokens: 256 requests do not fit (the issue's example)."""
-    res = tune([trace], TuneConfig(concurrency=(1, 64, 256), context=8192, bootstrap=20, max_k=2))
+    res = tune([trace], TuneConfig(cost=ROOFLINE, concurrency=(1, 64, 256), context=8192, bootstrap=20, max_k=2))
     t8, d05 = MODELS["8b"], MODELS["0.5b"]
     kv = t8.kv_bytes_per_token(2.0) + d05.kv_bytes_per_token(2.0)
     pool = int((0.9 * 141e9 - (t8.params + d05.params) * 2.0) // kv)
@@ -144,7 +146,7 @@ def test_infeasible_cells_are_flagged_not_simulated(trace):
     assert res["schedule"]["ranges"][-1][1] == pool // 8192  # the schedule ends where memory does
     assert any("max_num_seqs" in n for n in res["notes"])
     with pytest.raises(ConfigError, match="no --concurrency fits"):
-        tune([trace], TuneConfig(concurrency=(256,), context=8192, bootstrap=20, max_k=2))
+        tune([trace], TuneConfig(cost=ROOFLINE, concurrency=(256,), context=8192, bootstrap=20, max_k=2))
 
 
 def test_memory_from_a_profiled_table_and_an_override():
@@ -168,13 +170,13 @@ def test_context_comes_from_the_generations_tables(tmp_path, trace):
                              "output_ids": [[2] * 5] * n}), gen)
     try:  # prompts from the generations table, generated tokens as replayed (accepted + 1 per step)
         generated = float((load_steps([str(trace)]).accepted + 1).sum()) / n
-        res = tune([trace], TuneConfig(concurrency=(1,), bootstrap=20, max_k=1))
+        res = tune([trace], TuneConfig(cost=ROOFLINE, concurrency=(1,), bootstrap=20, max_k=1))
         want = round((100 * (n // 2) + 300 * (n - n // 2)) / n + generated)
         assert res["context"]["tokens"] == want and res["memory"]["context"] == want
     finally:
         gen.unlink()
     with pytest.raises(ConfigError, match="pass --context"):
-        tune([trace], TuneConfig(concurrency=(1,), bootstrap=20, max_k=1))
+        tune([trace], TuneConfig(cost=ROOFLINE, concurrency=(1,), bootstrap=20, max_k=1))
 
 
 def test_bootstrap_is_seeded_paired_and_matches_a_loop():
@@ -212,7 +214,7 @@ def test_idle_prices_follow_the_cost_table():
 
 
 def test_result_is_deterministic_and_self_consistent(trace, result):
-    again = tune([trace], TuneConfig(concurrency=CONC, context=2048, bootstrap=200, max_k=5))
+    again = tune([trace], TuneConfig(cost=ROOFLINE, concurrency=CONC, context=2048, bootstrap=200, max_k=5))
     when = {"inputs": {**result["inputs"], "written": ""}}  # the provenance record's time may differ
     assert {**again, **{"inputs": {**again["inputs"], "written": ""}}} == {**result, **when}
     s = result["schedule"]
@@ -247,12 +249,12 @@ def test_catch_up_rule_is_priced_from_the_table_and_the_cost(trace, result):
 def test_datasets_option_tunes_on_those_requests_only(trace):
     frame = pl.read_parquet(trace)
     names = sorted(frame["dataset"].cast(pl.Utf8).unique().to_list())
-    one = tune([trace], TuneConfig(concurrency=(1, 4), context=2048, bootstrap=20, max_k=3, datasets=(names[0],)))
+    one = tune([trace], TuneConfig(cost=ROOFLINE, concurrency=(1, 4), context=2048, bootstrap=20, max_k=3, datasets=(names[0],)))
     want = frame.filter(pl.col("dataset").cast(pl.Utf8) == names[0])["request_id"].n_unique()
     assert one["requests"] == want < frame["request_id"].n_unique() and one["config"]["datasets"] == [names[0]]
     with pytest.raises(ConfigError, match=f"--datasets 'nope': no such dataset in the traces \\(they have "
                                           f"{', '.join(names)}\\)"):
-        tune([trace], TuneConfig(concurrency=(1,), context=2048, datasets=("nope",)))
+        tune([trace], TuneConfig(cost=ROOFLINE, concurrency=(1,), context=2048, datasets=("nope",)))
     with pytest.raises(ConfigError, match="--datasets must be distinct non-empty names"):
         TuneConfig(datasets=("a", "a"))
 

@@ -15,7 +15,7 @@ from avkit.staged import write_json_atomic
 from avkit.tune import tune
 
 SMALL = SyntheticConfig(num_slots=7 * 8 * 16 * 2, k=7, trim_prob=0.0, batch_size=8, steps_per_request=16, seed=2)
-FAST = TuneConfig(concurrency=(1, 4), context=1024, bootstrap=20, max_k=2, seed=3)
+FAST = TuneConfig(cost="roofline:H200:8b", concurrency=(1, 4), context=1024, bootstrap=20, max_k=2, seed=3)
 
 
 @pytest.fixture(scope="module")

@@ -22,9 +22,9 @@ def _d(name: str):
 TracesArgument = Annotated[list[Path] | None, typer.Argument(
     metavar="TRACE", help=f"trace files, directories of them or globs (default: the shipped {DEFAULT_TRACE_GLOB})",
     show_default=False)]
-COST_HELP = ("a cost file (`avkit profile`, or the model `avkit serve` learned: learned_cost.json), or a roofline "
-             "what-if: roofline:GPU:TARGET, optionally "
-             "followed by :DRAFT and :context=N,drafter=parallel")
+COST_HELP = ("a cost file (`avkit profile`, or the model `avkit serve` learned: learned_cost.json; default: the "
+             "shipped traces' model pair profiled on a 2-core CPU), or a roofline what-if: roofline:GPU:TARGET, "
+             "optionally followed by :DRAFT and :context=N,drafter=parallel")
 CostOption = Annotated[str, typer.Option(help=COST_HELP)]
 ConcurrencyOption = Annotated[str, typer.Option(help="comma-separated concurrencies (batch sizes)")]
 

@@ -16,17 +16,19 @@ field and the bad value. The CLI builds its options from these defaults (``defau
   hvd.py         SuffixCacheConfig, HvdCostConfig, PayoffConfig, HvdReplayConfig
   serve.py       ServeConfig = models + engine + online + adaptive + http + serve's own; HttpConfig
   report.py      ReportConfig
+  shipped.py     the shipped traces, coefficients and cost table, and where they are found
 """
 
 from avkit.config.engine import DRAFTERS, KERNEL_BACKENDS, EngineConfig, ModelsConfig
 from avkit.config.estimation import AdaptiveConfig, EstimatorConfig, ForgettingConfig
 from avkit.config.fields import DEFAULT_DRAFT, DEFAULT_K, DEFAULT_TARGET, MAX_K, default_of, named
-from avkit.config.fit import DEFAULT_TRACE_GLOB, FIT_ENGINES, FIT_MODES, ONLINE_ESTIMATORS, FitConfig, SyntheticConfig
+from avkit.config.fit import FIT_ENGINES, FIT_MODES, ONLINE_ESTIMATORS, FitConfig, SyntheticConfig
 from avkit.config.hvd import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
 from avkit.config.record import DEFAULT_RECORD_DATASETS, RecordConfig
 from avkit.config.report import ReportConfig
 from avkit.config.sampling import SamplingConfig
-from avkit.config.serve import SERVE_STATE_DIR, SHIPPED_COEFFICIENTS, HttpConfig, ServeConfig
+from avkit.config.serve import SERVE_STATE_DIR, HttpConfig, ServeConfig
+from avkit.config.shipped import DEFAULT_TRACE_GLOB, SHIPPED_COEFFICIENTS, SHIPPED_COST, shipped_file
 from avkit.config.simulate import (
     DEFAULT_CONCURRENCY, DEFAULT_COST_PATH, PROFILE_CONTEXT_ENV, TUNE_FORMATS, ProfileConfig, SimulateConfig,
     TuneConfig)
@@ -48,6 +50,7 @@ __all__ = [
     "PROFILE_CONTEXT_ENV",
     "SERVE_STATE_DIR",
     "SHIPPED_COEFFICIENTS",
+    "SHIPPED_COST",
     "TUNE_FORMATS",
     "AdaptiveConfig",
     "EngineConfig",
@@ -70,4 +73,5 @@ __all__ = [
     "TuneConfig",
     "default_of",
     "named",
+    "shipped_file",
 ]

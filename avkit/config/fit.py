@@ -13,7 +13,6 @@ FIT_ENGINES = ("memory", "streaming", "ray")
 FIT_REPLICAS = ("chain", "independent")
 FIT_DRAFTERS = ("model", "suffix")  # the trace's `drafter` values
 ONLINE_ESTIMATORS = ("online_logistic", "forgetting_logistic")  # what `avkit fit --estimator` replays
-DEFAULT_TRACE_GLOB = "traces/*.parquet"  # the shipped traces `avkit fit` uses with no TRACE argument
 
 
 @dataclass(frozen=True)
@@ -114,4 +113,4 @@ class SyntheticConfig:
                 raise ConfigError(f"{name} must have {n} entries, got {getattr(self, name)!r}")
 
 
-__all__ = ["DEFAULT_TRACE_GLOB", "FIT_ENGINES", "FIT_MODES", "FIT_REPLICAS", "ONLINE_ESTIMATORS", "FitConfig", "SyntheticConfig"]
+__all__ = ["FIT_ENGINES", "FIT_MODES", "FIT_REPLICAS", "ONLINE_ESTIMATORS", "FitConfig", "SyntheticConfig"]

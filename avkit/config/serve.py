@@ -10,7 +10,6 @@ from avkit.errors import ConfigError
 from avkit.validate import check_range
 
 SERVE_STATE_DIR = "~/.cache/avkit/serve"  # default home of the coefficient snapshot
-SHIPPED_COEFFICIENTS = "traces/coefficients.json"  # fitted on the shipped traces (repo-relative)
 
 
 @dataclass(frozen=True)
@@ -71,4 +70,4 @@ class ServeConfig:
                               f"{self.policy!r}, --schedule {self.schedule!r}")
 
 
-__all__ = ["SERVE_STATE_DIR", "SHIPPED_COEFFICIENTS", "HttpConfig", "ServeConfig"]
+__all__ = ["SERVE_STATE_DIR", "HttpConfig", "ServeConfig"]

@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from avkit.config.fields import DEFAULT_K, MAX_K
+from avkit.config.shipped import SHIPPED_COST
 from avkit.errors import ConfigError
 from avkit.validate import check_choice, check_range
 
-DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# the shipped cost table profiles draft batches of 1-16 requests (the traces were recorded at 8)
+DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
 DEFAULT_COST_PATH = "~/.cache/avkit/cost.json"  # where `avkit profile` writes by default
 PROFILE_CONTEXT_ENV = "AVKIT_PROFILE_CONTEXT_LEN"  # overrides ProfileConfig.context_len
 
@@ -42,7 +44,7 @@ class SimulateConfig:
     """`avkit simulate`: trace replay of verify policies across concurrency (avkit/sim/replay.py)."""
 
     concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
-    cost: str = "roofline:H200:8b"  # cost table JSON or roofline:GPU:TARGET[:DRAFT][:context=N,drafter=...]
+    cost: str = SHIPPED_COST  # cost table JSON, or a what-if roofline:GPU:TARGET[:DRAFT][:context=N,drafter=...]
     out: str = "reports/simulate.parquet"
     waves: int = 4  # each lane serves >= this many requests (recorded requests are cycled)
     estimators: tuple[str, ...] = ("online_logistic", "qmax")  # adaptive runs, one per estimator
@@ -63,7 +65,7 @@ class TuneConfig:
     """`avkit tune`: which K at which batch size, and whether adaptive verification pays (avkit/tune/)."""
 
     concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
-    cost: str = "roofline:H200:8b"  # cost table JSON or roofline:GPU:TARGET[:DRAFT][:key=value,...]
+    cost: str = SHIPPED_COST  # cost table JSON, or a what-if roofline:GPU:TARGET[:DRAFT][:key=value,...]
     max_k: int = 0  # largest fixed K tried, and adaptive's most drafts per step (0 = the traces' K)
     tpot_slo_ms: float = 0.0  # p90 per-request ms per output token must stay <= this (0 = no SLO)
     context: int = 0  # tokens per request for the KV-cache check (0 = mean prompt + generated in the traces)

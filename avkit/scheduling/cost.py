@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from avkit.config import DEFAULT_COST_PATH, PROFILE_CONTEXT_ENV
+from avkit.config import DEFAULT_COST_PATH, PROFILE_CONTEXT_ENV, SHIPPED_COST, shipped_file
 from avkit.errors import ConfigError
 from avkit.scheduling.roofline import roofline_curves
 from avkit.staged import StagedOutputs
@@ -337,6 +337,8 @@ def resolve_cost(spec: str | CostTable | None) -> CostTable:
         return CostTable.load(default) if default.is_file() else parse_roofline_spec("roofline:cpu:1.5b")
     if spec.startswith("roofline:"):
         return parse_roofline_spec(spec)
+    if spec == SHIPPED_COST:  # the default: found as the shipped traces are (here, else beside the package)
+        return CostTable.load(shipped_file(SHIPPED_COST) or spec)
     return CostTable.load(spec)
 
 

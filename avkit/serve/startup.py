@@ -22,8 +22,7 @@ import socket
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import avkit
-from avkit.config import DEFAULT_COST_PATH, SERVE_STATE_DIR, SHIPPED_COEFFICIENTS, ServeConfig
+from avkit.config import DEFAULT_COST_PATH, SERVE_STATE_DIR, SHIPPED_COEFFICIENTS, ServeConfig, shipped_file
 from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.coefficients import load_coefficients
 from avkit.serve.snapshot import cache_snapshot_of
@@ -41,10 +40,7 @@ def snapshot_path(config: ServeConfig) -> Path:
 
 def shipped_coefficients() -> Path | None:
     """The coefficients fitted on the shipped traces, from the working directory or the repo root."""
-    for root in (Path.cwd(), Path(avkit.__file__).resolve().parents[1]):
-        if (root / SHIPPED_COEFFICIENTS).is_file():
-            return root / SHIPPED_COEFFICIENTS
-    return None
+    return shipped_file(SHIPPED_COEFFICIENTS)
 
 
 def warm_start(config: ServeConfig) -> WarmStart:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from avkit.config import DEFAULT_TRACE_GLOB
+from avkit.config.shipped import shipped_roots
 from avkit.errors import ConfigError, TraceError
 from avkit.trace.reader import check_schema
 
@@ -76,7 +77,7 @@ def resolve_shards(specs: Iterable[str | Path]) -> list[Path]:
 
 def shipped_traces(roots: tuple[Path, ...] | None = None) -> list[Path]:
     """The shipped traces: `traces/*.parquet` under the working directory, else beside the package."""
-    for root in roots or (Path.cwd(), Path(__file__).resolve().parents[2]):
+    for root in roots or shipped_roots():
         found = sorted(p for p in root.glob(DEFAULT_TRACE_GLOB) if _is_trace_name(p))
         if found:
             return found

@@ -101,8 +101,16 @@ def detail_table(df: pl.DataFrame, front: np.ndarray) -> Table:
                  caption="Every simulated (concurrency, policy) pair.")
 
 
+def title(cost: dict | None) -> str:
+    """The section title; a roofline cost model is a what-if on other hardware, and the title says so."""
+    if cost and cost.get("source") == "roofline":
+        return (f"Simulation, a what-if on a {cost.get('device', '?')} roofline ({cost.get('target', '?')} target): "
+                "throughput and interactivity")
+    return "Simulation: throughput and interactivity"
+
+
 def build(inputs: ReportInputs, config: ReportConfig) -> Section:
-    sec = Section("simulation", "Simulation: throughput and interactivity")
+    sec = Section("simulation", title((inputs.records.get("sim") or {}).get("cost")))
     df = inputs.sim
     if df is None:
         sec.omitted = inputs.notes.get("sim", "no simulation results")
