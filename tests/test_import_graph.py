@@ -19,13 +19,8 @@ MARKER = re.compile(r"#\s*(lazy|optional):\s*\S")
 
 # Function-level imports without a marker, per file (relative to avkit/). Shrinks to empty.
 UNMARKED: dict[str, int] = {
-    "cli/simulate.py": 9,
     "engines/vllm/child.py": 9,
-    "engines/vllm/cpu_fix.py": 1,
     "engines/vllm/driver.py": 2,
-    "engines/vllm/hooks.py": 3,
-    "engines/vllm/metrics.py": 1,
-    "engines/vllm/profile.py": 2,
 }
 
 

@@ -12,6 +12,7 @@ from rich.progress import Progress
 
 from avkit.config import DEFAULT_TRACE_GLOB, SimulateConfig, default_of
 from avkit.errors import ConfigError
+from avkit.staged import StagedOutputs
 
 
 def _d(name: str):
@@ -61,14 +62,13 @@ def register(app: typer.Typer) -> None:
         """Replay traces: no-spec, every fixed K, adaptive per estimator and the oracle, per concurrency."""
 
         config = SimulateConfig(concurrency=parse_ints("concurrency", concurrency), cost=cost, out=out, waves=waves)
-        from avkit.scheduling.cost import resolve_cost
-        from avkit.sim.drive import parse_policies
-        from avkit.sim.replay import default_policies, load_steps, results_inputs, step_time_check, write_results
-        from avkit.sim.replay import simulate as run
-        from avkit.sim.terminal import render_results
-        from avkit.staged import StagedOutputs
-        from avkit.trace.reader import common_k
-        from avkit.trace.shards import check_shards, shipped_traces
+        from avkit.scheduling.cost import resolve_cost  # lazy: start-up
+        from avkit.sim.drive import parse_policies  # lazy: start-up
+        from avkit.sim.replay import default_policies, load_steps, results_inputs, step_time_check, write_results  # lazy: start-up
+        from avkit.sim.replay import simulate as run  # lazy: start-up
+        from avkit.sim.terminal import render_results  # lazy: start-up
+        from avkit.trace.reader import common_k  # lazy: start-up
+        from avkit.trace.shards import check_shards, shipped_traces  # lazy: start-up
         table = resolve_cost(config.cost)
         if profile and traces:
             raise ConfigError("--profile replaces TRACE: an aggregate is never mixed with per-draft rows")
@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
             outputs.file(config.out, "--out")  # an unwritable --out fails now, not after the replay
             given = [s.strip() for p in policy for s in p.split(",") if s.strip()] if policy else None
             if profile:
-                from avkit.sim.profile_steps import policies_for_profile, profile_steps, read_profile
+                from avkit.sim.profile_steps import policies_for_profile, profile_steps, read_profile  # lazy: start-up
 
                 if step_time:
                     raise ConfigError("--step-time needs recorded step times: not with --profile")

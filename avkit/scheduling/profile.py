@@ -55,7 +55,7 @@ def context_len_from_env(default: int) -> int:
     return value
 
 
-def _grid(top: int) -> list[int]:
+def request_grid(top: int) -> list[int]:
     """1, 2, 4, ... up to and including `top`."""
     points, x = [], 1
     while x < top:
@@ -69,12 +69,12 @@ DENSE_TOKENS = 32  # verify steps profiled at every token count up to here (the 
 
 
 def _token_grid(top: int) -> list[int]:
-    """Verify step sizes: every count up to DENSE_TOKENS, then 1, 2, 4, ... as `_grid`. The CPU kernel computes
+    """Verify step sizes: every count up to DENSE_TOKENS, then 1, 2, 4, ... as `request_grid`. The CPU kernel computes
     rows in tiles of 6 (cpu_linear.cpp), so a forward of 1-6 tokens costs about one of 1 and the 7th token
     ~40% more (2-core AVX2, the 1.5B target: 115 / 121 / 129 / 171 ms for 4 / 5 / 6 / 7 tokens at c4): a
     power-of-two grid interpolates across the steps, and a planner then prices the free 5th and 6th tokens at
     ~0.2 forwards each. GPU kernels have such steps too (tile and CUDA-graph sizes)."""
-    return sorted({t for t in range(1, min(top, DENSE_TOKENS) + 1)} | set(_grid(top)))
+    return sorted({t for t in range(1, min(top, DENSE_TOKENS) + 1)} | set(request_grid(top)))
 
 
 def _sync(device: torch.device):
@@ -247,7 +247,7 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
     one request (as runtime/prefill.py feeds it: from an empty slot, no logits); `target`/`draft` are
     LoadedModels."""
     context = context_len_from_env(config.context_len)
-    t_grid, d_grid = _token_grid(config.max_tokens), _grid(config.max_requests)
+    t_grid, d_grid = _token_grid(config.max_tokens), request_grid(config.max_requests)
     max_req = max(_verify_layout(config.max_tokens, config.k)[0], config.max_requests)
     max_len = context + config.k + 2
     verify, drafting = verify_work(config.temperature, config.top_p), draft_work(config.temperature, config.top_p)
@@ -288,7 +288,7 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
 
 
 def num_points(config: ProfileConfig, with_draft: bool) -> int:
-    return len(_token_grid(config.max_tokens)) + (len(_grid(config.max_requests)) + len(PRICE_GRID) if with_draft else 0)
+    return len(_token_grid(config.max_tokens)) + (len(request_grid(config.max_requests)) + len(PRICE_GRID) if with_draft else 0)
 
 
 def memory_meta(target, draft=None) -> dict:

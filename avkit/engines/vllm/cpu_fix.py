@@ -45,7 +45,7 @@ def expand_is_broken(expand) -> bool:
 
 def install() -> bool:
     """Replace vLLM's function where it is broken; -> whether it was replaced (idempotent)."""
-    from vllm.v1.sample import rejection_sampler as rs
+    from vllm.v1.sample import rejection_sampler as rs  # optional: vllm
 
     if getattr(rs, "_avkit_expand_fixed", False):
         return True

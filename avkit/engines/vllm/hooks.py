@@ -154,9 +154,9 @@ def install() -> Recorder:
     if not supported(vllm.__version__):
         raise RuntimeError(f"vLLM {vllm.__version__} is not supported (avkit's hooks wrap vLLM {SUPPORTED}'s "
                            "methods)")
-    from vllm.v1.sample import rejection_sampler as rs
-    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+    from vllm.v1.sample import rejection_sampler as rs  # optional: vllm
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer  # optional: vllm
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # optional: vllm
 
     if getattr(GPUModelRunner, "_avkit_hooked", False):
         return RECORDER

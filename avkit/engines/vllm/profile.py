@@ -33,11 +33,13 @@ import statistics
 from collections.abc import Callable
 
 from avkit.config import EngineConfig, ModelsConfig, ProfileConfig, RecordConfig, SamplingConfig
+from avkit.engines.vllm.driver import VllmEngine
 from avkit.errors import AvkitError
+from avkit.models.tokenizer import Tokenizer
 from avkit.provenance import inputs_record
 from avkit.runtime.request import Request
 from avkit.scheduling.cost import CostTable, isotonic
-from avkit.scheduling.profile import _grid, context_len_from_env, noise_summary
+from avkit.scheduling.profile import context_len_from_env, noise_summary, request_grid
 
 
 def _point(engine, n: int, k: int, context: int, vocab: int, steps: int, sampling: SamplingConfig,
@@ -64,11 +66,9 @@ def _point(engine, n: int, k: int, context: int, vocab: int, steps: int, samplin
 def profile_vllm(python: str, target, draft, config: ProfileConfig, *, dtype: str, threads: int,
                  draft_sampling: str = "probabilistic", on_point: Callable[[], None] | None = None) -> CostTable:
     """Measure vLLM's step costs (module docstring); `target`/`draft` are driver.hf_dir paths."""
-    from avkit.engines.vllm.driver import VllmEngine
-    from avkit.models.tokenizer import Tokenizer
 
     context = context_len_from_env(config.context_len)
-    n_grid = _grid(config.max_requests)  # requests per point, both engines
+    n_grid = request_grid(config.max_requests)  # requests per point, both engines
     steps = config.warmup + config.repeats
     vocab = min(Tokenizer.from_dir(target).vocab_size, json.loads((target / "config.json").read_text())["vocab_size"])
     max_new = (steps + 2) * (config.k + 1) + 2  # enough tokens for the steady steps even if every draft lands
@@ -159,7 +159,7 @@ def fit_drafting(points: list[dict], n_grid: list[int]) -> tuple[list[float], li
 
 
 def num_points(config: ProfileConfig) -> int:
-    return len(_grid(config.max_requests)) * (len(spec_ks(config.k)) + 1)
+    return len(request_grid(config.max_requests)) * (len(spec_ks(config.k)) + 1)
 
 
 __all__ = ["fit_drafting", "num_points", "profile_vllm", "table_from_points"]
