@@ -1,5 +1,5 @@
-"""forgetting_logistic: its refit schedule and algebra, its goals against the vLLM-style estimator on the
-shipped traces (prequential), and that it deploys: `avkit fit --estimator`, serve and simulate warm-start
+"""forgetting_logistic: its refit schedule and algebra, that it beats the vLLM-style estimator on real
+traces its defaults were not tuned on (prequential), and that it deploys: `avkit fit --estimator`, serve and simulate warm-start
 from its coefficients file and refit live with it."""
 
 import json
@@ -15,7 +15,7 @@ from avkit.estimators import make_estimator
 from avkit.estimators.forgetting_logistic import basis
 from avkit.fit.data import load_fit_data
 from avkit.fit.replay import online_replay
-from avkit.metrics import auc, ece, log_loss
+from avkit.metrics import ece, log_loss
 
 K = 7
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,17 +71,20 @@ def test_batch_fit_is_refused():
         make_estimator("forgetting_logistic", k=K).fit(np.zeros(3), np.zeros(3, int), np.ones(3))
 
 
-@pytest.mark.parametrize("name", ["sampled_t1.0_k7.parquet", "greedy_k7.parquet"])
-def test_goals_on_the_shipped_traces(name):
-    """Prequential, logit(q_max): ECE <= 0.010, log-loss <= and AUC >= the vLLM-style estimator's
-    (measured: sampled 0.0062 vs 0.0143, greedy 0.0080 vs 0.0190; bench/results/estimators.md)."""
+@pytest.mark.parametrize("name", ["vllm/vllm_greedy_k7.parquet", "reuse/t1_edit_k7.parquet"])
+def test_beats_the_vllm_estimator_on_traces_its_defaults_never_saw(name):
+    """Prequential, logit(q_max), both from their defaults, on real traces ForgettingConfig was NOT tuned on
+    (its defaults were chosen on sampled_t1.0_k7 and greedy_k7, where its ECE of 0.0062 and 0.0080 is
+    in-sample): ECE below and log-loss <= the vLLM-style estimator's. ECE <= 0.010 is not claimed: it
+    holds on 4 of 17 held-out traces (bench/results/estimators.md, LOTO: vLLM's trace 0.0085 vs
+    0.0154, t1 editing 0.0154 vs 0.0589)."""
     data = load_fit_data([ROOT / "traces" / name])
     got = {}
     for est_name in ("online_logistic", "forgetting_logistic"):
         p, _ = online_replay(make_estimator(est_name, k=K), data, data.features["logit_qmax"])
-        got[est_name] = (auc(data.labels, p), log_loss(data.labels, p), ece(data.labels, p))
-    (a_v, ll_v, _), (a_f, ll_f, e_f) = got["online_logistic"], got["forgetting_logistic"]
-    assert e_f <= 0.010 and ll_f <= ll_v and a_f >= a_v
+        got[est_name] = (log_loss(data.labels, p), ece(data.labels, p))
+    (ll_v, e_v), (ll_f, e_f) = got["online_logistic"], got["forgetting_logistic"]
+    assert e_f < e_v and ll_f <= ll_v
 
 
 @pytest.fixture(scope="module")
