@@ -24,6 +24,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 
@@ -111,6 +112,11 @@ def served(pair):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
+    text = (root / "serve.log").read_text(errors="replace")
+    # what the plugin said, on stderr (pytest shows it beside a failure) and in the message below
+    said = "\n".join(line for line in text.splitlines() if "avkit" in line)
+    print(said, file=sys.stderr)
+    assert trace.exists(), f"the plugin wrote no trace; its lines on vLLM's log:\n{said}\nlog tail:\n{text[-4000:]}"
     return trace, metrics, lengths
 
 
