@@ -31,14 +31,14 @@ on this many slots, metrics/bootstrap.py), the debiased l2 calibration error wit
 same resamples (metrics/debiased.py, requests as clusters), log-loss, AUC, and per position.
 Goals (per held-out trace): ECE <= 0.010, log-loss <= vllm's, AUC >= vllm's - 0.002; the ECE goal is
 judged on the plug-in ECE (docs/estimator.md says why), the debiased error is reported beside it.
-Writes bench/results/estimators.md and estimators_reliability.png (temp files, then rename).
+Writes bench/results/estimators.md and estimators_reliability.png (bench/common.py: staged, renamed together).
 
     python bench/estimators.py
 """
 
 from __future__ import annotations
 
-import os
+import io
 import tempfile
 from dataclasses import dataclass
 from functools import cache
@@ -56,9 +56,9 @@ from avkit.metrics import auc, ece, log_loss, score_table
 from avkit.metrics.bootstrap import cluster_bootstrap, ece_floor
 from avkit.metrics.debiased import debiased_ce2, signed_root
 from avkit.trace.reader import iter_traces, trace_metadata
+from common import RESULTS, header, progress, write  # bench/ is on sys.path when run as a script
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "bench" / "results"
 SHIFTS = [("reuse/t1_edit_k7", "reuse/t1_sharegpt_multiround_k7"),
           ("reuse/t0_edit_k7", "reuse/t0_mtbench_revise_k7")]
 PRIORS = (10.0, 50.0, 200.0, 1000.0)  # forgetting_warm's prior_slots grid (pseudo-slots per position)
@@ -201,13 +201,16 @@ def scores(trace: Trace, preds: dict[str, np.ndarray], prior: float) -> list[dic
     return rows
 
 
-def evaluate(pool: list[Trace], shifts: list[Trace], by_temp: bool) -> tuple[list[dict], dict]:
+def evaluate(pool: list[Trace], shifts: list[Trace], by_temp: bool, bar=None) -> tuple[list[dict], dict]:
     rows, preds = [], {}
+    task = bar.add_task("LOTTO" if by_temp else "LOTO", total=len(pool) + len(shifts)) if bar else None
     for trace in pool + shifts:
         train = frozenset(t for t in pool if t.name not in trace.sources
                           and (not by_temp or t.temperature != trace.temperature))
         preds[trace.name], prior = predict_all(trace, train)
         rows += scores(trace, preds[trace.name], prior)
+        if bar:
+            bar.advance(task)
     return rows, preds
 
 
@@ -267,7 +270,7 @@ def around_shift(pool: list[Trace], shifts: list[Trace], preds: dict, names=SHOW
     return lines
 
 
-def reliability(pool: list[Trace], preds: dict, path: Path, names=SHOWN) -> None:
+def reliability(pool: list[Trace], preds: dict, names=SHOWN) -> bytes:
     """Reliability diagrams (10 bins) of the LOTO predictions, per temperature (rows) and position (columns)."""
     import matplotlib
 
@@ -295,16 +298,19 @@ def reliability(pool: list[Trace], preds: dict, path: Path, names=SHOWN) -> None
     axes[0, 0].legend(fontsize=7)
     fig.supxlabel("mean prediction (bins of 0.1 with >= 30 slots)"), fig.supylabel("observed acceptance")
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
+    return buf.getvalue()
 
 
 def main() -> None:
     pool, shifts = traces(Path(tempfile.mkdtemp()))
-    loto, preds = evaluate(pool, shifts, by_temp=False)
-    lotto, _ = evaluate(pool, [], by_temp=True)
-    lines = ["# Acceptance estimators on held-out traces", "",
-             "`python bench/estimators.py` (`just bench-estimators`); the protocol is in the script's docstring and "
+    with progress() as bar:
+        loto, preds = evaluate(pool, shifts, by_temp=False, bar=bar)
+        lotto, _ = evaluate(pool, [], by_temp=True, bar=bar)
+    lines = [header("Acceptance estimators on held-out traces") +
+             "`just bench-estimators`; the protocol is in the script's docstring and "
              "docs/estimator.md. Prequential predictions (each slot before its label is learned from); ECE over 10 bins, a 95% "
              f"request-bootstrap interval ({BOOT} resamples of requests); floor = the ECE a perfectly calibrated "
              "predictor shows on this many slots; debiased l2 CE: sgn(CE2) sqrt|CE2|, CE2 the squared binned "
@@ -319,12 +325,7 @@ def main() -> None:
              "## ECE per position, leave-one-trace-out", "", *per_position(loto), "",
              "## Through the workload shift, leave-one-trace-out", "", *around_shift(pool, shifts, preds), "",
              "![reliability](estimators_reliability.png)", ""]
-    OUT.mkdir(parents=True, exist_ok=True)
-    tmp_md, tmp_png = OUT / f".estimators.md.{os.getpid()}.tmp", OUT / f".estimators_reliability.{os.getpid()}.png"
-    tmp_md.write_text("\n".join(lines))
-    reliability(pool, preds, tmp_png)
-    os.replace(tmp_md, OUT / "estimators.md")
-    os.replace(tmp_png, OUT / "estimators_reliability.png")
+    write({RESULTS / "estimators.md": "\n".join(lines), RESULTS / "estimators_reliability.png": reliability(pool, preds)})
     print("\n".join(lines))
 
 
