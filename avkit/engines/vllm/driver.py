@@ -87,7 +87,7 @@ def hf_dir(name: str, option: str) -> Path:
         raise ModelError(f"{option} {name!r}: {e}") from None
     if not (path.is_dir() and (path / "config.json").is_file()):
         raise ModelError(f"{option} {name!r}: vLLM needs a HF safetensors directory (vLLM has no GGUF loader; "
-                         "`python bench/vllm_convert.py` converts the pinned pair)")
+                         "`python .ci/vllm_convert.py` converts the pinned pair)")
     return path
 
 

