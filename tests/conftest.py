@@ -15,6 +15,19 @@ if shutil.which("nvidia-smi") is None:
 import pytest
 
 
+def run_cli(capsys, *args) -> tuple[int, str, str]:
+    """`avkit ARGS...` in process -> (exit code, stdout, stderr)."""
+    from avkit.cli import app
+
+    try:
+        app([str(a) for a in args], prog_name="avkit")
+        code = 0
+    except SystemExit as e:
+        code = e.code or 0
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 @pytest.fixture(scope="module")
 def kernels():
     """The Triton kernels (interpreted on CPU), or a skip when triton is missing or was imported early."""

@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from avkit.cli import app
+from conftest import run_cli
 from avkit.config import SyntheticConfig
 from avkit.staged import StagedOutputs
 from avkit.trace.schema import generations_path
@@ -51,16 +51,6 @@ def _set(table: pa.Table, name: str, row: int, value, type_=None) -> pa.Table:
 def _meta(table: pa.Table, **kv) -> pa.Table:
     meta = {**(table.schema.metadata or {}), **{k.replace("_", ".", 1).encode(): v.encode() for k, v in kv.items()}}
     return table.replace_schema_metadata(meta)
-
-
-def run_cli(capsys, *args) -> tuple[int, str, str]:
-    try:
-        app([str(a) for a in args], prog_name="avkit")
-        code = 0
-    except SystemExit as e:
-        code = e.code or 0
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def one_line(code: int, err: str, match: str) -> str:

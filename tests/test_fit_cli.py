@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import avkit.fit
-from avkit.cli import app
+from conftest import run_cli
 from avkit.config import EstimatorConfig, FitConfig, SyntheticConfig
 from avkit.errors import ConfigError
 from avkit.estimators import make_estimator
@@ -35,10 +35,7 @@ def trace(tmp_path, table):
 
 
 def _run(capsys, *args) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_:
-        app(["fit", *map(str, args)], prog_name="avkit")
-    out, err = capsys.readouterr()
-    return exit_.value.code, out, err
+    return run_cli(capsys, "fit", *args)
 
 
 def test_online_outputs(capsys, trace, tmp_path):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import avkit.report
-from avkit.cli import app
+from conftest import run_cli
 from avkit.config import EstimatorConfig, FitConfig, ReportConfig, SyntheticConfig
 from avkit.errors import ConfigError
 from avkit.trace.synthetic import write_synthetic_trace
@@ -19,10 +19,7 @@ def trace(tmp_path_factory):
 
 
 def _run(capsys, *args) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_:
-        app(["report", *map(str, args)], prog_name="avkit")
-    out, err = capsys.readouterr()
-    return exit_.value.code, out, err
+    return run_cli(capsys, "report", *args)
 
 
 def test_default_fits_the_shipped_traces(capsys, trace, monkeypatch):

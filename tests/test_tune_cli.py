@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from avkit.cli import app
+from conftest import run_cli
 from avkit.config import SyntheticConfig
 from avkit.trace.synthetic import write_synthetic_trace
 from avkit.tune.formats import check_sglang, check_synthetic, check_trtllm, check_vllm, check_vllm_context
@@ -21,10 +21,7 @@ def trace(tmp_path_factory):
 
 
 def _run(capsys, *args) -> tuple[int, str, str]:
-    with pytest.raises(SystemExit) as exit_:
-        app(["tune", *map(str, args)], prog_name="avkit")
-    out, err = capsys.readouterr()
-    return exit_.value.code, out, err
+    return run_cli(capsys, "tune", *args)
 
 
 @pytest.mark.parametrize("fmt", ["vllm", "vllm-context", "vllm-synthetic", "trtllm", "sglang", "json"])

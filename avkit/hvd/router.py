@@ -75,48 +75,26 @@ def choose_tau(pred: np.ndarray, val: pl.DataFrame, ctx: RouterContext, grid: in
 
 
 @dataclass
-class ModelOnly:
-    name: str = "model"
+class Rule:
+    """A router with nothing to fit: `rule(table, ctx)` -> Route."""
+
+    name: str
+    rule: Callable[[pl.DataFrame, RouterContext], Route]
 
     def fit(self, train, val, ctx) -> None:
         pass
 
     def route(self, table, ctx) -> Route:
-        return full_route(table, np.zeros(table.height, dtype=bool), consults_cache=False)
+        return self.rule(table, ctx)
 
 
-@dataclass
-class CacheOnly:
-    name: str = "cache"
-
-    def fit(self, train, val, ctx) -> None:
-        pass
-
-    def route(self, table, ctx) -> Route:
-        return full_route(table, np.ones(table.height, dtype=bool))
-
-
-@dataclass
-class SuffixOnly:
-    name: str = "suffix"
-
-    def fit(self, train, val, ctx) -> None:
-        pass
-
-    def route(self, table, ctx) -> Route:
-        # every row is a cache row: an empty draft verifies nothing, i.e. a target-only step (no draft model)
-        return Route(np.ones(table.height, dtype=bool), table["draft_len"].to_numpy().astype(np.int64))
-
-
-@dataclass
-class ArcticRule:
-    name: str = "arctic"
-
-    def fit(self, train, val, ctx) -> None:
-        pass
-
-    def route(self, table, ctx) -> Route:
-        return full_route(table, table["score"].to_numpy() >= ctx.k)
+RULES: dict[str, Callable[[pl.DataFrame, RouterContext], Route]] = {
+    "model": lambda t, ctx: full_route(t, np.zeros(t.height, dtype=bool), consults_cache=False),
+    # every row is a cache row: an empty draft verifies nothing, i.e. a target-only step (no draft model)
+    "suffix": lambda t, ctx: Route(np.ones(t.height, dtype=bool), t["draft_len"].to_numpy().astype(np.int64)),
+    "cache": lambda t, ctx: full_route(t, np.ones(t.height, dtype=bool)),
+    "arctic": lambda t, ctx: full_route(t, t["score"].to_numpy() >= ctx.k),
+}
 
 
 @dataclass
@@ -244,8 +222,8 @@ class SurvivalRouter(MLPRouter):
 
 
 ROUTERS: dict[str, Callable[[], Router]] = {
-    "model": ModelOnly, "suffix": SuffixOnly, "cache": CacheOnly, "arctic": ArcticRule, "table": AcceptanceTable,
-    "mlp": MLPRouter, "survival": SurvivalRouter,
+    **{name: (lambda name=name: Rule(name, RULES[name])) for name in RULES},
+    "table": AcceptanceTable, "mlp": MLPRouter, "survival": SurvivalRouter,
 }
 
 

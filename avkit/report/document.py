@@ -72,6 +72,10 @@ class Section:
         self.blocks.extend(blocks)
         return self
 
+    def omit(self, why: str) -> Section:
+        self.omitted = why
+        return self
+
 
 @dataclass
 class Report:

@@ -57,11 +57,9 @@ def _verdict_table(verdict: list[dict]) -> Table | None:
 
 
 def build(inputs: ReportInputs, config: ReportConfig) -> Section:
-    sec = Section("hybrid", "Hybrid drafting (cache + model)")
-    blob = inputs.hvd
+    sec, blob = Section("hybrid", "Hybrid drafting (cache + model)"), inputs.hvd
     if blob is None:
-        sec.omitted = inputs.notes.get("hvd", "no HVD results")
-        return sec
+        return sec.omit(inputs.notes.get("hvd", "no HVD results"))
     rows = blob["metrics"]
     overall = [r for r in rows if r["dataset"] == "overall"]
     info = blob.get("info", {})

@@ -126,8 +126,7 @@ def build(inputs: ReportInputs, config: ReportConfig) -> Section:
     sec = Section("online", "Online fitting")
     traj, c = inputs.fit.trajectory, inputs.fit.coefficients
     if traj is None and inputs.data is None and inputs.streamed is None:
-        sec.omitted = "needs trajectory.parquet in the fit directory or the traces"
-        return sec
+        return sec.omit("needs trajectory.parquet in the fit directory or the traces")
     if traj is not None and traj.height:
         sec.add(*_trajectory_block(traj, c))
     else:

@@ -92,8 +92,7 @@ def _bin_table(panels: list[tuple[str, dict]], n_bins: int) -> Table:
 def build(inputs: ReportInputs, config: ReportConfig) -> Section:
     sec = Section("reliability", "Reliability diagrams")
     if inputs.data is None and inputs.streamed is None:
-        sec.omitted = f"needs the traces: {inputs.notes.get('traces', '')}"
-        return sec
+        return sec.omit(f"needs the traces: {inputs.notes.get('traces', '')}")
     scored = {(r["feature"], r["estimator"]): r["ece"] for r in inputs.fit.scores if r["scope"] == "all"}
     panels, short = [], []
     for title, name, feature, est, bins in _panel_bins(inputs, config.n_bins):

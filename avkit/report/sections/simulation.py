@@ -110,11 +110,9 @@ def title(cost: dict | None) -> str:
 
 
 def build(inputs: ReportInputs, config: ReportConfig) -> Section:
-    sec = Section("simulation", title((inputs.records.get("sim") or {}).get("cost")))
-    df = inputs.sim
+    sec, df = Section("simulation", title((inputs.records.get("sim") or {}).get("cost"))), inputs.sim
     if df is None:
-        sec.omitted = inputs.notes.get("sim", "no simulation results")
-        return sec
+        return sec.omit(inputs.notes.get("sim", "no simulation results"))
     df = df.sort("concurrency", maintain_order=True)
     deployable = deployable_mask(df)  # [N] the front is over policies one can run, the oracle is a bound
     front = np.zeros(df.height, bool)

@@ -64,11 +64,9 @@ def cell_table(result: dict) -> Table:
 
 
 def build(inputs: ReportInputs, config: ReportConfig) -> Section:
-    sec = Section("tune", "Tuning: K per batch size, adaptive verification on or off")
-    result = inputs.tune
+    sec, result = Section("tune", "Tuning: K per batch size, adaptive verification on or off"), inputs.tune
     if result is None:
-        sec.omitted = inputs.notes.get("tune", "no `avkit tune` result")
-        return sec
+        return sec.omit(inputs.notes.get("tune", "no `avkit tune` result"))
     s = result["schedule"]
     cost = result["cost"]
     ranges = ", ".join(f"{lo}–{hi}: K={k}" for lo, hi, k in s["ranges"])
