@@ -35,7 +35,7 @@ def cluster_bootstrap(labels, probs, clusters, *, n_boot: int = 1000, n_bins: in
     nll, table = additive_sums(p, y, codes, 1, r, n_bins)  # [1, R], [3, 1, R, n_bins]
     counts = np.random.default_rng(seed).multinomial(r, np.full(r, 1.0 / r), size=n_boot).astype(np.float64)  # [B, R]
     boot = np.einsum("br,crk->cbk", counts, table[:, 0])  # [3, B, n_bins]
-    ce2 = ce2_from_stats(np.einsum("br,crk->cbk", counts, cluster_stats(y, p, codes, r, n_bins)))  # [B]
+    ce2 = ce2_from_stats(np.einsum("br,crk->cbk", counts, cluster_stats(table[:, 0])))  # [B]
     return {"ece": ece_from_bins(boot), "log_loss": counts @ nll[0] / boot[0].sum(-1), "ce2": ce2}
 
 

@@ -30,12 +30,13 @@ import numpy as np
 from avkit.errors import DataError
 from avkit.metrics.calibration import check_n_bins
 from avkit.metrics.checks import check_binary_inputs
+from avkit.metrics.table import additive_sums
 
 
-def cluster_stats(y: np.ndarray, p: np.ndarray, codes: np.ndarray, r: int, n_bins: int) -> np.ndarray:
-    """[N] labels, predictions, cluster codes 0..r-1 -> [7, r, n_bins] each cluster's own stats."""
-    key = codes * n_bins + np.minimum((p * n_bins).astype(np.int64), n_bins - 1)  # [N] (cluster, bin)
-    n, sp, sy = (np.bincount(key, weights=w, minlength=r * n_bins).reshape(r, n_bins) for w in (None, p, y))
+def cluster_stats(per_cluster: np.ndarray) -> np.ndarray:
+    """[3, ..., R, n_bins] each cluster's (count, sum p, sum y) per bin (metrics/table.py additive_sums with the
+    clusters as groups) -> [7, ..., R, n_bins] each cluster's stats (the module glossary)."""
+    n, sp, sy = per_cluster
     return np.stack([n, sp, sy, n * n, n * sy, sy * sy, (n > 0).astype(np.float64)])
 
 
@@ -69,7 +70,8 @@ def debiased_ce2(labels, probs, clusters=None, n_bins: int = 10) -> float:
     if codes.size != y.size:
         raise DataError(f"clusters has {codes.size} entries for {y.size} labels")
     r = int(codes.max()) + 1
-    return float(ce2_from_stats(cluster_stats(y, p, codes, r, check_n_bins(n_bins)).sum(1)))
+    _, per_cluster = additive_sums(p, y, codes, 1, r, check_n_bins(n_bins))  # [3, 1, R, n_bins]
+    return float(ce2_from_stats(cluster_stats(per_cluster[:, 0]).sum(1)))
 
 
 __all__ = ["ce2_from_stats", "cluster_stats", "debiased_ce2", "signed_root"]
