@@ -255,53 +255,63 @@ def test_profile_tiny_model_is_monotone(tiny_pair, monkeypatch, tmp_path):
     assert table.verify_tokens == tuple(range(1, 13)) and table.draft_requests == (1, 2, 3)  # dense: a staircase
     assert table.prefill_tokens == PRICE_GRID and len(table.prefill_ms) == len(PRICE_GRID)
     assert np.all(np.diff(table.verify_ms) >= 0) and np.all(np.diff(table.draft_ms) >= 0)
-    assert np.all(np.diff(table.prefill_ms) >= 0) and min(table.prefill_ms) > 0
+    assert np.all(np.diff(table.prefill_ms) >= 0) and min(table.prefill_ms) >= 0  # differences of two steps
     assert min(table.verify_ms) > 0 and table.meta["context_len"] == 64
     assert table.meta["target_sha256"] == tiny_pair[0].sha256
     assert CostTable.load(table.save(tmp_path / "c.json")).verify_ms == table.verify_ms
 
 
-def test_profile_verify_points_feed_exactly_their_tokens(tiny_pair):
-    """Each verify point T is one forward of rows of at most K + 1 tokens whose lengths sum to T (the last row
-    shorter: a ragged forward computes exactly T); the grid is every count up to DENSE_TOKENS, then powers of 2."""
-    from avkit.scheduling.profile import DENSE_TOKENS, _token_grid, _verify_layout, forward_timer
+def test_profile_times_the_engines_own_step_with_exactly_its_tokens(tiny_pair):
+    """Each profiled point is one Engine.step: a verify point T feeds rows of at most K + 1 tokens whose lengths
+    sum to T (the last row shorter); a draft point drafts one token per row with the draft model; a prefill
+    point's drafter first catches up on m tokens. The grid is every count up to DENSE_TOKENS, then powers of 2."""
+    from avkit.runtime.engine import Engine
+    from avkit.scheduling.profile import DENSE_TOKENS, _token_grid, _verify_layout, profile_costs
 
     for k in range(0, 16):
         for t in range(1, 300):
             r, q = _verify_layout(t, k)
             assert 1 <= t - q * (r - 1) <= q <= k + 1, (t, k)
     assert _token_grid(100) == list(range(1, DENSE_TOKENS + 1)) + [64, 100] and _token_grid(5) == [1, 2, 3, 4, 5]
-    model = tiny_pair[0].model
-    seen = []
-    plain = model.forward
-    model.forward = lambda tokens, q_lens, *a, **kw: (seen.append(q_lens.tolist()), plain(tokens, q_lens, *a, **kw))[1]
+    target, draft = tiny_pair[0].model, tiny_pair[1].model
+    seen, steps = [], []
+    plain_t, plain_d, plain_step = target.forward, draft.forward, Engine.step
+    target.forward = lambda tokens, q_lens, *a, **kw: (seen.append(("t", q_lens.tolist(), kw.get("prefill"))),
+                                                       plain_t(tokens, q_lens, *a, **kw))[1]
+    draft.forward = lambda tokens, q_lens, *a, **kw: (seen.append(("d", q_lens.tolist(), kw.get("prefill"))),
+                                                      plain_d(tokens, q_lens, *a, **kw))[1]
+    Engine.step = lambda self: (steps.append(len(seen)), plain_step(self))[1]
     try:
-        cache = model.new_cache(4, 64)
-        for t in (1, 7, 9, 13):
-            forward_timer(model, cache, *_verify_layout(t, 3), 8, "all", total=t)()
+        profile_costs(*tiny_pair[:2], ProfileConfig(context_len=8, k=3, max_tokens=9, max_requests=2, repeats=1,
+                                                    warmup=0, temperature=0.7))
     finally:
-        del model.forward
-    assert seen == [[1], [4, 3], [3, 3, 3], [4, 4, 4, 1]]
+        del target.forward, draft.forward
+        Engine.step = plain_step
+    per_step = [seen[a:b] for a, b in zip(steps, steps[1:] + [len(seen)])]
+    verify = [s[0][1] for s in per_step[:9]]  # T = 1..9, target-only forwards
+    assert verify == [[1], [2], [3], [4], [3, 2], [3, 3], [4, 3], [4, 4], [3, 3, 3]]
+    assert all(len(s) == 1 for s in per_step[:9])
+    assert per_step[9:11] == [[("t", [1], False)], [("t", [1, 1], False)]]  # target-only n = 1, 2
+    assert per_step[11:13] == [[("d", [1], False), ("t", [1], False)],
+                               [("d", [1, 1], False), ("t", [1, 1], False)]]  # one draft pass, nothing verified
+    assert per_step[13:17] == [[("d", [1], False), ("t", [1], False)]] * 4  # prefill points' base: no catch-up
+    catch = per_step[17:21]  # the same step after a catch-up prefill of m tokens into the drafter
+    assert [[(w, sum(q)) for w, q, pre in s if pre] for s in catch] == [[("d", m)] for m in (16, 64, 256, 512)]
+    assert all(s[-2:] == [("d", [1], False), ("t", [1], False)] for s in catch)
 
 
-def test_profile_times_the_engines_logits_work(tiny_pair):
-    """Each profiled forward also runs what the engine does with its logits: the verify point computes the
-    target's sampling distributions, a draft point the features, q and one draw; the table says at which T."""
-    from avkit.runtime.sampling import probs_from_logits
-    from avkit.scheduling.profile import draft_work, profile_costs, verify_work
-
-    g = torch.Generator().manual_seed(0)
-    logits = torch.randn(3, 4, 300, generator=g) * 3  # [n, q, V]
-    want = probs_from_logits(logits, torch.full((3, 1), 0.7), torch.full((3, 1), 0.9))
-    assert torch.equal(verify_work(0.7, 0.9)(logits), want)
-    tokens = draft_work(0.7, 0.9)(logits[:, 0])  # [n] one draw per row, inside the top-p set
-    q = probs_from_logits(logits[:, 0], torch.full((3,), 0.7), torch.full((3,), 0.9))
-    assert tokens.shape == (3,) and bool((q.gather(-1, tokens[:, None]) > 0).all())
-    table = profile_costs(*tiny_pair[:2], ProfileConfig(context_len=8, k=1, max_tokens=2, max_requests=1,
-                                                        repeats=1, temperature=0.0, top_p=1.0))
-    assert table.meta["temperature"] == 0.0 and table.meta["top_p"] == 1.0
+def test_profile_records_its_sampling_settings(tiny_pair):
+    table = profile_costs_tiny(tiny_pair, temperature=0.0, top_p=1.0)
+    assert table.meta["temperature"] == 0.0 and table.meta["top_p"] == 1.0 and table.meta["timed"] == "engine step"
     with pytest.raises(ConfigError, match="top_p must be in"):
         ProfileConfig(top_p=0.0)
+
+
+def profile_costs_tiny(tiny_pair, **kw):
+    from avkit.scheduling.profile import profile_costs
+
+    return profile_costs(*tiny_pair[:2], ProfileConfig(context_len=8, k=1, max_tokens=2, max_requests=1,
+                                                       repeats=1, **kw))
 
 
 def test_profile_env_must_be_integer(monkeypatch):
@@ -355,8 +365,10 @@ def test_profile_noise_is_per_point_and_names_what_the_isotonic_fit_moved():
 
 def test_profile_reads_a_real_prefix_written_by_the_models_prefill(tiny_pair):
     """write_prefix: slot 0's keys come from the model's own prefill of real tokens and every row reads a copy;
-    a timed forward then gets the logits of the prefix + its continuation (as one forward over both gives)."""
-    from avkit.scheduling.profile import forward_timer, prompt_tokens, write_prefix
+    a seated engine's fed step then verifies the prefix's real continuation with the logits one forward over
+    prefix + continuation gives."""
+    from avkit.scheduling.profile import prompt_tokens
+    from avkit.scheduling.step_timer import SeatedEngine, write_prefix
 
     model = tiny_pair[0].model
     ids = prompt_tokens(tiny_pair[0], 24)
@@ -365,8 +377,18 @@ def test_profile_reads_a_real_prefix_written_by_the_models_prefill(tiny_pair):
     write_prefix(model, cache, ids[:20], 3)
     assert cache.lengths.tolist() == [20, 20, 20] and bool(cache.k[:, 0, :, :20].abs().sum() > 0)
     assert torch.equal(cache.k[:, 2, :, :20], cache.k[:, 0, :, :20])
+    seated = SeatedEngine(tiny_pair[0], None, ids, 20, 3, 2, 0.0, 1.0)
     seen = []
-    forward_timer(model, cache, 3, 2, 20, "all", after=seen.append, feed=ids[20:])()
+    plain = model.forward
+    model.forward = lambda *a, **kw: (lambda out: (seen.append(out), out)[1])(plain(*a, **kw))
+    try:
+        for _ in range(2):  # rewound: the same step twice
+            rewind, run = seated.step(3, 19, (2, 2, 2))
+            rewind()
+            run()
+    finally:
+        del model.forward
     ref = model.new_cache(1, 32)
     whole = model.forward(torch.tensor([ids[:22]]), torch.tensor([22]), torch.tensor([0]), ref, logits="all")
-    torch.testing.assert_close(seen[0][1, :2], whole[0, 20:22], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(seen[0][1, :3], whole[0, 19:22], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(seen[1], seen[0])

@@ -1,19 +1,17 @@
 """Profile this device's step costs (docs/budget.md): the CostTable the adaptive budget divides by.
 
-Glossary:
+Every point is one `Engine.step` (the engine's own code path, step_timer.py) of requests seated at a
+real prefix, at the config's temperature and top-p, so each temperature's sampling, rejection sampling,
+roll back and host reads are timed as they run live:
   verify point   T target tokens laid out as the verify step lays them out: ceil(T / (K+1)) requests
-                 of up to K+1 query tokens each, every request at the synthetic KV context
-  draft point    n requests, one draft token each (one draft forward), at the same context
-  prefill point  the drafter prefilling n tokens of one request into an empty slot, no logits: what a
-                 catch-up costs (a new prompt, or tokens missed while not drafting; scheduling/catch_up.py)
+                 verifying up to K of the prefix's real next tokens each (drafted for free), every request
+                 at the KV context
+  draft point    n requests drafting one token with the draft model, none verified, less the target-only
+                 step of n requests: one draft pass with its logits work (features, q, one draw)
+  prefill point  a step whose drafter first catches up on m tokens of one request (a new prompt, or tokens
+                 missed while not drafting; scheduling/catch_up.py), less the same step without it
   context        KV length per request (default 8192; $AVKIT_PROFILE_CONTEXT_LEN overrides): a real prefix,
-                 HumanEval prompts through the tokenizer, prefilled by the model into one slot (keys and
-                 values written) and copied to the others; each point feeds the tokens that continue it,
-                 so the logits (and each temperature's sampling work on them) are the model's own
-  logits work   what the engine does with each forward's logits, timed with it (what actually runs):
-                 verify = the target's sampling distributions over [n, q, V]; draft pass = lossless
-                 features, the draft distribution and one draw per row. At the config's temperature and
-                 top-p; on a 2-core CPU with V = 151,936 this is ~30% of a batch-16 draft pass.
+                 HumanEval prompts through the tokenizer, prefilled by each model (keys and values written)
 Every point runs `warmup` times untimed before any is timed; then each is timed `repeats` times after
 `warmup` more runs, the median is kept, and each curve is made non-decreasing by isotonic regression (pool
 adjacent violators: a spike is averaged with its neighbours, never carried upward) before it becomes a
@@ -34,12 +32,9 @@ import torch
 
 from avkit.config import PROFILE_CONTEXT_ENV, ProfileConfig
 from avkit.errors import ConfigError
-from avkit.features import draft_features
-from avkit.kernels.argmax import argmax
 from avkit.provenance import inputs_record
-from avkit.runtime.prefill import prefill
-from avkit.runtime.sampling import probs_from_logits, sample_tokens
 from avkit.scheduling.cost import CostTable, isotonic
+from avkit.scheduling.step_timer import SeatedEngine
 
 
 def context_len_from_env(default: int) -> int:
@@ -82,15 +77,20 @@ def _sync(device: torch.device):
         torch.cuda.synchronize(device)
 
 
-def _times_ms(fn: Callable[[], None], device: torch.device, repeats: int, warmup: int) -> list[float]:
-    """`repeats` timed runs of `fn` (ms) after `warmup` untimed ones."""
+Timer = tuple[Callable[[], None], Callable[[], object]]  # (rewind, run): only `run` is timed
+
+
+def _times_ms(timer: Timer, device: torch.device, repeats: int, warmup: int) -> list[float]:
+    """`repeats` timed runs (ms) after `warmup` untimed ones, each after its untimed rewind."""
+    rewind, run = timer
     for _ in range(warmup):
-        fn()
+        rewind(), run()
     times = []
     for _ in range(repeats):
+        rewind()
         _sync(device)
         t0 = time.perf_counter()
-        fn()
+        run()
         _sync(device)
         times.append((time.perf_counter() - t0) * 1e3)
     return times
@@ -137,12 +137,12 @@ def noise_summary(curves: dict[str, tuple[list[int], list[list[float]]]]) -> dic
             "moved": moved, "noisy": noisy}
 
 
-def _warm(timers: list[Callable[[], None]], rounds: int) -> None:
+def _warm(timers: list[Timer], rounds: int) -> None:
     """Run every point untimed first: the first timed point of a cold process (allocator, weight layouts)
-    measured ~25% slow on CPU, and the running maximum then lifted its neighbours too."""
+    measured ~25% slow on CPU."""
     for _ in range(rounds):
-        for timer in timers:
-            timer()
+        for rewind, run in timers:
+            rewind(), run()
 
 
 def _time_points(timers, device, config, on_point) -> tuple[list[float], list[list[float]]]:
@@ -173,108 +173,50 @@ def prompt_tokens(loaded, count: int, seed: int = 0) -> list[int]:
     return (ids + torch.randint(0, vocab, (count,), generator=g).tolist())[:count]
 
 
-def write_prefix(model, cache, ids: list[int], rows: int) -> None:
-    """Prefill `ids` into slot 0 (keys and values actually written by the model's prefill), then copy that
-    slot's KV into slots 1..rows-1: every row reads a real prefix of len(ids) tokens."""
-    if not ids:
-        return
-    prefill(lambda tokens, q_lens, slots, logits, host=None, prefill=False: model.forward(
-        tokens, q_lens, slots, cache, logits=logits, host=host, prefill=prefill), [ids], [0], device=model.device,
-        ragged=getattr(model, "ragged_prefill", False))
-    cache.k[:, 1:rows], cache.v[:, 1:rows] = cache.k[:, :1], cache.v[:, :1]  # [L, rows-1, H, T, D]
-    cache.lengths[:rows] = len(ids)
-
-
-def forward_timer(model, cache, num_requests: int, q_len: int, context: int, logits: str | torch.Tensor,
-                  after: Callable[[torch.Tensor], object] | None = None, total: int | None = None,
-                  feed: list[int] | None = None):
-    """A closure running one forward of `num_requests` rows x `q_len` tokens at `context` (then `after` on
-    its logits), rolling the cache back to the context each time (the prefix `write_prefix` wrote stays);
-    `feed`: the real tokens each row feeds (their continuation of the prefix; default: token 1); `total`:
-    the last row feeds only what reaches that many tokens (a ragged forward computes exactly `total`)."""
-    device = model.device
-    row = (feed or [])[:q_len] + [1] * max(0, q_len - len(feed or []))
-    tokens = torch.tensor([row] * num_requests, dtype=torch.int64, device=device)  # [n, q] real continuation
-    q_lens = torch.full((num_requests,), q_len, dtype=torch.int64, device=device)  # [n]
-    if total is not None:
-        q_lens[-1] = total - q_len * (num_requests - 1)
-    slots = torch.arange(num_requests, device=device)  # [n]
-    ctx = torch.full((num_requests,), context, dtype=torch.int64, device=device)  # [n]
-
-    def run():
-        cache.lengths[slots] = ctx  # back to the prefix: positions [0, ctx) hold its keys and values
-        out = model.forward(tokens, q_lens, slots, cache, logits=logits)
-        if after is not None:
-            after(out)
-    return run
-
-
-def verify_work(temperature: float, top_p: float) -> Callable[[torch.Tensor], object]:
-    """The engine's work on verify logits [n, q, V]: the target's sampling distributions (T = 0: none, the
-    greedy verify reads argmax p from the logits)."""
-    def run(logits):
-        if temperature == 0:
-            return logits
-        n = logits.shape[0]
-        return probs_from_logits(logits, logits.new_full((n, 1), temperature), logits.new_full((n, 1), top_p),
-                                 greedy=False, nucleus=top_p < 1)
-    return run
-
-
-def draft_work(temperature: float, top_p: float) -> Callable[[torch.Tensor], object]:
-    """The engine's work on one draft pass's logits [n, V]: features, the draft distribution, one draw
-    (T = 0: features and the argmax)."""
-    def run(logits):
-        n = logits.shape[0]
-        t = logits.new_full((n,), temperature)
-        draft_features(logits, t)
-        if temperature == 0:
-            return argmax(logits)
-        q = probs_from_logits(logits, t, logits.new_full((n,), top_p), greedy=False, nucleus=top_p < 1)  # [n, V]
-        zeros = torch.zeros(n, dtype=torch.int64, device=logits.device)
-        return sample_tokens(q, zeros, zeros, zeros)
-    return run
-
-
 def _verify_layout(tokens: int, k: int) -> tuple[int, int]:
     """T tokens -> (requests, query tokens per request) with requests * q >= T, q <= k + 1."""
     requests = -(-tokens // (k + 1))
     return requests, -(-tokens // requests)
 
 
+def _less(runs: list[list[float]], base: list[float]) -> tuple[list[float], list[list[float]]]:
+    """Each point's runs minus its base point's median: (median ms >= 0 per point, runs per point)."""
+    runs = [[r - b for r in rs] for rs, b in zip(runs, base)]
+    return [max(0.0, statistics.median(rs)) for rs in runs], runs
+
+
 def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[], None] | None = None) -> CostTable:
-    """Measure verify_ms by target tokens, draft_ms by requests and the drafter's prefill_ms by tokens of
-    one request (as runtime/prefill.py feeds it: from an empty slot, no logits); `target`/`draft` are
-    LoadedModels."""
+    """Time the engine's own step (`Engine.step`, step_timer.py) at every point: verify_ms(T) is a step that
+    verifies T tokens drafted for free (a fed drafter), draft_ms(n) a step of n requests drafting one token
+    (none verified) less the target-only step of n, prefill_ms(m) a step whose drafter first catches up on m
+    tokens less the same step without the catch-up; `target`/`draft` are LoadedModels."""
     context = context_len_from_env(config.context_len)
     t_grid, d_grid = _token_grid(config.max_tokens), request_grid(config.max_requests)
-    max_req = max(_verify_layout(config.max_tokens, config.k)[0], config.max_requests)
-    max_len = context + config.k + 2
-    verify, drafting = verify_work(config.temperature, config.top_p), draft_work(config.temperature, config.top_p)
-    ids = prompt_tokens(target, context + config.k + 1)  # the prefix and the tokens that continue it
-    cache = target.model.new_cache(max_req, max_len)
-    write_prefix(target.model, cache, ids[:context], max_req)
-    timers = [forward_timer(target.model, cache, *_verify_layout(t, config.k), context, "all", verify, total=t,
-                            feed=ids[context:]) for t in t_grid]
-    verify_ms, verify_runs = _time_points(timers, target.model.device, config, on_point)
-    del cache, timers
+    rows = max(_verify_layout(config.max_tokens, config.k)[0], config.max_requests)
+    prefix = max(context, PRICE_GRID[-1])
+    ids = prompt_tokens(target, prefix + config.k + 2)  # the prefix and the tokens that continue it
+    seated = SeatedEngine(target, draft, ids, prefix, rows, config.k, config.temperature, config.top_p)
+    dev = target.model.device
+
+    def verify_point(t: int):
+        n, q = _verify_layout(t, config.k)
+        return seated.step(n, context, (q - 1,) * (n - 1) + (t - q * (n - 1) - 1,))
+    verify_ms, verify_runs = _time_points([verify_point(t) for t in t_grid], dev, config, on_point)
     draft_ms, draft_runs, prefill_ms, prefill_runs = [0.0] * len(d_grid), [], [], []
     if draft is not None:
-        cache = draft.model.new_cache(config.max_requests, max(max_len, PRICE_GRID[-1]))
-        write_prefix(draft.model, cache, ids[:context], config.max_requests)
-        timers = [forward_timer(draft.model, cache, n, 1, context, "last", drafting, feed=ids[context:])
-                  for n in d_grid]
-        draft_ms, draft_runs = _time_points(timers, draft.model.device, config, on_point)
-        none = torch.zeros(1, 0, dtype=torch.int64, device=draft.model.device)  # logits at no position
-        timers = [forward_timer(draft.model, cache, 1, n, 0, none, feed=ids[:n]) for n in PRICE_GRID]
-        prefill_ms, prefill_runs = _time_points(timers, draft.model.device, config, on_point)
-        del cache, timers
+        base, _ = _time_points([seated.step(n, context, (0,) * n) for n in d_grid], dev, config, on_point)
+        draft_ms, draft_runs = _less(_time_points([seated.step(n, context) for n in d_grid], dev, config,
+                                                  on_point)[1], base)
+        base, _ = _time_points([seated.step(1, m) for m in PRICE_GRID], dev, config, on_point)
+        prefill_ms, prefill_runs = _less(_time_points([seated.step(1, m, behind=m) for m in PRICE_GRID], dev,
+                                                      config, on_point)[1], base)
+    del seated
     noise = noise_summary({"verify_ms": (t_grid, verify_runs), "draft_ms": (d_grid, draft_runs),
                            **({"prefill_ms": (list(PRICE_GRID), prefill_runs)} if prefill_runs else {})})
-    meta = {"source": "profile", "device": device_name(target.model.device), "target": target.model_id,
+    meta = {"source": "profile", "device": device_name(dev), "target": target.model_id,
             "target_sha256": target.sha256, "draft": draft.model_id if draft else "",
             "draft_sha256": draft.sha256 if draft else "", "context_len": context, "k": config.k,
-            "temperature": config.temperature, "top_p": config.top_p,
+            "temperature": config.temperature, "top_p": config.top_p, "timed": "engine step",
             "repeats": config.repeats, "dtype": str(target.model.dtype).removeprefix("torch."),
             "raw_verify_ms": verify_ms, "raw_draft_ms": draft_ms,
             "noise": noise,
@@ -288,7 +230,8 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
 
 
 def num_points(config: ProfileConfig, with_draft: bool) -> int:
-    return len(_token_grid(config.max_tokens)) + (len(request_grid(config.max_requests)) + len(PRICE_GRID) if with_draft else 0)
+    return len(_token_grid(config.max_tokens)) + (2 * (len(request_grid(config.max_requests)) + len(PRICE_GRID))
+                                                   if with_draft else 0)
 
 
 def memory_meta(target, draft=None) -> dict:
