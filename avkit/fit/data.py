@@ -30,7 +30,7 @@ import polars as pl
 
 from avkit.errors import TraceError
 from avkit.features import FEATURES
-from avkit.trace.reader import iter_traces, trace_metadata
+from avkit.trace.reader import common_k, iter_traces, trace_metadata
 
 TRACE_COLUMNS = ("engine_step", "request_id", "step", "position", "dataset", "drafter", "accepted", "verified", "q_max",
                  "q_2nd", "q_sampled", "entropy", "logit_qmax", "head_conf")
@@ -109,12 +109,6 @@ FEATURE_INPUTS = ("q_max", "q_2nd", "q_sampled", "entropy", "logit_qmax", "head_
 OBSERVED_COLUMNS = ("position", "dataset", "accepted", *FEATURE_INPUTS)
 
 
-def _num_positions(paths: list[Path], positions: np.ndarray) -> int:
-    ks = [trace_metadata(p).get("avkit.k", "") for p in paths]
-    declared = [int(k) for k in ks if k.isdigit()]
-    return max(declared + [int(positions.max()) + 1])
-
-
 def shown(path: Path) -> str:
     """A trace path as a shipped file should name it: relative to the working directory when inside it."""
     try:
@@ -164,7 +158,7 @@ def load_fit_data(paths, drafter: str = "model", features=None) -> FitData:
     positions = obs["position"].to_numpy().astype(np.intp)
     per_file = np.array([p.height for p in parts])
     return FitData(
-        k=_num_positions(paths, positions), features=features, positions=positions,
+        k=max(common_k(paths)[0] or 0, int(positions.max()) + 1), features=features, positions=positions,
         labels=obs["accepted"].cast(pl.Float64).to_numpy(), row_step=np.concatenate(row_step),
         step_file=np.concatenate(step_file), step_clock=np.concatenate(step_clock).astype(np.int64),
         file_index=np.repeat(np.arange(len(parts), dtype=np.int64), per_file), dataset_codes=codes,

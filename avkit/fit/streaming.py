@@ -39,7 +39,7 @@ from avkit.fit.plan import plan_features
 from avkit.fit.replay import coef_row
 from avkit.fit.spill import ShardSurvey, spill_shard
 from avkit.metrics.binned import BinnedScores, logit, quantile_edges
-from avkit.trace.reader import trace_metadata
+from avkit.trace.reader import trace_k
 from avkit.trace.shards import check_shards
 
 SAMPLE_SLOTS = 1 << 21  # observed slots sampled over all shards in pass 0: the AUC bins' quantiles
@@ -163,7 +163,7 @@ def spill(engine, paths: list[Path], fit: FitConfig, scratch: str,
     """Pass 0 over every shard (`spill_shard`) -> (surveys, node of each, their merge); TraceError when no
     slot is observed. The caller removes `scratch` (engine.cleanup)."""
     sample = max(1024, SAMPLE_SLOTS // len(paths))  # per shard
-    ks = [_declared_k(p) for p in paths]  # K may differ across shards: each is checked at its own
+    ks = [trace_k(p) for p in paths]  # K may differ across shards: each is checked at its own
     items = [(str(p), i, k, scratch, chunk_rows(fit), sample, drafts) for i, (p, k) in enumerate(zip(paths, ks))]
     surveys, nodes = engine.map(spill_shard, items)
     m = _merge_surveys(surveys, max([k for k in ks if k] or [0]) or None)
@@ -193,9 +193,5 @@ def fit_passes(paths, fit: FitConfig, est_cfg: EstimatorConfig, progress: Progre
     return plan, ests, [rows.get(i, []) for i in range(len(plan))], [acc.rows(m["names"]) for acc in sums], \
         m["k"], meta
 
-
-def _declared_k(path) -> int | None:
-    k = trace_metadata(path).get("avkit.k", "")
-    return int(k) if k.isdigit() else None
 
 __all__ = ["PassWork", "chunk_rows", "fit_passes", "newton", "scratch_dir", "shard_pass", "spill"]

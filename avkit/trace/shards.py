@@ -99,15 +99,6 @@ class ShardSet:
     rows: tuple[int, ...]  # [S] rows per shard (from the footers)
     meta: dict  # the first shard's `avkit.*` metadata
 
-    @property
-    def total_rows(self) -> int:
-        return sum(self.rows)
-
-    @property
-    def k(self) -> int | None:
-        k = self.meta.get("avkit.k", "")
-        return int(k) if k.isdigit() else None
-
 
 def _meta(schema) -> dict[str, str]:
     raw = schema.metadata or {}
