@@ -194,13 +194,18 @@ class RoundLogistic(ABC):
                                     np.r_[0, np.cumsum(counts)])
         for it in range(1, max_iter + 1):
             before = self.coefficients()
-            sums = [fused_segment_stats(seg, self._slope_at(i), self.intercepts[i]) for i, seg in enumerate(segments)]
-            applied = self.batch_step(IrlsStats.from_segments(sums, counts))
+            applied = self.batch_step(self.newton_stats(segments, counts))
             if on_iteration is not None:
                 on_iteration(self)
             if not applied or np.max(np.abs(self.coefficients() - before)) < tol:
                 return it
         return max_iter
+
+    def newton_stats(self, segments: list, counts: np.ndarray) -> IrlsStats:
+        """The IRLS statistics of rows grouped by position ([K] `grouped_segments`, [K] row counts) at the
+        current coefficients: one batch Newton step's sums (in memory here, per shard out of core)."""
+        return IrlsStats.from_segments([fused_segment_stats(seg, self._slope_at(i), self.intercepts[i])
+                                        for i, seg in enumerate(segments)], counts)
 
     def batch_step(self, stats: IrlsStats) -> bool:
         """One undamped Newton step of a batch fit, from ALL observed slots' statistics at the

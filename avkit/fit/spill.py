@@ -55,6 +55,14 @@ class ShardSurvey:
     def column(self, chunk: int, name: str, dtype) -> np.ndarray:
         return np.fromfile(Path(self.spill) / f"c{chunk}.{name}", dtype=dtype)
 
+    def spilled(self, k: int, dataset_names: list[str]):
+        """-> per chunk (index, [K] rows per position, [n] positions, [n] labels float64, [n] dataset codes
+        into `dataset_names`); the rows are sorted by position."""
+        lut = np.array([dataset_names.index(n) for n in self.dataset_names] or [0], dtype=np.int64)
+        for c, counts in enumerate(self.chunks):
+            yield (c, counts[:k], np.repeat(np.arange(k), counts[:k]),
+                   self.column(c, "label", np.int8).astype(np.float64), lut[self.column(c, "dataset", np.int16)])
+
 
 def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int, sample: int,
                 drafts: bool = False) -> ShardSurvey:

@@ -32,7 +32,7 @@ import numpy as np
 from avkit.config import EstimatorConfig, FitConfig
 from avkit.errors import TraceError
 from avkit.estimators import make_estimator
-from avkit.estimators.irls import IrlsStats, fused_segment_stats, grouped_segments
+from avkit.estimators.irls import IrlsStats, grouped_segments
 from avkit.features import FEATURES
 from avkit.fit.data import trained_on
 from avkit.fit.plan import plan_features
@@ -71,16 +71,12 @@ class PassWork:
 def shard_pass(survey: ShardSurvey, work: PassWork) -> list:
     """Map step of a pass over one shard's spill -> [E] additive sums (IrlsStats or BinnedScores)."""
     k, sc = work.k, work.score
-    lut = np.array([work.dataset_names.index(n) for n in survey.dataset_names] or [0], dtype=np.int64)
     count_type = np.int32 if survey.observed < 1 << 31 else np.int64  # a shard's counts (the total's: int64)
     out = [BinnedScores.zeros(len(work.dataset_names), k, sc["n_bins"], edges, count_type) for edges in sc["edges"]] \
         if sc else [IrlsStats.zeros(k) for _ in work.estimators]
-    for c, counts in enumerate(survey.chunks):
-        counts = counts[:k]  # [K] rows are sorted by position
+    for c, counts, pos, y, ds in survey.spilled(k, work.dataset_names):
         bounds = np.r_[0, np.cumsum(counts)]  # [K + 1]
-        pos = np.repeat(np.arange(k), counts)  # [n]
-        y = survey.column(c, "label", np.int8).astype(np.float64)  # [n]
-        group = lut[survey.column(c, "dataset", np.int16)] * k + pos if sc else None  # [n]
+        group = ds * k + pos  # [n]
         cache: dict[str, np.ndarray] = {}
         for j, (name, est) in enumerate(zip(work.features, work.estimators)):
             if name not in cache:
@@ -91,13 +87,10 @@ def shard_pass(survey: ShardSurvey, work: PassWork) -> list:
                 continue
             fo, yj, cj, bj = FEATURES[name].sign * f, y, counts, bounds  # oriented as the estimator fits it
             if work.subsets and work.subsets[j] is not None:  # one dataset's rows (still grouped by position)
-                keep = lut[survey.column(c, "dataset", np.int16)] == work.subsets[j]
+                keep = ds == work.subsets[j]
                 fo, yj, cj = fo[keep], y[keep], np.bincount(pos[keep], minlength=k)
                 bj = np.r_[0, np.cumsum(cj)]
-            segments = grouped_segments(fo, yj, None, bj)
-            sums = [fused_segment_stats(seg, est._slope_at(i), est.intercepts[i])
-                    for i, seg in enumerate(segments)]  # as the in-memory fit
-            out[j] += IrlsStats.from_segments(sums, cj)
+            out[j] += est.newton_stats(grouped_segments(fo, yj, None, bj), cj)  # as the in-memory fit
     return out
 
 

@@ -62,13 +62,10 @@ def _panel_estimators(c: dict, k: int, present: list[str]) -> list[tuple[str, st
 
 def _report_pass(survey: ShardSurvey, k: int, names: list[str], panels: list[tuple], n_bins: int):
     """Map step over one shard's spill -> ([2, D, K] counts and accepted, [P, 3, B] reliability bins)."""
-    lut = np.array([names.index(n) for n in survey.dataset_names] or [0], dtype=np.int64)
     acc = np.zeros((2, len(names) * k))
     bins = np.zeros((len(panels), 3, n_bins))
-    for c, counts in enumerate(survey.chunks):
-        pos = np.repeat(np.arange(k), counts[:k])  # [n] rows are sorted by position
-        y = survey.column(c, "label", np.int8).astype(np.float64)  # [n]
-        group = lut[survey.column(c, "dataset", np.int16)] * k + pos  # [n]
+    for c, _, pos, y, ds in survey.spilled(k, names):
+        group = ds * k + pos  # [n]
         acc += [np.bincount(group, minlength=acc.shape[1]), np.bincount(group, weights=y, minlength=acc.shape[1])]
         for j, (*_, feature, _, est) in enumerate(panels):
             p = est.predict(survey.column(c, feature, np.float64), pos)  # [n]
