@@ -2,26 +2,12 @@
 
 A fit over shards (fit/streaming.py: out-of-core batch IRLS and scores; fit/replay.py
 `online_replicas`: one online replay per replica) is a map of a pure function over items, then a
-reduce on the driver.
-Both engines have the same two methods: `map(fn, items, nodes=None, fold=None)` -> (results, or
-their fold in item order; the node each ran on) and `cleanup(scratch, nodes)`. `open_engine(fit)`
-picks one by `--engine`.
-
-Ray (`--engine ray`): each item is one task (map); the driver folds the sums (reduce), so the
-coefficients equal the single-process fit's. Pass 0 spills a shard's observed slots on the node
-that ran it; every later pass over that shard is pinned to the same node
-(NodeAffinitySchedulingStrategy), and the spills are removed on every node at the end. Nothing
-large crosses the object store: tasks take a shard path or survey and return sums of a few KB.
-
-Failures on Ray:
-  a task that raises (a shard that cannot be read, a bad value)  ->  the AvkitError itself, one
-       line naming the shard; no output is written (`avkit fit` writes only after the fit)
-  a worker process that dies (killed, out of memory)  ->  Ray reruns the task, up to
-       `max_retries` times (passes are pure functions of the shard, so a rerun gives the same sums);
-       past that, one line naming the shard and the Ray error
-A local cluster (no address) starts with `num_cpus` = this machine's cores and an object store
-capped at `object_store_mb`; an address (`ray://host:10001`, `host:6379` or `auto`) joins an
-existing cluster, whose workers must have avkit installed and see the trace paths (shared storage).
+reduce on the driver. Both engines have the same two methods: `map(fn, items, nodes=None, fold=None)`
+-> (results, or their fold in item order; the node each ran on) and `cleanup(scratch, nodes)`.
+`open_engine(fit)` picks one by `--engine`. On Ray (docs/fleet.md): one task per item, later passes
+pinned to the node that spilled the shard; a task that raises fails the fit in one line naming the
+shard, a dead worker's task is rerun up to `max_retries` times (a pass is a pure function of its
+shard), and nothing large crosses the object store (tasks return sums of a few KB).
 """
 
 from __future__ import annotations
