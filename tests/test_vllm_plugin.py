@@ -1,6 +1,8 @@
 """avkit's vLLM plugin in a real `vllm serve` and vLLM's own estimator (opt-in: `pytest -m vllm`).
 
 avkit must be installed in vLLM's venv so its entry points register (`.ci/vllm` does `pip install -e .` there).
+vLLM runs outside the checkout (cwd: a temp dir), as a user's does: the checkout's `avkit/` and `avkit.egg-info`
+on sys.path would otherwise stand in for a missing install.
 One vLLM server process on a tiny random Qwen2 pair (the draft is the target with noise: some drafts are
 accepted, some rejected), started with the three environment variables of docs/vllm.md; a real OpenAI client
 sends requests at concurrency 3, greedy and sampled. The oracles are vLLM's and independent code, never the
@@ -82,7 +84,7 @@ def served(pair):
     proc = subprocess.Popen([str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(target),
                              "--port", str(port), "--dtype", "float32", "--max-model-len", "256", "--enforce-eager",
                              "--max-num-seqs", "4", "--seed", "0", "--speculative-config", json.dumps(spec)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=root)
     try:
         deadline = time.monotonic() + 600
         while True:
@@ -243,7 +245,7 @@ def warm(pair):
     inputs = root / "warm_inputs.pt"
     env = {**{k: v for k, v in vllm_env().items() if not k.startswith("AVKIT_VLLM_")}, "TRITON_INTERPRET": "1"}
     proc = subprocess.run([str(python), "-c", WARM, str(coef), str(bad), str(target), str(draft), str(inputs)],
-                          capture_output=True, text=True, timeout=600, env=env)
+                          capture_output=True, text=True, timeout=600, env=env, cwd=root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1]), torch.load(inputs)
 

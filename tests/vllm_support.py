@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-VLLM_PYTHON = Path(os.environ.get("AVKIT_VLLM_PYTHON", Path(__file__).parents[1] / ".venv-vllm/bin/python"))
+# absolute (not resolved: the venv's python is a symlink), so a test may run it from another directory
+VLLM_PYTHON = Path(os.path.abspath(os.environ.get("AVKIT_VLLM_PYTHON",
+                                                  Path(__file__).parents[1] / ".venv-vllm/bin/python")))
 
 
 def need_vllm() -> Path:
