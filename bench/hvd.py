@@ -26,7 +26,7 @@ import polars as pl
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
 from avkit.hvd.cost import HvdCost
 from avkit.hvd.fit import fit_hvd_table
-from avkit.hvd.markdown import _COLS, PAPER, hvd_markdown, table_md, verdict_md
+from avkit.hvd.markdown import COLS, PAPER, hvd_markdown, table_md, verdict_md
 from avkit.hvd.replay import load_generations, replay
 from avkit.staged import staged_file
 
@@ -92,7 +92,7 @@ def main() -> None:
     for name in others:
         res = results[name]
         md += "\n".join(["", f"## Cost sensitivity: {name}", "",
-                         table_md(res.metrics.filter(pl.col("dataset") == "overall"), _COLS), "",
+                         table_md(res.metrics.filter(pl.col("dataset") == "overall"), COLS), "",
                          "Thresholds: " + ", ".join(f"{k} tau={v:.3f}" for k, v in res.thresholds.items())
                          + f"; model survival scale {res.info.get('model_scale')}", "",
                          *verdict_md(res.verdict)])

@@ -12,7 +12,7 @@ from avkit.hvd.verdict import FLOOR, verdict_line
 
 # HVD paper figures (seed 003, docs/seeds.md): high-payoff (accepted >= 6) precision / recall; cycles per 1000 tokens.
 PAPER = "precision 78.2-87.6%, recall 61.4-79.8% (payoff >= 6); cycles/1k tokens 571 (EAGLE-3) -> 200 (HVD)"
-_COLS = ("router", "dataset", "tokens", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
+COLS = ("router", "dataset", "tokens", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
          "speedup_vs_model", "speedup_vs_suffix", "speedup_vs_target", "c_draft", "c_verify")
 
 
@@ -79,14 +79,14 @@ def hvd_markdown(result: HvdResult, title: str, notes: str = "") -> str:
          f"{info['mean_model_acc']:.3f} (all positions)."),
         "", cost_md(info["cost"]), "",
         "## Overall (test split)", "",
-        table_md(m.filter(pl.col("dataset") == "overall"), _COLS), "",
+        table_md(m.filter(pl.col("dataset") == "overall"), COLS), "",
         ("cycles_per_1k: target verifications per 1000 generated tokens; mean_accepted: accepted draft tokens "
          "per cycle; cache_share: cycles that verified a cache draft; precision / recall: predicted payoff >= "
          f"{info.get('high_payoff', 6)} against the oracle accepted length >= {info.get('high_payoff', 6)} over "
          "positions with a cache draft (table, mlp, survival; the other routers by their decision); speedups are "
          "throughput ratios under the cost model (target-only decoding = 1)."), "",
         "## Per dataset", "",
-        table_md(m.filter(pl.col("dataset") != "overall").sort("dataset", "router"), _COLS), "",
+        table_md(m.filter(pl.col("dataset") != "overall").sort("dataset", "router"), COLS), "",
         "Thresholds: " + ", ".join(f"{k} tau={v:.3f}" for k, v in result.thresholds.items())
         + (f"; joint router's model survival scale {info['model_scale']} (validated over "
            f"{', '.join(map(str, MODEL_SCALES))})" if info.get("model_scale") is not None else ""), "",
