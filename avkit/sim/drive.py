@@ -36,6 +36,7 @@ from avkit.scheduling.policy import PolicySpec, VerifyPolicy, parse_spec
 from avkit.sim.online import burn_in
 from avkit.sim.steps import Replay, StepTable
 from avkit.step_types import DraftBatch, Groups
+from avkit.trace import labels as label_rule
 
 
 class Column(Passthrough):
@@ -177,7 +178,7 @@ def _rounds(policy, est, replay: Replay, wanted: np.ndarray, groups: Groups):
         on = np.ones(g1 - g0, bool) if on is None else on.numpy()
         w = np.where(on[sub.group.numpy()], wanted[r0:r1], 0)
         out[r0:r1], drafted[r0:r1], draft_ms[g0:g1] = _step(policy, replay.cost, {feature: f}, feature, w, sub)
-        observed = (j < out[r0:r1, None]) & (j <= acc[r0:r1, None]) & (labels[r0:r1] >= 0)  # DESIGN §3
+        observed = label_rule.observed(j, out[r0:r1, None], acc[r0:r1, None]) & (labels[r0:r1] >= 0)  # [n, K]
         return observed.ravel(), on
 
     pos = np.tile(np.arange(k), rows.size)  # [S' * K]
