@@ -64,9 +64,9 @@ SHIFTS = [("reuse/t1_edit_k7", "reuse/t1_sharegpt_multiround_k7"),
 PRIORS = (10.0, 50.0, 200.0, 1000.0)  # forgetting_warm's prior_slots grid (pseudo-slots per position)
 TUNED_ON = {"greedy_k7", "sampled_t1.0_k7"}  # ForgettingConfig's defaults were chosen on these
 GOAL_ECE, AUC_SLACK, BOOT = 0.010, 0.002, 1000
-CANDIDATES = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "per_position", "forgetting", "forgetting_warm",
-              "forgetting_T", "isotonic")
-SHOWN = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "forgetting_warm")  # per position, reliability diagrams
+CANDIDATES = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "per_position", "forgetting",
+              "forgetting_warm", "forgetting_T", "isotonic")
+SHOWN = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "forgetting_warm")  # per position, diagrams
 FEATURES = ("logit_qmax", "neg_log_neg_log_qmax")
 G_T = "t_neg_log_neg_log_qmax"  # online_warm_gT's feature, derived in `load`
 

@@ -87,7 +87,8 @@ def test_tracks_real_miscalibration():
     p = rng.beta(8, 1.5, 20000)
     q = np.clip(p - 0.04, 0, 1)
     b = np.minimum((q * 10).astype(int), 9)
-    truth = np.sqrt(sum(m.mean() * (p[m].mean() - q[m].mean()) ** 2 for m in (b == k for k in range(10)) if m.any()))
+    bins = [b == k for k in range(10)]
+    truth = np.sqrt(sum(m.mean() * (p[m].mean() - q[m].mean()) ** 2 for m in bins if m.any()))
     est = [debiased_ce2((rng.uniform(size=p.size) < p).astype(float), q) for _ in range(50)]
     assert abs(signed_root(np.mean(est)) - truth) < 0.002
 
