@@ -219,3 +219,34 @@ def test_context_bands_are_each_a_tune_at_their_context(trace):
             ([{"concurrency": c, "k": k} for c, k in b["k"].items()] for b in s["bands"])]
     assert s["context_changes"] == [{"concurrency": c, "k_by_band": [m.get(c) for m in k_by]}
                                     for c in (1, 16) if len({m.get(c) for m in k_by}) > 1]
+
+
+def test_context_bands_move_a_profiled_table_by_its_context_input(trace, tmp_path):
+    """A profiled table with kv_ms_per_token takes the band's context: moved(table, C) prices every step as the
+    table's own context input does with n x C cached tokens (the oracle: CostTable.step_cost), and a band's
+    run is `tune` on that moved table."""
+    from dataclasses import replace
+
+    from avkit.tune.context import at_context, moved
+
+    table = CostTable.load("bench/results/vllm_cost_cpu.json")
+    assert table.context_len == 32 and table.kv_ms_per_token == 0
+    with pytest.raises(ConfigError, match="measured at one context"):
+        at_context("bench/results/vllm_cost_cpu.json", 1000, tmp_path)
+    kv = replace(table, kv_ms_per_token=0.02)
+    path = str(kv.save(tmp_path / "kv.json"))
+    n = np.arange(1, 40, dtype=np.float64)  # inside and beyond the requests grid (1-16)
+    for k in (0, 3):
+        for c in (32, 1000, 40000):
+            np.testing.assert_allclose(moved(kv, c).step_cost(n, k, n * (k + 1)),
+                                       kv.step_cost(n, k, n * (k + 1), context_tokens=n * c), rtol=1e-12)
+    with pytest.raises(ConfigError, match="below the 32 tokens"):
+        at_context(path, 31, tmp_path)
+    fast = dict(concurrency=(1, 16), bootstrap=10, max_k=3)
+    doc = tune([trace], TuneConfig(context=1024, cost=path, context_bands=(1023, 65535), **fast))
+    s = doc["schedule"]
+    assert [b["context"] for b in s["bands"]] == [511, 33279]
+    assert [r[:2] for r in s["context_ranges"]] == [[0, 1023], [1024, 65535]]
+    alone = tune([trace], TuneConfig(context=33279, cost=at_context(path, 33279, tmp_path), **fast))
+    assert s["context_ranges"][1][2] == alone["schedule"]["ranges"]  # the long band: the moved table's tune
+    assert s["context_changes"], s["bands"]  # 33k cached tokens per request cost this CPU seconds: K changes

@@ -116,7 +116,8 @@ def register(app: typer.Typer) -> None:
         draft: Annotated[str, typer.Option(help="the draft model vLLM loads (its HF directory; default: the "
                                                 "traces' draft id)")] = _d("draft"),
         context_bands: Annotated[str, typer.Option(help="comma-separated upper bounds of context-length bands, "
-                                                        "each tuned apart (e.g. 2047,8191,32767; a roofline cost)")]
+                                                        "each tuned apart (e.g. 2047,8191,32767; a roofline "
+                                                        "cost or a table with kv_ms_per_token)")]
             = "",
         draft_gate: Annotated[bool | None, typer.Option(
             help="simulate adaptive with avkit's draft gate (default: on, off for --format vllm: vLLM has "

@@ -8,17 +8,27 @@ is also that run's KV-feasibility context), so the recommended ranges of every b
   schedule.context_ranges   [[ctx_lo, ctx_hi, [[bs_lo, bs_hi, K], ...]], ...]: what formats.py writes as vLLM
                             PR #48944's 5-item entries (`--format vllm-context`)
   schedule.context_changes  [{concurrency, k_by_band}] where the recommended K differs between bands
-The cost model must take a context: a roofline spec (`roofline:GPU:TARGET[:DRAFT][:context=N]`, the band's
-context replaces N). A profiled table was measured at one context and is refused with one line.
+The cost model must take a context (scheduling/cost.py's context input):
+  roofline spec   `roofline:GPU:TARGET[:DRAFT][:context=N]`: the band's context replaces N
+  cost table      a profiled (or learned) table with `kv_ms_per_token` > 0: the same table moved to the band's
+                  context (`moved`: its step costs are the table's own with n x context cached tokens), for
+                  bands whose middle is at or above the table's `context_len` (below it, the KV reads the
+                  measured curves hold cannot be taken out); a table with kv_ms_per_token 0 was measured at one
+                  context and is refused with one line
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
 
 from avkit.config import TuneConfig
 from avkit.errors import ConfigError
+from avkit.scheduling.cost import CostTable, resolve_cost
 
 
 def band_bounds(upper: tuple[int, ...]) -> list[tuple[int, int]]:
@@ -32,11 +42,30 @@ def band_bounds(upper: tuple[int, ...]) -> list[tuple[int, int]]:
     return list(zip([0, *(u + 1 for u in upper[:-1])], upper))
 
 
-def at_context(spec: str, context: int) -> str:
-    """The cost spec evaluated at `context` tokens (a roofline spec; a profiled table is refused)."""
+def moved(table: CostTable, context: int) -> CostTable:
+    """The table priced at `context` cached tokens per request: its context curve raised by kv_ms_per_token per
+    token beyond context_len, on the requests grid (exact: the shift is linear in n)."""
+    n = np.asarray(table.draft_requests, dtype=np.float64)  # [Q]
+    ms = table.curve("context_ms")[1] + table.kv_ms_per_token * n * (context - table.context_len)  # [Q]
+    return replace(table, context_ms=tuple(ms.tolist()), context_len=context,
+                   meta={**table.meta, "context_len": context, "moved_from_context": table.context_len})
+
+
+def at_context(spec: str, context: int, workdir: Path | None = None) -> str:
+    """The cost spec evaluated at `context` tokens (module docstring): a roofline spec with that context, or the
+    moved table written as JSON into `workdir` (its path)."""
     if not spec.startswith("roofline:"):
-        raise ConfigError(f"--context-bands needs a cost model that takes the context (a roofline spec); {spec!r} "
-                          "was measured at one context")
+        table = resolve_cost(spec)
+        name = spec or "the default cost table"
+        if not table.kv_ms_per_token:
+            raise ConfigError(f"--context-bands needs a cost model that takes the context: {name} was measured at "
+                              "one context (kv_ms_per_token 0); use a table with kv_ms_per_token or a roofline spec")
+        if context < table.context_len:
+            raise ConfigError(f"--context-bands: a band's middle context {context} is below the {table.context_len} "
+                              f"tokens {name} was measured at; start the bands there or profile at a shorter context")
+        if workdir is None:
+            raise ConfigError("at_context: a cost table needs a folder for the moved table")
+        return str(moved(table, context).save(Path(workdir) / f"cost_at_{context}.json"))
     parts = spec.split(":")
     opts = [o for o in (parts[-1].split(",") if "=" in parts[-1] else []) if not o.startswith("context=")]
     head = parts[:-1] if "=" in parts[-1] else parts
@@ -46,12 +75,13 @@ def at_context(spec: str, context: int) -> str:
 def context_schedule(paths: list[str], config: TuneConfig, run: Callable[..., dict]) -> dict:
     """Tune every band (module docstring) -> {"context_ranges", "context_changes", "bands"}."""
     bands, per_band = band_bounds(config.context_bands), []
-    for lo, hi in bands:
-        mid = lo + (hi - lo) // 2
-        doc = run(paths, replace(config, cost=at_context(config.cost, mid), context=mid, context_bands=(),
-                                 bootstrap=min(config.bootstrap, 50)))
-        per_band.append({"ctx_lo": lo, "ctx_hi": hi, "context": mid, "ranges": doc["schedule"]["ranges"],
-                         "k": {r["concurrency"]: r["k"] for r in doc["schedule"]["per_concurrency"]}})
+    with tempfile.TemporaryDirectory(prefix="avkit-tune-context-") as workdir:
+        for lo, hi in bands:
+            mid = lo + (hi - lo) // 2
+            doc = run(paths, replace(config, cost=at_context(config.cost, mid, Path(workdir)), context=mid,
+                                     context_bands=(), bootstrap=min(config.bootstrap, 50)))
+            per_band.append({"ctx_lo": lo, "ctx_hi": hi, "context": mid, "ranges": doc["schedule"]["ranges"],
+                             "k": {r["concurrency"]: r["k"] for r in doc["schedule"]["per_concurrency"]}})
     concurrencies = sorted({c for b in per_band for c in b["k"]})
     changes = [{"concurrency": c, "k_by_band": [b["k"].get(c) for b in per_band]} for c in concurrencies
                if len({b["k"].get(c) for b in per_band}) > 1]
@@ -59,4 +89,4 @@ def context_schedule(paths: list[str], config: TuneConfig, run: Callable[..., di
             "context_changes": changes, "bands": per_band}
 
 
-__all__ = ["at_context", "band_bounds", "context_schedule"]
+__all__ = ["at_context", "band_bounds", "context_schedule", "moved"]
