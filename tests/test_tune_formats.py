@@ -9,6 +9,9 @@ here: their schema checks are tested below.
 
 from __future__ import annotations
 
+import bisect
+import re
+
 import numpy as np
 import polars as pl
 import pytest
@@ -19,8 +22,8 @@ from avkit.scheduling.cost import CostTable
 from avkit.trace.reader import read_traces
 from avkit.trace.synthetic import write_synthetic_trace
 from avkit.tune import tune
-from avkit.tune.formats import (break_even_rate, check_sglang, check_synthetic, check_trtllm, check_vllm,
-                                check_vllm_context, trtllm_schedule, vllm_spec)
+from avkit.tune.formats import (TRTLLM_KEYS, break_even_rate, check_sglang, check_synthetic, check_trtllm,
+                                check_vllm, check_vllm_context, trtllm_schedule, vllm_spec)
 
 SMALL = SyntheticConfig(num_slots=7 * 8 * 24 * 4, k=7, trim_prob=0.0, batch_size=8, steps_per_request=24, seed=3)
 
@@ -193,6 +196,49 @@ def test_trtllm_and_sglang_rules():
     for steps in ([], [-1], [True], ["3"], None):
         with pytest.raises(ConfigError, match=r"\[1\].candidate_steps"):
             check_sglang({"1": {"candidate_steps": steps}})
+    with pytest.raises(ConfigError, match="unknown key 'speculative_num_steps'"):
+        check_trtllm({**frag, "speculative_num_steps": 3})
+
+
+# SGLang 0.5.23's documented adaptive keys and their defaults (AdaptiveStepSlot.__init__, DEFAULT_ADAPTIVE_CONFIG):
+# the default file itself must pass, and a wrong type of each key must be refused, naming it.
+SGLANG_DEFAULT = {"1": {"candidate_steps": [1, 3, 5, 7], "up_hysteresis": 0.0, "down_hysteresis": -0.25,
+                        "ceiling_coeff": 0},
+                  "8": {"candidate_steps": [0, 1, 3], "up_hysteresis": 0.0, "down_hysteresis": 0.0, "ceiling_coeff": 0},
+                  "64": {"candidate_steps": [0]}, "ema_alpha": 0.2, "update_interval": 5, "warmup_batches": 10}
+
+
+@pytest.mark.parametrize("where, key, bad", [
+    ("", "ema_alpha", 0.0), ("", "ema_alpha", 1.5), ("", "ema_alpha", "0.2"), ("", "update_interval", 0),
+    ("", "update_interval", 2.5), ("", "warmup_batches", -1), ("", "warmup_batches", True),
+    ("1", "down_hysteresis", "low"), ("1", "up_hysteresis", float("nan")), ("8", "ceiling_coeff", -1),
+    ("", "ema", 0.2), ("1", "steps", [3])])
+def test_sglang_keys_by_their_documented_types(where, key, bad):
+    check_sglang(SGLANG_DEFAULT)
+    config = {k: (dict(v) if isinstance(v, dict) else v) for k, v in SGLANG_DEFAULT.items()}
+    (config[where] if where else config)[key] = bad
+    with pytest.raises(ConfigError, match=rf"^{re.escape(f'[{where}].' if where else '')}{key}"):
+        check_sglang(config)
+
+
+def test_trtllm_schedule_routes_like_bisect_left(result):
+    """TensorRT-LLM looks K up with bisect_left over the sorted integer keys (K = 0 past the largest): every
+    batch size of the tuned ranges gets the tuned K, clamped to the first range's (module note), and the payload
+    holds only TensorRT-LLM's keys with their types (dict[int, int] once its JSON keys are read as integers)."""
+    ranges = [tuple(r) for r in result["schedule"]["ranges"]]
+    trt = result["trtllm"]
+    assert set(trt) <= set(TRTLLM_KEYS) and isinstance(trt["max_draft_len"], int)
+    schedule = {int(b): k for b, k in trt["draft_len_schedule"].items()}
+    assert all(isinstance(k, int) for k in schedule.values())
+    keys = sorted(schedule)
+    first = ranges[0][2]
+    for b in range(1, ranges[-1][1] + 3):
+        i = bisect.bisect_left(keys, b)
+        got = schedule[keys[i]] if i < len(keys) else 0
+        tuned = next((k for lo, hi, k in ranges if lo <= b <= hi), None)
+        assert got == (min(tuned, first) if tuned is not None and b <= keys[-1] else 0), (b, schedule, ranges)
+    assert isinstance(trt["acceptance_rate_threshold"], float) and 0 <= trt["acceptance_rate_threshold"] <= 1
+    assert isinstance(trt["acceptance_rate_window_size"], int) and trt["acceptance_rate_window_size"] >= 16
 
 
 def test_context_bands_are_each_a_tune_at_their_context(trace):

@@ -50,7 +50,12 @@ SGLang 0.5.23 (read in its wheel: sglang/srt/speculative/adaptive_spec_params.py
   that entry's candidates with an EMA of accepted lengths. avkit writes one entry per tuned range, keyed by its
   batch_lo, with the tuned K as its only candidate (0: no speculation): SGLang then runs the tuned schedule.
   SGLang does not import here (its dependencies need a GPU build); check_sglang applies `_load_adaptive_config`'s
-  rules.
+  rules, and the types of the keys `AdaptiveStepSlot` reads (SGLANG_KEYS, each optional at the top level, where it
+  applies to every entry, or in an entry): candidate_steps, ema_alpha (default 0.2), update_interval (5),
+  warmup_batches (10), down_hysteresis (-0.25), up_hysteresis (0.0), ceiling_coeff (0); any other key is refused
+  (SGLang would ignore it silently). Two things SGLang decides that the file cannot: adaptive runs only with EAGLE /
+  EAGLE3 drafting, and with CUDA graphs a batch size is first padded up to the next captured graph size, so a
+  range boundary that is not a graph size runs the K of the padded size.
 """
 
 from __future__ import annotations
@@ -149,8 +154,30 @@ def check_synthetic(spec: dict) -> dict:
     return spec
 
 
+TRTLLM_KEYS = ("max_draft_len", "draft_len_schedule", "acceptance_rate_window_size", "acceptance_rate_threshold")
+# SGLang's per-slot keys (AdaptiveStepSlot.__init__): name -> (type check, what it must be)
+SGLANG_KEYS = {
+    "candidate_steps": (lambda v: isinstance(v, list) and bool(v) and all(
+        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v), "a non-empty list of integers >= 0"),
+    "ema_alpha": (lambda v: _number(v) and 0.0 < v <= 1.0, "a number in (0, 1]"),
+    "update_interval": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1"),
+    "warmup_batches": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
+    "down_hysteresis": (lambda v: _number(v), "a number"),
+    "up_hysteresis": (lambda v: _number(v), "a number"),
+    "ceiling_coeff": (lambda v: _number(v) and v >= 0, "a number >= 0"),
+}
+
+
+def _number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def check_trtllm(spec: dict) -> dict:
     """Raise ConfigError naming the key and value unless `spec` passes TensorRT-LLM's rules (module note)."""
+    unknown = [key for key in spec if key not in TRTLLM_KEYS]
+    if unknown:
+        raise ConfigError(f"TensorRT-LLM speculative_config: unknown key {unknown[0]!r} (avkit writes "
+                          f"{', '.join(TRTLLM_KEYS)})")
     top = _int("max_draft_len", spec.get("max_draft_len"), 1)
     sched = spec.get("draft_len_schedule")
     if not isinstance(sched, dict) or not sched:
@@ -180,9 +207,16 @@ def check_sglang(config: dict) -> dict:
                           f"{list(config)!r}")
     for key, entry in entries.items():
         steps = entry.get("candidate_steps") if isinstance(entry, dict) else None
-        if not isinstance(steps, list) or not steps or any(isinstance(x, bool) or not isinstance(x, int) or x < 0
-                                                           for x in steps):
+        if not SGLANG_KEYS["candidate_steps"][0](steps):
             raise ConfigError(f"[{key}].candidate_steps must be a non-empty list of integers >= 0, got {steps!r}")
+    top = {k: v for k, v in config.items() if k not in entries}
+    for where, params in [("", top), *((f"[{k}].", e) for k, e in entries.items())]:
+        for name, value in params.items():
+            if name not in SGLANG_KEYS:
+                raise ConfigError(f"{where}{name}: not a key SGLang's adaptive config reads ({', '.join(SGLANG_KEYS)})")
+            ok, what = SGLANG_KEYS[name]
+            if not ok(value):
+                raise ConfigError(f"{where}{name} must be {what}, got {value!r}")
     return config
 
 
@@ -288,5 +322,5 @@ def engine_settings(doc: dict, cost, *, adaptive_ok: bool, draft: str = "") -> d
     return out
 
 
-__all__ = ["FORMATS", "UPSTREAM_CONTEXT_FORMAT", "break_even_rate", "check_sglang", "check_synthetic", "check_trtllm",
-           "check_vllm", "check_vllm_context", "engine_settings", "trtllm_schedule", "vllm_spec"]
+__all__ = ["FORMATS", "SGLANG_KEYS", "TRTLLM_KEYS", "UPSTREAM_CONTEXT_FORMAT", "break_even_rate", "check_sglang",
+           "check_synthetic", "check_trtllm", "check_vllm", "check_vllm_context", "engine_settings", "trtllm_schedule", "vllm_spec"]
