@@ -285,24 +285,3 @@ def test_vllm_cpu_runs_the_dynamic_sd_schedule(pair, greedy, target_only):
     used = {k for *_, k in checked}
     assert used == {k for *_, k in SCHEDULE}, steps  # the batch visited every range, and K followed it
     assert outputs == target_only  # lossless: Dynamic SD's greedy output is target-only greedy, token for token
-
-
-def test_profiling_steps_run_without_the_recording_hooks(pair):
-    """`avkit profile --engine vllm` sets `record = False`: vLLM's own code runs (no draft features, no slots)
-    while the step's drafting time and scheduled tokens are still counted; `record = True` records again."""
-    engine = _engine(pair, 2, 1)
-    rows: list = []
-    engine.sink = type("Sink", (), {"emit": staticmethod(rows.append)})
-    try:
-        for record, rid in ((False, "plain"), (True, "recorded")):
-            engine.record = record
-            engine.add_request(_greedy_request(rid, range(3, 11)))
-            drafting = scheduled = 0
-            while engine.requests:
-                engine.step()
-                drafting += engine.last_step["draft_ms"] > 0
-                scheduled += engine.last_step["scheduled_tokens"]
-            assert drafting > 0 and scheduled > 0
-            assert bool(rows) == record
-    finally:
-        engine.close()

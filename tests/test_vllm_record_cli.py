@@ -12,7 +12,7 @@ import pytest
 
 from avkit.config import ModelsConfig, RecordConfig, SamplingConfig
 from avkit.engines.vllm.columns import slot_columns
-from avkit.engines.vllm.driver import start
+from avkit.engines.vllm.record import check
 from avkit.errors import AvkitError
 from avkit.engines.vllm.protocol import supported
 from avkit.runtime.request import Request
@@ -44,7 +44,7 @@ def test_unsupported_vllm_version_is_one_line(tmp_path):
 def _start(tmp_path, target="qwen2.5-coder-1.5b", **kw):
     config = RecordConfig(models=ModelsConfig(target=target), backend="vllm", out=str(tmp_path / "t.parquet"), **kw)
     with pytest.raises(AvkitError) as e:
-        start(config)
+        check(config)
     return str(e.value)
 
 

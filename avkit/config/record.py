@@ -58,6 +58,9 @@ class RecordConfig:
         if self.policy != "full" and self.backend != "native":
             raise ConfigError(f"policy {self.policy!r} runs in avkit's own engine only (engine {self.backend!r} "
                               "verifies with its own rule)")
+        if self.backend == "vllm" and (self.resume or self.slots_per_dataset):
+            raise ConfigError(f"{'resume' if self.resume else 'slots_per_dataset'} runs in avkit's own engine only "
+                              "(engine 'vllm' hands vLLM every prompt up front and records a new file)")
         if self.resume and self.overwrite:
             raise ConfigError("resume and overwrite exclude each other: continue the file or replace it")
 

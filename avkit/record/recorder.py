@@ -132,26 +132,18 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
     """
     files = preflight(config)  # before the models load: a refused --out or resume costs nothing
     policy = verify_policy(config)  # a bad spec, schedule or cost file fails here too
-    engine = None
-    if config.backend == "vllm":
-        from avkit.engines.vllm.driver import start  # lazy: vllm (its driver starts vLLM's venv)
+    if config.backend == "vllm":  # an offline vLLM in its own venv, avkit's plugin writing the tables
+        from avkit.engines.vllm.record import record_vllm  # lazy: torch (the models' hashing and tokenizers)
 
-        engine, target, draft = start(config)  # vLLM started in its own venv (docs/vllm.md)
-    else:
-        target, draft = _load_models(config, target, draft)
-    try:
-        return _record(config, files, target, draft, engine, progress, console, run_id, policy)
-    finally:
-        if engine is not None:
-            engine.close()
+        with _interruptible():
+            return RecordResult(**record_vllm(config, files, metadata, progress=progress, console=console,
+                                              run_id=run_id))
+    target, draft = _load_models(config, target, draft)
+    return _record(config, files, target, draft, progress, console, run_id, policy)
 
 
-def _record(config, files, target, draft, engine, progress, console, run_id, policy=None) -> RecordResult:
+def _record(config, files, target, draft, progress, console, run_id, policy=None) -> RecordResult:
     meta = metadata(config, target, draft)
-    if engine is not None:
-        meta["avkit.engine"] = f"vllm {engine.version}"
-        meta["avkit.vllm.draft_sample_method"] = config.vllm_draft_sampling
-        meta["avkit.vllm.cpu_expand_fix"] = str(engine.cpu_expand_fix).lower()  # avkit/engines/vllm/cpu_fix.py
     check_resume(files, meta)
     out, gen_path = files.trace, files.generations
     run_id = run_id or f"{out.stem}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
@@ -177,10 +169,7 @@ def _record(config, files, target, draft, engine, progress, console, run_id, pol
             sink = RecordingSink(trace, run_id, stats)
             queue = PromptQueue(config, target.tokenizer, done)
             t0 = time.monotonic()
-            if engine is None:
-                engine = _native_engine(config, target, draft, sink, policy)
-            else:
-                engine.sink = sink
+            engine = _native_engine(config, target, draft, sink, policy)
             engine.engine_step = step_offset
             finished, interrupted = _run(config, engine, sink, queue, gens, run_id, stats, progress, console)
             if not interrupted or files.commit_on_interrupt():
@@ -193,10 +182,9 @@ def _record(config, files, target, draft, engine, progress, console, run_id, pol
             if started:
                 _keep_partials(trace, gens)
             raise
-    counters = engine.close() if config.backend == "vllm" else None
     return RecordResult(out, gen_path, run_id, finished, sink.rows, resumed_rows + sink.rows, interrupted,
                         queue.skipped_long, stats.summary(), engine.stats.steps, engine.stats.tokens,
-                        time.monotonic() - t0, committed=trace.closed, engine_counters=counters)
+                        time.monotonic() - t0, committed=trace.closed)
 
 
 def _keep_partials(trace: TraceWriter | None, gens: GenerationWriter | None) -> None:
@@ -240,7 +228,7 @@ def _native_engine(config: RecordConfig, target, draft, sink, policy=None):
 
 
 def _run(config, engine, sink, queue, gens, run_id, stats, progress, console):
-    """Drive the engine (native or vLLM: `add_request`, `step`) until the queue is empty;
+    """Drive the engine (`add_request`, `step`) until the queue is empty;
     -> (requests finished, interrupted)."""
     active: dict[str, Turn] = {}
     outputs: dict[str, list[int]] = {}

@@ -1,4 +1,5 @@
-"""The process avkit starts under vLLM's Python: one offline vLLM engine, stepped on avkit's command.
+"""The process `avkit profile --engine vllm` starts under vLLM's Python: one offline vLLM engine, stepped and timed
+on avkit's command (recording is offline.py's: the plugin inside an `LLM`).
 
     AVKIT_VLLM_PYTHON -m avkit.engines.vllm.child     (PYTHONPATH holds avkit's checkout; started by driver.py)
 
@@ -7,7 +8,8 @@ process's original stdout (vLLM's own prints are moved to stderr first). Command
   start     build `vllm.LLM` (in-process engine core, eager, no async scheduling; `k_schedule` sets vLLM's
             `num_speculative_tokens_per_batch_size`), apply cpu_fix where vLLM-CPU needs it -> ready (with
             `cpu_expand_fix`: whether it did)
-  step      add the given requests, run ONE `LLMEngine.step()` -> its outputs and verified slots
+  step      add the given requests, run ONE `LLMEngine.step()` -> its outputs and timing (hooks.py's counts of
+            drafting time and scheduled tokens; the hooks record no slots here)
   abort     drop the given requests now (vLLM frees them; no output of theirs follows) -> aborted
   counters  vLLM's spec-decode counters (its Prometheus metrics, read through `LLM.get_metrics`)
   close     counters, then exit
@@ -25,7 +27,9 @@ import traceback
 from avkit.engines.vllm.protocol import SUPPORTED, read_message, supported, write_message
 
 
-def _llm(spec: dict):
+def make_llm(spec: dict):
+    """vLLM's offline `LLM` of a spec (target, draft, k, dtype, max_model_len, max_num_seqs, seed,
+    draft_sample_method, k_schedule, prefix_caching): eager, no async scheduling, one process."""
     from vllm import LLM
 
     sc = {"method": "draft_model", "model": spec["draft"], "num_speculative_tokens": int(spec["k"]),
@@ -65,24 +69,16 @@ def _add(engine, req: dict) -> str:
     return engine.add_request(req["request_id"], TokensPrompt(prompt_token_ids=list(req["prompt_ids"])), sp)
 
 
-def _step(llm, rec, adds: list[dict], ids: dict[str, str], record: bool = True) -> dict:
-    """One engine step; `ids` maps vLLM's internal request ids to the caller's. `record=False` (profiling)
-    leaves the hooks inactive: the step runs vLLM's own code and is only timed (drafting time and scheduled
-    tokens are counted either way)."""
+def _step(llm, rec, adds: list[dict], ids: dict[str, str]) -> dict:
+    """One engine step; `ids` maps vLLM's internal request ids to the caller's. The hooks stay inactive (the
+    step runs vLLM's own code); they count its drafting time and scheduled tokens."""
     engine = llm.llm_engine
     for req in adds:
         ids[_add(engine, req)] = req["request_id"]
-    rec.active = record
-    try:
-        t0 = time.perf_counter()
-        outs = engine.step()
-        step_ms = (time.perf_counter() - t0) * 1e3
-    finally:
-        rec.active = False
-    slots = rec.take_rows()
+    t0 = time.perf_counter()
+    outs = engine.step()
+    step_ms = (time.perf_counter() - t0) * 1e3
     draft_ms, scheduled, scheduled_reqs = rec.take_timing()
-    for slot in slots:
-        slot["request_id"] = ids[slot["request_id"]]
     outputs = []
     for o in outs:
         c = o.outputs[0]
@@ -95,11 +91,11 @@ def _step(llm, rec, adds: list[dict], ids: dict[str, str], record: bool = True) 
                 del ids[i]
     return {"op": "stepped", "step_time_ms": step_ms, "draft_ms": draft_ms, "scheduled_tokens": scheduled,
             "scheduled_requests": scheduled_reqs,
-            "outputs": outputs, "slots": slots,
+            "outputs": outputs,
             "unfinished": engine.get_num_unfinished_requests()}
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: SIGTERM this process when avkit dies (it runs in its own session, so Ctrl-C and a killed
     `timeout` reach only avkit; without this a SIGKILLed avkit would leave vLLM running)."""
     if sys.platform.startswith("linux"):
@@ -112,7 +108,7 @@ def _die_with_parent() -> None:
 
 
 def main() -> int:
-    _die_with_parent()
+    die_with_parent()
     reply = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # vLLM's prints go to stderr; stdout carries only protocol lines
     llm = rec = None
@@ -130,7 +126,7 @@ def main() -> int:
 
                 rec = install()
                 t0 = time.perf_counter()
-                llm = _llm(cmd)
+                llm = make_llm(cmd)
                 from avkit.engines.vllm import cpu_fix
 
                 fixed = cpu_fix.install()  # after the engine: vLLM registers its CPU kernels while it starts
@@ -138,7 +134,7 @@ def main() -> int:
                 write_message(reply, {"op": "ready", "vllm": vllm.__version__, "dtype": dtype,
                                       "startup_s": time.perf_counter() - t0, "cpu_expand_fix": fixed})
             elif op == "step":
-                write_message(reply, _step(llm, rec, cmd.get("add", []), ids, bool(cmd.get("record", True))))
+                write_message(reply, _step(llm, rec, cmd.get("add", []), ids))
             elif op == "abort":
                 gone = set(cmd.get("request_ids", ()))
                 internal = [i for i, ext in ids.items() if ext in gone]

@@ -1,4 +1,5 @@
-"""vLLM records (one per verified request-step, from hooks.py) -> trace columns (avkit/trace/schema.py).
+"""vLLM records (one per verified request-step, from hooks.py) -> trace columns (avkit/trace/schema.py), in the
+plugin's Observer (plugin.py).
 
 A record holds K drafted slots: `draft_token` [K], `features` [K][F + 1] (hooks.FEATURES, then q_sampled),
 `target_prob` [num_verified], and the step's `num_drafted`, `num_verified`, `num_accepted`, `batch_size`,

@@ -1,31 +1,26 @@
-"""avkit's side of `record --engine vllm`: start vLLM in its own venv, step it, turn its records into trace rows.
+"""avkit's side of a stepped vLLM (`avkit profile --engine vllm`): vLLM's venv, its version, its model directories,
+and its offline engine in a child process (child.py), stepped and timed on avkit's command.
 
 Glossary:
   vLLM Python   the interpreter of a venv with vLLM (`--vllm-python`, else $AVKIT_VLLM_PYTHON, else
                 `.venv-vllm/bin/python`); its vLLM version must be in protocol.SUPPORTED
   child         `python -m avkit.engines.vllm.child` under that interpreter (own session, so Ctrl-C reaches
                 only avkit, which then closes it); its log goes to a temp file named in any error
-  record        one verified request-step from hooks.py: K draft slots with features, q(x), p(x) of the
-                verified ones, the accepted length; `slot_columns` expands records into trace rows
 `VllmEngine` has the native engine's interface (`add_request`, `step` -> StepOutput list, `stats`,
-`engine_step`), so avkit/record/recorder.py drives either engine with one loop.
+`engine_step`). Recording is not stepped: record.py runs an offline `LLM` with avkit's plugin on (offline.py).
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from avkit.config import RecordConfig
-from avkit.engines.vllm.columns import slot_columns
 from avkit.engines.vllm.protocol import SUPPORTED, read_message, supported, write_message
 from avkit.errors import AvkitError, ConfigError, ModelError
-from avkit.models.tokenizer import Tokenizer
 from avkit.runtime.engine import EngineStats
 from avkit.runtime.request import Request, StepOutput
 
@@ -38,15 +33,24 @@ DEFAULT_ENV = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "2
                "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600"}
 
 
-@dataclass(frozen=True)
-class VllmModel:
-    """A model as avkit's recorder sees it when vLLM runs it: a HF directory, its tokenizer and hash."""
+def child_env(threads: int) -> dict[str, str]:
+    """The environment of a process under vLLM's Python: DEFAULT_ENV under the caller's, vLLM's engine core in
+    that process, `threads` CPU threads (0: all cores), avkit's checkout first on PYTHONPATH."""
+    env = {**DEFAULT_ENV, **os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    if threads:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
 
-    path: Path
-    tokenizer: Tokenizer
-    model_id: str
-    sha256: str = ""
-    dtype_name: str = ""
+
+def engine_spec(config: RecordConfig, target: Path, draft: Path, k_schedule=()) -> dict:
+    """child.make_llm's spec of a config: the models, K, dtype, context, batch, seed, draft sampling, schedule."""
+    dtype = {"auto": "auto", "float32": "float32", "bfloat16": "bfloat16"}[config.models.dtype]
+    return {"target": str(target), "draft": str(draft), "k": config.engine.k, "dtype": dtype,
+            "max_model_len": config.engine_for_run.max_len, "max_num_seqs": config.engine.max_batch,
+            "seed": config.engine.seed, "draft_sample_method": config.vllm_draft_sampling,
+            "k_schedule": [list(r) for r in k_schedule]}
 
 
 def vllm_python(option: str) -> str:
@@ -91,12 +95,6 @@ def hf_dir(name: str, option: str) -> Path:
     return path
 
 
-def _sha256_dir(path: Path) -> str:
-    from avkit.models import _sha256
-
-    return _sha256(sorted(path.glob("*.safetensors")))
-
-
 class VllmEngine:
     """vLLM's offline engine in a child process, with the native engine's interface (module docstring)."""
 
@@ -110,30 +108,18 @@ class VllmEngine:
         self.stats = EngineStats()  # steps, tokens, step_s (the forwards happen inside vLLM: not split out)
         self.startup_s = 0.0
         self.engine_step = 0
-        self.sink = None
         self.counters: dict = {}
         self.version = ""
         self.cpu_expand_fix = False
         self.ignore_eos = False  # profiling: requests run to max_new_tokens whatever they emit
-        self.record = True  # False (profiling): the hooks only time the step, no features or labels are computed
         self.last_step: dict = {}  # the last step's step_time_ms, draft_ms, scheduled_tokens / _requests
         self.eos_token_ids: set[int] = set()  # the target tokenizer's, as the native engine stops at them
         self._closed = False
         self._log = tempfile.NamedTemporaryFile(prefix="avkit-vllm-", suffix=".log", delete=False)
-        env = {**DEFAULT_ENV, **os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-        if config.threads:
-            env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{config.threads - 1}"
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         self._proc = subprocess.Popen([python, "-m", "avkit.engines.vllm.child"], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, stderr=self._log, env=env, text=True,
-                                      start_new_session=True)
-        dtype = {"auto": "auto", "float32": "float32", "bfloat16": "bfloat16"}[config.models.dtype]
-        max_len = config.engine_for_run.max_len
-        write_message(self._proc.stdin, {
-            "op": "start", "target": str(target), "draft": str(draft), "k": config.engine.k, "dtype": dtype,
-            "max_model_len": max_len, "max_num_seqs": config.engine.max_batch, "seed": config.engine.seed,
-            "draft_sample_method": config.vllm_draft_sampling, "k_schedule": [list(r) for r in k_schedule]})
+                                      stdout=subprocess.PIPE, stderr=self._log, env=child_env(config.threads),
+                                      text=True, start_new_session=True)
+        write_message(self._proc.stdin, {"op": "start", **engine_spec(config, target, draft, k_schedule)})
 
     def wait_ready(self) -> None:
         t0 = time.monotonic()
@@ -162,13 +148,11 @@ class VllmEngine:
 
     def step(self) -> list[StepOutput]:
         t0 = time.perf_counter()
-        write_message(self._proc.stdin, {"op": "step", "add": self._adds, "record": self.record})
+        write_message(self._proc.stdin, {"op": "step", "add": self._adds})
         self._adds = []
         reply = self._reply("stepped")
         self.last_step = {key: reply.get(key, 0) for key in ("step_time_ms", "draft_ms", "scheduled_tokens",
                                                              "scheduled_requests")}
-        if reply["slots"] and self.sink is not None:
-            self.sink.emit(slot_columns(reply["slots"], self.requests, reply["step_time_ms"], self.engine_step))
         outputs = [StepOutput(o["request_id"], list(o["new_token_ids"]), o["finished"],
                               o["finish_reason"] if o["finished"] else None) for o in reply["outputs"]]
         for o in outputs:
@@ -219,28 +203,4 @@ class VllmEngine:
         return self.counters
 
 
-def start(config: RecordConfig) -> tuple[VllmEngine, VllmModel, VllmModel]:
-    """Check the venv and models, start vLLM, hash the weights while it starts; -> (engine, target, draft)."""
-    python = vllm_python(config.vllm_python)
-    check_vllm_version(python)
-    if config.engine.k < 1 or config.models.draft in ("", "none"):
-        raise ConfigError("--engine vllm records draft slots: give a --draft and -k >= 1")
-    if config.models.drafter != "model":
-        raise ConfigError(f"--drafter {config.models.drafter}: --engine vllm runs vLLM's draft_model proposer only")
-    target_dir, draft_dir = hf_dir(config.models.target, "--target"), hf_dir(config.models.draft, "--draft")
-    engine = VllmEngine(config, python, target_dir, draft_dir)
-    try:
-        shas = [_sha256_dir(target_dir), _sha256_dir(draft_dir)]  # overlaps vLLM's startup
-        engine.wait_ready()
-    except BaseException:
-        engine.close()
-        raise
-    dtype = engine.dtype or config.models.dtype
-    target = VllmModel(target_dir, Tokenizer.from_dir(target_dir), config.models.target, shas[0], dtype)
-    engine.eos_token_ids = set(target.tokenizer.eos_token_ids)
-    draft = VllmModel(draft_dir, Tokenizer.from_dir(draft_dir), config.models.draft, shas[1], dtype)
-    print(f"avkit record: vLLM {engine.version} ready in {engine.startup_s:.0f} s", file=sys.stderr)
-    return engine, target, draft
-
-
-__all__ = ["VllmEngine", "VllmModel", "check_vllm_version", "hf_dir", "slot_columns", "start", "vllm_python"]
+__all__ = ["VllmEngine", "check_vllm_version", "child_env", "engine_spec", "hf_dir", "vllm_python"]

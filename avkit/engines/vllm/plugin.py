@@ -13,14 +13,18 @@ unless one of these is set (docs/vllm.md shows the lines a user adds):
                            warm-starts vLLM's OnlineAcceptanceEstimator (warmstart.py) and is the predictor
                            the calibration health scores (health.py)
   AVKIT_VLLM_METRICS       1: calibration health on vLLM's /metrics (needs AVKIT_VLLM_COEFFICIENTS)
-  AVKIT_VLLM_DATASET       the trace's `dataset` label (default `vllm`)
+  AVKIT_VLLM_DATASET       the trace's `dataset` label (default `vllm`); a request's own
+                           `SamplingParams.extra_args["avkit_dataset"]` wins, and its
+                           `extra_args["avkit_request_id"]` replaces vLLM's request id in both tables
+  AVKIT_VLLM_META          a JSON object of file metadata set over the plugin's own (trace/schema.py
+                           META_KEYS; `avkit record --engine vllm` puts its run's settings there)
 Nothing here may take a server down: an unsupported vLLM, a coefficients file that does not match the served
 pair, or a failing write is one `avkit: error:` line on vLLM's log, and that part of the plugin turns off.
 
 Patches, because vLLM 0.32 has no supported hook for them (each installed only for protocol.SUPPORTED):
   hooks.py      six wrappers on the V1 runner: draft logits, draft tokens, verification (what is observed)
   warmstart.py  OnlineAcceptanceEstimator.__init__: the start coefficients (Model Runner V2, GPU)
-`avkit record --engine vllm` drives an offline vLLM (child.py) with the same hooks and the same columns.
+`avkit record --engine vllm` is an offline `LLM` with this plugin on (offline.py, record.py).
 """
 
 from __future__ import annotations
@@ -38,8 +42,8 @@ import numpy as np
 import avkit
 from avkit.engines.vllm.protocol import SUPPORTED, error, supported
 
-TRACE, COEFFICIENTS, METRICS, DATASET = ("AVKIT_VLLM_TRACE", "AVKIT_VLLM_COEFFICIENTS", "AVKIT_VLLM_METRICS",
-                                         "AVKIT_VLLM_DATASET")
+TRACE, COEFFICIENTS, METRICS, DATASET, META = ("AVKIT_VLLM_TRACE", "AVKIT_VLLM_COEFFICIENTS", "AVKIT_VLLM_METRICS",
+                                               "AVKIT_VLLM_DATASET", "AVKIT_VLLM_META")
 RUN_DIR = "AVKIT_VLLM_RUN_DIR"  # set by the first process that loads the plugin; its children inherit it
 FLUSH, FLUSH_S = "AVKIT_VLLM_FLUSH_S", 5.0  # seconds between row-group flushes of the trace (env, default)
 
@@ -101,9 +105,19 @@ def _install(env: PluginEnv) -> None:
 
         rec = hooks.install()
         if rec.on_step is None:
+            global OBSERVER
             rec.strict = False
-            observer = Observer(env)
-            rec.on_step, rec.on_step_end = observer.on_step, observer.on_step_end
+            OBSERVER = Observer(env)
+            rec.on_step, rec.on_step_end = OBSERVER.on_step, OBSERVER.on_step_end
+
+
+OBSERVER = None  # this process's Observer, once installed
+
+
+def finish() -> None:
+    """An offline `LLM` whose requests all finished: write the last generations rows and close both tables."""
+    if OBSERVER is not None:
+        OBSERVER.finish()
 
 
 @dataclass(frozen=True)
@@ -157,6 +171,7 @@ class Observer:
         self.sink = None  # (TraceWriter, GenerationWriter), opened at the first step that verified drafts
         self.health = None
         self.off = False
+        self.runner = None  # vLLM's model runner, as last seen
 
     def on_step(self, runner, scheduler_output) -> None:
         """As an engine step starts: slots the last step left (it drafted nothing), the finished requests."""
@@ -174,6 +189,7 @@ class Observer:
         if self.off:
             RECORDER.active = False
             return
+        self.runner = runner
         try:
             records = RECORDER.take_rows()
             if records:
@@ -186,17 +202,25 @@ class Observer:
             return
         RECORDER.active = True
 
+    def _label(self, sp, rid: str) -> tuple[str, str]:
+        """(request id, dataset) of a request in the tables: its `extra_args`, else vLLM's id and the env's label."""
+        extra = getattr(sp, "extra_args", None) or {}
+        return str(extra.get("avkit_request_id", rid)), str(extra.get("avkit_dataset", self.env.dataset))
+
     def _requests(self, runner, records) -> dict[str, _Request]:
         out = {}
         for r in records:
             sp = runner.requests[r["request_id"]].sampling_params
-            out[r["request_id"]] = _Request(self.env.dataset, _Sampling(float(sp.temperature), float(sp.top_p)))
+            out[r["request_id"]] = _Request(self._label(sp, r["request_id"])[1],
+                                            _Sampling(float(sp.temperature), float(sp.top_p)))
         return out
 
     def _emit(self, runner, records: list[dict], step_ms: float) -> None:
         from avkit.engines.vllm.columns import slot_columns  # lazy: torch
 
         cols = slot_columns(records, self._requests(runner, records), step_ms, self.engine_step - 1)
+        cols["request_id"] = np.array([self._label(runner.requests[r].sampling_params, r)[0]
+                                       for r in cols["request_id"]], dtype=object)
         if self.env.trace:
             if self.sink is None:
                 self.sink = self._open(runner, records)
@@ -229,7 +253,8 @@ class Observer:
         if Path(self.env.trace).exists():
             raise FileExistsError(f"{TRACE} {self.env.trace} exists; the plugin writes a new trace only (nothing "
                                   "is clobbered): choose another path")
-        meta = _metadata(runner.vllm_config, len(records[0]["draft_token"]), self.env.dataset)
+        meta = {**_metadata(runner.vllm_config, len(records[0]["draft_token"]), self.env.dataset),
+                **json.loads(os.environ.get(META, "") or "{}")}
         self.run_id = f"{Path(self.env.trace).stem}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
         flush = float(os.environ.get(FLUSH, FLUSH_S))
         trace = TraceWriter(self.env.trace, meta, flush_interval_s=flush)
@@ -248,12 +273,20 @@ class Observer:
             if self.sink is None or state is None or state.prompt_token_ids is None:
                 continue
             out, reason = _emitted(list(state.output_token_ids), state.sampling_params)
-            self.sink[1].write({"run_id": [self.run_id], "request_id": [rid], "dataset": [self.env.dataset],
+            name, dataset = self._label(state.sampling_params, rid)
+            self.sink[1].write({"run_id": [self.run_id], "request_id": [name], "dataset": [dataset],
                                 "prompt_ids": [list(state.prompt_token_ids)], "output_ids": [out],
                                 "finish_reason": [reason]})
 
+    def finish(self) -> None:
+        """An offline `LLM` whose requests all finished: the worker still holds the last ones (it would learn
+        that they finished at a next step), so their generations rows are written now; then `close`."""
+        if self.runner is not None and not self.off:
+            self._finished(self.runner, list(self.runner.requests))
+        self.close()
+
     def close(self) -> None:
-        """At a clean exit (an offline `LLM`): the buffered rows, compacted, at the path."""
+        """At a clean exit: the buffered rows, compacted, at the path."""
         if self.sink is None:
             return
         sink, self.sink = self.sink, None
@@ -264,4 +297,5 @@ class Observer:
             error(f"closing the trace failed ({type(e).__name__}: {e}); {self.env.trace} holds what was flushed")
 
 
-__all__ = ["COEFFICIENTS", "DATASET", "FLUSH", "METRICS", "RUN_DIR", "TRACE", "Observer", "PluginEnv", "register"]
+__all__ = ["COEFFICIENTS", "DATASET", "FLUSH", "META", "METRICS", "OBSERVER", "RUN_DIR", "TRACE", "Observer", "PluginEnv",
+           "finish", "register"]

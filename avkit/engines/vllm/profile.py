@@ -82,7 +82,6 @@ def profile_vllm(python: str, target, draft, config: ProfileConfig, *, dtype: st
                           vllm_draft_sampling=draft_sampling)
         engine = VllmEngine(rc, python, target, draft if k else target)
         engine.ignore_eos = True
-        engine.record = False  # time vLLM's own step: the recording hooks' feature work is not vLLM's cost
         try:
             engine.wait_ready()
             version = engine.version

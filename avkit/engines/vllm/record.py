@@ -1,0 +1,198 @@
+"""avkit's side of `record --engine vllm`: an offline vLLM `LLM` in vLLM's venv with avkit's plugin on (offline.py),
+so the trace and the generations table are written by the same code as inside `vllm serve` (plugin.py).
+
+  checks     vLLM's Python and version, the HF model directories: one `avkit: error:` line before vLLM starts
+  requests   each prompt's first turn from avkit's PromptQueue (chat template, --max-prompt-tokens, datasets in
+             its seeded round-robin), stopping at the target's EOS ids; all go to vLLM at once and its
+             scheduler runs up to --concurrency together (vLLM's admission, not avkit's one-per-step)
+  work dir   `.<out name>.vllm-XXXX/` beside --out: the plugin writes both tables there (AVKIT_VLLM_TRACE),
+             each flush a complete file; the run's settings are their metadata (AVKIT_VLLM_META)
+  commit     a run that finishes: both renamed over the finals, trace first (avkit/record/files.py's order);
+             an error or an interrupt: both moved to the `.partial` names, the finals untouched
+Refused with --engine vllm (RecordConfig): --resume, --slots-per-dataset (the prompts are all handed over up
+front), a --policy other than `full` (vLLM verifies with its own rule). MT-Bench's follow-up turns, asked after
+the model's own answer, are not recorded (stderr says how many prompts had them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from avkit.config import RecordConfig
+from avkit.engines.vllm.driver import check_vllm_version, child_env, engine_spec, hf_dir, vllm_python
+from avkit.errors import AvkitError, ConfigError
+from avkit.models import _sha256
+from avkit.models.tokenizer import Tokenizer
+from avkit.record.files import RecordFiles
+from avkit.record.requests import PromptQueue
+from avkit.record.stats import AcceptanceStats
+from avkit.trace.schema import generations_path
+from avkit.trace.writer import partial_path
+
+
+@dataclass(frozen=True)
+class VllmModel:
+    """A model as the trace's metadata sees it when vLLM runs it: a HF directory, its tokenizer and hash."""
+
+    path: Path
+    tokenizer: Tokenizer
+    model_id: str
+    sha256: str = ""
+    dtype_name: str = ""
+
+
+def _sha256_dir(path: Path) -> str:
+    return _sha256(sorted(path.glob("*.safetensors")))
+
+
+def check(config: RecordConfig) -> tuple[str, Path, Path]:
+    """Every check before vLLM starts; -> (vLLM's Python, target directory, draft directory)."""
+    python = vllm_python(config.vllm_python)
+    check_vllm_version(python)
+    if config.engine.k < 1 or config.models.draft in ("", "none"):
+        raise ConfigError("--engine vllm records draft slots: give a --draft and -k >= 1")
+    if config.models.drafter != "model":
+        raise ConfigError(f"--drafter {config.models.drafter}: --engine vllm runs vLLM's draft_model proposer only")
+    return python, hf_dir(config.models.target, "--target"), hf_dir(config.models.draft, "--draft")
+
+
+def requests(config: RecordConfig, tokenizer: Tokenizer) -> tuple[list[dict], int]:
+    """offline.py's requests: every prompt's first turn, in the queue's order; -> (requests, prompts skipped for
+    exceeding --max-prompt-tokens)."""
+    queue, out, followups = PromptQueue(config, tokenizer), [], 0
+    stops = set(tokenizer.eos_token_ids)
+    while (turn := queue.pop()) is not None:
+        r, s = turn.request, turn.request.sampling
+        out.append({"request_id": r.request_id, "dataset": r.dataset, "prompt_ids": list(r.prompt_ids),
+                    "temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_new_tokens, "seed": s.seed,
+                    "stop_token_ids": sorted(set(r.stop_token_ids) | stops)})
+        followups += bool(turn.prompt.followups)
+    if followups:
+        print(f"avkit record: --engine vllm records first turns only ({followups} prompts have follow-up turns, "
+              "not asked)", file=sys.stderr)
+    return out, queue.skipped_long
+
+
+def _wait(proc: subprocess.Popen, log: Path, progress: bool, console) -> None:
+    """Wait for the child, with a spinner and its elapsed time on stderr; an interrupt stops it first."""
+    from rich.console import Console  # lazy: start-up
+    from rich.status import Status  # lazy: start-up
+
+    t0 = time.monotonic()
+    status = Status("vLLM", console=console or Console(stderr=True)) if progress else None
+    try:
+        if status:
+            status.start()
+        while proc.poll() is None:
+            if status:
+                status.update(f"vLLM: starting and generating ({time.monotonic() - t0:.0f} s; log {log})")
+            time.sleep(0.5)
+    except BaseException:
+        proc.terminate()  # SIGTERM: the flushed tables stay complete
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+    finally:
+        if status:
+            status.stop()
+
+
+def _move(pairs: list[tuple[Path, Path]]) -> None:
+    for src, dest in pairs:  # trace first (files.py)
+        if src.exists():
+            os.replace(src, dest)
+
+
+def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress: bool = True, console=None,
+                run_id: str | None = None) -> dict:
+    """Record through vLLM (module docstring); `metadata(config, target, draft)` is the recorder's file metadata.
+    -> the fields of avkit.record.RecordResult."""
+    python, target_dir, draft_dir = check(config)
+    target = VllmModel(target_dir, Tokenizer.from_dir(target_dir), config.models.target, _sha256_dir(target_dir),
+                       config.models.dtype)
+    draft = VllmModel(draft_dir, Tokenizer.from_dir(draft_dir), config.models.draft, _sha256_dir(draft_dir),
+                      config.models.dtype)
+    reqs, skipped_long = requests(config, target.tokenizer)
+    if not reqs:
+        raise ConfigError(f"--dataset {', '.join(config.datasets)}: no prompt fits --max-prompt-tokens "
+                          f"{config.max_prompt_tokens}")
+    out = files.trace
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.vllm-", dir=out.parent))
+    trace, result_path, spec_path, log = (work / out.name, work / "result.json", work / "spec.json",
+                                          work / "vllm.log")
+    meta = {**metadata(config, target, draft), "avkit.vllm.draft_sample_method": config.vllm_draft_sampling}
+    del meta["avkit.engine"], meta["avkit.dtype"]  # the plugin's: `vllm X.Y.Z` and the dtype vLLM runs
+    spec_path.write_text(json.dumps({**engine_spec(config, target_dir, draft_dir), "requests": reqs}))
+    env = {**child_env(config.threads), "AVKIT_VLLM_TRACE": str(trace), "AVKIT_VLLM_META": json.dumps(meta),
+           "AVKIT_VLLM_FLUSH_S": str(config.flush_interval_s)}
+    for name in ("AVKIT_VLLM_COEFFICIENTS", "AVKIT_VLLM_METRICS", "AVKIT_VLLM_DATASET"):
+        env.pop(name, None)  # this run's plugin writes the trace only
+    t0 = time.monotonic()
+    tables = [(trace, files.trace), (generations_path(trace), files.generations)]
+    interrupted = False
+    with open(log, "w") as fh:
+        proc = subprocess.Popen([python, "-m", "avkit.engines.vllm.offline", str(spec_path), str(result_path)],
+                                stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            _wait(proc, log, progress, console)
+        except KeyboardInterrupt:
+            interrupted = True
+    committed = proc.returncode == 0 or (interrupted and files.commit_on_interrupt())
+    if not committed:
+        _move([(src, partial_path(dest)) for src, dest in tables])
+        if not interrupted:
+            kept = shutil.copy(log, out.with_name(out.name + ".vllm.log"))
+            shutil.rmtree(work, ignore_errors=True)
+            tail = [ln for ln in Path(kept).read_text(errors="replace").splitlines() if ln.strip()][-1:]
+            raise AvkitError(f"vLLM exited with code {proc.returncode} ({tail[0][:300] if tail else 'no output'}; "
+                             f"its log: {kept})")
+    elif not trace.exists():
+        shutil.rmtree(work, ignore_errors=True)
+        raise AvkitError("vLLM verified no draft (no trace was written): more prompts or --max-new-tokens")
+    else:
+        _move(tables)
+    result = json.loads(result_path.read_text()) if result_path.exists() else {}
+    shutil.rmtree(work, ignore_errors=True)
+    return {**_result(config, files, result, committed, run_id), "interrupted": interrupted,
+            "skipped_long": skipped_long, "elapsed_s": time.monotonic() - t0}
+
+
+def _result(config: RecordConfig, files: RecordFiles, result: dict, committed: bool, run_id: str | None) -> dict:
+    """The tables' counts and summary, vLLM's counters."""
+    import pyarrow.compute as pc  # lazy: pyarrow
+    import pyarrow.parquet as pq  # lazy: pyarrow
+
+    where = files.trace if committed else partial_path(files.trace)
+    gens_where = files.generations if committed else partial_path(files.generations)
+    table = pq.read_table(where) if where.exists() else None
+    stats = AcceptanceStats(config.engine.k)
+    if table is not None:
+        stats.update_from_table(table)
+    gens = pq.read_table(gens_where, columns=["output_ids"]) if gens_where.exists() else None
+    rows = table.num_rows if table is not None else 0
+    counters = result.get("counters", {})
+    if rows:
+        run_id = table["run_id"][0].as_py()
+    if result:
+        print(f"avkit record: vLLM {result['vllm']} started in {result['startup_s']:.0f} s, generated in "
+              f"{result['generate_s']:.0f} s", file=sys.stderr)
+    return {"trace_path": files.trace, "generations_path": files.generations, "run_id": run_id or "",
+            "requests": gens.num_rows if gens is not None else 0, "rows": rows, "rows_total": rows,
+            "summary": stats.summary(),
+            "engine_steps": int(pc.max(table["engine_step"]).as_py()) + 1 if rows else 0,
+            "engine_tokens": int(pc.sum(pc.list_value_length(gens["output_ids"])).as_py() or 0) if gens else 0,
+            "committed": committed, "engine_counters": counters or None}
+
+
+__all__ = ["VllmModel", "check", "record_vllm", "requests"]
