@@ -254,7 +254,7 @@ def test_context_bands_are_each_a_tune_at_their_context(trace):
     with pytest.raises(ConfigError, match="measured at one context"):
         at_context("bench/results/vllm_cost_cpu.json", 100)
     fast = dict(concurrency=(1, 16), bootstrap=10, max_k=3)
-    doc = tune([trace], TuneConfig(context=1024, context_bands=(2047, 65535), **fast))
+    doc = tune([trace], TuneConfig(context=1024, cost="roofline:H200:8b", context_bands=(2047, 65535), **fast))
     s = doc["schedule"]
     alone = tune([trace], TuneConfig(context=33791, cost="roofline:H200:8b:context=33791", **fast))
     assert s["context_ranges"][1] == [2048, 65535, alone["schedule"]["ranges"]]  # the band's middle: 33791

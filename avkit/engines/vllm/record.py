@@ -57,6 +57,10 @@ def check(config: RecordConfig) -> tuple[str, Path, Path]:
     """Every check before vLLM starts; -> (vLLM's Python, target directory, draft directory)."""
     python = vllm_python(config.vllm_python)
     check_vllm_version(python)
+    probe = subprocess.run([python, "-c", "import pyarrow, numpy"], capture_output=True, text=True, timeout=120)
+    if probe.returncode != 0:
+        raise ConfigError(f"--vllm-python {python}: avkit's plugin cannot write traces there (pyarrow or numpy "
+                          "missing): pip install avkit into vLLM's venv")
     if config.engine.k < 1 or config.models.draft in ("", "none"):
         raise ConfigError("--engine vllm records draft slots: give a --draft and -k >= 1")
     if config.models.drafter != "model":
