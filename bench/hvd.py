@@ -26,7 +26,8 @@ import polars as pl
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
 from avkit.hvd.cost import HvdCost
 from avkit.hvd.fit import fit_hvd_table
-from avkit.hvd.markdown import COLS, PAPER, hvd_markdown, table_md, verdict_md
+from avkit.hvd import PAPER
+from avkit.hvd.markdown import COLS, hvd_markdown, table_md, verdict_md
 from avkit.hvd.replay import load_generations, replay
 from avkit.staged import staged_file
 
@@ -111,7 +112,7 @@ def _discussion(m_pair: pl.DataFrame, m_eagle: pl.DataFrame, budget: pl.DataFram
         return "-" if math.isnan(x) else f"{x:.1%}"
 
     lines = ["## Where avkit stands", "",
-             f"Paper: {PAPER}.",
+             f"Reference: {PAPER}.",
              (f"- payoff MLP, high-payoff (predicted >= 6 vs oracle >= 6) precision "
               f"{pct(get(m_pair, 'mlp', 'precision'))} / recall {pct(get(m_pair, 'mlp', 'recall'))}; survival head "
               f"{pct(get(m_pair, 'survival', 'precision'))} / {pct(get(m_pair, 'survival', 'recall'))}."),

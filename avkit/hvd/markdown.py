@@ -6,12 +6,11 @@ import math
 
 import polars as pl
 
+from avkit.hvd import PAPER
 from avkit.hvd.fit import HvdResult
 from avkit.hvd.router import MODEL_SCALES
 from avkit.hvd.verdict import FLOOR, verdict_line
 
-# HVD paper figures (seed 003, docs/seeds.md): high-payoff (accepted >= 6) precision / recall; cycles per 1000 tokens.
-PAPER = "precision 78.2-87.6%, recall 61.4-79.8% (payoff >= 6); cycles/1k tokens 571 (EAGLE-3) -> 200 (HVD)"
 COLS = ("router", "dataset", "tokens", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
          "speedup_vs_model", "speedup_vs_suffix", "speedup_vs_target", "c_draft", "c_verify")
 
@@ -106,5 +105,5 @@ def hvd_markdown(result: HvdResult, title: str, notes: str = "") -> str:
                   table_md(wide), ""]
     if result.ablation.height:
         parts += ["## Feature ablation (mlp router)", "", table_md(result.ablation), ""]
-    parts += [f"Paper reference: {PAPER}.", ""]
+    parts += [f"Reference: {PAPER}.", ""]
     return "\n".join(parts)

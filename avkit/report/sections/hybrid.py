@@ -6,13 +6,11 @@ from __future__ import annotations
 import math
 
 from avkit.config import ReportConfig
+from avkit.hvd import PAPER
 from avkit.report import plots
 from avkit.report.document import Figure, Section, Table, fmt
 from avkit.report.inputs import ReportInputs
 
-PAPER = ("The HVD paper (Hybrid Verified Decoding: Learning to Allocate Verification in Speculative "
-         "Decoding; seed 003, docs/seeds.md): precision 78–88% and recall 61–80% for payoff ≥ 6; cycles per 1,000 tokens "
-         "571 → 200 on Llama-3.1-8B; 2.73× mean over EAGLE-3.")
 COLS = (("router", None), ("cycles_per_1k", 1), ("mean_accepted", 3), ("cache_share", 3), ("precision", 3),
         ("recall", 3), ("speedup_vs_model", 3), ("speedup_vs_suffix", 3), ("speedup_vs_target", 3))
 
@@ -66,7 +64,7 @@ def build(inputs: ReportInputs, config: ReportConfig) -> Section:
     sec.add(f"Replay of {fmt(info.get('requests'))} recorded generations ({fmt(info.get('rows'))} decode "
             f"positions, K = {info.get('k', '?')}); routers fitted on train requests, thresholds on validation, "
             f"scored on held-out test requests. High payoff = accepted length ≥ {info.get('high_payoff', 6)}. "
-            + PAPER)
+            + f"Reference: {PAPER}.")
     cost = info.get("cost")
     if cost:
         sec.add(f"Cost model (target forwards): draft-model step {cost['draft_step_cost']}, per verified token "
