@@ -40,9 +40,9 @@ class TimedFixedK(FixedK):
 
     def observe_step_time(self, timing):
         offline = timing.ms / float(self.learner.prior.step_cost(timing.num_requests, timing.passes, timing.tokens,
-                                                                 timing.context_tokens))
-        online = self.learner.observe(timing.num_requests, timing.passes, timing.tokens, timing.ms,
-                                      timing.context_tokens, learn=not timing.unpriced)
+                                                                 timing.context_tokens, timing.draft_rows,
+                                                                 timing.lookups))
+        online = self.learner.observe(timing)
         if not timing.unpriced:
             self.ratios.append((offline, online))
         return online

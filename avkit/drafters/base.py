@@ -85,6 +85,8 @@ class Drafter(Protocol):
     kind: str  # "model": a draft model's forwards, which the verify policy's draft gate may skip
     forward_s: float = 0.0  # wall time inside model forwards so far (the engine's overhead stats)
     passes: int = 0  # draft forwards the last `propose` ran (host count; the step's shape for the cost model)
+    draft_rows: int = 0  # requests the last `propose`'s first draft forward ran over (host count)
+    lookups: int = 0  # requests the last `propose` looked up in a cache (host count)
     plans: bool = False  # True: propose() already trimmed each row to the prefix its own plan verifies (HVD's
     #                      joint router), so the engine's policy does not plan a second time
 

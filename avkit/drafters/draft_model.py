@@ -89,6 +89,7 @@ class DraftModelDrafter(Drafter):
         if not rows:  # nothing drafts (K = 0, the gate off): the drafter is not run at all
             return DraftProposal(tokens_out, probs_out, q_sampled, feats, drafted, [self.kind] * B,
                                  confidences=confs if K and inp.coefficients is not None else None)
+        self.draft_rows = len(rows)
         feed, cached = self._catch_up(inp, slots, rows)
         width = max((len(f) for f in feed), default=1)
         tokens = torch.tensor([f + [0] * (width - len(f)) for f in feed], dtype=torch.int64).to(dev)  # [b, <=2]

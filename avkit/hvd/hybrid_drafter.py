@@ -202,6 +202,7 @@ class HybridDrafter(Drafter):
     def propose(self, inp: DraftInput) -> DraftProposal:
         B, K, V, dev = len(inp.sequences), inp.k, self.vocab_size, inp.num_draft.device
         drafts, use, limit = self.route(inp)  # host: the tries and the router ([B] bool, [B] int64)
+        self.lookups, self.passes, self.draft_rows = B, 0, 0  # the step's shape for the cost model
         if not (limit > 0).any():
             K = 0  # a target-only step (the plan verifies nothing): no slots, so no features to give
         model_idx = np.flatnonzero(~use & (limit > 0))  # [Bm] rows the draft model drafts for
@@ -219,6 +220,7 @@ class HybridDrafter(Drafter):
                              inp.seeds[model_rows], inp.request_keys[model_rows], inp.positions[model_rows],
                              max_draft=int(limit[model_idx].max()), greedy=inp.greedy, nucleus=inp.nucleus)
             prop = self.model_drafter.propose(sub)
+            self.passes, self.draft_rows = self.model_drafter.passes, self.model_drafter.draft_rows
             kk = prop.tokens.shape[1]
             tokens[model_rows, :kk], probs[model_rows, :kk] = prop.tokens, prop.probs
             q_sampled[model_rows, :kk], num[model_rows] = prop.q_sampled, prop.num_drafted

@@ -206,10 +206,10 @@ class Engine:
         drafting = self.drafter is not None and inp.k > 0
         passes = self.drafter.passes if drafting else 0
         wanted = inp.host_num_draft() if passes else ()
-        unpriced = (drafting and self.drafter.kind != "model") or (  # cache lookups; a catch-up prefill
-            load.lag is not None and any(lag > FREE_LAG and w > 0 for lag, w in zip(load.lag, wanted)))
+        unpriced = load.lag is not None and any(lag > FREE_LAG and w > 0 for lag, w in zip(load.lag, wanted))
         timing = StepTime(len(batch), passes, len(batch) + sum(verify_lens), sum(len(s.tokens) - 1 for s in batch),
-                          (time.perf_counter() - t_decode) * 1e3, unpriced)
+                          (time.perf_counter() - t_decode) * 1e3, unpriced, self.drafter.draft_rows if passes else 0,
+                          self.drafter.lookups if drafting else 0)
         self.stats.cost_ratio = self.policy.observe_step_time(timing)
 
     def _draft(self, batch: list[RunningSeq]):

@@ -156,8 +156,7 @@ class AdaptiveVerification(VerifyPolicy):
         """Feed the learner (when there is one); refits swap the model in. -> actual / predicted ms."""
         if self.learner is None:
             return None
-        ratio = self.learner.observe(timing.num_requests, timing.passes, timing.tokens, timing.ms,
-                                     timing.context_tokens, learn=not timing.unpriced)
+        ratio = self.learner.observe(timing)
         if self.learner.model is not self.cost:
             self.use_cost(self.learner.model)
         return ratio

@@ -18,13 +18,17 @@ every curve non-decreasing):
   drafter         "autoregressive" (k draft passes for k drafts) or "parallel" (one, DSpark-like)
   context_len     KV tokens per request the curves were measured (or modelled) at; older files keep it
                   in meta.context_len, which the reader accepts
-  kv_ms_per_token ms the target's KV read adds per cached context token of the step (summed over its
-                  requests) beyond context_len each (0: context does not move the price)
+  kv_ms_per_token ms the target's KV read adds per cached context token of the step beyond what the curves
+                  hold (0: context does not move the price): n context_len with a context curve, else the
+                  profile's verify layout, ceil(T / (meta.k + 1)) requests at context_len (`held_context`)
+  lookup_ms       ms a cache drafter's lookup adds per request it consults (suffix cache, hybrid router;
+                  learned live, 0 unless learned)
   noise           per curve, the relative spread of each point's repeats (IQR / median; `avkit profile`)
   meta            device, target, draft, source (profile | roofline | learned | vllm), provenance
-Model, for n requests drafting k each, T target tokens, C context tokens in the step (None: n context_len):
-  step_ms(n, k, T, C) = passes(k) draft_ms(n) + [k > 0] draft_fixed_ms(n) + context_ms(n)
-                        + kv_ms_per_token (C - n context_len) + verify_ms(T)
+Model, for n requests, m of them drafting k each (m = n unless a cache drafts the others), T target tokens,
+C context tokens in the step (None: what the curves hold), l cache lookups:
+  step_ms(n, k, T, C, m, l) = passes(k) draft_ms(m) + [k > 0] draft_fixed_ms(m) + context_ms(n)
+                        + kv_ms_per_token (C - held_context(n, T)) + verify_ms(T) + lookup_ms l
   passes(k)       k (autoregressive) or [k > 0] (parallel)
   catch_up(lag)   a request whose drafter lacks `lag` tokens: the drafter prefills all but the last
                   (drafters/draft_model.py), prefill_ms(lag - 1), below the prefill grid a draft pass over
@@ -120,7 +124,8 @@ class CostTable:
     prefill_tokens: tuple[int, ...] = ()  # [U] tokens of one request the drafter prefills (grid; empty: not profiled)
     prefill_ms: tuple[float, ...] = ()  # [U]
     context_len: int = 0  # KV tokens per request the curves hold
-    kv_ms_per_token: float = 0.0  # ms per cached context token of a step beyond context_len per request
+    kv_ms_per_token: float = 0.0  # ms per cached context token of a step beyond `held_context`
+    lookup_ms: float = 0.0  # ms per request a cache drafter looks up
     noise: dict = field(default_factory=dict)  # curve -> [points] IQR / median of the repeats (profiled tables)
 
     def __post_init__(self):
@@ -134,9 +139,10 @@ class CostTable:
             _check_curve("prefill", self.prefill_tokens, self.prefill_ms, src)
         if self.drafter not in DRAFTER_KINDS:
             raise ConfigError(f"cost table {src}: drafter must be one of {DRAFTER_KINDS}, got {self.drafter!r}")
-        if self.context_len < 0 or not math.isfinite(self.kv_ms_per_token) or self.kv_ms_per_token < 0:
-            raise ConfigError(f"cost table {src}: context_len and kv_ms_per_token must be >= 0, got "
-                              f"{self.context_len} and {self.kv_ms_per_token}")
+        if self.context_len < 0 or not all(math.isfinite(v) and v >= 0 for v in (self.kv_ms_per_token,
+                                                                                  self.lookup_ms)):
+            raise ConfigError(f"cost table {src}: context_len, kv_ms_per_token and lookup_ms must be >= 0, got "
+                              f"{self.context_len}, {self.kv_ms_per_token} and {self.lookup_ms}")
 
     def curve(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """(grid, ms) of a curve by its ms field; an empty optional curve reads as zeros on its grid."""
@@ -184,29 +190,43 @@ class CostTable:
         lag = np.asarray(lag, dtype=np.float64)
         return np.where(lag > FREE_LAG, self.draft_prefill_cost(np.maximum(lag - 1.0, 1.0)), 0.0)
 
-    def context_cost(self, num_requests, context_tokens=None) -> np.ndarray:
-        """The target's KV reads for n requests holding `context_tokens` cached tokens in all (None: the
-        table's context_len each): the context curve, moved by kv_ms_per_token per token beyond it."""
+    def held_context(self, num_requests, tokens) -> np.ndarray:
+        """KV tokens the curves hold for a step of n requests and T target tokens: n context_len with a
+        context curve; else (profiled: the KV reads are in verify_ms) the verify layout's requests at it."""
+        n = np.asarray(num_requests, dtype=np.float64)
+        if self.context_ms:
+            return n * self.context_len
+        rows = np.ceil(np.asarray(tokens, dtype=np.float64) / (int(self.meta.get("k", 0)) + 1))
+        return np.maximum(rows, 1.0) * self.context_len
+
+    def context_cost(self, num_requests, context_tokens=None, tokens=None) -> np.ndarray:
+        """The target's KV reads for n requests holding `context_tokens` cached tokens in all (None: what
+        the curves hold), in a step of T = `tokens` target tokens (None: n): the context curve, moved by
+        kv_ms_per_token per token beyond `held_context`."""
         n = np.asarray(num_requests, dtype=np.float64)
         base = self._at("context_ms", n)
         if context_tokens is None or not self.kv_ms_per_token:
             return base
-        return base + self.kv_ms_per_token * (np.asarray(context_tokens, dtype=np.float64) - n * self.context_len)
+        held = self.held_context(n, n if tokens is None else tokens)
+        return base + self.kv_ms_per_token * (np.asarray(context_tokens, dtype=np.float64) - held)
 
     def fixed_cost(self, num_requests, k, context_tokens=None) -> np.ndarray:
         """Cost that does not depend on how many drafts are verified: drafting k + KV reads."""
         return self.draft_cost(num_requests, k) + self.context_cost(num_requests, context_tokens)
 
-    def step_cost(self, num_requests, k, tokens, context_tokens=None) -> np.ndarray:
-        """Predicted step time: n requests drafting k tokens each, T target tokens verified."""
-        return self.fixed_cost(num_requests, k, context_tokens) + self.verify_cost(tokens)
+    def step_cost(self, num_requests, k, tokens, context_tokens=None, draft_rows=None, lookups=0) -> np.ndarray:
+        """Predicted step time (module note): n requests, `draft_rows` of them (None: all) drafting k tokens
+        each, T target tokens verified, `lookups` requests a cache drafter consulted."""
+        rows = num_requests if draft_rows is None else draft_rows
+        return self.draft_cost(rows, k) + self.context_cost(num_requests, context_tokens, tokens) + \
+            self.verify_cost(tokens) + self.lookup_ms * np.asarray(lookups, dtype=np.float64)
 
     # ---- views ----
     def in_units(self, unit_ms: float) -> CostTable:
         """The same model with every price divided by `unit_ms` (HVD counts in target forwards of one token)."""
         scaled = {name: tuple((np.asarray(getattr(self, name), dtype=np.float64) / unit_ms).tolist())
                   for name in CURVES}
-        return replace(self, **scaled, kv_ms_per_token=self.kv_ms_per_token / unit_ms,
+        return replace(self, **scaled, kv_ms_per_token=self.kv_ms_per_token / unit_ms, lookup_ms=self.lookup_ms / unit_ms,
                        meta={**self.meta, "unit_ms": unit_ms})
 
     def with_curves(self, **curves) -> CostTable:
@@ -270,13 +290,13 @@ class CostTable:
             if f in d:
                 lists[f] = _numbers(where, d, f, empty=f not in ("verify_ms", "draft_ms"))
         context_len = d.get("context_len", meta.get("context_len", 0))
-        kv = d.get("kv_ms_per_token", 0.0)
-        for key, v in (("context_len", context_len), ("kv_ms_per_token", kv)):
+        kv, lookup = d.get("kv_ms_per_token", 0.0), d.get("lookup_ms", 0.0)
+        for key, v in (("context_len", context_len), ("kv_ms_per_token", kv), ("lookup_ms", lookup)):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or \
                     (key == "context_len" and v != int(v)):
                 raise ConfigError(f"{where}: field {key!r} must be a non-negative number, got {v!r}")
         return cls(**lists, drafter=drafter, meta={**meta, **({"path": source} if source else {})},
-                   context_len=int(context_len), kv_ms_per_token=float(kv), noise=noise)
+                   context_len=int(context_len), kv_ms_per_token=float(kv), lookup_ms=float(lookup), noise=noise)
 
 
 def _reject_constant(name: str):

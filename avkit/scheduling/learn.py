@@ -1,29 +1,38 @@
 """The cost model learned live from the engine's own step times (docs/budget.md), the profiled table its prior.
 
 Glossary:
-  shape        (n requests, p draft passes, T target tokens) of a decode step; its prior price is the
-               prior cost model's step_ms(n, p, T) (scheduling/cost.py) at the table's context
-  ratio        (actual ms - the KV read its context C adds over the table's) / prior ms of one step
-  bucket       the last `window` ratios of one shape (a ring); the first `warmup` steps of every shape
-               are dropped (allocator, page faults, JIT: the outliers that make a shape look dear)
-  median       per bucket the median of its window: a spike moves it only when it fills half the window
-  fit          every `refit_every` steps the curve ordinates y = y0 (1 + delta) of verify, draft and the
-               fixed drafting part are refit: delta = argmin sum_b m_b (x_b . delta - (median_b - 1))^2
-               + PRIOR_COUNT |delta|^2, x_b,i = (weight of ordinate i in shape b's price) y0_i / prior_b,
-               m_b = steps learned in bucket b (after its warm-up; the median reads the recent window,
-               the weight all of them). PRIOR_COUNT is the prior's pseudo-count: a bucket with m steps
-               pulls its ordinates m / (m + PRIOR_COUNT) of the way to what it measured; ordinates no
-               step touches keep the prior, unless the isotonic fit that makes the curves non-decreasing
-               again (weighted by each ordinate's steps) pools them with measured neighbours. The result
-               is a CostTable like any other (`snapshot` writes it; `--cost FILE` reads it)
+  shape        (n requests, m draft rows, p draft passes, T target tokens, l cache lookups) of a decode step
+               and its context band (the cached tokens per request, in half-octaves): model-drafted,
+               hybrid (cache lookups for every request, draft passes over the rows the cache did not
+               draft) and target-only steps are all shapes. Its prior price is the prior cost model's
+               step_ms at what the curves hold (scheduling/cost.py)
+  bucket       the last `window` (ms, context tokens) of one shape (a ring); the first `warmup` steps of
+               every shape are dropped (allocator, page faults, JIT: the outliers that make a shape look dear)
+  median       per bucket the median ms and median context of its window: a spike moves them only when it
+               fills half the window
+  fit          every `refit_every` steps, one ridge regression over the buckets:
+                   median_b / prior_b - 1 = x_b . delta + kv_b g_kv + look_b g_look
+               delta: the relative change of each ordinate of verify, draft and the fixed drafting part
+               (x_b,i = ordinate i's weight in shape b's price times the ordinate, / prior_b); g_kv moves
+               kv_ms_per_token (kv_b = (context_b - held_context_b) u_kv / prior_b, u_kv a median step per
+               median context token); g_look moves lookup_ms (look_b = l_b u_look / prior_b, u_look one draft
+               pass of one row). Each unknown has the prior's pseudo-count PRIOR_COUNT (ridge), each bucket
+               the weight m_b = steps learned in it (after its warm-up): a bucket with m steps pulls its
+               ordinates m / (m + PRIOR_COUNT) of the way to what it measured; ordinates no step touches keep
+               the prior, unless the isotonic fit that makes the curves non-decreasing again (weighted by each
+               ordinate's steps) pools them with measured neighbours. The result is a CostTable like any
+               other (`snapshot` writes it; `--cost FILE` reads it)
   probe        a step on a fixed schedule (every `probe_every`-th step) that verifies a depth fixed by the
                step count alone, cycling 0..K: shapes the policy no longer picks get fresh timings. The
                depth depends on the step count only, never on a drawn token: lossless, like fixed K
   ratio metric actual / the current model's prediction, for `/metrics` (serve)
+Steps whose time holds work no shape prices (a drafter's catch-up prefill: `StepTime.unpriced`) are counted,
+not learned.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 
@@ -31,24 +40,32 @@ import numpy as np
 
 from avkit.scheduling.cost import CostTable, interp_curve, isotonic
 from avkit.staged import StagedOutputs
+from avkit.step_types import StepTime
 
-PRIOR_COUNT = 8.0  # steps the prior counts for, per ordinate (module note)
+PRIOR_COUNT = 8.0  # steps the prior counts for, per unknown (module note)
 LEARNED = ("verify_ms", "draft_ms", "draft_fixed_ms")  # the curves the fit moves
+BANDS_PER_OCTAVE = 2  # context bands per doubling of the cached tokens per request
+
+
+def context_band(context_tokens: float, num_requests: int) -> int:
+    """The context band of a step: log2 of its cached tokens per request, in half-octaves."""
+    return int(round(BANDS_PER_OCTAVE * math.log2(1.0 + context_tokens / max(num_requests, 1))))
 
 
 @dataclass
 class CostLearner:
-    """Windowed medians per shape, refit into the prior's curves; `model` is the current cost model."""
+    """Windowed medians per shape and context band, refit into the prior's curves, its KV slope and its lookup
+    price; `model` is the current cost model."""
 
     prior: CostTable
-    window: int = 32  # ratios kept per shape
+    window: int = 32  # steps kept per shape
     warmup: int = 2  # first steps of every shape dropped
     refit_every: int = 64  # steps between refits
     probe_every: int = 97  # a probe step every this many steps (0: never)
     prior_count: float = PRIOR_COUNT
     model: CostTable | None = None
     steps: int = 0  # steps timed so far (the probe schedule's clock)
-    buckets: dict = field(default_factory=dict)  # (n, passes, tokens) -> [seen, deque of ratios]
+    buckets: dict = field(default_factory=dict)  # shape + band -> [seen, deque of (ms, context tokens)]
 
     def __post_init__(self):
         self.model = self.model or self.prior
@@ -59,62 +76,78 @@ class CostLearner:
             return None
         return (self.steps // self.probe_every) % (k + 1)
 
-    def observe(self, num_requests: int, passes: int, tokens: int, ms: float, context_tokens: int | None = None,
-                learn: bool = True) -> float:
-        """One step's wall time -> actual / the current model's prediction (the ratio metric). `learn`:
-        False for steps whose time holds work the shape does not price (a catch-up prefill)."""
+    def observe(self, t: StepTime) -> float:
+        """One step's shape and wall time -> actual / the current model's prediction (the ratio metric)."""
         self.steps += 1
-        predicted = float(self.model.step_cost(num_requests, passes, tokens, context_tokens))
-        if learn and ms > 0:  # the step's time at the table's context: its own context's KV read moved back
-            at_table = ms - float(self.prior.context_cost(num_requests, context_tokens)
-                                  - self.prior.context_cost(num_requests))
-            prior = float(self.prior.step_cost(num_requests, passes, tokens))
-            bucket = self.buckets.setdefault((num_requests, passes, tokens), [0, deque(maxlen=self.window)])
+        rows = t.num_requests if t.draft_rows is None else t.draft_rows
+        context = t.context_tokens if t.context_tokens is not None else \
+            float(self.prior.held_context(t.num_requests, t.tokens))
+        predicted = float(self.model.step_cost(t.num_requests, t.passes, t.tokens, context, rows, t.lookups))
+        if not t.unpriced and t.ms > 0:
+            key = (t.num_requests, rows, t.passes, t.tokens, t.lookups, context_band(context, t.num_requests))
+            bucket = self.buckets.setdefault(key, [0, deque(maxlen=self.window)])
             bucket[0] += 1
-            if bucket[0] > self.warmup and prior > 0:
-                bucket[1].append(at_table / prior)
+            if bucket[0] > self.warmup:
+                bucket[1].append((t.ms, context))
         if self.steps % self.refit_every == 0:
             self.refit()
-        return ms / predicted if predicted > 0 else float("nan")
+        return t.ms / predicted if predicted > 0 else float("nan")
 
-    def refit(self) -> CostTable:
-        """The ridge fit of the module note; `model` becomes its CostTable."""
-        keys = [k for k, (_, ratios) in self.buckets.items() if ratios]
-        if not keys:
-            return self.model
-        shape = np.asarray(keys, dtype=np.float64)  # [B, 3] n, passes, tokens
-        n, passes, tokens = shape.T
-        median = np.asarray([np.median(self.buckets[k][1]) for k in keys])  # [B]
-        m = np.asarray([self.buckets[k][0] - self.warmup for k in keys], dtype=np.float64)  # [B] steps learned
-        prior_ms = self.prior.step_cost(n, passes, tokens)  # [B]
+    def _columns(self, n, rows, passes, tokens, base) -> tuple[list[np.ndarray], list[tuple[str, int]]]:
+        """Ordinate i's weight in each bucket's prior price, times the ordinate, / the price: one column each."""
         cols, names = [], []
-        for name in LEARNED:  # ordinate i's weight in each shape's price, times the ordinate
+        for name in LEARNED:
             xs, ys = self.prior.curve(name)
             if not getattr(self.prior, name) and name == "draft_fixed_ms":
                 continue
-            x = tokens if name == "verify_ms" else n
+            x = tokens if name == "verify_ms" else rows
             scale = passes if name == "draft_ms" else ((passes > 0) * 1.0 if name == "draft_fixed_ms" else 1.0)
             for i in range(xs.size):  # interp_curve is linear in the ordinates: its weights, one column each
                 unit = np.zeros_like(ys)
                 unit[i] = 1.0
-                cols.append(scale * interp_curve(x, xs, unit) * ys[i] / prior_ms)
+                cols.append(scale * interp_curve(x, xs, unit) * ys[i] / base)
                 names.append((name, i))
+        return cols, names
+
+    def refit(self) -> CostTable:
+        """The ridge fit of the module note; `model` becomes its CostTable."""
+        keys = [k for k, (_, window) in self.buckets.items() if window]
+        if not keys:
+            return self.model
+        n, rows, passes, tokens, lookups = np.asarray([k[:5] for k in keys], dtype=np.float64).T  # [B] each
+        ms = np.asarray([np.median([v[0] for v in self.buckets[k][1]]) for k in keys])  # [B]
+        ctx = np.asarray([np.median([v[1] for v in self.buckets[k][1]]) for k in keys])  # [B]
+        m = np.asarray([self.buckets[k][0] - self.warmup for k in keys], dtype=np.float64)  # [B] steps learned
+        p = self.prior
+        base = p.draft_cost(rows, passes) + p.context_cost(n) + p.verify_cost(tokens)  # [B] at what the curves hold
+        extra = ctx - p.held_context(n, tokens)  # [B] context tokens beyond them
+        target = (ms - base - p.kv_ms_per_token * extra - p.lookup_ms * lookups) / base  # [B]
+        cols, names = self._columns(n, rows, passes, tokens, base)
+        u_kv = float(np.median(base) / max(np.median(ctx), 1.0))
+        u_look = float(p.draft_pass_cost(1))
+        for name, col, scale in (("kv", extra, u_kv), ("lookup", lookups, u_look)):
+            if np.any(col != 0) and scale > 0:
+                cols.append(col * scale / base)
+                names.append((name, scale))
         x_mat = np.stack(cols, 1)  # [B, P]
         used = np.abs(x_mat).sum(0) > 0
         delta = np.zeros(len(names))
         a = x_mat[:, used]
         lhs = a.T @ (m[:, None] * a) + self.prior_count * np.eye(a.shape[1])
-        delta[used] = np.linalg.solve(lhs, a.T @ (m * (median - 1.0)))
+        delta[used] = np.linalg.solve(lhs, a.T @ (m * target))
         evidence = (m[:, None] * np.abs(x_mat)).sum(0)  # [P] steps behind each ordinate
         curves = {}
         for name in LEARNED:
             idx = [j for j, (nm, _) in enumerate(names) if nm == name]
             if idx:  # monotone again, weighted by evidence: an untouched ordinate follows its measured neighbours
-                ys = self.prior.curve(name)[1]
+                ys = p.curve(name)[1]
                 curves[name] = isotonic(np.maximum(ys * (1.0 + delta[idx]), 0.0), evidence[idx] + 1e-3)
-        meta = {**self.prior.meta, "source": "learned", "steps": self.steps, "shapes": len(keys),
-                "prior_count": self.prior_count, "window": self.window, "prior": self.prior.meta.get("source", "")}
-        self.model = replace(self.prior.with_curves(**curves), meta=meta)
+        moved = {nm: max(0.0, getattr(p, f"{nm}_ms" if nm == "lookup" else "kv_ms_per_token") + d * scale)
+                 for (nm, scale), d in zip(names, delta) if nm in ("kv", "lookup")}
+        meta = {**p.meta, "source": "learned", "steps": self.steps, "shapes": len(keys),
+                "prior_count": self.prior_count, "window": self.window, "prior": p.meta.get("source", "")}
+        self.model = replace(p.with_curves(**curves), meta=meta, kv_ms_per_token=moved.get("kv", p.kv_ms_per_token),
+                             lookup_ms=moved.get("lookup", p.lookup_ms))
         return self.model
 
     def snapshot(self, path) -> None:
@@ -123,4 +156,4 @@ class CostLearner:
             self.refit().save(path, outputs)
 
 
-__all__ = ["PRIOR_COUNT", "CostLearner"]
+__all__ = ["PRIOR_COUNT", "CostLearner", "context_band"]
