@@ -103,18 +103,6 @@ def test_serve_policy_takes_simulate_syntax():
         policy_spec("fixed:x", "online_logistic", 7)
 
 
-def test_simulate_finds_the_shipped_traces_from_any_directory(tmp_path, capsys, monkeypatch):
-    from avkit.sim.replay import read_inputs
-
-    monkeypatch.chdir(tmp_path)
-    out = tmp_path / "sim.parquet"
-    code, _, err = _run(capsys, monkeypatch, "simulate", "--policy", "nospec", "--concurrency", "1",
-                        "--out", str(out))
-    assert code in (0, None), err
-    names = sorted(t["path"].rsplit("/", 1)[-1] for t in read_inputs(out)["traces"])
-    assert names == ["greedy_k7.parquet", "sampled_t1.0_k7.parquet"]
-
-
 def test_new_spelling_prints_no_deprecation_warning(tmp_path, capsys, monkeypatch):
     from avkit.trace.synthetic import write_synthetic_trace
 
