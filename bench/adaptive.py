@@ -132,7 +132,7 @@ def step_time_section(workdir: Path) -> str:
     sink = MemorySink()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one thread: the shared 2-core box thrashes with more
-    engine = Engine(target, draft, EngineConfig(k=5, max_batch=8, max_len=160), sink=sink)
+    engine = Engine(target, draft, EngineConfig(k=5, concurrency=8, max_len=160), sink=sink)
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=32, seed=0)
     g = torch.Generator().manual_seed(0)
     reqs = [Request(f"r{i}", torch.randint(10, 1900, (32,), generator=g).tolist(), sampling) for i in range(16)]
@@ -142,7 +142,7 @@ def step_time_section(workdir: Path) -> str:
     table = {k: pa.array(np.ma.getdata(v), mask=np.ma.getmaskarray(v)) if isinstance(v, np.ma.MaskedArray)
              else pa.array(v) for k, v in cols.items()}
     frame = pl.from_arrow(pa.table({**table, "run_id": pa.array(["tiny"] * rows)}))
-    cost = profile_costs(target, draft, ProfileConfig(context_len=48, k=5, max_tokens=48, max_requests=8, repeats=7))
+    cost = profile_costs(target, draft, ProfileConfig(context_len=48, k=5, max_verify_tokens=48, max_requests=8, repeats=7))
     torch.set_num_threads(threads)
     check = step_time_check(frame, cost)
     return ("## Predicted vs recorded step time (this CPU, tiny random pair: 4x256 target, 2x128 draft)\n\n"

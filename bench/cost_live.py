@@ -50,7 +50,7 @@ class TimedFixedK(FixedK):
 
 def _cell(target, draft, prompts, t: float, b: int, k: int, steps: int, learner: CostLearner) -> TimedFixedK:
     policy = TimedFixedK(k, learner)
-    engine = Engine(target, draft if k else None, EngineConfig(k=k, max_batch=b, max_len=2048), policy=policy)
+    engine = Engine(target, draft if k else None, EngineConfig(k=k, concurrency=b, max_len=2048), policy=policy)
     sampling = SamplingConfig(temperature=t, max_new_tokens=steps)
     engine.generate([Request(f"r{i}", prompts[i % len(prompts)], sampling) for i in range(b)])
     return policy

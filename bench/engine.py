@@ -49,7 +49,7 @@ def _run(target, draft, prompts, k: int, temperature: float, max_new: int, seed:
     max_len = max(len(p) for p in prompts) + max_new + k + 2
     sink = MemorySink()
     engine = Engine(target, draft if k > 0 else None,
-                    EngineConfig(k=k, max_batch=len(prompts), max_len=max_len, seed=seed), sink=sink)
+                    EngineConfig(k=k, concurrency=len(prompts), max_len=max_len, seed=seed), sink=sink)
     sampling = SamplingConfig(temperature=temperature, top_p=0.95, max_new_tokens=max_new, seed=seed)
     reqs = [Request(f"bench{i}", p, sampling, dataset="humaneval") for i, p in enumerate(prompts)]
     t0 = time.perf_counter()
@@ -106,7 +106,7 @@ def overhead(vocab: int, max_new: int) -> None:
     print(f"| T | batch | engine ms/step outside forwards (V = {vocab}, K = 7) |")
     for temperature in (0.0, 1.0):
         for batch in (1, 8):
-            engine = Engine(stub(0), stub(1), EngineConfig(k=7, max_batch=batch, max_len=64 + max_new + 9),
+            engine = Engine(stub(0), stub(1), EngineConfig(k=7, concurrency=batch, max_len=64 + max_new + 9),
                             sink=MemorySink())
             sampling = SamplingConfig(temperature=temperature, top_p=0.95, max_new_tokens=max_new, seed=0)
             engine.generate([Request(f"o{i}", list(range(1, 33)), sampling) for i in range(batch)])

@@ -94,7 +94,7 @@ def avkit_phase(args, ks: list[int], runs: list[dict], cost) -> dict[tuple[str, 
     def run(r, k, policy_name, max_new):
         policy = None if policy_name is None else make_adaptive(
             cost=cost[r["temperature"]], estimator="online_logistic", coefficients=args.coefficients, k=k)
-        cfg = EngineConfig(k=k, max_batch=len(r["prompts"]), max_len=max(map(len, r["prompts"])) + max_new + k + 2,
+        cfg = EngineConfig(k=k, concurrency=len(r["prompts"]), max_len=max(map(len, r["prompts"])) + max_new + k + 2,
                            seed=r["seed"])
         engine = Engine(models["target"], models["draft"] if k > 0 else None, cfg, policy=policy)
         sampling = SamplingConfig(temperature=r["temperature"], top_p=r["top_p"], max_new_tokens=max_new,
@@ -148,7 +148,7 @@ def profile_cost(args, ks: list[int], runs: list[dict]) -> dict[float, object] |
     out = {}
     for temperature in temperatures:
         out[temperature] = profile_costs(target, draft, ProfileConfig(
-            context_len=context, k=max(ks), max_tokens=c_max * (max(ks) + 1), max_requests=c_max, repeats=5,
+            context_len=context, k=max(ks), max_verify_tokens=c_max * (max(ks) + 1), max_requests=c_max, repeats=5,
             temperature=temperature))
         path = out[temperature].save(RESULTS / f"engine_peer_cost_T{temperature:g}.json")
         print(f"cost table (T = {temperature:g}): {path}", flush=True)

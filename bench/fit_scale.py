@@ -114,7 +114,7 @@ def child_fit(engine: str, path: str, budget_mb: int, scratch: str) -> None:
                  object_store_memory=min(1024, max(128, budget_mb // 2)) << 20)
         start = time.perf_counter() - t0
     r = run_fit([path], FitConfig(mode="batch", engine="memory" if engine == "deployed" else engine,
-                                  memory_budget_mb=budget_mb, scratch=scratch, features=features))
+                                  memory_budget=budget_mb, scratch=scratch, features=features))
     print(json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "start_s": start,
                       "slope": r.coefficients["slope"],
                       "intercepts": r.coefficients["intercepts"], "observed": r.coefficients["trained_on"]["observed"],

@@ -82,11 +82,11 @@ def _ids(gens) -> list[list[int]]:
 def greedy(target, draft) -> dict:
     reqs = [Request(f"g{i}", [(7 * i + j) % 250 + 5 for j in range(3 + i % 5)],
                     SamplingConfig(temperature=0.0, max_new_tokens=24)) for i in range(8)]
-    ref = _ids(Engine(target, None, EngineConfig(k=0, max_batch=4, max_len=96)).generate(reqs))
+    ref = _ids(Engine(target, None, EngineConfig(k=0, concurrency=4, max_len=96)).generate(reqs))
     per_k, accepted, verified = {}, 0, 0
     for k in (1, 4, 7):
         sink = MemorySink()
-        got = _ids(Engine(target, draft, EngineConfig(k=k, max_batch=4, max_len=96), sink=sink).generate(reqs))
+        got = _ids(Engine(target, draft, EngineConfig(k=k, concurrency=4, max_len=96), sink=sink).generate(reqs))
         cols = sink.columns()
         a, v = int(np.ma.filled(cols["accepted"], False).sum()), int(np.asarray(cols["verified"]).sum())
         per_k[k] = {"equal": got == ref, "accepted": a, "verified": v}
@@ -112,7 +112,7 @@ def chi_square(target, draft, n: int) -> dict:
     def first_tokens(d, k, seed):  # [n, 3]
         reqs = [Request(f"s{i}", [40, 41, 42, 43, 44], SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=3,
                                                                         seed=seed)) for i in range(n)]
-        return np.array(_ids(Engine(target, d, EngineConfig(k=k, max_batch=min(n, 256), max_len=16)).generate(reqs)))
+        return np.array(_ids(Engine(target, d, EngineConfig(k=k, concurrency=min(n, 256), max_len=16)).generate(reqs)))
 
     spec, base = first_tokens(draft, 3, 7), first_tokens(None, 0, 8)
     vocab = target.model.config.vocab_size
@@ -138,9 +138,9 @@ def backends(target, draft) -> dict:
         for backend in ("torch", "triton"):
             cost = CostTable((1, 64), (1.0, 1.0 + 63 * 0.2), (1, 64), (0.2, 0.2))  # verifying costs: some trimmed
             policy = make_adaptive(cost=cost, estimator="online_logistic", k=4, config=EstimatorConfig(refit_interval=3),
-                                   adaptive=AdaptiveConfig(gate=False))
+                                   adaptive=AdaptiveConfig(draft_gate=False))
             sink = MemorySink()
-            engine = Engine(target, draft, EngineConfig(k=4, max_batch=4, max_len=48, kernels=backend), policy=policy,
+            engine = Engine(target, draft, EngineConfig(k=4, concurrency=4, max_len=48, kernels=backend), policy=policy,
                             sink=sink)
             reqs = [Request(f"r{i}", [10 + i, 11, 12 + 3 * i, 7],
                             SamplingConfig(temperature=temperature, top_p=0.9, max_new_tokens=12, seed=3)) for i in range(6)]
@@ -172,9 +172,9 @@ def hybrid(target, draft) -> dict:
 
     reqs = [Request(f"h{i}", [5 + i, 6, 7, 8, 9] * 4, SamplingConfig(temperature=0.0, max_new_tokens=20))
             for i in range(3)]  # repetitive prompts: the suffix cache has drafts from the first step on
-    cfg = EngineConfig(k=4, max_batch=2, max_len=96)
-    ref = _ids(Engine(target, None, EngineConfig(k=0, max_batch=2, max_len=96)).generate(reqs))
-    drafter = HybridDrafter(DraftModelDrafter(draft, cfg.max_batch, cfg.max_len), None, tau=0.0, k=4, rule="cache")
+    cfg = EngineConfig(k=4, concurrency=2, max_len=96)
+    ref = _ids(Engine(target, None, EngineConfig(k=0, concurrency=2, max_len=96)).generate(reqs))
+    drafter = HybridDrafter(DraftModelDrafter(draft, cfg.concurrency, cfg.max_len), None, tau=0.0, k=4, rule="cache")
     sink = MemorySink()
     got = _ids(Engine(target, None, cfg, sink=sink, drafter=drafter).generate(reqs))
     kinds = sorted(set(np.asarray(sink.columns()["drafter"]).tolist()))
@@ -227,7 +227,7 @@ def profile_shape(name: str, device, sizes, path) -> dict:
     draft = random_model(d_shape, device, dtype, seed=2, std=0.02)
     build_s = time.perf_counter() - t0
     c = _fit_concurrency(target, draft, sizes.context, sizes.max_concurrency)
-    config = ProfileConfig(context_len=sizes.context, k=DEFAULT_K, max_tokens=c * (DEFAULT_K + 1), max_requests=c,
+    config = ProfileConfig(context_len=sizes.context, k=DEFAULT_K, max_verify_tokens=c * (DEFAULT_K + 1), max_requests=c,
                            repeats=sizes.repeats, temperature=0.0)
     t0 = time.perf_counter()
     table = profile_costs(target, draft, config)

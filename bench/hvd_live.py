@@ -83,7 +83,7 @@ def _joint(payoff: str) -> JointRouter:
 
 
 def _engine(name: str, target, draft, k: int, c: int, max_len: int, payoff: str, classes) -> Engine:
-    cfg = EngineConfig(k=0 if name == "target" else k, max_batch=c, max_len=max_len)
+    cfg = EngineConfig(k=0 if name == "target" else k, concurrency=c, max_len=max_len)
     drafter = None
     if name == "suffix":  # no draft model at all: the cache's draft or nothing
         drafter = HybridDrafter(None, None, 0.0, k=k, rule="cache", vocab_size=target.model.config.vocab_size)

@@ -155,8 +155,8 @@ def section(results: list[Result], wall_s: float, violations: list[str], cfg, st
     steps = stats.get("avkit_step_seconds_count", 0)
     busy = stats.get("avkit_step_seconds_sum", 0.0)
     return [
-        (f"## max_concurrency {cfg.engine.max_batch}, queue_size {cfg.http.queue_size} "
-         f"(admits {cfg.engine.max_batch + cfg.http.queue_size} at once)"), "",
+        (f"## max_concurrency {cfg.engine.concurrency}, queue_size {cfg.http.queue_size} "
+         f"(admits {cfg.engine.concurrency + cfg.http.queue_size} at once)"), "",
         ("| requests | completed (200) | rejected (429) | lost / other | duplicates | wall s | tokens "
          "| tokens/s |"),
         "|---|---|---|---|---|---|---|---|",
@@ -249,11 +249,11 @@ def main() -> int:
         models = load(target), load(draft) if draft else None
         for queue_size in [int(q) for q in args.queue_sizes.split(",")]:
             cfg = ServeConfig(models=ModelsConfig(target=target, draft=draft or "none"),
-                              engine=EngineConfig(k=args.k, max_batch=args.max_concurrency, max_len=512),
+                              engine=EngineConfig(k=args.k, concurrency=args.max_concurrency, max_len=512),
                               online=EstimatorConfig(refit_interval=args.refit_interval),
-                              http=HttpConfig(served_model_name="tiny", queue_size=queue_size, grace_period_s=5.0),
+                              http=HttpConfig(served_model_name="tiny", queue_size=queue_size, grace_period=5.0),
                               snapshot=str(Path(tmp) / "snap.json"), resume=False,
-                              max_tokens_limit=max(args.max_tokens, 16), default_max_tokens=16)
+                              max_new_tokens=max(args.max_tokens, 16), default_max_tokens=16)
             section_lines, violations = run_scenario(cfg, models, args)
             lines += (header(args, cfg) if not lines else []) + section_lines
             failed |= bool(violations)

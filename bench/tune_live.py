@@ -121,7 +121,7 @@ def avkit_run(models, r: dict, k: int, schedule, max_batch: int) -> dict:
     from avkit.scheduling.batch_schedule import ScheduledK
 
     policy = ScheduledK(schedule, k=k) if schedule is not None else None
-    cfg = EngineConfig(k=k, max_batch=max_batch, max_len=max(map(len, r["prompts"])) + max(r["max_new"]) + k + 2,
+    cfg = EngineConfig(k=k, concurrency=max_batch, max_len=max(map(len, r["prompts"])) + max(r["max_new"]) + k + 2,
                        seed=r["seed"])
     engine = Engine(models["target"], models["draft"] if k > 0 else None, cfg, policy=policy)
     order = sorted(range(len(r["prompts"])), key=lambda i: r["arrival_tokens"][i])

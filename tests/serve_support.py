@@ -29,13 +29,13 @@ def serve_config(pair, tmp_path, *, draft: str | None = None, max_concurrency: i
     tpath, dpath = pair[:2]
     return ServeConfig(
         models=ModelsConfig(target=str(tpath), draft=str(dpath) if draft is None else draft, drafter=drafter),
-        engine=EngineConfig(k=4, max_batch=max_concurrency, max_len=192),
+        engine=EngineConfig(k=4, concurrency=max_concurrency, max_len=192),
         online=EstimatorConfig(refit_interval=refit_interval),
         # cost pinned: the default would read a profiled table if this machine has one
-        adaptive=AdaptiveConfig(coefficients=coefficients, cost="roofline:cpu:1.5b", gate=draft_gate),
+        adaptive=AdaptiveConfig(coefficients=coefficients, cost="roofline:cpu:1.5b", draft_gate=draft_gate),
         http=HttpConfig(host=host, api_key=api_key, served_model_name="tiny", queue_size=queue_size,
-                        grace_period_s=2.0, log_requests=log_requests, max_body_bytes=max_body_bytes),
-        **{"snapshot": str(tmp_path / "snap.json"), "max_tokens_limit": 120, "default_max_tokens": 24, **kw})
+                        grace_period=2.0, log_requests=log_requests, max_body_bytes=max_body_bytes),
+        **{"snapshot": str(tmp_path / "snap.json"), "max_new_tokens": 120, "default_max_tokens": 24, **kw})
 
 
 @contextmanager

@@ -153,7 +153,7 @@ def test_engine_with_adaptive_verification_is_lossless(tmp_path):
     policy.observe = lambda o: (verified.append(int(o.num_verify.sum())), observe(o))
     prompt, n = [40, 41, 42, 43, 44], 3000
     sampling = SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=3, seed=7)
-    engine = Engine(target, draft, EngineConfig(k=3, max_batch=100, max_len=16), policy=policy)
+    engine = Engine(target, draft, EngineConfig(k=3, concurrency=100, max_len=16), policy=policy)
     num_verify = policy.num_verify
     policy.num_verify = lambda b, l: (drafted.append(int(b.num_drafted.sum())), num_verify(b, l))[1]
     gens = engine.generate([Request(f"s{i}", prompt, sampling) for i in range(n)])
@@ -259,14 +259,14 @@ def test_engine_stops_drafting_early_and_stays_exact_under_greedy(tmp_path):
 
     cost = CostTable((1, 400), (1.0, 1.0 + 399 * 0.03), (1, 400), (3.0, 3.0))
     # the early stop alone: at this cost the draft gate would not draft at all (tests/test_gate.py)
-    policy = make_adaptive(cost=cost, estimator="online_logistic", k=5, adaptive=AdaptiveConfig(gate=False))
+    policy = make_adaptive(cost=cost, estimator="online_logistic", k=5, adaptive=AdaptiveConfig(draft_gate=False))
     drafted = []
     num_verify = policy.num_verify
     policy.num_verify = lambda b, l: (drafted.append(b.num_drafted.clone()), num_verify(b, l))[1]
     greedy = SamplingConfig(temperature=0.0, top_p=1.0, max_new_tokens=24)
     reqs = [Request(f"g{i}", [10 + i, 11, 12 + 2 * i], greedy) for i in range(6)]
-    spec = Engine(target, draft, EngineConfig(k=5, max_batch=6, max_len=40), policy=policy).generate(reqs)
-    plain = Engine(target, None, EngineConfig(k=0, max_batch=6, max_len=40)).generate(reqs)
+    spec = Engine(target, draft, EngineConfig(k=5, concurrency=6, max_len=40), policy=policy).generate(reqs)
+    plain = Engine(target, None, EngineConfig(k=0, concurrency=6, max_len=40)).generate(reqs)
     assert [g.output_ids for g in spec] == [g.output_ids for g in plain]
     early = torch.cat(drafted[:3])  # the first steps: every request still has > K tokens to go
     assert bool((early < 5).any()), "no request stopped drafting early"

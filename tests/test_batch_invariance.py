@@ -240,12 +240,12 @@ def test_greedy_speculative_equals_target_only_in_bf16(models, c, drafter):
     """K = 1..7 at c = 1 and c = 4 (6 requests through 4 slots at c = 4: continuous batching)."""
     target = _no_eos(models["target"])
     reqs = _requests(6 if c == 4 else 2)
-    ref = Engine(target, None, EngineConfig(k=0, max_batch=c, max_len=256)).generate(reqs)
+    ref = Engine(target, None, EngineConfig(k=0, concurrency=c, max_len=256)).generate(reqs)
     for k in range(1, 8):
         if drafter == "model":
-            eng = Engine(target, models["noisy"], EngineConfig(k=k, max_batch=c, max_len=256))
+            eng = Engine(target, models["noisy"], EngineConfig(k=k, concurrency=c, max_len=256))
         else:
-            eng = Engine(target, None, EngineConfig(k=k, max_batch=c, max_len=256), drafter=RandomDrafter(VOCAB, k))
+            eng = Engine(target, None, EngineConfig(k=k, concurrency=c, max_len=256), drafter=RandomDrafter(VOCAB, k))
         spec = eng.generate(reqs)
         for a, b in zip(ref, spec):
             assert b.output_ids == a.output_ids, (k, a.request_id)

@@ -178,8 +178,8 @@ def _engine(pair, files, max_batch: int, sink=None):
     the tests' tiny pair (conftest.py) with no EOS."""
     target = dataclasses.replace(pair[2], tokenizer=type("T", (), {"eos_token_ids": set()})())
     draft = pair[3]
-    cfg = EngineConfig(k=K, max_batch=max_batch, max_len=64)
-    hybrid = HybridDrafter(DraftModelDrafter(draft, cfg.max_batch, cfg.max_len), None, tau=0.0, k=K, rule="cache")
+    cfg = EngineConfig(k=K, concurrency=max_batch, max_len=64)
+    hybrid = HybridDrafter(DraftModelDrafter(draft, cfg.concurrency, cfg.max_len), None, tau=0.0, k=K, rule="cache")
     return Engine(target, None, cfg, policy=_policy(files), sink=sink, drafter=hybrid)
 
 
@@ -187,7 +187,7 @@ def test_engine_scores_cache_rows_by_their_estimator_and_stays_greedy_exact(pair
     reqs = [Request(f"r{i}", [5 + i, 6, 7, 8, 9] * 4, SamplingConfig(temperature=0.0, max_new_tokens=16))
             for i in range(3)]
     target = dataclasses.replace(pair[2], tokenizer=type("T", (), {"eos_token_ids": set()})())
-    ref = Engine(target, None, EngineConfig(k=0, max_batch=2, max_len=64)).generate(reqs)
+    ref = Engine(target, None, EngineConfig(k=0, concurrency=2, max_len=64)).generate(reqs)
     sink = MemorySink()
     out = _engine(pair, files, 2, sink).generate(reqs)
     for a, b in zip(ref, out):

@@ -1,5 +1,5 @@
-"""One set of CLI conventions (issue 22 item 4): --version, -h, no Python types in help, one name per
-concept across commands, old spellings as hidden deprecated aliases, shell completion."""
+"""One set of CLI conventions: --version, -h, no Python types in help, one name per concept across
+commands (and no other spelling of it), shell completion."""
 
 import re
 
@@ -62,25 +62,6 @@ def test_completion_is_offered(capsys, monkeypatch):
     assert code == 0 and "_AVKIT_COMPLETE" in out
 
 
-def test_deprecated_spelling_still_works_with_a_warning(tmp_path, capsys, monkeypatch):
-    from avkit.sim.replay import read_inputs
-    from avkit.trace.synthetic import write_synthetic_trace
-
-    trace = write_synthetic_trace(tmp_path / "t.parquet", SyntheticConfig(num_slots=3000, seed=2))
-    out = tmp_path / "sim.parquet"
-    code, _, err = _run(capsys, monkeypatch, "simulate", str(trace), "--policies", "nospec,fixed:2",
-                        "--concurrency", "1", "--out", str(out))
-    assert code in (0, None), err
-    assert "avkit: warning: --policies is deprecated; use --policy" in err
-    assert pl.read_parquet(out)["policy"].to_list() == ["nospec", "fixed2"]
-    assert read_inputs(out)["policies"] == ["nospec", "fixed:2"]
-    # serve: the old name reaches the same setting (its validation names it), before any model loads
-    code, _, err = _run(capsys, monkeypatch, "serve", "--target", "/nonexistent", "--snapshot",
-                        str(tmp_path / "s.json"), "--max-tokens-limit", "0")
-    assert code == 2 and "--max-tokens-limit is deprecated; use --max-new-tokens" in err
-    assert "max_tokens_limit must be in" in err
-
-
 def test_repeated_policy_options(tmp_path, capsys, monkeypatch):
     from avkit.trace.synthetic import write_synthetic_trace
 
@@ -101,12 +82,3 @@ def test_serve_policy_takes_simulate_syntax():
     assert policy_spec("fixed:3", "online_logistic", 7) == ("fixed", "online_logistic", 3)
     with pytest.raises(ConfigError, match="fixed:K"):
         policy_spec("fixed:x", "online_logistic", 7)
-
-
-def test_new_spelling_prints_no_deprecation_warning(tmp_path, capsys, monkeypatch):
-    from avkit.trace.synthetic import write_synthetic_trace
-
-    trace = write_synthetic_trace(tmp_path / "t.parquet", SyntheticConfig(num_slots=3000, seed=2))
-    code, _, err = _run(capsys, monkeypatch, "simulate", str(trace), "--policy", "nospec", "--concurrency", "1",
-                        "--out", str(tmp_path / "sim.parquet"))
-    assert code in (0, None) and "deprecated" not in err, err

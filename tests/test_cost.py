@@ -250,7 +250,7 @@ def test_profile_tiny_model_is_monotone(tiny_pair, monkeypatch, tmp_path):
     from avkit.scheduling.profile import PRICE_GRID, profile_costs
 
     monkeypatch.setenv("AVKIT_PROFILE_CONTEXT_LEN", "64")
-    cfg = ProfileConfig(k=3, max_tokens=12, max_requests=3, repeats=2, warmup=1)
+    cfg = ProfileConfig(k=3, max_verify_tokens=12, max_requests=3, repeats=2, warmup=1)
     table = profile_costs(*tiny_pair[:2], cfg)
     assert table.verify_tokens == tuple(range(1, 13)) and table.draft_requests == (1, 2, 3)  # dense: a staircase
     assert table.prefill_tokens == PRICE_GRID and len(table.prefill_ms) == len(PRICE_GRID)
@@ -282,7 +282,7 @@ def test_profile_times_the_engines_own_step_with_exactly_its_tokens(tiny_pair):
                                                       plain_d(tokens, q_lens, *a, **kw))[1]
     Engine.step = lambda self: (steps.append(len(seen)), plain_step(self))[1]
     try:
-        profile_costs(*tiny_pair[:2], ProfileConfig(context_len=8, k=3, max_tokens=9, max_requests=2, repeats=1,
+        profile_costs(*tiny_pair[:2], ProfileConfig(context_len=8, k=3, max_verify_tokens=9, max_requests=2, repeats=1,
                                                     warmup=0, temperature=0.7))
     finally:
         del target.forward, draft.forward
@@ -303,14 +303,14 @@ def test_profile_times_the_engines_own_step_with_exactly_its_tokens(tiny_pair):
 def test_profile_records_its_sampling_settings(tiny_pair):
     table = profile_costs_tiny(tiny_pair, temperature=0.0, top_p=1.0)
     assert table.meta["temperature"] == 0.0 and table.meta["top_p"] == 1.0 and table.meta["timed"] == "engine step"
-    with pytest.raises(ConfigError, match="top_p must be in"):
+    with pytest.raises(ConfigError, match="--top-p must be in"):
         ProfileConfig(top_p=0.0)
 
 
 def profile_costs_tiny(tiny_pair, **kw):
     from avkit.scheduling.profile import profile_costs
 
-    return profile_costs(*tiny_pair[:2], ProfileConfig(context_len=8, k=1, max_tokens=2, max_requests=1,
+    return profile_costs(*tiny_pair[:2], ProfileConfig(context_len=8, k=1, max_verify_tokens=2, max_requests=1,
                                                        repeats=1, **kw))
 
 
@@ -343,7 +343,7 @@ def test_profile_cli_writes_a_cost_table(tiny_pair, tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     assert CostTable.load(out).meta["dtype"] == "bfloat16"
     r = CliRunner().invoke(app, ["profile", "--target", str(root / "t"), "--out", str(out), "--dtype", "fp8"])
-    assert "dtype" in str(r.exception) and "'fp8'" in str(r.exception)  # a ConfigError: exit 2 from `avkit`
+    assert str(r.exception) == "--dtype must be one of auto, float32, bfloat16; got fp8"  # a ConfigError: exit 2 from `avkit`
 
 
 def test_profile_noise_is_per_point_and_names_what_the_isotonic_fit_moved():

@@ -51,9 +51,9 @@ def _no_eos(m):  # random models emit EOS at random; most tests want full-length
 def test_greedy_speculative_equals_target_only(models, draft, k):
     target = _no_eos(models["target"])
     reqs = _requests(5)
-    ref = Engine(target, None, EngineConfig(k=0, max_batch=3, max_len=96)).generate(reqs)
+    ref = Engine(target, None, EngineConfig(k=0, concurrency=3, max_len=96)).generate(reqs)
     sink = MemorySink()
-    spec = Engine(target, models[draft], EngineConfig(k=k, max_batch=3, max_len=96), sink=sink).generate(reqs)
+    spec = Engine(target, models[draft], EngineConfig(k=k, concurrency=3, max_len=96), sink=sink).generate(reqs)
     for a, b in zip(ref, spec):
         assert b.output_ids == a.output_ids, a.request_id
         assert len(b.output_ids) == 24 and b.finish_reason == FINISH_LENGTH
@@ -65,12 +65,12 @@ def test_greedy_speculative_equals_target_only(models, draft, k):
 def test_seeded_runs_are_deterministic_and_batch_independent(models):
     target = _no_eos(models["target"])
     reqs = _requests(6, temperature=1.0, seed=11)
-    a = Engine(target, models["noisy"], EngineConfig(k=3, max_batch=4, max_len=96)).generate(reqs)
-    b = Engine(target, models["noisy"], EngineConfig(k=3, max_batch=4, max_len=96)).generate(reqs)
+    a = Engine(target, models["noisy"], EngineConfig(k=3, concurrency=4, max_len=96)).generate(reqs)
+    b = Engine(target, models["noisy"], EngineConfig(k=3, concurrency=4, max_len=96)).generate(reqs)
     assert [g.output_ids for g in a] == [g.output_ids for g in b]
-    alone = Engine(target, models["noisy"], EngineConfig(k=3, max_batch=1, max_len=96)).generate(reqs[2:3])
+    alone = Engine(target, models["noisy"], EngineConfig(k=3, concurrency=1, max_len=96)).generate(reqs[2:3])
     assert alone[0].output_ids == a[2].output_ids  # same keys, different batch
-    other_seed = Engine(target, models["noisy"], EngineConfig(k=3, max_batch=4, max_len=96)).generate(
+    other_seed = Engine(target, models["noisy"], EngineConfig(k=3, concurrency=4, max_len=96)).generate(
         _requests(6, temperature=1.0, seed=12))
     assert [g.output_ids for g in other_seed] != [g.output_ids for g in a]
 
@@ -80,7 +80,7 @@ def test_continuous_batching_and_stops(models):
     stop = 17
     reqs = [Request("long", [5, 6, 7], SamplingConfig(temperature=0.0, max_new_tokens=40)),
             Request("short", [8, 9], SamplingConfig(temperature=0.0, max_new_tokens=3))]
-    engine = Engine(_no_eos(target), models["noisy"], EngineConfig(k=4, max_batch=2, max_len=128))
+    engine = Engine(_no_eos(target), models["noisy"], EngineConfig(k=4, concurrency=2, max_len=128))
     engine.add_request(reqs[0])
     first = engine.step()
     assert [o.request_id for o in first] == ["long"]
@@ -95,20 +95,20 @@ def test_continuous_batching_and_stops(models):
     # A stop id ends the request right after it is emitted, even mid-step.
     ref = first[0].new_token_ids + seen["long"]
     tok = ref[5]
-    g = Engine(_no_eos(target), models["noisy"], EngineConfig(k=4, max_batch=2, max_len=128)).generate(
+    g = Engine(_no_eos(target), models["noisy"], EngineConfig(k=4, concurrency=2, max_len=128)).generate(
         [dataclasses.replace(reqs[0], stop_token_ids=(tok, stop))])[0]
     cut = next(i for i, t in enumerate(ref) if t in (tok, stop))
     assert g.output_ids == ref[: cut + 1] and g.finish_reason == FINISH_STOP
 
 
 def test_max_len_finishes_with_length(models):
-    engine = Engine(_no_eos(models["target"]), models["noisy"], EngineConfig(k=5, max_batch=1, max_len=16))
+    engine = Engine(_no_eos(models["target"]), models["noisy"], EngineConfig(k=5, concurrency=1, max_len=16))
     g = engine.generate([Request("r", list(range(5, 15)), SamplingConfig(temperature=0.0, max_new_tokens=50))])[0]
     assert g.finish_reason == FINISH_LENGTH and len(g.prompt_ids) + len(g.output_ids) == 16
 
 
 def test_abort_frees_the_slot(models):
-    engine = Engine(_no_eos(models["target"]), models["noisy"], EngineConfig(k=2, max_batch=1, max_len=64))
+    engine = Engine(_no_eos(models["target"]), models["noisy"], EngineConfig(k=2, concurrency=1, max_len=64))
     engine.add_request(Request("a", [5, 6], SamplingConfig(temperature=0.0, max_new_tokens=30)))
     engine.add_request(Request("b", [7, 8], SamplingConfig(temperature=0.0, max_new_tokens=2)))
     engine.step()
@@ -129,7 +129,7 @@ class _TrimToTwo(FixedK):
 def test_trace_rows_follow_the_schema(models):
     sink = MemorySink()
     policy = _TrimToTwo(2)  # drafts 4, verifies 2: the trimmed slots must be censored
-    engine = Engine(_no_eos(models["target"]), models["noisy"], EngineConfig(k=4, max_batch=3, max_len=96),
+    engine = Engine(_no_eos(models["target"]), models["noisy"], EngineConfig(k=4, concurrency=3, max_len=96),
                     policy=policy, sink=sink)
     gens = engine.generate(_requests(3, temperature=1.0, max_new_tokens=12, seed=3, dataset="demo"))
     cols = sink.columns()
@@ -158,11 +158,11 @@ def test_trace_rows_follow_the_schema(models):
 @pytest.mark.parametrize("kwargs", [{"temperature": -0.1}, {"top_p": 0.0}, {"top_p": 1.5},
                                     {"max_new_tokens": 0}])
 def test_bad_sampling_config(kwargs):
-    with pytest.raises(ConfigError, match=next(iter(kwargs))):
+    with pytest.raises(ConfigError, match="^--" + next(iter(kwargs)).replace("_", "-") + " must be"):
         SamplingConfig(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs", [{"k": -1}, {"max_batch": 0}, {"k": 7, "max_len": 8}])
+@pytest.mark.parametrize("kwargs", [{"k": -1}, {"concurrency": 0}, {"k": 7, "max_len": 8}])
 def test_bad_engine_config(kwargs):
     with pytest.raises(ConfigError):
         EngineConfig(**kwargs)
@@ -171,7 +171,7 @@ def test_bad_engine_config(kwargs):
 def test_bad_requests(models, tmp_path):
     with pytest.raises(ConfigError, match="prompt_ids is empty"):
         Request("r", [])
-    engine = Engine(models["target"], models["noisy"], EngineConfig(k=2, max_batch=1, max_len=16))
+    engine = Engine(models["target"], models["noisy"], EngineConfig(k=2, concurrency=1, max_len=16))
     with pytest.raises(ConfigError, match="max_len"):
         engine.add_request(Request("r", list(range(5, 25))))
     with pytest.raises(ConfigError, match="outside the vocabulary"):
@@ -188,17 +188,17 @@ def test_greedy_and_sampled_requests_share_a_batch(models):
     """T = 0 rows go through probabilistic verification as one-hot distributions: still exact greedy."""
     target = _no_eos(models["target"])
     greedy = _requests(3)
-    ref = Engine(target, None, EngineConfig(k=0, max_batch=3, max_len=96)).generate(greedy)
+    ref = Engine(target, None, EngineConfig(k=0, concurrency=3, max_len=96)).generate(greedy)
     sampled = [dataclasses.replace(r, request_id=r.request_id + "s",
                                    sampling=SamplingConfig(temperature=1.0, max_new_tokens=24, seed=5))
                for r in greedy]
     mixed = [r for pair in zip(greedy, sampled) for r in pair]
-    out = Engine(target, models["noisy"], EngineConfig(k=3, max_batch=6, max_len=96)).generate(mixed)
+    out = Engine(target, models["noisy"], EngineConfig(k=3, concurrency=6, max_len=96)).generate(mixed)
     assert [g.output_ids for g in out[::2]] == [g.output_ids for g in ref]
 
 
 def test_k_zero_ignores_the_draft(models):
-    engine = Engine(models["target"], models["noisy"], EngineConfig(k=0, max_batch=2, max_len=64))
+    engine = Engine(models["target"], models["noisy"], EngineConfig(k=0, concurrency=2, max_len=64))
     assert engine.drafter is None
     g = engine.generate(_requests(2, max_new_tokens=5))
     assert all(x.num_steps == len(x.output_ids) for x in g)  # one token per step
@@ -210,9 +210,9 @@ def test_chunked_and_grouped_prefill_change_nothing(models, monkeypatch):
     target = _no_eos(models["target"])
     reqs = _requests(4) + [Request("same-len", [(7 * 3 + j) % 250 + 5 for j in range(9)],
                                    SamplingConfig(temperature=0.0, max_new_tokens=24))]
-    ref = Engine(target, models["noisy"], EngineConfig(k=3, max_batch=5, max_len=96)).generate(reqs)
+    ref = Engine(target, models["noisy"], EngineConfig(k=3, concurrency=5, max_len=96)).generate(reqs)
     monkeypatch.setattr(avkit.runtime.prefill, "PREFILL_CHUNK", 2)
-    out = Engine(target, models["noisy"], EngineConfig(k=3, max_batch=5, max_len=96)).generate(reqs)
+    out = Engine(target, models["noisy"], EngineConfig(k=3, concurrency=5, max_len=96)).generate(reqs)
     assert [g.output_ids for g in out] == [g.output_ids for g in ref]
 
 
@@ -229,11 +229,11 @@ def test_engine_runs_on_cuda(models):
 
     target, draft = cuda(models["target"]), cuda(models["noisy"])
     reqs = _requests(4)
-    ref = Engine(target, None, EngineConfig(k=0, max_batch=4, max_len=96)).generate(reqs)
+    ref = Engine(target, None, EngineConfig(k=0, concurrency=4, max_len=96)).generate(reqs)
     sink = MemorySink()
-    spec = Engine(target, draft, EngineConfig(k=4, max_batch=4, max_len=96), sink=sink).generate(reqs)
+    spec = Engine(target, draft, EngineConfig(k=4, concurrency=4, max_len=96), sink=sink).generate(reqs)
     assert [g.output_ids for g in spec] == [g.output_ids for g in ref]
-    sampled = Engine(target, draft, EngineConfig(k=4, max_batch=4, max_len=96)).generate(
+    sampled = Engine(target, draft, EngineConfig(k=4, concurrency=4, max_len=96)).generate(
         _requests(4, temperature=1.0, seed=3))
     assert all(len(g.output_ids) == 24 for g in sampled) and len(sink) > 0
 
@@ -248,9 +248,9 @@ def test_real_pair_greedy_and_acceptance():
     ids = target.tokenizer.apply_chat_template(
         [{"role": "user", "content": "Write a Python function that returns the sum of the squares of a list."}])
     req = Request("r", ids, SamplingConfig(temperature=0.0, max_new_tokens=48))
-    ref = Engine(target, None, EngineConfig(k=0, max_batch=1, max_len=512)).generate([req])[0]
+    ref = Engine(target, None, EngineConfig(k=0, concurrency=1, max_len=512)).generate([req])[0]
     sink = MemorySink()
-    spec = Engine(target, draft, EngineConfig(k=5, max_batch=1, max_len=512), sink=sink).generate([req])[0]
+    spec = Engine(target, draft, EngineConfig(k=5, concurrency=1, max_len=512), sink=sink).generate([req])[0]
     assert spec.output_ids == ref.output_ids  # fp32: verify and decode forwards agree on the argmax
     assert "def" in target.tokenizer.decode(spec.output_ids)
     assert sink.columns()["accepted"].compressed().mean() > 0.6
@@ -266,12 +266,12 @@ def test_draft_gate_skips_speculation_and_stays_exact(models):
 
     target = _no_eos(models["target"])
     reqs = _requests(5)
-    ref = Engine(target, None, EngineConfig(k=0, max_batch=3, max_len=96)).generate(reqs)
+    ref = Engine(target, None, EngineConfig(k=0, concurrency=3, max_len=96)).generate(reqs)
     cost = CostTable((1, 100), (10.0, 11.0), (1, 100), (3.0, 3.0))  # sure drafts would pay, hopeless ones not
     policy = make_adaptive(cost=cost, estimator="online_logistic", k=4,
                            adaptive=AdaptiveConfig(gate_window=6, probe_every=2))
     sink = MemorySink()
-    engine = Engine(target, models["other"], EngineConfig(k=4, max_batch=3, max_len=96), policy=policy, sink=sink)
+    engine = Engine(target, models["other"], EngineConfig(k=4, concurrency=3, max_len=96), policy=policy, sink=sink)
     out = engine.generate(reqs)
     assert [g.output_ids for g in out] == [g.output_ids for g in ref]
     drafted_steps = np.unique(sink.columns()["engine_step"]).size  # trace rows come from drafted steps only
@@ -292,11 +292,11 @@ def test_the_gate_prices_the_drafter_catch_up_from_the_engine_lags(models, prefi
 
     target = _no_eos(models["target"])
     reqs = _requests(3, max_new_tokens=12)
-    ref = Engine(target, None, EngineConfig(k=0, max_batch=3, max_len=96)).generate(reqs)
+    ref = Engine(target, None, EngineConfig(k=0, concurrency=3, max_len=96)).generate(reqs)
     cost = CostTable((1, 100), (10.0, 11.0), (1, 100), (0.5, 0.5),  # sure drafts pay at every load
                      prefill_tokens=(1, 1024), prefill_ms=(prefill_ms, prefill_ms))
     policy = make_adaptive(cost=cost, estimator="online_logistic", k=4, adaptive=AdaptiveConfig(gate_window=6))
-    engine = Engine(target, models["noisy"], EngineConfig(k=4, max_batch=3, max_len=96), policy=policy)
+    engine = Engine(target, models["noisy"], EngineConfig(k=4, concurrency=3, max_len=96), policy=policy)
     out = engine.generate(reqs)
     assert [g.output_ids for g in out] == [g.output_ids for g in ref]
     assert (engine.drafter.forward_s > 0) is drafts

@@ -95,7 +95,7 @@ def test_options_build_configs(capsys, trace, tmp_path, monkeypatch):
                         "--refit-interval", "7", "--bins", "15")
     assert code == 2 and err == "avkit: error: stop here\n"
     assert seen["paths"] == [trace]
-    assert seen["fit"] == FitConfig(mode="batch", n_bins=15, out=str(tmp_path / "x"))
+    assert seen["fit"] == FitConfig(mode="batch", bins=15, out=str(tmp_path / "x"))
     assert seen["est"] == EstimatorConfig(feature="entropy", refit_interval=7)
     assert not (tmp_path / "x").exists()
 
@@ -166,7 +166,7 @@ def test_lossy_or_unknown_feature_is_refused(capsys, trace, tmp_path):
     code, _, err = _run(capsys, trace, "--out", tmp_path / "o", "--feature", "logit_q_sampled")
     assert code == 2 and "lossy" in err
     code, _, err = _run(capsys, trace, "--out", tmp_path / "o", "--feature", "nope")
-    assert code == 2 and "unknown feature 'nope'" in err
+    assert code == 2 and "--feature must be one of" in err and err.strip().endswith("; got nope")
     assert not (tmp_path / "o").exists()
 
 
@@ -188,11 +188,11 @@ def test_features_fits_and_scores_only_those(capsys, trace, tmp_path):
 
 
 @pytest.mark.parametrize("given, extra, message", [
-    ("nope", (), "features must be one of"),
-    ("entropy", (), "--features: entropy leaves out the written feature --feature 'logit_qmax'"),
-    ("logit_qmax,logit_qmax", (), "names a feature twice"),
-    (" , ", (), "--features ' , ': names no feature"),
-    ("logit_qmax,head_conf", ("no head_conf",), "--features: 'head_conf' is not in the traces"),
+    ("nope", (), "--features must be one of"),
+    ("entropy", (), "--features entropy: leaves out the written feature (--feature logit_qmax, coefficients.json)"),
+    ("logit_qmax,logit_qmax", (), "--features logit_qmax,logit_qmax: names a feature twice"),
+    (" , ", (), "--features must be comma-separated feature names, got ,"),
+    ("logit_qmax,head_conf", ("no head_conf",), "--features head_conf: is not in the traces"),
 ])
 def test_features_option_errors(capsys, tmp_path, table, given, extra, message):
     path = tmp_path / "t.parquet"

@@ -229,7 +229,7 @@ def _engine(tiny, survival_file, sampling_batch=2, model_rate=0.6, cache_rate=0.
     one-token ones lose to it, so both drafters win rows on the tiny random pair (whose outputs are
     far from the synthetic training data the fitted head saw)."""
     _, target, draft = tiny
-    cfg = EngineConfig(k=K, max_batch=sampling_batch, max_len=96)
+    cfg = EngineConfig(k=K, concurrency=sampling_batch, max_len=96)
     payoff, extra = PayoffMLP.load(survival_file)
     last = payoff.net[-1]
     with torch.no_grad():
@@ -238,7 +238,7 @@ def _engine(tiny, survival_file, sampling_batch=2, model_rate=0.6, cache_rate=0.
     bins = np.asarray(extra["hit_bins"])
     joint = JointRouter(payoff, np.tile(model_rate ** np.arange(1, K + 1), (len(bins) + 1, 1)), bins,
                         cost or HvdCost.points(draft_step_cost=0.05))
-    hybrid = HybridDrafter(DraftModelDrafter(draft, cfg.max_batch, cfg.max_len), None, 0.0, joint=joint)
+    hybrid = HybridDrafter(DraftModelDrafter(draft, cfg.concurrency, cfg.max_len), None, 0.0, joint=joint)
     sink = MemorySink()
     return Engine(target, None, cfg, sink=sink, drafter=hybrid), sink
 
@@ -247,7 +247,7 @@ def test_engine_greedy_with_joint_router_equals_target_only(tiny, survival_file)
     _, target, _ = tiny
     reqs = [Request(f"r{i}", [5 + i, 6, 7, 8, 9] * 4, SamplingConfig(temperature=0.0, max_new_tokens=24))
             for i in range(4)]
-    ref = Engine(target, None, EngineConfig(k=0, max_batch=2, max_len=96)).generate(reqs)
+    ref = Engine(target, None, EngineConfig(k=0, concurrency=2, max_len=96)).generate(reqs)
     engine, sink = _engine(tiny, survival_file)
     out = engine.generate(reqs)
     for a, b in zip(ref, out):
@@ -265,7 +265,7 @@ def test_engine_prices_the_draft_models_catch_up_live(tiny, survival_file):
     _, target, _ = tiny
     reqs = [Request(f"r{i}", [5 + i, 6, 7, 8, 9] * 4, SamplingConfig(temperature=0.0, max_new_tokens=24))
             for i in range(4)]
-    ref = Engine(target, None, EngineConfig(k=0, max_batch=2, max_len=96)).generate(reqs)
+    ref = Engine(target, None, EngineConfig(k=0, concurrency=2, max_len=96)).generate(reqs)
     runs = {}
     for name, prefill in (("dear", ((16, 500.0), (64, 2000.0))), ("free", ())):
         cost = HvdCost.points(draft_step_cost=0.05, draft_points=((1, 0.05), (16, 0.1)), prefill_points=prefill)

@@ -94,9 +94,9 @@ def _greedy_hybrid_equals_target_only(tmp_path, device: str) -> None:
     # repetitive prompts: the suffix cache has drafts from the first step on
     reqs = [Request(f"r{i}", [5 + i, 6, 7, 8, 9] * 4, SamplingConfig(temperature=0.0, max_new_tokens=20))
             for i in range(3)]
-    cfg = EngineConfig(k=4, max_batch=2, max_len=96)
-    ref = Engine(target, None, EngineConfig(k=0, max_batch=2, max_len=96)).generate(reqs)
-    hybrid = HybridDrafter(DraftModelDrafter(draft, cfg.max_batch, cfg.max_len), None, tau=0.0, k=4,
+    cfg = EngineConfig(k=4, concurrency=2, max_len=96)
+    ref = Engine(target, None, EngineConfig(k=0, concurrency=2, max_len=96)).generate(reqs)
+    hybrid = HybridDrafter(DraftModelDrafter(draft, cfg.concurrency, cfg.max_len), None, tau=0.0, k=4,
                            rule="cache")
     sink = MemorySink()
     out = Engine(target, None, cfg, sink=sink, drafter=hybrid).generate(reqs)

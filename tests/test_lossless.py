@@ -217,7 +217,7 @@ def test_engine_is_lossless(pair, policy, top_k, min_p):
     prompt, top_p, N = [40, 41, 42, 43, 44], 0.9, 2000
     sampling = SamplingConfig(temperature=1.0, top_p=top_p, max_new_tokens=4, seed=123, top_k=top_k, min_p=min_p)
     pol = _QmaxPolicy() if policy == "qmax" else None
-    engine = Engine(target, draft, EngineConfig(k=3, max_batch=100, max_len=16), policy=pol)
+    engine = Engine(target, draft, EngineConfig(k=3, concurrency=100, max_len=16), policy=pol)
     gens = engine.generate([Request(f"s{i}", prompt, sampling) for i in range(N)])
     out = torch.tensor([g.output_ids[:2] for g in gens])  # [N, 2]
 

@@ -136,7 +136,7 @@ def test_bf16_greedy_speculative_output_equals_target_only(tmp_path):
     reqs = [Request(f"r{i}", list(range(1 + i, 9 + 3 * i)), sampling) for i in range(3)]
     outs = {}
     for k in (0, 3):
-        engine = Engine(target, draft if k else None, EngineConfig(k=k, max_batch=3, max_len=64))
+        engine = Engine(target, draft if k else None, EngineConfig(k=k, concurrency=3, max_len=64))
         outs[k] = [g.output_ids for g in engine.generate(reqs)]
     assert outs[3] == outs[0]
 

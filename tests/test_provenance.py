@@ -19,7 +19,7 @@ from avkit.sim.replay import read_inputs, results_inputs, simulate, write_result
 
 SMALL = SyntheticConfig(num_slots=6_000, datasets=("code", "chat"), mix=(1, 1), feature_means=(2.0, 0.5),
                         steps_per_request=24, seed=5)
-NOWHERE = ReportConfig(sim="/nonexistent/sim.parquet", hvd="/nonexistent/hvd.json", embed_images=False)
+NOWHERE = ReportConfig(sim="/nonexistent/sim.parquet", hvd="/nonexistent/hvd.json", embed=False)
 POLICIES = ["nospec", "fixed:2", "adaptive:qmax"]
 
 

@@ -48,9 +48,9 @@ def test_options_reach_the_library(capsys, trace, tmp_path, monkeypatch):
     code, _, err = _run(capsys, trace, "--out", tmp_path / "r", "--mode", "batch", "--feature", "entropy",
                         "--bins", "15", "--no-simulate", "--no-embed", "--sim", tmp_path / "s.parquet")
     assert code == 2 and err == "avkit: error: stop here\n"
-    assert seen["args"] == ([trace], tmp_path / "r", ReportConfig(out=str(tmp_path / "r"), n_bins=15,
-                                                                  embed_images=False))
-    assert seen["kwargs"]["fit"] == FitConfig(mode="batch", n_bins=15)
+    assert seen["args"] == ([trace], tmp_path / "r", ReportConfig(out=str(tmp_path / "r"), bins=15,
+                                                                  embed=False))
+    assert seen["kwargs"]["fit"] == FitConfig(mode="batch", bins=15)
     assert seen["kwargs"]["estimator"] == EstimatorConfig(feature="entropy")
     assert seen["kwargs"]["sim"] == tmp_path / "s.parquet" and seen["kwargs"]["run_simulation"] is False
     code, _, _ = _run(capsys, tmp_path, "--hvd", tmp_path / "h.json")

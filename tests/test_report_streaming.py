@@ -18,7 +18,7 @@ from avkit.report.sections.reliability import _panel_bins
 from avkit.report.sections.summary import acceptance_counts
 from avkit.trace.synthetic import write_synthetic_trace
 
-TINY = ReportConfig(engine="streaming", memory_budget_mb=256)  # chunks of 32K rows: several per shard
+TINY = ReportConfig(engine="streaming", memory_budget=256)  # chunks of 32K rows: several per shard
 
 
 @pytest.fixture(scope="module")

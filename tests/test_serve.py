@@ -28,7 +28,7 @@ _config, _server, _metrics, _wait = serve_config, running_server, metrics, wait_
 
 def _greedy_reference(target, prompt_ids: list[int], n: int):
     """Target-only greedy decoding (no draft, K = 0): the output the server must reproduce."""
-    engine = Engine(target, None, EngineConfig(k=0, max_batch=1, max_len=192))
+    engine = Engine(target, None, EngineConfig(k=0, concurrency=1, max_len=192))
     [gen] = engine.generate([Request("ref", prompt_ids, SamplingConfig(temperature=0.0, max_new_tokens=n))])
     return gen
 

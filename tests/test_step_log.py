@@ -94,7 +94,7 @@ def test_step_log_of_an_engine_counts_tokens_per_step(pair):
     for k in (0, 3):
         ticks = iter(range(10_000))
         log = StepLog(clock=lambda ticks=ticks: float(next(ticks)))
-        engine = Engine(target, draft if k else None, EngineConfig(k=k, max_batch=3, max_len=32, seed=0))
+        engine = Engine(target, draft if k else None, EngineConfig(k=k, concurrency=3, max_len=32, seed=0))
         sampling = SamplingConfig(temperature=0.0, max_new_tokens=12, seed=0)
         gens = engine.generate([Request(f"r{i}", p, sampling) for i, p in enumerate(prompts)], on_step=log)
         assert log.rows[-1][1:] == [float(sum(len(g.output_ids) for g in gens)), 3.0, 3.0]

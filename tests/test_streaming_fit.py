@@ -63,7 +63,7 @@ def test_streaming_equals_in_memory(fleet, in_memory):
 
 
 def test_small_chunks_change_nothing(fleet, in_memory):
-    fit = FitConfig(mode="batch", engine="streaming", memory_budget_mb=256)
+    fit = FitConfig(mode="batch", engine="streaming", memory_budget=256)
     assert chunk_rows(fit) < 60_000  # several chunks per shard
     check_same_fit(run_fit(fleet, fit), in_memory)
 
@@ -85,7 +85,7 @@ def test_bad_value_in_a_later_chunk_names_the_shard_and_writes_nothing(capsys, f
     bad = tmp_path / "replica-bad.parquet"
     pq.write_table(t.set_column(t.schema.get_field_index("q_max"), t.schema.field("q_max"), [q]), bad)
     with pytest.raises(TraceError, match=f"{bad}.*column 'q_max' is outside"):
-        run_fit([*fleet, bad], FitConfig(mode="batch", engine="streaming", memory_budget_mb=256,
+        run_fit([*fleet, bad], FitConfig(mode="batch", engine="streaming", memory_budget=256,
                                          scratch=str(tmp_path / "scratch")))
     assert os.listdir(tmp_path / "scratch") == []
     with pytest.raises(SystemExit) as exit_:
@@ -101,7 +101,7 @@ def test_a_slot_repeated_across_chunks_is_refused_as_in_memory(tmp_path):
     rows[66_000] = 3  # row 66,000 (in a later chunk at a 256 MB budget) repeats row 3's slot
     bad = tmp_path / "replica-dup.parquet"
     pq.write_table(t.take(rows).replace_schema_metadata(t.schema.metadata), bad)
-    fit = FitConfig(mode="batch", engine="streaming", memory_budget_mb=256, scratch=str(tmp_path / "scratch"))
+    fit = FitConfig(mode="batch", engine="streaming", memory_budget=256, scratch=str(tmp_path / "scratch"))
     assert chunk_rows(fit) < 66_000
     with pytest.raises(TraceError) as streaming:
         run_fit([bad], fit)

@@ -65,5 +65,5 @@ def test_seeded_determinism():
 
 
 def test_config_validation():
-    with pytest.raises(ConfigError, match="intercepts must have 3 entries"):
+    with pytest.raises(ConfigError, match="--intercepts must have 3 entries"):
         SyntheticConfig(k=3)

@@ -48,7 +48,7 @@ def test_report_names_a_tune_result_of_other_traces_or_without_a_record(traces):
     write_json_atomic(other, tune([two], FAST))
     warnings = []
     out = report_traces([one], root / "r1", ReportConfig(sim="/nonexistent/sim.parquet", hvd="/nonexistent/h.json",
-                                                         tune=str(other), embed_images=False), warn=warnings.append)
+                                                         tune=str(other), embed=False), warn=warnings.append)
     assert any("tuning results" in w and "two.parquet" in w and "other traces" in w for w in warnings), warnings
     section = (out / "index.html").read_text().split('<section id="tune">')[1].split("</section>")[0]
     assert "Inputs: avkit tune" in section and "two.parquet" in section
@@ -57,6 +57,6 @@ def test_report_names_a_tune_result_of_other_traces_or_without_a_record(traces):
     write_json_atomic(root / "tune_old.json", old)
     warnings = []
     report_traces([one], root / "r2", ReportConfig(sim="/nonexistent/sim.parquet", hvd="/nonexistent/h.json",
-                                                   tune=str(root / "tune_old.json"), embed_images=False),
+                                                   tune=str(root / "tune_old.json"), embed=False),
                   warn=warnings.append)
     assert any("The tuning results" in w and "records no inputs" in w for w in warnings), warnings

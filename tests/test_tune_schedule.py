@@ -84,7 +84,7 @@ def test_engine_applies_the_schedule_at_each_batch_size_and_stays_lossless(pair)
     policy = _Recording(BatchSchedule(tuple(sched)), k=3)
     sampling = SamplingConfig(temperature=0.0, max_new_tokens=12)
     prompts = [[5 + i, 17, 33 + i, 9] for i in range(6)]
-    cfg = EngineConfig(k=3, max_batch=6, max_len=40)
+    cfg = EngineConfig(k=3, concurrency=6, max_len=40)
     # arrivals: 1 alone, then 2 more (batch 3), then 3 more (batch 6): every range is visited
     engine = Engine(target, draft, cfg, policy=policy)
     forwards, real = [0], engine.drafter._forward
@@ -108,7 +108,7 @@ def test_engine_applies_the_schedule_at_each_batch_size_and_stays_lossless(pair)
         k = _brute(sched, b)
         assert k > 0 and max(drafted) <= k, (b, drafted)
         assert verified == [min(d, k) for d in drafted]
-    ref = Engine(target, None, EngineConfig(k=0, max_batch=6, max_len=40))
+    ref = Engine(target, None, EngineConfig(k=0, concurrency=6, max_len=40))
     want = ref.generate([Request(f"r{i}", p, sampling) for i, p in enumerate(prompts)])
     assert [out[g.request_id] for g in want] == [g.output_ids for g in want]
 
@@ -206,7 +206,7 @@ def test_engine_applies_the_catch_up_rule(pair, saving, drafts):
     _, _, target, draft = pair
     rule = _rule((1, 2), (saving, saving), (4, 64), (40.0, 640.0))  # 10 ms per token of lag
     policy = _Lags(BatchSchedule(((1, 1, 3), (2, 4, 0)), catch_up=rule), k=3)
-    engine = Engine(target, draft, EngineConfig(k=3, max_batch=2, max_len=80), policy=policy)
+    engine = Engine(target, draft, EngineConfig(k=3, concurrency=2, max_len=80), policy=policy)
     forwards, real = [0], engine.drafter._forward
     engine.drafter._forward = lambda *a, **kw: (forwards.__setitem__(0, forwards[0] + 1), real(*a, **kw))[1]
     prompts = [[5, 17, 33, 9, 4, 8, 21, 2], [6, 18, 34, 10, 3]]
@@ -234,7 +234,7 @@ def test_engine_applies_the_catch_up_rule(pair, saving, drafts):
         assert first[3] == [3] and back[3] == [3]
     if drafts is None:  # 30 ms per token saved: the prompt (8 x 10 ms <= 10 x 30) drafts; the late lag,
         assert first[3] == [3] and back[3] == [0]  # over few remaining tokens, does not
-    ref = Engine(target, None, EngineConfig(k=0, max_batch=2, max_len=80))
+    ref = Engine(target, None, EngineConfig(k=0, concurrency=2, max_len=80))
     want = ref.generate([Request(f"r{i}", p, s) for i, (p, s) in enumerate(zip(prompts, sampling))])
     assert [out[g.request_id] for g in want] == [g.output_ids for g in want]
 

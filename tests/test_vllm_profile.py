@@ -27,7 +27,7 @@ def _avkit(*args, cwd=None):
 def test_bad_engine_is_one_line(tmp_path):
     r = _avkit("profile", "--engine", "sglang", "--out", str(tmp_path / "c.json"))
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines()[-1] == "avkit: error: --engine must be native or vllm, got 'sglang'"
+    assert r.stderr.strip().splitlines()[-1] == "avkit: error: --engine must be one of native, vllm; got sglang"
     r = _avkit("profile", "--engine", "vllm", "--vllm-python", "/nonexistent/python", "--out", str(tmp_path / "c.json"))
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1] == ("avkit: error: --vllm-python '/nonexistent/python': no such Python "

@@ -15,10 +15,10 @@ import threading
 from typing import Annotated
 
 import typer
+from typer._click import exceptions as click  # typer >= 0.29 carries its own click
 from typer.core import TyperGroup
 
 from avkit import __version__
-from avkit.cli import conventions
 from avkit.errors import AvkitError
 
 COMMANDS = ("models", "record", "datacard", "fit", "hvd", "simulate", "tune", "profile", "serve", "report",
@@ -58,23 +58,91 @@ def _one_interrupt():
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def _metavar(param) -> str:
+    """INT, FLOAT, PATH or TEXT: what an option takes, never a Python type such as `<list[Path]>`."""
+    desc = param.type_descriptor  # typer's record of the annotation
+    if desc.is_path:
+        return "PATH"
+    return {int: "INT", float: "FLOAT"}.get(desc.annotation, "TEXT")
+
+
+def _plain_help(cmd):
+    """Help that shows what each option takes: a flag nothing, an argument its name, others INT/FLOAT/PATH/TEXT
+    (typer would print Python types). Idempotent; a group's commands get it too."""
+    if getattr(cmd, "_avkit_help", False):
+        return cmd
+    for sub in getattr(cmd, "commands", {}).values():
+        _plain_help(sub)
+    for p in cmd.params:
+        if getattr(p, "is_flag", False):
+            p.metavar = ""
+        elif getattr(p, "param_type_name", "") == "argument":
+            p.display_type_rich = lambda ctx: None
+        elif p.metavar is None and hasattr(p, "type_descriptor"):
+            p.metavar = _metavar(p)
+    make = cmd.get_help_option
+
+    def get_help_option(ctx):  # -h/--help is made per context: a flag too
+        option = make(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+    cmd.get_help_option = get_help_option
+    cmd._avkit_help = True
+    return cmd
+
+
 class _Group(TyperGroup):
-    """Every command is looked up here: the conventions (avkit/cli/conventions.py) apply to each."""
+    """Every command is looked up here, so `avkit ...` and typer's CliRunner show the same help."""
 
     def make_context(self, *args, **kwargs):
-        conventions.apply(self, "avkit")  # the group's own options (--version, completion, -h)
+        _plain_help(self)  # the group's own options (--version, completion, -h)
         return super().make_context(*args, **kwargs)
 
     def get_command(self, ctx, cmd_name):
         cmd = super().get_command(ctx, cmd_name)
-        return None if cmd is None else conventions.apply(cmd, cmd_name)
+        return None if cmd is None else _plain_help(cmd)
+
+
+def _as_typed(argv: list[str], names: list[str]) -> str | None:
+    """The value the user gave an option on the command line (`--bins abc` or `--bins=abc`), if any."""
+    for i, arg in enumerate(argv):
+        if arg in names and i + 1 < len(argv):
+            return argv[i + 1]
+        head, eq, value = arg.partition("=")
+        if eq and head in names:
+            return value
+    return None
+
+
+def _usage_message(e: click.UsageError, argv: list[str]) -> str:
+    """click's complaint in one line; a value that is not a number names the option and the value as typed."""
+    param = getattr(e, "param", None)
+    if isinstance(e, click.BadParameter) and param is not None and param.param_type_name == "option":
+        kind = {"INT": "an integer", "FLOAT": "a number"}.get(param.metavar)
+        value = _as_typed(argv, param.opts + param.secondary_opts)
+        if kind and value is not None:
+            return f"{max(param.opts, key=len)} must be {kind}, got {value}"
+    return " ".join(e.format_message().split())
 
 
 class _App(typer.Typer):
-    def __call__(self, *args, **kwargs):
+    """Any bad input (click's usage errors included) becomes one `avkit: error:` line and exit code 2."""
+
+    def __call__(self, args=None, **kwargs):
+        argv = list(sys.argv[1:] if args is None else args)
         try:
             with _one_interrupt():
-                return super().__call__(*args, **kwargs)
+                code = super().__call__(argv, standalone_mode=False, **kwargs)
+        except click.NoArgsIsHelpError as e:  # `avkit models`: its help
+            print(e.ctx.get_help())
+            sys.exit(2)
+        except click.UsageError as e:
+            print(f"avkit: error: {_usage_message(e, argv)}", file=sys.stderr)
+            sys.exit(2)
+        except typer.Abort:
+            print("Aborted!", file=sys.stderr)
+            sys.exit(1)
         except AvkitError as e:
             print(f"avkit: error: {e}", file=sys.stderr)
             sys.exit(2)
@@ -82,6 +150,7 @@ class _App(typer.Typer):
             where = f"{e.filename}: " if e.filename else ""
             print(f"avkit: error: {where}{e.strerror or e}", file=sys.stderr)
             sys.exit(2)
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 app = _App(

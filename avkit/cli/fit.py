@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
             default_of(EstimatorConfig, "feature"),
         refit_interval: Annotated[int, typer.Option(help="engine steps per online refit round")] =
             default_of(EstimatorConfig, "refit_interval"),
-        bins: Annotated[int, typer.Option(help="ECE bins")] = default_of(FitConfig, "n_bins"),
+        bins: Annotated[int, typer.Option(help="ECE bins")] = default_of(FitConfig, "bins"),
         engine: Annotated[str, typer.Option(help="memory: all observed slots in RAM; streaming: out of core in "
                                                   "bounded chunks (--mode batch); ray: the same passes as Ray "
                                                   "tasks (pip install 'avkit\\[distributed]')")] =
@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
         address: Annotated[str | None, typer.Option(help="--engine ray: cluster address (default: start a "
                                                          "local cluster)", show_default=False)] = None,
         memory_budget: Annotated[int, typer.Option(help="--engine streaming/ray: MB of memory to stay under")] =
-            default_of(FitConfig, "memory_budget_mb"),
+            default_of(FitConfig, "memory_budget"),
         scratch: Annotated[Path | None, typer.Option(help="--engine streaming/ray: directory for the spilled "
                                                          "observed slots (default: system temp)",
                                                      show_default=False)] = None,
@@ -96,13 +96,11 @@ def register(app: typer.Typer) -> None:
     ):
         """Fit the acceptance estimator and score every feature; write coefficients.json, scores.json,
         trajectory.parquet into --out (atomically; nothing is written on bad input)."""
-        chosen = tuple(f.strip() for f in features.split(",") if f.strip())
-        if features.strip() and not chosen:
-            raise ConfigError(f"--features {features!r}: names no feature")
-        config = FitConfig(mode=mode, estimator=estimator, n_bins=bins, coefficients=coefficients, out=str(out),
-                           engine=engine, address=address, memory_budget_mb=memory_budget,
+        config = FitConfig(mode=mode, estimator=estimator, bins=bins, coefficients=coefficients, out=str(out),
+                           engine=engine, address=address, memory_budget=memory_budget,
                            scratch=None if scratch is None else str(scratch), replicas=replicas,
-                           drafter=drafter, features=chosen)
+                           drafter=drafter,
+                           features=tuple(f.strip() for f in features.split(",")) if features else ())
         est_cfg = EstimatorConfig(feature=feature, refit_interval=refit_interval)
         from avkit.fit import run_fit, write_fit_outputs  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.fit.outputs import reserve_fit_outputs  # lazy: start-up (the library loads when the command runs: -h stays fast)

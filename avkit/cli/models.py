@@ -45,7 +45,7 @@ def fetch_models(
     names = alias or list(PINNED)
     unknown = [a for a in names if a not in PINNED]
     if unknown:
-        raise ConfigError(f"alias: unknown {unknown[0]!r}; pinned: {sorted(PINNED)}")
+        raise ConfigError(f"unknown model alias {unknown[0]}; pinned: {', '.join(sorted(PINNED))}")
     console = Console()
     chosen = [PINNED[a] for a in names]
     total = sum(m.size for m in chosen)

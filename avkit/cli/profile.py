@@ -10,8 +10,7 @@ from rich.console import Console
 from rich.progress import Progress, TimeElapsedColumn
 from rich.table import Table
 
-from avkit.errors import ConfigError
-from avkit.config import DEFAULT_COST_PATH, DEFAULT_DRAFT, DEFAULT_TARGET, ProfileConfig, default_of
+from avkit.config import ModelsConfig, ProfileConfig, default_of
 from avkit.staged import StagedOutputs
 
 
@@ -44,42 +43,46 @@ def render(table, console: Console) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("profile")
     def profile(
-        target: Annotated[str, typer.Option(help="target model: alias, HF directory or GGUF file")] = DEFAULT_TARGET,
-        draft: Annotated[str, typer.Option(help="draft model ('none': verify costs only)")] = DEFAULT_DRAFT,
-        out: Annotated[str, typer.Option(help="cost table JSON (the adaptive policy's default path)")] =
-            DEFAULT_COST_PATH,
+        target: Annotated[str, typer.Option(help="target model: alias, HF directory or GGUF file")] =
+            _d("models.target"),
+        draft: Annotated[str, typer.Option(help="draft model ('none': verify costs only)")] = _d("models.draft"),
+        out: Annotated[str, typer.Option(help="cost table JSON (the adaptive policy's default path)")] = _d("out"),
         context_len: Annotated[int, typer.Option(help="synthetic KV context per request "
                                                       "(AVKIT_PROFILE_CONTEXT_LEN overrides)")] = _d("context_len"),
         k: Annotated[int, typer.Option("-k", "--k", help="draft tokens per request (verify layout)")] = _d("k"),
-        max_verify_tokens: Annotated[int, typer.Option(help="largest verify step, target tokens")] = _d("max_tokens"),
+        max_verify_tokens: Annotated[int, typer.Option(help="largest verify step, target tokens")] = _d("max_verify_tokens"),
         max_requests: Annotated[int, typer.Option(help="largest draft batch, requests")] = _d("max_requests"),
         repeats: Annotated[int, typer.Option(help="timed runs per point (median kept)")] = _d("repeats"),
         temperature: Annotated[float, typer.Option(help="sampling work timed with each forward (0: argmax)")] =
             _d("temperature"),
         top_p: Annotated[float, typer.Option(help="top-p of that sampling work")] = _d("top_p"),
-        device: Annotated[str, typer.Option(help="auto (a GPU if torch sees one) | cpu | cuda[:N]")] = "auto",
+        device: Annotated[str, typer.Option(help="auto (a GPU if torch sees one) | cpu | cuda[:N]")] =
+            _d("models.device"),
         dtype: Annotated[str, typer.Option(help="model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 "
-                                                "| bfloat16; profile what you record or serve with")] = "auto",
+                                                "| bfloat16; profile what you record or serve with")] =
+            _d("models.dtype"),
         engine: Annotated[str, typer.Option(help="native (avkit's runtime) | vllm (vLLM's offline engine in its own "
                                                  "venv: whole engine steps split by its hooks, docs/vllm.md)")] =
-            "native",
+            _d("engine"),
         vllm_python: Annotated[str, typer.Option(help="--engine vllm: that venv's python (default "
-                                                      "$AVKIT_VLLM_PYTHON, else .venv-vllm/bin/python)")] = "",
-        threads: Annotated[int, typer.Option(help="--engine vllm: CPU cores vLLM binds (0 = all)")] = 0,
+                                                      "$AVKIT_VLLM_PYTHON, else .venv-vllm/bin/python)")] =
+            _d("vllm_python"),
+        threads: Annotated[int, typer.Option(help="--engine vllm: CPU cores vLLM binds (0 = all)")] = _d("threads"),
     ):
         """Profile verify cost by target tokens and draft cost by requests; save a monotone cost table."""
-        config = ProfileConfig(context_len=context_len, k=k, max_tokens=max_verify_tokens, max_requests=max_requests,
-                               repeats=repeats, temperature=temperature, top_p=top_p)
+        config = ProfileConfig(models=ModelsConfig(target=target, draft=draft, device=device, dtype=dtype), out=out,
+                               context_len=context_len, k=k, max_verify_tokens=max_verify_tokens,
+                               max_requests=max_requests, repeats=repeats, temperature=temperature, top_p=top_p,
+                               engine=engine, vllm_python=vllm_python, threads=threads)
         from avkit.models import load  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.models.placement import placement  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.scheduling.profile import num_points, profile_costs  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
         console = Console(stderr=True)
-        if engine == "vllm":
-            return _profile_vllm(config, target, draft, out, dtype, vllm_python, threads, console)
-        if engine != "native":
-            raise ConfigError(f"--engine must be native or vllm, got {engine!r}")
-        dev, dt = placement(device, dtype)
+        if config.engine == "vllm":
+            return _profile_vllm(config, console)
+        target, draft, out = config.models.target, config.models.draft, config.out
+        dev, dt = placement(config.models.device, config.models.dtype)
         with StagedOutputs() as outputs:
             outputs.file(out, "--out")  # an unwritable --out fails now, not after minutes of profiling
             loading = f"avkit profile: loading {target}" + ("" if draft in ("", "none") else f" + {draft}")
@@ -97,28 +100,22 @@ def register(app: typer.Typer) -> None:
         console.print(f"cost table: {path}")
 
 
-def _profile_vllm(config, target: str, draft: str, out: str, dtype: str, vllm_python: str, threads: int,
-                  console: Console) -> None:
+def _profile_vllm(config, console: Console) -> None:
     """`--engine vllm`: vLLM's step costs (avkit/engines/vllm/profile.py), the same table format."""
     from avkit.engines.vllm.driver import check_vllm_version, hf_dir  # lazy: start-up (the library loads when the command runs: -h stays fast)
     from avkit.engines.vllm.driver import vllm_python as find_python  # lazy: start-up (the library loads when the command runs: -h stays fast)
     from avkit.engines.vllm.profile import num_points, profile_vllm  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
-    if dtype not in ("auto", "float32", "bfloat16"):
-        raise ConfigError(f"--dtype must be auto, float32 or bfloat16, got {dtype!r}")
-    if threads < 0:
-        raise ConfigError(f"--threads must be >= 0, got {threads}")
-    python = find_python(vllm_python)
+    target, draft, out = config.models.target, config.models.draft, config.out
+    python = find_python(config.vllm_python)
     check_vllm_version(python)
-    if config.k > 0 and draft in ("", "none"):
-        raise ConfigError("--engine vllm with -k > 0 profiles the drafter too: give a --draft (or -k 0)")
     tgt = hf_dir(target, "--target")
     drf = hf_dir(draft, "--draft") if config.k > 0 else tgt
     with StagedOutputs() as outputs:
         outputs.file(out, "--out")
         with Progress(*Progress.get_default_columns(), TimeElapsedColumn(), console=console, transient=True) as bar:
             task = bar.add_task(f"profiling vLLM ({config.repeats} steps per point)", total=num_points(config))
-            table = profile_vllm(python, tgt, drf, config, dtype=dtype, threads=threads,
+            table = profile_vllm(python, tgt, drf, config, dtype=config.models.dtype, threads=config.threads,
                                  on_point=lambda: bar.advance(task))
         render(table, Console(width=None if sys.stdout.isatty() else 132))  # the result: stdout
         console.print(noise_line(table.meta.get("noise", {})), highlight=False)

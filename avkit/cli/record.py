@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from avkit.config import EngineConfig, ModelsConfig, RecordConfig, SamplingConfig, default_of, named
+from avkit.config import EngineConfig, ModelsConfig, RecordConfig, SamplingConfig, default_of
 from avkit.errors import ConfigError
 
 
@@ -24,7 +24,7 @@ def check_datasets(datasets: tuple[str, ...]) -> None:
 
     for name in datasets:
         if name not in WORKLOADS and not Path(name).is_file():
-            raise ConfigError(f"--dataset {name!r}: not a built-in workload {sorted(WORKLOADS)} "
+            raise ConfigError(f"--dataset {name}: not a built-in workload ({', '.join(sorted(WORKLOADS))}) "
                               "nor an existing .jsonl file")
         load_workload(name, 1)  # a missing package or a bad file fails here, not after loading models
 
@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
         k: Annotated[int, typer.Option("-k", "--k", help="draft tokens per step")] = _d("engine.k"),
         temperature: Annotated[float, typer.Option(help="sampling temperature (0 = greedy)")] = _d("sampling.temperature"),
         top_p: Annotated[float, typer.Option(help="top-p of target and draft sampling")] = _d("sampling.top_p"),
-        concurrency: Annotated[int, typer.Option(help="requests decoding at once")] = _d("engine.max_batch"),
+        concurrency: Annotated[int, typer.Option(help="requests decoding at once")] = _d("engine.concurrency"),
         seed: Annotated[int, typer.Option(help="prompt order and sampling seed")] = _d("engine.seed"),
         out: Annotated[str, typer.Option(help="trace file (.parquet); generations go beside it")] = _d("out"),
         resume: Annotated[bool, typer.Option(help="continue OUT: skip finished requests (refused when OUT was "
@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
         slots_per_dataset: Annotated[int, typer.Option(
             help="stop admitting a dataset after this many labelled slots (0 = off)")] = _d("slots_per_dataset"),
         flush_interval: Annotated[float, typer.Option(help="seconds between flushes to disk")] =
-            _d("flush_interval_s"),
+            _d("flush_interval"),
         device: Annotated[str, typer.Option(help="auto (a GPU if torch sees one) | cpu | cuda[:N]")] = _d("models.device"),
         dtype: Annotated[str, typer.Option(help="model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 | "
                                                 "bfloat16 (~3x float32 on AVX512-BF16 CPUs)")] = _d("models.dtype"),
@@ -102,17 +102,16 @@ def register(app: typer.Typer) -> None:
         progress: Annotated[bool, typer.Option(help="show the progress bar")] = True,
     ):
         """Record acceptance traces: one row per draft slot, streamed to Parquet in row groups."""
-        with named(max_batch="concurrency"):  # the option's name in record's errors
-            config = RecordConfig(
-                models=ModelsConfig(target=target, draft=draft, drafter=drafter, payoff=payoff, device=device,
-                                    dtype=dtype),
-                engine=EngineConfig(k=k, max_batch=concurrency, seed=seed, kernels=kernels),
-                sampling=SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens),
-                datasets=tuple(dataset) if dataset else _d("datasets"), num_prompts=num_prompts,
-                max_prompt_tokens=max_prompt_tokens, out=out, resume=resume, overwrite=overwrite,
-                slots_per_dataset=slots_per_dataset, flush_interval_s=flush_interval, threads=threads,
-                backend=engine, vllm_python=vllm_python, vllm_draft_sampling=vllm_draft_sampling, policy=policy,
-                cost=cost, coefficients=coefficients)
+        config = RecordConfig(
+            models=ModelsConfig(target=target, draft=draft, drafter=drafter, payoff=payoff, device=device,
+                                dtype=dtype),
+            engine=EngineConfig(k=k, concurrency=concurrency, seed=seed, kernels=kernels),
+            sampling=SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens),
+            datasets=tuple(dataset) if dataset else _d("datasets"), num_prompts=num_prompts,
+            max_prompt_tokens=max_prompt_tokens, out=out, resume=resume, overwrite=overwrite,
+            slots_per_dataset=slots_per_dataset, flush_interval=flush_interval, threads=threads,
+            backend=engine, vllm_python=vllm_python, vllm_draft_sampling=vllm_draft_sampling, policy=policy,
+            cost=cost, coefficients=coefficients)
         from avkit.record import record as run  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.record.files import preflight  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.record.recorder import verify_policy  # lazy: torch (the policy it builds)

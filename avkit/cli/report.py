@@ -61,20 +61,20 @@ def register(app: typer.Typer) -> None:
             default_of(FitConfig, "mode"),
         feature: Annotated[str, typer.Option(help="deployed feature when fitting traces")] =
             default_of(EstimatorConfig, "feature"),
-        bins: Annotated[int, typer.Option(help="reliability-diagram and ECE bins")] = _d("n_bins"),
-        embed: Annotated[bool, typer.Option(help="embed the PNGs in index.html")] = _d("embed_images"),
+        bins: Annotated[int, typer.Option(help="reliability-diagram and ECE bins")] = _d("bins"),
+        embed: Annotated[bool, typer.Option(help="embed the PNGs in index.html")] = _d("embed"),
         engine: Annotated[str, typer.Option(help="memory: the traces in RAM; streaming: out of core, memory "
                                             "bounded by --memory-budget (a batch fit; no simulation unless --sim)")] =
             _d("engine"),
         memory_budget: Annotated[int, typer.Option(help="--engine streaming: MB of memory to stay under")] =
-            _d("memory_budget_mb"),
+            _d("memory_budget"),
         scratch: Annotated[Path | None, typer.Option(help="--engine streaming: directory for the spilled observed "
                                                      "slots (default: the system temp)", show_default=False)] = None,
     ):
         """Write index.html (self-contained), report.md and the PNGs: summary, feature table, reliability
         diagrams, online fitting, simulation, tuning and hybrid drafting. Missing inputs omit their section."""
-        config = ReportConfig(out=str(out), n_bins=bins, embed_images=embed, engine=engine,
-                              memory_budget_mb=memory_budget, scratch=None if scratch is None else str(scratch))
+        config = ReportConfig(out=str(out), bins=bins, embed=embed, engine=engine,
+                              memory_budget=memory_budget, scratch=None if scratch is None else str(scratch))
         from avkit.report import report_fit_dir, report_traces  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.report.sections import SECTIONS  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.trace.reader import common_k  # lazy: start-up (the library loads when the command runs: -h stays fast)
@@ -101,7 +101,7 @@ def register(app: typer.Typer) -> None:
             if fit_dir is not None:
                 path = report_fit_dir(fit_dir, out, config, **kw)
             else:
-                path = report_traces(traces, out, config, fit=FitConfig(mode=mode, n_bins=bins),
+                path = report_traces(traces, out, config, fit=FitConfig(mode=mode, bins=bins),
                                      estimator=EstimatorConfig(feature=feature), **kw)
             bar.update(task, completed=len(stages))
         for w in warnings:

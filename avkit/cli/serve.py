@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 
 from avkit.config import (
-    AdaptiveConfig, EngineConfig, EstimatorConfig, HttpConfig, ModelsConfig, ServeConfig, default_of, named)
+    AdaptiveConfig, EngineConfig, EstimatorConfig, HttpConfig, ModelsConfig, ServeConfig, default_of)
 from avkit.errors import ConfigError
 
 
@@ -32,8 +32,8 @@ def policy_spec(spec: str, estimator: str, k: int) -> tuple[str, str, int]:
         try:
             return name, estimator, int(arg)
         except ValueError:
-            raise ConfigError(f"--policy {spec!r}: fixed:K needs an integer K") from None
-    raise ConfigError(f"--policy {spec!r}: only adaptive:ESTIMATOR and fixed:K take an argument")
+            raise ConfigError(f"--policy {spec}: fixed:K needs an integer K") from None
+    raise ConfigError(f"--policy {spec}: only adaptive:ESTIMATOR and fixed:K take an argument")
 
 
 def register(app: typer.Typer) -> None:
@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
                                               "from the reference constants")] = _d("adaptive.cache_coefficients"),
         cost: Annotated[str, _o("cost table JSON from `avkit profile`, or roofline:GPU:MODEL")] = _d("adaptive.cost"),
         draft_gate: Annotated[bool, _o("adaptive: skip drafting in steps where no draft depth pays")] =
-            _d("adaptive.gate"),
+            _d("adaptive.draft_gate"),
         snapshot: Annotated[str, _o("live coefficient snapshot (default "
                                     "~/.cache/avkit/serve/coefficients.json)")] = _d("snapshot"),
         snapshot_every: Annotated[int, _o("snapshot every M refits")] = _d("snapshot_every"),
@@ -70,11 +70,11 @@ def register(app: typer.Typer) -> None:
                                    envvar="AVKIT_API_KEY", show_default=False)] = _d("http.api_key"),
         served_model_name: Annotated[str, _o("model name clients use (default: the target id)")] =
             _d("http.served_model_name"),
-        concurrency: Annotated[int, _o("requests decoding at once, at most")] = _d("engine.max_batch"),
+        concurrency: Annotated[int, _o("requests decoding at once, at most")] = _d("engine.concurrency"),
         queue_size: Annotated[int, _o("requests waiting beyond those before 429")] = _d("http.queue_size"),
         max_len: Annotated[int, _o("context limit in tokens")] = _d("engine.max_len"),
         max_new_tokens: Annotated[int, _o("largest max_tokens a request may ask (new tokens per request)")] =
-            _d("max_tokens_limit"),
+            _d("max_new_tokens"),
         k: Annotated[int, typer.Option("-k", "--k", help="draft tokens per step")] = _d("engine.k"),
         seed: Annotated[int, _o("engine seed")] = _d("engine.seed"),
         device: Annotated[str, _o("auto (a GPU if torch sees one) | cpu | cuda[:N]")] = _d("models.device"),
@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
         kernels: Annotated[str, _o("hot-path kernels: auto (Triton on CUDA, torch elsewhere) | torch | "
                                          "triton (on a CPU: Triton's interpreter, TRITON_INTERPRET=1)")] = _d("engine.kernels"),
         grace_period: Annotated[float, _o("seconds to finish in-flight requests on SIGTERM")] =
-            _d("http.grace_period_s"),
+            _d("http.grace_period"),
         max_body_bytes: Annotated[int, _o("largest request body in bytes (413 beyond)")] = _d("http.max_body_bytes"),
         log_requests: Annotated[bool, _o("one access-log line per request: method, path, status, tokens, "
                                          "seconds")] = _d("http.log_requests"),
@@ -90,20 +90,19 @@ def register(app: typer.Typer) -> None:
     ):
         """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
         policy, estimator, k = policy_spec(policy, estimator, k)
-        with named(max_batch="max_concurrency"):  # the names serve's errors have always used
-            config = ServeConfig(
-                models=ModelsConfig(target=target, draft=draft, drafter=drafter, payoff=payoff, device=device,
-                                    dtype=dtype),
-                engine=EngineConfig(k=k, max_batch=concurrency, max_len=max_len, seed=seed, kernels=kernels),
-                online=EstimatorConfig(refit_interval=refit_interval),
-                adaptive=AdaptiveConfig(estimator=estimator, coefficients=coefficients, cost=cost, gate=draft_gate,
-                                        cache_coefficients=cache_coefficients),
-                http=HttpConfig(host=host, port=port, api_key=api_key, served_model_name=served_model_name,
-                                queue_size=queue_size, grace_period_s=grace_period, max_body_bytes=max_body_bytes,
-                                log_requests=log_requests),
-                policy=policy, schedule=schedule, snapshot=snapshot, snapshot_every=snapshot_every, resume=resume, record=record,
-                max_tokens_limit=max_new_tokens,
-                default_max_tokens=min(_d("default_max_tokens"), max_new_tokens))
+        config = ServeConfig(
+            models=ModelsConfig(target=target, draft=draft, drafter=drafter, payoff=payoff, device=device,
+                                dtype=dtype),
+            engine=EngineConfig(k=k, concurrency=concurrency, max_len=max_len, seed=seed, kernels=kernels),
+            online=EstimatorConfig(refit_interval=refit_interval),
+            adaptive=AdaptiveConfig(estimator=estimator, coefficients=coefficients, cost=cost, draft_gate=draft_gate,
+                                    cache_coefficients=cache_coefficients),
+            http=HttpConfig(host=host, port=port, api_key=api_key, served_model_name=served_model_name,
+                            queue_size=queue_size, grace_period=grace_period, max_body_bytes=max_body_bytes,
+                            log_requests=log_requests),
+            policy=policy, schedule=schedule, snapshot=snapshot, snapshot_every=snapshot_every, resume=resume, record=record,
+            max_new_tokens=max_new_tokens,
+            default_max_tokens=min(_d("default_max_tokens"), max_new_tokens))
         from avkit.serve.server import bind_warning  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.serve.server import serve as run  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.serve.startup import bind_socket, check_record_writable, warm_start  # lazy: start-up (the library loads when the command runs: -h stays fast)

@@ -34,7 +34,7 @@ def parse_ints(name: str, text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(x) for x in text.split(",") if x.strip())
     except ValueError:
-        raise ConfigError(f"--{name} must be comma-separated integers, got {text!r}") from None
+        raise ConfigError(f"--{name} must be comma-separated integers, got {text}") from None
     if not values:
         raise ConfigError(f"--{name} is empty")
     return values

@@ -2,11 +2,12 @@
 
 Each component receives the narrow config it uses; a command's config is composed of them
 (`ServeConfig.engine` is the `EngineConfig` the engine gets), so each field is declared and
-validated in one place. Validation happens in __post_init__ and raises ConfigError naming the
-field and the bad value. The CLI builds its options from these defaults (``default_of(Cls,
-"engine.k")``), so the two never drift.
+validated in one place. A field's name is its command-line option's (`concurrency` is
+`--concurrency`), so __post_init__'s ConfigError names the option and the value as typed. The
+CLI builds its options from these defaults (``default_of(Cls, "engine.k")``), so the two never
+drift.
 
-  fields.py      DEFAULT_K, MAX_K, the default pair, `default_of`, `named`
+  fields.py      DEFAULT_K, MAX_K, the default pair, `default_of`
   sampling.py    SamplingConfig (per request)
   engine.py      EngineConfig, ModelsConfig (pair, drafter, placement)
   estimation.py  EstimatorConfig, ForgettingConfig, AdaptiveConfig
@@ -21,7 +22,7 @@ field and the bad value. The CLI builds its options from these defaults (``defau
 
 from avkit.config.engine import DRAFTERS, KERNEL_BACKENDS, EngineConfig, ModelsConfig
 from avkit.config.estimation import AdaptiveConfig, EstimatorConfig, ForgettingConfig
-from avkit.config.fields import DEFAULT_DRAFT, DEFAULT_K, DEFAULT_TARGET, MAX_K, default_of, named
+from avkit.config.fields import DEFAULT_DRAFT, DEFAULT_K, DEFAULT_TARGET, MAX_K, default_of
 from avkit.config.fit import FIT_ENGINES, FIT_MODES, ONLINE_ESTIMATORS, FitConfig, SyntheticConfig
 from avkit.config.hvd import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
 from avkit.config.record import DEFAULT_RECORD_DATASETS, RecordConfig
@@ -72,6 +73,5 @@ __all__ = [
     "SyntheticConfig",
     "TuneConfig",
     "default_of",
-    "named",
     "shipped_file",
 ]

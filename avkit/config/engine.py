@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from avkit.config.fields import DEFAULT_DRAFT, DEFAULT_K, DEFAULT_TARGET, MAX_K
-from avkit.validate import check_choice, check_placement, check_range
+from avkit.validate import check_placement, in_range, one_of
 
 DRAFTERS = ("model", "hybrid")
+RUN_ENGINES = ("native", "vllm")  # `--engine` of record and profile: avkit's runtime | vLLM's offline engine
 KERNEL_BACKENDS = ("auto", "torch", "triton")  # avkit/kernels/dispatch.py BACKENDS
 
 
@@ -20,7 +21,7 @@ class EngineConfig:
     """
 
     k: int = DEFAULT_K  # draft tokens proposed per request and step
-    max_batch: int = 8  # concurrent requests (KV-cache slots)
+    concurrency: int = 8  # requests decoding at once (KV-cache slots)
     max_len: int = 2048  # tokens per sequence: prompt + output (+ K draft slots in flight)
     seed: int = 0
     # hot-path kernels (avkit/kernels/dispatch.py): auto = Triton on CUDA, the torch references on CPU;
@@ -28,10 +29,10 @@ class EngineConfig:
     kernels: str = "auto"
 
     def __post_init__(self):
-        check_range("k", self.k, 0, MAX_K)
-        check_range("max_batch", self.max_batch, 1)
-        check_range("max_len", self.max_len, self.k + 2)
-        check_choice("kernels", self.kernels, KERNEL_BACKENDS)
+        in_range(self, "k", 0, MAX_K)
+        in_range(self, "concurrency", 1)
+        in_range(self, "max_len", self.k + 2)
+        one_of(self, "kernels", KERNEL_BACKENDS)
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class ModelsConfig:
     dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 (~3x on AVX512-BF16)
 
     def __post_init__(self):
-        check_choice("drafter", self.drafter, DRAFTERS)
+        one_of(self, "drafter", DRAFTERS)
         check_placement(self.device, self.dtype)
 
     @property
@@ -54,4 +55,4 @@ class ModelsConfig:
         return self.draft not in ("", "none")
 
 
-__all__ = ["DRAFTERS", "KERNEL_BACKENDS", "EngineConfig", "ModelsConfig"]
+__all__ = ["DRAFTERS", "KERNEL_BACKENDS", "RUN_ENGINES", "EngineConfig", "ModelsConfig"]

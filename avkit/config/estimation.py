@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from avkit.validate import check_range
+from avkit.validate import in_range
 
 
 @dataclass(frozen=True)
@@ -19,9 +19,9 @@ class EstimatorConfig:
     damping: float = 50.0  # update scaled by n / (n + damping)
 
     def __post_init__(self):
-        check_range("refit_interval", self.refit_interval, 1)
-        check_range("ridge", self.ridge, 0.0)
-        check_range("damping", self.damping, 0.0)
+        in_range(self, "refit_interval", 1)
+        in_range(self, "ridge", 0.0)
+        in_range(self, "damping", 0.0)
 
 
 @dataclass(frozen=True)
@@ -36,11 +36,11 @@ class ForgettingConfig:
     prior_slots: float = 50.0  # weight of the start coefficients, in pseudo-slots per position
 
     def __post_init__(self):
-        check_range("half_life", self.half_life, 0.0, lo_open=True)
-        check_range("young_interval", self.young_interval, 1)
-        check_range("shift_z", self.shift_z, 0.0, lo_open=True)
-        check_range("shift_keep", self.shift_keep, 0.0, 1.0)
-        check_range("prior_slots", self.prior_slots, 0.0, lo_open=True)
+        in_range(self, "half_life", 0.0, lo_open=True)
+        in_range(self, "young_interval", 1)
+        in_range(self, "shift_z", 0.0, lo_open=True)
+        in_range(self, "shift_keep", 0.0, 1.0)
+        in_range(self, "prior_slots", 0.0, lo_open=True)
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class AdaptiveConfig:
     cache_coefficients: str = ""
     cost: str = ""  # cost table JSON or roofline:GPU:MODEL ("" = DEFAULT_COST_PATH, else CPU roofline)
     history: int = 1000  # refits kept in the coefficient trajectory
-    gate: bool = True  # may skip drafting for a step when no draft depth pays at its load (gate.py)
+    draft_gate: bool = True  # may skip drafting for a step when no draft depth pays at its load (gate.py)
     gate_window: int = 64  # recent drafted request-steps the gate replays its step on
     probe_every: int = 256  # skipped steps in a row before the gate drafts again to re-measure
     resume_margin: float = 0.1  # gate off: resume drafting only when it promises > 10% more tokens/ms
@@ -63,11 +63,11 @@ class AdaptiveConfig:
     cost_probe_every: int = 97  # learning: every this many steps a probe verifies a depth set by the step count
 
     def __post_init__(self):
-        check_range("history", self.history, 1)
-        check_range("gate_window", self.gate_window, 1)
-        check_range("probe_every", self.probe_every, 1)
-        check_range("resume_margin", self.resume_margin, 0.0)
-        check_range("cost_probe_every", self.cost_probe_every, 0)
+        in_range(self, "history", 1)
+        in_range(self, "gate_window", 1)
+        in_range(self, "probe_every", 1)
+        in_range(self, "resume_margin", 0.0)
+        in_range(self, "cost_probe_every", 0)
 
 
 __all__ = ["AdaptiveConfig", "EstimatorConfig", "ForgettingConfig"]

@@ -1,4 +1,4 @@
-"""What every config shares: the project-wide defaults, `default_of`, and naming a nested field's error.
+"""What every config shares: the project-wide defaults and `default_of`.
 
 Configs are frozen dataclasses validated once, in their own __post_init__. A command's config is
 composed of the narrow configs of the components it drives (`ServeConfig.engine` is an
@@ -9,10 +9,7 @@ nested configs when the command builds its config.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import MISSING, fields
-
-from avkit.errors import ConfigError
 
 DEFAULT_K = 7
 MAX_K = 64  # the most drafts per request and step anywhere (engine, record, serve, tune, synthetic traces)
@@ -39,18 +36,4 @@ def default_of(cls, name: str):
     raise KeyError(name)
 
 
-@contextmanager
-def named(**labels: str):
-    """Validation errors of nested fields named as the command's users know them: inside
-    `with named(max_batch="concurrency")`, "max_batch must be in ..." reads "concurrency must be in ..."."""
-    try:
-        yield
-    except ConfigError as e:
-        message = str(e)
-        for field, label in labels.items():
-            if message.startswith(field + " "):
-                raise ConfigError(label + message[len(field):]) from None
-        raise
-
-
-__all__ = ["DEFAULT_DRAFT", "DEFAULT_K", "DEFAULT_TARGET", "MAX_K", "default_of", "named"]
+__all__ = ["DEFAULT_DRAFT", "DEFAULT_K", "DEFAULT_TARGET", "MAX_K", "default_of"]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from avkit.config.fields import DEFAULT_K, MAX_K
 from avkit.errors import ConfigError
-from avkit.validate import check_choice, check_range
+from avkit.validate import check_choice, in_range, one_of, option, shown
 
 FIT_MODES = ("online", "batch")
 FIT_ENGINES = ("memory", "streaming", "ray")
@@ -25,7 +25,7 @@ class FitConfig:
     mode: str = "online"  # online: refit rounds as live (scores use predictions made when drafting);
     # batch: the same Newton step iterated to convergence on all observed rows
     estimator: str = "online_logistic"  # online mode: the estimator replayed and written (ONLINE_ESTIMATORS)
-    n_bins: int = 10  # ECE bins
+    bins: int = 10  # ECE bins
     max_iter: int = 50  # batch Newton iterations
     tol: float = 1e-10  # batch convergence: max |step| of any coefficient
     workers: int = 2  # threads fitting and scoring features (memory) or shards (streaming) in parallel
@@ -33,7 +33,7 @@ class FitConfig:
     out: str = "reports/fit"
     engine: str = "memory"  # memory: every observed slot in RAM; streaming: out of core, passes over
     # shards in bounded chunks (fit/streaming.py); ray: the same passes as tasks on a Ray cluster
-    memory_budget_mb: int = 1536  # streaming/ray: peak memory a fit process aims to stay under
+    memory_budget: int = 1536  # streaming/ray: peak memory a fit process aims to stay under
     auc_bins: int = 1 << 16  # streaming/ray: rank-histogram bins per group (AUC error bound, metrics/binned.py)
     address: str | None = None  # ray: cluster address (None starts a local cluster)
     scratch: str | None = None  # streaming/ray: directory for the spilled observed slots (None: system temp)
@@ -45,13 +45,13 @@ class FitConfig:
     # EstimatorConfig.feature among them); () = every feature in the traces plus the per-position-slope ablation
 
     def __post_init__(self):
-        check_choice("mode", self.mode, FIT_MODES)
-        check_choice("estimator", self.estimator, ONLINE_ESTIMATORS)
-        check_choice("engine", self.engine, FIT_ENGINES)
-        check_range("memory_budget_mb", self.memory_budget_mb, 256)
-        check_range("auc_bins", self.auc_bins, 16, 1 << 24)
-        check_choice("replicas", self.replicas, FIT_REPLICAS)
-        check_choice("drafter", self.drafter, FIT_DRAFTERS)
+        one_of(self, "mode", FIT_MODES)
+        one_of(self, "estimator", ONLINE_ESTIMATORS)
+        one_of(self, "engine", FIT_ENGINES)
+        in_range(self, "memory_budget", 256)
+        in_range(self, "auc_bins", 16, 1 << 24)
+        one_of(self, "replicas", FIT_REPLICAS)
+        one_of(self, "drafter", FIT_DRAFTERS)
         if self.mode == "batch" and self.estimator != "online_logistic":  # never ignored silently
             raise ConfigError(f"--estimator {self.estimator}: names the online estimator; --mode batch fits "
                               "batch_logistic (drop --estimator or use --mode online)")
@@ -71,14 +71,16 @@ class FitConfig:
         if self.features:
             from avkit.features import FEATURES  # lazy: torch (avkit.features; config is imported at start-up)
 
+            if not all(self.features):
+                raise ConfigError(f"--features must be comma-separated feature names, got {shown(self.features)}")
             for name in self.features:
-                check_choice("features", name, FEATURES)
+                check_choice("--features", name, FEATURES)
             if len(set(self.features)) < len(self.features):
-                raise ConfigError(f"features: {','.join(self.features)} names a feature twice")
-        check_range("n_bins", self.n_bins, 1)
-        check_range("max_iter", self.max_iter, 1)
-        check_range("tol", self.tol, 0.0, lo_open=True)
-        check_range("workers", self.workers, 1)
+                raise ConfigError(f"--features {shown(self.features)}: names a feature twice")
+        in_range(self, "bins", 1)
+        in_range(self, "max_iter", 1)
+        in_range(self, "tol", 0.0, lo_open=True)
+        in_range(self, "workers", 1)
 
 
 @dataclass(frozen=True)
@@ -101,16 +103,16 @@ class SyntheticConfig:
     seed: int = 0
 
     def __post_init__(self):
-        check_range("num_slots", self.num_slots, 1)
-        check_range("k", self.k, 1, MAX_K)
-        check_range("feature_sd", self.feature_sd, 0.0)
-        check_range("batch_size", self.batch_size, 1)
-        check_range("steps_per_request", self.steps_per_request, 1)
-        check_range("trim_prob", self.trim_prob, 0.0, 1.0)
+        in_range(self, "num_slots", 1)
+        in_range(self, "k", 1, MAX_K)
+        in_range(self, "feature_sd", 0.0)
+        in_range(self, "batch_size", 1)
+        in_range(self, "steps_per_request", 1)
+        in_range(self, "trim_prob", 0.0, 1.0)
         for name, n in (("intercepts", self.k), ("mix", len(self.datasets)),
                         ("feature_means", len(self.datasets))):
             if len(getattr(self, name)) != n:
-                raise ConfigError(f"{name} must have {n} entries, got {getattr(self, name)!r}")
+                raise ConfigError(f"{option(name)} must have {n} entries, got {shown(getattr(self, name))}")
 
 
 __all__ = ["FIT_ENGINES", "FIT_MODES", "FIT_REPLICAS", "ONLINE_ESTIMATORS", "FitConfig", "SyntheticConfig"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from avkit.config.fields import DEFAULT_K, MAX_K
-from avkit.validate import check_range
+from avkit.validate import in_range
 
 
 @dataclass(frozen=True)
@@ -21,12 +21,12 @@ class SuffixCacheConfig:
     use_global: bool = True  # also draft from past responses
 
     def __post_init__(self):
-        check_range("max_depth", self.max_depth, 1)
-        check_range("max_spec_factor", self.max_spec_factor, 0.0)
-        check_range("max_spec_offset", self.max_spec_offset, -1e9)
-        check_range("min_token_prob", self.min_token_prob, 0.0, 1.0)
-        check_range("max_cached_requests", self.max_cached_requests, 0)
-        check_range("max_cached_tokens", self.max_cached_tokens, 0)
+        in_range(self, "max_depth", 1)
+        in_range(self, "max_spec_factor", 0.0)
+        in_range(self, "max_spec_offset", -1e9)
+        in_range(self, "min_token_prob", 0.0, 1.0)
+        in_range(self, "max_cached_requests", 0)
+        in_range(self, "max_cached_tokens", 0)
 
 
 @dataclass(frozen=True)
@@ -40,9 +40,9 @@ class HvdCostConfig:
     cache_cost: float = 0.005  # suffix lookup + payoff predictor
 
     def __post_init__(self):
-        check_range("verify_token_cost", self.verify_token_cost, 0.0)
-        check_range("draft_step_cost", self.draft_step_cost, 0.0)
-        check_range("cache_cost", self.cache_cost, 0.0)
+        in_range(self, "verify_token_cost", 0.0)
+        in_range(self, "draft_step_cost", 0.0)
+        in_range(self, "cache_cost", 0.0)
 
 
 @dataclass(frozen=True)
@@ -60,14 +60,14 @@ class PayoffConfig:
     seed: int = 0
 
     def __post_init__(self):
-        check_range("hidden", self.hidden, 1)
-        check_range("layers", self.layers, 1)
-        check_range("epochs", self.epochs, 1)
-        check_range("batch_size", self.batch_size, 1)
-        check_range("lr", self.lr, 0.0, lo_open=True)
-        check_range("weight_decay", self.weight_decay, 0.0)
-        check_range("val_fraction", self.val_fraction, 0.0, 1.0, lo_open=True, hi_open=True)
-        check_range("test_fraction", self.test_fraction, 0.0, 1.0 - self.val_fraction, hi_open=True)
+        in_range(self, "hidden", 1)
+        in_range(self, "layers", 1)
+        in_range(self, "epochs", 1)
+        in_range(self, "batch_size", 1)
+        in_range(self, "lr", 0.0, lo_open=True)
+        in_range(self, "weight_decay", 0.0)
+        in_range(self, "val_fraction", 0.0, 1.0, lo_open=True, hi_open=True)
+        in_range(self, "test_fraction", 0.0, 1.0 - self.val_fraction, hi_open=True)
 
 
 @dataclass(frozen=True)
@@ -79,9 +79,9 @@ class HvdReplayConfig:
     high_payoff: int = 6  # precision/recall threshold on accepted length (the paper's >= 6)
 
     def __post_init__(self):
-        check_range("k", self.k, 1, MAX_K)
-        check_range("history_window", self.history_window, 1)
-        check_range("high_payoff", self.high_payoff, 1)
+        in_range(self, "k", 1, MAX_K)
+        in_range(self, "history_window", 1)
+        in_range(self, "high_payoff", 1)
 
 
 __all__ = ["HvdCostConfig", "HvdReplayConfig", "PayoffConfig", "SuffixCacheConfig"]

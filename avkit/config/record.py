@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from avkit.config.engine import EngineConfig, ModelsConfig
+from avkit.config.engine import RUN_ENGINES, EngineConfig, ModelsConfig
 from avkit.config.sampling import SamplingConfig
 from avkit.errors import ConfigError
-from avkit.validate import check_choice, check_range
+from avkit.validate import check_choice, in_range, one_of, shown
 
 DEFAULT_RECORD_DATASETS = ("humaneval", "mtbench")
 
@@ -21,7 +21,7 @@ class RecordConfig:
     """
 
     models: ModelsConfig = field(default_factory=ModelsConfig)
-    # k, max_batch (--concurrency: requests decoding at once), seed (prompt order and sampling);
+    # k, concurrency (requests decoding at once), seed (prompt order and sampling);
     # the context limit is sized by `engine_for_run` from the prompt and generation caps
     engine: EngineConfig = field(default_factory=EngineConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)  # temperature, top_p, max_new_tokens
@@ -33,7 +33,7 @@ class RecordConfig:
     overwrite: bool = False  # replace an existing file (only when the new run finishes; see avkit/record)
     slots_per_dataset: int = 0  # stop admitting a dataset's prompts after this many labelled slots (0 = off)
     row_group_rows: int = 65536
-    flush_interval_s: float = 60.0  # also flush (and make the partial file readable) this often
+    flush_interval: float = 60.0  # also flush (and make the partial file readable) this often
     threads: int = 0  # torch intra-op threads (0 = torch's default); 1 is fastest on an oversubscribed CPU
     backend: str = "native"  # --engine: native (avkit's runtime) | vllm (vLLM's offline engine, docs/vllm.md)
     vllm_python: str = ""  # vllm: the venv's python ("" = $AVKIT_VLLM_PYTHON, else .venv-vllm/bin/python)
@@ -44,25 +44,25 @@ class RecordConfig:
 
     def __post_init__(self):
         if not self.datasets:
-            raise ConfigError(f"datasets must name at least one workload, got {self.datasets!r}")
-        check_range("num_prompts", self.num_prompts, 1)
-        check_range("max_prompt_tokens", self.max_prompt_tokens, 1)
-        check_range("slots_per_dataset", self.slots_per_dataset, 0)
-        check_range("threads", self.threads, 0)
-        check_choice("engine", self.backend, ("native", "vllm"))
-        check_choice("vllm_draft_sampling", self.vllm_draft_sampling, ("probabilistic", "greedy"))
-        check_range("row_group_rows", self.row_group_rows, 1)
-        check_range("flush_interval_s", self.flush_interval_s, 0.0, lo_open=True)
+            raise ConfigError("--dataset must name at least one workload")
+        in_range(self, "num_prompts", 1)
+        in_range(self, "max_prompt_tokens", 1)
+        in_range(self, "slots_per_dataset", 0)
+        in_range(self, "threads", 0)
+        check_choice("--engine", self.backend, RUN_ENGINES)  # the option --engine (engine: EngineConfig)
+        one_of(self, "vllm_draft_sampling", ("probabilistic", "greedy"))
+        in_range(self, "row_group_rows", 1)
+        in_range(self, "flush_interval", 0.0, lo_open=True)
         if not str(self.out).endswith(".parquet"):
-            raise ConfigError(f"out must be a .parquet path, got {self.out!r}")
+            raise ConfigError(f"--out must be a .parquet path, got {shown(self.out)}")
         if self.policy != "full" and self.backend != "native":
-            raise ConfigError(f"policy {self.policy!r} runs in avkit's own engine only (engine {self.backend!r} "
+            raise ConfigError(f"--policy {self.policy} runs in avkit's own engine only (--engine {self.backend} "
                               "verifies with its own rule)")
         if self.backend == "vllm" and (self.resume or self.slots_per_dataset):
             raise ConfigError(f"{'resume' if self.resume else 'slots_per_dataset'} runs in avkit's own engine only "
                               "(engine 'vllm' hands vLLM every prompt up front and records a new file)")
         if self.resume and self.overwrite:
-            raise ConfigError("resume and overwrite exclude each other: continue the file or replace it")
+            raise ConfigError("--resume and --overwrite exclude each other: continue the file or replace it")
 
     @property
     def engine_for_run(self) -> EngineConfig:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from avkit.config.fit import FitConfig
-from avkit.validate import check_choice, check_range
+from avkit.validate import in_range, one_of
 
 
 @dataclass(frozen=True)
@@ -20,23 +20,23 @@ class ReportConfig:
     sim: str = "reports/simulate.parquet"  # `avkit simulate` results (one row per concurrency x policy)
     hvd: str = "reports/hvd/hvd_metrics.json"  # `avkit hvd` results
     tune: str = "reports/tune.json"  # `avkit tune` results (its section is left out when absent)
-    n_bins: int = 10  # reliability-diagram bins (equal-width in predicted probability, as the fit's ECE)
+    bins: int = 10  # reliability-diagram bins (equal-width in predicted probability, as the fit's ECE)
     dpi: int = 120
-    embed_images: bool = True  # index.html carries the PNGs as data URIs (portable); they are written beside too
+    embed: bool = True  # index.html carries the PNGs as data URIs (portable); they are written beside too
     engine: str = "memory"  # memory: the traces in RAM; streaming: summed out of core (report/streamed.py)
-    memory_budget_mb: int = 1536  # streaming: peak memory to stay under, whatever the traces' size
+    memory_budget: int = 1536  # streaming: peak memory to stay under, whatever the traces' size
     scratch: str | None = None  # streaming: directory for the spilled observed slots (None: system temp)
 
     def __post_init__(self):
-        check_range("n_bins", self.n_bins, 2, 100)
-        check_range("dpi", self.dpi, 50, 600)
-        check_choice("engine", self.engine, ("memory", "streaming"))
-        check_range("memory_budget_mb", self.memory_budget_mb, 256)
+        in_range(self, "bins", 2, 100)
+        in_range(self, "dpi", 50, 600)
+        one_of(self, "engine", ("memory", "streaming"))
+        in_range(self, "memory_budget", 256)
 
     def streaming(self):
         """The out-of-core FitConfig of `--engine streaming` (None: in memory)."""
         return None if self.engine == "memory" else FitConfig(
-            mode="batch", engine="streaming", memory_budget_mb=self.memory_budget_mb, scratch=self.scratch)
+            mode="batch", engine="streaming", memory_budget=self.memory_budget, scratch=self.scratch)
 
 
 __all__ = ["ReportConfig"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from avkit.validate import check_range
+from avkit.validate import in_range
 
 
 @dataclass(frozen=True)
@@ -19,11 +19,11 @@ class SamplingConfig:
     min_p: float = 0.0  # keep tokens with probability >= min_p * the most probable one's
 
     def __post_init__(self):
-        check_range("temperature", self.temperature, 0.0)
-        check_range("top_p", self.top_p, 0.0, 1.0, lo_open=True)
-        check_range("max_new_tokens", self.max_new_tokens, 1)
-        check_range("top_k", self.top_k, 0)
-        check_range("min_p", self.min_p, 0.0, 1.0)
+        in_range(self, "temperature", 0.0)
+        in_range(self, "top_p", 0.0, 1.0, lo_open=True)
+        in_range(self, "max_new_tokens", 1)
+        in_range(self, "top_k", 0)
+        in_range(self, "min_p", 0.0, 1.0)
 
 
 __all__ = ["SamplingConfig"]

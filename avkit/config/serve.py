@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from avkit.config.engine import EngineConfig, ModelsConfig
 from avkit.config.estimation import AdaptiveConfig, EstimatorConfig
 from avkit.errors import ConfigError
-from avkit.validate import check_range
+from avkit.validate import in_range, shown
 
 SERVE_STATE_DIR = "~/.cache/avkit/serve"  # default home of the coefficient snapshot
 
@@ -16,7 +16,7 @@ SERVE_STATE_DIR = "~/.cache/avkit/serve"  # default home of the coefficient snap
 class HttpConfig:
     """The OpenAI-compatible front: where it listens, who may call it, how it admits and stops.
 
-    Admission: at most the engine's `max_batch` requests decode at once and at most `queue_size`
+    Admission: at most the engine's `concurrency` requests decode at once and at most `queue_size`
     more wait; beyond that a request gets 429 + Retry-After.
     """
 
@@ -28,26 +28,26 @@ class HttpConfig:
     retry_after_s: int = 1  # Retry-After header on 429
     max_body_bytes: int = 8 * 2**20  # larger request bodies get 413 (read before any parsing)
     log_requests: bool = False  # one access-log line per request (method, path, status, tokens, seconds)
-    grace_period_s: float = 3.0  # SIGTERM: finish in-flight requests for this long, then cancel (exit within ~5 s)
+    grace_period: float = 3.0  # SIGTERM: finish in-flight requests for this long, then cancel (exit within ~5 s)
 
     def __post_init__(self):
-        check_range("port", self.port, 0, 65535)
-        check_range("queue_size", self.queue_size, 0)
-        check_range("retry_after_s", self.retry_after_s, 0)
-        check_range("max_body_bytes", self.max_body_bytes, 1)
-        check_range("grace_period_s", self.grace_period_s, 0.0)
+        in_range(self, "port", 0, 65535)
+        in_range(self, "queue_size", 0)
+        in_range(self, "retry_after_s", 0)
+        in_range(self, "max_body_bytes", 1)
+        in_range(self, "grace_period", 0.0)
 
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """`avkit serve`: the models, the engine (engine.max_batch = requests decoding at once),
+    """`avkit serve`: the models, the engine (engine.concurrency = requests decoding at once),
     the online estimator's refits, the adaptive policy, the HTTP front, and what serve adds itself."""
 
     models: ModelsConfig = field(default_factory=ModelsConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)  # k, max_batch, max_len, seed
+    engine: EngineConfig = field(default_factory=EngineConfig)  # k, concurrency, max_len, seed
     online: EstimatorConfig = field(default_factory=EstimatorConfig)  # refit_interval of the live refits
     # estimator (a name in ESTIMATORS), coefficients (deployed file for the warm start; "" = the snapshot
-    # or the shipped default, serve/startup.py), cost ("" = the policy's default), gate (--draft-gate)
+    # or the shipped default, serve/startup.py), cost ("" = the policy's default), draft_gate
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     policy: str = "adaptive"  # a name in avkit.scheduling.policy.POLICIES
@@ -57,17 +57,17 @@ class ServeConfig:
     resume: bool = True  # warm-start from the snapshot when it exists
     record: str = ""  # stream per-draft trace rows to this Parquet file while serving
     record_flush_s: float = 30.0  # --record: write buffered trace rows to disk this often
-    max_tokens_limit: int = 1024  # largest max_tokens a request may ask for
+    max_new_tokens: int = 1024  # largest max_tokens a request may ask for
     default_max_tokens: int = 256  # chat default when the request sets none
 
     def __post_init__(self):
-        check_range("max_tokens_limit", self.max_tokens_limit, 1)
-        check_range("default_max_tokens", self.default_max_tokens, 1, self.max_tokens_limit)
-        check_range("snapshot_every", self.snapshot_every, 1)
-        check_range("record_flush_s", self.record_flush_s, 0.0)
+        in_range(self, "max_new_tokens", 1)
+        in_range(self, "default_max_tokens", 1, self.max_new_tokens)
+        in_range(self, "snapshot_every", 1)
+        in_range(self, "record_flush_s", 0.0)
         if (self.policy == "schedule") != bool(self.schedule):
             raise ConfigError("--schedule FILE goes with --policy schedule (and only with it), got --policy "
-                              f"{self.policy!r}, --schedule {self.schedule!r}")
+                              f"{self.policy}, --schedule {shown(self.schedule)}")
 
 
 __all__ = ["SERVE_STATE_DIR", "HttpConfig", "ServeConfig"]

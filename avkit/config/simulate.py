@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from avkit.config.engine import RUN_ENGINES, ModelsConfig
 from avkit.config.fields import DEFAULT_K, MAX_K
 from avkit.config.shipped import SHIPPED_COST
 from avkit.errors import ConfigError
-from avkit.validate import check_choice, check_range
+from avkit.validate import in_range, one_of, shown
 
 # the shipped cost table profiles draft batches of 1-16 requests (the traces were recorded at 8)
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
@@ -15,13 +16,27 @@ DEFAULT_COST_PATH = "~/.cache/avkit/cost.json"  # where `avkit profile` writes b
 PROFILE_CONTEXT_ENV = "AVKIT_PROFILE_CONTEXT_LEN"  # overrides ProfileConfig.context_len
 
 
+def check_concurrency(values: tuple[int, ...]) -> None:
+    """--concurrency of simulate and tune: distinct batch sizes, each >= 1."""
+    if not values or min(values) < 1:
+        raise ConfigError(f"--concurrency must be integers >= 1, got {shown(values)}")
+    if len(set(values)) != len(values):
+        raise ConfigError(f"--concurrency has a repeated value: {shown(values)}")
+
+
 @dataclass(frozen=True)
 class ProfileConfig:
     """`avkit profile`: step costs of this device at a synthetic KV context."""
 
+    models: ModelsConfig = field(default_factory=ModelsConfig)  # target, draft ("none": verify costs only),
+    # device, dtype: profile what you record or serve with
+    out: str = DEFAULT_COST_PATH  # the cost table JSON (the adaptive policy's default path)
+    engine: str = "native"  # native (avkit's runtime) | vllm (vLLM's offline engine in its own venv)
+    vllm_python: str = ""  # --engine vllm: that venv's python ("" = $AVKIT_VLLM_PYTHON, else .venv-vllm/bin/python)
+    threads: int = 0  # --engine vllm: CPU cores vLLM binds (0 = all)
     context_len: int = 8192  # synthetic KV context per request (env AVKIT_PROFILE_CONTEXT_LEN overrides)
     k: int = DEFAULT_K  # verify layout: T target tokens = ceil(T / (k + 1)) requests of <= k + 1 tokens
-    max_tokens: int = 64  # largest verify step profiled (target tokens)
+    max_verify_tokens: int = 64  # largest verify step profiled (target tokens)
     max_requests: int = 8  # largest draft batch profiled
     repeats: int = 5  # timed runs per point; the median is kept
     warmup: int = 1
@@ -29,14 +44,18 @@ class ProfileConfig:
     top_p: float = 0.95
 
     def __post_init__(self):
-        check_range("temperature", self.temperature, 0.0)
-        check_range("top_p", self.top_p, 0.0, 1.0, lo_open=True)
-        check_range("context_len", self.context_len, 0)
-        check_range("k", self.k, 0, MAX_K)
-        check_range("max_tokens", self.max_tokens, 1)
-        check_range("max_requests", self.max_requests, 1)
-        check_range("repeats", self.repeats, 1)
-        check_range("warmup", self.warmup, 0)
+        in_range(self, "temperature", 0.0)
+        in_range(self, "top_p", 0.0, 1.0, lo_open=True)
+        in_range(self, "context_len", 0)
+        in_range(self, "k", 0, MAX_K)
+        in_range(self, "max_verify_tokens", 1)
+        in_range(self, "max_requests", 1)
+        in_range(self, "repeats", 1)
+        in_range(self, "warmup", 0)
+        one_of(self, "engine", RUN_ENGINES)
+        in_range(self, "threads", 0)
+        if self.engine == "vllm" and self.k > 0 and not self.models.has_draft:
+            raise ConfigError("--engine vllm with -k > 0 profiles the drafter too: give a --draft (or -k 0)")
 
 
 @dataclass(frozen=True)
@@ -52,9 +71,8 @@ class SimulateConfig:
     burn_in: bool = True  # online estimators start from one pass over the traces (no coefficients file)
 
     def __post_init__(self):
-        if not self.concurrency or min(self.concurrency) < 1:
-            raise ConfigError(f"concurrency must be positive integers, got {self.concurrency!r}")
-        check_range("waves", self.waves, 1)
+        check_concurrency(self.concurrency)
+        in_range(self, "waves", 1)
 
 
 TUNE_FORMATS = ("table", "json", "vllm", "vllm-context", "vllm-synthetic", "trtllm", "sglang")  # tune/formats.py
@@ -85,24 +103,21 @@ class TuneConfig:
     context_bands: tuple[int, ...] = ()  # upper bounds of context-length bands tuned apart (avkit/tune/context.py)
 
     def __post_init__(self):
-        if not self.concurrency or min(self.concurrency) < 1:
-            raise ConfigError(f"--concurrency must be positive integers, got {self.concurrency!r}")
-        if len(set(self.concurrency)) != len(self.concurrency):
-            raise ConfigError(f"--concurrency has a repeated value: {self.concurrency!r}")
-        check_range("--max-k", self.max_k, 0, MAX_K)
-        check_range("--tpot-slo-ms", self.tpot_slo_ms, 0.0)
-        check_range("--context", self.context, 0)
-        check_range("--memory-gb", self.memory_gb, 0.0)
-        check_range("--memory-utilization", self.memory_utilization, 0.0, 1.0, lo_open=True)
-        check_range("--waves", self.waves, 1)
-        check_range("--max-new-tokens", self.max_new_tokens, 0)
-        check_range("--bootstrap", self.bootstrap, 10)
-        check_range("--level", self.level, 0.0, 1.0, lo_open=True, hi_open=True)
-        check_choice("--format", self.format, TUNE_FORMATS)
+        check_concurrency(self.concurrency)
+        in_range(self, "max_k", 0, MAX_K)
+        in_range(self, "tpot_slo_ms", 0.0)
+        in_range(self, "context", 0)
+        in_range(self, "memory_gb", 0.0)
+        in_range(self, "memory_utilization", 0.0, 1.0, lo_open=True)
+        in_range(self, "waves", 1)
+        in_range(self, "max_new_tokens", 0)
+        in_range(self, "bootstrap", 10)
+        in_range(self, "level", 0.0, 1.0, lo_open=True, hi_open=True)
+        one_of(self, "format", TUNE_FORMATS)
         if not str(self.out).endswith(".json"):
-            raise ConfigError(f"--out must be a .json path, got {self.out!r}")
+            raise ConfigError(f"--out must be a .json path, got {shown(self.out)}")
         if any(not d for d in self.datasets) or len(set(self.datasets)) != len(self.datasets):
-            raise ConfigError(f"--datasets must be distinct non-empty names, got {','.join(self.datasets)!r}")
+            raise ConfigError(f"--datasets must be distinct non-empty names, got {shown(self.datasets)}")
 
 
 __all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_COST_PATH", "PROFILE_CONTEXT_ENV", "TUNE_FORMATS", "ProfileConfig", "SimulateConfig", "TuneConfig"]

@@ -171,7 +171,7 @@ def open_engine(fit: FitConfig):
     if fit.engine != "ray":
         yield LocalEngine(fit.workers)
         return
-    with RayEngine(fit.address, object_store_mb=min(1024, max(128, fit.memory_budget_mb // 2))) as engine:
+    with RayEngine(fit.address, object_store_mb=min(1024, max(128, fit.memory_budget // 2))) as engine:
         yield engine
 
 

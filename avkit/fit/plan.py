@@ -29,13 +29,13 @@ class FitResult:
 
 def check_feature(name: str) -> None:
     if name not in FEATURES:
-        raise ConfigError(f"--feature: unknown feature {name!r}; choose from {sorted(FEATURES)}")
+        raise ConfigError(f"--feature must be one of {', '.join(FEATURES)}; got {name}")
     spec = FEATURES[name]
     if spec.no_fit is not None:
-        raise ConfigError(f"--feature: {name!r} is a probability scored with no fit ({spec.no_fit}); "
+        raise ConfigError(f"--feature {name}: is a probability scored with no fit ({spec.no_fit}); "
                           f"choose a feature to fit, e.g. 'logit_qmax'")
     if not spec.lossless:
-        raise ConfigError(f"--feature: {name!r} is lossy (verifying by q(x_sampled) biases the output); "
+        raise ConfigError(f"--feature {name}: is lossy (verifying by q(x_sampled) biases the output); "
                           f"it is scored in scores.json but never deployed")
 
 
@@ -43,8 +43,8 @@ def check_features(fit: FitConfig, est_cfg: EstimatorConfig) -> None:
     """The written feature is fittable and, with `--features`, among the features fitted."""
     check_feature(est_cfg.feature)
     if fit.features and est_cfg.feature not in fit.features:
-        raise ConfigError(f"--features: {','.join(fit.features)} leaves out the written feature "
-                          f"--feature {est_cfg.feature!r} (coefficients.json); add it")
+        raise ConfigError(f"--features {','.join(fit.features)}: leaves out the written feature "
+                          f"(--feature {est_cfg.feature}, coefficients.json); add it")
 
 
 def start_estimator(name: str, estimator: str, k: int, trained_on: dict, fit: FitConfig, est_cfg: EstimatorConfig):
@@ -68,8 +68,8 @@ def plan_features(fit: FitConfig, est_cfg: EstimatorConfig, present) -> list[tup
     if fit.features:
         absent = [n for n in fit.features if n not in present]
         if absent:
-            raise ConfigError(f"--features: {absent[0]!r} is not in the traces (its columns are absent or "
-                              f"hold nulls); the traces have {[n for n in FEATURES if n in present]}")
+            raise ConfigError(f"--features {absent[0]}: is not in the traces (its columns are absent or "
+                              f"hold nulls); the traces have {', '.join(n for n in FEATURES if n in present)}")
         return [(n, FEATURES[n].no_fit or logistic) for n in FEATURES if n in fit.features]
     plan = [(n, FEATURES[n].no_fit or logistic) for n in FEATURES if n in present]
     return plan + [(est_cfg.feature, "per_position_slope")]

@@ -55,7 +55,7 @@ def _fit_in_memory(paths, fit: FitConfig, est_cfg: EstimatorConfig, progress: Pr
     data = load_fit_data(check_shards(paths).paths, fit.drafter, fit.features or None)
     plan = plan_features(fit, est_cfg, data.features)
     ests = [start_estimator(n, e, data.k, data.trained_on, fit, est_cfg) for n, e in plan]
-    layout = ScoreLayout(data.labels, data.positions, data.dataset_codes, data.dataset_names, fit.n_bins)
+    layout = ScoreLayout(data.labels, data.positions, data.dataset_codes, data.dataset_names, fit.bins)
     fitted = {}  # plan index -> (written estimator, predictions, rows) of each replica-replayed feature
     if fit.replicas == "independent":  # one map over (feature, replica) on the engine: threads or Ray
         todo = [i for i, (n, _) in enumerate(plan) if FEATURES[n].no_fit is None]

@@ -51,7 +51,7 @@ Progress = Callable[[str, int, int], None]
 
 def chunk_rows(fit: FitConfig) -> int:
     """Rows per chunk so that `fit.workers` chunks in flight stay inside the memory budget."""
-    share = max(64, fit.memory_budget_mb - FIXED_MB) * (1 << 20) // fit.workers
+    share = max(64, fit.memory_budget - FIXED_MB) * (1 << 20) // fit.workers
     return max(1 << 15, share // BYTES_PER_ROW)
 
 
@@ -168,7 +168,7 @@ def spill(engine, paths: list[Path], fit: FitConfig, scratch: str,
 def fit_passes(paths, fit: FitConfig, est_cfg: EstimatorConfig, progress: Progress | None, engine):
     """`run_fit` out of core (`--mode batch`, engine streaming or ray): pass 0 spills, one Newton pass per
     iteration, one score pass; -> (plan, estimators, trajectory rows, score rows, K, trained_on) as the
-    in-memory fit's, memory bounded by `fit.memory_budget_mb` (AUC within each row's `auc_bound`)."""
+    in-memory fit's, memory bounded by `fit.memory_budget` (AUC within each row's `auc_bound`)."""
     shards = check_shards(paths)
     scratch, nodes = scratch_dir(fit), None
     try:
@@ -177,7 +177,7 @@ def fit_passes(paths, fit: FitConfig, est_cfg: EstimatorConfig, progress: Progre
         ests = [make_estimator(e, k=m["k"], config=replace(est_cfg, feature=n)) for n, e in plan]
         rows = newton(engine, surveys, nodes, plan, ests, m, fit, progress)
         edges = [_edges(e, n, surveys, fit.auc_bins) for (n, _), e in zip(plan, ests)]
-        work = PassWork([n for n, _ in plan], ests, m["k"], m["names"], score={"n_bins": fit.n_bins, "edges": edges})
+        work = PassWork([n for n, _ in plan], ests, m["k"], m["names"], score={"n_bins": fit.bins, "edges": edges})
         sums = engine.map(shard_pass, [(s, work) for s in surveys], nodes, fold=_add)[0]
     finally:
         engine.cleanup(scratch, nodes)

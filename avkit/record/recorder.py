@@ -221,7 +221,7 @@ def _native_engine(config: RecordConfig, target, draft, sink, policy=None):
     if config.models.drafter == "hybrid" and draft is not None:
         from avkit.hvd.hybrid_drafter import make_hybrid_drafter  # lazy: torch (the HVD stack)
 
-        drafter = make_hybrid_drafter(draft, engine_config.max_batch, engine_config.max_len,
+        drafter = make_hybrid_drafter(draft, engine_config.concurrency, engine_config.max_len,
                                       payoff_path=config.models.payoff or None, tokenizer=config.models.target,
                                       k=engine_config.k)
     return Engine(target, draft, engine_config, policy=policy, sink=sink, drafter=drafter)
@@ -240,7 +240,7 @@ def _run(config, engine, sink, queue, gens, run_id, stats, progress, console):
         # forward (cost ~ n x longest prompt); one at a time costs the sum of prompt lengths.
         labelled = {d: stats.labelled(d) for d in stats.by_dataset}
         full = {d for d, n in labelled.items() if config.slots_per_dataset and n >= config.slots_per_dataset}
-        if len(active) < config.engine.max_batch and (turn := queue.pop(full, labelled)) is not None:
+        if len(active) < config.engine.concurrency and (turn := queue.pop(full, labelled)) is not None:
             engine.add_request(turn.request)
             active[turn.request.request_id] = turn
             outputs[turn.request.request_id] = []
@@ -267,7 +267,7 @@ def _run(config, engine, sink, queue, gens, run_id, stats, progress, console):
                         finished += 1
                 admit()
                 bar.update(finished, new_tokens)
-                if time.monotonic() - last_flush >= config.flush_interval_s:
+                if time.monotonic() - last_flush >= config.flush_interval:
                     sink.writer.flush()  # trace before generations (see module docstring)
                     gens.flush()
                     last_flush = time.monotonic()

@@ -1,6 +1,6 @@
 """Build a report directory: index.html (self-contained), report.md, one PNG per figure, fit/.
 
-  out/index.html   inline CSS, figures embedded as PNG data URIs (ReportConfig.embed_images)
+  out/index.html   inline CSS, figures embedded as PNG data URIs (ReportConfig.embed)
   out/report.md    the same tables, figures linked
   out/*.png        the figures
   out/fit/         the fit outputs the report was made from (coefficients.json, scores.json,
@@ -92,7 +92,7 @@ def write_document(report: Report, out: Path, config: ReportConfig) -> dict[str,
         (out / f"{f.name}.png").write_bytes(buf.getvalue())
         files[f.name] = f"{f.name}.png"
         embedded[f.name] = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-    (out / "index.html").write_text(render_html(report, embedded if config.embed_images else files))
+    (out / "index.html").write_text(render_html(report, embedded if config.embed else files))
     (out / "report.md").write_text(render_markdown(report, files))
     return {"index.html": out / "index.html", "report.md": out / "report.md",
             **{n: out / p for n, p in files.items()}}
@@ -140,7 +140,7 @@ def report_traces(traces, out, config: ReportConfig | None = None, *, fit: FitCo
     if progress is not None:
         progress("fit")
     if config.streaming() is not None:  # out of core: the fit too (a batch fit, report/streamed.py)
-        fit = replace(config.streaming(), mode=(fit or FitConfig()).mode, n_bins=(fit or FitConfig()).n_bins)
+        fit = replace(config.streaming(), mode=(fit or FitConfig()).mode, bins=(fit or FitConfig()).bins)
     result = run_fit(paths, fit, estimator)
     with staging(out, outputs) as tmp:
         write_fit_outputs(tmp / "fit", result)
@@ -164,7 +164,7 @@ def _gather(fit: FitOutputs, traces, sim, hvd, config: ReportConfig, run_simulat
         simulated = f"simulated now with the avkit simulate defaults (cost model {SimulateConfig().cost})"
     inputs = load_inputs(fit, traces, sim or config.sim, hvd or config.hvd, sim_explicit=sim is not None,
                          hvd_explicit=hvd is not None, tune=tune or config.tune, tune_explicit=tune is not None,
-                         streaming=config.streaming(), n_bins=config.n_bins)
+                         streaming=config.streaming(), n_bins=config.bins)
     if simulated:
         inputs.sources["sim"] = simulated
     for w in (w for ws in inputs.warnings.values() for w in ws) if warn is not None else ():

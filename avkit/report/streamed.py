@@ -13,7 +13,7 @@ The deployed estimator of a batch fit predicts with the coefficients of coeffici
 in-memory report refits it: the same fixed point, within 1e-9). An online fit's panels replay
 its estimator in engine-step order over whole traces, which this path does not hold: out of
 core the report takes a batch fit (`--mode batch`), as `avkit fit --engine streaming` does.
-Memory: the budget of the out-of-core fit (`FitConfig.memory_budget_mb`), whatever the trace size.
+Memory: the budget of the out-of-core fit (`FitConfig.memory_budget`), whatever the trace size.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def _report_pass(survey: ShardSurvey, k: int, names: list[str], panels: list[tup
 
 
 def stream_traces(paths, coefficients: dict, n_bins: int, fit: FitConfig) -> StreamedTraces:
-    """Sum what the report shows over `paths` out of core (memory: `fit.memory_budget_mb`)."""
+    """Sum what the report shows over `paths` out of core (memory: `fit.memory_budget`)."""
     if coefficients.get("mode") != "batch":
         raise ConfigError("--engine streaming reports a batch fit (--mode batch): an online fit's reliability "
                           "panels replay its estimator over whole traces in memory (use --engine memory)")

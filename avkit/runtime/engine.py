@@ -45,7 +45,7 @@ from avkit.step_types import DraftBatch, Load, StepPlan, StepTime, VerifyOutcome
 
 
 class Engine:
-    """Speculative decoding with continuous batching over `config.max_batch` KV-cache slots.
+    """Speculative decoding with continuous batching over `config.concurrency` KV-cache slots.
 
     Parameters
     ----------
@@ -70,7 +70,7 @@ class Engine:
             if dv != self.vocab_size:
                 raise ConfigError(f"draft vocabulary ({dv} tokens, {draft.model_id}) does not match the "
                                   f"target's ({self.vocab_size} tokens, {target.model_id})")
-        self.cache = target.model.new_cache(config.max_batch, config.max_len)
+        self.cache = target.model.new_cache(config.concurrency, config.max_len)
         self.device = self.cache.lengths.device  # every per-step tensor lives beside the model
         # The hot-path kernels, chosen once: confidence in the draft passes, the plan's allocation and
         # the refit's statistics in the policy, rejection sampling here.
@@ -79,12 +79,12 @@ class Engine:
             keep_freed_memory()
         self.policy.use_kernels(self.kernels)
         if drafter is None and draft is not None and config.k > 0:
-            drafter = DraftModelDrafter(draft, config.max_batch, config.max_len, self.kernels)
+            drafter = DraftModelDrafter(draft, config.concurrency, config.max_len, self.kernels)
         self.drafter = drafter if config.k > 0 else None
         self.eos = frozenset(getattr(target.tokenizer, "eos_token_ids", ()) or ())
         self.waiting: OrderedDict[str, Request] = OrderedDict()
         self.running: dict[str, RunningSeq] = {}
-        self.free_slots = list(range(config.max_batch))
+        self.free_slots = list(range(config.concurrency))
         self.engine_step = 0
         self.stats = EngineStats()
 

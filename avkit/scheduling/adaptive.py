@@ -378,7 +378,7 @@ def make_adaptive(cost: str | CostTable | None = None, estimator: str | Estimato
     learner = CostLearner(table, probe_every=config.cost_probe_every) if config.learn_cost and est is not None \
         else None
     gate = (DraftGate(table, config.gate_window, config.probe_every, config.resume_margin, config.stop_drafting, k=k)
-            if config.gate and est is not None else None)
+            if config.draft_gate and est is not None else None)
     return AdaptiveVerification(table, est, history=config.history, gate=gate, k=k, stop_drafting=config.stop_drafting,
                                 cache_estimator=cache_est if est is not None else None, learner=learner)
 

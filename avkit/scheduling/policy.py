@@ -158,7 +158,7 @@ class PolicySpec:
         if self.name == "full":
             return make_policy("full")
         config = replace(adaptive or AdaptiveConfig(), estimator=self.arg, stop_drafting=self.stop_drafting,
-                         gate=self.gate and (adaptive or AdaptiveConfig()).gate)
+                         draft_gate=self.gate and (adaptive or AdaptiveConfig()).draft_gate)
         return make_policy("adaptive", cost=cost, estimator=estimator if estimator is not None else self.arg,
                            k=k, adaptive=config, **kwargs)
 

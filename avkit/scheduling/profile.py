@@ -191,8 +191,8 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
     (none verified) less the target-only step of n, prefill_ms(m) a step whose drafter first catches up on m
     tokens less the same step without the catch-up; `target`/`draft` are LoadedModels."""
     context = context_len_from_env(config.context_len)
-    t_grid, d_grid = _token_grid(config.max_tokens), request_grid(config.max_requests)
-    rows = max(_verify_layout(config.max_tokens, config.k)[0], config.max_requests)
+    t_grid, d_grid = _token_grid(config.max_verify_tokens), request_grid(config.max_requests)
+    rows = max(_verify_layout(config.max_verify_tokens, config.k)[0], config.max_requests)
     prefix = max(context, PRICE_GRID[-1])
     ids = prompt_tokens(target, prefix + config.k + 2)  # the prefix and the tokens that continue it
     seated = SeatedEngine(target, draft, ids, prefix, rows, config.k, config.temperature, config.top_p)
@@ -230,7 +230,7 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
 
 
 def num_points(config: ProfileConfig, with_draft: bool) -> int:
-    return len(_token_grid(config.max_tokens)) + (2 * (len(request_grid(config.max_requests)) + len(PRICE_GRID))
+    return len(_token_grid(config.max_verify_tokens)) + (2 * (len(request_grid(config.max_requests)) + len(PRICE_GRID))
                                                    if with_draft else 0)
 
 

@@ -97,7 +97,7 @@ class SeatedEngine:
     def __init__(self, target, draft, ids: list[int], prefix: int, rows: int, k: int, temperature: float,
                  top_p: float):
         self.ids, self.rows = ids, rows
-        self.engine = Engine(target, draft, EngineConfig(k=max(k, 1), max_batch=rows, max_len=prefix + k + 8))
+        self.engine = Engine(target, draft, EngineConfig(k=max(k, 1), concurrency=rows, max_len=prefix + k + 8))
         self.engine.eos = frozenset()  # a profiled step never finishes its requests
         self.model_drafter = self.engine.drafter  # the draft model's DraftModelDrafter, or None
         self.fed = FedDrafter(ids, target.model.config.vocab_size)

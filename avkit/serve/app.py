@@ -99,7 +99,7 @@ def build_app(state: ServeState) -> FastAPI:
         finally:
             state.begin_drain()
             waited = time.monotonic() - (state.drain_started or time.monotonic())
-            grace = max(0.0, state.config.http.grace_period_s - waited)
+            grace = max(0.0, state.config.http.grace_period - waited)
             await asyncio.to_thread(state.engine_loop.shutdown, grace)
             try:
                 await asyncio.to_thread(state.on_close)

@@ -120,8 +120,8 @@ def _max_tokens(state: ServeState, prompt_len: int, requested: int | None, param
                             f"(max_len {cfg.engine.max_len} minus {cfg.engine.k + 1} draft slots)", param=prompt_param)
     if requested is None:
         return min(cfg.default_max_tokens, limit - prompt_len)
-    if requested > cfg.max_tokens_limit:
-        raise ApiError(400, f"{param}: must be <= {cfg.max_tokens_limit}, got {requested}", param=param)
+    if requested > cfg.max_new_tokens:
+        raise ApiError(400, f"{param}: must be <= {cfg.max_new_tokens}, got {requested}", param=param)
     if prompt_len + requested > limit:
         raise ApiError(400, f"{param}: {requested} + {prompt_len} prompt tokens exceeds the context limit "
                             f"of {limit}", param=param)
@@ -182,8 +182,8 @@ async def _stream(gen: Generation, request: Request, chat: bool, include_usage: 
 
 async def _respond(state: ServeState, request: Request, body, prompt_ids: list[int],
                    max_tokens: int, chat: bool):
-    if body.n > state.config.engine.max_batch:
-        raise ApiError(400, f"n: must be <= {state.config.engine.max_batch} (the server's --concurrency), "
+    if body.n > state.config.engine.concurrency:
+        raise ApiError(400, f"n: must be <= {state.config.engine.concurrency} (the server's --concurrency), "
                             f"got {body.n}", param="n")
     gen = Generation(state, new_id("chatcmpl" if chat else "cmpl"), prompt_ids, body, max_tokens)
     if body.stream:

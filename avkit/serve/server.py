@@ -141,12 +141,12 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
                 make_hybrid_drafter,  # lazy: the HVD stack (--drafter hybrid only)
             )
 
-            drafter = make_hybrid_drafter(draft, config.engine.max_batch, config.engine.max_len, k=config.engine.k,
+            drafter = make_hybrid_drafter(draft, config.engine.concurrency, config.engine.max_len, k=config.engine.k,
                                           payoff_path=config.models.payoff or None, tokenizer=config.models.target,
                                           cache=suffix_cache)
         return Engine(target, draft, engine_config, policy=policy, sink=sink, drafter=drafter)
 
-    loop = EngineLoop(make_engine, max_concurrency=config.engine.max_batch, queue_size=config.http.queue_size,
+    loop = EngineLoop(make_engine, max_concurrency=config.engine.concurrency, queue_size=config.http.queue_size,
                       metrics=metrics, on_step=lambda: (snapshots.on_step(), costs.on_step()),
                       warm_up=functools.partial(warm_up, target, draft, engine_config))
 
@@ -174,7 +174,7 @@ def uvicorn_server(state: ServeState, *, log_level: str = "info"):
 
     cfg = state.config
     config = uvicorn.Config(asgi_app(state), host=cfg.http.host, port=cfg.http.port, log_level=log_level,
-                            timeout_graceful_shutdown=max(1, round(cfg.http.grace_period_s)),
+                            timeout_graceful_shutdown=max(1, round(cfg.http.grace_period)),
                             access_log=False, lifespan="on")
     return _Server(config)
 

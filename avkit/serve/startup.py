@@ -133,7 +133,7 @@ def startup_block(config: ServeConfig, *, target, draft, device: str, dtype: str
         policy = "none (no draft)"
     elif config.policy == "adaptive":
         policy = (f"adaptive, estimator {config.adaptive.estimator}, refit every {config.online.refit_interval} steps, "
-                  f"draft gate {'on' if config.adaptive.gate else 'off'}")
+                  f"draft gate {'on' if config.adaptive.draft_gate else 'off'}")
     else:
         policy = config.policy
     coeffs = {"explicit": f"{warm.path} (explicit --coefficients; an existing snapshot is not used)",
@@ -155,8 +155,8 @@ def startup_block(config: ServeConfig, *, target, draft, device: str, dtype: str
         lines += [("cost table", _cost_source(config)),
                   ("snapshot", f"{snapshot_path(config)} every {config.snapshot_every} refits")]
     lines += [
-        ("limits", f"max_concurrency {config.engine.max_batch}, queue {config.http.queue_size}, max_len "
-                   f"{config.engine.max_len}, max_tokens {config.max_tokens_limit}, body {config.http.max_body_bytes} bytes"),
+        ("limits", f"concurrency {config.engine.concurrency}, queue {config.http.queue_size}, max_len "
+                   f"{config.engine.max_len}, max_tokens {config.max_new_tokens}, body {config.http.max_body_bytes} bytes"),
         ("record", config.record or "off"),
         ("api key", "required" if config.http.api_key else "none"),
         ("access log", "on" if config.http.log_requests else "off (--log-requests)"),

@@ -28,7 +28,7 @@ def serve_in_thread(state: ServeState, *, timeout_s: float = 30.0,
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     config = uvicorn.Config(asgi_app(state), log_level=log_level, lifespan="on", access_log=False,
-                            timeout_graceful_shutdown=max(1, int(state.config.http.grace_period_s)))
+                            timeout_graceful_shutdown=max(1, int(state.config.http.grace_period)))
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="avkit-uvicorn",
                               daemon=True)
@@ -43,5 +43,5 @@ def serve_in_thread(state: ServeState, *, timeout_s: float = 30.0,
     finally:
         state.begin_drain()
         server.should_exit = True
-        thread.join(timeout=timeout_s + state.config.http.grace_period_s)
+        thread.join(timeout=timeout_s + state.config.http.grace_period)
         sock.close()

@@ -27,7 +27,7 @@ def warm_up(target, draft, config: EngineConfig) -> float:
 
     t0 = time.perf_counter()
     new = config.k + 2  # at least one full verify step
-    small = replace(config, max_batch=2, max_len=min(config.max_len, PROMPT_LEN + new + 2 * (config.k + 1)))
+    small = replace(config, concurrency=2, max_len=min(config.max_len, PROMPT_LEN + new + 2 * (config.k + 1)))
     engine = Engine(target, draft if config.k > 0 else None, small)
     prompt = list(range(1, PROMPT_LEN + 1))
     engine.generate([Request("warm-up-greedy", prompt, SamplingConfig(temperature=0.0, max_new_tokens=new)),

@@ -92,12 +92,24 @@ def common_k(paths) -> tuple[int | None, str]:
                           "more drafts than it recorded")
 
 
+def _not_a_trace(names: list[str]) -> str:
+    """What a Parquet file without the trace metadata probably is: the hint in its error."""
+    if "output_ids" in names:
+        return "a generations table: pass the trace beside it"
+    if "policy" in names and "concurrency" in names:
+        return "an `avkit simulate` output"
+    return "did you pass a simulate output?"
+
+
 def check_schema(path) -> pa.Schema:
     """Check one file's footer against trace format v1; return its Arrow schema."""
     path = Path(path)
     schema = _open(path).schema_arrow
     meta = schema.metadata or {}
-    version = meta.get(S.META_SCHEMA_VERSION.encode(), b"<missing>").decode(errors="replace")
+    version = meta.get(S.META_SCHEMA_VERSION.encode())
+    if version is None:
+        raise TraceError(f"{path}: not an avkit trace ({_not_a_trace(schema.names)})")
+    version = version.decode(errors="replace")
     if version != S.SCHEMA_VERSION:
         raise TraceError(f"{path}: {S.META_SCHEMA_VERSION} is {version!r}, this avkit reads {S.SCHEMA_VERSION!r}")
     for col in S.COLUMNS:
@@ -205,6 +217,7 @@ def read_generations(trace_path) -> pl.DataFrame:
     trace_path = Path(trace_path)
     path = S.generations_path(trace_path)
     if not path.is_file():
+        check_schema(trace_path)  # a file that is no trace at all says so first
         raise TraceError(f"{trace_path}: no generations table beside it (expected {path})")
     schema = _open(path).schema_arrow
     version = (schema.metadata or {}).get(S.META_SCHEMA_VERSION.encode(), b"1").decode(errors="replace")

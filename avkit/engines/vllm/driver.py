@@ -48,7 +48,7 @@ def engine_spec(config: RecordConfig, target: Path, draft: Path, k_schedule=()) 
     """child.make_llm's spec of a config: the models, K, dtype, context, batch, seed, draft sampling, schedule."""
     dtype = {"auto": "auto", "float32": "float32", "bfloat16": "bfloat16"}[config.models.dtype]
     return {"target": str(target), "draft": str(draft), "k": config.engine.k, "dtype": dtype,
-            "max_model_len": config.engine_for_run.max_len, "max_num_seqs": config.engine.max_batch,
+            "max_model_len": config.engine_for_run.max_len, "max_num_seqs": config.engine.concurrency,
             "seed": config.engine.seed, "draft_sample_method": config.vllm_draft_sampling,
             "k_schedule": [list(r) for r in k_schedule]}
 

@@ -95,7 +95,7 @@ def build(inputs: ReportInputs, config: ReportConfig) -> Section:
         return sec.omit(f"needs the traces: {inputs.notes.get('traces', '')}")
     scored = {(r["feature"], r["estimator"]): r["ece"] for r in inputs.fit.scores if r["scope"] == "all"}
     panels, short = [], []
-    for title, name, feature, est, bins in _panel_bins(inputs, config.n_bins):
+    for title, name, feature, est, bins in _panel_bins(inputs, config.bins):
         ece = scored.get((feature, est))
         bins["ece"] = bins["ece"] if ece is None else ece  # print the scored value (scores.json)
         panels.append({"title": title, **bins})
@@ -106,4 +106,4 @@ def build(inputs: ReportInputs, config: ReportConfig) -> Section:
             "calibration (ECE) matters as much as ranking (AUC).")
     sec.add(Figure("reliability", "Reliability diagrams with slots per bin; ECE as in scores.json.",
                    plots.reliability(panels), alt="reliability diagrams"))
-    return sec.add(_bin_table(short, config.n_bins))
+    return sec.add(_bin_table(short, config.bins))
