@@ -139,7 +139,7 @@ def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress:
     del meta["avkit.engine"], meta["avkit.dtype"]  # the plugin's: `vllm X.Y.Z` and the dtype vLLM runs
     spec_path.write_text(json.dumps({**engine_spec(config, target_dir, draft_dir), "requests": reqs}))
     env = {**child_env(config.threads), "AVKIT_VLLM_TRACE": str(trace), "AVKIT_VLLM_META": json.dumps(meta),
-           "AVKIT_VLLM_FLUSH_S": str(config.flush_interval_s)}
+           "AVKIT_VLLM_FLUSH_S": str(config.flush_interval)}
     for name in ("AVKIT_VLLM_COEFFICIENTS", "AVKIT_VLLM_METRICS", "AVKIT_VLLM_DATASET"):
         env.pop(name, None)  # this run's plugin writes the trace only
     t0 = time.monotonic()
