@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import tempfile
@@ -39,6 +38,7 @@ import polars as pl
 
 from avkit.cli import app
 from avkit.trace.schema import generations_path
+from common import header, paired_ratio, rounds, write  # bench/common.py
 
 
 def run_tokens_s(gens: pl.DataFrame, concurrency: int) -> dict:
@@ -49,16 +49,6 @@ def run_tokens_s(gens: pl.DataFrame, concurrency: int) -> dict:
     return {"tok_s": float(n.sum() / (last.max() - start.min())),
             "decode_tok_s": float(concurrency * (n[decoding] - 1).sum() / (last - first)[decoding].sum()),
             "new_tokens": float(n.mean())}
-
-
-def paired_ratio(a: np.ndarray, b: np.ndarray, level: float = 0.95) -> dict:
-    """exp(mean log(a / b)) over paired repeats and its Student-t interval."""
-    from scipy import stats  # lazy: scipy (the test suite imports this module at collection)
-
-    logs = np.log(np.asarray(a) / np.asarray(b))
-    m, n = float(logs.mean()), logs.size
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1) * logs.std(ddof=1) / math.sqrt(n)) if n > 1 else math.inf
-    return {"ratio": math.exp(m), "lo": math.exp(m - half), "hi": math.exp(m + half)}
 
 
 def record(args, out: Path, policy: str, dataset: str, temperature: float, concurrency: int) -> dict:
@@ -81,8 +71,8 @@ def cell(args, work: Path, dataset: str, temperature: float, concurrency: int) -
     """Every policy x --repeats, interleaved; -> per policy its runs, and adaptive / best fixed K."""
     policies = [f"fixed:{k}" for k in args.ks] + [args.adaptive]
     runs: dict[str, list[dict]] = {p: [] for p in policies}
-    for rep in range(args.repeats):
-        for p in policies[rep % len(policies):] + policies[:rep % len(policies)]:
+    for rep, order in enumerate(rounds(policies, args.repeats)):
+        for p in order:
             runs[p].append(record(args, work / "run.parquet", p, dataset, temperature, concurrency))
             print(f"{dataset} T={temperature} c={concurrency} repeat {rep + 1}: {p} "
                   f"{runs[p][-1]['decode_tok_s']:.2f} tok/s steady", file=sys.stderr, flush=True)
@@ -96,8 +86,8 @@ def cell(args, work: Path, dataset: str, temperature: float, concurrency: int) -
 
 
 def markdown(args, cells: list[dict]) -> str:
-    lines = [f"# Live adaptive verification: {args.adaptive} / best fixed K\n",
-             f"`python bench/adaptive_live.py {' '.join(args.argv)}`: {args.target} + {args.draft}, {args.dtype}, "
+    lines = [header(f"Live adaptive verification: {args.adaptive} / best fixed K"),
+             f"{args.target} + {args.draft}, {args.dtype}, "
              f"{args.threads} threads, {args.repeats} interleaved repeats per cell, up to {args.max_new_tokens} new "
              f"tokens, fixed K in {args.ks}. Ratios are paired by repeat, 95% t intervals (bench/adaptive_live.py).\n",
              "| dataset | T | c | steady tok/s (adaptive) | best fixed | steady ratio [95%] | tok/s incl. prefill "
@@ -159,10 +149,9 @@ def main(argv=None) -> int:
             args.dtype, args.threads, args.coefficients = "float32", 1, ""
         cells = [cell(args, work, d, t, c) for d in args.datasets for t in args.temperatures for c in args.concurrency]
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(markdown(args, cells))
-    out.with_suffix(".json").write_text(json.dumps(cells, indent=1))
-    print(out.read_text())
+    text = markdown(args, cells)
+    write({out: text, out.with_suffix(".json"): cells})
+    print(text)
     return 0
 
 

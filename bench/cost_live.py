@@ -29,6 +29,7 @@ from avkit.scheduling.cost import CostTable, resolve_cost
 from avkit.scheduling.learn import CostLearner
 from avkit.scheduling.policy import FixedK
 from avkit.workloads import load_workload
+from common import RESULTS, header, write  # bench/common.py
 
 
 class TimedFixedK(FixedK):
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ks", default="0,3,5,7")
     ap.add_argument("--steps", type=int, default=64, help="new tokens per request (steps of a cell)")
     ap.add_argument("--warmup", type=int, default=8, help="steps of each cell left out of its medians")
-    ap.add_argument("--out", default="bench/results/cost_live.md")
+    ap.add_argument("--out", default="", help="Markdown (default bench/results/cost_live.md; --tiny: a temp file)")
     ap.add_argument("--tiny", action="store_true", help="tiny random models and a made-up table (a smoke run)")
     a = ap.parse_args(argv)
     ints = lambda s: [int(x) for x in s.split(",")]
@@ -100,14 +101,13 @@ def main(argv=None) -> int:
                     rows.append((t, b, k, len(ratios), off, on))
                     print(f"T={t:g} b={b} K={k}: offline {off:.3f}, online {on:.3f} ({len(ratios)} steps)",
                           file=sys.stderr)
-    lines = ["# Predicted / live step time: the profiled table vs the cost model learned online", "",
-             f"Command: `python bench/cost_live.py {' '.join(argv if argv is not None else sys.argv[1:])}`; "
-             f"cost `{a.cost if not a.tiny else 'smoke'}`; median of actual / predicted over each cell's steps "
+    lines = [header("Predicted / live step time: the profiled table vs the cost model learned online") +
+             f"Cost `{a.cost if not a.tiny else 'smoke'}`; median of actual / predicted over each cell's steps "
              f"after {a.warmup}. Goal: online within 0.90-1.10 in every cell.", "",
              "| T | batch | K | steps | offline | online |", "|---:|---:|---:|---:|---:|---:|"]
     lines += [f"| {t:g} | {b} | {k} | {n} | {off:.3f} | {on:.3f} |" for t, b, k, n, off, on in rows]
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(a.out).write_text("\n".join(lines) + "\n")
+    out = a.out or (Path(tempfile.gettempdir()) / "cost_live_tiny.md" if a.tiny else RESULTS / "cost_live.md")
+    write({out: "\n".join(lines) + "\n"})
     print("\n".join(lines))
     return 0
 
