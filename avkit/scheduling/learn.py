@@ -49,7 +49,7 @@ BANDS_PER_OCTAVE = 2  # context bands per doubling of the cached tokens per requ
 
 def context_band(context_tokens: float, num_requests: int) -> int:
     """The context band of a step: log2 of its cached tokens per request, in half-octaves."""
-    return int(round(BANDS_PER_OCTAVE * math.log2(1.0 + context_tokens / max(num_requests, 1))))
+    return round(BANDS_PER_OCTAVE * math.log2(1.0 + context_tokens / max(num_requests, 1)))
 
 
 @dataclass

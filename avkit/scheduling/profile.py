@@ -210,7 +210,6 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
         base, _ = _time_points([seated.step(1, m) for m in PRICE_GRID], dev, config, on_point)
         prefill_ms, prefill_runs = _less(_time_points([seated.step(1, m, behind=m) for m in PRICE_GRID], dev,
                                                       config, on_point)[1], base)
-    del seated
     noise = noise_summary({"verify_ms": (t_grid, verify_runs), "draft_ms": (d_grid, draft_runs),
                            **({"prefill_ms": (list(PRICE_GRID), prefill_runs)} if prefill_runs else {})})
     meta = {"source": "profile", "device": device_name(dev), "target": target.model_id,
