@@ -14,6 +14,9 @@ traces: LOTO trains on every other trace, LOTTO only on traces of another temper
   online_warm_gT   the same on T * -log(-log q_max) (T = 0 counts as 1: the features of a greedy trace are
                    read at T = 1): the features are read from logits / T, so at T = 0.3 they are ~3x those
                    at T = 1; the product puts every temperature on one scale (temperature as an input)
+  online_sameT     online_warm_gT warm-started from the training traces at the held-out trace's temperature
+                   only (all of them where none is: T = 0.3 and 0.6 in LOTO, every trace in LOTTO): what a
+                   deployment does with a coefficients file fitted at the temperature it serves
   per_position     per_position_slope from the same warm start (every position at the shared slope): each
                    online step, damped by n / (n + 50), moves a position's slope away from the shared one
                    only as its own slots accumulate (a per-position slope shrunk to the shared one)
@@ -64,8 +67,8 @@ SHIFTS = [("reuse/t1_edit_k7", "reuse/t1_sharegpt_multiround_k7"),
 PRIORS = (10.0, 50.0, 200.0, 1000.0)  # forgetting_warm's prior_slots grid (pseudo-slots per position)
 TUNED_ON = {"greedy_k7", "sampled_t1.0_k7"}  # ForgettingConfig's defaults were chosen on these
 GOAL_ECE, AUC_SLACK, BOOT = 0.010, 0.002, 1000
-CANDIDATES = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "per_position", "forgetting",
-              "forgetting_warm", "forgetting_T", "isotonic")
+CANDIDATES = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "online_sameT", "per_position",
+              "forgetting", "forgetting_warm", "forgetting_T", "isotonic")
 SHOWN = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "forgetting_warm")  # per position, diagrams
 FEATURES = ("logit_qmax", "neg_log_neg_log_qmax")
 G_T = "t_neg_log_neg_log_qmax"  # online_warm_gT's feature, derived in `load`
@@ -167,10 +170,12 @@ def predict_all(trace: Trace, train: frozenset) -> tuple[dict[str, np.ndarray], 
     the prior_slots chosen)."""
     prior, iso = inner(train)
     fit, g = batch_state(train), "neg_log_neg_log_qmax"
+    same_t = frozenset(t for t in train if t.temperature == trace.temperature) or train
     warm = replay("forgetting_logistic", trace, fit, prior)
     return {"vllm": replay("online_logistic", trace), "online_warm": replay("online_logistic", trace, fit),
             "online_warm_g": replay("online_logistic", trace, batch_state(train, g), feature=g),
             "online_warm_gT": replay("online_logistic", trace, batch_state(train, G_T), feature=G_T),
+            "online_sameT": replay("online_logistic", trace, batch_state(same_t, G_T), feature=G_T),
             "per_position": replay("per_position_slope", trace, fit | {"slopes": [fit["slope"]] * 7}),
             "forgetting": replay("forgetting_logistic", trace), "forgetting_warm": warm,
             "forgetting_T": replay("forgetting_logistic", trace, by_temperature(train, trace.temperature), prior),
