@@ -29,7 +29,7 @@ test-browser:
     AVKIT_SCREENSHOT=out/report_screenshot.png python -m pytest -m browser tests/test_report_browser.py
 
 # acceptance estimators on traces their defaults never saw: leave-one-trace-out and leave-one-temperature-out
-# over traces/ (~2 min on 2 cores) -> bench/results/estimators.md, estimators_reliability.png
+# over traces/ (~2 min on 2 idle cores, ~4 at load 12) -> bench/results/estimators.md, estimators_reliability.png
 [doc("acceptance estimators on held-out traces (~2 min on 2 cores) -> bench/results/estimators.md")]
 bench-estimators:
     python bench/estimators.py
