@@ -23,7 +23,6 @@ benchmark, never a pass/fail test.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -34,6 +33,8 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+
+from avkit.staged import write_json_atomic
 
 _NONE = (float("nan"), float("nan"))  # no peer for this task
 
@@ -171,12 +172,7 @@ def main() -> None:
            "results": {k: {"avkit_wall_s": a[0], "avkit_cpu_s": a[1],
                            "peer_wall_s": None if math.isnan(b[0]) else b[0],
                            "peer_cpu_s": None if math.isnan(b[1]) else b[1]} for k, (a, b) in results.items()}}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = out.with_name(out.name + ".tmp")
-    tmp_out.write_text(json.dumps(doc, indent=2) + "\n")
-    os.replace(tmp_out, out)
-    print(f"wrote {out}")
+    print(f"wrote {write_json_atomic(args.out, doc)}")
 
 
 if __name__ == "__main__":

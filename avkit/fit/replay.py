@@ -7,11 +7,8 @@ estimator had when drafting, the estimator refits after exactly `refit_interval`
 a file's trailing partial round is dropped. The predictions are progressive validation: each is
 made before its label was learned from, so online scores are honest out-of-sample scores. The
 estimator's state carries over from one file to the next (a restart from the server's snapshot).
-Replicas (`--replicas independent`): each file is a replica whose own estimator predicted its drafts,
-so the replay is a map over (feature, replica) on the fit's engine (threads or Ray tasks: the same
-task function, bit-identical results); predictions are scored as one set, the trajectory keeps every
-replica's refits (column `file`), and the replica that observed the most slots (the first on a tie)
-is the one written. A task gets its run's arrays, so a Ray worker needs no access to the traces.
+Replicas (`--replicas independent`, docs/fleet.md): each file replayed on its own estimator, one task
+per (feature, replica) on the fit's engine; the replica that observed the most slots is written.
 Batch: the same Newton step iterated to convergence; scores are in-sample.
 """
 
