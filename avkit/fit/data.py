@@ -117,6 +117,11 @@ def shown(path: Path) -> str:
         return str(path)
 
 
+def fitted(drafter: str = "model") -> pl.Expr:
+    """The rows a fit learns from: observed (`accepted` not null: trace/labels.py) and drafted by `drafter`."""
+    return pl.col("accepted").is_not_null() & (pl.col("drafter") == drafter)
+
+
 def feature_inputs(features) -> list[str]:
     """The trace columns the polars expressions of `features` (names of FEATURES) read, in FEATURE_INPUTS order."""
     used = {c for n in features for c in FEATURES[n].expr.meta.root_names()}
@@ -139,8 +144,8 @@ def load_fit_data(paths, drafter: str = "model", features=None) -> FitData:
     for i, df in enumerate(iter_traces(paths, columns)):
         df, clock, name = file_clock(df)
         first = np.r_[True, clock[1:] != clock[:-1]]  # [n] the row opens an engine step
-        observed = (df["accepted"].is_not_null() & (df["drafter"] == drafter)).to_numpy()  # [n] (a categorical
-        # compares its few categories, not every row's string)
+        observed = df.select(fitted(drafter)).to_series().to_numpy()  # [n] (a categorical compares its few
+        # categories, not every row's string)
         row_step.append((np.cumsum(first) - 1)[observed] + steps)
         step_clock.append(clock[first])
         step_file.append(np.full(int(first.sum()), i, dtype=np.int64))
@@ -178,5 +183,5 @@ def trained_on(paths, meta: dict, slots: int, observed: int, datasets: dict[str,
             "engine_steps": engine_steps,
             "synthetic_truth": json.loads(meta["avkit.synthetic"]) if "avkit.synthetic" in meta else None}
 
-__all__ = ["CLOCKS", "OBSERVED_COLUMNS", "TRACE_COLUMNS", "FitData", "feature_inputs", "file_clock", "load_fit_data",
-           "shown", "trained_on"]
+__all__ = ["CLOCKS", "OBSERVED_COLUMNS", "TRACE_COLUMNS", "FitData", "feature_inputs", "file_clock", "fitted",
+           "load_fit_data", "shown", "trained_on"]

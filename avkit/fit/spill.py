@@ -27,7 +27,7 @@ import polars as pl
 
 from avkit.errors import TraceError
 from avkit.features import FEATURES
-from avkit.fit.data import TRACE_COLUMNS
+from avkit.fit.data import TRACE_COLUMNS, fitted
 from avkit.trace.reader import CHECKED_COLUMNS, scan_traces
 from avkit.trace.values import SLOT_KEY, check_values
 
@@ -142,7 +142,7 @@ def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int, s
         _count_steps(s, df)
         if drafts:
             _count_drafts(s, df)
-        obs = df.filter(pl.col("accepted").is_not_null() & (pl.col("drafter").cast(pl.String) == "model"))
+        obs = df.filter(fitted("model"))
         _survey_chunk(s, obs.sort("position", maintain_order=True), rng, sample / max(total, 1))
     keys.check(path, lf)
     shutil.rmtree(keys.dir, ignore_errors=True)
