@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -64,7 +64,6 @@ class PassWork:
     k: int
     dataset_names: list[str]  # global dataset codes
     score: dict | None = None  # {"n_bins", "edges": [E] AUC bin edges of logit(p)}
-    fitting: list[bool] = field(default_factory=list)
     subsets: list[int | None] | None = None  # [E] fit estimator j on dataset code subsets[j] only (None: all)
 
 
