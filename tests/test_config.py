@@ -20,7 +20,7 @@ def test_command_configs_declare_no_field_of_their_parts():
             if isinstance(f.default_factory, type) and dataclasses.is_dataclass(f.default_factory):
                 part = {g.name for g in dataclasses.fields(f.default_factory)}
                 assert not own & part, (cls.__name__, f.name, own & part)
-    assert isinstance(RecordConfig().engine, EngineConfig) and isinstance(ServeConfig().models, ModelsConfig)
+    assert isinstance(RecordConfig().decoding, EngineConfig) and isinstance(ServeConfig().models, ModelsConfig)
 
 
 @pytest.mark.parametrize("make", [
@@ -58,7 +58,7 @@ def _leaves(cls):
 
 
 # options a command handles itself, outside its config (display, inputs, what it passes to the library)
-OUTSIDE = {"record": {"progress", "dataset", "engine"}, "serve": {"log_level"},
+OUTSIDE = {"record": {"progress"}, "serve": {"log_level"},
            "profile": set(),
            "tune": {"traces"}, "simulate": {"traces", "coefficients", "policy", "profile", "step_time"},
            "fit": {"traces", "feature", "refit_interval", "hvd"},
@@ -82,5 +82,5 @@ def test_field_names_are_option_names():
 
 
 def test_record_sizes_its_engine_context():
-    cfg = RecordConfig(engine=EngineConfig(k=3), sampling=SamplingConfig(max_new_tokens=10), max_prompt_tokens=20)
-    assert cfg.engine_for_run == dataclasses.replace(cfg.engine, max_len=20 + 10 + 3 + 2)
+    cfg = RecordConfig(decoding=EngineConfig(k=3), sampling=SamplingConfig(max_new_tokens=10), max_prompt_tokens=20)
+    assert cfg.decoding_for_run == dataclasses.replace(cfg.decoding, max_len=20 + 10 + 3 + 2)

@@ -229,9 +229,9 @@ def test_trace_matches_equal_teacher_forced_draft(tmp_path):
         prompts = tmp_path / "p.jsonl"
         prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ("def add(a, b):", "Hello", "x = 1")))
         out = tmp_path / "greedy.parquet"
-        record(RecordConfig(engine=EngineConfig(k=4, concurrency=2, seed=0),
+        record(RecordConfig(decoding=EngineConfig(k=4, concurrency=2, seed=0),
                             sampling=SamplingConfig(temperature=0.0, max_new_tokens=24),
-                            datasets=(str(prompts),), num_prompts=3, out=str(out)),
+                            dataset=(str(prompts),), num_prompts=3, out=str(out)),
                target=target, draft=draft, progress=False)
         gens = pl.read_parquet(generations_path(out)).with_columns(pl.col("request_id").cast(pl.String))
         match, known = matches_from_trace(pl.read_parquet(out), gens)

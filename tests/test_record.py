@@ -53,9 +53,9 @@ def prompts(tmp_path_factory):
 def config(prompts, out, *, max_new_tokens: int = 12, concurrency: int = 2, temperature: float = 1.0,
            drafter: str = "model", **kw) -> RecordConfig:
     """A small recording of `prompts` at K = 3; `kw` sets RecordConfig's own fields."""
-    return RecordConfig(models=ModelsConfig(drafter=drafter), engine=EngineConfig(k=3, concurrency=concurrency, seed=0),
+    return RecordConfig(models=ModelsConfig(drafter=drafter), decoding=EngineConfig(k=3, concurrency=concurrency, seed=0),
                         sampling=SamplingConfig(temperature=temperature, max_new_tokens=max_new_tokens),
-                        **{"datasets": (str(prompts),), "num_prompts": 3, "out": str(out), **kw})
+                        **{"dataset": (str(prompts),), "num_prompts": 3, "out": str(out), **kw})
 
 
 def run(pair, cfg):
@@ -205,7 +205,7 @@ def test_prompt_queue_admits_the_dataset_furthest_behind(tmp_path):
 
     for name in ("a", "b"):
         (tmp_path / f"{name}.jsonl").write_text("".join(f'{{"prompt": "{name}{i}"}}\n' for i in range(5)))
-    cfg = RecordConfig(datasets=(str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")), num_prompts=3,
+    cfg = RecordConfig(dataset=(str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")), num_prompts=3,
                        max_prompt_tokens=100)
     q = PromptQueue(cfg, CharTokenizer())
     assert [q.pop().request.dataset for _ in range(2)] == ["a", "b"]  # ties: fewest admitted

@@ -58,9 +58,9 @@ def _record(setup, policy: str, name: str, temperature: float = 1.0):
 
 def _run(setup, policy: str, name: str, temperature: float):
     root, prompts, cost, (target, draft) = setup
-    cfg = RecordConfig(models=ModelsConfig(), engine=EngineConfig(k=K, concurrency=3, seed=0),
+    cfg = RecordConfig(models=ModelsConfig(), decoding=EngineConfig(k=K, concurrency=3, seed=0),
                        sampling=SamplingConfig(temperature=temperature, max_new_tokens=NEW),
-                       datasets=(str(prompts),), num_prompts=6, out=str(root / f"{name}.parquet"),
+                       dataset=(str(prompts),), num_prompts=6, out=str(root / f"{name}.parquet"),
                        policy=policy, cost=str(cost))
     res = record(cfg, target=target, draft=draft, progress=False)
     return res, read_traces([res.trace_path])

@@ -56,10 +56,10 @@ def pair(tmp_path_factory):
 def _record(pair, temperature: float, name: str):
     target, draft, root, python = pair
     config = RecordConfig(models=ModelsConfig(target=str(target), draft=str(draft), dtype="float32"),
-                          engine=EngineConfig(k=3, concurrency=3, seed=0),
+                          decoding=EngineConfig(k=3, concurrency=3, seed=0),
                           sampling=SamplingConfig(temperature=temperature, top_p=TOP_P, max_new_tokens=MAX_NEW),
-                          datasets=(str(root / "prompts.jsonl"),), num_prompts=len(PROMPTS), max_prompt_tokens=64,
-                          out=str(root / f"{name}.parquet"), backend="vllm", vllm_python=str(python),
+                          dataset=(str(root / "prompts.jsonl"),), num_prompts=len(PROMPTS), max_prompt_tokens=64,
+                          out=str(root / f"{name}.parquet"), engine="vllm", vllm_python=str(python),
                           threads=2)
     return record(config, progress=False)
 
@@ -81,8 +81,8 @@ def _engine(pair, k: int, max_batch: int, k_schedule=()) -> VllmEngine:
     target, draft, _, python = pair
     config = RecordConfig(models=ModelsConfig(target=str(target), draft=str(draft) if k else "none",
                                               dtype="float32"),
-                          engine=EngineConfig(k=k, concurrency=max_batch, seed=0), max_prompt_tokens=64,
-                          sampling=SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW), backend="vllm",
+                          decoding=EngineConfig(k=k, concurrency=max_batch, seed=0), max_prompt_tokens=64,
+                          sampling=SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW), engine="vllm",
                           vllm_python=str(python), threads=2)
     engine = VllmEngine(config, str(python), target, draft if k else target, k_schedule=k_schedule)
     engine.eos_token_ids = set(Tokenizer.from_dir(target).eos_token_ids)  # the stops the recording used

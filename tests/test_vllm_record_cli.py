@@ -42,7 +42,7 @@ def test_unsupported_vllm_version_is_one_line(tmp_path):
 
 
 def _start(tmp_path, target="qwen2.5-coder-1.5b", **kw):
-    config = RecordConfig(models=ModelsConfig(target=target), backend="vllm", out=str(tmp_path / "t.parquet"), **kw)
+    config = RecordConfig(models=ModelsConfig(target=target), engine="vllm", out=str(tmp_path / "t.parquet"), **kw)
     with pytest.raises(AvkitError) as e:
         check(config)
     return str(e.value)

@@ -131,6 +131,7 @@ class _App(typer.Typer):
 
     def __call__(self, args=None, **kwargs):
         argv = list(sys.argv[1:] if args is None else args)
+        kwargs.pop("standalone_mode", None)  # always: errors are handled here, whatever the caller asks
         try:
             with _one_interrupt():
                 code = super().__call__(argv, standalone_mode=False, **kwargs)

@@ -57,11 +57,11 @@ def register(app: typer.Typer) -> None:
             _d("sampling.max_new_tokens"),
         max_prompt_tokens: Annotated[int, typer.Option(help="skip prompts longer than this")] =
             _d("max_prompt_tokens"),
-        k: Annotated[int, typer.Option("-k", "--k", help="draft tokens per step")] = _d("engine.k"),
+        k: Annotated[int, typer.Option("-k", "--k", help="draft tokens per step")] = _d("decoding.k"),
         temperature: Annotated[float, typer.Option(help="sampling temperature (0 = greedy)")] = _d("sampling.temperature"),
         top_p: Annotated[float, typer.Option(help="top-p of target and draft sampling")] = _d("sampling.top_p"),
-        concurrency: Annotated[int, typer.Option(help="requests decoding at once")] = _d("engine.concurrency"),
-        seed: Annotated[int, typer.Option(help="prompt order and sampling seed")] = _d("engine.seed"),
+        concurrency: Annotated[int, typer.Option(help="requests decoding at once")] = _d("decoding.concurrency"),
+        seed: Annotated[int, typer.Option(help="prompt order and sampling seed")] = _d("decoding.seed"),
         out: Annotated[str, typer.Option(help="trace file (.parquet); generations go beside it")] = _d("out"),
         resume: Annotated[bool, typer.Option(help="continue OUT: skip finished requests (refused when OUT was "
                                                  "recorded with another K, temperature, top-p, drafter or "
@@ -76,14 +76,14 @@ def register(app: typer.Typer) -> None:
         dtype: Annotated[str, typer.Option(help="model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 | "
                                                 "bfloat16 (~3x float32 on AVX512-BF16 CPUs)")] = _d("models.dtype"),
         kernels: Annotated[str, typer.Option(help="hot-path kernels: auto (Triton on CUDA, torch elsewhere) | torch | "
-                                         "triton (on a CPU: Triton's interpreter, TRITON_INTERPRET=1)")] = _d("engine.kernels"),
+                                         "triton (on a CPU: Triton's interpreter, TRITON_INTERPRET=1)")] = _d("decoding.kernels"),
         threads: Annotated[int, typer.Option(help="torch threads (0 = default; 1 on a busy CPU)")] = _d("threads"),
         drafter: Annotated[str, typer.Option(help="model | hybrid (suffix cache or draft model per step)")] =
             _d("models.drafter"),
         payoff: Annotated[str, typer.Option(help="hybrid: payoff_mlp.pt (threshold) or payoff_survival.pt (joint verification budget) from `avkit hvd` (default: "
                                                  "ArcticInference's rule)")] = _d("models.payoff"),
         engine: Annotated[str, typer.Option(help="native (avkit's runtime) | vllm (vLLM's offline engine in its "
-                                                 "own venv, docs/vllm.md)")] = _d("backend"),
+                                                 "own venv, docs/vllm.md)")] = _d("engine"),
         vllm_python: Annotated[str, typer.Option(help="--engine vllm: that venv's python (default "
                                                       "$AVKIT_VLLM_PYTHON, else .venv-vllm/bin/python)")] =
             _d("vllm_python"),
@@ -105,23 +105,23 @@ def register(app: typer.Typer) -> None:
         config = RecordConfig(
             models=ModelsConfig(target=target, draft=draft, drafter=drafter, payoff=payoff, device=device,
                                 dtype=dtype),
-            engine=EngineConfig(k=k, concurrency=concurrency, seed=seed, kernels=kernels),
+            decoding=EngineConfig(k=k, concurrency=concurrency, seed=seed, kernels=kernels),
             sampling=SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens),
-            datasets=tuple(dataset) if dataset else _d("datasets"), num_prompts=num_prompts,
+            dataset=tuple(dataset) if dataset else _d("dataset"), num_prompts=num_prompts,
             max_prompt_tokens=max_prompt_tokens, out=out, resume=resume, overwrite=overwrite,
             slots_per_dataset=slots_per_dataset, flush_interval=flush_interval, threads=threads,
-            backend=engine, vllm_python=vllm_python, vllm_draft_sampling=vllm_draft_sampling, policy=policy,
+            engine=engine, vllm_python=vllm_python, vllm_draft_sampling=vllm_draft_sampling, policy=policy,
             cost=cost, coefficients=coefficients)
         from avkit.record import record as run  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.record.files import preflight  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.record.recorder import verify_policy  # lazy: torch (the policy it builds)
 
-        check_datasets(config.datasets)
+        check_datasets(config.dataset)
         preflight(config)  # --out and --resume checks, before the banner and the models
         verify_policy(config)  # --policy and --cost too
         console = Console(stderr=True)
         console.print(f"avkit record: {config.models.target} + {config.models.draft or 'no draft'}, "
-                      f"datasets {', '.join(config.datasets)} -> {config.out}")
+                      f"datasets {', '.join(config.dataset)} -> {config.out}")
         result = run(config, progress=progress, console=console)
         render(result, Console(width=None if sys.stdout.isatty() else 132))  # the result: stdout
         if not result.committed:

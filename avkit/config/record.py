@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from avkit.config.engine import RUN_ENGINES, EngineConfig, ModelsConfig
 from avkit.config.sampling import SamplingConfig
 from avkit.errors import ConfigError
-from avkit.validate import check_choice, in_range, one_of, shown
+from avkit.validate import in_range, one_of, shown
 
 DEFAULT_RECORD_DATASETS = ("humaneval", "mtbench")
 
@@ -21,11 +21,11 @@ class RecordConfig:
     """
 
     models: ModelsConfig = field(default_factory=ModelsConfig)
-    # k, concurrency (requests decoding at once), seed (prompt order and sampling);
-    # the context limit is sized by `engine_for_run` from the prompt and generation caps
-    engine: EngineConfig = field(default_factory=EngineConfig)
+    # how the pair decodes: k, concurrency (requests decoding at once), seed (prompt order and sampling),
+    # kernels; the context limit is sized by `decoding_for_run` from the prompt and generation caps
+    decoding: EngineConfig = field(default_factory=EngineConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)  # temperature, top_p, max_new_tokens
-    datasets: tuple[str, ...] = DEFAULT_RECORD_DATASETS  # workload names or .jsonl files
+    dataset: tuple[str, ...] = DEFAULT_RECORD_DATASETS  # workload names or .jsonl files (a repeated option)
     num_prompts: int = 4  # prompts per dataset (first turns)
     max_prompt_tokens: int = 768  # longer prompts are skipped (prefill dominates CPU time)
     out: str = "traces/record.parquet"
@@ -35,7 +35,7 @@ class RecordConfig:
     row_group_rows: int = 65536
     flush_interval: float = 60.0  # also flush (and make the partial file readable) this often
     threads: int = 0  # torch intra-op threads (0 = torch's default); 1 is fastest on an oversubscribed CPU
-    backend: str = "native"  # --engine: native (avkit's runtime) | vllm (vLLM's offline engine, docs/vllm.md)
+    engine: str = "native"  # native (avkit's runtime) | vllm (vLLM's offline engine, docs/vllm.md)
     vllm_python: str = ""  # vllm: the venv's python ("" = $AVKIT_VLLM_PYTHON, else .venv-vllm/bin/python)
     vllm_draft_sampling: str = "probabilistic"  # vllm, T > 0: draw drafts from q (probabilistic) or take argmax
     policy: str = "full"  # the verify policy recorded, a spec (avkit/scheduling/policy.py): full, fixed:K, adaptive:E, ...
@@ -43,31 +43,32 @@ class RecordConfig:
     coefficients: str = ""  # adaptive policies' estimator warm start (coefficients.json; "" = reference constants)
 
     def __post_init__(self):
-        if not self.datasets:
+        if not self.dataset:
             raise ConfigError("--dataset must name at least one workload")
         in_range(self, "num_prompts", 1)
         in_range(self, "max_prompt_tokens", 1)
         in_range(self, "slots_per_dataset", 0)
         in_range(self, "threads", 0)
-        check_choice("--engine", self.backend, RUN_ENGINES)  # the option --engine (engine: EngineConfig)
+        one_of(self, "engine", RUN_ENGINES)
         one_of(self, "vllm_draft_sampling", ("probabilistic", "greedy"))
         in_range(self, "row_group_rows", 1)
         in_range(self, "flush_interval", 0.0, lo_open=True)
         if not str(self.out).endswith(".parquet"):
             raise ConfigError(f"--out must be a .parquet path, got {shown(self.out)}")
-        if self.policy != "full" and self.backend != "native":
-            raise ConfigError(f"--policy {self.policy} runs in avkit's own engine only (--engine {self.backend} "
+        if self.policy != "full" and self.engine != "native":
+            raise ConfigError(f"--policy {self.policy} runs in avkit's own engine only (--engine {self.engine} "
                               "verifies with its own rule)")
-        if self.backend == "vllm" and (self.resume or self.slots_per_dataset):
-            raise ConfigError(f"{'resume' if self.resume else 'slots_per_dataset'} runs in avkit's own engine only "
-                              "(engine 'vllm' hands vLLM every prompt up front and records a new file)")
+        if self.engine == "vllm" and (self.resume or self.slots_per_dataset):
+            raise ConfigError(f"{'--resume' if self.resume else '--slots-per-dataset'} runs in avkit's own engine "
+                              "only (--engine vllm hands vLLM every prompt up front and records a new file)")
         if self.resume and self.overwrite:
             raise ConfigError("--resume and --overwrite exclude each other: continue the file or replace it")
 
     @property
-    def engine_for_run(self) -> EngineConfig:
+    def decoding_for_run(self) -> EngineConfig:
         """The engine config with room for the longest admitted prompt, its generation and K drafts."""
-        return replace(self.engine, max_len=self.max_prompt_tokens + self.sampling.max_new_tokens + self.engine.k + 2)
+        return replace(self.decoding,
+                       max_len=self.max_prompt_tokens + self.sampling.max_new_tokens + self.decoding.k + 2)
 
 
 __all__ = ["DEFAULT_RECORD_DATASETS", "RecordConfig"]

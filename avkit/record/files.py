@@ -83,7 +83,7 @@ def preflight(config: RecordConfig) -> RecordFiles:
     for src in (files.trace_source, files.generations_source):
         if src is not None and src.exists():
             _readable(src)
-    check_resume(files, {"avkit.k": str(config.engine.k), "avkit.temperature": str(config.sampling.temperature),
+    check_resume(files, {"avkit.k": str(config.decoding.k), "avkit.temperature": str(config.sampling.temperature),
                          "avkit.top_p": str(config.sampling.top_p), "avkit.drafter": config.models.drafter})
     return files
 

@@ -62,16 +62,16 @@ def metadata(config: RecordConfig, target, draft) -> dict[str, str]:
         "avkit.target_sha256": target.sha256 or "",
         "avkit.draft": draft.model_id if draft is not None else "",
         "avkit.draft_sha256": (draft.sha256 or "") if draft is not None else "",
-        "avkit.k": str(config.engine.k),
+        "avkit.k": str(config.decoding.k),
         "avkit.temperature": str(config.sampling.temperature),
         "avkit.top_p": str(config.sampling.top_p),
         "avkit.drafter": config.models.drafter,
-        "avkit.seed": str(config.engine.seed),
-        "avkit.datasets": json.dumps(list(config.datasets)),
+        "avkit.seed": str(config.decoding.seed),
+        "avkit.datasets": json.dumps(list(config.dataset)),
         "avkit.policy": config.policy,
         "avkit.dtype": dtype,
         "avkit.max_new_tokens": str(config.sampling.max_new_tokens),
-        "avkit.engine": config.backend,
+        "avkit.engine": config.engine,
     }
 
 
@@ -118,21 +118,21 @@ def _load_models(config: RecordConfig, target, draft):
         torch.set_num_threads(config.threads)
     device, dtype = placement(config.models.device, config.models.dtype)
     target = target if target is not None else load(config.models.target, dtype=dtype, device=device)
-    if draft is None and config.engine.k > 0 and config.models.has_draft:
+    if draft is None and config.decoding.k > 0 and config.models.has_draft:
         draft = load(config.models.draft, dtype=dtype, device=device)
     return target, draft
 
 
 def record(config: RecordConfig, *, target=None, draft=None, progress: bool = True, console=None,
            run_id: str | None = None) -> RecordResult:
-    """Record `config.datasets` through the engine into `config.out` (+ its generations table).
+    """Record `config.dataset` through the engine into `config.out` (+ its generations table).
 
     `target`/`draft` are LoadedModels (loaded from config.models.target/draft when None). What may happen to
     existing files at `config.out` is decided by `avkit.record.files` (nothing is clobbered).
     """
     files = preflight(config)  # before the models load: a refused --out or resume costs nothing
     policy = verify_policy(config)  # a bad spec, schedule or cost file fails here too
-    if config.backend == "vllm":  # an offline vLLM in its own venv, avkit's plugin writing the tables
+    if config.engine == "vllm":  # an offline vLLM in its own venv, avkit's plugin writing the tables
         from avkit.engines.vllm.record import record_vllm  # lazy: torch (the models' hashing and tokenizers)
 
         with _interruptible():
@@ -160,7 +160,7 @@ def _record(config, files, target, draft, progress, console, run_id, policy=None
             gens.flush()  # generations partial first: a trace partial never exists without its generations
             trace.flush()
             started = True
-            stats = AcceptanceStats(max(config.engine.k, 1))
+            stats = AcceptanceStats(max(config.decoding.k, 1))
             if config.resume and trace.rows_written:
                 stats.update_from_table(trace.table())
             resumed_rows = trace.rows_written
@@ -208,7 +208,7 @@ def verify_policy(config: RecordConfig):
         return None
     from avkit.scheduling.policy import parse_spec  # lazy: torch
 
-    return parse_spec(config.policy).make(k=config.engine.k, cost=config.cost or None,
+    return parse_spec(config.policy).make(k=config.decoding.k, cost=config.cost or None,
                                           coefficients=config.coefficients)
 
 
@@ -216,7 +216,7 @@ def _native_engine(config: RecordConfig, target, draft, sink, policy=None):
     """avkit's own engine with the recording sink and the verify policy (the model drafter, or the hybrid one)."""
     from avkit.runtime.engine import Engine  # lazy: torch
 
-    engine_config = config.engine_for_run  # context sized for the longest admitted prompt + generation
+    engine_config = config.decoding_for_run  # context sized for the longest admitted prompt + generation
     drafter = None  # the engine builds the model drafter itself
     if config.models.drafter == "hybrid" and draft is not None:
         from avkit.hvd.hybrid_drafter import make_hybrid_drafter  # lazy: torch (the HVD stack)
@@ -240,7 +240,7 @@ def _run(config, engine, sink, queue, gens, run_id, stats, progress, console):
         # forward (cost ~ n x longest prompt); one at a time costs the sum of prompt lengths.
         labelled = {d: stats.labelled(d) for d in stats.by_dataset}
         full = {d for d, n in labelled.items() if config.slots_per_dataset and n >= config.slots_per_dataset}
-        if len(active) < config.engine.concurrency and (turn := queue.pop(full, labelled)) is not None:
+        if len(active) < config.decoding.concurrency and (turn := queue.pop(full, labelled)) is not None:
             engine.add_request(turn.request)
             active[turn.request.request_id] = turn
             outputs[turn.request.request_id] = []

@@ -54,8 +54,8 @@ class PromptQueue:
         self.done = dict(done or {})
         self.sampling = SamplingConfig(temperature=config.sampling.temperature, top_p=config.sampling.top_p,
                                        max_new_tokens=config.sampling.max_new_tokens)
-        self._sources = {name: iter(load_workload(name, None, config.engine.seed)) for name in config.datasets}
-        self._labels = {name: dataset_label(name) for name in config.datasets}  # the rows' `dataset`
+        self._sources = {name: iter(load_workload(name, None, config.decoding.seed)) for name in config.dataset}
+        self._labels = {name: dataset_label(name) for name in config.dataset}  # the rows' `dataset`
         self._taken = dict.fromkeys(self._sources, 0)  # first turns admitted (or already done)
         self._followups: deque[Turn] = deque()
         self.skipped_long = 0

@@ -48,9 +48,9 @@ def child_env(threads: int) -> dict[str, str]:
 def engine_spec(config: RecordConfig, target: Path, draft: Path, k_schedule=()) -> dict:
     """child.make_llm's spec of a config: the models, K, dtype, context, batch, seed, draft sampling, schedule."""
     dtype = {"auto": "auto", "float32": "float32", "bfloat16": "bfloat16"}[config.models.dtype]
-    return {"target": str(target), "draft": str(draft), "k": config.engine.k, "dtype": dtype,
-            "max_model_len": config.engine_for_run.max_len, "max_num_seqs": config.engine.concurrency,
-            "seed": config.engine.seed, "draft_sample_method": config.vllm_draft_sampling,
+    return {"target": str(target), "draft": str(draft), "k": config.decoding.k, "dtype": dtype,
+            "max_model_len": config.decoding_for_run.max_len, "max_num_seqs": config.decoding.concurrency,
+            "seed": config.decoding.seed, "draft_sample_method": config.vllm_draft_sampling,
             "k_schedule": [list(r) for r in k_schedule]}
 
 
@@ -99,7 +99,7 @@ class VllmEngine:
 
     def __init__(self, config: RecordConfig, python: str, target: Path, draft: Path,
                  k_schedule: tuple[tuple[int, int, int], ...] = ()):
-        """`k_schedule`: vLLM's Dynamic SD ranges (batch_lo, batch_hi, K), inclusive; K = config.engine.k is
+        """`k_schedule`: vLLM's Dynamic SD ranges (batch_lo, batch_hi, K), inclusive; K = config.decoding.k is
         their largest (what `avkit tune --format vllm` writes)."""
         self.config = config
         self.requests: dict[str, Request] = {}

@@ -77,8 +77,8 @@ def profile_vllm(python: str, target, draft, config: ProfileConfig, *, dtype: st
     points, version = [], ""
     for k in spec_ks(config.k) + [0]:
         rc = RecordConfig(models=ModelsConfig(target=str(target), draft=str(draft) if k else "none", dtype=dtype),
-                          engine=EngineConfig(k=k, concurrency=max(n_grid), seed=0), sampling=sampling,
-                          max_prompt_tokens=context, threads=threads, backend="vllm", vllm_python=python,
+                          decoding=EngineConfig(k=k, concurrency=max(n_grid), seed=0), sampling=sampling,
+                          max_prompt_tokens=context, threads=threads, engine="vllm", vllm_python=python,
                           vllm_draft_sampling=draft_sampling)
         engine = VllmEngine(rc, python, target, draft if k else target)
         engine.ignore_eos = True

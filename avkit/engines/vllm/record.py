@@ -61,7 +61,7 @@ def check(config: RecordConfig) -> tuple[str, Path, Path]:
     if probe.returncode != 0:
         raise ConfigError(f"--vllm-python {python}: avkit's plugin cannot write traces there (pyarrow or numpy "
                           "missing): pip install avkit into vLLM's venv")
-    if config.engine.k < 1 or config.models.draft in ("", "none"):
+    if config.decoding.k < 1 or config.models.draft in ("", "none"):
         raise ConfigError("--engine vllm records draft slots: give a --draft and -k >= 1")
     if config.models.drafter != "model":
         raise ConfigError(f"--drafter {config.models.drafter}: --engine vllm runs vLLM's draft_model proposer only")
@@ -129,7 +129,7 @@ def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress:
                       config.models.dtype)
     reqs, skipped_long = requests(config, target.tokenizer)
     if not reqs:
-        raise ConfigError(f"--dataset {', '.join(config.datasets)}: no prompt fits --max-prompt-tokens "
+        raise ConfigError(f"--dataset {', '.join(config.dataset)}: no prompt fits --max-prompt-tokens "
                           f"{config.max_prompt_tokens}")
     out = files.trace
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.vllm-", dir=out.parent))
@@ -180,7 +180,7 @@ def _result(config: RecordConfig, files: RecordFiles, result: dict, committed: b
     where = files.trace if committed else partial_path(files.trace)
     gens_where = files.generations if committed else partial_path(files.generations)
     table = pq.read_table(where) if where.exists() else None
-    stats = AcceptanceStats(config.engine.k)
+    stats = AcceptanceStats(config.decoding.k)
     if table is not None:
         stats.update_from_table(table)
     gens = pq.read_table(gens_where, columns=["output_ids"]) if gens_where.exists() else None
