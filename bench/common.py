@@ -1,5 +1,5 @@
 """What every bench script shares: where results go, the header that says when, on what and by which command
-they were measured, writing them all at once, interleaved repeats, paired ratios with a 95% interval, the
+they were measured, writing them all at once, the prompts as token ids, interleaved repeats, paired ratios with a 95% interval, the
 the vLLM peer process, and progress on stderr.
 
     from common import RESULTS, header, write      # bench/ is on sys.path when a script runs
@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 from rich.console import Console
 from rich.progress import Progress
-from scipy import stats
 
 from avkit.staged import StagedOutputs
+from avkit.workloads import load_workload
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
@@ -87,10 +87,23 @@ def rounds(configs: list, repeats: int) -> list[list]:
 
 def paired_ratio(a, b, level: float = 0.95) -> dict:
     """exp(mean log(a / b)) over paired rounds and its Student-t interval (infinite with one round)."""
+    from scipy import stats  # lazy: scipy (only the scripts that pair rounds pay its import)
+
     logs = np.log(np.asarray(a, dtype=np.float64) / np.asarray(b, dtype=np.float64))
     m, n = float(logs.mean()), logs.size
     half = float(stats.t.ppf(0.5 + level / 2, n - 1) * logs.std(ddof=1) / math.sqrt(n)) if n > 1 else math.inf
     return {"ratio": math.exp(m), "lo": math.exp(m - half), "hi": math.exp(m + half)}
+
+
+def prompt_ids(tokenizer, dataset: str, n: int) -> list[list[int]]:
+    """The first n prompts of a workload as the target's token ids: chat template (first turn, with the
+    prompt's tools) or plain text; the same ids go to avkit and to vLLM."""
+    out = []
+    for p in load_workload(dataset, n, seed=0):
+        tools = list(p.tools) if p.tools else None  # first turn only: follow-ups need avkit record's queue
+        out.append(tokenizer.apply_chat_template(list(p.messages), add_generation_prompt=True, tools=tools)
+                   if p.messages else tokenizer.encode(p.text))
+    return out
 
 
 def vllm_peer(python: str, jobs: dict, timeout: float, env: dict | None = None,

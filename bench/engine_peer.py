@@ -23,17 +23,7 @@ from pathlib import Path
 import torch
 
 from avkit.runtime.step_log import StepLog, steady_tok_s
-from common import RESULTS, load, machine, vllm_peer  # bench/ is on sys.path
-
-
-def prompt_ids(tokenizer, dataset: str, n: int) -> list[list[int]]:
-    from avkit.workloads import load_workload
-
-    out = []
-    for p in load_workload(dataset, n, seed=0):
-        out.append(tokenizer.apply_chat_template(list(p.messages), add_generation_prompt=True) if p.messages
-                   else tokenizer.encode(p.text))
-    return out
+from common import RESULTS, load, machine, prompt_ids, vllm_peer  # bench/ is on sys.path
 
 
 def plan(args, tokenizer) -> list[dict]:

@@ -56,20 +56,9 @@ from avkit.models import load
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.runtime.step_log import StepLog, decode_tok_s
-from common import vllm_peer, write  # bench/ is on sys.path when run as a script
+from common import prompt_ids, vllm_peer, write  # bench/ is on sys.path when run as a script
 
 DRAFTERS = ("target", "model", "suffix", "hybrid")
-
-
-def _prompts(tokenizer, workload: str, n: int) -> list[list[int]]:
-    from avkit.workloads import load_workload
-
-    out = []
-    for p in load_workload(workload, n, seed=0):
-        tools = list(p.tools) if p.tools else None  # first turn only: follow-ups need the record queue
-        out.append(tokenizer.apply_chat_template(list(p.messages), add_generation_prompt=True, tools=tools)
-                   if p.messages else tokenizer.encode(p.text))
-    return out
 
 
 def _tiny_prompts(workload: str, n: int) -> list[list[int]]:
@@ -296,7 +285,7 @@ def main(argv=None) -> int:
     for wl in a.workloads.split(","):
         for c in (int(x) for x in a.concurrency.split(",")):
             n = a.requests or max(8, 2 * c)
-            ids = _tiny_prompts(wl, n) if a.tiny else _prompts(target.tokenizer, wl, n)
+            ids = _tiny_prompts(wl, n) if a.tiny else prompt_ids(target.tokenizer, wl, n)
             load_avg = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
             res = measure(target, draft, ids, a.k, c, a.max_new_tokens, payoff, a.repeats, classes)
             pred = predict(draft, ids, res["outputs"], a.k, c, payoff, classes)
@@ -338,7 +327,7 @@ def _vllm_only(a, cells_path: Path, out: Path) -> int:
     for wl in a.workloads.split(","):
         for c in (int(x) for x in a.concurrency.split(",")):
             n = a.requests or max(8, 2 * c)
-            ids = _prompts(tokenizer, wl, n)
+            ids = prompt_ids(tokenizer, wl, n)
             load_avg = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
             cell = {"run": run_id, "engine": "vllm", "workload": wl, "concurrency": c, "requests": n,
                     "max_new_tokens": a.max_new_tokens, "k": a.k, "target": a.target,

@@ -68,10 +68,8 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
 from avkit.runtime.step_log import StepLog, steady_tok_s
-from common import RESULTS, VLLM_ENV, machine, rounds, vllm_peer, write  # bench/ is on sys.path
-from engine_peer import prompt_ids
+from common import RESULTS, VLLM_ENV, machine, prompt_ids, rounds, vllm_peer, write  # bench/ is on sys.path
 from tune_live_report import rate, write_report
 
 
@@ -150,6 +148,8 @@ def avkit_run(models, r: dict, k: int, schedule, max_batch: int) -> dict:
 
 
 def avkit_phase(args, runs, cfgs, schedule, save=None) -> list[dict]:
+    import torch  # lazy: torch (`--report` needs none)
+
     import avkit.models
 
     dtype = getattr(torch, args.dtype)
@@ -283,7 +283,11 @@ def main() -> None:
         ap.error(f"--waves must be >= 1, got {args.waves}")
     out = Path(args.out or RESULTS / f"tune_live{'_tiny' if args.tiny else ''}.json")
     if args.report:
+        if not out.is_file():
+            raise SystemExit(f"avkit: error: --out {out}: no results file to report")
         return print(write_report(json.loads(out.read_text()), out.with_suffix(".md")))
+
+    import torch  # lazy: torch (`--report` needs none)
 
     import avkit.models
     from avkit.models.registry import models_dir

@@ -7,16 +7,16 @@ Skips where the venv or the tree is absent; the tree needs a C++20 compiler.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
-
-import hvd_live
-import tune_live
+ROOT = Path(__file__).resolve().parents[1]
+# vLLM-CPU's auto thread binding fails on a 2-core box, and without a KV size it reserves 92% of RAM
+VLLM_CPU = {"VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
 def _need_tree(python: Path) -> None:
@@ -26,21 +26,32 @@ def _need_tree(python: Path) -> None:
 
 
 @pytest.mark.vllm
-def test_vllm_suffix_method_drafts_from_earlier_responses_and_is_lossless(monkeypatch):
+def test_vllm_suffix_method_drafts_from_earlier_responses_and_is_lossless(tmp_path):
     """Four greedy requests, two prompts each twice, two at a time: the repeats find their twins' responses in
     the global tree, so vLLM drafts (and accepts) cache tokens, and every output equals target-only's."""
-    from vllm_support import need_vllm
+    from vllm_support import need_vllm, vllm_env
 
     python = need_vllm()
     _need_tree(python)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # conftest's, for avkit's kernels; not vLLM's business
-    target, _ = tune_live._tiny_dirs()
-    prompts = [[5, 9, 13, 21, 34] * 4, [40, 41, 42, 43] * 5]
-    cell = hvd_live.vllm_cell(str(python), target, prompts * 2, k=4, c=2, max_new=24, dtype="float32", timeout=900)
-    assert cell["suffix_equal_target"] == 4
-    assert [len(o) for o in cell["target_outputs"]] == [24] * 4
-    assert cell["target_outputs"][:2] == cell["target_outputs"][2:]  # greedy: twins decode alike
-    assert cell["accepted"]["spec_decode_num_accepted_tokens"] > 0 and cell["tps"]["suffix"] > 0
+    from avkit.models.testing import write_tiny_model
+
+    target = write_tiny_model(tmp_path / "t", seed=0, vocab=512, init_std=0.3, hidden=128, heads=2, kv_heads=1,
+                              intermediate=256)  # head size 64: one vLLM-CPU loads
+    prompts = [[5, 9, 13, 21, 34] * 4, [40, 41, 42, 43] * 5] * 2
+    run = {"name": "c=2", "prompts": prompts, "temperature": 0.0, "top_p": 1.0, "max_new_tokens": 24, "seed": 0}
+    got = {}
+    for name, cfg in (("target", {"k": 0}), ("suffix", {"k": 4, "method": "suffix"})):  # one vLLM process each
+        jobs, res = tmp_path / f"{name}.json", tmp_path / f"{name}.out.json"
+        jobs.write_text(json.dumps({"target": str(target), "draft": str(target), "dtype": "float32",
+                                    "configs": [{**cfg, "max_num_seqs": 2, "runs": [run]}]}))
+        p = subprocess.run([str(python), "bench/vllm_peer.py", str(jobs), str(res)], cwd=ROOT, timeout=900,
+                           env={**vllm_env(), **VLLM_CPU}, capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr[-3000:]
+        got[name] = json.loads(res.read_text())["results"][0]
+    assert got["suffix"]["outputs"] == got["target"]["outputs"]
+    assert [len(o) for o in got["target"]["outputs"]] == [24] * 4
+    assert got["target"]["outputs"][:2] == got["target"]["outputs"][2:]  # greedy: twins decode alike
+    assert got["suffix"]["counters"]["spec_decode_num_accepted_tokens"] > 0
 
 
 def test_a_failing_build_step_is_one_error_line(tmp_path):
