@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -144,24 +145,25 @@ def newton(engine, surveys, nodes, plan, ests, m, fit: FitConfig, progress,
     return rows
 
 
-def scratch_dir(fit: FitConfig) -> str:
+@contextmanager
+def spilled(engine, paths: list[Path], fit: FitConfig, drafts: bool = False):
+    """Pass 0 over every shard (`spill_shard`) into a scratch directory (`fit.scratch`, else the system's
+    temp) -> (surveys, node of each, their merge); TraceError when no slot is observed. The spills are
+    removed on exit, on every node that wrote one (`engine.cleanup`)."""
     if fit.scratch is not None:
         Path(fit.scratch).mkdir(parents=True, exist_ok=True)
-    return tempfile.mkdtemp(prefix="avkit-spill-", dir=fit.scratch)
-
-
-def spill(engine, paths: list[Path], fit: FitConfig, scratch: str,
-          drafts: bool = False) -> tuple[list[ShardSurvey], list, dict]:
-    """Pass 0 over every shard (`spill_shard`) -> (surveys, node of each, their merge); TraceError when no
-    slot is observed. The caller removes `scratch` (engine.cleanup)."""
-    sample = max(1024, SAMPLE_SLOTS // len(paths))  # per shard
-    ks = [trace_k(p) for p in paths]  # K may differ across shards: each is checked at its own
-    items = [(str(p), i, k, scratch, chunk_rows(fit), sample, drafts) for i, (p, k) in enumerate(zip(paths, ks))]
-    surveys, nodes = engine.map(spill_shard, items)
-    m = _merge_surveys(surveys, max([k for k in ks if k] or [0]) or None)
-    if m["observed"] == 0:
-        raise TraceError(f"{', '.join(map(str, paths))}: no observed labels (every `accepted` is null)")
-    return surveys, nodes, m
+    scratch, nodes = tempfile.mkdtemp(prefix="avkit-spill-", dir=fit.scratch), None
+    try:
+        sample = max(1024, SAMPLE_SLOTS // len(paths))  # per shard
+        ks = [trace_k(p) for p in paths]  # K may differ across shards: each is checked at its own
+        items = [(str(p), i, k, scratch, chunk_rows(fit), sample, drafts) for i, (p, k) in enumerate(zip(paths, ks))]
+        surveys, nodes = engine.map(spill_shard, items)
+        m = _merge_surveys(surveys, max([k for k in ks if k] or [0]) or None)
+        if m["observed"] == 0:
+            raise TraceError(f"{', '.join(map(str, paths))}: no observed labels (every `accepted` is null)")
+        yield surveys, nodes, m
+    finally:
+        engine.cleanup(scratch, nodes)
 
 
 def fit_passes(paths, fit: FitConfig, est_cfg: EstimatorConfig, progress: Progress | None, engine):
@@ -169,21 +171,17 @@ def fit_passes(paths, fit: FitConfig, est_cfg: EstimatorConfig, progress: Progre
     iteration, one score pass; -> (plan, estimators, trajectory rows, score rows, K, trained_on) as the
     in-memory fit's, memory bounded by `fit.memory_budget` (AUC within each row's `auc_bound`)."""
     shards = check_shards(paths)
-    scratch, nodes = scratch_dir(fit), None
-    try:
-        surveys, nodes, m = spill(engine, shards.paths, fit, scratch)
+    with spilled(engine, shards.paths, fit) as (surveys, nodes, m):
         plan = plan_features(fit, est_cfg, m["present"])
         ests = [make_estimator(e, k=m["k"], config=replace(est_cfg, feature=n)) for n, e in plan]
         rows = newton(engine, surveys, nodes, plan, ests, m, fit, progress)
         edges = [_edges(e, n, surveys, fit.auc_bins) for (n, _), e in zip(plan, ests)]
         work = PassWork([n for n, _ in plan], ests, m["k"], m["names"], score={"n_bins": fit.bins, "edges": edges})
         sums = engine.map(shard_pass, [(s, work) for s in surveys], nodes, fold=_add)[0]
-    finally:
-        engine.cleanup(scratch, nodes)
     meta = trained_on(shards.paths, shards.meta, m["rows"], m["observed"], m["datasets"], "model", m["clocks"],
                       m["engine_steps"])
     return plan, ests, [rows.get(i, []) for i in range(len(plan))], [acc.rows(m["names"]) for acc in sums], \
         m["k"], meta
 
 
-__all__ = ["PassWork", "chunk_rows", "fit_passes", "newton", "scratch_dir", "shard_pass", "spill"]
+__all__ = ["PassWork", "chunk_rows", "fit_passes", "newton", "shard_pass", "spilled"]

@@ -27,7 +27,7 @@ from avkit.errors import ConfigError
 from avkit.estimators import make_estimator
 from avkit.fit.spill import ShardSurvey
 from avkit.fit.engines import LocalEngine
-from avkit.fit.streaming import newton, scratch_dir, spill
+from avkit.fit.streaming import newton, spilled
 from avkit.trace.shards import check_shards
 
 MIN_SLOTS = 50  # observed slots at position 0 a dataset needs for its own fit (the role analysis)
@@ -81,9 +81,8 @@ def stream_traces(paths, coefficients: dict, n_bins: int, fit: FitConfig) -> Str
         raise ConfigError("--engine streaming reports a batch fit (--mode batch): an online fit's reliability "
                           "panels replay its estimator over whole traces in memory (use --engine memory)")
     shards = check_shards(paths)
-    engine, scratch, nodes = LocalEngine(fit.workers), scratch_dir(fit), None
-    try:
-        surveys, nodes, m = spill(engine, shards.paths, fit, scratch, drafts=True)
+    engine = LocalEngine(fit.workers)
+    with spilled(engine, shards.paths, fit, drafts=True) as (surveys, nodes, m):
         k, names = m["k"], m["names"]
         panels = _panel_estimators(coefficients, k, m["present"])
         acc, bins = engine.map(_report_pass, [(s, k, names, panels, n_bins) for s in surveys], nodes,
@@ -97,8 +96,6 @@ def stream_traces(paths, coefficients: dict, n_bins: int, fit: FitConfig) -> Str
                              {n: {"slots": v[0], "entropy": v[1] / v[0]} for n, v in sorted(drafts.items())})
         out.panels = [(t, short, f, e, b) for (t, short, f, e, _), b in zip(panels, bins)]
         out.role_fits = _role_fits(engine, surveys, nodes, m, coefficients["feature"], out)
-    finally:
-        engine.cleanup(scratch, nodes)
     return out
 
 
