@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow.compute as pc
 
 import avkit
@@ -28,11 +29,30 @@ from avkit.config import RecordConfig
 from avkit.record.files import check_resume, preflight
 from avkit.record.progress import RecordProgress
 from avkit.record.requests import PromptQueue, Turn
-from avkit.record.sink import RecordingSink
 from avkit.record.stats import AcceptanceStats
 from avkit.trace.writer import GenerationWriter, TraceWriter
 
 _NEVER = 1 << 40  # row_group_rows for writers the recorder flushes itself
+
+
+class RecordingSink:
+    """A `TraceSink` that adds the run id, counts labelled slots and buffers rows into a writer."""
+
+    def __init__(self, writer: TraceWriter, run_id: str, stats: AcceptanceStats):
+        self.writer = writer
+        self.run_id = run_id
+        self.stats = stats
+        self.rows = 0  # rows received from the engine in this run
+
+    def emit(self, columns: dict[str, np.ndarray]) -> None:
+        n = len(next(iter(columns.values()), ()))
+        if n == 0:
+            return
+        columns = dict(columns)
+        columns.setdefault("run_id", np.full(n, self.run_id, dtype=object))
+        self.stats.update(columns)
+        self.writer.write(columns)
+        self.rows += n
 
 
 @dataclass(frozen=True)
