@@ -30,8 +30,7 @@ from avkit.serve.app import asgi_app
 from avkit.serve.engine_loop import EngineLoop
 from avkit.serve.metrics import ServeMetrics
 from avkit.serve.side_writes import SideWrites
-from avkit.serve.cost_snapshot import COST_SNAPSHOT, CostSnapshots
-from avkit.serve.snapshot import CoefficientSnapshots
+from avkit.serve.snapshot import COST_SNAPSHOT, CoefficientSnapshots, CostSnapshots
 from avkit.serve.startup import (
     WarmStart,
     bind_socket,

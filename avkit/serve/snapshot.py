@@ -11,6 +11,9 @@ from another pair's snapshot (estimators/coefficients.py validates every file on
 The engine thread calls `on_step()` after every step; `/metrics` reads `current()` from any
 thread (a new dict is published, never mutated). A failing write (read-only or full disk) goes
 through `SideWrites`: counted, logged once, retried at later refits with backoff, never raised.
+The cost model the server learns from its own steps (scheduling/learn.py) is snapshotted the same
+way, every `every` learned steps and at shutdown, to COST_SNAPSHOT beside the coefficients
+(scheduling/cost.py schema, meta.source = "learned": `simulate --cost FILE` and `tune --cost FILE` read it).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from avkit.estimators.coefficients import ServedPair
 from avkit.staged import write_json_atomic
 
 log = logging.getLogger("avkit.serve")
+
+COST_SNAPSHOT = "learned_cost.json"  # beside the coefficients snapshot
 
 
 def estimator_of(policy) -> Any | None:
@@ -65,9 +70,28 @@ def coefficients_of(estimator, pair: ServedPair | None = None, drafter: str = "m
     }
 
 
-class CoefficientSnapshots:
+class _Guarded:
+    """A snapshot whose `write` goes through the side-write guard (`_side_writes`; None: written directly)."""
+
+    kind = ""
+    _side_writes = None
+
+    def write(self) -> None:
+        raise NotImplementedError
+
+    def write_guarded(self, *, force: bool = False) -> bool:
+        """`write` through the side-write guard (retried with backoff; `force`: now, at shutdown)."""
+        if self._side_writes is None:
+            self.write()
+            return True
+        return self._side_writes.run(self.kind, self.write, force=force)
+
+
+class CoefficientSnapshots(_Guarded):
     """Publishes coefficients after each refit; writes `path` (and the cache estimator's beside it) every
     `every` refits and at close."""
+
+    kind = "snapshot"
 
     def __init__(self, policy, path: Path | None, every: int, pair: ServedPair | None = None, side_writes=None):
         self._side_writes = side_writes  # SideWrites: a failing write is counted, backed off, never raised
@@ -96,13 +120,6 @@ class CoefficientSnapshots:
         self._current = self._read()
         if self.refits + self.cache_refits - self._last_written >= self.every:
             self.write_guarded()
-
-    def write_guarded(self, *, force: bool = False) -> bool:
-        """`write` through the side-write guard (retried with backoff; `force`: now, at shutdown)."""
-        if self._side_writes is None:
-            self.write()
-            return True
-        return self._side_writes.run("snapshot", self.write, force=force)
 
     def write(self) -> None:
         if self.path is None or self._estimator is None:
@@ -135,3 +152,24 @@ class CoefficientSnapshots:
             if n is not None:
                 return int(n)
         return int(self._estimator.state_dict().get("refits", 0))
+
+class CostSnapshots(_Guarded):
+    """The learned cost model (the adaptive policy's `learner`), written every `every` learned steps."""
+
+    kind = "cost"
+
+    def __init__(self, policy, path: Path, every: int = 512, side_writes=None):
+        self.learner = getattr(policy, "learner", None)  # only the adaptive policy learns its cost
+        self.path, self.every, self._side_writes = path, every, side_writes
+
+    def on_step(self) -> None:
+        """Engine thread, after each step: a snapshot every `every` learned steps."""
+        if self.learner is not None and self.learner.steps % self.every == 0 and self.learner.steps:
+            self.write_guarded()
+
+    def write(self) -> None:
+        if self.learner is None:
+            return
+        self.learner.snapshot(self.path)
+        log.info("learned cost model -> %s (%d steps)", self.path, self.learner.steps)
+
