@@ -108,6 +108,12 @@ BAD = [
                                    "trtllm, sglang; got yaml"),
     (("tune", "--out", "tune.txt"), "--out must be a .json path, got tune.txt"),
     (("tune", "--datasets", "a,,b"), "--datasets must be distinct non-empty names, got a,,b"),
+    (("simulate", "--cost", "roofline:H9:8b"),
+     "--cost roofline:H9:8b: unknown accelerator H9; choose from a100, b200, cpu, h100, h200, mi300x"),
+    (("simulate", "--cost", "roofline:x"),
+     "--cost roofline:x: a roofline spec looks like roofline:GPU:MODEL[:DRAFT][:key=value,...]"),
+    (("simulate", "--policy", "warp"), "--policy warp: unknown policy; choose from full, nospec, fixed:K, "
+                                       "adaptive[-stop][-nogate]:ESTIMATOR, schedule:FILE"),
     # report
     (("report", "--bins", "1"), "--bins must be in [2, 100], got 1"),
     (("report", "--engine", "ray"), "--engine must be one of memory, streaming; got ray"),

@@ -174,7 +174,7 @@ def test_placement_resolves_auto_and_refuses_a_missing_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert placement() == (torch.device("cpu"), torch.float32)
     assert placement("cpu", "bfloat16") == (torch.device("cpu"), torch.bfloat16)
-    with pytest.raises(ConfigError, match=r"device 'cuda:1': torch sees no CUDA GPU"):
+    with pytest.raises(ConfigError, match=r"--device cuda:1: torch sees no CUDA GPU"):
         placement("cuda:1")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert placement() == (torch.device("cuda"), torch.bfloat16)  # serving dtype on a GPU

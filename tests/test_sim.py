@@ -159,7 +159,7 @@ def test_simulate_cli(tmp_path, steps, capsys):
         app(["simulate", str(trace), "--policy", "warp", "--out", str(out)], prog_name="avkit")
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(err) == 1, err
-    assert err[0].startswith("avkit: error: --policy warp: unknown policy 'warp'"), err
+    assert err[0].startswith("avkit: error: --policy warp: unknown policy; choose from "), err
     assert out.read_bytes() == before  # the earlier result is left as it was
 
 

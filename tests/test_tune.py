@@ -252,7 +252,7 @@ def test_datasets_option_tunes_on_those_requests_only(trace):
     one = tune([trace], TuneConfig(cost=ROOFLINE, concurrency=(1, 4), context=2048, bootstrap=20, max_k=3, datasets=(names[0],)))
     want = frame.filter(pl.col("dataset").cast(pl.Utf8) == names[0])["request_id"].n_unique()
     assert one["requests"] == want < frame["request_id"].n_unique() and one["config"]["datasets"] == [names[0]]
-    with pytest.raises(ConfigError, match=f"--datasets 'nope': no such dataset in the traces \\(they have "
+    with pytest.raises(ConfigError, match=f"--datasets nope: no such dataset in the traces \\(they have "
                                           f"{', '.join(names)}\\)"):
         tune([trace], TuneConfig(cost=ROOFLINE, concurrency=(1,), context=2048, datasets=("nope",)))
     with pytest.raises(ConfigError, match="--datasets must be distinct non-empty names"):

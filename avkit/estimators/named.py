@@ -44,12 +44,12 @@ def load_estimator(name: str, coefficients: str | Path = "", k: int = DEFAULT_K,
     if name == "none":
         return None
     if name not in ESTIMATORS:
-        raise ConfigError(f"unknown estimator {name!r}; choose from {sorted([*ESTIMATORS, *ALIASES, 'none'])}")
+        raise ConfigError(f"unknown estimator {name}; choose from {', '.join(sorted([*ESTIMATORS, *ALIASES, 'none']))}")
     if not coefficients:
         return make_estimator(name, k=k, **kwargs)
     path = Path(coefficients).expanduser()
     if not path.is_file():
-        raise ConfigError(f"coefficients: no such file: {path}")
+        raise ConfigError(f"--coefficients: no such file: {path}")
     state = load_coefficients(path, k=k, pair=pair, drafter=drafter)
     written_by = state.get("estimator", state.get("name", "online_logistic"))
     if written_by in OWN_FILES and written_by != name:

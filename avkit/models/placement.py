@@ -19,7 +19,7 @@ def placement(device: str = "auto", dtype: str = "auto") -> tuple[torch.device, 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"device {device!r}: torch sees no CUDA GPU on this machine (use --device cpu)")
+        raise ConfigError(f"--device {device}: torch sees no CUDA GPU on this machine (use --device cpu)")
     if dtype == "auto":
         dtype = "float32" if device == "cpu" else "bfloat16"
     return torch.device(device), getattr(torch, dtype)

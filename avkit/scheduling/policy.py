@@ -173,10 +173,10 @@ def parse_spec(text: str, option: str = "--policy", fixed_range: bool = False) -
     if head == "fixed" and (arg.isdigit() or (fixed_range and not arg)):
         return PolicySpec(text, "fixed", str(int(arg)) if arg else "")
     if head == "fixed":
-        raise ConfigError(f"{where}: fixed:K needs a non-negative integer K, got {arg!r}")
+        raise ConfigError(f"{where}: fixed:K needs a non-negative integer K")
     if head in ADAPTIVE_HEADS:
         stop, gate = ADAPTIVE_HEADS[head]
         return PolicySpec(text, "adaptive", arg or AdaptiveConfig().estimator, stop, gate)
     if head == "schedule" and arg:
         return PolicySpec(text, "schedule", arg)
-    raise ConfigError(f"{where}: unknown policy {text!r}; choose from {SPEC_HELP}")
+    raise ConfigError(f"{where}: unknown policy; choose from {SPEC_HELP}")

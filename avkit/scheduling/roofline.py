@@ -110,7 +110,7 @@ def roofline_curves(spec: str, default_context: str = "8192") -> dict:
     """`roofline:GPU:TARGET[:DRAFT][:context=N,drafter=parallel]` -> the cost model's fields (`_curves`)."""
     parts = spec.split(":")
     if len(parts) < 3 or parts[0] != "roofline":
-        raise ConfigError(f"cost spec must look like roofline:GPU:MODEL[:DRAFT][:key=value,...], got {spec!r}")
+        raise ConfigError(f"--cost {spec}: a roofline spec looks like roofline:GPU:MODEL[:DRAFT][:key=value,...]")
     opts = {}
     if "=" in parts[-1]:
         for kv in parts.pop().split(","):
@@ -118,16 +118,19 @@ def roofline_curves(spec: str, default_context: str = "8192") -> dict:
             opts[key.strip()] = value.strip()
     unknown = set(opts) - {"context", "drafter"}
     if unknown:
-        raise ConfigError(f"cost spec {spec!r}: unknown option {min(unknown)!r} (context, drafter)")
+        raise ConfigError(f"--cost {spec}: unknown option {min(unknown)} (context, drafter)")
     try:
         context = int(opts.get("context", default_context))
     except ValueError:
-        raise ConfigError(f"cost spec {spec!r}: context must be an integer, got {opts.get('context')!r}") from None
+        raise ConfigError(f"--cost {spec}: context must be an integer, got {opts.get('context')}") from None
     draft = parts[3] if len(parts) > 3 else None
-    return _curves(parts[1], parts[2], draft, context, opts.get("drafter", "autoregressive"))
+    try:
+        return _curves(parts[1], parts[2], draft, context, opts.get("drafter", "autoregressive"))
+    except ConfigError as e:  # an unknown accelerator or model: name the spec as typed
+        raise ConfigError(f"--cost {spec}: {e}") from None
 
 
 def _lookup(table: dict, name: str, what: str):
     if name.lower() not in table:
-        raise ConfigError(f"unknown {what} {name!r}; choose from {sorted(table)}")
+        raise ConfigError(f"unknown {what} {name}; choose from {', '.join(sorted(table))}")
     return table[name.lower()]

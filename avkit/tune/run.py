@@ -43,6 +43,7 @@ from avkit.tune.formats import engine_settings, trtllm_schedule
 from avkit.tune.idle import NOT_PRICED, idle_costs
 from avkit.tune.prefill import cap_new_tokens, output_tokens, prefill_per_token, prompt_tokens
 from avkit.tune.schedule import choose, ranges, single_best
+from avkit.validate import check_choice
 
 Progress = Callable[[int], Callable[[], None]]  # total steps -> advance()
 
@@ -153,8 +154,7 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
     max_k = config.max_k or steps.k
     if max_k > steps.k:
         raise ConfigError(f"--max-k {max_k} exceeds the traces' K = {steps.k} (deeper drafts were never recorded)")
-    if config.estimator not in ESTIMATORS:
-        raise ConfigError(f"--estimator must be one of {sorted(ESTIMATORS)}, got {config.estimator!r}")
+    check_choice("--estimator", config.estimator, sorted(ESTIMATORS))
     cost = resolve_cost(config.cost)
     prompt = prompt_tokens(paths, rows, warn)  # [R] or None (no generations tables)
     output = float(output_tokens(steps).mean())
@@ -226,7 +226,7 @@ def _steps(paths: list[str], datasets: tuple[str, ...]):
     have = sorted(rows["dataset"].cast(pl.Utf8).unique().to_list())
     missing = [d for d in datasets if d not in have]
     if missing:
-        raise ConfigError(f"--datasets {missing[0]!r}: no such dataset in the traces (they have {', '.join(have)})")
+        raise ConfigError(f"--datasets {missing[0]}: no such dataset in the traces (they have {', '.join(have)})")
     rows = rows.filter(pl.col("dataset").cast(pl.Utf8).is_in(list(datasets)))
     return step_table(rows, common_k(paths)[0]), rows
 
