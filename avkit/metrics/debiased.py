@@ -13,6 +13,9 @@ the cluster-robust (sandwich) variance of a mean. With every slot its own cluste
 al.'s ybar_b (1 - ybar_b) / (n_b - 1), unbiased for i.i.d. labels. CE2 estimates
 sum_b (n_b / N)(mu_b - s_b)^2 without bias (up to the variance estimate's); on perfectly calibrated
 data it is negative about half the time, where the plug-in ECE sits at its floor (metrics/bootstrap.py).
+With few clusters the sandwich V_b is too small and a bin holding one cluster is not corrected, so CE2
+keeps an upward bias there (on request subsets of real traces: stable from ~60 requests, rising below
+~30; bench/results/estimators.md): the direction that never flatters a predictor.
 Reported as the signed root sgn(CE2) sqrt|CE2| (monotone: bootstrap percentiles map through it), an
 l2 calibration error; the l2 error bounds the l1 ECE of the same bins from above (Jensen:
 sum w |d| <= sqrt(sum w d^2)), so a population l2 error <= 0.010 means the l1 ECE is too.
