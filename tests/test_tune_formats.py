@@ -282,10 +282,15 @@ def test_context_bands_move_a_profiled_table_by_its_context_input(trace, tmp_pat
     kv = replace(table, kv_ms_per_token=0.02)
     path = str(kv.save(tmp_path / "kv.json"))
     n = np.arange(1, 40, dtype=np.float64)  # inside and beyond the requests grid (1-16)
-    for k in (0, 3):
+    top = int(table.meta["k"])  # the profile's layout: T = n (K + 1), where its verify curve held n x context_len
+    for k in (0, 3, top):
+        t = n * (k + 1)
+        held = kv.held_context(n, t)  # what the table's verify curve held at T: n x 32 at the profile's layout
+        if k == top:
+            assert (held == n * 32).all()
         for c in (32, 1000, 40000):
-            np.testing.assert_allclose(moved(kv, c).step_cost(n, k, n * (k + 1)),
-                                       kv.step_cost(n, k, n * (k + 1), context_tokens=n * c), rtol=1e-12)
+            np.testing.assert_allclose(moved(kv, c).step_cost(n, k, t) - kv.kv_ms_per_token * (held - n * 32),
+                                       kv.step_cost(n, k, t, context_tokens=n * c), rtol=1e-12)
     with pytest.raises(ConfigError, match="below the 32 tokens"):
         at_context(path, 31, tmp_path)
     fast = dict(concurrency=(1, 16), bootstrap=10, max_k=3)
