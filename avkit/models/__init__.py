@@ -7,15 +7,14 @@ slot-based KV cache (``model.new_cache(max_batch, max_len)``) and returns float3
 
 from __future__ import annotations
 
-import hashlib
 import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from avkit.errors import ModelError
 from avkit.models.config import ModelConfig
+from avkit.models.fetch import weights_sha256
 from avkit.models.kv_cache import KVCache
 from avkit.models.registry import resolve
 from avkit.models.tokenizer import Tokenizer
@@ -43,11 +42,11 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype = torch.float32,
     if path.is_dir():
         cfg, tensors = read_hf_dir(path, dtype)
         tokenizer = Tokenizer.from_dir(path)
-        digest = _sha256(sorted(path.glob("*.safetensors")))
+        digest = weights_sha256(path)
     elif path.suffix == ".gguf":
         cfg, tensors, gguf_file = read_gguf(path, dtype)
         tokenizer = Tokenizer.from_gguf(gguf_file.metadata, str(path))
-        digest = _sha256([path])
+        digest = weights_sha256(path)
     else:
         raise ModelError(f"{path}: expected a model directory or a .gguf file")
     state = fuse_hf_state(cfg, tensors, str(path))
@@ -57,15 +56,6 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype = torch.float32,
     model = model.to(device).eval().requires_grad_(False)
     model.pack_for_cpu()  # CPU + bf16: pre-packed weights for the AVX2 kernel (no-op elsewhere)
     return LoadedModel(model, tokenizer, str(path_or_id), digest)
-
-
-def _sha256(files: list[Path]) -> str:
-    h = hashlib.sha256()
-    for f in files:
-        with open(f, "rb") as fh:
-            while chunk := fh.read(1 << 24):
-                h.update(chunk)
-    return h.hexdigest()
 
 
 __all__ = ["HostLengths", "KVCache", "LoadedModel", "ModelConfig", "Tokenizer", "Transformer", "load"]

