@@ -126,7 +126,7 @@ def profile_cost(args, ks: list[int], runs: list[dict]) -> dict[float, object] |
     if args.cost:
         return dict.fromkeys(temperatures, CostTable.load(args.cost))
     import avkit.models
-    from avkit.config import ProfileConfig
+    from avkit.config import ProfileConfig, SamplingConfig
     from avkit.scheduling.profile import profile_costs
 
     dtype = getattr(torch, args.dtype)
@@ -139,7 +139,7 @@ def profile_cost(args, ks: list[int], runs: list[dict]) -> dict[float, object] |
     for temperature in temperatures:
         out[temperature] = profile_costs(target, draft, ProfileConfig(
             context_len=context, k=max(ks), max_verify_tokens=c_max * (max(ks) + 1), max_requests=c_max, repeats=5,
-            temperature=temperature))
+            sampling=SamplingConfig(temperature=temperature)))
         path = out[temperature].save(RESULTS / f"engine_peer_cost_T{temperature:g}.json")
         print(f"cost table (T = {temperature:g}): {path}", flush=True)
     del target, draft

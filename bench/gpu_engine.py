@@ -228,7 +228,7 @@ def profile_shape(name: str, device, sizes, path) -> dict:
     build_s = time.perf_counter() - t0
     c = _fit_concurrency(target, draft, sizes.context, sizes.max_concurrency)
     config = ProfileConfig(context_len=sizes.context, k=DEFAULT_K, max_verify_tokens=c * (DEFAULT_K + 1), max_requests=c,
-                           repeats=sizes.repeats, temperature=0.0)
+                           repeats=sizes.repeats, sampling=SamplingConfig(temperature=0.0))
     t0 = time.perf_counter()
     table = profile_costs(target, draft, config)
     table.save(path)

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 import pytest
 
-from avkit.config import ProfileConfig
+from avkit.config import ProfileConfig, SamplingConfig
 from avkit.errors import ConfigError
 from avkit.scheduling.cost import CostTable, isotonic, parse_roofline_spec, resolve_cost
 
@@ -283,7 +283,7 @@ def test_profile_times_the_engines_own_step_with_exactly_its_tokens(tiny_pair):
     Engine.step = lambda self: (steps.append(len(seen)), plain_step(self))[1]
     try:
         profile_costs(*tiny_pair[:2], ProfileConfig(context_len=8, k=3, max_verify_tokens=9, max_requests=2, repeats=1,
-                                                    warmup=0, temperature=0.7))
+                                                    warmup=0, sampling=SamplingConfig(temperature=0.7)))
     finally:
         del target.forward, draft.forward
         Engine.step = plain_step
@@ -301,10 +301,10 @@ def test_profile_times_the_engines_own_step_with_exactly_its_tokens(tiny_pair):
 
 
 def test_profile_records_its_sampling_settings(tiny_pair):
-    table = profile_costs_tiny(tiny_pair, temperature=0.0, top_p=1.0)
+    table = profile_costs_tiny(tiny_pair, sampling=SamplingConfig(temperature=0.0, top_p=1.0))
     assert table.meta["temperature"] == 0.0 and table.meta["top_p"] == 1.0 and table.meta["timed"] == "engine step"
     with pytest.raises(ConfigError, match="--top-p must be in"):
-        ProfileConfig(top_p=0.0)
+        ProfileConfig(sampling=SamplingConfig(top_p=0.0))
 
 
 def profile_costs_tiny(tiny_pair, **kw):

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import Progress, TimeElapsedColumn
 from rich.table import Table
 
-from avkit.config import ModelsConfig, ProfileConfig, default_of
+from avkit.config import ModelsConfig, ProfileConfig, SamplingConfig, default_of
 from avkit.staged import StagedOutputs
 
 
@@ -54,8 +54,8 @@ def register(app: typer.Typer) -> None:
         max_requests: Annotated[int, typer.Option(help="largest draft batch, requests")] = _d("max_requests"),
         repeats: Annotated[int, typer.Option(help="timed runs per point (median kept)")] = _d("repeats"),
         temperature: Annotated[float, typer.Option(help="sampling work timed with each forward (0: argmax)")] =
-            _d("temperature"),
-        top_p: Annotated[float, typer.Option(help="top-p of that sampling work")] = _d("top_p"),
+            _d("sampling.temperature"),
+        top_p: Annotated[float, typer.Option(help="top-p of that sampling work")] = _d("sampling.top_p"),
         device: Annotated[str, typer.Option(help="auto (a GPU if torch sees one) | cpu | cuda[:N]")] =
             _d("models.device"),
         dtype: Annotated[str, typer.Option(help="model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 "
@@ -72,7 +72,8 @@ def register(app: typer.Typer) -> None:
         """Profile verify cost by target tokens and draft cost by requests; save a monotone cost table."""
         config = ProfileConfig(models=ModelsConfig(target=target, draft=draft, device=device, dtype=dtype), out=out,
                                context_len=context_len, k=k, max_verify_tokens=max_verify_tokens,
-                               max_requests=max_requests, repeats=repeats, temperature=temperature, top_p=top_p,
+                               max_requests=max_requests, repeats=repeats,
+                               sampling=SamplingConfig(temperature=temperature, top_p=top_p),
                                engine=engine, vllm_python=vllm_python, threads=threads)
         from avkit.models import load  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.models.placement import placement  # lazy: start-up (the library loads when the command runs: -h stays fast)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from avkit.config.engine import RUN_ENGINES, ModelsConfig
 from avkit.config.fields import DEFAULT_K, MAX_K
+from avkit.config.sampling import SamplingConfig
 from avkit.config.shipped import SHIPPED_COST
 from avkit.errors import ConfigError
 from avkit.validate import in_range, one_of, shown
@@ -40,12 +41,10 @@ class ProfileConfig:
     max_requests: int = 8  # largest draft batch profiled
     repeats: int = 5  # timed runs per point; the median is kept
     warmup: int = 1
-    temperature: float = 1.0  # sampling work timed with every forward (the engine's logits work; 0 = argmax)
-    top_p: float = 0.95
+    # temperature, top_p: the sampling work timed with every forward (the engine's logits work; 0 = argmax)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
     def __post_init__(self):
-        in_range(self, "temperature", 0.0)
-        in_range(self, "top_p", 0.0, 1.0, lo_open=True)
         in_range(self, "context_len", 0)
         in_range(self, "k", 0, MAX_K)
         in_range(self, "max_verify_tokens", 1)

@@ -195,7 +195,7 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
     rows = max(_verify_layout(config.max_verify_tokens, config.k)[0], config.max_requests)
     prefix = max(context, PRICE_GRID[-1])
     ids = prompt_tokens(target, prefix + config.k + 2)  # the prefix and the tokens that continue it
-    seated = SeatedEngine(target, draft, ids, prefix, rows, config.k, config.temperature, config.top_p)
+    seated = SeatedEngine(target, draft, ids, prefix, rows, config.k, config.sampling.temperature, config.sampling.top_p)
     dev = target.model.device
 
     def verify_point(t: int):
@@ -215,7 +215,7 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
     meta = {"source": "profile", "device": device_name(dev), "target": target.model_id,
             "target_sha256": target.sha256, "draft": draft.model_id if draft else "",
             "draft_sha256": draft.sha256 if draft else "", "context_len": context, "k": config.k,
-            "temperature": config.temperature, "top_p": config.top_p, "timed": "engine step",
+            "temperature": config.sampling.temperature, "top_p": config.sampling.top_p, "timed": "engine step",
             "repeats": config.repeats, "dtype": str(target.model.dtype).removeprefix("torch."),
             "raw_verify_ms": verify_ms, "raw_draft_ms": draft_ms,
             "noise": noise,

@@ -31,6 +31,7 @@ import json
 import random
 import statistics
 from collections.abc import Callable
+from dataclasses import replace
 
 from avkit.config import EngineConfig, ModelsConfig, ProfileConfig, RecordConfig, SamplingConfig
 from avkit.engines.vllm.driver import VllmEngine
@@ -72,7 +73,7 @@ def profile_vllm(python: str, target, draft, config: ProfileConfig, *, dtype: st
     steps = config.warmup + config.repeats
     vocab = min(Tokenizer.from_dir(target).vocab_size, json.loads((target / "config.json").read_text())["vocab_size"])
     max_new = (steps + 2) * (config.k + 1) + 2  # enough tokens for the steady steps even if every draft lands
-    sampling = SamplingConfig(temperature=config.temperature, top_p=config.top_p, max_new_tokens=max_new, seed=0)
+    sampling = replace(config.sampling, max_new_tokens=max_new, seed=0)
     rng = random.Random(0)
     points, version = [], ""
     for k in spec_ks(config.k) + [0]:
@@ -96,7 +97,7 @@ def profile_vllm(python: str, target, draft, config: ProfileConfig, *, dtype: st
             engine.close()
     meta = {"source": "profile", "engine": f"vllm {version}", "device": f"vllm {version} cpu x{threads or 'all'} threads",
             "target": str(target), "draft": str(draft) if config.k else "", "context_len": context, "k": config.k,
-            "temperature": config.temperature, "top_p": config.top_p, "repeats": config.repeats, "dtype": dtype,
+            "temperature": config.sampling.temperature, "top_p": config.sampling.top_p, "repeats": config.repeats, "dtype": dtype,
             "vllm_draft_sampling": draft_sampling, "inputs": inputs_record("avkit profile --engine vllm")}
     return table_from_points(points, n_grid, meta)
 
