@@ -63,7 +63,11 @@ def record(args, out: Path, policy: str, dataset: str, temperature: float, concu
     if args.coefficients and Path(args.coefficients).is_file():
         argv += ["--coefficients", args.coefficients]
     with open(os.devnull, "w") as quiet, redirect_stdout(quiet), redirect_stderr(quiet):  # record's tables
-        app(argv, standalone_mode=False)
+        try:
+            app(argv)  # the CLI exits with the command's status
+        except SystemExit as e:
+            if e.code:
+                raise SystemExit(f"avkit {' '.join(argv)}: exit {e.code}") from None
     return run_tokens_s(pl.read_parquet(generations_path(out)), concurrency)
 
 

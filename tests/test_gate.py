@@ -64,8 +64,32 @@ def test_kept_cost_curves_give_the_same_rates_bit_for_bit(stop):
             if len(gate.rows) == gate.window:
                 fresh = step_rates(gate.rows, n, gate.cost, stop)
                 assert gate.gain(n) == float(fresh[1:].max() / fresh[0]), (step, n)
-                kept = gate._curves[n, gate.window]
+                kept = gate._curves[n, gate.window, 4]
                 assert torch.equal(step_rates(gate.rows, n, gate.cost, stop, kept), fresh)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_replay_takes_the_step_by_step_decisions(seed):
+    """`replay` prices many windows in one call while the gate drafts; its decisions, rows and counters are those
+    of asking `draft_this_step` and observing step by step (a load that switches the gate on and off, probes)."""
+    import torch
+
+    rng = np.random.default_rng(seed)
+    steps = 300
+    loads = np.where(np.arange(steps) % 90 < 45, 2, 40) + rng.integers(0, 3, steps)  # [G] low, then high load
+    rows = rng.integers(0, 5, steps)
+    bounds = np.r_[0, np.cumsum(rows)]
+    conf = torch.as_tensor(rng.uniform(0.3, 0.99, (bounds[-1], 4)))
+    drafts = rng.random(bounds[-1]) < 0.9
+    fast, slow = (DraftGate(_cost(4.0), window=8, probe_every=20, k=4) for _ in range(2))
+    got = fast.replay(loads, conf, bounds, drafts)
+    want = []
+    for g, n in enumerate(loads.tolist()):
+        want.append(slow.draft_this_step(n))
+        if want[-1]:
+            slow.observe(conf[bounds[g]:bounds[g + 1]][torch.as_tensor(drafts[bounds[g]:bounds[g + 1]])])
+    assert got.tolist() == want and 0 < sum(want) < steps  # it switched
+    assert torch.equal(fast.rows, slow.rows) and (fast.skipped, fast.skipped_total) == (slow.skipped, slow.skipped_total)
 
 
 def _gate(draft_ms: float, conf: float, **kw) -> DraftGate:

@@ -131,6 +131,6 @@ def test_bad_policy_is_one_line_before_loading_models(setup, capsys):
     root, prompts, _, _ = setup
     with pytest.raises(SystemExit) as e:
         app(["record", "--dataset", str(prompts), "--target", str(root / "missing"), "--policy", "fixed:x",
-             "--out", str(root / "bad.parquet")], standalone_mode=True)
+             "--out", str(root / "bad.parquet")])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and err == ["avkit: error: --policy fixed:x: fixed:K needs a non-negative integer K"], err

@@ -55,8 +55,11 @@ import torch
 
 from avkit.config import DEFAULT_K
 from avkit.scheduling.cost import CostTable
-from avkit.scheduling.plan import rank_slots, single_group, survival
+from avkit.scheduling.plan import order_slots, survival
 from avkit.validate import check_range
+
+
+AHEAD = 64  # steps `replay` prices at once at most while the gate drafts
 
 
 def _ms(fn, x: torch.Tensor) -> torch.Tensor:
@@ -87,25 +90,38 @@ class StepCurves:
             self.draft[0] = 0.0
 
 
-def step_rates(conf, num_requests: int, cost: CostTable, stop_drafting: bool = True,
-               curves: StepCurves | None = None) -> torch.Tensor:
-    """[W K + 1] tokens per ms of the step replayed on rows conf [W, K] at n requests (module note).
+def step_rates(conf, num_requests, cost: CostTable, stop_drafting: bool = True, curves=None) -> torch.Tensor:
+    """Tokens per ms of the step replayed on rows conf [W, K] at n requests -> [W K + 1] (module note); or
+    on G windows at once: conf [G, W, K], num_requests [G] -> [G, W K + 1], the same operations per window.
 
-    The slots are ranked by plan.py's rule (one group, every row drafted K). `curves`: this
-    (n, W, K)'s cost tables, if kept from an earlier step (StepCurves)."""
+    The slots are ranked by plan.py's rule (every row drafted K). `curves`: each window's (n, W, K) cost
+    tables (StepCurves, one or [G]), if kept from an earlier step."""
     conf = torch.as_tensor(conf, dtype=torch.float64).cpu()
-    w, k = conf.shape
-    ranked = rank_slots(survival(conf, torch.full((w,), k)), torch.full((w,), k), single_group(w), 1)
-    m = ranked.row.numel()
-    c = curves if curves is not None else StepCurves(cost, num_requests, w, m, k, stop_drafting)
-    tokens = num_requests + (num_requests / w) * torch.cat([ranked.top.new_zeros(1), ranked.top])  # [M+1]
-    if c.autoregressive:
-        count = torch.zeros(m + 1, k, dtype=torch.int64)  # [M+1, K] rows of depth > j among the top m
-        count[1:] = torch.nn.functional.one_hot(ranked.pos, k).cumsum(0)
-        draft = c.pass_ms[count].sum(1) + c.first_ms[count[:, 0]]  # [M+1] expected ms of the passes that run
+    one = conf.dim() == 2
+    conf = conf[None] if one else conf  # [G, W, K]
+    loads = [num_requests] if one else [int(n) for n in num_requests]
+    g, w, k = conf.shape
+    m = w * k
+    key = survival(conf.reshape(g * w, k), torch.full((g * w,), k)).reshape(g, m)  # [G, M] every slot valid
+    order = order_slots(key)  # [G, M]
+    top = key.gather(1, order).cumsum(1)  # [G, M] sum of the top m survivals
+    if curves is None:
+        curves = [StepCurves(cost, n, w, m, k, stop_drafting) for n in loads]
+    cs = [curves] if isinstance(curves, StepCurves) else list(curves)
+    n = torch.tensor(loads, dtype=torch.float64)[:, None]  # [G, 1]
+    tokens = n + (n / w) * torch.cat([top.new_zeros(g, 1), top], 1)  # [G, M+1]
+    fixed = torch.stack([c.verify for c in cs]) + torch.tensor([c.context for c in cs], dtype=torch.float64)[:, None]
+    if cs[0].autoregressive:
+        count = torch.zeros(g, m + 1, k, dtype=torch.int64)  # [G, M+1, K] rows of depth > j among the top m
+        count[:, 1:] = torch.nn.functional.one_hot(order % k, k).cumsum(1)
+        pass_ms, first_ms = torch.stack([c.pass_ms for c in cs]), torch.stack([c.first_ms for c in cs])  # [G, W+1]
+        draft = first_ms.gather(1, count[:, :, 0])  # [G, M+1] expected ms of the passes that run, left to right
+        for j in range(k):
+            draft = draft + pass_ms.gather(1, count[:, :, j])
     else:
-        draft = c.draft
-    return tokens / (draft + c.context + c.verify)
+        draft = torch.stack([c.draft for c in cs])
+    rates = tokens / (draft + fixed)
+    return rates[0] if one else rates
 
 
 @dataclass
@@ -130,25 +146,34 @@ class DraftGate:
         check_range("k", self.k, 1)
         self._memo: tuple = (None, None, 0.0)  # (rows object, n, gain): unchanged rows and load, same gain
         self._sure: dict[int, float] = {}  # n -> gain of sure drafts
-        self._curves: dict[tuple[int, int], StepCurves] = {}  # (n, W) -> the step's cost tables
+        self._curves: dict[tuple[int, int, int], StepCurves] = {}  # (n, W, K) -> the step's cost tables
 
     def use_cost(self, cost: CostTable) -> None:
         """Price with `cost` from now on (a learned model): the kept curves and gains go."""
         self.cost = cost
         self._memo, self._sure, self._curves = (None, None, 0.0), {}, {}
 
+    def _curve(self, num_requests: int, w: int, k: int) -> StepCurves:
+        """The (n, W, K) step's cost tables, kept."""
+        curves = self._curves.get((num_requests, w, k))
+        if curves is None:
+            if len(self._curves) >= 1024:  # loads seen are few; bound it anyway
+                self._curves.clear()
+            curves = self._curves[num_requests, w, k] = StepCurves(self.cost, num_requests, w, w * k, k,
+                                                                   self.stop_drafting)
+        return curves
+
+    @staticmethod
+    def _gains(rates: torch.Tensor) -> torch.Tensor:
+        """[.., M+1] step rates -> [..] best speculative rate over target-only decoding."""
+        return rates[..., 1:].max(-1).values / rates[..., 0]
+
     def gain(self, num_requests: int) -> float:
         """Best speculative rate over target-only decoding at this load, on the recent rows."""
         if self._memo[0] is not self.rows or self._memo[1] != num_requests:
-            w, k = self.rows.shape
-            curves = self._curves.get((num_requests, w))
-            if curves is None:
-                if len(self._curves) >= 1024:  # loads seen are few; bound it anyway
-                    self._curves.clear()
-                curves = self._curves[num_requests, w] = StepCurves(self.cost, num_requests, w, w * k, k,
-                                                                    self.stop_drafting)
-            rate = step_rates(self.rows, num_requests, self.cost, self.stop_drafting, curves)
-            self._memo = (self.rows, num_requests, float(rate[1:].max() / rate[0]) if rate.numel() > 1 else 0.0)
+            rate = step_rates(self.rows, num_requests, self.cost, self.stop_drafting,
+                              self._curve(num_requests, *self.rows.shape))
+            self._memo = (self.rows, num_requests, float(self._gains(rate)))
         return self._memo[2]
 
     def sure_gain(self, num_requests: int) -> float:
@@ -168,9 +193,10 @@ class DraftGate:
         saving = t0 / num_requests * (1.0 - 1.0 / gain)  # ms per output token
         return price <= float(np.sum(remaining)) * saving
 
-    def draft_this_step(self, num_requests: int, lag=None, remaining=None) -> bool:
+    def draft_this_step(self, num_requests: int, lag=None, remaining=None, gain: float | None = None) -> bool:
         """Ask once per step, before drafting; counts skipped steps and schedules probes. `lag` and
-        `remaining` ([n] host ints, both or neither) price the step's catch-up (module note)."""
+        `remaining` ([n] host ints, both or neither) price the step's catch-up (module note); `gain`: this
+        step's `gain` on the recent rows if already known (`replay`)."""
         self.steps += 1
         if self.skipped >= self.probe_every:  # probe: forget the stale rows, measure a new window
             self.rows = None
@@ -179,7 +205,7 @@ class DraftGate:
             draft = True
         else:
             measuring = self.rows is None or len(self.rows) < self.window  # measure, if measuring could say yes
-            gain = self.sure_gain(num_requests) if measuring else self.gain(num_requests)
+            gain = self.sure_gain(num_requests) if measuring else gain if gain is not None else self.gain(num_requests)
             draft = gain > need and (lag is None or self.pays_back(num_requests, gain, lag, remaining))
         self.skipped = 0 if draft else self.skipped + 1
         self.skipped_total += not draft
@@ -200,13 +226,39 @@ class DraftGate:
     def replay(self, num_requests: np.ndarray, conf: torch.Tensor, bounds: np.ndarray,
                drafts: np.ndarray) -> np.ndarray:
         """Steps in order, as the simulator runs them: requests [G], sizing confidences [rows, K] of the
-        steps' rows (bounds [G+1]), which rows would draft [rows] -> drafted [G] bool. One iteration per
-        step (each decision needs the previous ones), none per request or slot."""
+        steps' rows (bounds [G+1]), which rows would draft [rows] -> drafted [G] bool. Each decision needs the
+        previous ones, so the steps are walked in order; the gains are not: while the gate drafts, the windows
+        of the next AHEAD steps (as if they all draft) are priced in one `step_rates` call, and kept until a
+        step is skipped (the window then freezes; `gain` prices it by load)."""
         on = np.zeros(len(num_requests), dtype=bool)
-        conf, drafts = torch.as_tensor(conf, dtype=torch.float64), torch.as_tensor(drafts)
-        for g, n in enumerate(num_requests.tolist()):
-            on[g] = self.draft_this_step(n)
+        conf, drafts = torch.as_tensor(conf, dtype=torch.float64), torch.as_tensor(drafts, dtype=torch.bool)
+        steps = [conf[a:b][drafts[a:b]] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]  # [G] rows
+        loads = num_requests.tolist()
+        ahead: dict[int, float | None] = {}
+        span = 8  # steps priced ahead: doubled while every one drafts, back to 8 after a skip
+        for g, n in enumerate(loads):
+            if self.skipped:  # a skipped step invalidates what was priced as if every step drafted
+                ahead, span = {}, 8
+            elif g not in ahead:
+                ahead, span = self._ahead(steps, loads, g, span), min(2 * span, AHEAD)
+            on[g] = self.draft_this_step(n, gain=ahead.get(g))
             if on[g]:
-                a, b = bounds[g], bounds[g + 1]
-                self.observe(conf[a:b][drafts[a:b]])
+                self.observe(steps[g])
         return on
+
+    def _ahead(self, steps: list[torch.Tensor], loads: list[int], start: int, span: int) -> dict[int, float | None]:
+        """step -> its gain if every step from `start` drafts, for the next `span` steps (None: window not full)."""
+        stop = min(len(loads), start + span)
+        k = steps[start].shape[1]
+        base = self.rows if self.rows is not None and self.rows.shape[1] == k else torch.zeros(0, k, dtype=torch.float64)
+        seq = torch.cat([base, *steps[start:stop]])  # [R, K] the rows observed, in order (as `observe` keeps them)
+        ends = len(base) + np.cumsum([0] + [len(s) for s in steps[start:stop - 1]])  # rows seen before each step
+        full = np.flatnonzero(ends >= self.window)
+        out = dict.fromkeys(range(start, stop))
+        if not full.size:
+            return out
+        idx = torch.as_tensor(ends[full])[:, None] - self.window + torch.arange(self.window)  # [F, W]
+        ns = [loads[start + i] for i in full.tolist()]
+        rates = step_rates(seq[idx], ns, self.cost, self.stop_drafting, [self._curve(n, self.window, k) for n in ns])
+        out.update(zip((start + full).tolist(), self._gains(rates).tolist()))
+        return out

@@ -83,6 +83,12 @@ def _chain(c: torch.Tensor) -> torch.Tensor:
     return torch.stack(s, 1)
 
 
+def order_slots(key: torch.Tensor) -> torch.Tensor:
+    """The ranking rule: slots by value descending, ties in slot order (row-major: row, then position), along the
+    last dim of `key` ([M], or [G, M] for G groups of equal size)."""
+    return torch.sort(key, dim=-1, descending=True, stable=True).indices
+
+
 def rank_slots(surv: torch.Tensor, num_drafted: torch.Tensor, group: torch.Tensor, num_groups: int) -> Ranked:
     """Rank every group's slots (module note); `group` [S] ascending ints in [0, num_groups).
 
@@ -91,7 +97,7 @@ def rank_slots(surv: torch.Tensor, num_drafted: torch.Tensor, group: torch.Tenso
     dev = surv.device
     valid = (torch.arange(k, device=dev)[None, :] < num_drafted[:, None]).reshape(-1)  # [M] row-major
     key = surv.reshape(-1).masked_fill(~valid, -1.0)  # invalid slots below every survival
-    order = torch.sort(key, descending=True, stable=True).indices  # ties keep (row, position)
+    order = order_slots(key)  # ties keep (row, position)
     if num_groups > 1:  # then by group, the survival order kept within each
         order = order[torch.sort(group.repeat_interleave(k)[order], stable=True).indices]
     row, pos = order // k, order % k
@@ -198,5 +204,5 @@ def single_group(rows: int, device=None) -> torch.Tensor:
     return torch.zeros(rows, dtype=torch.int64, device=device)
 
 
-__all__ = ["Plan", "Ranked", "best_budget", "expected_tokens", "plan", "plan_survival", "prefixes", "rank_slots",
-           "single_group", "survival", "verify_lookup"]
+__all__ = ["Plan", "Ranked", "best_budget", "expected_tokens", "order_slots", "plan", "plan_survival", "prefixes",
+           "rank_slots", "single_group", "survival", "verify_lookup"]
