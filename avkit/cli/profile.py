@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.progress import Progress, TimeElapsedColumn
 from rich.table import Table
 
+from avkit.cli.options import DeviceOption, DtypeOption, EngineOption, VllmPythonOption
 from avkit.config import ModelsConfig, ProfileConfig, SamplingConfig, default_of
 from avkit.staged import StagedOutputs
 
@@ -56,17 +57,10 @@ def register(app: typer.Typer) -> None:
         temperature: Annotated[float, typer.Option(help="sampling work timed with each forward (0: argmax)")] =
             _d("sampling.temperature"),
         top_p: Annotated[float, typer.Option(help="top-p of that sampling work")] = _d("sampling.top_p"),
-        device: Annotated[str, typer.Option(help="auto (a GPU if torch sees one) | cpu | cuda[:N]")] =
-            _d("models.device"),
-        dtype: Annotated[str, typer.Option(help="model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 "
-                                                "| bfloat16; profile what you record or serve with")] =
-            _d("models.dtype"),
-        engine: Annotated[str, typer.Option(help="native (avkit's runtime) | vllm (vLLM's offline engine in its own "
-                                                 "venv: whole engine steps split by its hooks, docs/vllm.md)")] =
-            _d("engine"),
-        vllm_python: Annotated[str, typer.Option(help="--engine vllm: that venv's python (default "
-                                                      "$AVKIT_VLLM_PYTHON, else .venv-vllm/bin/python)")] =
-            _d("vllm_python"),
+        device: DeviceOption = _d("models.device"),
+        dtype: DtypeOption = _d("models.dtype"),  # profile what you record or serve with
+        engine: EngineOption = _d("engine"),
+        vllm_python: VllmPythonOption = _d("vllm_python"),
         threads: Annotated[int, typer.Option(help="--engine vllm: CPU cores vLLM binds (0 = all)")] = _d("threads"),
     ):
         """Profile verify cost by target tokens and draft cost by requests; save a monotone cost table."""

@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from avkit.cli.options import DeviceOption, DtypeOption, EngineOption, VllmPythonOption
 from avkit.config import EngineConfig, ModelsConfig, RecordConfig, SamplingConfig, default_of
 from avkit.errors import ConfigError
 
@@ -72,9 +73,8 @@ def register(app: typer.Typer) -> None:
             help="stop admitting a dataset after this many labelled slots (0 = off)")] = _d("slots_per_dataset"),
         flush_interval: Annotated[float, typer.Option(help="seconds between flushes to disk")] =
             _d("flush_interval"),
-        device: Annotated[str, typer.Option(help="auto (a GPU if torch sees one) | cpu | cuda[:N]")] = _d("models.device"),
-        dtype: Annotated[str, typer.Option(help="model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 | "
-                                                "bfloat16 (~3x float32 on AVX512-BF16 CPUs)")] = _d("models.dtype"),
+        device: DeviceOption = _d("models.device"),
+        dtype: DtypeOption = _d("models.dtype"),
         kernels: Annotated[str, typer.Option(help="hot-path kernels: auto (Triton on CUDA, torch elsewhere) | torch | "
                                          "triton (on a CPU: Triton's interpreter, TRITON_INTERPRET=1)")] = _d("decoding.kernels"),
         threads: Annotated[int, typer.Option(help="torch threads (0 = default; 1 on a busy CPU)")] = _d("threads"),
@@ -82,11 +82,8 @@ def register(app: typer.Typer) -> None:
             _d("models.drafter"),
         payoff: Annotated[str, typer.Option(help="hybrid: payoff_mlp.pt (threshold) or payoff_survival.pt (joint verification budget) from `avkit hvd` (default: "
                                                  "ArcticInference's rule)")] = _d("models.payoff"),
-        engine: Annotated[str, typer.Option(help="native (avkit's runtime) | vllm (vLLM's offline engine in its "
-                                                 "own venv, docs/vllm.md)")] = _d("engine"),
-        vllm_python: Annotated[str, typer.Option(help="--engine vllm: that venv's python (default "
-                                                      "$AVKIT_VLLM_PYTHON, else .venv-vllm/bin/python)")] =
-            _d("vllm_python"),
+        engine: EngineOption = _d("engine"),
+        vllm_python: VllmPythonOption = _d("vllm_python"),
         vllm_draft_sampling: Annotated[str, typer.Option(help="--engine vllm, T > 0: probabilistic (draw drafts "
                                                               "from q) | greedy (argmax drafts)")] =
             _d("vllm_draft_sampling"),

@@ -1,0 +1,18 @@
+"""Options several commands share, each declared once: its type and its help (the default is the command's
+config's, `default_of`)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+DeviceOption = Annotated[str, typer.Option(help="auto (a GPU if torch sees one) | cpu | cuda[:N]")]
+DtypeOption = Annotated[str, typer.Option(help="model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 | "
+                                               "bfloat16 (~3x float32 on AVX512-BF16 CPUs)")]
+EngineOption = Annotated[str, typer.Option(help="native (avkit's runtime) | vllm (vLLM's offline engine in its own "
+                                                "venv, docs/vllm.md)")]
+VllmPythonOption = Annotated[str, typer.Option(help="--engine vllm: that venv's python (default $AVKIT_VLLM_PYTHON, "
+                                                    "else .venv-vllm/bin/python)")]
+
+__all__ = ["DeviceOption", "DtypeOption", "EngineOption", "VllmPythonOption"]
