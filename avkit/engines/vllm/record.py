@@ -7,8 +7,9 @@ so the trace and the generations table are written by the same code as inside `v
              scheduler runs up to --concurrency together (vLLM's admission, not avkit's one-per-step)
   work dir   `.<out name>.vllm-XXXX/` beside --out: the plugin writes both tables there (AVKIT_VLLM_TRACE),
              each flush a complete file; the run's settings are their metadata (AVKIT_VLLM_META)
-  commit     a run that finishes: both renamed over the finals, trace first (avkit/record/files.py's order);
-             an error or an interrupt: both moved to the `.partial` names, the finals untouched
+  commit     a run that finishes, or an interrupted one where files.py allows it: both renamed over the finals,
+             trace first (avkit/record/files.py's order); otherwise both moved to the `.partial` names, the
+             finals untouched
 Refused with --engine vllm (RecordConfig): --resume, --slots-per-dataset (the prompts are all handed over up
 front), a --policy other than `full` (vLLM verifies with its own rule). MT-Bench's follow-up turns, asked after
 the model's own answer, are not recorded (stderr says how many prompts had them).
@@ -138,7 +139,7 @@ def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress:
            "AVKIT_VLLM_FLUSH_S": str(config.flush_interval)}
     for name in ("AVKIT_VLLM_COEFFICIENTS", "AVKIT_VLLM_METRICS", "AVKIT_VLLM_DATASET"):
         env.pop(name, None)  # this run's plugin writes the trace only
-    t0 = time.monotonic()
+    t0, spawned = time.monotonic(), time.time()
     tables = [(trace, files.trace), (generations_path(trace), files.generations)]
     interrupted = False
     with open(log, "w") as fh:
@@ -164,6 +165,9 @@ def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress:
         _move(tables)
     result = json.loads(result_path.read_text()) if result_path.exists() else {}
     shutil.rmtree(work, ignore_errors=True)
+    if result:
+        print(f"avkit record: vLLM {result['vllm']} ready {result['ready_at'] - spawned:.0f} s after its start "
+              f"(imports included), generated in {result['generate_s']:.0f} s", file=sys.stderr)
     return {**_result(config, files, result, committed, run_id), "interrupted": interrupted,
             "skipped_long": skipped_long, "elapsed_s": time.monotonic() - t0}
 
@@ -184,9 +188,6 @@ def _result(config: RecordConfig, files: RecordFiles, result: dict, committed: b
     counters = result.get("counters", {})
     if rows:
         run_id = table["run_id"][0].as_py()
-    if result:
-        print(f"avkit record: vLLM {result['vllm']} started in {result['startup_s']:.0f} s, generated in "
-              f"{result['generate_s']:.0f} s", file=sys.stderr)
     return {"trace_path": files.trace, "generations_path": files.generations, "run_id": run_id or "",
             "requests": gens.num_rows if gens is not None else 0, "rows": rows, "rows_total": rows,
             "summary": stats.summary(),
