@@ -15,6 +15,9 @@ Protocol (each rule once, here):
             sum(tokens) / (last token - first admission); steady state = concurrency x
             sum(tokens - 1) / sum(last token - first token) over its requests (each request's decode
             after its first token; >= --max-new-tokens 256 new tokens unless EOS comes first)
+  mixed     per dataset x temperature, a load that spends equal time at every --concurrency (the case no
+            fixed K serves): its tokens/s is, per repeat, the mean of the policy's rates in those cells, and
+            adaptive / best fixed K (one K for the whole mix) is paired by repeat as below
   ratio     adaptive / best fixed K (the fixed K of highest mean over the cell's repeats), paired by repeat:
             mean of the log ratios exp'd, 95% interval exp(mean +- t_{0.975, n-1} sd / sqrt(n)) over the
             n repeats (a Student t over paired repeats: the pair shares its minute of the machine)
@@ -80,12 +83,33 @@ def cell(args, work: Path, dataset: str, temperature: float, concurrency: int) -
             runs[p].append(record(args, work / "run.parquet", p, dataset, temperature, concurrency))
             print(f"{dataset} T={temperature} c={concurrency} repeat {rep + 1}: {p} "
                   f"{runs[p][-1]['decode_tok_s']:.2f} tok/s steady", file=sys.stderr, flush=True)
-    out = {"dataset": Path(dataset).name, "temperature": temperature, "concurrency": concurrency, "runs": runs}
+    return compare(args, {"dataset": Path(dataset).name, "temperature": temperature, "concurrency": concurrency,
+                          "runs": runs})
+
+
+def compare(args, out: dict) -> dict:
+    """Adaptive / best fixed K over a cell's runs (policy -> one dict of rates per repeat), both metrics."""
+    fixed = [p for p in out["runs"] if p != args.adaptive]
     for metric in ("decode_tok_s", "tok_s"):
-        col = {p: np.array([r[metric] for r in rs]) for p, rs in runs.items()}
-        best = max(policies[:-1], key=lambda p: col[p].mean())
+        col = {p: np.array([r[metric] for r in rs]) for p, rs in out["runs"].items()}
+        best = max(fixed, key=lambda p: col[p].mean())
         out[metric] = {"best_fixed": best, **paired_ratio(col[args.adaptive], col[best]),
                        "mean": {p: float(v.mean()) for p, v in col.items()}}
+    return out
+
+
+def mixed(args, cells: list[dict]) -> list[dict]:
+    """Per dataset x temperature with every --concurrency measured: the equal-time mix of them (module note)."""
+    out = []
+    for d in {c["dataset"] for c in cells}:
+        for t in args.temperatures:
+            part = [c for c in cells if c["dataset"] == d and c["temperature"] == t]
+            if len(part) < 2:
+                continue
+            runs = {p: [{m: float(np.mean([c["runs"][p][r][m] for c in part])) for m in ("decode_tok_s", "tok_s",
+                                                                                         "new_tokens")}
+                        for r in range(args.repeats)] for p in part[0]["runs"]}
+            out.append(compare(args, {"dataset": d, "temperature": t, "concurrency": "mixed", "runs": runs}))
     return out
 
 
@@ -140,7 +164,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="bench/results/adaptive_live.md", help="Markdown; the JSON goes beside it")
     ap.add_argument("--tiny", action="store_true", help="tiny random models, few tokens: checks the protocol runs")
     if "--tiny" in (argv if argv is not None else sys.argv[1:]):  # small defaults: seconds, not hours
-        ap.set_defaults(temperatures=[1.0], concurrency=[2], ks=[0, 2], max_new_tokens=24, requests_per_lane=1,
+        ap.set_defaults(temperatures=[1.0], concurrency=[1, 2], ks=[0, 2], max_new_tokens=24, requests_per_lane=1,
                         out=str(Path(tempfile.gettempdir()) / "adaptive_live_tiny.md"))
     args = ap.parse_args(argv)
     args.argv = list(argv if argv is not None else sys.argv[1:])
@@ -152,6 +176,7 @@ def main(argv=None) -> int:
             tiny_setup(work, args)
             args.dtype, args.threads, args.coefficients = "float32", 1, ""
         cells = [cell(args, work, d, t, c) for d in args.datasets for t in args.temperatures for c in args.concurrency]
+    cells += mixed(args, cells)
     out = Path(args.out)
     text = markdown(args, cells)
     write({out: text, out.with_suffix(".json"): cells})

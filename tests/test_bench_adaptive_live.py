@@ -38,10 +38,16 @@ def test_paired_ratio_is_a_t_interval_over_log_ratios():
 def test_tiny_protocol_runs_through_the_cli(tmp_path):
     out = tmp_path / "al.md"
     assert adaptive_live.main(["--tiny", "--out", str(out)]) == 0
-    (cell,) = json.loads(out.with_suffix(".json").read_text())
-    assert set(cell["runs"]) == {"fixed:0", "fixed:2", "adaptive-stop:online_logistic"}
-    assert all(len(runs) == 3 for runs in cell["runs"].values())  # three interleaved repeats
-    for metric in ("decode_tok_s", "tok_s"):
-        r = cell[metric]
-        assert r["best_fixed"] in ("fixed:0", "fixed:2") and 0 < r["lo"] <= r["ratio"] <= r["hi"]
+    c1, c2, mix = json.loads(out.with_suffix(".json").read_text())  # c = 1, c = 2, their equal-time mix
+    assert (c1["concurrency"], c2["concurrency"], mix["concurrency"]) == (1, 2, "mixed")
+    for cell in (c1, c2, mix):
+        assert set(cell["runs"]) == {"fixed:0", "fixed:2", "adaptive-stop:online_logistic"}
+        assert all(len(runs) == 3 for runs in cell["runs"].values())  # three interleaved repeats
+        for metric in ("decode_tok_s", "tok_s"):
+            r = cell[metric]
+            assert r["best_fixed"] in ("fixed:0", "fixed:2") and 0 < r["lo"] <= r["ratio"] <= r["hi"]
+    for p, runs in mix["runs"].items():  # each repeat's mix is the mean of that repeat's two cells
+        for r, run in enumerate(runs):
+            assert run["decode_tok_s"] == pytest.approx((c1["runs"][p][r]["decode_tok_s"] +
+                                                         c2["runs"][p][r]["decode_tok_s"]) / 2)
     assert "adaptive-stop:online_logistic / best fixed K" in out.read_text()
