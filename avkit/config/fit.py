@@ -33,7 +33,7 @@ class FitConfig:
     out: str = "reports/fit"
     engine: str = "memory"  # memory: every observed slot in RAM; streaming: out of core, passes over
     # shards in bounded chunks (fit/streaming.py); ray: the same passes as tasks on a Ray cluster
-    memory_budget: int = 1536  # streaming/ray: peak memory a fit process aims to stay under
+    memory_budget: int = 1536  # streaming/ray: MB of memory a fit process aims to stay under
     auc_bins: int = 1 << 16  # streaming/ray: rank-histogram bins per group (AUC error bound, metrics/binned.py)
     address: str | None = None  # ray: cluster address (None starts a local cluster)
     scratch: str | None = None  # streaming/ray: directory for the spilled observed slots (None: system temp)

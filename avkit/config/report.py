@@ -24,7 +24,7 @@ class ReportConfig:
     dpi: int = 120
     embed: bool = True  # index.html carries the PNGs as data URIs (portable); they are written beside too
     engine: str = "memory"  # memory: the traces in RAM; streaming: summed out of core (report/streamed.py)
-    memory_budget: int = 1536  # streaming: peak memory to stay under, whatever the traces' size
+    memory_budget: int = 1536  # streaming: MB of memory to stay under, whatever the traces' size
     scratch: str | None = None  # streaming: directory for the spilled observed slots (None: system temp)
 
     def __post_init__(self):
