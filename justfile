@@ -46,7 +46,9 @@ bench-fit-scale dir="/tmp/avkit-fleet":
 demo:
     python -m avkit report
 
-# CPU benchmarks, each printing ratios against a peer measured in the same run (results in bench/results/)
+# CPU benchmarks, each printing ratios against a peer measured in the same run -> bench/results/: fit.json,
+# adaptive.md (+ adaptive_sim_*.parquet), suffix_cache.md, hvd.md, tune.md (+ tune_*.json), serve_load.md
+[doc("CPU benchmarks against peers measured in the same run -> bench/results/ (fit, adaptive, suffix cache, hvd, tune, serve)")]
 bench:
     python bench/fit.py
     python bench/adaptive.py
@@ -74,6 +76,12 @@ bench-cost-live:
 [doc("live adaptive / best fixed K per cell, 95% intervals (real pair, idle CPU, hours)")]
 bench-adaptive-live:
     python bench/adaptive_live.py --cost bench/results/avkit_cost_cpu.json
+
+# avkit tune's schedule live on avkit's engine and vLLM-CPU against every fixed K (real pair, hours; pieces merge)
+# -> bench/results/tune_live.{json,md}; `python bench/tune_live.py --tiny` checks it on tiny models in a minute
+[doc("avkit tune's schedule live on both engines vs every fixed K (real pair, hours) -> bench/results/tune_live.{json,md}")]
+bench-tune-live *ARGS:
+    python bench/tune_live.py {{ARGS}}
 
 # the reuse workloads (docs/workloads.md) recorded by the real pair into traces/reuse/, greedy (temp=0) or
 # sampled (temp=1): 34 min at T = 0 on 2 cores (editing 11 min, MT-Bench revise 6, BFCL multi-turn 10, ShareGPT multi-round 7)

@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import tempfile
 import time
 from dataclasses import dataclass
@@ -28,6 +27,8 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+
+from common import header, write  # bench/ is on sys.path when run as a script
 
 
 @dataclass
@@ -177,15 +178,10 @@ def section(results: list[Result], wall_s: float, violations: list[str], cfg, st
     ]
 
 
-def header(args, cfg) -> list[str]:
-    load = os.getloadavg()
+def setup_lines(args, cfg) -> list[str]:
     return [
-        "# `avkit serve` load test (loopback)", "",
-        (f"Command: `python bench/load_test.py --clients {args.clients} --requests {args.requests} "
-         f"--max-tokens {args.max_tokens}`  "),
-        (f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; machine: {platform.machine()}, "
-         f"{os.cpu_count()} CPUs, load average before/after {args.load_before:.1f}/{load[0]:.1f} "
-         "(shared with other jobs: absolute numbers are a floor, not a capacity figure).  "),
+        (f"Load average after the runs {os.getloadavg()[0]:.1f} (shared with other jobs: absolute numbers are a floor, not a "
+         "capacity figure).  "),
         (f"Model: tiny random Qwen2 pair (vocab {args.vocab}, hidden 64, 2 layers; draft = target weights x "
          f"0.25/0.3), fp32 CPU, torch threads {args.threads}.  "),
         (f"Each client sends {args.requests} streaming completions one after another (T={args.temperature}, "
@@ -229,13 +225,12 @@ def main() -> int:
     ap.add_argument("--request-timeout", type=float, default=300.0)
     ap.add_argument("--out", default="bench/results/serve_load.md")
     args = ap.parse_args()
-    args.load_before = os.getloadavg()[0]
+    head = header("`avkit serve` load test (loopback)")  # the load before the runs
 
     import torch
 
     from avkit.config import EngineConfig, EstimatorConfig, HttpConfig, ModelsConfig, ServeConfig
     from avkit.models import load
-    from avkit.staged import staged_file
 
     torch.set_num_threads(args.threads)
     lines, failed = [], False
@@ -255,11 +250,10 @@ def main() -> int:
                               snapshot=str(Path(tmp) / "snap.json"), resume=False,
                               max_new_tokens=max(args.max_tokens, 16), default_max_tokens=16)
             section_lines, violations = run_scenario(cfg, models, args)
-            lines += (header(args, cfg) if not lines else []) + section_lines
+            lines += (setup_lines(args, cfg) if not lines else []) + section_lines
             failed |= bool(violations)
-    text = "\n".join(lines)
-    with staged_file(args.out) as tmp_out:
-        tmp_out.write_text(text)
+    text = head + "\n".join(lines)
+    write({args.out: text})
     print(text)
     return 1 if failed else 0
 

@@ -2,10 +2,10 @@
 bytes per cached token of the global tree: exact by a sys.getsizeof walk, and the NODE_BYTES estimate
 that /metrics reports).
 
-    python bench/suffix_cache.py [--prompt 2000] [--output 500] [--requests 50]
+    python bench/suffix_cache.py [--prompt 2000] [--output 500] [--requests 50]   # -> bench/results/suffix_cache.md
 
 A synthetic code-like stream (70% copies of earlier spans) drives one live request after
-`--requests` finished ones fill the global tree. Prints a table; timings never gate tests.
+`--requests` finished ones fill the global tree. Prints and writes a table; timings never gate tests.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 
 from avkit.config import SuffixCacheConfig
 from avkit.hvd.suffix_cache import SuffixCache
+from common import RESULTS, header, write  # bench/ is on sys.path when run as a script
 
 
 def _stream(rng, base: list[int], n: int) -> list[int]:
@@ -81,14 +82,17 @@ def main() -> None:
     ap.add_argument("--output", type=int, default=500)
     ap.add_argument("--requests", type=int, default=50)
     ap.add_argument("--max-depth", type=int, default=SuffixCacheConfig.max_depth)
+    ap.add_argument("--out", default=str(RESULTS / "suffix_cache.md"))
     a = ap.parse_args()
     res = run(a.prompt, a.output, a.requests, a.max_depth, traced=False)
     mem = run(a.prompt, a.output, a.requests, a.max_depth, traced=True)
     res.update(mib=mem["mib"], bytes_per_node=mem["bytes_per_node"])  # tracemalloc: every allocation of the cache
-    print(f"suffix cache, prompt {a.prompt} tok, output {a.output} tok, {a.requests} cached responses, "
-          f"max_depth {a.max_depth}")
-    for k, v in res.items():
-        print(f"  {k:22s} {v:12.2f}")
+    lines = [f"Prompt {a.prompt} tokens, output {a.output} tokens, {a.requests} cached responses, max_depth "
+             f"{a.max_depth}; `mib` and `bytes_per_node` by tracemalloc (a second, traced pass).", "",
+             "| measure | value |", "|---|---:|", *(f"| {k} | {v:.2f} |" for k, v in res.items())]
+    print("\n".join(lines))
+    write({a.out: header("Suffix cache drafter: time per token and memory (bench/suffix_cache.py)") +
+           "\n".join(lines) + "\n"})
 
 
 if __name__ == "__main__":
