@@ -74,7 +74,7 @@ def write(files: dict) -> list[Path]:
             if isinstance(body, bytes):
                 tmp.write_bytes(body)
             else:
-                tmp.write_text(body if isinstance(body, str) else json.dumps(body, indent=1))
+                tmp.write_text(body if isinstance(body, str) else json.dumps(body, indent=2))
     for path in files:
         print(f"wrote {path}", file=sys.stderr)
     return [Path(p) for p in files]
