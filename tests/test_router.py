@@ -111,7 +111,7 @@ def test_fitted_router_not_worse_than_worst_baseline(splits, ctx, name):
 
 @pytest.mark.parametrize("measured", [False, True])
 def test_budget_allocation_is_argmax_and_prefixes(measured):
-    from avkit.hvd.joint_budget import budget_allocation
+    from avkit.hvd.joint_budget import budget_plan
 
     rng = np.random.default_rng(0)
     for _ in range(20):
@@ -122,7 +122,7 @@ def test_budget_allocation_is_argmax_and_prefixes(measured):
         cost = HvdCost.points(verify_token_cost=cv, verify_points=pts)
         verify = (lambda t: float(np.interp(t, [p[0] for p in pts], [p[1] for p in pts]))) if measured else \
             (lambda t: 1 + cv * t)  # brute-force oracle of the curve (all tested T lie inside the grid)
-        v = budget_allocation(s, 6, fixed, cost)
+        v = budget_plan(s, 6, fixed, cost).num_verify.numpy()  # [N] verified prefix lengths
         assert ((v >= 0) & (v <= (s > 0).sum(1))).all()
         flat = np.sort(s[s > 0])[::-1]
         ratios = [(6 + flat[:b].sum()) / (fixed + verify(6 + b)) for b in range(len(flat) + 1)]

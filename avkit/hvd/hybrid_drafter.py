@@ -103,9 +103,12 @@ class HybridDrafter(Drafter):
         self._n = 0
 
     @classmethod
-    def from_file(cls, model_drafter, path, **kwargs) -> HybridDrafter:
-        """A mean-head file -> threshold routing at its tau; a survival-head file -> joint routing."""
+    def from_file(cls, model_drafter, path, tokenizer: str | None = None, **kwargs) -> HybridDrafter:
+        """A mean-head file -> threshold routing at its tau; a survival-head file -> joint routing. `tokenizer`
+        (model path or alias) supplies token classes when the payoff model uses structure features."""
         payoff, extra = PayoffMLP.load(path)
+        if tokenizer and set(FEATURE_GROUPS["structure"]) & set(payoff.feature_names):
+            kwargs["classes"] = class_table_for(tokenizer)  # without: __init__ names the problem
         if payoff.head == "survival":
             return cls(model_drafter, None, 0.0, joint=JointRouter.from_extra(payoff, extra, str(path)), **kwargs)
         return cls(model_drafter, payoff, float(extra.get("tau", 0.0)), **kwargs)
@@ -266,19 +269,12 @@ def make_hybrid_drafter(draft, max_batch: int, max_len: int, payoff_path: str | 
                         tokenizer: str | None = None, k: int = 7, cache: SuffixCache | None = None) -> HybridDrafter:
     """The engine's `--drafter hybrid`: the draft model behind a router loaded from `payoff_path`
     (`avkit hvd` writes payoff_mlp.pt: threshold routing; payoff_survival.pt: joint routing with one
-    verification budget); without one, ArcticInference's rule. `tokenizer` (model path or alias)
-    supplies token classes when the payoff model uses structure features. `cache`: the server's
+    verification budget); without one, ArcticInference's rule. `cache`: the server's
     shared suffix cache (one global tree for every request, kept across engine restarts)."""
     model = DraftModelDrafter(draft, max_batch, max_len)
     if not payoff_path:
         return HybridDrafter(model, None, tau=0.0, k=k, cache=cache)
-    payoff, extra = PayoffMLP.load(payoff_path)
-    needs = set(FEATURE_GROUPS["structure"]) & set(payoff.feature_names)
-    classes = class_table_for(tokenizer) if needs and tokenizer else None  # else __init__ names the problem
-    if payoff.head == "survival":
-        return HybridDrafter(model, None, 0.0, classes=classes, cache=cache,
-                             joint=JointRouter.from_extra(payoff, extra, str(payoff_path)))
-    return HybridDrafter(model, payoff, float(extra.get("tau", 0.0)), classes=classes, cache=cache)
+    return HybridDrafter.from_file(model, payoff_path, tokenizer, cache=cache)
 
 
 __all__ = ["HybridDrafter", "make_hybrid_drafter"]

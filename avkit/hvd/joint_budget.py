@@ -43,11 +43,6 @@ def budget_plan(surv: np.ndarray, n_req: int, fixed_cost: float, cost: HvdCost) 
                          num_scheduled=one(n_req), fixed_ms=one(float(fixed_cost)), verify_ms=verify)
 
 
-def budget_allocation(surv: np.ndarray, n_req: int, fixed_cost: float, cost: HvdCost) -> np.ndarray:
-    """[N, K] survivals (0 = no slot) -> [N] verified prefix lengths maximizing E(b) / cost(b)."""
-    return budget_plan(surv, n_req, fixed_cost, cost).num_verify.numpy()
-
-
 class RunningRate:
     """The long-run rate lambda (tokens per target forward) the joint router compares options against: per
     batch size n, the sum of planned E over the sum of planned cost, decayed by `decay` per step at that n.

@@ -30,14 +30,13 @@ from avkit.drafters.draft_model import DraftModelDrafter
 from avkit.errors import ConfigError
 from avkit.kernels.dispatch import select_kernels
 from avkit.models.transformer import HostLengths
-from avkit.runtime.commit import append_tokens, roll_back
 from avkit.runtime.host_memory import keep_freed_memory
 from avkit.runtime.prefill import prefill
 from avkit.runtime.request import FINISH_ABORT, Generation, Request, StepOutput
-from avkit.runtime.running import EngineStats, RunningSeq
+from avkit.runtime.running import (EngineStats, RunningSeq, append_tokens, draft_input, limit_drafts, no_drafts,
+                                  roll_back, top_k_min_p)
 from avkit.runtime.sampling import probs_from_logits
 from avkit.runtime.sink import TraceSink
-from avkit.runtime.step_inputs import draft_input, limit_drafts, no_drafts, top_k_min_p
 from avkit.runtime.trace_rows import trace_rows
 from avkit.scheduling.cost import FREE_LAG
 from avkit.scheduling.policy import FullVerification, VerifyPolicy
