@@ -202,6 +202,7 @@ class RandomDrafter:
     forward_s = 0.0
     plans = False
     passes = 0  # no draft forwards: the cost model sees no draft pass
+    lookups = 0  # no cache lookups either
 
     def __init__(self, vocab: int, seed: int):
         self.vocab, self.g = vocab, torch.Generator().manual_seed(seed)

@@ -20,9 +20,10 @@ from avkit.serve.server import build_state
 from avkit.serve.testing import serve_in_thread
 from serve_support import serve_config, serve_process, wait_for
 
-# The promise is 5 s (about 1 s on an idle 2-core box: bench/serve_start.py); the bound leaves room for a
-# loaded CI box while still failing a server that waits for a kernel build (30-60 s) or a generation.
-EXIT_S = 10.0
+# The promise: a process exits within 5 s of SIGTERM at any moment. Mid-generation that is the 3 s grace
+# period for in-flight requests plus the shutdown; a stopped process skips the interpreter's teardown
+# (avkit/cli/ending.py), which took 4-5 s of it on a loaded 2-core box.
+EXIT_S = 5.0
 
 
 def test_health_says_starting_until_the_warm_up_has_run_and_requests_wait_for_it(pair, tmp_path):

@@ -19,6 +19,7 @@ from typer._click import exceptions as click  # typer >= 0.29 carries its own cl
 from typer.core import TyperGroup
 
 from avkit import __version__
+from avkit.cli.ending import end_process
 from avkit.errors import AvkitError
 
 COMMANDS = ("models", "record", "datacard", "fit", "hvd", "simulate", "tune", "profile", "serve", "report",
@@ -47,7 +48,7 @@ def _one_interrupt():
     if own_term:
         signal.signal(signal.SIGTERM, interrupt)
     try:
-        yield
+        yield lambda: state["raised"]
     finally:  # once interrupted (here or by a command's own handler, which then ignores SIGINT) the process
         # is ending: later SIGINTs must not break its shutdown. SIGTERM gets its default back (an ignored
         # SIGTERM would be inherited by every child process started later).
@@ -130,11 +131,18 @@ class _App(typer.Typer):
     """Any bad input (click's usage errors included) becomes one `avkit: error:` line and exit code 2."""
 
     def __call__(self, args=None, **kwargs):
-        argv = list(sys.argv[1:] if args is None else args)
         kwargs.pop("standalone_mode", None)  # always: errors are handled here, whatever the caller asks
+        with _one_interrupt() as signalled:
+            try:
+                sys.exit(self._run(list(sys.argv[1:] if args is None else args), **kwargs))
+            except SystemExit as e:
+                if signalled():  # a signal stopped the command: its outputs are committed or removed by now
+                    end_process(e.code)
+                raise
+
+    def _run(self, argv: list[str], **kwargs) -> int:
         try:
-            with _one_interrupt():
-                code = super().__call__(argv, standalone_mode=False, **kwargs)
+            code = super().__call__(argv, standalone_mode=False, **kwargs)
         except click.NoArgsIsHelpError as e:  # `avkit models`: its help
             print(e.ctx.get_help())
             sys.exit(2)
@@ -151,7 +159,7 @@ class _App(typer.Typer):
             where = f"{e.filename}: " if e.filename else ""
             print(f"avkit: error: {where}{e.strerror or e}", file=sys.stderr)
             sys.exit(2)
-        sys.exit(code if isinstance(code, int) else 0)
+        return code if isinstance(code, int) else 0
 
 
 app = _App(

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from avkit.cli.ending import end_process
 from avkit.config import (
     AdaptiveConfig, EngineConfig, EstimatorConfig, HttpConfig, ModelsConfig, ServeConfig, default_of)
 from avkit.errors import ConfigError
@@ -122,4 +123,5 @@ def register(app: typer.Typer) -> None:
             console.print(f"[bold yellow]warning:[/] {warning}")
         draft_note = f" + {config.models.draft}" if config.models.draft not in ("", "none") else ""
         console.print(f"avkit serve: loading {config.models.target}{draft_note}")
-        run(config, log_level=log_level, sock=sock)
+        if run(config, log_level=log_level, sock=sock):  # stopped by SIGTERM/SIGINT, everything closed
+            end_process(0)

@@ -214,9 +214,10 @@ def build_kernels(config: ServeConfig) -> None:
             log.info("CPU kernels built in %.0f s", seconds)
 
 
-def serve(config: ServeConfig, *, log_level: str = "info", sock=None) -> None:
-    """Run until SIGTERM/SIGINT; returns normally (exit code 0) after a graceful shutdown. `sock`: the
-    listening socket if the caller bound it already (the CLI does, before loading models)."""
+def serve(config: ServeConfig, *, log_level: str = "info", sock=None) -> bool:
+    """Run until SIGTERM/SIGINT; returns normally (exit code 0) after a graceful shutdown, True when a signal
+    started it. `sock`: the listening socket if the caller bound it already (the CLI does, before loading
+    models)."""
     configure_logging(log_level)
     if sock is None:
         sock = bind_socket(config.http.host, config.http.port)  # a busy port fails now, not after loading models
@@ -232,5 +233,6 @@ def serve(config: ServeConfig, *, log_level: str = "info", sock=None) -> None:
             server.run(sockets=[sock])
         finally:
             signal.signal(signal.SIGTERM, previous)
+        return state.drain_started is not None  # the shutdown began (a SIGTERM/SIGINT, uvicorn_server)
     finally:
         sock.close()
