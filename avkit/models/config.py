@@ -36,7 +36,6 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
-    max_position_embeddings: int = 32768
 
     def __post_init__(self):
         if self.arch not in ("llama", "qwen2"):
@@ -78,7 +77,6 @@ class ModelConfig:
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
         )
 
     @classmethod
@@ -110,5 +108,4 @@ class ModelConfig:
             rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
             tie_word_embeddings=tied,
             qkv_bias=qkv_bias,
-            max_position_embeddings=int(get("context_length", 32768)),
         )

@@ -3,8 +3,7 @@ default without AMX), AVX512-BF16's VDPBF16PS (``cpu_linear512.cpp``) or AMX til
 the cost of reading the weight: the default where the CPU has AMX).
 
 PyTorch computes a bf16 ``F.linear`` with more than one input row on x86 CPUs without AVX512-BF16
-or AMX through a scalar fallback (measured on this project's 2-core AVX2 box: 4 rows cost 2.5x one
-row, 16 rows 12x), and oneDNN refuses bf16 on such CPUs. A decoder reads every weight once per
+or AMX through a scalar fallback (4 rows cost 2.5x one row), and oneDNN refuses bf16 on such CPUs. A decoder reads every weight once per
 forward, so decode and verification (B x (1 + k) rows) are bound by how fast the weights stream.
 The kernel here packs each weight once into 16-row panels and streams them with fp32 accumulation.
 
@@ -143,15 +142,8 @@ def kinds() -> list[str]:
 
 def default_kind() -> str:
     """The kernel new ``PackedLinear`` layers use: ``$AVKIT_CPU_KERNEL`` if set, else amx_bf16 where the CPU has
-    AMX tiles (and the OS grants them), else avx2.
-
-    Why, measured end to end on a 2-core AMX Xeon (HumanEval, greedy, 48 new tokens, `bench/cpu_kernels.py`,
-    `bench/results/cpu_kernels.md`, 2026-12-03): since the AMX kernel's last row block uses tiles of its own
-    height, one row costs about what it costs the AVX2 kernel (c1 target-only 7.24 vs 7.72 tok/s, c1 K = 5 12.49
-    vs 12.20) and more rows cost almost nothing more (c4 target-only 18.23 vs 16.90, c4 K = 5 19.75 vs 15.62).
-    The AVX512-BF16 kernel is for CPUs with VDPBF16PS but no AMX; pick it there with ``AVKIT_CPU_KERNEL``. A
-    model's forwards must all use one kernel (batch invariance), so the choice is per deployment, never per call.
-    """
+    AMX tiles (and the OS grants them), else avx2 (why, measured: docs/runtime.md). A model's forwards must all use
+    one kernel (batch invariance), so the choice is per deployment, never per call."""
     kind = os.environ.get("AVKIT_CPU_KERNEL", "") or ("amx_bf16" if _extension("amx_bf16") is not None else "avx2")
     if kind not in KINDS or _extension(kind) is None:
         raise ConfigError(f"AVKIT_CPU_KERNEL={kind!r}: expected one of the kernels that run here, {kinds()}")

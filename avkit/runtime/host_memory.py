@@ -1,16 +1,10 @@
 """Host memory for a CPU engine: keep freed buffers mapped, so a step reuses pages instead of faulting in new ones.
 
-Every step allocates and frees a few vocabulary-wide buffers (the verify logits and probabilities, the draft
-probabilities: [B, 1 + k, 151,936] is 58 MB in float32 at B = 16, k = 5). glibc serves allocations above its
-mmap threshold (128 KB, raised dynamically as large blocks are freed) with a fresh mapping and returns freed
-heap tops to the OS, so the next step's buffer is faulted in page by page and zeroed by the kernel again:
-~24,000 minor page faults per step on the 2-core AVX2 box at c16, K = 5, T = 1. `keep_freed_memory` raises
-the mmap threshold to glibc's maximum (32 MB on 64-bit) and stops trimming the heap, once per process: the
-same step then faults ~7,000 pages and spends 49.0 instead of 83.3 ms outside the forwards (44.7 vs 70.1 at
-T = 0; docs/runtime.md). The price: freed memory stays with the process (its peak), as a serving engine's
-buffers would anyway. Linux / glibc only; elsewhere, or with
-AVKIT_KEEP_FREED_MEMORY=0, nothing changes. Allocations beyond 32 MB still get their own mappings: glibc
-cannot put them in a thread's heap, and disabling mmap would make them fail there.
+Every step allocates and frees a few vocabulary-wide buffers ([B, 1 + k, V] logits and probabilities). glibc
+serves allocations above its mmap threshold with a fresh mapping and trims freed heap tops, so each step's
+buffers are faulted in and zeroed again. `keep_freed_memory` raises the mmap threshold to glibc's maximum (32 MB
+on 64-bit) and stops trimming, once per process; freed memory then stays with the process (its peak). Linux /
+glibc only; elsewhere, or with AVKIT_KEEP_FREED_MEMORY=0, nothing changes. Measured effect: docs/runtime.md.
 """
 
 from __future__ import annotations

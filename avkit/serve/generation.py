@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from avkit.config import SamplingConfig
 from avkit.errors import AvkitError
 from avkit.runtime.request import Request as EngineRequest
-from avkit.serve.engine_loop import EngineDead, NotAccepting, QueueFull, RequestHandle
+from avkit.serve.engine_loop import ENGINE_DEAD, EngineDead, NotAccepting, QueueFull, RequestHandle
 from avkit.serve.state import ApiError, ServeState
 from avkit.serve.text_stream import TextStream
 
@@ -79,8 +79,7 @@ class Generation:
         except NotAccepting:
             raise ApiError(503, "server is shutting down", type_="unavailable_error") from None
         except EngineDead:
-            raise ApiError(503, "the engine stopped on an internal error; the server log has the details",
-                           type_="unavailable_error") from None
+            raise ApiError(503, ENGINE_DEAD, type_="unavailable_error") from None
         state.metrics.prompt_tokens.inc(len(prompt_ids))
         decode = functools.partial(state.tokenizer.decode, skip_special_tokens=True)
         self.choices = [Choice(i, h, TextStream(decode, body.stop or ())) for i, h in enumerate(handles)]
