@@ -21,9 +21,9 @@ def test_interpolation_and_extrapolation():
     t = _table()
     np.testing.assert_allclose(t.verify_cost([0, 1, 2, 10, 16, 20]), [2.0, 2.0, 2.0, 5.0, 8.0, 10.0])
     # autoregressive drafter: k passes of draft_ms(n); parallel: one pass
-    np.testing.assert_allclose(t.fixed_cost([1, 8], [7, 7]), [7.0, 10.5])
+    np.testing.assert_allclose(t.draft_cost([1, 8], [7, 7]) + t.context_cost([1, 8]), [7.0, 10.5])
     par = _table(drafter="parallel", context_ms=(0.5, 1.0))
-    np.testing.assert_allclose(par.fixed_cost([1, 8, 8], [7, 7, 0]), [1.5, 2.5, 1.0])
+    np.testing.assert_allclose(par.draft_cost([1, 8, 8], [7, 7, 0]) + par.context_cost([1, 8, 8]), [1.5, 2.5, 1.0])
     np.testing.assert_allclose(t.step_cost(1, 3, 4), 5.0)
 
 
@@ -207,7 +207,7 @@ def test_roofline_shape_h200_8b():
     slope = (t.verify_cost(4096) - t.verify_cost(2048)) / 2048
     assert slope == pytest.approx((2 * 8.03e9 + 4 * 32 * 32 * 128 * 8192) / 790e12 * 1e3, rel=0.02)
     # KV reads scale with requests: 8192 tokens x 128 KiB per token at 4.3 TB/s
-    assert t.fixed_cost(1, 0) == pytest.approx(8192 * 2 * 32 * 8 * 128 * 2 / 4.3e12 * 1e3, rel=0.01)
+    assert t.context_cost(1) == pytest.approx(8192 * 2 * 32 * 8 * 128 * 2 / 4.3e12 * 1e3, rel=0.01)
     assert np.all(np.diff(t.verify_ms) >= 0) and np.all(np.diff(t.draft_ms) >= 0)
 
 
@@ -377,7 +377,7 @@ def test_profile_reads_a_real_prefix_written_by_the_models_prefill(tiny_pair):
     write_prefix(model, cache, ids[:20], 3)
     assert cache.lengths.tolist() == [20, 20, 20] and bool(cache.k[:, 0, :, :20].abs().sum() > 0)
     assert torch.equal(cache.k[:, 2, :, :20], cache.k[:, 0, :, :20])
-    seated = SeatedEngine(tiny_pair[0], None, ids, 20, 3, 2, 0.0, 1.0)
+    seated = SeatedEngine(tiny_pair[0], None, ids, 20, 3, 2, SamplingConfig(temperature=0.0, top_p=1.0))
     seen = []
     plain = model.forward
     model.forward = lambda *a, **kw: (lambda out: (seen.append(out), out)[1])(plain(*a, **kw))

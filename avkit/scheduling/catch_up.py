@@ -75,10 +75,6 @@ class CatchUpRule:
         object.__setattr__(self, "saving_ms", s)
         object.__setattr__(self, "accepted", a)
 
-    def price_ms(self, lag: np.ndarray) -> np.ndarray:
-        """[n] tokens the drafter lacks -> [n] ms of its catch-up (the cost model's rule)."""
-        return self.cost.catch_up_cost(lag)
-
     def step_pays(self, m: int, b: int, k: int) -> bool:
         """The step check (module note): m of b requests drafting k each beats target-only decoding."""
         a = float(interp_curve(b, self.concurrency, self.accepted, beyond="flat"))
@@ -100,7 +96,7 @@ class CatchUpRule:
     def drafts(self, lag, remaining, batch_size: int) -> np.ndarray:
         """[n] bool: which of n requests (lag [n], remaining [n] host ints) draft at this batch size."""
         lag, remaining = np.asarray(lag, np.int64), np.asarray(remaining, np.int64)
-        pays = self.price_ms(lag) <= remaining * self.saving_at(batch_size)
+        pays = self.cost.catch_up_cost(lag) <= remaining * self.saving_at(batch_size)
         return (lag <= FREE_LAG) | pays
 
     def to_json(self) -> dict:

@@ -210,10 +210,6 @@ class CostTable:
         held = self.held_context(n, n if tokens is None else tokens)
         return base + self.kv_ms_per_token * (np.asarray(context_tokens, dtype=np.float64) - held)
 
-    def fixed_cost(self, num_requests, k, context_tokens=None) -> np.ndarray:
-        """Cost that does not depend on how many drafts are verified: drafting k + KV reads."""
-        return self.draft_cost(num_requests, k) + self.context_cost(num_requests, context_tokens)
-
     def step_cost(self, num_requests, k, tokens, context_tokens=None, draft_rows=None, lookups=0) -> np.ndarray:
         """Predicted step time (module note): n requests, `draft_rows` of them (None: all) drafting k tokens
         each, T target tokens verified, `lookups` requests a cache drafter consulted."""
@@ -337,13 +333,6 @@ def parse_roofline_spec(spec: str) -> CostTable:
     return CostTable(**roofline_curves(spec, os.environ.get(PROFILE_CONTEXT_ENV, "8192")))
 
 
-def roofline_table(accelerator: str, target: str, draft: str | None = None, *, context_len: int = 8192,
-                   drafter: str = "autoregressive") -> CostTable:
-    """CostTable for `target` (verify) and `draft` (drafting) on `accelerator`."""
-    opts = f"context={context_len},drafter={drafter}"
-    return parse_roofline_spec(":".join(["roofline", accelerator, target, *([draft] if draft else []), opts]))
-
-
 def resolve_cost(spec: str | CostTable | None) -> CostTable:
     """A CostTable from a table, a JSON path, or `roofline:GPU:TARGET[:DRAFT][:key=value,...]`.
 
@@ -363,4 +352,4 @@ def resolve_cost(spec: str | CostTable | None) -> CostTable:
 
 
 __all__ = ["CURVES", "DRAFTER_KINDS", "FREE_LAG", "CostTable", "interp_curve", "isotonic", "parse_roofline_spec",
-           "resolve_cost", "roofline_table"]
+           "resolve_cost"]

@@ -195,7 +195,7 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
     rows = max(_verify_layout(config.max_verify_tokens, config.k)[0], config.max_requests)
     prefix = max(context, PRICE_GRID[-1])
     ids = prompt_tokens(target, prefix + config.k + 2)  # the prefix and the tokens that continue it
-    seated = SeatedEngine(target, draft, ids, prefix, rows, config.k, config.sampling.temperature, config.sampling.top_p)
+    seated = SeatedEngine(target, draft, ids, prefix, rows, config.k, config.sampling)
     dev = target.model.device
 
     def verify_point(t: int):

@@ -19,7 +19,7 @@ engine's own code at the requests' temperature and top-p, so a profiled table pr
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -94,8 +94,7 @@ class _Shape(VerifyPolicy):
 class SeatedEngine:
     """One Engine with `rows` requests seated at a real prefix of `ids` (module note); `step` times its steps."""
 
-    def __init__(self, target, draft, ids: list[int], prefix: int, rows: int, k: int, temperature: float,
-                 top_p: float):
+    def __init__(self, target, draft, ids: list[int], prefix: int, rows: int, k: int, sampling: SamplingConfig):
         self.ids, self.rows = ids, rows
         self.engine = Engine(target, draft, EngineConfig(k=max(k, 1), concurrency=rows, max_len=prefix + k + 8))
         self.engine.eos = frozenset()  # a profiled step never finishes its requests
@@ -104,7 +103,7 @@ class SeatedEngine:
         write_prefix(target.model, self.engine.cache, ids[:prefix], rows)
         if self.model_drafter is not None:
             write_prefix(draft.model, self.model_drafter.cache, ids[:prefix], rows)
-        sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=1 << 30)
+        sampling = replace(sampling, max_new_tokens=1 << 30)
         self.seqs = [RunningSeq(r, i, [], 0, r.key) for i, r in
                      enumerate(Request(f"profile-{i}", ids[:prefix + 1], sampling) for i in range(rows))]
         self.engine.free_slots = []
