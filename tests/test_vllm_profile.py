@@ -74,8 +74,14 @@ def test_vllm_cost_table_is_measured_and_simulate_reads_it(tmp_path):
     assert table.verify_tokens == (1, 2, 4, 8, 16) and table.draft_requests == (1, 2, 4)
     assert min(table.verify_ms) > 0 and min(table.draft_ms) > 0
     assert table.meta["engine"].startswith("vllm 0.32") and table.meta["source"] == "profile"
-    points = table.meta["points"]
+    everything = table.meta["points"]
+    points = [p for p in everything if p["context"] == 32]  # the curves' points
     assert sorted((p["k"], p["requests"]) for p in points) == [(k, n) for k in (0, 1, 3) for n in (1, 2, 4)]
+    # the context input: K = 0 again at 64 tokens; kv = median over n of the step difference per extra cached token
+    long = {p["requests"]: statistics.median(p["step_ms"]) for p in everything if p["context"] == 64}
+    base = {p["requests"]: statistics.median(p["step_ms"]) for p in points if p["k"] == 0}
+    assert sorted(long) == [1, 2, 4] and table.context_len == 32
+    assert table.kv_ms_per_token == max(0.0, statistics.median((long[n] - base[n]) / (n * 32) for n in long))
     # a tie in T keeps the larger K's layout: T = 2 is one request verifying 2 tokens, T = 4 one verifying 4
     med = lambda xs: statistics.median(xs)
     pt = {(p["k"], p["requests"]): p for p in points}

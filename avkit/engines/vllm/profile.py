@@ -17,6 +17,10 @@ step is vLLM's own code, not avkit's per-draft feature work over the 151,936-ent
                  then one token each, so D is not K times one pass: with a second engine at K2 = K // 2
                  the table fits D(n, K) = (K + phi) draft_ms(n), draft_fixed_ms(n) = phi draft_ms(n): the
                  first pass costs phi passes more, one phi for all n (fit_drafting; without K2, phi = 0)
+  kv_ms_per_token  the cost table's context input: the target-only engine also runs its points at
+                 KV_CONTEXT_FACTOR x `context_len`; per n, (median step at the long context - at context_len) /
+                 (n x the extra tokens), and the median over n, clipped at 0 (fit_kv). Those points are kept in
+                 meta["points"] with their `context` and are not part of the curves
 Three engines: the config's K (verify T = n (K+1)), K2 (T = n (K2+1)) and target-only (K = 0: T = n), so
 K = 0, small T and the one-request layouts of spec steps are measured, not extrapolated. Where two give the
 same T, the larger K's point is kept (it is the layout spec decoding runs: fewer requests, more tokens
@@ -41,6 +45,8 @@ from avkit.provenance import inputs_record
 from avkit.runtime.request import Request
 from avkit.scheduling.cost import CostTable, isotonic
 from avkit.scheduling.profile import context_len_from_env, noise_summary, request_grid
+
+KV_CONTEXT_FACTOR = 2  # the target-only engine's second context, x context_len (kv_ms_per_token)
 
 
 def _point(engine, n: int, k: int, context: int, vocab: int, steps: int, sampling: SamplingConfig,
@@ -77,22 +83,24 @@ def profile_vllm(python: str, target, draft, config: ProfileConfig, *, dtype: st
     rng = random.Random(0)
     points, version = [], ""
     for k in spec_ks(config.k) + [0]:
+        contexts = [context] if k else [context, KV_CONTEXT_FACTOR * context]
         rc = RecordConfig(models=ModelsConfig(target=str(target), draft=str(draft) if k else "none", dtype=dtype),
                           decoding=EngineConfig(k=k, concurrency=max(n_grid), seed=0), sampling=sampling,
-                          max_prompt_tokens=context, threads=threads, engine="vllm", vllm_python=python,
+                          max_prompt_tokens=max(contexts), threads=threads, engine="vllm", vllm_python=python,
                           vllm_draft_sampling=draft_sampling)
         engine = VllmEngine(rc, python, target, draft if k else target)
         engine.ignore_eos = True
         try:
             engine.wait_ready()
             version = engine.version
-            for n in n_grid:
-                runs = _point(engine, n, k, context, vocab, steps, sampling, rng, f"k{k}")[config.warmup:]
-                points.append({"k": k, "requests": n, "tokens": n * (k + 1),
-                               "step_ms": [r[0] for r in runs], "draft_ms": [r[1] for r in runs],
-                               "verify_ms": [r[0] - r[1] for r in runs]})
-                if on_point:
-                    on_point()
+            for c in contexts:
+                for n in n_grid:
+                    runs = _point(engine, n, k, c, vocab, steps, sampling, rng, f"k{k}c{c}")[config.warmup:]
+                    points.append({"k": k, "requests": n, "tokens": n * (k + 1), "context": c,
+                                   "step_ms": [r[0] for r in runs], "draft_ms": [r[1] for r in runs],
+                                   "verify_ms": [r[0] - r[1] for r in runs]})
+                    if on_point:
+                        on_point()
         finally:
             engine.close()
     meta = {"source": "profile", "engine": f"vllm {version}", "device": f"vllm {version} cpu x{threads or 'all'} threads",
@@ -104,19 +112,29 @@ def profile_vllm(python: str, target, draft, config: ProfileConfig, *, dtype: st
 
 def table_from_points(points: list[dict], n_grid: list[int], meta: dict) -> CostTable:
     """The cost table of a profile's raw points (meta["points"] of a saved table: it can be fitted again)."""
+    context = int(meta.get("context_len", 0))
+    kv = fit_kv(points, context)
+    points_at = [p for p in points if p.get("context", context) == context]  # the curves' points
     verify = {}  # T -> point (engines run largest K first: its layout wins a tie)
-    for p in points:
+    for p in points_at:
         verify.setdefault(p["tokens"], p)
     t_grid = sorted(verify)
     verify_runs = [verify[t]["verify_ms"] for t in t_grid]
     verify_ms = [statistics.median(r) for r in verify_runs]
-    draft_ms, fixed_ms, draft_runs, phi = fit_drafting(points, n_grid)
+    draft_ms, fixed_ms, draft_runs, phi = fit_drafting(points_at, n_grid)
     meta = {**meta, "raw_verify_ms": verify_ms, "raw_draft_ms": draft_ms, "raw_draft_fixed_ms": fixed_ms,
             "draft_fixed_passes": phi, "points": points,
             "noise": noise_summary({"verify_ms": (t_grid, verify_runs), "draft_ms": (n_grid, draft_runs)})}
     return CostTable(tuple(t_grid), tuple(isotonic(verify_ms).tolist()), tuple(n_grid), tuple(isotonic(draft_ms).tolist()),
                      (), "autoregressive", meta, tuple(isotonic(fixed_ms).tolist()) if phi > 0 else (),
-                     context_len=int(meta.get("context_len", 0)), noise=meta["noise"].pop("points"))
+                     context_len=context, kv_ms_per_token=kv, noise=meta["noise"].pop("points"))
+
+
+def fit_kv(points: list[dict], context: int) -> float:
+    """ms per cached context token (module docstring) from the target-only points at two contexts (0 without)."""
+    at = {(p["requests"], p.get("context", context)): statistics.median(p["step_ms"]) for p in points if p["k"] == 0}
+    per_n = [(at[n, c] - at[n, context]) / (n * (c - context)) for n, c in at if c > context and (n, context) in at]
+    return max(0.0, statistics.median(per_n)) if per_n else 0.0
 
 
 def spec_ks(k: int) -> list[int]:
@@ -159,7 +177,7 @@ def fit_drafting(points: list[dict], n_grid: list[int]) -> tuple[list[float], li
 
 
 def num_points(config: ProfileConfig) -> int:
-    return len(request_grid(config.max_requests)) * (len(spec_ks(config.k)) + 1)
+    return len(request_grid(config.max_requests)) * (len(spec_ks(config.k)) + 2)  # + the long-context K = 0 run
 
 
-__all__ = ["fit_drafting", "num_points", "profile_vllm", "table_from_points"]
+__all__ = ["KV_CONTEXT_FACTOR", "fit_drafting", "fit_kv", "num_points", "profile_vllm", "table_from_points"]

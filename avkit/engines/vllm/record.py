@@ -158,7 +158,7 @@ def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress:
             tail = [ln for ln in Path(kept).read_text(errors="replace").splitlines() if ln.strip()][-1:]
             raise AvkitError(f"vLLM exited with code {proc.returncode} ({tail[0][:300] if tail else 'no output'}; "
                              f"its log: {kept})")
-    elif not trace.exists():
+    elif not trace.exists() and not interrupted:
         shutil.rmtree(work, ignore_errors=True)
         raise AvkitError("vLLM verified no draft (no trace was written): more prompts or --max-new-tokens")
     else:
