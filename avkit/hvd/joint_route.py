@@ -51,13 +51,9 @@ class JointRouter:
             raise ConfigError(f"joint routing: model survival table has shape {self.model_surv.shape}, expected "
                               f"({len(self.hit_bins) + 1}, {self.payoff.k})")
 
-    def extra(self) -> dict:
-        """What `PayoffMLP.save` stores beside the weights so `from_extra` can rebuild the router."""
-        return {"model_surv": self.model_surv.tolist(), "hit_bins": self.hit_bins.tolist(),
-                "cost": self.cost.to_json()}
-
     @classmethod
     def from_extra(cls, payoff: PayoffMLP, extra: dict, path: str = "payoff file") -> JointRouter:
+        """The router from what `avkit hvd` saved beside the survival head (hvd/fit.py `_write`)."""
         missing = [k for k in ("model_surv", "hit_bins") if k not in extra]
         if missing:
             raise ConfigError(f"{path}: survival payoff model lacks {missing} (written by an older `avkit hvd`; "

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from avkit.errors import ConfigError
-from avkit.models.tokenizer import PRETOKENIZER_REGEX
+from avkit.models.tokenizer import byte_level
 from avkit.models.weights import hf_name_to_gguf, permute_qk
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -38,23 +38,9 @@ _CORPUS = [
 
 def train_tokenizer(vocab: int):
     """A deterministic byte-level BPE with the Qwen2 split regex and ChatML special tokens."""
-    from tokenizers import (  # lazy: tokenizers
-        Regex,
-        Tokenizer,
-        decoders,
-        models,
-        normalizers,
-        pre_tokenizers,
-        trainers,
-    )
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers  # lazy: tokenizers
 
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(PRETOKENIZER_REGEX["qwen2"]), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
+    tok = byte_level(Tokenizer(models.BPE()), "qwen2")
     trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIAL_TOKENS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=1)
     tok.train_from_iterator(_CORPUS * 4, trainer=trainer)

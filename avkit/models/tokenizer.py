@@ -113,19 +113,26 @@ class Tokenizer:
 
 def build_bpe(tokens: list[str], merges: list[tuple[str, str]], types: list[int], pre: str):
     """A ``tokenizers.Tokenizer``: byte-level BPE, ``pre`` split regex, added tokens of type 3/4."""
-    from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers  # lazy: tokenizers
+    from tokenizers import AddedToken, models  # lazy: tokenizers
     from tokenizers import Tokenizer as HFTokenizer  # lazy: tokenizers
 
     vocab = {t: i for i, t in enumerate(tokens)}
-    tok = HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
+    tok = byte_level(HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False)), pre)
+    added = [AddedToken(t, special=ty == 3, normalized=False) for t, ty in zip(tokens, types) if ty in (3, 4)]
+    tok.add_tokens(added)
+    return tok
+
+
+def byte_level(tok, pre: str):
+    """``tok`` (a ``tokenizers.Tokenizer``) with NFC, the ``pre`` split regex and byte-level mapping / decoding."""
+    from tokenizers import Regex, decoders, normalizers, pre_tokenizers  # lazy: tokenizers
+
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(PRETOKENIZER_REGEX[pre]), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     tok.decoder = decoders.ByteLevel()
-    added = [AddedToken(t, special=ty == 3, normalized=False) for t, ty in zip(tokens, types) if ty in (3, 4)]
-    tok.add_tokens(added)
     return tok
 
 

@@ -22,18 +22,6 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 _BUDGET_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
-def accepted_mask(accepted) -> np.ndarray:
-    """Trace `accepted` (nullable bool: masked/None/NaN when censored) -> [N] bool, True iff accepted."""
-    if isinstance(accepted, np.ma.MaskedArray):
-        return np.ma.filled(accepted.astype(float), 0.0) == 1.0
-    a = np.asarray(accepted)
-    if a.dtype == object:
-        return np.array([x is True or x == 1 for x in a], dtype=bool)
-    if a.dtype.kind == "f":
-        return a == 1.0
-    return a.astype(bool)
-
-
 class _EstimatorCollector:
     """Slope, intercepts and refit count, read from `coefficients()` at scrape time."""
 
@@ -131,14 +119,14 @@ class ServeMetrics:
         self.registry.register(_SuffixCacheCollector(memory))
 
     def observe_rows(self, columns: dict[str, np.ndarray]) -> None:
-        """One engine step's trace rows -> per-position counters and the verify-budget histogram."""
+        """One engine step's trace rows (runtime/trace_rows.py) -> per-position counters and the verify-budget
+        histogram."""
         pos = np.asarray(columns["position"]).astype(np.int64)  # [N]
         if pos.size == 0:
             return
         verified = np.asarray(columns["verified"]).astype(bool)  # [N]
-        accepted = accepted_mask(columns["accepted"]) & verified  # [N]
-        default_kind = np.full(pos.size, "model", dtype=object)
-        kinds = np.asarray(columns.get("drafter", default_kind), dtype=object)  # [N]
+        accepted = np.ma.filled(columns["accepted"], False).astype(bool) & verified  # [N] (null: censored)
+        kinds = np.asarray(columns["drafter"], dtype=object)  # [N]
         n = int(pos.max()) + 1
         for kind in set(kinds.tolist()):
             rows = kinds == kind  # [N]
