@@ -61,8 +61,8 @@ def _leaves(cls):
 OUTSIDE = {"record": {"progress"}, "serve": {"log_level"},
            "profile": set(),
            "tune": {"traces"}, "simulate": {"traces", "coefficients", "policy", "profile", "step_time"},
-           "fit": {"traces", "feature", "refit_interval", "hvd"},
-           "report": {"inputs", "feature", "mode", "simulate"}}
+           "fit": {"traces", "hvd"}, "report": {"inputs", "simulate"},
+           "hvd": {"traces", "out", "tokenizer", "markdown", "synthetic", "cost_table"}}
 
 
 def test_field_names_are_option_names():
@@ -71,14 +71,16 @@ def test_field_names_are_option_names():
     from typer.main import get_command
 
     from avkit.cli import app
-    from avkit.config import FitConfig, ReportConfig, SimulateConfig
+    from avkit.config import (EstimatorConfig, FitConfig, HvdCostConfig, PayoffConfig, ReportConfig, SimulateConfig,
+                              SuffixCacheConfig)
 
     commands = get_command(app).commands
-    for name, cls in (("record", RecordConfig), ("serve", ServeConfig), ("profile", ProfileConfig),
-                      ("tune", TuneConfig), ("simulate", SimulateConfig), ("fit", FitConfig),
-                      ("report", ReportConfig)):
+    for name, classes in (("record", [RecordConfig]), ("serve", [ServeConfig]), ("profile", [ProfileConfig]),
+                          ("tune", [TuneConfig]), ("simulate", [SimulateConfig]), ("fit", [FitConfig, EstimatorConfig]),
+                          ("report", [ReportConfig, FitConfig, EstimatorConfig]),
+                          ("hvd", [HvdReplayConfig, SuffixCacheConfig, HvdCostConfig, PayoffConfig])):
         options = {p.name for p in commands[name].params}
-        assert options - set(_leaves(cls)) == OUTSIDE[name], name
+        assert options - {f for cls in classes for f in _leaves(cls)} == OUTSIDE[name], name
 
 
 def test_record_sizes_its_engine_context():
