@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import Progress, TimeElapsedColumn
 from rich.table import Table
 
-from avkit.cli.options import DeviceOption, DtypeOption, EngineOption, VllmPythonOption
+from avkit.cli.options import DeviceOption, DtypeOption, EngineOption, TargetOption, VllmPythonOption
 from avkit.config import ModelsConfig, ProfileConfig, SamplingConfig, default_of
 from avkit.staged import StagedOutputs
 
@@ -44,8 +44,7 @@ def render(table, console: Console) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("profile")
     def profile(
-        target: Annotated[str, typer.Option(help="target model: alias, HF directory or GGUF file")] =
-            _d("models.target"),
+        target: TargetOption = _d("models.target"),
         draft: Annotated[str, typer.Option(help="draft model ('none': verify costs only)")] = _d("models.draft"),
         out: Annotated[str, typer.Option(help="cost table JSON (the adaptive policy's default path)")] = _d("out"),
         context_len: Annotated[int, typer.Option(help="synthetic KV context per request "

@@ -10,7 +10,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from avkit.cli.options import DeviceOption, DtypeOption, EngineOption, VllmPythonOption
+from avkit.cli.options import (
+    DeviceOption, DraftOption, DrafterOption, DtypeOption, EngineOption, KernelsOption, PayoffOption, TargetOption,
+    VllmPythonOption)
 from avkit.config import EngineConfig, ModelsConfig, RecordConfig, SamplingConfig, default_of
 from avkit.errors import ConfigError
 
@@ -49,8 +51,8 @@ def render(result, console: Console) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("record")
     def record(
-        target: Annotated[str, typer.Option(help="target model: alias, HF directory or GGUF file")] = _d("models.target"),
-        draft: Annotated[str, typer.Option(help="draft model ('none' = target-only decoding)")] = _d("models.draft"),
+        target: TargetOption = _d("models.target"),
+        draft: DraftOption = _d("models.draft"),
         dataset: Annotated[list[str] | None, typer.Option(
             "--dataset", help="a workload (docs/workloads.md: humaneval, mtbench, sharegpt, bfcl, humaneval_edit, bfcl_multiturn, mtbench_revise, sharegpt_multiround) or FILE.jsonl (repeatable)")] = None,
         num_prompts: Annotated[int, typer.Option(help="prompts per dataset")] = _d("num_prompts"),
@@ -75,13 +77,10 @@ def register(app: typer.Typer) -> None:
             _d("flush_interval"),
         device: DeviceOption = _d("models.device"),
         dtype: DtypeOption = _d("models.dtype"),
-        kernels: Annotated[str, typer.Option(help="hot-path kernels: auto (Triton on CUDA, torch elsewhere) | torch | "
-                                         "triton (on a CPU: Triton's interpreter, TRITON_INTERPRET=1)")] = _d("decoding.kernels"),
+        kernels: KernelsOption = _d("decoding.kernels"),
         threads: Annotated[int, typer.Option(help="torch threads (0 = default; 1 on a busy CPU)")] = _d("threads"),
-        drafter: Annotated[str, typer.Option(help="model | hybrid (suffix cache or draft model per step)")] =
-            _d("models.drafter"),
-        payoff: Annotated[str, typer.Option(help="hybrid: payoff_mlp.pt (threshold) or payoff_survival.pt (joint verification budget) from `avkit hvd` (default: "
-                                                 "ArcticInference's rule)")] = _d("models.payoff"),
+        drafter: DrafterOption = _d("models.drafter"),
+        payoff: PayoffOption = _d("models.payoff"),
         engine: EngineOption = _d("engine"),
         vllm_python: VllmPythonOption = _d("vllm_python"),
         vllm_draft_sampling: Annotated[str, typer.Option(help="--engine vllm, T > 0: probabilistic (draw drafts "

@@ -8,6 +8,8 @@ import typer
 from rich.console import Console
 
 from avkit.cli.ending import end_process
+from avkit.cli.options import (
+    DeviceOption, DraftOption, DrafterOption, DtypeOption, KernelsOption, PayoffOption, TargetOption)
 from avkit.config import (
     AdaptiveConfig, EngineConfig, EstimatorConfig, HttpConfig, ModelsConfig, ServeConfig, default_of)
 from avkit.errors import ConfigError
@@ -40,10 +42,10 @@ def policy_spec(spec: str, estimator: str, k: int) -> tuple[str, str, int]:
 def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve(
-        target: Annotated[str, _o("target model: alias, HF directory or GGUF file")] = _d("models.target"),
-        draft: Annotated[str, _o("draft model ('none' = target-only decoding)")] = _d("models.draft"),
-        drafter: Annotated[str, _o("drafter: model | hybrid (suffix cache + model)")] = _d("models.drafter"),
-        payoff: Annotated[str, _o("hybrid: payoff_mlp.pt (threshold) or payoff_survival.pt (cache and model drafts share one verification budget) from `avkit hvd`")] = _d("models.payoff"),
+        target: TargetOption = _d("models.target"),
+        draft: DraftOption = _d("models.draft"),
+        drafter: DrafterOption = _d("models.drafter"),
+        payoff: PayoffOption = _d("models.payoff"),
         policy: Annotated[str, _o("verify policy: adaptive[:ESTIMATOR] | full | fixed[:K] (simulate's --policy "
                                   "syntax) | schedule (K by batch size, --schedule)")] = _d("policy"),
         schedule: Annotated[str, _o("--policy schedule: `avkit tune` results JSON or its --format vllm "
@@ -78,10 +80,9 @@ def register(app: typer.Typer) -> None:
             _d("max_new_tokens"),
         k: Annotated[int, typer.Option("-k", "--k", help="draft tokens per step")] = _d("engine.k"),
         seed: Annotated[int, _o("engine seed")] = _d("engine.seed"),
-        device: Annotated[str, _o("auto (a GPU if torch sees one) | cpu | cuda[:N]")] = _d("models.device"),
-        dtype: Annotated[str, _o("auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16")] = _d("models.dtype"),
-        kernels: Annotated[str, _o("hot-path kernels: auto (Triton on CUDA, torch elsewhere) | torch | "
-                                         "triton (on a CPU: Triton's interpreter, TRITON_INTERPRET=1)")] = _d("engine.kernels"),
+        device: DeviceOption = _d("models.device"),
+        dtype: DtypeOption = _d("models.dtype"),
+        kernels: KernelsOption = _d("engine.kernels"),
         grace_period: Annotated[float, _o("seconds to finish in-flight requests on SIGTERM")] =
             _d("http.grace_period"),
         max_body_bytes: Annotated[int, _o("largest request body in bytes (413 beyond)")] = _d("http.max_body_bytes"),
