@@ -143,8 +143,9 @@ class _App(typer.Typer):
     def _run(self, argv: list[str], **kwargs) -> int:
         try:
             code = super().__call__(argv, standalone_mode=False, **kwargs)
-        except click.NoArgsIsHelpError as e:  # `avkit models`: its help
-            print(e.ctx.get_help())
+        except click.NoArgsIsHelpError as e:  # `avkit models`: its help (typer's rich help prints itself)
+            if text := e.ctx.get_help():
+                print(text)
             sys.exit(2)
         except click.UsageError as e:
             print(f"avkit: error: {_usage_message(e, argv)}", file=sys.stderr)
