@@ -51,21 +51,16 @@ def test_step_rates_equal_the_slot_by_slot_replay(seed, stop, fixed):
 
 
 @pytest.mark.parametrize("stop", [True, False])
-def test_kept_cost_curves_give_the_same_rates_bit_for_bit(stop):
-    """The gate keeps each (requests, window)'s cost tables (StepCurves) across steps: the same rates
-    as computing them for every call, whatever rows come and go."""
+def test_many_windows_give_each_windows_rates_bit_for_bit(stop):
+    """step_rates over G windows at once (the simulator's gate) equals it window by window (the live gate's)."""
     import torch
 
     rng = np.random.default_rng(5)
-    gate = DraftGate(_cost(3.0), window=6, stop_drafting=stop, k=4)
-    for step in range(12):
-        gate.observe(rng.uniform(0.05, 0.99, (int(rng.integers(1, 4)), 4)))
-        for n in (1, 5, 40):
-            if len(gate.rows) == gate.window:
-                fresh = step_rates(gate.rows, n, gate.cost, stop)
-                assert gate.gain(n) == float(fresh[1:].max() / fresh[0]), (step, n)
-                kept = gate._curves[n, gate.window, 4]
-                assert torch.equal(step_rates(gate.rows, n, gate.cost, stop, kept), fresh)
+    conf, loads = rng.uniform(0.05, 0.99, (9, 6, 4)), [1, 5, 40, 3, 1, 16, 7, 2, 40]
+    many = step_rates(conf, loads, _cost(3.0, 1.0), stop)
+    assert many.shape == (9, 25)
+    for g in range(9):
+        assert torch.equal(many[g], step_rates(conf[g], loads[g], _cost(3.0, 1.0), stop)), g
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -67,60 +67,36 @@ def _ms(fn, x: torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(np.asarray(fn(x.numpy()), dtype=np.float64))
 
 
-class StepCurves:
-    """The cost side of `step_rates` at one (requests n, rows W, slots M), computed once and kept:
-    verify_ms at n + n/W m (m = 0..M), the context reads, and the expected ms of one draft pass as a
-    function of how many of the W rows reach its depth (reach = count / W, count = 0..W: the only
-    values the ranked rows can give it), so a step indexes tables instead of interpolating the cost
-    curves again. The same float64 operations on the same values as computing them in place."""
-
-    def __init__(self, cost: CostTable, n: int, w: int, m: int, k: int, stop_drafting: bool):
-        scale = n / w  # requests each recent row stands for
-        self.verify = _ms(cost.verify_cost, n + scale * torch.arange(m + 1, dtype=torch.float64))  # [M+1]
-        self.context = float(cost.context_cost(n))
-        self.autoregressive = stop_drafting and cost.drafter == "autoregressive"
-        if self.autoregressive:  # pass j runs iff a request reaches depth j + 1
-            reach = torch.arange(w + 1, dtype=torch.float64) / w  # [W+1] share of rows reaching the depth
-            runs = 1.0 - (1.0 - reach) ** n  # [W+1] P(the pass runs)
-            active = n * reach / runs.clamp(min=1e-300)  # [W+1] requests in it, when it runs
-            self.pass_ms = runs * _ms(cost.draft_pass_cost, active) * (reach > 0)  # [W+1] expected ms
-            self.first_ms = runs * _ms(cost.draft_fixed_cost, active) * (reach > 0)  # [W+1] paid with pass 1
-        else:
-            self.draft = torch.full((m + 1,), float(cost.draft_cost(n, k)), dtype=torch.float64)  # [M+1]
-            self.draft[0] = 0.0
-
-
-def step_rates(conf, num_requests, cost: CostTable, stop_drafting: bool = True, curves=None) -> torch.Tensor:
+def step_rates(conf, num_requests, cost: CostTable, stop_drafting: bool = True) -> torch.Tensor:
     """Tokens per ms of the step replayed on rows conf [W, K] at n requests -> [W K + 1] (module note); or
     on G windows at once: conf [G, W, K], num_requests [G] -> [G, W K + 1], the same operations per window.
-
-    The slots are ranked by plan.py's rule (every row drafted K). `curves`: each window's (n, W, K) cost
-    tables (StepCurves, one or [G]), if kept from an earlier step."""
+    The slots are ranked by plan.py's rule (every row drafted K)."""
     conf = torch.as_tensor(conf, dtype=torch.float64).cpu()
     one = conf.dim() == 2
     conf = conf[None] if one else conf  # [G, W, K]
-    loads = [num_requests] if one else [int(n) for n in num_requests]
     g, w, k = conf.shape
     m = w * k
     key = survival(conf.reshape(g * w, k), torch.full((g * w,), k)).reshape(g, m)  # [G, M] every slot valid
     order = order_slots(key)  # [G, M]
     top = key.gather(1, order).cumsum(1)  # [G, M] sum of the top m survivals
-    if curves is None:
-        curves = [StepCurves(cost, n, w, m, k, stop_drafting) for n in loads]
-    cs = [curves] if isinstance(curves, StepCurves) else list(curves)
-    n = torch.tensor(loads, dtype=torch.float64)[:, None]  # [G, 1]
+    n = torch.as_tensor(num_requests, dtype=torch.float64).reshape(g, 1)  # [G, 1]
     tokens = n + (n / w) * torch.cat([top.new_zeros(g, 1), top], 1)  # [G, M+1]
-    fixed = torch.stack([c.verify for c in cs]) + torch.tensor([c.context for c in cs], dtype=torch.float64)[:, None]
-    if cs[0].autoregressive:
+    context = _ms(cost.context_cost, n)  # [G, 1]
+    verify = _ms(cost.verify_cost, n + (n / w) * torch.arange(m + 1, dtype=torch.float64))  # [G, M+1]
+    if stop_drafting and cost.drafter == "autoregressive":  # pass j runs iff a request reaches depth j + 1
+        reach = torch.arange(w + 1, dtype=torch.float64) / w  # [W+1] share of the rows reaching the depth
+        runs = 1.0 - (1.0 - reach) ** n  # [G, W+1] P(the pass runs)
+        active = n * reach / runs.clamp(min=1e-300)  # [G, W+1] requests in it, when it runs
+        pass_ms = runs * _ms(cost.draft_pass_cost, active) * (reach > 0)  # [G, W+1] expected ms
+        first_ms = runs * _ms(cost.draft_fixed_cost, active) * (reach > 0)  # [G, W+1] paid with pass 1
         count = torch.zeros(g, m + 1, k, dtype=torch.int64)  # [G, M+1, K] rows of depth > j among the top m
         count[:, 1:] = torch.nn.functional.one_hot(order % k, k).cumsum(1)
-        pass_ms, first_ms = torch.stack([c.pass_ms for c in cs]), torch.stack([c.first_ms for c in cs])  # [G, W+1]
         draft = first_ms.gather(1, count[:, :, 0])  # [G, M+1] expected ms of the passes that run, left to right
         for j in range(k):
             draft = draft + pass_ms.gather(1, count[:, :, j])
-    else:
-        draft = torch.stack([c.draft for c in cs])
-    rates = tokens / (draft + fixed)
+    else:  # every drafting request drafts K: a parallel drafter pays its one pass however deep it drafts
+        draft = _ms(lambda x: cost.draft_cost(x, k), n) * (torch.arange(m + 1) > 0)  # [G, M+1]
+    rates = tokens / (draft + context + verify)
     return rates[0] if one else rates
 
 
@@ -146,22 +122,11 @@ class DraftGate:
         check_range("k", self.k, 1)
         self._memo: tuple = (None, None, 0.0)  # (rows object, n, gain): unchanged rows and load, same gain
         self._sure: dict[int, float] = {}  # n -> gain of sure drafts
-        self._curves: dict[tuple[int, int, int], StepCurves] = {}  # (n, W, K) -> the step's cost tables
 
     def use_cost(self, cost: CostTable) -> None:
-        """Price with `cost` from now on (a learned model): the kept curves and gains go."""
+        """Price with `cost` from now on (a learned model): the kept gains go."""
         self.cost = cost
-        self._memo, self._sure, self._curves = (None, None, 0.0), {}, {}
-
-    def _curve(self, num_requests: int, w: int, k: int) -> StepCurves:
-        """The (n, W, K) step's cost tables, kept."""
-        curves = self._curves.get((num_requests, w, k))
-        if curves is None:
-            if len(self._curves) >= 1024:  # loads seen are few; bound it anyway
-                self._curves.clear()
-            curves = self._curves[num_requests, w, k] = StepCurves(self.cost, num_requests, w, w * k, k,
-                                                                   self.stop_drafting)
-        return curves
+        self._memo, self._sure = (None, None, 0.0), {}
 
     @staticmethod
     def _gains(rates: torch.Tensor) -> torch.Tensor:
@@ -171,8 +136,7 @@ class DraftGate:
     def gain(self, num_requests: int) -> float:
         """Best speculative rate over target-only decoding at this load, on the recent rows."""
         if self._memo[0] is not self.rows or self._memo[1] != num_requests:
-            rate = step_rates(self.rows, num_requests, self.cost, self.stop_drafting,
-                              self._curve(num_requests, *self.rows.shape))
+            rate = step_rates(self.rows, num_requests, self.cost, self.stop_drafting)
             self._memo = (self.rows, num_requests, float(self._gains(rate)))
         return self._memo[2]
 
@@ -259,6 +223,6 @@ class DraftGate:
             return out
         idx = torch.as_tensor(ends[full])[:, None] - self.window + torch.arange(self.window)  # [F, W]
         ns = [loads[start + i] for i in full.tolist()]
-        rates = step_rates(seq[idx], ns, self.cost, self.stop_drafting, [self._curve(n, self.window, k) for n in ns])
+        rates = step_rates(seq[idx], ns, self.cost, self.stop_drafting)
         out.update(zip((start + full).tolist(), self._gains(rates).tolist()))
         return out
