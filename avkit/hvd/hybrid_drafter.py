@@ -45,7 +45,7 @@ from avkit.hvd.features import FEATURE_GROUPS, feature_matrix
 from avkit.hvd.joint_route import JointRouter
 from avkit.hvd.payoff_mlp import PayoffMLP
 from avkit.hvd.substrings import SubstringIndex
-from avkit.hvd.suffix_cache import CacheDraft, SuffixCache
+from avkit.hvd.suffix_cache import CacheDraft, SuffixCache, common_prefix
 from avkit.hvd.token_classes import CLASSES, class_table_for
 
 
@@ -59,15 +59,6 @@ class _Slot:
     pending: tuple[int, list[int]] | None = None  # (output position, tokens) of the last model draft
     in_prompt: SubstringIndex = field(default_factory=SubstringIndex)  # over `prompt`, built once
     in_output: SubstringIndex = field(default_factory=SubstringIndex)  # over seq[len(prompt):], grows
-
-
-def _prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class HybridDrafter(Drafter):
@@ -136,7 +127,7 @@ class HybridDrafter(Drafter):
             t0, toks = st.pending
             st.pending = None
             truth = st.seq[len(st.prompt) + t0: len(st.prompt) + t0 + len(toks)]
-            n = _prefix(toks, truth)
+            n = common_prefix(toks, truth)
             if n < min(len(toks), len(truth)):
                 st.hits[t0 + n] = False
         return st
@@ -146,7 +137,7 @@ class HybridDrafter(Drafter):
         lags = range(1, min(self.window, t) + 1)
         # cache accepted length at t - l: the draft made there against the output that followed
         # (truncated at t by construction: a draft made at t - l has at most l revealed tokens here)
-        acc = [_prefix(d0 := st.drafts[t - l], st.seq[p + t - l: p + t - l + len(d0)]) for l in lags]
+        acc = [common_prefix(d0 := st.drafts[t - l], st.seq[p + t - l: p + t - l + len(d0)]) for l in lags]
         hits = [float(st.hits[t - l]) for l in lags]
         k = self.k
         m_acc = []

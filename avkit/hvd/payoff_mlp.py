@@ -106,13 +106,10 @@ class PayoffMLP:
         bce = -(z * log_s + (1 - z) * log_not)
         return (bce * mask).sum() / mask.sum().clamp(min=1)
 
+    @_one_thread()
     def fit(self, x: np.ndarray, y: np.ndarray, x_val: np.ndarray | None = None,
             y_val: np.ndarray | None = None) -> PayoffMLP:
         """Train on [N, F] features and [N] accepted lengths; keep the epoch with the lowest validation MSE."""
-        with _one_thread():
-            return self._fit(x, y, x_val, y_val)
-
-    def _fit(self, x, y, x_val, y_val) -> PayoffMLP:
         xt, yt = self._x(x), torch.as_tensor(np.asarray(y, dtype=np.float32))
         if len(xt) != len(yt) or len(xt) == 0:
             raise DataError(f"payoff fit: {len(xt)} feature rows vs {len(yt)} labels")
@@ -139,23 +136,23 @@ class PayoffMLP:
         return self
 
     @torch.no_grad()
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        """[N, F] -> [N] expected accepted length."""
+    @_one_thread()
+    def _forward(self, x: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """[N, F] -> (the net's outputs on the standardized features [N, 1 or K], draft lengths [N])."""
         xt = self._x(x)
         self.net.eval()
-        with _one_thread():
-            return self._expected(self.net((xt - self.mean_) / self.scale_), xt[:, self._dl]).numpy()
+        return self.net((xt - self.mean_) / self.scale_), xt[:, self._dl]
 
-    @torch.no_grad()
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """[N, F] -> [N] expected accepted length."""
+        return self._expected(*self._forward(x)).numpy()
+
     def predict_survival(self, x: np.ndarray) -> np.ndarray:
         """[N, F] -> [N, K] P(accepted >= j), zero beyond each draft's length (survival head only)."""
         if self.head != "survival":
             raise ConfigError("predict_survival needs head='survival'")
-        xt = self._x(x)
-        self.net.eval()
-        with _one_thread():
-            s = self._log_survival(self.net((xt - self.mean_) / self.scale_)).exp()
-        return (s * (torch.arange(1, self.k + 1, device=xt.device) <= xt[:, self._dl, None])).numpy()
+        out, draft_len = self._forward(x)
+        return (self._log_survival(out).exp() * (torch.arange(1, self.k + 1) <= draft_len[:, None])).numpy()
 
     def save(self, path: str | os.PathLike, **extra) -> None:
         """Weights + feature names + standardization (+ extra scalars such as tau); temp file, then rename."""

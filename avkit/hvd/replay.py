@@ -25,7 +25,7 @@ from avkit.hvd.cost import HvdCost
 from avkit.hvd.features import contains, history_features, structure_features
 from avkit.hvd.model_accept import accept_lengths, matches_from_trace
 from avkit.hvd.path import Route, path_metrics, precision_recall, simulate_paths
-from avkit.hvd.suffix_cache import SuffixCache
+from avkit.hvd.suffix_cache import SuffixCache, common_prefix
 from avkit.hvd.token_classes import CLASSES
 from avkit.trace.reader import read_generations, read_traces
 
@@ -52,16 +52,11 @@ def _draft_rows(cache: SuffixCache, gen: ReplayGeneration, k: int, classes: np.n
     for t in range(n):
         d = cache.draft(gen.request_id, k)
         if d.tokens:
-            acc = 0
-            for a, b in zip(d.tokens, out[t:t + d.draft_len]):  # <= K compares
-                if a != b:
-                    break
-                acc += 1
             tail = full[p + t - d.match_len: p + t] + d.tokens
             cols["match_len"][t], cols["draft_len"][t], cols["score"][t] = d.match_len, d.draft_len, d.score
             cols["first_prob"][t], cols["last_prob"][t] = d.probs[0], d.probs[-1]
             cols["source_global"][t] = d.source == "global"
-            cols["cache_acc"][t] = acc
+            cols["cache_acc"][t] = common_prefix(d.tokens, out[t:t + d.draft_len])  # <= K compares
             cols["in_prompt"][t] = contains(prompt_b, tail)
             cols["in_output"][t] = contains(out_b[: 4 * t], tail)
             if classes is not None:

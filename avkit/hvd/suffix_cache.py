@@ -154,6 +154,16 @@ class SuffixTrie:
         return total
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of two token lists: a draft's accepted length against the output."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def _walk(node: Node, max_tokens: int, min_prob: float) -> tuple[list[int], list[float]]:
     """Most frequent continuation below `node`, stopping when the path probability drops below min_prob."""
     tokens, probs, prob = [], [], 1.0

@@ -31,13 +31,6 @@ class TokenClasses:
     source: str  # where the table came from, or why there is none (shown by the CLI and the report)
 
 
-def _trace_meta(path) -> dict[str, str]:
-    """The trace's avkit.* metadata, read through the trace contract (a missing or bad file is named)."""
-    from avkit.trace.reader import trace_metadata  # lazy: polars
-
-    return trace_metadata(path)
-
-
 def shipped_path(target_sha256: str) -> Path:
     return SHIPPED / f"{target_sha256[:16]}.npz"
 
@@ -62,12 +55,13 @@ def save_shipped(model: str, target_sha256: str) -> Path:
 def token_classes_for(paths, tokenizer: str | None = None) -> TokenClasses:
     """The structure table for traces `paths` (the first one's target decides), see the module docstring."""
     from avkit.models.registry import resolve  # lazy: torch (avkit.models)
+    from avkit.trace.reader import trace_metadata  # lazy: polars
 
     if tokenizer == "none":
         return TokenClasses(None, "--tokenizer none: token-structure features left out")
     if tokenizer:
         return TokenClasses(class_table_for(tokenizer), f"--tokenizer {tokenizer}")
-    meta = _trace_meta(paths[0]) if paths else {}
+    meta = trace_metadata(paths[0]) if paths else {}  # a missing or bad file is named
     target, sha = meta.get("avkit.target", ""), meta.get("avkit.target_sha256", "")
     if target:
         try:
