@@ -10,8 +10,8 @@ plugin's Observer is this module's to finish). The plugin is registered here as 
           top_p, max_tokens, seed, stop_token_ids; each request's id and dataset travel in its
           `SamplingParams.extra_args`, where the plugin reads them
   run     one `LLM.generate` over every request: vLLM's scheduler admits up to max_num_seqs at a time
-  RESULT  vLLM's version, the dtype it ran, when the engine was ready (epoch s), generate seconds, whether cpu_fix ran, and its
-          spec-decode counters (child.counters), written once the plugin closed both tables
+  RESULT  vLLM's version, the dtype it ran, when the engine was ready (epoch s), generate seconds, whether
+          cpu_fix ran, and its spec-decode counters (child.counters), written once the plugin closed both tables
 Any failure: the traceback on stderr, exit code 1 (the tables hold what the plugin flushed).
 """
 
@@ -48,7 +48,8 @@ def main(spec_path: str, result_path: str) -> int:
     ready_at = time.time()
     dtype = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
     meta = json.loads(os.environ.get(plugin.META, "") or "{}")  # read when the plugin opens the trace
-    os.environ[plugin.META] = json.dumps({**meta, "avkit.dtype": dtype, "avkit.vllm.cpu_expand_fix": str(fixed).lower()})
+    os.environ[plugin.META] = json.dumps({**meta, "avkit.dtype": dtype,
+                                          "avkit.vllm.cpu_expand_fix": str(fixed).lower()})
     reqs = spec["requests"]
     t1 = time.perf_counter()
     llm.generate([TokensPrompt(prompt_token_ids=list(r["prompt_ids"])) for r in reqs],

@@ -299,5 +299,5 @@ class Observer:
             error(f"closing the trace failed ({type(e).__name__}: {e}); {self.env.trace} holds what was flushed")
 
 
-__all__ = ["COEFFICIENTS", "DATASET", "FLUSH", "META", "METRICS", "OBSERVER", "RUN_DIR", "TRACE", "Observer", "PluginEnv",
-           "finish", "register"]
+__all__ = ["COEFFICIENTS", "DATASET", "FLUSH", "META", "METRICS", "OBSERVER", "RUN_DIR", "TRACE", "Observer",
+           "PluginEnv", "finish", "register"]
