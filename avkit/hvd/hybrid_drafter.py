@@ -41,8 +41,9 @@ from avkit.drafters.base import Drafter, DraftInput, DraftProposal
 from avkit.drafters.draft_model import DraftModelDrafter
 from avkit.errors import ConfigError
 from avkit.hvd.cache_proposal import fill_cache_rows
-from avkit.hvd.features import FEATURE_GROUPS, feature_matrix
+from avkit.hvd.features import FEATURE_GROUPS, feature_matrix, history_features
 from avkit.hvd.joint_route import JointRouter
+from avkit.hvd.model_accept import accept_lengths
 from avkit.hvd.payoff_mlp import PayoffMLP
 from avkit.hvd.substrings import SubstringIndex
 from avkit.hvd.suffix_cache import CacheDraft, SuffixCache, common_prefix
@@ -134,27 +135,21 @@ class HybridDrafter(Drafter):
 
     def _row_features(self, st: _Slot, d: CacheDraft) -> dict[str, float]:
         t, p = len(st.seq) - len(st.prompt), len(st.prompt)
-        lags = range(1, min(self.window, t) + 1)
-        # cache accepted length at t - l: the draft made there against the output that followed
-        # (truncated at t by construction: a draft made at t - l has at most l revealed tokens here)
-        acc = [common_prefix(d0 := st.drafts[t - l], st.seq[p + t - l: p + t - l + len(d0)]) for l in lags]
-        hits = [float(st.hits[t - l]) for l in lags]
-        k = self.k
-        m_acc = []
-        for l in lags:  # model accepted length at t - l, truncated to what output[:t] reveals
-            run = 0
-            while run < min(k, l) and st.hits[t - l + run]:
-                run += 1
-            m_acc.append(run)
+        lo = max(0, t - self.window)
+        # the replay's history features over the last W positions: the cache accepted length at t' < t is its
+        # draft against the output revealed since (at most t - t' tokens, the truncation history_features
+        # applies), the model's from the hits so far; a last entry stands for t itself (unread)
+        acc = [common_prefix(d0 := st.drafts[i], st.seq[p + i: p + i + len(d0)]) for i in range(lo, t)]
+        hits = np.array(st.hits[lo:t], dtype=bool)  # [<= W]
+        hist = history_features(np.r_[acc, 0], np.r_[hits, True], np.r_[accept_lengths(hits, self.k), 0],
+                                self.window)
         tail = st.seq[len(st.seq) - d.match_len:] + d.tokens if d.tokens else []
         f = {
             "match_len": d.match_len, "draft_len": d.draft_len, "score": d.score,
             "mean_prob": d.score / max(d.draft_len, 1), "first_prob": d.probs[0] if d.probs else 0.0,
             "last_prob": d.probs[-1] if d.probs else 0.0, "source_global": float(d.source == "global"),
             "log_position": np.log1p(t), "log_prompt_len": np.log1p(p),
-            "hist_cache_acc": np.mean(acc) if acc else 0.0,
-            "hist_cache_hit": np.mean([a > 0 for a in acc]) if acc else 0.0,
-            "hist_model_hit": np.mean(hits) if hits else 0.0, "hist_model_acc": np.mean(m_acc) if m_acc else 0.0,
+            **{name: float(v[-1]) for name, v in hist.items()},
             "in_prompt": float(bool(tail) and st.in_prompt.contains(tail)),
             "in_output": float(bool(tail) and st.in_output.contains(tail)),
         }
