@@ -26,7 +26,7 @@ import torch
 
 
 from avkit.hvd.cost import HvdCost
-from avkit.hvd.path import Route
+from avkit.hvd.path import Route, request_runs
 from avkit.scheduling.plan import Plan, plan_survival, single_group
 
 
@@ -109,9 +109,7 @@ def simulate_batched(table: pl.DataFrame, route: Route, cost: HvdCost, k: int, c
     from its first model draft on (the prompt, from `log_prompt_len`, and what it missed since); without,
     `route` decides and every drafted slot is verified."""
     rate = RunningRate()
-    rid = table["request_id"].to_numpy()
-    starts = np.flatnonzero(np.r_[True, rid[1:] != rid[:-1]])
-    lengths = np.diff(np.r_[starts, len(rid)])
+    starts, lengths = request_runs(table)  # [G], [G]
     cache_acc, model_acc = table["cache_acc"].to_numpy(), table["model_acc"].to_numpy()
     dlen = table["draft_len"].to_numpy()
     j = np.arange(1, k + 1)[None, :]

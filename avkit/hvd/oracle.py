@@ -23,16 +23,15 @@ import numpy as np
 import polars as pl
 
 from avkit.hvd.cost import HvdCost
+from avkit.hvd.path import request_runs
 
 
 def oracle_paths(table: pl.DataFrame, cost: HvdCost, k: int) -> dict[str, float]:
     """Rows (request_id, t) contiguous and t-sorted, as `replay` writes them -> the clairvoyant router's
     tokens, cycles (target verifications), cost (target forwards) and throughput over all requests."""
-    rid = table["request_id"].to_numpy()
-    starts = np.flatnonzero(np.r_[True, rid[1:] != rid[:-1]])  # [R]
-    lengths = np.diff(np.r_[starts, len(rid)])  # [R]
+    starts, lengths = request_runs(table)  # [R], [R]
     r, n = len(starts), int(lengths.max())
-    t_of = np.arange(len(rid)) - np.repeat(starts, lengths)  # [rows] position within its request
+    t_of = np.arange(table.height) - np.repeat(starts, lengths)  # [rows] position within its request
     row_of = np.repeat(np.arange(r), lengths)  # [rows]
 
     def padded(col: str) -> np.ndarray:  # [R, n] per-request column, -1 past each request's end

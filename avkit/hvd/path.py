@@ -35,12 +35,17 @@ def full_route(table: pl.DataFrame, use_cache: np.ndarray, consults_cache: bool 
     return Route(np.asarray(use_cache, dtype=bool) & (dl > 0), dl.astype(np.int64), consults_cache)
 
 
+def request_runs(table: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Rows (request_id, t) contiguous per request, as `replay` writes them -> (first row [G], rows [G]) of each."""
+    rid = table["request_id"].to_numpy()
+    starts = np.flatnonzero(np.r_[True, rid[1:] != rid[:-1]])  # [G]
+    return starts, np.diff(np.r_[starts, len(rid)])
+
+
 def simulate_paths(table: pl.DataFrame, route: Route, cost: HvdCost, k: int) -> pl.DataFrame:
     """Per request: tokens, cycles, cost, accepted draft tokens, cache cycles along the decode path.
     `table` holds rows (request_id, t) for t = 0..n-1 of every request, contiguous and t-sorted."""
-    rid = table["request_id"].to_numpy()
-    starts = np.flatnonzero(np.r_[True, rid[1:] != rid[:-1]])  # [G]
-    lengths = np.diff(np.r_[starts, len(rid)])  # [G]
+    starts, lengths = request_runs(table)  # [G], [G]
     cache_acc = table["cache_acc"].to_numpy()
     model_acc = table["model_acc"].to_numpy()
     vlen = np.minimum(route.verify_len, table["draft_len"].to_numpy())
@@ -63,7 +68,7 @@ def simulate_paths(table: pl.DataFrame, route: Route, cost: HvdCost, k: int) -> 
         cache_cycles[g] += uc & (vlen[r] > 0)  # a cache row with no draft is a plain target step
         pos[g] += a + 1
     return pl.DataFrame({
-        "request_id": rid[starts], "dataset": table["dataset"].to_numpy()[starts], "tokens": lengths,
+        "request_id": table["request_id"].to_numpy()[starts], "dataset": table["dataset"].to_numpy()[starts], "tokens": lengths,
         "cycles": cycles, "cost": spent, "accepted": accepted, "cache_cycles": cache_cycles,
     })
 
