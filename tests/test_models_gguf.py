@@ -38,3 +38,17 @@ def test_unpermute_inverts_llama_cpp_permutation():
     p = permute_qk(w, 4)
     assert not (p == w).all()
     assert (unpermute_qk(p, 4) == w).all()
+
+
+def test_hvd_vocabulary_from_gguf_equals_gguf_py_and_hf(tmp_path):
+    """The HVD token classes read a GGUF vocabulary with avkit's header parser: gguf-py's reader (the oracle)
+    and the HF directory it came from give the same entries and the same class table."""
+    import gguf
+
+    from avkit.hvd.token_classes import class_table, load_vocab
+
+    hf_dir = write_tiny_model(tmp_path / "hf", vocab=300)
+    gguf_path = write_tiny_gguf(hf_dir, tmp_path / "tiny.gguf")
+    vocab = load_vocab(gguf_path)
+    assert vocab == list(gguf.GGUFReader(str(gguf_path)).fields["tokenizer.ggml.tokens"].contents())
+    assert (class_table(vocab) == class_table(load_vocab(hf_dir))).all()

@@ -76,12 +76,12 @@ def load_vocab(path_or_id: str | os.PathLike) -> list[str]:
             out[i] = tok
         return out
     if path.suffix == ".gguf":
-        import gguf  # lazy: gguf
+        from avkit.models.gguf_file import GGUFFile  # lazy: torch (avkit.models)
 
-        field = gguf.GGUFReader(str(path)).fields.get("tokenizer.ggml.tokens")
-        if field is None:
+        tokens = GGUFFile(path).metadata.get("tokenizer.ggml.tokens")
+        if tokens is None:
             raise ModelError(f"{path}: GGUF has no tokenizer.ggml.tokens")
-        return list(field.contents())
+        return tokens
     raise ModelError(f"{path}: expected a model directory or a .gguf file")
 
 
