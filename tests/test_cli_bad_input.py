@@ -35,9 +35,8 @@ BAD = [
     (("record", "--device", "tpu"), "--device must be one of auto, cpu, cuda or cuda:N; got tpu"),
     (("record", "--resume", "--overwrite"),
      "--resume and --overwrite exclude each other: continue the file or replace it"),
-    (("record", "--engine", "vllm", "--resume"),
-     "--resume runs in avkit's own engine only (--engine vllm hands vLLM every prompt up front and records a "
-     "new file)"),
+    (("record", "--engine", "vllm", "--slots-per-dataset", "100"),
+     "--slots-per-dataset runs in avkit's own engine only (--engine vllm hands vLLM every prompt up front)"),
     (("record", "--policy", "fixed:3", "--engine", "vllm"),
      "--policy fixed:3 runs in avkit's own engine only (--engine vllm verifies with its own rule)"),
     (("record", "--bogus"), "No such option: --bogus (Possible options: --cost, --out)"),

@@ -152,6 +152,51 @@ def test_greedy_accept_prob_is_the_label(greedy):
     assert (trace["q_sampled"] == 1.0).all() and trace["q_max"].is_between(0, 1).all()
 
 
+def test_resume_records_the_rest_and_keeps_the_finished(pair, greedy, tmp_path):
+    """--resume (engine start 5): a file holding the greedy recording's first three requests (its own rows and
+    generations) is resumed; vLLM is asked only the other three; the kept rows are untouched, the new rows equal
+    this run's vLLM counters, engine_step continues, and every output equals the full greedy recording's."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    target, draft, root, python = pair
+    gens_all = pq.read_table(greedy.generations_path)
+    first = gens_all["request_id"].to_pylist()[:3]
+    out = tmp_path / "resumed.parquet"
+    for src, dest in ((greedy.trace_path, out), (greedy.generations_path, tmp_path / "resumed.generations.parquet")):
+        t = pq.read_table(src)
+        pq.write_table(t.filter(pc.is_in(t["request_id"].cast("string"), pa_strings(first))), dest)
+    kept = pl.read_parquet(out)
+    config = RecordConfig(models=ModelsConfig(target=str(target), draft=str(draft), dtype="float32"),
+                          decoding=EngineConfig(k=3, concurrency=3, seed=0),
+                          sampling=SamplingConfig(temperature=0.0, top_p=TOP_P, max_new_tokens=MAX_NEW),
+                          dataset=(str(root / "prompts.jsonl"),), num_prompts=len(PROMPTS), max_prompt_tokens=64,
+                          out=str(out), engine="vllm", vllm_python=str(python), threads=2, resume=True)
+    result = record(config, progress=False)
+    trace = pl.read_parquet(out)
+    plain = lambda df: df.with_columns(pl.col(pl.Categorical).cast(pl.Utf8))
+    assert plain(trace.filter(pl.col("run_id") == kept["run_id"][0])).equals(plain(kept))  # the kept rows, as they were
+    new = trace.filter(pl.col("run_id") == result.run_id)
+    assert new.height == result.rows == trace.height - kept.height > 0
+    assert set(new["request_id"].cast(pl.Utf8)) == set(gens_all["request_id"].to_pylist()[3:])
+    assert new["engine_step"].min() > kept["engine_step"].max()
+    c = result.engine_counters
+    per_pos = new.filter(pl.col("accepted").fill_null(False)).group_by("position").len()
+    assert [dict(zip(per_pos["position"], per_pos["len"])).get(j, 0) for j in range(3)] == \
+        c["spec_decode_num_accepted_tokens_per_pos"]
+    assert int(new["verified"].sum()) == c["spec_decode_num_draft_tokens"]
+    gens = pl.read_parquet(tmp_path / "resumed.generations.parquet")
+    assert sorted(gens["request_id"]) == sorted(gens_all["request_id"].to_pylist())
+    full = dict(zip(gens_all["request_id"].to_pylist(), gens_all["output_ids"].to_pylist()))
+    assert dict(zip(gens["request_id"], gens["output_ids"].to_list())) == full
+
+
+def pa_strings(values):
+    import pyarrow as pa
+
+    return pa.array(list(values), type=pa.string())
+
+
 def test_greedy_output_equals_vllm_target_only(greedy, target_only):
     gens = pl.read_parquet(greedy.generations_path)
     assert dict(zip(gens["request_id"], gens["output_ids"].to_list())) == target_only

@@ -120,12 +120,11 @@ def register(app: typer.Typer) -> None:
                       f"datasets {', '.join(config.dataset)} -> {config.out}")
         result = run(config, progress=progress, console=console)
         render(result, Console(width=None if sys.stdout.isatty() else 132))  # the result: stdout
-        again = ("rerun with --resume" if config.engine == "native" else
-                 "--engine vllm cannot resume: record the rest into another --out")
         if not result.committed:
             console.print(f"[yellow]interrupted:[/] {result.trace_path} was left as it was; the rows recorded so "
-                          f"far are in {result.trace_path}.partial (and its generations); {again}")
+                          f"far are in {result.trace_path}.partial (and its generations); rerun with --resume "
+                          "to continue them")
             raise typer.Exit(130)
         if result.interrupted:
-            console.print(f"[yellow]interrupted:[/] files hold everything recorded so far; {again}")
+            console.print("[yellow]interrupted:[/] files hold everything recorded so far; rerun with --resume")
             raise typer.Exit(130)

@@ -58,9 +58,9 @@ class RecordConfig:
         if self.policy != "full" and self.engine != "native":
             raise ConfigError(f"--policy {self.policy} runs in avkit's own engine only (--engine {self.engine} "
                               "verifies with its own rule)")
-        if self.engine == "vllm" and (self.resume or self.slots_per_dataset):
-            raise ConfigError(f"{'--resume' if self.resume else '--slots-per-dataset'} runs in avkit's own engine "
-                              "only (--engine vllm hands vLLM every prompt up front and records a new file)")
+        if self.engine == "vllm" and self.slots_per_dataset:
+            raise ConfigError("--slots-per-dataset runs in avkit's own engine only (--engine vllm hands vLLM every "
+                              "prompt up front)")
         if self.resume and self.overwrite:
             raise ConfigError("--resume and --overwrite exclude each other: continue the file or replace it")
 

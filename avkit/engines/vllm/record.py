@@ -10,8 +10,11 @@ so the trace and the generations table are written by the same code as inside `v
   commit     a run that finishes, or an interrupted one where files.py allows it: both renamed over the finals,
              trace first (avkit/record/files.py's order); otherwise both moved to the `.partial` names, the
              finals untouched
-Refused with --engine vllm (RecordConfig): --resume, --slots-per-dataset (the prompts are all handed over up
-front), a --policy other than `full` (vLLM verifies with its own rule). MT-Bench's follow-up turns, asked after
+  resume     `--resume`: the requests with a generations row in the source (files.py) are not asked again, the
+             source's rows of the others are dropped, and the new rows are appended to the kept ones through
+             avkit's writers (their engine_step continued), then committed as above
+Refused with --engine vllm (RecordConfig): --slots-per-dataset (the prompts are all handed over up front), a
+--policy other than `full` (vLLM verifies with its own rule). MT-Bench's follow-up turns, asked after
 the model's own answer, are not recorded (stderr says how many prompts had them).
 """
 
@@ -32,11 +35,11 @@ from avkit.engines.vllm.driver import check_vllm_version, child_env, engine_spec
 from avkit.errors import AvkitError, ConfigError
 from avkit.models.fetch import weights_sha256
 from avkit.models.tokenizer import Tokenizer
-from avkit.record.files import RecordFiles
+from avkit.record.files import RecordFiles, check_resume
 from avkit.record.requests import PromptQueue
 from avkit.record.stats import AcceptanceStats
 from avkit.trace.schema import generations_path
-from avkit.trace.writer import partial_path
+from avkit.trace.writer import GenerationWriter, TraceWriter, partial_path
 
 
 @dataclass(frozen=True)
@@ -65,10 +68,10 @@ def check(config: RecordConfig) -> tuple[str, Path, Path]:
     return python, hf_dir(config.models.target, "--target"), hf_dir(config.models.draft, "--draft")
 
 
-def requests(config: RecordConfig, tokenizer: Tokenizer) -> tuple[list[dict], int]:
-    """offline.py's requests: every prompt's first turn, in the queue's order; -> (requests, prompts skipped for
-    exceeding --max-prompt-tokens)."""
-    queue, out, followups = PromptQueue(config, tokenizer), [], 0
+def requests(config: RecordConfig, tokenizer: Tokenizer, done: dict | None = None) -> tuple[list[dict], int]:
+    """offline.py's requests: every prompt's first turn not in `done` (a resumed file's finished requests), in the
+    queue's order; -> (requests, prompts skipped for exceeding --max-prompt-tokens)."""
+    queue, out, followups = PromptQueue(config, tokenizer, done), [], 0
     stops = set(tokenizer.eos_token_ids)
     while (turn := queue.pop()) is not None:
         r, s = turn.request, turn.request.sampling
@@ -124,7 +127,11 @@ def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress:
                        config.models.dtype)
     draft = VllmModel(draft_dir, Tokenizer.from_dir(draft_dir), config.models.draft, weights_sha256(draft_dir),
                       config.models.dtype)
-    reqs, skipped_long = requests(config, target.tokenizer)
+    meta = {**metadata(config, target, draft), "avkit.vllm.draft_sample_method": config.vllm_draft_sampling}
+    del meta["avkit.engine"], meta["avkit.dtype"]  # the plugin's: `vllm X.Y.Z` and the dtype vLLM runs
+    check_resume(files, meta)
+    done = _finished(files.generations_source) if config.resume else {}
+    reqs, skipped_long = requests(config, target.tokenizer, done)
     if not reqs:
         raise ConfigError(f"--dataset {', '.join(config.dataset)}: no prompt fits --max-prompt-tokens "
                           f"{config.max_prompt_tokens}")
@@ -132,8 +139,6 @@ def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress:
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.vllm-", dir=out.parent))
     trace, result_path, spec_path, log = (work / out.name, work / "result.json", work / "spec.json",
                                           work / "vllm.log")
-    meta = {**metadata(config, target, draft), "avkit.vllm.draft_sample_method": config.vllm_draft_sampling}
-    del meta["avkit.engine"], meta["avkit.dtype"]  # the plugin's: `vllm X.Y.Z` and the dtype vLLM runs
     spec_path.write_text(json.dumps({**engine_spec(config, target_dir, draft_dir), "requests": reqs}))
     env = {**child_env(config.threads), "AVKIT_VLLM_TRACE": str(trace), "AVKIT_VLLM_META": json.dumps(meta),
            "AVKIT_VLLM_FLUSH_S": str(config.flush_interval)}
@@ -150,7 +155,9 @@ def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress:
         except KeyboardInterrupt:
             interrupted = True
     committed = proc.returncode == 0 or (interrupted and files.commit_on_interrupt())
-    if not committed:
+    if not committed and config.resume:
+        _append(files, tables, set(done), commit=False)  # the partials hold the kept rows and this run's
+    elif not committed:
         _move([(src, partial_path(dest)) for src, dest in tables])
         if not interrupted:
             kept = shutil.copy(log, out.with_name(out.name + ".vllm.log"))
@@ -161,6 +168,8 @@ def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress:
     elif not trace.exists() and not interrupted:
         shutil.rmtree(work, ignore_errors=True)
         raise AvkitError("vLLM verified no draft (no trace was written): more prompts or --max-new-tokens")
+    elif config.resume:
+        _append(files, tables, set(done), commit=True)
     else:
         _move(tables)
     result = json.loads(result_path.read_text()) if result_path.exists() else {}
@@ -168,12 +177,51 @@ def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress:
     if result:
         print(f"avkit record: vLLM {result['vllm']} ready {result['ready_at'] - spawned:.0f} s after its start "
               f"(imports included), generated in {result['generate_s']:.0f} s", file=sys.stderr)
-    return {**_result(config, files, result, committed, run_id), "interrupted": interrupted,
+    return {**_result(config, files, result, committed, run_id, done), "interrupted": interrupted,
             "skipped_long": skipped_long, "elapsed_s": time.monotonic() - t0}
 
 
-def _result(config: RecordConfig, files: RecordFiles, result: dict, committed: bool, run_id: str | None) -> dict:
-    """The tables' counts and summary, vLLM's counters."""
+def _finished(source: Path | None) -> dict[str, list[int]]:
+    """A resumed generations table's finished requests: id -> output ids."""
+    if source is None or not source.exists():
+        return {}
+    import pyarrow.parquet as pq  # lazy: pyarrow
+
+    t = pq.read_table(source, columns=["request_id", "output_ids"])
+    return dict(zip(t["request_id"].to_pylist(), t["output_ids"].to_pylist()))
+
+
+def _append(files: RecordFiles, tables: list[tuple[Path, Path]], done: set[str], commit: bool) -> None:
+    """--resume: the source's rows of finished requests, then this run's, written over the finals (trace first),
+    or to the partials only (`commit` False: files.py's rule for a run that may not replace the finals)."""
+    import pyarrow.compute as pc  # lazy: pyarrow
+    import pyarrow.parquet as pq  # lazy: pyarrow
+
+    (trace, _), (gens, _) = tables
+    new_trace = pq.read_table(trace) if trace.exists() else None
+    meta = {k.decode(): v.decode() for k, v in (pq.read_schema(trace).metadata or {}).items()} if new_trace else {}
+    out = TraceWriter(files.trace, meta, resume=True, keep_requests=done, source=files.trace_source)
+    g = GenerationWriter(files.generations, meta, resume=True, source=files.generations_source)
+    if new_trace is not None and new_trace.num_rows:
+        kept = out.table()
+        offset = int(pc.max(kept["engine_step"]).as_py()) + 1 if kept.num_rows else 0
+        cols = {name: new_trace[name].to_pylist() for name in new_trace.column_names}
+        cols["engine_step"] = [s + offset for s in cols["engine_step"]]
+        out.write(cols)
+    if gens.exists():
+        new_gens = pq.read_table(gens)
+        g.write({name: new_gens[name].to_pylist() for name in new_gens.column_names})
+    for w in (out, g):  # trace first (files.py)
+        if commit:
+            w.close()
+        else:
+            w.flush()
+
+
+def _result(config: RecordConfig, files: RecordFiles, result: dict, committed: bool, run_id: str | None,
+            done: dict) -> dict:
+    """The tables' counts (this run's: the rows of its run id, the requests not in `done`), the summary over the
+    whole file, vLLM's counters."""
     import pyarrow.compute as pc  # lazy: pyarrow
     import pyarrow.parquet as pq  # lazy: pyarrow
 
@@ -183,17 +231,27 @@ def _result(config: RecordConfig, files: RecordFiles, result: dict, committed: b
     stats = AcceptanceStats(config.decoding.k)
     if table is not None:
         stats.update_from_table(table)
-    gens = pq.read_table(gens_where, columns=["output_ids"]) if gens_where.exists() else None
-    rows = table.num_rows if table is not None else 0
+    gens = pq.read_table(gens_where, columns=["request_id", "output_ids"]) if gens_where.exists() else None
+    if gens is not None:
+        gens = gens.filter(pc.invert(pc.is_in(gens["request_id"], _strings(done))))
+    total = table.num_rows if table is not None else 0
+    if total:
+        run_id = table["run_id"][-1].as_py()  # this run's rows come last
+    mine = table.filter(pc.equal(table["run_id"].cast("string"), run_id)) if total else None
+    rows = mine.num_rows if mine is not None else 0
     counters = result.get("counters", {})
-    if rows:
-        run_id = table["run_id"][0].as_py()
     return {"trace_path": files.trace, "generations_path": files.generations, "run_id": run_id or "",
-            "requests": gens.num_rows if gens is not None else 0, "rows": rows, "rows_total": rows,
+            "requests": gens.num_rows if gens is not None else 0, "rows": rows, "rows_total": total,
             "summary": stats.summary(),
-            "engine_steps": int(pc.max(table["engine_step"]).as_py()) + 1 if rows else 0,
+            "engine_steps": len(pc.unique(mine["engine_step"])) if rows else 0,
             "engine_tokens": int(pc.sum(pc.list_value_length(gens["output_ids"])).as_py() or 0) if gens else 0,
             "committed": committed, "engine_counters": counters or None}
+
+
+def _strings(values):
+    import pyarrow as pa  # lazy: pyarrow
+
+    return pa.array(sorted(values), type=pa.string())
 
 
 __all__ = ["VllmModel", "check", "record_vllm", "requests"]
