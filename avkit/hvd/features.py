@@ -68,15 +68,6 @@ def structure_features(draft_classes: np.ndarray, ctx_tokens: np.ndarray,
     return out
 
 
-def contains(haystack: bytes, needle: list[int]) -> bool:
-    """Token-aligned substring test on int32 byte strings (C-speed `bytes.find`)."""
-    pat = np.asarray(needle, dtype=np.int32).tobytes()
-    i = haystack.find(pat)
-    while i != -1 and i % 4:
-        i = haystack.find(pat, i + 1)
-    return i != -1
-
-
 def feature_matrix(columns: dict[str, np.ndarray], names: tuple[str, ...]) -> np.ndarray:
     """[N, F] float32 in the order of `names`."""
     return np.stack([np.asarray(columns[n], dtype=np.float32) for n in names], axis=1)

@@ -22,9 +22,10 @@ import polars as pl
 from avkit.config import HvdReplayConfig, SuffixCacheConfig
 from avkit.errors import TraceError
 from avkit.hvd.cost import HvdCost
-from avkit.hvd.features import contains, history_features, structure_features
+from avkit.hvd.features import history_features, structure_features
 from avkit.hvd.model_accept import accept_lengths, matches_from_trace
 from avkit.hvd.path import Route, path_metrics, precision_recall, simulate_paths
+from avkit.hvd.substrings import SubstringIndex
 from avkit.hvd.suffix_cache import SuffixCache, common_prefix
 from avkit.hvd.token_classes import CLASSES
 from avkit.trace.reader import read_generations, read_traces
@@ -45,8 +46,7 @@ def _draft_rows(cache: SuffixCache, gen: ReplayGeneration, k: int, classes: np.n
     cols = {c: np.zeros(n) for c in ("match_len", "draft_len", "score", "first_prob", "last_prob",
                                      "source_global", "cache_acc", "in_prompt", "in_output")}
     draft_cls = np.zeros((n, len(CLASSES)))
-    prompt_b = np.asarray(gen.prompt_ids, dtype=np.int32).tobytes()
-    out_b = np.asarray(out, dtype=np.int32).tobytes()
+    in_prompt, in_output = SubstringIndex(gen.prompt_ids), SubstringIndex()  # the copy features, as live
     full, p = list(gen.prompt_ids) + list(out), len(gen.prompt_ids)
     cache.start_request(gen.request_id, gen.prompt_ids)
     for t in range(n):
@@ -57,11 +57,12 @@ def _draft_rows(cache: SuffixCache, gen: ReplayGeneration, k: int, classes: np.n
             cols["first_prob"][t], cols["last_prob"][t] = d.probs[0], d.probs[-1]
             cols["source_global"][t] = d.source == "global"
             cols["cache_acc"][t] = common_prefix(d.tokens, out[t:t + d.draft_len])  # <= K compares
-            cols["in_prompt"][t] = contains(prompt_b, tail)
-            cols["in_output"][t] = contains(out_b[: 4 * t], tail)
+            cols["in_prompt"][t] = in_prompt.contains(tail)
+            cols["in_output"][t] = in_output.contains(tail)  # output[:t]
             if classes is not None:
                 draft_cls[t] = classes[d.tokens].mean(axis=0)
         cache.append(gen.request_id, [out[t]])
+        in_output.append(out[t])
     cache.finish_request(gen.request_id)
     cols["draft_classes"] = draft_cls
     return cols
