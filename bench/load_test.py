@@ -12,6 +12,11 @@ Bounded: a fixed number of requests and a wall-clock limit (--time-limit).
 
     python bench/load_test.py                      # 64 clients x 3 requests, tiny models
     python bench/load_test.py --clients 8 --requests 2 --out /tmp/x.md
+
+--cold-start: `avkit serve` as a fresh install meets it instead (a new process, an empty torch extensions
+directory: the CPU kernels are built before the port opens): seconds to the open port and to /health 200, then
+--requests completions one after another, the first against the rest (median, p90, the last); tiny models, or
+the real default pair and serve's defaults with --target default.
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ import argparse
 import asyncio
 import json
 import os
+import signal
+import socket
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -207,6 +216,56 @@ def run_scenario(cfg, models, args) -> tuple[list[str], list[str]]:
     return section(results, wall_s, violations, cfg, stats), violations
 
 
+def cold_start(args, target: str, draft: str, ext: Path) -> list[str]:
+    """A fresh-install `avkit serve` process: when it answers, and its first request against the rest."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    models = [] if target == "default" else ["--target", target, "--draft", draft or "none", "--max-len", "512",
+                                              "--k", str(args.k)]
+    cmd = [sys.executable, "-m", "avkit", "serve", "--port", str(port), *models,
+           "--snapshot", str(ext.parent / "snap.json"), "--log-level", "warning"]
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext), "OMP_NUM_THREADS": str(args.threads)}
+    url, t0 = f"http://127.0.0.1:{port}", time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        port_s = ready_s = None
+        while ready_s is None:
+            if proc.poll() is not None or time.perf_counter() - t0 > args.time_limit:
+                raise SystemExit(f"avkit serve exited or never became ready:\n{proc.communicate()[1][-2000:]}")
+            try:
+                code = httpx.get(url + "/health", timeout=5).status_code
+                port_s = port_s or time.perf_counter() - t0
+                ready_s = time.perf_counter() - t0 if code == 200 else None
+            except httpx.TransportError:
+                pass
+            time.sleep(0.05)
+        name = httpx.get(url + "/v1/models").json()["data"][0]["id"]
+        latency, tokens = [], []
+        for i in range(args.requests):  # one at a time: each request's latency is its own
+            body = {"model": name, "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": args.max_tokens,
+                    "temperature": args.temperature, "seed": i}
+            t = time.perf_counter()
+            r = httpx.post(url + "/v1/completions", json=body, timeout=args.request_timeout)
+            r.raise_for_status()
+            latency.append(time.perf_counter() - t)
+            tokens.append(r.json()["usage"]["completion_tokens"])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    per_token = np.array(latency) * 1e3 / np.maximum(tokens, 1)  # [requests] ms per generated token
+    rest = per_token[1:]
+    return [f"Model: {'the default real pair' if target == 'default' else 'tiny random Qwen2 pair'}, "
+            f"{args.requests} completions of {args.max_tokens} tokens (T={args.temperature}), one at a time; "
+            f"torch threads {args.threads}; load {os.getloadavg()[0]:.1f} after the run.", "",
+            "Latency per generated token (requests may stop early at an end token), in ms:", "",
+            "| port open s | /health 200 s | request 1 | requests 2.. median | p90 | last | 1st / median "
+            "| request 1: ms, tokens |", "|---:|---:|---:|---:|---:|---:|---:|---|",
+            f"| {port_s:.1f} | {ready_s:.1f} | {per_token[0]:.1f} | {np.median(rest):.1f} | "
+            f"{np.percentile(rest, 90):.1f} | {rest[-1]:.1f} | {per_token[0] / np.median(rest):.2f} "
+            f"| {latency[0] * 1e3:.0f}, {tokens[0]} |", ""]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--clients", type=int, default=64)
@@ -223,8 +282,12 @@ def main() -> int:
     ap.add_argument("--draft", default="")
     ap.add_argument("--time-limit", type=float, default=600.0, help="wall-clock bound of each run, s")
     ap.add_argument("--request-timeout", type=float, default=300.0)
-    ap.add_argument("--out", default="bench/results/serve_load.md")
+    ap.add_argument("--out", default="", help="default: bench/results/serve_load.md (--cold-start: serve_cold_start.md)")
+    ap.add_argument("--cold-start", action="store_true", help="a fresh-install server process: first request vs the rest")
     args = ap.parse_args()
+    if args.cold_start:
+        return main_cold_start(args)
+    args.out = args.out or "bench/results/serve_load.md"
     head = header("`avkit serve` load test (loopback)")  # the load before the runs
 
     import torch
@@ -256,6 +319,21 @@ def main() -> int:
     write({args.out: text})
     print(text)
     return 1 if failed else 0
+
+
+def main_cold_start(args) -> int:
+    head = header("`avkit serve` from a fresh install: first request vs the rest")
+    with tempfile.TemporaryDirectory() as tmp:
+        target, draft = args.target, args.draft
+        if not target:
+            from avkit.models.testing import write_tiny_model
+
+            target = str(write_tiny_model(Path(tmp) / "target", vocab=args.vocab, seed=0, init_std=0.3))
+            draft = str(write_tiny_model(Path(tmp) / "draft", vocab=args.vocab, seed=0, init_std=0.25))
+        text = head + "\n".join(cold_start(args, target, draft, Path(tmp) / "torch_extensions"))
+    write({args.out or "bench/results/serve_cold_start.md": text})
+    print(text)
+    return 0
 
 
 if __name__ == "__main__":
