@@ -57,6 +57,18 @@ bench:
     python bench/tune.py
     python bench/load_test.py
 
+# every script that has a dry mode, on tiny random models: checks the bench still runs (numbers mean nothing; outputs
+# go to temp files or `*tiny*`, which git ignores; ~20 min on 2 loaded cores)
+[doc("dry run of every bench script with a --tiny/--dry-run mode (tiny random models; checks they run)")]
+bench-dry:
+    python bench/engine.py --tiny --ks 0,3 --concurrency 1,2 --temperatures 0 --max-new-tokens 16
+    python bench/tune_live.py --tiny --engines avkit --concurrency 1,2 --bursts 1@0,2@6 --mixed-new 6,14 --max-new-tokens 8 --ks 1,2
+    python bench/hvd_live.py --tiny
+    python bench/adaptive_live.py --tiny
+    python bench/cost_live.py --tiny
+    just sim-vs-measured-tiny
+    python bench/gpu_check.py --dry-run --out /tmp/avkit-gpu-dry
+
 # real-pair benchmarks, bf16 (slow: ~1.5 h on 2 cores, the live adaptive runs every policy twice; needs `avkit models fetch`, an idle CPU and ~12 GB RAM):
 # this CPU's cost table (simulate --step-time checks the traces against it), engine, live adaptive
 [doc("real-pair benchmarks: this CPU's cost table, engine, live adaptive (~1.5 h, idle CPU, ~12 GB RAM)")]

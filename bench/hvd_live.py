@@ -292,7 +292,8 @@ def main(argv=None) -> int:
             cell = {"run": run_id, "workload": wl, "concurrency": c, "tps": res["tps"], "decode": res["decode"],
                     "steps": res["steps"], "outside_ms": res["outside_ms"], "draft_ms": res["draft_ms"],
                     "predicted": pred, "target": names[0], "draft": names[1], "requests": n,
-                    "max_new_tokens": a.max_new_tokens, "k": a.k, "repeats": a.repeats, "cost": cost.__dict__,
+                    "max_new_tokens": a.max_new_tokens, "k": a.k, "repeats": a.repeats,
+                    "cost": {f: v for f, v in vars(cost).items() if f != "table"},  # its table is in --payoff
                     "model_scale": model_scale,
                     "load": load_avg.split("load average:")[-1].strip()}
             if "vllm" in engines:
