@@ -145,10 +145,7 @@ class HybridDrafter(Drafter):
                                 self.window)
         tail = st.seq[len(st.seq) - d.match_len:] + d.tokens if d.tokens else []
         f = {
-            "match_len": d.match_len, "draft_len": d.draft_len, "score": d.score,
-            "mean_prob": d.score / max(d.draft_len, 1), "first_prob": d.probs[0] if d.probs else 0.0,
-            "last_prob": d.probs[-1] if d.probs else 0.0, "source_global": float(d.source == "global"),
-            "log_position": np.log1p(t), "log_prompt_len": np.log1p(p),
+            **d.features(), "log_position": np.log1p(t), "log_prompt_len": np.log1p(p),
             **{name: float(v[-1]) for name, v in hist.items()},
             "in_prompt": float(bool(tail) and st.in_prompt.contains(tail)),
             "in_output": float(bool(tail) and st.in_output.contains(tail)),

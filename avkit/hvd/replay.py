@@ -26,7 +26,7 @@ from avkit.hvd.features import history_features, structure_features
 from avkit.hvd.model_accept import accept_lengths, matches_from_trace
 from avkit.hvd.path import Route, path_metrics, precision_recall, simulate_paths
 from avkit.hvd.substrings import SubstringIndex
-from avkit.hvd.suffix_cache import SuffixCache, common_prefix
+from avkit.hvd.suffix_cache import CacheDraft, SuffixCache, common_prefix
 from avkit.hvd.token_classes import CLASSES
 from avkit.trace.reader import read_generations, read_traces
 
@@ -43,8 +43,7 @@ class ReplayGeneration:
 def _draft_rows(cache: SuffixCache, gen: ReplayGeneration, k: int, classes: np.ndarray | None) -> dict:
     """Walk one generation token by token: draft, score against output[t:], then append output[t]."""
     out, n = gen.output_ids, len(gen.output_ids)
-    cols = {c: np.zeros(n) for c in ("match_len", "draft_len", "score", "first_prob", "last_prob",
-                                     "source_global", "cache_acc", "in_prompt", "in_output")}
+    cols = {c: np.zeros(n) for c in (*CacheDraft().features(), "cache_acc", "in_prompt", "in_output")}
     draft_cls = np.zeros((n, len(CLASSES)))
     in_prompt, in_output = SubstringIndex(gen.prompt_ids), SubstringIndex()  # the copy features, as live
     full, p = list(gen.prompt_ids) + list(out), len(gen.prompt_ids)
@@ -53,9 +52,8 @@ def _draft_rows(cache: SuffixCache, gen: ReplayGeneration, k: int, classes: np.n
         d = cache.draft(gen.request_id, k)
         if d.tokens:
             tail = full[p + t - d.match_len: p + t] + d.tokens
-            cols["match_len"][t], cols["draft_len"][t], cols["score"][t] = d.match_len, d.draft_len, d.score
-            cols["first_prob"][t], cols["last_prob"][t] = d.probs[0], d.probs[-1]
-            cols["source_global"][t] = d.source == "global"
+            for name, v in d.features().items():
+                cols[name][t] = v
             cols["cache_acc"][t] = common_prefix(d.tokens, out[t:t + d.draft_len])  # <= K compares
             cols["in_prompt"][t] = in_prompt.contains(tail)
             cols["in_output"][t] = in_output.contains(tail)  # output[:t]
@@ -88,9 +86,7 @@ def replay(gens: list[ReplayGeneration], cache_config: SuffixCacheConfig = Suffi
         ctx = np.r_[gen.prompt_ids[-1:] or [0], gen.output_ids[:-1]].astype(np.int64)  # token before t
         cols.update(history_features(cols["cache_acc"], model_match, model_acc, config.history_window))
         cols.update(structure_features(cols.pop("draft_classes"), ctx, classes))
-        dl = np.maximum(cols["draft_len"], 1)
-        cols.update(mean_prob=cols["score"] / dl, log_position=np.log1p(t),
-                    log_prompt_len=np.full(n, np.log1p(len(gen.prompt_ids))))
+        cols.update(log_position=np.log1p(t), log_prompt_len=np.full(n, np.log1p(len(gen.prompt_ids))))
         frames.append(pl.DataFrame({"request_id": [gen.request_id] * n, "dataset": [gen.dataset] * n, "t": t,
                                     "model_acc": model_acc, "model_match": model_match, **cols}))
     if not frames:

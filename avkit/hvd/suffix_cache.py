@@ -61,6 +61,13 @@ class CacheDraft:
     def draft_len(self) -> int:
         return len(self.tokens)
 
+    def features(self) -> dict[str, float]:
+        """The payoff features of the draft itself (hvd/features.py's `base` group less the two positions),
+        for the replay and the live drafter alike."""
+        return {"match_len": self.match_len, "draft_len": self.draft_len, "score": self.score,
+                "mean_prob": self.score / max(self.draft_len, 1), "first_prob": self.probs[0] if self.probs else 0.0,
+                "last_prob": self.probs[-1] if self.probs else 0.0, "source_global": float(self.source == "global")}
+
 
 class SuffixTrie:
     """Substring counts (length <= max_depth) over sequences that grow one token at a time."""
