@@ -41,7 +41,7 @@ from avkit.drafters.base import Drafter, DraftInput, DraftProposal
 from avkit.drafters.draft_model import DraftModelDrafter
 from avkit.errors import ConfigError
 from avkit.hvd.cache_proposal import fill_cache_rows
-from avkit.hvd.features import FEATURE_GROUPS, feature_matrix, history_features
+from avkit.hvd.features import FEATURE_GROUPS, feature_matrix, history_features, structure_features
 from avkit.hvd.joint_route import JointRouter
 from avkit.hvd.model_accept import accept_lengths
 from avkit.hvd.payoff_mlp import PayoffMLP
@@ -151,10 +151,9 @@ class HybridDrafter(Drafter):
             "in_output": float(bool(tail) and st.in_output.contains(tail)),
         }
         if self.classes is not None:
-            dc = self.classes[d.tokens].mean(0) if d.tokens else np.zeros(len(CLASSES))
-            cc = self.classes[st.seq[-1]]
-            f.update({f"draft_{c}": float(dc[i]) for i, c in enumerate(CLASSES)})
-            f.update({f"ctx_{c}": float(cc[i]) for i, c in enumerate(CLASSES)})
+            dc = self.classes[d.tokens].mean(0) if d.tokens else np.zeros(len(CLASSES))  # [5] the draft's shares
+            f.update({name: float(v[0]) for name, v in
+                      structure_features(dc[None], np.array([st.seq[-1]]), self.classes).items()})
         return f
 
     def features(self, inp: DraftInput, payoff: bool = True) -> tuple[list[CacheDraft], dict[str, np.ndarray]]:
