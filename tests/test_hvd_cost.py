@@ -91,3 +91,11 @@ def test_hvd_cli_bad_cost_table_is_one_line(change, match, tmp_path, capsys):
     code, lines = _run(capsys, "hvd", "--synthetic", "6", "--out", tmp_path / "out", "--cost-table", path)
     assert code == 2 and len(lines) == 1 and lines[0].startswith("avkit: error: ") and match in lines[0], lines
     assert not (tmp_path / "out").exists()
+
+
+def test_a_learned_lookup_price_is_the_cache_cost():
+    """A table whose cost model learned what a cache lookup costs live (lookup_ms) prices HVD's lookups with it, in
+    target forwards of one token; a table without one keeps HvdCostConfig's."""
+    learned = hvd_cost_from_table(CostTable.from_json({**TABLE, "lookup_ms": 4.69}))
+    assert learned.cache_cost == pytest.approx(4.69 / 93.8)
+    assert hvd_cost_from_table(CostTable.from_json(TABLE)).cache_cost == HvdCostConfig.cache_cost

@@ -6,6 +6,8 @@ one token, for the replay and the live joint plan. Every price is the cost model
     draft(n)       (draft_ms(n) + draft_fixed_ms(n)) / unit: one draft-model step over n rows
     catch_up(lag)  catch_up_ms(lag) / unit: the draft model's prefill of what a row it has not followed
                    lacks (the cost model's catch-up rule)
+    cache          lookup_ms / unit: a cache lookup and payoff prediction per request, where the cost model
+                   learned it live (scheduling/learn.py); else `HvdCostConfig.cache_cost`
     c_v, c_d       summaries for the tables: least-squares slope of verify over 1..8 tokens, draft(1)
 Linear (`HvdCostConfig`, the defaults): verify(T) = 1 + c_v T, draft(n) = c_d, no catch-up price: a cost
 model of exactly those lines. A measured table's context curve (KV reads by requests) is 0 in profiled
@@ -106,6 +108,7 @@ def hvd_cost_from_table(table: CostTable, cache_cost: float = HvdCostConfig.cach
     c_v = float(np.polyfit(t, units.verify_cost(t), 1)[0])
     where = source or str(table.meta.get("path", ""))
     device = table.meta.get("device", "")
+    cache_cost = units.lookup_ms if table.lookup_ms > 0 else cache_cost  # learned live: the table's own price
     return HvdCost(units, cache_cost, max(c_v, 0.0), float(units.draft_pass_cost(1)),
                    f"{where} ({device})" if device else where)
 
