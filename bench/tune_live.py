@@ -36,7 +36,7 @@ run       a list of requests, each a prompt (token ids, HumanEval and ShareGPT a
           every size back to 1: it moves across all of the schedule's ranges
 tokens/s  generated tokens / wall time from the first request's arrival to the last one's end (prefill included)
 steady    decode tokens/s while all N requests of a wave are past prefill and none has finished, pooled
-          over the waves (bench/engine_peer.py's ``steady_tok_s``): the state `avkit tune` predicts, compared
+          over the waves (``avkit.runtime.step_log.steady_tok_s``): the state `avkit tune` predicts, compared
           beside every steady verdict
 verdict   on tokens/s (prefills included) at every run: the schedule's catch-up rule declines drafting where
           the drafter's prefill would not pay back, a trade a decode-only window cannot see

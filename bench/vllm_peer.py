@@ -119,7 +119,7 @@ def _arrivals(llm, r: dict, params, in_flight: list[int], steps: list[list[float
     """Add each prompt at its arrival (``params(its max_tokens)``), step the engine until all finish.
 
     ``steps`` gets one ``[seconds since start, tokens emitted so far, requests with a token, requests finished]``
-    per engine step (the steady decode rate of `bench/engine_peer.py` comes from it)."""
+    per engine step (the step log `avkit.runtime.step_log` reads its decode rates from)."""
     from vllm.inputs import TokensPrompt
 
     engine, start = llm.llm_engine, time.perf_counter()
