@@ -78,8 +78,7 @@ class CatchUpRule:
     def step_pays(self, m: int, b: int, k: int) -> bool:
         """The step check (module note): m of b requests drafting k each beats target-only decoding."""
         a = float(interp_curve(b, self.concurrency, self.accepted, beyond="flat"))
-        spec_ms = self.cost.draft_cost(m, k) + self.cost.context_cost(b) + self.cost.verify_cost(b + m * k)
-        base_ms = self.cost.context_cost(b) + self.cost.verify_cost(b)
+        spec_ms, base_ms = self.cost.step_cost(b, k, b + m * k, draft_rows=m), self.cost.step_cost(b, 0, b)
         return bool((b + m * min(a, k)) / spec_ms > (1.0 + STEP_MARGIN) * b / base_ms)
 
     def plan(self, lag, remaining, batch_size: int, k: int) -> np.ndarray:

@@ -153,7 +153,7 @@ class DraftGate:
         price = float(self.cost.catch_up_cost(lag).sum())  # ms
         if price == 0.0:
             return True
-        t0 = float(self.cost.context_cost(num_requests) + self.cost.verify_cost(num_requests))  # target-only step
+        t0 = float(self.cost.step_cost(num_requests, 0, num_requests))  # a target-only step
         saving = t0 / num_requests * (1.0 - 1.0 / gain)  # ms per output token
         return price <= float(np.sum(remaining)) * saving
 

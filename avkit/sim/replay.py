@@ -83,7 +83,7 @@ def step_times(replay: Replay, k_verify: np.ndarray, draft_ms: np.ndarray) -> np
     """[G] predicted ms of each sim step from a policy's verify counts [S'] and drafting ms [G]."""
     n = replay.num_requests  # [G]
     verified = np.add.reduceat(k_verify, replay.bounds[:-1])  # [G]
-    return draft_ms + replay.cost.context_cost(n) + replay.cost.verify_cost(n + verified)
+    return draft_ms + replay.cost.step_cost(n, 0, n + verified)  # the drafting the policy ran, then the step
 
 
 def policy_metrics(replay: Replay, policy: SimPolicy, k_verify: np.ndarray, drafted: np.ndarray,
