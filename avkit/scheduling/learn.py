@@ -119,7 +119,7 @@ class CostLearner:
         ctx = np.asarray([np.median([v[1] for v in self.buckets[k][1]]) for k in keys])  # [B]
         m = np.asarray([self.buckets[k][0] - self.warmup for k in keys], dtype=np.float64)  # [B] steps learned
         p = self.prior
-        base = p.draft_cost(rows, passes) + p.context_cost(n) + p.verify_cost(tokens)  # [B] at what the curves hold
+        base = p.step_cost(n, passes, tokens, draft_rows=rows)  # [B] at what the curves hold, no lookups
         extra = ctx - p.held_context(n, tokens)  # [B] context tokens beyond them
         target = (ms - base - p.kv_ms_per_token * extra - p.lookup_ms * lookups) / base  # [B]
         cols, names = self._columns(n, rows, passes, tokens, base)
