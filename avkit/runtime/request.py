@@ -1,7 +1,8 @@
 """What goes into the engine (Request) and what comes out (StepOutput per step, Generation at the end).
 
 A request's random numbers are keyed by (seed, request key, position): the key is a hash of the
-request id, so a seeded request samples the same tokens whatever else shares its batch.
+request id (or the caller's `rng_key`), so a seeded request samples the same tokens whatever else shares
+its batch.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ class Request:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     dataset: str = ""
     stop_token_ids: tuple[int, ...] = ()  # finish at these as well as at the tokenizer's EOS ids
+    rng_key: int | None = None  # fixed RNG key (serve's OpenAI `seed`: the choice index); None: hash of request_id
 
     def __post_init__(self):
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -36,7 +38,9 @@ class Request:
 
     @property
     def key(self) -> int:
-        """Stable 31-bit request key for the counter-based RNG (a hash of request_id)."""
+        """The request's key for the counter-based RNG: `rng_key`, else a stable 31-bit hash of request_id."""
+        if self.rng_key is not None:
+            return self.rng_key
         return int.from_bytes(hashlib.blake2b(self.request_id.encode(), digest_size=4).digest(), "little") >> 1
 
 

@@ -23,25 +23,6 @@ from avkit.serve.state import ApiError, ServeState
 from avkit.serve.text_stream import TextStream
 
 
-@dataclass(frozen=True)
-class SeededRequest(EngineRequest):
-    """An engine request whose RNG key is fixed, so `seed` reproduces a completion across requests.
-
-    The engine keys its random numbers by (seed, request key, position) and derives the key from
-    the (unique) request id; OpenAI's `seed` promises the same output for the same request, so a
-    seeded request uses its choice index as key instead: equal seed, prompt and parameters -> equal
-    tokens. Best effort, as OpenAI's: under adaptive verification the verified prefix depends on the
-    rest of the batch and the draft gate on the traffic served before, so load can change a seeded
-    sample (never its distribution); the `full` and `fixed` policies reproduce it exactly.
-    """
-
-    choice: int = 0
-
-    @property
-    def key(self) -> int:
-        return self.choice
-
-
 class Failed(Exception):
     """A choice ended with an error event (message and HTTP status from the engine loop)."""
 
@@ -65,10 +46,12 @@ class Generation:
         try:
             sampling = SamplingConfig(temperature=body.temperature, top_p=body.top_p, max_new_tokens=max_tokens,
                                       seed=body.seed, top_k=max(0, body.top_k or 0), min_p=body.min_p or 0.0)
-            requests = [SeededRequest(f"{rid}-{i}", prompt_ids, sampling, dataset="serve", choice=i)
-                        if body.seed is not None else EngineRequest(f"{rid}-{i}", prompt_ids, sampling,
-                                                                    dataset="serve")
-                        for i in range(body.n)]
+            # OpenAI's `seed` promises the same output for the same request, so a seeded choice i uses RNG key i
+            # instead of its (unique) id's hash. Best effort, as OpenAI's: under adaptive verification the
+            # verified prefix depends on the rest of the batch and the draft gate on the traffic served
+            # before, so load can change a seeded sample (never its distribution); `full` and `fixed` do not.
+            requests = [EngineRequest(f"{rid}-{i}", prompt_ids, sampling, dataset="serve",
+                                      rng_key=i if body.seed is not None else None) for i in range(body.n)]
         except AvkitError as e:
             raise ApiError(400, str(e)) from None
         try:
