@@ -17,6 +17,7 @@ import json
 import logging
 import time
 
+from avkit.serve.engine_loop import INTERNAL_ERROR
 from avkit.serve.openai_api import error_body
 
 log = logging.getLogger("avkit.serve")
@@ -24,8 +25,7 @@ access_log = logging.getLogger("avkit.serve.access")
 
 ENDPOINTS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"})
 USAGE_KEY = "avkit.usage"  # scope key the generation endpoints set to (prompt, completion) tokens
-INTERNAL_ERROR_BODY = error_body("internal error; the server log has the details", type_="internal_error",
-                                 code=500)
+INTERNAL_ERROR_BODY = error_body(INTERNAL_ERROR, type_="internal_error", code=500)
 
 
 async def send_json(send, status: int, body: dict, headers: list[tuple[bytes, bytes]] = ()) -> None:
