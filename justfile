@@ -63,7 +63,7 @@ bench:
 bench-dry:
     python bench/engine.py --tiny --ks 0,3 --concurrency 1,2 --temperatures 0 --max-new-tokens 16
     python bench/tune_live.py --tiny --engines avkit --concurrency 1,2 --bursts 1@0,2@6 --mixed-new 6,14 --max-new-tokens 8 --ks 1,2
-    python bench/hvd_live.py --tiny
+    python bench/hvd_live.py --tiny --concurrency 1,4
     python bench/adaptive_live.py --tiny
     python bench/cost_live.py --tiny
     just sim-vs-measured-tiny
