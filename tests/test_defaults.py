@@ -12,6 +12,7 @@ minutes of CPU: the default simulation is what a newcomer's first command costs,
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import os
 import subprocess
@@ -45,25 +46,39 @@ def home(tmp_path_factory) -> Path:
     return where
 
 
-def test_report_first(home):
+@pytest.fixture(scope="module")
+def ran(home, tmp_path_factory) -> dict:
+    """The independent commands, two at a time (each is mostly one thread; the box has two cores): report in an
+    empty directory of its own (it must find no outputs of the others), fit, simulate, tune and hvd in `home`
+    (none of them reads another's output). -> {command: future of its CompletedProcess, "first": that directory}."""
+    first = tmp_path_factory.mktemp("first")
+    pool = cf.ThreadPoolExecutor(2)
+    runs = {"report": pool.submit(avkit, first, "report")}
+    runs.update({c: pool.submit(avkit, home, c) for c in ("simulate", "tune", "hvd", "fit")})  # longest first
+    pool.shutdown(wait=False)
+    runs["first"] = first
+    return runs
+
+
+def test_report_first(ran):
     """The README's first command in an empty directory: fits and simulates the shipped traces now."""
-    done = avkit(home, "report")
+    done, where = ran["report"].result(), ran["first"]
     assert "wrote reports/report/index.html" in done.stdout
-    html = (home / "reports/report/index.html").read_text()
+    html = (where / "reports/report/index.html").read_text()
     assert '<section id="simulation">' in html and "simulated now" in html
     assert "what-if" not in html  # priced by the shipped CPU cost table, not a roofline
-    fitted = json.loads((home / "reports/report/fit/coefficients.json").read_text())["trained_on"]["traces"]
+    fitted = json.loads((where / "reports/report/fit/coefficients.json").read_text())["trained_on"]["traces"]
     assert sorted(Path(p).name for p in fitted) == [p.name for p in SHIPPED]
 
 
-def test_fit(home):
-    done = avkit(home, "fit")
+def test_fit(home, ran):
+    done = ran["fit"].result()
     assert "logit_qmax" in done.stdout and "AUC" in done.stdout
     assert {p.name for p in (home / "reports/fit").iterdir()} >= {"coefficients.json", "scores.json"}
 
 
-def test_simulate(home):
-    done = avkit(home, "simulate")
+def test_simulate(home, ran):
+    done = ran["simulate"].result()
     assert "throughput, tokens/s" in done.stdout and "cost_cpu.json" in done.stdout
     sim = pl.read_parquet(home / "reports/simulate.parquet")
     assert sorted(sim["concurrency"].unique().to_list()) == [1, 2, 4, 8, 16]
@@ -72,20 +87,22 @@ def test_simulate(home):
     assert sorted(Path(t["path"]).name for t in traces) == [p.name for p in SHIPPED]
 
 
-def test_tune(home):
-    done = avkit(home, "tune")
+def test_tune(home, ran):
+    done = ran["tune"].result()
     assert "predicted tokens/s" in done.stdout
     assert json.loads((home / "reports/tune.json").read_text())["schedule"]["ranges"]
 
 
-def test_hvd(home):
-    done = avkit(home, "hvd")
+def test_hvd(home, ran):
+    done = ran["hvd"].result()
     assert "HVD routers" in done.stdout
     assert (home / "reports/hvd/hvd_metrics.json").is_file()
 
 
-def test_report_over_the_commands_outputs(home):
+def test_report_over_the_commands_outputs(home, ran):
     """After fit, simulate, tune and hvd: the report reads their files instead of omitting the sections."""
+    for c in ("fit", "simulate", "tune", "hvd"):
+        ran[c].result()
     done = avkit(home, "report")
     assert "wrote reports/report/index.html" in done.stdout
     html = (home / "reports/report/index.html").read_text()
