@@ -53,7 +53,7 @@ def run(request, tmp_path_factory):
     if request.param == "suffix":
         probe = subprocess.run([str(python), "-c", "import arctic_inference.suffix_decoding"], capture_output=True)
         if probe.returncode != 0:
-            pytest.skip(f"no arctic_inference suffix tree in {python} (python bench/vllm_arctic.py --venv ...)")
+            pytest.skip(f"no arctic_inference suffix tree in {python} (python .ci/vllm_arctic.py --venv ...)")
     root = tmp_path_factory.mktemp(f"vllm_{request.param}")
     target, _ = write_tiny_pair(root)
     trace = root / "cache.parquet"

@@ -71,13 +71,11 @@ def coefficients_of(estimator, pair: ServedPair | None = None, drafter: str = "m
 
 
 class _Guarded:
-    """A snapshot whose `write` goes through the side-write guard (`_side_writes`; None: written directly)."""
+    """The side-write guard of a snapshot class, which defines `write` and `kind` (`_side_writes`: the guard;
+    None: written directly)."""
 
     kind = ""
     _side_writes = None
-
-    def write(self) -> None:
-        raise NotImplementedError
 
     def write_guarded(self, *, force: bool = False) -> bool:
         """`write` through the side-write guard (retried with backoff; `force`: now, at shutdown)."""
