@@ -3,7 +3,7 @@
   online_logistic     shared slope + per-position intercepts, refit in rounds (vLLM's; the default)
   forgetting_logistic the same model refit from forgotten curvature, sooner while young, faster after a shift
   batch_logistic      the same model fitted to convergence on all slots
-  per_position_slope  ablation: a slope per position
+  per_position_slope  ablation: a slope per position (online_logistic.py)
   qmax, passthrough   no fit: q_max / a trained head's output used as the probability
 
 Each entry of `ESTIMATORS` is imported the first time its name is looked up (avkit/registry.py), so

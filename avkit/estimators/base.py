@@ -47,7 +47,7 @@ ESTIMATORS = Registry("estimator", {
     "online_logistic": "avkit.estimators.online_logistic:OnlineLogistic",
     "batch_logistic": "avkit.estimators.online_logistic:BatchLogistic",
     "forgetting_logistic": "avkit.estimators.forgetting_logistic:ForgettingLogistic",
-    "per_position_slope": "avkit.estimators.per_position_slope:PerPositionSlope",
+    "per_position_slope": "avkit.estimators.online_logistic:PerPositionSlope",
     "passthrough": "avkit.estimators.passthrough:Passthrough",
     "qmax": "avkit.estimators.passthrough:QMax",
 })

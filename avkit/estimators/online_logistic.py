@@ -18,7 +18,6 @@ damping n / (n + 50).
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any
 
@@ -27,8 +26,8 @@ import torch
 
 from avkit.config import DEFAULT_K, EstimatorConfig
 from avkit.errors import DataError
-from avkit.estimators.irls import IrlsStats, fused_segment_stats, grouped_segments, irls_stats, shared_slope_step
-from avkit.estimators.on_device import DeviceCoefficients, sigmoid_torch
+from avkit.estimators.irls import (IrlsStats, fused_segment_stats, grouped_segments, irls_stats, per_position_step,
+                                   shared_slope_step)
 from avkit.features import FEATURES
 
 
@@ -49,7 +48,36 @@ def check_positions(positions, k: int) -> np.ndarray:
     return pos.astype(np.intp, copy=False)
 
 
-class RoundLogistic(ABC):
+def sigmoid_torch(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (1.0 + torch.tanh(0.5 * x))  # the numpy path's overflow-free logistic, term for term
+
+
+class DeviceCoefficients:
+    """An estimator's coefficients on the engine's device: name -> tensor mirrors of `arrays()` per
+    (device, dtype), created on first use. The live step predicts on the device and the confidence
+    kernel reads the slope and intercepts as tensors, so nothing the step computes waits for the host;
+    after each change (a refit, a warm start) `refresh()` copies the float64 host coefficients into the
+    same tensors, in place (kernels holding them see the new values)."""
+
+    def __init__(self, arrays: Callable[[], dict[str, np.ndarray]]):
+        self._arrays = arrays
+        self._mirrors: dict[tuple[torch.device, torch.dtype], dict[str, torch.Tensor]] = {}
+
+    def on(self, device, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
+        key = (torch.device(device), dtype)
+        if key not in self._mirrors:
+            self._mirrors[key] = {n: torch.as_tensor(np.atleast_1d(a), dtype=dtype).to(key[0])
+                                  for n, a in self._arrays().items()}
+        return self._mirrors[key]
+
+    def refresh(self) -> None:
+        arrays = self._arrays()
+        for mirror in self._mirrors.values():
+            for n, t in mirror.items():
+                t.copy_(torch.as_tensor(np.atleast_1d(arrays[n]), dtype=t.dtype), non_blocking=True)
+
+
+class RoundLogistic:
     """Online rounds and batch fitting shared by the logistic estimators; subclasses define the
     coefficients (`_logits`, `_slope_at`, `_step`, `coefficients`). Inputs are numpy arrays (or CPU
     tensors) of one engine step or round."""
@@ -72,31 +100,10 @@ class RoundLogistic(ABC):
 
     device_round = True  # the live round's statistics may be summed on the device (`add_round`)
 
-    # ---- subclass hooks ----
-    @abstractmethod
-    def _logits(self, features: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        """Subclass hook."""
-
-    @abstractmethod
-    def _slope_at(self, position: int) -> float:
-        """Subclass hook."""
-
-    @abstractmethod
-    def _step(self, stats: IrlsStats, damping: float) -> bool:
-        """Subclass hook."""
-
-    @abstractmethod
-    def _coefficient_arrays(self) -> dict[str, np.ndarray]:
-        """Subclass hook: the coefficients by name (mirrored on the device)."""
-
-    @abstractmethod
-    def _logits_torch(self, coef: dict[str, torch.Tensor], features: torch.Tensor,
-                      positions: torch.Tensor) -> torch.Tensor:
-        """Subclass hook: `_logits` in torch, from the device mirror `coef`."""
-
-    @abstractmethod
-    def coefficients(self) -> np.ndarray:
-        """All coefficients as one flat vector (convergence checks, trajectories)."""
+    # Subclass hooks: `_logits(f, pos)` [N] and `_logits_torch(coef, f, pos)` (from the device mirror),
+    # `_coefficient_arrays()` (name -> array, mirrored on the device), `_slope_at(i)` (position i's slope),
+    # `_step(stats, damping)` (one Newton step; True if the slope step was applied), `coefficients()`
+    # (one flat vector: convergence checks, trajectories).
 
     def _oriented(self, features) -> np.ndarray:
         f = np.asarray(features, dtype=np.float64)
@@ -126,10 +133,14 @@ class RoundLogistic(ABC):
         if isinstance(stats.a, torch.Tensor) and not isinstance(self._round.a, torch.Tensor):
             self._round = IrlsStats(*(torch.zeros_like(x) for x in stats.fields()))
         self._round += stats
+        return self._advance(steps)
+
+    def _advance(self, steps: int) -> bool:
+        """Count `steps` engine steps into the round; refit when it is full (True)."""
         self._steps += steps
         if self._steps < self.interval():
             return False
-        self._round = self._round.numpy()  # the round's one host read
+        self._round = self._round.numpy()  # a device round's one host read (6 K numbers)
         self.refit()
         return True
 
@@ -173,11 +184,7 @@ class RoundLogistic(ABC):
         if not 0 <= steps <= self.steps_to_refit:
             raise ValueError(f"steps={steps}: a call may feed 0..{self.steps_to_refit} engine steps")
         self.accumulate(features, positions, predictions, labels)
-        self._steps += steps
-        if self._steps < self.interval():
-            return False
-        self.refit()
-        return True
+        return self._advance(steps)
 
     def fit(self, features, positions, labels, *, max_iter: int = 50, tol: float = 1e-10,
             on_iteration: Callable[[RoundLogistic], None] | None = None, order: np.ndarray | None = None) -> int:
@@ -308,4 +315,50 @@ class BatchLogistic(OnlineLogistic):
         return True
 
 
-__all__ = ["BatchLogistic", "OnlineLogistic", "RoundLogistic", "check_positions", "group_by_position", "sigmoid"]
+class PerPositionSlope(RoundLogistic):
+    """Ablation: a slope per position, p_i = sigmoid(slope_i * f + intercept_i): 2K parameters. Same
+    rounds, statistics, ridge, damping and guards; the Newton step is an independent 2x2 solve per
+    position (`irls.per_position_step`). It asks whether the shared slope costs accuracy.
+
+    Examples
+    --------
+    >>> PerPositionSlope(k=2).slopes.tolist()
+    [0.5, 0.5]
+    """
+
+    name = "per_position_slope"
+
+    def __init__(self, k: int = DEFAULT_K, config: EstimatorConfig | None = None):
+        super().__init__(k, config)
+        self.slopes = np.full(k, self.config.init_slope)  # [K]
+
+    def _logits(self, features, positions):
+        return self.slopes[positions] * features + self.intercepts[positions]
+
+    def _coefficient_arrays(self):
+        return {"slopes": self.slopes, "intercepts": self.intercepts}
+
+    def _logits_torch(self, coef, features, positions):
+        return coef["slopes"][positions] * features + coef["intercepts"][positions]
+
+    def _slope_at(self, position):
+        return self.slopes[position]
+
+    def _step(self, stats, damping):
+        self.slopes, self.intercepts, ok = per_position_step(
+            stats, self.slopes, self.intercepts, self.config.ridge, damping)
+        return bool(ok.any())
+
+    def coefficients(self):
+        return np.r_[self.slopes, self.intercepts]
+
+    def state_dict(self):
+        return super().state_dict() | {"slopes": self.slopes.tolist()}
+
+    def load_state_dict(self, state):
+        self.slopes = np.asarray(state["slopes"], dtype=np.float64)
+        super().load_state_dict(state)
+
+
+__all__ = ["BatchLogistic", "DeviceCoefficients", "OnlineLogistic", "PerPositionSlope", "RoundLogistic",
+           "check_positions", "group_by_position", "sigmoid", "sigmoid_torch"]

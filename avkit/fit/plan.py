@@ -15,8 +15,7 @@ import polars as pl
 from avkit.config import EstimatorConfig, FitConfig
 from avkit.errors import ConfigError
 from avkit.estimators import make_estimator
-from avkit.estimators.coefficients import ServedPair
-from avkit.estimators.named import load_estimator
+from avkit.estimators.coefficients import ServedPair, load_estimator
 from avkit.features import FEATURES
 from avkit.provenance import inputs_record
 

@@ -32,7 +32,7 @@ import torch
 from avkit.config import DEFAULT_K, AdaptiveConfig
 from avkit.errors import ConfigError
 from avkit.estimators.base import Estimator, make_estimator
-from avkit.estimators.named import estimator_feature, load_estimator
+from avkit.estimators.coefficients import estimator_feature, load_estimator
 from avkit.kernels.dispatch import Kernels
 from avkit.scheduling.cost import CostTable, resolve_cost
 from avkit.scheduling.gate import DraftGate
