@@ -53,7 +53,7 @@ BAD = [
     ((*SERVE, "--kernels", "cuda"), "--kernels must be one of auto, torch, triton; got cuda"),
     ((*SERVE, "--policy", "schedule"),
      "--schedule FILE goes with --policy schedule (and only with it), got --policy schedule, --schedule ''"),
-    ((*SERVE, "--policy", "fixed:x"), "--policy fixed:x: fixed:K needs an integer K"),
+    ((*SERVE, "--policy", "fixed:x"), "--policy fixed:x: fixed:K needs a non-negative integer K"),
     ((*SERVE, "--coefficients", "/nonexistent/coefficients.json", "--no-resume"),
      "--coefficients: no such file: /nonexistent/coefficients.json"),
     ((*SERVE, "--max-tokens-limit", "9"), "No such option: --max-tokens-limit (Possible options: --max-new-tokens)"),

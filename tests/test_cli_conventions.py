@@ -77,12 +77,24 @@ def test_repeated_policy_options(tmp_path, capsys, monkeypatch):
     assert pl.read_parquet(out)["policy"].to_list() == ["nospec", "fixed3"]
 
 
-def test_serve_policy_takes_simulate_syntax():
-    from avkit.cli.serve import policy_spec
-    from avkit.errors import ConfigError
+def test_serve_policy_takes_simulate_syntax(monkeypatch, capsys):
+    """serve parses --policy with simulate's parser (scheduling/policy.py `parse_spec`): the config it builds."""
+    import avkit.serve.server as server
 
-    assert policy_spec("adaptive", "online_logistic", 7) == ("adaptive", "online_logistic", 7)
-    assert policy_spec("adaptive:qmax", "online_logistic", 7) == ("adaptive", "qmax", 7)
-    assert policy_spec("fixed:3", "online_logistic", 7) == ("fixed", "online_logistic", 3)
-    with pytest.raises(ConfigError, match="fixed:K"):
-        policy_spec("fixed:x", "online_logistic", 7)
+    got = {}
+
+    def fake_serve(config, **kw):
+        got["config"] = config
+        return False
+
+    monkeypatch.setattr(server, "serve", fake_serve)
+    monkeypatch.setattr("avkit.serve.startup.warm_start", lambda config: None)
+    monkeypatch.setattr("avkit.serve.startup.bind_socket", lambda host, port: None)
+    cases = {("adaptive",): ("adaptive", "online_logistic", 7, True), ("adaptive:qmax",): ("adaptive", "qmax", 7, True),
+             ("adaptive-nogate", "--estimator", "qmax"): ("adaptive", "qmax", 7, False),
+             ("fixed:3",): ("fixed", "online_logistic", 3, True), ("fixed",): ("fixed", "online_logistic", 7, True),
+             ("nospec",): ("fixed", "online_logistic", 0, True)}
+    for args, want in cases.items():
+        code, _, err = _run(capsys, monkeypatch, "serve", "-k", "7", "--policy", *args)
+        c = got.pop("config")
+        assert (c.policy, c.adaptive.estimator, c.engine.k, c.adaptive.draft_gate) == want, (args, err)

@@ -130,7 +130,35 @@ def test_budget_allocation_is_argmax_and_prefixes(measured):
         assert got == pytest.approx(max(ratios))
 
 
-def test_batched_concurrency_one_equals_path_simulation(splits, ctx):
+def _lockstep_loop(table, route, cost, k, concurrency):
+    """Brute-force oracle of `simulate_batched` with a route: a plain loop over lockstep steps, the next waiting
+    request taking a finished one's place; each step's cost written out."""
+    rid = table["request_id"].to_list()
+    reqs = [[i for i in range(len(rid)) if rid[i] == r] for r in dict.fromkeys(rid)]  # replay rows per request
+    dl, ca, ma = (table[c].to_list() for c in ("draft_len", "cache_acc", "model_acc"))
+    waiting, live, spent, steps, share = list(range(len(reqs))), {}, 0.0, 0, 0.0
+    while waiting or live:
+        while waiting and len(live) < concurrency:
+            live[waiting.pop(0)] = 0
+        model = verified = cache = 0
+        for g, t in list(live.items()):
+            row = reqs[g][t]
+            if route.use_cache[row]:
+                v = min(int(route.verify_len[row]), dl[row])
+                a, cache = min(ca[row], v), cache + (v > 0)
+            else:
+                v, a, model = k, min(ma[row], k), model + 1
+            verified += v
+            live[g] = t + a + 1
+        spent += float(cost.verify(len(live) + verified)) + (k * float(cost.draft(model)) if model else 0.0)
+        spent += cost.cache_cost if route.consults_cache or cache else 0.0
+        steps, share = steps + 1, share + cache / len(live)
+        live = {g: t for g, t in live.items() if t < len(reqs[g])}
+    return {"steps": steps, "throughput": len(rid) / spent, "cache_share": share / steps}
+
+
+@pytest.mark.parametrize("concurrency", [1, 3, 7])
+def test_batched_replay_equals_a_lockstep_loop(splits, ctx, concurrency):
     from avkit.hvd.joint_budget import simulate_batched
 
     test = splits[2]
@@ -139,8 +167,11 @@ def test_batched_concurrency_one_equals_path_simulation(splits, ctx):
     for cost in (ctx.cost, measured):
         for name in ("model", "suffix", "cache", "arctic"):
             route = make_router(name).route(test, ctx)
-            got = simulate_batched(test, route, cost, K, concurrency=1)["throughput"]
-            assert got == pytest.approx(throughput(test, route, cost, K))
+            got = simulate_batched(test, route, cost, K, concurrency)
+            want = _lockstep_loop(test, route, cost, K, concurrency)
+            assert got["steps"] == want["steps"], name
+            assert got["throughput"] == pytest.approx(want["throughput"]) and \
+                got["cache_share"] == pytest.approx(want["cache_share"]), name
 
 
 def test_split_keeps_a_conversation_together():

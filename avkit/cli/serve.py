@@ -12,7 +12,6 @@ from avkit.cli.options import (
     DeviceOption, DraftOption, DrafterOption, DtypeOption, KernelsOption, PayoffOption, TargetOption)
 from avkit.config import (
     AdaptiveConfig, EngineConfig, EstimatorConfig, HttpConfig, ModelsConfig, ServeConfig, default_of)
-from avkit.errors import ConfigError
 
 
 def _d(name: str):
@@ -23,22 +22,6 @@ def _o(help: str, **kw):
     return typer.Option(help=help, **kw)
 
 
-def policy_spec(spec: str, estimator: str, k: int) -> tuple[str, str, int]:
-    """`--policy` in simulate's syntax -> (policy, estimator, k): adaptive:ESTIMATOR names the estimator,
-    fixed:K sets K (as -k does)."""
-    name, _, arg = spec.partition(":")
-    if not arg:
-        return spec, estimator, k
-    if name == "adaptive":
-        return name, arg, k
-    if name == "fixed":
-        try:
-            return name, estimator, int(arg)
-        except ValueError:
-            raise ConfigError(f"--policy {spec}: fixed:K needs an integer K") from None
-    raise ConfigError(f"--policy {spec}: only adaptive:ESTIMATOR and fixed:K take an argument")
-
-
 def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve(
@@ -46,8 +29,9 @@ def register(app: typer.Typer) -> None:
         draft: DraftOption = _d("models.draft"),
         drafter: DrafterOption = _d("models.drafter"),
         payoff: PayoffOption = _d("models.payoff"),
-        policy: Annotated[str, _o("verify policy: adaptive[:ESTIMATOR] | full | fixed[:K] (simulate's --policy "
-                                  "syntax) | schedule (K by batch size, --schedule)")] = _d("policy"),
+        policy: Annotated[str, _o("verify policy in simulate's --policy syntax: adaptive[-nogate][:ESTIMATOR] | full | "
+                                  "nospec | fixed[:K] (bare: -k) | schedule[:FILE] (K by batch size; bare: "
+                                  "--schedule)")] = _d("policy"),
         schedule: Annotated[str, _o("--policy schedule: `avkit tune` results JSON or its --format vllm "
                                     "fragment")] = _d("schedule"),
         estimator: Annotated[str, _o("adaptive policy's estimator (registry name)")] = _d("adaptive.estimator"),
@@ -91,7 +75,12 @@ def register(app: typer.Typer) -> None:
         log_level: Annotated[str, _o("log level (uvicorn and avkit)")] = "info",
     ):
         """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
-        policy, estimator, k = policy_spec(policy, estimator, k)
+        from avkit.scheduling.policy import parse_spec  # lazy: torch (start-up: -h stays fast)
+
+        spec = parse_spec(policy, bare=("fixed", "schedule"), estimator=estimator)  # simulate's syntax
+        policy, k = spec.name, int(spec.arg) if spec.name == "fixed" and spec.arg else k
+        estimator = spec.arg if spec.name == "adaptive" else estimator
+        schedule, draft_gate = (spec.arg if spec.name == "schedule" else "") or schedule, draft_gate and spec.gate
         config = ServeConfig(
             models=ModelsConfig(target=target, draft=draft, drafter=drafter, payoff=payoff, device=device,
                                 dtype=dtype),

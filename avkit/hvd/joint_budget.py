@@ -20,13 +20,15 @@ curves); throughput = tokens / cost.
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 import polars as pl
 import torch
 
 
 from avkit.hvd.cost import HvdCost
-from avkit.hvd.path import Route, request_runs
+from avkit.hvd.path import Route, request_runs, route_cycles, step_cost
 from avkit.scheduling.plan import Plan, plan_survival, single_group
 
 
@@ -103,11 +105,43 @@ def joint_step(cs: np.ndarray, ms: np.ndarray, cost: HvdCost, k: int,
 
 def simulate_batched(table: pl.DataFrame, route: Route, cost: HvdCost, k: int, concurrency: int,
                      survivals: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, float]:
-    """Decode the table's requests `concurrency` at a time. With `survivals` = (cache [R, K], model
-    [R, K]) the drafters and slots are chosen jointly per step (`joint_step` with a running rate, as
-    the live router does; `route` unused), the draft model's catch-up priced as live: it follows a request
-    from its first model draft on (the prompt, from `log_prompt_len`, and what it missed since); without,
-    `route` decides and every drafted slot is verified."""
+    """Decode the table's requests `concurrency` at a time in lockstep, each step priced by `step_cost`.
+    Without `survivals`, `route` decides and every drafted slot is verified: each request's cycles do not
+    depend on the batch (`route_cycles`), only when they run does (a request starts on the first step a
+    slot is free). With `survivals` = (cache [R, K], model [R, K]) the drafters and slots are chosen jointly
+    per step (`joint_step` with a running rate, as the live router does; `route` unused), the draft model's
+    catch-up priced as live: it follows a request from its first model draft on (the prompt, from
+    `log_prompt_len`, and what it missed since)."""
+    starts, lengths = request_runs(table)  # [G], [G]
+    if survivals is not None:
+        step, uc, verify, catch = _joint_steps(table, cost, k, concurrency, survivals)
+        return _accounting(cost, k, concurrency, int(lengths.sum()), step, uc, verify, True, catch)
+    c = route_cycles(table, route, k)
+    start, free = np.zeros(len(starts), dtype=np.int64), [0] * min(concurrency, len(starts))  # free: slots' next step
+    for g, n in enumerate(np.bincount(c.request, minlength=len(starts)).tolist()):  # requests in queue order
+        start[g] = heapq.heappop(free)
+        heapq.heappush(free, int(start[g]) + n)
+    return _accounting(cost, k, concurrency, int(lengths.sum()), start[c.request] + c.index, c.use_cache, c.verify,
+                       route.consults_cache, 0.0)
+
+
+def _accounting(cost: HvdCost, k: int, concurrency: int, tokens: int, step, uc, verify, lookup: bool,
+                catch: float) -> dict[str, float]:
+    """Rows (their step [C], cache drafted [C], verified [C]) summed per step and priced; `lookup`: every step
+    looks the cache up (else those with a cache row); `catch`: the catch-ups' price."""
+    steps = int(step.max()) + 1 if step.size else 0
+    per = lambda w: np.bincount(step, weights=w, minlength=steps)  # [S]
+    rows, cache = per(None), per(uc)
+    spent = float(step_cost(cost, k, rows, rows - cache, per(verify), lookup | (cache > 0)).sum()) + catch
+    shares = per(uc & (verify > 0)) / np.maximum(rows, 1)  # [S] a cache row with nothing to verify is a target step
+    return {"concurrency": concurrency, "steps": steps, "tokens": tokens, "throughput": tokens / spent,
+            "cache_share": float(shares.sum()) / max(steps, 1)}
+
+
+def _joint_steps(table: pl.DataFrame, cost: HvdCost, k: int, concurrency: int,
+                 survivals: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """`joint_step` over the batch, step by step (each decision moves the running rate the next one reads):
+    (step [C], use_cache [C], verified [C]) of every row-step, and the catch-ups' price."""
     rate = RunningRate()
     starts, lengths = request_runs(table)  # [G], [G]
     cache_acc, model_acc = table["cache_acc"].to_numpy(), table["model_acc"].to_numpy()
@@ -115,10 +149,11 @@ def simulate_batched(table: pl.DataFrame, route: Route, cost: HvdCost, k: int, c
     j = np.arange(1, k + 1)[None, :]
     queue, live = list(range(len(starts)))[::-1], []
     pos = np.zeros(len(starts), dtype=np.int64)
+    follows = "log_prompt_len" in table.columns
     prompt = (np.rint(np.expm1(table["log_prompt_len"].to_numpy()[starts])).astype(np.int64)
-              if "log_prompt_len" in table.columns else np.zeros(len(starts), dtype=np.int64))  # [G]
-    have = prompt * 0 if "log_prompt_len" in table.columns else None  # [G] tokens the draft model holds
-    spent, steps, cache_steps = 0.0, 0, 0.0
+              if follows else np.zeros(len(starts), dtype=np.int64))  # [G]
+    have = prompt * 0  # [G] tokens the draft model holds
+    rec, catch = [], 0.0
     while queue or live:
         live = [g for g in live if pos[g] < lengths[g]]
         while queue and len(live) < concurrency:
@@ -127,29 +162,18 @@ def simulate_batched(table: pl.DataFrame, route: Route, cost: HvdCost, k: int, c
             break
         g = np.array(live)
         r = starts[g] + pos[g]  # [n] replay rows
-        if survivals is None:
-            uc = route.use_cache[r]
-            verify = np.where(uc, np.minimum(route.verify_len[r], dlen[r]), k)
-        else:
-            cs = survivals[0][r] * (j <= dlen[r][:, None])  # [n, K] zero beyond each cache draft
-            lag = None if have is None else prompt[g] + pos[g] - have[g]  # [n]
-            uc, verify = joint_step(cs, survivals[1][r], cost, k, rate, lag)
-        n_model = int((~uc).sum())
-        draft_cost = k * float(cost.draft(n_model)) if n_model else 0.0
-        drafts = ~uc & (verify > 0)  # [n] rows the model drafts for (live asks it for the planned prefix)
-        if survivals is not None and have is not None:  # their catch-up first
-            draft_cost += float(cost.catch_up(lag[drafts]).sum())
-        lookup = cost.cache_cost if survivals is not None or route.consults_cache else 0.0
+        cs = survivals[0][r] * (j <= dlen[r][:, None])  # [n, K] zero beyond each cache draft
+        lag = prompt[g] + pos[g] - have[g] if follows else None  # [n]
+        uc, verify = joint_step(cs, survivals[1][r], cost, k, rate, lag)
         acc = np.minimum(np.where(uc, cache_acc[r], model_acc[r]), verify)
-        if survivals is not None and have is not None:  # kept: the accepted drafts (the rest rolled back)
+        if follows:  # the rows the model drafts for catch up first; it keeps the accepted drafts
+            drafts = ~uc & (verify > 0)  # [n] (live asks it for the planned prefix)
+            catch += float(cost.catch_up(lag[drafts]).sum())
             have[g] = np.where(drafts, prompt[g] + pos[g] + np.minimum(verify - 1, acc), have[g])
-        spent += draft_cost + lookup + float(cost.verify(len(g) + verify.sum()))
-        steps += 1
-        cache_steps += (uc & (verify > 0)).mean()  # a cache row with nothing to verify is a target step
+        rec.append((np.full(len(g), len(rec)), uc, verify))
         pos[g] += acc + 1
-    tokens = int(lengths.sum())
-    return {"concurrency": concurrency, "steps": steps, "tokens": tokens, "throughput": tokens / spent,
-            "cache_share": cache_steps / max(steps, 1)}
+    step, uc, verify = (np.concatenate(x) for x in zip(*rec)) if rec else (np.zeros(0, np.int64),) * 3
+    return step, uc.astype(bool), verify, catch
 
 
 def model_survival_table(train: pl.DataFrame, hit_bins: np.ndarray, k: int) -> np.ndarray:

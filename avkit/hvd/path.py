@@ -8,8 +8,8 @@ Glossary:
   route        per replay row (request, position t): use the cache draft?, and how many of its
                tokens to verify (<= its length)
   throughput   tokens / cost, in tokens per target forward; target-only decoding has 1.0
-A router's decision at t depends only on features at t, so all of them are precomputed and the
-path (t <- t + accepted + 1) advances all generations at once, one vectorized step per cycle.
+  step         `step_cost`: n requests decoding in lockstep, m of them drafted by the model, pay
+               K draft(m) [m > 0] + c_cache [a lookup] + verify(n + verified drafts); one request alone is a cycle
 """
 
 from __future__ import annotations
@@ -42,34 +42,57 @@ def request_runs(table: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return starts, np.diff(np.r_[starts, len(rid)])
 
 
-def simulate_paths(table: pl.DataFrame, route: Route, cost: HvdCost, k: int) -> pl.DataFrame:
-    """Per request: tokens, cycles, cost, accepted draft tokens, cache cycles along the decode path.
-    `table` holds rows (request_id, t) for t = 0..n-1 of every request, contiguous and t-sorted."""
+@dataclass(frozen=True)
+class Cycles:
+    """Every cycle along every request's decode path under a route, request by request (cycle order within)."""
+
+    request: np.ndarray  # [C] request index g (0..G-1, `request_runs` order)
+    index: np.ndarray  # [C] the cycle's number within its request
+    use_cache: np.ndarray  # [C] bool, the cache drafted
+    verify: np.ndarray  # [C] draft tokens verified (cache: <= its draft; model: K)
+    accepted: np.ndarray  # [C] accepted draft tokens (<= verify)
+
+
+def route_cycles(table: pl.DataFrame, route: Route, k: int) -> Cycles:
+    """A router's decision at t depends only on the features at t, so the paths (t <- t + accepted + 1) of
+    all requests advance at once, one vectorized round per cycle; `table` holds rows (request_id, t) for
+    t = 0..n-1 of every request, contiguous and t-sorted."""
     starts, lengths = request_runs(table)  # [G], [G]
-    cache_acc = table["cache_acc"].to_numpy()
-    model_acc = table["model_acc"].to_numpy()
+    cache_acc, model_acc = table["cache_acc"].to_numpy(), table["model_acc"].to_numpy()
     vlen = np.minimum(route.verify_len, table["draft_len"].to_numpy())
-    g_n = len(starts)
-    pos = np.zeros(g_n, dtype=np.int64)
-    cycles, spent, accepted, cache_cycles = (np.zeros(g_n) for _ in range(4))
-    model_cost = float(cost.verify(1 + k) + k * cost.draft(1))
-    model_cost += cost.cache_cost if route.consults_cache else 0.0
-    while True:
-        g = np.flatnonzero(pos < lengths)
-        if g.size == 0:
-            break
-        r = starts[g] + pos[g]  # replay row of each active generation
+    pos = np.zeros(len(starts), dtype=np.int64)
+    rounds = []
+    while (g := np.flatnonzero(pos < lengths)).size:
+        r = starts[g] + pos[g]  # replay row of each active request
         uc = route.use_cache[r]
-        a = np.where(uc, np.minimum(cache_acc[r], vlen[r]), model_acc[r])
-        c = np.where(uc, cost.verify(1 + vlen[r]) + cost.cache_cost, model_cost)
-        cycles[g] += 1
-        spent[g] += c
-        accepted[g] += a
-        cache_cycles[g] += uc & (vlen[r] > 0)  # a cache row with no draft is a plain target step
+        v = np.where(uc, vlen[r], k)
+        a = np.minimum(np.where(uc, cache_acc[r], model_acc[r]), v)
+        rounds.append((g, np.full(g.size, len(rounds)), uc, v, a))
         pos[g] += a + 1
+    g, i, uc, v, a = (np.concatenate(x) for x in zip(*rounds)) if rounds else (np.zeros(0, np.int64),) * 5
+    order = np.lexsort((i, g))
+    return Cycles(g[order], i[order], uc[order].astype(bool), v[order], a[order])
+
+
+def step_cost(cost: HvdCost, k: int, rows, model_rows, verified, lookup) -> np.ndarray:
+    """[S] target forwards of S lockstep steps: `rows` requests, `model_rows` of them drafted by the model (K
+    passes over them), `verified` draft tokens in all, a cache lookup where `lookup` [S] bool (module note)."""
+    model_rows = np.asarray(model_rows)
+    return (k * cost.draft(model_rows) * (model_rows > 0) + np.asarray(lookup) * cost.cache_cost
+            + cost.verify(np.asarray(rows) + verified))
+
+
+def simulate_paths(table: pl.DataFrame, route: Route, cost: HvdCost, k: int) -> pl.DataFrame:
+    """Per request, one at a time (each cycle a step of its own): tokens, cycles, cost, accepted draft tokens,
+    cache cycles along the decode path."""
+    starts, lengths = request_runs(table)  # [G], [G]
+    c = route_cycles(table, route, k)
+    spent = step_cost(cost, k, 1, (~c.use_cache).astype(np.int64), c.verify, c.use_cache | route.consults_cache)
+    by = lambda w: np.bincount(c.request, weights=w, minlength=len(starts))
     return pl.DataFrame({
-        "request_id": table["request_id"].to_numpy()[starts], "dataset": table["dataset"].to_numpy()[starts], "tokens": lengths,
-        "cycles": cycles, "cost": spent, "accepted": accepted, "cache_cycles": cache_cycles,
+        "request_id": table["request_id"].to_numpy()[starts], "dataset": table["dataset"].to_numpy()[starts],
+        "tokens": lengths, "cycles": by(None), "cost": by(spent), "accepted": by(c.accepted),
+        "cache_cycles": by(c.use_cache & (c.verify > 0)),  # a cache row with no draft is a plain target step
     })
 
 

@@ -163,20 +163,22 @@ class PolicySpec:
                            k=k, adaptive=config, **kwargs)
 
 
-def parse_spec(text: str, option: str = "--policy", fixed_range: bool = False) -> PolicySpec:
+def parse_spec(text: str, option: str = "--policy", bare: tuple[str, ...] = (), estimator: str = "") -> PolicySpec:
     """A PolicySpec from `HEAD[:ARG]` (module note); one ConfigError line naming `option` and the text.
-    `fixed_range`: a bare `fixed` is allowed (the caller expands it to every K), arg "" then."""
+    `bare`: heads that may come without their argument (arg "" then: the caller supplies it; simulate expands
+    a bare `fixed` to every K, serve takes -k and --schedule); a bare adaptive head means `estimator`
+    (default: AdaptiveConfig's)."""
     head, _, arg = text.strip().partition(":")
     where = f"{option} {text}"
     if head in ("full", "nospec") and not arg:
         return PolicySpec(text, "full") if head == "full" else PolicySpec(text, "fixed", "0")
-    if head == "fixed" and (arg.isdigit() or (fixed_range and not arg)):
+    if head == "fixed" and (arg.isdigit() or (head in bare and not arg)):
         return PolicySpec(text, "fixed", str(int(arg)) if arg else "")
     if head == "fixed":
         raise ConfigError(f"{where}: fixed:K needs a non-negative integer K")
     if head in ADAPTIVE_HEADS:
         stop, gate = ADAPTIVE_HEADS[head]
-        return PolicySpec(text, "adaptive", arg or AdaptiveConfig().estimator, stop, gate)
-    if head == "schedule" and arg:
+        return PolicySpec(text, "adaptive", arg or estimator or AdaptiveConfig().estimator, stop, gate)
+    if head == "schedule" and (arg or head in bare):
         return PolicySpec(text, "schedule", arg)
     raise ConfigError(f"{where}: unknown policy; choose from {SPEC_HELP}")

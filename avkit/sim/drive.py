@@ -119,7 +119,7 @@ def parse_policies(specs, k: int, coefficients: str = "", burn_in: bool = True) 
     """Policy specs (scheduling/policy.py; a bare `fixed` is every K = 1..k) -> the simulator's policies."""
     out = []
     for text in specs:
-        spec = parse_spec(text, fixed_range=True)
+        spec = parse_spec(text, bare=("fixed",))
         if spec.name == "fixed" and not spec.arg:
             out += [SimPolicy(parse_spec(f"fixed:{i}")) for i in range(1, k + 1)]
         else:
