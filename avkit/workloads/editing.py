@@ -22,10 +22,9 @@ import random
 import re
 
 from avkit.workloads.base import Prompt, register, seeded_order
-from avkit.workloads.humaneval import read_problems
+from avkit.workloads.sets import read_problems
 
 REPLY = "Reply with the whole function in one code block."
-KINDS = ("rename", "hints", "loop", "bugfix")
 
 # (pattern, replacement): single-token operator flips. A mutation applies when its pattern occurs in
 # the solution body; the first occurrence is replaced.
@@ -41,8 +40,6 @@ def new_name(name: str) -> str:
     """has_close_elements -> hasCloseElements; fib -> compute_fib."""
     head, *rest = name.split("_")
     return head + "".join(w[:1].upper() + w[1:] for w in rest) if rest else f"compute_{name}"
-
-
 
 
 def strip_hints(code: str, name: str) -> str:
