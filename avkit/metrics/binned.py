@@ -3,7 +3,7 @@
 A fit that never holds every prediction at once scores a feature from sums that add across
 chunks, shards and machines (every array below is summed, nothing else is kept):
   nll    [D, K]              summed negative log-likelihood per (dataset, position) group
-  table  [3, D, K, n_bins]   ECE bins per group: count, sum p, sum y (metrics/table.py)
+  table  [3, D, K, n_bins]   ECE bins per group: count, sum p, sum y (metrics/calibration.py `additive_sums`)
   hist   [D, K, 2, B]        rank histogram per group: negatives / positives in each of B bins
                              of z = logit(p), split at `edges` [B - 1] (`quantile_edges`: the
                              quantiles of a sample of z, so every bin holds ~1/B of the slots
@@ -32,7 +32,8 @@ from typing import Self
 
 import numpy as np
 
-from avkit.metrics.table import additive_sums, scope_rows
+from avkit.metrics.calibration import additive_sums
+from avkit.metrics.table import scope_rows
 
 DEFAULT_AUC_BINS = 1 << 16
 

@@ -5,7 +5,7 @@ Glossary:
             so they are not independent and a bootstrap over slots would be optimistic)
   resample  R clusters drawn with replacement out of R; cluster r counted m_r times. Its ECE and
             log-loss are exactly `ece` / `log_loss` with sample_weight m_{cluster(n)}: each cluster's
-            additive sums (metrics/table.py: NLL, and count / sum p / sum y per ECE bin) are taken
+            additive sums (metrics/calibration.py: NLL, and count / sum p / sum y per ECE bin) are taken
             once, and a resample is the counts matrix times them
   floor     the ECE a perfectly calibrated predictor with these predictions still shows on N slots:
             the mean ECE over labels drawn y* ~ Bernoulli(p) ("consistency resampling", Broecker
@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from avkit.metrics.calibration import ece_from_bins
+from avkit.metrics.calibration import additive_sums, ece_from_bins
 from avkit.metrics.checks import check_binary_inputs
 from avkit.metrics.debiased import ce2_from_stats, cluster_stats
-from avkit.metrics.table import additive_sums
 
 
 def cluster_bootstrap(labels, probs, clusters, *, n_boot: int = 1000, n_bins: int = 10,

@@ -29,16 +29,9 @@ def log_loss(labels, probs, sample_weight=None) -> float:
     0.366985
     """
     y, p, w = check_binary_inputs(labels, probs, sample_weight, name="probs", probabilities=True)
-    return log_loss_checked(y, p, w)
-
-
-def log_loss_checked(y: np.ndarray, p: np.ndarray, w: np.ndarray | None = None) -> float:
-    """log_loss of validated float64 arrays ([N] each)."""
     p = np.clip(p, EPS, 1 - EPS)
     nll = -(y * np.log(p) + (1.0 - y) * np.log1p(-p))  # [N]
-    if w is None:
-        return float(nll.mean())
-    return float(np.dot(w, nll) / w.sum())
+    return float(nll.mean()) if w is None else float(np.dot(w, nll) / w.sum())
 
 
 def ece(labels, probs, n_bins: int = 10, sample_weight=None) -> float:
@@ -50,7 +43,8 @@ def ece(labels, probs, n_bins: int = 10, sample_weight=None) -> float:
     0.2
     """
     y, p, w = check_binary_inputs(labels, probs, sample_weight, name="probs", probabilities=True)
-    return ece_checked(y, p, w, check_n_bins(n_bins))
+    _, table = additive_sums(p, y, np.zeros(y.size, dtype=np.int64), 1, 1, check_n_bins(n_bins), w)
+    return float(ece_from_bins(table[:, 0, 0]))
 
 
 def check_n_bins(n_bins) -> int:
@@ -59,16 +53,18 @@ def check_n_bins(n_bins) -> int:
     return int(n_bins)
 
 
-def ece_checked(y: np.ndarray, p: np.ndarray, w: np.ndarray | None, n_bins: int) -> float:
-    """ece of validated float64 arrays ([N] each)."""
-    return float(ece_from_bins(bin_sums(y, p, w, n_bins)))
-
-
-def bin_sums(y: np.ndarray, p: np.ndarray, w: np.ndarray | None, n_bins: int) -> np.ndarray:
-    """[N] labels, predictions, weights (None: 1) -> [3, n_bins] (W_b, sum w p, sum w y) per equal-width bin."""
-    b = np.minimum((p * n_bins).astype(np.int64), n_bins - 1)  # [N] bin index
-    ones = np.ones_like(p) if w is None else w
-    return np.stack([np.bincount(b, weights=x, minlength=n_bins) for x in (ones, ones * p, ones * y)])
+def additive_sums(p: np.ndarray, y: np.ndarray, group: np.ndarray, d: int, k: int, n_bins: int,
+                  w: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """[N] predictions, labels, groups (dataset * K + position) and weights (None: 1) -> the additive half
+    of a score table: summed NLL [D, K] and ECE bins [3, D, K, n_bins] (weight, sum w p, sum w y). The one
+    binning rule of in-memory, binned (out-of-core), bootstrap and debiased scores."""
+    # NLL = -log of the probability given to the observed label, clipped as sklearn does.
+    nll = -np.log(np.clip(np.where(y > 0, p, 1.0 - p), EPS, 1 - EPS))  # [N]
+    nll_g = np.bincount(group, weights=nll, minlength=d * k).reshape(d, k)
+    key = group * n_bins + np.minimum((p * n_bins).astype(np.int64), n_bins - 1)  # [N] (group, bin)
+    weights = (None, p, y) if w is None else (w, w * p, w * y)
+    table = np.stack([np.bincount(key, weights=x, minlength=d * k * n_bins) for x in weights])
+    return nll_g, table.astype(np.float64).reshape(3, d, k, n_bins)
 
 
 def ece_from_bins(table: np.ndarray) -> np.ndarray:

@@ -31,13 +31,12 @@ from __future__ import annotations
 import numpy as np
 
 from avkit.errors import DataError
-from avkit.metrics.calibration import check_n_bins
+from avkit.metrics.calibration import additive_sums, check_n_bins
 from avkit.metrics.checks import check_binary_inputs
-from avkit.metrics.table import additive_sums
 
 
 def cluster_stats(per_cluster: np.ndarray) -> np.ndarray:
-    """[3, ..., R, n_bins] each cluster's (count, sum p, sum y) per bin (metrics/table.py additive_sums with the
+    """[3, ..., R, n_bins] each cluster's (count, sum p, sum y) per bin (metrics/calibration.py additive_sums with the
     clusters as groups) -> [7, ..., R, n_bins] each cluster's stats (the module glossary)."""
     n, sp, sy = per_cluster
     return np.stack([n, sp, sy, n * n, n * sy, sy * sy, (n > 0).astype(np.float64)])

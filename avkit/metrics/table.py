@@ -28,7 +28,7 @@ import numpy as np
 import polars as pl
 
 from avkit.errors import DataError
-from avkit.metrics.calibration import EPS, ece_from_bins
+from avkit.metrics.calibration import additive_sums, ece_from_bins
 from avkit.metrics.checks import check_binary_inputs
 
 MAX_KEY_BITS = 12  # label + group bits packed below the prediction's bits
@@ -83,18 +83,6 @@ def _family_auc(codes: np.ndarray | None, y: np.ndarray, ties, num_codes: int) -
 def _row(scope: str, auc: float, nll_sum: float, table: np.ndarray) -> dict:
     n = int(table[0].sum())
     return {"scope": scope, "auc": float(auc), "log_loss": float(nll_sum / n), "ece": float(ece_from_bins(table)), "n": n}
-
-
-def additive_sums(p: np.ndarray, y: np.ndarray, group: np.ndarray, d: int, k: int,
-                  n_bins: int) -> tuple[np.ndarray, np.ndarray]:
-    """[N] predictions, labels and groups (dataset * K + position) -> the additive half of a score
-    table: summed NLL [D, K] and ECE bins [3, D, K, n_bins] (count, sum p, sum y)."""
-    # NLL = -log of the probability given to the observed label, clipped as sklearn does.
-    nll = -np.log(np.clip(np.where(y > 0, p, 1.0 - p), EPS, 1 - EPS))  # [N]
-    nll_g = np.bincount(group, weights=nll, minlength=d * k).reshape(d, k)
-    key = group * n_bins + np.minimum((p * n_bins).astype(np.int64), n_bins - 1)  # [N] (group, bin)
-    table = np.stack([np.bincount(key, weights=w, minlength=d * k * n_bins) for w in (None, p, y)])
-    return nll_g, table.astype(np.float64).reshape(3, d, k, n_bins)
 
 
 class ScoreLayout:
@@ -196,4 +184,4 @@ def score_table(labels, probs, positions, dataset_codes=None, dataset_names=None
     return ScoreLayout(y, pos, ds, dataset_names, n_bins).score(p)
 
 
-__all__ = ["ScoreLayout", "additive_sums", "scope_rows", "score_table"]
+__all__ = ["ScoreLayout", "scope_rows", "score_table"]
