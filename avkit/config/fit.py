@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from avkit.config.fields import DEFAULT_K, MAX_K
+from avkit.config.fields import DEFAULT_K, MAX_K, Checked, checked
 from avkit.errors import ConfigError
-from avkit.validate import check_choice, in_range, one_of, option, shown
+from avkit.validate import check_choice, option, shown
 
 FIT_MODES = ("online", "batch")
 FIT_ENGINES = ("memory", "streaming", "ray")
@@ -16,42 +16,48 @@ ONLINE_ESTIMATORS = ("online_logistic", "forgetting_logistic")  # what `avkit fi
 
 
 @dataclass(frozen=True)
-class FitConfig:
+class OutOfCoreConfig(Checked):
+    """What `--engine streaming` (and ray) passes share, in `avkit fit` and `avkit report`."""
+
+    memory_budget: int = checked(1536, 256)  # MB of memory a fit process aims to stay under
+    scratch: str | None = None  # directory for the spilled observed slots (None: system temp)
+
+
+@dataclass(frozen=True)
+class FitConfig(OutOfCoreConfig):
     """`avkit fit`: replay traces in engine-step order, fit an estimator per feature, score it.
     The estimator itself (feature written to coefficients.json, refit interval, ridge, damping)
     is an EstimatorConfig. Which options go together is checked here, once (`__post_init__`); the
     one rule that involves the EstimatorConfig (`--features` holds `--feature`) is fit/plan.py's."""
 
-    mode: str = "online"  # online: refit rounds as live (scores use predictions made when drafting);
+    # online: refit rounds as live (scores use predictions made when drafting);
     # batch: the same Newton step iterated to convergence on all observed rows
-    estimator: str = "online_logistic"  # online mode: the estimator replayed and written (ONLINE_ESTIMATORS)
-    bins: int = 10  # ECE bins
-    max_iter: int = 50  # batch Newton iterations
-    tol: float = 1e-10  # batch convergence: max |step| of any coefficient
-    workers: int = 2  # threads fitting and scoring features (memory) or shards (streaming) in parallel
+    mode: str = checked("online", choices=FIT_MODES)
+    # online mode: the estimator replayed and written
+    estimator: str = checked("online_logistic", choices=ONLINE_ESTIMATORS)
+    bins: int = checked(10, 1)  # ECE bins
+    max_iter: int = checked(50, 1)  # batch Newton iterations
+    tol: float = checked(1e-10, 0.0, lo_open=True)  # batch convergence: max |step| of any coefficient
+    workers: int = checked(2, 1)  # threads fitting and scoring features (memory) or shards (streaming) in parallel
     coefficients: str = ""  # online mode: warm-start the written estimator from this file ("" = start constants)
     out: str = "reports/fit"
-    engine: str = "memory"  # memory: every observed slot in RAM; streaming: out of core, passes over
-    # shards in bounded chunks (fit/streaming.py); ray: the same passes as tasks on a Ray cluster
-    memory_budget: int = 1536  # streaming/ray: MB of memory a fit process aims to stay under
-    auc_bins: int = 1 << 16  # streaming/ray: rank-histogram bins per group (AUC error bound, metrics/binned.py)
+    # memory: every observed slot in RAM; streaming: out of core, passes over shards in bounded chunks
+    # (fit/streaming.py); ray: the same passes as tasks on a Ray cluster
+    engine: str = checked("memory", choices=FIT_ENGINES)
+    # streaming/ray: rank-histogram bins per group (AUC error bound, metrics/binned.py)
+    auc_bins: int = checked(1 << 16, 16, 1 << 24)
     address: str | None = None  # ray: cluster address (None starts a local cluster)
-    scratch: str | None = None  # streaming/ray: directory for the spilled observed slots (None: system temp)
-    drafter: str = "model"  # the trace rows fitted: model (the draft model's) or suffix (the hybrid drafter's
-    # cache rows, for `serve --cache-coefficients`); the memory engine fits either, streaming/ray the model's
-    replicas: str = "chain"  # online: chain = the files are one server's successive runs (the estimator
-    # carries over); independent = each file is a replica with its own live estimator (fit/replay.py `online_replicas`)
+    # the trace rows fitted: model (the draft model's) or suffix (the hybrid drafter's cache rows, for
+    # `serve --cache-coefficients`); the memory engine fits either, streaming/ray the model's
+    drafter: str = checked("model", choices=FIT_DRAFTERS)
+    # online: chain = the files are one server's successive runs (the estimator carries over); independent =
+    # each file is a replica with its own live estimator (fit/replay.py `online_replicas`)
+    replicas: str = checked("chain", choices=FIT_REPLICAS)
     features: tuple[str, ...] = ()  # fit and score only these features (avkit.features.FEATURES; the written
     # EstimatorConfig.feature among them); () = every feature in the traces plus the per-position-slope ablation
 
     def __post_init__(self):
-        one_of(self, "mode", FIT_MODES)
-        one_of(self, "estimator", ONLINE_ESTIMATORS)
-        one_of(self, "engine", FIT_ENGINES)
-        in_range(self, "memory_budget", 256)
-        in_range(self, "auc_bins", 16, 1 << 24)
-        one_of(self, "replicas", FIT_REPLICAS)
-        one_of(self, "drafter", FIT_DRAFTERS)
+        super().__post_init__()
         if self.mode == "batch" and self.estimator != "online_logistic":  # never ignored silently
             raise ConfigError(f"--estimator {self.estimator}: names the online estimator; --mode batch fits "
                               "batch_logistic (drop --estimator or use --mode online)")
@@ -77,42 +83,34 @@ class FitConfig:
                 check_choice("--features", name, FEATURES)
             if len(set(self.features)) < len(self.features):
                 raise ConfigError(f"--features {shown(self.features)}: names a feature twice")
-        in_range(self, "bins", 1)
-        in_range(self, "max_iter", 1)
-        in_range(self, "tol", 0.0, lo_open=True)
-        in_range(self, "workers", 1)
 
 
 @dataclass(frozen=True)
-class SyntheticConfig:
+class SyntheticConfig(Checked):
     """A synthetic trace with known truth: P(accept slot i) = sigmoid(slope * logit_qmax + intercepts[i]),
     censored after the first rejection and after a randomly trimmed verify prefix."""
 
-    num_slots: int = 100_000  # draft slots (rows), rounded up to whole (request, step) pairs of K
-    k: int = DEFAULT_K
+    num_slots: int = checked(100_000, 1)  # draft slots (rows), rounded up to whole (request, step) pairs of K
+    k: int = checked(DEFAULT_K, 1, MAX_K)
     slope: float = 0.55
     intercepts: tuple[float, ...] = (1.0, 0.8, 0.6, 0.45, 0.3, 0.2, 0.1)  # one per position, len K
     datasets: tuple[str, ...] = ("code", "chat")
     mix: tuple[float, ...] = (0.5, 0.5)  # share of requests per dataset
     feature_means: tuple[float, ...] = (2.5, 1.0)  # mean logit_qmax per dataset
-    feature_sd: float = 2.0
+    feature_sd: float = checked(2.0, 0.0)
     depth_drift: float = -0.25  # mean logit_qmax shift per draft position
-    batch_size: int = 8  # requests per engine step
-    steps_per_request: int = 64
-    trim_prob: float = 0.2  # chance that a (request, step) verifies only a random prefix
+    batch_size: int = checked(8, 1)  # requests per engine step
+    steps_per_request: int = checked(64, 1)
+    trim_prob: float = checked(0.2, 0.0, 1.0)  # chance that a (request, step) verifies only a random prefix
     seed: int = 0
 
     def __post_init__(self):
-        in_range(self, "num_slots", 1)
-        in_range(self, "k", 1, MAX_K)
-        in_range(self, "feature_sd", 0.0)
-        in_range(self, "batch_size", 1)
-        in_range(self, "steps_per_request", 1)
-        in_range(self, "trim_prob", 0.0, 1.0)
+        super().__post_init__()
         for name, n in (("intercepts", self.k), ("mix", len(self.datasets)),
                         ("feature_means", len(self.datasets))):
             if len(getattr(self, name)) != n:
                 raise ConfigError(f"{option(name)} must have {n} entries, got {shown(getattr(self, name))}")
 
 
-__all__ = ["FIT_ENGINES", "FIT_MODES", "FIT_REPLICAS", "ONLINE_ESTIMATORS", "FitConfig", "SyntheticConfig"]
+__all__ = ["FIT_ENGINES", "FIT_MODES", "FIT_REPLICAS", "ONLINE_ESTIMATORS", "FitConfig", "OutOfCoreConfig",
+           "SyntheticConfig"]

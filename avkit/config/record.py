@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from avkit.config.engine import RUN_ENGINES, EngineConfig, ModelsConfig
-from avkit.config.sampling import SamplingConfig
+from avkit.config.engine import RUN_ENGINES, EngineConfig, ModelsConfig, SamplingConfig
+from avkit.config.fields import Checked, checked
 from avkit.errors import ConfigError
-from avkit.validate import in_range, one_of, shown
+from avkit.validate import shown
 
 DEFAULT_RECORD_DATASETS = ("humaneval", "mtbench")
 
 
 @dataclass(frozen=True)
-class RecordConfig:
+class RecordConfig(Checked):
     """`avkit record`: run workloads through the engine and stream one trace row per draft slot.
 
     The default is a small seeded HumanEval + MT-Bench mix with the real pair that finishes in
@@ -26,18 +26,23 @@ class RecordConfig:
     decoding: EngineConfig = field(default_factory=EngineConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)  # temperature, top_p, max_new_tokens
     dataset: tuple[str, ...] = DEFAULT_RECORD_DATASETS  # workload names or .jsonl files (a repeated option)
-    num_prompts: int = 4  # prompts per dataset (first turns)
-    max_prompt_tokens: int = 768  # longer prompts are skipped (prefill dominates CPU time)
+    num_prompts: int = checked(4, 1)  # prompts per dataset (first turns)
+    max_prompt_tokens: int = checked(768, 1)  # longer prompts are skipped (prefill dominates CPU time)
     out: str = "traces/record.parquet"
     resume: bool = False  # continue an existing file: finished requests are skipped
     overwrite: bool = False  # replace an existing file (only when the new run finishes; see avkit/record)
-    slots_per_dataset: int = 0  # stop admitting a dataset's prompts after this many labelled slots (0 = off)
-    row_group_rows: int = 65536
-    flush_interval: float = 60.0  # also flush (and make the partial file readable) this often
-    threads: int = 0  # torch intra-op threads (0 = torch's default); 1 is fastest on an oversubscribed CPU
-    engine: str = "native"  # native (avkit's runtime) | vllm (vLLM's offline engine, docs/vllm.md)
+    # stop admitting a dataset's prompts after this many labelled slots (0 = off)
+    slots_per_dataset: int = checked(0, 0)
+    row_group_rows: int = checked(65536, 1)
+    # also flush (and make the partial file readable) this often
+    flush_interval: float = checked(60.0, 0.0, lo_open=True)
+    # torch intra-op threads (0 = torch's default); 1 is fastest on an oversubscribed CPU
+    threads: int = checked(0, 0)
+    # native (avkit's runtime) | vllm (vLLM's offline engine, docs/vllm.md)
+    engine: str = checked("native", choices=RUN_ENGINES)
     vllm_python: str = ""  # vllm: the venv's python ("" = $AVKIT_VLLM_PYTHON, else .venv-vllm/bin/python)
-    vllm_draft_sampling: str = "probabilistic"  # vllm, T > 0: draw drafts from q (probabilistic) or take argmax
+    # vllm, T > 0: draw drafts from q (probabilistic) or take argmax
+    vllm_draft_sampling: str = checked("probabilistic", choices=("probabilistic", "greedy"))
     policy: str = "full"  # the verify policy recorded, a spec (avkit/scheduling/policy.py): full, fixed:K, adaptive:E, ...
     cost: str = ""  # adaptive policies' cost table ("" = AdaptiveConfig's default)
     coefficients: str = ""  # adaptive policies' estimator warm start (coefficients.json; "" = reference constants)
@@ -45,14 +50,7 @@ class RecordConfig:
     def __post_init__(self):
         if not self.dataset:
             raise ConfigError("--dataset must name at least one workload")
-        in_range(self, "num_prompts", 1)
-        in_range(self, "max_prompt_tokens", 1)
-        in_range(self, "slots_per_dataset", 0)
-        in_range(self, "threads", 0)
-        one_of(self, "engine", RUN_ENGINES)
-        one_of(self, "vllm_draft_sampling", ("probabilistic", "greedy"))
-        in_range(self, "row_group_rows", 1)
-        in_range(self, "flush_interval", 0.0, lo_open=True)
+        super().__post_init__()
         if not str(self.out).endswith(".parquet"):
             raise ConfigError(f"--out must be a .parquet path, got {shown(self.out)}")
         if self.policy != "full" and self.engine != "native":

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from avkit.config.engine import EngineConfig, ModelsConfig
 from avkit.config.estimation import AdaptiveConfig, EstimatorConfig
+from avkit.config.fields import Checked, checked
 from avkit.errors import ConfigError
 from avkit.validate import in_range, shown
 
@@ -13,7 +14,7 @@ SERVE_STATE_DIR = "~/.cache/avkit/serve"  # default home of the coefficient snap
 
 
 @dataclass(frozen=True)
-class HttpConfig:
+class HttpConfig(Checked):
     """The OpenAI-compatible front: where it listens, who may call it, how it admits and stops.
 
     Admission: at most the engine's `concurrency` requests decode at once and at most `queue_size`
@@ -21,25 +22,19 @@ class HttpConfig:
     """
 
     host: str = "127.0.0.1"
-    port: int = 8000
+    port: int = checked(8000, 0, 65535)
     api_key: str = ""  # require `Authorization: Bearer KEY` on every endpoint but /health
     served_model_name: str = ""  # name in /v1/models and responses ("" = the target id)
-    queue_size: int = 64  # requests waiting beyond the engine's batch before 429
-    retry_after_s: int = 1  # Retry-After header on 429
-    max_body_bytes: int = 8 * 2**20  # larger request bodies get 413 (read before any parsing)
+    queue_size: int = checked(64, 0)  # requests waiting beyond the engine's batch before 429
+    retry_after_s: int = checked(1, 0)  # Retry-After header on 429
+    max_body_bytes: int = checked(8 * 2**20, 1)  # larger request bodies get 413 (read before any parsing)
     log_requests: bool = False  # one access-log line per request (method, path, status, tokens, seconds)
-    grace_period: float = 3.0  # SIGTERM: finish in-flight requests for this long, then cancel (exit within ~5 s)
-
-    def __post_init__(self):
-        in_range(self, "port", 0, 65535)
-        in_range(self, "queue_size", 0)
-        in_range(self, "retry_after_s", 0)
-        in_range(self, "max_body_bytes", 1)
-        in_range(self, "grace_period", 0.0)
+    # SIGTERM: finish in-flight requests for this long, then cancel (exit within ~5 s)
+    grace_period: float = checked(3.0, 0.0)
 
 
 @dataclass(frozen=True)
-class ServeConfig:
+class ServeConfig(Checked):
     """`avkit serve`: the models, the engine (engine.concurrency = requests decoding at once),
     the online estimator's refits, the adaptive policy, the HTTP front, and what serve adds itself."""
 
@@ -53,18 +48,16 @@ class ServeConfig:
     policy: str = "adaptive"  # a name in avkit.scheduling.policy.POLICIES
     schedule: str = ""  # policy "schedule": K by batch size, from `avkit tune` JSON or its vLLM fragment
     snapshot: str = ""  # where live coefficients are snapshotted ("" = SERVE_STATE_DIR/coefficients.json)
-    snapshot_every: int = 10  # snapshot every M refits (and on shutdown)
+    snapshot_every: int = checked(10, 1)  # snapshot every M refits (and on shutdown)
     resume: bool = True  # warm-start from the snapshot when it exists
     record: str = ""  # stream per-draft trace rows to this Parquet file while serving
-    record_flush_s: float = 30.0  # --record: write buffered trace rows to disk this often
-    max_new_tokens: int = 1024  # largest max_tokens a request may ask for
+    record_flush_s: float = checked(30.0, 0.0)  # --record: write buffered trace rows to disk this often
+    max_new_tokens: int = checked(1024, 1)  # largest max_tokens a request may ask for
     default_max_tokens: int = 256  # chat default when the request sets none
 
     def __post_init__(self):
-        in_range(self, "max_new_tokens", 1)
+        super().__post_init__()
         in_range(self, "default_max_tokens", 1, self.max_new_tokens)
-        in_range(self, "snapshot_every", 1)
-        in_range(self, "record_flush_s", 0.0)
         if (self.policy == "schedule") != bool(self.schedule):
             raise ConfigError("--schedule FILE goes with --policy schedule (and only with it), got --policy "
                               f"{self.policy}, --schedule {shown(self.schedule)}")
