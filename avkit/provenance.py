@@ -29,6 +29,7 @@ import os
 from pathlib import Path
 
 from avkit import __version__
+from avkit.validate import option
 
 INPUTS_KEY = "avkit.inputs"  # Parquet metadata key of the record
 
@@ -94,9 +95,9 @@ def _setting(key: str, v) -> str:
 
 
 def _option(name: str, v) -> str:
-    flag = "--" + name.replace("_", "-")
+    flag = option(name)
     if isinstance(v, bool):
-        return flag if v else "--no-" + name.replace("_", "-")
+        return flag if v else "--no-" + flag.lstrip("-")
     return f"{flag} {','.join(map(str, v)) if isinstance(v, list | tuple) else v}"
 
 

@@ -14,13 +14,13 @@ registry`, iteration and the "choose from" error need no import at all.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from avkit.errors import ConfigError
 
 
-class Registry(MutableMapping[str, Callable[..., Any]]):
+class Registry(Mapping[str, Callable[..., Any]]):
     """A mapping of names to factories, each given directly or as a lazy "module:attribute" path."""
 
     def __init__(self, kind: str, entries: Mapping[str, Callable[..., Any] | str] | None = None):
@@ -40,12 +40,6 @@ class Registry(MutableMapping[str, Callable[..., Any]]):
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    def __setitem__(self, name: str, entry: Callable[..., Any] | str) -> None:
-        self._entries[name] = entry
-
-    def __delitem__(self, name: str) -> None:
-        del self._entries[name]
 
     def register(self, name: str):
         """Decorator: register a factory under `name` (for plug-ins; built-ins are lazy paths)."""

@@ -186,13 +186,7 @@ def _main(version: Annotated[bool, typer.Option(
 
 
 for _name in COMMANDS:
-    try:
-        _mod = importlib.import_module(f"avkit.cli.{_name}")
-    except ModuleNotFoundError as _e:  # a command whose module is not written yet
-        if _e.name == f"avkit.cli.{_name}":
-            continue
-        raise
-    _mod.register(app)
+    importlib.import_module(f"avkit.cli.{_name}").register(app)
 
 
 def main() -> None:

@@ -13,6 +13,8 @@ from rich.progress import Progress
 from rich.table import Table
 
 from avkit.cli.hvd import render as render_hvd
+from avkit.cli.hvd import replay
+from avkit.cli.options import stdout_console
 from avkit.config import DEFAULT_TRACE_GLOB, EstimatorConfig, FitConfig, default_of
 from avkit.errors import ConfigError
 from avkit.staged import StagedOutputs
@@ -124,10 +126,10 @@ def register(app: typer.Typer) -> None:
 
                 result = run_fit(paths, config, est_cfg, progress=progress)
             written = write_fit_outputs(out, result, outputs)
-            hvd_result = fit_hvd_outputs(with_gens, out / "hvd", outputs) if hvd else None
-        render(result, written, Console(width=None if sys.stdout.isatty() else 132))
+            hvd_result = replay(with_gens, out / "hvd", outputs, progress=sys.stderr.isatty()) if hvd else None
+        render(result, written, stdout_console())
         if hvd_result is not None:
-            render_hvd(hvd_result, Console(width=None if sys.stdout.isatty() else 140))
+            render_hvd(hvd_result, stdout_console(140))
 
 
 def hvd_traces(paths: list[Path], out: Path, outputs) -> list[Path]:
@@ -140,15 +142,3 @@ def hvd_traces(paths: list[Path], out: Path, outputs) -> list[Path]:
         raise ConfigError(f"--hvd: none of the traces has a generations table beside it ({paths[0]} ...)")
     reserve_hvd_outputs(out, outputs, "--out")
     return with_gens
-
-
-def fit_hvd_outputs(with_gens: list[Path], out: Path, outputs):
-    """`--hvd`: the same replay as `avkit hvd`, staged into `outputs` beside the fit files."""
-    from avkit.hvd.fit import fit_hvd  # lazy: start-up (the library loads when the command runs: -h stays fast)
-    from avkit.hvd.token_lookup import token_classes_for  # lazy: start-up (the library loads when the command runs: -h stays fast)
-
-    classes = token_classes_for(with_gens)
-    result = fit_hvd(with_gens, out, token_classes=classes, progress=sys.stderr.isatty(), outputs=outputs)
-    if classes.table is None:  # one line, once the inputs proved good
-        Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {classes.source}", highlight=False)
-    return result

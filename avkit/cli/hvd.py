@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from avkit.cli.options import stdout_console
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig, default_of
 from avkit.errors import ConfigError
 from avkit.staged import StagedOutputs
@@ -45,6 +46,19 @@ def greedy_traces(root: Path | None = None) -> list[Path]:
         raise ConfigError(f"no trace with a generations table in {root}/; pass trace files or --synthetic")
     greedy = [p for p, t in found.items() if t == 0.0]
     return greedy or list(found)
+
+
+def replay(paths: list[Path], out: Path, outputs, tokenizer: str | None = None, **kw):
+    """The HVD replay of traces with generations tables, staged into `outputs` (`avkit hvd`, `avkit fit --hvd`);
+    one warning line, once the inputs proved good, when the token-structure features fall back."""
+    from avkit.hvd.fit import fit_hvd  # lazy: start-up (the library loads when the command runs: -h stays fast)
+    from avkit.hvd.token_lookup import token_classes_for  # lazy: start-up (the library loads when the command runs: -h stays fast)
+
+    classes = token_classes_for(paths, tokenizer)
+    result = fit_hvd(paths, out, token_classes=classes, outputs=outputs, **kw)
+    if classes.table is None and tokenizer != "none":
+        Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {classes.source}", highlight=False)
+    return result
 
 
 def render(result, console: Console) -> None:
@@ -89,9 +103,8 @@ def register(app: typer.Typer) -> None:
         configs = {"cache_config": SuffixCacheConfig(max_depth=max_depth), "replay_config": HvdReplayConfig(k=k),
                    "payoff_config": PayoffConfig(epochs=epochs, seed=seed)}  # bad options fail before the imports
         from avkit.hvd.cost import HvdCost, load_hvd_cost  # lazy: start-up (the library loads when the command runs: -h stays fast)
-        from avkit.hvd.fit import fit_hvd, fit_hvd_generations, reserve_hvd_outputs  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.hvd.fit import fit_hvd_generations, reserve_hvd_outputs  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.hvd.markdown import hvd_markdown  # lazy: start-up (the library loads when the command runs: -h stays fast)
-        from avkit.hvd.token_lookup import token_classes_for  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
         kw = {**configs,
               "cost": load_hvd_cost(cost_table) if cost_table is not None else
@@ -108,13 +121,9 @@ def register(app: typer.Typer) -> None:
                 from avkit.trace.shards import resolve_shards  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
                 paths = resolve_shards(traces) if traces else greedy_traces()
-                classes = token_classes_for(paths, tokenizer)
-                result = fit_hvd(paths, out, token_classes=classes, outputs=outputs, **kw)
-                if classes.table is None and tokenizer != "none":  # one line, once the inputs proved good
-                    Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {classes.source}",
-                                                               highlight=False)
+                result = replay(paths, out, outputs, tokenizer, **kw)
                 title = "HVD replay on " + ", ".join(p.name for p in paths)
             if md is not None:
                 md.write_text(hvd_markdown(result, title))
                 result.files.append(str(markdown))
-        render(result, Console(width=None if sys.stdout.isatty() else 140))
+        render(result, stdout_console(140))

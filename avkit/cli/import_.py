@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
+
+from avkit.cli.options import stdout_console
 from avkit.jsonsafe import json_safe
 from avkit.staged import StagedOutputs
 
@@ -33,7 +33,7 @@ def register(app: typer.Typer) -> None:
             tmp = outputs.file(out, "--out")
             profile = acceptance_profile(parse_counters(read_source(source), source, model_name), source)
             tmp.write_text(json.dumps(json_safe(profile), indent=1) + "\n")
-        console = Console(width=None if sys.stdout.isatty() else 132)  # the result: stdout
+        console = stdout_console()  # the result: stdout
         table = Table(title=f"{source}: {profile['num_drafts']} drafts, K={profile['k']} (aggregate)")
         for col in ("position", "reached", "accepted", "P(accept | reached) [95%]", "P(L > j)"):
             table.add_column(col, justify="right")

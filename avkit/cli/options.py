@@ -1,11 +1,17 @@
-"""Options several commands share, each declared once: its type and its help (the default is the command's
-config's, `default_of`)."""
+"""What several commands share, each declared once: options (their type and help; the default is the
+command's config's, `default_of`), the parsing of a comma-separated list, the console results go to."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
+
+from avkit.config import DEFAULT_TRACE_GLOB
+from avkit.errors import ConfigError
 
 TargetOption = Annotated[str, typer.Option(help="target model: alias, HF directory or GGUF file")]
 DraftOption = Annotated[str, typer.Option(help="draft model ('none' = target-only decoding)")]
@@ -22,6 +28,32 @@ EngineOption = Annotated[str, typer.Option(help="native (avkit's runtime) | vllm
                                                 "venv, docs/vllm.md)")]
 VllmPythonOption = Annotated[str, typer.Option(help="--engine vllm: that venv's python (default $AVKIT_VLLM_PYTHON, "
                                                     "else .venv-vllm/bin/python)")]
+TracesArgument = Annotated[list[Path] | None, typer.Argument(
+    metavar="TRACE", help=f"trace files, directories of them or globs (default: the shipped {DEFAULT_TRACE_GLOB})",
+    show_default=False)]
+CostOption = Annotated[str, typer.Option(help=(
+    "a cost file (`avkit profile`, or the model `avkit serve` learned: learned_cost.json; default: the shipped "
+    "traces' model pair profiled on a 2-core CPU), or a roofline what-if: roofline:GPU:TARGET, optionally followed "
+    "by :DRAFT and :context=N,drafter=parallel"))]
+ConcurrencyOption = Annotated[str, typer.Option(help="comma-separated concurrencies (batch sizes)")]
 
-__all__ = ["DeviceOption", "DraftOption", "DrafterOption", "DtypeOption", "EngineOption", "KernelsOption",
-           "PayoffOption", "TargetOption", "VllmPythonOption"]
+
+def parse_ints(name: str, text: str) -> tuple[int, ...]:
+    """`--concurrency 1,2,4` -> (1, 2, 4); one error line naming the option otherwise."""
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"--{name} must be comma-separated integers, got {text}") from None
+    if not values:
+        raise ConfigError(f"--{name} is empty")
+    return values
+
+
+def stdout_console(width: int = 132) -> Console:
+    """Where a command's result goes: stdout, `width` columns when it is not a terminal (a file, a pipe)."""
+    return Console(width=None if sys.stdout.isatty() else width)
+
+
+__all__ = ["ConcurrencyOption", "CostOption", "DeviceOption", "DraftOption", "DrafterOption", "DtypeOption",
+           "EngineOption", "KernelsOption", "PayoffOption", "TargetOption", "TracesArgument", "VllmPythonOption",
+           "parse_ints", "stdout_console"]

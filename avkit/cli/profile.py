@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from typing import Annotated
 
 import typer
@@ -10,7 +9,8 @@ from rich.console import Console
 from rich.progress import Progress, TimeElapsedColumn
 from rich.table import Table
 
-from avkit.cli.options import DeviceOption, DtypeOption, EngineOption, TargetOption, VllmPythonOption
+from avkit.cli.options import (
+    DeviceOption, DtypeOption, EngineOption, TargetOption, VllmPythonOption, stdout_console)
 from avkit.config import ModelsConfig, ProfileConfig, SamplingConfig, default_of
 from avkit.staged import StagedOutputs
 
@@ -88,7 +88,7 @@ def register(app: typer.Typer) -> None:
                 task = bar.add_task(f"profiling ({config.repeats} runs per point)",
                                     total=num_points(config, drf is not None))
                 table = profile_costs(tgt, drf, config, on_point=lambda: bar.advance(task))
-            render(table, Console(width=None if sys.stdout.isatty() else 132))  # the result: stdout
+            render(table, stdout_console())  # the result: stdout
             console.print(noise_line(table.meta.get("noise", {})), highlight=False)
             path = table.save(out, outputs)
         console.print(f"cost table: {path}")
@@ -111,7 +111,7 @@ def _profile_vllm(config, console: Console) -> None:
             task = bar.add_task(f"profiling vLLM ({config.repeats} steps per point)", total=num_points(config))
             table = profile_vllm(python, tgt, drf, config, dtype=config.models.dtype, threads=config.threads,
                                  on_point=lambda: bar.advance(task))
-        render(table, Console(width=None if sys.stdout.isatty() else 132))  # the result: stdout
+        render(table, stdout_console())  # the result: stdout
         console.print(noise_line(table.meta.get("noise", {})), highlight=False)
         path = table.save(out, outputs)
     console.print(f"cost table: {path}")

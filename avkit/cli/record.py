@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -12,7 +11,7 @@ from rich.table import Table
 
 from avkit.cli.options import (
     DeviceOption, DraftOption, DrafterOption, DtypeOption, EngineOption, KernelsOption, PayoffOption, TargetOption,
-    VllmPythonOption)
+    VllmPythonOption, stdout_console)
 from avkit.config import EngineConfig, ModelsConfig, RecordConfig, SamplingConfig, default_of
 from avkit.errors import ConfigError
 
@@ -119,7 +118,7 @@ def register(app: typer.Typer) -> None:
         console.print(f"avkit record: {config.models.target} + {config.models.draft or 'no draft'}, "
                       f"datasets {', '.join(config.dataset)} -> {config.out}")
         result = run(config, progress=progress, console=console)
-        render(result, Console(width=None if sys.stdout.isatty() else 132))  # the result: stdout
+        render(result, stdout_console())  # the result: stdout
         if not result.committed:
             console.print(f"[yellow]interrupted:[/] {result.trace_path} was left as it was; the rows recorded so "
                           f"far are in {result.trace_path}.partial (and its generations); rerun with --resume "

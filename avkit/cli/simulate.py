@@ -2,42 +2,20 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import Progress
 
-from avkit.config import DEFAULT_TRACE_GLOB, SimulateConfig, default_of
+from avkit.cli.options import ConcurrencyOption, CostOption, TracesArgument, parse_ints, stdout_console
+from avkit.config import SimulateConfig, default_of
 from avkit.errors import ConfigError
 from avkit.staged import StagedOutputs
 
 
 def _d(name: str):
     return default_of(SimulateConfig, name)
-
-
-# shared with `avkit tune`
-TracesArgument = Annotated[list[Path] | None, typer.Argument(
-    metavar="TRACE", help=f"trace files, directories of them or globs (default: the shipped {DEFAULT_TRACE_GLOB})",
-    show_default=False)]
-COST_HELP = ("a cost file (`avkit profile`, or the model `avkit serve` learned: learned_cost.json; default: the "
-             "shipped traces' model pair profiled on a 2-core CPU), or a roofline what-if: roofline:GPU:TARGET, "
-             "optionally followed by :DRAFT and :context=N,drafter=parallel")
-CostOption = Annotated[str, typer.Option(help=COST_HELP)]
-ConcurrencyOption = Annotated[str, typer.Option(help="comma-separated concurrencies (batch sizes)")]
-
-
-def parse_ints(name: str, text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ConfigError(f"--{name} must be comma-separated integers, got {text}") from None
-    if not values:
-        raise ConfigError(f"--{name} is empty")
-    return values
 
 
 def register(app: typer.Typer) -> None:
@@ -98,7 +76,7 @@ def register(app: typer.Typer) -> None:
                 task = bar.add_task("simulating", total=n_policies * len(config.concurrency))
                 df = run(steps, table, config.concurrency, specs, config=config, coefficients=coefficients,
                          progress=lambda: bar.advance(task))
-            stdout = Console(width=None if sys.stdout.isatty() else 132)  # results; progress and logs on stderr
+            stdout = stdout_console()  # results; progress and logs on stderr
             render_results(df, stdout, f"throughput, tokens/s (× best fixed K); cost {config.cost}")
             path = write_results(df, config.out, outputs, inputs=results_inputs(paths, table, config, specs))
             check = step_time_check(steps, table) if step_time else None

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from avkit.cli.simulate import ConcurrencyOption, CostOption, TracesArgument, parse_ints
+from avkit.cli.options import ConcurrencyOption, CostOption, TracesArgument, parse_ints
 from avkit.config import TuneConfig, default_of
 from avkit.staged import write_json_atomic
 
