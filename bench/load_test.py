@@ -205,8 +205,7 @@ PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):", "impo
 
 def run_scenario(cfg, models, args) -> tuple[list[str], list[str]]:
     """One server configuration under the full client load: (report section, violations)."""
-    from avkit.serve.server import build_state
-    from avkit.serve.testing import serve_in_thread
+    from avkit.serve.server import build_state, serve_in_thread
 
     state = build_state(cfg, target=models[0], draft=models[1])
     with serve_in_thread(state) as url:

@@ -14,8 +14,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from avkit.config import AdaptiveConfig, EngineConfig, EstimatorConfig, HttpConfig, ModelsConfig, ServeConfig
-from avkit.serve.server import build_state
-from avkit.serve.testing import serve_in_thread
+from avkit.serve.server import build_state, serve_in_thread
 
 VOCAB = 384
 PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):", "import numpy as np"]

@@ -364,8 +364,7 @@ def test_served_request_with_joint_router(pair, tmp_path, survival_file):
     target-only decoding, and /metrics reports the shared cache's memory."""
     import openai
 
-    from avkit.serve.server import build_state
-    from avkit.serve.testing import serve_in_thread
+    from avkit.serve.server import build_state, serve_in_thread
     from serve_support import metrics, serve_config
     from test_serve import _greedy_reference
 

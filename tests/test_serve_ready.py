@@ -16,8 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from avkit.serve.server import build_state
-from avkit.serve.testing import serve_in_thread
+from avkit.serve.server import build_state, serve_in_thread
 from serve_support import serve_config, serve_process, wait_for
 
 # The promise: a process exits within 5 s of SIGTERM at any moment. Mid-generation that is the 3 s grace

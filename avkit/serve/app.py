@@ -23,53 +23,39 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from avkit.serve.completions import add_routes
+from avkit.serve.engine_loop import INTERNAL_ERROR
 from avkit.serve.metrics import CONTENT_TYPE
-from avkit.serve.middleware import INTERNAL_ERROR_BODY, BodyLimit, ContainErrors, CountRequests
-from avkit.serve.openai_api import error_body, model_list
-from avkit.serve.state import ApiError, ServeState
+from avkit.serve.middleware import BodyLimit, ContainErrors
+from avkit.serve.openai_api import ApiError, model_list
+from avkit.serve.state import ServeState
 
 
-def _validation_message(err: dict) -> tuple[str, str | None]:
-    """First pydantic error -> ("field: problem, got value", top-level field)."""
-    loc = [str(x) for x in err.get("loc", ()) if x != "body"]
-    if err.get("type") == "json_invalid":
-        return f"request body is not valid JSON: {err.get('ctx', {}).get('error', err['msg'])}", None
-    if err.get("type") == "extra_forbidden":
-        return f"unknown field {'.'.join(loc)!r}", loc[0] if loc else None
-    where = ".".join(loc) or "body"
-    if err.get("type") == "value_error":  # our own validators: the message already shows the value
-        return f"{where}: {err['msg'].removeprefix('Value error, ')}", loc[0] if loc else None
-    got = err.get("input")
-    got_s = "" if err.get("type") == "missing" else f", got {got!r}"[:200]
-    return f"{where}: {err['msg']}{got_s}", loc[0] if loc else None
+def _api_error(request: Request, e: Exception) -> ApiError:
+    """Any exception a route raises -> the ApiError it answers with (a 500 says only that the log has it)."""
+    if isinstance(e, ApiError):
+        return e
+    if isinstance(e, RequestValidationError):  # the first pydantic error: "field: problem, got value"
+        err = e.errors()[0] if e.errors() else {"msg": "invalid request", "type": "missing"}
+        loc = [str(x) for x in err.get("loc", ()) if x != "body"]
+        where, param, kind = ".".join(loc) or "body", loc[0] if loc else None, err.get("type")
+        if kind == "json_invalid":
+            return ApiError(400, f"request body is not valid JSON: {err.get('ctx', {}).get('error', err['msg'])}")
+        if kind == "extra_forbidden":
+            return ApiError(400, f"unknown field {where!r}", param=param)
+        if kind == "value_error":  # our own validators: the message already shows the value
+            return ApiError(400, f"{where}: {err['msg'].removeprefix('Value error, ')}", param=param)
+        got = "" if kind == "missing" else f", got {err.get('input')!r}"[:200]
+        return ApiError(400, f"{where}: {err['msg']}{got}", param=param)
+    if not isinstance(e, HTTPException):  # logged by ContainErrors, never echoed
+        return ApiError(500, INTERNAL_ERROR)
+    message = {404: f"no route {request.url.path}", 405: f"method {request.method} not allowed on {request.url.path}"
+               }.get(e.status_code, "request body: cannot be parsed as UTF-8 JSON")  # 400: FastAPI cannot decode it
+    return ApiError(e.status_code, message, headers=getattr(e, "headers", None))
 
 
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, e: ApiError):
-        return JSONResponse(error_body(e.message, type_=e.type_, param=e.param, code=e.status),
-                            status_code=e.status, headers=e.headers)
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, e: RequestValidationError):
-        errors = e.errors()
-        message, param = _validation_message(errors[0]) if errors else ("invalid request", None)
-        return JSONResponse(error_body(message, param=param, code=400), status_code=400)
-
-    @app.exception_handler(HTTPException)
-    async def _http(request: Request, e: HTTPException):
-        if e.status_code == 404:
-            message, type_ = f"no route {request.url.path}", "not_found_error"
-        elif e.status_code == 405:
-            message, type_ = f"method {request.method} not allowed on {request.url.path}", "invalid_request_error"
-        else:  # 400: a body FastAPI cannot decode (invalid UTF-8 among them)
-            message, type_ = "request body: cannot be parsed as UTF-8 JSON", "invalid_request_error"
-        return JSONResponse(error_body(message, type_=type_, code=e.status_code), status_code=e.status_code,
-                            headers=getattr(e, "headers", None))
-
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, e: Exception):  # logged by ContainErrors, never echoed
-        return JSONResponse(INTERNAL_ERROR_BODY, status_code=500)
+async def _envelope(request: Request, e: Exception) -> JSONResponse:
+    error = _api_error(request, e)
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
 def _auth(state: ServeState):
@@ -83,7 +69,7 @@ def _auth(state: ServeState):
         scheme, _, token = got.partition(" ")
         if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):
             raise ApiError(401, "missing or invalid API key (send `Authorization: Bearer KEY`)",
-                           type_="authentication_error", headers={"WWW-Authenticate": "Bearer"})
+                           headers={"WWW-Authenticate": "Bearer"})
 
     return check
 
@@ -108,7 +94,8 @@ def build_app(state: ServeState) -> FastAPI:
 
     app = FastAPI(title="avkit", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.avkit = state
-    _install_error_handlers(app)
+    for error in (ApiError, RequestValidationError, HTTPException, Exception):
+        app.add_exception_handler(error, _envelope)
     auth = Depends(_auth(state))
 
     @app.get("/health")
@@ -140,7 +127,7 @@ def build_app(state: ServeState) -> FastAPI:
 
 
 def asgi_app(state: ServeState):
-    """What uvicorn runs: the app inside its error, metrics/access-log and body-size layers."""
+    """What uvicorn runs: the app inside its error/metrics/access-log and body-size layers."""
     cfg = state.config
-    return ContainErrors(CountRequests(BodyLimit(build_app(state), cfg.http.max_body_bytes), state.metrics,
-                                       log_requests=cfg.http.log_requests))
+    return ContainErrors(BodyLimit(build_app(state), cfg.http.max_body_bytes), state.metrics,
+                         log_requests=cfg.http.log_requests)

@@ -20,9 +20,10 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from avkit.serve.generation import Failed, Generation
+from avkit.serve.generation import Generation
 from avkit.serve.middleware import USAGE_KEY
 from avkit.serve.openai_api import (
+    ApiError,
     ChatCompletionRequest,
     CompletionRequest,
     chat_body,
@@ -31,7 +32,7 @@ from avkit.serve.openai_api import (
     new_id,
     usage,
 )
-from avkit.serve.state import ApiError, ServeState
+from avkit.serve.state import ServeState
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -72,7 +73,7 @@ def _sse(data: dict[str, Any] | str) -> str:
 def _check_model(state: ServeState, model: str) -> None:
     if model != state.model_name:
         raise ApiError(404, f"model {model!r} not found; this server serves {state.model_name!r}",
-                       param="model", type_="not_found_error")
+                       param="model")
 
 
 def _check_text(text: str, param: str) -> None:
@@ -139,16 +140,7 @@ async def _collect(gen: Generation, request: Request) -> list[tuple[str, str]] |
         if not work.done():
             work.cancel()
             gen.cancel()
-    if not work.done() or work.cancelled():
-        return None
-    try:
-        return work.result()
-    except Failed as e:
-        raise ApiError(e.status, str(e), type_=_error_type(e.status)) from None
-
-
-def _error_type(status: int) -> str:
-    return {500: "internal_error", 503: "unavailable_error"}.get(status, "invalid_request_error")
+    return None if not work.done() or work.cancelled() else work.result()  # an error event raises its ApiError
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -167,9 +159,9 @@ async def _stream(gen: Generation, request: Request, chat: bool, include_usage: 
                 yield _sse(chat_chunk(rid, model, {"content": delta} if delta else {}, finish, index=i))
             else:
                 yield _sse(completion_body(rid, model, [(delta, finish)], None, chunk=True, index=i))
-    except Failed as e:  # headers are sent: report the error in-band, as OpenAI does
+    except ApiError as e:  # headers are sent: report the error in-band, as OpenAI does
         gen.cancel()
-        yield _sse({"error": {"message": str(e), "type": _error_type(e.status), "code": e.status}})
+        yield _sse(e.body())
         return
     finally:
         request.scope[USAGE_KEY] = (gen.prompt_len, gen.completion_tokens)

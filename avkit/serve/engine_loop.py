@@ -96,7 +96,6 @@ class EngineLoop:
         self._pending: collections.deque[RequestHandle] = collections.deque()
         self._running: dict[str, RequestHandle] = {}
         self._cancels: set[str] = set()
-        self._in_transit: dict[str, RequestHandle] = {}  # popped from _pending, not yet in _running
         self._accepting = True
         self._stop = False
         self.dead: str | None = None  # why the engine thread died (None while it runs)
@@ -114,9 +113,6 @@ class EngineLoop:
     def queue_depth(self) -> int:
         return len(self._pending)
 
-    def submit(self, request, loop: asyncio.AbstractEventLoop) -> RequestHandle:
-        return self.submit_all([request], loop)[0]
-
     def submit_all(self, requests: list, loop: asyncio.AbstractEventLoop) -> list[RequestHandle]:
         """Queue every request or none (QueueFull / NotAccepting / EngineDead)."""
         handles = [RequestHandle(r, loop) for r in requests]
@@ -125,8 +121,7 @@ class EngineLoop:
                 raise EngineDead(self.dead)
             if not self._accepting:
                 raise NotAccepting("server is shutting down")
-            busy = len(self._pending) + len(self._in_transit) + len(self._running)
-            if busy + len(handles) > self.max_concurrency + self.queue_size:
+            if len(self._pending) + len(self._running) + len(handles) > self.max_concurrency + self.queue_size:
                 raise QueueFull(f"{len(self._running)} running and {len(self._pending)} queued")
             self._pending.extend(handles)
             self._gauges()
@@ -141,8 +136,8 @@ class EngineLoop:
                     self._pending.remove(h)
                     self._gauges()
                     return
-            if request_id in self._running or request_id in self._in_transit:
-                self._cancels.add(request_id)  # applied at the next step, or by _admit on arrival
+            if request_id in self._running:
+                self._cancels.add(request_id)  # applied before the next step
                 self._cv.notify()
 
     def begin_drain(self) -> None:
@@ -179,9 +174,9 @@ class EngineLoop:
             log.critical("engine thread died:\n%s", traceback.format_exc())
             with self._cv:
                 self.dead = f"{type(e).__name__}"
-                failed = [*self._pending, *self._in_transit.values(), *self._running.values()]
+                failed = [*self._pending, *self._running.values()]
                 self._pending.clear()
-                self._in_transit, self._running = {}, {}
+                self._running = {}
                 self._gauges()
                 self._cv.notify_all()
             for h in failed:
@@ -192,16 +187,21 @@ class EngineLoop:
             with self._cv:
                 while not (self._stop or self._pending or self._cancels or self._running):
                     self._cv.wait()
-                cancels, self._cancels = self._cancels, set()
                 admit = []
-                while self._pending and len(self._running) + len(admit) < self.max_concurrency \
-                        and not self._stop:
+                while self._pending and len(self._running) < self.max_concurrency and not self._stop:
                     admit.append(self._pending.popleft())
-                self._in_transit.update((h.request_id, h) for h in admit)
-            self._apply_cancels(cancels)
+                    self._running[admit[-1].request_id] = admit[-1]
+            for h in admit:  # outside the lock; a cancel meanwhile is in _cancels, applied next
+                self._add(h)
+            with self._cv:
+                cancels, self._cancels = self._cancels, set()
+                gone = [rid for rid in cancels if self._running.pop(rid, None) is not None]
+                self._gauges()
+                self._cv.notify_all()
+            for rid in gone:
+                self._engine.abort(rid)
             if self._stop:
                 return
-            self._admit(admit)
             if self._running:
                 self._step()
             if self._on_step is not None:
@@ -210,45 +210,19 @@ class EngineLoop:
                 except Exception:  # side writes are guarded upstream; this is the backstop
                     log.error("after-step hook failed:\n%s", traceback.format_exc())
 
-    def _apply_cancels(self, cancels: set[str]) -> None:
-        for rid in cancels:
-            with self._cv:
-                handle = self._running.pop(rid, None)
-                self._gauges()
-                self._cv.notify_all()
-            if handle is not None:
-                self._engine.abort(rid)
-
-    def _admit(self, handles: list[RequestHandle]) -> None:
-        for h in handles:
-            try:
-                self._engine.add_request(h.request)
-            except AvkitError as e:  # the engine refuses this request alone
-                self._left_transit(h)
-                h.post(Event([], True, "error", str(e), status=400))
-                continue
-            except Exception:
-                self._left_transit(h)
-                log.error("add_request %s failed:\n%s", h.request_id, traceback.format_exc())
-                h.post(Event([], True, "error", INTERNAL_ERROR))
-                continue
-            with self._cv:
-                self._in_transit.pop(h.request_id, None)
-                cancelled = h.request_id in self._cancels  # the client left while it was in transit
-                if cancelled:
-                    self._cancels.discard(h.request_id)
-                else:
-                    self._running[h.request_id] = h
-            if cancelled:
-                self._engine.abort(h.request_id)
+    def _add(self, h: RequestHandle) -> None:
+        """Into the engine; a request it refuses fails alone (400 for its own error, else 500)."""
+        try:
+            self._engine.add_request(h.request)
+            return
+        except AvkitError as e:
+            event = Event([], True, "error", str(e), status=400)
+        except Exception:
+            log.error("add_request %s failed:\n%s", h.request_id, traceback.format_exc())
+            event = Event([], True, "error", INTERNAL_ERROR)
         with self._cv:
-            self._gauges()
-            self._cv.notify_all()
-
-    def _left_transit(self, h: RequestHandle) -> None:
-        with self._cv:
-            self._in_transit.pop(h.request_id, None)
-            self._cancels.discard(h.request_id)
+            self._running.pop(h.request_id, None)
+        h.post(event)
 
     def _step(self) -> None:
         t0 = time.perf_counter()

@@ -19,16 +19,9 @@ from avkit.config import SamplingConfig
 from avkit.errors import AvkitError
 from avkit.runtime.request import Request as EngineRequest
 from avkit.serve.engine_loop import ENGINE_DEAD, EngineDead, NotAccepting, QueueFull, RequestHandle
-from avkit.serve.state import ApiError, ServeState
+from avkit.serve.openai_api import ApiError
+from avkit.serve.state import ServeState
 from avkit.serve.text_stream import TextStream
-
-
-class Failed(Exception):
-    """A choice ended with an error event (message and HTTP status from the engine loop)."""
-
-    def __init__(self, message: str, status: int):
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass
@@ -57,12 +50,12 @@ class Generation:
         try:
             handles = state.engine_loop.submit_all(requests, asyncio.get_running_loop())
         except QueueFull as e:
-            raise ApiError(429, f"server busy ({e}); retry later", type_="rate_limit_error",
+            raise ApiError(429, f"server busy ({e}); retry later",
                            headers={"Retry-After": str(state.config.http.retry_after_s)}) from None
         except NotAccepting:
-            raise ApiError(503, "server is shutting down", type_="unavailable_error") from None
+            raise ApiError(503, "server is shutting down") from None
         except EngineDead:
-            raise ApiError(503, ENGINE_DEAD, type_="unavailable_error") from None
+            raise ApiError(503, ENGINE_DEAD) from None
         state.metrics.prompt_tokens.inc(len(prompt_ids))
         decode = functools.partial(state.tokenizer.decode, skip_special_tokens=True)
         self.choices = [Choice(i, h, TextStream(decode, body.stop or ())) for i, h in enumerate(handles)]
@@ -82,7 +75,7 @@ class Generation:
         while True:
             ev = await choice.handle.events.get()
             if ev.error is not None:
-                raise Failed(ev.error, ev.status)
+                raise ApiError(ev.status, ev.error)
             delta = ts.push(ev.new_token_ids)
             if first and ev.new_token_ids:
                 state.metrics.ttft_seconds.observe(time.monotonic() - self.t0)
@@ -108,7 +101,7 @@ class Generation:
             try:
                 async for delta, finish in self._choice_events(choice):
                     queue.put_nowait((choice.index, delta, finish))
-            except Failed as e:
+            except ApiError as e:
                 queue.put_nowait(e)
 
         tasks = [asyncio.ensure_future(pump(c)) for c in self.choices]
@@ -116,7 +109,7 @@ class Generation:
             for _ in range(len(self.choices)):
                 while True:
                     item = await queue.get()
-                    if isinstance(item, Failed):
+                    if isinstance(item, ApiError):
                         raise item
                     yield item
                     if item[2] is not None:

@@ -1,10 +1,10 @@
-"""ASGI layers around the FastAPI app, outermost first: contain errors, count and log, cap the body.
+"""ASGI layers around the FastAPI app, outermost first: contain errors and count, cap the body.
 
   ContainErrors   an exception that escapes the app (FastAPI's ServerErrorMiddleware re-raises after
                   sending the 500) ends here: logged once with its traceback and swallowed, so the
                   server keeps the keep-alive connection instead of resetting it; if nothing was sent
-                  yet, the client gets a 500 in the OpenAI envelope with no exception text
-  CountRequests   every response by endpoint and status on /metrics (streams included); with
+                  yet, the client gets a 500 in the OpenAI envelope with no exception text. Every
+                  response is counted by endpoint and status on /metrics (streams included); with
                   --log-requests one access-log line per request: method, path, status, prompt and
                   completion tokens, seconds
   BodyLimit       reads a request body up to `max_body_bytes` before the app sees it; more (by
@@ -18,48 +18,23 @@ import logging
 import time
 
 from avkit.serve.engine_loop import INTERNAL_ERROR
-from avkit.serve.openai_api import error_body
+from avkit.serve.openai_api import ApiError
 
 log = logging.getLogger("avkit.serve")
 access_log = logging.getLogger("avkit.serve.access")
 
 ENDPOINTS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"})
 USAGE_KEY = "avkit.usage"  # scope key the generation endpoints set to (prompt, completion) tokens
-INTERNAL_ERROR_BODY = error_body(INTERNAL_ERROR, type_="internal_error", code=500)
 
 
-async def send_json(send, status: int, body: dict, headers: list[tuple[bytes, bytes]] = ()) -> None:
-    payload = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(payload)).encode()), *headers]})
+async def send_error(send, error: ApiError) -> None:
+    payload = json.dumps(error.body()).encode()
+    await send({"type": "http.response.start", "status": error.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
     await send({"type": "http.response.body", "body": payload})
 
 
 class ContainErrors:
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        started = False
-
-        async def track(message):
-            nonlocal started
-            if message["type"] == "http.response.start":
-                started = True
-            await send(message)
-
-        try:
-            await self.app(scope, receive, track)
-        except Exception:  # the one place an unexpected error stops
-            log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
-            if not started:
-                await send_json(send, 500, INTERNAL_ERROR_BODY)
-
-
-class CountRequests:
     """Unknown paths share the label `other`, so scanning random URLs cannot grow the label set."""
 
     def __init__(self, app, metrics, log_requests: bool = False):
@@ -68,17 +43,22 @@ class CountRequests:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        status, t0 = 500, time.monotonic()
+        status, t0 = None, time.monotonic()
 
-        async def send_status(message):
+        async def track(message):
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
             await send(message)
 
         try:
-            await self.app(scope, receive, send_status)
+            await self.app(scope, receive, track)
+        except Exception:  # the one place an unexpected error stops
+            log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
+            if status is None:
+                await send_error(track, ApiError(500, INTERNAL_ERROR))
         finally:
+            status = 500 if status is None else status  # the app ended before answering
             path = scope["path"] if scope["path"] in ENDPOINTS else "other"
             self.metrics.requests.labels(endpoint=path, status=str(status)).inc()
             if self.log_requests:
@@ -92,8 +72,8 @@ class BodyLimit:
         self.app, self.max = app, max_body_bytes
 
     async def _too_large(self, send, got: str) -> None:
-        await send_json(send, 413, error_body(f"request body: {got} bytes, over the limit of {self.max} "
-                                              "(the server's --max-body-bytes)", code=413))
+        await send_error(send, ApiError(413, f"request body: {got} bytes, over the limit of {self.max} "
+                                             "(the server's --max-body-bytes)"))
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):

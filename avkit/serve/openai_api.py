@@ -197,10 +197,21 @@ def chat_chunk(rid: str, model: str, delta: dict[str, Any], finish_reason: str |
     return body
 
 
-def error_body(message: str, *, type_: str = "invalid_request_error", param: str | None = None,
-               code: str | int | None = None) -> dict[str, Any]:
-    """OpenAI's error envelope; the openai client surfaces `message`."""
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error", 500: "internal_error",
+               503: "unavailable_error"}  # OpenAI's error type by HTTP status; any other: invalid_request_error
+
+
+class ApiError(Exception):
+    """An HTTP error; `body()` is OpenAI's envelope (the openai client surfaces `message`)."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.headers = status, message, param, headers or {}
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": ERROR_TYPES.get(self.status, "invalid_request_error"),
+                          "param": self.param, "code": self.status}}
 
 
 def model_list(model: str, created: int) -> dict[str, Any]:

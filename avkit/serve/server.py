@@ -19,7 +19,11 @@ import ipaddress
 import logging
 import signal
 import sys
+import threading
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 from avkit import __version__
@@ -29,8 +33,8 @@ from avkit.estimators.coefficients import ServedPair, load_coefficients
 from avkit.serve.app import asgi_app
 from avkit.serve.engine_loop import EngineLoop
 from avkit.serve.metrics import ServeMetrics
-from avkit.serve.side_writes import SideWrites
-from avkit.serve.snapshot import COST_SNAPSHOT, CoefficientSnapshots, CostSnapshots
+from avkit.serve.side_writes import ServeSink, SideWrites
+from avkit.serve.snapshot import Snapshots
 from avkit.serve.startup import (
     WarmStart,
     bind_socket,
@@ -41,7 +45,6 @@ from avkit.serve.startup import (
     with_cache_snapshot,
 )
 from avkit.serve.state import ServeState
-from avkit.serve.trace_sink import ServeSink
 from avkit.serve.warmup import warm_up
 
 log = logging.getLogger("avkit.serve")
@@ -119,12 +122,11 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
         raise ConfigError(f"warm start from {warm.path} ({warm.source}): {e} (pass --no-resume, another "
                           "--snapshot or --coefficients)") from None
     side_writes = SideWrites()
-    snapshots = CoefficientSnapshots(policy, snapshot_path(config), config.snapshot_every, pair, side_writes)
-    costs = CostSnapshots(policy, snapshot_path(config).with_name(COST_SNAPSHOT), side_writes=side_writes)
+    snapshots = Snapshots(policy, snapshot_path(config), config.snapshot_every, pair, side_writes)
     metrics = ServeMetrics(config.engine.k, snapshots.current)
     side_writes.failures = metrics.side_write_failures
-    sink = ServeSink(metrics, _trace_writer(config, target, draft), run_id=f"serve-{uuid.uuid4().hex[:8]}",
-                     side_writes=side_writes, flush_s=config.record_flush_s)
+    sink = ServeSink(metrics, _trace_writer(config, target, draft), f"serve-{uuid.uuid4().hex[:8]}", side_writes,
+                     config.record_flush_s)
     engine_config = replace(config.engine, k=config.engine.k if draft is not None else 0)
     suffix_cache = None  # hybrid: one global tree for every request, kept when a failed engine is replaced
     if config.models.drafter == "hybrid" and draft is not None:
@@ -146,12 +148,11 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
         return Engine(target, draft, engine_config, policy=policy, sink=sink, drafter=drafter)
 
     loop = EngineLoop(make_engine, max_concurrency=config.engine.concurrency, queue_size=config.http.queue_size,
-                      metrics=metrics, on_step=lambda: (snapshots.on_step(), costs.on_step()),
+                      metrics=metrics, on_step=snapshots.on_step,
                       warm_up=functools.partial(warm_up, target, draft, engine_config))
 
     def close():  # never raises: each side write reports its own failure
-        snapshots.write_guarded(force=True)
-        costs.write_guarded(force=True)
+        snapshots.close()
         sink.close()
 
     block = startup_block(config, target=target, draft=draft, device=str(device),
@@ -176,6 +177,30 @@ def uvicorn_server(state: ServeState, *, log_level: str = "info"):
                             timeout_graceful_shutdown=max(1, round(cfg.http.grace_period)),
                             access_log=False, lifespan="on")
     return _Server(config)
+
+
+@contextmanager
+def serve_in_thread(state: ServeState, *, timeout_s: float = 30.0, log_level: str = "warning",
+                    ready: bool = True) -> Iterator[str]:
+    """A real server on 127.0.0.1 (a free port, bound before uvicorn starts: no race) in a thread of this
+    process (tests, bench/load_test.py): yields its base URL once the warm-up has run (`/health` 200;
+    `ready=False`: once it listens), shuts it down gracefully on exit."""
+    sock = bind_socket("127.0.0.1", 0)
+    server = uvicorn_server(state, log_level=log_level)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="avkit-uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started or (ready and not state.engine_loop.ready and state.engine_loop.dead is None):
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("avkit test server did not start")
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        state.begin_drain()
+        server.should_exit = True
+        thread.join(timeout=timeout_s + state.config.http.grace_period)
+        sock.close()
 
 
 def bind_warning(config: ServeConfig) -> str | None:

@@ -1,27 +1,37 @@
-"""Writes the server makes beside the requests (coefficient snapshot, trace rows): they may fail,
-the requests may not.
+"""Writes the server makes beside the requests (coefficient and cost snapshots, trace rows): they may
+fail, the requests may not.
 
 Rule: a failing side write never fails a request and never stops the engine. Each
 failure is counted on `/metrics` (`avkit_side_write_failures_total{kind}`), logged once per kind
 until that kind succeeds again (then one "recovered" line), and retried with exponential backoff
 (1 s, 2 s, 4 s ... capped at 60 s); meanwhile `/health` reports `degraded` with the reason.
+`ServeSink` is the engine's trace sink while serving: per-position metrics always, trace rows with
+--record. Rows are held in memory and written every `flush_s` seconds (or at 65,536 rows) through
+`SideWrites`: a disk that fails (read-only, full) keeps them in memory and is retried; `/metrics` shows
+how many rows are not on disk yet (`avkit_trace_rows_unwritten`). At shutdown the file is closed
+(`<path>.partial` renamed to `<path>`); if that fails, one log line says how many rows were never
+written and where the rows flushed earlier are. Nothing is lost silently.
 Glossary:
-  kind      what is written: "snapshot" (live coefficients) or "trace" (--record rows)
+  kind      what is written: "snapshot" (live coefficients), "cost" (learned cost model), "trace" (--record rows)
   reason    what /health shows: the exception type and, for an OS error, its errno text
             ("PermissionError: Permission denied"), never a path; the log line has the full message
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 log = logging.getLogger("avkit.serve")
 
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 60.0
+FLUSH_ROWS = 65536  # --record rows held before a flush is due
 
 
 def public_reason(error: BaseException) -> str:
@@ -82,3 +92,64 @@ class SideWrites:
         """kind -> reason for every kind failing now (empty when all side writes are healthy)."""
         with self._lock:
             return dict(self._reasons)
+
+
+class ServeSink:
+    """The engine's `TraceSink` while serving (module doc): metrics, and --record rows through `side_writes`."""
+
+    def __init__(self, metrics, writer, run_id: str, side_writes: SideWrites, flush_s: float = 30.0):
+        self.metrics, self.writer, self.run_id = metrics, writer, run_id
+        self.side_writes, self.flush_s = side_writes, flush_s
+        self._pending: collections.deque[dict] = collections.deque()  # column dicts not in the writer yet
+        self._pending_rows = 0
+        self.rows = 0  # rows produced
+        self.persisted = 0  # rows known to be on disk (after the last successful flush)
+        self._last_flush = time.monotonic()
+
+    def emit(self, columns: dict[str, np.ndarray]) -> None:
+        self.metrics.observe_rows(columns)
+        if self.writer is None:
+            return
+        n = len(columns["position"])
+        self._pending.append({"run_id": np.full(n, self.run_id, dtype=object), **columns})
+        self._pending_rows += n
+        self.rows += n
+        self.metrics.trace_rows.inc(n)
+        due = time.monotonic() - self._last_flush >= self.flush_s or self._pending_rows >= FLUSH_ROWS
+        if due and self.side_writes.due("trace"):
+            self._last_flush = time.monotonic()
+            self.side_writes.run("trace", self._flush)
+        self.metrics.trace_rows_unwritten.set(self.rows - self.persisted)
+
+    def _hand_over(self) -> None:
+        """Pending rows -> the writer's memory. A row batch leaves `_pending` before `write`: if that
+        raises, the rows are in the writer already (its own row-group flush failed) and go out with
+        the next successful flush, never twice."""
+        while self._pending:
+            cols = self._pending.popleft()
+            self._pending_rows -= len(cols["position"])
+            self.writer.write(cols)
+
+    def _flush(self) -> None:
+        self._hand_over()
+        self.writer.flush()
+        self.persisted = self.rows
+
+    def close(self) -> None:
+        """Write everything and rename the file into place; never raises (the log says what was lost)."""
+        if self.writer is None:
+            return
+
+        def finish():
+            self._hand_over()
+            self.writer.close()
+            self.persisted = self.rows
+
+        if not self.side_writes.run("trace", finish, force=True):
+            lost = self.rows - self.persisted
+            path = self.writer.path
+            log.error("--record %s: could not finish the trace (%s); %d of %d rows were never written to "
+                      "disk%s", path, self.side_writes.reasons().get("trace", "unknown error"), lost, self.rows,
+                      f"; the {self.persisted} rows written before are in {path}.partial" if self.persisted
+                      else "")
+        self.metrics.trace_rows_unwritten.set(self.rows - self.persisted)

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from avkit.estimators.coefficients import ServedPair
+from avkit.serve.side_writes import SideWrites
 from avkit.staged import write_json_atomic
 
 log = logging.getLogger("avkit.serve")
@@ -70,34 +71,18 @@ def coefficients_of(estimator, pair: ServedPair | None = None, drafter: str = "m
     }
 
 
-class _Guarded:
-    """The side-write guard of a snapshot class, which defines `write` and `kind` (`_side_writes`: the guard;
-    None: written directly)."""
-
-    kind = ""
-    _side_writes = None
-
-    def write_guarded(self, *, force: bool = False) -> bool:
-        """`write` through the side-write guard (retried with backoff; `force`: now, at shutdown)."""
-        if self._side_writes is None:
-            self.write()
-            return True
-        return self._side_writes.run(self.kind, self.write, force=force)
-
-
-class CoefficientSnapshots(_Guarded):
+class Snapshots:
     """Publishes coefficients after each refit; writes `path` (and the cache estimator's beside it) every
-    `every` refits and at close."""
+    `every` refits, the learned cost model (the adaptive policy's `learner`) to COST_SNAPSHOT beside it every
+    `cost_every` learned steps, and both at `close`, each through `side_writes` (kinds "snapshot", "cost")."""
 
-    kind = "snapshot"
-
-    def __init__(self, policy, path: Path | None, every: int, pair: ServedPair | None = None, side_writes=None):
-        self._side_writes = side_writes  # SideWrites: a failing write is counted, backed off, never raised
-        self._policy = policy
-        self._pair = pair
+    def __init__(self, policy, path: Path | None, every: int, pair: ServedPair | None, side_writes: SideWrites,
+                 cost_every: int = 512):
+        self.side_writes = side_writes
+        self._policy, self._pair = policy, pair
         self._estimator = estimator_of(policy)
-        self.path = path
-        self.every = every
+        self.learner = getattr(policy, "learner", None)  # only the adaptive policy learns its cost
+        self.path, self.every, self.cost_every = path, every, cost_every
         self.refits = 0  # refit rounds seen since start
         self.cache_refits = 0  # the cache estimator's (hybrid drafter), counted apart
         self._last_written = 0  # refits + cache_refits at the last write
@@ -108,7 +93,9 @@ class CoefficientSnapshots(_Guarded):
 
     def on_step(self) -> None:
         """Engine thread, after each step: publish after a refit; snapshot every `every` refits (of either
-        estimator)."""
+        estimator); the cost model every `cost_every` learned steps."""
+        if self.learner is not None and self.learner.steps and self.learner.steps % self.cost_every == 0:
+            self.side_writes.run("cost", self.write_cost)
         if self._estimator is None:
             return
         refits, cache_refits = self._refit_count(), int(getattr(self._policy, "cache_refits", 0) or 0)
@@ -117,7 +104,12 @@ class CoefficientSnapshots(_Guarded):
         self.refits, self.cache_refits = refits, cache_refits
         self._current = self._read()
         if self.refits + self.cache_refits - self._last_written >= self.every:
-            self.write_guarded()
+            self.side_writes.run("snapshot", self.write)
+
+    def close(self) -> None:
+        """Write both now (shutdown); never raises: each failure is the side writes' to report."""
+        self.side_writes.run("snapshot", self.write, force=True)
+        self.side_writes.run("cost", self.write_cost, force=True)
 
     def write(self) -> None:
         if self.path is None or self._estimator is None:
@@ -135,6 +127,12 @@ class CoefficientSnapshots(_Guarded):
         log.info("coefficients snapshot -> %s%s (refit %d)", self.path,
                  f" and {cache_snapshot_of(self.path).name}" if cache_coeffs is not None else "", self.refits)
 
+    def write_cost(self) -> None:
+        if self.learner is None or self.path is None:
+            return
+        self.learner.snapshot(self.path.with_name(COST_SNAPSHOT))
+        log.info("learned cost model -> %s (%d steps)", self.path.with_name(COST_SNAPSHOT), self.learner.steps)
+
     def _read(self) -> dict[str, Any] | None:
         if self._estimator is None:
             return None
@@ -150,24 +148,3 @@ class CoefficientSnapshots(_Guarded):
             if n is not None:
                 return int(n)
         return int(self._estimator.state_dict().get("refits", 0))
-
-class CostSnapshots(_Guarded):
-    """The learned cost model (the adaptive policy's `learner`), written every `every` learned steps."""
-
-    kind = "cost"
-
-    def __init__(self, policy, path: Path, every: int = 512, side_writes=None):
-        self.learner = getattr(policy, "learner", None)  # only the adaptive policy learns its cost
-        self.path, self.every, self._side_writes = path, every, side_writes
-
-    def on_step(self) -> None:
-        """Engine thread, after each step: a snapshot every `every` learned steps."""
-        if self.learner is not None and self.learner.steps % self.every == 0 and self.learner.steps:
-            self.write_guarded()
-
-    def write(self) -> None:
-        if self.learner is None:
-            return
-        self.learner.snapshot(self.path)
-        log.info("learned cost model -> %s (%d steps)", self.path, self.learner.steps)
-

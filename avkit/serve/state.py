@@ -1,4 +1,4 @@
-"""What every route shares: the server's state (`ServeState`) and the error a handler raises (`ApiError`).
+"""What every route shares: the server's state (`ServeState`).
 
 The app (app.py) and the generation routes (completions.py, generation.py) import this module;
 it imports none of them.
@@ -15,16 +15,6 @@ from avkit.config import ServeConfig
 from avkit.serve.engine_loop import EngineLoop
 from avkit.serve.metrics import ServeMetrics
 from avkit.serve.side_writes import SideWrites
-
-
-class ApiError(Exception):
-    """An HTTP error in OpenAI's envelope."""
-
-    def __init__(self, status: int, message: str, *, param: str | None = None,
-                 type_: str = "invalid_request_error", headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.type_ = status, message, param, type_
-        self.headers = headers or {}
 
 
 @dataclass
@@ -55,4 +45,4 @@ class ServeState:
         self.engine_loop.begin_drain()
 
 
-__all__ = ["ApiError", "ServeState"]
+__all__ = ["ServeState"]
