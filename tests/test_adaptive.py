@@ -97,7 +97,7 @@ def test_estimator_none_is_full_verification(monkeypatch):
 
 
 def test_registry_and_errors(monkeypatch, tmp_path):
-    monkeypatch.setitem(ESTIMATORS, "test-logistic", lambda **kw: Logistic(**kw))
+    monkeypatch.setitem(ESTIMATORS._entries, "test-logistic", lambda **kw: Logistic(**kw))
     policy = make_policy("adaptive", cost="roofline:H200:8b", estimator="test-logistic", slope=2.0)
     assert isinstance(policy, AdaptiveVerification) and policy.estimator.slope == 2.0
     with pytest.raises(ConfigError, match="unknown estimator nope; choose from "):

@@ -266,7 +266,7 @@ class _FailFirstStep(FullVerification):
 
 def test_engine_error_fails_that_request_with_500_and_server_keeps_serving(pair, tmp_path, monkeypatch):
     import openai  # lazy: heavy, imported by the tests that use it
-    monkeypatch.setitem(POLICIES, "fail_first_step", _FailFirstStep)
+    monkeypatch.setitem(POLICIES._entries, "fail_first_step", _FailFirstStep)
     with _server(pair, tmp_path, policy="fail_first_step") as (url, _):
         c = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
         with pytest.raises(openai.InternalServerError, match="server log") as info:

@@ -105,7 +105,7 @@ class _FailingStep(FullVerification):
 def test_engine_thread_death_fails_everyone_with_503_and_health_says_so(pair, tmp_path, monkeypatch):
     """A step fails, and building the fresh engine fails too: the thread dies. Running and queued requests
     get a 503 at once, later ones a 503 at submit, /health turns 503 `failed`."""
-    monkeypatch.setitem(POLICIES, "failing_step", _FailingStep)
+    monkeypatch.setitem(POLICIES._entries, "failing_step", _FailingStep)
     state = build_state(serve_config(pair, tmp_path, policy="failing_step", max_concurrency=1), target=pair[2],
                         draft=pair[3])
 
@@ -140,7 +140,7 @@ class _HangingStep(FullVerification):
 
 
 def test_shutdown_joins_with_a_timeout(pair, tmp_path, monkeypatch):
-    monkeypatch.setitem(POLICIES, "hanging_step", _HangingStep)
+    monkeypatch.setitem(POLICIES._entries, "hanging_step", _HangingStep)
     state = build_state(serve_config(pair, tmp_path, policy="hanging_step"), target=pair[2], draft=pair[3])
     loop = state.engine_loop
     loop.start()
