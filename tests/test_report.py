@@ -21,8 +21,8 @@ from avkit.report import report_fit_dir, report_traces
 from avkit.report.document import fmt
 from avkit.report.inputs import load_fit_dir, load_inputs
 from avkit.report.sections import SECTIONS
-from avkit.report.sections.online import pearson, per_dataset_fits
-from avkit.report.sections.reliability import deployed_predictions, reliability_bins
+from avkit.report.sections.online import pearson
+from avkit.report.sections.reliability import reliability_bins
 from avkit.report.sections.simulation import pareto_mask
 from avkit.scheduling.cost import resolve_cost
 from avkit.staged import write_json_atomic
@@ -153,11 +153,10 @@ def test_markdown_has_the_same_tables(made):
 def test_reliability_reproduces_the_fit(made):
     fit = load_fit_dir(made["out"] / "fit")
     inputs = load_inputs(fit, [made["trace"]], sim_explicit=False)
-    p = deployed_predictions(inputs.data, fit.coefficients)
-    bins = reliability_bins(p, inputs.data.labels, 10)
+    bins = reliability_bins(inputs.summary.panels[0][-1])  # the deployed estimator's
     ece = next(r["ece"] for r in fit.scores if r["scope"] == "all" and r["feature"] == fit.coefficients["feature"]
                and r["estimator"] == fit.coefficients["estimator"])
-    assert bins["count"].sum() == len(inputs.data.labels)
+    assert bins["count"].sum() == inputs.summary.counts.sum() == fit.coefficients["trained_on"]["observed"]
     assert bins["ece"] == pytest.approx(ece, abs=1e-12)
     # the replay ends where the fit ended: the deployed coefficients
     table = _table(made["html"], "coefficient")
@@ -169,8 +168,7 @@ def test_reliability_reproduces_a_batch_fit_of_a_negated_feature(made, tmp_path)
     result = run_fit([made["trace"]], FitConfig(mode="batch"), EstimatorConfig(feature="entropy"))
     write_fit_outputs(tmp_path / "fit", result)
     fit = load_fit_dir(tmp_path / "fit")
-    inputs = load_inputs(fit)
-    bins = reliability_bins(deployed_predictions(inputs.data, fit.coefficients), inputs.data.labels, 10)
+    bins = reliability_bins(load_inputs(fit).summary.panels[0][-1])
     ece = next(r["ece"] for r in fit.scores if (r["scope"], r["feature"], r["estimator"]) ==
                ("all", "entropy", "batch_logistic"))
     assert bins["ece"] == pytest.approx(ece, abs=1e-12)
@@ -180,7 +178,7 @@ def test_role_analysis_recovers_the_synthetic_truth(made):
     """Every dataset shares the true slope and intercepts, so each separate fit lands near them
     (margins: ~4 standard errors at ~2,500 observed slots per dataset)."""
     fit = load_fit_dir(made["out"] / "fit")
-    fits = per_dataset_fits(load_inputs(fit, [made["trace"]]))
+    fits = load_inputs(fit, [made["trace"]]).summary.role_fits
     assert [f["dataset"] for f in fits] == ["chat", "code", "tool"]
     for f in fits:
         assert abs(f["slope"] - TRUTH.slope) < 0.12, f

@@ -7,15 +7,14 @@ import numpy as np
 import pytest
 
 import avkit.fit.data
+import avkit.report.traces
 import avkit.trace.reader
 from avkit.cli import app
 from avkit.config import FitConfig, ReportConfig, SyntheticConfig
 from avkit.fit import run_fit, write_fit_outputs
 from avkit.fit.streaming import chunk_rows
 from avkit.report.inputs import load_fit_dir, load_inputs
-from avkit.report.sections.online import per_dataset_fits
-from avkit.report.sections.reliability import _panel_bins
-from avkit.report.sections.summary import acceptance_counts
+from avkit.report.sections.reliability import reliability_bins
 from avkit.trace.synthetic import write_synthetic_trace
 
 TINY = ReportConfig(engine="streaming", memory_budget=256)  # chunks of 32K rows: several per shard
@@ -44,13 +43,10 @@ def both(fitted, shards):
 
 
 def test_acceptance_tables_equal_in_memory(both):
-    mem, out = both
-    assert out.data is None and out.streamed is not None
-    names_m, n_m, acc_m = acceptance_counts(mem)
-    names_s, n_s, acc_s = acceptance_counts(out)
-    assert names_m == names_s
-    np.testing.assert_array_equal(n_s, n_m)
-    np.testing.assert_array_equal(acc_s, acc_m)
+    mem, out = both[0].summary, both[1].summary
+    assert mem.names == out.names
+    np.testing.assert_array_equal(out.counts, mem.counts)
+    np.testing.assert_array_equal(out.accepted, mem.accepted)
     assert out.drafts.keys() == mem.drafts.keys()
     for name, d in mem.drafts.items():
         assert out.drafts[name]["slots"] == d["slots"]
@@ -58,14 +54,14 @@ def test_acceptance_tables_equal_in_memory(both):
 
 
 def test_reliability_bins_and_role_fits_equal_in_memory(both):
-    mem, out = both
-    panels_m, panels_s = _panel_bins(mem, 10), _panel_bins(out, 10)
-    assert [p[:4] for p in panels_m] == [p[:4] for p in panels_s]
-    for (*_, bm), (*_, bs) in zip(panels_m, panels_s):
+    mem, out = both[0].summary, both[1].summary
+    assert [p[:4] for p in mem.panels] == [p[:4] for p in out.panels]
+    for (*_, sm), (*_, ss) in zip(mem.panels, out.panels):
+        bm, bs = reliability_bins(sm), reliability_bins(ss)
         np.testing.assert_array_equal(bs["count"], bm["count"])
         np.testing.assert_allclose(bs["pred"], bm["pred"], rtol=0, atol=1e-9)
         np.testing.assert_allclose(bs["rate"], bm["rate"], rtol=0, atol=1e-12)
-    fits_m, fits_s = per_dataset_fits(mem), per_dataset_fits(out)
+    fits_m, fits_s = mem.role_fits, out.role_fits
     assert [f["dataset"] for f in fits_s] == [f["dataset"] for f in fits_m] and len(fits_m) == 3
     for a, b in zip(fits_s, fits_m):
         assert a["n"] == b["n"] and abs(a["slope"] - b["slope"]) <= 1e-9 and abs(a["b0"] - b["b0"]) <= 1e-9
@@ -77,13 +73,13 @@ def test_no_trace_is_read_whole(fitted, shards, monkeypatch):
         raise AssertionError("an out-of-core report read a trace whole")
 
     monkeypatch.setattr(avkit.trace.reader, "read_traces", whole)
-    monkeypatch.setattr(avkit.report.inputs, "load_fit_data", whole)
-    monkeypatch.setattr(avkit.report.inputs, "read_traces", whole)
+    monkeypatch.setattr(avkit.report.traces, "load_fit_data", whole)
+    monkeypatch.setattr(avkit.report.traces, "read_traces", whole)
     monkeypatch.setattr(avkit.fit.data, "iter_traces", whole)
     inputs = load_inputs(fitted, sorted(shards.glob("*.parquet")), streaming=TINY.streaming())
     rows = chunk_rows(TINY.streaming())
     assert rows < 70_000  # every shard went through in several chunks of at most `rows` rows
-    assert inputs.streamed.counts.sum() == fitted.coefficients["trained_on"]["observed"]
+    assert inputs.summary.counts.sum() == fitted.coefficients["trained_on"]["observed"]
 
 
 def test_cli_reports_a_shard_directory_out_of_core(capsys, shards, tmp_path):

@@ -25,7 +25,7 @@ class ReportConfig(OutOfCoreConfig):
     bins: int = checked(10, 2, 100)
     dpi: int = checked(120, 50, 600)
     embed: bool = True  # index.html carries the PNGs as data URIs (portable); they are written beside too
-    # memory: the traces in RAM; streaming: summed out of core (report/streamed.py)
+    # memory: the traces in RAM; streaming: summed out of core (report/traces.py)
     engine: str = checked("memory", choices=("memory", "streaming"))
 
     def streaming(self):

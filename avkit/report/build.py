@@ -139,7 +139,7 @@ def report_traces(traces, out, config: ReportConfig | None = None, *, fit: FitCo
     out, paths, config = Path(out), [Path(p) for p in traces], config or ReportConfig()
     if progress is not None:
         progress("fit")
-    if config.streaming() is not None:  # out of core: the fit too (a batch fit, report/streamed.py)
+    if config.streaming() is not None:  # out of core: the fit too (a batch fit, report/traces.py)
         fit = replace(config.streaming(), mode=(fit or FitConfig()).mode, bins=(fit or FitConfig()).bins)
     result = run_fit(paths, fit, estimator)
     with staging(out, outputs) as tmp:

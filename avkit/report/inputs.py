@@ -16,16 +16,13 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 
 from avkit.config import FitConfig, SimulateConfig
 from avkit.errors import ConfigError, DataError
 from avkit.estimators.coefficients import load_coefficients
-from avkit.fit.data import FitData, load_fit_data
 from avkit.provenance import trace_mismatch, trace_records
-from avkit.report.streamed import StreamedTraces, stream_traces
-from avkit.trace.reader import read_traces
+from avkit.report.traces import TraceSummary, stream_traces, summarize
 
 SCORE_KEYS = ("feature", "lossless", "estimator", "scope", "auc", "log_loss", "ece", "n")
 SIM_COLUMNS = ("concurrency", "policy", "throughput_tok_s", "per_request_tok_s", "vs_best_fixed")
@@ -45,9 +42,7 @@ class FitOutputs:
 class ReportInputs:
     fit: FitOutputs
     traces: list[Path] = field(default_factory=list)
-    data: FitData | None = None  # observed slots of `traces`, in engine-step order
-    streamed: StreamedTraces | None = None  # what the sections need of `traces`, summed out of core instead
-    drafts: dict[str, dict] = field(default_factory=dict)  # dataset -> {slots, entropy}: ALL drafted slots
+    summary: TraceSummary | None = None  # what the sections show of `traces` (None: not at hand)
     sim: pl.DataFrame | None = None
     hvd: dict | None = None
     tune: dict | None = None
@@ -126,15 +121,6 @@ def load_tune(path) -> dict:
     return blob
 
 
-def draft_stats(paths: list[Path]) -> dict[str, dict]:
-    """dataset -> {slots: drafted slots, entropy: mean draft entropy (nats)} over every drafted slot,
-    observed or not (the seeds' "mean draft entropy" of a workload)."""
-    df = read_traces(paths, ["dataset", "entropy"], check=False)
-    agg = (df.group_by(pl.col("dataset").cast(pl.String))
-           .agg(pl.len().alias("slots"), pl.col("entropy").cast(pl.Float64).mean()).sort("dataset"))
-    return {r["dataset"]: {"slots": r["slots"], "entropy": r["entropy"]} for r in agg.iter_rows(named=True)}
-
-
 def _optional(path, explicit: bool, loader, name: str, hint: str, notes: dict):
     """Load `path` if it exists; an explicitly given path must exist, a default one may not."""
     if path is None:
@@ -158,12 +144,9 @@ def load_inputs(fit: FitOutputs, traces=None, sim=None, hvd=None, *, sim_explici
     paths = [Path(p) for p in (traces or fit.coefficients.get("trained_on", {}).get("traces", []))]
     found = [p for p in paths if p.is_file()]
     inputs = ReportInputs(fit, found, notes=notes)
-    if found and streaming is not None:
-        inputs.streamed = stream_traces(found, fit.coefficients, n_bins, streaming)
-        inputs.drafts = inputs.streamed.drafts
-    elif found:
-        inputs.data = load_fit_data(found)
-        inputs.drafts = draft_stats(found)
+    if found:
+        inputs.summary = (summarize(found, fit.coefficients, n_bins) if streaming is None else
+                          stream_traces(found, fit.coefficients, n_bins, streaming))
     else:
         notes["traces"] = ("the traces the fit was trained on are not at hand"
                            + (f" ({', '.join(map(str, paths))})" if paths else "") + "; pass them as TRACE")
@@ -215,12 +198,4 @@ def check_records(inputs: ReportInputs, sim_path) -> None:
     inputs.records = records
 
 
-def subset(data: FitData, mask: np.ndarray) -> FitData:
-    """The observed slots where `mask` [N] holds, still in engine-step order."""
-    return FitData(k=data.k, features={n: v[mask] for n, v in data.features.items()}, positions=data.positions[mask],
-                   labels=data.labels[mask], row_step=data.row_step[mask], step_file=data.step_file,
-                   step_clock=data.step_clock, file_index=data.file_index[mask],
-                   dataset_codes=data.dataset_codes[mask], dataset_names=data.dataset_names, trained_on=data.trained_on)
-
-
-__all__ = ["FitOutputs", "ReportInputs", "load_fit_dir", "load_hvd", "load_inputs", "load_sim", "load_tune", "subset"]
+__all__ = ["FitOutputs", "ReportInputs", "load_fit_dir", "load_hvd", "load_inputs", "load_sim", "load_tune"]

@@ -15,13 +15,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from avkit.config import EstimatorConfig, FitConfig, ReportConfig
-from avkit.estimators import make_estimator
-from avkit.fit.replay import batch_fit
+from avkit.config import EstimatorConfig, ReportConfig
 from avkit.report import plots
 from avkit.report.document import Figure, Section, Table, fmt
-from avkit.report.inputs import ReportInputs, subset
-from avkit.report.streamed import MIN_SLOTS
+from avkit.report.inputs import ReportInputs
+from avkit.report.traces import MIN_SLOTS
 
 SEEDS_ROLE = ("vLLM PR #52228 write-ups (seeds 001/002, docs/seeds.md; DeepSeek-V4-Flash + DSpark, 5 workloads): "
               "slope 0.51–0.55, r = −0.08; β0 r = −0.89")
@@ -84,26 +82,8 @@ def _trajectory_block(traj: pl.DataFrame, c: dict) -> list:
     return [fig, table]
 
 
-def per_dataset_fits(inputs: ReportInputs) -> list[dict]:
-    """One converged fit per dataset with enough slots: {dataset, rate, entropy, slope, b0, n}."""
-    if inputs.streamed is not None:  # summed out of core (report/streamed.py)
-        return inputs.streamed.role_fits
-    data, c = inputs.data, inputs.fit.coefficients
-    fit = FitConfig()
-    out = []
-    for j, name in enumerate(data.dataset_names):
-        part = subset(data, data.dataset_codes == j)
-        if (part.positions == 0).sum() < MIN_SLOTS or name not in inputs.drafts:
-            continue
-        est = make_estimator("batch_logistic", k=data.k, config=EstimatorConfig(feature=c["feature"]))
-        batch_fit(est, part, part.features[c["feature"]], max_iter=fit.max_iter, tol=fit.tol)
-        out.append({"dataset": name, "rate": float(part.labels.mean()), "entropy": inputs.drafts[name]["entropy"],
-                    "slope": float(est.slope), "b0": float(est.intercepts[0]), "n": len(part.labels)})
-    return out
-
-
 def _role_block(inputs: ReportInputs) -> list:
-    fits = per_dataset_fits(inputs)
+    fits = inputs.summary.role_fits
     if not fits:
         return [f"Role analysis: no dataset has {MIN_SLOTS} observed first-position slots to fit on its own."]
     ent, slope, b0 = (np.array([f[k] for f in fits]) for k in ("entropy", "slope", "b0"))
@@ -125,13 +105,13 @@ def _role_block(inputs: ReportInputs) -> list:
 def build(inputs: ReportInputs, config: ReportConfig) -> Section:
     sec = Section("online", "Online fitting")
     traj, c = inputs.fit.trajectory, inputs.fit.coefficients
-    if traj is None and inputs.data is None and inputs.streamed is None:
+    if traj is None and inputs.summary is None:
         return sec.omit("needs trajectory.parquet in the fit directory or the traces")
     if traj is not None and traj.height:
         sec.add(*_trajectory_block(traj, c))
     else:
         sec.add("No trajectory.parquet in the fit directory: refit history not shown.")
-    if inputs.data is not None or inputs.streamed is not None:
+    if inputs.summary is not None:
         sec.add(*_role_block(inputs))
     else:
         sec.add(f"The per-dataset role analysis needs the traces: {inputs.notes.get('traces', '')}.")

@@ -8,6 +8,7 @@ from avkit.config import ReportConfig
 from avkit.report import plots
 from avkit.report.document import Figure, Section, Table, fmt
 from avkit.report.inputs import ReportInputs
+from avkit.report.traces import TraceSummary
 
 
 def _coefficients_table(c: dict) -> Table:
@@ -22,35 +23,22 @@ def _coefficients_table(c: dict) -> Table:
                          f"engine steps, ridge {c.get('ridge', '?')}, damping n/(n+{c.get('damping', '?')}).")
 
 
-def acceptance_counts(inputs: ReportInputs) -> tuple[list[str], np.ndarray, np.ndarray]:
-    """-> (datasets, observed slots [D, K], accepted slots [D, K]): from the traces in memory, or as
-    summed out of core (report/streamed.py)."""
-    if inputs.streamed is not None:
-        t = inputs.streamed
-        return t.names, t.counts, t.accepted
-    data, k = inputs.data, inputs.data.k
-    group = data.dataset_codes * k + data.positions  # [N]
-    size = len(data.dataset_names) * k
-    return data.dataset_names, np.bincount(group, minlength=size).reshape(-1, k).astype(np.float64), \
-        np.bincount(group, weights=data.labels, minlength=size).reshape(-1, k)
-
-
-def _dataset_table(inputs: ReportInputs) -> Table:
-    names, n, acc = acceptance_counts(inputs)
+def _dataset_table(t: TraceSummary) -> Table:
+    names, n, acc = t.names, t.counts, t.accepted
     rows = []
     for j, name in enumerate(names):
-        d = inputs.drafts.get(name, {})
+        d = t.drafts.get(name, {})
         rows.append((name, fmt(d.get("slots")), fmt(int(n[j].sum())), fmt(float(acc[j].sum() / n[j].sum()), 3),
                      fmt(d.get("entropy"), 3)))
-    total = sum(d["slots"] for d in inputs.drafts.values())
+    total = sum(d["slots"] for d in t.drafts.values())
     rows.append(("all", fmt(total), fmt(int(n.sum())), fmt(float(acc.sum() / n.sum()), 3), "-"))
     return Table(("dataset", "drafted slots", "observed slots", "acceptance rate", "mean draft entropy (nats)"),
                  rows, caption="Observed = verified and at or before the first rejection (carries a label); "
                                "acceptance rate = accepted / observed.")
 
 
-def _position_block(inputs: ReportInputs) -> list:
-    names, n_dk, acc_dk = acceptance_counts(inputs)
+def _position_block(t: TraceSummary) -> list:
+    names, n_dk, acc_dk = t.names, t.counts, t.accepted
     k = n_dk.shape[1]
     n = n_dk.sum(0)  # [K]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -92,8 +80,8 @@ def build(inputs: ReportInputs, config: ReportConfig) -> Section:
     sec.add(f"Target {t.get('target') or '?'}, draft {t.get('draft') or '?'}, K = {c.get('num_positions', '?')} "
             f"draft positions. {fmt(t.get('slots'))} draft slots, {fmt(t.get('observed'))} observed, "
             f"from {len(t.get('traces', []))} trace file(s).", _headline(inputs))
-    if inputs.data is None and inputs.streamed is None:
+    if inputs.summary is None:
         sec.add(f"Per-dataset and per-position acceptance need the traces: {inputs.notes.get('traces', '')}.")
     else:
-        sec.add(_dataset_table(inputs), *_position_block(inputs))
+        sec.add(_dataset_table(inputs.summary), *_position_block(inputs.summary))
     return sec.add(_coefficients_table(c))
