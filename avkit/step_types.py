@@ -85,9 +85,9 @@ class StepTime:
     tokens: int  # target tokens the verify forward computed (one per request + the verified drafts)
     context_tokens: int  # cached tokens of the step's requests in all (the KV the target read)
     ms: float  # wall time from after admission (the target's prompt prefill is not the step's shape)
-    unpriced: bool  # the step holds work its shape does not price (a drafter's catch-up prefill)
     draft_rows: int | None = None  # requests the draft passes ran over (None: all; a hybrid drafter: its model rows)
     lookups: int = 0  # requests a cache drafter looked up (suffix cache, hybrid router)
+    catch_up: tuple[int, ...] = ()  # lags (tokens) of the requests whose drafter first prefilled them (> FREE_LAG)
 
 
 __all__ = ["DraftBatch", "Groups", "Load", "StepPlan", "StepTime", "VerifyOutcome"]

@@ -44,7 +44,7 @@ class TimedFixedK(FixedK):
                                                                  timing.context_tokens, timing.draft_rows,
                                                                  timing.lookups))
         online = self.learner.observe(timing)
-        if not timing.unpriced:
+        if not timing.catch_up:
             self.ratios.append((offline, online))
         return online
 

@@ -205,10 +205,10 @@ class Engine:
         drafting = self.drafter is not None and inp.k > 0
         passes = self.drafter.passes if drafting else 0
         wanted = inp.host_num_draft() if passes else ()
-        unpriced = load.lag is not None and any(lag > FREE_LAG and w > 0 for lag, w in zip(load.lag, wanted))
+        catch_up = tuple(lag for lag, w in zip(load.lag or (), wanted) if lag > FREE_LAG and w > 0)
         timing = StepTime(len(batch), passes, len(batch) + sum(verify_lens), sum(len(s.tokens) - 1 for s in batch),
-                          (time.perf_counter() - t_decode) * 1e3, unpriced, self.drafter.draft_rows if passes else 0,
-                          self.drafter.lookups if drafting else 0)
+                          (time.perf_counter() - t_decode) * 1e3, self.drafter.draft_rows if passes else 0,
+                          self.drafter.lookups if drafting else 0, catch_up)
         self.stats.cost_ratio = self.policy.observe_step_time(timing)
 
     def _draft(self, batch: list[RunningSeq]):

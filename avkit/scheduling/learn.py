@@ -1,11 +1,12 @@
 """The cost model learned live from the engine's own step times (docs/budget.md), the profiled table its prior.
 
 Glossary:
-  shape        (n requests, m draft rows, p draft passes, T target tokens, l cache lookups) of a decode step
-               and its context band (the cached tokens per request, in half-octaves): model-drafted,
-               hybrid (cache lookups for every request, draft passes over the rows the cache did not
-               draft) and target-only steps are all shapes. Its prior price is the prior cost model's
-               step_ms at what the curves hold (scheduling/cost.py)
+  shape        (n requests, m draft rows, p draft passes, T target tokens, l cache lookups, c catch-ups) of
+               a decode step, its context band (the cached tokens per request, in half-octaves) and its
+               catch-up band (the mean lag of the c requests whose drafter prefilled first, in half-octaves):
+               model-drafted, hybrid (cache lookups for every request, draft passes over the rows the cache
+               did not draft), catch-up and target-only steps are all shapes. Its prior price is the prior
+               cost model's step_ms at what the curves hold plus c catch_up_ms(lag) (scheduling/cost.py)
   bucket       the last `window` (ms, context tokens) of one shape (a ring); the first `warmup` steps of
                every shape are dropped (allocator, page faults, JIT: the outliers that make a shape look dear)
   median       per bucket the median ms and median context of its window: a spike moves them only when it
@@ -13,7 +14,8 @@ Glossary:
   fit          every `refit_every` steps, one ridge regression over the buckets:
                    median_b / prior_b - 1 = x_b . delta + kv_b g_kv + look_b g_look
                delta: the relative change of each ordinate of verify, draft and the fixed drafting part
-               (x_b,i = ordinate i's weight in shape b's price times the ordinate, / prior_b); g_kv moves
+               and the drafter's prefill (x_b,i = ordinate i's weight in shape b's price times the ordinate,
+               / prior_b; a catch-up below the prefill grid weighs on the draft curve); g_kv moves
                kv_ms_per_token (kv_b = (context_b - held_context_b) u_kv / prior_b, u_kv a median step per
                median context token); g_look moves lookup_ms (look_b = l_b u_look / prior_b, u_look one draft
                pass of one row). Each unknown has the prior's pseudo-count PRIOR_COUNT (ridge), each bucket
@@ -26,8 +28,6 @@ Glossary:
                step count alone, cycling 0..K: shapes the policy no longer picks get fresh timings. The
                depth depends on the step count only, never on a drawn token: lossless, like fixed K
   ratio metric actual / the current model's prediction, for `/metrics` (serve)
-Steps whose time holds work no shape prices (a drafter's catch-up prefill: `StepTime.unpriced`) are counted,
-not learned.
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from avkit.scheduling.cost import CostTable, interp_curve, isotonic
+from avkit.scheduling.cost import FREE_LAG, CostTable, interp_curve, isotonic
 from avkit.staged import StagedOutputs
 from avkit.step_types import StepTime
 
 PRIOR_COUNT = 8.0  # steps the prior counts for, per unknown (module note)
-LEARNED = ("verify_ms", "draft_ms", "draft_fixed_ms")  # the curves the fit moves
+LEARNED = ("verify_ms", "draft_ms", "draft_fixed_ms", "prefill_ms")  # the curves the fit moves
 BANDS_PER_OCTAVE = 2  # context bands per doubling of the cached tokens per request
 
 
@@ -65,7 +65,7 @@ class CostLearner:
     prior_count: float = PRIOR_COUNT
     model: CostTable | None = None
     steps: int = 0  # steps timed so far (the probe schedule's clock)
-    buckets: dict = field(default_factory=dict)  # shape + band -> [seen, deque of (ms, context tokens)]
+    buckets: dict = field(default_factory=dict)  # shape + bands -> [seen, deque of (ms, context tokens, lag)]
 
     def __post_init__(self):
         self.model = self.model or self.prior
@@ -82,30 +82,37 @@ class CostLearner:
         rows = t.num_requests if t.draft_rows is None else t.draft_rows
         context = t.context_tokens if t.context_tokens is not None else \
             float(self.prior.held_context(t.num_requests, t.tokens))
-        predicted = float(self.model.step_cost(t.num_requests, t.passes, t.tokens, context, rows, t.lookups))
-        if not t.unpriced and t.ms > 0:
-            key = (t.num_requests, rows, t.passes, t.tokens, t.lookups, context_band(context, t.num_requests))
+        predicted = float(self.model.step_cost(t.num_requests, t.passes, t.tokens, context, rows, t.lookups)
+                          + self.model.catch_up_cost(t.catch_up).sum())
+        if t.ms > 0:
+            lag = float(np.mean(t.catch_up)) if t.catch_up else 0.0  # [c] lags -> their mean
+            key = (t.num_requests, rows, t.passes, t.tokens, t.lookups, len(t.catch_up),
+                   context_band(context, t.num_requests), context_band(lag, 1))
             bucket = self.buckets.setdefault(key, [0, deque(maxlen=self.window)])
             bucket[0] += 1
             if bucket[0] > self.warmup:
-                bucket[1].append((t.ms, context))
+                bucket[1].append((t.ms, context, lag))
         if self.steps % self.refit_every == 0:
             self.refit()
         return t.ms / predicted if predicted > 0 else float("nan")
 
-    def _columns(self, n, rows, passes, tokens, base) -> tuple[list[np.ndarray], list[tuple[str, int]]]:
+    def _columns(self, rows, passes, tokens, catch, lag, base) -> tuple[list[np.ndarray], list[tuple[str, int]]]:
         """Ordinate i's weight in each bucket's prior price, times the ordinate, / the price: one column each."""
+        p = self.prior
+        pre = np.maximum(lag - 1.0, 1.0)  # [B] tokens each catch-up prefills (cost.py `catch_up_cost`)
+        grid = catch * (lag > FREE_LAG) * (bool(p.prefill_tokens) and pre >= p.prefill_tokens[0])  # [B] on its grid
+        below = catch * (lag > FREE_LAG) - grid  # [B] catch-ups priced as a draft pass over their rows
+        uses = {"verify_ms": [(1.0, tokens)], "draft_ms": [(passes, rows), (below, pre)],
+                "draft_fixed_ms": [((passes > 0) * 1.0, rows)], "prefill_ms": [(grid, pre)]}  # (weight, x) terms
         cols, names = [], []
         for name in LEARNED:
-            xs, ys = self.prior.curve(name)
-            if not getattr(self.prior, name) and name == "draft_fixed_ms":
+            if not getattr(p, name):
                 continue
-            x = tokens if name == "verify_ms" else rows
-            scale = passes if name == "draft_ms" else ((passes > 0) * 1.0 if name == "draft_fixed_ms" else 1.0)
+            xs, ys = p.curve(name)
             for i in range(xs.size):  # interp_curve is linear in the ordinates: its weights, one column each
                 unit = np.zeros_like(ys)
                 unit[i] = 1.0
-                cols.append(scale * interp_curve(x, xs, unit) * ys[i] / base)
+                cols.append(sum(w * interp_curve(x, xs, unit) for w, x in uses[name]) * ys[i] / base)
                 names.append((name, i))
         return cols, names
 
@@ -114,15 +121,14 @@ class CostLearner:
         keys = [k for k, (_, window) in self.buckets.items() if window]
         if not keys:
             return self.model
-        n, rows, passes, tokens, lookups = np.asarray([k[:5] for k in keys], dtype=np.float64).T  # [B] each
-        ms = np.asarray([np.median([v[0] for v in self.buckets[k][1]]) for k in keys])  # [B]
-        ctx = np.asarray([np.median([v[1] for v in self.buckets[k][1]]) for k in keys])  # [B]
+        n, rows, passes, tokens, lookups, catch = np.asarray([k[:6] for k in keys], dtype=np.float64).T  # [B] each
+        ms, ctx, lag = np.asarray([np.median(np.asarray(self.buckets[k][1]), 0) for k in keys]).T  # [B] each
         m = np.asarray([self.buckets[k][0] - self.warmup for k in keys], dtype=np.float64)  # [B] steps learned
         p = self.prior
-        base = p.step_cost(n, passes, tokens, draft_rows=rows)  # [B] at what the curves hold, no lookups
+        base = p.step_cost(n, passes, tokens, draft_rows=rows) + catch * p.catch_up_cost(lag)  # [B] no lookups
         extra = ctx - p.held_context(n, tokens)  # [B] context tokens beyond them
         target = (ms - base - p.kv_ms_per_token * extra - p.lookup_ms * lookups) / base  # [B]
-        cols, names = self._columns(n, rows, passes, tokens, base)
+        cols, names = self._columns(rows, passes, tokens, catch, lag, base)
         u_kv = float(np.median(base) / max(np.median(ctx), 1.0))
         u_look = float(p.draft_pass_cost(1))
         for name, col, scale in (("kv", extra, u_kv), ("lookup", lookups, u_look)):
