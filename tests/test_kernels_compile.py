@@ -21,7 +21,7 @@ SIGNATURES = {
     "avkit.kernels.rejection:rejection_kernel": (
         ("target_ptr=*fp32 stride_tb=i64 stride_tk=i64 draft_ptr=*fp32 stride_db=i64 stride_dk=i64 "
          "tokens_ptr=*i64 stride_xb=i32 num_verify_ptr=*i64 seeds_ptr=*i64 keys_ptr=*i64 pos_ptr=*i64 "
-         "out_ptr=*i64 num_acc_ptr=*i64 accepted_ptr=*i1 observed_ptr=*i1 target_prob_ptr=*fp32 K=i32 V=i32"),
+         "out_ptr=*i64 num_acc_ptr=*i64 accepted_ptr=*i1 target_prob_ptr=*fp32 K=i32 V=i32"),
         {"GREEDY": False, "K_PAD": 8, "BLOCK_V": 2048, "LIBDEVICE": True}),
     "avkit.kernels.irls_stats:irls_stats_kernel": (
         "f_ptr=*fp32 pos_ptr=*i64 p_ptr=*fp32 y_ptr=*fp32 obs_ptr=*i1 partial_ptr=*fp32 N=i32 K=i32",
@@ -30,9 +30,6 @@ SIGNATURES = {
         "c_ptr=*fp32 nd_ptr=*i64 s_ptr=*fp32 B=i32 K=i32", {"K_PAD": 8, "BLOCK_R": 128}),
     "avkit.kernels.allocation:allocation_kernel": (
         "s_ptr=*fp32 nd_ptr=*i64 budget_ptr=*i64 nv_ptr=*i64 B=i32 K=i32", {"K_PAD": 8, "BLOCK_S": 1024}),
-    "avkit.kernels.rng_triton:uniform_kernel": (
-        "seed_ptr=*i64 request_ptr=*i64 position_ptr=*i64 index_ptr=*i64 out_ptr=*fp32 N=i32",
-        {"STREAM": 1, "BLOCK": 1024}),
 }
 VARIANTS = [(name, {}) for name in SIGNATURES] + [
     ("avkit.kernels.rejection:rejection_kernel", {"GREEDY": True}),

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from avkit.errors import ModelError
-from avkit.models import dequant
+from avkit.models import gguf_file as dequant
 from avkit.models.gguf_file import GGUFFile
 
 Q = gguf.GGMLQuantizationType

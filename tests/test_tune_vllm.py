@@ -15,10 +15,9 @@ import json
 import subprocess
 
 import pytest
-from vllm_support import need_vllm, vllm_env
+from vllm_support import need_vllm, vllm_env, write_tiny_pair
 
 from avkit.config import SyntheticConfig, TuneConfig
-from avkit.models.testing import write_tiny_pair
 from avkit.trace.synthetic import write_synthetic_trace
 from avkit.tune import tune
 from avkit.tune.formats import vllm_spec

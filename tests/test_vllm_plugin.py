@@ -34,11 +34,10 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from vllm_support import need_vllm, vllm_env
+from vllm_support import need_vllm, vllm_env, write_tiny_pair
 
 from avkit.features import draft_features
 from avkit.metrics import ece
-from avkit.models.testing import write_tiny_pair
 
 pytestmark = pytest.mark.vllm
 

@@ -13,9 +13,8 @@ import sys
 
 import polars as pl
 import pytest
-from vllm_support import need_vllm
+from vllm_support import need_vllm, write_tiny_pair
 
-from avkit.models.testing import write_tiny_pair
 from avkit.scheduling.cost import CostTable
 
 

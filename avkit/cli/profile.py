@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
                                sampling=SamplingConfig(temperature=temperature, top_p=top_p),
                                engine=engine, vllm_python=vllm_python, threads=threads)
         from avkit.models import load  # lazy: start-up (the library loads when the command runs: -h stays fast)
-        from avkit.models.placement import placement  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.models import placement  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.scheduling.profile import num_points, profile_costs  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
         console = Console(stderr=True)

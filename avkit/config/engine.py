@@ -10,7 +10,7 @@ from avkit.validate import check_placement, in_range
 
 DRAFTERS = ("model", "hybrid")
 RUN_ENGINES = ("native", "vllm")  # `--engine` of record and profile: avkit's runtime | vLLM's offline engine
-KERNEL_BACKENDS = ("auto", "torch", "triton")  # avkit/kernels/dispatch.py BACKENDS
+KERNEL_BACKENDS = ("auto", "torch", "triton")  # avkit/kernels/dispatch.py select_kernels
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,11 @@ integer outputs agree bit for bit). Per request r with k = num_verify[r]:
      E_v = -log(uniform(seed, r, pos + n, STREAM_SAMPLE, v)), with w = max(p_n - q_n, 0) after a
      rejection (n < k) or w = p_n for the bonus token (n = k); a residual with no mass falls back
      to p_n. Both races run in the same pass, so the fallback costs no extra read.
-The hash chain over (seed, request, position, stream) is computed once per row; each vocabulary
-element costs one lowbias32 round. Ties keep the lowest index, as torch.argmax does.
+Random numbers: the hash chain of `avkit.kernels.rng` (h = lowbias32(h ^ w) over seed, request, position,
+stream, index) in uint32, which wraps on its own where the torch reference masks; the chain is cut where
+it is reused: (seed, request) once per request, + (position, stream) once per row, + index per element.
+Ties keep the lowest index, as torch.argmax does. The `observed` mask is the label rule's
+(`avkit.trace.labels.observed`), applied to the kernel's accepted lengths.
 Glossary: x draft tokens [B, K], p target probs [B, K+1, V], q draft probs [B, K, V].
 """
 
@@ -23,13 +26,38 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from avkit.errors import DataError
+from avkit.kernels import rng
 from avkit.kernels.rejection_ref import RejectionResult
-from avkit.kernels.rng import STREAM_ACCEPT, STREAM_SAMPLE
-from avkit.kernels.rng_triton import key_hash, stream_hash, uniform_from_prefix
+from avkit.trace import labels as label_rule
 
-_ACCEPT = tl.constexpr(STREAM_ACCEPT)
-_SAMPLE = tl.constexpr(STREAM_SAMPLE)
+_ACCEPT = tl.constexpr(rng.STREAM_ACCEPT)  # jit code may read module globals only as constexpr
+_SAMPLE = tl.constexpr(rng.STREAM_SAMPLE)
+_M1 = tl.constexpr(rng.M1)
+_M2 = tl.constexpr(rng.M2)
 _TINY = tl.constexpr(torch.finfo(torch.float32).tiny)  # q is clamped to this, as in the reference
+
+
+@triton.jit
+def _mix(h, w1, w2, ROUNDS: tl.constexpr):
+    """h <- lowbias32(h ^ w) for w in (w1, w2)[:ROUNDS]: uint32 h, int key words (low 32 bits), broadcast."""
+    for i in tl.static_range(ROUNDS):
+        if i == 0:
+            h = h ^ (tl.cast(w1, tl.int64) & 0xFFFFFFFF).to(tl.uint32)
+        else:
+            h = h ^ (tl.cast(w2, tl.int64) & 0xFFFFFFFF).to(tl.uint32)
+        h = h ^ (h >> 16)
+        h = h * tl.full([], _M1, tl.uint32)
+        h = h ^ (h >> 15)
+        h = h * tl.full([], _M2, tl.uint32)
+        h = h ^ (h >> 16)
+    return h
+
+
+@triton.jit
+def _uniform(prefix, index):
+    """Finish the chain with a non-negative int `index`; top 24 bits -> float32 in (0, 1), as `rng.uniform`."""
+    h = _mix(prefix, index, index, 1)
+    return ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
 
 
 @triton.jit
@@ -63,7 +91,7 @@ def _race(p_row, q_row, resid, prefix, V, BLOCK_V: tl.constexpr, LIBDEVICE: tl.c
         p = tl.load(p_row + offs, mask=inb, other=0.0).to(tl.float32)  # [BLOCK_V]
         q = tl.load(q_row + offs, mask=offs < q_end, other=0.0).to(tl.float32)
         w = tl.where(resid, tl.maximum(p - q, 0.0), p)
-        u = uniform_from_prefix(prefix, offs)
+        u = _uniform(prefix, offs)
         # E = -log(u) ~ Exp(1). Bit-exact with torch needs its logf (libdevice) and IEEE division
         # (div_rn; Triton's `/` may round differently); the interpreter has no libdevice.
         if LIBDEVICE:
@@ -90,14 +118,14 @@ def rejection_kernel(
     num_verify_ptr, seeds_ptr, keys_ptr, pos_ptr,  # *[B] int64 each
     out_ptr,  # *[B, K+1] int64 output tokens, -1 padded
     num_acc_ptr,  # *[B] int64
-    accepted_ptr, observed_ptr,  # *[B, K] bool
+    accepted_ptr,  # *[B, K] bool
     target_prob_ptr,  # *[B, K] fp32
     K, V,
     GREEDY: tl.constexpr, K_PAD: tl.constexpr, BLOCK_V: tl.constexpr, LIBDEVICE: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     nv = tl.load(num_verify_ptr + b)
-    key_h = key_hash(tl.load(seeds_ptr + b), tl.load(keys_ptr + b))
+    key_h = _mix(tl.full([], 0, tl.uint32), tl.load(seeds_ptr + b), tl.load(keys_ptr + b), 2)
     pos = tl.load(pos_ptr + b)
     p_row = target_ptr + b * stride_tb
     q_row = draft_ptr + b * stride_db
@@ -112,20 +140,19 @@ def rejection_kernel(
     else:
         p_x = tl.load(p_row + j * stride_tk + x, mask=is_draft, other=0.0).to(tl.float32)
         q_x = tl.load(q_row + j * stride_dk + x, mask=is_draft, other=1.0).to(tl.float32)
-        u = uniform_from_prefix(stream_hash(key_h, pos + j, _ACCEPT), tl.full([], 0, tl.int64))  # [K_PAD]
+        u = _uniform(_mix(key_h, pos + j, _ACCEPT, 2), tl.full([], 0, tl.int64))  # [K_PAD]
         ok = u < tl.math.div_rn(p_x, tl.maximum(q_x, _TINY))  # accept with probability min(1, p/q)
     n = tl.min(tl.where(verified & ~ok, j, nv), 0)  # first rejection among verified slots, else k
     if GREEDY:
         token = tl.sum(tl.where(j == n, arg, 0), 0)
     else:
         resid = n < nv  # rejected at n: residual max(p_n - q_n, 0); else bonus from p_n
-        prefix = stream_hash(key_h, pos + n, _SAMPLE)
+        prefix = _mix(key_h, pos + n, _SAMPLE, 2)
         token = _race(p_row + n * stride_tk, q_row + n * stride_dk, resid, prefix, V, BLOCK_V, LIBDEVICE)
     out = tl.where(j < n, x, tl.where(j == n, token, -1))
     tl.store(out_ptr + b * (K + 1) + j, out, mask=j < K + 1)
     tl.store(num_acc_ptr + b, n)
     tl.store(accepted_ptr + b * K + j, j < n, mask=is_draft)
-    tl.store(observed_ptr + b * K + j, verified & (j <= n), mask=is_draft)
     tl.store(target_prob_ptr + b * K + j, tl.where(verified, p_x, float("nan")), mask=is_draft)
 
 
@@ -164,14 +191,13 @@ def rejection_sample_triton(target_probs: torch.Tensor, draft_probs: torch.Tenso
     out = torch.empty(B, K + 1, dtype=torch.int64, device=dev)
     n = torch.empty(B, dtype=torch.int64, device=dev)
     accepted = torch.empty(B, k1, dtype=torch.bool, device=dev)
-    observed = torch.empty(B, k1, dtype=torch.bool, device=dev)
     target_prob = torch.empty(B, k1, dtype=torch.float32, device=dev)
     if B:
         rejection_kernel[(B,)](
             tp, tp.stride(0), tp.stride(1), dp, dp.stride(0), dp.stride(1), x, k1, *ints,
-            out, n, accepted, observed, target_prob, K, V,
+            out, n, accepted, target_prob, K, V,
             GREEDY=bool(greedy), K_PAD=triton.next_power_of_2(K + 1),
             BLOCK_V=min(block_v, triton.next_power_of_2(V)), LIBDEVICE=dev.type == "cuda",
             num_warps=4 if greedy else 8)
-    accepted, observed, target_prob = accepted[:, :K], observed[:, :K], target_prob[:, :K]
-    return RejectionResult(out, n, accepted, observed, target_prob)
+    observed = label_rule.observed(torch.arange(K, device=dev), ints[0][:, None], n[:, None])  # [B, K]
+    return RejectionResult(out, n, accepted[:, :K], observed, target_prob[:, :K])

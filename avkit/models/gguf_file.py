@@ -1,30 +1,59 @@
-"""A minimal GGUF (v2/v3) reader: key/values, the tensor index, and tensor bytes from one memory map.
+"""A GGUF (v2/v3) checkpoint: key/values, the tensor index, dequantized tensors under HF names.
 
 gguf-py's GGUFReader builds a numpy memmap view per array element and takes ~20-40 s on the 151,936-token
-vocabulary of Qwen2.5; this parses the same header with ``struct`` in well under a second.
+vocabulary of Qwen2.5; this parses the same header with ``struct`` in well under a second. Quantized blocks
+go through gguf-py's own per-type ``dequantize_blocks`` in chunks: ``gguf.quants.dequantize`` wraps the same
+maths in a per-row-group loop over a memmap subclass that dominates its run time (~10x on the embedding).
 
 Glossary
 --------
 KV          header key/values (``general.architecture``, ``tokenizer.ggml.tokens`` ...)
 ggml dims   tensor dims fastest-first; the row-major (torch/HF) shape is their reverse
 alignment   tensor data starts at a multiple of ``general.alignment`` (default 32) after the header
+block       ``block_size`` weights stored in ``type_size`` bytes (a float16 scale and packed codes)
+GGUF names  llama.cpp's ``blk.N.attn_q.weight`` ...; the same shapes as the HF tensors once read
+permute     llama.cpp's converter reorders the rows of q/k for arch ``llama`` (rotary pairs interleaved);
+            :func:`unpermute_qk` undoes it. For ``qwen2`` it does not, so neither do we.
 """
 
 from __future__ import annotations
 
 import mmap
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from avkit.errors import ModelError
+from avkit.models.config import ModelConfig
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
           7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
 _STRING, _ARRAY = 8, 9
+_CHUNK_BLOCKS = 1 << 16  # ~64 MiB of float32 output per chunk for 256-weight blocks
+# GGUF tensor name -> HF tensor name ("{i}" is the layer)
+GGUF_TO_HF = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
+    "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+    "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
+    "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
+    "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
+    "blk.{i}.attn_q.bias": "model.layers.{i}.self_attn.q_proj.bias",
+    "blk.{i}.attn_k.bias": "model.layers.{i}.self_attn.k_proj.bias",
+    "blk.{i}.attn_v.bias": "model.layers.{i}.self_attn.v_proj.bias",
+    "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
+    "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
+    "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
+    "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+}
+_LAYER = re.compile(r"\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -81,6 +110,65 @@ class GGUFFile:
     def raw(self, t: GGUFTensor) -> np.ndarray:
         """The tensor's bytes (a copy-on-write view of the map, no copy)."""
         return np.frombuffer(self._map, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+
+
+def read_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor], GGUFFile]:
+    """A GGUF file -> (config, HF-named dequantized tensors, the parsed file for the tokenizer)."""
+    f = GGUFFile(path)
+    names = f.tensors
+    arch = f.metadata.get("general.architecture")
+    if arch not in ("llama", "qwen2"):
+        raise ModelError(f"{path}: unsupported GGUF architecture {arch!r} (supported: llama, qwen2)")
+    if "token_embd.weight" not in names:
+        raise ModelError(f"{path}: GGUF has no token_embd.weight")
+    if "rope_freqs.weight" in names or f.metadata.get(f"{arch}.rope.scaling.type", "none") != "none":
+        raise ModelError(f"{path}: RoPE scaling (e.g. Llama 3.1's rope_freqs) is not supported")
+    cfg = ModelConfig.from_gguf(f.metadata, vocab_size=int(names["token_embd.weight"].shape[0]),
+                                tied="output.weight" not in names, qkv_bias="blk.0.attn_q.bias" in names,
+                                source=str(path))
+    tensors = {}
+    for t in names.values():
+        layer = _LAYER.search(t.name)
+        hf = GGUF_TO_HF.get(_LAYER.sub(".{i}.", t.name, count=1))
+        if hf is None:
+            continue  # a tensor the forward has no use for
+        w = dequantize(f.raw(t), t.ggml_type, t.shape)
+        if arch == "llama" and (".attn_q." in t.name or ".attn_k." in t.name):
+            heads = cfg.num_heads if ".attn_q." in t.name else cfg.num_kv_heads
+            w = torch.from_numpy(unpermute_qk(w.numpy(), heads).copy())
+        tensors[hf.format(i=layer.group(1) if layer else "")] = w.to(dtype)
+    return cfg, tensors, f
+
+
+def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's q/k row order for arch llama (per head, rows 0, D/2, 1, D/2+1, ...): HF's rotate-half."""
+    rows = w.shape[0]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """Bytes of one tensor (uint8) -> a float32 tensor of row-major ``shape`` that owns its memory."""
+    import gguf.quants  # lazy: gguf
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # lazy: gguf
+
+    qtype = GGMLQuantizationType(ggml_type)
+    if qtype == GGMLQuantizationType.F32:
+        return torch.from_numpy(raw.view(np.float32).reshape(shape).copy())
+    if qtype == GGMLQuantizationType.F16:
+        return torch.from_numpy(raw.view(np.float16).astype(np.float32).reshape(shape))
+    if qtype == GGMLQuantizationType.BF16:
+        return torch.from_numpy(raw.copy()).view(torch.bfloat16).float().reshape(shape)
+    quant = getattr(gguf.quants, qtype.name, None)
+    if quant is None or not hasattr(quant, "dequantize_blocks"):
+        out = gguf.quants.dequantize(raw, qtype)
+        return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(shape)
+    block, size = GGML_QUANT_SIZES[qtype]
+    blocks = raw.reshape(-1, size)  # [n_blocks, type_size]
+    out = np.empty((blocks.shape[0], block), dtype=np.float32)
+    for i in range(0, blocks.shape[0], _CHUNK_BLOCKS):
+        chunk = np.array(blocks[i:i + _CHUNK_BLOCKS])  # a plain, writable ndarray (not the map)
+        out[i:i + _CHUNK_BLOCKS] = quant.dequantize_blocks(chunk).reshape(-1, block)
+    return torch.from_numpy(out).reshape(shape)
 
 
 def _nbytes(ggml_type: int, shape: tuple[int, ...]) -> int:

@@ -9,15 +9,12 @@ pair for engine tests is two seeds of the same vocab).
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from avkit.errors import ConfigError
 from avkit.models.tokenizer import byte_level
-from avkit.models.weights import hf_name_to_gguf, permute_qk
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -94,77 +91,3 @@ def write_tiny_model(directory, arch: str = "qwen2", vocab: int = 512, seed: int
     }, indent=1))
     return path
 
-
-def write_tiny_pair(root, noise: float = 0.05) -> tuple[Path, Path]:
-    """A tiny Qwen2 target with peaked logits and a draft = target + `noise` x std Gaussian noise on every
-    matrix (seeded), under `root`/target and `root`/draft: some drafts are accepted, some rejected."""
-    from safetensors.torch import load_file, save_file  # lazy: safetensors
-
-    root = Path(root)
-    target = write_tiny_model(root / "target", vocab=512, seed=0, hidden=128, heads=2, kv_heads=1,
-                              intermediate=256, init_std=0.5)
-    draft = root / "draft"
-    shutil.copytree(target, draft, dirs_exist_ok=True)
-    g = torch.Generator().manual_seed(1)
-    sd = load_file(str(target / "model.safetensors"))
-    sd = {k: (v + noise * v.std() * torch.randn(v.shape, generator=g)).contiguous() if v.dim() > 1 else v
-          for k, v in sd.items()}
-    save_file(sd, str(draft / "model.safetensors"), metadata={"format": "pt"})
-    return target, draft
-
-
-def write_tiny_gguf(hf_dir, out_path) -> Path:
-    """Convert a tiny HF directory (from :func:`write_tiny_model`) to an F32 GGUF as llama.cpp would.
-
-    Tensor names are llama.cpp's; for arch ``llama`` the q/k rows are permuted like llama.cpp's converter;
-    a tied model gets no ``output.weight``. Used by the GGUF round-trip test.
-    """
-    import gguf  # lazy: gguf
-    from safetensors.numpy import load_file  # lazy: safetensors
-
-    hf_dir, out_path = Path(hf_dir), Path(out_path)
-    cfg = json.loads((hf_dir / "config.json").read_text())
-    arch = cfg["model_type"]
-    w = gguf.GGUFWriter(str(out_path), arch)
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_rope_freq_base(cfg["rope_theta"] if "rope_theta" in cfg else cfg["rope_parameters"]["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    _add_gguf_tokenizer(w, hf_dir)
-    for name, t in sorted(load_file(str(hf_dir / "model.safetensors")).items()):
-        g = hf_name_to_gguf(name)
-        if g is None or (g == "output.weight" and cfg.get("tie_word_embeddings")):
-            continue
-        if arch == "llama" and g.endswith("attn_q.weight"):
-            t = permute_qk(t, cfg["num_attention_heads"])
-        elif arch == "llama" and g.endswith("attn_k.weight"):
-            t = permute_qk(t, cfg["num_key_value_heads"])
-        w.add_tensor(g, np.ascontiguousarray(t, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return out_path
-
-
-def _add_gguf_tokenizer(w, hf_dir: Path) -> None:
-    tj = json.loads((hf_dir / "tokenizer.json").read_text())
-    conf = json.loads((hf_dir / "tokenizer_config.json").read_text())
-    vocab = dict(tj["model"]["vocab"])
-    special = {a["content"]: a["id"] for a in tj["added_tokens"]}
-    vocab.update(special)
-    tokens = [None] * len(vocab)
-    for t, i in vocab.items():
-        tokens[i] = t
-    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types([3 if t in special else 1 for t in tokens])
-    w.add_token_merges(merges)
-    w.add_eos_token_id(special[conf["eos_token"]])
-    w.add_chat_template(conf["chat_template"])

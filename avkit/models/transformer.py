@@ -148,7 +148,7 @@ class Block(nn.Module):
 
 
 class Transformer(nn.Module):
-    """The decoder. Build on the meta device and ``load_state_dict(..., assign=True)`` (see weights.py)."""
+    """The decoder. Build on the meta device and ``load_state_dict(..., assign=True)`` (see ``avkit.models.load``)."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()

@@ -132,7 +132,7 @@ def _load_models(config: RecordConfig, target, draft):
     import torch  # lazy: torch
 
     from avkit.models import load  # lazy: torch
-    from avkit.models.placement import placement  # lazy: torch
+    from avkit.models import placement  # lazy: torch
 
     if config.threads:
         torch.set_num_threads(config.threads)

@@ -93,7 +93,7 @@ def _trace_writer(config: ServeConfig, target, draft):
 def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
     """Load models (unless given), build policy, sink and engine loop; nothing is started yet."""
     from avkit.models import load  # lazy: torch
-    from avkit.models.placement import placement  # lazy: torch
+    from avkit.models import placement  # lazy: torch
     from avkit.runtime.engine import Engine  # lazy: torch
 
     warm = warm_start(config)
@@ -230,7 +230,7 @@ def build_kernels(config: ServeConfig) -> None:
     import torch  # lazy: torch (as build_state's models)
 
     from avkit.models.native import build_in_child  # lazy: torch
-    from avkit.models.placement import placement  # lazy: torch
+    from avkit.models import placement  # lazy: torch
 
     device, dtype = placement(config.models.device, config.models.dtype)
     if device.type == "cpu":

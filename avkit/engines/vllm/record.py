@@ -33,7 +33,7 @@ from pathlib import Path
 from avkit.config import RecordConfig
 from avkit.engines.vllm.driver import check_vllm_version, child_env, engine_spec, hf_dir, vllm_python
 from avkit.errors import AvkitError, ConfigError
-from avkit.models.fetch import weights_sha256
+from avkit.models.registry import weights_sha256
 from avkit.models.tokenizer import Tokenizer
 from avkit.record.files import RecordFiles, check_resume
 from avkit.record.requests import PromptQueue
