@@ -104,8 +104,7 @@ def register(app: typer.Typer) -> None:
                            drafter=drafter,
                            features=tuple(f.strip() for f in features.split(",")) if features else ())
         est_cfg = EstimatorConfig(feature=feature, refit_interval=refit_interval)
-        from avkit.fit import run_fit, write_fit_outputs  # lazy: start-up (the library loads when the command runs: -h stays fast)
-        from avkit.fit.outputs import reserve_fit_outputs  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.fit import reserve_fit_outputs, run_fit, write_fit_outputs  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.trace.reader import common_k  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.trace.shards import trace_files  # lazy: polars
 

@@ -14,7 +14,17 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from avkit.errors import DataError
 from avkit.registry import Registry
+
+
+def check_positions(positions, k: int) -> np.ndarray:
+    """[N] draft positions, checked in [0, K) -> intp."""
+    pos = np.asarray(positions)
+    if pos.size and (pos.min() < 0 or pos.max() >= k):
+        bad = pos.min() if pos.min() < 0 else pos.max()
+        raise DataError(f"positions must be in [0, {k}), got {bad}")
+    return pos.astype(np.intp, copy=False)
 
 
 class Estimator(Protocol):

@@ -38,7 +38,8 @@ import torch
 
 from avkit.config import DEFAULT_K, EstimatorConfig, ForgettingConfig
 from avkit.errors import ConfigError
-from avkit.estimators.online_logistic import RoundLogistic, check_positions
+from avkit.estimators.base import check_positions
+from avkit.estimators.online_logistic import RoundLogistic
 from avkit.features import CLAMP
 
 

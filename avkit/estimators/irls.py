@@ -19,6 +19,7 @@ Damping scales each update by n / (n + damping), n = the slots supporting that c
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Self
 
@@ -218,5 +219,35 @@ def per_position_step(s: IrlsStats, slopes: np.ndarray, intercepts: np.ndarray, 
     return out_s, out_i, ok
 
 
-__all__ = ["BLOCK", "STATS", "IrlsStats", "Segment", "fused_segment_stats", "grouped_segments", "irls_stats",
-           "per_position_step", "schur_slope_step", "segment_stats", "shared_slope_step"]
+
+def group_by_position(positions: np.ndarray) -> np.ndarray:
+    """[N] positions -> [N] stable permutation grouping rows by position (int16 keys: numpy's radix sort)."""
+    return np.argsort(np.asarray(positions).astype(np.int16), kind="stable")
+
+
+def newton_iterations(ests: list, stats_of: Callable[[list[int]], list[IrlsStats]], max_iter: int, tol: float,
+                      on_step: Callable[[int, int], None] | None = None) -> int:
+    """Batch IRLS of several estimators at once (the in-memory fit: one; out of core: every feature in one
+    pass): each iteration sums the statistics of the estimators still moving (`stats_of(indices)`, at their
+    current coefficients) and takes each one's undamped Newton step (`batch_step`); an estimator stops when
+    its step is rejected or max |step| < tol. on_step(i, iteration) follows estimator i's step; -> the
+    iterations run."""
+    active = list(range(len(ests)))
+    for it in range(max_iter):
+        if not active:
+            return it
+        still = []
+        for i, stats in zip(active, stats_of(active)):
+            before = ests[i].coefficients()
+            applied = ests[i].batch_step(stats)
+            if on_step is not None:
+                on_step(i, it)
+            if applied and np.max(np.abs(ests[i].coefficients() - before)) >= tol:
+                still.append(i)
+        active = still
+    return max_iter
+
+
+__all__ = ["BLOCK", "STATS", "IrlsStats", "Segment", "fused_segment_stats", "group_by_position", "grouped_segments",
+           "irls_stats", "newton_iterations", "per_position_step", "schur_slope_step", "segment_stats",
+           "shared_slope_step"]

@@ -26,26 +26,14 @@ import torch
 
 from avkit.config import DEFAULT_K, EstimatorConfig
 from avkit.errors import DataError
-from avkit.estimators.irls import (IrlsStats, fused_segment_stats, grouped_segments, irls_stats, per_position_step,
-                                   shared_slope_step)
+from avkit.estimators.base import check_positions
+from avkit.estimators.irls import (IrlsStats, fused_segment_stats, group_by_position, grouped_segments, irls_stats,
+                                   newton_iterations, per_position_step, shared_slope_step)
 from avkit.features import FEATURES
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (1.0 + np.tanh(0.5 * x))  # overflow-free logistic
-
-
-def group_by_position(positions: np.ndarray) -> np.ndarray:
-    """[N] positions -> [N] stable permutation grouping rows by position (int16 keys: numpy's radix sort)."""
-    return np.argsort(np.asarray(positions).astype(np.int16), kind="stable")
-
-
-def check_positions(positions, k: int) -> np.ndarray:
-    pos = np.asarray(positions)
-    if pos.size and (pos.min() < 0 or pos.max() >= k):
-        bad = pos.min() if pos.min() < 0 else pos.max()
-        raise DataError(f"positions must be in [0, {k}), got {bad}")
-    return pos.astype(np.intp, copy=False)
 
 
 def sigmoid_torch(x: torch.Tensor) -> torch.Tensor:
@@ -199,14 +187,8 @@ class RoundLogistic:
         counts = np.bincount(pos, minlength=self.k)  # [K]
         segments = grouped_segments(self._oriented(features), np.asarray(labels, dtype=np.float64), order,
                                     np.r_[0, np.cumsum(counts)])
-        for it in range(1, max_iter + 1):
-            before = self.coefficients()
-            applied = self.batch_step(self.newton_stats(segments, counts))
-            if on_iteration is not None:
-                on_iteration(self)
-            if not applied or np.max(np.abs(self.coefficients() - before)) < tol:
-                return it
-        return max_iter
+        return newton_iterations([self], lambda _: [self.newton_stats(segments, counts)], max_iter, tol,
+                                 None if on_iteration is None else lambda i, it: on_iteration(self))
 
     def newton_stats(self, segments: list, counts: np.ndarray) -> IrlsStats:
         """The IRLS statistics of rows grouped by position ([K] `grouped_segments`, [K] row counts) at the
@@ -361,4 +343,4 @@ class PerPositionSlope(RoundLogistic):
 
 
 __all__ = ["BatchLogistic", "DeviceCoefficients", "OnlineLogistic", "PerPositionSlope", "RoundLogistic",
-           "check_positions", "group_by_position", "sigmoid", "sigmoid_torch"]
+           "sigmoid", "sigmoid_torch"]

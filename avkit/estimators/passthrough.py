@@ -12,7 +12,7 @@ import numpy as np
 
 from avkit.config import DEFAULT_K
 from avkit.errors import DataError
-from avkit.estimators.online_logistic import check_positions
+from avkit.estimators.base import check_positions
 
 
 class Passthrough:

@@ -29,6 +29,7 @@ import numpy as np
 import polars as pl
 
 from avkit.errors import TraceError
+from avkit.estimators.irls import group_by_position
 from avkit.features import FEATURES
 from avkit.trace.reader import common_k, iter_traces, trace_metadata
 
@@ -60,8 +61,6 @@ class FitData:
     @cached_property
     def position_order(self) -> np.ndarray:
         """[N] stable permutation grouping the rows by position: one sort shared by every batch fit."""
-        from avkit.estimators.online_logistic import group_by_position  # lazy: torch (loading fit data needs none)
-
         return group_by_position(self.positions)
 
     @property
@@ -85,9 +84,17 @@ def file_clock(df: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray, str]:
             order = np.argsort(clock, kind="stable")
             df, clock = df[order], clock[order]
         return df, clock, "engine_step"
+    return df, np.cumsum(request_step_starts(df)) - 1, "request_step"
+
+
+def request_step_starts(df: pl.DataFrame, last: tuple | None = None) -> np.ndarray:
+    """[rows] bool: the row opens an engine step of the request_step clock, its (request_id, step) differing
+    from the row before (`last`: the (request_id, step) of the row before the first; None: a file's start)."""
     rid = df["request_id"].cast(pl.String)
-    new = (rid != rid.shift(1)) | (df["step"] != df["step"].shift(1))
-    return df, (new.fill_null(True).cast(pl.Int64).cum_sum() - 1).to_numpy(), "request_step"
+    new = ((rid != rid.shift(1)) | (df["step"] != df["step"].shift(1))).fill_null(True).to_numpy()
+    if last is not None and df.height:
+        new[0] = (rid[0], df["step"][0]) != last
+    return new
 
 
 def _dataset_codes(ds: pl.Series) -> tuple[np.ndarray, list[str]]:
@@ -184,4 +191,4 @@ def trained_on(paths, meta: dict, slots: int, observed: int, datasets: dict[str,
             "synthetic_truth": json.loads(meta["avkit.synthetic"]) if "avkit.synthetic" in meta else None}
 
 __all__ = ["CLOCKS", "OBSERVED_COLUMNS", "TRACE_COLUMNS", "FitData", "feature_inputs", "file_clock", "fitted",
-           "load_fit_data", "shown", "trained_on"]
+           "load_fit_data", "request_step_starts", "shown", "trained_on"]

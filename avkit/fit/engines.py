@@ -152,16 +152,10 @@ class RayEngine:
 
 
 def _shard(args) -> str:
-    """The shard a task's arguments name: a survey's path, or a path string."""
-    if hasattr(args, "path"):
-        return str(args.path)
-    if isinstance(args, str):
-        return args
-    if isinstance(args, tuple):
-        for a in args:
-            if (found := _shard(a)) != "?":
-                return found
-    return "?"
+    """The shard a task's arguments name: a survey's path or a path string, searched depth first."""
+    if isinstance(args, str) or hasattr(args, "path"):
+        return str(getattr(args, "path", args))
+    return next((f for f in map(_shard, args) if f != "?"), "?") if isinstance(args, tuple) else "?"
 
 
 @contextmanager

@@ -1,14 +1,23 @@
-"""What `avkit fit` runs and what it returns, shared by every fit engine (in memory, out of core, Ray).
+"""What `avkit fit` runs, returns and writes, shared by every fit engine (in memory, out of core, Ray).
 
 `plan_features` lists the (feature, estimator) fits for the features present in the traces,
 `start_estimator` gives each fit its start state (a warm start from `--coefficients` for the
-written one), and `coefficients_doc` writes the deployable estimator as coefficients.json. The
-fits themselves import this module; it imports none of them.
+written one), `coefficients_doc` writes the deployable estimator as coefficients.json, and
+`write_fit_outputs` writes the outputs atomically (`avkit.staged.StagedOutputs`: all renamed at the
+end, or none):
+  coefficients.json  the deployable estimator (schema_version 1), read by `serve`
+  scores.json        rows {feature, lossless, estimator, scope, auc, log_loss, ece, n}
+  trajectory.parquet slope and intercepts after every online refit (or batch iteration); `file` is
+                     the index of the trace the round came from (engine steps restart per trace)
+JSON has no NaN: undefined metrics (AUC of a one-class scope) are written as null. The fits
+themselves import this module; it imports none of them.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import polars as pl
 
@@ -17,7 +26,12 @@ from avkit.errors import ConfigError
 from avkit.estimators import make_estimator
 from avkit.estimators.coefficients import ServedPair, load_estimator
 from avkit.features import FEATURES
+from avkit.jsonsafe import json_safe
 from avkit.provenance import inputs_record
+from avkit.staged import StagedOutputs
+
+FILES = ("coefficients.json", "scores.json", "trajectory.parquet")
+
 
 @dataclass
 class FitResult:
@@ -101,5 +115,31 @@ def coefficients_doc(est, k: int, trained_on: dict, fit: FitConfig, est_cfg: Est
     }
 
 
-__all__ = ["FitResult", "check_feature", "check_features", "coefficients_doc", "plan_features",
-           "start_estimator"]
+
+def reserve_fit_outputs(out_dir, outputs: StagedOutputs, name: str = "--out") -> dict[str, Path]:
+    """Reserve the three outputs in `out_dir` (checked writable now); -> name -> temp path."""
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{name} {out}: exists and is not a directory")
+    return {f: outputs.file(out / f, name) for f in FILES}
+
+
+def write_fit_outputs(out_dir, result: FitResult, outputs: StagedOutputs | None = None) -> dict[str, Path]:
+    """Write the three outputs into `out_dir` (created if needed); -> name -> final path.
+
+    With `outputs` the files are only staged (the caller commits them with its other outputs);
+    without, they are committed here.
+    """
+    if outputs is None:
+        with StagedOutputs() as own:
+            return write_fit_outputs(out_dir, result, own)
+    tmp = reserve_fit_outputs(out_dir, outputs)
+    tmp["coefficients.json"].write_text(json.dumps(json_safe(result.coefficients), indent=2, allow_nan=False) + "\n")
+    tmp["scores.json"].write_text(json.dumps(json_safe(result.scores), indent=1, allow_nan=False) + "\n")
+    result.trajectory.write_parquet(tmp["trajectory.parquet"], compression="zstd")
+    return {name: Path(out_dir).expanduser() / name for name in FILES}
+
+
+
+__all__ = ["FILES", "FitResult", "check_feature", "check_features", "coefficients_doc", "plan_features",
+           "reserve_fit_outputs", "start_estimator", "write_fit_outputs"]

@@ -27,7 +27,7 @@ import polars as pl
 
 from avkit.errors import TraceError
 from avkit.features import FEATURES
-from avkit.fit.data import TRACE_COLUMNS, fitted
+from avkit.fit.data import TRACE_COLUMNS, fitted, request_step_starts
 from avkit.trace.reader import CHECKED_COLUMNS, scan_traces
 from avkit.trace.values import SLOT_KEY, check_values
 
@@ -96,7 +96,6 @@ class ShardSurvey:
     datasets: dict[str, int]  # name -> observed slots
     sample: dict[str, np.ndarray]  # feature -> [S] a uniform sample of the observed slots (AUC bin edges)
     nulls: dict[str, int]  # feature -> observed slots where it is null
-    engine_step_nulls: int = 0
     num_positions: int = 0  # max observed position + 1
     chunks: list[np.ndarray] = field(default_factory=list)  # [C] x [MAX_K] observed slots per position
     sample_positions: list[np.ndarray] = field(default_factory=list)  # [S] positions of the sample
@@ -156,11 +155,10 @@ def _count_steps(s: ShardSurvey, df: pl.DataFrame) -> None:
     previous chunk carried), and the engine_step nulls that choose between them."""
     s.all_step_nulls += df["engine_step"].null_count()
     es = df["engine_step"].fill_null(-1).to_numpy()
-    key = (df["request_id"].cast(pl.String) + "\x00" + df["step"].cast(pl.String)).to_numpy()
     if df.height:
         s.steps_by_engine_step += int(np.count_nonzero(np.r_[es[0] != s.last[0], es[1:] != es[:-1]]))
-        s.steps_by_request += int(np.count_nonzero(np.r_[key[0] != s.last[1], key[1:] != key[:-1]]))
-        s.last = (es[-1], key[-1])
+        s.steps_by_request += int(np.count_nonzero(request_step_starts(df, s.last[1])))
+        s.last = (es[-1], (df["request_id"].cast(pl.String)[-1], df["step"][-1]))
 
 
 def _count_drafts(s: ShardSurvey, df: pl.DataFrame) -> None:
@@ -181,7 +179,6 @@ def _survey_chunk(s: ShardSurvey, obs: pl.DataFrame, rng: np.random.Generator, r
     for name, n in ds.value_counts().iter_rows():
         s.datasets[name] += n
     s.observed += obs.height
-    s.engine_step_nulls += obs["engine_step"].null_count()
     derived = obs.select(*(spec.expr.alias(n) for n, spec in FEATURES.items()))
     pos = obs["position"].to_numpy()
     if pos.size:

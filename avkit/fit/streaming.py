@@ -33,7 +33,7 @@ import numpy as np
 from avkit.config import EstimatorConfig, FitConfig
 from avkit.errors import TraceError
 from avkit.estimators import make_estimator
-from avkit.estimators.irls import IrlsStats, grouped_segments
+from avkit.estimators.irls import IrlsStats, grouped_segments, newton_iterations
 from avkit.features import FEATURES
 from avkit.fit.data import trained_on
 from avkit.fit.plan import plan_features
@@ -117,31 +117,29 @@ def _merge_surveys(surveys: list[ShardSurvey], k: int | None) -> dict:
     steps = sum(s.steps_by_engine_step if c == "engine_step" else s.steps_by_request for s, c in zip(surveys, clocks))
     return {"names": names, "k": num_positions, "present": present, "clocks": clocks, "engine_steps": steps,
             "datasets": datasets, "observed": sum(s.observed for s in surveys),
-            "rows": sum(s.rows for s in surveys), "step_nulls": sum(s.engine_step_nulls for s in surveys)}
+            "rows": sum(s.rows for s in surveys)}
 
 
 def newton(engine, surveys, nodes, plan, ests, m, fit: FitConfig, progress,
             subsets: list[int | None] | None = None) -> dict[int, list[dict]]:
     """Batch IRLS of every fitted estimator (estimator i on dataset code subsets[i] when given), one pass
     per iteration; -> index -> trajectory rows."""
-    active = [i for i, (name, _) in enumerate(plan) if FEATURES[name].no_fit is None]
-    rows: dict[int, list[dict]] = {i: [] for i in active}
-    for it in range(fit.max_iter):
-        if not active:
-            break
-        work = PassWork([plan[i][0] for i in active], [ests[i] for i in active], m["k"], m["names"],
-                        subsets=None if subsets is None else [subsets[i] for i in active])
+    fitted = [i for i, (name, _) in enumerate(plan) if FEATURES[name].no_fit is None]
+    rows: dict[int, list[dict]] = {i: [] for i in fitted}
+    passes = iter(range(1, fit.max_iter + 1))
+
+    def stats_of(active: list[int]) -> list:  # one pass over every shard for the estimators still moving
+        work = PassWork([plan[fitted[j]][0] for j in active], [ests[fitted[j]] for j in active], m["k"], m["names"],
+                        subsets=None if subsets is None else [subsets[fitted[j]] for j in active])
         stats = engine.map(shard_pass, [(s, work) for s in surveys], nodes, fold=_add)[0]
-        still = []
-        for i, st in zip(active, stats):
-            before = ests[i].coefficients()
-            applied = ests[i].batch_step(st)
-            rows[i].append(coef_row(ests[i], it, None, True, m["observed"]))
-            if applied and np.max(np.abs(ests[i].coefficients() - before)) >= fit.tol:
-                still.append(i)
-        active = still
         if progress is not None:
-            progress("newton iterations", it + 1, fit.max_iter)
+            progress("newton iterations", next(passes), fit.max_iter)
+        return stats
+
+    def on_step(j: int, it: int) -> None:
+        rows[fitted[j]].append(coef_row(ests[fitted[j]], it, None, True, m["observed"]))
+
+    newton_iterations([ests[i] for i in fitted], stats_of, fit.max_iter, fit.tol, on_step)
     return rows
 
 
