@@ -68,53 +68,47 @@ def register(app: typer.Typer) -> None:
                                max_requests=max_requests, repeats=repeats,
                                sampling=SamplingConfig(temperature=temperature, top_p=top_p),
                                engine=engine, vllm_python=vllm_python, threads=threads)
-        from avkit.models import load  # lazy: start-up (the library loads when the command runs: -h stays fast)
-        from avkit.models import placement  # lazy: start-up (the library loads when the command runs: -h stays fast)
-        from avkit.scheduling.profile import num_points, profile_costs  # lazy: start-up (the library loads when the command runs: -h stays fast)
-
         console = Console(stderr=True)
-        if config.engine == "vllm":
-            return _profile_vllm(config, console)
-        target, draft, out = config.models.target, config.models.draft, config.out
-        dev, dt = placement(config.models.device, config.models.dtype)
         with StagedOutputs() as outputs:
-            outputs.file(out, "--out")  # an unwritable --out fails now, not after minutes of profiling
-            loading = f"avkit profile: loading {target}" + ("" if draft in ("", "none") else f" + {draft}")
-            with console.status(loading):
-                tgt = load(target, dtype=dt, device=dev)
-                drf = None if draft in ("", "none") else load(draft, dtype=dt, device=dev)
+            outputs.file(config.out, "--out")  # an unwritable --out fails now, not after minutes of profiling
+            measure = _profile_vllm(config) if config.engine == "vllm" else _profile_native(config, console)
             with Progress(*Progress.get_default_columns(), TimeElapsedColumn(), console=console,
                           transient=True) as bar:
-                task = bar.add_task(f"profiling ({config.repeats} runs per point)",
-                                    total=num_points(config, drf is not None))
-                table = profile_costs(tgt, drf, config, on_point=lambda: bar.advance(task))
-            render(table, stdout_console())  # the result: stdout
+                task = bar.add_task(f"profiling{' vLLM' if config.engine == 'vllm' else ''} ({config.repeats} "
+                                    f"{'steps' if config.engine == 'vllm' else 'runs'} per point)", total=measure[0])
+                table = measure[1](lambda: bar.advance(task))
+            render(table, stdout_console())
             console.print(noise_line(table.meta.get("noise", {})), highlight=False)
-            path = table.save(out, outputs)
+            path = table.save(config.out, outputs)
         console.print(f"cost table: {path}")
 
 
-def _profile_vllm(config, console: Console) -> None:
+def _profile_native(config, console: Console):
+    """avkit's runtime: the models loaded here -> (points, measure(on_point) -> the cost table)."""
+    from avkit.models import load  # lazy: start-up (the library loads when the command runs: -h stays fast)
+    from avkit.models import placement  # lazy: start-up (the library loads when the command runs: -h stays fast)
+    from avkit.scheduling.profile import num_points, profile_costs  # lazy: start-up (the library loads when the command runs: -h stays fast)
+
+    target, draft = config.models.target, config.models.draft
+    dev, dt = placement(config.models.device, config.models.dtype)
+    with console.status(f"avkit profile: loading {target}" + ("" if draft in ("", "none") else f" + {draft}")):
+        tgt = load(target, dtype=dt, device=dev)
+        drf = None if draft in ("", "none") else load(draft, dtype=dt, device=dev)
+    return num_points(config, drf is not None), lambda on_point: profile_costs(tgt, drf, config, on_point=on_point)
+
+
+def _profile_vllm(config):
     """`--engine vllm`: vLLM's step costs (avkit/engines/vllm/profile.py), the same table format."""
     from avkit.engines.vllm.driver import check_vllm_version, hf_dir  # lazy: start-up (the library loads when the command runs: -h stays fast)
     from avkit.engines.vllm.driver import vllm_python as find_python  # lazy: start-up (the library loads when the command runs: -h stays fast)
     from avkit.engines.vllm.profile import num_points, profile_vllm  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
-    target, draft, out = config.models.target, config.models.draft, config.out
     python = find_python(config.vllm_python)
     check_vllm_version(python)
-    tgt = hf_dir(target, "--target")
-    drf = hf_dir(draft, "--draft") if config.k > 0 else tgt
-    with StagedOutputs() as outputs:
-        outputs.file(out, "--out")
-        with Progress(*Progress.get_default_columns(), TimeElapsedColumn(), console=console, transient=True) as bar:
-            task = bar.add_task(f"profiling vLLM ({config.repeats} steps per point)", total=num_points(config))
-            table = profile_vllm(python, tgt, drf, config, dtype=config.models.dtype, threads=config.threads,
-                                 on_point=lambda: bar.advance(task))
-        render(table, stdout_console())  # the result: stdout
-        console.print(noise_line(table.meta.get("noise", {})), highlight=False)
-        path = table.save(out, outputs)
-    console.print(f"cost table: {path}")
+    tgt = hf_dir(config.models.target, "--target")
+    drf = hf_dir(config.models.draft, "--draft") if config.k > 0 else tgt
+    return num_points(config), lambda on_point: profile_vllm(python, tgt, drf, config, dtype=config.models.dtype,
+                                                             threads=config.threads, on_point=on_point)
 
 
 def noise_line(noise: dict) -> str:

@@ -17,7 +17,7 @@ import contextlib
 import datetime as dt
 import io
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,7 +26,7 @@ from avkit.config import EstimatorConfig, FitConfig, ReportConfig, SimulateConfi
 from avkit.provenance import describe
 from avkit.report.document import Figure, Report, Section
 from avkit.report.html import render_html
-from avkit.report.inputs import FitOutputs, ReportInputs, load_fit_dir, load_inputs
+from avkit.report.inputs import ReportInputs, load_fit_dir, load_inputs
 from avkit.report.markdown import render_markdown
 from avkit.report.sections import SECTIONS
 from avkit.staged import StagedOutputs
@@ -35,17 +35,6 @@ Progress = Callable[[str], None]
 FIT_FILES = ("coefficients.json", "scores.json", "trajectory.parquet")
 # the results file behind a section (others: the fit); `tune` results record no inputs yet
 SECTION_INPUT = {"simulation": "sim", "hybrid": "hvd", "tune": "tune"}
-
-
-@contextlib.contextmanager
-def staging(out: Path, outputs: StagedOutputs | None = None) -> Iterator[Path]:
-    """Yield an empty temp dir beside `out` that replaces `out` when the run succeeds (see avkit/staged.py):
-    reserved in `outputs` (the caller commits it with its other outputs), else committed here."""
-    if outputs is not None:
-        yield outputs.directory(out)
-        return
-    with StagedOutputs() as own:
-        yield own.directory(out)
 
 
 def build_document(inputs: ReportInputs, config: ReportConfig, progress: Progress | None = None) -> Report:
@@ -98,13 +87,6 @@ def write_document(report: Report, out: Path, config: ReportConfig) -> dict[str,
             **{n: out / p for n, p in files.items()}}
 
 
-def _copy_fit(fit: FitOutputs, dest: Path) -> None:
-    dest.mkdir()
-    for name in FIT_FILES:
-        if (fit.dir / name).is_file():
-            shutil.copy2(fit.dir / name, dest / name)
-
-
 def _simulate(traces: list[Path], dest: Path) -> Path:
     from avkit.scheduling.cost import resolve_cost  # lazy: polars (the simulator, only when simulating)
     from avkit.sim.replay import default_policies, load_steps, results_inputs, simulate, write_results  # lazy: polars (the simulator)
@@ -115,61 +97,64 @@ def _simulate(traces: list[Path], dest: Path) -> Path:
                          inputs=results_inputs(traces, cost, config, specs, command="avkit report (simulated now)"))
 
 
-def report_fit_dir(fit_dir, out, config: ReportConfig | None = None, *, traces=None, sim=None, hvd=None,
-                   tune=None, run_simulation: bool = False, progress: Progress | None = None,
-                   outputs: StagedOutputs | None = None, warn: Callable[[str], None] | None = None) -> Path:
-    """Report an `avkit fit` output directory (with the traces it names, when at hand) into `out`."""
-    out, config = Path(out), config or ReportConfig()
+def report_fit_dir(fit_dir, out, config: ReportConfig | None = None, **kw) -> Path:
+    """Report an `avkit fit` output directory (with the traces it names, when at hand) into `out`; keywords
+    as `report_traces`'s but `fit` and `estimator`."""
     fit = load_fit_dir(fit_dir)
-    with staging(out, outputs) as tmp:
-        _copy_fit(fit, tmp / "fit")
-        inputs = _gather(load_fit_dir(tmp / "fit"), traces, sim, hvd, config, run_simulation, tmp, progress, tune,
-                         warn)
-        write_document(build_document(inputs, config, progress), tmp, config)
-    return out
+
+    def copy_fit(dest: Path) -> None:
+        dest.mkdir()
+        for name in FIT_FILES:
+            if (fit.dir / name).is_file():
+                shutil.copy2(fit.dir / name, dest / name)
+    return _report(out, config or ReportConfig(), copy_fit, **kw)
 
 
 def report_traces(traces, out, config: ReportConfig | None = None, *, fit: FitConfig | None = None,
-                  estimator: EstimatorConfig | None = None, sim=None, hvd=None, tune=None,
-                  run_simulation: bool = False, progress: Progress | None = None,
-                  outputs: StagedOutputs | None = None, warn: Callable[[str], None] | None = None) -> Path:
-    """Fit `traces` with the fit library (outputs kept in out/fit) and report them into `out`."""
+                  estimator: EstimatorConfig | None = None, progress: Progress | None = None, **kw) -> Path:
+    """Fit `traces` with the fit library (outputs kept in out/fit) and report them into `out`. Keywords:
+    sim, hvd, tune (results files; None: the config's when they exist), run_simulation (simulate the traces
+    when no results file is given or found), progress, outputs (a StagedOutputs the caller commits; None:
+    committed here), warn (called with each stale-input warning)."""
     from avkit.fit import run_fit, write_fit_outputs  # lazy: polars (the fit, only when fitting)
 
-    out, paths, config = Path(out), [Path(p) for p in traces], config or ReportConfig()
+    paths, config = [Path(p) for p in traces], config or ReportConfig()
     if progress is not None:
         progress("fit")
     if config.streaming() is not None:  # out of core: the fit too (a batch fit, report/traces.py)
         fit = replace(config.streaming(), mode=(fit or FitConfig()).mode, bins=(fit or FitConfig()).bins)
     result = run_fit(paths, fit, estimator)
-    with staging(out, outputs) as tmp:
-        write_fit_outputs(tmp / "fit", result)
-        inputs = _gather(load_fit_dir(tmp / "fit"), paths, sim, hvd, config, run_simulation, tmp, progress, tune,
-                         warn)
+    return _report(out, config, lambda dest: write_fit_outputs(dest, result), traces=paths, progress=progress, **kw)
+
+
+def _report(out, config: ReportConfig, write_fit: Callable[[Path], object], *, traces=None, sim=None, hvd=None,
+            tune=None, run_simulation: bool = False, progress: Progress | None = None,
+            outputs: StagedOutputs | None = None, warn: Callable[[str], None] | None = None) -> Path:
+    """Write the fit files (`write_fit`), gather the inputs and write the report into a temp directory that
+    replaces `out` when the run succeeds (avkit/staged.py): reserved in `outputs`, else committed here.
+    sim / hvd / tune: an explicit path must exist; None falls back to the config default when present, and
+    for sim, with `run_simulation`, to simulating the traces now (SimulateConfig defaults)."""
+    out = Path(out)
+    with contextlib.nullcontext(outputs) if outputs is not None else StagedOutputs() as staged:
+        tmp = staged.directory(out)
+        write_fit(tmp / "fit")
+        fit = load_fit_dir(tmp / "fit")
+        paths = [Path(p) for p in (traces or fit.coefficients.get("trained_on", {}).get("traces", []))]
+        simulated = sim is None and run_simulation and config.streaming() is None and paths and \
+            not Path(config.sim).expanduser().exists() and all(p.is_file() for p in paths)  # replayed in memory
+        if simulated:
+            if progress is not None:
+                progress("simulate")
+            sim = _simulate(paths, tmp / "simulate.parquet")
+        inputs = load_inputs(fit, traces, sim or config.sim, hvd or config.hvd, sim_explicit=sim is not None,
+                             hvd_explicit=hvd is not None, tune=tune or config.tune, tune_explicit=tune is not None,
+                             streaming=config.streaming(), n_bins=config.bins)
+        if simulated:
+            inputs.sources["sim"] = f"simulated now with the avkit simulate defaults (cost model {SimulateConfig().cost})"
+        for w in (w for ws in inputs.warnings.values() for w in ws) if warn is not None else ():
+            warn(w)
         write_document(build_document(inputs, config, progress), tmp, config)
     return out
 
 
-def _gather(fit: FitOutputs, traces, sim, hvd, config: ReportConfig, run_simulation: bool, tmp: Path,
-            progress: Progress | None, tune=None, warn: Callable[[str], None] | None = None) -> ReportInputs:
-    """sim / hvd / tune: an explicit path must exist; None falls back to the config default when present, and
-    for sim, with `run_simulation`, to simulating the traces now (SimulateConfig defaults)."""
-    paths = [Path(p) for p in (traces or fit.coefficients.get("trained_on", {}).get("traces", []))]
-    simulated = ""
-    if sim is None and run_simulation and config.streaming() is None and not Path(config.sim).expanduser().exists() \
-            and all(p.is_file() for p in paths) and paths:  # (the simulator replays the traces in memory)
-        if progress is not None:
-            progress("simulate")
-        sim = _simulate(paths, tmp / "simulate.parquet")
-        simulated = f"simulated now with the avkit simulate defaults (cost model {SimulateConfig().cost})"
-    inputs = load_inputs(fit, traces, sim or config.sim, hvd or config.hvd, sim_explicit=sim is not None,
-                         hvd_explicit=hvd is not None, tune=tune or config.tune, tune_explicit=tune is not None,
-                         streaming=config.streaming(), n_bins=config.bins)
-    if simulated:
-        inputs.sources["sim"] = simulated
-    for w in (w for ws in inputs.warnings.values() for w in ws) if warn is not None else ():
-        warn(w)
-    return inputs
-
-
-__all__ = ["build_document", "report_fit_dir", "report_traces", "staging", "write_document"]
+__all__ = ["build_document", "report_fit_dir", "report_traces", "write_document"]

@@ -21,7 +21,7 @@ def _num(x):
 
 def _table(rows: list[dict], caption: str, collapsed: bool = False, with_dataset: bool = False) -> Table:
     cols = COLS[:1] + ((("dataset", None),) if with_dataset else ()) + COLS[1:]
-    cells = [tuple(str(r[c]) if d is None else fmt(_num(r.get(c)), d) for c, d in cols) for r in rows]
+    cells = [tuple(str(r[c]) if d is None else fmt(r.get(c), d) for c, d in cols) for r in rows]
     lead = 2 if with_dataset else 1
     return Table(tuple(c for c, _ in cols), cells, caption=caption, collapsed=collapsed,
                  numeric=(False,) * lead + (True,) * (len(cols) - lead))
@@ -44,8 +44,8 @@ def _verdict_table(verdict: list[dict]) -> Table | None:
     if not verdict:
         return None
     rows = [(r["dataset"], r["best_single_router"], fmt(r["best_single"], 3), r["best_router"], fmt(r["best_hvd"], 3),
-             fmt(r["ratio"], 3), fmt(_num(r.get("fewer_cycles")), 3), "yes" if r["holds"] else "NO",
-             fmt(_num(r.get("headroom")), 3)) for r in verdict]
+             fmt(r["ratio"], 3), fmt(r.get("fewer_cycles"), 3), "yes" if r["holds"] else "NO",
+             fmt(r.get("headroom"), 3)) for r in verdict]
     return Table(("dataset", "best single", "tokens/forward", "best HVD", "tokens/forward", "ratio", "fewer cycles",
                   ">= 0.99x", "oracle headroom"),
                  rows, caption="Goal: the best HVD router at >= 0.99x the best single drafter on every dataset "
