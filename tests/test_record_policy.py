@@ -18,7 +18,7 @@ from avkit.record import record
 from avkit.scheduling.cost import CostTable
 from avkit.scheduling.policy import parse_spec
 from avkit.sim.drive import SimPolicy, decide
-from avkit.sim.steps import Replay, recorded_schedule, step_table
+from avkit.sim.steps import Replay, Schedule, step_table
 from avkit.trace.reader import read_traces
 from avkit.trace.schema import generations_path
 
@@ -90,6 +90,17 @@ def test_generations_record_decode_timing(setup):
     decode = (n - 1) / (gens["last_token_s"] - gens["first_token_s"])  # steady-state tokens/s per request
     with_prefill = n / (gens["last_token_s"] - gens["admitted_s"])
     assert (decode > 0).all() and (with_prefill > 0).all() and (with_prefill < decode * n).all()
+
+
+def recorded_schedule(steps) -> Schedule:
+    """The recording engine's own batches: one sim step per recorded engine step, in order, with its
+    recorded batch size (requests that drafted nothing that step have no rows but count)."""
+    order = np.lexsort((steps.request, steps.engine_step))  # [S] by engine step, then request
+    eng = steps.engine_step[order]
+    new = np.r_[True, eng[1:] != eng[:-1]]  # [S] first row of each engine step
+    group = np.cumsum(new) - 1
+    return Schedule(order, group, int(group[-1]) + 1, int(steps.batch_size.max()), steps.request[order],
+                    steps.batch_size[order][new])
 
 
 def _wanted(steps, max_new: int) -> np.ndarray:

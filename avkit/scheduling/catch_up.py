@@ -89,13 +89,11 @@ class CatchUpRule:
             ok[:] = False
         return ok
 
-    def saving_at(self, batch_size: int) -> float:
-        return float(interp_curve(batch_size, self.concurrency, self.saving_ms, beyond="flat"))
-
     def drafts(self, lag, remaining, batch_size: int) -> np.ndarray:
         """[n] bool: which of n requests (lag [n], remaining [n] host ints) draft at this batch size."""
         lag, remaining = np.asarray(lag, np.int64), np.asarray(remaining, np.int64)
-        pays = self.cost.catch_up_cost(lag) <= remaining * self.saving_at(batch_size)
+        saving = float(interp_curve(batch_size, self.concurrency, self.saving_ms, beyond="flat"))  # ms per token
+        pays = self.cost.catch_up_cost(lag) <= remaining * saving
         return (lag <= FREE_LAG) | pays
 
     def to_json(self) -> dict:

@@ -158,10 +158,6 @@ class CostTable:
         """[n] target tokens -> [n] ms."""
         return self._at("verify_ms", tokens)
 
-    def draft_passes(self, k) -> np.ndarray:
-        k = np.asarray(k, dtype=np.float64)
-        return k if self.drafter == "autoregressive" else (k > 0).astype(np.float64)
-
     def draft_pass_cost(self, num_requests) -> np.ndarray:
         """One draft forward of n rows, one token each."""
         return self._at("draft_ms", num_requests)
@@ -173,8 +169,8 @@ class CostTable:
     def draft_cost(self, num_requests, k) -> np.ndarray:
         """Drafting k tokens for each of n requests: passes(k) forwards of n rows, plus the fixed part if k > 0."""
         k = np.asarray(k, dtype=np.float64)
-        return self.draft_passes(k) * self.draft_pass_cost(num_requests) + \
-            (k > 0) * self.draft_fixed_cost(num_requests)
+        passes = k if self.drafter == "autoregressive" else (k > 0) * 1.0
+        return passes * self.draft_pass_cost(num_requests) + (k > 0) * self.draft_fixed_cost(num_requests)
 
     def draft_prefill_cost(self, tokens) -> np.ndarray:
         """The drafter prefilling n tokens of one request; a draft pass over n rows where not profiled
@@ -268,16 +264,11 @@ class CostTable:
         missing = [k for k in ("verify_tokens", "verify_ms", "draft_requests", "draft_ms") if k not in d]
         if missing:
             raise ConfigError(f"{where}: missing key {missing[0]!r}")
-        meta = d.get("meta", {})
-        if not isinstance(meta, dict):
-            raise ConfigError(f"{where}: field 'meta' must be an object, got {meta!r}")
+        for key, kind, name in (("meta", dict, "an object"), ("drafter", str, "a string"), ("noise", dict, "an object")):
+            if key in d and not isinstance(d[key], kind):
+                raise ConfigError(f"{where}: field {key!r} must be {name}, got {d[key]!r}")
+        meta, drafter, noise = d.get("meta", {}), d.get("drafter", "autoregressive"), d.get("noise", {})
         _check_meta(where, meta)
-        drafter = d.get("drafter", "autoregressive")
-        if not isinstance(drafter, str):
-            raise ConfigError(f"{where}: field 'drafter' must be a string, got {drafter!r}")
-        noise = d.get("noise", {})
-        if not isinstance(noise, dict):
-            raise ConfigError(f"{where}: field 'noise' must be an object, got {noise!r}")
         lists = {}
         for f in ("verify_tokens", "draft_requests", "prefill_tokens"):
             if f in d:

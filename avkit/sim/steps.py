@@ -158,19 +158,6 @@ def schedule(steps: StepTable, concurrency: int, waves: int) -> Schedule:
     return Schedule(rows[keep][order], group[keep][order], int(window), concurrency, copy[keep][order])
 
 
-def recorded_schedule(steps: StepTable) -> Schedule:
-    """The recording engine's own batches: one sim step per recorded engine step, in order, with its
-    recorded batch size (requests that drafted nothing that step have no rows but count)."""
-    if steps.request.size == 0 or (steps.engine_step < 0).any():
-        raise TraceError("a recorded schedule needs the engine_step column")
-    order = np.lexsort((steps.request, steps.engine_step))  # [S] by engine step, then request
-    eng = steps.engine_step[order]
-    new = np.r_[True, eng[1:] != eng[:-1]]  # [S] first row of each engine step
-    group = np.cumsum(new) - 1
-    return Schedule(order, group, int(group[-1]) + 1, int(steps.batch_size.max()), steps.request[order],
-                    steps.batch_size[order][new])
-
-
 @dataclass(frozen=True)
 class Replay:
     """One concurrency's schedule with the per-step quantities every policy needs."""
