@@ -315,7 +315,7 @@ def profile_costs_tiny(tiny_pair, **kw):
 
 
 def test_profile_env_must_be_integer(monkeypatch):
-    from avkit.scheduling.profile import context_len_from_env
+    from avkit.scheduling.cost import context_len_from_env
 
     monkeypatch.setenv("AVKIT_PROFILE_CONTEXT_LEN", "lots")
     with pytest.raises(ConfigError, match="AVKIT_PROFILE_CONTEXT_LEN"):

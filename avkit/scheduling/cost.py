@@ -52,6 +52,7 @@ from avkit.config import DEFAULT_COST_PATH, PROFILE_CONTEXT_ENV, SHIPPED_COST, s
 from avkit.errors import ConfigError
 from avkit.scheduling.roofline import roofline_curves
 from avkit.staged import StagedOutputs
+from avkit.validate import check_range
 
 DRAFTER_KINDS = ("autoregressive", "parallel")
 FREE_LAG = 2  # tokens the first draft pass feeds itself (the draft x_K and the bonus token); more are prefilled
@@ -318,10 +319,20 @@ def _check_meta(where: str, meta: dict) -> None:
             raise ConfigError(f"{where}: field 'meta.{key}' must be a non-negative integer, got {v!r}")
 
 
+def context_len_from_env(default: int) -> int:
+    """KV tokens per request to price or profile at: $AVKIT_PROFILE_CONTEXT_LEN, else `default`."""
+    raw = os.environ.get(PROFILE_CONTEXT_ENV)
+    try:
+        value = default if raw is None else int(raw)
+    except ValueError:
+        raise ConfigError(f"{PROFILE_CONTEXT_ENV} must be an integer, got {raw!r}") from None
+    return check_range(PROFILE_CONTEXT_ENV, value, 0)
+
+
 def parse_roofline_spec(spec: str) -> CostTable:
     """`roofline:GPU:TARGET[:DRAFT][:context=N,drafter=parallel]` -> CostTable (scheduling/roofline.py's
     curves). The context defaults to $AVKIT_PROFILE_CONTEXT_LEN, else 8192."""
-    return CostTable(**roofline_curves(spec, os.environ.get(PROFILE_CONTEXT_ENV, "8192")))
+    return CostTable(**roofline_curves(spec, str(context_len_from_env(8192))))
 
 
 def resolve_cost(spec: str | CostTable | None) -> CostTable:
@@ -342,5 +353,5 @@ def resolve_cost(spec: str | CostTable | None) -> CostTable:
     return CostTable.load(spec)
 
 
-__all__ = ["CURVES", "DRAFTER_KINDS", "FREE_LAG", "CostTable", "interp_curve", "isotonic", "parse_roofline_spec",
+__all__ = ["CURVES", "DRAFTER_KINDS", "FREE_LAG", "CostTable", "context_len_from_env", "interp_curve", "isotonic", "parse_roofline_spec",
            "resolve_cost"]

@@ -81,8 +81,8 @@ def step_rates(conf, num_requests, cost: CostTable, stop_drafting: bool = True) 
     top = key.gather(1, order).cumsum(1)  # [G, M] sum of the top m survivals
     n = torch.as_tensor(num_requests, dtype=torch.float64).reshape(g, 1)  # [G, 1]
     tokens = n + (n / w) * torch.cat([top.new_zeros(g, 1), top], 1)  # [G, M+1]
-    context = _ms(cost.context_cost, n)  # [G, 1]
-    verify = _ms(cost.verify_cost, n + (n / w) * torch.arange(m + 1, dtype=torch.float64))  # [G, M+1]
+    verified = n + (n / w) * torch.arange(m + 1, dtype=torch.float64)  # [G, M+1] target tokens of the step
+    target = _ms(lambda t: cost.step_cost(n.numpy(), 0, t), verified)  # [G, M+1] its KV reads and verify
     if stop_drafting and cost.drafter == "autoregressive":  # pass j runs iff a request reaches depth j + 1
         reach = torch.arange(w + 1, dtype=torch.float64) / w  # [W+1] share of the rows reaching the depth
         runs = 1.0 - (1.0 - reach) ** n  # [G, W+1] P(the pass runs)
@@ -96,7 +96,7 @@ def step_rates(conf, num_requests, cost: CostTable, stop_drafting: bool = True) 
             draft = draft + pass_ms.gather(1, count[:, :, j])
     else:  # every drafting request drafts K: a parallel drafter pays its one pass however deep it drafts
         draft = _ms(lambda x: cost.draft_cost(x, k), n) * (torch.arange(m + 1) > 0)  # [G, M+1]
-    rates = tokens / (draft + context + verify)
+    rates = tokens / (draft + target)
     return rates[0] if one else rates
 
 

@@ -30,24 +30,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from avkit.config import PROFILE_CONTEXT_ENV, ProfileConfig
-from avkit.errors import ConfigError
+from avkit.config import ProfileConfig
 from avkit.provenance import inputs_record
-from avkit.scheduling.cost import CostTable, isotonic
+from avkit.scheduling.cost import CostTable, context_len_from_env, isotonic
 from avkit.scheduling.step_timer import SeatedEngine
-
-
-def context_len_from_env(default: int) -> int:
-    raw = os.environ.get(PROFILE_CONTEXT_ENV)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{PROFILE_CONTEXT_ENV} must be an integer, got {raw!r}") from None
-    if value < 0:
-        raise ConfigError(f"{PROFILE_CONTEXT_ENV} must be >= 0, got {value}")
-    return value
 
 
 def request_grid(top: int) -> list[int]:

@@ -44,7 +44,8 @@ from avkit.models.tokenizer import Tokenizer
 from avkit.provenance import inputs_record
 from avkit.runtime.request import Request
 from avkit.scheduling.cost import CostTable, isotonic
-from avkit.scheduling.profile import context_len_from_env, noise_summary, request_grid
+from avkit.scheduling.cost import context_len_from_env
+from avkit.scheduling.profile import noise_summary, request_grid
 
 KV_CONTEXT_FACTOR = 2  # the target-only engine's second context, x context_len (kv_ms_per_token)
 
