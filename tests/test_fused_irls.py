@@ -7,9 +7,17 @@ import numpy as np
 import polars as pl
 import pytest
 
-from avkit.estimators.irls import BLOCK, Segment, fused_segment_stats, segment_stats
+from avkit.estimators.irls import BLOCK, Segment, fused_segment_stats
 from avkit.estimators.online_logistic import sigmoid
 from avkit.trace.values import SLOT_KEY, _may_repeat_a_slot
+
+
+def segment_stats(f: np.ndarray, f2: np.ndarray, y: np.ndarray, p: np.ndarray) -> tuple[float, ...]:
+    """The oracle: (a, b, c, g0, g1) of one position's rows ([n] each, f2 = f*f) at predictions p, plain
+    numpy dots."""
+    w = p * (1.0 - p)
+    r = y - p
+    return float(np.dot(w, f2)), float(np.dot(w, f)), float(w.sum()), float(np.dot(r, f)), float(r.sum())
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -28,13 +28,13 @@ def test_engine_import_pulls_in_no_polars_and_no_hvd():
     assert not {m for m in mods if m.startswith("avkit.hvd")}
     # estimators register by name only: none is imported until it is looked up
     assert not {m for m in mods if m.startswith("avkit.estimators.") and m.split(".")[-1] in
-                ("online_logistic", "forgetting_logistic", "passthrough")}
+                ("online_logistic", "forgetting_logistic")}
 
 
 def test_looking_a_name_up_imports_its_module():
     mods = _modules_after("from avkit.estimators import ESTIMATORS\nESTIMATORS['forgetting_logistic']")
     assert "avkit.estimators.forgetting_logistic" in mods
-    assert "avkit.estimators.passthrough" not in mods
+    assert "avkit.estimators.coefficients" not in mods
     mods = _modules_after("from avkit.scheduling.policy import POLICIES\nPOLICIES['adaptive']")
     assert "avkit.scheduling.adaptive" in mods
 

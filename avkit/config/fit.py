@@ -28,7 +28,7 @@ class FitConfig(OutOfCoreConfig):
     """`avkit fit`: replay traces in engine-step order, fit an estimator per feature, score it.
     The estimator itself (feature written to coefficients.json, refit interval, ridge, damping)
     is an EstimatorConfig. Which options go together is checked here, once (`__post_init__`); the
-    one rule that involves the EstimatorConfig (`--features` holds `--feature`) is fit/plan.py's."""
+    one rule that involves the EstimatorConfig (`--features` holds `--feature`) is fit/run.py's."""
 
     # online: refit rounds as live (scores use predictions made when drafting);
     # batch: the same Newton step iterated to convergence on all observed rows

@@ -1,4 +1,4 @@
-"""The acceptance-estimator protocol and registry.
+"""The acceptance-estimator protocol and registry, and the estimators with no fit.
 
 An estimator maps a lossless feature of each draft slot and its position to a predicted
 acceptance probability, and (optionally) learns from verification outcomes.
@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from avkit.errors import DataError
+from avkit.config import DEFAULT_K
 from avkit.registry import Registry
 
 
@@ -58,11 +59,56 @@ ESTIMATORS = Registry("estimator", {
     "batch_logistic": "avkit.estimators.online_logistic:BatchLogistic",
     "forgetting_logistic": "avkit.estimators.forgetting_logistic:ForgettingLogistic",
     "per_position_slope": "avkit.estimators.online_logistic:PerPositionSlope",
-    "passthrough": "avkit.estimators.passthrough:Passthrough",
-    "qmax": "avkit.estimators.passthrough:QMax",
+    "passthrough": "avkit.estimators.base:Passthrough",
+    "qmax": "avkit.estimators.base:QMax",
 })
 register = ESTIMATORS.register  # plug-ins: @register("name") on a factory
 
 
 def make_estimator(name: str, **kwargs) -> Estimator:
     return ESTIMATORS.make(name, **kwargs)
+
+
+class Passthrough:
+    """No fit: a feature that already is a probability is the prediction (a trained confidence head's
+    output, the `head_conf` trace column; `QMax`: q_max itself, the seeds' "q_max (no fit)" row,
+    docs/seeds.md: fair ranking, poor calibration).
+
+    Examples
+    --------
+    >>> Passthrough(k=2).predict(np.array([0.25, 0.9]), np.array([0, 1])).tolist()
+    [0.25, 0.9]
+    """
+
+    name = "passthrough"
+    lossless = True
+
+    def __init__(self, k: int = DEFAULT_K, **_ignored):
+        self.k = k
+
+    def predict(self, features: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        check_positions(positions, self.k)
+        p = np.asarray(features, dtype=np.float64)
+        if p.size and not (np.nanmin(p) >= 0 and np.nanmax(p) <= 1):
+            raise DataError(f"{self.name}: features must be probabilities in [0, 1], got "
+                            f"{p.min() if p.min() < 0 else p.max()}")
+        return p
+
+    def predict_torch(self, features, positions):
+        """`predict` on the device: the feature itself (the engine's features are probabilities)."""
+        return features.double()
+
+    def update(self, features, positions, predictions, labels, steps: int = 1) -> bool:
+        return False  # nothing to learn
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "num_positions": self.k}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+class QMax(Passthrough):
+    """q_max used directly as the acceptance probability."""
+
+    name = "qmax"

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from avkit.config import DEFAULT_K, EstimatorConfig
+from avkit.config.fit import FIT_DRAFTERS
 from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.base import ESTIMATORS, Estimator, make_estimator
 from avkit.features import FEATURES
@@ -55,6 +56,10 @@ def _number(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def _int(x: Any, low: int = 0) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= low
+
+
 def _numbers(source: str, field: str, value: Any, shape: tuple[int, ...]) -> None:
     """Nested lists of finite numbers with exactly `shape`."""
     if not shape:
@@ -68,18 +73,11 @@ def _numbers(source: str, field: str, value: Any, shape: tuple[int, ...]) -> Non
 
 
 def _check_models(source: str, trained: dict, pair: ServedPair) -> None:
-    for role in ("target", "draft"):
-        mine, served = trained.get(f"{role}_sha256", ""), getattr(pair, f"{role}_sha256")
-        if mine and served:
-            if mine != served:
-                raise _bad(source, f"trained_on.{role}_sha256", f"does not match the served {role} ({served})", mine)
-            continue
-        mine, served = trained.get(role, ""), getattr(pair, role)
+    for role in ("target", "draft"):  # by sha256 when both sides know it, else by id
+        key = f"{role}_sha256" if trained.get(f"{role}_sha256") and getattr(pair, f"{role}_sha256") else role
+        mine, served = trained.get(key, ""), getattr(pair, key)
         if mine and served and mine != served:
-            raise _bad(source, f"trained_on.{role}", f"does not match the served {role} ({served})", mine)
-
-
-DRAFTERS = ("model", "suffix")  # the trace's `drafter` values: the rows a file may be fitted on
+            raise _bad(source, f"trained_on.{key}", f"does not match the served {role} ({served})", mine)
 
 
 def check_coefficients(doc: Any, source: str, *, k: int | None = None, pair: ServedPair | None = None,
@@ -98,7 +96,7 @@ def check_coefficients(doc: Any, source: str, *, k: int | None = None, pair: Ser
         raise _bad(source, "feature", "must be a known lossless feature to fit "
                    f"({', '.join(n for n, s in FEATURES.items() if s.lossless and s.no_fit is None)})", feature)
     n = doc.get("num_positions")
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+    if not _int(n, 1):
         raise _bad(source, "num_positions", "must be an integer >= 1", n)
     if k is not None and n != k:
         raise _bad(source, "num_positions", f"does not match the K being served ({k})", n)
@@ -106,13 +104,11 @@ def check_coefficients(doc: Any, source: str, *, k: int | None = None, pair: Ser
         raise _bad(source, "slope", "must be a finite number >= 0", doc.get("slope"))
     _numbers(source, "intercepts", doc.get("intercepts"), (n,))
     obs = doc.get("observations")
-    if obs is not None and (not isinstance(obs, list) or len(obs) != n
-                            or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in obs)):
+    if obs is not None and not (isinstance(obs, list) and len(obs) == n and all(map(_int, obs))):
         raise _bad(source, "observations", f"must be {n} integers >= 0", obs)
     for key in ("rounds", "rejected", "shifts", "refits"):
-        v = doc.get(key, 0)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-            raise _bad(source, key, "must be an integer >= 0", v)
+        if not _int(doc.get(key, 0)):
+            raise _bad(source, key, "must be an integer >= 0", doc.get(key))
     name = doc.get("estimator", doc.get("name"))
     if name is not None and (not isinstance(name, str) or name not in ESTIMATORS):
         raise _bad(source, "estimator", f"must be one of {sorted(ESTIMATORS)}", name)
@@ -136,8 +132,8 @@ def check_coefficients(doc: Any, source: str, *, k: int | None = None, pair: Ser
     if pair is not None:
         _check_models(source, trained, pair)
     fitted_on = trained.get("drafter", "model")
-    if fitted_on not in DRAFTERS:
-        raise _bad(source, "trained_on.drafter", f"must be one of {list(DRAFTERS)}", fitted_on)
+    if fitted_on not in FIT_DRAFTERS:
+        raise _bad(source, "trained_on.drafter", f"must be one of {list(FIT_DRAFTERS)}", fitted_on)
     if drafter is not None and fitted_on != drafter:
         raise _bad(source, "trained_on.drafter", f"must be {drafter!r}: it scores {drafter!r} rows (fit it with "
                    f"`avkit fit --drafter {drafter}`)", fitted_on)
@@ -159,7 +155,6 @@ def load_coefficients(path, *, k: int | None = None, pair: ServedPair | None = N
     except RecursionError:
         raise ConfigError(f"coefficients {path}: not JSON (nested too deeply)") from None
     return check_coefficients(doc, str(path), k=k, pair=pair, drafter=drafter)
-
 
 
 DEFAULT_FEATURE = "logit_qmax"

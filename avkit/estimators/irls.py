@@ -82,14 +82,6 @@ def irls_stats(features: np.ndarray, positions: np.ndarray, predictions: np.ndar
     return IrlsStats(*sums, n=np.bincount(positions, minlength=k).astype(np.int64))
 
 
-def segment_stats(f: np.ndarray, f2: np.ndarray, y: np.ndarray, p: np.ndarray) -> tuple[float, ...]:
-    """(a, b, c, g0, g1) of ONE position's rows ([n] each, f2 = f*f precomputed) at given
-    predictions p: plain numpy dots (the reference the fused pass is tested against)."""
-    w = p * (1.0 - p)
-    r = y - p
-    return float(np.dot(w, f2)), float(np.dot(w, f)), float(w.sum()), float(np.dot(r, f)), float(r.sum())
-
-
 BLOCK = 1 << 15  # rows per block of a fused pass: its [BLOCK] temporaries stay in the L2 cache
 
 
@@ -156,18 +148,6 @@ def _damp(n: np.ndarray | float, damping: float):
     return n / (n + damping) if damping > 0 else np.ones_like(np.asarray(n, dtype=np.float64))
 
 
-def schur_slope_step(a_sum: float, b: np.ndarray, c: np.ndarray, g0_sum: float, g1: np.ndarray,
-                     ridge: float) -> float:
-    """Slope component of the ridged arrowhead Newton step [[a_sum, b^T], [b, diag(c)]] + ridge I
-    against the gradient (g0_sum, g1 [K]): the intercepts eliminated by their Schur complement.
-    Not finite when the system is singular (the caller guards)."""
-    inv = 1.0 / (c + ridge)  # [K]
-    num = g0_sum - np.dot(b * inv, g1)
-    den = a_sum + ridge - np.dot(b * b, inv)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return float(num / den)
-
-
 def shared_slope_step(s: IrlsStats, slope: float, intercepts: np.ndarray, ridge: float,
                       damping: float) -> tuple[float, np.ndarray, bool]:
     """One damped, ridged Newton step for (slope, intercepts [K]); -> (slope, intercepts, slope_applied).
@@ -185,8 +165,9 @@ def shared_slope_step(s: IrlsStats, slope: float, intercepts: np.ndarray, ridge:
         return slope, intercepts, False
     inv = 1.0 / (s.c + ridge)  # [K] 1 / (c_i + lambda); c_i = 0 for unseen positions
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        d_slope = schur_slope_step(float(s.a.sum()), s.b, s.c, float(s.g0.sum()), s.g1, ridge) \
-            * _damp(float(s.n.sum()), damping)
+        num = float(s.g0.sum()) - np.dot(s.b * inv, s.g1)  # the intercepts eliminated (Schur complement)
+        den = float(s.a.sum()) + ridge - np.dot(s.b * s.b, inv)
+        d_slope = float(num / den) * _damp(float(s.n.sum()), damping)  # not finite when singular: guarded
         applied = bool(np.isfinite(d_slope) and slope + d_slope >= 0)
         d_slope = d_slope if applied else 0.0
         d_int = (s.g1 - s.b * d_slope) * inv * _damp(s.n.astype(np.float64), damping)  # [K]
@@ -249,5 +230,4 @@ def newton_iterations(ests: list, stats_of: Callable[[list[int]], list[IrlsStats
 
 
 __all__ = ["BLOCK", "STATS", "IrlsStats", "Segment", "fused_segment_stats", "group_by_position", "grouped_segments",
-           "irls_stats", "newton_iterations", "per_position_step", "schur_slope_step", "segment_stats",
-           "shared_slope_step"]
+           "irls_stats", "newton_iterations", "per_position_step", "shared_slope_step"]

@@ -1,38 +1,138 @@
-"""`avkit fit` as a library call: one fit over the trace shards, its map on threads or on Ray.
+"""`avkit fit` as a library call: one fit over the trace shards, its map on threads or on Ray; what it runs,
+returns and writes.
 
-For each feature of `avkit.features.FEATURES` present in the traces: a feature that already is
-a probability is scored by its no-fit estimator (q_max -> `qmax`, head_conf -> `passthrough`);
-every other feature is fitted with `--estimator` (online mode, `online_logistic` by default:
-replayed in refit rounds as live) or `batch_logistic` (batch mode). The chosen feature is also fitted with the
-`per_position_slope` ablation. Lossy features are scored (flagged lossless = false) but never
-written to coefficients.json, the file `serve` deploys.
+For each feature of `avkit.features.FEATURES` present in the traces (`plan_features`): a feature that
+already is a probability is scored by its no-fit estimator (q_max -> `qmax`, head_conf -> `passthrough`);
+every other feature is fitted with `--estimator` (online mode, `online_logistic` by default: replayed in
+refit rounds as live) or `batch_logistic` (batch mode). The chosen feature is also fitted with the
+`per_position_slope` ablation. Lossy features are scored (flagged lossless = false) but never written to
+coefficients.json, the file `serve` deploys. `start_estimator` gives each fit its start state (a warm
+start from `--coefficients` for the written one).
 
 The observed slots are held in memory (`--engine memory`: exact AUC; the features are fitted and
 scored on `fit.workers` threads, the replicas of `--replicas independent` on the engine), or, for
 `--mode batch` on `--engine streaming` / `ray`, summed pass by pass over the spilled shards
 (fit/streaming.py). Both give (plan, estimators, trajectory rows, score rows, K, trained_on), and
-`run_fit` turns that into one FitResult.
+`run_fit` turns that into one FitResult. `write_fit_outputs` writes it atomically
+(`avkit.staged.StagedOutputs`: all renamed at the end, or none):
+  coefficients.json  the deployable estimator (`coefficients_doc`, schema_version 1), read by `serve`
+  scores.json        rows {feature, lossless, estimator, scope, auc, log_loss, ece, n}
+  trajectory.parquet slope and intercepts after every online refit (or batch iteration); `file` is
+                     the index of the trace the round came from (engine steps restart per trace)
+JSON has no NaN: undefined metrics (AUC of a one-class scope) are written as null.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass, replace
+from pathlib import Path
 
+import polars as pl
 from threadpoolctl import threadpool_limits
 
 from avkit.config import EstimatorConfig, FitConfig
+from avkit.errors import ConfigError
+from avkit.estimators import make_estimator
+from avkit.estimators.coefficients import ServedPair, load_estimator
 from avkit.features import FEATURES
 from avkit.fit.data import load_fit_data
 from avkit.fit.engines import LocalEngine, open_engine
-from avkit.fit.plan import FitResult, check_features, coefficients_doc, plan_features, start_estimator
 from avkit.fit.replay import batch_fit, online_replay, online_replicas, trajectory_frame
 from avkit.fit.streaming import fit_passes
+from avkit.jsonsafe import json_safe
 from avkit.metrics.table import ScoreLayout
+from avkit.provenance import inputs_record
+from avkit.staged import StagedOutputs
 from avkit.trace.shards import check_shards
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
+FILES = ("coefficients.json", "scores.json", "trajectory.parquet")
+
+
+@dataclass
+class FitResult:
+    coefficients: dict  # the coefficients.json document
+    scores: list[dict]  # the scores.json rows
+    trajectory: pl.DataFrame  # one row per online refit (or batch iteration) of the chosen fit
+
+
+def check_feature(name: str) -> None:
+    if name not in FEATURES:
+        raise ConfigError(f"--feature must be one of {', '.join(FEATURES)}; got {name}")
+    spec = FEATURES[name]
+    if spec.no_fit is not None:
+        raise ConfigError(f"--feature {name}: is a probability scored with no fit ({spec.no_fit}); "
+                          f"choose a feature to fit, e.g. 'logit_qmax'")
+    if not spec.lossless:
+        raise ConfigError(f"--feature {name}: is lossy (verifying by q(x_sampled) biases the output); "
+                          f"it is scored in scores.json but never deployed")
+
+
+def check_features(fit: FitConfig, est_cfg: EstimatorConfig) -> None:
+    """The written feature is fittable and, with `--features`, among the features fitted."""
+    check_feature(est_cfg.feature)
+    if fit.features and est_cfg.feature not in fit.features:
+        raise ConfigError(f"--features {','.join(fit.features)}: leaves out the written feature "
+                          f"(--feature {est_cfg.feature}, coefficients.json); add it")
+
+
+def start_estimator(name: str, estimator: str, k: int, trained_on: dict, fit: FitConfig, est_cfg: EstimatorConfig):
+    """The estimator a fit of feature `name` starts from: the start constants, or (online, the written
+    feature and estimator) the state of `--coefficients`, through the one validated loader: K, the
+    traces' model pair and the drafter fitted must match the file's (as a server restarting from its snapshot)."""
+    config = replace(est_cfg, feature=name)
+    if fit.coefficients and fit.mode == "online" and name == est_cfg.feature and estimator == fit.estimator:
+        t = trained_on
+        pair = ServedPair(t.get("target", ""), t.get("draft", ""), t.get("target_sha256", ""),
+                          t.get("draft_sha256", ""))
+        return load_estimator(estimator, fit.coefficients, k=k, pair=pair, drafter=t.get("drafter", "model"),
+                              config=config)
+    return make_estimator(estimator, k=k, config=config)
+
+
+def plan_features(fit: FitConfig, est_cfg: EstimatorConfig, present) -> list[tuple[str, str]]:
+    """(feature, estimator) of every fit `avkit fit` runs, for the features `present` in the traces: each
+    present feature and the per-position-slope ablation of the written one, or only `fit.features`."""
+    logistic = fit.estimator if fit.mode == "online" else "batch_logistic"
+    if fit.features:
+        absent = [n for n in fit.features if n not in present]
+        if absent:
+            raise ConfigError(f"--features {absent[0]}: is not in the traces (its columns are absent or "
+                              f"hold nulls); the traces have {', '.join(n for n in FEATURES if n in present)}")
+        return [(n, FEATURES[n].no_fit or logistic) for n in FEATURES if n in fit.features]
+    plan = [(n, FEATURES[n].no_fit or logistic) for n in FEATURES if n in present]
+    return plan + [(est_cfg.feature, "per_position_slope")]
+
+
+def coefficients_doc(est, k: int, trained_on: dict, fit: FitConfig, est_cfg: EstimatorConfig) -> dict:
+    """The coefficients.json document of a fitted estimator."""
+    return {
+        **est.state_dict(),  # everything a warm start restores (forgetting_logistic: basis slopes, precision)
+        "schema_version": 1,
+        "feature": est_cfg.feature,
+        "feature_sign": FEATURES[est_cfg.feature].sign,  # p = sigmoid(slope * sign * feature + b_i),
+        # applied inside the estimator: load_state_dict(this file) into an estimator of this feature
+        "num_positions": k,
+        "slope": float(est.slope),
+        "intercepts": [float(b) for b in est.intercepts],
+        "observations": [int(n) for n in est.observations],
+        "mode": fit.mode,
+        "estimator": est.name,
+        "refit_interval": est_cfg.refit_interval,
+        "refits": int(est.rounds),
+        "ridge": est_cfg.ridge,
+        "damping": est_cfg.damping,
+        "lossless": True,
+        "clock": trained_on["clock"],  # what counted engine steps: fit/data.py CLOCKS
+        # the traces by content hash and the settings (avkit/provenance.py): `avkit report` checks them
+        "trained_on": {**trained_on, "inputs": inputs_record(
+            "avkit fit", trained_on["traces"], mode=fit.mode, feature=est_cfg.feature,
+            refit_interval=est_cfg.refit_interval)},
+    }
 
 
 def run_fit(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None = None,
@@ -41,9 +141,12 @@ def run_fit(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None
     map runs (default: the one `fit.engine` names, fit/engines.py)."""
     fit, est_cfg = fit or FitConfig(), est_cfg or EstimatorConfig()
     check_features(fit, est_cfg)
-    fitter = fit_passes if fit.mode == "batch" and fit.engine != "memory" else _fit_in_memory
     with nullcontext(engine) if engine is not None else open_engine(fit) as engine:
-        plan, ests, rows, tables, k, trained_on = fitter(paths, fit, est_cfg, progress, engine)
+        if fit.mode == "batch" and fit.engine != "memory":
+            plan, ests, rows, tables, k, trained_on = fit_passes(
+                paths, fit, est_cfg, progress, engine, lambda present: plan_features(fit, est_cfg, present))
+        else:
+            plan, ests, rows, tables, k, trained_on = _fit_in_memory(paths, fit, est_cfg, progress, engine)
     scores = [{"feature": n, "lossless": FEATURES[n].lossless, "estimator": e, **row}
               for (n, e), table in zip(plan, tables) for row in table]
     i = next(i for i, (n, _) in enumerate(plan) if n == est_cfg.feature)
@@ -90,4 +193,29 @@ def _fit_in_memory(paths, fit: FitConfig, est_cfg: EstimatorConfig, progress: Pr
     return plan, ests, rows, tables, data.k, data.trained_on
 
 
-__all__ = ["FitResult", "plan_features", "run_fit"]
+def reserve_fit_outputs(out_dir, outputs: StagedOutputs, name: str = "--out") -> dict[str, Path]:
+    """Reserve the three outputs in `out_dir` (checked writable now); -> name -> temp path."""
+    out = Path(out_dir).expanduser()
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{name} {out}: exists and is not a directory")
+    return {f: outputs.file(out / f, name) for f in FILES}
+
+
+def write_fit_outputs(out_dir, result: FitResult, outputs: StagedOutputs | None = None) -> dict[str, Path]:
+    """Write the three outputs into `out_dir` (created if needed); -> name -> final path.
+
+    With `outputs` the files are only staged (the caller commits them with its other outputs);
+    without, they are committed here.
+    """
+    if outputs is None:
+        with StagedOutputs() as own:
+            return write_fit_outputs(out_dir, result, own)
+    tmp = reserve_fit_outputs(out_dir, outputs)
+    tmp["coefficients.json"].write_text(json.dumps(json_safe(result.coefficients), indent=2, allow_nan=False) + "\n")
+    tmp["scores.json"].write_text(json.dumps(json_safe(result.scores), indent=1, allow_nan=False) + "\n")
+    result.trajectory.write_parquet(tmp["trajectory.parquet"], compression="zstd")
+    return {name: Path(out_dir).expanduser() / name for name in FILES}
+
+
+__all__ = ["FILES", "FitResult", "check_feature", "check_features", "coefficients_doc", "plan_features", "reserve_fit_outputs",
+           "run_fit", "start_estimator", "write_fit_outputs"]

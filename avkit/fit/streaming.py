@@ -36,7 +36,6 @@ from avkit.estimators import make_estimator
 from avkit.estimators.irls import IrlsStats, grouped_segments, newton_iterations
 from avkit.features import FEATURES
 from avkit.fit.data import trained_on
-from avkit.fit.plan import plan_features
 from avkit.fit.replay import coef_row
 from avkit.fit.spill import ShardSurvey, spill_shard
 from avkit.metrics.binned import BinnedScores, logit, quantile_edges
@@ -164,13 +163,13 @@ def spilled(engine, paths: list[Path], fit: FitConfig, drafts: bool = False):
         engine.cleanup(scratch, nodes)
 
 
-def fit_passes(paths, fit: FitConfig, est_cfg: EstimatorConfig, progress: Progress | None, engine):
+def fit_passes(paths, fit: FitConfig, est_cfg: EstimatorConfig, progress: Progress | None, engine, plan_of):
     """`run_fit` out of core (`--mode batch`, engine streaming or ray): pass 0 spills, one Newton pass per
     iteration, one score pass; -> (plan, estimators, trajectory rows, score rows, K, trained_on) as the
     in-memory fit's, memory bounded by `fit.memory_budget` (AUC within each row's `auc_bound`)."""
     shards = check_shards(paths)
     with spilled(engine, shards.paths, fit) as (surveys, nodes, m):
-        plan = plan_features(fit, est_cfg, m["present"])
+        plan = plan_of(m["present"])  # [(feature, estimator)] for the features present (fit/run.py plan_features)
         ests = [make_estimator(e, k=m["k"], config=replace(est_cfg, feature=n)) for n, e in plan]
         rows = newton(engine, surveys, nodes, plan, ests, m, fit, progress)
         edges = [_edges(e, n, surveys, fit.auc_bins) for (n, _), e in zip(plan, ests)]

@@ -1,7 +1,7 @@
 """What a report reads: the fit outputs, the traces behind them, simulation and HVD results.
 
   fit dir      coefficients.json + scores.json (required), trajectory.parquet (optional), as
-               written by `avkit fit` (avkit/fit/plan.py)
+               written by `avkit fit` (avkit/fit/run.py)
   traces       the observed slots the fit was trained on (coefficients.json `trained_on.traces`,
                or given): acceptance per position, reliability diagrams, the per-dataset refits
   sim          `avkit simulate` results Parquet: one row per (concurrency, policy)

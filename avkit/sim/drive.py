@@ -28,7 +28,7 @@ import torch
 from avkit.config import AdaptiveConfig
 from avkit.errors import ConfigError
 from avkit.estimators.coefficients import estimator_feature, load_estimator
-from avkit.estimators.passthrough import Passthrough
+from avkit.estimators.base import Passthrough
 from avkit.estimators.rounds import replay_steps
 from avkit.scheduling.batch_schedule import BatchSchedule
 from avkit.scheduling.cost import CostTable
