@@ -11,7 +11,7 @@ from avkit.errors import ConfigError
 from avkit.estimators.base import ESTIMATORS
 from avkit.scheduling.adaptive import AdaptiveVerification, make_adaptive, observed_labels
 from avkit.scheduling.cost import CostTable
-from avkit.scheduling.policy import make_policy
+from avkit.scheduling.policy import POLICIES
 from avkit.step_types import DraftBatch, Load, VerifyOutcome
 
 
@@ -98,12 +98,12 @@ def test_estimator_none_is_full_verification(monkeypatch):
 
 def test_registry_and_errors(monkeypatch, tmp_path):
     monkeypatch.setitem(ESTIMATORS._entries, "test-logistic", lambda **kw: Logistic(**kw))
-    policy = make_policy("adaptive", cost="roofline:H200:8b", estimator="test-logistic", slope=2.0)
+    policy = POLICIES.make("adaptive", cost="roofline:H200:8b", estimator="test-logistic", slope=2.0)
     assert isinstance(policy, AdaptiveVerification) and policy.estimator.slope == 2.0
     with pytest.raises(ConfigError, match="unknown estimator nope; choose from "):
-        make_policy("adaptive", cost=_cost(0.0), estimator="nope")
+        POLICIES.make("adaptive", cost=_cost(0.0), estimator="nope")
     with pytest.raises(ConfigError, match="coefficients: no such file"):
-        make_policy("adaptive", cost=_cost(0.0), estimator="test-logistic", coefficients=tmp_path / "x.json")
+        POLICIES.make("adaptive", cost=_cost(0.0), estimator="test-logistic", coefficients=tmp_path / "x.json")
     bad = AdaptiveVerification(_cost(0.0), Logistic(feature="head_conf"))
     with pytest.raises(ConfigError, match="needs feature 'head_conf'"):
         bad.num_verify(_batch([[0.0]], [1]), Load(1, 1, 1))

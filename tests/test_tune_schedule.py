@@ -26,7 +26,7 @@ from avkit.runtime.request import Request
 from avkit.scheduling.batch_schedule import BatchSchedule, ScheduledK
 from avkit.scheduling.catch_up import FREE_LAG, CatchUpRule
 from avkit.scheduling.cost import CostTable
-from avkit.scheduling.policy import make_policy
+from avkit.scheduling.policy import POLICIES
 from avkit.step_types import DraftBatch, Load
 from avkit.tune.formats import vllm_spec
 from avkit.tune.schedule import ranges
@@ -240,10 +240,10 @@ def test_engine_applies_the_catch_up_rule(pair, saving, drafts):
 
 
 def test_registry_and_k_check():
-    policy = make_policy("schedule", schedule=BatchSchedule(((1, 2, 4), (3, 9, 2))), k=4)
+    policy = POLICIES.make("schedule", schedule=BatchSchedule(((1, 2, 4), (3, 9, 2))), k=4)
     assert policy.name == "schedule" and policy.schedule.k_at(100) == 2
     with pytest.raises(ConfigError, match="K=4 at batch size 1 is more than the engine drafts"):
-        make_policy("schedule", schedule=BatchSchedule(((1, 2, 4),)), k=3)
+        POLICIES.make("schedule", schedule=BatchSchedule(((1, 2, 4),)), k=3)
     drafted = torch.tensor([3, 1, 0])
     got = policy.num_verify(DraftBatch({}, drafted), Load(3, 3, 3))
     assert got.num_verify.tolist() == [2, 1, 0] and got.confidences is None

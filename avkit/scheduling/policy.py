@@ -119,10 +119,6 @@ POLICIES = Registry("verify policy", {
 })
 
 
-def make_policy(name: str, **kwargs) -> VerifyPolicy:
-    return POLICIES.make(name, **kwargs)
-
-
 ADAPTIVE_HEADS = {"adaptive": (False, True), "adaptive-stop": (True, True), "adaptive-nogate": (False, False),
                   "adaptive-stop-nogate": (True, False)}  # spec head -> (stop drafting early, draft gate)
 SPEC_HELP = "full, nospec, fixed:K, adaptive[-stop][-nogate]:ESTIMATOR, schedule:FILE"
@@ -152,14 +148,14 @@ class PolicySpec:
         """The live policy object for an engine (or a simulator) drafting up to `k`; adaptive's `cost` table
         and settings, `estimator` an estimator object instead of the spec's name (the simulator's sources)."""
         if self.name == "fixed":
-            return make_policy("fixed", k=int(self.arg))
+            return POLICIES.make("fixed", k=int(self.arg))
         if self.name == "schedule":
-            return make_policy("schedule", schedule=self.arg, k=k)
+            return POLICIES.make("schedule", schedule=self.arg, k=k)
         if self.name == "full":
-            return make_policy("full")
+            return POLICIES.make("full")
         config = replace(adaptive or AdaptiveConfig(), estimator=self.arg, stop_drafting=self.stop_drafting,
                          draft_gate=self.gate and (adaptive or AdaptiveConfig()).draft_gate)
-        return make_policy("adaptive", cost=cost, estimator=estimator if estimator is not None else self.arg,
+        return POLICIES.make("adaptive", cost=cost, estimator=estimator if estimator is not None else self.arg,
                            k=k, adaptive=config, **kwargs)
 
 

@@ -62,17 +62,17 @@ def is_loopback(host: str) -> bool:
 def make_policy(config: ServeConfig, coefficients: str, pair: ServedPair | None = None):
     """The verify policy by name from the registry; adaptive gets its estimator (warm-started from
     `coefficients`, refitting every `refit_interval` steps), the cost table and its draft gate."""
-    from avkit.scheduling.policy import make_policy as make  # lazy: torch (the verify policies)
+    from avkit.scheduling.policy import POLICIES  # lazy: torch (the verify policies)
 
     if config.policy == "fixed":
-        return make("fixed", k=config.engine.k)
+        return POLICIES.make("fixed", k=config.engine.k)
     if config.policy == "schedule":
-        return make("schedule", schedule=config.schedule, k=config.engine.k)
+        return POLICIES.make("schedule", schedule=config.schedule, k=config.engine.k)
     if config.policy == "adaptive":
-        return make("adaptive", cost=config.adaptive.cost or None, estimator=config.adaptive.estimator,
+        return POLICIES.make("adaptive", cost=config.adaptive.cost or None, estimator=config.adaptive.estimator,
                     coefficients=coefficients, k=config.engine.k, pair=pair,
                     config=config.online, adaptive=replace(config.adaptive, learn_cost=True))  # serve learns
-    return make(config.policy)
+    return POLICIES.make(config.policy)
 
 
 def _trace_writer(config: ServeConfig, target, draft):

@@ -13,7 +13,7 @@ Glossary:
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import polars as pl
@@ -48,6 +48,11 @@ class StepTable:
     @property
     def steps_per_request(self) -> np.ndarray:  # [R]
         return np.bincount(self.request, minlength=self.num_requests)
+
+    def take(self, rows: np.ndarray) -> StepTable:
+        """The step rows `rows` ([S] bool mask or indices), in that order."""
+        return replace(self, **{f.name: getattr(self, f.name)[rows] for f in fields(self) if f.name not in ("features", "k")},
+                       features={name: v[rows] for name, v in self.features.items()})
 
 
 def _replay_k(df: pl.DataFrame, pos: np.ndarray, k: int | None) -> int:

@@ -1,25 +1,17 @@
 """The drafter's prompt prefill, charged to the arms that draft, and the cap on new tokens (`avkit tune`).
 
-A speculative engine's drafter prefills every admitted prompt before that request can draft (avkit's draft
-model, vLLM's draft_model proposer), and the batch waits for that forward. The simulator replays decode
-steps only, so the tuner adds it per recorded request r:
+A speculative engine's drafter prefills every admitted prompt before that request drafts, and the batch
+waits for it; the simulator replays decode steps only, so the tuner adds it per recorded request r:
   P_r          prompt tokens (the generations table beside the trace, joined on run_id and request_id)
-  L_r          r's output tokens: accepted + 1 per recorded step (after the cap below): the workload's
-               length, whatever the arm
-  price_r      prefill_ms(P_r), the cost table's drafter prefill curve (where the table has none, a draft
-               pass over P_r rows: an upper bound, scheduling/cost.py)
-  per token    price_r / L_r: batch ms per output token of r, the prompt's prefill spread over the tokens
-               the request will emit
-In an arm that drafts (fixed K, adaptive) every token emitted for r pays price_r / L_r on top of the
-decode steps; no-spec pays nothing. Per token, not per replayed step: the simulator replays a request's
-recorded steps, so an arm drafting fewer than the recorded K emits fewer tokens per copy than L_r,
-while a real request emits its L_r tokens in more steps and pays its prefill once over them. A cell's throughput is then tokens / (decode ms + drafter prefill ms); the
-decode-only rate stays in the cell (`decode_tok_s`): the catch-up rule (scheduling/catch_up.py) prices the
-prefill itself, so its saving per token is decode-only. Short outputs make the prefill dearer per token:
-a cap of 64 new tokens doubles it against the shipped traces' ~126.
-Not priced here: the target's own prefill (every arm pays it alike: it lowers every rate, not their
-order), and the stall a newcomer's prefill puts on the others' time per output token (p90 TPOT stays
-decode-only).
+  L_r          r's output tokens, accepted + 1 per recorded step (after the cap), whatever the arm
+  per token    cost.draft_prefill_cost(P_r) / L_r: batch ms per output token of r (scheduling/cost.py;
+               without a profiled prefill curve, a draft pass over P_r rows: an upper bound)
+Every token an arm that drafts emits for r pays it on top of the decode steps (per token, not per replayed
+step: a real request emits its L_r tokens in however many steps and pays its prefill once); no-spec pays
+nothing. A cell's throughput is tokens / (decode ms + drafter prefill ms); `decode_tok_s` keeps the
+decode-only rate, which the catch-up rule (scheduling/catch_up.py) uses since it prices the prefill itself.
+Not priced: the target's own prefill (every arm pays it alike) and the stall a newcomer's prefill puts on
+the others' time per output token (p90 TPOT stays decode-only).
 
 --max-new-tokens N: the workload as if every request were capped at N new tokens: each recorded request
 keeps its steps up to the one that emits its N-th token (tune with the cap the engine serves with).
@@ -27,7 +19,6 @@ keeps its steps up to the one that emits its N-th token (tune with the cap the e
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -57,11 +48,7 @@ def cap_new_tokens(steps: StepTable, n: int) -> StepTable:
     keep = before < n  # [S] tokens the request emitted before this step are under the cap
     if keep.all():
         return steps
-    return replace(steps, request=steps.request[keep], ordinal=steps.ordinal[keep], drafted=steps.drafted[keep],
-                   verified=steps.verified[keep], accepted=steps.accepted[keep], label=steps.label[keep],
-                   features={name: v[keep] for name, v in steps.features.items()},
-                   engine_step=steps.engine_step[keep], batch_size=steps.batch_size[keep],
-                   step_time_ms=steps.step_time_ms[keep])
+    return steps.take(keep)
 
 
 def prompt_tokens(paths: list[str], rows: pl.DataFrame, warn=None) -> np.ndarray | None:
