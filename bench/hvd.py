@@ -47,11 +47,11 @@ COSTS = {"this pair (draft step = 0.33 target forward)": HvdCost.linear(HvdCostC
 
 def _inputs(args):
     if args.synthetic:
-        from avkit.hvd.synthetic import synthetic_generations
+        from avkit.hvd.replay import synthetic_generations
 
         return synthetic_generations(args.synthetic, seed=0), None, f"{args.synthetic} synthetic generations", {}
     from avkit.cli.hvd import greedy_traces
-    from avkit.hvd.token_lookup import token_classes_for
+    from avkit.hvd.token_classes import token_classes_for
 
     paths = [Path(p) for p in args.traces] if args.traces else greedy_traces()
     gens, facts = load_generations(paths)

@@ -14,7 +14,7 @@ Per cell, the four drafters decode the same greedy requests (T = 0), --repeats t
   model     the draft model, K drafts, every one verified (model-only)
   suffix    the suffix cache alone: its draft when it has one, else a target-only step; no draft model
             is loaded (cache-only: SuffixDecoding, the replay's `suffix` router, vLLM's `suffix` method)
-  hybrid    `--drafter hybrid --payoff payoff_survival.pt`: the joint router (avkit/hvd/joint_route.py)
+  hybrid    `--drafter hybrid --payoff payoff_survival.pt`: the joint router (avkit/hvd/joint.py)
 Prediction: the target-only generations are replayed (avkit/hvd/replay.py; the draft model's accepted
 lengths from one teacher-forced forward per generation) and decoded `concurrency` at a time by
 `simulate_batched` under the payoff file's cost model (a measured table's curves when `avkit hvd` had
@@ -43,11 +43,11 @@ import torch
 from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, HvdReplayConfig, SamplingConfig
 from avkit.drafters.draft_model import DraftModelDrafter
 from avkit.engines.vllm.driver import hf_dir
-from avkit.hvd.joint_budget import simulate_batched
+from avkit.hvd.joint import simulate_batched
 from avkit.hvd.features import feature_matrix
 from avkit.hvd.hybrid_drafter import HybridDrafter
-from avkit.hvd.joint_route import JointRouter
-from avkit.hvd.model_accept import matches_from_draft
+from avkit.hvd.joint import JointRouter
+from avkit.hvd.replay import matches_from_draft
 from avkit.hvd.path import full_route
 from avkit.hvd.payoff_mlp import PayoffMLP
 from avkit.hvd.replay import ReplayGeneration, replay
@@ -170,7 +170,7 @@ def vllm_cell(python: str, target_dir: str, prompt_ids, k: int, c: int, max_new:
 def _tiny_pair_and_payoff(root: Path, k: int):
     from avkit.config import PayoffConfig
     from avkit.hvd.fit import fit_hvd_generations
-    from avkit.hvd.synthetic import synthetic_generations
+    from avkit.hvd.replay import synthetic_generations
     from avkit.models.testing import write_tiny_model
 
     target = load(write_tiny_model(root / "t", vocab=300, seed=0, init_std=0.3))

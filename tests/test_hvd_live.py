@@ -1,4 +1,4 @@
-"""Live HVD with the joint router (avkit/hvd/joint_route.py): the payoff survival file round trip, the
+"""Live HVD with the joint router (avkit/hvd/joint.py): the payoff survival file round trip, the
 plan against a brute-force oracle, losslessness through the engine (greedy equality, chi-square at
 T = 1 against HF transformers), a served request over HTTP, and the shared cache's memory bound."""
 
@@ -16,10 +16,10 @@ from avkit.drafters.draft_model import DraftModelDrafter
 from avkit.hvd.cost import HvdCost
 from avkit.hvd.fit import fit_hvd_generations
 from avkit.hvd.hybrid_drafter import HybridDrafter
-from avkit.hvd.joint_route import JointRouter
+from avkit.hvd.joint import JointRouter
 from avkit.hvd.payoff_mlp import PayoffMLP
 from avkit.hvd.suffix_cache import NODE_BYTES, SuffixCache, SuffixTrie
-from avkit.hvd.synthetic import synthetic_generations
+from avkit.hvd.replay import synthetic_generations
 from avkit.models.testing import write_tiny_model
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
@@ -87,7 +87,7 @@ def test_joint_plan_equals_brute_force(survival_file):
         cs = np.sort(rng.random((n, K)), 1)[:, ::-1] * (rng.random((n, 1)) < 0.7)
         ms = np.sort(rng.random((n, K)), 1)[:, ::-1]
         cost = HvdCost.points(draft_step_cost=float(rng.choice([0.05, 0.33])))
-        from avkit.hvd.joint_budget import joint_step
+        from avkit.hvd.joint import joint_step
 
         use, pref = joint_step(cs, ms, cost, K)
         s = np.where(use[:, None], cs, ms)
@@ -144,7 +144,7 @@ def test_catch_up_is_the_draft_models_prefill_of_what_it_missed():
 def test_joint_step_prices_the_catch_up_and_may_leave_lagging_rows_to_the_cache():
     """With lags the model option pays each model row's catch-up; a third option runs the model only for rows
     it already follows. The choice equals enumeration of the options, and every option wins somewhere."""
-    from avkit.hvd.joint_budget import RunningRate, joint_step
+    from avkit.hvd.joint import RunningRate, joint_step
 
     cost = HvdCost.points(**{**CATCH, "draft_points": ((1, 0.1), (16, 0.3))})  # a cheap drafter: the model pays
     rng = np.random.default_rng(3)
@@ -173,7 +173,7 @@ def test_the_batched_replay_pays_one_prompt_catch_up_then_follows():
     (priced once), later steps lag by at most 2 tokens (free). Spent = catch_up(prompt) + steps x step cost."""
     import polars as pl
 
-    from avkit.hvd.joint_budget import simulate_batched
+    from avkit.hvd.joint import simulate_batched
     from avkit.hvd.path import full_route
 
     n, prompt = 40, 120
@@ -194,7 +194,7 @@ def test_the_batched_replay_pays_one_prompt_catch_up_then_follows():
 def test_joint_step_against_the_long_run_rate():
     """With a running rate lambda the option with the larger E - lambda cost wins (Dinkelbach), each
     option keeping its best-ratio budget; the rate then takes the chosen plan's E and cost."""
-    from avkit.hvd.joint_budget import RunningRate, joint_step
+    from avkit.hvd.joint import RunningRate, joint_step
 
     rng = np.random.default_rng(1)
     seen = set()

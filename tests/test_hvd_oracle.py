@@ -1,4 +1,4 @@
-"""The clairvoyant router (avkit/hvd/oracle.py): its dynamic program equals a brute-force recursion over
+"""The clairvoyant router (avkit/hvd/verdict.py): its dynamic program equals a brute-force recursion over
 every decode path, and no routed decode path of the replay beats it under the same cost model."""
 
 from __future__ import annotations
@@ -11,10 +11,9 @@ import pytest
 
 from avkit.config import HvdReplayConfig, SuffixCacheConfig
 from avkit.hvd.cost import HvdCost
-from avkit.hvd.oracle import oracle_paths
+from avkit.hvd.verdict import oracle_paths
 from avkit.hvd.path import Route, simulate_paths
-from avkit.hvd.replay import replay
-from avkit.hvd.synthetic import synthetic_generations
+from avkit.hvd.replay import replay, synthetic_generations
 
 K = 5
 COSTS = {"linear": HvdCost.points(draft_step_cost=0.33),

@@ -10,11 +10,10 @@ import pytest
 
 from avkit.config import HvdReplayConfig, PayoffConfig, SuffixCacheConfig
 from avkit.hvd.cost import HvdCost
-from avkit.hvd.suffix_cache import SuffixCache
-from avkit.hvd.model_accept import accept_lengths, matches_from_trace
+from avkit.hvd.features import accept_lengths
 from avkit.hvd.path import Route, simulate_paths
-from avkit.hvd.synthetic import synthetic_generations
-from avkit.hvd.replay import replay
+from avkit.hvd.replay import matches_from_trace, replay, synthetic_generations
+from avkit.hvd.suffix_cache import SuffixCache
 
 LOCAL = SuffixCacheConfig(max_depth=8, use_global=False)
 
@@ -211,7 +210,7 @@ def test_trace_matches_equal_teacher_forced_draft(tmp_path):
     import torch
 
     from avkit.config import EngineConfig, RecordConfig, SamplingConfig
-    from avkit.hvd.model_accept import matches_from_draft
+    from avkit.hvd.replay import matches_from_draft
     from avkit.models import load
     from avkit.models.testing import write_tiny_model
     from avkit.record import record

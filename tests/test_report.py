@@ -16,7 +16,7 @@ from avkit.config import EstimatorConfig, FitConfig, PayoffConfig, ReportConfig,
 from avkit.errors import ConfigError, DataError
 from avkit.fit import run_fit, write_fit_outputs
 from avkit.hvd.fit import fit_hvd_generations
-from avkit.hvd.synthetic import synthetic_generations
+from avkit.hvd.replay import synthetic_generations
 from avkit.report import report_fit_dir, report_traces
 from avkit.report.document import fmt
 from avkit.report.inputs import load_fit_dir, load_inputs

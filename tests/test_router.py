@@ -21,9 +21,8 @@ from avkit.hvd.router import (
 from avkit.errors import ConfigError
 from avkit.hvd.features import FEATURE_GROUPS
 from avkit.hvd.fit import split_by_request
-from avkit.hvd.path import full_route, throughput
-from avkit.hvd.synthetic import synthetic_generations
-from avkit.hvd.replay import evaluate, replay
+from avkit.hvd.path import evaluate, full_route, throughput
+from avkit.hvd.replay import replay, synthetic_generations
 
 K = 5
 FEATS = tuple(n for g in ("base", "history", "copy") for n in FEATURE_GROUPS[g])
@@ -111,7 +110,7 @@ def test_fitted_router_not_worse_than_worst_baseline(splits, ctx, name):
 
 @pytest.mark.parametrize("measured", [False, True])
 def test_budget_allocation_is_argmax_and_prefixes(measured):
-    from avkit.hvd.joint_budget import budget_plan
+    from avkit.hvd.joint import budget_plan
 
     rng = np.random.default_rng(0)
     for _ in range(20):
@@ -120,8 +119,8 @@ def test_budget_allocation_is_argmax_and_prefixes(measured):
         # a measured curve: flat for a few tokens, then steeper (a CPU's verify), points at odd places
         pts = ((1, 1.0), (3, 1.0 + cv), (9, 1.5 + 4 * cv), (20, 2.5 + 12 * cv)) if measured else ()
         cost = HvdCost.points(verify_token_cost=cv, verify_points=pts)
-        verify = (lambda t: float(np.interp(t, [p[0] for p in pts], [p[1] for p in pts]))) if measured else \
-            (lambda t: 1 + cv * t)  # brute-force oracle of the curve (all tested T lie inside the grid)
+        verify = (lambda t, pts=pts: float(np.interp(t, [p[0] for p in pts], [p[1] for p in pts]))) if measured else \
+            (lambda t, cv=cv: 1 + cv * t)  # brute-force oracle of the curve (all tested T lie inside the grid)
         v = budget_plan(s, 6, fixed, cost).num_verify.numpy()  # [N] verified prefix lengths
         assert ((v >= 0) & (v <= (s > 0).sum(1))).all()
         flat = np.sort(s[s > 0])[::-1]
@@ -159,7 +158,7 @@ def _lockstep_loop(table, route, cost, k, concurrency):
 
 @pytest.mark.parametrize("concurrency", [1, 3, 7])
 def test_batched_replay_equals_a_lockstep_loop(splits, ctx, concurrency):
-    from avkit.hvd.joint_budget import simulate_batched
+    from avkit.hvd.joint import simulate_batched
 
     test = splits[2]
     measured = HvdCost.points(verify_points=((1, 1.0), (4, 1.1), (8, 2.0), (16, 3.7)),
@@ -212,7 +211,7 @@ def test_model_scale_is_the_validated_best(splits, ctx, draft_cost):
     """The joint router's shrink of the model survival table: the scale among MODEL_SCALES with the best
     joint throughput on the validation requests (recomputed here scale by scale), applied to the table
     the router keeps (ties: the larger)."""
-    from avkit.hvd.joint_budget import model_survival_table, simulate_batched
+    from avkit.hvd.joint import model_survival_table, simulate_batched
     from avkit.hvd.router import MODEL_SCALES
 
     train, val, _ = splits

@@ -52,7 +52,7 @@ def replay(paths: list[Path], out: Path, outputs, tokenizer: str | None = None, 
     """The HVD replay of traces with generations tables, staged into `outputs` (`avkit hvd`, `avkit fit --hvd`);
     one warning line, once the inputs proved good, when the token-structure features fall back."""
     from avkit.hvd.fit import fit_hvd  # lazy: start-up (the library loads when the command runs: -h stays fast)
-    from avkit.hvd.token_lookup import token_classes_for  # lazy: start-up (the library loads when the command runs: -h stays fast)
+    from avkit.hvd.token_classes import token_classes_for  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
     classes = token_classes_for(paths, tokenizer)
     result = fit_hvd(paths, out, token_classes=classes, outputs=outputs, **kw)
@@ -113,7 +113,7 @@ def register(app: typer.Typer) -> None:
             reserve_hvd_outputs(out, outputs, "--out")
             md = outputs.file(markdown, "--markdown") if markdown is not None else None
             if synthetic:
-                from avkit.hvd.synthetic import synthetic_generations  # lazy: start-up (the library loads when the command runs: -h stays fast)
+                from avkit.hvd.replay import synthetic_generations  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
                 result = fit_hvd_generations(synthetic_generations(synthetic, seed=seed), out, outputs=outputs, **kw)
                 title = f"HVD replay on {synthetic} synthetic generations"

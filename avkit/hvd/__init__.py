@@ -1,11 +1,11 @@
 """Hybrid Verified Decoding (docs/hvd.md): route each decode step to the suffix cache or the draft model.
 
-Reading order: `suffix_cache` (the cache drafter) -> `replay` (trace replay: oracle accepted lengths
-and features) -> `features`, `model_accept`, `token_classes`, `token_lookup` (what the replay
-computes) -> `payoff_mlp` and `router` (predictor, routers) -> `path` (decode-path simulation,
-metrics), `joint_budget` (the joint verification budget), `oracle` (the clairvoyant bound), `verdict`
-(per dataset: best router vs best single drafter) -> `fit` (`fit_hvd`, the body of `avkit fit
---hvd`) -> `hybrid_drafter` (the live drafter; `substrings` keeps its copy features incremental).
+Reading order: `suffix_cache` (the cache drafter) -> `replay` (trace replay: oracle accepted lengths,
+the model's matches, synthetic generations) -> `features` (what the replay and the live drafter compute
+per position), `token_classes` -> `payoff_mlp` and `router` (predictor, routers) -> `path` (decode-path
+simulation, metrics), `joint` (the joint verification budget, live and replayed), `verdict` (per dataset:
+best router vs best single drafter, and the clairvoyant bound) -> `fit` (`fit_hvd`, the body of `avkit
+hvd` and `avkit fit --hvd`; `markdown` renders it) -> `hybrid_drafter` (the live drafter).
 """
 
 # The paper's figures (seed 003), quoted by `avkit hvd --markdown`, bench/hvd.py and the report.

@@ -5,7 +5,7 @@ split by request (per dataset: train / validation / test) -> routers fitted on t
 chosen on validation -> metrics on test per dataset and overall -> files in `out_dir`:
   payoff_mlp.pt        mean-head PayoffMLP + tau + feature names (what the live router loads)
   payoff_survival.pt   survival-head PayoffMLP + the model-survival table and the cost model
-                       (what the live joint router, `avkit.hvd.joint_route`, loads)
+                       (what the live joint router, `avkit.hvd.joint`, loads)
   hvd_metrics.json     the metrics table, thresholds, feature ablation and replay facts
 """
 
@@ -23,10 +23,10 @@ from avkit.config import HvdReplayConfig, PayoffConfig, SuffixCacheConfig
 from avkit.errors import DataError
 from avkit.hvd.cost import HvdCost
 from avkit.hvd.features import FEATURE_GROUPS
-from avkit.hvd.joint_budget import simulate_batched
-from avkit.hvd.replay import ReplayGeneration, evaluate, load_generations, replay
-from avkit.hvd.router import ROUTERS, MLPRouter, RouterContext, make_router
-from avkit.hvd.token_lookup import TokenClasses, token_classes_for
+from avkit.hvd.path import evaluate
+from avkit.hvd.replay import ReplayGeneration, load_generations, replay
+from avkit.hvd.router import ROUTERS, MLPRouter, RouterContext, decode_batched, make_router
+from avkit.hvd.token_classes import TokenClasses, token_classes_for
 from avkit.hvd.verdict import dataset_verdict
 from avkit.jsonsafe import dumps
 from avkit.provenance import inputs_record
@@ -95,17 +95,11 @@ def _ablation(train, val, test, ctx: RouterContext, structure: bool) -> pl.DataF
 def _budget(test: pl.DataFrame, fitted: dict, ctx: RouterContext) -> pl.DataFrame:
     """Batched decoding of the test requests: threshold routing with full verification against
     survival routing whose cache and model slots share one adaptive budget."""
-    rows = []
     n_req = test["request_id"].n_unique()
-    for c in sorted({min(c, n_req) for c in CONCURRENCY}):
-        for name, router, budget in (("model", "model", False), ("mlp", "mlp", False),
-                                     ("survival", "survival", False), ("survival+budget", "survival", True)):
-            if router not in fitted:
-                continue
-            r = fitted[router]
-            surv = r.survivals(test, ctx) if budget else None
-            rows.append({"router": name, **simulate_batched(test, r.route(test, ctx), ctx.cost, ctx.k, c, surv)})
-    return pl.DataFrame(rows)
+    return pl.DataFrame([{"router": name, **decode_batched(fitted, name, test, ctx, c)}
+                         for c in sorted({min(c, n_req) for c in CONCURRENCY})
+                         for name in ("model", "mlp", "survival", "survival+budget")
+                         if name.removesuffix("+budget") in fitted])
 
 
 def fit_hvd_generations(gens: list[ReplayGeneration], out_dir: str | os.PathLike | None = None, *,
@@ -206,7 +200,7 @@ def fit_hvd(trace_paths: list[str | os.PathLike], out_dir: str | os.PathLike | N
     """`avkit fit --hvd`: greedy traces (each with its `.generations.parquet`) -> payoff predictor + metrics.
 
     The token-structure features come from `token_classes`, else `token_classes_for(trace_paths,
-    tokenizer)` (avkit/hvd/token_lookup.py); `info["tokenizer"]` says where from, or that they were left out.
+    tokenizer)` (avkit/hvd/token_classes.py); `info["tokenizer"]` says where from, or that they were left out.
     """
     gens, facts = load_generations(trace_paths)
     tc = token_classes or token_classes_for(trace_paths, tokenizer)

@@ -1,37 +1,36 @@
 """Live Hybrid Verified Decoding: per request and step, verify the suffix-cache draft when the payoff
 predictor says so, else run the draft model (HVD paper, seed 003 in docs/seeds.md; docs/hvd.md).
 Routers: a mean-head payoff model thresholded at tau, ArcticInference's rule, every cache draft, or
-(a survival-head payoff model) the joint router of `joint_route.py`: cache and model drafts compete
+(a survival-head payoff model) the joint router of `joint.py`: cache and model drafts compete
 for one verification budget planned by scheduling/plan.py, and each row proposes exactly its
 planned prefix (`plans` is then True: the engine verifies what was proposed, no second plan).
 
 Glossary:
-  slot state   per engine slot: the suffix cache request, the prompt length, and one cache draft per
-               decode position (drafted before that position's token was appended, exactly as the
-               replay does, so live features equal replay features; drafting costs microseconds)
+  slot state   per engine slot: the suffix cache request and its `RequestFeatures` (features.py), fed
+               token by token with the cache draft made before each, as the replay feeds it, so live
+               features are replay features (drafting costs microseconds)
   model hits   m[t] = the draft model's token at t was the target's, learned from the model's own
                proposals after verification (slots up to the first mismatch); positions it never
-               proposed count as hits, as in `avkit.hvd.model_accept`
+               proposed count as hits, as in `avkit.hvd.replay`
   limit        drafts a row proposes this step: the cache draft's length (cache rows) or the wanted
                count (model rows) under threshold routing; the planned prefix under joint routing
   cache rows   deterministic drafts: the drawn distribution is one-hot at the draft token, so
                rejection sampling accepts with p(x) and stays lossless; their lossless features come
-               from the two-point distribution (P_j / P_{j-1}, rest) of the trie's frequencies
-               (cache_proposal.py), and `cache_rows` marks them so the verify policy scores them
-               with the cache's own estimator, not the draft model's
+               from the two-point distribution (P_j / P_{j-1}, rest) of the trie's frequency
+               probabilities P_j along the draft (avkit.features.draft_features on two-point logits,
+               NaN past the draft's end like a model row's), and `cache_rows` marks them so the
+               verify policy scores them with the cache's own estimator, not the draft model's
 Routing uses only the context and the cache draft, never which token the target would draw, so
 the output distribution is the target's (docs/lossless.md).
 
-Cost per step and request is independent of the sequence length n: the cache appends the new
-tokens, the history features read the last `history_window` positions, and `in_prompt` /
-`in_output` query suffix automata extended token by token (`substrings.py`) instead of searching
-prompt + output (which made a request O(n^2)). Every tensor of a proposal is made on the device of
-the step's inputs; the host holds the trie and the routing decision, read once per step.
+Cost per step and request is independent of the sequence length n (features.py). Every tensor of a
+proposal is made on the device of the step's inputs; the host holds the trie and the routing decision,
+read once per step.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -40,26 +39,50 @@ from avkit.config import SuffixCacheConfig
 from avkit.drafters.base import Drafter, DraftInput, DraftProposal
 from avkit.drafters.draft_model import DraftModelDrafter
 from avkit.errors import ConfigError
-from avkit.hvd.cache_proposal import fill_cache_rows
-from avkit.hvd.features import FEATURE_GROUPS, feature_matrix, history_features, structure_features
-from avkit.hvd.joint_route import JointRouter
-from avkit.hvd.model_accept import accept_lengths
+from avkit.features import draft_features
+from avkit.hvd.features import FEATURE_GROUPS, RequestFeatures, columns, feature_matrix
+from avkit.hvd.joint import JointRouter
 from avkit.hvd.payoff_mlp import PayoffMLP
-from avkit.hvd.substrings import SubstringIndex
 from avkit.hvd.suffix_cache import CacheDraft, SuffixCache, common_prefix
-from avkit.hvd.token_classes import CLASSES, class_table_for
+from avkit.hvd.token_classes import class_table_for
 
 
 @dataclass
 class _Slot:
     rid: str
-    prompt: list[int]
-    seq: list[int]  # prompt + output appended to the cache so far
-    drafts: list[list[int]] = field(default_factory=list)  # cache draft made at output position t
-    hits: list[bool] = field(default_factory=list)  # model hit per output position (True when unknown)
+    feats: RequestFeatures  # prompt + output appended to the cache so far, drafts, model hits
     pending: tuple[int, list[int]] | None = None  # (output position, tokens) of the last model draft
-    in_prompt: SubstringIndex = field(default_factory=SubstringIndex)  # over `prompt`, built once
-    in_output: SubstringIndex = field(default_factory=SubstringIndex)  # over seq[len(prompt):], grows
+
+
+def _fill_cache_rows(rows: np.ndarray, drafts: list[CacheDraft], tokens, probs, q_sampled, num,
+                    feats, extra) -> None:
+    """Write the cache rows ([Bc] of them) into the proposal at once: one-hot draws (into `probs` rows
+    that are still zero; none when `probs` has width 0), the two-point features of each step's frequency
+    probability, match length and score."""
+    K, dev = tokens.shape[1], tokens.device
+    n = np.array([min(d.draft_len, K) for d in drafts])  # [Bc]
+    pad_tok = np.zeros((len(drafts), K), dtype=np.int64)  # [Bc, K]
+    path = np.ones((len(drafts), K + 1))  # [Bc, K+1] P_0 = 1, P_j (held past the draft's end)
+    for i, d in enumerate(drafts):
+        pad_tok[i, : n[i]] = d.tokens[: n[i]]
+        path[i, 1: n[i] + 1] = d.probs[: n[i]]
+    r = torch.as_tensor(rows, device=dev)  # [Bc]
+    valid = torch.as_tensor(np.arange(K)[None, :] < n[:, None], device=dev)  # [Bc, K]
+    tok = torch.as_tensor(pad_tok, device=dev)  # [Bc, K]
+    tokens[r] = tok
+    if probs.shape[2]:  # deterministic draft: one-hot at each drafted token (width 0: a greedy batch)
+        probs[r[:, None], torch.arange(K, device=dev)[None, :], tok] = valid.float()  # [Bc, K] entries
+    q_sampled[r] = valid.float()
+    num[r] = torch.as_tensor(n, device=dev)
+    p = torch.as_tensor(path, dtype=torch.float32, device=dev)  # [Bc, K+1]
+    cond = (p[:, 1:] / p[:, :-1]).clamp(1e-6, 1 - 1e-6)  # [Bc, K] per-step frequency probability
+    two_point = torch.stack([cond.log(), (1 - cond).log()], -1)  # [Bc, K, 2] logits
+    nan = torch.tensor(float("nan"), device=dev)
+    for name, v in draft_features(two_point).items():  # v [Bc, K]
+        feats.setdefault(name, torch.full(tokens.shape, float("nan"), device=dev))[r] = torch.where(valid, v, nan)
+    for name, col in (("match_len", [d.match_len for d in drafts]), ("cache_score", [d.score for d in drafts])):
+        val = torch.as_tensor(col, dtype=torch.float32, device=dev)[:, None].expand(-1, K)  # [Bc, K]
+        extra[name][r] = torch.where(valid, val, nan)
 
 
 class HybridDrafter(Drafter):
@@ -114,47 +137,22 @@ class HybridDrafter(Drafter):
         st = self._slots.get(slot)
         if st is None:
             self._n += 1
-            st = self._slots[slot] = _Slot(f"s{slot}.{self._n}", list(seq), list(seq),
-                                           in_prompt=SubstringIndex(seq))
+            st = self._slots[slot] = _Slot(f"s{slot}.{self._n}",
+                                           RequestFeatures(seq, self.k, self.window, self.classes))
             self.cache.start_request(st.rid, seq)
             return st
-        for tok in seq[len(st.seq):]:  # the draft made before each token feeds the history features only
-            st.drafts.append(self.cache.draft(st.rid, self.k).tokens if self._history else [])
-            st.hits.append(True)
+        f = st.feats
+        for tok in seq[len(f.seq):]:  # the draft made before each token feeds the history features only
+            f.append(tok, self.cache.draft(st.rid, self.k).tokens if self._history else [])
             self.cache.append(st.rid, [tok])
-            st.seq.append(tok)
-            st.in_output.append(tok)
         if st.pending is not None:  # learn the model's hits from its last proposal, now verified
             t0, toks = st.pending
             st.pending = None
-            truth = st.seq[len(st.prompt) + t0: len(st.prompt) + t0 + len(toks)]
+            truth = f.seq[f.prompt_len + t0: f.prompt_len + t0 + len(toks)]
             n = common_prefix(toks, truth)
             if n < min(len(toks), len(truth)):
-                st.hits[t0 + n] = False
+                f.hits[t0 + n] = False
         return st
-
-    def _row_features(self, st: _Slot, d: CacheDraft) -> dict[str, float]:
-        t, p = len(st.seq) - len(st.prompt), len(st.prompt)
-        lo = max(0, t - self.window)
-        # the replay's history features over the last W positions: the cache accepted length at t' < t is its
-        # draft against the output revealed since (at most t - t' tokens, the truncation history_features
-        # applies), the model's from the hits so far; a last entry stands for t itself (unread)
-        acc = [common_prefix(d0 := st.drafts[i], st.seq[p + i: p + i + len(d0)]) for i in range(lo, t)]
-        hits = np.array(st.hits[lo:t], dtype=bool)  # [<= W]
-        hist = history_features(np.r_[acc, 0], np.r_[hits, True], np.r_[accept_lengths(hits, self.k), 0],
-                                self.window)
-        tail = st.seq[len(st.seq) - d.match_len:] + d.tokens if d.tokens else []
-        f = {
-            **d.features(), "log_position": np.log1p(t), "log_prompt_len": np.log1p(p),
-            **{name: float(v[-1]) for name, v in hist.items()},
-            "in_prompt": float(bool(tail) and st.in_prompt.contains(tail)),
-            "in_output": float(bool(tail) and st.in_output.contains(tail)),
-        }
-        if self.classes is not None:
-            dc = self.classes[d.tokens].mean(0) if d.tokens else np.zeros(len(CLASSES))  # [5] the draft's shares
-            f.update({name: float(v[0]) for name, v in
-                      structure_features(dc[None], np.array([st.seq[-1]]), self.classes).items()})
-        return f
 
     def features(self, inp: DraftInput, payoff: bool = True) -> tuple[list[CacheDraft], dict[str, np.ndarray]]:
         """Bring each row's cache up to date; its cache draft and payoff features ([B] per name). Without
@@ -165,8 +163,8 @@ class HybridDrafter(Drafter):
         for b, (slot, wanted) in enumerate(zip(self._slot_ids, self._wanted.tolist())):
             st = self._sync(slot, inp.sequences[b])
             drafts.append(d := self.cache.draft(st.rid, min(self.k, wanted)))
-            rows.append(self._row_features(st, d) if payoff else {"score": d.score, "draft_len": d.draft_len})
-        return drafts, {n: np.array([r[n] for r in rows], dtype=np.float64) for n in rows[0]} if rows else {}
+            rows.append(st.feats.row(d) if payoff else {"score": d.score, "draft_len": d.draft_len})
+        return drafts, columns(rows)
 
     def route(self, inp: DraftInput) -> tuple[list[CacheDraft], np.ndarray, np.ndarray]:
         """Cache drafts for every row, whether to use them ([B] bool) and each row's limit ([B] int64)."""
@@ -216,7 +214,7 @@ class HybridDrafter(Drafter):
         if len(cache_rows):
             cut = [CacheDraft(drafts[b].tokens[: limit[b]], drafts[b].probs[: limit[b]], drafts[b].match_len,
                               drafts[b].score, drafts[b].source) for b in cache_rows]
-            fill_cache_rows(cache_rows, cut, tokens, probs, q_sampled, num, feats, extra)
+            _fill_cache_rows(cache_rows, cut, tokens, probs, q_sampled, num, feats, extra)
         # The policy scores these rows with the cache's own estimator (scheduling/adaptive.py): the trie's
         # frequencies are not the draft model's probabilities, so they get their own coefficients.
         by_cache = torch.as_tensor(use & (limit > 0), device=dev)  # [B] bool
@@ -228,7 +226,7 @@ class HybridDrafter(Drafter):
         toks, nums = prop.tokens.tolist(), prop.num_drafted.tolist()
         for i, b in enumerate(rows.tolist()):
             st = self._slots[self._slot_ids[b]]
-            st.pending = (len(st.seq) - len(st.prompt), toks[i][: nums[i]])
+            st.pending = (len(st.feats.drafts), toks[i][: nums[i]])
 
     def commit(self, slots: torch.Tensor, num_valid: torch.Tensor, host=None) -> None:
         if self.model_drafter is not None:

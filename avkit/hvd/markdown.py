@@ -46,7 +46,7 @@ def verdict_md(verdict: pl.DataFrame) -> list[str]:
             ("Each dataset's test requests decoded one at a time (`avkit/hvd/verdict.py`), every router under the "
              "same accounting; throughput in tokens per target forward. `survival+budget` is the joint router "
              "the live `--drafter hybrid --payoff payoff_survival.pt` runs. `oracle`: a clairvoyant router that "
-             "knows both drafts' accepted lengths and verifies exactly what will be accepted (`avkit/hvd/oracle.py`, "
+             "knows both drafts' accepted lengths and verifies exactly what will be accepted (`avkit/hvd/verdict.py`, "
              "an upper bound for any router with these drafts at this K and cost model); `headroom` = oracle / the "
              "best single drafter, `oracle_fewer_cycles` its cycle saving against that drafter."), "",
             table_md(verdict, cols), "", verdict_line(verdict), ""]
@@ -100,7 +100,7 @@ def hvd_markdown(result: HvdResult, title: str, notes: str = "") -> str:
                    "`survival+budget`: each step the batch either runs the draft model (each request then "
                    "takes whichever draft, cache or model, has the larger expected accepted length) or not "
                    "(cache drafts only), and all chosen slots compete for one budget b* = argmax E(b)/cost(b) "
-                   "over their survival curves (`avkit/hvd/joint_budget.py`); the other routers verify every "
+                   "over their survival curves (`avkit/hvd/joint.py`); the other routers verify every "
                    "drafted slot, the draft model's cost being shared by the batch."), "",
                   table_md(wide), ""]
     if result.ablation.height:

@@ -1,4 +1,4 @@
-"""Decode-path simulation of a routing decision over replayed generations, and its metrics.
+"""Decode-path simulation of a routing decision over replayed generations, and its metrics (`evaluate`).
 
 Glossary:
   cycle        one target verification: a cache draft (cost verify(1 + len) + c_cache) or a K-token
@@ -126,3 +126,34 @@ def precision_recall(table: pl.DataFrame, use_cache: np.ndarray, high: int) -> t
     prec = tp / chosen.sum() if chosen.sum() else float("nan")
     rec = tp / pos.sum() if pos.sum() else float("nan")
     return prec, rec
+
+
+def evaluate(table: pl.DataFrame, routes: dict[str, Route], cost: HvdCost, k: int,
+             high: int = 6, predictions: dict[str, np.ndarray] | None = None) -> pl.DataFrame:
+    """Metrics of every route per dataset and overall, with speedups over `model` and `cache` routes
+    (which must be among `routes`) and over target-only decoding (throughput 1). Columns c_draft,
+    c_verify, c_cache state the cost model (`HvdCost`, in target forwards) the speedups assume.
+    Precision / recall of high-payoff drafts compare `predictions[name] >= high` (the predicted
+    payoff, as the paper does) with the oracle `cache_acc >= high`; routers without a prediction
+    are scored on their decision (cache chosen)."""
+    rows = []
+    datasets = table["dataset"].to_numpy()
+    for name, route in routes.items():
+        paths = simulate_paths(table, route, cost, k)
+        per = pl.concat([path_metrics(paths, "dataset"), path_metrics(paths)], how="diagonal")
+        flag = predictions[name] >= high if predictions and name in predictions else route.use_cache
+        prs = [precision_recall(table.filter(pl.col("dataset") == d) if d != "overall" else table,
+                                flag[datasets == d] if d != "overall" else flag, high) for d in per["dataset"]]
+        rows.append(per.with_columns(router=pl.lit(name), precision=pl.Series([p for p, _ in prs]),
+                                     recall=pl.Series([r for _, r in prs])))
+    res = pl.concat(rows, how="diagonal")
+    base = res.select("dataset", "router", "throughput")
+    for ref in ("model", "suffix"):
+        tp = base.filter(pl.col("router") == ref).select("dataset", pl.col("throughput").alias(f"tp_{ref}"))
+        res = res.join(tp, on="dataset", how="left").with_columns(
+            (pl.col("throughput") / pl.col(f"tp_{ref}")).alias(f"speedup_vs_{ref}")).drop(f"tp_{ref}")
+    # the cost model beside every row: a reader of the table alone knows what the speedups assume
+    return res.with_columns(speedup_vs_target=pl.col("throughput"), c_draft=pl.lit(cost.draft_step_cost),
+                            c_verify=pl.lit(cost.verify_token_cost), c_cache=pl.lit(cost.cache_cost)).select(
+        "router", "dataset", "tokens", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
+        "throughput", "speedup_vs_model", "speedup_vs_suffix", "speedup_vs_target", "c_draft", "c_verify", "c_cache")

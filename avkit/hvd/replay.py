@@ -4,11 +4,25 @@ For every position t of every recorded greedy generation the replay rebuilds the
 it stood (prompt + output[:t] in the request's local tree, earlier responses in the global tree),
 drafts from it, and compares the draft with the target's actual continuation output[t:]:
   cache_acc[t]  oracle accepted length = common prefix of the cache draft and output[t:]
-  model_acc[t]  the model drafter's accepted length at t (`avkit.hvd.model_accept`)
-Rows: one per (request, t) with the features of `avkit.hvd.features`. Routers turn rows into a
-`Route`; `evaluate` walks the decode path of each route and reports, per dataset and overall,
-cycles per 1000 tokens, mean accepted length, throughput and speedups, and precision / recall of
-high-payoff (accepted >= 6) cache drafts.
+  match[t]      the draft model's argmax given prompt + output[:t] equals the target's output[t]
+                (teacher-forced: the draft sees the target's own tokens)
+  model_acc[t]  accepted length of a K-token model draft made at t under greedy verification: its
+                j-th token is accepted only if the earlier ones were, so min(K, run of True in match[t:])
+Rows: one per (request, t) with the features of `avkit.hvd.features`; routers turn them into a
+`Route` and `avkit.hvd.path.evaluate` scores it.
+
+Two sources for match[]: one teacher-forced draft forward per generation (`matches_from_draft`),
+or the greedy trace itself (`matches_from_trace`): within a step drafted at output offset o, slot
+j's token is the teacher-forced argmax at o + j as long as slots < j matched, so each step
+labels positions o .. o + (first mismatch). Positions no step labels (the bonus token after a
+fully accepted step, steps without drafts) are unknown and filled with True: the draft was on a
+run of matches there (the fraction is reported).
+
+`synthetic_generations` (`avkit hvd --synthetic`, tests): generations with known copy structure. Each
+output is built from spans: copies of the prompt (code edits), copies of a pool of boilerplate
+shared across requests (what the global tree learns), fresh random tokens, and copies with one
+token changed midway (the state-dependent mismatches a payoff predictor must learn to distrust).
+The model drafter's teacher-forced matches are iid Bernoulli(`model_rate`).
 """
 
 from __future__ import annotations
@@ -18,16 +32,12 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+import torch
 
 from avkit.config import HvdReplayConfig, SuffixCacheConfig
 from avkit.errors import TraceError
-from avkit.hvd.cost import HvdCost
-from avkit.hvd.features import history_features, structure_features
-from avkit.hvd.model_accept import accept_lengths, matches_from_trace
-from avkit.hvd.path import Route, path_metrics, precision_recall, simulate_paths
-from avkit.hvd.substrings import SubstringIndex
-from avkit.hvd.suffix_cache import CacheDraft, SuffixCache, common_prefix
-from avkit.hvd.token_classes import CLASSES
+from avkit.hvd.features import RequestFeatures, accept_lengths, columns
+from avkit.hvd.suffix_cache import SuffixCache, common_prefix
 from avkit.trace.reader import read_generations, read_traces
 
 
@@ -40,58 +50,109 @@ class ReplayGeneration:
     model_match: np.ndarray  # [N] bool, draft argmax == output[t] teacher-forced
 
 
-def _draft_rows(cache: SuffixCache, gen: ReplayGeneration, k: int, classes: np.ndarray | None) -> dict:
-    """Walk one generation token by token: draft, score against output[t:], then append output[t]."""
-    out, n = gen.output_ids, len(gen.output_ids)
-    cols = {c: np.zeros(n) for c in (*CacheDraft().features(), "cache_acc", "in_prompt", "in_output")}
-    draft_cls = np.zeros((n, len(CLASSES)))
-    in_prompt, in_output = SubstringIndex(gen.prompt_ids), SubstringIndex()  # the copy features, as live
-    full, p = list(gen.prompt_ids) + list(out), len(gen.prompt_ids)
-    cache.start_request(gen.request_id, gen.prompt_ids)
-    for t in range(n):
-        d = cache.draft(gen.request_id, k)
-        if d.tokens:
-            tail = full[p + t - d.match_len: p + t] + d.tokens
-            for name, v in d.features().items():
-                cols[name][t] = v
-            cols["cache_acc"][t] = common_prefix(d.tokens, out[t:t + d.draft_len])  # <= K compares
-            cols["in_prompt"][t] = in_prompt.contains(tail)
-            cols["in_output"][t] = in_output.contains(tail)  # output[:t]
-            if classes is not None:
-                draft_cls[t] = classes[d.tokens].mean(axis=0)
-        cache.append(gen.request_id, [out[t]])
-        in_output.append(out[t])
-    cache.finish_request(gen.request_id)
-    cols["draft_classes"] = draft_cls
-    return cols
+def matches_from_draft(draft, prompt_ids: list[int], output_ids: list[int]) -> np.ndarray:
+    """One teacher-forced forward of a loaded draft model (`avkit.models.LoadedModel`) -> [N] bool."""
+    model = draft.model
+    ids = list(prompt_ids) + list(output_ids)
+    cache = model.new_cache(1, len(ids))
+    tokens = torch.tensor([ids], dtype=torch.int64)  # [1, S]
+    with torch.inference_mode():
+        logits = model.forward(tokens, torch.tensor([len(ids)]), torch.tensor([0]), cache, logits="all")
+    p = len(prompt_ids)
+    pred = logits[0, p - 1: p - 1 + len(output_ids)].argmax(-1).numpy()  # [N] prediction of output[t]
+    return pred == np.asarray(output_ids)
+
+
+def _step_offsets(rows: pl.DataFrame, base: int) -> pl.DataFrame:
+    """Output offset of each (request, step): base + step + accepted tokens of the earlier steps.
+    Steps without draft rows still emitted one token each, which `step` counts."""
+    steps = (rows.group_by("request_id", "step").agg(pl.col("num_accepted").first())
+             .sort("request_id", "step"))
+    return steps.with_columns(
+        (base + pl.col("step") + pl.col("num_accepted").cum_sum().over("request_id") - pl.col("num_accepted"))
+        .alias("offset"))
+
+
+def _label_rows(rows: pl.DataFrame, outputs: dict[str, np.ndarray], base: int) -> pl.DataFrame:
+    """Per draft slot: absolute position, eq (draft == output), valid (all earlier slots matched)."""
+    off = _step_offsets(rows, base)
+    df = rows.join(off.select("request_id", "step", "offset"), on=["request_id", "step"])
+    df = df.with_columns((pl.col("offset") + pl.col("position")).alias("pos")).sort("request_id", "step", "position")
+    out_tok = np.full(df.height, -1, dtype=np.int64)
+    rid, pos = df["request_id"].to_numpy(), df["pos"].to_numpy()
+    for r in np.unique(rid):
+        sel = np.flatnonzero(rid == r)
+        o = outputs[r]
+        inside = (pos[sel] >= 0) & (pos[sel] < len(o))
+        out_tok[sel[inside]] = o[pos[sel[inside]]]
+    df = df.with_columns(eq=pl.Series(df["draft_token"].to_numpy() == out_tok))
+    # valid: every earlier slot of the same step matched (the draft still sat on the target's prefix)
+    miss_before = (~pl.col("eq")).cast(pl.Int32).cum_sum().over("request_id", "step") - (~pl.col("eq")).cast(pl.Int32)
+    return df.with_columns(valid=(miss_before == 0) & (pl.Series(out_tok) >= 0))
+
+
+def matches_from_trace(trace: pl.DataFrame, gens: pl.DataFrame) -> tuple[dict[str, np.ndarray],
+                                                                         dict[str, np.ndarray]]:
+    """Model-drafter rows of a greedy trace + its generations -> (match, known): {request_id: [N] bool}
+    each; positions no step labels are unknown and their match is filled with True.
+
+    The first drafted step's offset (0, 1 when the prefill token precedes it, or -1) is detected from
+    which one makes accepted draft tokens agree with the output."""
+    need = {"request_id", "step", "position", "draft_token", "num_accepted", "drafter"}
+    missing = need - set(trace.columns)
+    if missing:
+        raise TraceError(f"trace: missing columns {sorted(missing)} needed for hybrid replay")
+    rows = trace.filter(pl.col("drafter") == "model").select(sorted(need - {"drafter"})).with_columns(
+        pl.col("request_id").cast(pl.String))
+    outputs = {r: np.asarray(o, dtype=np.int64) for r, o in zip(gens["request_id"], gens["output_ids"])}
+    rows = rows.filter(pl.col("request_id").is_in(list(outputs)))
+    best = None
+    for base in (0, 1, -1):
+        lab = _label_rows(rows, outputs, base)
+        agree = lab.filter(pl.col("position") < pl.col("num_accepted"))["eq"].mean() if lab.height else 1.0
+        if best is None or (agree or 0.0) > best[0]:
+            best = (agree or 0.0, lab)
+    lab = best[1].filter(pl.col("valid"))
+    match = {r: np.ones(len(o), dtype=bool) for r, o in outputs.items()}
+    known = {r: np.zeros(len(o), dtype=bool) for r, o in outputs.items()}
+    for (r,), grp in lab.group_by("request_id"):
+        p = grp["pos"].to_numpy()
+        match[r][p] = grp["eq"].to_numpy()
+        known[r][p] = True
+    return match, known
 
 
 def replay(gens: list[ReplayGeneration], cache_config: SuffixCacheConfig = SuffixCacheConfig(),
            config: HvdReplayConfig = HvdReplayConfig(), classes: np.ndarray | None = None,
            progress: bool = False) -> pl.DataFrame:
-    """One row per (request, position) in generation order; the global tree fills in that order."""
+    """One row per (request, position) in generation order; the global tree fills in that order. Each
+    generation is walked token by token: draft, take the features, score the draft against output[t:],
+    then append output[t]."""
     from rich.progress import track  # lazy: rich (progress bar only on a terminal)
 
     cache = SuffixCache(cache_config)
     frames = []
-    it = track(gens, description="hvd replay", transient=True) if progress else gens
-    for gen in it:
-        n = len(gen.output_ids)
+    for gen in track(gens, description="hvd replay", transient=True) if progress else gens:
+        out, n, k = gen.output_ids, len(gen.output_ids), config.k
         if n == 0:
             continue
-        cols = _draft_rows(cache, gen, config.k, classes)
-        model_match = np.asarray(gen.model_match, dtype=bool)
-        model_acc = accept_lengths(model_match, config.k)
-        t = np.arange(n)
-        ctx = np.r_[gen.prompt_ids[-1:] or [0], gen.output_ids[:-1]].astype(np.int64)  # token before t
-        cols.update(history_features(cols["cache_acc"], model_match, model_acc, config.history_window))
-        cols.update(structure_features(cols.pop("draft_classes"), ctx, classes))
-        cols.update(log_position=np.log1p(t), log_prompt_len=np.full(n, np.log1p(len(gen.prompt_ids))))
-        frames.append(pl.DataFrame({"request_id": [gen.request_id] * n, "dataset": [gen.dataset] * n, "t": t,
-                                    "model_acc": model_acc, "model_match": model_match, **cols}))
+        model_match = np.asarray(gen.model_match, dtype=bool)  # [N]
+        state = RequestFeatures(gen.prompt_ids, k, config.history_window, classes)
+        rows, cache_acc = [], np.zeros(n, dtype=np.int64)  # [N]
+        cache.start_request(gen.request_id, gen.prompt_ids)
+        for t in range(n):
+            d = cache.draft(gen.request_id, k)
+            rows.append(state.row(d))
+            cache_acc[t] = common_prefix(d.tokens, out[t:t + d.draft_len])  # <= K compares
+            cache.append(gen.request_id, [out[t]])
+            state.append(out[t], d.tokens, bool(model_match[t]))
+        cache.finish_request(gen.request_id)
+        frames.append(pl.DataFrame({"request_id": [gen.request_id] * n, "dataset": [gen.dataset] * n,
+                                    "t": np.arange(n), "model_acc": accept_lengths(model_match, k),
+                                    "model_match": model_match, "cache_acc": cache_acc, **columns(rows)}))
     if not frames:
         raise TraceError("hvd replay: no generation with output tokens")
-    return pl.concat(frames).with_columns(pl.col("cache_acc", "draft_len", "match_len").cast(pl.Int64))
+    return pl.concat(frames).with_columns(pl.col("draft_len", "match_len").cast(pl.Int64))
 
 
 def load_generations(trace_paths: list[str | Path]) -> tuple[list[ReplayGeneration], dict]:
@@ -112,32 +173,36 @@ def load_generations(trace_paths: list[str | Path]) -> tuple[list[ReplayGenerati
     return gens, info
 
 
-def evaluate(table: pl.DataFrame, routes: dict[str, Route], cost: HvdCost, k: int,
-             high: int = 6, predictions: dict[str, np.ndarray] | None = None) -> pl.DataFrame:
-    """Metrics of every route per dataset and overall, with speedups over `model` and `cache` routes
-    (which must be among `routes`) and over target-only decoding (throughput 1). Columns c_draft,
-    c_verify, c_cache state the cost model (`HvdCost`, in target forwards) the speedups assume.
-    Precision / recall of high-payoff drafts compare `predictions[name] >= high` (the predicted
-    payoff, as the paper does) with the oracle `cache_acc >= high`; routers without a prediction
-    are scored on their decision (cache chosen)."""
-    rows = []
-    datasets = table["dataset"].to_numpy()
-    for name, route in routes.items():
-        paths = simulate_paths(table, route, cost, k)
-        per = pl.concat([path_metrics(paths, "dataset"), path_metrics(paths)], how="diagonal")
-        flag = predictions[name] >= high if predictions and name in predictions else route.use_cache
-        prs = [precision_recall(table.filter(pl.col("dataset") == d) if d != "overall" else table,
-                                flag[datasets == d] if d != "overall" else flag, high) for d in per["dataset"]]
-        rows.append(per.with_columns(router=pl.lit(name), precision=pl.Series([p for p, _ in prs]),
-                                     recall=pl.Series([r for _, r in prs])))
-    res = pl.concat(rows, how="diagonal")
-    base = res.select("dataset", "router", "throughput")
-    for ref in ("model", "suffix"):
-        tp = base.filter(pl.col("router") == ref).select("dataset", pl.col("throughput").alias(f"tp_{ref}"))
-        res = res.join(tp, on="dataset", how="left").with_columns(
-            (pl.col("throughput") / pl.col(f"tp_{ref}")).alias(f"speedup_vs_{ref}")).drop(f"tp_{ref}")
-    # the cost model beside every row: a reader of the table alone knows what the speedups assume
-    return res.with_columns(speedup_vs_target=pl.col("throughput"), c_draft=pl.lit(cost.draft_step_cost),
-                            c_verify=pl.lit(cost.verify_token_cost), c_cache=pl.lit(cost.cache_cost)).select(
-        "router", "dataset", "tokens", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
-        "throughput", "speedup_vs_model", "speedup_vs_suffix", "speedup_vs_target", "c_draft", "c_verify", "c_cache")
+# dataset -> probabilities of span kinds (prompt copy, boilerplate copy, mutated copy, fresh)
+PROFILES = {"code": (0.45, 0.2, 0.15, 0.2), "chat": (0.1, 0.05, 0.05, 0.8)}
+
+
+def _output(rng, prompt: list[int], pool: list[list[int]], n: int, mix, vocab: int) -> list[int]:
+    out: list[int] = []
+    while len(out) < n:
+        kind = rng.choice(4, p=mix)
+        span = int(rng.integers(3, 20))
+        if kind == 3:
+            out.extend(rng.integers(0, vocab, span).tolist())
+            continue
+        src = prompt if kind in (0, 2) else pool[int(rng.integers(len(pool)))]
+        i = int(rng.integers(0, max(len(src) - span, 1)))
+        piece = list(src[i:i + span])
+        if kind == 2 and len(piece) > 2:
+            piece[int(rng.integers(1, len(piece)))] = int(rng.integers(0, vocab))
+        out.extend(piece)
+    return out[:n]
+
+
+def synthetic_generations(num_requests: int = 40, seed: int = 0, vocab: int = 500, prompt_len: int = 120,
+                          output_len: int = 200, model_rate: float = 0.75) -> list[ReplayGeneration]:
+    """Generations alternating between the `code` and `chat` profiles."""
+    rng = np.random.default_rng(seed)
+    pool = [rng.integers(0, vocab, 40).tolist() for _ in range(8)]
+    gens = []
+    for r in range(num_requests):
+        dataset = ("code", "chat")[r % 2]
+        prompt = rng.integers(0, vocab, prompt_len).tolist()
+        out = _output(rng, prompt, pool, output_len, PROFILES[dataset], vocab)
+        gens.append(ReplayGeneration(f"req{r}", dataset, prompt, out, rng.random(output_len) < model_rate))
+    return gens

@@ -19,7 +19,7 @@ Routers (registry `ROUTERS`, looked up by name):
   survival  `PayoffMLP` survival head: verify the cache prefix b that maximizes expected tokens per
             cost when that beats the model drafter's expected tokens per cost (its survival from a
             table keyed by recent model hit rate, shrunk by a scale chosen on validation);
-            `avkit.hvd.joint_budget` lets a whole batch's cache and model slots compete for one
+            `avkit.hvd.joint` lets a whole batch's cache and model slots compete for one
             verification budget with the same curves
 """
 
@@ -36,7 +36,7 @@ from avkit.config import PayoffConfig
 from avkit.errors import ConfigError
 from avkit.hvd.cost import HvdCost
 from avkit.hvd.features import ALL_FEATURES, feature_matrix
-from avkit.hvd.joint_budget import model_survival_table, simulate_batched
+from avkit.hvd.joint import model_survival_table, simulate_batched
 from avkit.hvd.path import Route, full_route, throughput
 from avkit.hvd.payoff_mlp import PayoffMLP
 from avkit.trace import labels
@@ -137,9 +137,10 @@ def _x(table: pl.DataFrame, ctx: RouterContext) -> np.ndarray:
     return feature_matrix(dict(zip(table.columns, table.get_columns())), ctx.features)
 
 
-def _train_rows(table: pl.DataFrame, ctx: RouterContext) -> tuple[np.ndarray, np.ndarray]:
-    rows = table.filter(pl.col("draft_len") > 0)
-    return _x(rows, ctx), rows["cache_acc"].to_numpy()
+def _fit_payoff(train: pl.DataFrame, val: pl.DataFrame, ctx: RouterContext, head: str) -> PayoffMLP:
+    """The payoff MLP on the rows with a cache draft, the validation rows choosing its epoch."""
+    rows = [(_x(t, ctx), t["cache_acc"].to_numpy()) for t in (train, val) for t in [t.filter(pl.col("draft_len") > 0)]]
+    return PayoffMLP(ctx.features, ctx.k, ctx.payoff, head=head).fit(*rows[0], *rows[1])
 
 
 @dataclass
@@ -150,14 +151,11 @@ class MLPRouter:
     model: PayoffMLP | None = None
 
     def fit(self, train, val, ctx) -> None:
-        x, y = _train_rows(train, ctx)
-        xv, yv = _train_rows(val, ctx)
-        self.model = PayoffMLP(ctx.features, ctx.k, ctx.payoff, head=self.head).fit(x, y, xv, yv)
+        self.model = _fit_payoff(train, val, ctx, self.head)
         self.tau = choose_tau(self.predict(val, ctx), val, ctx)
 
     def predict(self, table, ctx) -> np.ndarray:
-        x = _x(table, ctx)
-        return np.where(table["draft_len"].to_numpy() > 0, self.model.predict(x), 0.0)
+        return np.where(table["draft_len"].to_numpy() > 0, self.model.predict(_x(table, ctx)), 0.0)
 
     def route(self, table, ctx) -> Route:
         return full_route(table, self.predict(table, ctx) > self.tau)
@@ -171,14 +169,8 @@ class SurvivalRouter(MLPRouter):
     model_surv: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # [bins, K] scale * P(model acc >= j)
     model_scale: float = 1.0  # the validated shrink of the model's survival (MODEL_SCALES)
 
-    @property
-    def model_tokens(self) -> np.ndarray:  # [bins] E[model accepted] = sum_j P(acc >= j)
-        return self.model_surv.sum(1)
-
     def fit(self, train, val, ctx) -> None:
-        x, y = _train_rows(train, ctx)
-        xv, yv = _train_rows(val, ctx)
-        self.model = PayoffMLP(ctx.features, ctx.k, ctx.payoff, head="survival").fit(x, y, xv, yv)
+        self.model = _fit_payoff(train, val, ctx, "survival")
         raw = model_survival_table(train, self.hit_bins, ctx.k)
         self.model_scale = self._choose_model_scale(raw, val, ctx)
         self.model_surv = self.model_scale * raw
@@ -189,36 +181,36 @@ class SurvivalRouter(MLPRouter):
         acceptance at a recent hit rate, but the router asks for the model where the cache is weak, i.e. in
         text neither has seen, where the model does worse than its average; under dear drafting (a CPU)
         a scale below 1, down to 0 (no draft model: cache or nothing), is worth more. Ties keep the larger."""
-        route = full_route(val, np.ones(val.height, dtype=bool))  # unused by joint routing
         best = (-1.0, 1.0)
         for scale in MODEL_SCALES:
             self.model_surv = scale * raw
-            tp = simulate_batched(val, route, ctx.cost, ctx.k, 1, self.survivals(val, ctx))["throughput"]
+            tp = decode_batched({"survival": self}, "survival+budget", val, ctx, 1)["throughput"]
             if tp > best[0] * (1 + 1e-9):
                 best = (tp, scale)
         return best[1]
 
     def survivals(self, table, ctx) -> tuple[np.ndarray, np.ndarray]:
         """([R, K] cache-draft survival from the MLP head, [R, K] model-draft survival from the table)."""
-        x = _x(table, ctx)
         model = self.model_surv[np.digitize(table["hist_model_hit"].to_numpy(), self.hit_bins)]
-        return self.model.predict_survival(x), model
-
-    def _decide(self, table, ctx) -> tuple[np.ndarray, np.ndarray]:
-        c = ctx.cost
-        x = _x(table, ctx)
-        surv = self.model.predict_survival(x)  # [N, K], zero beyond the draft
-        b = np.arange(1, ctx.k + 1)
-        cache_rate = (1 + np.cumsum(surv, 1)) / (c.verify(1 + b) + c.cache_cost)  # [N, K]
-        best_b = cache_rate.argmax(1) + 1  # [N] budget-optimal verify length
-        m_tok = self.model_tokens[np.digitize(table["hist_model_hit"].to_numpy(), self.hit_bins)]
-        model_rate = (1 + m_tok) / (c.verify(1 + ctx.k) + ctx.k * c.draft(1) + c.cache_cost)
-        use = (cache_rate.max(1) > model_rate) & (table["draft_len"].to_numpy() > 0)
-        return use, np.minimum(best_b, table["draft_len"].to_numpy())
+        return self.model.predict_survival(_x(table, ctx)), model
 
     def route(self, table, ctx) -> Route:
-        use, vlen = self._decide(table, ctx)
-        return Route(use, vlen.astype(np.int64))
+        """Per row, the cache prefix b with the best expected tokens per cost, when that beats the model's."""
+        c, dlen = ctx.cost, table["draft_len"].to_numpy()
+        cache, model = self.survivals(table, ctx)  # [N, K] (zero beyond the draft), [N, K]
+        b = np.arange(1, ctx.k + 1)
+        cache_rate = (1 + np.cumsum(cache, 1)) / (c.verify(1 + b) + c.cache_cost)  # [N, K]
+        model_rate = (1 + model.sum(1)) / (c.verify(1 + ctx.k) + ctx.k * c.draft(1) + c.cache_cost)  # [N]
+        use = (cache_rate.max(1) > model_rate) & (dlen > 0)
+        return Route(use, np.minimum(cache_rate.argmax(1) + 1, dlen).astype(np.int64))
+
+
+def decode_batched(fitted: dict, router: str, table: pl.DataFrame, ctx: RouterContext, concurrency: int) -> dict:
+    """`simulate_batched` of a fitted router; `survival+budget`: the survival router's curves planned jointly."""
+    r = fitted["survival" if router == "survival+budget" else router]
+    surv = r.survivals(table, ctx) if router == "survival+budget" else None
+    route = full_route(table, np.ones(table.height, dtype=bool)) if surv is not None else r.route(table, ctx)
+    return simulate_batched(table, route, ctx.cost, ctx.k, concurrency, surv)
 
 
 ROUTERS: dict[str, Callable[[], Router]] = {

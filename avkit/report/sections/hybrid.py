@@ -51,7 +51,7 @@ def _verdict_table(verdict: list[dict]) -> Table | None:
                  rows, caption="Goal: the best HVD router at >= 0.99x the best single drafter on every dataset "
                                "(test requests decoded one at a time, one cost accounting). Oracle headroom: a "
                                "clairvoyant router's throughput over the best single drafter, the most any router "
-                               "could reach with these drafts (avkit/hvd/oracle.py).")
+                               "could reach with these drafts (avkit/hvd/verdict.py).")
 
 
 def build(inputs: ReportInputs, config: ReportConfig) -> Section:
