@@ -116,7 +116,7 @@ class ForgettingLogistic(RoundLogistic):
 
     def accumulate(self, features, positions, predictions, labels) -> None:
         pos = check_positions(positions, self.k)
-        phi = basis(self._oriented(features))  # [N, M]
+        phi = basis(self.oriented(features))  # [N, M]
         p = np.asarray(predictions, dtype=np.float64)
         w, r = p * (1.0 - p), np.asarray(labels, dtype=np.float64) - p  # [N]
         s, k = self._stats, self.k

@@ -93,14 +93,15 @@ class RoundLogistic:
     # `_step(stats, damping)` (one Newton step; True if the slope step was applied), `coefficients()`
     # (one flat vector: convergence checks, trajectories).
 
-    def _oriented(self, features) -> np.ndarray:
+    def oriented(self, features) -> np.ndarray:
+        """[N] feature times its FeatureSpec sign (larger = more confident), float64."""
         f = np.asarray(features, dtype=np.float64)
         return f if self.sign == 1.0 else self.sign * f
 
     # ---- Estimator protocol ----
     def predict(self, features: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """[N] feature, [N] position -> [N] acceptance probabilities."""
-        return sigmoid(self._logits(self._oriented(features), check_positions(positions, self.k)))
+        return sigmoid(self._logits(self.oriented(features), check_positions(positions, self.k)))
 
     def predict_torch(self, features: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """`predict` on the features' device (float64 as the numpy path; no host read): [...] -> [...]."""
@@ -135,7 +136,7 @@ class RoundLogistic:
     def accumulate(self, features, positions, predictions, labels) -> None:
         """Add observed slots ([N] each) to the current round's statistics (no refit)."""
         pos = check_positions(positions, self.k)
-        self._round += irls_stats(self._oriented(features), pos,
+        self._round += irls_stats(self.oriented(features), pos,
                                   np.asarray(predictions, dtype=np.float64),
                                   np.asarray(labels, dtype=np.float64), self.k)
 
@@ -185,7 +186,7 @@ class RoundLogistic:
         pos = check_positions(positions, self.k)
         order = group_by_position(pos) if order is None else order
         counts = np.bincount(pos, minlength=self.k)  # [K]
-        segments = grouped_segments(self._oriented(features), np.asarray(labels, dtype=np.float64), order,
+        segments = grouped_segments(self.oriented(features), np.asarray(labels, dtype=np.float64), order,
                                     np.r_[0, np.cumsum(counts)])
         return newton_iterations([self], lambda _: [self.newton_stats(segments, counts)], max_iter, tol,
                                  None if on_iteration is None else lambda i, it: on_iteration(self))

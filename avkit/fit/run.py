@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -42,14 +41,13 @@ from avkit.features import FEATURES
 from avkit.fit.data import load_fit_data
 from avkit.fit.engines import LocalEngine, open_engine
 from avkit.fit.replay import batch_fit, online_replay, online_replicas, trajectory_frame
-from avkit.fit.streaming import fit_passes
+from avkit.fit.streaming import Progress, fit_passes
 from avkit.jsonsafe import json_safe
 from avkit.metrics.table import ScoreLayout
 from avkit.provenance import inputs_record
 from avkit.staged import StagedOutputs
 from avkit.trace.shards import check_shards
 
-Progress = Callable[[str, int, int], None]  # (what, done, total)
 FILES = ("coefficients.json", "scores.json", "trajectory.parquet")
 
 

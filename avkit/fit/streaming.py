@@ -46,7 +46,7 @@ SAMPLE_SLOTS = 1 << 21  # observed slots sampled over all shards in pass 0: the 
 BYTES_PER_ROW = 1024  # working memory per chunk row (all trace columns read and checked in pass 0)
 FIXED_MB = 512  # interpreter, libraries, score histograms
 
-Progress = Callable[[str, int, int], None]
+Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 
 def chunk_rows(fit: FitConfig) -> int:
@@ -84,7 +84,7 @@ def shard_pass(survey: ShardSurvey, work: PassWork) -> list:
             if sc:
                 out[j].add(est.predict(f, pos), y, group)  # [n] predictions at the fitted coefficients
                 continue
-            fo, yj, cj, bj = FEATURES[name].sign * f, y, counts, bounds  # oriented as the estimator fits it
+            fo, yj, cj, bj = est.oriented(f), y, counts, bounds  # oriented as the estimator fits it
             if work.subsets and work.subsets[j] is not None:  # one dataset's rows (still grouped by position)
                 keep = ds == work.subsets[j]
                 fo, yj, cj = fo[keep], y[keep], np.bincount(pos[keep], minlength=k)
