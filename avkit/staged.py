@@ -109,48 +109,39 @@ class StagedOutputs:
 
     def file(self, path, name: str = "--out") -> Path:
         """The temp file to write for final `path` (reserved now; the same temp on a second call)."""
-        final = Path(path).expanduser()
+        return self._reserve(Path(path).expanduser(), name, is_dir=False)
+
+    def directory(self, path, name: str = "--out") -> Path:
+        """An empty temp directory that replaces directory `path` as a whole at commit."""
+        return self._reserve(Path(path).expanduser(), name, is_dir=True)
+
+    def _reserve(self, final: Path, name: str, is_dir: bool) -> Path:
         if final in self._entries:
             return self._entries[final].tmp
-        if final.is_dir():
+        if is_dir and final.exists() and not final.is_dir():
+            raise ConfigError(f"{name} {final}: exists and is not a directory")
+        if not is_dir and final.is_dir():
             raise ConfigError(f"{name} {final}: is a directory, expected a file path")
         with deferred_signals():  # created and registered together: an interrupt never orphans a temp
             self._parent(final, name)
             try:
-                fd, tmp = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
-                self._entries[final] = _Entry(final, Path(tmp), False)
-                os.close(fd)
-                os.chmod(tmp, 0o666 & ~self._mask)
+                where = {"dir": final.parent, "prefix": f".{final.name}.", "suffix": ".tmp"}
+                if is_dir:
+                    tmp = tempfile.mkdtemp(**where)
+                else:
+                    fd, tmp = tempfile.mkstemp(**where)
+                    os.close(fd)
+                self._entries[final] = _Entry(final, Path(tmp), is_dir)
+                os.chmod(tmp, (0o777 if is_dir else 0o666) & ~self._mask)
             except OSError as e:
                 raise _os_error(name, final, e) from None
         return Path(tmp)
-
-    def directory(self, path, name: str = "--out") -> Path:
-        """An empty temp directory that replaces directory `path` as a whole at commit."""
-        final = Path(path).expanduser()
-        if final in self._entries:
-            return self._entries[final].tmp
-        if final.exists() and not final.is_dir():
-            raise ConfigError(f"{name} {final}: exists and is not a directory")
-        with deferred_signals():
-            self._parent(final, name)
-            try:
-                tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp"))
-                self._entries[final] = _Entry(final, tmp, True)
-                os.chmod(tmp, 0o777 & ~self._mask)
-            except OSError as e:
-                raise _os_error(name, final, e) from None
-        return tmp
 
     def discard(self, path) -> None:
         """Give up a reserved output that this run turned out not to produce (the old one stays)."""
         entry = self._entries.pop(Path(path).expanduser(), None)
         if entry is not None:
             _remove(entry.tmp)
-
-    @property
-    def finals(self) -> list[Path]:
-        return [e.final for e in self._entries.values()]
 
     # ---- the end ----
     def commit(self) -> list[Path]:
@@ -165,7 +156,7 @@ class StagedOutputs:
                     os.replace(e.final, old)
                 os.replace(e.tmp, e.final)
                 shutil.rmtree(old, ignore_errors=True)
-        done = self.finals
+        done = [e.final for e in self._entries.values()]
         self._entries.clear()
         self._made_dirs.clear()
         return done

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 
@@ -60,13 +59,6 @@ def in_range(config, name: str, lo=None, hi=None, **ends):
 def one_of(config, name: str, choices):
     """check_choice on one field of a config, named as its option."""
     return check_choice(option(name), getattr(config, name), choices)
-
-
-def check_file(name: str, path) -> Path:
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{name}: no such file: {p}")
-    return p
 
 
 def as_1d(name: str, x, dtype=np.float64) -> np.ndarray:

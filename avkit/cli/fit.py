@@ -19,9 +19,6 @@ from avkit.config import DEFAULT_TRACE_GLOB, EstimatorConfig, FitConfig, default
 from avkit.errors import ConfigError
 from avkit.staged import StagedOutputs
 
-DEFAULT_OUT = Path(default_of(FitConfig, "out"))
-
-
 def render(result, written: dict, console: Console) -> None:
     c = result.coefficients
     console.print(f"[bold]{c['estimator']}[/] on {c['feature']} ({c['mode']}): slope {c['slope']:.4f}, "
@@ -56,7 +53,7 @@ def register(app: typer.Typer) -> None:
             metavar="TRACE", help=f"trace files, directories of them or globs: one shard per replica "
                                   f"(default: the shipped {DEFAULT_TRACE_GLOB})",
             show_default=False)] = None,
-        out: Annotated[Path, typer.Option(help="output directory")] = DEFAULT_OUT,
+        out: Annotated[Path, typer.Option(help="output directory")] = Path(default_of(FitConfig, "out")),
         mode: Annotated[str, typer.Option(help="online: replay refit rounds as live (out-of-sample scores); "
                                                 "batch: Newton to convergence (in-sample)")] =
             default_of(FitConfig, "mode"),

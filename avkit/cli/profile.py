@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated
 
 import typer
@@ -15,8 +16,7 @@ from avkit.config import ModelsConfig, ProfileConfig, SamplingConfig, default_of
 from avkit.staged import StagedOutputs
 
 
-def _d(name: str):
-    return default_of(ProfileConfig, name)
+_d = functools.partial(default_of, ProfileConfig)  # an option's default: its config field's
 
 
 def render(table, console: Console) -> None:

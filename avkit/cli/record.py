@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Annotated
 
@@ -16,8 +17,7 @@ from avkit.config import EngineConfig, ModelsConfig, RecordConfig, SamplingConfi
 from avkit.errors import ConfigError
 
 
-def _d(name: str):
-    return default_of(RecordConfig, name)
+_d = functools.partial(default_of, RecordConfig)  # an option's default: its config field's
 
 
 def check_datasets(datasets: tuple[str, ...]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
 from typing import Annotated
@@ -14,12 +15,7 @@ from avkit.config import DEFAULT_TRACE_GLOB, EstimatorConfig, FitConfig, ReportC
 from avkit.errors import ConfigError
 from avkit.staged import StagedOutputs
 
-
-def _d(name: str):
-    return default_of(ReportConfig, name)
-
-
-DEFAULT_OUT = Path(_d("out"))
+_d = functools.partial(default_of, ReportConfig)  # an option's default: its config field's
 
 
 def split_inputs(inputs: list[Path] | None) -> tuple[Path | None, list[Path]]:
@@ -46,7 +42,7 @@ def register(app: typer.Typer) -> None:
             metavar="FIT_DIR|TRACE", show_default=False,
             help=f"an `avkit fit` output directory, or trace files (directories, globs) to fit now (default: the shipped "
                  f"{DEFAULT_TRACE_GLOB})")] = None,
-        out: Annotated[Path, typer.Option(help="report directory (replaced atomically)")] = DEFAULT_OUT,
+        out: Annotated[Path, typer.Option(help="report directory (replaced atomically)")] = Path(_d("out")),
         sim: Annotated[Path | None, typer.Option(
             help=f"`avkit simulate` results Parquet (default: {_d('sim')} when it exists)", show_default=False)] = None,
         hvd: Annotated[Path | None, typer.Option(

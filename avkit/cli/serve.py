@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated
 
 import typer
@@ -14,8 +15,7 @@ from avkit.config import (
     AdaptiveConfig, EngineConfig, EstimatorConfig, HttpConfig, ModelsConfig, ServeConfig, default_of)
 
 
-def _d(name: str):
-    return default_of(ServeConfig, name)
+_d = functools.partial(default_of, ServeConfig)  # an option's default: its config field's
 
 
 def _o(help: str, **kw):

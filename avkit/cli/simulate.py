@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated
 
 import typer
@@ -14,8 +15,7 @@ from avkit.errors import ConfigError
 from avkit.staged import StagedOutputs
 
 
-def _d(name: str):
-    return default_of(SimulateConfig, name)
+_d = functools.partial(default_of, SimulateConfig)  # an option's default: its config field's
 
 
 def register(app: typer.Typer) -> None:

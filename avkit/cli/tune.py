@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Annotated
@@ -16,8 +17,7 @@ from avkit.config import TuneConfig, default_of
 from avkit.staged import write_json_atomic
 
 
-def _d(name: str):
-    return default_of(TuneConfig, name)
+_d = functools.partial(default_of, TuneConfig)  # an option's default: its config field's
 
 
 def tok(x: float) -> str:

@@ -85,13 +85,9 @@ def reliability(panels: list[dict]) -> Figure:
     """panels: {title, pred [B], rate [B], count [B], ece}; bins with no slot are nan. Top row: the
     diagram (marker area ~ bin count); bottom row: slots per bin (log scale)."""
     n = len(panels)
-    fig = Figure(figsize=(3.6 * n + 0.4, 5.4), layout="constrained")
-    axes = fig.subplots(2, n, squeeze=False, height_ratios=(3, 1.2), sharex=True)
+    fig, axes = new_figure(3.6 * n + 0.4, 5.4, 2, n, height_ratios=(3, 1.2), sharex=True)
     for j, p in enumerate(panels):
         top, bottom = axes[0, j], axes[1, j]
-        for ax in (top, bottom):
-            ax.grid(True, **GRID)
-            ax.spines[["top", "right"]].set_visible(False)
         ok = p["count"] > 0
         color = ACCENT[j % len(ACCENT)]
         x, y, n = p["pred"][ok], p["rate"][ok], p["count"][ok]
@@ -249,10 +245,6 @@ def grouped_bars(values: dict[str, dict[str, float]], title: str, ylabel: str, b
     return fig
 
 
-__all__ = ["acceptance_by_position", "coefficient_trajectory", "grouped_bars", "pareto", "per_position_auc",
-           "reliability", "role_analysis", "throughput_vs_concurrency"]
-
-
 def tune_schedule(series: dict[str, tuple[np.ndarray, np.ndarray]], chosen: tuple[np.ndarray, np.ndarray],
                   relative: dict[str, tuple[np.ndarray, np.ndarray]], gain: tuple[np.ndarray, ...],
                   ranges: list[tuple[int, int, str]], infeasible: list[int]) -> Figure:
@@ -283,3 +275,7 @@ def tune_schedule(series: dict[str, tuple[np.ndarray, np.ndarray]], chosen: tupl
     b.set(title="Relative to the best single fixed K (bootstrap interval)", ylabel="throughput / best single K (×)")
     b.legend(frameon=False, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     return fig
+
+
+__all__ = ["acceptance_by_position", "coefficient_trajectory", "grouped_bars", "pareto", "per_position_auc",
+           "reliability", "role_analysis", "throughput_vs_concurrency", "tune_schedule"]

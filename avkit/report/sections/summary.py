@@ -8,6 +8,7 @@ from avkit.config import ReportConfig
 from avkit.report import plots
 from avkit.report.document import Figure, Section, Table, fmt
 from avkit.report.inputs import ReportInputs
+from avkit.report.sections.features import SEEDS_REFERENCE
 from avkit.report.traces import TraceSummary
 
 
@@ -70,7 +71,7 @@ def _headline(inputs: ReportInputs) -> str:
     return (f"Deployed: {c['estimator']} on {c['feature']}, slope ω = {fmt(float(c['slope']))}. Over "
             f"{fmt(row['n'])} observed slots it scores AUC {fmt(row['auc'])}, log-loss {fmt(row['log_loss'])}, "
             f"ECE {fmt(row['ece'])} (vLLM's shipped estimator on DeepSeek-V4-Flash + DSpark, from the write-ups of "
-            "vLLM PR #52228: 0.8336 / 0.4284 / 0.0100; seeds 001/002, docs/seeds.md).")
+            f"vLLM PR #52228: {' / '.join(fmt(x) for x in SEEDS_REFERENCE[0][1:])}; seeds 001/002, docs/seeds.md).")
 
 
 def build(inputs: ReportInputs, config: ReportConfig) -> Section:
