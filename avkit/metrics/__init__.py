@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from avkit.metrics.calibration import ece, log_loss
-from avkit.metrics.checks import UndefinedMetricWarning
+from avkit.metrics.calibration import UndefinedMetricWarning, ece, log_loss
 from avkit.metrics.ranking import auc
 from avkit.metrics.table import score_table
 

@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from avkit.metrics.calibration import additive_sums, ece_from_bins
-from avkit.metrics.checks import check_binary_inputs
+from avkit.metrics.calibration import additive_sums, check_binary_inputs, ece_from_bins
 from avkit.metrics.debiased import ce2_from_stats, cluster_stats
 
 

@@ -31,8 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from avkit.errors import DataError
-from avkit.metrics.calibration import additive_sums, check_n_bins
-from avkit.metrics.checks import check_binary_inputs
+from avkit.metrics.calibration import additive_sums, check_binary_inputs, check_n_bins
 
 
 def cluster_stats(per_cluster: np.ndarray) -> np.ndarray:

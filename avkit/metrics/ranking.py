@@ -16,7 +16,7 @@ import warnings
 import numpy as np
 import polars as pl
 
-from avkit.metrics.checks import UndefinedMetricWarning, check_binary_inputs
+from avkit.metrics.calibration import UndefinedMetricWarning, check_binary_inputs
 
 
 def auc(labels, scores, sample_weight=None) -> float:

@@ -28,8 +28,7 @@ import numpy as np
 import polars as pl
 
 from avkit.errors import DataError
-from avkit.metrics.calibration import additive_sums, ece_from_bins
-from avkit.metrics.checks import check_binary_inputs
+from avkit.metrics.calibration import additive_sums, check_binary_inputs, ece_from_bins
 
 MAX_KEY_BITS = 12  # label + group bits packed below the prediction's bits
 
@@ -78,11 +77,6 @@ def _family_auc(codes: np.ndarray | None, y: np.ndarray, ties, num_codes: int) -
         wins += _tie_correction(codes_t, y[ties[0]], ties[1], num_codes)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where((pos > 0) & (neg > 0), wins / (pos * neg), np.nan)
-
-
-def _row(scope: str, auc: float, nll_sum: float, table: np.ndarray) -> dict:
-    n = int(table[0].sum())
-    return {"scope": scope, "auc": float(auc), "log_loss": float(nll_sum / n), "ece": float(ece_from_bins(table)), "n": n}
 
 
 class ScoreLayout:
@@ -144,8 +138,10 @@ def scope_rows(nll_g: np.ndarray, table: np.ndarray, names: list[str], aucs: dic
     """
     d, k = nll_g.shape
 
-    def row(scope, auc, nll_sum, t):
-        return _row(scope, auc, nll_sum, t) | ({} if extra is None else extra(scope))
+    def row(scope: str, auc: float, nll_sum: float, t: np.ndarray) -> dict:  # t: [3, n_bins]
+        n = int(t[0].sum())
+        return {"scope": scope, "auc": float(auc), "log_loss": float(nll_sum / n), "ece": float(ece_from_bins(t)),
+                "n": n} | ({} if extra is None else extra(scope))
 
     rows = [row("all", aucs["all"], nll_g.sum(), table.sum((1, 2)))]
     if k > 1 and table[0, :, 1:].sum() > 0:
