@@ -56,11 +56,6 @@ def in_range(config, name: str, lo=None, hi=None, **ends):
     return check_range(option(name), getattr(config, name), lo, hi, **ends)
 
 
-def one_of(config, name: str, choices):
-    """check_choice on one field of a config, named as its option."""
-    return check_choice(option(name), getattr(config, name), choices)
-
-
 def as_1d(name: str, x, dtype=np.float64) -> np.ndarray:
     """Convert array-like to a 1-D numpy array; reject empty and NaN/inf input."""
     a = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x)

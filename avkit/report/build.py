@@ -25,9 +25,8 @@ from avkit import __version__
 from avkit.config import EstimatorConfig, FitConfig, ReportConfig, SimulateConfig
 from avkit.provenance import describe
 from avkit.report.document import Figure, Report, Section
-from avkit.report.html import render_html
 from avkit.report.inputs import ReportInputs, load_fit_dir, load_inputs
-from avkit.report.markdown import render_markdown
+from avkit.report.render import render_html, render_markdown
 from avkit.report.sections import SECTIONS
 from avkit.staged import StagedOutputs
 

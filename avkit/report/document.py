@@ -1,4 +1,4 @@
-"""The report as data: sections of paragraphs, tables and figures, rendered by html.py and markdown.py.
+"""The report as data: sections of paragraphs, tables and figures, rendered by render.py (HTML, Markdown).
 
 Every number is formatted once, here or in a section (`fmt`), so the HTML and the Markdown show the
 same strings and a test can compare them with the inputs (scores.json) at the printed precision.

@@ -1,7 +1,8 @@
-"""Render a `Report` as one self-contained HTML page: inline CSS, no script, no network.
+"""Render a `Report`: one self-contained HTML page (inline CSS, no script, no network) and report.md.
 
-Images are embedded as PNG data URIs (or referenced beside the page when `images` maps a figure to
-a file name). Wide tables scroll inside their own box, so the page itself never overflows.
+HTML images are embedded as PNG data URIs (or referenced beside the page when `images` maps a figure
+to a file name); wide tables scroll inside their own box, so the page itself never overflows. The
+Markdown has the same tables, figures as PNG links.
 """
 
 from __future__ import annotations
@@ -88,4 +89,38 @@ def render_html(report: Report, images: dict[str, str]) -> str:
     return TEMPLATE.render(report=report, images=images, css=CSS)
 
 
-__all__ = ["render_html"]
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def table_md(t: Table) -> str:
+    head = "| " + " | ".join(_cell(c) for c in t.columns) + " |"
+    rule = "|" + "|".join("---:" if num else "---" for num in t.numeric) + "|"
+    body = ["| " + " | ".join(f"**{_cell(c)}**" if (i, j) in t.emphasis and c != "-" else _cell(c)
+                              for j, c in enumerate(row)) + " |" for i, row in enumerate(t.rows)]
+    caption = [f"\n{t.caption}"] if t.caption else []
+    return "\n".join([head, rule, *body, *caption])
+
+
+def render_markdown(report: Report, images: dict[str, str]) -> str:
+    """`images`: figure name -> PNG file name beside report.md."""
+    out = [f"# {report.title}", ""]
+    out += [f"- **{k}**: {v}" for k, v in report.facts]
+    for s in report.sections:
+        out += ["", f"## {s.title}", ""]
+        if s.inputs and not s.omitted:
+            out += [f"*Inputs: {s.inputs}*", ""]
+        out += [line for w in s.warnings for line in (f"> **Warning:** {w}", "")]
+        if s.omitted:
+            out += [f"> Omitted: {s.omitted}", ""]
+        for b in s.blocks:
+            if isinstance(b, Table):
+                out += [table_md(b), ""]
+            elif isinstance(b, Figure):
+                out += [f"![{b.alt or b.caption}]({images[b.name]})", "", f"*{b.caption}*", ""]
+            else:
+                out += [b, ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+__all__ = ["render_html", "render_markdown", "table_md"]
