@@ -243,3 +243,14 @@ def test_trace_matches_equal_teacher_forced_draft(tmp_path):
         assert 0 < hits < sum(len(o) for o in gens["output_ids"])  # both outcomes occur
     finally:
         torch.set_num_threads(before)
+
+
+def test_token_classes_of_byte_level_and_sentencepiece_entries():
+    """Each entry is classified by its text: byte-level stand-ins decoded (`Ġ` space, `Ċ` newline, `âĢĶ` an em
+    dash), a sentencepiece `▁` read as a space, a lone continuation byte (`Ã`) the replacement character."""
+    from avkit.hvd.token_classes import CLASSES, class_table
+
+    got = class_table(["Ġhello", "Ċ", "ĠâĢĶ", "▁the", "12", "_x", "Ã", "<|im_start|>"])  # [8, 5]
+    want = [{"ident", "space"}, {"newline"}, {"space", "punct"}, {"ident", "space"}, {"digit"}, {"ident", "punct"},
+            {"punct"}, {"ident", "punct"}]
+    assert [{c for c, v in zip(CLASSES, row) if v} for row in got] == want

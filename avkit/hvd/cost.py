@@ -68,18 +68,18 @@ class HvdCost:
 
     @classmethod
     def from_json(cls, d: dict) -> HvdCost:
-        """Back from `to_json`; older payoff files stored the scalars and (x, cost) point lists instead."""
+        """Back from `to_json`; older payoff files stored the scalars and (x, cost) point lists instead (`points`)."""
         d = dict(d or {})
         if "table" in d:
             return cls(CostTable.from_json(d.pop("table")), **d)
         base = HvdCostConfig(**{k: d[k] for k in ("verify_token_cost", "draft_step_cost", "cache_cost") if k in d})
-        lines = linear_table(base.verify_token_cost, base.draft_step_cost)
         if not any(d.get(n) for n in ("verify_points", "draft_points", "prefill_points")):
             return cls.linear(base)
-        curves = {}  # each curve absent from the points keeps the linear model's (prefill: free)
+        lines, curves = linear_table(base.verify_token_cost, base.draft_step_cost), {}
         for name, grid, ms in (("verify_points", "verify_tokens", "verify_ms"),
                                ("draft_points", "draft_requests", "draft_ms"),
                                ("prefill_points", "prefill_tokens", "prefill_ms")):
+            # a curve absent from the points keeps the linear model's (prefill: free)
             xs, ys = zip(*d[name]) if d.get(name) else (getattr(lines, grid), getattr(lines, ms))
             curves[grid], curves[ms] = tuple(int(x) for x in xs), tuple(float(y) for y in ys)
         return cls(CostTable(**curves), base.cache_cost, base.verify_token_cost, base.draft_step_cost,
@@ -88,7 +88,7 @@ class HvdCost:
     @classmethod
     def points(cls, **kw) -> HvdCost:
         """From (x, cost) lists: verify_points (T, forward), draft_points (n, step), prefill_points (L, prefill;
-        none: free catch-ups) and the scalars of `HvdCostConfig`; no verify_points: the linear model."""
+        none: free catch-ups) and the scalars of `HvdCostConfig`; no points: the linear model."""
         return cls.from_json(kw)
 
 
@@ -106,8 +106,7 @@ def hvd_cost_from_table(table: CostTable, cache_cost: float = HvdCostConfig.cach
     units = table.in_units(unit)
     t = np.arange(1, 9, dtype=np.float64)
     c_v = float(np.polyfit(t, units.verify_cost(t), 1)[0])
-    where = source or str(table.meta.get("path", ""))
-    device = table.meta.get("device", "")
+    where, device = source or str(table.meta.get("path", "")), table.meta.get("device", "")
     cache_cost = units.lookup_ms if table.lookup_ms > 0 else cache_cost  # learned live: the table's own price
     return HvdCost(units, cache_cost, max(c_v, 0.0), float(units.draft_pass_cost(1)),
                    f"{where} ({device})" if device else where)

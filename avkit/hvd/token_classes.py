@@ -7,7 +7,7 @@ Glossary (a token is the text it decodes to on its own):
   digit    contains a digit
   newline  contains a newline
 Byte-level BPE vocabularies (Qwen2, Llama 3, GPT-2) store bytes as printable stand-ins
-(`Ġ` = space, `Ċ` = newline); `token_text` maps them back.
+(`Ġ` = space, `Ċ` = newline), decoded back before classifying.
 
 Which vocabulary gives the table (`token_classes_for`), found once and said aloud, in order:
   1. an explicit `--tokenizer` (a model path or alias; a failure is an error: it was asked for;
@@ -22,7 +22,6 @@ Which vocabulary gives the table (`token_classes_for`), found once and said alou
 
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,33 +35,16 @@ CLASSES = ("ident", "space", "punct", "digit", "newline")
 SHIPPED = Path(__file__).parent / "classes"
 
 
-@functools.lru_cache(maxsize=1)
-def _byte_decoder() -> dict[str, int]:
-    """Inverse of GPT-2's bytes_to_unicode: printable stand-in character -> byte."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
-def token_text(token: str) -> str:
-    """Decode one byte-level (or sentencepiece `▁`) vocabulary entry to text; keeps unknown chars."""
-    dec = _byte_decoder()
-    if all(ch in dec for ch in token):
-        return bytes(dec[ch] for ch in token).decode("utf-8", errors="replace")
-    return token.replace("▁", " ")
-
-
 def class_table(vocab: list[str]) -> np.ndarray:
-    """[V, 5] bool: the CLASSES indicators of each token's text."""
+    """[V, 5] bool: the CLASSES indicators of each token's text (byte-level stand-ins decoded by the
+    tokenizers library's ByteLevel decoder, which keeps a token with other characters as it is; a
+    sentencepiece `▁` read as a space)."""
+    from tokenizers import decoders  # lazy: tokenizers
+
+    byte_level = decoders.ByteLevel()
     out = np.zeros((len(vocab), len(CLASSES)), dtype=bool)
     for i, tok in enumerate(vocab):
-        text = token_text(tok)
+        text = tok.replace("▁", " ") if "▁" in tok else byte_level.decode([tok])
         out[i] = (
             any(c.isalpha() or c == "_" for c in text),
             " " in text or "\t" in text,
