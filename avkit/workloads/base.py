@@ -11,6 +11,7 @@ rows {"prompt": str} or {"messages": [...]}, optional "id", "tools", "followups"
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 from collections.abc import Callable
@@ -57,28 +58,32 @@ def seeded_order(items: list, seed: int) -> list:
     return order
 
 
+def jsonl_rows(path: Path):
+    """Yield (line number, parsed value) of each non-blank line of a JSONL file (gzipped when it ends in
+    .gz): the one reader of prompt files, user-given and packaged. Errors name file and line."""
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
+    for lineno, data in enumerate((gzip.decompress(raw) if path.suffix == ".gz" else raw).splitlines(), 1):
+        try:
+            line = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}:{lineno}: not UTF-8 (byte {data[e.start]:#04x} at column {e.start + 1})") \
+                from None
+        if line.strip():
+            try:
+                yield lineno, json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}:{lineno}: invalid JSON ({e.msg})") from None
+
+
 def load_jsonl(path) -> list[Prompt]:
     """Prompts of a JSONL file; the dataset name is the file stem. Errors name file and line."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"dataset file not found: {p}")
-    prompts = []
-    try:
-        raw = p.read_bytes()
-    except OSError as e:
-        raise ConfigError(f"{p}: cannot read ({e.strerror or e})") from None
-    for lineno, data in enumerate(raw.splitlines(), 1):
-        try:
-            line = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ConfigError(f"{p}:{lineno}: not UTF-8 (byte {data[e.start]:#04x} at column {e.start + 1})") from None
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{p}:{lineno}: invalid JSON ({e.msg})") from None
-        prompts.append(_row_to_prompt(row, p, lineno))
+    prompts = [_row_to_prompt(row, p, lineno) for lineno, row in jsonl_rows(p)]
     if not prompts:
         raise ConfigError(f"{p}: no prompts")
     return prompts

