@@ -122,7 +122,7 @@ def step_time_section(workdir: Path) -> str:
     from avkit.models.testing import write_tiny_model
     from avkit.runtime.engine import Engine
     from avkit.runtime.request import Request
-    from avkit.runtime.sink import MemorySink
+    from avkit.runtime.trace_rows import MemorySink
     from avkit.scheduling.profile import profile_costs
     from avkit.sim.replay import step_time_check
 

@@ -30,7 +30,7 @@ import avkit.models
 from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, SamplingConfig
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
-from avkit.runtime.sink import MemorySink
+from avkit.runtime.trace_rows import MemorySink
 from common import RESULTS, header, today, write  # bench/ is on sys.path when run as a script
 
 VLLM_THREADS = "VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_CPU_KVCACHE_SPACE=2"

@@ -23,7 +23,7 @@ from avkit.hvd.hybrid_drafter import HybridDrafter
 from avkit.kernels.dispatch import select_kernels
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
-from avkit.runtime.sink import MemorySink
+from avkit.runtime.trace_rows import MemorySink
 from avkit.scheduling.adaptive import make_adaptive
 from avkit.step_types import DraftBatch, Load, VerifyOutcome
 

@@ -14,7 +14,7 @@ from avkit.errors import ConfigError
 from avkit.models.testing import write_tiny_model
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import FINISH_LENGTH, FINISH_STOP, Request
-from avkit.runtime.sink import MemorySink
+from avkit.runtime.trace_rows import MemorySink
 from avkit.scheduling.policy import FixedK
 from avkit.trace.schema import BY_NAME, REQUIRED
 

@@ -15,7 +15,7 @@ from avkit.models import load
 from avkit.models.testing import write_tiny_model
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
-from avkit.runtime.sink import MemorySink
+from avkit.runtime.trace_rows import MemorySink
 from avkit.scheduling.adaptive import make_adaptive
 from avkit.scheduling.cost import CostTable
 

@@ -23,7 +23,7 @@ from avkit.hvd.replay import synthetic_generations
 from avkit.models.testing import write_tiny_model
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
-from avkit.runtime.sink import MemorySink
+from avkit.runtime.trace_rows import MemorySink
 
 K = 4
 

@@ -84,7 +84,7 @@ def _greedy_hybrid_equals_target_only(tmp_path, device: str) -> None:
     from avkit.models.testing import write_tiny_model
     from avkit.runtime.engine import Engine
     from avkit.runtime.request import Request
-    from avkit.runtime.sink import MemorySink
+    from avkit.runtime.trace_rows import MemorySink
 
     torch.set_num_threads(1)
     target = avkit.models.load(write_tiny_model(tmp_path / "t", vocab=300, seed=0, init_std=0.3), device=device)

@@ -36,8 +36,7 @@ from avkit.runtime.request import FINISH_ABORT, Generation, Request, StepOutput
 from avkit.runtime.running import (EngineStats, RunningSeq, append_tokens, draft_input, limit_drafts, no_drafts,
                                   roll_back, top_k_min_p)
 from avkit.runtime.sampling import probs_from_logits
-from avkit.runtime.sink import TraceSink
-from avkit.runtime.trace_rows import trace_rows
+from avkit.runtime.trace_rows import TraceSink, trace_rows
 from avkit.scheduling.cost import FREE_LAG
 from avkit.scheduling.policy import FullVerification, VerifyPolicy
 from avkit.step_types import DraftBatch, Load, StepPlan, StepTime, VerifyOutcome
@@ -251,22 +250,16 @@ class Engine:
         """Run requests to completion (continuous batching); Generations in request order."""
         for r in requests:
             self.add_request(r)
-        out_ids: dict[str, list[int]] = {r.request_id: [] for r in requests}
-        reasons: dict[str, str] = {}
-        steps: dict[str, int] = {r.request_id: 0 for r in requests}
+        outs: dict[str, list[StepOutput]] = {r.request_id: [] for r in requests}  # each request's step outputs
         while self.has_unfinished():
             outputs = self.step()
             for o in outputs:
-                if o.request_id in out_ids:
-                    out_ids[o.request_id].extend(o.new_token_ids)
-                    steps[o.request_id] += 1
-                    if o.finished:
-                        reasons[o.request_id] = o.finish_reason
+                outs.get(o.request_id, []).append(o)
             if on_step is not None:
                 on_step(outputs)
-        return [Generation(r.request_id, list(r.prompt_ids), out_ids[r.request_id],
-                           reasons.get(r.request_id, FINISH_ABORT), r.dataset, steps[r.request_id])
-                for r in requests]
+        return [Generation(r.request_id, list(r.prompt_ids), [t for o in outs[r.request_id] for t in o.new_token_ids],
+                           next((o.finish_reason for o in outs[r.request_id] if o.finished), FINISH_ABORT), r.dataset,
+                           len(outs[r.request_id])) for r in requests]
 
 
 __all__ = ["Engine", "EngineConfig", "EngineStats", "Generation", "Request", "StepOutput"]

@@ -1,23 +1,24 @@
-"""One step's trace rows: one per draft slot (request r, position j < num_drafted_r).
+"""One step's trace rows, one per draft slot (request r, position j < num_drafted_r), and where they go.
 
 Columns and their meaning are those of `avkit.trace.schema` (all but `run_id`, which the sink
 adds). Labels (docs/estimator.md): a slot is observed iff verified and at or before the first
-rejection; `accepted` is null otherwise (censored). Nullable columns are masked arrays.
+rejection; `accepted` is null otherwise (censored). Nullable columns (`target_prob`, `accepted`,
+`accept_prob`, `confidence`, ...) are `numpy.ma.MaskedArray`s with mask True = null (`pyarrow.array`
+turns the mask into nulls); string columns are object arrays.
+The engine does no file I/O: it hands each step's columns to a `TraceSink` (`record` buffers them into a
+`TraceWriter`, `serve` into metrics and --record, tests and benchmarks keep them in a `MemorySink`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from avkit.drafters.base import DraftInput, DraftProposal
 from avkit.kernels.rejection_ref import RejectionResult
-
-
-def _masked(values: np.ndarray, null: np.ndarray) -> np.ma.MaskedArray:
-    return np.ma.MaskedArray(values, mask=null)
 
 
 def _to_cpu(obj):
@@ -74,9 +75,9 @@ def trace_rows(batch, inp: DraftInput, draft: DraftProposal, num_verify: torch.T
         "draft_token": pick(draft.tokens).astype(np.int32),
         **feats,
         "q_sampled": q_sampled,
-        "target_prob": _masked(target_prob, ~verified),
+        "target_prob": np.ma.MaskedArray(target_prob, mask=~verified),
         "verified": verified,
-        "accepted": _masked(accepted, ~observed),
+        "accepted": np.ma.MaskedArray(accepted, mask=~observed),
         "num_drafted": per_request(draft.num_drafted.tolist(), np.int16),
         "num_verified": per_request(num_verify.tolist(), np.int16),
         "num_accepted": per_request(result.num_accepted.tolist(), np.int16),
@@ -85,16 +86,42 @@ def trace_rows(batch, inp: DraftInput, draft: DraftProposal, num_verify: torch.T
         "temperature": pick(inp.temperature[:, None].expand(B, K)).astype(np.float32),
         "top_p": pick(inp.top_p[:, None].expand(B, K)).astype(np.float32),
         "engine_step": np.full(len(r_idx), engine_step, dtype=np.int64),
-        "accept_prob": _masked(accept_prob, ~verified),
+        "accept_prob": np.ma.MaskedArray(accept_prob, mask=~verified),
     }
     if confidences is not None:
         conf = pick(confidences.float()[:, :K].cpu()).astype(np.float32)
-        cols["confidence"] = _masked(conf, ~np.isfinite(conf))
+        cols["confidence"] = np.ma.MaskedArray(conf, mask=~np.isfinite(conf))
     for name, value in draft.extra.items():  # head_conf, match_len (int16), cache_score
         v = pick(value.float())
         dtype = np.int16 if name == "match_len" else np.float32
-        cols[name] = _masked(np.nan_to_num(v).astype(dtype), np.isnan(v))
+        cols[name] = np.ma.MaskedArray(np.nan_to_num(v).astype(dtype), mask=np.isnan(v))
     return cols
 
 
-__all__ = ["trace_rows"]
+class TraceSink(Protocol):
+    def emit(self, columns: dict[str, np.ndarray]) -> None:
+        """Receive this step's rows: every array has the same length (rows = draft slots)."""
+        ...
+
+
+class MemorySink:
+    """Keeps every emitted batch in memory; `columns()` concatenates them."""
+
+    def __init__(self):
+        self.batches: list[dict[str, np.ndarray]] = []
+
+    def emit(self, columns: dict[str, np.ndarray]) -> None:
+        self.batches.append(columns)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        if not self.batches:
+            return {}
+        cat = lambda parts: (np.ma.concatenate if any(isinstance(p, np.ma.MaskedArray) for p in parts)
+                             else np.concatenate)(parts)
+        return {name: cat([b[name] for b in self.batches]) for name in self.batches[0]}
+
+    def __len__(self) -> int:
+        return sum(len(next(iter(b.values()))) for b in self.batches if b)
+
+
+__all__ = ["MemorySink", "TraceSink", "trace_rows"]

@@ -23,10 +23,9 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from avkit.serve.completions import add_routes
-from avkit.serve.engine_loop import INTERNAL_ERROR
 from avkit.serve.metrics import CONTENT_TYPE
 from avkit.serve.middleware import BodyLimit, ContainErrors
-from avkit.serve.openai_api import ApiError, model_list
+from avkit.serve.openai_api import INTERNAL_ERROR, ApiError, model_list
 from avkit.serve.state import ServeState
 
 

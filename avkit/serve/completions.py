@@ -26,10 +26,8 @@ from avkit.serve.openai_api import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
-    chat_body,
-    chat_chunk,
-    completion_body,
     new_id,
+    response_body,
     usage,
 )
 from avkit.serve.state import ServeState
@@ -149,16 +147,15 @@ async def _wait_disconnect(request: Request) -> None:
 
 
 async def _stream(gen: Generation, request: Request, chat: bool, include_usage: bool):
-    rid, model = gen.rid, gen.state.model_name
+    def chunk(choices, use=None, index=0):
+        return _sse(response_body(gen.rid, gen.state.model_name, chat, choices, use, chunk=True, index=index))
+
     if chat:
         for c in gen.choices:
-            yield _sse(chat_chunk(rid, model, {"role": "assistant", "content": ""}, None, index=c.index))
+            yield chunk([({"role": "assistant", "content": ""}, None)], index=c.index)
     try:
         async for i, delta, finish in gen.events():
-            if chat:
-                yield _sse(chat_chunk(rid, model, {"content": delta} if delta else {}, finish, index=i))
-            else:
-                yield _sse(completion_body(rid, model, [(delta, finish)], None, chunk=True, index=i))
+            yield chunk([(({"content": delta} if delta else {}) if chat else delta, finish)], index=i)
     except ApiError as e:  # headers are sent: report the error in-band, as OpenAI does
         gen.cancel()
         yield _sse(e.body())
@@ -166,9 +163,7 @@ async def _stream(gen: Generation, request: Request, chat: bool, include_usage: 
     finally:
         request.scope[USAGE_KEY] = (gen.prompt_len, gen.completion_tokens)
     if include_usage:
-        use = usage(gen.prompt_len, gen.completion_tokens)
-        yield _sse(chat_chunk(rid, model, {}, None, use) if chat else
-                   {**completion_body(rid, model, [], use, chunk=True)})
+        yield chunk([], usage(gen.prompt_len, gen.completion_tokens))
     yield _sse("[DONE]")
 
 
@@ -185,8 +180,7 @@ async def _respond(state: ServeState, request: Request, body, prompt_ids: list[i
     request.scope[USAGE_KEY] = (gen.prompt_len, gen.completion_tokens)
     if choices is None:  # client gone; nobody reads this
         return JSONResponse({}, status_code=499)
-    use = usage(gen.prompt_len, gen.completion_tokens)
-    return (chat_body if chat else completion_body)(gen.rid, state.model_name, choices, use)
+    return response_body(gen.rid, state.model_name, chat, choices, usage(gen.prompt_len, gen.completion_tokens))
 
 
 def add_routes(app: FastAPI, state: ServeState, auth) -> None:

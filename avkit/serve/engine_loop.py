@@ -1,7 +1,7 @@
 """The one place the engine runs: a background thread doing continuous batching.
 
 HTTP handlers only `submit` a request (admission is bounded: running + waiting <= max_concurrency
-+ queue_size, else `QueueFull` -> 429) and read its events from an asyncio queue; `cancel` (client
++ queue_size, else a 429) and read its events from an asyncio queue; `cancel` (client
 gone, stop sequence hit) takes effect at the next step. Between steps the thread applies cancels
 and admits waiting requests up to `max_concurrency` (the engine's batch), so requests join and
 leave the batch without waiting for each other.
@@ -9,8 +9,8 @@ Failure isolation: a request the engine refuses (`add_request` raises) fails alo
 raises, the requests in that batch fail with an error event and a fresh engine takes over (the
 factory keeps the models and the verify policy, so online refits continue). The after-step hook
 (snapshots) cannot raise into the loop. If the thread dies anyway, every pending and running
-request fails at once with a 503, later submits raise `EngineDead` (503) and `/health` says so.
-Warm-up: the thread's first act is `warm_up()` (a throwaway engine's first forwards, `serve/warmup.py`);
+request fails at once with a 503, later submits raise a 503 and `/health` says so.
+Warm-up: the thread's first act is `warm_up()` (a throwaway engine's first forwards, server.py `warm_up`);
 `ready` is False until it has run (`/health` 503 `starting`); requests submitted meanwhile wait in the queue.
 Error events carry no exception text (the log has the traceback): 500 bodies never echo it.
 """
@@ -28,24 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from avkit.errors import AvkitError
+from avkit.serve.openai_api import ENGINE_DEAD, INTERNAL_ERROR, ApiError
 
 log = logging.getLogger("avkit.serve")
-
-
-class QueueFull(Exception):
-    """More requests than max_concurrency + queue_size: the client should retry later."""
-
-
-class NotAccepting(Exception):
-    """The server is shutting down."""
-
-
-class EngineDead(Exception):
-    """The engine thread has stopped on an unexpected error: nothing can be served."""
-
-
-INTERNAL_ERROR = "internal error; the server log has the details"
-ENGINE_DEAD = "the engine stopped on an internal error; the server log has the details"
 
 
 @dataclass(frozen=True)
@@ -55,8 +40,7 @@ class Event:
     new_token_ids: list[int]
     finished: bool
     finish_reason: str | None = None  # stop | length | abort | error
-    error: str | None = None  # message when finish_reason == "error"
-    status: int = 500  # HTTP status for an error event
+    error: ApiError | None = None  # why, when finish_reason == "error"
 
 
 @dataclass
@@ -83,13 +67,13 @@ class EngineLoop:
 
     def __init__(self, make_engine: Callable[[], Any], *, max_concurrency: int, queue_size: int,
                  metrics=None, on_step: Callable[[], None] | None = None,
-                 warm_up: Callable[[], None] | None = None):
+                 warm_up: Callable[[], None] | None = None, retry_after_s: int = 1):
         self._make_engine = make_engine
         self.warm_up = warm_up
         self.ready = warm_up is None  # True once the warm-up has run
         self._engine = make_engine()
         self.max_concurrency = max_concurrency
-        self.queue_size = queue_size
+        self.queue_size, self.retry_after_s = queue_size, retry_after_s
         self._metrics = metrics
         self._on_step = on_step
         self._cv = threading.Condition()
@@ -114,15 +98,16 @@ class EngineLoop:
         return len(self._pending)
 
     def submit_all(self, requests: list, loop: asyncio.AbstractEventLoop) -> list[RequestHandle]:
-        """Queue every request or none (QueueFull / NotAccepting / EngineDead)."""
+        """Queue every request or none (ApiError 429 when full, 503 when shutting down or dead)."""
         handles = [RequestHandle(r, loop) for r in requests]
         with self._cv:
             if self.dead is not None:
-                raise EngineDead(self.dead)
+                raise ApiError(503, ENGINE_DEAD)
             if not self._accepting:
-                raise NotAccepting("server is shutting down")
+                raise ApiError(503, "server is shutting down")
             if len(self._pending) + len(self._running) + len(handles) > self.max_concurrency + self.queue_size:
-                raise QueueFull(f"{len(self._running)} running and {len(self._pending)} queued")
+                raise ApiError(429, f"server busy ({len(self._running)} running and {len(self._pending)} queued); "
+                                    "retry later", headers={"Retry-After": str(self.retry_after_s)})
             self._pending.extend(handles)
             self._gauges()
             self._cv.notify()
@@ -180,7 +165,7 @@ class EngineLoop:
                 self._gauges()
                 self._cv.notify_all()
             for h in failed:
-                h.post(Event([], True, "error", ENGINE_DEAD, status=503))
+                h.post(Event([], True, "error", ApiError(503, ENGINE_DEAD)))
 
     def _loop(self) -> None:
         while True:
@@ -216,10 +201,10 @@ class EngineLoop:
             self._engine.add_request(h.request)
             return
         except AvkitError as e:
-            event = Event([], True, "error", str(e), status=400)
+            event = Event([], True, "error", ApiError(400, str(e)))
         except Exception:
             log.error("add_request %s failed:\n%s", h.request_id, traceback.format_exc())
-            event = Event([], True, "error", INTERNAL_ERROR)
+            event = Event([], True, "error", ApiError(500, INTERNAL_ERROR))
         with self._cv:
             self._running.pop(h.request_id, None)
         h.post(event)
@@ -232,7 +217,7 @@ class EngineLoop:
             log.error("engine step failed:\n%s", traceback.format_exc())
             if self._metrics is not None:
                 self._metrics.engine_errors.inc()
-            self._fail_running(INTERNAL_ERROR)
+            self._fail_running()
             return
         if self._metrics is not None:
             self._metrics.step_seconds.observe(time.perf_counter() - t0)
@@ -253,13 +238,13 @@ class EngineLoop:
                     self._gauges()
                     self._cv.notify_all()
 
-    def _fail_running(self, message: str) -> None:
+    def _fail_running(self) -> None:
         with self._cv:
             failed, self._running = list(self._running.values()), {}
             self._gauges()
             self._cv.notify_all()
         for h in failed:
-            h.post(Event([], True, "error", message))
+            h.post(Event([], True, "error", ApiError(500, INTERNAL_ERROR)))
         self._engine = self._make_engine()
 
     def _gauges(self) -> None:

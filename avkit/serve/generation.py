@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from avkit.config import SamplingConfig
 from avkit.errors import AvkitError
 from avkit.runtime.request import Request as EngineRequest
-from avkit.serve.engine_loop import ENGINE_DEAD, EngineDead, NotAccepting, QueueFull, RequestHandle
+from avkit.serve.engine_loop import RequestHandle
 from avkit.serve.openai_api import ApiError
 from avkit.serve.state import ServeState
 from avkit.serve.text_stream import TextStream
@@ -47,15 +47,7 @@ class Generation:
                                       rng_key=i if body.seed is not None else None) for i in range(body.n)]
         except AvkitError as e:
             raise ApiError(400, str(e)) from None
-        try:
-            handles = state.engine_loop.submit_all(requests, asyncio.get_running_loop())
-        except QueueFull as e:
-            raise ApiError(429, f"server busy ({e}); retry later",
-                           headers={"Retry-After": str(state.config.http.retry_after_s)}) from None
-        except NotAccepting:
-            raise ApiError(503, "server is shutting down") from None
-        except EngineDead:
-            raise ApiError(503, ENGINE_DEAD) from None
+        handles = state.engine_loop.submit_all(requests, asyncio.get_running_loop())  # or a 429 / 503 ApiError
         state.metrics.prompt_tokens.inc(len(prompt_ids))
         decode = functools.partial(state.tokenizer.decode, skip_special_tokens=True)
         self.choices = [Choice(i, h, TextStream(decode, body.stop or ())) for i, h in enumerate(handles)]
@@ -75,7 +67,7 @@ class Generation:
         while True:
             ev = await choice.handle.events.get()
             if ev.error is not None:
-                raise ApiError(ev.status, ev.error)
+                raise ev.error
             delta = ts.push(ev.new_token_ids)
             if first and ev.new_token_ids:
                 state.metrics.ttft_seconds.observe(time.monotonic() - self.t0)
@@ -91,10 +83,6 @@ class Generation:
 
     async def events(self) -> AsyncIterator[tuple[int, str, str | None]]:
         """(choice index, text delta, finish_reason or None) of every choice as they come."""
-        if len(self.choices) == 1:
-            async for delta, finish in self._choice_events(self.choices[0]):
-                yield 0, delta, finish
-            return
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(choice: Choice) -> None:

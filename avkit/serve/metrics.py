@@ -32,44 +32,40 @@ class _EstimatorCollector:
         c = self._coefficients()
         if c is None:
             return
-        slope = GaugeMetricFamily("avkit_estimator_slope", "shared slope of the online estimator")
-        slope.add_metric([], float(c["slope"]))
-        inter = GaugeMetricFamily("avkit_estimator_intercept", "intercept per draft position",
-                                  labels=["position"])
+        yield GaugeMetricFamily("avkit_estimator_slope", "shared slope of the online estimator", value=float(c["slope"]))
+        inter = GaugeMetricFamily("avkit_estimator_intercept", "intercept per draft position", labels=["position"])
         for i, b in enumerate(c["intercepts"]):
             inter.add_metric([str(i)], float(b))
-        refits = CounterMetricFamily("avkit_refits", "online refit rounds completed since start")
-        refits.add_metric([], float(c.get("refits", 0)))
-        yield from (slope, inter, refits)
+        yield inter
+        yield CounterMetricFamily("avkit_refits", "online refit rounds completed since start",
+                                  value=float(c.get("refits", 0)))
 
 
 class _SuffixCacheCollector:
     """The shared suffix cache's `memory()` at scrape time (plain int reads: safe beside the engine thread)."""
 
-    HELP: ClassVar[dict[str, str]] = {"tokens": "tokens held in the suffix cache trees", "nodes": "suffix trie nodes",
-            "bytes": "estimated bytes of the suffix trie nodes (NODE_BYTES per node)"}
+    PER_TREE: ClassVar[dict[str, str]] = {  # avkit_suffix_cache_{what}{tree=global|local} <- memory()["{tree}_{what}"]
+        "tokens": "tokens held in the suffix cache trees", "nodes": "suffix trie nodes",
+        "bytes": "estimated bytes of the suffix trie nodes (NODE_BYTES per node)"}
+    GLOBAL: ClassVar[dict[str, tuple[str, str]]] = {  # avkit_suffix_cache_{what} <- memory()[key]
+        "bytes_per_token": ("bytes_per_cached_token", "estimated bytes per token cached in the global tree"),
+        "budget_tokens": ("budget_tokens", "global tree budget in tokens (0: none)"),
+        "responses": ("global_responses", "responses held in the global tree")}
 
     def __init__(self, memory: Callable[[], dict[str, float]]):
         self._memory = memory
 
     def collect(self):
         m = self._memory()
-        for what, help_text in self.HELP.items():
+        for what, help_text in self.PER_TREE.items():
             fam = GaugeMetricFamily(f"avkit_suffix_cache_{what}", help_text, labels=["tree"])
             for tree in ("global", "local"):
                 fam.add_metric([tree], float(m[f"{tree}_{what}"]))
             yield fam
-        for name, key, help_text in (
-                ("avkit_suffix_cache_bytes_per_token", "bytes_per_cached_token",
-                 "estimated bytes per token cached in the global tree"),
-                ("avkit_suffix_cache_budget_tokens", "budget_tokens", "global tree budget in tokens (0: none)"),
-                ("avkit_suffix_cache_responses", "global_responses", "responses held in the global tree")):
-            g = GaugeMetricFamily(name, help_text)
-            g.add_metric([], float(m[key]))
-            yield g
-        ev = CounterMetricFamily("avkit_suffix_cache_evicted_responses", "responses evicted from the global tree")
-        ev.add_metric([], float(m["evicted_responses"]))
-        yield ev
+        for what, (key, help_text) in self.GLOBAL.items():
+            yield GaugeMetricFamily(f"avkit_suffix_cache_{what}", help_text, value=float(m[key]))
+        yield CounterMetricFamily("avkit_suffix_cache_evicted_responses", "responses evicted from the global tree",
+                                  value=float(m["evicted_responses"]))
 
 
 class ServeMetrics:

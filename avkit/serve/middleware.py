@@ -17,8 +17,7 @@ import json
 import logging
 import time
 
-from avkit.serve.engine_loop import INTERNAL_ERROR
-from avkit.serve.openai_api import ApiError
+from avkit.serve.openai_api import INTERNAL_ERROR, ApiError
 
 log = logging.getLogger("avkit.serve")
 access_log = logging.getLogger("avkit.serve.access")

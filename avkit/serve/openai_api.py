@@ -167,36 +167,26 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def completion_body(rid: str, model: str, choices: list[tuple[str, str | None]],
-                    use: dict[str, int] | None, *, chunk: bool = False, index: int = 0) -> dict[str, Any]:
-    """A /v1/completions response [(text, finish_reason)] per choice, or one SSE chunk of it (one
-    choice, numbered `index`; chunks carry no usage unless asked)."""
-    body = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": index + i, "text": text, "logprobs": None, "finish_reason": finish}
-                        for i, (text, finish) in enumerate(choices)]}
+def response_body(rid: str, model: str, chat: bool, choices: list[tuple[Any, str | None]],
+                  use: dict[str, int] | None, *, chunk: bool = False, index: int = 0) -> dict[str, Any]:
+    """A /v1/completions or /v1/chat/completions body [(text, finish_reason) per choice], or one SSE chunk of it
+    (choices numbered from `index`, a chat chunk's content is its delta dict; a chunk carries usage only
+    when given one)."""
+    def choice(i: int, content, finish: str | None) -> dict[str, Any]:
+        key, value = ("text", content) if not chat else ("delta", content) if chunk else \
+            ("message", {"role": "assistant", "content": content})
+        return {"index": index + i, key: value, "logprobs": None, "finish_reason": finish}
+
+    kind = ("chat.completion.chunk" if chunk else "chat.completion") if chat else "text_completion"
+    body = {"id": rid, "object": kind, "created": int(time.time()), "model": model,
+            "choices": [choice(i, *c) for i, c in enumerate(choices)]}
     if use is not None or not chunk:
         body["usage"] = use
     return body
 
 
-def chat_body(rid: str, model: str, choices: list[tuple[str, str]], use: dict[str, int]) -> dict[str, Any]:
-    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": i, "message": {"role": "assistant", "content": text},
-                         "logprobs": None, "finish_reason": finish} for i, (text, finish) in enumerate(choices)],
-            "usage": use}
-
-
-def chat_chunk(rid: str, model: str, delta: dict[str, Any], finish_reason: str | None,
-               use: dict[str, int] | None = None, *, index: int = 0) -> dict[str, Any]:
-    choices = [] if use is not None else [{"index": index, "delta": delta, "logprobs": None,
-                                           "finish_reason": finish_reason}]
-    body = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": model, "choices": choices}
-    if use is not None:
-        body["usage"] = use
-    return body
-
-
+INTERNAL_ERROR = "internal error; the server log has the details"  # a 500 never echoes the exception
+ENGINE_DEAD = "the engine stopped on an internal error; the server log has the details"
 ERROR_TYPES = {401: "authentication_error", 404: "not_found_error", 429: "rate_limit_error", 500: "internal_error",
                503: "unavailable_error"}  # OpenAI's error type by HTTP status; any other: invalid_request_error
 

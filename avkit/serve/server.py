@@ -2,11 +2,11 @@
 
 Pieces: models (`avkit.models.load`), the verify policy (`POLICIES[config.policy]`, adaptive by
 default, warm-started as `startup.warm_start` decides), a sink that feeds `/metrics` and, with
-`--record`, a `TraceWriter` (`trace_sink.py`), the engine factory for `EngineLoop`, and the
+`--record`, a `TraceWriter` (`side_writes.py` `ServeSink`), the engine factory for `EngineLoop`, and the
 `SideWrites` that keep snapshot and trace failures away from requests.
 Start order: bind the socket and check --record (one line, exit 2, before minutes of model
 loading) -> build the CPU kernels (`avkit/models/native.py`) -> load models -> log the startup block ->
-open the port -> warm-up (`warmup.py`; /health 503 `starting` until it has run) -> ready.
+open the port -> warm-up (`warm_up`; /health 503 `starting` until it has run) -> ready.
 Shutdown order on SIGTERM: stop admitting (503) -> uvicorn drains connections for the grace
 period -> the engine loop cancels what is left -> coefficients snapshot -> trace closed -> exit 0.
 A SIGTERM before the port opens (kernel build, model loading) stops the start-up at once.
@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 
 from avkit import __version__
-from avkit.config import ServeConfig
+from avkit.config import EngineConfig, SamplingConfig, ServeConfig
 from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.coefficients import ServedPair, load_coefficients
 from avkit.serve.app import asgi_app
@@ -45,7 +45,6 @@ from avkit.serve.startup import (
     with_cache_snapshot,
 )
 from avkit.serve.state import ServeState
-from avkit.serve.warmup import warm_up
 
 log = logging.getLogger("avkit.serve")
 
@@ -88,6 +87,28 @@ def _trace_writer(config: ServeConfig, target, draft):
             "avkit.datasets": '["serve"]', "avkit.policy": config.policy,
             "avkit.temperature": "per-request", "avkit.top_p": "per-request"}
     return TraceWriter(config.record, meta)  # flushed by ServeSink every record_flush_s
+
+
+WARM_UP_PROMPT = 4  # tokens of the warm-up prompt (ids 1..4, in every vocabulary)
+
+
+def warm_up(target, draft, config: EngineConfig) -> float:
+    """What a first request would otherwise pay for (loading the CPU kernels, the first forwards of both models,
+    the sampler's first draws), on a throwaway engine of `config`'s K: one greedy and one sampled request (T 1,
+    top-p 0.95), with the draft model when there is one. No sink, full verification: nothing is recorded,
+    counted in /metrics or learned by the served policy. Seconds taken."""
+    from avkit.runtime.engine import Engine  # lazy: torch (as build_state's models)
+    from avkit.runtime.request import Request  # lazy: with the engine
+
+    t0 = time.perf_counter()
+    new = config.k + 2  # at least one full verify step
+    small = replace(config, concurrency=2, max_len=min(config.max_len, WARM_UP_PROMPT + new + 2 * (config.k + 1)))
+    prompt = list(range(1, WARM_UP_PROMPT + 1))
+    Engine(target, draft if config.k > 0 else None, small).generate([
+        Request("warm-up-greedy", prompt, SamplingConfig(temperature=0.0, max_new_tokens=new)),
+        Request("warm-up-sampled", prompt, SamplingConfig(temperature=1.0, top_p=0.95, max_new_tokens=new, seed=0))])
+    log.info("warm-up done in %.1f s: ready", time.perf_counter() - t0)
+    return time.perf_counter() - t0
 
 
 def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
@@ -149,7 +170,8 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
 
     loop = EngineLoop(make_engine, max_concurrency=config.engine.concurrency, queue_size=config.http.queue_size,
                       metrics=metrics, on_step=snapshots.on_step,
-                      warm_up=functools.partial(warm_up, target, draft, engine_config))
+                      warm_up=functools.partial(warm_up, target, draft, engine_config),
+                      retry_after_s=config.http.retry_after_s)
 
     def close():  # never raises: each side write reports its own failure
         snapshots.close()

@@ -12,7 +12,7 @@ The engine thread calls `on_step()` after every step; `/metrics` reads `current(
 thread (a new dict is published, never mutated). A failing write (read-only or full disk) goes
 through `SideWrites`: counted, logged once, retried at later refits with backoff, never raised.
 The cost model the server learns from its own steps (scheduling/learn.py) is snapshotted the same
-way, every `every` learned steps and at shutdown, to COST_SNAPSHOT beside the coefficients
+way, every `cost_every` learned steps and at shutdown, to COST_SNAPSHOT beside the coefficients
 (scheduling/cost.py schema, meta.source = "learned": `simulate --cost FILE` and `tune --cost FILE` read it).
 """
 
@@ -31,11 +31,6 @@ from avkit.staged import write_json_atomic
 log = logging.getLogger("avkit.serve")
 
 COST_SNAPSHOT = "learned_cost.json"  # beside the coefficients snapshot
-
-
-def estimator_of(policy) -> Any | None:
-    """The online estimator behind a verify policy, if it has one (adaptive does; full/fixed do not)."""
-    return getattr(policy, "estimator", None) if policy is not None else None
 
 
 def cache_snapshot_of(path: Path) -> Path:
@@ -80,7 +75,7 @@ class Snapshots:
                  cost_every: int = 512):
         self.side_writes = side_writes
         self._policy, self._pair = policy, pair
-        self._estimator = estimator_of(policy)
+        self._estimator = getattr(policy, "estimator", None)  # the online estimator: adaptive has one, full/fixed not
         self.learner = getattr(policy, "learner", None)  # only the adaptive policy learns its cost
         self.path, self.every, self.cost_every = path, every, cost_every
         self.refits = 0  # refit rounds seen since start

@@ -38,11 +38,6 @@ def snapshot_path(config: ServeConfig) -> Path:
     return Path(config.snapshot or f"{SERVE_STATE_DIR}/coefficients.json").expanduser()
 
 
-def shipped_coefficients() -> Path | None:
-    """The coefficients fitted on the shipped traces, from the working directory or the repo root."""
-    return shipped_file(SHIPPED_COEFFICIENTS)
-
-
 def warm_start(config: ServeConfig) -> WarmStart:
     """The coefficients the adaptive policy starts from, and where they came from (see the module doc).
     A --cache-coefficients file (the suffix cache's rows' own estimator) is checked here too."""
@@ -59,7 +54,7 @@ def warm_start(config: ServeConfig) -> WarmStart:
     snap = snapshot_path(config)
     if config.resume and snap.is_file():
         return WarmStart(str(snap), "snapshot")
-    shipped = shipped_coefficients()
+    shipped = shipped_file(SHIPPED_COEFFICIENTS)  # from the working directory or the repo root
     if shipped is not None:
         try:  # the shipped fit is a default, not a demand: it applies only to the K it was fitted for
             load_coefficients(shipped, k=config.engine.k)
