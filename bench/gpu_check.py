@@ -64,7 +64,7 @@ from avkit.config import (DEFAULT_K, AdaptiveConfig, EngineConfig, EstimatorConf
 from avkit.models import LoadedModel, ModelConfig, Transformer  # noqa: E402
 from avkit.runtime.engine import Engine  # noqa: E402
 from avkit.runtime.request import Request  # noqa: E402
-from avkit.runtime.sink import MemorySink  # noqa: E402
+from avkit.runtime.trace_rows import MemorySink  # noqa: E402
 from avkit.staged import staged_file  # noqa: E402
 
 WHEELS = ("polars-1.33.1-cp39-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",)  # 37.9 MiB, in .whl/
