@@ -33,6 +33,10 @@ def test_curves_are_the_tables_in_forwards_of_one_token(tmp_path):
     assert cost.verify_token_cost == pytest.approx(np.polyfit(np.arange(1, 9), table.verify_cost(np.arange(1, 9)) / unit,
                                                               1)[0])
     assert str(path) in cost.source and "cpu x86_64" in cost.source
+    fixed = hvd_cost_from_table(CostTable.from_json({**TABLE, "draft_fixed_ms": [10.0, 11.0, 12.0, 13.0, 14.0]}))
+    for k in (1, 3, 7):  # k passes and the fixed part once, as the engine's cost model prices drafting
+        want = (k * table.draft_pass_cost(n) + np.interp(n, TABLE["draft_requests"], [10, 11, 12, 13, 14])) / unit
+        assert np.allclose(fixed.draft(n[n <= 16], k), want[n <= 16], rtol=1e-12)
     lag = np.array([2, 3, 17, 65, 300, 700])  # the catch-up prefills lag - 1 tokens (below 16: a draft step)
     fed = lag - 1
     want = np.where(lag > 2, np.where(fed < 16, table.draft_pass_cost(fed), table.draft_prefill_cost(fed)), 0) / unit

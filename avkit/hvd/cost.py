@@ -3,13 +3,13 @@ one token, for the replay and the live joint plan. Every price is the cost model
 
     unit           verify_ms(1): one target forward over one token
     verify(T)      verify_ms(T) / unit (a batch's bonus tokens + drafts)
-    draft(n)       (draft_ms(n) + draft_fixed_ms(n)) / unit: one draft-model step over n rows
+    draft(n, k)    (k draft_ms(n) + draft_fixed_ms(n)) / unit: k draft tokens for each of n rows
     catch_up(lag)  catch_up_ms(lag) / unit: the draft model's prefill of what a row it has not followed
                    lacks (the cost model's catch-up rule)
     cache          lookup_ms / unit: a cache lookup and payoff prediction per request, where the cost model
                    learned it live (scheduling/learn.py); else `HvdCostConfig.cache_cost`
     c_v, c_d       summaries for the tables: least-squares slope of verify over 1..8 tokens, draft(1)
-Linear (`HvdCostConfig`, the defaults): verify(T) = 1 + c_v T, draft(n) = c_d, no catch-up price: a cost
+Linear (`HvdCostConfig`, the defaults): verify(T) = 1 + c_v T, draft(n, k) = k c_d, no catch-up price: a cost
 model of exactly those lines. A measured table's context curve (KV reads by requests) is 0 in profiled
 tables; a roofline table with one is refused rather than mispriced.
 """
@@ -53,9 +53,10 @@ class HvdCost:
         """Target forwards over `tokens` tokens (requests' bonus tokens + verified drafts), vectorized."""
         return self.table.verify_cost(tokens)
 
-    def draft(self, requests) -> np.ndarray:
-        """One draft-model step over `requests` rows (its pass and the drafting's fixed part), vectorized."""
-        return self.table.draft_pass_cost(requests) + self.table.draft_fixed_cost(requests)
+    def draft(self, requests, k=1) -> np.ndarray:
+        """`k` draft tokens for each of `requests` rows: k passes and the drafting's fixed part once (the cost
+        model's rule), vectorized; k = 1 is one draft-model step."""
+        return self.table.draft_cost(requests, k)
 
     def catch_up(self, lag) -> np.ndarray:
         """What drafting a row whose draft model lacks `lag` tokens costs first (the cost model's rule)."""

@@ -10,7 +10,7 @@ Glossary:
                 keyed by the row's recent model hit rate (`hist_model_hit`), fitted on the replay's training
                 requests (`model_survival_table`)
   budget        b draft slots over the whole batch: E(b) = N + sum of the top-b survivals,
-                cost(b) = draft + verify(N + b), where draft = K draft(n_model) when n_model > 0 requests
+                cost(b) = draft + verify(N + b), where draft = draft(n_model, K) when n_model > 0 requests
                 drafted with the model; b* = argmax E(b) / cost(b) (ties: smallest b, scheduling/plan.py).
                 Survival is non-increasing in j, so each request verifies a prefix; a confident cache
                 draft keeps slot 5 while a doubtful model draft is cut after 1
@@ -103,7 +103,7 @@ def joint_step(cs: np.ndarray, ms: np.ndarray, cost: HvdCost, k: int,
                if m.any() and not (i == 1 and np.array_equal(m, wants))] + [np.zeros(n, dtype=bool)]
     best = None
     for model in options:  # [n] rows the draft model drafts
-        fixed = (k * float(cost.draft(model.sum())) + float(catch[model].sum()) if model.any() else 0.0) \
+        fixed = (float(cost.draft(model.sum(), k)) + float(catch[model].sum()) if model.any() else 0.0) \
             + cost.cache_cost
         p = budget_plan(np.where(model[:, None], ms, cs), n, fixed, cost)
         e, c = float(p.expected[0]), float(p.cost_ms[0])

@@ -2,14 +2,14 @@
 
 Glossary:
   cycle        one target verification: a cache draft (cost verify(1 + len) + c_cache) or a K-token
-               model draft (cost verify(1 + K) + K draft(1) [+ c_cache when the cache was consulted]);
+               model draft (cost verify(1 + K) + draft(1, K) [+ c_cache when the cache was consulted]);
                it emits accepted + 1 tokens (the bonus / corrected token). verify(T) = 1 + c_v T and
-               draft(n) = c_d, or a measured table's curves (`HvdCost`, avkit/hvd/cost.py)
+               draft(n, k) = k c_d, or a measured table's curves (`HvdCost`, avkit/hvd/cost.py)
   route        per replay row (request, position t): use the cache draft?, and how many of its
                tokens to verify (<= its length)
   throughput   tokens / cost, in tokens per target forward; target-only decoding has 1.0
   step         `step_cost`: n requests decoding in lockstep, m of them drafted by the model, pay
-               K draft(m) [m > 0] + c_cache [a lookup] + verify(n + verified drafts); one request alone is a cycle
+               draft(m, K) [m > 0] + c_cache [a lookup] + verify(n + verified drafts); one request alone is a cycle
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def step_cost(cost: HvdCost, k: int, rows, model_rows, verified, lookup) -> np.n
     """[S] target forwards of S lockstep steps: `rows` requests, `model_rows` of them drafted by the model (K
     passes over them), `verified` draft tokens in all, a cache lookup where `lookup` [S] bool (module note)."""
     model_rows = np.asarray(model_rows)
-    return (k * cost.draft(model_rows) * (model_rows > 0) + np.asarray(lookup) * cost.cache_cost
+    return (cost.draft(model_rows, k * (model_rows > 0)) + np.asarray(lookup) * cost.cache_cost
             + cost.verify(np.asarray(rows) + verified))
 
 

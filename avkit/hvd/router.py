@@ -200,7 +200,7 @@ class SurvivalRouter(MLPRouter):
         cache, model = self.survivals(table, ctx)  # [N, K] (zero beyond the draft), [N, K]
         b = np.arange(1, ctx.k + 1)
         cache_rate = (1 + np.cumsum(cache, 1)) / (c.verify(1 + b) + c.cache_cost)  # [N, K]
-        model_rate = (1 + model.sum(1)) / (c.verify(1 + ctx.k) + ctx.k * c.draft(1) + c.cache_cost)  # [N]
+        model_rate = (1 + model.sum(1)) / (c.verify(1 + ctx.k) + c.draft(1, ctx.k) + c.cache_cost)  # [N]
         use = (cache_rate.max(1) > model_rate) & (dlen > 0)
         return Route(use, np.minimum(cache_rate.argmax(1) + 1, dlen).astype(np.int64))
 

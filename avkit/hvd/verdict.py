@@ -21,7 +21,7 @@ a token it will reject, so its best decode of a request is the cheapest path thr
 0..n, found exactly by dynamic programming from the end:
 
     C[t] = min over b = 0..K of  verify(1 + b) + C[t + b + 1] + { c_cache           b <= cache_acc[t]
-                                                                  { b draft(1)        b <= model_acc[t]
+                                                                  { draft(1, b)       b <= model_acc[t]
     C[t >= n] = 0,   throughput = n / C[0]   (tokens per target forward, requests one at a time)
 
 Nothing a real router decides can beat it under the same cost model: it prices every option as the
@@ -63,7 +63,7 @@ def oracle_paths(table: pl.DataFrame, cost: HvdCost, k: int) -> dict[str, float]
     b = np.arange(k + 1)  # [K + 1] drafts verified
     verify = cost.verify(1 + b)  # [K + 1] one request's forward over 1 + b tokens
     via_cache = verify + np.where(b > 0, cost.cache_cost, 0.0)  # [K + 1]
-    via_model = verify + b * float(cost.draft(1))  # [K + 1]
+    via_model = verify + cost.draft(1, b)  # [K + 1]
     step = np.minimum(via_cache, via_model)  # [K + 1] where both drafts reach b, the cheaper
     total = np.zeros((r, n + k + 2))  # [R, n + K + 2] C[t]; 0 from the end of each request on
     cycles = np.zeros((r, n + k + 2))
