@@ -86,8 +86,7 @@ class ForgettingLogistic(RoundLogistic):
 
     def _zero_stats(self) -> dict[str, np.ndarray]:
         m, k = self.M, self.k
-        return {"a": np.zeros((m, m)), "b": np.zeros((k, m)), "c": np.zeros(k), "g0": np.zeros(m),
-                "g1": np.zeros(k), "n": np.zeros(k, dtype=np.int64)}
+        return {"a": np.zeros((m, m)), "b": np.zeros((k, m)), "c": np.zeros(k), "g0": np.zeros(m), "g1": np.zeros(k)}
 
     def _logits(self, features, positions):
         return basis(features) @ self.basis_slopes + self.intercepts[positions]
@@ -101,11 +100,10 @@ class ForgettingLogistic(RoundLogistic):
     def _slope_at(self, position):
         return self.slope
 
-    def _step(self, stats, damping):
-        raise NotImplementedError("forgetting_logistic refits online only; batch fits use batch_logistic")
-
     def fit(self, *args, **kwargs):
         raise ConfigError("forgetting_logistic refits online only; batch fits use batch_logistic")
+
+    batch_step = fit  # out-of-core batch fits call batch_step directly
 
     def coefficients(self):
         return np.r_[self.basis_slopes, self.intercepts]
@@ -125,14 +123,15 @@ class ForgettingLogistic(RoundLogistic):
         s["c"] += np.bincount(pos, weights=w, minlength=k)
         s["g0"] += phi.T @ r
         s["g1"] += np.bincount(pos, weights=r, minlength=k)
-        s["n"] += np.bincount(pos, minlength=k)
+        self._round.n += np.bincount(pos, minlength=k)  # the round's slots (RoundLogistic.refit counts them)
 
     def reset_round(self) -> None:
         super().reset_round()
         self._stats = self._zero_stats()
 
-    def refit(self) -> bool:
-        """Fold the round into the forgotten precision and take one Newton step on past + round."""
+    def _step(self, stats, damping) -> bool:
+        """Fold the round into the forgotten precision and take one Newton step on past + round (its
+        basis statistics are `self._stats`; `refit` calls this, then counts the round)."""
         s, cfg, ridge = self._stats, self.forgetting, self.config.ridge
         keep = 0.5 ** (max(self._steps, 1) / cfg.half_life)
         w = float(s["c"].sum())
@@ -156,12 +155,7 @@ class ForgettingLogistic(RoundLogistic):
         ok = np.isfinite(d_int)
         self.basis_slopes = self.basis_slopes + d_slope
         self.intercepts = np.where(ok, self.intercepts + np.where(ok, d_int, 0.0), self.intercepts)
-        self.observations += s["n"]
-        self.rounds += 1
         self.shifts += int(shift)
-        self.rejected += int(not applied and s["n"].any())
-        self.reset_round()
-        self.on_device.refresh()
         return applied
 
     def state_dict(self) -> dict[str, Any]:
