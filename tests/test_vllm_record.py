@@ -31,10 +31,9 @@ import torch
 from vllm_support import need_vllm, write_tiny_pair
 
 from avkit.config import EngineConfig, ModelsConfig, RecordConfig, SamplingConfig
-from avkit.engines.vllm.driver import VllmEngine
+from avkit.engines.vllm.driver import child_env, engine_spec
 from avkit.models.tokenizer import Tokenizer
 from avkit.record import record
-from avkit.runtime.request import Request
 from avkit.trace.reader import read_traces
 
 pytestmark = pytest.mark.vllm
@@ -76,43 +75,32 @@ def sampled(pair):
     return _record(pair, 1.0, "sampled")
 
 
-def _engine(pair, k: int, max_batch: int, k_schedule=()) -> VllmEngine:
-    """A started vLLM engine on the pair (the target alone when k = 0), stopping at the recording's EOS ids."""
-    target, draft, _, python = pair
+def _steps(pair, k: int, prompts, arrivals: dict[int, int], k_schedule=()) -> dict:
+    """vLLM's engine on the pair (the target alone when k = 0), greedy, stepped by tests/vllm_steps.py in vLLM's
+    venv with the recording's stops: its outputs, and per step the batch it scheduled and its counters."""
+    target, draft, root, python = pair
     config = RecordConfig(models=ModelsConfig(target=str(target), draft=str(draft) if k else "none",
                                               dtype="float32"),
-                          decoding=EngineConfig(k=k, concurrency=max_batch, seed=0), max_prompt_tokens=64,
-                          sampling=SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW), engine="vllm",
-                          vllm_python=str(python), threads=2)
-    engine = VllmEngine(config, str(python), target, draft if k else target, k_schedule=k_schedule)
-    engine.eos_token_ids = set(Tokenizer.from_dir(target).eos_token_ids)  # the stops the recording used
-    try:
-        engine.wait_ready()
-    except BaseException:
-        engine.close()
-        raise
-    return engine
-
-
-def _greedy_request(rid: str, ids) -> Request:
-    return Request(rid, list(ids), SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW))
+                          decoding=EngineConfig(k=k, concurrency=4 if k_schedule else len(prompts), seed=0),
+                          max_prompt_tokens=64, sampling=SamplingConfig(temperature=0.0, max_new_tokens=MAX_NEW),
+                          engine="vllm", vllm_python=str(python), threads=2)
+    spec = {**engine_spec(config, target, draft if k else target), "k_schedule": [list(r) for r in k_schedule],
+            "prompts": [[rid, list(ids)] for rid, ids in prompts], "arrivals": arrivals, "max_tokens": MAX_NEW,
+            "stop_token_ids": sorted(Tokenizer.from_dir(target).eos_token_ids)}
+    name = f"steps-k{k}-{len(k_schedule)}"
+    (root / f"{name}.json").write_text(json.dumps(spec))
+    r = subprocess.run([str(python), str(Path(__file__).parent / "vllm_steps.py"), str(root / f"{name}.json"),
+                        str(root / f"{name}.out.json")], env=child_env(2), capture_output=True, text=True,
+                       timeout=1200)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads((root / f"{name}.out.json").read_text())
 
 
 @pytest.fixture(scope="module")
 def target_only(pair, greedy) -> dict[str, list[int]]:
     """vLLM target-only (K = 0) greedy outputs of the recording's prompt ids, all at once (engine start 3)."""
     gens = pl.read_parquet(greedy.generations_path)
-    engine = _engine(pair, 0, len(gens))
-    try:
-        for rid, ids in zip(gens["request_id"], gens["prompt_ids"]):
-            engine.add_request(_greedy_request(rid, ids))
-        outputs: dict[str, list[int]] = {rid: [] for rid in gens["request_id"]}
-        while engine.requests:
-            for o in engine.step():
-                outputs[o.request_id].extend(o.new_token_ids)
-    finally:
-        engine.close()
-    return outputs
+    return _steps(pair, 0, list(zip(gens["request_id"], gens["prompt_ids"])), {0: len(gens)})["outputs"]
 
 
 def _check_counters(result) -> pl.DataFrame:
@@ -304,24 +292,16 @@ def test_vllm_cpu_runs_the_dynamic_sd_schedule(pair, greedy, target_only):
     the K its scheduler looked up by the batch size it scheduled at step s. So for every step that verified
     drafts, (num_draft_tokens delta) == (num_drafts delta) x K(batch at the step before)."""
     gens = pl.read_parquet(greedy.generations_path)
-    queue = list(zip(gens["request_id"], gens["prompt_ids"]))
-    engine = _engine(pair, max(k for *_, k in SCHEDULE), 4, k_schedule=SCHEDULE)
-    steps, outputs = [], {rid: [] for rid, _ in queue}
-    try:
-        before = engine.read_counters()
-        while queue or engine.requests:
-            for _ in range(min(ARRIVALS.get(len(steps), 0), len(queue))):
-                engine.add_request(_greedy_request(*queue.pop(0)))
-            for o in engine.step():
-                outputs[o.request_id].extend(o.new_token_ids)
-            now = engine.read_counters()
-            steps.append({"batch": engine.last_step["scheduled_requests"],
-                          "drafts": now.get("spec_decode_num_drafts", 0) - before.get("spec_decode_num_drafts", 0),
-                          "tokens": now.get("spec_decode_num_draft_tokens", 0)
-                          - before.get("spec_decode_num_draft_tokens", 0)})
-            before = now
-    finally:
-        engine.close()
+    run = _steps(pair, max(k for *_, k in SCHEDULE), list(zip(gens["request_id"], gens["prompt_ids"])), ARRIVALS,
+                 k_schedule=SCHEDULE)
+    outputs, steps, before = run["outputs"], [], run["start"]
+    for step in run["steps"]:
+        now = step["counters"]
+        steps.append({"batch": step["batch"],
+                      "drafts": now.get("spec_decode_num_drafts", 0) - before.get("spec_decode_num_drafts", 0),
+                      "tokens": now.get("spec_decode_num_draft_tokens", 0)
+                      - before.get("spec_decode_num_draft_tokens", 0)})
+        before = now
     checked = [(s["tokens"], s["drafts"], schedule_k(prev["batch"]))
                for prev, s in itertools.pairwise(steps) if s["drafts"] > 0]
     print(f"\nDynamic SD {SCHEDULE}: per verify step (batch at s, drafts at s + 1, draft tokens at s + 1):",

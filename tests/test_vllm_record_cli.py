@@ -10,12 +10,11 @@ import sys
 import numpy as np
 import pytest
 
-from avkit.config import ModelsConfig, RecordConfig, SamplingConfig
+from avkit.config import ModelsConfig, RecordConfig
 from avkit.engines.vllm.columns import slot_columns
 from avkit.engines.vllm.record import check
 from avkit.errors import AvkitError
-from avkit.engines.vllm.protocol import supported
-from avkit.runtime.request import Request
+from avkit.engines.vllm.version import supported
 
 
 def _record(tmp_path, *args):
@@ -69,8 +68,7 @@ def test_supported_range(version, ok):
 
 def test_slot_columns_against_a_loop():
     rng = np.random.default_rng(0)
-    reqs = {f"r{i}": Request(f"r{i}", [1], SamplingConfig(temperature=0.5 * i, top_p=0.9), dataset=f"d{i % 2}")
-            for i in range(3)}
+    reqs = {f"r{i}": (f"name{i}", f"d{i % 2}", 0.5 * i, 0.9) for i in range(3)}  # id, dataset, T, top-p
     records = []
     for i, (k, n_ver, n_acc) in enumerate([(4, 4, 2), (4, 3, 3), (2, 2, 0)]):
         records.append({"request_id": f"r{i}", "step": i + 5, "num_drafted": k, "num_verified": n_ver,
@@ -85,7 +83,7 @@ def test_slot_columns_against_a_loop():
             label = True if j < r["num_accepted"] else False if j == r["num_accepted"] and verified else None
             got_label = None if np.ma.getmaskarray(cols["accepted"])[row] else bool(cols["accepted"][row])
             assert got_label == label
-            assert cols["position"][row] == j and cols["request_id"][row] == r["request_id"]
+            assert cols["position"][row] == j and cols["request_id"][row] == req[0]
             assert cols["verified"][row] == verified and cols["step"][row] == r["step"]
             assert cols["draft_token"][row] == r["draft_token"][j]
             assert cols["q_max"][row] == np.float32(r["features"][j][0])
@@ -96,8 +94,8 @@ def test_slot_columns_against_a_loop():
                 assert cols["accept_prob"][row] == pytest.approx(min(1.0, p / q), rel=1e-6)
             else:
                 assert np.ma.getmaskarray(cols["target_prob"])[row]
-            assert cols["dataset"][row] == req.dataset and cols["temperature"][row] == np.float32(
-                req.sampling.temperature)
+            assert cols["dataset"][row] == req[1] and cols["temperature"][row] == np.float32(req[2])
+            assert cols["top_p"][row] == np.float32(req[3])
             assert cols["engine_step"][row] == 40 and cols["step_time_ms"][row] == 12.5
             row += 1
     assert row == len(cols["position"])

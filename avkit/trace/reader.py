@@ -123,11 +123,15 @@ def check_schema(path) -> pa.Schema:
     return schema
 
 
+def _schema_columns(names: set[str], columns: list[str], index: int) -> list[pl.Expr]:
+    """`columns` cast to the schema's types, the ones not among a file's `names` as nulls, and its `file_index`."""
+    return [*(pl.col(c).cast(POLARS_SCHEMA[c]) if c in names else pl.lit(None, dtype=POLARS_SCHEMA[c]).alias(c)
+              for c in columns), pl.lit(index, dtype=pl.UInt16).alias("file_index")]
+
+
 def _scan_one(path: Path, index: int) -> pl.LazyFrame:
     names = set(check_schema(path).names)
-    exprs = [pl.col(c.name).cast(POLARS_SCHEMA[c.name]) if c.name in names
-             else pl.lit(None, dtype=POLARS_SCHEMA[c.name]).alias(c.name) for c in S.COLUMNS]
-    return pl.scan_parquet(path).select(*exprs, pl.lit(index, dtype=pl.UInt16).alias("file_index"))
+    return pl.scan_parquet(path).select(_schema_columns(names, [c.name for c in S.COLUMNS], index))
 
 
 def scan_traces(paths) -> pl.LazyFrame:
@@ -166,9 +170,7 @@ def _read_one(path: Path, index: int, want: set[str] | None) -> pl.DataFrame:
     """One file's rows (schema-checked; absent optional columns as nulls, types cast to the schema's)."""
     names = set(check_schema(path).names)
     cols = [c.name for c in S.COLUMNS if want is None or c.name in want]
-    return _read_arrow(path, [c for c in cols if c in names], lambda df: df.select(
-        *(pl.col(c).cast(POLARS_SCHEMA[c]) if c in names else pl.lit(None, dtype=POLARS_SCHEMA[c]).alias(c)
-          for c in cols), pl.lit(index, dtype=pl.UInt16).alias("file_index")))
+    return _read_arrow(path, [c for c in cols if c in names], lambda df: df.select(_schema_columns(names, cols, index)))
 
 
 def _no_repeats(paths: list[Path]) -> None:

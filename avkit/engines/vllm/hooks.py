@@ -29,12 +29,11 @@ vLLM itself matches its cached draft probabilities (`_get_spec_decode_draft_prob
 
 from __future__ import annotations
 
-import threading
 import time
 
 import torch
 
-from avkit.engines.vllm.protocol import SUPPORTED, supported
+from avkit.engines.vllm.version import SUPPORTED, supported
 from avkit.features import draft_features
 
 FEATURES = ("q_max", "q_2nd", "entropy", "logit_qmax")
@@ -54,7 +53,6 @@ class Recorder:
 
     def __init__(self):
         self.active = False
-        self.lock = threading.Lock()
         self._passes: list[torch.Tensor] = []  # per drafting pass: [B, F + 1] features and q(x) of this proposal
         self.pending: dict[str, tuple[list[int], torch.Tensor, str]] = {}  # req id -> (tokens [K], [K, F + 1], drafter)
         self._last_verify: dict | None = None  # the rejection_sample call of this step
@@ -65,13 +63,11 @@ class Recorder:
         self.scheduled_requests = 0  # this engine step: requests scheduled (the batch size Dynamic SD's lookup reads)
         self.on_step = None  # plugin.py: called with (model runner, scheduler output) as each engine step starts
         self.on_step_end = None  # plugin.py: called with the model runner once a step's drafting is done
-        self.strict = True  # False inside a server (plugin.py): an unmatched verification is skipped, not raised
 
     # ---- drafting ----
     def draft_pass(self, feats: torch.Tensor, q_sampled: torch.Tensor) -> None:
         """One drafting pass: features [B, F] and q(x) of the drawn tokens [B]."""
         self._passes.append(torch.cat([feats, q_sampled[:, None]], dim=-1).cpu())  # [B, F + 1]
-
 
     def begin_proposal(self) -> None:
         self._passes = []
@@ -122,12 +118,9 @@ class Recorder:
         for i, (rid, n) in enumerate(zip(req_ids, num_draft_tokens)):
             if n == 0:
                 continue
-            if rid not in self.pending and not self.strict:
+            if rid not in self.pending:  # drafted by a path the hooks do not see: not traced
                 start += n
                 continue
-            if rid not in self.pending:
-                raise RuntimeError(f"avkit hook: request {rid} verified {n} drafts that were never proposed "
-                                   "through the draft_model proposer (unsupported vLLM path)")
             tokens, feats, drafter = self.pending.pop(rid)
             step = self.verify_steps.get(rid, 0)
             self.verify_steps[rid] = step + 1
@@ -177,11 +170,8 @@ def install() -> Recorder:
     def _greedy_sample(self, hidden_states):
         if not rec.active:
             return orig_greedy(self, hidden_states)
-        if (self.use_local_argmax_reduction or self.use_heterogeneous_vocab) and not rec.strict:
-            return orig_greedy(self, hidden_states)  # in a server (plugin.py): these drafts are not traced
         if self.use_local_argmax_reduction or self.use_heterogeneous_vocab:
-            raise RuntimeError("avkit hook: drafters with local argmax reduction or another vocabulary "
-                               "are not supported (the draft logits are never materialised)")
+            return orig_greedy(self, hidden_states)  # the draft logits are never materialised: not traced
         logits = self.model.compute_logits(hidden_states)  # [B, V]: the same call vLLM makes
         rec.draft_pass(_features(logits, None), torch.ones(logits.shape[0]))  # verified against a one-hot q
         return logits.argmax(dim=-1)

@@ -21,7 +21,7 @@ unless one of these is set (docs/vllm.md shows the lines a user adds):
 Nothing here may take a server down: an unsupported vLLM, a coefficients file that does not match the served
 pair, or a failing write is one `avkit: error:` line on vLLM's log, and that part of the plugin turns off.
 
-Patches, because vLLM 0.32 has no supported hook for them (each installed only for protocol.SUPPORTED):
+Patches, because vLLM 0.32 has no supported hook for them (each installed only for version.SUPPORTED):
   hooks.py      six wrappers on the V1 runner: draft logits, draft tokens, verification (what is observed)
   warmstart.py  OnlineAcceptanceEstimator.__init__: the start coefficients (Model Runner V2, GPU)
 `avkit record --engine vllm` is an offline `LLM` with this plugin on (offline.py, record.py).
@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 import avkit
-from avkit.engines.vllm.protocol import SUPPORTED, error, supported
+from avkit.engines.vllm.version import SUPPORTED, error, supported
 
 TRACE, COEFFICIENTS, METRICS, DATASET, META = ("AVKIT_VLLM_TRACE", "AVKIT_VLLM_COEFFICIENTS", "AVKIT_VLLM_METRICS",
                                                "AVKIT_VLLM_DATASET", "AVKIT_VLLM_META")
@@ -106,7 +106,6 @@ def _install(env: PluginEnv) -> None:
         rec = hooks.install()
         if rec.on_step is None:
             global OBSERVER
-            rec.strict = False
             OBSERVER = Observer(env)
             rec.on_step, rec.on_step_end = OBSERVER.on_step, OBSERVER.on_step_end
 
@@ -118,20 +117,6 @@ def finish() -> None:
     """An offline `LLM` whose requests all finished: write the last generations rows and close both tables."""
     if OBSERVER is not None:
         OBSERVER.finish()
-
-
-@dataclass(frozen=True)
-class _Sampling:
-    temperature: float
-    top_p: float
-
-
-@dataclass(frozen=True)
-class _Request:
-    """What columns.slot_columns reads of a request."""
-
-    dataset: str
-    sampling: _Sampling
 
 
 def _metadata(config, k: int, dataset: str) -> dict[str, str]:
@@ -208,20 +193,18 @@ class Observer:
         extra = getattr(sp, "extra_args", None) or {}
         return str(extra.get("avkit_request_id", rid)), str(extra.get("avkit_dataset", self.env.dataset))
 
-    def _requests(self, runner, records) -> dict[str, _Request]:
+    def _requests(self, runner, records) -> dict[str, tuple[str, str, float, float]]:
+        """vLLM's id -> (request id, dataset, temperature, top-p) of each record's request (columns.py)."""
         out = {}
         for r in records:
             sp = runner.requests[r["request_id"]].sampling_params
-            out[r["request_id"]] = _Request(self._label(sp, r["request_id"])[1],
-                                            _Sampling(float(sp.temperature), float(sp.top_p)))
+            out[r["request_id"]] = (*self._label(sp, r["request_id"]), float(sp.temperature), float(sp.top_p))
         return out
 
     def _emit(self, runner, records: list[dict], step_ms: float) -> None:
         from avkit.engines.vllm.columns import slot_columns  # lazy: torch
 
         cols = slot_columns(records, self._requests(runner, records), step_ms, self.engine_step - 1)
-        cols["request_id"] = np.array([self._label(runner.requests[r].sampling_params, r)[0]
-                                       for r in cols["request_id"]], dtype=object)
         if self.env.trace:
             if self.sink is None:
                 self.sink = self._open(runner, records)

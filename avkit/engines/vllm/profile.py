@@ -1,8 +1,8 @@
 """`avkit profile --engine vllm`: vLLM's step costs on this device, as a CostTable (avkit/scheduling/cost.py).
 
 The native profile times avkit's forwards on synthetic layouts; vLLM's forwards cannot be called apart
-from its engine, so this one times whole `LLMEngine.step()` calls of real requests and splits them with
-the hooks' per-step timing (hooks.py: wall time inside `propose_draft_token_ids`, target tokens the
+from its engine, so this one times whole `LLMEngine.step()` calls of real requests in vLLM's process
+(offline.py's `profile` mode, one run per engine) and splits them with the hooks' per-step timing (hooks.py: wall time inside `propose_draft_token_ids`, target tokens the
 scheduler handed the model runner; the hooks compute no features or labels while profiling, so the
 step is vLLM's own code, not avkit's per-draft feature work over the 151,936-entry vocabulary):
 
@@ -32,17 +32,17 @@ table. `meta["points"]` keeps every raw point.
 from __future__ import annotations
 
 import json
-import random
+import shutil
 import statistics
+import tempfile
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
-from avkit.config import EngineConfig, ModelsConfig, ProfileConfig, RecordConfig, SamplingConfig
-from avkit.engines.vllm.driver import VllmEngine
-from avkit.errors import AvkitError
+from avkit.config import EngineConfig, ModelsConfig, ProfileConfig, RecordConfig
+from avkit.engines.vllm.driver import child_env, engine_spec, exit_error, run_offline
 from avkit.models.tokenizer import Tokenizer
 from avkit.provenance import inputs_record
-from avkit.runtime.request import Request
 from avkit.scheduling.cost import CostTable, isotonic
 from avkit.scheduling.cost import context_len_from_env
 from avkit.scheduling.profile import noise_summary, request_grid
@@ -50,60 +50,38 @@ from avkit.scheduling.profile import noise_summary, request_grid
 KV_CONTEXT_FACTOR = 2  # the target-only engine's second context, x context_len (kv_ms_per_token)
 
 
-def _point(engine, n: int, k: int, context: int, vocab: int, steps: int, sampling: SamplingConfig,
-           rng: random.Random, tag: str) -> list[tuple[float, float]]:
-    """Run n requests until `steps` steady steps were seen (then abort them); -> [(step_ms, draft_ms)]."""
-    for i in range(n):
-        prompt = [rng.randrange(vocab) for _ in range(context)]
-        engine.add_request(Request(f"{tag}-n{n}-{i}", prompt, sampling))
-    steady: list[tuple[float, float]] = []
-    while engine.requests and len(steady) < steps:
-        running = len(engine.requests)
-        engine.step()
-        s = engine.last_step
-        if running == n and s["scheduled_tokens"] == n * (k + 1):
-            steady.append((float(s["step_time_ms"]), float(s["draft_ms"])))
-    if engine.requests:  # the rest of their tokens would time nothing (on vLLM-CPU: minutes at n = 16)
-        engine.abort(list(engine.requests))
-    if len(steady) < steps:
-        raise AvkitError(f"avkit profile --engine vllm: {n} requests at K = {k} gave {len(steady)} steady steps "
-                         f"of {steps} (vLLM trimmed drafts or chunked the steps; try a smaller --context-len)")
-    return steady
-
-
 def profile_vllm(python: str, target, draft, config: ProfileConfig, *, dtype: str, threads: int,
                  draft_sampling: str = "probabilistic", on_point: Callable[[], None] | None = None) -> CostTable:
-    """Measure vLLM's step costs (module docstring); `target`/`draft` are driver.hf_dir paths."""
-
+    """Measure vLLM's step costs (module docstring; the steps are timed in vLLM's process, offline.py's
+    `profile` mode); `target`/`draft` are driver.hf_dir paths."""
     context = context_len_from_env(config.context_len)
     n_grid = request_grid(config.max_requests)  # requests per point, both engines
     steps = config.warmup + config.repeats
     vocab = min(Tokenizer.from_dir(target).vocab_size, json.loads((target / "config.json").read_text())["vocab_size"])
     max_new = (steps + 2) * (config.k + 1) + 2  # enough tokens for the steady steps even if every draft lands
-    sampling = replace(config.sampling, max_new_tokens=max_new, seed=0)
-    rng = random.Random(0)
     points, version = [], ""
     for k in spec_ks(config.k) + [0]:
         contexts = [context] if k else [context, KV_CONTEXT_FACTOR * context]
         rc = RecordConfig(models=ModelsConfig(target=str(target), draft=str(draft) if k else "none", dtype=dtype),
-                          decoding=EngineConfig(k=k, concurrency=max(n_grid), seed=0), sampling=sampling,
-                          max_prompt_tokens=max(contexts), threads=threads, engine="vllm", vllm_python=python,
-                          vllm_draft_sampling=draft_sampling)
-        engine = VllmEngine(rc, python, target, draft if k else target)
-        engine.ignore_eos = True
-        try:
-            engine.wait_ready()
-            version = engine.version
-            for c in contexts:
-                for n in n_grid:
-                    runs = _point(engine, n, k, c, vocab, steps, sampling, rng, f"k{k}c{c}")[config.warmup:]
-                    points.append({"k": k, "requests": n, "tokens": n * (k + 1), "context": c,
-                                   "step_ms": [r[0] for r in runs], "draft_ms": [r[1] for r in runs],
-                                   "verify_ms": [r[0] - r[1] for r in runs]})
-                    if on_point:
-                        on_point()
-        finally:
-            engine.close()
+                          decoding=EngineConfig(k=k, concurrency=max(n_grid), seed=0),
+                          sampling=replace(config.sampling, max_new_tokens=max_new), max_prompt_tokens=max(contexts),
+                          threads=threads, engine="vllm", vllm_python=python, vllm_draft_sampling=draft_sampling)
+        spec = {**engine_spec(rc, target, draft if k else target), "mode": "profile", "prefix_caching": False,
+                "contexts": contexts, "requests": n_grid, "steps": steps, "vocab": vocab, "max_tokens": max_new,
+                "temperature": config.sampling.temperature, "top_p": config.sampling.top_p}
+        with tempfile.TemporaryDirectory(prefix="avkit-vllm-profile-") as work:
+            code, lines = run_offline(python, spec, child_env(threads), Path(work), progress=False,
+                                      on_line=lambda line: on_point and "steady" in line and on_point())
+            if code != 0:
+                log = Path(tempfile.mkdtemp(prefix="avkit-vllm-")) / "vllm.log"
+                raise exit_error(code, Path(shutil.copy(Path(work) / "vllm.log", log)))
+        version = lines[-1]["vllm"]
+        for line in lines[:-1]:
+            runs = line["steady"][config.warmup:]
+            n = line["requests"]
+            points.append({"k": k, "requests": n, "tokens": n * (k + 1), "context": line["context"],
+                           "step_ms": [r[0] for r in runs], "draft_ms": [r[1] for r in runs],
+                           "verify_ms": [r[0] - r[1] for r in runs]})
     meta = {"source": "profile", "engine": f"vllm {version}", "device": f"vllm {version} cpu x{threads or 'all'} threads",
             "target": str(target), "draft": str(draft) if config.k else "", "context_len": context, "k": config.k,
             "temperature": config.sampling.temperature, "top_p": config.sampling.top_p, "repeats": config.repeats, "dtype": dtype,

@@ -6,7 +6,8 @@ so the trace and the generations table are written by the same code as inside `v
              its seeded round-robin), stopping at the target's EOS ids; all go to vLLM at once and its
              scheduler runs up to --concurrency together (vLLM's admission, not avkit's one-per-step)
   work dir   `.<out name>.vllm-XXXX/` beside --out: the plugin writes both tables there (AVKIT_VLLM_TRACE),
-             each flush a complete file; the run's settings are their metadata (AVKIT_VLLM_META)
+             each flush a complete file; the run's settings are their metadata (AVKIT_VLLM_META); offline.py
+             runs there (driver.run_offline)
   commit     a run that finishes, or an interrupted one where files.py allows it: both renamed over the finals,
              trace first (avkit/record/files.py's order); otherwise both moved to the `.partial` names, the
              finals untouched
@@ -30,14 +31,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
 from avkit.config import RecordConfig
-from avkit.engines.vllm.driver import check_vllm_version, child_env, engine_spec, hf_dir, vllm_python
+from avkit.engines.vllm.driver import (check_vllm_version, child_env, engine_spec, exit_error, hf_dir, run_offline,
+                                       vllm_python)
 from avkit.errors import AvkitError, ConfigError
 from avkit.models.registry import weights_sha256
 from avkit.models.tokenizer import Tokenizer
 from avkit.record.files import RecordFiles, check_resume
 from avkit.record.requests import PromptQueue
 from avkit.record.stats import AcceptanceStats
+from avkit.staged import StagedOutputs
 from avkit.trace.schema import generations_path
 from avkit.trace.writer import GenerationWriter, TraceWriter, partial_path
 
@@ -85,37 +92,12 @@ def requests(config: RecordConfig, tokenizer: Tokenizer, done: dict | None = Non
     return out, queue.skipped_long
 
 
-def _wait(proc: subprocess.Popen, log: Path, progress: bool, console) -> None:
-    """Wait for the child, with a spinner and its elapsed time on stderr; an interrupt stops it first."""
-    from rich.console import Console  # lazy: start-up
-    from rich.status import Status  # lazy: start-up
-
-    t0 = time.monotonic()
-    status = Status("vLLM", console=console or Console(stderr=True)) if progress else None
-    try:
-        if status:
-            status.start()
-        while proc.poll() is None:
-            if status:
-                status.update(f"vLLM: starting and generating ({time.monotonic() - t0:.0f} s; log {log})")
-            time.sleep(0.5)
-    except BaseException:
-        proc.terminate()  # SIGTERM: the flushed tables stay complete
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        raise
-    finally:
-        if status:
-            status.stop()
-
-
-def _move(pairs: list[tuple[Path, Path]]) -> None:
-    for src, dest in pairs:  # trace first (files.py)
-        if src.exists():
-            os.replace(src, dest)
+def _commit(tables: list[tuple[Path, Path]]) -> None:
+    """The work directory's tables over their destinations together, trace first (files.py), by staged.py."""
+    with StagedOutputs() as outputs:
+        for src, dest in tables:
+            if src.exists():
+                os.replace(src, outputs.file(dest, "--out"))
 
 
 def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress: bool = True, console=None,
@@ -137,43 +119,37 @@ def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress:
                           f"{config.max_prompt_tokens}")
     out = files.trace
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.vllm-", dir=out.parent))
-    trace, result_path, spec_path, log = (work / out.name, work / "result.json", work / "spec.json",
-                                          work / "vllm.log")
-    spec_path.write_text(json.dumps({**engine_spec(config, target_dir, draft_dir), "requests": reqs}))
+    trace = work / out.name
     env = {**child_env(config.threads), "AVKIT_VLLM_TRACE": str(trace), "AVKIT_VLLM_META": json.dumps(meta),
            "AVKIT_VLLM_FLUSH_S": str(config.flush_interval)}
     for name in ("AVKIT_VLLM_COEFFICIENTS", "AVKIT_VLLM_METRICS", "AVKIT_VLLM_DATASET"):
         env.pop(name, None)  # this run's plugin writes the trace only
     t0, spawned = time.monotonic(), time.time()
     tables = [(trace, files.trace), (generations_path(trace), files.generations)]
-    interrupted = False
-    with open(log, "w") as fh:
-        proc = subprocess.Popen([python, "-m", "avkit.engines.vllm.offline", str(spec_path), str(result_path)],
-                                stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        try:
-            _wait(proc, log, progress, console)
-        except KeyboardInterrupt:
-            interrupted = True
-    committed = proc.returncode == 0 or (interrupted and files.commit_on_interrupt())
+    code, lines, interrupted = None, [], False
+    try:
+        code, lines = run_offline(python, {**engine_spec(config, target_dir, draft_dir), "mode": "record",
+                                           "requests": reqs}, env, work, progress=progress, console=console)
+    except KeyboardInterrupt:
+        interrupted = True
+    committed = code == 0 or (interrupted and files.commit_on_interrupt())
     if not committed and config.resume:
         _append(files, tables, set(done), commit=False)  # the partials hold the kept rows and this run's
     elif not committed:
-        _move([(src, partial_path(dest)) for src, dest in tables])
+        _commit([(src, partial_path(dest)) for src, dest in tables])
         if not interrupted:
-            kept = shutil.copy(log, out.with_name(out.name + ".vllm.log"))
+            kept = Path(shutil.copy(work / "vllm.log", out.with_name(out.name + ".vllm.log")))
             shutil.rmtree(work, ignore_errors=True)
-            tail = [ln for ln in Path(kept).read_text(errors="replace").splitlines() if ln.strip()][-1:]
-            raise AvkitError(f"vLLM exited with code {proc.returncode} ({tail[0][:300] if tail else 'no output'}; "
-                             f"its log: {kept})")
+            raise exit_error(code, kept)
     elif not trace.exists() and not interrupted:
         shutil.rmtree(work, ignore_errors=True)
         raise AvkitError("vLLM verified no draft (no trace was written): more prompts or --max-new-tokens")
     elif config.resume:
         _append(files, tables, set(done), commit=True)
     else:
-        _move(tables)
-    result = json.loads(result_path.read_text()) if result_path.exists() else {}
+        _commit(tables)
     shutil.rmtree(work, ignore_errors=True)
+    result = {key: value for line in lines for key, value in line.items()}
     if result:
         print(f"avkit record: vLLM {result['vllm']} ready {result['ready_at'] - spawned:.0f} s after its start "
               f"(imports included), generated in {result['generate_s']:.0f} s", file=sys.stderr)
@@ -185,8 +161,6 @@ def _finished(source: Path | None) -> dict[str, list[int]]:
     """A resumed generations table's finished requests: id -> output ids."""
     if source is None or not source.exists():
         return {}
-    import pyarrow.parquet as pq  # lazy: pyarrow
-
     t = pq.read_table(source, columns=["request_id", "output_ids"])
     return dict(zip(t["request_id"].to_pylist(), t["output_ids"].to_pylist()))
 
@@ -194,9 +168,6 @@ def _finished(source: Path | None) -> dict[str, list[int]]:
 def _append(files: RecordFiles, tables: list[tuple[Path, Path]], done: set[str], commit: bool) -> None:
     """--resume: the source's rows of finished requests, then this run's, written over the finals (trace first),
     or to the partials only (`commit` False: files.py's rule for a run that may not replace the finals)."""
-    import pyarrow.compute as pc  # lazy: pyarrow
-    import pyarrow.parquet as pq  # lazy: pyarrow
-
     (trace, _), (gens, _) = tables
     new_trace = pq.read_table(trace) if trace.exists() else None
     meta = {k.decode(): v.decode() for k, v in (pq.read_schema(trace).metadata or {}).items()} if new_trace else {}
@@ -222,9 +193,6 @@ def _result(config: RecordConfig, files: RecordFiles, result: dict, committed: b
             done: dict) -> dict:
     """The tables' counts (this run's: the rows of its run id, the requests not in `done`), the summary over the
     whole file, vLLM's counters."""
-    import pyarrow.compute as pc  # lazy: pyarrow
-    import pyarrow.parquet as pq  # lazy: pyarrow
-
     where = files.trace if committed else partial_path(files.trace)
     gens_where = files.generations if committed else partial_path(files.generations)
     table = pq.read_table(where) if where.exists() else None
@@ -233,7 +201,7 @@ def _result(config: RecordConfig, files: RecordFiles, result: dict, committed: b
         stats.update_from_table(table)
     gens = pq.read_table(gens_where, columns=["request_id", "output_ids"]) if gens_where.exists() else None
     if gens is not None:
-        gens = gens.filter(pc.invert(pc.is_in(gens["request_id"], _strings(done))))
+        gens = gens.filter(pc.invert(pc.is_in(gens["request_id"], pa.array(sorted(done), pa.string()))))
     total = table.num_rows if table is not None else 0
     if total:
         run_id = table["run_id"][-1].as_py()  # this run's rows come last
@@ -246,12 +214,6 @@ def _result(config: RecordConfig, files: RecordFiles, result: dict, committed: b
             "engine_steps": len(pc.unique(mine["engine_step"])) if rows else 0,
             "engine_tokens": int(pc.sum(pc.list_value_length(gens["output_ids"])).as_py() or 0) if gens else 0,
             "committed": committed, "engine_counters": counters or None}
-
-
-def _strings(values):
-    import pyarrow as pa  # lazy: pyarrow
-
-    return pa.array(sorted(values), type=pa.string())
 
 
 __all__ = ["VllmModel", "check", "record_vllm", "requests"]

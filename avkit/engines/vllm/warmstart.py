@@ -4,7 +4,7 @@ vLLM 0.32's `OnlineAcceptanceEstimator` (vllm/v1/worker/gpu/spec_decode/acceptan
 Runner V2) predicts p = sigmoid(omega * logit(q_max) + beta_j) and starts every deployment at omega = 0.5,
 beta_j = -0.2. avkit's coefficients file holds the same model fitted offline: feature `logit_qmax`, `slope`
 = omega, `intercepts` = beta_j. No vLLM hook sets the start, so this wraps the estimator's `__init__`
-(named, installed only for protocol.SUPPORTED, tested in tests/test_vllm_plugin.py with vLLM's own class):
+(named, installed only for version.SUPPORTED, tested in tests/test_vllm_plugin.py with vLLM's own class):
 after vLLM's own initialisation the slope and intercepts are overwritten with the file's. The file is checked
 first (estimators/coefficients.py): feature logit_qmax, K equal to the estimator's speculative steps, and
 `trained_on` target / draft equal to the served ones (vLLM's current config) where both are known. A file
@@ -13,7 +13,7 @@ that fails is refused with one `avkit: error:` line and vLLM keeps its own start
 
 from __future__ import annotations
 
-from avkit.engines.vllm.protocol import error
+from avkit.engines.vllm.version import error
 
 FEATURE = "logit_qmax"  # vLLM's estimator feature
 

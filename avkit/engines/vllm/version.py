@@ -1,12 +1,10 @@
-"""The line protocol between avkit and its vLLM child process, the vLLM versions avkit supports, and how
-avkit reports inside a vLLM server.
+"""The vLLM versions avkit supports, and how avkit reports inside a vLLM process.
 
 Standard library only: both sides import it (avkit's Python and vLLM's venv).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 
 SUPPORTED = ">=0.32.0,<0.33"  # the V1 methods hooks.py wraps are those of vLLM 0.32.x
@@ -29,17 +27,4 @@ def error(message: str) -> None:
     logging.getLogger("avkit.vllm").error("avkit: error: %s", message)
 
 
-def write_message(fh, obj: dict) -> None:
-    fh.write(json.dumps(obj, separators=(",", ":")) + "\n")
-    fh.flush()
-
-
-def read_message(fh) -> dict | None:
-    """The next message, or None at end of stream."""
-    line = fh.readline()
-    if not line:
-        return None
-    return json.loads(line)
-
-
-__all__ = ["SUPPORTED", "error", "read_message", "supported", "write_message"]
+__all__ = ["SUPPORTED", "error", "supported"]
