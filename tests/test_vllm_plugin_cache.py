@@ -18,9 +18,7 @@ import subprocess
 
 import polars as pl
 import pytest
-from vllm_support import need_vllm, vllm_env
-
-from avkit.models.testing import write_tiny_pair
+from vllm_support import need_vllm, vllm_env, write_tiny_pair
 
 pytestmark = pytest.mark.vllm
 
