@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException
 from avkit.serve.completions import add_routes
 from avkit.serve.metrics import CONTENT_TYPE
 from avkit.serve.middleware import BodyLimit, ContainErrors
-from avkit.serve.openai_api import INTERNAL_ERROR, ApiError, model_list
+from avkit.serve.openai_api import INTERNAL_ERROR, ApiError
 from avkit.serve.state import ServeState
 
 
@@ -115,7 +115,8 @@ def build_app(state: ServeState) -> FastAPI:
 
     @app.get("/v1/models", dependencies=[auth])
     async def models():
-        return model_list(state.model_name, state.created)
+        return {"object": "list",
+                "data": [{"id": state.model_name, "object": "model", "created": state.created, "owned_by": "avkit"}]}
 
     @app.get("/metrics", dependencies=[auth])
     async def metrics():

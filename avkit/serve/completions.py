@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,7 +27,6 @@ from avkit.serve.openai_api import (
     ApiError,
     ChatCompletionRequest,
     CompletionRequest,
-    new_id,
     response_body,
     usage,
 )
@@ -172,7 +172,7 @@ async def _respond(state: ServeState, request: Request, body, prompt_ids: list[i
     if body.n > state.config.engine.concurrency:
         raise ApiError(400, f"n: must be <= {state.config.engine.concurrency} (the server's --concurrency), "
                             f"got {body.n}", param="n")
-    gen = Generation(state, new_id("chatcmpl" if chat else "cmpl"), prompt_ids, body, max_tokens)
+    gen = Generation(state, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", prompt_ids, body, max_tokens)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return _SSEResponse(_stream(gen, request, chat, include_usage), on_close=gen.cancel)

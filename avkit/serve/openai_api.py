@@ -12,7 +12,6 @@ to --concurrency) are checked by the app.
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -158,10 +157,6 @@ class ChatCompletionRequest(_SamplingParams):
 
 # ---- responses -------------------------------------------------------------------------------
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
@@ -202,8 +197,3 @@ class ApiError(Exception):
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": ERROR_TYPES.get(self.status, "invalid_request_error"),
                           "param": self.param, "code": self.status}}
-
-
-def model_list(model: str, created: int) -> dict[str, Any]:
-    return {"object": "list",
-            "data": [{"id": model, "object": "model", "created": created, "owned_by": "avkit"}]}

@@ -34,12 +34,6 @@ BACKOFF_MAX_S = 60.0
 FLUSH_ROWS = 65536  # --record rows held before a flush is due
 
 
-def public_reason(error: BaseException) -> str:
-    """The exception type and, for an OS error, its errno text: no path, no message that may hold one."""
-    strerror = getattr(error, "strerror", None) if isinstance(error, OSError) else None
-    return f"{type(error).__name__}: {strerror}" if strerror else type(error).__name__
-
-
 class SideWrites:
     """Runs side writes by kind; remembers which kinds are failing and when each may retry."""
 
@@ -47,13 +41,11 @@ class SideWrites:
         self.failures = failures_counter  # prometheus Counter labelled by kind, or None
         self._clock = clock
         self._lock = threading.Lock()
-        self._reasons: dict[str, str] = {}  # kind -> reason, while that kind is failing
-        self._streak: dict[str, int] = {}  # kind -> consecutive failures
-        self._retry_at: dict[str, float] = {}  # kind -> monotonic time of the next attempt
+        self._failing: dict[str, tuple[str, int, float]] = {}  # kind -> (reason, failures in a row, retry time)
 
     def due(self, kind: str) -> bool:
         """False while `kind` is backing off after a failure."""
-        return self._clock() >= self._retry_at.get(kind, 0.0)
+        return self._clock() >= self._failing.get(kind, ("", 0, 0.0))[2]
 
     def run(self, kind: str, write: Callable[[], object], *, force: bool = False) -> bool:
         """Call `write()` unless `kind` is backing off (`force` ignores the backoff); True if it succeeded."""
@@ -62,36 +54,27 @@ class SideWrites:
         try:
             write()
         except Exception as e:  # any failure of a side write is contained here
-            self.failed(kind, e)
+            strerror = getattr(e, "strerror", None) if isinstance(e, OSError) else None  # errno text: no path
+            with self._lock:
+                streak = self._failing.get(kind, ("", 0, 0.0))[1] + 1
+                self._failing[kind] = (f"{type(e).__name__}: {strerror}" if strerror else type(e).__name__, streak,
+                                       self._clock() + min(BACKOFF_MAX_S, BACKOFF_START_S * 2 ** (streak - 1)))
+            if self.failures is not None:
+                self.failures.labels(kind=kind).inc()
+            if streak == 1:
+                log.error("%s write failed (%s: %s); requests are unaffected, retrying with backoff, "
+                          "/health reports degraded until it succeeds", kind, type(e).__name__, e)
             return False
-        self.succeeded(kind)
-        return True
-
-    def failed(self, kind: str, error: BaseException) -> None:
-        reason = public_reason(error)
         with self._lock:
-            first = kind not in self._reasons
-            self._reasons[kind] = reason
-            streak = self._streak[kind] = self._streak.get(kind, 0) + 1
-            self._retry_at[kind] = self._clock() + min(BACKOFF_MAX_S, BACKOFF_START_S * 2 ** (streak - 1))
-        if self.failures is not None:
-            self.failures.labels(kind=kind).inc()
-        if first:
-            log.error("%s write failed (%s: %s); requests are unaffected, retrying with backoff, "
-                      "/health reports degraded until it succeeds", kind, type(error).__name__, error)
-
-    def succeeded(self, kind: str) -> None:
-        with self._lock:
-            was = self._reasons.pop(kind, None)
-            self._streak.pop(kind, None)
-            self._retry_at.pop(kind, None)
+            was = self._failing.pop(kind, None)
         if was is not None:
             log.warning("%s write recovered", kind)
+        return True
 
     def reasons(self) -> dict[str, str]:
         """kind -> reason for every kind failing now (empty when all side writes are healthy)."""
         with self._lock:
-            return dict(self._reasons)
+            return {kind: reason for kind, (reason, _, _) in self._failing.items()}
 
 
 class ServeSink:

@@ -17,7 +17,6 @@ model estimator resumes from its snapshot, the cache snapshot that run wrote bes
 
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,6 +25,7 @@ from avkit.config import DEFAULT_COST_PATH, SERVE_STATE_DIR, SHIPPED_COEFFICIENT
 from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.coefficients import load_coefficients
 from avkit.serve.snapshot import cache_snapshot_of
+from avkit.staged import check_writable
 
 
 @dataclass(frozen=True)
@@ -95,20 +95,11 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def check_record_writable(path: str) -> None:
-    """--record must be a file we can create beside: fail at start, not after an hour of serving."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        raise ConfigError(f"--record {path}: is a directory, expected a .parquet file path")
-    if p.exists():  # the trace written at shutdown would replace it: a server never clobbers a trace
+    """--record must be a new file we can create: fail at start, not after an hour of serving."""
+    if Path(path).expanduser().is_file():  # the trace written at shutdown would replace it: never clobbered
         raise ConfigError(f"--record {path}: exists; serve writes a new trace (give another path or move the old "
                           "file away)")
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        probe = p.with_name(f".{p.name}.{os.getpid()}.probe")
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise ConfigError(f"--record {path}: cannot write there ({type(e).__name__}: {e.strerror})") from None
+    check_writable(path, "--record")  # a directory, a parent that is a file, a folder we cannot write in
 
 
 def _cost_source(config: ServeConfig) -> str:
