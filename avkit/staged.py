@@ -39,12 +39,6 @@ from typing import Any
 from avkit.errors import ConfigError
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 @dataclass
 class _Entry:
     final: Path
@@ -90,7 +84,8 @@ class StagedOutputs:
     def __init__(self) -> None:
         self._entries: dict[Path, _Entry] = {}
         self._made_dirs: list[Path] = []  # folders created by reservations, removed again on abort
-        self._mask = _umask()
+        self._mask = os.umask(0)  # read by setting it: set it back at once
+        os.umask(self._mask)
 
     # ---- reservation ----
     def _parent(self, final: Path, name: str) -> None:

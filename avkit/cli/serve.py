@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from typing import Annotated
 
 import typer
@@ -75,13 +76,7 @@ def register(app: typer.Typer) -> None:
         log_level: Annotated[str, _o("log level (uvicorn and avkit)")] = "info",
     ):
         """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
-        from avkit.scheduling.policy import parse_spec  # lazy: torch (start-up: -h stays fast)
-
-        spec = parse_spec(policy, bare=("fixed", "schedule"), estimator=estimator)  # simulate's syntax
-        policy, k = spec.name, int(spec.arg) if spec.name == "fixed" and spec.arg else k
-        estimator = spec.arg if spec.name == "adaptive" else estimator
-        schedule, draft_gate = (spec.arg if spec.name == "schedule" else "") or schedule, draft_gate and spec.gate
-        config = ServeConfig(
+        config = ServeConfig(  # every option's own bound is checked here, before torch (the policy: below)
             models=ModelsConfig(target=target, draft=draft, drafter=drafter, payoff=payoff, device=device,
                                 dtype=dtype),
             engine=EngineConfig(k=k, concurrency=concurrency, max_len=max_len, seed=seed, kernels=kernels),
@@ -91,9 +86,16 @@ def register(app: typer.Typer) -> None:
             http=HttpConfig(host=host, port=port, api_key=api_key, served_model_name=served_model_name,
                             queue_size=queue_size, grace_period=grace_period, max_body_bytes=max_body_bytes,
                             log_requests=log_requests),
-            policy=policy, schedule=schedule, snapshot=snapshot, snapshot_every=snapshot_every, resume=resume, record=record,
-            max_new_tokens=max_new_tokens,
-            default_max_tokens=min(_d("default_max_tokens"), max_new_tokens))
+            policy="full", snapshot=snapshot, snapshot_every=snapshot_every, resume=resume, record=record,
+            max_new_tokens=max_new_tokens, default_max_tokens=min(_d("default_max_tokens"), max_new_tokens))
+        from avkit.scheduling.policy import parse_spec  # lazy: torch (start-up: -h and bad options stay fast)
+
+        spec = parse_spec(policy, bare=("fixed", "schedule"), estimator=estimator)  # simulate's syntax
+        config = replace(
+            config, policy=spec.name, schedule=(spec.arg if spec.name == "schedule" else "") or schedule,
+            engine=replace(config.engine, k=int(spec.arg) if spec.name == "fixed" and spec.arg else k),
+            adaptive=replace(config.adaptive, estimator=spec.arg if spec.name == "adaptive" else estimator,
+                             draft_gate=draft_gate and spec.gate))
         from avkit.serve.server import bind_warning  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.serve.server import serve as run  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.serve.startup import bind_socket, check_record_writable, warm_start  # lazy: start-up (the library loads when the command runs: -h stays fast)

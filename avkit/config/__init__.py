@@ -21,21 +21,18 @@ options from these defaults (``default_of(Cls, "engine.k")``), so the two never 
 from avkit.config.engine import DRAFTERS, KERNEL_BACKENDS, EngineConfig, ModelsConfig, SamplingConfig
 from avkit.config.estimation import AdaptiveConfig, EstimatorConfig, ForgettingConfig
 from avkit.config.fields import DEFAULT_DRAFT, DEFAULT_K, DEFAULT_TARGET, MAX_K, default_of
-from avkit.config.fit import FIT_ENGINES, FIT_MODES, ONLINE_ESTIMATORS, FitConfig, SyntheticConfig
+from avkit.config.fit import FitConfig, SyntheticConfig
 from avkit.config.hvd import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
-from avkit.config.record import DEFAULT_RECORD_DATASETS, RecordConfig
+from avkit.config.record import RecordConfig
 from avkit.config.report import ReportConfig
 from avkit.config.serve import SERVE_STATE_DIR, HttpConfig, ServeConfig
 from avkit.config.shipped import DEFAULT_TRACE_GLOB, SHIPPED_COEFFICIENTS, SHIPPED_COST, shipped_file
-from avkit.config.simulate import (
-    DEFAULT_CONCURRENCY, DEFAULT_COST_PATH, PROFILE_CONTEXT_ENV, TUNE_FORMATS, ProfileConfig, SimulateConfig,
-    TuneConfig)
+from avkit.config.simulate import DEFAULT_COST_PATH, PROFILE_CONTEXT_ENV, ProfileConfig, SimulateConfig, TuneConfig
 
 __all__ = [
-    "DEFAULT_CONCURRENCY", "DEFAULT_COST_PATH", "DEFAULT_DRAFT", "DEFAULT_K", "DEFAULT_RECORD_DATASETS",
-    "DEFAULT_TARGET", "DEFAULT_TRACE_GLOB", "DRAFTERS", "FIT_ENGINES", "FIT_MODES", "KERNEL_BACKENDS", "MAX_K",
-    "ONLINE_ESTIMATORS", "PROFILE_CONTEXT_ENV", "SERVE_STATE_DIR", "SHIPPED_COEFFICIENTS", "SHIPPED_COST",
-    "TUNE_FORMATS", "AdaptiveConfig", "EngineConfig", "EstimatorConfig", "FitConfig", "ForgettingConfig",
+    "DEFAULT_COST_PATH", "DEFAULT_DRAFT", "DEFAULT_K", "DEFAULT_TARGET", "DEFAULT_TRACE_GLOB", "DRAFTERS",
+    "KERNEL_BACKENDS", "MAX_K", "PROFILE_CONTEXT_ENV", "SERVE_STATE_DIR", "SHIPPED_COEFFICIENTS", "SHIPPED_COST",
+    "AdaptiveConfig", "EngineConfig", "EstimatorConfig", "FitConfig", "ForgettingConfig",
     "HttpConfig", "HvdCostConfig", "HvdReplayConfig", "ModelsConfig", "PayoffConfig", "ProfileConfig",
     "RecordConfig", "ReportConfig", "SamplingConfig", "ServeConfig", "SimulateConfig", "SuffixCacheConfig",
     "SyntheticConfig", "TuneConfig", "default_of", "shipped_file",

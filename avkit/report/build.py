@@ -67,14 +67,10 @@ def build_document(inputs: ReportInputs, config: ReportConfig, progress: Progres
     return Report("avkit report: acceptance, calibration and verification", facts, sections)
 
 
-def _figures(report: Report) -> list[Figure]:
-    return [b for s in report.sections for b in s.blocks if isinstance(b, Figure)]
-
-
 def write_document(report: Report, out: Path, config: ReportConfig) -> dict[str, Path]:
     """Write the PNGs, index.html and report.md into `out` (an existing directory)."""
     files, embedded = {}, {}
-    for f in _figures(report):
+    for f in (b for s in report.sections for b in s.blocks if isinstance(b, Figure)):
         buf = io.BytesIO()
         f.figure.savefig(buf, format="png", dpi=config.dpi, facecolor="white")
         (out / f"{f.name}.png").write_bytes(buf.getvalue())
