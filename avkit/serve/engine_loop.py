@@ -66,7 +66,7 @@ class EngineLoop:
     """Owns the engine and its thread; everything else talks to it through submit/cancel."""
 
     def __init__(self, make_engine: Callable[[], Any], *, max_concurrency: int, queue_size: int,
-                 metrics=None, on_step: Callable[[], None] | None = None,
+                 metrics, on_step: Callable[[], None] | None = None,
                  warm_up: Callable[[], None] | None = None, retry_after_s: int = 1):
         self._make_engine = make_engine
         self.warm_up = warm_up
@@ -126,7 +126,7 @@ class EngineLoop:
                 self._cv.notify()
 
     def begin_drain(self) -> None:
-        """Stop admitting: later submits raise NotAccepting (503). Lock-free: called from a signal handler."""
+        """Stop admitting: later submits raise a 503. Lock-free: called from a signal handler."""
         self._accepting = False
 
     def shutdown(self, grace_s: float, join_s: float = 30.0) -> None:
@@ -215,22 +215,19 @@ class EngineLoop:
             outputs = self._engine.step()
         except Exception:
             log.error("engine step failed:\n%s", traceback.format_exc())
-            if self._metrics is not None:
-                self._metrics.engine_errors.inc()
+            self._metrics.engine_errors.inc()
             self._fail_running()
             return
-        if self._metrics is not None:
-            self._metrics.step_seconds.observe(time.perf_counter() - t0)
-            ratio = self._engine.stats.cost_ratio
-            if ratio is not None and ratio == ratio:  # the policy predicted this step (NaN: nothing predicted)
-                self._metrics.step_time_ratio.observe(ratio)
+        self._metrics.step_seconds.observe(time.perf_counter() - t0)
+        ratio = self._engine.stats.cost_ratio
+        if ratio is not None and ratio == ratio:  # the policy predicted this step (NaN: nothing predicted)
+            self._metrics.step_time_ratio.observe(ratio)
         for out in outputs:
             handle = self._running.get(out.request_id)
             if handle is None:  # cancelled meanwhile
                 continue
             ids = [int(t) for t in out.new_token_ids]
-            if self._metrics is not None and ids:
-                self._metrics.generation_tokens.inc(len(ids))
+            self._metrics.generation_tokens.inc(len(ids))
             handle.post(Event(ids, bool(out.finished), out.finish_reason if out.finished else None))
             if out.finished:
                 with self._cv:
@@ -248,6 +245,5 @@ class EngineLoop:
         self._engine = self._make_engine()
 
     def _gauges(self) -> None:
-        if self._metrics is not None:
-            self._metrics.queue_depth.set(len(self._pending))
-            self._metrics.running.set(len(self._running))
+        self._metrics.queue_depth.set(len(self._pending))
+        self._metrics.running.set(len(self._running))
