@@ -94,7 +94,17 @@ def test_serve_policy_takes_simulate_syntax(monkeypatch, capsys):
              ("adaptive-nogate", "--estimator", "qmax"): ("adaptive", "qmax", 7, False),
              ("fixed:3",): ("fixed", "online_logistic", 3, True), ("fixed",): ("fixed", "online_logistic", 7, True),
              ("nospec",): ("fixed", "online_logistic", 0, True)}
+    from avkit.scheduling.policy import POLICIES, FullVerification
+
+    class Mine(FullVerification):  # a plug-in policy, registered by name
+        pass
+
+    monkeypatch.setitem(POLICIES._entries, "mine", Mine)
+    cases[("mine",)] = ("mine", "online_logistic", 7, True)
     for args, want in cases.items():
         code, _, err = _run(capsys, monkeypatch, "serve", "-k", "7", "--policy", *args)
         c = got.pop("config")
         assert (c.policy, c.adaptive.estimator, c.engine.k, c.adaptive.draft_gate) == want, (args, err)
+        if c.policy in ("fixed", "mine"):  # the object serve runs: PolicySpec.make's
+            made = server.make_policy(c, "")
+            assert isinstance(made, Mine) if c.policy == "mine" else made.k == c.engine.k

@@ -15,6 +15,7 @@ same policy object decides both. On a command line a policy is a spec (`parse_sp
                            budgeted verification (scheduling/adaptive.py) of K drafts; -stop also stops
                            drafting early (what avkit's engine runs by default), -nogate never skips drafting
   schedule:FILE            K by batch size (`avkit tune`'s schedule, scheduling/batch_schedule.py)
+  NAME                     any other policy registered in POLICIES (a plug-in), made without arguments
 """
 
 from __future__ import annotations
@@ -151,12 +152,12 @@ class PolicySpec:
             return POLICIES.make("fixed", k=int(self.arg))
         if self.name == "schedule":
             return POLICIES.make("schedule", schedule=self.arg, k=k)
-        if self.name == "full":
-            return POLICIES.make("full")
+        if self.name != "adaptive":  # full, or a registered plug-in policy
+            return POLICIES.make(self.name)
         config = replace(adaptive or AdaptiveConfig(), estimator=self.arg, stop_drafting=self.stop_drafting,
                          draft_gate=self.gate and (adaptive or AdaptiveConfig()).draft_gate)
         return POLICIES.make("adaptive", cost=cost, estimator=estimator if estimator is not None else self.arg,
-                           k=k, adaptive=config, **kwargs)
+                             k=k, adaptive=config, **kwargs)
 
 
 def parse_spec(text: str, option: str = "--policy", bare: tuple[str, ...] = (), estimator: str = "") -> PolicySpec:
@@ -177,4 +178,6 @@ def parse_spec(text: str, option: str = "--policy", bare: tuple[str, ...] = (), 
         return PolicySpec(text, "adaptive", arg or estimator or AdaptiveConfig().estimator, stop, gate)
     if head == "schedule" and (arg or head in bare):
         return PolicySpec(text, "schedule", arg)
+    if head in POLICIES and head not in ("fixed", "schedule", "adaptive") and not arg:  # a plug-in, by name
+        return PolicySpec(text, head)
     raise ConfigError(f"{where}: unknown policy; choose from {SPEC_HELP}")

@@ -59,19 +59,15 @@ def is_loopback(host: str) -> bool:
 
 
 def make_policy(config: ServeConfig, coefficients: str, pair: ServedPair | None = None):
-    """The verify policy by name from the registry; adaptive gets its estimator (warm-started from
-    `coefficients`, refitting every `refit_interval` steps), the cost table and its draft gate."""
-    from avkit.scheduling.policy import POLICIES  # lazy: torch (the verify policies)
+    """The verify policy `--policy` names (scheduling/policy.py `PolicySpec.make`, as record and simulate make
+    theirs): fixed K is -k; adaptive gets its estimator (warm-started from `coefficients`, refitting every
+    `refit_interval` steps), the cost table, its draft gate, and learns its cost model."""
+    from avkit.scheduling.policy import PolicySpec  # lazy: torch (the verify policies)
 
-    if config.policy == "fixed":
-        return POLICIES.make("fixed", k=config.engine.k)
-    if config.policy == "schedule":
-        return POLICIES.make("schedule", schedule=config.schedule, k=config.engine.k)
-    if config.policy == "adaptive":
-        return POLICIES.make("adaptive", cost=config.adaptive.cost or None, estimator=config.adaptive.estimator,
-                    coefficients=coefficients, k=config.engine.k, pair=pair,
-                    config=config.online, adaptive=replace(config.adaptive, learn_cost=True))  # serve learns
-    return POLICIES.make(config.policy)
+    arg = {"fixed": str(config.engine.k), "schedule": config.schedule, "adaptive": config.adaptive.estimator}
+    spec = PolicySpec(config.policy, config.policy, arg.get(config.policy, ""), config.adaptive.stop_drafting)
+    return spec.make(k=config.engine.k, cost=config.adaptive.cost or None, coefficients=coefficients, pair=pair,
+                     config=config.online, adaptive=replace(config.adaptive, learn_cost=True))  # serve learns
 
 
 def _trace_writer(config: ServeConfig, target, draft):
