@@ -16,13 +16,13 @@ import torch
 import avkit.models
 from avkit.config import EngineConfig
 from avkit.drafters.base import DraftInput, DraftProposal
-from avkit.models import cpu_attention, cpu_bulk, cpu_linear
+from avkit.models import cpu_attention, cpu_bulk, cpu_linear, native
 from avkit.models.testing import write_tiny_model
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.config import SamplingConfig
 
-pytestmark = pytest.mark.skipif(not cpu_linear.runs_here(cpu_linear._CFLAGS), reason="CPU bf16 kernels unavailable here")
+pytestmark = pytest.mark.skipif(not native.runs_here("avx2"), reason="CPU bf16 kernels unavailable here")
 
 @pytest.fixture(autouse=True, scope="module")
 def _built():

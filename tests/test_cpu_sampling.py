@@ -11,14 +11,14 @@ from avkit.features import draft_features
 from avkit.models import cpu_sampling
 from avkit.runtime import sampling
 
-from avkit.models import cpu_linear
+from avkit.models import native
 
-pytestmark = pytest.mark.skipif(not cpu_linear.runs_here(cpu_linear._CFLAGS), reason="CPU sampling kernel unavailable here")
+pytestmark = pytest.mark.skipif(not native.runs_here("sampling"), reason="CPU sampling kernel unavailable here")
 
 @pytest.fixture(autouse=True, scope="module")
 def _built():
     """Built here, at test time (once per machine and kernel version), not while the suite is collected."""
-    if not (cpu_sampling.available()):
+    if native.load("sampling") is None:
         pytest.skip("the CPU sampling kernel did not build here (no compiler or ninja)")
 
 

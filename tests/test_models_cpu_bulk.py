@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 
 import avkit.models
-from avkit.models import cpu_bulk, cpu_linear
+from avkit.models import cpu_bulk, cpu_linear, native
 from avkit.models.testing import write_tiny_model
 
-pytestmark = pytest.mark.skipif(not (cpu_bulk.available() and cpu_linear.runs_here(cpu_linear._CFLAGS)),
+pytestmark = pytest.mark.skipif(not (cpu_bulk.available() and native.runs_here("avx2")),
                                 reason="oneDNN bf16 fast path (AMX / AVX512-BF16) or the CPU kernel unavailable here")
 
 @pytest.fixture(autouse=True, scope="module")

@@ -12,11 +12,11 @@ import torch
 import torch.nn.functional as F
 
 import avkit.models
-from avkit.models import cpu_linear
+from avkit.models import cpu_linear, native
 from avkit.models.testing import write_tiny_model
 
-pytestmark = pytest.mark.skipif(not cpu_linear.runs_here(cpu_linear._CFLAGS), reason="CPU bf16 kernel unavailable here")
-KINDS = cpu_linear.candidate_kinds()  # the kernels this CPU may run (each test skips one that did not build)
+pytestmark = pytest.mark.skipif(not native.runs_here("avx2"), reason="CPU bf16 kernel unavailable here")
+KINDS = [k for k in cpu_linear.KINDS if native.runs_here(k)]  # each test skips one that did not build
 
 @pytest.fixture(autouse=True, scope="module")
 def _built():
@@ -94,12 +94,12 @@ def test_pack_round_trips_and_leading_dims():
 def _load_plain(path, monkeypatch):
     """The same bf16 model through plain F.linear (the kernel switched off while it loads)."""
     monkeypatch.setenv("AVKIT_CPU_KERNELS", "0")
-    cpu_linear.load_extension.cache_clear()
+    native.load.cache_clear()
     try:
         return avkit.models.load(path, dtype=torch.bfloat16).model
     finally:
         monkeypatch.delenv("AVKIT_CPU_KERNELS")
-        cpu_linear.load_extension.cache_clear()
+        native.load.cache_clear()
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -145,7 +145,7 @@ def test_a_stale_build_lock_is_removed_and_a_fresh_one_kept(tmp_path):
     import os
     import time
 
-    from avkit.models.cpu_linear import clear_stale_build_lock
+    from avkit.models.native import clear_stale_build_lock
 
     assert clear_stale_build_lock(tmp_path) is False  # no lock
     lock = tmp_path / "lock"

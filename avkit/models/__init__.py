@@ -54,11 +54,9 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype = torch.float32,
     if path.is_dir():
         cfg, tensors = read_hf_dir(path, dtype)
         tokenizer = Tokenizer.from_dir(path)
-        digest = weights_sha256(path)
     elif path.suffix == ".gguf":
         cfg, tensors, gguf_file = read_gguf(path, dtype)
         tokenizer = Tokenizer.from_gguf(gguf_file.metadata, str(path))
-        digest = weights_sha256(path)
     else:
         raise ModelError(f"{path}: expected a model directory or a .gguf file")
     state = fuse_hf_state(cfg, tensors, str(path))
@@ -67,7 +65,7 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype = torch.float32,
     model.load_state_dict(state, strict=True, assign=True)
     model = model.to(device).eval().requires_grad_(False)
     model.pack_for_cpu()  # CPU + bf16: pre-packed weights for the AVX2 kernel (no-op elsewhere)
-    return LoadedModel(model, tokenizer, str(path_or_id), digest)
+    return LoadedModel(model, tokenizer, str(path_or_id), weights_sha256(path))
 
 
 def placement(device: str = "auto", dtype: str = "auto") -> tuple[torch.device, torch.dtype]:
@@ -124,7 +122,6 @@ def fuse_hf_state(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: st
                                                     take(hf + "mlp.up_proj.weight")])
         out[av + "mlp.down.weight"] = take(hf + "mlp.down_proj.weight")
     return out
-
 
 
 __all__ = ["HostLengths", "KVCache", "LoadedModel", "ModelConfig", "Tokenizer", "Transformer", "load", "placement"]

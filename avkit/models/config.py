@@ -1,4 +1,5 @@
-"""ModelConfig: the shape of a Llama / Qwen2 decoder, read from HF ``config.json`` or GGUF metadata.
+"""ModelConfig: the shape of a Llama / Qwen2 decoder, read from HF ``config.json`` (GGUF: gguf_file.py maps its
+metadata to the same keys).
 
 Glossary
 --------
@@ -77,35 +78,4 @@ class ModelConfig:
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             qkv_bias=arch == "qwen2" or bool(cfg.get("attention_bias", False)),
-        )
-
-    @classmethod
-    def from_gguf(cls, meta: dict, vocab_size: int, tied: bool, qkv_bias: bool,
-                  source: str) -> ModelConfig:
-        """Build from GGUF key/values (``<arch>.block_count`` ...)."""
-        arch = meta.get("general.architecture")
-        if arch not in ("llama", "qwen2"):
-            raise ModelError(f"{source}: unsupported GGUF architecture {arch!r} (supported: llama, qwen2)")
-
-        def get(key, default=None):
-            v = meta.get(f"{arch}.{key}", default)
-            if v is None:
-                raise ModelError(f"{source}: GGUF metadata lacks {arch}.{key}")
-            return v
-
-        heads = int(get("attention.head_count"))
-        hidden = int(get("embedding_length"))
-        return cls(
-            arch=arch,
-            vocab_size=vocab_size,
-            hidden_size=hidden,
-            intermediate_size=int(get("feed_forward_length")),
-            num_layers=int(get("block_count")),
-            num_heads=heads,
-            num_kv_heads=int(get("attention.head_count_kv", heads)),
-            head_dim=int(get("attention.key_length", hidden // heads)),
-            rope_theta=float(get("rope.freq_base", 10000.0)),
-            rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-            tie_word_embeddings=tied,
-            qkv_bias=qkv_bias,
         )

@@ -8,8 +8,8 @@ fp32 softmax, bf16 in and out) in an order fixed by the query's key span alone, 
 place from the cache (no gather of the batch's slots, no [B, 1, G*S, span] mask). With the packed linears
 (cpu_linear.py: each output row summed in one fixed order) the whole bf16 forward is batch-invariant.
 
-Used for bf16 models on a CPU with AVX2 where the extension builds (the same conditions and switch,
-``AVKIT_CPU_KERNELS=0``, as cpu_linear.py); elsewhere, and on CUDA, the forward calls SDPA unchanged.
+Used for bf16 models on a CPU where the kernel loads (native.py); elsewhere, and on CUDA, the forward calls
+SDPA unchanged.
 
 Glossary
 --------
@@ -19,18 +19,15 @@ ends    [B, S] int64: query (b, s) attends to keys [0, ends[b, s]) of its slot (
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from avkit.models.cpu_linear import load_extension
+from avkit.models import native
 
-_SOURCE = Path(__file__).with_suffix(".cpp")
 MAX_GROUP = 16  # query heads per kv head the kernel takes (GMAX in the .cpp)
 
 
 def available() -> bool:
-    return load_extension(_SOURCE) is not None
+    return native.load("attention") is not None
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, ends: torch.Tensor,
@@ -40,4 +37,4 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Te
     q [B, S, H, D] bf16; k, v: one layer of the cache [max_batch, H_kv, T, D] bf16, contiguous (GQA: query head
     h reads kv head h // (H / H_kv)); slots [B] int64; ends [B, S] int64 in [0, T] -> [B, S, H, D] bf16.
     """
-    return load_extension(_SOURCE).attention_bf16(q, k, v, slots, ends, scale)
+    return native.load("attention").attention_bf16(q, k, v, slots, ends, scale)

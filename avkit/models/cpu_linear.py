@@ -1,19 +1,16 @@
 """The CPU backend's bf16 matmul: pre-packed weights and one of three kernels: AVX2 + FMA (``cpu_linear.cpp``, the
-default without AMX), AVX512-BF16's VDPBF16PS (``cpu_linear512.cpp``) or AMX tiles (``cpu_linear_amx.cpp``: 1-16 rows at about
-the cost of reading the weight: the default where the CPU has AMX).
+default without AMX), AVX512-BF16's VDPBF16PS (``cpu_linear512.cpp``) or AMX tiles (``cpu_linear_amx.cpp``: 1-16
+rows at about the cost of reading the weight: the default where the CPU has AMX).
 
-PyTorch computes a bf16 ``F.linear`` with more than one input row on x86 CPUs without AVX512-BF16
-or AMX through a scalar fallback (4 rows cost 2.5x one row), and oneDNN refuses bf16 on such CPUs. A decoder reads every weight once per
-forward, so decode and verification (B x (1 + k) rows) are bound by how fast the weights stream.
-The kernel here packs each weight once into 16-row panels and streams them with fp32 accumulation.
-
-It computes what ``F.linear`` computes for bf16 tensors (bf16 inputs and weights, fp32 sums, one
-rounding to bf16 per output), differing only in the fp32 summation order (and, for the AMX and AVX512-BF16
-kernels, denormal products flushed to zero). Each kernel computes a row the same way whatever
-other rows share the call (batch invariance). It is used only for bf16 weights on a CPU that reports
-AVX2 and only if the extension compiles (g++ and ninja, once per machine and kernel version, ~1 min,
-cached by torch in ``~/.cache/torch_extensions``); otherwise, on CUDA and for float32, ``F.linear``
-runs unchanged. ``AVKIT_CPU_KERNELS=0`` turns them all off; ``AVKIT_CPU_KERNEL`` picks one (``default_kind``).
+PyTorch computes a bf16 ``F.linear`` with more than one input row on x86 CPUs without AVX512-BF16 or AMX through
+a scalar fallback (4 rows cost 2.5x one row), and oneDNN refuses bf16 on such CPUs. A decoder reads every weight
+once per forward, so decode and verification (B x (1 + k) rows) are bound by how fast the weights stream: the
+kernels pack each weight once into 16-row panels and stream them with fp32 accumulation. They compute what
+``F.linear`` computes for bf16 (fp32 sums, one rounding to bf16 per output), differing only in the summation
+order (and, for AMX and AVX512-BF16, denormal products flushed to zero), and each computes a row the same way
+whatever other rows share the call (batch invariance). Used for bf16 weights on a CPU where the kernel loads
+(native.py); otherwise, on CUDA and for float32, ``F.linear`` runs unchanged. ``AVKIT_CPU_KERNEL`` picks one
+(``default_kind``).
 
 Glossary
 --------
@@ -26,112 +23,28 @@ panel       16 consecutive output rows of W. avx2: k-major, ``packed[p, k, j] = 
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
-import time
-import warnings
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from avkit.errors import ConfigError
-from avkit.models import cpu_bulk
+from avkit.models import cpu_bulk, native
 
 PANEL = 16  # output rows per panel (NR in the kernel)
 # Within a panel, k's 16 values are stored as rows (0-3, 8-11, 4-7, 12-15): the kernel widens bf16 to fp32 with
 # AVX2 unpacklo/unpackhi, which interleave 128-bit lanes and so return rows 0-7 and 8-15 in order.
 _ORDER = torch.tensor([0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15])
 _INVERSE = torch.argsort(_ORDER)
-
-
-STALE_BUILD_LOCK_S = 1800  # a build takes ~1 min on 2 idle cores; a lock this old was left by a killed build
-
-
-def clear_stale_build_lock(build_dir: Path, max_age_s: float = STALE_BUILD_LOCK_S) -> bool:
-    """Remove ``build_dir/lock`` when older than ``max_age_s``; True if removed.
-
-    torch's extension builder holds that file while it compiles and waits, without a timeout, for any
-    other holder to delete it; a build killed mid-way leaves it behind, and every later import would hang.
-    """
-    lock = build_dir / "lock"
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return False
-    if age < max_age_s:
-        return False
-    lock.unlink(missing_ok=True)
-    warnings.warn(f"avkit: removed a stale build lock {lock} ({age / 60:.0f} min old)", stacklevel=2)
-    return True
-
-
-_SOURCE = Path(__file__).with_suffix(".cpp")
-_SOURCE512 = Path(__file__).with_name("cpu_linear512.cpp")
-_SOURCE_AMX = Path(__file__).with_name("cpu_linear_amx.cpp")
-_CFLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp")
-_CFLAGS512 = ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp")
-_CFLAGS_AMX = ("-O3", "-mavx512f", "-mamx-tile", "-mamx-bf16", "-fopenmp")
-KINDS = ("amx_bf16", "avx512_bf16", "avx2")  # fastest first
 _PAIR_ALIGN = {"amx_bf16": 32, "avx512_bf16": 2}  # K padded to a multiple of this in the paired layout
-
-
-def build_name(source: Path, cflags: tuple[str, ...]) -> str:
-    """``avkit_<stem>_<hash of source, headers, flags and the source's path>``: one build directory per kernel
-    version and checkout, so checkouts with different kernels (branches, an upgrade), or the same kernel at another
-    path (torch's build file names the source by path, and a changed path rebuilds), never rebuild over each other
-    in torch's shared cache."""
-    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))  # what the sources include
-    where = str(source.resolve()).encode()
-    digest = hashlib.sha256(source.read_bytes() + headers + " ".join(cflags).encode() + where).hexdigest()[:12]
-    return f"avkit_{source.stem}_{digest}"
-
-
-def runs_here(cflags: tuple[str, ...]) -> bool:
-    """Whether a kernel compiled with ``cflags`` may run on this CPU: not with ``AVKIT_CPU_KERNELS=0``, nor on a CPU
-    without AVX2 (or AVX512-BF16 for ``_CFLAGS512``, AMX tiles for ``_CFLAGS_AMX``)."""
-    if os.environ.get("AVKIT_CPU_KERNELS", "1") == "0":
-        return False
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        return False
-    return not ((cflags == _CFLAGS512 and not torch.cpu._is_avx512_bf16_supported()) or
-                (cflags == _CFLAGS_AMX and not torch.cpu._is_amx_tile_supported()))
-
-
-@functools.cache
-def load_extension(source: Path, cflags: tuple[str, ...] = _CFLAGS):
-    """The CPU backend's compiled kernel module built from ``source`` (a .cpp beside this file), or None where it
-    cannot run here (``runs_here``) or there is no compiler / ninja (warned). ``avkit/models/native.py`` builds
-    them all ahead of use."""
-    if not runs_here(cflags):
-        return None
-    try:
-        from torch.utils.cpp_extension import _get_build_directory, load  # lazy: torch.utils.cpp_extension (builds on first use)
-
-        name = build_name(source, cflags)
-        clear_stale_build_lock(Path(_get_build_directory(name, verbose=False)))
-        return load(name=name, sources=[str(source)], extra_cflags=list(cflags), extra_ldflags=["-fopenmp"],
-                    verbose=False)
-    except Exception as exc:  # no compiler / ninja: the plain torch path still computes the same thing
-        warnings.warn(f"avkit: CPU kernel {source.name} unavailable ({type(exc).__name__}: {exc}); using torch",
-                      stacklevel=2)
-        return None
+KINDS = ("amx_bf16", "avx512_bf16", "avx2")  # fastest first
 
 
 def _extension(kind: str):
-    if kind == "amx_bf16":
-        ext = load_extension(_SOURCE_AMX, _CFLAGS_AMX)
-        return ext if ext is not None and ext.available() else None  # the OS must grant the tile state
-    return load_extension(_SOURCE512, _CFLAGS512) if kind == "avx512_bf16" else load_extension(_SOURCE)
-
-
-_KIND_FLAGS = {"amx_bf16": _CFLAGS_AMX, "avx512_bf16": _CFLAGS512, "avx2": _CFLAGS}
-
-
-def candidate_kinds() -> list[str]:
-    """The kernels this CPU may run, decided without building any (``kinds()`` builds them and keeps those that
-    work)."""
-    return [k for k in KINDS if runs_here(_KIND_FLAGS[k])]
+    ext = native.load(kind)
+    if kind == "amx_bf16" and ext is not None and not ext.available():  # the OS must grant the tile state
+        return None
+    return ext
 
 
 @functools.cache
@@ -151,7 +64,7 @@ def default_kind() -> str:
 
 
 def available() -> bool:
-    return _extension("avx2") is not None
+    return native.load("avx2") is not None
 
 
 def pack(weight: torch.Tensor, kind: str | None = None) -> torch.Tensor:

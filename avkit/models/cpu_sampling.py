@@ -12,43 +12,35 @@ One signature with the torch reference each replaces, which stays the definition
 - ``row_stats(logits, temperature)`` -> [N, 4] (m, m2, s_o, sum_others e (x/T - m)), the four reductions
   avkit/features.py ``draft_features`` computes its features from.
 
-Used on CPU tensors where the extension builds (the conditions and switch of cpu_linear.py:
-``AVKIT_CPU_KERNELS=0`` turns it off); elsewhere, and on CUDA, the torch code runs unchanged.
+Used on CPU tensors where the kernel loads (native.py); elsewhere, and on CUDA, the torch code runs unchanged.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from avkit.models.cpu_linear import load_extension
-
-_SOURCE = Path(__file__).with_suffix(".cpp")
-
-
-def available() -> bool:
-    return load_extension(_SOURCE) is not None
+from avkit.models import native
 
 
 def usable(logits: torch.Tensor) -> bool:
     """Whether these [N, V] logits (CPU, float32 or bf16) can take the native passes here."""
-    return logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16) and available()
+    return logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16) \
+        and native.load("sampling") is not None
 
 
 def sampled_probs(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """logits [N, V] float32 or bf16, temperature [N] (> 0), top_p [N] -> [N, V] float32 probabilities."""
-    return load_extension(_SOURCE).sampled_probs(logits.contiguous(), temperature.float().contiguous(),
+    return native.load("sampling").sampled_probs(logits.contiguous(), temperature.float().contiguous(),
                                                  top_p.float().contiguous())
 
 
 def nucleus_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """probs [N, V] float32, top_p [N] -> [N] the smallest kept probability (0 where top_p >= 1)."""
-    return load_extension(_SOURCE).nucleus_threshold(probs.float().contiguous(), top_p.float().contiguous())
+    return native.load("sampling").nucleus_threshold(probs.float().contiguous(), top_p.float().contiguous())
 
 
 def row_stats(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
     """logits [N, V] float32 or bf16, temperature [N] (> 0) -> [N, 4] float32 (m, m2, s_o, sum_others e (x/T - m))
     of x / T: its largest and second-largest values, and over the others (all but one argmax) the sums of
     e = exp(x / T - m) and of e (x / T - m)."""
-    return load_extension(_SOURCE).row_stats(logits.contiguous(), temperature.float().contiguous())
+    return native.load("sampling").row_stats(logits.contiguous(), temperature.float().contiguous())

@@ -21,7 +21,7 @@ from __future__ import annotations
 import mmap
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -123,9 +123,21 @@ def read_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, to
         raise ModelError(f"{path}: GGUF has no token_embd.weight")
     if "rope_freqs.weight" in names or f.metadata.get(f"{arch}.rope.scaling.type", "none") != "none":
         raise ModelError(f"{path}: RoPE scaling (e.g. Llama 3.1's rope_freqs) is not supported")
-    cfg = ModelConfig.from_gguf(f.metadata, vocab_size=int(names["token_embd.weight"].shape[0]),
-                                tied="output.weight" not in names, qkv_bias="blk.0.attn_q.bias" in names,
-                                source=str(path))
+
+    def get(key, default=None):
+        v = f.metadata.get(f"{arch}.{key}", default)
+        if v is None:
+            raise ModelError(f"{path}: GGUF metadata lacks {arch}.{key}")
+        return v
+
+    heads, hidden = int(get("attention.head_count")), int(get("embedding_length"))
+    cfg = replace(ModelConfig.from_hf({  # GGUF key/values as the HF config.json keys
+        "model_type": arch, "vocab_size": int(names["token_embd.weight"].shape[0]), "hidden_size": hidden,
+        "intermediate_size": int(get("feed_forward_length")), "num_hidden_layers": int(get("block_count")),
+        "num_attention_heads": heads, "num_key_value_heads": int(get("attention.head_count_kv", heads)),
+        "head_dim": int(get("attention.key_length", hidden // heads)), "rope_theta": float(get("rope.freq_base", 1e4)),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        "tie_word_embeddings": "output.weight" not in names}, source=str(path)), qkv_bias="blk.0.attn_q.bias" in names)
     tensors = {}
     for t in names.values():
         layer = _LAYER.search(t.name)
@@ -134,8 +146,8 @@ def read_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, to
             continue  # a tensor the forward has no use for
         w = dequantize(f.raw(t), t.ggml_type, t.shape)
         if arch == "llama" and (".attn_q." in t.name or ".attn_k." in t.name):
-            heads = cfg.num_heads if ".attn_q." in t.name else cfg.num_kv_heads
-            w = torch.from_numpy(unpermute_qk(w.numpy(), heads).copy())
+            n_heads = cfg.num_heads if ".attn_q." in t.name else cfg.num_kv_heads
+            w = torch.from_numpy(unpermute_qk(w.numpy(), n_heads).copy())
         tensors[hf.format(i=layer.group(1) if layer else "")] = w.to(dtype)
     return cfg, tensors, f
 

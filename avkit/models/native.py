@@ -1,58 +1,116 @@
-"""The CPU backend's native code built ahead of use, in a child process that a signal can stop.
+"""The CPU backend's native code: the C++ kernels beside this file, loaded (built on first use) in one place.
 
-The kernels (``cpu_linear*.cpp``, ``cpu_attention.cpp``, ``cpu_sampling.cpp``) are compiled by torch's
-extension builder the first time they are loaded, into ``~/.cache/torch_extensions`` (about a minute on
-2 cores). ``avkit serve`` builds them before it opens its port, so the first request does not pay for it.
+torch's extension builder compiles each kernel the first time it is loaded, into ``~/.cache/torch_extensions``
+(g++ and ninja, about a minute on 2 cores, once per machine and kernel version). ``avkit serve`` builds them
+ahead of use, before it opens its port, in a child process of its own session: a SIGTERM or Ctrl-C to the
+parent (surfacing as ``KeyboardInterrupt``) kills the child's whole process group (the compiler included)
+and removes the build locks the child created, which torch's builder would otherwise wait on forever.
+Where a kernel cannot run (``AVKIT_CPU_KERNELS=0``, no AVX2, or the instructions its flags need) or cannot
+build (no compiler: warned), ``load`` returns None and the plain torch path computes the same thing.
 
-The build runs in a child process of its own session: a SIGTERM or Ctrl-C to the parent (surfacing as
-``KeyboardInterrupt``) kills the child's whole process group (the compiler included) at once and removes
-the build locks the child created, which torch's builder would otherwise wait on forever.
-
-    python -m avkit.models.native [SOURCE...]   # build these kernels (default: all that run here), in this process
+    python -m avkit.models.native [NAME...]   # build these kernels (default: all that run here), in this process
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import hashlib
 import os
 import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
-from avkit.models import cpu_attention, cpu_linear, cpu_sampling
+import torch
 
-# (source, cflags, bf16 only) of every kernel; which of them run on this CPU is `cpu_linear.runs_here`'s rule.
-# The linears and the attention serve bf16 models only; the sampler's passes serve float32 logits too.
-KERNELS = (
-    (cpu_linear._SOURCE, cpu_linear._CFLAGS, True),
-    (cpu_linear._SOURCE512, cpu_linear._CFLAGS512, True),
-    (cpu_linear._SOURCE_AMX, cpu_linear._CFLAGS_AMX, True),
-    (cpu_attention._SOURCE, cpu_linear._CFLAGS, True),
-    (cpu_sampling._SOURCE, cpu_linear._CFLAGS, False),
-)
+_HERE = Path(__file__).parent
+_AVX2 = ("-O3", "-mavx2", "-mfma", "-fopenmp")
+# name -> (source, cflags, whether only bf16 models use it). The linears and the attention serve bf16 models;
+# the sampler's passes serve float32 logits too. Fastest linear first.
+KERNELS = {
+    "amx_bf16": ("cpu_linear_amx.cpp", ("-O3", "-mavx512f", "-mamx-tile", "-mamx-bf16", "-fopenmp"), True),
+    "avx512_bf16": ("cpu_linear512.cpp",
+                    ("-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-fopenmp"), True),
+    "avx2": ("cpu_linear.cpp", _AVX2, True),
+    "attention": ("cpu_attention.cpp", _AVX2, True),
+    "sampling": ("cpu_sampling.cpp", _AVX2, False),
+}
+STALE_BUILD_LOCK_S = 1800  # a build takes ~1 min on 2 idle cores; a lock this old was left by a killed build
 
 
-def build_dir(source: Path, cflags: tuple[str, ...]) -> Path:
-    """Where torch's builder puts this kernel (``$TORCH_EXTENSIONS_DIR`` or its default root)."""
+def runs_here(name: str) -> bool:
+    """Whether kernel ``name`` may run on this CPU: not with ``AVKIT_CPU_KERNELS=0``, nor without AVX2 (or
+    AVX512-BF16 for avx512_bf16, AMX tiles for amx_bf16)."""
+    if os.environ.get("AVKIT_CPU_KERNELS", "1") == "0":
+        return False
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return False
+    return not ((name == "avx512_bf16" and not torch.cpu._is_avx512_bf16_supported()) or
+                (name == "amx_bf16" and not torch.cpu._is_amx_tile_supported()))
+
+
+def build_name(name: str) -> str:
+    """``avkit_<stem>_<hash of source, headers, flags and the source's path>``: one build directory per kernel
+    version and checkout, so checkouts with different kernels (branches, an upgrade), or the same kernel at another
+    path (torch's build file names the source by path, and a changed path rebuilds), never rebuild over each other
+    in torch's shared cache."""
+    source, cflags = _HERE / KERNELS[name][0], KERNELS[name][1]
+    headers = b"".join(h.read_bytes() for h in sorted(_HERE.glob("*.h")))  # what the sources include
+    where = str(source.resolve()).encode()
+    digest = hashlib.sha256(source.read_bytes() + headers + " ".join(cflags).encode() + where).hexdigest()[:12]
+    return f"avkit_{source.stem}_{digest}"
+
+
+def build_dir(name: str) -> Path:
+    """Where torch's builder puts kernel ``name`` (``$TORCH_EXTENSIONS_DIR`` or its default root)."""
     from torch.utils.cpp_extension import _get_build_directory  # lazy: setuptools and the build tools behind it
 
-    return Path(_get_build_directory(cpu_linear.build_name(source, cflags), verbose=False))
+    return Path(_get_build_directory(build_name(name), verbose=False))
+
+
+def clear_stale_build_lock(directory: Path, max_age_s: float = STALE_BUILD_LOCK_S) -> bool:
+    """Remove ``directory/lock`` when older than ``max_age_s``; True if removed.
+
+    torch's extension builder holds that file while it compiles and waits, without a timeout, for any
+    other holder to delete it; a build killed mid-way leaves it behind, and every later import would hang.
+    """
+    lock = directory / "lock"
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age < max_age_s:
+        return False
+    lock.unlink(missing_ok=True)
+    warnings.warn(f"avkit: removed a stale build lock {lock} ({age / 60:.0f} min old)", stacklevel=2)
+    return True
+
+
+@functools.cache
+def load(name: str):
+    """The compiled module of kernel ``name`` (a key of ``KERNELS``), or None where it cannot run or build here."""
+    if not runs_here(name):
+        return None
+    source, cflags, _ = KERNELS[name]
+    try:
+        from torch.utils.cpp_extension import load as build  # lazy: torch.utils.cpp_extension (builds on first use)
+
+        clear_stale_build_lock(build_dir(name))
+        return build(name=build_name(name), sources=[str(_HERE / source)], extra_cflags=list(cflags),
+                     extra_ldflags=["-fopenmp"], verbose=False)
+    except Exception as exc:  # no compiler / ninja: the plain torch path still computes the same thing
+        warnings.warn(f"avkit: CPU kernel {source} unavailable ({type(exc).__name__}: {exc}); using torch",
+                      stacklevel=2)
+        return None
 
 
 def missing(bf16: bool = True) -> list[str]:
-    """The kernels a model of this dtype (``bf16``, else float32) uses on this CPU that have no built module
-    yet (source file names)."""
-    return [source.name for source, cflags, bf16_only in KERNELS if (bf16 or not bf16_only)
-            and cpu_linear.runs_here(cflags)
-            and not (build_dir(source, cflags) / f"{cpu_linear.build_name(source, cflags)}.so").is_file()]
-
-
-def build(names: list[str]) -> None:
-    """Build (or load from torch's cache) the kernels of these source names, in this process."""
-    for source, cflags, _ in KERNELS:
-        if source.name in names:
-            cpu_linear.load_extension(source, cflags)
+    """The kernels a model of this dtype (``bf16``, else float32) uses on this CPU that have no built module yet."""
+    return [name for name, (_, _, bf16_only) in KERNELS.items() if (bf16 or not bf16_only) and runs_here(name)
+            and not (build_dir(name) / f"{build_name(name)}.so").is_file()]
 
 
 def build_in_child(bf16: bool = True, log=None) -> float:
@@ -73,7 +131,11 @@ def build_in_child(bf16: bool = True, log=None) -> float:
         code = child.wait()
     except BaseException:
         _stop_group(child)
-        _remove_locks(since=t0)
+        for name in KERNELS:  # the builder's locks created since t0, by the killed child
+            lock = build_dir(name) / "lock"
+            with contextlib.suppress(FileNotFoundError):
+                if lock.stat().st_mtime >= t0 - 1.0:
+                    lock.unlink()
         raise
     if code != 0 and log is not None:  # each kernel falls back to torch where it cannot build
         log(f"building the CPU kernels exited with code {code}; the torch path runs where one is missing")
@@ -98,16 +160,6 @@ def _stop_group(child: subprocess.Popen, wait_s: float = 2.0) -> None:
         pass
 
 
-def _remove_locks(since: float) -> None:
-    """Remove the builder's ``lock`` files created after ``since`` (by the killed child)."""
-    for source, cflags, _ in KERNELS:
-        lock = build_dir(source, cflags) / "lock"
-        try:
-            if lock.stat().st_mtime >= since - 1.0:
-                lock.unlink()
-        except FileNotFoundError:
-            pass
-
-
 if __name__ == "__main__":
-    build(sys.argv[1:] or [source.name for source, _, _ in KERNELS])
+    for kernel in sys.argv[1:] or list(KERNELS):
+        load(kernel)

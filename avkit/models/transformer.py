@@ -173,11 +173,6 @@ class Transformer(nn.Module):
         c = self.config
         return KVCache(c.num_layers, max_batch, c.num_kv_heads, max_len, c.head_dim, self.dtype, self.device)
 
-    def inv_freq(self) -> torch.Tensor:
-        d = self.config.head_dim
-        exps = torch.arange(0, d, 2, dtype=torch.int64, device=self.device).float() / d
-        return 1.0 / (self.config.rope_theta ** exps)  # [D/2], float32 as in HF
-
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, q_lens: torch.Tensor, slots: torch.Tensor, cache: KVCache,
                 logits: str | torch.Tensor = "all", *, host: HostLengths | None = None,
@@ -270,7 +265,9 @@ class Transformer(nn.Module):
     def _grow_rope(self, table, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         have = 0 if table is None else table[0].shape[0]
         pos = torch.arange(have, max(n, 2 * have, 1024), device=self.device).float()
-        freqs = pos[:, None] * self.inv_freq()  # [new, D/2]
+        d = self.config.head_dim
+        exps = torch.arange(0, d, 2, dtype=torch.int64, device=self.device).float() / d
+        freqs = pos[:, None] * (1.0 / (self.config.rope_theta ** exps))  # [new, D/2], inv_freq in float32 as in HF
         emb = torch.cat((freqs, freqs), dim=-1)  # [new, D]
         cos, sin = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
         self._rope_table = (cos, sin) if table is None else (torch.cat([table[0], cos]), torch.cat([table[1], sin]))
