@@ -102,7 +102,7 @@ def test_serve_policy_takes_simulate_syntax(monkeypatch, capsys):
     monkeypatch.setitem(POLICIES._entries, "mine", Mine)
     cases[("mine",)] = ("mine", "online_logistic", 7, True)
     for args, want in cases.items():
-        code, _, err = _run(capsys, monkeypatch, "serve", "-k", "7", "--policy", *args)
+        _, _, err = _run(capsys, monkeypatch, "serve", "-k", "7", "--policy", *args)
         c = got.pop("config")
         assert (c.policy, c.adaptive.estimator, c.engine.k, c.adaptive.draft_gate) == want, (args, err)
         if c.policy in ("fixed", "mine"):  # the object serve runs: PolicySpec.make's

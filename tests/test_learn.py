@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from avkit.errors import ConfigError
 from avkit.scheduling.cost import CostTable
 from avkit.scheduling.learn import CostLearner, context_band
 from avkit.step_types import StepTime
@@ -86,7 +87,7 @@ def test_snapshot_is_a_cost_file(tmp_path):
     assert back.to_json() == {**learner.model.to_json(), "meta": back.to_json()["meta"]}
     assert back.meta["source"] == "learned" and back.meta["steps"] == 500
     (tmp_path / "dir").mkdir()
-    with pytest.raises(Exception):
+    with pytest.raises(ConfigError, match="is a directory"):
         learner.snapshot(tmp_path / "dir")  # cannot replace a directory: raises, writes nothing
     assert CostTable.load(path).to_json() == back.to_json()  # the earlier snapshot is intact
 
