@@ -97,9 +97,6 @@ class ForgettingLogistic(RoundLogistic):
     def _logits_torch(self, coef, features, positions):
         return basis_torch(features) @ coef["basis_slopes"] + coef["intercepts"][positions]
 
-    def _slope_at(self, position):
-        return self.slope
-
     def fit(self, *args, **kwargs):
         raise ConfigError("forgetting_logistic refits online only; batch fits use batch_logistic")
 
