@@ -5,10 +5,10 @@ Reading order:
   engine_loop.py  the one thread that runs the engine: bounded admission, continuous batching, cancel
   text_stream.py  token ids -> text deltas with stop sequences (streamed == non-streamed)
   state.py        what every route shares: ServeState
-  generation.py   one request's n choices in the engine, their merged text events
-  completions.py  the two generation endpoints (SSE and JSON), off-loop tokenization, disconnects
-  app.py          FastAPI app: auth, error envelopes, /health, /v1/models, /metrics, lifespan
-  middleware.py   ASGI layers: contained 500s, request counts + access log, body-size cap (413)
+  completions.py  the two generation endpoints (SSE and JSON), off-loop tokenization, disconnects, and
+                  `Generation`: one request's n choices in the engine, their merged text events
+  app.py          FastAPI app: auth, error envelopes, /health, /v1/models, /metrics, lifespan; its ASGI
+                  layers: contained 500s, request counts + access log, body-size cap (413)
   metrics.py      Prometheus metrics (per-position drafted/verified/accepted, budget, coefficients)
   side_writes.py  snapshot / trace writes that fail: counted, logged once, backed off, /health degraded;
                   the engine's sink (metrics, --record rows)

@@ -1,17 +1,28 @@
-"""The FastAPI application: OpenAI routes, auth, error envelopes, metrics, lifespan.
+"""The HTTP application: OpenAI routes, auth, error envelopes, metrics, lifespan, and its ASGI layers.
 
 Handlers never touch the engine: generation endpoints (`avkit.serve.completions`) submit to the
 `EngineLoop` and stream its events. Every error, including FastAPI's own validation errors, 404,
 405 and unparsable bodies, is returned in OpenAI's envelope `{"error": {"message", "type",
 "param", "code"}}` with a message that names the field and the bad value; a 500 says only that
-the log has the details. `asgi_app` wraps the app in the layers of `avkit.serve.middleware`.
+the log has the details.
 /health: 200 `ok` or `degraded` (a side write is failing; `reasons` says which and why), 503
 `starting` (the warm-up has not run yet), `draining` (shutting down) or `failed` (the engine thread died).
+`asgi_app` wraps the app in two ASGI layers, outermost first:
+  ContainErrors   an exception that escapes the app (FastAPI's ServerErrorMiddleware re-raises after
+                  sending the 500) ends here: logged once with its traceback and swallowed, so the
+                  server keeps the keep-alive connection instead of resetting it; if nothing was sent
+                  yet, the client gets a 500 in the OpenAI envelope with no exception text. Every
+                  response is counted by endpoint and status on /metrics (streams included); with
+                  --log-requests one access-log line per request: method, path, status, prompt and
+                  completion tokens, seconds
+  BodyLimit       reads a request body up to `max_body_bytes` before the app sees it; more (by
+                  Content-Length, or by counting a chunked body) is a 413 in the envelope
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
 import time
@@ -24,9 +35,13 @@ from starlette.exceptions import HTTPException
 
 from avkit.serve.completions import add_routes
 from avkit.serve.metrics import CONTENT_TYPE
-from avkit.serve.middleware import BodyLimit, ContainErrors
 from avkit.serve.openai_api import INTERNAL_ERROR, ApiError
-from avkit.serve.state import ServeState
+from avkit.serve.state import USAGE_KEY, ServeState
+
+log = logging.getLogger("avkit.serve")
+access_log = logging.getLogger("avkit.serve.access")
+
+ENDPOINTS = frozenset({"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"})
 
 
 def _api_error(request: Request, e: Exception) -> ApiError:
@@ -89,7 +104,7 @@ def build_app(state: ServeState) -> FastAPI:
             try:
                 await asyncio.to_thread(state.on_close)
             except Exception:  # on_close reports its own failures; this is the backstop
-                logging.getLogger("avkit.serve").exception("shutdown: closing the side writes failed")
+                log.exception("shutdown: closing the side writes failed")
 
     app = FastAPI(title="avkit", version="1", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.avkit = state
@@ -124,6 +139,83 @@ def build_app(state: ServeState) -> FastAPI:
 
     add_routes(app, state, auth)
     return app
+
+
+async def send_error(send, error: ApiError) -> None:
+    payload = json.dumps(error.body()).encode()
+    await send({"type": "http.response.start", "status": error.status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+class ContainErrors:
+    """Unknown paths share the label `other`, so scanning random URLs cannot grow the label set."""
+
+    def __init__(self, app, metrics, log_requests: bool = False):
+        self.app, self.metrics, self.log_requests = app, metrics, log_requests
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status, t0 = None, time.monotonic()
+
+        async def track(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, track)
+        except Exception:  # the one place an unexpected error stops
+            log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
+            if status is None:
+                await send_error(track, ApiError(500, INTERNAL_ERROR))
+        finally:
+            status = 500 if status is None else status  # the app ended before answering
+            path = scope["path"] if scope["path"] in ENDPOINTS else "other"
+            self.metrics.requests.labels(endpoint=path, status=str(status)).inc()
+            if self.log_requests:
+                prompt, completion = scope.get(USAGE_KEY, (0, 0))
+                access_log.info("%s %s %d prompt_tokens=%d completion_tokens=%d %.3fs", scope["method"],
+                                scope["path"], status, prompt, completion, time.monotonic() - t0)
+
+
+class BodyLimit:
+    def __init__(self, app, max_body_bytes: int):
+        self.app, self.max = app, max_body_bytes
+
+    async def _too_large(self, send, got: str) -> None:
+        await send_error(send, ApiError(413, f"request body: {got} bytes, over the limit of {self.max} "
+                                             "(the server's --max-body-bytes)"))
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max:
+            return await self._too_large(send, declared.decode())
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return  # the client left before sending its body: nothing to answer
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max:
+                return await self._too_large(send, f"more than {self.max}")
+            if not message.get("more_body", False):
+                break
+        body, replayed = b"".join(chunks), False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:  # the app reads the whole body first, then waits for the disconnect
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
 
 def asgi_app(state: ServeState):

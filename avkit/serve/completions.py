@@ -6,13 +6,20 @@ limits (context, max_tokens, n) -> `Generation` (n engine requests; 429 + Retry-
 -> engine events -> `TextStream` (detokenize, stop sequences) -> SSE chunks or one JSON body. A
 client that disconnects, or a stop sequence that matches, cancels the request in the engine at
 its next step.
+A request with `n` choices submits n engine requests at once (all admitted or none: a 429 never
+leaves half a request decoding) with ids `<rid>-<i>`; each choice has its own `TextStream`.
+Every choice is an independent sample of the same distribution, so `n > 1` is lossless for the
+same reason n = 1 is. With `seed`, choice i uses RNG key i: equal seed, prompt and parameters give
+equal choices, and the n choices of one request differ from each other.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,8 +28,9 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from avkit.serve.generation import Generation
-from avkit.serve.middleware import USAGE_KEY
+from avkit.config import SamplingConfig
+from avkit.errors import AvkitError
+from avkit.runtime.request import Request as EngineRequest
 from avkit.serve.openai_api import (
     ApiError,
     ChatCompletionRequest,
@@ -30,9 +38,110 @@ from avkit.serve.openai_api import (
     response_body,
     usage,
 )
-from avkit.serve.state import ServeState
+from avkit.serve.state import USAGE_KEY, ServeState
+from avkit.serve.text_stream import TextStream
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class Generation:
+    """The n choices of one request, submitted together (module doc); `events()` merges their text deltas."""
+
+    def __init__(self, state: ServeState, rid: str, prompt_ids: list[int], body, max_tokens: int):
+        self.state, self.rid, self.prompt_len = state, rid, len(prompt_ids)
+        try:
+            sampling = SamplingConfig(temperature=body.temperature, top_p=body.top_p, max_new_tokens=max_tokens,
+                                      seed=body.seed, top_k=max(0, body.top_k or 0), min_p=body.min_p or 0.0)
+            # OpenAI's `seed` promises the same output for the same request, so a seeded choice i uses RNG key i
+            # instead of its (unique) id's hash. Best effort, as OpenAI's: under adaptive verification the
+            # verified prefix depends on the rest of the batch and the draft gate on the traffic served
+            # before, so load can change a seeded sample (never its distribution); `full` and `fixed` do not.
+            requests = [EngineRequest(f"{rid}-{i}", prompt_ids, sampling, dataset="serve",
+                                      rng_key=i if body.seed is not None else None) for i in range(body.n)]
+        except AvkitError as e:
+            raise ApiError(400, str(e)) from None
+        self.handles = state.engine_loop.submit_all(requests, asyncio.get_running_loop())  # or a 429 / 503
+        state.metrics.prompt_tokens.inc(len(prompt_ids))
+        decode = functools.partial(state.tokenizer.decode, skip_special_tokens=True)
+        self.texts = [TextStream(decode, body.stop or ()) for _ in self.handles]  # one per choice
+        self.t0 = time.monotonic()
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(ts.num_tokens for ts in self.texts)
+
+    def cancel(self) -> None:
+        for h in self.handles:
+            self.state.engine_loop.cancel(h.request_id)
+
+    async def _choice_events(self, i: int) -> AsyncIterator[tuple[str, str | None]]:
+        """Engine events of choice i -> (text delta, finish_reason or None); finish set on the last."""
+        state, handle, ts, first = self.state, self.handles[i], self.texts[i], True
+        while True:
+            ev = await handle.events.get()
+            if ev.error is not None:
+                raise ev.error
+            delta = ts.push(ev.new_token_ids)
+            if first and ev.new_token_ids:
+                state.metrics.ttft_seconds.observe(time.monotonic() - self.t0)
+                first = False
+            if ts.stopped or ev.finished:
+                if ts.stopped and not ev.finished:
+                    state.engine_loop.cancel(handle.request_id)
+                state.metrics.latency_seconds.observe(time.monotonic() - self.t0)
+                yield delta + ts.finish(), "stop" if ts.stopped else (ev.finish_reason or "stop")
+                return
+            if delta:
+                yield delta, None
+
+    async def events(self) -> AsyncIterator[tuple[int, str, str | None]]:
+        """(choice index, text delta, finish_reason or None) of every choice as they come."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int) -> None:
+            try:
+                async for delta, finish in self._choice_events(i):
+                    queue.put_nowait((i, delta, finish))
+            except ApiError as e:
+                queue.put_nowait(e)
+
+        tasks = [asyncio.ensure_future(pump(i)) for i in range(len(self.handles))]
+        try:
+            running = len(tasks)
+            while running:
+                item = await queue.get()
+                if isinstance(item, ApiError):
+                    raise item
+                yield item
+                running -= item[2] is not None  # that choice's last event
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def collect(self, request: Request) -> list[tuple[str, str]] | None:
+        """Run every choice to the end -> [(text, finish_reason)] by choice index; None when the client
+        disconnected first."""
+        async def run() -> list[tuple[str, str]]:
+            parts, finish = [[] for _ in self.handles], ["stop"] * len(self.handles)
+            async for i, delta, reason in self.events():
+                parts[i].append(delta)
+                finish[i] = reason or finish[i]
+            return [("".join(p), f) for p, f in zip(parts, finish)]
+
+        work, gone = asyncio.ensure_future(run()), asyncio.ensure_future(_wait_disconnect(request))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():
+                work.cancel()
+                self.cancel()
+        return None if not work.done() or work.cancelled() else work.result()  # an error event raises its ApiError
+
+
+async def _wait_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class _SSEResponse(StreamingResponse):
@@ -127,32 +236,13 @@ def _max_tokens(state: ServeState, prompt_len: int, requested: int | None, param
     return requested
 
 
-async def _collect(gen: Generation, request: Request) -> list[tuple[str, str]] | None:
-    """Run a non-streamed request to the end; None when the client disconnected first."""
-    work = asyncio.ensure_future(gen.collect())
-    gone = asyncio.ensure_future(_wait_disconnect(request))
-    try:
-        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not work.done():
-            work.cancel()
-            gen.cancel()
-    return None if not work.done() or work.cancelled() else work.result()  # an error event raises its ApiError
-
-
-async def _wait_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
 async def _stream(gen: Generation, request: Request, chat: bool, include_usage: bool):
     def chunk(choices, use=None, index=0):
         return _sse(response_body(gen.rid, gen.state.model_name, chat, choices, use, chunk=True, index=index))
 
     if chat:
-        for c in gen.choices:
-            yield chunk([({"role": "assistant", "content": ""}, None)], index=c.index)
+        for i in range(len(gen.handles)):
+            yield chunk([({"role": "assistant", "content": ""}, None)], index=i)
     try:
         async for i, delta, finish in gen.events():
             yield chunk([(({"content": delta} if delta else {}) if chat else delta, finish)], index=i)
@@ -176,7 +266,7 @@ async def _respond(state: ServeState, request: Request, body, prompt_ids: list[i
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return _SSEResponse(_stream(gen, request, chat, include_usage), on_close=gen.cancel)
-    choices = await _collect(gen, request)
+    choices = await gen.collect(request)
     request.scope[USAGE_KEY] = (gen.prompt_len, gen.completion_tokens)
     if choices is None:  # client gone; nobody reads this
         return JSONResponse({}, status_code=499)

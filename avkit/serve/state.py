@@ -1,6 +1,6 @@
-"""What every route shares: the server's state (`ServeState`).
+"""What every route shares: the server's state (`ServeState`), the scope key of token usage (`USAGE_KEY`).
 
-The app (app.py) and the generation routes (completions.py, generation.py) import this module;
+The app (app.py) and the generation routes (completions.py) import this module;
 it imports none of them.
 """
 
@@ -15,6 +15,8 @@ from avkit.config import ServeConfig
 from avkit.serve.engine_loop import EngineLoop
 from avkit.serve.metrics import ServeMetrics
 from avkit.serve.side_writes import SideWrites
+
+USAGE_KEY = "avkit.usage"  # ASGI scope key the generation endpoints set to (prompt, completion) tokens
 
 
 @dataclass
@@ -45,4 +47,4 @@ class ServeState:
         self.engine_loop.begin_drain()
 
 
-__all__ = ["ServeState"]
+__all__ = ["USAGE_KEY", "ServeState"]
