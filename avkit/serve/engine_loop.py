@@ -176,7 +176,7 @@ class EngineLoop:
                 while self._pending and len(self._running) < self.max_concurrency and not self._stop:
                     admit.append(self._pending.popleft())
                     self._running[admit[-1].request_id] = admit[-1]
-            for h in admit:  # outside the lock; a cancel meanwhile is in _cancels, applied next
+            for h in admit:  # outside the lock; a cancel meanwhile lands in _cancels, applied below
                 self._add(h)
             with self._cv:
                 cancels, self._cancels = self._cancels, set()
