@@ -54,13 +54,13 @@ class _Slot:
     pending: tuple[int, list[int]] | None = None  # (output position, tokens) of the last model draft
 
 
-def _fill_cache_rows(rows: np.ndarray, drafts: list[CacheDraft], tokens, probs, q_sampled, num,
-                    feats, extra) -> None:
-    """Write the cache rows ([Bc] of them) into the proposal at once: one-hot draws (into `probs` rows
-    that are still zero; none when `probs` has width 0), the two-point features of each step's frequency
-    probability, match length and score."""
+def _fill_cache_rows(rows: np.ndarray, drafts: list[CacheDraft], limit: np.ndarray, tokens, probs, q_sampled, num,
+                     feats, extra) -> None:
+    """Write the cache rows ([Bc] of them, each draft's first `limit` [Bc] tokens) into the proposal at once:
+    one-hot draws (into `probs` rows that are still zero; none when `probs` has width 0), the two-point
+    features of each step's frequency probability, match length and score."""
     K, dev = tokens.shape[1], tokens.device
-    n = np.array([min(d.draft_len, K) for d in drafts])  # [Bc]
+    n = np.minimum([d.draft_len for d in drafts], np.minimum(limit, K))  # [Bc]
     pad_tok = np.zeros((len(drafts), K), dtype=np.int64)  # [Bc, K]
     path = np.ones((len(drafts), K + 1))  # [Bc, K+1] P_0 = 1, P_j (held past the draft's end)
     for i, d in enumerate(drafts):
@@ -212,9 +212,8 @@ class HybridDrafter(Drafter):
             self._remember_model_drafts(inp, model_idx, prop)
         cache_rows = np.flatnonzero(use & (limit > 0))
         if len(cache_rows):
-            cut = [CacheDraft(drafts[b].tokens[: limit[b]], drafts[b].probs[: limit[b]], drafts[b].match_len,
-                              drafts[b].score, drafts[b].source) for b in cache_rows]
-            _fill_cache_rows(cache_rows, cut, tokens, probs, q_sampled, num, feats, extra)
+            _fill_cache_rows(cache_rows, [drafts[b] for b in cache_rows], limit[cache_rows], tokens, probs,
+                             q_sampled, num, feats, extra)
         # The policy scores these rows with the cache's own estimator (scheduling/adaptive.py): the trie's
         # frequencies are not the draft model's probabilities, so they get their own coefficients.
         by_cache = torch.as_tensor(use & (limit > 0), device=dev)  # [B] bool

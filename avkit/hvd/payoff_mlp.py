@@ -89,11 +89,12 @@ class PayoffMLP:
     def _log_survival(self, out: torch.Tensor) -> torch.Tensor:
         return torch.cumsum(nn.functional.logsigmoid(out), dim=1)  # [N, K] log P(y >= j), j = 1..K
 
+    def _survival(self, out: torch.Tensor, draft_len: torch.Tensor) -> torch.Tensor:
+        """[N, K] P(y >= j), zero beyond each draft's length (survival head)."""
+        return self._log_survival(out).exp() * (torch.arange(1, self.k + 1) <= draft_len[:, None])
+
     def _expected(self, out: torch.Tensor, draft_len: torch.Tensor) -> torch.Tensor:
-        if self.head == "mean":
-            return out[:, 0]
-        mask = torch.arange(1, self.k + 1) <= draft_len[:, None]  # [N, K]
-        return (self._log_survival(out).exp() * mask).sum(1)
+        return out[:, 0] if self.head == "mean" else self._survival(out, draft_len).sum(1)
 
     def _loss(self, out: torch.Tensor, y: torch.Tensor, draft_len: torch.Tensor) -> torch.Tensor:
         if self.head == "mean":
@@ -151,8 +152,7 @@ class PayoffMLP:
         """[N, F] -> [N, K] P(accepted >= j), zero beyond each draft's length (survival head only)."""
         if self.head != "survival":
             raise ConfigError("predict_survival needs head='survival'")
-        out, draft_len = self._forward(x)
-        return (self._log_survival(out).exp() * (torch.arange(1, self.k + 1) <= draft_len[:, None])).numpy()
+        return self._survival(*self._forward(x)).numpy()
 
     def save(self, path: str | os.PathLike, **extra) -> None:
         """Weights + feature names + standardization (+ extra scalars such as tau); temp file, then rename."""

@@ -43,10 +43,6 @@ COUNT, CHILDREN = 0, 1
 NODE_BYTES = 285  # CPython 3.11, 64-bit: see the module note; `deep_bytes` measures it exactly
 
 
-def _new_node() -> Node:
-    return [0, None]
-
-
 @dataclass
 class CacheDraft:
     """One cache draft and the runtime features the payoff predictor reads."""
@@ -74,7 +70,7 @@ class SuffixTrie:
 
     def __init__(self, max_depth: int):
         self.max_depth = max_depth
-        self.root = _new_node()
+        self.root: Node = [0, None]
         self.num_nodes = 1
         self._seqs: dict[int, list[int]] = {}
         self._active: dict[int, list[Node]] = {}  # seq -> [node of its last m tokens, m = 1..]
