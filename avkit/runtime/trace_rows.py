@@ -11,7 +11,6 @@ The engine does no file I/O: it hands each step's columns to a `TraceSink` (`rec
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Protocol
 
 import numpy as np
@@ -21,39 +20,24 @@ from avkit.drafters.base import DraftInput, DraftProposal
 from avkit.kernels.rejection_ref import RejectionResult
 
 
-def _to_cpu(obj):
-    """A copy of a dataclass of tensors with every tensor (and dict of tensors) on the CPU."""
-    def move(v):
-        if isinstance(v, torch.Tensor):
-            return v.detach().cpu()
-        if isinstance(v, dict):
-            return {k: move(t) for k, t in v.items()}
-        return v
-    return dataclasses.replace(obj, **{f.name: move(getattr(obj, f.name)) for f in dataclasses.fields(obj)})
-
-
 def trace_rows(batch, inp: DraftInput, draft: DraftProposal, num_verify: torch.Tensor,
                result: RejectionResult, confidences: torch.Tensor | None, *, engine_step: int,
                step_time_ms: float) -> dict[str, np.ndarray]:
-    """Columns for the slots of this step, in (request, position) order."""
-    # Rows are built on the CPU; the draft distributions [B, K, V] are not needed for them.
-    draft = _to_cpu(dataclasses.replace(draft, probs=draft.probs[:, :, :0]))
-    inp, result = _to_cpu(inp), _to_cpu(result)
-    num_verify = num_verify.cpu()
-    confidences = None if confidences is None else confidences.detach().cpu()
+    """Columns for the slots of this step, in (request, position) order (built on the host: each [B, K]
+    tensor is copied once, wherever it lives)."""
     B, K = draft.tokens.shape
     k = result.accepted.shape[1]  # verified width (<= K)
     j = torch.arange(K)
-    slot_mask = j[None, :] < draft.num_drafted[:, None]  # [B, K]
+    slot_mask = j[None, :] < draft.num_drafted.cpu()[:, None]  # [B, K]
     r_idx, j_idx = (x.numpy() for x in slot_mask.nonzero(as_tuple=True))  # [N] each
 
     def pad(x: torch.Tensor, fill) -> torch.Tensor:  # [B, k] -> [B, K]
-        return torch.cat([x, torch.full((B, K - k), fill, dtype=x.dtype)], dim=1)
+        return torch.cat([x, torch.full((B, K - k), fill, dtype=x.dtype, device=x.device)], dim=1)
 
     def pick(x: torch.Tensor) -> np.ndarray:  # [B, K] -> [N]
-        return x.numpy()[r_idx, j_idx]
+        return x.detach().cpu().numpy()[r_idx, j_idx]
 
-    verified = pick(j[None, :] < num_verify[:, None])
+    verified = pick(j[None, :] < num_verify.cpu()[:, None])
     observed = pick(pad(result.observed, False))
     accepted = pick(pad(result.accepted, False))
     target_prob = pick(pad(result.target_prob.float(), float("nan"))).astype(np.float32)
@@ -89,7 +73,7 @@ def trace_rows(batch, inp: DraftInput, draft: DraftProposal, num_verify: torch.T
         "accept_prob": np.ma.MaskedArray(accept_prob, mask=~verified),
     }
     if confidences is not None:
-        conf = pick(confidences.float()[:, :K].cpu()).astype(np.float32)
+        conf = pick(confidences.float()[:, :K]).astype(np.float32)
         cols["confidence"] = np.ma.MaskedArray(conf, mask=~np.isfinite(conf))
     for name, value in draft.extra.items():  # head_conf, match_len (int16), cache_score
         v = pick(value.float())
