@@ -77,13 +77,9 @@ class ServeMetrics:
                                 ["endpoint", "status"], registry=r)
         self.prompt_tokens = Counter("avkit_prompt_tokens", "prompt tokens admitted", registry=r)
         self.generation_tokens = Counter("avkit_generation_tokens", "tokens generated", registry=r)
-        labels = ["position", "drafter"]
-        self.drafted = Counter("avkit_drafted", "draft slots proposed, by position and drafter", labels,
-                               registry=r)
-        self.verified = Counter("avkit_verified", "draft slots verified, by position and drafter", labels,
-                                registry=r)
-        self.accepted = Counter("avkit_accepted", "draft slots accepted, by position and drafter", labels,
-                                registry=r)
+        self.drafted, self.verified, self.accepted = (
+            Counter(f"avkit_{what}", f"draft slots {what}, by position and drafter", ["position", "drafter"], registry=r)
+            for what in ("drafted", "verified", "accepted"))
         self.verify_budget = Histogram("avkit_verify_budget", "drafts verified per engine step",
                                        buckets=_BUDGET_BUCKETS, registry=r)
         self.step_time_ratio = Histogram(
@@ -96,8 +92,7 @@ class ServeMetrics:
                                       buckets=_LATENCY_BUCKETS, registry=r)
         self.latency_seconds = Histogram("avkit_request_seconds", "admission to last token",
                                          buckets=_LATENCY_BUCKETS, registry=r)
-        self.queue_depth = Gauge("avkit_queue_depth", "requests admitted but waiting for a slot",
-                                 registry=r)
+        self.queue_depth = Gauge("avkit_queue_depth", "requests admitted but waiting for a slot", registry=r)
         self.running = Gauge("avkit_running_requests", "requests decoding in the engine", registry=r)
         self.engine_errors = Counter("avkit_engine_errors", "engine steps that raised", registry=r)
         self.side_write_failures = Counter("avkit_side_write_failures", "failed side writes by kind "
