@@ -107,6 +107,11 @@ def check_resume(files: RecordFiles, meta: dict[str, str]) -> None:
                               f"{now!r} ({option}); record into another --out or match the settings")
 
 
+def finished_requests(generations) -> dict[str, list[int]]:
+    """A generations table's finished requests, which `--resume` does not ask again: request id -> output ids."""
+    return dict(zip(generations["request_id"].to_pylist(), generations["output_ids"].to_pylist()))
+
+
 def _readable(src: Path) -> None:
     import pyarrow as pa  # lazy: pyarrow
     import pyarrow.parquet as pq  # lazy: pyarrow
@@ -124,4 +129,4 @@ def _same_float(a: str, b: str) -> bool:
         return a == b
 
 
-__all__ = ["RecordFiles", "check_resume", "plan_files", "preflight"]
+__all__ = ["RecordFiles", "check_resume", "finished_requests", "plan_files", "preflight"]

@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 import avkit
 from avkit.config import RecordConfig
-from avkit.record.files import check_resume, preflight
+from avkit.record.files import check_resume, finished_requests, preflight
 from avkit.record.progress import RecordProgress
 from avkit.record.requests import PromptQueue, Turn
 from avkit.record.stats import AcceptanceStats
@@ -174,7 +174,7 @@ def _record(config, files, target, draft, progress, console, run_id, policy=None
             # Read both sources before writing anything: a failed resume leaves both tables as they were.
             gens = GenerationWriter(gen_path, meta, row_group_rows=_NEVER, resume=config.resume,
                                     source=files.generations_source)
-            done = _finished_outputs(gens) if config.resume else {}
+            done = finished_requests(gens.table()) if config.resume else {}
             trace = TraceWriter(out, meta, row_group_rows=config.row_group_rows, resume=config.resume,
                                 keep_requests=set(done) if config.resume else None, source=files.trace_source)
             gens.flush()  # generations partial first: a trace partial never exists without its generations
@@ -215,11 +215,6 @@ def _keep_partials(trace: TraceWriter | None, gens: GenerationWriter | None) -> 
                 writer.flush()
             except Exception:  # the original error is the one to report
                 pass
-
-
-def _finished_outputs(gens: GenerationWriter) -> dict[str, list[int]]:
-    t = gens.table()
-    return dict(zip(t["request_id"].to_pylist(), t["output_ids"].to_pylist()))
 
 
 def verify_policy(config: RecordConfig):

@@ -65,15 +65,16 @@ class AcceptanceStats:
                                            mask=acc.is_null().to_numpy(zero_copy_only=False)),
         })
 
-    def labelled(self, dataset: str | None = None) -> int:
-        return int(sum(c.labelled.sum() for d, c in self.by_dataset.items() if dataset in (None, d)))
+    def _sel(self, dataset: str | None) -> list[_Counts]:
+        """The counts of one dataset, or of all (None)."""
+        return [c for d, c in self.by_dataset.items() if dataset in (None, d)]
 
-    def rows(self) -> int:
-        return sum(c.rows for c in self.by_dataset.values())
+    def labelled(self, dataset: str | None = None) -> int:
+        return int(sum(c.labelled.sum() for c in self._sel(dataset)))
 
     def acceptance(self, dataset: str | None = None) -> np.ndarray:
         """[K] accepted / labelled per position (nan where nothing is labelled)."""
-        sel = [c for d, c in self.by_dataset.items() if dataset in (None, d)]
+        sel = self._sel(dataset)
         lab = sum((c.labelled for c in sel), np.zeros(self.k, np.int64))
         acc = sum((c.accepted for c in sel), np.zeros(self.k, np.int64))
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -81,12 +82,12 @@ class AcceptanceStats:
 
     def per_slot(self, dataset: str | None = None) -> float:
         """Accepted / labelled over all positions."""
-        sel = [c for d, c in self.by_dataset.items() if dataset in (None, d)]
+        sel = self._sel(dataset)
         lab = sum(int(c.labelled.sum()) for c in sel)
         return sum(int(c.accepted.sum()) for c in sel) / lab if lab else float("nan")
 
     def tokens_per_step(self, dataset: str | None = None) -> float:
-        sel = [c for d, c in self.by_dataset.items() if dataset in (None, d)]
+        sel = self._sel(dataset)
         steps = sum(c.request_steps for c in sel)
         return (sum(c.accepted_total for c in sel) + steps) / steps if steps else float("nan")
 
@@ -95,7 +96,7 @@ class AcceptanceStats:
         names = sorted(self.by_dataset) + [None]
         return {
             (d or "all"): {
-                "rows": sum(c.rows for n, c in self.by_dataset.items() if d in (None, n)),
+                "rows": sum(c.rows for c in self._sel(d)),
                 "labelled": self.labelled(d),
                 "per_slot_acceptance": round(self.per_slot(d), 4),
                 "tokens_per_step": round(self.tokens_per_step(d), 3),

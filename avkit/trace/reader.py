@@ -105,22 +105,28 @@ def check_schema(path) -> pa.Schema:
     """Check one file's footer against trace format v1; return its Arrow schema."""
     path = Path(path)
     schema = _open(path).schema_arrow
-    meta = schema.metadata or {}
-    version = meta.get(S.META_SCHEMA_VERSION.encode())
-    if version is None:
+    if S.META_SCHEMA_VERSION.encode() not in (schema.metadata or {}):
         raise TraceError(f"{path}: not an avkit trace ({_not_a_trace(schema.names)})")
-    version = version.decode(errors="replace")
+    _check_footer(path, schema, S.COLUMNS, S.REQUIRED)
+    return schema
+
+
+def _check_footer(path: Path, schema: pa.Schema, columns: tuple[S.Column, ...], required) -> None:
+    """The schema version (absent reads as v1: a generations table is plain Parquet anyone can write), every
+    `required` column present, every column present of the schema's type family (a list: of integers)."""
+    version = (schema.metadata or {}).get(S.META_SCHEMA_VERSION.encode(), b"1").decode(errors="replace")
     if version != S.SCHEMA_VERSION:
         raise TraceError(f"{path}: {S.META_SCHEMA_VERSION} is {version!r}, this avkit reads {S.SCHEMA_VERSION!r}")
-    for col in S.COLUMNS:
+    for col in columns:
         if col.name not in schema.names:
-            if col.name in S.REQUIRED:
+            if col.name in required:
                 raise TraceError(f"{path}: required column {col.name!r} is missing")
             continue
-        got, want = schema.field(col.name).type, col.type
-        if _family(got) != _family(want):
-            raise TraceError(f"{path}: column {col.name!r} has type {got}, expected {want}")
-    return schema
+        got = schema.field(col.name).type
+        ok = (_family(got) == _family(col.type) if not pa.types.is_list(col.type) else
+              (pa.types.is_list(got) or pa.types.is_large_list(got)) and _family(got.value_type) == "int")
+        if not ok:
+            raise TraceError(f"{path}: column {col.name!r} has type {got}, expected {col.type}")
 
 
 def _schema_columns(names: set[str], columns: list[str], index: int) -> list[pl.Expr]:
@@ -221,20 +227,7 @@ def read_generations(trace_path) -> pl.DataFrame:
     if not path.is_file():
         check_schema(trace_path)  # a file that is no trace at all says so first
         raise TraceError(f"{trace_path}: no generations table beside it (expected {path})")
-    schema = _open(path).schema_arrow
-    version = (schema.metadata or {}).get(S.META_SCHEMA_VERSION.encode(), b"1").decode(errors="replace")
-    if version != S.SCHEMA_VERSION:  # absent is fine: the table is plain Parquet anyone can write
-        raise TraceError(f"{path}: {S.META_SCHEMA_VERSION} is {version!r}, this avkit reads {S.SCHEMA_VERSION!r}")
-    for col in S.GENERATION_COLUMNS:
-        if col.name not in schema.names:
-            if col.name in GENERATION_NEEDED:
-                raise TraceError(f"{path}: required column {col.name!r} is missing")
-            continue
-        got = schema.field(col.name).type
-        ok = (_family(got) == _family(col.type) if not pa.types.is_list(col.type) else
-              (pa.types.is_list(got) or pa.types.is_large_list(got)) and _family(got.value_type) == "int")
-        if not ok:
-            raise TraceError(f"{path}: column {col.name!r} has type {got}, expected {col.type}")
+    _check_footer(path, _open(path).schema_arrow, S.GENERATION_COLUMNS, GENERATION_NEEDED)
     df = _read_arrow(path, list(GENERATION_NEEDED), lambda df: df.with_columns(
         pl.col("request_id", "dataset").cast(pl.String), pl.col("prompt_ids", "output_ids").cast(pl.List(pl.Int64))))
     nulls = [c for c in df.columns if df[c].null_count() or (df[c].dtype == pl.List(pl.Int64)

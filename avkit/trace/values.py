@@ -43,16 +43,11 @@ def _value_checks(k: int | None) -> list[tuple[str, pl.Expr, str]]:
         ("step", c("step") < 0, "is negative"),
         ("position", c("position") < 0, "is negative"),
     ]
-    if k is not None:
-        checks += [("position", c("position") >= k, f"is >= K = {k} (avkit.k)"),
-                   ("num_drafted", c("num_drafted") > k, f"is > K = {k} (avkit.k)")]
-    else:
-        checks += [("position", c("position") >= MAX_INFERRED_K,
-                    f"is >= {MAX_INFERRED_K} in a file without avkit.k metadata (K above {MAX_INFERRED_K} "
-                    "is refused)"),
-                   ("num_drafted", c("num_drafted") > MAX_INFERRED_K,
-                    f"is > {MAX_INFERRED_K} in a file without avkit.k metadata (K above {MAX_INFERRED_K} "
-                    "is refused)")]
+    limit, why = ((k, f"K = {k} (avkit.k)") if k is not None else
+                  (MAX_INFERRED_K, f"{MAX_INFERRED_K} in a file without avkit.k metadata (K above {MAX_INFERRED_K} "
+                                   "is refused)"))
+    checks += [("position", c("position") >= limit, f"is >= {why}"),
+               ("num_drafted", c("num_drafted") > limit, f"is > {why}")]
     checks += [
         ("num_verified", (c("num_verified") < 0) | (c("num_verified") > c("num_drafted")),
          "is outside [0, num_drafted]"),

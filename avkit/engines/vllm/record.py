@@ -41,7 +41,7 @@ from avkit.engines.vllm.driver import (check_vllm_version, child_env, engine_spe
 from avkit.errors import AvkitError, ConfigError
 from avkit.models.registry import weights_sha256
 from avkit.models.tokenizer import Tokenizer
-from avkit.record.files import RecordFiles, check_resume
+from avkit.record.files import RecordFiles, check_resume, finished_requests
 from avkit.record.requests import PromptQueue
 from avkit.record.stats import AcceptanceStats
 from avkit.staged import StagedOutputs
@@ -112,7 +112,8 @@ def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress:
     meta = {**metadata(config, target, draft), "avkit.vllm.draft_sample_method": config.vllm_draft_sampling}
     del meta["avkit.engine"], meta["avkit.dtype"]  # the plugin's: `vllm X.Y.Z` and the dtype vLLM runs
     check_resume(files, meta)
-    done = _finished(files.generations_source) if config.resume else {}
+    src = files.generations_source
+    done = finished_requests(pq.read_table(src)) if config.resume and src is not None and src.exists() else {}
     reqs, skipped_long = requests(config, target.tokenizer, done)
     if not reqs:
         raise ConfigError(f"--dataset {', '.join(config.dataset)}: no prompt fits --max-prompt-tokens "
@@ -155,14 +156,6 @@ def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress:
               f"(imports included), generated in {result['generate_s']:.0f} s", file=sys.stderr)
     return {**_result(config, files, result, committed, run_id, done), "interrupted": interrupted,
             "skipped_long": skipped_long, "elapsed_s": time.monotonic() - t0}
-
-
-def _finished(source: Path | None) -> dict[str, list[int]]:
-    """A resumed generations table's finished requests: id -> output ids."""
-    if source is None or not source.exists():
-        return {}
-    t = pq.read_table(source, columns=["request_id", "output_ids"])
-    return dict(zip(t["request_id"].to_pylist(), t["output_ids"].to_pylist()))
 
 
 def _append(files: RecordFiles, tables: list[tuple[Path, Path]], done: set[str], commit: bool) -> None:
