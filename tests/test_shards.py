@@ -37,7 +37,7 @@ def test_directory_glob_and_files_resolve_in_order_without_repeats(fleet):
     with pytest.raises(TraceError, match="given twice"):
         resolve_shards([paths[2], d])
     s = check_shards([d])
-    assert s.paths == tuple(paths) and s.meta["avkit.k"] == "7" and sum(s.rows) == 3 * 1_400
+    assert s.paths == tuple(paths) and s.meta["avkit.k"] == "7"
 
 
 @pytest.mark.parametrize("spec", ["missing.parquet", "replica-*.nothing", "empty"])

@@ -18,8 +18,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from avkit.config import DEFAULT_TRACE_GLOB
 from avkit.config.shipped import shipped_roots
 from avkit.errors import ConfigError, TraceError
@@ -96,7 +94,6 @@ class ShardSet:
     """Trace files checked to belong to one fit (same schema family, K and model pair)."""
 
     paths: tuple[Path, ...]  # [S] shard files, in the order given
-    rows: tuple[int, ...]  # [S] rows per shard (from the footers)
     meta: dict  # the first shard's `avkit.*` metadata
 
 
@@ -108,10 +105,9 @@ def _meta(schema) -> dict[str, str]:
 def check_shards(specs: Iterable[str | Path]) -> ShardSet:
     """Resolve `specs`, check every footer against the schema and the shards against each other."""
     paths = resolve_shards(specs)
-    rows, first = [], None
+    first = None
     for path in paths:
         meta = _meta(check_schema(path))
-        rows.append(pq.ParquetFile(path).metadata.num_rows)
         if first is None:
             first = (path, meta)
             continue
@@ -120,7 +116,7 @@ def check_shards(specs: Iterable[str | Path]) -> ShardSet:
             if mine != theirs:
                 raise TraceError(f"shard {path}: {key} is {mine!r} but {first[0]} (the first shard) has "
                                  f"{theirs!r}; one shard set is one model pair")
-    return ShardSet(tuple(paths), tuple(rows), first[1])
+    return ShardSet(tuple(paths), first[1])
 
 
 __all__ = ["AGREE", "ShardSet", "check_shards", "resolve_shards", "shipped_traces", "trace_files"]
