@@ -39,6 +39,17 @@ def plain_log(ax, axis: str = "both", base: int = 10) -> None:
             a.set_minor_formatter(NullFormatter())
 
 
+def series(rows, name: str, x: str, y: str, over: dict | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Result rows (dicts, in x order) -> row[name] -> (row[x] [C], row[y] [C], divided by over[row[x]] when
+    given): one line per policy or arm."""
+    out: dict[str, tuple[list, list]] = {}
+    for r in rows:
+        xs, ys = out.setdefault(r[name], ([], []))
+        xs.append(r[x])
+        ys.append(r[y] / (over[r[x]] if over else 1.0))
+    return {key: (np.asarray(xs), np.asarray(ys)) for key, (xs, ys) in out.items()}
+
+
 def series_colors(names: list[str]) -> dict[str, str]:
     """A stable color per series name (tab10 in order)."""
     cmap = colormaps["tab10"]
@@ -278,4 +289,4 @@ def tune_schedule(series: dict[str, tuple[np.ndarray, np.ndarray]], chosen: tupl
 
 
 __all__ = ["acceptance_by_position", "coefficient_trajectory", "grouped_bars", "pareto", "per_position_auc",
-           "reliability", "role_analysis", "throughput_vs_concurrency", "tune_schedule"]
+           "reliability", "role_analysis", "series", "throughput_vs_concurrency", "tune_schedule"]

@@ -39,12 +39,8 @@ def deployable_mask(df: pl.DataFrame) -> np.ndarray:
     return ~df["policy"].str.contains("oracle").to_numpy()
 
 
-def _series(df: pl.DataFrame, xcol: str, ycol: str = "throughput_tok_s") -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    out = {}
-    for policy in dict.fromkeys(df["policy"].to_list()):
-        part = df.filter(pl.col("policy") == policy).sort("concurrency")
-        out[policy] = (part[xcol].to_numpy(), part[ycol].to_numpy())
-    return out
+def _series(df: pl.DataFrame, x: str, y: str = "throughput_tok_s") -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    return plots.series(df.iter_rows(named=True), "policy", x, y)  # (df: sorted by concurrency)
 
 
 def main_adaptive(df: pl.DataFrame) -> str | None:

@@ -16,15 +16,6 @@ from avkit.report.document import Figure, Section, Table, fmt
 from avkit.report.inputs import ReportInputs
 
 
-def _series(result: dict, key: str, over: dict | None = None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    out: dict[str, tuple[list, list]] = {}
-    for r in result["cells"]:
-        x, y = out.setdefault(r["arm"], ([], []))
-        x.append(r["concurrency"])
-        y.append(r[key] / (over[r["concurrency"]] if over else 1.0))
-    return {arm: (np.asarray(x), np.asarray(y)) for arm, (x, y) in out.items()}
-
-
 def _digits(tok_s: float) -> int:
     return 0 if tok_s >= 100 else 1  # a CPU's 4.2 tok/s keeps its decimal
 
@@ -89,9 +80,10 @@ def build(inputs: ReportInputs, config: ReportConfig) -> Section:
     sec.add(Figure("tune_schedule", "Predicted throughput of every arm against batch size, the recommended schedule "
                    "in black over its shaded ranges (left); the same against the best single fixed K, the schedule "
                    "with its bootstrap interval (right). Hatched: concurrencies that do not fit the KV cache.",
-                   plots.tune_schedule(_series(result, "throughput_tok_s"),
+                   plots.tune_schedule(plots.series(result["cells"], "arm", "concurrency", "throughput_tok_s"),
                                        (gain[0], np.asarray([r["throughput_tok_s"] for r in per])),
-                                       _series(result, "throughput_tok_s", base), gain, labels,
+                                       plots.series(result["cells"], "arm", "concurrency", "throughput_tok_s", base),
+                                       gain, labels,
                                        [r["concurrency"] for r in result["infeasible"]]),
                    alt="throughput vs batch size with the recommended schedule"))
     sec.add(schedule_table(result), cell_table(result))
