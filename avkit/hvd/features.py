@@ -131,14 +131,11 @@ class RequestFeatures:
         p, t = self.prompt_len, len(self.drafts)
         lo = max(0, t - self.window)
         # the last W positions t' < t: the cache draft's accepted length against the output revealed since
-        # (at most t - t' tokens), the model's run of hits inside the window (so also at most t - t'); plain
-        # Python: the window is a handful of integers, and their sums are exact
+        # (at most t - t' tokens), the model's run of hits inside the window (so also at most t - t'); the
+        # sums are of integers, so exact
         acc = [common_prefix(d0, self.seq[p + i: p + i + len(d0)]) for i, d0 in enumerate(self.drafts[lo:], lo)]
-        hits, run, runs = self.hits[lo:], 0, 0
-        for h in reversed(hits):
-            run = run + 1 if h else 0
-            runs += min(run, self.k)
-        w = max(len(acc), 1)
+        hits, w = self.hits[lo:], max(len(acc), 1)
+        runs = int(accept_lengths(np.array(hits, dtype=bool), self.k).sum())
         hist = (sum(acc) / w, sum(a > 0 for a in acc) / w, sum(hits) / w, runs / w)
         tail = self.seq[len(self.seq) - d.match_len:] + d.tokens if d.tokens else []
         f = {**d.features(), "log_position": np.log1p(t), "log_prompt_len": np.log1p(p),
