@@ -33,15 +33,10 @@ def lowbias32(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def hash_key(seed, request, position, stream, index) -> torch.Tensor:
-    """Broadcast the key words (int64 tensors or ints) and hash them to uint32 values in int64."""
+def uniform(seed, request, position, stream, index) -> torch.Tensor:
+    """Uniform float32 in (0, 1): the chain h = lowbias32(h ^ w) over the key words (int64 tensors or ints,
+    broadcast; h = 0 before the seed), then the top 24 bits: (h >> 8 + 0.5) / 2^24."""
     h = lowbias32(torch.as_tensor(seed, dtype=torch.int64))
     for word in (request, position, stream, index):
         h = lowbias32(h ^ (torch.as_tensor(word, dtype=torch.int64) & MASK32))
-    return h
-
-
-def uniform(seed, request, position, stream, index) -> torch.Tensor:
-    """Uniform float32 in (0, 1) from the top 24 bits of the hash: (h >> 8 + 0.5) / 2^24."""
-    h = hash_key(seed, request, position, stream, index)
     return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)

@@ -90,10 +90,7 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, metadata: dict, source: str) -> Tokenizer:
         """Rebuild the HF byte-level BPE tokenizer from GGUF ``tokenizer.ggml.*`` key/values."""
-
-        def get(key, default=None):
-            return metadata.get(key, default)
-
+        get = metadata.get
         model, pre = get("tokenizer.ggml.model"), get("tokenizer.ggml.pre", "gpt2")
         if model != "gpt2":
             raise ModelError(f"{source}: unsupported GGUF tokenizer model {model!r} (supported: gpt2 byte-level BPE)")
