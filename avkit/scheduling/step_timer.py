@@ -27,8 +27,7 @@ from avkit.config import EngineConfig, SamplingConfig
 from avkit.drafters.base import Drafter, DraftInput, DraftProposal
 from avkit.runtime.engine import Engine
 from avkit.runtime.prefill import prefill
-from avkit.runtime.request import Request
-from avkit.runtime.running import RunningSeq
+from avkit.runtime.request import Request, RunningSeq
 from avkit.scheduling.policy import VerifyPolicy
 from avkit.step_types import DraftBatch, Load, StepPlan
 
