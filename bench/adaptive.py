@@ -12,15 +12,45 @@
    Parquet of every table beside the Markdown.
 2. Overhead: `AdaptiveVerification.draft_this_step` + `num_verify` + `observe` at batch 256, K = 7 on this CPU (median of
    repeats), as a share of the predicted H200 step at c = 256 and of a measured CPU step.
+3. Live (`live`): adaptive verification against the best fixed K, through the CLI, with paired 95% intervals.
+
+    python bench/adaptive.py live --cost bench/results/avkit_cost_cpu.json      # the real pair (hours)
+    python bench/adaptive.py live --tiny                                        # tiny random models (seconds)
+
+Protocol (each rule once, here):
+  cell      dataset x temperature x concurrency; every policy of the cell serves the same prompts (the
+            first `--requests-per-lane` x concurrency of the dataset) with the same seed
+  policies  `fixed:K` for K in --ks (0 = target-only) and --adaptive (default adaptive-stop:online_logistic,
+            what avkit's engine runs), each run by `avkit record --policy SPEC` (in this process, through the
+            CLI's own option parsing) into a trace and its generations table
+  repeats   >= 3 per cell, interleaved: the policy order rotates by one each repeat, so a drift of the
+            machine weighs on every policy alike and every repeat holds one run of each
+  tokens/s  read from the generations table (avkit/trace/schema.py): per run, including prefill =
+            sum(tokens) / (last token - first admission); steady state = concurrency x
+            sum(tokens - 1) / sum(last token - first token) over its requests (each request's decode
+            after its first token; >= --max-new-tokens 256 new tokens unless EOS comes first)
+  mixed     per dataset x temperature, a load that spends equal time at every --concurrency (the case no
+            fixed K serves): its tokens/s is, per repeat, the mean of the policy's rates in those cells, and
+            adaptive / best fixed K (one K for the whole mix) is paired by repeat as below
+  ratio     adaptive / best fixed K (the fixed K of highest mean over the cell's repeats), paired by repeat:
+            mean of the log ratios exp'd, 95% interval exp(mean +- t_{0.975, n-1} sd / sqrt(n)) over the
+            n repeats (a Student t over paired repeats: the pair shares its minute of the machine)
+The best fixed K is chosen on the same repeats it is compared with, which favours it slightly: a ratio
+>= 1 is conservative. Run it on an otherwise idle machine (`just bench-adaptive-live`); `--tiny` checks
+that the protocol runs (tests/test_bench_adaptive_live.py), its timings mean nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
+import json
+import os
 import statistics
 import sys
+import tempfile
 import time
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,12 +58,15 @@ import numpy as np
 import polars as pl
 import torch
 
+from avkit.cli import app
 from avkit.config import SimulateConfig, SyntheticConfig
 from avkit.kernels.dispatch import select_kernels
 from avkit.scheduling.adaptive import make_adaptive
 from avkit.scheduling.cost import resolve_cost
 from avkit.step_types import DraftBatch, Load, VerifyOutcome
 from avkit.sim.replay import default_policies, load_steps, results_inputs, simulate, write_results
+from avkit.trace.schema import generations_path
+from common import header, paired_ratio, rounds, tiny_pair, write  # bench/ is on sys.path when run as a script
 
 SUMMARIZED = ("adaptive-online_logistic", "adaptive-stop-online_logistic", "adaptive-stop-nogate-online_logistic",
               "adaptive-oracle")
@@ -42,7 +75,7 @@ COSTS = {
     "h200_8b_ar": ("roofline:H200:8b", "H200, 8B target, Qwen2.5-Coder-0.5B draft model (autoregressive)"),
     "h200_8b_parallel": ("roofline:H200:8b:1b:drafter=parallel", "H200, 8B target, parallel drafter (1B, one pass)"),
 }
-# This CPU's profiled table, written by bench/adaptive_live.py: the simulator's view of the live benchmark.
+# This CPU's profiled table, written for `adaptive.py live`: the simulator's view of the live benchmark.
 LIVE_COST = Path("bench/results/adaptive_live_cost.json")
 LIVE_CONCURRENCY = (1, 4, 16)
 
@@ -181,7 +214,148 @@ def real_step_time_lines(steps) -> str:
     return "\n".join(lines)
 
 
+def run_tokens_s(gens: pl.DataFrame, concurrency: int) -> dict:
+    """Tokens/s of one run from its generations table (module note)."""
+    n = gens["output_ids"].list.len().to_numpy().astype(np.float64)
+    first, last, start = (gens[c].to_numpy() for c in ("first_token_s", "last_token_s", "admitted_s"))
+    decoding = n >= 2
+    return {"tok_s": float(n.sum() / (last.max() - start.min())),
+            "decode_tok_s": float(concurrency * (n[decoding] - 1).sum() / (last - first)[decoding].sum()),
+            "new_tokens": float(n.mean())}
+
+
+def record(args, out: Path, policy: str, dataset: str, temperature: float, concurrency: int) -> dict:
+    """One `avkit record --policy` run; -> its tokens/s."""
+    argv = ["record", "--target", args.target, "--draft", args.draft, "--dataset", dataset,
+            "--num-prompts", str(args.requests_per_lane * concurrency), "--max-new-tokens", str(args.max_new_tokens),
+            "-k", str(max(args.ks)), "--temperature", str(temperature), "--concurrency", str(concurrency),
+            "--seed", str(args.seed), "--policy", policy, "--out", str(out), "--overwrite", "--no-progress",
+            "--dtype", args.dtype, "--threads", str(args.threads)]
+    if args.cost:
+        argv += ["--cost", args.cost]
+    if args.coefficients and Path(args.coefficients).is_file():
+        argv += ["--coefficients", args.coefficients]
+    with open(os.devnull, "w") as quiet, redirect_stdout(quiet), redirect_stderr(quiet):  # record's tables
+        try:
+            app(argv)  # the CLI exits with the command's status
+        except SystemExit as e:
+            if e.code:
+                raise SystemExit(f"avkit {' '.join(argv)}: exit {e.code}") from None
+    return run_tokens_s(pl.read_parquet(generations_path(out)), concurrency)
+
+
+def cell(args, work: Path, dataset: str, temperature: float, concurrency: int) -> dict:
+    """Every policy x --repeats, interleaved; -> per policy its runs, and adaptive / best fixed K."""
+    policies = [f"fixed:{k}" for k in args.ks] + [args.adaptive]
+    runs: dict[str, list[dict]] = {p: [] for p in policies}
+    for rep, order in enumerate(rounds(policies, args.repeats)):
+        for p in order:
+            runs[p].append(record(args, work / "run.parquet", p, dataset, temperature, concurrency))
+            print(f"{dataset} T={temperature} c={concurrency} repeat {rep + 1}: {p} "
+                  f"{runs[p][-1]['decode_tok_s']:.2f} tok/s steady", file=sys.stderr, flush=True)
+    return compare(args, {"dataset": Path(dataset).name, "temperature": temperature, "concurrency": concurrency,
+                          "runs": runs})
+
+
+def compare(args, out: dict) -> dict:
+    """Adaptive / best fixed K over a cell's runs (policy -> one dict of rates per repeat), both metrics."""
+    fixed = [p for p in out["runs"] if p != args.adaptive]
+    for metric in ("decode_tok_s", "tok_s"):
+        col = {p: np.array([r[metric] for r in rs]) for p, rs in out["runs"].items()}
+        best = max(fixed, key=lambda p: col[p].mean())
+        out[metric] = {"best_fixed": best, **paired_ratio(col[args.adaptive], col[best]),
+                       "mean": {p: float(v.mean()) for p, v in col.items()}}
+    return out
+
+
+def mixed(args, cells: list[dict]) -> list[dict]:
+    """Per dataset x temperature with every --concurrency measured: the equal-time mix of them (module note)."""
+    out = []
+    for d in {c["dataset"] for c in cells}:
+        for t in args.temperatures:
+            part = [c for c in cells if c["dataset"] == d and c["temperature"] == t]
+            if len(part) < 2:
+                continue
+            runs = {p: [{m: float(np.mean([c["runs"][p][r][m] for c in part])) for m in ("decode_tok_s", "tok_s",
+                                                                                         "new_tokens")}
+                        for r in range(args.repeats)] for p in part[0]["runs"]}
+            out.append(compare(args, {"dataset": d, "temperature": t, "concurrency": "mixed", "runs": runs}))
+    return out
+
+
+def markdown(args, cells: list[dict]) -> str:
+    lines = [header(f"Live adaptive verification: {args.adaptive} / best fixed K"),
+             f"{args.target} + {args.draft}, {args.dtype}, "
+             f"{args.threads} threads, {args.repeats} interleaved repeats per cell, up to {args.max_new_tokens} new "
+             f"tokens, fixed K in {args.ks}. Ratios are paired by repeat, 95% t intervals (bench/adaptive.py live).\n",
+             "| dataset | T | c | steady tok/s (adaptive) | best fixed | steady ratio [95%] | tok/s incl. prefill "
+             "ratio [95%] | new tokens |", "|---|---:|---:|---:|---|---|---|---:|"]
+    for c in cells:
+        d, p = c["decode_tok_s"], c["tok_s"]
+        tokens = np.mean([r["new_tokens"] for r in c["runs"][args.adaptive]])
+        lines.append(f"| {c['dataset']} | {c['temperature']:g} | {c['concurrency']} | "
+                     f"{d['mean'][args.adaptive]:.2f} | {d['best_fixed']} | {d['ratio']:.3f} [{d['lo']:.3f}, "
+                     f"{d['hi']:.3f}] | {p['ratio']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}] | {tokens:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def tiny_setup(root: Path, args) -> None:
+    """Tiny random models, a prompt file and a cost table in `root` (the --tiny mode)."""
+    from avkit.scheduling.cost import CostTable
+
+    args.target, args.draft = tiny_pair("adaptive-live-")
+    prompts = root / "tiny.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in
+                               ("def add(a, b):", "Hello, world!", "for i in range(10):", "import numpy as np")))
+    args.datasets, args.cost = [str(prompts)], str(CostTable((1, 8, 32), (1.0, 1.6, 4.0), (1, 8), (0.1, 0.3)).save(
+        root / "cost.json"))
+
+
+def live_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="adaptive.py live", description="live adaptive / best fixed K (module note 3)")
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--datasets", type=lambda s: s.split(","), default=["humaneval", "sharegpt"])
+    ap.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 1.0])
+    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16])
+    ap.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2, 3, 5, 7])
+    ap.add_argument("--adaptive", default="adaptive-stop:online_logistic", help="the adaptive policy spec")
+    ap.add_argument("--cost", default="", help="the adaptive policy's cost table (avkit profile)")
+    ap.add_argument("--coefficients", default="traces/coefficients.json",
+                    help="the estimator's warm start (when the file exists; each run starts from it)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--requests-per-lane", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="bench/results/adaptive_live.md", help="Markdown; the JSON goes beside it")
+    ap.add_argument("--tiny", action="store_true", help="tiny random models, few tokens: checks the protocol runs")
+    if "--tiny" in argv:  # small defaults: seconds, not hours
+        ap.set_defaults(temperatures=[1.0], concurrency=[1, 2], ks=[0, 2], max_new_tokens=24, requests_per_lane=1,
+                        out=str(Path(tempfile.gettempdir()) / "adaptive_live_tiny.md"))
+    args = ap.parse_args(argv)
+    args.argv = list(argv)
+    if args.repeats < 3 and not args.tiny:
+        ap.error("--repeats must be >= 3: an interval needs them")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        if args.tiny:
+            tiny_setup(work, args)
+            args.dtype, args.threads, args.coefficients = "float32", 1, ""
+        cells = [cell(args, work, d, t, c) for d in args.datasets for t in args.temperatures for c in args.concurrency]
+    cells += mixed(args, cells)
+    out = Path(args.out)
+    text = markdown(args, cells)
+    write({out: text, out.with_suffix(".json"): cells})
+    print(text)
+    return 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["live"]:
+        return live_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("traces", nargs="*")
     ap.add_argument("--out", default="bench/results/adaptive.md")
@@ -190,13 +364,13 @@ def main(argv=None) -> int:
     config = SimulateConfig()
     specs = default_policies(steps, config) + ["adaptive-stop-nogate:online_logistic"]  # what the gate adds
     out = Path(args.out)
-    header = (f"# Adaptive verification benchmark\n\nTraces: {source}; {steps.request.size} recorded steps of "
+    title = (f"# Adaptive verification benchmark\n\nTraces: {source}; {steps.request.size} recorded steps of "
               f"{steps.num_requests} requests, K = {steps.k}. Cells: simulated throughput tokens/s "
               f"(x best fixed K at that concurrency); bold = best. Command: `python bench/adaptive.py`.\n")
-    sections = [header]
+    sections = [title]
     costs = {key: (spec, title, ROOFLINE_CONCURRENCY, "context 8192") for key, (spec, title) in COSTS.items()}
     if LIVE_COST.is_file():
-        costs["cpu_live"] = (str(LIVE_COST), "This CPU, the real pair (profiled table of bench/adaptive_live.py)",
+        costs["cpu_live"] = (str(LIVE_COST), "This CPU, the real pair (profiled table of `adaptive.py live`)",
                              LIVE_CONCURRENCY, "profiled with the engine's logits work; compare "
                              "`bench/results/adaptive_live.md`, measured live with the same table")
     for key, (spec, title, concurrency, note) in costs.items():
@@ -211,8 +385,6 @@ def main(argv=None) -> int:
         sections.append(f"## {title}\n\nCost: `{spec}` ({note}). Simulated in {seconds:.1f} s.\n\n"
                         f"{markdown_table(df)}\n\n{summary}\n")
         print(sections[-1])
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         sections.append(step_time_section(Path(tmp)))
     if not source.startswith("SYNTHETIC"):

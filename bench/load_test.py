@@ -108,15 +108,11 @@ def pct(xs, q) -> str:
     return f"{np.percentile(xs, q) * 1e3:.0f}" if len(xs) else "-"
 
 
-def server_counts(url: str) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
+def metrics(url: str) -> list:
+    """The server's /metrics samples (prometheus_client's parser: the format's one reader)."""
+    from prometheus_client.parser import text_string_to_metric_families  # lazy: only the load test reads it
 
-    counts = {}
-    for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text):
-        for s in fam.samples:
-            if s.name == "avkit_requests_total" and s.labels.get("endpoint") == "/v1/completions":
-                counts[s.labels["status"]] = s.value
-    return counts
+    return [s for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text) for s in fam.samples]
 
 
 def check(results: list[Result], args, url: str) -> list[str]:
@@ -134,7 +130,8 @@ def check(results: list[Result], args, url: str) -> list[str]:
     ids = [r.response_id for r in results if r.status == 200]
     if len(set(ids)) != len(ids):
         bad.append(f"duplicate response ids: {len(ids) - len(set(ids))}")
-    seen = server_counts(url)
+    seen = {s.labels["status"]: s.value for s in metrics(url)
+            if s.name == "avkit_requests_total" and s.labels.get("endpoint") == "/v1/completions"}
     for code in ("200", "429"):
         client_n = sum(r.status == int(code) for r in results)
         if seen.get(code, 0) != client_n:
@@ -143,17 +140,6 @@ def check(results: list[Result], args, url: str) -> list[str]:
     if health != {"status": "ok", "running": 0, "queued": 0}:
         bad.append(f"unhealthy afterwards: {health}")
     return bad
-
-
-def engine_stats(url: str) -> dict[str, float]:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out = {}
-    for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text):
-        for smp in fam.samples:
-            if smp.name in ("avkit_step_seconds_sum", "avkit_step_seconds_count", "avkit_refits_total"):
-                out[smp.name] = smp.value
-    return out
 
 
 def section(results: list[Result], wall_s: float, violations: list[str], cfg, stats: dict) -> list[str]:
@@ -211,7 +197,8 @@ def run_scenario(cfg, models, args) -> tuple[list[str], list[str]]:
     with serve_in_thread(state) as url:
         results, wall_s = asyncio.run(run_clients(url, args, PROMPTS))
         violations = check(results, args, url)
-        stats = engine_stats(url)
+        stats = {s.name: s.value for s in metrics(url)
+                 if s.name in ("avkit_step_seconds_sum", "avkit_step_seconds_count", "avkit_refits_total")}
     return section(results, wall_s, violations, cfg, stats), violations
 
 
@@ -284,27 +271,27 @@ def main() -> int:
     ap.add_argument("--out", default="", help="default: bench/results/serve_load.md (--cold-start: serve_cold_start.md)")
     ap.add_argument("--cold-start", action="store_true", help="a fresh-install server process: first request vs the rest")
     args = ap.parse_args()
-    if args.cold_start:
-        return main_cold_start(args)
-    args.out = args.out or "bench/results/serve_load.md"
-    head = header("`avkit serve` load test (loopback)")  # the load before the runs
+    kind = "from a fresh install: first request vs the rest" if args.cold_start else "load test (loopback)"
+    head = header(f"`avkit serve` {kind}")  # the load before the runs
 
     import torch
 
     from avkit.config import EngineConfig, EstimatorConfig, HttpConfig, ModelsConfig, ServeConfig
     from avkit.models import load
+    from avkit.models.testing import write_tiny_model
 
-    torch.set_num_threads(args.threads)
     lines, failed = [], False
     with tempfile.TemporaryDirectory() as tmp:
         target, draft = args.target, args.draft
         if not target:
-            from avkit.models.testing import write_tiny_model
-
             target = str(write_tiny_model(Path(tmp) / "target", vocab=args.vocab, seed=0, init_std=0.3))
             draft = str(write_tiny_model(Path(tmp) / "draft", vocab=args.vocab, seed=0, init_std=0.25))
-        models = load(target), load(draft) if draft else None
-        for queue_size in [int(q) for q in args.queue_sizes.split(",")]:
+        if args.cold_start:
+            lines = cold_start(args, target, draft, Path(tmp) / "torch_extensions")
+        else:
+            torch.set_num_threads(args.threads)
+            models = load(target), load(draft) if draft else None
+        for queue_size in [] if args.cold_start else [int(q) for q in args.queue_sizes.split(",")]:
             cfg = ServeConfig(models=ModelsConfig(target=target, draft=draft or "none"),
                               engine=EngineConfig(k=args.k, concurrency=args.max_concurrency, max_len=512),
                               online=EstimatorConfig(refit_interval=args.refit_interval),
@@ -315,24 +302,9 @@ def main() -> int:
             lines += (setup_lines(args, cfg) if not lines else []) + section_lines
             failed |= bool(violations)
     text = head + "\n".join(lines)
-    write({args.out: text})
+    write({args.out or f"bench/results/{'serve_cold_start' if args.cold_start else 'serve_load'}.md": text})
     print(text)
     return 1 if failed else 0
-
-
-def main_cold_start(args) -> int:
-    head = header("`avkit serve` from a fresh install: first request vs the rest")
-    with tempfile.TemporaryDirectory() as tmp:
-        target, draft = args.target, args.draft
-        if not target:
-            from avkit.models.testing import write_tiny_model
-
-            target = str(write_tiny_model(Path(tmp) / "target", vocab=args.vocab, seed=0, init_std=0.3))
-            draft = str(write_tiny_model(Path(tmp) / "draft", vocab=args.vocab, seed=0, init_std=0.25))
-        text = head + "\n".join(cold_start(args, target, draft, Path(tmp) / "torch_extensions"))
-    write({args.out or "bench/results/serve_cold_start.md": text})
-    print(text)
-    return 0
 
 
 if __name__ == "__main__":

