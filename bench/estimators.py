@@ -41,6 +41,7 @@ Writes bench/results/estimators.md and estimators_reliability.png (bench/common.
 
 from __future__ import annotations
 
+import argparse
 import io
 import tempfile
 from dataclasses import dataclass
@@ -360,4 +361,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # no options: --help only
     main()
