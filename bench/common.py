@@ -1,6 +1,7 @@
 """What every bench script shares: where results go, the header that says when, on what and by which command
-they were measured, writing them all at once, the prompts as token ids, interleaved repeats, paired ratios with a 95% interval, the
-the vLLM peer process, and progress on stderr.
+they were measured, writing them all at once, the prompts as token ids, an engine's share outside its forwards,
+interleaved repeats, paired ratios with a 95% interval, the vLLM peer process, the tiny pair of dry runs, and
+progress on stderr.
 
     from common import RESULTS, header, write      # bench/ is on sys.path when a script runs
     write({RESULTS / "x.md": header("x.py") + table})
