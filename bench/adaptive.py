@@ -120,7 +120,7 @@ def policy_overhead(batch: int = 256, k: int = 7, repeats: int = 200) -> dict:
     g = torch.Generator().manual_seed(0)
     feats = {"logit_qmax": torch.randn(batch, k, generator=g) * 2 + 2}
     drafted = torch.full((batch,), k, dtype=torch.int64)
-    policy = make_adaptive(cost="roofline:H200:8b", estimator="online_logistic", k=k)
+    policy = make_adaptive(cost="roofline:H200:8b", estimator="online_logistic", k=k, stop_drafting=True)
     policy.use_kernels(select_kernels("cpu"))  # as the engine does: the torch kernels on a CPU
     load = Load(batch, batch, batch)
     accepted = torch.randint(0, k + 1, (batch,), generator=g)

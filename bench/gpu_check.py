@@ -474,7 +474,7 @@ def backends(target, draft) -> dict:
         for backend in ("torch", "triton"):
             cost = CostTable((1, 64), (1.0, 1.0 + 63 * 0.2), (1, 64), (0.2, 0.2))  # verifying costs: some trimmed
             policy = make_adaptive(cost=cost, estimator="online_logistic", k=4, config=EstimatorConfig(refit_interval=3),
-                                   adaptive=AdaptiveConfig(draft_gate=False))
+                                   adaptive=AdaptiveConfig(draft_gate=False), stop_drafting=True)
             sink = MemorySink()
             engine = Engine(target, draft, EngineConfig(k=4, concurrency=4, max_len=48, kernels=backend), policy=policy,
                             sink=sink)

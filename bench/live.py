@@ -327,7 +327,8 @@ def avkit_phase(args, ks: list[int], runs: list[dict], cost) -> dict[tuple[str, 
 
     def run(r, k, policy_name, max_new):
         policy = None if policy_name is None else make_adaptive(
-            cost=cost[r["temperature"]], estimator="online_logistic", coefficients=args.coefficients, k=k)
+            cost=cost[r["temperature"]], estimator="online_logistic", coefficients=args.coefficients, k=k,
+            stop_drafting=True)  # adaptive-stop: avkit serve's default
         cfg = EngineConfig(k=k, concurrency=len(r["prompts"]), max_len=max(map(len, r["prompts"])) + max_new + k + 2,
                            seed=r["seed"])
         engine = Engine(models["target"], models["draft"] if k > 0 else None, cfg, policy=policy)

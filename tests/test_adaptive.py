@@ -11,7 +11,7 @@ from avkit.errors import ConfigError
 from avkit.estimators.base import ESTIMATORS
 from avkit.scheduling.adaptive import AdaptiveVerification, make_adaptive, observed_labels
 from avkit.scheduling.cost import CostTable
-from avkit.scheduling.policy import POLICIES
+from avkit.scheduling.spec import POLICIES
 from avkit.step_types import DraftBatch, Load, VerifyOutcome
 
 
@@ -259,7 +259,8 @@ def test_engine_stops_drafting_early_and_stays_exact_under_greedy(tmp_path):
 
     cost = CostTable((1, 400), (1.0, 1.0 + 399 * 0.03), (1, 400), (3.0, 3.0))
     # the early stop alone: at this cost the draft gate would not draft at all (tests/test_gate.py)
-    policy = make_adaptive(cost=cost, estimator="online_logistic", k=5, adaptive=AdaptiveConfig(draft_gate=False))
+    policy = make_adaptive(cost=cost, estimator="online_logistic", k=5, adaptive=AdaptiveConfig(draft_gate=False),
+                           stop_drafting=True)
     drafted = []
     num_verify = policy.num_verify
     policy.num_verify = lambda b, l: (drafted.append(b.num_drafted.clone()), num_verify(b, l))[1]

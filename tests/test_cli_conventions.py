@@ -2,6 +2,7 @@
 commands (and no other spelling of it), shell completion."""
 
 import re
+from dataclasses import replace
 
 import polars as pl
 import pytest
@@ -78,7 +79,8 @@ def test_repeated_policy_options(tmp_path, capsys, monkeypatch):
 
 
 def test_serve_policy_takes_simulate_syntax(monkeypatch, capsys):
-    """serve parses --policy with simulate's parser (scheduling/policy.py `parse_spec`): the config it builds."""
+    """serve parses --policy with simulate's parser (scheduling/spec.py `parse_spec`): the config it builds; a
+    name is one policy (adaptive never stops drafting early, adaptive-stop does, as in simulate and record)."""
     import avkit.serve.server as server
 
     got = {}
@@ -92,9 +94,12 @@ def test_serve_policy_takes_simulate_syntax(monkeypatch, capsys):
     monkeypatch.setattr("avkit.serve.startup.bind_socket", lambda host, port: None)
     cases = {("adaptive",): ("adaptive", "online_logistic", 7, True), ("adaptive:qmax",): ("adaptive", "qmax", 7, True),
              ("adaptive-nogate", "--estimator", "qmax"): ("adaptive", "qmax", 7, False),
+             ("adaptive-stop",): ("adaptive-stop", "online_logistic", 7, True),
+             ("adaptive-stop-nogate:qmax",): ("adaptive-stop", "qmax", 7, False),
              ("fixed:3",): ("fixed", "online_logistic", 3, True), ("fixed",): ("fixed", "online_logistic", 7, True),
              ("nospec",): ("fixed", "online_logistic", 0, True)}
-    from avkit.scheduling.policy import POLICIES, FullVerification
+    from avkit.scheduling.policy import FullVerification
+    from avkit.scheduling.spec import POLICIES
 
     class Mine(FullVerification):  # a plug-in policy, registered by name
         pass
@@ -108,3 +113,6 @@ def test_serve_policy_takes_simulate_syntax(monkeypatch, capsys):
         if c.policy in ("fixed", "mine"):  # the object serve runs: PolicySpec.make's
             made = server.make_policy(c, "")
             assert isinstance(made, Mine) if c.policy == "mine" else made.k == c.engine.k
+        if c.policy.startswith("adaptive"):  # the spec's entry alone decides the early stop and the gate
+            made = server.make_policy(replace(c, adaptive=replace(c.adaptive, cost="roofline:cpu:1.5b")), "")
+            assert made.stop_drafting is (c.policy == "adaptive-stop") and (made.gate is not None) is want[3]

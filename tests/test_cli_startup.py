@@ -37,8 +37,8 @@ codes = {" ".join(p + ["-h"]): run(p + ["-h"]) for p in walk(cmd, [])}
 codes["--version"] = run(["--version"])
 for args in json.loads(sys.argv[1]):
     codes[" ".join(args)] = run(args)
-print(json.dumps({"codes": codes, "heavy": [m for m in %r if m in sys.modules]}))
-""" % (HEAVY,)
+print(json.dumps({"codes": codes, "heavy": [m for m in HEAVY if m in sys.modules]}))
+""".replace("HEAVY", repr(HEAVY))
 
 # argument errors: each is refused before the command imports what its work needs
 ERRORS = [
@@ -48,6 +48,9 @@ ERRORS = [
     ["report", "--bins", "1"],
     ["record", "--concurrency", "0"],
     ["serve", "--port", "-1"],
+    ["serve", "--policy", "nope"],  # a policy spec parses without torch (scheduling/spec.py)
+    ["simulate", "--policy", "fixed:x"],
+    ["record", "--policy", "adaptive-sometimes"],
     ["profile", "--repeats", "0"],
     ["hvd", "--epochs", "0"],
 ]

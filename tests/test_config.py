@@ -35,7 +35,7 @@ def test_one_bound_on_k_everywhere(make):
 def test_default_of_reads_nested_defaults():
     assert default_of(ServeConfig, "engine.k") == EngineConfig().k
     assert default_of(RecordConfig, "sampling.top_p") == SamplingConfig().top_p
-    assert default_of(ServeConfig, "http.port") == 8000 and default_of(ServeConfig, "policy") == "adaptive"
+    assert default_of(ServeConfig, "http.port") == 8000 and default_of(ServeConfig, "policy") == "adaptive-stop"
     with pytest.raises(KeyError):
         default_of(ServeConfig, "max_concurrency")
 

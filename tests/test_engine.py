@@ -268,7 +268,7 @@ def test_draft_gate_skips_speculation_and_stays_exact(models):
     reqs = _requests(5)
     ref = Engine(target, None, EngineConfig(k=0, concurrency=3, max_len=96)).generate(reqs)
     cost = CostTable((1, 100), (10.0, 11.0), (1, 100), (3.0, 3.0))  # sure drafts would pay, hopeless ones not
-    policy = make_adaptive(cost=cost, estimator="online_logistic", k=4,
+    policy = make_adaptive(cost=cost, estimator="online_logistic", k=4, stop_drafting=True,
                            adaptive=AdaptiveConfig(gate_window=6, probe_every=2))
     sink = MemorySink()
     engine = Engine(target, models["other"], EngineConfig(k=4, concurrency=3, max_len=96), policy=policy, sink=sink)
@@ -295,7 +295,8 @@ def test_the_gate_prices_the_drafter_catch_up_from_the_engine_lags(models, prefi
     ref = Engine(target, None, EngineConfig(k=0, concurrency=3, max_len=96)).generate(reqs)
     cost = CostTable((1, 100), (10.0, 11.0), (1, 100), (0.5, 0.5),  # sure drafts pay at every load
                      prefill_tokens=(1, 1024), prefill_ms=(prefill_ms, prefill_ms))
-    policy = make_adaptive(cost=cost, estimator="online_logistic", k=4, adaptive=AdaptiveConfig(gate_window=6))
+    policy = make_adaptive(cost=cost, estimator="online_logistic", k=4, stop_drafting=True,
+                           adaptive=AdaptiveConfig(gate_window=6))
     engine = Engine(target, models["noisy"], EngineConfig(k=4, concurrency=3, max_len=96), policy=policy)
     out = engine.generate(reqs)
     assert [g.output_ids for g in out] == [g.output_ids for g in ref]

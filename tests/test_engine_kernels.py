@@ -39,7 +39,7 @@ def _run(pair, backend: str, monkeypatch, temperature: float):
                         lambda device, name: _counting(select_kernels(device, name), calls))
     cost = CostTable((1, 64), (1.0, 1.0 + 63 * 0.05), (1, 64), (0.2, 0.2))  # verifying costs: some drafts trimmed
     policy = make_adaptive(cost=cost, estimator="online_logistic", k=4, config=EstimatorConfig(refit_interval=3),
-                           adaptive=AdaptiveConfig(draft_gate=False))
+                           adaptive=AdaptiveConfig(draft_gate=False), stop_drafting=True)
     sink = MemorySink()
     engine = Engine(*pair, EngineConfig(k=4, concurrency=4, max_len=48, kernels=backend), policy=policy, sink=sink)
     sampling = SamplingConfig(temperature=temperature, top_p=0.9, max_new_tokens=12, seed=3)

@@ -123,7 +123,7 @@ def test_simulate_runs_it_warm_started(fitted):
     import polars as pl
 
     from avkit.scheduling.cost import CostTable
-    from avkit.scheduling.policy import parse_spec
+    from avkit.scheduling.spec import parse_spec
     from avkit.sim.drive import SimPolicy, decide
     from avkit.sim.steps import Replay
     from avkit.sim.steps import schedule, step_table

@@ -72,9 +72,7 @@ def _counted_step(engine, monkeypatch) -> dict[str, int]:
 def _engine(pair, *, stop: bool, gate: bool, temperature: float, top_p: float = 1.0):
     cost = CostTable((1, 64), (1.0, 1.0 + 63 * 0.05), (1, 64), (0.05, 0.05))
     policy = make_adaptive(cost=cost, estimator="online_logistic", k=K, config=EstimatorConfig(refit_interval=50),
-                           adaptive=AdaptiveConfig(draft_gate=gate))
-    if not stop:  # as a policy without early stop (the VerifyPolicy default)
-        policy.continue_drafting = lambda batch, load: None
+                           adaptive=AdaptiveConfig(draft_gate=gate), stop_drafting=stop)  # adaptive-stop or adaptive
     engine = Engine(*pair, EngineConfig(k=K, concurrency=4, max_len=64), policy=policy)
     sampling = SamplingConfig(temperature=temperature, top_p=top_p, max_new_tokens=40, seed=1)
     for i in range(3):

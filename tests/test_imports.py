@@ -35,8 +35,10 @@ def test_looking_a_name_up_imports_its_module():
     mods = _modules_after("from avkit.estimators import ESTIMATORS\nESTIMATORS['forgetting_logistic']")
     assert "avkit.estimators.forgetting_logistic" in mods
     assert "avkit.estimators.coefficients" not in mods
-    mods = _modules_after("from avkit.scheduling.policy import POLICIES\nPOLICIES['adaptive']")
+    mods = _modules_after("from avkit.scheduling.spec import POLICIES\nPOLICIES['adaptive']")
     assert "avkit.scheduling.adaptive" in mods
+    mods = _modules_after("from avkit.scheduling.spec import parse_spec\nparse_spec('adaptive-stop:qmax')")
+    assert "torch" not in mods and "avkit.scheduling.adaptive" not in mods  # a spec parses without torch
 
 
 def test_registry_entries():

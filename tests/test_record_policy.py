@@ -16,7 +16,7 @@ from avkit.cli import app
 from avkit.config import EngineConfig, ModelsConfig, RecordConfig, SamplingConfig
 from avkit.record import record
 from avkit.scheduling.cost import CostTable
-from avkit.scheduling.policy import parse_spec
+from avkit.scheduling.spec import parse_spec
 from avkit.sim.drive import SimPolicy, decide
 from avkit.sim.steps import Replay, Schedule, step_table
 from avkit.trace.reader import read_traces

@@ -19,7 +19,8 @@ import torch
 from avkit.config import SamplingConfig
 from avkit.runtime.engine import Engine, EngineConfig
 from avkit.runtime.request import Request
-from avkit.scheduling.policy import POLICIES, FullVerification
+from avkit.scheduling.policy import FullVerification
+from avkit.scheduling.spec import POLICIES
 from avkit.serve.server import bind_warning, build_state
 from serve_support import PROMPTS, VOCAB, metrics, running_server, serve_config, serve_process, wait_for
 

@@ -13,7 +13,8 @@ import httpx
 
 from avkit.config import SamplingConfig
 from avkit.runtime.request import Request
-from avkit.scheduling.policy import POLICIES, FullVerification
+from avkit.scheduling.policy import FullVerification
+from avkit.scheduling.spec import POLICIES
 from avkit.serve.engine_loop import EngineLoop
 from avkit.serve.server import build_state
 from avkit.serve.side_writes import SideWrites

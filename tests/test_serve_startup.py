@@ -42,7 +42,7 @@ def test_explicit_coefficients_win_and_the_block_says_which(pair, tmp_path, file
     lines = dict(ln.strip().split("  ", 1) for ln in state.startup.splitlines()[1:])
     assert source in lines["coefficients"]
     assert lines["device"].strip() == "cpu, float32" and lines["K"].strip() == "4"
-    assert lines["policy"].strip().startswith("adaptive, estimator online_logistic, refit every 100 steps")
+    assert lines["policy"].strip().startswith("adaptive-stop, estimator online_logistic, refit every 100 steps")
     assert lines["cost table"].strip() == "roofline:cpu:1.5b"
     assert "concurrency 4, queue 8, max_len 192, max_tokens 120" in lines["limits"]
     assert "+ draft" in lines["models"] and "(model drafter)" in lines["models"]

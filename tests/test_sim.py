@@ -5,7 +5,6 @@ import json
 import numpy as np
 import polars as pl
 import pytest
-import torch
 
 from avkit.config import SimulateConfig, SyntheticConfig
 from avkit.errors import ConfigError, TraceError
@@ -197,7 +196,7 @@ def test_gated_simulation_pays_the_catch_up(steps):
     """With the gate switching, the gated policy's drafting time holds the catch-up passes; without
     switches (a cheap drafter: always on) there is nothing to catch up."""
     from avkit.config import AdaptiveConfig
-    from avkit.scheduling.policy import parse_spec
+    from avkit.scheduling.spec import parse_spec
     from avkit.sim.drive import SimPolicy, catch_up_ms, decide
     from avkit.sim.steps import Replay
 

@@ -26,7 +26,7 @@ from avkit.runtime.request import Request
 from avkit.scheduling.batch_schedule import BatchSchedule, ScheduledK
 from avkit.scheduling.catch_up import FREE_LAG, CatchUpRule
 from avkit.scheduling.cost import CostTable
-from avkit.scheduling.policy import POLICIES
+from avkit.scheduling.spec import POLICIES
 from avkit.step_types import DraftBatch, Load
 from avkit.tune.formats import vllm_spec
 from avkit.tune.schedule import ranges

@@ -15,6 +15,7 @@ from avkit.cli.options import (
     VllmPythonOption, stdout_console)
 from avkit.config import EngineConfig, ModelsConfig, RecordConfig, SamplingConfig, default_of
 from avkit.errors import ConfigError
+from avkit.scheduling.spec import parse_spec
 
 
 _d = functools.partial(default_of, RecordConfig)  # an option's default: its config field's
@@ -107,6 +108,7 @@ def register(app: typer.Typer) -> None:
             slots_per_dataset=slots_per_dataset, flush_interval=flush_interval, threads=threads,
             engine=engine, vllm_python=vllm_python, vllm_draft_sampling=vllm_draft_sampling, policy=policy,
             cost=cost, coefficients=coefficients)
+        parse_spec(config.policy)  # a bad --policy fails here, before torch loads (verify_policy builds it below)
         from avkit.record import record as run  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.record.files import preflight  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.record.recorder import verify_policy  # lazy: torch (the policy it builds)

@@ -14,6 +14,7 @@ from avkit.cli.options import (
     DeviceOption, DraftOption, DrafterOption, DtypeOption, KernelsOption, PayoffOption, TargetOption)
 from avkit.config import (
     AdaptiveConfig, EngineConfig, EstimatorConfig, HttpConfig, ModelsConfig, ServeConfig, default_of)
+from avkit.scheduling.spec import ADAPTIVE, parse_spec
 
 
 _d = functools.partial(default_of, ServeConfig)  # an option's default: its config field's
@@ -30,9 +31,10 @@ def register(app: typer.Typer) -> None:
         draft: DraftOption = _d("models.draft"),
         drafter: DrafterOption = _d("models.drafter"),
         payoff: PayoffOption = _d("models.payoff"),
-        policy: Annotated[str, _o("verify policy in simulate's --policy syntax: adaptive[-nogate][:ESTIMATOR] | full | "
-                                  "nospec | fixed[:K] (bare: -k) | schedule[:FILE] (K by batch size; bare: "
-                                  "--schedule)")] = _d("policy"),
+        policy: Annotated[str, _o("verify policy in simulate's --policy syntax: adaptive-stop[-nogate][:ESTIMATOR] "
+                                  "(also stops drafting early) | adaptive[-nogate][:ESTIMATOR] | full | nospec | "
+                                  "fixed[:K] (bare: -k) | schedule[:FILE] (K by batch size; bare: --schedule)")] =
+            _d("policy"),
         schedule: Annotated[str, _o("--policy schedule: `avkit tune` results JSON or its --format vllm "
                                     "fragment")] = _d("schedule"),
         estimator: Annotated[str, _o("adaptive policy's estimator (registry name)")] = _d("adaptive.estimator"),
@@ -76,7 +78,7 @@ def register(app: typer.Typer) -> None:
         log_level: Annotated[str, _o("log level (uvicorn and avkit)")] = "info",
     ):
         """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
-        config = ServeConfig(  # every option's own bound is checked here, before torch (the policy: below)
+        config = ServeConfig(  # every option's own bound is checked here, before torch (the policy: below, also before torch)
             models=ModelsConfig(target=target, draft=draft, drafter=drafter, payoff=payoff, device=device,
                                 dtype=dtype),
             engine=EngineConfig(k=k, concurrency=concurrency, max_len=max_len, seed=seed, kernels=kernels),
@@ -88,13 +90,11 @@ def register(app: typer.Typer) -> None:
                             log_requests=log_requests),
             policy="full", snapshot=snapshot, snapshot_every=snapshot_every, resume=resume, record=record,
             max_new_tokens=max_new_tokens, default_max_tokens=min(_d("default_max_tokens"), max_new_tokens))
-        from avkit.scheduling.policy import parse_spec  # lazy: torch (start-up: -h and bad options stay fast)
-
         spec = parse_spec(policy, bare=("fixed", "schedule"), estimator=estimator)  # simulate's syntax
         config = replace(
             config, policy=spec.name, schedule=(spec.arg if spec.name == "schedule" else "") or schedule,
             engine=replace(config.engine, k=int(spec.arg) if spec.name == "fixed" and spec.arg else k),
-            adaptive=replace(config.adaptive, estimator=spec.arg if spec.name == "adaptive" else estimator,
+            adaptive=replace(config.adaptive, estimator=spec.arg if spec.name in ADAPTIVE else estimator,
                              draft_gate=draft_gate and spec.gate))
         from avkit.serve.server import bind_warning  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.serve.server import serve as run  # lazy: start-up (the library loads when the command runs: -h stays fast)

@@ -12,6 +12,7 @@ from rich.progress import Progress
 from avkit.cli.options import ConcurrencyOption, CostOption, TracesArgument, parse_ints, stdout_console
 from avkit.config import SimulateConfig, default_of
 from avkit.errors import ConfigError
+from avkit.scheduling.spec import parse_spec
 from avkit.staged import StagedOutputs
 
 
@@ -40,6 +41,9 @@ def register(app: typer.Typer) -> None:
         """Replay traces: no-spec, every fixed K, adaptive per estimator and the oracle, per concurrency."""
 
         config = SimulateConfig(concurrency=parse_ints("concurrency", concurrency), cost=cost, out=out, waves=waves)
+        given = [s.strip() for p in policy for s in p.split(",") if s.strip()] if policy else None
+        for text in given or ():
+            parse_spec(text, bare=("fixed",))  # a bad --policy fails here, before torch loads
         from avkit.scheduling.cost import resolve_cost  # lazy: start-up
         from avkit.sim.drive import parse_policies  # lazy: start-up
         from avkit.sim.replay import default_policies, load_steps, results_inputs, step_time_check, write_results  # lazy: start-up
@@ -54,7 +58,6 @@ def register(app: typer.Typer) -> None:
         console = Console(stderr=True)
         with StagedOutputs() as outputs:
             outputs.file(config.out, "--out")  # an unwritable --out fails now, not after the replay
-            given = [s.strip() for p in policy for s in p.split(",") if s.strip()] if policy else None
             if profile:
                 from avkit.sim.profile_steps import policies_for_profile, profile_steps, read_profile  # lazy: start-up
 

@@ -47,7 +47,6 @@ class AdaptiveConfig(Checked):
     gate_window: int = checked(64, 1)  # recent drafted request-steps the gate replays its step on
     probe_every: int = checked(256, 1)  # skipped steps in a row before the gate drafts again to re-measure
     resume_margin: float = checked(0.1, 0.0)  # gate off: resume drafting only when it promises > 10% more tok/ms
-    stop_drafting: bool = True  # an autoregressive drafter stops each request's drafting early (stop.py)
     learn_cost: bool = False  # learn the cost model from the engine's step times (scheduling/learn.py; serve: on)
     # learning: every this many steps a probe verifies a depth set by the step count
     cost_probe_every: int = checked(97, 0)

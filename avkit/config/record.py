@@ -43,7 +43,7 @@ class RecordConfig(Checked):
     vllm_python: str = ""  # vllm: the venv's python ("" = $AVKIT_VLLM_PYTHON, else .venv-vllm/bin/python)
     # vllm, T > 0: draw drafts from q (probabilistic) or take argmax
     vllm_draft_sampling: str = checked("probabilistic", choices=("probabilistic", "greedy"))
-    policy: str = "full"  # the verify policy recorded, a spec (avkit/scheduling/policy.py): full, fixed:K, adaptive:E, ...
+    policy: str = "full"  # the verify policy recorded, a spec (avkit/scheduling/spec.py): full, fixed:K, adaptive:E, ...
     cost: str = ""  # adaptive policies' cost table ("" = AdaptiveConfig's default)
     coefficients: str = ""  # adaptive policies' estimator warm start (coefficients.json; "" = reference constants)
 

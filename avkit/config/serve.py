@@ -45,7 +45,7 @@ class ServeConfig(Checked):
     # or the shipped default, serve/startup.py), cost ("" = the policy's default), draft_gate
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
-    policy: str = "adaptive"  # a name in avkit.scheduling.policy.POLICIES
+    policy: str = "adaptive-stop"  # a name in POLICIES (avkit/scheduling/spec.py): its entry alone sets behaviour
     schedule: str = ""  # policy "schedule": K by batch size, from `avkit tune` JSON or its vLLM fragment
     snapshot: str = ""  # where live coefficients are snapshotted ("" = SERVE_STATE_DIR/coefficients.json)
     snapshot_every: int = checked(10, 1)  # snapshot every M refits (and on shutdown)

@@ -30,6 +30,7 @@ from avkit.record.files import check_resume, finished_requests, preflight
 from avkit.record.progress import RecordProgress
 from avkit.record.requests import PromptQueue, Turn
 from avkit.record.stats import AcceptanceStats
+from avkit.scheduling.spec import parse_spec
 from avkit.trace.writer import GenerationWriter, TraceWriter
 
 _NEVER = 1 << 40  # row_group_rows for writers the recorder flushes itself
@@ -221,8 +222,6 @@ def verify_policy(config: RecordConfig):
     """The verify policy of `config.policy` (None: `full`, the engine's default), for the engine's K."""
     if config.policy == "full":
         return None
-    from avkit.scheduling.policy import parse_spec  # lazy: torch
-
     return parse_spec(config.policy).make(k=config.decoding.k, cost=config.cost or None,
                                           coefficients=config.coefficients)
 

@@ -13,11 +13,11 @@ Glossary:
                pays at its load, judged from earlier steps (gate.py); the engine then decodes target-only
   stop early   an autoregressive drafter pays one forward per depth, which trimming cannot refund;
                `continue_drafting` (called by the drafter after each pass) stops a request's drafting
-               once no deeper draft would pay for itself (stop.py; the simulator's `adaptive-stop`)
+               once no deeper draft would pay for itself (stop.py); on in the `adaptive-stop` entry only
   learned cost with a `learner` (AdaptiveConfig.learn_cost; serve) the engine's step times refit the
                cost model (learn.py) and swap it in; every `cost_probe_every`-th step is a probe that
                drafts and verifies a depth set by the step count alone (lossless, as fixed K)
-Registered in POLICIES as `adaptive`. With estimator "none" it verifies every draft (the `full` policy).
+Registered in POLICIES (scheduling/spec.py) as `adaptive` and `adaptive-stop`. With estimator "none" it verifies every draft (the `full` policy).
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class AdaptiveVerification(VerifyPolicy):
     draft_ms: torch.Tensor | None = None  # [G] drafting paid this step, summed by `continue_drafting`
     gate: DraftGate | None = None  # skips drafting for a step when it cannot pay (None: always draft)
     k: int = DEFAULT_K  # positions the estimator predicts (the width of the gate's rows)
-    stop_drafting: bool = True  # stop an autoregressive drafter early (`continue_drafting`)
+    stop_drafting: bool = False  # stop an autoregressive drafter early (`continue_drafting`; `adaptive-stop`)
     last_plan: Plan | None = None  # the plan of the last num_verify call (one group)
     kernels: Kernels | None = None  # the engine's kernel set: the plan's prefixes by its allocation kernel
     # Scores the suffix cache's rows (DraftBatch.cache_rows, HVD's hybrid drafter) with its own coefficients,
@@ -352,9 +352,10 @@ def _feature(batch: DraftBatch | VerifyOutcome, est: Estimator) -> torch.Tensor:
 
 def make_adaptive(cost: str | CostTable | None = None, estimator: str | Estimator | None = None,
                   coefficients: str | Path = "", k: int = DEFAULT_K, adaptive: AdaptiveConfig | None = None,
-                  bound: bool = False, **estimator_kwargs) -> AdaptiveVerification:
+                  bound: bool = False, stop_drafting: bool = False, **estimator_kwargs) -> AdaptiveVerification:
     """POLICIES["adaptive"] factory: cost table or spec, estimator name (or object) for K positions, warm start.
 
+    `stop_drafting`: also stop an autoregressive drafter early (POLICIES["adaptive-stop"], `make_adaptive_stop`).
     `bound`: accept a lossy estimator (the simulator's oracle: a bound, never an engine's policy).
     Other keyword arguments go to the estimator's factory (e.g. `config=EstimatorConfig(...)`). The
     suffix cache's rows get their own estimator of the same kind: warm-started from
@@ -377,8 +378,14 @@ def make_adaptive(cost: str | CostTable | None = None, estimator: str | Estimato
     table = resolve_cost(cost or config.cost)
     learner = CostLearner(table, probe_every=config.cost_probe_every) if config.learn_cost and est is not None \
         else None
-    gate = (DraftGate(table, config.gate_window, config.probe_every, config.resume_margin, config.stop_drafting, k=k)
+    gate = (DraftGate(table, config.gate_window, config.probe_every, config.resume_margin, stop_drafting, k=k)
             if config.draft_gate and est is not None else None)
-    return AdaptiveVerification(table, est, history=config.history, gate=gate, k=k, stop_drafting=config.stop_drafting,
+    return AdaptiveVerification(table, est, history=config.history, gate=gate, k=k, stop_drafting=stop_drafting,
+                                name="adaptive-stop" if stop_drafting else "adaptive",
                                 cache_estimator=cache_est if est is not None else None, learner=learner)
+
+
+def make_adaptive_stop(**kwargs) -> AdaptiveVerification:
+    """POLICIES["adaptive-stop"] factory: `make_adaptive` that also stops drafting early (stop.py)."""
+    return make_adaptive(stop_drafting=True, **kwargs)
 

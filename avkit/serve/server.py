@@ -1,6 +1,6 @@
 """Assemble a server from a `ServeConfig` and run it under uvicorn with a clean SIGTERM.
 
-Pieces: models (`avkit.models.load`), the verify policy (`POLICIES[config.policy]`, adaptive by
+Pieces: models (`avkit.models.load`), the verify policy (`POLICIES[config.policy]`, adaptive-stop by
 default, warm-started as `startup.warm_start` decides), a sink that feeds `/metrics` and, with
 `--record`, a `TraceWriter` (`side_writes.py` `ServeSink`), the engine factory for `EngineLoop`, and the
 `SideWrites` that keep snapshot and trace failures away from requests.
@@ -30,6 +30,7 @@ from avkit import __version__
 from avkit.config import EngineConfig, SamplingConfig, ServeConfig
 from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.coefficients import ServedPair, load_coefficients
+from avkit.scheduling.spec import ADAPTIVE, PolicySpec
 from avkit.serve.app import asgi_app
 from avkit.serve.engine_loop import EngineLoop
 from avkit.serve.metrics import ServeMetrics
@@ -59,13 +60,12 @@ def is_loopback(host: str) -> bool:
 
 
 def make_policy(config: ServeConfig, coefficients: str, pair: ServedPair | None = None):
-    """The verify policy `--policy` names (scheduling/policy.py `PolicySpec.make`, as record and simulate make
+    """The verify policy `--policy` names (scheduling/spec.py `PolicySpec.make`, as record and simulate make
     theirs): fixed K is -k; adaptive gets its estimator (warm-started from `coefficients`, refitting every
     `refit_interval` steps), the cost table, its draft gate, and learns its cost model."""
-    from avkit.scheduling.policy import PolicySpec  # lazy: torch (the verify policies)
-
-    arg = {"fixed": str(config.engine.k), "schedule": config.schedule, "adaptive": config.adaptive.estimator}
-    spec = PolicySpec(config.policy, config.policy, arg.get(config.policy, ""), config.adaptive.stop_drafting)
+    arg = {"fixed": str(config.engine.k), "schedule": config.schedule,
+           **dict.fromkeys(ADAPTIVE, config.adaptive.estimator)}
+    spec = PolicySpec(config.policy, config.policy, arg.get(config.policy, ""))
     return spec.make(k=config.engine.k, cost=config.adaptive.cost or None, coefficients=coefficients, pair=pair,
                      config=config.online, adaptive=replace(config.adaptive, learn_cost=True))  # serve learns
 

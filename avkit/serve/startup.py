@@ -24,6 +24,7 @@ from pathlib import Path
 from avkit.config import DEFAULT_COST_PATH, SERVE_STATE_DIR, SHIPPED_COEFFICIENTS, ServeConfig, shipped_file
 from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.coefficients import load_coefficients
+from avkit.scheduling.spec import ADAPTIVE
 from avkit.serve.snapshot import cache_snapshot_of
 from avkit.staged import check_writable
 
@@ -117,8 +118,8 @@ def startup_block(config: ServeConfig, *, target, draft, device: str, dtype: str
                                      " (target only, no speculative decoding)")
     if not spec:
         policy = "none (no draft)"
-    elif config.policy == "adaptive":
-        policy = (f"adaptive, estimator {config.adaptive.estimator}, refit every {config.online.refit_interval} steps, "
+    elif config.policy in ADAPTIVE:
+        policy = (f"{config.policy}, estimator {config.adaptive.estimator}, refit every {config.online.refit_interval} steps, "
                   f"draft gate {'on' if config.adaptive.draft_gate else 'off'}")
     else:
         policy = config.policy
@@ -134,7 +135,7 @@ def startup_block(config: ServeConfig, *, target, draft, device: str, dtype: str
         ("K", str(config.engine.k if spec else 0)),
         ("policy", policy),
     ]
-    if spec and config.policy == "adaptive":
+    if spec and config.policy in ADAPTIVE:
         lines += [("coefficients", coeffs)]
         if config.models.drafter == "hybrid":
             lines += [("cache rows", f"own estimator, {config.adaptive.cache_coefficients or 'reference constants'}")]

@@ -32,7 +32,8 @@ from avkit.estimators.base import Passthrough
 from avkit.estimators.rounds import replay_steps
 from avkit.scheduling.batch_schedule import BatchSchedule
 from avkit.scheduling.cost import CostTable
-from avkit.scheduling.policy import PolicySpec, VerifyPolicy, parse_spec
+from avkit.scheduling.policy import VerifyPolicy
+from avkit.scheduling.spec import ADAPTIVE, PolicySpec, parse_spec
 from avkit.sim.online import burn_in
 from avkit.sim.steps import Replay, StepTable
 from avkit.step_types import DraftBatch, Groups
@@ -74,7 +75,7 @@ class SimPolicy:
 
     @property
     def estimator(self) -> str:
-        return self.spec.arg if self.spec.name == "adaptive" else ""
+        return self.spec.arg if self.spec.name in ADAPTIVE else ""
 
     @property
     def lossless(self) -> bool:
@@ -116,7 +117,7 @@ class SimPolicy:
 
 
 def parse_policies(specs, k: int, coefficients: str = "", burn_in: bool = True) -> list[SimPolicy]:
-    """Policy specs (scheduling/policy.py; a bare `fixed` is every K = 1..k) -> the simulator's policies."""
+    """Policy specs (scheduling/spec.py; a bare `fixed` is every K = 1..k) -> the simulator's policies."""
     out = []
     for text in specs:
         spec = parse_spec(text, bare=("fixed",))

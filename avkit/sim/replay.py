@@ -42,7 +42,7 @@ from avkit.trace.reader import common_k, read_traces
 # The results table (one row per concurrency x policy), as written to Parquet and read by `avkit report`.
 RESULT_COLUMNS = {
     "concurrency": "requests decoding at once (lanes)",
-    "policy": "the policy spec's label (scheduling/policy.py): nospec, fixedK, adaptive[-stop][-nogate]-ESTIMATOR "
+    "policy": "the policy spec's label (scheduling/spec.py): nospec, fixedK, adaptive[-stop][-nogate]-ESTIMATOR "
               "(ESTIMATOR also oracle, recorded), schedule-FILESTEM, full",
     "estimator": "confidence source of adaptive policies ('' otherwise)",
     "lossless": "False when decisions depend on the drawn tokens (the oracle, lossy features): not deployable",
@@ -113,7 +113,7 @@ def simulate(traces, cost: CostTable, concurrency=None, policies=None, *, config
              coefficients: str = "", progress=None) -> pl.DataFrame:
     """Replay `traces` under each policy at each concurrency; one result row per pair.
 
-    policies: specs (scheduling/policy.py; `fixed` = every K); None -> no-spec, every fixed K, adaptive per estimator in
+    policies: specs (scheduling/spec.py; `fixed` = every K); None -> no-spec, every fixed K, adaptive per estimator in
     `config.estimators`, the recorded confidences if present, and the oracle. Adds `vs_best_fixed`
     (throughput / best fixed K at that concurrency) and `vs_nospec`.
     """

@@ -109,7 +109,7 @@ META_KEYS = {
     "avkit.seed": "run seed",
     "avkit.datasets": "JSON list of datasets in the file",
     "avkit.policy": "verify policy used while recording, as its spec (`full`, `fixed:K`, `adaptive:ESTIMATOR`, "
-                    "`schedule:FILE`, ...; scheduling/policy.py)",
+                    "`schedule:FILE`, ...; scheduling/spec.py)",
     "avkit.synthetic": "JSON of the true coefficients, for synthetic traces only",
     "avkit.engine": "who drafted and verified: `native` (avkit's runtime) or `vllm X.Y.Z` (docs/vllm.md)",
     "avkit.vllm.draft_sample_method": "vLLM recordings: `probabilistic` or `greedy` drafting at T > 0",

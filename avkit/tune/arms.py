@@ -1,7 +1,7 @@
 """Arms: the deployments `avkit tune` compares, each replayed by the simulator (avkit/sim/) at each concurrency.
 
 Glossary:
-  arm        one way to run the engine at a batch size: a policy spec (scheduling/policy.py) and the most
+  arm        one way to run the engine at a batch size: a policy spec (scheduling/spec.py) and the most
              drafts per step K: `nospec`, `fixed K` (draft and verify K every step), `adaptive K` (draft up
              to K, adaptive verification sizes the budget) or `adaptive-stop K` (also stops drafting early,
              avkit's engine only); the simulator runs the engine's policy object for it (sim/drive.py)
@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from avkit.scheduling.cost import CostTable
-from avkit.scheduling.policy import PolicySpec, parse_spec
+from avkit.scheduling.spec import PolicySpec, parse_spec
 from avkit.sim.drive import SimPolicy, decide
 from avkit.sim.replay import policy_metrics, step_times
 from avkit.sim.steps import Replay, StepTable, schedule
