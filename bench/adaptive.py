@@ -400,9 +400,7 @@ def main(argv=None) -> int:
         f"({oh['threads']} torch threads) = {oh['share_h200']:.1%} of the predicted H200 8B step at c=256 "
         f"({oh['h200_step_ms']:.1f} ms, {oh['verified']} drafts verified). No Python loop over slots.\n")
     print(sections[-1])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(sections))
-    print(f"wrote {out}")
+    write({out: "\n".join(sections)})
     return 0
 
 
