@@ -67,7 +67,6 @@ class AdaptiveVerification(VerifyPolicy):
     gate: DraftGate | None = None  # skips drafting for a step when it cannot pay (None: always draft)
     k: int = DEFAULT_K  # positions the estimator predicts (the width of the gate's rows)
     stop_drafting: bool = False  # stop an autoregressive drafter early (`continue_drafting`; `adaptive-stop`)
-    last_plan: Plan | None = None  # the plan of the last num_verify call (one group)
     kernels: Kernels | None = None  # the engine's kernel set: the plan's prefixes by its allocation kernel
     # Scores the suffix cache's rows (DraftBatch.cache_rows, HVD's hybrid drafter) with its own coefficients,
     # refit from those rows' labels only (None: a fresh one of the estimator's kind when cache rows appear)
@@ -188,7 +187,6 @@ class AdaptiveVerification(VerifyPolicy):
         self.draft_ms = None  # size with the nominal drafting cost: the passes run depend on the draws
         sizing = self.sizing(batch, conf)
         plan = self._plan(conf, batch.num_drafted, load, sizing=sizing)
-        self.last_plan, self.draft_ms = plan, None
         probe = self.probe() if isinstance(load, Load) else None
         if probe is not None:  # a cost probe verifies the depth its step count sets (lossless, as fixed K)
             plan = replace(plan, num_verify=batch.num_drafted.clamp(max=probe))
