@@ -94,6 +94,12 @@ class EngineStats:
     draft_forward_s: float = 0.0
     cost_ratio: float | None = None  # the last step's actual / predicted ms (a policy that predicts it), or None
 
+    @property
+    def overhead_share(self) -> float:
+        """Share of step time outside the model forwards."""
+        fwd = self.target_forward_s + self.draft_forward_s
+        return 0.0 if self.step_s == 0 else max(0.0, 1.0 - fwd / self.step_s)
+
 
 def draft_input(batch: list[RunningSeq], k: int, max_len: int, drafting: bool, device) -> DraftInput:
     """Drafts wanted per request and its sampling tensors; counts stay on the host too (`*_ids`)."""
