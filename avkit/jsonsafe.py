@@ -1,17 +1,22 @@
 """JSON that every parser reads: NaN and ±inf become null (Python's json writes bare `NaN`, which
-is not JSON), numpy scalars become Python numbers.
+is not JSON), numpy scalars become Python numbers; and the one reader of a JSON input file.
 
 Every JSON file avkit writes (coefficients.json, scores.json, hvd_metrics.json, cost tables) goes
 through `json_safe` before `json.dumps(..., allow_nan=False)`, so a stray NaN fails loudly here
-instead of producing a file other tools reject.
+instead of producing a file other tools reject. `read_json` reads a JSON input file (UTF-8) and
+turns a missing, unreadable or invalid one into one `AvkitError` line naming the option or kind of
+file, the path and the problem.
 """
 
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
+
+from avkit.errors import AvkitError, ConfigError
 
 
 def json_safe(x):
@@ -40,4 +45,25 @@ def dumps(obj, **kw) -> str:
     return json.dumps(json_safe(obj), allow_nan=False, **kw)
 
 
-__all__ = ["dumps", "json_safe"]
+def read_json(path, what: str = "", error: type[AvkitError] = ConfigError):
+    """The JSON value in `path`; `error` with "`what` PATH: no such file / cannot read (...) / not valid JSON (...)".
+
+    `what` names the option or the kind of file (``"--schedule"``, ``"cost table"``); empty: the path alone.
+    """
+    path = Path(path).expanduser()
+    where = f"{what} {path}" if what else str(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise error(f"{where}: no such file") from None
+    except OSError as e:
+        raise error(f"{where}: cannot read ({e.strerror or e})") from None
+    try:
+        return json.loads(raw.decode("utf-8"))  # NaN/Infinity read as floats: the caller's field check names them
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+        raise error(f"{where}: not valid JSON ({(str(e).strip().splitlines() or [type(e).__name__])[0]})") from None
+    except RecursionError:
+        raise error(f"{where}: not valid JSON (nested too deeply)") from None
+
+
+__all__ = ["dumps", "json_safe", "read_json"]

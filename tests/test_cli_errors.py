@@ -130,7 +130,7 @@ def test_simulate_bad_cost_file(base, tmp_path, capsys):
     cost.write_text(json.dumps({"verify_tokens": [1, 2], "verify_ms": [1.0, float("inf")], "draft_requests": [1],
                                 "draft_ms": [0.5]}))
     code, _, err = run_cli(capsys, "simulate", "--cost", cost, "--out", tmp_path / "s.parquet", base)
-    one_line(code, err, f"cost table {cost}: not valid JSON (Infinity is not a number JSON allows)")
+    one_line(code, err, f"cost table {cost}: field 'verify_ms'[1] must be a finite number, got inf")
 
 
 def test_simulate_mixed_k_says_its_rule_and_writes_with_the_usual_mode(base, tmp_path, capsys):
@@ -246,7 +246,7 @@ def fit_dir(base, tmp_path_factory) -> Path:
 
 
 DAMAGE = {
-    "coefficients.json not UTF-8": ("coefficients.json", b"\xff\xfe{", "coefficients.json: not JSON"),
+    "coefficients.json not UTF-8": ("coefficients.json", b"\xff\xfe{", "coefficients.json: not valid JSON"),
     "coefficients.json a list": ("coefficients.json", b"[1, 2]", "coefficients.json: must be a JSON object, got list"),
     "coefficients.json slope a string": ("coefficients.json", json.dumps(
         {"feature": "logit_qmax", "num_positions": 1, "slope": "x", "intercepts": [0.1], "estimator": "e"}).encode(),

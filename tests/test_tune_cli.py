@@ -56,7 +56,7 @@ BAD = {
     "text concurrency": (("--concurrency", "a,b"), "--concurrency must be comma-separated integers, got a,b"),
     "negative slo": (("--tpot-slo-ms", "-1"), "--tpot-slo-ms must be >= 0, got -1"),
     "no context": (("--context", "0"), "no generations table beside it"),
-    "missing cost": (("--cost", "/nonexistent/cost.json"), "cost table: no such file: /nonexistent/cost.json"),
+    "missing cost": (("--cost", "/nonexistent/cost.json"), "cost table /nonexistent/cost.json: no such file"),
     "bad roofline": (("--cost", "roofline:H9000:8b"), "--cost roofline:H9000:8b: unknown accelerator H9000; choose from a100, "),
     "unknown estimator": (("--estimator", "magic"), "--estimator must be one of"),
     "out not json": (("--out", "x.txt"), "--out must be a .json path, got x.txt"),

@@ -251,7 +251,7 @@ def test_registry_and_k_check():
 
 @pytest.mark.parametrize("content, message", [
     (None, "--schedule {p}: no such file"),
-    ("{not json", "--schedule {p}: not a JSON file (Expecting property name enclosed in double quotes: "
+    ("{not json", "--schedule {p}: not valid JSON (Expecting property name enclosed in double quotes: "
                   "line 1 column 2 (char 1))"),
     ('{"x": 1}', "--schedule {p}: neither `avkit tune` results (schedule.ranges) nor a vLLM speculative_config "
                  "with num_speculative_tokens_per_batch_size"),

@@ -24,7 +24,6 @@ A file may nest the state under "state" (older snapshots); that object is valida
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from avkit.config.fit import FIT_DRAFTERS
 from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.base import ESTIMATORS, Estimator, make_estimator
 from avkit.features import FEATURES
+from avkit.jsonsafe import read_json
 
 
 @dataclass(frozen=True)
@@ -144,17 +144,7 @@ def load_coefficients(path, *, k: int | None = None, pair: ServedPair | None = N
                       drafter: str | None = None) -> dict:
     """Read and validate a coefficients file; raise ConfigError (one line: file, field, value)."""
     path = Path(path).expanduser()
-    try:
-        raw = path.read_bytes()
-    except OSError as e:
-        raise ConfigError(f"coefficients {path}: cannot read ({e.strerror or e})") from None
-    try:
-        doc = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"coefficients {path}: not JSON ({e})") from None
-    except RecursionError:
-        raise ConfigError(f"coefficients {path}: not JSON (nested too deeply)") from None
-    return check_coefficients(doc, str(path), k=k, pair=pair, drafter=drafter)
+    return check_coefficients(read_json(path, "coefficients"), str(path), k=k, pair=pair, drafter=drafter)
 
 
 DEFAULT_FEATURE = "logit_qmax"

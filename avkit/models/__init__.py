@@ -17,7 +17,6 @@ auto dtype   bfloat16 on a GPU (what serving runs), float32 on a CPU; bfloat16 o
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 
 from avkit.errors import ConfigError, ModelError
+from avkit.jsonsafe import read_json
 from avkit.models.config import ModelConfig
 from avkit.models.gguf_file import read_gguf
 from avkit.models.kv_cache import KVCache
@@ -87,7 +87,7 @@ def read_hf_dir(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, 
     cfg_path = path / "config.json"
     if not cfg_path.is_file():
         raise ModelError(f"{path}: not a model directory (no config.json)")
-    cfg = ModelConfig.from_hf(json.loads(cfg_path.read_text()), source=str(cfg_path))
+    cfg = ModelConfig.from_hf(read_json(cfg_path, error=ModelError), source=str(cfg_path))
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelError(f"{path}: no *.safetensors weights")

@@ -12,7 +12,6 @@ An input that is absent leaves `None` and a note; the sections that need it say 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import polars as pl
 from avkit.config import FitConfig, SimulateConfig
 from avkit.errors import ConfigError, DataError
 from avkit.estimators.coefficients import load_coefficients
+from avkit.jsonsafe import read_json
 from avkit.provenance import trace_mismatch, trace_records
 from avkit.report.traces import TraceSummary, stream_traces, summarize
 
@@ -52,15 +52,6 @@ class ReportInputs:
     warnings: dict[str, list[str]] = field(default_factory=dict)  # fit / sim / hvd -> stale or mismatched input
 
 
-def _read_json(path: Path):
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: not valid JSON: {e}") from None
-    except OSError as e:
-        raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
-
-
 def load_fit_dir(path) -> FitOutputs:
     """Read an `avkit fit` output directory; raise ConfigError/DataError naming the file."""
     d = Path(path)
@@ -70,7 +61,7 @@ def load_fit_dir(path) -> FitOutputs:
         if not (d / name).is_file():
             raise ConfigError(f"FIT_DIR {d}: no {name} (write one with `avkit fit --out {d}`)")
     coefficients = load_coefficients(d / "coefficients.json")  # the one validated loader
-    scores = _read_json(d / "scores.json")
+    scores = read_json(d / "scores.json", error=DataError)
     if "estimator" not in coefficients:
         raise DataError(f"{d / 'coefficients.json'}: missing key 'estimator'")
     if not isinstance(scores, list) or not scores:
@@ -104,7 +95,7 @@ def load_sim(path) -> pl.DataFrame:
 def load_hvd(path) -> dict:
     p = Path(path)
     p = p / "hvd_metrics.json" if p.is_dir() else p
-    blob = _read_json(p)
+    blob = read_json(p, "--hvd", DataError)
     rows = blob.get("metrics") if isinstance(blob, dict) else None
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) and all(k in r for k in HVD_KEYS)
                                                          for r in rows):
@@ -114,7 +105,7 @@ def load_hvd(path) -> dict:
 
 def load_tune(path) -> dict:
     p = Path(path)
-    blob = _read_json(p)
+    blob = read_json(p, "--tune", DataError)
     missing = [k for k in TUNE_KEYS if not isinstance(blob, dict) or k not in blob]
     if missing:
         raise DataError(f"--tune {p}: missing key(s) {missing} (expected an `avkit tune` result)")

@@ -20,7 +20,6 @@ decide: lossless.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import numpy as np
 import torch
 
 from avkit.errors import ConfigError
+from avkit.jsonsafe import read_json
 from avkit.scheduling.catch_up import CatchUpRule
 from avkit.scheduling.policy import VerifyPolicy
 from avkit.step_types import DraftBatch, Groups, Load, StepPlan
@@ -76,12 +76,7 @@ class BatchSchedule:
     def load(cls, path: str | Path) -> BatchSchedule:
         """From `avkit tune --out` JSON or a `--format vllm` fragment; one ConfigError line naming the file."""
         p = Path(path)
-        try:
-            data = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"--schedule {p}: no such file") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise ConfigError(f"--schedule {p}: not a JSON file ({e})") from None
+        data = read_json(p, "--schedule")
         rule = data.get("schedule", {}).get("catch_up") if isinstance(data, dict) and \
             isinstance(data.get("schedule"), dict) else None
         return cls(_ranges(data, p), source=str(p),

@@ -50,6 +50,7 @@ import numpy as np
 
 from avkit.config import DEFAULT_COST_PATH, PROFILE_CONTEXT_ENV, SHIPPED_COST, shipped_file
 from avkit.errors import ConfigError
+from avkit.jsonsafe import read_json
 from avkit.scheduling.roofline import roofline_curves
 from avkit.staged import StagedOutputs
 from avkit.validate import check_range
@@ -244,13 +245,7 @@ class CostTable:
     def load(cls, path) -> CostTable:
         """Read and validate a cost file (any version of the schema above); errors name the file and field."""
         path = Path(path).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"cost table: no such file: {path}")
-        try:
-            d = json.loads(path.read_text(encoding="utf-8"), parse_constant=_reject_constant)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError) as e:
-            raise ConfigError(f"cost table {path}: not valid JSON ({_one_line(e)})") from None
-        table = cls.from_json(d, str(path))
+        table = cls.from_json(read_json(path, "cost table"), str(path))
         if min(table.verify_ms) <= 0:
             raise ConfigError(f"cost table {path}: field 'verify_ms' must be positive (a target forward costs "
                               f"time), got {list(table.verify_ms)}")
@@ -285,14 +280,6 @@ class CostTable:
                 raise ConfigError(f"{where}: field {key!r} must be a non-negative number, got {v!r}")
         return cls(**lists, drafter=drafter, meta={**meta, **({"path": source} if source else {})},
                    context_len=int(context_len), kv_ms_per_token=float(kv), lookup_ms=float(lookup), noise=noise)
-
-
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
-def _one_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 def _numbers(where: str, d: dict, key: str, *, integer: bool = False, empty: bool = False) -> tuple:

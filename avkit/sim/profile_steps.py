@@ -12,20 +12,15 @@ refuses the others). Every draft has K slots (vLLM's counters imply it when the 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 
 from avkit.errors import ConfigError, DataError
+from avkit.jsonsafe import read_json
 from avkit.sim.steps import StepTable
 
 
 def read_profile(path) -> dict:
-    try:
-        profile = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise DataError(f"--profile {path}: cannot read an acceptance profile ({e})") from None
+    profile = read_json(path, "--profile", DataError)
     if not isinstance(profile, dict) or profile.get("kind") != "aggregate" or "positions" not in profile:
         raise DataError(f"--profile {path}: not an aggregate acceptance profile (`avkit import vllm-metrics`)")
     return profile
