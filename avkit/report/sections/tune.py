@@ -10,14 +10,11 @@ import json
 
 import numpy as np
 
+from avkit.cli.tune import tok
 from avkit.config import ReportConfig
 from avkit.report import plots
 from avkit.report.document import Figure, Section, Table, fmt
 from avkit.report.inputs import ReportInputs
-
-
-def _digits(tok_s: float) -> int:
-    return 0 if tok_s >= 100 else 1  # a CPU's 4.2 tok/s keeps its decimal
 
 
 def _gain(ratio: float) -> str:
@@ -32,7 +29,7 @@ def schedule_table(result: dict) -> Table:
     rows = []
     for r in result["schedule"]["per_concurrency"]:
         a, b = r["vs_single_k"], r["vs_nospec"]
-        rows.append((fmt(r["concurrency"]), r["arm"], fmt(r["throughput_tok_s"], _digits(r["throughput_tok_s"])),
+        rows.append((fmt(r["concurrency"]), r["arm"], tok(r["throughput_tok_s"]),
                      f"{a['ratio']:.3f} [{a['lo']:.3f}, {a['hi']:.3f}]", f"{b['ratio']:.3f} [{b['lo']:.3f}, {b['hi']:.3f}]",
                      fmt(r["meets_slo"])))
     single = result["schedule"]["single_k"]
@@ -48,7 +45,7 @@ def cell_table(result: dict) -> Table:
     arms = list(dict.fromkeys(r["arm"] for r in result["cells"]))
     chosen = {(r["arm"], r["concurrency"]) for r in result["schedule"]["per_concurrency"]}
     bold = frozenset((i, j + 1) for i, a in enumerate(arms) for j, c in enumerate(conc) if (a, c) in chosen)
-    rows = [(a, *(f"{fmt(cell[a, c]['throughput_tok_s'], _digits(cell[a, c]['throughput_tok_s']))}{'' if cell[a, c]['meets_slo'] else ' ✗'}"
+    rows = [(a, *(tok(cell[a, c]['throughput_tok_s']) + ('' if cell[a, c]['meets_slo'] else ' ✗')
                   for c in conc)) for a in arms]
     return Table(("arm", *(f"c={c}" for c in conc)), rows, emphasis=bold, collapsed=True,
                  caption="Predicted tokens/s per arm; bold: recommended; ✗: p90 TPOT over the SLO.")
