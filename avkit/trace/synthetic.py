@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 
 from avkit import __version__
 from avkit.config import SyntheticConfig
+from avkit.estimators.online_logistic import sigmoid
 from avkit.staged import staged_file
 from avkit.trace import labels
 from avkit.trace import schema as S
@@ -31,10 +32,6 @@ from avkit.trace import schema as S
 
 def _dict_column(codes: np.ndarray, names: list[str]) -> pa.DictionaryArray:
     return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)), pa.array(names, pa.string()))
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + np.tanh(0.5 * x))  # overflow-free logistic
 
 
 def _layout(cfg: SyntheticConfig, rng: np.random.Generator) -> dict[str, np.ndarray]:
@@ -70,19 +67,19 @@ def synthetic_trace(cfg: SyntheticConfig | None = None) -> pa.Table:
     pos = np.broadcast_to(np.arange(k), (m, k))  # [M, K]
     mean = np.asarray(cfg.feature_means)[lay["dataset"]][:, None] + cfg.depth_drift * pos  # [M, K]
     f = np.clip(rng.normal(mean, cfg.feature_sd), -40, 40).astype(np.float32)  # [M, K] logit_qmax
-    p_true = _sigmoid(cfg.slope * f.astype(np.float64) + np.asarray(cfg.intercepts)[pos])  # [M, K]
+    p_true = sigmoid(cfg.slope * f.astype(np.float64) + np.asarray(cfg.intercepts)[pos])  # [M, K]
     draw = rng.uniform(size=(m, k)) < p_true  # the target's decision if verified
     verified = pos < lay["num_verified"][:, None]  # [M, K]
     # accepted length = leading run of accepted draws inside the verified prefix
     num_accepted = np.cumprod(draw & verified, axis=1).sum(axis=1)  # [M]
     observed = labels.observed(pos, lay["num_verified"][:, None], num_accepted[:, None])  # [M, K]
-    q_max = _sigmoid(f.astype(np.float64))
+    q_max = sigmoid(f.astype(np.float64))
     q_2nd = (1.0 - q_max) * rng.uniform(0.3, 1.0, size=(m, k)) * np.minimum(1.0, q_max / (1 - q_max + 1e-300))
     entropy = -(q_max * np.log(q_max)) - np.where(q_max < 1, (1 - q_max) * np.log1p(-q_max), 0.0) \
         + (1 - q_max) * np.log(50.0)
     took_top = rng.uniform(size=(m, k)) < q_max
     q_sampled = np.where(took_top, q_max, q_2nd * rng.uniform(0.2, 1.0, size=(m, k)))
-    head = _sigmoid(np.log(p_true / (1 - p_true + 1e-300)) + rng.normal(0, 0.5, size=(m, k)))
+    head = sigmoid(np.log(p_true / (1 - p_true + 1e-300)) + rng.normal(0, 0.5, size=(m, k)))
     n_rows = min(m * k, cfg.num_slots)
     cols = _columns(cfg, lay, k, f, q_max, q_2nd, q_sampled, entropy, p_true, draw, verified, observed,
                     num_accepted, head, rng)

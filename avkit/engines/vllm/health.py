@@ -21,16 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
+from avkit.estimators.online_logistic import sigmoid
 from avkit.metrics.calibration import ece_from_bins
 from avkit.staged import staged_file
 
 BINS = 10
 WINDOW = 100  # engine steps, vLLM's REFIT_INTERVAL: the span its online estimator refits on
 STATE_FILE = "health.json"
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
 
 
 class Health:
@@ -109,4 +106,4 @@ def read_state(run_dir: Path) -> dict | None:
         return None
 
 
-__all__ = ["BINS", "WINDOW", "Health", "read_state", "sigmoid"]
+__all__ = ["BINS", "WINDOW", "Health", "read_state"]
