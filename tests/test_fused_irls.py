@@ -7,8 +7,8 @@ import numpy as np
 import polars as pl
 import pytest
 
+from avkit.estimators.base import sigmoid
 from avkit.estimators.irls import BLOCK, Segment, fused_segment_stats
-from avkit.estimators.online_logistic import sigmoid
 from avkit.trace.values import SLOT_KEY, _may_repeat_a_slot
 
 

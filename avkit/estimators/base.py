@@ -28,6 +28,11 @@ def check_positions(positions, k: int) -> np.ndarray:
     return pos.astype(np.intp, copy=False)
 
 
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """The logistic 1 / (1 + exp(-x)) as 0.5 (1 + tanh(x / 2)): no overflow at any x (exactly 0 from x ≈ -38)."""
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
 class Estimator(Protocol):
     name: str
     lossless: bool  # False only for estimators fed a lossy feature (e.g. q_sampled)

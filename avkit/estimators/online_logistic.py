@@ -26,14 +26,10 @@ import torch
 
 from avkit.config import DEFAULT_K, EstimatorConfig
 from avkit.errors import DataError
-from avkit.estimators.base import check_positions
+from avkit.estimators.base import check_positions, sigmoid
 from avkit.estimators.irls import (IrlsStats, fused_segment_stats, group_by_position, grouped_segments, irls_stats,
                                    newton_iterations, per_position_step, shared_slope_step)
 from avkit.features import FEATURES
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    return 0.5 * (1.0 + np.tanh(0.5 * x))  # overflow-free logistic
 
 
 def sigmoid_torch(x: torch.Tensor) -> torch.Tensor:
@@ -344,4 +340,4 @@ class PerPositionSlope(RoundLogistic):
 
 
 __all__ = ["BatchLogistic", "DeviceCoefficients", "OnlineLogistic", "PerPositionSlope", "RoundLogistic",
-           "sigmoid", "sigmoid_torch"]
+           "sigmoid_torch"]

@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 
 from avkit import __version__
 from avkit.config import SyntheticConfig
-from avkit.estimators.online_logistic import sigmoid
+from avkit.estimators.base import sigmoid
 from avkit.staged import staged_file
 from avkit.trace import labels
 from avkit.trace import schema as S

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from avkit.estimators.online_logistic import sigmoid
+from avkit.estimators.base import sigmoid
 from avkit.metrics.calibration import ece_from_bins
 from avkit.staged import staged_file
 
