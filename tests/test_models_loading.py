@@ -59,6 +59,18 @@ def test_unsupported_architecture_is_model_error(tiny, tmp_path):
         avkit.models.load(bad)
 
 
+@pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json", "generation_config.json"])
+def test_damaged_json_in_a_model_dir_is_one_model_error(tiny, tmp_path, name):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny, bad)
+    (bad / name).write_text('{"vocab_size": 4')
+    with pytest.raises(ModelError) as e:
+        avkit.models.load(bad)
+    assert str(e.value).startswith(f"{bad / name}: not valid JSON (") and "\n" not in str(e.value)
+
+
 def test_unsupported_gguf_architecture_and_garbage_file(tmp_path):
     import gguf
     import numpy as np

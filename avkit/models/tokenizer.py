@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 from avkit.errors import ModelError
+from avkit.jsonsafe import read_json
 
 # llama.cpp ``tokenizer.ggml.pre`` -> the split regex of the HF tokenizer it came from
 PRETOKENIZER_REGEX = {
@@ -151,7 +152,7 @@ def _compile_template(source: str):
 
 
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return read_json(path, error=ModelError) if path.is_file() else {}
 
 
 def _token_str(t) -> str | None:
