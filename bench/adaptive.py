@@ -59,6 +59,7 @@ import polars as pl
 import torch
 
 from avkit.cli import app
+from avkit.cli.tune import tok
 from avkit.config import SimulateConfig, SyntheticConfig
 from avkit.kernels.dispatch import select_kernels
 from avkit.scheduling.adaptive import make_adaptive
@@ -102,8 +103,7 @@ def markdown_table(df: pl.DataFrame) -> str:
         for c in conc:
             r = df.filter((pl.col("policy") == policy) & (pl.col("concurrency") == c)).row(0, named=True)
             best = r["throughput_tok_s"] >= df.filter(pl.col("concurrency") == c)["throughput_tok_s"].max()
-            tps = r["throughput_tok_s"]
-            cell = f"{tps:,.0f} ({r['vs_best_fixed']:.2f})" if tps >= 100 else f"{tps:.1f} ({r['vs_best_fixed']:.2f})"
+            cell = f"{tok(r['throughput_tok_s'])} ({r['vs_best_fixed']:.2f})"
             cells.append(f"**{cell}**" if best else cell)
         lines.append(f"| {policy} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
