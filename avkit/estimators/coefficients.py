@@ -20,6 +20,8 @@ returns a document whose fields are safe to use or raises one AvkitError line na
                   its `drafter` ("model" when absent, or "suffix": `avkit fit --drafter`) names the
                   rows it was fitted on and must match the rows it will score when the caller says
 A file may nest the state under "state" (older snapshots); that object is validated instead.
+Every writer (`avkit fit`, `avkit tune`'s profile, `serve`'s snapshots) builds its document with
+`coefficients_document`, the one builder of this layout.
 """
 
 from __future__ import annotations
@@ -148,6 +150,29 @@ def load_coefficients(path, *, k: int | None = None, pair: ServedPair | None = N
 
 
 DEFAULT_FEATURE = "logit_qmax"
+
+
+def coefficients_document(est: Estimator, trained_on: dict, *, mode: str | None = None, sign: bool = False,
+                          settings: dict | None = None, with_state: bool = True) -> dict | None:
+    """An estimator's coefficients document (the layout above); None when it has no slope and intercepts.
+
+    With `with_state`, every key of its `state_dict()` comes first, so `load_state_dict` restores it
+    exactly (round counter, forgetting_logistic's basis slopes and precision); then schema_version,
+    feature, feature_sign (with `sign`: p = sigmoid(slope * sign * feature + b_j), the sign applied
+    inside the estimator), num_positions, slope, intercepts, observations, `mode`, estimator, the
+    writer's `settings` and `trained_on`.
+    """
+    state = dict(est.state_dict())
+    if "slope" not in state or "intercepts" not in state:
+        return None
+    feature = state.get("feature", DEFAULT_FEATURE)
+    intercepts = [float(b) for b in state["intercepts"]]
+    doc = {"schema_version": 1, "feature": feature, **({"feature_sign": FEATURES[feature].sign} if sign else {}),
+           "num_positions": len(intercepts), "slope": float(state["slope"]), "intercepts": intercepts,
+           "observations": [int(n) for n in state.get("observations", [0] * len(intercepts))],
+           **({"mode": mode} if mode else {}), "estimator": state.get("name", getattr(est, "name", "online_logistic")),
+           **(settings or {}), "trained_on": trained_on}
+    return {**state, **doc} if with_state else doc
 OWN_FILES = ("forgetting_logistic", "per_position_slope")  # files only their own estimator can load
 # Estimators that use a probability-valued feature as is, and the feature they read.
 PROBABILITY_FEATURES = {"qmax": "q_max", "passthrough": "head_conf"}
@@ -203,6 +228,5 @@ def load_estimator(name: str, coefficients: str | Path = "", k: int = DEFAULT_K,
     return estimator
 
 
-
 __all__ = ["ALIASES", "DEFAULT_FEATURE", "OWN_FILES", "PROBABILITY_FEATURES", "ServedPair", "check_coefficients",
-           "estimator_feature", "load_coefficients", "load_estimator"]
+           "coefficients_document", "estimator_feature", "load_coefficients", "load_estimator"]

@@ -36,7 +36,7 @@ from threadpoolctl import threadpool_limits
 from avkit.config import EstimatorConfig, FitConfig
 from avkit.errors import ConfigError
 from avkit.estimators import make_estimator
-from avkit.estimators.coefficients import ServedPair, load_estimator
+from avkit.estimators.coefficients import ServedPair, coefficients_document, load_estimator
 from avkit.features import FEATURES
 from avkit.fit.data import load_fit_data
 from avkit.fit.engines import LocalEngine, open_engine
@@ -106,31 +106,15 @@ def plan_features(fit: FitConfig, est_cfg: EstimatorConfig, present) -> list[tup
     return plan + [(est_cfg.feature, "per_position_slope")]
 
 
-def coefficients_doc(est, k: int, trained_on: dict, fit: FitConfig, est_cfg: EstimatorConfig) -> dict:
-    """The coefficients.json document of a fitted estimator."""
-    return {
-        **est.state_dict(),  # everything a warm start restores (forgetting_logistic: basis slopes, precision)
-        "schema_version": 1,
-        "feature": est_cfg.feature,
-        "feature_sign": FEATURES[est_cfg.feature].sign,  # p = sigmoid(slope * sign * feature + b_i),
-        # applied inside the estimator: load_state_dict(this file) into an estimator of this feature
-        "num_positions": k,
-        "slope": float(est.slope),
-        "intercepts": [float(b) for b in est.intercepts],
-        "observations": [int(n) for n in est.observations],
-        "mode": fit.mode,
-        "estimator": est.name,
-        "refit_interval": est_cfg.refit_interval,
-        "refits": int(est.rounds),
-        "ridge": est_cfg.ridge,
-        "damping": est_cfg.damping,
-        "lossless": True,
-        "clock": trained_on["clock"],  # what counted engine steps: fit/data.py CLOCKS
-        # the traces by content hash and the settings (avkit/provenance.py): `avkit report` checks them
-        "trained_on": {**trained_on, "inputs": inputs_record(
-            "avkit fit", trained_on["traces"], mode=fit.mode, feature=est_cfg.feature,
-            refit_interval=est_cfg.refit_interval)},
-    }
+def coefficients_doc(est, trained_on: dict, fit: FitConfig, est_cfg: EstimatorConfig) -> dict:
+    """The coefficients.json document of the fitted estimator, with the fit's settings and the traces by
+    content hash (avkit/provenance.py: `avkit report` checks them)."""
+    return coefficients_document(est, {**trained_on, "inputs": inputs_record(
+        "avkit fit", trained_on["traces"], mode=fit.mode, feature=est_cfg.feature,
+        refit_interval=est_cfg.refit_interval)}, mode=fit.mode, sign=True, settings={
+        "refit_interval": est_cfg.refit_interval, "refits": int(est.rounds), "ridge": est_cfg.ridge,
+        "damping": est_cfg.damping, "lossless": True,
+        "clock": trained_on["clock"]})  # what counted engine steps: fit/data.py CLOCKS
 
 
 def run_fit(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None = None,
@@ -148,7 +132,7 @@ def run_fit(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None
     scores = [{"feature": n, "lossless": FEATURES[n].lossless, "estimator": e, **row}
               for (n, e), table in zip(plan, tables) for row in table]
     i = next(i for i, (n, _) in enumerate(plan) if n == est_cfg.feature)
-    return FitResult(coefficients_doc(ests[i], k, trained_on, fit, est_cfg), scores,
+    return FitResult(coefficients_doc(ests[i], trained_on, fit, est_cfg), scores,
                      trajectory_frame(rows[i], k, hasattr(ests[i], "slopes")))
 
 

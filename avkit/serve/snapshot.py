@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from avkit.estimators.coefficients import ServedPair
+from avkit.estimators.coefficients import ServedPair, coefficients_document
 from avkit.serve.side_writes import SideWrites
 from avkit.staged import write_json_atomic
 
@@ -39,31 +39,13 @@ def cache_snapshot_of(path: Path) -> Path:
 
 
 def coefficients_of(estimator, pair: ServedPair | None = None, drafter: str = "model") -> dict[str, Any] | None:
-    """Estimator state -> coefficients.json dict (None when the estimator has no slope/intercepts).
-
-    Keeps every key of the estimator's state (so `load_state_dict` restores it exactly, round
-    counter included) and adds the fields of `avkit fit`'s coefficients.json; `drafter` names the
-    rows it scored ("suffix": the hybrid drafter's cache rows).
-    """
-    state = dict(estimator.state_dict())
-    if "slope" not in state or "intercepts" not in state:
-        return None
-    intercepts = [float(b) for b in state["intercepts"]]
-    return {
-        **state,
-        "schema_version": 1,
-        "feature": state.get("feature", "logit_qmax"),
-        "num_positions": len(intercepts),
-        "slope": float(state["slope"]),
-        "intercepts": intercepts,
-        "observations": [int(n) for n in state.get("observations", [0] * len(intercepts))],
-        "mode": "online",
-        "estimator": state.get("name", getattr(estimator, "name", "online_logistic")),
-        "trained_on": {"source": "avkit serve",
-                       "snapshot_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                       **(asdict(pair) if pair is not None else {}),
-                       **({"drafter": drafter} if drafter != "model" else {})},
-    }
+    """Estimator state -> coefficients.json dict (None when the estimator has no slope/intercepts), mode
+    "online", `trained_on` naming this server, the snapshot time, the served `pair` and (`drafter`
+    "suffix": the hybrid drafter's cache rows) the rows it scored."""
+    return coefficients_document(estimator, {
+        "source": "avkit serve", "snapshot_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **(asdict(pair) if pair is not None else {}), **({"drafter": drafter} if drafter != "model" else {})},
+        mode="online")
 
 
 class Snapshots:

@@ -31,6 +31,7 @@ import numpy as np
 import polars as pl
 
 from avkit.config import EstimatorConfig
+from avkit.estimators.coefficients import coefficients_document
 from avkit.estimators.online_logistic import BatchLogistic
 
 Z95 = 1.959963984540054
@@ -100,9 +101,7 @@ def fitted_coefficients(rows: pl.DataFrame, k: int, trained_on: dict) -> dict:
     est = BatchLogistic(k, EstimatorConfig(feature=FEATURE))
     est.fit(obs[FEATURE].to_numpy().astype(np.float64), obs["position"].to_numpy().astype(np.intp),
             obs["accepted"].cast(pl.Float64).to_numpy())
-    return {"schema_version": 1, "feature": FEATURE, "num_positions": k, "slope": float(est.slope),
-            "intercepts": [float(b) for b in est.intercepts], "observations": [int(n) for n in est.observations],
-            "estimator": "batch_logistic", "trained_on": trained_on}
+    return coefficients_document(est, trained_on, with_state=False)
 
 
 def acceptance_profile(rows: pl.DataFrame, k: int, meta: dict[str, str]) -> dict:
