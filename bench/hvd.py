@@ -52,7 +52,7 @@ from avkit.config import (DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, HvdCostCo
 from avkit.drafters.draft_model import DraftModelDrafter
 from avkit.engines.vllm.driver import hf_dir
 from avkit.hvd import PAPER
-from avkit.hvd.cost import HvdCost
+from avkit.hvd.cost import linear_table, summary
 from avkit.hvd.features import feature_matrix
 from avkit.hvd.fit import fit_hvd_table
 from avkit.hvd.hybrid_drafter import HybridDrafter
@@ -68,8 +68,8 @@ from avkit.runtime.request import Request
 from avkit.runtime.step_log import StepLog, decode_tok_s
 from common import RESULTS, header, prompt_ids, tiny_pair, vllm_peer, write  # bench/ is on sys.path when run as a script
 
-COSTS = {"this pair (draft step = 0.33 target forward)": HvdCost.linear(HvdCostConfig(draft_step_cost=0.33)),
-         "EAGLE-like drafter (draft step = 0.05 target forward)": HvdCost.linear(HvdCostConfig(draft_step_cost=0.05))}
+COSTS = {"this pair (draft step = 0.33 target forward)": linear_table(HvdCostConfig(draft_step_cost=0.33)),
+         "EAGLE-like drafter (draft step = 0.05 target forward)": linear_table(HvdCostConfig(draft_step_cost=0.05))}
 
 
 def _inputs(args):
@@ -237,7 +237,7 @@ def _target_only_throughput(lengths: np.ndarray, c: int, cost) -> float:
             left.append(queue.pop())
         if not left:
             break
-        spent += float(cost.verify(len(left)))
+        spent += float(cost.step_cost(len(left), 0, len(left)))
         left = [n - 1 for n in left]
     return float(lengths.sum()) / spent
 
@@ -411,7 +411,7 @@ def live_main(argv: list[str]) -> int:
                 cell |= {"tps": res["tps"], "decode": res["decode"], "steps": res["steps"],
                          "outside_ms": res["outside_ms"], "draft_ms": res["draft_ms"],
                          "predicted": predict(draft, ids, res["outputs"], a.k, c, payoff, classes), "draft": names[1],
-                         "repeats": a.repeats, "cost": {f: v for f, v in vars(cost).items() if f != "table"},  # the
+                         "repeats": a.repeats, "cost": {f: v for f, v in summary(cost).items() if f != "table"},  # the
                          "model_scale": PayoffMLP.load(payoff)[1].get("model_scale", 1.0)}  # table is in --payoff
             else:
                 cell["engine"] = "vllm"

@@ -1,5 +1,6 @@
 """The HVD cost model from a measured step-cost table (avkit/hvd/cost.py): the curves are the table's,
-in target forwards of one token; they survive the payoff file; bad tables are one-line errors."""
+in target forwards of one token; they survive the payoff file; bad tables are one-line errors; a step is
+priced by `CostTable.step_cost`, the cache lookup per request that consulted it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from avkit.cli import app
 from avkit.config import HvdCostConfig
 from avkit.errors import ConfigError
-from avkit.hvd.cost import HvdCost, hvd_cost_from_table, load_hvd_cost
+from avkit.hvd.cost import cost_from_json, hvd_units, linear_table, load_hvd_cost, points, summary
 from avkit.scheduling.cost import CostTable
 
 TABLE = {"verify_tokens": [1, 2, 4, 8, 16, 32], "verify_ms": [93.8, 96.5, 109.7, 186.2, 344.0, 673.0],
@@ -26,30 +27,31 @@ def test_curves_are_the_tables_in_forwards_of_one_token(tmp_path):
     cost, table = load_hvd_cost(path), CostTable.load(path)
     unit = table.verify_cost(1)
     t = np.array([1, 3, 5, 7, 8, 13, 31, 40, 77])  # odd places, inside and past the grid
-    assert np.allclose(cost.verify(t), table.verify_cost(t) / unit, rtol=1e-12)
+    assert np.allclose(cost.verify_cost(t), table.verify_cost(t) / unit, rtol=1e-12)
     n = np.array([1, 3, 9, 16, 21])
-    assert np.allclose(cost.draft(n), table.draft_pass_cost(n) / unit, rtol=1e-12)
-    assert cost.draft_step_cost == pytest.approx(46.4 / 93.8)
-    assert cost.verify_token_cost == pytest.approx(np.polyfit(np.arange(1, 9), table.verify_cost(np.arange(1, 9)) / unit,
+    assert np.allclose(cost.draft_pass_cost(n), table.draft_pass_cost(n) / unit, rtol=1e-12)
+    c = summary(cost)
+    assert c["draft_step_cost"] == pytest.approx(46.4 / 93.8)
+    assert c["verify_token_cost"] == pytest.approx(np.polyfit(np.arange(1, 9), table.verify_cost(np.arange(1, 9)) / unit,
                                                               1)[0])
-    assert str(path) in cost.source and "cpu x86_64" in cost.source
-    fixed = hvd_cost_from_table(CostTable.from_json({**TABLE, "draft_fixed_ms": [10.0, 11.0, 12.0, 13.0, 14.0]}))
+    assert str(path) in c["source"] and "cpu x86_64" in c["source"]
+    fixed = hvd_units(CostTable.from_json({**TABLE, "draft_fixed_ms": [10.0, 11.0, 12.0, 13.0, 14.0]}))
     for k in (1, 3, 7):  # k passes and the fixed part once, as the engine's cost model prices drafting
         want = (k * table.draft_pass_cost(n) + np.interp(n, TABLE["draft_requests"], [10, 11, 12, 13, 14])) / unit
-        assert np.allclose(fixed.draft(n[n <= 16], k), want[n <= 16], rtol=1e-12)
+        assert np.allclose(fixed.draft_cost(n[n <= 16], k), want[n <= 16], rtol=1e-12)
     lag = np.array([2, 3, 17, 65, 300, 700])  # the catch-up prefills lag - 1 tokens (below 16: a draft step)
     fed = lag - 1
     want = np.where(lag > 2, np.where(fed < 16, table.draft_pass_cost(fed), table.draft_prefill_cost(fed)), 0) / unit
-    assert np.allclose(cost.catch_up(lag), want, rtol=1e-12)
+    assert np.allclose(cost.catch_up_cost(lag), want, rtol=1e-12)
 
 
 def test_linear_default_and_roundtrip_through_the_payoff_extra():
-    lin = HvdCost.linear(HvdCostConfig(verify_token_cost=0.1, draft_step_cost=0.4))
-    assert np.allclose(lin.verify([0, 1, 9]), [1.0, 1.1, 1.9]) and np.allclose(lin.draft([1, 16]), [0.4, 0.4])
-    assert not lin.catch_up([0, 3, 500]).any()  # the linear model prices no catch-up
-    cost = hvd_cost_from_table(CostTable(**{k: tuple(v) if isinstance(v, list) else v for k, v in TABLE.items()}))
+    lin = linear_table(HvdCostConfig(verify_token_cost=0.1, draft_step_cost=0.4))
+    assert np.allclose(lin.verify_cost([0, 1, 9]), [1.0, 1.1, 1.9]) and np.allclose(lin.draft_pass_cost([1, 16]), [0.4, 0.4])
+    assert not lin.catch_up_cost([0, 3, 500]).any()  # the linear model prices no catch-up
+    cost = hvd_units(CostTable(**{k: tuple(v) if isinstance(v, list) else v for k, v in TABLE.items()}))
     for c in (lin, cost):
-        back = HvdCost.from_json(json.loads(json.dumps(c.to_json())))  # lists in, tuples out (payoff_survival.pt)
+        back = cost_from_json(json.loads(json.dumps(summary(c))))  # lists in, tuples out (payoff_survival.pt)
         assert back == c
 
 
@@ -58,18 +60,22 @@ def test_payoff_files_of_the_point_format_still_load():
     old = {"verify_token_cost": 0.03, "draft_step_cost": 0.5, "cache_cost": 0.01, "source": "t.json (cpu)",
            "verify_points": [[1.0, 1.0], [4.0, 1.1], [8.0, 2.0]], "draft_points": [[1.0, 0.5], [16.0, 1.4]],
            "prefill_points": [[16.0, 1.0], [256.0, 15.0]]}
-    cost = HvdCost.from_json(old)
-    np.testing.assert_allclose(cost.verify([1, 6, 12]), [1.0, 1.55, 2.9])
-    np.testing.assert_allclose(cost.draft([1, 6]), [0.5, 0.5 + 0.9 * 5 / 15])
-    np.testing.assert_allclose(cost.catch_up([2, 17, 257]), [0.0, 1.0, 15.0])
-    assert cost.cache_cost == 0.01 and cost.source == "t.json (cpu)"
-    assert HvdCost.from_json({"draft_step_cost": 0.2}) == HvdCost.linear(HvdCostConfig(draft_step_cost=0.2))
+    cost = cost_from_json(old)
+    np.testing.assert_allclose(cost.verify_cost([1, 6, 12]), [1.0, 1.55, 2.9])
+    np.testing.assert_allclose(cost.draft_pass_cost([1, 6]), [0.5, 0.5 + 0.9 * 5 / 15])
+    np.testing.assert_allclose(cost.catch_up_cost([2, 17, 257]), [0.0, 1.0, 15.0])
+    assert cost.lookup_ms == 0.01 and summary(cost)["source"] == "t.json (cpu)"
+    assert cost_from_json({"draft_step_cost": 0.2}) == linear_table(HvdCostConfig(draft_step_cost=0.2))
+    # the table format of before: its per-step c_cache reads as the per-request lookup price
+    table = {"table": linear_table().to_json(), "cache_cost": 0.02, "verify_token_cost": 0.02,
+             "draft_step_cost": 0.33, "source": ""}
+    assert cost_from_json(table) == linear_table(HvdCostConfig(cache_cost=0.02))
 
 
 @pytest.mark.parametrize("pts", [((2, 1.0), (1, 2.0)), ((1, -1.0),), ((-1, 1.0), (2, 2.0))])
 def test_bad_points_are_refused(pts):
     with pytest.raises(ConfigError, match="verify"):
-        HvdCost.points(verify_points=pts)
+        points(verify_points=pts)
 
 
 def _run(capsys, *args):
@@ -100,6 +106,27 @@ def test_hvd_cli_bad_cost_table_is_one_line(change, match, tmp_path, capsys):
 def test_a_learned_lookup_price_is_the_cache_cost():
     """A table whose cost model learned what a cache lookup costs live (lookup_ms) prices HVD's lookups with it, in
     target forwards of one token; a table without one keeps HvdCostConfig's."""
-    learned = hvd_cost_from_table(CostTable.from_json({**TABLE, "lookup_ms": 4.69}))
-    assert learned.cache_cost == pytest.approx(4.69 / 93.8)
-    assert hvd_cost_from_table(CostTable.from_json(TABLE)).cache_cost == HvdCostConfig.cache_cost
+    learned = hvd_units(CostTable.from_json({**TABLE, "lookup_ms": 4.69}))
+    assert learned.lookup_ms == pytest.approx(4.69 / 93.8)
+    assert hvd_units(CostTable.from_json(TABLE)).lookup_ms == HvdCostConfig.cache_cost
+
+
+def test_a_batched_step_pays_one_lookup_per_request_that_consulted_the_cache():
+    """`simulate_batched` prices a step as `CostTable.step_cost` does live: c_cache per request that looked the
+    cache up (here every request: the hybrid consults it on model cycles too), not once per step."""
+    import polars as pl
+
+    from avkit.hvd.joint import simulate_batched
+    from avkit.hvd.path import full_route
+
+    n, length = 4, 10  # 4 requests of 10 tokens, no cache draft anywhere: plain target steps of 4 rows
+    table = pl.DataFrame({"request_id": np.repeat(np.arange(n), length), "dataset": ["d"] * (n * length),
+                          "draft_len": np.zeros(n * length, dtype=np.int64), "cache_acc": np.zeros(n * length, dtype=np.int64),
+                          "model_acc": np.zeros(n * length, dtype=np.int64)})
+    route = full_route(table, np.zeros(n * length, dtype=bool), consults_cache=True)
+    for c_cache in (0.0, 0.05):
+        cost = linear_table(HvdCostConfig(verify_token_cost=0.1, draft_step_cost=0.0, cache_cost=c_cache))
+        got = simulate_batched(table, route, cost, 1, n)
+        # every step: 4 rows, each drafted 1 token by the model (free), none accepted -> 10 steps of 4 rows
+        step = 1 + 0.1 * (n + n) + n * c_cache
+        assert got["steps"] == length and n * length / got["throughput"] == pytest.approx(length * step)

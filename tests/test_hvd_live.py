@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import avkit.models
-from avkit.config import EngineConfig, HvdReplayConfig, PayoffConfig, SamplingConfig, SuffixCacheConfig
+from avkit.config import EngineConfig, HvdCostConfig, HvdReplayConfig, PayoffConfig, SamplingConfig, SuffixCacheConfig
 from avkit.drafters.draft_model import DraftModelDrafter
-from avkit.hvd.cost import HvdCost
+from avkit.hvd.cost import linear_table, points
 from avkit.hvd.fit import fit_hvd_generations
 from avkit.hvd.hybrid_drafter import HybridDrafter
 from avkit.hvd.joint import JointRouter
@@ -52,13 +52,15 @@ def test_survival_file_loads_the_joint_router(survival_file):
     live = HybridDrafter.from_file(None, survival_file, vocab_size=300)
     assert live.plans and live.joint is not None and live.k == K
     assert live.joint.model_surv.shape == (len(live.joint.hit_bins) + 1, K)
-    assert live.joint.cost == HvdCost()  # the replay's cost model travels with the weights
+    assert live.joint.cost == linear_table()  # the replay's cost model travels with the weights
     surv = live.joint.model_surv
     assert (np.diff(surv, axis=1) <= 1e-12).all() and (surv >= 0).all() and (surv <= 1).all()
 
 
-def _brute_force(cs: np.ndarray, ms: np.ndarray, cost: HvdCost, k: int) -> tuple[float, np.ndarray]:
-    """Best E/cost over both options and every budget b by enumeration (no plan.py): (rate, [n] prefixes)."""
+def _brute_force(cs: np.ndarray, ms: np.ndarray, c_d: float, k: int) -> tuple[float, np.ndarray]:
+    """Best E/cost over both options and every budget b by enumeration (no plan.py), under the linear model
+    with draft step c_d and HvdCostConfig's other prices (a lookup per request): (rate, [n] prefixes)."""
+    c_v, c_cache = HvdCostConfig.verify_token_cost, HvdCostConfig.cache_cost
     n = len(cs)
     best = (-1.0, None)
     for model_runs in (True, False):
@@ -66,11 +68,11 @@ def _brute_force(cs: np.ndarray, ms: np.ndarray, cost: HvdCost, k: int) -> tuple
         if model_runs and use.all():
             continue
         s = np.where(use[:, None], cs, ms)
-        fixed = (cost.draft_step_cost * k if model_runs else 0.0) + cost.cache_cost
+        fixed = (c_d * k if model_runs else 0.0) + n * c_cache
         slots = sorted(((s[r, j], r, j) for r in range(n) for j in range(k) if s[r, j] > 0),
                        key=lambda t: (-t[0], t[1], t[2]))
         for b in range(len(slots) + 1):
-            rate = (n + sum(v for v, _, _ in slots[:b])) / (fixed + 1 + cost.verify_token_cost * (n + b))
+            rate = (n + sum(v for v, _, _ in slots[:b])) / (fixed + 1 + c_v * (n + b))
             if rate > best[0] + 1e-12:
                 pref = np.zeros(n, dtype=np.int64)
                 for _, r, _ in slots[:b]:
@@ -86,14 +88,16 @@ def test_joint_plan_equals_brute_force(survival_file):
         n = int(rng.integers(1, 7))
         cs = np.sort(rng.random((n, K)), 1)[:, ::-1] * (rng.random((n, 1)) < 0.7)
         ms = np.sort(rng.random((n, K)), 1)[:, ::-1]
-        cost = HvdCost.points(draft_step_cost=float(rng.choice([0.05, 0.33])))
+        c_d = float(rng.choice([0.05, 0.33]))
+        cost = points(draft_step_cost=c_d)
         from avkit.hvd.joint import joint_step
 
         use, pref = joint_step(cs, ms, cost, K)
         s = np.where(use[:, None], cs, ms)
-        fixed = (cost.draft_step_cost * K if (~use).any() else 0.0) + cost.cache_cost
-        got = (n + sum(s[r, :pref[r]].sum() for r in range(n))) / (fixed + 1 + cost.verify_token_cost * (n + pref.sum()))
-        want, want_pref = _brute_force(cs, ms, cost, K)
+        fixed = (c_d * K if (~use).any() else 0.0) + n * HvdCostConfig.cache_cost
+        got = (n + sum(s[r, :pref[r]].sum() for r in range(n))) / (fixed + 1 + HvdCostConfig.verify_token_cost
+                                                                   * (n + pref.sum()))
+        want, want_pref = _brute_force(cs, ms, c_d, K)
         assert got == pytest.approx(want, rel=1e-9), trial
         assert pref.sum() == want_pref.sum(), trial
     assert live.joint is not None
@@ -112,11 +116,11 @@ def _option_plans(cs, ms, cost, k, catch=None):
         if model is wants and not model.any():
             continue  # nobody wants the model
         s = np.where(use[:, None], cs, ms)
-        fixed = (k * float(cost.draft(model.sum())) + float(catch[model].sum()) if model.any() else 0.0) \
-            + cost.cache_cost
+        fixed = (k * float(cost.draft_pass_cost(model.sum())) + float(catch[model].sum()) if model.any() else 0.0) \
+            + n * cost.lookup_ms  # every row looked the cache up
         slots = sorted(((s[r, j], r, j) for r in range(n) for j in range(k) if s[r, j] > 0),
                        key=lambda t: (-t[0], t[1], t[2]))
-        plans = [((n + sum(v for v, _, _ in slots[:b])), fixed + float(cost.verify(n + b)), b) for b in
+        plans = [((n + sum(v for v, _, _ in slots[:b])), fixed + float(cost.verify_cost(n + b)), b) for b in
                  range(len(slots) + 1)]
         e, c, b = max(plans, key=lambda t: (t[0] / t[1] - 1e-12 * t[2]))  # ties: the smaller b
         pref = np.zeros(n, dtype=np.int64)
@@ -128,7 +132,7 @@ def _option_plans(cs, ms, cost, k, catch=None):
 
 CATCH = {"verify_points": ((1, 1.0), (6, 1.5), (7, 2.1), (32, 7.0)), "draft_points": ((1, 0.5), (16, 1.4)),
          "prefill_points": ((16, 1.0), (256, 15.0))}
-CATCH_COST = HvdCost.points(**CATCH)
+CATCH_COST = points(**CATCH)
 
 
 def test_catch_up_is_the_draft_models_prefill_of_what_it_missed():
@@ -136,9 +140,9 @@ def test_catch_up_is_the_draft_models_prefill_of_what_it_missed():
     draft step over that many rows, then the prefill curve (last slope beyond); no curve: free."""
     c = CATCH_COST
     lags = np.array([0, 1, 2, 3, 10, 16, 17, 100, 257, 400])
-    want = [0, 0, 0, c.draft(2), c.draft(9), c.draft(15), 1.0, 1.0 + 14 * 83 / 240, 15.0, 15.0 + 14 * 143 / 240]
-    assert np.allclose(c.catch_up(lags), want)
-    assert not HvdCost().catch_up(lags).any()
+    want = [0, 0, 0, c.draft_pass_cost(2), c.draft_pass_cost(9), c.draft_pass_cost(15), 1.0, 1.0 + 14 * 83 / 240, 15.0, 15.0 + 14 * 143 / 240]
+    assert np.allclose(c.catch_up_cost(lags), want)
+    assert not linear_table().catch_up_cost(lags).any()
 
 
 def test_joint_step_prices_the_catch_up_and_may_leave_lagging_rows_to_the_cache():
@@ -146,7 +150,7 @@ def test_joint_step_prices_the_catch_up_and_may_leave_lagging_rows_to_the_cache(
     it already follows. The choice equals enumeration of the options, and every option wins somewhere."""
     from avkit.hvd.joint import RunningRate, joint_step
 
-    cost = HvdCost.points(**{**CATCH, "draft_points": ((1, 0.1), (16, 0.3))})  # a cheap drafter: the model pays
+    cost = points(**{**CATCH, "draft_points": ((1, 0.1), (16, 0.3))})  # a cheap drafter: the model pays
     rng = np.random.default_rng(3)
     won = set()
     for trial in range(80):
@@ -154,7 +158,7 @@ def test_joint_step_prices_the_catch_up_and_may_leave_lagging_rows_to_the_cache(
         cs = np.sort(rng.random((n, K)), 1)[:, ::-1] * (rng.random((n, 1)) < 0.5)
         ms = np.sort(rng.random((n, K)), 1)[:, ::-1] ** 0.3
         lag = np.where(rng.random(n) < 0.5, rng.integers(3, 300, n), rng.integers(1, 3, n))
-        catch = cost.catch_up(lag)
+        catch = cost.catch_up_cost(lag)
         rate = RunningRate() if trial % 2 else None
         if rate is not None:
             rate.update(n, float(rng.uniform(0.5, 2.0)) * n, 1.0)
@@ -179,14 +183,14 @@ def test_the_batched_replay_pays_one_prompt_catch_up_then_follows():
     n, prompt = 40, 120
     table = pl.DataFrame({"request_id": ["r"] * n, "cache_acc": [0] * n, "model_acc": [K] * n, "draft_len": [0] * n,
                           "log_prompt_len": [float(np.log1p(prompt))] * n})
-    cheap = HvdCost.points(**{**CATCH, "prefill_points": ((16, 0.1), (256, 0.5))})
+    cheap = points(**{**CATCH, "prefill_points": ((16, 0.1), (256, 0.5))})
     surv = (np.zeros((n, K)), np.ones((n, K)))
     got = simulate_batched(table, full_route(table, np.ones(n, dtype=bool)), cheap, K, 1, surv)
     steps = -(-n // (K + 1))
-    step = K * float(cheap.draft(1)) + float(cheap.verify(1 + K)) + cheap.cache_cost
+    step = K * float(cheap.draft_pass_cost(1)) + float(cheap.verify_cost(1 + K)) + cheap.lookup_ms
     assert got["steps"] == steps
-    assert n / got["throughput"] == pytest.approx(float(cheap.catch_up(prompt)) + steps * step)
-    free = HvdCost.points(**{**CATCH, "prefill_points": ()})
+    assert n / got["throughput"] == pytest.approx(float(cheap.catch_up_cost(prompt)) + steps * step)
+    free = points(**{**CATCH, "prefill_points": ()})
     assert n / simulate_batched(table, full_route(table, np.ones(n, dtype=bool)), free, K, 1, surv)["throughput"] \
         == pytest.approx(steps * step)
 
@@ -202,7 +206,7 @@ def test_joint_step_against_the_long_run_rate():
         n = int(rng.integers(1, 6))
         cs = np.sort(rng.random((n, K)), 1)[:, ::-1] * (rng.random((n, 1)) < 0.6)
         ms = np.sort(rng.random((n, K)), 1)[:, ::-1]
-        cost = HvdCost.points(verify_points=((1, 1.0), (4, 1.1), (8, 2.0), (32, 7.0)),
+        cost = points(verify_points=((1, 1.0), (4, 1.1), (8, 2.0), (32, 7.0)),
                              draft_points=((1, float(rng.choice([0.1, 0.5]))), (8, 1.4)))
         rate = RunningRate()
         rate.update(n, float(rng.uniform(0.5, 3.0)) * n, 1.0)
@@ -237,7 +241,7 @@ def _engine(tiny, survival_file, sampling_batch=2, model_rate=0.6, cache_rate=0.
         last.bias.fill_(float(np.log(cache_rate / (1 - cache_rate))))
     bins = np.asarray(extra["hit_bins"])
     joint = JointRouter(payoff, np.tile(model_rate ** np.arange(1, K + 1), (len(bins) + 1, 1)), bins,
-                        cost or HvdCost.points(draft_step_cost=0.05))
+                        cost or points(draft_step_cost=0.05))
     hybrid = HybridDrafter(DraftModelDrafter(draft, cfg.concurrency, cfg.max_len), None, 0.0, joint=joint)
     sink = MemorySink()
     return Engine(target, None, cfg, sink=sink, drafter=hybrid), sink
@@ -268,7 +272,7 @@ def test_engine_prices_the_draft_models_catch_up_live(tiny, survival_file):
     ref = Engine(target, None, EngineConfig(k=0, concurrency=2, max_len=96)).generate(reqs)
     runs = {}
     for name, prefill in (("dear", ((16, 500.0), (64, 2000.0))), ("free", ())):
-        cost = HvdCost.points(draft_step_cost=0.05, draft_points=((1, 0.05), (16, 0.1)), prefill_points=prefill)
+        cost = points(draft_step_cost=0.05, draft_points=((1, 0.05), (16, 0.1)), prefill_points=prefill)
         engine, sink = _engine(tiny, survival_file, cost=cost)
         assert [g.output_ids for g in engine.generate(reqs)] == [g.output_ids for g in ref]
         runs[name] = set(np.asarray(sink.columns()["drafter"]).tolist())

@@ -10,14 +10,14 @@ import polars as pl
 import pytest
 
 from avkit.config import HvdReplayConfig, SuffixCacheConfig
-from avkit.hvd.cost import HvdCost
+from avkit.hvd.cost import points
 from avkit.hvd.verdict import oracle_paths
 from avkit.hvd.path import Route, simulate_paths
 from avkit.hvd.replay import replay, synthetic_generations
 
 K = 5
-COSTS = {"linear": HvdCost.points(draft_step_cost=0.33),
-         "staircase": HvdCost.points(verify_points=((1, 1.0), (3, 1.1), (4, 1.6), (6, 1.7), (8, 2.9)),
+COSTS = {"linear": points(draft_step_cost=0.33),
+         "staircase": points(verify_points=((1, 1.0), (3, 1.1), (4, 1.6), (6, 1.7), (8, 2.9)),
                                     draft_points=((1, 0.5), (16, 1.4)), cache_cost=0.01)}
 
 
@@ -27,7 +27,7 @@ def table():
     return replay(gens, SuffixCacheConfig(max_depth=8, use_global=True), HvdReplayConfig(k=K))
 
 
-def _cheapest(ca: np.ndarray, ma: np.ndarray, cost: HvdCost) -> float:
+def _cheapest(ca: np.ndarray, ma: np.ndarray, cost) -> float:
     """One request's cheapest decode, by plain recursion over positions trying every option."""
     n = len(ca)
 
@@ -35,19 +35,19 @@ def _cheapest(ca: np.ndarray, ma: np.ndarray, cost: HvdCost) -> float:
     def best(t: int) -> float:
         if t >= n:
             return 0.0
-        options = [float(cost.verify(1)) + best(t + 1)]  # a plain target step
+        options = [float(cost.verify_cost(1)) + best(t + 1)]  # a plain target step
         for b in range(1, K + 1):
-            tail = float(cost.verify(1 + b)) + best(t + b + 1)
+            tail = float(cost.verify_cost(1 + b)) + best(t + b + 1)
             if b <= ca[t]:
-                options.append(tail + cost.cache_cost)
+                options.append(tail + cost.lookup_ms)
             if b <= min(ma[t], K):
-                options.append(tail + b * float(cost.draft(1)))
+                options.append(tail + b * float(cost.draft_pass_cost(1)))
         return min(options)
 
     return best(0)
 
 
-def _brute(table: pl.DataFrame, cost: HvdCost) -> float:
+def _brute(table: pl.DataFrame, cost) -> float:
     """Sum over requests of the cheapest decode."""
     return sum(_cheapest(np.minimum(part["cache_acc"].to_numpy(), part["draft_len"].to_numpy()),
                          part["model_acc"].to_numpy(), cost)

@@ -8,8 +8,8 @@ import numpy as np
 import polars as pl
 import pytest
 
-from avkit.config import HvdReplayConfig, PayoffConfig, SuffixCacheConfig
-from avkit.hvd.cost import HvdCost
+from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
+from avkit.hvd.cost import linear_table, points
 from avkit.hvd.features import accept_lengths
 from avkit.hvd.path import Route, simulate_paths
 from avkit.hvd.replay import matches_from_trace, replay, synthetic_generations
@@ -111,7 +111,7 @@ def test_path_simulation_equals_scalar_loop(gens):
     rng = np.random.default_rng(2)
     use = rng.random(table.height) < 0.5
     vlen = rng.integers(0, 6, table.height)
-    cost = HvdCost()
+    cost = linear_table()
     paths = simulate_paths(table, Route(use, vlen), cost, 5).sort("request_id")
     for g in gens:
         rows = table.filter(pl.col("request_id") == g.request_id).sort("t")
@@ -122,10 +122,10 @@ def test_path_simulation_equals_scalar_loop(gens):
             if use[i0 + t]:
                 v = min(vlen[i0 + t], dl[t])
                 a = min(ca[t], v)
-                spent += 1 + cost.verify_token_cost * (1 + v) + cost.cache_cost
+                spent += 1 + HvdCostConfig.verify_token_cost * (1 + v) + cost.lookup_ms
             else:
                 a = ma[t]
-                spent += 1 + cost.verify_token_cost * 6 + cost.draft_step_cost * 5 + cost.cache_cost
+                spent += 1 + HvdCostConfig.verify_token_cost * 6 + HvdCostConfig.draft_step_cost * 5 + cost.lookup_ms
             t, cycles = t + a + 1, cycles + 1
         got = paths.filter(pl.col("request_id") == g.request_id)
         assert got["cycles"][0] == cycles
@@ -185,7 +185,7 @@ def test_cli_builds_configs_and_maps_errors(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     assert calls["paths"] == [trace] and calls["out"] == tmp_path / "o" and calls["token_classes"].table is None
     assert calls["replay_config"] == HvdReplayConfig(k=5)
-    assert calls["cost"] == HvdCost.points(draft_step_cost=0.1)
+    assert calls["cost"] == points(draft_step_cost=0.1)
     monkeypatch.chdir(tmp_path)  # no traces/ here: the shipped ones beside the package, as fit/report find them
     res = CliRunner().invoke(app, ["hvd", "--tokenizer", "none"])
     assert res.exit_code == 0, res.output

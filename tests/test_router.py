@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from avkit.config import HvdReplayConfig, PayoffConfig, SuffixCacheConfig
-from avkit.hvd.cost import HvdCost
+from avkit.hvd.cost import linear_table, points
 from avkit.hvd.router import (
     MATCH_BUCKETS,
     ROUTERS,
@@ -38,7 +38,7 @@ def splits():
 
 @pytest.fixture(scope="module")
 def ctx():
-    return RouterContext(K, HvdCost(), FEATS, PayoffConfig(epochs=8, batch_size=256))
+    return RouterContext(K, linear_table(), FEATS, PayoffConfig(epochs=8, batch_size=256))
 
 
 def test_registry_and_unknown_name():
@@ -118,10 +118,10 @@ def test_budget_allocation_is_argmax_and_prefixes(measured):
         fixed, cv = rng.random() * 2, rng.random() * 0.2
         # a measured curve: flat for a few tokens, then steeper (a CPU's verify), points at odd places
         pts = ((1, 1.0), (3, 1.0 + cv), (9, 1.5 + 4 * cv), (20, 2.5 + 12 * cv)) if measured else ()
-        cost = HvdCost.points(verify_token_cost=cv, verify_points=pts)
+        cost = points(verify_token_cost=cv, verify_points=pts)
         verify = (lambda t, pts=pts: float(np.interp(t, [p[0] for p in pts], [p[1] for p in pts]))) if measured else \
             (lambda t, cv=cv: 1 + cv * t)  # brute-force oracle of the curve (all tested T lie inside the grid)
-        v = budget_plan(s, 6, fixed, cost).num_verify.numpy()  # [N] verified prefix lengths
+        v = budget_plan(s, 6, fixed + cost.verify_cost(np.arange(6 + s.size + 1))).num_verify.numpy()  # [N] verified prefix lengths
         assert ((v >= 0) & (v <= (s > 0).sum(1))).all()
         flat = np.sort(s[s > 0])[::-1]
         ratios = [(6 + flat[:b].sum()) / (fixed + verify(6 + b)) for b in range(len(flat) + 1)]
@@ -149,8 +149,8 @@ def _lockstep_loop(table, route, cost, k, concurrency):
                 v, a, model = k, min(ma[row], k), model + 1
             verified += v
             live[g] = t + a + 1
-        spent += float(cost.verify(len(live) + verified)) + (k * float(cost.draft(model)) if model else 0.0)
-        spent += cost.cache_cost if route.consults_cache or cache else 0.0
+        spent += float(cost.verify_cost(len(live) + verified)) + (k * float(cost.draft_pass_cost(model)) if model else 0.0)
+        spent += cost.lookup_ms * (len(live) if route.consults_cache else cache)  # one lookup per request
         steps, share = steps + 1, share + cache / len(live)
         live = {g: t for g, t in live.items() if t < len(reqs[g])}
     return {"steps": steps, "throughput": len(rid) / spent, "cache_share": share / steps}
@@ -161,7 +161,7 @@ def test_batched_replay_equals_a_lockstep_loop(splits, ctx, concurrency):
     from avkit.hvd.joint import simulate_batched
 
     test = splits[2]
-    measured = HvdCost.points(verify_points=((1, 1.0), (4, 1.1), (8, 2.0), (16, 3.7)),
+    measured = points(verify_points=((1, 1.0), (4, 1.1), (8, 2.0), (16, 3.7)),
                              draft_points=((1, 0.5), (4, 0.6), (16, 1.4)))
     for cost in (ctx.cost, measured):
         for name in ("model", "suffix", "cache", "arctic"):
@@ -190,8 +190,8 @@ def test_split_keeps_a_conversation_together():
 def test_suffix_route_is_suffix_decoding_alone(splits, ctx, measured):
     """A plain loop: a cache draft is verified whole, no draft leaves a target-only step, the draft model never runs."""
     test = splits[2]
-    cost = HvdCost.points(verify_points=((1, 1.0), (4, 1.2), (8, 2.0)), draft_points=((1, 9.0),)) if measured \
-        else HvdCost.points(draft_step_cost=9.0)  # a prohibitive draft model must not matter
+    cost = points(verify_points=((1, 1.0), (4, 1.2), (8, 2.0)), draft_points=((1, 9.0),)) if measured \
+        else points(draft_step_cost=9.0)  # a prohibitive draft model must not matter
     route = make_router("suffix").route(test, ctx)
     dl, acc = test["draft_len"].to_numpy(), test["cache_acc"].to_numpy()
     tokens = spent = 0.0
@@ -200,7 +200,7 @@ def test_suffix_route_is_suffix_decoding_alone(splits, ctx, measured):
         while t < len(rows):
             r = rows[t]
             a = min(acc[r], dl[r])
-            spent += float(cost.verify(1 + dl[r])) + cost.cache_cost
+            spent += float(cost.verify_cost(1 + dl[r])) + cost.lookup_ms
             t += a + 1
         tokens += len(rows)
     assert throughput(test, route, cost, K) == pytest.approx(tokens / spent)
@@ -215,7 +215,7 @@ def test_model_scale_is_the_validated_best(splits, ctx, draft_cost):
     from avkit.hvd.router import MODEL_SCALES
 
     train, val, _ = splits
-    c = RouterContext(K, HvdCost.points(draft_step_cost=draft_cost), FEATS, ctx.payoff)
+    c = RouterContext(K, points(draft_step_cost=draft_cost), FEATS, ctx.payoff)
     r = make_router("survival")
     r.fit(train, val, c)
     raw = model_survival_table(train, r.hit_bins, K)

@@ -102,13 +102,13 @@ def register(app: typer.Typer) -> None:
         table, mlp, survival) per dataset on held-out requests."""
         configs = {"cache_config": SuffixCacheConfig(max_depth=max_depth), "replay_config": HvdReplayConfig(k=k),
                    "payoff_config": PayoffConfig(epochs=epochs, seed=seed)}  # bad options fail before the imports
-        from avkit.hvd.cost import HvdCost, load_hvd_cost  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.hvd.cost import linear_table, load_hvd_cost  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.hvd.fit import fit_hvd_generations, reserve_hvd_outputs  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.hvd.markdown import hvd_markdown  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
         kw = {**configs,
               "cost": load_hvd_cost(cost_table) if cost_table is not None else
-              HvdCost.linear(HvdCostConfig(draft_step_cost=draft_step_cost)), "progress": sys.stderr.isatty()}
+              linear_table(HvdCostConfig(draft_step_cost=draft_step_cost)), "progress": sys.stderr.isatty()}
         with StagedOutputs() as outputs:  # the hvd files and --markdown are committed together, or none
             reserve_hvd_outputs(out, outputs, "--out")
             md = outputs.file(markdown, "--markdown") if markdown is not None else None

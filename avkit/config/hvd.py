@@ -26,11 +26,11 @@ class SuffixCacheConfig(Checked):
 class HvdCostConfig(Checked):
     """HVD's linear cost model, in units of one target forward (the defaults of `avkit hvd`): a target
     forward over T tokens costs 1 + c_v * T, a draft-model step c_d. A measured table (`avkit hvd
-    --cost-table`) replaces the lines; pricing is avkit/hvd/cost.py's `HvdCost`, a view of the cost model."""
+    --cost-table`) replaces the lines; pricing is the cost model's (avkit/hvd/cost.py: a unit view of it)."""
 
     verify_token_cost: float = checked(0.02, 0.0)  # extra target cost per verified draft token
     draft_step_cost: float = checked(0.33, 0.0)  # one draft-model step (CPU: ~3 vs ~9 tok/s, docs/runtime.md)
-    cache_cost: float = checked(0.005, 0.0)  # suffix lookup + payoff predictor
+    cache_cost: float = checked(0.005, 0.0)  # suffix lookup + payoff predictor, per request consulting it
 
 
 @dataclass(frozen=True)

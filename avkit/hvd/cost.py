@@ -1,22 +1,20 @@
-"""The HVD view of the step cost model (scheduling/cost.py): what one cycle costs, in target forwards of
-one token, for the replay and the live joint plan. Every price is the cost model's, divided by its unit.
+"""HVD's unit view of the step cost model: a `CostTable` (scheduling/cost.py) with every price divided by
+verify_ms(1), one target forward over one token. The replay and the live joint plan price every step with
+`CostTable.step_cost` (n requests, m of them drafting K tokens, T target tokens, L requests that looked the
+cache up); its `lookup_ms` is the cache lookup + payoff prediction per request that consulted the cache: the
+price the engine learns live (scheduling/learn.py), else `HvdCostConfig.cache_cost`.
 
-    unit           verify_ms(1): one target forward over one token
-    verify(T)      verify_ms(T) / unit (a batch's bonus tokens + drafts)
-    draft(n, k)    (k draft_ms(n) + draft_fixed_ms(n)) / unit: k draft tokens for each of n rows
-    catch_up(lag)  catch_up_ms(lag) / unit: the draft model's prefill of what a row it has not followed
-                   lacks (the cost model's catch-up rule)
-    cache          lookup_ms / unit: a cache lookup and payoff prediction per request, where the cost model
-                   learned it live (scheduling/learn.py); else `HvdCostConfig.cache_cost`
-    c_v, c_d       summaries for the tables: least-squares slope of verify over 1..8 tokens, draft(1)
-Linear (`HvdCostConfig`, the defaults): verify(T) = 1 + c_v T, draft(n, k) = k c_d, no catch-up price: a cost
-model of exactly those lines. A measured table's context curve (KV reads by requests) is 0 in profiled
-tables; a roofline table with one is refused rather than mispriced.
+    linear_table   `HvdCostConfig`'s lines: verify(T) = 1 + c_v T, draft(n, k) = k c_d, lookup c_cache, free
+                   catch-up
+    hvd_units      a measured table -> its unit view. A context curve (KV reads by requests) is 0 in profiled
+                   tables; a roofline table with one is refused rather than mispriced
+    summary        what the payoff file and the tables state: the unit table, c_v (least-squares slope of
+                   verify over 1..8 tokens), c_d = draft(1), c_cache, where the table came from
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import replace
 
 import numpy as np
 
@@ -27,74 +25,16 @@ from avkit.scheduling.cost import CostTable
 LINEAR = "linear"
 
 
-def linear_table(c_v: float, c_d: float) -> CostTable:
-    """The cost model of HVD's linear defaults, in target forwards: verify 1 + c_v T, draft c_d, free catch-up."""
-    return CostTable(verify_tokens=(0, 1), verify_ms=(1.0, 1.0 + c_v), draft_requests=(1, 2),
-                     draft_ms=(c_d, c_d), prefill_tokens=(1, 2), prefill_ms=(0.0, 0.0), meta={"source": LINEAR})
+def linear_table(config: HvdCostConfig = HvdCostConfig()) -> CostTable:
+    """The cost model of HVD's linear defaults, in target forwards."""
+    c_v, c_d = config.verify_token_cost, config.draft_step_cost
+    return CostTable(verify_tokens=(0, 1), verify_ms=(1.0, 1.0 + c_v), draft_requests=(1, 2), draft_ms=(c_d, c_d),
+                     prefill_tokens=(1, 2), prefill_ms=(0.0, 0.0), lookup_ms=config.cache_cost,
+                     meta={"source": LINEAR})
 
 
-@dataclass(frozen=True)
-class HvdCost:
-    """A cost model in target-forward units, plus the cache lookup's price (module note)."""
-
-    table: CostTable = field(default_factory=lambda: linear_table(HvdCostConfig.verify_token_cost,
-                                                                  HvdCostConfig.draft_step_cost))
-    cache_cost: float = HvdCostConfig.cache_cost  # suffix lookup + payoff predictor
-    verify_token_cost: float = HvdCostConfig.verify_token_cost  # c_v (summary)
-    draft_step_cost: float = HvdCostConfig.draft_step_cost  # c_d (summary)
-    source: str = ""  # where a measured table came from (path and device); "" = linear
-
-    @classmethod
-    def linear(cls, config: HvdCostConfig = HvdCostConfig()) -> HvdCost:
-        return cls(linear_table(config.verify_token_cost, config.draft_step_cost), config.cache_cost,
-                   config.verify_token_cost, config.draft_step_cost)
-
-    def verify(self, tokens) -> np.ndarray:
-        """Target forwards over `tokens` tokens (requests' bonus tokens + verified drafts), vectorized."""
-        return self.table.verify_cost(tokens)
-
-    def draft(self, requests, k=1) -> np.ndarray:
-        """`k` draft tokens for each of `requests` rows: k passes and the drafting's fixed part once (the cost
-        model's rule), vectorized; k = 1 is one draft-model step."""
-        return self.table.draft_cost(requests, k)
-
-    def catch_up(self, lag) -> np.ndarray:
-        """What drafting a row whose draft model lacks `lag` tokens costs first (the cost model's rule)."""
-        return self.table.catch_up_cost(lag)
-
-    def to_json(self) -> dict:
-        return {"table": self.table.to_json(), "cache_cost": self.cache_cost,
-                "verify_token_cost": self.verify_token_cost, "draft_step_cost": self.draft_step_cost,
-                "source": self.source}
-
-    @classmethod
-    def from_json(cls, d: dict) -> HvdCost:
-        """Back from `to_json`; older payoff files stored the scalars and (x, cost) point lists instead (`points`)."""
-        d = dict(d or {})
-        if "table" in d:
-            return cls(CostTable.from_json(d.pop("table")), **d)
-        base = HvdCostConfig(**{k: d[k] for k in ("verify_token_cost", "draft_step_cost", "cache_cost") if k in d})
-        if not any(d.get(n) for n in ("verify_points", "draft_points", "prefill_points")):
-            return cls.linear(base)
-        lines, curves = linear_table(base.verify_token_cost, base.draft_step_cost), {}
-        for name, grid, ms in (("verify_points", "verify_tokens", "verify_ms"),
-                               ("draft_points", "draft_requests", "draft_ms"),
-                               ("prefill_points", "prefill_tokens", "prefill_ms")):
-            # a curve absent from the points keeps the linear model's (prefill: free)
-            xs, ys = zip(*d[name]) if d.get(name) else (getattr(lines, grid), getattr(lines, ms))
-            curves[grid], curves[ms] = tuple(int(x) for x in xs), tuple(float(y) for y in ys)
-        return cls(CostTable(**curves), base.cache_cost, base.verify_token_cost, base.draft_step_cost,
-                   d.get("source", ""))
-
-    @classmethod
-    def points(cls, **kw) -> HvdCost:
-        """From (x, cost) lists: verify_points (T, forward), draft_points (n, step), prefill_points (L, prefill;
-        none: free catch-ups) and the scalars of `HvdCostConfig`; no points: the linear model."""
-        return cls.from_json(kw)
-
-
-def hvd_cost_from_table(table: CostTable, cache_cost: float = HvdCostConfig.cache_cost,
-                        source: str = "") -> HvdCost:
+def hvd_units(table: CostTable, cache_cost: float = HvdCostConfig.cache_cost, source: str = "") -> CostTable:
+    """A measured table (ms) -> the unit view; the lookup price is the table's where it learned one live."""
     if table.context_ms and any(table.context_ms):
         raise ConfigError(f"cost table {source or table.meta.get('path', '')}: a context_ms curve (roofline "
                           "tables) has no place in the HVD cost model; use a profiled table (`avkit profile`)")
@@ -105,17 +45,49 @@ def hvd_cost_from_table(table: CostTable, cache_cost: float = HvdCostConfig.cach
     if unit <= 0:
         raise ConfigError(f"cost table {source}: verify_ms at 1 token is {unit}; it must be > 0")
     units = table.in_units(unit)
-    t = np.arange(1, 9, dtype=np.float64)
-    c_v = float(np.polyfit(t, units.verify_cost(t), 1)[0])
     where, device = source or str(table.meta.get("path", "")), table.meta.get("device", "")
-    cache_cost = units.lookup_ms if table.lookup_ms > 0 else cache_cost  # learned live: the table's own price
-    return HvdCost(units, cache_cost, max(c_v, 0.0), float(units.draft_pass_cost(1)),
-                   f"{where} ({device})" if device else where)
+    return replace(units, lookup_ms=units.lookup_ms if table.lookup_ms > 0 else cache_cost,
+                   meta={**units.meta, "where": f"{where} ({device})" if device else where})
 
 
-def load_hvd_cost(path, cache_cost: float = HvdCostConfig.cache_cost) -> HvdCost:
+def load_hvd_cost(path, cache_cost: float = HvdCostConfig.cache_cost) -> CostTable:
     """`avkit hvd --cost-table FILE`: a cost file -> the HVD cost model."""
-    return hvd_cost_from_table(CostTable.load(path), cache_cost, str(path))
+    return hvd_units(CostTable.load(path), cache_cost, str(path))
 
 
-__all__ = ["HvdCost", "hvd_cost_from_table", "linear_table", "load_hvd_cost"]
+def summary(cost: CostTable) -> dict:
+    """The payoff file's and hvd_metrics.json's "cost" (read back by `cost_from_json`)."""
+    t = np.arange(1, 9, dtype=np.float64)
+    c_v = round(float(np.polyfit(t, cost.verify_cost(t), 1)[0]), 9)
+    return {"table": cost.to_json(), "cache_cost": cost.lookup_ms, "verify_token_cost": max(c_v, 0.0),
+            "draft_step_cost": float(cost.draft_pass_cost(1)), "source": cost.meta.get("where", "")}
+
+
+def cost_from_json(d: dict | None) -> CostTable:
+    """The unit table back from `summary`. Older payoff files: a table whose c_cache was charged once per step
+    (read as the per-request lookup price), or the scalars and (x, cost) point lists (`points`)."""
+    d = dict(d or {})
+    base = HvdCostConfig(**{k: d[k] for k in ("verify_token_cost", "draft_step_cost", "cache_cost") if k in d})
+    where = {"where": d["source"]} if d.get("source") else {}
+    if "table" in d:
+        table = CostTable.from_json(d["table"])
+        return replace(table, lookup_ms=base.cache_cost, meta={**table.meta, **where})
+    if not any(d.get(n) for n in ("verify_points", "draft_points", "prefill_points")):
+        return linear_table(base)
+    lines, curves = linear_table(base), {}
+    for name, grid, ms in (("verify_points", "verify_tokens", "verify_ms"),
+                           ("draft_points", "draft_requests", "draft_ms"),
+                           ("prefill_points", "prefill_tokens", "prefill_ms")):
+        # a curve absent from the points keeps the linear model's (prefill: free)
+        xs, ys = zip(*d[name]) if d.get(name) else (getattr(lines, grid), getattr(lines, ms))
+        curves[grid], curves[ms] = tuple(int(x) for x in xs), tuple(float(y) for y in ys)
+    return CostTable(**curves, lookup_ms=base.cache_cost, meta=where)
+
+
+def points(**kw) -> CostTable:
+    """From (x, cost) lists: verify_points (T, forward), draft_points (n, step), prefill_points (L, prefill;
+    none: free catch-ups) and the scalars of `HvdCostConfig`; no points: the linear model."""
+    return cost_from_json(kw)
+
+
+__all__ = ["LINEAR", "cost_from_json", "hvd_units", "linear_table", "load_hvd_cost", "points", "summary"]

@@ -21,7 +21,7 @@ import polars as pl
 
 from avkit.config import HvdReplayConfig, PayoffConfig, SuffixCacheConfig
 from avkit.errors import DataError
-from avkit.hvd.cost import HvdCost
+from avkit.hvd.cost import linear_table, summary
 from avkit.hvd.features import FEATURE_GROUPS
 from avkit.hvd.path import evaluate
 from avkit.hvd.replay import ReplayGeneration, load_generations, replay
@@ -30,6 +30,7 @@ from avkit.hvd.token_classes import TokenClasses, token_classes_for
 from avkit.hvd.verdict import dataset_verdict
 from avkit.jsonsafe import dumps
 from avkit.provenance import inputs_record
+from avkit.scheduling.cost import CostTable
 from avkit.staged import StagedOutputs
 
 ABLATION = (("base",), ("base", "history"), ("base", "history", "structure"),
@@ -118,11 +119,12 @@ def fit_hvd_generations(gens: list[ReplayGeneration], out_dir: str | os.PathLike
 
 def fit_hvd_table(table: pl.DataFrame, out_dir: str | os.PathLike | None = None, *,
                   replay_config: HvdReplayConfig = HvdReplayConfig(), payoff_config: PayoffConfig = PayoffConfig(),
-                  cost: HvdCost = HvdCost(), structure: bool = True,
+                  cost: CostTable | None = None, structure: bool = True,
                   routers: tuple[str, ...] = tuple(ROUTERS), ablation: bool = True,
                   extra_info: dict | None = None, outputs: StagedOutputs | None = None) -> HvdResult:
     """Fit routers on replayed rows (`replay`) and score them on held-out requests. `structure`: the
-    rows carry token-structure features (a tokenizer was available). With `outputs` the files in
+    rows carry token-structure features (a tokenizer was available); `cost` in target forwards
+    (avkit/hvd/cost.py; None: the linear model). With `outputs` the files in
     `out_dir` are only staged (the caller commits them with its other outputs)."""
     if table.select("dataset", "request_id").unique().height < 3:
         raise DataError(f"hvd fit: need at least 3 requests to split train/val/test, got "
@@ -132,6 +134,7 @@ def fit_hvd_table(table: pl.DataFrame, out_dir: str | os.PathLike | None = None,
     if not (train.height and val.height and test.height):
         raise DataError(f"hvd fit: a split is empty (rows train/val/test = {train.height}/{val.height}/"
                         f"{test.height}); record more requests per dataset (>= 3)")
+    cost = linear_table() if cost is None else cost
     groups = ("base", "history", "structure", "copy") if structure else ("base", "history", "copy")
     ctx = RouterContext(replay_config.k, cost, tuple(n for g in groups for n in FEATURE_GROUPS[g]), payoff_config)
     fitted = {}
@@ -157,7 +160,7 @@ def fit_hvd_table(table: pl.DataFrame, out_dir: str | os.PathLike | None = None,
                                        >= replay_config.high_payoff).mean()),
             "mean_cache_draft_len": float(table.filter(pl.col("draft_len") > 0)["draft_len"].mean()),
             "val_mse": val_mse, "features": list(ctx.features), "k": replay_config.k, "high_payoff": replay_config.high_payoff,
-            "cost": cost.to_json(),
+            "cost": summary(cost),
             "model_scale": float(fitted["survival"].model_scale) if "survival" in fitted else None,
             "payoff": asdict(payoff_config), **(extra_info or {})}
     result = HvdResult(metrics, abl, _budget(test, fitted, ctx), thresholds, info,
@@ -203,6 +206,7 @@ def fit_hvd(trace_paths: list[str | os.PathLike], out_dir: str | os.PathLike | N
     tokenizer)` (avkit/hvd/token_classes.py); `info["tokenizer"]` says where from, or that they were left out.
     """
     gens, facts = load_generations(trace_paths)
+    cost = summary(kwargs.get("cost") or linear_table())
     tc = token_classes or token_classes_for(trace_paths, tokenizer)
     extra = {"traces": [str(p) for p in trace_paths], "tokenizer": tc.source,
              "structure_features": tc.table is not None,
@@ -210,6 +214,5 @@ def fit_hvd(trace_paths: list[str | os.PathLike], out_dir: str | os.PathLike | N
              "temperatures": sorted(facts["temperatures"]),
              "inputs": inputs_record("avkit hvd", trace_paths, tokenizer=tc.source,
                                      k=kwargs.get("replay_config", HvdReplayConfig()).k,
-                                     draft_step_cost=kwargs.get("cost", HvdCost()).draft_step_cost,
-                                     cost_source=kwargs.get("cost", HvdCost()).source or "linear")}
+                                     draft_step_cost=cost["draft_step_cost"], cost_source=cost["source"] or "linear")}
     return fit_hvd_generations(gens, out_dir, classes=tc.table, extra_info=extra, **kwargs)

@@ -10,17 +10,18 @@ Glossary:
                 keyed by the row's recent model hit rate (`hist_model_hit`), fitted on the replay's training
                 requests (`model_survival_table`)
   budget        b draft slots over the whole batch: E(b) = N + sum of the top-b survivals,
-                cost(b) = draft + verify(N + b), where draft = draft(n_model, K) when n_model > 0 requests
-                drafted with the model; b* = argmax E(b) / cost(b) (ties: smallest b, scheduling/plan.py).
+                cost(b) = draft + N c_cache + verify(N + b) (`CostTable.step_cost`: every row looked the
+                cache up), draft = draft(n_model, K) when n_model > 0 requests drafted with the model;
+                b* = argmax E(b) / cost(b) (ties: smallest b, scheduling/plan.py).
                 Survival is non-increasing in j, so each request verifies a prefix; a confident cache
                 draft keeps slot 5 while a doubtful model draft is cut after 1
   limit         per row, how many drafts to propose: the plan's verified prefix. The model drafter is
                 asked for exactly that many, so a doubtful model row costs no draft passes
   catch-up      the draft model follows a request only while it drafts for it; the first model draft
-                prefills its prompt, a later one what it missed (`HvdCost.catch_up`, the profiled prefill
-                curve): priced in the model option, which also runs without the rows needing one
+                prefills its prompt, a later one what it missed (`CostTable.catch_up_cost`, the profiled
+                prefill curve): priced in the model option, which also runs without the rows needing one
   full          the same batch verifying every drafted slot (the threshold router's behaviour)
-Step cost is in target forwards (`HvdCost.verify` / `.draft`: linear, or a measured table's curves),
+Step cost is `CostTable.step_cost` in target forwards (avkit/hvd/cost.py: linear, or measured curves),
 written into payoff_survival.pt by `avkit hvd`, so the live plan and the replay use the same cost model;
 throughput = tokens / cost. Lossless: every input (features of the context and the deterministic cache
 draft, the hit history of verified steps, the costs) is fixed before the model draws anything, so the
@@ -37,24 +38,25 @@ import polars as pl
 import torch
 
 from avkit.errors import ConfigError
-from avkit.hvd.cost import HvdCost
+from avkit.hvd.cost import cost_from_json, linear_table
 from avkit.hvd.features import feature_matrix
-from avkit.hvd.path import Route, request_runs, route_cycles, step_cost
+from avkit.hvd.path import Route, request_runs, route_cycles
 from avkit.hvd.payoff_mlp import PayoffMLP
+from avkit.scheduling.cost import CostTable
 from avkit.scheduling.plan import Plan, plan_survival, single_group
 
 
-def budget_plan(surv: np.ndarray, n_req: int, fixed_cost: float, cost: HvdCost) -> Plan:
+def budget_plan(surv: np.ndarray, n_req: int, step: np.ndarray) -> Plan:
     """[N, K] survivals (0 = no slot) -> scheduling/plan.py's plan of one step, costs in target forwards:
-    cost(b) = fixed_cost + verify(N + b). Host survivals, so the plan runs on the host (named
-    explicitly: the live drafter makes every other tensor on its inputs' device)."""
+    cost(b) = step[N + b], `step` [N + N K + 1] the step's cost by target tokens. Host survivals, so the
+    plan runs on the host (named explicitly: the live drafter makes every other tensor on its inputs' device)."""
     cpu = torch.device("cpu")
     s = torch.as_tensor(np.ascontiguousarray(surv, dtype=np.float64), device=cpu)
-    n, k = s.shape
-    verify = torch.as_tensor(cost.verify(np.arange(n_req + n * k + 1)), dtype=torch.float64)  # [T+1] by tokens
+    n = s.shape[0]
     one = lambda v: torch.tensor([v], device=cpu)
     return plan_survival(s, (s > 0).sum(1), single_group(n, cpu), 1, num_sampling=one(n_req),
-                         num_scheduled=one(n_req), fixed_ms=one(float(fixed_cost)), verify_ms=verify)
+                         num_scheduled=one(n_req), fixed_ms=one(0.0),
+                         verify_ms=torch.as_tensor(step, dtype=torch.float64))
 
 
 class RunningRate:
@@ -79,13 +81,13 @@ class RunningRate:
         self.sums[n] = (self.decay * tokens + expected, self.decay * c + cost)
 
 
-def joint_step(cs: np.ndarray, ms: np.ndarray, cost: HvdCost, k: int,
+def joint_step(cs: np.ndarray, ms: np.ndarray, cost: CostTable, k: int,
                rate: RunningRate | None = None, lag: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One step of joint routing + budget for n requests with cache / model survivals [n, K].
 
     Options: (a) the draft model runs for the requests that take its draft (K draft steps over those rows,
-    plus the catch-up of rows it has not followed: `cost.catch_up(lag)`, `lag` [n] the tokens it lacks per
-    row), each request taking the draft with the larger expected accepted length; (a') the same without the
+    plus the catch-up of rows it has not followed: `cost.catch_up_cost(lag)`, `lag` [n] the tokens it lacks
+    per row), each request taking the draft with the larger expected accepted length; (a') the same without the
     rows that need a catch-up (they take the cache or nothing); (b) the model does not run, every request
     verifies its cache draft or nothing. Each option's slots compete for one budget (b* = argmax E(b) /
     cost(b), scheduling/plan.py). Between the options:
@@ -97,15 +99,16 @@ def joint_step(cs: np.ndarray, ms: np.ndarray, cost: HvdCost, k: int,
     Returns use_cache [n] bool and verified prefix lengths [n]; `rate` is updated with the choice."""
     n = len(cs)
     lam = rate.value(n) if rate is not None else None
-    catch = np.zeros(n) if lag is None else cost.catch_up(lag)  # [n] target forwards
+    catch = np.zeros(n) if lag is None else cost.catch_up_cost(lag)  # [n] target forwards
+    tokens = np.arange(n + cs.size + 1)  # [T+1] target tokens the step may verify
     wants = cs.sum(1) < ms.sum(1)  # [n] rows whose model draft is worth more
     options = [m for i, m in enumerate((wants, wants & (catch == 0)))
                if m.any() and not (i == 1 and np.array_equal(m, wants))] + [np.zeros(n, dtype=bool)]
     best = None
     for model in options:  # [n] rows the draft model drafts
-        fixed = (float(cost.draft(model.sum(), k)) + float(catch[model].sum()) if model.any() else 0.0) \
-            + cost.cache_cost
-        p = budget_plan(np.where(model[:, None], ms, cs), n, fixed, cost)
+        m = int(model.sum())  # every row looked the cache up (its survival is a feature of the lookup)
+        step = cost.step_cost(n, k * (m > 0), tokens, draft_rows=m, lookups=n) + float(catch[model].sum())
+        p = budget_plan(np.where(model[:, None], ms, cs), n, step)
         e, c = float(p.expected[0]), float(p.cost_ms[0])
         score = e / c if lam is None else e - lam * c
         if best is None or score > best[0]:
@@ -120,7 +123,7 @@ class JointRouter:
     payoff: PayoffMLP  # survival head
     model_surv: np.ndarray  # [bins + 1, K] P(model accepted >= j | hit-rate bin)
     hit_bins: np.ndarray  # [bins] inner edges of the hit-rate bins
-    cost: HvdCost = HvdCost()
+    cost: CostTable = field(default_factory=linear_table)
     rate: RunningRate = field(default_factory=RunningRate, compare=False)  # lambda: planned tokens / cost so far
 
     def __post_init__(self):
@@ -137,7 +140,7 @@ class JointRouter:
         if missing:
             raise ConfigError(f"{path}: survival payoff model lacks {missing} (written by an older `avkit hvd`; "
                               "rerun it)")
-        cost = HvdCost.from_json(extra.get("cost", {}))
+        cost = cost_from_json(extra.get("cost", {}))
         return cls(payoff, np.asarray(extra["model_surv"], dtype=np.float64),
                    np.asarray(extra["hit_bins"], dtype=np.float64), cost)
 
@@ -158,9 +161,9 @@ class JointRouter:
         return use & (cols["draft_len"] > 0), np.asarray(limit, dtype=np.int64)
 
 
-def simulate_batched(table: pl.DataFrame, route: Route, cost: HvdCost, k: int, concurrency: int,
+def simulate_batched(table: pl.DataFrame, route: Route, cost: CostTable, k: int, concurrency: int,
                      survivals: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, float]:
-    """Decode the table's requests `concurrency` at a time in lockstep, each step priced by `step_cost`.
+    """Decode the table's requests `concurrency` at a time in lockstep, each step priced by `CostTable.step_cost`.
     Without `survivals`, `route` decides and every drafted slot is verified: each request's cycles do not
     depend on the batch (`route_cycles`), only when they run does (a request starts on the first step a
     slot is free). With `survivals` = (cache [R, K], model [R, K]) the drafters and slots are chosen jointly
@@ -180,20 +183,22 @@ def simulate_batched(table: pl.DataFrame, route: Route, cost: HvdCost, k: int, c
                        route.consults_cache, 0.0)
 
 
-def _accounting(cost: HvdCost, k: int, concurrency: int, tokens: int, step, uc, verify, lookup: bool,
+def _accounting(cost: CostTable, k: int, concurrency: int, tokens: int, step, uc, verify, lookup: bool,
                 catch: float) -> dict[str, float]:
     """Rows (their step [C], cache drafted [C], verified [C]) summed per step and priced; `lookup`: every step
     looks the cache up (else those with a cache row); `catch`: the catch-ups' price."""
     steps = int(step.max()) + 1 if step.size else 0
     per = lambda w: np.bincount(step, weights=w, minlength=steps)  # [S]
     rows, cache = per(None), per(uc)
-    spent = float(step_cost(cost, k, rows, rows - cache, per(verify), lookup | (cache > 0)).sum()) + catch
+    model = rows - cache  # [S] rows the draft model drafted K for
+    spent = float(cost.step_cost(rows, k * (model > 0), rows + per(verify), draft_rows=model,
+                                 lookups=rows if lookup else cache).sum()) + catch
     shares = per(uc & (verify > 0)) / np.maximum(rows, 1)  # [S] a cache row with nothing to verify is a target step
     return {"concurrency": concurrency, "steps": steps, "tokens": tokens, "throughput": tokens / spent,
             "cache_share": float(shares.sum()) / max(steps, 1)}
 
 
-def _joint_steps(table: pl.DataFrame, cost: HvdCost, k: int, concurrency: int,
+def _joint_steps(table: pl.DataFrame, cost: CostTable, k: int, concurrency: int,
                  survivals: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """`joint_step` over the batch, step by step (each decision moves the running rate the next one reads):
     (step [C], use_cache [C], verified [C]) of every row-step, and the catch-ups' price."""
@@ -223,7 +228,7 @@ def _joint_steps(table: pl.DataFrame, cost: HvdCost, k: int, concurrency: int,
         acc = np.minimum(np.where(uc, cache_acc[r], model_acc[r]), verify)
         if follows:  # the rows the model drafts for catch up first; it keeps the accepted drafts
             drafts = ~uc & (verify > 0)  # [n] (live asks it for the planned prefix)
-            catch += float(cost.catch_up(lag[drafts]).sum())
+            catch += float(cost.catch_up_cost(lag[drafts]).sum())
             have[g] = np.where(drafts, prompt[g] + pos[g] + np.minimum(verify - 1, acc), have[g])
         rec.append((np.full(len(g), len(rec)), uc, verify))
         pos[g] += acc + 1

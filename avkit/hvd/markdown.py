@@ -27,8 +27,8 @@ def cost_md(cost: dict) -> str:
                 f"costs draft(n) {{{d}}} (interpolated; c_verify = {cost['verify_token_cost']:.3f} per token over "
                 f"1-8 tokens, c_draft = {cost['draft_step_cost']:.3f} for one request); a cache lookup + payoff "
                 f"prediction costs c_cache = {cost['cache_cost']}. A step of N requests costs "
-                f"verify(N + verified) + K draft(requests drafting with the model) + c_cache when the cache was "
-                f"consulted; throughput = tokens / cost (target-only decoding = 1).")
+                f"verify(N + verified) + K draft(requests drafting with the model) + c_cache per request that "
+                f"consulted the cache; throughput = tokens / cost (target-only decoding = 1).")
     return (f"Cost model (units of one target forward): a draft-model step costs c_draft = "
             f"{cost['draft_step_cost']}, each verified token adds c_verify = {cost['verify_token_cost']} to the "
             f"target forward, a cache lookup + payoff prediction costs c_cache = {cost['cache_cost']}. A cycle "

@@ -3,13 +3,14 @@
 Glossary:
   cycle        one target verification: a cache draft (cost verify(1 + len) + c_cache) or a K-token
                model draft (cost verify(1 + K) + draft(1, K) [+ c_cache when the cache was consulted]);
-               it emits accepted + 1 tokens (the bonus / corrected token). verify(T) = 1 + c_v T and
-               draft(n, k) = k c_d, or a measured table's curves (`HvdCost`, avkit/hvd/cost.py)
+               it emits accepted + 1 tokens (the bonus / corrected token). Priced by `CostTable.step_cost`
+               in target forwards (avkit/hvd/cost.py): the linear model or a measured table's curves
   route        per replay row (request, position t): use the cache draft?, and how many of its
                tokens to verify (<= its length)
   throughput   tokens / cost, in tokens per target forward; target-only decoding has 1.0
-  step         `step_cost`: n requests decoding in lockstep, m of them drafted by the model, pay
-               draft(m, K) [m > 0] + c_cache [a lookup] + verify(n + verified drafts); one request alone is a cycle
+  step         n requests decoding in lockstep, m of them drafted by the model, L of them consulting the
+               cache, pay draft(m, K) [m > 0] + L c_cache + verify(n + verified drafts)
+               (`CostTable.step_cost`); one request alone is a cycle
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from avkit.hvd.cost import HvdCost
+from avkit.hvd.cost import summary
+from avkit.scheduling.cost import CostTable
 
 
 @dataclass(frozen=True)
@@ -74,20 +76,14 @@ def route_cycles(table: pl.DataFrame, route: Route, k: int) -> Cycles:
     return Cycles(g[order], i[order], uc[order].astype(bool), v[order], a[order])
 
 
-def step_cost(cost: HvdCost, k: int, rows, model_rows, verified, lookup) -> np.ndarray:
-    """[S] target forwards of S lockstep steps: `rows` requests, `model_rows` of them drafted by the model (K
-    passes over them), `verified` draft tokens in all, a cache lookup where `lookup` [S] bool (module note)."""
-    model_rows = np.asarray(model_rows)
-    return (cost.draft(model_rows, k * (model_rows > 0)) + np.asarray(lookup) * cost.cache_cost
-            + cost.verify(np.asarray(rows) + verified))
-
-
-def simulate_paths(table: pl.DataFrame, route: Route, cost: HvdCost, k: int) -> pl.DataFrame:
+def simulate_paths(table: pl.DataFrame, route: Route, cost: CostTable, k: int) -> pl.DataFrame:
     """Per request, one at a time (each cycle a step of its own): tokens, cycles, cost, accepted draft tokens,
     cache cycles along the decode path."""
     starts, lengths = request_runs(table)  # [G], [G]
     c = route_cycles(table, route, k)
-    spent = step_cost(cost, k, 1, (~c.use_cache).astype(np.int64), c.verify, c.use_cache | route.consults_cache)
+    model = ~c.use_cache  # [C] the draft model drafted K
+    spent = cost.step_cost(1, k * model, 1 + c.verify, draft_rows=model * 1,
+                           lookups=c.use_cache | route.consults_cache)  # [C]
     by = lambda w: np.bincount(c.request, weights=w, minlength=len(starts))
     return pl.DataFrame({
         "request_id": table["request_id"].to_numpy()[starts], "dataset": table["dataset"].to_numpy()[starts],
@@ -110,7 +106,7 @@ def path_metrics(paths: pl.DataFrame, by: str | None = None) -> pl.DataFrame:
     return paths.group_by(by).agg(aggs).sort(by)
 
 
-def throughput(table: pl.DataFrame, route: Route, cost: HvdCost, k: int) -> float:
+def throughput(table: pl.DataFrame, route: Route, cost: CostTable, k: int) -> float:
     """Overall tokens per unit cost of one route (the objective tau is chosen for)."""
     p = simulate_paths(table, route, cost, k)
     return float(p["tokens"].sum() / p["cost"].sum())
@@ -128,11 +124,11 @@ def precision_recall(table: pl.DataFrame, use_cache: np.ndarray, high: int) -> t
     return prec, rec
 
 
-def evaluate(table: pl.DataFrame, routes: dict[str, Route], cost: HvdCost, k: int,
+def evaluate(table: pl.DataFrame, routes: dict[str, Route], cost: CostTable, k: int,
              high: int = 6, predictions: dict[str, np.ndarray] | None = None) -> pl.DataFrame:
     """Metrics of every route per dataset and overall, with speedups over `model` and `cache` routes
     (which must be among `routes`) and over target-only decoding (throughput 1). Columns c_draft,
-    c_verify, c_cache state the cost model (`HvdCost`, in target forwards) the speedups assume.
+    c_verify, c_cache state the cost model (avkit/hvd/cost.py, in target forwards) the speedups assume.
     Precision / recall of high-payoff drafts compare `predictions[name] >= high` (the predicted
     payoff, as the paper does) with the oracle `cache_acc >= high`; routers without a prediction
     are scored on their decision (cache chosen)."""
@@ -153,7 +149,8 @@ def evaluate(table: pl.DataFrame, routes: dict[str, Route], cost: HvdCost, k: in
         res = res.join(tp, on="dataset", how="left").with_columns(
             (pl.col("throughput") / pl.col(f"tp_{ref}")).alias(f"speedup_vs_{ref}")).drop(f"tp_{ref}")
     # the cost model beside every row: a reader of the table alone knows what the speedups assume
-    return res.with_columns(speedup_vs_target=pl.col("throughput"), c_draft=pl.lit(cost.draft_step_cost),
-                            c_verify=pl.lit(cost.verify_token_cost), c_cache=pl.lit(cost.cache_cost)).select(
+    c = summary(cost)
+    return res.with_columns(speedup_vs_target=pl.col("throughput"), c_draft=pl.lit(c["draft_step_cost"]),
+                            c_verify=pl.lit(c["verify_token_cost"]), c_cache=pl.lit(c["cache_cost"])).select(
         "router", "dataset", "tokens", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
         "throughput", "speedup_vs_model", "speedup_vs_suffix", "speedup_vs_target", "c_draft", "c_verify", "c_cache")

@@ -34,11 +34,12 @@ import polars as pl
 
 from avkit.config import PayoffConfig
 from avkit.errors import ConfigError
-from avkit.hvd.cost import HvdCost
+from avkit.hvd.cost import linear_table
 from avkit.hvd.features import ALL_FEATURES, feature_matrix
 from avkit.hvd.joint import model_survival_table, simulate_batched
 from avkit.hvd.path import Route, full_route, throughput
 from avkit.hvd.payoff_mlp import PayoffMLP
+from avkit.scheduling.cost import CostTable
 from avkit.trace import labels
 
 MATCH_BUCKETS = np.array([1, 2, 3, 4, 6, 9, 13, 17])  # lower edges of the match-length buckets
@@ -50,7 +51,7 @@ class RouterContext:
     """What routers need besides the rows: K, the cost model, the feature set, the MLP config."""
 
     k: int
-    cost: HvdCost = HvdCost()
+    cost: CostTable = field(default_factory=linear_table)
     features: tuple[str, ...] = ALL_FEATURES
     payoff: PayoffConfig = PayoffConfig()
 
@@ -199,8 +200,8 @@ class SurvivalRouter(MLPRouter):
         c, dlen = ctx.cost, table["draft_len"].to_numpy()
         cache, model = self.survivals(table, ctx)  # [N, K] (zero beyond the draft), [N, K]
         b = np.arange(1, ctx.k + 1)
-        cache_rate = (1 + np.cumsum(cache, 1)) / (c.verify(1 + b) + c.cache_cost)  # [N, K]
-        model_rate = (1 + model.sum(1)) / (c.verify(1 + ctx.k) + c.draft(1, ctx.k) + c.cache_cost)  # [N]
+        cache_rate = (1 + np.cumsum(cache, 1)) / c.step_cost(1, 0, 1 + b, lookups=1)  # [N, K]
+        model_rate = (1 + model.sum(1)) / c.step_cost(1, ctx.k, 1 + ctx.k, lookups=1)  # [N]
         use = (cache_rate.max(1) > model_rate) & (dlen > 0)
         return Route(use, np.minimum(cache_rate.argmax(1) + 1, dlen).astype(np.int64))
 

@@ -36,16 +36,16 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from avkit.hvd.cost import HvdCost
 from avkit.hvd.path import request_runs
 from avkit.hvd.router import decode_batched
+from avkit.scheduling.cost import CostTable
 
 SINGLE = ("model", "suffix")
 HVD = ("cache", "arctic", "table", "mlp", "survival", "survival+budget")
 FLOOR = 0.99
 
 
-def oracle_paths(table: pl.DataFrame, cost: HvdCost, k: int) -> dict[str, float]:
+def oracle_paths(table: pl.DataFrame, cost: CostTable, k: int) -> dict[str, float]:
     """Rows (request_id, t) contiguous and t-sorted, as `replay` writes them -> the clairvoyant router's
     tokens, cycles (target verifications), cost (target forwards) and throughput over all requests."""
     starts, lengths = request_runs(table)  # [R], [R]
@@ -61,9 +61,8 @@ def oracle_paths(table: pl.DataFrame, cost: HvdCost, k: int) -> dict[str, float]
     cache_acc = np.minimum(padded("cache_acc"), padded("draft_len"))  # [R, n] (<= its draft, <= K)
     model_acc = np.minimum(padded("model_acc"), k)  # [R, n]
     b = np.arange(k + 1)  # [K + 1] drafts verified
-    verify = cost.verify(1 + b)  # [K + 1] one request's forward over 1 + b tokens
-    via_cache = verify + np.where(b > 0, cost.cache_cost, 0.0)  # [K + 1]
-    via_model = verify + cost.draft(1, b)  # [K + 1]
+    via_cache = cost.step_cost(1, 0, 1 + b, lookups=b > 0)  # [K + 1] one request verifying b drafts
+    via_model = cost.step_cost(1, b, 1 + b)  # [K + 1]
     step = np.minimum(via_cache, via_model)  # [K + 1] where both drafts reach b, the cheaper
     total = np.zeros((r, n + k + 2))  # [R, n + K + 2] C[t]; 0 from the end of each request on
     cycles = np.zeros((r, n + k + 2))
