@@ -59,12 +59,12 @@ import polars as pl
 import torch
 
 from avkit.cli import app
-from avkit.cli.tune import tok
 from avkit.config import SimulateConfig, SyntheticConfig
 from avkit.kernels.dispatch import select_kernels
 from avkit.scheduling.adaptive import make_adaptive
 from avkit.scheduling.cost import resolve_cost
 from avkit.step_types import DraftBatch, Load, VerifyOutcome
+from avkit.throughput_text import tok
 from avkit.sim.replay import default_policies, load_steps, results_inputs, simulate, write_results
 from avkit.trace.schema import generations_path
 from common import header, paired_ratio, rounds, tiny_pair, write  # bench/ is on sys.path when run as a script

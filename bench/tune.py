@@ -87,9 +87,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from avkit.cli.tune import summary_lines, tok
+from avkit.cli.tune import summary_lines
 from avkit.config import TuneConfig
 from avkit.runtime.step_log import StepLog, steady_tok_s
+from avkit.throughput_text import cell_text
 from avkit.tune import tune
 from common import RESULTS, VLLM_ENV, machine, outside_share, prompt_ids, rounds, tiny_pair, vllm_peer, write
 
@@ -134,8 +135,7 @@ def table(result: dict) -> str:
     for arm in dict.fromkeys(r["arm"] for r in result["cells"]):
         row = []
         for c in conc:
-            r = cells[arm, c]
-            text = f"{tok(r['throughput_tok_s'])} ({tok(r['lo'])}–{tok(r['hi'])})" + ("" if r["meets_slo"] else " ✗")
+            text = cell_text(cells[arm, c])
             row.append(f"**{text}**" if (arm, c) in chosen else text)
         lines.append(f"| {arm} | " + " | ".join(row + ["infeasible"] * len(result["infeasible"])) + " |")
     return "\n".join(head + lines)
@@ -148,7 +148,7 @@ def section(title: str, traces: str, opts: dict, result: dict) -> str:
     out = [f"## {title}", "",
            f"`{command(traces, opts)}` ({took}). Cells: predicted tokens/s "
            f"({result['config']['level']:.0%} bootstrap interval over the {result['requests']} recorded requests, "
-           f"{result['config']['bootstrap']} resamples); bold: recommended; ✗: p90 TPOT over the SLO.", "",
+           f"{result['config']['bootstrap']} resamples); bold: recommended; >slo: p90 TPOT over the SLO.", "",
            table(result), "", "```", *summary_lines(result), "```", "",
            "p90 TPOT (ms) of the recommended arm: " + ", ".join(
                f"c{r['concurrency']} {tpot[r['arm'], r['concurrency']]:.2f}" for r in result["schedule"]["per_concurrency"])

@@ -15,21 +15,10 @@ from rich.table import Table
 from avkit.cli.options import ConcurrencyOption, CostOption, TracesArgument, parse_ints
 from avkit.config import TuneConfig, default_of
 from avkit.staged import write_json_atomic
+from avkit.throughput_text import cell_text, tok
 
 
 _d = functools.partial(default_of, TuneConfig)  # an option's default: its config field's
-
-
-def tok(x: float) -> str:
-    """Tokens/s for people: whole numbers from 100 up, one decimal below (a CPU's 4.2 tok/s)."""
-    return f"{x:,.0f}" if x >= 100 else f"{x:.1f}"
-
-
-def _cell_text(row: dict | None) -> str:
-    if row is None:
-        return "-"
-    text = f"{tok(row['throughput_tok_s'])} ({tok(row['lo'])}-{tok(row['hi'])})"
-    return text if row["meets_slo"] else text + " >slo"
 
 
 def render(result: dict, console: Console) -> None:
@@ -45,7 +34,7 @@ def render(result: dict, console: Console) -> None:
     for r in result["infeasible"]:
         table.add_column(f"c={r['concurrency']}", justify="right", no_wrap=True)
     for arm in dict.fromkeys(r["arm"] for r in result["cells"]):
-        row = [f"[bold]{_cell_text(cells.get((arm, c)))}[/]" if (arm, c) in chosen else _cell_text(cells.get((arm, c)))
+        row = [f"[bold]{cell_text(cells.get((arm, c)))}[/]" if (arm, c) in chosen else cell_text(cells.get((arm, c)))
                for c in conc]
         table.add_row(arm, *row, *("infeasible (KV)" for _ in result["infeasible"]))
     console.print(table)

@@ -10,11 +10,11 @@ import json
 
 import numpy as np
 
-from avkit.cli.tune import tok
 from avkit.config import ReportConfig
 from avkit.report import plots
 from avkit.report.document import Figure, Section, Table, fmt
 from avkit.report.inputs import ReportInputs
+from avkit.throughput_text import tok
 
 
 def _gain(ratio: float) -> str:
