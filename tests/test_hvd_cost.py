@@ -12,7 +12,7 @@ import pytest
 from avkit.cli import app
 from avkit.config import HvdCostConfig
 from avkit.errors import ConfigError
-from avkit.hvd.cost import cost_from_json, hvd_units, linear_table, load_hvd_cost, points, summary
+from avkit.hvd.cost import cost_from_json, hvd_units, linear_table, load_hvd_cost, summary
 from avkit.scheduling.cost import CostTable
 
 TABLE = {"verify_tokens": [1, 2, 4, 8, 16, 32], "verify_ms": [93.8, 96.5, 109.7, 186.2, 344.0, 673.0],
@@ -75,7 +75,7 @@ def test_payoff_files_of_the_point_format_still_load():
 @pytest.mark.parametrize("pts", [((2, 1.0), (1, 2.0)), ((1, -1.0),), ((-1, 1.0), (2, 2.0))])
 def test_bad_points_are_refused(pts):
     with pytest.raises(ConfigError, match="verify"):
-        points(verify_points=pts)
+        cost_from_json(dict(verify_points=pts))
 
 
 def _run(capsys, *args):

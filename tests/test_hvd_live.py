@@ -13,7 +13,7 @@ import torch
 import avkit.models
 from avkit.config import EngineConfig, HvdCostConfig, HvdReplayConfig, PayoffConfig, SamplingConfig, SuffixCacheConfig
 from avkit.drafters.draft_model import DraftModelDrafter
-from avkit.hvd.cost import linear_table, points
+from avkit.hvd.cost import cost_from_json, linear_table
 from avkit.hvd.fit import fit_hvd_generations
 from avkit.hvd.hybrid_drafter import HybridDrafter
 from avkit.hvd.joint import JointRouter
@@ -89,7 +89,7 @@ def test_joint_plan_equals_brute_force(survival_file):
         cs = np.sort(rng.random((n, K)), 1)[:, ::-1] * (rng.random((n, 1)) < 0.7)
         ms = np.sort(rng.random((n, K)), 1)[:, ::-1]
         c_d = float(rng.choice([0.05, 0.33]))
-        cost = points(draft_step_cost=c_d)
+        cost = cost_from_json(dict(draft_step_cost=c_d))
         from avkit.hvd.joint import joint_step
 
         use, pref = joint_step(cs, ms, cost, K)
@@ -132,7 +132,7 @@ def _option_plans(cs, ms, cost, k, catch=None):
 
 CATCH = {"verify_points": ((1, 1.0), (6, 1.5), (7, 2.1), (32, 7.0)), "draft_points": ((1, 0.5), (16, 1.4)),
          "prefill_points": ((16, 1.0), (256, 15.0))}
-CATCH_COST = points(**CATCH)
+CATCH_COST = cost_from_json(CATCH)
 
 
 def test_catch_up_is_the_draft_models_prefill_of_what_it_missed():
@@ -150,7 +150,7 @@ def test_joint_step_prices_the_catch_up_and_may_leave_lagging_rows_to_the_cache(
     it already follows. The choice equals enumeration of the options, and every option wins somewhere."""
     from avkit.hvd.joint import RunningRate, joint_step
 
-    cost = points(**{**CATCH, "draft_points": ((1, 0.1), (16, 0.3))})  # a cheap drafter: the model pays
+    cost = cost_from_json({**CATCH, "draft_points": ((1, 0.1), (16, 0.3))})  # a cheap drafter: the model pays
     rng = np.random.default_rng(3)
     won = set()
     for trial in range(80):
@@ -183,14 +183,14 @@ def test_the_batched_replay_pays_one_prompt_catch_up_then_follows():
     n, prompt = 40, 120
     table = pl.DataFrame({"request_id": ["r"] * n, "cache_acc": [0] * n, "model_acc": [K] * n, "draft_len": [0] * n,
                           "log_prompt_len": [float(np.log1p(prompt))] * n})
-    cheap = points(**{**CATCH, "prefill_points": ((16, 0.1), (256, 0.5))})
+    cheap = cost_from_json({**CATCH, "prefill_points": ((16, 0.1), (256, 0.5))})
     surv = (np.zeros((n, K)), np.ones((n, K)))
     got = simulate_batched(table, full_route(table, np.ones(n, dtype=bool)), cheap, K, 1, surv)
     steps = -(-n // (K + 1))
     step = K * float(cheap.draft_pass_cost(1)) + float(cheap.verify_cost(1 + K)) + cheap.lookup_ms
     assert got["steps"] == steps
     assert n / got["throughput"] == pytest.approx(float(cheap.catch_up_cost(prompt)) + steps * step)
-    free = points(**{**CATCH, "prefill_points": ()})
+    free = cost_from_json({**CATCH, "prefill_points": ()})
     assert n / simulate_batched(table, full_route(table, np.ones(n, dtype=bool)), free, K, 1, surv)["throughput"] \
         == pytest.approx(steps * step)
 
@@ -206,8 +206,8 @@ def test_joint_step_against_the_long_run_rate():
         n = int(rng.integers(1, 6))
         cs = np.sort(rng.random((n, K)), 1)[:, ::-1] * (rng.random((n, 1)) < 0.6)
         ms = np.sort(rng.random((n, K)), 1)[:, ::-1]
-        cost = points(verify_points=((1, 1.0), (4, 1.1), (8, 2.0), (32, 7.0)),
-                             draft_points=((1, float(rng.choice([0.1, 0.5]))), (8, 1.4)))
+        cost = cost_from_json(dict(verify_points=((1, 1.0), (4, 1.1), (8, 2.0), (32, 7.0)),
+                                  draft_points=((1, float(rng.choice([0.1, 0.5]))), (8, 1.4))))
         rate = RunningRate()
         rate.update(n, float(rng.uniform(0.5, 3.0)) * n, 1.0)
         rate.update(n + 1, 100.0, 1.0)  # another batch size's rate plays no part
@@ -241,7 +241,7 @@ def _engine(tiny, survival_file, sampling_batch=2, model_rate=0.6, cache_rate=0.
         last.bias.fill_(float(np.log(cache_rate / (1 - cache_rate))))
     bins = np.asarray(extra["hit_bins"])
     joint = JointRouter(payoff, np.tile(model_rate ** np.arange(1, K + 1), (len(bins) + 1, 1)), bins,
-                        cost or points(draft_step_cost=0.05))
+                        cost or cost_from_json(dict(draft_step_cost=0.05)))
     hybrid = HybridDrafter(DraftModelDrafter(draft, cfg.concurrency, cfg.max_len), None, 0.0, joint=joint)
     sink = MemorySink()
     return Engine(target, None, cfg, sink=sink, drafter=hybrid), sink
@@ -272,7 +272,7 @@ def test_engine_prices_the_draft_models_catch_up_live(tiny, survival_file):
     ref = Engine(target, None, EngineConfig(k=0, concurrency=2, max_len=96)).generate(reqs)
     runs = {}
     for name, prefill in (("dear", ((16, 500.0), (64, 2000.0))), ("free", ())):
-        cost = points(draft_step_cost=0.05, draft_points=((1, 0.05), (16, 0.1)), prefill_points=prefill)
+        cost = cost_from_json(dict(draft_step_cost=0.05, draft_points=((1, 0.05), (16, 0.1)), prefill_points=prefill))
         engine, sink = _engine(tiny, survival_file, cost=cost)
         assert [g.output_ids for g in engine.generate(reqs)] == [g.output_ids for g in ref]
         runs[name] = set(np.asarray(sink.columns()["drafter"]).tolist())

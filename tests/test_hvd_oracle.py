@@ -10,15 +10,15 @@ import polars as pl
 import pytest
 
 from avkit.config import HvdReplayConfig, SuffixCacheConfig
-from avkit.hvd.cost import points
+from avkit.hvd.cost import cost_from_json
 from avkit.hvd.verdict import oracle_paths
 from avkit.hvd.path import Route, simulate_paths
 from avkit.hvd.replay import replay, synthetic_generations
 
 K = 5
-COSTS = {"linear": points(draft_step_cost=0.33),
-         "staircase": points(verify_points=((1, 1.0), (3, 1.1), (4, 1.6), (6, 1.7), (8, 2.9)),
-                                    draft_points=((1, 0.5), (16, 1.4)), cache_cost=0.01)}
+COSTS = {"linear": cost_from_json(dict(draft_step_cost=0.33)),
+         "staircase": cost_from_json(dict(verify_points=((1, 1.0), (3, 1.1), (4, 1.6), (6, 1.7), (8, 2.9)),
+                                    draft_points=((1, 0.5), (16, 1.4)), cache_cost=0.01))}
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
-from avkit.hvd.cost import linear_table, points
+from avkit.hvd.cost import cost_from_json, linear_table
 from avkit.hvd.features import accept_lengths
 from avkit.hvd.path import Route, simulate_paths
 from avkit.hvd.replay import matches_from_trace, replay, synthetic_generations
@@ -185,7 +185,7 @@ def test_cli_builds_configs_and_maps_errors(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     assert calls["paths"] == [trace] and calls["out"] == tmp_path / "o" and calls["token_classes"].table is None
     assert calls["replay_config"] == HvdReplayConfig(k=5)
-    assert calls["cost"] == points(draft_step_cost=0.1)
+    assert calls["cost"] == cost_from_json(dict(draft_step_cost=0.1))
     monkeypatch.chdir(tmp_path)  # no traces/ here: the shipped ones beside the package, as fit/report find them
     res = CliRunner().invoke(app, ["hvd", "--tokenizer", "none"])
     assert res.exit_code == 0, res.output

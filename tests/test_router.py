@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from avkit.config import HvdReplayConfig, PayoffConfig, SuffixCacheConfig
-from avkit.hvd.cost import linear_table, points
+from avkit.hvd.cost import cost_from_json, linear_table
 from avkit.hvd.router import (
     MATCH_BUCKETS,
     ROUTERS,
@@ -118,7 +118,7 @@ def test_budget_allocation_is_argmax_and_prefixes(measured):
         fixed, cv = rng.random() * 2, rng.random() * 0.2
         # a measured curve: flat for a few tokens, then steeper (a CPU's verify), points at odd places
         pts = ((1, 1.0), (3, 1.0 + cv), (9, 1.5 + 4 * cv), (20, 2.5 + 12 * cv)) if measured else ()
-        cost = points(verify_token_cost=cv, verify_points=pts)
+        cost = cost_from_json(dict(verify_token_cost=cv, verify_points=pts))
         verify = (lambda t, pts=pts: float(np.interp(t, [p[0] for p in pts], [p[1] for p in pts]))) if measured else \
             (lambda t, cv=cv: 1 + cv * t)  # brute-force oracle of the curve (all tested T lie inside the grid)
         v = budget_plan(s, 6, fixed + cost.verify_cost(np.arange(6 + s.size + 1))).num_verify.numpy()  # [N] verified prefix lengths
@@ -161,8 +161,8 @@ def test_batched_replay_equals_a_lockstep_loop(splits, ctx, concurrency):
     from avkit.hvd.joint import simulate_batched
 
     test = splits[2]
-    measured = points(verify_points=((1, 1.0), (4, 1.1), (8, 2.0), (16, 3.7)),
-                             draft_points=((1, 0.5), (4, 0.6), (16, 1.4)))
+    measured = cost_from_json(dict(verify_points=((1, 1.0), (4, 1.1), (8, 2.0), (16, 3.7)),
+                                   draft_points=((1, 0.5), (4, 0.6), (16, 1.4))))
     for cost in (ctx.cost, measured):
         for name in ("model", "suffix", "cache", "arctic"):
             route = make_router(name).route(test, ctx)
@@ -190,8 +190,8 @@ def test_split_keeps_a_conversation_together():
 def test_suffix_route_is_suffix_decoding_alone(splits, ctx, measured):
     """A plain loop: a cache draft is verified whole, no draft leaves a target-only step, the draft model never runs."""
     test = splits[2]
-    cost = points(verify_points=((1, 1.0), (4, 1.2), (8, 2.0)), draft_points=((1, 9.0),)) if measured \
-        else points(draft_step_cost=9.0)  # a prohibitive draft model must not matter
+    cost = cost_from_json(dict(verify_points=((1, 1.0), (4, 1.2), (8, 2.0)), draft_points=((1, 9.0),))) if measured \
+        else cost_from_json(dict(draft_step_cost=9.0))  # a prohibitive draft model must not matter
     route = make_router("suffix").route(test, ctx)
     dl, acc = test["draft_len"].to_numpy(), test["cache_acc"].to_numpy()
     tokens = spent = 0.0
@@ -215,7 +215,7 @@ def test_model_scale_is_the_validated_best(splits, ctx, draft_cost):
     from avkit.hvd.router import MODEL_SCALES
 
     train, val, _ = splits
-    c = RouterContext(K, points(draft_step_cost=draft_cost), FEATS, ctx.payoff)
+    c = RouterContext(K, cost_from_json(dict(draft_step_cost=draft_cost)), FEATS, ctx.payoff)
     r = make_router("survival")
     r.fit(train, val, c)
     raw = model_survival_table(train, r.hit_bins, K)

@@ -65,7 +65,9 @@ def summary(cost: CostTable) -> dict:
 
 def cost_from_json(d: dict | None) -> CostTable:
     """The unit table back from `summary`. Older payoff files: a table whose c_cache was charged once per step
-    (read as the per-request lookup price), or the scalars and (x, cost) point lists (`points`)."""
+    (read as the per-request lookup price), or the scalars of `HvdCostConfig` and (x, cost) point lists:
+    verify_points (T, forward), draft_points (n, step), prefill_points (L, prefill; none: free catch-ups);
+    no points: the linear model."""
     d = dict(d or {})
     base = HvdCostConfig(**{k: d[k] for k in ("verify_token_cost", "draft_step_cost", "cache_cost") if k in d})
     where = {"where": d["source"]} if d.get("source") else {}
@@ -84,10 +86,4 @@ def cost_from_json(d: dict | None) -> CostTable:
     return CostTable(**curves, lookup_ms=base.cache_cost, meta=where)
 
 
-def points(**kw) -> CostTable:
-    """From (x, cost) lists: verify_points (T, forward), draft_points (n, step), prefill_points (L, prefill;
-    none: free catch-ups) and the scalars of `HvdCostConfig`; no points: the linear model."""
-    return cost_from_json(kw)
-
-
-__all__ = ["LINEAR", "cost_from_json", "hvd_units", "linear_table", "load_hvd_cost", "points", "summary"]
+__all__ = ["LINEAR", "cost_from_json", "hvd_units", "linear_table", "load_hvd_cost", "summary"]

@@ -7,6 +7,7 @@ import math
 import polars as pl
 
 from avkit.hvd import PAPER
+from avkit.hvd.cost import LINEAR
 from avkit.hvd.fit import HvdResult
 from avkit.hvd.router import MODEL_SCALES
 from avkit.hvd.verdict import FLOOR, verdict_line
@@ -18,7 +19,7 @@ COLS = ("router", "dataset", "tokens", "cycles_per_1k", "mean_accepted", "cache_
 def cost_md(cost: dict) -> str:
     """The replay's cost model in words (every speedup in these tables assumes it)."""
     table = cost.get("table") or {}
-    if table and table.get("meta", {}).get("source") != "linear":  # a measured table, in target forwards
+    if table and table.get("meta", {}).get("source") != LINEAR:  # a measured table, in target forwards
         v = ", ".join(f"{x:g}: {y:.2f}" for x, y in zip(table["verify_tokens"], table["verify_ms"]))
         fixed = table.get("draft_fixed_ms") or [0.0] * len(table["draft_ms"])
         d = ", ".join(f"{x:g}: {y + f:.2f}" for x, y, f in zip(table["draft_requests"], table["draft_ms"], fixed))
@@ -33,7 +34,7 @@ def cost_md(cost: dict) -> str:
             f"{cost['draft_step_cost']}, each verified token adds c_verify = {cost['verify_token_cost']} to the "
             f"target forward, a cache lookup + payoff prediction costs c_cache = {cost['cache_cost']}. A cycle "
             f"costs 1 + c_verify (1 + verified) + c_draft K when the draft model ran + c_cache when the cache "
-            f"was consulted; throughput = tokens / cost (target-only decoding = 1).")
+            f"was consulted (a batched step: c_cache per request that consulted it); throughput = tokens / cost (target-only decoding = 1).")
 
 
 def verdict_md(verdict: pl.DataFrame) -> list[str]:
