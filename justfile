@@ -81,7 +81,7 @@ bench-real:
 # an idle CPU; `python bench/live.py cost --tiny` checks it in seconds)
 [doc("predicted / live step time: profiled table vs the cost model learned online (real pair, idle CPU)")]
 bench-cost-live:
-    python bench/live.py cost --cost ~/.cache/avkit/cost.json
+    python bench/live.py cost --cost traces/cost_cpu.json --steps 160
 
 # live adaptive / best fixed K per cell through `avkit record --policy`, 3 interleaved repeats, 95% intervals
 # (real pair, idle CPU, hours on 2 cores; `python bench/adaptive.py live --tiny` checks it in seconds)
