@@ -73,7 +73,7 @@ def serve_process(pair, *args: str, timeout: float = 120.0):
     port = free_port()
     cmd = [sys.executable, "-m", "avkit", "serve", "--target", str(pair[0]), "--draft", str(pair[1]),
            "--port", str(port), "--k", "4", "--max-len", "192", "--served-model-name", "tiny",
-           "--log-level", "warning", "--no-draft-gate", *args]
+           "--log-level", "warning", "--policy", "adaptive-stop-nogate", *args]
     proc = subprocess.Popen(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"

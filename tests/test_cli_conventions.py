@@ -54,6 +54,7 @@ def test_one_name_per_concept(capsys, monkeypatch):
         assert re.search(r"\[TRACE\]\.\.\.", helps[c]), c
     old = ("--max-tokens-limit", "--max-concurrency", "--policies", "--max-tokens ")
     assert not [(c, o) for c, h in helps.items() for o in old if o in h]
+    assert "draft-gate" not in helps["serve"]  # the gate is the policy's: --policy adaptive[-stop]-nogate
 
 
 def test_completion_is_offered(capsys, monkeypatch):

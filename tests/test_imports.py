@@ -31,6 +31,12 @@ def test_engine_import_pulls_in_no_polars_and_no_hvd():
                 ("online_logistic", "forgetting_logistic")}
 
 
+def test_record_import_pulls_in_no_torch():
+    """`avkit record` builds its requests before the engine loads: the package imports torch only when it runs."""
+    mods = _modules_after("import avkit.record\nimport avkit.runtime.request")
+    assert "avkit.record.recorder" in mods and "torch" not in mods
+
+
 def test_looking_a_name_up_imports_its_module():
     mods = _modules_after("from avkit.estimators import ESTIMATORS\nESTIMATORS['forgetting_logistic']")
     assert "avkit.estimators.forgetting_logistic" in mods

@@ -32,7 +32,8 @@ def register(app: typer.Typer) -> None:
         drafter: DrafterOption = _d("models.drafter"),
         payoff: PayoffOption = _d("models.payoff"),
         policy: Annotated[str, _o("verify policy in simulate's --policy syntax: adaptive-stop[-nogate][:ESTIMATOR] "
-                                  "(also stops drafting early) | adaptive[-nogate][:ESTIMATOR] | full | nospec | "
+                                  "(also stops drafting early; -nogate: never skips drafting a step) | "
+                                  "adaptive[-nogate][:ESTIMATOR] | full | nospec | "
                                   "fixed[:K] (bare: -k) | schedule[:FILE] (K by batch size; bare: --schedule)")] =
             _d("policy"),
         schedule: Annotated[str, _o("--policy schedule: `avkit tune` results JSON or its --format vllm "
@@ -45,8 +46,6 @@ def register(app: typer.Typer) -> None:
                                               "on them (`avkit fit --drafter suffix`); default: their own estimator "
                                               "from the reference constants")] = _d("adaptive.cache_coefficients"),
         cost: Annotated[str, _o("cost table JSON from `avkit profile`, or roofline:GPU:MODEL")] = _d("adaptive.cost"),
-        draft_gate: Annotated[bool, _o("adaptive: skip drafting in steps where no draft depth pays")] =
-            _d("adaptive.draft_gate"),
         snapshot: Annotated[str, _o("live coefficient snapshot (default "
                                     "~/.cache/avkit/serve/coefficients.json)")] = _d("snapshot"),
         snapshot_every: Annotated[int, _o("snapshot every M refits")] = _d("snapshot_every"),
@@ -83,7 +82,7 @@ def register(app: typer.Typer) -> None:
                                 dtype=dtype),
             engine=EngineConfig(k=k, concurrency=concurrency, max_len=max_len, seed=seed, kernels=kernels),
             online=EstimatorConfig(refit_interval=refit_interval),
-            adaptive=AdaptiveConfig(estimator=estimator, coefficients=coefficients, cost=cost, draft_gate=draft_gate,
+            adaptive=AdaptiveConfig(estimator=estimator, coefficients=coefficients, cost=cost,
                                     cache_coefficients=cache_coefficients),
             http=HttpConfig(host=host, port=port, api_key=api_key, served_model_name=served_model_name,
                             queue_size=queue_size, grace_period=grace_period, max_body_bytes=max_body_bytes,
@@ -95,7 +94,7 @@ def register(app: typer.Typer) -> None:
             config, policy=spec.name, schedule=(spec.arg if spec.name == "schedule" else "") or schedule,
             engine=replace(config.engine, k=int(spec.arg) if spec.name == "fixed" and spec.arg else k),
             adaptive=replace(config.adaptive, estimator=spec.arg if spec.name in ADAPTIVE else estimator,
-                             draft_gate=draft_gate and spec.gate))
+                             draft_gate=spec.gate))
         from avkit.serve.server import bind_warning  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.serve.server import serve as run  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.serve.startup import bind_socket, check_record_writable, warm_start  # lazy: start-up (the library loads when the command runs: -h stays fast)

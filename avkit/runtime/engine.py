@@ -32,8 +32,8 @@ from avkit.kernels.dispatch import select_kernels
 from avkit.models.transformer import HostLengths
 from avkit.runtime.host_memory import keep_freed_memory
 from avkit.runtime.prefill import prefill
-from avkit.runtime.request import (FINISH_ABORT, EngineStats, Generation, Request, RunningSeq, StepOutput,
-                                  append_tokens, draft_input, limit_drafts, no_drafts, roll_back, top_k_min_p)
+from avkit.runtime.batch import append_tokens, draft_input, limit_drafts, no_drafts, roll_back, top_k_min_p
+from avkit.runtime.request import FINISH_ABORT, EngineStats, Generation, Request, RunningSeq, StepOutput
 from avkit.runtime.sampling import probs_from_logits
 from avkit.runtime.trace_rows import TraceSink, trace_rows
 from avkit.scheduling.cost import FREE_LAG
