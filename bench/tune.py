@@ -87,10 +87,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from avkit.cli.tune import summary_lines
 from avkit.config import TuneConfig
 from avkit.runtime.step_log import StepLog, steady_tok_s
-from avkit.throughput_text import cell_text
+from avkit.throughput_text import summary_lines, tune_grid
 from avkit.tune import tune
 from common import RESULTS, VLLM_ENV, machine, outside_share, prompt_ids, rounds, tiny_pair, vllm_peer, write
 
@@ -125,20 +124,9 @@ def command(traces: str, opts: dict) -> str:
 
 
 def table(result: dict) -> str:
-    conc = result["concurrency"]
-    cells = {(r["arm"], r["concurrency"]): r for r in result["cells"]}
-    chosen = {(r["arm"], r["concurrency"]) for r in result["schedule"]["per_concurrency"]}
-    head = ["| arm | " + " | ".join([f"c={c}" for c in conc] + [f"c={r['concurrency']}" for r in result["infeasible"]])
-            + " |",
-            "|---|" + "---:|" * (len(conc) + len(result["infeasible"]))]
-    lines = []
-    for arm in dict.fromkeys(r["arm"] for r in result["cells"]):
-        row = []
-        for c in conc:
-            text = cell_text(cells[arm, c])
-            row.append(f"**{text}**" if (arm, c) in chosen else text)
-        lines.append(f"| {arm} | " + " | ".join(row + ["infeasible"] * len(result["infeasible"])) + " |")
-    return "\n".join(head + lines)
+    heads, rows = tune_grid(result)
+    lines = ["| " + " | ".join(heads) + " |", "|---|" + "---:|" * (len(heads) - 1)]
+    return "\n".join(lines + ["| " + " | ".join(f"**{t}**" if bold else t for t, bold in row) + " |" for row in rows])
 
 
 def section(title: str, traces: str, opts: dict, result: dict) -> str:

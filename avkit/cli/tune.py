@@ -15,7 +15,7 @@ from rich.table import Table
 from avkit.cli.options import ConcurrencyOption, CostOption, TracesArgument, parse_ints
 from avkit.config import TuneConfig, default_of
 from avkit.staged import write_json_atomic
-from avkit.throughput_text import cell_text, tok
+from avkit.throughput_text import summary_lines, tune_grid
 
 
 _d = functools.partial(default_of, TuneConfig)  # an option's default: its config field's
@@ -23,65 +23,17 @@ _d = functools.partial(default_of, TuneConfig)  # an option's default: its confi
 
 def render(result: dict, console: Console) -> None:
     """Throughput [interval] per arm x concurrency (chosen cell bold), infeasible columns, the schedule."""
-    conc = result["concurrency"]
-    cells = {(r["arm"], r["concurrency"]): r for r in result["cells"]}
-    chosen = {(r["arm"], r["concurrency"]) for r in result["schedule"]["per_concurrency"]}
-    level = result["config"]["level"]
-    table = Table(title=f"predicted tokens/s ({level:.0%} bootstrap interval over requests); bold: chosen")
-    table.add_column("arm", no_wrap=True)
-    for c in conc:
-        table.add_column(f"c={c}", justify="right", no_wrap=True)
-    for r in result["infeasible"]:
-        table.add_column(f"c={r['concurrency']}", justify="right", no_wrap=True)
-    for arm in dict.fromkeys(r["arm"] for r in result["cells"]):
-        row = [f"[bold]{cell_text(cells.get((arm, c)))}[/]" if (arm, c) in chosen else cell_text(cells.get((arm, c)))
-               for c in conc]
-        table.add_row(arm, *row, *("infeasible (KV)" for _ in result["infeasible"]))
+    heads, rows = tune_grid(result)
+    table = Table(title=f"predicted tokens/s ({result['config']['level']:.0%} bootstrap interval over requests); "
+                        "bold: chosen")
+    table.add_column(heads[0], no_wrap=True)
+    for head in heads[1:]:
+        table.add_column(head, justify="right", no_wrap=True)
+    for row in rows:
+        table.add_row(*(f"[bold]{text}[/]" if chosen else text for text, chosen in row))
     console.print(table)
     for line in summary_lines(result):
         console.print(line, markup=False, highlight=False)
-
-
-def change_lines(result: dict) -> list[str]:
-    """One line per concurrency whose recommended K depends on the context band (none: one line saying so)."""
-    s = result["schedule"]
-    if "context_ranges" not in s:
-        return []
-    bands = [f"{lo}-{hi}" for lo, hi, _ in s["context_ranges"]]
-    if not s["context_changes"]:
-        return [f"context bands {', '.join(bands)} tokens: the same K at every concurrency"]
-    return [f"  c={ch['concurrency']}: K " + ", ".join(f"{k if k is not None else 'infeasible'} at {b} tokens"
-                                                     for k, b in zip(ch["k_by_band"], bands))
-            for ch in s["context_changes"]]
-
-
-def summary_lines(result: dict) -> list[str]:
-    s = result["schedule"]
-    ranges = ", ".join(f"{lo}-{hi}: K={k}" for lo, hi, k in s["ranges"])
-    lines = [f"schedule (batch size: K): {ranges}; adaptive verification: {'on' if s['adaptive'] else 'off'} "
-             f"(mean gain of adaptive at the same K: {s['adaptive_geomean_gain']:.3f}x)"]
-    for r in s["per_concurrency"]:
-        a, b = r["vs_single_k"], r["vs_nospec"]
-        lines.append(f"  c={r['concurrency']}: {r['arm']} {tok(r['throughput_tok_s'])} tok/s; "
-                     f"vs fixed K={s['single_k']} everywhere {a['ratio']:.3f}x [{a['lo']:.3f}, {a['hi']:.3f}], "
-                     f"vs no-spec {b['ratio']:.3f}x [{b['lo']:.3f}, {b['hi']:.3f}]"
-                     + ("" if r["meets_slo"] else "  (no arm meets the TPOT SLO)"))
-    lines.append(f"overall (geometric mean over concurrencies): {s['geomean_vs_single_k']:.3f}x the best single "
-                 f"fixed K (K={s['single_k']}), {s['geomean_vs_nospec']:.3f}x no-spec")
-    stop = ", ".join(f"c{r['concurrency']} {r['stop_vs_recommended']['ratio']:.3f}x" for r in s["per_concurrency"])
-    lines.append(f"avkit's engine (adaptive with early stop, K={result['max_k']}) vs this schedule: {stop}")
-    if result["slo"]["tpot_ms"] > 0:
-        unmet = result["slo"]["unmet"]
-        lines.append(f"p90 TPOT SLO {result['slo']['tpot_ms']:g} ms: "
-                     + (f"cannot be met at c={unmet}" if unmet else "met at every feasible concurrency"))
-    for r in result["idle"]["per_concurrency"]:
-        lines.append(f"  speculation configured but off at c={r['concurrency']}: at most "
-                     f"{100 * r['overhead_share']:.1f}% of no-spec time (drafter prefill <= "
-                     f"{100 * r['prefill_share']:.1f}%; keeping the drafter in sync {100 * r['sync_share']:.1f}% "
-                     f"per step, or catching up <= {100 * r['catch_up_share']['64']:.1f}% after a 64-step pause)")
-    if result["idle"]["per_concurrency"]:
-        lines.append("  not priced: " + "; ".join(result["idle"]["not_priced"]))
-    return lines + change_lines(result) + [f"note: {n}" for n in result["notes"]]
 
 
 def register(app: typer.Typer) -> None:

@@ -14,7 +14,7 @@ from avkit.config import ReportConfig
 from avkit.report import plots
 from avkit.report.document import Figure, Section, Table, fmt
 from avkit.report.inputs import ReportInputs
-from avkit.throughput_text import tok
+from avkit.throughput_text import tok, tune_grid
 
 
 def _gain(ratio: float) -> str:
@@ -40,15 +40,11 @@ def schedule_table(result: dict) -> Table:
 
 
 def cell_table(result: dict) -> Table:
-    conc = result["concurrency"]
-    cell = {(r["arm"], r["concurrency"]): r for r in result["cells"]}
-    arms = list(dict.fromkeys(r["arm"] for r in result["cells"]))
-    chosen = {(r["arm"], r["concurrency"]) for r in result["schedule"]["per_concurrency"]}
-    bold = frozenset((i, j + 1) for i, a in enumerate(arms) for j, c in enumerate(conc) if (a, c) in chosen)
-    rows = [(a, *(tok(cell[a, c]['throughput_tok_s']) + ('' if cell[a, c]['meets_slo'] else ' ✗')
-                  for c in conc)) for a in arms]
-    return Table(("arm", *(f"c={c}" for c in conc)), rows, emphasis=bold, collapsed=True,
-                 caption="Predicted tokens/s per arm; bold: recommended; ✗: p90 TPOT over the SLO.")
+    heads, rows = tune_grid(result)
+    bold = frozenset((i, j) for i, row in enumerate(rows) for j, (_, chosen) in enumerate(row) if chosen)
+    return Table(tuple(heads), [tuple(text for text, _ in row) for row in rows], emphasis=bold, collapsed=True,
+                 caption="Predicted tokens/s per arm (bootstrap interval); bold: recommended; >slo: p90 TPOT over "
+                         "the SLO.")
 
 
 def build(inputs: ReportInputs, config: ReportConfig) -> Section:
