@@ -11,7 +11,6 @@ Glossary:
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -24,13 +23,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow.compute as pc
 
-import avkit
 from avkit.config import RecordConfig
 from avkit.record.files import check_resume, finished_requests, preflight
 from avkit.record.progress import RecordProgress
 from avkit.record.requests import PromptQueue, Turn
 from avkit.record.stats import AcceptanceStats
 from avkit.scheduling.spec import parse_spec
+from avkit.trace.schema import run_metadata
 from avkit.trace.writer import GenerationWriter, TraceWriter
 
 _NEVER = 1 << 40  # row_group_rows for writers the recorder flushes itself
@@ -77,23 +76,10 @@ class RecordResult:
 def metadata(config: RecordConfig, target, draft) -> dict[str, str]:
     """File-level metadata (schema.META_KEYS)."""
     dtype = getattr(target, "dtype_name", "") or str(target.model.dtype).removeprefix("torch.")
-    return {
-        "avkit.version": avkit.__version__,
-        "avkit.target": target.model_id,
-        "avkit.target_sha256": target.sha256 or "",
-        "avkit.draft": draft.model_id if draft is not None else "",
-        "avkit.draft_sha256": (draft.sha256 or "") if draft is not None else "",
-        "avkit.k": str(config.decoding.k),
-        "avkit.temperature": str(config.sampling.temperature),
-        "avkit.top_p": str(config.sampling.top_p),
-        "avkit.drafter": config.models.drafter,
-        "avkit.seed": str(config.decoding.seed),
-        "avkit.datasets": json.dumps(list(config.dataset)),
-        "avkit.policy": config.policy,
-        "avkit.dtype": dtype,
-        "avkit.max_new_tokens": str(config.sampling.max_new_tokens),
-        "avkit.engine": config.engine,
-    }
+    return run_metadata(target, draft, k=config.decoding.k, temperature=config.sampling.temperature,
+                        top_p=config.sampling.top_p, drafter=config.models.drafter, seed=config.decoding.seed,
+                        datasets=list(config.dataset), policy=config.policy, dtype=dtype,
+                        max_new_tokens=config.sampling.max_new_tokens, engine=config.engine)
 
 
 @contextmanager

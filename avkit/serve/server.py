@@ -26,7 +26,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
-from avkit import __version__
 from avkit.config import EngineConfig, SamplingConfig, ServeConfig
 from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.coefficients import ServedPair, load_coefficients
@@ -73,15 +72,11 @@ def make_policy(config: ServeConfig, coefficients: str, pair: ServedPair | None 
 def _trace_writer(config: ServeConfig, target, draft):
     if not config.record:
         return None
+    from avkit.trace.schema import run_metadata  # lazy: pyarrow (--record only)
     from avkit.trace.writer import TraceWriter  # lazy: pyarrow (--record only)
 
-    meta = {"avkit.version": __version__, "avkit.target": target.model_id,
-            "avkit.target_sha256": target.sha256, "avkit.draft": draft.model_id if draft else "",
-            "avkit.draft_sha256": draft.sha256 if draft else "",
-            "avkit.k": str(config.engine.k), "avkit.drafter": config.models.drafter,
-            "avkit.seed": str(config.engine.seed),
-            "avkit.datasets": '["serve"]', "avkit.policy": config.policy,
-            "avkit.temperature": "per-request", "avkit.top_p": "per-request"}
+    meta = run_metadata(target, draft, k=config.engine.k, drafter=config.models.drafter, seed=config.engine.seed,
+                        datasets=["serve"], policy=config.policy, temperature="per-request", top_p="per-request")
     return TraceWriter(config.record, meta)  # flushed by ServeSink every record_flush_s
 
 
@@ -155,9 +150,7 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
     def make_engine():
         drafter = None  # the engine builds the model drafter itself
         if suffix_cache is not None:
-            from avkit.hvd.hybrid_drafter import (
-                make_hybrid_drafter,  # lazy: the HVD stack (--drafter hybrid only)
-            )
+            from avkit.hvd.hybrid_drafter import make_hybrid_drafter  # lazy: the HVD stack (--drafter hybrid only)
 
             drafter = make_hybrid_drafter(draft, config.engine.concurrency, config.engine.max_len, k=config.engine.k,
                                           payoff_path=config.models.payoff or None, tokenizer=config.models.target,

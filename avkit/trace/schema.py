@@ -12,10 +12,13 @@ distribution the token was drawn from (and is a lossy feature).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
+
+from avkit import __version__
 
 SCHEMA_VERSION = "1"
 
@@ -114,6 +117,17 @@ META_KEYS = {
     "avkit.engine": "who drafted and verified: `native` (avkit's runtime) or `vllm X.Y.Z` (docs/vllm.md)",
     "avkit.vllm.draft_sample_method": "vLLM recordings: `probabilistic` or `greedy` drafting at T > 0",
 }
+
+
+def run_metadata(target, draft, **settings) -> dict[str, str]:
+    """A recorded trace's file metadata (META_KEYS): the writer's version, the models by id and weights hash
+    (`target`, `draft`: loaded models with `model_id` and `sha256`; draft None: none), and the run's `settings`
+    by key without the `avkit.` prefix (strings as they are, lists as JSON, anything else through str)."""
+    return {"avkit.version": __version__, "avkit.target": target.model_id, "avkit.target_sha256": target.sha256 or "",
+            "avkit.draft": draft.model_id if draft is not None else "",
+            "avkit.draft_sha256": (draft.sha256 or "") if draft is not None else "",
+            **{f"avkit.{key}": value if isinstance(value, str) else json.dumps(value) if isinstance(value, list)
+               else str(value) for key, value in settings.items()}}
 
 
 def generations_path(trace_path):
