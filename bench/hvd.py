@@ -60,7 +60,7 @@ from avkit.hvd.joint import JointRouter, simulate_batched
 from avkit.hvd.markdown import COLS, hvd_markdown, table_md, verdict_md
 from avkit.hvd.path import full_route
 from avkit.hvd.payoff_mlp import PayoffMLP
-from avkit.hvd.replay import ReplayGeneration, load_generations, matches_from_draft, replay
+from avkit.hvd.replay import ReplayGeneration, greedy_traces, load_generations, matches_from_draft, replay
 from avkit.hvd.router import make_router
 from avkit.hvd.suffix_cache import SuffixCache
 from avkit.runtime.engine import Engine
@@ -77,7 +77,6 @@ def _inputs(args):
         from avkit.hvd.replay import synthetic_generations
 
         return synthetic_generations(args.synthetic, seed=0), None, f"{args.synthetic} synthetic generations", {}
-    from avkit.cli.hvd import greedy_traces
     from avkit.hvd.token_classes import token_classes_for
 
     paths = [Path(p) for p in args.traces] if args.traces else greedy_traces()
@@ -491,8 +490,7 @@ def main() -> None:
 
 def _discussion(m_pair: pl.DataFrame, m_eagle: pl.DataFrame, budget: pl.DataFrame, info: dict) -> str:
     def get(m, router, col):
-        row = m.filter((pl.col("router") == router) & (pl.col("dataset") == "overall"))
-        return row[col][0] if row.height else float("nan")
+        return _pr(m, router, "overall", col)
 
     def pct(x: float) -> str:
         return "-" if math.isnan(x) else f"{x:.1%}"

@@ -190,13 +190,13 @@ def test_cli_builds_configs_and_maps_errors(tmp_path, monkeypatch):
     res = CliRunner().invoke(app, ["hvd", "--tokenizer", "none"])
     assert res.exit_code == 0, res.output
     assert [p.name for p in calls["paths"]] == ["greedy_k7.parquet"] and calls["paths"][0].is_absolute()
-    import avkit.trace.shards
+    import avkit.hvd.replay
     from avkit.errors import ConfigError
 
     def nothing_shipped():
         raise ConfigError("none")
 
-    monkeypatch.setattr(avkit.trace.shards, "shipped_traces", nothing_shipped)
+    monkeypatch.setattr(avkit.hvd.replay, "shipped_traces", nothing_shipped)
     res = CliRunner().invoke(app, ["hvd"])
     assert res.exit_code != 0 and "no trace with a generations table" in str(res.exception)
 

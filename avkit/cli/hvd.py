@@ -13,39 +13,7 @@ from rich.table import Table
 
 from avkit.cli.options import stdout_console
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig, default_of
-from avkit.errors import ConfigError
 from avkit.staged import StagedOutputs
-
-
-def greedy_traces(root: Path | None = None) -> list[Path]:
-    """Shipped traces with a generations table beside them: those recorded at temperature 0, else all.
-
-    Sampled traces replay too: a deterministic cache draft token x is accepted with probability p(x),
-    exactly the chance that the recorded sample equals x, so comparing drafts with a sampled
-    continuation gives an unbiased draw of the accepted length (the model's matches are its realized
-    acceptances). The temperatures used are reported."""
-    from avkit.trace.reader import trace_metadata  # lazy: start-up (the library loads when the command runs: -h stays fast)
-    from avkit.trace.shards import shipped_traces  # lazy: start-up (the library loads when the command runs: -h stays fast)
-    from avkit.trace.schema import generations_path  # lazy: start-up (the library loads when the command runs: -h stays fast)
-
-    if root is None:  # where fit, simulate and report find them: ./traces, else beside the package
-        try:
-            root = shipped_traces()[0].parent
-        except ConfigError:
-            root = Path("traces")
-    found = {}
-    for p in sorted(root.glob("*.parquet")):
-        if p.name.endswith(".generations.parquet") or not generations_path(p).is_file():
-            continue
-        temperature = trace_metadata(p).get("avkit.temperature", "nan")
-        try:
-            found[p] = float(temperature)
-        except ValueError:
-            found[p] = float("nan")
-    if not found:
-        raise ConfigError(f"no trace with a generations table in {root}/; pass trace files or --synthetic")
-    greedy = [p for p, t in found.items() if t == 0.0]
-    return greedy or list(found)
 
 
 def replay(paths: list[Path], out: Path, outputs, tokenizer: str | None = None, **kw):
@@ -119,6 +87,8 @@ def register(app: typer.Typer) -> None:
                 title = f"HVD replay on {synthetic} synthetic generations"
             else:
                 from avkit.trace.shards import resolve_shards  # lazy: start-up (the library loads when the command runs: -h stays fast)
+
+                from avkit.hvd.replay import greedy_traces  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
                 paths = resolve_shards(traces) if traces else greedy_traces()
                 result = replay(paths, out, outputs, tokenizer, **kw)

@@ -35,10 +35,12 @@ import polars as pl
 import torch
 
 from avkit.config import HvdReplayConfig, SuffixCacheConfig
-from avkit.errors import TraceError
+from avkit.errors import ConfigError, TraceError
 from avkit.hvd.features import RequestFeatures, accept_lengths, columns
 from avkit.hvd.suffix_cache import SuffixCache, common_prefix
-from avkit.trace.reader import read_generations, read_traces
+from avkit.trace.reader import read_generations, read_traces, trace_metadata
+from avkit.trace.schema import generations_path
+from avkit.trace.shards import shipped_traces
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,33 @@ def load_generations(trace_paths: list[str | Path]) -> tuple[list[ReplayGenerati
             gens.append(ReplayGeneration(f"{path.stem}/{row['request_id']}", row["dataset"],
                                          list(row["prompt_ids"]), list(row["output_ids"]), match[row["request_id"]]))
     return gens, info
+
+
+def greedy_traces(root: Path | None = None) -> list[Path]:
+    """Shipped traces with a generations table beside them: those recorded at temperature 0, else all.
+
+    Sampled traces replay too: a deterministic cache draft token x is accepted with probability p(x),
+    exactly the chance that the recorded sample equals x, so comparing drafts with a sampled
+    continuation gives an unbiased draw of the accepted length (the model's matches are its realized
+    acceptances). The temperatures used are reported."""
+    if root is None:  # where fit, simulate and report find them: ./traces, else beside the package
+        try:
+            root = shipped_traces()[0].parent
+        except ConfigError:
+            root = Path("traces")
+    found = {}
+    for p in sorted(root.glob("*.parquet")):
+        if p.name.endswith(".generations.parquet") or not generations_path(p).is_file():
+            continue
+        temperature = trace_metadata(p).get("avkit.temperature", "nan")
+        try:
+            found[p] = float(temperature)
+        except ValueError:
+            found[p] = float("nan")
+    if not found:
+        raise ConfigError(f"no trace with a generations table in {root}/; pass trace files or --synthetic")
+    greedy = [p for p, t in found.items() if t == 0.0]
+    return greedy or list(found)
 
 
 # dataset -> probabilities of span kinds (prompt copy, boilerplate copy, mutated copy, fresh)
