@@ -4,32 +4,14 @@
     python bench/gpu_check.py --dry-run           # the same code on this CPU at tiny sizes (tests/test_gpu_check.py)
     python bench/gpu_check.py --steps profile,sim --out DIR   # rerun some steps into the same directory
 
-Steps, in order; each is timed, guarded (an error is recorded and the next step runs) and bounded (its own
-time limit, plus what earlier steps left unused, inside --budget-s):
-  pytest   every `gpu`-marked test (tests/*.py that use the marker; junit XML)
-  kernels  each Triton kernel vs its torch reference at B in {1, 64, 256}, K = 7, V = 151,936 (integers
-           bit-exact, floats within the CPU tests' tolerances, ATOL), both timed (`do_bench` median); the bytes
-           a kernel must move over its time against the device's own peak, 2 x memory clock x bus width
-           (`device_bandwidth`: torch's device properties, else NVML, else CuPy; never a table of GPUs) and a
-           measured copy; the hot path of one step at the largest B (confidence + allocation + rejection +
-           IRLS statistics) against an 8B target's roofline verify step on THIS device
-  engine   tiny random models (float32) on the device:
-             greedy           K = 1, 4, 7 with a noisy copy of the target as the draft == target-only, some
-                              drafts accepted and some rejected
-             chi_square_t1    T = 1: the first three tokens of N seeded requests, speculative (K = 3) vs
-                              target-only, a two-sample chi-square per position (columns with < 10 draws
-                              pooled); pass at p > 1e-3 on every position
-             triton_vs_torch  kernels="triton" == kernels="torch" under an adaptive policy that trims and
-                              refits: the same tokens and integer trace columns, float columns within 1e-5
-             hybrid           the hybrid drafter greedy == target-only, both drafters having run
-  profile  avkit's profile (`profile_costs`, what `avkit profile` runs) on random weights in the real pair's
-           shapes and in an 8B shape -> cost_pair.json, cost_8b.json (random weights time as trained ones
-           do: the same shapes, the same kernels)
-  sim      `avkit hvd` on the greedy reuse traces with the pair's table, then `avkit tune` on the shipped
-           greedy trace with each table (adaptive vs each fixed K per concurrency, KV feasibility)
+Steps, in order, each timed, guarded (an error is recorded and the next step runs) and bounded (its own time
+limit plus what earlier steps left, inside --budget-s): pytest (the `gpu`-marked tests), kernels (each Triton
+kernel vs its torch reference, timed against the device's own peak bandwidth), engine (tiny random models on
+the device: greedy == target-only, a chi-square at T = 1, Triton == torch under an adaptive policy), profile
+(`profile_costs` on random weights in the real pair's and an 8B shape), sim (`avkit hvd`, then `avkit tune`
+per measured table). What each runs, its pass criteria and what each number decides: docs/gpu.md.
 Outputs: summary.json (rewritten after every step; kernels.json and engine.json after every row), one file
-per step, logs; with
---bundle PATH the directory is also packed into PATH after every step, so a run cut short returns files.
+per step, logs; --bundle PATH packs the directory into PATH after every step, so a run cut short returns files.
 On a CPU (--dry-run) the same code runs at tiny sizes under Triton's interpreter; bandwidths are left empty.
 The device image has no polars: it travels as the wheel in WHEELS (docs/gpu.md has the command line).
 """
@@ -502,21 +484,6 @@ def _same_column(got, want) -> bool:
     return bool(np.array_equal(g, w))
 
 
-def hybrid(target, draft) -> dict:
-    from avkit.drafters.draft_model import DraftModelDrafter
-    from avkit.hvd.hybrid_drafter import HybridDrafter
-
-    reqs = [Request(f"h{i}", [5 + i, 6, 7, 8, 9] * 4, SamplingConfig(temperature=0.0, max_new_tokens=20))
-            for i in range(3)]  # repetitive prompts: the suffix cache has drafts from the first step on
-    cfg = EngineConfig(k=4, concurrency=2, max_len=96)
-    ref = _ids(Engine(target, None, EngineConfig(k=0, concurrency=2, max_len=96)).generate(reqs))
-    drafter = HybridDrafter(DraftModelDrafter(draft, cfg.concurrency, cfg.max_len), None, tau=0.0, k=4, rule="cache")
-    sink = MemorySink()
-    got = _ids(Engine(target, None, cfg, sink=sink, drafter=drafter).generate(reqs))
-    kinds = sorted(set(np.asarray(sink.columns()["drafter"]).tolist()))
-    return {"ok": got == ref and kinds == ["model", "suffix"], "tokens_equal": got == ref, "drafters_run": kinds}
-
-
 def run_checks(device, vocab: int, n_chi2: int, on_check) -> dict:
     """Every engine check, each guarded; `on_check(checks so far)` after each."""
     target = random_model(tiny(vocab), device, torch.float32, seed=0, std=0.3)
@@ -524,7 +491,7 @@ def run_checks(device, vocab: int, n_chi2: int, on_check) -> dict:
     other = random_model(tiny(vocab), device, torch.float32, seed=5, std=0.3)  # unrelated: doubtful drafts, trimmed
     checks = {}
     for name, fn in (("greedy", lambda: greedy(target, draft)), ("chi_square_t1", lambda: chi_square(target, draft, n_chi2)),
-                     ("triton_vs_torch", lambda: backends(target, other)), ("hybrid", lambda: hybrid(target, draft))):
+                     ("triton_vs_torch", lambda: backends(target, other))):  # the hybrid drafter: the pytest step
         t0 = time.perf_counter()
         try:
             checks[name] = fn()

@@ -32,7 +32,7 @@ def test_dry_run_runs_every_step(tmp_path):
               "hvd/hvd_metrics.json", "hvd.md"):
         assert (out / f).is_file(), f
     engine = json.loads((out / "engine.json").read_text())
-    assert set(engine) == {"greedy", "chi_square_t1", "triton_vs_torch", "hybrid"}
+    assert set(engine) == {"greedy", "chi_square_t1", "triton_vs_torch"}
     assert summary["steps"]["pytest"]["tests"] >= 3  # the gpu-marked tests were collected (they skip here)
     with tarfile.open(bundle) as tar:
         names = tar.getnames()
