@@ -244,7 +244,7 @@ def test_datacard_cli_skips_generation_tables_and_refuses_other_files(recorded, 
     pl.DataFrame({"x": [1]}).write_parquet(other)
     code, err = datacard(other, "--out", tmp_path / "card2.md")
     assert code == 2 and len(err) == 1 and err[0].startswith("avkit: error:") and "other.parquet" in err[0]
-    assert "accepted" in err[0] and not (tmp_path / "card2.md").exists()
+    assert "not an avkit trace" in err[0] and not (tmp_path / "card2.md").exists()
     (tmp_path / "junk.parquet").write_text("not parquet")
     code, err = datacard(tmp_path / "junk.parquet", "--out", tmp_path / "card2.md")
     assert code == 2 and len(err) == 1 and "junk.parquet" in err[0] and "Traceback" not in err[0]

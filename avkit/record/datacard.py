@@ -10,12 +10,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
-from avkit.errors import TraceError
 from avkit.record.stats import AcceptanceStats
 from avkit.staged import staged_file
+from avkit.trace.reader import check_schema, trace_metadata
 from avkit.trace.schema import generations_path
 
 COLUMNS = ["dataset", "position", "num_accepted", "accepted", "request_id", "run_id"]
@@ -24,15 +23,9 @@ COLUMNS = ["dataset", "position", "num_accepted", "accepted", "request_id", "run
 def summarize(path) -> dict:
     """Metadata, row counts and acceptance statistics of one trace file (+ its generations table)."""
     path = Path(path)
-    try:
-        f = pq.ParquetFile(path)
-    except (OSError, pa.ArrowException) as e:
-        raise TraceError(f"{path}: cannot read as Parquet ({e})") from None
-    meta = {k.decode(): v.decode() for k, v in (f.schema_arrow.metadata or {}).items() if k.startswith(b"avkit.")}
-    missing = [c for c in COLUMNS if c not in f.schema_arrow.names]
-    if missing:
-        raise TraceError(f"{path}: not an avkit trace (no column {', '.join(missing)})")
-    table = f.read(columns=COLUMNS)
+    check_schema(path)  # a readable trace of format v1, else one line naming the file (trace/reader.py)
+    meta = {k: v for k, v in trace_metadata(path).items() if k.startswith("avkit.")}
+    table = pq.read_table(path, columns=COLUMNS)
     stats = AcceptanceStats(int(meta.get("avkit.k", "7")))
     stats.update_from_table(table)
     gens = generations_path(path)
