@@ -29,16 +29,10 @@ from avkit.errors import TraceError
 from avkit.features import FEATURES
 from avkit.fit.data import TRACE_COLUMNS, fitted, request_step_starts
 from avkit.trace.reader import CHECKED_COLUMNS, scan_traces
-from avkit.trace.values import SLOT_KEY, check_values
+from avkit.trace.values import SLOT_KEY, check_values, slot_hashes
 
 MAX_K = 64  # positions a survey can hold before K is known (traces without avkit.k)
 PARTS = 64  # partitions by the top 6 bits of the hash
-
-
-def _hashes(df: pl.DataFrame) -> np.ndarray:
-    """[N] uint64 hash of each row's slot key (Categorical columns as their strings)."""
-    key = df.select(pl.col(c).cast(pl.String) if df.schema[c] == pl.Categorical else pl.col(c) for c in SLOT_KEY)
-    return key.hash_rows(seed=0).to_numpy()
 
 
 class SlotKeys:
@@ -50,7 +44,7 @@ class SlotKeys:
 
     def add(self, df: pl.DataFrame, first_row: int) -> None:
         """Spill the hashes of a chunk whose first row is row `first_row` of the shard."""
-        h = _hashes(df)  # [n]
+        h = slot_hashes(df, across_frames=True).to_numpy()  # [n]
         rows = np.arange(first_row, first_row + len(h), dtype=np.int64)  # [n]
         part = (h >> np.uint64(58)).astype(np.uint8)  # [n]
         order = np.argsort(part, kind="stable")  # radix sort by partition

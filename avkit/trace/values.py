@@ -59,10 +59,12 @@ def _value_checks(k: int | None) -> list[tuple[str, pl.Expr, str]]:
     return checks
 
 
-def slot_hashes(df: pl.DataFrame) -> pl.Series:
-    """[N] uint64 hash of each row's slot key (SLOT_KEY): equal slots hash equal (within one frame:
-    Categorical columns hash their codes, which one frame shares)."""
-    return df.select(pl.col(c).to_physical() for c in SLOT_KEY).hash_rows(seed=0)
+def slot_hashes(df: pl.DataFrame, across_frames: bool = False) -> pl.Series:
+    """[N] uint64 hash of each row's slot key (SLOT_KEY): equal slots hash equal within one frame
+    (Categorical columns hash their codes, which one frame shares) or, `across_frames`, in any frame
+    (Categorical columns hash their strings: the chunks of one shard agree)."""
+    cat = (lambda c: pl.col(c).cast(pl.String)) if across_frames else (lambda c: pl.col(c).to_physical())
+    return df.select(cat(c) if df.schema[c] == pl.Categorical else pl.col(c) for c in SLOT_KEY).hash_rows(seed=0)
 
 
 def _may_repeat_a_slot(df: pl.DataFrame) -> bool:
