@@ -2,7 +2,7 @@
 
 Runs a real uvicorn server in this process (127.0.0.1, free port) around a tiny random model pair
 (written to a temp dir unless --target/--draft are given), drives it with httpx streaming SSE, and
-checks the robustness contract of issue 8:
+checks its robustness contract:
   * every request either completes (HTTP 200, a finish_reason, `data: [DONE]`) or gets a clean 429
     with Retry-After; none is lost, none is duplicated (response ids are unique);
   * the server's own request counters agree with what the clients saw;

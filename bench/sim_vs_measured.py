@@ -1,4 +1,4 @@
-"""The simulator against the engines it models: fixed K x concurrency, predicted vs measured (issue 18 item 3).
+"""The simulator against the engines it models: fixed K x concurrency, predicted vs measured.
 
     # each engine: its trace (recorded by that engine) and its cost table (profiled on this device)
     python bench/sim_vs_measured.py --engine vllm --trace traces/vllm/vllm_greedy_k7.parquet --cost vllm_cost.json

@@ -554,6 +554,15 @@ def judged(data: dict, rows: dict, engine: str, run: str) -> tuple[dict | None, 
     return tuned, {**others, **({"nospec": nospec} if nospec is not None else {})}, ""
 
 
+def meets(tuned: dict, fixed: dict, mixed: bool) -> tuple[bool, str, float]:
+    """The goal on tokens/s incl. prefill -> (met, the best fixed config, tuned / it): on `mixed` ahead of
+    every fixed config, on a steady run >= STEADY_MARGIN x the best."""
+    rate = {c: whole(x) for c, x in fixed.items()}
+    best = max(rate, key=rate.get)
+    ok = all(whole(tuned) > v for v in rate.values()) if mixed else whole(tuned) / rate[best] >= STEADY_MARGIN
+    return ok, best, whole(tuned) / rate[best]
+
+
 def verdicts(data: dict) -> list[str]:
     """Per engine: tuned vs the best fixed config at each steady run, and vs every fixed config on `mixed`,
     on the whole run's tokens/s (prefills included: the schedule's catch-up rule trades drafting for the
@@ -572,16 +581,12 @@ def verdicts(data: dict) -> list[str]:
                 lines.append(f"- {engine} {run}: not judged: its tuned row {old} (not re-measured)")
                 continue
             how += old
-            fixed = {c: whole(x) for c, x in others.items()}
-            best = max(fixed, key=fixed.get)
-            ratio = whole(tuned) / fixed[best]
-            if run == "mixed":
-                ok, goal = all(whole(tuned) > v for v in fixed.values()), "ahead of every fixed config"
-            else:
-                ok, goal = ratio >= STEADY_MARGIN, f">= {STEADY_MARGIN}x the best fixed config"
+            ok, best, ratio = meets(tuned, others, run == "mixed")
+            goal = "ahead of every fixed config" if run == "mixed" else f">= {STEADY_MARGIN}x the best fixed config"
             line = (f"- {engine} {run}: tuned{how} {whole(tuned):.2f} tok/s incl. prefill = "
                     f"{ratio:.3f}x the best {speculative}fixed "
-                    f"({best}, {fixed[best]:.2f}; {len(fixed)} fixed config{'s' * (len(fixed) != 1)} measured): "
+                    f"({best}, {whole(others[best]):.2f}; {len(others)} fixed config{'s' * (len(others) != 1)} "
+                    "measured): "
                     f"{'meets' if ok else 'MISSES'} the goal ({goal})")
             dec = {c: steady(x) for c, x in others.items() if steady(x) is not None}
             if run != "mixed" and steady(tuned) is not None and dec:  # decode only, the tuner's state
@@ -606,11 +611,9 @@ def _pieces(tuned: dict, others: dict, mixed: bool) -> str:
     note = f" [rows from {len(pieces)} pieces (invocations){unknown}"
     if not same:
         return note + ": no fixed config shares the tuned row's piece]"
-    fixed = {c: whole(x) for c, x in same.items()}
-    best = max(fixed, key=fixed.get)
-    ok = all(whole(tuned) > v for v in fixed.values()) if mixed else whole(tuned) / fixed[best] >= STEADY_MARGIN
-    return (note + f"; within the tuned row's piece: {whole(tuned) / fixed[best]:.3f}x the best of "
-            f"{len(fixed)} ({best}, {fixed[best]:.2f}): {'meets' if ok else 'misses'}]")
+    ok, best, ratio = meets(tuned, same, mixed)
+    return (note + f"; within the tuned row's piece: {ratio:.3f}x the best of "
+            f"{len(same)} ({best}, {whole(same[best]):.2f}): {'meets' if ok else 'misses'}]")
 
 
 def tables(data: dict) -> list[str]:
