@@ -81,12 +81,6 @@ def write(files: dict) -> list[Path]:
     return [Path(p) for p in files]
 
 
-def outside_share(stats) -> float:
-    """The share of an engine's step wall time outside its model forwards (`Engine.stats`): its own overhead."""
-    fwd = stats.target_forward_s + stats.draft_forward_s
-    return 0.0 if stats.step_s == 0 else max(0.0, 1.0 - fwd / stats.step_s)
-
-
 def rounds(configs: list, repeats: int) -> list[list]:
     """`repeats` rounds of every config, round r starting r configs later (module glossary)."""
     return [configs[r % len(configs):] + configs[:r % len(configs)] for r in range(repeats)]

@@ -76,8 +76,7 @@ from avkit.scheduling.learn import CostLearner
 from avkit.scheduling.policy import FixedK
 from avkit.scheduling.profile import profile_costs
 from avkit.workloads import load_workload
-from common import (RESULTS, header, load, machine, outside_share, prompt_ids, tiny_pair, today, vllm_peer,
-                    write)
+from common import RESULTS, header, load, machine, prompt_ids, tiny_pair, today, vllm_peer, write
 
 VLLM_THREADS = "VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_CPU_KVCACHE_SPACE=2"
 
@@ -105,7 +104,7 @@ def _run(target, draft, prompts, k: int, temperature: float, max_new: int, seed:
     acc = rows["accepted"].compressed().mean() if rows else float("nan")
     s = engine.stats
     return {"tok_s": tokens / wall, "tokens_per_step": tokens / max(request_steps, 1),
-            "acceptance": float(acc), "outside_forwards": outside_share(s), "wall_s": wall, "tokens": tokens}
+            "acceptance": float(acc), "outside_forwards": s.overhead_share, "wall_s": wall, "tokens": tokens}
 
 
 def _tiny_pair():
@@ -337,7 +336,7 @@ def avkit_phase(args, ks: list[int], runs: list[dict], cost) -> dict[tuple[str, 
         reqs = [Request(f"r{i}", p, sampling, r["dataset"]) for i, p in enumerate(r["prompts"])]
         log = StepLog()
         gens = engine.generate(reqs, on_step=log)
-        return gens, log.clock() - log.t0, outside_share(engine.stats), log.rows
+        return gens, log.clock() - log.t0, engine.stats.overhead_share, log.rows
 
     out = {}
     run(runs[0], max(ks), None, 8)  # warm-up (allocations, the kernel's first load), untimed

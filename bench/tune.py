@@ -91,7 +91,7 @@ from avkit.config import TuneConfig
 from avkit.runtime.step_log import StepLog, steady_tok_s
 from avkit.throughput_text import summary_lines, tune_grid
 from avkit.tune import tune
-from common import RESULTS, VLLM_ENV, machine, outside_share, prompt_ids, rounds, tiny_pair, vllm_peer, write
+from common import RESULTS, VLLM_ENV, machine, prompt_ids, rounds, tiny_pair, vllm_peer, write
 
 RAM_GB = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9  # the profiled table's device: this box
 SHIPPED = "traces/*.parquet"
@@ -248,7 +248,7 @@ def avkit_run(models, r: dict, k: int, schedule, max_batch: int) -> dict:
             emitted += len(o.new_token_ids)
     wall = log.clock() - log.t0
     return {"outputs": [outputs[f"r{i}"] for i in range(len(order))], "wall_s": wall, "in_flight": in_flight,
-            "outside": outside_share(engine.stats), "steps": log.rows,
+            "outside": engine.stats.overhead_share, "steps": log.rows,
             "draft_forward_s": engine.stats.draft_forward_s}  # 0: the drafter never ran (no-spec's work)
 
 

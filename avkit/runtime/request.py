@@ -82,7 +82,7 @@ class RunningSeq:
 
 @dataclass
 class EngineStats:
-    """Cumulative wall time, for benchmarks: the share outside model forwards is the overhead."""
+    """Cumulative wall time, for benchmarks: `overhead_share` is the share outside the model forwards."""
 
     steps: int = 0
     tokens: int = 0
