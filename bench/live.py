@@ -64,6 +64,7 @@ import torch
 import avkit.models
 from avkit.config import DEFAULT_COST_PATH, DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, ProfileConfig, SamplingConfig
 from avkit.estimators.coefficients import load_coefficients
+from avkit.hvd.suffix_cache import common_prefix
 from avkit.models.kv_cache import KVCache
 from avkit.models.registry import models_dir
 from avkit.runtime.engine import Engine
@@ -84,8 +85,7 @@ VLLM_THREADS = "VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLL
 def _prompts(tokenizer, n: int, tiny: bool) -> list[list[int]]:
     if tiny:
         return [tokenizer.encode(f"def f{i}(x):\n    return x * {i}\n") for i in range(n)]
-    prompts = load_workload("humaneval", n=n, seed=0)
-    return [tokenizer.apply_chat_template(list(p.messages)) for p in prompts]
+    return prompt_ids(tokenizer, "humaneval", n)
 
 
 def _run(target, draft, prompts, k: int, temperature: float, max_new: int, seed: int) -> dict:
@@ -385,11 +385,6 @@ def profile_cost(args, ks: list[int], runs: list[dict]) -> dict[float, object] |
     return out
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    return n
-
-
 def cells(runs: list[dict], reps: list[tuple[dict, dict]]) -> list[dict]:
     """One record per (engine, run, config): means over repeats, the last repeat's outputs (the JSON file)."""
     out = []
@@ -452,7 +447,7 @@ def table(all_cells: list[dict]) -> list[str]:
             ga = greedy_check(by, "avkit", run, f"K={k}") if greedy and k else "-"
             gv = greedy_check(by, "vllm", run, f"K={k}") if greedy and k else "-"
             if greedy and k == 0 and a and v:
-                pref = [_common_prefix(x, y) for x, y in zip(a["outputs"], v["outputs"])]
+                pref = [common_prefix(x, y) for x, y in zip(a["outputs"], v["outputs"])]
                 ga = gv = f"avkit = vLLM on {min(pref)}+ tokens" if pref else "-"
             fix = "†" if v and v.get("cpu_expand_fix") and k else ""
             lines.append(f"| {run} | {'target only' if k == 0 else f'K={k}'} | {num(a, 'tok_s', '.2f')} | "
