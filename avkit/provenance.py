@@ -34,13 +34,19 @@ from avkit.validate import option
 INPUTS_KEY = "avkit.inputs"  # Parquet metadata key of the record
 
 
-@functools.lru_cache(maxsize=256)
-def _sha256(path: str, size: int, mtime_ns: int) -> str:
+def files_sha256(paths) -> str:
+    """SHA-256 of the files' bytes, concatenated in the order given (one file: its own hash)."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    for path in paths:
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 24):
+                h.update(chunk)
     return h.hexdigest()
+
+
+@functools.lru_cache(maxsize=256)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:  # size and mtime: the cache key only
+    return files_sha256([path])
 
 
 def file_sha256(path) -> str:
@@ -133,4 +139,5 @@ def trace_mismatch(record: dict | None, reference: list[dict], what: str) -> str
     return f"{what} does not match this report's traces: " + "; ".join(parts) + "."
 
 
-__all__ = ["INPUTS_KEY", "cost_record", "describe", "file_sha256", "inputs_record", "trace_mismatch", "trace_records"]
+__all__ = ["INPUTS_KEY", "cost_record", "describe", "file_sha256", "files_sha256", "inputs_record", "trace_mismatch",
+           "trace_records"]

