@@ -23,11 +23,18 @@ traces: LOTO trains on every other trace, LOTTO only on traces of another temper
   forgetting       forgetting_logistic with its defaults (those were tuned on greedy_k7 and
                    sampled_t1.0_k7: its rows on those two traces are not held-out scores)
   forgetting_warm  forgetting_logistic warm-started from the training fit, young rounds restarted;
-                   prior_slots chosen from PRIORS by an inner LOTO on the training traces (mean ECE)
+                   prior_slots chosen from PRIORS by an inner LOTO on the training traces (mean log-loss)
   forgetting_T     the same, its warm start fitted per training trace and interpolated linearly in
                    the temperature at the held-out trace's (temperature as an input)
   isotonic         forgetting_warm's output through an isotonic map fitted on its inner-LOTO
                    predictions of the training traces
+  forgetting_gap   forgetting_logistic warm-started from the training fit at the nearest temperature, shrunk
+                   toward vLLM's constants by exp(-gap / tau) (avkit/estimators/warm_start.py). At a trained
+                   temperature: that temperature's fit, prior_slots as forgetting_warm. At another one,
+                   (prior_slots, tau) from PRIORS x TAUS by an inner leave-one-temperature-out on the training
+                   traces: the pair whose worst training temperature loses least log-loss to the cold start at
+                   its prior (tau = 0): a warm start never worse than none where one was tried
+  forgetting_gap_mean  the same, the pair of least mean log-loss over the inner held-out traces
 All read q_max only (and the served temperature): lossless. Scores come from avkit.metrics:
 ECE (10 bins) with a 95% request-bootstrap interval and its floor (the ECE of perfect calibration
 on this many slots, metrics/bootstrap.py), the debiased l2 calibration error with its interval from the
@@ -54,6 +61,7 @@ import pyarrow.parquet as pq
 
 from avkit.config import EstimatorConfig, ForgettingConfig
 from avkit.estimators import make_estimator
+from avkit.estimators.warm_start import TemperatureFit, temperature_warm_start
 from avkit.fit.data import file_clock, load_fit_data
 from avkit.fit.replay import online_replay
 from avkit.metrics import auc, ece, log_loss, score_table
@@ -66,11 +74,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SHIFTS = [("reuse/t1_edit_k7", "reuse/t1_sharegpt_multiround_k7"),
           ("reuse/t0_edit_k7", "reuse/t0_mtbench_revise_k7")]
 PRIORS = (10.0, 50.0, 200.0, 1000.0)  # forgetting_warm's prior_slots grid (pseudo-slots per position)
+TAUS = (0.0, 0.1, 0.3, 1.0, np.inf)  # forgetting_gap's shrinkage scales (temperature units; 0 = cold at any gap)
 TUNED_ON = {"greedy_k7", "sampled_t1.0_k7"}  # ForgettingConfig's defaults were chosen on these
 GOAL_ECE, AUC_SLACK, BOOT = 0.010, 0.002, 1000
 CANDIDATES = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "online_sameT", "per_position",
-              "forgetting", "forgetting_warm", "forgetting_T", "isotonic")
-SHOWN = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "forgetting_warm")  # per position, diagrams
+              "forgetting", "forgetting_warm", "forgetting_T", "isotonic", "forgetting_gap", "forgetting_gap_mean")
+SHOWN = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "forgetting_warm", "forgetting_gap")  # per position, diagrams
 FEATURES = ("logit_qmax", "neg_log_neg_log_qmax")
 G_T = "t_neg_log_neg_log_qmax"  # online_warm_gT's feature, derived in `load`
 
@@ -166,30 +175,58 @@ def inner(train: frozenset) -> tuple[float, object]:
     return best, iso
 
 
-def predict_all(trace: Trace, train: frozenset) -> tuple[dict[str, np.ndarray], float]:
+def gap_start(train: frozenset, temperature: float, tau: float) -> dict:
+    """forgetting_gap's start at `temperature`: one pooled fit per training temperature, shrunk by the gap."""
+    temps = sorted({t.temperature for t in train})
+    fits = [TemperatureFit(x, batch_state(frozenset(t for t in train if t.temperature == x))) for x in temps]
+    return temperature_warm_start(fits, temperature, tau)
+
+
+def choose_gap(train: frozenset) -> tuple[tuple[float, float], tuple[float, float]]:
+    """forgetting_gap's (prior_slots, tau) by an inner leave-one-temperature-out inside `train` (each
+    training temperature held out in turn, as the served one is): -> (the pair whose worst held-out
+    temperature has the least mean log-loss regret to the cold start at that prior (tau = 0), the pair
+    of least mean log-loss over the inner held-out traces)."""
+    temps = sorted({t.temperature for t in train})
+    groups = [[t for t in train if t.temperature == x] for x in temps]
+    rest = [frozenset(u for u in train if u.temperature != x) for x in temps]
+    pairs = [(prior, tau) for prior in PRIORS for tau in TAUS]
+    loss = [[[log_loss(t.data.labels, replay("forgetting_logistic", t, gap_start(r, x, tau), prior)) for t in g]
+             for x, g, r in zip(temps, groups, rest)] for prior, tau in pairs]  # [pair][temperature][trace]
+    per_temp = np.array([[np.mean(ls) for ls in row] for row in loss])  # [pair, temperature]
+    cold = per_temp[[pairs.index((prior, 0.0)) for prior, _ in pairs]]  # [pair, temperature] tau = 0
+    regret = (per_temp - cold).max(axis=1)  # [pair] the worst temperature's loss over the cold start
+    mean = np.array([np.mean(np.concatenate(row)) for row in loss])  # [pair]
+    return pairs[int(np.argmin(regret))], pairs[int(np.argmin(mean))]
+
+
+def predict_all(trace: Trace, train: frozenset) -> tuple[dict[str, np.ndarray], tuple[float, float, float]]:
     """-> (each candidate's prequential predictions [N] on `trace`, having learned only from `train`;
-    the prior_slots chosen)."""
+    the prior_slots chosen, forgetting_gap's and forgetting_gap_mean's (prior_slots, tau))."""
     prior, iso = inner(train)
     fit, g = batch_state(train), "neg_log_neg_log_qmax"
-    same_t = frozenset(t for t in train if t.temperature == trace.temperature) or train
     warm = replay("forgetting_logistic", trace, fit, prior)
+    same_t = frozenset(t for t in train if t.temperature == trace.temperature)
+    worst, mean = ((prior, np.inf),) * 2 if same_t or len({t.temperature for t in train}) < 2 else choose_gap(train)
     return {"vllm": replay("online_logistic", trace), "online_warm": replay("online_logistic", trace, fit),
             "online_warm_g": replay("online_logistic", trace, batch_state(train, g), feature=g),
             "online_warm_gT": replay("online_logistic", trace, batch_state(train, G_T), feature=G_T),
-            "online_sameT": replay("online_logistic", trace, batch_state(same_t, G_T), feature=G_T),
+            "online_sameT": replay("online_logistic", trace, batch_state(same_t or train, G_T), feature=G_T),
             "per_position": replay("per_position_slope", trace, fit | {"slopes": [fit["slope"]] * 7}),
             "forgetting": replay("forgetting_logistic", trace), "forgetting_warm": warm,
             "forgetting_T": replay("forgetting_logistic", trace, by_temperature(train, trace.temperature), prior),
-            "isotonic": np.clip(iso.predict(warm), 0.0, 1.0)}, prior
+            "isotonic": np.clip(iso.predict(warm), 0.0, 1.0),
+            **{name: replay("forgetting_logistic", trace, gap_start(train, trace.temperature, tau), p)
+               for name, (p, tau) in (("forgetting_gap", worst), ("forgetting_gap_mean", mean))}}, (prior, worst, mean)
 
 
-def scores(trace: Trace, preds: dict[str, np.ndarray], prior: float) -> list[dict]:
+def scores(trace: Trace, preds: dict[str, np.ndarray], chosen: tuple) -> list[dict]:
     y = trace.data.labels
     ref = cluster_bootstrap(y, preds["vllm"], trace.requests, n_boot=BOOT)
     rows = []
     for name, p in preds.items():
         boot = cluster_bootstrap(y, p, trace.requests, n_boot=BOOT)
-        row = {"trace": trace.name, "estimator": name, "prior": prior, "T": trace.temperature, "slots": y.size,
+        row = {"trace": trace.name, "estimator": name, "chosen": chosen, "T": trace.temperature, "slots": y.size,
                "requests": np.unique(trace.requests).size, "ece": ece(y, p), "floor": ece_floor(p),
                "ece_lo": np.percentile(boot["ece"], 2.5), "ece_hi": np.percentile(boot["ece"], 97.5),
                "l2": float(signed_root(debiased_ce2(y, p, trace.requests))),
@@ -213,8 +250,8 @@ def evaluate(pool: list[Trace], shifts: list[Trace], by_temp: bool, bar=None) ->
     for trace in pool + shifts:
         train = frozenset(t for t in pool if t.name not in trace.sources
                           and (not by_temp or t.temperature != trace.temperature))
-        preds[trace.name], prior = predict_all(trace, train)
-        rows += scores(trace, preds[trace.name], prior)
+        preds[trace.name], chosen = predict_all(trace, train)
+        rows += scores(trace, preds[trace.name], chosen)
         if bar:
             bar.advance(task)
     return rows, preds
@@ -225,8 +262,10 @@ def table(rows: list[dict]) -> list[str]:
              "log-loss | Δ log-loss vs vllm [95%] | AUC | goals |",
              "|---|---:|---:|---:|---|---|---:|---|---:|---|---:|---|"]
     for r in rows:
-        mark = {"forgetting": "†" if r["trace"] in TUNED_ON else "", "forgetting_warm": f" ({r['prior']:g})"}.get(
-            r["estimator"], "")
+        prior, worst, mean = r["chosen"]
+        mark = {"forgetting": "†" if r["trace"] in TUNED_ON else "", "forgetting_warm": f" ({prior:g})",
+                "forgetting_gap": " ({:g}, {:g})".format(*worst),
+                "forgetting_gap_mean": " ({:g}, {:g})".format(*mean)}.get(r["estimator"], "")
         dll = "—" if r["estimator"] == "vllm" else f"[{r['dll_lo']:+.4f}, {r['dll_hi']:+.4f}]"
         lines.append(f"| {r['trace']} | {r['T']:g} | {r['slots']:,} | {r['requests']} | {r['estimator']}{mark} | "
                      f"{r['ece']:.4f} [{r['ece_lo']:.4f}, {r['ece_hi']:.4f}] | {r['floor']:.4f} | "
@@ -344,7 +383,9 @@ def main() -> None:
              "see the last section); "
              "Δ log-loss vs vllm: paired request bootstrap. goals: ECE <= 0.010, "
              "log-loss <= vllm's, AUC >= vllm's - 0.002 (✓/✗ in that order). † forgetting's defaults were tuned "
-             "on this trace; forgetting_warm (n): the prior_slots its inner LOTO chose.", "",
+             "on this trace; forgetting_warm (n): the prior_slots its inner LOTO chose; forgetting_gap (n, τ), "
+             "forgetting_gap_mean (n, τ): the prior_slots and shrinkage scale its inner leave-one-temperature-out "
+             "chose (n as forgetting_warm's and τ = inf where a training trace has the held-out temperature).", "",
              "## Summary, leave-one-trace-out", "", *summary(loto), "",
              "## Summary, leave-one-temperature-out", "", *summary(lotto), "",
              "## Leave-one-trace-out", "", *table(loto), "", "## Leave-one-temperature-out", "", *table(lotto), "",
