@@ -56,6 +56,11 @@ def load() -> float:
     return os.getloadavg()[0]
 
 
+def uptime() -> str:
+    """The 1-, 5- and 15-minute load averages as `uptime` prints them: "load average: 0.52, 0.58, 0.59"."""
+    return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def today() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
 

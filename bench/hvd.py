@@ -35,7 +35,6 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -66,7 +65,8 @@ from avkit.hvd.suffix_cache import SuffixCache
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.runtime.step_log import StepLog, decode_tok_s
-from common import RESULTS, header, prompt_ids, tiny_pair, vllm_peer, write  # bench/ is on sys.path when run as a script
+from avkit.trace.shards import resolve_shards
+from common import RESULTS, header, prompt_ids, tiny_pair, uptime, vllm_peer, write  # bench/ is on sys.path when run as a script
 
 COSTS = {"this pair (draft step = 0.33 target forward)": linear_table(HvdCostConfig(draft_step_cost=0.33)),
          "EAGLE-like drafter (draft step = 0.05 target forward)": linear_table(HvdCostConfig(draft_step_cost=0.05))}
@@ -79,7 +79,7 @@ def _inputs(args):
         return synthetic_generations(args.synthetic, seed=0), None, f"{args.synthetic} synthetic generations", {}
     from avkit.hvd.token_classes import token_classes_for
 
-    paths = [Path(p) for p in args.traces] if args.traces else greedy_traces()
+    paths = resolve_shards(args.traces) if args.traces else greedy_traces()  # as `avkit hvd` resolves TRACE
     gens, facts = load_generations(paths)
     classes = token_classes_for(paths)
     if classes.table is None:
@@ -402,8 +402,7 @@ def live_main(argv: list[str]) -> int:
             ids = _tiny_prompts(wl, n) if a.tiny else prompt_ids(tokenizer, wl, n)
             cell = {"run": run_id, "workload": wl, "concurrency": c, "target": names[0], "requests": n,
                     "max_new_tokens": a.max_new_tokens, "k": a.k,
-                    "load": subprocess.run(["uptime"], capture_output=True, text=True).stdout.split("load average:")[-1]
-                    .strip()}
+                    "load": uptime().removeprefix("load average: ")}
             if "avkit" in engines:
                 res = measure(target, draft, ids, a.k, c, a.max_new_tokens, payoff, a.repeats, classes)
                 cost = _joint(payoff).cost

@@ -77,7 +77,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import gc
-import glob
 import json
 import os
 import random
@@ -90,8 +89,9 @@ from pathlib import Path
 from avkit.config import TuneConfig
 from avkit.runtime.step_log import StepLog, steady_tok_s
 from avkit.throughput_text import summary_lines, tune_grid
+from avkit.trace.shards import resolve_shards
 from avkit.tune import tune
-from common import RESULTS, VLLM_ENV, machine, prompt_ids, rounds, tiny_pair, vllm_peer, write
+from common import RESULTS, VLLM_ENV, machine, prompt_ids, rounds, tiny_pair, uptime, vllm_peer, write
 
 RAM_GB = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9  # the profiled table's device: this box
 SHIPPED = "traces/*.parquet"
@@ -163,7 +163,7 @@ def main() -> None:
     for name, (title, pattern, opts) in RUNS.items():
         path = Path(f"bench/results/tune_{name}.json")
         if name in chosen:
-            traces = sorted(p for p in glob.glob(pattern) if not p.endswith(".generations.parquet"))
+            traces = [str(p) for p in resolve_shards([pattern])]
             t0 = time.perf_counter()
             result = tune(traces, TuneConfig(**opts, out=str(path)))
             result["bench_seconds"] = time.perf_counter() - t0
@@ -178,10 +178,6 @@ def main() -> None:
 
 
 # ---- the tuned schedule live -----------------------------------------------------------------------------
-def uptime() -> str:
-    return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def plan(args, tokenizer) -> list[dict]:
     """Every run: name, prompts (token ids), max_new per prompt, arrival_tokens per prompt."""
     concs = [int(c) for c in args.concurrency.split(",")]

@@ -91,9 +91,9 @@ def _profile_native(config, console: Console):
 
     target, draft = config.models.target, config.models.draft
     dev, dt = placement(config.models.device, config.models.dtype)
-    with console.status(f"avkit profile: loading {target}" + ("" if draft in ("", "none") else f" + {draft}")):
+    with console.status(f"avkit profile: loading {target}" + (f" + {draft}" if config.models.has_draft else "")):
         tgt = load(target, dtype=dt, device=dev)
-        drf = None if draft in ("", "none") else load(draft, dtype=dt, device=dev)
+        drf = load(draft, dtype=dt, device=dev) if config.models.has_draft else None
     return num_points(config, drf is not None), lambda on_point: profile_costs(tgt, drf, config, on_point=on_point)
 
 

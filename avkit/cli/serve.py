@@ -112,7 +112,7 @@ def register(app: typer.Typer) -> None:
         warning = bind_warning(config)
         if warning:
             console.print(f"[bold yellow]warning:[/] {warning}")
-        draft_note = f" + {config.models.draft}" if config.models.draft not in ("", "none") else ""
+        draft_note = f" + {config.models.draft}" if config.models.has_draft else ""
         console.print(f"avkit serve: loading {config.models.target}{draft_note}")
         if run(config, log_level=log_level, sock=sock):  # stopped by SIGTERM/SIGINT, everything closed
             end_process(0)

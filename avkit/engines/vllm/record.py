@@ -68,7 +68,7 @@ def check(config: RecordConfig) -> tuple[str, Path, Path]:
     if probe.returncode != 0:
         raise ConfigError(f"--vllm-python {python}: avkit's plugin cannot write traces there (pyarrow or numpy "
                           "missing): pip install avkit into vLLM's venv")
-    if config.decoding.k < 1 or config.models.draft in ("", "none"):
+    if config.decoding.k < 1 or not config.models.has_draft:
         raise ConfigError("--engine vllm records draft slots: give a --draft and -k >= 1")
     if config.models.drafter != "model":
         raise ConfigError(f"--drafter {config.models.drafter}: --engine vllm runs vLLM's draft_model proposer only")
