@@ -29,7 +29,7 @@ import os
 from pathlib import Path
 
 from avkit import __version__
-from avkit.validate import option
+from avkit.validate import option_text
 
 INPUTS_KEY = "avkit.inputs"  # Parquet metadata key of the record
 
@@ -96,15 +96,8 @@ def _setting(key: str, v) -> str:
         what = ", ".join(x for x in (v.get("source"), v.get("device"), models) if x)
         return f"cost {v.get('spec', '?')}" + (f" ({what})" if what else "")
     if key == "args" and isinstance(v, dict):  # a command's options, by name
-        return " ".join(_option(name, x) for name, x in v.items() if x not in ("", None, [], ()))
+        return " ".join(option_text(name, x) for name, x in v.items() if x not in ("", None, [], ()))
     return f"{key} {_short(v)}"
-
-
-def _option(name: str, v) -> str:
-    flag = option(name)
-    if isinstance(v, bool):
-        return flag if v else "--no-" + flag.lstrip("-")
-    return f"{flag} {','.join(map(str, v)) if isinstance(v, list | tuple) else v}"
 
 
 def _short(v) -> str:

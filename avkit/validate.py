@@ -51,6 +51,14 @@ def option(name: str) -> str:
     return ("-" if len(name) == 1 else "--") + name.replace("_", "-")
 
 
+def option_text(name: str, value) -> str:
+    """A config field and its value as a command line spells them: `--concurrency 1,4`, `--no-draft-gate`."""
+    flag = option(name)
+    if isinstance(value, bool):
+        return flag if value else "--no-" + flag.lstrip("-")
+    return f"{flag} {','.join(map(str, value)) if isinstance(value, list | tuple) else value}"
+
+
 def in_range(config, name: str, lo=None, hi=None, **ends):
     """check_range on one field of a config, named as its option."""
     return check_range(option(name), getattr(config, name), lo, hi, **ends)

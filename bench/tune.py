@@ -39,7 +39,7 @@ run       a list of requests, each a prompt (token ids, HumanEval and ShareGPT a
           The clock, not wall time, decides arrivals so every engine and config sees the same batch-size path
           although vLLM and avkit differ several-fold in speed. An engine that runs dry before the next
           arrival (requests ended at EOS) jumps the clock to it, so every request due at that mark arrives
-          together: a wave stays a wave (before 2026-12-03 12:40 only its first request did)
+          together: a wave stays a wave
           ``c=N`` steady: ``--waves`` W waves of N requests, ``--max-new-tokens`` each, wave j arriving at
           j N max-new output tokens (once the waves before it are done; ``c=1`` runs at least two waves,
           one request at a time), so a cell averages N W prompts, not N
@@ -90,6 +90,7 @@ from avkit.config import TuneConfig
 from avkit.runtime.step_log import StepLog, steady_tok_s
 from avkit.throughput_text import summary_lines, tune_grid
 from avkit.trace.shards import resolve_shards
+from avkit.validate import option_text
 from avkit.tune import tune
 from common import RESULTS, VLLM_ENV, machine, prompt_ids, rounds, tiny_pair, uptime, vllm_peer, write
 
@@ -116,11 +117,7 @@ RUNS = {  # name: (title, traces glob, TuneConfig options)
 
 def command(traces: str, opts: dict) -> str:
     flags = [] if traces == SHIPPED else [traces]
-    for key, value in opts.items():
-        text = ",".join(map(str, value)) if isinstance(value, tuple) else value
-        flags.append(f"--{key.replace('_', '-')}" if value is True else f"--no-{key.replace('_', '-')}"
-                     if value is False else f"--{key.replace('_', '-')} {text}")
-    return "avkit tune " + " ".join(flags)
+    return "avkit tune " + " ".join(flags + [option_text(key, value) for key, value in opts.items()])
 
 
 def table(result: dict) -> str:
@@ -490,7 +487,7 @@ def _k_at(ranges: list[list[int]], b: int) -> int:
 
 def ran(data: dict, engine: str, x: dict) -> list[list[int]]:
     """The schedule a tuned row ran: its piece's; for rows from before pieces were recorded on rows, the
-    engine's first piece's (every avkit piece until 2026-12-03 ran the same schedule)."""
+    engine's first piece's (every avkit piece before rows named their piece ran the same schedule)."""
     pieces = [p for p in data["pieces"] if engine in p.get("schedules", {})]
     own = next((p for p in pieces if p["utc"] == x.get("piece")), pieces[0] if pieces else None)
     return own["schedules"][engine]["ranges"] if own else data["schedules"][engine]["ranges"]
@@ -521,7 +518,7 @@ def drafted_nowhere(data: dict, engine: str, x: dict) -> bool:
     return all(_k_at(ran(data, engine, x), b) == 0 for b in x["in_flight"] if b > 0)
 
 
-OLD_MACHINE = "the AVX2 box"  # every piece before machines were recorded (2026-12-03 14:36) ran there
+OLD_MACHINE = "the AVX2 box"  # every piece before machines were recorded ran there
 
 
 def row_machine(data: dict, x: dict) -> str:
