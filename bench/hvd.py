@@ -51,17 +51,19 @@ from avkit.config import (DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, HvdCostCo
 from avkit.drafters.draft_model import DraftModelDrafter
 from avkit.engines.vllm.driver import hf_dir
 from avkit.hvd import PAPER
-from avkit.hvd.cost import linear_table, summary
+from avkit.hvd.cost import linear_table, load_hvd_cost, summary
 from avkit.hvd.features import feature_matrix
-from avkit.hvd.fit import fit_hvd_table
+from avkit.hvd.fit import fit_hvd_generations, fit_hvd_table
 from avkit.hvd.hybrid_drafter import HybridDrafter
 from avkit.hvd.joint import JointRouter, simulate_batched
 from avkit.hvd.markdown import COLS, hvd_markdown, table_md, verdict_md
 from avkit.hvd.path import full_route
 from avkit.hvd.payoff_mlp import PayoffMLP
-from avkit.hvd.replay import ReplayGeneration, greedy_traces, load_generations, matches_from_draft, replay
+from avkit.hvd.replay import (ReplayGeneration, greedy_traces, load_generations, matches_from_draft, replay,
+                              synthetic_generations)
 from avkit.hvd.router import make_router
 from avkit.hvd.suffix_cache import SuffixCache
+from avkit.hvd.token_classes import class_table_for, token_classes_for
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.runtime.step_log import StepLog, decode_tok_s
@@ -74,11 +76,7 @@ COSTS = {"this pair (draft step = 0.33 target forward)": linear_table(HvdCostCon
 
 def _inputs(args):
     if args.synthetic:
-        from avkit.hvd.replay import synthetic_generations
-
         return synthetic_generations(args.synthetic, seed=0), None, f"{args.synthetic} synthetic generations", {}
-    from avkit.hvd.token_classes import token_classes_for
-
     paths = resolve_shards(args.traces) if args.traces else greedy_traces()  # as `avkit hvd` resolves TRACE
     gens, facts = load_generations(paths)
     classes = token_classes_for(paths)
@@ -286,9 +284,6 @@ def vllm_cell(python: str, target_dir: str, prompt_ids, k: int, c: int, max_new:
 
 
 def _tiny_pair_and_payoff(root: Path, k: int):
-    from avkit.config import PayoffConfig
-    from avkit.hvd.fit import fit_hvd_generations
-    from avkit.hvd.replay import synthetic_generations
     target, draft = (avkit.models.load(d) for d in tiny_pair("hvd-live-"))
     gens = synthetic_generations(num_requests=15, seed=2, vocab=300, prompt_len=40, output_len=60)
     fit_hvd_generations(gens, root, replay_config=HvdReplayConfig(k=k), payoff_config=PayoffConfig(epochs=3),
@@ -386,8 +381,6 @@ def live_main(argv: list[str]) -> int:
         target, draft, payoff = _tiny_pair_and_payoff(tmp, a.k)
         classes, names, cells_path, out = None, ("tiny target", "tiny draft"), tmp / "cells.jsonl", tmp / "hvd_live.md"
     elif "avkit" in engines:
-        from avkit.hvd.token_classes import class_table_for  # lazy: it reads the target's vocabulary
-
         if not a.payoff:
             raise SystemExit("--payoff payoff_survival.pt is needed (run `avkit hvd` on the recorded traces)")
         dtype = getattr(torch, a.dtype)
@@ -449,8 +442,6 @@ def main() -> None:
         return suffix_cache(a)
     costs = dict(COSTS)
     if a.cost_table:
-        from avkit.hvd.cost import load_hvd_cost
-
         costs = {f"measured on this device ({a.cost_table})": load_hvd_cost(a.cost_table), **COSTS}
     gens, classes, source, facts = _inputs(a)
     rc = HvdReplayConfig()

@@ -86,12 +86,19 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from avkit.config import TuneConfig
+import torch
+
+import avkit.models
+from avkit.config import EngineConfig, SamplingConfig, TuneConfig
+from avkit.models.registry import models_dir
+from avkit.runtime.engine import Engine
+from avkit.runtime.request import Request
 from avkit.runtime.step_log import StepLog, steady_tok_s
+from avkit.scheduling.batch_schedule import BatchSchedule, ScheduledK
 from avkit.throughput_text import summary_lines, tune_grid
 from avkit.trace.shards import resolve_shards
-from avkit.validate import option_text
 from avkit.tune import tune
+from avkit.validate import option_text
 from common import RESULTS, VLLM_ENV, machine, prompt_ids, rounds, tiny_pair, uptime, vllm_peer, write
 
 RAM_GB = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9  # the profiled table's device: this box
@@ -211,11 +218,6 @@ def configs(args, schedule) -> list[tuple[str, int, list | None]]:
 
 # ---- avkit ----------------------------------------------------------------------------------------------
 def avkit_run(models, r: dict, k: int, schedule, max_batch: int) -> dict:
-    from avkit.config import EngineConfig, SamplingConfig
-    from avkit.runtime.engine import Engine
-    from avkit.runtime.request import Request
-    from avkit.scheduling.batch_schedule import ScheduledK
-
     policy = ScheduledK(schedule, k=k) if schedule is not None else None
     cfg = EngineConfig(k=k, concurrency=max_batch, max_len=max(map(len, r["prompts"])) + max(r["max_new"]) + k + 2,
                        seed=r["seed"])
@@ -246,10 +248,6 @@ def avkit_run(models, r: dict, k: int, schedule, max_batch: int) -> dict:
 
 
 def avkit_phase(args, runs, cfgs, schedule, save=None) -> list[dict]:
-    import torch  # lazy: torch (`--report` and the predictions need none)
-
-    import avkit.models
-
     dtype = getattr(torch, args.dtype)
     models = {"target": avkit.models.load(args.target_dir, dtype=dtype),
               "draft": avkit.models.load(args.draft_dir, dtype=dtype)}
@@ -384,12 +382,6 @@ def live_main(argv: list[str]) -> None:
         if not out.is_file():
             raise SystemExit(f"avkit: error: --out {out}: no results file to report")
         return print(write_report(json.loads(out.read_text()), out.with_suffix(".md")))
-
-    import torch  # lazy: torch (`--report` and the predictions need none)
-
-    import avkit.models
-    from avkit.models.registry import models_dir
-    from avkit.scheduling.batch_schedule import BatchSchedule
 
     if args.tiny:
         args.target_dir, args.draft_dir, args.dtype = *tiny_pair("avkit-tune-live-"), "float32"
