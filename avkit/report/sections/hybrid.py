@@ -7,6 +7,7 @@ import math
 
 from avkit.config import ReportConfig
 from avkit.hvd import PAPER
+from avkit.hvd.markdown import cost_md
 from avkit.report import plots
 from avkit.report.document import Figure, Section, Table, fmt
 from avkit.report.inputs import ReportInputs
@@ -65,10 +66,8 @@ def build(inputs: ReportInputs, config: ReportConfig) -> Section:
             f"positions, K = {info.get('k', '?')}); routers fitted on train requests, thresholds on validation, "
             f"scored on held-out test requests. High payoff = accepted length ≥ {info.get('high_payoff', 6)}. "
             + f"Reference: {PAPER}.")
-    cost = info.get("cost")
-    if cost:
-        sec.add(f"Cost model (target forwards): draft-model step {cost['draft_step_cost']}, per verified token "
-                f"{cost['verify_token_cost']}, cache lookup {cost['cache_cost']}.")
+    if info.get("cost"):
+        sec.add(cost_md(info["cost"]))  # as `avkit hvd --markdown` states it: linear, or the measured curves
     sec.add(_table(overall, "Routers over all test requests. Speedups are throughput ratios under the HVD cost "
                             "model (target-only decoding = 1)."))
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
