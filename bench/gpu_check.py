@@ -27,10 +27,13 @@ import signal
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
+from xml.etree import ElementTree
 
 if "--dry-run" in sys.argv[1:]:  # before torch or triton is imported: Triton runs interpreted on the CPU, the
     os.environ.update(TRITON_INTERPRET="1", AVKIT_CPU_KERNELS="0",  # CPU's C++ kernels stay off (a GPU never
@@ -40,13 +43,20 @@ sys.path.insert(0, str(ROOT))  # the device runs a copy of the tree: avkit is no
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+import triton  # noqa: E402
 
 from avkit.config import (DEFAULT_K, AdaptiveConfig, EngineConfig, EstimatorConfig, ProfileConfig,  # noqa: E402
                           SamplingConfig)
+from avkit.kernels.confidence import confidence_triton  # noqa: E402
+from avkit.kernels.dispatch import select_kernels  # noqa: E402
 from avkit.models import LoadedModel, ModelConfig, Transformer  # noqa: E402
 from avkit.runtime.engine import Engine  # noqa: E402
 from avkit.runtime.request import Request  # noqa: E402
 from avkit.runtime.trace_rows import MemorySink  # noqa: E402
+from avkit.scheduling.adaptive import make_adaptive  # noqa: E402
+from avkit.scheduling.cost import CostTable  # noqa: E402
+from avkit.scheduling.profile import PRICE_GRID, memory_meta, profile_costs  # noqa: E402
+from avkit.scheduling.roofline import MODELS, Accelerator, forward_ms  # noqa: E402
 from avkit.staged import staged_file  # noqa: E402
 
 WHEELS = ("polars-1.33.1-cp39-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",)  # 37.9 MiB, in .whl/
@@ -293,8 +303,6 @@ def run_all(device: torch.device, batches, V: int, timed: bool = True, peak_tb_s
             on_case=None):
     """Check every kernel against its reference at each batch size; time both when `timed`. `on_case(row)`
     sees each row as it is made (the check writes partial results through it)."""
-    from avkit.kernels.dispatch import select_kernels
-
     kernels, refs = select_kernels(device, backend="triton"), select_kernels(device, backend="torch")
     g = torch.Generator(device=device).manual_seed(0)
     cases = []
@@ -317,8 +325,6 @@ def run_all(device: torch.device, batches, V: int, timed: bool = True, peak_tb_s
 
 def sweep_confidence(device: torch.device, B: int, V: int, peak_tb_s: float | None):
     """Launch configurations of the bf16 confidence kernel at batch B (to pick the launcher's defaults)."""
-    from avkit.kernels.confidence import confidence_triton
-
     x = (torch.randn(B, K, V, device=device) * 3).to(torch.bfloat16)
     args = (x, 1.0, torch.arange(K, device=device), 0.5, torch.zeros(K, device=device))
     rows = []
@@ -334,8 +340,6 @@ def sweep_confidence(device: torch.device, B: int, V: int, peak_tb_s: float | No
 def hot_path(cases, B: int, tb_s: float | None, tflops: float) -> dict:
     """The Triton hot path of one step at batch B vs an 8B target's roofline verify step at 8192 tokens of
     context on this device (its measured copy bandwidth and matmul rate)."""
-    from avkit.scheduling.roofline import MODELS, Accelerator, forward_ms
-
     at = {c["kernel"]: c["triton_ms"] for c in cases if c["B"] == B}
     path = at["confidence bf16"] + at["allocation"] + at["rejection"] + at["irls_stats"]
     out = {"batch": B, "hot_path_ms": path, "matmul_tflops": tflops}
@@ -447,9 +451,6 @@ def chi_square(target, draft, n: int) -> dict:
 
 
 def backends(target, draft) -> dict:
-    from avkit.scheduling.adaptive import make_adaptive
-    from avkit.scheduling.cost import CostTable
-
     out = {}
     for temperature in (0.0, 1.0):
         runs = {}
@@ -504,9 +505,6 @@ def run_checks(device, vocab: int, n_chi2: int, on_check) -> dict:
 
 def _fit_concurrency(target, draft, context: int, top: int) -> int:
     """The largest power of two <= top whose caches and verify logits fit in 80% of the device's free memory."""
-    from avkit.scheduling.profile import PRICE_GRID
-    from avkit.scheduling.profile import memory_meta
-
     if target.model.device.type != "cuda":
         return top
     free = torch.cuda.mem_get_info(target.model.device)[0]
@@ -521,8 +519,6 @@ def _fit_concurrency(target, draft, context: int, top: int) -> int:
 def profile_shape(name: str, device, sizes, path) -> dict:
     """Profile random weights in SHAPES[name] (bf16 on CUDA, float32 on a CPU) at T = 0 (the greedy traces'),
     save the cost table to `path`; -> the headline numbers."""
-    from avkit.scheduling.profile import profile_costs
-
     t_shape, d_shape = SHAPES[name]
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     t0 = time.perf_counter()
@@ -555,8 +551,6 @@ def step_pytest(ctx: Context, limit: float) -> dict:
                              "-q", f"--junitxml={xml}", *files], limit - 5)
     if not xml.is_file():
         return {**res, "files": files, "ok": False, "error": "no junit XML (killed at its limit?): see pytest.log"}
-    from xml.etree import ElementTree
-
     suite = ElementTree.parse(xml).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
@@ -677,8 +671,6 @@ def run_steps(ctx: Context, names: list[str], budget_s: float) -> bool:
             signal.setitimer(signal.ITIMER_REAL, 0)
         entry["seconds"] = round(time.perf_counter() - t0, 1)
         if getattr(ctx.device, "type", "") == "cuda":  # what a failed or cut step held goes back before the next
-            import torch
-
             gc.collect()
             torch.cuda.empty_cache()
         spare = max(limit - entry["seconds"], 0.0)
@@ -691,8 +683,6 @@ def run_steps(ctx: Context, names: list[str], budget_s: float) -> bool:
 
 def package_versions() -> dict:
     """The versions the run met (the device's own, or a carried wheel's); "missing" where not installed."""
-    from importlib.metadata import PackageNotFoundError, version
-
     out = {}
     for name in ("numpy", "polars", "pyarrow", "scipy", "transformers", "tokenizers", "typer", "rich", "pytest",
                  "nvidia-ml-py", "cupy-cuda13x"):
@@ -723,13 +713,9 @@ def main(argv=None) -> int:
     if a.out:
         out = Path(a.out)
     elif a.dry_run:
-        import tempfile
-
         out = Path(tempfile.mkdtemp(prefix="gpu_check_dry_"))
     else:
         out = ROOT / "bench" / "results" / "gpu" / f"{time.strftime('%Y-%m-%d')}-{re.sub('[^a-z0-9]+', '-', gpu.lower()).strip('-')}"
-    import triton
-
     meta = {"device": gpu, "dry_run": a.dry_run, "python": sys.version.split()[0], "torch": torch.__version__,
             "triton": triton.__version__, "cuda": torch.version.cuda, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
             "command": " ".join([Path(sys.executable).name, *sys.argv]), "wheels": list(WHEELS),
