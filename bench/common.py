@@ -104,12 +104,7 @@ def paired_ratio(a, b, level: float = 0.95) -> dict:
 def prompt_ids(tokenizer, dataset: str, n: int) -> list[list[int]]:
     """The first n prompts of a workload as the target's token ids: chat template (first turn, with the
     prompt's tools) or plain text; the same ids go to avkit and to vLLM."""
-    out = []
-    for p in load_workload(dataset, n, seed=0):
-        tools = list(p.tools) if p.tools else None  # first turn only: follow-ups need avkit record's queue
-        out.append(tokenizer.apply_chat_template(list(p.messages), add_generation_prompt=True, tools=tools)
-                   if p.messages else tokenizer.encode(p.text))
-    return out
+    return [p.token_ids(tokenizer) for p in load_workload(dataset, n, seed=0)]
 
 
 def vllm_peer(python: str, jobs: dict, timeout: float, env: dict | None = None,

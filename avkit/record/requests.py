@@ -60,14 +60,8 @@ class PromptQueue:
         self._followups: deque[Turn] = deque()
         self.skipped_long = 0
 
-    def _encode(self, messages: tuple[dict, ...], prompt: Prompt) -> list[int]:
-        if not messages:
-            return self.tokenizer.encode(prompt.text)
-        tools = list(prompt.tools) if prompt.tools else None
-        return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tools=tools)
-
     def _make(self, prompt: Prompt, turn: int, messages: tuple[dict, ...]) -> Turn | None:
-        ids = self._encode(messages, prompt)
+        ids = prompt.token_ids(self.tokenizer, messages)
         if len(ids) > self.config.max_prompt_tokens:
             self.skipped_long += 1
             return None

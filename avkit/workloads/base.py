@@ -36,6 +36,15 @@ class Prompt:
         if not self.messages and not self.text:
             raise ConfigError(f"prompt {self.dataset}/{self.prompt_id}: needs messages or text")
 
+    def token_ids(self, tokenizer, messages: tuple[dict, ...] | None = None) -> list[int]:
+        """The prompt (or `messages`, a later turn of its conversation) as the target's token ids: the chat
+        template with the prompt's tools, or the raw text (what `avkit record` and bench/ send to an engine)."""
+        messages = self.messages if messages is None else messages
+        if not messages:
+            return tokenizer.encode(self.text)
+        return tokenizer.apply_chat_template(list(messages), add_generation_prompt=True,
+                                             tools=list(self.tools) if self.tools else None)
+
 
 Loader = Callable[[int], list[Prompt]]  # seed -> every prompt of the set, in a seeded order
 WORKLOADS: dict[str, Loader] = {}
