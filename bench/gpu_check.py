@@ -299,25 +299,21 @@ CASES = [("confidence fp32", confidence_case, (torch.float32,)),
          ("allocation", allocation_case, ())]
 
 
-def run_all(device: torch.device, batches, V: int, timed: bool = True, peak_tb_s: float | None = None,
-            on_case=None):
-    """Check every kernel against its reference at each batch size; time both when `timed`. `on_case(row)`
-    sees each row as it is made (the check writes partial results through it)."""
+def run_all(device: torch.device, batches, V: int, peak_tb_s: float | None, on_case) -> list[dict]:
+    """Check every kernel against its reference at each batch size and time both; `on_case(rows so far)` after
+    each row (the check writes partial results through it)."""
     kernels, refs = select_kernels(device, backend="triton"), select_kernels(device, backend="torch")
     g = torch.Generator(device=device).manual_seed(0)
     cases = []
     for B in batches:
         for name, case, extra in CASES:
             ok, detail, tri, ref, nbytes = case(kernels, refs, B, V, *extra, g)
-            row = {"kernel": name, "B": B, "K": K, "V": V, "correct": bool(ok), "detail": detail}
-            if timed:
-                t_tri, t_ref = bench_ms(tri, device), bench_ms(ref, device)
-                tb_s = nbytes / (t_tri * 1e-3) / 1e12
-                row.update(triton_ms=t_tri, ref_ms=t_ref, speedup=t_ref / t_tri, bytes=nbytes, tb_s=tb_s,
-                           pct_peak=100 * tb_s / peak_tb_s if peak_tb_s else None)
-            cases.append(row)
-            if on_case is not None:
-                on_case(row)
+            t_tri, t_ref = bench_ms(tri, device), bench_ms(ref, device)
+            tb_s = nbytes / (t_tri * 1e-3) / 1e12
+            cases.append({"kernel": name, "B": B, "K": K, "V": V, "correct": bool(ok), "detail": detail,
+                          "triton_ms": t_tri, "ref_ms": t_ref, "speedup": t_ref / t_tri, "bytes": nbytes,
+                          "tb_s": tb_s, "pct_peak": 100 * tb_s / peak_tb_s if peak_tb_s else None})
+            on_case(cases)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     return cases
@@ -561,13 +557,8 @@ def step_kernels(ctx: Context, limit: float) -> dict:
     s, dev = ctx.sizes, ctx.device
     bw = device_bandwidth(dev)
     tflops = matmul_tflops(dev, s.matmul_n)
-    rows = []
-
-    def on_case(row):
-        rows.append(row)
-        ctx.results.write_json("kernels.json", {"bandwidth": bw, "matmul_tflops": tflops, "cases": rows})
-
-    cases = run_all(dev, s.batches, s.vocab, peak_tb_s=bw["peak_tb_s"], on_case=on_case)
+    cases = run_all(dev, s.batches, s.vocab, bw["peak_tb_s"], lambda rows: ctx.results.write_json(
+        "kernels.json", {"bandwidth": bw, "matmul_tflops": tflops, "cases": rows}))
     hot = hot_path(cases, max(s.batches), bw["copy_tb_s"], tflops)
     sweep = sweep_confidence(dev, max(s.batches), s.vocab, bw["peak_tb_s"])
     ctx.results.write_json("kernels.json", {"bandwidth": bw, "matmul_tflops": tflops, "cases": cases,
