@@ -16,6 +16,7 @@ from avkit.cli.options import (
 from avkit.config import EngineConfig, ModelsConfig, RecordConfig, SamplingConfig, default_of
 from avkit.errors import ConfigError
 from avkit.scheduling.spec import parse_spec
+from avkit.workloads import WORKLOADS, load_workload
 
 
 _d = functools.partial(default_of, RecordConfig)  # an option's default: its config field's
@@ -23,8 +24,6 @@ _d = functools.partial(default_of, RecordConfig)  # an option's default: its con
 
 def check_datasets(datasets: tuple[str, ...]) -> None:
     """Fail before loading models: every dataset is a known workload or a JSONL file, and it loads."""
-    from avkit.workloads import WORKLOADS, load_workload  # lazy: start-up (the library loads when the command runs: -h stays fast)
-
     for name in datasets:
         if name not in WORKLOADS and not Path(name).is_file():
             raise ConfigError(f"--dataset {name}: not a built-in workload ({', '.join(sorted(WORKLOADS))}) "
@@ -54,7 +53,8 @@ def register(app: typer.Typer) -> None:
         target: TargetOption = _d("models.target"),
         draft: DraftOption = _d("models.draft"),
         dataset: Annotated[list[str] | None, typer.Option(
-            "--dataset", help="a workload (docs/workloads.md: humaneval, mtbench, sharegpt, bfcl, humaneval_edit, bfcl_multiturn, mtbench_revise, sharegpt_multiround) or FILE.jsonl (repeatable)")] = None,
+            "--dataset", help=f"a workload (docs/workloads.md: {', '.join(WORKLOADS)}) or FILE.jsonl (repeatable)")] =
+            None,
         num_prompts: Annotated[int, typer.Option(help="prompts per dataset")] = _d("num_prompts"),
         max_new_tokens: Annotated[int, typer.Option(help="tokens generated per request at most")] =
             _d("sampling.max_new_tokens"),
