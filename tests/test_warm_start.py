@@ -2,6 +2,8 @@
 temperature's maximum-likelihood fit (statsmodels as the oracle), away from every recorded temperature
 it shrinks toward vLLM's constants by exp(-gap / tau), and it loads into the online estimators."""
 
+import itertools
+import json
 import math
 
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 from avkit.config import EstimatorConfig
 from avkit.errors import ConfigError
 from avkit.estimators import make_estimator
+from avkit.estimators.coefficients import load_estimator
 from avkit.estimators.warm_start import TemperatureFit, shrink_weight, temperature_warm_start
 
 K = 3
@@ -64,7 +67,7 @@ def test_away_from_every_temperature_it_shrinks_toward_the_constants(fits):
                                lam * fits[1][1] + (1 - lam) * ref, atol=1e-6, rtol=0)
     # the start moves monotonically from the fit to the constants as the gap grows
     dist = [np.abs(_coef(temperature_warm_start(only, t, 0.3)) - ref).sum() for t in (1.0, 0.9, 0.7, 0.4, 0.0)]
-    assert all(a > b for a, b in zip(dist, dist[1:]))
+    assert all(a > b for a, b in itertools.pairwise(dist))
 
 
 def test_the_nearest_temperature_wins_and_ties_weigh_by_observations(fits):
@@ -113,3 +116,11 @@ def test_fits_of_another_k_or_feature_are_refused(fits):
     other_feature = TemperatureFit(1.0, low.state | {"feature": "entropy"})
     with pytest.raises(ConfigError, match="feature 'entropy'"):
         temperature_warm_start([low, other_feature], 0.5, 0.1)
+
+
+def test_the_start_is_a_coefficients_file_serve_can_load(fits, tmp_path):
+    state = temperature_warm_start([f for f, _ in fits], 0.5, 0.2)
+    path = tmp_path / "start.json"
+    path.write_text(json.dumps(state))
+    est = load_estimator("forgetting_logistic", path, k=K)  # the validated loader `avkit serve` uses
+    assert est.slope == state["slope"] and est.intercepts.tolist() == state["intercepts"]
