@@ -257,8 +257,10 @@ def test_profile_tiny_model_is_monotone(tiny_pair, monkeypatch, tmp_path):
     assert np.all(np.diff(table.verify_ms) >= 0) and np.all(np.diff(table.draft_ms) >= 0)
     assert np.all(np.diff(table.prefill_ms) >= 0) and min(table.prefill_ms) >= 0  # differences of two steps
     assert min(table.verify_ms) > 0 and table.meta["context_len"] == 64
+    assert len(table.request_ms) == 3 and table.request_ms[0] == 0.0 and np.all(np.diff(table.request_ms) >= 0)
     assert table.meta["target_sha256"] == tiny_pair[0].sha256
-    assert CostTable.load(table.save(tmp_path / "c.json")).verify_ms == table.verify_ms
+    back = CostTable.load(table.save(tmp_path / "c.json"))
+    assert back.verify_ms == table.verify_ms and back.request_ms == table.request_ms
 
 
 def test_profile_times_the_engines_own_step_with_exactly_its_tokens(tiny_pair):
@@ -392,3 +394,19 @@ def test_profile_reads_a_real_prefix_written_by_the_models_prefill(tiny_pair):
     whole = model.forward(torch.tensor([ids[:22]]), torch.tensor([22]), torch.tensor([0]), ref, logits="all")
     torch.testing.assert_close(seen[0][1, :3], whole[0, 19:22], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(seen[1], seen[0])
+
+
+def test_requests_are_priced_beyond_their_tokens_and_older_files_read_as_zero(tmp_path):
+    """request_ms(n) adds to every step of n requests whatever its tokens (drafting or not); the HVD unit view
+    scales it; a file without the field (older profiles) prices requests at 0."""
+    t = _table(request_ms=(0.0, 7.0))
+    np.testing.assert_allclose(t.step_cost([1, 8, 8], [0, 0, 3], [4, 4, 32]) - _table().step_cost(
+        [1, 8, 8], [0, 0, 3], [4, 4, 32]), [0.0, 7.0, 7.0])
+    assert t.in_units(2.0).request_ms == (0.0, 3.5)
+    old = t.to_json()
+    del old["request_ms"]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(old))
+    assert CostTable.load(path).request_ms == () and float(CostTable.load(path).step_cost(8, 0, 4)) == 2.0
+    with pytest.raises(ConfigError, match="request must be non-decreasing"):
+        _table(request_ms=(1.0, 0.5))

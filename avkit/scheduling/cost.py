@@ -13,6 +13,10 @@ every curve non-decreasing):
                   (empty = 0: avkit's drafter feeds 1-2 tokens)
   context_ms [Q]  target KV-cache reads that scale with requests, not tokens (empty = 0: profiled tables,
                   whose verify_ms holds them for the profiling layout)
+  request_ms [Q]  what n requests add to a step beyond one request's, whatever its tokens: the engine's work
+                  per request (sampling, acceptance, roll back, host bookkeeping). `avkit profile`: a target-only
+                  step of n requests less verify_ms(n) (laid out as ceil(n / (k + 1)) requests); its verify_ms
+                  then holds one request (the layout's request_ms taken out). Empty = 0 (older and roofline tables)
   prefill_tokens [U], prefill_ms [U]   the drafter prefilling n tokens of one request: the price of a
                   catch-up (empty: priced as a draft pass over n rows, an upper bound)
   drafter         "autoregressive" (k draft passes for k drafts) or "parallel" (one, DSpark-like)
@@ -27,7 +31,7 @@ every curve non-decreasing):
   meta            device, target, draft, source (profile | roofline | learned | vllm), provenance
 Model, for n requests, m of them drafting k each (m = n unless a cache drafts the others), T target tokens,
 C context tokens in the step (None: what the curves hold), l cache lookups:
-  step_ms(n, k, T, C, m, l) = passes(k) draft_ms(m) + [k > 0] draft_fixed_ms(m) + context_ms(n)
+  step_ms(n, k, T, C, m, l) = passes(k) draft_ms(m) + [k > 0] draft_fixed_ms(m) + context_ms(n) + request_ms(n)
                         + kv_ms_per_token (C - held_context(n, T)) + verify_ms(T) + lookup_ms l
   passes(k)       k (autoregressive) or [k > 0] (parallel)
   catch_up(lag)   a request whose drafter lacks `lag` tokens: the drafter prefills all but the last
@@ -57,9 +61,9 @@ from avkit.validate import check_range
 
 DRAFTER_KINDS = ("autoregressive", "parallel")
 FREE_LAG = 2  # tokens the first draft pass feeds itself (the draft x_K and the bonus token); more are prefilled
-CURVES = ("verify_ms", "draft_ms", "context_ms", "draft_fixed_ms", "prefill_ms")  # the ms curves, by field
+CURVES = ("verify_ms", "draft_ms", "context_ms", "draft_fixed_ms", "prefill_ms", "request_ms")  # ms curves, by field
 GRID_OF = {"verify_ms": "verify_tokens", "draft_ms": "draft_requests", "context_ms": "draft_requests",
-           "draft_fixed_ms": "draft_requests", "prefill_ms": "prefill_tokens"}
+           "draft_fixed_ms": "draft_requests", "prefill_ms": "prefill_tokens", "request_ms": "draft_requests"}
 
 
 def interp_curve(x, xs, ys, beyond: str = "slope") -> np.ndarray:
@@ -129,12 +133,13 @@ class CostTable:
     kv_ms_per_token: float = 0.0  # ms per cached context token of a step beyond `held_context`
     lookup_ms: float = 0.0  # ms per request a cache drafter looks up
     noise: dict = field(default_factory=dict)  # curve -> [points] IQR / median of the repeats (profiled tables)
+    request_ms: tuple[float, ...] = ()  # [Q] a step's price per request beyond the first, by requests (empty = 0)
 
     def __post_init__(self):
         src = str(self.meta.get("path", ""))
         _check_curve("verify", self.verify_tokens, self.verify_ms, src)
         _check_curve("draft", self.draft_requests, self.draft_ms, src)
-        for name in ("context_ms", "draft_fixed_ms"):
+        for name in ("context_ms", "draft_fixed_ms", "request_ms"):
             if getattr(self, name):
                 _check_curve(name.removesuffix("_ms"), self.draft_requests, getattr(self, name), src)
         if self.prefill_tokens or self.prefill_ms:
@@ -198,11 +203,12 @@ class CostTable:
         return np.maximum(rows, 1.0) * self.context_len
 
     def context_cost(self, num_requests, context_tokens=None, tokens=None) -> np.ndarray:
-        """The target's KV reads for n requests holding `context_tokens` cached tokens in all (None: what
-        the curves hold), in a step of T = `tokens` target tokens (None: n): the context curve, moved by
-        kv_ms_per_token per token beyond `held_context`."""
+        """What a step's n requests cost beyond its tokens: the per-request curve, and the target's KV reads for
+        them holding `context_tokens` cached tokens in all (None: what the curves hold), in a step of T =
+        `tokens` target tokens (None: n): the context curve, moved by kv_ms_per_token per token beyond
+        `held_context`."""
         n = np.asarray(num_requests, dtype=np.float64)
-        base = self._at("context_ms", n)
+        base = self._at("context_ms", n) + self._at("request_ms", n)
         if context_tokens is None or not self.kv_ms_per_token:
             return base
         held = self.held_context(n, n if tokens is None else tokens)

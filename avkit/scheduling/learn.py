@@ -11,15 +11,20 @@ Glossary:
                every shape are dropped (allocator, page faults, JIT: the outliers that make a shape look dear)
   median       per bucket the median ms and median context of its window: a spike moves them only when it
                fills half the window
-  fit          every `refit_every` steps, one ridge regression over the buckets:
+  fit          when a shape has learned 1, 2, 4, ... steps (its warm-up just over, then as its window fills)
+               and every `refit_every` steps, one ridge regression over the buckets:
                    median_b / prior_b - 1 = x_b . delta + kv_b g_kv + look_b g_look
-               delta: the relative change of each ordinate of verify, draft and the fixed drafting part
-               and the drafter's prefill (x_b,i = ordinate i's weight in shape b's price times the ordinate,
-               / prior_b; a catch-up below the prefill grid weighs on the draft curve); g_kv moves
+               delta: the relative change of each ordinate of verify, draft, the fixed drafting part, the
+               drafter's prefill and the per-request price (x_b,i = ordinate i's weight in shape b's price
+               times the ordinate, / prior_b; a catch-up below the prefill grid weighs on the draft curve; a
+               curve the prior lacks stays empty: where batch sizes never share a token count no step tells
+               a per-request price the profile did not measure from the verify curve); g_kv moves
                kv_ms_per_token (kv_b = (context_b - held_context_b) u_kv / prior_b, u_kv a median step per
                median context token); g_look moves lookup_ms (look_b = l_b u_look / prior_b, u_look one draft
-               pass of one row). Each unknown has the prior's pseudo-count PRIOR_COUNT (ridge), each bucket
-               the weight m_b = steps learned in it (after its warm-up): a bucket with m steps pulls its
+               pass of one row). Each unknown has the prior's pseudo-count PRIOR_COUNT (ridge: as many steps
+               of a typical bucket using it, its column's mean square, so a small share of a price learns as
+               fast as a large one), each bucket the weight m_b = steps learned in it (after its warm-up): a
+               bucket with m steps pulls its
                ordinates m / (m + PRIOR_COUNT) of the way to what it measured; ordinates no step touches keep
                the prior, unless the isotonic fit that makes the curves non-decreasing again (weighted by each
                ordinate's steps) pools them with measured neighbours. The result is a CostTable like any
@@ -43,7 +48,7 @@ from avkit.staged import StagedOutputs
 from avkit.step_types import StepTime
 
 PRIOR_COUNT = 8.0  # steps the prior counts for, per unknown (module note)
-LEARNED = ("verify_ms", "draft_ms", "draft_fixed_ms", "prefill_ms")  # the curves the fit moves
+LEARNED = ("verify_ms", "draft_ms", "draft_fixed_ms", "prefill_ms", "request_ms")  # the curves the fit moves
 BANDS_PER_OCTAVE = 2  # context bands per doubling of the cached tokens per request
 
 
@@ -76,34 +81,47 @@ class CostLearner:
             return None
         return (self.steps // self.probe_every) % (k + 1)
 
-    def observe(self, t: StepTime) -> float:
-        """One step's shape and wall time -> actual / the current model's prediction (the ratio metric)."""
-        self.steps += 1
+    def shape(self, t: StepTime) -> tuple[tuple, float]:
+        """A step's bucket key (module note) and its context tokens (the prior's held context where not given)."""
         rows = t.num_requests if t.draft_rows is None else t.draft_rows
         context = t.context_tokens if t.context_tokens is not None else \
             float(self.prior.held_context(t.num_requests, t.tokens))
-        predicted = float(self.model.step_cost(t.num_requests, t.passes, t.tokens, context, rows, t.lookups)
+        lag = float(np.mean(t.catch_up)) if t.catch_up else 0.0  # [c] lags -> their mean
+        return (t.num_requests, rows, t.passes, t.tokens, t.lookups, len(t.catch_up),
+                context_band(context, t.num_requests), context_band(lag, 1)), context
+
+    def learned(self, t: StepTime) -> int:
+        """Steps of `t`'s shape the current model has learned from (0: priced by what other shapes taught)."""
+        return max(self.buckets.get(self.shape(t)[0], [0])[0] - self.warmup, 0)
+
+    def observe(self, t: StepTime) -> float:
+        """One step's shape and wall time -> actual / the current model's prediction (the ratio metric). Refits
+        when the step's shape has learned 1, 2, 4, ... steps (up to its window: a new shape is priced from
+        its own steps as soon as its warm-up is over), and every `refit_every` steps."""
+        self.steps += 1
+        key, context = self.shape(t)
+        predicted = float(self.model.step_cost(t.num_requests, t.passes, t.tokens, context, key[1], t.lookups)
                           + self.model.catch_up_cost(t.catch_up).sum())
+        learned = 0
         if t.ms > 0:
-            lag = float(np.mean(t.catch_up)) if t.catch_up else 0.0  # [c] lags -> their mean
-            key = (t.num_requests, rows, t.passes, t.tokens, t.lookups, len(t.catch_up),
-                   context_band(context, t.num_requests), context_band(lag, 1))
             bucket = self.buckets.setdefault(key, [0, deque(maxlen=self.window)])
             bucket[0] += 1
             if bucket[0] > self.warmup:
-                bucket[1].append((t.ms, context, lag))
-        if self.steps % self.refit_every == 0:
+                bucket[1].append((t.ms, context, float(np.mean(t.catch_up)) if t.catch_up else 0.0))
+            learned = bucket[0] - self.warmup
+        if self.steps % self.refit_every == 0 or (0 < learned <= self.window and learned & (learned - 1) == 0):
             self.refit()
         return t.ms / predicted if predicted > 0 else float("nan")
 
-    def _columns(self, rows, passes, tokens, catch, lag, base) -> tuple[list[np.ndarray], list[tuple[str, int]]]:
+    def _columns(self, n, rows, passes, tokens, catch, lag, base) -> tuple[list[np.ndarray], list[tuple[str, int]]]:
         """Ordinate i's weight in each bucket's prior price, times the ordinate, / the price: one column each."""
         p = self.prior
         pre = np.maximum(lag - 1.0, 1.0)  # [B] tokens each catch-up prefills (cost.py `catch_up_cost`)
         grid = catch * (lag > FREE_LAG) * (bool(p.prefill_tokens) and pre >= p.prefill_tokens[0])  # [B] on its grid
         below = catch * (lag > FREE_LAG) - grid  # [B] catch-ups priced as a draft pass over their rows
         uses = {"verify_ms": [(1.0, tokens)], "draft_ms": [(passes, rows), (below, pre)],
-                "draft_fixed_ms": [((passes > 0) * 1.0, rows)], "prefill_ms": [(grid, pre)]}  # (weight, x) terms
+                "draft_fixed_ms": [((passes > 0) * 1.0, rows)], "prefill_ms": [(grid, pre)],
+                "request_ms": [(1.0, n)]}  # (weight, x) terms
         cols, names = [], []
         for name in LEARNED:
             if not getattr(p, name):
@@ -128,7 +146,7 @@ class CostLearner:
         base = p.step_cost(n, passes, tokens, draft_rows=rows) + catch * p.catch_up_cost(lag)  # [B] no lookups
         extra = ctx - p.held_context(n, tokens)  # [B] context tokens beyond them
         target = (ms - base - p.kv_ms_per_token * extra - p.lookup_ms * lookups) / base  # [B]
-        cols, names = self._columns(rows, passes, tokens, catch, lag, base)
+        cols, names = self._columns(n, rows, passes, tokens, catch, lag, base)
         u_kv = float(np.median(base) / max(np.median(ctx), 1.0))
         u_look = float(p.draft_pass_cost(1))
         for name, col, scale in (("kv", extra, u_kv), ("lookup", lookups, u_look)):
@@ -139,7 +157,8 @@ class CostLearner:
         used = np.abs(x_mat).sum(0) > 0
         delta = np.zeros(len(names))
         a = x_mat[:, used]
-        lhs = a.T @ (m[:, None] * a) + self.prior_count * np.eye(a.shape[1])
+        square = (m[:, None] * a ** 2).sum(0) / (m[:, None] * (a != 0)).sum(0)  # [P'] each column's mean square
+        lhs = a.T @ (m[:, None] * a) + self.prior_count * np.diag(square)  # the prior: prior_count typical steps
         delta[used] = np.linalg.solve(lhs, a.T @ (m * target))
         evidence = (m[:, None] * np.abs(x_mat)).sum(0)  # [P] steps behind each ordinate
         curves = {}

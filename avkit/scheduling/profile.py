@@ -8,6 +8,9 @@ roll back and host reads are timed as they run live:
                  at the KV context
   draft point    n requests drafting one token with the draft model, none verified, less the target-only
                  step of n requests: one draft pass with its logits work (features, q, one draw)
+  request point  that target-only step of n requests less the verify point T = n (ceil(n / (K+1)) requests):
+                 what requests cost beyond tokens (`request_ms`, no step of its own); the verify curve then
+                 holds one request, its layout's request_ms taken out (`per_request`)
   prefill point  a step whose drafter first catches up on m tokens of one request (a new prompt, or tokens
                  missed while not drafting; scheduling/catch_up.py), less the same step without it
   context        KV length per request (default 8192; $AVKIT_PROFILE_CONTEXT_LEN overrides): a real prefix,
@@ -171,6 +174,27 @@ def _less(runs: list[list[float]], base: list[float]) -> tuple[list[float], list
     return [max(0.0, statistics.median(rs)) for rs in runs], runs
 
 
+def per_request(t_grid, verify_ms, d_grid, target_only_ms, k: int) -> tuple[list[float], list[float]]:
+    """(request_ms on d_grid, verify_ms holding one request) from verify points laid out ceil(T / (k + 1))
+    requests per step and target-only steps of n requests (T = n): request_ms(n) = target_only(n) -
+    verify(n) + request_ms(ceil(n / (k + 1))) with request_ms(1) = 0, in increasing n; both made
+    non-decreasing (isotonic) and the verify curve kept > 0.
+
+    >>> per_request([1, 2, 4], [10.0, 11.0, 12.0], [1, 2, 4], [10.0, 12.0, 16.0], 3)
+    ([0.0, 1.0, 4.0], [10.0, 11.0, 12.0])
+    >>> per_request([1, 2, 4, 8], [10.0, 11.0, 12.0, 20.0], [1, 2, 4, 8], [10.0, 12.0, 16.0, 40.0], 3)[1]
+    [10.0, 11.0, 12.0, 19.0]
+    """
+    req: list[float] = []
+    for n, ms in zip(d_grid, target_only_ms):
+        held = float(np.interp(-(-n // (k + 1)), d_grid[:len(req)], req)) if req and n > 1 else 0.0
+        req.append(0.0 if n <= 1 else max(0.0, ms - float(np.interp(n, t_grid, verify_ms)) + held))
+    req = isotonic(req).tolist()
+    layout = -(-np.asarray(t_grid) // (k + 1))  # [P] requests of each verify point
+    verify = np.asarray(verify_ms) - np.interp(layout, d_grid, req)  # [P] one request's
+    return req, isotonic(np.maximum(verify, min(verify_ms) * 1e-3)).tolist()
+
+
 def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[], None] | None = None) -> CostTable:
     """Time the engine's own step (`Engine.step`, step_timer.py) at every point: verify_ms(T) is a step that
     verifies T tokens drafted for free (a fed drafter), draft_ms(n) a step of n requests drafting one token
@@ -188,9 +212,11 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
         n, q = _verify_layout(t, config.k)
         return seated.step(n, context, (q - 1,) * (n - 1) + (t - q * (n - 1) - 1,))
     verify_ms, verify_runs = _time_points([verify_point(t) for t in t_grid], dev, config, on_point)
-    draft_ms, draft_runs, prefill_ms, prefill_runs = [0.0] * len(d_grid), [], [], []
+    draft_ms, draft_runs, prefill_ms, prefill_runs, request_ms = [0.0] * len(d_grid), [], [], [], ()
+    verify_fit = isotonic(verify_ms).tolist()
     if draft is not None:
         base, _ = _time_points([seated.step(n, context, (0,) * n) for n in d_grid], dev, config, on_point)
+        request_ms, verify_fit = per_request(t_grid, verify_ms, d_grid, base, config.k)
         draft_ms, draft_runs = _less(_time_points([seated.step(n, context) for n in d_grid], dev, config,
                                                   on_point)[1], base)
         base, _ = _time_points([seated.step(1, m) for m in PRICE_GRID], dev, config, on_point)
@@ -207,11 +233,11 @@ def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[]
             "noise": noise,
             "inputs": inputs_record("avkit profile"),  # avkit version and time (avkit/provenance.py)
             **memory_meta(target.model, draft.model if draft else None)}
-    return CostTable(tuple(t_grid), tuple(isotonic(verify_ms).tolist()), tuple(d_grid),
+    return CostTable(tuple(t_grid), tuple(verify_fit), tuple(d_grid),
                      tuple(isotonic(draft_ms).tolist()), (), "autoregressive", meta,
                      prefill_tokens=PRICE_GRID if prefill_ms else (),
                      prefill_ms=tuple(isotonic(prefill_ms).tolist()) if prefill_ms else (),
-                     context_len=context, noise=noise.pop("points"))
+                     context_len=context, noise=noise.pop("points"), request_ms=tuple(request_ms))
 
 
 def num_points(config: ProfileConfig, with_draft: bool) -> int:
