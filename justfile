@@ -77,11 +77,12 @@ bench-real:
     python bench/live.py
     just bench-adaptive-live
 
-# predicted / live step time per (T, batch, K): the profiled table vs the cost model learned online (real pair,
-# an idle CPU; `python bench/live.py cost --tiny` checks it in seconds)
+# predicted / live step time per (T, batch, K): this CPU's profile (taken first, one per T) vs the cost model
+# learned online, >= 256 new tokens and >= 32 steps after warm-up per cell (real pair, an idle CPU, ~1 h;
+# `python bench/live.py cost --tiny` checks it in seconds)
 [doc("predicted / live step time: profiled table vs the cost model learned online (real pair, idle CPU)")]
 bench-cost-live:
-    python bench/live.py cost --cost traces/cost_cpu.json --steps 160
+    python bench/live.py cost --cost profile --min-tokens 256 --min-steps 32
 
 # live adaptive / best fixed K per cell through `avkit record --policy`, 3 interleaved repeats, 95% intervals
 # (real pair, idle CPU, hours on 2 cores; `python bench/adaptive.py live --tiny` checks it in seconds)
