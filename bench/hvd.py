@@ -460,7 +460,8 @@ def main() -> None:
              f" ({os.cpu_count()} CPU cores). Cost model below: {first}.")
     if facts.get("temperatures"):
         notes += (f" Recording temperature(s): {facts['temperatures']} (sampled continuations give unbiased "
-                  "draws of a deterministic cache draft's accepted length; see `avkit/cli/hvd.py`).")
+                  "draws of a deterministic cache draft's accepted length; see `greedy_traces` in "
+                  "`avkit/hvd/replay.py`).")
     if facts.get("unknown_model_positions"):
         unknown = ", ".join(f"{u:.1%}" for u in facts["unknown_model_positions"])
         notes += (" Model-drafter matches come from the trace's own draft tokens; positions no step labels "
