@@ -44,21 +44,32 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import polars as pl
+
+from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET
+from avkit.engines.vllm.driver import hf_dir
+from avkit.models.tokenizer import Tokenizer
+from avkit.runtime.step_log import steady_tok_s
+from avkit.scheduling.cost import CostTable, resolve_cost
+from avkit.sim.profile_steps import profile_steps
+from avkit.sim.replay import simulate
+from avkit.sim.steps import step_table
+from avkit.trace.reader import common_k, read_traces
+from avkit.tune.acceptance import wilson
+from avkit.tune.arms import Arm, simulate_arms
+from avkit.workloads import load_workload
 from common import RESULTS, tiny_pair, vllm_peer, write  # bench/ is on sys.path when run as a script
+from live import avkit_phase, plan, vllm_phase
 
 
 def measured_prompts(datasets: list[str], c: int) -> list[str]:
     """Trace request ids of the prompts a measured cell decodes: the first c of each dataset (live.plan)."""
-    from avkit.workloads import load_workload
-
     return [f"{d}/{p.prompt_id}" for d in datasets for p in load_workload(d, c, seed=0)]
 
 
 def first_tokens(rows, max_new_tokens: int):
     """The rows of each request's steps that start before its `max_new_tokens`-th generated token: the part of
     the recorded generation a measured run of that length decodes (a step emits num_accepted + 1 tokens)."""
-    import polars as pl
-
     if max_new_tokens <= 0:  # no cut given: every step
         return rows
     req = ["run_id", "request_id"]
@@ -74,13 +85,6 @@ def predicted(trace: str, cost: str, datasets: list[str], ks: list[int], concurr
     """(c, K) -> simulated tok/s; K = "adaptive" for the `adaptive` spec. rows_of "measured": at each c the
     trace's rows of the prompts that cell decodes, cut at `max_new_tokens` (the default: a one-request cell
     is one prompt, whose acceptance can be far from its dataset's); "all": every row of `datasets`."""
-    import polars as pl
-
-    from avkit.scheduling.cost import CostTable
-    from avkit.sim.replay import simulate
-    from avkit.sim.steps import step_table
-    from avkit.trace.reader import common_k, read_traces
-
     rows = read_traces([trace])
     rows = rows.filter(pl.col("dataset").cast(pl.Utf8).is_in(datasets))
     if rows.height == 0:
@@ -108,9 +112,6 @@ def predicted(trace: str, cost: str, datasets: list[str], ks: list[int], concurr
 
 def measured(args, ks: list[int], concurrency: list[int]) -> dict:
     """(c, K) -> measured tok/s (and load) on the first c prompts of each dataset, greedy."""
-    from avkit.models.tokenizer import Tokenizer
-    from live import avkit_phase, plan, vllm_phase
-
     peer = SimpleNamespace(datasets=",".join(args.datasets), concurrency=",".join(map(str, concurrency)),
                            temperatures="0", max_new_tokens=args.max_new_tokens, seed=0, target_dir=args.target_dir,
                            draft_dir=args.draft_dir, dtype=args.dtype, vllm_compile=False,
@@ -218,10 +219,6 @@ def tiny_inputs(args) -> None:
 def synthetic_predicted(cost: str, rates: list[float], c: int, new: int) -> float:
     """The simulator's steady decode tok/s of fixed K = len(rates) at concurrency c, accepted lengths laid
     out with exactly the rates' distribution (sim/profile_steps.py)."""
-    from avkit.scheduling.cost import resolve_cost
-    from avkit.sim.profile_steps import profile_steps
-    from avkit.tune.arms import Arm, simulate_arms
-
     per_request = max(1, round(new / (1 + sum(rates))))  # verify steps of a request of `new` tokens
     steps = profile_steps({"positions": [{"survival": r} for r in rates]}, steps_per_request=per_request)
     cell = simulate_arms(steps, [Arm("fixed", len(rates))], resolve_cost(cost), [c], waves=4,
@@ -231,9 +228,6 @@ def synthetic_predicted(cost: str, rates: list[float], c: int, new: int) -> floa
 
 def synthetic(args) -> None:
     """vLLM's synthetic acceptance at a profile's rates (module note) -> --out JSON."""
-    from avkit.runtime.step_log import steady_tok_s
-    from avkit.tune.acceptance import wilson
-
     spec = {**json.loads(Path(args.synthetic).read_text())["vllm_synthetic"], "model": args.draft_dir}
     rates = spec["synthetic_acceptance_rates"]
     vocab = min(1000, json.loads((Path(args.target_dir) / "config.json").read_text())["vocab_size"] - 1)
@@ -305,9 +299,6 @@ def main() -> None:
     elif not (args.trace and args.cost):
         ap.error("--trace and --cost are required (or --tiny)")
     if not args.target_dir:
-        from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET
-        from avkit.engines.vllm.driver import hf_dir
-
         args.target_dir, args.draft_dir = str(hf_dir(DEFAULT_TARGET, "--target-dir")), str(
             hf_dir(DEFAULT_DRAFT, "--draft-dir"))
     if args.adaptive and not args.cells:
