@@ -36,7 +36,13 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import torch
+from prometheus_client.parser import text_string_to_metric_families
 
+from avkit.config import EngineConfig, EstimatorConfig, HttpConfig, ModelsConfig, ServeConfig
+from avkit.models import load
+from avkit.models.testing import write_tiny_model
+from avkit.serve.server import build_state, serve_in_thread
 from common import header, write  # bench/ is on sys.path when run as a script
 
 
@@ -110,8 +116,6 @@ def pct(xs, q) -> str:
 
 def metrics(url: str) -> list:
     """The server's /metrics samples (prometheus_client's parser: the format's one reader)."""
-    from prometheus_client.parser import text_string_to_metric_families  # lazy: only the load test reads it
-
     return [s for fam in text_string_to_metric_families(httpx.get(url + "/metrics").text) for s in fam.samples]
 
 
@@ -191,8 +195,6 @@ PROMPTS = ["def add(a, b):", "The quick brown fox", "for i in range(10):", "impo
 
 def run_scenario(cfg, models, args) -> tuple[list[str], list[str]]:
     """One server configuration under the full client load: (report section, violations)."""
-    from avkit.serve.server import build_state, serve_in_thread
-
     state = build_state(cfg, target=models[0], draft=models[1])
     with serve_in_thread(state) as url:
         results, wall_s = asyncio.run(run_clients(url, args, PROMPTS))
@@ -273,12 +275,6 @@ def main() -> int:
     args = ap.parse_args()
     kind = "from a fresh install: first request vs the rest" if args.cold_start else "load test (loopback)"
     head = header(f"`avkit serve` {kind}")  # the load before the runs
-
-    import torch
-
-    from avkit.config import EngineConfig, EstimatorConfig, HttpConfig, ModelsConfig, ServeConfig
-    from avkit.models import load
-    from avkit.models.testing import write_tiny_model
 
     lines, failed = [], False
     with tempfile.TemporaryDirectory() as tmp:
