@@ -66,6 +66,9 @@ import psutil
 
 from common import RESULTS, write  # bench/ is on sys.path when run as a script
 
+# lazy: avkit and the peers (sklearn, statsmodels, ray) are imported in the functions that use them, since a
+# --scale child's peak memory is the measurement: it holds only what its own path runs
+
 _NONE = (float("nan"), float("nan"))  # no peer for this task
 
 
