@@ -79,7 +79,8 @@ TUNED_ON = {"greedy_k7", "sampled_t1.0_k7"}  # ForgettingConfig's defaults were 
 GOAL_ECE, AUC_SLACK, BOOT = 0.010, 0.002, 1000
 CANDIDATES = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "online_sameT", "per_position",
               "forgetting", "forgetting_warm", "forgetting_T", "isotonic", "forgetting_gap", "forgetting_gap_mean")
-SHOWN = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "forgetting_warm", "forgetting_gap")  # per position, diagrams
+# per position, reliability diagrams
+SHOWN = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "forgetting_warm", "forgetting_gap")
 FEATURES = ("logit_qmax", "neg_log_neg_log_qmax")
 G_T = "t_neg_log_neg_log_qmax"  # online_warm_gT's feature, derived in `load`
 
