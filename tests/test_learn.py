@@ -259,3 +259,16 @@ def test_engine_reports_its_catch_ups(pair, one_thread):
     for t in timings:
         learner.observe(t)
     assert 0 in {k[5] for k in learner.buckets} and max(k[5] for k in learner.buckets) > 0
+
+
+def test_a_dear_prior_at_long_contexts_is_learned_by_the_curves_not_a_negative_kv_slope():
+    """Steps 3x cheaper than the prior at contexts beyond what the curves hold: the fit would push the KV slope
+    below 0 (longer contexts looking cheaper), which the model cannot keep; the slope stays at 0 and the
+    curves take the change: after 400 clean steps of one shape over growing contexts the prediction is within
+    20% of the truth (the prior 3x), where clipping a negative slope afterwards left it 2x off."""
+    learner = CostLearner(PRIOR)
+    truth = float(PRIOR.step_cost(4, 0, 4)) / 3
+    for i in range(400):
+        learner.observe(StepTime(4, 0, 4, 4 * (600 + i), truth))
+    assert learner.model.kv_ms_per_token == 0.0
+    assert float(learner.model.step_cost(4, 0, 4, 4 * 1000)) / truth == pytest.approx(1.0, abs=0.2)

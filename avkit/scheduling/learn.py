@@ -155,11 +155,17 @@ class CostLearner:
                 names.append((name, scale))
         x_mat = np.stack(cols, 1)  # [B, P]
         used = np.abs(x_mat).sum(0) > 0
-        delta = np.zeros(len(names))
-        a = x_mat[:, used]
-        square = (m[:, None] * a ** 2).sum(0) / (m[:, None] * (a != 0)).sum(0)  # [P'] each column's mean square
-        lhs = a.T @ (m[:, None] * a) + self.prior_count * np.diag(square)  # the prior: prior_count typical steps
-        delta[used] = np.linalg.solve(lhs, a.T @ (m * target))
+        prices = {"kv": p.kv_ms_per_token, "lookup": p.lookup_ms}  # the scalar unknowns' prior values
+        while True:  # a KV slope or lookup price the fit would push below 0 stays at the prior; the rest refit
+            delta = np.zeros(len(names))
+            a = x_mat[:, used]
+            square = (m[:, None] * a ** 2).sum(0) / (m[:, None] * (a != 0)).sum(0)  # [P'] each column's mean square
+            lhs = a.T @ (m[:, None] * a) + self.prior_count * np.diag(square)  # the prior: prior_count typical steps
+            delta[used] = np.linalg.solve(lhs, a.T @ (m * target))
+            negative = np.asarray([nm in prices and prices[nm] + d * sc < 0 for (nm, sc), d in zip(names, delta)])
+            if not negative.any():
+                break
+            used &= ~negative
         evidence = (m[:, None] * np.abs(x_mat)).sum(0)  # [P] steps behind each ordinate
         curves = {}
         for name in LEARNED:
@@ -167,8 +173,7 @@ class CostLearner:
             if idx:  # monotone again, weighted by evidence: an untouched ordinate follows its measured neighbours
                 ys = p.curve(name)[1]
                 curves[name] = isotonic(np.maximum(ys * (1.0 + delta[idx]), 0.0), evidence[idx] + 1e-3)
-        moved = {nm: max(0.0, getattr(p, f"{nm}_ms" if nm == "lookup" else "kv_ms_per_token") + d * scale)
-                 for (nm, scale), d in zip(names, delta) if nm in ("kv", "lookup")}
+        moved = {nm: prices[nm] + d * scale for (nm, scale), d in zip(names, delta) if nm in prices}
         meta = {**p.meta, "source": "learned", "steps": self.steps, "shapes": len(keys),
                 "prior_count": self.prior_count, "window": self.window, "prior": p.meta.get("source", "")}
         self.model = replace(p.with_curves(**curves), meta=meta, kv_ms_per_token=moved.get("kv", p.kv_ms_per_token),
