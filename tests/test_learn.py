@@ -28,14 +28,14 @@ def _spiky(rng, seen: dict, key, ms: float) -> float:
     return ms
 
 
-def _stream(seed: int, steps: int):
-    """Steps of the shapes above at the table's context (held_context), timed by TRUE through `_spiky`."""
+def _stream(seed: int, steps: int, shapes=SHAPES, truth=TRUE):
+    """Steps of `shapes` at the table's context (held_context), timed by `truth` through `_spiky`."""
     rng = np.random.default_rng(seed)
     seen = {}
     for _ in range(steps):
-        n, p, t = SHAPES[int(rng.integers(len(SHAPES)))]
+        n, p, t = shapes[int(rng.integers(len(shapes)))]
         ctx = int(PRIOR.held_context(n, t))
-        yield StepTime(n, p, t, ctx, _spiky(rng, seen, (n, p, t), float(TRUE.step_cost(n, p, t, ctx))))
+        yield StepTime(n, p, t, ctx, _spiky(rng, seen, (n, p, t), float(truth.step_cost(n, p, t, ctx))))
 
 
 def test_learner_converges_to_a_shifted_cost_through_spikes():
@@ -95,16 +95,7 @@ def test_snapshot_is_a_cost_file(tmp_path):
 PER_REQUEST = (0.0, 3.0, 9.0, 21.0)  # ms n requests add beyond one (n = 1, 2, 4, 8): 3 ms per request
 TRUE_REQ = CostTable(**{**TRUE.__dict__, "request_ms": PER_REQUEST})
 PRIOR_REQ = CostTable(**{**PRIOR.__dict__, "request_ms": (0.0, 1.0, 4.0, 9.0)})  # the profile's: half or less
-REQ_SHAPES = [(n, p, n + n * v) for n in (1, 2, 4, 8) for p in (0, 3, 7) for v in {0, p // 2, p}]  # v verified
-
-
-def _request_stream(seed: int, steps: int):
-    rng = np.random.default_rng(seed)
-    seen = {}
-    for _ in range(steps):
-        n, p, t = REQ_SHAPES[int(rng.integers(len(REQ_SHAPES)))]
-        ctx = int(PRIOR.held_context(n, t))
-        yield StepTime(n, p, t, ctx, _spiky(rng, seen, (n, p, t), float(TRUE_REQ.step_cost(n, p, t, ctx))))
+REQ_SHAPES = [(n, p, n + n * v) for n in (1, 2, 4, 8) for p in (0, 3, 7) for v in sorted({0, p // 2, p})]
 
 
 def test_learner_learns_the_per_request_price():
@@ -114,7 +105,7 @@ def test_learner_learns_the_per_request_price():
     row) every shape is predicted within 3% and the learned request_ms is within 3 ms of the truth at 2, 4
     and 8 requests (one request's held at 0)."""
     learner = CostLearner(PRIOR_REQ)
-    for step in _request_stream(5, 4000):
+    for step in _stream(5, 4000, REQ_SHAPES, TRUE_REQ):
         learner.observe(step)
     model = learner.refit()
     for n, p, t in REQ_SHAPES:
@@ -129,7 +120,7 @@ def test_a_new_shape_is_learned_when_its_warm_up_ends():
     first seen after 200 steps of others is priced from its own steps from its (warmup + 1)-th step on, long
     before the next scheduled refit; the schedule is the step count and the shapes, never the times."""
     learner = CostLearner(PRIOR_REQ, refit_every=10_000)
-    for step in _request_stream(6, 200):
+    for step in _stream(6, 200, REQ_SHAPES, TRUE_REQ):
         if step.num_requests < 8:
             learner.observe(step)
     before = float(learner.model.step_cost(8, 0, 8))
