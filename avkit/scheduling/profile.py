@@ -178,12 +178,14 @@ def per_request(t_grid, verify_ms, d_grid, target_only_ms, k: int) -> tuple[list
     """(request_ms on d_grid, verify_ms holding one request) from verify points laid out ceil(T / (k + 1))
     requests per step and target-only steps of n requests (T = n): request_ms(n) = target_only(n) -
     verify(n) + request_ms(ceil(n / (k + 1))) with request_ms(1) = 0, in increasing n; both made
-    non-decreasing (isotonic) and the verify curve kept > 0.
+    non-decreasing (isotonic), the verify curve never below its one-token point (a noisy request point).
 
     >>> per_request([1, 2, 4], [10.0, 11.0, 12.0], [1, 2, 4], [10.0, 12.0, 16.0], 3)
     ([0.0, 1.0, 4.0], [10.0, 11.0, 12.0])
     >>> per_request([1, 2, 4, 8], [10.0, 11.0, 12.0, 20.0], [1, 2, 4, 8], [10.0, 12.0, 16.0, 40.0], 3)[1]
     [10.0, 11.0, 12.0, 19.0]
+    >>> per_request([1, 2, 4, 8], [10.0, 11.0, 12.0, 20.0], [1, 2, 4, 8], [10.0, 30.0, 30.0, 40.0], 3)[1]
+    [10.0, 11.0, 11.0, 11.0]
     """
     req: list[float] = []
     for n, ms in zip(d_grid, target_only_ms):
@@ -192,7 +194,7 @@ def per_request(t_grid, verify_ms, d_grid, target_only_ms, k: int) -> tuple[list
     req = isotonic(req).tolist()
     layout = -(-np.asarray(t_grid) // (k + 1))  # [P] requests of each verify point
     verify = np.asarray(verify_ms) - np.interp(layout, d_grid, req)  # [P] one request's
-    return req, isotonic(np.maximum(verify, min(verify_ms) * 1e-3)).tolist()
+    return req, isotonic(np.maximum(verify, isotonic(verify_ms)[0])).tolist()  # never below one token's
 
 
 def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[], None] | None = None) -> CostTable:
