@@ -41,8 +41,9 @@ the table also gives the longest common prefix of avkit's and vLLM's target-only
 
 Cells: temperature T x batch b x K (fixed K verifies every draft; K = 0 decodes target-only). Each cell runs
 b requests of the workload through the engine and times every decode step (the engine's own StepTime); each
-request decodes max(--min-tokens, (--min-steps + 16) (K + 1)) new tokens, so even a cell that accepts every
-draft has --min-steps steps after its shapes' warm-ups. One learner per temperature carries over from cell
+request decodes max(--min-tokens, (--min-steps + 16) (K + 1)) new tokens (no end-of-text stop), so a cell that
+accepts every draft still has --min-steps + 16 steps; those short of --min-steps measured (a large batch's
+ragged tail is shapes of their own) are marked. One learner per temperature carries over from cell
 to cell, as a server's does. Per cell: the median of actual / predicted over its measured steps, predicted
 by the offline table and by the learned model as it stood before the step (online). A measured step is one
 whose shape (learn.py: requests, passes, tokens, context band) the learner had already learned from, i.e.
@@ -544,6 +545,7 @@ class TimedFixedK(FixedK):
 def _cell(target, draft, prompts, t: float, b: int, k: int, tokens: int, learner, offline) -> TimedFixedK:
     policy = TimedFixedK(k, learner, offline)
     engine = Engine(target, draft if k else None, EngineConfig(k=k, concurrency=b, max_len=4096), policy=policy)
+    engine.eos = frozenset()  # every request decodes all its tokens (as `avkit profile`'s steps)
     sampling = SamplingConfig(temperature=t, max_new_tokens=tokens)
     engine.generate([Request(f"r{i}", prompts[i % len(prompts)], sampling) for i in range(b)])
     return policy
