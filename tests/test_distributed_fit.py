@@ -31,7 +31,10 @@ BATCH = FitConfig(mode="batch", engine="ray")
 def cluster():
     import ray  # lazy: heavy, imported by the tests that use it
 
-    ray.init(num_cpus=2, object_store_memory=128 << 20, include_dashboard=False, log_to_driver=False)
+    # local_fs_capacity_threshold = 1: Ray refuses every task once the disk is 95 % full (its default), which
+    # a shared CI disk can be; these shards are a few MB, so only a truly full disk should stop them.
+    ray.init(num_cpus=2, object_store_memory=128 << 20, include_dashboard=False, log_to_driver=False,
+             _system_config={"local_fs_capacity_threshold": 1.0})
     yield
     ray.shutdown()
 
