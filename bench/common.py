@@ -18,10 +18,12 @@ peer      one vLLM process (bench/vllm_peer.py in vLLM's own venv) running a job
 
 from __future__ import annotations
 
+import atexit
 import datetime as dt
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -121,10 +123,11 @@ def vllm_peer(python: str, jobs: dict, timeout: float, env: dict | None = None,
 
 def tiny_pair(prefix: str) -> tuple[str, str]:
     """A tiny random target and draft (two seeds) in a new temp directory that vLLM-CPU can load too (head
-    size 64): what a script's --tiny dry run decodes with."""
+    size 64): what a script's --tiny dry run decodes with. The directory is removed when the process exits."""
     from avkit.models.testing import write_tiny_model  # lazy: torch (a report-only run needs none)
 
     root = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
     kw = dict(vocab=512, init_std=0.3, hidden=128, heads=2, kv_heads=1, intermediate=256)
     return str(write_tiny_model(root / "t", seed=0, **kw)), str(write_tiny_model(root / "d", seed=1, **kw))
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass
@@ -72,6 +73,12 @@ def run_dir() -> Path:
     return Path(os.environ[RUN_DIR])
 
 
+def _remove_run_dir(path: str, owner: int) -> None:
+    """At exit of the process that made the run directory (not of a forked child that inherited the hook)."""
+    if os.getpid() == owner:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def register() -> None:
     """vLLM's `vllm.general_plugins` entry point (idempotent)."""
     env = PluginEnv.read()
@@ -84,6 +91,7 @@ def register() -> None:
         return
     if RUN_DIR not in os.environ:
         os.environ[RUN_DIR] = tempfile.mkdtemp(prefix="avkit-vllm-")
+        atexit.register(_remove_run_dir, os.environ[RUN_DIR], os.getpid())
     # the draft features' torch path: a server never waits on avkit's C++ kernels compiling (or on another
     # process's build lock) at its first step; the kernel computes the same numbers
     os.environ.setdefault("AVKIT_CPU_KERNELS", "0")
