@@ -40,7 +40,6 @@ from pathlib import Path
 
 import numpy as np
 
-import avkit
 from avkit.engines.vllm.version import SUPPORTED, error, supported
 
 TRACE, COEFFICIENTS, METRICS, DATASET, META = ("AVKIT_VLLM_TRACE", "AVKIT_VLLM_COEFFICIENTS", "AVKIT_VLLM_METRICS",
@@ -132,14 +131,15 @@ def _metadata(config, k: int, dataset: str) -> dict[str, str]:
     temperature and top-p are in the rows only ("mixed" here)."""
     import vllm  # lazy: vllm
 
+    from avkit.trace.schema import run_metadata  # lazy: pyarrow
+
     spec = config.speculative_config
-    return {"avkit.version": avkit.__version__, "avkit.target": str(config.model_config.model),
-            "avkit.target_sha256": "", "avkit.draft": str(spec.model or ""), "avkit.draft_sha256": "",
-            "avkit.k": str(k), "avkit.temperature": "mixed", "avkit.top_p": "mixed",
-            "avkit.drafter": spec.method if spec.method in ("ngram", "suffix") else "model",  # hooks.py's rows
-            "avkit.seed": str(config.model_config.seed), "avkit.datasets": json.dumps([dataset]),
-            "avkit.policy": "full", "avkit.engine": f"vllm {vllm.__version__}",
-            "avkit.vllm.draft_sample_method": str(spec.draft_sample_method)}
+    return run_metadata(str(config.model_config.model), str(spec.model) if spec.model else None, k=k,
+                        temperature="mixed", top_p="mixed",
+                        drafter=spec.method if spec.method in ("ngram", "suffix") else "model",  # hooks.py's rows
+                        seed=config.model_config.seed, datasets=[dataset], policy="full",
+                        engine=f"vllm {vllm.__version__}",
+                        **{"vllm.draft_sample_method": str(spec.draft_sample_method)})
 
 
 def _emitted(tokens: list[int], sp) -> tuple[list[int], str]:
