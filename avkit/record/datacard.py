@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from avkit.markdown import md_table
 from avkit.record.stats import AcceptanceStats
 from avkit.staged import staged_file
 from avkit.trace.reader import check_schema, trace_metadata
@@ -59,13 +60,10 @@ def render(info: dict) -> str:
         lines.append(f"- generations: `{g['path'].name}`: {g['rows']} finished requests, {g['tokens']:,} tokens, "
                      f"{g['bytes'] / 1e6:.2f} MB")
     k = int(m.get("avkit.k", "7"))
-    lines += ["", "| dataset | rows | labelled slots | per-slot acceptance | tokens/step | "
-              + " | ".join(f"pos {i}" for i in range(k)) + " |",
-              "|---|---:|---:|---:|---:|" + "---:|" * k]
-    for name, s in info["summary"].items():
-        lines.append(f"| {name} | {s['rows']:,} | {s['labelled']:,} | {_fmt(s['per_slot_acceptance'])} | "
-                     f"{_fmt(s['tokens_per_step'])} | " + " | ".join(_fmt(a) for a in s["acceptance_by_position"]) + " |")
-    return "\n".join(lines) + "\n"
+    heads = ("dataset", "rows", "labelled slots", "per-slot acceptance", "tokens/step", *(f"pos {i}" for i in range(k)))
+    rows = [(name, f"{s['rows']:,}", f"{s['labelled']:,}", _fmt(s["per_slot_acceptance"]), _fmt(s["tokens_per_step"]),
+             *(_fmt(a) for a in s["acceptance_by_position"])) for name, s in info["summary"].items()]
+    return "\n".join([*lines, "", md_table(heads, rows)]) + "\n"
 
 
 BEGIN, END = "<!-- datacard:begin -->", "<!-- datacard:end -->"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import jinja2
 
+from avkit.markdown import md_table
 from avkit.report.document import Figure, Report, Table
 
 CSS = """
@@ -89,17 +90,10 @@ def render_html(report: Report, images: dict[str, str]) -> str:
     return TEMPLATE.render(report=report, images=images, css=CSS)
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
 def table_md(t: Table) -> str:
-    head = "| " + " | ".join(_cell(c) for c in t.columns) + " |"
-    rule = "|" + "|".join("---:" if num else "---" for num in t.numeric) + "|"
-    body = ["| " + " | ".join(f"**{_cell(c)}**" if (i, j) in t.emphasis and c != "-" else _cell(c)
-                              for j, c in enumerate(row)) + " |" for i, row in enumerate(t.rows)]
-    caption = [f"\n{t.caption}"] if t.caption else []
-    return "\n".join([head, rule, *body, *caption])
+    body = [tuple(f"**{c}**" if (i, j) in t.emphasis and c != "-" else c for j, c in enumerate(row))
+            for i, row in enumerate(t.rows)]
+    return md_table(t.columns, body, t.numeric) + (f"\n\n{t.caption}" if t.caption else "")
 
 
 def render_markdown(report: Report, images: dict[str, str]) -> str:
