@@ -40,7 +40,7 @@ import torch
 from avkit.errors import ConfigError
 from avkit.hvd.cost import cost_from_json, linear_table
 from avkit.hvd.features import feature_matrix
-from avkit.hvd.path import Route, request_runs, route_cycles
+from avkit.hvd.path import Route, request_runs, route_cycles, step_price
 from avkit.hvd.payoff_mlp import PayoffMLP
 from avkit.scheduling.cost import CostTable
 from avkit.scheduling.plan import Plan, plan_survival, single_group
@@ -106,8 +106,8 @@ def joint_step(cs: np.ndarray, ms: np.ndarray, cost: CostTable, k: int,
                if m.any() and not (i == 1 and np.array_equal(m, wants))] + [np.zeros(n, dtype=bool)]
     best = None
     for model in options:  # [n] rows the draft model drafts
-        m = int(model.sum())  # every row looked the cache up (its survival is a feature of the lookup)
-        step = cost.step_cost(n, k * (m > 0), tokens, draft_rows=m, lookups=n) + float(catch[model].sum())
+        # every row looked the cache up (its survival is a feature of the lookup)
+        step = step_price(cost, k, n, n - int(model.sum()), tokens - n, True) + float(catch[model].sum())
         p = budget_plan(np.where(model[:, None], ms, cs), n, step)
         e, c = float(p.expected[0]), float(p.cost_ms[0])
         score = e / c if lam is None else e - lam * c
@@ -189,10 +189,8 @@ def _accounting(cost: CostTable, k: int, concurrency: int, tokens: int, step, uc
     looks the cache up (else those with a cache row); `catch`: the catch-ups' price."""
     steps = int(step.max()) + 1 if step.size else 0
     per = lambda w: np.bincount(step, weights=w, minlength=steps)  # [S]
-    rows, cache = per(None), per(uc)
-    model = rows - cache  # [S] rows the draft model drafted K for
-    spent = float(cost.step_cost(rows, k * (model > 0), rows + per(verify), draft_rows=model,
-                                 lookups=rows if lookup else cache).sum()) + catch
+    rows = per(None)
+    spent = float(step_price(cost, k, rows, per(uc), per(verify), lookup).sum()) + catch
     shares = per(uc & (verify > 0)) / np.maximum(rows, 1)  # [S] a cache row with nothing to verify is a target step
     return {"concurrency": concurrency, "steps": steps, "tokens": tokens, "throughput": tokens / spent,
             "cache_share": float(shares.sum()) / max(steps, 1)}

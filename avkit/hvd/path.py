@@ -76,14 +76,20 @@ def route_cycles(table: pl.DataFrame, route: Route, k: int) -> Cycles:
     return Cycles(g[order], i[order], uc[order].astype(bool), v[order], a[order])
 
 
+def step_price(cost: CostTable, k: int, rows, cache, verified, lookup: bool) -> np.ndarray:
+    """Target forwards of steps (glossary) of `rows` requests, `cache` of them drafted by the cache and the rest
+    by the draft model (K tokens each, paid once when any row needs it), `verified` draft tokens in all; every row
+    looks the cache up when `lookup`, else the cache rows only. Arrays broadcast ([S] steps or options)."""
+    model = rows - cache
+    return cost.step_cost(rows, k * (model > 0), rows + verified, draft_rows=model, lookups=rows if lookup else cache)
+
+
 def simulate_paths(table: pl.DataFrame, route: Route, cost: CostTable, k: int) -> pl.DataFrame:
     """Per request, one at a time (each cycle a step of its own): tokens, cycles, cost, accepted draft tokens,
     cache cycles along the decode path."""
     starts, lengths = request_runs(table)  # [G], [G]
     c = route_cycles(table, route, k)
-    model = ~c.use_cache  # [C] the draft model drafted K
-    spent = cost.step_cost(1, k * model, 1 + c.verify, draft_rows=model * 1,
-                           lookups=c.use_cache | route.consults_cache)  # [C]
+    spent = step_price(cost, k, 1, c.use_cache.astype(np.int64), c.verify, route.consults_cache)  # [C]
     by = lambda w: np.bincount(c.request, weights=w, minlength=len(starts))
     return pl.DataFrame({
         "request_id": table["request_id"].to_numpy()[starts], "dataset": table["dataset"].to_numpy()[starts],
