@@ -74,19 +74,19 @@ def load_fit_dir(path) -> FitOutputs:
         if missing:
             raise DataError(f"{d / 'scores.json'}: row {i} lacks {missing}")
     traj = d / "trajectory.parquet"
+    return FitOutputs(d, coefficients, scores, _parquet(traj) if traj.is_file() else None)
+
+
+def _parquet(p: Path, option: str = "") -> pl.DataFrame:
     try:
-        trajectory = pl.read_parquet(traj) if traj.is_file() else None
+        return pl.read_parquet(p)
     except (OSError, pl.exceptions.PolarsError) as e:
-        raise DataError(f"{traj}: not a readable Parquet file: {str(e).splitlines()[0]}") from None
-    return FitOutputs(d, coefficients, scores, trajectory)
+        raise DataError(f"{option}{p}: not a readable Parquet file: {str(e).splitlines()[0]}") from None
 
 
 def load_sim(path) -> pl.DataFrame:
     p = Path(path)
-    try:
-        df = pl.read_parquet(p)
-    except (OSError, pl.exceptions.PolarsError) as e:
-        raise DataError(f"--sim {p}: not a readable Parquet file: {str(e).splitlines()[0]}") from None
+    df = _parquet(p, "--sim ")
     missing = [c for c in SIM_COLUMNS if c not in df.columns]
     if missing:
         raise DataError(f"--sim {p}: missing column(s) {missing} (expected `avkit simulate` results)")
