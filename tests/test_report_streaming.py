@@ -12,7 +12,7 @@ import avkit.trace.reader
 from avkit.cli import app
 from avkit.config import FitConfig, ReportConfig, SyntheticConfig
 from avkit.fit import run_fit, write_fit_outputs
-from avkit.fit.streaming import chunk_rows
+from avkit.fit.passes import chunk_rows
 from avkit.report.inputs import load_fit_dir, load_inputs
 from avkit.report.sections.reliability import reliability_bins
 from avkit.trace.synthetic import write_synthetic_trace

@@ -14,7 +14,7 @@ from avkit.cli import app
 from avkit.config import FitConfig, SyntheticConfig
 from avkit.errors import ConfigError, TraceError
 from avkit.fit import run_fit
-from avkit.fit.streaming import chunk_rows
+from avkit.fit.passes import chunk_rows
 from avkit.metrics.binned import BinnedScores, auc_from_histogram, logit, quantile_edges
 from avkit.trace.synthetic import synthetic_trace, write_synthetic_trace
 

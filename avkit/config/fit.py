@@ -42,7 +42,7 @@ class FitConfig(OutOfCoreConfig):
     coefficients: str = ""  # online mode: warm-start the written estimator from this file ("" = start constants)
     out: str = "reports/fit"
     # memory: every observed slot in RAM; streaming: out of core, passes over shards in bounded chunks
-    # (fit/streaming.py); ray: the same passes as tasks on a Ray cluster
+    # (fit/passes.py); ray: the same passes as tasks on a Ray cluster
     engine: str = checked("memory", choices=FIT_ENGINES)
     # streaming/ray: rank-histogram bins per group (AUC error bound, metrics/binned.py)
     auc_bins: int = checked(1 << 16, 16, 1 << 24)

@@ -1,6 +1,6 @@
-"""The fit library behind `avkit fit`: one fit over trace shards, what it runs, returns and writes
-(run.py), the observed slots in memory (data.py) replayed online or in batch (replay.py), or
-summed out of core pass by pass (spill.py, streaming.py), the map on threads or Ray (engines.py)."""
+"""The fit library behind `avkit fit`: what it runs, returns and writes (run.py); the observed slots in
+memory (data.py), replayed online (replay.py); the batch fit over shards, held in memory or spilled
+(passes.py, spill.py); the map on threads or Ray (engines.py)."""
 
 from avkit.fit.run import FitResult, reserve_fit_outputs, run_fit, write_fit_outputs
 

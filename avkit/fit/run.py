@@ -9,11 +9,12 @@ refit rounds as live) or `batch_logistic` (batch mode). The chosen feature is al
 coefficients.json, the file `serve` deploys. `start_estimator` gives each fit its start state (a warm
 start from `--coefficients` for the written one).
 
-The observed slots are held in memory (`--engine memory`: exact AUC; the features are fitted and
-scored on `fit.workers` threads, the replicas of `--replicas independent` on the engine), or, for
-`--mode batch` on `--engine streaming` / `ray`, summed pass by pass over the spilled shards
-(fit/streaming.py). Both give (plan, estimators, trajectory rows, score rows, K, trained_on), and
-`run_fit` turns that into one FitResult. `write_fit_outputs` writes it atomically
+`--mode batch` is one fit over shards (fit/passes.py): pass 0 holds every observed slot in memory
+(`--engine memory`: one shard, exact AUC, the estimators on `fit.workers` threads) or spills each
+trace file (`--engine streaming` / `ray`: one shard per file, on threads or Ray tasks), then one pass
+per Newton iteration and one score pass. `--mode online` replays the slots in memory in engine-step
+order (the replicas of `--replicas independent` on the engine). Both give (plan, estimators,
+trajectory rows, score rows, K, trained_on), and `run_fit` turns that into one FitResult. `write_fit_outputs` writes it atomically
 (`avkit.staged.StagedOutputs`: all renamed at the end, or none):
   coefficients.json  the deployable estimator (`coefficients_doc`, schema_version 1), read by `serve`
   scores.json        rows {feature, lossless, estimator, scope, auc, log_loss, ece, n}
@@ -40,8 +41,8 @@ from avkit.estimators.coefficients import ServedPair, coefficients_document, loa
 from avkit.features import FEATURES
 from avkit.fit.data import load_fit_data
 from avkit.fit.engines import LocalEngine, open_engine
-from avkit.fit.replay import batch_fit, online_replay, online_replicas, trajectory_frame
-from avkit.fit.streaming import Progress, fit_passes
+from avkit.fit.passes import Progress, held, newton, score_pass, spilled
+from avkit.fit.replay import online_replay, online_replicas, trajectory_frame
 from avkit.jsonsafe import json_safe
 from avkit.metrics.table import ScoreLayout
 from avkit.provenance import inputs_record
@@ -123,12 +124,13 @@ def run_fit(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None
     map runs (default: the one `fit.engine` names, fit/engines.py)."""
     fit, est_cfg = fit or FitConfig(), est_cfg or EstimatorConfig()
     check_features(fit, est_cfg)
-    with nullcontext(engine) if engine is not None else open_engine(fit) as engine:
-        if fit.mode == "batch" and fit.engine != "memory":
-            plan, ests, rows, tables, k, trained_on = fit_passes(
-                paths, fit, est_cfg, progress, engine, lambda present: plan_features(fit, est_cfg, present))
-        else:
-            plan, ests, rows, tables, k, trained_on = _fit_in_memory(paths, fit, est_cfg, progress, engine)
+    shards = check_shards(paths)
+    # BLAS runs one thread per caller (the workers are the parallelism): several threads calling a
+    # multi-threaded OpenBLAS on a small box oversubscribe the cores with spinning BLAS threads.
+    with nullcontext(engine) if engine is not None else open_engine(fit) as engine, \
+            threadpool_limits(limits=1, user_api="blas"):
+        fitter = _fit_batch if fit.mode == "batch" else _fit_online
+        plan, ests, rows, tables, k, trained_on = fitter(shards, fit, est_cfg, progress, engine)
     scores = [{"feature": n, "lossless": FEATURES[n].lossless, "estimator": e, **row}
               for (n, e), table in zip(plan, tables) for row in table]
     i = next(i for i, (n, _) in enumerate(plan) if n == est_cfg.feature)
@@ -136,8 +138,21 @@ def run_fit(paths, fit: FitConfig | None = None, est_cfg: EstimatorConfig | None
                      trajectory_frame(rows[i], k, hasattr(ests[i], "slopes")))
 
 
-def _fit_in_memory(paths, fit: FitConfig, est_cfg: EstimatorConfig, progress: Progress | None, engine):
-    data = load_fit_data(check_shards(paths).paths, fit.drafter, fit.features or None)
+def _fit_batch(shards, fit: FitConfig, est_cfg: EstimatorConfig, progress: Progress | None, engine):
+    """Pass 0 (the slots held in memory, or spilled shard by shard), one pass per Newton iteration, one
+    score pass; -> (plan, estimators, trajectory rows, score rows, K, trained_on)."""
+    with held(shards, fit) if fit.engine == "memory" else spilled(engine, shards, fit) as (parts, nodes, m):
+        plan = plan_features(fit, est_cfg, m["present"])
+        ests = [start_estimator(n, e, m["k"], m["trained_on"], fit, est_cfg) for n, e in plan]
+        rows = newton(engine, parts, nodes, plan, ests, m, fit, progress)
+        tables = score_pass(engine, parts, nodes, plan, ests, m, fit)
+    return plan, ests, [rows.get(i, []) for i in range(len(plan))], tables, m["k"], m["trained_on"]
+
+
+def _fit_online(shards, fit: FitConfig, est_cfg: EstimatorConfig, progress: Progress | None, engine):
+    """The online replay in memory: each feature replayed in engine-step order (or each replica on its
+    own estimator, on the engine), scored exactly; -> as `_fit_batch`."""
+    data = load_fit_data(shards.paths, fit.drafter, fit.features or None)
     plan = plan_features(fit, est_cfg, data.features)
     ests = [start_estimator(n, e, data.k, data.trained_on, fit, est_cfg) for n, e in plan]
     layout = ScoreLayout(data.labels, data.positions, data.dataset_codes, data.dataset_names, fit.bins)
@@ -146,8 +161,6 @@ def _fit_in_memory(paths, fit: FitConfig, est_cfg: EstimatorConfig, progress: Pr
         todo = [i for i, (n, _) in enumerate(plan) if FEATURES[n].no_fit is None]
         fitted = dict(zip(todo, online_replicas([ests[i] for i in todo], [data.features[plan[i][0]] for i in todo],
                                                 data, engine)))
-    if fit.mode == "batch":
-        data.position_order  # noqa: B018 (one sort by position, shared by every feature's fit)
     done = itertools.count(1)
 
     def job(i: int):
@@ -157,8 +170,6 @@ def _fit_in_memory(paths, fit: FitConfig, est_cfg: EstimatorConfig, progress: Pr
             est, preds, rows = fitted[i]
         elif FEATURES[name].no_fit is not None:
             preds, rows = est.predict(values, data.positions), []
-        elif fit.mode == "batch":  # (the estimator orients the feature by FeatureSpec.sign itself)
-            preds, rows = batch_fit(est, data, values, max_iter=fit.max_iter, tol=fit.tol)
         else:
             on_round = None if progress is None else (lambda d, t: progress(f"{name} ({estimator})", d, t))
             preds, rows = online_replay(est, data, values, on_round)
@@ -167,11 +178,9 @@ def _fit_in_memory(paths, fit: FitConfig, est_cfg: EstimatorConfig, progress: Pr
         return est, rows, layout.score(preds)
 
     # Features are independent and numpy/polars release the GIL on large arrays: they run on
-    # `fit.workers` threads, results in plan order (deterministic). BLAS runs one thread per caller
-    # (the workers are the parallelism): several threads calling a multi-threaded OpenBLAS on a
-    # small box oversubscribe the cores with spinning BLAS threads.
-    with threadpool_limits(limits=1, user_api="blas"):
-        ests, rows, tables = zip(*LocalEngine(fit.workers).map(job, [(i,) for i in range(len(plan))])[0])
+    # `fit.workers` threads, results in plan order (deterministic).
+    with LocalEngine(fit.workers) as local:
+        ests, rows, tables = zip(*local.map(job, [(i,) for i in range(len(plan))])[0])
     return plan, ests, rows, tables, data.k, data.trained_on
 
 

@@ -28,6 +28,7 @@ import polars as pl
 from avkit.errors import TraceError
 from avkit.features import FEATURES
 from avkit.fit.data import TRACE_COLUMNS, fitted, request_step_starts
+from avkit.metrics.binned import BinnedScores
 from avkit.trace.reader import CHECKED_COLUMNS, scan_traces
 from avkit.trace.values import SLOT_KEY, check_values, slot_hashes
 
@@ -91,7 +92,7 @@ class ShardSurvey:
     sample: dict[str, np.ndarray]  # feature -> [S] a uniform sample of the observed slots (AUC bin edges)
     nulls: dict[str, int]  # feature -> observed slots where it is null
     num_positions: int = 0  # max observed position + 1
-    chunks: list[np.ndarray] = field(default_factory=list)  # [C] x [MAX_K] observed slots per position
+    chunk_counts: list[np.ndarray] = field(default_factory=list)  # [C] x [MAX_K] observed slots per position
     sample_positions: list[np.ndarray] = field(default_factory=list)  # [S] positions of the sample
     all_step_nulls: int = 0  # rows (observed or not) without engine_step
     steps_by_engine_step: int = 0  # engine steps counted by the engine_step clock
@@ -102,13 +103,18 @@ class ShardSurvey:
     def column(self, chunk: int, name: str, dtype) -> np.ndarray:
         return np.fromfile(Path(self.spill) / f"c{chunk}.{name}", dtype=dtype)
 
-    def spilled(self, k: int, dataset_names: list[str]):
+    def chunks(self, k: int, dataset_names: list[str]):
         """-> per chunk (index, [K] rows per position, [n] positions, [n] labels float64, [n] dataset codes
         into `dataset_names`); the rows are sorted by position."""
         lut = np.array([dataset_names.index(n) for n in self.dataset_names] or [0], dtype=np.int64)
-        for c, counts in enumerate(self.chunks):
+        for c, counts in enumerate(self.chunk_counts):
             yield (c, counts[:k], np.repeat(np.arange(k), counts[:k]),
                    self.column(c, "label", np.int8).astype(np.float64), lut[self.column(c, "dataset", np.int16)])
+
+    def score_sums(self, work, edges: np.ndarray) -> BinnedScores:
+        """Empty score sums of one estimator over this shard (counts in int32 below 2^31 slots)."""
+        return BinnedScores.zeros(len(work.dataset_names), work.k, work.score["n_bins"], edges,
+                                  np.int32 if self.observed < 1 << 31 else np.int64)
 
 
 def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int, sample: int,
@@ -177,8 +183,8 @@ def _survey_chunk(s: ShardSurvey, obs: pl.DataFrame, rng: np.random.Generator, r
     pos = obs["position"].to_numpy()
     if pos.size:
         s.num_positions = max(s.num_positions, int(pos[-1]) + 1)  # sorted
-    c = len(s.chunks)
-    s.chunks.append(np.bincount(pos, minlength=MAX_K))
+    c = len(s.chunk_counts)
+    s.chunk_counts.append(np.bincount(pos, minlength=MAX_K))
     pick = rng.random(obs.height) < rate  # [n] the chunk's share of the shard's sample
     s.sample_positions.append(pos[pick])
     out = Path(s.spill)

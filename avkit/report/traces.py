@@ -10,7 +10,7 @@ summed out of core (`avkit report --engine streaming`); the sections read only t
 In memory each panel's estimator is replayed exactly as `avkit fit` made its predictions (online: each
 slot with the coefficients of its refit round, before its label was learned from), so a panel's ECE is
 the fit's. Out of core the report never holds the traces: pass 0 of the out-of-core fit
-(fit/streaming.py `spill`: each shard read in chunks, checked, its observed slots spilled), then passes
+(fit/passes.py `spilled`: each shard read in chunks, checked, its observed slots spilled), then passes
 over the spills sum the same quantities, and the role fits are Newton passes summing the O(K) IRLS
 statistics of one dataset's rows. There the deployed estimator of a batch fit predicts with the
 coefficients of coefficients.json (the in-memory report refits it: the same fixed point, within 1e-9).
@@ -33,7 +33,7 @@ from avkit.fit.data import FitData, load_fit_data
 from avkit.fit.engines import LocalEngine
 from avkit.fit.replay import batch_fit, online_replay
 from avkit.fit.spill import ShardSurvey
-from avkit.fit.streaming import newton, spilled
+from avkit.fit.passes import newton, spilled
 from avkit.metrics.calibration import additive_sums
 from avkit.trace.reader import read_traces
 from avkit.trace.shards import check_shards
@@ -116,7 +116,7 @@ def _report_pass(survey: ShardSurvey, k: int, names: list[str], panels: list[tup
     """Map step over one shard's spill -> ([2, D, K] counts and accepted, [P, 3, B] reliability bins)."""
     acc = np.zeros((2, len(names) * k))
     bins = np.zeros((len(panels), 3, n_bins))
-    for c, _, pos, y, ds in survey.spilled(k, names):
+    for c, _, pos, y, ds in survey.chunks(k, names):
         group = ds * k + pos  # [n]
         acc += [np.bincount(group, minlength=acc.shape[1]), np.bincount(group, weights=y, minlength=acc.shape[1])]
         for j, (*_, feature, _, est) in enumerate(panels):
@@ -130,7 +130,7 @@ def stream_traces(paths, c: dict, n_bins: int, fit: FitConfig) -> TraceSummary:
         raise ConfigError("--engine streaming reports a batch fit (--mode batch): an online fit's reliability "
                           "panels replay its estimator over whole traces in memory (use --engine memory)")
     engine = LocalEngine(fit.workers)
-    with spilled(engine, check_shards(paths).paths, fit, drafts=True) as (surveys, nodes, m):
+    with spilled(engine, check_shards(paths), fit, drafts=True) as (surveys, nodes, m):
         k, names = m["k"], m["names"]
         deployed = deployed_estimator(c, k)
         deployed.load_state_dict(c)  # the batch fit's converged coefficients

@@ -1,0 +1,252 @@
+"""The batch fit over shards: pass 0 makes the shards, then passes of map (per shard: sums) and reduce (+=).
+
+Glossary:
+  shard   the unit of work of every pass. Held (`--engine memory`): every observed slot in RAM,
+          sorted by position (`HeldShard`, one shard, one chunk). Spilled (`--engine streaming` /
+          `ray`): one trace file, read once in chunks of `chunk_rows` rows by pass 0
+          (`fit/spill.py`), its observed slots' features spilled per column; its `ShardSurvey`
+          (with a uniform sample of its observed slots: the AUC histogram's bin edges) is the shard
+  chunk   (index, [K] rows per position, [n] positions, [n] labels, [n] dataset codes), rows sorted by
+          position, so each position's rows sum as one contiguous segment (`irls.fused_segment_stats`)
+  pass    a map over shards of `shard_pass` (additive sums of one shard), then a reduce (+=) on the
+          driver; one shard alone is mapped once per estimator instead (the estimators on the threads).
+          An engine runs the map (fit/engines.py): `LocalEngine` on this machine's threads, `RayEngine`
+          as tasks on a Ray cluster
+Batch IRLS (DESIGN.md §3, estimators/irls.py): each Newton iteration is one pass summing, for
+every feature not yet converged, the O(K) arrowhead statistics at its current coefficients; the
+driver takes the step (`RoundLogistic.batch_step`). Every engine reaches the same fixed point: only
+the order of the sums differs. Scores: one last pass sums each shard's score sums: a held shard's
+are its predictions, scored exactly (metrics/table.py); spilled shards' are `metrics/binned.py`'s.
+Memory out of core: a pass holds `workers` chunks at once; `chunk_rows` = the budget left after
+FIXED_MB, shared by the workers, over BYTES_PER_ROW (read columns, derived features, predictions and
+temporaries of one row; measured with `bench/fit.py --scale`).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from avkit.config import FitConfig
+from avkit.errors import TraceError
+from avkit.estimators.irls import IrlsStats, grouped_segments, newton_iterations
+from avkit.features import FEATURES
+from avkit.fit.data import FitData, load_fit_data, trained_on
+from avkit.fit.replay import coef_row
+from avkit.fit.spill import ShardSurvey, spill_shard
+from avkit.metrics.binned import logit, quantile_edges
+from avkit.metrics.table import ScoreLayout
+from avkit.trace.reader import trace_k
+from avkit.trace.shards import ShardSet
+
+SAMPLE_SLOTS = 1 << 21  # observed slots sampled over all shards in pass 0: the AUC bins' quantiles
+BYTES_PER_ROW = 1024  # working memory per chunk row (all trace columns read and checked in pass 0)
+FIXED_MB = 512  # interpreter, libraries, score histograms
+HELD_CHUNK = 1 << 20  # rows per chunk of a held shard (a chunk's [3, n] design: 24 MB)
+
+Progress = Callable[[str, int, int], None]  # (what, done, total)
+
+
+def chunk_rows(fit: FitConfig) -> int:
+    """Rows per chunk so that `fit.workers` chunks in flight stay inside the memory budget."""
+    share = max(64, fit.memory_budget - FIXED_MB) * (1 << 20) // fit.workers
+    return max(1 << 15, share // BYTES_PER_ROW)
+
+
+@dataclass
+class PassWork:
+    """One pass: predict with each estimator on its feature; IRLS sums, or score sums when `score`."""
+
+    features: list[str]  # [E] feature of each estimator
+    estimators: list  # [E] estimators at their current coefficients
+    k: int
+    dataset_names: list[str]  # global dataset codes
+    score: dict | None = None  # {"n_bins", "edges": [E] AUC bin edges of logit(p) (None: a held shard's)}
+    subsets: list[int | None] | None = None  # [E] fit estimator j on dataset code subsets[j] only (None: all)
+
+
+class ExactScores:
+    """A held shard's score "sums": its predictions, gathered chunk by chunk and scored exactly where the
+    map runs once the last chunk is in (one shard: never added to another)."""
+
+    def __init__(self, layout: ScoreLayout):
+        self.layout, self.p, self.filled, self.scored = layout, np.empty(layout.y.size), 0, None  # p: [N]
+
+    def add(self, p: np.ndarray, y: np.ndarray, group: np.ndarray) -> None:
+        self.p[self.filled:self.filled + p.size] = p  # [n] the next chunk, in the layout's row order
+        self.filled += p.size
+        if self.filled == self.p.size:
+            self.scored, self.p = self.layout.score(self.p), None
+
+    def rows(self, names: list[str]) -> list[dict]:
+        return self.scored
+
+
+@dataclass
+class HeldShard:
+    """Every observed slot of a fit in memory, sorted by position: the one shard of `--engine memory`.
+    Its chunks are HELD_CHUNK-row slices (each still sorted by position): a pass's temporaries stay
+    small and are reused, where one [3, N] design per estimator and pass would be faulted in afresh."""
+
+    positions: np.ndarray  # [N] sorted
+    labels: np.ndarray  # [N] float64 in {0, 1}
+    dataset_codes: np.ndarray  # [N] int64
+    features: dict[str, np.ndarray]  # name -> [N] float64 (raw, not oriented)
+    layout: ScoreLayout
+
+    @classmethod
+    def of(cls, data: FitData, n_bins: int) -> HeldShard:
+        """`data`'s observed slots (in engine-step order) sorted by position (stable: one sort); its
+        features are moved out one at a time (at most one column is held twice)."""
+        order = data.position_order
+        pos, y, ds = data.positions[order], data.labels[order], data.dataset_codes[order]
+        return cls(pos, y, ds, {n: data.features.pop(n)[order] for n in list(data.features)},
+                   ScoreLayout(y, pos, ds, data.dataset_names, n_bins))
+
+    def chunks(self, k: int, dataset_names: list[str]):
+        for c, lo in enumerate(range(0, self.labels.size, HELD_CHUNK)):
+            rows = slice(lo, lo + HELD_CHUNK)
+            pos = self.positions[rows]
+            yield c, np.bincount(pos, minlength=k), pos, self.labels[rows], self.dataset_codes[rows]
+
+    def column(self, chunk: int, name: str, dtype) -> np.ndarray:
+        return self.features[name][chunk * HELD_CHUNK:(chunk + 1) * HELD_CHUNK]
+
+    def score_sums(self, work: PassWork, edges) -> ExactScores:
+        return ExactScores(self.layout)
+
+
+def shard_pass(shard, work: PassWork, only: int | None = None) -> list:
+    """Map step of a pass over one shard -> [E] additive sums (IrlsStats, or the shard's score sums) of
+    every estimator (`only`: of estimator `only` alone, a list of one)."""
+    k, sc = work.k, work.score
+    picks = range(len(work.estimators)) if only is None else [only]
+    out = [shard.score_sums(work, sc["edges"][j]) if sc else IrlsStats.zeros(k) for j in picks]
+    for c, counts, pos, y, ds in shard.chunks(k, work.dataset_names):
+        bounds = np.r_[0, np.cumsum(counts)]  # [K + 1]
+        group = ds * k + pos  # [n]
+        cache: dict[str, np.ndarray] = {}
+        for acc, j in zip(out, picks):
+            name, est = work.features[j], work.estimators[j]
+            if name not in cache:
+                cache[name] = shard.column(c, name, np.float64)  # [n]
+            f = cache[name]
+            if sc:
+                acc.add(est.predict(f, pos), y, group)  # [n] predictions at the fitted coefficients
+                continue
+            fo, yj, cj, bj = est.oriented(f), y, counts, bounds  # oriented as the estimator fits it
+            if work.subsets and work.subsets[j] is not None:  # one dataset's rows (still grouped by position)
+                keep = ds == work.subsets[j]
+                fo, yj, cj = fo[keep], y[keep], np.bincount(pos[keep], minlength=k)
+                bj = np.r_[0, np.cumsum(cj)]
+            acc += est.newton_stats(grouped_segments(fo, yj, None, bj), cj)
+    return out
+
+
+def _add(total: list, part: list) -> list:
+    """Fold of a pass: add one shard's sums (a list of IrlsStats or BinnedScores) into the total."""
+    for acc, x in zip(total, part):
+        acc += x
+    return total
+
+
+def pass_sums(engine, shards: list, nodes, work: PassWork) -> list:
+    """One pass: -> [E] sums over every shard. One shard alone is mapped once per estimator (the
+    estimators on the engine's threads); several are mapped once each and added in shard order."""
+    if len(shards) == 1:
+        e = len(work.estimators)
+        return [x for part in engine.map(shard_pass, [(shards[0], work, j) for j in range(e)], nodes and nodes * e)[0]
+                for x in part]
+    return engine.map(shard_pass, [(s, work) for s in shards], nodes, fold=_add)[0]
+
+
+def _edges(est, name: str, surveys: list[ShardSurvey], bins: int) -> np.ndarray:
+    """AUC rank-bin edges of one estimator: quantiles of its logits on the shards' samples."""
+    f = np.concatenate([s.sample[name] for s in surveys])  # [S]
+    pos = np.concatenate([s.sample_positions for s in surveys])
+    return quantile_edges(logit(est.predict(f, pos)), bins) if f.size else np.zeros(0)
+
+
+def _merge_surveys(surveys: list[ShardSurvey], k: int | None, shards: ShardSet) -> dict:
+    names = sorted({n for s in surveys for n in s.datasets})
+    num_positions = max([k or 0] + [s.num_positions for s in surveys])
+    present = [n for n in FEATURES if all(s.nulls[n] == 0 for s in surveys)]
+    datasets = {n: sum(s.datasets.get(n, 0) for s in surveys) for n in names}
+    clocks = ["engine_step" if s.all_step_nulls == 0 else "request_step" for s in surveys]
+    steps = sum(s.steps_by_engine_step if c == "engine_step" else s.steps_by_request for s, c in zip(surveys, clocks))
+    observed = sum(s.observed for s in surveys)
+    return {"names": names, "k": num_positions, "present": present, "observed": observed,
+            "trained_on": trained_on(shards.paths, shards.meta, sum(s.rows for s in surveys), observed, datasets,
+                                     "model", clocks, steps)}
+
+
+def newton(engine, shards, nodes, plan, ests, m, fit: FitConfig, progress,
+           subsets: list[int | None] | None = None) -> dict[int, list[dict]]:
+    """Batch IRLS of every fitted estimator (estimator i on dataset code subsets[i] when given), one pass
+    per iteration; -> index -> trajectory rows."""
+    fitted = [i for i, (name, _) in enumerate(plan) if FEATURES[name].no_fit is None]
+    rows: dict[int, list[dict]] = {i: [] for i in fitted}
+    passes = iter(range(1, fit.max_iter + 1))
+
+    def stats_of(active: list[int]) -> list:  # one pass over every shard for the estimators still moving
+        work = PassWork([plan[fitted[j]][0] for j in active], [ests[fitted[j]] for j in active], m["k"], m["names"],
+                        subsets=None if subsets is None else [subsets[fitted[j]] for j in active])
+        stats = pass_sums(engine, shards, nodes, work)
+        if progress is not None:
+            progress("newton iterations", next(passes), fit.max_iter)
+        return stats
+
+    def on_step(j: int, it: int) -> None:
+        rows[fitted[j]].append(coef_row(ests[fitted[j]], it, None, True, m["observed"]))
+
+    newton_iterations([ests[i] for i in fitted], stats_of, fit.max_iter, fit.tol, on_step)
+    return rows
+
+
+def score_pass(engine, shards, nodes, plan, ests, m, fit: FitConfig) -> list[list[dict]]:
+    """One pass scoring every estimator at its coefficients -> [E] score rows (metrics/table.py's scopes)."""
+    edges = [None] * len(plan) if isinstance(shards[0], HeldShard) else \
+        [_edges(e, n, shards, fit.auc_bins) for (n, _), e in zip(plan, ests)]
+    work = PassWork([n for n, _ in plan], ests, m["k"], m["names"], score={"n_bins": fit.bins, "edges": edges})
+    return [acc.rows(m["names"]) for acc in pass_sums(engine, shards, nodes, work)]
+
+
+@contextmanager
+def held(shards: ShardSet, fit: FitConfig):
+    """Pass 0 in memory: every observed slot read and checked (fit/data.py) -> ([HeldShard], no nodes, summary)."""
+    data = load_fit_data(shards.paths, fit.drafter, fit.features or None)
+    m = {"names": data.dataset_names, "k": data.k, "present": list(data.features), "observed": data.labels.size,
+         "trained_on": data.trained_on}
+    shard = HeldShard.of(data, fit.bins)
+    del data  # (the shard holds what the passes read)
+    yield [shard], None, m
+
+
+@contextmanager
+def spilled(engine, shards: ShardSet, fit: FitConfig, drafts: bool = False):
+    """Pass 0 over every shard (`spill_shard`) into a scratch directory (`fit.scratch`, else the system's
+    temp) -> (surveys, node of each, their merge); TraceError when no slot is observed. The spills are
+    removed on exit, on every node that wrote one (`engine.cleanup`)."""
+    if fit.scratch is not None:
+        Path(fit.scratch).mkdir(parents=True, exist_ok=True)
+    scratch, nodes, paths = tempfile.mkdtemp(prefix="avkit-spill-", dir=fit.scratch), None, shards.paths
+    try:
+        sample = max(1024, SAMPLE_SLOTS // len(paths))  # per shard
+        ks = [trace_k(p) for p in paths]  # K may differ across shards: each is checked at its own
+        items = [(str(p), i, k, scratch, chunk_rows(fit), sample, drafts) for i, (p, k) in enumerate(zip(paths, ks))]
+        surveys, nodes = engine.map(spill_shard, items)
+        m = _merge_surveys(surveys, max([k for k in ks if k] or [0]) or None, shards)
+        if m["observed"] == 0:
+            raise TraceError(f"{', '.join(map(str, paths))}: no observed labels (every `accepted` is null)")
+        yield surveys, nodes, m
+    finally:
+        engine.cleanup(scratch, nodes)
+
+
+__all__ = ["HeldShard", "PassWork", "chunk_rows", "held", "newton", "pass_sums", "score_pass", "shard_pass",
+           "spilled"]
