@@ -22,14 +22,12 @@ from __future__ import annotations
 import itertools
 import json
 from dataclasses import dataclass, field
-from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
 from avkit.errors import TraceError
-from avkit.estimators.irls import group_by_position
 from avkit.features import FEATURES
 from avkit.trace.reader import common_k, iter_traces, trace_metadata
 
@@ -57,11 +55,6 @@ class FitData:
     def step_bounds(self) -> np.ndarray:
         """[G + 1] first observed row of each engine step (equal bounds: a step with no observed slot)."""
         return np.searchsorted(self.row_step, np.arange(self.step_file.size + 1))
-
-    @cached_property
-    def position_order(self) -> np.ndarray:
-        """[N] stable permutation grouping the rows by position: one sort shared by every batch fit."""
-        return group_by_position(self.positions)
 
     @property
     def clock(self) -> str:

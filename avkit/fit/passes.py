@@ -34,7 +34,7 @@ import numpy as np
 
 from avkit.config import FitConfig
 from avkit.errors import TraceError
-from avkit.estimators.irls import IrlsStats, grouped_segments, newton_iterations
+from avkit.estimators.irls import IrlsStats, group_by_position, grouped_segments, newton_iterations
 from avkit.features import FEATURES
 from avkit.fit.data import FitData, load_fit_data, trained_on
 from avkit.fit.replay import coef_row
@@ -103,7 +103,7 @@ class HeldShard:
     def of(cls, data: FitData, n_bins: int) -> HeldShard:
         """`data`'s observed slots (in engine-step order) sorted by position (stable: one sort); its
         features are moved out one at a time (at most one column is held twice)."""
-        order = data.position_order
+        order = group_by_position(data.positions)
         pos, y, ds = data.positions[order], data.labels[order], data.dataset_codes[order]
         return cls(pos, y, ds, {n: data.features.pop(n)[order] for n in list(data.features)},
                    ScoreLayout(y, pos, ds, data.dataset_names, n_bins))
@@ -217,9 +217,10 @@ def score_pass(engine, shards, nodes, plan, ests, m, fit: FitConfig) -> list[lis
 
 
 @contextmanager
-def held(shards: ShardSet, fit: FitConfig):
-    """Pass 0 in memory: every observed slot read and checked (fit/data.py) -> ([HeldShard], no nodes, summary)."""
-    data = load_fit_data(shards.paths, fit.drafter, fit.features or None)
+def held(shards: ShardSet, fit: FitConfig, data: FitData | None = None):
+    """Pass 0 in memory: every observed slot read and checked (fit/data.py; or `data`, whose features
+    move to the shard) -> ([HeldShard], no nodes, summary)."""
+    data = load_fit_data(shards.paths, fit.drafter, fit.features or None) if data is None else data
     m = {"names": data.dataset_names, "k": data.k, "present": list(data.features), "observed": data.labels.size,
          "trained_on": data.trained_on}
     shard = HeldShard.of(data, fit.bins)

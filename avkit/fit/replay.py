@@ -1,4 +1,4 @@
-"""Replay observed slots through an estimator: online as it ran live, or batch.
+"""Replay observed slots through an estimator online, as it ran live.
 
 Online replay: each file is one run of the live estimator; its engine steps are fed through
 `estimators.rounds.replay_steps`, the same driver the simulator uses, with the same
@@ -9,7 +9,7 @@ made before its label was learned from, so online scores are honest out-of-sampl
 estimator's state carries over from one file to the next (a restart from the server's snapshot).
 Replicas (`--replicas independent`, docs/fleet.md): each file replayed on its own estimator, one task
 per (feature, replica) on the fit's engine; the replica that observed the most slots is written.
-Batch: the same Newton step iterated to convergence; scores are in-sample.
+(Batch fits run over shards: fit/passes.py.)
 """
 
 from __future__ import annotations
@@ -111,14 +111,6 @@ def online_replicas(estimators: list, features: list[np.ndarray], data: FitData,
     return out
 
 
-def batch_fit(est, data: FitData, feature: np.ndarray, *, max_iter: int, tol: float) -> tuple[np.ndarray, list[dict]]:
-    """-> (in-sample predictions [N], one trajectory row per Newton iteration)."""
-    rows: list[dict] = []
-    est.fit(feature, data.positions, data.labels, max_iter=max_iter, tol=tol, order=data.position_order,
-            on_iteration=lambda e: rows.append(coef_row(e, len(rows), None, True, len(feature))))
-    return est.predict(feature, data.positions), rows
-
-
 def trajectory_frame(rows: list[dict], k: int, per_position_slope: bool = False) -> pl.DataFrame:
     """Trajectory rows -> a frame with fixed dtypes (engine_step and file are null for batch iterations); a
     replay too short for one refit gives an empty frame with the same columns."""
@@ -134,5 +126,5 @@ def trajectory_frame(rows: list[dict], k: int, per_position_slope: bool = False)
     return frame.select(pl.col(c).cast(t) for c, t in schema.items())
 
 
-__all__ = ["Run", "batch_fit", "online_replay", "online_replicas", "replay_replica", "replay_run", "runs_of",
+__all__ = ["Run", "online_replay", "online_replicas", "replay_replica", "replay_run", "runs_of",
            "trajectory_frame"]

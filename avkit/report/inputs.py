@@ -22,7 +22,7 @@ from avkit.errors import ConfigError, DataError
 from avkit.estimators.coefficients import load_coefficients
 from avkit.jsonsafe import read_json
 from avkit.provenance import trace_mismatch, trace_records
-from avkit.report.traces import TraceSummary, stream_traces, summarize
+from avkit.report.traces import TraceSummary, summarize
 from avkit.sim.replay import read_inputs
 
 SCORE_KEYS = ("feature", "lossless", "estimator", "scope", "auc", "log_loss", "ece", "n")
@@ -137,8 +137,7 @@ def load_inputs(fit: FitOutputs, traces=None, sim=None, hvd=None, *, sim_explici
     found = [p for p in paths if p.is_file()]
     inputs = ReportInputs(fit, found, notes=notes)
     if found:
-        inputs.summary = (summarize(found, fit.coefficients, n_bins) if streaming is None else
-                          stream_traces(found, fit.coefficients, n_bins, streaming))
+        inputs.summary = summarize(found, fit.coefficients, n_bins, streaming)
     else:
         notes["traces"] = ("the traces the fit was trained on are not at hand"
                            + (f" ({', '.join(map(str, paths))})" if paths else "") + "; pass them as TRACE")

@@ -1,27 +1,25 @@
-"""What the report shows of the traces: a `TraceSummary` of additive sums, from the traces in memory or
-summed out of core (`avkit report --engine streaming`); the sections read only the summary.
+"""What the report shows of the traces: a `TraceSummary` of additive sums over the shards of the batch
+fit (fit/passes.py): held in memory, or spilled and summed out of core (`avkit report --engine
+streaming`); the sections read only the summary.
 
   acceptance   [D, K] observed slots and accepted slots per (dataset, position)
   drafts       dataset -> drafted slots (observed or not) and their mean draft entropy
   reliability  per panel, [3, B] slots, sum of predictions and sum of labels per equal-width bin of the
                prediction (metrics/calibration.py `additive_sums`, the ECE bins of the fit's scores)
-  role fits    one batch_logistic per dataset with MIN_SLOTS first-position slots, on the deployed feature
+  role fits    one batch_logistic per dataset with MIN_SLOTS first-position slots, on the deployed feature:
+               Newton passes summing the O(K) IRLS statistics of one dataset's rows
 
-In memory each panel's estimator is replayed exactly as `avkit fit` made its predictions (online: each
-slot with the coefficients of its refit round, before its label was learned from), so a panel's ECE is
-the fit's. Out of core the report never holds the traces: pass 0 of the out-of-core fit
-(fit/passes.py `spilled`: each shard read in chunks, checked, its observed slots spilled), then passes
-over the spills sum the same quantities, and the role fits are Newton passes summing the O(K) IRLS
-statistics of one dataset's rows. There the deployed estimator of a batch fit predicts with the
-coefficients of coefficients.json (the in-memory report refits it: the same fixed point, within 1e-9).
-An online fit's panels replay its estimator in engine-step order over whole traces, which this path
-does not hold: out of core the report takes a batch fit (`--mode batch`), as `avkit fit --engine
-streaming` does. Memory: the budget of the out-of-core fit (`FitConfig.memory_budget`).
+The deployed estimator's panel shows its predictions as `avkit fit` made them, so a panel's ECE is
+the fit's: a batch fit's converged coefficients (coefficients.json) on every slot; an online fit's
+estimator (and its online peer) replayed in engine-step order over whole traces (each slot with the
+coefficients of its refit round, before its label was learned from), which only the traces held in
+memory allow: out of core the report takes a batch fit (`--mode batch`), as `avkit fit --engine
+streaming` does. Memory out of core: the budget of the out-of-core fit (`FitConfig.memory_budget`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
@@ -31,9 +29,8 @@ from avkit.errors import ConfigError
 from avkit.estimators import make_estimator
 from avkit.fit.data import FitData, load_fit_data
 from avkit.fit.engines import LocalEngine
-from avkit.fit.replay import batch_fit, online_replay
-from avkit.fit.spill import ShardSurvey
-from avkit.fit.passes import newton, spilled
+from avkit.fit.passes import held, newton, spilled
+from avkit.fit.replay import online_replay
 from avkit.metrics.calibration import additive_sums
 from avkit.trace.reader import read_traces
 from avkit.trace.shards import check_shards
@@ -69,88 +66,66 @@ def deployed_estimator(c: dict, k: int, name: str | None = None):
     return make_estimator(name or c["estimator"], k=k, config=cfg)
 
 
-def deployed_predictions(data: FitData, c: dict, name: str | None = None) -> np.ndarray:
-    """[N] predictions of the deployed estimator (or its online peer `name`), replayed as the fit made them."""
-    est, values = deployed_estimator(c, data.k, name), data.features[c["feature"]]
-    if c.get("mode") == "batch":
-        return batch_fit(est, data, values, max_iter=FitConfig().max_iter, tol=FitConfig().tol)[0]
-    return online_replay(est, data, values)[0]
+def replayed_panels(data: FitData, c: dict, n_bins: int) -> list[tuple]:
+    """The panels of an online fit: its estimator and its online peer, replayed as the fit made them."""
+    peer = ONLINE_PEERS.get(c["estimator"])
+    heads = [(f"deployed: {c['feature']} ({c['estimator']})", "deployed", c["feature"], c["estimator"])]
+    heads += [] if peer is None else [(f"{c['feature']} ({peer})", peer, c["feature"], peer)]
+    return [(*head, bin_sums(online_replay(deployed_estimator(c, data.k, head[3]), data, data.features[c["feature"]])[0],
+                              data.labels, n_bins)) for head in heads]
 
 
-def summarize(paths, c: dict, n_bins: int) -> TraceSummary:
-    """The summary of `paths` read into memory, for the fit whose coefficients.json is `c`."""
-    data = load_fit_data(paths)
-    k = data.k
-    group = data.dataset_codes * k + data.positions  # [N]
-    size = len(data.dataset_names) * k
-    counts = np.bincount(group, minlength=size).reshape(-1, k).astype(np.float64)
-    accepted = np.bincount(group, weights=data.labels, minlength=size).reshape(-1, k)
-    df = read_traces(paths, ["dataset", "entropy"], check=False)  # every drafted slot, observed or not
-    agg = (df.group_by(pl.col("dataset").cast(pl.String))
-           .agg(pl.len().alias("slots"), pl.col("entropy").cast(pl.Float64).mean()).sort("dataset"))
-    drafts = {r["dataset"]: {"slots": r["slots"], "entropy": r["entropy"]} for r in agg.iter_rows(named=True)}
-    out = TraceSummary(k, data.dataset_names, counts, accepted, drafts)
-    predicted = [(f"deployed: {c['feature']} ({c['estimator']})", "deployed", c["feature"], c["estimator"],
-                  deployed_predictions(data, c))]
-    peer = ONLINE_PEERS.get(c["estimator"]) if c.get("mode", "online") == "online" else None
-    if peer is not None:  # the other online estimator, replayed the same way on the same feature
-        predicted.append((f"{c['feature']} ({peer})", peer, c["feature"], peer, deployed_predictions(data, c, peer)))
-    predicted += [(title, short, feature, est, make_estimator(est, k=k).predict(data.features[feature], data.positions))
-                  for feature, est, title, short in NO_FIT if feature in data.features]
-    out.panels = [(*head, bin_sums(p, data.labels, n_bins)) for *head, p in predicted]
-    for j, name in enumerate(data.dataset_names):
-        mask = data.dataset_codes == j
-        if (data.positions[mask] == 0).sum() < MIN_SLOTS or name not in drafts:
-            continue
-        part = replace(data, features={n: v[mask] for n, v in data.features.items()}, positions=data.positions[mask],
-                       labels=data.labels[mask], row_step=data.row_step[mask], file_index=data.file_index[mask],
-                       dataset_codes=data.dataset_codes[mask])
-        est = make_estimator("batch_logistic", k=k, config=EstimatorConfig(feature=c["feature"]))
-        batch_fit(est, part, part.features[c["feature"]], max_iter=FitConfig().max_iter, tol=FitConfig().tol)
-        out.role_fits.append({"dataset": name, "rate": float(part.labels.mean()), "entropy": drafts[name]["entropy"],
-                              "slope": float(est.slope), "b0": float(est.intercepts[0]), "n": len(part.labels)})
-    return out
-
-
-def _report_pass(survey: ShardSurvey, k: int, names: list[str], panels: list[tuple], n_bins: int):
-    """Map step over one shard's spill -> ([2, D, K] counts and accepted, [P, 3, B] reliability bins)."""
+def _report_pass(shard, k: int, names: list[str], panels: list[tuple], n_bins: int):
+    """Map step over one shard -> ([2, D, K] counts and accepted, [P, 3, B] reliability bins)."""
     acc = np.zeros((2, len(names) * k))
     bins = np.zeros((len(panels), 3, n_bins))
-    for c, _, pos, y, ds in survey.chunks(k, names):
+    for c, _, pos, y, ds in shard.chunks(k, names):
         group = ds * k + pos  # [n]
         acc += [np.bincount(group, minlength=acc.shape[1]), np.bincount(group, weights=y, minlength=acc.shape[1])]
         for j, (*_, feature, _, est) in enumerate(panels):
-            bins[j] += bin_sums(est.predict(survey.column(c, feature, np.float64), pos), y, n_bins)
+            bins[j] += bin_sums(est.predict(shard.column(c, feature, np.float64), pos), y, n_bins)
     return acc.reshape(2, len(names), k), bins
 
 
-def stream_traces(paths, c: dict, n_bins: int, fit: FitConfig) -> TraceSummary:
-    """The summary of `paths` summed out of core (memory: `fit.memory_budget`)."""
-    if c.get("mode") != "batch":
+def summarize(paths, c: dict, n_bins: int, fit: FitConfig | None = None) -> TraceSummary:
+    """The summary of `paths` for the fit whose coefficients.json is `c`: held in memory (`fit` None), or
+    summed out of core by `fit` (an out-of-core FitConfig: its budget and scratch)."""
+    batch, shards, fit = c.get("mode") == "batch", check_shards(paths), fit or FitConfig(mode="batch")
+    data, replayed, drafts = None, [], {}
+    if fit.engine == "memory":
+        data = load_fit_data(shards.paths)
+        replayed = [] if batch else replayed_panels(data, c, n_bins)
+        df = read_traces(shards.paths, ["dataset", "entropy"], check=False)  # every drafted slot, observed or not
+        for name, n, h in df.group_by(pl.col("dataset").cast(pl.String)).agg(
+                pl.len(), pl.col("entropy").cast(pl.Float64).sum()).iter_rows():
+            drafts[name] = [n, h]
+    elif not batch:
         raise ConfigError("--engine streaming reports a batch fit (--mode batch): an online fit's reliability "
                           "panels replay its estimator over whole traces in memory (use --engine memory)")
-    engine = LocalEngine(fit.workers)
-    with spilled(engine, check_shards(paths), fit, drafts=True) as (surveys, nodes, m):
+    with LocalEngine(fit.workers) as engine, (held(shards, fit, data) if fit.engine == "memory" else
+                                              spilled(engine, shards, fit, drafts=True)) as (parts, nodes, m):
         k, names = m["k"], m["names"]
-        deployed = deployed_estimator(c, k)
-        deployed.load_state_dict(c)  # the batch fit's converged coefficients
-        panels = [(f"deployed: {c['feature']} ({c['estimator']})", "deployed", c["feature"], c["estimator"], deployed)]
+        panels = []
+        if batch:
+            deployed = deployed_estimator(c, k)
+            deployed.load_state_dict(c)  # the batch fit's converged coefficients
+            panels = [(f"deployed: {c['feature']} ({c['estimator']})", "deployed", c["feature"], c["estimator"],
+                       deployed)]
         panels += [(title, short, feature, est, make_estimator(est, k=k)) for feature, est, title, short in NO_FIT
                    if feature in m["present"]]
-        acc, bins = engine.map(_report_pass, [(s, k, names, panels, n_bins) for s in surveys], nodes,
+        acc, bins = engine.map(_report_pass, [(s, k, names, panels, n_bins) for s in parts], nodes,
                                fold=lambda a, b: (a[0] + b[0], a[1] + b[1]))[0]
-        drafts = {}
-        for s in surveys:
+        for s in parts if fit.engine != "memory" else []:
             for name, (n, h) in s.drafted.items():
                 d = drafts.setdefault(name, [0, 0.0])
                 d[0], d[1] = d[0] + n, d[1] + h
         out = TraceSummary(k, names, acc[0], acc[1],
                            {n: {"slots": v[0], "entropy": v[1] / v[0]} for n, v in sorted(drafts.items())})
-        out.panels = [(t, short, f, e, b) for (t, short, f, e, _), b in zip(panels, bins)]
-        # one batch fit per dataset with MIN_SLOTS first-position slots, as in memory
+        out.panels = replayed + [(t, short, f, e, b) for (t, short, f, e, _), b in zip(panels, bins)]
+        # one batch fit per dataset with MIN_SLOTS first-position slots
         todo = [j for j, n in enumerate(names) if out.counts[j, 0] >= MIN_SLOTS and n in out.drafts]
         ests = [make_estimator("batch_logistic", k=k, config=EstimatorConfig(feature=c["feature"])) for _ in todo]
-        newton(engine, surveys, nodes, [(c["feature"], "batch_logistic")] * len(todo), ests, m,
+        newton(engine, parts, nodes, [(c["feature"], "batch_logistic")] * len(todo), ests, m,
                FitConfig(mode="batch"), None, subsets=todo)
         out.role_fits = [{"dataset": names[j], "rate": float(out.accepted[j].sum() / out.counts[j].sum()),
                           "entropy": out.drafts[names[j]]["entropy"], "slope": float(e.slope),
@@ -158,4 +133,4 @@ def stream_traces(paths, c: dict, n_bins: int, fit: FitConfig) -> TraceSummary:
     return out
 
 
-__all__ = ["MIN_SLOTS", "TraceSummary", "bin_sums", "deployed_predictions", "stream_traces", "summarize"]
+__all__ = ["MIN_SLOTS", "TraceSummary", "bin_sums", "summarize"]
