@@ -1,6 +1,8 @@
 """Cost tables (avkit/scheduling/cost.py, roofline.py, profile.py)."""
 
 import json
+import math
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -8,7 +10,7 @@ import pytest
 
 from avkit.config import ProfileConfig, SamplingConfig
 from avkit.errors import ConfigError
-from avkit.scheduling.cost import CostTable, isotonic, parse_roofline_spec, resolve_cost
+from avkit.scheduling.cost import CostTable, isotonic, parse_roofline_spec, resolve_cost, shape_keys
 
 
 def _table(**kw):
@@ -113,6 +115,12 @@ def test_json_round_trip(tmp_path):
     (json.dumps({"verify_tokens": [1], "verify_ms": [1.0], "draft_requests": [1], "draft_ms": [1.0],
                  "drafter": "tree"}), "drafter must be one of"),
     (json.dumps([1, 2]), "expected a JSON object, got list"),
+    (json.dumps({"verify_tokens": [1], "verify_ms": [1.0], "draft_requests": [1], "draft_ms": [1.0],
+                 "shape_scale": [[1, 0, 0, 1, 0, 2]]}), r"field 'shape_scale'\[0\] must be 7 numbers"),
+    (json.dumps({"verify_tokens": [1], "verify_ms": [1.0], "draft_requests": [1], "draft_ms": [1.0],
+                 "shape_scale": [[1, 0, 0, 1, 0, 2, 0.0]]}), r"field 'shape_scale'\[0\] must be 7 numbers"),
+    (json.dumps({"verify_tokens": [1], "verify_ms": [1.0], "draft_requests": [1], "draft_ms": [1.0],
+                 "shape_scale": {"a": 1}}), "field 'shape_scale' must be a list of lists"),
     (b"\xff\xfe{}", "not valid JSON"),
 ])
 def test_bad_tables_name_the_file(tmp_path, content, match):
@@ -410,3 +418,26 @@ def test_requests_are_priced_beyond_their_tokens_and_older_files_read_as_zero(tm
     assert CostTable.load(path).request_ms == () and float(CostTable.load(path).step_cost(8, 0, 4)) == 2.0
     with pytest.raises(ConfigError, match="request must be non-decreasing"):
         _table(request_ms=(1.0, 0.5))
+
+
+def test_shape_scale_multiplies_exactly_its_shapes(tmp_path):
+    """A factor prices only the step shape it names (requests, draft rows (0 without passes), passes, tokens,
+    lookups, context band): checked element by element against a loop that builds each key by hand
+    (round(2 log2(1 + context / n))); a parallel drafter's k drafts are its one pass; the factor survives JSON
+    and the HVD unit view."""
+    ctx = 4 * 100  # 100 tokens per request at n = 4: band round(2 log2 101) = 13
+    t = _table(context_len=100, kv_ms_per_token=0.01, shape_scale=((4, 4, 3, 16, 0, 13, 1.2), (4, 0, 0, 4, 0, 13, 0.9)))
+    n, k, tok, c = np.array([4, 4, 4, 4, 1]), np.array([3, 3, 0, 2, 0]), np.array([16, 16, 4, 16, 1]), \
+        np.array([ctx, 9 * ctx, ctx, ctx, 100])  # [5] each
+    plain = replace(t, shape_scale=()).step_cost(n, k, tok, c)
+    factors = {tuple(e[:6]): e[6] for e in t.shape_scale}
+    want = [plain[i] * factors.get((n[i], n[i] if k[i] else 0, k[i], tok[i], 0, round(2 * math.log2(1 + c[i] / n[i]))), 1)
+            for i in range(5)]
+    np.testing.assert_allclose(t.step_cost(n, k, tok, c), want)
+    assert [w / p for w, p in zip(want, plain)] == pytest.approx([1.2, 1.0, 0.9, 1.0, 1.0])
+    assert shape_keys(4, 3, 16, ctx, 4, 0).tolist() == [4, 4, 3, 16, 0, 13]
+    par = _table(drafter="parallel", shape_scale=((1, 1, 1, 6, 0, 0, 2.0),))
+    assert float(par.step_cost(1, 5, 6, 0)) == 2.0 * float(replace(par, shape_scale=()).step_cost(1, 5, 6, 0))
+    back = CostTable.load(t.save(tmp_path / "scaled.json"))
+    np.testing.assert_allclose(back.step_cost(n, k, tok, c), want)
+    np.testing.assert_allclose(t.in_units(2.0).step_cost(n, k, tok, c), np.asarray(want) / 2.0)

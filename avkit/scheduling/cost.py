@@ -28,11 +28,16 @@ every curve non-decreasing):
   lookup_ms       ms a cache drafter's lookup adds per request it consults (suffix cache, hybrid router;
                   learned live, 0 unless learned)
   noise           per curve, the relative spread of each point's repeats (IQR / median; `avkit profile`)
+  shape_scale [S] per step shape the curves price apart from its own steps, [n, m, passes, T, l, band,
+                  factor]: step_ms of that shape is multiplied by factor (learned live, scheduling/learn.py: the
+                  shape's median over the curves' price, shrunk by its steps; empty: every factor 1). m = 0
+                  when passes = 0; band = context_band(C, n)
   meta            device, target, draft, source (profile | roofline | learned | vllm), provenance
 Model, for n requests, m of them drafting k each (m = n unless a cache drafts the others), T target tokens,
 C context tokens in the step (None: what the curves hold), l cache lookups:
   step_ms(n, k, T, C, m, l) = passes(k) draft_ms(m) + [k > 0] draft_fixed_ms(m) + context_ms(n) + request_ms(n)
                         + kv_ms_per_token (C - held_context(n, T)) + verify_ms(T) + lookup_ms l
+                        (times the shape's factor in shape_scale, where it holds one)
   passes(k)       k (autoregressive) or [k > 0] (parallel)
   catch_up(lag)   a request whose drafter lacks `lag` tokens: the drafter prefills all but the last
                   (drafters/draft_model.py), prefill_ms(lag - 1), below the prefill grid a draft pass over
@@ -62,6 +67,7 @@ from avkit.validate import check_range
 DRAFTER_KINDS = ("autoregressive", "parallel")
 FREE_LAG = 2  # tokens the first draft pass feeds itself (the draft x_K and the bonus token); more are prefilled
 CURVES = ("verify_ms", "draft_ms", "context_ms", "draft_fixed_ms", "prefill_ms", "request_ms")  # ms curves, by field
+BANDS_PER_OCTAVE = 2  # context bands per doubling of the cached tokens per request
 GRID_OF = {"verify_ms": "verify_tokens", "draft_ms": "draft_requests", "context_ms": "draft_requests",
            "draft_fixed_ms": "draft_requests", "prefill_ms": "prefill_tokens", "request_ms": "draft_requests"}
 
@@ -102,6 +108,25 @@ def isotonic(y, weight=None) -> np.ndarray:
     return np.repeat(np.asarray(means, dtype=np.float64), sizes)
 
 
+def context_band(context_tokens, num_requests) -> np.ndarray:
+    """The context band of a step: log2 of its cached tokens per request, in half-octaves (rounded)."""
+    per_request = np.asarray(context_tokens, dtype=np.float64) / np.maximum(np.asarray(num_requests, np.float64), 1.0)
+    return np.rint(BANDS_PER_OCTAVE * np.log2(1.0 + per_request))
+
+
+def shape_keys(num_requests, passes, tokens, context_tokens, draft_rows, lookups) -> np.ndarray:
+    """[..., 6] the key of each step's shape in `shape_scale` (module note; draft rows 0 without passes)."""
+    n, passes, tokens, context, rows, lookups = np.broadcast_arrays(
+        *(np.asarray(v, dtype=np.float64) for v in (num_requests, passes, tokens, context_tokens, draft_rows, lookups)))
+    return np.stack([n, np.where(passes > 0, rows, 0.0), passes, tokens, lookups, context_band(context, n)], -1)
+
+
+def _rows(keys: np.ndarray) -> np.ndarray:
+    """[..., 6] float keys -> [...] one opaque value each, equal iff the six numbers are (+0.0: no -0.0)."""
+    keys = np.ascontiguousarray(keys + 0.0, dtype=np.float64)
+    return keys.view(np.dtype((np.void, 8 * keys.shape[-1])))[..., 0]
+
+
 def _check_curve(label: str, xs: tuple, ys: tuple, source: str):
     where = f"cost table {source}: " if source else "cost table: "
     if len(xs) == 0 or len(xs) != len(ys):
@@ -134,6 +159,7 @@ class CostTable:
     lookup_ms: float = 0.0  # ms per request a cache drafter looks up
     noise: dict = field(default_factory=dict)  # curve -> [points] IQR / median of the repeats (profiled tables)
     request_ms: tuple[float, ...] = ()  # [Q] a step's price per request beyond the first, by requests (empty = 0)
+    shape_scale: tuple[tuple[float, ...], ...] = ()  # [S, 7] (n, m, passes, T, l, band, factor) (module note)
 
     def __post_init__(self):
         src = str(self.meta.get("path", ""))
@@ -150,6 +176,20 @@ class CostTable:
                                                                                   self.lookup_ms)):
             raise ConfigError(f"cost table {src}: context_len, kv_ms_per_token and lookup_ms must be >= 0, got "
                               f"{self.context_len}, {self.kv_ms_per_token} and {self.lookup_ms}")
+        for i, entry in enumerate(self.shape_scale):
+            if len(entry) != 7 or not all(math.isfinite(v) and v >= 0 for v in entry) or entry[-1] <= 0:
+                raise ConfigError(f"cost table {src}: field 'shape_scale'[{i}] must be 7 numbers >= 0 (n, m, "
+                                  f"passes, T, l, band, factor > 0), got {list(entry)!r}")
+
+    def shape_factor(self, keys: np.ndarray) -> np.ndarray:
+        """[..., 6] shape keys (`shape_keys`) -> [...] their factors in shape_scale (1 where it holds none)."""
+        if not self.shape_scale:
+            return np.ones(keys.shape[:-1])
+        entries = np.asarray(self.shape_scale, dtype=np.float64)  # [S, 7]
+        order = np.argsort(names := _rows(entries[:, :6]))  # [S] by each key's bytes: one search matches all six
+        names, factors, wanted = names[order], entries[order, 6], _rows(keys)
+        at = np.searchsorted(names, wanted).clip(max=len(names) - 1)  # [...]
+        return np.where(names[at] == wanted, factors[at], 1.0)
 
     def curve(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """(grid, ms) of a curve by its ms field; an empty optional curve reads as zeros on its grid."""
@@ -218,8 +258,14 @@ class CostTable:
         """Predicted step time (module note): n requests, `draft_rows` of them (None: all) drafting k tokens
         each, T target tokens verified, `lookups` requests a cache drafter consulted."""
         rows = num_requests if draft_rows is None else draft_rows
-        return self.draft_cost(rows, k) + self.context_cost(num_requests, context_tokens, tokens) + \
+        ms = self.draft_cost(rows, k) + self.context_cost(num_requests, context_tokens, tokens) + \
             self.verify_cost(tokens) + self.lookup_ms * np.asarray(lookups, dtype=np.float64)
+        if not self.shape_scale:
+            return ms
+        k = np.asarray(k, dtype=np.float64)
+        passes = k if self.drafter == "autoregressive" else (k > 0) * 1.0
+        context = self.held_context(num_requests, tokens) if context_tokens is None else context_tokens
+        return ms * self.shape_factor(shape_keys(num_requests, passes, tokens, context, rows, lookups))
 
     # ---- views ----
     def in_units(self, unit_ms: float) -> CostTable:
@@ -284,8 +330,13 @@ class CostTable:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or \
                     (key == "context_len" and v != int(v)):
                 raise ConfigError(f"{where}: field {key!r} must be a non-negative number, got {v!r}")
+        scale = d.get("shape_scale", [])
+        if not isinstance(scale, (list, tuple)) or not all(isinstance(e, (list, tuple)) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in e) for e in scale):
+            raise ConfigError(f"{where}: field 'shape_scale' must be a list of lists of 7 numbers, got {scale!r}")
         return cls(**lists, drafter=drafter, meta={**meta, **({"path": source} if source else {})},
-                   context_len=int(context_len), kv_ms_per_token=float(kv), lookup_ms=float(lookup), noise=noise)
+                   context_len=int(context_len), kv_ms_per_token=float(kv), lookup_ms=float(lookup), noise=noise,
+                   shape_scale=tuple(tuple(float(v) for v in e) for e in scale))
 
 
 def _numbers(where: str, d: dict, key: str, *, integer: bool = False, empty: bool = False) -> tuple:
@@ -346,5 +397,5 @@ def resolve_cost(spec: str | CostTable | None) -> CostTable:
     return CostTable.load(spec)
 
 
-__all__ = ["CURVES", "DRAFTER_KINDS", "FREE_LAG", "CostTable", "context_len_from_env", "interp_curve", "isotonic", "parse_roofline_spec",
-           "resolve_cost"]
+__all__ = ["CURVES", "DRAFTER_KINDS", "FREE_LAG", "CostTable", "context_band", "context_len_from_env", "interp_curve",
+           "isotonic", "parse_roofline_spec", "resolve_cost", "shape_keys"]

@@ -27,7 +27,16 @@ Glossary:
                bucket with m steps pulls its
                ordinates m / (m + PRIOR_COUNT) of the way to what it measured; ordinates no step touches keep
                the prior, unless the isotonic fit that makes the curves non-decreasing again (weighted by each
-               ordinate's steps) pools them with measured neighbours. The result is a CostTable like any
+               ordinate's steps) pools them with measured neighbours
+  residual     the ridge shares its ordinates across shapes and context bands, so a shape whose own price
+               no shared ordinate explains stays off however many steps it has. Per bucket without catch-ups
+               (m_b learned steps, its median context c_b) one factor on top of the ridge's price, shrunk by
+               its steps from the prior's factor f0_b (1 unless the prior is a snapshot holding one):
+                   f_b = f0_b + w_b (median_b / ridge_b(c_b) - f0_b),   w_b = m_b / (m_b + PRIOR_COUNT)
+               a shape with many steps converges to its own median, an unseen shape keeps the ridge's shared
+               price. It lives in the table (CostTable.shape_scale, applied by step_cost): whatever prices a
+               whole step with step_cost gets it (the ratio metric, the gate's target-only price, catch-up);
+               the planner's per-token lookups read the curves alone. The result is a CostTable like any
                other (`snapshot` writes it; `--cost FILE` reads it)
   probe        a step on a fixed schedule (every `probe_every`-th step) that verifies a depth fixed by the
                step count alone, cycling 0..K: shapes the policy no longer picks get fresh timings. The
@@ -37,25 +46,17 @@ Glossary:
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from avkit.scheduling.cost import FREE_LAG, CostTable, interp_curve, isotonic
+from avkit.scheduling.cost import FREE_LAG, CostTable, context_band, interp_curve, isotonic, shape_keys
 from avkit.staged import StagedOutputs
 from avkit.step_types import StepTime
 
 PRIOR_COUNT = 8.0  # steps the prior counts for, per unknown (module note)
 LEARNED = ("verify_ms", "draft_ms", "draft_fixed_ms", "prefill_ms", "request_ms")  # the curves the fit moves
-BANDS_PER_OCTAVE = 2  # context bands per doubling of the cached tokens per request
-
-
-def context_band(context_tokens: float, num_requests: int) -> int:
-    """The context band of a step: log2 of its cached tokens per request, in half-octaves."""
-    return round(BANDS_PER_OCTAVE * math.log2(1.0 + context_tokens / max(num_requests, 1)))
-
 
 @dataclass
 class CostLearner:
@@ -87,8 +88,9 @@ class CostLearner:
         context = t.context_tokens if t.context_tokens is not None else \
             float(self.prior.held_context(t.num_requests, t.tokens))
         lag = float(np.mean(t.catch_up)) if t.catch_up else 0.0  # [c] lags -> their mean
-        return (t.num_requests, rows, t.passes, t.tokens, t.lookups, len(t.catch_up),
-                context_band(context, t.num_requests), context_band(lag, 1)), context
+        n, m, passes, tokens, lookups, band = shape_keys(t.num_requests, t.passes, t.tokens, context, rows,
+                                                         t.lookups).tolist()
+        return (n, m, passes, tokens, lookups, len(t.catch_up), band, float(context_band(lag, 1))), context
 
     def learned(self, t: StepTime) -> int:
         """Steps of `t`'s shape the current model has learned from (0: priced by what other shapes taught)."""
@@ -142,7 +144,7 @@ class CostLearner:
         n, rows, passes, tokens, lookups, catch = np.asarray([k[:6] for k in keys], dtype=np.float64).T  # [B] each
         ms, ctx, lag = np.asarray([np.median(np.asarray(self.buckets[k][1]), 0) for k in keys]).T  # [B] each
         m = np.asarray([self.buckets[k][0] - self.warmup for k in keys], dtype=np.float64)  # [B] steps learned
-        p = self.prior
+        p = replace(self.prior, shape_scale=())  # the ridge prices with the curves alone
         base = p.step_cost(n, passes, tokens, draft_rows=rows) + catch * p.catch_up_cost(lag)  # [B] no lookups
         extra = ctx - p.held_context(n, tokens)  # [B] context tokens beyond them
         target = (ms - base - p.kv_ms_per_token * extra - p.lookup_ms * lookups) / base  # [B]
@@ -176,8 +178,17 @@ class CostLearner:
         moved = {nm: prices[nm] + d * scale for (nm, scale), d in zip(names, delta) if nm in prices}
         meta = {**p.meta, "source": "learned", "steps": self.steps, "shapes": len(keys),
                 "prior_count": self.prior_count, "window": self.window, "prior": p.meta.get("source", "")}
-        self.model = replace(p.with_curves(**curves), meta=meta, kv_ms_per_token=moved.get("kv", p.kv_ms_per_token),
-                             lookup_ms=moved.get("lookup", p.lookup_ms))
+        ridge = replace(p.with_curves(**curves), meta=meta, kv_ms_per_token=moved.get("kv", p.kv_ms_per_token),
+                        lookup_ms=moved.get("lookup", p.lookup_ms))
+        own = catch == 0  # [B] the buckets a factor prices (module note: residual)
+        keys_b = np.asarray([k[:5] + k[6:7] for k in keys]).reshape(-1, 6)[own]  # [B', 6] their shape keys
+        f0 = self.prior.shape_factor(keys_b)  # [B']
+        ridge_ms = ridge.step_cost(n[own], passes[own], tokens[own], ctx[own], rows[own], lookups[own])  # [B']
+        w = m[own] / (m[own] + self.prior_count)  # [B']
+        factor = f0 + w * (ms[own] / ridge_ms - f0)  # [B']
+        learned = {tuple(key): f for key, f in zip(keys_b.tolist(), factor.tolist())}
+        kept = [e for e in self.prior.shape_scale if tuple(e[:6]) not in learned]  # the prior's, where unlearned
+        self.model = replace(ridge, shape_scale=tuple(kept) + tuple((*key, f) for key, f in learned.items()))
         return self.model
 
     def snapshot(self, path) -> None:
@@ -186,4 +197,4 @@ class CostLearner:
             self.refit().save(path, outputs)
 
 
-__all__ = ["PRIOR_COUNT", "CostLearner", "context_band"]
+__all__ = ["PRIOR_COUNT", "CostLearner"]
