@@ -1,4 +1,4 @@
-"""Out-of-core batch fit (fit/streaming.py) against the in-memory fit on the same shards:
+"""Out-of-core batch fit (fit/passes.py) against the in-memory fit on the same shards:
 coefficients within 1e-9, log-loss and ECE within 1e-12, AUC within each row's stated bound,
 the bound itself <= 1e-4; chunking does not change the result; bad input names the shard and
 leaves nothing behind. The binned AUC (metrics/binned.py) against sklearn's exact AUC."""

@@ -79,19 +79,24 @@ def auc_sorted(y: np.ndarray, s: np.ndarray, w: np.ndarray | None = None) -> flo
     wins = float(np.dot(pos, cum_neg))
     tied = s[1:] == s[:-1]  # [N-1] row i+1 ties row i
     if tied.any():
-        wins += _tie_correction(pos, cum_neg, tied)
+        rows = np.flatnonzero(np.r_[tied, False] | np.r_[False, tied])  # [T] rows inside tie groups
+        block = np.cumsum(~np.r_[False, tied][rows])  # [T] tie group of each (a group opens where row i+1 != row i)
+        wins += float(tie_correction(block, pos[rows], neg[rows])[0])
     return wins / (total_pos * total_neg)
 
 
-def _tie_correction(pos: np.ndarray, cum_neg: np.ndarray, tied: np.ndarray) -> float:
-    """Within a tie group the running count saw only the group's negatives sorted before each
-    positive; a tie counts 1/2, so replace that by half the group's negatives. O(N)."""
-    rows = np.flatnonzero(np.r_[tied, False] | np.r_[False, tied])  # [T] rows inside tie groups
-    first = ~np.r_[False, tied][rows]  # [T] row opens a new tie group
-    group = np.cumsum(first) - 1  # [T] tie group of each tied row
-    start = rows[first]  # [G] first row of each group
-    end = rows[np.r_[np.flatnonzero(first)[1:], len(rows)] - 1]  # [G] last row of each group
-    below = np.where(start > 0, cum_neg[np.maximum(start - 1, 0)], 0.0)  # [G] negatives below the group
-    in_group = cum_neg[end] - below  # [G] the group's negatives
-    seen = cum_neg[rows] - below[group]  # [T] group negatives at or before each row
-    return float(np.dot(pos[rows], 0.5 * in_group[group] - seen))
+def tie_correction(block: np.ndarray, pos: np.ndarray, neg: np.ndarray, codes: np.ndarray | None = None,
+                   num_codes: int = 1) -> np.ndarray:
+    """Rows inside runs of tied scores ([T] each, in ascending order of the score: run id, positive and
+    negative mass, code: a scope, None: one) -> [C] what turns each code's ordered win count (the negatives
+    before each positive) into the Mann-Whitney count: a positive's tied negatives of its code count 1/2,
+    not 1 (before it) or 0 (after it). The one tie rule of the exact AUCs (`auc`, metrics/table.py). O(T log T)."""
+    c = np.zeros(block.size, np.int64) if codes is None else codes
+    order = np.argsort(c, kind="stable")  # [T] grouped by code, still in ascending order inside
+    c, p, q, b = c[order], pos[order], neg[order], block[order]
+    start = np.r_[True, (c[1:] != c[:-1]) | (b[1:] != b[:-1])]  # [T] opens a (code, run) segment
+    seg = np.cumsum(start) - 1  # [T]
+    before = np.cumsum(q) - q  # [T] negative mass before each row
+    before -= before[start][seg]  # ... inside its own segment
+    seg_neg = np.bincount(seg, weights=q)  # [S] negative mass per segment
+    return np.bincount(c, weights=p * (0.5 * seg_neg[seg] - before), minlength=num_codes)

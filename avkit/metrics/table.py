@@ -29,23 +29,9 @@ import polars as pl
 
 from avkit.errors import DataError
 from avkit.metrics.calibration import additive_sums, check_binary_inputs, ece_from_bins
+from avkit.metrics.ranking import tie_correction
 
 MAX_KEY_BITS = 12  # label + group bits packed below the prediction's bits
-
-
-def _tie_correction(codes: np.ndarray, y: np.ndarray, block: np.ndarray, num_codes: int) -> np.ndarray:
-    """Rows inside tie blocks ([T] each, in ascending order of the prediction: code, label in {0, 1},
-    tie block id) -> [C] what turns the ordered win count of each code into the Mann-Whitney count:
-    a positive's tied negatives of its code count 1/2, not 1 (before it) or 0 (after it)."""
-    order = np.argsort(codes, kind="stable")  # [T] grouped by code, still in ascending order inside
-    c, yy, b = codes[order], y[order].astype(np.int64), block[order]
-    neg = 1 - yy  # [T]
-    start = np.r_[True, (c[1:] != c[:-1]) | (b[1:] != b[:-1])]  # [T] opens a (code, block) segment
-    seg = np.cumsum(start) - 1  # [T]
-    before = np.cumsum(neg) - neg  # [T] negatives before each row
-    before -= before[start][seg]  # ... inside its own segment
-    seg_neg = np.bincount(seg, weights=neg)  # [S] negatives per segment
-    return np.bincount(c, weights=yy * (0.5 * seg_neg[seg] - before), minlength=num_codes)
 
 
 def _family_auc(codes: np.ndarray | None, y: np.ndarray, ties, num_codes: int) -> np.ndarray:
@@ -74,7 +60,8 @@ def _family_auc(codes: np.ndarray | None, y: np.ndarray, ties, num_codes: int) -
     neg = n - pos
     wins = idx_sum - pos * start - pos * (pos - 1) / 2  # [C]
     if ties is not None:
-        wins += _tie_correction(codes_t, y[ties[0]], ties[1], num_codes)
+        yt = y[ties[0]].astype(np.float64)  # [T]
+        wins += tie_correction(ties[1], yt, 1.0 - yt, codes_t, num_codes)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where((pos > 0) & (neg > 0), wins / (pos * neg), np.nan)
 
