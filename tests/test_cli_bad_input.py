@@ -54,6 +54,20 @@ BAD = [
     ((*SERVE, "--policy", "schedule"),
      "--schedule FILE goes with --policy schedule (and only with it), got --policy schedule, --schedule ''"),
     ((*SERVE, "--policy", "fixed:x"), "--policy fixed:x: fixed:K needs a non-negative integer K"),
+    # --policy's argument and the option setting the same field: both as typed, never a silent winner
+    ((*SERVE, "--policy", "adaptive:qmax", "--estimator", "online_logistic"),  # the default, typed: still given
+     "--policy adaptive:qmax sets --estimator qmax, but --estimator online_logistic is given too: give one of "
+     "them, or the same value"),
+    ((*SERVE, "--estimator", "qmax", "--policy", "adaptive-stop-nogate:online_logistic"),
+     "--policy adaptive-stop-nogate:online_logistic sets --estimator online_logistic, but --estimator qmax is "
+     "given too: give one of them, or the same value"),
+    ((*SERVE, "--policy", "fixed:3", "-k", "7"),
+     "--policy fixed:3 sets -k 3, but -k 7 is given too: give one of them, or the same value"),
+    ((*SERVE, "--policy", "nospec", "--k=5"),
+     "--policy nospec sets -k 0, but -k 5 is given too: give one of them, or the same value"),
+    ((*SERVE, "--policy", "schedule:a.json", "--schedule", "b.json"),
+     "--policy schedule:a.json sets --schedule a.json, but --schedule b.json is given too: give one of them, "
+     "or the same value"),
     ((*SERVE, "--coefficients", "/nonexistent/coefficients.json", "--no-resume"),
      "--coefficients: no such file: /nonexistent/coefficients.json"),
     ((*SERVE, "--max-tokens-limit", "9"), "No such option: --max-tokens-limit (Possible options: --max-new-tokens)"),

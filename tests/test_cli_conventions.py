@@ -79,9 +79,11 @@ def test_repeated_policy_options(tmp_path, capsys, monkeypatch):
     assert pl.read_parquet(out)["policy"].to_list() == ["nospec", "fixed3"]
 
 
-def test_serve_policy_takes_simulate_syntax(monkeypatch, capsys):
+def test_serve_policy_takes_simulate_syntax(monkeypatch, capsys, tmp_path):
     """serve parses --policy with simulate's parser (scheduling/spec.py `parse_spec`): the config it builds; a
-    name is one policy (adaptive never stops drafting early, adaptive-stop does, as in simulate and record)."""
+    name is one policy (adaptive never stops drafting early, adaptive-stop does, as in simulate and record).
+    The policy's argument and the option of the same field (--estimator, -k, --schedule) both given with equal
+    values stand (different ones: test_cli_bad_input.py)."""
     import avkit.serve.server as server
 
     got = {}
@@ -93,12 +95,23 @@ def test_serve_policy_takes_simulate_syntax(monkeypatch, capsys):
     monkeypatch.setattr(server, "serve", fake_serve)
     monkeypatch.setattr("avkit.serve.startup.warm_start", lambda config: None)
     monkeypatch.setattr("avkit.serve.startup.bind_socket", lambda host, port: None)
+    sched = tmp_path / "schedule.json"
+    sched.write_text('{"schedule": {"ranges": [[1, 4, 2], [5, 9, 1]]}}')
     cases = {("adaptive",): ("adaptive", "online_logistic", 7, True), ("adaptive:qmax",): ("adaptive", "qmax", 7, True),
              ("adaptive-nogate", "--estimator", "qmax"): ("adaptive", "qmax", 7, False),
+             ("adaptive:qmax", "--estimator", "qmax"): ("adaptive", "qmax", 7, True),
              ("adaptive-stop",): ("adaptive-stop", "online_logistic", 7, True),
+             ("adaptive-stop:qmax", "-k", "5"): ("adaptive-stop", "qmax", 5, True),
              ("adaptive-stop-nogate:qmax",): ("adaptive-stop", "qmax", 7, False),
-             ("fixed:3",): ("fixed", "online_logistic", 3, True), ("fixed",): ("fixed", "online_logistic", 7, True),
-             ("nospec",): ("fixed", "online_logistic", 0, True)}
+             ("fixed:3",): ("fixed", "online_logistic", 3, True),
+             ("fixed:3", "-k", "3"): ("fixed", "online_logistic", 3, True),
+             ("fixed", "-k", "5"): ("fixed", "online_logistic", 5, True),
+             ("fixed",): ("fixed", "online_logistic", 7, True),
+             ("nospec",): ("fixed", "online_logistic", 0, True),
+             ("nospec", "-k", "0"): ("fixed", "online_logistic", 0, True),
+             (f"schedule:{sched}",): ("schedule", "online_logistic", 7, True),
+             (f"schedule:{sched}", "--schedule", str(sched)): ("schedule", "online_logistic", 7, True),
+             ("schedule", "--schedule", str(sched)): ("schedule", "online_logistic", 7, True)}
     from avkit.scheduling.policy import FullVerification
     from avkit.scheduling.spec import POLICIES
 
@@ -108,9 +121,11 @@ def test_serve_policy_takes_simulate_syntax(monkeypatch, capsys):
     monkeypatch.setitem(POLICIES._entries, "mine", Mine)
     cases[("mine",)] = ("mine", "online_logistic", 7, True)
     for args, want in cases.items():
-        _, _, err = _run(capsys, monkeypatch, "serve", "-k", "7", "--policy", *args)
-        c = got.pop("config")
+        _, _, err = _run(capsys, monkeypatch, "serve", "--policy", *args)
+        c = got.pop("config", None)
+        assert c is not None, (args, err)
         assert (c.policy, c.adaptive.estimator, c.engine.k, c.adaptive.draft_gate) == want, (args, err)
+        assert c.schedule == (str(sched) if c.policy == "schedule" else ""), args
         if c.policy in ("fixed", "mine"):  # the object serve runs: PolicySpec.make's
             made = server.make_policy(c, "")
             assert isinstance(made, Mine) if c.policy == "mine" else made.k == c.engine.k

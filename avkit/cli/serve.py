@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from typer._click.core import ParameterSource  # typer >= 0.29 carries its own click
 
 from avkit.cli.ending import end_process
 from avkit.cli.options import (
     DeviceOption, DraftOption, DrafterOption, DtypeOption, KernelsOption, PayoffOption, TargetOption)
 from avkit.config import (
     AdaptiveConfig, EngineConfig, EstimatorConfig, HttpConfig, ModelsConfig, ServeConfig, default_of)
+from avkit.config.serve import policy_fields
 from avkit.scheduling.spec import ADAPTIVE, parse_spec
 
 
@@ -27,6 +28,7 @@ def _o(help: str, **kw):
 def register(app: typer.Typer) -> None:
     @app.command("serve")
     def serve(
+        ctx: typer.Context,
         target: TargetOption = _d("models.target"),
         draft: DraftOption = _d("models.draft"),
         drafter: DrafterOption = _d("models.drafter"),
@@ -77,24 +79,26 @@ def register(app: typer.Typer) -> None:
         log_level: Annotated[str, _o("log level (uvicorn and avkit)")] = "info",
     ):
         """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
-        config = ServeConfig(  # every option's own bound is checked here, before torch (the policy: below, also before torch)
+        spec = parse_spec(policy, bare=("fixed", "schedule"), estimator=estimator)  # simulate's syntax
+        field = "estimator" if spec.name in ADAPTIVE else {"fixed": "k", "schedule": "schedule"}.get(spec.name)
+        sets = {field: int(spec.arg) if field == "k" else spec.arg} if field and spec.arg else {}  # by its argument
+        given = [n for n in ("estimator", "k", "schedule")
+                 if ctx.get_parameter_source(n) != ParameterSource.DEFAULT]  # typed on the command line
+        fields = policy_fields(policy, sets, {"estimator": estimator, "k": k, "schedule": schedule}, given)
+        config = ServeConfig(  # every option's own bound is checked here, before torch
             models=ModelsConfig(target=target, draft=draft, drafter=drafter, payoff=payoff, device=device,
                                 dtype=dtype),
-            engine=EngineConfig(k=k, concurrency=concurrency, max_len=max_len, seed=seed, kernels=kernels),
+            engine=EngineConfig(k=fields["k"], concurrency=concurrency, max_len=max_len, seed=seed,
+                                kernels=kernels),
             online=EstimatorConfig(refit_interval=refit_interval),
-            adaptive=AdaptiveConfig(estimator=estimator, coefficients=coefficients, cost=cost,
-                                    cache_coefficients=cache_coefficients),
+            adaptive=AdaptiveConfig(estimator=fields["estimator"], coefficients=coefficients, cost=cost,
+                                    cache_coefficients=cache_coefficients, draft_gate=spec.gate),
             http=HttpConfig(host=host, port=port, api_key=api_key, served_model_name=served_model_name,
                             queue_size=queue_size, grace_period=grace_period, max_body_bytes=max_body_bytes,
                             log_requests=log_requests),
-            policy="full", snapshot=snapshot, snapshot_every=snapshot_every, resume=resume, record=record,
-            max_new_tokens=max_new_tokens, default_max_tokens=min(_d("default_max_tokens"), max_new_tokens))
-        spec = parse_spec(policy, bare=("fixed", "schedule"), estimator=estimator)  # simulate's syntax
-        config = replace(
-            config, policy=spec.name, schedule=(spec.arg if spec.name == "schedule" else "") or schedule,
-            engine=replace(config.engine, k=int(spec.arg) if spec.name == "fixed" and spec.arg else k),
-            adaptive=replace(config.adaptive, estimator=spec.arg if spec.name in ADAPTIVE else estimator,
-                             draft_gate=spec.gate))
+            policy=spec.name, schedule=fields["schedule"], snapshot=snapshot, snapshot_every=snapshot_every,
+            resume=resume, record=record, max_new_tokens=max_new_tokens,
+            default_max_tokens=min(_d("default_max_tokens"), max_new_tokens))
         from avkit.serve.server import bind_warning  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.serve.server import serve as run  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.serve.startup import bind_socket, check_record_writable, warm_start  # lazy: start-up (the library loads when the command runs: -h stays fast)

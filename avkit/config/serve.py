@@ -8,7 +8,7 @@ from avkit.config.engine import EngineConfig, ModelsConfig
 from avkit.config.estimation import AdaptiveConfig, EstimatorConfig
 from avkit.config.fields import Checked, checked
 from avkit.errors import ConfigError
-from avkit.validate import in_range, shown
+from avkit.validate import in_range, option, shown
 
 SERVE_STATE_DIR = "~/.cache/avkit/serve"  # default home of the coefficient snapshot
 
@@ -63,4 +63,17 @@ class ServeConfig(Checked):
                               f"{self.policy}, --schedule {shown(self.schedule)}")
 
 
-__all__ = ["SERVE_STATE_DIR", "HttpConfig", "ServeConfig"]
+def policy_fields(policy: str, sets: dict, options: dict, given) -> dict:
+    """The fields that `--policy policy` (as typed) and their own options both set: `options` holds each
+    option's value (estimator, k, schedule), `given` names those typed on the command line, `sets` the one the
+    policy's argument sets (estimator from adaptive:E, k from fixed:K or nospec, schedule from schedule:FILE).
+    A field has one value, never a silent winner: an option given with another value than the policy's is a
+    ConfigError naming both as typed; equal values, or only one of the two, stand."""
+    for key, value in sets.items():
+        if key in given and options[key] != value:
+            raise ConfigError(f"--policy {policy} sets {option(key)} {shown(value)}, but {option(key)} "
+                              f"{shown(options[key])} is given too: give one of them, or the same value")
+    return options | sets
+
+
+__all__ = ["SERVE_STATE_DIR", "HttpConfig", "ServeConfig", "policy_fields"]
