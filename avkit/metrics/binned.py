@@ -33,7 +33,7 @@ from typing import Self
 import numpy as np
 
 from avkit.metrics.calibration import additive_sums
-from avkit.metrics.table import scope_rows
+from avkit.metrics.table import scope_rows, scopes
 
 DEFAULT_AUC_BINS = 1 << 16
 
@@ -131,15 +131,9 @@ class BinnedScores:
 
     def rows(self, names: list[str]) -> list[dict]:
         """Rows {scope, auc, log_loss, ece, n, auc_bound} for the standard scopes (metrics/table.py)."""
-        k = self.hist.shape[1]
-        scopes = {"all": np.s_[:, :], "all_but_first": np.s_[:, 1:]}
-        scopes |= {f"position={i}": np.s_[:, i:i + 1] for i in range(k)}
-        scopes |= {f"dataset={n}": np.s_[j:j + 1, :] for j, n in enumerate(names)}
-        res = {scope: self._scope(index) for scope, index in scopes.items()}
-        aucs = {"all": res["all"][0], "all_but_first": res["all_but_first"][0],
-                "position": [res[f"position={i}"][0] for i in range(k)],
-                "dataset": [res[f"dataset={n}"][0] for n in names]}
-        return scope_rows(self.nll, self.table, names, aucs, extra=lambda s: {"auc_bound": res[s][1]})
+        res = {scope: self._scope(groups) for scope, groups in scopes(*self.nll.shape, names)}
+        return scope_rows(self.nll, self.table, names, {s: r[0] for s, r in res.items()},
+                          {s: {"auc_bound": r[1]} for s, r in res.items()})
 
 
 __all__ = ["DEFAULT_AUC_BINS", "BinnedScores", "auc_from_histogram", "logit", "quantile_edges"]

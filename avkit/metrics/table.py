@@ -108,36 +108,35 @@ class ScoreLayout:
         y_s, g_s, ties = self._sorted(np.ascontiguousarray(p, dtype=np.float64))
         nll_g, table = additive_sums(p, y, self.group, d, k, nb)
         pos_s = self.pos_of[g_s]  # [N] position of each sorted row
-        aucs_all = float(_family_auc(None, y_s, ties, 1)[0])
-        aucs = {"all": aucs_all,
-                "all_but_first": float(_family_auc((pos_s > 0).view(np.int8), y_s, ties, 2)[1]) if k > 1 else np.nan,
-                "position": _family_auc(pos_s, y_s, ties, k),
-                "dataset": None if d == 1 and self.names == [""] else  # one dataset: its AUC is "all"'s
-                [aucs_all] if d == 1 else _family_auc(self.ds_of[g_s], y_s, ties, d)}
+        aucs = {"all": float(_family_auc(None, y_s, ties, 1)[0])}
+        if k > 1:
+            aucs["all_but_first"] = float(_family_auc((pos_s > 0).view(np.int8), y_s, ties, 2)[1])
+        aucs |= {f"position={i}": a for i, a in enumerate(_family_auc(pos_s, y_s, ties, k))}
+        ds_aucs = _family_auc(self.ds_of[g_s], y_s, ties, d) if d > 1 else [aucs["all"]]  # one: "all"'s
+        aucs |= {f"dataset={n}": a for n, a in zip(self.names, ds_aucs)}
         return scope_rows(nll_g, table, self.names, aucs)
 
 
-def scope_rows(nll_g: np.ndarray, table: np.ndarray, names: list[str], aucs: dict, extra=None) -> list[dict]:
-    """Rows of every scope from additive per-group sums and the scopes' AUCs.
+def scopes(d: int, k: int, names: list[str]) -> list[tuple[str, tuple]]:
+    """The standard scopes (module note) of D datasets `names` and K positions: (scope, index of its
+    (dataset, position) groups into a [D, K] array); no dataset scopes for one unnamed dataset."""
+    out = [("all", np.s_[:, :])] + [("all_but_first", np.s_[:, 1:])] * (k > 1)
+    out += [(f"position={i}", np.s_[:, i:i + 1]) for i in range(k)]
+    return out + [(f"dataset={n}", np.s_[j:j + 1, :]) for j, n in enumerate(names)] * (d > 1 or names != [""])
 
-    nll_g: [D, K] summed NLL; table: [3, D, K, n_bins] (count, sum p, sum y); aucs: {"all": float,
-    "all_but_first": float, "position": [K], "dataset": [D]}; extra(scope) -> more keys of a row.
-    """
-    d, k = nll_g.shape
 
-    def row(scope: str, auc: float, nll_sum: float, t: np.ndarray) -> dict:  # t: [3, n_bins]
+def scope_rows(nll_g: np.ndarray, table: np.ndarray, names: list[str], aucs: dict[str, float],
+               extra: dict[str, dict] | None = None) -> list[dict]:
+    """Rows {scope, auc, log_loss, ece, n} (and `extra[scope]`'s keys) of every non-empty scope, from
+    additive per-group sums: nll_g [D, K] summed NLL, table [3, D, K, n_bins] (count, sum p, sum y);
+    aucs: scope -> its AUC."""
+    rows = []
+    for scope, groups in scopes(*nll_g.shape, names):
+        t = table[(slice(None), *groups)].sum((1, 2))  # [3, n_bins]
         n = int(t[0].sum())
-        return {"scope": scope, "auc": float(auc), "log_loss": float(nll_sum / n), "ece": float(ece_from_bins(t)),
-                "n": n} | ({} if extra is None else extra(scope))
-
-    rows = [row("all", aucs["all"], nll_g.sum(), table.sum((1, 2)))]
-    if k > 1 and table[0, :, 1:].sum() > 0:
-        rows.append(row("all_but_first", aucs["all_but_first"], nll_g[:, 1:].sum(), table[:, :, 1:].sum((1, 2))))
-    rows += [row(f"position={i}", aucs["position"][i], nll_g[:, i].sum(), table[:, :, i].sum(1))
-             for i in range(k) if table[0, :, i].sum() > 0]
-    if d > 1 or names != [""]:
-        rows += [row(f"dataset={names[j]}", aucs["dataset"][j], nll_g[j].sum(), table[:, j].sum(1))
-                 for j in range(d) if table[0, j].sum() > 0]
+        if n > 0:
+            rows.append({"scope": scope, "auc": float(aucs[scope]), "log_loss": float(nll_g[groups].sum() / n),
+                         "ece": float(ece_from_bins(t)), "n": n} | (extra or {}).get(scope, {}))
     return rows
 
 
@@ -167,4 +166,4 @@ def score_table(labels, probs, positions, dataset_codes=None, dataset_names=None
     return ScoreLayout(y, pos, ds, dataset_names, n_bins).score(p)
 
 
-__all__ = ["ScoreLayout", "scope_rows", "score_table"]
+__all__ = ["ScoreLayout", "scope_rows", "scopes", "score_table"]
