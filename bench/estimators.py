@@ -370,7 +370,8 @@ def reliability(pool: list[Trace], preds: dict, names=SHOWN) -> bytes:
 
 
 def main() -> None:
-    pool, shifts = traces(Path(tempfile.mkdtemp()))
+    with tempfile.TemporaryDirectory() as tmp:  # the shifted traces' files, read into memory by traces()
+        pool, shifts = traces(Path(tmp))
     with progress() as bar:
         loto, preds = evaluate(pool, shifts, by_temp=False, bar=bar)
         lotto, _ = evaluate(pool, [], by_temp=True, bar=bar)
