@@ -84,6 +84,12 @@ bench-real:
 bench-cost-live:
     python bench/live.py cost --cost profile --min-tokens 256 --min-steps 32
 
+# the logged grid of `just bench-cost-live` (bench/results/cost_live_steps.jsonl) through the current cost learner:
+# the table it would print, recomputed from the logged step times without models (seconds)
+[doc("replay the logged cost-live grid through the current cost learner (no models, seconds)")]
+bench-cost-replay:
+    python bench/live.py cost --replay bench/results/cost_live_steps.jsonl
+
 # live adaptive / best fixed K per cell through `avkit record --policy`, 3 interleaved repeats, 95% intervals
 # (real pair, idle CPU, hours on 2 cores; `python bench/adaptive.py live --tiny` checks it in seconds)
 [doc("live adaptive / best fixed K per cell, 95% intervals (real pair, idle CPU, hours)")]

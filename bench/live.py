@@ -33,24 +33,7 @@ once) and get the same token ids (avkit's tokenizer and the target's chat templa
 (T = 0): every speculative output must equal the same engine's target-only output token for token;
 the table also gives the longest common prefix of avkit's and vLLM's target-only outputs.
 
-`cost`: predicted / live step time, offline profile vs the cost model learned online (scheduling/learn.py).
-
-    python bench/live.py cost --cost profile       # the real pair: profile this CPU first (an IDLE machine)
-    python bench/live.py cost --cost traces/cost_cpu.json                  # against a table on file
-    python bench/live.py cost --tiny                                       # smoke run on tiny random models
-
-Cells: temperature T x batch b x K (fixed K verifies every draft; K = 0 decodes target-only). Each cell runs
-b requests of the workload through the engine and times every decode step (the engine's own StepTime); each
-request decodes max(--min-tokens, (--min-steps + 16) (K + 1)) new tokens (no end-of-text stop), so a cell that
-accepts every draft still has --min-steps + 16 steps; those short of --min-steps measured (a large batch's
-ragged tail is shapes of their own) are marked. One learner per temperature carries over from cell
-to cell, as a server's does. Per cell: the median of actual / predicted over its measured steps, predicted
-by the offline table and by the learned model as it stood before the step (online). A measured step is one
-whose shape (learn.py: requests, passes, tokens, context band) the learner had already learned from, i.e.
-after that shape's warm-up and first refit; catch-up steps are left out. `--cost profile` profiles this CPU
-(`avkit profile`'s step timing, one table per temperature, saved beside the results) before the cells. The
-goal: online within +-10% in every cell. Timings are only meaningful on an otherwise idle machine; nothing
-here is a pass/fail test.
+`cost`: predicted / live step time, offline profile vs the cost model learned online: bench/live_cost.py.
 """
 
 from __future__ import annotations
@@ -58,9 +41,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -69,7 +50,7 @@ import numpy as np
 import torch
 
 import avkit.models
-from avkit.config import DEFAULT_COST_PATH, DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, ProfileConfig, SamplingConfig
+from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, ProfileConfig, SamplingConfig
 from avkit.estimators.coefficients import load_coefficients
 from avkit.hvd.suffix_cache import common_prefix
 from avkit.models.kv_cache import KVCache
@@ -79,11 +60,9 @@ from avkit.runtime.request import Request
 from avkit.runtime.trace_rows import MemorySink
 from avkit.runtime.step_log import StepLog, steady_tok_s
 from avkit.scheduling.adaptive import make_adaptive
-from avkit.scheduling.cost import CostTable, resolve_cost
-from avkit.scheduling.learn import CostLearner
-from avkit.scheduling.policy import FixedK
+from avkit.scheduling.cost import CostTable
 from avkit.scheduling.profile import profile_costs
-from avkit.workloads import load_workload
+from live_cost import cost_main
 from common import RESULTS, header, load, machine, prompt_ids, tiny_pair, today, vllm_peer, write
 
 VLLM_THREADS = "VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_CPU_KVCACHE_SPACE=2"
@@ -520,111 +499,6 @@ def main_peer(args, on_phase=lambda cells: None) -> list[dict]:
         reps.append((v, a))
         on_phase(cells(runs, reps))
     return cells(runs, reps)
-
-
-# ---- cost: predicted / live step time ----------------------------------------------------------------------
-class TimedFixedK(FixedK):
-    """Fixed K that feeds every step's time to a learner and keeps (offline, online) actual / predicted of the
-    steps whose shape the learner had learned (module note)."""
-
-    def __init__(self, k: int, learner: CostLearner, offline: CostTable):
-        super().__init__(k)
-        self.learner, self.offline, self.ratios, self.steps = learner, offline, [], 0
-
-    def observe_step_time(self, timing):
-        offline = timing.ms / float(self.offline.step_cost(timing.num_requests, timing.passes, timing.tokens,
-                                                           timing.context_tokens, timing.draft_rows, timing.lookups))
-        measured = self.learner.learned(timing) > 0 and not timing.catch_up
-        online = self.learner.observe(timing)
-        self.steps += 1
-        if measured:
-            self.ratios.append((offline, online))
-        return online
-
-
-def _cell(target, draft, prompts, t: float, b: int, k: int, tokens: int, learner, offline) -> TimedFixedK:
-    policy = TimedFixedK(k, learner, offline)
-    engine = Engine(target, draft if k else None, EngineConfig(k=k, concurrency=b, max_len=4096), policy=policy)
-    engine.eos = frozenset()  # every request decodes all its tokens (as `avkit profile`'s steps)
-    sampling = SamplingConfig(temperature=t, max_new_tokens=tokens)
-    engine.generate([Request(f"r{i}", prompts[i % len(prompts)], sampling) for i in range(b)])
-    return policy
-
-
-def _profiled(target, draft, prompts, temperature: float, ks, batches, tokens: int, tiny: bool) -> CostTable:
-    """This CPU's table at `temperature` (`avkit profile`'s timing) at the cells' mean context, saved in RESULTS."""
-    context = round(sum(map(len, prompts)) / len(prompts) + tokens / 2)
-    table = profile_costs(target, draft, ProfileConfig(
-        context_len=context, k=max(ks), max_verify_tokens=max(batches) * (max(ks) + 1), max_requests=max(batches),
-        repeats=3, sampling=SamplingConfig(temperature=temperature, top_p=0.95)))
-    path = Path(tempfile.gettempdir() if tiny else RESULTS) / f"cost_live_T{temperature:g}.json"
-    print(f"cost table (T = {temperature:g}): {table.save(path)}", file=sys.stderr, flush=True)
-    return table
-
-
-def _tiny():
-    target, draft = _tiny_pair()
-    cost = CostTable((1, 8, 64), (1.0, 1.5, 4.0), (1, 8), (0.3, 0.5), meta={"source": "smoke"})
-    return target, draft, [[5 + i, 17, 33, 9, 4, 8] for i in range(16)], cost
-
-
-def cost_main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="live.py cost", description="predicted / live step time (module note)")
-    ap.add_argument("--target", default=DEFAULT_TARGET)
-    ap.add_argument("--draft", default=DEFAULT_DRAFT)
-    ap.add_argument("--cost", default=DEFAULT_COST_PATH,
-                    help="the offline table: a cost file, or `profile` (profile this CPU first, per temperature)")
-    ap.add_argument("--dataset", default="humaneval")
-    ap.add_argument("--temperatures", default="0,1")
-    ap.add_argument("--batches", default="1,4,16")
-    ap.add_argument("--ks", default="0,3,5,7")
-    ap.add_argument("--min-tokens", type=int, default=256, help="new tokens per request at least")
-    ap.add_argument("--min-steps", type=int, default=32, help="measured steps a cell aims for (module note)")
-    ap.add_argument("--out", default="", help="Markdown (default bench/results/cost_live.md; --tiny: a temp file)")
-    ap.add_argument("--tiny", action="store_true", help="tiny random models and a made-up table (a smoke run)")
-    a = ap.parse_args(argv)
-    ints = lambda s: [int(x) for x in s.split(",")]
-    ks, batches = ints(a.ks), ints(a.batches)
-    tokens = {k: max(a.min_tokens, (a.min_steps + 16) * (k + 1)) for k in ks}
-    if a.tiny:
-        target, draft, prompts, cost = _tiny()
-        cost = None if a.cost == "profile" else cost
-    else:
-        target, draft = avkit.models.load(a.target, dtype=torch.bfloat16), avkit.models.load(a.draft, dtype=torch.bfloat16)
-        cost = None if a.cost == "profile" else resolve_cost(a.cost)
-        tok = target.tokenizer  # raw text, or a chat's first turn through the chat template (as `avkit record`)
-        prompts = [tok.encode(p.text) if not p.messages else
-                   tok.apply_chat_template(list(p.messages[:1]), add_generation_prompt=True)
-                   for p in load_workload(a.dataset, n=64)]
-    rows, load_at_start = [], load()
-    for t in (float(x) for x in a.temperatures.split(",")):
-        table = cost or _profiled(target, draft, prompts[:max(batches)], t, ks, batches, max(tokens.values()), a.tiny)
-        learner = CostLearner(table, probe_every=0)  # fixed K: every shape it runs is visited anyway
-        for b in batches:
-            for k in ks:
-                cell = _cell(target, draft, prompts, t, b, k, tokens[k], learner, table)
-                off, on = (statistics.median(r[i] for r in cell.ratios) if cell.ratios else float("nan")
-                           for i in (0, 1))
-                rows.append((t, b, k, tokens[k], cell.steps, len(cell.ratios), off, on))
-                print(f"T={t:g} b={b} K={k}: offline {off:.3f}, online {on:.3f} ({len(cell.ratios)} of "
-                      f"{cell.steps} steps)", file=sys.stderr)
-    inside = sum(0.9 <= r[-1] <= 1.1 for r in rows)
-    source = "this CPU, profiled first" if a.cost == "profile" else "smoke" if a.tiny else a.cost
-    lines = [header("Predicted / live step time: the profiled table vs the cost model learned online") +
-             f"Offline table: {source}; load {load_at_start:.1f} when the cells began, {load():.1f} at the end. "
-             f"Each request decodes max({a.min_tokens}, "
-             f"({a.min_steps} + 16)(K + 1)) new tokens; per cell the median of actual / predicted over its measured "
-             "steps: those whose shape (requests, passes, tokens, context band) the learner had already learned "
-             "from (after the shape's warm-up and first refit), catch-up steps left out. "
-             f"Goal: online within 0.90-1.10 in every cell; here {inside} of {len(rows)}.", "",
-             "| T | batch | K | new tokens | steps | measured | offline | online |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {t:g} | {b} | {k} | {n} | {s} | {m}{'' if m >= a.min_steps else ' (few)'} | {off:.3f} | {on:.3f} |"
-              for t, b, k, n, s, m, off, on in rows]
-    out = a.out or (Path(tempfile.gettempdir()) / "cost_live_tiny.md" if a.tiny else RESULTS / "cost_live.md")
-    write({out: "\n".join(lines) + "\n"})
-    print("\n".join(lines))
-    return 0
 
 
 if __name__ == "__main__":

@@ -96,14 +96,19 @@ class CostLearner:
         """Steps of `t`'s shape the current model has learned from (0: priced by what other shapes taught)."""
         return max(self.buckets.get(self.shape(t)[0], [0])[0] - self.warmup, 0)
 
+    def predict(self, t: StepTime) -> float:
+        """The current model's price of `t`'s shape (ms): its step and its catch-ups."""
+        key, context = self.shape(t)
+        return float(self.model.step_cost(t.num_requests, t.passes, t.tokens, context, key[1], t.lookups)
+                     + self.model.catch_up_cost(t.catch_up).sum())
+
     def observe(self, t: StepTime) -> float:
         """One step's shape and wall time -> actual / the current model's prediction (the ratio metric). Refits
         when the step's shape has learned 1, 2, 4, ... steps (up to its window: a new shape is priced from
         its own steps as soon as its warm-up is over), and every `refit_every` steps."""
         self.steps += 1
         key, context = self.shape(t)
-        predicted = float(self.model.step_cost(t.num_requests, t.passes, t.tokens, context, key[1], t.lookups)
-                          + self.model.catch_up_cost(t.catch_up).sum())
+        predicted = self.predict(t)
         learned = 0
         if t.ms > 0:
             bucket = self.buckets.setdefault(key, [0, deque(maxlen=self.window)])

@@ -1,0 +1,215 @@
+"""Predicted / live step time, offline profile vs the cost model learned online (scheduling/learn.py).
+Run as `python bench/live.py cost ...` (bench/live.py hands its `cost` mode to this file).
+
+    python bench/live.py cost --cost profile       # the real pair: profile this CPU first (an IDLE machine)
+    python bench/live.py cost --cost traces/cost_cpu.json                  # against a table on file
+    python bench/live.py cost --tiny                                       # smoke run on tiny random models
+    python bench/live.py cost --replay bench/results/cost_live_steps.jsonl # the logged grid, today's learner
+
+Cells: temperature T x batch b x K (fixed K verifies every draft; K = 0 decodes target-only). Each cell runs
+b requests of the workload through the engine and times every decode step (the engine's own StepTime); each
+request decodes max(--min-tokens, (--min-steps + 16) (K + 1)) new tokens (no end-of-text stop), so a cell that
+accepts every draft still has --min-steps + 16 steps; those short of --min-steps measured (a large batch's
+ragged tail is shapes of their own) are marked. One learner per temperature carries over from cell
+to cell, as a server's does. Per cell: the median of actual / predicted over its measured steps, predicted
+by the offline table and by the learned model as it stood before the step (online). A measured step is one
+whose shape (learn.py: requests, passes, tokens, context band) the learner had already learned from, i.e.
+after that shape's warm-up and first refit; catch-up steps are left out. `--cost profile` profiles this CPU
+(`avkit profile`'s step timing, one table per temperature, saved beside the results) before the cells. The
+goal: online within +-10% in every cell. Timings are only meaningful on an otherwise idle machine; nothing
+here is a pass/fail test.
+
+Step log (JSON lines beside the Markdown: `<out stem>_steps.jsonl`, e.g. bench/results/cost_live_steps.jsonl):
+  {"T": t, "table": {...}}   first, one per temperature: the offline table (the learner's prior), cost-file JSON
+  then one line per decode step, in the order the learner saw them:
+  T, batch, K       the cell
+  i               the step's index in its cell
+  n, passes, tokens, context, rows, lookups, catch_up   its StepTime (requests, draft passes, target tokens,
+                  cached context tokens, draft rows (null: all), cache lookups, [lags] of its catch-ups)
+  ms              its wall time (ms, rounded to 0.1 us; the learner saw the rounded value)
+  offline_ms      the offline table's price of it (its step, no catch-ups)
+  online_ms       the learned model's price of it as the model stood before the step
+  learned         whether its shape was learned before it (a measured step)
+`--replay LOG` feeds the logged steps, temperature by temperature in their order, through the current
+CostLearner (the logged table its prior) and prints the table the live run would have printed with this
+learner: no models, seconds for the whole grid. With an unchanged learner it equals the live table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+import avkit.models
+import torch
+from avkit.config import DEFAULT_COST_PATH, DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, ProfileConfig, SamplingConfig
+from avkit.runtime.engine import Engine
+from avkit.runtime.request import Request
+from avkit.scheduling.cost import CostTable, resolve_cost
+from avkit.scheduling.learn import CostLearner
+from avkit.scheduling.policy import FixedK
+from avkit.scheduling.profile import profile_costs
+from avkit.step_types import StepTime
+from avkit.workloads import load_workload
+from common import RESULTS, header, load, tiny_pair, write
+
+FIELDS = ("n", "passes", "tokens", "context", "rows", "lookups", "catch_up", "ms")  # a logged StepTime, in order
+
+
+def price(learner: CostLearner, offline: CostTable, t: StepTime) -> dict:
+    """One step through the learner -> its log row's step fields (module note), the learner updated."""
+    learned = learner.learned(t) > 0 and not t.catch_up
+    online = learner.predict(t)
+    learner.observe(t)
+    offline_ms = float(offline.step_cost(t.num_requests, t.passes, t.tokens, t.context_tokens, t.draft_rows,
+                                         t.lookups))
+    return {**dict(zip(FIELDS, (t.num_requests, t.passes, t.tokens, t.context_tokens, t.draft_rows, t.lookups,
+                                list(t.catch_up), t.ms))),
+            "offline_ms": offline_ms, "online_ms": online, "learned": learned}
+
+
+class TimedFixedK(FixedK):
+    """Fixed K that prices every step through the learner (`price`) and keeps its log rows."""
+
+    def __init__(self, k: int, learner: CostLearner, offline: CostTable, cell: dict):
+        super().__init__(k)
+        self.learner, self.offline, self.cell, self.rows = learner, offline, cell, []
+
+    def observe_step_time(self, timing):
+        timing = replace(timing, ms=round(timing.ms, 4))  # the logged value (module note)
+        self.rows.append({**self.cell, "i": len(self.rows), **price(self.learner, self.offline, timing)})
+        return timing.ms / self.rows[-1]["online_ms"]
+
+
+def _cell(target, draft, prompts, t: float, b: int, k: int, tokens: int, learner, offline) -> list[dict]:
+    policy = TimedFixedK(k, learner, offline, {"T": t, "batch": b, "K": k})
+    engine = Engine(target, draft if k else None, EngineConfig(k=k, concurrency=b, max_len=4096), policy=policy)
+    engine.eos = frozenset()  # every request decodes all its tokens (as `avkit profile`'s steps)
+    sampling = SamplingConfig(temperature=t, max_new_tokens=tokens)
+    engine.generate([Request(f"r{i}", prompts[i % len(prompts)], sampling) for i in range(b)])
+    return policy.rows
+
+
+def cells(rows: list[dict]) -> list[tuple]:
+    """Step rows -> per cell (T, batch, K, steps, measured, offline median, online median) (module note)."""
+    by = {}
+    for r in rows:
+        by.setdefault((r["T"], r["batch"], r["K"]), []).append(r)
+    out = []
+    for (t, b, k), steps in by.items():
+        seen = [r for r in steps if r["learned"]]
+        off, on = (statistics.median(r["ms"] / r[col] for r in seen) if seen else float("nan")
+                   for col in ("offline_ms", "online_ms"))
+        out.append((t, b, k, len(steps), len(seen), off, on))
+    return out
+
+
+def replay(log: Path) -> tuple[list[dict], dict]:
+    """The logged steps through today's CostLearner -> (new step rows, {T: the logged table})."""
+    try:
+        lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        tables = {d["T"]: CostTable.from_json(d["table"], str(log)) for d in lines if "table" in d}
+        learners = {t: CostLearner(table, probe_every=0) for t, table in tables.items()}
+        rows = [{**{c: d[c] for c in ("T", "batch", "K", "i")},
+                 **price(learners[d["T"]], tables[d["T"]], StepTime(
+                     d["n"], d["passes"], d["tokens"], d["context"], d["ms"], d["rows"], d["lookups"],
+                     tuple(d["catch_up"])))}
+                for d in lines if "table" not in d]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"avkit: error: --replay {log}: not a step log of `live.py cost` ({e!r})", file=sys.stderr)
+        raise SystemExit(2) from None
+    return rows, tables
+
+
+def _profiled(target, draft, prompts, temperature: float, ks, batches, tokens: int, tiny: bool) -> CostTable:
+    """This CPU's table at `temperature` (`avkit profile`'s timing) at the cells' mean context, saved in RESULTS."""
+    context = round(sum(map(len, prompts)) / len(prompts) + tokens / 2)
+    table = profile_costs(target, draft, ProfileConfig(
+        context_len=context, k=max(ks), max_verify_tokens=max(batches) * (max(ks) + 1), max_requests=max(batches),
+        repeats=3, sampling=SamplingConfig(temperature=temperature, top_p=0.95)))
+    path = Path(tempfile.gettempdir() if tiny else RESULTS) / f"cost_live_T{temperature:g}.json"
+    print(f"cost table (T = {temperature:g}): {table.save(path)}", file=sys.stderr, flush=True)
+    return table
+
+
+def _tiny():
+    target, draft = (avkit.models.load(d) for d in tiny_pair("avkit-bench-"))
+    cost = CostTable((1, 8, 64), (1.0, 1.5, 4.0), (1, 8), (0.3, 0.5), meta={"source": "smoke"})
+    return target, draft, [[5 + i, 17, 33, 9, 4, 8] for i in range(16)], cost
+
+
+def _lines(table: list[tuple], min_steps: int, intro: str) -> list[str]:
+    inside = sum(0.9 <= r[-1] <= 1.1 for r in table)
+    return [intro + f" Goal: online within 0.90-1.10 in every cell; here {inside} of {len(table)}.", "",
+            "| T | batch | K | steps | measured | offline | online |", "|---:|---:|---:|---:|---:|---:|---:|",
+            *(f"| {t:g} | {b} | {k} | {s} | {m}{'' if m >= min_steps else ' (few)'} | {off:.3f} | {on:.3f} |"
+              for t, b, k, s, m, off, on in table)]
+
+
+def cost_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="live.py cost", description="predicted / live step time (module note)")
+    ap.add_argument("--target", default=DEFAULT_TARGET)
+    ap.add_argument("--draft", default=DEFAULT_DRAFT)
+    ap.add_argument("--cost", default=DEFAULT_COST_PATH,
+                    help="the offline table: a cost file, or `profile` (profile this CPU first, per temperature)")
+    ap.add_argument("--dataset", default="humaneval")
+    ap.add_argument("--temperatures", default="0,1")
+    ap.add_argument("--batches", default="1,4,16")
+    ap.add_argument("--ks", default="0,3,5,7")
+    ap.add_argument("--min-tokens", type=int, default=256, help="new tokens per request at least")
+    ap.add_argument("--min-steps", type=int, default=32, help="measured steps a cell aims for (module note)")
+    ap.add_argument("--out", default="", help="Markdown (default bench/results/cost_live.md; --tiny: a temp file); "
+                                              "the step log beside it (module note)")
+    ap.add_argument("--tiny", action="store_true", help="tiny random models and a made-up table (a smoke run)")
+    ap.add_argument("--replay", default="", metavar="LOG", help="a step log: its steps through today's learner")
+    a = ap.parse_args(argv)
+    if a.replay:
+        rows, _ = replay(Path(a.replay))
+        lines = _lines(cells(rows), a.min_steps, f"Replay of `{a.replay}` through the current cost learner (no "
+                                                 "models; offline and learned prices recomputed).")
+        if a.out:
+            write({a.out: "\n".join(lines) + "\n"})
+        print("\n".join(lines))
+        return 0
+    ints = lambda s: [int(x) for x in s.split(",")]
+    ks, batches = ints(a.ks), ints(a.batches)
+    tokens = {k: max(a.min_tokens, (a.min_steps + 16) * (k + 1)) for k in ks}
+    if a.tiny:
+        target, draft, prompts, cost = _tiny()
+        cost = None if a.cost == "profile" else cost
+    else:
+        target, draft = avkit.models.load(a.target, dtype=torch.bfloat16), avkit.models.load(a.draft, dtype=torch.bfloat16)
+        cost = None if a.cost == "profile" else resolve_cost(a.cost)
+        tok = target.tokenizer  # raw text, or a chat's first turn through the chat template (as `avkit record`)
+        prompts = [tok.encode(p.text) if not p.messages else
+                   tok.apply_chat_template(list(p.messages[:1]), add_generation_prompt=True)
+                   for p in load_workload(a.dataset, n=64)]
+    rows, log, load_at_start = [], [], load()
+    for t in (float(x) for x in a.temperatures.split(",")):
+        table = cost or _profiled(target, draft, prompts[:max(batches)], t, ks, batches, max(tokens.values()), a.tiny)
+        log.append({"T": t, "table": table.to_json()})
+        learner = CostLearner(table, probe_every=0)  # fixed K: every shape it runs is visited anyway
+        for b in batches:
+            for k in ks:
+                rows += _cell(target, draft, prompts, t, b, k, tokens[k], learner, table)
+                *_, s, m, off, on = cells(rows)[-1]
+                print(f"T={t:g} b={b} K={k}: offline {off:.3f}, online {on:.3f} ({m} of {s} steps)", file=sys.stderr)
+    source = "this CPU, profiled first" if a.cost == "profile" else "smoke" if a.tiny else a.cost
+    lines = _lines(cells(rows), a.min_steps, header(
+        "Predicted / live step time: the profiled table vs the cost model learned online") +
+        f"Offline table: {source}; load {load_at_start:.1f} when the cells began, {load():.1f} at the end. "
+        f"Each request decodes max({a.min_tokens}, ({a.min_steps} + 16)(K + 1)) new tokens; per cell the median of actual / predicted over its measured steps: those whose "
+        "shape (requests, passes, tokens, context band) the learner had already learned from (after the "
+        "shape's warm-up and first refit), catch-up steps left out. Per-step log: the `_steps.jsonl` beside it.")
+    out = Path(a.out) if a.out else Path(tempfile.gettempdir()) / "cost_live_tiny.md" if a.tiny else \
+        RESULTS / "cost_live.md"
+    rounded = lambda r: {k: round(v, 4) if k.endswith("_ms") else v for k, v in r.items()}
+    write({out: "\n".join(lines) + "\n",
+           out.with_name(out.stem + "_steps.jsonl"): "".join(json.dumps(rounded(r)) + "\n" for r in log + rows)})
+    print("\n".join(lines))
+    return 0
