@@ -14,8 +14,8 @@ start from `--coefficients` for the written one).
 trace file (`--engine streaming` / `ray`: one shard per file, on threads or Ray tasks), then one pass
 per Newton iteration and one score pass. `--mode online` replays the slots in memory in engine-step
 order (the replicas of `--replicas independent` on the engine). Both give (plan, estimators,
-trajectory rows, score rows, K, trained_on), and `run_fit` turns that into one FitResult. `write_fit_outputs` writes it atomically
-(`avkit.staged.StagedOutputs`: all renamed at the end, or none):
+trajectory rows, score rows, K, trained_on), and `run_fit` turns that into one FitResult.
+`write_fit_outputs` writes it atomically (`avkit.staged.StagedOutputs`: all renamed at the end, or none):
   coefficients.json  the deployable estimator (`coefficients_doc`, schema_version 1), read by `serve`
   scores.json        rows {feature, lossless, estimator, scope, auc, log_loss, ece, n}
   trajectory.parquet slope and intercepts after every online refit (or batch iteration); `file` is

@@ -140,7 +140,7 @@ def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int, s
         keys.add(df, off)
         _count_steps(s, df)
         if drafts:
-            _count_drafts(s, df)
+            count_drafts(df, s.drafted)
         obs = df.filter(fitted("model"))
         _survey_chunk(s, obs.sort("position", maintain_order=True), rng, sample / max(total, 1))
     keys.check(path, lf)
@@ -161,12 +161,14 @@ def _count_steps(s: ShardSurvey, df: pl.DataFrame) -> None:
         s.last = (es[-1], (df["request_id"].cast(pl.String)[-1], df["step"][-1]))
 
 
-def _count_drafts(s: ShardSurvey, df: pl.DataFrame) -> None:
-    """Drafted slots and their summed draft entropy per dataset, observed or not (`avkit report`)."""
+def count_drafts(df: pl.DataFrame, drafted: dict[str, list]) -> dict[str, list]:
+    """Add `df`'s drafted slots and their summed draft entropy per dataset, observed or not, into
+    `drafted` (dataset -> [rows, sum of entropy]: `avkit report`); -> `drafted`."""
     agg = df.group_by(pl.col("dataset").cast(pl.String)).agg(pl.len(), pl.col("entropy").cast(pl.Float64).sum())
     for name, n, h in agg.iter_rows():
-        acc = s.drafted.setdefault(name, [0, 0.0])
+        acc = drafted.setdefault(name, [0, 0.0])
         acc[0], acc[1] = acc[0] + n, acc[1] + h
+    return drafted
 
 
 def _survey_chunk(s: ShardSurvey, obs: pl.DataFrame, rng: np.random.Generator, rate: float) -> None:
@@ -198,4 +200,4 @@ def _survey_chunk(s: ShardSurvey, obs: pl.DataFrame, rng: np.random.Generator, r
     obs["accepted"].cast(pl.Int8).to_numpy().tofile(out / f"c{c}.label")
 
 
-__all__ = ["MAX_K", "PARTS", "ShardSurvey", "SlotKeys", "spill_shard"]
+__all__ = ["MAX_K", "PARTS", "ShardSurvey", "SlotKeys", "count_drafts", "spill_shard"]

@@ -22,7 +22,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import polars as pl
 
 from avkit.config import EstimatorConfig, FitConfig
 from avkit.errors import ConfigError
@@ -31,6 +30,7 @@ from avkit.fit.data import FitData, load_fit_data
 from avkit.fit.engines import LocalEngine
 from avkit.fit.passes import held, newton, spilled
 from avkit.fit.replay import online_replay
+from avkit.fit.spill import count_drafts
 from avkit.metrics.calibration import additive_sums
 from avkit.trace.reader import read_traces
 from avkit.trace.shards import check_shards
@@ -95,10 +95,7 @@ def summarize(paths, c: dict, n_bins: int, fit: FitConfig | None = None) -> Trac
     if fit.engine == "memory":
         data = load_fit_data(shards.paths)
         replayed = [] if batch else replayed_panels(data, c, n_bins)
-        df = read_traces(shards.paths, ["dataset", "entropy"], check=False)  # every drafted slot, observed or not
-        for name, n, h in df.group_by(pl.col("dataset").cast(pl.String)).agg(
-                pl.len(), pl.col("entropy").cast(pl.Float64).sum()).iter_rows():
-            drafts[name] = [n, h]
+        drafts = count_drafts(read_traces(shards.paths, ["dataset", "entropy"], check=False), {})  # observed or not
     elif not batch:
         raise ConfigError("--engine streaming reports a batch fit (--mode batch): an online fit's reliability "
                           "panels replay its estimator over whole traces in memory (use --engine memory)")
