@@ -55,9 +55,9 @@ def test_learner_converges_to_a_shifted_cost_through_spikes():
 
 def test_few_steps_stay_near_the_prior_and_untouched_points_keep_it():
     """The prior's pseudo-count: 3 clean steps of one shape (twice the prior's price) move it only part of the
-    way, at each level: the shared curves close at most w = 3 / (3 + PRIOR_COUNT) of the gap, the shape's own
-    factor at most w of what is left (so at most 1 - (1 - w)^2 in all); ordinates no step touches (verify at 32
-    tokens, drafting at 8 requests) keep the prior exactly."""
+    way, at each level: the shared curves close at most w = 3 / (3 + PRIOR_COUNT) of the gap, the shape's
+    factor over its bands and then its band's at most w of what is left each (so at most 1 - (1 - w)^3 in
+    all); ordinates no step touches (verify at 32 tokens, drafting at 8 requests) keep the prior exactly."""
     learner = CostLearner(PRIOR, warmup=0)
     for _ in range(3):
         learner.observe(StepTime(1, 0, 1, None, 2.0 * float(PRIOR.step_cost(1, 0, 1))))
@@ -65,7 +65,7 @@ def test_few_steps_stay_near_the_prior_and_untouched_points_keep_it():
     w = 3 / (3 + learner.prior_count)
     curves = float(replace(model, shape_scale=()).step_cost(1, 0, 1) / PRIOR.step_cost(1, 0, 1))
     moved = float(model.step_cost(1, 0, 1) / PRIOR.step_cost(1, 0, 1))
-    assert 1.0 < curves < 1.0 + w + 1e-9 and curves < moved < 2.0 - (1 - w) ** 2 + 1e-9
+    assert 1.0 < curves < 1.0 + w + 1e-9 and curves < moved < 2.0 - (1 - w) ** 3 + 1e-9
     assert model.verify_ms[-1] == PRIOR.verify_ms[-1] and model.draft_ms[-1] == PRIOR.draft_ms[-1]
 
 
@@ -166,6 +166,31 @@ def test_a_shapes_own_price_is_learned_where_no_shared_ordinate_explains_it(tmp_
     back = CostTable.load(tmp_path / "learned.json")
     assert len(back.shape_scale) == len(SHAPES)
     assert all(float(back.step_cost(*s)) == float(model.step_cost(*s)) for s in SHAPES)
+
+
+def test_a_new_context_band_of_a_learned_shape_starts_from_the_shapes_factor():
+    """The shapes of the test above (+-15% each, fixed seed), learned over 4,000 steps at the table's context,
+    then each met at a context 4x longer (a new band; the price does not move with context here): from its
+    first learned step there every shape is priced within 3% (its factor pooled over its bands; its new band's
+    own factor, one step of it, barely moves from there), where the curves alone leave some > 5% off."""
+    rng = np.random.default_rng(11)
+    offset = {s: float(rng.choice([0.85, 1.15])) for s in SHAPES}
+    truth = lambda s, ctx: offset[s] * float(TRUE.step_cost(*s, ctx))
+    learner, seen = CostLearner(PRIOR), {}
+    for _ in range(4000):
+        s = SHAPES[int(rng.integers(len(SHAPES)))]
+        ctx = int(PRIOR.held_context(s[0], s[2]))
+        learner.observe(StepTime(*s, ctx, _spiky(rng, seen, s, truth(s, ctx))))
+    worst_curves = 0.0
+    for s in SHAPES:
+        far = 4 * int(PRIOR.held_context(s[0], s[2]))
+        for _ in range(learner.warmup + 1):
+            learner.observe(StepTime(*s, far, truth(s, far)))
+        assert learner.learned(StepTime(*s, far, 1.0)) == 1
+        assert float(learner.model.step_cost(*s, far)) / truth(s, far) == pytest.approx(1.0, abs=0.03), s
+        worst_curves = max(worst_curves, abs(float(replace(learner.model, shape_scale=()).step_cost(*s, far))
+                                             / truth(s, far) - 1))
+    assert worst_curves > 0.05
 
 KV, LOOKUP = 0.002, 1.5  # ms per context token beyond the table's, ms per cache lookup
 LIVE = TRUE.with_curves()

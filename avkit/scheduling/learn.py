@@ -30,11 +30,15 @@ Glossary:
                ordinate's steps) pools them with measured neighbours
   residual     the ridge shares its ordinates across shapes and context bands, so a shape whose own price
                no shared ordinate explains stays off however many steps it has. Per bucket without catch-ups
-               (m_b learned steps, its median context c_b) one factor on top of the ridge's price, shrunk by
-               its steps from the prior's factor f0_b (1 unless the prior is a snapshot holding one):
-                   f_b = f0_b + w_b (median_b / ridge_b(c_b) - f0_b),   w_b = m_b / (m_b + PRIOR_COUNT)
-               a shape with many steps converges to its own median, an unseen shape keeps the ridge's shared
-               price. It lives in the table (CostTable.shape_scale, applied by step_cost): whatever prices a
+               (m_b learned steps, its median context c_b, r_b = median_b / ridge_b(c_b)) one factor on top of
+               the ridge's price, shrunk twice: the shape's over all its bands s (M_s steps, r_s their
+               step-weighted mean r_b) from the prior's factor f0_b (1 unless the prior is a snapshot holding
+               one), then the band's from the shape's:
+                   F_b = f0_b + M_s / (M_s + PRIOR_COUNT) (r_s - f0_b)
+                   f_b = F_b + w_b (r_b - F_b),   w_b = m_b / (m_b + PRIOR_COUNT)
+               a shape with many steps converges to its own median, a new context band of it starts from the
+               shape's factor (decoding walks through a band every few dozen tokens), an unseen shape keeps
+               the ridge's shared price. It lives in the table (CostTable.shape_scale, applied by step_cost): whatever prices a
                whole step with step_cost gets it (the ratio metric, the gate's target-only price, catch-up);
                the planner's per-token lookups read the curves alone. The result is a CostTable like any
                other (`snapshot` writes it; `--cost FILE` reads it)
@@ -189,8 +193,11 @@ class CostLearner:
         keys_b = np.asarray([k[:5] + k[6:7] for k in keys]).reshape(-1, 6)[own]  # [B', 6] their shape keys
         f0 = self.prior.shape_factor(keys_b)  # [B']
         ridge_ms = ridge.step_cost(n[own], passes[own], tokens[own], ctx[own], rows[own], lookups[own])  # [B']
-        w = m[own] / (m[own] + self.prior_count)  # [B']
-        factor = f0 + w * (ms[own] / ridge_ms - f0)  # [B']
+        ratio, steps = ms[own] / ridge_ms, m[own]  # [B'] each
+        shape = np.unique(keys_b[:, :5], axis=0, return_inverse=True)[1].reshape(-1)  # [B'] its shape, all bands
+        total = np.bincount(shape, steps)[shape]  # [B'] the shape's steps in all its bands
+        pooled = f0 + total / (total + self.prior_count) * (np.bincount(shape, steps * ratio)[shape] / total - f0)
+        factor = pooled + steps / (steps + self.prior_count) * (ratio - pooled)  # [B']
         learned = {tuple(key): f for key, f in zip(keys_b.tolist(), factor.tolist())}
         kept = [e for e in self.prior.shape_scale if tuple(e[:6]) not in learned]  # the prior's, where unlearned
         self.model = replace(ridge, shape_scale=tuple(kept) + tuple((*key, f) for key, f in learned.items()))
