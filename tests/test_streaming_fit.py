@@ -84,9 +84,12 @@ def test_bad_value_in_a_later_chunk_names_the_shard_and_writes_nothing(capsys, f
     q[66_000] = 1.5
     bad = tmp_path / "replica-bad.parquet"
     pq.write_table(t.set_column(t.schema.get_field_index("q_max"), t.schema.field("q_max"), [q]), bad)
-    with pytest.raises(TraceError, match=f"{bad}.*column 'q_max' is outside"):
+    with pytest.raises(TraceError, match=f"{bad}: column 'q_max' is outside") as streaming:
         run_fit([*fleet, bad], FitConfig(mode="batch", engine="streaming", memory_budget=256,
                                          scratch=str(tmp_path / "scratch")))
+    with pytest.raises(TraceError) as memory:
+        run_fit([bad], FitConfig(mode="batch"))
+    assert str(streaming.value) == str(memory.value)  # the row is named by its place in the shard
     assert os.listdir(tmp_path / "scratch") == []
     with pytest.raises(SystemExit) as exit_:
         app(["fit", str(fleet[0]), str(bad), "--mode", "batch", "--engine", "streaming",
@@ -95,20 +98,21 @@ def test_bad_value_in_a_later_chunk_names_the_shard_and_writes_nothing(capsys, f
     assert exit_.value.code == 2 and err.count("\n") == 1 and str(bad) in err and not (tmp_path / "out").exists()
 
 
-def test_a_slot_repeated_across_chunks_is_refused_as_in_memory(tmp_path):
+@pytest.mark.parametrize("first,repeat", [(3, 66_000), (35_000, 40_000)])  # across chunks; inside one
+def test_a_repeated_slot_is_refused_as_in_memory(tmp_path, first, repeat):
     t = synthetic_trace(SyntheticConfig(num_slots=70_000, seed=5))
     rows = list(range(t.num_rows))
-    rows[66_000] = 3  # row 66,000 (in a later chunk at a 256 MB budget) repeats row 3's slot
+    rows[repeat] = first  # row `repeat` repeats row `first`'s slot (chunks of 32,768 rows at a 256 MB budget)
     bad = tmp_path / "replica-dup.parquet"
     pq.write_table(t.take(rows).replace_schema_metadata(t.schema.metadata), bad)
     fit = FitConfig(mode="batch", engine="streaming", memory_budget=256, scratch=str(tmp_path / "scratch"))
-    assert chunk_rows(fit) < 66_000
+    assert chunk_rows(fit) == 32_768
     with pytest.raises(TraceError) as streaming:
         run_fit([bad], fit)
     with pytest.raises(TraceError) as memory:
         run_fit([bad], FitConfig(mode="batch"))
     assert str(streaming.value) == str(memory.value)
-    assert f"{bad}: row 3 duplicates another row of the same draft slot" in str(streaming.value)
+    assert f"{bad}: row {first} duplicates another row of the same draft slot" in str(streaming.value)
     assert os.listdir(tmp_path / "scratch") == []
 
 

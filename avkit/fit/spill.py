@@ -1,7 +1,7 @@
 """Pass 0 of the out-of-core fit: read each shard once in chunks, check it, spill its observed slots.
 
   spill   each chunk of `rows` rows is checked (`values.check_values`, the in-memory read's
-          checks on the same columns), its observed slots' features derived (float64, the same
+          checks on the same columns, its rows named by their place in the shard), its observed slots' features derived (float64, the same
           polars expressions as the in-memory fit), sorted by position and written as one raw
           array file per column and chunk into the scratch directory; later passes read back
           only the columns they need (no decompression, no unobserved rows)
@@ -12,8 +12,8 @@
           checks a file at once): each chunk's keys are hashed (uint64; strings as strings, so chunks
           agree) and the (hash, row) pairs spilled into PARTS files by the hash's top bits; at the end
           each file is sorted on its own (16 B per row / PARTS) and rows of equal hash are compared
-          exactly. The first repeated slot is reported as `values.check_values` reports it, so the
-          in-memory and out-of-core fits refuse the same traces with the same line.
+          exactly. The first repeated slot is reported by `values.duplicate_slot`, as the in-memory
+          read reports it, so the in-memory and out-of-core fits refuse the same traces with the same line.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from avkit.features import FEATURES
 from avkit.fit.data import TRACE_COLUMNS, fitted, request_step_starts
 from avkit.metrics.binned import BinnedScores
 from avkit.trace.reader import CHECKED_COLUMNS, scan_traces
-from avkit.trace.values import SLOT_KEY, check_values, slot_hashes
+from avkit.trace.values import SLOT_KEY, check_values, duplicate_slot, slot_hashes
 
 MAX_K = 64  # positions a survey can hold before K is known (traces without avkit.k)
 PARTS = 64  # partitions by the top 6 bits of the hash
@@ -74,9 +74,7 @@ class SlotKeys:
                 if key_a == key_b and (first is None or a < first[0]):
                     first = (a, key_a)
         if first is not None:
-            key = ", ".join(f"{n}={v}" for n, v in zip(SLOT_KEY, first[1]))
-            raise TraceError(f"{path}: row {first[0]} duplicates another row of the same draft slot ({key}); "
-                             "it would be counted twice")
+            raise duplicate_slot(path, *first)
 
 
 @dataclass
@@ -136,7 +134,7 @@ def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int, s
         except (pl.exceptions.PolarsError, OSError) as e:
             raise TraceError(f"{path}: cannot read rows {off}..{off + rows - 1}: "
                              f"{str(e).splitlines()[0]}") from None
-        check_values(df, f"{path} (chunk from row {off})", k)
+        check_values(df, path, k, first_row=off, slots=False)  # the in-memory read's lines (SlotKeys: the slots)
         keys.add(df, off)
         _count_steps(s, df)
         if drafts:

@@ -22,9 +22,9 @@ MAX_INFERRED_K = 64  # largest K inferred from the rows of a file without `avkit
 SLOT_KEY = ("run_id", "request_id", "drafter", "step", "position")  # one row per draft slot
 
 
-def _first_bad(df: pl.DataFrame, bad: pl.Expr, column: str) -> str:
+def _first_bad(df: pl.DataFrame, bad: pl.Expr, column: str, first_row: int = 0) -> str:
     row = df.with_row_index("_row").filter(bad).select("_row", column).row(0)
-    return f"row {row[0]} has {column} = {row[1]}"
+    return f"row {row[0] + first_row} has {column} = {row[1]}"
 
 
 def _value_checks(k: int | None) -> list[tuple[str, pl.Expr, str]]:
@@ -74,22 +74,31 @@ def _may_repeat_a_slot(df: pl.DataFrame) -> bool:
     return bool((h[1:] == h[:-1]).any())
 
 
-def check_values(df: pl.DataFrame, path, k: int | None) -> None:
-    """Value checks of the columns read from one file; raise TraceError naming file, column, row."""
+def check_values(df: pl.DataFrame, path, k: int | None, first_row: int = 0, slots: bool = True) -> None:
+    """Value checks of the columns read from one file (or of its rows from `first_row` on); raise TraceError
+    naming file, column, row. `slots`: also refuse two rows of one draft slot (out of core a shard is
+    checked chunk by chunk, and fit/spill.py `SlotKeys` checks its slots across every chunk instead)."""
     if df.height == 0:
         raise TraceError(f"{path}: holds no rows")
     checks = [ch for ch in _value_checks(k) if set(ch[1].meta.root_names()) <= set(df.columns)]  # what was read
     hits = df.select(e.fill_null(False).any().alias(str(i)) for i, (_, e, _) in enumerate(checks)).row(0)
     for (column, bad, what), hit in zip(checks, hits):
         if hit:
-            raise TraceError(f"{path}: column {column!r} {what}: {_first_bad(df, bad.fill_null(False), column)}")
-    if set(SLOT_KEY) <= set(df.columns) and _may_repeat_a_slot(df):
+            raise TraceError(f"{path}: column {column!r} {what}: "
+                             f"{_first_bad(df, bad.fill_null(False), column, first_row)}")
+    if slots and set(SLOT_KEY) <= set(df.columns) and _may_repeat_a_slot(df):
         dup = df.select(SLOT_KEY).is_duplicated()
         if dup.any():
             i = int(dup.arg_true()[0])
-            key = ", ".join(f"{n}={v}" for n, v in zip(SLOT_KEY, df.select(SLOT_KEY).row(i)))
-            raise TraceError(f"{path}: row {i} duplicates another row of the same draft slot ({key}); "
-                             "it would be counted twice")
+            raise duplicate_slot(path, i, df.select(SLOT_KEY).row(i))
 
 
-__all__ = ["FINITE_COLUMNS", "MAX_INFERRED_K", "PROBABILITY_COLUMNS", "SLOT_KEY", "check_values", "slot_hashes"]
+def duplicate_slot(path, row: int, key: tuple) -> TraceError:
+    """The one line refusing a trace whose row `row` repeats the draft slot `key` (SLOT_KEY's values)."""
+    shown = ", ".join(f"{n}={v}" for n, v in zip(SLOT_KEY, key))
+    return TraceError(f"{path}: row {row} duplicates another row of the same draft slot ({shown}); "
+                      "it would be counted twice")
+
+
+__all__ = ["FINITE_COLUMNS", "MAX_INFERRED_K", "PROBABILITY_COLUMNS", "SLOT_KEY", "check_values", "duplicate_slot",
+           "slot_hashes"]
