@@ -183,7 +183,7 @@ def cost_main(argv: list[str]) -> int:
         target, draft, prompts, cost = _tiny()
         cost = None if a.cost == "profile" else cost
     else:
-        target, draft = avkit.models.load(a.target, dtype=torch.bfloat16), avkit.models.load(a.draft, dtype=torch.bfloat16)
+        target, draft = (avkit.models.load(m, dtype=torch.bfloat16) for m in (a.target, a.draft))
         cost = None if a.cost == "profile" else resolve_cost(a.cost)
         tok = target.tokenizer  # raw text, or a chat's first turn through the chat template (as `avkit record`)
         prompts = [tok.encode(p.text) if not p.messages else
@@ -203,7 +203,8 @@ def cost_main(argv: list[str]) -> int:
     lines = _lines(cells(rows), a.min_steps, header(
         "Predicted / live step time: the profiled table vs the cost model learned online") +
         f"Offline table: {source}; load {load_at_start:.1f} when the cells began, {load():.1f} at the end. "
-        f"Each request decodes max({a.min_tokens}, ({a.min_steps} + 16)(K + 1)) new tokens; per cell the median of actual / predicted over its measured steps: those whose "
+        f"Each request decodes max({a.min_tokens}, ({a.min_steps} + 16)(K + 1)) new tokens; per cell the "
+        "median of actual / predicted over its measured steps: those whose "
         "shape (requests, passes, tokens, context band) the learner had already learned from (after the "
         "shape's warm-up and first refit), catch-up steps left out. Per-step log: the `_steps.jsonl` beside it.")
     out = Path(a.out) if a.out else Path(tempfile.gettempdir()) / "cost_live_tiny.md" if a.tiny else \

@@ -323,3 +323,16 @@ def test_a_dear_prior_at_long_contexts_is_learned_by_the_curves_not_a_negative_k
         learner.observe(StepTime(4, 0, 4, 4 * (600 + i), truth))
     assert learner.model.kv_ms_per_token == 0.0
     assert float(learner.model.step_cost(4, 0, 4, 4 * 1000)) / truth == pytest.approx(1.0, abs=0.2)
+
+
+def test_a_shape_the_curves_price_at_or_below_zero_gets_no_factor_and_never_raises():
+    """A KV slope prices contexts far below the table's own under 0 (here 0.2 ms per token under 512 tokens
+    a row): the fitted price of such a bucket carries no news for its factor, which stays positive and finite,
+    and refitting never raises (a step of a live server would)."""
+    prior = CostTable(**{**PRIOR.__dict__, "kv_ms_per_token": 0.2})
+    assert float(prior.step_cost(1, 0, 1, 6)) < 0
+    learner = CostLearner(prior, warmup=0)
+    for i in range(200):
+        learner.observe(StepTime(1, 0, 1, 6 + i, 5.0 + 0.01 * (i % 7)))
+    factors = [e[-1] for e in learner.refit().shape_scale]
+    assert factors and all(0 < f < np.inf for f in factors)

@@ -38,10 +38,10 @@ Glossary:
                    f_b = F_b + w_b (r_b - F_b),   w_b = m_b / (m_b + PRIOR_COUNT)
                a shape with many steps converges to its own median, a new context band of it starts from the
                shape's factor (decoding walks through a band every few dozen tokens), an unseen shape keeps
-               the ridge's shared price. It lives in the table (CostTable.shape_scale, applied by step_cost): whatever prices a
-               whole step with step_cost gets it (the ratio metric, the gate's target-only price, catch-up);
-               the planner's per-token lookups read the curves alone. The result is a CostTable like any
-               other (`snapshot` writes it; `--cost FILE` reads it)
+               the ridge's shared price. It lives in the table (CostTable.shape_scale, applied by
+               step_cost): whatever prices a whole step with step_cost gets it (the ratio metric, the gate's
+               target-only price, catch-up); the planner's per-token lookups read the curves alone. The
+               result is a CostTable like any other (`snapshot` writes it; `--cost FILE` reads it)
   probe        a step on a fixed schedule (every `probe_every`-th step) that verifies a depth fixed by the
                step count alone, cycling 0..K: shapes the policy no longer picks get fresh timings. The
                depth depends on the step count only, never on a drawn token: lossless, like fixed K
@@ -50,6 +50,7 @@ Glossary:
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 
@@ -193,12 +194,13 @@ class CostLearner:
         keys_b = np.asarray([k[:5] + k[6:7] for k in keys]).reshape(-1, 6)[own]  # [B', 6] their shape keys
         f0 = self.prior.shape_factor(keys_b)  # [B']
         ridge_ms = ridge.step_cost(n[own], passes[own], tokens[own], ctx[own], rows[own], lookups[own])  # [B']
-        ratio, steps = ms[own] / ridge_ms, m[own]  # [B'] each
+        ratio = np.where(ridge_ms > 0, ms[own] / np.maximum(ridge_ms, 1e-300), f0)  # [B'] a price <= 0: no news
+        steps = m[own]  # [B']
         shape = np.unique(keys_b[:, :5], axis=0, return_inverse=True)[1].reshape(-1)  # [B'] its shape, all bands
         total = np.bincount(shape, steps)[shape]  # [B'] the shape's steps in all its bands
         pooled = f0 + total / (total + self.prior_count) * (np.bincount(shape, steps * ratio)[shape] / total - f0)
         factor = pooled + steps / (steps + self.prior_count) * (ratio - pooled)  # [B']
-        learned = {tuple(key): f for key, f in zip(keys_b.tolist(), factor.tolist())}
+        learned = {tuple(key): f for key, f in zip(keys_b.tolist(), factor.tolist()) if 0 < f < math.inf}
         kept = [e for e in self.prior.shape_scale if tuple(e[:6]) not in learned]  # the prior's, where unlearned
         self.model = replace(ridge, shape_scale=tuple(kept) + tuple((*key, f) for key, f in learned.items()))
         return self.model
