@@ -65,7 +65,7 @@ bench-dry:
     python bench/tune.py live --tiny --engines avkit --concurrency 1,2 --bursts 1@0,2@6 --mixed-new 6,14 --max-new-tokens 8 --ks 1,2
     python bench/hvd.py live --tiny --concurrency 1,4
     python bench/adaptive.py live --tiny
-    python bench/live.py cost --tiny
+    python bench/live.py cost --tiny --batches 1,4 --ks 0,3 --min-tokens 32 --min-steps 8
     just sim-vs-measured-tiny
     python bench/gpu_check.py --dry-run --out /tmp/avkit-gpu-dry
 
