@@ -2,8 +2,8 @@
 
 Glossary:
   shard   the unit of work of every pass. Held (`--engine memory`): every observed slot in RAM,
-          sorted by position (`HeldShard`: one shard, in chunks of HELD_CHUNK rows). Spilled (`--engine streaming` /
-          `ray`): one trace file, read once in chunks of `chunk_rows` rows by pass 0
+          sorted by position (`HeldShard`: one shard, in chunks of HELD_CHUNK rows). Spilled
+          (`--engine streaming` / `ray`): one trace file, read once in chunks of `chunk_rows` rows by pass 0
           (`fit/spill.py`), its observed slots' features spilled per column; its `ShardSurvey`
           (with a uniform sample of its observed slots: the AUC histogram's bin edges) is the shard
   chunk   (index, [K] rows per position, [n] positions, [n] labels, [n] dataset codes), rows sorted by
@@ -160,8 +160,8 @@ def pass_sums(engine, shards: list, nodes, work: PassWork) -> list:
     estimators on the engine's threads); several are mapped once each and added in shard order."""
     if len(shards) == 1:
         e = len(work.estimators)
-        return [x for part in engine.map(shard_pass, [(shards[0], work, j) for j in range(e)], nodes and nodes * e)[0]
-                for x in part]
+        parts = engine.map(shard_pass, [(shards[0], work, j) for j in range(e)], nodes and nodes * e)[0]
+        return [x for part in parts for x in part]
     return engine.map(shard_pass, [(s, work) for s in shards], nodes, fold=_add)[0]
 
 

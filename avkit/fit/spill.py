@@ -1,10 +1,11 @@
 """Pass 0 of the out-of-core fit: read each shard once in chunks, check it, spill its observed slots.
 
   spill   each chunk of `rows` rows is checked (`values.check_values`, the in-memory read's
-          checks on the same columns, its rows named by their place in the shard), its observed slots' features derived (float64, the same
-          polars expressions as the in-memory fit), sorted by position and written as one raw
-          array file per column and chunk into the scratch directory; later passes read back
-          only the columns they need (no decompression, no unobserved rows)
+          checks on the same columns, its rows named by their place in the shard), its observed
+          slots' features derived (float64, the same polars expressions as the in-memory fit),
+          sorted by position and written as one raw array file per column and chunk into the
+          scratch directory; later passes read back only the columns they need (no
+          decompression, no unobserved rows)
   survey  what pass 0 learns about a shard (`ShardSurvey`, small: it travels back from a Ray
           worker): rows, observed rows, datasets, null counts, engine steps by both clocks, and
           a uniform sample of its observed slots (the AUC histogram's bin edges)

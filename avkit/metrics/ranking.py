@@ -80,7 +80,7 @@ def auc_sorted(y: np.ndarray, s: np.ndarray, w: np.ndarray | None = None) -> flo
     tied = s[1:] == s[:-1]  # [N-1] row i+1 ties row i
     if tied.any():
         rows = np.flatnonzero(np.r_[tied, False] | np.r_[False, tied])  # [T] rows inside tie groups
-        block = np.cumsum(~np.r_[False, tied][rows])  # [T] tie group of each (a group opens where row i+1 != row i)
+        block = np.cumsum(~np.r_[False, tied][rows])  # [T] tie group of each (one opens where row i+1 != row i)
         wins += float(tie_correction(block, pos[rows], neg[rows])[0])
     return wins / (total_pos * total_neg)
 
@@ -90,7 +90,8 @@ def tie_correction(block: np.ndarray, pos: np.ndarray, neg: np.ndarray, codes: n
     """Rows inside runs of tied scores ([T] each, in ascending order of the score: run id, positive and
     negative mass, code: a scope, None: one) -> [C] what turns each code's ordered win count (the negatives
     before each positive) into the Mann-Whitney count: a positive's tied negatives of its code count 1/2,
-    not 1 (before it) or 0 (after it). The one tie rule of the exact AUCs (`auc`, metrics/table.py). O(T log T)."""
+    not 1 (before it) or 0 (after it). The one tie rule of the exact AUCs (`auc`, metrics/table.py).
+    O(T log T)."""
     c = np.zeros(block.size, np.int64) if codes is None else codes
     order = np.argsort(c, kind="stable")  # [T] grouped by code, still in ascending order inside
     c, p, q, b = c[order], pos[order], neg[order], block[order]

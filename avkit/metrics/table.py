@@ -135,8 +135,9 @@ def scope_rows(nll_g: np.ndarray, table: np.ndarray, names: list[str], aucs: dic
         t = table[(slice(None), *groups)].sum((1, 2))  # [3, n_bins]
         n = int(t[0].sum())
         if n > 0:
-            rows.append({"scope": scope, "auc": float(aucs[scope]), "log_loss": float(nll_g[groups].sum() / n),
-                         "ece": float(ece_from_bins(t)), "n": n} | (extra or {}).get(scope, {}))
+            nll = float(nll_g[groups].sum() / n)
+            rows.append({"scope": scope, "auc": float(aucs[scope]), "log_loss": nll, "ece": float(ece_from_bins(t)),
+                         "n": n} | (extra or {}).get(scope, {}))
     return rows
 
 

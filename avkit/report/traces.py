@@ -71,8 +71,8 @@ def replayed_panels(data: FitData, c: dict, n_bins: int) -> list[tuple]:
     peer = ONLINE_PEERS.get(c["estimator"])
     heads = [(f"deployed: {c['feature']} ({c['estimator']})", "deployed", c["feature"], c["estimator"])]
     heads += [] if peer is None else [(f"{c['feature']} ({peer})", peer, c["feature"], peer)]
-    return [(*head, bin_sums(online_replay(deployed_estimator(c, data.k, head[3]), data, data.features[c["feature"]])[0],
-                              data.labels, n_bins)) for head in heads]
+    replay = [online_replay(deployed_estimator(c, data.k, h[3]), data, data.features[c["feature"]])[0] for h in heads]
+    return [(*head, bin_sums(p, data.labels, n_bins)) for head, p in zip(heads, replay)]
 
 
 def _report_pass(shard, k: int, names: list[str], panels: list[tuple], n_bins: int):
@@ -95,7 +95,8 @@ def summarize(paths, c: dict, n_bins: int, fit: FitConfig | None = None) -> Trac
     if fit.engine == "memory":
         data = load_fit_data(shards.paths)
         replayed = [] if batch else replayed_panels(data, c, n_bins)
-        drafts = count_drafts(read_traces(shards.paths, ["dataset", "entropy"], check=False), {})  # observed or not
+        every = read_traces(shards.paths, ["dataset", "entropy"], check=False)  # every drafted slot, observed or not
+        drafts = count_drafts(every, {})
     elif not batch:
         raise ConfigError("--engine streaming reports a batch fit (--mode batch): an online fit's reliability "
                           "panels replay its estimator over whole traces in memory (use --engine memory)")
