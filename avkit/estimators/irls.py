@@ -87,43 +87,43 @@ BLOCK = 1 << 15  # rows per block of a fused pass: its [BLOCK] temporaries stay 
 
 @dataclass(frozen=True)
 class Segment:
-    """ONE position's rows laid out for batch passes (built once per fit, reused every iteration).
+    """ONE position's rows for batch passes: its oriented feature and the label sums (cheap: a pass
+    builds them afresh, two reductions; the design rows are formed per block by the pass).
 
-    design  [3, n] float64 rows (f^2, f, 1), f oriented: one BLAS gemv gives (a, b, c) of a block
+    f              [n] float64 oriented feature (a view: never copied)
     yf, ysum       sum y f and sum y: the gradient is g0 = yf - sum p f, g1 = ysum - sum p
     """
 
-    design: np.ndarray  # [3, n]
+    f: np.ndarray  # [n]
     yf: float
     ysum: float
 
     @classmethod
-    def build(cls, f: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> Segment:
-        """[n] oriented feature and labels -> a segment (`out`: a [3, n] view to fill, e.g. of one
-        array holding every position's segment)."""
-        design = np.empty((3, f.size)) if out is None else out
-        design[1] = f
-        np.multiply(f, f, out=design[0])
-        design[2] = 1.0
-        return cls(design, float(np.dot(y, f)), float(y.sum()))
+    def build(cls, f: np.ndarray, y: np.ndarray) -> Segment:
+        """[n] oriented feature and labels -> a segment."""
+        return cls(f, float(np.dot(y, f)), float(y.sum()))
 
     @property
     def n(self) -> int:
-        return self.design.shape[1]
+        return self.f.size
 
 
 def fused_segment_stats(seg: Segment, slope: float, intercept: float) -> tuple[float, ...]:
     """(a, b, c, g0, g1) of one position's rows at p = sigmoid(slope * f + intercept), computed
     here: a batch Newton iteration's whole pass (the in-memory and out-of-core fits both call
-    this, so their sums are formed alike). Per block of BLOCK rows: p = 1 / (1 + exp(-z)) (exp
-    overflows to inf for z < -709, giving p = 0 exactly), w = p (1 - p), then two gemv against
-    the design ([f^2, f, 1] w and [f, 1] p) in float64; measured 3x the unblocked numpy pass
-    (docs/fleet.md)."""
+    this, so their sums are formed alike). Per block of BLOCK rows: the design rows (f^2, f, 1)
+    [3, B] in a cache-resident buffer, p = 1 / (1 + exp(-z)) (exp overflows to inf for z < -709,
+    giving p = 0 exactly), w = p (1 - p), then two gemv against the design ([f^2, f, 1] w and
+    [f, 1] p) in float64; measured 3x the unblocked numpy pass (docs/fleet.md)."""
     acc = np.zeros(5)  # (a, b, c, sum p f, sum p)
-    f = seg.design[1]
+    design = np.empty((3, min(BLOCK, seg.n)))  # [3, B] rows (f^2, f, 1) of the current block
+    design[2] = 1.0
     for lo in range(0, seg.n, BLOCK):
-        hi = min(seg.n, lo + BLOCK)
-        p = np.multiply(f[lo:hi], -slope)  # [B] -z
+        f = seg.f[lo:lo + BLOCK]  # [B]
+        d = design[:, :f.size]
+        d[1] = f
+        np.multiply(f, f, out=d[0])
+        p = np.multiply(f, -slope)  # [B] -z
         p -= intercept
         with np.errstate(over="ignore"):
             np.exp(p, out=p)
@@ -131,17 +131,16 @@ def fused_segment_stats(seg: Segment, slope: float, intercept: float) -> tuple[f
         np.reciprocal(p, out=p)  # [B] p
         w = np.subtract(1.0, p)
         w *= p  # [B] w = p (1 - p)
-        acc[:3] += seg.design[:, lo:hi] @ w
-        acc[3:] += seg.design[1:, lo:hi] @ p
+        acc[:3] += d @ w
+        acc[3:] += d[1:] @ p
     return float(acc[0]), float(acc[1]), float(acc[2]), seg.yf - float(acc[3]), seg.ysum - float(acc[4])
 
 
 def grouped_segments(f: np.ndarray, y: np.ndarray, order: np.ndarray | None, bounds: np.ndarray) -> list[Segment]:
     """[N] oriented feature and labels, rows `order` grouping them by position (None: already grouped)
-    with segment `bounds` [K + 1] -> one Segment per position (views of one [3, N] design array)."""
-    design = np.empty((3, f.size))  # [3, N]
+    with segment `bounds` [K + 1] -> one Segment per position (views of the grouped rows)."""
     fg, yg = (f, y) if order is None else (f[order], y[order])  # [N] grouped by position
-    return [Segment.build(fg[lo:hi], yg[lo:hi], design[:, lo:hi]) for lo, hi in itertools.pairwise(bounds)]
+    return [Segment.build(fg[lo:hi], yg[lo:hi]) for lo, hi in itertools.pairwise(bounds)]
 
 
 def _damp(n: np.ndarray | float, damping: float):

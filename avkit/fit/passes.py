@@ -47,7 +47,7 @@ from avkit.trace.shards import ShardSet
 SAMPLE_SLOTS = 1 << 21  # observed slots sampled over all shards in pass 0: the AUC bins' quantiles
 BYTES_PER_ROW = 1024  # working memory per chunk row (all trace columns read and checked in pass 0)
 FIXED_MB = 512  # interpreter, libraries, score histograms
-HELD_CHUNK = 1 << 20  # rows per chunk of a held shard (a chunk's [3, n] design: 24 MB)
+HELD_CHUNK = 1 << 20  # rows per chunk of a held shard (a chunk's [n] oriented feature copy: 8 MB)
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
