@@ -129,7 +129,7 @@ def shard_pass(shard, work: PassWork, only: int | None = None) -> list:
     out = [shard.score_sums(work, sc["edges"][j]) if sc else IrlsStats.zeros(k) for j in picks]
     for c, counts, pos, y, ds in shard.chunks(k, work.dataset_names):
         bounds = np.r_[0, np.cumsum(counts)]  # [K + 1]
-        group = ds * k + pos  # [n]
+        group = ds * k + pos if sc else None  # [n] score group of each row (scoring passes only)
         cache: dict[str, np.ndarray] = {}
         for acc, j in zip(out, picks):
             name, est = work.features[j], work.estimators[j]
