@@ -25,7 +25,8 @@ Step log (JSON lines beside the Markdown: `<out stem>_steps.jsonl`, e.g. bench/r
   T, batch, K       the cell
   i               the step's index in its cell
   n, passes, tokens, context, rows, lookups, catch_up   its StepTime (requests, draft passes, target tokens,
-                  cached context tokens, draft rows (null: all), cache lookups, [lags] of its catch-ups)
+                  cached context tokens, draft rows (null: all), cache lookups, [lags] of its catch-ups;
+                  lookups 0 and catch_up [] are left out)
   ms              its wall time (ms, rounded to 0.1 us; the learner saw the rounded value)
   offline_ms      the offline table's price of it (its step, no catch-ups)
   online_ms       the learned model's price of it as the model stood before the step
@@ -117,8 +118,8 @@ def replay(log: Path) -> tuple[list[dict], dict]:
         learners = {t: CostLearner(table, probe_every=0) for t, table in tables.items()}
         rows = [{**{c: d[c] for c in ("T", "batch", "K", "i")},
                  **price(learners[d["T"]], tables[d["T"]], StepTime(
-                     d["n"], d["passes"], d["tokens"], d["context"], d["ms"], d["rows"], d["lookups"],
-                     tuple(d["catch_up"])))}
+                     d["n"], d["passes"], d["tokens"], d["context"], d["ms"], d["rows"], d.get("lookups", 0),
+                     tuple(d.get("catch_up", ()))))}
                 for d in lines if "table" not in d]
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"avkit: error: --replay {log}: not a step log of `live.py cost` ({e!r})", file=sys.stderr)
@@ -209,7 +210,8 @@ def cost_main(argv: list[str]) -> int:
         "shape's warm-up and first refit), catch-up steps left out. Per-step log: the `_steps.jsonl` beside it.")
     out = Path(a.out) if a.out else Path(tempfile.gettempdir()) / "cost_live_tiny.md" if a.tiny else \
         RESULTS / "cost_live.md"
-    rounded = lambda r: {k: round(v, 4) if k.endswith("_ms") else v for k, v in r.items()}
+    rounded = lambda r: {k: round(v, 4) if k.endswith("_ms") else v for k, v in r.items()
+                         if (k, v) not in (("lookups", 0), ("catch_up", []))}  # the defaults left out
     write({out: "\n".join(lines) + "\n",
            out.with_name(out.stem + "_steps.jsonl"): "".join(json.dumps(rounded(r)) + "\n" for r in log + rows)})
     print("\n".join(lines))

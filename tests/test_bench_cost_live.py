@@ -45,7 +45,7 @@ def test_tiny_grid_logs_every_step_and_replays_to_the_same_table(tmp_path):
         assert int(row[4].split()[0]) == len(seen) and all(s["n"] <= b and s["passes"] <= k for s in mine)
         for s in mine[:5]:  # the offline price is the logged table's price of the logged shape
             assert s["offline_ms"] == pytest.approx(float(table.step_cost(
-                s["n"], s["passes"], s["tokens"], s["context"], s["rows"], s["lookups"])), abs=1e-4)
+                s["n"], s["passes"], s["tokens"], s["context"], s["rows"], s.get("lookups", 0))), abs=1e-4)
         for col, j in (("offline_ms", 5), ("online_ms", 6)):  # the table's medians, recomputed from the log
             assert float(row[j]) == pytest.approx(np.median([s["ms"] / s[col] for s in seen]), rel=2e-3, abs=2e-3)
     replayed = tmp_path / "replay.md"
