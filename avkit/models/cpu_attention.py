@@ -1,20 +1,10 @@
-"""The CPU backend's attention: each query row computed alone over its own causal key span (``cpu_attention.cpp``).
+"""The CPU backend's attention (``cpu_attention.cpp``): each query row alone over its own causal key span.
 
-Batch invariance: a token's attention output, hence its logits, is bit-identical whether the token is decoded
-alone, verified inside a (1 + k)-token forward, or batched beside requests of other lengths. torch's SDPA does
-not give that in bf16 (its blocking follows the call's shapes and it takes another path with a mask), and a
-flipped near-tie in the LM head then changes a greedy token. The kernel computes SDPA's maths (fp32 scores,
-fp32 softmax, bf16 in and out) in an order fixed by the query's key span alone, reading keys and values in
-place from the cache (no gather of the batch's slots, no [B, 1, G*S, span] mask). With the packed linears
-(cpu_linear.py: each output row summed in one fixed order) the whole bf16 forward is batch-invariant.
-
-Used for bf16 models on a CPU where the kernel loads (native.py); elsewhere, and on CUDA, the forward calls
-SDPA unchanged.
-
-Glossary
---------
-ends    [B, S] int64: query (b, s) attends to keys [0, ends[b, s]) of its slot (its position + 1); 0 for pads
-        (right-padding queries: zeros out, no work)
+A token's attention output, hence its logits, is then bit-identical whether it is decoded alone, verified in a
+(1 + k)-token forward or batched beside requests of other lengths; bf16 SDPA's blocking follows the call's
+shapes, and a flipped near-tie in the LM head changes a greedy token. SDPA's maths (fp32 scores and softmax, bf16
+in and out) in an order fixed by the key span alone, keys and values read in place from the cache. With the
+packed linears (cpu_linear.py) the whole bf16 forward is batch-invariant. Elsewhere the forward calls SDPA.
 """
 
 from __future__ import annotations
@@ -32,7 +22,7 @@ def available() -> bool:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, ends: torch.Tensor,
               scale: float) -> torch.Tensor:
-    """softmax(q k^T * scale) v per query row over keys [0, ends[b, s]) of cache slot ``slots[b]``.
+    """softmax(q k^T * scale) v per query row over keys [0, ends[b, s]) of cache slot ``slots[b]`` (ends 0: a pad).
 
     q [B, S, H, D] bf16; k, v: one layer of the cache [max_batch, H_kv, T, D] bf16, contiguous (GQA: query head
     h reads kv head h // (H / H_kv)); slots [B] int64; ends [B, S] int64 in [0, T] -> [B, S, H, D] bf16.

@@ -1,19 +1,10 @@
-"""The CPU backend's passes over vocabulary rows (``cpu_sampling.cpp``): the sampling distribution and the
-inputs of the draft features, a few reads of each row instead of a dozen full-width torch operations.
+"""The CPU backend's passes over vocabulary rows (``cpu_sampling.cpp``, docs/runtime.md), each with the signature
+of the torch code it replaces where the kernel loads, which stays the definition:
 
-One signature with the torch reference each replaces, which stays the definition:
-
-- ``sampled_probs(logits, temperature, top_p)`` == runtime/sampling.py ``_sampled_probs(logits, t, tp)``
-  (no top-k / min-p): softmax(logits / T), the top-p nucleus cut, renormalised. The nucleus rule is
-  ``top_p_threshold``'s, evaluated exactly (the same ladder of top-k prefixes, the same float rounding of
-  the running sums): on the same probabilities the kernel's ``nucleus_threshold`` returns its thresholds
-  bit for bit.
-  The softmax itself differs from torch's by float rounding (an exp within ~2 ulp, another summation
-  order): tests/test_cpu_sampling.py states the tolerances.
-- ``row_stats(logits, temperature)`` -> [N, 4] (m, m2, s_o, sum_others e (x/T - m)), the four reductions
-  avkit/features.py ``draft_features`` computes its features from.
-
-Used on CPU tensors where the kernel loads (native.py); elsewhere, and on CUDA, the torch code runs unchanged.
+- ``sampled_probs(logits, temperature, top_p)`` == runtime/sampling.py ``_sampled_probs`` without top-k / min-p:
+  the nucleus thresholds bit for bit (``top_p_threshold``'s ladder and float rounding), the softmax within
+  float rounding (tests/test_cpu_sampling.py states the tolerances);
+- ``row_stats(logits, temperature)``: the four reductions avkit/features.py ``draft_features`` starts from.
 """
 
 from __future__ import annotations

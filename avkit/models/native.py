@@ -1,12 +1,9 @@
 """The CPU backend's native code: the C++ kernels beside this file, loaded (built on first use) in one place.
 
-torch's extension builder compiles each kernel the first time it is loaded, into ``~/.cache/torch_extensions``
-(g++ and ninja, about a minute on 2 cores, once per machine and kernel version). ``avkit serve`` builds them
-ahead of use, before it opens its port, in a child process of its own session: a SIGTERM or Ctrl-C to the
-parent (surfacing as ``KeyboardInterrupt``) kills the child's whole process group (the compiler included)
-and removes the build locks the child created, which torch's builder would otherwise wait on forever.
-Where a kernel cannot run (``AVKIT_CPU_KERNELS=0``, no AVX2, or the instructions its flags need) or cannot
-build (no compiler: warned), ``load`` returns None and the plain torch path computes the same thing.
+torch's extension builder compiles each kernel on first load into ``~/.cache/torch_extensions`` (about a minute
+on 2 cores). ``avkit serve`` builds them before it opens its port, in a child process of its own session
+(``build_in_child``). Where a kernel cannot run (``AVKIT_CPU_KERNELS=0``, missing instructions) or build (no
+compiler: warned), ``load`` returns None and the plain torch path computes the same thing.
 
     python -m avkit.models.native [NAME...]   # build these kernels (default: all that run here), in this process
 """
@@ -53,10 +50,8 @@ def runs_here(name: str) -> bool:
 
 
 def build_name(name: str) -> str:
-    """``avkit_<stem>_<hash of source, headers, flags and the source's path>``: one build directory per kernel
-    version and checkout, so checkouts with different kernels (branches, an upgrade), or the same kernel at another
-    path (torch's build file names the source by path, and a changed path rebuilds), never rebuild over each other
-    in torch's shared cache."""
+    """``avkit_<stem>_<hash of source, headers, flags and the source's path>``: checkouts with other kernels, or the
+    same kernel at another path (torch's build file names the source by path), never rebuild over each other."""
     source, cflags = _HERE / KERNELS[name][0], KERNELS[name][1]
     headers = b"".join(h.read_bytes() for h in sorted(_HERE.glob("*.h")))  # what the sources include
     where = str(source.resolve()).encode()
@@ -72,11 +67,8 @@ def build_dir(name: str) -> Path:
 
 
 def clear_stale_build_lock(directory: Path, max_age_s: float = STALE_BUILD_LOCK_S) -> bool:
-    """Remove ``directory/lock`` when older than ``max_age_s``; True if removed.
-
-    torch's extension builder holds that file while it compiles and waits, without a timeout, for any
-    other holder to delete it; a build killed mid-way leaves it behind, and every later import would hang.
-    """
+    """Remove ``directory/lock`` when older than ``max_age_s``; True if removed. torch's builder waits without a
+    timeout for that file to go; a build killed mid-way leaves it behind, and every later import would hang."""
     lock = directory / "lock"
     try:
         age = time.time() - lock.stat().st_mtime
@@ -115,11 +107,8 @@ def missing(bf16: bool = True) -> list[str]:
 
 def build_in_child(bf16: bool = True, log=None) -> float:
     """Build the kernels ``missing(bf16)`` names in a child process; seconds spent (0.0 when none was missing).
-
-    ``log(message)`` is told what is built before it starts. Any exception in the parent while waiting
-    (``KeyboardInterrupt`` from SIGINT or SIGTERM) kills the child's process group, removes the locks it
-    left and is re-raised.
-    """
+    Any exception while waiting (``KeyboardInterrupt`` from SIGINT or SIGTERM) kills the child's process group
+    (the compiler included), removes the locks it left and is re-raised."""
     todo = missing(bf16)
     if not todo:
         return 0.0

@@ -23,8 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from avkit.kernels.argmax import argmax
-from avkit.kernels.rng import uniform
+from avkit.kernels.rng import argmax, uniform
 from avkit.models import cpu_sampling
 
 STREAM_DRAFT = 2  # rng stream of draft-token sampling (kernels/rejection_ref.py uses STREAM_ACCEPT and STREAM_SAMPLE)
