@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from avkit.config.engine import EngineConfig, ModelsConfig
-from avkit.config.estimation import AdaptiveConfig, EstimatorConfig
+from avkit.config.engine import AdaptiveConfig, EngineConfig, EstimatorConfig, ModelsConfig
 from avkit.config.fields import Checked, checked
 from avkit.errors import ConfigError
 from avkit.validate import in_range, option, shown

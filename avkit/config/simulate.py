@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from avkit.config.engine import RUN_ENGINES, ModelsConfig, SamplingConfig
 from avkit.config.fields import DEFAULT_K, MAX_K, Checked, checked
-from avkit.config.shipped import SHIPPED_COST
+from avkit.config.fields import SHIPPED_COST
 from avkit.errors import ConfigError
 from avkit.validate import shown
 

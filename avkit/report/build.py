@@ -139,9 +139,7 @@ def _report(out, config: ReportConfig, write_fit: Callable[[Path], object], *, t
             if progress is not None:
                 progress("simulate")
             sim = _simulate(paths, tmp / "simulate.parquet")
-        inputs = load_inputs(fit, traces, sim or config.sim, hvd or config.hvd, sim_explicit=sim is not None,
-                             hvd_explicit=hvd is not None, tune=tune or config.tune, tune_explicit=tune is not None,
-                             streaming=config.streaming(), n_bins=config.bins)
+        inputs = load_inputs(fit, traces, config, sim=sim, hvd=hvd, tune=tune)
         if simulated:
             inputs.sources["sim"] = f"simulated now with the avkit simulate defaults (cost model {SimulateConfig().cost})"
         for w in (w for ws in inputs.warnings.values() for w in ws) if warn is not None else ():

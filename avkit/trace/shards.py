@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from avkit.config import DEFAULT_TRACE_GLOB
-from avkit.config.shipped import shipped_roots
+from avkit.config.fields import shipped_roots
 from avkit.errors import ConfigError, TraceError
 from avkit.trace.reader import check_schema
 
