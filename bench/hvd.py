@@ -1,32 +1,6 @@
-"""Hybrid Verified Decoding on avkit's own traces -> bench/results/hvd.md.
-
-    python bench/hvd.py                      # greedy traces in traces/ (with .generations.parquet)
-    python bench/hvd.py --synthetic 80       # no traces yet: synthetic generations
-    python bench/hvd.py --traces traces/greedy_k7.parquet traces/reuse/*.parquet \
-        --cost-table bench/results/engine_peer_cost_T0.json --save out/hvd --out bench/results/hvd_reuse.md
-
-Replays once, then fits and scores every router under each cost model: this device's measured curves
-(`--cost-table`, an `avkit profile` table; avkit/hvd/cost.py) when given, the linear model with this
-pair's draft/target step ratio (0.33, docs/runtime.md) and an EAGLE-like one-layer drafter (0.05, the
-paper's setting), so the numbers can be read against the paper's. The first cost model's tables lead;
-`--save DIR` writes its payoff files (payoff_survival.pt for `bench/hvd.py live`).
-
-`--suffix-cache`: the suffix cache drafter alone, microseconds per append and per draft, and memory (trie
-nodes, bytes, and bytes per cached token of the global tree: exact by a sys.getsizeof walk, and the NODE_BYTES
-estimate that /metrics reports). A synthetic code-like stream (70% copies of earlier spans) drives one live
-request after `--requests` finished ones fill the global tree -> bench/results/suffix_cache.md.
-
-    python bench/hvd.py --suffix-cache [--prompt 2000] [--output 500] [--requests 50]
-
-`live`: Live HVD vs its replay: tokens/s of target-only, model-only, cache-only and hybrid decoding, and the
-replay's predicted speedup for the same requests, per (workload, concurrency) cell.
-
-    python bench/hvd.py live --tiny                      # dry run: tiny random pair, synthetic prompts (~1 min)
-    flock /tmp/avkit-bench.lock nice -n -10 python bench/hvd.py live \
-        --payoff out/hvd/payoff_survival.pt --workloads humaneval_edit --concurrency 1
-    python bench/hvd.py live --render                    # cells so far -> bench/results/hvd_live.md
-
-The protocol and the prediction are LIVE_NOTE below (the head of hvd_live.md).
+"""Hybrid Verified Decoding on avkit's own traces (bench/README.md: usage): the replay, every router fitted and
+scored under each cost model -> bench/results/hvd.md; `--suffix-cache`: the suffix cache drafter's time and
+memory -> suffix_cache.md; `live`: live HVD against its replay's prediction -> hvd_live.md (LIVE_NOTE below).
 """
 
 from __future__ import annotations
@@ -347,7 +321,7 @@ def render(cells_path: Path, out: Path) -> None:
 
 
 def live_main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="hvd.py live", description="live HVD vs its replay (module note)")
+    ap = argparse.ArgumentParser(prog="hvd.py live", description="live HVD vs its replay (LIVE_NOTE, bench/README.md)")
     ap.add_argument("--target", default=DEFAULT_TARGET)
     ap.add_argument("--draft", default=DEFAULT_DRAFT)
     ap.add_argument("--payoff", default="", help="payoff_survival.pt from `avkit hvd` (the hybrid's joint router)")
@@ -430,7 +404,7 @@ def main() -> None:
     ap.add_argument("--traces", nargs="*")
     ap.add_argument("--synthetic", type=int, default=0)
     ap.add_argument("--out", default="", help="default bench/results/hvd.md (--suffix-cache: suffix_cache.md)")
-    sc = ap.add_argument_group("--suffix-cache (module note)")
+    sc = ap.add_argument_group("--suffix-cache (bench/README.md)")
     sc.add_argument("--suffix-cache", action="store_true", help="time and size the suffix cache drafter instead")
     sc.add_argument("--prompt", type=int, default=2000)
     sc.add_argument("--output", type=int, default=500)
