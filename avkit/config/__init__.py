@@ -7,15 +7,13 @@ as typed; the CLI takes each option's default from its field (``default_of(Cls, 
 """
 
 from avkit.config.engine import (
-    DRAFTERS, KERNEL_BACKENDS, AdaptiveConfig, EngineConfig, EstimatorConfig, ForgettingConfig, ModelsConfig,
-    SamplingConfig)
+    DRAFTERS, KERNEL_BACKENDS, SERVE_STATE_DIR, AdaptiveConfig, EngineConfig, EstimatorConfig, ForgettingConfig,
+    HttpConfig, ModelsConfig, RecordConfig, SamplingConfig, ServeConfig)
 from avkit.config.fields import (
     DEFAULT_DRAFT, DEFAULT_K, DEFAULT_TARGET, DEFAULT_TRACE_GLOB, MAX_K, SHIPPED_COEFFICIENTS, SHIPPED_COST,
     default_of, shipped_file)
 from avkit.config.fit import FitConfig, ReportConfig, SyntheticConfig
 from avkit.config.hvd import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
-from avkit.config.record import RecordConfig
-from avkit.config.serve import SERVE_STATE_DIR, HttpConfig, ServeConfig
 from avkit.config.simulate import DEFAULT_COST_PATH, PROFILE_CONTEXT_ENV, ProfileConfig, SimulateConfig, TuneConfig
 
 __all__ = [
