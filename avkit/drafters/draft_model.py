@@ -32,7 +32,6 @@ from avkit.scheduling.cost import FREE_LAG  # rows lacking more tokens than this
 from avkit.step_types import DraftBatch
 
 
-
 class DraftModelDrafter(Drafter):
     """Host bookkeeping: the drafter keeps its cache lengths per slot on the host (`_have`), knows
     which rows draft in each pass from the engine's host counts, and so feeds the model with

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -82,7 +82,7 @@ def _ablation(train, val, test, ctx: RouterContext, structure: bool) -> pl.DataF
     rows = []
     for groups in dict.fromkeys(tuple(g for g in gs if structure or g != "structure") for gs in ABLATION):
         feats = tuple(n for g in groups for n in FEATURE_GROUPS[g])
-        c = RouterContext(ctx.k, ctx.cost, feats, ctx.payoff)
+        c = replace(ctx, features=feats)
         r = MLPRouter()
         r.fit(train, val, c)
         mse = min(r.model.history) if r.model.history else float("nan")
