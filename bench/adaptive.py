@@ -29,6 +29,7 @@ import torch
 from avkit.cli import app
 from avkit.config import SimulateConfig, SyntheticConfig
 from avkit.kernels.dispatch import select_kernels
+from avkit.markdown import md_table
 from avkit.scheduling.adaptive import make_adaptive
 from avkit.scheduling.cost import resolve_cost
 from avkit.step_types import DraftBatch, Load, VerifyOutcome
@@ -63,18 +64,17 @@ def load_trace_steps(paths: list[str]):
 
 
 def markdown_table(df: pl.DataFrame) -> str:
+    """Policies x concurrency: tokens/s (x best fixed K); bold: the best at that concurrency."""
     conc = sorted(set(df["concurrency"].to_list()))
-    lines = ["| policy | " + " | ".join(f"c={c}" for c in conc) + " |",
-             "|---|" + "---:|" * len(conc)]
+    best = {c: df.filter(pl.col("concurrency") == c)["throughput_tok_s"].max() for c in conc}
+    rows = []
     for policy in dict.fromkeys(df["policy"].to_list()):
-        cells = []
+        rows.append([policy])
         for c in conc:
             r = df.filter((pl.col("policy") == policy) & (pl.col("concurrency") == c)).row(0, named=True)
-            best = r["throughput_tok_s"] >= df.filter(pl.col("concurrency") == c)["throughput_tok_s"].max()
             cell = f"{tok(r['throughput_tok_s'])} ({r['vs_best_fixed']:.2f})"
-            cells.append(f"**{cell}**" if best else cell)
-        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+            rows[-1].append(f"**{cell}**" if r["throughput_tok_s"] >= best[c] else cell)
+    return md_table(["policy", *(f"c={c}" for c in conc)], rows)
 
 
 def shape_summary(df: pl.DataFrame, policy: str) -> str:

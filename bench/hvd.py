@@ -456,48 +456,44 @@ def main() -> None:
 
 
 def _discussion(m_pair: pl.DataFrame, m_eagle: pl.DataFrame, budget: pl.DataFrame, info: dict) -> str:
-    def get(m, router, col):
-        return _pr(m, router, "overall", col)
+    def get(m, router, col, dataset="overall") -> float:
+        row = m.filter((pl.col("router") == router) & (pl.col("dataset") == dataset))
+        return float(row[col][0]) if row.height and row[col][0] is not None else float("nan")
 
-    def pct(x: float) -> str:
+    def pct(router, col, dataset="overall") -> str:
+        x = get(m_pair, router, col, dataset)
         return "-" if math.isnan(x) else f"{x:.1%}"
 
-    lines = ["## Where avkit stands", "",
-             f"Reference: {PAPER}.",
-             (f"- payoff MLP, high-payoff (predicted >= 6 vs oracle >= 6) precision "
-              f"{pct(get(m_pair, 'mlp', 'precision'))} / recall {pct(get(m_pair, 'mlp', 'recall'))}; survival head "
-              f"{pct(get(m_pair, 'survival', 'precision'))} / {pct(get(m_pair, 'survival', 'recall'))}."),
-             (f"- cycles per 1000 tokens: model-only {get(m_pair, 'model', 'cycles_per_1k'):.0f}, suffix-only "
-              f"{get(m_pair, 'suffix', 'cycles_per_1k'):.0f}, cache first {get(m_pair, 'cache', 'cycles_per_1k'):.0f}, mlp {get(m_pair, 'mlp', 'cycles_per_1k'):.0f}, "
-              f"survival {get(m_pair, 'survival', 'cycles_per_1k'):.0f}."),
-             (f"- speedup over model-only: mlp {get(m_pair, 'mlp', 'speedup_vs_model'):.3f}x, survival "
-              f"{get(m_pair, 'survival', 'speedup_vs_model'):.3f}x (this pair); with an EAGLE-like drafter mlp "
-              f"{get(m_eagle, 'mlp', 'speedup_vs_model'):.3f}x, survival "
-              f"{get(m_eagle, 'survival', 'speedup_vs_model'):.3f}x."),
-             (f"- the data: {info['rows_with_cache_draft'] / info['rows']:.0%} of positions have a cache draft "
-              f"(mean length {info['mean_cache_draft_len']:.2f}); only {info['high_payoff_rate']:.1%} of them reach "
-              f"an accepted length >= {info['high_payoff']}; the draft model accepts {info['mean_model_acc']:.2f} "
-              f"tokens per position on average against the cache's {info['mean_cache_acc']:.2f}; "
-              f"test split: {info['split_requests']['test']} requests."),
-             *[f"- {d}: precision / recall for payoff >= 6: mlp {pct(_pr(m_pair, 'mlp', d, 'precision'))} / "
-               f"{pct(_pr(m_pair, 'mlp', d, 'recall'))}, survival {pct(_pr(m_pair, 'survival', d, 'precision'))} / "
-               f"{pct(_pr(m_pair, 'survival', d, 'recall'))} (paper: 78-88% / 61-80%)."
-               for d in sorted(set(m_pair["dataset"]) - {"overall"})],
-             *[f"- concurrency {c}: survival+budget {_tp(budget, c, 'survival+budget'):.3f} vs mlp threshold "
-               f"{_tp(budget, c, 'mlp'):.3f} vs model-only {_tp(budget, c, 'model'):.3f} tokens per target forward."
-               for c in sorted(set(budget["concurrency"]))],
-             ]
-    return "\n".join(lines)
+    def pr(router, dataset="overall") -> str:  # precision / recall for payoff >= 6
+        return f"{pct(router, 'precision', dataset)} / {pct(router, 'recall', dataset)}"
 
+    def tp(c, router) -> float:
+        row = budget.filter((pl.col("concurrency") == c) & (pl.col("router") == router))
+        return row["throughput"][0] if row.height else float("nan")
 
-def _pr(m: pl.DataFrame, router: str, dataset: str, col: str) -> float:
-    row = m.filter((pl.col("router") == router) & (pl.col("dataset") == dataset))
-    return float(row[col][0]) if row.height and row[col][0] is not None else float("nan")
+    def speedup(m) -> str:
+        return f"mlp {get(m, 'mlp', 'speedup_vs_model'):.3f}x, survival {get(m, 'survival', 'speedup_vs_model'):.3f}x"
 
-
-def _tp(budget: pl.DataFrame, c: int, router: str) -> float:
-    row = budget.filter((pl.col("concurrency") == c) & (pl.col("router") == router))
-    return row["throughput"][0] if row.height else float("nan")
+    cycles = ", ".join(f"{name} {get(m_pair, r, 'cycles_per_1k'):.0f}" for name, r in (
+        ("model-only", "model"), ("suffix-only", "suffix"), ("cache first", "cache"), ("mlp", "mlp"),
+        ("survival", "survival")))
+    return "\n".join([
+        "## Where avkit stands", "", f"Reference: {PAPER}.",
+        f"- payoff MLP, high-payoff (predicted >= 6 vs oracle >= 6) precision {pct('mlp', 'precision')} / recall "
+        f"{pct('mlp', 'recall')}; survival head "
+        f"{pr('survival')}.",
+        f"- cycles per 1000 tokens: {cycles}.",
+        f"- speedup over model-only: {speedup(m_pair)} (this pair); with an EAGLE-like drafter "
+        f"{speedup(m_eagle)}.",
+        (f"- the data: {info['rows_with_cache_draft'] / info['rows']:.0%} of positions have a cache draft "
+         f"(mean length {info['mean_cache_draft_len']:.2f}); only {info['high_payoff_rate']:.1%} of them reach "
+         f"an accepted length >= {info['high_payoff']}; the draft model accepts {info['mean_model_acc']:.2f} "
+         f"tokens per position on average against the cache's {info['mean_cache_acc']:.2f}; "
+         f"test split: {info['split_requests']['test']} requests."),
+        *[f"- {d}: precision / recall for payoff >= 6: mlp {pr('mlp', d)}, survival {pr('survival', d)} "
+          "(paper: 78-88% / 61-80%)." for d in sorted(set(m_pair["dataset"]) - {"overall"})],
+        *[f"- concurrency {c}: survival+budget {tp(c, 'survival+budget'):.3f} vs mlp threshold {tp(c, 'mlp'):.3f} "
+          f"vs model-only {tp(c, 'model'):.3f} tokens per target forward." for c in sorted(set(budget["concurrency"]))]])
 
 
 if __name__ == "__main__":

