@@ -5,6 +5,18 @@ on 2 cores). ``avkit serve`` builds them before it opens its port, in a child pr
 (``build_in_child``). Where a kernel cannot run (``AVKIT_CPU_KERNELS=0``, missing instructions) or build (no
 compiler: warned), ``load`` returns None and the plain torch path computes the same thing.
 
+The entry points of the attention and sampling kernels live here (the linears': cpu_linear.py), each with the
+signature of the torch code it replaces, which stays the definition (docs/runtime.md):
+  attention       each query row alone over its own causal key span (``cpu_attention.cpp``): a token's output,
+                  hence its logits, is bit-identical however it is batched (bf16 SDPA's blocking follows the
+                  call's shapes, and a flipped near-tie in the LM head changes a greedy token). SDPA's maths
+                  (fp32 scores and softmax, bf16 in and out) in an order fixed by the key span alone, keys and
+                  values read in place from the cache; with the packed linears the bf16 forward is batch-invariant
+  sampled_probs   runtime/sampling.py ``_sampled_probs`` without top-k / min-p (``cpu_sampling.cpp``): the
+                  nucleus thresholds bit for bit (``top_p_threshold``'s ladder and float rounding), the softmax
+                  within float rounding (tests/test_cpu_sampling.py states the tolerances)
+  row_stats       the four reductions avkit/features.py ``draft_features`` starts from
+
     python -m avkit.models.native [NAME...]   # build these kernels (default: all that run here), in this process
 """
 
@@ -35,6 +47,7 @@ KERNELS = {
     "attention": ("cpu_attention.cpp", _AVX2, True),
     "sampling": ("cpu_sampling.cpp", _AVX2, False),
 }
+MAX_GROUP = 16  # query heads per kv head the attention kernel takes (GMAX in cpu_attention.cpp)
 STALE_BUILD_LOCK_S = 1800  # a build takes ~1 min on 2 idle cores; a lock this old was left by a killed build
 
 
@@ -147,6 +160,35 @@ def _stop_group(child: subprocess.Popen, wait_s: float = 2.0) -> None:
         os.killpg(child.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, ends: torch.Tensor,
+              scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale) v per query row over keys [0, ends[b, s]) of cache slot ``slots[b]`` (ends 0: a pad).
+
+    q [B, S, H, D] bf16; k, v: one layer of the cache [max_batch, H_kv, T, D] bf16, contiguous (GQA: query head
+    h reads kv head h // (H / H_kv)); slots [B] int64; ends [B, S] int64 in [0, T] -> [B, S, H, D] bf16.
+    """
+    return load("attention").attention_bf16(q, k, v, slots, ends, scale)
+
+
+def sampling_usable(logits: torch.Tensor) -> bool:
+    """Whether these [N, V] logits (CPU, float32 or bf16) can take the native sampling passes here."""
+    return logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16) \
+        and load("sampling") is not None
+
+
+def sampled_probs(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """logits [N, V] float32 or bf16, temperature [N] (> 0), top_p [N] -> [N, V] float32 probabilities."""
+    return load("sampling").sampled_probs(logits.contiguous(), temperature.float().contiguous(),
+                                          top_p.float().contiguous())
+
+
+def row_stats(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """logits [N, V] float32 or bf16, temperature [N] (> 0) -> [N, 4] float32 (m, m2, s_o, sum_others e (x/T - m))
+    of x / T: its largest and second-largest values, and over the others (all but one argmax) the sums of
+    e = exp(x / T - m) and of e (x / T - m)."""
+    return load("sampling").row_stats(logits.contiguous(), temperature.float().contiguous())
 
 
 if __name__ == "__main__":

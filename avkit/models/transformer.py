@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from avkit.errors import ConfigError
-from avkit.models import cpu_attention, cpu_bulk, cpu_linear
+from avkit.models import cpu_bulk, cpu_linear, native
 from avkit.models.config import ModelConfig
 from avkit.models.cpu_linear import PackedLinear
 from avkit.models.kv_cache import KVCache
@@ -100,8 +100,8 @@ class Attention(nn.Module):
         q, k = (qk * cos + _rotate_half(qk) * sin).split([h, h_kv], dim=2)  # [B, S, H, D], [B, S, H_kv, D]
         v = v.view(B, S, h_kv, d)
         cache.append(self.layer, step.slots, step.write_pos, step.write_src, k, v)
-        if step.ends is not None:  # CPU backend: per query row over its own span, batch-invariant (cpu_attention.py)
-            out = cpu_attention.attention(q, cache.k[self.layer], cache.v[self.layer], step.slots, step.ends,
+        if step.ends is not None:  # CPU backend: per query row over its own span, batch-invariant (native.py)
+            out = native.attention(q, cache.k[self.layer], cache.v[self.layer], step.slots, step.ends,
                                           d ** -0.5)  # [B, S, H, D]
             return _linear(self.o, out.view(B, S, h * d), step.bulk)
         keys, values = cache.view(self.layer, step.slots, step.span, step.contiguous_from)  # [B, H_kv, span, D]
@@ -151,7 +151,7 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(
             config.hidden_size, config.vocab_size, bias=False)
-        self.cpu_attention = False  # pack_for_cpu() turns it on: attention by cpu_attention.py
+        self.cpu_attention = False  # pack_for_cpu() turns it on: attention by native.attention
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin [positions, D]
 
     @property
@@ -216,7 +216,7 @@ class Transformer(nn.Module):
 
     def pack_for_cpu(self) -> bool:
         """CPU backend: every bf16 linear (and the LM head, tied: a packed copy of the embedding) pre-packed
-        (cpu_linear.py), attention per query row (cpu_attention.py) where its kernel builds and the heads fit:
+        (cpu_linear.py), attention per query row (native.attention) where its kernel builds and the heads fit:
         the same computation, batch-invariant. A no-op (False) off the CPU, for float32 or without the kernel."""
         if self.device.type != "cpu" or self.dtype != torch.bfloat16 or not cpu_linear.available():
             return False
@@ -228,8 +228,8 @@ class Transformer(nn.Module):
         head = self.embed.weight if self.lm_head is None else self.lm_head.weight
         self.lm_head = PackedLinear(head, None)  # prefills compute no logits
         c = self.config
-        self.cpu_attention = (cpu_attention.available() and c.head_dim % 8 == 0
-                              and c.num_heads // c.num_kv_heads <= cpu_attention.MAX_GROUP)
+        self.cpu_attention = (native.load("attention") is not None and c.head_dim % 8 == 0
+                              and c.num_heads // c.num_kv_heads <= native.MAX_GROUP)
         return True
 
     @property
