@@ -1,15 +1,7 @@
 """HVD's unit view of the step cost model: a `CostTable` (scheduling/cost.py) with every price divided by
-verify_ms(1), one target forward over one token. The replay and the live joint plan price every step with
-`CostTable.step_cost` (n requests, m of them drafting K tokens, T target tokens, L requests that looked the
-cache up); its `lookup_ms` is the cache lookup + payoff prediction per request that consulted the cache: the
-price the engine learns live (scheduling/learn.py), else `HvdCostConfig.cache_cost`.
-
-    linear_table   `HvdCostConfig`'s lines: verify(T) = 1 + c_v T, draft(n, k) = k c_d, lookup c_cache, free
-                   catch-up
-    hvd_units      a measured table -> its unit view. A context curve (KV reads by requests) is 0 in profiled
-                   tables; a roofline table with one is refused rather than mispriced
-    summary        what the payoff file and the tables state: the unit table, c_v (least-squares slope of
-                   verify over 1..8 tokens), c_d = draft(1), c_cache, where the table came from
+verify_ms(1), one target forward over one token; its `lookup_ms` is the cache lookup + payoff prediction per
+request that consulted the cache (learned live, else `HvdCostConfig.cache_cost`). `linear_table` is
+`HvdCostConfig`'s lines: verify(T) = 1 + c_v T, draft(n, k) = k c_d, free catch-up.
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
-"""Adaptive verification: the budgeted verify policy with live estimator refits (docs/estimator.md, docs/budget.md).
+"""Adaptive verification (docs/estimator.md, docs/budget.md): the budgeted verify policy, `adaptive` and
+`adaptive-stop` in POLICIES, with live estimator refits.
 
-Glossary:
-  confidence   c[r, j] = estimator.predict(feature[r, j], j), a lossless feature of the draft
-               distribution only (never q of the drawn token), so trimming stays lossless
-  budget       b* = argmax_b E(b) / cost(b) over the batch's slots ranked by survival (plan.py, one group)
-  observed     slot j of request r carries a label iff j < num_verify[r] (verified) and
-               j <= num_accepted[r] (at or before the first rejection); label = j < num_accepted[r].
-               Trimmed slots and slots after the first rejection are censored: no label.
-  refit round  the estimator accumulates statistics every step and refits every N steps; after each
-               refit the policy appends the coefficients to `trajectory` and logs them.
-  draft gate   before drafting, `draft_this_step` may skip speculation for the step when no draft depth
-               pays at its load, judged from earlier steps (gate.py); the engine then decodes target-only
-  stop early   an autoregressive drafter pays one forward per depth, which trimming cannot refund;
-               `continue_drafting` (called by the drafter after each pass) stops a request's drafting
-               once no deeper draft would pay for itself (stop.py); on in the `adaptive-stop` entry only
-  learned cost with a `learner` (AdaptiveConfig.learn_cost; serve) the engine's step times refit the
-               cost model (learn.py) and swap it in; every `cost_probe_every`-th step is a probe that
-               drafts and verifies a depth set by the step count alone (lossless, as fixed K)
-Registered in POLICIES (scheduling/spec.py) as `adaptive` and `adaptive-stop`. With estimator "none" it verifies every draft (the `full` policy).
+  confidence  c[r, j] = estimator.predict(feature[r, j], j), a lossless feature of the draft distribution
+              only (never q of the drawn token), so trimming stays lossless
+  budget      b* sized from draw-independent inputs (`sizing`), the top-b* live slots verified (plan.py)
+  observed    slot j of r carries a label iff j < num_verify[r] and j <= num_accepted[r]; label = j <
+              num_accepted[r]; trimmed slots and slots after the first rejection are censored
+  hooks       the draft gate (gate.py) before drafting, the early stop (stop.py, `adaptive-stop`) after each
+              draft pass, the cost learner (learn.py, `learn_cost`) after each step; a cost probe step drafts
+              and verifies a depth set by the step count alone (lossless, as fixed K)
+With estimator "none" it verifies every draft.
 """
 
 from __future__ import annotations

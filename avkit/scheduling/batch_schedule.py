@@ -1,21 +1,11 @@
 """The `schedule` verify policy: K by the current batch size, as vLLM's Dynamic SD runs it.
 
-A schedule is a list of inclusive batch-size ranges (lo, hi, K), the first starting at 1, read from
-`avkit tune`'s results JSON (`--out`, the key `schedule.ranges`), from its `--format vllm` output (the
-`--speculative-config` dict, or `{"speculative_config": {...}}`; `null` is speculation off at every
-batch size). Rules, the same as vLLM 0.32's
-dense lookup (vllm/v1/spec_decode/dynamic/utils.py):
-  K(b)        the K of the range holding b; a batch size past the last range takes the last range's K
-  clamp       the engine drafts at most its own k (-k): a schedule asking for more is refused at load
-              (vLLM clamps silently; here it is one error line naming the file)
-Each step the policy takes b = requests in the step (vLLM: `len(num_scheduled_tokens)`), lets each
-request draft at most K(b) (`draft_limits`: K(b) = 0 drafts nothing and runs no drafter forward) and
-verifies min(drafted, K(b)). `avkit tune --out` JSON also carries the catch-up rule (scheduling/catch_up.py,
-key `schedule.catch_up`): a request whose drafter is behind (new, or sat out a K = 0 range) drafts only
-where the catch-up's prefill pays back over its remaining tokens, and a step where only some requests may
-draft drafts only if that still beats target-only decoding. A vLLM fragment has no rule (vLLM's
-drafter prefills every prompt and follows every token: it never catches up). Only lengths and counts
-decide: lossless.
+A schedule is inclusive batch-size ranges (lo, hi, K), the first from 1, read from `avkit tune --out` JSON
+(`schedule.ranges`, with its catch-up rule `schedule.catch_up`, scheduling/catch_up.py) or a `--format vllm`
+fragment (`null`: speculation off everywhere). As vLLM 0.32's dense lookup: b past the last range takes its
+K; a K above the engine's -k is refused at load (vLLM clamps silently). Each step, b = requests in the step:
+each request drafts at most K(b) (K = 0: no drafter forward) and verifies min(drafted, K(b)). Lossless:
+only lengths and counts decide.
 """
 
 from __future__ import annotations

@@ -1,33 +1,17 @@
-"""Catch-up: whether a request whose drafter is behind should draft again (the `schedule` policy's rule).
+"""Catch-up: whether a request whose drafter is behind drafts again (the `schedule` policy's rule).
 
-The draft model's KV cache holds a prefix of each sequence (drafters/draft_model.py). A request that has
-not drafted lacks tokens there: a new one its prompt, one that sat out steps (a schedule's K = 0 at a larger
-batch) everything decoded meanwhile. The first step that drafts it prefills them, and the whole batch waits
-for that forward. Drafting pays it back only over the tokens the request has left, so:
-
-  lag          tokens of the sequence the drafter has not seen (host count, `Drafter.lag`)
-  remaining    new tokens the request may still emit, max_new_tokens - emitted: an upper bound (EOS may
-               come first), so the rule errs towards drafting
-  price(lag)   the cost model's catch-up price (scheduling/cost.py `catch_up_cost`: the drafter's prefill
-               of all but the last lagging token)
+A request that has not drafted (new, or sat out a K = 0 range) lacks tokens in the draft model's KV cache;
+the first step that drafts it prefills them while the whole batch waits. Per request:
+  lag          tokens its drafter has not seen; remaining: new tokens it may still emit (an upper bound)
   saving(b)    batch ms saved per output token by drafting at batch size b: 1000 / tok_s(no-spec, b) -
-               1000 / tok_s(schedule's arm at b), from `avkit tune`'s simulated table, linear in b between
-               the concurrencies it simulated and the nearest one's beyond them
-  rule         a request drafts iff lag <= FREE_LAG (the first draft pass feeds those tokens itself) or
-               price(lag) <= remaining * saving(b)
-  step check   saving(b) assumes every request of the batch drafts. When only m < b may, the drafter's
-               passes serve fewer of them; the step drafts only if that still beats target-only decoding,
-               by the cost table's curves and the tuner's mean accepted drafts a(b) per drafting request,
-               with a margin for what the curves miss (the engine's per-step speculative bookkeeping: live
-               on this CPU at c=2, a step priced at +1.2% over target-only lost to it):
-                 (b + m a(b)) / step_ms(b requests, m drafting k, b + m k tokens)
-                   >  (1 + STEP_MARGIN) b / step_ms(b, none drafting, b tokens)
-               (k = the schedule's K(b)); otherwise no request drafts this step
-
-A request kept out stays out while its lag grows and its remaining shrinks at that batch size; it drafts
-again where saving(b) is large enough (a smaller batch) or never. The steady-state tuner cannot see these
-switches (it simulates one batch size at a time); the rule is where they are priced.
-Lossless: lag, remaining and b are lengths and counts, never a draw (docs/lossless.md).
+               1000 / tok_s(schedule's arm at b) from `avkit tune`, linear in b, flat beyond
+  rule         drafts iff lag <= FREE_LAG or cost.catch_up_cost(lag) <= remaining * saving(b)
+  step check   when only m < b requests may draft, the step drafts only if, with a(b) the tuner's mean
+               accepted drafts and k = K(b):
+                 (b + m a(b)) / step_ms(b, m drafting k, b + m k) > (1 + STEP_MARGIN) b / step_ms(b, 0, b)
+               (the margin: per-step speculative bookkeeping the curves miss; live on this CPU at c=2 a step
+               priced at +1.2% over target-only lost to it)
+Lossless: lags, remaining tokens and b are counts, never a draw.
 """
 
 from __future__ import annotations

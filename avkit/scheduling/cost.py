@@ -1,50 +1,19 @@
-"""The step cost model: what one engine step costs by its shape (docs/budget.md). The ONE pricing of a
-step: budget, early stop, draft gate, catch-up, the HVD joint plan (in target-forward units, `in_units`),
-`tune`'s arms and the simulator all price through `CostTable`.
+"""The step cost model (docs/budget.md "Cost tables"): what one engine step costs by its shape. The ONE pricing
+of a step: budget, early stop, draft gate, catch-up, the HVD joint plan (`in_units`), `tune`'s arms and the
+simulator all price through `CostTable`. Its fields are the JSON fields of a cost file (ms unless said; every
+grid strictly increasing from >= 0, every curve non-decreasing, piecewise linear between its points and the
+last segment's slope beyond: `interp_curve`, the one interpolation in avkit).
 
-Schema (the JSON fields of a cost file; ms unless said; every grid strictly increasing from >= 0,
-every curve non-decreasing):
-  verify_tokens [P], verify_ms [P]   one target forward over T query tokens (weights + compute, and the
-                  KV reads of the profiling layout at `context_len`: 0 in `context_ms` then)
-  draft_requests [Q], draft_ms [Q]   one draft forward, one token for each of n requests, with the
-                  engine's work on its logits (features, the draft distribution, one draw)
-  draft_fixed_ms [Q]   drafting a step pays once when n requests draft, whatever k: vLLM's draft_model
-                  proposer runs its first pass over the tokens verified last step and prepares its inputs
-                  (empty = 0: avkit's drafter feeds 1-2 tokens)
-  context_ms [Q]  target KV-cache reads that scale with requests, not tokens (empty = 0: profiled tables,
-                  whose verify_ms holds them for the profiling layout)
-  request_ms [Q]  what n requests add to a step beyond one request's, whatever its tokens: the engine's work
-                  per request (sampling, acceptance, roll back, host bookkeeping). `avkit profile`: a target-only
-                  step of n requests less verify_ms(n) (laid out as ceil(n / (k + 1)) requests); its verify_ms
-                  then holds one request (the layout's request_ms taken out). Empty = 0 (older and roofline tables)
-  prefill_tokens [U], prefill_ms [U]   the drafter prefilling n tokens of one request: the price of a
-                  catch-up (empty: priced as a draft pass over n rows, an upper bound)
-  drafter         "autoregressive" (k draft passes for k drafts) or "parallel" (one, DSpark-like)
-  context_len     KV tokens per request the curves were measured (or modelled) at; older files keep it
-                  in meta.context_len, which the reader accepts
-  kv_ms_per_token ms the target's KV read adds per cached context token of the step beyond what the curves
-                  hold (0: context does not move the price): n context_len with a context curve, else the
-                  profile's verify layout, ceil(T / (meta.k + 1)) requests at context_len (`held_context`)
-  lookup_ms       ms a cache drafter's lookup adds per request it consults (suffix cache, hybrid router;
-                  learned live, 0 unless learned)
-  noise           per curve, the relative spread of each point's repeats (IQR / median; `avkit profile`)
-  shape_scale [S] per step shape the curves price apart from its own steps, [n, m, passes, T, l, band,
-                  factor]: step_ms of that shape is multiplied by factor (learned live, scheduling/learn.py: the
-                  shape's median over the curves' price, shrunk by its steps; empty: every factor 1). m = 0
-                  when passes = 0; band = context_band(C, n)
-  meta            device, target, draft, source (profile | roofline | learned | vllm), provenance
 Model, for n requests, m of them drafting k each (m = n unless a cache drafts the others), T target tokens,
 C context tokens in the step (None: what the curves hold), l cache lookups:
   step_ms(n, k, T, C, m, l) = passes(k) draft_ms(m) + [k > 0] draft_fixed_ms(m) + context_ms(n) + request_ms(n)
                         + kv_ms_per_token (C - held_context(n, T)) + verify_ms(T) + lookup_ms l
                         (times the shape's factor in shape_scale, where it holds one)
   passes(k)       k (autoregressive) or [k > 0] (parallel)
-  catch_up(lag)   a request whose drafter lacks `lag` tokens: the drafter prefills all but the last
-                  (drafters/draft_model.py), prefill_ms(lag - 1), below the prefill grid a draft pass over
-                  those rows; lag <= FREE_LAG costs nothing (the first draft pass feeds them)
-Each curve is a few points, piecewise linear between them and the last segment's slope beyond
-(`interp_curve`, the one interpolation in avkit). Tables come from `avkit profile` (measured), `avkit
-serve` (learned online, scheduling/learn.py) or the roofline model (scheduling/roofline.py).
+  held_context    n context_len with a context curve, else the profile's verify layout, ceil(T / (meta.k + 1))
+                  requests at context_len
+  catch_up(lag)   a drafter lacking `lag` tokens prefills all but the last (drafters/draft_model.py):
+                  prefill_ms(lag - 1), below the prefill grid a draft pass over those rows; lag <= FREE_LAG is free
 """
 
 from __future__ import annotations
@@ -145,21 +114,23 @@ def _check_curve(label: str, xs: tuple, ys: tuple, source: str):
 @dataclass(frozen=True)
 class CostTable:
     verify_tokens: tuple[int, ...]  # [P] target tokens per step (grid)
-    verify_ms: tuple[float, ...]  # [P]
+    verify_ms: tuple[float, ...]  # [P] one target forward over T tokens (with the profiled layout's KV reads)
     draft_requests: tuple[int, ...]  # [Q] requests per draft forward (grid)
-    draft_ms: tuple[float, ...]  # [Q] one draft forward
-    context_ms: tuple[float, ...] = ()  # [Q] target KV reads by requests (empty = 0)
-    drafter: str = "autoregressive"
-    meta: dict = field(default_factory=dict)  # device, target, draft, source, ...
-    draft_fixed_ms: tuple[float, ...] = ()  # [Q] drafting paid once per step by requests (empty = 0)
+    draft_ms: tuple[float, ...]  # [Q] one draft forward, one token per request, with the logits work
+    context_ms: tuple[float, ...] = ()  # [Q] target KV reads by requests (empty = 0: profiled tables)
+    drafter: str = "autoregressive"  # k draft passes for k drafts, or "parallel": one
+    meta: dict = field(default_factory=dict)  # device, target, draft, source (profile|roofline|learned|vllm), ...
+    draft_fixed_ms: tuple[float, ...] = ()  # [Q] drafting paid once per step whatever k (vLLM's proposer; empty = 0)
     prefill_tokens: tuple[int, ...] = ()  # [U] tokens of one request the drafter prefills (grid; empty: not profiled)
-    prefill_ms: tuple[float, ...] = ()  # [U]
-    context_len: int = 0  # KV tokens per request the curves hold
+    prefill_ms: tuple[float, ...] = ()  # [U] the price of a catch-up
+    context_len: int = 0  # KV tokens per request the curves hold (older files: meta.context_len)
     kv_ms_per_token: float = 0.0  # ms per cached context token of a step beyond `held_context`
-    lookup_ms: float = 0.0  # ms per request a cache drafter looks up
+    lookup_ms: float = 0.0  # ms per request a cache drafter looks up (learned live)
     noise: dict = field(default_factory=dict)  # curve -> [points] IQR / median of the repeats (profiled tables)
-    request_ms: tuple[float, ...] = ()  # [Q] a step's price per request beyond the first, by requests (empty = 0)
-    shape_scale: tuple[tuple[float, ...], ...] = ()  # [S, 7] (n, m, passes, T, l, band, factor) (module note)
+    request_ms: tuple[float, ...] = ()  # [Q] what n requests add beyond one request's, whatever the tokens (empty = 0)
+    # [S, 7] (n, m, passes, T, l, band, factor): step_ms of that shape times factor (learn.py; m = 0 without
+    # passes, band = context_band(C, n))
+    shape_scale: tuple[tuple[float, ...], ...] = ()
 
     def __post_init__(self):
         src = str(self.meta.get("path", ""))

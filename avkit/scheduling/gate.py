@@ -1,49 +1,21 @@
-"""Draft gate: whether a step drafts at all, the adaptive policy's choice of no speculation.
+"""Draft gate (docs/budget.md "The draft gate"): whether a step drafts at all, the one decision that can pick
+target-only decoding (the budget and early stop act after drafting started).
 
-The budget (plan.py `plan`) and the early stop (adaptive.py `continue_drafting`) decide after drafting has
-started, so they can shorten speculation but never drop it; when the drafter's forward costs a large
-share of a target forward and verification is compute-bound (a CPU at concurrency 16), target-only
-decoding wins and only a decision taken before drafting can pick it.
-Glossary:
-  recent rows    the sizing confidences [W, K] of the last `window` drafted request-steps: each
-                 request's position-0 feature predicted at every position, the draw-independent inputs
-                 that size b* (adaptive.py `sizing`); survival s[r, j] = prod_{i<=j} c[r, i]
-  step rate      the policy's own step replayed on the recent rows at this step's load n, each row
-                 standing for n/W requests: verify the top-m survival slots (m = 0..W K; a row's
-                 slots are a prefix, its depth), draft what is verified, and
-                 rate(m) = (n + n/W sum_top-m s) / (draft_ms + context_ms(n) + verify_ms(n + m n/W)),
-                 draft_ms = sum_j P(pass j runs) draft_ms(requests in it) when the drafter stops early
-                 (one pass per depth over the requests still drafting; with p_j the share of rows
-                 of depth >= j, P = 1 - (1 - p_j)^n and n p_j / P requests), else draft_ms(n, K)
-                 (a parallel drafter pays its one pass however deep it drafts)
-  gain           max_{m>=1} rate(m) / rate(0): speculation's best rate over target-only decoding
-  gate           while drafting: draft this step iff gain > 1; a skipped step runs target-only
-                 decoding: one target token per request, nothing drafted, nothing observed.
-                 Until `window` rows were seen it drafts to measure (a few samples must not switch it
-                 off), unless even sure drafts (every confidence 1, K of them) would not pay at this
-                 load: then no measurement could change the answer and it skips without data, so a
-                 heavily loaded server never pays the drafter's prompt prefill to find that out
-  catch-up       the draft model's KV cache does not see a new request's prompt, nor the tokens decoded
-                 while drafting was off; the first drafted step feeds them to the drafter (a prefill of
-                 every stale token), a cost the step rate does not see. Hence:
-  paid back      when the caller gives the step's lags (tokens each request's drafter lacks) and the new
-                 tokens each may still emit (`remaining`, an upper bound: EOS may come first), a step
-                 that would draft does so only if its catch-up is paid back by then:
-                   sum_r catch_up_ms(lag_r) <= sum_r remaining_r * saving   (scheduling/cost.py),
-                   saving = (context_ms(n) + verify_ms(n)) / n * (1 - 1 / gain)  (ms per output token)
-                 with the gain of sure drafts while measuring. A server at load 16 whose requests end
-                 at different times must not pay 8 prompts' drafter prefill for the last 20 tokens
-                 (the simulator's traces start caught up and pass no lags: it charges catch-ups after
-                 the fact, sim/replay.py `catch_up_ms`)
-  hysteresis     while off, drafting resumes only if gain > 1 + `resume_margin`
-  probe          after `probe_every` skipped steps in a row the gate forgets its rows and drafts until it
-                 has seen `window` new ones, so that it follows the traffic while speculation is off
-                 (rare: each probe pays a catch-up)
-Lossless: the decision reads the load and earlier steps' features only (prefixes already emitted,
-drafts of steps that are over), never this step's draws; each emitted token still follows the target
-given everything before it, so the output does (docs/lossless.md).
-Used by AdaptiveVerification: live one step at a time (`draft_this_step`), in the simulator over its
-steps in order (`draft_steps`, `replay` here).
+  rows        the sizing confidences [W, K] of the last `window` drafted request-steps (adaptive.py `sizing`);
+              survival s[r, j] = prod_{i<=j} c[r, i]
+  step rate   the policy's step replayed on the rows at this step's load n, each row standing for n/W
+              requests, verifying the top-m survival slots (m = 0..W K):
+                rate(m) = (n + n/W sum_top-m s) / (draft_ms + context_ms(n) + verify_ms(n + m n/W))
+              draft_ms = sum_j P(pass j runs) draft_ms(requests in it) when the drafter stops early (p_j the
+              share of rows of depth >= j: P = 1 - (1 - p_j)^n, n p_j / P requests), else draft_ms(n, K)
+  gain        max_{m>=1} rate(m) / rate(0); the step drafts iff gain > 1 (while off: > 1 + `resume_margin`).
+              Until `window` rows were seen it uses the gain of sure drafts (every confidence 1)
+  paid back   with the step's lags and remaining tokens, a step that would draft does so only if
+                sum_r catch_up_ms(lag_r) <= sum_r remaining_r * saving,
+                saving = (target-only step ms) / n * (1 - 1 / gain)   (ms per output token)
+  probe       after `probe_every` skipped steps in a row the rows are forgotten and a new window measured
+Lossless: the load and earlier steps' features decide, never this step's draws (docs/lossless.md). Live one
+step at a time (`draft_this_step`), in the simulator over its steps in order (`replay`).
 """
 
 from __future__ import annotations

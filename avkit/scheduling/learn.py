@@ -1,51 +1,22 @@
-"""The cost model learned live from the engine's own step times (docs/budget.md), the profiled table its prior.
+"""The cost model learned live from the engine's own step times, the profiled table its prior (docs/budget.md
+"The cost model learned live": shapes, bands, warm-up, probes, snapshot).
 
-Glossary:
-  shape        (n requests, m draft rows, p draft passes, T target tokens, l cache lookups, c catch-ups) of
-               a decode step, its context band (the cached tokens per request, in half-octaves) and its
-               catch-up band (the mean lag of the c requests whose drafter prefilled first, in half-octaves):
-               model-drafted, hybrid (cache lookups for every request, draft passes over the rows the cache
-               did not draft), catch-up and target-only steps are all shapes. Its prior price is the prior
-               cost model's step_ms at what the curves hold plus c catch_up_ms(lag) (scheduling/cost.py)
-  bucket       the last `window` (ms, context tokens) of one shape (a ring); the first `warmup` steps of
-               every shape are dropped (allocator, page faults, JIT: the outliers that make a shape look dear)
-  median       per bucket the median ms and median context of its window: a spike moves them only when it
-               fills half the window
-  fit          when a shape has learned 1, 2, 4, ... steps (its warm-up just over, then as its window fills)
-               and every `refit_every` steps, one ridge regression over the buckets:
-                   median_b / prior_b - 1 = x_b . delta + kv_b g_kv + look_b g_look
-               delta: the relative change of each ordinate of verify, draft, the fixed drafting part, the
-               drafter's prefill and the per-request price (x_b,i = ordinate i's weight in shape b's price
-               times the ordinate, / prior_b; a catch-up below the prefill grid weighs on the draft curve; a
-               curve the prior lacks stays empty: where batch sizes never share a token count no step tells
-               a per-request price the profile did not measure from the verify curve); g_kv moves
-               kv_ms_per_token (kv_b = (context_b - held_context_b) u_kv / prior_b, u_kv a median step per
-               median context token); g_look moves lookup_ms (look_b = l_b u_look / prior_b, u_look one draft
-               pass of one row). Each unknown has the prior's pseudo-count PRIOR_COUNT (ridge: as many steps
-               of a typical bucket using it, its column's mean square, so a small share of a price learns as
-               fast as a large one), each bucket the weight m_b = steps learned in it (after its warm-up): a
-               bucket with m steps pulls its
-               ordinates m / (m + PRIOR_COUNT) of the way to what it measured; ordinates no step touches keep
-               the prior, unless the isotonic fit that makes the curves non-decreasing again (weighted by each
-               ordinate's steps) pools them with measured neighbours
-  residual     the ridge shares its ordinates across shapes and context bands, so a shape whose own price
-               no shared ordinate explains stays off however many steps it has. Per bucket without catch-ups
-               (m_b learned steps, its median context c_b, r_b = median_b / ridge_b(c_b)) one factor on top of
-               the ridge's price, shrunk twice: the shape's over all its bands s (M_s steps, r_s their
-               step-weighted mean r_b) from the prior's factor f0_b (1 unless the prior is a snapshot holding
-               one), then the band's from the shape's:
-                   F_b = f0_b + M_s / (M_s + PRIOR_COUNT) (r_s - f0_b)
-                   f_b = F_b + w_b (r_b - F_b),   w_b = m_b / (m_b + PRIOR_COUNT)
-               a shape with many steps converges to its own median, a new context band of it starts from the
-               shape's factor (decoding walks through a band every few dozen tokens), an unseen shape keeps
-               the ridge's shared price. It lives in the table (CostTable.shape_scale, applied by
-               step_cost): whatever prices a whole step with step_cost gets it (the ratio metric, the gate's
-               target-only price, catch-up); the planner's per-token lookups read the curves alone. The
-               result is a CostTable like any other (`snapshot` writes it; `--cost FILE` reads it)
-  probe        a step on a fixed schedule (every `probe_every`-th step) that verifies a depth fixed by the
-               step count alone, cycling 0..K: shapes the policy no longer picks get fresh timings. The
-               depth depends on the step count only, never on a drawn token: lossless, like fixed K
-  ratio metric actual / the current model's prediction, for `/metrics` (serve)
+  bucket    per shape (n, m, passes, T, l, catch-ups) and its context and catch-up bands: the last `window`
+            (ms, context, lag) after the first `warmup` steps; its medians are what it measured
+  fit       when a shape has learned 1, 2, 4, ... steps and every `refit_every` steps, one ridge regression
+            over the buckets, each weighted by its m_b learned steps:
+                median_b / prior_b - 1 = x_b . delta + kv_b g_kv + look_b g_look
+            delta: the relative change of each ordinate of the LEARNED curves (x_b,i = ordinate i's weight in
+            b's price times the ordinate, / prior_b); g_kv moves kv_ms_per_token (kv_b = (context_b -
+            held_context_b) u_kv / prior_b); g_look moves lookup_ms (look_b = l_b u_look / prior_b). Each
+            unknown carries PRIOR_COUNT pseudo-steps of its column's mean square; the curves are made
+            non-decreasing again by isotonic regression weighted by the steps behind each ordinate
+  residual  per bucket without catch-ups, r_b = median_b / ridge_b(c_b), shrunk to the shape's (all bands, M_s
+            steps, r_s their step-weighted mean r_b) from the prior's factor f0_b, then to the band's:
+                F_b = f0_b + M_s / (M_s + PRIOR_COUNT) (r_s - f0_b)
+                f_b = F_b + w_b (r_b - F_b),   w_b = m_b / (m_b + PRIOR_COUNT)
+            stored in CostTable.shape_scale (applied by step_cost)
+  probe     every `probe_every`-th step verifies a depth cycling 0..K by the step count alone (lossless)
 """
 
 from __future__ import annotations

@@ -148,14 +148,15 @@ def prefixes(ranked: Ranked, budget: torch.Tensor, rows: int) -> torch.Tensor:
 def plan(confidences: torch.Tensor, num_drafted: torch.Tensor, group: torch.Tensor, num_groups: int, *,
          num_sampling: torch.Tensor, num_scheduled: torch.Tensor, fixed_ms: torch.Tensor,
          verify_ms: torch.Tensor, sizing: tuple[torch.Tensor, torch.Tensor] | None = None,
-         allocate=None) -> Plan:
+         allocate=None, surv: torch.Tensor | None = None) -> Plan:
     """Survival -> rank -> b* -> per-row prefixes for rows [S] in `num_groups` groups.
 
     confidences: [S, K]; num_drafted, group: [S] int64 (group ascending); num_sampling, num_scheduled
     (int64), fixed_ms: [G]; verify_ms: [T_max + 1] float64 lookup (T_max >= num_scheduled + the group's drafts);
     sizing: optional (confidences [S, K'], num_drafted [S]) that size b*. allocate: the kernel set's
     `allocate(confidences, num_drafted, budget)` (one group): the prefixes by the allocation kernel
-    (kernels/allocation.py on the device, allocation_ref.py = this module's ranking on CPU).
+    (kernels/allocation.py on the device, allocation_ref.py = this module's ranking on CPU). surv: survivals
+    already known ([S, K], non-increasing along K, e.g. HVD's survival heads) instead of the confidences'.
 
     >>> one = torch.zeros(2, dtype=torch.int64)
     >>> plan(torch.ones(2, 3), torch.tensor([3, 2]), one, 1, num_sampling=torch.tensor([2]),
@@ -164,7 +165,7 @@ def plan(confidences: torch.Tensor, num_drafted: torch.Tensor, group: torch.Tens
     [3, 2]
     """
     if allocate is None:
-        surv = survival(confidences, num_drafted)  # [S, K]
+        surv = survival(confidences, num_drafted) if surv is None else surv  # [S, K]
         live = rank_slots(surv, num_drafted, group, num_groups)
         sized = live if sizing is None else rank_slots(survival(*sizing), sizing[1], group, num_groups)
     else:  # the kernel ranks the allocated slots itself
@@ -181,17 +182,6 @@ def plan(confidences: torch.Tensor, num_drafted: torch.Tensor, group: torch.Tens
     return Plan(num_verify, budget, expected_tokens(sized, budget, num_sampling), cost_ms, surv)
 
 
-def plan_survival(surv: torch.Tensor, num_drafted: torch.Tensor, group: torch.Tensor, num_groups: int, *,
-                  num_sampling: torch.Tensor, num_scheduled: torch.Tensor, fixed_ms: torch.Tensor,
-                  verify_ms: torch.Tensor) -> Plan:
-    """`plan` from survivals already known ([S, K], non-increasing along K), e.g. HVD's survival heads."""
-    live = rank_slots(surv, num_drafted, group, num_groups)
-    budget = torch.minimum(best_budget(live, num_sampling, num_scheduled, fixed_ms, verify_ms), live.slots)
-    cost_ms = fixed_ms.double() + verify_ms[num_scheduled + budget]
-    return Plan(prefixes(live, budget, surv.shape[0]), budget, expected_tokens(live, budget, num_sampling),
-                cost_ms, surv)
-
-
 def verify_lookup(verify_cost, max_tokens: int, device=None) -> torch.Tensor:
     """[max_tokens + 1] float64 ms of verifying 0..max_tokens target tokens: a cost curve as a table
     (`CostTable.verify_cost` or any numpy-array function), built once on the host, kept on `device`."""
@@ -204,5 +194,5 @@ def single_group(rows: int, device=None) -> torch.Tensor:
     return torch.zeros(rows, dtype=torch.int64, device=device)
 
 
-__all__ = ["Plan", "Ranked", "best_budget", "expected_tokens", "order_slots", "plan", "plan_survival", "prefixes",
+__all__ = ["Plan", "Ranked", "best_budget", "expected_tokens", "order_slots", "plan", "prefixes",
            "rank_slots", "single_group", "survival", "verify_lookup"]

@@ -1,14 +1,8 @@
-"""Verify policies: how many of each request's K drafts the target verifies this step.
+"""Verify policies: how many of each request's drafts the target verifies this step.
 
-A policy sees only what cannot depend on which draft token was drawn: the lossless features of
-the draft distributions and the load. That is what keeps every policy lossless (docs/lossless.md).
-Glossary:
-  num_verify  k_r in [0, num_drafted_r], the verified prefix length of request r
-  load        requests that sample this step (N_s) and non-draft tokens already scheduled (T)
-Policies implement the `VerifyPolicy` protocol and are named in `POLICIES` (scheduling/spec.py, with the
-`--policy` spec parser). The step's types (DraftBatch, Load, Groups, StepPlan, VerifyOutcome) live in
-avkit/step_types.py. The engine hands a policy one step (`Load`); the simulator many steps at once (`Groups`,
-one group per step), and the same policy object decides both.
+A policy sees only what no drawn draft token decides (lossless features, the load: docs/lossless.md). The
+engine hands it one step (`Load`), the simulator many (`Groups`, one group per step); the same object
+decides both. The step's types live in avkit/step_types.py; the names in `POLICIES` (spec.py).
 """
 
 from __future__ import annotations

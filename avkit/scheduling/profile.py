@@ -1,25 +1,12 @@
-"""Profile this device's step costs (docs/budget.md): the CostTable the adaptive budget divides by.
-
-Every point is one `Engine.step` (the engine's own code path, step_timer.py) of requests seated at a
-real prefix, at the config's temperature and top-p, so each temperature's sampling, rejection sampling,
-roll back and host reads are timed as they run live:
-  verify point   T target tokens laid out as the verify step lays them out: ceil(T / (K+1)) requests
-                 verifying up to K of the prefix's real next tokens each (drafted for free), every request
-                 at the KV context
-  draft point    n requests drafting one token with the draft model, none verified, less the target-only
-                 step of n requests: one draft pass with its logits work (features, q, one draw)
-  request point  that target-only step of n requests less the verify point T = n (ceil(n / (K+1)) requests):
-                 what requests cost beyond tokens (`request_ms`, no step of its own); the verify curve then
-                 holds one request, its layout's request_ms taken out (`per_request`)
-  prefill point  a step whose drafter first catches up on m tokens of one request (a new prompt, or tokens
-                 missed while not drafting; scheduling/catch_up.py), less the same step without it
-  context        KV length per request (default 8192; $AVKIT_PROFILE_CONTEXT_LEN overrides): a real prefix,
-                 HumanEval prompts through the tokenizer, prefilled by each model (keys and values written)
-Every point runs `warmup` times untimed before any is timed; then each is timed `repeats` times after
-`warmup` more runs, the median is kept, and each curve is made non-decreasing by isotonic regression (pool
-adjacent violators: a spike is averaged with its neighbours, never carried upward) before it becomes a
-CostTable. The table's `noise` holds each point's IQR / median of its repeats; `meta["noise"]` sums it up
-and names the points the isotonic fit moved; `avkit profile` warns when the table is noisy.
+"""`avkit profile`: this device's step costs (docs/budget.md "Cost tables"), timing the engine's own step
+(`Engine.step`, step_timer.py) at a real KV prefix and the config's sampling, per point:
+  verify(T)     T tokens laid out ceil(T / (K+1)) requests, drafted for free and all verified
+  request(n)    the target-only step of n requests less verify(T = n): `request_ms`; verify then holds one
+                request (`per_request`)
+  draft(n)      n requests drafting one token with the draft model, none verified, less target-only(n)
+  prefill(m)    a step whose drafter first catches up on m tokens of one request, less the same step
+Each point: `warmup` untimed runs, then the median of `repeats` timed ones; each curve made non-decreasing by
+isotonic regression. `noise` holds each point's IQR / median; `meta["noise"]` sums it up.
 """
 
 from __future__ import annotations

@@ -1,17 +1,14 @@
 """Roofline cost model: step costs of a named accelerator and model size, for what-if simulation.
 
-A forward over T tokens of a dense decoder with P parameters and L layers is bounded by compute
-(2·P FLOPs per token for the matmuls, plus attention over the context) and by memory (every weight
-read once per forward). The target's KV reads scale with requests, not tokens — every verified query
-of a request shares its request's KV — so they go into `context_ms`:
-  verify_ms(T)   = max(2·P·T / F, P·bytes / BW) + 4·L·H·d_head·ctx·T / F + launch
-  context_ms(n)  = n · ctx · kv_bytes_per_token / BW
-  draft_ms(n)    = the same forward for the draft model with n tokens, its own KV reads included
-  kv_ms_per_token = kv_bytes_per_token / BW: what each cached token beyond ctx per request adds
-This module returns those curves as plain tuples; scheduling/cost.py builds the cost model from them.
-F and BW are *achievable* dense bf16 FLOP/s and memory bandwidth (not datasheet peaks). The model
-ignores overlap of compute and memory phases and kernel-level effects (tile quantization, attention
-kernel efficiency); it gets the shape — flat while memory-bound, linear once compute-bound — right.
+A forward of a dense decoder (P parameters, L layers) is bounded by compute (2 P FLOPs per token, plus
+attention over the context) and by memory (every weight read once); the target's KV reads scale with
+requests, not tokens, so they go into `context_ms`:
+  verify_ms(T)    = max(2 P T / F, P bytes / BW) + 4 L H d_head ctx T / F + launch
+  context_ms(n)   = n ctx kv_bytes_per_token / BW
+  draft_ms(n)     = the same forward for the draft model with n tokens, its own KV reads included
+  kv_ms_per_token = kv_bytes_per_token / BW
+F and BW are achievable (not datasheet) bf16 FLOP/s and bandwidth; compute/memory overlap and kernel
+effects are ignored. scheduling/cost.py builds the table from these curves.
 """
 
 from __future__ import annotations

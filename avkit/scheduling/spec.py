@@ -1,17 +1,9 @@
 """Policy names and specs: the `POLICIES` registry and the one `--policy` parser (torch-free at import).
 
-A verify policy is named on a command line by a spec, `HEAD[:ARG]`; the same spec means the same policy in
-`avkit serve`, `record`, `simulate` and `tune`'s arms. Its head names a `POLICIES` entry, and that entry
-alone says how the policy behaves (no command adds its own default):
-  full                     verify every draft
-  nospec, fixed:K          draft and verify K (0: target-only decoding)
-  adaptive[:ESTIMATOR]     budgeted verification (scheduling/adaptive.py) of K drafts
-  adaptive-stop[:E]        the same, and it also stops an autoregressive drafter early (scheduling/stop.py)
-  ...-nogate               either adaptive entry without the draft gate (it never skips drafting a step)
-  schedule:FILE            K by batch size (`avkit tune`'s schedule, scheduling/batch_schedule.py)
-  NAME                     any other policy registered in POLICIES (a plug-in), made without arguments
-Entries are lazy (avkit/registry.py), so parsing a spec imports no torch: a bad `--policy` is refused
-before the policies' modules load.
+A spec `HEAD[:ARG]` means the same policy in `avkit serve`, `record`, `simulate` and `tune`'s arms; its
+POLICIES entry alone says how it behaves (docs/budget.md "Policy specs"): full, nospec, fixed:K,
+adaptive[-stop][-nogate]:ESTIMATOR, schedule:FILE, or any registered plug-in NAME. Entries are lazy
+(avkit/registry.py): a bad `--policy` is refused before torch loads.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The engine's own step (`Engine.step`) at a chosen shape, timed: what `avkit profile` measures.
 
-Glossary:
-  seat      requests placed in KV slots 0..n-1 of one Engine, each holding a real prefix: the first tokens of
-            `ids` (HumanEval prompts through the tokenizer) written into the target's cache and the draft
-            model's by the models' own prefill, once (slot 0 prefilled, copied to the others)
-  shape     one step of the first `rows` seated requests at `context` cached tokens each:
-              fed    each row proposes its `drafts` count of the prefix's real next tokens (a deterministic
-                     drafter, q one-hot; no forward) and verifies them all: the engine's verify path alone
-              model  the draft model drafts one token per row and none is verified: a draft pass (with its
-                     logits work at the requests' temperature) beside the verify of `rows` tokens
-            `behind`: the draft model lacks that many more tokens, so the step first catches up (a prefill)
-  rewind    before every timed run (untimed): the sequences, both caches' lengths and the drafter's host
-            bookkeeping go back to the seated prefix, so each run repeats the same step
-Everything else the step does (sampling distributions, rejection sampling, roll back, host reads) is the
-engine's own code at the requests' temperature and top-p, so a profiled table prices what a live step costs.
+`SeatedEngine` seats requests in KV slots 0..n-1 of one Engine at a real prefix (written into both models'
+caches by their own prefill, once). A shape is one step of the first `rows` requests at `context` cached
+tokens: `fed` rows propose their `drafts` real next tokens (`FedDrafter`, no forward) and verify them all;
+`model` rows draft one token with the draft model and verify none; `behind` makes the drafter catch up
+first. `rewind` (untimed) puts sequences, caches and the drafter's bookkeeping back before every run.
 """
 
 from __future__ import annotations

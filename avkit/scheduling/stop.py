@@ -11,15 +11,8 @@ sized over everything drafted so far and the drafting already paid:
   cost(m)   m pass_ms / n_active + verify_ms[T + b* + u + m] - verify_ms[T + b*]: the row's share
             of m more passes and its u + m extra verified tokens                             [S, D]
   keep      active & exists m in 1..K - proposed with gain(m) > rate * cost(m)
-Look-ahead, not one step: a deeper depth pays iff its gain beats what the same time earns at the
-current rate, and the cost is not linear in depth. The CPU kernel computes 6 query rows per tile
-(scheduling/profile.py), so a 7th verified token costs ~40% of a forward while the 8th-12th are
-nearly free: depth d + 1 alone never pays there, d + 2 .. d + 6 may, and the plan may leave the draft
-that opens a tile unverified for now (pending) while deeper ones would pay for the tile. D = K columns,
-no loop over drafts.
-Causal (confidences of drafted slots only) and lossless (q's shape and the load decide, never a
-drawn token's probability). The live policy (`AdaptiveVerification.continue_drafting`, one group)
-and the simulator (one group per step) both call `continue_drafting`.
+Look-ahead over D = K depths, not one (docs/budget.md "Early stop": the CPU kernel's 6-row tiles make
+depth d + 1 alone unprofitable where d + 2 pays). Lossless: drafted slots' confidences and the load decide.
 """
 
 from __future__ import annotations

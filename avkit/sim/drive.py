@@ -1,21 +1,9 @@
-"""The simulator's step loop: the engine's own policy objects (scheduling/) over a group vector of sim steps.
-
-Per concurrency a fresh policy object (as a server starts one) decides every sim step through the hooks
-the engine calls on its one step (scheduling/policy.py), here with `Groups` (one group per sim step):
-  draft_limits       the most drafts each request may propose (fixed K: K; a schedule: K(b))
-  draft_steps        which steps draft at all (the draft gate, step by step in order)
-  continue_drafting  after each draft pass, which requests draft on (an autoregressive drafter's early stop)
-  num_verify         how many drafts each request verifies
-An adaptive policy's estimator is driven in refit rounds (estimators/rounds.py: its coefficients cannot
-change within a round, so the round's steps are decided at once) and learns the round's observed slots,
-labels as recorded (docs/estimator.md), exactly as live.
-What a step costs is the simulator's: the draft passes that ran (`cost.draft_cost` of the step's deepest
-draft, or pass by pass over the requests still drafting when the drafter stopped early), and the drafter's
-catch-up on tokens its requests decoded while they did not draft (`catch_up_ms`).
-Confidence sources only a replay has (read whole slot columns, `per_position = False`: they size b* from
-themselves, an upper bound):
-  oracle     1 for drafts the trace accepted, else 0 (reads the outcomes: a bound, not lossless)
-  recorded   the trace's own `confidence` column (the estimator that ran live)
+"""The simulator's step loop: per concurrency a fresh policy object (as a server starts one) decides every sim
+step through the engine's hooks (scheduling/policy.py) with `Groups`, one group per sim step. An adaptive
+policy's estimator runs in refit rounds (estimators/rounds.py) and learns the round's observed slots, as live.
+A step's drafting costs the passes that ran and the drafter's catch-up on tokens decoded without it
+(`catch_up_ms`). Replay-only confidence sources read whole slot columns and size b* from themselves (a bound):
+`oracle` (1 where the trace accepted: not lossless) and `recorded` (the trace's `confidence` column).
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""Burn-in of the simulator's online estimators: the state a live estimator reaches after serving the traces.
-
-Glossary:
-  burn-in   the traces replayed in recorded engine-step order, labels as recorded, through the one
-            online-round driver (estimators/rounds.py) until the estimator has completed `min_refits`
-            refit rounds (small trace sets are replayed several times). The simulator starts adaptive
-            runs from it unless a coefficients file is given.
-  clock     the recorded `engine_step`; a trace without one is replayed in its recorded order at
-            8 step rows an engine step (a typical batch)
+"""Burn-in of the simulator's online estimators: the traces replayed in recorded engine-step order (without
+one: 8 step rows a step), labels as recorded, through estimators/rounds.py until `min_refits` refit rounds.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Step rows from an aggregate acceptance profile (`avkit import vllm-metrics`) instead of a per-draft trace.
 
-An aggregate knows only the distribution of the accepted length L per request-step:
-P(L > j) = survival_j (the profile's `positions[j].survival`), so P(L = l) = s_{l-1} - s_l (s_{-1} = 1,
-s_K = 0). `profile_steps` lays out `rows` step rows whose accepted lengths have exactly that distribution
-(counts by largest remainder, no randomness), in a fixed interleaved order, as requests of
-`steps_per_request` steps. Labels follow from L (accepted before it, rejected at it, censored after);
-there are no features, so only no-spec and fixed-K policies can be replayed (`policies_for_profile`
-refuses the others). Every draft has K slots (vLLM's counters imply it when the profile says
-`full_drafts`).
+The profile gives P(L > j) = survival_j, so P(L = l) = s_{l-1} - s_l (s_{-1} = 1, s_K = 0); `profile_steps`
+lays out `rows` step rows with exactly that distribution (largest-remainder counts, a fixed interleave), every
+draft K slots. No features: only no-spec and fixed K can be replayed (`policies_for_profile`).
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """Trace-replay simulation: verify policies x concurrency against a cost table.
 
-For each concurrency c, recorded requests run in c lanes of a continuous batch (steps.py); each sim
-step costs cost.step_ms(n requests, draft passes, n + verified drafts) and a request that verifies k
-of a recorded step's drafts emits min(k, a) + 1 tokens, a = the recorded accepted length.
-
-What the min(k, a) + 1 approximation ignores:
-  * divergence: after a step that accepted fewer drafts than recorded, the real sequence continues
-    differently (the bonus/resampled token differs), so later drafts and acceptances would differ;
-    the replay keeps the recorded ones. Each request therefore takes its recorded number of steps
-    under every policy and the batch composition is identical across policies.
-  * slots the recording did not verify (trimmed live): a request never accepts more than recorded.
-  * prefill, admission and request lengths: no prefill steps (N_s = T = n), output lengths change with
-    the policy only through tokens per step; metrics use the steady-state window (every lane busy).
-  * drafting cost is one drafter pass per depth for the whole batch (autoregressive) or one pass;
-    a pass drafts for every request of the step (requests at max length draft less, as recorded).
-Metrics per (concurrency, policy): throughput tok/s, per-request tok/s (= throughput / c: lanes share
-every step), mean accepted drafts and tokens per request-step, verified drafts per step, share of
-drafted tokens wasted (not accepted: rejected, after a rejection, or trimmed), mean step ms.
+Per concurrency c, recorded requests run in c lanes of a continuous batch (steps.py); each sim step costs
+what the policy drafted plus cost.step_cost(n, 0, n + verified), and a request verifying k of a recorded
+step's drafts emits min(k, a) + 1 tokens (a: the recorded accepted length). What that ignores:
+  * divergence: after accepting fewer drafts than recorded the real sequence would continue differently;
+    the replay keeps the recorded steps, so every request takes its recorded number of steps and the batch
+    composition is the same under every policy
+  * slots the recording did not verify: a request never accepts more than recorded
+  * prefill and admission (N_s = T = n); metrics use the steady-state window (every lane busy)
+RESULT_COLUMNS documents the metrics.
 """
 
 from __future__ import annotations

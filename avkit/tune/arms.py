@@ -1,21 +1,15 @@
-"""Arms: the deployments `avkit tune` compares, each replayed by the simulator (avkit/sim/) at each concurrency.
+"""Arms: the deployments `avkit tune` compares, each replayed by the simulator (sim/drive.py runs the engine's
+policy object) at each concurrency.
 
-Glossary:
-  arm        one way to run the engine at a batch size: a policy spec (scheduling/spec.py) and the most
-             drafts per step K: `nospec`, `fixed K` (draft and verify K every step), `adaptive K` (draft up
-             to K, adaptive verification sizes the budget) or `adaptive-stop K` (also stops drafting early,
-             avkit's engine only); the simulator runs the engine's policy object for it (sim/drive.py)
-  cell       one arm at one concurrency: the simulator's metrics row plus what the bootstrap and the SLO
-             need, per recorded request (tokens, time share) and per request copy (time per output token)
-  truncated  traces replayed "as if recorded with at most K drafts": slot labels past K dropped, accepted
-             length min(a, K); under the simulator's min(k, a) replay this is exact, so an adaptive arm
-             drafting up to K < recorded K is simulated without re-recording
-Time share: the lanes of a sim step share its time, so a row's share is step ms / requests in the step;
-the shares of a recorded request (over all its copies) sum with its tokens to the cell's throughput.
-TPOT of a request copy: the ms of the sim steps it is in over the tokens it emitted (decode only: the
-simulator has no prefill), over copies that ran whole inside the steady-state window.
-Throughput of an arm that drafts includes the drafter's prompt prefill (tune/prefill.py): each recorded
-request's share gains its tokens x its prefill ms per output token; `decode_tok_s` keeps the decode-only rate.
+  arm        a policy spec and the most drafts per step K: nospec, fixed K, adaptive K (draft up to K, the
+             budget sizes verification) or adaptive-stop K (also stops drafting early)
+  cell       one arm at one concurrency: the simulator's metrics row, and per recorded request its tokens
+             and time share (step ms / requests in the step, summed over its copies), per request copy
+             its TPOT (decode only, copies that ran whole inside the steady-state window)
+  truncated  traces as if recorded with at most K drafts (labels past K dropped, accepted min(a, K)): exact
+             under the simulator's min(k, a) replay
+An arm that drafts also pays the drafter's prompt prefill (prefill.py) per output token; `decode_tok_s` keeps
+the decode-only rate.
 """
 
 from __future__ import annotations

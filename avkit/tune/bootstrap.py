@@ -1,14 +1,6 @@
-"""Bootstrap intervals over recorded requests, for throughput and for throughput ratios.
-
-A cell's throughput is a ratio estimator, sum of tokens / sum of time shares over recorded requests
-(avkit/tune/arms.py). One resample draws R recorded requests with replacement: weights w [B, R] are
-multinomial counts, and the resampled throughput is (w @ tokens) / (w @ time). The same weights serve
-every arm and concurrency, so a ratio of two cells is a paired comparison (the same requests on both
-sides) and its interval is much tighter than the two separate intervals suggest.
-
-What it does not capture: the replay itself is not rerun per resample (batch composition and the
-estimator's refits stay those of the full trace set), so the intervals measure which requests the
-traces happen to hold, not the simulator's modelling error.
+"""Bootstrap intervals over recorded requests: a resample draws R requests with replacement (weights w [B, R]),
+throughput (w @ tokens) / (w @ time). The same weights serve every cell, so a ratio is paired. The replay is
+not rerun per resample: the intervals measure which requests the traces hold, not the simulator's error.
 """
 
 from __future__ import annotations

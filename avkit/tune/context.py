@@ -1,20 +1,12 @@
-"""Context-aware tuning: K per (batch-size range, context-length range), since a step's KV reads grow with context.
+"""Context-aware tuning (`--context-bands`): K per (batch-size range, context band), since a step's KV reads
+grow with context.
 
-`--context-bands 2047,8191,32767` splits context lengths into inclusive bands [0, 2047], [2048, 8191],
-[8192, 32767] (the last one carried past its end, as vLLM carries the last batch range). Each band is tuned as a
-whole `avkit tune` run whose cost model is evaluated at the band's middle context (`lo + (hi - lo) // 2`, which
-is also that run's KV-feasibility context), so the recommended ranges of every band come from the same rules
-(schedule.py) on the same traces; only the step cost changes. What a band adds to the document:
-  schedule.context_ranges   [[ctx_lo, ctx_hi, [[bs_lo, bs_hi, K], ...]], ...]: what formats.py writes as vLLM
-                            PR #48944's 5-item entries (`--format vllm-context`)
-  schedule.context_changes  [{concurrency, k_by_band}] where the recommended K differs between bands
-The cost model must take a context (scheduling/cost.py's context input):
-  roofline spec   `roofline:GPU:TARGET[:DRAFT][:context=N]`: the band's context replaces N
-  cost table      a profiled (or learned) table with `kv_ms_per_token` > 0: the same table moved to the band's
-                  context (`moved`: its step costs are the table's own with n x context cached tokens), for
-                  bands whose middle is at or above the table's `context_len` (below it, the KV reads the
-                  measured curves hold cannot be taken out); a table with kv_ms_per_token 0 was measured at one
-                  context and is refused with one line
+`--context-bands 2047,8191,32767` makes inclusive bands [0, 2047], [2048, 8191], [8192, 32767] (the last
+carried past its end). Each band is a whole `avkit tune` run on the same traces with the cost model at the
+band's middle context (also its KV-feasibility context): a roofline spec with `context=` replaced, or a table
+with kv_ms_per_token > 0 `moved` there (refused below its context_len, or with kv_ms_per_token 0). Adds
+schedule.context_ranges ([[ctx_lo, ctx_hi, ranges]]: vLLM PR #48944's 5-item entries, `--format
+vllm-context`), schedule.context_changes ([{concurrency, k_by_band}] where K differs) and schedule.bands.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
-"""Does a batch fit? KV cache for `concurrency` requests of `context` tokens next to both models' weights.
-
-  usable   = utilization * device memory            (vLLM's gpu_memory_utilization, default 0.9)
-  KV pool  = usable - weights(target + drafter)     (both models resident in a speculative deployment)
-  fits(c)  = c * context * kv_bytes_per_token <= KV pool, kv_bytes_per_token = target's + drafter's
-             2 * layers * kv_heads * head_dim * bytes (K and V)
-Where the numbers come from: a roofline table's meta (accelerator memory, model shapes), a profiled
-table's meta (`avkit profile` records the device's memory and the loaded models), or for older profiled
-tables the model names in its meta looked up in the roofline's shapes; `--memory-gb` overrides the
-device memory. Activations, CUDA graphs and allocator fragmentation are not modelled: the utilization
-headroom stands in for them. Context: the mean of prompt + generated tokens over the traces' requests
-(prompts from their generations tables, generated tokens as replayed: tune/prefill.py), or `--context`: each of c requests holds its whole context at once, which
-is what a batch must fit when its requests are all near their ends.
+"""Does a batch fit? KV cache for `concurrency` requests of `context` tokens next to both models' weights:
+  fits(c) = c context kv_bytes_per_token <= utilization memory - weights(target + drafter)
+kv_bytes_per_token: target's + drafter's 2 layers kv_heads head_dim bytes. The numbers come from the cost
+table's meta (roofline, or `avkit profile`'s record), else its model names in the roofline's shapes;
+`--memory-gb` overrides the memory. Activations and graphs are left to the utilization headroom.
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
-"""The cost of speculation that is configured but off (K = 0 at some load): what can and cannot be priced.
-
-A schedule that turns speculation off in a batch-size range still runs a speculative engine there. From
-the cost table and the traces, per concurrency c of such a range (no-spec step time t_c, mean prompt P
-and output L tokens per request):
-  drafter sync      the drafter fed every decoded token as it happens, to stay ready:
-                    draft_ms(c) per step, a share draft_ms(c) / t_c of the step time
-  catch-up          or it is fed later, when speculation resumes after a pause of p steps: a prefill of
-                    the p tokens each of the c requests missed, c * prefill_ms(p); as a share of the pause
-  drafter prefill   every admitted prompt is prefilled by the drafter too (prefill_ms(P)); c requests are
-                    admitted per L steps at steady state, a share c * prefill_ms(P) / (L * t_c) of the time,
-                    paid whether or not the range drafts
-The sync price is exact on the table (a draft pass over c requests is what it measures). prefill_ms is
-the table's profiled drafter prefill (scheduling/cost.py); a table without one prices a prefill of n
-tokens as a draft pass over n rows, an upper bound (roofline: context_len tokens of KV per row), so both
-are reported as "at most". The engine's catch-up rule (scheduling/catch_up.py) uses the same price to
-decide which requests draft again after a K = 0 range. `overhead_share` = prefill + the
-cheaper of sync and a 64-step catch-up: at most what the table shows for being on but idle.
-What neither the cost table nor the traces show (not priced, stated in every output): the engine's
-per-step speculative bookkeeping with nothing drafted (scheduler metadata, rejection-sampler launch,
-draft-token placeholders); CUDA-graph differences (vLLM V1 with a per-batch-size schedule replays
-piecewise instead of full graphs); the drafter's KV memory (priced in the feasibility check instead).
-Users report +6.6% TPOT at c2 and 15-18% for speculation switched off at run time from these sources.
+"""The cost of speculation configured but off (K = 0 in a range), per concurrency c (no-spec step t_c, mean
+prompt P and output L tokens per request):
+  drafter sync      fed every decoded token: draft_ms(c) per step, a share draft_ms(c) / t_c
+  catch-up          fed after a pause of p steps: c prefill_ms(p), as a share of the pause
+  drafter prefill   every admitted prompt: a share c prefill_ms(P) / (L t_c), paid whether or not it drafts
+`overhead_share` = prefill + the cheaper of sync and a 64-step catch-up: at most what the table shows (a
+table without a profiled prefill prices it as a draft pass over as many rows, an upper bound). NOT_PRICED
+lists what neither the table nor the traces show.
 """
 
 from __future__ import annotations

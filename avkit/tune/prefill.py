@@ -1,20 +1,11 @@
 """The drafter's prompt prefill, charged to the arms that draft, and the cap on new tokens (`avkit tune`).
 
-A speculative engine's drafter prefills every admitted prompt before that request drafts, and the batch
-waits for it; the simulator replays decode steps only, so the tuner adds it per recorded request r:
-  P_r          prompt tokens (the generations table beside the trace, joined on run_id and request_id)
-  L_r          r's output tokens, accepted + 1 per recorded step (after the cap), whatever the arm
-  per token    cost.draft_prefill_cost(P_r) / L_r: batch ms per output token of r (scheduling/cost.py;
-               without a profiled prefill curve, a draft pass over P_r rows: an upper bound)
-Every token an arm that drafts emits for r pays it on top of the decode steps (per token, not per replayed
-step: a real request emits its L_r tokens in however many steps and pays its prefill once); no-spec pays
-nothing. A cell's throughput is tokens / (decode ms + drafter prefill ms); `decode_tok_s` keeps the
-decode-only rate, which the catch-up rule (scheduling/catch_up.py) uses since it prices the prefill itself.
-Not priced: the target's own prefill (every arm pays it alike) and the stall a newcomer's prefill puts on
-the others' time per output token (p90 TPOT stays decode-only).
-
---max-new-tokens N: the workload as if every request were capped at N new tokens: each recorded request
-keeps its steps up to the one that emits its N-th token (tune with the cap the engine serves with).
+The simulator replays decode steps only; a speculative engine's drafter also prefills every admitted
+prompt while the batch waits. Per recorded request r (P_r prompt tokens from the generations table, L_r
+output tokens, accepted + 1 per step after the cap) every token an arm that drafts emits pays
+cost.draft_prefill_cost(P_r) / L_r ms; no-spec pays nothing. Not priced: the target's own prefill (alike
+for every arm) and the stall a newcomer's prefill puts on the others' TPOT.
+--max-new-tokens N: each request keeps its steps up to the one that emits its N-th token.
 """
 
 from __future__ import annotations

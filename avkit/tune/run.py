@@ -1,21 +1,11 @@
 """`tune`: traces + cost table -> the simulated table, the recommended schedule, and its exports.
 
-Steps (each rule is written once, in the module named):
-  1. feasibility.py   which concurrencies fit the KV cache next to both models' weights; the rest are
-                      reported infeasible and not simulated
-  2. arms.py          no-spec, every fixed K <= max K, adaptive and adaptive-stop drafting up to max K,
-                      replayed at every feasible concurrency; prefill.py: the requests capped at
-                      --max-new-tokens, and the drafter's prompt prefill charged to every arm that drafts
-  3. schedule.py      the fixed schedule: the best of no-spec and fixed K per concurrency (under the SLO)
-  4. arms.py again    adaptive verification at each K the fixed schedule uses ("adaptive on": every range
-                      keeps its K as the draft length and adaptive verification sizes the verify budget)
-  5. adaptive on or off, globally (it is one engine flag): on when its mean log gain over the fixed
-     schedule is > 0 across the feasible concurrencies and it breaks the SLO nowhere the fixed one met it
-  6. bootstrap.py     intervals for every cell and paired intervals for the gains
-  7. idle.py          prices of the ranges where speculation is configured but off; the catch-up rule
-                      (scheduling/catch_up.py) the engine applies at the switches between ranges
-  8. acceptance.py    the acceptance profile of the traces (per dataset and temperature) and its fitted
-                      coefficients; formats.py compiles the document into every engine's settings
+Steps: which concurrencies fit (feasibility.py); every arm replayed at each (arms.py, with prefill.py's
+drafter prefill and --max-new-tokens cap); the best of no-spec and fixed K per concurrency under the SLO
+(schedule.py); adaptive at each K that schedule uses, enabled globally (one engine flag) iff its mean log
+gain over the fixed schedule is > 0 and it breaks the SLO nowhere the fixed one met it; bootstrap intervals
+(bootstrap.py); idle prices and the catch-up rule (idle.py, scheduling/catch_up.py); the acceptance profile
+(acceptance.py), compiled into every engine's settings by formats.py.
 """
 
 from __future__ import annotations

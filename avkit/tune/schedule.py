@@ -1,16 +1,10 @@
-"""From a simulated table to a schedule: the best arm per concurrency, batch-size ranges, merged.
-
-Rules (the tests check each against a brute-force loop):
-  choice      at each simulated concurrency, the candidate arm of highest predicted throughput among
-              those whose p90 TPOT meets the SLO (ties: the first candidate, i.e. the smaller K); when
-              none meets it the concurrency is flagged and the arm of lowest p90 TPOT is named
-  ranges      batch size b takes the choice of the simulated concurrency nearest on a log scale: the
-              boundary between c_i and c_(i+1) is floor(sqrt(c_i * c_(i+1))), the first range starts at
-              1 and the last ends at the largest simulated concurrency, or at the most requests the KV
-              cache holds when a larger concurrency was found infeasible; adjacent ranges with the same
-              value merge
-  single K    the best single fixed K: highest mean log throughput over the concurrencies (what a
-              deployment without a per-batch-size schedule would pick)
+"""From a simulated table to a schedule (the tests check each rule against a brute-force loop):
+  choice      per concurrency, the candidate of highest throughput among those whose p90 TPOT meets the SLO
+              (ties: the smaller K); none meets it: flagged, the lowest-TPOT arm named
+  ranges      batch size b takes the choice of the concurrency nearest on a log scale (boundary
+              floor(sqrt(c_i c_(i+1))), from 1 to the last concurrency or the KV cache's most requests when a
+              larger one is infeasible), equal neighbours merged
+  single K    the fixed arm of highest mean log throughput (a deployment without a schedule)
 """
 
 from __future__ import annotations
