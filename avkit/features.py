@@ -107,11 +107,11 @@ def _row_stats(logits: torch.Tensor, t: torch.Tensor):
     """(m, m2, s_o, sum_others e log e) [...] of l = logits / t: the largest and second-largest l, and with
     e_z = exp(l_z - m) over all but one argmax, s_o = sum e (the others' mass, without the cancellation of
     sum_all - 1, so logit_qmax = -log(s_o) stays exact as q -> 1) and sum e log e."""
-    from avkit.models import cpu_sampling  # lazy: the CPU backend's C++ extension (not built for the torch path)
+    from avkit.models import native  # lazy: the CPU backend's C++ extension (not built for the torch path)
 
     lead, v = logits.shape[:-1], logits.shape[-1]
-    if logits.dim() >= 2 and cpu_sampling.usable(logits):
-        stats = cpu_sampling.row_stats(logits.reshape(-1, v), t.expand(*lead, 1).reshape(-1))  # [N, 4]
+    if logits.dim() >= 2 and native.sampling_usable(logits):
+        stats = native.row_stats(logits.reshape(-1, v), t.expand(*lead, 1).reshape(-1))  # [N, 4]
         return tuple(stats[:, i].reshape(lead) for i in range(4))
     l = logits.float() / t  # [..., V]
     top, idx = l.topk(2, dim=-1)  # [..., 2]

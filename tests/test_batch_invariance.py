@@ -16,7 +16,7 @@ import torch
 import avkit.models
 from avkit.config import EngineConfig
 from avkit.drafters.base import DraftInput, DraftProposal
-from avkit.models import cpu_attention, cpu_bulk, cpu_linear, native
+from avkit.models import cpu_bulk, cpu_linear, native
 from avkit.models.testing import write_tiny_model
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(not native.runs_here("avx2"), reason="CPU bf16 k
 @pytest.fixture(autouse=True, scope="module")
 def _built():
     """Built here, at test time (once per machine and kernel version), not while the suite is collected."""
-    if not (cpu_linear.available() and cpu_attention.available()):
+    if not (cpu_linear.available() and native.load("attention") is not None):
         pytest.skip("the CPU bf16 kernels did not build here (no compiler or ninja)")
 
 VOCAB = 300
@@ -66,7 +66,7 @@ def test_attention_kernel_matches_float64_like_sdpa(heads, kv_heads, d):
     v = torch.randn(4, kv_heads, T, d, generator=g).bfloat16()
     slots = torch.tensor([3, 0, 2])
     ends = torch.tensor([[1, 2, 3, 4, 5], [20, 21, 22, 0, 0], [36, 37, 38, 39, 40]])  # row 1: 2 pads
-    out = cpu_attention.attention(q, k, v, slots, ends, d ** -0.5)  # [B, S, H, D]
+    out = native.attention(q, k, v, slots, ends, d ** -0.5)  # [B, S, H, D]
     grp = heads // kv_heads
     kk = k[slots].repeat_interleave(grp, dim=1).double()  # [B, H, T, D]
     vv = v[slots].repeat_interleave(grp, dim=1).double()
@@ -90,9 +90,9 @@ def test_attention_rows_do_not_depend_on_the_call():
     q = torch.randn(2, 6, 4, 32, generator=g).bfloat16()
     k, v = torch.randn(2, 3, 2, 300, 32, generator=g).bfloat16()
     slots, ends = torch.tensor([2, 0]), torch.tensor([[295, 296, 297, 298, 299, 300], [7, 8, 9, 0, 0, 0]])
-    full = cpu_attention.attention(q, k, v, slots, ends, 32 ** -0.5)
+    full = native.attention(q, k, v, slots, ends, 32 ** -0.5)
     for b, s in [(0, 0), (0, 5), (1, 2)]:
-        one = cpu_attention.attention(q[b:b + 1, s:s + 1], k, v, slots[b:b + 1], ends[b:b + 1, s:s + 1], 32 ** -0.5)
+        one = native.attention(q[b:b + 1, s:s + 1], k, v, slots[b:b + 1], ends[b:b + 1, s:s + 1], 32 ** -0.5)
         assert torch.equal(one[0, 0], full[b, s])
 
 

@@ -1,4 +1,4 @@
-"""The CPU backend's vocabulary-row passes (avkit/models/cpu_sampling.py) against the torch code they replace.
+"""The CPU backend's vocabulary-row passes (avkit/models/native.py) against the torch code they replace.
 
 The nucleus rule is compared bit for bit (same probabilities in, same threshold out, ties and every rung of the
 ladder included); the softmax and the feature reductions to float tolerances (another exp, another summation
@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from avkit.features import draft_features
-from avkit.models import cpu_sampling
 from avkit.runtime import sampling
 
 from avkit.models import native
@@ -52,9 +51,9 @@ def test_sampled_probs_are_the_torch_softmax_cut_by_the_same_rule(v, dtype):
     logits[1, v // 2] = float("-inf")
     t = torch.tensor([0.5, 1.0, 1.7, 1.0, 0.8, 2.0] * 2)
     top_p = torch.tensor([0.3, 0.9, 0.95, 1.0, 0.999, 0.5, 0.95, 0.99, 0.6, 0.9, 0.2, 1.0])
-    full = cpu_sampling.sampled_probs(logits, t, torch.ones(12))
+    full = native.sampled_probs(logits, t, torch.ones(12))
     torch.testing.assert_close(full, torch.softmax(logits.float() / t[:, None], -1), atol=1e-7, rtol=1e-5)
-    got = cpu_sampling.sampled_probs(logits, t, top_p)
+    got = native.sampled_probs(logits, t, top_p)
     cut = full.masked_fill(full < sampling.top_p_threshold(full, top_p)[:, None], 0.0)
     assert torch.equal(got > 0, cut > 0)
     torch.testing.assert_close(got, cut / cut.sum(-1, keepdim=True), atol=1e-7, rtol=1e-5)
@@ -66,11 +65,11 @@ def test_peaked_rows_keep_the_same_tokens_as_the_torch_path(monkeypatch):
     path keeps exactly the tokens the torch path keeps, a vocabulary of Qwen's size."""
     logits = _logits(6, 151_936, 3)[:4]
     t, top_p = torch.tensor([0.7, 1.0, 1.0, 1.3]), torch.tensor([0.95, 0.9, 0.5, 0.95])
-    native = sampling.probs_from_logits(logits, t, top_p, greedy=False)
-    monkeypatch.setattr(cpu_sampling, "usable", lambda logits: False)
+    fast = sampling.probs_from_logits(logits, t, top_p, greedy=False)
+    monkeypatch.setattr(native, "sampling_usable", lambda logits: False)
     ref = sampling.probs_from_logits(logits, t, top_p, greedy=False)
-    assert torch.equal(native > 0, ref > 0)
-    torch.testing.assert_close(native, ref, atol=1e-7, rtol=1e-5)
+    assert torch.equal(fast > 0, ref > 0)
+    torch.testing.assert_close(fast, ref, atol=1e-7, rtol=1e-5)
 
 
 @pytest.mark.parametrize("v", SIZES)
@@ -81,11 +80,11 @@ def test_draft_features_agree_with_the_torch_reductions(v, dtype, monkeypatch):
     if v > 2:
         logits[1, 1, :2] = 30.0  # a tied maximum: m2 = m
     t = torch.tensor([0.0, 0.7])  # T = 0 reads as 1
-    native = draft_features(logits, t)
-    monkeypatch.setattr(cpu_sampling, "usable", lambda logits: False)
+    fast = draft_features(logits, t)
+    monkeypatch.setattr(native, "sampling_usable", lambda logits: False)
     ref = draft_features(logits, t)
     for name in ref:
-        torch.testing.assert_close(native[name], ref[name], atol=2e-6, rtol=2e-5, msg=name)
+        torch.testing.assert_close(fast[name], ref[name], atol=2e-6, rtol=2e-5, msg=name)
 
 
 def test_a_certain_draft_keeps_its_tiny_others_mass():
@@ -99,6 +98,6 @@ def test_a_certain_draft_keeps_its_tiny_others_mass():
 
 def test_bad_inputs_name_the_argument():
     with pytest.raises(RuntimeError, match="temperature"):
-        cpu_sampling.sampled_probs(torch.randn(3, 10), torch.ones(2), torch.ones(3))
+        native.sampled_probs(torch.randn(3, 10), torch.ones(2), torch.ones(3))
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
-        cpu_sampling.row_stats(torch.randn(3, 10, dtype=torch.float64), torch.ones(3))
+        native.row_stats(torch.randn(3, 10, dtype=torch.float64), torch.ones(3))

@@ -22,8 +22,8 @@ K = 4
 @pytest.fixture(autouse=True)
 def torch_sampling(monkeypatch):
     """The reads counted are those of the torch sampling path, the one a GPU runs (on a CPU the backend's native
-    pass, models/cpu_sampling.py, finds the nucleus without any)."""
-    monkeypatch.setattr("avkit.models.cpu_sampling.usable", lambda logits: False)
+    pass, models/native.py, finds the nucleus without any)."""
+    monkeypatch.setattr("avkit.models.native.sampling_usable", lambda logits: False)
 
 
 @pytest.fixture(scope="module")

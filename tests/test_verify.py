@@ -134,7 +134,7 @@ def test_probs_from_logits_matches_sort_oracle(T, top_p):
     scale = torch.tensor([8.0, 3.0, 1.0, 0.3, 0.05])[:, None]  # nucleus from ~1 token to > 1024 of 5000
     logits = torch.randn(5, 5000, generator=g) * scale
     got = probs_from_logits(logits, torch.full((5,), T), torch.full((5,), top_p))
-    # The softmax is torch's up to float rounding (the CPU backend computes it natively, models/cpu_sampling.py);
+    # The softmax is torch's up to float rounding (the CPU backend computes it natively, models/native.py);
     # the cut is the oracle's rule on those very probabilities (near-flat rows put ulps at the boundary).
     full = probs_from_logits(logits, torch.full((5,), T), torch.ones(5))
     torch.testing.assert_close(full, _nucleus_oracle(logits, T, 1.0), atol=1e-7, rtol=1e-5)

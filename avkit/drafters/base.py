@@ -90,7 +90,6 @@ class Drafter(Protocol):
     plans: bool = False  # True: propose() already trimmed each row to the prefix its own plan verifies (HVD's
     #                      joint router), so the engine's policy does not plan a second time
 
-
     def propose(self, inp: DraftInput) -> DraftProposal:
         """Up to num_draft[b] draft tokens per request, all requests batched."""
         ...

@@ -23,14 +23,13 @@ import torch
 
 from avkit.drafters.base import Drafter, DraftInput, DraftProposal
 from avkit.features import LOGIT_FEATURES
-from avkit.kernels.argmax import argmax
 from avkit.kernels.dispatch import Kernels, select_kernels
+from avkit.kernels.rng import argmax
 from avkit.models.transformer import HostLengths
 from avkit.runtime.prefill import prefill
 from avkit.runtime.sampling import probs_from_logits, sample_tokens
 from avkit.scheduling.cost import FREE_LAG  # rows lacking more tokens than this are prefilled first
 from avkit.step_types import DraftBatch
-
 
 
 class DraftModelDrafter(Drafter):

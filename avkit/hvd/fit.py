@@ -11,9 +11,10 @@ chosen on validation -> metrics on test per dataset and overall -> files in `out
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -81,7 +82,7 @@ def _ablation(train, val, test, ctx: RouterContext, structure: bool) -> pl.DataF
     rows = []
     for groups in dict.fromkeys(tuple(g for g in gs if structure or g != "structure") for gs in ABLATION):
         feats = tuple(n for g in groups for n in FEATURE_GROUPS[g])
-        c = RouterContext(ctx.k, ctx.cost, feats, ctx.payoff)
+        c = replace(ctx, features=feats)
         r = MLPRouter()
         r.fit(train, val, c)
         mse = min(r.model.history) if r.model.history else float("nan")
@@ -122,10 +123,8 @@ def fit_hvd_table(table: pl.DataFrame, out_dir: str | os.PathLike | None = None,
                   cost: CostTable | None = None, structure: bool = True,
                   routers: tuple[str, ...] = tuple(ROUTERS), ablation: bool = True,
                   extra_info: dict | None = None, outputs: StagedOutputs | None = None) -> HvdResult:
-    """Fit routers on replayed rows (`replay`) and score them on held-out requests. `structure`: the
-    rows carry token-structure features (a tokenizer was available); `cost` in target forwards
-    (avkit/hvd/cost.py; None: the linear model). With `outputs` the files in
-    `out_dir` are only staged (the caller commits them with its other outputs)."""
+    """Fit routers on replayed rows (`replay`) and score them on held-out requests. `structure`: the rows carry
+    token-structure features; `cost` in target forwards (avkit/hvd/cost.py; None: the linear model)."""
     if table.select("dataset", "request_id").unique().height < 3:
         raise DataError(f"hvd fit: need at least 3 requests to split train/val/test, got "
                         f"{table['request_id'].n_unique()}")
@@ -165,12 +164,9 @@ def fit_hvd_table(table: pl.DataFrame, out_dir: str | os.PathLike | None = None,
             "payoff": asdict(payoff_config), **(extra_info or {})}
     result = HvdResult(metrics, abl, _budget(test, fitted, ctx), thresholds, info,
                        verdict=dataset_verdict(test, fitted, ctx))
-    if out_dir is not None:
-        if outputs is None:
-            with StagedOutputs() as own:
-                result.files = _write(result, fitted, Path(out_dir), own)
-        else:
-            result.files = _write(result, fitted, Path(out_dir), outputs)
+    if out_dir is not None:  # with the caller's `outputs`, staged only: the caller commits them
+        with StagedOutputs() if outputs is None else contextlib.nullcontext(outputs) as staged:
+            result.files = _write(result, fitted, Path(out_dir), staged)
     return result
 
 

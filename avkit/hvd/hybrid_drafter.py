@@ -1,31 +1,18 @@
-"""Live Hybrid Verified Decoding: per request and step, verify the suffix-cache draft when the payoff
-predictor says so, else run the draft model (HVD paper, seed 003 in docs/seeds.md; docs/hvd.md).
-Routers: a mean-head payoff model thresholded at tau, ArcticInference's rule, every cache draft, or
-(a survival-head payoff model) the joint router of `joint.py`: cache and model drafts compete
-for one verification budget planned by scheduling/plan.py, and each row proposes exactly its
-planned prefix (`plans` is then True: the engine verifies what was proposed, no second plan).
+"""Live Hybrid Verified Decoding (docs/hvd.md): per request and step, verify the suffix-cache draft or run the
+draft model. Routers: a mean-head payoff model thresholded at tau, ArcticInference's rule, every cache draft, or
+(a survival-head payoff model) the joint router of `joint.py`, whose rows propose exactly their planned prefix
+(`plans` is then True: the engine verifies what was proposed, no second plan).
 
 Glossary:
-  slot state   per engine slot: the suffix cache request and its `RequestFeatures` (features.py), fed
-               token by token with the cache draft made before each, as the replay feeds it, so live
-               features are replay features (drafting costs microseconds)
-  model hits   m[t] = the draft model's token at t was the target's, learned from the model's own
-               proposals after verification (slots up to the first mismatch); positions it never
-               proposed count as hits, as in `avkit.hvd.replay`
-  limit        drafts a row proposes this step: the cache draft's length (cache rows) or the wanted
-               count (model rows) under threshold routing; the planned prefix under joint routing
-  cache rows   deterministic drafts: the drawn distribution is one-hot at the draft token, so
-               rejection sampling accepts with p(x) and stays lossless; their lossless features come
-               from the two-point distribution (P_j / P_{j-1}, rest) of the trie's frequency
-               probabilities P_j along the draft (avkit.features.draft_features on two-point logits,
-               NaN past the draft's end like a model row's), and `cache_rows` marks them so the
-               verify policy scores them with the cache's own estimator, not the draft model's
-Routing uses only the context and the cache draft, never which token the target would draw, so
-the output distribution is the target's (docs/lossless.md).
-
-Cost per step and request is independent of the sequence length n (features.py). Every tensor of a
-proposal is made on the device of the step's inputs; the host holds the trie and the routing decision,
-read once per step.
+  slot state   per engine slot: the suffix cache request and its `RequestFeatures`, fed token by token with
+               the cache draft made before each, as the replay feeds it (live features = replay features)
+  model hits   the draft model's token at t was the target's, learned from its own verified proposals;
+               positions it never proposed count as hits, as in `avkit.hvd.replay`
+  cache rows   deterministic drafts, one-hot draws (rejection sampling accepts with p(x): lossless); their
+               lossless features come from the two-point distribution (P_j / P_{j-1}, rest) of the trie's
+               path probabilities, and `cache_rows` has the policy score them with the cache's own estimator
+Routing reads only the context and the cache draft, never the target's draws (docs/lossless.md). Tensors are
+made on the device of the step's inputs; the host holds the tries and the routing decision.
 """
 
 from __future__ import annotations

@@ -1,31 +1,17 @@
-"""Cache and model drafts competing for one verification budget at a given concurrency (HVD + Adaptive
-Verification, docs/budget.md, docs/hvd.md "One budget, live"; going beyond the HVD paper): one step
-(`joint_step`), the live router around it (`JointRouter`) and its batched replay (`simulate_batched`).
+"""Cache and model drafts competing for one verification budget (docs/hvd.md "One budget, live"; docs/budget.md):
+one step (`joint_step`), the live router around it (`JointRouter`) and its batched replay (`simulate_batched`).
 
 Glossary:
-  batch         `concurrency` replayed requests decoding in lockstep (the next waiting request takes a
-                finished one's place), or the engine's rows this step
-  survival      per request and step, S^c[r, j] = P(cache draft accepted >= j), the payoff MLP's survival
-                head on the row's features (0 past min(draft length, wanted drafts)); S^m[r, j] from a table
-                keyed by the row's recent model hit rate (`hist_model_hit`), fitted on the replay's training
-                requests (`model_survival_table`)
-  budget        b draft slots over the whole batch: E(b) = N + sum of the top-b survivals,
-                cost(b) = draft + N c_cache + verify(N + b) (`CostTable.step_cost`: every row looked the
-                cache up), draft = draft(n_model, K) when n_model > 0 requests drafted with the model;
-                b* = argmax E(b) / cost(b) (ties: smallest b, scheduling/plan.py).
-                Survival is non-increasing in j, so each request verifies a prefix; a confident cache
-                draft keeps slot 5 while a doubtful model draft is cut after 1
-  limit         per row, how many drafts to propose: the plan's verified prefix. The model drafter is
-                asked for exactly that many, so a doubtful model row costs no draft passes
-  catch-up      the draft model follows a request only while it drafts for it; the first model draft
-                prefills its prompt, a later one what it missed (`CostTable.catch_up_cost`, the profiled
-                prefill curve): priced in the model option, which also runs without the rows needing one
-  full          the same batch verifying every drafted slot (the threshold router's behaviour)
-Step cost is `CostTable.step_cost` in target forwards (avkit/hvd/cost.py: linear, or measured curves),
-written into payoff_survival.pt by `avkit hvd`, so the live plan and the replay use the same cost model;
-throughput = tokens / cost. Lossless: every input (features of the context and the deterministic cache
-draft, the hit history of verified steps, the costs) is fixed before the model draws anything, so the
-limits never depend on this step's draws (docs/lossless.md).
+  survival   per row, S^c[r, j] = P(cache draft accepted >= j) from the payoff MLP's survival head (0 past
+             min(draft length, wanted drafts)); S^m[r, j] from a table keyed by the recent model hit rate
+             (`model_survival_table`)
+  budget     b slots over the batch: E(b) = N + the top-b survivals, cost(b) = draft(n_model, K) [n_model > 0]
+             + N c_cache + verify(N + b) (`CostTable.step_cost`, target forwards); b* = argmax E(b) / cost(b),
+             ties to the smaller b (scheduling/plan.py). Survival falls with j, so each row verifies a prefix
+  limit      per row, the planned prefix: the model drafter is asked for exactly that many tokens
+  catch-up   the draft model follows a request only while it drafts for it (`CostTable.catch_up_cost`)
+Lossless: the features, the hit history of verified steps and the costs are fixed before the model draws
+anything, so the limits never depend on this step's draws (docs/lossless.md).
 """
 
 from __future__ import annotations
@@ -59,12 +45,9 @@ def budget_plan(surv: np.ndarray, n_req: int, step: np.ndarray) -> Plan:
 
 
 class RunningRate:
-    """The long-run rate lambda (tokens per target forward) the joint router compares options against: per
-    batch size n, the sum of planned E over the sum of planned cost, decayed by `decay` per step at that n.
-    Per n because the rate is the operating point's: 16 rows make ~16 tokens per ~4 forwards, one row ~2
-    per ~1.3, and a lambda carried from c16 into c1 would keep the router on cheap options for ~20 steps.
-    Planned, not realized, values: it never reads this step's draws (and past draws only through the
-    features)."""
+    """The long-run rate lambda (tokens per target forward) options are compared against: per batch size n, the
+    decayed sums of planned E over planned cost. Per n, since the rate is the operating point's (16 rows make ~16
+    tokens per ~4 forwards, one row ~2 per ~1.3); planned, not realized, values: it never reads a step's draws."""
 
     def __init__(self, decay: float = 0.95):
         self.decay = decay
@@ -162,13 +145,11 @@ class JointRouter:
 
 def simulate_batched(table: pl.DataFrame, route: Route, cost: CostTable, k: int, concurrency: int,
                      survivals: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, float]:
-    """Decode the table's requests `concurrency` at a time in lockstep, each step priced by `CostTable.step_cost`.
-    Without `survivals`, `route` decides and every drafted slot is verified: each request's cycles do not
-    depend on the batch (`route_cycles`), only when they run does (a request starts on the first step a
-    slot is free). With `survivals` = (cache [R, K], model [R, K]) the drafters and slots are chosen jointly
-    per step (`joint_step` with a running rate, as the live router does; `route` unused), the draft model's
-    catch-up priced as live: it follows a request from its first model draft on (the prompt, from
-    `log_prompt_len`, and what it missed since)."""
+    """Decode the table's requests `concurrency` at a time in lockstep (a waiting request takes a finished one's
+    slot), each step priced by `CostTable.step_cost`. Without `survivals`, `route` decides and every drafted slot
+    is verified (a request's cycles do not depend on the batch, only when they run does). With `survivals` =
+    (cache [R, K], model [R, K]) each step is a `joint_step` with a running rate, as live (`route` unused), the
+    draft model's catch-up priced from its first model draft of a request on (the prompt: `log_prompt_len`)."""
     starts, lengths = request_runs(table)  # [G], [G]
     if survivals is not None:
         step, uc, verify, catch = _joint_steps(table, cost, k, concurrency, survivals)

@@ -1,28 +1,22 @@
-"""Trace replay for Hybrid Verified Decoding (docs/hvd.md; HVD paper, seed 003 in docs/seeds.md).
+"""Trace replay for Hybrid Verified Decoding (docs/hvd.md "Training by trace replay").
 
-For every position t of every recorded greedy generation the replay rebuilds the suffix cache as
-it stood (prompt + output[:t] in the request's local tree, earlier responses in the global tree),
-drafts from it, and compares the draft with the target's actual continuation output[t:]:
+For every position t of every recorded generation the replay rebuilds the suffix cache as it stood
+(prompt + output[:t] in the request's local tree, earlier responses in the global tree), drafts from it,
+and compares the draft with the target's continuation output[t:]:
   cache_acc[t]  oracle accepted length = common prefix of the cache draft and output[t:]
-  match[t]      the draft model's argmax given prompt + output[:t] equals the target's output[t]
-                (teacher-forced: the draft sees the target's own tokens)
-  model_acc[t]  accepted length of a K-token model draft made at t under greedy verification: its
-                j-th token is accepted only if the earlier ones were, so min(K, run of True in match[t:])
-Rows: one per (request, t) with the features of `avkit.hvd.features`; routers turn them into a
-`Route` and `avkit.hvd.path.evaluate` scores it.
+  match[t]      the draft model's argmax given prompt + output[:t] equals output[t] (teacher-forced)
+  model_acc[t]  accepted length of a K-token model draft at t under greedy verification:
+                min(K, run of True in match[t:])
+Rows: one per (request, t) with the features of `avkit.hvd.features`.
 
-Two sources for match[]: one teacher-forced draft forward per generation (`matches_from_draft`),
-or the greedy trace itself (`matches_from_trace`): within a step drafted at output offset o, slot
-j's token is the teacher-forced argmax at o + j as long as slots < j matched, so each step
-labels positions o .. o + (first mismatch). Positions no step labels (the bonus token after a
-fully accepted step, steps without drafts) are unknown and filled with True: the draft was on a
-run of matches there (the fraction is reported).
+match[] comes from one teacher-forced draft forward per generation (`matches_from_draft`) or from the greedy
+trace itself (`matches_from_trace`): within a step drafted at output offset o, slot j's token is the
+teacher-forced argmax at o + j as long as slots < j matched. Positions no step labels (the bonus token after
+a fully accepted step, steps without drafts) are filled with True (the fraction is reported).
 
-`synthetic_generations` (`avkit hvd --synthetic`, tests): generations with known copy structure. Each
-output is built from spans: copies of the prompt (code edits), copies of a pool of boilerplate
-shared across requests (what the global tree learns), fresh random tokens, and copies with one
-token changed midway (the state-dependent mismatches a payoff predictor must learn to distrust).
-The model drafter's teacher-forced matches are iid Bernoulli(`model_rate`).
+`synthetic_generations` (`avkit hvd --synthetic`, tests): outputs built from spans: prompt copies, copies of a
+boilerplate pool shared across requests, fresh random tokens, and copies with one token changed midway; the
+model's teacher-forced matches are iid Bernoulli(`model_rate`).
 """
 
 from __future__ import annotations
@@ -176,12 +170,9 @@ def load_generations(trace_paths: list[str | Path]) -> tuple[list[ReplayGenerati
 
 
 def greedy_traces(root: Path | None = None) -> list[Path]:
-    """Shipped traces with a generations table beside them: those recorded at temperature 0, else all.
-
-    Sampled traces replay too: a deterministic cache draft token x is accepted with probability p(x),
-    exactly the chance that the recorded sample equals x, so comparing drafts with a sampled
-    continuation gives an unbiased draw of the accepted length (the model's matches are its realized
-    acceptances). The temperatures used are reported."""
+    """Shipped traces with a generations table beside them: those recorded at temperature 0, else all (sampled
+    traces replay unbiased: a deterministic cache token x is accepted with probability p(x), the chance the
+    recorded sample equals x; the temperatures used are reported)."""
     if root is None:  # where fit, simulate and report find them: ./traces, else beside the package
         try:
             root = shipped_traces()[0].parent

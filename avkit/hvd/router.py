@@ -6,7 +6,7 @@ Glossary:
   tau           threshold on a predicted payoff: verify the cache draft iff prediction > tau;
                 chosen on the validation split to maximize simulated throughput (`avkit.hvd.path`)
   survival      S_j = P(y >= j); a cycle verifying b cache tokens yields 1 + sum_{j<=b} S_j tokens
-Routers (registry `ROUTERS`, looked up by name):
+Routers (registry `ROUTERS`: name -> a new router with `fit(train, val, ctx)` and `route(table, ctx)` -> Route):
   model     never the cache (the model-only baseline; pays no cache lookup)
   suffix    the cache's draft, else a plain target step: SuffixDecoding alone, no draft model (the
             cache-only baseline; vLLM's `suffix` method)
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from functools import partial
 
 import numpy as np
 import polars as pl
@@ -56,16 +56,6 @@ class RouterContext:
     payoff: PayoffConfig = PayoffConfig()
 
 
-class Router(Protocol):
-    name: str
-
-    def fit(self, train: pl.DataFrame, val: pl.DataFrame, ctx: RouterContext) -> None:
-        ...
-
-    def route(self, table: pl.DataFrame, ctx: RouterContext) -> Route:
-        ...
-
-
 def choose_tau(pred: np.ndarray, val: pl.DataFrame, ctx: RouterContext, grid: int = 40) -> float:
     """The threshold (among prediction quantiles) with the best simulated validation throughput."""
     has = val["draft_len"].to_numpy() > 0
@@ -77,16 +67,15 @@ def choose_tau(pred: np.ndarray, val: pl.DataFrame, ctx: RouterContext, grid: in
 
 @dataclass
 class Rule:
-    """A router with nothing to fit: `rule(table, ctx)` -> Route."""
+    """A router with nothing to fit: `RULES[name](table, ctx)` -> Route."""
 
     name: str
-    rule: Callable[[pl.DataFrame, RouterContext], Route]
 
     def fit(self, train, val, ctx) -> None:
         pass
 
     def route(self, table, ctx) -> Route:
-        return self.rule(table, ctx)
+        return RULES[self.name](table, ctx)
 
 
 RULES: dict[str, Callable[[pl.DataFrame, RouterContext], Route]] = {
@@ -214,13 +203,11 @@ def decode_batched(fitted: dict, router: str, table: pl.DataFrame, ctx: RouterCo
     return simulate_batched(table, route, ctx.cost, ctx.k, concurrency, surv)
 
 
-ROUTERS: dict[str, Callable[[], Router]] = {
-    **{name: (lambda name=name: Rule(name, RULES[name])) for name in RULES},
-    "table": AcceptanceTable, "mlp": MLPRouter, "survival": SurvivalRouter,
-}
+ROUTERS: dict[str, Callable] = {**{name: partial(Rule, name) for name in RULES},
+                                 "table": AcceptanceTable, "mlp": MLPRouter, "survival": SurvivalRouter}
 
 
-def make_router(name: str) -> Router:
+def make_router(name: str):
     if name not in ROUTERS:
         raise ConfigError(f"unknown hvd router {name!r}; choose from {sorted(ROUTERS)}")
     return ROUTERS[name]()

@@ -5,8 +5,7 @@ Glossary:
   suffix trie   counts of every substring of length <= max_depth of a set of sequences: inserting
                 token x_n walks the (at most max_depth) "active" nodes where the suffixes ending at
                 x_{n-1} stop, and moves each one child down. count(node) = occurrences of its string.
-  pattern       the last tokens of the request's context (prompt + output).
-  match_len     m, length of the pattern suffix the draft continues from (its trie node).
+  match_len     m, length of the suffix of the context (prompt + output) the draft continues from.
   draft         the most frequent continuation path below the match node: at each step the child
                 with the largest count (ties: smallest token id), with path probability
                 P_j = prod_{i<=j} count(child_i) / count(parent_i). Drafting stops at K tokens, at
@@ -16,14 +15,8 @@ Glossary:
                 ties go to the longer match, then to the local tree (ArcticInference's rule).
   local tree    one per request over prompt + output (the trailing occurrence of the pattern is in
                 it, so a first occurrence yields no draft and repeats are slightly discounted).
-  global tree   past responses, one tree shared by every request of the engine, FIFO-evicted by
-                request beyond `max_cached_requests` responses or `max_cached_tokens` tokens.
-
-Memory is bounded: a sequence of n tokens adds at most n * max_depth nodes, and eviction removes
-exactly the nodes only it supported. `memory()` reports tokens, nodes and an estimate of the bytes
-(NODE_BYTES per node: a two-item list and its share of its parent's children dict, measured with
-tracemalloc and an exact sys.getsizeof walk in bench/suffix_cache.py: ~285 bytes on CPython 3.11,
-so ~19 nodes, ~5 kB, per cached token at max_depth 24 on code-like text).
+  global tree   past responses, shared by every request, FIFO-evicted by request beyond
+                `max_cached_requests` responses or `max_cached_tokens` tokens (memory: docs/hvd.md).
 """
 
 from __future__ import annotations
@@ -40,7 +33,7 @@ from avkit.errors import ConfigError
 # and most nodes are leaves, so their children dict is only made when a first child arrives.
 Node = list  # [count: int, children: dict[int, Node] | None]
 COUNT, CHILDREN = 0, 1
-NODE_BYTES = 285  # CPython 3.11, 64-bit: see the module note; `deep_bytes` measures it exactly
+NODE_BYTES = 285  # CPython 3.11, 64-bit, per node with its share of the parent's dict (`deep_bytes`: exact)
 
 
 @dataclass

@@ -1,34 +1,23 @@
-"""Per dataset: does the best HVD router match the best single drafter? (HVD must never lose
-by more than noise, >= 0.99x the better of model-only and cache-only on every dataset; cache-only is
-SuffixDecoding alone, the `suffix` router: no draft model where the cache has nothing.)
+"""Per dataset: does the best HVD router match the best single drafter (>= 0.99x the better of model-only and
+cache-only, the `suffix` router), and how far could any router go (docs/hvd.md)?
 
-Every router, the joint `survival+budget` included, decodes the dataset's test requests one at a time
-(`simulate_batched` at concurrency 1, so all share one cost accounting: a cycle costs
-1 + c_v (1 + verified) + c_d K when the draft model ran + c_cache when the cache was consulted).
-Glossary:
-  best_single   max(model, suffix) throughput on the dataset
-  best_hvd      the best router that can pick per position (cache first, arctic, table, mlp,
-                survival, survival+budget), named in `best_router`
-  cycles        target verifications per 1000 tokens; `fewer_cycles` = 1 - best_hvd's / best_single's
-  ratio         best_hvd / best_single; `holds` = ratio >= 0.99
-  oracle        the clairvoyant router's throughput (`oracle_paths`, below): the most any router can make
-                of these drafts at this K and cost model; `headroom` = oracle / best_single bounds `ratio`
+Every router decodes the dataset's test requests one at a time (`simulate_batched` at concurrency 1: one cost
+accounting). Columns: best_single = max(model, suffix) throughput; best_hvd = the best of cache, arctic, table,
+mlp, survival, survival+budget (`best_router`); ratio = best_hvd / best_single, `holds` = ratio >= 0.99;
+fewer_cycles = 1 - best_hvd's / best_single's cycles per 1k tokens; oracle = the clairvoyant router's
+throughput, headroom = oracle / best_single (an upper bound of ratio).
 
-The oracle, an upper bound: at every position t of a replayed request a router picks one of: a plain target step; the cache draft
-with its first b tokens verified; the draft model run b passes with its b drafts verified. A router that
-knows the accepted lengths (`cache_acc[t]`, `model_acc[t]`, the replay's oracle columns) never verifies
-a token it will reject, so its best decode of a request is the cheapest path through positions
-0..n, found exactly by dynamic programming from the end:
+The oracle: at every position t a router picks a plain target step, the cache draft's first b tokens, or b
+draft-model passes. Knowing the accepted lengths (`cache_acc[t]`, `model_acc[t]`), it never verifies a token
+it will reject, so its best decode of a request is the cheapest path through positions 0..n, by dynamic
+programming from the end:
 
     C[t] = min over b = 0..K of  verify(1 + b) + C[t + b + 1] + { c_cache           b <= cache_acc[t]
                                                                   { draft(1, b)       b <= model_acc[t]
     C[t >= n] = 0,   throughput = n / C[0]   (tokens per target forward, requests one at a time)
 
-Nothing a real router decides can beat it under the same cost model: it prices every option as the
-replay does (`simulate_batched` at concurrency 1), except that it charges the draft model no catch-up
-(as if it followed every request), which only lowers its cost. So `oracle / best single drafter` is the
-headroom of HVD routing with these drafts, this K and this device's costs (bench/results/hvd*.md).
-The recursion runs over positions, vectorized over requests and draft lengths.
+It prices every option as `simulate_batched` at concurrency 1 does but charges the draft model no catch-up,
+so no real router under the same cost model beats it. Vectorized over requests and draft lengths.
 """
 
 from __future__ import annotations

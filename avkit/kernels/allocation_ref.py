@@ -1,16 +1,10 @@
 """Survival and budgeted allocation, torch reference: the spec and CPU path of `allocate_triton`.
 
-Budgeted verification (docs/budget.md): with confidences c[r, j], request r's slot j survives the
-verification of its prefix with s[r, j] = prod_{i <= j} c[r, i]. Given a budget of b slots, the
-b valid slots with the largest survival are verified; ties are broken by (request, position)
-ascending, so the result is deterministic and, because survival never grows with depth, each
-request gets a prefix: num_verify[r] = how many of r's slots made the cut.
-Glossary:
-  c            confidence of a draft slot, in [0, 1]                          [B, K]
-  num_drafted  drafts proposed per request; slots j >= num_drafted are invalid [B]
-  budget       b, the number of slots to verify across the batch (int or 1-element tensor)
-The product is taken left to right in float32 (s_j = s_{j-1} * c_j, scheduling/plan.py `survival`),
-the order the kernel uses, so both paths give bit-identical survivals and therefore identical rankings.
+Budgeted verification (docs/budget.md): with confidences c [B, K] in [0, 1], slot j of request r survives with
+s[r, j] = prod_{i <= j} c[r, i] (slots j >= num_drafted[r] are invalid). Of a budget of b slots, the b valid
+slots with the largest survival are verified, ties by (request, position) ascending: deterministic, and since
+survival never grows with depth each request gets a prefix, num_verify[r]. The product runs left to right in
+float32 (scheduling/plan.py `survival`), as in the kernel: bit-identical survivals, identical rankings.
 """
 
 from __future__ import annotations
@@ -29,8 +23,7 @@ class Allocation(NamedTuple):
 
 
 def allocation_inputs(confidences, num_drafted, budget, check: bool = True):
-    """Check shapes (and values, on CPU, unless check=False: the plan's own inputs need no host read);
-    return c [B, K] fp32, num_drafted [B] int64, budget [1] int64."""
+    """Check shapes (and values on CPU unless check=False) -> c [B, K] fp32, num_drafted [B] int64, budget [1]."""
     c = torch.as_tensor(confidences)
     if c.dim() != 2:
         raise DataError(f"confidences must be [B, K], got shape {tuple(c.shape)}")
@@ -53,8 +46,8 @@ def allocation_inputs(confidences, num_drafted, budget, check: bool = True):
 
 @torch.no_grad()
 def allocate_ref(confidences, num_drafted, budget, *, check: bool = True) -> Allocation:
-    """Survival of every slot and each request's verified prefix under a budget of slots: the
-    scheduling plan's own survival and ranking (scheduling/plan.py) with b given instead of chosen.
+    """Survival of every slot and each request's verified prefix under a budget of b slots (scheduling/plan.py's
+    survival and ranking, with b given instead of chosen).
 
     Examples
     --------

@@ -39,14 +39,9 @@ class Confidence(NamedTuple):
 
 
 def confidence_inputs(logits, temperature, positions, slope, intercepts, check: bool = True):
-    """Check and flatten the inputs shared by both paths.
-
-    Returns logits [rows, V], inverse temperature [rows] float32, positions [rows] int64, slope [1]
-    and intercepts [K] float32, all on the logits' device, plus the leading shape to restore.
-    Temperature is per leading index (e.g. [B] per request); positions broadcast from the right.
-    check=False skips the value checks (the engine's inputs were validated when the request came in;
-    on a GPU each check would be a host read per draft pass).
-    """
+    """Check and flatten both paths' inputs -> logits [rows, V], 1 / temperature [rows] float32, positions [rows]
+    int64, slope [1], intercepts [K] float32 (on the logits' device) and the leading shape to restore.
+    check=False skips the value checks (the engine validated its requests; on a GPU each is a host read)."""
     if logits.dim() < 1 or logits.shape[-1] < 2:
         raise DataError(f"logits must have shape [..., V] with V >= 2, got {tuple(logits.shape)}")
     if not logits.dtype.is_floating_point:
@@ -79,23 +74,17 @@ def confidence_inputs(logits, temperature, positions, slope, intercepts, check: 
 @torch.no_grad()
 def confidence_ref(logits: torch.Tensor, temperature, positions, slope, intercepts, *,
                    check: bool = True) -> Confidence:
-    """Features and predicted acceptance of every draft slot, from its draft logits.
-
-    The features are `avkit.features.draft_features` (one implementation of the softmax pass).
+    """Features (`avkit.features.draft_features`) and predicted acceptance of every draft slot.
 
     Parameters
     ----------
-    logits : Tensor [..., V], float32 or bfloat16 (V need not be a power of two)
-    temperature : float or Tensor of a leading shape of ``logits``; 0 is read as 1
-    positions : int or int64 Tensor broadcastable to ``logits.shape[:-1]`` (e.g. arange(K) for
-        [B, K, V]): the draft position, i.e. intercept index, of each row
-    slope : float or one-element Tensor (it may live on the device), the shared slope (omega)
-    intercepts : Tensor or sequence [K], one intercept (beta_i) per draft position
+    logits : Tensor [..., V], float32 or bfloat16
+    temperature : float or Tensor of a leading shape of ``logits`` (e.g. [B] per request); 0 is read as 1
+    positions : int or int64 Tensor broadcastable to ``logits.shape[:-1]``: each row's intercept index
+    slope : float or one-element Tensor (it may live on the device); intercepts : [K]
     check : validate temperature and positions (CPU only; the engine passes False)
 
-    Returns
-    -------
-    Confidence of float32 Tensors [...] (the leading shape of ``logits``).
+    Returns Confidence of float32 Tensors [...] (the leading shape of ``logits``).
 
     Examples
     --------

@@ -1,14 +1,7 @@
-"""Kernel dispatch: Triton on CUDA devices, the torch references elsewhere, decided once.
-
-A runtime calls `select_kernels(device)` when it is built and keeps the returned `Kernels`; the
-hot path then calls `kernels.confidence(...)` etc. with no per-call branching. Both backends
-share one signature per kernel, so the choice changes speed, never results (integer outputs are
-bit-identical; floats agree to the tolerances stated in tests/test_kernels_*.py).
-Override: `backend="torch" | "triton"` (EngineConfig.kernels, `--kernels` of serve and record) or
-the AVKIT_KERNELS environment variable ("ref" is read as "torch"). On a CPU the Triton backend
-needs the interpreter: TRITON_INTERPRET=1 in the environment before the process first imports
-triton, since @triton.jit reads it when it decorates (how tests/test_kernels_*.py and
-tests/test_engine_kernels.py run the kernels).
+"""Kernel dispatch, decided once: a runtime keeps `select_kernels(device)` and calls `kernels.confidence(...)`
+etc. with no per-call branching. Both backends share one signature per kernel, so the choice changes speed,
+never results (integers bit-identical; floats to the tolerances of tests/test_kernels_*.py). On a CPU the Triton
+backend needs TRITON_INTERPRET=1 set before triton is first imported (@triton.jit reads it when it decorates).
 """
 
 from __future__ import annotations
@@ -43,11 +36,8 @@ class Kernels:
 
 
 def select_kernels(device: str | torch.device = "cpu", backend: str | None = None) -> Kernels:
-    """The kernel set for tensors on `device`.
-
-    backend: "auto" (default; Triton on CUDA when installed, the torch references otherwise),
-    "torch" or "triton"; None reads AVKIT_KERNELS (default "auto").
-    """
+    """The kernel set for tensors on `device`. backend: "auto" (Triton on CUDA when installed, else torch), "torch"
+    or "triton" (EngineConfig.kernels, `--kernels`); None reads AVKIT_KERNELS (default "auto"; "ref" = "torch")."""
     backend = backend or os.environ.get(ENV_VAR, "auto")
     backend = check_choice("kernel backend", "torch" if backend == "ref" else backend, KERNEL_BACKENDS)
     dev = torch.device(device)

@@ -10,16 +10,11 @@ Glossary:
   recovered    at the first rejection n < k: a token from norm(max(0, p_n - q_n))
   bonus        when all k verified drafts are accepted: a token from p_k
   observed     verified and at or before the first rejection: the slot carries a label
-The output of a step is x_0..x_{n-1} followed by one recovered or bonus token, so every step
-emits n + 1 tokens whose distribution is exactly the target's, for any k_r chosen without looking
-at which tokens were drawn. Precisely: whether slot j is verified may depend on q_0..q_j (whose
-shapes depend on x_0..x_{j-1}, already part of the output whenever slot j is reached) but not on
-x_j or later draws. Trimming on q_j(x_j) breaks this (tests/test_lossless.py), and so, subtly,
-does a rule where verifying slot 0 depends on q_1's shape (a function of the drawn x_0).
-
-Random numbers come from the counter-based `avkit.kernels.rng.uniform` keyed by (seed, request key,
-absolute position, stream, index), so a draw never depends on batch composition, and the Triton
-kernel (`avkit.kernels.rejection`) reproduces this reference bit for bit.
+A step emits x_0..x_{n-1} and one recovered or bonus token, distributed exactly as the target for any k_r
+chosen without looking at the draws: whether slot j is verified may depend on q_0..q_j but not on x_j or later
+draws (trimming on q_j(x_j) breaks it, tests/test_lossless.py, and so, subtly, does verifying slot 0 by q_1's
+shape, a function of the drawn x_0). Random numbers come from `avkit.kernels.rng.uniform`, so the Triton kernel
+(`avkit.kernels.rejection`) reproduces this bit for bit.
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from avkit.kernels.argmax import argmax
-from avkit.kernels.rng import STREAM_ACCEPT, STREAM_SAMPLE, uniform
+from avkit.kernels.rng import STREAM_ACCEPT, STREAM_SAMPLE, argmax, uniform
 from avkit.trace import labels as label_rule
 
 
@@ -44,12 +38,10 @@ class RejectionResult:
 
 def exponential_race(weights: torch.Tensor, seeds: torch.Tensor, request_keys: torch.Tensor,
                      positions: torch.Tensor, stream: int = STREAM_SAMPLE) -> torch.Tensor:
-    """Sample one index per row with probability proportional to ``weights`` [B, V] (>= 0).
+    """[B] int64: one index per row with probability proportional to ``weights`` [B, V] (>= 0).
 
-    argmax_v w_v / E_v with E_v = -log(u_v) ~ Exp(1) picks v with probability w_v / sum w (the
-    exponential race, a Gumbel-max trick without logs of w). Only nonzero weights draw a number:
-    a zero weight can never win, so sparse (top-p truncated, one-hot) rows cost only their support.
-    Returns [B] int64.
+    argmax_v w_v / E_v with E_v = -log(u_v) ~ Exp(1) picks v with probability w_v / sum w (the exponential
+    race). Only nonzero weights draw a number, so sparse (top-p, one-hot) rows cost only their support.
     """
     rows, cols = weights.nonzero(as_tuple=True)  # [N] each: the support
     u = uniform(seeds[rows], request_keys[rows], positions[rows], stream, cols)  # [N]

@@ -1,14 +1,9 @@
-"""Counter-based random numbers keyed by (seed, request, position, index).
+"""Counter-based random numbers keyed by (seed, request, position, stream, index), and the races' argmax.
 
-The same integer hash runs in torch (here, the reference) and in Triton (the kernels), so a
-random draw depends only on its key — never on batch composition or launch order — and the two
-paths agree bit for bit. Hash: lowbias32 (Chris Wellons) applied in a chain over the key words;
-all arithmetic is on the low 32 bits (int64 in torch, masked; uint32 in Triton).
-Glossary:
-  seed      per-request seed (int)
-  request   request key (int, stable for the life of a request)
-  position  absolute token position in the sequence (so resampling a step reproduces)
-  index     vocabulary index or stream id (0 for accept tests)
+The same integer hash runs in torch (here, the reference) and in Triton (the kernels), so a draw depends only
+on its key (never on batch composition or launch order) and the two paths agree bit for bit. Hash: lowbias32
+(Chris Wellons) chained over the key words, on the low 32 bits (int64 masked in torch; uint32 in Triton).
+The request key is stable for the life of a request; the position is absolute (resampling a step reproduces).
 """
 
 from __future__ import annotations
@@ -40,3 +35,10 @@ def uniform(seed, request, position, stream, index) -> torch.Tensor:
     for word in (request, position, stream, index):
         h = lowbias32(h ^ (torch.as_tensor(word, dtype=torch.int64) & MASK32))
     return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(-1)`` (the first maximal index; NaN counts as maximal): ``x [..., V]`` -> ``[...]`` int64.
+    On CPU torch's argmax over 151,936-wide float32 rows is ~4x slower than ``max(-1).indices`` (96 rows, 2 cores:
+    20.5 ms vs 4.9 ms), and greedy speculative steps take it on every draft pass and twice per verify."""
+    return x.max(-1).indices

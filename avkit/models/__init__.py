@@ -1,18 +1,9 @@
 """Models: load a Llama / Qwen2 checkpoint (HF directory or GGUF) into avkit's compact forward.
 
-``load(path_or_id)`` -> :class:`LoadedModel` (model, tokenizer, model_id, sha256). The model's
-``forward(tokens, q_lens, slots, cache, logits)`` appends a different number of tokens per row to a
-slot-based KV cache (``model.new_cache(max_batch, max_len)``) and returns float32 logits.
-
-Glossary
---------
-HF names     ``model.layers.N.self_attn.q_proj.weight`` ... (the transformers checkpoint layout; GGUF
-             tensors are renamed to them by gguf_file.py)
-fused        avkit stores q|k|v as one ``attn.qkv`` matrix and gate|up as one ``mlp.gate_up`` matrix:
-             one matmul instead of three (two), which matters on CPU at batch 1
-auto device  cuda when torch sees a GPU, else cpu
-auto dtype   bfloat16 on a GPU (what serving runs), float32 on a CPU; bfloat16 on CPU is ~3x faster
-             on AVX512-BF16 cores and is what the shipped traces were recorded with (`--dtype bfloat16`)
+``load(path_or_id)`` -> :class:`LoadedModel`. avkit stores q|k|v as one ``attn.qkv`` matrix and gate|up as one
+``mlp.gate_up`` matrix (one matmul instead of three, which matters on CPU at batch 1). Placement "auto": cuda
+when torch sees a GPU, else cpu; bfloat16 on a GPU, float32 on a CPU (bfloat16 there is ~3x faster on
+AVX512-BF16 cores and is what the shipped traces were recorded with).
 """
 
 from __future__ import annotations
@@ -107,6 +98,9 @@ def fuse_hf_state(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: st
             raise ModelError(f"{source}: missing tensor {name}")
         return tensors.pop(name)
 
+    def cat(names) -> torch.Tensor:
+        return torch.cat([take(hf + n) for n in names])
+
     out = {"embed.weight": take("model.embed_tokens.weight"), "norm.weight": take("model.norm.weight")}
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = take("lm_head.weight")
@@ -114,12 +108,11 @@ def fuse_hf_state(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: st
         hf, av = f"model.layers.{i}.", f"layers.{i}."
         out[av + "attn_norm.weight"] = take(hf + "input_layernorm.weight")
         out[av + "mlp_norm.weight"] = take(hf + "post_attention_layernorm.weight")
-        out[av + "attn.qkv.weight"] = torch.cat([take(hf + f"self_attn.{p}_proj.weight") for p in "qkv"])
+        out[av + "attn.qkv.weight"] = cat(f"self_attn.{p}_proj.weight" for p in "qkv")
         if cfg.qkv_bias:
-            out[av + "attn.qkv.bias"] = torch.cat([take(hf + f"self_attn.{p}_proj.bias") for p in "qkv"])
+            out[av + "attn.qkv.bias"] = cat(f"self_attn.{p}_proj.bias" for p in "qkv")
         out[av + "attn.o.weight"] = take(hf + "self_attn.o_proj.weight")
-        out[av + "mlp.gate_up.weight"] = torch.cat([take(hf + "mlp.gate_proj.weight"),
-                                                    take(hf + "mlp.up_proj.weight")])
+        out[av + "mlp.gate_up.weight"] = cat(("mlp.gate_proj.weight", "mlp.up_proj.weight"))
         out[av + "mlp.down.weight"] = take(hf + "mlp.down_proj.weight")
     return out
 

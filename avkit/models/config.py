@@ -1,13 +1,6 @@
-"""ModelConfig: the shape of a Llama / Qwen2 decoder, read from HF ``config.json`` (GGUF: gguf_file.py maps its
-metadata to the same keys).
-
-Glossary
---------
-arch            ``"llama"`` or ``"qwen2"`` (Qwen2 = Llama + biases on the q/k/v projections)
-hidden_size     width of the residual stream, d
-num_heads       query heads H; head_dim = d / H unless the config says otherwise
-num_kv_heads    key/value heads H_kv (grouped-query attention: H / H_kv query heads share one)
-rope_theta      RoPE base; inverse frequencies theta^(-2i / head_dim)
+"""ModelConfig: the shape of a Llama / Qwen2 decoder (Qwen2 = Llama + q/k/v biases), read from HF ``config.json``
+(GGUF: gguf_file.py maps its metadata to the same keys). GQA: num_heads / num_kv_heads query heads share one
+key/value head; head_dim = hidden_size / num_heads unless the config says otherwise.
 """
 
 from __future__ import annotations
@@ -16,11 +9,8 @@ from dataclasses import dataclass
 
 from avkit.errors import ModelError
 
-ARCHITECTURES = {
-    # HF ``architectures[0]`` / ``model_type`` / GGUF ``general.architecture`` -> avkit arch
-    "LlamaForCausalLM": "llama", "llama": "llama",
-    "Qwen2ForCausalLM": "qwen2", "qwen2": "qwen2",
-}
+# HF ``architectures[0]`` / ``model_type`` / GGUF ``general.architecture`` -> avkit arch
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "llama": "llama", "Qwen2ForCausalLM": "qwen2", "qwen2": "qwen2"}
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,11 @@
 """The CPU backend's prefill matmuls: oneDNN's AMX / AVX512-BF16 path in fixed-size calls.
 
-A prefill forward multiplies hundreds of rows by each weight: it is compute-bound, not bandwidth-bound.
-avkit's AVX2 kernel (cpu_linear.cpp) reaches ~75 GFLOP/s there on 2 cores; oneDNN's bf16 matmul with a
-pre-packed weight reaches ~2,000 GFLOP/s on 2 cores of a CPU with AMX at 128 rows per call (~1,360 at 64;
-measured on the target's four layer shapes by a one-off harness, since retired).
-
-Batch invariance. oneDNN picks its blocking by the number of rows, so a row's result depends on how
-many rows share the call (measured: a 64-row call and a 128-row call round the same row differently).
-Here every call has exactly ``BULK_ROWS`` rows (the last chunk padded with zeros), and within a call
-oneDNN computes each row the same way wherever it sits: a token's prefill result never depends on
-the other tokens or prompts of its forward. Decode and verify rows never come here (they stay on
-cpu_linear's kernel, whose rows are invariant too), so greedy speculative output still equals greedy
-target-only output: both prefill the prompt here and decode through the same kernel.
-
-Used only where oneDNN has a bf16 fast path (AMX or AVX512-BF16: ``torch.cpu._is_amx_tile_supported``,
-``_is_avx512_bf16_supported``); ``AVKIT_CPU_BULK=0`` turns it off. It keeps a second, oneDNN-blocked
-copy of each packed weight (the 1.5B target's linears: +2.6 GB).
+Prefill is compute-bound: avkit's AVX2 kernel reaches ~75 GFLOP/s on 2 cores, oneDNN's bf16 matmul with a
+pre-packed weight ~2,000 on 2 AMX cores at 128 rows per call (~1,360 at 64). oneDNN picks its blocking by
+the number of rows, so every call here has exactly ``BULK_ROWS`` rows (the last chunk zero-padded): a token's
+prefill result never depends on the other tokens of its forward. Decode and verify rows stay on cpu_linear's
+kernel, so greedy speculative output still equals greedy target-only output. Only where oneDNN has a bf16 fast
+path; ``AVKIT_CPU_BULK=0`` turns it off. It keeps a second copy of each packed weight (1.5B target: +2.6 GB).
 """
 
 from __future__ import annotations

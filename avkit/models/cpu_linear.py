@@ -1,23 +1,14 @@
-"""The CPU backend's bf16 matmul: pre-packed weights and one of three kernels: AVX2 + FMA (``cpu_linear.cpp``, the
-default without AMX), AVX512-BF16's VDPBF16PS (``cpu_linear512.cpp``) or AMX tiles (``cpu_linear_amx.cpp``: 1-16
-rows at about the cost of reading the weight: the default where the CPU has AMX).
+"""The CPU backend's bf16 matmul: pre-packed weights and one of three kernels, AVX2 + FMA (``cpu_linear.cpp``, the
+default without AMX), AVX512-BF16's VDPBF16PS (``cpu_linear512.cpp``) or AMX tiles (``cpu_linear_amx.cpp``).
 
-PyTorch computes a bf16 ``F.linear`` with more than one input row on x86 CPUs without AVX512-BF16 or AMX through
-a scalar fallback (4 rows cost 2.5x one row), and oneDNN refuses bf16 on such CPUs. A decoder reads every weight
-once per forward, so decode and verification (B x (1 + k) rows) are bound by how fast the weights stream: the
-kernels pack each weight once into 16-row panels and stream them with fp32 accumulation. They compute what
-``F.linear`` computes for bf16 (fp32 sums, one rounding to bf16 per output), differing only in the summation
-order (and, for AMX and AVX512-BF16, denormal products flushed to zero), and each computes a row the same way
-whatever other rows share the call (batch invariance). Used for bf16 weights on a CPU where the kernel loads
-(native.py); otherwise, on CUDA and for float32, ``F.linear`` runs unchanged. ``AVKIT_CPU_KERNEL`` picks one
-(``default_kind``).
+Without AVX512-BF16 or AMX, torch computes a multi-row bf16 ``F.linear`` through a scalar fallback (4 rows cost
+2.5x one row), and decode and verification are bound by how fast the weights stream. The kernels stream 16-row
+panels with fp32 accumulation: ``F.linear``'s result up to summation order (AMX and AVX512-BF16 flush denormal
+products), each row computed the same way whatever rows share the call (batch invariance). ``AVKIT_CPU_KERNEL``
+picks one (``default_kind``); elsewhere ``F.linear`` runs unchanged.
 
-Glossary
---------
-kind        the kernel: ``"amx_bf16"``, ``"avx512_bf16"`` or ``"avx2"`` (``PackedLinear.kind``)
-panel       16 consecutive output rows of W. avx2: k-major, ``packed[p, k, j] = W[16 p + ORDER[j], k]``;
-            amx_bf16 / avx512_bf16: k in pairs, ``packed[p, k2, j, e] = W[16 p + j, 2 k2 + e]`` (K zero-padded to a
-            multiple of 32 / 2)
+Panel: 16 consecutive output rows of W. avx2: k-major, ``packed[p, k, j] = W[16 p + ORDER[j], k]``; amx_bf16 /
+avx512_bf16: k in pairs, ``packed[p, k2, j, e] = W[16 p + j, 2 k2 + e]`` (K zero-padded to a multiple of 32 / 2).
 """
 
 from __future__ import annotations
@@ -104,13 +95,9 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out
 
 
 class PackedLinear(torch.nn.Module):
-    """A frozen ``nn.Linear`` (or tied embedding) whose bf16 weight lives pre-packed for the CPU kernel.
-
-    ``weight`` stays available (same storage as before packing is not kept: the panels replace it), so
-    ``unpacked()`` rebuilds it for code that needs ``[N, K]`` (tests, moving the model to another device).
-    ``bulk=True`` (prefill rows only) also keeps oneDNN's copy and runs ``forward(x, bulk=True)`` there
-    (cpu_bulk.py); the copy is a plain attribute, outside ``state_dict``.
-    """
+    """A frozen ``nn.Linear`` (or tied embedding) whose bf16 weight lives pre-packed (the panels replace it;
+    ``unpacked()`` rebuilds ``[N, K]``). ``bulk=True`` also keeps oneDNN's copy for ``forward(x, bulk=True)``
+    (prefill rows, cpu_bulk.py), a plain attribute outside ``state_dict``."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, bulk: bool = False):
         super().__init__()
@@ -124,7 +111,6 @@ class PackedLinear(torch.nn.Module):
         return unpack(self.packed, self.out_features, self.in_features)
 
     def forward(self, x: torch.Tensor, bulk: bool = False) -> torch.Tensor:
-        """``bulk``: prefill rows, computed by oneDNN where this layer keeps its copy (else the kernel)."""
         if x.device.type != "cpu" or not available():
             return F.linear(x, self.unpacked(), self.bias)
         if bulk and self.bulk_weight is not None:

@@ -1,10 +1,5 @@
-"""KV cache with one slot per concurrent request: preallocated, per-slot lengths, rollback by truncation.
-
-Glossary
---------
-slot        row of the cache owned by one request (0 <= slot < max_batch)
-lengths     number of valid positions per slot; positions >= lengths[slot] are garbage
-truncate    roll back rejected draft positions: lengths[slot] = new_length (never grows)
+"""KV cache with one slot (row) per concurrent request: preallocated, with per-slot valid lengths (positions
+past ``lengths[slot]`` are garbage); rejected drafts roll back by truncating a length, never growing it.
 """
 
 from __future__ import annotations

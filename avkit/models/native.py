@@ -1,12 +1,21 @@
 """The CPU backend's native code: the C++ kernels beside this file, loaded (built on first use) in one place.
 
-torch's extension builder compiles each kernel the first time it is loaded, into ``~/.cache/torch_extensions``
-(g++ and ninja, about a minute on 2 cores, once per machine and kernel version). ``avkit serve`` builds them
-ahead of use, before it opens its port, in a child process of its own session: a SIGTERM or Ctrl-C to the
-parent (surfacing as ``KeyboardInterrupt``) kills the child's whole process group (the compiler included)
-and removes the build locks the child created, which torch's builder would otherwise wait on forever.
-Where a kernel cannot run (``AVKIT_CPU_KERNELS=0``, no AVX2, or the instructions its flags need) or cannot
-build (no compiler: warned), ``load`` returns None and the plain torch path computes the same thing.
+torch's extension builder compiles each kernel on first load into ``~/.cache/torch_extensions`` (about a minute
+on 2 cores). ``avkit serve`` builds them before it opens its port, in a child process of its own session
+(``build_in_child``). Where a kernel cannot run (``AVKIT_CPU_KERNELS=0``, missing instructions) or build (no
+compiler: warned), ``load`` returns None and the plain torch path computes the same thing.
+
+The entry points of the attention and sampling kernels live here (the linears': cpu_linear.py), each with the
+signature of the torch code it replaces, which stays the definition (docs/runtime.md):
+  attention       each query row alone over its own causal key span (``cpu_attention.cpp``): a token's output,
+                  hence its logits, is bit-identical however it is batched (bf16 SDPA's blocking follows the
+                  call's shapes, and a flipped near-tie in the LM head changes a greedy token). SDPA's maths
+                  (fp32 scores and softmax, bf16 in and out) in an order fixed by the key span alone, keys and
+                  values read in place from the cache; with the packed linears the bf16 forward is batch-invariant
+  sampled_probs   runtime/sampling.py ``_sampled_probs`` without top-k / min-p (``cpu_sampling.cpp``): the
+                  nucleus thresholds bit for bit (``top_p_threshold``'s ladder and float rounding), the softmax
+                  within float rounding (tests/test_cpu_sampling.py states the tolerances)
+  row_stats       the four reductions avkit/features.py ``draft_features`` starts from
 
     python -m avkit.models.native [NAME...]   # build these kernels (default: all that run here), in this process
 """
@@ -38,6 +47,7 @@ KERNELS = {
     "attention": ("cpu_attention.cpp", _AVX2, True),
     "sampling": ("cpu_sampling.cpp", _AVX2, False),
 }
+MAX_GROUP = 16  # query heads per kv head the attention kernel takes (GMAX in cpu_attention.cpp)
 STALE_BUILD_LOCK_S = 1800  # a build takes ~1 min on 2 idle cores; a lock this old was left by a killed build
 
 
@@ -53,10 +63,8 @@ def runs_here(name: str) -> bool:
 
 
 def build_name(name: str) -> str:
-    """``avkit_<stem>_<hash of source, headers, flags and the source's path>``: one build directory per kernel
-    version and checkout, so checkouts with different kernels (branches, an upgrade), or the same kernel at another
-    path (torch's build file names the source by path, and a changed path rebuilds), never rebuild over each other
-    in torch's shared cache."""
+    """``avkit_<stem>_<hash of source, headers, flags and the source's path>``: checkouts with other kernels, or the
+    same kernel at another path (torch's build file names the source by path), never rebuild over each other."""
     source, cflags = _HERE / KERNELS[name][0], KERNELS[name][1]
     headers = b"".join(h.read_bytes() for h in sorted(_HERE.glob("*.h")))  # what the sources include
     where = str(source.resolve()).encode()
@@ -72,11 +80,8 @@ def build_dir(name: str) -> Path:
 
 
 def clear_stale_build_lock(directory: Path, max_age_s: float = STALE_BUILD_LOCK_S) -> bool:
-    """Remove ``directory/lock`` when older than ``max_age_s``; True if removed.
-
-    torch's extension builder holds that file while it compiles and waits, without a timeout, for any
-    other holder to delete it; a build killed mid-way leaves it behind, and every later import would hang.
-    """
+    """Remove ``directory/lock`` when older than ``max_age_s``; True if removed. torch's builder waits without a
+    timeout for that file to go; a build killed mid-way leaves it behind, and every later import would hang."""
     lock = directory / "lock"
     try:
         age = time.time() - lock.stat().st_mtime
@@ -115,11 +120,8 @@ def missing(bf16: bool = True) -> list[str]:
 
 def build_in_child(bf16: bool = True, log=None) -> float:
     """Build the kernels ``missing(bf16)`` names in a child process; seconds spent (0.0 when none was missing).
-
-    ``log(message)`` is told what is built before it starts. Any exception in the parent while waiting
-    (``KeyboardInterrupt`` from SIGINT or SIGTERM) kills the child's process group, removes the locks it
-    left and is re-raised.
-    """
+    Any exception while waiting (``KeyboardInterrupt`` from SIGINT or SIGTERM) kills the child's process group
+    (the compiler included), removes the locks it left and is re-raised."""
     todo = missing(bf16)
     if not todo:
         return 0.0
@@ -158,6 +160,35 @@ def _stop_group(child: subprocess.Popen, wait_s: float = 2.0) -> None:
         os.killpg(child.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, ends: torch.Tensor,
+              scale: float) -> torch.Tensor:
+    """softmax(q k^T * scale) v per query row over keys [0, ends[b, s]) of cache slot ``slots[b]`` (ends 0: a pad).
+
+    q [B, S, H, D] bf16; k, v: one layer of the cache [max_batch, H_kv, T, D] bf16, contiguous (GQA: query head
+    h reads kv head h // (H / H_kv)); slots [B] int64; ends [B, S] int64 in [0, T] -> [B, S, H, D] bf16.
+    """
+    return load("attention").attention_bf16(q, k, v, slots, ends, scale)
+
+
+def sampling_usable(logits: torch.Tensor) -> bool:
+    """Whether these [N, V] logits (CPU, float32 or bf16) can take the native sampling passes here."""
+    return logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.bfloat16) \
+        and load("sampling") is not None
+
+
+def sampled_probs(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """logits [N, V] float32 or bf16, temperature [N] (> 0), top_p [N] -> [N, V] float32 probabilities."""
+    return load("sampling").sampled_probs(logits.contiguous(), temperature.float().contiguous(),
+                                          top_p.float().contiguous())
+
+
+def row_stats(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    """logits [N, V] float32 or bf16, temperature [N] (> 0) -> [N, 4] float32 (m, m2, s_o, sum_others e (x/T - m))
+    of x / T: its largest and second-largest values, and over the others (all but one argmax) the sums of
+    e = exp(x / T - m) and of e (x / T - m)."""
+    return load("sampling").row_stats(logits.contiguous(), temperature.float().contiguous())
 
 
 if __name__ == "__main__":

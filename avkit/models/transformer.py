@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from avkit.errors import ConfigError
-from avkit.models import cpu_attention, cpu_bulk, cpu_linear
+from avkit.models import cpu_bulk, cpu_linear, native
 from avkit.models.config import ModelConfig
 from avkit.models.cpu_linear import PackedLinear
 from avkit.models.kv_cache import KVCache
@@ -40,20 +40,13 @@ class RMSNorm(nn.Module):
 
 @dataclass(frozen=True)
 class HostLengths:
-    """What the caller already knows on the host about one forward, so the forward reads nothing back.
+    """What the caller knows on the host about one forward (trusted to match the tensors), so the forward reads
+    nothing back from the device. q_lens None: only the device knows them, and the forward attends over
+    ``max(cached) + S`` keys with a mask (the same result)."""
 
-    slots   the cache slot of each row (as the ``slots`` tensor)
-    cached  ``cache.lengths[slots]`` before this forward (the engine's own bookkeeping)
-    q_lens  real new tokens per row (as the ``q_lens`` tensor); None when only the device knows them:
-            the forward then attends over ``max(cached) + S`` keys with a mask (the same result)
-
-    Without it the forward reads ``q_lens``, ``slots`` and the cache lengths back from the device (one
-    synchronisation on CUDA, free on CPU). The values must match the tensors: the forward trusts them.
-    """
-
-    slots: tuple[int, ...]
-    cached: tuple[int, ...]
-    q_lens: tuple[int, ...] | None = None
+    slots: tuple[int, ...]  # the ``slots`` tensor
+    cached: tuple[int, ...]  # ``cache.lengths[slots]`` before this forward
+    q_lens: tuple[int, ...] | None = None  # the ``q_lens`` tensor
 
     def __post_init__(self):
         n = len(self.slots)
@@ -107,8 +100,8 @@ class Attention(nn.Module):
         q, k = (qk * cos + _rotate_half(qk) * sin).split([h, h_kv], dim=2)  # [B, S, H, D], [B, S, H_kv, D]
         v = v.view(B, S, h_kv, d)
         cache.append(self.layer, step.slots, step.write_pos, step.write_src, k, v)
-        if step.ends is not None:  # CPU backend: per query row over its own span, batch-invariant (cpu_attention.py)
-            out = cpu_attention.attention(q, cache.k[self.layer], cache.v[self.layer], step.slots, step.ends,
+        if step.ends is not None:  # CPU backend: per query row over its own span, batch-invariant (native.py)
+            out = native.attention(q, cache.k[self.layer], cache.v[self.layer], step.slots, step.ends,
                                           d ** -0.5)  # [B, S, H, D]
             return _linear(self.o, out.view(B, S, h * d), step.bulk)
         keys, values = cache.view(self.layer, step.slots, step.span, step.contiguous_from)  # [B, H_kv, span, D]
@@ -158,7 +151,7 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = None if config.tie_word_embeddings else nn.Linear(
             config.hidden_size, config.vocab_size, bias=False)
-        self.cpu_attention = False  # pack_for_cpu() turns it on: attention by cpu_attention.py
+        self.cpu_attention = False  # pack_for_cpu() turns it on: attention by native.attention
         self._rope_table: tuple[torch.Tensor, torch.Tensor] | None = None  # cos, sin [positions, D]
 
     @property
@@ -222,14 +215,9 @@ class Transformer(nn.Module):
         return (F.linear(x, self.embed.weight) if self.lm_head is None else self.lm_head(x)).float()
 
     def pack_for_cpu(self) -> bool:
-        """CPU backend: swap every bf16 linear (and the tied LM head) for a pre-packed one (cpu_linear.py), and
-        compute attention per query row (cpu_attention.py) where its kernel builds and the heads fit it.
-
-        Same computation, a kernel that streams bf16 weights at memory bandwidth; a no-op (False) off the
-        CPU, for float32, or where the kernel is unavailable. The tied head gets its own packed copy of the
-        embedding (the lookup keeps the [V, d] table). Both kernels make the forward batch-invariant: a
-        token's logits do not depend on the other tokens and requests in its forward.
-        """
+        """CPU backend: every bf16 linear (and the LM head, tied: a packed copy of the embedding) pre-packed
+        (cpu_linear.py), attention per query row (native.attention) where its kernel builds and the heads fit:
+        the same computation, batch-invariant. A no-op (False) off the CPU, for float32 or without the kernel."""
         if self.device.type != "cpu" or self.dtype != torch.bfloat16 or not cpu_linear.available():
             return False
         bulk = cpu_bulk.available()  # prefill on oneDNN too (a second copy of each layer weight)
@@ -240,15 +228,14 @@ class Transformer(nn.Module):
         head = self.embed.weight if self.lm_head is None else self.lm_head.weight
         self.lm_head = PackedLinear(head, None)  # prefills compute no logits
         c = self.config
-        self.cpu_attention = (cpu_attention.available() and c.head_dim % 8 == 0
-                              and c.num_heads // c.num_kv_heads <= cpu_attention.MAX_GROUP)
+        self.cpu_attention = (native.load("attention") is not None and c.head_dim % 8 == 0
+                              and c.num_heads // c.num_kv_heads <= native.MAX_GROUP)
         return True
 
     @property
     def ragged_prefill(self) -> bool:
         """A forward may batch runs of any lengths and computes real tokens only (the CPU backend, whose attention
-        takes each query row alone): prefills, and verify forwards with uneven drafts. Elsewhere pads cost a full
-        token each (``runtime/prefill.py`` then groups runs of equal length)."""
+        takes each query row alone); elsewhere pads cost a full token each (``runtime/prefill.py`` groups runs)."""
         return self.cpu_attention and self.device.type == "cpu"
 
     def rope(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:

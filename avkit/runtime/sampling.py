@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from avkit.kernels.argmax import argmax
-from avkit.kernels.rng import uniform
-from avkit.models import cpu_sampling
+from avkit.kernels.rng import argmax, uniform
+from avkit.models import native
 
 STREAM_DRAFT = 2  # rng stream of draft-token sampling (kernels/rejection_ref.py uses STREAM_ACCEPT and STREAM_SAMPLE)
 _TOPK_LADDER = (64, 1024, 8192)  # nucleus search: the top 64, 1024, 8192, then the whole vocabulary
@@ -88,9 +87,9 @@ def _sampled_probs(logits: torch.Tensor, t: torch.Tensor, tp: torch.Tensor, tk: 
                    mp: torch.Tensor | None = None, nucleus: bool | None = None) -> torch.Tensor:
     """softmax(logits / T), then top-k / min-p when given, then the top-p nucleus, renormalised; [N, V].
     Rows with top_p >= 1 are left as they are; nucleus=False (host: no row truncates) skips the search.
-    On the CPU backend the same maths in a few passes per row (models/cpu_sampling.py), logits bf16 or float32."""
-    if tk is None and cpu_sampling.usable(logits):
-        return cpu_sampling.sampled_probs(logits, t, tp)
+    On the CPU backend the same maths in a few passes per row (models/native.py), logits bf16 or float32."""
+    if tk is None and native.sampling_usable(logits):
+        return native.sampled_probs(logits, t, tp)
     probs = torch.softmax(logits.float() / t[:, None], dim=-1)  # [N, V]
     if tk is not None:
         probs = top_k_min_p(probs, tk, mp)
