@@ -113,23 +113,13 @@ def trace_mismatch(record: dict | None, reference: list[dict], what: str) -> str
     sentence naming the stale or foreign traces. `reference`: trace_records of the report's traces."""
     if not record or not reference:
         return ""
-    ref_hashes = {t["sha256"] for t in reference}
-    ref_names = {Path(t["path"]).name: t["sha256"] for t in reference}
-    stale, other = [], []
-    for t in record.get("traces", []):
-        if t["sha256"] in ref_hashes:
-            continue
-        name = Path(t["path"]).name
-        (stale if name in ref_names else other).append(
-            f"{name} (sha256 {t['sha256'][:8]} then, {ref_names[name][:8]} now)" if name in ref_names else name)
-    if not stale and not other:
-        return ""
-    parts = []
-    if stale:
-        parts.append(f"stale: {', '.join(stale)} changed since")
-    if other:
-        parts.append(f"made from other traces than this report's: {', '.join(other)}")
-    return f"{what} does not match this report's traces: " + "; ".join(parts) + "."
+    now, known = {Path(t["path"]).name: t["sha256"] for t in reference}, {t["sha256"] for t in reference}
+    off = [t for t in record.get("traces", []) if t["sha256"] not in known]
+    stale = [f"{n} (sha256 {t['sha256'][:8]} then, {now[n][:8]} now)" for t in off if (n := Path(t["path"]).name) in now]
+    other = [n for t in off if (n := Path(t["path"]).name) not in now]
+    parts = ([f"stale: {', '.join(stale)} changed since"] if stale else []) + (
+        [f"made from other traces than this report's: {', '.join(other)}"] if other else [])
+    return f"{what} does not match this report's traces: " + "; ".join(parts) + "." if parts else ""
 
 
 __all__ = ["INPUTS_KEY", "cost_record", "describe", "file_sha256", "files_sha256", "inputs_record", "trace_mismatch",

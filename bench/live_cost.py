@@ -6,18 +6,13 @@ Run as `python bench/live.py cost ...` (bench/live.py hands its `cost` mode to t
     python bench/live.py cost --tiny                                       # smoke run on tiny random models
     python bench/live.py cost --replay bench/results/cost_live_steps.jsonl # the logged grid, today's learner
 
-Cells: temperature T x batch b x K (fixed K verifies every draft; K = 0 decodes target-only). Each cell runs
-b requests of the workload through the engine and times every decode step (the engine's own StepTime); each
-request decodes max(--min-tokens, (--min-steps + 16) (K + 1)) new tokens (no end-of-text stop), so a cell that
-accepts every draft still has --min-steps + 16 steps; those short of --min-steps measured (a large batch's
-ragged tail is shapes of their own) are marked. One learner per temperature carries over from cell
-to cell, as a server's does. Per cell: the median of actual / predicted over its measured steps, predicted
-by the offline table and by the learned model as it stood before the step (online). A measured step is one
-whose shape (learn.py: requests, passes, tokens, context band) the learner had already learned from, i.e.
-after that shape's warm-up and first refit; catch-up steps are left out. `--cost profile` profiles this CPU
-(`avkit profile`'s step timing, one table per temperature, saved beside the results) before the cells. The
-goal: online within +-10% in every cell. Timings are only meaningful on an otherwise idle machine; nothing
-here is a pass/fail test.
+Cells: T x batch b x K (bench/README.md): each times every decode step of b requests (each decodes
+max(--min-tokens, (--min-steps + 16) (K + 1)) new tokens, no end-of-text stop); one learner per temperature
+carries over from cell to cell. Per cell: the median of actual / predicted over its measured steps (steps whose
+shape, learn.py's key, the learner had already learned from; catch-up steps left out), by the offline table and
+by the learned model as it stood before the step; a cell short of --min-steps measured steps is marked. Goal:
+online within +-10% in every cell (an idle machine). `--cost profile` profiles this CPU first (`avkit profile`'s
+step timing, one table per temperature, saved beside the results).
 
 Step log (JSON lines beside the Markdown: `<out stem>_steps.jsonl`, e.g. bench/results/cost_live_steps.jsonl):
   {"T": t, "table": {...}}   first, one per temperature: the offline table (the learner's prior), cost-file JSON

@@ -1,22 +1,8 @@
-"""Bounded load test of `avkit serve` on loopback: N concurrent streaming clients x R requests each.
-
-Runs a real uvicorn server in this process (127.0.0.1, free port) around a tiny random model pair
-(written to a temp dir unless --target/--draft are given), drives it with httpx streaming SSE, and
-checks its robustness contract:
-  * every request either completes (HTTP 200, a finish_reason, `data: [DONE]`) or gets a clean 429
-    with Retry-After; none is lost, none is duplicated (response ids are unique);
-  * the server's own request counters agree with what the clients saw;
-  * the server is healthy and idle afterwards.
-Reports TTFT / end-to-end latency percentiles and tokens/s into bench/results/serve_load.md.
-Bounded: a fixed number of requests and a wall-clock limit (--time-limit).
-
-    python bench/load_test.py                      # 64 clients x 3 requests, tiny models
-    python bench/load_test.py --clients 8 --requests 2 --out /tmp/x.md
-
---cold-start: `avkit serve` as a fresh install meets it instead (a new process, an empty torch extensions
-directory: the CPU kernels are built before the port opens): seconds to the open port and to /health 200, then
---requests completions one after another, the first against the rest (median, p90, the last); tiny models, or
-the real default pair and serve's defaults with --target default.
+"""Bounded load test of `avkit serve` on loopback (bench/README.md: usage): a real uvicorn server in this process
+around a tiny random pair, N concurrent streaming clients x R requests, checked against serve's robustness
+contract (every request completes or gets a clean 429 with Retry-After, none lost or duplicated, the server's
+counters equal the clients', healthy and idle afterwards; exit 1 otherwise) -> bench/results/serve_load.md.
+`--cold-start`: a fresh `avkit serve` process, time to ready and first request vs the rest -> serve_cold_start.md.
 """
 
 from __future__ import annotations

@@ -1,36 +1,7 @@
-"""The simulator against the engines it models: fixed K x concurrency, predicted vs measured.
-
-    # each engine: its trace (recorded by that engine) and its cost table (profiled on this device)
-    python bench/sim_vs_measured.py --engine vllm --trace traces/vllm/vllm_greedy_k7.parquet --cost vllm_cost.json
-    python bench/sim_vs_measured.py --engine avkit --trace traces/greedy_k7.parquet --cost cpu_cost.json
-    python bench/sim_vs_measured.py --tiny          # dry run on tiny random models: records, profiles, all of it
-    # measured cells taken from a `bench/live.py --peer vllm` run (its JSON keeps steady_tok_s per cell)
-    python bench/sim_vs_measured.py --engine vllm --trace ... --cost ... --cells bench/results/engine-vllm-DATE.json
-
-Predicted: `avkit.sim.replay.simulate` of `nospec` and `fixed:K` at each concurrency c, with the cost table:
-steady-state tokens/s (every lane busy). It replays the trace's rows of the prompts the cell measured (the
-first c of each dataset, which the shipped traces hold), cut at the cell's new tokens: a one-request cell is
-one prompt (HumanEval/146 accepts every greedy draft in both engines' traces, against 0.98 over HumanEval),
-so the dataset's average would predict another workload. `--rows all` replays every row of the datasets.
-Measured: the first c prompts of each dataset decoded together (bench/live.py --peer vllm: vLLM through
-bench/vllm_peer.py in its venv, avkit's engine in-process), greedy, every engine step timed. The measured
-tok/s is the steady decode rate, the state the simulator predicts: tokens emitted from the step after which
-all c requests have their first token (prefill done) to the last step before any request finishes, over that
-time. The end-to-end rate (generated tokens / wall time, prefill and the batch's tail included) is shown
-beside it; on vLLM-CPU prefill runs at ~5 tok/s, so at c = 16 it is most of the wall time.
-
-Cells are cached in bench/results/sim_vs_measured.json (a cell measured again replaces the old one), so
-the grid can be run in pieces under the bench lock (`--ks 0,3` now, `--ks 5,7` later); every run rewrites
-bench/results/sim_vs_measured.md from all cached cells: per cell predicted / measured tok/s and their
-ratio, per (engine, c) whether the simulator's best K is the measured best (`--tiny` writes *_tiny.*
-instead). Timings only, never pass/fail.
-
-`--synthetic PROFILE` (an `avkit tune --out` JSON): vLLM with `rejection_sample_method: "synthetic"` at the
-profile's rates (its `vllm_synthetic` payload, `model` = --draft-dir), `--requests` random prompts decoded to
-`--max-new-tokens` (`ignore_eos`), c at a time: per c vLLM's own survival per position (accepted_per_pos /
-drafts, 95% Wilson interval) beside the profile's rate, its steady decode tok/s, and the simulator's fixed-K
-prediction on --cost -> --out. vLLM-CPU 0.32 refuses synthetic mode (its CPU stand-in for the Triton rejection
-kernels asserts "Synthetic acceptance not supported with CPU sampling"): run it where vLLM's Triton path runs.
+"""The simulator against the engines it models: fixed K x concurrency, predicted vs measured steady decode tok/s
+(bench/README.md: usage, what is measured and how) -> bench/results/sim_vs_measured.{json,md}. `--synthetic
+PROFILE`: vLLM's synthetic rejection sampling at a profile's rates beside the simulator (needs vLLM's Triton
+path, a GPU).
 """
 
 from __future__ import annotations
@@ -162,7 +133,7 @@ def _k_order(x: dict) -> tuple:
 
 def render(cells: list[dict]) -> str:
     lines = ["# Simulator vs measured: fixed K x concurrency", "",
-             "`python bench/sim_vs_measured.py` (see its docstring). Predicted: `avkit simulate` of the engine's own "
+             "`python bench/sim_vs_measured.py` (bench/README.md). Predicted: `avkit simulate` of the engine's own "
              "trace (rows `measured`: the prompts each cell decoded, cut at its new tokens; `all`: every row of "
              "the datasets) with the engine's own cost table (steady state); measured: the first c prompts decoded "
              "together, steady decode tok/s (all c requests past prefill, none finished); e2e: tokens / wall "
@@ -226,7 +197,7 @@ def synthetic_predicted(cost: str, rates: list[float], c: int, new: int) -> floa
 
 
 def synthetic(args) -> None:
-    """vLLM's synthetic acceptance at a profile's rates (module note) -> --out JSON."""
+    """vLLM's synthetic acceptance at a profile's rates (bench/README.md) -> --out JSON."""
     spec = {**json.loads(Path(args.synthetic).read_text())["vllm_synthetic"], "model": args.draft_dir}
     rates = spec["synthetic_acceptance_rates"]
     vocab = min(1000, json.loads((Path(args.target_dir) / "config.json").read_text())["vocab_size"] - 1)
@@ -276,7 +247,7 @@ def main() -> None:
                     help="simulate the rows of the prompts each cell measured, cut at its new tokens (default), or "
                          "every row of --datasets")
     ap.add_argument("--synthetic", default="", metavar="PROFILE",
-                    help="vLLM's synthetic acceptance at this `avkit tune --out` profile's rates (module note)")
+                    help="vLLM's synthetic acceptance at this `avkit tune --out` profile's rates (bench/README.md)")
     ap.add_argument("--requests", type=int, default=16, help="--synthetic: random prompts per concurrency")
     ap.add_argument("--out", default=str(RESULTS / "vllm_synthetic.json"), help="--synthetic: the results JSON")
     ap.add_argument("--cells", default="", help="measure nothing: take the measured cells from this "

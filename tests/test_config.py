@@ -60,7 +60,7 @@ def _leaves(cls):
 # options a command handles itself, outside its config (display, inputs, what it passes to the library)
 OUTSIDE = {"record": {"progress"}, "serve": {"log_level"},
            "profile": set(),
-           "tune": {"traces"}, "simulate": {"traces", "coefficients", "policy", "profile", "step_time"},
+           "tune": {"traces"}, "simulate": {"traces", "policy"},
            "fit": {"traces", "hvd"}, "report": {"inputs", "simulate"},
            "hvd": {"traces", "out", "tokenizer", "markdown", "synthetic", "cost_table"}}
 

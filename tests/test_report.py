@@ -152,7 +152,7 @@ def test_markdown_has_the_same_tables(made):
 
 def test_reliability_reproduces_the_fit(made):
     fit = load_fit_dir(made["out"] / "fit")
-    inputs = load_inputs(fit, [made["trace"]], sim_explicit=False)
+    inputs = load_inputs(fit, [made["trace"]])
     bins = reliability_bins(inputs.summary.panels[0][-1])  # the deployed estimator's
     ece = next(r["ece"] for r in fit.scores if r["scope"] == "all" and r["feature"] == fit.coefficients["feature"]
                and r["estimator"] == fit.coefficients["estimator"])

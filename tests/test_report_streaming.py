@@ -39,7 +39,7 @@ def fitted(shards, tmp_path_factory):
 @pytest.fixture(scope="module")
 def both(fitted, shards):
     paths = sorted(shards.glob("*.parquet"))
-    return load_inputs(fitted, paths), load_inputs(fitted, paths, streaming=TINY.streaming())
+    return load_inputs(fitted, paths), load_inputs(fitted, paths, TINY)
 
 
 def test_acceptance_tables_equal_in_memory(both):
@@ -76,7 +76,7 @@ def test_no_trace_is_read_whole(fitted, shards, monkeypatch):
     monkeypatch.setattr(avkit.report.traces, "load_fit_data", whole)
     monkeypatch.setattr(avkit.report.traces, "read_traces", whole)
     monkeypatch.setattr(avkit.fit.data, "iter_traces", whole)
-    inputs = load_inputs(fitted, sorted(shards.glob("*.parquet")), streaming=TINY.streaming())
+    inputs = load_inputs(fitted, sorted(shards.glob("*.parquet")), TINY)
     rows = chunk_rows(TINY.streaming())
     assert rows < 70_000  # every shard went through in several chunks of at most `rows` rows
     assert inputs.summary.counts.sum() == fitted.coefficients["trained_on"]["observed"]

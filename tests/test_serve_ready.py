@@ -21,7 +21,7 @@ from serve_support import serve_config, serve_process, wait_for
 
 # The promise: a process exits within 5 s of SIGTERM at any moment. Mid-generation that is the 3 s grace
 # period for in-flight requests plus the shutdown; a stopped process skips the interpreter's teardown
-# (avkit/cli/ending.py), which took 4-5 s of it on a loaded 2-core box.
+# (avkit/cli/options.py `end_process`), which took 4-5 s of it on a loaded 2-core box.
 EXIT_S = 5.0
 
 

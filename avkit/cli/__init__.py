@@ -19,7 +19,7 @@ from typer._click import exceptions as click  # typer >= 0.29 carries its own cl
 from typer.core import TyperGroup
 
 from avkit import __version__
-from avkit.cli.ending import end_process
+from avkit.cli.options import end_process
 from avkit.errors import AvkitError
 
 COMMANDS = ("models", "record", "datacard", "fit", "hvd", "simulate", "tune", "profile", "serve", "report",
@@ -59,14 +59,6 @@ def _one_interrupt():
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _metavar(param) -> str:
-    """INT, FLOAT, PATH or TEXT: what an option takes, never a Python type such as `<list[Path]>`."""
-    desc = param.type_descriptor  # typer's record of the annotation
-    if desc.is_path:
-        return "PATH"
-    return {int: "INT", float: "FLOAT"}.get(desc.annotation, "TEXT")
-
-
 def _plain_help(cmd):
     """Help that shows what each option takes: a flag nothing, an argument its name, others INT/FLOAT/PATH/TEXT
     (typer would print Python types). Idempotent; a group's commands get it too."""
@@ -79,8 +71,9 @@ def _plain_help(cmd):
             p.metavar = ""
         elif getattr(p, "param_type_name", "") == "argument":
             p.display_type_rich = lambda ctx: None
-        elif p.metavar is None and hasattr(p, "type_descriptor"):
-            p.metavar = _metavar(p)
+        elif p.metavar is None and hasattr(p, "type_descriptor"):  # typer's record of the annotation
+            kind = p.type_descriptor
+            p.metavar = "PATH" if kind.is_path else {int: "INT", float: "FLOAT"}.get(kind.annotation, "TEXT")
     make = cmd.get_help_option
 
     def get_help_option(ctx):  # -h/--help is made per context: a flag too

@@ -20,24 +20,18 @@ _d = functools.partial(default_of, ProfileConfig)  # an option's default: its co
 
 
 def render(table, console: Console) -> None:
-    out = Table(title=f"step costs on {table.meta.get('device', '?')} at context {table.meta.get('context_len')}")
-    out.add_column("target tokens", justify="right")
-    out.add_column("verify ms", justify="right")
-    out.add_column("draft requests", justify="right")
-    out.add_column("draft ms (1 pass)", justify="right")
+    ms = "{:.2f}".format
+    cols = {"target tokens": (table.verify_tokens, str), "verify ms": (table.verify_ms, ms),
+            "draft requests": (table.draft_requests, str), "draft ms (1 pass)": (table.draft_ms, ms)}
     if table.draft_fixed_ms:  # vLLM's drafting: a first-pass surcharge paid once per step (cost.py)
-        out.add_column("draft ms (once per step)", justify="right")
+        cols["draft ms (once per step)"] = (table.draft_fixed_ms, ms)
     if table.prefill_tokens:  # the drafter's prefill of one request: a catch-up's price (scheduling/catch_up.py)
-        out.add_column("prefill tokens", justify="right")
-        out.add_column("drafter prefill ms", justify="right")
-    n = max(len(table.verify_tokens), len(table.draft_requests), len(table.prefill_tokens))
-    cell = lambda seq, i, fmt: fmt(seq[i]) if i < len(seq) else ""
-    for i in range(n):
-        fixed = [cell(table.draft_fixed_ms, i, "{:.2f}".format)] if table.draft_fixed_ms else []
-        prefill = [cell(table.prefill_tokens, i, str), cell(table.prefill_ms, i, "{:.2f}".format)] \
-            if table.prefill_tokens else []
-        out.add_row(cell(table.verify_tokens, i, str), cell(table.verify_ms, i, "{:.2f}".format),
-                    cell(table.draft_requests, i, str), cell(table.draft_ms, i, "{:.2f}".format), *fixed, *prefill)
+        cols |= {"prefill tokens": (table.prefill_tokens, str), "drafter prefill ms": (table.prefill_ms, ms)}
+    out = Table(title=f"step costs on {table.meta.get('device', '?')} at context {table.meta.get('context_len')}")
+    for col in cols:
+        out.add_column(col, justify="right")
+    for i in range(max(len(table.verify_tokens), len(table.draft_requests), len(table.prefill_tokens))):
+        out.add_row(*(fmt(seq[i]) if i < len(seq) else "" for seq, fmt in cols.values()))
     console.print(out)
 
 
@@ -85,8 +79,7 @@ def register(app: typer.Typer) -> None:
 
 def _profile_native(config, console: Console):
     """avkit's runtime: the models loaded here -> (points, measure(on_point) -> the cost table)."""
-    from avkit.models import load  # lazy: start-up (the library loads when the command runs: -h stays fast)
-    from avkit.models import placement  # lazy: start-up (the library loads when the command runs: -h stays fast)
+    from avkit.models import load, placement  # lazy: start-up (the library loads when the command runs: -h stays fast)
     from avkit.scheduling.profile import num_points, profile_costs  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
     target, draft = config.models.target, config.models.draft
@@ -99,11 +92,10 @@ def _profile_native(config, console: Console):
 
 def _profile_vllm(config):
     """`--engine vllm`: vLLM's step costs (avkit/engines/vllm/profile.py), the same table format."""
-    from avkit.engines.vllm.driver import check_vllm_version, hf_dir  # lazy: start-up (the library loads when the command runs: -h stays fast)
-    from avkit.engines.vllm.driver import vllm_python as find_python  # lazy: start-up (the library loads when the command runs: -h stays fast)
+    from avkit.engines.vllm.driver import check_vllm_version, hf_dir, vllm_python  # lazy: start-up (the library loads when the command runs: -h stays fast)
     from avkit.engines.vllm.profile import num_points, profile_vllm  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
-    python = find_python(config.vllm_python)
+    python = vllm_python(config.vllm_python)
     check_vllm_version(python)
     tgt = hf_dir(config.models.target, "--target")
     drf = hf_dir(config.models.draft, "--draft") if config.k > 0 else tgt

@@ -20,19 +20,14 @@ _d = functools.partial(default_of, ReportConfig)  # an option's default: its con
 
 def split_inputs(inputs: list[Path] | None) -> tuple[Path | None, list[Path]]:
     """-> (FIT_DIR, []) for one directory, (None, traces) for trace files, shipped traces for none."""
-    if not inputs:
-        from avkit.trace.shards import shipped_traces  # lazy: start-up (the library loads when the command runs: -h stays fast)
-
-        return None, shipped_traces()
-    from avkit.trace.shards import resolve_shards  # lazy: start-up (the library loads when the command runs: -h stays fast)
+    from avkit.trace.shards import trace_files  # lazy: polars
 
     # a directory of trace files (and no coefficients.json) is a shard set; any other one a FIT_DIR
-    dirs = [p for p in inputs if p.is_dir() and ((p / "coefficients.json").is_file() or not any(p.glob("*.parquet")))]
+    dirs = [p for p in inputs or () if p.is_dir() and ((p / "coefficients.json").is_file()
+                                                       or not any(p.glob("*.parquet")))]
     if dirs and len(inputs) > 1:
         raise ConfigError(f"give one FIT_DIR or trace files, not both: {', '.join(map(str, inputs))}")
-    if dirs:
-        return dirs[0], []
-    return None, resolve_shards(inputs)
+    return (dirs[0], []) if dirs else (None, trace_files(inputs))
 
 
 def register(app: typer.Typer) -> None:

@@ -9,12 +9,11 @@ import typer
 from rich.console import Console
 from typer._click.core import ParameterSource  # typer >= 0.29 carries its own click
 
-from avkit.cli.ending import end_process
 from avkit.cli.options import (
-    DeviceOption, DraftOption, DrafterOption, DtypeOption, KernelsOption, PayoffOption, TargetOption)
+    DeviceOption, DraftOption, DrafterOption, DtypeOption, KernelsOption, PayoffOption, TargetOption, end_process)
 from avkit.config import (
     AdaptiveConfig, EngineConfig, EstimatorConfig, HttpConfig, ModelsConfig, ServeConfig, default_of)
-from avkit.config.serve import policy_fields
+from avkit.config.engine import policy_fields
 from avkit.scheduling.spec import ADAPTIVE, parse_spec
 
 
@@ -99,8 +98,7 @@ def register(app: typer.Typer) -> None:
             policy=spec.name, schedule=fields["schedule"], snapshot=snapshot, snapshot_every=snapshot_every,
             resume=resume, record=record, max_new_tokens=max_new_tokens,
             default_max_tokens=min(_d("default_max_tokens"), max_new_tokens))
-        from avkit.serve.server import bind_warning  # lazy: start-up (the library loads when the command runs: -h stays fast)
-        from avkit.serve.server import serve as run  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.serve.server import bind_warning, serve as run  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.serve.startup import bind_socket, check_record_writable, warm_start  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
         # Everything that can be wrong with the options fails here, as one line, before the models load.

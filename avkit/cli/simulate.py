@@ -30,24 +30,28 @@ def register(app: typer.Typer) -> None:
             "adaptive:oracle, adaptive:recorded, adaptive-stop:ESTIMATOR (also stops drafting early), "
             "adaptive[-stop]-nogate:... (no draft gate), schedule:FILE, full (default: all but -nogate "
             "and schedule)", show_default=False)] = None,
-        coefficients: Annotated[str, typer.Option(help="coefficients.json warm start for adaptive estimators")] = "",
+        coefficients: Annotated[str, typer.Option(help="coefficients.json warm start for adaptive estimators")] =
+            _d("coefficients"),
         waves: Annotated[int, typer.Option(help="requests served per lane at least (recorded ones are cycled)")] =
             _d("waves"),
         out: Annotated[str, typer.Option(help="results Parquet (one row per concurrency x policy)")] = _d("out"),
-        step_time: Annotated[bool, typer.Option("--step-time", help="compare predicted with recorded step times")] = False,
+        step_time: Annotated[bool, typer.Option("--step-time", help="compare predicted with recorded step times")] =
+            _d("step_time"),
         profile: Annotated[str, typer.Option(help="replay an aggregate acceptance profile (`avkit import "
-                                                  "vllm-metrics`) instead of traces: nospec and fixed K only")] = "",
+                                                  "vllm-metrics`) instead of traces: nospec and fixed K only")] =
+            _d("profile"),
     ):
         """Replay traces: no-spec, every fixed K, adaptive per estimator and the oracle, per concurrency."""
 
-        config = SimulateConfig(concurrency=parse_ints("concurrency", concurrency), cost=cost, out=out, waves=waves)
+        config = SimulateConfig(concurrency=parse_ints("concurrency", concurrency), cost=cost, out=out, waves=waves,
+                                coefficients=coefficients, step_time=step_time, profile=profile)
         given = [s.strip() for p in policy for s in p.split(",") if s.strip()] if policy else None
         for text in given or ():
             parse_spec(text, bare=("fixed",))  # a bad --policy fails here, before torch loads
         from avkit.scheduling.cost import resolve_cost  # lazy: start-up
         from avkit.sim.drive import parse_policies  # lazy: start-up
-        from avkit.sim.replay import default_policies, load_steps, results_inputs, step_time_check, write_results  # lazy: start-up
-        from avkit.sim.replay import simulate as run  # lazy: start-up
+        from avkit.sim.replay import (  # lazy: start-up
+            default_policies, load_steps, results_inputs, simulate as run, step_time_check, write_results)
         from avkit.sim.terminal import render_results  # lazy: start-up
         from avkit.trace.reader import common_k  # lazy: start-up
         from avkit.trace.shards import check_shards, shipped_traces  # lazy: start-up
@@ -61,8 +65,6 @@ def register(app: typer.Typer) -> None:
             if profile:
                 from avkit.sim.profile_steps import policies_for_profile, profile_steps, read_profile  # lazy: start-up
 
-                if step_time:
-                    raise ConfigError("--step-time needs recorded step times: not with --profile")
                 steps = profile_steps(read_profile(profile))
                 specs = policies_for_profile(given, steps.k)
                 console.print(f"avkit simulate: AGGREGATE acceptance profile {profile} (no per-draft rows)")

@@ -1,17 +1,14 @@
-"""What every config shares: the project-wide defaults, `default_of`, and the field checks.
+"""What every config shares: the project-wide defaults, the shipped files, `default_of` and the field checks.
 
-Configs are frozen dataclasses validated once, in their own __post_init__. A command's config is
-composed of the narrow configs of the components it drives (`ServeConfig.engine` is an
-`EngineConfig`), so a field is declared and validated in exactly one place. The CLI flattens them:
-each option's default is `default_of(Cls, "engine.k")`, and the option values are put back into the
-nested configs when the command builds its config. A field's bound is declared with the field
-(`checked(8, 1)`: >= 1; `checked("auto", choices=...)`) and `Checked.__post_init__` checks them all,
-in declaration order, naming each field as its option; rules between fields stay in the subclass.
+A field's bound is declared with the field (`checked(8, 1)`: >= 1; `checked("auto", choices=...)`) and
+`Checked.__post_init__` checks them all, in declaration order, naming each field as its option; rules
+between fields stay in the subclass.
 """
 
 from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
 
 from avkit.validate import check_choice, check_range, option
 
@@ -19,6 +16,23 @@ DEFAULT_K = 7
 MAX_K = 64  # the most drafts per request and step anywhere (engine, record, serve, tune, synthetic traces)
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_DRAFT = "qwen2.5-coder-0.5b"
+
+# the files shipped with avkit, found under the working directory, else beside the package (a clone)
+DEFAULT_TRACE_GLOB = "traces/*.parquet"  # the shipped traces every command uses with no TRACE argument
+SHIPPED_COEFFICIENTS = "traces/coefficients.json"  # fitted on the shipped traces
+# `avkit profile` of the traces' model pair on a 2-core CPU (Xeon with AMX, bfloat16, T = 1, context 512): the
+# default cost model of `avkit simulate`, `tune` and `report`; a roofline (e.g. roofline:H200:8b) is a what-if
+SHIPPED_COST = "traces/cost_cpu.json"
+
+
+def shipped_roots() -> tuple[Path, Path]:
+    """Where shipped files are looked for, in order: the working directory, then beside the package."""
+    return Path.cwd(), Path(__file__).resolve().parents[2]
+
+
+def shipped_file(name: str) -> Path | None:
+    """The shipped file `name` (repo-relative) under the first root that has it; None when none does."""
+    return next((root / name for root in shipped_roots() if (root / name).is_file()), None)
 
 
 def checked(default, lo=None, hi=None, *, choices=None, lo_open: bool = False, hi_open: bool = False):
@@ -61,4 +75,5 @@ def default_of(cls, name: str):
     raise KeyError(name)
 
 
-__all__ = ["DEFAULT_DRAFT", "DEFAULT_K", "DEFAULT_TARGET", "MAX_K", "Checked", "checked", "default_of"]
+__all__ = ["DEFAULT_DRAFT", "DEFAULT_K", "DEFAULT_TARGET", "DEFAULT_TRACE_GLOB", "MAX_K", "SHIPPED_COEFFICIENTS",
+           "SHIPPED_COST", "Checked", "checked", "default_of", "shipped_file", "shipped_roots"]

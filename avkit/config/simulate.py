@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from avkit.config.engine import RUN_ENGINES, ModelsConfig, SamplingConfig
 from avkit.config.fields import DEFAULT_K, MAX_K, Checked, checked
-from avkit.config.shipped import SHIPPED_COST
+from avkit.config.fields import SHIPPED_COST
 from avkit.errors import ConfigError
 from avkit.validate import shown
 
@@ -69,6 +69,14 @@ class SimulateConfig(ReplayConfig):
     estimators: tuple[str, ...] = ("online_logistic", "qmax")  # adaptive runs, one per estimator
     oracle: bool = True  # adaptive with confidences that know the recorded outcomes
     burn_in: bool = True  # online estimators start from one pass over the traces (no coefficients file)
+    coefficients: str = ""  # coefficients.json warm start for adaptive estimators
+    step_time: bool = False  # also compare predicted with recorded step times
+    profile: str = ""  # replay an aggregate acceptance profile (`avkit import vllm-metrics`) instead of traces
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.step_time and self.profile:
+            raise ConfigError("--step-time needs recorded step times: not with --profile")
 
 
 TUNE_FORMATS = ("table", "json", "vllm", "vllm-context", "vllm-synthetic", "trtllm", "sglang")  # tune/formats.py

@@ -29,10 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from avkit.config import RecordConfig
-from avkit.errors import ConfigError, TraceError
+from avkit.errors import ConfigError
 from avkit.staged import check_writable
 from avkit.trace.schema import generations_path
-from avkit.trace.writer import partial_path
+from avkit.trace.reader import trace_metadata
+from avkit.trace.writer import partial_path, resume_source, row_groups
 
 # Metadata that must match for a resume: (key, what it is called on the command line, compare as float)
 RESUME_KEYS = (("avkit.k", "-k", False), ("avkit.temperature", "--temperature", True),
@@ -50,17 +51,14 @@ class RecordFiles:
     generations_source: Path | None
     final_existed: bool  # a final trace was at `trace` when the run started
 
-    @property
-    def from_partial(self) -> bool:
-        return self.trace_source is not None and self.trace_source == partial_path(self.trace)
-
     def commit_on_interrupt(self) -> bool:
         """May an interrupted run replace the finals? Only when no rows can be lost (module docstring)."""
         return not self.final_existed or (self.trace_source == self.trace)
 
 
-def plan_files(config: RecordConfig) -> RecordFiles:
-    """Check `--out` against the rules before any model is loaded; -> the files of this run."""
+def preflight(config: RecordConfig) -> RecordFiles:
+    """Every check that needs no model, before any model loads: `--out` against the rules, the resume sources
+    readable, the resume settings other than the models; -> the files of this run."""
     out = Path(config.out)
     gens = generations_path(out)
     check_writable(out, "--out")
@@ -69,20 +67,14 @@ def plan_files(config: RecordConfig) -> RecordFiles:
         what = "exists" if existing[0] == out else f"{existing[0].name} exists beside it"
         raise ConfigError(f"--out {out}: {what}; pass --resume to continue it or --overwrite to "
                           "replace it (the old files stay until the new run finishes)")
-    src = trace_src = None
+    files = RecordFiles(out, gens, None, None, out.exists())
     if config.resume:
-        from_partial = partial_path(out).exists()
-        trace_src = partial_path(out) if from_partial else out if out.exists() else None
-        src = partial_path(gens) if from_partial else gens if gens.exists() else None
-    return RecordFiles(out, gens, trace_src, src, out.exists())
-
-
-def preflight(config: RecordConfig) -> RecordFiles:
-    """Every check that needs no model: `--out` (plan_files) and the resume settings other than models."""
-    files = plan_files(config)
-    for src in (files.trace_source, files.generations_source):
-        if src is not None and src.exists():
-            _readable(src)
+        from_partial = partial_path(out).exists()  # decided once for the pair
+        files = RecordFiles(out, gens, resume_source(out), partial_path(gens) if from_partial else
+                            gens if gens.exists() else None, out.exists())
+        for src in (files.trace_source, files.generations_source):
+            if src is not None and src.exists():
+                row_groups(src)  # unreadable: refused now
     check_resume(files, {"avkit.k": str(config.decoding.k), "avkit.temperature": str(config.sampling.temperature),
                          "avkit.top_p": str(config.sampling.top_p), "avkit.drafter": config.models.drafter})
     return files
@@ -92,8 +84,6 @@ def check_resume(files: RecordFiles, meta: dict[str, str]) -> None:
     """Refuse a resume whose source was recorded with other settings (`meta`: this run's metadata)."""
     if files.trace_source is None:
         return
-    from avkit.trace.reader import trace_metadata  # lazy: polars
-
     old = trace_metadata(files.trace_source)
     for key, option, numeric in RESUME_KEYS:
         if key not in old or key not in meta:
@@ -112,16 +102,6 @@ def finished_requests(generations) -> dict[str, list[int]]:
     return dict(zip(generations["request_id"].to_pylist(), generations["output_ids"].to_pylist()))
 
 
-def _readable(src: Path) -> None:
-    import pyarrow as pa  # lazy: pyarrow
-    import pyarrow.parquet as pq  # lazy: pyarrow
-
-    try:
-        pq.ParquetFile(src)
-    except (OSError, pa.ArrowException) as e:
-        raise TraceError(f"{src}: cannot resume from an unreadable file ({str(e).splitlines()[0]})") from None
-
-
 def _same_float(a: str, b: str) -> bool:
     try:
         return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-9)
@@ -129,4 +109,4 @@ def _same_float(a: str, b: str) -> bool:
         return a == b
 
 
-__all__ = ["RecordFiles", "check_resume", "finished_requests", "plan_files", "preflight"]
+__all__ = ["RecordFiles", "check_resume", "finished_requests", "preflight"]

@@ -186,22 +186,12 @@ def _record(config, files, target, draft, progress, console, run_id, policy=None
                 trace.flush()
                 gens.flush()
         except BaseException:
-            if started:
-                _keep_partials(trace, gens)
+            for writer in (trace, gens) if started else ():  # trace first; the finals are untouched
+                writer.keep()
             raise
     return RecordResult(out, gen_path, run_id, finished, sink.rows, resumed_rows + sink.rows, interrupted,
                         queue.skipped_long, stats.summary(), engine.stats.steps, engine.stats.tokens,
                         time.monotonic() - t0, committed=trace.closed)
-
-
-def _keep_partials(trace: TraceWriter | None, gens: GenerationWriter | None) -> None:
-    """After an error: what was recorded stays in the partials (trace first); the finals are untouched."""
-    for writer in (trace, gens):
-        if writer is not None and not writer.closed:
-            try:
-                writer.flush()
-            except Exception:  # the original error is the one to report
-                pass
 
 
 def verify_policy(config: RecordConfig):
@@ -230,9 +220,8 @@ def _native_engine(config: RecordConfig, target, draft, sink, policy=None):
 def _run(config, engine, sink, queue, gens, run_id, stats, progress, console):
     """Drive the engine (`add_request`, `step`) until the queue is empty;
     -> (requests finished, interrupted)."""
-    active: dict[str, Turn] = {}
-    outputs: dict[str, list[int]] = {}
-    times: dict[str, list[float]] = {}  # request -> [admitted, first token, last token] (epoch seconds)
+    # request -> (its turn, its output ids, [admitted, first token, last token] in epoch seconds)
+    active: dict[str, tuple[Turn, list[int], list[float]]] = {}
     finished, last_flush = 0, time.monotonic()
 
     def admit():
@@ -242,9 +231,7 @@ def _run(config, engine, sink, queue, gens, run_id, stats, progress, console):
         full = {d for d, n in labelled.items() if config.slots_per_dataset and n >= config.slots_per_dataset}
         if len(active) < config.decoding.concurrency and (turn := queue.pop(full, labelled)) is not None:
             engine.add_request(turn.request)
-            active[turn.request.request_id] = turn
-            outputs[turn.request.request_id] = []
-            times[turn.request.request_id] = [time.time(), float("nan"), float("nan")]
+            active[turn.request.request_id] = (turn, [], [time.time(), float("nan"), float("nan")])
 
     with RecordProgress(queue.expected(), stats, enabled=progress, console=console) as bar:
         try:
@@ -254,19 +241,19 @@ def _run(config, engine, sink, queue, gens, run_id, stats, progress, console):
                 step_out = engine.step()
                 now = time.time()
                 for o in step_out:
-                    outputs[o.request_id].extend(o.new_token_ids)
+                    turn, ids, t = active[o.request_id]
+                    ids.extend(o.new_token_ids)
                     new_tokens += len(o.new_token_ids)
                     if o.new_token_ids:
-                        t = times[o.request_id]
                         t[1] = now if math.isnan(t[1]) else t[1]  # the first token's step
                         t[2] = now
                     if o.finished:
-                        turn, ids = active.pop(o.request_id), outputs.pop(o.request_id)
-                        gens.write(_generation_row(run_id, turn, ids, o.finish_reason, times.pop(o.request_id)))
+                        del active[o.request_id]
+                        gens.write(_generation_row(run_id, turn, ids, o.finish_reason, t))
                         queue.finished(turn, ids)
                         finished += 1
                 admit()
-                bar.update(finished, new_tokens)
+                bar.requests(finished, new_tokens)
                 if time.monotonic() - last_flush >= config.flush_interval:
                     sink.writer.flush()  # trace before generations (see module docstring)
                     gens.flush()

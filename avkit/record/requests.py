@@ -31,16 +31,6 @@ class Turn:
     messages: tuple[dict, ...]  # the conversation rendered into request.prompt_ids
 
 
-def dataset_label(name_or_path: str) -> str:
-    """The `dataset` value a workload's rows carry: its name, or a JSONL file's stem."""
-    return name_or_path if name_or_path in WORKLOADS else Path(name_or_path).stem
-
-
-def request_id(prompt: Prompt, turn: int) -> str:
-    base = f"{prompt.dataset}/{prompt.prompt_id}"
-    return base if turn == 1 else f"{base}/turn{turn}"
-
-
 class PromptQueue:
     """Hands out the next request: follow-ups first, then the dataset furthest behind (skipping full ones).
 
@@ -55,7 +45,8 @@ class PromptQueue:
         self.sampling = SamplingConfig(temperature=config.sampling.temperature, top_p=config.sampling.top_p,
                                        max_new_tokens=config.sampling.max_new_tokens)
         self._sources = {name: iter(load_workload(name, None, config.decoding.seed)) for name in config.dataset}
-        self._labels = {name: dataset_label(name) for name in config.dataset}  # the rows' `dataset`
+        # the rows' `dataset`: a workload's name, or a JSONL file's stem
+        self._labels = {name: name if name in WORKLOADS else Path(name).stem for name in config.dataset}
         self._taken = dict.fromkeys(self._sources, 0)  # first turns admitted (or already done)
         self._followups: deque[Turn] = deque()
         self.skipped_long = 0
@@ -65,7 +56,8 @@ class PromptQueue:
         if len(ids) > self.config.max_prompt_tokens:
             self.skipped_long += 1
             return None
-        req = Request(request_id(prompt, turn), ids, self.sampling, dataset=prompt.dataset)
+        rid = f"{prompt.dataset}/{prompt.prompt_id}" + (f"/turn{turn}" if turn > 1 else "")
+        req = Request(rid, ids, self.sampling, dataset=prompt.dataset)
         return Turn(req, prompt, turn, messages)
 
     def finished(self, turn: Turn, output_ids: list[int]) -> None:
@@ -120,7 +112,4 @@ class PromptQueue:
 
     def expected(self) -> int:
         """Requests this run aims at (first turns + follow-ups), for the progress bar total."""
-        return sum(self.config.num_prompts for _ in self._sources) + self._followups_hint()
-
-    def _followups_hint(self) -> int:
-        return self.config.num_prompts if "mtbench" in self._sources else 0
+        return self.config.num_prompts * (len(self._sources) + ("mtbench" in self._sources))

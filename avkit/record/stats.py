@@ -4,7 +4,7 @@ Glossary (docs/estimator.md):
   labelled slot   observed slot: verified and at or before the first rejection; `accepted` not null
   acceptance[i]   accepted / labelled at draft position i (the per-slot acceptance rate)
   tokens/step     emitted tokens per request-step = accepted drafts + 1 (bonus or resampled token)
-Counts are kept as small integer arrays updated with np.bincount once per engine step.
+Counts are one int64 vector per dataset, updated with np.bincount once per engine step.
 """
 
 from __future__ import annotations
@@ -15,92 +15,65 @@ import numpy as np
 
 
 @dataclass
-class _Counts:
-    labelled: np.ndarray  # [K] int64
-    accepted: np.ndarray  # [K] int64
-    rows: int = 0
-    request_steps: int = 0
-    accepted_total: int = 0  # sum over request-steps of num_accepted
-
-
-@dataclass
 class AcceptanceStats:
     k: int
-    by_dataset: dict[str, _Counts] = field(default_factory=dict)
-
-    def _counts(self, dataset: str) -> _Counts:
-        if dataset not in self.by_dataset:
-            self.by_dataset[dataset] = _Counts(np.zeros(self.k, np.int64), np.zeros(self.k, np.int64))
-        return self.by_dataset[dataset]
+    # dataset -> [2K + 3] int64: labelled per position [K], accepted per position [K], then rows,
+    # request-steps and the sum over request-steps of num_accepted
+    by_dataset: dict[str, np.ndarray] = field(default_factory=dict)
 
     def update(self, columns: dict) -> None:
         """Add one step's (or one file's) trace rows."""
+        k = self.k
         dataset = np.asarray(columns["dataset"], dtype=object)
         position = np.asarray(columns["position"], dtype=np.int64)
         accepted = np.ma.asarray(columns["accepted"])
         labelled = ~np.ma.getmaskarray(accepted)  # [rows] observed slots
         hit = labelled & (np.ma.getdata(accepted).astype(bool))
-        # One row per (request, step) carries the step's accepted length: take position 0 rows.
-        first = position == 0
+        first = position == 0  # one row per (request, step) carries the step's accepted length
         num_accepted = np.asarray(columns["num_accepted"], dtype=np.int64)
         for name in np.unique(dataset):
             sel = dataset == name
-            c = self._counts(str(name))
-            c.labelled += np.bincount(position[sel & labelled], minlength=self.k)[: self.k]
-            c.accepted += np.bincount(position[sel & hit], minlength=self.k)[: self.k]
-            c.rows += int(sel.sum())
-            c.request_steps += int((sel & first).sum())
-            c.accepted_total += int(num_accepted[sel & first].sum())
+            c = self.by_dataset.setdefault(str(name), np.zeros(2 * k + 3, np.int64))
+            c[:k] += np.bincount(position[sel & labelled], minlength=k)[:k]
+            c[k:2 * k] += np.bincount(position[sel & hit], minlength=k)[:k]
+            c[2 * k:] += (sel.sum(), (sel & first).sum(), num_accepted[sel & first].sum())
 
     def update_from_table(self, table) -> None:
         """Add the rows of a pyarrow trace table (e.g. a resumed file)."""
         if table.num_rows == 0:
             return
         acc = table["accepted"]
-        self.update({
-            "dataset": table["dataset"].cast("string").to_numpy(zero_copy_only=False),
-            "position": table["position"].to_numpy(zero_copy_only=False),
-            "num_accepted": table["num_accepted"].to_numpy(zero_copy_only=False),
-            "accepted": np.ma.masked_array(acc.fill_null(False).to_numpy(zero_copy_only=False),
-                                           mask=acc.is_null().to_numpy(zero_copy_only=False)),
-        })
+        arrays = {c: table[c].to_numpy(zero_copy_only=False) for c in ("position", "num_accepted")}
+        self.update({**arrays, "dataset": table["dataset"].cast("string").to_numpy(zero_copy_only=False),
+                     "accepted": np.ma.masked_array(acc.fill_null(False).to_numpy(zero_copy_only=False),
+                                                    mask=acc.is_null().to_numpy(zero_copy_only=False))})
 
-    def _sel(self, dataset: str | None) -> list[_Counts]:
-        """The counts of one dataset, or of all (None)."""
-        return [c for d, c in self.by_dataset.items() if dataset in (None, d)]
+    def _total(self, dataset: str | None) -> np.ndarray:
+        """[2K + 3] counts of one dataset, or of all (None)."""
+        return sum((c for d, c in self.by_dataset.items() if dataset in (None, d)), np.zeros(2 * self.k + 3, np.int64))
 
     def labelled(self, dataset: str | None = None) -> int:
-        return int(sum(c.labelled.sum() for c in self._sel(dataset)))
+        return int(self._total(dataset)[:self.k].sum())
 
     def acceptance(self, dataset: str | None = None) -> np.ndarray:
         """[K] accepted / labelled per position (nan where nothing is labelled)."""
-        sel = self._sel(dataset)
-        lab = sum((c.labelled for c in sel), np.zeros(self.k, np.int64))
-        acc = sum((c.accepted for c in sel), np.zeros(self.k, np.int64))
+        c = self._total(dataset)
         with np.errstate(invalid="ignore", divide="ignore"):
-            return acc / lab
+            return c[self.k:2 * self.k] / c[:self.k]
 
     def per_slot(self, dataset: str | None = None) -> float:
         """Accepted / labelled over all positions."""
-        sel = self._sel(dataset)
-        lab = sum(int(c.labelled.sum()) for c in sel)
-        return sum(int(c.accepted.sum()) for c in sel) / lab if lab else float("nan")
+        c, k = self._total(dataset), self.k
+        return int(c[k:2 * k].sum()) / int(c[:k].sum()) if c[:k].any() else float("nan")
 
     def tokens_per_step(self, dataset: str | None = None) -> float:
-        sel = self._sel(dataset)
-        steps = sum(c.request_steps for c in sel)
-        return (sum(c.accepted_total for c in sel) + steps) / steps if steps else float("nan")
+        steps, accepted = self._total(dataset)[2 * self.k + 1:]
+        return float(accepted + steps) / steps if steps else float("nan")
 
     def summary(self) -> dict:
         """JSON-ready table: per dataset and overall."""
-        names = sorted(self.by_dataset) + [None]
-        return {
-            (d or "all"): {
-                "rows": sum(c.rows for c in self._sel(d)),
-                "labelled": self.labelled(d),
-                "per_slot_acceptance": round(self.per_slot(d), 4),
-                "tokens_per_step": round(self.tokens_per_step(d), 3),
-                "acceptance_by_position": [round(float(a), 4) for a in self.acceptance(d)],
-            }
-            for d in names
-        }
+        return {(d or "all"): {"rows": int(self._total(d)[2 * self.k]), "labelled": self.labelled(d),
+                               "per_slot_acceptance": round(self.per_slot(d), 4),
+                               "tokens_per_step": round(self.tokens_per_step(d), 3),
+                               "acceptance_by_position": [round(float(a), 4) for a in self.acceptance(d)]}
+                for d in [*sorted(self.by_dataset), None]}

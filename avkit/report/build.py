@@ -39,12 +39,15 @@ FIT_FILES = ("coefficients.json", "scores.json", "trajectory.parquet")
 SECTION_INPUT = {"simulation": "sim", "hybrid": "hvd", "tune": "tune"}
 
 
-def build_document(inputs: ReportInputs, config: ReportConfig, progress: Progress | None = None) -> Report:
+def _ignore(_: str) -> None:
+    """The default `progress` and `warn`: say nothing."""
+
+
+def build_document(inputs: ReportInputs, config: ReportConfig, progress: Progress = _ignore) -> Report:
     """Run every section builder; a section with missing inputs comes back `omitted`, never raises."""
     sections: list[Section] = []
     for name, build in SECTIONS.items():
-        if progress is not None:
-            progress(name)
+        progress(name)
         section = build(inputs, config)
         source = SECTION_INPUT.get(name, "fit")
         if source in inputs.records:
@@ -53,8 +56,7 @@ def build_document(inputs: ReportInputs, config: ReportConfig, progress: Progres
         sections.append(section)
     c = inputs.fit.coefficients
     t = c.get("trained_on", {})
-    pair = f"{t.get('target') or '?'} (target) / {t.get('draft') or '?'} (draft)"
-    facts = [("model pair", pair),
+    facts = [("model pair", f"{t.get('target') or '?'} (target) / {t.get('draft') or '?'} (draft)"),
              ("fit", f"{inputs.fit.dir.name}/: {c['estimator']} on {c['feature']}, {c.get('mode', '?')} mode"),
              ("traces", ", ".join(p.name for p in inputs.traces) or "not at hand"),
              ("simulation", inputs.sources.get("sim", "none")),
@@ -70,7 +72,7 @@ def build_document(inputs: ReportInputs, config: ReportConfig, progress: Progres
     return Report("avkit report: acceptance, calibration and verification", facts, sections)
 
 
-def write_document(report: Report, out: Path, config: ReportConfig) -> dict[str, Path]:
+def write_document(report: Report, out: Path, config: ReportConfig) -> None:
     """Write the PNGs, index.html and report.md into `out` (an existing directory)."""
     files, embedded = {}, {}
     for f in (b for s in report.sections for b in s.blocks if isinstance(b, Figure)):
@@ -81,39 +83,24 @@ def write_document(report: Report, out: Path, config: ReportConfig) -> dict[str,
         embedded[f.name] = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
     (out / "index.html").write_text(render_html(report, embedded if config.embed else files))
     (out / "report.md").write_text(render_markdown(report, files))
-    return {"index.html": out / "index.html", "report.md": out / "report.md",
-            **{n: out / p for n, p in files.items()}}
-
-
-def _simulate(traces: list[Path], dest: Path) -> Path:
-    config, steps = SimulateConfig(), load_steps(traces)
-    cost, specs = resolve_cost(config.cost), default_policies(steps, config)
-    return write_results(simulate(steps, cost, policies=specs, config=config), dest,
-                         inputs=results_inputs(traces, cost, config, specs, command="avkit report (simulated now)"))
 
 
 def report_fit_dir(fit_dir, out, config: ReportConfig | None = None, **kw) -> Path:
     """Report an `avkit fit` output directory (with the traces it names, when at hand) into `out`; keywords
     as `report_traces`'s but `fit` and `estimator`."""
-    fit = load_fit_dir(fit_dir)
-
-    def copy_fit(dest: Path) -> None:
-        dest.mkdir()
-        for name in FIT_FILES:
-            if (fit.dir / name).is_file():
-                shutil.copy2(fit.dir / name, dest / name)
-    return _report(out, config or ReportConfig(), copy_fit, **kw)
+    keep = load_fit_dir(fit_dir).dir
+    return _report(out, config or ReportConfig(), lambda dest: shutil.copytree(
+        keep, dest, ignore=lambda _, names: [n for n in names if n not in FIT_FILES]), **kw)
 
 
 def report_traces(traces, out, config: ReportConfig | None = None, *, fit: FitConfig | None = None,
-                  estimator: EstimatorConfig | None = None, progress: Progress | None = None, **kw) -> Path:
+                  estimator: EstimatorConfig | None = None, progress: Progress = _ignore, **kw) -> Path:
     """Fit `traces` with the fit library (outputs kept in out/fit) and report them into `out`. Keywords:
     sim, hvd, tune (results files; None: the config's when they exist), run_simulation (simulate the traces
     when no results file is given or found), progress, outputs (a StagedOutputs the caller commits; None:
     committed here), warn (called with each stale-input warning)."""
     paths, config = [Path(p) for p in traces], config or ReportConfig()
-    if progress is not None:
-        progress("fit")
+    progress("fit")
     if config.streaming() is not None:  # out of core: the fit too (a batch fit, report/traces.py)
         fit = replace(config.streaming(), mode=(fit or FitConfig()).mode, bins=(fit or FitConfig()).bins)
     result = run_fit(paths, fit, estimator)
@@ -121,8 +108,8 @@ def report_traces(traces, out, config: ReportConfig | None = None, *, fit: FitCo
 
 
 def _report(out, config: ReportConfig, write_fit: Callable[[Path], object], *, traces=None, sim=None, hvd=None,
-            tune=None, run_simulation: bool = False, progress: Progress | None = None,
-            outputs: StagedOutputs | None = None, warn: Callable[[str], None] | None = None) -> Path:
+            tune=None, run_simulation: bool = False, progress: Progress = _ignore, outputs: StagedOutputs | None = None,
+            warn: Progress = _ignore) -> Path:
     """Write the fit files (`write_fit`), gather the inputs and write the report into a temp directory that
     replaces `out` when the run succeeds (avkit/staged.py): reserved in `outputs`, else committed here.
     sim / hvd / tune: an explicit path must exist; None falls back to the config default when present, and
@@ -136,18 +123,19 @@ def _report(out, config: ReportConfig, write_fit: Callable[[Path], object], *, t
         simulated = sim is None and run_simulation and config.streaming() is None and paths and \
             not Path(config.sim).expanduser().exists() and all(p.is_file() for p in paths)  # replayed in memory
         if simulated:
-            if progress is not None:
-                progress("simulate")
-            sim = _simulate(paths, tmp / "simulate.parquet")
-        inputs = load_inputs(fit, traces, sim or config.sim, hvd or config.hvd, sim_explicit=sim is not None,
-                             hvd_explicit=hvd is not None, tune=tune or config.tune, tune_explicit=tune is not None,
-                             streaming=config.streaming(), n_bins=config.bins)
+            progress("simulate")
+            sim_config, steps = SimulateConfig(), load_steps(paths)
+            cost, specs = resolve_cost(sim_config.cost), default_policies(steps, sim_config)
+            sim = write_results(simulate(steps, cost, policies=specs, config=sim_config), tmp / "simulate.parquet",
+                                inputs=results_inputs(paths, cost, sim_config, specs,
+                                                      command="avkit report (simulated now)"))
+        inputs = load_inputs(fit, traces, config, sim=sim, hvd=hvd, tune=tune)
         if simulated:
             inputs.sources["sim"] = f"simulated now with the avkit simulate defaults (cost model {SimulateConfig().cost})"
-        for w in (w for ws in inputs.warnings.values() for w in ws) if warn is not None else ():
+        for w in (w for ws in inputs.warnings.values() for w in ws):
             warn(w)
         write_document(build_document(inputs, config, progress), tmp, config)
     return out
 
 
-__all__ = ["build_document", "report_fit_dir", "report_traces", "write_document"]
+__all__ = ["report_fit_dir", "report_traces"]

@@ -68,8 +68,9 @@ class Section:
     inputs: str = ""  # what the section's numbers were made from (avkit/provenance.py), shown under the title
     warnings: list[str] = field(default_factory=list)  # stale or mismatched inputs, shown as notes
 
-    def add(self, *blocks: Block) -> Section:
-        self.blocks.extend(blocks)
+    def add(self, *blocks: Block | None) -> Section:
+        """Append the blocks that are not None (an optional table left out)."""
+        self.blocks.extend(b for b in blocks if b is not None)
         return self
 
     def omit(self, why: str) -> Section:

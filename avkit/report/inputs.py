@@ -17,7 +17,7 @@ from pathlib import Path
 
 import polars as pl
 
-from avkit.config import FitConfig, SimulateConfig
+from avkit.config import ReportConfig, SimulateConfig
 from avkit.errors import ConfigError, DataError
 from avkit.estimators.coefficients import load_coefficients
 from avkit.jsonsafe import read_json
@@ -84,8 +84,7 @@ def _parquet(p: Path, option: str = "") -> pl.DataFrame:
         raise DataError(f"{option}{p}: not a readable Parquet file: {str(e).splitlines()[0]}") from None
 
 
-def load_sim(path) -> pl.DataFrame:
-    p = Path(path)
+def load_sim(p: Path) -> pl.DataFrame:
     df = _parquet(p, "--sim ")
     missing = [c for c in SIM_COLUMNS if c not in df.columns]
     if missing:
@@ -93,8 +92,7 @@ def load_sim(path) -> pl.DataFrame:
     return df
 
 
-def load_hvd(path) -> dict:
-    p = Path(path)
+def load_hvd(p: Path) -> dict:
     p = p / "hvd_metrics.json" if p.is_dir() else p
     blob = read_json(p, "--hvd", DataError)
     rows = blob.get("metrics") if isinstance(blob, dict) else None
@@ -104,8 +102,7 @@ def load_hvd(path) -> dict:
     return blob
 
 
-def load_tune(path) -> dict:
-    p = Path(path)
+def load_tune(p: Path) -> dict:
     blob = read_json(p, "--tune", DataError)
     missing = [k for k in TUNE_KEYS if not isinstance(blob, dict) or k not in blob]
     if missing:
@@ -113,52 +110,49 @@ def load_tune(path) -> dict:
     return blob
 
 
-def _optional(path, explicit: bool, loader, name: str, hint: str, notes: dict):
-    """Load `path` if it exists; an explicitly given path must exist, a default one may not."""
-    if path is None:
-        notes[name] = hint
-        return None
-    p = Path(path).expanduser()
-    if not p.exists():
-        if explicit:
-            raise ConfigError(f"--{name} {p}: no such file")
-        notes[name] = f"no {p} yet: {hint}"
-        return None
-    return loader(p)
+# results file -> (its loader, how to add it when it is absent)
+RESULTS = {"sim": (load_sim, "run `avkit simulate` and pass its results with --sim (or let `avkit report` "
+                             "simulate the traces)"),
+           "hvd": (load_hvd, "run `avkit hvd` to add the hybrid-drafting results"),
+           "tune": (load_tune, "run `avkit tune` to add the recommended schedule")}
 
 
-def load_inputs(fit: FitOutputs, traces=None, sim=None, hvd=None, *, sim_explicit: bool = False,
-                hvd_explicit: bool = False, tune=None, tune_explicit: bool = False,
-                streaming: FitConfig | None = None, n_bins: int = 10) -> ReportInputs:
-    """Gather everything a report reads. `traces` default to the ones the fit was trained on; with
-    `streaming` (an out-of-core FitConfig: its budget and scratch) they are summed out of core."""
+def load_inputs(fit: FitOutputs, traces=None, config: ReportConfig | None = None, **given) -> ReportInputs:
+    """Gather everything a report reads. `traces` default to the ones the fit was trained on. `given`: sim,
+    hvd and tune paths, each of which must exist; one not given is read from `config`'s path when that exists
+    (no config: not read). With `config.engine` streaming the traces are summed out of core."""
     notes: dict[str, str] = {}
     paths = [Path(p) for p in (traces or fit.coefficients.get("trained_on", {}).get("traces", []))]
     found = [p for p in paths if p.is_file()]
     inputs = ReportInputs(fit, found, notes=notes)
     if found:
-        inputs.summary = summarize(found, fit.coefficients, n_bins, streaming)
+        inputs.summary = summarize(found, fit.coefficients, config.bins if config else 10,
+                                   config.streaming() if config else None)
     else:
         notes["traces"] = ("the traces the fit was trained on are not at hand"
                            + (f" ({', '.join(map(str, paths))})" if paths else "") + "; pass them as TRACE")
-    inputs.sim = _optional(sim, sim_explicit, load_sim, "sim", "run `avkit simulate` and pass its results with "
-                           "--sim (or let `avkit report` simulate the traces)", notes)
-    inputs.hvd = _optional(hvd, hvd_explicit, load_hvd, "hvd", "run `avkit hvd` to add the hybrid-drafting results",
-                           notes)
-    inputs.tune = _optional(tune, tune_explicit, load_tune, "tune", "run `avkit tune` to add the recommended "
-                            "schedule", notes)
-    inputs.sources.update({name: str(path) for name, path, got in (("sim", sim, inputs.sim), ("hvd", hvd, inputs.hvd),
-                                                                   ("tune", tune, inputs.tune)) if got is not None})
-    check_records(inputs, sim if inputs.sim is not None else None)
+    for name, (load, hint) in RESULTS.items():
+        path = given.get(name) or (getattr(config, name) if config else None)
+        p = None if path is None else Path(path).expanduser()
+        if p is None:
+            notes[name] = hint
+        elif not p.exists():
+            if given.get(name):
+                raise ConfigError(f"--{name} {p}: no such file")
+            notes[name] = f"no {p} yet: {hint}"
+        else:
+            setattr(inputs, name, load(p))
+            inputs.sources[name] = str(path)
+    check_records(inputs)
     return inputs
 
 
-def check_records(inputs: ReportInputs, sim_path) -> None:
+def check_records(inputs: ReportInputs) -> None:
     """Read each results file's provenance record and name every one made from other traces than the
     report's (by content hash), or made by an avkit that recorded none."""
     records = {"fit": inputs.fit.coefficients.get("trained_on", {}).get("inputs")}
-    if sim_path is not None:
-        records["sim"] = read_inputs(Path(sim_path).expanduser())
+    if inputs.sim is not None:
+        records["sim"] = read_inputs(Path(inputs.sources["sim"]).expanduser())
     if inputs.hvd is not None:
         records["hvd"] = (inputs.hvd.get("info") or {}).get("inputs")
     if inputs.tune is not None:

@@ -1,10 +1,6 @@
-"""Host memory for a CPU engine: keep freed buffers mapped, so a step reuses pages instead of faulting in new ones.
-
-Every step allocates and frees a few vocabulary-wide buffers ([B, 1 + k, V] logits and probabilities). glibc
-serves allocations above its mmap threshold with a fresh mapping and trims freed heap tops, so each step's
-buffers are faulted in and zeroed again. `keep_freed_memory` raises the mmap threshold to glibc's maximum (32 MB
-on 64-bit) and stops trimming, once per process; freed memory then stays with the process (its peak). Linux /
-glibc only; elsewhere, or with AVKIT_KEEP_FREED_MEMORY=0, nothing changes. Measured effect: docs/runtime.md.
+"""A CPU engine keeps freed host memory mapped, so each step's vocabulary-wide buffers reuse their pages
+instead of faulting in fresh ones: glibc's mmap threshold raised to its maximum and no heap trimming, once per
+process (Linux/glibc only; AVKIT_KEEP_FREED_MEMORY=0 turns it off). docs/runtime.md has the measurement.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Prefill: write token runs into KV-cache slots without computing any logits.
 
-A model whose prefill forward is ragged (``Transformer.ragged_prefill``: the CPU backend computes each real
-token as a row of its own) takes every run in the same forwards: no pad is computed, and the prompts of one
-admission fill the bulk linears' fixed-size row blocks together (16 HumanEval prompts, chat template:
-3,028 tokens in 24 oneDNN blocks of 128 rows instead of 16 forwards of 2-3 blocks each). Elsewhere a padded batch would compute
-every pad position through every layer (8 prompts of 100..700 tokens padded to 700 cost ~2x the real
-tokens), so runs of equal length share a forward and others get their own. Chunks of ``PREFILL_CHUNK``
-tokens per run, and at most ``PREFILL_TOKENS`` tokens per ragged forward, bound the activations.
+A ragged prefill forward (`Transformer.ragged_prefill`, the CPU backend) computes real tokens only, so every
+run shares the same forwards (at most PREFILL_TOKENS tokens each: one admission's prompts fill the linears' row
+blocks together). Elsewhere a padded batch computes every pad through every layer, so only runs of equal length
+share a forward. Runs go in chunks of PREFILL_CHUNK tokens; both bounds cap the activations.
 """
 
 from __future__ import annotations

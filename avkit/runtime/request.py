@@ -1,10 +1,8 @@
 """What goes into the engine (Request), what comes out (StepOutput per step, Generation at the end), and the
-engine's host bookkeeping in between: running sequences and cumulative timings (torch-free: `avkit record`
-builds requests before the engine loads; the per-step tensors are `runtime/batch.py`'s).
+host bookkeeping in between. Torch-free: `avkit record` builds requests before the engine loads.
 
-A request's random numbers are keyed by (seed, request key, position): the key is a hash of the
-request id (or the caller's `rng_key`), so a seeded request samples the same tokens whatever else shares
-its batch.
+A request's random numbers are keyed by (seed, request key, position), the key a hash of the request id (or
+`rng_key`): a seeded request samples the same tokens whatever else shares its batch.
 """
 
 from __future__ import annotations

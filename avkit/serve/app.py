@@ -1,22 +1,9 @@
-"""The HTTP application: OpenAI routes, auth, error envelopes, metrics, lifespan, and its ASGI layers.
+"""The HTTP application: routes, auth, OpenAI error envelopes, /metrics, lifespan, and two ASGI layers.
 
-Handlers never touch the engine: generation endpoints (`avkit.serve.completions`) submit to the
-`EngineLoop` and stream its events. Every error, including FastAPI's own validation errors, 404,
-405 and unparsable bodies, is returned in OpenAI's envelope `{"error": {"message", "type",
-"param", "code"}}` with a message that names the field and the bad value; a 500 says only that
-the log has the details.
-/health: 200 `ok` or `degraded` (a side write is failing; `reasons` says which and why), 503
-`starting` (the warm-up has not run yet), `draining` (shutting down) or `failed` (the engine thread died).
-`asgi_app` wraps the app in two ASGI layers, outermost first:
-  ContainErrors   an exception that escapes the app (FastAPI's ServerErrorMiddleware re-raises after
-                  sending the 500) ends here: logged once with its traceback and swallowed, so the
-                  server keeps the keep-alive connection instead of resetting it; if nothing was sent
-                  yet, the client gets a 500 in the OpenAI envelope with no exception text. Every
-                  response is counted by endpoint and status on /metrics (streams included); with
-                  --log-requests one access-log line per request: method, path, status, prompt and
-                  completion tokens, seconds
-  BodyLimit       reads a request body up to `max_body_bytes` before the app sees it; more (by
-                  Content-Length, or by counting a chunked body) is a 413 in the envelope
+Every error (FastAPI's validation errors, 404, 405 and unparsable bodies included) is answered in OpenAI's
+envelope `{"error": {"message", "type", "param", "code"}}`, naming the field and the bad value; a 500 says only
+that the log has the details. /health: 200 `ok` or `degraded` (a side write is failing: `reasons`), 503
+`starting` (before the warm-up), `draining` or `failed` (the engine thread died).
 """
 
 from __future__ import annotations
@@ -149,7 +136,10 @@ async def send_error(send, error: ApiError) -> None:
 
 
 class ContainErrors:
-    """Unknown paths share the label `other`, so scanning random URLs cannot grow the label set."""
+    """Outermost layer: an exception that escapes the app is logged once and swallowed (the keep-alive connection
+    stays; before any byte was sent the client gets a 500 envelope); every response is counted on /metrics by
+    endpoint (unknown paths: `other`, so scanning URLs cannot grow the label set) and status; --log-requests
+    adds one access-log line per request (method, path, status, prompt and completion tokens, seconds)."""
 
     def __init__(self, app, metrics, log_requests: bool = False):
         self.app, self.metrics, self.log_requests = app, metrics, log_requests
@@ -182,6 +172,8 @@ class ContainErrors:
 
 
 class BodyLimit:
+    """A body over `max_body_bytes` (by Content-Length, or counted in a chunked body) is a 413 envelope."""
+
     def __init__(self, app, max_body_bytes: int):
         self.app, self.max = app, max_body_bytes
 

@@ -1,16 +1,13 @@
 """`POST /v1/completions` and `POST /v1/chat/completions`: tokenize, admit, stream or collect.
 
-One request flows: validate (openai_api.py) -> token ids (tokenizer and chat template run in a
-worker thread: the tokenizer releases the GIL, so a multi-MB prompt never stalls /health) ->
-limits (context, max_tokens, n) -> `Generation` (n engine requests; 429 + Retry-After when full)
--> engine events -> `TextStream` (detokenize, stop sequences) -> SSE chunks or one JSON body. A
-client that disconnects, or a stop sequence that matches, cancels the request in the engine at
-its next step.
-A request with `n` choices submits n engine requests at once (all admitted or none: a 429 never
-leaves half a request decoding) with ids `<rid>-<i>`; each choice has its own `TextStream`.
-Every choice is an independent sample of the same distribution, so `n > 1` is lossless for the
-same reason n = 1 is. With `seed`, choice i uses RNG key i: equal seed, prompt and parameters give
-equal choices, and the n choices of one request differ from each other.
+validate (openai_api.py) -> token ids (tokenizer and chat template in a worker thread, so a multi-MB prompt
+never stalls /health) -> limits (context, max_tokens, n) -> `Generation` -> engine events -> `TextStream` ->
+SSE chunks or one JSON body. A client that disconnects, or a stop sequence that matches, cancels the request
+in the engine at its next step. `n` choices are n engine requests `<rid>-<i>`, admitted all or none (a 429
+never leaves half a request decoding): independent samples, so as lossless as n = 1. With `seed`, choice i
+uses RNG key i instead of its id's hash: equal seed, prompt and parameters give equal choices. Best effort, as
+OpenAI's: under adaptive verification the verified prefix depends on the batch and the draft gate on earlier
+traffic, so load can change a seeded sample (never its distribution); `full` and `fixed` do not.
 """
 
 from __future__ import annotations
@@ -45,17 +42,13 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class Generation:
-    """The n choices of one request, submitted together (module doc); `events()` merges their text deltas."""
+    """The n choices of one request (module doc); `events()` merges their text deltas."""
 
     def __init__(self, state: ServeState, rid: str, prompt_ids: list[int], body, max_tokens: int):
         self.state, self.rid, self.prompt_len = state, rid, len(prompt_ids)
         try:
             sampling = SamplingConfig(temperature=body.temperature, top_p=body.top_p, max_new_tokens=max_tokens,
                                       seed=body.seed, top_k=max(0, body.top_k or 0), min_p=body.min_p or 0.0)
-            # OpenAI's `seed` promises the same output for the same request, so a seeded choice i uses RNG key i
-            # instead of its (unique) id's hash. Best effort, as OpenAI's: under adaptive verification the
-            # verified prefix depends on the rest of the batch and the draft gate on the traffic served
-            # before, so load can change a seeded sample (never its distribution); `full` and `fixed` do not.
             requests = [EngineRequest(f"{rid}-{i}", prompt_ids, sampling, dataset="serve",
                                       rng_key=i if body.seed is not None else None) for i in range(body.n)]
         except AvkitError as e:
@@ -145,11 +138,8 @@ async def _wait_disconnect(request: Request) -> None:
 
 
 class _SSEResponse(StreamingResponse):
-    """SSE that also listens for the client going away, and always runs `on_close` at the end.
-
-    Starlette (ASGI spec >= 2.4) only notices a disconnect on the next write; a request still
-    waiting in the queue writes nothing, so this listens for `http.disconnect` as well.
-    """
+    """SSE that always runs `on_close` at the end and listens for `http.disconnect` itself: Starlette notices a
+    disconnect only on the next write, and a request waiting in the queue writes nothing."""
 
     def __init__(self, content: AsyncIterator[str], on_close):
         super().__init__(content, media_type="text/event-stream",

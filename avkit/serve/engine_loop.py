@@ -1,18 +1,12 @@
 """The one place the engine runs: a background thread doing continuous batching.
 
-HTTP handlers only `submit` a request (admission is bounded: running + waiting <= max_concurrency
-+ queue_size, else a 429) and read its events from an asyncio queue; `cancel` (client
-gone, stop sequence hit) takes effect at the next step. Between steps the thread applies cancels
-and admits waiting requests up to `max_concurrency` (the engine's batch), so requests join and
-leave the batch without waiting for each other.
-Failure isolation: a request the engine refuses (`add_request` raises) fails alone; if a step
-raises, the requests in that batch fail with an error event and a fresh engine takes over (the
-factory keeps the models and the verify policy, so online refits continue). The after-step hook
-(snapshots) cannot raise into the loop. If the thread dies anyway, every pending and running
-request fails at once with a 503, later submits raise a 503 and `/health` says so.
-Warm-up: the thread's first act is `warm_up()` (a throwaway engine's first forwards, server.py `warm_up`);
-`ready` is False until it has run (`/health` 503 `starting`); requests submitted meanwhile wait in the queue.
-Error events carry no exception text (the log has the traceback): 500 bodies never echo it.
+HTTP handlers `submit_all` (bounded: running + waiting <= max_concurrency + queue_size, else a 429) and read
+events from an asyncio queue; `cancel` takes effect at the next step. Between steps the thread applies cancels
+and admits waiting requests up to `max_concurrency`. Failure isolation: a request `add_request` refuses fails
+alone; a step that raises fails its batch and a fresh engine takes over (the factory keeps models and policy,
+so refits continue); the after-step hook cannot raise into the loop; if the thread dies, every request fails
+with a 503 and /health says so. Its first act is `warm_up()` (`ready` False until then: /health `starting`).
+Error events never carry exception text (the log has the traceback).
 """
 
 from __future__ import annotations

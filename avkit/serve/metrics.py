@@ -1,17 +1,13 @@
 """Prometheus metrics of one server, in its own registry (several servers can share a process).
 
-Per-position drafted / verified / accepted counters come from the engine's trace rows (the
-serve sink sees every step's columns); estimator gauges (slope, intercepts, refits) are read at
-scrape time from the engine loop's last published coefficients; with `--drafter hybrid` the suffix
-cache's memory (tokens, trie nodes, estimated bytes, bytes per cached token) is read at scrape time too.
-Glossary:
-  verify budget   drafts sent to the target in one engine step, summed over the batch
+Per-position drafted / verified / accepted counters come from the engine's trace rows (the sink sees every
+step); estimator gauges and (`--drafter hybrid`) the suffix cache's memory are read at scrape time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -22,50 +18,47 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 _BUDGET_BUCKETS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
-class _EstimatorCollector:
-    """Slope, intercepts and refit count, read from `coefficients()` at scrape time."""
+class _AtScrape:
+    """A collector whose families `families()` yields at each scrape."""
 
-    def __init__(self, coefficients: Callable[[], dict[str, Any] | None]):
-        self._coefficients = coefficients
-
-    def collect(self):
-        c = self._coefficients()
-        if c is None:
-            return
-        yield GaugeMetricFamily("avkit_estimator_slope", "shared slope of the online estimator", value=float(c["slope"]))
-        inter = GaugeMetricFamily("avkit_estimator_intercept", "intercept per draft position", labels=["position"])
-        for i, b in enumerate(c["intercepts"]):
-            inter.add_metric([str(i)], float(b))
-        yield inter
-        yield CounterMetricFamily("avkit_refits", "online refit rounds completed since start",
-                                  value=float(c.get("refits", 0)))
+    def __init__(self, families: Callable[[], Any]):
+        self.collect = families
 
 
-class _SuffixCacheCollector:
-    """The shared suffix cache's `memory()` at scrape time (plain int reads: safe beside the engine thread)."""
+def _estimator_families(coefficients: Callable[[], dict[str, Any] | None]):
+    """Slope, intercepts and refit count of the last published coefficients (none before the first)."""
+    c = coefficients()
+    if c is None:
+        return
+    yield GaugeMetricFamily("avkit_estimator_slope", "shared slope of the online estimator", value=float(c["slope"]))
+    inter = GaugeMetricFamily("avkit_estimator_intercept", "intercept per draft position", labels=["position"])
+    for i, b in enumerate(c["intercepts"]):
+        inter.add_metric([str(i)], float(b))
+    yield inter
+    yield CounterMetricFamily("avkit_refits", "online refit rounds completed since start", value=float(c.get("refits", 0)))
 
-    PER_TREE: ClassVar[dict[str, str]] = {  # avkit_suffix_cache_{what}{tree=global|local} <- memory()["{tree}_{what}"]
-        "tokens": "tokens held in the suffix cache trees", "nodes": "suffix trie nodes",
-        "bytes": "estimated bytes of the suffix trie nodes (NODE_BYTES per node)"}
-    GLOBAL: ClassVar[dict[str, tuple[str, str]]] = {  # avkit_suffix_cache_{what} <- memory()[key]
-        "bytes_per_token": ("bytes_per_cached_token", "estimated bytes per token cached in the global tree"),
-        "budget_tokens": ("budget_tokens", "global tree budget in tokens (0: none)"),
-        "responses": ("global_responses", "responses held in the global tree")}
 
-    def __init__(self, memory: Callable[[], dict[str, float]]):
-        self._memory = memory
+_CACHE_PER_TREE = {  # avkit_suffix_cache_{what}{tree=global|local} <- memory()["{tree}_{what}"]
+    "tokens": "tokens held in the suffix cache trees", "nodes": "suffix trie nodes",
+    "bytes": "estimated bytes of the suffix trie nodes (NODE_BYTES per node)"}
+_CACHE_GLOBAL = {  # avkit_suffix_cache_{what} <- memory()[key]
+    "bytes_per_token": ("bytes_per_cached_token", "estimated bytes per token cached in the global tree"),
+    "budget_tokens": ("budget_tokens", "global tree budget in tokens (0: none)"),
+    "responses": ("global_responses", "responses held in the global tree")}
 
-    def collect(self):
-        m = self._memory()
-        for what, help_text in self.PER_TREE.items():
-            fam = GaugeMetricFamily(f"avkit_suffix_cache_{what}", help_text, labels=["tree"])
-            for tree in ("global", "local"):
-                fam.add_metric([tree], float(m[f"{tree}_{what}"]))
-            yield fam
-        for what, (key, help_text) in self.GLOBAL.items():
-            yield GaugeMetricFamily(f"avkit_suffix_cache_{what}", help_text, value=float(m[key]))
-        yield CounterMetricFamily("avkit_suffix_cache_evicted_responses", "responses evicted from the global tree",
-                                  value=float(m["evicted_responses"]))
+
+def _suffix_cache_families(memory: Callable[[], dict[str, float]]):
+    """The shared suffix cache's `memory()` (plain int reads: safe beside the engine thread)."""
+    m = memory()
+    for what, help_text in _CACHE_PER_TREE.items():
+        fam = GaugeMetricFamily(f"avkit_suffix_cache_{what}", help_text, labels=["tree"])
+        for tree in ("global", "local"):
+            fam.add_metric([tree], float(m[f"{tree}_{what}"]))
+        yield fam
+    for what, (key, help_text) in _CACHE_GLOBAL.items():
+        yield GaugeMetricFamily(f"avkit_suffix_cache_{what}", help_text, value=float(m[key]))
+    yield CounterMetricFamily("avkit_suffix_cache_evicted_responses", "responses evicted from the global tree",
+                              value=float(m["evicted_responses"]))
 
 
 class ServeMetrics:
@@ -100,14 +93,14 @@ class ServeMetrics:
         self.trace_rows = Counter("avkit_trace_rows", "trace rows produced for --record", registry=r)
         self.trace_rows_unwritten = Gauge("avkit_trace_rows_unwritten", "--record rows held in memory, "
                                           "not yet on disk", registry=r)
-        r.register(_EstimatorCollector(coefficients))
+        r.register(_AtScrape(lambda: _estimator_families(coefficients)))
         for i in range(k):  # expose every position of the model drafter from the start, at zero
             for c in (self.drafted, self.verified, self.accepted):
                 c.labels(position=str(i), drafter="model")
 
     def watch_suffix_cache(self, memory: Callable[[], dict[str, float]]) -> None:
         """Expose a suffix cache's `memory()` (avkit/hvd/suffix_cache.py) at every scrape."""
-        self.registry.register(_SuffixCacheCollector(memory))
+        self.registry.register(_AtScrape(lambda: _suffix_cache_families(memory)))
 
     def observe_rows(self, columns: dict[str, np.ndarray]) -> None:
         """One engine step's trace rows (runtime/trace_rows.py) -> per-position counters and the verify-budget

@@ -1,12 +1,9 @@
-"""The OpenAI wire format: request bodies (validated) and response bodies.
+"""The OpenAI wire format: request bodies (validated, `extra="forbid"` as OpenAI's own API) and response bodies.
 
-Requests are pydantic models with `extra="forbid"`, as OpenAI's own API rejects an unrecognized
-argument. Sampling: temperature, top_p and vLLM's top_k and min_p are applied by the verifier to
-the target distribution (lossless: `avkit.runtime.sampling`); `n` choices are independent samples.
-Parameters that avkit cannot apply losslessly through speculative decoding (logprobs, penalties,
-logit_bias, best_of) take only their neutral value; anything else is a 400 that names the field
-and says it is not supported (`UNSUPPORTED`). Limits that depend on the server (max_tokens ceiling, context length, n up
-to --concurrency) are checked by the app.
+temperature, top_p and vLLM's top_k and min_p are applied by the verifier to the target distribution
+(lossless: `avkit.runtime.sampling`). What avkit cannot apply losslessly (logprobs, penalties, logit_bias,
+best_of) is accepted at its neutral value only, anything else is a 400 naming the field (`UNSUPPORTED`).
+Limits that depend on the server (max_tokens ceiling, context, n <= --concurrency) are completions.py's.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""Assemble a server from a `ServeConfig` and run it under uvicorn with a clean SIGTERM.
+"""Assemble a server from a `ServeConfig` (models, verify policy, sink, engine factory, side writes) and run it
+under uvicorn with a clean SIGTERM.
 
-Pieces: models (`avkit.models.load`), the verify policy (`POLICIES[config.policy]`, adaptive-stop by
-default, warm-started as `startup.warm_start` decides), a sink that feeds `/metrics` and, with
-`--record`, a `TraceWriter` (`side_writes.py` `ServeSink`), the engine factory for `EngineLoop`, and the
-`SideWrites` that keep snapshot and trace failures away from requests.
-Start order: bind the socket and check --record (one line, exit 2, before minutes of model
-loading) -> build the CPU kernels (`avkit/models/native.py`) -> load models -> log the startup block ->
-open the port -> warm-up (`warm_up`; /health 503 `starting` until it has run) -> ready.
-Shutdown order on SIGTERM: stop admitting (503) -> uvicorn drains connections for the grace
-period -> the engine loop cancels what is left -> coefficients snapshot -> trace closed -> exit 0.
-A SIGTERM before the port opens (kernel build, model loading) stops the start-up at once.
+Start: bind the socket and check --record (before minutes of loading) -> build the CPU kernels -> load models
+-> log the startup block -> open the port -> warm-up (/health 503 `starting`) -> ready. SIGTERM: stop admitting
+(503) -> uvicorn drains for the grace period -> the engine loop cancels the rest -> coefficients snapshot ->
+trace closed -> exit 0. A SIGTERM before the port opens stops the start-up at once.
 """
 
 from __future__ import annotations
@@ -49,19 +44,9 @@ from avkit.serve.state import ServeState
 log = logging.getLogger("avkit.serve")
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def make_policy(config: ServeConfig, coefficients: str, pair: ServedPair | None = None):
-    """The verify policy `--policy` names (scheduling/spec.py `PolicySpec.make`, as record and simulate make
-    theirs): fixed K is -k; adaptive gets its estimator (warm-started from `coefficients`, refitting every
-    `refit_interval` steps), the cost table, its draft gate, and learns its cost model."""
+    """The verify policy `--policy` names (`PolicySpec.make`, as record and simulate make theirs): fixed K is -k;
+    adaptive is warm-started from `coefficients` and learns its cost model."""
     arg = {"fixed": str(config.engine.k), "schedule": config.schedule,
            **dict.fromkeys(ADAPTIVE, config.adaptive.estimator)}
     spec = PolicySpec(config.policy, config.policy, arg.get(config.policy, ""))
@@ -84,10 +69,9 @@ WARM_UP_PROMPT = 4  # tokens of the warm-up prompt (ids 1..4, in every vocabular
 
 
 def warm_up(target, draft, config: EngineConfig) -> float:
-    """What a first request would otherwise pay for (loading the CPU kernels, the first forwards of both models,
-    the sampler's first draws), on a throwaway engine of `config`'s K: one greedy and one sampled request (T 1,
-    top-p 0.95), with the draft model when there is one. No sink, full verification: nothing is recorded,
-    counted in /metrics or learned by the served policy. Seconds taken."""
+    """What a first request would otherwise pay for (kernels, first forwards, first draws), on a throwaway
+    engine of `config`'s K: one greedy and one sampled request; no sink, full verification, so nothing is
+    recorded, counted or learned. Seconds taken."""
     from avkit.runtime.engine import Engine  # lazy: torch (as build_state's models)
     from avkit.runtime.request import Request  # lazy: with the engine
 
@@ -193,9 +177,8 @@ def uvicorn_server(state: ServeState, *, log_level: str = "info"):
 @contextmanager
 def serve_in_thread(state: ServeState, *, timeout_s: float = 30.0, log_level: str = "warning",
                     ready: bool = True) -> Iterator[str]:
-    """A real server on 127.0.0.1 (a free port, bound before uvicorn starts: no race) in a thread of this
-    process (tests, bench/load_test.py): yields its base URL once the warm-up has run (`/health` 200;
-    `ready=False`: once it listens), shuts it down gracefully on exit."""
+    """A real server on a free port of 127.0.0.1 in a thread of this process (tests, bench/load_test.py): yields
+    its base URL once the warm-up has run (`ready=False`: once it listens); shuts it down gracefully on exit."""
     sock = bind_socket("127.0.0.1", 0)
     server = uvicorn_server(state, log_level=log_level)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="avkit-uvicorn", daemon=True)
@@ -216,10 +199,14 @@ def serve_in_thread(state: ServeState, *, timeout_s: float = 30.0, log_level: st
 
 def bind_warning(config: ServeConfig) -> str | None:
     """The warning for a non-loopback bind without an API key (None when there is nothing to say)."""
-    if is_loopback(config.http.host) or config.http.api_key:
+    host = config.http.host
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        loopback = False
+    if loopback or config.http.api_key:
         return None
-    return (f"binding {config.http.host} without --api-key: anyone who can reach this address can use "
-            "the server")
+    return f"binding {host} without --api-key: anyone who can reach this address can use the server"
 
 
 def configure_logging(log_level: str) -> None:
@@ -236,8 +223,7 @@ def configure_logging(log_level: str) -> None:
 
 
 def build_kernels(config: ServeConfig) -> None:
-    """On a CPU, build the native kernels the models will use before the port opens (a child process that
-    SIGTERM stops at once); nothing to do when they are built already or the models go to a GPU."""
+    """On a CPU, build the native kernels before the port opens (in a child process that SIGTERM stops at once)."""
     import torch  # lazy: torch (as build_state's models)
 
     from avkit.models.native import build_in_child  # lazy: torch
@@ -251,9 +237,8 @@ def build_kernels(config: ServeConfig) -> None:
 
 
 def serve(config: ServeConfig, *, log_level: str = "info", sock=None) -> bool:
-    """Run until SIGTERM/SIGINT; returns normally (exit code 0) after a graceful shutdown, True when a signal
-    started it. `sock`: the listening socket if the caller bound it already (the CLI does, before loading
-    models)."""
+    """Run until SIGTERM/SIGINT; True when a signal started the (graceful) shutdown. `sock`: the listening
+    socket if the caller bound it already (the CLI does, before loading models)."""
     configure_logging(log_level)
     if sock is None:
         sock = bind_socket(config.http.host, config.http.port)  # a busy port fails now, not after loading models

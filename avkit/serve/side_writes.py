@@ -1,20 +1,14 @@
-"""Writes the server makes beside the requests (coefficient and cost snapshots, trace rows): they may
-fail, the requests may not.
+"""Writes beside the requests (coefficient and cost snapshots, --record rows): they may fail, requests may not.
 
-Rule: a failing side write never fails a request and never stops the engine. Each
-failure is counted on `/metrics` (`avkit_side_write_failures_total{kind}`), logged once per kind
-until that kind succeeds again (then one "recovered" line), and retried with exponential backoff
-(1 s, 2 s, 4 s ... capped at 60 s); meanwhile `/health` reports `degraded` with the reason.
-`ServeSink` is the engine's trace sink while serving: per-position metrics always, trace rows with
---record. Rows are held in memory and written every `flush_s` seconds (or at 65,536 rows) through
-`SideWrites`: a disk that fails (read-only, full) keeps them in memory and is retried; `/metrics` shows
-how many rows are not on disk yet (`avkit_trace_rows_unwritten`). At shutdown the file is closed
-(`<path>.partial` renamed to `<path>`); if that fails, one log line says how many rows were never
-written and where the rows flushed earlier are. Nothing is lost silently.
-Glossary:
-  kind      what is written: "snapshot" (live coefficients), "cost" (learned cost model), "trace" (--record rows)
-  reason    what /health shows: the exception type and, for an OS error, its errno text
-            ("PermissionError: Permission denied"), never a path; the log line has the full message
+A failing side write never fails a request nor stops the engine: it is counted on /metrics
+(`avkit_side_write_failures_total{kind}`), logged once per kind until it succeeds again (then one "recovered"
+line), retried with backoff (1 s, 2 s, 4 s ... 60 s), and /health says `degraded` with the reason meanwhile.
+  kind      "snapshot" (live coefficients), "cost" (learned cost model), "trace" (--record rows)
+  reason    the exception type and, for an OS error, its errno text ("PermissionError: Permission denied"),
+            never a path; the log line has the full message
+`ServeSink` (the engine's sink while serving) holds --record rows in memory, writes them every `flush_s` seconds
+(or FLUSH_ROWS rows) and at shutdown renames `<path>.partial` to `<path>`; rows a failing disk kept back stay
+in memory (`avkit_trace_rows_unwritten`) and a failed close logs how many never reached the disk.
 """
 
 from __future__ import annotations

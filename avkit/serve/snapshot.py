@@ -1,19 +1,11 @@
-"""Live estimator coefficients: publish them after refits, snapshot them to a file atomically.
+"""Live estimator coefficients: published after refits, snapshotted to a file atomically.
 
-The snapshot has the layout of `avkit fit`'s coefficients.json (schema_version, feature,
-num_positions, slope, intercepts, observations, mode, trained_on) plus `refits`, so the file a
-server writes is a file a server (or `avkit simulate`) can deploy: a restart resumes from it.
-With the hybrid drafter the suffix cache's rows have their own estimator; it is snapshotted beside,
-to `cache_snapshot_of(path)` (coefficients.cache.json; `trained_on.drafter` "suffix", the file
-`--cache-coefficients` takes), when it exists (it is made when the first cache rows appear).
-`trained_on` names the served pair (target, draft and their sha256), so a server never resumes
-from another pair's snapshot (estimators/coefficients.py validates every file on load).
-The engine thread calls `on_step()` after every step; `/metrics` reads `current()` from any
-thread (a new dict is published, never mutated). A failing write (read-only or full disk) goes
-through `SideWrites`: counted, logged once, retried at later refits with backoff, never raised.
-The cost model the server learns from its own steps (scheduling/learn.py) is snapshotted the same
-way, every `cost_every` learned steps and at shutdown, to COST_SNAPSHOT beside the coefficients
-(scheduling/cost.py schema, meta.source = "learned": `simulate --cost FILE` and `tune --cost FILE` read it).
+The snapshot is `avkit fit`'s coefficients.json layout plus `refits`, with `trained_on` naming the served pair,
+so a restart (or `avkit simulate`) deploys it and a server never resumes from another pair's. The hybrid
+drafter's cache estimator goes beside it (`cache_snapshot_of`, `trained_on.drafter` "suffix": what
+--cache-coefficients takes), and the learned cost model (scheduling/learn.py, meta.source "learned") to
+COST_SNAPSHOT. The engine thread calls `on_step()`; `/metrics` reads `current()` from any thread (a new dict is
+published, never mutated). Writes go through `SideWrites`.
 """
 
 from __future__ import annotations
@@ -57,7 +49,7 @@ class Snapshots:
                  cost_every: int = 512):
         self.side_writes = side_writes
         self._policy, self._pair = policy, pair
-        self._estimator = getattr(policy, "estimator", None)  # the online estimator: adaptive has one, full/fixed not
+        self._estimator = getattr(policy, "estimator", None)  # only the adaptive policy has one (and counts refits)
         self.learner = getattr(policy, "learner", None)  # only the adaptive policy learns its cost
         self.path, self.every, self.cost_every = path, every, cost_every
         self.refits = 0  # refit rounds seen since start
@@ -75,7 +67,7 @@ class Snapshots:
             self.side_writes.run("cost", self.write_cost)
         if self._estimator is None:
             return
-        refits, cache_refits = self._refit_count(), int(getattr(self._policy, "cache_refits", 0) or 0)
+        refits, cache_refits = self._policy.refits, self._policy.cache_refits
         if (refits, cache_refits) == (self.refits, self.cache_refits):
             return
         self.refits, self.cache_refits = refits, cache_refits
@@ -94,7 +86,7 @@ class Snapshots:
         coeffs = self._read()
         if coeffs is None:
             return
-        cache = getattr(self._policy, "cache_estimator", None)
+        cache = self._policy.cache_estimator
         cache_coeffs = coefficients_of(cache, self._pair, drafter="suffix") if cache is not None else None
         if cache_coeffs is not None:
             cache_coeffs["refits"] = self.cache_refits
@@ -117,11 +109,3 @@ class Snapshots:
         if c is not None:
             c["refits"] = self.refits  # refits of this server process
         return c
-
-    def _refit_count(self) -> int:
-        """Refit rounds since start: the policy's counter (adaptive keeps one), else the estimator's."""
-        for owner, attr in ((self._policy, "refits"), (self._estimator, "num_refits")):
-            n = getattr(owner, attr, None)
-            if n is not None:
-                return int(n)
-        return int(self._estimator.state_dict().get("refits", 0))

@@ -1,18 +1,13 @@
-"""What a server checks and says before it serves: warm start, the listening socket, --record, the
-startup block.
-
-Everything that can be wrong with the options fails here, before (or right after) the models are
-loaded, as one `avkit: error:` line and exit code 2: a busy port, a host that does not resolve or
-cannot be bound, an unwritable --record, a missing --coefficients file.
+"""What a server checks and says before it serves; a bad option fails here, before the models load, in one
+`avkit: error:` line (a busy port, a host that does not resolve or bind, an unwritable --record, a missing
+--coefficients file).
 Warm start, first match wins:
-  explicit   --coefficients FILE (it names what the operator wants, over any snapshot)
+  explicit   --coefficients FILE (over any snapshot)
   snapshot   the live snapshot of an earlier run (--resume, the default, when the file exists)
-  shipped    traces/coefficients.json fitted on the shipped traces (only for the K and the model pair it
-             was fitted for)
+  shipped    traces/coefficients.json, only for the K and the model pair it was fitted for
   reference  the estimator's reference constants (no file)
-The hybrid drafter's cache rows have their own estimator: --cache-coefficients FILE, else, when the
-model estimator resumes from its snapshot, the cache snapshot that run wrote beside it
-(serve/snapshot.py `cache_snapshot_of`), else its reference constants.
+The hybrid drafter's cache rows: --cache-coefficients FILE, else the cache snapshot beside a resumed model
+snapshot (`cache_snapshot_of`), else reference constants.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""What every route shares: the server's state (`ServeState`), the scope key of token usage (`USAGE_KEY`).
-
-The app (app.py) and the generation routes (completions.py) import this module;
-it imports none of them.
-"""
+"""What every route shares: `ServeState`, and the scope key of token usage (`USAGE_KEY`)."""
 
 from __future__ import annotations
 

@@ -1,22 +1,14 @@
-"""Read trace files (format v1) and their generations tables, after checking them against the schema.
+"""Read trace files (format v1) and their generations tables, after checking them; every error is one line
+naming the file (and the column).
 
-`read_traces` reads rows eagerly with pyarrow and validates them before polars sees them (a damaged
-page or invalid UTF-8 is a TraceError, never a decoder panic); `scan_traces` is the lazy polars
-scan for callers that only need the schema layer. Every error is one line naming the file.
-
-Two layers of checks, each naming the file and the column:
-  schema  (footer only, cheap; `scan_traces`)  the file exists and is Parquet with a footer
-          (truncated files have none), `avkit.schema_version` is 1, every required column is
-          present with the right type family (string columns may be plain or dictionary
-          strings; integer and float widths may differ and are cast to the schema's)
-  values  (`read_traces`, rules in `trace/values.py`)  every value of the columns read; no file
-          given twice (rows would count twice)
-K of a file is its `avkit.k` metadata, an integer in [0, MAX_K]; a file without it gets K =
-max(num_drafted, position + 1), refused above MAX_INFERRED_K (one corrupt integer must not size
-arrays). Files of different K are read together under `common_k`'s rule: K = the largest, and
-each step verifies at most the drafts it recorded (the caller prints `common_k`'s note).
-Optional columns (engine_step, accept_prob, ...) absent from a file read as nulls. Every frame
-gets a `file_index` column (UInt16: index of the file in `paths`) so replays can keep runs apart.
+  schema  (footer only: `check_schema`, `scan_traces`)  a Parquet file with a footer (truncated files have
+          none), `avkit.schema_version` 1, every required column of the right type family (strings plain
+          or dictionary; integer and float widths are cast to the schema's)
+  values  (`read_traces`: read eagerly with pyarrow and validated before polars sees them, so damaged pages
+          are a TraceError, never a decoder panic; rules in trace/values.py)
+K of a file is its `avkit.k`, an integer in [0, MAX_K]; without it, max(num_drafted, position + 1), refused
+above MAX_INFERRED_K. Files of different K are read at the largest (`common_k`, whose note the caller
+prints). Optional columns absent from a file read as nulls; every frame gets `file_index` (UInt16).
 """
 
 from __future__ import annotations
@@ -135,9 +127,11 @@ def _schema_columns(names: set[str], columns: list[str], index: int) -> list[pl.
               for c in columns), pl.lit(index, dtype=pl.UInt16).alias("file_index")]
 
 
-def _scan_one(path: Path, index: int) -> pl.LazyFrame:
-    names = set(check_schema(path).names)
-    return pl.scan_parquet(path).select(_schema_columns(names, [c.name for c in S.COLUMNS], index))
+def _paths(paths) -> list[Path]:
+    paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
+    if not paths:
+        raise TraceError("no trace files given")
+    return paths
 
 
 def scan_traces(paths) -> pl.LazyFrame:
@@ -152,10 +146,9 @@ def scan_traces(paths) -> pl.LazyFrame:
     >>> scan_traces([p]).select(pl.len()).collect().item()
     14
     """
-    paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
-    if not paths:
-        raise TraceError("no trace files given")
-    return pl.concat([_scan_one(p, i) for i, p in enumerate(paths)], how="vertical")
+    every = [c.name for c in S.COLUMNS]
+    return pl.concat([pl.scan_parquet(p).select(_schema_columns(set(check_schema(p).names), every, i))
+                      for i, p in enumerate(_paths(paths))], how="vertical")
 
 
 def _read_arrow(path: Path, columns: list[str], then=lambda df: df) -> pl.DataFrame:
@@ -172,14 +165,14 @@ def _read_arrow(path: Path, columns: list[str], then=lambda df: df) -> pl.DataFr
         raise TraceError(f"{path}: cannot read rows (damaged data): {_first_line(e)}") from None
 
 
-def _read_one(path: Path, index: int, want: set[str] | None) -> pl.DataFrame:
-    """One file's rows (schema-checked; absent optional columns as nulls, types cast to the schema's)."""
+def _read_one(path: Path, index: int, cols: list[str]) -> pl.DataFrame:
+    """One file's `cols` (schema-checked; absent optional columns as nulls, types cast to the schema's)."""
     names = set(check_schema(path).names)
-    cols = [c.name for c in S.COLUMNS if want is None or c.name in want]
     return _read_arrow(path, [c for c in cols if c in names], lambda df: df.select(_schema_columns(names, cols, index)))
 
 
-def _no_repeats(paths: list[Path]) -> None:
+def no_repeats(paths: list[Path]) -> None:
+    """Refuse a file given twice (by device and inode: under two names too)."""
     seen: dict[tuple[int, int], Path] = {}
     for p in paths:
         try:
@@ -205,14 +198,12 @@ def read_traces(paths, columns: list[str] | None = None, *, check: bool = True) 
 def iter_traces(paths, columns: list[str] | None = None, *, check: bool = True):
     """`read_traces` one file at a time: yields each file's checked frame (with `file_index`), so a
     caller can reduce a file before the next is read."""
-    paths = [Path(p) for p in ([paths] if isinstance(paths, (str, Path)) else paths)]
-    if not paths:
-        raise TraceError("no trace files given")
-    _no_repeats(paths)
+    paths = _paths(paths)
+    no_repeats(paths)
+    want = None if columns is None else {*columns, *(CHECKED_COLUMNS if check else ("position", "accepted", "verified"))}
+    cols = [c.name for c in S.COLUMNS if want is None or c.name in want]
     for i, path in enumerate(paths):
-        want = None if columns is None else set(
-            [*columns, *(CHECKED_COLUMNS if check else ("position", "accepted", "verified"))])
-        df = _read_one(path, i, want)
+        df = _read_one(path, i, cols)
         if check:
             check_values(df, path, trace_k(path))
         yield df if columns is None else df.select([*columns, "file_index"])
@@ -242,5 +233,5 @@ def read_generations(trace_path) -> pl.DataFrame:
     return df
 
 
-__all__ = ["MAX_INFERRED_K", "MAX_K", "POLARS_SCHEMA", "check_schema", "check_values", "common_k", "iter_traces", "read_generations", "read_traces",
-           "scan_traces", "slot_hashes", "trace_k", "trace_metadata"]
+__all__ = ["MAX_INFERRED_K", "MAX_K", "POLARS_SCHEMA", "check_schema", "check_values", "common_k", "iter_traces",
+           "no_repeats", "read_generations", "read_traces", "scan_traces", "slot_hashes", "trace_k", "trace_metadata"]

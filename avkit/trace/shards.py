@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from avkit.config import DEFAULT_TRACE_GLOB
-from avkit.config.shipped import shipped_roots
+from avkit.config.fields import shipped_roots
 from avkit.errors import ConfigError, TraceError
-from avkit.trace.reader import check_schema
+from avkit.trace.reader import check_schema, no_repeats, trace_metadata
 
 # Metadata that every shard of one fit must share: the model pair (ids and weight hashes). K may
 # differ (main's rule, tests/test_cli_errors.py: traces are read at the largest K, said in one line).
@@ -62,15 +62,11 @@ def resolve_shards(specs: Iterable[str | Path]) -> list[Path]:
     >>> [p.name for p in resolve_shards([d])]
     ['a.parquet', 'b.parquet']
     """
-    out: dict[Path, None] = {}
-    for spec in ([specs] if isinstance(specs, (str, Path)) else specs):
-        for p in _expand(Path(spec)):
-            if p in out:  # a replica counted twice would weigh double
-                raise TraceError(f"{p}: given twice (as TRACE {spec} and before)")
-            out[p] = None
+    out = [p for spec in ([specs] if isinstance(specs, (str, Path)) else specs) for p in _expand(Path(spec))]
     if not out:
         raise TraceError("no trace files given")
-    return list(out)
+    no_repeats(out)  # a replica counted twice would weigh double
+    return out
 
 
 def shipped_traces(roots: tuple[Path, ...] | None = None) -> list[Path]:
@@ -97,17 +93,13 @@ class ShardSet:
     meta: dict  # the first shard's `avkit.*` metadata
 
 
-def _meta(schema) -> dict[str, str]:
-    raw = schema.metadata or {}
-    return {k.decode(): v.decode() for k, v in raw.items() if not k.startswith(b"ARROW:")}
-
-
 def check_shards(specs: Iterable[str | Path]) -> ShardSet:
     """Resolve `specs`, check every footer against the schema and the shards against each other."""
     paths = resolve_shards(specs)
     first = None
     for path in paths:
-        meta = _meta(check_schema(path))
+        check_schema(path)
+        meta = trace_metadata(path)
         if first is None:
             first = (path, meta)
             continue

@@ -80,39 +80,23 @@ def synthetic_trace(cfg: SyntheticConfig | None = None) -> pa.Table:
     took_top = rng.uniform(size=(m, k)) < q_max
     q_sampled = np.where(took_top, q_max, q_2nd * rng.uniform(0.2, 1.0, size=(m, k)))
     head = sigmoid(np.log(p_true / (1 - p_true + 1e-300)) + rng.normal(0, 0.5, size=(m, k)))
-    n_rows = min(m * k, cfg.num_slots)
-    cols = _columns(cfg, lay, k, f, q_max, q_2nd, q_sampled, entropy, p_true, draw, verified, observed,
-                    num_accepted, head, rng)
-    table = pa.table({name: arr[:n_rows] for name, arr in cols.items()}, schema=S.TRACE_SCHEMA)
-    return table.replace_schema_metadata(_metadata(cfg))
-
-
-def _columns(cfg, lay, k, f, q_max, q_2nd, q_sampled, entropy, p_true, draw, verified, observed,
-             num_accepted, head, rng) -> dict[str, pa.Array]:
-    """Flatten [M, K] arrays row-major (request-step major, position minor) into trace columns."""
-    m = len(lay["request"])
-    rep = lambda a: np.repeat(a, k)  # [M] -> [M*K]
-    flat = lambda a: np.asarray(a).reshape(-1)  # [M, K] -> [M*K]
-    num_req = int(lay["num_requests"])
     step_ms = (20.0 + 2.0 * lay["batch_size"] + rng.exponential(2.0, size=m)).astype(np.float32)
-    target_prob = (p_true * q_sampled).astype(np.float32)
-    accept_prob = p_true.astype(np.float32)
-    return {
+    # [M, K] arrays flattened row-major (request-step major, position minor) into the trace columns
+    rep = lambda a: np.repeat(a, k)  # [M] -> [M*K]
+    flat = lambda a, dtype=np.float32: np.asarray(a).reshape(-1).astype(dtype)  # [M, K] -> [M*K]
+    cols = {
         "run_id": _dict_column(np.zeros(m * k), ["synthetic"]),
         "dataset": _dict_column(rep(lay["dataset"]), list(cfg.datasets)),
-        "request_id": _dict_column(rep(lay["request"]), [f"req-{i}" for i in range(num_req)]),
+        "request_id": _dict_column(rep(lay["request"]), [f"req-{i}" for i in range(int(lay["num_requests"]))]),
         "drafter": _dict_column(np.zeros(m * k), ["model"]),
         "step": pa.array(rep(lay["step"]).astype(np.int32)),
         "position": pa.array(np.tile(np.arange(k, dtype=np.int16), m)),
         "draft_token": pa.array(rng.integers(0, 1000, size=m * k, dtype=np.int32)),
-        "q_max": pa.array(flat(q_max).astype(np.float32)),
-        "q_2nd": pa.array(flat(q_2nd).astype(np.float32)),
-        "q_sampled": pa.array(flat(q_sampled).astype(np.float32)),
-        "entropy": pa.array(flat(entropy).astype(np.float32)),
-        "logit_qmax": pa.array(flat(f)),
-        "target_prob": pa.array(flat(target_prob), mask=~flat(verified)),
-        "verified": pa.array(flat(verified)),
-        "accepted": pa.array(flat(draw), mask=~flat(observed)),
+        **{name: pa.array(flat(a)) for name, a in (("q_max", q_max), ("q_2nd", q_2nd), ("q_sampled", q_sampled),
+                                                      ("entropy", entropy), ("logit_qmax", f))},
+        "target_prob": pa.array(flat(p_true * q_sampled), mask=~flat(verified, bool)),
+        "verified": pa.array(flat(verified, bool)),
+        "accepted": pa.array(flat(draw, bool), mask=~flat(observed, bool)),
         "num_drafted": pa.array(np.full(m * k, k, dtype=np.int16)),
         "num_verified": pa.array(rep(lay["num_verified"]).astype(np.int16)),
         "num_accepted": pa.array(rep(num_accepted).astype(np.int16)),
@@ -121,12 +105,15 @@ def _columns(cfg, lay, k, f, q_max, q_2nd, q_sampled, entropy, p_true, draw, ver
         "temperature": pa.array(np.ones(m * k, dtype=np.float32)),
         "top_p": pa.array(np.full(m * k, 0.95, dtype=np.float32)),
         "engine_step": pa.array(rep(lay["engine_step"]).astype(np.int64)),
-        "accept_prob": pa.array(flat(accept_prob), mask=~flat(verified)),
+        "accept_prob": pa.array(flat(p_true), mask=~flat(verified, bool)),
         "confidence": pa.nulls(m * k, pa.float32()),
-        "head_conf": pa.array(flat(head).astype(np.float32)),
+        "head_conf": pa.array(flat(head)),
         "match_len": pa.nulls(m * k, pa.int16()),
         "cache_score": pa.nulls(m * k, pa.float32()),
     }
+    n_rows = min(m * k, cfg.num_slots)
+    table = pa.table({name: arr[:n_rows] for name, arr in cols.items()}, schema=S.TRACE_SCHEMA)
+    return table.replace_schema_metadata(_metadata(cfg))
 
 
 def _metadata(cfg: SyntheticConfig) -> dict[str, str]:

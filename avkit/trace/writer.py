@@ -61,26 +61,36 @@ def _column_array(col: S.Column, values, n: int, path: Path) -> pa.Array:
         raise TraceError(f"{path}: column {col.name!r} cannot be written as {col.type}: {e}") from None
 
 
+def row_groups(src: Path) -> list[pa.Table]:
+    """The row groups of the file a resume starts from, or one TraceError naming it."""
+    try:
+        f = pq.ParquetFile(src)
+        return [f.read_row_group(i) for i in range(f.num_row_groups)]
+    except (OSError, pa.ArrowException) as e:
+        raise TraceError(f"{src}: cannot resume from an unreadable file ({str(e).splitlines()[0]})") from None
+
+
 class _ParquetStream:
     """Buffer column chunks, flush them as row groups of a Parquet file that is valid after each flush."""
 
-    def __init__(self, path, columns: tuple[S.Column, ...], metadata: dict[str, str], *,
-                 row_group_rows: int, flush_interval_s: float | None, resume: bool, keep=None,
-                 source: Path | None = None):
+    columns: tuple[S.Column, ...]  # the table's columns and default row group size: the subclass says which
+    default_rows: int
+
+    def __init__(self, path, metadata: dict[str, str], row_group_rows: int | None = None, resume: bool = False, *,
+                 flush_interval_s: float | None = None, keep_requests=None, source: Path | None = None):
         self.path = Path(path)
         self.partial = partial_path(self.path)
-        self.columns = columns
-        self.schema = pa.schema([pa.field(c.name, c.type, nullable=c.nullable) for c in columns],
-                                metadata={k: str(v) for k, v in metadata.items()})
-        self.row_group_rows = row_group_rows
+        meta = {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION, **metadata}
+        self.schema = pa.schema([pa.field(c.name, c.type, nullable=c.nullable) for c in self.columns],
+                                metadata={k: str(v) for k, v in meta.items()})
+        self.row_group_rows = row_group_rows or self.default_rows
         self.flush_interval_s = flush_interval_s
         self._buffer: list[pa.Table] = []
         self._buffered = 0
         self._last_flush = time.monotonic()
-        self.rows_written = 0
         self.closed = False
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._groups: list[pa.Table] = self._existing(keep, source) if resume else []
+        self._groups: list[pa.Table] = self._existing(keep_requests, source) if resume else []
         self.rows_written = sum(g.num_rows for g in self._groups)
         if not resume and self.partial.exists():
             self.partial.unlink()
@@ -90,12 +100,8 @@ class _ParquetStream:
         src = source if source is not None else resume_source(self.path)
         if src is None or not src.exists():
             return []
-        try:
-            f = pq.ParquetFile(src)
-            groups = [f.read_row_group(i) for i in range(f.num_row_groups)]
-        except (OSError, pa.ArrowException) as e:
-            raise TraceError(f"{src}: cannot resume from an unreadable file ({str(e).splitlines()[0]})") from None
-        have = set(f.schema_arrow.names)
+        groups = row_groups(src)
+        have = set(groups[0].schema.names) if groups else set(pq.read_schema(src).names)
         missing = sorted(c.name for c in self.columns if c.name not in have and not c.nullable)
         if missing:
             raise TraceError(f"{src}: cannot resume, columns missing: {missing}")
@@ -175,17 +181,19 @@ class _ParquetStream:
     def __enter__(self):
         return self
 
-    def __exit__(self, exc_type, exc, tb):
-        # A normal exit commits `<path>`; an exception keeps what was recorded in `<path>.partial` only.
-        if self.closed:
-            return False
-        if exc_type is None:
-            self.close()
-        else:
+    def keep(self) -> None:
+        """After an error: what was recorded stays in `<path>.partial` only; `<path>` is untouched."""
+        if not self.closed:
             try:
                 self.flush()
             except Exception:  # the original error matters more than a failed last flush
                 pass
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            self.keep()
+        elif not self.closed:
+            self.close()  # a normal exit commits `<path>`
         return False
 
 
@@ -205,18 +213,10 @@ class TraceWriter(_ParquetStream):
     1
     """
 
-    def __init__(self, path, metadata: dict[str, str], row_group_rows: int = 65536, resume: bool = False,
-                 *, flush_interval_s: float | None = None, keep_requests=None, source: Path | None = None):
-        meta = {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION, **metadata}
-        super().__init__(path, S.COLUMNS, meta, row_group_rows=row_group_rows,
-                         flush_interval_s=flush_interval_s, resume=resume, keep=keep_requests, source=source)
+    columns, default_rows = S.COLUMNS, 65536
 
 
 class GenerationWriter(_ParquetStream):
     """Write the generations table (one row per finished request) beside a trace."""
 
-    def __init__(self, path, metadata: dict[str, str], row_group_rows: int = 4096, resume: bool = False,
-                 *, flush_interval_s: float | None = None, source: Path | None = None):
-        meta = {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION, **metadata}
-        super().__init__(path, S.GENERATION_COLUMNS, meta, row_group_rows=row_group_rows,
-                         flush_interval_s=flush_interval_s, resume=resume, source=source)
+    columns, default_rows = S.GENERATION_COLUMNS, 4096

@@ -1,12 +1,19 @@
-"""Built-in prompt sets (HumanEval, MT-Bench, ShareGPT, BFCL, and their reuse variants) and JSONL files, as `Prompt` lists."""
+"""Prompt sets by name (docs/workloads.md) or a JSONL file, as `Prompt` lists in a seeded order."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from avkit.errors import ConfigError
-from avkit.workloads import editing, sets  # noqa: F401  (register loaders)
-from avkit.workloads.base import WORKLOADS, Prompt, load_jsonl, register, seeded_order
+from avkit.registry import Registry
+from avkit.workloads.base import Prompt, load_jsonl, seeded_order
+
+# name -> loader `fn(seed) -> list[Prompt]`, every prompt of the set (the seed picks humaneval_edit's bugs),
+# imported on first use; `WORKLOADS.register(name)` adds one
+WORKLOADS = Registry("dataset", {
+    **{name: f"avkit.workloads.sets:load_{name}" for name in ("humaneval", "mtbench", "mtbench_revise", "sharegpt",
+                                                              "sharegpt_multiround", "bfcl", "bfcl_multiturn")},
+    "humaneval_edit": "avkit.workloads.editing:load_humaneval_edit"})
 
 
 def load_workload(name_or_path: str, n: int | None = None, seed: int = 0) -> list[Prompt]:
@@ -20,11 +27,11 @@ def load_workload(name_or_path: str, n: int | None = None, seed: int = 0) -> lis
     if name_or_path in WORKLOADS:
         prompts = WORKLOADS[name_or_path](seed)
     elif name_or_path.endswith(".jsonl") or Path(name_or_path).is_file():
-        prompts = seeded_order(load_jsonl(name_or_path), seed)
+        prompts = load_jsonl(name_or_path)
     else:
         raise ConfigError(f"unknown dataset {name_or_path!r}: choose from {sorted(WORKLOADS)} "
                           "or give a .jsonl file")
-    return prompts if n is None else prompts[:n]
+    return seeded_order(prompts, seed)[:n]
 
 
-__all__ = ["WORKLOADS", "Prompt", "load_workload", "register"]
+__all__ = ["WORKLOADS", "Prompt", "load_workload"]

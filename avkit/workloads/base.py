@@ -1,20 +1,12 @@
-"""Prompt sets as data: the `Prompt` record and the `WORKLOADS` registry.
-
-Glossary:
-  prompt     one conversation start: chat messages (or raw text), optional tool schemas, and
-             follow-up user turns asked after the model's own answer (MT-Bench's second turn)
-  workload   a named loader `fn(seed) -> list[Prompt]` returning every prompt of the set
-             in a seeded order; `load_workload` (avkit/workloads/__init__.py) takes the first n
-Loaders register with `@register("name")`; a JSONL file path is accepted wherever a name is (`load_jsonl`:
-rows {"prompt": str} or {"messages": [...]}, optional "id", "tools", "followups").
-"""
+"""A prompt (chat messages or raw text, tool schemas, follow-up user turns asked after the model's own
+answer), its seeded order, and the one reader of prompt files: JSONL rows {"prompt": str} or
+{"messages": [...]}, optional "id", "tools", "followups"."""
 
 from __future__ import annotations
 
 import gzip
 import json
 import random
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,20 +36,6 @@ class Prompt:
             return tokenizer.encode(self.text)
         return tokenizer.apply_chat_template(list(messages), add_generation_prompt=True,
                                              tools=list(self.tools) if self.tools else None)
-
-
-Loader = Callable[[int], list[Prompt]]  # seed -> every prompt of the set, in a seeded order
-WORKLOADS: dict[str, Loader] = {}
-
-
-def register(name: str):
-    """Decorator adding a loader to `WORKLOADS` under `name`."""
-
-    def wrap(fn: Loader) -> Loader:
-        WORKLOADS[name] = fn
-        return fn
-
-    return wrap
 
 
 def seeded_order(items: list, seed: int) -> list:

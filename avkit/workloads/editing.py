@@ -1,19 +1,6 @@
-"""Code editing with reuse (`humaneval_edit`): a HumanEval solution given back with one edit to make.
-
-Each of HumanEval's 164 canonical solutions (prompt + canonical_solution, a whole function) is
-shown to the model with an instruction whose answer mostly copies the code it was given, the
-workload where a suffix cache has the most to reuse (docs/workloads.md):
-
-  rename   rename the function (snake_case -> camelCase, or `compute_<name>`), every reference too
-  hints    the function with its type hints and docstring stripped; add them back
-  loop     rewrite every `for` loop as a `while` loop (only where the solution has a for statement)
-  bugfix   one operator flipped in the solution body (a seeded choice among the mutations that
-           apply); find and fix the bug
-
-A problem contributes one prompt per edit kind that applies (prompt_id "HumanEval/0:rename").
-Code is rebuilt with `ast.unparse` only for `hints` (to drop annotations); the others keep the
-original text byte for byte outside the edited span.
-"""
+"""Code editing with reuse (`humaneval_edit`, docs/workloads.md): each HumanEval solution given back with one
+edit to make (rename, hints, loop, bugfix), one prompt per edit that applies (prompt_id "HumanEval/0:rename").
+Only `hints` rebuilds the code (`ast.unparse`); the others keep the original text outside the edited span."""
 
 from __future__ import annotations
 
@@ -21,7 +8,7 @@ import ast
 import random
 import re
 
-from avkit.workloads.base import Prompt, register, seeded_order
+from avkit.workloads.base import Prompt
 from avkit.workloads.sets import read_problems
 
 REPLY = "Reply with the whole function in one code block."
@@ -96,7 +83,5 @@ def edit_prompts(task_id: str, problem: dict, seed: int) -> list[Prompt]:
     ]
 
 
-@register("humaneval_edit")
 def load_humaneval_edit(seed: int) -> list[Prompt]:
-    prompts = [p for task_id, problem in read_problems().items() for p in edit_prompts(task_id, problem, seed)]
-    return seeded_order(prompts, seed)
+    return [p for task_id, problem in read_problems().items() for p in edit_prompts(task_id, problem, seed)]

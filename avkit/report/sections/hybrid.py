@@ -71,21 +71,15 @@ def build(inputs: ReportInputs, config: ReportConfig) -> Section:
     sec.add(_table(overall, "Routers over all test requests. Speedups are throughput ratios under the HVD cost "
                             "model (target-only decoding = 1)."))
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    speed = {d: {r["router"]: _num(r["speedup_vs_model"]) for r in rows if r["dataset"] == d} for d in datasets}
-    sec.add(Figure("hvd_speedup", "Speedup of each router over model-only drafting, per dataset.",
-                   plots.grouped_bars(speed, "Speedup over model-only drafting", "throughput ratio (×)", 1.0),
-                   alt="HVD speedup per router"))
-    cycles = {d: {r["router"]: _num(r["cycles_per_1k"]) for r in rows if r["dataset"] == d} for d in datasets}
-    sec.add(Figure("hvd_cycles", "Target verifications per 1,000 generated tokens (lower is better).",
-                   plots.grouped_bars(cycles, "Decoding cycles per 1,000 tokens", "cycles / 1,000 tokens"),
-                   alt="HVD cycles per 1000 tokens"))
-    sec.add(_table([r for r in rows if r["dataset"] != "overall"], "Per dataset.", collapsed=True, with_dataset=True))
-    verdict = _verdict_table(blob.get("verdict", []))
-    if verdict is not None:
-        sec.add(verdict)
-    budget = _budget_table(blob.get("budget", []))
-    if budget is not None:
-        sec.add(budget)
+    for name, col, caption, title, ylabel, baseline, alt in (
+            ("hvd_speedup", "speedup_vs_model", "Speedup of each router over model-only drafting, per dataset.",
+             "Speedup over model-only drafting", "throughput ratio (×)", 1.0, "HVD speedup per router"),
+            ("hvd_cycles", "cycles_per_1k", "Target verifications per 1,000 generated tokens (lower is better).",
+             "Decoding cycles per 1,000 tokens", "cycles / 1,000 tokens", None, "HVD cycles per 1000 tokens")):
+        values = {d: {r["router"]: _num(r[col]) for r in rows if r["dataset"] == d} for d in datasets}
+        sec.add(Figure(name, caption, plots.grouped_bars(values, title, ylabel, baseline), alt=alt))
+    sec.add(_table([r for r in rows if r["dataset"] != "overall"], "Per dataset.", collapsed=True, with_dataset=True),
+            _verdict_table(blob.get("verdict", [])), _budget_table(blob.get("budget", [])))
     tau = blob.get("thresholds", {})
     if tau:
         sec.add("Thresholds τ: " + ", ".join(f"{k} {v:.3f}" for k, v in tau.items() if not math.isnan(v)) + ".")
