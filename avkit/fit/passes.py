@@ -15,8 +15,8 @@ Glossary:
 Batch IRLS (DESIGN.md §3, estimators/irls.py): each Newton iteration is one pass summing, for
 every feature not yet converged, the O(K) arrowhead statistics at its current coefficients; the
 driver takes the step (`RoundLogistic.batch_step`). Every engine reaches the same fixed point: only
-the order of the sums differs. Scores: one last pass sums each shard's score sums: a held shard's
-are its predictions, scored exactly (metrics/table.py); spilled shards' are `metrics/binned.py`'s.
+the order of the sums differs. Scores: one last pass; a held shard predicts each feature in one call
+and scores it exactly (metrics/table.py); spilled shards sum `metrics/binned.py`'s additive sums.
 Memory out of core: a pass holds `workers` chunks at once; `chunk_rows` = the budget left after
 FIXED_MB, shared by the workers, over BYTES_PER_ROW (read columns, derived features, predictions and
 temporaries of one row; measured with `bench/fit.py --scale`).
@@ -39,7 +39,7 @@ from avkit.features import FEATURES
 from avkit.fit.data import FitData, load_fit_data, trained_on
 from avkit.fit.replay import coef_row
 from avkit.fit.spill import ShardSurvey, spill_shard
-from avkit.metrics.binned import logit, quantile_edges
+from avkit.metrics.binned import BinnedScores, logit, quantile_edges
 from avkit.metrics.table import ScoreLayout
 from avkit.trace.reader import trace_k
 from avkit.trace.shards import ShardSet
@@ -70,23 +70,6 @@ class PassWork:
     subsets: list[int | None] | None = None  # [E] fit estimator j on dataset code subsets[j] only (None: all)
 
 
-class ExactScores:
-    """A held shard's score "sums": its predictions, gathered chunk by chunk and scored exactly where the
-    map runs once the last chunk is in (one shard: never added to another)."""
-
-    def __init__(self, layout: ScoreLayout):
-        self.layout, self.p, self.filled, self.scored = layout, np.empty(layout.y.size), 0, None  # p: [N]
-
-    def add(self, p: np.ndarray, y: np.ndarray, group: np.ndarray) -> None:
-        self.p[self.filled:self.filled + p.size] = p  # [n] the next chunk, in the layout's row order
-        self.filled += p.size
-        if self.filled == self.p.size:
-            self.scored, self.p = self.layout.score(self.p), None
-
-    def rows(self, names: list[str]) -> list[dict]:
-        return self.scored
-
-
 @dataclass
 class HeldShard:
     """Every observed slot of a fit in memory, sorted by position: the one shard of `--engine memory`.
@@ -109,6 +92,7 @@ class HeldShard:
                    ScoreLayout(y, pos, ds, data.dataset_names, n_bins))
 
     def chunks(self, k: int, dataset_names: list[str]):
+        """-> per chunk (index, [K] rows per position, [n] positions, [n] labels, [n] dataset codes)."""
         for c, lo in enumerate(range(0, self.labels.size, HELD_CHUNK)):
             rows = slice(lo, lo + HELD_CHUNK)
             pos = self.positions[rows]
@@ -117,16 +101,21 @@ class HeldShard:
     def column(self, chunk: int, name: str, dtype) -> np.ndarray:
         return self.features[name][chunk * HELD_CHUNK:(chunk + 1) * HELD_CHUNK]
 
-    def score_sums(self, work: PassWork, edges) -> ExactScores:
-        return ExactScores(self.layout)
+    def score(self, est, name: str) -> list[dict]:
+        """Score rows of `est` on feature `name`: every slot predicted in one call, scored exactly."""
+        return self.layout.score(est.predict(self.features[name], self.positions))
 
 
 def shard_pass(shard, work: PassWork, only: int | None = None) -> list:
-    """Map step of a pass over one shard -> [E] additive sums (IrlsStats, or the shard's score sums) of
-    every estimator (`only`: of estimator `only` alone, a list of one)."""
+    """Map step of a pass over one shard -> [E] additive sums (IrlsStats, or BinnedScores) of every
+    estimator (`only`: of estimator `only` alone, a list of one); a held shard's scores are its score rows."""
     k, sc = work.k, work.score
     picks = range(len(work.estimators)) if only is None else [only]
-    out = [shard.score_sums(work, sc["edges"][j]) if sc else IrlsStats.zeros(k) for j in picks]
+    if sc and isinstance(shard, HeldShard):
+        return [shard.score(work.estimators[j], work.features[j]) for j in picks]
+    counts_dtype = np.int32 if getattr(shard, "observed", 0) < 1 << 31 else np.int64  # one shard's counts
+    out = [BinnedScores.zeros(len(work.dataset_names), k, sc["n_bins"], sc["edges"][j], counts_dtype) if sc
+           else IrlsStats.zeros(k) for j in picks]
     for c, counts, pos, y, ds in shard.chunks(k, work.dataset_names):
         bounds = np.r_[0, np.cumsum(counts)]  # [K + 1]
         group = ds * k + pos if sc else None  # [n] score group of each row (scoring passes only)
@@ -210,10 +199,11 @@ def newton(engine, shards, nodes, plan, ests, m, fit: FitConfig, progress,
 
 def score_pass(engine, shards, nodes, plan, ests, m, fit: FitConfig) -> list[list[dict]]:
     """One pass scoring every estimator at its coefficients -> [E] score rows (metrics/table.py's scopes)."""
-    edges = [None] * len(plan) if isinstance(shards[0], HeldShard) else \
-        [_edges(e, n, shards, fit.auc_bins) for (n, _), e in zip(plan, ests)]
+    held = isinstance(shards[0], HeldShard)
+    edges = [None] * len(plan) if held else [_edges(e, n, shards, fit.auc_bins) for (n, _), e in zip(plan, ests)]
     work = PassWork([n for n, _ in plan], ests, m["k"], m["names"], score={"n_bins": fit.bins, "edges": edges})
-    return [acc.rows(m["names"]) for acc in pass_sums(engine, shards, nodes, work)]
+    sums = pass_sums(engine, shards, nodes, work)
+    return sums if held else [acc.rows(m["names"]) for acc in sums]
 
 
 @contextmanager

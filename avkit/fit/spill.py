@@ -29,7 +29,6 @@ import polars as pl
 from avkit.errors import TraceError
 from avkit.features import FEATURES
 from avkit.fit.data import TRACE_COLUMNS, fitted, request_step_starts
-from avkit.metrics.binned import BinnedScores
 from avkit.trace.reader import CHECKED_COLUMNS, scan_traces
 from avkit.trace.values import SLOT_KEY, check_values, duplicate_slot, slot_hashes
 
@@ -110,10 +109,6 @@ class ShardSurvey:
             yield (c, counts[:k], np.repeat(np.arange(k), counts[:k]),
                    self.column(c, "label", np.int8).astype(np.float64), lut[self.column(c, "dataset", np.int16)])
 
-    def score_sums(self, work, edges: np.ndarray) -> BinnedScores:
-        """Empty score sums of one estimator over this shard (counts in int32 below 2^31 slots)."""
-        return BinnedScores.zeros(len(work.dataset_names), work.k, work.score["n_bins"], edges,
-                                  np.int32 if self.observed < 1 << 31 else np.int64)
 
 
 def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int, sample: int,
