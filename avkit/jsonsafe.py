@@ -1,12 +1,5 @@
-"""JSON that every parser reads: NaN and ±inf become null (Python's json writes bare `NaN`, which
-is not JSON), numpy scalars become Python numbers; and the one reader of a JSON input file.
-
-Every JSON file avkit writes (coefficients.json, scores.json, hvd_metrics.json, cost tables) goes
-through `json_safe` before `json.dumps(..., allow_nan=False)`, so a stray NaN fails loudly here
-instead of producing a file other tools reject. `read_json` reads a JSON input file (UTF-8) and
-turns a missing, unreadable or invalid one into one `AvkitError` line naming the option or kind of
-file, the path and the problem.
-"""
+"""JSON every parser reads (NaN and ±inf as null, numpy values as Python's: every JSON file avkit writes goes
+through `dumps`, so a stray NaN fails here, not in another tool), and the one reader of a JSON input file."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Name -> factory registries whose entries are imported on first use, not at registration.
-
-Estimators and verify policies are looked up by name (`--estimator`, `--policy`). A registry that
-imported every entry's module up front would make importing the engine pull in what those modules
-import (polars, the payoff MLP). Here an entry is either the factory itself or a string
-"package.module:attribute" that is imported the first time the name is looked up; `name in
-registry`, iteration and the "choose from" error need no import at all.
+"""Name -> factory registries (estimators, verify policies, prompt sets) whose entries are imported on first
+use: an entry is the factory itself or a lazy "package.module:attribute" path, so importing the engine pulls
+in nothing its entries import; `name in registry`, iteration and the "choose from" error import nothing.
 
 >>> reg = Registry("widget", {"json": "json:dumps"})
 >>> "json" in reg, reg["json"]([1])

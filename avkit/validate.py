@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from avkit.errors import ConfigError, DataError
+from avkit.errors import ConfigError
 
 
 def shown(value) -> str:
@@ -62,46 +60,6 @@ def option_text(name: str, value) -> str:
 def in_range(config, name: str, lo=None, hi=None, **ends):
     """check_range on one field of a config, named as its option."""
     return check_range(option(name), getattr(config, name), lo, hi, **ends)
-
-
-def as_1d(name: str, x, dtype=np.float64) -> np.ndarray:
-    """Convert array-like to a 1-D numpy array; reject empty and NaN/inf input."""
-    a = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x)
-    if a.ndim != 1:
-        a = a.reshape(-1) if a.ndim == 0 or a.size == a.shape[0] else a
-    if a.ndim != 1:
-        raise DataError(f"{name} must be 1-D, got shape {a.shape}")
-    if a.size == 0:
-        raise DataError(f"{name} is empty")
-    a = a.astype(dtype, copy=False)
-    if not np.all(np.isfinite(a)):
-        i = int(np.flatnonzero(~np.isfinite(a))[0])
-        raise DataError(f"{name} contains non-finite values: {name}[{i}] = {a[i]}")
-    return a
-
-
-def check_labels(name: str, y) -> np.ndarray:
-    a = as_1d(name, y)
-    bad = (a != 0) & (a != 1)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise DataError(f"{name} must contain only 0 and 1, got {name}[{i}] = {a[i]}")
-    return a
-
-
-def check_probs(name: str, p) -> np.ndarray:
-    a = as_1d(name, p)
-    if a.min() < 0 or a.max() > 1:
-        v = a.min() if a.min() < 0 else a.max()
-        raise DataError(f"{name} must be probabilities in [0, 1], got {v}")
-    return a
-
-
-def check_same_length(**arrays) -> int:
-    lens = {k: len(v) for k, v in arrays.items()}
-    if len(set(lens.values())) > 1:
-        raise DataError(f"inconsistent lengths: {lens}")
-    return next(iter(lens.values()))
 
 
 DEVICES = ("auto", "cpu", "cuda")  # "cuda:N" also accepted

@@ -16,7 +16,6 @@ from __future__ import annotations
 import numpy as np
 
 from avkit.errors import DataError
-from avkit.validate import as_1d, check_labels, check_probs, check_same_length
 
 EPS = np.finfo(np.float64).eps
 
@@ -25,21 +24,44 @@ class UndefinedMetricWarning(UserWarning):
     """The metric is undefined on this input (e.g. AUC with one class); nan is returned."""
 
 
+def as_1d(name: str, x, dtype=np.float64) -> np.ndarray:
+    """Array-like (a tensor too) as a 1-D numpy array; DataError on empty or NaN/inf input."""
+    a = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x)
+    if a.ndim != 1:
+        a = a.reshape(-1) if a.ndim == 0 or a.size == a.shape[0] else a
+    if a.ndim != 1:
+        raise DataError(f"{name} must be 1-D, got shape {a.shape}")
+    if a.size == 0:
+        raise DataError(f"{name} is empty")
+    a = a.astype(dtype, copy=False)
+    if not np.all(np.isfinite(a)):
+        i = int(np.flatnonzero(~np.isfinite(a))[0])
+        raise DataError(f"{name} contains non-finite values: {name}[{i}] = {a[i]}")
+    return a
+
+
 def check_binary_inputs(labels, values, sample_weight=None, *, name: str, probabilities: bool):
     """The one validator of binary metric inputs (messages name the argument and show the bad value):
     -> (labels [N] float64 in {0,1}, values [N] float64, weights [N] float64 or None)."""
-    y = check_labels("labels", labels)
-    v = check_probs(name, values) if probabilities else as_1d(name, values)
+    y = as_1d("labels", labels)
+    bad = (y != 0) & (y != 1)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise DataError(f"labels must contain only 0 and 1, got labels[{i}] = {y[i]}")
+    v = as_1d(name, values)
+    if probabilities and (v.min() < 0 or v.max() > 1):
+        raise DataError(f"{name} must be probabilities in [0, 1], got {v.min() if v.min() < 0 else v.max()}")
+    arrays = {"labels": y, name: v}
     w = None
     if sample_weight is not None:
-        w = as_1d("sample_weight", sample_weight)
+        w = arrays["sample_weight"] = as_1d("sample_weight", sample_weight)
         if w.min() < 0:
             raise DataError(f"sample_weight must be >= 0, got {w.min()}")
-        check_same_length(labels=y, **{name: v}, sample_weight=w)
-        if w.sum() <= 0:
-            raise DataError(f"sample_weight must have a positive sum, got {w.sum()}")
-    else:
-        check_same_length(labels=y, **{name: v})
+    lens = {k: len(a) for k, a in arrays.items()}
+    if len(set(lens.values())) > 1:
+        raise DataError(f"inconsistent lengths: {lens}")
+    if w is not None and w.sum() <= 0:
+        raise DataError(f"sample_weight must have a positive sum, got {w.sum()}")
     return y, v, w
 
 

@@ -22,10 +22,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from avkit.config import RecordConfig
 from avkit.record.files import check_resume, finished_requests, preflight
-from avkit.record.progress import RecordProgress
 from avkit.record.requests import PromptQueue, Turn
 from avkit.record.stats import AcceptanceStats
 from avkit.scheduling.spec import parse_spec
@@ -35,24 +36,19 @@ from avkit.trace.writer import GenerationWriter, TraceWriter
 _NEVER = 1 << 40  # row_group_rows for writers the recorder flushes itself
 
 
+@dataclass(frozen=True)
 class RecordingSink:
     """A `TraceSink` that adds the run id, counts labelled slots and buffers rows into a writer."""
 
-    def __init__(self, writer: TraceWriter, run_id: str, stats: AcceptanceStats):
-        self.writer = writer
-        self.run_id = run_id
-        self.stats = stats
-        self.rows = 0  # rows received from the engine in this run
+    writer: TraceWriter
+    run_id: str
+    stats: AcceptanceStats
 
     def emit(self, columns: dict[str, np.ndarray]) -> None:
         n = len(next(iter(columns.values()), ()))
-        if n == 0:
-            return
-        columns = dict(columns)
-        columns.setdefault("run_id", np.full(n, self.run_id, dtype=object))
+        columns = {"run_id": np.full(n, self.run_id, dtype=object), **columns}
         self.stats.update(columns)
         self.writer.write(columns)
-        self.rows += n
 
 
 @dataclass(frozen=True)
@@ -104,6 +100,37 @@ def _interruptible():
     finally:  # once interrupted the run is ending: later signals must not break its shutdown (atexit included)
         for s, h in old.items():
             signal.signal(s, signal.SIG_IGN if state["raised"] else h)
+
+
+class RecordProgress(Progress):
+    """`with RecordProgress(total, stats) as p: p.requests(done, tokens)` (silent when disabled).
+
+    On a terminal this is a live bar; otherwise (a log file) one plain line every `log_interval_s`.
+    """
+
+    def __init__(self, total: int, stats: AcceptanceStats, *, enabled: bool = True, console: Console | None = None,
+                 log_interval_s: float = 30.0):
+        console = console or Console(stderr=True)
+        super().__init__(TextColumn("[bold]record"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                         TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[accept]}"),
+                         console=console, disable=not (enabled and console.is_terminal))
+        self.stats, self.tokens = stats, 0
+        self.log_every = None if (not enabled or console.is_terminal) else log_interval_s
+        self.t0 = self._last_log = time.monotonic()
+        self._bar = self.add_task("record", total=total, rate="", accept="")
+
+    def requests(self, done: int, new_tokens: int) -> None:
+        """`done` requests finished so far, `new_tokens` emitted since the last call."""
+        self.tokens += new_tokens
+        elapsed = max(time.monotonic() - self.t0, 1e-9)
+        accept = "acc/pos " + " ".join("-" if np.isnan(a) else f"{a:.2f}" for a in self.stats.acceptance())
+        rate = f"{self.tokens / elapsed:.1f} tok/s  {self.stats.labelled()} labelled"
+        self.update(self._bar, completed=done, rate=rate, accept=accept)
+        now = time.monotonic()
+        if self.log_every is not None and now - self._last_log >= self.log_every:
+            self._last_log = now
+            self.console.print(f"[{time.strftime('%H:%M:%S')}] {done} requests done  {rate}  {accept}",
+                               highlight=False, soft_wrap=True)
 
 
 def _generation_row(run_id: str, turn: Turn, output_ids: list[int], reason: str, times: list[float]) -> dict:
@@ -161,15 +188,14 @@ def _record(config, files, target, draft, progress, console, run_id, policy=None
             # Read both sources before writing anything: a failed resume leaves both tables as they were.
             gens = GenerationWriter(gen_path, meta, row_group_rows=_NEVER, resume=config.resume,
                                     source=files.generations_source)
-            done = finished_requests(gens.table()) if config.resume else {}
+            done = finished_requests(gens.table())  # none without --resume
             trace = TraceWriter(out, meta, row_group_rows=config.row_group_rows, resume=config.resume,
-                                keep_requests=set(done) if config.resume else None, source=files.trace_source)
+                                keep_requests=set(done), source=files.trace_source)
             gens.flush()  # generations partial first: a trace partial never exists without its generations
             trace.flush()
             started = True
             stats = AcceptanceStats(max(config.decoding.k, 1))
-            if config.resume and trace.rows_written:
-                stats.update_from_table(trace.table())
+            stats.update_from_table(trace.table())  # the resumed rows (none without --resume)
             resumed_rows = trace.rows_written
             # engine_step is a global index over the file: a resumed run continues after the last one
             step_offset = int(pc.max(trace.table()["engine_step"]).as_py()) + 1 if resumed_rows else 0
@@ -189,8 +215,8 @@ def _record(config, files, target, draft, progress, console, run_id, policy=None
             for writer in (trace, gens) if started else ():  # trace first; the finals are untouched
                 writer.keep()
             raise
-    return RecordResult(out, gen_path, run_id, finished, sink.rows, resumed_rows + sink.rows, interrupted,
-                        queue.skipped_long, stats.summary(), engine.stats.steps, engine.stats.tokens,
+    return RecordResult(out, gen_path, run_id, finished, trace.rows_written - resumed_rows, trace.rows_written,
+                        interrupted, queue.skipped_long, stats.summary(), engine.stats.steps, engine.stats.tokens,
                         time.monotonic() - t0, committed=trace.closed)
 
 

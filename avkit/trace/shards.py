@@ -5,8 +5,8 @@ A fleet records one trace per replica (and per day); every command that reads tr
   a directory            every `*.parquet` in it, sorted by name (companion tables excluded:
                          `*.generations.parquet`, and the fit output `trajectory.parquet`)
   a glob                 e.g. `traces/2026-12-*/replica-*.parquet`, matches sorted by name
-in any mix (`trace_files`: none at all means the shipped traces); the result keeps the order given; a file reached twice is an error (it would weigh double). A shard set must be one model
-pair at one K: `check_shards` reads every footer (cheap, no rows), checks each against the schema
+in any mix (`trace_files`: none at all means the shipped traces); the result keeps the order given; a file
+reached twice is an error (it would weigh double). A shard set must be one model pair: `check_shards` reads every footer (cheap, no rows), checks each against the schema
 (`reader.check_schema`) and compares the model-pair keys in `AGREE` with the first shard; the first
 shard that disagrees is named in one line, with both values.
 """
@@ -95,20 +95,16 @@ class ShardSet:
 
 def check_shards(specs: Iterable[str | Path]) -> ShardSet:
     """Resolve `specs`, check every footer against the schema and the shards against each other."""
-    paths = resolve_shards(specs)
-    first = None
+    paths, metas = resolve_shards(specs), []
     for path in paths:
         check_schema(path)
-        meta = trace_metadata(path)
-        if first is None:
-            first = (path, meta)
-            continue
+        metas.append(meta := trace_metadata(path))
         for key in AGREE:
-            mine, theirs = meta.get(key, "<missing>"), first[1].get(key, "<missing>")
+            mine, theirs = meta.get(key, "<missing>"), metas[0].get(key, "<missing>")
             if mine != theirs:
-                raise TraceError(f"shard {path}: {key} is {mine!r} but {first[0]} (the first shard) has "
+                raise TraceError(f"shard {path}: {key} is {mine!r} but {paths[0]} (the first shard) has "
                                  f"{theirs!r}; one shard set is one model pair")
-    return ShardSet(tuple(paths), first[1])
+    return ShardSet(tuple(paths), metas[0])
 
 
 __all__ = ["AGREE", "ShardSet", "check_shards", "resolve_shards", "shipped_traces", "trace_files"]
