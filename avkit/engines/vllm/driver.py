@@ -1,11 +1,6 @@
-"""avkit's side of a vLLM process: vLLM's venv, its version, its model directories, and offline.py run there.
-
-Glossary:
-  vLLM Python   the interpreter of a venv with vLLM (`--vllm-python`, else $AVKIT_VLLM_PYTHON, else
-                `.venv-vllm/bin/python`); its vLLM version must be in version.SUPPORTED
-  offline run   `python -m avkit.engines.vllm.offline SPEC RESULT` under that interpreter, in its own session (so
-                Ctrl-C reaches only avkit, which then stops it), its log in the work directory
-Used by `record --engine vllm` (record.py) and `profile --engine vllm` (profile.py).
+"""avkit's side of a vLLM process: vLLM's venv (`--vllm-python`, else $AVKIT_VLLM_PYTHON, else
+`.venv-vllm/bin/python`), its version, its model directories, and offline.py run there in its own session (so
+Ctrl-C reaches only avkit, which then stops it). Used by record.py and profile.py.
 """
 
 from __future__ import annotations

@@ -1,40 +1,24 @@
-"""Runs INSIDE vLLM's process: wraps six vLLM V1 methods at run time to observe every draft slot.
+"""Runs INSIDE vLLM's process: wraps six vLLM V1 methods at run time to observe every draft slot, and turns
+what they saw into trace columns.
 
-Imports only torch and `avkit.features` (vLLM's venv has no polars/pyarrow). No vLLM file is
-patched on disk: `install()` replaces methods on vLLM's classes in this process only, and each wrapper
-calls the original unchanged, so what vLLM decides is what it would decide without avkit.
-
-Where each column comes from (vLLM 0.32, V1 model runner, draft_model proposer):
-  draft features   `SpecDecodeBaseProposer._greedy_sample` / `._sample_from_logits`: the draft logits of
-                   each drafting pass, divided by the request's temperature (T = 0 read as 1) before
-                   vLLM's own sampling touches them -> q_max, q_2nd, entropy, logit_qmax [B, F] per pass
-  draft tokens     `GPUModelRunner.propose_draft_token_ids`'s return value [B, K], with the batch's
-                   request ids at that moment (the proposer's rows are the input batch's rows); the cache
-                   drafters `ngram` and `suffix` return a list of token lists (any length <= K) and compute no
-                   draft logits: their slots get the features of a point mass (CACHE_FEATURES: q_max 1,
-                   q_2nd 0, entropy 0, logit_qmax 40, q_sampled 1), which is the q vLLM verifies them against
-  target p(x)      `rejection_sampler.rejection_sample`'s `target_logits` (vLLM already applied temperature
-                   and top-k/top-p): p(x) = softmax(target_logits)[x]; greedy rows: 1 iff x is the argmax
-  q_sampled        q(x) of the distribution vLLM drew x from and verifies it against: probabilistic drafting
-                   returns probs = softmax(l / T) (no top-p); greedy drafting (and T = 0 rows) verify
-                   against a one-hot q, so q_sampled = 1
-  step timing      `propose_draft_token_ids`'s wall time and `execute_model`'s scheduled target tokens and
-                   requests, per engine step (what `avkit profile --engine vllm` splits a step's cost with;
-                   the requests are the batch size vLLM's Dynamic SD schedule looks K up by)
-  accepted         `rejection_sample`'s output [B, K+1]: valid tokens = accepted drafts + 1 (bonus or
-                   recovered), exactly what vLLM's scheduler counts into its spec-decode metrics
-Slots are matched across the two steps (drafted at step s, verified at step s+1) by request id, as
-vLLM itself matches its cached draft probabilities (`_get_spec_decode_draft_probs`).
+No vLLM file is patched on disk and each wrapper calls the original unchanged, so vLLM decides what it would
+without avkit. Where each trace column comes from in vLLM 0.32: docs/vllm.md ("The hook"). Slots are matched
+across the two steps (drafted at step s, verified at s+1) by request id, as vLLM matches its cached draft
+probabilities. The cache drafters `ngram` and `suffix` compute no draft logits: their slots get the features
+of a point mass (CACHE_FEATURES), the one-hot q vLLM verifies them against. Imports torch, numpy and light
+avkit modules only (vLLM's venv has no polars).
 """
 
 from __future__ import annotations
 
 import time
 
+import numpy as np
 import torch
 
 from avkit.engines.vllm.version import SUPPORTED, supported
 from avkit.features import draft_features
+from avkit.trace import labels
 
 FEATURES = ("q_max", "q_2nd", "entropy", "logit_qmax")
 PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID in rejection_sample's output
@@ -150,6 +134,56 @@ class Recorder:
 RECORDER = Recorder()
 
 
+def slot_columns(records: list[dict], requests: dict[str, tuple[str, str, float, float]], step_time_ms: float,
+                 engine_step: int) -> dict[str, np.ndarray]:
+    """One engine step's records (`Recorder.rows`) -> trace columns (avkit/trace/schema.py) in (record, position)
+    order; `requests`: vLLM's request id -> (the tables' request id, dataset, temperature, top-p). A record holds
+    its K drafted slots (K: the draft's own length for a cache drafter), `features` [K][F + 1] (FEATURES, then
+    q_sampled) and `target_prob` [num_verified]; labels by trace/labels.py."""
+    k = np.array([r["num_drafted"] for r in records], dtype=np.int64)  # [R]
+    r_idx = np.repeat(np.arange(len(records)), k)  # [N]
+    j = np.arange(len(r_idx)) - np.repeat(np.cumsum(k) - k, k)  # [N] position within the record
+
+    def per_record(key, dtype) -> np.ndarray:  # [N]
+        return np.array([r[key] for r in records], dtype=dtype)[r_idx]
+
+    def per_request(i: int, dtype) -> np.ndarray:  # [N]
+        return np.array([requests[r["request_id"]][i] for r in records], dtype=dtype)[r_idx]
+
+    feats = np.concatenate([np.asarray(r["features"], dtype=np.float32).reshape(-1, len(FEATURES) + 1)
+                            for r in records])  # [N, F + 1]
+    n_ver, n_acc = per_record("num_verified", np.int64), per_record("num_accepted", np.int64)
+    verified = j < n_ver
+    p = np.full(len(r_idx), np.nan, dtype=np.float32)  # [N]
+    p[verified] = np.concatenate([np.asarray(r["target_prob"], dtype=np.float32) for r in records])
+    q = feats[:, len(FEATURES)]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        accept_prob = np.minimum(1.0, p / q).astype(np.float32)
+    observed = labels.observed(j, n_ver, n_acc)
+    return {
+        "dataset": per_request(1, object),
+        "request_id": per_request(0, object),
+        "drafter": np.array([r.get("drafter", "model") for r in records], dtype=object)[r_idx],
+        "step": per_record("step", np.int32),
+        "position": j.astype(np.int16),
+        "draft_token": np.concatenate([np.asarray(r["draft_token"], dtype=np.int32) for r in records]),
+        **{name: feats[:, i] for i, name in enumerate(FEATURES)},
+        "q_sampled": q,
+        "target_prob": np.ma.MaskedArray(p, mask=~verified),
+        "verified": verified,
+        "accepted": np.ma.MaskedArray(j < n_acc, mask=~observed),
+        "num_drafted": per_record("num_drafted", np.int16),
+        "num_verified": n_ver.astype(np.int16),
+        "num_accepted": n_acc.astype(np.int16),
+        "batch_size": per_record("batch_size", np.int32),
+        "step_time_ms": np.full(len(r_idx), step_time_ms, dtype=np.float32),
+        "temperature": per_request(2, np.float32),
+        "top_p": per_request(3, np.float32),
+        "engine_step": np.full(len(r_idx), engine_step, dtype=np.int64),
+        "accept_prob": np.ma.MaskedArray(accept_prob, mask=~verified),
+    }
+
+
 def install() -> Recorder:
     """Wrap vLLM's methods (idempotent; only for the SUPPORTED vLLM versions); -> the process-wide recorder."""
     import vllm  # lazy: vllm
@@ -242,4 +276,4 @@ def install() -> Recorder:
     return rec
 
 
-__all__ = ["FEATURES", "RECORDER", "Recorder", "install"]
+__all__ = ["FEATURES", "RECORDER", "Recorder", "install", "slot_columns"]

@@ -4,18 +4,11 @@
 
 SPEC holds the engine (make_llm's keys) and a `mode`; RESULT gets one JSON object per line, the last one vLLM's
 version, the dtype it ran, when the engine was ready (epoch s), whether cpu_fix ran and its spec-decode counters.
-  record   avkit's plugin writes the tables (the parent sets AVKIT_VLLM_TRACE, AVKIT_VLLM_META, AVKIT_VLLM_FLUSH_S:
-           plugin.py; vLLM's engine core runs in this process, VLLM_ENABLE_V1_MULTIPROCESSING=0, so the plugin's
-           Observer is this module's to finish). The plugin is registered here as vLLM registers it (its
-           `vllm.general_plugins` entry point, idempotent), so the checkout on PYTHONPATH is the one that runs.
-           `requests`: request_id, dataset, prompt_ids, temperature, top_p, max_tokens, seed, stop_token_ids;
-           each request's id and dataset travel in its `SamplingParams.extra_args`, where the plugin reads them.
-           One `LLM.generate` over every request: vLLM's scheduler admits up to max_num_seqs at a time.
-  profile  `LLMEngine.step()` timed (profile.py's points): per (context, n) of the spec, n requests of random
-           prompt ids (`ignore_eos`) until `steps` steady steps were seen, then aborted; a steady step has
-           exactly n (K + 1) scheduled target tokens with n requests running. hooks.py's per-step timing splits
-           it (drafting wall time, scheduled tokens); the hooks record no slots here. One line per point.
-Any failure: the traceback on stderr, exit code 1 (a recording's tables hold what the plugin flushed).
+  record   one `LLM.generate` over every request while the plugin, registered here as vLLM registers it, writes
+           the tables (AVKIT_VLLM_TRACE, _META, _FLUSH_S from the parent; engine core in this process)
+  profile  `LLMEngine.step()` timed per (context, n) until `steps` steady steps (exactly n (K + 1) scheduled
+           target tokens with n running), then aborted; the hooks' timing splits drafting off. One line a point.
+Any failure: the traceback on stderr, exit code 1.
 """
 
 from __future__ import annotations

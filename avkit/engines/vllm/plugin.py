@@ -1,30 +1,20 @@
 """avkit inside vLLM: the general plugin vLLM loads in each of its processes (pyproject.toml entry points).
 
 vLLM calls `register()` in its API server, engine core and worker processes before the model is built
-(`vllm.general_plugins`); the stat logger (`vllm.stat_logger_plugins`) is stat_logger.py. Both are inert
-unless one of these is set (docs/vllm.md shows the lines a user adds):
-  AVKIT_VLLM_TRACE         trace path: every draft slot in avkit's v1 schema, one row group every
-                           AVKIT_VLLM_FLUSH_S seconds (default 5; 0: every engine step), each flush replacing
-                           the complete file at the path (vLLM kills its workers at shutdown: there is no
-                           "finished"); the generations table beside it (trace/writer.py). A request's
-                           generations row is written when the next engine step starts (the worker learns
-                           it finished then)
-  AVKIT_VLLM_COEFFICIENTS  an avkit coefficients.json (`avkit fit`, or `profile.coefficients` of `avkit tune`):
-                           warm-starts vLLM's OnlineAcceptanceEstimator (warmstart.py) and is the predictor
-                           the calibration health scores (health.py)
+(`vllm.general_plugins`; the stat logger is stat_logger.py). Inert unless one of these is set (docs/vllm.md,
+"the plugin"):
+  AVKIT_VLLM_TRACE         trace path: every draft slot, one row group every AVKIT_VLLM_FLUSH_S seconds (default
+                           5; 0: every step), each flush replacing the complete file (vLLM kills its workers at
+                           shutdown), and the generations table beside it
+  AVKIT_VLLM_COEFFICIENTS  an avkit coefficients.json: warm-starts vLLM's OnlineAcceptanceEstimator and is the
+                           predictor the calibration health scores (health.py)
   AVKIT_VLLM_METRICS       1: calibration health on vLLM's /metrics (needs AVKIT_VLLM_COEFFICIENTS)
-  AVKIT_VLLM_DATASET       the trace's `dataset` label (default `vllm`); a request's own
-                           `SamplingParams.extra_args["avkit_dataset"]` wins, and its
-                           `extra_args["avkit_request_id"]` replaces vLLM's request id in both tables
-  AVKIT_VLLM_META          a JSON object of file metadata set over the plugin's own (trace/schema.py
-                           META_KEYS; `avkit record --engine vllm` puts its run's settings there)
+  AVKIT_VLLM_DATASET       the rows' `dataset` (default `vllm`); a request's `SamplingParams.extra_args`
+                           `avkit_dataset` / `avkit_request_id` win
+  AVKIT_VLLM_META          a JSON object of file metadata over the plugin's own (trace/schema.py META_KEYS)
 Nothing here may take a server down: an unsupported vLLM, a coefficients file that does not match the served
-pair, or a failing write is one `avkit: error:` line on vLLM's log, and that part of the plugin turns off.
-
-Patches, because vLLM 0.32 has no supported hook for them (each installed only for version.SUPPORTED):
-  hooks.py      six wrappers on the V1 runner: draft logits, draft tokens, verification (what is observed)
-  warmstart.py  OnlineAcceptanceEstimator.__init__: the start coefficients (Model Runner V2, GPU)
-`avkit record --engine vllm` is an offline `LLM` with this plugin on (offline.py, record.py).
+pair or a failing write is one `avkit: error:` line on vLLM's log, and that part of the plugin turns off.
+Patches, each only for version.SUPPORTED: hooks.py's six wrappers, and `install_warm_start`'s one.
 """
 
 from __future__ import annotations
@@ -104,9 +94,7 @@ def register() -> None:
 
 def _install(env: PluginEnv) -> None:
     if env.coefficients:
-        from avkit.engines.vllm import warmstart  # lazy: vllm
-
-        warmstart.install(env.coefficients)
+        install_warm_start(env.coefficients)
     if env.trace or (env.metrics and env.coefficients):
         from avkit.engines.vllm import hooks  # lazy: torch
 
@@ -115,6 +103,59 @@ def _install(env: PluginEnv) -> None:
             global OBSERVER
             OBSERVER = Observer(env)
             rec.on_step, rec.on_step_end = OBSERVER.on_step, OBSERVER.on_step_end
+
+
+FEATURE = "logit_qmax"  # vLLM's acceptance estimator feature
+
+
+def _served_pair() -> tuple[str, str]:
+    """(target, draft) of the vLLM config being built, ("", "") when none is current."""
+    from vllm.config import get_current_vllm_config_or_none  # lazy: vllm
+
+    config = get_current_vllm_config_or_none()
+    if config is None or config.model_config is None:
+        return "", ""
+    spec = config.speculative_config
+    return str(config.model_config.model), str(spec.model or "") if spec is not None else ""
+
+
+def warm_start_coefficients(path: str, k: int) -> dict | None:
+    """The coefficients file checked for an estimator of `k` steps on the served pair (estimators/coefficients.py,
+    feature logit_qmax), or None after one error line."""
+    from avkit.estimators.coefficients import ServedPair, load_coefficients  # lazy: vllm venv
+
+    target, draft = _served_pair()
+    try:
+        doc = load_coefficients(path, k=k, pair=ServedPair(target=target, draft=draft))
+    except Exception as e:  # AvkitError: its one line
+        error(f"{e}; vLLM's acceptance estimator keeps its own start")
+        return None
+    if doc.get("feature", FEATURE) != FEATURE:
+        error(f"coefficients {path}: field 'feature' must be {FEATURE!r} (vLLM's estimator feature), got "
+              f"{doc['feature']!r}; vLLM's acceptance estimator keeps its own start")
+        return None
+    return doc
+
+
+def install_warm_start(path: str) -> None:
+    """vLLM 0.32's OnlineAcceptanceEstimator (Model Runner V2) predicts sigmoid(omega logit(q_max) + beta_j) from
+    omega 0.5, beta_j -0.2; no vLLM hook sets the start, so its `__init__` is wrapped: after vLLM's own, slope
+    and intercepts are overwritten with the file's, when it passes `warm_start_coefficients` (idempotent)."""
+    from vllm.v1.worker.gpu.spec_decode.acceptance_estimator import OnlineAcceptanceEstimator  # lazy: vllm
+
+    if getattr(OnlineAcceptanceEstimator, "_avkit_warm_start", None) is not None:
+        return
+    original = OnlineAcceptanceEstimator.__init__
+
+    def __init__(self, max_num_reqs, num_speculative_steps, device, *args, **kwargs):
+        original(self, max_num_reqs, num_speculative_steps, device, *args, **kwargs)
+        doc = warm_start_coefficients(path, num_speculative_steps)
+        if doc is not None:
+            self.slope.fill_(float(doc["slope"]))
+            self.intercepts.copy_(self.intercepts.new_tensor(doc["intercepts"]))
+
+    OnlineAcceptanceEstimator.__init__ = __init__
+    OnlineAcceptanceEstimator._avkit_warm_start = path
 
 
 OBSERVER = None  # this process's Observer, once installed
@@ -202,7 +243,7 @@ class Observer:
         return str(extra.get("avkit_request_id", rid)), str(extra.get("avkit_dataset", self.env.dataset))
 
     def _requests(self, runner, records) -> dict[str, tuple[str, str, float, float]]:
-        """vLLM's id -> (request id, dataset, temperature, top-p) of each record's request (columns.py)."""
+        """vLLM's id -> (request id, dataset, temperature, top-p) of each record's request (`slot_columns`)."""
         out = {}
         for r in records:
             sp = runner.requests[r["request_id"]].sampling_params
@@ -210,7 +251,7 @@ class Observer:
         return out
 
     def _emit(self, runner, records: list[dict], step_ms: float) -> None:
-        from avkit.engines.vllm.columns import slot_columns  # lazy: torch
+        from avkit.engines.vllm.hooks import slot_columns  # lazy: torch
 
         cols = slot_columns(records, self._requests(runner, records), step_ms, self.engine_step - 1)
         if self.env.trace:
@@ -291,4 +332,4 @@ class Observer:
 
 
 __all__ = ["COEFFICIENTS", "DATASET", "FLUSH", "META", "METRICS", "OBSERVER", "RUN_DIR", "TRACE", "Observer",
-           "PluginEnv", "finish", "register"]
+           "PluginEnv", "finish", "install_warm_start", "register", "warm_start_coefficients"]

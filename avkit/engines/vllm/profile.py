@@ -1,32 +1,11 @@
-"""`avkit profile --engine vllm`: vLLM's step costs on this device, as a CostTable (avkit/scheduling/cost.py).
+"""`avkit profile --engine vllm`: vLLM's step costs on this device as a CostTable (docs/vllm.md, "Step costs").
 
-The native profile times avkit's forwards on synthetic layouts; vLLM's forwards cannot be called apart
-from its engine, so this one times whole `LLMEngine.step()` calls of real requests in vLLM's process
-(offline.py's `profile` mode, one run per engine) and splits them with the hooks' per-step timing (hooks.py: wall time inside `propose_draft_token_ids`, target tokens the
-scheduler handed the model runner; the hooks compute no features or labels while profiling, so the
-step is vLLM's own code, not avkit's per-draft feature work over the 151,936-entry vocabulary):
-
-  point          n requests decoding together, each at `context_len` prompt tokens (random ids, no prefix
-                 caching, `ignore_eos`), in an engine with K speculative tokens; a steady step is one whose
-                 scheduled target tokens are exactly n * (K + 1) (no prefill in it, all K drafts verified);
-                 once `warmup + repeats` steady steps were seen the requests are aborted
-  verify_ms(T)   T = n * (K + 1): median over steady steps of (step time - drafting time): the target
-                 forward, rejection sampling, scheduling and bookkeeping, i.e. everything but the drafter
-  drafting       D(n, K) = median drafting time of a steady step. vLLM's draft_model proposer runs K
-                 forwards per step, the first over the request's newly verified tokens (up to K + 1) and
-                 then one token each, so D is not K times one pass: with a second engine at K2 = K // 2
-                 the table fits D(n, K) = (K + phi) draft_ms(n), draft_fixed_ms(n) = phi draft_ms(n): the
-                 first pass costs phi passes more, one phi for all n (fit_drafting; without K2, phi = 0)
-  kv_ms_per_token  the cost table's context input: the target-only engine also runs its points at
-                 KV_CONTEXT_FACTOR x `context_len`; per n, (median step at the long context - at context_len) /
-                 (n x the extra tokens), and the median over n, clipped at 0 (fit_kv). Those points are kept in
-                 meta["points"] with their `context` and are not part of the curves
-Three engines: the config's K (verify T = n (K+1)), K2 (T = n (K2+1)) and target-only (K = 0: T = n), so
-K = 0, small T and the one-request layouts of spec steps are measured, not extrapolated. Where two give the
-same T, the larger K's point is kept (it is the layout spec decoding runs: fewer requests, more tokens
-each; on vLLM-CPU one request verifying 8 tokens costs ~30% less than 8 requests decoding one). Each
-point: `warmup` steady steps untimed, then `repeats` timed; curves made non-decreasing like the native
-table. `meta["points"]` keeps every raw point.
+Whole `LLMEngine.step()` calls of real requests are timed in vLLM's process (offline.py `profile`), split by
+the hooks' drafting time. Three engines: the config's K, K2 = K // 2 and target-only (also at KV_CONTEXT_FACTOR x
+the context, for `kv_ms_per_token`, `fit_kv`). verify_ms(T), T = n (K + 1): median of step - drafting time over
+steady steps; where two engines give the same T the larger K's point is kept (spec decoding's layout).
+Drafting D(n, K) = (K + phi) draft_ms(n) (`fit_drafting`). Curves are made non-decreasing; meta["points"]
+keeps every raw point (`table_from_points` refits them).
 """
 
 from __future__ import annotations

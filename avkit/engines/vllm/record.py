@@ -1,22 +1,8 @@
-"""avkit's side of `record --engine vllm`: an offline vLLM `LLM` in vLLM's venv with avkit's plugin on (offline.py),
-so the trace and the generations table are written by the same code as inside `vllm serve` (plugin.py).
-
-  checks     vLLM's Python and version, the HF model directories: one `avkit: error:` line before vLLM starts
-  requests   each prompt's first turn from avkit's PromptQueue (chat template, --max-prompt-tokens, datasets in
-             its seeded round-robin), stopping at the target's EOS ids; all go to vLLM at once and its
-             scheduler runs up to --concurrency together (vLLM's admission, not avkit's one-per-step)
-  work dir   `.<out name>.vllm-XXXX/` beside --out: the plugin writes both tables there (AVKIT_VLLM_TRACE),
-             each flush a complete file; the run's settings are their metadata (AVKIT_VLLM_META); offline.py
-             runs there (driver.run_offline)
-  commit     a run that finishes, or an interrupted one where files.py allows it: both renamed over the finals,
-             trace first (avkit/record/files.py's order); otherwise both moved to the `.partial` names, the
-             finals untouched
-  resume     `--resume`: the requests with a generations row in the source (files.py) are not asked again, the
-             source's rows of the others are dropped, and the new rows are appended to the kept ones through
-             avkit's writers (their engine_step continued), then committed as above
-Refused with --engine vllm (RecordConfig): --slots-per-dataset (the prompts are all handed over up front), a
---policy other than `full` (vLLM verifies with its own rule). MT-Bench's follow-up turns, asked after
-the model's own answer, are not recorded (stderr says how many prompts had them).
+"""avkit's side of `record --engine vllm` (docs/vllm.md, "How it runs"): checks before vLLM starts, the
+requests (each prompt's first turn from avkit's PromptQueue, the target's EOS ids as stops), offline.py in a
+work directory beside --out where the plugin writes both tables, then the commit: both renamed over the finals,
+trace first, or to the `.partial` names (avkit/record/files.py's rules). `--resume` asks only the requests
+without a generations row and appends their rows to the kept ones through avkit's writers.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
-"""Calibration health on vLLM's /metrics: the `vllm.stat_logger_plugins` entry point (plugin.py).
+"""Calibration health on vLLM's /metrics: the `vllm.stat_logger_plugins` entry point.
 
-vLLM builds its stat loggers in the API server process and calls `record` with every engine-core output
-batch; this one reads the worker's health file (health.py) there and exports, in vLLM's metric style (a
-namespace, snake case, `model_name` / `engine` labels, counters ending in `_total`):
-  avkit:spec_decode_labelled_slots_total{position}   labelled draft slots (verified, up to the first rejection)
-  avkit:spec_decode_accepted_slots_total{position}   accepted ones: equal to vLLM's own
-                                                     vllm:spec_decode_num_accepted_tokens_per_pos_total
-  avkit:spec_decode_predicted_acceptance{position}   rolling mean predicted p over labelled slots
-  avkit:spec_decode_observed_acceptance{position}    rolling observed rate over the same slots
-  avkit:spec_decode_calibration_ece                  rolling expected calibration error (10 bins)
-  avkit:spec_decode_brier                            rolling Brier score
-  avkit:spec_decode_expected_accepted_per_step       rolling predicted accepted tokens per request-step
-  avkit:spec_decode_actual_accepted_per_step         rolling accepted tokens per request-step
-Rolling: the last health.WINDOW engine steps. Inert (no metric registered) unless AVKIT_VLLM_METRICS is set
-and the plugin made a run directory.
+vLLM calls `record` in its API server process with every engine-core output batch; this reads the worker's
+health file (health.py) there and exports `avkit:spec_decode_*` in vLLM's metric style (namespace, snake case,
+`model_name` / `engine` labels, counters ending in `_total`); the accepted-slot counter equals vLLM's own
+`vllm:spec_decode_num_accepted_tokens_per_pos_total`. Rolling: the last health.WINDOW engine steps. Inert
+unless AVKIT_VLLM_METRICS is set and the plugin made a run directory.
 """
 
 from __future__ import annotations

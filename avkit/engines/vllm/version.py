@@ -1,7 +1,5 @@
-"""The vLLM versions avkit supports, and how avkit reports inside a vLLM process.
-
-Standard library only: both sides import it (avkit's Python and vLLM's venv).
-"""
+"""The vLLM versions avkit supports, and how avkit reports inside a vLLM process (standard library only: both
+sides import it)."""
 
 from __future__ import annotations
 
@@ -23,7 +21,7 @@ def supported(version: str) -> bool:
 
 
 def error(message: str) -> None:
-    """Inside a vLLM server (plugin.py, warmstart.py): one `avkit: error:` line on vLLM's log, never a raise."""
+    """Inside a vLLM server (plugin.py): one `avkit: error:` line on vLLM's log, never a raise."""
     logging.getLogger("avkit.vllm").error("avkit: error: %s", message)
 
 
