@@ -18,6 +18,11 @@ Not thread-safe: call add_request / abort / step from one thread.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+import os
+import sys
 import time
 from collections import OrderedDict
 from dataclasses import replace
@@ -30,7 +35,6 @@ from avkit.drafters.draft_model import DraftModelDrafter
 from avkit.errors import ConfigError
 from avkit.kernels.dispatch import select_kernels
 from avkit.models.transformer import HostLengths
-from avkit.runtime.host_memory import keep_freed_memory
 from avkit.runtime.prefill import prefill
 from avkit.runtime.batch import append_tokens, draft_input, limit_drafts, no_drafts, roll_back, top_k_min_p
 from avkit.runtime.request import FINISH_ABORT, EngineStats, Generation, Request, RunningSeq, StepOutput
@@ -40,6 +44,25 @@ from avkit.scheduling.cost import FREE_LAG
 from avkit.scheduling.policy import FullVerification, VerifyPolicy
 from avkit.step_types import DraftBatch, Load, StepPlan, StepTime, VerifyOutcome
 
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
+MMAP_THRESHOLD_MAX = 4 * 1024 * 1024 * ctypes.sizeof(ctypes.c_long)  # glibc's cap: 32 MB on 64-bit
+TRIM_NEVER = 2**31 - 1  # bytes of free heap top kept before trimming (an int)
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """A CPU engine keeps freed host memory mapped, so each step's vocabulary-wide buffers reuse their pages
+    instead of faulting in fresh ones: glibc's mmap threshold at its maximum and no heap trimming, once per process
+    (Linux/glibc only; AVKIT_KEEP_FREED_MEMORY=0 turns it off; docs/runtime.md). True when it took effect."""
+    if os.environ.get("AVKIT_KEEP_FREED_MEMORY", "1") == "0" or not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX)) and \
+            bool(libc.mallopt(M_TRIM_THRESHOLD, TRIM_NEVER))
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt): its own policy stays
+        return False
 
 class Engine:
     """Speculative decoding with continuous batching over `config.concurrency` KV-cache slots.
@@ -72,7 +95,7 @@ class Engine:
         # The hot-path kernels, chosen once: confidence in the draft passes, the plan's allocation and
         # the refit's statistics in the policy, rejection sampling here.
         self.kernels = select_kernels(self.device, config.kernels)
-        if self.device.type == "cpu":  # per-step vocabulary-wide buffers reuse their pages (host_memory.py)
+        if self.device.type == "cpu":  # per-step vocabulary-wide buffers reuse their pages
             keep_freed_memory()
         self.policy.use_kernels(self.kernels)
         if drafter is None and draft is not None and config.k > 0:

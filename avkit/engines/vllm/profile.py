@@ -102,10 +102,8 @@ def spec_ks(k: int) -> list[int]:
 
 def fit_drafting(points: list[dict], n_grid: list[int]) -> tuple[list[float], list[float], list[list[float]], float]:
     """-> (draft_ms, draft_fixed_ms per request count n, the runs behind draft_ms, phi) from the spec points'
-    drafting times D(n, K) (module docstring). The fixed part is phi passes: D(n, K) = (K + phi) draft_ms(n),
-    one phi for all n, the median over n of the phi that fits both Ks' medians at n, clipped at 0. A line
-    fitted per n instead puts twice the noise into its intercept (on this CPU it came out 51-1,269 ms, not
-    monotone in n); with phi pooled both curves follow D(n, K), which is monotone. One K: phi = 0.
+    drafting times D(n, K) = (K + phi) draft_ms(n): one phi for all n, the median over n of the phi that fits both
+    Ks' medians at n, clipped at 0 (a line per n doubles the noise in its intercept: docs/vllm.md). One K: phi 0.
 
     Examples
     --------
