@@ -23,7 +23,7 @@ from avkit.markdown import md_table
 from avkit.models.tokenizer import Tokenizer
 from avkit.runtime.step_log import steady_tok_s
 from avkit.scheduling.cost import CostTable, resolve_cost
-from avkit.sim.profile_steps import profile_steps
+from avkit.sim.steps import profile_steps
 from avkit.sim.replay import simulate
 from avkit.sim.steps import step_table
 from avkit.trace.reader import common_k, read_traces
@@ -188,7 +188,7 @@ def tiny_inputs(args) -> None:
 
 def synthetic_predicted(cost: str, rates: list[float], c: int, new: int) -> float:
     """The simulator's steady decode tok/s of fixed K = len(rates) at concurrency c, accepted lengths laid
-    out with exactly the rates' distribution (sim/profile_steps.py)."""
+    out with exactly the rates' distribution (sim/steps.py)."""
     per_request = max(1, round(new / (1 + sum(rates))))  # verify steps of a request of `new` tokens
     steps = profile_steps({"positions": [{"survival": r} for r in rates]}, steps_per_request=per_request)
     cell = simulate_arms(steps, [Arm("fixed", len(rates))], resolve_cost(cost), [c], waves=4,

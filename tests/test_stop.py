@@ -1,4 +1,4 @@
-"""The early stop's look-ahead (avkit/scheduling/stop.py): a request drafts on while any deeper depth pays,
+"""The early stop's look-ahead (avkit/scheduling/plan.py): a request drafts on while any deeper depth pays,
 checked against brute force: a loop over rows and depths, and the best depth of a staircase step cost."""
 
 from __future__ import annotations
@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from avkit.scheduling.plan import plan, single_group
-from avkit.scheduling.stop import continue_drafting
+from avkit.scheduling.plan import continue_drafting, plan, single_group
 
 
 def _staircase(tile: int, step_ms: float, base_ms: float, top: int) -> torch.Tensor:

@@ -12,18 +12,16 @@ import pytest
 
 from avkit.config import SimulateConfig, SyntheticConfig, TuneConfig
 from avkit.errors import ConfigError
-from avkit.scheduling.cost import CostTable
 from avkit.scheduling.cost import CostTable, parse_roofline_spec
 from avkit.scheduling.roofline import MODELS
 from avkit.sim.replay import load_steps, simulate
 from avkit.sim.steps import schedule
 from avkit.trace.synthetic import write_synthetic_trace
 from avkit.tune import tune
-from avkit.tune.arms import Arm, simulate_arms, truncate
-from avkit.tune.bootstrap import interval, resample_weights, resampled_rate
+from avkit.tune.arms import Arm, interval, resample_weights, resampled_rate, simulate_arms, truncate
 from avkit.tune.feasibility import memory_budget
 from avkit.tune.formats import check_vllm
-from avkit.tune.idle import idle_costs
+from avkit.tune.prefill import idle_costs
 from avkit.tune.schedule import ranges
 
 ROOFLINE = "roofline:H200:8b"  # these tests were set on the H200 roofline (the default is the shipped CPU table)

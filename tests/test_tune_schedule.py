@@ -3,7 +3,7 @@
 Checked against brute force: K(b) is the K of the range holding b (the last range's past it) for schedules
 read from `avkit tune --out` JSON and from its vLLM fragment; in the engine, every step at batch size b
 drafts at most K(b) per request, verifies min(drafted, K(b)), drafts nothing where K(b) = 0, and the
-greedy output equals target-only decoding token for token. The catch-up rule (scheduling/catch_up.py)
+greedy output equals target-only decoding token for token. The catch-up rule (scheduling/batch_schedule.py)
 against a brute-force loop, and in the engine: the lags it is given are the drafter's, a request it keeps out
 runs no drafter forward, output unchanged. Bad schedule files are one error line, exit 2.
 """
@@ -23,8 +23,7 @@ from avkit.config import EngineConfig, SamplingConfig
 from avkit.errors import ConfigError
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
-from avkit.scheduling.batch_schedule import BatchSchedule, ScheduledK
-from avkit.scheduling.catch_up import FREE_LAG, CatchUpRule
+from avkit.scheduling.batch_schedule import FREE_LAG, BatchSchedule, CatchUpRule, ScheduledK
 from avkit.scheduling.cost import CostTable
 from avkit.scheduling.spec import POLICIES
 from avkit.step_types import DraftBatch, Load

@@ -22,7 +22,7 @@ from vllm_support import need_vllm, vllm_env
 from avkit.engines.vllm.metrics import acceptance_profile, parse_counters
 from avkit.tune.acceptance import wilson
 from avkit.errors import DataError
-from avkit.sim.profile_steps import length_distribution, profile_steps
+from avkit.sim.steps import length_distribution, profile_steps
 
 K = 5
 

@@ -25,7 +25,7 @@ def render(table, console: Console) -> None:
             "draft requests": (table.draft_requests, str), "draft ms (1 pass)": (table.draft_ms, ms)}
     if table.draft_fixed_ms:  # vLLM's drafting: a first-pass surcharge paid once per step (cost.py)
         cols["draft ms (once per step)"] = (table.draft_fixed_ms, ms)
-    if table.prefill_tokens:  # the drafter's prefill of one request: a catch-up's price (scheduling/catch_up.py)
+    if table.prefill_tokens:  # the drafter's prefill of one request: a catch-up's price (scheduling/batch_schedule.py)
         cols |= {"prefill tokens": (table.prefill_tokens, str), "drafter prefill ms": (table.prefill_ms, ms)}
     out = Table(title=f"step costs on {table.meta.get('device', '?')} at context {table.meta.get('context_len')}")
     for col in cols:

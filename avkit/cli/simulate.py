@@ -63,7 +63,7 @@ def register(app: typer.Typer) -> None:
         with StagedOutputs() as outputs:
             outputs.file(config.out, "--out")  # an unwritable --out fails now, not after the replay
             if profile:
-                from avkit.sim.profile_steps import policies_for_profile, profile_steps, read_profile  # lazy: start-up
+                from avkit.sim.steps import policies_for_profile, profile_steps, read_profile  # lazy: start-up
 
                 steps = profile_steps(read_profile(profile))
                 specs = policies_for_profile(given, steps.k)

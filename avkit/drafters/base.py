@@ -102,7 +102,7 @@ class Drafter(Protocol):
 
     def lag(self, slot: int, length: int) -> int:
         """Tokens of the length-`length` sequence in `slot` the drafter has not seen, which drafting it next
-        costs a catch-up over (scheduling/catch_up.py). Default 0: a drafter without a cache of its own."""
+        costs a catch-up over (scheduling/batch_schedule.py). Default 0: a drafter without a cache of its own."""
         return 0
 
     def observe_final(self, slot: int, sequence: list[int]) -> None:

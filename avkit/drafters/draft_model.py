@@ -12,7 +12,7 @@ token each:
 After verification `commit` truncates the cache to the accepted prefix, so nothing is recomputed.
 Catch-up is lazy: a row that does not draft (a schedule's K = 0, the draft gate off) costs the drafter
 nothing, and the step that drafts it again feeds the tokens it missed in one prefill. That is the
-catch-up scheduling/gate.py, sim/drive.py (`catch_up_ms`) and tune/idle.py price.
+catch-up scheduling/gate.py, sim/drive.py (`catch_up_ms`) and tune/prefill.py price.
 """
 
 from __future__ import annotations

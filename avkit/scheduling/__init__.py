@@ -1,2 +1,2 @@
-"""Scheduling: verify policies (policy.py), the adaptive budget (plan.py, stop.py, adaptive.py), K by batch size
+"""Scheduling: verify policies (policy.py), the adaptive budget (plan.py with its early stop, adaptive.py), K by batch size
 (batch_schedule.py) and step costs."""

@@ -6,7 +6,7 @@
   budget      b* sized from draw-independent inputs (`sizing`), the top-b* live slots verified (plan.py)
   observed    slot j of r carries a label iff j < num_verify[r] and j <= num_accepted[r]; label = j <
               num_accepted[r]; trimmed slots and slots after the first rejection are censored
-  hooks       the draft gate (gate.py) before drafting, the early stop (stop.py, `adaptive-stop`) after each
+  hooks       the draft gate (gate.py) before drafting, the early stop (plan.py `continue_drafting`, `adaptive-stop`) after each
               draft pass, the cost learner (learn.py, `learn_cost`) after each step; a cost probe step drafts
               and verifies a depth set by the step count alone (lossless, as fixed K)
 With estimator "none" it verifies every draft.
@@ -29,9 +29,8 @@ from avkit.kernels.dispatch import Kernels
 from avkit.scheduling.cost import CostTable, resolve_cost
 from avkit.scheduling.gate import DraftGate
 from avkit.scheduling.learn import CostLearner
-from avkit.scheduling.plan import Plan, plan, single_group, verify_lookup
+from avkit.scheduling.plan import Plan, continue_drafting, plan, single_group, verify_lookup
 from avkit.scheduling.policy import VerifyPolicy
-from avkit.scheduling.stop import continue_drafting
 from avkit.step_types import DraftBatch, Groups, Load, StepPlan, StepTime, VerifyOutcome
 from avkit.trace import labels
 
@@ -248,7 +247,7 @@ class AdaptiveVerification(VerifyPolicy):
         """For an autoregressive drafter, after each pass: which requests should draft one more token ([B] bool).
 
         `batch` holds the drafts so far (features [B, j], num_drafted [B]); requests with num_drafted == j
-        drafted in this pass. The rule is scheduling/stop.py's, with the drafting paid so far summed
+        drafted in this pass. The rule is plan.py `continue_drafting`, with the drafting paid so far summed
         on the device (no host read). Call `num_verify` after the last pass. None: no early stop (the
         setting is off, no estimator, or the cost table's drafter drafts every depth in one pass).
         """
@@ -376,6 +375,6 @@ def make_adaptive(cost: str | CostTable | None = None, estimator: str | Estimato
 
 
 def make_adaptive_stop(**kwargs) -> AdaptiveVerification:
-    """POLICIES["adaptive-stop"] factory: `make_adaptive` that also stops drafting early (stop.py)."""
+    """POLICIES["adaptive-stop"] factory: `make_adaptive` that also stops drafting early (plan.py)."""
     return make_adaptive(stop_drafting=True, **kwargs)
 

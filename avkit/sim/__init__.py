@@ -1,2 +1,2 @@
 """Trace replay (`avkit simulate`): steps.py (recorded steps, the concurrency schedule), drive.py (the engine's
-policy objects over sim steps), online.py (estimator burn-in), replay.py (`simulate`, metrics)."""
+policy objects over sim steps), replay.py (`simulate`, metrics)."""

@@ -16,13 +16,12 @@ import torch
 from avkit.config import AdaptiveConfig
 from avkit.errors import ConfigError
 from avkit.estimators.coefficients import estimator_feature, load_estimator
-from avkit.estimators.base import Passthrough
+from avkit.estimators.base import Estimator, Passthrough
 from avkit.estimators.rounds import replay_steps
 from avkit.scheduling.batch_schedule import BatchSchedule
 from avkit.scheduling.cost import CostTable
 from avkit.scheduling.policy import VerifyPolicy
 from avkit.scheduling.spec import ADAPTIVE, PolicySpec, parse_spec
-from avkit.sim.online import burn_in
 from avkit.sim.steps import Replay, StepTable
 from avkit.step_types import DraftBatch, Groups
 from avkit.trace import labels as label_rule
@@ -53,7 +52,7 @@ class SimPolicy:
 
     spec: PolicySpec
     coefficients: str = ""  # adaptive: warm start file
-    burn_in: bool = True  # adaptive, no file: start from a pass over the traces (sim/online.py)
+    burn_in: bool = True  # adaptive, no file: start from a pass over the traces (`burn_in`)
     warm_state: dict | None = None  # the estimator's state after burn-in (set by `prepare`)
     adaptive: AdaptiveConfig | None = None  # adaptive: gate settings (None: the defaults, as live)
 
@@ -230,6 +229,32 @@ def catch_up_ms(replay: Replay, drafts: np.ndarray) -> np.ndarray:
     stale = stale_tokens(replay.sched.copy, drafts)  # [S']
     ms = np.where(stale > 0, replay.cost.catch_up_cost(stale + 1), 0.0)  # [S']
     return np.bincount(replay.sched.group, weights=ms, minlength=replay.num_requests.size)  # [G]
+
+
+# Burn-in: the traces replayed in recorded engine-step order (without one: 8 step rows a step), labels as
+# recorded, through estimators/rounds.py until `min_refits` refit rounds: the state a live estimator reaches.
+def burn_in(est: Estimator, steps: StepTable, feature: str, chunk: int = 100, min_refits: int = 20,
+            max_passes: int = 50) -> int:
+    """Replay the traces' recorded outcomes through `est` in engine-step order until `min_refits` refits
+    (at most `max_passes` passes); returns the passes made."""
+    s, k = steps.request.size, steps.k
+    known = (steps.engine_step >= 0).all()
+    order = np.argsort(steps.engine_step, kind="stable") if known else np.arange(s)
+    eng = steps.engine_step[order] if known else np.arange(s) // 8
+    bounds = np.r_[np.flatnonzero(np.r_[True, eng[1:] != eng[:-1]]), s] * k  # [G+1] first slot of each step
+    feats = np.nan_to_num(steps.features[feature][order], nan=0.0).ravel()  # [S * K]
+    labels = steps.label[order].ravel()  # [S * K] -1 censored
+    pos = np.tile(np.arange(k), s)
+    refits, passes = 0, 0
+
+    def count(g: int, refit: bool) -> None:
+        nonlocal refits
+        refits += int(refit)
+
+    while refits < min_refits and passes < max_passes:
+        replay_steps(est, feats, pos, labels, bounds, on_round=count, chunk=chunk)
+        passes += 1
+    return passes
 
 
 __all__ = ["Column", "SimPolicy", "catch_up_ms", "decide", "parse_policies", "stale_tokens"]

@@ -1,11 +1,10 @@
 """`avkit tune`: which K at which batch size, and is adaptive verification worth it.
 
 Reading order: feasibility.py (what fits the KV cache), arms.py (the deployments compared, replayed by
-avkit/sim/), schedule.py (best arm per concurrency, batch-size ranges), bootstrap.py (intervals over
-recorded requests), idle.py (speculation configured but off), acceptance.py (the acceptance profile),
-context.py (K per context band),
-formats.py (the document compiled into every engine's settings, and their rules), run.py (`tune`, the whole
-result as one JSON-ready dict).
+avkit/sim/, and the bootstrap over recorded requests), schedule.py (best arm per concurrency, batch-size
+ranges), prefill.py (the drafter's prompt prefill; speculation configured but off), acceptance.py (the
+acceptance profile), context.py (K per context band), formats.py (the document compiled into every engine's
+settings), run.py (`tune`, the whole result as one JSON-ready dict).
 
 The result (`avkit tune --out`, default reports/tune.json), key by key:
   traces, requests, trace_k, max_k   inputs: trace files, recorded requests, recorded K, largest K tried
@@ -22,7 +21,7 @@ The result (`avkit tune --out`, default reports/tune.json), key by key:
                                      arm, fixed_arm, throughput_tok_s, meets_slo, vs_single_k, vs_nospec,
                                      adaptive_vs_fixed, stop_vs_recommended: {ratio, lo, hi}}], single_k,
                                      geomean gains
-  idle                               idle.py prices per K = 0 concurrency, what is not priced, request lengths
+  idle                               prefill.py prices per K = 0 concurrency, what is not priced, request lengths
   schedule.context_ranges, context_changes, bands
                                      with --context-bands only (context.py): the schedule per context band
                                      and the concurrencies whose K changes with context

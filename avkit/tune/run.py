@@ -4,7 +4,7 @@ Steps: which concurrencies fit (feasibility.py); every arm replayed at each (arm
 drafter prefill and --max-new-tokens cap); the best of no-spec and fixed K per concurrency under the SLO
 (schedule.py); adaptive at each K that schedule uses, enabled globally (one engine flag) iff its mean log
 gain over the fixed schedule is > 0 and it breaks the SLO nowhere the fixed one met it; bootstrap intervals
-(bootstrap.py); idle prices and the catch-up rule (idle.py, scheduling/catch_up.py); the acceptance profile
+(arms.py); idle prices (prefill.py) and the catch-up rule (scheduling/batch_schedule.py); the acceptance profile
 (acceptance.py), compiled into every engine's settings by formats.py.
 """
 
@@ -20,18 +20,16 @@ from avkit.config import TuneConfig
 from avkit.errors import ConfigError
 from avkit.estimators.base import ESTIMATORS
 from avkit.provenance import cost_record, inputs_record
-from avkit.scheduling.catch_up import CatchUpRule
+from avkit.scheduling.batch_schedule import CatchUpRule
 from avkit.scheduling.cost import resolve_cost
 from avkit.sim.steps import step_table
 from avkit.trace.reader import common_k, read_traces, trace_metadata
 from avkit.tune.acceptance import acceptance_profile
-from avkit.tune.arms import Arm, Cell, simulate_arms
-from avkit.tune.bootstrap import interval, resample_weights, resampled_rate
+from avkit.tune.arms import Arm, Cell, interval, resample_weights, resampled_rate, simulate_arms
 from avkit.tune.context import context_schedule
 from avkit.tune.feasibility import memory_budget
 from avkit.tune.formats import engine_settings, trtllm_schedule
-from avkit.tune.idle import NOT_PRICED, idle_costs
-from avkit.tune.prefill import cap_new_tokens, output_tokens, prefill_per_token, prompt_tokens
+from avkit.tune.prefill import NOT_PRICED, cap_new_tokens, idle_costs, output_tokens, prefill_per_token, prompt_tokens
 from avkit.tune.schedule import choose, ranges, single_best
 from avkit.validate import check_choice
 
@@ -112,7 +110,7 @@ def _per_concurrency(cells, samples, fixed_choice, on, enable, single: Arm, max_
 
 
 def _catch_up(cells, per_c: list[dict], cost) -> CatchUpRule:
-    """Step 7b: the engine's catch-up rule (scheduling/catch_up.py): batch ms saved per output token in decode
+    """Step 7b: the engine's catch-up rule (scheduling/batch_schedule.py): batch ms saved per output token in decode
     by each concurrency's recommended arm over no-spec (decode-only: the rule prices the prefill itself) and
     its mean accepted drafts, and the cost model that prices the catch-up and its step check."""
     conc = [r["concurrency"] for r in per_c]
