@@ -1,14 +1,8 @@
-"""The label rule: which draft slots the target labelled (docs/estimator.md).
-
-A step verifies the first `num_verify` drafts of a request and accepts a prefix of `num_accepted`
-of them. Draft slot j is
-  observed   verified and at or before the first rejection: j < num_verify and j <= num_accepted
-             (the slot carries a label; later verified slots were never decided by the target)
-  accepted   its label: j < num_accepted
-Written once, elementwise, for numpy arrays and torch tensors alike: the rejection reference, the
-trace writers (engine, vLLM, synthetic), the live estimator's refits and the HVD replay all call it.
-The Triton kernel (kernels/rejection.py) stores the same expression and is tested against the
-reference bit for bit.
+"""The label rule (docs/estimator.md): a step verifies the first `num_verify` drafts of a request and accepts a
+prefix of `num_accepted` of them; draft slot j is observed (carries a label) iff j < num_verify and
+j <= num_accepted, and its label is j < num_accepted. Written once, elementwise for numpy and torch alike, for
+the rejection reference, the trace writers, the live refits and the HVD replay; the Triton kernel
+(kernels/rejection.py) stores the same expression, tested against the reference bit for bit.
 
 >>> import numpy as np
 >>> observed(np.arange(4), 3, 1).tolist()

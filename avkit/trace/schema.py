@@ -119,23 +119,16 @@ META_KEYS = {
 }
 
 
-def _model_id(model) -> tuple[str, str]:
-    """(id, weights SHA-256) of a loaded model, of a model known by name only (vLLM's: no hash), of None."""
-    if model is None:
-        return "", ""
-    if isinstance(model, str):
-        return model, ""
-    return model.model_id, model.sha256 or ""
-
-
 def run_metadata(target, draft, **settings) -> dict[str, str]:
     """A recorded trace's file metadata (META_KEYS): the writer's version, the models by id and weights hash
-    (`target`, `draft`: loaded models with `model_id` and `sha256`, or a name alone; draft None: none), and the
-    run's `settings` by key without the `avkit.` prefix (strings as they are, lists as JSON, anything else
-    through str)."""
-    (target_id, target_sha), (draft_id, draft_sha) = _model_id(target), _model_id(draft)
-    return {"avkit.version": __version__, "avkit.target": target_id, "avkit.target_sha256": target_sha,
-            "avkit.draft": draft_id, "avkit.draft_sha256": draft_sha,
+    (`target`, `draft`: loaded models with `model_id` and `sha256`, or a name alone: vLLM's, no hash; draft None:
+    none), and the run's `settings` by key without the `avkit.` prefix (strings as they are, lists as JSON,
+    anything else through str)."""
+    models = {}
+    for role, m in (("target", target), ("draft", draft)):
+        models[f"avkit.{role}"], models[f"avkit.{role}_sha256"] = (
+            ("", "") if m is None else (m, "") if isinstance(m, str) else (m.model_id, m.sha256 or ""))
+    return {"avkit.version": __version__, **models,
             **{f"avkit.{key}": value if isinstance(value, str) else json.dumps(value) if isinstance(value, list)
                else str(value) for key, value in settings.items()}}
 

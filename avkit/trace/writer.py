@@ -1,19 +1,16 @@
 """Streaming Parquet writers for traces and generations: row groups, temp file, atomic rename.
 
-Glossary:
   row group   a batch of buffered rows written at once (zstd); the unit that survives a crash
-  partial     `<path>.partial`: the file being written; after every flush it is a complete,
-              readable Parquet file holding every flushed row group (rewritten to a temp file
-              and renamed over, so a crash or SIGKILL never leaves a torn file)
-  close       compacts small (time-flushed) row groups into groups of `row_group_rows`, then renames
-              `<path>.partial` to `<path>`; leaving the `with` block by an exception only flushes,
-              so `<path>` is never replaced by a failed run (`avkit record` decides when to close)
-  resume      starts from the rows already in `source` (default: `<path>.partial` of a crashed run,
-              else `<path>`), optionally keeping only some request ids, and appends to them
-Flushes and the final rename hold SIGINT/SIGTERM back until they are done: an interrupt never
-lands between sealing the buffer and writing it (which could duplicate or lose a row group).
-Rewriting on flush costs O(file) each time; shipped traces are a few MB, so this is cheap next
-to the model forwards that produce the rows.
+  partial     `<path>.partial`, rewritten to a temp and renamed over on every flush: a complete, readable file
+              of every flushed row group (a crash or SIGKILL never leaves a torn file); O(file) per flush,
+              cheap next to the model forwards that produce the rows
+  close       compacts the small (time-flushed) row groups into groups of `row_group_rows`, then renames
+              `<path>.partial` to `<path>`; leaving the `with` block by an exception only flushes, so a
+              failed run never replaces `<path>` (`avkit record` decides when to close)
+  resume      starts from the rows in `source` (default: a crashed run's partial, else `<path>`), optionally
+              keeping only some request ids, and appends to them
+Flushes and the final rename hold SIGINT/SIGTERM back: an interrupt never lands between sealing the buffer
+and writing it (which could duplicate or lose a row group).
 """
 
 from __future__ import annotations
