@@ -109,8 +109,14 @@ def _as_typed(argv: list[str], names: list[str]) -> str | None:
     return None
 
 
-def _usage_message(e: click.UsageError, argv: list[str]) -> str:
-    """click's complaint in one line; a value that is not a number names the option and the value as typed."""
+def _error_line(e: Exception, argv: list[str]) -> str:
+    """The one `avkit: error:` line: an AvkitError as raised; click's complaint in one line (a value that is not a
+    number names the option and the value as typed); an OSError the checks could not foresee (full disk,
+    permissions) with its file."""
+    if isinstance(e, OSError):
+        return (f"{e.filename}: " if e.filename else "") + str(e.strerror or e)
+    if not isinstance(e, click.UsageError):
+        return str(e)
     param = getattr(e, "param", None)
     if isinstance(e, click.BadParameter) and param is not None and param.param_type_name == "option":
         kind = {"INT": "an integer", "FLOAT": "a number"}.get(param.metavar)
@@ -139,20 +145,13 @@ class _App(typer.Typer):
         except click.NoArgsIsHelpError as e:  # `avkit models`: its help (typer's rich help prints itself)
             if text := e.ctx.get_help():
                 print(text)
-            sys.exit(2)
-        except click.UsageError as e:
-            print(f"avkit: error: {_usage_message(e, argv)}", file=sys.stderr)
-            sys.exit(2)
+            return 2
         except typer.Abort:
             print("Aborted!", file=sys.stderr)
-            sys.exit(1)
-        except AvkitError as e:
-            print(f"avkit: error: {e}", file=sys.stderr)
-            sys.exit(2)
-        except OSError as e:  # the disk or the OS refused (full disk, permissions) after the checks passed
-            where = f"{e.filename}: " if e.filename else ""
-            print(f"avkit: error: {where}{e.strerror or e}", file=sys.stderr)
-            sys.exit(2)
+            return 1
+        except (click.UsageError, AvkitError, OSError) as e:  # OSError: after the checks passed
+            print(f"avkit: error: {_error_line(e, argv)}", file=sys.stderr)
+            return 2
         return code if isinstance(code, int) else 0
 
 

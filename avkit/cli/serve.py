@@ -13,8 +13,9 @@ from avkit.cli.options import (
     DeviceOption, DraftOption, DrafterOption, DtypeOption, KernelsOption, PayoffOption, TargetOption, end_process)
 from avkit.config import (
     AdaptiveConfig, EngineConfig, EstimatorConfig, HttpConfig, ModelsConfig, ServeConfig, default_of)
-from avkit.config.engine import policy_fields
+from avkit.errors import ConfigError
 from avkit.scheduling.spec import ADAPTIVE, parse_spec
+from avkit.validate import option, shown
 
 
 _d = functools.partial(default_of, ServeConfig)  # an option's default: its config field's
@@ -22,6 +23,20 @@ _d = functools.partial(default_of, ServeConfig)  # an option's default: its conf
 
 def _o(help: str, **kw):
     return typer.Option(help=help, **kw)
+
+
+def policy_fields(ctx: typer.Context, policy: str, spec, options: dict) -> dict:
+    """`options` (estimator, k, schedule) with the one `--policy` (as typed) sets by its argument: estimator from
+    adaptive:E, k from fixed:K or nospec, schedule from schedule:FILE. A field has one value, never a silent
+    winner: that option typed too with another value is a ConfigError naming both as typed."""
+    field = "estimator" if spec.name in ADAPTIVE else {"fixed": "k", "schedule": "schedule"}.get(spec.name)
+    if not (field and spec.arg):
+        return options
+    value = int(spec.arg) if field == "k" else spec.arg
+    if ctx.get_parameter_source(field) != ParameterSource.DEFAULT and options[field] != value:
+        raise ConfigError(f"--policy {policy} sets {option(field)} {shown(value)}, but {option(field)} "
+                          f"{shown(options[field])} is given too: give one of them, or the same value")
+    return options | {field: value}
 
 
 def register(app: typer.Typer) -> None:
@@ -79,11 +94,7 @@ def register(app: typer.Typer) -> None:
     ):
         """Serve /v1/completions, /v1/chat/completions, /v1/models, /health and /metrics."""
         spec = parse_spec(policy, bare=("fixed", "schedule"), estimator=estimator)  # simulate's syntax
-        field = "estimator" if spec.name in ADAPTIVE else {"fixed": "k", "schedule": "schedule"}.get(spec.name)
-        sets = {field: int(spec.arg) if field == "k" else spec.arg} if field and spec.arg else {}  # by its argument
-        given = [n for n in ("estimator", "k", "schedule")
-                 if ctx.get_parameter_source(n) != ParameterSource.DEFAULT]  # typed on the command line
-        fields = policy_fields(policy, sets, {"estimator": estimator, "k": k, "schedule": schedule}, given)
+        fields = policy_fields(ctx, policy, spec, {"estimator": estimator, "k": k, "schedule": schedule})
         config = ServeConfig(  # every option's own bound is checked here, before torch
             models=ModelsConfig(target=target, draft=draft, drafter=drafter, payoff=payoff, device=device,
                                 dtype=dtype),

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 
 from avkit.config.fields import DEFAULT_DRAFT, DEFAULT_K, DEFAULT_TARGET, MAX_K, Checked, checked
 from avkit.errors import ConfigError
-from avkit.validate import check_placement, in_range, option, shown
+from avkit.validate import check_placement, in_range, shown
 
 DRAFTERS = ("model", "hybrid")
 RUN_ENGINES = ("native", "vllm")  # `--engine` of record and profile: avkit's runtime | vLLM's offline engine
@@ -224,19 +224,6 @@ class ServeConfig(Checked):
                               f"{self.policy}, --schedule {shown(self.schedule)}")
 
 
-def policy_fields(policy: str, sets: dict, options: dict, given) -> dict:
-    """The fields that `--policy policy` (as typed) and their own options both set: `options` holds each
-    option's value (estimator, k, schedule), `given` names those typed on the command line, `sets` the one the
-    policy's argument sets (estimator from adaptive:E, k from fixed:K or nospec, schedule from schedule:FILE).
-    A field has one value, never a silent winner: an option given with another value than the policy's is a
-    ConfigError naming both as typed; equal values, or only one of the two, stand."""
-    for key, value in sets.items():
-        if key in given and options[key] != value:
-            raise ConfigError(f"--policy {policy} sets {option(key)} {shown(value)}, but {option(key)} "
-                              f"{shown(options[key])} is given too: give one of them, or the same value")
-    return options | sets
-
-
 __all__ = ["DEFAULT_RECORD_DATASETS", "DRAFTERS", "KERNEL_BACKENDS", "RUN_ENGINES", "SERVE_STATE_DIR", "AdaptiveConfig",
            "EngineConfig", "EstimatorConfig", "ForgettingConfig", "HttpConfig", "ModelsConfig", "RecordConfig",
-           "SamplingConfig", "ServeConfig", "policy_fields"]
+           "SamplingConfig", "ServeConfig"]

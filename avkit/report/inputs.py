@@ -110,11 +110,13 @@ def load_tune(p: Path) -> dict:
     return blob
 
 
-# results file -> (its loader, how to add it when it is absent)
-RESULTS = {"sim": (load_sim, "run `avkit simulate` and pass its results with --sim (or let `avkit report` "
-                             "simulate the traces)"),
-           "hvd": (load_hvd, "run `avkit hvd` to add the hybrid-drafting results"),
-           "tune": (load_tune, "run `avkit tune` to add the recommended schedule")}
+# results file -> (its loader, its name in warnings, its provenance record, how to add it when it is absent)
+RESULTS = {"sim": (load_sim, "The simulation results", lambda p, _: read_inputs(p),
+                   "run `avkit simulate` and pass its results with --sim (or let `avkit report` simulate the traces)"),
+           "hvd": (load_hvd, "The HVD results", lambda _, blob: (blob.get("info") or {}).get("inputs"),
+                   "run `avkit hvd` to add the hybrid-drafting results"),
+           "tune": (load_tune, "The tuning results", lambda _, blob: blob.get("inputs"),
+                    "run `avkit tune` to add the recommended schedule")}
 
 
 def load_inputs(fit: FitOutputs, traces=None, config: ReportConfig | None = None, **given) -> ReportInputs:
@@ -131,7 +133,8 @@ def load_inputs(fit: FitOutputs, traces=None, config: ReportConfig | None = None
     else:
         notes["traces"] = ("the traces the fit was trained on are not at hand"
                            + (f" ({', '.join(map(str, paths))})" if paths else "") + "; pass them as TRACE")
-    for name, (load, hint) in RESULTS.items():
+    inputs.records["fit"] = fit.coefficients.get("trained_on", {}).get("inputs")
+    for name, (load, _, record, hint) in RESULTS.items():
         path = given.get(name) or (getattr(config, name) if config else None)
         p = None if path is None else Path(path).expanduser()
         if p is None:
@@ -143,32 +146,23 @@ def load_inputs(fit: FitOutputs, traces=None, config: ReportConfig | None = None
         else:
             setattr(inputs, name, load(p))
             inputs.sources[name] = str(path)
+            inputs.records[name] = record(p, getattr(inputs, name))
     check_records(inputs)
     return inputs
 
 
 def check_records(inputs: ReportInputs) -> None:
-    """Read each results file's provenance record and name every one made from other traces than the
-    report's (by content hash), or made by an avkit that recorded none."""
-    records = {"fit": inputs.fit.coefficients.get("trained_on", {}).get("inputs")}
-    if inputs.sim is not None:
-        records["sim"] = read_inputs(Path(inputs.sources["sim"]).expanduser())
-    if inputs.hvd is not None:
-        records["hvd"] = (inputs.hvd.get("info") or {}).get("inputs")
-    if inputs.tune is not None:
-        records["tune"] = inputs.tune.get("inputs")
-    reference = trace_records(inputs.traces)
-    what = {"fit": f"The fit ({inputs.fit.dir})", "sim": f"The simulation results ({inputs.sources.get('sim')})",
-            "hvd": f"The HVD results ({inputs.sources.get('hvd')})",
-            "tune": f"The tuning results ({inputs.sources.get('tune')})"}
+    """Name every input made from other traces than the report's (by content hash, from its provenance record),
+    or made by an avkit that recorded none."""
+    records, reference = inputs.records, trace_records(inputs.traces)
+    what = {"fit": f"The fit ({inputs.fit.dir})",
+            **{name: f"{RESULTS[name][1]} ({inputs.sources[name]})" for name in records if name != "fit"}}
     for name, record in records.items():
         warn = inputs.warnings.setdefault(name, [])
         if record is None:
             warn.append(f"{what[name]} records no inputs (written by an older avkit): which traces and settings "
                         "made it cannot be checked; rerun the command that wrote it.")
-            continue
-        mismatch = trace_mismatch(record, reference, what[name])
-        if mismatch:
+        elif mismatch := trace_mismatch(record, reference, what[name]):
             warn.append(mismatch)
     sim_traces = {t["sha256"] for t in (records.get("sim") or {}).get("traces", [])}
     if sim_traces and reference and sim_traces < {t["sha256"] for t in reference}:  # fewer traces: other mix
@@ -178,7 +172,6 @@ def check_records(inputs: ReportInputs) -> None:
     if sim_cost and sim_cost != SimulateConfig().cost:
         inputs.warnings["sim"].append(f"Simulated with cost model {sim_cost}, not avkit simulate's default "
                                       f"{SimulateConfig().cost}: the throughputs below are for that device/model.")
-    inputs.records = records
 
 
 __all__ = ["FitOutputs", "ReportInputs", "load_fit_dir", "load_hvd", "load_inputs", "load_sim", "load_tune"]

@@ -25,12 +25,10 @@ def _coefficients_table(c: dict) -> Table:
 
 
 def _dataset_table(t: TraceSummary) -> Table:
-    names, n, acc = t.names, t.counts, t.accepted
-    rows = []
-    for j, name in enumerate(names):
-        d = t.drafts.get(name, {})
-        rows.append((name, fmt(d.get("slots")), fmt(int(n[j].sum())), fmt(float(acc[j].sum() / n[j].sum()), 3),
-                     fmt(d.get("entropy"), 3)))
+    n, acc = t.counts, t.accepted
+    rows = [(name, fmt(t.drafts.get(name, {}).get("slots")), fmt(int(n[j].sum())),
+             fmt(float(acc[j].sum() / n[j].sum()), 3), fmt(t.drafts.get(name, {}).get("entropy"), 3))
+            for j, name in enumerate(t.names)]
     total = sum(d["slots"] for d in t.drafts.values())
     rows.append(("all", fmt(total), fmt(int(n.sum())), fmt(float(acc.sum() / n.sum()), 3), "-"))
     return Table(("dataset", "drafted slots", "observed slots", "acceptance rate", "mean draft entropy (nats)"),
@@ -39,21 +37,17 @@ def _dataset_table(t: TraceSummary) -> Table:
 
 
 def _position_block(t: TraceSummary) -> list:
-    names, n_dk, acc_dk = t.names, t.counts, t.accepted
-    k = n_dk.shape[1]
-    n = n_dk.sum(0)  # [K]
+    n = t.counts.sum(0)  # [K]
+    k = len(n)
     with np.errstate(invalid="ignore", divide="ignore"):
-        rate = acc_dk.sum(0) / n  # [K] nan where a position has no observed slot
-        per_ds = list(acc_dk / n_dk)  # [D] x [K]
-    curves = {"all datasets": (np.arange(k), rate)}
-    with np.errstate(invalid="ignore", divide="ignore"):
+        rate = t.accepted.sum(0) / n  # [K] nan where a position has no observed slot
+        per_ds = list(t.accepted / t.counts)  # [D] x [K]
         half = 1.96 * np.sqrt(rate * (1 - rate) / n)  # [K] normal-approximation 95% interval
-    for name, r in zip(names, per_ds):
-        curves[name] = (np.arange(k), r)
+    curves = {"all datasets": (np.arange(k), rate), **{name: (np.arange(k), r) for name, r in zip(t.names, per_ds)}}
     reach = np.r_[1.0, np.cumprod(np.nan_to_num(rate, nan=0.0))[:-1]]  # P(all earlier drafts accepted)
     rows = [(str(i), fmt(int(n[i])), fmt(float(rate[i]), 3), fmt(float(reach[i]), 3),
              *(fmt(float(r[i]), 3) for r in per_ds)) for i in range(k)]
-    table = Table(("position", "observed slots", "acceptance rate", "P(reached)", *names), rows,
+    table = Table(("position", "observed slots", "acceptance rate", "P(reached)", *t.names), rows,
                   caption="P(reached) = product of the acceptance rates of earlier positions (all drafts verified).")
     fig = Figure("acceptance_by_position", "Observed acceptance rate per draft position, overall (band: 95% "
                  "interval) and per dataset.",
