@@ -78,9 +78,14 @@ def split_by_request(table: pl.DataFrame, config: PayoffConfig) -> np.ndarray:
     return pl.DataFrame({"conv": conv}).join(lookup, on="conv", how="left", maintain_order="left")["split"].to_numpy()
 
 
+def _kept(groups: tuple[str, ...], structure: bool) -> tuple[str, ...]:
+    """The feature groups the rows carry: the structure group only when a tokenizer gave its table."""
+    return tuple(g for g in groups if structure or g != "structure")
+
+
 def _ablation(train, val, test, ctx: RouterContext, structure: bool) -> pl.DataFrame:
     rows = []
-    for groups in dict.fromkeys(tuple(g for g in gs if structure or g != "structure") for gs in ABLATION):
+    for groups in dict.fromkeys(_kept(gs, structure) for gs in ABLATION):
         feats = tuple(n for g in groups for n in FEATURE_GROUPS[g])
         c = replace(ctx, features=feats)
         r = MLPRouter()
@@ -134,8 +139,8 @@ def fit_hvd_table(table: pl.DataFrame, out_dir: str | os.PathLike | None = None,
         raise DataError(f"hvd fit: a split is empty (rows train/val/test = {train.height}/{val.height}/"
                         f"{test.height}); record more requests per dataset (>= 3)")
     cost = linear_table() if cost is None else cost
-    groups = ("base", "history", "structure", "copy") if structure else ("base", "history", "copy")
-    ctx = RouterContext(replay_config.k, cost, tuple(n for g in groups for n in FEATURE_GROUPS[g]), payoff_config)
+    feats = tuple(n for g in _kept(ABLATION[-1], structure) for n in FEATURE_GROUPS[g])
+    ctx = RouterContext(replay_config.k, cost, feats, payoff_config)
     fitted = {}
     for name in dict.fromkeys(("model", "suffix", *routers)):
         fitted[name] = make_router(name)
@@ -150,15 +155,14 @@ def fit_hvd_table(table: pl.DataFrame, out_dir: str | os.PathLike | None = None,
     val_mse.update({n: float(np.mean((fitted[n].predict(vd, ctx) - yv) ** 2))
                     for n in ("table", "mlp", "survival") if n in fitted})
     abl = _ablation(train, val, test, ctx, structure) if ablation else pl.DataFrame()
-    info = {"rows": table.height, "requests": table["request_id"].n_unique(),
-            "rows_with_cache_draft": int((table["draft_len"] > 0).sum()),
+    drafted = table.filter(pl.col("draft_len") > 0)  # rows with a cache draft
+    info = {"rows": table.height, "requests": table["request_id"].n_unique(), "rows_with_cache_draft": drafted.height,
             "split_requests": {s: int(np.unique(table["request_id"].to_numpy()[split == s]).size)
                                for s in ("train", "val", "test")},
             "mean_cache_acc": float(table["cache_acc"].mean()), "mean_model_acc": float(table["model_acc"].mean()),
-            "high_payoff_rate": float((table.filter(pl.col("draft_len") > 0)["cache_acc"]
-                                       >= replay_config.high_payoff).mean()),
-            "mean_cache_draft_len": float(table.filter(pl.col("draft_len") > 0)["draft_len"].mean()),
-            "val_mse": val_mse, "features": list(ctx.features), "k": replay_config.k, "high_payoff": replay_config.high_payoff,
+            "high_payoff_rate": float((drafted["cache_acc"] >= replay_config.high_payoff).mean()),
+            "mean_cache_draft_len": float(drafted["draft_len"].mean()), "val_mse": val_mse,
+            "features": list(ctx.features), "k": replay_config.k, "high_payoff": replay_config.high_payoff,
             "cost": summary(cost),
             "model_scale": float(fitted["survival"].model_scale) if "survival" in fitted else None,
             "payoff": asdict(payoff_config), **(extra_info or {})}
