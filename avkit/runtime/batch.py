@@ -89,6 +89,3 @@ def roll_back(batch: list[RunningSeq], slots: torch.Tensor, cache, drafter) -> N
     cache.truncate(slots, torch.minimum(cache.lengths[slots], valid), check=False)
     if drafter is not None:
         drafter.commit(slots, valid, ([s.slot for s in batch], valid_ids))
-
-
-__all__ = ["append_tokens", "draft_input", "limit_drafts", "no_drafts", "roll_back", "top_k_min_p"]

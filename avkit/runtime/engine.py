@@ -282,6 +282,3 @@ class Engine:
         return [Generation(r.request_id, list(r.prompt_ids), [t for o in outs[r.request_id] for t in o.new_token_ids],
                            next((o.finish_reason for o in outs[r.request_id] if o.finished), FINISH_ABORT), r.dataset,
                            len(outs[r.request_id])) for r in requests]
-
-
-__all__ = ["Engine", "EngineConfig", "EngineStats", "Generation", "Request", "StepOutput"]

@@ -94,7 +94,3 @@ class EngineStats:
         """Share of step time outside the model forwards."""
         fwd = self.target_forward_s + self.draft_forward_s
         return 0.0 if self.step_s == 0 else max(0.0, 1.0 - fwd / self.step_s)
-
-
-__all__ = ["FINISH_ABORT", "FINISH_LENGTH", "FINISH_STOP", "EngineStats", "Generation", "Request", "RunningSeq",
-           "StepOutput"]

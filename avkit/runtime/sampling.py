@@ -144,6 +144,3 @@ def sample_tokens(probs: torch.Tensor, seeds: torch.Tensor, request_keys: torch.
     cdf = probs.float().cumsum(-1)  # [B, V]
     target = (u * cdf[:, -1])[:, None]
     return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=probs.shape[-1] - 1)
-
-
-__all__ = ["STREAM_DRAFT", "probs_from_logits", "sample_tokens", "top_k_min_p", "top_p_threshold"]

@@ -57,6 +57,3 @@ def decode_tok_s(steps: list[list[float]]) -> float:
             tokens += cur[1] - prev[1]
             seconds += cur[0] - prev[0]
     return tokens / seconds if seconds > 0 else float("nan")
-
-
-__all__ = ["StepLog", "decode_tok_s", "steady_tok_s"]

@@ -106,6 +106,3 @@ class MemorySink:
 
     def __len__(self) -> int:
         return sum(len(next(iter(b.values()))) for b in self.batches if b)
-
-
-__all__ = ["MemorySink", "TraceSink", "trace_rows"]

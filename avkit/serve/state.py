@@ -41,6 +41,3 @@ class ServeState:
         if self.drain_started is None:
             self.drain_started = time.monotonic()
         self.engine_loop.begin_drain()
-
-
-__all__ = ["USAGE_KEY", "ServeState"]

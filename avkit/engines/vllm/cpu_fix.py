@@ -41,6 +41,3 @@ def install() -> bool:
     rs.expand_batch_to_tokens = expand_batch_to_tokens
     rs._avkit_expand_fixed = True
     return True
-
-
-__all__ = ["expand_batch_to_tokens", "expand_is_broken", "install"]

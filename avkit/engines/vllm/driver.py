@@ -136,6 +136,3 @@ def exit_error(code: int, log: Path) -> AvkitError:
     """A failed vLLM run in one line: its exit code, its log's last line and where the log is."""
     tail = [ln for ln in log.read_text(errors="replace").splitlines() if ln.strip()][-1:]
     return AvkitError(f"vLLM exited with code {code} ({tail[0][:300] if tail else 'no output'}; its log: {log})")
-
-
-__all__ = ["check_vllm_version", "child_env", "engine_spec", "exit_error", "hf_dir", "run_offline", "vllm_python"]

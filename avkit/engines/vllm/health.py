@@ -104,6 +104,3 @@ def read_state(run_dir: Path) -> dict | None:
         return json.loads((run_dir / STATE_FILE).read_text())
     except (OSError, ValueError):
         return None
-
-
-__all__ = ["BINS", "WINDOW", "Health", "read_state"]

@@ -274,6 +274,3 @@ def install() -> Recorder:
     rs.rejection_sample = rejection_sample
     GPUModelRunner._avkit_hooked = True
     return rec
-
-
-__all__ = ["FEATURES", "RECORDER", "Recorder", "install", "slot_columns"]

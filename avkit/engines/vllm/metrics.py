@@ -105,6 +105,3 @@ def acceptance_profile(counters: dict, source: str) -> dict:
         "per_slot_acceptance": counters["num_accepted_tokens"] / max(sum(reached), 1),
         "positions": positions,
     }
-
-
-__all__ = ["acceptance_profile", "parse_counters", "read_source"]

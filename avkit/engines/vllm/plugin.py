@@ -329,7 +329,3 @@ class Observer:
                 w.close()
         except Exception as e:
             error(f"closing the trace failed ({type(e).__name__}: {e}); {self.env.trace} holds what was flushed")
-
-
-__all__ = ["COEFFICIENTS", "DATASET", "FLUSH", "META", "METRICS", "OBSERVER", "RUN_DIR", "TRACE", "Observer",
-           "PluginEnv", "finish", "install_warm_start", "register", "warm_start_coefficients"]

@@ -134,6 +134,3 @@ def fit_drafting(points: list[dict], n_grid: list[int]) -> tuple[list[float], li
 
 def num_points(config: ProfileConfig) -> int:
     return len(request_grid(config.max_requests)) * (len(spec_ks(config.k)) + 2)  # + the long-context K = 0 run
-
-
-__all__ = ["KV_CONTEXT_FACTOR", "fit_drafting", "fit_kv", "num_points", "profile_vllm", "table_from_points"]

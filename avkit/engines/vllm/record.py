@@ -193,6 +193,3 @@ def _result(config: RecordConfig, files: RecordFiles, result: dict, committed: b
             "engine_steps": len(pc.unique(mine["engine_step"])) if rows else 0,
             "engine_tokens": int(pc.sum(pc.list_value_length(gens["output_ids"])).as_py() or 0) if gens else 0,
             "committed": committed, "engine_counters": counters or None}
-
-
-__all__ = ["VllmModel", "check", "record_vllm", "requests"]

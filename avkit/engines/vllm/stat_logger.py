@@ -75,6 +75,3 @@ class AvkitStatLogger(StatLoggerBase):
 
     def log_engine_initialized(self):
         pass
-
-
-__all__ = ["AvkitStatLogger"]

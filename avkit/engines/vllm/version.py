@@ -23,6 +23,3 @@ def supported(version: str) -> bool:
 def error(message: str) -> None:
     """Inside a vLLM server (plugin.py): one `avkit: error:` line on vLLM's log, never a raise."""
     logging.getLogger("avkit.vllm").error("avkit: error: %s", message)
-
-
-__all__ = ["SUPPORTED", "error", "supported"]
