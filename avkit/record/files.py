@@ -31,8 +31,8 @@ from pathlib import Path
 from avkit.config import RecordConfig
 from avkit.errors import ConfigError
 from avkit.staged import check_writable
-from avkit.trace.schema import generations_path
 from avkit.trace.reader import trace_metadata
+from avkit.trace.schema import generations_path
 from avkit.trace.writer import partial_path, resume_source, row_groups
 
 # Metadata that must match for a resume: (key, what it is called on the command line, compare as float)

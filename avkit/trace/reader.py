@@ -32,14 +32,9 @@ CHECKED_COLUMNS = (*SLOT_KEY, "accepted", "verified", "num_drafted", "num_verifi
 
 
 def _family(t: pa.DataType) -> str:
-    if pa.types.is_dictionary(t):
-        return _family(t.value_type)
-    for name, test in (("string", pa.types.is_string), ("string", pa.types.is_large_string),
-                       ("bool", pa.types.is_boolean), ("int", pa.types.is_integer),
-                       ("float", pa.types.is_floating)):
-        if test(t):
-            return name
-    return str(t)
+    t = t.value_type if pa.types.is_dictionary(t) else t
+    return ("string" if pa.types.is_string(t) or pa.types.is_large_string(t) else "bool" if pa.types.is_boolean(t)
+            else "int" if pa.types.is_integer(t) else "float" if pa.types.is_floating(t) else str(t))
 
 
 def _open(path: Path) -> pq.ParquetFile:
@@ -221,11 +216,11 @@ def read_generations(trace_path) -> pl.DataFrame:
     _check_footer(path, _open(path).schema_arrow, S.GENERATION_COLUMNS, GENERATION_NEEDED)
     df = _read_arrow(path, list(GENERATION_NEEDED), lambda df: df.with_columns(
         pl.col("request_id", "dataset").cast(pl.String), pl.col("prompt_ids", "output_ids").cast(pl.List(pl.Int64))))
-    nulls = [c for c in df.columns if df[c].null_count() or (df[c].dtype == pl.List(pl.Int64)
-                                                              and df[c].list.eval(pl.element().is_null()).list.any().any())]
-    if nulls:
-        i = int(df[nulls[0]].is_null().arg_true()[0]) if df[nulls[0]].null_count() else 0
-        raise TraceError(f"{path}: column {nulls[0]!r} holds nulls (first at row {i})")
+    for c in df.columns:  # a null, or a null inside a token list
+        bad = df[c].is_null() | (df[c].list.eval(pl.element().is_null()).list.any() if df[c].dtype == pl.List
+                                 else False)
+        if bad.any():
+            raise TraceError(f"{path}: column {c!r} holds nulls (first at row {int(bad.arg_true()[0])})")
     dup = df["request_id"].is_duplicated()
     if dup.any():
         i = int(dup.arg_true()[0])
