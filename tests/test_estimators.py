@@ -180,7 +180,7 @@ def test_replay_order_is_engine_step_order_per_file(tmp_path):
     pq.write_table(table, tmp_path / "a.parquet")
     pq.write_table(shuffled, tmp_path / "b.parquet")
     data = load_fit_data([tmp_path / "b.parquet", tmp_path / "a.parquet"])
-    assert (np.diff(data.row_step) >= 0).all() and data.file_index[0] == 0
+    assert (np.diff(data.row_step) >= 0).all() and data.step_file[data.row_step[0]] == 0
     steps = -(-(7000 // K) // 8)  # engine steps of one file (8 requests a step)
     assert data.step_file.tolist() == [0] * steps + [1] * steps  # each file its own run
     assert data.step_clock.tolist() == list(range(steps)) * 2 and data.clock == "engine_step"

@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from avkit.estimators.base import sigmoid
-from avkit.estimators.irls import BLOCK, Segment, fused_segment_stats
+from avkit.estimators.irls import BLOCK, fused_segment_stats
 from avkit.trace.values import SLOT_KEY, _may_repeat_a_slot
 
 
@@ -28,7 +28,7 @@ def test_fused_pass_equals_the_numpy_pass(seed):
     y = (rng.random(n) < 0.6).astype(np.float64)
     slope, intercept = rng.uniform(0, 2), rng.normal()
     want = segment_stats(f, f * f, y, sigmoid(slope * f + intercept))  # the oracle: tanh logistic, numpy dots
-    got = fused_segment_stats(Segment.build(f, y), slope, intercept)  # exp logistic, blocked gemv
+    got = fused_segment_stats(f, y, slope, intercept)  # exp logistic, blocked gemv
     # the same sums up to rounding: n terms of size <= max |f|^2, each within a few ulps
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-12 * n * float(np.max(f * f)))
 

@@ -85,41 +85,18 @@ def irls_stats(features: np.ndarray, positions: np.ndarray, predictions: np.ndar
 BLOCK = 1 << 15  # rows per block of a fused pass: its [BLOCK] temporaries stay in the L2 cache
 
 
-@dataclass(frozen=True)
-class Segment:
-    """ONE position's rows for batch passes: its oriented feature and the label sums (cheap: a pass
-    builds them afresh, two reductions; the design rows are formed per block by the pass).
-
-    f              [n] float64 oriented feature (a view: never copied)
-    yf, ysum       sum y f and sum y: the gradient is g0 = yf - sum p f, g1 = ysum - sum p
-    """
-
-    f: np.ndarray  # [n]
-    yf: float
-    ysum: float
-
-    @classmethod
-    def build(cls, f: np.ndarray, y: np.ndarray) -> Segment:
-        """[n] oriented feature and labels -> a segment."""
-        return cls(f, float(np.dot(y, f)), float(y.sum()))
-
-    @property
-    def n(self) -> int:
-        return self.f.size
-
-
-def fused_segment_stats(seg: Segment, slope: float, intercept: float) -> tuple[float, ...]:
-    """(a, b, c, g0, g1) of one position's rows at p = sigmoid(slope * f + intercept), computed
-    here: a batch Newton iteration's whole pass (the in-memory and out-of-core fits both call
-    this, so their sums are formed alike). Per block of BLOCK rows: the design rows (f^2, f, 1)
-    [3, B] in a cache-resident buffer, p = 1 / (1 + exp(-z)) (exp overflows to inf for z < -709,
+def fused_segment_stats(f_all: np.ndarray, y: np.ndarray, slope: float, intercept: float) -> tuple[float, ...]:
+    """(a, b, c, g0, g1) of one position's rows ([n] oriented feature, labels) at p = sigmoid(slope * f +
+    intercept): a batch Newton iteration's whole pass (every batch fit calls this, so their sums are
+    formed alike; g0 = sum y f - sum p f, g1 = sum y - sum p). Per block of BLOCK rows: the design rows
+    (f^2, f, 1) [3, B] in a cache-resident buffer, p = 1 / (1 + exp(-z)) (exp overflows to inf for z < -709,
     giving p = 0 exactly), w = p (1 - p), then two gemv against the design ([f^2, f, 1] w and
     [f, 1] p) in float64; measured 3x the unblocked numpy pass (docs/fleet.md)."""
     acc = np.zeros(5)  # (a, b, c, sum p f, sum p)
-    design = np.empty((3, min(BLOCK, seg.n)))  # [3, B] rows (f^2, f, 1) of the current block
+    design = np.empty((3, min(BLOCK, f_all.size)))  # [3, B] rows (f^2, f, 1) of the current block
     design[2] = 1.0
-    for lo in range(0, seg.n, BLOCK):
-        f = seg.f[lo:lo + BLOCK]  # [B]
+    for lo in range(0, f_all.size, BLOCK):
+        f = f_all[lo:lo + BLOCK]  # [B]
         d = design[:, :f.size]
         d[1] = f
         np.multiply(f, f, out=d[0])
@@ -133,14 +110,15 @@ def fused_segment_stats(seg: Segment, slope: float, intercept: float) -> tuple[f
         w *= p  # [B] w = p (1 - p)
         acc[:3] += d @ w
         acc[3:] += d[1:] @ p
-    return float(acc[0]), float(acc[1]), float(acc[2]), seg.yf - float(acc[3]), seg.ysum - float(acc[4])
+    return (float(acc[0]), float(acc[1]), float(acc[2]), float(np.dot(y, f_all)) - float(acc[3]),
+            float(y.sum()) - float(acc[4]))
 
 
-def grouped_segments(f: np.ndarray, y: np.ndarray, order: np.ndarray | None, bounds: np.ndarray) -> list[Segment]:
+def grouped_segments(f: np.ndarray, y: np.ndarray, order: np.ndarray | None, bounds: np.ndarray) -> list[tuple]:
     """[N] oriented feature and labels, rows `order` grouping them by position (None: already grouped)
-    with segment `bounds` [K + 1] -> one Segment per position (views of the grouped rows)."""
+    with segment `bounds` [K + 1] -> (feature, labels) of each position (views of the grouped rows)."""
     fg, yg = (f, y) if order is None else (f[order], y[order])  # [N] grouped by position
-    return [Segment.build(fg[lo:hi], yg[lo:hi]) for lo, hi in itertools.pairwise(bounds)]
+    return [(fg[lo:hi], yg[lo:hi]) for lo, hi in itertools.pairwise(bounds)]
 
 
 def _damp(n: np.ndarray | float, damping: float):
@@ -228,5 +206,5 @@ def newton_iterations(ests: list, stats_of: Callable[[list[int]], list[IrlsStats
     return max_iter
 
 
-__all__ = ["BLOCK", "STATS", "IrlsStats", "Segment", "fused_segment_stats", "group_by_position", "grouped_segments",
+__all__ = ["BLOCK", "STATS", "IrlsStats", "fused_segment_stats", "group_by_position", "grouped_segments",
            "irls_stats", "newton_iterations", "per_position_step", "shared_slope_step"]

@@ -172,25 +172,20 @@ class RoundLogistic:
         return self._advance(steps)
 
     def fit(self, features, positions, labels, *, max_iter: int = 50, tol: float = 1e-10,
-            on_iteration: Callable[[RoundLogistic], None] | None = None, order: np.ndarray | None = None) -> int:
-        """Batch fit: iterate the (undamped) Newton step on all rows until max |step| < tol.
-
-        `order`: [N] a stable permutation grouping the rows by position (`group_by_position`), when
-        the caller fits several features on the same rows. Returns the number of iterations;
-        `observations` becomes the per-position row counts.
-        """
+            on_iteration: Callable[[RoundLogistic], None] | None = None) -> int:
+        """Batch fit: iterate the (undamped) Newton step on all rows until max |step| < tol; -> the
+        iterations run. `observations` becomes the per-position row counts."""
         pos = check_positions(positions, self.k)
-        order = group_by_position(pos) if order is None else order
         counts = np.bincount(pos, minlength=self.k)  # [K]
-        segments = grouped_segments(self.oriented(features), np.asarray(labels, dtype=np.float64), order,
-                                    np.r_[0, np.cumsum(counts)])
+        segments = grouped_segments(self.oriented(features), np.asarray(labels, dtype=np.float64),
+                                    group_by_position(pos), np.r_[0, np.cumsum(counts)])
         return newton_iterations([self], lambda _: [self.newton_stats(segments, counts)], max_iter, tol,
                                  None if on_iteration is None else lambda i, it: on_iteration(self))
 
     def newton_stats(self, segments: list, counts: np.ndarray) -> IrlsStats:
         """The IRLS statistics of rows grouped by position ([K] `grouped_segments`, [K] row counts) at the
         current coefficients: one batch Newton step's sums (in memory here, per shard out of core)."""
-        return IrlsStats.from_segments([fused_segment_stats(seg, self._slope_at(i), self.intercepts[i])
+        return IrlsStats.from_segments([fused_segment_stats(*seg, self._slope_at(i), self.intercepts[i])
                                         for i, seg in enumerate(segments)], counts)
 
     def batch_step(self, stats: IrlsStats) -> bool:

@@ -46,7 +46,6 @@ class FitData:
     row_step: np.ndarray  # [N] int64 engine step (0..G-1) of each observed row, non-decreasing
     step_file: np.ndarray  # [G] file index of each engine step
     step_clock: np.ndarray  # [G] its recorded engine_step, or its ordinal in the file (no engine_step)
-    file_index: np.ndarray  # [N] int64
     dataset_codes: np.ndarray  # [N] int64 into dataset_names
     dataset_names: list[str]
     trained_on: dict = field(default_factory=dict)
@@ -161,13 +160,11 @@ def load_fit_data(paths, drafter: str = "model", features=None) -> FitData:
                 if derived[name].null_count() == 0}  # optional columns (head_conf) count only when complete
     codes, names = _dataset_codes(obs["dataset"])
     positions = obs["position"].to_numpy().astype(np.intp)
-    per_file = np.array([p.height for p in parts])
     return FitData(
         k=max(common_k(paths)[0] or 0, int(positions.max()) + 1), features=features, positions=positions,
         labels=obs["accepted"].cast(pl.Float64).to_numpy(), row_step=np.concatenate(row_step),
         step_file=np.concatenate(step_file), step_clock=np.concatenate(step_clock).astype(np.int64),
-        file_index=np.repeat(np.arange(len(parts), dtype=np.int64), per_file), dataset_codes=codes,
-        dataset_names=names,
+        dataset_codes=codes, dataset_names=names,
         trained_on=trained_on(paths, trace_metadata(paths[0]), total, obs.height,
                               dict(zip(names, np.bincount(codes, minlength=len(names)).tolist())), drafter,
                               clocks, steps))

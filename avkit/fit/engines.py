@@ -1,10 +1,7 @@
 """Where a fit's map runs: `LocalEngine` on this machine's threads, `RayEngine` as tasks on a Ray cluster.
 
-A fit over shards (fit/passes.py: batch IRLS and scores; fit/replay.py
-`online_replicas`: one online replay per replica) is a map of a pure function over items, then a
-reduce on the driver. Both engines have the same two methods: `map(fn, items, nodes=None, fold=None)`
--> (results, or their fold in item order; the node each ran on) and `cleanup(scratch, nodes)`.
-`open_engine(fit)` picks one by `--engine`. On Ray (docs/fleet.md): one task per item, later passes
+Both have `map(fn, items, nodes=None, fold=None)` -> (results, or their fold in item order; the node
+each ran on) and `cleanup(scratch, nodes)`. On Ray (docs/fleet.md): one task per item, later passes
 pinned to the node that spilled the shard; a task that raises fails the fit in one line naming the
 shard, a dead worker's task is rerun up to `max_retries` times (a pass is a pure function of its
 shard), and nothing large crosses the object store (tasks return sums of a few KB).
@@ -40,11 +37,8 @@ class LocalEngine:
         self.pool.shutdown()
 
     def map(self, fn, items: list[tuple], nodes=None, fold=None) -> tuple[list, list]:
-        """-> (fn(*item) of every item, in order; or with `fold`, their fold in item order), nodes.
-
-        With `fold` the total and at most `workers` results exist at once (a score pass's sums are
-        ~37 MB per feature and shard): the next item starts only once a finished result is folded
-        and dropped, so the peak does not grow with the number of shards."""
+        """With `fold` the total and at most `workers` results exist at once (a score pass's sums are
+        ~37 MB per feature and shard): the peak does not grow with the number of shards."""
         pool = self.pool
         if fold is None:
             return list(pool.map(lambda args: fn(*args), items)), [None] * len(items)
@@ -109,9 +103,7 @@ class RayEngine:
             _ray().shutdown()
 
     def map(self, fn, items: list[tuple], nodes: list[str | None] | None = None, fold=None) -> tuple[list, list]:
-        """Run `fn(*item)` for every item as a task (item i on node nodes[i] when given);
-        -> (results, node ids), in item order; with `fold`, the results folded in item order as they
-        are fetched (the driver holds one at a time)."""
+        """One task per item (item i on node nodes[i] when given); with `fold` the driver holds one result."""
         ray = _ray()
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # optional: ray
 
@@ -122,7 +114,7 @@ class RayEngine:
                 if nodes and nodes[i] else {}
             refs.append(task.options(**opts).remote(fn, args))
         out, acc = [], None
-        for i, args in enumerate(items):
+        for i, args in enumerate(items):  # arrays from the object store are read-only views: copied
             try:
                 node, result = ray.get(refs[i])
             except ray.exceptions.RayError as e:
@@ -135,14 +127,12 @@ class RayEngine:
                 retried = "" if isinstance(e, ray.exceptions.RayTaskError) else f" after {self.max_retries} retries"
                 raise AvkitError(f"ray: task on shard {_shard(args)} failed{retried}: {type(cause).__name__}: "
                                  f"{str(cause or e).splitlines()[0]}") from None
-            if fold is not None:  # arrays from the object store are read-only views: copy before adding
-                acc = copy.deepcopy(result) if acc is None else fold(acc, copy.deepcopy(result))
+            result = copy.deepcopy(result)
+            if fold is not None:
+                acc = result if acc is None else fold(acc, result)
                 result, refs[i] = None, None  # the store may free it now
             out.append((node, result))
-        if fold is not None:
-            return acc, [n for n, _ in out]
-        # arrays from the object store are read-only views: copy what the driver will add into
-        return [copy.deepcopy(r) for _, r in out], [n for n, _ in out]
+        return acc if fold is not None else [r for _, r in out], [n for n, _ in out]
 
     def cleanup(self, scratch: str, nodes) -> None:
         """Remove the spill directory on every node that wrote to it (and here)."""
