@@ -1,23 +1,16 @@
 """Token-structure indicators for the payoff predictor: one boolean row per vocabulary id.
 
-Glossary (a token is the text it decodes to on its own):
+Glossary (a token is the text it decodes to on its own; byte-level BPE stand-ins such as `Ġ` = space and
+`Ċ` = newline decoded first):
   ident    contains a letter or underscore (identifiers, keywords, words)
   space    contains a space or tab
   punct    contains a character that is neither alphanumeric nor whitespace (code punctuation)
   digit    contains a digit
   newline  contains a newline
-Byte-level BPE vocabularies (Qwen2, Llama 3, GPT-2) store bytes as printable stand-ins
-(`Ġ` = space, `Ċ` = newline), decoded back before classifying.
-
-Which vocabulary gives the table (`token_classes_for`), found once and said aloud, in order:
-  1. an explicit `--tokenizer` (a model path or alias; a failure is an error: it was asked for;
-     `none` leaves the features out on purpose)
-  2. the target named in the trace's metadata (`avkit.target`), when its files are local
-  3. a class table shipped with avkit for that exact target (`avkit/hvd/classes/<sha256[:16]>.npz`,
-     keyed by the trace's `avkit.target_sha256`, `np.packbits` of the [V, 5] table, written by
-     `save_shipped`): the shipped traces replay the same with or without `avkit models fetch`
-  4. none: the features are left out, and `source` says so and how to add them (the CLI prints it;
-     the payoff scores differ, e.g. 0.949/0.885 instead of 0.981/0.913 precision/recall)
+Which vocabulary gives the table (`token_classes_for`; docs/hvd.md "Which vocabulary"): an explicit
+`--tokenizer` (a failure is an error; `none` leaves the features out), the trace's target (`avkit.target`) when
+its files are local, a table shipped for that exact target (`classes/<target_sha256[:16]>.npz`, `np.packbits`
+of the [V, 5] table, written by `save_shipped`), else none, which `source` says aloud.
 """
 
 from __future__ import annotations

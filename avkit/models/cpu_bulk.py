@@ -1,11 +1,6 @@
-"""The CPU backend's prefill matmuls: oneDNN's AMX / AVX512-BF16 path in fixed-size calls.
-
-Prefill is compute-bound: avkit's AVX2 kernel reaches ~75 GFLOP/s on 2 cores, oneDNN's bf16 matmul with a
-pre-packed weight ~2,000 on 2 AMX cores at 128 rows per call (~1,360 at 64). oneDNN picks its blocking by
-the number of rows, so every call here has exactly ``BULK_ROWS`` rows (the last chunk zero-padded): a token's
-prefill result never depends on the other tokens of its forward. Decode and verify rows stay on cpu_linear's
-kernel, so greedy speculative output still equals greedy target-only output. Only where oneDNN has a bf16 fast
-path; ``AVKIT_CPU_BULK=0`` turns it off. It keeps a second copy of each packed weight (1.5B target: +2.6 GB).
+"""The CPU backend's prefill matmuls (docs/runtime.md "prefill linears"): oneDNN's AMX / AVX512-BF16 bf16 path,
+every call exactly ``BULK_ROWS`` rows (zero-padded; oneDNN blocks by the row count), so a token's prefill result
+never depends on the other tokens of its forward. ``AVKIT_CPU_BULK=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -52,10 +47,8 @@ def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> 
 
 def gated_mlp(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
     """``down(silu(gate) * up)`` with ``gate, up = gate_up(x).chunk(2)``, bf16 ``x [..., K]``, from ``pack``ed
-    weights, ``BULK_ROWS`` rows at a time: a block's [rows, 2 I] gate/up product and its elementwise work stay
-    in the core's cache, and no [M, 2 I] tensor is ever allocated, paged in and concatenated (for a
-    3,000-token prefill of the 1.5B target that was a quarter of the time). The same per-row maths as the
-    three separate calls: each row's result does not depend on its companions."""
+    weights, ``BULK_ROWS`` rows at a time: a block's [rows, 2 I] product stays in the core's cache and no
+    [M, 2 I] tensor is allocated (a quarter of a 3,000-token prefill of the 1.5B target); same per-row maths."""
     x2, m = _blocks(x)
     h = x2.new_empty(x2.shape[0], gate_up.size(0) // 2)  # [M + pad, I] silu(gate) * up
     for r in range(0, x2.shape[0], BULK_ROWS):

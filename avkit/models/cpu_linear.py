@@ -1,11 +1,7 @@
-"""The CPU backend's bf16 matmul: pre-packed weights and one of three kernels, AVX2 + FMA (``cpu_linear.cpp``, the
-default without AMX), AVX512-BF16's VDPBF16PS (``cpu_linear512.cpp``) or AMX tiles (``cpu_linear_amx.cpp``).
-
-Without AVX512-BF16 or AMX, torch computes a multi-row bf16 ``F.linear`` through a scalar fallback (4 rows cost
-2.5x one row), and decode and verification are bound by how fast the weights stream. The kernels stream 16-row
-panels with fp32 accumulation: ``F.linear``'s result up to summation order (AMX and AVX512-BF16 flush denormal
-products), each row computed the same way whatever rows share the call (batch invariance). ``AVKIT_CPU_KERNEL``
-picks one (``default_kind``); elsewhere ``F.linear`` runs unchanged.
+"""The CPU backend's bf16 matmul (docs/runtime.md "linears and the LM head"): pre-packed weights and one of three
+kernels, AVX2 + FMA (``cpu_linear.cpp``, the default without AMX), AVX512-BF16 (``cpu_linear512.cpp``) or AMX
+tiles (``cpu_linear_amx.cpp``); ``F.linear``'s result up to summation order, each row computed the same way
+whatever rows share the call (batch invariance). ``AVKIT_CPU_KERNEL`` picks one (``default_kind``).
 
 Panel: 16 consecutive output rows of W. avx2: k-major, ``packed[p, k, j] = W[16 p + ORDER[j], k]``; amx_bf16 /
 avx512_bf16: k in pairs, ``packed[p, k2, j, e] = W[16 p + j, 2 k2 + e]`` (K zero-padded to a multiple of 32 / 2).

@@ -5,16 +5,12 @@ on 2 cores). ``avkit serve`` builds them before it opens its port, in a child pr
 (``build_in_child``). Where a kernel cannot run (``AVKIT_CPU_KERNELS=0``, missing instructions) or build (no
 compiler: warned), ``load`` returns None and the plain torch path computes the same thing.
 
-The entry points of the attention and sampling kernels live here (the linears': cpu_linear.py), each with the
-signature of the torch code it replaces, which stays the definition (docs/runtime.md):
-  attention       each query row alone over its own causal key span (``cpu_attention.cpp``): a token's output,
-                  hence its logits, is bit-identical however it is batched (bf16 SDPA's blocking follows the
-                  call's shapes, and a flipped near-tie in the LM head changes a greedy token). SDPA's maths
-                  (fp32 scores and softmax, bf16 in and out) in an order fixed by the key span alone, keys and
-                  values read in place from the cache; with the packed linears the bf16 forward is batch-invariant
-  sampled_probs   runtime/sampling.py ``_sampled_probs`` without top-k / min-p (``cpu_sampling.cpp``): the
-                  nucleus thresholds bit for bit (``top_p_threshold``'s ladder and float rounding), the softmax
-                  within float rounding (tests/test_cpu_sampling.py states the tolerances)
+The entry points of the attention and sampling kernels live here (the linears': cpu_linear.py), each computing
+what the torch code it replaces computes, which stays the definition (docs/runtime.md "Batch invariance"):
+  attention       SDPA per query row over its own causal key span (``cpu_attention.cpp``), in an order fixed by
+                  the span alone: a token's logits are bit-identical however it is batched
+  sampled_probs   runtime/sampling.py ``_sampled_probs`` without top-k / min-p (``cpu_sampling.cpp``): nucleus
+                  thresholds bit for bit, the softmax within float rounding (tests/test_cpu_sampling.py)
   row_stats       the four reductions avkit/features.py ``draft_features`` starts from
 
     python -m avkit.models.native [NAME...]   # build these kernels (default: all that run here), in this process

