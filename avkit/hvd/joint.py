@@ -75,9 +75,7 @@ def joint_step(cs: np.ndarray, ms: np.ndarray, cost: CostTable, k: int,
     cost(b), scheduling/plan.py). Between the options:
       without `rate`: the larger E / cost (myopic: the best rate of this step alone);
       with `rate`:    the larger E - lambda cost, lambda = the running rate at this batch size (Dinkelbach's
-                      criterion for the long-run tokens / cost). An expensive model draft at 1.3 tokens per forward
-                      loses to a plain target step (1.0) when the cache keeps the run near 2: the step
-                      is cheap and the next one drafts from the cache again.
+                      criterion for the long-run tokens / cost; why it matters: docs/hvd.md "One budget, live").
     Returns use_cache [n] bool and verified prefix lengths [n]; `rate` is updated with the choice."""
     n = len(cs)
     lam = rate.value(n) if rate is not None else None
