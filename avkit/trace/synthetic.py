@@ -34,23 +34,6 @@ def _dict_column(codes: np.ndarray, names: list[str]) -> pa.DictionaryArray:
     return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)), pa.array(names, pa.string()))
 
 
-def _layout(cfg: SyntheticConfig, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Who drafts when: [M] arrays over (request, step) pairs, M = ceil(num_slots / K)."""
-    m = -(-cfg.num_slots // cfg.k)
-    pair = np.arange(m)
-    engine_step = pair // cfg.batch_size
-    lane = pair % cfg.batch_size
-    request = (engine_step // cfg.steps_per_request) * cfg.batch_size + lane  # [M]
-    num_requests = int(request.max()) + 1
-    dataset_of_request = rng.choice(len(cfg.datasets), size=num_requests, p=np.asarray(cfg.mix) / sum(cfg.mix))
-    trimmed = rng.uniform(size=m) < cfg.trim_prob
-    num_verified = np.where(trimmed, rng.integers(0, cfg.k, size=m), cfg.k)  # [M] verified prefix
-    batch = np.bincount(engine_step)[engine_step]  # [M] requests in the engine step
-    return {"engine_step": engine_step, "request": request, "step": engine_step % cfg.steps_per_request,
-            "dataset": dataset_of_request[request], "num_verified": num_verified, "batch_size": batch,
-            "num_requests": np.array(num_requests)}
-
-
 def synthetic_trace(cfg: SyntheticConfig | None = None) -> pa.Table:
     """A trace table (schema v1, with metadata) drawn from the known truth in `cfg`.
 
@@ -62,8 +45,16 @@ def synthetic_trace(cfg: SyntheticConfig | None = None) -> pa.Table:
     """
     cfg = cfg or SyntheticConfig()
     rng = np.random.default_rng(cfg.seed)
-    lay = _layout(cfg, rng)
-    m, k = len(lay["request"]), cfg.k
+    # who drafts when: [M] arrays over (request, step) pairs, M = ceil(num_slots / K)
+    m, k = -(-cfg.num_slots // cfg.k), cfg.k
+    engine_step = np.arange(m) // cfg.batch_size
+    request = (engine_step // cfg.steps_per_request) * cfg.batch_size + np.arange(m) % cfg.batch_size  # [M]
+    num_requests = int(request.max()) + 1
+    dataset_of_request = rng.choice(len(cfg.datasets), size=num_requests, p=np.asarray(cfg.mix) / sum(cfg.mix))
+    trimmed = rng.uniform(size=m) < cfg.trim_prob
+    lay = {"engine_step": engine_step, "request": request, "step": engine_step % cfg.steps_per_request,
+           "dataset": dataset_of_request[request], "batch_size": np.bincount(engine_step)[engine_step],  # [M]
+           "num_verified": np.where(trimmed, rng.integers(0, cfg.k, size=m), cfg.k)}  # [M] verified prefix
     pos = np.broadcast_to(np.arange(k), (m, k))  # [M, K]
     mean = np.asarray(cfg.feature_means)[lay["dataset"]][:, None] + cfg.depth_drift * pos  # [M, K]
     f = np.clip(rng.normal(mean, cfg.feature_sd), -40, 40).astype(np.float32)  # [M, K] logit_qmax
@@ -87,7 +78,7 @@ def synthetic_trace(cfg: SyntheticConfig | None = None) -> pa.Table:
     cols = {
         "run_id": _dict_column(np.zeros(m * k), ["synthetic"]),
         "dataset": _dict_column(rep(lay["dataset"]), list(cfg.datasets)),
-        "request_id": _dict_column(rep(lay["request"]), [f"req-{i}" for i in range(int(lay["num_requests"]))]),
+        "request_id": _dict_column(rep(lay["request"]), [f"req-{i}" for i in range(num_requests)]),
         "drafter": _dict_column(np.zeros(m * k), ["model"]),
         "step": pa.array(rep(lay["step"]).astype(np.int32)),
         "position": pa.array(np.tile(np.arange(k, dtype=np.int16), m)),
