@@ -1,13 +1,6 @@
-"""What a report reads: the fit outputs, the traces behind them, simulation and HVD results.
-
-  fit dir      coefficients.json + scores.json (required), trajectory.parquet (optional), as
-               written by `avkit fit` (avkit/fit/run.py)
-  traces       the observed slots the fit was trained on (coefficients.json `trained_on.traces`,
-               or given): acceptance per position, reliability diagrams, the per-dataset refits
-  sim          `avkit simulate` results Parquet: one row per (concurrency, policy)
-  hvd          `avkit hvd` hvd_metrics.json: routers x datasets on held-out requests
-  tune         `avkit tune` result JSON (avkit/tune/__init__.py lists its keys)
-An input that is absent leaves `None` and a note; the sections that need it say so in the report.
+"""What a report reads: an `avkit fit` directory (coefficients.json and scores.json required,
+trajectory.parquet optional), the traces behind it (coefficients.json `trained_on.traces`, or given) and
+the results files of `RESULTS`. An absent input leaves `None` and a note; its sections say so in the report.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """What the report shows of the traces: a `TraceSummary` of additive sums over the shards of the batch
-fit (fit/passes.py): held in memory, or spilled and summed out of core (`avkit report --engine
-streaming`); the sections read only the summary.
-
-  acceptance   [D, K] observed slots and accepted slots per (dataset, position)
-  drafts       dataset -> drafted slots (observed or not) and their mean draft entropy
-  reliability  per panel, [3, B] slots, sum of predictions and sum of labels per equal-width bin of the
-               prediction (metrics/calibration.py `additive_sums`, the ECE bins of the fit's scores)
-  role fits    one batch_logistic per dataset with MIN_SLOTS first-position slots, on the deployed feature:
-               Newton passes summing the O(K) IRLS statistics of one dataset's rows
-
-The deployed estimator's panel shows its predictions as `avkit fit` made them, so a panel's ECE is
-the fit's: a batch fit's converged coefficients (coefficients.json) on every slot; an online fit's
-estimator (and its online peer) replayed in engine-step order over whole traces (each slot with the
-coefficients of its refit round, before its label was learned from), which only the traces held in
-memory allow: out of core the report takes a batch fit (`--mode batch`), as `avkit fit --engine
-streaming` does. Memory out of core: the budget of the out-of-core fit (`FitConfig.memory_budget`).
+fit (fit/passes.py), held in memory or spilled and summed out of core (`avkit report --engine streaming`,
+docs/fleet.md). A deployed panel predicts as `avkit fit` did, so its ECE is the fit's: a batch fit's
+converged coefficients on every slot; an online fit's estimator replayed in engine-step order over whole
+traces, which needs them in memory (out of core the report takes a batch fit).
 """
 
 from __future__ import annotations

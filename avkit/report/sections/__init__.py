@@ -8,14 +8,8 @@ from collections.abc import Callable
 
 from avkit.report.sections import features, hybrid, online, reliability, simulation, summary, tune
 
-SECTIONS: dict[str, Callable] = {
-    "summary": summary.build,
-    "features": features.build,
-    "reliability": reliability.build,
-    "online": online.build,
-    "simulation": simulation.build,
-    "tune": tune.build,
-    "hybrid": hybrid.build,
-}
+# section key (its module's name) -> its builder, in reading order
+SECTIONS: dict[str, Callable] = {m.__name__.rpartition(".")[2]: m.build
+                                 for m in (summary, features, reliability, online, simulation, tune, hybrid)}
 
 __all__ = ["SECTIONS"]
