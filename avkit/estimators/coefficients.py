@@ -190,15 +190,9 @@ def estimator_feature(estimator: Estimator) -> str:
 
 def load_estimator(name: str, coefficients: str | Path = "", k: int = DEFAULT_K, pair: ServedPair | None = None,
                    drafter: str | None = None, **kwargs) -> Estimator | None:
-    """An estimator from the registry (K positions), warm-started from a coefficients file if given.
-
-    "none" -> None (full verification); "online" is short for "online_logistic". The file goes through
-    the one validated loader (estimators/coefficients.py: K, finiteness, feature, the served `pair`)
-    and then the estimator's `load_state_dict`. A file written by `forgetting_logistic` (two basis
-    slopes) or `per_position_slope` loads only into that estimator; a shared-slope file into any.
-    `drafter` ("model" or "suffix"): the rows the estimator will score, when a file is given; the file
-    must have been fitted on that drafter's rows (its `trained_on.drafter`, "model" when absent).
-    """
+    """An estimator from the registry (K positions), warm-started from a coefficients file if given
+    (`load_coefficients`, then `load_state_dict`); "none" -> None (full verification). A file of an
+    OWN_FILES estimator loads only into that estimator; `drafter`: the rows it will score."""
     name = ALIASES.get(name, name)
     if name == "none":
         return None

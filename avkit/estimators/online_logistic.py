@@ -160,12 +160,8 @@ class RoundLogistic:
         self._round, self._steps = IrlsStats.zeros(self.k), 0
 
     def update(self, features, positions, predictions, labels, steps: int = 1) -> bool:
-        """Feed the observed slots of `steps` engine steps (1 live; a replay feeds up to `steps_to_refit`
-        at once, predicted with the same coefficients); True when the round filled and was refitted.
-
-        This is THE online round: live (scheduling/adaptive.py), the simulator and `avkit fit` all
-        count engine steps and refit here, after exactly `refit_interval` of them.
-        """
+        """Feed the observed slots of `steps` engine steps (a replay: up to `steps_to_refit`); True when the
+        round filled and was refitted. THE online round of live, the simulator and `avkit fit`."""
         if not 0 <= steps <= self.steps_to_refit:
             raise ValueError(f"steps={steps}: a call may feed 0..{self.steps_to_refit} engine steps")
         self.accumulate(features, positions, predictions, labels)
@@ -265,28 +261,13 @@ class OnlineLogistic(RoundLogistic):
 
 
 class BatchLogistic(OnlineLogistic):
-    """The same model fitted in batch: `update` buffers observed slots, `refit` fits them all."""
+    """The same model fitted to convergence (`fit`, batch passes); fed online it keeps its coefficients."""
 
     name = "batch_logistic"
-    device_round = False  # buffers every slot for a full fit: on the host
-
-    def __init__(self, k: int = DEFAULT_K, config: EstimatorConfig | None = None,
-                 max_iter: int = 50, tol: float = 1e-10):
-        super().__init__(k, config)
-        self.max_iter, self.tol = max_iter, tol
-        self._rows: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    device_round = False  # never refits online
 
     def update(self, features, positions, predictions, labels, steps: int = 1) -> bool:
-        self._rows.append((np.asarray(features, dtype=np.float64), check_positions(positions, self.k),
-                           np.asarray(labels, dtype=np.float64)))
         return False
-
-    def refit(self) -> bool:
-        if not self._rows:
-            return False
-        f, pos, y = (np.concatenate(parts) for parts in zip(*self._rows))
-        self.fit(f, pos, y, max_iter=self.max_iter, tol=self.tol)
-        return True
 
 
 class PerPositionSlope(RoundLogistic):

@@ -34,12 +34,8 @@ def replay_steps(est: Estimator, features: np.ndarray, positions: np.ndarray, la
                  bounds: np.ndarray, decide: Decide | None = None, on_round: OnRound | None = None,
                  chunk: int = 100) -> np.ndarray:
     """Drive `est` through engine steps [0, G) of one run, as live; -> predictions made when drafting [N].
-
-    features, positions [N]: the estimator's (raw) feature and each row's draft position; labels [N]:
-    1 accepted, 0 rejected, -1 censored. `decide=None` replays the recorded schedule (every labelled
-    row observed, every step drafted). Estimators without rounds are fed `chunk` steps a call.
-    The open round is dropped at the end.
-    """
+    labels [N]: 1 accepted, 0 rejected, -1 censored. `decide=None` replays the recorded schedule (every
+    labelled row observed, every step drafted); estimators without rounds are fed `chunk` steps a call."""
     preds = np.empty(len(features))  # [N]
     groups, g0 = bounds.size - 1, 0
     while g0 < groups:

@@ -9,13 +9,8 @@ refit rounds as live) or `batch_logistic` (batch mode). The chosen feature is al
 coefficients.json, the file `serve` deploys. `start_estimator` gives each fit its start state (a warm
 start from `--coefficients` for the written one).
 
-`--mode batch` is one fit over shards (fit/passes.py): pass 0 holds every observed slot in memory
-(`--engine memory`: one shard, exact AUC, the estimators on `fit.workers` threads) or spills each
-trace file (`--engine streaming` / `ray`: one shard per file, on threads or Ray tasks), then one pass
-per Newton iteration and one score pass. `--mode online` replays the slots in memory in engine-step
-order (the replicas of `--replicas independent` on the engine). Both give (plan, estimators,
-trajectory rows, score rows, K, trained_on), and `run_fit` turns that into one FitResult.
-`write_fit_outputs` writes it atomically (`avkit.staged.StagedOutputs`: all renamed at the end, or none):
+`--mode batch` is one fit over shards (fit/passes.py); `--mode online` replays the slots in memory in
+engine-step order (fit/replay.py). `write_fit_outputs` writes atomically (all renamed at the end, or none):
   coefficients.json  the deployable estimator (`coefficients_doc`, schema_version 1), read by `serve`
   scores.json        rows {feature, lossless, estimator, scope, auc, log_loss, ece, n}
   trajectory.parquet slope and intercepts after every online refit (or batch iteration); `file` is
