@@ -18,6 +18,7 @@ def draft_input(batch: list[RunningSeq], k: int, max_len: int, drafting: bool, d
     wanted = tuple(max(0, min(s.req.sampling.max_new_tokens - s.num_output - 1, max_len - n, k)) if drafting else 0
                    for s, n in zip(batch, lens))
     slots = tuple(s.slot for s in batch)
+    greedy = [s.req.sampling.temperature == 0 for s in batch]
     dev = lambda values, dtype=torch.int64: torch.tensor(values, dtype=dtype).to(device)
     return DraftInput(
         slots=dev(slots), sequences=[s.tokens for s in batch], num_draft=dev(wanted),
@@ -25,13 +26,8 @@ def draft_input(batch: list[RunningSeq], k: int, max_len: int, drafting: bool, d
         top_p=dev([s.req.sampling.top_p for s in batch], torch.float32),
         seeds=dev([s.seed for s in batch]), request_keys=dev([s.key for s in batch]), positions=dev(lens),
         max_draft=max(wanted, default=0), slot_ids=slots, num_draft_ids=wanted,
-        greedy=_all_or_none([s.req.sampling.temperature == 0 for s in batch]),
+        greedy=True if all(greedy) else (False if not any(greedy) else None),  # None: a mix
         nucleus=any(s.req.sampling.top_p < 1 for s in batch))
-
-
-def _all_or_none(flags: list[bool]) -> bool | None:
-    """True if every flag is set, False if none is, None for a mix (DraftInput.greedy)."""
-    return True if all(flags) else (False if not any(flags) else None)
 
 
 def limit_drafts(inp: DraftInput, limits: list[int], device) -> DraftInput:

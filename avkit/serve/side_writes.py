@@ -98,31 +98,25 @@ class ServeSink:
             self.side_writes.run("trace", self._flush)
         self.metrics.trace_rows_unwritten.set(self.rows - self.persisted)
 
-    def _hand_over(self) -> None:
-        """Pending rows -> the writer's memory. A row batch leaves `_pending` before `write`: if that
-        raises, the rows are in the writer already (its own row-group flush failed) and go out with
-        the next successful flush, never twice."""
+    def _flush(self, close: bool = False) -> None:
+        """Pending rows -> the writer, then its flush (or close: the file renamed into place). A row batch
+        leaves `_pending` before `write`: if that raises, the rows are in the writer already (its own row-group
+        flush failed) and go out with the next successful flush, never twice."""
         while self._pending:
             cols = self._pending.popleft()
             self._pending_rows -= len(cols["position"])
             self.writer.write(cols)
-
-    def _flush(self) -> None:
-        self._hand_over()
-        self.writer.flush()
+        if close:
+            self.writer.close()
+        else:
+            self.writer.flush()
         self.persisted = self.rows
 
     def close(self) -> None:
         """Write everything and rename the file into place; never raises (the log says what was lost)."""
         if self.writer is None:
             return
-
-        def finish():
-            self._hand_over()
-            self.writer.close()
-            self.persisted = self.rows
-
-        if not self.side_writes.run("trace", finish, force=True):
+        if not self.side_writes.run("trace", lambda: self._flush(close=True), force=True):
             lost = self.rows - self.persisted
             path = self.writer.path
             log.error("--record %s: could not finish the trace (%s); %d of %d rows were never written to "
