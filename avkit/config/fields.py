@@ -60,19 +60,13 @@ def default_of(cls, name: str):
     """The dataclass default of one field; a dotted name ("engine.k") reads it from the default of the
     nested config (so a command that composes a narrow config with other defaults gets its own)."""
     head, *path = name.split(".")
-    for f in fields(cls):
-        if f.name != head:
-            continue
-        if f.default is not MISSING:
-            value = f.default
-        elif f.default_factory is not MISSING:  # type: ignore[misc]
-            value = f.default_factory()  # type: ignore[misc]
-        else:
-            break
-        for part in path:
-            value = getattr(value, part)
-        return value
-    raise KeyError(name)
+    f = next((f for f in fields(cls) if f.name == head), None)
+    if f is None or (f.default is MISSING and f.default_factory is MISSING):
+        raise KeyError(name)
+    value = f.default if f.default is not MISSING else f.default_factory()
+    for part in path:
+        value = getattr(value, part)
+    return value
 
 
 __all__ = ["DEFAULT_DRAFT", "DEFAULT_K", "DEFAULT_TARGET", "DEFAULT_TRACE_GLOB", "MAX_K", "SHIPPED_COEFFICIENTS",
