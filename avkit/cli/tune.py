@@ -76,10 +76,9 @@ def register(app: typer.Typer) -> None:
     ):
         """Per batch size: predicted tokens/s for no-spec, each fixed K, adaptive and adaptive with early stop;
         the recommended K per batch-size range, adaptive on or off, and the engine fragment."""
-        gate = draft_gate if draft_gate is not None else format != "vllm"
         config = TuneConfig(concurrency=parse_ints("concurrency", concurrency), cost=cost, max_k=max_k,
                             tpot_slo_ms=tpot_slo_ms, context=context, memory_gb=memory_gb, format=format,
-                            draft_gate=gate, estimator=estimator, bootstrap=bootstrap, seed=seed, out=out,
+                            draft_gate=draft_gate, estimator=estimator, bootstrap=bootstrap, seed=seed, out=out,
                             datasets=tuple(d.strip() for d in datasets.split(",")) if datasets else (),
                             max_new_tokens=max_new_tokens, draft=draft,
                             context_bands=parse_ints("context-bands", context_bands) if context_bands else ())

@@ -95,7 +95,8 @@ class TuneConfig(ReplayConfig):
     # share of device memory the engine may fill (vLLM gpu_memory_utilization)
     memory_utilization: float = checked(0.9, 0.0, 1.0, lo_open=True)
     estimator: str = "online_logistic"  # adaptive verification's confidence source
-    draft_gate: bool = True  # adaptive arms may switch drafting off (avkit's engine; vLLM's AV has no gate)
+    # adaptive arms may switch drafting off (avkit's engine; vLLM's AV has no gate): None = on, off for --format vllm
+    draft_gate: bool | None = None
     bootstrap: int = checked(1000, 10)  # resamples of the recorded requests for the intervals
     level: float = checked(0.9, 0.0, 1.0, lo_open=True, hi_open=True)  # two-sided interval level
     seed: int = 0
@@ -110,6 +111,8 @@ class TuneConfig(ReplayConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.draft_gate is None:
+            object.__setattr__(self, "draft_gate", self.format != "vllm")
         if not str(self.out).endswith(".json"):
             raise ConfigError(f"--out must be a .json path, got {shown(self.out)}")
         if any(not d for d in self.datasets) or len(set(self.datasets)) != len(self.datasets):
