@@ -25,7 +25,7 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -274,7 +274,7 @@ class Observer:
         try:
             doc = load_coefficients(self.env.coefficients, k=k)
         except Exception as e:  # AvkitError: one line, health off
-            self.env = PluginEnv(self.env.trace, self.env.coefficients, False, self.env.dataset)
+            self.env = replace(self.env, metrics=False)
             error(f"calibration health off: {e}")
             return None
         return Health(k, doc["slope"], doc["intercepts"])

@@ -16,7 +16,7 @@ from prometheus_client import Counter, Gauge
 from vllm.v1.metrics.loggers import StatLoggerBase
 
 from avkit.engines.vllm.health import read_state
-from avkit.engines.vllm.plugin import METRICS, RUN_DIR
+from avkit.engines.vllm.plugin import RUN_DIR, PluginEnv
 
 PREFIX = "avkit:spec_decode_"
 _METRICS: dict = {}  # name -> collector, registered once per process (prometheus_client's registry is global)
@@ -32,7 +32,7 @@ class AvkitStatLogger(StatLoggerBase):
     """Exports the worker's calibration health (module docstring) for one engine."""
 
     def __init__(self, vllm_config, engine_index: int = 0):
-        self.on = os.environ.get(METRICS, "0") not in ("", "0") and RUN_DIR in os.environ
+        self.on = PluginEnv.read().metrics and RUN_DIR in os.environ
         if not self.on:
             return
         self.run_dir = Path(os.environ[RUN_DIR])
