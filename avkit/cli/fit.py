@@ -10,11 +10,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
 from avkit.cli.hvd import render as render_hvd
 from avkit.cli.hvd import replay
-from avkit.cli.options import stdout_console
+from avkit.cli.options import result_table, stdout_console
 from avkit.config import DEFAULT_TRACE_GLOB, EstimatorConfig, FitConfig, default_of
 from avkit.errors import ConfigError
 from avkit.staged import StagedOutputs
@@ -30,18 +29,15 @@ def render(result, written: dict, console: Console) -> None:
         console.print(f"clock: {c['trained_on']['engine_steps']} engine steps from the "
                       f"{CLOCKS.get(c['clock'], 'engine_step column in some files, (request_id, step) groups in others')}"
                       f"; {c['refits']} refits every {c['refit_interval']} steps")
-    table = Table(title="scores (scope all / all_but_first)")
-    for col in ("feature", "lossless", "estimator", "AUC", "log-loss", "ECE", "AUC >0", "n"):
-        table.add_column(col, justify="left" if col in ("feature", "estimator") else "right")
     rows = {(r["feature"], r["estimator"], r["scope"]): r for r in result.scores}
     fmt = lambda x: "-" if x is None or math.isnan(x) else f"{x:.4f}"
-    for (feature, est, scope), r in rows.items():
-        if scope != "all":
-            continue
-        rest = rows.get((feature, est, "all_but_first"), {})
-        table.add_row(feature, "yes" if r["lossless"] else "[red]NO[/]", est, fmt(r["auc"]), fmt(r["log_loss"]),
-                      fmt(r["ece"]), fmt(rest.get("auc")), str(r["n"]))
-    console.print(table)
+    console.print(result_table("scores (scope all / all_but_first)",
+                               ("feature", "lossless", "estimator", "AUC", "log-loss", "ECE", "AUC >0", "n"),
+                               [(feature, "yes" if r["lossless"] else "[red]NO[/]", est, fmt(r["auc"]),
+                                 fmt(r["log_loss"]), fmt(r["ece"]),
+                                 fmt(rows.get((feature, est, "all_but_first"), {}).get("auc")), str(r["n"]))
+                                for (feature, est, scope), r in rows.items() if scope == "all"],
+                               left=("feature", "estimator")))
     for path in written.values():
         console.print(f"wrote {path}")
 

@@ -9,9 +9,8 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from avkit.cli.options import stdout_console
+from avkit.cli.options import result_table, stdout_console
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig, default_of
 from avkit.staged import StagedOutputs
 
@@ -30,15 +29,12 @@ def replay(paths: list[Path], out: Path, outputs, tokenizer: str | None = None, 
 
 
 def render(result, console: Console) -> None:
-    table = Table(title="HVD routers (test split, overall)")
     cols = ("router", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
             "speedup_vs_model", "speedup_vs_suffix", "speedup_vs_target")
-    for c in cols:
-        table.add_column(c, justify="left" if c == "router" else "right")
-    for r in result.metrics.filter(result.metrics["dataset"] == "overall").iter_rows(named=True):
-        table.add_row(*(r[c] if isinstance(r[c], str) else "-" if r[c] is None or r[c] != r[c] else f"{r[c]:.3f}"
-                        for c in cols))  # NaN (no positive prediction: precision undefined) -> "-"
-    console.print(table)
+    rows = result.metrics.filter(result.metrics["dataset"] == "overall").iter_rows(named=True)
+    console.print(result_table("HVD routers (test split, overall)", cols, (
+        [r[c] if isinstance(r[c], str) else "-" if r[c] is None or r[c] != r[c] else f"{r[c]:.3f}" for c in cols]
+        for r in rows), left=("router",)))  # NaN (no positive prediction: precision undefined) -> "-"
     for f in result.files:
         console.print(f"wrote {f}")
 

@@ -6,9 +6,8 @@ import json
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from avkit.cli.options import stdout_console
+from avkit.cli.options import result_table, stdout_console
 from avkit.jsonsafe import json_safe
 from avkit.staged import StagedOutputs
 
@@ -34,14 +33,12 @@ def register(app: typer.Typer) -> None:
             profile = acceptance_profile(parse_counters(read_source(source), source, model_name), source)
             tmp.write_text(json.dumps(json_safe(profile), indent=1) + "\n")
         console = stdout_console()  # the result: stdout
-        table = Table(title=f"{source}: {profile['num_drafts']} drafts, K={profile['k']} (aggregate)")
-        for col in ("position", "reached", "accepted", "P(accept | reached) [95%]", "P(L > j)"):
-            table.add_column(col, justify="right")
-        for p in profile["positions"]:
-            table.add_row(str(p["position"]), str(p["reached"]), str(p["accepted"]),
-                          f"{p['conditional']:.3f} [{p['conditional_lo']:.3f}, {p['conditional_hi']:.3f}]",
-                          f"{p['survival']:.3f}")
-        console.print(table)
+        console.print(result_table(
+            f"{source}: {profile['num_drafts']} drafts, K={profile['k']} (aggregate)",
+            ("position", "reached", "accepted", "P(accept | reached) [95%]", "P(L > j)"),
+            [(str(p["position"]), str(p["reached"]), str(p["accepted"]),
+              f"{p['conditional']:.3f} [{p['conditional_lo']:.3f}, {p['conditional_hi']:.3f}]", f"{p['survival']:.3f}")
+             for p in profile["positions"]]))
         note = "" if profile["full_drafts"] else " (some drafts had fewer than K tokens: `reached` is approximate)"
         console.print(f"per-slot acceptance {profile['per_slot_acceptance']:.3f}, mean accepted length "
                       f"{profile['mean_accepted_length']:.2f}{note}; profile: {out}")

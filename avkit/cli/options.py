@@ -12,6 +12,7 @@ from typing import Annotated, NoReturn
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from avkit.config import DEFAULT_TRACE_GLOB
 from avkit.errors import ConfigError
@@ -52,6 +53,16 @@ def parse_ints(name: str, text: str) -> tuple[int, ...]:
     return values
 
 
+def result_table(title: str, columns, rows, left=()) -> Table:
+    """A table of text cells for the terminal: the columns named in `left` left-aligned, the others right."""
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, justify="left" if col in left else "right")
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
 def stdout_console(width: int = 132) -> Console:
     """Where a command's result goes: stdout, `width` columns when it is not a terminal (a file, a pipe)."""
     return Console(width=None if sys.stdout.isatty() else width)
@@ -77,4 +88,5 @@ def end_process(code: int | str | None) -> NoReturn:
 
 __all__ = ["ConcurrencyOption", "CostOption", "DeviceOption", "DraftOption", "DrafterOption", "DtypeOption",
            "EngineOption", "KernelsOption", "PayoffOption", "TargetOption", "TracesArgument", "VllmPythonOption",
-           "end_process", "parse_ints", "stdout_console"]
+           "end_process", "parse_ints", "result_table",
+           "stdout_console"]

@@ -8,10 +8,9 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.progress import Progress, TimeElapsedColumn
-from rich.table import Table
 
 from avkit.cli.options import (
-    DeviceOption, DtypeOption, EngineOption, TargetOption, VllmPythonOption, stdout_console)
+    DeviceOption, DtypeOption, EngineOption, TargetOption, VllmPythonOption, result_table, stdout_console)
 from avkit.config import ModelsConfig, ProfileConfig, SamplingConfig, default_of
 from avkit.staged import StagedOutputs
 
@@ -27,12 +26,10 @@ def render(table, console: Console) -> None:
         cols["draft ms (once per step)"] = (table.draft_fixed_ms, ms)
     if table.prefill_tokens:  # the drafter's prefill of one request: a catch-up's price (scheduling/batch_schedule.py)
         cols |= {"prefill tokens": (table.prefill_tokens, str), "drafter prefill ms": (table.prefill_ms, ms)}
-    out = Table(title=f"step costs on {table.meta.get('device', '?')} at context {table.meta.get('context_len')}")
-    for col in cols:
-        out.add_column(col, justify="right")
-    for i in range(max(len(table.verify_tokens), len(table.draft_requests), len(table.prefill_tokens))):
-        out.add_row(*(fmt(seq[i]) if i < len(seq) else "" for seq, fmt in cols.values()))
-    console.print(out)
+    n = max(len(table.verify_tokens), len(table.draft_requests), len(table.prefill_tokens))
+    console.print(result_table(f"step costs on {table.meta.get('device', '?')} at context "
+                               f"{table.meta.get('context_len')}", cols,
+                               ([fmt(seq[i]) if i < len(seq) else "" for seq, fmt in cols.values()] for i in range(n))))
 
 
 def register(app: typer.Typer) -> None:

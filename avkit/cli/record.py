@@ -8,11 +8,10 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from avkit.cli.options import (
     DeviceOption, DraftOption, DrafterOption, DtypeOption, EngineOption, KernelsOption, PayoffOption, TargetOption,
-    VllmPythonOption, stdout_console)
+    VllmPythonOption, result_table, stdout_console)
 from avkit.config import EngineConfig, ModelsConfig, RecordConfig, SamplingConfig, default_of
 from avkit.errors import ConfigError
 from avkit.scheduling.spec import parse_spec
@@ -32,13 +31,12 @@ def check_datasets(datasets: tuple[str, ...]) -> None:
 
 
 def render(result, console: Console) -> None:
-    table = Table(title=f"{result.trace_path}  ({result.rows_total} rows, run {result.run_id})")
-    for col in ("dataset", "rows", "labelled", "per-slot acc", "tokens/step", "acceptance by position"):
-        table.add_column(col, justify="left" if col in ("dataset", "acceptance by position") else "right")
-    for name, s in result.summary.items():
-        table.add_row(name, str(s["rows"]), str(s["labelled"]), f"{s['per_slot_acceptance']:.3f}",
-                      f"{s['tokens_per_step']:.2f}", " ".join(f"{a:.2f}" for a in s["acceptance_by_position"]))
-    console.print(table)
+    console.print(result_table(
+        f"{result.trace_path}  ({result.rows_total} rows, run {result.run_id})",
+        ("dataset", "rows", "labelled", "per-slot acc", "tokens/step", "acceptance by position"),
+        [(name, str(s["rows"]), str(s["labelled"]), f"{s['per_slot_acceptance']:.3f}", f"{s['tokens_per_step']:.2f}",
+          " ".join(f"{a:.2f}" for a in s["acceptance_by_position"])) for name, s in result.summary.items()],
+        left=("dataset", "acceptance by position")))
     if result.engine_counters:
         c = result.engine_counters
         console.print(f"vLLM's counters this run: {c.get('spec_decode_num_draft_tokens', 0)} draft tokens verified, "
