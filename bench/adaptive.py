@@ -36,7 +36,7 @@ from avkit.step_types import DraftBatch, Load, VerifyOutcome
 from avkit.throughput_text import tok
 from avkit.sim.replay import default_policies, load_steps, results_inputs, simulate, write_results
 from avkit.trace.schema import generations_path
-from common import header, paired_ratio, rounds, tiny_pair, write  # bench/ is on sys.path when run as a script
+from common import csv, header, paired_ratio, rounds, tiny_pair, write  # bench/ is on sys.path when run as a script
 
 SUMMARIZED = ("adaptive-online_logistic", "adaptive-stop-online_logistic", "adaptive-stop-nogate-online_logistic",
               "adaptive-oracle")
@@ -283,10 +283,10 @@ def live_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="adaptive.py live", description="live adaptive / best fixed K (bench/README.md)")
     ap.add_argument("--target", default="qwen2.5-coder-1.5b")
     ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
-    ap.add_argument("--datasets", type=lambda s: s.split(","), default=["humaneval", "sharegpt"])
-    ap.add_argument("--temperatures", type=lambda s: [float(x) for x in s.split(",")], default=[0.0, 1.0])
-    ap.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 16])
-    ap.add_argument("--ks", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2, 3, 5, 7])
+    ap.add_argument("--datasets", type=csv(), default=["humaneval", "sharegpt"])
+    ap.add_argument("--temperatures", type=csv(float), default=[0.0, 1.0])
+    ap.add_argument("--concurrency", type=csv(int), default=[1, 4, 16])
+    ap.add_argument("--ks", type=csv(int), default=[0, 1, 2, 3, 5, 7])
     ap.add_argument("--adaptive", default="adaptive-stop:online_logistic", help="the adaptive policy spec")
     ap.add_argument("--cost", default="", help="the adaptive policy's cost table (avkit profile)")
     ap.add_argument("--coefficients", default="traces/coefficients.json",

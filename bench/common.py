@@ -88,6 +88,11 @@ def write(files: dict) -> list[Path]:
     return [Path(p) for p in files]
 
 
+def csv(kind=str):
+    """An argparse type: "a,b" -> [kind("a"), kind("b")]; argparse applies it to a string default too."""
+    return lambda text: [kind(x) for x in text.split(",") if x]
+
+
 def rounds(configs: list, repeats: int) -> list[list]:
     """`repeats` rounds of every config, round r starting r configs later (module glossary)."""
     return [configs[r % len(configs):] + configs[:r % len(configs)] for r in range(repeats)]

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
-from common import RESULTS, write  # bench/ is on sys.path when run as a script
+from common import RESULTS, csv, write  # bench/ is on sys.path when run as a script
 
 # lazy: avkit and the peers (sklearn, statsmodels, ray) are imported in the functions that use them, since a
 # --scale child's peak memory is the measurement: it holds only what its own path runs
@@ -291,8 +291,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", default=str(RESULTS / "fit.json"))
     ap.add_argument("--scale", action="store_true", help="engines x sizes instead (bench/README.md)")
-    ap.add_argument("--sizes", default="5000000,50000000,200000000", help="--scale: slots per trace")
-    ap.add_argument("--engines", default="memory,deployed,streaming,ray",
+    ap.add_argument("--sizes", default="5000000,50000000,200000000", type=csv(int), help="--scale: slots per trace")
+    ap.add_argument("--engines", default="memory,deployed,streaming,ray", type=csv(),
                     help="--scale: engines to run (deployed: memory with --features logit_qmax)")
     ap.add_argument("--scratch", default=tempfile.gettempdir(), help="--scale: where traces and spills go")
     ap.add_argument("--budget-mb", type=int, default=1536, help="--scale: memory budget of the out-of-core engines")
@@ -300,13 +300,13 @@ def main() -> None:
     ap.add_argument("--generate", default=None, metavar="DIR", help="draw DIR/synthetic-{slots}/ (replica shards) for --sizes")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
-    sizes = [int(x) for x in args.sizes.split(",")]
+    sizes = args.sizes
     if args.generate:
         for slots in sizes:
             generate(slots, str(Path(args.generate) / f"synthetic-{slots}"))
         return
     if args.scale:
-        run_scale(sizes, args.engines.split(","), args.scratch, args.budget_mb, RESULTS / "fit_scale", args.traces)
+        run_scale(sizes, args.engines, args.scratch, args.budget_mb, RESULTS / "fit_scale", args.traces)
         return
 
     from avkit.config import FitConfig, SyntheticConfig

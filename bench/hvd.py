@@ -43,7 +43,7 @@ from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.runtime.step_log import StepLog, decode_tok_s
 from avkit.trace.shards import resolve_shards
-from common import RESULTS, header, prompt_ids, tiny_pair, uptime, vllm_peer, write  # bench/ is on sys.path when run as a script
+from common import RESULTS, csv, header, prompt_ids, tiny_pair, uptime, vllm_peer, write  # bench/ is on sys.path when run as a script
 
 COSTS = {"this pair (draft step = 0.33 target forward)": linear_table(HvdCostConfig(draft_step_cost=0.33)),
          "EAGLE-like drafter (draft step = 0.05 target forward)": linear_table(HvdCostConfig(draft_step_cost=0.05))}
@@ -325,8 +325,8 @@ def live_main(argv: list[str]) -> int:
     ap.add_argument("--target", default=DEFAULT_TARGET)
     ap.add_argument("--draft", default=DEFAULT_DRAFT)
     ap.add_argument("--payoff", default="", help="payoff_survival.pt from `avkit hvd` (the hybrid's joint router)")
-    ap.add_argument("--workloads", default="humaneval_edit,sharegpt")
-    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--workloads", default="humaneval_edit,sharegpt", type=csv())
+    ap.add_argument("--concurrency", default="1,4,16", type=csv(int))
     ap.add_argument("--requests", type=int, default=0, help="requests per cell (default: max(8, 2 x concurrency))")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=7)
@@ -336,7 +336,7 @@ def live_main(argv: list[str]) -> int:
     ap.add_argument("--cells", default="bench/results/hvd_live_cells.jsonl")
     ap.add_argument("--out", default="bench/results/hvd_live.md")
     ap.add_argument("--render", action="store_true", help="only write --out from --cells")
-    ap.add_argument("--engines", default="avkit", help="avkit (its four drafters) and/or vllm (vLLM-CPU's "
+    ap.add_argument("--engines", default="avkit", type=csv(), help="avkit (its four drafters) and/or vllm (vLLM-CPU's "
                     "target-only and suffix method on the same requests; `just peer-vllm-suffix`)")
     ap.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     ap.add_argument("--vllm-dtype", default="float32", choices=("float32", "bfloat16"),
@@ -347,9 +347,9 @@ def live_main(argv: list[str]) -> int:
     if a.render:
         render(cells_path, out)
         return 0
-    engines = set(a.engines.split(","))
+    engines = set(a.engines)
     if not engines or engines - {"avkit", "vllm"} or ("vllm" in engines and a.tiny):
-        raise SystemExit(f"avkit: error: --engines must name avkit and/or vllm (not with --tiny), got {a.engines!r}")
+        raise SystemExit(f"avkit: error: --engines must name avkit and/or vllm (not with --tiny), got {','.join(a.engines)!r}")
     names = (a.target, a.draft)
     target_dir = hf_dir(a.target, "--target") if "vllm" in engines else None
     if a.tiny:
@@ -365,8 +365,8 @@ def live_main(argv: list[str]) -> int:
     # vLLM alone (avkit's cells of the same requests come from another run): the converted target's tokenizer
     tokenizer = target.tokenizer if "avkit" in engines else avkit.models.Tokenizer.from_dir(target_dir)
     run_id = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    for wl in a.workloads.split(","):
-        for c in (int(x) for x in a.concurrency.split(",")):
+    for wl in a.workloads:
+        for c in a.concurrency:
             n = a.requests or max(8, 2 * c)
             ids = _tiny_prompts(wl, n) if a.tiny else prompt_ids(tokenizer, wl, n)
             cell = {"run": run_id, "workload": wl, "concurrency": c, "target": names[0], "requests": n,

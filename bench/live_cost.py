@@ -52,7 +52,7 @@ from avkit.scheduling.policy import FixedK
 from avkit.scheduling.profile import profile_costs
 from avkit.step_types import StepTime
 from avkit.workloads import load_workload
-from common import RESULTS, header, load, tiny_pair, write
+from common import RESULTS, csv, header, load, tiny_pair, write
 
 FIELDS = ("n", "passes", "tokens", "context", "rows", "lookups", "catch_up", "ms")  # a logged StepTime, in order
 
@@ -154,9 +154,9 @@ def cost_main(argv: list[str]) -> int:
     ap.add_argument("--cost", default=DEFAULT_COST_PATH,
                     help="the offline table: a cost file, or `profile` (profile this CPU first, per temperature)")
     ap.add_argument("--dataset", default="humaneval")
-    ap.add_argument("--temperatures", default="0,1")
-    ap.add_argument("--batches", default="1,4,16")
-    ap.add_argument("--ks", default="0,3,5,7")
+    ap.add_argument("--temperatures", default="0,1", type=csv(float))
+    ap.add_argument("--batches", default="1,4,16", type=csv(int))
+    ap.add_argument("--ks", default="0,3,5,7", type=csv(int))
     ap.add_argument("--min-tokens", type=int, default=256, help="new tokens per request at least")
     ap.add_argument("--min-steps", type=int, default=32, help="measured steps a cell aims for (module note)")
     ap.add_argument("--out", default="", help="Markdown (default bench/results/cost_live.md; --tiny: a temp file); "
@@ -172,8 +172,7 @@ def cost_main(argv: list[str]) -> int:
             write({a.out: "\n".join(lines) + "\n"})
         print("\n".join(lines))
         return 0
-    ints = lambda s: [int(x) for x in s.split(",")]
-    ks, batches = ints(a.ks), ints(a.batches)
+    ks, batches = a.ks, a.batches
     tokens = {k: max(a.min_tokens, (a.min_steps + 16) * (k + 1)) for k in ks}
     if a.tiny:
         target, draft, prompts, cost = _tiny()
@@ -186,7 +185,7 @@ def cost_main(argv: list[str]) -> int:
                    tok.apply_chat_template(list(p.messages[:1]), add_generation_prompt=True)
                    for p in load_workload(a.dataset, n=64)]
     rows, log, load_at_start = [], [], load()
-    for t in (float(x) for x in a.temperatures.split(",")):
+    for t in a.temperatures:
         table = cost or _profiled(target, draft, prompts[:max(batches)], t, ks, batches, max(tokens.values()), a.tiny)
         log.append({"T": t, "table": table.to_json()})
         learner = CostLearner(table, probe_every=0)  # fixed K: every shape it runs is visited anyway

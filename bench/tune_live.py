@@ -23,13 +23,13 @@ from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.runtime.step_log import StepLog, steady_tok_s
 from avkit.scheduling.batch_schedule import BatchSchedule, ScheduledK
-from common import RESULTS, VLLM_ENV, machine, prompt_ids, rounds, tiny_pair, uptime, vllm_peer, write
+from common import RESULTS, VLLM_ENV, csv, machine, prompt_ids, rounds, tiny_pair, uptime, vllm_peer, write
 from tune_report import rate, write_report
 
 
 def plan(args, tokenizer) -> list[dict]:
     """Every run: name, prompts (token ids), max_new per prompt, arrival_tokens per prompt."""
-    concs = [int(c) for c in args.concurrency.split(",")]
+    concs = args.concurrency
     bursts = [(int(n), int(t)) for n, t in (b.split("@") for b in args.bursts.split(","))]
     waves = {c: max(args.waves, 2 if c == 1 else 1) for c in concs}
     n = max(max(c * w for c, w in waves.items()), sum(c for c, _ in bursts))
@@ -42,7 +42,7 @@ def plan(args, tokenizer) -> list[dict]:
         runs.append({"name": f"c={c}", "prompts": pool[:m], "max_new": [args.max_new_tokens] * m, "lanes": c,
                      "arrival_tokens": [i // c * c * args.max_new_tokens for i in range(m)]})
     rng = random.Random(args.seed)
-    lo, hi = (int(x) for x in args.mixed_new.split(","))
+    lo, hi = args.mixed_new
     arrival = [t for c, t in bursts for _ in range(c)]
     runs.append({"name": "mixed", "prompts": pool[:len(arrival)], "arrival_tokens": arrival,
                  "max_new": [rng.randint(lo, hi) for _ in arrival]})
@@ -54,10 +54,10 @@ def plan(args, tokenizer) -> list[dict]:
 def configs(args, schedule) -> list[tuple[str, int, list | None]]:
     """(name, engine K, schedule ranges or None), filtered by --configs; no "tuned" when the schedule is
     speculation off (it is the no-spec config)."""
-    out = [("nospec", 0, None)] + [(f"K={k}", k, None) for k in (int(x) for x in args.ks.split(","))]
+    out = [("nospec", 0, None)] + [(f"K={k}", k, None) for k in args.ks]
     if schedule.max_k > 0:
         out.append(("tuned", schedule.max_k, [list(r) for r in schedule.ranges]))
-    want = set(args.configs.split(",")) if args.configs else None
+    want = set(args.configs) or None
     return [c for c in out if want is None or c[0] in want]
 
 
@@ -192,17 +192,17 @@ def live_main(argv: list[str]) -> None:
                     help="avkit's schedule: `avkit tune --out` JSON or a --format vllm fragment")
     ap.add_argument("--vllm-schedule", default=str(RESULTS / "tune_cpu_vllm.json"),
                     help="vLLM's schedule (tuned on its own trace and cost table), the same formats")
-    ap.add_argument("--engines", default="avkit,vllm")
-    ap.add_argument("--ks", default="1,2,3,5,7", help="the fixed K compared")
-    ap.add_argument("--configs", default="", help="only these configs (nospec, K=k, tuned; default all)")
-    ap.add_argument("--concurrency", default="1,4,16", help="steady runs")
-    ap.add_argument("--runs", default="", help="only these runs (c=N, mixed; default all)")
+    ap.add_argument("--engines", default="avkit,vllm", type=csv())
+    ap.add_argument("--ks", default="1,2,3,5,7", type=csv(int), help="the fixed K compared")
+    ap.add_argument("--configs", default="", type=csv(), help="only these configs (nospec, K=k, tuned; default all)")
+    ap.add_argument("--concurrency", default="1,4,16", type=csv(int), help="steady runs")
+    ap.add_argument("--runs", default="", type=csv(), help="only these runs (c=N, mixed; default all)")
     ap.add_argument("--bursts", default="1@0,3@24,12@120", help="mixed run: COUNT@OUTPUT-TOKENS, ...")
-    ap.add_argument("--mixed-new", default="64,128", help="mixed run: new tokens per request, uniform LO,HI")
+    ap.add_argument("--mixed-new", default="64,128", type=csv(int), help="mixed run: new tokens per request, uniform LO,HI")
     ap.add_argument("--max-new-tokens", type=int, default=64, help="steady runs: new tokens per request")
     ap.add_argument("--waves", type=int, default=1,
                     help="steady runs: c=N runs this many waves of N requests, one after another (c=1: at least 2)")
-    ap.add_argument("--datasets", default="humaneval,sharegpt", type=lambda s: s.split(","))
+    ap.add_argument("--datasets", default="humaneval,sharegpt", type=csv())
     ap.add_argument("--temperature", type=float, default=0.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default="bfloat16")
@@ -237,8 +237,8 @@ def live_main(argv: list[str]) -> None:
     tokenizer = avkit.models.Tokenizer.from_dir(Path(args.target_dir))
     runs = plan(args, tokenizer)
     if args.runs:
-        runs = [r for name in args.runs.split(",") for r in runs if r["name"] == name]  # in the order given
-    engines = args.engines.split(",")
+        runs = [r for name in args.runs for r in runs if r["name"] == name]  # in the order given
+    engines = args.engines
     meta = {"argv": sys.argv, "utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "uptime_start": uptime(),
             "machine": machine(),
             "schedules": {e: {"file": args.schedule if e == "avkit" else args.vllm_schedule,
