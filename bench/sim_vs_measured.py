@@ -23,9 +23,8 @@ from avkit.markdown import md_table
 from avkit.models.tokenizer import Tokenizer
 from avkit.runtime.step_log import steady_tok_s
 from avkit.scheduling.cost import CostTable, resolve_cost
-from avkit.sim.steps import profile_steps
 from avkit.sim.replay import simulate
-from avkit.sim.steps import step_table
+from avkit.sim.steps import profile_steps, step_table
 from avkit.trace.reader import common_k, read_traces
 from avkit.tune.acceptance import wilson
 from avkit.tune.arms import Arm, simulate_arms
