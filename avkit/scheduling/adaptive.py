@@ -244,13 +244,8 @@ class AdaptiveVerification(VerifyPolicy):
                     **self._group_inputs(load, drafts, dev))
 
     def continue_drafting(self, batch: DraftBatch, load: Load | Groups) -> torch.Tensor | None:
-        """For an autoregressive drafter, after each pass: which requests should draft one more token ([B] bool).
-
-        `batch` holds the drafts so far (features [B, j], num_drafted [B]); requests with num_drafted == j
-        drafted in this pass. The rule is plan.py `continue_drafting`, with the drafting paid so far summed
-        on the device (no host read). Call `num_verify` after the last pass. None: no early stop (the
-        setting is off, no estimator, or the cost table's drafter drafts every depth in one pass).
-        """
+        """After each pass of an autoregressive drafter: [B] bool, draft one more (plan.py `continue_drafting`;
+        `batch`: the drafts so far, num_drafted == j drafted in this pass); None: no early stop."""
         if not self.stop_drafting or self.estimator is None or self.cost.drafter != "autoregressive":
             return None
         probe = self.probe() if isinstance(load, Load) else None
@@ -342,15 +337,9 @@ def _feature(batch: DraftBatch | VerifyOutcome, est: Estimator) -> torch.Tensor:
 def make_adaptive(cost: str | CostTable | None = None, estimator: str | Estimator | None = None,
                   coefficients: str | Path = "", k: int = DEFAULT_K, adaptive: AdaptiveConfig | None = None,
                   bound: bool = False, stop_drafting: bool = False, **estimator_kwargs) -> AdaptiveVerification:
-    """POLICIES["adaptive"] factory: cost table or spec, estimator name (or object) for K positions, warm start.
-
-    `stop_drafting`: also stop an autoregressive drafter early (POLICIES["adaptive-stop"], `make_adaptive_stop`).
-    `bound`: accept a lossy estimator (the simulator's oracle: a bound, never an engine's policy).
-    Other keyword arguments go to the estimator's factory (e.g. `config=EstimatorConfig(...)`). The
-    suffix cache's rows get their own estimator of the same kind: warm-started from
-    `adaptive.cache_coefficients` (a file fitted on cache rows, `avkit fit --drafter suffix`) or
-    fresh from the reference constants.
-    """
+    """POLICIES["adaptive"] factory: cost table or spec, estimator name (or object) for K positions, warm start;
+    other keyword arguments go to the estimator's factory. `bound`: accept a lossy estimator (the simulator's
+    oracle). The suffix cache's rows get their own estimator of the same kind (`adaptive.cache_coefficients`)."""
     config = adaptive or AdaptiveConfig()
     est = estimator if estimator is not None else config.estimator
     cache_est = None

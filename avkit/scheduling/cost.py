@@ -351,11 +351,8 @@ def parse_roofline_spec(spec: str) -> CostTable:
 
 
 def resolve_cost(spec: str | CostTable | None) -> CostTable:
-    """A CostTable from a table, a JSON path, or `roofline:GPU:TARGET[:DRAFT][:key=value,...]`.
-
-    Empty/None: the profiled table at DEFAULT_COST_PATH if it exists, else the CPU roofline of the
-    default model pair.
-    """
+    """A CostTable from a table, a JSON path or a roofline spec; empty: the profiled table at DEFAULT_COST_PATH if
+    it exists, else the CPU roofline of the default model pair."""
     if isinstance(spec, CostTable):
         return spec
     if not spec:

@@ -90,9 +90,7 @@ def order_slots(key: torch.Tensor) -> torch.Tensor:
 
 
 def rank_slots(surv: torch.Tensor, num_drafted: torch.Tensor, group: torch.Tensor, num_groups: int) -> Ranked:
-    """Rank every group's slots (module note); `group` [S] ascending ints in [0, num_groups).
-
-    Fixed shapes (all S K slots, invalid ones ranked last in their group), no host read."""
+    """Rank every group's slots (module note; `group` [S] ascending): all S K slots, invalid ones last, no host read."""
     k = surv.shape[1]
     dev = surv.device
     valid = (torch.arange(k, device=dev)[None, :] < num_drafted[:, None]).reshape(-1)  # [M] row-major

@@ -40,11 +40,9 @@ DENSE_TOKENS = 32  # verify steps profiled at every token count up to here (the 
 
 
 def _token_grid(top: int) -> list[int]:
-    """Verify step sizes: every count up to DENSE_TOKENS, then 1, 2, 4, ... as `request_grid`. The CPU kernel computes
-    rows in tiles of 6 (cpu_linear.cpp), so a forward of 1-6 tokens costs about one of 1 and the 7th token
-    ~40% more (2-core AVX2, the 1.5B target: 115 / 121 / 129 / 171 ms for 4 / 5 / 6 / 7 tokens at c4): a
-    power-of-two grid interpolates across the steps, and a planner then prices the free 5th and 6th tokens at
-    ~0.2 forwards each. GPU kernels have such steps too (tile and CUDA-graph sizes)."""
+    """Verify step sizes: every count up to DENSE_TOKENS, then as `request_grid`. The cost is a staircase (the CPU
+    kernel's 6-row tiles: 115 / 121 / 129 / 171 ms for 4-7 tokens at c4; GPU tiles and graph sizes): a
+    power-of-two grid would interpolate across its steps."""
     return sorted({t for t in range(1, min(top, DENSE_TOKENS) + 1)} | set(request_grid(top)))
 
 
@@ -113,17 +111,11 @@ def noise_summary(curves: dict[str, tuple[list[int], list[list[float]]]]) -> dic
             "moved": moved, "noisy": noisy}
 
 
-def _warm(timers: list[Timer], rounds: int) -> None:
-    """Run every point untimed first: the first timed point of a cold process (allocator, weight layouts)
-    measured ~25% slow on CPU."""
-    for _ in range(rounds):
-        for rewind, run in timers:
-            rewind(), run()
-
-
 def _time_points(timers, device, config, on_point) -> tuple[list[float], list[list[float]]]:
     """Warm every timer, then time each in turn: (median ms per point, every run's ms per point)."""
-    _warm(timers, config.warmup)
+    for _ in range(config.warmup):  # every point untimed first: a cold process's first point ran ~25% slow
+        for rewind, run in timers:
+            rewind(), run()
     ms, runs = [], []
     for timer in timers:
         runs.append(_times_ms(timer, device, config.repeats, config.warmup))
@@ -185,10 +177,7 @@ def per_request(t_grid, verify_ms, d_grid, target_only_ms, k: int) -> tuple[list
 
 
 def profile_costs(target, draft, config: ProfileConfig, *, on_point: Callable[[], None] | None = None) -> CostTable:
-    """Time the engine's own step (`Engine.step`, step_timer.py) at every point: verify_ms(T) is a step that
-    verifies T tokens drafted for free (a fed drafter), draft_ms(n) a step of n requests drafting one token
-    (none verified) less the target-only step of n, prefill_ms(m) a step whose drafter first catches up on m
-    tokens less the same step without the catch-up; `target`/`draft` are LoadedModels."""
+    """The cost table of `target` and `draft` (LoadedModels) from the engine's own step at every point (module note)."""
     context = context_len_from_env(config.context_len)
     t_grid, d_grid = _token_grid(config.max_verify_tokens), request_grid(config.max_requests)
     rows = max(_verify_layout(config.max_verify_tokens, config.k)[0], config.max_requests)

@@ -103,12 +103,8 @@ def policy_metrics(replay: Replay, policy: SimPolicy, k_verify: np.ndarray, draf
 
 def simulate(traces, cost: CostTable, concurrency=None, policies=None, *, config: SimulateConfig | None = None,
              coefficients: str = "", progress=None) -> pl.DataFrame:
-    """Replay `traces` under each policy at each concurrency; one result row per pair.
-
-    policies: specs (scheduling/spec.py; `fixed` = every K); None -> no-spec, every fixed K, adaptive per estimator in
-    `config.estimators`, the recorded confidences if present, and the oracle. Adds `vs_best_fixed`
-    (throughput / best fixed K at that concurrency) and `vs_nospec`.
-    """
+    """Replay `traces` under each policy spec (None: `default_policies`) at each concurrency; one result row per
+    pair (RESULT_COLUMNS)."""
     steps = load_steps(traces)
     config = config or SimulateConfig()
     concurrency = tuple(concurrency or config.concurrency)
@@ -143,12 +139,8 @@ def read_inputs(path) -> dict | None:
 
 
 def step_time_check(traces, cost: CostTable) -> dict:
-    """Predicted vs recorded step time over the recorded engine steps (needs `engine_step`).
-
-    Also reported over decode-only steps: a step in which some request ran its first decode step also
-    admitted it, and its wall time holds that prompt's prefill (target and drafter), which a decode
-    cost table does not price.
-    """
+    """Predicted vs recorded step time over the recorded engine steps (needs `engine_step`), also over
+    decode-only steps (a step that admitted a request holds its prefill, which a decode cost table does not price)."""
     steps = load_steps(traces)
     if (steps.engine_step < 0).any():
         raise TraceError("step-time check needs the engine_step column")

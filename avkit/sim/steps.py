@@ -91,9 +91,7 @@ def request_ids(df: pl.DataFrame) -> pl.DataFrame:
 
 
 def step_table(df: pl.DataFrame, k: int | None = None) -> StepTable:
-    """Pivot slot rows (trace format v1) into step rows; model-drafter rows only.
-
-    `k`: the traces' K (`avkit.k`, see `trace.reader.common_k`); None infers it from the rows."""
+    """Pivot slot rows (trace format v1) into step rows, model-drafter rows only; `k`: the traces' K (None: inferred)."""
     missing = [c for c in NEEDED if c not in df.columns]
     if missing:
         raise TraceError(f"simulate: trace frame lacks column {missing[0]!r}")

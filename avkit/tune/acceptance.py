@@ -54,9 +54,7 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
 
 
 def position_table(drafts: int, accepted: list[int]) -> list[dict]:
-    """Per position: reached, accepted, conditional and survival with intervals (module glossary).
-
-    `accepted` [K] must be non-increasing from `drafts` (the caller checks and names its source)."""
+    """Per position: reached, accepted, conditional and survival with intervals; `accepted` [K] non-increasing."""
     reached = [drafts, *accepted[:-1]]
     out = []
     for j, (a, r) in enumerate(zip(accepted, reached)):

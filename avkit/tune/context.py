@@ -36,10 +36,8 @@ def band_bounds(upper: tuple[int, ...]) -> list[tuple[int, int]]:
 
 def moved(table: CostTable, context: int) -> CostTable:
     """The table priced at `context` cached tokens per request: its context curve raised by kv_ms_per_token per
-    token beyond context_len, on the requests grid (the shift is linear in n). Exactly CostTable.step_cost with
-    n x context cached tokens where the table's curves hold n x context_len (a context curve; a profiled table at
-    its own layout, T = n (meta.k + 1)); for a profiled table's other layouts the two differ by kv_ms_per_token
-    x context_len x (n - ceil(T / (k + 1))), the KV its verify curve held at T (CostTable.held_context)."""
+    token beyond context_len (n per request), i.e. step_cost with n x context cached tokens where the curves hold
+    n x context_len (for a profiled table's other layouts they differ by its `held_context`)."""
     n = np.asarray(table.draft_requests, dtype=np.float64)  # [Q]
     ms = table.curve("context_ms")[1] + table.kv_ms_per_token * n * (context - table.context_len)  # [Q]
     return replace(table, context_ms=tuple(ms.tolist()), context_len=context,
