@@ -312,16 +312,13 @@ class AdaptiveVerification(VerifyPolicy):
 
     def _log_refit(self, est: Estimator) -> None:
         cache = est is not self.estimator
-        state = est.state_dict()
-        if cache:
-            self.cache_refits += 1
-        else:
-            self.refits += 1
-        trajectory = self.cache_trajectory if cache else self.trajectory
-        trajectory.append({"step": self.steps, "refit": self.cache_refits if cache else self.refits, **state})
+        state, prefix = est.state_dict(), "cache_" if cache else ""
+        refits = getattr(self, prefix + "refits") + 1
+        setattr(self, prefix + "refits", refits)
+        trajectory = getattr(self, prefix + "trajectory")
+        trajectory.append({"step": self.steps, "refit": refits, **state})
         del trajectory[: -self.history]
-        log.info("adaptive %srefit %d at step %d: %s", "cache-estimator " if cache else "",
-                 self.cache_refits if cache else self.refits, self.steps,
+        log.info("adaptive %srefit %d at step %d: %s", "cache-estimator " if cache else "", refits, self.steps,
                  {k: v for k, v in state.items() if k in ("slope", "intercepts")})
 
 

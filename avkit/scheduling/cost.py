@@ -184,11 +184,15 @@ class CostTable:
         """What a step's drafting pays once for n drafting requests, beyond its passes (0 unless profiled)."""
         return self._at("draft_fixed_ms", num_requests)
 
+    def passes(self, k) -> np.ndarray:
+        """Draft forwards for k drafts: k (autoregressive) or [k > 0] (parallel)."""
+        k = np.asarray(k, dtype=np.float64)
+        return k if self.drafter == "autoregressive" else (k > 0) * 1.0
+
     def draft_cost(self, num_requests, k) -> np.ndarray:
         """Drafting k tokens for each of n requests: passes(k) forwards of n rows, plus the fixed part if k > 0."""
-        k = np.asarray(k, dtype=np.float64)
-        passes = k if self.drafter == "autoregressive" else (k > 0) * 1.0
-        return passes * self.draft_pass_cost(num_requests) + (k > 0) * self.draft_fixed_cost(num_requests)
+        return self.passes(k) * self.draft_pass_cost(num_requests) + \
+            (np.asarray(k) > 0) * self.draft_fixed_cost(num_requests)
 
     def draft_prefill_cost(self, tokens) -> np.ndarray:
         """The drafter prefilling n tokens of one request; a draft pass over n rows where not profiled
@@ -233,10 +237,8 @@ class CostTable:
             self.verify_cost(tokens) + self.lookup_ms * np.asarray(lookups, dtype=np.float64)
         if not self.shape_scale:
             return ms
-        k = np.asarray(k, dtype=np.float64)
-        passes = k if self.drafter == "autoregressive" else (k > 0) * 1.0
         context = self.held_context(num_requests, tokens) if context_tokens is None else context_tokens
-        return ms * self.shape_factor(shape_keys(num_requests, passes, tokens, context, rows, lookups))
+        return ms * self.shape_factor(shape_keys(num_requests, self.passes(k), tokens, context, rows, lookups))
 
     # ---- views ----
     def in_units(self, unit_ms: float) -> CostTable:

@@ -116,7 +116,7 @@ class DraftGate:
         """The gain if every draft were accepted: an upper bound on `gain` for any rows."""
         if num_requests not in self._sure:
             rate = step_rates(torch.ones(1, self.k), num_requests, self.cost, self.stop_drafting)
-            self._sure[num_requests] = float(rate[1:].max() / rate[0])
+            self._sure[num_requests] = float(self._gains(rate))
         return self._sure[num_requests]
 
     def pays_back(self, num_requests: int, gain: float, lag, remaining) -> bool:

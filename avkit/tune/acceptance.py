@@ -1,8 +1,5 @@
-"""The acceptance profile: per-position acceptance with intervals and the fitted coefficients.
-
-It is the measured half of `avkit tune`'s document (the other half: the cost model it was tuned on,
-`cost`, and the provenance, `inputs`); avkit/tune/formats.py compiles the whole document into every
-engine's settings. Glossary, per draft position j = 0..K-1 of a group of request-steps:
+"""The acceptance profile, the measured half of `avkit tune`'s document: per-position acceptance with intervals
+and the fitted coefficients. Glossary, per draft position j = 0..K-1 of a group of request-steps:
   drafts         request-steps that verified at least one draft
   reached_j      request-steps that verified slot j with every slot before it accepted (slot j is labelled)
   accepted_j     request-steps whose slot j was accepted: the accepted length was > j

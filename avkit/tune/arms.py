@@ -61,6 +61,10 @@ class Cell:
     def throughput(self) -> float:
         return float(self.metrics["throughput_tok_s"])
 
+    def meets(self, slo_ms: float) -> bool:
+        """Its p90 TPOT keeps the SLO (0: no SLO)."""
+        return slo_ms <= 0 or self.p90_tpot_ms <= slo_ms
+
 
 def truncate(steps: StepTable, k: int) -> StepTable:
     """The traces as if recorded with at most `k` drafts per step (see the glossary)."""

@@ -57,8 +57,8 @@ def _cell_json(cell: Cell, samples: np.ndarray, config: TuneConfig, nospec: floa
     m = cell.metrics
     return {"concurrency": cell.concurrency, "arm": cell.arm.name, "kind": cell.arm.kind, "k": cell.arm.k,
             "throughput_tok_s": cell.throughput, "lo": lo, "hi": hi, "per_request_tok_s": m["per_request_tok_s"],
-            "p90_tpot_ms": cell.p90_tpot_ms, "meets_slo": config.tpot_slo_ms <= 0 or
-            cell.p90_tpot_ms <= config.tpot_slo_ms, "tokens_per_step": m["tokens_per_step"],
+            "p90_tpot_ms": cell.p90_tpot_ms, "meets_slo": cell.meets(config.tpot_slo_ms),
+            "tokens_per_step": m["tokens_per_step"],
             "step_ms": m["step_ms"], "drafts_wasted": m["drafts_wasted"], "vs_nospec": cell.throughput / nospec,
             "decode_tok_s": m["decode_tok_s"], "drafter_prefill_share": m["drafter_prefill_share"]}
 
@@ -74,8 +74,7 @@ def _adaptive_on(cells, fixed_choice, conc, slo) -> tuple[bool, list[Arm], float
     on = [Arm("adaptive", ch.arm.k) if ch.arm.k else ch.arm for ch in fixed_choice]
     logs = [np.log(cells[a.name, c].throughput / cells[ch.arm.name, c].throughput)
             for a, ch, c in zip(on, fixed_choice, conc)]
-    broken = slo > 0 and any(ch.meets_slo and cells[a.name, c].p90_tpot_ms > slo
-                             for a, ch, c in zip(on, fixed_choice, conc))
+    broken = any(ch.meets_slo and not cells[a.name, c].meets(slo) for a, ch, c in zip(on, fixed_choice, conc))
     return bool(np.mean(logs) > 0 and not broken), on, float(np.exp(np.mean(logs)))
 
 
@@ -183,7 +182,7 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
         "context": {"tokens": context, "source": "--context" if config.context else
                     "traces: mean prompt + generated tokens per request"},
         "memory": memory, "infeasible": infeasible, "concurrency": conc, "cells": rows,
-        "slo": {"tpot_ms": config.tpot_slo_ms, "unmet": [ch.concurrency for ch in fixed_choice if not ch.meets_slo]},
+        "slo": {"tpot_ms": config.tpot_slo_ms, "unmet": unmet},
         "schedule": {"ranges": [list(r) for r in k_ranges], "trtllm_ranges": [list(r) for r in trt],
                      "adaptive": enable, "per_concurrency": per_c, "single_k": single.k,
                      "adaptive_geomean_gain": adaptive_gain, "geomean_vs_single_k": _geomean(per_c, "vs_single_k"),

@@ -33,7 +33,7 @@ def choose(cells: dict[tuple[str, int], Cell], candidates: list[Arm], concurrenc
         here = [cells[a.name, c] for a in candidates]
         thr = np.array([x.throughput for x in here])  # [A]
         tpot = np.array([x.p90_tpot_ms for x in here])  # [A]
-        ok = tpot <= slo_ms if slo_ms > 0 else np.ones(len(here), bool)
+        ok = np.array([x.meets(slo_ms) for x in here])  # [A]
         if ok.any():
             out.append(Choice(c, candidates[int(np.argmax(np.where(ok, thr, -np.inf)))], True))
         else:
