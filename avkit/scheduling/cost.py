@@ -218,10 +218,8 @@ class CostTable:
         return np.maximum(rows, 1.0) * self.context_len
 
     def context_cost(self, num_requests, context_tokens=None, tokens=None) -> np.ndarray:
-        """What a step's n requests cost beyond its tokens: the per-request curve, and the target's KV reads for
-        them holding `context_tokens` cached tokens in all (None: what the curves hold), in a step of T =
-        `tokens` target tokens (None: n): the context curve, moved by kv_ms_per_token per token beyond
-        `held_context`."""
+        """What n requests cost beyond their tokens: request_ms, and context_ms moved by kv_ms_per_token per cached
+        token beyond `held_context(n, tokens)` (`context_tokens` None: what the curves hold; `tokens` None: n)."""
         n = np.asarray(num_requests, dtype=np.float64)
         base = self._at("context_ms", n) + self._at("request_ms", n)
         if context_tokens is None or not self.kv_ms_per_token:

@@ -148,10 +148,8 @@ class DraftGate:
         return draft
 
     def observe(self, sizing_conf) -> None:
-        """Keep a drafted step's sizing confidences ([B, K], the rows that drafted) among the recent rows.
-
-        On a GPU this is the policy's one device-to-host copy per step (the gate decides on the host,
-        before the next step drafts); it reads rows of a step whose decisions are already taken."""
+        """Keep a drafted step's sizing confidences ([B, K], the rows that drafted) among the recent rows: on a GPU
+        the policy's one device-to-host copy per step, of a step whose decisions are already taken."""
         conf = torch.as_tensor(sizing_conf).to("cpu", torch.float64)
         if conf.shape[0] == 0:
             return
@@ -161,11 +159,9 @@ class DraftGate:
 
     def replay(self, num_requests: np.ndarray, conf: torch.Tensor, bounds: np.ndarray,
                drafts: np.ndarray) -> np.ndarray:
-        """Steps in order, as the simulator runs them: requests [G], sizing confidences [rows, K] of the
-        steps' rows (bounds [G+1]), which rows would draft [rows] -> drafted [G] bool. Each decision needs the
-        previous ones, so the steps are walked in order; the gains are not: while the gate drafts, the windows
-        of the next AHEAD steps (as if they all draft) are priced in one `step_rates` call, and kept until a
-        step is skipped (the window then freezes; `gain` prices it by load)."""
+        """The simulator's steps in order: requests [G], sizing confidences [rows, K] of their rows (bounds [G+1]),
+        which rows would draft [rows] -> drafted [G] bool. While the gate drafts, the windows of the next steps
+        (as if they all draft) are priced in one `step_rates` call, kept until a step is skipped."""
         on = np.zeros(len(num_requests), dtype=bool)
         conf, drafts = torch.as_tensor(conf, dtype=torch.float64), torch.as_tensor(drafts, dtype=torch.bool)
         steps = [conf[a:b][drafts[a:b]] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]  # [G] rows

@@ -223,9 +223,8 @@ def stale_tokens(copy: np.ndarray, drafts: np.ndarray) -> np.ndarray:
 
 
 def catch_up_ms(replay: Replay, drafts: np.ndarray) -> np.ndarray:
-    """[G] drafter time spent, at each sim step that drafts, feeding it the tokens of its requests decoded
-    while they did not draft: per request the cost model's catch-up of a drafter `stale + 1` tokens behind,
-    as live (scheduling/cost.py `catch_up_cost`; one step without drafting leaves a free lag of 2)."""
+    """[G] drafter ms at each drafting sim step for its requests' tokens decoded without it: `catch_up_cost` of a
+    drafter `stale + 1` tokens behind, as live (one step without drafting leaves a free lag of 2)."""
     stale = stale_tokens(replay.sched.copy, drafts)  # [S']
     ms = np.where(stale > 0, replay.cost.catch_up_cost(stale + 1), 0.0)  # [S']
     return np.bincount(replay.sched.group, weights=ms, minlength=replay.num_requests.size)  # [G]

@@ -43,12 +43,9 @@ def cap_new_tokens(steps: StepTable, n: int) -> StepTable:
 
 
 def prompt_tokens(paths: list[str], rows: pl.DataFrame, warn=None) -> np.ndarray | None:
-    """[R] prompt tokens of each request of `step_table(rows)` from the generations tables beside the trace
-    files (`rows` from read_traces(paths), with file_index); None when a trace has no generations table.
-
-    A request without a generations row (still running when its recording was stopped: its slot rows stay in
-    the trace, traces/README.md) is priced at the mean prompt of its dataset's requests that have one (the
-    mean of all of them when none does); `warn` gets one line with their count."""
+    """[R] prompt tokens of each request of `step_table(rows)` from the generations tables beside the traces (None:
+    a trace has none). A request without a generations row (unfinished when its recording stopped) takes its
+    dataset's mean prompt (else the mean of all); `warn` gets one line with their count."""
     parts = []
     for index, path in enumerate(paths):
         gen = generations_path(path)

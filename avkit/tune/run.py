@@ -109,9 +109,8 @@ def _per_concurrency(cells, samples, fixed_choice, on, enable, single: Arm, max_
 
 
 def _catch_up(cells, per_c: list[dict], cost) -> CatchUpRule:
-    """Step 7b: the engine's catch-up rule (scheduling/batch_schedule.py): batch ms saved per output token in decode
-    by each concurrency's recommended arm over no-spec (decode-only: the rule prices the prefill itself) and
-    its mean accepted drafts, and the cost model that prices the catch-up and its step check."""
+    """The engine's catch-up rule (scheduling/batch_schedule.py): the decode-only batch ms saved per output token
+    by each concurrency's recommended arm over no-spec, its mean accepted drafts, and the cost model."""
     conc = [r["concurrency"] for r in per_c]
     rate = lambda arm, c: cells[arm, c].metrics["decode_tok_s"]
     saving = [1000.0 / rate("nospec", c) - 1000.0 / rate(r["arm"], c) for r, c in zip(per_c, conc)]
