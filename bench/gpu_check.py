@@ -40,7 +40,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from avkit.staged import staged_file  # noqa: E402
-from gpu_engine import profile_shape, run_checks  # noqa: E402
+from gpu_engine import engine_step, profile_step  # noqa: E402
 from gpu_kernels import kernels_step  # noqa: E402
 
 WHEELS = ("polars-1.33.1-cp39-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",)  # 37.9 MiB, in .whl/
@@ -141,25 +141,6 @@ def step_pytest(ctx: Check, limit: float) -> dict:
     return {**res, "files": files, **counts, "ok": res["rc"] == 0 and not counts["failures"] + counts["errors"]}
 
 
-def step_kernels(ctx: Check, limit: float) -> dict:
-    s = ctx.sizes
-    return kernels_step(ctx.device, s.batches, s.vocab, s.matmul_n, lambda obj: ctx.write_json("kernels.json", obj))
-
-
-def step_engine(ctx: Check, limit: float) -> dict:
-    checks = run_checks(ctx.device, ctx.sizes.engine_vocab, ctx.sizes.chi2_requests,
-                        on_check=lambda c: ctx.write_json("engine.json", c))
-    return {"ok": all(c["ok"] for c in checks.values()), **{k: c["ok"] for k, c in checks.items()}}
-
-
-def step_profile(ctx: Check, limit: float) -> dict:
-    out = {}
-    for name in ctx.sizes.shapes:
-        out[name] = profile_shape(name, ctx.device, ctx.sizes, ctx.out / f"cost_{name}.json")
-        ctx.write_json("profile.json", out)
-    return {"ok": True, **out}
-
-
 def step_sim(ctx: Check, limit: float) -> dict:
     """`avkit hvd` with the pair's table (the traces are the pair's), then `avkit tune` per measured table."""
     deadline = time.monotonic() + limit
@@ -208,7 +189,7 @@ def hvd_headline(path: Path) -> dict:
                                                "headroom")} for v in json.loads(path.read_text())["verdict"]]}
 
 
-RUNNERS = {"pytest": step_pytest, "kernels": step_kernels, "engine": step_engine, "profile": step_profile,
+RUNNERS = {"pytest": step_pytest, "kernels": kernels_step, "engine": engine_step, "profile": profile_step,
            "sim": step_sim}
 
 

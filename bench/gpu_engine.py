@@ -154,8 +154,9 @@ def _same_column(got, want) -> bool:
     return bool(np.array_equal(g, w))
 
 
-def run_checks(device, vocab: int, n_chi2: int, on_check) -> dict:
-    """Every engine check, each guarded; `on_check(checks so far)` after each."""
+def engine_step(ctx, limit: float) -> dict:
+    """The step (ctx: gpu_check's Check): every engine check, each guarded; engine.json rewritten after each."""
+    device, vocab, n_chi2 = ctx.device, ctx.sizes.engine_vocab, ctx.sizes.chi2_requests
     target = random_model(tiny(vocab), device, torch.float32, seed=0, std=0.3)
     draft = random_model(tiny(vocab), device, torch.float32, seed=0, std=0.3, noise=0.05)  # accepted often
     other = random_model(tiny(vocab), device, torch.float32, seed=5, std=0.3)  # unrelated: doubtful drafts, trimmed
@@ -168,8 +169,8 @@ def run_checks(device, vocab: int, n_chi2: int, on_check) -> dict:
         except Exception as e:  # the other checks still run
             checks[name] = {"ok": False, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
         checks[name]["seconds"] = round(time.perf_counter() - t0, 2)
-        on_check(checks)
-    return checks
+        ctx.write_json("engine.json", checks)
+    return {"ok": all(c["ok"] for c in checks.values()), **{k: c["ok"] for k, c in checks.items()}}
 
 
 def _fit_concurrency(target, draft, context: int, top: int) -> int:
@@ -210,3 +211,12 @@ def profile_shape(name: str, device, sizes, path) -> dict:
             "noise": table.meta.get("noise", {}).get("median_spread")}
 
 
+
+
+def profile_step(ctx, limit: float) -> dict:
+    """The step: each of the run's shapes profiled -> cost_<shape>.json, profile.json rewritten after each."""
+    out = {}
+    for name in ctx.sizes.shapes:
+        out[name] = profile_shape(name, ctx.device, ctx.sizes, ctx.out / f"cost_{name}.json")
+        ctx.write_json("profile.json", out)
+    return {"ok": True, **out}

@@ -210,10 +210,13 @@ def hot_path(cases, B: int, tb_s: float | None, tflops: float) -> dict:
     return out
 
 
-def kernels_step(device: torch.device, batches, vocab: int, matmul_n: int, write_json) -> dict:
-    """The step: bandwidth, matmul rate, every case, the hot path and the launch sweep -> kernels.json."""
-    bw, tflops = device_bandwidth(device), matmul_tflops(device, matmul_n)
+def kernels_step(ctx, limit: float) -> dict:
+    """The step (ctx: gpu_check's Check): bandwidth, matmul rate, every case, the hot path and the launch sweep ->
+    kernels.json."""
+    device, batches, vocab = ctx.device, ctx.sizes.batches, ctx.sizes.vocab
+    bw, tflops = device_bandwidth(device), matmul_tflops(device, ctx.sizes.matmul_n)
     head = {"bandwidth": bw, "matmul_tflops": tflops}
+    write_json = partial(ctx.write_json, "kernels.json")
     cases = run_all(device, batches, vocab, bw["peak_tb_s"], lambda rows: write_json({**head, "cases": rows}))
     hot = hot_path(cases, max(batches), bw["copy_tb_s"], tflops)
     write_json({**head, "cases": cases, "hot_path": hot,
