@@ -87,7 +87,8 @@ class HeldShard:
         """`data`'s observed slots (in engine-step order) sorted by position (stable: one sort); its
         features are moved out one at a time (at most one column is held twice)."""
         order = group_by_position(data.positions)
-        pos, y, ds = data.positions[order], data.labels[order], data.dataset_codes[order]
+        pos = np.repeat(np.arange(data.k), np.bincount(data.positions, minlength=data.k))  # [N] sorted: no gather
+        y, ds = data.labels[order], data.dataset_codes[order]
         return cls(pos, y, ds, {n: data.features.pop(n)[order] for n in list(data.features)},
                    ScoreLayout(y, pos, ds, data.dataset_names, n_bins))
 
