@@ -220,7 +220,3 @@ def load_estimator(name: str, coefficients: str | Path = "", k: int = DEFAULT_K,
     except (KeyError, TypeError, ValueError, OverflowError, AttributeError, AvkitError) as e:
         raise ConfigError(f"coefficients {path}: cannot warm-start {name!r} from it ({e})") from None
     return estimator
-
-
-__all__ = ["ALIASES", "DEFAULT_FEATURE", "OWN_FILES", "PROBABILITY_FEATURES", "ServedPair", "check_coefficients",
-           "coefficients_document", "estimator_feature", "load_coefficients", "load_estimator"]

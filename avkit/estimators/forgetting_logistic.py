@@ -175,6 +175,3 @@ class ForgettingLogistic(RoundLogistic):
         else:  # another estimator's coefficients, backed by the prior's weight only: refit young again
             self.rounds = 0
         self.shifts = int(state.get("shifts", 0))
-
-
-__all__ = ["ForgettingLogistic"]

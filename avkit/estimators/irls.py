@@ -204,7 +204,3 @@ def newton_iterations(ests: list, stats_of: Callable[[list[int]], list[IrlsStats
                 still.append(i)
         active = still
     return max_iter
-
-
-__all__ = ["BLOCK", "STATS", "IrlsStats", "fused_segment_stats", "group_by_position", "grouped_segments",
-           "irls_stats", "newton_iterations", "per_position_step", "shared_slope_step"]

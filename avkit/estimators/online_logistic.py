@@ -313,7 +313,3 @@ class PerPositionSlope(RoundLogistic):
     def load_state_dict(self, state):
         self.slopes = np.asarray(state["slopes"], dtype=np.float64)
         super().load_state_dict(state)
-
-
-__all__ = ["BatchLogistic", "DeviceCoefficients", "OnlineLogistic", "PerPositionSlope", "RoundLogistic",
-           "sigmoid_torch"]

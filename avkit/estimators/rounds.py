@@ -55,6 +55,3 @@ def replay_steps(est: Estimator, features: np.ndarray, positions: np.ndarray, la
     if hasattr(est, "reset_round"):
         est.reset_round()
     return preds
-
-
-__all__ = ["Decide", "replay_steps"]

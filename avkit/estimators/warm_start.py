@@ -95,6 +95,3 @@ def temperature_warm_start(fits: Sequence[TemperatureFit], temperature: float, t
     return {"name": "online_logistic", "feature": nearest[0].state.get("feature", config.feature),
             "num_positions": k, "slope": slope, "intercepts": intercepts.tolist(),
             "observations": np.rint(lam * observations).astype(int).tolist(), "rounds": 0, "rejected": 0}
-
-
-__all__ = ["TemperatureFit", "shrink_weight", "temperature_warm_start"]

@@ -179,6 +179,3 @@ def trained_on(paths, meta: dict, slots: int, observed: int, datasets: dict[str,
             "clock": clocks[0] if len(set(clocks)) == 1 else "mixed", "clock_per_file": clocks,
             "engine_steps": engine_steps,
             "synthetic_truth": json.loads(meta["avkit.synthetic"]) if "avkit.synthetic" in meta else None}
-
-__all__ = ["CLOCKS", "OBSERVED_COLUMNS", "TRACE_COLUMNS", "FitData", "feature_inputs", "file_clock", "fitted",
-           "load_fit_data", "request_step_starts", "shown", "trained_on"]

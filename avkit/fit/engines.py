@@ -167,6 +167,3 @@ def open_engine(fit: FitConfig):
         return
     with RayEngine(fit.address, object_store_mb=min(1024, max(128, fit.memory_budget // 2))) as engine:
         yield engine
-
-
-__all__ = ["LocalEngine", "RayEngine", "open_engine"]

@@ -238,7 +238,3 @@ def spilled(engine, shards: ShardSet, fit: FitConfig, drafts: bool = False):
         yield surveys, nodes, m
     finally:
         engine.cleanup(scratch, nodes)
-
-
-__all__ = ["HeldShard", "PassWork", "chunk_rows", "held", "newton", "pass_sums", "score_pass", "shard_pass",
-           "spilled"]

@@ -124,7 +124,3 @@ def trajectory_frame(rows: list[dict], k: int, per_position_slope: bool = False)
     if "file" not in frame.columns:  # batch iterations span every file
         frame = frame.with_columns(pl.lit(None, dtype=pl.Int64).alias("file"))
     return frame.select(pl.col(c).cast(t) for c, t in schema.items())
-
-
-__all__ = ["Run", "online_replay", "online_replicas", "replay_replica", "replay_run", "runs_of",
-           "trajectory_frame"]

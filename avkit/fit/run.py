@@ -201,7 +201,3 @@ def write_fit_outputs(out_dir, result: FitResult, outputs: StagedOutputs | None 
     tmp["scores.json"].write_text(json.dumps(json_safe(result.scores), indent=1, allow_nan=False) + "\n")
     result.trajectory.write_parquet(tmp["trajectory.parquet"], compression="zstd")
     return {name: Path(out_dir).expanduser() / name for name in FILES}
-
-
-__all__ = ["FILES", "FitResult", "check_feature", "check_features", "coefficients_doc", "plan_features", "reserve_fit_outputs",
-           "run_fit", "start_estimator", "write_fit_outputs"]

@@ -192,6 +192,3 @@ def _survey_chunk(s: ShardSurvey, obs: pl.DataFrame, rng: np.random.Generator, r
     code = ds.replace_strict(s.dataset_names, list(range(len(s.dataset_names))), return_dtype=pl.Int16)
     code.to_numpy().tofile(out / f"c{c}.dataset")
     obs["accepted"].cast(pl.Int8).to_numpy().tofile(out / f"c{c}.label")
-
-
-__all__ = ["MAX_K", "PARTS", "ShardSurvey", "SlotKeys", "count_drafts", "spill_shard"]

@@ -134,6 +134,3 @@ class BinnedScores:
         res = {scope: self._scope(groups) for scope, groups in scopes(*self.nll.shape, names)}
         return scope_rows(self.nll, self.table, names, {s: r[0] for s, r in res.items()},
                           {s: {"auc_bound": r[1]} for s, r in res.items()})
-
-
-__all__ = ["DEFAULT_AUC_BINS", "BinnedScores", "auc_from_histogram", "logit", "quantile_edges"]

@@ -45,6 +45,3 @@ def ece_floor(probs, *, n_draws: int = 200, n_bins: int = 10, seed: int = 0) -> 
     _, table = additive_sums(np.tile(p, n_draws), y.ravel(), np.repeat(np.arange(n_draws), p.size), 1, n_draws,
                              n_bins)
     return float(ece_from_bins(table[:, 0]).mean())
-
-
-__all__ = ["cluster_bootstrap", "ece_floor"]

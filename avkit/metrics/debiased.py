@@ -73,6 +73,3 @@ def debiased_ce2(labels, probs, clusters=None, n_bins: int = 10) -> float:
     r = int(codes.max()) + 1
     _, per_cluster = additive_sums(p, y, codes, 1, r, check_n_bins(n_bins))  # [3, 1, R, n_bins]
     return float(ce2_from_stats(cluster_stats(per_cluster[:, 0]).sum(1)))
-
-
-__all__ = ["ce2_from_stats", "cluster_stats", "debiased_ce2", "signed_root"]

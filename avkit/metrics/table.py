@@ -165,6 +165,3 @@ def score_table(labels, probs, positions, dataset_codes=None, dataset_names=None
     if ds is not None and (ds.shape != y.shape or ds.min() < 0 or ds.max() >= len(dataset_names)):
         raise DataError(f"dataset_codes must be [N] indices into dataset_names, got shape {ds.shape}")
     return ScoreLayout(y, pos, ds, dataset_names, n_bins).score(p)
-
-
-__all__ = ["ScoreLayout", "scope_rows", "scopes", "score_table"]
