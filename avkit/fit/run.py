@@ -54,7 +54,9 @@ class FitResult:
     trajectory: pl.DataFrame  # one row per online refit (or batch iteration) of the chosen fit
 
 
-def check_feature(name: str) -> None:
+def check_features(fit: FitConfig, est_cfg: EstimatorConfig) -> None:
+    """The written feature (`--feature`) is fittable and lossless and, with `--features`, among those fitted."""
+    name = est_cfg.feature
     if name not in FEATURES:
         raise ConfigError(f"--feature must be one of {', '.join(FEATURES)}; got {name}")
     spec = FEATURES[name]
@@ -64,14 +66,9 @@ def check_feature(name: str) -> None:
     if not spec.lossless:
         raise ConfigError(f"--feature {name}: is lossy (verifying by q(x_sampled) biases the output); "
                           f"it is scored in scores.json but never deployed")
-
-
-def check_features(fit: FitConfig, est_cfg: EstimatorConfig) -> None:
-    """The written feature is fittable and, with `--features`, among the features fitted."""
-    check_feature(est_cfg.feature)
-    if fit.features and est_cfg.feature not in fit.features:
+    if fit.features and name not in fit.features:
         raise ConfigError(f"--features {','.join(fit.features)}: leaves out the written feature "
-                          f"(--feature {est_cfg.feature}, coefficients.json); add it")
+                          f"(--feature {name}, coefficients.json); add it")
 
 
 def start_estimator(name: str, estimator: str, k: int, trained_on: dict, fit: FitConfig, est_cfg: EstimatorConfig):
