@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from avkit.config.engine import RUN_ENGINES, ModelsConfig, SamplingConfig
-from avkit.config.fields import DEFAULT_K, MAX_K, Checked, checked
-from avkit.config.fields import SHIPPED_COST
+from avkit.config.fields import DEFAULT_K, MAX_K, SHIPPED_COST, Checked, checked
 from avkit.errors import ConfigError
 from avkit.validate import shown
 
