@@ -84,9 +84,3 @@ def end_process(code: int | str | None) -> NoReturn:
         except (OSError, ValueError):  # a closed pipe or stream: nothing left to say
             pass
     os._exit(code if isinstance(code, int) else (0 if code is None else 1))
-
-
-__all__ = ["ConcurrencyOption", "CostOption", "DeviceOption", "DraftOption", "DrafterOption", "DtypeOption",
-           "EngineOption", "KernelsOption", "PayoffOption", "TargetOption", "TracesArgument", "VllmPythonOption",
-           "end_process", "parse_ints", "result_table",
-           "stdout_console"]

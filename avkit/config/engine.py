@@ -222,8 +222,3 @@ class ServeConfig(Checked):
         if (self.policy == "schedule") != bool(self.schedule):
             raise ConfigError("--schedule FILE goes with --policy schedule (and only with it), got --policy "
                               f"{self.policy}, --schedule {shown(self.schedule)}")
-
-
-__all__ = ["DEFAULT_RECORD_DATASETS", "DRAFTERS", "KERNEL_BACKENDS", "RUN_ENGINES", "SERVE_STATE_DIR", "AdaptiveConfig",
-           "EngineConfig", "EstimatorConfig", "ForgettingConfig", "HttpConfig", "ModelsConfig", "RecordConfig",
-           "SamplingConfig", "ServeConfig"]

@@ -67,7 +67,3 @@ def default_of(cls, name: str):
     for part in path:
         value = getattr(value, part)
     return value
-
-
-__all__ = ["DEFAULT_DRAFT", "DEFAULT_K", "DEFAULT_TARGET", "DEFAULT_TRACE_GLOB", "MAX_K", "SHIPPED_COEFFICIENTS",
-           "SHIPPED_COST", "Checked", "checked", "default_of", "shipped_file", "shipped_roots"]

@@ -136,7 +136,3 @@ class SyntheticConfig(Checked):
                         ("feature_means", len(self.datasets))):
             if len(getattr(self, name)) != n:
                 raise ConfigError(f"{option(name)} must have {n} entries, got {shown(getattr(self, name))}")
-
-
-__all__ = ["FIT_ENGINES", "FIT_MODES", "FIT_REPLICAS", "ONLINE_ESTIMATORS", "FitConfig", "OutOfCoreConfig",
-           "ReportConfig", "SyntheticConfig"]

@@ -116,7 +116,3 @@ class TuneConfig(ReplayConfig):
             raise ConfigError(f"--out must be a .json path, got {shown(self.out)}")
         if any(not d for d in self.datasets) or len(set(self.datasets)) != len(self.datasets):
             raise ConfigError(f"--datasets must be distinct non-empty names, got {shown(self.datasets)}")
-
-
-__all__ = ["DEFAULT_CONCURRENCY", "DEFAULT_COST_PATH", "PROFILE_CONTEXT_ENV", "TUNE_FORMATS", "ProfileConfig",
-           "ReplayConfig", "SimulateConfig", "TuneConfig"]

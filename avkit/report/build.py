@@ -136,6 +136,3 @@ def _report(out, config: ReportConfig, write_fit: Callable[[Path], object], *, t
             warn(w)
         write_document(build_document(inputs, config, progress), tmp, config)
     return out
-
-
-__all__ = ["report_fit_dir", "report_traces"]

@@ -83,6 +83,3 @@ class Report:
     title: str
     facts: list[tuple[str, str]]  # (label, value) lines under the title: inputs, model pair, time
     sections: list[Section]
-
-
-__all__ = ["DIGITS", "Block", "Figure", "Report", "Section", "Table", "fmt"]

@@ -165,6 +165,3 @@ def check_records(inputs: ReportInputs) -> None:
     if sim_cost and sim_cost != SimulateConfig().cost:
         inputs.warnings["sim"].append(f"Simulated with cost model {sim_cost}, not avkit simulate's default "
                                       f"{SimulateConfig().cost}: the throughputs below are for that device/model.")
-
-
-__all__ = ["FitOutputs", "ReportInputs", "load_fit_dir", "load_hvd", "load_inputs", "load_sim", "load_tune"]

@@ -286,7 +286,3 @@ def tune_schedule(series: dict[str, tuple[np.ndarray, np.ndarray]], chosen: tupl
     b.set(title="Relative to the best single fixed K (bootstrap interval)", ylabel="throughput / best single K (×)")
     b.legend(frameon=False, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     return fig
-
-
-__all__ = ["acceptance_by_position", "coefficient_trajectory", "grouped_bars", "pareto", "per_position_auc",
-           "reliability", "role_analysis", "series", "throughput_vs_concurrency", "tune_schedule"]

@@ -115,6 +115,3 @@ def render_markdown(report: Report, images: dict[str, str]) -> str:
             else:
                 out += [b, ""]
     return "\n".join(out).rstrip() + "\n"
-
-
-__all__ = ["render_html", "render_markdown", "table_md"]

@@ -117,6 +117,3 @@ def summarize(paths, c: dict, n_bins: int, fit: FitConfig | None = None) -> Trac
                           "entropy": out.drafts[names[j]]["entropy"], "slope": float(e.slope),
                           "b0": float(e.intercepts[0]), "n": int(out.counts[j].sum())} for j, e in zip(todo, ests)]
     return out
-
-
-__all__ = ["MIN_SLOTS", "TraceSummary", "bin_sums", "summarize"]
