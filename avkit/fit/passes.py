@@ -84,13 +84,17 @@ class HeldShard:
 
     @classmethod
     def of(cls, data: FitData, n_bins: int) -> HeldShard:
-        """`data`'s observed slots (in engine-step order) sorted by position (stable: one sort); its
-        features are moved out one at a time (at most one column is held twice)."""
+        """`data`'s observed slots (in engine-step order) sorted by position (stable: one sort). Its features
+        are moved out through a spare [N] buffer, each popped column (if writable: not polars' memory) the
+        next one's target: no fresh pages to fault in per feature (system time)."""
         order = group_by_position(data.positions)
         pos = np.repeat(np.arange(data.k), np.bincount(data.positions, minlength=data.k))  # [N] sorted: no gather
-        y, ds = data.labels[order], data.dataset_codes[order]
-        return cls(pos, y, ds, {n: data.features.pop(n)[order] for n in list(data.features)},
-                   ScoreLayout(y, pos, ds, data.dataset_names, n_bins))
+        y, ds, spare, features = data.labels[order], data.dataset_codes[order], np.empty(order.size), {}
+        for name in list(data.features):
+            column = data.features.pop(name)
+            features[name] = np.take(column, order, out=spare)
+            spare = column if column.flags.writeable else np.empty(order.size)
+        return cls(pos, y, ds, features, ScoreLayout(y, pos, ds, data.dataset_names, n_bins))
 
     def chunks(self, k: int, dataset_names: list[str]):
         """-> per chunk (index, [K] rows per position, [n] positions, [n] labels, [n] dataset codes)."""
