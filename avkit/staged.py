@@ -14,7 +14,6 @@ Every atomic write of avkit goes through this module.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from avkit.errors import ConfigError
+from avkit.jsonsafe import dumps
 
 
 @contextmanager
@@ -189,9 +189,10 @@ def staged_file(path, name: str = "--out", *, fsync: bool = False) -> Iterator[P
 
 
 def write_json_atomic(path, obj: Any, name: str = "--out") -> Path:
-    """`obj` as indented JSON at `path`, fsync'd and renamed into place: a crash never leaves a torn file."""
+    """`obj` as indented JSON (`jsonsafe.dumps`: NaN as null) at `path`, fsync'd and renamed into place: a crash
+    never leaves a torn file."""
     with staged_file(path, name, fsync=True) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2))
+        tmp.write_text(dumps(obj, indent=2))
     return Path(path).expanduser()
 
 

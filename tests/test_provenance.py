@@ -16,6 +16,7 @@ from avkit.provenance import describe, file_sha256, inputs_record, trace_mismatc
 from avkit.report import report_traces
 from avkit.scheduling.cost import resolve_cost
 from avkit.sim.replay import read_inputs, results_inputs, simulate, write_results
+from avkit.staged import write_json_atomic
 
 SMALL = SyntheticConfig(num_slots=6_000, datasets=("code", "chat"), mix=(1, 1), feature_means=(2.0, 0.5),
                         steps_per_request=24, seed=5)
@@ -29,6 +30,12 @@ def test_json_safe_writes_null_for_nan_and_numpy_scalars():
     assert "NaN" not in text and "Infinity" not in text
     assert json.loads(text) == {"precision": None, "n": 4, "xs": [0.5, None], "ok": 1.25}
     assert json_safe((1.0, float("-inf"))) == [1.0, None]
+
+
+def test_atomic_json_writes_null_for_nan(tmp_path):
+    # tune.json and serve's snapshots go through write_json_atomic: the same rule as every other JSON output
+    out = write_json_atomic(tmp_path / "t.json", {"gain": float("nan"), "k": np.int64(3)})
+    assert json.loads(out.read_text()) == {"gain": None, "k": 3}
 
 
 def test_record_hashes_file_content(tmp_path):
