@@ -1,7 +1,8 @@
 """Acceptance estimators scored on traces their defaults never saw: leave-one-trace-out (LOTO) and
 leave-one-temperature-out (LOTTO).
 
-Every real trace in traces/ (shipped, reuse/, vllm/, heldout/) is held out in turn, and so is each
+Every real trace in traces/ (shipped, reuse/, vllm/, heldout/) is held out in turn (a reuse trace extended
+under heldout/, the same requests and more, stands in for its original: `twin`), and so is each
 `SHIFTS` trace (two workloads' traces laid end to end; both sources are held out with it). Each
 estimator replays the held-out trace online as it runs live (prequential: every slot is predicted
 before its label is learned from; `avkit.fit.replay.online_replay`); whatever it learns before
@@ -121,13 +122,20 @@ def concat(a: Path, b: Path, out: Path) -> Path:
     return out
 
 
+def twin(name: str) -> str:
+    """heldout/X where a reuse trace reuse/X was extended there (`--resume`: its rows and more), else the name."""
+    extended = name.replace("reuse/", "heldout/", 1)
+    return extended if (ROOT / f"traces/{extended}.parquet").exists() else name
+
+
 def traces(tmp: Path) -> tuple[list[Trace], list[Trace]]:
     base = sorted(p for d in ("", "reuse/", "vllm/", "heldout/") for p in (ROOT / "traces").glob(f"{d}*.parquet")
                   if not p.name.endswith(".generations.parquet"))
     names = [str(p.relative_to(ROOT / "traces"))[:-len(".parquet")] for p in base]
+    base, names = zip(*[(p, n) for p, n in zip(base, names) if twin(n) == n])
     pool = [load(p, n, (n,)) for p, n in zip(base, names)]
     shifts = [load(concat(ROOT / f"traces/{a}.parquet", ROOT / f"traces/{b}.parquet", tmp / f"shift{i}.parquet"),
-                   f"{a} + {b}", (a, b)) for i, (a, b) in enumerate(SHIFTS)]
+                   f"{a} + {b}", (a, b)) for i, (a, b) in enumerate((twin(a), twin(b)) for a, b in SHIFTS)]
     return pool, shifts
 
 
