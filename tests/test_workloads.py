@@ -97,9 +97,9 @@ def test_jsonl_bad_rows_name_file_and_line(tmp_path, content, match):
 
 
 def test_unknown_dataset_and_missing_file():
-    with pytest.raises(ConfigError, match="unknown dataset 'gsm8k'"):
+    with pytest.raises(ConfigError, match="--dataset gsm8k: not a built-in workload"):
         load_workload("gsm8k")
-    with pytest.raises(ConfigError, match="not found"):
+    with pytest.raises(ConfigError, match="nor an existing .jsonl file"):
         load_workload("/nonexistent/prompts.jsonl")
     with pytest.raises(ConfigError, match="num_prompts"):
         load_workload("humaneval", 0)

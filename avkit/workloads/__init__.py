@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from avkit.errors import ConfigError
 from avkit.registry import Registry
 from avkit.workloads.base import Prompt, load_jsonl, seeded_order
+from avkit.workloads.editing import load_humaneval_edit
+from avkit.workloads.sets import SETS, load_set
 
-# name -> loader `fn(seed) -> list[Prompt]`, every prompt of the set (the seed picks humaneval_edit's bugs),
-# imported on first use; `WORKLOADS.register(name)` adds one
-WORKLOADS = Registry("dataset", {
-    **{name: f"avkit.workloads.sets:load_{name}" for name in ("humaneval", "mtbench", "mtbench_revise", "sharegpt",
-                                                              "sharegpt_multiround", "bfcl", "bfcl_multiturn")},
-    "humaneval_edit": "avkit.workloads.editing:load_humaneval_edit"})
+# name -> loader `fn(seed) -> list[Prompt]`, every prompt of the set (the seed picks humaneval_edit's bugs);
+# `WORKLOADS.register(name)` adds one
+WORKLOADS = Registry("dataset", {**{name: functools.partial(load_set, name) for name in SETS},
+                                 "humaneval_edit": load_humaneval_edit})
 
 
 def load_workload(name_or_path: str, n: int | None = None, seed: int = 0) -> list[Prompt]:
@@ -26,11 +27,11 @@ def load_workload(name_or_path: str, n: int | None = None, seed: int = 0) -> lis
         raise ConfigError(f"num_prompts must be >= 1, got {n}")
     if name_or_path in WORKLOADS:
         prompts = WORKLOADS[name_or_path](seed)
-    elif name_or_path.endswith(".jsonl") or Path(name_or_path).is_file():
+    elif Path(name_or_path).is_file():
         prompts = load_jsonl(name_or_path)
     else:
-        raise ConfigError(f"unknown dataset {name_or_path!r}: choose from {sorted(WORKLOADS)} "
-                          "or give a .jsonl file")
+        raise ConfigError(f"--dataset {name_or_path}: not a built-in workload ({', '.join(sorted(WORKLOADS))}) "
+                          "nor an existing .jsonl file")
     return seeded_order(prompts, seed)[:n]
 
 

@@ -68,8 +68,6 @@ def jsonl_rows(path: Path):
 def load_jsonl(path) -> list[Prompt]:
     """Prompts of a JSONL file; the dataset name is the file stem. Errors name file and line."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"dataset file not found: {p}")
     prompts = [_row_to_prompt(row, p, lineno) for lineno, row in jsonl_rows(p)]
     if not prompts:
         raise ConfigError(f"{p}: no prompts")

