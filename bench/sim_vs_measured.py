@@ -30,7 +30,7 @@ from avkit.tune.acceptance import wilson
 from avkit.tune.arms import Arm, simulate_arms
 from avkit.workloads import load_workload
 from common import RESULTS, csv, tiny_pair, vllm_peer, write  # bench/ is on sys.path when run as a script
-from live import avkit_phase, plan, vllm_phase
+from live_peer import avkit_phase, plan, vllm_phase
 
 
 def measured_prompts(datasets: list[str], c: int) -> list[str]:
