@@ -126,24 +126,9 @@ def draft_features(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0
                    check: bool = True) -> dict[str, torch.Tensor]:
     """Lossless features of draft distributions, from logits before top-p/top-k truncation.
 
-    Parameters
-    ----------
-    logits : Tensor [..., V]
-        Raw draft logits (any float dtype; -inf entries allowed). V >= 2.
-    temperature : float or Tensor of a leading shape of ``logits`` (e.g. [B] for [B, K, V])
-        Sampling temperature; 0 (greedy) is treated as 1.
-    check : validate the temperature (CPU only: on a GPU it would be a host read)
-
-    Returns
-    -------
-    dict of name -> float32 Tensor [...]: ``logit_qmax, q_max, q_2nd, entropy, log_margin,
-    neg_log_neg_log_qmax``.
-
-    Examples
-    --------
-    >>> f = draft_features(torch.tensor([[2.0, 0.0]]), 1.0)
-    >>> round(float(f["q_max"][0]), 4), round(float(f["logit_qmax"][0]), 4)
-    (0.8808, 2.0)
+    logits [..., V] (any float dtype, -inf allowed, V >= 2); temperature: a float or a tensor of a leading shape
+    of `logits` ([B] for [B, K, V]), 0 read as 1; `check` validates it (CPU only: on a GPU, a host read).
+    -> name -> float32 [...]: LOGIT_FEATURES.
     """
     if logits.dim() < 1 or logits.shape[-1] < 2:
         raise DataError(f"logits must have shape [..., V] with V >= 2, got {tuple(logits.shape)}")

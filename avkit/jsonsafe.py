@@ -13,13 +13,7 @@ from avkit.errors import AvkitError, ConfigError
 
 
 def json_safe(x):
-    """A copy of `x` with non-finite floats as None and numpy scalars/arrays as Python values.
-
-    Examples
-    --------
-    >>> json_safe({"auc": float("nan"), "n": np.int64(3), "xs": [1.5, float("inf")]})
-    {'auc': None, 'n': 3, 'xs': [1.5, None]}
-    """
+    """A copy of `x` with non-finite floats as None and numpy scalars/arrays as Python values."""
     if isinstance(x, np.ndarray):
         x = x.tolist()
     elif isinstance(x, np.generic):

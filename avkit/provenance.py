@@ -1,24 +1,5 @@
-"""What a results file was made from: written into the file, shown and checked by `avkit report`.
-
-Every results file records its inputs, so a report never shows numbers without saying where they
-came from, and a file made from other traces (or another cost model) is named, not silently reused:
-
-  simulate.parquet   Parquet key-value metadata `avkit.inputs` (JSON)
-  coefficients.json  `trained_on.inputs`           (`avkit fit`, and `avkit report` fitting traces)
-  hvd_metrics.json   `info.inputs`                 (`avkit hvd`, `avkit fit --hvd`)
-  cost table JSON    `meta.inputs`                 (`avkit profile`: version and time; the models are in meta)
-  tune.json          `inputs`                      (`avkit tune`)
-
-The record (a JSON object):
-  command        the command that wrote the file, e.g. "avkit simulate"
-  avkit_version  avkit.__version__ of the writer
-  written        UTC time, ISO 8601
-  traces         [{path, sha256, bytes}]: sha256 is of the file's bytes, so an edited or re-recorded
-                 trace under the same name is told apart
-  ...            command-specific settings: cost (spec, source, device, target), policies, feature,
-                 mode, tokenizer / structure features
-Files written before this record existed have none; the report says so instead of guessing.
-"""
+"""What a results file was made from: a record written into the file (its fields and where each results file
+stores it: docs/traces.md, "Results record their inputs"), shown and checked by `avkit report`."""
 
 from __future__ import annotations
 
@@ -61,7 +42,7 @@ def trace_records(paths) -> list[dict]:
 
 
 def inputs_record(command: str, traces=(), **settings) -> dict:
-    """The record a results file stores (see the module docstring)."""
+    """The record a results file stores (docs/traces.md)."""
     return {"command": command, "avkit_version": __version__,
             "written": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "traces": trace_records(traces), **settings}

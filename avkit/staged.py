@@ -20,7 +20,7 @@ import signal
 import tempfile
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -138,10 +138,8 @@ class StagedOutputs:
             for tmp, _ in self._entries.values():
                 _remove(tmp)
             for d in reversed(self._made_dirs):
-                try:
+                with suppress(OSError):
                     d.rmdir()
-                except OSError:
-                    pass
         self._entries.clear()
         self._made_dirs.clear()
 
@@ -149,10 +147,7 @@ class StagedOutputs:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc_type is None:
-            self.commit()
-        else:
-            self.abort()
+        (self.commit if exc_type is None else self.abort)()
         return False
 
 
@@ -163,14 +158,12 @@ def _remove(p: Path) -> None:
         p.unlink(missing_ok=True)
 
 
-def check_writable(path, name: str = "--out", *, directory: bool = False) -> Path:
-    """Fail now, in one line, if `path` could not be written later (wrong kind, unwritable folder).
-
-    Leaves nothing behind: the probe's temp and any folder it had to create are removed again.
-    """
+def check_writable(path, name: str = "--out") -> Path:
+    """Fail now, in one line, if file `path` could not be written later (wrong kind, unwritable folder); the
+    probe's temp and any folder it created are removed again."""
     probe = StagedOutputs()
     try:
-        (probe.directory if directory else probe.file)(path, name)
+        probe.file(path, name)
     finally:
         probe.abort()
     return Path(path).expanduser()

@@ -1,25 +1,8 @@
-"""What `avkit record` may do to the files at `--out`: nothing is clobbered.
+"""What `avkit record` may do to the files at `--out` (docs/traces.md, "Recording"): nothing is clobbered.
 
-Glossary:
   final      `<out>` and its generations table `<out stem>.generations.parquet`
-  partial    `<final>.partial`: the rows of a run that has not been committed (see trace/writer.py)
-  source     where a `--resume` starts: both partials when the trace's partial exists, else both
-             finals (decided once for the pair, so the two tables always come from the same run)
-  commit     both partials renamed over the finals, trace first (a crash between the two leaves a
-             newer trace beside older generations, which `--resume` reads consistently: it keeps
-             only requests that have a generation row)
-Rules:
-  * an existing final or partial is never touched by a run without `--resume` or `--overwrite`:
-    the run is refused before the models load;
-  * a run that finishes commits; a failed run (an error) never does, its rows stay in the partials;
-  * an interrupted run (SIGINT/SIGTERM) commits only when that cannot lose rows: no final existed,
-    or the run resumed from the final itself (it keeps every finished request of it). Otherwise
-    (`--overwrite` of an existing final, a resume from partials beside a final) the final stays as
-    it was and the rows stay in the partials for the next `--resume`;
-  * `--resume` is refused when the source was recorded with another K, temperature, top-p,
-    drafter or model pair (the rows would mix two experiments in one file);
-  * both sources are read and checked before anything is written: a failed resume leaves both
-    tables as they were.
+  partial    `<final>.partial`: the rows of a run that has not been committed (trace/writer.py)
+  source     where a `--resume` starts: both partials when the trace's partial exists, else both finals
 """
 
 from __future__ import annotations
@@ -52,7 +35,7 @@ class RecordFiles:
     final_existed: bool  # a final trace was at `trace` when the run started
 
     def commit_on_interrupt(self) -> bool:
-        """May an interrupted run replace the finals? Only when no rows can be lost (module docstring)."""
+        """May an interrupted run replace the finals? Only when no rows can be lost."""
         return not self.final_existed or (self.trace_source == self.trace)
 
 
@@ -67,14 +50,14 @@ def preflight(config: RecordConfig) -> RecordFiles:
         what = "exists" if existing[0] == out else f"{existing[0].name} exists beside it"
         raise ConfigError(f"--out {out}: {what}; pass --resume to continue it or --overwrite to "
                           "replace it (the old files stay until the new run finishes)")
-    files = RecordFiles(out, gens, None, None, out.exists())
-    if config.resume:
-        from_partial = partial_path(out).exists()  # decided once for the pair
-        files = RecordFiles(out, gens, resume_source(out), partial_path(gens) if from_partial else
-                            gens if gens.exists() else None, out.exists())
-        for src in (files.trace_source, files.generations_source):
+    sources = (None, None)
+    if config.resume:  # both partials when the trace's exists, else both finals: decided once for the pair
+        sources = (resume_source(out), partial_path(gens) if partial_path(out).exists() else
+                   gens if gens.exists() else None)
+        for src in sources:
             if src is not None and src.exists():
                 row_groups(src)  # unreadable: refused now
+    files = RecordFiles(out, gens, *sources, out.exists())
     check_resume(files, {"avkit.k": str(config.decoding.k), "avkit.temperature": str(config.sampling.temperature),
                          "avkit.top_p": str(config.sampling.top_p), "avkit.drafter": config.models.drafter})
     return files

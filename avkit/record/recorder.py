@@ -1,13 +1,5 @@
-"""The recording loop: admit requests, step the engine, write generations, flush, report.
-
-Glossary:
-  run        one invocation; its `run_id` tags every row (a resumed file holds several runs)
-  flush      trace first, then generations: a finished request's generation row is never on
-             disk before its trace rows, so `--resume` (which re-runs requests that have no
-             generation row and drops their partial trace rows) never duplicates a slot
-  interrupt  SIGINT/SIGTERM stop the loop between steps' work; both files are flushed, and committed
-             when avkit/record/files.py allows it (never over rows it could lose)
-"""
+"""The recording loop: admit requests, step the engine, write generations, flush (trace first), report.
+What is committed when, and why: docs/traces.md, "Recording"."""
 
 from __future__ import annotations
 
@@ -103,10 +95,8 @@ def _interruptible():
 
 
 class RecordProgress(Progress):
-    """`with RecordProgress(total, stats) as p: p.requests(done, tokens)` (silent when disabled).
-
-    On a terminal this is a live bar; otherwise (a log file) one plain line every `log_interval_s`.
-    """
+    """`with RecordProgress(total, stats) as p: p.requests(done, tokens)`: a live bar on a terminal, else (a log
+    file) one plain line every `log_interval_s`; silent when disabled."""
 
     def __init__(self, total: int, stats: AcceptanceStats, *, enabled: bool = True, console: Console | None = None,
                  log_interval_s: float = 30.0):
@@ -133,15 +123,6 @@ class RecordProgress(Progress):
                                highlight=False, soft_wrap=True)
 
 
-def _generation_row(run_id: str, turn: Turn, output_ids: list[int], reason: str, times: list[float]) -> dict:
-    """One generations row; times: [admitted, first token, last token] in seconds since the epoch."""
-    req = turn.request
-    return {"run_id": [run_id], "request_id": [req.request_id], "dataset": [req.dataset],
-            "prompt_ids": [list(req.prompt_ids)], "output_ids": [list(output_ids)],
-            "finish_reason": [reason or "length"], "admitted_s": [times[0]], "first_token_s": [times[1]],
-            "last_token_s": [times[2]]}
-
-
 def _load_models(config: RecordConfig, target, draft):
     import torch  # lazy: torch
 
@@ -159,11 +140,8 @@ def _load_models(config: RecordConfig, target, draft):
 
 def record(config: RecordConfig, *, target=None, draft=None, progress: bool = True, console=None,
            run_id: str | None = None) -> RecordResult:
-    """Record `config.dataset` through the engine into `config.out` (+ its generations table).
-
-    `target`/`draft` are LoadedModels (loaded from config.models.target/draft when None). What may happen to
-    existing files at `config.out` is decided by `avkit.record.files` (nothing is clobbered).
-    """
+    """Record `config.dataset` through the engine into `config.out` and its generations table (what may happen
+    to existing files: avkit/record/files.py). `target`/`draft`: LoadedModels, loaded from `config` when None."""
     files = preflight(config)  # before the models load: a refused --out or resume costs nothing
     policy = verify_policy(config)  # a bad spec, schedule or cost file fails here too
     if config.engine == "vllm":  # an offline vLLM in its own venv, avkit's plugin writing the tables
@@ -173,15 +151,10 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
             return RecordResult(**record_vllm(config, files, metadata, progress=progress, console=console,
                                               run_id=run_id))
     target, draft = _load_models(config, target, draft)
-    return _record(config, files, target, draft, progress, console, run_id, policy)
-
-
-def _record(config, files, target, draft, progress, console, run_id, policy=None) -> RecordResult:
     meta = metadata(config, target, draft)
     check_resume(files, meta)
     out, gen_path = files.trace, files.generations
     run_id = run_id or f"{out.stem}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
-    gens = trace = None
     started = False  # both partials written: from here on an error keeps what was recorded in them
     with _interruptible():
         try:
@@ -205,12 +178,9 @@ def _record(config, files, target, draft, progress, console, run_id, policy=None
             engine = _native_engine(config, target, draft, sink, policy)
             engine.engine_step = step_offset
             finished, interrupted = _run(config, engine, sink, queue, gens, run_id, stats, progress, console)
-            if not interrupted or files.commit_on_interrupt():
-                trace.close()  # trace first (see avkit/record/files.py)
-                gens.close()
-            else:
-                trace.flush()
-                gens.flush()
+            commit = not interrupted or files.commit_on_interrupt()
+            for writer in (trace, gens):  # trace first (avkit/record/files.py)
+                (writer.close if commit else writer.flush)()
         except BaseException:
             for writer in (trace, gens) if started else ():  # trace first; the finals are untouched
                 writer.keep()
@@ -244,8 +214,7 @@ def _native_engine(config: RecordConfig, target, draft, sink, policy=None):
 
 
 def _run(config, engine, sink, queue, gens, run_id, stats, progress, console):
-    """Drive the engine (`add_request`, `step`) until the queue is empty;
-    -> (requests finished, interrupted)."""
+    """Drive the engine until the queue is empty; -> (requests finished, interrupted)."""
     # request -> (its turn, its output ids, [admitted, first token, last token] in epoch seconds)
     active: dict[str, tuple[Turn, list[int], list[float]]] = {}
     finished, last_flush = 0, time.monotonic()
@@ -275,7 +244,11 @@ def _run(config, engine, sink, queue, gens, run_id, stats, progress, console):
                         t[2] = now
                     if o.finished:
                         del active[o.request_id]
-                        gens.write(_generation_row(run_id, turn, ids, o.finish_reason, t))
+                        req = turn.request
+                        gens.write({"run_id": [run_id], "request_id": [req.request_id], "dataset": [req.dataset],
+                                    "prompt_ids": [list(req.prompt_ids)], "output_ids": [list(ids)],
+                                    "finish_reason": [o.finish_reason or "length"], "admitted_s": [t[0]],
+                                    "first_token_s": [t[1]], "last_token_s": [t[2]]})
                         queue.finished(turn, ids)
                         finished += 1
                 admit()

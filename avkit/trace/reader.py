@@ -130,17 +130,7 @@ def _paths(paths) -> list[Path]:
 
 
 def scan_traces(paths) -> pl.LazyFrame:
-    """Schema-checked lazy scan of one or more trace files (rows in file order).
-
-    Examples
-    --------
-    >>> import tempfile
-    >>> from avkit.config import SyntheticConfig
-    >>> from avkit.trace.synthetic import write_synthetic_trace
-    >>> p = write_synthetic_trace(tempfile.mkdtemp() + "/t.parquet", SyntheticConfig(num_slots=14, k=7))
-    >>> scan_traces([p]).select(pl.len()).collect().item()
-    14
-    """
+    """Schema-checked lazy scan of one or more trace files (rows in file order)."""
     every = [c.name for c in S.COLUMNS]
     return pl.concat([pl.scan_parquet(p).select(_schema_columns(set(check_schema(p).names), every, i))
                       for i, p in enumerate(_paths(paths))], how="vertical")
@@ -181,18 +171,14 @@ def no_repeats(paths: list[Path]) -> None:
 
 
 def read_traces(paths, columns: list[str] | None = None, *, check: bool = True) -> pl.DataFrame:
-    """Read trace files into one frame, checking the schema and (by default) every value.
-
-    `columns` projects the read (position, accepted and verified are read in any case); the value
-    checks cover the columns read. `file_index` is added.
-    """
+    """Trace files in one frame with `file_index`, the schema and (`check`) the values of the columns read
+    checked; `columns` projects the read (position, accepted and verified are read in any case)."""
     frames = list(iter_traces(paths, columns, check=check))
     return pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
 
 
 def iter_traces(paths, columns: list[str] | None = None, *, check: bool = True):
-    """`read_traces` one file at a time: yields each file's checked frame (with `file_index`), so a
-    caller can reduce a file before the next is read."""
+    """`read_traces` one file at a time (a caller reduces a file before the next is read)."""
     paths = _paths(paths)
     no_repeats(paths)
     want = None if columns is None else {*columns, *(CHECKED_COLUMNS if check else ("position", "accepted", "verified"))}

@@ -1,15 +1,5 @@
-"""Sharded trace input: resolve what the user named into trace files, check that they belong together.
-
-A fleet records one trace per replica (and per day); every command that reads traces takes
-  a file                 itself
-  a directory            every `*.parquet` in it, sorted by name (companion tables excluded:
-                         `*.generations.parquet`, and the fit output `trajectory.parquet`)
-  a glob                 e.g. `traces/2026-12-*/replica-*.parquet`, matches sorted by name
-in any mix (`trace_files`: none at all means the shipped traces); the result keeps the order given; a file
-reached twice is an error (it would weigh double). A shard set must be one model pair: `check_shards` reads every footer (cheap, no rows), checks each against the schema
-(`reader.check_schema`) and compares the model-pair keys in `AGREE` with the first shard; the first
-shard that disagrees is named in one line, with both values.
-"""
+"""A command's TRACE arguments -> trace files (files, directories, globs; none: the shipped traces), and the check
+that shards belong together (one model pair). The rules: docs/traces.md, "Which files a TRACE argument names"."""
 
 from __future__ import annotations
 
@@ -23,8 +13,7 @@ from avkit.config.fields import shipped_roots
 from avkit.errors import ConfigError, TraceError
 from avkit.trace.reader import check_schema, no_repeats, trace_metadata
 
-# Metadata that every shard of one fit must share: the model pair (ids and weight hashes). K may
-# differ (main's rule, tests/test_cli_errors.py: traces are read at the largest K, said in one line).
+# Metadata that every shard of one fit must share: the model pair (ids and weight hashes); K may differ.
 AGREE = ("avkit.target", "avkit.target_sha256", "avkit.draft", "avkit.draft_sha256")
 COMPANIONS = (".generations.parquet",)  # tables that sit beside a trace and are not traces
 NOT_TRACES = ("trajectory.parquet",)
@@ -38,30 +27,19 @@ def _expand(spec: Path) -> list[Path]:
     if spec.is_file():
         return [spec]
     if spec.is_dir():
-        found = sorted(p for p in spec.iterdir() if p.is_file() and _is_trace_name(p))
-        if not found:
-            raise TraceError(f"TRACE {spec}: directory holds no trace files (*.parquet)")
-        return found
-    if glob.has_magic(str(spec)):
-        found = sorted(Path(p) for p in glob.glob(str(spec), recursive=True) if _is_trace_name(Path(p)))
-        if not found:
-            raise TraceError(f"TRACE {spec}: glob matches no trace files")
-        return found
-    raise TraceError(f"{spec}: no such trace file, directory or glob match")
+        found, none = [p for p in spec.iterdir() if p.is_file()], "directory holds no trace files (*.parquet)"
+    elif glob.has_magic(str(spec)):
+        found, none = [Path(p) for p in glob.glob(str(spec), recursive=True)], "glob matches no trace files"
+    else:
+        raise TraceError(f"{spec}: no such trace file, directory or glob match")
+    found = sorted(p for p in found if _is_trace_name(p))
+    if not found:
+        raise TraceError(f"TRACE {spec}: {none}")
+    return found
 
 
 def resolve_shards(specs: Iterable[str | Path]) -> list[Path]:
-    """Files, directories and globs -> trace files, in the order given (a repeat is an error).
-
-    Examples
-    --------
-    >>> import tempfile
-    >>> d = Path(tempfile.mkdtemp())
-    >>> for name in ("b.parquet", "a.parquet", "a.generations.parquet"):
-    ...     _ = (d / name).write_bytes(b"")
-    >>> [p.name for p in resolve_shards([d])]
-    ['a.parquet', 'b.parquet']
-    """
+    """Files, directories and globs -> trace files, in the order given (a repeat is an error)."""
     out = [p for spec in ([specs] if isinstance(specs, (str, Path)) else specs) for p in _expand(Path(spec))]
     if not out:
         raise TraceError("no trace files given")
@@ -80,8 +58,7 @@ def shipped_traces(roots: tuple[Path, ...] | None = None) -> list[Path]:
 
 
 def trace_files(specs: Iterable[str | Path] | None) -> list[Path]:
-    """A command's TRACE arguments -> trace files: files, directories and globs (`resolve_shards`);
-    none given: the shipped traces. Every command that reads traces resolves them here."""
+    """A command's TRACE arguments -> trace files (`resolve_shards`; none given: the shipped traces)."""
     return resolve_shards(specs) if specs else shipped_traces()
 
 

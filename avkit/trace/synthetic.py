@@ -35,14 +35,7 @@ def _dict_column(codes: np.ndarray, names: list[str]) -> pa.DictionaryArray:
 
 
 def synthetic_trace(cfg: SyntheticConfig | None = None) -> pa.Table:
-    """A trace table (schema v1, with metadata) drawn from the known truth in `cfg`.
-
-    Examples
-    --------
-    >>> t = synthetic_trace(SyntheticConfig(num_slots=70, k=7))
-    >>> t.num_rows, t.schema.metadata[b"avkit.k"]
-    (70, b'7')
-    """
+    """A trace table (schema v1, with metadata) drawn from the known truth in `cfg`."""
     cfg = cfg or SyntheticConfig()
     rng = np.random.default_rng(cfg.seed)
     # who drafts when: [M] arrays over (request, step) pairs, M = ceil(num_slots / K)
@@ -135,12 +128,8 @@ def _chunk(cfg: SyntheticConfig, index: int, slots: int, pairs_before: int) -> p
 
 def write_synthetic_trace(path, cfg: SyntheticConfig | None = None, row_group_rows: int = 1 << 20,
                           chunk_slots: int = 1 << 22) -> Path:
-    """Draw a synthetic trace and write it as zstd Parquet (temp file, then rename).
-
-    Traces larger than `chunk_slots` are drawn and written chunk by chunk (memory stays flat
-    whatever `num_slots`): each chunk is drawn with its own seed, derived from `cfg.seed`, over
-    whole requests, so a trace of at most one chunk is exactly `synthetic_trace(cfg)`.
-    """
+    """Draw a synthetic trace and write it as zstd Parquet (temp file, then rename), chunk by chunk (memory stays
+    flat): each chunk of whole requests has its own seed from `cfg.seed`, so one chunk is `synthetic_trace(cfg)`."""
     cfg = cfg or SyntheticConfig()
     path = Path(path)
     unit = cfg.k * cfg.batch_size * cfg.steps_per_request  # slots of one batch of whole requests

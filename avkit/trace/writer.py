@@ -1,16 +1,6 @@
-"""Streaming Parquet writers for traces and generations: row groups, temp file, atomic rename.
-
-  row group   a batch of buffered rows written at once (zstd); the unit that survives a crash
-  partial     `<path>.partial`, rewritten to a temp and renamed over on every flush: a complete, readable file
-              of every flushed row group (a crash or SIGKILL never leaves a torn file); O(file) per flush,
-              cheap next to the model forwards that produce the rows
-  close       compacts the small (time-flushed) row groups into groups of `row_group_rows`, then renames
-              `<path>.partial` to `<path>`; leaving the `with` block by an exception only flushes, so a
-              failed run never replaces `<path>` (`avkit record` decides when to close)
-  resume      starts from the rows in `source` (default: a crashed run's partial, else `<path>`), optionally
-              keeping only some request ids, and appends to them
-Flushes and the final rename hold SIGINT/SIGTERM back: an interrupt never lands between sealing the buffer
-and writing it (which could duplicate or lose a row group).
+"""Streaming Parquet writers for traces and generations (docs/traces.md, "Recording"): buffered rows become zstd
+row groups; every flush rewrites `<path>.partial` whole (O(file), cheap next to the forwards that produce the
+rows), `close` compacts the groups and renames it to `<path>`, and a resume starts from a previous file's rows.
 """
 
 from __future__ import annotations
@@ -195,20 +185,7 @@ class _ParquetStream:
 
 
 class TraceWriter(_ParquetStream):
-    """Write trace rows (schema v1) in zstd row groups; `<path>.partial` until closed.
-
-    >>> import tempfile, numpy as np
-    >>> p = tempfile.mkdtemp() + "/t.parquet"
-    >>> with TraceWriter(p, {"avkit.k": "1"}) as w:
-    ...     w.write({"run_id": ["r"], "dataset": ["d"], "request_id": ["a"], "drafter": ["model"],
-    ...              "step": [0], "position": [0], "draft_token": [5], "q_max": [0.9], "q_2nd": [0.05],
-    ...              "q_sampled": [0.9], "entropy": [0.3], "logit_qmax": [2.2], "target_prob": [0.8],
-    ...              "verified": [True], "accepted": [True], "num_drafted": [1], "num_verified": [1],
-    ...              "num_accepted": [1], "batch_size": [1], "step_time_ms": [3.0], "temperature": [1.0],
-    ...              "top_p": [0.95], "engine_step": [0]})
-    >>> import pyarrow.parquet as pq; pq.read_table(p).num_rows
-    1
-    """
+    """Write trace rows (schema v1) in zstd row groups; `<path>.partial` until closed."""
 
     columns, default_rows = S.COLUMNS, 65536
 
