@@ -184,3 +184,17 @@ def test_shard_sums_in_int32_add_up_to_the_int64_total():
     np.testing.assert_array_equal(narrow.eq, wide.eq)
     np.testing.assert_array_equal(narrow.ref, wide.ref)
     assert narrow.hist.sum() == n and narrow.rows(["a", "b"]) == wide.rows(["a", "b"])
+
+
+def test_out_of_order_engine_steps_are_read_alike(fleet, tmp_path):
+    """One reader (fit/data.py `read_shard`): a file whose rows are out of engine-step order counts the same
+    engine steps in memory and out of core (its distinct engine_step values), in chunks or whole."""
+    t = pq.read_table(fleet[2])
+    rows = np.random.default_rng(0).permutation(t.num_rows)
+    shuffled = tmp_path / "shuffled.parquet"
+    pq.write_table(t.take(rows).replace_schema_metadata(t.schema.metadata), shuffled)
+    steps = len(set(t.column("engine_step").to_pylist()))
+    fits = [run_fit([shuffled], FitConfig(mode="batch", **kw)) for kw in
+            ({}, {"engine": "streaming", "memory_budget": 256, "scratch": str(tmp_path / "s")})]
+    assert [f.coefficients["trained_on"]["engine_steps"] for f in fits] == [steps, steps]
+    check_same_fit(fits[1], fits[0])

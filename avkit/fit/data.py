@@ -1,4 +1,5 @@
-"""The observed slots of a trace set, as numpy arrays in engine-step order, ready to replay.
+"""The one reader of a fit: each trace file read once in chunks, checked, reduced to its observed slots;
+held in memory in engine-step order (`load_fit_data`, ready to replay) or spilled (fit/spill.py).
 
 Glossary:
   observed    verified and at or before the first rejection: `accepted` is not null   [N rows]
@@ -8,6 +9,7 @@ Glossary:
               group of rows, in file order, as one engine step: exact at batch 1, and a file written
               step by step at batch B gives B times as many, smaller steps. Rows are never reordered
               by the per-request `step` (that would merge every request's step s into one "step").
+              A file's engine steps are the distinct values of its clock
   step bounds [G + 1] first observed row of each engine step; a step whose slots were all censored
               is still a step (it is empty here), as it is for the live estimator
   run         each file is its own run (a server process): rounds never span files, and a file's
@@ -15,12 +17,20 @@ Glossary:
   drafter     the rows fitted are one drafter's (the trace's `drafter`): "model" (the draft model) or
               "suffix" (the hybrid drafter's cache rows, scored live by their own estimator); the
               other drafter's rows still tick the engine-step clock, as they do live
+  chunk       `rows` rows of a file in file order (None: the whole file), value-checked as read
+              (`values.check_values`, its rows named by their place in the file)
+  slots       no two rows of one draft slot (`values.SLOT_KEY`) in a file: each chunk's keys are hashed
+              (uint64; strings as strings, so chunks agree) and the (hash, row) pairs kept in memory or
+              spilled into PARTS files by the hash's top bits; after the last chunk each part is sorted
+              (16 B per row / PARTS) and rows of equal hash are compared exactly. The first repeated
+              slot is reported by `values.duplicate_slot`
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,12 +39,17 @@ import polars as pl
 
 from avkit.errors import TraceError
 from avkit.features import FEATURES
-from avkit.trace.reader import common_k, iter_traces, trace_metadata
+from avkit.trace.reader import CHECKED_COLUMNS, common_k, no_repeats, scan_traces, trace_k, trace_metadata
+from avkit.trace.values import SLOT_KEY, check_values, duplicate_slot, slot_hashes
 
 TRACE_COLUMNS = ("engine_step", "request_id", "step", "position", "dataset", "drafter", "accepted", "verified", "q_max",
                  "q_2nd", "q_sampled", "entropy", "logit_qmax", "head_conf")
 CLOCKS = {"engine_step": "engine_step column",
           "request_step": "contiguous (request_id, step) groups in file order (no engine_step column)"}
+# what the observed slots keep after the read: the features' inputs, labels, positions, datasets
+FEATURE_INPUTS = ("q_max", "q_2nd", "q_sampled", "entropy", "logit_qmax", "head_conf")
+OBSERVED_COLUMNS = ("position", "dataset", "accepted", *FEATURE_INPUTS)
+PARTS = 64  # partitions of spilled slot hashes, by the top 6 bits of the hash
 
 
 @dataclass
@@ -67,45 +82,103 @@ class FitData:
             yield slice(int(lo), int(hi)), slice(int(bounds[lo]), int(bounds[hi]))
 
 
-def file_clock(df: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray, str]:
-    """One file's rows -> (rows in replay order, [rows] int64 clock, which clock): its engine_step
-    (rows ordered stably by it), or, without one, the ordinal of each contiguous (request_id, step) group."""
-    if df["engine_step"].null_count() == 0:
-        clock = df["engine_step"].to_numpy()
-        if clock.size > 1 and bool((clock[1:] < clock[:-1]).any()):  # recorders write in step order: rare
-            order = np.argsort(clock, kind="stable")
-            df, clock = df[order], clock[order]
-        return df, clock, "engine_step"
-    return df, np.cumsum(request_step_starts(df)) - 1, "request_step"
+class SlotKeys:
+    """The slot hashes of one file, chunk by chunk: in memory, or spilled into `directory`."""
+
+    def __init__(self, directory: Path | None = None):
+        self.dir, self.held = directory, []
+        if directory is not None:
+            directory.mkdir(parents=True, exist_ok=True)
+
+    def add(self, df: pl.DataFrame, first_row: int) -> None:
+        """Keep the hashes of a chunk whose first row is row `first_row` of the file."""
+        h = slot_hashes(df, across_frames=True).to_numpy()  # [n]
+        rows = np.arange(first_row, first_row + len(h), dtype=np.int64)  # [n]
+        if self.dir is None:
+            self.held.append((h, rows))
+            return
+        part = (h >> np.uint64(58)).astype(np.uint8)  # [n]
+        order = np.argsort(part, kind="stable")  # radix sort by partition
+        edges = np.searchsorted(part[order], np.arange(PARTS + 1))  # [PARTS + 1]
+        for j in np.flatnonzero(np.diff(edges)):
+            sel = order[edges[j]:edges[j + 1]]
+            for suffix, values in (("hash", h), ("row", rows)):
+                with open(self.dir / f"p{j}.{suffix}", "ab") as fh:
+                    values[sel].tofile(fh)
+
+    def parts(self):
+        """-> ([n] hashes, [n] rows in file order) of each part."""
+        if self.dir is None:
+            yield np.concatenate([h for h, _ in self.held]), np.concatenate([r for _, r in self.held])
+        for j in range(PARTS if self.dir is not None else 0):
+            if (self.dir / f"p{j}.hash").exists():
+                yield np.fromfile(self.dir / f"p{j}.hash", np.uint64), np.fromfile(self.dir / f"p{j}.row", np.int64)
+
+    def check(self, path, lf: pl.LazyFrame) -> None:
+        """Raise TraceError at the first row (in file order) whose slot another row repeats."""
+        first = None
+        for h, rows in self.parts():
+            order = np.argsort(h, kind="stable")  # rows stay in file order within equal hashes
+            h, rows = h[order], rows[order]
+            for i in np.flatnonzero(h[1:] == h[:-1]):  # candidate pairs (earlier row, later row)
+                a, b = int(rows[i]), int(rows[i + 1])
+                key_a, key_b = (lf.slice(r, 1).select(SLOT_KEY).collect().row(0) for r in (a, b))
+                if key_a == key_b and (first is None or a < first[0]):
+                    first = (a, key_a)
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        if first is not None:
+            raise duplicate_slot(path, *first)
 
 
-def request_step_starts(df: pl.DataFrame, last: tuple | None = None) -> np.ndarray:
-    """[rows] bool: the row opens an engine step of the request_step clock, its (request_id, step) differing
-    from the row before (`last`: the (request_id, step) of the row before the first; None: a file's start)."""
+def step_clock(df: pl.DataFrame, name: str, last: tuple = (-1, None)) -> np.ndarray:
+    """[rows] int64 engine-step clock `name` of rows in file order: their engine_step, or the ordinal of each
+    contiguous (request_id, step) group (`last`: (ordinal, (request_id, step)) of the row before the first)."""
+    if name == "engine_step":
+        return df["engine_step"].to_numpy().astype(np.int64)
     rid = df["request_id"].cast(pl.String)
     new = ((rid != rid.shift(1)) | (df["step"] != df["step"].shift(1))).fill_null(True).to_numpy()
-    if last is not None and df.height:
-        new[0] = (rid[0], df["step"][0]) != last
-    return new
+    if last[1] is not None and df.height:
+        new[0] = (rid[0], df["step"][0]) != last[1]
+    return last[0] + np.cumsum(new)
 
 
-def _dataset_codes(ds: pl.Series) -> tuple[np.ndarray, list[str]]:
-    """[N] dataset names (Categorical or String) -> ([N] int64 codes into the sorted names, sorted names).
-    A Categorical maps its few distinct physical codes, never the N strings."""
-    uniq = ds.unique()
-    names = sorted(uniq.cast(pl.String).to_list())
-    if ds.dtype == pl.Categorical:
-        phys = uniq.to_physical().to_numpy().astype(np.int64)  # [D]
-        if phys.max() < 1 << 20:
-            lut = np.zeros(int(phys.max()) + 1, dtype=np.int64)
-            lut[phys] = [names.index(n) for n in uniq.cast(pl.String).to_list()]
-            return lut[ds.to_physical().to_numpy()], names
-    return ds.cast(pl.String).replace_strict(names, list(range(len(names))), return_dtype=pl.Int64).to_numpy(), names
+def replay_order(df: pl.DataFrame, clock: np.ndarray) -> tuple[pl.DataFrame, np.ndarray]:
+    """A file's rows and [rows] clock ordered stably by the clock (recorders write in step order: rare)."""
+    if clock.size > 1 and bool((clock[1:] < clock[:-1]).any()):
+        order = np.argsort(clock, kind="stable")
+        return df[order], clock[order]
+    return df, clock
 
 
-# what the observed slots keep after the read: the features' inputs, labels, positions, datasets
-FEATURE_INPUTS = ("q_max", "q_2nd", "q_sampled", "entropy", "logit_qmax", "head_conf")
-OBSERVED_COLUMNS = ("position", "dataset", "accepted", *FEATURE_INPUTS)
+def file_clock(df: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray, str]:
+    """One whole file's rows -> (rows in replay order, [rows] int64 clock, which clock)."""
+    name = "engine_step" if df["engine_step"].null_count() == 0 else "request_step"
+    return *replay_order(df, step_clock(df, name)), name
+
+
+def read_shard(path, k: int | None, columns, rows: int | None = None, drafter: str = "model",
+               slots: Path | None = None):
+    """Read trace file `path` once, in chunks of `rows` rows (None: one), checked at K `k` ->
+    per chunk (rows in the file, frame of `columns` in file order, [n] bool observed slots of `drafter`,
+    [n] int64 engine-step clock, its name in CLOCKS); after the last chunk, a draft slot repeated anywhere
+    in the file raises TraceError (`SlotKeys`, spilled into `slots` when given)."""
+    lf = scan_traces([path]).select(*dict.fromkeys([*columns, *CHECKED_COLUMNS]))
+    total, nulls = lf.select(pl.len(), pl.col("engine_step").null_count()).collect().row(0)
+    name, keys, last = "engine_step" if nulls == 0 else "request_step", SlotKeys(slots), (-1, None)
+    for off in range(0, max(total, 1), rows or max(total, 1)):
+        try:
+            df = lf.slice(off, rows or total).collect()
+        except (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError) as e:
+            raise TraceError(f"{path}: cannot read rows {off}..{off + (rows or total) - 1}: "
+                             f"{str(e).splitlines()[0]}") from None
+        check_values(df, path, k, first_row=off, slots=False)  # the slots: SlotKeys, over every chunk
+        keys.add(df, off)
+        clock = step_clock(df, name, last)
+        last = (int(clock[-1]), (df["request_id"].cast(pl.String)[-1], df["step"][-1]))
+        observed = df.select(fitted(drafter)).to_series().to_numpy()  # (a categorical compares its few categories)
+        yield total, df, observed, clock, name
+    keys.check(path, lf)
 
 
 def shown(path: Path) -> str:
@@ -127,30 +200,51 @@ def feature_inputs(features) -> list[str]:
     return [c for c in FEATURE_INPUTS if c in used]
 
 
-def load_fit_data(paths, drafter: str = "model", features=None) -> FitData:
-    """Read, check and order the observed slots of `drafter`'s rows in `paths`; raise TraceError on unusable
-    input. `features`: derive only these (names of FEATURES; None: every one) and read only their inputs.
+def count_drafts(df: pl.DataFrame, drafted: dict[str, list]) -> dict[str, list]:
+    """Add `df`'s drafted slots and their summed draft entropy per dataset, observed or not, into
+    `drafted` (dataset -> [rows, sum of entropy]: `avkit report`); -> `drafted`."""
+    agg = df.group_by(pl.col("dataset").cast(pl.String)).agg(pl.len(), pl.col("entropy").cast(pl.Float64).sum())
+    for name, n, h in agg.iter_rows():
+        acc = drafted.setdefault(name, [0, 0.0])
+        acc[0], acc[1] = acc[0] + n, acc[1] + h
+    return drafted
 
-    File by file: each is read (only TRACE_COLUMNS and the checked ones), checked, put in replay
-    order and reduced to its observed slots' OBSERVED_COLUMNS before the next is read."""
+
+def _dataset_codes(ds: pl.Series) -> tuple[np.ndarray, list[str]]:
+    """[N] dataset names (Categorical or String) -> ([N] int64 codes into the sorted names, sorted names).
+    A Categorical maps its few distinct physical codes, never the N strings."""
+    uniq = ds.unique()
+    names = sorted(uniq.cast(pl.String).to_list())
+    if ds.dtype == pl.Categorical:
+        phys = uniq.to_physical().to_numpy().astype(np.int64)  # [D]
+        if phys.max() < 1 << 20:
+            lut = np.zeros(int(phys.max()) + 1, dtype=np.int64)
+            lut[phys] = [names.index(n) for n in uniq.cast(pl.String).to_list()]
+            return lut[ds.to_physical().to_numpy()], names
+    return ds.cast(pl.String).replace_strict(names, list(range(len(names))), return_dtype=pl.Int64).to_numpy(), names
+
+
+def load_fit_data(paths, drafter: str = "model", features=None) -> FitData:
+    """Read, check and order the observed slots of `drafter`'s rows in `paths` (`read_shard`, a file at a
+    time, each reduced to its observed slots' OBSERVED_COLUMNS before the next); raise TraceError on
+    unusable input. `features`: derive only these (names of FEATURES; None: every one) from their inputs."""
     paths = [Path(p) for p in paths]
+    no_repeats(paths)
     names = list(FEATURES) if features is None else [n for n in FEATURES if n in features]
     inputs = feature_inputs(names)
     columns = [c for c in TRACE_COLUMNS if c not in FEATURE_INPUTS or c in inputs]
     kept = [c for c in OBSERVED_COLUMNS if c not in FEATURE_INPUTS or c in inputs]
-    parts, step_file, step_clock, row_step, clocks = [], [], [], [], []
-    total = steps = 0
-    for i, df in enumerate(iter_traces(paths, columns)):
-        df, clock, name = file_clock(df)
-        first = np.r_[True, clock[1:] != clock[:-1]]  # [n] the row opens an engine step
-        observed = df.select(fitted(drafter)).to_series().to_numpy()  # [n] (a categorical compares its few
-        # categories, not every row's string)
-        row_step.append((np.cumsum(first) - 1)[observed] + steps)
-        step_clock.append(clock[first])
-        step_file.append(np.full(int(first.sum()), i, dtype=np.int64))
-        steps, total = steps + int(first.sum()), total + df.height
+    parts, step_file, steps, row_step, clocks, total, g = [], [], [], [], [], 0, 0
+    for i, path in enumerate(paths):
+        [(rows, df, observed, clock, name)] = read_shard(path, trace_k(path), columns, drafter=drafter)  # one chunk
+        values = np.unique(clock)  # [G_i] the file's engine steps
+        df, clock = replay_order(df.select(kept).filter(pl.Series(observed)), clock[observed])
+        parts.append(df)
+        row_step.append(np.searchsorted(values, clock) + g)
+        steps.append(values)
+        step_file.append(np.full(values.size, i, dtype=np.int64))
         clocks.append(name)
-        parts.append(df.select(kept).filter(pl.Series(observed)))
+        total, g = total + rows, g + values.size
     obs = pl.concat(parts, how="vertical") if len(parts) > 1 else parts[0]
     if obs.height == 0:
         raise TraceError(f"{', '.join(map(str, paths))}: no observed labels of drafter {drafter!r} (every "
@@ -160,14 +254,14 @@ def load_fit_data(paths, drafter: str = "model", features=None) -> FitData:
                 if derived[name].null_count() == 0}  # optional columns (head_conf) count only when complete
     codes, names = _dataset_codes(obs["dataset"])
     positions = obs["position"].to_numpy().astype(np.intp)
+    step_clocks = np.concatenate(steps)
     return FitData(
         k=max(common_k(paths)[0] or 0, int(positions.max()) + 1), features=features, positions=positions,
         labels=obs["accepted"].cast(pl.Float64).to_numpy(), row_step=np.concatenate(row_step),
-        step_file=np.concatenate(step_file), step_clock=np.concatenate(step_clock).astype(np.int64),
-        dataset_codes=codes, dataset_names=names,
+        step_file=np.concatenate(step_file), step_clock=step_clocks, dataset_codes=codes, dataset_names=names,
         trained_on=trained_on(paths, trace_metadata(paths[0]), total, obs.height,
                               dict(zip(names, np.bincount(codes, minlength=len(names)).tolist())), drafter,
-                              clocks, steps))
+                              clocks, step_clocks.size))
 
 
 def trained_on(paths, meta: dict, slots: int, observed: int, datasets: dict[str, int], drafter: str,

@@ -171,12 +171,10 @@ def _merge_surveys(surveys: list[ShardSurvey], k: int | None, shards: ShardSet) 
     num_positions = max([k or 0] + [s.num_positions for s in surveys])
     present = [n for n in FEATURES if all(s.nulls[n] == 0 for s in surveys)]
     datasets = {n: sum(s.datasets.get(n, 0) for s in surveys) for n in names}
-    clocks = ["engine_step" if s.all_step_nulls == 0 else "request_step" for s in surveys]
-    steps = sum(s.steps_by_engine_step if c == "engine_step" else s.steps_by_request for s, c in zip(surveys, clocks))
     observed = sum(s.observed for s in surveys)
     return {"names": names, "k": num_positions, "present": present, "observed": observed,
             "trained_on": trained_on(shards.paths, shards.meta, sum(s.rows for s in surveys), observed, datasets,
-                                     "model", clocks, steps)}
+                                     "model", [s.clock for s in surveys], sum(s.steps for s in surveys))}
 
 
 def newton(engine, shards, nodes, plan, ests, m, fit: FitConfig, progress,

@@ -14,11 +14,10 @@ import numpy as np
 from avkit.config import EstimatorConfig, FitConfig
 from avkit.errors import ConfigError
 from avkit.estimators import make_estimator
-from avkit.fit.data import FitData, load_fit_data
+from avkit.fit.data import FitData, count_drafts, load_fit_data
 from avkit.fit.engines import LocalEngine
 from avkit.fit.passes import held, newton, spilled
 from avkit.fit.replay import online_replay
-from avkit.fit.spill import count_drafts
 from avkit.metrics.calibration import additive_sums
 from avkit.trace.reader import read_traces
 from avkit.trace.shards import check_shards

@@ -77,7 +77,7 @@ def _may_repeat_a_slot(df: pl.DataFrame) -> bool:
 def check_values(df: pl.DataFrame, path, k: int | None, first_row: int = 0, slots: bool = True) -> None:
     """Value checks of the columns read from one file (or of its rows from `first_row` on); raise TraceError
     naming file, column, row. `slots`: also refuse two rows of one draft slot (out of core a shard is
-    checked chunk by chunk, and fit/spill.py `SlotKeys` checks its slots across every chunk instead)."""
+    checked chunk by chunk, and fit/data.py `SlotKeys` checks its slots across every chunk instead)."""
     if df.height == 0:
         raise TraceError(f"{path}: holds no rows")
     checks = [ch for ch in _value_checks(k) if set(ch[1].meta.root_names()) <= set(df.columns)]  # what was read
