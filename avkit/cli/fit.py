@@ -13,8 +13,8 @@ from rich.progress import Progress
 
 from avkit.cli.hvd import render as render_hvd
 from avkit.cli.hvd import replay
-from avkit.cli.options import result_table, stdout_console
-from avkit.config import DEFAULT_TRACE_GLOB, EstimatorConfig, FitConfig, default_of
+from avkit.cli.options import arg, config_options, result_table, stdout_console
+from avkit.config import DEFAULT_TRACE_GLOB, EstimatorConfig, FitConfig
 from avkit.errors import ConfigError
 from avkit.staged import StagedOutputs
 
@@ -44,59 +44,19 @@ def render(result, written: dict, console: Console) -> None:
 
 def register(app: typer.Typer) -> None:
     @app.command("fit")
-    def fit(
-        traces: Annotated[list[Path] | None, typer.Argument(
+    @config_options(
+        (FitConfig, EstimatorConfig),
+        arg("traces", Annotated[list[Path] | None, typer.Argument(
             metavar="TRACE", help=f"trace files, directories of them or globs: one shard per replica "
-                                  f"(default: the shipped {DEFAULT_TRACE_GLOB})",
-            show_default=False)] = None,
-        out: Annotated[Path, typer.Option(help="output directory")] = Path(default_of(FitConfig, "out")),
-        mode: Annotated[str, typer.Option(help="online: replay refit rounds as live (out-of-sample scores); "
-                                                "batch: Newton to convergence (in-sample)")] =
-            default_of(FitConfig, "mode"),
-        estimator: Annotated[str, typer.Option(help="online estimator replayed and written to coefficients.json: "
-                                                     "online_logistic (vLLM's) or forgetting_logistic")] =
-            default_of(FitConfig, "estimator"),
-        coefficients: Annotated[str, typer.Option(help="online: warm-start the written estimator from this "
-                                                        "coefficients file or serve snapshot (validated)")] = "",
-        feature: Annotated[str, typer.Option(help="lossless feature written to coefficients.json")] =
-            default_of(EstimatorConfig, "feature"),
-        refit_interval: Annotated[int, typer.Option(help="engine steps per online refit round")] =
-            default_of(EstimatorConfig, "refit_interval"),
-        bins: Annotated[int, typer.Option(help="ECE bins")] = default_of(FitConfig, "bins"),
-        engine: Annotated[str, typer.Option(help="memory: all observed slots in RAM; streaming: out of core in "
-                                                  "bounded chunks (--mode batch); ray: the same passes as Ray "
-                                                  "tasks (pip install 'avkit\\[distributed]')")] =
-            default_of(FitConfig, "engine"),
-        address: Annotated[str | None, typer.Option(help="--engine ray: cluster address (default: start a "
-                                                         "local cluster)", show_default=False)] = None,
-        memory_budget: Annotated[int, typer.Option(help="--engine streaming/ray: MB of memory to stay under")] =
-            default_of(FitConfig, "memory_budget"),
-        scratch: Annotated[Path | None, typer.Option(help="--engine streaming/ray: directory for the spilled "
-                                                         "observed slots (default: system temp)",
-                                                     show_default=False)] = None,
-        replicas: Annotated[str, typer.Option(help="--mode online: chain = the files are one server's successive "
-                                                   "runs (one estimator carried through them); independent = "
-                                                   "each file is a replica with its own estimator, replayed in "
-                                                   "parallel (--engine ray: one Ray task per replica)")] =
-            default_of(FitConfig, "replicas"),
-        drafter: Annotated[str, typer.Option(help="the rows fitted: model (the draft model's) or suffix (a hybrid "
-                                                  "drafter's cache rows: their own coefficients, for `serve "
-                                                  "--cache-coefficients`)")] = default_of(FitConfig, "drafter"),
-        features: Annotated[str, typer.Option(help="fit and score only these features, comma-separated (e.g. "
-                                                    "logit_qmax: what a fleet deploys), --feature among them; "
-                                                    "default: every feature in the traces and the per-position-"
-                                                    "slope ablation of --feature")] = "",
-        hvd: Annotated[bool, typer.Option("--hvd", help="also replay the traces' generations tables for Hybrid "
-                                          "Verified Decoding: payoff MLP, tau, routers -> OUT/hvd")] = False,
-    ):
+                                  f"(default: the shipped {DEFAULT_TRACE_GLOB})", show_default=False)], None),
+        "out", "mode", "estimator", "coefficients", "feature", "refit_interval", "bins", "engine", "address",
+        "memory_budget", "scratch", "replicas", "drafter", "features",
+        arg("hvd", Annotated[bool, typer.Option("--hvd", help="also replay the traces' generations tables for Hybrid "
+                                                "Verified Decoding: payoff MLP, tau, routers -> OUT/hvd")], False))
+    def fit(config: FitConfig, est_cfg: EstimatorConfig, traces, hvd):
         """Fit the acceptance estimator and score every feature; write coefficients.json, scores.json,
         trajectory.parquet into --out (atomically; nothing is written on bad input)."""
-        config = FitConfig(mode=mode, estimator=estimator, bins=bins, coefficients=coefficients, out=str(out),
-                           engine=engine, address=address, memory_budget=memory_budget,
-                           scratch=None if scratch is None else str(scratch), replicas=replicas,
-                           drafter=drafter,
-                           features=tuple(f.strip() for f in features.split(",")) if features else ())
-        est_cfg = EstimatorConfig(feature=feature, refit_interval=refit_interval)
+        out = Path(config.out)
         from avkit.fit import reserve_fit_outputs, run_fit, write_fit_outputs  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.trace.reader import common_k  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.trace.shards import trace_files  # lazy: polars

@@ -1,12 +1,19 @@
-"""What several commands share, each declared once: options (their type and help; the default is the
-command's config's, `default_of`), the parsing of a comma-separated list, the console results go to, and how
-a command stopped by a signal ends."""
+"""What the commands share: options built from config fields (`config_options`), the comma-separated lists, the
+console results go to, and how a command stopped by a signal ends.
+
+A config field is its option: its name (`max_new_tokens` is `--max-new-tokens`), its default and its help
+(`checked(..., help=...)`) are written once, in avkit/config/, and `config_options` turns the fields a command
+lists into its typer options and its parsed values back into the config; the config checks them (one place).
+"""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import sys
+import typing
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -14,32 +21,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from avkit.config import DEFAULT_TRACE_GLOB
+from avkit.config import DEFAULT_TRACE_GLOB, default_of
 from avkit.errors import ConfigError
 
-TargetOption = Annotated[str, typer.Option(help="target model: alias, HF directory or GGUF file")]
-DraftOption = Annotated[str, typer.Option(help="draft model ('none' = target-only decoding)")]
-DrafterOption = Annotated[str, typer.Option(help="model | hybrid (suffix cache or draft model per step)")]
-PayoffOption = Annotated[str, typer.Option(help="hybrid: payoff_mlp.pt (threshold) or payoff_survival.pt (cache and "
-                                                "model drafts share one verification budget) from `avkit hvd` "
-                                                "(default: ArcticInference's rule)")]
-KernelsOption = Annotated[str, typer.Option(help="hot-path kernels: auto (Triton on CUDA, torch elsewhere) | torch | "
-                                                 "triton (on a CPU: Triton's interpreter, TRITON_INTERPRET=1)")]
-DeviceOption = Annotated[str, typer.Option(help="auto (a GPU if torch sees one) | cpu | cuda[:N]")]
-DtypeOption = Annotated[str, typer.Option(help="model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 | "
-                                               "bfloat16 (~3x float32 on AVX512-BF16 CPUs)")]
-EngineOption = Annotated[str, typer.Option(help="native (avkit's runtime) | vllm (vLLM's offline engine in its own "
-                                                "venv, docs/vllm.md)")]
-VllmPythonOption = Annotated[str, typer.Option(help="--engine vllm: that venv's python (default $AVKIT_VLLM_PYTHON, "
-                                                    "else .venv-vllm/bin/python)")]
 TracesArgument = Annotated[list[Path] | None, typer.Argument(
     metavar="TRACE", help=f"trace files, directories of them or globs (default: the shipped {DEFAULT_TRACE_GLOB})",
     show_default=False)]
-CostOption = Annotated[str, typer.Option(help=(
-    "a cost file (`avkit profile`, or the model `avkit serve` learned: learned_cost.json; default: the shipped "
-    "traces' model pair profiled on a 2-core CPU), or a roofline what-if: roofline:GPU:TARGET, optionally followed "
-    "by :DRAFT and :context=N,drafter=parallel"))]
-ConcurrencyOption = Annotated[str, typer.Option(help="comma-separated concurrencies (batch sizes)")]
 
 
 def parse_ints(name: str, text: str) -> tuple[int, ...]:
@@ -51,6 +38,92 @@ def parse_ints(name: str, text: str) -> tuple[int, ...]:
     if not values:
         raise ConfigError(f"--{name} is empty")
     return values
+
+
+def _field(cls, path: str):
+    """(the dataclass Field at dotted `path`, its resolved type)."""
+    head, _, rest = path.partition(".")
+    f = next(f for f in fields(cls) if f.name == head)
+    kind = typing.get_type_hints(cls)[head]
+    return _field(kind, rest) if rest else (f, kind)
+
+
+def _option(cls, path: str, help: str | None):
+    """-> (the typer parameter of the field at `path`, its default, the parser from the option's value to the
+    field's). A tuple field is a comma-separated list (`repeat`: a repeatable option); `flags` and the other
+    typer settings come from the field's metadata."""
+    f, kind = _field(cls, path)
+    cli = dict(f.metadata.get("cli", {}))
+    flags, repeat = cli.pop("flags", ()), cli.pop("repeat", False)
+    name, default = path.rpartition(".")[2], default_of(cls, path)
+    parse = lambda v: v
+    if typing.get_origin(kind) is tuple:
+        item = typing.get_args(kind)[0]
+        if repeat:
+            kind, parse, default = list[item] | None, lambda v, d=default: tuple(v) if v else d, None
+        elif item is int:
+            kind, default = str, ",".join(map(str, default))
+            parse = lambda v, n=name.replace("_", "-"): parse_ints(n, v) if v or default_of(cls, path) else ()
+        else:
+            kind, default = str, ",".join(default)
+            parse = lambda v: tuple(s.strip() for s in v.split(",")) if v else ()
+    return Annotated[kind, typer.Option(*flags, help=help or f.metadata["help"], **cli)], default, parse
+
+
+def config_options(classes, *entries, help: dict[str, str] | None = None, build: bool = True):
+    """A command whose options are config fields: `entries` in option order, each a dotted field path of the
+    first of `classes` that has it, or an `inspect.Parameter` of the command's own (an argument, a flag no
+    config holds); `help` overrides a field's help for this command. The command is called with one config per
+    class, built from the options (or, with `build=False`, with their values by path), and its own parameters."""
+    classes = classes if isinstance(classes, tuple) else (classes,)
+    help = help or {}
+
+    def decorate(fn):
+        params, parsers = [], {}
+        for e in entries:
+            if isinstance(e, inspect.Parameter):
+                params.append(e)
+                continue
+            cls = next(c for c in classes if any(f.name == e.partition(".")[0] for f in fields(c)))
+            name = e.rpartition(".")[2]
+            annotation, default, parse = _option(cls, e, help.get(name))
+            params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default,
+                                            annotation=annotation))
+            parsers[name] = (cls, e, parse)
+
+        def command(**kw):
+            values = {c: {} for c in classes}
+            for name, (cls, path, parse) in parsers.items():
+                values[cls][path] = parse(kw.pop(name))
+            if not build:
+                return fn(*values.values(), **kw)
+            return fn(*(make(cls, v) for cls, v in values.items()), **kw)
+        command.__signature__ = inspect.Signature(params)
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        command.__name__, command.__doc__ = fn.__name__, fn.__doc__
+        return command
+    return decorate
+
+
+def make(cls, values: dict):
+    """`cls` from values by dotted field path (`{"models.target": ...}`): nested configs built first, the rest
+    at their defaults."""
+    nested: dict[str, dict] = {}
+    top = {}
+    for path, value in values.items():
+        head, _, rest = path.partition(".")
+        if rest:
+            nested.setdefault(head, {})[rest] = value
+        else:
+            top[head] = value
+    for head, sub in nested.items():  # one level: a nested config's options are its own fields
+        top[head] = replace(default_of(cls, head), **sub)
+    return cls(**top)
+
+
+def arg(name: str, annotation, default=inspect.Parameter.empty) -> inspect.Parameter:
+    """A command's own parameter, for `config_options`."""
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
 def result_table(title: str, columns, rows, left=()) -> Table:

@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import functools
-from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.progress import Progress, TimeElapsedColumn
 
-from avkit.cli.options import (
-    DeviceOption, DtypeOption, EngineOption, TargetOption, VllmPythonOption, result_table, stdout_console)
-from avkit.config import ModelsConfig, ProfileConfig, SamplingConfig, default_of
+from avkit.cli.options import config_options, result_table, stdout_console
+from avkit.config import ProfileConfig
 from avkit.staged import StagedOutputs
-
-
-_d = functools.partial(default_of, ProfileConfig)  # an option's default: its config field's
 
 
 def render(table, console: Console) -> None:
@@ -34,31 +28,14 @@ def render(table, console: Console) -> None:
 
 def register(app: typer.Typer) -> None:
     @app.command("profile")
-    def profile(
-        target: TargetOption = _d("models.target"),
-        draft: Annotated[str, typer.Option(help="draft model ('none': verify costs only)")] = _d("models.draft"),
-        out: Annotated[str, typer.Option(help="cost table JSON (the adaptive policy's default path)")] = _d("out"),
-        context_len: Annotated[int, typer.Option(help="synthetic KV context per request "
-                                                      "(AVKIT_PROFILE_CONTEXT_LEN overrides)")] = _d("context_len"),
-        k: Annotated[int, typer.Option("-k", "--k", help="draft tokens per request (verify layout)")] = _d("k"),
-        max_verify_tokens: Annotated[int, typer.Option(help="largest verify step, target tokens")] = _d("max_verify_tokens"),
-        max_requests: Annotated[int, typer.Option(help="largest draft batch, requests")] = _d("max_requests"),
-        repeats: Annotated[int, typer.Option(help="timed runs per point (median kept)")] = _d("repeats"),
-        temperature: Annotated[float, typer.Option(help="sampling work timed with each forward (0: argmax)")] =
-            _d("sampling.temperature"),
-        top_p: Annotated[float, typer.Option(help="top-p of that sampling work")] = _d("sampling.top_p"),
-        device: DeviceOption = _d("models.device"),
-        dtype: DtypeOption = _d("models.dtype"),  # profile what you record or serve with
-        engine: EngineOption = _d("engine"),
-        vllm_python: VllmPythonOption = _d("vllm_python"),
-        threads: Annotated[int, typer.Option(help="--engine vllm: CPU cores vLLM binds (0 = all)")] = _d("threads"),
-    ):
+    @config_options(
+        ProfileConfig, "models.target", "models.draft", "out", "context_len", "k", "max_verify_tokens",
+        "max_requests", "repeats", "sampling.temperature", "sampling.top_p", "models.device", "models.dtype",
+        "engine", "vllm_python", "threads",
+        help={"draft": "draft model ('none': verify costs only)", "top_p": "top-p of that sampling work",
+              "temperature": "sampling work timed with each forward (0: argmax)"})
+    def profile(config: ProfileConfig):
         """Profile verify cost by target tokens and draft cost by requests; save a monotone cost table."""
-        config = ProfileConfig(models=ModelsConfig(target=target, draft=draft, device=device, dtype=dtype), out=out,
-                               context_len=context_len, k=k, max_verify_tokens=max_verify_tokens,
-                               max_requests=max_requests, repeats=repeats,
-                               sampling=SamplingConfig(temperature=temperature, top_p=top_p),
-                               engine=engine, vllm_python=vllm_python, threads=threads)
         console = Console(stderr=True)
         with StagedOutputs() as outputs:
             outputs.file(config.out, "--out")  # an unwritable --out fails now, not after minutes of profiling

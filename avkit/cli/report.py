@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from avkit.cli.options import arg, config_options
 from avkit.config import DEFAULT_TRACE_GLOB, EstimatorConfig, FitConfig, ReportConfig, default_of
 from avkit.errors import ConfigError
 from avkit.staged import StagedOutputs
@@ -32,40 +34,31 @@ def split_inputs(inputs: list[Path] | None) -> tuple[Path | None, list[Path]]:
 
 def register(app: typer.Typer) -> None:
     @app.command("report")
-    def report(
-        inputs: Annotated[list[Path] | None, typer.Argument(
+    @config_options(
+        (ReportConfig, FitConfig, EstimatorConfig),
+        arg("inputs", Annotated[list[Path] | None, typer.Argument(
             metavar="FIT_DIR|TRACE", show_default=False,
             help=f"an `avkit fit` output directory, or trace files (directories, globs) to fit now (default: the shipped "
-                 f"{DEFAULT_TRACE_GLOB})")] = None,
-        out: Annotated[Path, typer.Option(help="report directory (replaced atomically)")] = Path(_d("out")),
-        sim: Annotated[Path | None, typer.Option(
-            help=f"`avkit simulate` results Parquet (default: {_d('sim')} when it exists)", show_default=False)] = None,
-        hvd: Annotated[Path | None, typer.Option(
+                 f"{DEFAULT_TRACE_GLOB})")], None),
+        "out",
+        arg("sim", Annotated[Path | None, typer.Option(
+            help=f"`avkit simulate` results Parquet (default: {_d('sim')} when it exists)", show_default=False)], None),
+        arg("hvd", Annotated[Path | None, typer.Option(
             help=f"`avkit hvd` hvd_metrics.json or its directory (default: {_d('hvd')} when it exists)",
-            show_default=False)] = None,
-        tune: Annotated[Path | None, typer.Option(
-            help=f"`avkit tune` result JSON (default: {_d('tune')} when it exists)", show_default=False)] = None,
-        simulate: Annotated[bool, typer.Option(
+            show_default=False)], None),
+        arg("tune", Annotated[Path | None, typer.Option(
+            help=f"`avkit tune` result JSON (default: {_d('tune')} when it exists)", show_default=False)], None),
+        arg("simulate", Annotated[bool, typer.Option(
             help="with no --sim and no default results file: simulate the traces now (`avkit simulate` "
-                 "defaults; seconds on the shipped traces)")] = True,
-        mode: Annotated[str, typer.Option(help="fit mode when fitting traces: online | batch")] =
-            default_of(FitConfig, "mode"),
-        feature: Annotated[str, typer.Option(help="deployed feature when fitting traces")] =
-            default_of(EstimatorConfig, "feature"),
-        bins: Annotated[int, typer.Option(help="reliability-diagram and ECE bins")] = _d("bins"),
-        embed: Annotated[bool, typer.Option(help="embed the PNGs in index.html")] = _d("embed"),
-        engine: Annotated[str, typer.Option(help="memory: the traces in RAM; streaming: out of core, memory "
-                                            "bounded by --memory-budget (a batch fit; no simulation unless --sim)")] =
-            _d("engine"),
-        memory_budget: Annotated[int, typer.Option(help="--engine streaming: MB of memory to stay under")] =
-            _d("memory_budget"),
-        scratch: Annotated[Path | None, typer.Option(help="--engine streaming: directory for the spilled observed "
-                                                     "slots (default: the system temp)", show_default=False)] = None,
-    ):
+                 "defaults; seconds on the shipped traces)")], True),
+        "mode", "feature", "bins", "embed", "engine", "memory_budget", "scratch",
+        help={"mode": "fit mode when fitting traces: online | batch", "feature": "deployed feature when fitting traces",
+              "memory_budget": "--engine streaming: MB of memory to stay under",
+              "scratch": "--engine streaming: directory for the spilled observed slots (default: the system temp)"})
+    def report(config: ReportConfig, fit: FitConfig, estimator: EstimatorConfig, inputs, sim, hvd, tune, simulate):
         """Write index.html (self-contained), report.md and the PNGs: summary, feature table, reliability
         diagrams, online fitting, simulation, tuning and hybrid drafting. Missing inputs omit their section."""
-        config = ReportConfig(out=str(out), bins=bins, embed=embed, engine=engine,
-                              memory_budget=memory_budget, scratch=None if scratch is None else str(scratch))
+        out = Path(config.out)
         from avkit.report import report_fit_dir, report_traces  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.report.sections import SECTIONS  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.trace.reader import common_k  # lazy: start-up (the library loads when the command runs: -h stays fast)
@@ -92,8 +85,8 @@ def register(app: typer.Typer) -> None:
             if fit_dir is not None:
                 path = report_fit_dir(fit_dir, out, config, **kw)
             else:
-                path = report_traces(traces, out, config, fit=FitConfig(mode=mode, bins=bins),
-                                     estimator=EstimatorConfig(feature=feature), **kw)
+                path = report_traces(traces, out, config, fit=replace(fit, bins=config.bins), estimator=estimator,
+                                     **kw)
             bar.update(task, completed=len(stages))
         for w in warnings:
             console.print(f"[bold yellow]warning:[/] {w}", highlight=False)

@@ -17,6 +17,10 @@ DEFAULT_RECORD_DATASETS = ("humaneval", "mtbench")
 SERVE_STATE_DIR = "~/.cache/avkit/serve"  # default home of the coefficient snapshot
 
 
+ENGINE_HELP = "native (avkit's runtime) | vllm (vLLM's offline engine in its own venv, docs/vllm.md)"
+VLLM_PYTHON_HELP = "--engine vllm: that venv's python (default $AVKIT_VLLM_PYTHON, else .venv-vllm/bin/python)"
+
+
 @dataclass(frozen=True)
 class EngineConfig(Checked):
     """The speculative decoding engine: K drafts per request and step, batch and context limits.
@@ -25,13 +29,15 @@ class EngineConfig(Checked):
     SamplingConfig has no seed of its own.
     """
 
-    k: int = checked(DEFAULT_K, 0, MAX_K)  # draft tokens proposed per request and step
-    concurrency: int = checked(8, 1)  # requests decoding at once (KV-cache slots)
-    max_len: int = 2048  # tokens per sequence: prompt + output (+ K draft slots in flight)
-    seed: int = 0
-    # hot-path kernels (avkit/kernels/dispatch.py): auto = Triton on CUDA, the torch references on CPU;
-    # triton on a CPU runs Triton's interpreter (TRITON_INTERPRET=1 set before triton is imported)
-    kernels: str = checked("auto", choices=KERNEL_BACKENDS)
+    k: int = checked(DEFAULT_K, 0, MAX_K, help="draft tokens per step", flags=("-k", "--k"))
+    concurrency: int = checked(8, 1, help="requests decoding at once")  # KV-cache slots
+    # tokens per sequence: prompt + output (+ K draft slots in flight)
+    max_len: int = checked(2048, help="context limit in tokens")
+    seed: int = checked(0, help="engine seed")
+    # hot-path kernels (avkit/kernels/dispatch.py); triton on a CPU: set before triton is imported
+    kernels: str = checked("auto", choices=KERNEL_BACKENDS, help=(
+        "hot-path kernels: auto (Triton on CUDA, torch elsewhere) | torch | triton (on a CPU: Triton's interpreter, "
+        "TRITON_INTERPRET=1)"))
 
     def __post_init__(self):
         super().__post_init__()
@@ -42,13 +48,16 @@ class EngineConfig(Checked):
 class ModelsConfig(Checked):
     """The target/draft pair, the drafter in front of the draft model, and where they run."""
 
-    target: str = DEFAULT_TARGET  # alias, HF directory or GGUF file
-    draft: str = DEFAULT_DRAFT  # "" or "none": target-only decoding
+    target: str = checked(DEFAULT_TARGET, help="target model: alias, HF directory or GGUF file")
+    draft: str = checked(DEFAULT_DRAFT, help="draft model ('none' = target-only decoding)")  # or ""
     # model: the draft model; hybrid: suffix cache or draft model per step (HVD)
-    drafter: str = checked("model", choices=DRAFTERS)
-    payoff: str = ""  # hybrid, from `avkit hvd`: payoff_mlp.pt (tau) or payoff_survival.pt (joint budget)
-    device: str = "auto"  # auto (a GPU if torch sees one) | cpu | cuda[:N]
-    dtype: str = "auto"  # auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 (~3x on AVX512-BF16)
+    drafter: str = checked("model", choices=DRAFTERS, help="model | hybrid (suffix cache or draft model per step)")
+    payoff: str = checked("", help=(  # hybrid, from `avkit hvd`
+        "hybrid: payoff_mlp.pt (threshold) or payoff_survival.pt (cache and model drafts share one verification "
+        "budget) from `avkit hvd` (default: ArcticInference's rule)"))
+    device: str = checked("auto", help="auto (a GPU if torch sees one) | cpu | cuda[:N]")
+    dtype: str = checked("auto", help="model dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16 "
+                                      "(~3x float32 on AVX512-BF16 CPUs)")
 
     def __post_init__(self):
         super().__post_init__()
@@ -64,9 +73,9 @@ class SamplingConfig(Checked):
     """How one request samples (its own settings; the engine applies them per row): temperature 0 means
     greedy; top_k 0 and min_p 0 are off."""
 
-    temperature: float = checked(1.0, 0.0)
-    top_p: float = checked(0.95, 0.0, 1.0, lo_open=True)
-    max_new_tokens: int = checked(256, 1)
+    temperature: float = checked(1.0, 0.0, help="sampling temperature (0 = greedy)")
+    top_p: float = checked(0.95, 0.0, 1.0, lo_open=True, help="top-p of target and draft sampling")
+    max_new_tokens: int = checked(256, 1, help="tokens generated per request at most")
     seed: int | None = None
     top_k: int = checked(0, 0)  # keep the k most probable tokens (ties at the k-th kept)
     min_p: float = checked(0.0, 0.0, 1.0)  # keep tokens with probability >= min_p * the most probable one's
@@ -76,10 +85,10 @@ class SamplingConfig(Checked):
 class EstimatorConfig(Checked):
     """Online acceptance estimator (docs/estimator.md): p_i = sigmoid(slope * f + intercept_i)."""
 
-    feature: str = "logit_qmax"
+    feature: str = checked("logit_qmax", help="lossless feature written to coefficients.json")
     init_slope: float = 0.5
     init_intercept: float = -0.2
-    refit_interval: int = checked(100, 1)  # engine steps per refit round
+    refit_interval: int = checked(100, 1, help="engine steps per online refit round")
     ridge: float = checked(1e-3, 0.0)
     damping: float = checked(50.0, 0.0)  # update scaled by n / (n + damping)
 
@@ -101,12 +110,17 @@ class ForgettingConfig(Checked):
 class AdaptiveConfig(Checked):
     """Budgeted verification (docs/budget.md): where the confidences and the step costs come from."""
 
-    estimator: str = "online_logistic"  # a name in ESTIMATORS, or "none" (verify everything)
-    coefficients: str = ""  # coefficients.json warm start for the estimator ("" = its defaults)
+    # a name in ESTIMATORS, or "none" (verify everything)
+    estimator: str = checked("online_logistic", help="adaptive policy's estimator (registry name)")
+    # "" = the estimator's defaults
+    coefficients: str = checked("", help="deployed coefficients.json (warm start; wins over an existing snapshot)")
     # the suffix cache's rows (hybrid drafter): their own estimator, warm-started from a file fitted on
-    # cache rows (`avkit fit --drafter suffix`; "" = the reference constants, refit from cache rows)
-    cache_coefficients: str = ""
-    cost: str = ""  # cost table JSON or roofline:GPU:MODEL ("" = DEFAULT_COST_PATH, else CPU roofline)
+    # cache rows ("" = the reference constants, refit from cache rows)
+    cache_coefficients: str = checked("", help=(
+        "hybrid drafter: coefficients.json for the suffix cache's rows, fitted on them (`avkit fit --drafter "
+        "suffix`); default: their own estimator from the reference constants"))
+    # "" = DEFAULT_COST_PATH, else the CPU roofline
+    cost: str = checked("", help="cost table JSON from `avkit profile`, or roofline:GPU:MODEL")
     history: int = checked(1000, 1)  # refits kept in the coefficient trajectory
     draft_gate: bool = True  # may skip drafting for a step when no draft depth pays at its load (gate.py)
     gate_window: int = checked(64, 1)  # recent drafted request-steps the gate replays its step on
@@ -130,27 +144,33 @@ class RecordConfig(Checked):
     # kernels; the context limit is sized by `decoding_for_run` from the prompt and generation caps
     decoding: EngineConfig = field(default_factory=EngineConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)  # temperature, top_p, max_new_tokens
-    dataset: tuple[str, ...] = DEFAULT_RECORD_DATASETS  # workload names or .jsonl files (a repeated option)
-    num_prompts: int = checked(4, 1)  # prompts per dataset (first turns)
-    max_prompt_tokens: int = checked(768, 1)  # longer prompts are skipped (prefill dominates CPU time)
-    out: str = "traces/record.parquet"
-    resume: bool = False  # continue an existing file: finished requests are skipped
-    overwrite: bool = False  # replace an existing file (only when the new run finishes; see avkit/record)
-    # stop admitting a dataset's prompts after this many labelled slots (0 = off)
-    slots_per_dataset: int = checked(0, 0)
+    # workload names or .jsonl files; its help names the workloads (avkit/cli/record.py)
+    dataset: tuple[str, ...] = checked(DEFAULT_RECORD_DATASETS, repeat=True)
+    num_prompts: int = checked(4, 1, help="prompts per dataset")  # first turns
+    # longer prompts are skipped (prefill dominates CPU time)
+    max_prompt_tokens: int = checked(768, 1, help="skip prompts longer than this")
+    out: str = checked("traces/record.parquet", help="trace file (.parquet); generations go beside it")
+    resume: bool = checked(False, help="continue OUT: skip finished requests (refused when OUT was recorded with "
+                                       "another K, temperature, top-p, drafter or model)")
+    overwrite: bool = checked(False, help="replace an existing OUT; the old files stay until the new run finishes")
+    slots_per_dataset: int = checked(0, 0, help="stop admitting a dataset after this many labelled slots (0 = off)")
     row_group_rows: int = checked(65536, 1)
     # also flush (and make the partial file readable) this often
-    flush_interval: float = checked(60.0, 0.0, lo_open=True)
-    # torch intra-op threads (0 = torch's default); 1 is fastest on an oversubscribed CPU
-    threads: int = checked(0, 0)
-    # native (avkit's runtime) | vllm (vLLM's offline engine, docs/vllm.md)
-    engine: str = checked("native", choices=RUN_ENGINES)
-    vllm_python: str = ""  # vllm: the venv's python ("" = $AVKIT_VLLM_PYTHON, else .venv-vllm/bin/python)
-    # vllm, T > 0: draw drafts from q (probabilistic) or take argmax
-    vllm_draft_sampling: str = checked("probabilistic", choices=("probabilistic", "greedy"))
-    policy: str = "full"  # the verify policy recorded, a spec (avkit/scheduling/spec.py): full, fixed:K, adaptive:E, ...
-    cost: str = ""  # adaptive policies' cost table ("" = AdaptiveConfig's default)
-    coefficients: str = ""  # adaptive policies' estimator warm start (coefficients.json; "" = reference constants)
+    flush_interval: float = checked(60.0, 0.0, lo_open=True, help="seconds between flushes to disk")
+    # torch intra-op threads; 1 is fastest on an oversubscribed CPU
+    threads: int = checked(0, 0, help="torch threads (0 = default; 1 on a busy CPU)")
+    engine: str = checked("native", choices=RUN_ENGINES, help=ENGINE_HELP)
+    vllm_python: str = checked("", help=VLLM_PYTHON_HELP)
+    vllm_draft_sampling: str = checked("probabilistic", choices=("probabilistic", "greedy"), help=(
+        "--engine vllm, T > 0: probabilistic (draw drafts from q) | greedy (argmax drafts)"))
+    # a spec (avkit/scheduling/spec.py)
+    policy: str = checked("full", help="verify policy: full, fixed:K, adaptive[-stop][-nogate]:ESTIMATOR, "
+                                       "schedule:FILE (avkit tune --out); trimmed slots are recorded unverified "
+                                       "(censored)")
+    cost: str = checked("", help="adaptive policies: cost table JSON (avkit profile) or roofline:GPU:TARGET "
+                                 "(default: the profiled table, else the CPU roofline)")
+    coefficients: str = checked("", help="adaptive policies: coefficients.json warm start of the estimator "
+                                         "(default: vLLM's reference constants)")
 
     def __post_init__(self):
         if not self.dataset:
@@ -182,16 +202,22 @@ class HttpConfig(Checked):
     more wait; beyond that a request gets 429 + Retry-After.
     """
 
-    host: str = "127.0.0.1"
-    port: int = checked(8000, 0, 65535)
-    api_key: str = ""  # require `Authorization: Bearer KEY` on every endpoint but /health
-    served_model_name: str = ""  # name in /v1/models and responses ("" = the target id)
-    queue_size: int = checked(64, 0)  # requests waiting beyond the engine's batch before 429
+    host: str = checked("127.0.0.1", help="bind address (loopback by default)")
+    port: int = checked(8000, 0, 65535, help="TCP port")
+    # on every endpoint but /health
+    api_key: str = checked("", help="require `Authorization: Bearer KEY`; prefer the AVKIT_API_KEY environment "
+                                    "variable: a key on the command line is visible to every user in `ps`",
+                           envvar="AVKIT_API_KEY", show_default=False)
+    # name in /v1/models and responses ("" = the target id)
+    served_model_name: str = checked("", help="model name clients use (default: the target id)")
+    queue_size: int = checked(64, 0, help="requests waiting beyond those before 429")
     retry_after_s: int = checked(1, 0)  # Retry-After header on 429
-    max_body_bytes: int = checked(8 * 2**20, 1)  # larger request bodies get 413 (read before any parsing)
-    log_requests: bool = False  # one access-log line per request (method, path, status, tokens, seconds)
+    # read before any parsing
+    max_body_bytes: int = checked(8 * 2**20, 1, help="largest request body in bytes (413 beyond)")
+    log_requests: bool = checked(False, help="one access-log line per request: method, path, status, tokens, "
+                                             "seconds")
     # SIGTERM: finish in-flight requests for this long, then cancel (exit within ~5 s)
-    grace_period: float = checked(3.0, 0.0)
+    grace_period: float = checked(3.0, 0.0, help="seconds to finish in-flight requests on SIGTERM")
 
 
 @dataclass(frozen=True)
@@ -206,14 +232,19 @@ class ServeConfig(Checked):
     # or the shipped default, serve/startup.py), cost ("" = the policy's default), draft_gate
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
-    policy: str = "adaptive-stop"  # a name in POLICIES (avkit/scheduling/spec.py): its entry alone sets behaviour
-    schedule: str = ""  # policy "schedule": K by batch size, from `avkit tune` JSON or its vLLM fragment
-    snapshot: str = ""  # where live coefficients are snapshotted ("" = SERVE_STATE_DIR/coefficients.json)
-    snapshot_every: int = checked(10, 1)  # snapshot every M refits (and on shutdown)
-    resume: bool = True  # warm-start from the snapshot when it exists
-    record: str = ""  # stream per-draft trace rows to this Parquet file while serving
+    # a name in POLICIES (avkit/scheduling/spec.py): its entry alone sets behaviour
+    policy: str = checked("adaptive-stop", help=(
+        "verify policy in simulate's --policy syntax: adaptive-stop[-nogate][:ESTIMATOR] (also stops drafting "
+        "early; -nogate: never skips drafting a step) | adaptive[-nogate][:ESTIMATOR] | full | nospec | fixed[:K] "
+        "(bare: -k) | schedule[:FILE] (K by batch size; bare: --schedule)"))
+    schedule: str = checked("", help="--policy schedule: `avkit tune` results JSON or its --format vllm fragment")
+    # "" = SERVE_STATE_DIR/coefficients.json
+    snapshot: str = checked("", help="live coefficient snapshot (default ~/.cache/avkit/serve/coefficients.json)")
+    snapshot_every: int = checked(10, 1, help="snapshot every M refits")  # and on shutdown
+    resume: bool = checked(True, help="warm-start from the snapshot when it exists (and no --coefficients)")
+    record: str = checked("", help="stream per-draft trace rows to this Parquet file")
     record_flush_s: float = checked(30.0, 0.0)  # --record: write buffered trace rows to disk this often
-    max_new_tokens: int = checked(1024, 1)  # largest max_tokens a request may ask for
+    max_new_tokens: int = checked(1024, 1, help="largest max_tokens a request may ask (new tokens per request)")
     default_max_tokens: int = 256  # chat default when the request sets none
 
     def __post_init__(self):

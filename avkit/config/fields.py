@@ -1,8 +1,8 @@
 """What every config shares: the project-wide defaults, the shipped files, `default_of` and the field checks.
 
-A field's bound is declared with the field (`checked(8, 1)`: >= 1; `checked("auto", choices=...)`) and
-`Checked.__post_init__` checks them all, in declaration order, naming each field as its option; rules
-between fields stay in the subclass.
+A field's bound and its option's help are declared with the field (`checked(8, 1, help=...)`: >= 1;
+`checked("auto", choices=...)`) and `Checked.__post_init__` checks them all, in declaration order, naming each
+field as its option; rules between fields stay in the subclass.
 """
 
 from __future__ import annotations
@@ -35,9 +35,13 @@ def shipped_file(name: str) -> Path | None:
     return next((root / name for root in shipped_roots() if (root / name).is_file()), None)
 
 
-def checked(default, lo=None, hi=None, *, choices=None, lo_open: bool = False, hi_open: bool = False):
-    """A field with its bound: lo <= value <= hi (open ends where asked), or a value among `choices`."""
-    return field(default=default, metadata={"check": (lo, hi, choices, lo_open, hi_open)})
+def checked(default, lo=None, hi=None, *, choices=None, lo_open: bool = False, hi_open: bool = False,
+            help: str = "", **cli):
+    """A field with its bound (lo <= value <= hi, open ends where asked, or a value among `choices`; none: not
+    checked) and its option: `help`, and in `cli` the typer.Option settings (`flags`, `metavar`, ...) and
+    `repeat` (a tuple given as a repeated option, not a comma-separated list; avkit/cli/options.py)."""
+    check = None if lo is None and hi is None and choices is None else (lo, hi, choices, lo_open, hi_open)
+    return field(default=default, metadata={"check": check, "help": help, "cli": cli})
 
 
 @dataclass(frozen=True)

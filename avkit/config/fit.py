@@ -19,8 +19,11 @@ ONLINE_ESTIMATORS = ("online_logistic", "forgetting_logistic")  # what `avkit fi
 class OutOfCoreConfig(Checked):
     """What `--engine streaming` (and ray) passes share, in `avkit fit` and `avkit report`."""
 
-    memory_budget: int = checked(1536, 256)  # MB of memory a fit process aims to stay under
-    scratch: str | None = None  # directory for the spilled observed slots (None: system temp)
+    # MB of memory a fit process aims to stay under
+    memory_budget: int = checked(1536, 256, help="--engine streaming/ray: MB of memory to stay under")
+    # None: the system temp
+    scratch: str | None = checked(None, help="--engine streaming/ray: directory for the spilled observed slots "
+                                             "(default: system temp)", metavar="PATH", show_default=False)
 
 
 @dataclass(frozen=True)
@@ -30,31 +33,40 @@ class FitConfig(OutOfCoreConfig):
     is an EstimatorConfig. Which options go together is checked here, once (`__post_init__`); the
     one rule that involves the EstimatorConfig (`--features` holds `--feature`) is fit/run.py's."""
 
-    # online: refit rounds as live (scores use predictions made when drafting);
-    # batch: the same Newton step iterated to convergence on all observed rows
-    mode: str = checked("online", choices=FIT_MODES)
-    # online mode: the estimator replayed and written
-    estimator: str = checked("online_logistic", choices=ONLINE_ESTIMATORS)
-    bins: int = checked(10, 1)  # ECE bins
+    mode: str = checked("online", choices=FIT_MODES, help=(
+        "online: replay refit rounds as live (out-of-sample scores); batch: Newton to convergence (in-sample)"))
+    estimator: str = checked("online_logistic", choices=ONLINE_ESTIMATORS, help=(
+        "online estimator replayed and written to coefficients.json: online_logistic (vLLM's) or "
+        "forgetting_logistic"))
+    bins: int = checked(10, 1, help="ECE bins")
     max_iter: int = checked(50, 1)  # batch Newton iterations
     tol: float = checked(1e-10, 0.0, lo_open=True)  # batch convergence: max |step| of any coefficient
     workers: int = checked(2, 1)  # threads fitting and scoring features (memory) or shards (streaming) in parallel
-    coefficients: str = ""  # online mode: warm-start the written estimator from this file ("" = start constants)
-    out: str = "reports/fit"
-    # memory: every observed slot in RAM; streaming: out of core, passes over shards in bounded chunks
-    # (fit/passes.py); ray: the same passes as tasks on a Ray cluster
-    engine: str = checked("memory", choices=FIT_ENGINES)
+    # "" = the start constants
+    coefficients: str = checked("", help="online: warm-start the written estimator from this coefficients file or "
+                                         "serve snapshot (validated)")
+    out: str = checked("reports/fit", help="output directory", metavar="PATH")
+    # streaming: passes over shards in bounded chunks (fit/passes.py)
+    engine: str = checked("memory", choices=FIT_ENGINES, help=(
+        "memory: all observed slots in RAM; streaming: out of core in bounded chunks (--mode batch); ray: the same "
+        "passes as Ray tasks (pip install 'avkit\\[distributed]')"))
     # streaming/ray: rank-histogram bins per group (AUC error bound, metrics/binned.py)
     auc_bins: int = checked(1 << 16, 16, 1 << 24)
-    address: str | None = None  # ray: cluster address (None starts a local cluster)
-    # the trace rows fitted: model (the draft model's) or suffix (the hybrid drafter's cache rows, for
-    # `serve --cache-coefficients`); the memory engine fits either, streaming/ray the model's
-    drafter: str = checked("model", choices=FIT_DRAFTERS)
-    # online: chain = the files are one server's successive runs (the estimator carries over); independent =
-    # each file is a replica with its own live estimator (fit/replay.py `online_replicas`)
-    replicas: str = checked("chain", choices=FIT_REPLICAS)
-    features: tuple[str, ...] = ()  # fit and score only these features (avkit.features.FEATURES; the written
-    # EstimatorConfig.feature among them); () = every feature in the traces plus the per-position-slope ablation
+    address: str | None = checked(None, help="--engine ray: cluster address (default: start a local cluster)",
+                                  show_default=False)
+    # the memory engine fits either, streaming/ray the model's
+    drafter: str = checked("model", choices=FIT_DRAFTERS, help=(
+        "the rows fitted: model (the draft model's) or suffix (a hybrid drafter's cache rows: their own "
+        "coefficients, for `serve --cache-coefficients`)"))
+    # online_replicas in fit/replay.py
+    replicas: str = checked("chain", choices=FIT_REPLICAS, help=(
+        "--mode online: chain = the files are one server's successive runs (one estimator carried through them); "
+        "independent = each file is a replica with its own estimator, replayed in parallel (--engine ray: one Ray "
+        "task per replica)"))
+    # avkit.features.FEATURES; () = every feature in the traces plus the per-position-slope ablation
+    features: tuple[str, ...] = checked((), help=(
+        "fit and score only these features, comma-separated (e.g. logit_qmax: what a fleet deploys), --feature "
+        "among them; default: every feature in the traces and the per-position-slope ablation of --feature"))
 
     def __post_init__(self):
         super().__post_init__()
@@ -94,16 +106,19 @@ class ReportConfig(OutOfCoreConfig):
     `scratch` are those of `--engine streaming`.
     """
 
-    out: str = "reports/report"
+    out: str = checked("reports/report", help="report directory (replaced atomically)", metavar="PATH")
     sim: str = "reports/simulate.parquet"  # `avkit simulate` results (one row per concurrency x policy)
     hvd: str = "reports/hvd/hvd_metrics.json"  # `avkit hvd` results
     tune: str = "reports/tune.json"  # `avkit tune` results (its section is left out when absent)
-    # reliability-diagram bins (equal-width in predicted probability, as the fit's ECE)
-    bins: int = checked(10, 2, 100)
+    # equal-width in predicted probability, as the fit's ECE
+    bins: int = checked(10, 2, 100, help="reliability-diagram and ECE bins")
     dpi: int = checked(120, 50, 600)
-    embed: bool = True  # index.html carries the PNGs as data URIs (portable); they are written beside too
-    # memory: the traces in RAM; streaming: summed out of core (report/traces.py)
-    engine: str = checked("memory", choices=("memory", "streaming"))
+    # the PNGs are written beside too
+    embed: bool = checked(True, help="embed the PNGs in index.html")
+    # report/traces.py
+    engine: str = checked("memory", choices=("memory", "streaming"), help=(
+        "memory: the traces in RAM; streaming: out of core, memory bounded by --memory-budget (a batch fit; no "
+        "simulation unless --sim)"))
 
     def streaming(self):
         """The out-of-core FitConfig of `--engine streaming` (None: in memory)."""
