@@ -16,7 +16,7 @@ from avkit.errors import ConfigError
 from avkit.staged import check_writable
 from avkit.trace.reader import trace_metadata
 from avkit.trace.schema import generations_path
-from avkit.trace.writer import partial_path, resume_source, row_groups
+from avkit.trace.writer import GenerationWriter, TraceWriter, partial_path, resume_source, row_groups
 
 # Metadata that must match for a resume: (key, what it is called on the command line, compare as float)
 RESUME_KEYS = (("avkit.k", "-k", False), ("avkit.temperature", "--temperature", True),
@@ -80,6 +80,19 @@ def check_resume(files: RecordFiles, meta: dict[str, str]) -> None:
                               f"{now!r} ({option}); record into another --out or match the settings")
 
 
+def open_tables(files: RecordFiles, meta: dict[str, str], resume: bool, *, trace_rows: int | None = None,
+                generation_rows: int | None = None) -> tuple[TraceWriter, GenerationWriter, dict[str, list[int]]]:
+    """Both tables' writers, resumed from the sources (both read before anything is written: a failed resume
+    leaves both tables as they were; the trace keeps the requests that have a generation row), and those
+    finished requests (`finished_requests`). `*_rows`: the writers' row groups."""
+    gens = GenerationWriter(files.generations, meta, row_group_rows=generation_rows, resume=resume,
+                            source=files.generations_source)
+    done = finished_requests(gens.table())  # none without a resume
+    trace = TraceWriter(files.trace, meta, row_group_rows=trace_rows, resume=resume, keep_requests=set(done),
+                        source=files.trace_source)
+    return trace, gens, done
+
+
 def finished_requests(generations) -> dict[str, list[int]]:
     """A generations table's finished requests, which `--resume` does not ask again: request id -> output ids."""
     return dict(zip(generations["request_id"].to_pylist(), generations["output_ids"].to_pylist()))
@@ -92,4 +105,4 @@ def _same_float(a: str, b: str) -> bool:
         return a == b
 
 
-__all__ = ["RecordFiles", "check_resume", "finished_requests", "preflight"]
+__all__ = ["RecordFiles", "check_resume", "finished_requests", "open_tables", "preflight"]

@@ -13,17 +13,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow.compute as pc
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from avkit.config import RecordConfig
-from avkit.record.files import check_resume, finished_requests, preflight
+from avkit.record.files import check_resume, open_tables, preflight
 from avkit.record.requests import PromptQueue, Turn
 from avkit.record.stats import AcceptanceStats
 from avkit.scheduling.spec import parse_spec
 from avkit.trace.schema import run_metadata
-from avkit.trace.writer import GenerationWriter, TraceWriter
+from avkit.trace.writer import TraceWriter
 
 _NEVER = 1 << 40  # row_group_rows for writers the recorder flushes itself
 
@@ -158,25 +157,19 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
     started = False  # both partials written: from here on an error keeps what was recorded in them
     with _interruptible():
         try:
-            # Read both sources before writing anything: a failed resume leaves both tables as they were.
-            gens = GenerationWriter(gen_path, meta, row_group_rows=_NEVER, resume=config.resume,
-                                    source=files.generations_source)
-            done = finished_requests(gens.table())  # none without --resume
-            trace = TraceWriter(out, meta, row_group_rows=config.row_group_rows, resume=config.resume,
-                                keep_requests=set(done), source=files.trace_source)
+            trace, gens, done = open_tables(files, meta, config.resume, trace_rows=config.row_group_rows,
+                                            generation_rows=_NEVER)
             gens.flush()  # generations partial first: a trace partial never exists without its generations
             trace.flush()
             started = True
             stats = AcceptanceStats(max(config.decoding.k, 1))
             stats.update_from_table(trace.table())  # the resumed rows (none without --resume)
             resumed_rows = trace.rows_written
-            # engine_step is a global index over the file: a resumed run continues after the last one
-            step_offset = int(pc.max(trace.table()["engine_step"]).as_py()) + 1 if resumed_rows else 0
             sink = RecordingSink(trace, run_id, stats)
             queue = PromptQueue(config, target.tokenizer, done)
             t0 = time.monotonic()
             engine = _native_engine(config, target, draft, sink, policy)
-            engine.engine_step = step_offset
+            engine.engine_step = trace.next_engine_step()
             finished, interrupted = _run(config, engine, sink, queue, gens, run_id, stats, progress, console)
             commit = not interrupted or files.commit_on_interrupt()
             for writer in (trace, gens):  # trace first (avkit/record/files.py)

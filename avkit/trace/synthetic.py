@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute
 import pyarrow.parquet as pq
 
 from avkit import __version__
@@ -34,8 +33,9 @@ def _dict_column(codes: np.ndarray, names: list[str]) -> pa.DictionaryArray:
     return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32)), pa.array(names, pa.string()))
 
 
-def synthetic_trace(cfg: SyntheticConfig | None = None) -> pa.Table:
-    """A trace table (schema v1, with metadata) drawn from the known truth in `cfg`."""
+def synthetic_trace(cfg: SyntheticConfig | None = None, steps_before: int = 0) -> pa.Table:
+    """A trace table (schema v1, with metadata) drawn from the known truth in `cfg`, its engine steps (and
+    request ids) after `steps_before` earlier ones (a multiple of `steps_per_request`: whole requests)."""
     cfg = cfg or SyntheticConfig()
     rng = np.random.default_rng(cfg.seed)
     # who drafts when: [M] arrays over (request, step) pairs, M = ceil(num_slots / K)
@@ -43,6 +43,7 @@ def synthetic_trace(cfg: SyntheticConfig | None = None) -> pa.Table:
     engine_step = np.arange(m) // cfg.batch_size
     request = (engine_step // cfg.steps_per_request) * cfg.batch_size + np.arange(m) % cfg.batch_size  # [M]
     num_requests = int(request.max()) + 1
+    requests_before = steps_before // cfg.steps_per_request * cfg.batch_size
     dataset_of_request = rng.choice(len(cfg.datasets), size=num_requests, p=np.asarray(cfg.mix) / sum(cfg.mix))
     trimmed = rng.uniform(size=m) < cfg.trim_prob
     lay = {"engine_step": engine_step, "request": request, "step": engine_step % cfg.steps_per_request,
@@ -71,7 +72,7 @@ def synthetic_trace(cfg: SyntheticConfig | None = None) -> pa.Table:
     cols = {
         "run_id": _dict_column(np.zeros(m * k), ["synthetic"]),
         "dataset": _dict_column(rep(lay["dataset"]), list(cfg.datasets)),
-        "request_id": _dict_column(rep(lay["request"]), [f"req-{i}" for i in range(num_requests)]),
+        "request_id": _dict_column(rep(lay["request"]), [f"req-{requests_before + i}" for i in range(num_requests)]),
         "drafter": _dict_column(np.zeros(m * k), ["model"]),
         "step": pa.array(rep(lay["step"]).astype(np.int32)),
         "position": pa.array(np.tile(np.arange(k, dtype=np.int16), m)),
@@ -88,7 +89,7 @@ def synthetic_trace(cfg: SyntheticConfig | None = None) -> pa.Table:
         "step_time_ms": pa.array(rep(step_ms)),
         "temperature": pa.array(np.ones(m * k, dtype=np.float32)),
         "top_p": pa.array(np.full(m * k, 0.95, dtype=np.float32)),
-        "engine_step": pa.array(rep(lay["engine_step"]).astype(np.int64)),
+        "engine_step": pa.array(rep(lay["engine_step"]).astype(np.int64) + steps_before),
         "accept_prob": pa.array(flat(p_true), mask=~flat(verified, bool)),
         "confidence": pa.nulls(m * k, pa.float32()),
         "head_conf": pa.array(flat(head)),
@@ -109,23 +110,6 @@ def _metadata(cfg: SyntheticConfig) -> dict[str, str]:
             "avkit.policy": "synthetic-trim", "avkit.synthetic": json.dumps(truth)}
 
 
-def _chunk(cfg: SyntheticConfig, index: int, slots: int, pairs_before: int) -> pa.Table:
-    """Chunk `index` of a streamed trace: its own seed, engine steps and request ids offset so the
-    file reads as one run in engine-step order (chunks hold whole requests)."""
-    seed = cfg.seed if index == 0 else int(np.random.SeedSequence([cfg.seed, index]).generate_state(1)[0])
-    table = synthetic_trace(replace(cfg, num_slots=slots, seed=seed))
-    steps_before = pairs_before // cfg.batch_size
-    requests_before = (steps_before // cfg.steps_per_request) * cfg.batch_size
-    req = table.column("request_id").combine_chunks()
-    names = pa.array([f"req-{i + requests_before}" for i in range(len(req.dictionary))], pa.string())
-    cols = {"engine_step": pa.compute.add(table.column("engine_step"), steps_before),
-            "request_id": pa.DictionaryArray.from_arrays(req.indices, names)}
-    for name, col in cols.items():
-        i = table.schema.get_field_index(name)
-        table = table.set_column(i, table.schema.field(i), col)
-    return table
-
-
 def write_synthetic_trace(path, cfg: SyntheticConfig | None = None, row_group_rows: int = 1 << 20,
                           chunk_slots: int = 1 << 22) -> Path:
     """Draw a synthetic trace and write it as zstd Parquet (temp file, then rename), chunk by chunk (memory stays
@@ -137,8 +121,9 @@ def write_synthetic_trace(path, cfg: SyntheticConfig | None = None, row_group_ro
     with staged_file(path, "path") as tmp, \
             pq.ParquetWriter(tmp, S.TRACE_SCHEMA.with_metadata(_metadata(cfg)), compression="zstd") as w:
         for index, start in enumerate(range(0, cfg.num_slots, step)):
-            slots = min(step, cfg.num_slots - start)
-            w.write_table(_chunk(cfg, index, slots, start // cfg.k), row_group_size=row_group_rows)
+            seed = cfg.seed if index == 0 else int(np.random.SeedSequence([cfg.seed, index]).generate_state(1)[0])
+            chunk = replace(cfg, num_slots=min(step, cfg.num_slots - start), seed=seed)
+            w.write_table(synthetic_trace(chunk, start // cfg.k // cfg.batch_size), row_group_size=row_group_rows)
     return path
 
 

@@ -110,6 +110,10 @@ class _ParquetStream:
             return self.schema.remove_metadata().empty_table()
         return pa.concat_tables(self._groups).unify_dictionaries()
 
+    def next_engine_step(self) -> int:
+        """The engine step after the last one written (0 when none): a resumed run continues the file's index."""
+        return int(pa.compute.max(self.table()["engine_step"]).as_py()) + 1 if self.rows_written else 0
+
     def write(self, columns: dict) -> None:
         unknown = set(columns) - {c.name for c in self.columns}
         if unknown:

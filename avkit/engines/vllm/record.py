@@ -27,12 +27,12 @@ from avkit.engines.vllm.driver import (check_vllm_version, child_env, engine_spe
 from avkit.errors import AvkitError, ConfigError
 from avkit.models.registry import weights_sha256
 from avkit.models.tokenizer import Tokenizer
-from avkit.record.files import RecordFiles, check_resume, finished_requests
+from avkit.record.files import RecordFiles, check_resume, finished_requests, open_tables
 from avkit.record.requests import PromptQueue
 from avkit.record.stats import AcceptanceStats
 from avkit.staged import StagedOutputs
 from avkit.trace.schema import generations_path
-from avkit.trace.writer import GenerationWriter, TraceWriter, partial_path
+from avkit.trace.writer import partial_path
 
 
 @dataclass(frozen=True)
@@ -121,7 +121,7 @@ def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress:
         interrupted = True
     committed = code == 0 or (interrupted and files.commit_on_interrupt())
     if not committed and config.resume:
-        _append(files, tables, set(done), commit=False)  # the partials hold the kept rows and this run's
+        _append(files, tables, commit=False)  # the partials hold the kept rows and this run's
     elif not committed:
         _commit([(src, partial_path(dest)) for src, dest in tables])
         if not interrupted:
@@ -132,7 +132,7 @@ def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress:
         shutil.rmtree(work, ignore_errors=True)
         raise AvkitError("vLLM verified no draft (no trace was written): more prompts or --max-new-tokens")
     elif config.resume:
-        _append(files, tables, set(done), commit=True)
+        _append(files, tables, commit=True)
     else:
         _commit(tables)
     shutil.rmtree(work, ignore_errors=True)
@@ -144,17 +144,15 @@ def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress:
             "skipped_long": skipped_long, "elapsed_s": time.monotonic() - t0}
 
 
-def _append(files: RecordFiles, tables: list[tuple[Path, Path]], done: set[str], commit: bool) -> None:
+def _append(files: RecordFiles, tables: list[tuple[Path, Path]], commit: bool) -> None:
     """--resume: the source's rows of finished requests, then this run's, written over the finals (trace first),
     or to the partials only (`commit` False: files.py's rule for a run that may not replace the finals)."""
     (trace, _), (gens, _) = tables
     new_trace = pq.read_table(trace) if trace.exists() else None
     meta = {k.decode(): v.decode() for k, v in (pq.read_schema(trace).metadata or {}).items()} if new_trace else {}
-    out = TraceWriter(files.trace, meta, resume=True, keep_requests=done, source=files.trace_source)
-    g = GenerationWriter(files.generations, meta, resume=True, source=files.generations_source)
+    out, g, _ = open_tables(files, meta, True)
     if new_trace is not None and new_trace.num_rows:
-        kept = out.table()
-        offset = int(pc.max(kept["engine_step"]).as_py()) + 1 if kept.num_rows else 0
+        offset = out.next_engine_step()
         cols = {name: new_trace[name].to_pylist() for name in new_trace.column_names}
         cols["engine_step"] = [s + offset for s in cols["engine_step"]]
         out.write(cols)
