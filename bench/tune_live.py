@@ -21,10 +21,11 @@ from avkit.config import EngineConfig, SamplingConfig
 from avkit.models.registry import models_dir
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
-from avkit.runtime.step_log import StepLog, steady_tok_s
+from avkit.runtime.step_log import steady_tok_s
 from avkit.scheduling.batch_schedule import BatchSchedule, ScheduledK
 from common import RESULTS, VLLM_ENV, csv, machine, prompt_ids, rounds, tiny_pair, uptime, vllm_peer, write
 from tune_report import rate, write_report
+from vllm_peer import drive
 
 
 def plan(args, tokenizer) -> list[dict]:
@@ -63,32 +64,29 @@ def configs(args, schedule) -> list[tuple[str, int, list | None]]:
 
 # ---- avkit ----------------------------------------------------------------------------------------------
 def avkit_run(models, r: dict, k: int, schedule, max_batch: int) -> dict:
+    """One run on avkit's engine under the output-token clock (`vllm_peer.drive`, vLLM's too)."""
     policy = ScheduledK(schedule, k=k) if schedule is not None else None
     cfg = EngineConfig(k=k, concurrency=max_batch, max_len=max(map(len, r["prompts"])) + max(r["max_new"]) + k + 2,
                        seed=r["seed"])
     engine = Engine(models["target"], models["draft"] if k > 0 else None, cfg, policy=policy)
-    order = sorted(range(len(r["prompts"])), key=lambda i: r["arrival_tokens"][i])
-    outputs: dict[str, list[int]] = {f"r{i}": [] for i in order}
-    in_flight, emitted, nxt, skip = [], 0, 0, 0
-    log = StepLog()
-    while nxt < len(order) or engine.has_unfinished():
-        if nxt < len(order) and not engine.has_unfinished():  # ran dry (EOS came early): the clock jumps to
-            skip = max(skip, r["arrival_tokens"][order[nxt]] - emitted)  # the next arrival, its whole wave at once
-        while nxt < len(order) and r["arrival_tokens"][order[nxt]] <= emitted + skip:
-            i = order[nxt]
-            sampling = SamplingConfig(temperature=r["temperature"], top_p=r["top_p"], max_new_tokens=r["max_new"][i],
-                                      seed=r["seed"])
-            engine.add_request(Request(f"r{i}", r["prompts"][i], sampling))
-            nxt += 1
-        in_flight.append(len(engine.running) + len(engine.waiting))
-        step = engine.step()
-        log(step)
-        for o in step:
-            outputs[o.request_id].extend(o.new_token_ids)
-            emitted += len(o.new_token_ids)
-    wall = log.clock() - log.t0
-    return {"outputs": [outputs[f"r{i}"] for i in range(len(order))], "wall_s": wall, "in_flight": in_flight,
-            "outside": engine.stats.overhead_share, "steps": log.rows,
+    got: dict[int, list[int]] = {}
+
+    def add(i: int) -> None:
+        engine.add_request(Request(f"r{i}", r["prompts"][i], SamplingConfig(
+            temperature=r["temperature"], top_p=r["top_p"], max_new_tokens=r["max_new"][i], seed=r["seed"])))
+
+    def step() -> list[tuple[int, list[int], bool]]:  # avkit's outputs are each step's new tokens
+        out = []
+        for o in engine.step():
+            i = int(o.request_id[1:])
+            got[i] = got.get(i, []) + o.new_token_ids
+            out.append((i, got[i], o.finished))
+        return out
+
+    t0 = time.perf_counter()
+    outputs, in_flight, steps = drive(r, add, step, lambda: len(engine.running) + len(engine.waiting))
+    return {"outputs": outputs, "wall_s": time.perf_counter() - t0, "in_flight": in_flight,
+            "outside": engine.stats.overhead_share, "steps": steps,
             "draft_forward_s": engine.stats.draft_forward_s}  # 0: the drafter never ran (no-spec's work)
 
 

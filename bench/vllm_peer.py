@@ -14,11 +14,9 @@ arguments, and a run's ``"ignore_eos": true`` decodes every request to its ``max
 of all its prompts at once (concurrency = number of prompts; driven step by step through ``llm.llm_engine``,
 the loop ``llm.generate`` runs, so every step is timed), wall time including prefill, the generated token ids,
 the spec-decode counters' deltas, and per step the time and the tokens emitted so far. A run with
-``"max_new"`` (new tokens per prompt) and ``"arrival_s"`` (seconds after its start, one per prompt) or
-``"arrival_tokens"`` (tokens the run has emitted, one per prompt; an engine that runs dry first jumps the
-clock to the next arrival, so all requests due there arrive together: `bench/tune.py live`'s clock) adds
-each request once its arrival has come; ``in_flight`` records
-the unfinished requests at every engine step.
+``"max_new"`` (new tokens per prompt) and ``"arrival_tokens"`` (tokens the run has emitted, one per prompt:
+`drive`'s clock, `bench/tune.py live`'s too) adds each request once its arrival has come; ``in_flight``
+records the unfinished requests at every engine step.
 Rewrites ``results.json`` after every run (`avkit/staged.py`, imported from the repository: this venv has no
 avkit installed), so a crash keeps what was measured.
 With ``"fix_cpu_expand": true`` the engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
@@ -101,21 +99,21 @@ def run_config(spec: dict, cfg: dict, done: list[dict], out_path: str) -> None:
     llm.generate([TokensPrompt(prompt_token_ids=p) for p in first["prompts"]],
                  SamplingParams(max_tokens=8, temperature=1.0), use_tqdm=False)  # warm-up, untimed
     for r in cfg["runs"]:
-        def params(max_tokens: int, r=r) -> SamplingParams:
-            return SamplingParams(temperature=r["temperature"], top_p=r["top_p"] if r["temperature"] > 0 else 1.0,
-                                  max_tokens=max_tokens, seed=r["seed"], ignore_eos=bool(r.get("ignore_eos")))
-        sp = params(r["max_new_tokens"])
-        load = os.getloadavg()[0]
-        before = _counters(llm)
-        in_flight: list[int] = []
-        t0 = time.perf_counter()
-        steps: list[list[float]] = []
-        if "arrival_s" in r or "arrival_tokens" in r:
-            outputs = _arrivals(llm, r, params, in_flight, steps)
-        else:  # all at once: the same engine steps llm.generate runs, timed one by one
-            n = len(r["prompts"])
-            outputs = _arrivals(llm, {**r, "arrival_s": [0.0] * n, "max_new": [sp.max_tokens] * n}, params,
-                                in_flight, steps)
+        n = len(r["prompts"])
+        load, before, engine = os.getloadavg()[0], _counters(llm), llm.llm_engine
+
+        def add(i: int, r=r, n=n, engine=engine) -> None:
+            sp = SamplingParams(temperature=r["temperature"], top_p=r["top_p"] if r["temperature"] > 0 else 1.0,
+                                max_tokens=r.get("max_new", [r["max_new_tokens"]] * n)[i], seed=r["seed"],
+                                ignore_eos=bool(r.get("ignore_eos")))
+            engine.add_request(f"{r['name']}-{i}", TokensPrompt(prompt_token_ids=r["prompts"][i]), sp)
+
+        def step(engine=engine) -> list[tuple[int, list[int], bool]]:  # vLLM's outputs are cumulative
+            return [(int(o.request_id.rsplit("-", 1)[1]), o.outputs[0].token_ids, o.finished) for o in engine.step()]
+
+        t0 = time.perf_counter()  # all at once (no arrival_tokens): the engine steps llm.generate runs, each timed
+        outputs, in_flight, steps = drive({"arrival_tokens": [0] * n, **r}, add, step,
+                                          engine.get_num_unfinished_requests)
         wall = time.perf_counter() - t0
         after = _counters(llm)
         delta = _delta(after, before)
@@ -127,45 +125,31 @@ def run_config(spec: dict, cfg: dict, done: list[dict], out_path: str) -> None:
     gc.collect()
 
 
-def _arrivals(llm, r: dict, params, in_flight: list[int], steps: list[list[float]]) -> list[list[int]]:
-    """Add each prompt at its arrival (``params(its max_tokens)``), step the engine until all finish.
-
-    ``steps`` gets one ``[seconds since start, tokens emitted so far, requests with a token, requests finished]``
-    per engine step (the step log `avkit.runtime.step_log` reads its decode rates from)."""
-    from vllm.inputs import TokensPrompt
-
-    engine, start = llm.llm_engine, time.perf_counter()
-    clock = "arrival_tokens" if "arrival_tokens" in r else "arrival_s"
-    order = sorted(range(len(r["prompts"])), key=lambda i: r[clock][i])
-    outputs: dict[int, list[int]] = {}
-    emitted: dict[int, int] = {}
+def drive(r: dict, add, step, unfinished) -> tuple[list[list[int]], list[int], list[list[float]]]:
+    """The output-token clock of a run, for either engine: prompt i is added (``add(i)``) once the run has emitted
+    ``r["arrival_tokens"][i]`` tokens; an engine that runs dry first jumps the clock to the next arrival, so the
+    whole wave due there arrives at once. ``step()`` -> [(i, its token ids so far, finished)]; ``unfinished()``
+    -> requests added and not finished. -> (outputs [n], unfinished at each step, the step log: one ``[seconds
+    since start, tokens emitted so far, requests with a token, requests finished]`` per step, what
+    `avkit.runtime.step_log` reads its decode rates from)."""
+    start, arrive = time.perf_counter(), r["arrival_tokens"]
+    order = sorted(range(len(r["prompts"])), key=lambda i: arrive[i])
+    outputs, emitted, in_flight, steps = {}, {}, [], []
     nxt, skip = 0, 0  # skip: output tokens the clock jumped while the engine ran dry
-
-    def due(i: int, now: float) -> bool:
-        if clock == "arrival_s":
-            return r["arrival_s"][i] <= now
-        return r["arrival_tokens"][i] <= sum(emitted.values()) + skip
     while len(outputs) < len(order):
-        now = time.perf_counter() - start
-        if clock == "arrival_tokens" and nxt < len(order) and not engine.has_unfinished_requests():
-            skip = max(skip, r["arrival_tokens"][order[nxt]] - sum(emitted.values()))  # its whole wave at once
-        while nxt < len(order) and due(order[nxt], now):
-            i = order[nxt]
-            engine.add_request(f"{r['name']}-{i}", TokensPrompt(prompt_token_ids=r["prompts"][i]),
-                               params(r["max_new"][i]))
+        if nxt < len(order) and not unfinished():
+            skip = max(skip, arrive[order[nxt]] - sum(emitted.values()))  # its whole wave at once
+        while nxt < len(order) and arrive[order[nxt]] <= sum(emitted.values()) + skip:
+            add(order[nxt])
             nxt += 1
-        if not engine.has_unfinished_requests():  # idle until the next arrival
-            time.sleep(max(0.0, r["arrival_s"][order[nxt]] - now))
-            continue
-        in_flight.append(engine.get_num_unfinished_requests())
-        for o in engine.step():  # cumulative outputs: a request's token ids so far
-            i = int(o.request_id.rsplit("-", 1)[1])
-            emitted[i] = len(o.outputs[0].token_ids)
-            if o.finished:
-                outputs[i] = list(o.outputs[0].token_ids)
+        in_flight.append(unfinished())
+        for i, ids, finished in step():
+            emitted[i] = len(ids)
+            if finished:
+                outputs[i] = list(ids)
         steps.append([time.perf_counter() - start, float(sum(emitted.values())),
                       float(sum(v > 0 for v in emitted.values())), float(len(outputs))])
-    return [outputs[i] for i in range(len(order))]
+    return [outputs[i] for i in range(len(order))], in_flight, steps
 
 
 def main() -> None:
