@@ -17,7 +17,7 @@ PRIOR = CostTable(verify_tokens=tuple(range(1, 17)) + (32,),
                   verify_ms=tuple(40.0 + 12.0 * ((t + 5) // 6) for t in range(1, 17)) + (110.0,),
                   draft_requests=(1, 2, 4, 8), draft_ms=(10.0, 11.0, 13.0, 18.0), meta={"source": "profile", "k": 7},
                   context_len=512)
-TRUE = PRIOR.with_curves(verify_ms=[1.3 * v for v in PRIOR.verify_ms], draft_ms=[0.8 * d for d in PRIOR.draft_ms])
+TRUE = replace(PRIOR, verify_ms=[1.3 * v for v in PRIOR.verify_ms], draft_ms=[0.8 * d for d in PRIOR.draft_ms])
 SHAPES = [(n, p, n + n * v) for n in (1, 2, 4) for p in (0, 3, 5) for v in range(0, p + 1, 2)]
 
 
@@ -193,7 +193,7 @@ def test_a_new_context_band_of_a_learned_shape_starts_from_the_shapes_factor():
     assert worst_curves > 0.05
 
 KV, LOOKUP = 0.002, 1.5  # ms per context token beyond the table's, ms per cache lookup
-LIVE = TRUE.with_curves()
+LIVE = replace(TRUE)
 LIVE = CostTable(**{**LIVE.__dict__, "kv_ms_per_token": KV, "lookup_ms": LOOKUP})
 CONTEXTS = (200, 900, 3000)  # cached tokens per request: three context bands
 HYBRID = [(n, p, t, m) for n, p, t in SHAPES if p for m in range(1, n)]  # m < n rows drafted by the model
@@ -240,7 +240,7 @@ def test_learner_learns_the_kv_slope_and_hybrid_steps():
     assert len(checked) > 100 and worst_prior > 0.25
 
 
-PRIOR_CU = PRIOR.with_curves()
+PRIOR_CU = replace(PRIOR)
 PRIOR_CU = CostTable(**{**PRIOR_CU.__dict__, "prefill_tokens": (16, 64, 256), "prefill_ms": (20.0, 40.0, 120.0)})
 TRUE_CU = CostTable(**{**TRUE.__dict__, "prefill_tokens": (16, 64, 256), "prefill_ms": (30.0, 64.0, 170.0)})
 PROMPTS = (10, 40, 120, 400)  # lags of a new request: below the prefill grid (a draft pass over its rows) and on it

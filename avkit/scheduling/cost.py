@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+from numbers import Real
 import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -32,6 +33,8 @@ from avkit.jsonsafe import read_json
 from avkit.scheduling.roofline import roofline_curves
 from avkit.staged import StagedOutputs
 from avkit.validate import check_range
+
+set_ = object.__setattr__  # a frozen table normalizes its own fields once, in __post_init__
 
 DRAFTER_KINDS = ("autoregressive", "parallel")
 FREE_LAG = 2  # tokens the first draft pass feeds itself (the draft x_K and the bonus token); more are prefilled
@@ -96,18 +99,28 @@ def _rows(keys: np.ndarray) -> np.ndarray:
     return keys.view(np.dtype((np.void, 8 * keys.shape[-1])))[..., 0]
 
 
-def _check_curve(label: str, xs: tuple, ys: tuple, source: str):
-    where = f"cost table {source}: " if source else "cost table: "
-    if len(xs) == 0 or len(xs) != len(ys):
-        raise ConfigError(f"{where}{label} needs equal, non-empty x and ms lists, got {len(xs)} and {len(ys)}")
-    x, y = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
-    if not np.all(np.isfinite(y)) or y.min() < 0:
-        raise ConfigError(f"{where}{label} ms must be finite and >= 0, got {y.tolist()}")
+def _numbers(where: str, key: str, values, *, integer: bool = False, empty: bool = False) -> tuple:
+    """A list field of finite numbers (integers where asked) as a tuple; the error names file, field and index."""
+    if not isinstance(values, (list, tuple, np.ndarray)) or (not len(values) and not empty):
+        raise ConfigError(f"{where}: field {key!r} must be a non-empty list of numbers, got {values!r}")
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, Real) or not math.isfinite(v) or (integer and v != int(v)):
+            raise ConfigError(f"{where}: field {key!r}[{i}] must be {'an integer' if integer else 'a finite number'}, "
+                              f"got {v!r}")
+    return tuple(int(v) for v in values) if integer else tuple(float(v) for v in values)
+
+
+def _check_curve(where: str, label: str, x: tuple, y: tuple):
+    if len(x) == 0 or len(x) != len(y):
+        raise ConfigError(f"{where}: {label} needs equal, non-empty x and ms lists, got {len(x)} and {len(y)}")
+    x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+    if y.min() < 0:
+        raise ConfigError(f"{where}: {label} ms must be finite and >= 0, got {y.tolist()}")
     if x[0] < 0 or np.any(np.diff(x) <= 0):
-        raise ConfigError(f"{where}{label} x must be >= 0 and strictly increasing, got {x.tolist()}")
+        raise ConfigError(f"{where}: {label} x must be >= 0 and strictly increasing, got {x.tolist()}")
     if np.any(np.diff(y) < -1e-9 * max(float(y.max()), 1.0)):
         i = int(np.flatnonzero(np.diff(y) < 0)[0])
-        raise ConfigError(f"{where}{label} must be non-decreasing: {y[i]} ms at {x[i]:g} > "
+        raise ConfigError(f"{where}: {label} must be non-decreasing: {y[i]} ms at {x[i]:g} > "
                           f"{y[i + 1]} ms at {x[i + 1]:g} (use isotonic)")
 
 
@@ -133,24 +146,42 @@ class CostTable:
     shape_scale: tuple[tuple[float, ...], ...] = ()
 
     def __post_init__(self):
-        src = str(self.meta.get("path", ""))
-        _check_curve("verify", self.verify_tokens, self.verify_ms, src)
-        _check_curve("draft", self.draft_requests, self.draft_ms, src)
-        for name in ("context_ms", "draft_fixed_ms", "request_ms"):
-            if getattr(self, name):
-                _check_curve(name.removesuffix("_ms"), self.draft_requests, getattr(self, name), src)
-        if self.prefill_tokens or self.prefill_ms:
-            _check_curve("prefill", self.prefill_tokens, self.prefill_ms, src)
+        """The one validation of a table, built in code or read (`from_json`): lists become tuples of numbers;
+        errors name the file (meta.path), the field and the value."""
+        where = f"cost table {self.meta.get('path', '')}".rstrip() if isinstance(self.meta, dict) else "cost table"
+        for key, kind, name in (("meta", dict, "an object"), ("drafter", str, "a string"), ("noise", dict, "an object")):
+            if not isinstance(getattr(self, key), kind):
+                raise ConfigError(f"{where}: field {key!r} must be {name}, got {getattr(self, key)!r}")
+        for key in ("device", "target", "draft", "source"):
+            if key in self.meta and not isinstance(self.meta[key], str):
+                raise ConfigError(f"{where}: field 'meta.{key}' must be a string, got {self.meta[key]!r}")
+        for key in ("k", "context_len"):
+            v = self.meta.get(key)
+            if key in self.meta and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ConfigError(f"{where}: field 'meta.{key}' must be a non-negative integer, got {v!r}")
+        for key in ("verify_tokens", "draft_requests", "prefill_tokens", *CURVES):
+            set_(self, key, _numbers(where, key, getattr(self, key), integer=key.endswith(("_tokens", "_requests")),
+                                     empty=key not in ("verify_tokens", "verify_ms", "draft_requests", "draft_ms")))
+        for key in ("context_len", "kv_ms_per_token", "lookup_ms"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or \
+                    (key == "context_len" and v != int(v)):
+                raise ConfigError(f"{where}: field {key!r} must be a non-negative number, got {v!r}")
+        set_(self, "context_len", int(self.context_len))
+        for ms in CURVES:
+            if getattr(self, ms) or (ms == "prefill_ms" and self.prefill_tokens) or ms in ("verify_ms", "draft_ms"):
+                _check_curve(where, ms.removesuffix("_ms"), getattr(self, GRID_OF[ms]), getattr(self, ms))
         if self.drafter not in DRAFTER_KINDS:
-            raise ConfigError(f"cost table {src}: drafter must be one of {DRAFTER_KINDS}, got {self.drafter!r}")
-        if self.context_len < 0 or not all(math.isfinite(v) and v >= 0 for v in (self.kv_ms_per_token,
-                                                                                  self.lookup_ms)):
-            raise ConfigError(f"cost table {src}: context_len, kv_ms_per_token and lookup_ms must be >= 0, got "
-                              f"{self.context_len}, {self.kv_ms_per_token} and {self.lookup_ms}")
+            raise ConfigError(f"{where}: drafter must be one of {DRAFTER_KINDS}, got {self.drafter!r}")
+        if not isinstance(self.shape_scale, (list, tuple)) or not all(isinstance(e, (list, tuple)) and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in e) for e in self.shape_scale):
+            raise ConfigError(f"{where}: field 'shape_scale' must be a list of lists of 7 numbers, got "
+                              f"{self.shape_scale!r}")
         for i, entry in enumerate(self.shape_scale):
             if len(entry) != 7 or not all(math.isfinite(v) and v >= 0 for v in entry) or entry[-1] <= 0:
-                raise ConfigError(f"cost table {src}: field 'shape_scale'[{i}] must be 7 numbers >= 0 (n, m, "
-                                  f"passes, T, l, band, factor > 0), got {list(entry)!r}")
+                raise ConfigError(f"{where}: field 'shape_scale'[{i}] must be 7 numbers >= 0 (n, m, passes, T, l, "
+                                  f"band, factor > 0), got {list(entry)!r}")
+        set_(self, "shape_scale", tuple(tuple(float(v) for v in e) for e in self.shape_scale))
 
     def shape_factor(self, keys: np.ndarray) -> np.ndarray:
         """[..., 6] shape keys (`shape_keys`) -> [...] their factors in shape_scale (1 where it holds none)."""
@@ -246,10 +277,6 @@ class CostTable:
         return replace(self, **scaled, kv_ms_per_token=self.kv_ms_per_token / unit_ms, lookup_ms=self.lookup_ms / unit_ms,
                        meta={**self.meta, "unit_ms": unit_ms})
 
-    def with_curves(self, **curves) -> CostTable:
-        """A copy with some ms curves replaced (same grids), e.g. learned ones (scheduling/learn.py)."""
-        return replace(self, **{k: tuple(float(v) for v in ys) for k, ys in curves.items()})
-
     # ---- persistence ----
     def to_json(self) -> dict:
         d = asdict(self)
@@ -277,61 +304,19 @@ class CostTable:
     @classmethod
     def from_json(cls, d, source: str = "") -> CostTable:
         """A table from its JSON object (`to_json`), older files included (context_len in meta, no noise)."""
-        where = f"cost table {source}" if source else "cost table"
+        where = f"cost table {source}".rstrip()
         if not isinstance(d, dict):
             raise ConfigError(f"{where}: expected a JSON object, got {type(d).__name__}")
         missing = [k for k in ("verify_tokens", "verify_ms", "draft_requests", "draft_ms") if k not in d]
         if missing:
             raise ConfigError(f"{where}: missing key {missing[0]!r}")
-        for key, kind, name in (("meta", dict, "an object"), ("drafter", str, "a string"), ("noise", dict, "an object")):
-            if key in d and not isinstance(d[key], kind):
-                raise ConfigError(f"{where}: field {key!r} must be {name}, got {d[key]!r}")
-        meta, drafter, noise = d.get("meta", {}), d.get("drafter", "autoregressive"), d.get("noise", {})
-        _check_meta(where, meta)
-        lists = {}
-        for f in ("verify_tokens", "draft_requests", "prefill_tokens"):
-            if f in d:
-                lists[f] = _numbers(where, d, f, integer=True, empty=f == "prefill_tokens")
-        for f in CURVES:
-            if f in d:
-                lists[f] = _numbers(where, d, f, empty=f not in ("verify_ms", "draft_ms"))
-        context_len = d.get("context_len", meta.get("context_len", 0))
-        kv, lookup = d.get("kv_ms_per_token", 0.0), d.get("lookup_ms", 0.0)
-        for key, v in (("context_len", context_len), ("kv_ms_per_token", kv), ("lookup_ms", lookup)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or \
-                    (key == "context_len" and v != int(v)):
-                raise ConfigError(f"{where}: field {key!r} must be a non-negative number, got {v!r}")
-        scale = d.get("shape_scale", [])
-        if not isinstance(scale, (list, tuple)) or not all(isinstance(e, (list, tuple)) and all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in e) for e in scale):
-            raise ConfigError(f"{where}: field 'shape_scale' must be a list of lists of 7 numbers, got {scale!r}")
-        return cls(**lists, drafter=drafter, meta={**meta, **({"path": source} if source else {})},
-                   context_len=int(context_len), kv_ms_per_token=float(kv), lookup_ms=float(lookup), noise=noise,
-                   shape_scale=tuple(tuple(float(v) for v in e) for e in scale))
-
-
-def _numbers(where: str, d: dict, key: str, *, integer: bool = False, empty: bool = False) -> tuple:
-    """A list field of finite numbers (integers where asked); the error names file, field and index."""
-    values = d[key]
-    if not isinstance(values, (list, tuple)) or (not values and not empty):
-        raise ConfigError(f"{where}: field {key!r} must be a non-empty list of numbers, got {values!r}")
-    for i, v in enumerate(values):
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        if not ok or (integer and v != int(v)):
-            kind = "an integer" if integer else "a finite number"
-            raise ConfigError(f"{where}: field {key!r}[{i}] must be {kind}, got {v!r}")
-    return tuple(int(v) for v in values) if integer else tuple(float(v) for v in values)
-
-
-def _check_meta(where: str, meta: dict) -> None:
-    """Model ids are strings and K / context a non-negative integer, where the table states them."""
-    for key in ("device", "target", "draft", "source"):
-        if key in meta and not isinstance(meta[key], str):
-            raise ConfigError(f"{where}: field 'meta.{key}' must be a string, got {meta[key]!r}")
-    for key in ("k", "context_len"):
-        v = meta.get(key)
-        if key in meta and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-            raise ConfigError(f"{where}: field 'meta.{key}' must be a non-negative integer, got {v!r}")
+        meta = d.get("meta", {})
+        if source and isinstance(meta, dict):
+            meta = {**meta, "path": source}
+        fields_ = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        if isinstance(meta, dict) and "context_len" not in d:
+            fields_["context_len"] = meta.get("context_len", 0)
+        return cls(**{**fields_, "meta": meta})
 
 
 def context_len_from_env(default: int) -> int:

@@ -159,7 +159,7 @@ class CostLearner:
         moved = {nm: prices[nm] + d * scale for (nm, scale), d in zip(names, delta) if nm in prices}
         meta = {**p.meta, "source": "learned", "steps": self.steps, "shapes": len(keys),
                 "prior_count": self.prior_count, "window": self.window, "prior": p.meta.get("source", "")}
-        ridge = replace(p.with_curves(**curves), meta=meta, kv_ms_per_token=moved.get("kv", p.kv_ms_per_token),
+        ridge = replace(replace(p, **curves), meta=meta, kv_ms_per_token=moved.get("kv", p.kv_ms_per_token),
                         lookup_ms=moved.get("lookup", p.lookup_ms))
         own = catch == 0  # [B] the buckets a factor prices (module note: residual)
         keys_b = np.asarray([k[:5] + k[6:7] for k in keys]).reshape(-1, 6)[own]  # [B', 6] their shape keys
