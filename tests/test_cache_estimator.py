@@ -78,7 +78,7 @@ def test_cache_rows_are_scored_by_the_cache_estimator(files):
     swapped = dataclasses.replace(batch, cache_rows=~cache)
     assert np.abs(policy.confidences(swapped).double().numpy() - conf).min() > 1e-3
     # sizing (position-0 features at every position) follows each row's estimator too
-    first = policy.first_predictions(batch, K).double().numpy()
+    first = policy.confidences(batch, K).double().numpy()
     f0 = f[:, :1].expand(-1, K)
     np.testing.assert_allclose(first, np.where(cache.numpy()[:, None], _logistic(CACHE, f0), _logistic(MODEL, f0)),
                                rtol=1e-5)

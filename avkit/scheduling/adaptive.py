@@ -68,48 +68,33 @@ class AdaptiveVerification(VerifyPolicy):
     _tables: dict = field(default_factory=dict, repr=False)  # (kind, device) -> cost lookup tables; (load, ..) -> inputs
 
     def cache_scorer(self) -> Estimator:
-        """The estimator of the suffix cache's rows: `cache_estimator`, or (first asked) a fresh one of
-        the model estimator's kind and settings, so the cache never borrows the model's coefficients."""
+        """The suffix cache's rows' estimator: `cache_estimator`, or (first asked) a fresh one of the model
+        estimator's kind and settings, so the cache never borrows the model's coefficients."""
         if self.cache_estimator is None:
             est = self.estimator
-            kwargs = {"config": est.config} if hasattr(est, "config") else {}
-            self.cache_estimator = make_estimator(est.name, k=getattr(est, "k", self.k), **kwargs)
+            self.cache_estimator = make_estimator(est.name, k=getattr(est, "k", self.k),
+                                                  **({"config": est.config} if hasattr(est, "config") else {}))
         return self.cache_estimator
 
-    def _by_drafter(self, batch, predict) -> torch.Tensor:
-        """predict(estimator) -> [B, K'] for every row, the cache's rows (`batch.cache_rows`) by the cache's estimator."""
-        conf = predict(self.estimator)
-        if batch.cache_rows is None:
-            return conf
-        return torch.where(batch.cache_rows[:, None], predict(self.cache_scorer()), conf)
-
-    def confidences(self, batch: DraftBatch) -> torch.Tensor:
-        """[B, K] acceptance predictions: the confidence kernel's (computed in the draft pass) or the
-        estimator's from its feature, cache-drafted rows by the cache estimator; on the features' device."""
+    def confidences(self, batch: DraftBatch, k: int | None = None) -> torch.Tensor:
+        """[B, K] acceptance predictions: the confidence kernel's (computed in the draft pass) or the estimator's
+        from its feature; with `k`: [B, k], every position j < k from each request's position-0 feature. The
+        cache's rows (`batch.cache_rows`) by the cache's estimator; on the features' device, no host read."""
         def predict(est):
-            if est is self.estimator and batch.confidences is not None:
+            if k is None and est is self.estimator and batch.confidences is not None:
                 return batch.confidences
             f = _feature(batch, est)  # [B, K]
-            return self._predict(est, f, torch.arange(f.shape[1], device=f.device).expand(f.shape))
-        return self._by_drafter(batch, predict)
-
-    @staticmethod
-    def _predict(est: Estimator, f: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """[B, K] float32 predictions (NaN features read as 0), on the device: no host read."""
-        f = torch.nan_to_num(f.detach().float(), nan=0.0)  # [B, K]
-        if hasattr(est, "predict_torch"):
-            return est.predict_torch(f, positions).float()
-        # A plug-in estimator without a device path predicts in numpy (a host read per call).
-        pred = est.predict(f.cpu().numpy().reshape(-1), positions.cpu().numpy().reshape(-1))
-        return torch.as_tensor(np.asarray(pred, dtype=np.float32)).reshape(f.shape).to(f.device)
-
-    def first_predictions(self, batch: DraftBatch, k: int) -> torch.Tensor:
-        """[B, k] every position j < k predicted from each request's position-0 feature."""
-        def predict(est):
-            f = _feature(batch, est)  # [B, K]
-            b = f.shape[0]
-            return self._predict(est, f[:, :1].expand(b, k), torch.arange(k, device=f.device).expand(b, k))
-        return self._by_drafter(batch, predict)
+            b, width = f.shape[0], k or f.shape[1]
+            f = torch.nan_to_num((f if k is None else f[:, :1].expand(b, k)).detach().float(), nan=0.0)  # [B, width]
+            positions = torch.arange(width, device=f.device).expand(b, width)
+            if hasattr(est, "predict_torch"):
+                return est.predict_torch(f, positions).float()
+            # A plug-in estimator without a device path predicts in numpy (a host read per call).
+            pred = est.predict(f.cpu().numpy().reshape(-1), positions.cpu().numpy().reshape(-1))
+            return torch.as_tensor(np.asarray(pred, dtype=np.float32)).reshape(f.shape).to(f.device)
+        conf = predict(self.estimator)
+        return conf if batch.cache_rows is None else torch.where(batch.cache_rows[:, None], predict(self.cache_scorer()),
+                                                                 conf)
 
     def confidence_coefficients(self, device):
         """(slope [1], intercepts [K]) for the confidence kernel in the draft pass, or None."""
@@ -126,7 +111,7 @@ class AdaptiveVerification(VerifyPolicy):
         if not getattr(self.estimator, "per_position", True):
             return conf, batch.num_drafted
         k = batch.features[estimator_feature(self.estimator)].shape[1]
-        return self.first_predictions(batch, k), torch.where(batch.num_drafted > 0, k, 0)
+        return self.confidences(batch, k), torch.where(batch.num_drafted > 0, k, 0)
 
     def use_kernels(self, kernels: Kernels) -> None:
         self.kernels = kernels
@@ -183,65 +168,53 @@ class AdaptiveVerification(VerifyPolicy):
             plan = replace(plan, num_verify=batch.num_drafted.clamp(max=probe))
         if self.gate is not None and isinstance(load, Load):  # Groups: observed by `draft_steps`
             # the gate's curve spans all K positions, even when fewer were drafted
-            full = sizing[0] if conf.shape[1] == self.k else self.first_predictions(batch, self.k)
+            full = sizing[0] if conf.shape[1] == self.k else self.confidences(batch, self.k)
             drafted = batch.num_drafted > 0  # [B] the gate weighs draft-model passes: the model's rows
             self.gate.observe(full[drafted if batch.cache_rows is None else drafted & ~batch.cache_rows])
         return StepPlan(plan.num_verify, conf)
 
-    def _lookup(self, kind: str, size: int, device) -> torch.Tensor:
-        """Cost lookup table by count on `device`, built on the host once (grown when a step needs more)."""
-        table = self._tables.get((kind, device))
+    def _lookup(self, curve: str, size: int, device) -> torch.Tensor:
+        """A cost curve's ms by count 0.. > size on `device` (`curve`: a CostTable method), built on the host once
+        (grown when a step needs more)."""
+        table = self._tables.get((curve, device))
         if table is None or table.numel() <= size:
-            fn = {"verify": self.cost.verify_cost, "draft": self.cost.draft_pass_cost,
-                  "fixed": self.cost.draft_fixed_cost}[kind]
-            table = verify_lookup(fn, max(2 * size, 64), device)
-            self._tables[(kind, device)] = table
+            table = self._tables[(curve, device)] = verify_lookup(getattr(self.cost, curve), max(2 * size, 64), device)
         return table
 
-    def _group_inputs(self, load: Load | Groups, drafts, device) -> dict:
-        """The plan's [G] inputs, fixed_ms = drafting `drafts` nominal passes ([G] or one int) + KV reads.
-        For one step (`Load`) made once per (load, drafts, device) and kept (loads repeat), so a live step
-        builds no tensors for them."""
+    def _inputs(self, load: Load | Groups, rows: int, drafts, device) -> tuple[torch.Tensor, int, int, dict]:
+        """(group [B], G, most target tokens a step schedules before its drafts, the plan's [G] inputs) of one
+        step or many; fixed_ms = drafting `drafts` nominal passes ([G] or one int) + KV reads. One step's
+        (`Load`) inputs are kept per (load, drafts, device): loads repeat, so a live step builds no tensors."""
         if isinstance(load, Groups):
             n = load.num_requests.numpy()  # [G]
             fixed = self.cost.draft_cost(n, np.asarray(drafts)) + self.cost.context_cost(n)
             to = lambda v: torch.as_tensor(v, device=device)
-            return {"num_sampling": to(load.num_requests), "num_scheduled": to(load.num_requests),
-                    "fixed_ms": to(np.asarray(fixed, dtype=np.float64))}
+            return load.group.to(device), load.num_groups, int(n.max()) if load.num_groups else 0, {
+                "num_sampling": to(load.num_requests), "num_scheduled": to(load.num_requests),
+                "fixed_ms": to(np.asarray(fixed, dtype=np.float64))}
         key = (load, drafts, device)
-        got = self._tables.get(key)
-        if got is None:
+        if key not in self._tables:
             fixed_ms = float(self.cost.draft_cost(load.num_requests, drafts)) if drafts else 0.0
             one = lambda v, dt: torch.tensor([v], dtype=dt, device=device)
-            got = {"num_sampling": one(load.num_sampling, torch.int64),
-                   "num_scheduled": one(load.num_scheduled_tokens, torch.int64),
-                   "fixed_ms": one(fixed_ms + float(self.cost.context_cost(load.num_requests)), torch.float64)}
             if len(self._tables) > 4096:  # bounded: drop the kept inputs, keep nothing stale
                 self._tables = {k: v for k, v in self._tables.items() if not isinstance(k[0], Load)}
-            self._tables[key] = got
-        return dict(got)  # the caller may replace entries
-
-    @staticmethod
-    def _groups(load: Load | Groups, rows: int, device) -> tuple[torch.Tensor, int, int]:
-        """(group [B], G, most target tokens a step schedules before its drafts) of one step or many."""
-        if isinstance(load, Groups):
-            return load.group.to(device), load.num_groups, int(load.num_requests.max()) if load.num_groups else 0
-        return single_group(rows, device), 1, load.num_scheduled_tokens
+            self._tables[key] = {"num_sampling": one(load.num_sampling, torch.int64),
+                                 "num_scheduled": one(load.num_scheduled_tokens, torch.int64),
+                                 "fixed_ms": one(fixed_ms + float(self.cost.context_cost(load.num_requests)),
+                                                 torch.float64)}
+        return single_group(rows, device), 1, load.num_scheduled_tokens, dict(self._tables[key])  # a copy: callers add
 
     def _plan(self, conf: torch.Tensor, num_drafted: torch.Tensor, load: Load | Groups, sizing=None) -> Plan:
         # Drafting is paid before verification: K passes over the batch (nominal, the draws decide the rest).
         b, k = conf.shape
-        dev = conf.device
-        group, num_groups, n = self._groups(load, b, dev)
-        many = isinstance(load, Groups)
+        many, drafts = isinstance(load, Groups), k
         if many:  # a step that drafted pays K nominal passes
-            drafted = torch.zeros(num_groups, dtype=torch.int64).index_add_(0, load.group, num_drafted.cpu())
-            drafts, width = np.where(drafted.numpy() > 0, k, 0), n * (max(k, self.k) + 1) + 1
-        else:
-            drafts, width = k, n + b * max(k, self.k) + 1
-        return plan(conf, num_drafted, group, num_groups, verify_ms=self._lookup("verify", width, dev),
-                    sizing=sizing, allocate=None if self.kernels is None or many else self.kernels.allocate,
-                    **self._group_inputs(load, drafts, dev))
+            drafted = torch.zeros(load.num_groups, dtype=torch.int64).index_add_(0, load.group, num_drafted.cpu())
+            drafts = np.where(drafted.numpy() > 0, k, 0)
+        group, num_groups, n, inputs = self._inputs(load, b, drafts, conf.device)
+        width = n * (max(k, self.k) + 1) + 1 if many else n + b * max(k, self.k) + 1
+        return plan(conf, num_drafted, group, num_groups, verify_ms=self._lookup("verify_cost", width, conf.device),
+                    sizing=sizing, allocate=None if self.kernels is None or many else self.kernels.allocate, **inputs)
 
     def continue_drafting(self, batch: DraftBatch, load: Load | Groups) -> torch.Tensor | None:
         """After each pass of an autoregressive drafter: [B] bool, draft one more (plan.py `continue_drafting`;
@@ -252,27 +225,21 @@ class AdaptiveVerification(VerifyPolicy):
         if probe is not None:  # a cost probe drafts to its depth
             return batch.num_drafted < probe
         conf = self.confidences(batch)  # [B, j]
-        b, j = conf.shape
-        dev = conf.device
-        group, num_groups, n = self._groups(load, b, dev)
+        (b, j), dev, many = conf.shape, conf.device, isinstance(load, Groups)
+        group, num_groups, n, inputs = self._inputs(load, b, np.zeros(load.num_groups, np.int64) if many else 0, dev)
         active = batch.num_drafted == j  # [B] drafted in this pass
         n_active = torch.zeros(num_groups, dtype=torch.int64, device=dev).index_add_(0, group, active.long())  # [G]
-        many = isinstance(load, Groups)
-        size = n if many else b
-        pass_ms = self._lookup("draft", size, dev)[n_active] * (n_active > 0)  # [G] one pass over the active rows
-        if j == 1 or self.draft_ms is None:  # the first pass also pays the drafting's fixed part (cost.py)
-            paid = pass_ms + self._lookup("fixed", size, dev)[n_active] * (n_active > 0)
-        else:
-            paid = self.draft_ms + pass_ms
-        self.draft_ms = paid
+        size, ran = n if many else b, n_active > 0
+        pass_ms = self._lookup("draft_pass_cost", size, dev)[n_active] * ran  # [G] one pass over the active rows
+        # the first pass also pays the drafting's fixed part (cost.py)
+        self.draft_ms = pass_ms + self._lookup("draft_fixed_cost", size, dev)[n_active] * ran \
+            if j == 1 or self.draft_ms is None else self.draft_ms + pass_ms
         deep = max(j, self.k)  # the look-ahead reads verify_ms up to K tokens past the optimum
         width = (n * (deep + 1) if many else n + b * deep) + deep + 2
-        inputs = self._group_inputs(load, np.zeros(num_groups, np.int64) if many else 0, dev)
-        inputs["fixed_ms"] = inputs["fixed_ms"] + paid
-        keep, _ = continue_drafting(conf, batch.num_drafted, active, group, num_groups, pass_ms=pass_ms,
-                                    n_active=n_active, verify_ms=self._lookup("verify", width, dev),
-                                    max_drafts=deep, **inputs)
-        return keep
+        inputs["fixed_ms"] = inputs["fixed_ms"] + self.draft_ms
+        return continue_drafting(conf, batch.num_drafted, active, group, num_groups, pass_ms=pass_ms,
+                                 n_active=n_active, verify_ms=self._lookup("verify_cost", width, dev),
+                                 max_drafts=deep, **inputs)[0]
 
     def observe(self, outcome: VerifyOutcome) -> None:
         self.steps += 1
