@@ -1,6 +1,4 @@
-"""Acceptance metrics: `auc` (higher is better), `log_loss` and `ece` (lower is better).
-
-Naming follows sklearn: `*_score`/`auc` higher is better, `*_loss`/`*_error` lower is better.
+"""Acceptance metrics, named as sklearn's: `auc` (higher is better), `log_loss` and `ece` (lower is better).
 `METRICS` classifies every metric by its properties; the invariance tests are driven by it
 (a metric missing from it fails the tests).
 """

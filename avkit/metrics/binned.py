@@ -1,28 +1,16 @@
-"""Score tables from additive sums: what out-of-core and distributed fits compute per shard.
+"""Score tables from additive sums (per chunk, shard, machine): how out-of-core fits score (docs/fleet.md).
 
-A fit that never holds every prediction at once scores a feature from sums that add across
-chunks, shards and machines (every array below is summed, nothing else is kept):
   nll    [D, K]              summed negative log-likelihood per (dataset, position) group
-  table  [3, D, K, n_bins]   ECE bins per group: count, sum p, sum y (metrics/calibration.py `additive_sums`)
-  hist   [D, K, 2, B]        rank histogram per group: negatives / positives in each of B bins
-                             of z = logit(p), split at `edges` [B - 1] (`quantile_edges`: the
-                             quantiles of a sample of z, so every bin holds ~1/B of the slots
-                             however peaked the predictions are)
-log-loss and ECE are then exactly those of the in-memory table (up to summation order).
-AUC from the histogram counts a positive/negative pair in different bins exactly and a pair in
-one bin as a tie (1/2):
+  table  [3, D, K, n_bins]   ECE bins per group (metrics/calibration.py `additive_sums`)
+  hist   [D, K, 2, B]        negatives / positives per rank bin of z = logit(p), split at `edges`
+                             [B - 1] (`quantile_edges` of a sample: each bin ~1/B of the slots)
+  ref, eq [D, K, B], [D, K, 2, B]  one value z of each bin and the negatives / positives equal to it
+log-loss and ECE are those of the in-memory table (up to summation order). A pair in different bins
+is ranked exactly, a pair in one bin counted a tie, except pairs of equal predictions (true ties):
   AUC_hist = sum_b pos_b (neg_{<b} + neg_b / 2) / (P N)
-A pair in one bin is a win, a loss or a tie of the exact AUC, each 1/2 away from the tie it was
-counted as; but pairs of EQUAL predictions are true ties, counted exactly (a feature clamped at
-its limit puts a block of equal predictions in one bin). Each bin keeps one of its values, `ref`
-(any one of the first chunk that reaches the bin: where a block of ties sits, most
-likely a member of it), and counts
-the negatives and positives equal to it (`eq`), so
-  |AUC_hist - AUC| <= bound = sum_b (pos_b neg_b - eqpos_b eqneg_b) / (2 P N)
-which the same sums give; every row carries it as `auc_bound`. Sums with different `ref` in a bin
-keep the larger block's count (the bound stays valid, only less tight). With B = 2^16 bins of
-equal mass the bound is about 1/(4B) ~ 4e-6 whatever the distribution (tested below 1e-4, with
-5% of the predictions tied, and on the shipped real traces).
+  |AUC_hist - AUC| <= auc_bound = sum_b (pos_b neg_b - eqpos_b eqneg_b) / (2 P N)
+Sums with different `ref` in a bin keep the larger tied block (the bound stays valid). With B = 2^16
+bins of equal mass the bound is about 1/(4B) ~ 4e-6 whatever the distribution.
 """
 
 from __future__ import annotations

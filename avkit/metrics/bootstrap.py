@@ -1,18 +1,12 @@
 """Uncertainty of ECE and log-loss on one trace: a cluster bootstrap, and the ECE of perfect calibration.
 
-Glossary:
-  clusters  [N] int codes of the unit that is resampled (a request: its slots share one context,
-            so they are not independent and a bootstrap over slots would be optimistic)
-  resample  R clusters drawn with replacement out of R; cluster r counted m_r times. Its ECE and
-            log-loss are exactly `ece` / `log_loss` with sample_weight m_{cluster(n)}: each cluster's
-            additive sums (metrics/calibration.py: NLL, and count / sum p / sum y per ECE bin) are taken
-            once, and a resample is the counts matrix times them
-  floor     the ECE a perfectly calibrated predictor with these predictions still shows on N slots:
-            the mean ECE over labels drawn y* ~ Bernoulli(p) ("consistency resampling", Broecker
-            and Smith 2007). Binned ECE is biased upwards at finite N; an ECE near its floor is
-            indistinguishable from perfect calibration on this many slots
-  ce2       the debiased squared calibration error (metrics/debiased.py) of each resample, every drawn
-            copy of a request a cluster of its own
+  clusters  [N] int codes of the unit resampled (a request: its slots share one context)
+  resample  R clusters drawn with replacement out of R, cluster r counted m_r times: exactly `ece` /
+            `log_loss` with sample_weight m_{cluster(n)}, as the counts matrix times each cluster's
+            additive sums (metrics/calibration.py)
+  floor     the mean ECE over labels drawn y* ~ Bernoulli(p) (consistency resampling, Broecker and
+            Smith 2007): what a perfectly calibrated predictor shows on these N slots
+  ce2       the debiased squared calibration error (metrics/debiased.py) of each resample
 """
 
 from __future__ import annotations

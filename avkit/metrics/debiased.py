@@ -1,27 +1,13 @@
-"""Debiased calibration error: the squared (l2) binned calibration error less its finite-sample bias,
-bin by bin (the debiased estimator of Kumar, Liang and Ma 2019, "Verified uncertainty calibration", §5,
-with a cluster-robust variance: slots of one request are correlated).
-
-In bin b (n_b slots, mean prediction s_b, label mean ybar_b, mu_b = E ybar_b) the plug-in term
-(ybar_b - s_b)^2 overshoots (mu_b - s_b)^2 by Var(ybar_b) on average. So
+"""Debiased calibration error: the squared (l2) binned calibration error less its finite-sample bias, bin
+by bin (Kumar, Liang and Ma 2019, §5, with a cluster-robust variance: slots of one request are correlated;
+docs/estimator.md). In bin b (n_b slots, mean prediction s_b, label mean ybar_b):
 
   CE2 = sum_b (n_b / N) [(ybar_b - s_b)^2 - V_b]
   V_b = G_b / (G_b - 1) * sum_r (S_rb - ybar_b n_rb)^2 / n_b^2      (0 where G_b < 2)
 
-with n_rb slots and S_rb accepted ones of cluster r (a request) in bin b and G_b clusters in the bin:
-the cluster-robust (sandwich) variance of a mean. With every slot its own cluster, V_b is Kumar et
-al.'s ybar_b (1 - ybar_b) / (n_b - 1), unbiased for i.i.d. labels. CE2 estimates
-sum_b (n_b / N)(mu_b - s_b)^2 without bias (up to the variance estimate's); on perfectly calibrated
-data it is negative about half the time, where the plug-in ECE sits at its floor (metrics/bootstrap.py).
-With few clusters the sandwich V_b is too small and a bin holding one cluster is not corrected, so CE2
-keeps an upward bias there (on request subsets of real traces: stable from ~60 requests, rising below
-~30; bench/results/estimators.md): the direction that never flatters a predictor.
-Reported as the signed root sgn(CE2) sqrt|CE2| (monotone: bootstrap percentiles map through it), an
-l2 calibration error; the l2 error bounds the l1 ECE of the same bins from above (Jensen:
-sum w |d| <= sqrt(sum w d^2)), so a population l2 error <= 0.010 means the l1 ECE is too.
-Kumar et al.'s l1 variant (a normal-approximation bias estimate) leaves most of the bias in place
-near perfect calibration (the kink of |.|), which is why it is not the one here.
-
+with n_rb slots and S_rb accepted ones of cluster r (a request) in bin b and G_b clusters in the bin
+(every slot its own cluster: Kumar et al.'s ybar_b (1 - ybar_b) / (n_b - 1)). Reported as the signed
+root sgn(CE2) sqrt|CE2|, an l2 error that bounds the l1 ECE of the same bins from above (Jensen).
 Per-cluster sums (additive over clusters, so a bootstrap resample is a counts matrix times them):
   stats [7, ..., n_bins]: n, sum p, sum y, sum_r n_rb^2, sum_r n_rb S_rb, sum_r S_rb^2, G_b
 """

@@ -1,9 +1,5 @@
-"""Ranking metrics: the area under the ROC curve as a rank statistic.
-
-Glossary:
-  labels   y_n in {0, 1}: the draft slot was accepted                      [N]
-  scores   any real score; higher means "more likely accepted"            [N]
-  weights  w_n >= 0, optional sample weights                              [N]
+"""The area under the ROC curve as a rank statistic, over [N] labels y_n in {0, 1}, real scores (higher:
+more likely accepted) and optional weights w_n >= 0:
 AUC = P(score of a random positive > score of a random negative) + 1/2 P(tie): the Mann-Whitney
 statistic with ties counted 1/2, so it equals sklearn's `roc_auc_score` (trapezoidal ROC area).
 Degenerate input: one class present -> `UndefinedMetricWarning` and nan (as sklearn).
@@ -20,54 +16,17 @@ from avkit.metrics.calibration import UndefinedMetricWarning, check_binary_input
 
 
 def auc(labels, scores, sample_weight=None) -> float:
-    """Area under the ROC curve; ties between a positive and a negative count 1/2.
+    """Area under the ROC curve of [N] labels in {0, 1} and finite scores (optional weights >= 0); ties
+    between a positive and a negative count 1/2; nan with an `UndefinedMetricWarning` for one class.
 
-    Parameters
-    ----------
-    labels : array-like [N] of {0, 1}
-    scores : array-like [N] of finite reals
-    sample_weight : array-like [N] of non-negative weights, optional
-
-    Returns
-    -------
-    float in [0, 1], or nan with an `UndefinedMetricWarning` when only one class is present.
-
-    Examples
-    --------
     >>> auc([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8])
     0.75
     """
     y, s, w = check_binary_inputs(labels, scores, sample_weight, name="scores", probabilities=False)
-    if w is None:
-        return _auc_unweighted(y, s)
-    order = argsort(s)
-    return auc_sorted(y[order], s[order], w[order])
-
-
-def _auc_unweighted(y: np.ndarray, s: np.ndarray) -> float:
-    """Sort positives' and negatives' scores apart (value sorts, ~3x cheaper than an argsort);
-    each positive beats the negatives strictly below it and ties with the equal ones: two
-    binary searches into the sorted negatives give both counts, exactly."""
-    pos_s = pl.Series(s[y > 0]).sort().to_numpy()  # [P]
-    neg_s = pl.Series(s[y == 0]).sort().to_numpy()  # [Q]
-    if len(pos_s) == 0 or len(neg_s) == 0:
-        warnings.warn("only one class present in labels: AUC is undefined, returning nan",
-                      UndefinedMetricWarning, stacklevel=3)
-        return float("nan")
-    below = np.searchsorted(neg_s, pos_s, "left")  # [P] negatives < each positive
-    at_or_below = np.searchsorted(neg_s, pos_s, "right")  # [P] negatives <= each positive
-    return float((below.sum() + 0.5 * (at_or_below - below).sum()) / (len(pos_s) * len(neg_s)))
-
-
-def argsort(s: np.ndarray) -> np.ndarray:
-    """Ascending order of [N] scores (polars' parallel sort: ~2x numpy on millions of rows)."""
-    return pl.Series(s).arg_sort().to_numpy()
-
-
-def auc_sorted(y: np.ndarray, s: np.ndarray, w: np.ndarray | None = None) -> float:
-    """AUC of validated input already sorted by ascending score ([N] each); O(N)."""
-    pos = y if w is None else w * y  # [N] positive mass per row
-    neg = (1.0 - y) if w is None else w * (1.0 - y)  # [N] negative mass per row
+    order = pl.Series(s).arg_sort().to_numpy()  # polars' parallel sort: ~2x numpy on millions of rows
+    y, s = y[order], s[order]
+    pos = y if w is None else w[order] * y  # [N] positive mass per row
+    neg = (1.0 - y) if w is None else w[order] * (1.0 - y)  # [N] negative mass per row
     total_pos, total_neg = pos.sum(), neg.sum()
     if total_pos <= 0 or total_neg <= 0:
         warnings.warn("only one class present in labels: AUC is undefined, returning nan",
@@ -75,8 +34,7 @@ def auc_sorted(y: np.ndarray, s: np.ndarray, w: np.ndarray | None = None) -> flo
         return float("nan")
     # A positive row carries no negative mass, so the running negative mass at it counts the
     # negatives ranked below it, exactly, when no scores tie.
-    cum_neg = np.cumsum(neg)  # [N]
-    wins = float(np.dot(pos, cum_neg))
+    wins = float(np.dot(pos, np.cumsum(neg)))
     tied = s[1:] == s[:-1]  # [N-1] row i+1 ties row i
     if tied.any():
         rows = np.flatnonzero(np.r_[tied, False] | np.r_[False, tied])  # [T] rows inside tie groups

@@ -1,28 +1,17 @@
 """Score tables: every metric over the standard scopes of a trace (docs/estimator.md).
 
-Scopes:
-  all               every observed slot
-  all_but_first     positions >= 1 (position 0 is easy and dominates the pooled AUC)
-  position=i        draft position i
-  dataset=NAME      one workload
-`ScoreLayout` holds what does not depend on the predictions (labels, groups = dataset x position,
-counts) and is built once per trace set; scoring one feature then costs one sort plus O(N) passes:
-  AUC      one radix sort of packed uint64 keys: the prediction's float64 bits (a non-negative
-           double orders like its bit pattern) with the low `bits` mantissa bits replaced by
-           (group, label). The sorted keys carry labels and groups along, so nothing is gathered.
-           Every scope's AUC comes from that one order (`_family_auc`): a positive at place j
-           among its scope's rows outranks j - (positives before it) negatives, so a stable
-           counting sort of the rows' small scope codes (position, dataset) gives each scope's
-           Mann-Whitney count; runs of equal predictions are corrected on their rows alone.
-           Predictions are ranked at a relative resolution of 2^-(52 - bits) (bits <= 12): two
-           predictions closer than that count as a tie (1/2) where an exact ranking would order
-           them. The public `auc` is exact.
-  log-loss per-row NLL once, then per-group sums
-  ECE      per-(group, bin) sums of p, y and counts; a union of groups sums its rows of the table
+Scopes: all; all_but_first (positions >= 1: position 0 is easy and dominates the pooled AUC); position=i;
+dataset=NAME. `ScoreLayout` holds what does not depend on the predictions (labels, groups = dataset x
+position) and is built once; scoring one feature then costs one sort plus O(N) passes:
+  AUC      one radix sort of uint64 keys: the prediction's float64 bits (a non-negative double orders
+           like its bit pattern) with the low `bits` mantissa bits replaced by (group, label), so the
+           sorted keys carry labels and groups along. Every scope's AUC comes from that one order
+           (`_family_auc`). Predictions closer than 2^-(52 - bits) relative (bits <= 12) count as a
+           tie (1/2); the public `auc` is exact.
+  log-loss, ECE   per-(group, bin) additive sums; a union of groups sums its rows of the table
 """
 
 from __future__ import annotations
-
 
 import numpy as np
 import polars as pl
@@ -35,13 +24,11 @@ MAX_KEY_BITS = 12  # label + group bits packed below the prediction's bits
 
 
 def _family_auc(codes: np.ndarray | None, y: np.ndarray, ties, num_codes: int) -> np.ndarray:
-    """[C] AUC of each code's rows, from ONE sort shared by every scope.
-
-    codes: [N] small ints (None: one code) and y: [N] int8 labels, both in ascending order of the
-    prediction; ties: (rows inside tie blocks [T], their block ids [T]) or None. A positive of code c
-    at place j among c's rows (0-based, in ascending order) outranks the j - (positives of c before
-    it) negatives of c before it, so the ordered win count is sum_pos j - P (P - 1) / 2; a stable
-    counting sort by code gives every row's j. Ties are then corrected on the tied rows only."""
+    """[C] AUC of each code's rows from one sort: codes [N] small ints (None: one code), y [N] int8 labels,
+    in ascending order of the prediction; ties: (rows inside tie blocks [T], their block ids [T]) or None.
+    A positive of code c at place j among c's rows outranks j - (positives of c before it) negatives, so
+    the win count is sum_pos j - P (P - 1) / 2 (a stable counting sort by code gives each j); ties are
+    corrected on the tied rows only."""
     if codes is None:
         n = np.array([y.size])  # [1]
         idx_sum = np.array([float(np.flatnonzero(y).sum())])
@@ -67,10 +54,8 @@ def _family_auc(codes: np.ndarray | None, y: np.ndarray, ties, num_codes: int) -
 
 
 class ScoreLayout:
-    """The prediction-independent half of a score table over [N] observed slots.
-
-    y: [N] float64 labels in {0, 1}; pos: [N] int positions; ds: [N] int dataset codes or None.
-    """
+    """The prediction-independent half of a score table: y [N] float64 labels in {0, 1}, pos [N] int
+    positions, ds [N] int dataset codes or None."""
 
     def __init__(self, y: np.ndarray, pos: np.ndarray, ds: np.ndarray | None = None,
                  dataset_names: list[str] | None = None, n_bins: int = 10):
@@ -143,16 +128,9 @@ def scope_rows(nll_g: np.ndarray, table: np.ndarray, names: list[str], aucs: dic
 
 def score_table(labels, probs, positions, dataset_codes=None, dataset_names=None,
                 n_bins: int = 10) -> list[dict]:
-    """Rows {scope, auc, log_loss, ece, n} for the standard scopes; AUC is nan for one class.
+    """Rows {scope, auc, log_loss, ece, n} of [N] labels in {0, 1}, predictions in [0, 1], positions and
+    optional dataset codes (into `dataset_names`) for the standard scopes; AUC is nan for one class.
 
-    Parameters
-    ----------
-    labels, probs : array-like [N]      labels in {0, 1}, predictions in [0, 1]
-    positions : array-like [N] of int   draft position of each slot
-    dataset_codes : array-like [N] of int, optional   index into `dataset_names`
-
-    Examples
-    --------
     >>> rows = score_table([0, 1, 1, 0], [0.2, 0.7, 0.6, 0.4], [0, 0, 1, 1])
     >>> [(r["scope"], r["auc"], r["n"]) for r in rows]
     [('all', 1.0, 4), ('all_but_first', 1.0, 2), ('position=0', 1.0, 2), ('position=1', 1.0, 2)]
