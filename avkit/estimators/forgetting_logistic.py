@@ -43,16 +43,12 @@ from avkit.estimators.online_logistic import RoundLogistic
 from avkit.features import CLAMP
 
 
-def basis(f: np.ndarray) -> np.ndarray:
-    """[N] oriented feature -> [N, 2] (f, h(f)), h(f) = -log(softplus(-f)) clamped like the features."""
-    h = -np.log(np.logaddexp(0.0, -f))
-    return np.stack([f, np.clip(h, -CLAMP, CLAMP)], axis=-1)
-
-
-def basis_torch(f: torch.Tensor) -> torch.Tensor:
-    """`basis` in torch, on f's device: [...] -> [..., 2]."""
-    h = -torch.log(torch.logaddexp(torch.zeros_like(f), -f))
-    return torch.stack([f, h.clamp(-CLAMP, CLAMP)], dim=-1)
+def basis(f):
+    """[...] oriented feature (numpy, or torch on its device) -> [..., 2] (f, h(f)), h(f) = -log(softplus(-f))
+    clamped like the features."""
+    xp = torch if isinstance(f, torch.Tensor) else np
+    h = -xp.log(xp.logaddexp(xp.zeros_like(f), -f))
+    return xp.stack([f, xp.clip(h, -CLAMP, CLAMP)], axis=-1)
 
 
 class ForgettingLogistic(RoundLogistic):
@@ -88,22 +84,16 @@ class ForgettingLogistic(RoundLogistic):
         m, k = self.M, self.k
         return {"a": np.zeros((m, m)), "b": np.zeros((k, m)), "c": np.zeros(k), "g0": np.zeros(m), "g1": np.zeros(k)}
 
-    def _logits(self, features, positions):
-        return basis(features) @ self.basis_slopes + self.intercepts[positions]
-
-    def _coefficient_arrays(self):
+    def coef(self):
         return {"basis_slopes": self.basis_slopes, "intercepts": self.intercepts}
 
-    def _logits_torch(self, coef, features, positions):
-        return basis_torch(features) @ coef["basis_slopes"] + coef["intercepts"][positions]
+    def _logits(self, coef, features, positions):
+        return basis(features) @ coef["basis_slopes"] + coef["intercepts"][positions]
 
     def fit(self, *args, **kwargs):
         raise ConfigError("forgetting_logistic refits online only; batch fits use batch_logistic")
 
     batch_step = fit  # out-of-core batch fits call batch_step directly
-
-    def coefficients(self):
-        return np.r_[self.basis_slopes, self.intercepts]
 
     def interval(self) -> int:
         cfg = self.forgetting

@@ -36,37 +36,15 @@ def sigmoid_torch(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * (1.0 + torch.tanh(0.5 * x))  # the numpy path's overflow-free logistic, term for term
 
 
-class DeviceCoefficients:
-    """An estimator's coefficients on the engine's device: name -> tensor mirrors of `arrays()` per
-    (device, dtype), created on first use. The live step predicts on the device and the confidence
-    kernel reads the slope and intercepts as tensors, so nothing the step computes waits for the host;
-    after each change (a refit, a warm start) `refresh()` copies the float64 host coefficients into the
-    same tensors, in place (kernels holding them see the new values)."""
-
-    def __init__(self, arrays: Callable[[], dict[str, np.ndarray]]):
-        self._arrays = arrays
-        self._mirrors: dict[tuple[torch.device, torch.dtype], dict[str, torch.Tensor]] = {}
-
-    def on(self, device, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
-        key = (torch.device(device), dtype)
-        if key not in self._mirrors:
-            self._mirrors[key] = {n: torch.as_tensor(np.atleast_1d(a), dtype=dtype).to(key[0])
-                                  for n, a in self._arrays().items()}
-        return self._mirrors[key]
-
-    def refresh(self) -> None:
-        arrays = self._arrays()
-        for mirror in self._mirrors.values():
-            for n, t in mirror.items():
-                t.copy_(torch.as_tensor(np.atleast_1d(arrays[n]), dtype=t.dtype), non_blocking=True)
-
-
 class RoundLogistic:
-    """Online rounds and batch fitting shared by the logistic estimators; subclasses define the
-    coefficients (`_logits`, `_slope_at`, `_step`, `coefficients`). Inputs are numpy arrays (or CPU
+    """Online rounds and batch fitting shared by the logistic estimators. A subclass names its coefficients
+    (`coef()`: name -> float64 array, the first its slope(s), the last the intercepts) and gives
+    `_logits(coef, f, pos)` (numpy, or torch from the device mirrors of `coef()`) and `_step(stats,
+    damping)` (one Newton step; True if the slope step was applied). Inputs are numpy arrays (or CPU
     tensors) of one engine step or round."""
 
     name = "round_logistic"
+    device_round = True  # the live round's statistics may be summed on the device (`add_round`)
 
     def __init__(self, k: int = DEFAULT_K, config: EstimatorConfig | None = None):
         config = config or EstimatorConfig()
@@ -80,61 +58,46 @@ class RoundLogistic:
         self.rejected = 0  # rounds whose step was rejected by a guard
         self._round = IrlsStats.zeros(k)
         self._steps = 0
-        self.on_device = DeviceCoefficients(self._coefficient_arrays)  # the live step's copy
-
-    device_round = True  # the live round's statistics may be summed on the device (`add_round`)
-
-    # Subclass hooks: `_logits(f, pos)` [N] and `_logits_torch(coef, f, pos)` (from the device mirror),
-    # `_coefficient_arrays()` (name -> array, mirrored on the device), `_slope_at(i)` (position i's slope),
-    # `_step(stats, damping)` (one Newton step; True if the slope step was applied), `coefficients()`
-    # (one flat vector: convergence checks, trajectories).
+        self._mirrors: dict[tuple[torch.device, torch.dtype], dict[str, torch.Tensor]] = {}
 
     def oriented(self, features) -> np.ndarray:
         """[N] feature times its FeatureSpec sign (larger = more confident), float64."""
         f = np.asarray(features, dtype=np.float64)
         return f if self.sign == 1.0 else self.sign * f
 
-    # ---- Estimator protocol ----
+    def coefficients(self) -> np.ndarray:
+        """All coefficients as one flat vector (convergence checks, trajectories)."""
+        return np.concatenate([np.atleast_1d(a) for a in self.coef().values()])
+
+    def on_device(self, device, dtype: torch.dtype = torch.float64) -> dict[str, torch.Tensor]:
+        """Tensor mirrors of `coef()` on `device`, created on first use and refreshed in place after every
+        change (`_moved`): the live step predicts on the device and the confidence kernel holds them, so
+        nothing the step computes waits for the host."""
+        key = (torch.device(device), dtype)
+        if key not in self._mirrors:
+            self._mirrors[key] = {n: torch.as_tensor(np.atleast_1d(a), dtype=dtype).to(key[0])
+                                  for n, a in self.coef().items()}
+        return self._mirrors[key]
+
+    def _moved(self) -> None:
+        arrays = self.coef()
+        for mirror in self._mirrors.values():
+            for n, t in mirror.items():
+                t.copy_(torch.as_tensor(np.atleast_1d(arrays[n]), dtype=t.dtype), non_blocking=True)
+
     def predict(self, features: np.ndarray, positions: np.ndarray) -> np.ndarray:
         """[N] feature, [N] position -> [N] acceptance probabilities."""
-        return sigmoid(self._logits(self.oriented(features), check_positions(positions, self.k)))
+        return sigmoid(self._logits(self.coef(), self.oriented(features), check_positions(positions, self.k)))
 
     def predict_torch(self, features: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """`predict` on the features' device (float64 as the numpy path; no host read): [...] -> [...]."""
         f = features.double() if self.sign == 1.0 else self.sign * features.double()
-        return sigmoid_torch(self._logits_torch(self.on_device.on(features.device), f, positions))
+        return sigmoid_torch(self._logits(self.on_device(features.device), f, positions))
 
     def kernel_coefficients(self, device) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(slope [1], intercepts [K]) float32 on `device` when the prediction is the confidence kernel's
         sigma(slope * logit(q_max) + intercept_i) (kernels/confidence_ref.py), else None."""
         return None
-
-    def add_round(self, stats: IrlsStats, steps: int = 1) -> bool:
-        """Add `steps` engine steps' statistics (numpy, or device tensors summed by the `irls_stats`
-        kernel at the oriented feature) to the round; True when it filled and was refitted. A device
-        round is read to the host once, when it refits (6 K numbers)."""
-        if not 0 <= steps <= self.steps_to_refit:
-            raise ValueError(f"steps={steps}: a call may feed 0..{self.steps_to_refit} engine steps")
-        if isinstance(stats.a, torch.Tensor) and not isinstance(self._round.a, torch.Tensor):
-            self._round = IrlsStats(*(torch.zeros_like(x) for x in stats.fields()))
-        self._round += stats
-        return self._advance(steps)
-
-    def _advance(self, steps: int) -> bool:
-        """Count `steps` engine steps into the round; refit when it is full (True)."""
-        self._steps += steps
-        if self._steps < self.interval():
-            return False
-        self._round = self._round.numpy()  # a device round's one host read (6 K numbers)
-        self.refit()
-        return True
-
-    def accumulate(self, features, positions, predictions, labels) -> None:
-        """Add observed slots ([N] each) to the current round's statistics (no refit)."""
-        pos = check_positions(positions, self.k)
-        self._round += irls_stats(self.oriented(features), pos,
-                                  np.asarray(predictions, dtype=np.float64),
-                                  np.asarray(labels, dtype=np.float64), self.k)
 
     @property
     def steps_to_refit(self) -> int:
@@ -145,6 +108,41 @@ class RoundLogistic:
         """Engine steps in the current round (a constant `refit_interval` here)."""
         return self.config.refit_interval
 
+    def _check_steps(self, steps: int) -> None:
+        if not 0 <= steps <= self.steps_to_refit:
+            raise ValueError(f"steps={steps}: a call may feed 0..{self.steps_to_refit} engine steps")
+
+    def update(self, features, positions, predictions, labels, steps: int = 1) -> bool:
+        """Feed the observed slots of `steps` engine steps (a replay: up to `steps_to_refit`); True when the
+        round filled and was refitted. THE online round of live, the simulator and `avkit fit`."""
+        self._check_steps(steps)
+        self.accumulate(features, positions, predictions, labels)
+        return self._advance(steps)
+
+    def add_round(self, stats: IrlsStats, steps: int = 1) -> bool:
+        """`update` from statistics already summed (numpy, or device tensors of the `irls_stats` kernel at the
+        oriented feature); a device round is read to the host once, when it refits (6 K numbers)."""
+        self._check_steps(steps)
+        if isinstance(stats.a, torch.Tensor) and not isinstance(self._round.a, torch.Tensor):
+            self._round = IrlsStats(*(torch.zeros_like(x) for x in stats.fields()))
+        self._round += stats
+        return self._advance(steps)
+
+    def accumulate(self, features, positions, predictions, labels) -> None:
+        """Add observed slots ([N] each) to the current round's statistics (no refit)."""
+        pos = check_positions(positions, self.k)
+        self._round += irls_stats(self.oriented(features), pos, np.asarray(predictions, dtype=np.float64),
+                                  np.asarray(labels, dtype=np.float64), self.k)
+
+    def _advance(self, steps: int) -> bool:
+        """Count `steps` engine steps into the round; refit when it is full (True)."""
+        self._steps += steps
+        if self._steps < self.interval():
+            return False
+        self._round = self._round.numpy()  # a device round's one host read (6 K numbers)
+        self.refit()
+        return True
+
     def refit(self) -> bool:
         """Close the round: one Newton step from its statistics; True if the slope step was applied."""
         applied = self._step(self._round, self.config.damping)
@@ -152,20 +150,12 @@ class RoundLogistic:
         self.rounds += 1
         self.rejected += int(not applied and self._round.n.any())
         self.reset_round()
-        self.on_device.refresh()
+        self._moved()
         return applied
 
     def reset_round(self) -> None:
         """Drop the open round's statistics (a run ended before the round was full: live, they are lost)."""
         self._round, self._steps = IrlsStats.zeros(self.k), 0
-
-    def update(self, features, positions, predictions, labels, steps: int = 1) -> bool:
-        """Feed the observed slots of `steps` engine steps (a replay: up to `steps_to_refit`); True when the
-        round filled and was refitted. THE online round of live, the simulator and `avkit fit`."""
-        if not 0 <= steps <= self.steps_to_refit:
-            raise ValueError(f"steps={steps}: a call may feed 0..{self.steps_to_refit} engine steps")
-        self.accumulate(features, positions, predictions, labels)
-        return self._advance(steps)
 
     def fit(self, features, positions, labels, *, max_iter: int = 50, tol: float = 1e-10,
             on_iteration: Callable[[RoundLogistic], None] | None = None) -> int:
@@ -181,16 +171,17 @@ class RoundLogistic:
     def newton_stats(self, segments: list, counts: np.ndarray) -> IrlsStats:
         """The IRLS statistics of rows grouped by position ([K] `grouped_segments`, [K] row counts) at the
         current coefficients: one batch Newton step's sums (in memory here, per shard out of core)."""
-        return IrlsStats.from_segments([fused_segment_stats(*seg, self._slope_at(i), self.intercepts[i])
+        slopes = np.broadcast_to(next(iter(self.coef().values())), self.k)  # [K] each position's slope
+        return IrlsStats.from_segments([fused_segment_stats(*seg, slopes[i], self.intercepts[i])
                                         for i, seg in enumerate(segments)], counts)
 
     def batch_step(self, stats: IrlsStats) -> bool:
-        """One undamped Newton step of a batch fit, from ALL observed slots' statistics at the
-        current coefficients (summed over chunks or shards by out-of-core fits); True if applied."""
+        """One undamped Newton step of a batch fit from ALL observed slots' statistics at the current
+        coefficients (summed over chunks or shards out of core); True if applied."""
         applied = self._step(stats, 0.0)
         self.rounds += 1
         self.observations = stats.n.astype(np.int64)
-        self.on_device.refresh()
+        self._moved()
         return applied
 
     def state_dict(self) -> dict[str, Any]:
@@ -207,16 +198,13 @@ class RoundLogistic:
         self.intercepts = np.asarray(state["intercepts"], dtype=np.float64)
         self.observations = np.asarray(state.get("observations", [0] * self.k), dtype=np.int64)
         self.rounds, self.rejected = int(state.get("rounds", 0)), int(state.get("rejected", 0))
-        self.on_device.refresh()
+        self._moved()
 
 
 class OnlineLogistic(RoundLogistic):
     """One slope shared by all positions, one intercept per position: K + 1 parameters.
 
-    Examples
-    --------
-    >>> est = OnlineLogistic(k=2)
-    >>> est.predict(np.array([0.0, 2.0]), np.array([0, 1])).round(4).tolist()
+    >>> OnlineLogistic(k=2).predict(np.array([0.0, 2.0]), np.array([0, 1])).round(4).tolist()
     [0.4502, 0.69]
     """
 
@@ -226,31 +214,22 @@ class OnlineLogistic(RoundLogistic):
         super().__init__(k, config)
         self.slope = float(self.config.init_slope)
 
-    def _logits(self, features, positions):
-        return self.slope * features + self.intercepts[positions]
-
-    def _coefficient_arrays(self):
+    def coef(self):
         return {"slope": np.float64(self.slope), "intercepts": self.intercepts}
 
-    def _logits_torch(self, coef, features, positions):
+    def _logits(self, coef, features, positions):
         return coef["slope"] * features + coef["intercepts"][positions]
 
     def kernel_coefficients(self, device):
         if self.sign != 1.0 or self.config.feature != "logit_qmax":
             return None
-        coef = self.on_device.on(device, torch.float32)
+        coef = self.on_device(device, torch.float32)
         return coef["slope"], coef["intercepts"]
-
-    def _slope_at(self, position):
-        return self.slope
 
     def _step(self, stats, damping):
         self.slope, self.intercepts, applied = shared_slope_step(
             stats, self.slope, self.intercepts, self.config.ridge, damping)
         return applied
-
-    def coefficients(self):
-        return np.r_[self.slope, self.intercepts]
 
     def state_dict(self):
         return super().state_dict() | {"slope": self.slope}
@@ -271,12 +250,10 @@ class BatchLogistic(OnlineLogistic):
 
 
 class PerPositionSlope(RoundLogistic):
-    """Ablation: a slope per position, p_i = sigmoid(slope_i * f + intercept_i): 2K parameters. Same
-    rounds, statistics, ridge, damping and guards; the Newton step is an independent 2x2 solve per
-    position (`irls.per_position_step`). It asks whether the shared slope costs accuracy.
+    """Ablation: a slope per position, p_i = sigmoid(slope_i * f + intercept_i): 2K parameters, with the same
+    rounds, statistics, ridge, damping and guards; the Newton step is an independent 2x2 solve per position
+    (`irls.per_position_step`). It asks whether the shared slope costs accuracy.
 
-    Examples
-    --------
     >>> PerPositionSlope(k=2).slopes.tolist()
     [0.5, 0.5]
     """
@@ -287,25 +264,16 @@ class PerPositionSlope(RoundLogistic):
         super().__init__(k, config)
         self.slopes = np.full(k, self.config.init_slope)  # [K]
 
-    def _logits(self, features, positions):
-        return self.slopes[positions] * features + self.intercepts[positions]
-
-    def _coefficient_arrays(self):
+    def coef(self):
         return {"slopes": self.slopes, "intercepts": self.intercepts}
 
-    def _logits_torch(self, coef, features, positions):
+    def _logits(self, coef, features, positions):
         return coef["slopes"][positions] * features + coef["intercepts"][positions]
-
-    def _slope_at(self, position):
-        return self.slopes[position]
 
     def _step(self, stats, damping):
         self.slopes, self.intercepts, ok = per_position_step(
             stats, self.slopes, self.intercepts, self.config.ridge, damping)
         return bool(ok.any())
-
-    def coefficients(self):
-        return np.r_[self.slopes, self.intercepts]
 
     def state_dict(self):
         return super().state_dict() | {"slopes": self.slopes.tolist()}
