@@ -9,13 +9,7 @@ def _cell(text: str) -> str:
 
 def md_table(columns, rows, numeric=None) -> str:
     """Header, alignment rule and one line per row of pre-formatted cells ('|' escaped, newlines flattened);
-    `numeric`: a flag per column, right-aligned where set (default: every column but the first).
-
-    >>> print(md_table(("arm", "tok/s"), [("K=3", "12.5")]))
-    | arm | tok/s |
-    |---|---:|
-    | K=3 | 12.5 |
-    """
+    `numeric`: a flag per column, right-aligned where set (default: every column but the first)."""
     numeric = numeric if numeric is not None else [False] + [True] * (len(columns) - 1)
     lines = ["| " + " | ".join(_cell(c) for c in columns) + " |",
              "|" + "|".join("---:" if num else "---" for num in numeric) + "|"]

@@ -1,11 +1,6 @@
-"""Name -> factory registries (estimators, verify policies, prompt sets) whose entries are imported on first
-use: an entry is the factory itself or a lazy "package.module:attribute" path, so importing the engine pulls
-in nothing its entries import; `name in registry`, iteration and the "choose from" error import nothing.
-
->>> reg = Registry("widget", {"json": "json:dumps"})
->>> "json" in reg, reg["json"]([1])
-(True, '[1]')
-"""
+"""Name -> factory registries (estimators, verify policies, prompt sets): an entry is the factory or a lazy
+"package.module:attribute" path imported on first use, so importing the engine pulls in nothing its entries
+import; `name in registry`, iteration and the "choose from" error import nothing."""
 
 from __future__ import annotations
 

@@ -8,8 +8,7 @@
   abort     any exception (KeyboardInterrupt included) removes the temps and the folders the reservation made;
             the previous outputs are left exactly as they were
 Files get the mode of a plain `open()` (0666 minus the umask), not the 0600 of `mkstemp`. One file alone:
-`staged_file(path)` (fsync=True where a crash must never leave a torn file) or `write_json_atomic(path, obj)`.
-Every atomic write of avkit goes through this module.
+`staged_file(path)` or `write_json_atomic(path, obj)`. Every atomic write of avkit goes through this module.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Tokens/s as people read them: the rounding rule, a predicted cell with its interval, and an `avkit tune`
-result as text (its table and its summary lines).
-
-Light on purpose (no numpy, torch or matplotlib): the `avkit tune` table, the report's tune section and
-the bench/ Markdown tables all print throughput through it.
-"""
+"""Tokens/s as people read them, and an `avkit tune` result as text (its table and summary lines): for the
+`avkit tune` table, the report's tune section and bench/ (light on purpose: no numpy, torch or matplotlib)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""Turn workload prompts into engine requests, in a seeded round-robin over datasets.
-
-Glossary:
-  turn 1       a prompt's opening messages rendered with the target's chat template
-  follow-up    MT-Bench's next user turn: asked after the model's own answer, so it is queued
-               only when the previous turn's generation finishes, and admitted before new prompts
-  quota        `slots_per_dataset`: a dataset stops admitting prompts once it has that many
-               labelled slots (requests already running finish normally)
-  balance      the dataset with the fewest labelled slots is admitted next
-Request ids are `<dataset>/<prompt id>` and `<dataset>/<prompt id>/turn<n>` for follow-ups.
-"""
+"""Workload prompts -> engine requests: follow-ups first, then the dataset furthest behind (docs/workloads.md,
+"How avkit record asks them"). Request ids: `<dataset>/<prompt id>[/turn<n>]`."""
 
 from __future__ import annotations
 
@@ -32,11 +23,8 @@ class Turn:
 
 
 class PromptQueue:
-    """Hands out the next request: follow-ups first, then the dataset furthest behind (skipping full ones).
-
-    `done` maps finished request ids to their output ids (from a resumed generations table);
-    finished turns are skipped and their follow-ups rebuilt from the stored answer.
-    """
+    """Hands out the next request. `done`: finished request id -> output ids (a resumed generations table);
+    those turns are skipped and their follow-ups rebuilt from the stored answer."""
 
     def __init__(self, config: RecordConfig, tokenizer, done: dict[str, list[int]] | None = None):
         self.config = config
@@ -94,11 +82,8 @@ class PromptQueue:
         return None
 
     def pop(self, full: set[str] = frozenset(), labelled: dict[str, int] | None = None) -> Turn | None:
-        """The next request to admit, or None when every dataset is exhausted or full.
-
-        Among datasets with prompts left and not `full`, the one with the fewest labelled slots so
-        far goes first (then the fewest admitted prompts), so an interrupted run stays balanced.
-        """
+        """The next request to admit (None: every dataset exhausted or `full`): the dataset with the fewest
+        `labelled` slots goes first, then the fewest admitted prompts."""
         if self._followups:
             return self._followups.popleft()
         labelled = labelled or {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import suppress
 from pathlib import Path
 
 import numpy as np
@@ -72,8 +73,7 @@ class _ParquetStream:
                                 metadata={k: str(v) for k, v in meta.items()})
         self.row_group_rows = row_group_rows or self.default_rows
         self.flush_interval_s = flush_interval_s
-        self._buffer: list[pa.Table] = []
-        self._buffered = 0
+        self._buffer: list[pa.Table] = []  # written, not yet a row group
         self._last_flush = time.monotonic()
         self.closed = False
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -92,11 +92,9 @@ class _ParquetStream:
         missing = sorted(c.name for c in self.columns if c.name not in have and not c.nullable)
         if missing:
             raise TraceError(f"{src}: cannot resume, columns missing: {missing}")
-        for c in self.columns:  # a nullable column newer than the file: null in its rows
-            if c.name not in have:
-                groups = [g.append_column(pa.field(c.name, c.type), pa.nulls(g.num_rows, c.type)) for g in groups]
-        try:
-            groups = [g.select([c.name for c in self.columns]).cast(self.schema.remove_metadata()) for g in groups]
+        try:  # a nullable column newer than the file: null in its rows
+            groups = [pa.table([g[c.name] if c.name in have else pa.nulls(g.num_rows, c.type) for c in self.columns],
+                               names=[c.name for c in self.columns]).cast(self.schema.remove_metadata()) for g in groups]
         except (pa.ArrowException, ValueError) as e:
             raise TraceError(f"{src}: cannot resume, columns do not cast to the schema ({e})") from None
         if keep is not None:
@@ -126,9 +124,8 @@ class _ParquetStream:
             return
         arrays = [_column_array(c, columns.get(c.name), n, self.path) for c in self.columns]
         self._buffer.append(pa.Table.from_arrays(arrays, schema=self.schema.remove_metadata()))
-        self._buffered += n
         due = self.flush_interval_s is not None and time.monotonic() - self._last_flush >= self.flush_interval_s
-        if self._buffered >= self.row_group_rows or due:
+        if sum(t.num_rows for t in self._buffer) >= self.row_group_rows or due:
             self.flush()
 
     def _seal_buffer(self) -> None:
@@ -138,7 +135,7 @@ class _ParquetStream:
             group = pa.concat_tables(self._buffer).unify_dictionaries().combine_chunks()
             self._groups.append(group)
             self.rows_written += group.num_rows
-            self._buffer, self._buffered = [], 0
+            self._buffer = []
 
     def flush(self) -> None:
         """Write buffered rows as a row group; afterwards `<path>.partial` is complete and readable."""
@@ -175,10 +172,8 @@ class _ParquetStream:
     def keep(self) -> None:
         """After an error: what was recorded stays in `<path>.partial` only; `<path>` is untouched."""
         if not self.closed:
-            try:
+            with suppress(Exception):  # the original error matters more than a failed last flush
                 self.flush()
-            except Exception:  # the original error matters more than a failed last flush
-                pass
 
     def __exit__(self, exc_type, exc, tb):
         if exc_type is not None:
