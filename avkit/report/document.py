@@ -48,6 +48,20 @@ class Table:
             object.__setattr__(self, "numeric", (False,) + (True,) * (len(self.columns) - 1))
 
 
+def record_table(rows, cols, **kw) -> Table:
+    """One row per record (a dict): `cols` are (header, key, digits), the cell fmt(row[key], digits), str(row[key])
+    where digits is None, or key(row) where key is a function."""
+    cells = [tuple(key(r) if callable(key) else str(r[key]) if d is None else fmt(r.get(key), d) for _, key, d in cols)
+             for r in rows]
+    return Table(tuple(h for h, _, _ in cols), cells, **kw)
+
+
+def grid_table(values: dict, head: str, rows, columns, digits: int = DIGITS, col_head=str, **kw) -> Table:
+    """A row x column grid of `values[(row, column)]` (absent: '-'); the first column, headed `head`, names the row."""
+    return Table((head, *map(col_head, columns)),
+                 [(str(r), *(fmt(values.get((r, c)), digits) for c in columns)) for r in rows], **kw)
+
+
 @dataclass(frozen=True)
 class Figure:
     name: str  # PNG file stem, unique in the report

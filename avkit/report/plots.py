@@ -56,39 +56,24 @@ def series_colors(names: list[str]) -> dict[str, str]:
     return {n: cmap(i % 10) for i, n in enumerate(names)}
 
 
-def acceptance_by_position(curves: dict[str, tuple[np.ndarray, np.ndarray]], k: int,
-                           band: np.ndarray | None = None) -> Figure:
-    """curves: label -> (positions [P], observed acceptance rate [P]); the first is drawn bold, with
-    `band` [P] (a half-width) shaded around it."""
-    fig, ax = new_figure(7.0, 3.8)
+def position_lines(curves: dict[str, tuple[np.ndarray, np.ndarray, dict]], k: int, size: tuple[float, float],
+                   legend: int, band: np.ndarray | None = None, hline: float | None = None, **labels) -> Figure:
+    """Lines over the draft positions: label -> (positions [P], values [P], its line style; color: tab10 in order
+    unless given). `band` [P]: a half-width shaded around the first line; `hline`: a dotted reference level;
+    `labels`: the axes' title, ylabel and limits."""
+    fig, ax = new_figure(*size)
     ax = ax[0, 0]
     if band is not None:
-        pos, rate = next(iter(curves.values()))
+        pos, rate, _ = next(iter(curves.values()))
         ax.fill_between(pos, np.clip(rate - band, 0, 1), np.clip(rate + band, 0, 1), color="black", alpha=0.12,
                         linewidth=0, label="95% interval")
     colors = series_colors(list(curves))
-    for label, (pos, rate) in curves.items():
-        bold = label == next(iter(curves))
-        ax.plot(pos, rate, marker="o", color="black" if bold else colors[label], linewidth=2.4 if bold else 1.4,
-                label=label, zorder=3 if bold else 2)
-    ax.set(title="Acceptance rate per draft position (observed slots)", xlabel="draft position i",
-           ylabel="P(accept | reached, verified)", ylim=(0, 1.02), xticks=range(k))
-    ax.legend(frameon=False, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    return fig
-
-
-def per_position_auc(curves: dict[str, tuple[np.ndarray, np.ndarray, bool]], k: int) -> Figure:
-    """curves: 'feature (estimator)' -> (positions [P], AUC [P], lossless)."""
-    fig, ax = new_figure(8.0, 4.4)
-    ax = ax[0, 0]
-    colors = series_colors(list(curves))
-    for label, (pos, auc, lossless) in curves.items():
-        ax.plot(pos, auc, marker="o" if lossless else "x", linestyle="-" if lossless else "--",
-                color=colors[label], label=label + ("" if lossless else "  [LOSSY]"), linewidth=1.5)
-    ax.axhline(0.5, color="grey", linewidth=0.8, linestyle=":")
-    ax.set(title="AUC per draft position, by feature and estimator", xlabel="draft position i",
-           ylabel="AUC (rank, ties = 1/2)", xticks=range(k))
-    ax.legend(frameon=False, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    for label, (pos, y, style) in curves.items():
+        ax.plot(pos, y, label=label, **{"color": colors[label], **style})
+    if hline is not None:
+        ax.axhline(hline, color="grey", linewidth=0.8, linestyle=":")
+    ax.set(xlabel="draft position i", xticks=range(k), **labels)
+    ax.legend(frameon=False, fontsize=legend, loc="center left", bbox_to_anchor=(1.0, 0.5))
     return fig
 
 

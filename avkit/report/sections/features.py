@@ -9,7 +9,7 @@ import numpy as np
 
 from avkit.config import ReportConfig
 from avkit.report import plots
-from avkit.report.document import DIGITS, Figure, Section, Table, fmt
+from avkit.report.document import DIGITS, Figure, Section, Table, fmt, grid_table
 from avkit.report.inputs import ReportInputs
 
 # the seeds (docs/seeds.md, vLLM PR #52228 write-ups): DeepSeek-V4-Flash + DSpark, ~4.5M drafts (AUC, log-loss, ECE).
@@ -67,14 +67,12 @@ def lossy_sentence(scores: list[dict]) -> str:
 
 
 def dataset_auc_table(scores: list[dict]) -> Table | None:
-    index = score_index(scores)
+    index = {f"{f} ({e})": sc for (f, e), sc in score_index(scores).items()}
     datasets = list(dict.fromkeys(s.removeprefix("dataset=") for sc in index.values() for s in sc
                                   if s.startswith("dataset=")))
-    if not datasets:
-        return None
-    rows = [(f"{f} ({e})", *(fmt(sc.get(f"dataset={d}", {}).get("auc")) for d in datasets))
-            for (f, e), sc in index.items()]
-    return Table(("feature (estimator)", *datasets), rows, caption="AUC per dataset (scores.json `dataset=` scopes).")
+    return grid_table({(name, d): sc.get(f"dataset={d}", {}).get("auc") for name, sc in index.items() for d in datasets},
+                      "feature (estimator)", index, datasets,
+                      caption="AUC per dataset (scores.json `dataset=` scopes).") if datasets else None
 
 
 def auc_figure(scores: list[dict], k: int) -> Figure:
@@ -82,12 +80,16 @@ def auc_figure(scores: list[dict], k: int) -> Figure:
     for (feature, est), scopes in score_index(scores).items():
         pos = sorted(int(s.split("=")[1]) for s in scopes if s.startswith("position="))
         auc = np.array([scopes[f"position={i}"]["auc"] for i in pos], dtype=float)  # None (one class) -> nan
-        curves[f"{feature} ({est})"] = (np.array(pos), auc, next(iter(scopes.values()))["lossless"])
+        lossless = next(iter(scopes.values()))["lossless"]
+        curves[f"{feature} ({est})" + ("" if lossless else "  [LOSSY]")] = (np.array(pos), auc, {
+            "marker": "o" if lossless else "x", "linestyle": "-" if lossless else "--", "linewidth": 1.5})
     return Figure("auc_by_position", "AUC of each feature and estimator at each draft position (dashed: lossy). "
                   "Within one position, fixed coefficients make an estimator a monotone map of its feature, so "
                   "q_max, logit(q_max) and −log(−log q_max) rank nearly identically there; only the online "
                   "refits (coefficients changing over time) separate their lines.",
-                  plots.per_position_auc(curves, k), alt="AUC per draft position")
+                  plots.position_lines(curves, k, (8.0, 4.4), 7, hline=0.5, ylabel="AUC (rank, ties = 1/2)",
+                                       title="AUC per draft position, by feature and estimator"),
+                  alt="AUC per draft position")
 
 
 def build(inputs: ReportInputs, config: ReportConfig) -> Section:

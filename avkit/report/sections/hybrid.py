@@ -9,50 +9,39 @@ from avkit.config import ReportConfig
 from avkit.hvd import PAPER
 from avkit.hvd.markdown import cost_md
 from avkit.report import plots
-from avkit.report.document import Figure, Section, Table, fmt
+from avkit.report.document import Figure, Section, Table, fmt, grid_table, record_table
 from avkit.report.inputs import ReportInputs
 
 COLS = (("router", None), ("cycles_per_1k", 1), ("mean_accepted", 3), ("cache_share", 3), ("precision", 3),
         ("recall", 3), ("speedup_vs_model", 3), ("speedup_vs_suffix", 3), ("speedup_vs_target", 3))
-
-
-def _num(x):
-    return float("nan") if x is None else x
+VERDICT = (("dataset", "dataset", None), ("best single", "best_single_router", None),
+           ("tokens/forward", "best_single", 3), ("best HVD", "best_router", None), ("tokens/forward", "best_hvd", 3),
+           ("ratio", "ratio", 3), ("fewer cycles", "fewer_cycles", 3),
+           (">= 0.99x", lambda r: "yes" if r["holds"] else "NO", None), ("oracle headroom", "headroom", 3))
 
 
 def _table(rows: list[dict], caption: str, collapsed: bool = False, with_dataset: bool = False) -> Table:
     cols = COLS[:1] + ((("dataset", None),) if with_dataset else ()) + COLS[1:]
-    cells = [tuple(str(r[c]) if d is None else fmt(r.get(c), d) for c, d in cols) for r in rows]
     lead = 2 if with_dataset else 1
-    return Table(tuple(c for c, _ in cols), cells, caption=caption, collapsed=collapsed,
-                 numeric=(False,) * lead + (True,) * (len(cols) - lead))
+    return record_table(rows, [(c, c, d) for c, d in cols], caption=caption, collapsed=collapsed,
+                        numeric=(False,) * lead + (True,) * (len(cols) - lead))
 
 
 def _budget_table(budget: list[dict]) -> Table | None:
     if not budget or "concurrency" not in budget[0]:
         return None
-    conc = sorted({r["concurrency"] for r in budget})
-    routers = list(dict.fromkeys(r["router"] for r in budget))
-    val = {(r["router"], r["concurrency"]): r["throughput"] for r in budget}
-    rows = [(str(c), *(fmt(val.get((rt, c)), 3) for rt in routers)) for c in conc]
-    return Table(("concurrency", *routers), rows,
-                 caption="Batched replay: tokens per target forward; survival+budget lets cache and model "
-                         "slots compete for one adaptive verification budget.")
+    return grid_table({(r["concurrency"], r["router"]): r["throughput"] for r in budget}, "concurrency",
+                      sorted({r["concurrency"] for r in budget}), list(dict.fromkeys(r["router"] for r in budget)), 3,
+                      caption="Batched replay: tokens per target forward; survival+budget lets cache and model "
+                              "slots compete for one adaptive verification budget.")
 
 
 def _verdict_table(verdict: list[dict]) -> Table | None:
     """Per dataset: the best HVD router against the better single drafter (avkit/hvd/verdict.py)."""
-    if not verdict:
-        return None
-    rows = [(r["dataset"], r["best_single_router"], fmt(r["best_single"], 3), r["best_router"], fmt(r["best_hvd"], 3),
-             fmt(r["ratio"], 3), fmt(r.get("fewer_cycles"), 3), "yes" if r["holds"] else "NO",
-             fmt(r.get("headroom"), 3)) for r in verdict]
-    return Table(("dataset", "best single", "tokens/forward", "best HVD", "tokens/forward", "ratio", "fewer cycles",
-                  ">= 0.99x", "oracle headroom"),
-                 rows, caption="Goal: the best HVD router at >= 0.99x the best single drafter on every dataset "
-                               "(test requests decoded one at a time, one cost accounting). Oracle headroom: a "
-                               "clairvoyant router's throughput over the best single drafter, the most any router "
-                               "could reach with these drafts (avkit/hvd/verdict.py).")
+    return record_table(verdict, VERDICT, caption=(
+        "Goal: the best HVD router at >= 0.99x the best single drafter on every dataset (test requests decoded one "
+        "at a time, one cost accounting). Oracle headroom: a clairvoyant router's throughput over the best single "
+        "drafter, the most any router could reach with these drafts (avkit/hvd/verdict.py).")) if verdict else None
 
 
 def build(inputs: ReportInputs, config: ReportConfig) -> Section:
@@ -76,7 +65,8 @@ def build(inputs: ReportInputs, config: ReportConfig) -> Section:
              "Speedup over model-only drafting", "throughput ratio (×)", 1.0, "HVD speedup per router"),
             ("hvd_cycles", "cycles_per_1k", "Target verifications per 1,000 generated tokens (lower is better).",
              "Decoding cycles per 1,000 tokens", "cycles / 1,000 tokens", None, "HVD cycles per 1000 tokens")):
-        values = {d: {r["router"]: _num(r[col]) for r in rows if r["dataset"] == d} for d in datasets}
+        values = {d: {r["router"]: math.nan if r[col] is None else r[col] for r in rows if r["dataset"] == d}
+                  for d in datasets}
         sec.add(Figure(name, caption, plots.grouped_bars(values, title, ylabel, baseline), alt=alt))
     sec.add(_table([r for r in rows if r["dataset"] != "overall"], "Per dataset.", collapsed=True, with_dataset=True),
             _verdict_table(blob.get("verdict", [])), _budget_table(blob.get("budget", [])))

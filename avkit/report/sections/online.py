@@ -17,12 +17,16 @@ import polars as pl
 
 from avkit.config import EstimatorConfig, ReportConfig
 from avkit.report import plots
-from avkit.report.document import Figure, Section, Table, fmt
+from avkit.report.document import DIGITS, Figure, Section, Table, fmt, record_table
 from avkit.report.inputs import ReportInputs
 from avkit.report.traces import MIN_SLOTS
 
 SEEDS_ROLE = ("vLLM PR #52228 write-ups (seeds 001/002, docs/seeds.md; DeepSeek-V4-Flash + DSpark, 5 workloads): "
               "slope 0.51–0.55, r = −0.08; β0 r = −0.89")
+
+
+ROLE = (("dataset", "dataset", None), ("observed slots", "n", DIGITS), ("acceptance rate", "rate", 3),
+        ("mean draft entropy (nats)", "entropy", 3), ("slope ω", "slope", DIGITS), ("intercept β0", "b0", 3))
 
 
 def pearson(x: np.ndarray, y: np.ndarray) -> float | None:
@@ -88,14 +92,10 @@ def _role_block(inputs: ReportInputs) -> list:
         return [f"Role analysis: no dataset has {MIN_SLOTS} observed first-position slots to fit on its own."]
     ent, slope, b0 = (np.array([f[k] for f in fits]) for k in ("entropy", "slope", "b0"))
     r_slope, r_b0 = pearson(ent, slope), pearson(ent, b0)
-    rows = [(f["dataset"], fmt(f["n"]), fmt(f["rate"], 3), fmt(f["entropy"], 3), fmt(f["slope"]), fmt(f["b0"], 3))
-            for f in fits]
     r_text = (f"Across datasets: r(entropy, ω) = {fmt(r_slope, 2)}, r(entropy, β0) = {fmt(r_b0, 2)}."
               if r_b0 is not None else f"r needs at least 3 datasets (here {len(fits)}); the plot shows the points.")
-    table = Table(("dataset", "observed slots", "acceptance rate", "mean draft entropy (nats)", "slope ω",
-                   "intercept β0"), rows,
-                  caption=f"Each dataset fitted on its own (batch, {inputs.fit.coefficients['feature']}). {r_text} "
-                          f"{SEEDS_ROLE}.")
+    table = record_table(fits, ROLE, caption=f"Each dataset fitted on its own (batch, "
+                                              f"{inputs.fit.coefficients['feature']}). {r_text} {SEEDS_ROLE}.")
     fig = Figure("role_analysis", "Slope and first intercept per dataset against mean draft entropy, with "
                  "Pearson r.", plots.role_analysis(ent, slope, b0, [f["dataset"] for f in fits], r_slope, r_b0),
                  alt="slope and first intercept vs draft entropy")

@@ -14,7 +14,7 @@ import polars as pl
 
 from avkit.config import ReportConfig
 from avkit.report import plots
-from avkit.report.document import Figure, Section, Table, fmt
+from avkit.report.document import Figure, Section, Table, grid_table, record_table
 from avkit.report.inputs import ReportInputs
 
 
@@ -71,30 +71,25 @@ def policy_tables(df: pl.DataFrame) -> list[Table]:
                    default=None) for c in conc}
     bold = frozenset((i, j + 1) for i, p in enumerate(policies) for j, c in enumerate(conc)
                      if (p, c) in cell and cell[p, c]["throughput_tok_s"] == best[c])
-    header = ("policy", *(f"c={c}" for c in conc))
-    tables = []
     captions = ("Simulated throughput, tokens/s; bold: the best deployable policy at that concurrency (the oracle "
                 "is an upper bound).",
                 "Throughput relative to the best fixed K at that concurrency (×).")
-    for (col, digits), caption in zip((("throughput_tok_s", 0), ("vs_best_fixed", 3)), captions):
-        rows = [(p, *(fmt(cell[p, c][col], digits) if (p, c) in cell else "-" for c in conc)) for p in policies]
-        tables.append(Table(header, rows, emphasis=bold, caption=caption))
-    return tables
+    return [grid_table({key: r[col] for key, r in cell.items()}, "policy", policies, conc, digits,
+                       col_head=lambda c: f"c={c}", emphasis=bold, caption=caption)
+            for (col, digits), caption in zip((("throughput_tok_s", 0), ("vs_best_fixed", 3)), captions)]
 
 
-DETAIL = (("concurrency", "concurrency", 0), ("policy", "policy", None), ("throughput_tok_s", "throughput (tok/s)", 0),
-          ("per_request_tok_s", "per request (tok/s)", 1), ("tokens_per_step", "tokens / step", 2),
-          ("verified_per_step", "verified / step", 2), ("drafts_wasted", "wasted drafts", 3),
-          ("vs_best_fixed", "× best fixed K", 3), ("vs_nospec", "× no-spec", 3))
+DETAIL = (("concurrency", "concurrency", 0), ("policy", "policy", None), ("throughput (tok/s)", "throughput_tok_s", 0),
+          ("per request (tok/s)", "per_request_tok_s", 1), ("tokens / step", "tokens_per_step", 2),
+          ("verified / step", "verified_per_step", 2), ("wasted drafts", "drafts_wasted", 3),
+          ("× best fixed K", "vs_best_fixed", 3), ("× no-spec", "vs_nospec", 3), ("Pareto", "pareto", None))
 
 
 def detail_table(df: pl.DataFrame, front: np.ndarray) -> Table:
-    present = [(c, h, d) for c, h, d in DETAIL if c in df.columns]
-    rows = [tuple(fmt(r[c], d) if d is not None else str(r[c]) for c, _, d in present) + ("yes" if f else "",)
-            for r, f in zip(df.iter_rows(named=True), front)]
-    return Table(tuple(h for _, h, _ in present) + ("Pareto",), rows, collapsed=True,
-                 numeric=(True, False) + (True,) * (len(present) - 2) + (False,),
-                 caption="Every simulated (concurrency, policy) pair.")
+    cols = [c for c in DETAIL if c[1] in df.columns or c[1] == "pareto"]
+    return record_table([r | {"pareto": "yes" if f else ""} for r, f in zip(df.iter_rows(named=True), front)], cols,
+                        collapsed=True, numeric=(True, False) + (True,) * (len(cols) - 3) + (False,),
+                        caption="Every simulated (concurrency, policy) pair.")
 
 
 def title(cost: dict | None) -> str:

@@ -43,7 +43,9 @@ def _position_block(t: TraceSummary) -> list:
         rate = t.accepted.sum(0) / n  # [K] nan where a position has no observed slot
         per_ds = list(t.accepted / t.counts)  # [D] x [K]
         half = 1.96 * np.sqrt(rate * (1 - rate) / n)  # [K] normal-approximation 95% interval
-    curves = {"all datasets": (np.arange(k), rate), **{name: (np.arange(k), r) for name, r in zip(t.names, per_ds)}}
+    curves = {"all datasets": (np.arange(k), rate, {"marker": "o", "color": "black", "linewidth": 2.4, "zorder": 3}),
+              **{name: (np.arange(k), r, {"marker": "o", "linewidth": 1.4, "zorder": 2})
+                 for name, r in zip(t.names, per_ds)}}
     reach = np.r_[1.0, np.cumprod(np.nan_to_num(rate, nan=0.0))[:-1]]  # P(all earlier drafts accepted)
     rows = [(str(i), fmt(int(n[i])), fmt(float(rate[i]), 3), fmt(float(reach[i]), 3),
              *(fmt(float(r[i]), 3) for r in per_ds)) for i in range(k)]
@@ -51,7 +53,9 @@ def _position_block(t: TraceSummary) -> list:
                   caption="P(reached) = product of the acceptance rates of earlier positions (all drafts verified).")
     fig = Figure("acceptance_by_position", "Observed acceptance rate per draft position, overall (band: 95% "
                  "interval) and per dataset.",
-                 plots.acceptance_by_position(curves, k, half), alt="acceptance rate per draft position")
+                 plots.position_lines(curves, k, (7.0, 3.8), 8, band=half, ylim=(0, 1.02), ylabel="P(accept | reached, "
+                                      "verified)", title="Acceptance rate per draft position (observed slots)"),
+                 alt="acceptance rate per draft position")
     return [table, fig]
 
 

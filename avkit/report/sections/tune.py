@@ -12,7 +12,7 @@ import numpy as np
 
 from avkit.config import ReportConfig
 from avkit.report import plots
-from avkit.report.document import Figure, Section, Table, fmt
+from avkit.report.document import DIGITS, Figure, Section, Table, record_table
 from avkit.report.inputs import ReportInputs
 from avkit.throughput_text import tok, tune_grid
 
@@ -26,17 +26,14 @@ def _gain(ratio: float) -> str:
 
 def schedule_table(result: dict) -> Table:
     """One row per simulated concurrency: the chosen arm, its throughput and the gains with intervals."""
-    rows = []
-    for r in result["schedule"]["per_concurrency"]:
-        a, b = r["vs_single_k"], r["vs_nospec"]
-        rows.append((fmt(r["concurrency"]), r["arm"], tok(r["throughput_tok_s"]),
-                     f"{a['ratio']:.3f} [{a['lo']:.3f}, {a['hi']:.3f}]", f"{b['ratio']:.3f} [{b['lo']:.3f}, {b['hi']:.3f}]",
-                     fmt(r["meets_slo"])))
-    single = result["schedule"]["single_k"]
-    return Table(("concurrency", "recommended", "tok/s", f"× fixed K={single} everywhere", "× no-spec", "meets SLO"),
-                 rows, numeric=(True, False, True, True, True, False),
-                 caption="The recommended arm per simulated concurrency; ratios with their bootstrap intervals "
-                         "(paired: the same resampled requests on both sides).")
+    ratio = lambda key: lambda r: f"{r[key]['ratio']:.3f} [{r[key]['lo']:.3f}, {r[key]['hi']:.3f}]"
+    cols = (("concurrency", "concurrency", DIGITS), ("recommended", "arm", None),
+            ("tok/s", lambda r: tok(r["throughput_tok_s"]), None),
+            (f"× fixed K={result['schedule']['single_k']} everywhere", ratio("vs_single_k"), None),
+            ("× no-spec", ratio("vs_nospec"), None), ("meets SLO", "meets_slo", DIGITS))
+    return record_table(result["schedule"]["per_concurrency"], cols, numeric=(True, False, True, True, True, False),
+                        caption="The recommended arm per simulated concurrency; ratios with their bootstrap intervals "
+                                "(paired: the same resampled requests on both sides).")
 
 
 def cell_table(result: dict) -> Table:
