@@ -78,6 +78,14 @@ class DraftProposal:
     confidences: torch.Tensor | None = None  # [B, K] float32 predictions made in the draft passes, or None
     cache_rows: torch.Tensor | None = None  # [B] bool, rows a deterministic cache drafted (kind "suffix"), or None
 
+    @classmethod
+    def empty(cls, inp: DraftInput, vocab_size: int, kind: str, features: tuple[str, ...], device) -> DraftProposal:
+        """Nothing drafted yet, [B, inp.k] (probs [B, K, inp.q_width(V)], `features` NaN): a drafter's buffers."""
+        B, K, dev = len(inp.sequences), inp.k, device
+        return cls(torch.zeros(B, K, dtype=torch.int64, device=dev), torch.zeros(B, K, inp.q_width(vocab_size),
+                   device=dev), torch.zeros(B, K, device=dev), {n: torch.full((B, K), float("nan"), device=dev)
+                   for n in features}, torch.zeros(B, dtype=torch.int64, device=dev), [kind] * B)
+
 
 class Drafter(Protocol):
     """Drafters subclass this (or define every member): the engine reads `kind` and `forward_s` directly."""

@@ -18,6 +18,7 @@ catch-up scheduling/gate.py, sim/drive.py (`catch_up_ms`) and tune/prefill.py pr
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import torch
 
@@ -75,19 +76,16 @@ class DraftModelDrafter(Drafter):
 
     @torch.inference_mode()
     def propose(self, inp: DraftInput) -> DraftProposal:
-        B, K, V, dev = len(inp.sequences), inp.k, self.vocab_size, self.device
-        tokens_out = torch.zeros(B, K, dtype=torch.int64, device=dev)  # [B, K]
-        probs_out = torch.zeros(B, K, inp.q_width(V), device=dev)  # [B, K, V] ([B, K, 0] all greedy)
-        q_sampled = torch.zeros(B, K, device=dev)  # [B, K]
+        B, K, dev = len(inp.sequences), inp.k, self.device
+        out = DraftProposal.empty(inp, self.vocab_size, self.kind, LOGIT_FEATURES, dev)  # [B, K] buffers
         confs = torch.zeros(B, K, device=dev)  # [B, K] the estimator's predictions (kernel), 0 past drafted
-        feats = {n: torch.full((B, K), float("nan"), device=dev) for n in LOGIT_FEATURES}  # [B, K] each
-        drafted = torch.zeros(B, dtype=torch.int64, device=dev)  # [B] drafts proposed so far
+        feats, drafted = out.features, out.num_drafted  # name -> [B, K]; [B] drafts proposed so far
         slots, wanted = (list(inp.host_slots()), list(inp.host_num_draft())) if K else ([], [])  # host bookkeeping
         rows = [b for b in range(B) if wanted[b] > 0]  # rows drafting in this pass
         self.passes = 0
+        confidences = confs if K and inp.coefficients is not None else None
         if not rows:  # nothing drafts (K = 0, the gate off): the drafter is not run at all
-            return DraftProposal(tokens_out, probs_out, q_sampled, feats, drafted, [self.kind] * B,
-                                 confidences=confs if K and inp.coefficients is not None else None)
+            return replace(out, confidences=confidences)
         self.draft_rows = len(rows)
         feed, cached = self._catch_up(inp, slots, rows)
         width = max((len(f) for f in feed), default=1)
@@ -109,13 +107,13 @@ class DraftModelDrafter(Drafter):
             confs[idx, i] = c.confidence
             if inp.greedy:  # every row T = 0: q is one-hot at the argmax (the verify reads only the token)
                 x = argmax(logits)  # [b]
-                q_sampled[idx, i] = 1.0
+                out.q_sampled[idx, i] = 1.0
             else:
                 q = probs_from_logits(logits, temp, top_p, greedy=inp.greedy, nucleus=inp.nucleus)  # [b, V] x_i ~ q
                 x = sample_tokens(q, inp.seeds[idx], inp.request_keys[idx], inp.positions[idx] + i)
-                probs_out[idx, i] = q
-                q_sampled[idx, i] = q.gather(-1, x[:, None]).squeeze(-1)
-            tokens_out[idx, i] = x
+                out.probs[idx, i] = q
+                out.q_sampled[idx, i] = q.gather(-1, x[:, None]).squeeze(-1)
+            out.tokens[idx, i] = x
             drafted[idx] = i + 1
             for b in rows:
                 done[b] = i + 1
@@ -135,8 +133,7 @@ class DraftModelDrafter(Drafter):
         self.passes = max(done.values(), default=0)
         for b, n in done.items():  # the cache now holds the sequence and x_1..x_{n-1}
             self._have[slots[b]] = len(inp.sequences[b]) + n - 1
-        return DraftProposal(tokens_out, probs_out, q_sampled, feats, drafted, [self.kind] * B,
-                             confidences=confs if inp.coefficients is not None else None)
+        return replace(out, confidences=confidences)
 
     def commit(self, slots: torch.Tensor, num_valid: torch.Tensor,
                host: tuple[list[int], list[int]] | None = None) -> None:

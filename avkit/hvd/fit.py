@@ -170,7 +170,7 @@ def fit_hvd_table(table: pl.DataFrame, out_dir: str | os.PathLike | None = None,
                        verdict=dataset_verdict(test, fitted, ctx))
     if out_dir is not None:  # with the caller's `outputs`, staged only: the caller commits them
         with StagedOutputs() if outputs is None else contextlib.nullcontext(outputs) as staged:
-            result.files = _write(result, fitted, Path(out_dir), staged)
+            result.files = _write(result, fitted, cost, Path(out_dir), staged)
     return result
 
 
@@ -179,14 +179,13 @@ def reserve_hvd_outputs(out_dir, outputs: StagedOutputs, name: str = "--out") ->
     return {f: outputs.file(Path(out_dir) / f, name) for f in HVD_FILES}
 
 
-def _write(result: HvdResult, fitted: dict, out: Path, outputs: StagedOutputs) -> list[str]:
+def _write(result: HvdResult, fitted: dict, cost: CostTable, out: Path, outputs: StagedOutputs) -> list[str]:
     tmp = reserve_hvd_outputs(out, outputs)
     files = []
     for name, fname in (("mlp", "payoff_mlp.pt"), ("survival", "payoff_survival.pt")):
         if name in fitted and fitted[name].model is not None:
             r = fitted[name]
-            joint = {"model_surv": r.model_surv.tolist(), "hit_bins": r.hit_bins.tolist(),
-                     "model_scale": r.model_scale, "cost": result.info["cost"]} if name == "survival" else {}
+            joint = {**r.joint(cost).extra(), "model_scale": r.model_scale} if name == "survival" else {}
             r.model.save(tmp[fname], tau=r.tau, **joint)
             files.append(str(out / fname))
         else:

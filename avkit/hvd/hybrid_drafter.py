@@ -17,7 +17,7 @@ made on the device of the step's inputs; the host holds the tries and the routin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -41,11 +41,11 @@ class _Slot:
     pending: tuple[int, list[int]] | None = None  # (output position, tokens) of the last model draft
 
 
-def _fill_cache_rows(rows: np.ndarray, drafts: list[CacheDraft], limit: np.ndarray, tokens, probs, q_sampled, num,
-                     feats, extra) -> None:
-    """Write the cache rows ([Bc] of them, each draft's first `limit` [Bc] tokens) into the proposal at once:
-    one-hot draws (into `probs` rows that are still zero; none when `probs` has width 0), the two-point
-    features of each step's frequency probability, match length and score."""
+def _fill_cache_rows(rows: np.ndarray, drafts: list[CacheDraft], limit: np.ndarray, prop: DraftProposal) -> None:
+    """Write the cache rows ([Bc] of them, each draft's first `limit` [Bc] tokens) into `prop` at once: one-hot
+    draws (into `probs` rows that are still zero; none when `probs` has width 0), the two-point features of
+    each step's frequency probability, match length and score."""
+    tokens, probs, feats, extra = prop.tokens, prop.probs, prop.features, prop.extra
     K, dev = tokens.shape[1], tokens.device
     n = np.minimum([d.draft_len for d in drafts], np.minimum(limit, K))  # [Bc]
     pad_tok = np.zeros((len(drafts), K), dtype=np.int64)  # [Bc, K]
@@ -59,8 +59,8 @@ def _fill_cache_rows(rows: np.ndarray, drafts: list[CacheDraft], limit: np.ndarr
     tokens[r] = tok
     if probs.shape[2]:  # deterministic draft: one-hot at each drafted token (width 0: a greedy batch)
         probs[r[:, None], torch.arange(K, device=dev)[None, :], tok] = valid.float()  # [Bc, K] entries
-    q_sampled[r] = valid.float()
-    num[r] = torch.as_tensor(n, device=dev)
+    prop.q_sampled[r] = valid.float()
+    prop.num_drafted[r] = torch.as_tensor(n, device=dev)
     p = torch.as_tensor(path, dtype=torch.float32, device=dev)  # [Bc, K+1]
     cond = (p[:, 1:] / p[:, :-1]).clamp(1e-6, 1 - 1e-6)  # [Bc, K] per-step frequency probability
     two_point = torch.stack([cond.log(), (1 - cond).log()], -1)  # [Bc, K, 2] logits
@@ -106,8 +106,11 @@ class HybridDrafter(Drafter):
 
     @classmethod
     def from_file(cls, model_drafter, path, tokenizer: str | None = None, **kwargs) -> HybridDrafter:
-        """A mean-head file -> threshold routing at its tau; a survival-head file -> joint routing. `tokenizer`
-        (model path or alias) supplies token classes when the payoff model uses structure features."""
+        """`avkit hvd`'s payoff_mlp.pt: threshold routing at its tau; payoff_survival.pt: joint routing with one
+        verification budget; no `path`: ArcticInference's rule. `tokenizer` (model path or alias) supplies token
+        classes when the payoff model uses structure features."""
+        if not path:
+            return cls(model_drafter, None, 0.0, **kwargs)
         payoff, extra = PayoffMLP.load(path)
         if tokenizer and set(FEATURE_GROUPS["structure"]) & set(payoff.feature_names):
             kwargs["classes"] = class_table_for(tokenizer)  # without: __init__ names the problem
@@ -170,49 +173,33 @@ class HybridDrafter(Drafter):
         return drafts, use, np.where(use, dlen, self._wanted)
 
     def propose(self, inp: DraftInput) -> DraftProposal:
-        B, K, V, dev = len(inp.sequences), inp.k, self.vocab_size, inp.num_draft.device
+        B, dev = len(inp.sequences), inp.num_draft.device
         drafts, use, limit = self.route(inp)  # host: the tries and the router ([B] bool, [B] int64)
+        K = inp.k if (limit > 0).any() else 0  # else a target-only step (the plan verifies nothing): no slots
+        model, cache = ~use & (limit > 0), use & (limit > 0)  # [B] rows each drafter drafts for
         self.lookups, self.passes, self.draft_rows = B, 0, 0  # the step's shape for the cost model
-        if not (limit > 0).any():
-            K = 0  # a target-only step (the plan verifies nothing): no slots, so no features to give
-        model_idx = np.flatnonzero(~use & (limit > 0))  # [Bm] rows the draft model drafts for
-        model_rows = torch.as_tensor(model_idx, device=dev)  # [Bm]
-        tokens = torch.zeros(B, K, dtype=torch.int64, device=dev)
-        probs = torch.zeros(B, K, inp.q_width(V), device=dev)  # [B, K, V] ([B, K, 0] all greedy)
-        q_sampled, num = torch.zeros(B, K, device=dev), torch.zeros(B, dtype=torch.int64, device=dev)
-        feats: dict[str, torch.Tensor] = {}
-        extra = {name: torch.full((B, K), float("nan"), device=dev) for name in ("match_len", "cache_score")}
-        kind = ["suffix" if u else "model" for u in use]
-        if self.model_drafter is not None and len(model_rows):
-            wanted = torch.as_tensor(limit[model_idx], device=dev)  # [Bm] (joint: the planned prefix)
-            sub = DraftInput(inp.slots[model_rows], [inp.sequences[b] for b in model_idx.tolist()],
-                             wanted, inp.temperature[model_rows], inp.top_p[model_rows],
-                             inp.seeds[model_rows], inp.request_keys[model_rows], inp.positions[model_rows],
-                             max_draft=int(limit[model_idx].max()), greedy=inp.greedy, nucleus=inp.nucleus)
-            prop = self.model_drafter.propose(sub)
+        if self.model_drafter is not None and model.any():  # the model drafts its rows' limits, skips the rest
+            want = np.where(model, limit, 0)  # [B] (joint: the planned prefix)
+            prop = self.model_drafter.propose(replace(
+                inp, num_draft=torch.as_tensor(want, device=dev), num_draft_ids=tuple(want.tolist()), max_draft=K,
+                continue_drafting=None, coefficients=None))
             self.passes, self.draft_rows = self.model_drafter.passes, self.model_drafter.draft_rows
-            kk = prop.tokens.shape[1]
-            tokens[model_rows, :kk], probs[model_rows, :kk] = prop.tokens, prop.probs
-            q_sampled[model_rows, :kk], num[model_rows] = prop.q_sampled, prop.num_drafted
-            for name, v in prop.features.items():
-                feats.setdefault(name, torch.full((B, K), float("nan"), device=dev))[model_rows, :kk] = v
-            self._remember_model_drafts(inp, model_idx, prop)
-        cache_rows = np.flatnonzero(use & (limit > 0))
-        if len(cache_rows):
-            _fill_cache_rows(cache_rows, [drafts[b] for b in cache_rows], limit[cache_rows], tokens, probs,
-                             q_sampled, num, feats, extra)
-        # The policy scores these rows with the cache's own estimator (scheduling/adaptive.py): the trie's
+            rows = torch.as_tensor(np.flatnonzero(model), device=dev)  # [Bm]
+            toks, nums = prop.tokens[rows].tolist(), prop.num_drafted[rows].tolist()  # one device -> host copy
+            for b, t, n in zip(np.flatnonzero(model).tolist(), toks, nums):  # its hits are learned next step
+                st = self._slots[self._slot_ids[b]]
+                st.pending = (len(st.feats.drafts), t[:n])
+        else:
+            prop = DraftProposal.empty(replace(inp, max_draft=K), self.vocab_size, "model", (), dev)
+        prop = replace(prop, kind=["suffix" if u else "model" for u in use],
+                       extra={n: torch.full((B, K), float("nan"), device=dev) for n in ("match_len", "cache_score")},
+                       cache_rows=torch.as_tensor(cache, device=dev))
+        if cache.any():
+            rows = np.flatnonzero(cache)
+            _fill_cache_rows(rows, [drafts[b] for b in rows], limit[rows], prop)
+        # The policy scores the cache rows with the cache's own estimator (scheduling/adaptive.py): the trie's
         # frequencies are not the draft model's probabilities, so they get their own coefficients.
-        by_cache = torch.as_tensor(use & (limit > 0), device=dev)  # [B] bool
-        return DraftProposal(tokens, probs, q_sampled, feats, num, kind, extra, cache_rows=by_cache)
-
-    def _remember_model_drafts(self, inp: DraftInput, rows: np.ndarray, prop: DraftProposal) -> None:
-        """Keep each model row's proposal until the next step reveals how much of it the target took
-        (one device -> host copy of the proposal's tokens and counts per step)."""
-        toks, nums = prop.tokens.tolist(), prop.num_drafted.tolist()
-        for i, b in enumerate(rows.tolist()):
-            st = self._slots[self._slot_ids[b]]
-            st.pending = (len(st.feats.drafts), toks[i][: nums[i]])
+        return prop
 
     def commit(self, slots: torch.Tensor, num_valid: torch.Tensor, host=None) -> None:
         if self.model_drafter is not None:
@@ -233,14 +220,10 @@ class HybridDrafter(Drafter):
 
 def make_hybrid_drafter(draft, max_batch: int, max_len: int, payoff_path: str | None = None,
                         tokenizer: str | None = None, k: int = 7, cache: SuffixCache | None = None) -> HybridDrafter:
-    """The engine's `--drafter hybrid`: the draft model behind a router loaded from `payoff_path`
-    (`avkit hvd` writes payoff_mlp.pt: threshold routing; payoff_survival.pt: joint routing with one
-    verification budget); without one, ArcticInference's rule. `cache`: the server's
-    shared suffix cache (one global tree for every request, kept across engine restarts)."""
+    """The engine's `--drafter hybrid`: the draft model behind the router of `payoff_path` (`from_file`);
+    `cache`: the server's shared suffix cache (one global tree for every request, kept across engine restarts)."""
     model = DraftModelDrafter(draft, max_batch, max_len)
-    if not payoff_path:
-        return HybridDrafter(model, None, tau=0.0, k=k, cache=cache)
-    return HybridDrafter.from_file(model, payoff_path, tokenizer, cache=cache)
+    return HybridDrafter.from_file(model, payoff_path, tokenizer, k=k, cache=cache)
 
 
 __all__ = ["HybridDrafter", "make_hybrid_drafter"]

@@ -16,7 +16,6 @@ anything, so the limits never depend on this step's draws (docs/lossless.md).
 
 from __future__ import annotations
 
-import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,9 +23,9 @@ import polars as pl
 import torch
 
 from avkit.errors import ConfigError
-from avkit.hvd.cost import cost_from_json, linear_table
+from avkit.hvd.cost import cost_from_json, linear_table, summary
 from avkit.hvd.features import feature_matrix
-from avkit.hvd.path import Route, request_runs, route_cycles, step_price
+from avkit.hvd.path import Route, decode, request_runs, route_decide, step_price
 from avkit.hvd.payoff_mlp import PayoffMLP
 from avkit.scheduling.cost import CostTable
 from avkit.scheduling.plan import Plan, plan, single_group
@@ -115,7 +114,7 @@ class JointRouter:
 
     @classmethod
     def from_extra(cls, payoff: PayoffMLP, extra: dict, path: str = "payoff file") -> JointRouter:
-        """The router from what `avkit hvd` saved beside the survival head (hvd/fit.py `_write`)."""
+        """The router from what `avkit hvd` saved beside the survival head (`extra`)."""
         missing = [k for k in ("model_surv", "hit_bins") if k not in extra]
         if missing:
             raise ConfigError(f"{path}: survival payoff model lacks {missing} (written by an older `avkit hvd`; "
@@ -124,92 +123,54 @@ class JointRouter:
         return cls(payoff, np.asarray(extra["model_surv"], dtype=np.float64),
                    np.asarray(extra["hit_bins"], dtype=np.float64), cost)
 
+    def extra(self) -> dict:
+        """What `from_extra` reads back, saved beside the survival head."""
+        return {"model_surv": self.model_surv.tolist(), "hit_bins": self.hit_bins.tolist(), "cost": summary(self.cost)}
+
     def model_survival(self, hist_model_hit: np.ndarray) -> np.ndarray:
         """[R] recent model hit rates -> [R, K] model-draft survival."""
         return self.model_surv[np.digitize(hist_model_hit, self.hit_bins)]
+
+    def survivals(self, cols: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """Row features ([R] per name) -> ([R, K] cache-draft survival, zero past the draft; [R, K] model's)."""
+        x = feature_matrix(cols, self.payoff.feature_names)
+        return self.payoff.predict_survival(x), self.model_survival(cols["hist_model_hit"])
 
     def decide(self, cols: dict[str, np.ndarray], wanted: np.ndarray,
                lag: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Row features ([B] per name), drafts wanted [B] and the tokens the draft model lacks per row [B] (its
         catch-up is priced; None: free) -> (use_cache [B] bool, limit [B] int64)."""
-        k = self.payoff.k
-        j = np.arange(1, k + 1)[None, :]  # [1, K]
-        cap = np.minimum(cols["draft_len"], wanted)[:, None]  # [B, 1]
-        cs = self.payoff.predict_survival(feature_matrix(cols, self.payoff.feature_names)) * (j <= cap)  # [B, K]
-        ms = self.model_survival(cols["hist_model_hit"]) * (j <= wanted[:, None])  # [B, K]
-        use, limit = joint_step(cs, ms, self.cost, k, self.rate, lag)
+        within = np.arange(1, self.payoff.k + 1)[None, :] <= wanted[:, None]  # [B, K]
+        cs, ms = self.survivals(cols)
+        use, limit = joint_step(cs * within, ms * within, self.cost, self.payoff.k, self.rate, lag)
         return use & (cols["draft_len"] > 0), np.asarray(limit, dtype=np.int64)
 
 
-def simulate_batched(table: pl.DataFrame, route: Route, cost: CostTable, k: int, concurrency: int,
+def simulate_batched(table: pl.DataFrame, route: Route | None, cost: CostTable, k: int, concurrency: int,
                      survivals: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, float]:
-    """Decode the table's requests `concurrency` at a time in lockstep (a waiting request takes a finished one's
-    slot), each step priced by `CostTable.step_cost`. Without `survivals`, `route` decides and every drafted slot
-    is verified (a request's cycles do not depend on the batch, only when they run does). With `survivals` =
-    (cache [R, K], model [R, K]) each step is a `joint_step` with a running rate, as live (`route` unused), the
-    draft model's catch-up priced from its first model draft of a request on (the prompt: `log_prompt_len`)."""
-    starts, lengths = request_runs(table)  # [G], [G]
-    if survivals is not None:
-        step, uc, verify, catch = _joint_steps(table, cost, k, concurrency, survivals)
-        return _accounting(cost, k, concurrency, int(lengths.sum()), step, uc, verify, True, catch)
-    c = route_cycles(table, route, k)
-    start, free = np.zeros(len(starts), dtype=np.int64), [0] * min(concurrency, len(starts))  # free: slots' next step
-    for g, n in enumerate(np.bincount(c.request, minlength=len(starts)).tolist()):  # requests in queue order
-        start[g] = heapq.heappop(free)
-        heapq.heappush(free, int(start[g]) + n)
-    return _accounting(cost, k, concurrency, int(lengths.sum()), start[c.request] + c.index, c.use_cache, c.verify,
-                       route.consults_cache, 0.0)
-
-
-def _accounting(cost: CostTable, k: int, concurrency: int, tokens: int, step, uc, verify, lookup: bool,
-                catch: float) -> dict[str, float]:
-    """Rows (their step [C], cache drafted [C], verified [C]) summed per step and priced; `lookup`: every step
-    looks the cache up (else those with a cache row); `catch`: the catch-ups' price."""
-    steps = int(step.max()) + 1 if step.size else 0
-    per = lambda w: np.bincount(step, weights=w, minlength=steps)  # [S]
+    """Decode the table's requests `concurrency` at a time in lockstep (`path.decode`), each step priced by
+    `CostTable.step_cost`. Without `survivals`, `route` decides and every drafted slot is verified. With
+    `survivals` = (cache [R, K], model [R, K]) each step is a `joint_step` with a running rate, as live (`route`
+    unused), the draft model's catch-up priced from its first model draft of a request on."""
+    if survivals is None:
+        c = decode(table, k, concurrency, route_decide(table, route, k))
+    else:
+        rate, j = RunningRate(), np.arange(1, k + 1)[None, :]
+        dlen = table["draft_len"].to_numpy()
+        c = decode(table, k, concurrency, lambda r, lag: joint_step(
+            survivals[0][r] * (j <= dlen[r][:, None]), survivals[1][r], cost, k, rate, lag), catch_up=cost)
+    steps = int(c.step.max()) + 1 if c.step.size else 0
+    per = lambda w: np.bincount(c.step, weights=w, minlength=steps)  # [S]
     rows = per(None)
-    spent = float(step_price(cost, k, rows, per(uc), per(verify), lookup).sum()) + catch
-    shares = per(uc & (verify > 0)) / np.maximum(rows, 1)  # [S] a cache row with nothing to verify is a target step
+    lookup = survivals is not None or route.consults_cache  # every row looks the cache up, else cache rows only
+    spent = float(step_price(cost, k, rows, per(c.use_cache), per(c.verify), lookup).sum()) + c.catch_up
+    shares = per(c.use_cache & (c.verify > 0)) / np.maximum(rows, 1)  # [S] a cache row verifying nothing: target
+    tokens = int(request_runs(table)[1].sum())
     return {"concurrency": concurrency, "steps": steps, "tokens": tokens, "throughput": tokens / spent,
             "cache_share": float(shares.sum()) / max(steps, 1)}
 
 
-def _joint_steps(table: pl.DataFrame, cost: CostTable, k: int, concurrency: int,
-                 survivals: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-    """`joint_step` over the batch, step by step (each decision moves the running rate the next one reads):
-    (step [C], use_cache [C], verified [C]) of every row-step, and the catch-ups' price."""
-    rate = RunningRate()
-    starts, lengths = request_runs(table)  # [G], [G]
-    cache_acc, model_acc = table["cache_acc"].to_numpy(), table["model_acc"].to_numpy()
-    dlen = table["draft_len"].to_numpy()
-    j = np.arange(1, k + 1)[None, :]
-    queue, live = list(range(len(starts)))[::-1], []
-    pos = np.zeros(len(starts), dtype=np.int64)
-    follows = "log_prompt_len" in table.columns
-    prompt = (np.rint(np.expm1(table["log_prompt_len"].to_numpy()[starts])).astype(np.int64)
-              if follows else np.zeros(len(starts), dtype=np.int64))  # [G]
-    have = prompt * 0  # [G] tokens the draft model holds
-    rec, catch = [], 0.0
-    while queue or live:
-        live = [g for g in live if pos[g] < lengths[g]]
-        while queue and len(live) < concurrency:
-            live.append(queue.pop())
-        if not live:
-            break
-        g = np.array(live)
-        r = starts[g] + pos[g]  # [n] replay rows
-        cs = survivals[0][r] * (j <= dlen[r][:, None])  # [n, K] zero beyond each cache draft
-        lag = prompt[g] + pos[g] - have[g] if follows else None  # [n]
-        uc, verify = joint_step(cs, survivals[1][r], cost, k, rate, lag)
-        acc = np.minimum(np.where(uc, cache_acc[r], model_acc[r]), verify)
-        if follows:  # the rows the model drafts for catch up first; it keeps the accepted drafts
-            drafts = ~uc & (verify > 0)  # [n] (live asks it for the planned prefix)
-            catch += float(cost.catch_up_cost(lag[drafts]).sum())
-            have[g] = np.where(drafts, prompt[g] + pos[g] + np.minimum(verify - 1, acc), have[g])
-        rec.append((np.full(len(g), len(rec)), uc, verify))
-        pos[g] += acc + 1
-    step, uc, verify = (np.concatenate(x) for x in zip(*rec)) if rec else (np.zeros(0, np.int64),) * 3
-    return step, uc.astype(bool), verify, catch
+HIT_BINS = np.linspace(0, 1, 11)[1:-1]  # inner edges of the recent model hit-rate bins
 
 
 def model_survival_table(train: pl.DataFrame, hit_bins: np.ndarray, k: int) -> np.ndarray:

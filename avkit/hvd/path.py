@@ -46,34 +46,56 @@ def request_runs(table: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True)
 class Cycles:
-    """Every cycle along every request's decode path under a route, request by request (cycle order within)."""
+    """Every cycle of every request's decode path, in step order (a request's cycles in their order)."""
 
     request: np.ndarray  # [C] request index g (0..G-1, `request_runs` order)
-    index: np.ndarray  # [C] the cycle's number within its request
+    step: np.ndarray  # [C] the lockstep step it ran in
     use_cache: np.ndarray  # [C] bool, the cache drafted
-    verify: np.ndarray  # [C] draft tokens verified (cache: <= its draft; model: K)
+    verify: np.ndarray  # [C] draft tokens verified (cache: <= its draft; model: K, or the planned prefix)
     accepted: np.ndarray  # [C] accepted draft tokens (<= verify)
+    catch_up: float = 0.0  # target forwards of the draft model's catch-ups (`decode`'s `catch_up`)
 
 
-def route_cycles(table: pl.DataFrame, route: Route, k: int) -> Cycles:
-    """A router's decision at t depends only on the features at t, so the paths (t <- t + accepted + 1) of
-    all requests advance at once, one vectorized round per cycle; `table` holds rows (request_id, t) for
-    t = 0..n-1 of every request, contiguous and t-sorted."""
+def decode(table: pl.DataFrame, k: int, concurrency: int, decide, catch_up: CostTable | None = None) -> Cycles:
+    """Requests decode `concurrency` at a time in lockstep, in table order (a waiting request takes a finished
+    one's slot the next step); `table` holds rows (request_id, t), t = 0..n-1, contiguous and t-sorted. Each
+    step `decide(r [n] replay rows, lag [n] | None)` -> (use_cache [n] bool, verify [n]); a row accepts
+    min(its draft's oracle accepted length, verify) and moves t <- t + accepted + 1. `catch_up`: the draft
+    model holds a request only from its first model draft on (the prompt: `log_prompt_len`) and keeps the
+    accepted drafts; `lag` is what it lacks, priced by this table's `catch_up_cost` where it drafts."""
     starts, lengths = request_runs(table)  # [G], [G]
     cache_acc, model_acc = table["cache_acc"].to_numpy(), table["model_acc"].to_numpy()
+    queue, live, pos = list(range(len(starts)))[::-1], [], np.zeros(len(starts), dtype=np.int64)
+    follows = catch_up is not None and "log_prompt_len" in table.columns
+    prompt = (np.rint(np.expm1(table["log_prompt_len"].to_numpy()[starts])).astype(np.int64)
+              if follows else np.zeros(len(starts), dtype=np.int64))  # [G]
+    have = prompt * 0  # [G] tokens the draft model holds
+    rounds, catch = [], 0.0
+    while queue or live:
+        live = [g for g in live if pos[g] < lengths[g]]
+        while queue and len(live) < concurrency:
+            live.append(queue.pop())
+        if not live:
+            break
+        g = np.array(live)
+        r = starts[g] + pos[g]  # [n] replay rows
+        lag = prompt[g] + pos[g] - have[g] if follows else None  # [n]
+        uc, verify = decide(r, lag)
+        acc = np.minimum(np.where(uc, cache_acc[r], model_acc[r]), verify)
+        if follows:  # the rows the model drafts for catch up first
+            drafts = ~uc & (verify > 0)  # [n]
+            catch += float(catch_up.catch_up_cost(lag[drafts]).sum())
+            have[g] = np.where(drafts, prompt[g] + pos[g] + np.minimum(verify - 1, acc), have[g])
+        rounds.append((g, np.full(len(g), len(rounds)), uc, verify, acc))
+        pos[g] += acc + 1
+    g, s, uc, v, a = (np.concatenate(x) for x in zip(*rounds)) if rounds else (np.zeros(0, np.int64),) * 5
+    return Cycles(g, s, uc.astype(bool), v, a, catch)
+
+
+def route_decide(table: pl.DataFrame, route: Route, k: int):
+    """`decode`'s decision of a fixed route: the cache draft (its verified prefix) or K model drafts."""
     vlen = np.minimum(route.verify_len, table["draft_len"].to_numpy())
-    pos = np.zeros(len(starts), dtype=np.int64)
-    rounds = []
-    while (g := np.flatnonzero(pos < lengths)).size:
-        r = starts[g] + pos[g]  # replay row of each active request
-        uc = route.use_cache[r]
-        v = np.where(uc, vlen[r], k)
-        a = np.minimum(np.where(uc, cache_acc[r], model_acc[r]), v)
-        rounds.append((g, np.full(g.size, len(rounds)), uc, v, a))
-        pos[g] += a + 1
-    g, i, uc, v, a = (np.concatenate(x) for x in zip(*rounds)) if rounds else (np.zeros(0, np.int64),) * 5
-    order = np.lexsort((i, g))
-    return Cycles(g[order], i[order], uc[order].astype(bool), v[order], a[order])
+    return lambda r, lag: (route.use_cache[r], np.where(route.use_cache[r], vlen[r], k))
 
 
 def step_price(cost: CostTable, k: int, rows, cache, verified, lookup: bool) -> np.ndarray:
@@ -88,7 +110,7 @@ def simulate_paths(table: pl.DataFrame, route: Route, cost: CostTable, k: int) -
     """Per request, one at a time (each cycle a step of its own): tokens, cycles, cost, accepted draft tokens,
     cache cycles along the decode path."""
     starts, lengths = request_runs(table)  # [G], [G]
-    c = route_cycles(table, route, k)
+    c = decode(table, k, len(starts), route_decide(table, route, k))  # all at once: each cycle its own step
     spent = step_price(cost, k, 1, c.use_cache.astype(np.int64), c.verify, route.consults_cache)  # [C]
     by = lambda w: np.bincount(c.request, weights=w, minlength=len(starts))
     return pl.DataFrame({

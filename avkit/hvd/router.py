@@ -36,7 +36,7 @@ from avkit.config import PayoffConfig
 from avkit.errors import ConfigError
 from avkit.hvd.cost import linear_table
 from avkit.hvd.features import ALL_FEATURES, feature_matrix
-from avkit.hvd.joint import model_survival_table, simulate_batched
+from avkit.hvd.joint import HIT_BINS, JointRouter, model_survival_table, simulate_batched
 from avkit.hvd.path import Route, full_route, throughput
 from avkit.hvd.payoff_mlp import PayoffMLP
 from avkit.scheduling.cost import CostTable
@@ -87,30 +87,40 @@ RULES: dict[str, Callable[[pl.DataFrame, RouterContext], Route]] = {
 }
 
 
+class Thresholded:
+    """A predicted payoff (`predict`, fitted by `_fit`) thresholded at tau, chosen on the validation rows."""
+
+    tau: float = 0.0
+
+    def fit(self, train, val, ctx) -> None:
+        self._fit(train, val, ctx)
+        self.tau = choose_tau(self.predict(val, ctx), val, ctx)
+
+    def route(self, table, ctx) -> Route:
+        return full_route(table, self.predict(table, ctx) > self.tau)
+
+
 @dataclass
-class AcceptanceTable:
+class AcceptanceTable(Thresholded):
     prior_strength: float = 10.0  # a: pseudo-observations pulling each cell to its position's rate
     name: str = "table"
     tau: float = 0.0
     cond: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # [buckets, K] P(accept j | reached j)
 
-    def fit(self, train, val, ctx) -> None:
+    def _fit(self, train, val, ctx) -> None:
         rows = train.filter(pl.col("draft_len") > 0)
         b = np.searchsorted(MATCH_BUCKETS, rows["match_len"].to_numpy(), side="right") - 1  # [N]
         acc, dl = rows["cache_acc"].to_numpy(), rows["draft_len"].to_numpy()
         j = np.arange(ctx.k)
         reached = labels.observed(j[None, :], dl[:, None], acc[:, None])  # [N, K] slot j labelled
         accepted = j[None, :] < acc[:, None]  # [N, K]
-        nb = len(MATCH_BUCKETS)
-        r = np.zeros((nb, ctx.k))
-        a = np.zeros((nb, ctx.k))
+        r, a = np.zeros((len(MATCH_BUCKETS), ctx.k)), np.zeros((len(MATCH_BUCKETS), ctx.k))  # [buckets, K] each
         np.add.at(r, b, reached)
         np.add.at(a, b, accepted & reached)
         prior = a.sum(0) / np.maximum(r.sum(0), 1)  # [K] per-position rate over all buckets
         den = r + self.prior_strength
         self.cond = np.divide(a + self.prior_strength * prior, den, out=np.broadcast_to(prior, r.shape).copy(),
                               where=den > 0)  # an empty cell (only when a = 0) falls back to the prior
-        self.tau = choose_tau(self.predict(val, ctx), val, ctx)
 
     def predict(self, table, ctx) -> np.ndarray:
         b = np.searchsorted(MATCH_BUCKETS, np.maximum(table["match_len"].to_numpy(), 1), side="right") - 1
@@ -118,49 +128,39 @@ class AcceptanceTable:
         mask = np.arange(ctx.k)[None, :] < table["draft_len"].to_numpy()[:, None]
         return (surv * mask).sum(1)
 
-    def route(self, table, ctx) -> Route:
-        return full_route(table, self.predict(table, ctx) > self.tau)
-
 
 def _x(table: pl.DataFrame, ctx: RouterContext) -> np.ndarray:
     """[R, F] payoff features of replay rows."""
     return feature_matrix(dict(zip(table.columns, table.get_columns())), ctx.features)
 
 
-def _fit_payoff(train: pl.DataFrame, val: pl.DataFrame, ctx: RouterContext, head: str) -> PayoffMLP:
-    """The payoff MLP on the rows with a cache draft, the validation rows choosing its epoch."""
-    rows = [(_x(t, ctx), t["cache_acc"].to_numpy()) for t in (train, val) for t in [t.filter(pl.col("draft_len") > 0)]]
-    return PayoffMLP(ctx.features, ctx.k, ctx.payoff, head=head).fit(*rows[0], *rows[1])
-
-
 @dataclass
-class MLPRouter:
+class MLPRouter(Thresholded):
     name: str = "mlp"
     head: str = "mean"
     tau: float = 0.0
     model: PayoffMLP | None = None
 
-    def fit(self, train, val, ctx) -> None:
-        self.model = _fit_payoff(train, val, ctx, self.head)
-        self.tau = choose_tau(self.predict(val, ctx), val, ctx)
+    def _fit(self, train, val, ctx) -> None:
+        """The payoff MLP on the rows with a cache draft, the validation rows choosing its epoch."""
+        (x, y), (xv, yv) = ((_x(t, ctx), t["cache_acc"].to_numpy()) for t in (train, val)
+                            for t in [t.filter(pl.col("draft_len") > 0)])
+        self.model = PayoffMLP(ctx.features, ctx.k, ctx.payoff, head=self.head).fit(x, y, xv, yv)
 
     def predict(self, table, ctx) -> np.ndarray:
         return np.where(table["draft_len"].to_numpy() > 0, self.model.predict(_x(table, ctx)), 0.0)
-
-    def route(self, table, ctx) -> Route:
-        return full_route(table, self.predict(table, ctx) > self.tau)
 
 
 @dataclass
 class SurvivalRouter(MLPRouter):
     name: str = "survival"
     head: str = "survival"
-    hit_bins: np.ndarray = field(default_factory=lambda: np.linspace(0, 1, 11)[1:-1])
+    hit_bins: np.ndarray = field(default_factory=lambda: HIT_BINS)
     model_surv: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # [bins, K] scale * P(model acc >= j)
     model_scale: float = 1.0  # the validated shrink of the model's survival (MODEL_SCALES)
 
     def fit(self, train, val, ctx) -> None:
-        self.model = _fit_payoff(train, val, ctx, "survival")
+        self._fit(train, val, ctx)
         raw = model_survival_table(train, self.hit_bins, ctx.k)
         self.model_scale = self._choose_model_scale(raw, val, ctx)
         self.model_surv = self.model_scale * raw
@@ -179,10 +179,13 @@ class SurvivalRouter(MLPRouter):
                 best = (tp, scale)
         return best[1]
 
+    def joint(self, cost: CostTable) -> JointRouter:
+        """The live joint router of this fit (what payoff_survival.pt holds)."""
+        return JointRouter(self.model, self.model_surv, self.hit_bins, cost)
+
     def survivals(self, table, ctx) -> tuple[np.ndarray, np.ndarray]:
         """([R, K] cache-draft survival from the MLP head, [R, K] model-draft survival from the table)."""
-        model = self.model_surv[np.digitize(table["hist_model_hit"].to_numpy(), self.hit_bins)]
-        return self.model.predict_survival(_x(table, ctx)), model
+        return self.joint(ctx.cost).survivals(dict(zip(table.columns, table.get_columns())))
 
     def route(self, table, ctx) -> Route:
         """Per row, the cache prefix b with the best expected tokens per cost, when that beats the model's."""
