@@ -86,3 +86,27 @@ def test_field_names_are_option_names():
 def test_record_sizes_its_engine_context():
     cfg = RecordConfig(decoding=EngineConfig(k=3), sampling=SamplingConfig(max_new_tokens=10), max_prompt_tokens=20)
     assert cfg.decoding_for_run == dataclasses.replace(cfg.decoding, max_len=20 + 10 + 3 + 2)
+
+
+def test_options_are_built_from_the_fields():
+    """config_options: an option's help and default are its field's; a tuple is a comma-separated list (or a
+    repeated option); the values come back as the nested config, the fields not given at their defaults."""
+    import typer
+    from typer.testing import CliRunner
+
+    from avkit.cli.options import config_options
+
+    got, app = {}, typer.Typer()
+    app.command("record")(config_options(RecordConfig, "decoding.k", "dataset", "sampling.top_p")(
+        lambda config: got.update(record=config)))
+    app.command("tune")(config_options(TuneConfig, "concurrency", "datasets", "context_bands")(
+        lambda config: got.update(tune=config)))
+    run = CliRunner().invoke
+    assert run(app, ["record", "-k", "3", "--dataset", "a", "--dataset", "b"]).exit_code == 0
+    assert got["record"] == RecordConfig(decoding=EngineConfig(k=3), dataset=("a", "b"))
+    assert run(app, ["record"]).exit_code == 0 and got["record"] == RecordConfig()
+    assert run(app, ["tune", "--concurrency", "1,4", "--datasets", "x, y"]).exit_code == 0
+    assert got["tune"] == TuneConfig(concurrency=(1, 4), datasets=("x", "y"))
+    assert run(app, ["tune"]).exit_code == 0 and got["tune"] == TuneConfig()
+    text = " ".join(run(app, ["record", "--help"], terminal_width=200).output.split())
+    assert "draft tokens per step" in text and "[default: 0.95]" in text

@@ -50,7 +50,6 @@ class ModelsConfig(Checked):
 
     target: str = checked(DEFAULT_TARGET, help="target model: alias, HF directory or GGUF file")
     draft: str = checked(DEFAULT_DRAFT, help="draft model ('none' = target-only decoding)")  # or ""
-    # model: the draft model; hybrid: suffix cache or draft model per step (HVD)
     drafter: str = checked("model", choices=DRAFTERS, help="model | hybrid (suffix cache or draft model per step)")
     payoff: str = checked("", help=(  # hybrid, from `avkit hvd`
         "hybrid: payoff_mlp.pt (threshold) or payoff_survival.pt (cache and model drafts share one verification "
@@ -157,7 +156,6 @@ class RecordConfig(Checked):
     row_group_rows: int = checked(65536, 1)
     # also flush (and make the partial file readable) this often
     flush_interval: float = checked(60.0, 0.0, lo_open=True, help="seconds between flushes to disk")
-    # torch intra-op threads; 1 is fastest on an oversubscribed CPU
     threads: int = checked(0, 0, help="torch threads (0 = default; 1 on a busy CPU)")
     engine: str = checked("native", choices=RUN_ENGINES, help=ENGINE_HELP)
     vllm_python: str = checked("", help=VLLM_PYTHON_HELP)
@@ -208,7 +206,6 @@ class HttpConfig(Checked):
     api_key: str = checked("", help="require `Authorization: Bearer KEY`; prefer the AVKIT_API_KEY environment "
                                     "variable: a key on the command line is visible to every user in `ps`",
                            envvar="AVKIT_API_KEY", show_default=False)
-    # name in /v1/models and responses ("" = the target id)
     served_model_name: str = checked("", help="model name clients use (default: the target id)")
     queue_size: int = checked(64, 0, help="requests waiting beyond those before 429")
     retry_after_s: int = checked(1, 0)  # Retry-After header on 429

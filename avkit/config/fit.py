@@ -19,9 +19,7 @@ ONLINE_ESTIMATORS = ("online_logistic", "forgetting_logistic")  # what `avkit fi
 class OutOfCoreConfig(Checked):
     """What `--engine streaming` (and ray) passes share, in `avkit fit` and `avkit report`."""
 
-    # MB of memory a fit process aims to stay under
     memory_budget: int = checked(1536, 256, help="--engine streaming/ray: MB of memory to stay under")
-    # None: the system temp
     scratch: str | None = checked(None, help="--engine streaming/ray: directory for the spilled observed slots "
                                              "(default: system temp)", metavar="PATH", show_default=False)
 

@@ -51,7 +51,6 @@ class ReplayConfig(Checked):
         "a cost file (`avkit profile`, or the model `avkit serve` learned: learned_cost.json; default: the shipped "
         "traces' model pair profiled on a 2-core CPU), or a roofline what-if: roofline:GPU:TARGET, optionally "
         "followed by :DRAFT and :context=N,drafter=parallel"))
-    # recorded requests are cycled
     waves: int = checked(4, 1, help="requests served per lane at least (recorded ones are cycled)")
 
     def __post_init__(self):
@@ -97,7 +96,6 @@ class TuneConfig(ReplayConfig):
     # share of device memory the engine may fill (vLLM gpu_memory_utilization)
     memory_utilization: float = checked(0.9, 0.0, 1.0, lo_open=True)
     estimator: str = checked("online_logistic", help="adaptive verification's estimator")
-    # adaptive arms may switch drafting off (avkit's engine; vLLM's AV has no gate): None = on, off for --format vllm
     draft_gate: bool | None = checked(None, help="simulate adaptive with avkit's draft gate (default: on, off for "
                                                  "--format vllm: vLLM has none)", show_default=False)
     bootstrap: int = checked(1000, 10, help="bootstrap resamples of the recorded requests")
@@ -107,7 +105,6 @@ class TuneConfig(ReplayConfig):
         "stdout: table | json (everything) | vllm (exactly the --speculative-config JSON) | vllm-context (5-item, "
         "vLLM PR #48944's format) | vllm-synthetic | trtllm | sglang (its --speculative-adaptive-config file)"))
     out: str = checked("reports/tune.json", help="the whole result as JSON (read by `avkit report`)")
-    # empty: every request in the traces
     datasets: tuple[str, ...] = checked((), help="comma-separated: tune on these datasets' requests only, the "
                                                  "traffic the engine will serve (default: every request)")
     # avkit/tune/prefill.py
