@@ -19,3 +19,8 @@ class ModelError(AvkitError):
 
 class DataError(AvkitError):
     """Invalid numeric input: NaN, out-of-range probabilities, labels outside {0, 1}, empty arrays."""
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an exception's message (its type's name when empty): what an error line quotes."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from avkit.errors import AvkitError, ConfigError
+from avkit.errors import AvkitError, ConfigError, first_line
 
 
 def json_safe(x):
@@ -48,7 +48,7 @@ def read_json(path, what: str = "", error: type[AvkitError] = ConfigError):
     try:
         return json.loads(raw.decode("utf-8"))  # NaN/Infinity read as floats: the caller's field check names them
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-        raise error(f"{where}: not valid JSON ({(str(e).strip().splitlines() or [type(e).__name__])[0]})") from None
+        raise error(f"{where}: not valid JSON ({first_line(e)})") from None
     except RecursionError:
         raise error(f"{where}: not valid JSON (nested too deeply)") from None
 

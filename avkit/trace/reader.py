@@ -19,7 +19,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from avkit.errors import TraceError
+from avkit.errors import TraceError, first_line
 from avkit.trace import schema as S
 from avkit.trace.values import MAX_INFERRED_K, SLOT_KEY, check_values, slot_hashes
 
@@ -44,11 +44,7 @@ def _open(path: Path) -> pq.ParquetFile:
         return pq.ParquetFile(path)
     except (OSError, pa.ArrowException, ValueError, TypeError) as e:
         raise TraceError(f"{path}: not a readable Parquet file (truncated or another format): "
-                         f"{_first_line(e)}") from None
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
+                         f"{first_line(e)}") from None
 
 
 def trace_metadata(path) -> dict[str, str]:
@@ -145,9 +141,9 @@ def _read_arrow(path: Path, columns: list[str], then=lambda df: df) -> pl.DataFr
         table.validate(full=True)
         return then(pl.from_arrow(table))
     except (pl.exceptions.PolarsError, OSError, pa.ArrowException, ValueError, TypeError) as e:
-        raise TraceError(f"{path}: cannot read rows: {_first_line(e)}") from None
+        raise TraceError(f"{path}: cannot read rows: {first_line(e)}") from None
     except pl.exceptions.PanicException as e:  # last resort: a decoder bug on damaged input
-        raise TraceError(f"{path}: cannot read rows (damaged data): {_first_line(e)}") from None
+        raise TraceError(f"{path}: cannot read rows (damaged data): {first_line(e)}") from None
 
 
 def _read_one(path: Path, index: int, cols: list[str]) -> pl.DataFrame:

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from avkit.errors import TraceError
+from avkit.errors import TraceError, first_line
 from avkit.staged import deferred_signals, staged_file
 from avkit.trace import schema as S
 
@@ -55,7 +55,7 @@ def row_groups(src: Path) -> list[pa.Table]:
         f = pq.ParquetFile(src)
         return [f.read_row_group(i) for i in range(f.num_row_groups)]
     except (OSError, pa.ArrowException) as e:
-        raise TraceError(f"{src}: cannot resume from an unreadable file ({str(e).splitlines()[0]})") from None
+        raise TraceError(f"{src}: cannot resume from an unreadable file ({first_line(e)})") from None
 
 
 class _ParquetStream:
