@@ -1,11 +1,6 @@
-"""The acceptance-estimator protocol and registry, and the estimators with no fit.
-
-An estimator maps a lossless feature of each draft slot and its position to a predicted
-acceptance probability, and (optionally) learns from verification outcomes.
-Glossary:
-  feature     one scalar per draft slot, e.g. logit(q_max)  [N]
-  position    draft position i in [0, K)                     [N]
-  observed    slot carries a label (verified and at or before the first rejection)
+"""The acceptance-estimator protocol and registry, and the estimators with no fit: an estimator maps a
+lossless feature of each draft slot ([N], e.g. logit(q_max)) and its position ([N] in [0, K)) to a predicted
+acceptance probability, and may learn from the observed slots' outcomes.
 """
 
 from __future__ import annotations
@@ -43,11 +38,9 @@ class Estimator(Protocol):
 
     def update(self, features: np.ndarray, positions: np.ndarray, predictions: np.ndarray,
                labels: np.ndarray, steps: int = 1) -> bool:
-        """Feed the observed slots of `steps` engine steps ([N] each; labels in {0,1}, only observed
-        rows); live feeds one step per call. `predictions` are the estimator's own predictions made
-        when drafting. Returns True when this call completed a refit round. An estimator that refits
-        in rounds also has `steps_to_refit` (steps a call may feed at most) and `reset_round()`
-        (drop an unfinished round); estimators/rounds.py drives replays through them."""
+        """Feed the observed slots ([N] each, labels in {0, 1}, `predictions` its own made when drafting) of
+        `steps` engine steps; True when a refit round completed. One that refits in rounds also has
+        `steps_to_refit` and `reset_round()` (estimators/rounds.py drives replays through them)."""
         ...
 
     def state_dict(self) -> dict[str, Any]:
@@ -76,11 +69,8 @@ def make_estimator(name: str, **kwargs) -> Estimator:
 
 class Passthrough:
     """No fit: a feature that already is a probability is the prediction (a trained confidence head's
-    output, the `head_conf` trace column; `QMax`: q_max itself, the seeds' "q_max (no fit)" row,
-    docs/seeds.md: fair ranking, poor calibration).
+    `head_conf`; `QMax`: q_max itself, docs/seeds.md: fair ranking, poor calibration).
 
-    Examples
-    --------
     >>> Passthrough(k=2).predict(np.array([0.25, 0.9]), np.array([0, 1])).tolist()
     [0.25, 0.9]
     """

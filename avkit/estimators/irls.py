@@ -31,10 +31,8 @@ STATS = ("a", "b", "c", "g0", "g1", "n")
 
 @dataclass
 class IrlsStats:
-    """O(K) sufficient statistics of one refit round; additive across steps, rounds and shards.
-
-    The one statistics type of the package: numpy arrays on the host (fits, the simulator) or torch
-    tensors on the device (the live round, summed by the engine's `irls_stats` kernel), same fields."""
+    """O(K) sufficient statistics of one refit round, additive across steps, rounds and shards: numpy on the
+    host (fits, the simulator) or torch on the device (the live round, the `irls_stats` kernel's)."""
 
     a: np.ndarray  # [K] float64 sum w f^2
     b: np.ndarray  # [K] float64 sum w f
@@ -87,11 +85,10 @@ BLOCK = 1 << 15  # rows per block of a fused pass: its [BLOCK] temporaries stay 
 
 def fused_segment_stats(f_all: np.ndarray, y: np.ndarray, slope: float, intercept: float) -> tuple[float, ...]:
     """(a, b, c, g0, g1) of one position's rows ([n] oriented feature, labels) at p = sigmoid(slope * f +
-    intercept): a batch Newton iteration's whole pass (every batch fit calls this, so their sums are
-    formed alike; g0 = sum y f - sum p f, g1 = sum y - sum p). Per block of BLOCK rows: the design rows
-    (f^2, f, 1) [3, B] in a cache-resident buffer, p = 1 / (1 + exp(-z)) (exp overflows to inf for z < -709,
-    giving p = 0 exactly), w = p (1 - p), then two gemv against the design ([f^2, f, 1] w and
-    [f, 1] p) in float64; measured 3x the unblocked numpy pass (docs/fleet.md)."""
+    intercept): every batch Newton pass (g0 = sum y f - sum p f, g1 = sum y - sum p). Per block of BLOCK
+    rows: the design (f^2, f, 1) [3, B] in a cache-resident buffer, p = 1 / (1 + exp(-z)) (exp overflows to
+    inf for z < -709: p = 0 exactly), w = p (1 - p), two float64 gemv ([f^2, f, 1] w and [f, 1] p): 3x the
+    unblocked numpy pass (docs/fleet.md)."""
     acc = np.zeros(5)  # (a, b, c, sum p f, sum p)
     design = np.empty((3, min(BLOCK, f_all.size)))  # [3, B] rows (f^2, f, 1) of the current block
     design[2] = 1.0
@@ -177,7 +174,6 @@ def per_position_step(s: IrlsStats, slopes: np.ndarray, intercepts: np.ndarray, 
     return out_s, out_i, ok
 
 
-
 def group_by_position(positions: np.ndarray) -> np.ndarray:
     """[N] positions -> [N] stable permutation grouping rows by position (int16 keys: numpy's radix sort)."""
     return np.argsort(np.asarray(positions).astype(np.int16), kind="stable")
@@ -185,11 +181,10 @@ def group_by_position(positions: np.ndarray) -> np.ndarray:
 
 def newton_iterations(ests: list, stats_of: Callable[[list[int]], list[IrlsStats]], max_iter: int, tol: float,
                       on_step: Callable[[int, int], None] | None = None) -> int:
-    """Batch IRLS of several estimators at once (the in-memory fit: one; out of core: every feature in one
-    pass): each iteration sums the statistics of the estimators still moving (`stats_of(indices)`, at their
-    current coefficients) and takes each one's undamped Newton step (`batch_step`); an estimator stops when
-    its step is rejected or max |step| < tol. on_step(i, iteration) follows estimator i's step; -> the
-    iterations run."""
+    """Batch IRLS of several estimators at once: each iteration sums the statistics of those still moving
+    (`stats_of(indices)`, at their current coefficients) and takes each one's undamped Newton step
+    (`batch_step`); one stops when its step is rejected or max |step| < tol. on_step(i, iteration) follows
+    estimator i's step; -> the iterations run."""
     active = list(range(len(ests)))
     for it in range(max_iter):
         if not active:

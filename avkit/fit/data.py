@@ -1,29 +1,21 @@
 """The one reader of a fit: each trace file read once in chunks, checked, reduced to its observed slots;
 held in memory in engine-step order (`load_fit_data`, ready to replay) or spilled (fit/spill.py).
 
-Glossary:
   observed    verified and at or before the first rejection: `accepted` is not null   [N rows]
-  engine step the clock of the online rounds (the estimator refits every `refit_interval` of them).
-              A file with a complete `engine_step` column uses it (rows ordered stably by it). A
-              file without one (schema v1 makes it optional) takes each contiguous (request_id, step)
-              group of rows, in file order, as one engine step: exact at batch 1, and a file written
-              step by step at batch B gives B times as many, smaller steps. Rows are never reordered
-              by the per-request `step` (that would merge every request's step s into one "step").
-              A file's engine steps are the distinct values of its clock
-  step bounds [G + 1] first observed row of each engine step; a step whose slots were all censored
-              is still a step (it is empty here), as it is for the live estimator
-  run         each file is its own run (a server process): rounds never span files, and a file's
-              trailing partial round is dropped (estimators/rounds.py)
-  drafter     the rows fitted are one drafter's (the trace's `drafter`): "model" (the draft model) or
-              "suffix" (the hybrid drafter's cache rows, scored live by their own estimator); the
-              other drafter's rows still tick the engine-step clock, as they do live
+  engine step the clock of the online rounds: a file's complete `engine_step` column (rows ordered
+              stably by it), else each contiguous (request_id, step) group of rows in file order (exact
+              at batch 1; never the per-request `step`, which would merge every request's step s).
+              A file's engine steps are the distinct values of its clock; a step whose slots were all
+              censored still counts (it is empty here), as it does live
+  run         each file is one run (a server process): rounds never span files (estimators/rounds.py)
+  drafter     the rows fitted are one drafter's: "model" or "suffix" (the hybrid drafter's cache rows);
+              the other drafter's rows still tick the clock, as they do live
   chunk       `rows` rows of a file in file order (None: the whole file), value-checked as read
               (`values.check_values`, its rows named by their place in the file)
-  slots       no two rows of one draft slot (`values.SLOT_KEY`) in a file: each chunk's keys are hashed
-              (uint64; strings as strings, so chunks agree) and the (hash, row) pairs kept in memory or
+  slots       no two rows of one draft slot (`values.SLOT_KEY`) in a file: each chunk's keys hashed
+              (uint64; strings as strings, so chunks agree), the (hash, row) pairs held in memory or
               spilled into PARTS files by the hash's top bits; after the last chunk each part is sorted
-              (16 B per row / PARTS) and rows of equal hash are compared exactly. The first repeated
-              slot is reported by `values.duplicate_slot`
+              and rows of equal hash compared exactly (`values.duplicate_slot` names the first)
 """
 
 from __future__ import annotations
@@ -211,17 +203,9 @@ def count_drafts(df: pl.DataFrame, drafted: dict[str, list]) -> dict[str, list]:
 
 
 def _dataset_codes(ds: pl.Series) -> tuple[np.ndarray, list[str]]:
-    """[N] dataset names (Categorical or String) -> ([N] int64 codes into the sorted names, sorted names).
-    A Categorical maps its few distinct physical codes, never the N strings."""
-    uniq = ds.unique()
-    names = sorted(uniq.cast(pl.String).to_list())
-    if ds.dtype == pl.Categorical:
-        phys = uniq.to_physical().to_numpy().astype(np.int64)  # [D]
-        if phys.max() < 1 << 20:
-            lut = np.zeros(int(phys.max()) + 1, dtype=np.int64)
-            lut[phys] = [names.index(n) for n in uniq.cast(pl.String).to_list()]
-            return lut[ds.to_physical().to_numpy()], names
-    return ds.cast(pl.String).replace_strict(names, list(range(len(names))), return_dtype=pl.Int64).to_numpy(), names
+    """[N] dataset names -> ([N] int64 codes into the sorted names, sorted names)."""
+    names = sorted(ds.unique().cast(pl.String).to_list())
+    return ds.cast(pl.Enum(names)).to_physical().to_numpy().astype(np.int64), names
 
 
 def load_fit_data(paths, drafter: str = "model", features=None) -> FitData:

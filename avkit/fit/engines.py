@@ -1,10 +1,9 @@
 """Where a fit's map runs: `LocalEngine` on this machine's threads, `RayEngine` as tasks on a Ray cluster.
 
 Both have `map(fn, items, nodes=None, fold=None)` -> (results, or their fold in item order; the node
-each ran on) and `cleanup(scratch, nodes)`. On Ray (docs/fleet.md): one task per item, later passes
-pinned to the node that spilled the shard; a task that raises fails the fit in one line naming the
-shard, a dead worker's task is rerun up to `max_retries` times (a pass is a pure function of its
-shard), and nothing large crosses the object store (tasks return sums of a few KB).
+each ran on) and `cleanup(scratch, nodes)`. On Ray (docs/fleet.md): one task per item, pinned to the
+node that spilled its shard; a task that raises fails the fit in one line naming the shard, a dead
+worker's task is rerun up to `max_retries` times (a pass is a pure function of its shard).
 """
 
 from __future__ import annotations
@@ -22,9 +21,8 @@ from avkit.errors import AvkitError, ConfigError
 
 
 class LocalEngine:
-    """Runs a pass's map on this machine: shards on `workers` threads (numpy and polars release the GIL).
-    The threads live as long as the engine (`with` shuts them down): a pass's first call on a fresh
-    thread pays ~70 ms for 1M rows faulting in a new malloc arena, every pass over again."""
+    """A pass's map on `workers` threads (numpy and polars release the GIL), alive as long as the engine (a
+    fresh thread pays ~70 ms per 1M rows faulting in a new malloc arena, every pass over again)."""
 
     def __init__(self, workers: int = 1):
         self.workers = workers
@@ -37,8 +35,8 @@ class LocalEngine:
         self.pool.shutdown()
 
     def map(self, fn, items: list[tuple], nodes=None, fold=None) -> tuple[list, list]:
-        """With `fold` the total and at most `workers` results exist at once (a score pass's sums are
-        ~37 MB per feature and shard): the peak does not grow with the number of shards."""
+        """With `fold` the total and at most `workers` results exist at once (a score pass's sums are ~37 MB
+        per feature and shard)."""
         pool = self.pool
         if fold is None:
             return list(pool.map(lambda args: fn(*args), items)), [None] * len(items)
@@ -53,7 +51,11 @@ class LocalEngine:
         return acc, [None] * len(items)
 
     def cleanup(self, scratch: str, nodes) -> None:
-        shutil.rmtree(scratch, ignore_errors=True)
+        _remove(scratch)
+
+
+def _remove(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _ray():
@@ -69,10 +71,6 @@ def _call(fn, args):
     import ray  # optional: ray (runs on a Ray worker)
 
     return ray.get_runtime_context().get_node_id(), fn(*args)
-
-
-def _remove(path: str) -> None:
-    shutil.rmtree(path, ignore_errors=True)
 
 
 class RayEngine:

@@ -1,25 +1,18 @@
 """The batch fit over shards: pass 0 makes the shards, then passes of map (per shard: sums) and reduce (+=).
 
-Glossary:
-  shard   the unit of work of every pass. Held (`--engine memory`): every observed slot in RAM,
-          sorted by position (`HeldShard`: one shard, in chunks of HELD_CHUNK rows). Spilled
-          (`--engine streaming` / `ray`): one trace file, read once in chunks of `chunk_rows` rows by pass 0
-          (`fit/spill.py`), its observed slots' features spilled per column; its `ShardSurvey`
-          (with a uniform sample of its observed slots: the AUC histogram's bin edges) is the shard
+  shard   the unit of work of every pass. Held (`--engine memory`): every observed slot in RAM, sorted
+          by position (`HeldShard`, in chunks of HELD_CHUNK rows). Spilled (`--engine streaming` / `ray`):
+          one trace file, its observed slots spilled per column by pass 0 (`ShardSurvey`, fit/spill.py)
   chunk   (index, [K] rows per position, [n] positions, [n] labels, [n] dataset codes), rows sorted by
-          position, so each position's rows sum as one contiguous segment (`irls.fused_segment_stats`)
-  pass    a map over shards of `shard_pass` (additive sums of one shard), then a reduce (+=) on the
-          driver; one shard alone is mapped once per estimator instead (the estimators on the threads).
-          An engine runs the map (fit/engines.py): `LocalEngine` on this machine's threads, `RayEngine`
-          as tasks on a Ray cluster
-Batch IRLS (DESIGN.md §3, estimators/irls.py): each Newton iteration is one pass summing, for
-every feature not yet converged, the O(K) arrowhead statistics at its current coefficients; the
-driver takes the step (`RoundLogistic.batch_step`). Every engine reaches the same fixed point: only
-the order of the sums differs. Scores: one last pass; a held shard predicts each feature in one call
-and scores it exactly (metrics/table.py); spilled shards sum `metrics/binned.py`'s additive sums.
-Memory out of core: a pass holds `workers` chunks at once; `chunk_rows` = the budget left after
-FIXED_MB, shared by the workers, over BYTES_PER_ROW (read columns, derived features, predictions and
-temporaries of one row; measured with `bench/fit.py --scale`).
+          position: each position's rows sum as one segment (`irls.fused_segment_stats`)
+  pass    a map of `shard_pass` (additive sums of one shard) on an engine (fit/engines.py: threads or
+          Ray), then a reduce (+=); one shard alone is mapped once per estimator instead
+Batch IRLS (DESIGN.md §3, estimators/irls.py): each Newton iteration is one pass summing the O(K)
+arrowhead statistics of every feature not yet converged; the driver takes the step (`batch_step`).
+Every engine reaches the same fixed point (only the order of the sums differs). Scores: one last pass,
+exact for a held shard (metrics/table.py), additive sums for spilled ones (metrics/binned.py).
+Memory out of core: `workers` chunks in flight, `chunk_rows` = the budget left after FIXED_MB, shared
+by the workers, over BYTES_PER_ROW (measured with `bench/fit.py --scale`).
 """
 
 from __future__ import annotations
@@ -72,9 +65,8 @@ class PassWork:
 
 @dataclass
 class HeldShard:
-    """Every observed slot of a fit in memory, sorted by position: the one shard of `--engine memory`.
-    Its chunks are HELD_CHUNK-row slices (each still sorted by position): a pass's temporaries stay
-    small and are reused (4 features' Newton passes over 1.45M slots: 0.36 s CPU, 0.44 s unchunked)."""
+    """Every observed slot in memory, sorted by position: the one shard of `--engine memory`, in HELD_CHUNK-row
+    chunks (a pass's temporaries stay small: 4 features' passes over 1.45M slots 0.36 s CPU, 0.44 unchunked)."""
 
     positions: np.ndarray  # [N] sorted
     labels: np.ndarray  # [N] float64 in {0, 1}
@@ -84,9 +76,8 @@ class HeldShard:
 
     @classmethod
     def of(cls, data: FitData, n_bins: int) -> HeldShard:
-        """`data`'s observed slots (in engine-step order) sorted by position (stable: one sort). Its features
-        are moved out through a spare [N] buffer, each popped column (if writable: not polars' memory) the
-        next one's target: no fresh pages to fault in per feature (system time)."""
+        """`data`'s observed slots sorted stably by position; its features move through one spare [N] buffer
+        (each popped writable column the next one's target: no fresh pages per feature)."""
         order = group_by_position(data.positions)
         pos = np.repeat(np.arange(data.k), np.bincount(data.positions, minlength=data.k))  # [N] sorted: no gather
         y, ds, spare, features = data.labels[order], data.dataset_codes[order], np.empty(order.size), {}
@@ -112,8 +103,8 @@ class HeldShard:
 
 
 def shard_pass(shard, work: PassWork, only: int | None = None) -> list:
-    """Map step of a pass over one shard -> [E] additive sums (IrlsStats, or BinnedScores) of every
-    estimator (`only`: of estimator `only` alone, a list of one); a held shard's scores are its score rows."""
+    """Map step over one shard -> [E] additive sums (IrlsStats, or BinnedScores) of every estimator (`only`:
+    of estimator `only` alone); a held shard's scores are its score rows."""
     k, sc = work.k, work.score
     picks = range(len(work.estimators)) if only is None else [only]
     if sc and isinstance(shard, HeldShard):
@@ -143,15 +134,14 @@ def shard_pass(shard, work: PassWork, only: int | None = None) -> list:
 
 
 def _add(total: list, part: list) -> list:
-    """Fold of a pass: add one shard's sums (a list of IrlsStats or BinnedScores) into the total."""
+    """Fold of a pass: one shard's sums into the total."""
     for acc, x in zip(total, part):
         acc += x
     return total
 
 
 def pass_sums(engine, shards: list, nodes, work: PassWork) -> list:
-    """One pass: -> [E] sums over every shard. One shard alone is mapped once per estimator (the
-    estimators on the engine's threads); several are mapped once each and added in shard order."""
+    """One pass -> [E] sums over every shard (one shard alone: mapped once per estimator)."""
     if len(shards) == 1:
         e = len(work.estimators)
         parts = engine.map(shard_pass, [(shards[0], work, j) for j in range(e)], nodes and nodes * e)[0]
@@ -179,8 +169,8 @@ def _merge_surveys(surveys: list[ShardSurvey], k: int | None, shards: ShardSet) 
 
 def newton(engine, shards, nodes, plan, ests, m, fit: FitConfig, progress,
            subsets: list[int | None] | None = None) -> dict[int, list[dict]]:
-    """Batch IRLS of every fitted estimator (estimator i on dataset code subsets[i] when given), one pass
-    per iteration; -> index -> trajectory rows."""
+    """Batch IRLS of every fitted estimator (i on dataset code subsets[i] when given), one pass per
+    iteration; -> index -> trajectory rows."""
     fitted = [i for i, (name, _) in enumerate(plan) if FEATURES[name].no_fit is None]
     rows: dict[int, list[dict]] = {i: [] for i in fitted}
     passes = iter(range(1, fit.max_iter + 1))
@@ -211,8 +201,7 @@ def score_pass(engine, shards, nodes, plan, ests, m, fit: FitConfig) -> list[lis
 
 @contextmanager
 def held(shards: ShardSet, fit: FitConfig, data: FitData | None = None):
-    """Pass 0 in memory: every observed slot read and checked (fit/data.py; or `data`, whose features
-    move to the shard) -> ([HeldShard], no nodes, summary)."""
+    """Pass 0 in memory (fit/data.py, or `data`, whose features move to the shard) -> ([HeldShard], None, summary)."""
     data = load_fit_data(shards.paths, fit.drafter, fit.features or None) if data is None else data
     m = {"names": data.dataset_names, "k": data.k, "present": list(data.features), "observed": data.labels.size,
          "trained_on": data.trained_on}
@@ -223,9 +212,8 @@ def held(shards: ShardSet, fit: FitConfig, data: FitData | None = None):
 
 @contextmanager
 def spilled(engine, shards: ShardSet, fit: FitConfig, drafts: bool = False):
-    """Pass 0 over every shard (`spill_shard`) into a scratch directory (`fit.scratch`, else the system's
-    temp) -> (surveys, node of each, their merge); TraceError when no slot is observed. The spills are
-    removed on exit, on every node that wrote one (`engine.cleanup`)."""
+    """Pass 0 over every shard (`spill_shard`) into `fit.scratch` (else the system's temp) -> (surveys, node of
+    each, their merge); removed on exit on every node that wrote one (`engine.cleanup`)."""
     if fit.scratch is not None:
         Path(fit.scratch).mkdir(parents=True, exist_ok=True)
     scratch, nodes, paths = tempfile.mkdtemp(prefix="avkit-spill-", dir=fit.scratch), None, shards.paths

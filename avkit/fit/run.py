@@ -1,16 +1,11 @@
-"""`avkit fit` as a library call: one fit over the trace shards, its map on threads or on Ray; what it runs,
-returns and writes.
+"""`avkit fit` as a library call: what it runs, returns and writes.
 
-For each feature of `avkit.features.FEATURES` present in the traces (`plan_features`): a feature that
-already is a probability is scored by its no-fit estimator (q_max -> `qmax`, head_conf -> `passthrough`);
-every other feature is fitted with `--estimator` (online mode, `online_logistic` by default: replayed in
-refit rounds as live) or `batch_logistic` (batch mode). The chosen feature is also fitted with the
-`per_position_slope` ablation. Lossy features are scored (flagged lossless = false) but never written to
-coefficients.json, the file `serve` deploys. `start_estimator` gives each fit its start state (a warm
-start from `--coefficients` for the written one).
-
-`--mode batch` is one fit over shards (fit/passes.py); `--mode online` replays the slots in memory in
-engine-step order (fit/replay.py). `write_fit_outputs` writes atomically (all renamed at the end, or none):
+Each feature of `avkit.features.FEATURES` in the traces (`plan_features`) is scored: a probability by its
+no-fit estimator (q_max -> `qmax`, head_conf -> `passthrough`), every other fitted with `--estimator`
+(online: replayed in refit rounds as live, fit/replay.py) or `batch_logistic` (batch: one fit over shards,
+fit/passes.py); the written feature also with the `per_position_slope` ablation. Lossy features are
+scored (lossless = false) but never written to coefficients.json, the file `serve` deploys.
+`write_fit_outputs` writes atomically (all renamed at the end, or none):
   coefficients.json  the deployable estimator (`coefficients_doc`, schema_version 1), read by `serve`
   scores.json        rows {feature, lossless, estimator, scope, auc, log_loss, ece, n}
   trajectory.parquet slope and intercepts after every online refit (or batch iteration); `file` is
