@@ -61,7 +61,7 @@ class StagedOutputs:
     """Reserve outputs before the work, write them to temps, rename them all at the end (see module doc)."""
 
     def __init__(self) -> None:
-        self._entries: dict[Path, tuple[Path, bool]] = {}  # final -> (its temp, is a directory)
+        self._entries: dict[Path, Path] = {}  # final -> its temp (a file, or a directory replacing one)
         self._made_dirs: list[Path] = []  # folders created by reservations, removed again on abort
         self._mask = os.umask(0)  # read by setting it: set it back at once
         os.umask(self._mask)
@@ -90,7 +90,7 @@ class StagedOutputs:
 
     def _reserve(self, final: Path, name: str, is_dir: bool) -> Path:
         if final in self._entries:
-            return self._entries[final][0]
+            return self._entries[final]
         if is_dir and final.exists() and not final.is_dir():
             raise ConfigError(f"{name} {final}: exists and is not a directory")
         if not is_dir and final.is_dir():
@@ -104,7 +104,7 @@ class StagedOutputs:
                 else:
                     fd, tmp = tempfile.mkstemp(**where)
                     os.close(fd)
-                self._entries[final] = (Path(tmp), is_dir)
+                self._entries[final] = Path(tmp)
                 os.chmod(tmp, (0o777 if is_dir else 0o666) & ~self._mask)
             except OSError as e:
                 raise _os_error(name, final, e) from None
@@ -112,15 +112,16 @@ class StagedOutputs:
 
     def discard(self, path) -> None:
         """Give up a reserved output that this run turned out not to produce (the old one stays)."""
-        tmp, _ = self._entries.pop(Path(path).expanduser(), (None, None))
+        tmp = self._entries.pop(Path(path).expanduser(), None)
         if tmp is not None:
             _remove(tmp)
 
     def commit(self) -> list[Path]:
         """Rename every temp over its final path; -> the final paths."""
         with deferred_signals():
-            for final, (tmp, is_dir) in self._entries.items():
+            for final, tmp in self._entries.items():
                 old = final.with_name(f".{final.name}.{os.getpid()}.old")
+                is_dir = tmp.is_dir()
                 if is_dir and final.exists():
                     os.replace(final, old)
                 os.replace(tmp, final)
@@ -134,7 +135,7 @@ class StagedOutputs:
     def abort(self) -> None:
         """Remove every temp and every folder the reservations created; finals are untouched."""
         with deferred_signals():
-            for tmp, _ in self._entries.values():
+            for tmp in self._entries.values():
                 _remove(tmp)
             for d in reversed(self._made_dirs):
                 with suppress(OSError):
