@@ -1,0 +1,157 @@
+"""`bench/adaptive.py live`: adaptive verification against the best fixed K through `avkit record --policy`, every
+policy x --repeats interleaved per cell, paired 95% intervals (bench/README.md: the protocol) ->
+bench/results/adaptive_live.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from avkit.cli import app
+from avkit.scheduling.cost import CostTable
+from avkit.trace.schema import generations_path
+from common import csv, header, paired_ratio, rounds, tiny_pair, write
+
+def run_tokens_s(gens: pl.DataFrame, concurrency: int) -> dict:
+    """Tokens/s of one run from its generations table (bench/README.md: the protocol)."""
+    n = gens["output_ids"].list.len().to_numpy().astype(np.float64)
+    first, last, start = (gens[c].to_numpy() for c in ("first_token_s", "last_token_s", "admitted_s"))
+    decoding = n >= 2
+    return {"tok_s": float(n.sum() / (last.max() - start.min())),
+            "decode_tok_s": float(concurrency * (n[decoding] - 1).sum() / (last - first)[decoding].sum()),
+            "new_tokens": float(n.mean())}
+
+
+def record(args, out: Path, policy: str, dataset: str, temperature: float, concurrency: int) -> dict:
+    """One `avkit record --policy` run; -> its tokens/s."""
+    argv = ["record", "--target", args.target, "--draft", args.draft, "--dataset", dataset,
+            "--num-prompts", str(args.requests_per_lane * concurrency), "--max-new-tokens", str(args.max_new_tokens),
+            "-k", str(max(args.ks)), "--temperature", str(temperature), "--concurrency", str(concurrency),
+            "--seed", str(args.seed), "--policy", policy, "--out", str(out), "--overwrite", "--no-progress",
+            "--dtype", args.dtype, "--threads", str(args.threads)]
+    if args.cost:
+        argv += ["--cost", args.cost]
+    if args.coefficients and Path(args.coefficients).is_file():
+        argv += ["--coefficients", args.coefficients]
+    with open(os.devnull, "w") as quiet, redirect_stdout(quiet), redirect_stderr(quiet):  # record's tables
+        try:
+            app(argv)  # the CLI exits with the command's status
+        except SystemExit as e:
+            if e.code:
+                raise SystemExit(f"avkit {' '.join(argv)}: exit {e.code}") from None
+    return run_tokens_s(pl.read_parquet(generations_path(out)), concurrency)
+
+
+def cell(args, work: Path, dataset: str, temperature: float, concurrency: int) -> dict:
+    """Every policy x --repeats, interleaved; -> per policy its runs, and adaptive / best fixed K."""
+    policies = [f"fixed:{k}" for k in args.ks] + [args.adaptive]
+    runs: dict[str, list[dict]] = {p: [] for p in policies}
+    for rep, order in enumerate(rounds(policies, args.repeats)):
+        for p in order:
+            runs[p].append(record(args, work / "run.parquet", p, dataset, temperature, concurrency))
+            print(f"{dataset} T={temperature} c={concurrency} repeat {rep + 1}: {p} "
+                  f"{runs[p][-1]['decode_tok_s']:.2f} tok/s steady", file=sys.stderr, flush=True)
+    return compare(args, {"dataset": Path(dataset).name, "temperature": temperature, "concurrency": concurrency,
+                          "runs": runs})
+
+
+def compare(args, out: dict) -> dict:
+    """Adaptive / best fixed K over a cell's runs (policy -> one dict of rates per repeat), both metrics."""
+    fixed = [p for p in out["runs"] if p != args.adaptive]
+    for metric in ("decode_tok_s", "tok_s"):
+        col = {p: np.array([r[metric] for r in rs]) for p, rs in out["runs"].items()}
+        best = max(fixed, key=lambda p: col[p].mean())
+        out[metric] = {"best_fixed": best, **paired_ratio(col[args.adaptive], col[best]),
+                       "mean": {p: float(v.mean()) for p, v in col.items()}}
+    return out
+
+
+def mixed(args, cells: list[dict]) -> list[dict]:
+    """Per dataset x temperature with every --concurrency measured: the equal-time mix of them (bench/README.md: mixed)."""
+    out = []
+    for d in {c["dataset"] for c in cells}:
+        for t in args.temperatures:
+            part = [c for c in cells if c["dataset"] == d and c["temperature"] == t]
+            if len(part) < 2:
+                continue
+            runs = {p: [{m: float(np.mean([c["runs"][p][r][m] for c in part])) for m in ("decode_tok_s", "tok_s",
+                                                                                         "new_tokens")}
+                        for r in range(args.repeats)] for p in part[0]["runs"]}
+            out.append(compare(args, {"dataset": d, "temperature": t, "concurrency": "mixed", "runs": runs}))
+    return out
+
+
+def markdown(args, cells: list[dict]) -> str:
+    lines = [header(f"Live adaptive verification: {args.adaptive} / best fixed K"),
+             f"{args.target} + {args.draft}, {args.dtype}, "
+             f"{args.threads} threads, {args.repeats} interleaved repeats per cell, up to {args.max_new_tokens} new "
+             f"tokens, fixed K in {args.ks}. Ratios are paired by repeat, 95% t intervals (bench/adaptive.py live).\n",
+             "| dataset | T | c | steady tok/s (adaptive) | best fixed | steady ratio [95%] | tok/s incl. prefill "
+             "ratio [95%] | new tokens |", "|---|---:|---:|---:|---|---|---|---:|"]
+    for c in cells:
+        d, p = c["decode_tok_s"], c["tok_s"]
+        tokens = np.mean([r["new_tokens"] for r in c["runs"][args.adaptive]])
+        lines.append(f"| {c['dataset']} | {c['temperature']:g} | {c['concurrency']} | "
+                     f"{d['mean'][args.adaptive]:.2f} | {d['best_fixed']} | {d['ratio']:.3f} [{d['lo']:.3f}, "
+                     f"{d['hi']:.3f}] | {p['ratio']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}] | {tokens:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def tiny_setup(root: Path, args) -> None:
+    """Tiny random models, a prompt file and a cost table in `root` (the --tiny mode)."""
+    args.target, args.draft = tiny_pair("adaptive-live-")
+    prompts = root / "tiny.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in
+                               ("def add(a, b):", "Hello, world!", "for i in range(10):", "import numpy as np")))
+    args.datasets, args.cost = [str(prompts)], str(CostTable((1, 8, 32), (1.0, 1.6, 4.0), (1, 8), (0.1, 0.3)).save(
+        root / "cost.json"))
+
+
+def live_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="adaptive.py live", description="live adaptive / best fixed K (bench/README.md)")
+    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--datasets", type=csv(), default=["humaneval", "sharegpt"])
+    ap.add_argument("--temperatures", type=csv(float), default=[0.0, 1.0])
+    ap.add_argument("--concurrency", type=csv(int), default=[1, 4, 16])
+    ap.add_argument("--ks", type=csv(int), default=[0, 1, 2, 3, 5, 7])
+    ap.add_argument("--adaptive", default="adaptive-stop:online_logistic", help="the adaptive policy spec")
+    ap.add_argument("--cost", default="", help="the adaptive policy's cost table (avkit profile)")
+    ap.add_argument("--coefficients", default="traces/coefficients.json",
+                    help="the estimator's warm start (when the file exists; each run starts from it)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--requests-per-lane", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--out", default="bench/results/adaptive_live.md", help="Markdown; the JSON goes beside it")
+    ap.add_argument("--tiny", action="store_true", help="tiny random models, few tokens: checks the protocol runs")
+    if "--tiny" in argv:  # small defaults: seconds, not hours
+        ap.set_defaults(temperatures=[1.0], concurrency=[1, 2], ks=[0, 2], max_new_tokens=24, requests_per_lane=1,
+                        out=str(Path(tempfile.gettempdir()) / "adaptive_live_tiny.md"))
+    args = ap.parse_args(argv)
+    args.argv = list(argv)
+    if args.repeats < 3 and not args.tiny:
+        ap.error("--repeats must be >= 3: an interval needs them")
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        if args.tiny:
+            tiny_setup(work, args)
+            args.dtype, args.threads, args.coefficients = "float32", 1, ""
+        cells = [cell(args, work, d, t, c) for d in args.datasets for t in args.temperatures for c in args.concurrency]
+    cells += mixed(args, cells)
+    out = Path(args.out)
+    text = markdown(args, cells)
+    write({out: text, out.with_suffix(".json"): cells})
+    print(text)
+    return 0
