@@ -31,6 +31,7 @@ from avkit.tune.arms import Arm, simulate_arms
 from avkit.workloads import load_workload
 from common import RESULTS, csv, tiny_pair, vllm_peer, write  # bench/ is on sys.path when run as a script
 from live_peer import avkit_phase, plan, vllm_phase
+from live_peer import cells as peer_cells
 
 
 def measured_prompts(datasets: list[str], c: int) -> list[str]:
@@ -81,36 +82,22 @@ def predicted(trace: str, cost: str, datasets: list[str], ks: list[int], concurr
     return out
 
 
-def measured(args, ks: list[int], concurrency: list[int]) -> dict:
-    """(c, K) -> measured tok/s (and load) on the first c prompts of each dataset, greedy."""
-    peer = SimpleNamespace(datasets=args.datasets, concurrency=concurrency, temperatures=[0.0],
+def measured(args) -> list[dict]:
+    """The first c prompts of each dataset decoded greedy here, by `live_peer`'s phases -> its cells."""
+    peer = SimpleNamespace(datasets=args.datasets, concurrency=args.concurrency, temperatures=[0.0],
                            max_new_tokens=args.max_new_tokens, seed=0, target_dir=args.target_dir,
                            draft_dir=args.draft_dir, dtype=args.dtype, vllm_compile=False,
                            vllm_python=args.vllm_python, vllm_timeout=3600, adaptive=False, coefficients="",
                            vllm_fix_expand=False)  # greedy: vLLM-CPU's expand bug concerns sampled verification only
     runs = plan(peer, Tokenizer.from_dir(Path(args.target_dir)))
-    got = vllm_phase(peer, ks, runs) if args.engine == "vllm" else avkit_phase(peer, ks, runs, None)
-    out = {}
-    for (name, config), cell in got.items():
-        c = next(r["c"] for r in runs if r["name"] == name)
-        k = int(config.removeprefix("K="))
-        prev = out.get((c, k), {"tokens_s": [], "steady": [], "load": []})  # one entry per dataset, averaged below
-        prev["tokens_s"].append(cell["tok_s"])
-        prev["steady"].append(cell["steady_tok_s"])
-        prev["load"].append(cell["load"])
-        out[(c, k)] = prev
-    mean = lambda xs: sum(xs) / len(xs)
-    return {key: {"tok_s": mean(v["steady"]), "e2e": mean(v["tokens_s"]), "load": max(v["load"])}
-            for key, v in out.items()}
+    got = vllm_phase(peer, args.ks, runs) if args.engine == "vllm" else avkit_phase(peer, args.ks, runs, None)
+    return peer_cells(runs, [(got, {})] if args.engine == "vllm" else [({}, got)])
 
 
-def from_cells(path: str, engine: str, datasets: list[str], ks: list, concurrency: list[int]) -> dict:
-    """(c, K) -> measured tok/s from `bench/live.py --peer vllm` cells (greedy runs of `datasets`);
-    K = "adaptive" takes avkit's adaptive cells."""
-    try:
-        cells = json.loads(Path(path).read_text())["cells"]
-    except (OSError, ValueError, KeyError) as e:
-        raise SystemExit(f"avkit: error: --cells {path}: not a bench/live.py cells JSON ({type(e).__name__}: {e})") from None
+def by_cell(cells: list[dict], engine: str, datasets: list[str], ks: list, concurrency: list[int]) -> dict:
+    """(c, K) -> measured steady tok/s (mean over datasets), e2e tok/s, load, from `bench/live.py --peer vllm`
+    cells (greedy runs of `datasets`); K = "adaptive" takes avkit's adaptive cells. A (c, K) some dataset lacks
+    (or has no steady window in) is left out."""
     got = [x for x in cells
            if x["engine"] == engine and x["dataset"] in datasets and x["T"] == 0
            and x["c"] in concurrency and x.get("steady_tok_s") is not None]
@@ -118,7 +105,7 @@ def from_cells(path: str, engine: str, datasets: list[str], ks: list, concurrenc
     for c in concurrency:
         for k in ks:
             mine = [x for x in got if x["c"] == c and (x["K"] == k or x["config"] == k)]
-            if len(mine) == len(datasets):  # every dataset measured, else the cell is left out
+            if len(mine) == len(datasets):
                 out[(c, k)] = {"tok_s": sum(x["steady_tok_s"] for x in mine) / len(mine),
                                "e2e": sum(x["tok_s"] for x in mine) / len(mine),
                                "load": max(x["load"] for x in mine), "max_new_tokens": mine[0]["max_new_tokens"]}
@@ -269,9 +256,14 @@ def main() -> None:
             hf_dir(DEFAULT_DRAFT, "--draft-dir"))
     if args.adaptive and not args.cells:
         ap.error("--adaptive compares with measured adaptive cells: give --cells")
-    meas = (from_cells(args.cells, args.engine, args.datasets, args.ks + (["adaptive"] if args.adaptive else []),
-                       args.concurrency) if args.cells
-            else measured(args, args.ks, args.concurrency))
+    if args.cells:
+        try:
+            cells_in = json.loads(Path(args.cells).read_text())["cells"]
+        except (OSError, ValueError, KeyError) as e:
+            raise SystemExit(f"avkit: error: --cells {args.cells}: not a bench/live.py cells JSON "
+                             f"({type(e).__name__}: {e})") from None
+    meas = by_cell(cells_in if args.cells else measured(args), args.engine, args.datasets,
+                   args.ks + (["adaptive"] if args.adaptive else []), args.concurrency)
     new_tokens = max((m.get("max_new_tokens", args.max_new_tokens) for m in meas.values()), default=args.max_new_tokens)
     pred = predicted(args.trace, args.cost, args.datasets, args.ks, args.concurrency, args.adaptive,
                      args.coefficients, args.rows, new_tokens)
