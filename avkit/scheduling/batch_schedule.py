@@ -19,7 +19,7 @@ import torch
 
 from avkit.errors import ConfigError
 from avkit.jsonsafe import read_json
-from avkit.scheduling.cost import FREE_LAG, CostTable, interp_curve
+from avkit.scheduling.cost import FREE_LAG, CostTable, interp_curve, number_list
 from avkit.scheduling.policy import VerifyPolicy
 from avkit.step_types import DraftBatch, Groups, Load, StepPlan
 
@@ -143,19 +143,7 @@ def make_scheduled(schedule: str | Path | BatchSchedule, k: int = 0) -> Schedule
 #                priced at +1.2% over target-only lost to it)
 STEP_MARGIN = 0.05  # a partly drafting step must beat target-only by this share (catch-up note)
 TUNED = ("concurrency", "saving_ms", "accepted")  # the tuner's curves, by batch size
-OLD_CURVES = {"prefill_tokens": "prefill_ms", "verify_tokens": "verify_ms", "draft_requests": "draft_ms"}
-
-
-def _curve(name: str, xs, ys, where: str) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    try:
-        x, y = tuple(int(v) for v in xs), tuple(float(v) for v in ys)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where}catch_up.{name} must be lists of numbers, got {xs!r} and {ys!r}") from None
-    if not x or len(x) != len(y) or any(b <= a for a, b in pairwise(x)) or x[0] < 1 \
-            or not all(np.isfinite(y)):
-        raise ConfigError(f"{where}catch_up.{name} needs equal non-empty lists, x increasing from >= 1 and finite "
-                          f"ms, got {list(x)} and {list(y)}")
-    return x, y
+OLD_CURVES = ("prefill_tokens", "prefill_ms", "verify_tokens", "verify_ms", "draft_requests", "draft_ms")
 
 
 @dataclass(frozen=True)
@@ -167,14 +155,14 @@ class CatchUpRule:
     source: str = ""  # where it was read from (messages)
 
     def __post_init__(self):
-        where = f"{self.source}: " if self.source else ""
-        c, s = _curve("concurrency/saving_ms", self.concurrency, self.saving_ms, where)
-        _, a = _curve("concurrency/accepted", self.concurrency, self.accepted, where)
-        if min(a) < 0:
-            raise ConfigError(f"{where}catch_up.accepted must be >= 0, got {list(a)}")
-        object.__setattr__(self, "concurrency", c)
-        object.__setattr__(self, "saving_ms", s)
-        object.__setattr__(self, "accepted", a)
+        where = f"{self.source}: catch_up" if self.source else "catch_up"
+        for name in TUNED:  # lists of finite numbers, as a cost table's (cost.py `number_list`)
+            object.__setattr__(self, name, number_list(where, name, getattr(self, name), integer=name == "concurrency"))
+        c, a = self.concurrency, self.accepted
+        if len({len(c), len(self.saving_ms), len(a)}) > 1 or c[0] < 1 or any(y <= x for x, y in pairwise(c)) \
+                or min(a) < 0:
+            raise ConfigError(f"{where}: concurrency, saving_ms and accepted need equal lengths, concurrency increasing "
+                              f"from >= 1 and accepted >= 0, got {list(c)}, {list(self.saving_ms)} and {list(a)}")
 
     def step_pays(self, m: int, b: int, k: int) -> bool:
         """The step check (module note): m of b requests drafting k each beats target-only decoding."""
@@ -194,26 +182,17 @@ class CatchUpRule:
         """[n] bool: which of n requests (lag [n], remaining [n] host ints) draft at this batch size."""
         lag, remaining = np.asarray(lag, np.int64), np.asarray(remaining, np.int64)
         saving = float(interp_curve(batch_size, self.concurrency, self.saving_ms, beyond="flat"))  # ms per token
-        pays = self.cost.catch_up_cost(lag) <= remaining * saving
-        return (lag <= FREE_LAG) | pays
+        return (lag <= FREE_LAG) | (self.cost.catch_up_cost(lag) <= remaining * saving)
 
     def to_json(self) -> dict:
         return {**{name: list(getattr(self, name)) for name in TUNED}, "cost": self.cost.to_json()}
 
     @classmethod
     def from_json(cls, data, source: str = "") -> CatchUpRule:
-        """Back from `to_json`; older files carried copies of the cost curves instead of the cost model."""
-        where = f"{source}: " if source else ""
+        """Back from `to_json`; older files carried copies of the cost curves (OLD_CURVES) instead of the model."""
         old = isinstance(data, dict) and "cost" not in data
-        names = list(TUNED) + ([n for pair in OLD_CURVES.items() for n in pair] if old else [])
-        if not isinstance(data, dict) or any(not isinstance(data.get(n), list) for n in names):
-            raise ConfigError(f"{where}catch_up must be an object of lists {', '.join(TUNED)} and a cost model; "
-                              f"got {data!r}"[:400])
-        if old:
-            curves = {}
-            for x, y in OLD_CURVES.items():
-                curves[x], curves[y] = _curve(f"{x}/{y}", data[x], data[y], where)
-            cost = CostTable(**curves, meta={"source": "catch-up rule"})
-        else:
-            cost = CostTable.from_json(data["cost"], source)
-        return cls(*(tuple(data[n]) for n in TUNED), cost=cost, source=source)
+        if not isinstance(data, dict) or any(not isinstance(data.get(n), list) for n in TUNED + (OLD_CURVES if old else ())):
+            raise ConfigError(f"{source + ': ' if source else ''}catch_up must be an object of lists {', '.join(TUNED)} "
+                              f"and a cost model; got {data!r}"[:400])
+        cost = {**{n: data[n] for n in OLD_CURVES}, "meta": {"source": "catch-up rule"}} if old else data["cost"]
+        return cls(*(data[n] for n in TUNED), cost=CostTable.from_json(cost, source), source=source)

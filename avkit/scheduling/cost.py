@@ -99,7 +99,7 @@ def _rows(keys: np.ndarray) -> np.ndarray:
     return keys.view(np.dtype((np.void, 8 * keys.shape[-1])))[..., 0]
 
 
-def _numbers(where: str, key: str, values, *, integer: bool = False, empty: bool = False) -> tuple:
+def number_list(where: str, key: str, values, *, integer: bool = False, empty: bool = False) -> tuple:
     """A list field of finite numbers (integers where asked) as a tuple; the error names file, field and index."""
     if not isinstance(values, (list, tuple, np.ndarray)) or (not len(values) and not empty):
         raise ConfigError(f"{where}: field {key!r} must be a non-empty list of numbers, got {values!r}")
@@ -160,7 +160,7 @@ class CostTable:
             if key in self.meta and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise ConfigError(f"{where}: field 'meta.{key}' must be a non-negative integer, got {v!r}")
         for key in ("verify_tokens", "draft_requests", "prefill_tokens", *CURVES):
-            set_(self, key, _numbers(where, key, getattr(self, key), integer=key.endswith(("_tokens", "_requests")),
+            set_(self, key, number_list(where, key, getattr(self, key), integer=key.endswith(("_tokens", "_requests")),
                                      empty=key not in ("verify_tokens", "verify_ms", "draft_requests", "draft_ms")))
         for key in ("context_len", "kv_ms_per_token", "lookup_ms"):
             v = getattr(self, key)
