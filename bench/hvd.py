@@ -17,13 +17,14 @@ import polars as pl
 
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
 from avkit.hvd import PAPER
-from avkit.hvd.cost import linear_table, load_hvd_cost
+from avkit.hvd.cost import linear_table
 from avkit.hvd.fit import fit_hvd_table
 from avkit.hvd.markdown import COLS, hvd_markdown, table_md, verdict_md
 from avkit.hvd.replay import greedy_traces, load_generations, replay, synthetic_generations
 from avkit.hvd.suffix_cache import SuffixCache
 from avkit.hvd.token_classes import token_classes_for
 from avkit.markdown import md_table
+from avkit.scheduling.cost import CostTable
 from avkit.trace.shards import resolve_shards
 from common import RESULTS, header, write  # bench/ is on sys.path when run as a script
 from hvd_live import live_main
@@ -134,7 +135,7 @@ def main() -> None:
         return suffix_cache(a)
     costs = dict(COSTS)
     if a.cost_table:
-        costs = {f"measured on this device ({a.cost_table})": load_hvd_cost(a.cost_table), **COSTS}
+        costs = {f"measured on this device ({a.cost_table})": CostTable.load(a.cost_table).in_forwards(), **COSTS}
     gens, classes, source, facts = _inputs(a)
     rc = HvdReplayConfig()
     t0 = time.perf_counter()

@@ -186,7 +186,7 @@ def test_context_length_moves_the_kv_read():
 def test_unit_view_divides_every_price():
     t = _table(draft_fixed_ms=(0.5, 0.7), prefill_tokens=(16, 64), prefill_ms=(2.0, 5.0), kv_ms_per_token=0.1,
                context_len=10)
-    u = t.in_units(2.0)
+    u = t.in_forwards()
     n, k, tok, lag = np.array([1, 3, 8]), np.array([0, 2, 5]), np.array([1, 7, 20]), np.array([2, 30, 100])
     np.testing.assert_allclose(u.step_cost(n, k, tok, 50 * n), t.step_cost(n, k, tok, 50 * n) / 2.0)
     np.testing.assert_allclose(u.catch_up_cost(lag), t.catch_up_cost(lag) / 2.0)
@@ -410,7 +410,7 @@ def test_requests_are_priced_beyond_their_tokens_and_older_files_read_as_zero(tm
     t = _table(request_ms=(0.0, 7.0))
     np.testing.assert_allclose(t.step_cost([1, 8, 8], [0, 0, 3], [4, 4, 32]) - _table().step_cost(
         [1, 8, 8], [0, 0, 3], [4, 4, 32]), [0.0, 7.0, 7.0])
-    assert t.in_units(2.0).request_ms == (0.0, 3.5)
+    assert t.in_forwards().request_ms == (0.0, 3.5)
     old = t.to_json()
     del old["request_ms"]
     path = tmp_path / "old.json"
@@ -440,4 +440,4 @@ def test_shape_scale_multiplies_exactly_its_shapes(tmp_path):
     assert float(par.step_cost(1, 5, 6, 0)) == 2.0 * float(replace(par, shape_scale=()).step_cost(1, 5, 6, 0))
     back = CostTable.load(t.save(tmp_path / "scaled.json"))
     np.testing.assert_allclose(back.step_cost(n, k, tok, c), want)
-    np.testing.assert_allclose(t.in_units(2.0).step_cost(n, k, tok, c), np.asarray(want) / 2.0)
+    np.testing.assert_allclose(t.in_forwards().step_cost(n, k, tok, c), np.asarray(want) / 2.0)

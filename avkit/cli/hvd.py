@@ -66,12 +66,13 @@ def register(app: typer.Typer) -> None:
         table, mlp, survival) per dataset on held-out requests."""
         configs = {"cache_config": SuffixCacheConfig(max_depth=max_depth), "replay_config": HvdReplayConfig(k=k),
                    "payoff_config": PayoffConfig(epochs=epochs, seed=seed)}  # bad options fail before the imports
-        from avkit.hvd.cost import linear_table, load_hvd_cost  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.hvd.cost import linear_table  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.hvd.fit import fit_hvd_generations, reserve_hvd_outputs  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.hvd.markdown import hvd_markdown  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.scheduling.cost import CostTable  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
         kw = {**configs,
-              "cost": load_hvd_cost(cost_table) if cost_table is not None else
+              "cost": CostTable.load(cost_table).in_forwards() if cost_table is not None else
               linear_table(HvdCostConfig(draft_step_cost=draft_step_cost)), "progress": sys.stderr.isatty()}
         with StagedOutputs() as outputs:  # the hvd files and --markdown are committed together, or none
             reserve_hvd_outputs(out, outputs, "--out")

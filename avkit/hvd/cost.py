@@ -1,6 +1,5 @@
-"""HVD's unit view of the step cost model: a `CostTable` (scheduling/cost.py) with every price divided by
-verify_ms(1), one target forward over one token; its `lookup_ms` is the cache lookup + payoff prediction per
-request that consulted the cache (learned live, else `HvdCostConfig.cache_cost`). `linear_table` is
+"""HVD's cost model: a `CostTable` in target forwards of one token (a measured table: `CostTable.in_forwards`);
+its `lookup_ms` is the cache lookup + payoff prediction per request that consulted the cache. `linear_table` is
 `HvdCostConfig`'s lines: verify(T) = 1 + c_v T, draft(n, k) = k c_d, free catch-up.
 """
 
@@ -11,7 +10,6 @@ from dataclasses import replace
 import numpy as np
 
 from avkit.config import HvdCostConfig
-from avkit.errors import ConfigError
 from avkit.scheduling.cost import CostTable
 
 LINEAR = "linear"
@@ -23,28 +21,6 @@ def linear_table(config: HvdCostConfig = HvdCostConfig()) -> CostTable:
     return CostTable(verify_tokens=(0, 1), verify_ms=(1.0, 1.0 + c_v), draft_requests=(1, 2), draft_ms=(c_d, c_d),
                      prefill_tokens=(1, 2), prefill_ms=(0.0, 0.0), lookup_ms=config.cache_cost,
                      meta={"source": LINEAR})
-
-
-def hvd_units(table: CostTable, cache_cost: float = HvdCostConfig.cache_cost, source: str = "") -> CostTable:
-    """A measured table (ms) -> the unit view; the lookup price is the table's where it learned one live."""
-    if table.context_ms and any(table.context_ms):
-        raise ConfigError(f"cost table {source or table.meta.get('path', '')}: a context_ms curve (roofline "
-                          "tables) has no place in the HVD cost model; use a profiled table (`avkit profile`)")
-    if table.drafter != "autoregressive":
-        raise ConfigError(f"cost table {source}: drafter {table.drafter!r}; the HVD cost model prices an "
-                          "autoregressive draft model (K passes)")
-    unit = float(table.verify_cost(1))
-    if unit <= 0:
-        raise ConfigError(f"cost table {source}: verify_ms at 1 token is {unit}; it must be > 0")
-    units = table.in_units(unit)
-    where, device = source or str(table.meta.get("path", "")), table.meta.get("device", "")
-    return replace(units, lookup_ms=units.lookup_ms if table.lookup_ms > 0 else cache_cost,
-                   meta={**units.meta, "where": f"{where} ({device})" if device else where})
-
-
-def load_hvd_cost(path, cache_cost: float = HvdCostConfig.cache_cost) -> CostTable:
-    """`avkit hvd --cost-table FILE`: a cost file -> the HVD cost model."""
-    return hvd_units(CostTable.load(path), cache_cost, str(path))
 
 
 def summary(cost: CostTable) -> dict:
@@ -78,4 +54,4 @@ def cost_from_json(d: dict | None) -> CostTable:
     return CostTable(**curves, lookup_ms=base.cache_cost, meta=where)
 
 
-__all__ = ["LINEAR", "cost_from_json", "hvd_units", "linear_table", "load_hvd_cost", "summary"]
+__all__ = ["LINEAR", "cost_from_json", "linear_table", "summary"]

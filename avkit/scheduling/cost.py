@@ -1,5 +1,5 @@
 """The step cost model (docs/budget.md "Cost tables"): what one engine step costs by its shape. The ONE pricing
-of a step: budget, early stop, draft gate, catch-up, the HVD joint plan (`in_units`), `tune`'s arms and the
+of a step: budget, early stop, draft gate, catch-up, the HVD joint plan (`in_forwards`), `tune`'s arms and the
 simulator all price through `CostTable`. Its fields are the JSON fields of a cost file (ms unless said; every
 grid strictly increasing from >= 0, every curve non-decreasing, piecewise linear between its points and the
 last segment's slope beyond: `interp_curve`, the one interpolation in avkit).
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from avkit.config import DEFAULT_COST_PATH, PROFILE_CONTEXT_ENV, SHIPPED_COST, shipped_file
+from avkit.config import DEFAULT_COST_PATH, PROFILE_CONTEXT_ENV, SHIPPED_COST, HvdCostConfig, shipped_file
 from avkit.errors import ConfigError
 from avkit.jsonsafe import read_json
 from avkit.scheduling.roofline import roofline_curves
@@ -270,12 +270,24 @@ class CostTable:
         return ms * self.shape_factor(shape_keys(num_requests, self.passes(k), tokens, context, rows, lookups))
 
     # ---- views ----
-    def in_units(self, unit_ms: float) -> CostTable:
-        """The same model with every price divided by `unit_ms` (HVD counts in target forwards of one token)."""
-        scaled = {name: tuple((np.asarray(getattr(self, name), dtype=np.float64) / unit_ms).tolist())
-                  for name in CURVES}
-        return replace(self, **scaled, kv_ms_per_token=self.kv_ms_per_token / unit_ms, lookup_ms=self.lookup_ms / unit_ms,
-                       meta={**self.meta, "unit_ms": unit_ms})
+    def in_forwards(self, cache_cost: float = HvdCostConfig.cache_cost) -> CostTable:
+        """HVD's unit view: every price divided by verify_ms(1), one target forward over one token; the lookup price
+        the table's where it learned one live, else `cache_cost` (in forwards). HVD prices an autoregressive draft
+        model's K passes on a profiled table: a context curve (roofline) or a parallel drafter is refused."""
+        path, device = str(self.meta.get("path", "")), self.meta.get("device", "")
+        if any(self.context_ms):
+            raise ConfigError(f"cost table {path}: a context_ms curve (roofline tables) has no place in the HVD cost "
+                              "model; use a profiled table (`avkit profile`)")
+        if self.drafter != "autoregressive":
+            raise ConfigError(f"cost table {path}: drafter {self.drafter!r}; the HVD cost model prices an "
+                              "autoregressive draft model (K passes)")
+        unit = float(self.verify_cost(1))
+        if unit <= 0:
+            raise ConfigError(f"cost table {path}: verify_ms at 1 token is {unit}; it must be > 0")
+        return replace(self, **{name: tuple((np.asarray(getattr(self, name), dtype=np.float64) / unit).tolist())
+                                for name in CURVES}, kv_ms_per_token=self.kv_ms_per_token / unit,
+                       lookup_ms=self.lookup_ms / unit if self.lookup_ms > 0 else cache_cost,
+                       meta={**self.meta, "unit_ms": unit, "where": f"{path} ({device})" if device else path})
 
     # ---- persistence ----
     def to_json(self) -> dict:
