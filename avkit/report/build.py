@@ -24,6 +24,7 @@ from pathlib import Path
 from avkit import __version__
 from avkit.config import EstimatorConfig, FitConfig, ReportConfig, SimulateConfig
 from avkit.fit import run_fit, write_fit_outputs
+from avkit.fit.run import FILES
 from avkit.provenance import describe
 from avkit.report.document import Figure, Report, Section
 from avkit.report.inputs import ReportInputs, load_fit_dir, load_inputs
@@ -34,7 +35,6 @@ from avkit.sim.replay import default_policies, load_steps, results_inputs, simul
 from avkit.staged import StagedOutputs
 
 Progress = Callable[[str], None]
-FIT_FILES = ("coefficients.json", "scores.json", "trajectory.parquet")
 # the results file behind a section (others: the fit); `tune` results record no inputs yet
 SECTION_INPUT = {"simulation": "sim", "hybrid": "hvd", "tune": "tune"}
 
@@ -90,7 +90,7 @@ def report_fit_dir(fit_dir, out, config: ReportConfig | None = None, **kw) -> Pa
     as `report_traces`'s but `fit` and `estimator`."""
     keep = load_fit_dir(fit_dir).dir
     return _report(out, config or ReportConfig(), lambda dest: shutil.copytree(
-        keep, dest, ignore=lambda _, names: [n for n in names if n not in FIT_FILES]), **kw)
+        keep, dest, ignore=lambda _, names: [n for n in names if n not in FILES]), **kw)
 
 
 def report_traces(traces, out, config: ReportConfig | None = None, *, fit: FitConfig | None = None,

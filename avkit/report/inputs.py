@@ -13,6 +13,7 @@ import polars as pl
 from avkit.config import ReportConfig, SimulateConfig
 from avkit.errors import ConfigError, DataError
 from avkit.estimators.coefficients import load_coefficients
+from avkit.fit import FitResult
 from avkit.jsonsafe import read_json
 from avkit.provenance import trace_mismatch, trace_records
 from avkit.report.traces import TraceSummary, summarize
@@ -25,11 +26,10 @@ TUNE_KEYS = ("avkit_tune", "concurrency", "cells", "schedule", "infeasible", "id
 
 
 @dataclass
-class FitOutputs:
+class FitOutputs(FitResult):
+    """An `avkit fit` output directory read back; `trajectory` None when the file is absent."""
+
     dir: Path
-    coefficients: dict  # coefficients.json
-    scores: list[dict]  # scores.json rows {feature, lossless, estimator, scope, auc, log_loss, ece, n}
-    trajectory: pl.DataFrame | None  # one row per refit round; None when the file is absent
 
 
 @dataclass
@@ -67,7 +67,7 @@ def load_fit_dir(path) -> FitOutputs:
         if missing:
             raise DataError(f"{d / 'scores.json'}: row {i} lacks {missing}")
     traj = d / "trajectory.parquet"
-    return FitOutputs(d, coefficients, scores, _parquet(traj) if traj.is_file() else None)
+    return FitOutputs(coefficients, scores, _parquet(traj) if traj.is_file() else None, d)
 
 
 def _parquet(p: Path, option: str = "") -> pl.DataFrame:

@@ -174,22 +174,30 @@ def _policy_lines(ax, series: dict[str, tuple[np.ndarray, np.ndarray]]):
         ax.plot(x, y, label=policy, **style)
 
 
+def throughput_panels(size: tuple[float, float], series: dict[str, tuple[np.ndarray, np.ndarray]],
+                      relative: dict[str, tuple[np.ndarray, np.ndarray]], xlabel: str, under=None):
+    """Throughput over batch size, one line per policy or arm (log-log, left) and against the best fixed K (log x,
+    right; no-spec is left out there: far below, it would flatten the rest). series, relative: name -> (x [C],
+    y [C]); `under(ax)` draws beneath the lines of each panel. -> (figure, left axes, right axes)."""
+    fig, axes = new_figure(*size, 1, 2)
+    for ax, lines in ((axes[0, 0], series), (axes[0, 1], {p: v for p, v in relative.items() if p != "nospec"})):
+        if under is not None:
+            under(ax)
+        _policy_lines(ax, lines)
+        plain_log(ax, "x", base=2)
+        ax.set_xlabel(xlabel)
+    plain_log(axes[0, 0], "y")
+    axes[0, 1].axhline(1.0, color="black", linewidth=0.8, linestyle=":")
+    return fig, axes[0, 0], axes[0, 1]
+
+
 def throughput_vs_concurrency(series: dict[str, tuple[np.ndarray, np.ndarray]],
                               relative: dict[str, tuple[np.ndarray, np.ndarray]]) -> Figure:
     """series: policy -> (concurrency [C], throughput tok/s [C]); relative: the same against the best
     fixed K at each concurrency (a ratio), where the policies' differences are visible."""
-    fig, axes = new_figure(12.0, 4.6, 1, 2)
-    a, b = axes[0, 0], axes[0, 1]
-    _policy_lines(a, series)
-    plain_log(a, "x", base=2)
-    plain_log(a, "y")
-    a.set(title="Simulated throughput vs concurrency", xlabel="concurrency (requests decoding at once)",
-          ylabel="throughput (tokens/s, all requests)")
-    _policy_lines(b, {p: v for p, v in relative.items() if p != "nospec"})
-    b.axhline(1.0, color="black", linewidth=0.8, linestyle=":")
-    plain_log(b, "x", base=2)
-    b.set(title="Relative to the best fixed K (no-spec is far below)", xlabel="concurrency (requests decoding at once)",
-          ylabel="throughput / best fixed K (×)")
+    fig, a, b = throughput_panels((12.0, 4.6), series, relative, "concurrency (requests decoding at once)")
+    a.set(title="Simulated throughput vs concurrency", ylabel="throughput (tokens/s, all requests)")
+    b.set(title="Relative to the best fixed K (no-spec is far below)", ylabel="throughput / best fixed K (×)")
     handles, labels = a.get_legend_handles_labels()  # every policy, no-spec (grey dotted) included
     fig.legend(handles, labels, frameon=False, fontsize=7, loc="outside right center")
     return fig
@@ -247,9 +255,7 @@ def tune_schedule(series: dict[str, tuple[np.ndarray, np.ndarray]], chosen: tupl
     """`avkit tune`: series: arm -> (concurrency [C], tok/s [C]); chosen: the schedule's (concurrency, tok/s);
     relative: arm -> tok/s over the best single fixed K; gain: (concurrency, ratio, lo, hi) of the schedule
     over that K; ranges: (batch lo, batch hi, label) shaded and labelled; infeasible: concurrencies hatched."""
-    fig, axes = new_figure(12.0, 4.8, 1, 2)
-    relative = {arm: v for arm, v in relative.items() if arm != "nospec"}  # far below: it would flatten the rest
-    for ax, lines in ((axes[0, 0], series), (axes[0, 1], relative)):
+    def under(ax):
         for i, (lo, hi, label) in enumerate(ranges):
             ax.axvspan(max(lo, 0.75) if i == 0 else lo - 0.5, hi + 0.5, color="#f2f2f2" if i % 2 else "#e4ecf7",
                        zorder=0)
@@ -257,17 +263,12 @@ def tune_schedule(series: dict[str, tuple[np.ndarray, np.ndarray]], chosen: tupl
                     va="bottom", fontsize=8, fontweight="bold")
         for c in infeasible:
             ax.axvspan(c / 1.3, c * 1.3, facecolor="none", hatch="//", edgecolor="#c44e52", linewidth=0, zorder=0)
-        _policy_lines(ax, lines)
-        plain_log(ax, "x", base=2)
-        ax.set_xlabel("batch size (requests decoding at once)")
-    a, b = axes[0, 0], axes[0, 1]
+    fig, a, b = throughput_panels((12.0, 4.8), series, relative, "batch size (requests decoding at once)", under)
     a.plot(*chosen, color="black", linewidth=3.0, marker="D", label="recommended schedule", zorder=5)
-    plain_log(a, "y")
     a.set(title="Predicted throughput; shaded: the schedule's ranges", ylabel="throughput (tokens/s, all requests)")
     c, ratio, lo, hi = gain
     b.errorbar(c, ratio, yerr=[ratio - lo, hi - ratio], color="black", linewidth=2.5, marker="D", capsize=3,
                label="recommended schedule", zorder=5)
-    b.axhline(1.0, color="black", linewidth=0.8, linestyle=":")
     b.set(title="Relative to the best single fixed K (bootstrap interval)", ylabel="throughput / best single K (×)")
     b.legend(frameon=False, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     return fig
