@@ -1,15 +1,12 @@
 """The online-round driver of every replay: `avkit fit`, the simulator and its burn-in.
 
-Live, the engine predicts a step's drafts with the estimator's current coefficients, verifies,
-and feeds that step's observed slots to `estimator.update` (scheduling/adaptive.py); the
-estimator counts engine steps and refits after exactly `refit_interval` of them. A replay does
-the same thing a round at a time: the coefficients cannot change before the round's last step,
-so it predicts all `steps_to_refit` steps of the round with one `predict` call, lets the caller
-decide them (which slots were verified, which steps drafted at all), and feeds them with one
-`update(..., steps=n)`; the refit then falls on the same step as live. No step is predicted
-twice, and the predictions are exactly those a step-by-step live loop makes.
+Live, each step's drafts are predicted with the current coefficients, verified, and its observed slots
+fed to `estimator.update` (scheduling/adaptive.py), which refits after exactly `refit_interval` engine
+steps. The coefficients cannot change before a round's last step, so a replay predicts all
+`steps_to_refit` steps of a round in one `predict` call, lets the caller decide them, and feeds them in
+one `update(..., steps=n)`: the refit falls on the same step, the predictions are those of a
+step-by-step live loop.
 
-Glossary:
   step bounds  [G + 1] first row of each engine step in the flat slot arrays (empty steps allowed:
                a step whose slots were all censored still counts, as live)
   decide       (conf [n], g0, g1) -> (observed [n] bool, drafted [g1 - g0] bool): the rows of

@@ -12,8 +12,8 @@ held in memory in engine-step order (`load_fit_data`, ready to replay) or spille
               the other drafter's rows still tick the clock, as they do live
   chunk       `rows` rows of a file in file order (None: the whole file), value-checked as read
               (`values.check_values`, its rows named by their place in the file)
-  slots       no two rows of one draft slot (`values.SLOT_KEY`) in a file: each chunk's keys hashed
-              (uint64; strings as strings, so chunks agree), the (hash, row) pairs held in memory or
+  slots       no two rows of one draft slot (`values.SLOT_KEY`) in a file: checked whole in memory, or each
+              chunk's keys hashed (uint64; strings as strings, so chunks agree) and the (hash, row) pairs
               spilled into PARTS files by the hash's top bits; after the last chunk each part is sorted
               and rows of equal hash compared exactly (`values.duplicate_slot` names the first)
 """
@@ -75,20 +75,16 @@ class FitData:
 
 
 class SlotKeys:
-    """The slot hashes of one file, chunk by chunk: in memory, or spilled into `directory`."""
+    """The slot hashes of one file read in chunks, spilled into `directory`."""
 
-    def __init__(self, directory: Path | None = None):
-        self.dir, self.held = directory, []
-        if directory is not None:
-            directory.mkdir(parents=True, exist_ok=True)
+    def __init__(self, directory: Path):
+        self.dir = directory
+        directory.mkdir(parents=True, exist_ok=True)
 
     def add(self, df: pl.DataFrame, first_row: int) -> None:
         """Keep the hashes of a chunk whose first row is row `first_row` of the file."""
         h = slot_hashes(df, across_frames=True).to_numpy()  # [n]
         rows = np.arange(first_row, first_row + len(h), dtype=np.int64)  # [n]
-        if self.dir is None:
-            self.held.append((h, rows))
-            return
         part = (h >> np.uint64(58)).astype(np.uint8)  # [n]
         order = np.argsort(part, kind="stable")  # radix sort by partition
         edges = np.searchsorted(part[order], np.arange(PARTS + 1))  # [PARTS + 1]
@@ -98,18 +94,13 @@ class SlotKeys:
                 with open(self.dir / f"p{j}.{suffix}", "ab") as fh:
                     values[sel].tofile(fh)
 
-    def parts(self):
-        """-> ([n] hashes, [n] rows in file order) of each part."""
-        if self.dir is None:
-            yield np.concatenate([h for h, _ in self.held]), np.concatenate([r for _, r in self.held])
-        for j in range(PARTS if self.dir is not None else 0):
-            if (self.dir / f"p{j}.hash").exists():
-                yield np.fromfile(self.dir / f"p{j}.hash", np.uint64), np.fromfile(self.dir / f"p{j}.row", np.int64)
-
     def check(self, path, lf: pl.LazyFrame) -> None:
         """Raise TraceError at the first row (in file order) whose slot another row repeats."""
         first = None
-        for h, rows in self.parts():
+        for j in range(PARTS):
+            if not (self.dir / f"p{j}.hash").exists():
+                continue
+            h, rows = np.fromfile(self.dir / f"p{j}.hash", np.uint64), np.fromfile(self.dir / f"p{j}.row", np.int64)
             order = np.argsort(h, kind="stable")  # rows stay in file order within equal hashes
             h, rows = h[order], rows[order]
             for i in np.flatnonzero(h[1:] == h[:-1]):  # candidate pairs (earlier row, later row)
@@ -117,8 +108,7 @@ class SlotKeys:
                 key_a, key_b = (lf.slice(r, 1).select(SLOT_KEY).collect().row(0) for r in (a, b))
                 if key_a == key_b and (first is None or a < first[0]):
                     first = (a, key_a)
-        if self.dir is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
         if first is not None:
             raise duplicate_slot(path, *first)
 
@@ -149,28 +139,30 @@ def file_clock(df: pl.DataFrame) -> tuple[pl.DataFrame, np.ndarray, str]:
     return *replay_order(df, step_clock(df, name)), name
 
 
-def read_shard(path, k: int | None, columns, rows: int | None = None, drafter: str = "model",
+def read_shard(path, k: int | None, columns, drafter: str = "model", rows: int | None = None,
                slots: Path | None = None):
-    """Read trace file `path` once, in chunks of `rows` rows (None: one), checked at K `k` ->
-    per chunk (rows in the file, frame of `columns` in file order, [n] bool observed slots of `drafter`,
-    [n] int64 engine-step clock, its name in CLOCKS); after the last chunk, a draft slot repeated anywhere
-    in the file raises TraceError (`SlotKeys`, spilled into `slots` when given)."""
+    """Read trace file `path` once, checked at K `k`: whole, or in chunks of `rows` rows whose slot keys
+    spill into directory `slots` (`SlotKeys`) -> per chunk (rows in the file, frame of `columns` in file
+    order, [n] bool observed slots of `drafter`, [n] int64 engine-step clock, its name in CLOCKS)."""
     lf = scan_traces([path]).select(*dict.fromkeys([*columns, *CHECKED_COLUMNS]))
     total, nulls = lf.select(pl.len(), pl.col("engine_step").null_count()).collect().row(0)
-    name, keys, last = "engine_step" if nulls == 0 else "request_step", SlotKeys(slots), (-1, None)
+    name, last = "engine_step" if nulls == 0 else "request_step", (-1, None)
+    keys = None if rows is None else SlotKeys(slots)
     for off in range(0, max(total, 1), rows or max(total, 1)):
         try:
             df = lf.slice(off, rows or total).collect()
         except (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError) as e:
             raise TraceError(f"{path}: cannot read rows {off}..{off + (rows or total) - 1}: "
                              f"{str(e).splitlines()[0]}") from None
-        check_values(df, path, k, first_row=off, slots=False)  # the slots: SlotKeys, over every chunk
-        keys.add(df, off)
+        check_values(df, path, k, first_row=off, slots=keys is None)  # in chunks: SlotKeys, over every chunk
+        if keys is not None:
+            keys.add(df, off)
         clock = step_clock(df, name, last)
         last = (int(clock[-1]), (df["request_id"].cast(pl.String)[-1], df["step"][-1]))
         observed = df.select(fitted(drafter)).to_series().to_numpy()  # (a categorical compares its few categories)
         yield total, df, observed, clock, name
-    keys.check(path, lf)
+    if keys is not None:
+        keys.check(path, lf)
 
 
 def shown(path: Path) -> str:

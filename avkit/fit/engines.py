@@ -14,7 +14,6 @@ import os
 import shutil
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 from avkit.config import FitConfig
 from avkit.errors import AvkitError, ConfigError
@@ -155,13 +154,9 @@ def _shard(args) -> str:
     return next((f for f in map(_shard, args) if f != "?"), "?") if isinstance(args, tuple) else "?"
 
 
-@contextmanager
-def open_engine(fit: FitConfig):
-    """The engine `fit.engine` names: a Ray cluster for "ray" (`fit.address`, or a local one whose
+def open_engine(fit: FitConfig) -> LocalEngine | RayEngine:
+    """The engine `fit.engine` names (`with` it): a Ray cluster for "ray" (`fit.address`, or a local one whose
     object store takes half the memory budget, 128 MB to 1 GB), else `fit.workers` local threads."""
     if fit.engine != "ray":
-        with LocalEngine(fit.workers) as engine:
-            yield engine
-        return
-    with RayEngine(fit.address, object_store_mb=min(1024, max(128, fit.memory_budget // 2))) as engine:
-        yield engine
+        return LocalEngine(fit.workers)
+    return RayEngine(fit.address, object_store_mb=min(1024, max(128, fit.memory_budget // 2)))

@@ -1,15 +1,13 @@
 """Replay observed slots through an estimator online, as it ran live.
 
-Online replay: each file is one run of the live estimator; its engine steps are fed through
-`estimators.rounds.replay_steps`, the same driver the simulator uses, with the same
-`estimator.update` the live policy calls. Each round is predicted with the coefficients the live
-estimator had when drafting, the estimator refits after exactly `refit_interval` engine steps, and
-a file's trailing partial round is dropped. The predictions are progressive validation: each is
-made before its label was learned from, so online scores are honest out-of-sample scores. The
-estimator's state carries over from one file to the next (a restart from the server's snapshot).
-Replicas (`--replicas independent`, docs/fleet.md): each file replayed on its own estimator, one task
-per (feature, replica) on the fit's engine; the replica that observed the most slots is written.
-(Batch fits run over shards: fit/passes.py.)
+Each file is one run of the live estimator, its engine steps fed through `estimators.rounds.replay_steps`
+(the simulator's driver) into the `estimator.update` the live policy calls: each round predicted with the
+coefficients the live estimator had when drafting, a refit after exactly `refit_interval` engine steps, a
+file's trailing partial round dropped. Each prediction is made before its label is learned from
+(progressive validation: honest out-of-sample scores). The state carries over from one file to the next
+(a restart from the server's snapshot); with `--replicas independent` (docs/fleet.md) each file is
+replayed on its own estimator, one task per (feature, replica), and the replica that observed the most
+slots is written.
 """
 
 from __future__ import annotations
@@ -55,8 +53,8 @@ def runs_of(data: FitData, feature: np.ndarray) -> list[tuple[slice, Run]]:
 
 
 def replay_run(est, run: Run, rows: list[dict], on_step: Callable[[int], None] | None = None) -> np.ndarray:
-    """Replay one run through `est` as it ran live, appending one trajectory row per refit to `rows`
-    (its `round` counts on from len(rows)); -> predictions made when drafting [n]."""
+    """Replay one run through `est`, one trajectory row per refit appended to `rows` (its `round` counting
+    on from len(rows)); -> predictions made when drafting [n]."""
     last = {"row": 0, "rejected": getattr(est, "rejected", 0)}
 
     def after(g: int, refit: bool) -> None:
@@ -73,8 +71,7 @@ def replay_run(est, run: Run, rows: list[dict], on_step: Callable[[int], None] |
 
 def online_replay(est, data: FitData, feature: np.ndarray,
                   on_round: Callable[[int, int], None] | None = None) -> tuple[np.ndarray, list[dict]]:
-    """-> (predictions made when drafting [N], one trajectory row per refit). The files are one
-    chain: the estimator's state carries over from one to the next."""
+    """-> (predictions made when drafting [N], one trajectory row per refit), the files one chain."""
     preds = np.empty(len(feature))
     rows: list[dict] = []
     total, done = data.step_file.size, 0
@@ -86,16 +83,16 @@ def online_replay(est, data: FitData, feature: np.ndarray,
 
 
 def replay_replica(est, run: Run) -> tuple[np.ndarray, list[dict], object]:
-    """Task body: replay one replica through its own copy of the start estimator `est` (Ray hands a
-    task's arrays over read-only, and threads share the start); -> (predictions [n], rows, estimator)."""
+    """Task body: one replica through its own copy of the start estimator (threads share the start);
+    -> (predictions [n], rows, estimator)."""
     est = copy.deepcopy(est)
     rows: list[dict] = []
     return replay_run(est, run, rows), rows, est
 
 
 def online_replicas(estimators: list, features: list[np.ndarray], data: FitData, engine) -> list[tuple]:
-    """Replay every (start estimator, feature) pair over every replica of `data` in one map on `engine`;
-    -> per pair (the written estimator, predictions [N], trajectory rows)."""
+    """Every (start estimator, feature) pair over every replica of `data` in one map on `engine`; -> per pair
+    (the written estimator, predictions [N], trajectory rows)."""
     runs = [runs_of(data, f) for f in features]  # [E] x [R] (row slice, Run)
     results = iter(engine.map(replay_replica, [(est, run) for est, pairs in zip(estimators, runs)
                                                 for _, run in pairs])[0])
@@ -112,8 +109,8 @@ def online_replicas(estimators: list, features: list[np.ndarray], data: FitData,
 
 
 def trajectory_frame(rows: list[dict], k: int, per_position_slope: bool = False) -> pl.DataFrame:
-    """Trajectory rows -> a frame with fixed dtypes (engine_step and file are null for batch iterations); a
-    replay too short for one refit gives an empty frame with the same columns."""
+    """Trajectory rows -> a frame with fixed dtypes (engine_step and file null for batch iterations; no
+    refit: empty, the same columns)."""
     slopes = [f"slope_{i}" for i in range(k)] if per_position_slope else ["slope"]
     schema = {"round": pl.Int64, "engine_step": pl.Int64, "file": pl.Int64, "applied": pl.Boolean,
               "observations": pl.Int64, **{c: pl.Float64 for c in slopes},

@@ -66,7 +66,7 @@ def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int, s
     spill.mkdir(parents=True)
     s, seen = ShardSurvey(path, str(spill)), []
     rng = np.random.default_rng(index)  # the sample is a function of the shard: reruns agree
-    for total, df, observed, clock, s.clock in read_shard(path, k, TRACE_COLUMNS, rows, slots=spill / "slots"):
+    for total, df, observed, clock, s.clock in read_shard(path, k, TRACE_COLUMNS, "model", rows, spill / "slots"):
         s.rows = total
         seen.append(np.unique(clock))
         if drafts:
