@@ -154,8 +154,8 @@ def test_memory_from_a_profiled_table_and_an_override():
     assert memory_budget(table) is None  # device memory unknown
     budget = memory_budget(table, memory_gb=24.0)
     t, d = MODELS["1.5b"], MODELS["0.5b"]
-    assert budget.weights_gb == pytest.approx((t.params + d.params) * 2 / 1e9)
-    assert budget.kv_bytes_per_token == t.kv_bytes_per_token(2) + d.kv_bytes_per_token(2)
+    assert budget["weights_gb"] == pytest.approx((t.params + d.params) * 2 / 1e9)
+    assert budget["kv_bytes_per_token"] == t.kv_bytes_per_token(2) + d.kv_bytes_per_token(2)
 
 
 def test_context_comes_from_the_generations_tables(tmp_path, trace):

@@ -27,29 +27,13 @@ from avkit.trace.reader import common_k, read_traces, trace_metadata
 from avkit.tune.acceptance import acceptance_profile
 from avkit.tune.arms import Arm, Cell, interval, resample_weights, resampled_rate, simulate_arms
 from avkit.tune.context import context_schedule
-from avkit.tune.feasibility import memory_budget
+from avkit.tune.feasibility import feasible
 from avkit.tune.formats import engine_settings, trtllm_schedule
 from avkit.tune.prefill import NOT_PRICED, cap_new_tokens, idle_costs, output_tokens, prefill_per_token, prompt_tokens
 from avkit.tune.schedule import choose, ranges, single_best
 from avkit.validate import check_choice
 
 Progress = Callable[[int], Callable[[], None]]  # total steps -> advance()
-
-
-def _feasible(config: TuneConfig, cost, context: int) -> tuple[list[int], list[dict], dict | None]:
-    budget = memory_budget(cost, config.memory_gb, config.memory_utilization)
-    conc = sorted(config.concurrency)
-    if budget is None:
-        return conc, [], None
-    bad = [{"concurrency": c, "kv_tokens_needed": c * context, "kv_tokens_available": budget.kv_tokens}
-           for c in conc if not budget.fits(c, context)]
-    ok = [c for c in conc if budget.fits(c, context)]
-    if not ok:
-        raise ConfigError(f"no --concurrency fits the KV cache: {conc[0]} x {context} tokens needs "
-                          f"{conc[0] * context:,} KV tokens, {budget.kv_tokens:,} fit next to "
-                          f"{budget.weights_gb:.1f} GB of weights in {budget.utilization:.0%} of "
-                          f"{budget.memory_gb:g} GB")
-    return ok, bad, {**budget.to_json(), "context": context, "max_concurrency": budget.max_concurrency(context)}
 
 
 def _cell_json(cell: Cell, samples: np.ndarray, config: TuneConfig, nospec: float) -> dict:
@@ -148,7 +132,7 @@ def tune(traces, config: TuneConfig | None = None, *, progress: Progress | None 
         raise ConfigError(f"{paths[0]}: no generations table beside it to take context lengths from; "
                           "pass --context N")
     context = config.context or round(float(prompt.mean()) + output)
-    conc, infeasible, memory = _feasible(config, cost, context)
+    conc, infeasible, memory = feasible(config, cost, context)
     cells, fixed_choice, enable, on, adaptive_gain, single = _simulate(
         steps, cost, conc, max_k, config, prefill_per_token(steps, prompt, cost), progress)
 
@@ -207,13 +191,12 @@ def _steps(paths: list[str], datasets: tuple[str, ...]):
     """The traces' steps and slot rows, of `datasets`' requests only when given (one error line naming a
     missing one)."""
     rows = read_traces(paths)
-    if not datasets:
-        return step_table(rows, common_k(paths)[0]), rows
-    have = sorted(rows["dataset"].cast(pl.Utf8).unique().to_list())
-    missing = [d for d in datasets if d not in have]
-    if missing:
-        raise ConfigError(f"--datasets {missing[0]}: no such dataset in the traces (they have {', '.join(have)})")
-    rows = rows.filter(pl.col("dataset").cast(pl.Utf8).is_in(list(datasets)))
+    if datasets:
+        have = sorted(rows["dataset"].cast(pl.Utf8).unique().to_list())
+        missing = [d for d in datasets if d not in have]
+        if missing:
+            raise ConfigError(f"--datasets {missing[0]}: no such dataset in the traces (they have {', '.join(have)})")
+        rows = rows.filter(pl.col("dataset").cast(pl.Utf8).is_in(list(datasets)))
     return step_table(rows, common_k(paths)[0]), rows
 
 
