@@ -10,13 +10,7 @@ from rich.console import Console
 from avkit.cli.options import arg, config_options, result_table, stdout_console
 from avkit.config import RecordConfig
 from avkit.scheduling.spec import parse_spec
-from avkit.workloads import WORKLOADS, load_workload
-
-
-def check_datasets(datasets: tuple[str, ...]) -> None:
-    """Fail before loading models: every dataset is a known workload or a JSONL file, and it loads."""
-    for name in datasets:
-        load_workload(name, 1)  # an unknown name, a missing package or a bad file fails here
+from avkit.workloads import WORKLOADS
 
 
 def render(result, console: Console) -> None:
@@ -47,18 +41,11 @@ def register(app: typer.Typer) -> None:
               "seed": "prompt order and sampling seed"})
     def record(config: RecordConfig, progress: bool):
         """Record acceptance traces: one row per draft slot, streamed to Parquet in row groups."""
-        parse_spec(config.policy)  # a bad --policy fails here, before torch loads (verify_policy builds it below)
+        parse_spec(config.policy)  # a bad --policy fails here, before torch loads (record builds it)
         from avkit.record import record as run  # lazy: start-up (the library loads when the command runs: -h stays fast)
-        from avkit.record.files import preflight  # lazy: start-up (the library loads when the command runs: -h stays fast)
-        from avkit.record.recorder import verify_policy  # lazy: torch (the policy it builds)
 
-        check_datasets(config.dataset)
-        preflight(config)  # --out and --resume checks, before the banner and the models
-        verify_policy(config)  # --policy and --cost too
         console = Console(stderr=True)
-        console.print(f"avkit record: {config.models.target} + {config.models.draft or 'no draft'}, "
-                      f"datasets {', '.join(config.dataset)} -> {config.out}")
-        result = run(config, progress=progress, console=console)
+        result = run(config, progress=progress, console=console)  # checks every option before the models load
         render(result, stdout_console())  # the result: stdout
         if not result.committed:
             console.print(f"[yellow]interrupted:[/] {result.trace_path} was left as it was; the rows recorded so "

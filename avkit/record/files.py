@@ -16,6 +16,7 @@ from avkit.errors import ConfigError
 from avkit.staged import check_writable
 from avkit.trace.reader import trace_metadata
 from avkit.trace.schema import generations_path
+from avkit.workloads import load_workload
 from avkit.trace.writer import GenerationWriter, TraceWriter, partial_path, resume_source, row_groups
 
 # Metadata that must match for a resume: (key, what it is called on the command line, compare as float)
@@ -40,8 +41,10 @@ class RecordFiles:
 
 
 def preflight(config: RecordConfig) -> RecordFiles:
-    """Every check that needs no model, before any model loads: `--out` against the rules, the resume sources
-    readable, the resume settings other than the models; -> the files of this run."""
+    """Every check that needs no model, before any model loads: each dataset loads, `--out` against the rules,
+    the resume sources readable, the resume settings other than the models; -> the files of this run."""
+    for name in config.dataset:
+        load_workload(name, 1)  # an unknown name, a missing package or a bad file fails here
     out = Path(config.out)
     gens = generations_path(out)
     check_writable(out, "--out")

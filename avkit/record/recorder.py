@@ -143,6 +143,9 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
     to existing files: avkit/record/files.py). `target`/`draft`: LoadedModels, loaded from `config` when None."""
     files = preflight(config)  # before the models load: a refused --out or resume costs nothing
     policy = verify_policy(config)  # a bad spec, schedule or cost file fails here too
+    if console is not None:
+        console.print(f"avkit record: {config.models.target} + {config.models.draft or 'no draft'}, "
+                      f"datasets {', '.join(config.dataset)} -> {config.out}")
     if config.engine == "vllm":  # an offline vLLM in its own venv, avkit's plugin writing the tables
         from avkit.engines.vllm.record import record_vllm  # lazy: torch (the models' hashing and tokenizers)
 
