@@ -16,8 +16,8 @@ from avkit.errors import ConfigError
 from avkit.staged import check_writable
 from avkit.trace.reader import trace_metadata
 from avkit.trace.schema import generations_path
-from avkit.workloads import load_workload
 from avkit.trace.writer import GenerationWriter, TraceWriter, partial_path, resume_source, row_groups
+from avkit.workloads import load_workload
 
 # Metadata that must match for a resume: (key, what it is called on the command line, compare as float)
 RESUME_KEYS = (("avkit.k", "-k", False), ("avkit.temperature", "--temperature", True),
