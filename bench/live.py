@@ -22,7 +22,7 @@ from avkit.models.kv_cache import KVCache
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.runtime.trace_rows import MemorySink
-from common import csv, prompt_ids, tiny_pair
+from common import prompt_ids, tiny_pair, options
 from live_cost import cost_main
 from live_peer import peer_args, run_peer, write_table
 
@@ -80,17 +80,8 @@ def main() -> None:
     if sys.argv[1:2] == ["cost"]:
         sys.exit(cost_main(sys.argv[2:]))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default=DEFAULT_TARGET)
-    ap.add_argument("--draft", default=DEFAULT_DRAFT)
-    ap.add_argument("--ks", default="0,3,5,7", type=csv(int))
-    ap.add_argument("--temperatures", default="0,1", type=csv(float))
-    ap.add_argument("--concurrency", default="1,8", type=csv(int))
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
-    ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"),
-                    help="both models (bfloat16: as the shipped traces were recorded; ~3x fp32 on AVX512-BF16)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--tiny", action="store_true", help="tiny random models (a dry run of the script)")
+    options(ap, target=DEFAULT_TARGET, draft=DEFAULT_DRAFT, ks="0,3,5,7", temperatures="0,1", concurrency="1,8",
+            max_new_tokens=64, threads=torch.get_num_threads(), dtype="bfloat16", seed=0, tiny=False)
     ap.add_argument("--overhead", action="store_true",
                     help="only the engine's own cost per step, with stub models of a 151,936-token vocabulary")
     peer_args(ap.add_argument_group("--peer vllm (bench/README.md)"))

@@ -52,7 +52,7 @@ from avkit.scheduling.policy import FixedK
 from avkit.scheduling.profile import profile_costs
 from avkit.step_types import StepTime
 from avkit.workloads import load_workload
-from common import RESULTS, csv, header, load, tiny_pair, write
+from common import RESULTS, csv, header, load, tiny_pair, write, options
 
 FIELDS = ("n", "passes", "tokens", "context", "rows", "lookups", "catch_up", "ms")  # a logged StepTime, in order
 
@@ -149,19 +149,15 @@ def _lines(table: list[tuple], min_steps: int, intro: str) -> list[str]:
 
 def cost_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="live.py cost", description="predicted / live step time (module note)")
-    ap.add_argument("--target", default=DEFAULT_TARGET)
-    ap.add_argument("--draft", default=DEFAULT_DRAFT)
+    options(ap, target=DEFAULT_TARGET, draft=DEFAULT_DRAFT, temperatures="0,1", ks="0,3,5,7", tiny=False)
     ap.add_argument("--cost", default=DEFAULT_COST_PATH,
                     help="the offline table: a cost file, or `profile` (profile this CPU first, per temperature)")
     ap.add_argument("--dataset", default="humaneval")
-    ap.add_argument("--temperatures", default="0,1", type=csv(float))
     ap.add_argument("--batches", default="1,4,16", type=csv(int))
-    ap.add_argument("--ks", default="0,3,5,7", type=csv(int))
     ap.add_argument("--min-tokens", type=int, default=256, help="new tokens per request at least")
     ap.add_argument("--min-steps", type=int, default=32, help="measured steps a cell aims for (module note)")
     ap.add_argument("--out", default="", help="Markdown (default bench/results/cost_live.md; --tiny: a temp file); "
                                               "the step log beside it (module note)")
-    ap.add_argument("--tiny", action="store_true", help="tiny random models and a made-up table (a smoke run)")
     ap.add_argument("--replay", default="", metavar="LOG", help="a step log: its steps through today's learner")
     a = ap.parse_args(argv)
     if a.replay:

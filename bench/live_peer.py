@@ -22,7 +22,7 @@ from avkit.runtime.step_log import StepLog, steady_tok_s
 from avkit.scheduling.adaptive import make_adaptive
 from avkit.scheduling.cost import CostTable
 from avkit.scheduling.profile import profile_costs
-from common import RESULTS, VLLM_ENV, csv, header, load, machine, prompt_ids, today, vllm_peer, write
+from common import RESULTS, VLLM_ENV, csv, header, load, machine, prompt_ids, today, vllm_peer, write, options
 
 VLLM_THREADS = " ".join(f"{k}={v}" for k, v in VLLM_ENV.items() if k.startswith("VLLM_CPU_"))  # the results' header
 
@@ -30,16 +30,13 @@ VLLM_THREADS = " ".join(f"{k}={v}" for k, v in VLLM_ENV.items() if k.startswith(
 def peer_args(peer) -> None:
     """The --peer options (an argparse group of bench/live.py)."""
     peer.add_argument("--peer", choices=("vllm",), help="run vLLM-CPU on the same prompts and weights, print ratios")
-    peer.add_argument("--datasets", default="humaneval", type=csv(), help="comma-separated workloads (humaneval, sharegpt, ...)")
+    options(peer, datasets="humaneval", coefficients="traces/coefficients.json", target_dir="", draft_dir="",
+            vllm_python=".venv-vllm/bin/python", vllm_timeout=3600)
     peer.add_argument("--repeats", type=int, default=1, help="alternating vLLM / avkit phases")
     peer.add_argument("--engines", default="vllm,avkit", type=csv(),
                       help="phases to run (the day's JSON keeps the other engine's cells: add them in a later run)")
     peer.add_argument("--adaptive", action="store_true", help="add avkit's adaptive policy (engine k = max K)")
     peer.add_argument("--cost", default="", help="adaptive: reuse this cost table instead of profiling this CPU")
-    peer.add_argument("--coefficients", default="traces/coefficients.json", help="adaptive: estimator warm start")
-    peer.add_argument("--target-dir", default="", help="bf16 safetensors dir of the target (default: models cache)")
-    peer.add_argument("--draft-dir", default="", help="bf16 safetensors dir of the draft (default: models cache)")
-    peer.add_argument("--vllm-python", default=".venv-vllm/bin/python")
     peer.add_argument("--vllm-compile", action="store_true", help="let vLLM compile (default: eager, faster start)")
     peer.add_argument("--vllm-dtype", default="", choices=("", "float32", "bfloat16"),
                       help="vLLM's dtype (default: --dtype); on AVX2 without AVX512-BF16 vLLM-CPU's float32 "
@@ -47,7 +44,6 @@ def peer_args(peer) -> None:
     peer.add_argument("--vllm-fix-expand", action="store_true",
                       help="fix vLLM-CPU 0.32's T > 0 speculative bug in the peer (avkit/engines/vllm/cpu_fix.py)")
     peer.add_argument("--rewrite", action="store_true", help="run nothing: rewrite the day's table from its JSON")
-    peer.add_argument("--vllm-timeout", type=int, default=3600, help="seconds per vLLM process")
     peer.add_argument("--only-ks", action="store_true",
                       help="measure --ks only (default: K = 0 too); e.g. one cell again, the day's JSON keeps the rest")
     peer.add_argument("--fresh", action="store_true",

@@ -29,7 +29,7 @@ from avkit.trace.reader import common_k, read_traces
 from avkit.tune.acceptance import wilson
 from avkit.tune.arms import Arm, simulate_arms
 from avkit.workloads import load_workload
-from common import RESULTS, csv, tiny_pair, vllm_peer, write  # bench/ is on sys.path when run as a script
+from common import RESULTS, tiny_pair, vllm_peer, write, options  # bench/ is on sys.path when run as a script
 from live_peer import avkit_phase, plan, vllm_phase
 from live_peer import cells as peer_cells
 
@@ -217,18 +217,10 @@ def main() -> None:
     ap.add_argument("--engine", choices=("vllm", "avkit"), help="required, except with --synthetic")
     ap.add_argument("--trace", help="the engine's own trace (greedy, K >= max --ks)")
     ap.add_argument("--cost", help="the engine's cost table (avkit profile [--engine vllm])")
-    ap.add_argument("--ks", default="0,3,5,7", type=csv(int))
-    ap.add_argument("--concurrency", default="1,4,16", type=csv(int))
-    ap.add_argument("--datasets", default="humaneval", type=csv(), help="comma-separated; the trace's rows of them are simulated")
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--target-dir", default="", help="HF safetensors dir (default: the pinned target's -hf dir)")
-    ap.add_argument("--draft-dir", default="")
-    ap.add_argument("--dtype", default="bfloat16", choices=("float32", "bfloat16"))
-    ap.add_argument("--vllm-python", default=".venv-vllm/bin/python")
-    ap.add_argument("--tiny", action="store_true", help="dry run: tiny pair, its traces and cost tables in a temp dir")
+    options(ap, ks="0,3,5,7", concurrency="1,4,16", datasets="humaneval", max_new_tokens=128, target_dir="", draft_dir="",
+            dtype="bfloat16", vllm_python=".venv-vllm/bin/python", tiny=False, coefficients="traces/coefficients.json")
     ap.add_argument("--adaptive", default="", help="also this simulate policy (e.g. adaptive-stop:online_logistic, "
                     "what avkit's live adaptive engine runs) against --cells' adaptive cells")
-    ap.add_argument("--coefficients", default="traces/coefficients.json", help="--adaptive's warm start")
     ap.add_argument("--rows", choices=("measured", "all"), default="measured",
                     help="simulate the rows of the prompts each cell measured, cut at its new tokens (default), or "
                          "every row of --datasets")

@@ -23,7 +23,7 @@ from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.runtime.step_log import steady_tok_s
 from avkit.scheduling.batch_schedule import BatchSchedule, ScheduledK
-from common import RESULTS, VLLM_ENV, csv, machine, prompt_ids, rounds, tiny_pair, uptime, vllm_peer, write
+from common import RESULTS, VLLM_ENV, csv, machine, prompt_ids, rounds, tiny_pair, uptime, vllm_peer, write, options
 from tune_report import rate, write_report
 from vllm_peer import drive
 
@@ -191,24 +191,16 @@ def live_main(argv: list[str]) -> None:
     ap.add_argument("--vllm-schedule", default=str(RESULTS / "tune_cpu_vllm.json"),
                     help="vLLM's schedule (tuned on its own trace and cost table), the same formats")
     ap.add_argument("--engines", default="avkit,vllm", type=csv())
-    ap.add_argument("--ks", default="1,2,3,5,7", type=csv(int), help="the fixed K compared")
+    options(ap, ks="1,2,3,5,7", concurrency="1,4,16", max_new_tokens=64, datasets="humaneval,sharegpt", seed=0,
+            dtype="bfloat16", target_dir="", draft_dir="", vllm_python=".venv-vllm/bin/python", vllm_timeout=1500,
+            tiny=False)
     ap.add_argument("--configs", default="", type=csv(), help="only these configs (nospec, K=k, tuned; default all)")
-    ap.add_argument("--concurrency", default="1,4,16", type=csv(int), help="steady runs")
     ap.add_argument("--runs", default="", type=csv(), help="only these runs (c=N, mixed; default all)")
     ap.add_argument("--bursts", default="1@0,3@24,12@120", help="mixed run: COUNT@OUTPUT-TOKENS, ...")
     ap.add_argument("--mixed-new", default="64,128", type=csv(int), help="mixed run: new tokens per request, uniform LO,HI")
-    ap.add_argument("--max-new-tokens", type=int, default=64, help="steady runs: new tokens per request")
     ap.add_argument("--waves", type=int, default=1,
                     help="steady runs: c=N runs this many waves of N requests, one after another (c=1: at least 2)")
-    ap.add_argument("--datasets", default="humaneval,sharegpt", type=csv())
     ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--target-dir", default="")
-    ap.add_argument("--draft-dir", default="")
-    ap.add_argument("--vllm-python", default=".venv-vllm/bin/python")
-    ap.add_argument("--vllm-timeout", type=int, default=1500, help="seconds per vLLM process")
-    ap.add_argument("--tiny", action="store_true", help="tiny random models (a dry run; results to *_tiny.*)")
     ap.add_argument("--out", default="", help="results JSON (default bench/results/tune_live[_tiny].json)")
     ap.add_argument("--report", action="store_true", help="only rewrite the Markdown from --out")
     ap.add_argument("--repeats", type=int, default=1,
