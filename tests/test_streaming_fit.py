@@ -7,6 +7,7 @@ import json
 import os
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -198,3 +199,16 @@ def test_out_of_order_engine_steps_are_read_alike(fleet, tmp_path):
             ({}, {"engine": "streaming", "memory_budget": 256, "scratch": str(tmp_path / "s")})]
     assert [f.coefficients["trained_on"]["engine_steps"] for f in fits] == [steps, steps]
     check_same_fit(fits[1], fits[0])
+
+
+def test_no_observed_slot_is_the_same_line_out_of_core(tmp_path):
+    t = synthetic_trace(SyntheticConfig(num_slots=700, seed=6))
+    i = t.schema.get_field_index("accepted")
+    bad = tmp_path / "unlabelled.parquet"
+    pq.write_table(t.set_column(i, t.schema.field(i), pa.nulls(t.num_rows, t.schema.field(i).type)), bad)
+    errors = []
+    for kw in ({}, {"engine": "streaming", "scratch": str(tmp_path / "s")}):
+        with pytest.raises(TraceError) as e:
+            run_fit([bad], FitConfig(mode="batch", **kw))
+        errors.append(str(e.value))
+    assert errors[0] == errors[1] and "no observed labels of drafter 'model'" in errors[0]

@@ -223,8 +223,7 @@ def load_fit_data(paths, drafter: str = "model", features=None) -> FitData:
         total, g = total + rows, g + values.size
     obs = pl.concat(parts, how="vertical") if len(parts) > 1 else parts[0]
     if obs.height == 0:
-        raise TraceError(f"{', '.join(map(str, paths))}: no observed labels of drafter {drafter!r} (every "
-                         f"`accepted` of its rows is null, or column `drafter` never says {drafter!r})")
+        raise no_observed(paths, drafter)
     derived = obs.select(FEATURES[name].expr.alias(name) for name in names)  # one parallel pass
     features = {name: derived[name].to_numpy().astype(np.float64, copy=False) for name in derived.columns
                 if derived[name].null_count() == 0}  # optional columns (head_conf) count only when complete
@@ -238,6 +237,12 @@ def load_fit_data(paths, drafter: str = "model", features=None) -> FitData:
         trained_on=trained_on(paths, trace_metadata(paths[0]), total, obs.height,
                               dict(zip(names, np.bincount(codes, minlength=len(names)).tolist())), drafter,
                               clocks, step_clocks.size))
+
+
+def no_observed(paths, drafter: str) -> TraceError:
+    """The one line refusing traces with no observed slot of `drafter`, in memory or out of core."""
+    return TraceError(f"{', '.join(map(str, paths))}: no observed labels of drafter {drafter!r} (every "
+                      f"`accepted` of its rows is null, or column `drafter` never says {drafter!r})")
 
 
 def trained_on(paths, meta: dict, slots: int, observed: int, datasets: dict[str, int], drafter: str,

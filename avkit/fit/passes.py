@@ -26,10 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from avkit.config import FitConfig
-from avkit.errors import TraceError
 from avkit.estimators.irls import IrlsStats, group_by_position, grouped_segments, newton_iterations
 from avkit.features import FEATURES
-from avkit.fit.data import FitData, load_fit_data, trained_on
+from avkit.fit.data import FitData, load_fit_data, no_observed, trained_on
 from avkit.fit.replay import coef_row
 from avkit.fit.spill import ShardSurvey, spill_shard
 from avkit.metrics.binned import BinnedScores, logit, quantile_edges
@@ -224,7 +223,7 @@ def spilled(engine, shards: ShardSet, fit: FitConfig, drafts: bool = False):
         surveys, nodes = engine.map(spill_shard, items)
         m = _merge_surveys(surveys, max([k for k in ks if k] or [0]) or None, shards)
         if m["observed"] == 0:
-            raise TraceError(f"{', '.join(map(str, paths))}: no observed labels (every `accepted` is null)")
+            raise no_observed(paths, "model")
         yield surveys, nodes, m
     finally:
         engine.cleanup(scratch, nodes)

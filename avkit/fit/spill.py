@@ -104,5 +104,5 @@ def _survey_chunk(s: ShardSurvey, obs: pl.DataFrame, rng: np.random.Generator, r
         values.tofile(out / f"c{c}.{n}")
         s.sample[n].append(values[pick])
     code = ds.replace_strict(s.dataset_names, list(range(len(s.dataset_names))), return_dtype=pl.Int16)
-    code.to_numpy().tofile(out / f"c{c}.dataset")
+    code.to_numpy().astype(np.int16).tofile(out / f"c{c}.dataset")  # (an empty chunk's codes come back as objects)
     obs["accepted"].cast(pl.Int8).to_numpy().tofile(out / f"c{c}.label")
