@@ -8,6 +8,7 @@ lists into its typer options and its parsed values back into the config; the con
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -40,11 +41,14 @@ def parse_ints(name: str, text: str) -> tuple[int, ...]:
     return values
 
 
+_hints = functools.cache(typing.get_type_hints)  # a config's resolved field types, read once per class
+
+
 def _field(cls, path: str):
     """(the dataclass Field at dotted `path`, its resolved type)."""
     head, _, rest = path.partition(".")
     f = next(f for f in fields(cls) if f.name == head)
-    kind = typing.get_type_hints(cls)[head]
+    kind = _hints(cls)[head]
     return _field(kind, rest) if rest else (f, kind)
 
 
