@@ -10,7 +10,7 @@ import pytest
 
 from avkit.config import ProfileConfig, SamplingConfig
 from avkit.errors import ConfigError
-from avkit.scheduling.cost import CostTable, isotonic, parse_roofline_spec, resolve_cost, shape_keys
+from avkit.scheduling.cost import CostTable, isotonic, resolve_cost, shape_keys
 
 
 def _table(**kw):
@@ -179,7 +179,7 @@ def test_context_length_moves_the_kv_read():
     np.testing.assert_allclose(t.context_cost([1, 8], [100, 800]), [0.5, 4.0])
     np.testing.assert_allclose(t.context_cost([1, 8], [300, 0]), [2.5, -4.0])
     np.testing.assert_allclose(t.step_cost(1, 0, 4, 300) - t.step_cost(1, 0, 4), 2.0)
-    short, long = (parse_roofline_spec(f"roofline:H200:8b:context={c}") for c in (1024, 8192))
+    short, long = (resolve_cost(f"roofline:H200:8b:context={c}") for c in (1024, 8192))
     np.testing.assert_allclose(short.context_cost([1, 64], [8192, 64 * 8192]), long.context_cost([1, 64]), rtol=1e-9)
 
 
@@ -208,7 +208,7 @@ def test_shipped_cost_files_still_load(name):
 
 
 def test_roofline_shape_h200_8b():
-    t = parse_roofline_spec("roofline:H200:8b:context=8192")
+    t = resolve_cost("roofline:H200:8b:context=8192")
     # memory-bound at small batches: verifying 8 tokens costs about what 1 token costs
     assert t.verify_cost(8) / t.verify_cost(1) < 1.02
     # compute-bound at large batches: linear in tokens (2*P FLOPs per token at ~790 TFLOP/s)
@@ -220,9 +220,9 @@ def test_roofline_shape_h200_8b():
 
 
 def test_roofline_orders_accelerators_and_models():
-    h200, a100 = parse_roofline_spec("roofline:H200:8b"), parse_roofline_spec("roofline:A100:8b")
+    h200, a100 = resolve_cost("roofline:H200:8b"), resolve_cost("roofline:A100:8b")
     assert (h200.verify_cost([1, 4096]) < a100.verify_cost([1, 4096])).all()
-    b70 = parse_roofline_spec("roofline:H200:70b")
+    b70 = resolve_cost("roofline:H200:70b")
     assert b70.verify_cost(1) > 5 * h200.verify_cost(1)
 
 

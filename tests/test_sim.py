@@ -9,7 +9,7 @@ import pytest
 from avkit.config import SimulateConfig, SyntheticConfig
 from avkit.errors import ConfigError, TraceError
 from avkit.scheduling.cost import CostTable
-from avkit.scheduling.cost import parse_roofline_spec
+from avkit.scheduling.cost import resolve_cost
 from avkit.sim.replay import default_policies, simulate, step_time_check, write_results
 from avkit.sim.steps import schedule, step_table
 from avkit.trace.synthetic import synthetic_trace
@@ -28,7 +28,7 @@ def steps(frame):
 
 
 def test_full_verification_replays_recorded_accepted_lengths(frame, steps):
-    res = simulate(steps, parse_roofline_spec("roofline:H200:8b"), [1], ["fixed:7"],
+    res = simulate(steps, resolve_cost("roofline:H200:8b"), [1], ["fixed:7"],
                    config=SimulateConfig(waves=1))
     per_step = frame.group_by("request_id", "step").agg(pl.col("num_accepted").first())
     assert res["mean_accepted"][0] == pytest.approx(per_step["num_accepted"].mean(), abs=1e-12)
@@ -40,7 +40,7 @@ def test_fixed_k_acceptance_matches_analytic_within_4_sigma(steps):
     f = steps.features["logit_qmax"]  # [S, K]
     p = 1 / (1 + np.exp(-(CFG.slope * f + np.asarray(CFG.intercepts))))
     surv = np.cumprod(p, axis=1)  # P(first j+1 accepted)
-    res = simulate(steps, parse_roofline_spec("roofline:H200:8b"), [1], ["fixed"], config=SimulateConfig(waves=1))
+    res = simulate(steps, resolve_cost("roofline:H200:8b"), [1], ["fixed"], config=SimulateConfig(waves=1))
     for kk, got in zip(range(1, 8), res["mean_accepted"]):
         analytic = surv[:, :kk].sum(axis=1).mean()
         sigma = np.minimum(steps.accepted, kk).std() / np.sqrt(steps.accepted.size)  # replay's sampling error
@@ -49,7 +49,7 @@ def test_fixed_k_acceptance_matches_analytic_within_4_sigma(steps):
 
 
 def test_oracle_never_loses_to_best_fixed(steps):
-    cost = parse_roofline_spec("roofline:H200:8b:1b:drafter=parallel")
+    cost = resolve_cost("roofline:H200:8b:1b:drafter=parallel")
     res = simulate(steps, cost, [1, 8, 64, 256], ["nospec", "fixed", "adaptive:oracle"])
     oracle = res.filter(pl.col("policy") == "adaptive-oracle")
     assert (oracle["vs_best_fixed"] >= 0.995).all(), oracle
@@ -58,14 +58,14 @@ def test_oracle_never_loses_to_best_fixed(steps):
 
 
 def test_adaptive_never_verifies_more_than_drafted(steps):
-    res = simulate(steps, parse_roofline_spec("roofline:H200:8b"), [4, 64], ["fixed:7", "adaptive:qmax"])
+    res = simulate(steps, resolve_cost("roofline:H200:8b"), [4, 64], ["fixed:7", "adaptive:qmax"])
     full, adaptive = res.filter(pl.col("policy") == "fixed7"), res.filter(pl.col("policy") == "adaptive-qmax")
     assert (adaptive["verified_per_step"] <= full["verified_per_step"]).all()
     assert adaptive["verified_per_step"][1] < full["verified_per_step"][1]  # trims at high load
 
 
 def test_online_estimator_runs_and_is_deterministic(steps):
-    cost = parse_roofline_spec("roofline:H200:8b:1b:drafter=parallel")
+    cost = resolve_cost("roofline:H200:8b:1b:drafter=parallel")
     a = simulate(steps, cost, [32], ["adaptive:online_logistic"])
     b = simulate(steps, cost, [32], ["adaptive:online_logistic"])
     assert a.equals(b)
@@ -114,13 +114,13 @@ def test_step_time_check(frame):
 
 
 def test_results_parquet_and_errors(steps, frame, tmp_path):
-    res = simulate(steps, parse_roofline_spec("roofline:H200:8b"), [2], ["nospec", "fixed:2"])
+    res = simulate(steps, resolve_cost("roofline:H200:8b"), [2], ["nospec", "fixed:2"])
     path = write_results(res, tmp_path / "out" / "sim.parquet")
     assert pl.read_parquet(path).equals(res) and len(list(path.parent.iterdir())) == 1
     with pytest.raises(ConfigError, match="unknown policy"):
-        simulate(steps, parse_roofline_spec("roofline:H200:8b"), [2], ["greedy"])
+        simulate(steps, resolve_cost("roofline:H200:8b"), [2], ["greedy"])
     with pytest.raises(ConfigError, match="unknown estimator"):
-        simulate(steps, parse_roofline_spec("roofline:H200:8b"), [2], ["adaptive:nope"])
+        simulate(steps, resolve_cost("roofline:H200:8b"), [2], ["adaptive:nope"])
     with pytest.raises(TraceError, match="num_accepted"):
         step_table(frame.drop("num_accepted"))
     assert json.dumps(res.row(0, named=True))  # plain values for report
@@ -129,14 +129,14 @@ def test_results_parquet_and_errors(steps, frame, tmp_path):
 def test_adaptive_stop_drafting(steps):
     """Autoregressive drafter: stopping early keeps adaptive near the best fixed K at every load; with a
     parallel drafter (drafting cost independent of depth) it is the plain adaptive policy."""
-    ar = parse_roofline_spec("roofline:H200:8b")
+    ar = resolve_cost("roofline:H200:8b")
     res = simulate(steps, ar, [1, 64, 256], ["fixed", "adaptive:online_logistic", "adaptive-stop:online_logistic"])
     stop = res.filter(pl.col("policy") == "adaptive-stop-online_logistic")
     plain = res.filter(pl.col("policy") == "adaptive-online_logistic")
     assert (stop["vs_best_fixed"] >= 0.95).all(), stop
     assert (stop["throughput_tok_s"] >= plain["throughput_tok_s"]).all()
     assert (stop["drafted_per_step"] < plain["drafted_per_step"]).all()
-    par = parse_roofline_spec("roofline:H200:8b:1b:drafter=parallel")
+    par = resolve_cost("roofline:H200:8b:1b:drafter=parallel")
     a = simulate(steps, par, [64], ["adaptive:oracle", "adaptive-stop:oracle"])
     assert a["throughput_tok_s"][0] == a["throughput_tok_s"][1]
 
@@ -165,7 +165,7 @@ def test_simulate_cli(tmp_path, steps, capsys):
 def test_recorded_confidences_are_a_source(frame):
     truth = 1 / (1 + np.exp(-(CFG.slope * pl.col("logit_qmax") + 0.5)))
     steps_c = step_table(frame.with_columns(truth.cast(pl.Float32).alias("confidence")))
-    cost = parse_roofline_spec("roofline:H200:8b")
+    cost = resolve_cost("roofline:H200:8b")
     assert "adaptive:recorded" in default_policies(steps_c, SimulateConfig())
     res = simulate(steps_c, cost, [64], ["fixed:7", "adaptive:recorded"])
     assert res["verified_per_step"][1] < res["verified_per_step"][0]

@@ -12,7 +12,7 @@ import pytest
 
 from avkit.config import SimulateConfig, SyntheticConfig, TuneConfig
 from avkit.errors import ConfigError
-from avkit.scheduling.cost import CostTable, parse_roofline_spec
+from avkit.scheduling.cost import CostTable, resolve_cost
 from avkit.scheduling.roofline import MODELS
 from avkit.sim.replay import load_steps, simulate
 from avkit.sim.steps import schedule
@@ -42,7 +42,7 @@ def result(trace):
 
 def test_schedule_is_the_argmax_of_an_independently_simulated_table(trace, result):
     """`avkit simulate`'s own table, argmax per concurrency by a plain loop, equals the tuner's choice."""
-    table = simulate([trace], parse_roofline_spec("roofline:H200:8b"), CONC,
+    table = simulate([trace], resolve_cost("roofline:H200:8b"), CONC,
                      ["nospec"] + [f"fixed:{k}" for k in range(1, 6)], config=SimulateConfig())
     for c in CONC:
         best_k, best = 0, -1.0
@@ -77,7 +77,7 @@ def test_slo_picks_the_fastest_arm_that_meets_it(trace):
 
 def test_cell_accounting_matches_a_loop_over_sim_steps(trace):
     """Throughput and p90 TPOT of a fixed-K arm recomputed step by step from the cost table."""
-    steps, cost, k = load_steps([trace]), parse_roofline_spec("roofline:H200:8b"), 3
+    steps, cost, k = load_steps([trace]), resolve_cost("roofline:H200:8b"), 3
     (cell,) = simulate_arms(steps, [Arm("fixed", k)], cost, [4], waves=4, estimator="online_logistic", gate=True)
     sched = schedule(steps, 4, 4)
     step_ms, tokens = {}, {}
@@ -109,7 +109,7 @@ def test_truncated_traces_replay_like_fixed_k(trace):
     steps = load_steps([trace])
     cut = truncate(steps, 3)
     assert cut.k == 3 and cut.label.shape[1] == 3 and (cut.accepted <= 3).all()
-    cost = parse_roofline_spec("roofline:H200:8b")
+    cost = resolve_cost("roofline:H200:8b")
     a = simulate(steps, cost, [4], ["fixed:3"])["throughput_tok_s"][0]
     b = simulate(cut, cost, [4], ["fixed:3"])["throughput_tok_s"][0]
     assert a == pytest.approx(b, rel=1e-12)
@@ -238,7 +238,7 @@ def test_catch_up_rule_is_priced_from_the_table_and_the_cost(trace, result):
         assert (saving == 0.0) == (r["k"] == 0)
         assert rule["accepted"][CONC.index(c)] == next(x for x in result["cells"] if x["concurrency"] == c and x["arm"]
                                                         == r["arm"])["tokens_per_step"] - 1.0
-    cost = parse_roofline_spec("roofline:H200:8b")
+    cost = resolve_cost("roofline:H200:8b")
     back = CostTable.from_json(rule["cost"])  # the rule carries the cost model itself, not copies of its curves
     assert back.to_json() == {**cost.to_json(), "meta": back.meta}
     assert any("no profiled drafter prefill" in n for n in result["notes"])

@@ -60,6 +60,3 @@ class HvdReplayConfig(Checked):
     k: int = checked(DEFAULT_K, 1, MAX_K)  # model drafter's draft length; also caps cache drafts
     history_window: int = checked(16, 1)  # positions in the recent-acceptance features
     high_payoff: int = checked(6, 1)  # precision/recall threshold on accepted length (the paper's >= 6)
-
-
-__all__ = ["HvdCostConfig", "HvdReplayConfig", "PayoffConfig", "SuffixCacheConfig"]

@@ -52,6 +52,3 @@ def cost_from_json(d: dict | None) -> CostTable:
         xs, ys = zip(*d[name]) if d.get(name) else (getattr(lines, grid), getattr(lines, ms))
         curves[grid], curves[ms] = tuple(int(x) for x in xs), tuple(float(y) for y in ys)
     return CostTable(**curves, lookup_ms=base.cache_cost, meta=where)
-
-
-__all__ = ["LINEAR", "cost_from_json", "linear_table", "summary"]

@@ -341,26 +341,17 @@ def context_len_from_env(default: int) -> int:
     return check_range(PROFILE_CONTEXT_ENV, value, 0)
 
 
-def parse_roofline_spec(spec: str) -> CostTable:
-    """`roofline:GPU:TARGET[:DRAFT][:context=N,drafter=parallel]` -> CostTable (scheduling/roofline.py's
-    curves). The context defaults to $AVKIT_PROFILE_CONTEXT_LEN, else 8192."""
-    return CostTable(**roofline_curves(spec, str(context_len_from_env(8192))))
-
-
 def resolve_cost(spec: str | CostTable | None) -> CostTable:
-    """A CostTable from a table, a JSON path or a roofline spec; empty: the profiled table at DEFAULT_COST_PATH if
-    it exists, else the CPU roofline of the default model pair."""
+    """A CostTable from a table, a JSON path or a roofline spec (`roofline:GPU:TARGET[:DRAFT][:context=N,
+    drafter=parallel]`: scheduling/roofline.py's curves, context by default $AVKIT_PROFILE_CONTEXT_LEN, else
+    8192); empty: the profiled table at DEFAULT_COST_PATH if it exists, else the CPU roofline of the default pair."""
     if isinstance(spec, CostTable):
         return spec
     if not spec:
         default = Path(DEFAULT_COST_PATH).expanduser()
-        return CostTable.load(default) if default.is_file() else parse_roofline_spec("roofline:cpu:1.5b")
+        spec = str(default) if default.is_file() else "roofline:cpu:1.5b"
     if spec.startswith("roofline:"):
-        return parse_roofline_spec(spec)
+        return CostTable(**roofline_curves(spec, str(context_len_from_env(8192))))
     if spec == SHIPPED_COST:  # the default: found as the shipped traces are (here, else beside the package)
         return CostTable.load(shipped_file(SHIPPED_COST) or spec)
     return CostTable.load(spec)
-
-
-__all__ = ["CURVES", "DRAFTER_KINDS", "FREE_LAG", "CostTable", "context_band", "context_len_from_env", "interp_curve",
-           "isotonic", "parse_roofline_spec", "resolve_cost", "shape_keys"]

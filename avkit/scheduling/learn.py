@@ -180,6 +180,3 @@ class CostLearner:
         """Write the learned model atomically (a temp file renamed; a failed write leaves the old one)."""
         with StagedOutputs() as outputs:
             self.refit().save(path, outputs)
-
-
-__all__ = ["PRIOR_COUNT", "CostLearner"]

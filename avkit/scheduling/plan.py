@@ -236,7 +236,3 @@ def continue_drafting(conf: torch.Tensor, proposed: torch.Tensor, active: torch.
     cost = m * (pass_ms.double() / n_active.clamp(min=1))[group][:, None] + extra  # [S, D]
     pays = (gain > rate[group][:, None] * cost) & (m <= max_drafts - proposed[:, None])  # [S, D]
     return active & pays.any(1), p
-
-
-__all__ = ["Plan", "Ranked", "best_budget", "continue_drafting", "expected_tokens", "order_slots", "plan", "prefixes",
-           "rank_slots", "single_group", "survival", "verify_lookup"]

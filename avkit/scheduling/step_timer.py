@@ -116,6 +116,3 @@ class SeatedEngine:
                 drafter._have[:rows] = [context - behind] * rows  # its host mirror of cache.lengths
                 drafter.cache.lengths[:rows] = context - behind
         return rewind, e.step
-
-
-__all__ = ["FedDrafter", "SeatedEngine", "write_prefix"]

@@ -254,6 +254,3 @@ def burn_in(est: Estimator, steps: StepTable, feature: str, chunk: int = 100, mi
         replay_steps(est, feats, pos, labels, bounds, on_round=count, chunk=chunk)
         passes += 1
     return passes
-
-
-__all__ = ["Column", "SimPolicy", "catch_up_ms", "decide", "parse_policies", "stale_tokens"]

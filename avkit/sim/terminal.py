@@ -89,6 +89,3 @@ def render_results(df: pl.DataFrame, console: Console, title: str = "") -> None:
     if fixed:
         legend.insert(0, f"{fixed[0]}..{fixed[-1]} = fixed K" if len(fixed) > 1 else f"{fixed[0]} = fixed K")
     console.print("; ".join(legend) + ". Bold: the best deployable policy at that concurrency.", highlight=False)
-
-
-__all__ = ["render_results", "short_policy"]

@@ -108,6 +108,3 @@ def acceptance_profile(rows: pl.DataFrame, k: int, meta: dict[str, str]) -> dict
     trained["drafter"] = "suffix" if pair["drafter"] == "suffix" else "model"
     return {"pair": pair, "groups": acceptance_groups(rows, k),
             "coefficients": fitted_coefficients(rows, k, trained)}
-
-
-__all__ = ["FEATURE", "acceptance_groups", "acceptance_profile", "fitted_coefficients", "position_table", "wilson"]

@@ -80,6 +80,3 @@ def context_schedule(paths: list[str], config: TuneConfig, run: Callable[..., di
                if len({b["k"].get(c) for b in per_band}) > 1]
     return {"context_ranges": [[b["ctx_lo"], b["ctx_hi"], b["ranges"]] for b in per_band],
             "context_changes": changes, "bands": per_band}
-
-
-__all__ = ["at_context", "band_bounds", "context_schedule", "moved"]

@@ -107,6 +107,3 @@ def idle_costs(cost: CostTable, concurrency: int, nospec_step_ms: float, prompt_
             "prefill_ms_per_request": prefill, "prefill_share": prefill_share,
             # the prefill it cannot avoid plus the cheaper way to keep the drafter ready (upper bound, module note)
             "overhead_share": prefill_share + min(sync / t, catch[64] / (64 * t))}
-
-
-__all__ = ["NOT_PRICED", "cap_new_tokens", "idle_costs", "output_tokens", "prefill_per_token", "prompt_tokens"]
