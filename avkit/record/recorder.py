@@ -250,7 +250,7 @@ def _run(config, engine, sink, queue, gens, run_id, stats, progress, console):
                 admit()
                 bar.requests(finished, new_tokens)
                 if time.monotonic() - last_flush >= config.flush_interval:
-                    sink.writer.flush()  # trace before generations (see module docstring)
+                    sink.writer.flush()  # trace before generations (docs/traces.md, "Recording")
                     gens.flush()
                     last_flush = time.monotonic()
         except KeyboardInterrupt:  # the caller flushes or commits both files
