@@ -18,7 +18,6 @@ Damping scales each update by n / (n + damping), n = the slots supporting that c
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Self
@@ -109,13 +108,6 @@ def fused_segment_stats(f_all: np.ndarray, y: np.ndarray, slope: float, intercep
         acc[3:] += d[1:] @ p
     return (float(acc[0]), float(acc[1]), float(acc[2]), float(np.dot(y, f_all)) - float(acc[3]),
             float(y.sum()) - float(acc[4]))
-
-
-def grouped_segments(f: np.ndarray, y: np.ndarray, order: np.ndarray | None, bounds: np.ndarray) -> list[tuple]:
-    """[N] oriented feature and labels, rows `order` grouping them by position (None: already grouped)
-    with segment `bounds` [K + 1] -> (feature, labels) of each position (views of the grouped rows)."""
-    fg, yg = (f, y) if order is None else (f[order], y[order])  # [N] grouped by position
-    return [(fg[lo:hi], yg[lo:hi]) for lo, hi in itertools.pairwise(bounds)]
 
 
 def _damp(n: np.ndarray | float, damping: float):

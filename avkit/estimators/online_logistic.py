@@ -18,6 +18,7 @@ damping n / (n + 50).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -27,8 +28,8 @@ import torch
 from avkit.config import DEFAULT_K, EstimatorConfig
 from avkit.errors import DataError
 from avkit.estimators.base import check_positions, sigmoid
-from avkit.estimators.irls import (IrlsStats, fused_segment_stats, group_by_position, grouped_segments, irls_stats,
-                                   newton_iterations, per_position_step, shared_slope_step)
+from avkit.estimators.irls import (IrlsStats, fused_segment_stats, group_by_position, irls_stats, newton_iterations,
+                                   per_position_step, shared_slope_step)
 from avkit.features import FEATURES
 
 
@@ -159,21 +160,26 @@ class RoundLogistic:
 
     def fit(self, features, positions, labels, *, max_iter: int = 50, tol: float = 1e-10,
             on_iteration: Callable[[RoundLogistic], None] | None = None) -> int:
-        """Batch fit: iterate the (undamped) Newton step on all rows until max |step| < tol; -> the
-        iterations run. `observations` becomes the per-position row counts."""
+        """Batch fit of rows in memory, the batch fit over shards (fit/passes.py) on one chunk: the
+        (undamped) Newton step iterated until max |step| < tol; -> the iterations run. `observations`
+        becomes the per-position row counts."""
         pos = check_positions(positions, self.k)
+        order = group_by_position(pos)
+        f, y, pos = np.asarray(features, dtype=np.float64)[order], np.asarray(labels, dtype=np.float64)[order], pos[order]
         counts = np.bincount(pos, minlength=self.k)  # [K]
-        segments = grouped_segments(self.oriented(features), np.asarray(labels, dtype=np.float64),
-                                    group_by_position(pos), np.r_[0, np.cumsum(counts)])
-        return newton_iterations([self], lambda _: [self.newton_stats(segments, counts)], max_iter, tol,
+        return newton_iterations([self], lambda _: [self.newton_stats(f, y, pos, counts)], max_iter, tol,
                                  None if on_iteration is None else lambda i, it: on_iteration(self))
 
-    def newton_stats(self, segments: list, counts: np.ndarray) -> IrlsStats:
-        """The IRLS statistics of rows grouped by position ([K] `grouped_segments`, [K] row counts) at the
-        current coefficients: one batch Newton step's sums (in memory here, per shard out of core)."""
+    def newton_stats(self, features, labels, positions, counts, keep=None) -> IrlsStats:
+        """One batch Newton pass's IRLS sums at the current coefficients over rows sorted by position ([n]
+        raw feature, labels, positions; [K] rows per position; `keep` [n] bool: only those rows)."""
+        f, y = self.oriented(features), labels
+        if keep is not None:
+            f, y, counts = f[keep], y[keep], np.bincount(positions[keep], minlength=self.k)
         slopes = np.broadcast_to(next(iter(self.coef().values())), self.k)  # [K] each position's slope
-        return IrlsStats.from_segments([fused_segment_stats(*seg, slopes[i], self.intercepts[i])
-                                        for i, seg in enumerate(segments)], counts)
+        bounds = np.r_[0, np.cumsum(counts)]  # [K + 1] each position's rows: one segment
+        return IrlsStats.from_segments([fused_segment_stats(f[lo:hi], y[lo:hi], slopes[i], self.intercepts[i])
+                                        for i, (lo, hi) in enumerate(itertools.pairwise(bounds))], counts)
 
     def batch_step(self, stats: IrlsStats) -> bool:
         """One undamped Newton step of a batch fit from ALL observed slots' statistics at the current

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from avkit.config import FitConfig
-from avkit.estimators.irls import IrlsStats, group_by_position, grouped_segments, newton_iterations
+from avkit.estimators.irls import IrlsStats, group_by_position, newton_iterations
 from avkit.features import FEATURES
 from avkit.fit.data import FitData, load_fit_data, no_observed, trained_on
 from avkit.fit.replay import coef_row
@@ -112,7 +112,6 @@ def shard_pass(shard, work: PassWork, only: int | None = None) -> list:
     out = [BinnedScores.zeros(len(work.dataset_names), k, sc["n_bins"], sc["edges"][j], counts_dtype) if sc
            else IrlsStats.zeros(k) for j in picks]
     for c, counts, pos, y, ds in shard.chunks(k, work.dataset_names):
-        bounds = np.r_[0, np.cumsum(counts)]  # [K + 1]
         group = ds * k + pos if sc else None  # [n] score group of each row (scoring passes only)
         cache: dict[str, np.ndarray] = {}
         for acc, j in zip(out, picks):
@@ -123,12 +122,8 @@ def shard_pass(shard, work: PassWork, only: int | None = None) -> list:
             if sc:
                 acc.add(est.predict(f, pos), y, group)  # [n] predictions at the fitted coefficients
                 continue
-            fo, yj, cj, bj = est.oriented(f), y, counts, bounds  # oriented as the estimator fits it
-            if work.subsets and work.subsets[j] is not None:  # one dataset's rows (still grouped by position)
-                keep = ds == work.subsets[j]
-                fo, yj, cj = fo[keep], y[keep], np.bincount(pos[keep], minlength=k)
-                bj = np.r_[0, np.cumsum(cj)]
-            acc += est.newton_stats(grouped_segments(fo, yj, None, bj), cj)
+            subset = work.subsets[j] if work.subsets else None  # one dataset's rows (still grouped by position)
+            acc += est.newton_stats(f, y, pos, counts, None if subset is None else ds == subset)
     return out
 
 
