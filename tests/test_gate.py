@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from avkit.config import AdaptiveConfig
 from avkit.errors import ConfigError
 from avkit.scheduling.cost import CostTable
 from avkit.scheduling.gate import DraftGate, step_rates
@@ -76,7 +77,7 @@ def test_replay_takes_the_step_by_step_decisions(seed):
     bounds = np.r_[0, np.cumsum(rows)]
     conf = torch.as_tensor(rng.uniform(0.3, 0.99, (bounds[-1], 4)))
     drafts = rng.random(bounds[-1]) < 0.9
-    fast, slow = (DraftGate(_cost(4.0), window=8, probe_every=20, k=4) for _ in range(2))
+    fast, slow = (DraftGate(_cost(4.0), AdaptiveConfig(gate_window=8, probe_every=20), k=4) for _ in range(2))
     got = fast.replay(loads, conf, bounds, drafts)
     want = []
     for g, n in enumerate(loads.tolist()):
@@ -88,7 +89,7 @@ def test_replay_takes_the_step_by_step_decisions(seed):
 
 
 def _gate(draft_ms: float, conf: float, **kw) -> DraftGate:
-    gate = DraftGate(_cost(draft_ms), window=8, **kw)
+    gate = DraftGate(_cost(draft_ms), AdaptiveConfig(gate_window=8, **kw))
     gate.observe(np.full((8, 7), conf))
     return gate
 
@@ -101,7 +102,7 @@ def test_gate_drafts_when_drafts_pay_and_skips_when_they_cannot():
 
 
 def test_gate_drafts_until_a_window_of_rows_was_seen():
-    gate = DraftGate(_cost(6.0), window=8)
+    gate = DraftGate(_cost(6.0), AdaptiveConfig(gate_window=8))
     assert gate.sure_gain(4) > 1.0  # sure drafts would pay here: worth measuring
     for _ in range(3):
         assert gate.draft_this_step(4)
@@ -123,7 +124,7 @@ def test_resuming_needs_the_margin_continuing_does_not():
 
 def test_probes_come_after_probe_every_skips_and_refill_the_window():
     gate = _gate(1.0, 0.05, probe_every=3)  # window 8; hopeless drafts, though sure ones would pay
-    assert gate.sure_gain(2) > 1.0 + gate.resume_margin
+    assert gate.sure_gain(2) > 1.0 + gate.config.resume_margin
     pattern = []
     for _ in range(3):
         pattern += [gate.draft_this_step(2) for _ in range(3)]  # off: nothing observed
@@ -140,7 +141,7 @@ def test_heterogeneous_rows_beat_their_mean():
     mean = np.cumprod(mixed, axis=1).mean(0)  # [K] mean survival
     uniform_conf = np.r_[mean[:1], mean[1:] / mean[:-1]][None, :].repeat(8, 0)  # one curve with that mean
     np.testing.assert_allclose(np.cumprod(uniform_conf, axis=1).mean(0), mean)
-    gate = DraftGate(_cost(2.0), window=8)
+    gate = DraftGate(_cost(2.0), AdaptiveConfig(gate_window=8))
     gate.observe(uniform_conf)
     uniform = gate.gain(8)
     gate.observe(mixed)
@@ -148,24 +149,24 @@ def test_heterogeneous_rows_beat_their_mean():
 
 
 def test_observe_keeps_the_latest_rows():
-    gate = DraftGate(_cost(60.0), window=4)
+    gate = DraftGate(_cost(60.0), AdaptiveConfig(gate_window=4))
     gate.observe(np.full((3, 2), 0.1))
     gate.observe(np.array([[0.2, 0.2], [0.3, 0.3]]))
     np.testing.assert_allclose(gate.rows[:, 0].numpy(), [0.1, 0.1, 0.2, 0.3])
 
 
-@pytest.mark.parametrize("kwargs, match", [({"window": 0}, "gate_window"), ({"probe_every": 0}, "probe_every"),
-                                           ({"resume_margin": -0.1}, "resume_margin")])
+@pytest.mark.parametrize("kwargs, match", [({"gate_window": 0}, "--gate-window"), ({"probe_every": 0}, "--probe-every"),
+                                           ({"resume_margin": -0.1}, "--resume-margin")])
 def test_bad_settings_name_the_field(kwargs, match):
     with pytest.raises(ConfigError, match=match):
-        DraftGate(_cost(1.0), **kwargs)
+        DraftGate(_cost(1.0), AdaptiveConfig(**kwargs))
 
 
 def test_a_gate_without_data_skips_only_where_sure_drafts_would_not_pay():
     """No rows yet: measure (draft) at a light load; at a load where even all-accepted drafts lose to
     target-only decoding, skip at once: no measurement could change the answer."""
     cost = CostTable((1, 8, 64, 512), (10.0, 12.0, 60.0, 500.0), (1, 8, 64), (2.0, 8.0, 60.0))
-    gate = DraftGate(cost, window=8, k=7)
+    gate = DraftGate(cost, AdaptiveConfig(gate_window=8), k=7)
     assert gate.sure_gain(1) > 1.0 > gate.sure_gain(64)
     assert gate.draft_this_step(1)
     assert not gate.draft_this_step(64) and gate.rows is None
@@ -207,14 +208,15 @@ def test_a_step_drafts_only_if_its_catch_up_is_paid_back(seed):
             n = int(rng.integers(1, 9))
             lag = rng.choice([1, 2, 3, 40, 300], n).tolist()
             remaining = rng.integers(0, 64, n).tolist()
-            gate = DraftGate(cost, window=8, k=7)
+            gate = DraftGate(cost, AdaptiveConfig(gate_window=8), k=7)
             if measured:
                 gate.observe(np.full((8, 7), rng.uniform(0.5, 0.95)))
             gain = gate.gain(n) if measured else gate.sure_gain(n)
             want = gain > 1.0 and _paid_back_by_hand(cost, n, gain, lag, remaining)
             assert gate.draft_this_step(n, lag, remaining) is want, (n, lag, remaining, gain)
-            fresh = DraftGate(cost, window=8, k=7)
-            assert fresh.draft_this_step(n) is (DraftGate(cost, window=8, k=7).sure_gain(n) > 1)  # no lags: rates only
+            fresh = DraftGate(cost, AdaptiveConfig(gate_window=8), k=7)
+            sure = DraftGate(cost, AdaptiveConfig(gate_window=8), k=7).sure_gain(n)
+            assert fresh.draft_this_step(n) is (sure > 1)  # no lags: rates only
             decided.append(want)
     assert 0 < sum(decided) < len(decided)  # both answers occur
 

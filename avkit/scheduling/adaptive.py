@@ -320,7 +320,7 @@ def make_adaptive(cost: str | CostTable | None = None, estimator: str | Estimato
     table = resolve_cost(cost or config.cost)
     learner = CostLearner(table, probe_every=config.cost_probe_every) if config.learn_cost and est is not None \
         else None
-    gate = (DraftGate(table, config.gate_window, config.probe_every, config.resume_margin, stop_drafting, k=k)
+    gate = (DraftGate(table, config, stop_drafting, k=k)
             if config.draft_gate and est is not None else None)
     return AdaptiveVerification(table, est, history=config.history, gate=gate, k=k, stop_drafting=stop_drafting,
                                 name="adaptive-stop" if stop_drafting else "adaptive",

@@ -25,10 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from avkit.config import DEFAULT_K
+from avkit.config import DEFAULT_K, AdaptiveConfig
 from avkit.scheduling.cost import CostTable
 from avkit.scheduling.plan import order_slots, survival
-from avkit.validate import check_range
 
 
 AHEAD = 64  # steps `replay` prices at once at most while the gate drafts
@@ -77,9 +76,9 @@ class DraftGate:
     """Skip drafting while, at this step's load, no verify budget on recent rows pays for its drafts."""
 
     cost: CostTable
-    window: int = 64  # recent drafted request-steps the decision replays
-    probe_every: int = 256  # skipped steps in a row before a probing drafted step
-    resume_margin: float = 0.1  # while off, resume drafting only for a predicted gain above this
+    # gate_window (recent drafted request-steps the decision replays, `window`), probe_every (skipped steps in a
+    # row before a probing drafted step), resume_margin (while off, resume only for a predicted gain above it)
+    config: AdaptiveConfig = AdaptiveConfig()
     stop_drafting: bool = True  # the drafter stops each request early (live: `continue_drafting`)
     k: int = DEFAULT_K  # drafts per request at most (the width of the rows)
     rows: torch.Tensor | None = None  # [<= window, K] float64 (CPU) sizing confidences of the latest drafted request-steps
@@ -88,10 +87,6 @@ class DraftGate:
     steps: int = 0  # steps asked about
 
     def __post_init__(self):
-        check_range("gate_window", self.window, 1)
-        check_range("probe_every", self.probe_every, 1)
-        check_range("resume_margin", self.resume_margin, 0.0)
-        check_range("k", self.k, 1)
         self._memo: tuple = (None, None, 0.0)  # (rows object, n, gain): unchanged rows and load, same gain
         self._sure: dict[int, float] = {}  # n -> gain of sure drafts
 
@@ -134,13 +129,13 @@ class DraftGate:
         `remaining` ([n] host ints, both or neither) price the step's catch-up (module note); `gain`: this
         step's `gain` on the recent rows if already known (`replay`)."""
         self.steps += 1
-        if self.skipped >= self.probe_every:  # probe: forget the stale rows, measure a new window
+        if self.skipped >= self.config.probe_every:  # probe: forget the stale rows, measure a new window
             self.rows = None
-        need = 1.0 if self.skipped == 0 else 1.0 + self.resume_margin  # resuming pays a catch-up
+        need = 1.0 if self.skipped == 0 else 1.0 + self.config.resume_margin  # resuming pays a catch-up
         if num_requests < 1:
             draft = True
         else:
-            measuring = self.rows is None or len(self.rows) < self.window  # measure, if measuring could say yes
+            measuring = self.rows is None or len(self.rows) < self.config.gate_window  # measure if it could say yes
             gain = self.sure_gain(num_requests) if measuring else gain if gain is not None else self.gain(num_requests)
             draft = gain > need and (lag is None or self.pays_back(num_requests, gain, lag, remaining))
         self.skipped = 0 if draft else self.skipped + 1
@@ -155,7 +150,7 @@ class DraftGate:
             return
         if self.rows is not None and self.rows.shape[1] == conf.shape[1]:
             conf = torch.cat([self.rows, conf])
-        self.rows = conf[-self.window:].clone()
+        self.rows = conf[-self.config.gate_window:].clone()
 
     def replay(self, num_requests: np.ndarray, conf: torch.Tensor, bounds: np.ndarray,
                drafts: np.ndarray) -> np.ndarray:
@@ -185,11 +180,12 @@ class DraftGate:
         base = self.rows if self.rows is not None and self.rows.shape[1] == k else torch.zeros(0, k, dtype=torch.float64)
         seq = torch.cat([base, *steps[start:stop]])  # [R, K] the rows observed, in order (as `observe` keeps them)
         ends = len(base) + np.cumsum([0] + [len(s) for s in steps[start:stop - 1]])  # rows seen before each step
-        full = np.flatnonzero(ends >= self.window)
+        w = self.config.gate_window
+        full = np.flatnonzero(ends >= w)
         out = dict.fromkeys(range(start, stop))
         if not full.size:
             return out
-        idx = torch.as_tensor(ends[full])[:, None] - self.window + torch.arange(self.window)  # [F, W]
+        idx = torch.as_tensor(ends[full])[:, None] - w + torch.arange(w)  # [F, W]
         ns = [loads[start + i] for i in full.tolist()]
         rates = step_rates(seq[idx], ns, self.cost, self.stop_drafting)
         out.update(zip((start + full).tolist(), self._gains(rates).tolist()))
