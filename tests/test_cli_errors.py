@@ -14,6 +14,7 @@ import pytest
 
 from conftest import run_cli
 from avkit.config import SyntheticConfig
+from avkit.errors import first_line
 from avkit.staged import StagedOutputs
 from avkit.trace.schema import generations_path
 from avkit.trace.synthetic import write_synthetic_trace
@@ -275,6 +276,11 @@ def test_report_out_is_a_file(fit_dir, tmp_path, capsys):
     code, _, err = run_cli(capsys, "report", fit_dir, "--out", tmp_path / "r", "--no-simulate")
     one_line(code, err, "--out")
     assert (tmp_path / "r").read_text() == "x"
+
+
+def test_an_error_line_quotes_the_first_line_or_the_type_of_an_empty_message():
+    assert first_line(OSError("bad page\ndetails")) == "bad page"
+    assert first_line(ValueError()) == "ValueError"  # str(e).splitlines()[0] raised IndexError here
 
 
 # ---- the staged-outputs mechanism itself ----

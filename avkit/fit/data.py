@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from avkit.errors import TraceError
+from avkit.errors import TraceError, first_line
 from avkit.features import FEATURES
 from avkit.trace.reader import CHECKED_COLUMNS, common_k, no_repeats, scan_traces, trace_k, trace_metadata
 from avkit.trace.values import SLOT_KEY, check_values, duplicate_slot, slot_hashes
@@ -153,7 +153,7 @@ def read_shard(path, k: int | None, columns, drafter: str = "model", rows: int |
             df = lf.slice(off, rows or total).collect()
         except (pl.exceptions.PolarsError, pl.exceptions.PanicException, OSError) as e:
             raise TraceError(f"{path}: cannot read rows {off}..{off + (rows or total) - 1}: "
-                             f"{str(e).splitlines()[0]}") from None
+                             f"{first_line(e)}") from None
         check_values(df, path, k, first_row=off, slots=keys is None)  # in chunks: SlotKeys, over every chunk
         if keys is not None:
             keys.add(df, off)

@@ -16,7 +16,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 from avkit.config import FitConfig
-from avkit.errors import AvkitError, ConfigError
+from avkit.errors import AvkitError, ConfigError, first_line
 
 
 class LocalEngine:
@@ -91,7 +91,7 @@ class RayEngine:
                 ray.init(log_to_driver=False, **kw)
             except (ConnectionError, ValueError, RuntimeError) as e:
                 raise ConfigError(f"--address {self.address}: cannot connect to a Ray cluster: "
-                                  f"{str(e).splitlines()[0]}") from None
+                                  f"{first_line(e)}") from None
             self._started = True
         return self
 
@@ -120,10 +120,10 @@ class RayEngine:
                         ray.cancel(r)
                 cause = getattr(e, "cause", None) if isinstance(e, ray.exceptions.RayTaskError) else e
                 if isinstance(cause, AvkitError):
-                    raise type(cause)(str(cause).splitlines()[0]) from None
+                    raise type(cause)(first_line(cause)) from None
                 retried = "" if isinstance(e, ray.exceptions.RayTaskError) else f" after {self.max_retries} retries"
                 raise AvkitError(f"ray: task on shard {_shard(args)} failed{retried}: {type(cause).__name__}: "
-                                 f"{str(cause or e).splitlines()[0]}") from None
+                                 f"{first_line(cause or e)}") from None
             result = copy.deepcopy(result)
             if fold is not None:
                 acc = result if acc is None else fold(acc, result)

@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 
 from avkit.config import ReportConfig, SimulateConfig
-from avkit.errors import ConfigError, DataError
+from avkit.errors import ConfigError, DataError, first_line
 from avkit.estimators.coefficients import load_coefficients
 from avkit.fit import FitResult
 from avkit.jsonsafe import read_json
@@ -74,7 +74,7 @@ def _parquet(p: Path, option: str = "") -> pl.DataFrame:
     try:
         return pl.read_parquet(p)
     except (OSError, pl.exceptions.PolarsError) as e:
-        raise DataError(f"{option}{p}: not a readable Parquet file: {str(e).splitlines()[0]}") from None
+        raise DataError(f"{option}{p}: not a readable Parquet file: {first_line(e)}") from None
 
 
 def load_sim(p: Path) -> pl.DataFrame:

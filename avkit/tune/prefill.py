@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from avkit.errors import ConfigError
+from avkit.errors import ConfigError, first_line
 from avkit.scheduling.cost import CostTable
 from avkit.sim.steps import StepTable, request_ids
 from avkit.trace.schema import generations_path
@@ -54,7 +54,7 @@ def prompt_tokens(paths: list[str], rows: pl.DataFrame, warn=None) -> np.ndarray
         try:
             df = pl.read_parquet(gen, columns=["run_id", "request_id", "prompt_ids"])
         except (OSError, pl.exceptions.PolarsError) as e:
-            raise ConfigError(f"{gen}: cannot read run_id/request_id/prompt_ids ({str(e).splitlines()[0]})") from None
+            raise ConfigError(f"{gen}: cannot read run_id/request_id/prompt_ids ({first_line(e)})") from None
         parts.append(df.select(pl.lit(str(index)).alias("file_index"), pl.col("run_id").cast(pl.Utf8),
                                pl.col("request_id").cast(pl.Utf8), pl.col("prompt_ids").list.len().alias("prompt")))
     ids = request_ids(rows)
