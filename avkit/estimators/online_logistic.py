@@ -95,11 +95,6 @@ class RoundLogistic:
         f = features.double() if self.sign == 1.0 else self.sign * features.double()
         return sigmoid_torch(self._logits(self.on_device(features.device), f, positions))
 
-    def kernel_coefficients(self, device) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(slope [1], intercepts [K]) float32 on `device` when the prediction is the confidence kernel's
-        sigma(slope * logit(q_max) + intercept_i) (kernels/confidence_ref.py), else None."""
-        return None
-
     @property
     def steps_to_refit(self) -> int:
         """Engine steps still to feed before this round refits (>= 1): a replay predicts them at once."""
@@ -226,7 +221,9 @@ class OnlineLogistic(RoundLogistic):
     def _logits(self, coef, features, positions):
         return coef["slope"] * features + coef["intercepts"][positions]
 
-    def kernel_coefficients(self, device):
+    def kernel_coefficients(self, device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(slope [1], intercepts [K]) float32 on `device` when the prediction is the confidence kernel's
+        sigma(slope * logit(q_max) + intercept_i) (kernels/confidence_ref.py), else None."""
         if self.sign != 1.0 or self.config.feature != "logit_qmax":
             return None
         coef = self.on_device(device, torch.float32)
