@@ -24,21 +24,15 @@ from avkit.runtime.request import Request
 from avkit.runtime.trace_rows import MemorySink
 from common import prompt_ids, tiny_pair, options
 from live_cost import cost_main
-from live_peer import peer_args, run_peer, write_table
+from live_peer import decode, peer_args, run_peer, write_table
 
 
 def _run(target, draft, prompts, k: int, temperature: float, max_new: int, seed: int) -> dict:
-    engine = Engine(target, draft if k > 0 else None, EngineConfig(
-        k=k, concurrency=len(prompts), max_len=max(map(len, prompts)) + max_new + k + 2, seed=seed), sink=MemorySink())
-    sampling = SamplingConfig(temperature=temperature, top_p=0.95, max_new_tokens=max_new, seed=seed)
-    t0 = time.perf_counter()
-    gens = engine.generate([Request(f"bench{i}", p, sampling, dataset="humaneval") for i, p in enumerate(prompts)])
-    wall = time.perf_counter() - t0
-    tokens = sum(len(g.output_ids) for g in gens)
-    rows = engine.sink.columns()
-    return {"tok_s": tokens / wall, "tokens_per_step": tokens / max(sum(g.num_steps for g in gens), 1),
-            "acceptance": float(rows["accepted"].compressed().mean() if rows else float("nan")),
-            "outside_forwards": engine.stats.overhead_share, "wall_s": wall}
+    r = {"prompts": prompts, "temperature": temperature, "top_p": 0.95, "seed": seed, "dataset": "humaneval"}
+    x = decode(target, draft, r, k, max_new, sink=(sink := MemorySink()))
+    rows = sink.columns()
+    return {**x, "tokens_per_step": sum(map(len, x["outputs"])) / max(x["steps"], 1),
+            "acceptance": float(rows["accepted"].compressed().mean() if rows else float("nan"))}
 
 
 class _LogitsStub:
@@ -113,7 +107,7 @@ def main() -> None:
                 base = r["tok_s"] if k == 0 else base
                 speedup = f"{r['tok_s'] / base:.2f}x" if base else "-"
                 lines.append(f"| {temperature:g} | {c} | {k} | {r['tok_s']:.2f} | {speedup} | {r['tokens_per_step']:.2f} | "
-                             f"{r['acceptance']:.3f} | {100 * r['outside_forwards']:.1f}% | {r['wall_s']:.0f} |")
+                             f"{r['acceptance']:.3f} | {100 * r['outside']:.1f}% | {r['wall_s']:.0f} |")
                 print(lines[-1], flush=True)
     write_table(lines, args)
 

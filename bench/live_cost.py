@@ -1,10 +1,5 @@
 """Predicted / live step time, offline profile vs the cost model learned online (scheduling/learn.py).
-Run as `python bench/live.py cost ...` (bench/live.py hands its `cost` mode to this file).
-
-    python bench/live.py cost --cost profile       # the real pair: profile this CPU first (an IDLE machine)
-    python bench/live.py cost --cost traces/cost_cpu.json                  # against a table on file
-    python bench/live.py cost --tiny                                       # smoke run on tiny random models
-    python bench/live.py cost --replay bench/results/cost_live_steps.jsonl # the logged grid, today's learner
+Run as `python bench/live.py cost ...` (bench/live.py hands its `cost` mode to this file; usage: bench/README.md).
 
 Cells: T x batch b x K (bench/README.md): each times every decode step of b requests (each decodes
 max(--min-tokens, (--min-steps + 16) (K + 1)) new tokens, no end-of-text stop); one learner per temperature

@@ -167,35 +167,36 @@ def vllm_phase(args, ks: list[int], runs: list[dict]) -> dict[tuple[str, str], d
     return out
 
 
+def decode(target, draft, r: dict, k: int, max_new: int, policy=None, sink=None) -> dict:
+    """One run on avkit's engine, its prompts submitted at once, every step timed -> its record (the fields a cell
+    averages, plus wall_s)."""
+    cfg = EngineConfig(k=k, concurrency=len(r["prompts"]), max_len=max(map(len, r["prompts"])) + max_new + k + 2,
+                       seed=r["seed"])
+    engine = Engine(target, draft if k > 0 else None, cfg, policy=policy, sink=sink)
+    sampling = SamplingConfig(temperature=r["temperature"], top_p=r["top_p"], max_new_tokens=max_new, seed=r["seed"])
+    log, load_avg = StepLog(), load()
+    gens = engine.generate([Request(f"r{i}", p, sampling, r["dataset"]) for i, p in enumerate(r["prompts"])],
+                           on_step=log)
+    wall, outputs = log.clock() - log.t0, [g.output_ids for g in gens]
+    tokens, steps = sum(map(len, outputs)), sum(g.num_steps for g in gens)  # request-steps
+    # a request-step emits its accepted drafts plus one token (EOS may cut the last step short)
+    return {"tok_s": tokens / wall, "outputs": outputs, "load": load_avg, "outside": engine.stats.overhead_share,
+            "steady_tok_s": steady_tok_s(log.rows, len(outputs)), "steps": steps, "wall_s": wall,
+            "accepted_per_step": (tokens - steps) / steps if steps else 0.0}
+
+
 def avkit_phase(args, ks: list[int], runs: list[dict], cost) -> dict[tuple[str, str], dict]:
     """Every config x run in this process, after one untimed warm-up (allocations, the kernel's first load)."""
     dtype = getattr(torch, args.dtype)
     models = {m: avkit.models.load(getattr(args, f"{m}_dir"), dtype=dtype) for m in ("target", "draft")}
-
-    def run(r, k, adaptive, max_new):
-        policy = None if not adaptive else make_adaptive(
-            cost=cost[r["temperature"]], estimator="online_logistic", coefficients=args.coefficients, k=k,
-            stop_drafting=True)  # adaptive-stop: avkit serve's default
-        cfg = EngineConfig(k=k, concurrency=len(r["prompts"]), max_len=max(map(len, r["prompts"])) + max_new + k + 2,
-                           seed=r["seed"])
-        engine = Engine(models["target"], models["draft"] if k > 0 else None, cfg, policy=policy)
-        sampling = SamplingConfig(temperature=r["temperature"], top_p=r["top_p"], max_new_tokens=max_new,
-                                  seed=r["seed"])
-        log, load_avg = StepLog(), load()
-        gens = engine.generate([Request(f"r{i}", p, sampling, r["dataset"]) for i, p in enumerate(r["prompts"])],
-                               on_step=log)
-        wall, outputs = log.clock() - log.t0, [g.output_ids for g in gens]
-        tokens, steps = sum(map(len, outputs)), sum(g.num_steps for g in gens)  # request-steps
-        # a request-step emits its accepted drafts plus one token (EOS may cut the last step short)
-        return {"tok_s": tokens / wall, "outputs": outputs, "load": load_avg, "outside": engine.stats.overhead_share,
-                "steady_tok_s": steady_tok_s(log.rows, len(outputs)), "steps": steps,
-                "accepted_per_step": (tokens - steps) / steps if steps else 0.0}
-
     out = {}
-    run(runs[0], max(ks), False, 8)
+    decode(models["target"], models["draft"], runs[0], max(ks), 8)
     for name, k, adaptive in [(f"K={k}", k, False) for k in ks] + ([("adaptive", max(ks), True)] if args.adaptive else []):
         for r in runs:
-            out[(r["name"], name)] = x = run(r, k, adaptive, r["max_new_tokens"])
+            policy = None if not adaptive else make_adaptive(
+                cost=cost[r["temperature"]], estimator="online_logistic", coefficients=args.coefficients, k=k,
+                stop_drafting=True)  # adaptive-stop: avkit serve's default
+            out[(r["name"], name)] = x = decode(models["target"], models["draft"], r, k, r["max_new_tokens"], policy)
             print(f"avkit {name} {r['name']}: {x['tok_s']:.2f} tok/s, {100 * x['outside']:.1f}% outside forwards "
                   f"(load {x['load']:.1f})", flush=True)
     models.clear()  # free ~5 GB before the next vLLM phase
