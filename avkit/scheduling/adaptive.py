@@ -306,14 +306,11 @@ def make_adaptive(cost: str | CostTable | None = None, estimator: str | Estimato
     oracle). The suffix cache's rows get their own estimator of the same kind (`adaptive.cache_coefficients`)."""
     config = adaptive or AdaptiveConfig()
     est = estimator if estimator is not None else config.estimator
-    cache_est = None
-    if isinstance(est, str):
-        model_file = coefficients or config.coefficients
-        cache_est = load_estimator(est, config.cache_coefficients, k=k, drafter="suffix", **estimator_kwargs) \
-            if config.cache_coefficients else None
-        est = load_estimator(est, model_file, k=k, drafter="model", **estimator_kwargs)
-    elif est is not None and config.cache_coefficients:
-        cache_est = load_estimator(est.name, config.cache_coefficients, k=k, drafter="suffix")
+    named = isinstance(est, str)  # an estimator object keeps its own settings; the cache's gets the defaults
+    cache_est = load_estimator(est if named else est.name, config.cache_coefficients, k=k, drafter="suffix",
+                               **(estimator_kwargs if named else {})) if config.cache_coefficients and est is not None else None
+    if named:
+        est = load_estimator(est, coefficients or config.coefficients, k=k, drafter="model", **estimator_kwargs)
     if est is not None and not getattr(est, "lossless", True) and not bound:
         raise ConfigError(f"adaptive verification needs a lossless estimator; {est.name!r} reads a lossy "
                           "feature (trimming on q of the drawn token biases the output, docs/lossless.md)")

@@ -58,15 +58,16 @@ class CostLearner:
             return None
         return (self.steps // self.probe_every) % (k + 1)
 
-    def shape(self, t: StepTime) -> tuple[tuple, float]:
-        """A step's bucket key (module note) and its context tokens (the prior's held context where not given)."""
+    def shape(self, t: StepTime) -> tuple[tuple, float, float]:
+        """A step's bucket key (module note), its context tokens (the prior's held context where not given) and
+        its catch-ups' mean lag."""
         rows = t.num_requests if t.draft_rows is None else t.draft_rows
         context = t.context_tokens if t.context_tokens is not None else \
             float(self.prior.held_context(t.num_requests, t.tokens))
         lag = float(np.mean(t.catch_up)) if t.catch_up else 0.0  # [c] lags -> their mean
         n, m, passes, tokens, lookups, band = shape_keys(t.num_requests, t.passes, t.tokens, context, rows,
                                                          t.lookups).tolist()
-        return (n, m, passes, tokens, lookups, len(t.catch_up), band, float(context_band(lag, 1))), context
+        return (n, m, passes, tokens, lookups, len(t.catch_up), band, float(context_band(lag, 1))), context, lag
 
     def learned(self, t: StepTime) -> int:
         """Steps of `t`'s shape the current model has learned from (0: priced by what other shapes taught)."""
@@ -74,7 +75,7 @@ class CostLearner:
 
     def predict(self, t: StepTime) -> float:
         """The current model's price of `t`'s shape (ms): its step and its catch-ups."""
-        key, context = self.shape(t)
+        key, context, _ = self.shape(t)
         return float(self.model.step_cost(t.num_requests, t.passes, t.tokens, context, key[1], t.lookups)
                      + self.model.catch_up_cost(t.catch_up).sum())
 
@@ -83,14 +84,13 @@ class CostLearner:
         when the step's shape has learned 1, 2, 4, ... steps (up to its window: a new shape is priced from
         its own steps as soon as its warm-up is over), and every `refit_every` steps."""
         self.steps += 1
-        key, context = self.shape(t)
-        predicted = self.predict(t)
-        learned = 0
+        key, context, lag = self.shape(t)
+        predicted, learned = self.predict(t), 0
         if t.ms > 0:
             bucket = self.buckets.setdefault(key, [0, deque(maxlen=self.window)])
             bucket[0] += 1
             if bucket[0] > self.warmup:
-                bucket[1].append((t.ms, context, float(np.mean(t.catch_up)) if t.catch_up else 0.0))
+                bucket[1].append((t.ms, context, lag))
             learned = bucket[0] - self.warmup
         if self.steps % self.refit_every == 0 or (0 < learned <= self.window and learned & (learned - 1) == 0):
             self.refit()
