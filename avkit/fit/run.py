@@ -16,7 +16,6 @@ JSON has no NaN: undefined metrics (AUC of a one-class scope) are written as nul
 from __future__ import annotations
 
 import itertools
-import json
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,7 +32,7 @@ from avkit.fit.data import load_fit_data
 from avkit.fit.engines import LocalEngine, open_engine
 from avkit.fit.passes import Progress, held, newton, score_pass, spilled
 from avkit.fit.replay import online_replay, online_replicas, trajectory_frame
-from avkit.jsonsafe import json_safe
+from avkit.jsonsafe import dumps
 from avkit.metrics.table import ScoreLayout
 from avkit.provenance import inputs_record
 from avkit.staged import StagedOutputs
@@ -180,16 +179,13 @@ def reserve_fit_outputs(out_dir, outputs: StagedOutputs, name: str = "--out") ->
 
 
 def write_fit_outputs(out_dir, result: FitResult, outputs: StagedOutputs | None = None) -> dict[str, Path]:
-    """Write the three outputs into `out_dir` (created if needed); -> name -> final path.
-
-    With `outputs` the files are only staged (the caller commits them with its other outputs);
-    without, they are committed here.
-    """
+    """Write the three outputs into `out_dir` (created if needed); -> name -> final path. With `outputs`
+    they are only staged (the caller commits them with its other outputs)."""
     if outputs is None:
         with StagedOutputs() as own:
             return write_fit_outputs(out_dir, result, own)
     tmp = reserve_fit_outputs(out_dir, outputs)
-    tmp["coefficients.json"].write_text(json.dumps(json_safe(result.coefficients), indent=2, allow_nan=False) + "\n")
-    tmp["scores.json"].write_text(json.dumps(json_safe(result.scores), indent=1, allow_nan=False) + "\n")
+    tmp["coefficients.json"].write_text(dumps(result.coefficients, indent=2) + "\n")
+    tmp["scores.json"].write_text(dumps(result.scores, indent=1) + "\n")
     result.trajectory.write_parquet(tmp["trajectory.parquet"], compression="zstd")
     return {name: Path(out_dir).expanduser() / name for name in FILES}
