@@ -1,11 +1,9 @@
-"""A warm start for the temperature being served, from fits recorded at other temperatures.
+"""A warm start for the temperature being served, from fits recorded at other temperatures (docs/estimator.md).
 
-Features are read from the draft logits divided by the served temperature, so the same draft's
-logit(q_max) at T = 0.3 is about three times its value at T = 1, and the acceptance model fitted at
-one temperature does not carry over to another: warm-started from T in {0, 0.6, 0.8, 1}, every estimator
-over-predicts a T = 0.3 trace (held-out ECE 0.05-0.12) where the cold start from vLLM's constants is
-calibrated within its floor. The rule here keeps the warm start where it helps and backs off where it
-cannot be trusted:
+Features are read from the draft logits divided by the served temperature (logit(q_max) at T = 0.3 is
+about three times its value at T = 1), so a fit does not carry over to another temperature: warm-started
+from T in {0, 0.6, 0.8, 1}, every estimator over-predicts a T = 0.3 trace (held-out ECE 0.05-0.12). The
+rule keeps the warm start where it helps and backs off where it cannot be trusted:
 
   nearest   the fit(s) at the recorded temperature closest to the served one (gap = |T - T_fit|;
             fits at two equally near temperatures are averaged, weighted by their observations)
@@ -14,10 +12,8 @@ cannot be trusted:
             gap 0: the served temperature's own fit, whatever tau; tau = 0: the reference constants at
             any gap > 0; tau = inf: the nearest fit at any gap
 
-tau is a hyperparameter: bench/estimators.py picks it by an inner leave-one-temperature-out on its
-training traces (each training temperature held out in turn, as the served one is), never on the trace
-it scores. Every input is a fitted coefficient and a temperature: nothing reads the drawn token, so
-verification stays lossless.
+tau is picked by bench/estimators.py's inner leave-one-temperature-out on its training traces, never on
+the trace it scores. Every input is a fitted coefficient and a temperature: verification stays lossless.
 """
 
 from __future__ import annotations

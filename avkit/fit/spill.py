@@ -35,8 +35,8 @@ class ShardSurvey:
     observed: int = 0
     dataset_names: list[str] = field(default_factory=list)  # the spill's dataset codes index this list
     datasets: dict[str, int] = field(default_factory=dict)  # name -> observed slots
-    sample: dict[str, list] = field(default_factory=lambda: {n: [] for n in FEATURES})  # feature -> [S] a
-    # uniform sample of the observed slots (AUC bin edges)
+    # feature -> [S] a uniform sample of the observed slots (the AUC bins' edges)
+    sample: dict[str, list] = field(default_factory=lambda: {n: [] for n in FEATURES})
     nulls: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FEATURES, 0))  # feature -> null slots
     num_positions: int = 0  # max observed position + 1
     chunk_counts: list[np.ndarray] = field(default_factory=list)  # [C] x [MAX_K] observed slots per position
