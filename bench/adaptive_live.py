@@ -20,7 +20,7 @@ from avkit.cli import app
 from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET
 from avkit.scheduling.cost import CostTable
 from avkit.trace.schema import generations_path
-from common import header, paired_ratio, rounds, tiny_pair, write, options
+from common import header, options, paired_ratio, rounds, tiny_pair, write
 
 def run_tokens_s(gens: pl.DataFrame, concurrency: int) -> dict:
     """Tokens/s of one run from its generations table (bench/README.md: the protocol)."""

@@ -32,7 +32,7 @@ from avkit.markdown import md_table
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.runtime.step_log import StepLog, decode_tok_s
-from common import csv, prompt_ids, tiny_pair, uptime, vllm_peer, write, options
+from common import csv, options, prompt_ids, tiny_pair, uptime, vllm_peer, write
 
 LIVE_NOTE = """Each call measures the cells it is given and appends them to --cells (JSON lines), so the real-pair
 runs can be split into locked commands of <= 15 min; --render writes the markdown from every cell.

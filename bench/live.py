@@ -22,7 +22,7 @@ from avkit.models.kv_cache import KVCache
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.runtime.trace_rows import MemorySink
-from common import prompt_ids, tiny_pair, options
+from common import options, prompt_ids, tiny_pair
 from live_cost import cost_main
 from live_peer import decode, peer_args, run_peer, write_table
 
@@ -56,8 +56,10 @@ class _LogitsStub:
 
 def overhead(vocab: int, max_new: int) -> None:
     """Engine ms per step outside model forwards (stub models, real vocabulary), K = 7."""
-    stub = lambda seed: SimpleNamespace(model=_LogitsStub(vocab, seed), tokenizer=SimpleNamespace(eos_token_ids=set()),
-                                        model_id=f"stub{seed}", sha256="")
+    def stub(seed):
+        return SimpleNamespace(model=_LogitsStub(vocab, seed), tokenizer=SimpleNamespace(eos_token_ids=set()),
+                               model_id=f"stub{seed}", sha256="")
+
     print(f"| T | batch | engine ms/step outside forwards (V = {vocab}, K = 7) |")
     for temperature in (0.0, 1.0):
         for batch in (1, 8):
@@ -66,8 +68,8 @@ def overhead(vocab: int, max_new: int) -> None:
             sampling = SamplingConfig(temperature=temperature, top_p=0.95, max_new_tokens=max_new, seed=0)
             engine.generate([Request(f"o{i}", list(range(1, 33)), sampling) for i in range(batch)])
             s = engine.stats
-            print(f"| {temperature:g} | {batch} | {(s.step_s - s.target_forward_s - s.draft_forward_s) / s.steps * 1e3:.1f} |",
-                  flush=True)
+            outside = (s.step_s - s.target_forward_s - s.draft_forward_s) / s.steps * 1e3
+            print(f"| {temperature:g} | {batch} | {outside:.1f} |", flush=True)
 
 
 def main() -> None:

@@ -47,7 +47,7 @@ from avkit.scheduling.policy import FixedK
 from avkit.scheduling.profile import profile_costs
 from avkit.step_types import StepTime
 from avkit.workloads import load_workload
-from common import RESULTS, csv, header, load, tiny_pair, write, options
+from common import RESULTS, csv, header, load, options, tiny_pair, write
 
 FIELDS = ("n", "passes", "tokens", "context", "rows", "lookups", "catch_up", "ms")  # a logged StepTime, in order
 

@@ -22,7 +22,7 @@ from avkit.runtime.step_log import StepLog, steady_tok_s
 from avkit.scheduling.adaptive import make_adaptive
 from avkit.scheduling.cost import CostTable
 from avkit.scheduling.profile import profile_costs
-from common import RESULTS, VLLM_ENV, csv, header, load, machine, prompt_ids, today, vllm_peer, write, options
+from common import RESULTS, VLLM_ENV, csv, header, load, machine, options, prompt_ids, today, vllm_peer, write
 
 VLLM_THREADS = " ".join(f"{k}={v}" for k, v in VLLM_ENV.items() if k.startswith("VLLM_CPU_"))  # the results' header
 

@@ -29,7 +29,7 @@ from avkit.trace.reader import common_k, read_traces
 from avkit.tune.acceptance import wilson
 from avkit.tune.arms import Arm, simulate_arms
 from avkit.workloads import load_workload
-from common import RESULTS, tiny_pair, vllm_peer, write, options  # bench/ is on sys.path when run as a script
+from common import RESULTS, options, tiny_pair, vllm_peer, write  # bench/ is on sys.path when run as a script
 from live_peer import avkit_phase, plan, vllm_phase
 from live_peer import cells as peer_cells
 

@@ -23,7 +23,7 @@ from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.runtime.step_log import steady_tok_s
 from avkit.scheduling.batch_schedule import BatchSchedule, ScheduledK
-from common import RESULTS, VLLM_ENV, csv, machine, prompt_ids, rounds, tiny_pair, uptime, vllm_peer, write, options
+from common import RESULTS, VLLM_ENV, csv, machine, options, prompt_ids, rounds, tiny_pair, uptime, vllm_peer, write
 from tune_report import rate, write_report
 from vllm_peer import drive
 
