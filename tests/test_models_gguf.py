@@ -12,9 +12,10 @@ import torch
 
 import avkit.models
 from avkit.models.testing import write_tiny_model
-from avkit.models.gguf_file import GGUF_TO_HF, unpermute_qk
+from avkit.models import TENSORS
+from avkit.models.gguf_file import unpermute_qk
 
-_HF_TO_GGUF = {v: k for k, v in GGUF_TO_HF.items()}
+_HF_TO_GGUF = {hf: g for parts in TENSORS.values() for hf, g in parts}
 _LAYER = re.compile(r"\.(\d+)\.")
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -21,30 +21,25 @@ from avkit.kernels.irls_stats_ref import irls_stats_ref
 from avkit.kernels.rejection_ref import rejection_sample_ref
 from avkit.validate import check_choice
 
-ENV_VAR = "AVKIT_KERNELS"
 
-
-@dataclass(frozen=True)
-class Kernels:
-    """The four hot-path operations of one backend (signatures: see each *_ref function)."""
+class Kernels(NamedTuple):
+    """The hot-path operations of one backend, each with its ``*_ref`` function's signature."""
 
     backend: str  # "torch" or "triton"
-    confidence: Callable  # confidence_ref signature -> Confidence
-    rejection_sample: Callable  # rejection_sample_ref signature -> RejectionResult
-    irls_stats: Callable  # irls_stats_ref signature -> IrlsStats
-    allocate: Callable  # allocate_ref signature -> Allocation
+    confidence: Callable  # -> Confidence
+    rejection_sample: Callable  # -> RejectionResult
+    irls_stats: Callable  # -> IrlsStats
+    allocate: Callable  # -> Allocation
 
 
 def select_kernels(device: str | torch.device = "cpu", backend: str | None = None) -> Kernels:
     """The kernel set for tensors on `device`. backend: "auto" (Triton on CUDA when installed, else torch), "torch"
     or "triton" (EngineConfig.kernels, `--kernels`); None reads AVKIT_KERNELS (default "auto"; "ref" = "torch")."""
-    backend = backend or os.environ.get(ENV_VAR, "auto")
+    backend = backend or os.environ.get("AVKIT_KERNELS", "auto")
     backend = check_choice("kernel backend", "torch" if backend == "ref" else backend, KERNEL_BACKENDS)
     dev = torch.device(device)
     has_triton = importlib.util.find_spec("triton") is not None
-    if backend == "auto":
-        backend = "triton" if dev.type == "cuda" and has_triton else "torch"
-    if backend == "torch":
+    if backend == "torch" or (backend == "auto" and not (dev.type == "cuda" and has_triton)):
         return Kernels("torch", confidence_ref, rejection_sample_ref, irls_stats_ref, allocate_ref)
     if not has_triton:
         raise ConfigError("kernel backend 'triton': the triton package is not installed")
@@ -60,6 +55,3 @@ def select_kernels(device: str | torch.device = "cpu", backend: str | None = Non
     from avkit.kernels.rejection import rejection_sample_triton  # lazy: triton
 
     return Kernels("triton", confidence_triton, rejection_sample_triton, irls_stats_triton, allocate_triton)
-
-
-__all__ = ["ENV_VAR", "Kernels", "select_kernels"]

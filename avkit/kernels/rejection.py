@@ -38,26 +38,20 @@ _TINY = tl.constexpr(torch.finfo(torch.float32).tiny)  # q is clamped to this, a
 
 
 @triton.jit
-def _mix(h, w1, w2, ROUNDS: tl.constexpr):
-    """h <- lowbias32(h ^ w) for w in (w1, w2)[:ROUNDS]: uint32 h, int key words (low 32 bits), broadcast."""
-    for i in tl.static_range(ROUNDS):
-        if i == 0:
-            h = h ^ (tl.cast(w1, tl.int64) & 0xFFFFFFFF).to(tl.uint32)
-        else:
-            h = h ^ (tl.cast(w2, tl.int64) & 0xFFFFFFFF).to(tl.uint32)
-        h = h ^ (h >> 16)
-        h = h * tl.full([], _M1, tl.uint32)
-        h = h ^ (h >> 15)
-        h = h * tl.full([], _M2, tl.uint32)
-        h = h ^ (h >> 16)
-    return h
+def _mix(h, w):
+    """h <- lowbias32(h ^ w): uint32 h, an int key word (its low 32 bits), broadcast."""
+    h = h ^ (tl.cast(w, tl.int64) & 0xFFFFFFFF).to(tl.uint32)
+    h = h ^ (h >> 16)
+    h = h * tl.full([], _M1, tl.uint32)
+    h = h ^ (h >> 15)
+    h = h * tl.full([], _M2, tl.uint32)
+    return h ^ (h >> 16)
 
 
 @triton.jit
 def _uniform(prefix, index):
     """Finish the chain with a non-negative int `index`; top 24 bits -> float32 in (0, 1), as `rng.uniform`."""
-    h = _mix(prefix, index, index, 1)
-    return ((h >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
+    return ((_mix(prefix, index) >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
 
 
 @triton.jit
@@ -125,7 +119,7 @@ def rejection_kernel(
 ):
     b = tl.program_id(0).to(tl.int64)
     nv = tl.load(num_verify_ptr + b)
-    key_h = _mix(tl.full([], 0, tl.uint32), tl.load(seeds_ptr + b), tl.load(keys_ptr + b), 2)
+    key_h = _mix(_mix(tl.full([], 0, tl.uint32), tl.load(seeds_ptr + b)), tl.load(keys_ptr + b))
     pos = tl.load(pos_ptr + b)
     p_row = target_ptr + b * stride_tb
     q_row = draft_ptr + b * stride_db
@@ -140,14 +134,14 @@ def rejection_kernel(
     else:
         p_x = tl.load(p_row + j * stride_tk + x, mask=is_draft, other=0.0).to(tl.float32)
         q_x = tl.load(q_row + j * stride_dk + x, mask=is_draft, other=1.0).to(tl.float32)
-        u = _uniform(_mix(key_h, pos + j, _ACCEPT, 2), tl.full([], 0, tl.int64))  # [K_PAD]
+        u = _uniform(_mix(_mix(key_h, pos + j), _ACCEPT), tl.full([], 0, tl.int64))  # [K_PAD]
         ok = u < tl.math.div_rn(p_x, tl.maximum(q_x, _TINY))  # accept with probability min(1, p/q)
     n = tl.min(tl.where(verified & ~ok, j, nv), 0)  # first rejection among verified slots, else k
     if GREEDY:
         token = tl.sum(tl.where(j == n, arg, 0), 0)
     else:
         resid = n < nv  # rejected at n: residual max(p_n - q_n, 0); else bonus from p_n
-        prefix = _mix(key_h, pos + n, _SAMPLE, 2)
+        prefix = _mix(_mix(key_h, pos + n), _SAMPLE)
         token = _race(p_row + n * stride_tk, q_row + n * stride_dk, resid, prefix, V, BLOCK_V, LIBDEVICE)
     out = tl.where(j < n, x, tl.where(j == n, token, -1))
     tl.store(out_ptr + b * (K + 1) + j, out, mask=j < K + 1)

@@ -9,6 +9,8 @@ AVX512-BF16 cores and is what the shipped traces were recorded with).
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +25,23 @@ from avkit.models.registry import resolve, weights_sha256
 from avkit.models.tokenizer import Tokenizer
 from avkit.models.transformer import HostLengths, Transformer
 from avkit.validate import check_placement
+
+
+# avkit's state-dict name -> its parts, concatenated on dim 0: (HF name, llama.cpp GGUF name); {i} is the layer
+_L, _B = "model.layers.{i}.", "blk.{i}."
+TENSORS = {
+    "embed.weight": [("model.embed_tokens.weight", "token_embd.weight")],
+    "norm.weight": [("model.norm.weight", "output_norm.weight")],
+    "lm_head.weight": [("lm_head.weight", "output.weight")],
+    "layers.{i}.attn_norm.weight": [(_L + "input_layernorm.weight", _B + "attn_norm.weight")],
+    "layers.{i}.mlp_norm.weight": [(_L + "post_attention_layernorm.weight", _B + "ffn_norm.weight")],
+    **{f"layers.{{i}}.attn.qkv.{w}": [(f"{_L}self_attn.{p}_proj.{w}", f"{_B}attn_{p}.{w}") for p in "qkv"]
+       for w in ("weight", "bias")},
+    "layers.{i}.attn.o.weight": [(_L + "self_attn.o_proj.weight", _B + "attn_output.weight")],
+    "layers.{i}.mlp.gate_up.weight": [(_L + "mlp.gate_proj.weight", _B + "ffn_gate.weight"),
+                                      (_L + "mlp.up_proj.weight", _B + "ffn_up.weight")],
+    "layers.{i}.mlp.down.weight": [(_L + "mlp.down_proj.weight", _B + "ffn_down.weight")],
+}
 
 
 @dataclass(frozen=True)
@@ -43,16 +62,20 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype = torch.float32,
     """
     path = resolve(path_or_id)
     if path.is_dir():
-        cfg, tensors = read_hf_dir(path, dtype)
-        tokenizer = Tokenizer.from_dir(path)
+        (cfg, take), column, tokenizer = read_hf_dir(path), 0, Tokenizer.from_dir(path)
     elif path.suffix == ".gguf":
-        cfg, tensors, gguf_file = read_gguf(path, dtype)
-        tokenizer = Tokenizer.from_gguf(gguf_file.metadata, str(path))
+        cfg, take, gguf_file = read_gguf(path)
+        column, tokenizer = 1, Tokenizer.from_gguf(gguf_file.metadata, str(path))
     else:
         raise ModelError(f"{path}: expected a model directory or a .gguf file")
-    state = fuse_hf_state(cfg, tensors, str(path))
     with torch.device("meta"):
         model = Transformer(cfg)
+    state = {}
+    for name in model.state_dict():  # what this config needs: lm_head only untied, qkv.bias only with biases
+        layer = re.match(r"layers\.(\d+)\.", name)
+        key = name if layer is None else "layers.{i}." + name[layer.end():]
+        parts = [take(part[column].format(i=layer and layer[1])).to(dtype) for part in TENSORS[key]]
+        state[name] = parts[0] if len(parts) == 1 else torch.cat(parts)
     model.load_state_dict(state, strict=True, assign=True)
     model = model.to(device).eval().requires_grad_(False)
     model.pack_for_cpu()  # CPU + bf16: pre-packed weights for the AVX2 kernel (no-op elsewhere)
@@ -71,8 +94,8 @@ def placement(device: str = "auto", dtype: str = "auto") -> tuple[torch.device, 
     return torch.device(device), getattr(torch, dtype)
 
 
-def read_hf_dir(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """``config.json`` + ``*.safetensors`` -> (config, HF-named tensors in ``dtype``)."""
+def read_hf_dir(path: Path) -> tuple[ModelConfig, Callable[[str], torch.Tensor]]:
+    """``config.json`` + ``*.safetensors`` -> (config, HF tensor name -> tensor as stored, each taken once)."""
     from safetensors.torch import load_file  # lazy: safetensors
 
     cfg_path = path / "config.json"
@@ -82,39 +105,14 @@ def read_hf_dir(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, 
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelError(f"{path}: no *.safetensors weights")
-    tensors: dict[str, torch.Tensor] = {}
-    for f in files:
-        tensors.update({k: v.to(dtype) for k, v in load_file(str(f)).items()})
-    if "lm_head.weight" in tensors and cfg.tie_word_embeddings:
-        tensors.pop("lm_head.weight")
-    return cfg, tensors
+    tensors = {k: v for f in files for k, v in load_file(str(f)).items()}
 
-
-def fuse_hf_state(cfg: ModelConfig, tensors: dict[str, torch.Tensor], source: str) -> dict[str, torch.Tensor]:
-    """HF-named tensors -> avkit's fused state dict (consumes ``tensors`` to keep peak memory low)."""
-
-    def take(name: str) -> torch.Tensor:
+    def take(name: str) -> torch.Tensor:  # popped: memory is freed as the state dict fills
         if name not in tensors:
-            raise ModelError(f"{source}: missing tensor {name}")
+            raise ModelError(f"{path}: missing tensor {name}")
         return tensors.pop(name)
 
-    def cat(names) -> torch.Tensor:
-        return torch.cat([take(hf + n) for n in names])
-
-    out = {"embed.weight": take("model.embed_tokens.weight"), "norm.weight": take("model.norm.weight")}
-    if not cfg.tie_word_embeddings:
-        out["lm_head.weight"] = take("lm_head.weight")
-    for i in range(cfg.num_layers):
-        hf, av = f"model.layers.{i}.", f"layers.{i}."
-        out[av + "attn_norm.weight"] = take(hf + "input_layernorm.weight")
-        out[av + "mlp_norm.weight"] = take(hf + "post_attention_layernorm.weight")
-        out[av + "attn.qkv.weight"] = cat(f"self_attn.{p}_proj.weight" for p in "qkv")
-        if cfg.qkv_bias:
-            out[av + "attn.qkv.bias"] = cat(f"self_attn.{p}_proj.bias" for p in "qkv")
-        out[av + "attn.o.weight"] = take(hf + "self_attn.o_proj.weight")
-        out[av + "mlp.gate_up.weight"] = cat(("mlp.gate_proj.weight", "mlp.up_proj.weight"))
-        out[av + "mlp.down.weight"] = take(hf + "mlp.down_proj.weight")
-    return out
+    return cfg, take
 
 
 __all__ = ["HostLengths", "KVCache", "LoadedModel", "ModelConfig", "Tokenizer", "Transformer", "load", "placement"]

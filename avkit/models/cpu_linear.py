@@ -75,19 +75,15 @@ def unpack(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, out_features: int,
-           kind: str | None = None) -> torch.Tensor:
-    """``F.linear(x, W, bias)`` for bf16 ``x [..., K]`` from ``pack(W, kind)`` (``kind`` None: avx2's layout)."""
-    lead = x.shape[:-1]
+           kind: str = "avx2") -> torch.Tensor:
+    """``F.linear(x, W, bias)`` for bf16 ``x [..., K]`` from ``pack(W, kind)``."""
+    assert packed.dim() == (4 if kind in _PAIR_ALIGN else 3), f"not {kind}'s layout: {tuple(packed.shape)}"
     x2 = x.reshape(-1, x.shape[-1])  # [M, K]
-    b = bias if bias is not None else x2.new_empty(0)
-    kind = kind or "avx2"
-    if packed.dim() != (4 if kind in _PAIR_ALIGN else 3):
-        raise ConfigError(f"cpu_linear.linear: a {packed.dim()}-dim packed weight is not {kind}'s layout")
     if kind in _PAIR_ALIGN:  # x as bf16 pairs, K zero-padded like the weight (the model's x is bf16 already)
         pad = 2 * packed.shape[1] - x2.shape[1]
         x2 = (F.pad(x2, (0, pad)) if pad else x2).to(torch.bfloat16).contiguous()
-    y = _extension(kind).linear_bf16(x2, packed, b, out_features)  # [M, N]
-    return y.view(*lead, out_features)
+    y = _extension(kind).linear_bf16(x2, packed, bias if bias is not None else x2.new_empty(0), out_features)
+    return y.view(*x.shape[:-1], out_features)  # [..., N]
 
 
 class PackedLinear(torch.nn.Module):

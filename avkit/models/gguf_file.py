@@ -11,7 +11,7 @@ KV          header key/values (``general.architecture``, ``tokenizer.ggml.tokens
 ggml dims   tensor dims fastest-first; the row-major (torch/HF) shape is their reverse
 alignment   tensor data starts at a multiple of ``general.alignment`` (default 32) after the header
 block       ``block_size`` weights stored in ``type_size`` bytes (a float16 scale and packed codes)
-GGUF names  llama.cpp's ``blk.N.attn_q.weight`` ...; the same shapes as the HF tensors once read
+GGUF names  llama.cpp's ``blk.N.attn_q.weight`` ...; the HF tensors' shapes once read (``avkit.models.TENSORS``)
 permute     llama.cpp's converter reorders the rows of q/k for arch ``llama`` (rotary pairs interleaved);
             :func:`unpermute_qk` undoes it. For ``qwen2`` it does not, so neither do we.
 """
@@ -19,8 +19,8 @@ permute     llama.cpp's converter reorders the rows of q/k for arch ``llama`` (r
 from __future__ import annotations
 
 import mmap
-import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -30,30 +30,10 @@ import torch
 from avkit.errors import ModelError
 from avkit.models.config import ModelConfig
 
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_NUMPY = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
+_NUMBERS = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
           7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
 _STRING, _ARRAY = 8, 9
 _CHUNK_BLOCKS = 1 << 16  # ~64 MiB of float32 output per chunk for 256-weight blocks
-# GGUF tensor name -> HF tensor name ("{i}" is the layer)
-GGUF_TO_HF = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-    "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
-    "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
-    "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
-    "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
-    "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
-    "blk.{i}.attn_q.bias": "model.layers.{i}.self_attn.q_proj.bias",
-    "blk.{i}.attn_k.bias": "model.layers.{i}.self_attn.k_proj.bias",
-    "blk.{i}.attn_v.bias": "model.layers.{i}.self_attn.v_proj.bias",
-    "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
-    "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
-    "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
-    "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
-}
-_LAYER = re.compile(r"\.(\d+)\.")
 
 
 @dataclass(frozen=True)
@@ -80,7 +60,7 @@ class GGUFFile:
             raise ModelError(f"{self.path}: not a GGUF file (magic {bytes(buf[:4])!r})")
         try:
             self._parse(buf)
-        except (struct.error, UnicodeDecodeError, IndexError, KeyError) as e:
+        except (struct.error, ValueError, IndexError, KeyError) as e:  # UnicodeDecodeError is a ValueError
             raise ModelError(f"{self.path}: truncated or corrupt GGUF header ({e})") from None
 
     def _parse(self, buf) -> None:
@@ -112,8 +92,8 @@ class GGUFFile:
         return np.frombuffer(self._map, dtype=np.uint8, count=t.nbytes, offset=t.offset)
 
 
-def read_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, torch.Tensor], GGUFFile]:
-    """A GGUF file -> (config, HF-named dequantized tensors, the parsed file for the tokenizer)."""
+def read_gguf(path: Path) -> tuple[ModelConfig, Callable[[str], torch.Tensor], GGUFFile]:
+    """A GGUF file -> (config, GGUF tensor name -> float32 tensor dequantized on demand, the parsed file)."""
     f = GGUFFile(path)
     names = f.tensors
     arch = f.metadata.get("general.architecture")
@@ -138,18 +118,18 @@ def read_gguf(path: Path, dtype: torch.dtype) -> tuple[ModelConfig, dict[str, to
         "head_dim": int(get("attention.key_length", hidden // heads)), "rope_theta": float(get("rope.freq_base", 1e4)),
         "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
         "tie_word_embeddings": "output.weight" not in names}, source=str(path)), qkv_bias="blk.0.attn_q.bias" in names)
-    tensors = {}
-    for t in names.values():
-        layer = _LAYER.search(t.name)
-        hf = GGUF_TO_HF.get(_LAYER.sub(".{i}.", t.name, count=1))
-        if hf is None:
-            continue  # a tensor the forward has no use for
+
+    def take(name: str) -> torch.Tensor:
+        if name not in names:
+            raise ModelError(f"{path}: missing tensor {name}")
+        t = names[name]
         w = dequantize(f.raw(t), t.ggml_type, t.shape)
-        if arch == "llama" and (".attn_q." in t.name or ".attn_k." in t.name):
-            n_heads = cfg.num_heads if ".attn_q." in t.name else cfg.num_kv_heads
+        if arch == "llama" and (".attn_q." in name or ".attn_k." in name):
+            n_heads = cfg.num_heads if ".attn_q." in name else cfg.num_kv_heads
             w = torch.from_numpy(unpermute_qk(w.numpy(), n_heads).copy())
-        tensors[hf.format(i=layer.group(1) if layer else "")] = w.to(dtype)
-    return cfg, tensors, f
+        return w
+
+    return cfg, take, f
 
 
 def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -164,16 +144,9 @@ def dequantize(raw: np.ndarray, ggml_type: int, shape: tuple[int, ...]) -> torch
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType  # lazy: gguf
 
     qtype = GGMLQuantizationType(ggml_type)
-    if qtype == GGMLQuantizationType.F32:
-        return torch.from_numpy(raw.view(np.float32).reshape(shape).copy())
-    if qtype == GGMLQuantizationType.F16:
-        return torch.from_numpy(raw.view(np.float16).astype(np.float32).reshape(shape))
-    if qtype == GGMLQuantizationType.BF16:
-        return torch.from_numpy(raw.copy()).view(torch.bfloat16).float().reshape(shape)
     quant = getattr(gguf.quants, qtype.name, None)
-    if quant is None or not hasattr(quant, "dequantize_blocks"):
-        out = gguf.quants.dequantize(raw, qtype)
-        return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(shape)
+    if not hasattr(quant, "dequantize_blocks"):  # F32, F16: a view or a cast, copied off the map
+        return torch.from_numpy(np.array(gguf.quants.dequantize(raw, qtype), dtype=np.float32)).reshape(shape)
     block, size = GGML_QUANT_SIZES[qtype]
     blocks = raw.reshape(-1, size)  # [n_blocks, type_size]
     out = np.empty((blocks.shape[0], block), dtype=np.float32)
@@ -198,15 +171,15 @@ def _string(buf, pos: int) -> tuple[str, int]:
 def _value(buf, pos: int, vtype: int):
     if vtype == _STRING:
         return _string(buf, pos)
-    if vtype in _SCALARS:
-        fmt = _SCALARS[vtype]
-        return struct.unpack_from(fmt, buf, pos)[0], pos + struct.calcsize(fmt)
+    if vtype in _NUMBERS:
+        a = np.frombuffer(buf, dtype=_NUMBERS[vtype], count=1, offset=pos)
+        return a[0].item(), pos + a.nbytes
     if vtype != _ARRAY:
         raise ModelError(f"unknown GGUF value type {vtype}")
     etype, count = struct.unpack_from("<IQ", buf, pos)
     pos += 12
-    if etype in _NUMPY:  # numeric arrays in one read
-        a = np.frombuffer(buf, dtype=_NUMPY[etype], count=count, offset=pos)
+    if etype in _NUMBERS:  # numeric arrays in one read
+        a = np.frombuffer(buf, dtype=_NUMBERS[etype], count=count, offset=pos)
         return a.tolist(), pos + a.nbytes
     out = []
     for _ in range(count):

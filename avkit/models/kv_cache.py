@@ -55,10 +55,3 @@ class KVCache:
         rows = slots[:, None].expand_as(positions)  # [B, S]
         self.k[layer][rows, :, positions] = k  # [B, S, H_kv, D]
         self.v[layer][rows, :, positions] = v
-
-    def view(self, layer: int, slots: torch.Tensor, span: int, contiguous_from: int | None):
-        """Keys/values ``[B, H_kv, span, D]`` of the given slots (a view when the slots are consecutive)."""
-        if contiguous_from is not None:
-            sl = slice(contiguous_from, contiguous_from + len(slots))
-            return self.k[layer, sl, :, :span], self.v[layer, sl, :, :span]
-        return self.k[layer, slots, :, :span], self.v[layer, slots, :, :span]

@@ -1,16 +1,11 @@
-"""The CPU backend's native code: the C++ kernels beside this file, loaded (built on first use) in one place.
-
-torch's extension builder compiles each kernel on first load into ``~/.cache/torch_extensions`` (about a minute
-on 2 cores). ``avkit serve`` builds them before it opens its port, in a child process of its own session
-(``build_in_child``). Where a kernel cannot run (``AVKIT_CPU_KERNELS=0``, missing instructions) or build (no
-compiler: warned), ``load`` returns None and the plain torch path computes the same thing.
-
-The entry points of the attention and sampling kernels live here (the linears': cpu_linear.py), each computing
-what the torch code it replaces computes, which stays the definition (docs/runtime.md "Batch invariance"):
+"""The CPU backend's C++ kernels (beside this file), each built on first use by torch's extension builder into
+``~/.cache/torch_extensions`` (about a minute on 2 cores; ``avkit serve`` builds them first, in a child process:
+``build_in_child``). Where one cannot run (``AVKIT_CPU_KERNELS=0``, missing instructions) or build (warned),
+``load`` returns None and the torch code it replaces, which stays the definition, runs (docs/runtime.md "Batch
+invariance"). Entry points (the linears': cpu_linear.py):
   attention       SDPA per query row over its own causal key span (``cpu_attention.cpp``), in an order fixed by
                   the span alone: a token's logits are bit-identical however it is batched
-  sampled_probs   runtime/sampling.py ``_sampled_probs`` without top-k / min-p (``cpu_sampling.cpp``): nucleus
-                  thresholds bit for bit, the softmax within float rounding (tests/test_cpu_sampling.py)
+  sampled_probs   runtime/sampling.py ``_sampled_probs`` without top-k / min-p (``cpu_sampling.cpp``)
   row_stats       the four reductions avkit/features.py ``draft_features`` starts from
 
     python -m avkit.models.native [NAME...]   # build these kernels (default: all that run here), in this process
@@ -33,8 +28,7 @@ import torch
 
 _HERE = Path(__file__).parent
 _AVX2 = ("-O3", "-mavx2", "-mfma", "-fopenmp")
-# name -> (source, cflags, whether only bf16 models use it). The linears and the attention serve bf16 models;
-# the sampler's passes serve float32 logits too. Fastest linear first.
+# name -> (source, cflags, whether only bf16 models use it); fastest linear first
 KERNELS = {
     "amx_bf16": ("cpu_linear_amx.cpp", ("-O3", "-mavx512f", "-mamx-tile", "-mamx-bf16", "-fopenmp"), True),
     "avx512_bf16": ("cpu_linear512.cpp",
@@ -48,8 +42,7 @@ STALE_BUILD_LOCK_S = 1800  # a build takes ~1 min on 2 idle cores; a lock this o
 
 
 def runs_here(name: str) -> bool:
-    """Whether kernel ``name`` may run on this CPU: not with ``AVKIT_CPU_KERNELS=0``, nor without AVX2 (or
-    AVX512-BF16 for avx512_bf16, AMX tiles for amx_bf16)."""
+    """Not with ``AVKIT_CPU_KERNELS=0``, nor without AVX2 (AVX512-BF16 for avx512_bf16, AMX for amx_bf16)."""
     if os.environ.get("AVKIT_CPU_KERNELS", "1") == "0":
         return False
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
@@ -59,8 +52,7 @@ def runs_here(name: str) -> bool:
 
 
 def build_name(name: str) -> str:
-    """``avkit_<stem>_<hash of source, headers, flags and the source's path>``: checkouts with other kernels, or the
-    same kernel at another path (torch's build file names the source by path), never rebuild over each other."""
+    """``avkit_<stem>_<hash of source, headers, flags, source path>``: two checkouts never rebuild over each other."""
     source, cflags = _HERE / KERNELS[name][0], KERNELS[name][1]
     headers = b"".join(h.read_bytes() for h in sorted(_HERE.glob("*.h")))  # what the sources include
     where = str(source.resolve()).encode()
@@ -69,15 +61,14 @@ def build_name(name: str) -> str:
 
 
 def build_dir(name: str) -> Path:
-    """Where torch's builder puts kernel ``name`` (``$TORCH_EXTENSIONS_DIR`` or its default root)."""
     from torch.utils.cpp_extension import _get_build_directory  # lazy: setuptools and the build tools behind it
 
     return Path(_get_build_directory(build_name(name), verbose=False))
 
 
 def clear_stale_build_lock(directory: Path, max_age_s: float = STALE_BUILD_LOCK_S) -> bool:
-    """Remove ``directory/lock`` when older than ``max_age_s``; True if removed. torch's builder waits without a
-    timeout for that file to go; a build killed mid-way leaves it behind, and every later import would hang."""
+    """Remove ``directory/lock`` older than ``max_age_s`` (True if removed): torch's builder waits for it forever,
+    and a killed build leaves it behind."""
     lock = directory / "lock"
     try:
         age = time.time() - lock.stat().st_mtime
@@ -115,9 +106,8 @@ def missing(bf16: bool = True) -> list[str]:
 
 
 def build_in_child(bf16: bool = True, log=None) -> float:
-    """Build the kernels ``missing(bf16)`` names in a child process; seconds spent (0.0 when none was missing).
-    Any exception while waiting (``KeyboardInterrupt`` from SIGINT or SIGTERM) kills the child's process group
-    (the compiler included), removes the locks it left and is re-raised."""
+    """Build ``missing(bf16)`` in a child process; seconds spent. An exception while waiting (SIGINT, SIGTERM) kills
+    the child's process group, compilers included, removes the locks it left, and is re-raised."""
     todo = missing(bf16)
     if not todo:
         return 0.0
@@ -141,8 +131,7 @@ def build_in_child(bf16: bool = True, log=None) -> float:
 
 
 def _stop_group(child: subprocess.Popen, wait_s: float = 2.0) -> None:
-    """SIGTERM the child's process group (ninja passes it on to the compilers, which it runs in process groups
-    of their own), wait up to ``wait_s`` for the group to empty, then SIGKILL what is left."""
+    """SIGTERM the child's group (ninja passes it on to its compilers' own groups), SIGKILL it after ``wait_s``."""
     os.killpg(child.pid, signal.SIGTERM)
     child.wait()
     deadline = time.monotonic() + wait_s

@@ -70,14 +70,10 @@ def write_tiny_model(directory, arch: str = "qwen2", vocab: int = 512, seed: int
         "tie_word_embeddings": tie_word_embeddings, "initializer_range": init_std,
         "eos_token_id": tok.token_to_id("<|im_end|>"), "bos_token_id": tok.token_to_id("<|endoftext|>"),
     }
-    if arch == "qwen2":
-        config = transformers.Qwen2Config(**common)
-        cls = transformers.Qwen2ForCausalLM
-    else:
-        config = transformers.LlamaConfig(**common, attention_bias=False, mlp_bias=False)
-        cls = transformers.LlamaForCausalLM
+    config, cls = {"qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
+                   "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM)}[arch]
     torch.manual_seed(seed)
-    model = cls(config).eval()
+    model = cls(config(**common)).eval()  # Llama: no attention or MLP biases (its config's defaults)
     if arch == "qwen2":  # HF zero-initialises biases; random ones make the bias path testable
         with torch.no_grad():
             for layer in model.model.layers:

@@ -77,9 +77,9 @@ class Tokenizer:
         if not (path / "tokenizer.json").is_file():
             raise ModelError(f"{path}: no tokenizer.json")
         tok = HFTokenizer.from_file(str(path / "tokenizer.json"))
-        conf = _read_json(path / "tokenizer_config.json")
-        gen = _read_json(path / "generation_config.json")
-        bos, eos = _token_str(conf.get("bos_token")), _token_str(conf.get("eos_token"))
+        conf, gen = ({} if not f.is_file() else read_json(f, error=ModelError)
+                     for f in (path / "tokenizer_config.json", path / "generation_config.json"))
+        bos, eos = (t.get("content") if isinstance(t, dict) else t for t in (conf.get("bos_token"), conf.get("eos_token")))
         eos_ids = {tok.token_to_id(eos)} if eos and tok.token_to_id(eos) is not None else set()
         gen_eos = gen.get("eos_token_id", [])
         eos_ids |= set(gen_eos if isinstance(gen_eos, list) else [gen_eos])
@@ -100,25 +100,19 @@ class Tokenizer:
                              f"(supported: {sorted(PRETOKENIZER_REGEX)})")
         tokens, types = get("tokenizer.ggml.tokens"), get("tokenizer.ggml.token_type")
         merges = get("tokenizer.ggml.merges")
-        tok = build_bpe(tokens, [tuple(m.split(" ", 1)) for m in merges], types, pre)
+        from tokenizers import AddedToken, models  # lazy: tokenizers
+        from tokenizers import Tokenizer as HFTokenizer  # lazy: tokenizers
+
+        bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[tuple(m.split(" ", 1)) for m in merges],
+                         ignore_merges=False)
+        tok = byte_level(HFTokenizer(bpe), pre)
+        tok.add_tokens([AddedToken(t, special=ty == 3, normalized=False) for t, ty in zip(tokens, types) if ty in (3, 4)])
         eos_ids = {get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")} - {None}
         eos_ids |= {i for i, t in enumerate(tokens) if t in _END_TOKENS and types[i] == 3}
         bos = get("tokenizer.ggml.bos_token_id")
         eos = get("tokenizer.ggml.eos_token_id")
         return cls(tok, get("tokenizer.chat_template"), eos_ids,
                    tokens[bos] if bos is not None else "", tokens[eos] if eos is not None else "")
-
-
-def build_bpe(tokens: list[str], merges: list[tuple[str, str]], types: list[int], pre: str):
-    """A ``tokenizers.Tokenizer``: byte-level BPE, ``pre`` split regex, added tokens of type 3/4."""
-    from tokenizers import AddedToken, models  # lazy: tokenizers
-    from tokenizers import Tokenizer as HFTokenizer  # lazy: tokenizers
-
-    vocab = {t: i for i, t in enumerate(tokens)}
-    tok = byte_level(HFTokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False)), pre)
-    added = [AddedToken(t, special=ty == 3, normalized=False) for t, ty in zip(tokens, types) if ty in (3, 4)]
-    tok.add_tokens(added)
-    return tok
 
 
 def byte_level(tok, pre: str):
@@ -149,11 +143,3 @@ def _compile_template(source: str):
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
     return env.from_string(source)
-
-
-def _read_json(path: Path) -> dict:
-    return read_json(path, error=ModelError) if path.is_file() else {}
-
-
-def _token_str(t) -> str | None:
-    return t.get("content") if isinstance(t, dict) else t

@@ -41,19 +41,16 @@ class RMSNorm(nn.Module):
 @dataclass(frozen=True)
 class HostLengths:
     """What the caller knows on the host about one forward (trusted to match the tensors), so the forward reads
-    nothing back from the device. q_lens None: only the device knows them, and the forward attends over
-    ``max(cached) + S`` keys with a mask (the same result)."""
+    nothing back from the device."""
 
     slots: tuple[int, ...]  # the ``slots`` tensor
     cached: tuple[int, ...]  # ``cache.lengths[slots]`` before this forward
-    q_lens: tuple[int, ...] | None = None  # the ``q_lens`` tensor
+    q_lens: tuple[int, ...]  # the ``q_lens`` tensor
 
     def __post_init__(self):
-        n = len(self.slots)
-        if len(self.cached) != n or (self.q_lens is not None and len(self.q_lens) != n):
+        if not len(self.slots) == len(self.cached) == len(self.q_lens):
             raise ConfigError(f"HostLengths: slots, cached and q_lens need one entry per row, got "
-                              f"{len(self.slots)}, {len(self.cached)}, "
-                              f"{None if self.q_lens is None else len(self.q_lens)}")
+                              f"{len(self.slots)}, {len(self.cached)}, {len(self.q_lens)}")
 
 
 @dataclass
@@ -64,11 +61,11 @@ class _Step:
     write_pos: torch.Tensor  # [B, S] cache position each query's key/value is written to (pads: the last real one)
     write_src: torch.Tensor | None  # [B, S] query whose key/value goes there (pads repeat the last real); None = all
     mask: torch.Tensor | None  # [B, 1, G*S, span] bool, True = may attend; None when every query sees all keys
-    ends: torch.Tensor | None  # [B, S] keys each query attends, 0 for pads: the CPU backend's attention; else None
+    ends: torch.Tensor | None  # [B, S] keys each query attends: the CPU backend's attention; else None
     cos: torch.Tensor  # [B, S, D]
     sin: torch.Tensor  # [B, S, D]
     span: int
-    contiguous_from: int | None  # first slot when slots are consecutive (the cache is then viewed, not copied)
+    rows: torch.Tensor | slice | None  # cache rows of the slots: a slice when consecutive (a view, not a copy)
     bulk: bool = False  # a prefill: packed CPU linears run on oneDNN (cpu_bulk.py), decode/verify never do
     flat: torch.Tensor | None = None  # [N] a ragged forward's real tokens in the flattened [B*S]; None = padded rows
 
@@ -101,15 +98,15 @@ class Attention(nn.Module):
         v = v.view(B, S, h_kv, d)
         cache.append(self.layer, step.slots, step.write_pos, step.write_src, k, v)
         if step.ends is not None:  # CPU backend: per query row over its own span, batch-invariant (native.py)
-            out = native.attention(q, cache.k[self.layer], cache.v[self.layer], step.slots, step.ends,
-                                          d ** -0.5)  # [B, S, H, D]
-            return _linear(self.o, out.view(B, S, h * d), step.bulk)
-        keys, values = cache.view(self.layer, step.slots, step.span, step.contiguous_from)  # [B, H_kv, span, D]
-        # GQA without repeating K/V: the G query heads of one kv head become G*S query rows.
-        q = q.view(B, S, h_kv, g, d).permute(0, 2, 3, 1, 4).reshape(B, h_kv, g * S, d)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask)  # [B, H_kv, G*S, D]
-        out = out.view(B, h_kv, g, S, d).permute(0, 3, 1, 2, 4).reshape(B, S, h * d)
-        return _linear(self.o, out, step.bulk)
+            out = native.attention(q, cache.k[self.layer], cache.v[self.layer], step.slots, step.ends, d ** -0.5)
+        else:
+            keys = cache.k[self.layer, step.rows, :, :step.span]  # [B, H_kv, span, D]
+            values = cache.v[self.layer, step.rows, :, :step.span]
+            # GQA without repeating K/V: the G query heads of one kv head become G*S query rows.
+            q = q.view(B, S, h_kv, g, d).permute(0, 2, 3, 1, 4).reshape(B, h_kv, g * S, d)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=step.mask)  # [B, H_kv, G*S, D]
+            out = out.view(B, h_kv, g, S, d).permute(0, 3, 1, 2, 4)  # [B, S, H_kv, G, D]
+        return _linear(self.o, out.reshape(B, S, h * d), step.bulk)
 
 
 class MLP(nn.Module):
@@ -119,10 +116,8 @@ class MLP(nn.Module):
         self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, bulk: bool = False) -> torch.Tensor:
-        gu, down = self.gate_up, self.down
-        if bulk and x.device.type == "cpu" and getattr(gu, "bulk_weight", None) is not None \
-                and gu.bias is None and getattr(down, "bulk_weight", None) is not None and down.bias is None:
-            return cpu_bulk.gated_mlp(x, gu.bulk_weight, down.bulk_weight)  # prefill on oneDNN, a block at a time
+        if bulk and getattr(self.gate_up, "bulk_weight", None) is not None and x.device.type == "cpu":
+            return cpu_bulk.gated_mlp(x, self.gate_up.bulk_weight, self.down.bulk_weight)  # oneDNN, block by block
         gate, up = _linear(self.gate_up, x, bulk).chunk(2, dim=-1)
         return _linear(self.down, F.silu(gate) * up, bulk)
 
@@ -270,44 +265,38 @@ class Transformer(nn.Module):
             raise ConfigError(f"forward: slots must be {B} distinct values in [0, {cache.max_batch}), got {s_list}")
         if host is None:
             host = HostLengths(tuple(s_list), tuple(cache.lengths[slots].tolist()), tuple(q_lens.tolist()))
-        q_list = host.q_lens if host.q_lens is not None else (S,) * B
-        if min(q_list) < 1 or max(q_list) > S:
-            raise ConfigError(f"forward: q_lens must be in [1, {S}], got {list(q_list)}")
-        ends = [c + q for c, q in zip(host.cached, q_list)]  # upper bounds when q_lens is unknown
-        span = max(ends)
-        if span > cache.max_len:
-            if host.q_lens is not None:
-                raise ConfigError(f"forward: slot {s_list[ends.index(span)]} would reach length {span} "
-                                  f"> max_len={cache.max_len}")
-            span = cache.max_len  # only pads can reach past it (their writes are redirected below)
+        if min(host.q_lens) < 1 or max(host.q_lens) > S:
+            raise ConfigError(f"forward: q_lens must be in [1, {S}], got {list(host.q_lens)}")
+        ends = [c + q for c, q in zip(host.cached, host.q_lens)]
+        if max(ends) > cache.max_len:
+            raise ConfigError(f"forward: slot {s_list[ends.index(max(ends))]} would reach length {max(ends)} "
+                              f"> max_len={cache.max_len}")
         dev = cache.lengths.device
         old = cache.lengths[slots]  # [B]
         ar = torch.arange(S, device=dev)
         positions = old[:, None] + ar  # [B, S]
-        padded = host.q_lens is None or min(q_list) < S
+        padded = min(host.q_lens) < S
         # Pads write the key/value of their row's last real token to its position: no boolean indexing, and
         # duplicate writes of equal values whatever order the device applies them in.
         write_src = torch.minimum(ar[None, :], q_lens.to(dev)[:, None] - 1) if padded else None  # [B, S]
         write_pos = old[:, None] + write_src if padded else positions  # [B, S]
-        g = self.config.num_heads // self.config.num_kv_heads
-        mask = ends_q = None  # every row at the same length, one query each (decode): no mask, SDPA's fast path
-        if self.cpu_attention and dev.type == "cpu":
-            ends_q = positions + 1 if not padded else (positions + 1) * (ar[None, :] < q_lens.to(dev)[:, None])
-        elif S > 1 or len(set(ends)) > 1:
-            mask = torch.arange(span, device=dev)[None, None, :] <= positions[:, :, None]  # [B, S, span]
-            mask = mask[:, None, None].expand(B, 1, g, S, span).reshape(B, 1, g * S, span)
         cos, sin = self.rope(max(host.cached) + S)  # [>= positions, D]
-        if self.ragged_prefill and (prefill or (padded and host.q_lens is not None)):
+        if self.ragged_prefill and (prefill or padded):
             # Ragged: each real token becomes a row of its own ([N, 1]: its slot, position and key span), so
             # linears, norms, the MLP and the LM head never compute a pad. A prefill's prompts share the bulk
             # linears' fixed-size row blocks; a verify forward of uneven drafts (one row verifying 7 among 15
             # verifying none) costs its Sum(q_lens) tokens, not B * max(q_lens). Per-row maths throughout: a
             # token's result is the padded path's, bit for bit.
-            real = (ar[None, :] < q_lens.to(dev)[:, None]).reshape(-1).nonzero().squeeze(1)  # [N] into [B*S]
-            pos = positions.reshape(-1)[real][:, None]  # [N, 1]
+            flat = (ar[None, :] < q_lens.to(dev)[:, None]).reshape(-1).nonzero().squeeze(1)  # [N] into [B*S]
+            pos = positions.reshape(-1)[flat][:, None]  # [N, 1]
             return _Step(slots.repeat_interleave(q_lens.to(dev)), pos, None, None, pos + 1, cos[pos], sin[pos],
-                         span, None, prefill, real)
-        first = s_list[0]
-        contiguous = s_list == list(range(first, first + B))
-        return _Step(slots, write_pos, write_src, mask, ends_q, cos[positions], sin[positions], span,
-                     first if contiguous else None, prefill)
+                         max(ends), None, prefill, flat)
+        mask = ends_q = None  # every row at the same length, one query each (decode): no mask, SDPA's fast path
+        if self.ragged_prefill:  # the CPU backend, no pads here: each query row over its own span
+            ends_q = positions + 1  # [B, S]
+        elif S > 1 or len(set(ends)) > 1:
+            g = self.config.num_heads // self.config.num_kv_heads
+            mask = torch.arange(max(ends), device=dev)[None, None, :] <= positions[:, :, None]  # [B, S, span]
+            mask = mask[:, None, None].expand(B, 1, g, S, max(ends)).reshape(B, 1, g * S, max(ends))
+        rows = slice(s_list[0], s_list[0] + B) if s_list == list(range(s_list[0], s_list[0] + B)) else slots
+        return _Step(slots, write_pos, write_src, mask, ends_q, cos[positions], sin[positions], max(ends), rows, prefill)
