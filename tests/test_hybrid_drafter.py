@@ -125,23 +125,24 @@ def test_from_file_loads_payoff_and_tau(tmp_path):
     assert live.tau == 2.5 and live.k == K and live.payoff.feature_names == names
 
 
-def test_substring_index_equals_brute_force():
-    """The suffix automaton behind in_prompt / in_output vs a direct search, on growing texts."""
-    from avkit.hvd.features import SubstringIndex
+def test_copy_features_equal_brute_force():
+    """in_prompt / in_output (the matched context + the draft occur in the prompt / the output so far) vs a
+    direct search, on growing texts over small and large alphabets."""
+    from avkit.hvd.features import RequestFeatures
+    from avkit.hvd.suffix_cache import CacheDraft
 
     rng = np.random.default_rng(3)
     for alphabet in (2, 3, 50):
-        text = rng.integers(0, alphabet, 300).tolist()
-        ix = SubstringIndex()
-        for n, tok in enumerate(text):
-            ix.append(tok)
-            for _ in range(4):
-                m = int(rng.integers(1, 9))
-                start = int(rng.integers(0, n + 1))
-                pat = text[start: start + m] if rng.random() < 0.5 else rng.integers(0, alphabet, m).tolist()
-                found = any(text[i: i + m] == pat for i in range(n + 2 - m))  # brute force over text[:n + 1]
-                assert ix.contains(pat) == found, (alphabet, n, pat)
-        assert ix.contains([])
+        prompt = rng.integers(0, alphabet, 60).tolist()
+        f = RequestFeatures(prompt, K, 16, None)
+        for _ in range(150):
+            m, draft = int(rng.integers(0, 4)), rng.integers(0, alphabet, int(rng.integers(1, 6))).tolist()
+            row = f.row(CacheDraft(draft, [1.0] * len(draft), m, float(len(draft)), "local"))
+            pat = f.seq[len(f.seq) - m:] + draft
+            found = [any(text[i: i + len(pat)] == pat for i in range(len(text) - len(pat) + 1))
+                     for text in (prompt, f.seq[len(prompt):])]  # brute force
+            assert [row["in_prompt"], row["in_output"]] == found, (alphabet, len(f.seq), pat)
+            f.append(int(rng.integers(0, alphabet)), draft)
 
 
 class _DeviceLog(torch.overrides.TorchFunctionMode):

@@ -12,8 +12,8 @@ output[:t]. Groups (ablated in `bench/results/hvd.md`):
              whitespace, punctuation, digits, newlines (`avkit.hvd.token_classes`; 0 without a table)
   copy       matched suffix + draft occurs verbatim in the prompt; in the output so far
 `RequestFeatures` computes them for one request, position by position: the replay and the live
-drafter both drive it, so their features are the same by construction. A position costs O(W) and
-not O(n): the copy features query suffix automata (`SubstringIndex`) extended token by token.
+drafter both drive it, so their features are the same by construction. The copy features search the prompt's
+and the output's text, one character per token (`_text`).
 """
 
 from __future__ import annotations
@@ -49,60 +49,10 @@ def accept_lengths(match: np.ndarray, k: int) -> np.ndarray:
     return np.minimum(next_false - idx, k).astype(np.int64)
 
 
-class SubstringIndex:
-    """Does a token sequence occur in a text that only grows at its end? A suffix automaton (Blumer et al.
-    1985) gains one state per appended token (amortised O(1)) and answers in O(len(pattern)), whatever
-    the text's length. State 0 is the empty string; `next` maps token -> state, `link` is the suffix link
-    (the longest suffix in another class), `length` the longest substring of the state's class.
-
-    >>> ix = SubstringIndex([5, 6, 7])
-    >>> ix.contains([6, 7]), ix.contains([7, 6])
-    (True, False)
-    >>> ix.append(6); ix.contains([7, 6])
-    True
-    """
-
-    def __init__(self, tokens: Iterable[int] = ()):
-        self._next: list[dict[int, int]] = [{}]
-        self._link: list[int] = [-1]
-        self._length: list[int] = [0]
-        self._last = 0
-        for tok in tokens:
-            self.append(tok)
-
-    def append(self, token: int) -> None:
-        nxt, link, length = self._next, self._link, self._length
-        cur = len(length)
-        nxt.append({})
-        link.append(0)
-        length.append(length[self._last] + 1)
-        p = self._last
-        while p != -1 and token not in nxt[p]:
-            nxt[p][token] = cur
-            p = link[p]
-        if p != -1:
-            q = nxt[p][token]
-            if length[p] + 1 == length[q]:
-                link[cur] = q
-            else:  # split q: a clone takes the shorter strings of q's class
-                clone = len(length)
-                nxt.append(dict(nxt[q]))
-                link.append(link[q])
-                length.append(length[p] + 1)
-                while p != -1 and nxt[p].get(token) == q:
-                    nxt[p][token] = clone
-                    p = link[p]
-                link[q] = link[cur] = clone
-        self._last = cur
-
-    def contains(self, pattern: Iterable[int]) -> bool:
-        """True when `pattern` occurs contiguously in the text (the empty pattern always does)."""
-        state, nxt = 0, self._next
-        for tok in pattern:
-            state = nxt[state].get(tok, -1)
-            if state < 0:
-                return False
-        return True
+def _text(tokens: Iterable[int]) -> str:
+    """One character per token id: a run of tokens occurs in a sequence iff its text occurs in the sequence's
+    (`str.__contains__`, a linear search in C)."""
+    return "".join(map(chr, tokens))
 
 
 class RequestFeatures:
@@ -117,14 +67,14 @@ class RequestFeatures:
         self.seq = list(prompt)  # prompt + output so far
         self.drafts: list[list[int]] = []  # cache draft made at output position t
         self.hits: list[bool] = []  # model hit per output position
-        self.in_prompt, self.in_output = SubstringIndex(prompt), SubstringIndex()
+        self.prompt_text, self.output_text = _text(prompt), ""  # [len] one char per token (`_text`)
 
     def append(self, token: int, draft: list[int], hit: bool = True) -> None:
         """Position t is decided: its token, the cache draft made before it, the model's hit there."""
         self.seq.append(token)
         self.drafts.append(draft)
         self.hits.append(hit)
-        self.in_output.append(token)
+        self.output_text += chr(token)
 
     def row(self, d: CacheDraft) -> dict[str, float]:
         """Every feature of `ALL_FEATURES` for the cache draft `d` made at the current position."""
@@ -140,8 +90,8 @@ class RequestFeatures:
         tail = self.seq[len(self.seq) - d.match_len:] + d.tokens if d.tokens else []
         f = {**d.features(), "log_position": np.log1p(t), "log_prompt_len": np.log1p(p),
              **dict(zip(FEATURE_GROUPS["history"], hist)),
-             "in_prompt": float(bool(tail) and self.in_prompt.contains(tail)),
-             "in_output": float(bool(tail) and self.in_output.contains(tail))}
+             "in_prompt": float(bool(tail) and _text(tail) in self.prompt_text),
+             "in_output": float(bool(tail) and _text(tail) in self.output_text)}
         c = len(CLASSES)
         has = self.classes is not None
         draft_cls = self.classes[d.tokens].mean(0) if has and d.tokens else np.zeros(c)  # [5] the draft's shares

@@ -27,9 +27,10 @@ from avkit.drafters.base import Drafter, DraftInput, DraftProposal
 from avkit.drafters.draft_model import DraftModelDrafter
 from avkit.errors import ConfigError
 from avkit.features import draft_features
-from avkit.hvd.features import FEATURE_GROUPS, RequestFeatures, columns, feature_matrix
+from avkit.hvd.features import FEATURE_GROUPS, RequestFeatures, columns
 from avkit.hvd.joint import JointRouter
 from avkit.hvd.payoff_mlp import PayoffMLP
+from avkit.hvd.router import MLPRouter, RouterContext, make_router
 from avkit.hvd.suffix_cache import CacheDraft, SuffixCache, common_prefix
 from avkit.hvd.token_classes import class_table_for
 
@@ -79,27 +80,26 @@ class HybridDrafter(Drafter):
                  cache_config: SuffixCacheConfig = SuffixCacheConfig(), classes: np.ndarray | None = None,
                  history_window: int = 16, k: int = 7, vocab_size: int | None = None, rule: str = "arctic",
                  joint: JointRouter | None = None, cache: SuffixCache | None = None):
-        """`cache`: a suffix cache shared beyond this drafter (the server's, kept across engine restarts;
-        its live requests from an earlier drafter are dropped); default a new one from `cache_config`."""
-        if joint is not None:
-            payoff = joint.payoff
-        needs_classes = bool(set(FEATURE_GROUPS["structure"]) & set(payoff.feature_names if payoff else ()))
-        if needs_classes and classes is None:
+        """Routed by `joint`, else `payoff` thresholded at `tau`, else `rule` (ArcticInference's score >= K, or
+        every cache draft: the replay's routers). `cache`: a suffix cache shared beyond this drafter (the
+        server's, kept across engine restarts; an earlier drafter's live requests are dropped)."""
+        payoff = joint.payoff if joint is not None else payoff
+        if set(FEATURE_GROUPS["structure"]) & set(payoff.feature_names if payoff else ()) and classes is None:
             raise ConfigError("hybrid drafter: the payoff model uses token-structure features; pass `classes`")
-        self.model_drafter, self.payoff, self.tau = model_drafter, payoff, tau
-        if cache is not None:
-            cache.abandon_live()
-        self.cache = cache if cache is not None else SuffixCache(cache_config)
-        self.classes, self.window, self.joint = classes, history_window, joint
-        self.plans = joint is not None  # the engine's policy does not plan again (engine.step)
-        self._history = joint is not None or payoff is not None  # a payoff model reads the features
         if rule not in ("arctic", "cache"):
             raise ConfigError(f"hybrid drafter: rule must be 'arctic' or 'cache', got {rule!r}")
-        self.rule = rule  # used without a payoff model: ArcticInference's score >= K, or every cache draft
-        self.k = payoff.k if payoff is not None else k
         self.vocab_size = vocab_size or getattr(model_drafter, "vocab_size", None)
         if self.vocab_size is None:
             raise ConfigError("hybrid drafter: vocab_size is needed when there is no model drafter")
+        if cache is not None:
+            cache.abandon_live()
+        self.cache = cache if cache is not None else SuffixCache(cache_config)
+        self.model_drafter, self.payoff, self.tau, self.joint = model_drafter, payoff, tau, joint
+        self.classes, self.window, self.k = classes, history_window, payoff.k if payoff is not None else k
+        self.router = MLPRouter(model=payoff, tau=tau) if payoff is not None else make_router(rule)
+        self.ctx = RouterContext(self.k, features=payoff.feature_names if payoff is not None else ())
+        self.plans = joint is not None  # the engine's policy does not plan again (engine.step)
+        self._history = payoff is not None  # a payoff model reads the history and copy features
         self._slots: dict[int, _Slot] = {}
         self._slot_ids: list[int] = []  # this step's slots, row by row (read once in `features`)
         self._n = 0
@@ -159,18 +159,13 @@ class HybridDrafter(Drafter):
     def route(self, inp: DraftInput) -> tuple[list[CacheDraft], np.ndarray, np.ndarray]:
         """Cache drafts for every row, whether to use them ([B] bool) and each row's limit ([B] int64)."""
         drafts, cols = self.features(inp, payoff=self._history)
-        has = np.array([d.draft_len > 0 for d in drafts], dtype=bool)
-        dlen = np.array([d.draft_len for d in drafts], dtype=np.int64)
         if self.joint is not None and drafts:
             md = self.model_drafter
             lag = None if md is None else np.array([md.lag(s, len(q)) for s, q in zip(self._slot_ids, inp.sequences)])
             use, limit = self.joint.decide(cols, self._wanted, lag)
             return drafts, use, limit
-        if self.payoff is None:
-            use = has & ((cols["score"] >= self.k) if self.rule == "arctic" else True)
-        else:
-            use = has & (self.payoff.predict(feature_matrix(cols, self.payoff.feature_names)) > self.tau)
-        return drafts, use, np.where(use, dlen, self._wanted)
+        use = self.router.route(cols, self.ctx).use_cache if drafts else np.zeros(0, dtype=bool)  # [B]
+        return drafts, use, np.where(use, [d.draft_len for d in drafts], self._wanted).astype(np.int64)
 
     def propose(self, inp: DraftInput) -> DraftProposal:
         B, dev = len(inp.sequences), inp.num_draft.device

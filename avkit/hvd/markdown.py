@@ -10,7 +10,7 @@ from avkit.hvd import PAPER
 from avkit.hvd.cost import LINEAR
 from avkit.hvd.fit import HvdResult
 from avkit.hvd.router import MODEL_SCALES
-from avkit.hvd.verdict import FLOOR, verdict_line
+from avkit.hvd.verdict import FLOOR
 from avkit.markdown import md_table
 
 COLS = ("router", "dataset", "tokens", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
@@ -51,7 +51,11 @@ def verdict_md(verdict: pl.DataFrame) -> list[str]:
              "knows both drafts' accepted lengths and verifies exactly what will be accepted (`avkit/hvd/verdict.py`, "
              "an upper bound for any router with these drafts at this K and cost model); `headroom` = oracle / the "
              "best single drafter, `oracle_fewer_cycles` its cycle saving against that drafter."), "",
-            table_md(verdict, cols), "", verdict_line(verdict), ""]
+            table_md(verdict, cols), "",
+            (f"Best HVD router >= {FLOOR}x the best single drafter on {int(verdict['holds'].sum())}/{verdict.height} "
+             f"datasets (per-dataset ratio {', '.join(f'{d} {r:.3f}' for d, r in zip(verdict['dataset'], verdict['ratio']))});"
+             f" a clairvoyant router's headroom over it: "
+             f"{', '.join(f'{d} {h:.3f}' for d, h in zip(verdict['dataset'], verdict['headroom']))}."), ""]
 
 
 def _fmt(x) -> str:

@@ -32,8 +32,8 @@ class Route:
 
 
 def full_route(table: pl.DataFrame, use_cache: np.ndarray, consults_cache: bool = True) -> Route:
-    """Verify the whole cache draft where chosen; never choose an empty draft."""
-    dl = table["draft_len"].to_numpy()
+    """Verify the whole cache draft where chosen; never choose an empty draft (`table`: rows, or columns)."""
+    dl = np.asarray(table["draft_len"])
     return Route(np.asarray(use_cache, dtype=bool) & (dl > 0), dl.astype(np.int64), consults_cache)
 
 

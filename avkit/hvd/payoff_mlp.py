@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from itertools import pairwise
 import os
 from dataclasses import asdict
 from pathlib import Path
@@ -31,6 +32,10 @@ from avkit.errors import ConfigError, DataError
 from avkit.staged import staged_file
 
 HEADS = ("mean", "survival")
+
+
+def _log_survival(out: torch.Tensor) -> torch.Tensor:
+    return torch.cumsum(nn.functional.logsigmoid(out), dim=1)  # [N, K] log P(y >= j), j = 1..K
 
 
 @contextlib.contextmanager
@@ -66,17 +71,11 @@ class PayoffMLP:
         self.mean_ = torch.zeros(len(feature_names))
         self.scale_ = torch.ones(len(feature_names))
         self.history: list[float] = []  # validation MSE per epoch (when a validation split is given)
+        widths = [len(feature_names)] + [config.hidden] * config.layers  # `layers` hidden ReLU layers, then the head
         with torch.random.fork_rng():
             torch.manual_seed(config.seed)
-            self.net = self._build()
-
-    def _build(self) -> nn.Sequential:
-        layers, width = [], len(self.feature_names)
-        for _ in range(self.config.layers):
-            layers += [nn.Linear(width, self.config.hidden), nn.ReLU()]
-            width = self.config.hidden
-        layers.append(nn.Linear(width, 1 if self.head == "mean" else self.k))
-        return nn.Sequential(*layers)
+            self.net = nn.Sequential(*[m for a, b in pairwise(widths) for m in (nn.Linear(a, b), nn.ReLU())],
+                                     nn.Linear(widths[-1], 1 if head == "mean" else k))
 
     def _x(self, x: np.ndarray) -> torch.Tensor:
         x = np.asarray(x, dtype=np.float32)
@@ -86,15 +85,9 @@ class PayoffMLP:
             raise DataError("payoff features contain non-finite values")
         return torch.from_numpy(x)
 
-    def _log_survival(self, out: torch.Tensor) -> torch.Tensor:
-        return torch.cumsum(nn.functional.logsigmoid(out), dim=1)  # [N, K] log P(y >= j), j = 1..K
-
     def _survival(self, out: torch.Tensor, draft_len: torch.Tensor) -> torch.Tensor:
         """[N, K] P(y >= j), zero beyond each draft's length (survival head)."""
-        return self._log_survival(out).exp() * (torch.arange(1, self.k + 1) <= draft_len[:, None])
-
-    def _expected(self, out: torch.Tensor, draft_len: torch.Tensor) -> torch.Tensor:
-        return out[:, 0] if self.head == "mean" else self._survival(out, draft_len).sum(1)
+        return _log_survival(out).exp() * (torch.arange(1, self.k + 1) <= draft_len[:, None])
 
     def _loss(self, out: torch.Tensor, y: torch.Tensor, draft_len: torch.Tensor) -> torch.Tensor:
         if self.head == "mean":
@@ -102,7 +95,7 @@ class PayoffMLP:
         j = torch.arange(1, self.k + 1)
         mask = (j <= draft_len[:, None]).float()  # [N, K] positions that carry a label
         z = (y[:, None] >= j).float()  # [N, K] survived to position j
-        log_s = self._log_survival(out).clamp(max=-1e-6)
+        log_s = _log_survival(out).clamp(max=-1e-6)
         log_not = torch.log(-torch.expm1(log_s))  # log(1 - S), stable as S -> 1
         bce = -(z * log_s + (1 - z) * log_not)
         return (bce * mask).sum() / mask.sum().clamp(min=1)
@@ -145,8 +138,9 @@ class PayoffMLP:
         return self.net((xt - self.mean_) / self.scale_), xt[:, self._dl]
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        """[N, F] -> [N] expected accepted length."""
-        return self._expected(*self._forward(x)).numpy()
+        """[N, F] -> [N] expected accepted length (survival head: sum_j S_j)."""
+        out, draft_len = self._forward(x)
+        return (out[:, 0] if self.head == "mean" else self._survival(out, draft_len).sum(1)).numpy()
 
     def predict_survival(self, x: np.ndarray) -> np.ndarray:
         """[N, F] -> [N, K] P(accepted >= j), zero beyond each draft's length (survival head only)."""

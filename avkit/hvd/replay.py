@@ -59,19 +59,13 @@ def matches_from_draft(draft, prompt_ids: list[int], output_ids: list[int]) -> n
     return pred == np.asarray(output_ids)
 
 
-def _step_offsets(rows: pl.DataFrame, base: int) -> pl.DataFrame:
-    """Output offset of each (request, step): base + step + accepted tokens of the earlier steps.
-    Steps without draft rows still emitted one token each, which `step` counts."""
-    steps = (rows.group_by("request_id", "step").agg(pl.col("num_accepted").first())
-             .sort("request_id", "step"))
-    return steps.with_columns(
-        (base + pl.col("step") + pl.col("num_accepted").cum_sum().over("request_id") - pl.col("num_accepted"))
-        .alias("offset"))
-
-
 def _label_rows(rows: pl.DataFrame, outputs: dict[str, np.ndarray], base: int) -> pl.DataFrame:
-    """Per draft slot: absolute position, eq (draft == output), valid (all earlier slots matched)."""
-    off = _step_offsets(rows, base)
+    """Per draft slot: absolute position pos, eq (draft == output), valid (all earlier slots matched). A step's
+    output offset is base + step + the accepted tokens of the earlier steps (a step without draft rows still
+    emitted one token, which `step` counts)."""
+    off = (rows.group_by("request_id", "step").agg(pl.col("num_accepted").first()).sort("request_id", "step")
+           .with_columns((base + pl.col("step") + pl.col("num_accepted").cum_sum().over("request_id")
+                          - pl.col("num_accepted")).alias("offset")))
     df = rows.join(off.select("request_id", "step", "offset"), on=["request_id", "step"])
     df = df.with_columns((pl.col("offset") + pl.col("position")).alias("pos")).sort("request_id", "step", "position")
     out_tok = np.full(df.height, -1, dtype=np.int64)

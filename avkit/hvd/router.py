@@ -6,7 +6,8 @@ Glossary:
   tau           threshold on a predicted payoff: verify the cache draft iff prediction > tau;
                 chosen on the validation split to maximize simulated throughput (`avkit.hvd.path`)
   survival      S_j = P(y >= j); a cycle verifying b cache tokens yields 1 + sum_{j<=b} S_j tokens
-Routers (registry `ROUTERS`: name -> a new router with `fit(train, val, ctx)` and `route(table, ctx)` -> Route):
+Routers (registry `ROUTERS`: name -> a new router with `fit(train, val, ctx)` and `route(table, ctx)` -> Route;
+the rules and `mlp` also route the live drafter's columns, name -> [B]: one implementation live and replayed):
   model     never the cache (the model-only baseline; pays no cache lookup)
   suffix    the cache's draft, else a plain target step: SuffixDecoding alone, no draft model (the
             cache-only baseline; vLLM's `suffix` method)
@@ -79,11 +80,11 @@ class Rule:
 
 
 RULES: dict[str, Callable[[pl.DataFrame, RouterContext], Route]] = {
-    "model": lambda t, ctx: full_route(t, np.zeros(t.height, dtype=bool), consults_cache=False),
+    "model": lambda t, ctx: full_route(t, np.zeros(len(t["draft_len"]), dtype=bool), consults_cache=False),
     # every row is a cache row: an empty draft verifies nothing, i.e. a target-only step (no draft model)
-    "suffix": lambda t, ctx: Route(np.ones(t.height, dtype=bool), t["draft_len"].to_numpy().astype(np.int64)),
-    "cache": lambda t, ctx: full_route(t, np.ones(t.height, dtype=bool)),
-    "arctic": lambda t, ctx: full_route(t, t["score"].to_numpy() >= ctx.k),
+    "suffix": lambda t, ctx: Route(np.ones(len(t["draft_len"]), dtype=bool), np.asarray(t["draft_len"], np.int64)),
+    "cache": lambda t, ctx: full_route(t, np.ones(len(t["draft_len"]), dtype=bool)),
+    "arctic": lambda t, ctx: full_route(t, np.asarray(t["score"]) >= ctx.k),
 }
 
 
@@ -129,9 +130,9 @@ class AcceptanceTable(Thresholded):
         return (surv * mask).sum(1)
 
 
-def _x(table: pl.DataFrame, ctx: RouterContext) -> np.ndarray:
-    """[R, F] payoff features of replay rows."""
-    return feature_matrix(dict(zip(table.columns, table.get_columns())), ctx.features)
+def _x(table, ctx: RouterContext) -> np.ndarray:
+    """[R, F] payoff features of replay rows (a table, or columns: name -> [R])."""
+    return feature_matrix(table, ctx.features)
 
 
 @dataclass
@@ -148,7 +149,7 @@ class MLPRouter(Thresholded):
         self.model = PayoffMLP(ctx.features, ctx.k, ctx.payoff, head=self.head).fit(x, y, xv, yv)
 
     def predict(self, table, ctx) -> np.ndarray:
-        return np.where(table["draft_len"].to_numpy() > 0, self.model.predict(_x(table, ctx)), 0.0)
+        return np.where(np.asarray(table["draft_len"]) > 0, self.model.predict(_x(table, ctx)), 0.0)
 
 
 @dataclass

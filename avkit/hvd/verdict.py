@@ -95,12 +95,4 @@ def dataset_verdict(test: pl.DataFrame, fitted: dict, ctx) -> pl.DataFrame:
     return pl.DataFrame(rows).sort("dataset")
 
 
-def verdict_line(v: pl.DataFrame) -> str:
-    held = int(np.sum(v["holds"].to_numpy()))
-    return (f"Best HVD router >= {FLOOR}x the best single drafter on {held}/{v.height} datasets "
-            f"(per-dataset ratio {', '.join(f'{d} {r:.3f}' for d, r in zip(v['dataset'], v['ratio']))}); "
-            f"a clairvoyant router's headroom over it: "
-            f"{', '.join(f'{d} {h:.3f}' for d, h in zip(v['dataset'], v['headroom']))}.")
-
-
-__all__ = ["FLOOR", "dataset_verdict", "oracle_paths", "verdict_line"]
+__all__ = ["FLOOR", "dataset_verdict", "oracle_paths"]
