@@ -10,11 +10,9 @@ integer outputs agree bit for bit). Per request r with k = num_verify[r]:
      E_v = -log(uniform(seed, r, pos + n, STREAM_SAMPLE, v)), with w = max(p_n - q_n, 0) after a
      rejection (n < k) or w = p_n for the bonus token (n = k); a residual with no mass falls back
      to p_n. Both races run in the same pass, so the fallback costs no extra read.
-Random numbers: the hash chain of `avkit.kernels.rng` (h = lowbias32(h ^ w) over seed, request, position,
-stream, index) in uint32, which wraps on its own where the torch reference masks; the chain is cut where
-it is reused: (seed, request) once per request, + (position, stream) once per row, + index per element.
-Ties keep the lowest index, as torch.argmax does. The `observed` mask is the label rule's
-(`avkit.trace.labels.observed`), applied to the kernel's accepted lengths.
+Random numbers: `avkit.kernels.rng`'s hash chain in uint32 (which wraps where the torch reference masks), cut
+where reused: (seed, request) once per request, + (position, stream) once per row, + index per element.
+Ties keep the lowest index, as torch.argmax does; `observed` is `avkit.trace.labels.observed` of the lengths.
 Glossary: x draft tokens [B, K], p target probs [B, K+1, V], q draft probs [B, K, V].
 """
 

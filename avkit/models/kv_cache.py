@@ -43,12 +43,9 @@ class KVCache:
 
     def append(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, src: torch.Tensor | None,
                k: torch.Tensor, v: torch.Tensor) -> None:
-        """Write one layer's new keys/values: ``k[b, src[b, s]]`` goes to position ``positions[b, s]`` of slot
-        ``slots[b]`` (``src`` None: ``k[b, s]``). The forward points right-padding at the row's last real
-        token, so pads rewrite an equal value instead of being filtered out (no data-dependent shapes).
-
-        slots [B], positions [B, S] absolute, src [B, S] or None, k/v [B, S, H_kv, D].
-        """
+        """``k[b, src[b, s]]`` (``src`` None: ``k[b, s]``) to position ``positions[b, s]`` of slot ``slots[b]``; pads
+        point at their row's last real token and rewrite its value (no data-dependent shapes).
+        slots [B], positions [B, S] absolute, src [B, S] or None, k/v [B, S, H_kv, D]."""
         if src is not None:
             idx = src[:, :, None, None].expand_as(k)  # [B, S, H_kv, D]
             k, v = k.gather(1, idx), v.gather(1, idx)
