@@ -179,6 +179,7 @@ def test_unsupported_tokenizer_and_file_kind(tmp_path):
 
 
 def test_placement_resolves_auto_and_refuses_a_missing_gpu(monkeypatch):
+    from avkit.config import ModelsConfig
     from avkit.errors import ConfigError
     from avkit.models import placement
 
@@ -192,5 +193,5 @@ def test_placement_resolves_auto_and_refuses_a_missing_gpu(monkeypatch):
     assert placement("auto", "float32") == (torch.device("cuda"), torch.float32)
     for device, dtype, match in (("gpu", "auto", "device must be one of"), ("cpu:0", "auto", "device must be"),
                                  ("cpu", "half", "dtype must be one of")):
-        with pytest.raises(ConfigError, match=match):
-            placement(device, dtype)
+        with pytest.raises(ConfigError, match=match):  # names are checked once, by the config
+            ModelsConfig(device=device, dtype=dtype)

@@ -24,7 +24,6 @@ from avkit.models.kv_cache import KVCache
 from avkit.models.registry import resolve, weights_sha256
 from avkit.models.tokenizer import Tokenizer
 from avkit.models.transformer import HostLengths, Transformer
-from avkit.validate import check_placement
 
 
 # avkit's state-dict name -> its parts, concatenated on dim 0: (HF name, llama.cpp GGUF name); {i} is the layer
@@ -83,8 +82,7 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype = torch.float32,
 
 
 def placement(device: str = "auto", dtype: str = "auto") -> tuple[torch.device, torch.dtype]:
-    """(torch.device, torch.dtype) from names; an explicit cuda device on a machine without one is an error."""
-    check_placement(device, dtype)
+    """(torch.device, torch.dtype) from names ``ModelsConfig`` checked; a cuda device torch cannot see is an error."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
