@@ -9,6 +9,7 @@
             the previous outputs are left exactly as they were
 Files get the mode of a plain `open()` (0666 minus the umask), not the 0600 of `mkstemp`. One file alone:
 `staged_file(path)` or `write_json_atomic(path, obj)`. Every atomic write of avkit goes through this module.
+A command's first SIGINT/SIGTERM raises KeyboardInterrupt (so: abort) once: `one_interrupt`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 from collections.abc import Iterator
@@ -25,6 +27,40 @@ from typing import Any
 
 from avkit.errors import ConfigError
 from avkit.jsonsafe import dumps
+
+
+@contextmanager
+def one_interrupt(*, always: bool = False, busy: str = ""):
+    """The first SIGINT or SIGTERM raises KeyboardInterrupt (outputs are aborted, nothing half-written stays, a
+    kernel build's compiler is stopped); later ones while that unwinds are ignored (`busy`, when given, printed
+    for each), so a burst of Ctrl-C never ends in a traceback. Yields `signalled()`: whether one was taken here.
+
+    Main thread only. A signal is taken over where it has its default handler (a SIGINT ignored since the shell
+    started us stays ignored); with `always` also where it is ignored or handled (a recording started in the
+    background, or inside the CLI's). On exit, once interrupted (here, or inside by a handler that then ignores
+    SIGINT) SIGINT stays ignored: the process is ending and later SIGINTs must not break its shutdown; SIGTERM
+    gets its handler back (an ignored SIGTERM would be inherited by every child process started later).
+    `avkit serve` hands both to uvicorn once its port is open."""
+    state = {"raised": False}
+
+    def interrupt(signum, frame):
+        if not state["raised"]:
+            state["raised"] = True
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+        if busy:
+            print(busy, file=sys.stderr, flush=True)
+
+    defaults = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+    main = threading.current_thread() is threading.main_thread()
+    old = {s: signal.getsignal(s) for s, d in defaults.items() if main and (always or signal.getsignal(s) is d)}
+    for s in old:
+        signal.signal(s, interrupt)
+    try:
+        yield lambda: state["raised"]
+    finally:
+        for s, handler in old.items():
+            ending = s == signal.SIGINT and (state["raised"] or signal.getsignal(s) is signal.SIG_IGN)
+            signal.signal(s, signal.SIG_IGN if ending else handler)
 
 
 @contextmanager

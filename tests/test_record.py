@@ -355,14 +355,15 @@ def test_non_utf8_jsonl_is_one_line(tmp_path, capsys):
                              "--no-progress"], f"{bad}:2: not UTF-8 (byte 0xe9 at column 16)")
 
 
-def _start(pair, prompts, out, *args, num_prompts: int = 3):
+def _start(pair, prompts, out, *args, num_prompts: int = 3, background: bool = False):
     """`avkit record` in a subprocess (48 tokens, one request at a time, 50 ms flushes), returned once
-    its partial file holds rows."""
+    its partial file holds rows. `background`: started with SIGINT ignored, as a shell starts `cmd &`."""
     cmd = [sys.executable, "-m", "avkit", *_cli(pair, prompts, out, "--flush-interval", "0.05", *args)]
     for option, value in (("--max-new-tokens", 48), ("--concurrency", 1), ("--num-prompts", num_prompts)):
         cmd[cmd.index(option) + 1] = str(value)
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if background else None
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=ignore)
     deadline = time.monotonic() + 60
     while not _has_rows(partial_path(out)) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.02)
@@ -405,3 +406,13 @@ def test_three_quick_sigints_no_traceback(pair, prompts, tmp_path):
     assert proc.returncode == 130 and "Traceback" not in err, err[-3000:]
     assert len(read_traces([out])) > 0  # a fresh run's rows are committed: nothing existed to lose
     assert not partial_path(out).exists()
+
+
+def test_sigint_stops_a_recording_started_in_the_background(pair, prompts, tmp_path):
+    """Other commands leave a SIGINT ignored since start alone; a recording takes it (`kill -INT` ends it)."""
+    out = tmp_path / "t.parquet"
+    proc = _start(pair, prompts, out, background=True)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in err.decode(), err.decode()[-2000:]
+    assert len(read_traces([out])) > 0 and not partial_path(out).exists()

@@ -7,11 +7,8 @@ stderr and exit code 2, never a traceback.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import signal
 import sys
-import threading
 from typing import Annotated
 
 import typer
@@ -21,42 +18,10 @@ from typer.core import TyperGroup
 from avkit import __version__
 from avkit.cli.options import end_process
 from avkit.errors import AvkitError
+from avkit.staged import one_interrupt
 
 COMMANDS = ("models", "record", "datacard", "fit", "hvd", "simulate", "tune", "profile", "serve", "report",
             "import_")
-
-
-@contextlib.contextmanager
-def _one_interrupt():
-    """The first SIGINT or SIGTERM interrupts (KeyboardInterrupt: outputs are aborted, nothing half-written
-    stays, a kernel build's compiler is stopped); further SIGINTs while that unwinds are ignored, so a burst of
-    Ctrl-C never ends in a traceback. Each signal is taken over only where it has its default handler (a
-    SIGINT ignored since the shell started us stays ignored); `avkit serve` hands both to uvicorn once its
-    port is open."""
-    main = threading.current_thread() is threading.main_thread()
-    own_int = main and signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    own_term = main and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    state = {"raised": False}
-
-    def interrupt(signum, frame):
-        if not state["raised"]:
-            state["raised"] = True
-            raise KeyboardInterrupt
-
-    if own_int:
-        signal.signal(signal.SIGINT, interrupt)
-    if own_term:
-        signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield lambda: state["raised"]
-    finally:  # once interrupted (here or by a command's own handler, which then ignores SIGINT) the process
-        # is ending: later SIGINTs must not break its shutdown. SIGTERM gets its default back (an ignored
-        # SIGTERM would be inherited by every child process started later).
-        if own_int:
-            ending = state["raised"] or signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-            signal.signal(signal.SIGINT, signal.SIG_IGN if ending else signal.default_int_handler)
-        if own_term:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _plain_help(cmd):
@@ -131,7 +96,7 @@ class _App(typer.Typer):
 
     def __call__(self, args=None, **kwargs):
         kwargs.pop("standalone_mode", None)  # always: errors are handled here, whatever the caller asks
-        with _one_interrupt() as signalled:
+        with one_interrupt() as signalled:
             try:
                 sys.exit(self._run(list(sys.argv[1:] if args is None else args), **kwargs))
             except SystemExit as e:

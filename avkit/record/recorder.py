@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import math
 import os
-import signal
-import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,10 +18,12 @@ from avkit.record.files import check_resume, open_tables, preflight
 from avkit.record.requests import PromptQueue, Turn
 from avkit.record.stats import AcceptanceStats
 from avkit.scheduling.spec import parse_spec
+from avkit.staged import one_interrupt
 from avkit.trace.schema import run_metadata
 from avkit.trace.writer import TraceWriter
 
 _NEVER = 1 << 40  # row_group_rows for writers the recorder flushes itself
+_BUSY = "avkit record: still saving the files, please wait"  # a signal while they are saved
 
 
 @dataclass(frozen=True)
@@ -67,30 +66,6 @@ def metadata(config: RecordConfig, target, draft) -> dict[str, str]:
                         top_p=config.sampling.top_p, drafter=config.models.drafter, seed=config.decoding.seed,
                         datasets=list(config.dataset), policy=config.policy, dtype=dtype,
                         max_new_tokens=config.sampling.max_new_tokens, engine=config.engine)
-
-
-@contextmanager
-def _interruptible():
-    """SIGINT and SIGTERM raise KeyboardInterrupt once (also when started in the background with SIGINT
-    ignored); further signals while the files are being saved are noted and ignored."""
-    state = {"raised": False}
-
-    def raise_interrupt(signum, frame):
-        if state["raised"]:
-            print("avkit record: still saving the files, please wait", file=sys.stderr, flush=True)
-            return
-        state["raised"] = True
-        raise KeyboardInterrupt(signal.Signals(signum).name)
-
-    try:
-        old = {s: signal.signal(s, raise_interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
-    except ValueError:  # not the main thread: leave signals alone
-        old = {}
-    try:
-        yield
-    finally:  # once interrupted the run is ending: later signals must not break its shutdown (atexit included)
-        for s, h in old.items():
-            signal.signal(s, signal.SIG_IGN if state["raised"] else h)
 
 
 class RecordProgress(Progress):
@@ -149,7 +124,7 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
     if config.engine == "vllm":  # an offline vLLM in its own venv, avkit's plugin writing the tables
         from avkit.engines.vllm.record import record_vllm  # lazy: torch (the models' hashing and tokenizers)
 
-        with _interruptible():
+        with one_interrupt(always=True, busy=_BUSY):
             return RecordResult(**record_vllm(config, files, metadata, progress=progress, console=console,
                                               run_id=run_id))
     target, draft = _load_models(config, target, draft)
@@ -158,7 +133,7 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
     out, gen_path = files.trace, files.generations
     run_id = run_id or f"{out.stem}-{time.strftime('%Y%m%dT%H%M%S')}-{os.urandom(2).hex()}"
     started = False  # both partials written: from here on an error keeps what was recorded in them
-    with _interruptible():
+    with one_interrupt(always=True, busy=_BUSY):
         try:
             trace, gens, done = open_tables(files, meta, config.resume, trace_rows=config.row_group_rows,
                                             generation_rows=_NEVER)
