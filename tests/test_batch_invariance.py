@@ -165,10 +165,9 @@ def test_an_uneven_verify_forward_computes_real_tokens_only(models):
     model = models["target"].model
     seen: dict[str, list[int]] = {"qkv": [], "head": []}
     spies = {"qkv": model.layers[0].attn.qkv, "head": model.lm_head}
-    for name, layer in spies.items():
-        plain = layer.forward
-        layer.forward = (lambda plain, name: lambda x, bulk=False: (
-            seen[name].append(x.reshape(-1, x.shape[-1]).shape[0]), plain(x))[1])(plain, name)
+    for name, layer in spies.items():  # each spy counts the rows its layer sees, then runs the layer
+        layer.forward = lambda x, bulk=False, plain=layer.forward, name=name: (
+            seen[name].append(x.reshape(-1, x.shape[-1]).shape[0]), plain(x))[1]
     try:
         rows = [(0, _tokens(1, 11)), (1, _tokens(8, 12)), (2, _tokens(1, 13)), (3, _tokens(1, 14))]
         prompts = [_tokens(5 + 40 * s, 20 + s) for s in range(4)]
