@@ -183,7 +183,7 @@ def test_cli_builds_configs_and_maps_errors(tmp_path, monkeypatch):
     res = CliRunner().invoke(app, ["hvd", str(trace), "--out", str(tmp_path / "o"), "--k", "5",
                                    "--draft-step-cost", "0.1", "--tokenizer", "none"])
     assert res.exit_code == 0, res.output
-    assert calls["paths"] == [trace] and calls["out"] == tmp_path / "o" and calls["token_classes"].table is None
+    assert calls["paths"] == [trace] and calls["out"] == tmp_path / "o" and calls["tokenizer"] == "none"
     assert calls["replay_config"] == HvdReplayConfig(k=5)
     assert calls["cost"] == cost_from_json(dict(draft_step_cost=0.1))
     monkeypatch.chdir(tmp_path)  # no traces/ here: the shipped ones beside the package, as fit/report find them

@@ -19,12 +19,10 @@ def replay(paths: list[Path], out: Path, outputs, tokenizer: str | None = None, 
     """The HVD replay of traces with generations tables, staged into `outputs` (`avkit hvd`, `avkit fit --hvd`);
     one warning line, once the inputs proved good, when the token-structure features fall back."""
     from avkit.hvd.fit import fit_hvd  # lazy: start-up (the library loads when the command runs: -h stays fast)
-    from avkit.hvd.token_classes import token_classes_for  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
-    classes = token_classes_for(paths, tokenizer)
-    result = fit_hvd(paths, out, token_classes=classes, outputs=outputs, **kw)
-    if classes.table is None and tokenizer != "none":
-        Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {classes.source}", highlight=False)
+    result = fit_hvd(paths, out, tokenizer=tokenizer, outputs=outputs, **kw)
+    if not result.info.get("structure_features", True) and tokenizer != "none":
+        Console(stderr=True, soft_wrap=True).print(f"[bold yellow]warning:[/] {result.info['tokenizer']}", highlight=False)
     return result
 
 

@@ -27,7 +27,7 @@ from avkit.hvd.features import FEATURE_GROUPS
 from avkit.hvd.path import evaluate
 from avkit.hvd.replay import ReplayGeneration, load_generations, replay
 from avkit.hvd.router import ROUTERS, MLPRouter, RouterContext, decode_batched, make_router
-from avkit.hvd.token_classes import TokenClasses, token_classes_for
+from avkit.hvd.token_classes import token_classes_for
 from avkit.hvd.verdict import dataset_verdict
 from avkit.jsonsafe import dumps
 from avkit.provenance import inputs_record
@@ -198,15 +198,13 @@ def _write(result: HvdResult, fitted: dict, cost: CostTable, out: Path, outputs:
 
 
 def fit_hvd(trace_paths: list[str | os.PathLike], out_dir: str | os.PathLike | None, *,
-            tokenizer: str | None = None, token_classes: TokenClasses | None = None, **kwargs) -> HvdResult:
-    """`avkit fit --hvd`: greedy traces (each with its `.generations.parquet`) -> payoff predictor + metrics.
-
-    The token-structure features come from `token_classes`, else `token_classes_for(trace_paths,
-    tokenizer)` (avkit/hvd/token_classes.py); `info["tokenizer"]` says where from, or that they were left out.
-    """
+            tokenizer: str | None = None, **kwargs) -> HvdResult:
+    """`avkit hvd`, `avkit fit --hvd`: greedy traces (each with its `.generations.parquet`) -> payoff predictor +
+    metrics. The token-structure features come from `token_classes_for(trace_paths, tokenizer)`
+    (avkit/hvd/token_classes.py); `info["tokenizer"]` says where from, or that they were left out."""
+    tc = token_classes_for(trace_paths, tokenizer)
     gens, facts = load_generations(trace_paths)
     cost = summary(kwargs.get("cost") or linear_table())
-    tc = token_classes or token_classes_for(trace_paths, tokenizer)
     extra = {"traces": [str(p) for p in trace_paths], "tokenizer": tc.source,
              "structure_features": tc.table is not None,
              "unknown_model_positions": facts["unknown_model_positions"],
