@@ -10,8 +10,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from avkit.cli.options import result_table, stdout_console
-from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig, default_of
+from avkit.cli.options import arg, config_options, result_table, stdout_console
+from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
 from avkit.staged import StagedOutputs
 
 
@@ -39,46 +39,42 @@ def render(result, console: Console) -> None:
 
 def register(app: typer.Typer) -> None:
     @app.command("hvd")
-    def hvd(
-        traces: Annotated[list[Path] | None, typer.Argument(
+    @config_options(
+        (HvdReplayConfig, SuffixCacheConfig, HvdCostConfig, PayoffConfig),
+        arg("traces", Annotated[list[Path] | None, typer.Argument(
             metavar="TRACE", help="traces with .generations.parquet beside them (default: the greedy ones in traces/, else all)",
-            show_default=False)] = None,
-        out: Annotated[Path, typer.Option(help="output directory for payoff_mlp.pt and hvd_metrics.json")] =
-            Path("reports/hvd"),
-        tokenizer: Annotated[str | None, typer.Option(
+            show_default=False)], None),
+        arg("out", Annotated[Path, typer.Option(help="output directory for payoff_mlp.pt and hvd_metrics.json")],
+            Path("reports/hvd")),
+        arg("tokenizer", Annotated[str | None, typer.Option(
             help="model path/alias for token-structure features (default: the trace's target, else the class "
-                 "table shipped for it; 'none': leave them out)")] = None,
-        markdown: Annotated[Path | None, typer.Option(help="also write a Markdown report here")] = None,
-        synthetic: Annotated[int, typer.Option(help="replay N synthetic generations instead of traces")] = 0,
-        k: Annotated[int, typer.Option("-k", "--k", help="model draft length K")] = default_of(HvdReplayConfig, "k"),
-        max_depth: Annotated[int, typer.Option(help="suffix trie depth")] = default_of(SuffixCacheConfig, "max_depth"),
-        draft_step_cost: Annotated[float, typer.Option(help="one draft-model step, in target forwards")] =
-            default_of(HvdCostConfig, "draft_step_cost"),
-        cost_table: Annotated[Path | None, typer.Option(
+                 "table shipped for it; 'none': leave them out)")], None),
+        arg("markdown", Annotated[Path | None, typer.Option(help="also write a Markdown report here")], None),
+        arg("synthetic", Annotated[int, typer.Option(help="replay N synthetic generations instead of traces")], 0),
+        "k", "max_depth", "draft_step_cost",
+        arg("cost_table", Annotated[Path | None, typer.Option(
             help="this device's measured step costs (`avkit profile` JSON): verify and draft curves replace "
-                 "the linear model and --draft-step-cost (avkit/hvd/cost.py)", show_default=False)] = None,
-        epochs: Annotated[int, typer.Option(help="payoff MLP epochs")] = default_of(PayoffConfig, "epochs"),
-        seed: Annotated[int, typer.Option(help="split and training seed")] = default_of(PayoffConfig, "seed"),
-    ):
+                 "the linear model and --draft-step-cost (avkit/hvd/cost.py)", show_default=False)], None),
+        "epochs", "seed")
+    def hvd(replay_config: HvdReplayConfig, cache_config: SuffixCacheConfig, cost_config: HvdCostConfig,
+            payoff_config: PayoffConfig, traces, out, tokenizer, markdown, synthetic, cost_table):
         """Replay greedy generations, fit the payoff predictor, compare routers (model, suffix, cache, arctic,
         table, mlp, survival) per dataset on held-out requests."""
-        configs = {"cache_config": SuffixCacheConfig(max_depth=max_depth), "replay_config": HvdReplayConfig(k=k),
-                   "payoff_config": PayoffConfig(epochs=epochs, seed=seed)}  # bad options fail before the imports
         from avkit.hvd.cost import linear_table  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.hvd.fit import fit_hvd_generations, reserve_hvd_outputs  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.hvd.markdown import hvd_markdown  # lazy: start-up (the library loads when the command runs: -h stays fast)
         from avkit.scheduling.cost import CostTable  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
-        kw = {**configs,
+        kw = {"cache_config": cache_config, "replay_config": replay_config, "payoff_config": payoff_config,
               "cost": CostTable.load(cost_table).in_forwards() if cost_table is not None else
-              linear_table(HvdCostConfig(draft_step_cost=draft_step_cost)), "progress": sys.stderr.isatty()}
+              linear_table(cost_config), "progress": sys.stderr.isatty()}
         with StagedOutputs() as outputs:  # the hvd files and --markdown are committed together, or none
             reserve_hvd_outputs(out, outputs, "--out")
             md = outputs.file(markdown, "--markdown") if markdown is not None else None
             if synthetic:
                 from avkit.hvd.replay import synthetic_generations  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
-                result = fit_hvd_generations(synthetic_generations(synthetic, seed=seed), out, outputs=outputs, **kw)
+                result = fit_hvd_generations(synthetic_generations(synthetic, seed=payoff_config.seed), out, outputs=outputs, **kw)
                 title = f"HVD replay on {synthetic} synthetic generations"
             else:
                 from avkit.trace.shards import resolve_shards  # lazy: start-up (the library loads when the command runs: -h stays fast)

@@ -12,7 +12,7 @@ from avkit.validate import in_range
 class SuffixCacheConfig(Checked):
     """SuffixDecoding cache drafter (docs/hvd.md); defaults follow vLLM's suffix decoding."""
 
-    max_depth: int = checked(24, 1)  # longest suffix stored per position (trie depth)
+    max_depth: int = checked(24, 1, help="suffix trie depth")  # longest suffix stored per position
     max_spec_factor: float = checked(1.0, 0.0)  # draft length <= match_len * factor + offset
     max_spec_offset: float = checked(0.0, -1e9)
     min_token_prob: float = checked(0.1, 0.0, 1.0)  # stop when the path's frequency probability falls below this
@@ -29,7 +29,8 @@ class HvdCostConfig(Checked):
     --cost-table`) replaces the lines; pricing is the cost model's (avkit/hvd/cost.py: a unit view of it)."""
 
     verify_token_cost: float = checked(0.02, 0.0)  # extra target cost per verified draft token
-    draft_step_cost: float = checked(0.33, 0.0)  # one draft-model step (CPU: ~3 vs ~9 tok/s, docs/runtime.md)
+    # CPU: ~3 vs ~9 tok/s (docs/runtime.md)
+    draft_step_cost: float = checked(0.33, 0.0, help="one draft-model step, in target forwards")
     cache_cost: float = checked(0.005, 0.0)  # suffix lookup + payoff predictor, per request consulting it
 
 
@@ -39,14 +40,14 @@ class PayoffConfig(Checked):
 
     hidden: int = checked(64, 1)
     layers: int = checked(2, 1)
-    epochs: int = checked(30, 1)
+    epochs: int = checked(30, 1, help="payoff MLP epochs")
     batch_size: int = checked(1024, 1)
     lr: float = checked(3e-3, 0.0, lo_open=True)
     weight_decay: float = checked(1e-4, 0.0)
     # requests held out to choose tau (split by request, never by row)
     val_fraction: float = checked(0.2, 0.0, 1.0, lo_open=True, hi_open=True)
     test_fraction: float = 0.2  # requests held out for the reported metrics
-    seed: int = 0
+    seed: int = checked(0, help="split and training seed")
 
     def __post_init__(self):
         super().__post_init__()
@@ -57,6 +58,7 @@ class PayoffConfig(Checked):
 class HvdReplayConfig(Checked):
     """Trace replay for hybrid verified decoding."""
 
-    k: int = checked(DEFAULT_K, 1, MAX_K)  # model drafter's draft length; also caps cache drafts
+    # also caps the cache drafts
+    k: int = checked(DEFAULT_K, 1, MAX_K, help="model draft length K", flags=("-k", "--k"))
     history_window: int = checked(16, 1)  # positions in the recent-acceptance features
     high_payoff: int = checked(6, 1)  # precision/recall threshold on accepted length (the paper's >= 6)
