@@ -16,7 +16,7 @@ import torch
 import avkit.models
 from avkit.config import EngineConfig
 from avkit.drafters.base import DraftInput, DraftProposal
-from avkit.models import cpu_bulk, cpu_linear, native
+from avkit.models import cpu_linear, native
 from avkit.models.testing import write_tiny_model
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
@@ -50,7 +50,7 @@ def models(tmp_path_factory):
                 b.add_((torch.randn(b.shape, generator=g) * 0.3 * b.float().std()).bfloat16())
         for m in noisy.model.modules():  # the prefill path's oneDNN copies follow the noisy panels
             if isinstance(m, cpu_linear.PackedLinear) and m.bulk_weight is not None:
-                m.bulk_weight = cpu_bulk.pack(m.unpacked())
+                m.bulk_weight = cpu_linear.bulk_pack(m.unpacked())
     assert target.model.dtype == torch.bfloat16
     return {"target": target, "noisy": noisy}
 

@@ -1,4 +1,4 @@
-"""The CPU backend's prefill path (avkit/models/cpu_bulk.py): oneDNN's bf16 matmul in fixed BULK_ROWS-row calls.
+"""The CPU backend's prefill path (avkit/models/cpu_linear.py bulk_linear): oneDNN's bf16 matmul in fixed BULK_ROWS-row calls.
 
 Oracles: the exact product in float64 (within one bf16 rounding plus fp32 summation error, the bound
 torch's own bf16 F.linear meets too), and the path itself at other row counts and companions (bitwise:
@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 
 import avkit.models
-from avkit.models import cpu_bulk, cpu_linear, native
+from avkit.models import cpu_linear, native
 from avkit.models.testing import write_tiny_model
 
-pytestmark = pytest.mark.skipif(not (cpu_bulk.available() and native.runs_here("avx2")),
+pytestmark = pytest.mark.skipif(not (cpu_linear.bulk_available() and native.runs_here("avx2")),
                                 reason="oneDNN bf16 fast path (AMX / AVX512-BF16) or the CPU kernel unavailable here")
 
 @pytest.fixture(autouse=True, scope="module")
@@ -40,7 +40,7 @@ def test_bulk_linear_matches_float64_like_torch(m, n, k, bias):
     w = (torch.randn(n, k, generator=g) * 0.1).bfloat16()
     b = torch.randn(n, generator=g).bfloat16() if bias else None
     ref = x.double() @ w.double().T + (b.double() if bias else 0.0)  # [m, n]
-    y = cpu_bulk.linear(x, cpu_bulk.pack(w), b)
+    y = cpu_linear.bulk_linear(x, cpu_linear.bulk_pack(w), b)
     assert y.dtype == torch.bfloat16 and y.shape == (m, n)
     bound = _bound(ref, x, w)
     assert bool(((y.double() - ref).abs() <= bound).all())
@@ -53,14 +53,14 @@ def test_a_rows_result_does_not_depend_on_its_call():
     x = torch.randn(200, 600, generator=g).bfloat16()
     w = torch.randn(100, 600, generator=g).bfloat16()
     b = torch.randn(100, generator=g).bfloat16()
-    packed = cpu_bulk.pack(w)
-    assert 200 % cpu_bulk.BULK_ROWS  # more than one call, the last padded
-    full = cpu_bulk.linear(x, packed, b)  # [200, 100]
+    packed = cpu_linear.bulk_pack(w)
+    assert 200 % cpu_linear.BULK_ROWS  # more than one call, the last padded
+    full = cpu_linear.bulk_linear(x, packed, b)  # [200, 100]
     for i in (0, 5, 63, 64, 131, 199):
-        assert torch.equal(cpu_bulk.linear(x[i:i + 1], packed, b)[0], full[i])
+        assert torch.equal(cpu_linear.bulk_linear(x[i:i + 1], packed, b)[0], full[i])
         others = torch.cat([x[i:i + 1], torch.randn(63, 600, generator=g).bfloat16()])
-        assert torch.equal(cpu_bulk.linear(others, packed, b)[0], full[i])
-    assert torch.equal(cpu_bulk.linear(x.view(4, 50, 600), packed, b).view(200, 100), full)
+        assert torch.equal(cpu_linear.bulk_linear(others, packed, b)[0], full[i])
+    assert torch.equal(cpu_linear.bulk_linear(x.view(4, 50, 600), packed, b).view(200, 100), full)
 
 
 @pytest.mark.parametrize("m", [1, 129, 300])
@@ -71,19 +71,19 @@ def test_gated_mlp_is_the_three_calls_and_its_rows_do_not_depend_on_the_call(m):
     x = torch.randn(m, 96, generator=g).bfloat16()
     w1 = (torch.randn(2 * 160, 96, generator=g) * 0.1).bfloat16()
     w2 = (torch.randn(96, 160, generator=g) * 0.1).bfloat16()
-    p1, p2 = cpu_bulk.pack(w1), cpu_bulk.pack(w2)
-    gate, up = cpu_bulk.linear(x, p1, None).chunk(2, dim=-1)
-    want = cpu_bulk.linear(F.silu(gate) * up, p2, None)  # [m, 96]
-    got = cpu_bulk.gated_mlp(x.view(1, m, 96), p1, p2)
+    p1, p2 = cpu_linear.bulk_pack(w1), cpu_linear.bulk_pack(w2)
+    gate, up = cpu_linear.bulk_linear(x, p1, None).chunk(2, dim=-1)
+    want = cpu_linear.bulk_linear(F.silu(gate) * up, p2, None)  # [m, 96]
+    got = cpu_linear.gated_mlp(x.view(1, m, 96), p1, p2)
     assert got.shape == (1, m, 96) and torch.equal(got[0], want)
-    assert torch.equal(cpu_bulk.gated_mlp(x[-1:], p1, p2)[0], want[-1])
+    assert torch.equal(cpu_linear.gated_mlp(x[-1:], p1, p2)[0], want[-1])
 
 
 def test_packed_linear_takes_the_bulk_path_only_when_asked():
     w = torch.randn(45, 24).bfloat16()
     x = torch.randn(70, 24).bfloat16()
     layer = cpu_linear.PackedLinear(w, None, bulk=True)
-    assert torch.equal(layer(x, bulk=True), cpu_bulk.linear(x, layer.bulk_weight, None))
+    assert torch.equal(layer(x, bulk=True), cpu_linear.bulk_linear(x, layer.bulk_weight, None))
     assert torch.equal(layer(x), cpu_linear.linear(x, layer.packed, None, 45, layer.kind))
     plain = cpu_linear.PackedLinear(w, None)  # no oneDNN copy: bulk rows go to the kernel
     assert plain.bulk_weight is None and torch.equal(plain(x, bulk=True), layer(x))

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from avkit.errors import ConfigError
-from avkit.models import cpu_bulk, cpu_linear, native
+from avkit.models import cpu_linear, native
 from avkit.models.config import ModelConfig
 from avkit.models.cpu_linear import PackedLinear
 from avkit.models.kv_cache import KVCache
@@ -66,7 +66,7 @@ class _Step:
     sin: torch.Tensor  # [B, S, D]
     span: int
     rows: torch.Tensor | slice | None  # cache rows of the slots: a slice when consecutive (a view, not a copy)
-    bulk: bool = False  # a prefill: packed CPU linears run on oneDNN (cpu_bulk.py), decode/verify never do
+    bulk: bool = False  # a prefill: packed CPU linears run on oneDNN (cpu_linear.bulk_linear), decode/verify never do
     flat: torch.Tensor | None = None  # [N] a ragged forward's real tokens in the flattened [B*S]; None = padded rows
 
 
@@ -117,7 +117,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor, bulk: bool = False) -> torch.Tensor:
         if bulk and getattr(self.gate_up, "bulk_weight", None) is not None and x.device.type == "cpu":
-            return cpu_bulk.gated_mlp(x, self.gate_up.bulk_weight, self.down.bulk_weight)  # oneDNN, block by block
+            return cpu_linear.gated_mlp(x, self.gate_up.bulk_weight, self.down.bulk_weight)  # oneDNN, block by block
         gate, up = _linear(self.gate_up, x, bulk).chunk(2, dim=-1)
         return _linear(self.down, F.silu(gate) * up, bulk)
 
@@ -173,7 +173,7 @@ class Transformer(nn.Module):
         host: the same lengths as host ints (:class:`HostLengths`): nothing is then read back from the device
         (no synchronisation, CUDA-graph friendly), and token ids are not range-checked (the caller's job).
         prefill: the tokens are prompt (or catch-up) runs: on the CPU backend the linears run on oneDNN's
-        bulk path (cpu_bulk.py; each token's result still independent of the others in the forward).
+        bulk path (cpu_linear.bulk_linear; each token's result still independent of the others in the forward).
         Runs under ``torch.inference_mode()``: the logits are inference tensors (use out-of-place ops or
         ``.clone()`` them before editing in place outside inference mode).
         """
@@ -215,7 +215,7 @@ class Transformer(nn.Module):
         the same computation, batch-invariant. A no-op (False) off the CPU, for float32 or without the kernel."""
         if self.device.type != "cpu" or self.dtype != torch.bfloat16 or not cpu_linear.available():
             return False
-        bulk = cpu_bulk.available()  # prefill on oneDNN too (a second copy of each layer weight)
+        bulk = cpu_linear.bulk_available()  # prefill on oneDNN too (a second copy of each layer weight)
         for block in self.layers:
             for owner, name in ((block.attn, "qkv"), (block.attn, "o"), (block.mlp, "gate_up"), (block.mlp, "down")):
                 lin = getattr(owner, name)
