@@ -1,9 +1,7 @@
 """Models: load a Llama / Qwen2 checkpoint (HF directory or GGUF) into avkit's compact forward.
 
 ``load(path_or_id)`` -> :class:`LoadedModel`. avkit stores q|k|v as one ``attn.qkv`` matrix and gate|up as one
-``mlp.gate_up`` matrix (one matmul instead of three, which matters on CPU at batch 1). Placement "auto": cuda
-when torch sees a GPU, else cpu; bfloat16 on a GPU, float32 on a CPU (bfloat16 there is ~3x faster on
-AVX512-BF16 cores and is what the shipped traces were recorded with).
+``mlp.gate_up`` matrix (one matmul instead of three, which matters on CPU at batch 1).
 """
 
 from __future__ import annotations
@@ -82,7 +80,8 @@ def load(path_or_id: str | os.PathLike, dtype: torch.dtype = torch.float32,
 
 
 def placement(device: str = "auto", dtype: str = "auto") -> tuple[torch.device, torch.dtype]:
-    """(torch.device, torch.dtype) from names ``ModelsConfig`` checked; a cuda device torch cannot see is an error."""
+    """(torch.device, torch.dtype) from names ``ModelsConfig`` checked: auto is cuda when torch sees a GPU, else cpu;
+    bfloat16 on a GPU, float32 on a CPU. A cuda device torch cannot see is an error."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():

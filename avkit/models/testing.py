@@ -1,9 +1,6 @@
 """Tiny random-init models for tests: a HF directory written by transformers (config, safetensors, tokenizer).
-
-``write_tiny_model(dir, arch="qwen2")`` trains a small byte-level BPE (deterministic) on a fixed corpus,
-builds a ``Qwen2ForCausalLM`` / ``LlamaForCausalLM`` with ``torch.manual_seed(seed)`` and saves both.
-Same ``vocab`` and ``seed`` -> the same tokenizer; different seeds -> different weights (a draft/target
-pair for engine tests is two seeds of the same vocab).
+Same ``vocab`` -> the same deterministic byte-level BPE; seeds pick the weights (a draft/target pair for engine
+tests is two seeds of the same vocab).
 """
 
 from __future__ import annotations
