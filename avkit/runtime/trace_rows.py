@@ -20,6 +20,35 @@ from avkit.drafters.base import DraftInput, DraftProposal
 from avkit.kernels.rejection_ref import RejectionResult
 
 
+# per-request columns and their dtypes (avkit.trace.schema), repeated over the request's slots
+REQUEST_COLUMNS = {"dataset": object, "request_id": object, "drafter": object, "step": np.int32,
+                   "num_drafted": np.int16, "num_verified": np.int16, "num_accepted": np.int16,
+                   "batch_size": np.int32, "temperature": np.float32, "top_p": np.float32}
+
+
+def slot_rows(r_idx: np.ndarray, position: np.ndarray, requests: dict[str, list], draft_token: np.ndarray,
+              features: dict[str, np.ndarray], q_sampled: np.ndarray, target_prob: np.ndarray,
+              accepted: np.ndarray, observed: np.ndarray, *, step_time_ms: float,
+              engine_step: int) -> dict[str, np.ndarray]:
+    """The trace columns of N draft slots, built once for every engine: `r_idx` [N] each slot's request,
+    `position` [N], `requests` one value per request for each of REQUEST_COLUMNS, the rest [N] per slot
+    (`target_prob` NaN where unverified). A slot is verified iff position < num_verified."""
+    n = len(r_idx)
+    cols = {name: np.asarray(requests[name], dtype=dtype)[r_idx] for name, dtype in REQUEST_COLUMNS.items()}
+    verified = position < cols["num_verified"]  # [N]
+    target_prob = target_prob.astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        accept_prob = np.minimum(1.0, target_prob / q_sampled).astype(np.float32)
+    return {**cols, "position": position.astype(np.int16), "draft_token": draft_token.astype(np.int32),
+            **{name: f.astype(np.float32) for name, f in features.items()},
+            "q_sampled": q_sampled.astype(np.float32),
+            "target_prob": np.ma.MaskedArray(target_prob, mask=~verified), "verified": verified,
+            "accepted": np.ma.MaskedArray(accepted.astype(bool), mask=~observed),
+            "step_time_ms": np.full(n, step_time_ms, dtype=np.float32),
+            "engine_step": np.full(n, engine_step, dtype=np.int64),
+            "accept_prob": np.ma.MaskedArray(accept_prob, mask=~verified)}
+
+
 def trace_rows(batch, inp: DraftInput, draft: DraftProposal, num_verify: torch.Tensor,
                result: RejectionResult, confidences: torch.Tensor | None, *, engine_step: int,
                step_time_ms: float) -> dict[str, np.ndarray]:
@@ -27,51 +56,24 @@ def trace_rows(batch, inp: DraftInput, draft: DraftProposal, num_verify: torch.T
     tensor is copied once, wherever it lives)."""
     B, K = draft.tokens.shape
     k = result.accepted.shape[1]  # verified width (<= K)
-    j = torch.arange(K)
-    slot_mask = j[None, :] < draft.num_drafted.cpu()[:, None]  # [B, K]
+    slot_mask = torch.arange(K)[None, :] < draft.num_drafted.cpu()[:, None]  # [B, K]
     r_idx, j_idx = (x.numpy() for x in slot_mask.nonzero(as_tuple=True))  # [N] each
 
-    def pad(x: torch.Tensor, fill) -> torch.Tensor:  # [B, k] -> [B, K]
-        return torch.cat([x, torch.full((B, K - k), fill, dtype=x.dtype, device=x.device)], dim=1)
-
-    def pick(x: torch.Tensor) -> np.ndarray:  # [B, K] -> [N]
+    def pick(x: torch.Tensor, fill=None) -> np.ndarray:  # [B, K] (or [B, k] padded with `fill`) -> [N]
+        if fill is not None:
+            x = torch.cat([x, torch.full((B, K - k), fill, dtype=x.dtype, device=x.device)], dim=1)
         return x.detach().cpu().numpy()[r_idx, j_idx]
 
-    verified = pick(j[None, :] < num_verify.cpu()[:, None])
-    observed = pick(pad(result.observed, False))
-    accepted = pick(pad(result.accepted, False))
-    target_prob = pick(pad(result.target_prob.float(), float("nan"))).astype(np.float32)
-    q_sampled = pick(draft.q_sampled.float()).astype(np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        accept_prob = np.minimum(1.0, target_prob / q_sampled).astype(np.float32)
-    feats = {name: pick(draft.features[name].float()).astype(np.float32)
-             for name in ("q_max", "q_2nd", "entropy", "logit_qmax")}
-
-    def per_request(values, dtype) -> np.ndarray:
-        return np.asarray(values, dtype=dtype)[r_idx]
-
-    cols: dict[str, np.ndarray] = {
-        "dataset": per_request([s.req.dataset for s in batch], object),
-        "request_id": per_request([s.req.request_id for s in batch], object),
-        "drafter": per_request(draft.kind, object),
-        "step": per_request([s.steps - 1 for s in batch], np.int32),  # steps already counted this one
-        "position": j_idx.astype(np.int16),
-        "draft_token": pick(draft.tokens).astype(np.int32),
-        **feats,
-        "q_sampled": q_sampled,
-        "target_prob": np.ma.MaskedArray(target_prob, mask=~verified),
-        "verified": verified,
-        "accepted": np.ma.MaskedArray(accepted, mask=~observed),
-        "num_drafted": per_request(draft.num_drafted.tolist(), np.int16),
-        "num_verified": per_request(num_verify.tolist(), np.int16),
-        "num_accepted": per_request(result.num_accepted.tolist(), np.int16),
-        "batch_size": np.full(len(r_idx), B, dtype=np.int32),
-        "step_time_ms": np.full(len(r_idx), step_time_ms, dtype=np.float32),
-        "temperature": pick(inp.temperature[:, None].expand(B, K)).astype(np.float32),
-        "top_p": pick(inp.top_p[:, None].expand(B, K)).astype(np.float32),
-        "engine_step": np.full(len(r_idx), engine_step, dtype=np.int64),
-        "accept_prob": np.ma.MaskedArray(accept_prob, mask=~verified),
-    }
+    requests = {"dataset": [s.req.dataset for s in batch], "request_id": [s.req.request_id for s in batch],
+                "drafter": draft.kind, "step": [s.steps - 1 for s in batch],  # steps already counted this one
+                "num_drafted": draft.num_drafted.tolist(), "num_verified": num_verify.tolist(),
+                "num_accepted": result.num_accepted.tolist(), "batch_size": [B] * B,
+                "temperature": inp.temperature.tolist(), "top_p": inp.top_p.tolist()}
+    cols = slot_rows(r_idx, j_idx, requests, pick(draft.tokens),
+                     {name: pick(draft.features[name].float()) for name in ("q_max", "q_2nd", "entropy", "logit_qmax")},
+                     pick(draft.q_sampled.float()), pick(result.target_prob.float(), float("nan")),
+                     pick(result.accepted, False), pick(result.observed, False), step_time_ms=step_time_ms,
+                     engine_step=engine_step)
     if confidences is not None:
         conf = pick(confidences.float()[:, :K]).astype(np.float32)
         cols["confidence"] = np.ma.MaskedArray(conf, mask=~np.isfinite(conf))

@@ -42,7 +42,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class Generation:
-    """The n choices of one request (module doc); `events()` merges their text deltas."""
+    """The n choices of one request (module doc); `events()` turns their engine events into text deltas."""
 
     def __init__(self, state: ServeState, rid: str, prompt_ids: list[int], body, max_tokens: int):
         self.state, self.rid, self.prompt_len = state, rid, len(prompt_ids)
@@ -56,60 +56,40 @@ class Generation:
         self.handles = state.engine_loop.submit_all(requests, asyncio.get_running_loop())  # or a 429 / 503
         state.metrics.prompt_tokens.inc(len(prompt_ids))
         decode = functools.partial(state.tokenizer.decode, skip_special_tokens=True)
-        self.texts = [TextStream(decode, body.stop or ()) for _ in self.handles]  # one per choice
+        self.texts = {h.request_id: TextStream(decode, body.stop or ()) for h in self.handles}  # one per choice
         self.t0 = time.monotonic()
 
     @property
     def completion_tokens(self) -> int:
-        return sum(ts.num_tokens for ts in self.texts)
+        return sum(ts.num_tokens for ts in self.texts.values())
 
     def cancel(self) -> None:
         for h in self.handles:
             self.state.engine_loop.cancel(h.request_id)
 
-    async def _choice_events(self, i: int) -> AsyncIterator[tuple[str, str | None]]:
-        """Engine events of choice i -> (text delta, finish_reason or None); finish set on the last."""
-        state, handle, ts, first = self.state, self.handles[i], self.texts[i], True
-        while True:
-            ev = await handle.events.get()
-            if ev.error is not None:
-                raise ev.error
-            delta = ts.push(ev.new_token_ids)
-            if first and ev.new_token_ids:
-                state.metrics.ttft_seconds.observe(time.monotonic() - self.t0)
-                first = False
-            if ts.stopped or ev.finished:
-                if ts.stopped and not ev.finished:
-                    state.engine_loop.cancel(handle.request_id)
-                state.metrics.latency_seconds.observe(time.monotonic() - self.t0)
-                yield delta + ts.finish(), "stop" if ts.stopped else (ev.finish_reason or "stop")
-                return
-            if delta:
-                yield delta, None
-
     async def events(self) -> AsyncIterator[tuple[int, str, str | None]]:
-        """(choice index, text delta, finish_reason or None) of every choice as they come."""
-        queue: asyncio.Queue = asyncio.Queue()
-
-        async def pump(i: int) -> None:
-            try:
-                async for delta, finish in self._choice_events(i):
-                    queue.put_nowait((i, delta, finish))
-            except ApiError as e:
-                queue.put_nowait(e)
-
-        tasks = [asyncio.ensure_future(pump(i)) for i in range(len(self.handles))]
-        try:
-            running = len(tasks)
-            while running:
-                item = await queue.get()
-                if isinstance(item, ApiError):
-                    raise item
-                yield item
-                running -= item[2] is not None  # that choice's last event
-        finally:
-            for t in tasks:
-                t.cancel()
+        """(choice index, text delta, finish_reason or None) of every choice as they come; finish set on a
+        choice's last. A choice that matched a stop sequence is cancelled in the engine; its later events drop."""
+        index, metrics = {rid: i for i, rid in enumerate(self.texts)}, self.state.metrics
+        live = set(index)
+        while live:
+            ev = await self.handles[0].events.get()
+            if isinstance(ev, ApiError):
+                raise ev
+            if ev.request_id not in live:
+                continue
+            ts = self.texts[ev.request_id]
+            if ts.num_tokens == 0 and ev.new_token_ids:
+                metrics.ttft_seconds.observe(time.monotonic() - self.t0)
+            delta = ts.push(ev.new_token_ids)
+            if ts.stopped or ev.finished:
+                if not ev.finished:
+                    self.state.engine_loop.cancel(ev.request_id)
+                metrics.latency_seconds.observe(time.monotonic() - self.t0)
+                live.discard(ev.request_id)
+                yield index[ev.request_id], delta + ts.finish(), "stop" if ts.stopped else (ev.finish_reason or "stop")
+            elif delta:
+                yield index[ev.request_id], delta, None
 
     async def collect(self, request: Request) -> list[tuple[str, str]] | None:
         """Run every choice to the end -> [(text, finish_reason)] by choice index; None when the client

@@ -1,18 +1,18 @@
 """The one place the engine runs: a background thread doing continuous batching.
 
-HTTP handlers `submit_all` (bounded: running + waiting <= max_concurrency + queue_size, else a 429) and read
-events from an asyncio queue; `cancel` takes effect at the next step. Between steps the thread applies cancels
-and admits waiting requests up to `max_concurrency`. Failure isolation: a request `add_request` refuses fails
-alone; a step that raises fails its batch and a fresh engine takes over (the factory keeps models and policy,
-so refits continue); the after-step hook cannot raise into the loop; if the thread dies, every request fails
-with a 503 and /health says so. Its first act is `warm_up()` (`ready` False until then: /health `starting`).
-Error events never carry exception text (the log has the traceback).
+HTTP handlers `submit_all` (bounded: requests in flight <= max_concurrency + queue_size, else a 429) and read
+events (the engine's `StepOutput`s, or the `ApiError` that ends a request) from an asyncio queue; `cancel` takes
+effect at the next step. The engine's own waiting queue and slots do the admission. Failure isolation: a
+request `add_request` refuses fails alone; a step that raises fails the requests it was running and a fresh
+engine takes over the waiting ones (the factory keeps models and policy, so refits continue); the after-step
+hook cannot raise into the loop; if the thread dies, every request fails with a 503 and /health says so. Its
+first act is `warm_up()` (`ready` False until then: /health `starting`). Error events never carry exception
+text (the log has the traceback).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import threading
 import time
@@ -22,34 +22,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from avkit.errors import AvkitError
+from avkit.runtime.request import FINISH_ABORT, StepOutput
 from avkit.serve.openai_api import ENGINE_DEAD, INTERNAL_ERROR, ApiError
 
 log = logging.getLogger("avkit.serve")
 
 
-@dataclass(frozen=True)
-class Event:
-    """What one engine step produced for one request (or why it ended)."""
-
-    new_token_ids: list[int]
-    finished: bool
-    finish_reason: str | None = None  # stop | length | abort | error
-    error: ApiError | None = None  # why, when finish_reason == "error"
-
-
 @dataclass
 class RequestHandle:
-    """The HTTP side of one request: events arrive on `events` in the server's event loop."""
+    """The HTTP side of one request: events arrive on `events` (shared by one `submit_all`'s requests) in the
+    server's event loop."""
 
-    request: Any  # avkit.runtime.engine.Request
+    request: Any  # avkit.runtime.request.Request
     loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)  # StepOutput | ApiError (the last event)
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
 
-    def post(self, event: Event) -> None:
+    def post(self, event: StepOutput | ApiError) -> None:
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:  # the event loop is closed: nobody is listening any more
@@ -62,20 +54,15 @@ class EngineLoop:
     def __init__(self, make_engine: Callable[[], Any], *, max_concurrency: int, queue_size: int,
                  metrics, on_step: Callable[[], None] | None = None,
                  warm_up: Callable[[], None] | None = None, retry_after_s: int = 1):
-        self._make_engine = make_engine
-        self.warm_up = warm_up
-        self.ready = warm_up is None  # True once the warm-up has run
-        self._engine = make_engine()
-        self.max_concurrency = max_concurrency
-        self.queue_size, self.retry_after_s = queue_size, retry_after_s
-        self._metrics = metrics
-        self._on_step = on_step
+        self._make_engine, self._engine = make_engine, make_engine()
+        self.warm_up, self.ready = warm_up, warm_up is None  # ready: True once the warm-up has run
+        self.capacity, self.retry_after_s = max_concurrency + queue_size, retry_after_s
+        self._metrics, self._on_step = metrics, on_step
         self._cv = threading.Condition()
-        self._pending: collections.deque[RequestHandle] = collections.deque()
-        self._running: dict[str, RequestHandle] = {}
-        self._cancels: set[str] = set()
-        self._accepting = True
-        self._stop = False
+        self._handles: dict[str, RequestHandle] = {}  # every request in flight (new, waiting or running)
+        self._new: list[RequestHandle] = []  # submitted, not handed to the engine yet
+        self._cancels: set[str] = set()  # applied before the next step
+        self._accepting, self._stop = True, False
         self.dead: str | None = None  # why the engine thread died (None while it runs)
         self._thread = threading.Thread(target=self._run, name="avkit-engine", daemon=True)
 
@@ -85,38 +72,41 @@ class EngineLoop:
 
     @property
     def num_running(self) -> int:
-        return len(self._running)
+        return len(self._engine.running)
 
     @property
     def queue_depth(self) -> int:
-        return len(self._pending)
+        return max(0, len(self._handles) - len(self._engine.running))
 
     def submit_all(self, requests: list, loop: asyncio.AbstractEventLoop) -> list[RequestHandle]:
-        """Queue every request or none (ApiError 429 when full, 503 when shutting down or dead)."""
-        handles = [RequestHandle(r, loop) for r in requests]
+        """Queue every request or none (ApiError 429 when full, 503 when shutting down or dead); their events
+        share one queue."""
+        events: asyncio.Queue = asyncio.Queue()
+        handles = [RequestHandle(r, loop, events) for r in requests]
         with self._cv:
             if self.dead is not None:
                 raise ApiError(503, ENGINE_DEAD)
             if not self._accepting:
                 raise ApiError(503, "server is shutting down")
-            if len(self._pending) + len(self._running) + len(handles) > self.max_concurrency + self.queue_size:
-                raise ApiError(429, f"server busy ({len(self._running)} running and {len(self._pending)} queued); "
+            if len(self._handles) + len(handles) > self.capacity:
+                raise ApiError(429, f"server busy ({self.num_running} running and {self.queue_depth} queued); "
                                     "retry later", headers={"Retry-After": str(self.retry_after_s)})
-            self._pending.extend(handles)
+            self._handles.update((h.request_id, h) for h in handles)
+            self._new.extend(handles)
             self._gauges()
             self._cv.notify()
         return handles
 
     def cancel(self, request_id: str) -> None:
-        """Drop a request: from the queue now, from the engine at the next step."""
+        """Drop a request: now if the engine has not got it yet, else at the next step."""
         with self._cv:
-            for h in self._pending:
-                if h.request_id == request_id:
-                    self._pending.remove(h)
-                    self._gauges()
-                    return
-            if request_id in self._running:
-                self._cancels.add(request_id)  # applied before the next step
+            h = self._handles.get(request_id)
+            if h in self._new:
+                self._new.remove(h)
+                del self._handles[request_id]
+                self._gauges()
+            elif h is not None:
+                self._cancels.add(request_id)
                 self._cv.notify()
 
     def begin_drain(self) -> None:
@@ -129,12 +119,12 @@ class EngineLoop:
         self.begin_drain()
         deadline = time.monotonic() + grace_s
         with self._cv:
-            while (self._pending or self._running) and self.dead is None and time.monotonic() < deadline:
+            while self._handles and self.dead is None and time.monotonic() < deadline:
                 self._cv.wait(timeout=min(0.05, max(0.0, deadline - time.monotonic())))
-            for h in [*self._pending, *self._running.values()]:
-                h.post(Event([], True, "abort"))
-            self._cancels.update(self._running)
-            self._pending.clear()
+            for rid, h in self._handles.items():
+                h.post(StepOutput(rid, [], True, FINISH_ABORT))
+            self._cancels.update(self._handles)
+            self._new.clear()
             self._stop = True
             self._cv.notify_all()
         if self._thread.is_alive():
@@ -153,36 +143,30 @@ class EngineLoop:
             log.critical("engine thread died:\n%s", traceback.format_exc())
             with self._cv:
                 self.dead = f"{type(e).__name__}"
-                failed = [*self._pending, *self._running.values()]
-                self._pending.clear()
-                self._running = {}
-                self._gauges()
-                self._cv.notify_all()
-            for h in failed:
-                h.post(Event([], True, "error", ApiError(503, ENGINE_DEAD)))
+                self._fail(list(self._handles), ApiError(503, ENGINE_DEAD))
+                self._new.clear()
 
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not (self._stop or self._pending or self._cancels or self._running):
+                while not (self._stop or self._new or self._cancels or self._engine.has_unfinished()):
                     self._cv.wait()
-                admit = []
-                while self._pending and len(self._running) < self.max_concurrency and not self._stop:
-                    admit.append(self._pending.popleft())
-                    self._running[admit[-1].request_id] = admit[-1]
-            for h in admit:  # outside the lock; a cancel meanwhile lands in _cancels, applied below
+                new, self._new = self._new, []
+            for h in new:  # outside the lock; a cancel meanwhile lands in _cancels, applied below
                 self._add(h)
             with self._cv:
                 cancels, self._cancels = self._cancels, set()
-                gone = [rid for rid in cancels if self._running.pop(rid, None) is not None]
-                self._gauges()
-                self._cv.notify_all()
-            for rid in gone:
+                for rid in cancels:
+                    self._handles.pop(rid, None)
+            for rid in cancels:
                 self._engine.abort(rid)
             if self._stop:
                 return
-            if self._running:
+            if self._engine.has_unfinished():
                 self._step()
+            with self._cv:
+                self._gauges()
+                self._cv.notify_all()
             if self._on_step is not None:
                 try:
                     self._on_step()
@@ -195,13 +179,12 @@ class EngineLoop:
             self._engine.add_request(h.request)
             return
         except AvkitError as e:
-            event = Event([], True, "error", ApiError(400, str(e)))
+            error = ApiError(400, str(e))
         except Exception:
             log.error("add_request %s failed:\n%s", h.request_id, traceback.format_exc())
-            event = Event([], True, "error", ApiError(500, INTERNAL_ERROR))
+            error = ApiError(500, INTERNAL_ERROR)
         with self._cv:
-            self._running.pop(h.request_id, None)
-        h.post(event)
+            self._fail([h.request_id], error)
 
     def _step(self) -> None:
         t0 = time.perf_counter()
@@ -210,34 +193,34 @@ class EngineLoop:
         except Exception:
             log.error("engine step failed:\n%s", traceback.format_exc())
             self._metrics.engine_errors.inc()
-            self._fail_running()
+            old = self._engine
+            with self._cv:
+                self._fail(list(old.running), ApiError(500, INTERNAL_ERROR))
+            self._engine = self._make_engine()
+            for req in old.waiting.values():  # the queue goes on in the fresh engine
+                self._engine.add_request(req)
             return
         self._metrics.step_seconds.observe(time.perf_counter() - t0)
         ratio = self._engine.stats.cost_ratio
         if ratio is not None and ratio == ratio:  # the policy predicted this step (NaN: nothing predicted)
             self._metrics.step_time_ratio.observe(ratio)
         for out in outputs:
-            handle = self._running.get(out.request_id)
-            if handle is None:  # cancelled meanwhile
-                continue
-            ids = [int(t) for t in out.new_token_ids]
-            self._metrics.generation_tokens.inc(len(ids))
-            handle.post(Event(ids, bool(out.finished), out.finish_reason if out.finished else None))
-            if out.finished:
-                with self._cv:
-                    self._running.pop(out.request_id, None)
-                    self._gauges()
-                    self._cv.notify_all()
+            self._metrics.generation_tokens.inc(len(out.new_token_ids))
+            with self._cv:
+                handle = self._handles.pop(out.request_id, None) if out.finished else \
+                    self._handles.get(out.request_id)
+            if handle is not None:  # None: cancelled meanwhile
+                handle.post(out)
 
-    def _fail_running(self) -> None:
-        with self._cv:
-            failed, self._running = list(self._running.values()), {}
-            self._gauges()
-            self._cv.notify_all()
-        for h in failed:
-            h.post(Event([], True, "error", ApiError(500, INTERNAL_ERROR)))
-        self._engine = self._make_engine()
+    def _fail(self, request_ids: list[str], error: ApiError) -> None:
+        """End these requests with `error` (under the lock)."""
+        for rid in request_ids:
+            h = self._handles.pop(rid, None)
+            if h is not None:
+                h.post(error)
+        self._gauges()
+        self._cv.notify_all()
 
     def _gauges(self) -> None:
-        self._metrics.queue_depth.set(len(self._pending))
-        self._metrics.running.set(len(self._running))
+        self._metrics.queue_depth.set(self.queue_depth)
+        self._metrics.running.set(self.num_running)

@@ -18,6 +18,7 @@ import torch
 
 from avkit.engines.vllm.version import SUPPORTED, supported
 from avkit.features import draft_features
+from avkit.runtime.trace_rows import slot_rows
 from avkit.trace import labels
 
 FEATURES = ("q_max", "q_2nd", "entropy", "logit_qmax")
@@ -136,52 +137,33 @@ RECORDER = Recorder()
 
 def slot_columns(records: list[dict], requests: dict[str, tuple[str, str, float, float]], step_time_ms: float,
                  engine_step: int) -> dict[str, np.ndarray]:
-    """One engine step's records (`Recorder.rows`) -> trace columns (avkit/trace/schema.py) in (record, position)
-    order; `requests`: vLLM's request id -> (the tables' request id, dataset, temperature, top-p). A record holds
-    its K drafted slots (K: the draft's own length for a cache drafter), `features` [K][F + 1] (FEATURES, then
+    """One engine step's records (`Recorder.rows`) -> trace columns (`slot_rows`) in (record, position) order;
+    `requests`: vLLM's request id -> (the tables' request id, dataset, temperature, top-p). A record holds its K
+    drafted slots (K: the draft's own length for a cache drafter), `features` [K][F + 1] (FEATURES, then
     q_sampled) and `target_prob` [num_verified]; labels by trace/labels.py."""
     k = np.array([r["num_drafted"] for r in records], dtype=np.int64)  # [R]
     r_idx = np.repeat(np.arange(len(records)), k)  # [N]
     j = np.arange(len(r_idx)) - np.repeat(np.cumsum(k) - k, k)  # [N] position within the record
-
-    def per_record(key, dtype) -> np.ndarray:  # [N]
-        return np.array([r[key] for r in records], dtype=dtype)[r_idx]
-
-    def per_request(i: int, dtype) -> np.ndarray:  # [N]
-        return np.array([requests[r["request_id"]][i] for r in records], dtype=dtype)[r_idx]
-
     feats = np.concatenate([np.asarray(r["features"], dtype=np.float32).reshape(-1, len(FEATURES) + 1)
                             for r in records])  # [N, F + 1]
-    n_ver, n_acc = per_record("num_verified", np.int64), per_record("num_accepted", np.int64)
-    verified = j < n_ver
+    per = {key: [r[key] for r in records] for key in ("step", "num_drafted", "num_verified", "num_accepted",
+                                                      "batch_size")}
+    n_ver, n_acc = np.asarray(per["num_verified"])[r_idx], np.asarray(per["num_accepted"])[r_idx]  # [N]
     p = np.full(len(r_idx), np.nan, dtype=np.float32)  # [N]
-    p[verified] = np.concatenate([np.asarray(r["target_prob"], dtype=np.float32) for r in records])
-    q = feats[:, len(FEATURES)]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        accept_prob = np.minimum(1.0, p / q).astype(np.float32)
-    observed = labels.observed(j, n_ver, n_acc)
-    return {
-        "dataset": per_request(1, object),
-        "request_id": per_request(0, object),
-        "drafter": np.array([r.get("drafter", "model") for r in records], dtype=object)[r_idx],
-        "step": per_record("step", np.int32),
-        "position": j.astype(np.int16),
-        "draft_token": np.concatenate([np.asarray(r["draft_token"], dtype=np.int32) for r in records]),
-        **{name: feats[:, i] for i, name in enumerate(FEATURES)},
-        "q_sampled": q,
-        "target_prob": np.ma.MaskedArray(p, mask=~verified),
-        "verified": verified,
-        "accepted": np.ma.MaskedArray(j < n_acc, mask=~observed),
-        "num_drafted": per_record("num_drafted", np.int16),
-        "num_verified": n_ver.astype(np.int16),
-        "num_accepted": n_acc.astype(np.int16),
-        "batch_size": per_record("batch_size", np.int32),
-        "step_time_ms": np.full(len(r_idx), step_time_ms, dtype=np.float32),
-        "temperature": per_request(2, np.float32),
-        "top_p": per_request(3, np.float32),
-        "engine_step": np.full(len(r_idx), engine_step, dtype=np.int64),
-        "accept_prob": np.ma.MaskedArray(accept_prob, mask=~verified),
-    }
+    p[j < n_ver] = np.concatenate([np.asarray(r["target_prob"], dtype=np.float32) for r in records])
+    reqs = [requests[r["request_id"]] for r in records]
+    return slot_rows(r_idx, j, {**per, "drafter": [r.get("drafter", "model") for r in records],
+                                **{name: [q[i] for q in reqs] for i, name in
+                                   enumerate(("request_id", "dataset", "temperature", "top_p"))}},
+                     np.concatenate([np.asarray(r["draft_token"]) for r in records]),
+                     {name: feats[:, i] for i, name in enumerate(FEATURES)}, feats[:, len(FEATURES)], p, j < n_acc,
+                     labels.observed(j, n_ver, n_acc), step_time_ms=step_time_ms, engine_step=engine_step)
+
+
+def _patch(owner, name: str, wrapper) -> None:
+    """owner.name = a function calling `wrapper(original, *args)` (a method's args start with self)."""
+    original = getattr(owner, name)
+    setattr(owner, name, lambda *args, **kwargs: wrapper(original, *args, **kwargs))
 
 
 def install() -> Recorder:
@@ -199,25 +181,19 @@ def install() -> Recorder:
         return RECORDER
     rec = RECORDER
 
-    orig_greedy = SpecDecodeBaseProposer._greedy_sample
-
-    def _greedy_sample(self, hidden_states):
-        if not rec.active:
-            return orig_greedy(self, hidden_states)
-        if self.use_local_argmax_reduction or self.use_heterogeneous_vocab:
-            return orig_greedy(self, hidden_states)  # the draft logits are never materialised: not traced
+    def _greedy_sample(orig, self, hidden_states):
+        if not rec.active or self.use_local_argmax_reduction or self.use_heterogeneous_vocab:
+            return orig(self, hidden_states)  # (the last two never materialise the draft logits: not traced)
         logits = self.model.compute_logits(hidden_states)  # [B, V]: the same call vLLM makes
         rec.draft_pass(_features(logits, None), torch.ones(logits.shape[0]))  # verified against a one-hot q
         return logits.argmax(dim=-1)
 
-    orig_from_logits = SpecDecodeBaseProposer._sample_from_logits
-
-    def _sample_from_logits(self, logits, sampling_metadata):
+    def _sample_from_logits(orig, self, logits, sampling_metadata):
         if not rec.active:
-            return orig_from_logits(self, logits, sampling_metadata)
+            return orig(self, logits, sampling_metadata)
         t = None if sampling_metadata.all_greedy else sampling_metadata.temperature
         feats = _features(logits, t)  # before vLLM divides the logits in place
-        tokens, probs = orig_from_logits(self, logits, sampling_metadata)
+        tokens, probs = orig(self, logits, sampling_metadata)
         q = torch.ones(tokens.shape[0])  # greedy drafting: vLLM verifies against a one-hot q
         if probs is not None and not sampling_metadata.all_greedy:
             q = probs.float().gather(1, tokens.to(torch.int64)[:, None])[:, 0].cpu()
@@ -226,51 +202,39 @@ def install() -> Recorder:
         rec.draft_pass(feats, q)
         return tokens, probs
 
-    orig_propose = GPUModelRunner.propose_draft_token_ids
-
-    def propose_draft_token_ids(self, *args, **kwargs):
+    def propose_draft_token_ids(orig, self, *args, **kwargs):
         rec.begin_proposal()
         t0 = time.perf_counter()
-        out = orig_propose(self, *args, **kwargs)
+        out = orig(self, *args, **kwargs)
         rec.draft_s += time.perf_counter() - t0
         rec.end_proposal(list(self.input_batch.req_ids), out, self.speculative_config.method)
         if rec.on_step_end is not None:
             rec.on_step_end(self)
         return out
 
-    orig_execute = GPUModelRunner.execute_model
-
-    def execute_model(self, scheduler_output, *args, **kwargs):
+    def execute_model(orig, self, scheduler_output, *args, **kwargs):
         if rec.on_step is not None:
             rec.on_step(self, scheduler_output)
         rec.scheduled_tokens += int(scheduler_output.total_num_scheduled_tokens)
         rec.scheduled_requests += len(scheduler_output.num_scheduled_tokens)
-        return orig_execute(self, scheduler_output, *args, **kwargs)
+        return orig(self, scheduler_output, *args, **kwargs)
 
-    orig_rejection_sample = rs.rejection_sample
+    def rejection_sample(orig, draft_token_ids, num_draft_tokens, *args, **kwargs):
+        # args: max_spec_len, cu_num_draft_tokens, draft_probs, target_logits, bonus_token_ids, sampling_metadata
+        rec.verify(draft_token_ids, num_draft_tokens, args[3], args[5])
+        return orig(draft_token_ids, num_draft_tokens, *args, **kwargs)
 
-    def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                         target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs):
-        rec.verify(draft_token_ids, num_draft_tokens, target_logits, sampling_metadata)
-        return orig_rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
-                                     draft_probs, target_logits, bonus_token_ids, sampling_metadata, *args,
-                                     **kwargs)
-
-    orig_sample = GPUModelRunner._sample
-
-    def _sample(self, logits, spec_decode_metadata):
-        out = orig_sample(self, logits, spec_decode_metadata)
+    def _sample(orig, self, logits, spec_decode_metadata):
+        out = orig(self, logits, spec_decode_metadata)
         if spec_decode_metadata is not None:
             n = self.input_batch.num_reqs
             rec.verified(list(self.input_batch.req_ids[:n]), spec_decode_metadata.num_draft_tokens,
                          out.sampled_token_ids, self.input_batch.vocab_size, n)
         return out
 
-    SpecDecodeBaseProposer._greedy_sample = _greedy_sample
-    SpecDecodeBaseProposer._sample_from_logits = _sample_from_logits
-    GPUModelRunner.propose_draft_token_ids = propose_draft_token_ids
-    GPUModelRunner.execute_model = execute_model
-    GPUModelRunner._sample = _sample
-    rs.rejection_sample = rejection_sample
+    for owner, wrapper in ((SpecDecodeBaseProposer, _greedy_sample), (SpecDecodeBaseProposer, _sample_from_logits),
+                           (GPUModelRunner, propose_draft_token_ids), (GPUModelRunner, execute_model),
+                           (GPUModelRunner, _sample), (rs, rejection_sample)):
+        _patch(owner, wrapper.__name__, wrapper)
     GPUModelRunner._avkit_hooked = True
     return rec
