@@ -162,7 +162,7 @@ class ContainErrors:
             if status is None:
                 await send_error(track, ApiError(500, INTERNAL_ERROR))
         finally:
-            status = 500 if status is None else status  # the app ended before answering
+            status = 499 if status is None else status  # the app ended without an answer: the client left
             path = scope["path"] if scope["path"] in ENDPOINTS else "other"
             self.metrics.requests.labels(endpoint=path, status=str(status)).inc()
             if self.log_requests:

@@ -23,7 +23,7 @@ from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from avkit.config import SamplingConfig
 from avkit.errors import AvkitError
@@ -91,53 +91,38 @@ class Generation:
             elif delta:
                 yield index[ev.request_id], delta, None
 
-    async def collect(self, request: Request) -> list[tuple[str, str]] | None:
-        """Run every choice to the end -> [(text, finish_reason)] by choice index; None when the client
-        disconnected first."""
-        async def run() -> list[tuple[str, str]]:
-            parts, finish = [[] for _ in self.handles], ["stop"] * len(self.handles)
-            async for i, delta, reason in self.events():
-                parts[i].append(delta)
-                finish[i] = reason or finish[i]
-            return [("".join(p), f) for p, f in zip(parts, finish)]
-
-        work, gone = asyncio.ensure_future(run()), asyncio.ensure_future(_wait_disconnect(request))
-        try:
-            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            gone.cancel()
-            if not work.done():
-                work.cancel()
-                self.cancel()
-        return None if not work.done() or work.cancelled() else work.result()  # an error event raises its ApiError
+    async def collect(self) -> list[tuple[str, str]]:
+        """Run every choice to the end -> [(text, finish_reason)] by choice index."""
+        parts, finish = [[] for _ in self.handles], ["stop"] * len(self.handles)
+        async for i, delta, reason in self.events():
+            parts[i].append(delta)
+            finish[i] = reason or finish[i]
+        return [("".join(p), f) for p, f in zip(parts, finish)]
 
 
-async def _wait_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
+class _Reply(Response):
+    """Runs `produce(send)` (the SSE stream, or one JSON body once every choice is done) while listening for the
+    client's disconnect itself: Starlette notices one only at the next write, and a request waiting in the queue
+    writes nothing. `on_close` (cancel the request in the engine) always runs at the end; a client gone before
+    any answer is counted 499 (app.py)."""
 
-
-class _SSEResponse(StreamingResponse):
-    """SSE that always runs `on_close` at the end and listens for `http.disconnect` itself: Starlette notices a
-    disconnect only on the next write, and a request waiting in the queue writes nothing."""
-
-    def __init__(self, content: AsyncIterator[str], on_close):
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self._on_close = on_close
+    def __init__(self, produce, on_close):
+        super().__init__()
+        self._produce, self._on_close = produce, on_close
 
     async def __call__(self, scope, receive, send):
         try:
             async with anyio.create_task_group() as tg:
-                async def stream():
+                async def run():
                     try:
-                        await self.stream_response(send)
+                        await self._produce(send)
                     except OSError:  # client gone mid-write
                         pass
                     tg.cancel_scope.cancel()
 
-                tg.start_soon(stream)
-                await self.listen_for_disconnect(receive)
+                tg.start_soon(run)
+                while (await receive())["type"] != "http.disconnect":
+                    pass
                 tg.cancel_scope.cancel()
         finally:
             self._on_close()
@@ -235,12 +220,21 @@ async def _respond(state: ServeState, request: Request, body, prompt_ids: list[i
     gen = Generation(state, f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}", prompt_ids, body, max_tokens)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _SSEResponse(_stream(gen, request, chat, include_usage), on_close=gen.cancel)
-    choices = await gen.collect(request)
-    request.scope[USAGE_KEY] = (gen.prompt_len, gen.completion_tokens)
-    if choices is None:  # client gone; nobody reads this
-        return JSONResponse({}, status_code=499)
-    return response_body(gen.rid, state.model_name, chat, choices, usage(gen.prompt_len, gen.completion_tokens))
+        sse = StreamingResponse(_stream(gen, request, chat, include_usage), media_type="text/event-stream",
+                                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return _Reply(sse.stream_response, gen.cancel)
+
+    async def reply(send) -> None:
+        try:
+            choices = await gen.collect()
+            response = JSONResponse(response_body(gen.rid, state.model_name, chat, choices,
+                                                  usage(gen.prompt_len, gen.completion_tokens)))
+        except ApiError as e:  # an error event: its own status and envelope
+            response = JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+        request.scope[USAGE_KEY] = (gen.prompt_len, gen.completion_tokens)
+        await response(request.scope, request.receive, send)
+
+    return _Reply(reply, gen.cancel)
 
 
 def add_routes(app: FastAPI, state: ServeState, auth) -> None:
