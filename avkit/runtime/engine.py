@@ -242,8 +242,7 @@ class Engine:
         # The gate (from earlier steps only) may skip speculation; it weighs draft-model passes against the
         # cost table, so cache and hybrid drafters are never gated. The policy may stop drafting early.
         if drafting and self.drafter.kind == "model" and not self.policy.draft_this_step(load):
-            inp = replace(inp, num_draft=torch.zeros_like(inp.num_draft), max_draft=0,
-                          num_draft_ids=(0,) * len(batch))
+            inp = limit_drafts(inp, [0] * len(batch), self.device)
         if self.drafter is not None and inp.max_draft > 0:  # per request (a schedule's K(b), its catch-up rule)
             limits = self.policy.draft_limits(load, list(load.lag), list(load.remaining))
             if limits is not None:

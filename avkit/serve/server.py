@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 
 from avkit.config import EngineConfig, SamplingConfig, ServeConfig
 from avkit.errors import AvkitError, ConfigError
@@ -29,16 +30,8 @@ from avkit.serve.app import asgi_app
 from avkit.serve.engine_loop import EngineLoop
 from avkit.serve.metrics import ServeMetrics
 from avkit.serve.side_writes import ServeSink, SideWrites
-from avkit.serve.snapshot import Snapshots
-from avkit.serve.startup import (
-    WarmStart,
-    bind_socket,
-    check_record_writable,
-    snapshot_path,
-    startup_block,
-    warm_start,
-    with_cache_snapshot,
-)
+from avkit.serve.snapshot import Snapshots, cache_snapshot_of
+from avkit.serve.startup import WarmStart, bind_socket, check_record_writable, snapshot_path, startup_block, warm_start
 from avkit.serve.state import ServeState
 
 log = logging.getLogger("avkit.serve")
@@ -87,17 +80,28 @@ def warm_up(target, draft, config: EngineConfig) -> float:
 
 
 def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
-    """Load models (unless given), build policy, sink and engine loop; nothing is started yet."""
-    from avkit.models import load  # lazy: torch
-    from avkit.models import placement  # lazy: torch
+    """Check the options, build the CPU kernels and load the models (unless given), build policy, sink and engine
+    loop; nothing is started yet."""
+    import torch  # lazy: torch
+
+    from avkit.models import load, placement  # lazy: torch
+    from avkit.models.native import build_in_child  # lazy: torch
     from avkit.runtime.engine import Engine  # lazy: torch
 
     warm = warm_start(config)
-    config = with_cache_snapshot(config, warm)
+    if warm.source == "snapshot" and config.models.drafter == "hybrid" and not config.adaptive.cache_coefficients \
+            and cache_snapshot_of(Path(warm.path)).is_file():  # a resumed model snapshot's cache rows
+        config = replace(config, adaptive=replace(config.adaptive,
+                                                  cache_coefficients=str(cache_snapshot_of(Path(warm.path)))))
     if config.record:
         check_record_writable(config.record)
     device, dtype = placement(config.models.device, config.models.dtype)
-    target = target if target is not None else load(config.models.target, dtype=dtype, device=device)
+    if target is None:
+        if device.type == "cpu":  # the native kernels, built in a child process that SIGTERM stops at once
+            seconds = build_in_child(bf16=dtype == torch.bfloat16, log=lambda message: log.info("%s", message))
+            if seconds:
+                log.info("CPU kernels built in %.0f s", seconds)
+        target = load(config.models.target, dtype=dtype, device=device)
     use_draft = config.models.has_draft and config.engine.k > 0
     if draft is None and use_draft:
         draft = load(config.models.draft, dtype=dtype, device=device)
@@ -222,20 +226,6 @@ def configure_logging(log_level: str) -> None:
     logger.propagate = False
 
 
-def build_kernels(config: ServeConfig) -> None:
-    """On a CPU, build the native kernels before the port opens (in a child process that SIGTERM stops at once)."""
-    import torch  # lazy: torch (as build_state's models)
-
-    from avkit.models.native import build_in_child  # lazy: torch
-    from avkit.models import placement  # lazy: torch
-
-    device, dtype = placement(config.models.device, config.models.dtype)
-    if device.type == "cpu":
-        seconds = build_in_child(bf16=dtype == torch.bfloat16, log=lambda message: log.info("%s", message))
-        if seconds:
-            log.info("CPU kernels built in %.0f s", seconds)
-
-
 def serve(config: ServeConfig, *, log_level: str = "info", sock=None) -> bool:
     """Run until SIGTERM/SIGINT; True when a signal started the (graceful) shutdown. `sock`: the listening
     socket if the caller bound it already (the CLI does, before loading models)."""
@@ -243,7 +233,6 @@ def serve(config: ServeConfig, *, log_level: str = "info", sock=None) -> bool:
     if sock is None:
         sock = bind_socket(config.http.host, config.http.port)  # a busy port fails now, not after loading models
     try:
-        build_kernels(config)
         state = build_state(config)
         log.info("%s", state.startup)
         server = uvicorn_server(state, log_level=log_level)

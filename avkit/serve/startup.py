@@ -13,14 +13,13 @@ snapshot (`cache_snapshot_of`), else reference constants.
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from avkit.config import DEFAULT_COST_PATH, SERVE_STATE_DIR, SHIPPED_COEFFICIENTS, ServeConfig, shipped_file
 from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.coefficients import load_coefficients
 from avkit.scheduling.spec import ADAPTIVE
-from avkit.serve.snapshot import cache_snapshot_of
 from avkit.staged import check_writable
 
 
@@ -58,16 +57,6 @@ def warm_start(config: ServeConfig) -> WarmStart:
             return WarmStart("", "reference")
         return WarmStart(str(shipped), "shipped")  # build_state also checks it was fitted on the served pair
     return WarmStart("", "reference")
-
-
-def with_cache_snapshot(config: ServeConfig, warm: WarmStart) -> ServeConfig:
-    """`config` with --cache-coefficients set to the cache snapshot of the run `warm` resumes (hybrid
-    drafter, no --cache-coefficients given, the file exists); else `config` unchanged."""
-    if warm.source != "snapshot" or config.models.drafter != "hybrid" or config.adaptive.cache_coefficients:
-        return config
-    cache = cache_snapshot_of(Path(warm.path))
-    return replace(config, adaptive=replace(config.adaptive, cache_coefficients=str(cache))) if cache.is_file() \
-        else config
 
 
 def bind_socket(host: str, port: int) -> socket.socket:

@@ -39,21 +39,23 @@ class TextStream:
         if self.stopped or not new_ids:
             return ""
         self._ids.extend(int(t) for t in new_ids)
-        prefix = self._decode(self._ids[self._prefix_offset:self._read_offset])
-        full = self._decode(self._ids[self._prefix_offset:])
-        if len(full) > len(prefix) and not full.endswith(REPLACEMENT):
-            self._append(full[len(prefix):])
-            self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
+        self._decode_new(final=False)
         return self._take(final=False)
 
     def finish(self) -> str:
         """The request ended: flush held-back text (an incomplete character decodes as U+FFFD)."""
-        if not self.stopped and self._read_offset < len(self._ids):
-            prefix = self._decode(self._ids[self._prefix_offset:self._read_offset])
-            full = self._decode(self._ids[self._prefix_offset:])
-            self._append(full[len(prefix):])
-            self._read_offset = len(self._ids)
+        if not self.stopped:
+            self._decode_new(final=True)
         return self._take(final=True)
+
+    def _decode_new(self, final: bool) -> None:
+        """Text of the ids after the read offset, decoded with the prefix window; an incomplete character
+        waits for more ids unless `final`."""
+        prefix = self._decode(self._ids[self._prefix_offset:self._read_offset])
+        full = self._decode(self._ids[self._prefix_offset:])
+        if final or (len(full) > len(prefix) and not full.endswith(REPLACEMENT)):
+            self._append(full[len(prefix):])
+            self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
 
     def _append(self, delta: str) -> None:
         start = max(0, len(self.text) - self._hold)  # a stop may straddle old and new text

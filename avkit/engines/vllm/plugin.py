@@ -200,63 +200,50 @@ class Observer:
     """In the worker: each engine step's verified slots -> the trace and the calibration health."""
 
     def __init__(self, env: PluginEnv):
-        self.env = env
-        self.engine_step = 0
-        self.t_start = 0.0
+        self.env, self.engine_step, self.t_start, self.off = env, 0, 0.0, False
         self.sink = None  # (TraceWriter, GenerationWriter), opened at the first step that verified drafts
-        self.health = None
-        self.off = False
+        self.health = None  # health.Health, made at that step
         self.runner = None  # vLLM's model runner, as last seen
 
     def on_step(self, runner, scheduler_output) -> None:
         """As an engine step starts: slots the last step left (it drafted nothing), the finished requests."""
-        self._guarded(runner, scheduler_output.finished_req_ids)
+        self._observe(runner, scheduler_output.finished_req_ids)
         self.t_start = time.perf_counter()
         self.engine_step += 1
 
     def on_step_end(self, runner) -> None:
         """Once a step's drafting is done: the slots it verified."""
-        self._guarded(runner, ())
+        self._observe(runner, ())
 
-    def _guarded(self, runner, finished) -> None:
+    def _observe(self, runner, finished) -> None:
         from avkit.engines.vllm.hooks import RECORDER  # lazy: torch
 
-        if self.off:
-            RECORDER.active = False
-            return
         self.runner = runner
-        try:
-            records = RECORDER.take_rows()
-            if records:
-                self._emit(runner, records, (time.perf_counter() - self.t_start) * 1e3)
-            self._finished(runner, finished)
-        except Exception as e:  # a failing side write never takes the server down
-            self.off = True
-            RECORDER.active = False
-            error(f"the vLLM plugin stopped observing ({type(e).__name__}: {e})")
-            return
-        RECORDER.active = True
+        if not self.off:
+            try:
+                records = RECORDER.take_rows()
+                if records:
+                    self._emit(runner, records, (time.perf_counter() - self.t_start) * 1e3)
+                self._finished(runner, finished)
+            except Exception as e:  # a failing side write never takes the server down
+                self.off = True
+                error(f"the vLLM plugin stopped observing ({type(e).__name__}: {e})")
+        RECORDER.active = not self.off
 
     def _label(self, sp, rid: str) -> tuple[str, str]:
         """(request id, dataset) of a request in the tables: its `extra_args`, else vLLM's id and the env's label."""
         extra = getattr(sp, "extra_args", None) or {}
         return str(extra.get("avkit_request_id", rid)), str(extra.get("avkit_dataset", self.env.dataset))
 
-    def _requests(self, runner, records) -> dict[str, tuple[str, str, float, float]]:
-        """vLLM's id -> (request id, dataset, temperature, top-p) of each record's request (`slot_columns`)."""
-        out = {}
-        for r in records:
-            sp = runner.requests[r["request_id"]].sampling_params
-            out[r["request_id"]] = (*self._label(sp, r["request_id"]), float(sp.temperature), float(sp.top_p))
-        return out
-
     def _emit(self, runner, records: list[dict], step_ms: float) -> None:
         from avkit.engines.vllm.hooks import slot_columns  # lazy: torch
 
-        cols = slot_columns(records, self._requests(runner, records), step_ms, self.engine_step - 1)
+        sps = {r["request_id"]: runner.requests[r["request_id"]].sampling_params for r in records}
+        requests = {rid: (*self._label(sp, rid), float(sp.temperature), float(sp.top_p)) for rid, sp in sps.items()}
+        cols = slot_columns(records, requests, step_ms, self.engine_step - 1)
         if self.env.trace:
             if self.sink is None:
-                self.sink = self._open(runner, records)
+                self.sink = self._open(runner)
             self.sink[0].write({"run_id": np.full(len(cols["position"]), self.run_id, dtype=object), **cols})
         if self.env.metrics and self.env.coefficients:
             if self.health is None:
@@ -279,7 +266,7 @@ class Observer:
             return None
         return Health(k, doc["slope"], doc["intercepts"])
 
-    def _open(self, runner, records):
+    def _open(self, runner):
         from avkit.trace.schema import generations_path  # lazy: pyarrow
         from avkit.trace.writer import GenerationWriter, TraceWriter  # lazy: pyarrow
 
