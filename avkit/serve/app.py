@@ -1,10 +1,5 @@
-"""The HTTP application: routes, auth, OpenAI error envelopes, /metrics, lifespan, and two ASGI layers.
-
-Every error (FastAPI's validation errors, 404, 405 and unparsable bodies included) is answered in OpenAI's
-envelope `{"error": {"message", "type", "param", "code"}}`, naming the field and the bad value; a 500 says only
-that the log has the details. /health: 200 `ok` or `degraded` (a side write is failing: `reasons`), 503
-`starting` (before the warm-up), `draining` or `failed` (the engine thread died).
-"""
+"""The HTTP application: routes, auth, OpenAI error envelopes, /health, /metrics, lifespan, and two ASGI layers
+(docs/runtime.md, "Serving")."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""`POST /v1/completions` and `POST /v1/chat/completions`: tokenize, admit, stream or collect.
-
-validate (openai_api.py) -> token ids (tokenizer and chat template in a worker thread, so a multi-MB prompt
-never stalls /health) -> limits (context, max_tokens, n) -> `Generation` -> engine events -> `TextStream` ->
-SSE chunks or one JSON body. A client that disconnects, or a stop sequence that matches, cancels the request
-in the engine at its next step. `n` choices are n engine requests `<rid>-<i>`, admitted all or none (a 429
-never leaves half a request decoding): independent samples, so as lossless as n = 1. With `seed`, choice i
-uses RNG key i instead of its id's hash: equal seed, prompt and parameters give equal choices. Best effort, as
-OpenAI's: under adaptive verification the verified prefix depends on the batch and the draft gate on earlier
-traffic, so load can change a seeded sample (never its distribution); `full` and `fixed` do not.
-"""
+"""`POST /v1/completions` and `POST /v1/chat/completions`: tokenize, admit, stream or collect (docs/runtime.md,
+"Serving": a generation, its n choices and seeds)."""
 
 from __future__ import annotations
 

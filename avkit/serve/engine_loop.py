@@ -1,14 +1,5 @@
-"""The one place the engine runs: a background thread doing continuous batching.
-
-HTTP handlers `submit_all` (bounded: requests in flight <= max_concurrency + queue_size, else a 429) and read
-events (the engine's `StepOutput`s, or the `ApiError` that ends a request) from an asyncio queue; `cancel` takes
-effect at the next step. The engine's own waiting queue and slots do the admission. Failure isolation: a
-request `add_request` refuses fails alone; a step that raises fails the requests it was running and a fresh
-engine takes over the waiting ones (the factory keeps models and policy, so refits continue); the after-step
-hook cannot raise into the loop; if the thread dies, every request fails with a 503 and /health says so. Its
-first act is `warm_up()` (`ready` False until then: /health `starting`). Error events never carry exception
-text (the log has the traceback).
-"""
+"""The one place the engine runs: a background thread doing continuous batching, and its failure isolation
+(docs/runtime.md, "Serving")."""
 
 from __future__ import annotations
 

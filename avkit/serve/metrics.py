@@ -1,8 +1,4 @@
-"""Prometheus metrics of one server, in its own registry (several servers can share a process).
-
-Per-position drafted / verified / accepted counters come from the engine's trace rows (the sink sees every
-step); estimator gauges and (`--drafter hybrid`) the suffix cache's memory are read at scrape time.
-"""
+"""Prometheus metrics of one server, in its own registry (docs/runtime.md, "Serving")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The OpenAI wire format: request bodies (validated, `extra="forbid"` as OpenAI's own API) and response bodies.
-
-temperature, top_p and vLLM's top_k and min_p are applied by the verifier to the target distribution
-(lossless: `avkit.runtime.sampling`). What avkit cannot apply losslessly (logprobs, penalties, logit_bias,
-best_of) is accepted at its neutral value only, anything else is a 400 naming the field (`UNSUPPORTED`).
-Limits that depend on the server (max_tokens ceiling, context, n <= --concurrency) are completions.py's.
-"""
+"""The OpenAI wire format: request bodies (validated, `extra="forbid"`; fields avkit cannot apply losslessly are
+accepted at their neutral value only) and response bodies (docs/runtime.md, "Serving")."""
 
 from __future__ import annotations
 

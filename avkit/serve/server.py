@@ -1,11 +1,5 @@
 """Assemble a server from a `ServeConfig` (models, verify policy, sink, engine factory, side writes) and run it
-under uvicorn with a clean SIGTERM.
-
-Start: bind the socket and check --record (before minutes of loading) -> build the CPU kernels -> load models
--> log the startup block -> open the port -> warm-up (/health 503 `starting`) -> ready. SIGTERM: stop admitting
-(503) -> uvicorn drains for the grace period -> the engine loop cancels the rest -> coefficients snapshot ->
-trace closed -> exit 0. A SIGTERM before the port opens stops the start-up at once.
-"""
+under uvicorn with a clean SIGTERM (start and stop: docs/runtime.md, "Serving")."""
 
 from __future__ import annotations
 

@@ -1,15 +1,5 @@
-"""Writes beside the requests (coefficient and cost snapshots, --record rows): they may fail, requests may not.
-
-A failing side write never fails a request nor stops the engine: it is counted on /metrics
-(`avkit_side_write_failures_total{kind}`), logged once per kind until it succeeds again (then one "recovered"
-line), retried with backoff (1 s, 2 s, 4 s ... 60 s), and /health says `degraded` with the reason meanwhile.
-  kind      "snapshot" (live coefficients), "cost" (learned cost model), "trace" (--record rows)
-  reason    the exception type and, for an OS error, its errno text ("PermissionError: Permission denied"),
-            never a path; the log line has the full message
-`ServeSink` (the engine's sink while serving) holds --record rows in memory, writes them every `flush_s` seconds
-(or FLUSH_ROWS rows) and at shutdown renames `<path>.partial` to `<path>`; rows a failing disk kept back stay
-in memory (`avkit_trace_rows_unwritten`) and a failed close logs how many never reached the disk.
-"""
+"""Writes beside the requests (coefficient and cost snapshots, --record rows): they may fail, requests may not
+(docs/runtime.md, "Serving": kinds, reasons, backoff, the --record sink)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""Live estimator coefficients: published after refits, snapshotted to a file atomically.
-
-The snapshot is `avkit fit`'s coefficients.json layout plus `refits`, with `trained_on` naming the served pair,
-so a restart (or `avkit simulate`) deploys it and a server never resumes from another pair's. The hybrid
-drafter's cache estimator goes beside it (`cache_snapshot_of`, `trained_on.drafter` "suffix": what
---cache-coefficients takes), and the learned cost model (scheduling/learn.py, meta.source "learned") to
-COST_SNAPSHOT. The engine thread calls `on_step()`; `/metrics` reads `current()` from any thread (a new dict is
-published, never mutated). Writes go through `SideWrites`.
-"""
+"""Live estimator coefficients: published after refits, snapshotted to a file atomically through `SideWrites`
+(docs/runtime.md, "Serving")."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""What a server checks and says before it serves; a bad option fails here, before the models load, in one
-`avkit: error:` line (a busy port, a host that does not resolve or bind, an unwritable --record, a missing
---coefficients file).
-Warm start, first match wins:
-  explicit   --coefficients FILE (over any snapshot)
-  snapshot   the live snapshot of an earlier run (--resume, the default, when the file exists)
-  shipped    traces/coefficients.json, only for the K and the model pair it was fitted for
-  reference  the estimator's reference constants (no file)
-The hybrid drafter's cache rows: --cache-coefficients FILE, else the cache snapshot beside a resumed model
-snapshot (`cache_snapshot_of`), else reference constants.
-"""
+"""What a server checks and says before it serves: a bad option fails here, before the models load, in one
+`avkit: error:` line; the warm start (docs/runtime.md, "Serving")."""
 
 from __future__ import annotations
 

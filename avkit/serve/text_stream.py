@@ -1,13 +1,5 @@
-"""Token ids -> text deltas, with stop sequences, for one request.
-
-Glossary:
-  prefix window   tokens decoded together with the new ones so byte-level BPE merges and
-                  leading spaces come out right (vLLM's incremental detokenization)
-  held back       text not emitted yet: an incomplete UTF-8 character (decodes to U+FFFD) or a
-                  tail that could still grow into a stop sequence
-Streaming and non-streaming responses both go through `TextStream`, so the concatenated deltas
-equal the non-streamed text exactly.
-"""
+"""Token ids -> text deltas, with stop sequences, for one request (the prefix window and held-back text:
+docs/runtime.md, "Serving")."""
 
 from __future__ import annotations
 

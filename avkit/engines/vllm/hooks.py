@@ -1,12 +1,8 @@
-"""Runs INSIDE vLLM's process: wraps six vLLM V1 methods at run time to observe every draft slot, and turns
-what they saw into trace columns.
-
-No vLLM file is patched on disk and each wrapper calls the original unchanged, so vLLM decides what it would
-without avkit. Where each trace column comes from in vLLM 0.32: docs/vllm.md ("The hook"). Slots are matched
-across the two steps (drafted at step s, verified at s+1) by request id, as vLLM matches its cached draft
-probabilities. The cache drafters `ngram` and `suffix` compute no draft logits: their slots get the features
-of a point mass (CACHE_FEATURES), the one-hot q vLLM verifies them against. Imports torch, numpy and light
-avkit modules only (vLLM's venv has no polars).
+"""Runs INSIDE vLLM's process: wraps six vLLM V1 methods at run time (each calls the original unchanged) to
+observe every draft slot, and turns what they saw into trace columns (where each column comes from:
+docs/vllm.md, "The hook"). Slots are matched across the two steps (drafted at s, verified at s+1) by request
+id. The cache drafters `ngram` and `suffix` compute no draft logits: their slots get the features of a point
+mass (CACHE_FEATURES). Imports torch, numpy and light avkit modules only (vLLM's venv has no polars).
 """
 
 from __future__ import annotations

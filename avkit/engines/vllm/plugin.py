@@ -1,20 +1,11 @@
-"""avkit inside vLLM: the general plugin vLLM loads in each of its processes (pyproject.toml entry points).
-
-vLLM calls `register()` in its API server, engine core and worker processes before the model is built
-(`vllm.general_plugins`; the stat logger is stat_logger.py). Inert unless one of these is set (docs/vllm.md,
-"the plugin"):
-  AVKIT_VLLM_TRACE         trace path: every draft slot, one row group every AVKIT_VLLM_FLUSH_S seconds (default
-                           5; 0: every step), each flush replacing the complete file (vLLM kills its workers at
-                           shutdown), and the generations table beside it
-  AVKIT_VLLM_COEFFICIENTS  an avkit coefficients.json: warm-starts vLLM's OnlineAcceptanceEstimator and is the
-                           predictor the calibration health scores (health.py)
+"""avkit inside vLLM: the general plugin vLLM loads in each of its processes (`vllm.general_plugins`), calling
+`register()` before the model is built (docs/vllm.md, "the plugin"). Inert unless one of these is set:
+  AVKIT_VLLM_TRACE         trace path (+ the generations table beside it); AVKIT_VLLM_FLUSH_S between flushes
+  AVKIT_VLLM_COEFFICIENTS  warm-starts vLLM's OnlineAcceptanceEstimator; the predictor health.py scores
   AVKIT_VLLM_METRICS       1: calibration health on vLLM's /metrics (needs AVKIT_VLLM_COEFFICIENTS)
-  AVKIT_VLLM_DATASET       the rows' `dataset` (default `vllm`); a request's `SamplingParams.extra_args`
-                           `avkit_dataset` / `avkit_request_id` win
-  AVKIT_VLLM_META          a JSON object of file metadata over the plugin's own (trace/schema.py META_KEYS)
-Nothing here may take a server down: an unsupported vLLM, a coefficients file that does not match the served
-pair or a failing write is one `avkit: error:` line on vLLM's log, and that part of the plugin turns off.
-Patches, each only for version.SUPPORTED: hooks.py's six wrappers, and `install_warm_start`'s one.
+  AVKIT_VLLM_DATASET       the rows' `dataset` (default `vllm`); `extra_args` avkit_dataset / avkit_request_id win
+  AVKIT_VLLM_META          a JSON object of file metadata over the plugin's own
+Nothing here may take a server down: a failure is one `avkit: error:` line and that part turns off.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
-"""avkit's side of `record --engine vllm` (docs/vllm.md, "How it runs"): checks before vLLM starts, the
-requests (each prompt's first turn from avkit's PromptQueue, the target's EOS ids as stops), offline.py in a
-work directory beside --out where the plugin writes both tables, then the commit: both renamed over the finals,
-trace first, or to the `.partial` names (avkit/record/files.py's rules). `--resume` asks only the requests
-without a generations row and appends their rows to the kept ones through avkit's writers.
+"""avkit's side of `record --engine vllm` (docs/vllm.md, "How it runs"): checks before vLLM starts, the requests,
+offline.py in a work directory beside --out, then the commit by avkit/record/files.py's rules; `--resume`
+appends the rows of the requests not yet finished to the kept ones through avkit's writers.
 """
 
 from __future__ import annotations

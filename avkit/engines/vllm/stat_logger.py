@@ -1,10 +1,6 @@
-"""Calibration health on vLLM's /metrics: the `vllm.stat_logger_plugins` entry point.
-
-vLLM calls `record` in its API server process with every engine-core output batch; this reads the worker's
-health file (health.py) there and exports `avkit:spec_decode_*` in vLLM's metric style (namespace, snake case,
-`model_name` / `engine` labels, counters ending in `_total`); the accepted-slot counter equals vLLM's own
-`vllm:spec_decode_num_accepted_tokens_per_pos_total`. Rolling: the last health.WINDOW engine steps. Inert
-unless AVKIT_VLLM_METRICS is set and the plugin made a run directory.
+"""Calibration health on vLLM's /metrics: the `vllm.stat_logger_plugins` entry point, in vLLM's API server
+process; reads the worker's health file (health.py) and exports `avkit:spec_decode_*` in vLLM's metric style
+(docs/vllm.md, "the plugin"). Inert unless AVKIT_VLLM_METRICS is set and the plugin made a run directory.
 """
 
 from __future__ import annotations
