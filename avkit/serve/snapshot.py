@@ -74,20 +74,16 @@ class Snapshots:
         self.side_writes.run("cost", self.write_cost, force=True)
 
     def write(self) -> None:
-        if self.path is None or self._estimator is None:
-            return
         coeffs = self._read()
-        if coeffs is None:
+        if self.path is None or coeffs is None:
             return
-        cache = self._policy.cache_estimator
-        cache_coeffs = coefficients_of(cache, self._pair, drafter="suffix") if cache is not None else None
-        if cache_coeffs is not None:
-            cache_coeffs["refits"] = self.cache_refits
-            write_json_atomic(cache_snapshot_of(self.path), cache_coeffs)
+        cache = self._read("suffix")
+        if cache is not None:
+            write_json_atomic(cache_snapshot_of(self.path), cache)
         write_json_atomic(self.path, coeffs)
         self._last_written = self.refits + self.cache_refits
         log.info("coefficients snapshot -> %s%s (refit %d)", self.path,
-                 f" and {cache_snapshot_of(self.path).name}" if cache_coeffs is not None else "", self.refits)
+                 f" and {cache_snapshot_of(self.path).name}" if cache is not None else "", self.refits)
 
     def write_cost(self) -> None:
         if self.learner is None or self.path is None:
@@ -95,10 +91,11 @@ class Snapshots:
         self.learner.snapshot(self.path.with_name(COST_SNAPSHOT))
         log.info("learned cost model -> %s (%d steps)", self.path.with_name(COST_SNAPSHOT), self.learner.steps)
 
-    def _read(self) -> dict[str, Any] | None:
-        if self._estimator is None:
-            return None
-        c = coefficients_of(self._estimator, self._pair)
+    def _read(self, drafter: str = "model") -> dict[str, Any] | None:
+        """The model estimator's snapshot (`drafter` "suffix": the cache estimator's), with its refit count."""
+        estimator, refits = (self._estimator, self.refits) if drafter == "model" else \
+            (self._policy.cache_estimator, self.cache_refits)
+        c = coefficients_of(estimator, self._pair, drafter) if estimator is not None else None
         if c is not None:
-            c["refits"] = self.refits  # refits of this server process
+            c["refits"] = refits  # refits of this server process
         return c
