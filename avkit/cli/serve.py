@@ -51,22 +51,11 @@ def register(app: typer.Typer) -> None:
             "policy": spec.name, "adaptive.draft_gate": spec.gate,
             "default_max_tokens": min(default_of(ServeConfig, "default_max_tokens"), values["max_new_tokens"])})
         from avkit.serve.server import bind_warning, serve as run  # lazy: start-up (the library loads when the command runs: -h stays fast)
-        from avkit.serve.startup import bind_socket, check_record_writable, warm_start  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.serve.startup import bind_socket  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
-        # Everything that can be wrong with the options fails here, as one line, before the models load.
-        warm_start(config)
-        if config.policy == "schedule":
-            from avkit.scheduling.batch_schedule import make_scheduled  # lazy: start-up (the library loads when the command runs: -h stays fast)
-
-            make_scheduled(config.schedule, k=config.engine.k)
-        if config.record:
-            check_record_writable(config.record)
-        sock = bind_socket(config.http.host, config.http.port)
-        console = Console(stderr=True)
+        sock = bind_socket(config.http.host, config.http.port)  # the other checks: build_state, before the models
         warning = bind_warning(config)
         if warning:
-            console.print(f"[bold yellow]warning:[/] {warning}")
-        draft_note = f" + {config.models.draft}" if config.models.has_draft else ""
-        console.print(f"avkit serve: loading {config.models.target}{draft_note}")
+            Console(stderr=True).print(f"[bold yellow]warning:[/] {warning}")
         if run(config, log_level=log_level, sock=sock):  # stopped by SIGTERM/SIGINT, everything closed
             end_process(0)

@@ -19,6 +19,7 @@ from pathlib import Path
 from avkit.config import EngineConfig, SamplingConfig, ServeConfig
 from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.coefficients import ServedPair, load_coefficients
+from avkit.scheduling.batch_schedule import make_scheduled
 from avkit.scheduling.spec import ADAPTIVE, PolicySpec
 from avkit.serve.app import asgi_app
 from avkit.serve.engine_loop import EngineLoop
@@ -74,8 +75,8 @@ def warm_up(target, draft, config: EngineConfig) -> float:
 
 
 def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
-    """Check the options, build the CPU kernels and load the models (unless given), build policy, sink and engine
-    loop; nothing is started yet."""
+    """Check the options (one `avkit: error:` line, before the models load), build the CPU kernels and load the
+    models (unless given), build policy, sink and engine loop; nothing is started yet."""
     import torch  # lazy: torch
 
     from avkit.models import load, placement  # lazy: torch
@@ -87,10 +88,13 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
             and cache_snapshot_of(Path(warm.path)).is_file():  # a resumed model snapshot's cache rows
         config = replace(config, adaptive=replace(config.adaptive,
                                                   cache_coefficients=str(cache_snapshot_of(Path(warm.path)))))
+    if config.policy == "schedule":
+        make_scheduled(config.schedule, k=config.engine.k)
     if config.record:
         check_record_writable(config.record)
     device, dtype = placement(config.models.device, config.models.dtype)
     if target is None:
+        log.info("loading %s%s", config.models.target, f" + {config.models.draft}" if config.models.has_draft else "")
         if device.type == "cpu":  # the native kernels, built in a child process that SIGTERM stops at once
             seconds = build_in_child(bf16=dtype == torch.bfloat16, log=lambda message: log.info("%s", message))
             if seconds:
