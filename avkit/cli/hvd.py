@@ -12,6 +12,7 @@ from rich.console import Console
 
 from avkit.cli.options import arg, config_options, result_table, stdout_console
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
+from avkit.hvd import METRICS, SPEEDUPS
 from avkit.staged import StagedOutputs
 
 
@@ -27,8 +28,7 @@ def replay(paths: list[Path], out: Path, outputs, tokenizer: str | None = None, 
 
 
 def render(result, console: Console) -> None:
-    cols = ("router", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
-            "speedup_vs_model", "speedup_vs_suffix", "speedup_vs_target")
+    cols = ("router", *METRICS, *SPEEDUPS)
     rows = result.metrics.filter(result.metrics["dataset"] == "overall").iter_rows(named=True)
     console.print(result_table("HVD routers (test split, overall)", cols, (
         [r[c] if isinstance(r[c], str) else "-" if r[c] is None or r[c] != r[c] else f"{r[c]:.3f}" for c in cols]

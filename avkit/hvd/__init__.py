@@ -12,3 +12,8 @@ hvd` and `avkit fit --hvd`; `markdown` renders it) -> `hybrid_drafter` (the live
 PAPER = ("the HVD paper (Hybrid Verified Decoding: Learning to Allocate Verification in Speculative Decoding; "
          "seed 003, docs/seeds.md): high-payoff (accepted >= 6) precision 78.2-87.6%, recall 61.4-79.8%; cycles "
          "per 1,000 tokens 571 (EAGLE-3) -> 200 (HVD) on Llama-3.1-8B; 2.73x mean over EAGLE-3")
+
+# The router metrics of hvd_metrics.json (path.evaluate), in the order every router table shows them after
+# `router` [, `dataset`]: `avkit hvd`, its Markdown (bench/results/hvd.md) and `avkit report`.
+METRICS = ("cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall")
+SPEEDUPS = ("speedup_vs_model", "speedup_vs_suffix", "speedup_vs_target")  # throughput ratios

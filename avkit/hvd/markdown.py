@@ -6,15 +6,14 @@ import math
 
 import polars as pl
 
-from avkit.hvd import PAPER
+from avkit.hvd import METRICS, PAPER, SPEEDUPS
 from avkit.hvd.cost import LINEAR
 from avkit.hvd.fit import HvdResult
 from avkit.hvd.router import MODEL_SCALES
 from avkit.hvd.verdict import FLOOR
 from avkit.markdown import md_table
 
-COLS = ("router", "dataset", "tokens", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
-         "speedup_vs_model", "speedup_vs_suffix", "speedup_vs_target", "c_draft", "c_verify")
+COLS = ("router", "dataset", "tokens", *METRICS, *SPEEDUPS, "c_draft", "c_verify")
 
 
 def cost_md(cost: dict) -> str:

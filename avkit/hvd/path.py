@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
+from avkit.hvd import METRICS, SPEEDUPS
 from avkit.hvd.cost import summary
 from avkit.scheduling.cost import CostTable
 
@@ -180,5 +181,4 @@ def evaluate(table: pl.DataFrame, routes: dict[str, Route], cost: CostTable, k: 
     c = summary(cost)
     return res.with_columns(speedup_vs_target=pl.col("throughput"), c_draft=pl.lit(c["draft_step_cost"]),
                             c_verify=pl.lit(c["verify_token_cost"]), c_cache=pl.lit(c["cache_cost"])).select(
-        "router", "dataset", "tokens", "cycles_per_1k", "mean_accepted", "cache_share", "precision", "recall",
-        "throughput", "speedup_vs_model", "speedup_vs_suffix", "speedup_vs_target", "c_draft", "c_verify", "c_cache")
+        "router", "dataset", "tokens", *METRICS, "throughput", *SPEEDUPS, "c_draft", "c_verify", "c_cache")

@@ -6,14 +6,12 @@ from __future__ import annotations
 import math
 
 from avkit.config import ReportConfig
-from avkit.hvd import PAPER
+from avkit.hvd import METRICS, PAPER, SPEEDUPS
 from avkit.hvd.markdown import cost_md
 from avkit.report import plots
 from avkit.report.document import Figure, Section, Table, fmt, grid_table, record_table
 from avkit.report.inputs import ReportInputs
 
-COLS = (("router", None), ("cycles_per_1k", 1), ("mean_accepted", 3), ("cache_share", 3), ("precision", 3),
-        ("recall", 3), ("speedup_vs_model", 3), ("speedup_vs_suffix", 3), ("speedup_vs_target", 3))
 VERDICT = (("dataset", "dataset", None), ("best single", "best_single_router", None),
            ("tokens/forward", "best_single", 3), ("best HVD", "best_router", None), ("tokens/forward", "best_hvd", 3),
            ("ratio", "ratio", 3), ("fewer cycles", "fewer_cycles", 3),
@@ -21,10 +19,10 @@ VERDICT = (("dataset", "dataset", None), ("best single", "best_single_router", N
 
 
 def _table(rows: list[dict], caption: str, collapsed: bool = False, with_dataset: bool = False) -> Table:
-    cols = COLS[:1] + ((("dataset", None),) if with_dataset else ()) + COLS[1:]
-    lead = 2 if with_dataset else 1
-    return record_table(rows, [(c, c, d) for c, d in cols], caption=caption, collapsed=collapsed,
-                        numeric=(False,) * lead + (True,) * (len(cols) - lead))
+    lead = ("router", "dataset") if with_dataset else ("router",)
+    cols = [(c, c, None) for c in lead] + [(c, c, 1 if c == "cycles_per_1k" else 3) for c in METRICS + SPEEDUPS]
+    return record_table(rows, cols, caption=caption, collapsed=collapsed,
+                        numeric=(False,) * len(lead) + (True,) * (len(cols) - len(lead)))
 
 
 def _budget_table(budget: list[dict]) -> Table | None:
