@@ -32,8 +32,7 @@ def register(app: typer.Typer) -> None:
             parse_spec(text, bare=("fixed",))  # a bad --policy fails here, before torch loads
         from avkit.scheduling.cost import resolve_cost  # lazy: start-up
         from avkit.sim.drive import parse_policies  # lazy: start-up
-        from avkit.sim.replay import (  # lazy: start-up
-            default_policies, load_steps, results_inputs, simulate as run, step_time_check, write_results)
+        from avkit.sim.replay import default_policies, load_steps, simulate_and_write, step_time_check  # lazy: start-up
         from avkit.sim.terminal import render_results  # lazy: start-up
         from avkit.trace.reader import common_k  # lazy: start-up
         from avkit.trace.shards import check_shards, shipped_traces  # lazy: start-up
@@ -62,11 +61,10 @@ def register(app: typer.Typer) -> None:
                           f"{table.meta.get('device', '')} {table.meta.get('target', '')}")
             with Progress(console=console, transient=True) as bar:
                 task = bar.add_task("simulating", total=n_policies * len(config.concurrency))
-                df = run(steps, table, config.concurrency, specs, config=config, coefficients=config.coefficients,
-                         progress=lambda: bar.advance(task))
+                df, path = simulate_and_write(paths, table, config, config.out, outputs, steps=steps, policies=specs,
+                                              progress=lambda: bar.advance(task))
             stdout = stdout_console()  # results; progress and logs on stderr
             render_results(df, stdout, f"throughput, tokens/s (× best fixed K); cost {config.cost}")
-            path = write_results(df, config.out, outputs, inputs=results_inputs(paths, table, config, specs))
             check = step_time_check(steps, table) if config.step_time else None
         console.print(f"results: {path}")
         if check is not None:

@@ -31,7 +31,7 @@ from avkit.report.inputs import ReportInputs, load_fit_dir, load_inputs
 from avkit.report.render import render_html, render_markdown
 from avkit.report.sections import SECTIONS
 from avkit.scheduling.cost import resolve_cost
-from avkit.sim.replay import default_policies, load_steps, results_inputs, simulate, write_results
+from avkit.sim.replay import simulate_and_write
 from avkit.staged import StagedOutputs
 
 Progress = Callable[[str], None]
@@ -124,11 +124,9 @@ def _report(out, config: ReportConfig, write_fit: Callable[[Path], object], *, t
             not Path(config.sim).expanduser().exists() and all(p.is_file() for p in paths)  # replayed in memory
         if simulated:
             progress("simulate")
-            sim_config, steps = SimulateConfig(), load_steps(paths)
-            cost, specs = resolve_cost(sim_config.cost), default_policies(steps, sim_config)
-            sim = write_results(simulate(steps, cost, policies=specs, config=sim_config), tmp / "simulate.parquet",
-                                inputs=results_inputs(paths, cost, sim_config, specs,
-                                                      command="avkit report (simulated now)"))
+            sim_config = SimulateConfig()
+            sim = simulate_and_write(paths, resolve_cost(sim_config.cost), sim_config, tmp / "simulate.parquet",
+                                     command="avkit report (simulated now)")[1]
         inputs = load_inputs(fit, traces, config, sim=sim, hvd=hvd, tune=tune)
         if simulated:
             inputs.sources["sim"] = f"simulated now with the avkit simulate defaults (cost model {SimulateConfig().cost})"

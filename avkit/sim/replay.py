@@ -132,6 +132,19 @@ def results_inputs(paths, cost: CostTable, config: SimulateConfig, policies, com
                          concurrency=list(config.concurrency), waves=config.waves)
 
 
+def simulate_and_write(paths, cost: CostTable, config: SimulateConfig, out, outputs: StagedOutputs | None = None, *,
+                       steps: StepTable | None = None, policies=None, command: str = "avkit simulate",
+                       progress=None) -> tuple[pl.DataFrame, Path]:
+    """`avkit simulate`'s run (also `avkit report`'s "simulated now"): replay `paths` (or their `steps`) under
+    `policies` (None: `default_policies`) at config.concurrency, and write the results with their provenance
+    (`results_inputs`, recorded as `command`) to `out`."""
+    steps = load_steps(paths) if steps is None else steps
+    specs = policies or default_policies(steps, config)
+    df = simulate(steps, cost, config.concurrency, specs, config=config, coefficients=config.coefficients,
+                  progress=progress)
+    return df, write_results(df, out, outputs, inputs=results_inputs(paths, cost, config, specs, command))
+
+
 def read_inputs(path) -> dict | None:
     """The provenance record of a results file (None when it predates them)."""
     raw = (pq.read_metadata(path).metadata or {}).get(INPUTS_KEY.encode())
