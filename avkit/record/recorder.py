@@ -127,6 +127,8 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
         with one_interrupt(always=True, busy=_BUSY):
             return RecordResult(**record_vllm(config, files, metadata, progress=progress, console=console,
                                               run_id=run_id))
+    from avkit.runtime.engine import make_engine  # lazy: torch
+
     target, draft = _load_models(config, target, draft)
     meta = metadata(config, target, draft)
     check_resume(files, meta)
@@ -146,7 +148,8 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
             sink = RecordingSink(trace, run_id, stats)
             queue = PromptQueue(config, target.tokenizer, done)
             t0 = time.monotonic()
-            engine = _native_engine(config, target, draft, sink, policy)
+            # context sized for the longest admitted prompt + generation
+            engine = make_engine(target, draft, config.decoding_for_run, config.models, policy=policy, sink=sink)
             engine.engine_step = trace.next_engine_step()
             finished, interrupted = _run(config, engine, sink, queue, gens, run_id, stats, progress, console)
             commit = not interrupted or files.commit_on_interrupt()
@@ -167,21 +170,6 @@ def verify_policy(config: RecordConfig):
         return None
     return parse_spec(config.policy).make(k=config.decoding.k, cost=config.cost or None,
                                           coefficients=config.coefficients)
-
-
-def _native_engine(config: RecordConfig, target, draft, sink, policy=None):
-    """avkit's own engine with the recording sink and the verify policy (the model drafter, or the hybrid one)."""
-    from avkit.runtime.engine import Engine  # lazy: torch
-
-    engine_config = config.decoding_for_run  # context sized for the longest admitted prompt + generation
-    drafter = None  # the engine builds the model drafter itself
-    if config.models.drafter == "hybrid" and draft is not None:
-        from avkit.hvd.hybrid_drafter import make_hybrid_drafter  # lazy: torch (the HVD stack)
-
-        drafter = make_hybrid_drafter(draft, engine_config.concurrency, engine_config.max_len,
-                                      payoff_path=config.models.payoff or None, tokenizer=config.models.target,
-                                      k=engine_config.k)
-    return Engine(target, draft, engine_config, policy=policy, sink=sink, drafter=drafter)
 
 
 def _run(config, engine, sink, queue, gens, run_id, stats, progress, console):

@@ -29,7 +29,7 @@ from dataclasses import replace
 
 import torch
 
-from avkit.config import EngineConfig
+from avkit.config import EngineConfig, ModelsConfig
 from avkit.drafters.base import Drafter
 from avkit.drafters.draft_model import DraftModelDrafter
 from avkit.errors import ConfigError
@@ -281,3 +281,16 @@ class Engine:
         return [Generation(r.request_id, list(r.prompt_ids), [t for o in outs[r.request_id] for t in o.new_token_ids],
                            next((o.finish_reason for o in outs[r.request_id] if o.finished), FINISH_ABORT), r.dataset,
                            len(outs[r.request_id])) for r in requests]
+
+
+def make_engine(target, draft, config: EngineConfig, models: ModelsConfig, *, policy: VerifyPolicy | None = None,
+                sink: TraceSink | None = None, cache=None) -> Engine:
+    """The engine of `models.drafter` (record's and serve's): the model drafter, which the engine builds, or
+    with a draft model the hybrid one (`cache`: a server's SuffixCache, kept when a failed engine is replaced)."""
+    drafter = None
+    if models.drafter == "hybrid" and draft is not None:
+        from avkit.hvd.hybrid_drafter import make_hybrid_drafter  # lazy: the HVD stack (--drafter hybrid only)
+
+        drafter = make_hybrid_drafter(draft, config.concurrency, config.max_len, k=config.k, cache=cache,
+                                      payoff_path=models.payoff or None, tokenizer=models.target)
+    return Engine(target, draft, config, policy=policy, sink=sink, drafter=drafter)

@@ -81,7 +81,7 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
 
     from avkit.models import load, placement  # lazy: torch
     from avkit.models.native import build_in_child  # lazy: torch
-    from avkit.runtime.engine import Engine  # lazy: torch
+    from avkit.runtime.engine import make_engine as engine_for  # lazy: torch
 
     warm = warm_start(config)
     if warm.source == "snapshot" and config.models.drafter == "hybrid" and not config.adaptive.cache_coefficients \
@@ -133,16 +133,8 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
         suffix_cache = SuffixCache()
         metrics.watch_suffix_cache(suffix_cache.memory)
 
-    def make_engine():
-        drafter = None  # the engine builds the model drafter itself
-        if suffix_cache is not None:
-            from avkit.hvd.hybrid_drafter import make_hybrid_drafter  # lazy: the HVD stack (--drafter hybrid only)
-
-            drafter = make_hybrid_drafter(draft, config.engine.concurrency, config.engine.max_len, k=config.engine.k,
-                                          payoff_path=config.models.payoff or None, tokenizer=config.models.target,
-                                          cache=suffix_cache)
-        return Engine(target, draft, engine_config, policy=policy, sink=sink, drafter=drafter)
-
+    make_engine = functools.partial(engine_for, target, draft, engine_config, config.models, policy=policy, sink=sink,
+                                    cache=suffix_cache)
     loop = EngineLoop(make_engine, max_concurrency=config.engine.concurrency, queue_size=config.http.queue_size,
                       metrics=metrics, on_step=snapshots.on_step,
                       warm_up=functools.partial(warm_up, target, draft, engine_config),
