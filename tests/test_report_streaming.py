@@ -73,7 +73,6 @@ def test_no_trace_is_read_whole(fitted, shards, monkeypatch):
 
     monkeypatch.setattr(avkit.trace.reader, "read_traces", whole)
     monkeypatch.setattr(avkit.report.traces, "load_fit_data", whole)
-    monkeypatch.setattr(avkit.report.traces, "read_traces", whole)
     inputs = load_inputs(fitted, sorted(shards.glob("*.parquet")), TINY)
     rows = chunk_rows(TINY.streaming())
     assert rows < 70_000  # every shard went through in several chunks of at most `rows` rows

@@ -200,10 +200,11 @@ def _dataset_codes(ds: pl.Series) -> tuple[np.ndarray, list[str]]:
     return ds.cast(pl.Enum(names)).to_physical().to_numpy().astype(np.int64), names
 
 
-def load_fit_data(paths, drafter: str = "model", features=None) -> FitData:
+def load_fit_data(paths, drafter: str = "model", features=None, drafted: dict[str, list] | None = None) -> FitData:
     """Read, check and order the observed slots of `drafter`'s rows in `paths` (`read_shard`, a file at a
     time, each reduced to its observed slots' OBSERVED_COLUMNS before the next); raise TraceError on
-    unusable input. `features`: derive only these (names of FEATURES; None: every one) from their inputs."""
+    unusable input. `features`: derive only these (names of FEATURES; None: every one) from their inputs.
+    `drafted`: also count every drafted slot of the read into it (`count_drafts`, features None)."""
     paths = [Path(p) for p in paths]
     no_repeats(paths)
     names = list(FEATURES) if features is None else [n for n in FEATURES if n in features]
@@ -213,6 +214,8 @@ def load_fit_data(paths, drafter: str = "model", features=None) -> FitData:
     parts, step_file, steps, row_step, clocks, total, g = [], [], [], [], [], 0, 0
     for i, path in enumerate(paths):
         [(rows, df, observed, clock, name)] = read_shard(path, trace_k(path), columns, drafter=drafter)  # one chunk
+        if drafted is not None:
+            count_drafts(df, drafted)
         values = np.unique(clock)  # [G_i] the file's engine steps
         df, clock = replay_order(df.select(kept).filter(pl.Series(observed)), clock[observed])
         parts.append(df)

@@ -14,12 +14,11 @@ import numpy as np
 from avkit.config import EstimatorConfig, FitConfig
 from avkit.errors import ConfigError
 from avkit.estimators import make_estimator
-from avkit.fit.data import FitData, count_drafts, load_fit_data
+from avkit.fit.data import FitData, load_fit_data
 from avkit.fit.engines import LocalEngine
 from avkit.fit.passes import held, newton, spilled
 from avkit.fit.replay import online_replay
 from avkit.metrics.calibration import additive_sums
-from avkit.trace.reader import read_traces
 from avkit.trace.shards import check_shards
 
 MIN_SLOTS = 50  # observed slots at position 0 a dataset needs for its own fit (the role analysis)
@@ -80,10 +79,8 @@ def summarize(paths, c: dict, n_bins: int, fit: FitConfig | None = None) -> Trac
     batch, shards, fit = c.get("mode") == "batch", check_shards(paths), fit or FitConfig(mode="batch")
     data, replayed, drafts = None, [], {}
     if fit.engine == "memory":
-        data = load_fit_data(shards.paths)
+        data = load_fit_data(shards.paths, drafted=drafts)  # drafts: every drafted slot, observed or not
         replayed = [] if batch else replayed_panels(data, c, n_bins)
-        every = read_traces(shards.paths, ["dataset", "entropy"], check=False)  # every drafted slot, observed or not
-        drafts = count_drafts(every, {})
     elif not batch:
         raise ConfigError("--engine streaming reports a batch fit (--mode batch): an online fit's reliability "
                           "panels replay its estimator over whole traces in memory (use --engine memory)")
