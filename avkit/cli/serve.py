@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from typer._click.core import ParameterSource  # typer >= 0.29 carries its own click
 
 from avkit.cli.options import arg, config_options, end_process, make
@@ -50,12 +49,7 @@ def register(app: typer.Typer) -> None:
         config = make(ServeConfig, values | {  # every option's own bound is checked here, before torch
             "policy": spec.name, "adaptive.draft_gate": spec.gate,
             "default_max_tokens": min(default_of(ServeConfig, "default_max_tokens"), values["max_new_tokens"])})
-        from avkit.serve.server import bind_warning, serve as run  # lazy: start-up (the library loads when the command runs: -h stays fast)
-        from avkit.serve.startup import bind_socket  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.serve.server import serve as run  # lazy: start-up (the library loads when the command runs: -h stays fast)
 
-        sock = bind_socket(config.http.host, config.http.port)  # the other checks: build_state, before the models
-        warning = bind_warning(config)
-        if warning:
-            Console(stderr=True).print(f"[bold yellow]warning:[/] {warning}")
-        if run(config, log_level=log_level, sock=sock):  # stopped by SIGTERM/SIGINT, everything closed
+        if run(config, log_level=log_level):  # stopped by SIGTERM/SIGINT, everything closed
             end_process(0)

@@ -216,13 +216,13 @@ def configure_logging(log_level: str) -> None:
     logger.propagate = False
 
 
-def serve(config: ServeConfig, *, log_level: str = "info", sock=None) -> bool:
-    """Run until SIGTERM/SIGINT; True when a signal started the (graceful) shutdown. `sock`: the listening
-    socket if the caller bound it already (the CLI does, before loading models)."""
+def serve(config: ServeConfig, *, log_level: str = "info") -> bool:
+    """Run until SIGTERM/SIGINT; True when a signal started the (graceful) shutdown."""
     configure_logging(log_level)
-    if sock is None:
-        sock = bind_socket(config.http.host, config.http.port)  # a busy port fails now, not after loading models
+    sock = bind_socket(config.http.host, config.http.port)  # a busy port fails now, not after loading models
     try:
+        if warning := bind_warning(config):
+            log.warning("%s", warning)
         state = build_state(config)
         log.info("%s", state.startup)
         server = uvicorn_server(state, log_level=log_level)
