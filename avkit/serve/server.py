@@ -217,8 +217,20 @@ def configure_logging(log_level: str) -> None:
 
 
 def serve(config: ServeConfig, *, log_level: str = "info") -> bool:
-    """Run until SIGTERM/SIGINT; True when a signal started the (graceful) shutdown."""
+    """Run until SIGTERM/SIGINT; True when a signal started the (graceful) shutdown. avkit's logger is put
+    back as it was on return, also when a start-up check fails (an in-process caller keeps its logging)."""
+    logger = logging.getLogger("avkit")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
     configure_logging(log_level)
+    try:
+        return _serve(config, log_level)
+    finally:
+        logger.handlers[:] = saved[0]
+        logger.setLevel(saved[1])
+        logger.propagate = saved[2]
+
+
+def _serve(config: ServeConfig, log_level: str) -> bool:
     sock = bind_socket(config.http.host, config.http.port)  # a busy port fails now, not after loading models
     try:
         if warning := bind_warning(config):
