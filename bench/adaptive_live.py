@@ -59,9 +59,13 @@ def cell(args, work: Path, dataset: str, temperature: float, concurrency: int) -
     policies = [f"fixed:{k}" for k in args.ks] + [args.adaptive]
     runs: dict[str, list[dict]] = {p: [] for p in policies}
     started = {"date": today(), "commit": commit(), "load": round(load(), 2)}
+    kept = f"fixed:{max(args.ks)}"  # its first run's trace is kept: every slot labelled, what the simulator replays
     for rep, order in enumerate(rounds(policies, args.repeats)):
         for p in order:
             runs[p].append(record(args, work / "run.parquet", p, dataset, temperature, concurrency))
+            if p == kept and rep == 0 and args.traces:
+                Path(args.traces).mkdir(parents=True, exist_ok=True)
+                (work / "run.parquet").replace(trace_path(args, dataset, temperature, concurrency))
             print(f"{dataset} T={temperature} c={concurrency} repeat {rep + 1}: {p} "
                   f"{runs[p][-1]['decode_tok_s']:.2f} tok/s steady", file=sys.stderr, flush=True)
     return compare(args, {"dataset": Path(dataset).name, "temperature": temperature, "concurrency": concurrency,
@@ -72,6 +76,11 @@ def commit() -> str:
     """The checkout's commit (a cell is measured on one; pieces of a grid name theirs)."""
     p = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     return p.stdout.strip() or "?"
+
+
+def trace_path(args, dataset: str, temperature: float, concurrency: int) -> Path:
+    """Where a cell's kept trace goes: --traces/<dataset>_T<T>_c<c>.parquet."""
+    return Path(args.traces) / f"{Path(dataset).stem}_T{temperature:g}_c{concurrency}.parquet"
 
 
 def key(c: dict) -> tuple:
@@ -149,9 +158,11 @@ def live_main(argv: list[str]) -> int:
     ap.add_argument("--out", default="bench/results/adaptive_live.md", help="Markdown; the JSON goes beside it "
                     "(the cells measured so far: each new cell replaces the one of its dataset, T and c)")
     ap.add_argument("--resume", action="store_true", help="skip the cells the JSON already holds")
+    ap.add_argument("--traces", default="bench/results/adaptive_live_traces",
+                    help="where each cell's first fixed:<max K> trace is kept (the simulator's input; '' keeps none)")
     if "--tiny" in argv:  # small defaults: seconds, not hours
         ap.set_defaults(temperatures=[1.0], concurrency=[1, 2], ks=[0, 2], max_new_tokens=24, requests_per_lane=1,
-                        out=str(Path(tempfile.gettempdir()) / "adaptive_live_tiny.md"))
+                        out=str(Path(tempfile.gettempdir()) / "adaptive_live_tiny.md"), traces="")
     args = ap.parse_args(argv)
     args.argv = list(argv)
     if args.repeats < 3 and not args.tiny:
