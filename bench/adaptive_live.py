@@ -99,7 +99,7 @@ def compare(args, out: dict) -> dict:
 
 
 def mixed(args, cells: list[dict]) -> list[dict]:
-    """Per dataset x temperature with every --concurrency measured: the equal-time mix of them (bench/README.md: mixed)."""
+    """Per dataset x temperature with every --concurrency measured: their equal-time mix (bench/README.md: mixed)."""
     out = []
     for d in dict.fromkeys(c["dataset"] for c in cells):
         for t in sorted({float(c["temperature"]) for c in cells if c["dataset"] == d}):
@@ -117,8 +117,9 @@ def mixed(args, cells: list[dict]) -> list[dict]:
 def markdown(args, cells: list[dict]) -> str:
     lines = [header(f"Live adaptive verification: {args.adaptive} / best fixed K"),
              f"{args.target} + {args.draft}, {args.dtype}, "
-             f"{args.threads} threads, {args.repeats} interleaved repeats per cell, up to {args.max_new_tokens} new "
-             f"tokens, fixed K in {args.ks}. Ratios are paired by repeat, 95% t intervals (bench/adaptive.py live).\n",
+             f"{args.threads} threads, {args.repeats} interleaved repeats per cell, {args.requests_per_lane} x c "
+             f"requests per run, up to {args.max_new_tokens} new tokens, fixed K in {args.ks}. Ratios are paired by "
+             "repeat, 95% t intervals (bench/adaptive.py live).\n",
              "| dataset | T | c | steady tok/s (adaptive) | best fixed | steady ratio [95%] | tok/s incl. prefill "
              "ratio [95%] | new tokens | measured |", "|---|---:|---:|---:|---|---|---|---:|---|"]
     for c in cells:
@@ -128,7 +129,38 @@ def markdown(args, cells: list[dict]) -> str:
                      f"{d['mean'][args.adaptive]:.2f} | {d['best_fixed']} | {d['ratio']:.3f} [{d['lo']:.3f}, "
                      f"{d['hi']:.3f}] | {p['ratio']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}] | {tokens:.0f} | "
                      f"{measured(c)} |")
+    guessed = [c for c in cells if "predicted" in c]
+    if guessed:
+        lines += ["", "## The simulator against these cells", "",
+                  "`avkit simulate` of each cell's kept trace (its first fixed:<max K> run: the same prompts, every "
+                  "slot labelled) at its concurrency, every policy, with the cost model named per row; ratio = "
+                  "predicted / measured steady tok/s (goal: 0.90-1.10 in every cell).", "",
+                  "| dataset | T | c | cost model | adaptive | best fixed | every policy: min-max | within 10% |",
+                  "|---|---:|---:|---|---:|---:|---|---:|"]
+        for c in guessed:
+            r = {p: c["predicted"]["tok_s"][p] / c["decode_tok_s"]["mean"][p] for p in c["runs"]}
+            lines.append(f"| {c['dataset']} | {c['temperature']:g} | {c['concurrency']} | `{c['predicted']['cost']}` "
+                         f"| {r[args.adaptive]:.3f} | {r[c['decode_tok_s']['best_fixed']]:.3f} | "
+                         f"{min(r.values()):.3f}-{max(r.values()):.3f} | "
+                         f"{sum(0.9 <= v <= 1.1 for v in r.values())} of {len(r)} |")
     return "\n".join(lines) + "\n"
+
+
+def predict(args, cells: list[dict]) -> None:
+    """Each cell with a kept trace gets the simulator's tok/s per policy under --predict's cost model (in place)."""
+    from avkit.sim.replay import simulate  # the simulator, only for --predict
+
+    for c in cells:
+        trace = trace_path(args, c["dataset"], c["temperature"], c["concurrency"])
+        if not trace.is_file():
+            print(f"no kept trace for {c['dataset']} T={c['temperature']:g} c={c['concurrency']}: not predicted",
+                  file=sys.stderr)
+            continue
+        cost = args.predict.replace("{T}", f"{c['temperature']:g}")
+        policies = list(c["runs"])
+        df = simulate([str(trace)], CostTable.load(cost), [c["concurrency"]], policies,
+                      coefficients=args.coefficients if Path(args.coefficients).is_file() else "")
+        c["predicted"] = {"cost": cost, "tok_s": dict(zip(policies, df["throughput_tok_s"].to_list()))}
 
 
 def measured(c: dict) -> str:
@@ -158,6 +190,9 @@ def live_main(argv: list[str]) -> int:
     ap.add_argument("--out", default="bench/results/adaptive_live.md", help="Markdown; the JSON goes beside it "
                     "(the cells measured so far: each new cell replaces the one of its dataset, T and c)")
     ap.add_argument("--resume", action="store_true", help="skip the cells the JSON already holds")
+    ap.add_argument("--predict", default="", metavar="COST",
+                    help="no runs: the simulator's tok/s for every held cell from its kept trace under this cost "
+                         "model ({T}: one per temperature), beside the measured ones")
     ap.add_argument("--traces", default="bench/results/adaptive_live_traces",
                     help="where each cell's first fixed:<max K> trace is kept (the simulator's input; '' keeps none)")
     if "--tiny" in argv:  # small defaults: seconds, not hours
@@ -173,6 +208,11 @@ def live_main(argv: list[str]) -> int:
     held = [c for c in json.loads(store.read_text()) if c["concurrency"] != "mixed"] if store.is_file() else []
     held = [c for c in held if set(c["runs"]) == policies]  # a piece with other policies is measured anew
     cells = {key(c): c for c in held}
+    if args.predict:
+        args.coefficients = "" if args.tiny else args.coefficients  # tiny_setup's choice for the runs
+        predict(args, held)
+        print(save(args, out, held))
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         if args.tiny:

@@ -101,7 +101,7 @@ def cells(rows: list[dict]) -> list[tuple]:
 
 
 def replay(log: Path) -> tuple[list[dict], dict]:
-    """The logged steps through today's CostLearner -> (new step rows, {T: the logged table})."""
+    """The logged steps through today's CostLearner -> (new step rows, {T: its learner at the end})."""
     try:
         lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
         tables = {d["T"]: CostTable.from_json(d["table"], str(log)) for d in lines if "table" in d}
@@ -114,7 +114,15 @@ def replay(log: Path) -> tuple[list[dict], dict]:
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"avkit: error: --replay {log}: not a step log of `live.py cost` ({e!r})", file=sys.stderr)
         raise SystemExit(2) from None
-    return rows, tables
+    return rows, learners
+
+
+def save_learned(learners: dict, folder: str) -> None:
+    """Each temperature's learned model as <folder>/cost_learned_T<T>.json (a cost file: --cost of the simulator,
+    tune and the policy)."""
+    for t, learner in learners.items():
+        path = Path(folder) / f"cost_learned_T{t:g}.json"
+        print(f"learned cost model (T = {t:g}): {learner.model.save(path)}", file=sys.stderr)
 
 
 def _profiled(target, draft, prompts, temperature: float, ks, batches, tokens: int, tiny: bool) -> CostTable:
@@ -154,9 +162,13 @@ def cost_main(argv: list[str]) -> int:
     ap.add_argument("--out", default="", help="Markdown (default bench/results/cost_live.md; --tiny: a temp file); "
                                               "the step log beside it (module note)")
     ap.add_argument("--replay", default="", metavar="LOG", help="a step log: its steps through today's learner")
+    ap.add_argument("--learned", default="", metavar="DIR",
+                    help="write each temperature's learned model at the end to DIR/cost_learned_T<T>.json")
     a = ap.parse_args(argv)
     if a.replay:
-        rows, _ = replay(Path(a.replay))
+        rows, learners = replay(Path(a.replay))
+        if a.learned:
+            save_learned(learners, a.learned)
         lines = _lines(cells(rows), a.min_steps, f"Replay of `{a.replay}` through the current cost learner (no "
                                                  "models; offline and learned prices recomputed).")
         if a.out:
@@ -175,11 +187,12 @@ def cost_main(argv: list[str]) -> int:
         prompts = [tok.encode(p.text) if not p.messages else
                    tok.apply_chat_template(list(p.messages[:1]), add_generation_prompt=True)
                    for p in load_workload(a.dataset, n=64)]
-    rows, log, load_at_start = [], [], load()
+    rows, log, load_at_start, learners = [], [], load(), {}
     for t in a.temperatures:
         table = cost or _profiled(target, draft, prompts[:max(batches)], t, ks, batches, max(tokens.values()), a.tiny)
         log.append({"T": t, "table": table.to_json()})
         learner = CostLearner(table, probe_every=0)  # fixed K: every shape it runs is visited anyway
+        learners[t] = learner
         for b in batches:
             for k in ks:
                 rows += _cell(target, draft, prompts, t, b, k, tokens[k], learner, table)
@@ -199,5 +212,7 @@ def cost_main(argv: list[str]) -> int:
                          if (k, v) not in (("lookups", 0), ("catch_up", []))}  # the defaults left out
     write({out: "\n".join(lines) + "\n",
            out.with_name(out.stem + "_steps.jsonl"): "".join(json.dumps(rounded(r)) + "\n" for r in log + rows)})
+    if a.learned:
+        save_learned(learners, a.learned)
     print("\n".join(lines))
     return 0

@@ -1,6 +1,7 @@
 """`bench/adaptive.py live` run as a user runs it (a subprocess; tests import no bench script): the live
-benchmark protocol runs end to end on tiny random models (`--tiny`), and its paired ratio of adaptive /
-best fixed K is a Student t interval over the repeats' log ratios (scipy as the oracle)."""
+benchmark protocol runs end to end on tiny random models (`--tiny`), its paired ratio of adaptive / best fixed
+K is a Student t interval over the repeats' log ratios (scipy as the oracle), `--resume` keeps what it holds,
+and `--predict` gives each cell what `avkit simulate` gives for its kept trace."""
 
 import json
 import subprocess
@@ -8,16 +9,23 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import pytest
 from scipy import stats
+
+from avkit.scheduling.cost import CostTable
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _live(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "bench/adaptive.py", "live", "--tiny", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=900)
+
+
 def test_tiny_protocol_runs_through_the_cli(tmp_path):
-    out = tmp_path / "al.md"
-    p = subprocess.run([sys.executable, "bench/adaptive.py", "live", "--tiny", "--out", str(out)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=900)
+    out, kept = tmp_path / "al.md", tmp_path / "traces"
+    p = _live("--out", str(out), "--traces", str(kept))
     assert p.returncode == 0, p.stderr[-3000:]
     c1, c2, mix = json.loads(out.with_suffix(".json").read_text())  # c = 1, c = 2, their equal-time mix
     assert (c1["concurrency"], c2["concurrency"], mix["concurrency"]) == (1, 2, "mixed")
@@ -39,3 +47,22 @@ def test_tiny_protocol_runs_through_the_cli(tmp_path):
             assert run["decode_tok_s"] == pytest.approx((c1["runs"][k][r]["decode_tok_s"] +
                                                          c2["runs"][k][r]["decode_tok_s"]) / 2)
     assert "adaptive-stop:online_logistic / best fixed K" in out.read_text()
+    assert c1["date"] and c1["commit"] and "load" in c1  # each cell names when and on what it ran
+
+    # --resume measures nothing it holds; --predict replays each kept trace, as `avkit simulate` does
+    p = _live("--out", str(out), "--traces", str(kept), "--resume")
+    assert p.returncode == 0 and json.loads(out.with_suffix(".json").read_text()) == [c1, c2, mix], p.stderr[-3000:]
+    cost = tmp_path / "cost.json"
+    CostTable((1, 8, 32), (1.0, 1.6, 4.0), (1, 8), (0.1, 0.3)).save(cost)
+    p = _live("--out", str(out), "--traces", str(kept), "--predict", str(cost))
+    assert p.returncode == 0, p.stderr[-3000:]
+    for cell in json.loads(out.with_suffix(".json").read_text())[:2]:
+        trace = kept / f"tiny_T1_c{cell['concurrency']}.parquet"
+        sim = tmp_path / f"sim{cell['concurrency']}.parquet"
+        q = subprocess.run([sys.executable, "-m", "avkit", "simulate", str(trace), "--cost", str(cost), "--concurrency",
+                            str(cell["concurrency"]), "--policy", ",".join(cell["runs"]), "--out", str(sim)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert q.returncode == 0, q.stderr[-3000:]
+        assert list(cell["predicted"]["tok_s"].values()) == pytest.approx(
+            pl.read_parquet(sim)["throughput_tok_s"].to_list(), rel=1e-9)
+    assert "## The simulator against these cells" in out.read_text()

@@ -29,7 +29,7 @@ def _cells(md: Path) -> list[list[str]]:
 def test_tiny_grid_logs_every_step_and_replays_to_the_same_table(tmp_path):
     out = tmp_path / "cost.md"
     p = _cost("--tiny", "--temperatures", "0", "--batches", "1,2", "--ks", "0,2", "--min-tokens", "24",
-              "--min-steps", "8", "--out", str(out))
+              "--min-steps", "8", "--out", str(out), "--learned", str(tmp_path / "live"))
     assert p.returncode == 0, p.stderr[-3000:]
     log = out.with_name("cost_steps.jsonl")
     assert log.stat().st_size < 1_000_000
@@ -49,9 +49,12 @@ def test_tiny_grid_logs_every_step_and_replays_to_the_same_table(tmp_path):
         for col, j in (("offline_ms", 5), ("online_ms", 6)):  # the table's medians, recomputed from the log
             assert float(row[j]) == pytest.approx(np.median([s["ms"] / s[col] for s in seen]), rel=2e-3, abs=2e-3)
     replayed = tmp_path / "replay.md"
-    p = _cost("--replay", str(log), "--min-steps", "8", "--out", str(replayed))
+    p = _cost("--replay", str(log), "--min-steps", "8", "--out", str(replayed), "--learned", str(tmp_path / "replay"))
     assert p.returncode == 0, p.stderr[-3000:]
     assert _cells(replayed) == cells  # the unchanged learner on the logged steps: the live table exactly
+    live, again = (CostTable.load(tmp_path / d / "cost_learned_T0.json") for d in ("live", "replay"))
+    assert live.to_json() == again.to_json()  # and the same learned model, a cost file every --cost reads
+    assert live.to_json() != table.to_json()  # (which moved from its prior)
 
 
 def test_replay_of_a_file_that_is_no_step_log_is_one_error_line(tmp_path):
