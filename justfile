@@ -94,7 +94,7 @@ bench-cost-replay:
 # (real pair, idle CPU, hours on 2 cores; `python bench/adaptive.py live --tiny` checks it in seconds)
 [doc("live adaptive / best fixed K per cell, 95% intervals (real pair, idle CPU, hours)")]
 bench-adaptive-live *ARGS:
-    python bench/adaptive.py live --cost 'bench/results/cost_live_T{T}.json' --resume {{ARGS}}
+    python bench/adaptive.py live --cost 'bench/results/cost_learned_T{T}.json' --resume {{ARGS}}
 
 # the simulator against those cells: each cell's kept trace under the learned cost models (seconds, no models)
 [doc("the simulator's tok/s beside every live adaptive cell, from its kept trace and the learned cost models")]
