@@ -1,5 +1,6 @@
-"""The early stop's look-ahead (avkit/scheduling/plan.py): a request drafts on while any deeper depth pays,
-checked against brute force: a loop over rows and depths, and the best depth of a staircase step cost."""
+"""The early stop's look-ahead (avkit/scheduling/plan.py): requests draft on while a deeper step, priced whole,
+pays; checked against brute force: a loop over groups and depths, the best depth of a staircase step cost for
+one request, and the best common depth of a batch."""
 
 from __future__ import annotations
 
@@ -17,26 +18,32 @@ def _staircase(tile: int, step_ms: float, base_ms: float, top: int) -> torch.Ten
 
 
 def _loop_oracle(conf, proposed, active, group, inputs, k):
-    """The rule by hand, one row and one depth at a time (plan.py's plan for the rate and the budget)."""
-    p = plan(conf, proposed, group, int(group.max()) + 1, num_sampling=inputs["num_sampling"],
-             num_scheduled=inputs["num_scheduled"], fixed_ms=inputs["fixed_ms"], verify_ms=inputs["verify_ms"])
-    out = []
-    for r in range(conf.shape[0]):
-        g = int(group[r])
-        rate = float(p.expected[g] / p.cost_ms[g])
-        t = int(inputs["num_scheduled"][g] + p.budget[g])
-        j = int(proposed[r]) - 1
-        s, c = float(p.survival[r, j]), min(max(float(np.nan_to_num(float(conf[r, j]))), 0.0), 1.0)
-        v = int(p.num_verify[r])
-        pending = sum(float(p.survival[r, i]) for i in range(v, j + 1))  # drafted, left unverified by b*
-        share = float(inputs["pass_ms"][g]) / max(int(inputs["n_active"][g]), 1)
-        pays = False
-        for m in range(1, k - int(proposed[r]) + 1):
-            gain = pending + s * sum(c ** i for i in range(1, m + 1))
-            top = len(inputs["verify_ms"]) - 1
-            cost = m * share + float(inputs["verify_ms"][min(t + (j + 1 - v) + m, top)] - inputs["verify_ms"][t])
-            pays = pays or gain > rate * cost
-        out.append(bool(active[r]) and pays)
+    """The rule by hand, one group and one depth at a time: each group's rows alone through plan.py's plan, as
+    they stand and with every active row's next m drafts at its newest confidence."""
+    out = [False] * conf.shape[0]
+    one = lambda v: torch.as_tensor([v])
+    j = conf.shape[1]
+    for g in range(int(group.max()) + 1):
+        idx = [r for r in range(conf.shape[0]) if int(group[r]) == g]
+        kw = {"num_sampling": one(int(inputs["num_sampling"][g])), "num_scheduled": one(int(inputs["num_scheduled"][g])),
+              "verify_ms": inputs["verify_ms"]}
+        fixed, pass_ms = float(inputs["fixed_ms"][g]), float(inputs["pass_ms"][g])
+        now = plan(conf[idx], proposed[idx], single_group(len(idx)), 1, fixed_ms=one(fixed).double(), **kw)
+        best, best_m, best_plan = float(now.expected[0] / now.cost_ms[0]), None, None
+        for m in range(1, k - j + 1):
+            grown, drafted = [], []
+            for r in idx:
+                c = min(max(float(np.nan_to_num(float(conf[r, int(proposed[r]) - 1]))), 0.0), 1.0)
+                grown.append(list(conf[r].tolist()) + [c] * m)
+                drafted.append(int(proposed[r]) + (m if bool(active[r]) else 0))
+            q = plan(torch.tensor(grown, dtype=torch.float64), torch.tensor(drafted), single_group(len(idx)), 1,
+                     fixed_ms=one(fixed + m * pass_ms).double(), **kw)
+            rate = float(q.expected[0] / q.cost_ms[0])
+            if rate > best:  # strictly better: ties keep the smaller m (or stopping)
+                best, best_m, best_plan = rate, m, q
+        if best_m is not None:
+            for i, r in enumerate(idx):
+                out[r] = bool(active[r]) and int(best_plan.num_verify[i]) > int(proposed[r])
     return out
 
 
@@ -52,10 +59,9 @@ def test_look_ahead_is_the_loop_oracle(seed):
     conf = torch.as_tensor(rng.uniform(0.2, 1.0, (s, j)))
     conf = conf.masked_fill(torch.arange(j)[None, :] >= proposed[:, None], float("nan"))
     active = proposed == j
-    n_active = torch.zeros(groups, dtype=torch.int64).index_add_(0, group, active.long())
     n = torch.as_tensor(sizes)
     inputs = {"num_sampling": n, "num_scheduled": n, "fixed_ms": torch.as_tensor(rng.uniform(1, 30, groups)),
-              "pass_ms": torch.as_tensor(rng.uniform(0.5, 20, groups)), "n_active": n_active,
+              "pass_ms": torch.as_tensor(rng.uniform(0.5, 20, groups)),
               "verify_ms": _staircase(int(rng.integers(1, 8)), float(rng.uniform(5, 60)), 40.0, s * (k + 1) + 2)}
     keep, _ = continue_drafting(conf, proposed, active, group, groups, max_drafts=k, **inputs)
     assert keep.tolist() == _loop_oracle(conf, proposed, active, group, inputs, k)
@@ -71,7 +77,7 @@ def _draft_until_stop(c: float, k: int, pass_ms: float, verify_ms: torch.Tensor,
         keep, _ = continue_drafting(torch.full((1, j), c, dtype=torch.float64), one * j, torch.ones(1, dtype=torch.bool),
                                     single_group(1), 1, num_sampling=one, num_scheduled=one,
                                     fixed_ms=torch.tensor([j * pass_ms], dtype=torch.float64),
-                                    pass_ms=torch.tensor([pass_ms], dtype=torch.float64), n_active=one,
+                                    pass_ms=torch.tensor([pass_ms], dtype=torch.float64),
                                     verify_ms=verify_ms, max_drafts=horizon(j))
         if not keep.item():
             return j
@@ -99,3 +105,39 @@ def test_look_ahead_stops_at_the_best_depth_of_a_staircase(seed):
         short = _draft_until_stop(c, k, pass_ms, verify_ms, lambda j: j + 1)
         lost.append(1 - _rate(c, short, pass_ms, verify_ms) / best)
     assert max(lost) > 0.05  # the one-step rule stops at a tile's edge where two more drafts would pay
+
+
+def _group_rate(n: int, c: float, depth, pass_ms: float, verify_ms: torch.Tensor) -> float:
+    """The best plan's tokens per ms for n requests at constant confidence c that drafted `depth` [n] each,
+    paying max(depth) passes of `pass_ms`."""
+    depth = torch.as_tensor(depth)
+    one = torch.as_tensor([n])
+    p = plan(torch.full((n, int(depth.max())), c, dtype=torch.float64), depth, single_group(n), 1, num_sampling=one,
+             num_scheduled=one, fixed_ms=torch.tensor([int(depth.max()) * pass_ms], dtype=torch.float64),
+             verify_ms=verify_ms)
+    return float(p.expected[0] / p.cost_ms[0])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_batch_drafts_on_where_only_all_its_rows_together_pay_the_next_tile(seed):
+    """n requests at constant confidence on a 6-row-tile staircase (a tile is a large step, a pass is cheap):
+    drafting pass by pass, the batch reaches the best rate of any common depth (brute force), where each row's
+    next draft alone would start a tile for one token (the case that made a row-by-row rule stop at depth 1)."""
+    rng = np.random.default_rng(seed)
+    k = 7
+    for _ in range(10):
+        n, c = int(rng.integers(2, 9)), float(rng.uniform(0.7, 0.97))
+        pass_ms, verify_ms = float(rng.uniform(1.0, 15.0)), _staircase(6, float(rng.uniform(40, 120)), 60.0, 9 * (k + 1))
+        depth, active = torch.ones(n, dtype=torch.int64), torch.ones(n, dtype=torch.bool)
+        one = torch.as_tensor([n])
+        for j in range(1, k):
+            if not active.any():
+                break
+            keep, _ = continue_drafting(torch.full((n, j), c, dtype=torch.float64).masked_fill(
+                torch.arange(j)[None, :] >= depth[:, None], float("nan")), depth, active, single_group(n), 1,
+                num_sampling=one, num_scheduled=one, fixed_ms=torch.tensor([j * pass_ms], dtype=torch.float64),
+                pass_ms=torch.tensor([pass_ms], dtype=torch.float64), verify_ms=verify_ms, max_drafts=k)
+            active = keep
+            depth = depth + keep.long()
+        best = max(_group_rate(n, c, torch.full((n,), d), pass_ms, verify_ms) for d in range(1, k + 1))
+        assert _group_rate(n, c, depth, pass_ms, verify_ms) == pytest.approx(best, rel=1e-9), (n, c, pass_ms, depth)

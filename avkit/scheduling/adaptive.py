@@ -238,8 +238,7 @@ class AdaptiveVerification(VerifyPolicy):
         width = (n * (deep + 1) if many else n + b * deep) + deep + 2
         inputs["fixed_ms"] = inputs["fixed_ms"] + self.draft_ms
         return continue_drafting(conf, batch.num_drafted, active, group, num_groups, pass_ms=pass_ms,
-                                 n_active=n_active, verify_ms=self._lookup("verify_cost", width, dev),
-                                 max_drafts=deep, **inputs)[0]
+                                 verify_ms=self._lookup("verify_cost", width, dev), max_drafts=deep, **inputs)[0]
 
     def observe(self, outcome: VerifyOutcome) -> None:
         self.steps += 1

@@ -193,46 +193,51 @@ def single_group(rows: int, device=None) -> torch.Tensor:
 
 
 # ---- early stop of an autoregressive drafter (docs/budget.md "Early stop"): after each draft pass, which rows
-# draft on. After pass j (rows that drafted in it are `active`), with the plan sized over everything drafted so
-# far and the drafting already paid:
-#   rate      E(b*) / cost(b*): the step's tokens per ms at the current optimum                  [G]
-#   pending   the row's drafts so far that b* leaves unverified (u of them, survivals summed)    [S]
-#   c_next    the newest draft's confidence, the guess for every deeper one (clamped to [0, 1])  [S]
-#   gain(m)   pending + s_newest (c_next + ... + c_next^m): expected tokens of drafting m more and
-#             verifying the row to the end                                                     [S, D]
-#   cost(m)   m pass_ms / n_active + verify_ms[T + b* + u + m] - verify_ms[T + b*]: the row's share
-#             of m more passes and its u + m extra verified tokens                             [S, D]
-#   keep      active & exists m in 1..K - proposed with gain(m) > rate * cost(m)
-# Look-ahead over D = K depths, not one (the CPU kernel's 6-row tiles make depth d + 1 alone unprofitable where
-# d + 2 pays). Lossless: drafted slots' confidences and the load decide.
+# draft on. After pass j (rows that drafted in it are `active`; each has drafted j), the step is priced as it
+# stands and as it would stand after m = 1..D more passes of every active row (D = K - j), each plan at its optimum:
+#   now       E(b*) / cost(b*) over the drafts so far, the drafting paid so far in fixed_ms        [G]
+#   after(m)  the same with each active row's next m drafts guessed at c_next, its newest draft's confidence
+#             (clamped to [0, 1]), and m more passes in fixed_ms                                   [G, D]
+#   m*        the smallest m of the best after(m)
+#   keep      active & after(m*) > now & the plan at m* verifies at least one of the row's guessed drafts
+# The group is priced whole, not row by row: verify cost is a staircase in the step's tokens (the CPU kernel's
+# 6-row tiles), so no row alone pays for the next tile where all rows together do; and over D depths, not one
+# (depth d + 1 alone may not pay where d + 2 does). Lossless: drafted slots' confidences and the load decide.
+
+
 def continue_drafting(conf: torch.Tensor, proposed: torch.Tensor, active: torch.Tensor, group: torch.Tensor,
                       num_groups: int, *, num_sampling: torch.Tensor, num_scheduled: torch.Tensor,
-                      fixed_ms: torch.Tensor, pass_ms: torch.Tensor, n_active: torch.Tensor,
-                      verify_ms: torch.Tensor, max_drafts: int) -> tuple[torch.Tensor, Plan]:
-    """[S] bool "draft on" after a pass, and the plan it was judged on.
+                      fixed_ms: torch.Tensor, pass_ms: torch.Tensor, verify_ms: torch.Tensor,
+                      max_drafts: int) -> tuple[torch.Tensor, Plan]:
+    """[S] bool "draft on" after a pass, and the plan of the drafts so far.
 
     conf: [S, j] confidences of the drafts so far; proposed: [S] drafts so far; active: [S] bool, drafted
-    in this pass; group [S] ascending; num_sampling, num_scheduled, fixed_ms (drafting paid so far + KV
-    reads), pass_ms (this pass), n_active: [G]; verify_ms: [T_max + 1] lookup (plan.verify_lookup);
-    max_drafts: K, the deepest a row may draft (the look-ahead's horizon).
+    in this pass (proposed == j); group [S] ascending; num_sampling, num_scheduled, fixed_ms (drafting paid
+    so far + KV reads), pass_ms (one more pass over the active rows): [G]; verify_ms: [T_max + 1] lookup
+    (plan.verify_lookup, T_max >= num_scheduled + S max_drafts); max_drafts: K, the deepest a row may draft.
     """
-    p = plan(conf, proposed, group, num_groups, num_sampling=num_sampling, num_scheduled=num_scheduled,
-             fixed_ms=fixed_ms, verify_ms=verify_ms)
-    rate = p.expected / p.cost_ms  # [G] tokens per ms at the optimum
-    t = num_scheduled + p.budget  # [G] target tokens verified at the optimum
-    rows = torch.arange(conf.shape[0], device=conf.device)
-    newest = (proposed - 1).clamp(min=0)  # [S]
-    c_next = torch.nan_to_num(conf[rows, newest].double(), nan=0.0).clamp(0.0, 1.0)  # [S]
-    surv = p.survival.double()  # [S, j]
-    j = torch.arange(surv.shape[1], device=conf.device)[None, :]
-    unverified = (j >= p.num_verify[:, None]) & (j < proposed[:, None])  # [S, j]
-    pending = (surv * unverified).sum(1)  # [S]
-    u = proposed - p.num_verify  # [S]
-    m = torch.arange(1, max(max_drafts, 1) + 1, device=conf.device)  # [D] more drafts
-    gain = pending[:, None] + surv[rows, newest][:, None] * (c_next[:, None] ** m).cumsum(1)  # [S, D]
-    top = verify_ms.numel() - 1
-    t_row = t[group]  # [S]
-    extra = verify_ms[(t_row[:, None] + u[:, None] + m).clamp(max=top)] - verify_ms[t_row][:, None]  # [S, D]
-    cost = m * (pass_ms.double() / n_active.clamp(min=1))[group][:, None] + extra  # [S, D]
-    pays = (gain > rate[group][:, None] * cost) & (m <= max_drafts - proposed[:, None])  # [S, D]
-    return active & pays.any(1), p
+    inputs = {"num_sampling": num_sampling, "num_scheduled": num_scheduled, "verify_ms": verify_ms}
+    p = plan(conf, proposed, group, num_groups, fixed_ms=fixed_ms, **inputs)
+    (s, j), dev = conf.shape, conf.device
+    d = max_drafts - j  # D more passes at most
+    if d <= 0 or s == 0:
+        return torch.zeros_like(active), p
+    now = p.expected / p.cost_ms  # [G]
+    rows, m = torch.arange(s, device=dev), torch.arange(1, d + 1, device=dev)  # [S], [D]
+    c_next = torch.nan_to_num(conf[rows, (proposed - 1).clamp(min=0)].double(), nan=0.0).clamp(0.0, 1.0)  # [S]
+    guessed = torch.cat([conf.double(), c_next[:, None].expand(s, d)], 1)  # [S, j + D]
+    # one plan over G D groups: group g after m more passes is g D + m - 1, its rows ascending as plan needs
+    ids = (group[None, :] * d + (m - 1)[:, None]).reshape(-1)  # [D S]
+    order = torch.sort(ids, stable=True).indices
+    src, more = rows.repeat(d)[order], m.repeat_interleave(s)[order]  # [D S] source row, its m
+    drafted = proposed[src] + active[src].long() * more  # [D S]
+    rep = lambda v: v.repeat_interleave(d)  # [G] -> [G D]
+    after_fixed = rep(fixed_ms.double()) + m.double().repeat(num_groups) * rep(pass_ms.double())  # [G D]
+    q = plan(guessed[src], drafted, ids[order], num_groups * d, fixed_ms=after_fixed,
+             **{k: rep(v) for k, v in inputs.items() if k != "verify_ms"}, verify_ms=verify_ms)
+    after = (q.expected / q.cost_ms).reshape(num_groups, d)  # [G, D]
+    best = after.max(1).values  # [G]
+    first = torch.where(after == best[:, None], m[None, :], d + 1).min(1).values  # [G] m*
+    verified = torch.empty_like(q.num_verify).index_put_((order,), q.num_verify).reshape(d, s)  # [D, S] unsorted
+    at = verified.gather(0, (first[group] - 1).clamp(max=d - 1)[None, :])[0]  # [S] each row's prefix at m*
+    return active & (best > now)[group] & (at > proposed), p  # no host read: indices, no masks
