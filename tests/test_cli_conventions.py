@@ -93,8 +93,6 @@ def test_serve_policy_takes_simulate_syntax(monkeypatch, capsys, tmp_path):
         return False
 
     monkeypatch.setattr(server, "serve", fake_serve)
-    monkeypatch.setattr("avkit.serve.startup.warm_start", lambda config: None)
-    monkeypatch.setattr("avkit.serve.startup.bind_socket", lambda host, port: None)
     sched = tmp_path / "schedule.json"
     sched.write_text('{"schedule": {"ranges": [[1, 4, 2], [5, 9, 1]]}}')
     cases = {("adaptive",): ("adaptive", "online_logistic", 7, True), ("adaptive:qmax",): ("adaptive", "qmax", 7, True),

@@ -24,7 +24,6 @@ import torch
 
 from avkit.config import SuffixCacheConfig
 from avkit.drafters.base import Drafter, DraftInput, DraftProposal
-from avkit.drafters.draft_model import DraftModelDrafter
 from avkit.errors import ConfigError
 from avkit.features import draft_features
 from avkit.hvd.features import FEATURE_GROUPS, RequestFeatures, columns
@@ -213,12 +212,4 @@ class HybridDrafter(Drafter):
             self.model_drafter.release(slot)
 
 
-def make_hybrid_drafter(draft, max_batch: int, max_len: int, payoff_path: str | None = None,
-                        tokenizer: str | None = None, k: int = 7, cache: SuffixCache | None = None) -> HybridDrafter:
-    """The engine's `--drafter hybrid`: the draft model behind the router of `payoff_path` (`from_file`);
-    `cache`: the server's shared suffix cache (one global tree for every request, kept across engine restarts)."""
-    model = DraftModelDrafter(draft, max_batch, max_len)
-    return HybridDrafter.from_file(model, payoff_path, tokenizer, k=k, cache=cache)
-
-
-__all__ = ["HybridDrafter", "make_hybrid_drafter"]
+__all__ = ["HybridDrafter"]

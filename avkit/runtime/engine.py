@@ -289,8 +289,9 @@ def make_engine(target, draft, config: EngineConfig, models: ModelsConfig, *, po
     with a draft model the hybrid one (`cache`: a server's SuffixCache, kept when a failed engine is replaced)."""
     drafter = None
     if models.drafter == "hybrid" and draft is not None:
-        from avkit.hvd.hybrid_drafter import make_hybrid_drafter  # lazy: the HVD stack (--drafter hybrid only)
+        from avkit.hvd.hybrid_drafter import HybridDrafter  # lazy: the HVD stack (--drafter hybrid only)
 
-        drafter = make_hybrid_drafter(draft, config.concurrency, config.max_len, k=config.k, cache=cache,
-                                      payoff_path=models.payoff or None, tokenizer=models.target)
+        # the draft model behind the router of --payoff (HybridDrafter.from_file)
+        drafter = HybridDrafter.from_file(DraftModelDrafter(draft, config.concurrency, config.max_len),
+                                          models.payoff or None, models.target, k=config.k, cache=cache)
     return Engine(target, draft, config, policy=policy, sink=sink, drafter=drafter)
