@@ -38,7 +38,7 @@ from avkit.scheduling.cost import resolve_cost
 from avkit.scheduling.profile import profile_costs
 from avkit.step_types import DraftBatch, Load, VerifyOutcome
 from avkit.throughput_text import tok
-from avkit.sim.replay import default_policies, load_steps, results_inputs, simulate, step_time_check, write_results
+from avkit.sim.replay import default_policies, load_steps, simulate_and_write, step_time_check
 from avkit.trace.synthetic import synthetic_trace
 from adaptive_live import live_main
 from common import write  # bench/ is on sys.path when run as a script
@@ -195,11 +195,10 @@ def main(argv=None) -> int:
     for key, (spec, title, concurrency, note) in costs.items():
         t0 = time.perf_counter()
         table = resolve_cost(spec)
-        df = simulate(steps, table, concurrency, specs, config=config)
+        df, _ = simulate_and_write(paths, table, replace(config, cost=spec, concurrency=tuple(concurrency)),
+                                   out.with_name(f"adaptive_sim_{key}.parquet"), steps=steps, policies=specs,
+                                   command="bench/adaptive.py")
         seconds = time.perf_counter() - t0
-        inputs = results_inputs(paths, table, replace(config, cost=spec, concurrency=tuple(concurrency)), specs,
-                                command="bench/adaptive.py")
-        write_results(df, out.with_name(f"adaptive_sim_{key}.parquet"), inputs=inputs)
         summary = "\n".join(f"- {shape_summary(df, p)}" for p in SUMMARIZED if p in df["policy"].to_list())
         sections.append(f"## {title}\n\nCost: `{spec}` ({note}). Simulated in {seconds:.1f} s.\n\n"
                         f"{markdown_table(df)}\n\n{summary}\n")
