@@ -38,8 +38,8 @@ traces: LOTO trains on every other trace, LOTTO only on traces of another temper
   forgetting_gap_mean  the same, the pair of least mean log-loss over the inner held-out traces
 All read q_max only (and the served temperature): lossless. Scores come from avkit.metrics:
 ECE (10 bins) with a 95% request-bootstrap interval and its floor (the ECE of perfect calibration
-on this many slots, metrics/bootstrap.py), the debiased l2 calibration error with its interval from the
-same resamples (metrics/debiased.py, requests as clusters), log-loss, AUC, and per position.
+on this many slots, metrics/uncertainty.py), the debiased l2 calibration error with its interval from the
+same resamples (metrics/uncertainty.py, requests as clusters), log-loss, AUC, and per position.
 Goals (per held-out trace): ECE <= 0.010, log-loss <= vllm's, AUC >= vllm's - 0.002; the ECE goal is
 judged on the plug-in ECE (docs/estimator.md says why), the debiased error is reported beside it.
 Writes bench/results/estimators.md and estimators_reliability.png (bench/common.py: staged, renamed together).
@@ -66,8 +66,7 @@ from avkit.estimators.warm_start import TemperatureFit, temperature_warm_start
 from avkit.fit.data import file_clock, load_fit_data
 from avkit.fit.replay import online_replay
 from avkit.metrics import auc, ece, log_loss, score_table
-from avkit.metrics.bootstrap import cluster_bootstrap, ece_floor
-from avkit.metrics.debiased import debiased_ce2, signed_root
+from avkit.metrics.uncertainty import cluster_bootstrap, debiased_ce2, ece_floor, signed_root
 from avkit.trace.reader import iter_traces, trace_metadata
 from common import RESULTS, header, progress, write  # bench/ is on sys.path when run as a script
 

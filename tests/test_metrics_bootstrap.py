@@ -1,10 +1,10 @@
-"""metrics/bootstrap.py: each cluster resample is the weighted metric (sklearn's log-loss and a loop ECE
+"""metrics/uncertainty.py: each cluster resample is the weighted metric (sklearn's log-loss and a loop ECE
 as oracles), and the ECE floor is the ECE of labels drawn from the predictions."""
 
 import numpy as np
 
 from avkit.metrics import ece
-from avkit.metrics.bootstrap import cluster_bootstrap, ece_floor
+from avkit.metrics.uncertainty import cluster_bootstrap, ece_floor
 
 
 def _clustered(n=3000, clusters=40, seed=0):

@@ -1,12 +1,11 @@
-"""metrics/debiased.py: the debiased squared calibration error CE2 against a brute-force loop, and its
+"""metrics/uncertainty.py: the debiased squared calibration error CE2 against a brute-force loop, and its
 mean on simulated perfectly calibrated data (fixed seeds, stated margins), beside the plug-in's."""
 
 import numpy as np
 import pytest
 
 from avkit.errors import DataError
-from avkit.metrics.bootstrap import cluster_bootstrap
-from avkit.metrics.debiased import debiased_ce2, signed_root
+from avkit.metrics.uncertainty import cluster_bootstrap, debiased_ce2, signed_root
 
 
 def _loop_ce2(y, p, clusters, n_bins=10):

@@ -29,26 +29,18 @@ def _family_auc(codes: np.ndarray | None, y: np.ndarray, ties, num_codes: int) -
     A positive of code c at place j among c's rows outranks j - (positives of c before it) negatives, so
     the win count is sum_pos j - P (P - 1) / 2 (a stable counting sort by code gives each j); ties are
     corrected on the tied rows only."""
-    if codes is None:
-        n = np.array([y.size])  # [1]
-        idx_sum = np.array([float(np.flatnonzero(y).sum())])
-        pos = np.array([float(np.count_nonzero(y))])
-        start = np.zeros(1)
-        codes_t = None if ties is None else np.zeros(ties[0].size, np.int8)
-    else:
-        order = np.argsort(codes, kind="stable")  # counting sort of small ints
-        n = np.bincount(codes, minlength=num_codes)  # [C] rows per code
-        start = (np.cumsum(n) - n).astype(np.float64)  # [C] first place of each code
-        hit = np.flatnonzero(y[order])  # [P] places of the positives in the code-grouped layout
-        code_of = np.repeat(np.arange(num_codes), n)[hit]  # [P]
-        idx_sum = np.bincount(code_of, weights=hit, minlength=num_codes)
-        pos = np.bincount(code_of, minlength=num_codes).astype(np.float64)
-        codes_t = None if ties is None else codes[ties[0]]
-    neg = n - pos
-    wins = idx_sum - pos * start - pos * (pos - 1) / 2  # [C]
+    codes = np.zeros(y.size, np.int8) if codes is None else codes
+    order = np.argsort(codes, kind="stable")  # counting sort of small ints
+    n = np.bincount(codes, minlength=num_codes)  # [C] rows per code
+    start = (np.cumsum(n) - n).astype(np.float64)  # [C] first place of each code
+    hit = np.flatnonzero(y[order])  # [P] places of the positives in the code-grouped layout
+    code_of = np.repeat(np.arange(num_codes), n)[hit]  # [P]
+    pos = np.bincount(code_of, minlength=num_codes).astype(np.float64)
+    wins = np.bincount(code_of, weights=hit, minlength=num_codes) - pos * start - pos * (pos - 1) / 2  # [C]
     if ties is not None:
         yt = y[ties[0]].astype(np.float64)  # [T]
-        wins += tie_correction(ties[1], yt, 1.0 - yt, codes_t, num_codes)
+        wins += tie_correction(ties[1], yt, 1.0 - yt, codes[ties[0]], num_codes)
+    neg = n - pos
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where((pos > 0) & (neg > 0), wins / (pos * neg), np.nan)
 

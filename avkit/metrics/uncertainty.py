@@ -1,4 +1,5 @@
-"""Debiased calibration error: the squared (l2) binned calibration error less its finite-sample bias, bin
+"""How sure the calibration of one trace is: a cluster bootstrap, the ECE of perfect calibration, and the
+debiased calibration error: the squared (l2) binned calibration error less its finite-sample bias, bin
 by bin (Kumar, Liang and Ma 2019, §5, with a cluster-robust variance: slots of one request are correlated;
 docs/estimator.md). In bin b (n_b slots, mean prediction s_b, label mean ybar_b):
 
@@ -10,6 +11,14 @@ with n_rb slots and S_rb accepted ones of cluster r (a request) in bin b and G_b
 root sgn(CE2) sqrt|CE2|, an l2 error that bounds the l1 ECE of the same bins from above (Jensen).
 Per-cluster sums (additive over clusters, so a bootstrap resample is a counts matrix times them):
   stats [7, ..., n_bins]: n, sum p, sum y, sum_r n_rb^2, sum_r n_rb S_rb, sum_r S_rb^2, G_b
+
+Cluster bootstrap and floor:
+  clusters  [N] int codes of the unit resampled (a request: its slots share one context)
+  resample  R clusters drawn with replacement out of R, cluster r counted m_r times: exactly `ece` /
+            `log_loss` with sample_weight m_{cluster(n)}, as the counts matrix times each cluster's
+            additive sums (metrics/calibration.py)
+  floor     the mean ECE over labels drawn y* ~ Bernoulli(p) (consistency resampling, Broecker and
+            Smith 2007): what a perfectly calibrated predictor shows on these N slots
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ from __future__ import annotations
 import numpy as np
 
 from avkit.errors import DataError
-from avkit.metrics.calibration import additive_sums, check_binary_inputs, check_n_bins
+from avkit.metrics.calibration import additive_sums, check_binary_inputs, check_n_bins, ece_from_bins
 
 
 def cluster_stats(per_cluster: np.ndarray) -> np.ndarray:
@@ -59,3 +68,27 @@ def debiased_ce2(labels, probs, clusters=None, n_bins: int = 10) -> float:
     r = int(codes.max()) + 1
     _, per_cluster = additive_sums(p, y, codes, 1, r, check_n_bins(n_bins))  # [3, 1, R, n_bins]
     return float(ce2_from_stats(cluster_stats(per_cluster[:, 0]).sum(1)))
+
+
+def cluster_bootstrap(labels, probs, clusters, *, n_boot: int = 1000, n_bins: int = 10,
+                      seed: int = 0) -> dict[str, np.ndarray]:
+    """-> {"ece": [n_boot], "log_loss": [n_boot], "ce2": [n_boot]} over cluster resamples (the same resamples for the
+    same `clusters`, `n_boot` and `seed`: two predictors' draws are paired)."""
+    y, p, _ = check_binary_inputs(labels, probs, name="probs", probabilities=True)
+    _, codes = np.unique(np.asarray(clusters), return_inverse=True)  # [N] 0..R-1
+    r = int(codes.max()) + 1
+    nll, table = additive_sums(p, y, codes, 1, r, n_bins)  # [1, R], [3, 1, R, n_bins]
+    counts = np.random.default_rng(seed).multinomial(r, np.full(r, 1.0 / r), size=n_boot).astype(np.float64)  # [B, R]
+    boot = np.einsum("br,crk->cbk", counts, table[:, 0])  # [3, B, n_bins]
+    ce2 = ce2_from_stats(np.einsum("br,crk->cbk", counts, cluster_stats(table[:, 0])))  # [B]
+    return {"ece": ece_from_bins(boot), "log_loss": counts @ nll[0] / boot[0].sum(-1), "ce2": ce2}
+
+
+def ece_floor(probs, *, n_draws: int = 200, n_bins: int = 10, seed: int = 0) -> float:
+    """Mean ECE of `probs` against labels drawn from them (perfect calibration, same N)."""
+    _, p, _ = check_binary_inputs(np.zeros(len(probs)), probs, name="probs", probabilities=True)
+    rng = np.random.default_rng(seed)
+    y = (rng.random((n_draws, p.size)) < p).astype(np.float64)  # [D, N]
+    _, table = additive_sums(np.tile(p, n_draws), y.ravel(), np.repeat(np.arange(n_draws), p.size), 1, n_draws,
+                             n_bins)
+    return float(ece_from_bins(table[:, 0]).mean())
