@@ -3,8 +3,8 @@
 Budgeted verification (docs/budget.md): with confidences c [B, K] in [0, 1], slot j of request r survives with
 s[r, j] = prod_{i <= j} c[r, i] (slots j >= num_drafted[r] are invalid). Of a budget of b slots, the b valid
 slots with the largest survival are verified, ties by (request, position) ascending: deterministic, and since
-survival never grows with depth each request gets a prefix, num_verify[r]. The product runs left to right in
-float32 (scheduling/plan.py `survival`), as in the kernel: bit-identical survivals, identical rankings.
+survival never grows with depth each request gets a prefix, num_verify[r]: scheduling/plan.py's survival and
+ranking, with b given instead of chosen.
 """
 
 from __future__ import annotations
@@ -46,8 +46,7 @@ def allocation_inputs(confidences, num_drafted, budget, check: bool = True):
 
 @torch.no_grad()
 def allocate_ref(confidences, num_drafted, budget, *, check: bool = True) -> Allocation:
-    """Survival of every slot and each request's verified prefix under a budget of b slots (scheduling/plan.py's
-    survival and ranking, with b given instead of chosen).
+    """Survival of every slot and each request's verified prefix under a budget of b slots.
 
     Examples
     --------

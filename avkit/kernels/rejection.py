@@ -1,19 +1,11 @@
-"""Rejection sampling with variable verify lengths, Triton: one program per request.
-
-Spec and CPU path: `avkit.kernels.rejection_ref.rejection_sample_ref` (same signature, same random numbers, so
-integer outputs agree bit for bit). Per request r with k = num_verify[r]:
-  1. accept test for every slot at once: u_j < p_j(x_j) / q_j(x_j), u_j = uniform(seed, r,
-     pos + j, STREAM_ACCEPT, 0) (greedy: x_j == argmax p_j, from one [K+1, V] pass over the
-     rows 0..k only; p may then be the logits, and target_prob is 1[x_j = argmax]); n = length of
-     the accepted prefix among the k verified slots;
-  2. one pass over row n of the vocabulary: the exponential race argmax_v w_v / E_v,
-     E_v = -log(uniform(seed, r, pos + n, STREAM_SAMPLE, v)), with w = max(p_n - q_n, 0) after a
-     rejection (n < k) or w = p_n for the bonus token (n = k); a residual with no mass falls back
-     to p_n. Both races run in the same pass, so the fallback costs no extra read.
-Random numbers: `avkit.kernels.rng`'s hash chain in uint32 (which wraps where the torch reference masks), cut
-where reused: (seed, request) once per request, + (position, stream) once per row, + index per element.
-Ties keep the lowest index, as torch.argmax does; `observed` is `avkit.trace.labels.observed` of the lengths.
-Glossary: x draft tokens [B, K], p target probs [B, K+1, V], q draft probs [B, K, V].
+"""Rejection sampling with variable verify lengths, Triton: one program per request. Same signature and random
+numbers as the spec and CPU path, `avkit.kernels.rejection_ref.rejection_sample_ref`, so integer outputs agree
+bit for bit. Per request: every slot's accept test at once (greedy: one [K+1, V] argmax pass over rows 0..k
+only), then one pass over row n that runs the residual's and p_n's exponential races together, so the no-mass
+fallback costs no extra read. `avkit.kernels.rng`'s hash chain runs in uint32 (it wraps where the reference
+masks), cut where reused: (seed, request) once per request, + (position, stream) per row, + index per element.
+Ties keep the lowest index, as torch.argmax does. x draft tokens [B, K], p target probs [B, K+1, V], q draft
+probs [B, K, V].
 """
 
 from __future__ import annotations

@@ -2,11 +2,7 @@
 ``~/.cache/torch_extensions`` (about a minute on 2 cores; ``avkit serve`` builds them first, in a child process:
 ``build_in_child``). Where one cannot run (``AVKIT_CPU_KERNELS=0``, missing instructions) or build (warned),
 ``load`` returns None and the torch code it replaces, which stays the definition, runs (docs/runtime.md "Batch
-invariance"). Entry points (the linears': cpu_linear.py):
-  attention       SDPA per query row over its own causal key span (``cpu_attention.cpp``), in an order fixed by
-                  the span alone: a token's logits are bit-identical however it is batched
-  sampled_probs   runtime/sampling.py ``_sampled_probs`` without top-k / min-p (``cpu_sampling.cpp``)
-  row_stats       the four reductions avkit/features.py ``draft_features`` starts from
+invariance"). The linears' kernels serve cpu_linear.py; ``attention``, ``sampled_probs`` and ``row_stats`` below.
 
     python -m avkit.models.native [NAME...]   # build these kernels (default: all that run here), in this process
 """
@@ -149,7 +145,8 @@ def _stop_group(child: subprocess.Popen, wait_s: float = 2.0) -> None:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, ends: torch.Tensor,
               scale: float) -> torch.Tensor:
-    """softmax(q k^T * scale) v per query row over keys [0, ends[b, s]) of cache slot ``slots[b]`` (ends 0: a pad).
+    """softmax(q k^T * scale) v per query row over keys [0, ends[b, s]) of cache slot ``slots[b]`` (ends 0: a pad),
+    in an order fixed by the span alone: a token's output is bit-identical however it is batched.
 
     q [B, S, H, D] bf16; k, v: one layer of the cache [max_batch, H_kv, T, D] bf16, contiguous (GQA: query head
     h reads kv head h // (H / H_kv)); slots [B] int64; ends [B, S] int64 in [0, T] -> [B, S, H, D] bf16.
@@ -164,13 +161,15 @@ def sampling_usable(logits: torch.Tensor) -> bool:
 
 
 def sampled_probs(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """logits [N, V] float32 or bf16, temperature [N] (> 0), top_p [N] -> [N, V] float32 probabilities."""
+    """runtime/sampling.py ``_sampled_probs`` without top-k / min-p: logits [N, V] float32 or bf16, temperature [N]
+    (> 0), top_p [N] -> [N, V] float32 probabilities."""
     return load("sampling").sampled_probs(logits.contiguous(), temperature.float().contiguous(),
                                           top_p.float().contiguous())
 
 
 def row_stats(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
-    """logits [N, V] float32 or bf16, temperature [N] (> 0) -> [N, 4] float32 (m, m2, s_o, sum_others e (x/T - m))
+    """The reductions features.py ``draft_features`` starts from. logits [N, V] float32 or bf16, temperature [N]
+    (> 0) -> [N, 4] float32 (m, m2, s_o, sum_others e (x/T - m))
     of x / T: its largest and second-largest values, and over the others (all but one argmax) the sums of
     e = exp(x / T - m) and of e (x / T - m)."""
     return load("sampling").row_stats(logits.contiguous(), temperature.float().contiguous())
