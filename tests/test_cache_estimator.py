@@ -222,7 +222,7 @@ def test_engine_with_cache_estimator_is_lossless_at_t1(pair, files):
 
 def test_serve_refuses_cache_coefficients_without_the_hybrid_drafter(files):
     from avkit.config import ModelsConfig, ServeConfig
-    from avkit.serve.startup import warm_start
+    from avkit.serve.server import warm_start
 
     config = ServeConfig(engine=EngineConfig(k=K), adaptive=AdaptiveConfig(cache_coefficients=files[1]))
     with pytest.raises(ConfigError, match="--cache-coefficients .*--drafter hybrid"):
@@ -241,7 +241,7 @@ def test_serve_snapshots_the_cache_estimator_and_a_restart_restores_it(pair, tmp
 
     from avkit.estimators.coefficients import load_coefficients
     from avkit.serve.server import build_state
-    from avkit.serve.snapshot import cache_snapshot_of
+    from avkit.serve.side_writes import cache_snapshot_of
 
     prompt = "x = 1\ny = 2\n" * 6
     kw = {"drafter": "hybrid", "refit_interval": 2, "draft_gate": False}

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from avkit.errors import AvkitError
 from avkit.estimators import make_estimator
 from avkit.estimators.coefficients import ServedPair, load_coefficients, load_estimator
-from avkit.serve.snapshot import coefficients_of
+from avkit.serve.side_writes import coefficients_of
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = json.loads((ROOT / "traces" / "coefficients.json").read_text())

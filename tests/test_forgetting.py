@@ -144,7 +144,7 @@ def test_serve_uses_it_and_refuses_another_pairs_snapshot(tmp_path):
     from avkit.models import load
     from avkit.models.testing import write_tiny_model
     from avkit.serve.server import build_state
-    from avkit.serve.snapshot import coefficients_of
+    from avkit.serve.side_writes import coefficients_of
     from avkit.staged import write_json_atomic
 
     tpath = write_tiny_model(tmp_path / "target", vocab=384, seed=0)

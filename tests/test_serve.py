@@ -362,7 +362,7 @@ def test_restart_resumes_from_the_snapshot(pair, tmp_path):
     state = build_state(_config(pair, tmp_path), target=pair[2], draft=pair[3])
     est = state.make_engine().policy.estimator
     est.slope, est.intercepts[:] = 0.61, [0.5, 0.25, 0.0, -0.25]
-    from avkit.serve.snapshot import coefficients_of
+    from avkit.serve.side_writes import coefficients_of
     from avkit.staged import write_json_atomic
 
     write_json_atomic(tmp_path / "snap.json", coefficients_of(est))

@@ -1,4 +1,4 @@
-"""The server learns its cost model from its own steps (avkit/serve/snapshot.py `Snapshots`): the learned model is
+"""The server learns its cost model from its own steps (avkit/serve/side_writes.py `Snapshots`): the learned model is
 snapshotted as a cost file at shutdown, a failing snapshot is counted and never raised, and the engine's
 policy reports each step's actual / predicted time."""
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from avkit.serve.server import build_state
-from avkit.serve.snapshot import coefficients_of
+from avkit.serve.side_writes import coefficients_of
 from avkit.staged import write_json_atomic
 from serve_support import running_server, serve_config
 

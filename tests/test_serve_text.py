@@ -8,7 +8,7 @@ import pytest
 
 from avkit.models.testing import train_tokenizer
 from avkit.models.tokenizer import Tokenizer
-from avkit.serve.text_stream import TextStream
+from avkit.serve.completions import TextStream
 
 TEXTS = [
     "def add(a, b):\n    return a + b\n",

@@ -226,7 +226,7 @@ class ServeConfig(Checked):
     engine: EngineConfig = field(default_factory=EngineConfig)  # k, concurrency, max_len, seed
     online: EstimatorConfig = field(default_factory=EstimatorConfig)  # refit_interval of the live refits
     # estimator (a name in ESTIMATORS), coefficients (deployed file for the warm start; "" = the snapshot
-    # or the shipped default, serve/startup.py), cost ("" = the policy's default), draft_gate
+    # or the shipped default, serve/server.py), cost ("" = the policy's default), draft_gate
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     # a name in POLICIES (avkit/scheduling/spec.py): its entry alone sets behaviour
