@@ -244,7 +244,7 @@ def test_failed_run_keeps_the_previous_report(made, tmp_path, monkeypatch):
     before = (out / "index.html").read_text()
     assert '<section id="features">' in before
 
-    def boom(inputs, config):
+    def boom(inputs):
         raise DataError("boom")
 
     monkeypatch.setitem(SECTIONS, "hybrid", boom)

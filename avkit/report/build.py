@@ -43,12 +43,12 @@ def _ignore(_: str) -> None:
     """The default `progress` and `warn`: say nothing."""
 
 
-def build_document(inputs: ReportInputs, config: ReportConfig, progress: Progress = _ignore) -> Report:
+def build_document(inputs: ReportInputs, progress: Progress = _ignore) -> Report:
     """Run every section builder; a section with missing inputs comes back `omitted`, never raises."""
     sections: list[Section] = []
     for name, build in SECTIONS.items():
         progress(name)
-        section = build(inputs, config)
+        section = build(inputs)
         source = SECTION_INPUT.get(name, "fit")
         if source in inputs.records:
             section.inputs = describe(inputs.records[source])
@@ -132,5 +132,5 @@ def _report(out, config: ReportConfig, write_fit: Callable[[Path], object], *, t
             inputs.sources["sim"] = f"simulated now with the avkit simulate defaults (cost model {SimulateConfig().cost})"
         for w in (w for ws in inputs.warnings.values() for w in ws):
             warn(w)
-        write_document(build_document(inputs, config, progress), tmp, config)
+        write_document(build_document(inputs, progress), tmp, config)
     return out

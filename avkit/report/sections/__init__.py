@@ -1,6 +1,6 @@
 """Report sections, one content block per module, in reading order.
 
-Each module has `build(inputs: ReportInputs, config: ReportConfig) -> Section`; a section whose
+Each module has `build(inputs: ReportInputs) -> Section`; a section whose
 inputs are missing returns `Section(..., omitted="why, and how to add it")` instead of failing.
 """
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from avkit.config import ReportConfig
 from avkit.report import plots
 from avkit.report.document import DIGITS, Figure, Section, Table, fmt, grid_table
 from avkit.report.inputs import ReportInputs
@@ -92,7 +91,7 @@ def auc_figure(scores: list[dict], k: int) -> Figure:
                   alt="AUC per draft position")
 
 
-def build(inputs: ReportInputs, config: ReportConfig) -> Section:
+def build(inputs: ReportInputs) -> Section:
     scores, c = inputs.fit.scores, inputs.fit.coefficients
     sec = Section("features", "Features and estimators")
     sec.add(feature_table(scores, (c["feature"], c["estimator"])))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 
-from avkit.config import ReportConfig
 from avkit.hvd import METRICS, PAPER, SPEEDUPS
 from avkit.hvd.markdown import cost_md
 from avkit.report import plots
@@ -42,7 +41,7 @@ def _verdict_table(verdict: list[dict]) -> Table | None:
         "drafter, the most any router could reach with these drafts (avkit/hvd/verdict.py).")) if verdict else None
 
 
-def build(inputs: ReportInputs, config: ReportConfig) -> Section:
+def build(inputs: ReportInputs) -> Section:
     sec, blob = Section("hybrid", "Hybrid drafting (cache + model)"), inputs.hvd
     if blob is None:
         return sec.omit(inputs.notes.get("hvd", "no HVD results"))

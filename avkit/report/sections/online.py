@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from avkit.config import EstimatorConfig, ReportConfig
+from avkit.config import EstimatorConfig
 from avkit.report import plots
 from avkit.report.document import DIGITS, Figure, Section, Table, fmt, record_table
 from avkit.report.inputs import ReportInputs
@@ -102,7 +102,7 @@ def _role_block(inputs: ReportInputs) -> list:
     return [table, fig]
 
 
-def build(inputs: ReportInputs, config: ReportConfig) -> Section:
+def build(inputs: ReportInputs) -> Section:
     sec = Section("online", "Online fitting")
     traj, c = inputs.fit.trajectory, inputs.fit.coefficients
     if traj is None and inputs.summary is None:

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from avkit.config import ReportConfig
 from avkit.metrics.calibration import ece_from_bins
 from avkit.report import plots
-from avkit.report.document import Figure, Section, Table, fmt
+from avkit.report.document import Figure, Section, Table, fmt, grid_table
 from avkit.report.inputs import ReportInputs
 
 
@@ -25,21 +24,18 @@ def reliability_bins(sums: np.ndarray) -> dict:
     return {"pred": pred, "rate": rate, "count": sums[0], "ece": float(ece_from_bins(sums))}
 
 
-def _bin_table(panels: list[tuple[str, dict]], n_bins: int) -> Table:
-    rows = []
-    for b in range(n_bins):
-        cells = [f"[{b / n_bins:.1f}, {(b + 1) / n_bins:.1f}{']' if b == n_bins - 1 else ')'}"]
-        for _, bins in panels:  # one cell per estimator keeps the table narrow: pred / obs (slots)
-            cells.append("-" if bins["count"][b] == 0 else
-                         f"{fmt(float(bins['pred'][b]), 3)} / {fmt(float(bins['rate'][b]), 3)} "
-                         f"({fmt(int(bins['count'][b]))})")
-        rows.append(tuple(cells))
-    cols = ["predicted bin"] + [t for t, _ in panels]
-    return Table(tuple(cols), rows, collapsed=True, caption="The bins behind the diagrams: mean prediction / "
-                 "observed acceptance rate (slots) per bin and estimator.")
+def _bin_table(panels: list[tuple[str, dict]]) -> Table:
+    """Predicted bin x estimator: mean prediction / observed rate (slots); a bin with no slot '-'."""
+    n_bins = len(panels[0][1]["count"])
+    heads = [f"[{b / n_bins:.1f}, {(b + 1) / n_bins:.1f}{']' if b == n_bins - 1 else ')'}" for b in range(n_bins)]
+    cells = {(heads[b], title): f"{fmt(float(bins['pred'][b]), 3)} / {fmt(float(bins['rate'][b]), 3)} "
+                                f"({fmt(int(bins['count'][b]))})"
+             for title, bins in panels for b in range(n_bins) if bins["count"][b]}
+    return grid_table(cells, "predicted bin", heads, [t for t, _ in panels], collapsed=True, caption=(
+        "The bins behind the diagrams: mean prediction / observed acceptance rate (slots) per bin and estimator."))
 
 
-def build(inputs: ReportInputs, config: ReportConfig) -> Section:
+def build(inputs: ReportInputs) -> Section:
     sec = Section("reliability", "Reliability diagrams")
     if inputs.summary is None:
         return sec.omit(f"needs the traces: {inputs.notes.get('traces', '')}")
@@ -56,4 +52,4 @@ def build(inputs: ReportInputs, config: ReportConfig) -> Section:
             "calibration (ECE) matters as much as ranking (AUC).")
     sec.add(Figure("reliability", "Reliability diagrams with slots per bin; ECE as in scores.json.",
                    plots.reliability(panels), alt="reliability diagrams"))
-    return sec.add(_bin_table(short, config.bins))
+    return sec.add(_bin_table(short))

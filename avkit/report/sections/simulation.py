@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from avkit.config import ReportConfig
 from avkit.report import plots
 from avkit.report.document import Figure, Section, Table, grid_table, record_table
 from avkit.report.inputs import ReportInputs
@@ -100,7 +99,7 @@ def title(cost: dict | None) -> str:
     return "Simulation: throughput and interactivity"
 
 
-def build(inputs: ReportInputs, config: ReportConfig) -> Section:
+def build(inputs: ReportInputs) -> Section:
     sec, df = Section("simulation", title((inputs.records.get("sim") or {}).get("cost"))), inputs.sim
     if df is None:
         return sec.omit(inputs.notes.get("sim", "no simulation results"))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from avkit.config import ReportConfig
 from avkit.report import plots
 from avkit.report.document import Figure, Section, Table, fmt
 from avkit.report.inputs import ReportInputs
@@ -72,7 +71,7 @@ def _headline(inputs: ReportInputs) -> str:
             f"vLLM PR #52228: {' / '.join(fmt(x) for x in SEEDS_REFERENCE[0][1:])}; seeds 001/002, docs/seeds.md).")
 
 
-def build(inputs: ReportInputs, config: ReportConfig) -> Section:
+def build(inputs: ReportInputs) -> Section:
     c = inputs.fit.coefficients
     t = c.get("trained_on", {})
     sec = Section("summary", "Summary")

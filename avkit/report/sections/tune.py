@@ -10,7 +10,6 @@ import json
 
 import numpy as np
 
-from avkit.config import ReportConfig
 from avkit.report import plots
 from avkit.report.document import DIGITS, Figure, Section, Table, record_table
 from avkit.report.inputs import ReportInputs
@@ -44,7 +43,7 @@ def cell_table(result: dict) -> Table:
                          "the SLO.")
 
 
-def build(inputs: ReportInputs, config: ReportConfig) -> Section:
+def build(inputs: ReportInputs) -> Section:
     sec, result = Section("tune", "Tuning: K per batch size, adaptive verification on or off"), inputs.tune
     if result is None:
         return sec.omit(inputs.notes.get("tune", "no `avkit tune` result"))
