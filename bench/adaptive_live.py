@@ -24,14 +24,25 @@ from avkit.scheduling.cost import CostTable
 from avkit.trace.schema import generations_path
 from common import header, load, options, paired_ratio, rounds, tiny_pair, today, write
 
+PROTOCOL = 2  # cells of another protocol stay in the store, are not resumed and not shown (1: steady = each
+# request's first-to-last token span, which held the other lanes' admission prefills)
+
+
 def run_tokens_s(gens: pl.DataFrame, concurrency: int) -> dict:
-    """Tokens/s of one run from its generations table (bench/README.md: the protocol)."""
-    n = gens["output_ids"].list.len().to_numpy().astype(np.float64)
-    first, last, start = (gens[c].to_numpy() for c in ("first_token_s", "last_token_s", "admitted_s"))
-    decoding = n >= 2
-    return {"tok_s": float(n.sum() / (last.max() - start.min())),
-            "decode_tok_s": float(concurrency * (n[decoding] - 1).sum() / (last - first)[decoding].sum()),
-            "new_tokens": float(n.mean())}
+    """Tokens/s of one run from its generations table (bench/README.md: the protocol). Steady: over the engine
+    steps (the distinct values of token_s) that began with all `concurrency` lanes decoding and prefilled no
+    one (no request got its first token in them); each step lasts from the previous step's end to its own."""
+    n = gens["output_ids"].list.len().to_numpy().astype(np.float64)  # [R] tokens per request
+    times = [np.asarray(t) for t in gens["token_s"].to_list()]  # R x [n_r] step end per output token
+    first, last = np.array([t[0] for t in times]), np.array([t[-1] for t in times])  # [R]
+    ends, emitted = np.unique(np.concatenate(times), return_counts=True)  # [S] step ends, tokens per step
+    decoding = (first[None, :] < ends[:, None]) & (last[None, :] >= ends[:, None])  # [S, R] decoding into the step
+    steady = (decoding.sum(1) == concurrency) & ~np.isin(ends, first)  # [S]
+    steady[0] = False  # the first step has no previous end
+    seconds = np.diff(ends, prepend=ends[0])  # [S]
+    return {"tok_s": float(n.sum() / (last.max() - gens["admitted_s"].min())),
+            "decode_tok_s": float(emitted[steady].sum() / seconds[steady].sum()) if steady.any() else float("nan"),
+            "steady_tokens": int(emitted[steady].sum()), "new_tokens": float(n.mean())}
 
 
 def record(args, out: Path, policy: str, dataset: str, temperature: float, concurrency: int) -> dict:
@@ -58,16 +69,19 @@ def cell(args, work: Path, dataset: str, temperature: float, concurrency: int) -
     """Every policy x --repeats, interleaved; -> per policy its runs, and adaptive / best fixed K."""
     policies = [f"fixed:{k}" for k in args.ks] + [args.adaptive]
     runs: dict[str, list[dict]] = {p: [] for p in policies}
-    started = {"date": today(), "commit": commit(), "load": round(load(), 2)}
+    started = {"date": today(), "commit": commit(), "load": round(load(), 2), "protocol": PROTOCOL}
     kept = f"fixed:{max(args.ks)}"  # its first run's trace is kept: every slot labelled, what the simulator replays
     for rep, order in enumerate(rounds(policies, args.repeats)):
         for p in order:
             runs[p].append(record(args, work / "run.parquet", p, dataset, temperature, concurrency))
             if p == kept and rep == 0 and args.traces:
                 Path(args.traces).mkdir(parents=True, exist_ok=True)
-                (work / "run.parquet").replace(trace_path(args, dataset, temperature, concurrency))
+                kept_at = trace_path(args, dataset, temperature, concurrency)
+                (work / "run.parquet").replace(kept_at)
+                generations_path(work / "run.parquet").replace(generations_path(kept_at))  # token_s: its steps
             print(f"{dataset} T={temperature} c={concurrency} repeat {rep + 1}: {p} "
-                  f"{runs[p][-1]['decode_tok_s']:.2f} tok/s steady", file=sys.stderr, flush=True)
+                  f"{runs[p][-1]['decode_tok_s']:.2f} tok/s steady over {runs[p][-1]['steady_tokens']} tokens",
+                  file=sys.stderr, flush=True)
     return compare(args, {"dataset": Path(dataset).name, "temperature": temperature, "concurrency": concurrency,
                           **started, "runs": runs})
 
@@ -108,7 +122,7 @@ def mixed(args, cells: list[dict]) -> list[dict]:
                 continue
             repeats = min(len(runs) for c in part for runs in c["runs"].values())
             runs = {p: [{m: float(np.mean([c["runs"][p][r][m] for c in part])) for m in ("decode_tok_s", "tok_s",
-                                                                                         "new_tokens")}
+                                                                                         "new_tokens", "steady_tokens")}
                         for r in range(repeats)] for p in part[0]["runs"]}
             out.append(compare(args, {"dataset": d, "temperature": t, "concurrency": "mixed", "runs": runs}))
     return out
@@ -120,14 +134,17 @@ def markdown(args, cells: list[dict]) -> str:
              f"{args.threads} threads, {args.repeats} interleaved repeats per cell, {args.requests_per_lane} x c "
              f"requests per run, up to {args.max_new_tokens} new tokens, fixed K in {args.ks}. Ratios are paired by "
              "repeat, 95% t intervals (bench/adaptive.py live).\n",
+             "Steady: the engine steps with every lane decoding and no prefill, read from the generations' token_s; "
+             "steady tokens: the fewest any run of the cell had in those steps.\n",
              "| dataset | T | c | steady tok/s (adaptive) | best fixed | steady ratio [95%] | tok/s incl. prefill "
-             "ratio [95%] | new tokens | measured |", "|---|---:|---:|---:|---|---|---|---:|---|"]
+             "ratio [95%] | new tokens | steady tokens | measured |", "|---|---:|---:|---:|---|---|---|---:|---:|---|"]
     for c in cells:
         d, p = c["decode_tok_s"], c["tok_s"]
         tokens = np.mean([r["new_tokens"] for r in c["runs"][args.adaptive]])
+        steady = min(r["steady_tokens"] for rs in c["runs"].values() for r in rs)
         lines.append(f"| {c['dataset']} | {c['temperature']:g} | {c['concurrency']} | "
                      f"{d['mean'][args.adaptive]:.2f} | {d['best_fixed']} | {d['ratio']:.3f} [{d['lo']:.3f}, "
-                     f"{d['hi']:.3f}] | {p['ratio']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}] | {tokens:.0f} | "
+                     f"{d['hi']:.3f}] | {p['ratio']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}] | {tokens:.0f} | {steady:.0f} | "
                      f"{measured(c)} |")
     guessed = [c for c in cells if "predicted" in c]
     if guessed:
@@ -157,6 +174,8 @@ def predict(args, cells: list[dict]) -> None:
                   file=sys.stderr)
             continue
         cost = args.predict.replace("{T}", f"{c['temperature']:g}")
+        if not Path(cost).is_file():
+            raise SystemExit(f"adaptive.py live: error: --predict: no cost file {cost!r}")
         policies = list(c["runs"])
         df = simulate([str(trace)], CostTable.load(cost), [c["concurrency"]], policies,
                       coefficients=args.coefficients if Path(args.coefficients).is_file() else "")
@@ -205,8 +224,13 @@ def live_main(argv: list[str]) -> int:
     out = Path(args.out)
     store = out.with_suffix(".json")
     policies = {f"fixed:{k}" for k in args.ks} | {args.adaptive}
-    held = [c for c in json.loads(store.read_text()) if c["concurrency"] != "mixed"] if store.is_file() else []
-    held = [c for c in held if set(c["runs"]) == policies]  # a piece with other policies is measured anew
+    try:
+        stored = [c for c in json.loads(store.read_text()) if c["concurrency"] != "mixed"] if store.is_file() else []
+    except (ValueError, TypeError, KeyError) as e:
+        raise SystemExit(f"adaptive.py live: error: {store}: not a cell store ({e})") from None
+    # a cell of other policies or another protocol is kept in the store, measured anew, not shown
+    held = [c for c in stored if set(c["runs"]) == policies and c.get("protocol") == PROTOCOL]
+    args.kept_aside = [c for c in stored if not any(c is h for h in held)]
     cells = {key(c): c for c in held}
     if args.predict:
         args.coefficients = "" if args.tiny else args.coefficients  # tiny_setup's choice for the runs
@@ -234,5 +258,7 @@ def save(args, out: Path, cells: list[dict]) -> str:
     """The store (every cell measured so far, then the mixes they make) and its Markdown, written together."""
     cells = cells + mixed(args, cells)
     text = markdown(args, cells)
-    write({out: text, out.with_suffix(".json"): cells})
+    fresh = {(key(c), frozenset(c["runs"])) for c in cells}
+    aside = [c for c in args.kept_aside if (key(c), frozenset(c["runs"])) not in fresh]  # an old protocol's
+    write({out: text, out.with_suffix(".json"): cells + aside})
     return text

@@ -4,6 +4,7 @@ K is a Student t interval over the repeats' log ratios (scipy as the oracle), `-
 and `--predict` gives each cell what `avkit simulate` gives for its kept trace."""
 
 import json
+from itertools import pairwise
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +49,18 @@ def test_tiny_protocol_runs_through_the_cli(tmp_path):
                                                          c2["runs"][k][r]["decode_tok_s"]) / 2)
     assert "adaptive-stop:online_logistic / best fixed K" in out.read_text()
     assert c1["date"] and c1["commit"] and "load" in c1  # each cell names when and on what it ran
+    for cell in (c1, c2):  # steady tok/s of the kept run (fixed:2, repeat 1), by a loop over its engine steps
+        gens = pl.read_parquet(kept / f"tiny_T1_c{cell['concurrency']}.generations.parquet")
+        times = gens["token_s"].to_list()
+        ends = sorted({t for ts in times for t in ts})
+        tokens = seconds = 0.0
+        for prev, end in pairwise(ends):
+            lanes = [ts for ts in times if ts[0] < end <= ts[-1]]  # decoding into this step
+            if len(lanes) == cell["concurrency"] and not any(ts[0] == end for ts in times):
+                tokens += sum(ts.count(end) for ts in times)
+                seconds += end - prev
+        run = cell["runs"]["fixed:2"][0]
+        assert run["steady_tokens"] == tokens > 0 and run["decode_tok_s"] == pytest.approx(tokens / seconds)
 
     # --resume measures nothing it holds; --predict replays each kept trace, as `avkit simulate` does
     p = _live("--out", str(out), "--traces", str(kept), "--resume")
@@ -66,3 +79,18 @@ def test_tiny_protocol_runs_through_the_cli(tmp_path):
         assert list(cell["predicted"]["tok_s"].values()) == pytest.approx(
             pl.read_parquet(sim)["throughput_tok_s"].to_list(), rel=1e-9)
     assert "## The simulator against these cells" in out.read_text()
+
+    # bad input: one line naming what; a run with other policies keeps the cells it does not measure
+    p = _live("--out", str(out), "--traces", str(kept), "--predict", str(tmp_path / "none.json"))
+    assert p.returncode != 0 and p.stderr.strip().splitlines() == [
+        f"adaptive.py live: error: --predict: no cost file {str(tmp_path / 'none.json')!r}"]
+    bad = tmp_path / "bad.md"
+    bad.with_suffix(".json").write_text("{")
+    p = _live("--out", str(bad))
+    assert p.returncode != 0 and p.stderr.strip().startswith(f"adaptive.py live: error: {bad.with_suffix('.json')}: ")
+    held = json.loads(out.with_suffix(".json").read_text())[:2]
+    p = _live("--out", str(out), "--traces", "", "--ks", "0,1", "--concurrency", "1")
+    assert p.returncode == 0, p.stderr[-3000:]
+    store = json.loads(out.with_suffix(".json").read_text())
+    assert [c for c in store if set(c["runs"]) == set(held[0]["runs"])] == held
+    assert any(set(c["runs"]) == {"fixed:0", "fixed:1", "adaptive-stop:online_logistic"} for c in store)

@@ -90,6 +90,11 @@ def test_generations_record_decode_timing(setup):
     decode = (n - 1) / (gens["last_token_s"] - gens["first_token_s"])  # steady-state tokens/s per request
     with_prefill = n / (gens["last_token_s"] - gens["admitted_s"])
     assert (decode > 0).all() and (with_prefill > 0).all() and (with_prefill < decode * n).all()
+    times = gens["token_s"].to_list()  # each output token's step end: the run's engine steps, rebuilt
+    assert [len(t) for t in times] == n.to_list() and all(np.all(np.diff(t) >= 0) for t in times)
+    assert [t[0] for t in times] == gens["first_token_s"].to_list()
+    assert [t[-1] for t in times] == gens["last_token_s"].to_list()
+    assert len(np.unique(np.concatenate(times))) == res.engine_steps  # every step emits, and stamps once
 
 
 def recorded_schedule(steps) -> Schedule:

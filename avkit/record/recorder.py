@@ -3,7 +3,6 @@ What is committed when, and why: docs/traces.md, "Recording"."""
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -174,8 +173,9 @@ def verify_policy(config: RecordConfig):
 
 def _run(config, engine, sink, queue, gens, run_id, stats, progress, console):
     """Drive the engine until the queue is empty; -> (requests finished, interrupted)."""
-    # request -> (its turn, its output ids, [admitted, first token, last token] in epoch seconds)
-    active: dict[str, tuple[Turn, list[int], list[float]]] = {}
+    # request -> (its turn, its output ids, when it was admitted, when each output token's step returned;
+    # epoch seconds)
+    active: dict[str, tuple[Turn, list[int], float, list[float]]] = {}
     finished, last_flush = 0, time.monotonic()
 
     def admit():
@@ -185,7 +185,7 @@ def _run(config, engine, sink, queue, gens, run_id, stats, progress, console):
         full = {d for d, n in labelled.items() if config.slots_per_dataset and n >= config.slots_per_dataset}
         if len(active) < config.decoding.concurrency and (turn := queue.pop(full, labelled)) is not None:
             engine.add_request(turn.request)
-            active[turn.request.request_id] = (turn, [], [time.time(), float("nan"), float("nan")])
+            active[turn.request.request_id] = (turn, [], time.time(), [])
 
     with RecordProgress(queue.expected(), stats, enabled=progress, console=console) as bar:
         try:
@@ -195,19 +195,18 @@ def _run(config, engine, sink, queue, gens, run_id, stats, progress, console):
                 step_out = engine.step()
                 now = time.time()
                 for o in step_out:
-                    turn, ids, t = active[o.request_id]
+                    turn, ids, admitted, times = active[o.request_id]
                     ids.extend(o.new_token_ids)
+                    times.extend([now] * len(o.new_token_ids))
                     new_tokens += len(o.new_token_ids)
-                    if o.new_token_ids:
-                        t[1] = now if math.isnan(t[1]) else t[1]  # the first token's step
-                        t[2] = now
                     if o.finished:
                         del active[o.request_id]
                         req = turn.request
                         gens.write({"run_id": [run_id], "request_id": [req.request_id], "dataset": [req.dataset],
                                     "prompt_ids": [list(req.prompt_ids)], "output_ids": [list(ids)],
-                                    "finish_reason": [o.finish_reason or "length"], "admitted_s": [t[0]],
-                                    "first_token_s": [t[1]], "last_token_s": [t[2]]})
+                                    "finish_reason": [o.finish_reason or "length"], "admitted_s": [admitted],
+                                    "first_token_s": [times[0] if times else None],
+                                    "last_token_s": [times[-1] if times else None], "token_s": [times]})
                         queue.finished(turn, ids)
                         finished += 1
                 admit()

@@ -89,10 +89,13 @@ GENERATION_COLUMNS: tuple[Column, ...] = (
     # Decode timing, read off the recorder's clock between engine steps (seconds since the Unix epoch;
     # null in files recorded before these columns). Tokens/s of a request including its prefill:
     # len(output_ids) / (last_token_s - admitted_s); in steady state (decode only, >= 2 tokens):
-    # (len(output_ids) - 1) / (last_token_s - first_token_s). `bench/adaptive.py live` reads them.
+    # (len(output_ids) - 1) / (last_token_s - first_token_s). token_s rebuilds the engine's steps (its distinct
+    # values): `bench/adaptive.py live` reads the tokens/s of the steps with every lane decoding from it.
     Column("admitted_s", pa.float64(), True, "when the request entered the engine (before its prefill)"),
     Column("first_token_s", pa.float64(), True, "when the engine step that emitted its first token returned"),
     Column("last_token_s", pa.float64(), True, "when the engine step that emitted its last token returned"),
+    Column("token_s", pa.list_(pa.float64()), True, "when the engine step that emitted each output token "
+           "returned, one per output_ids entry"),
 )
 GENERATION_SCHEMA = pa.schema([pa.field(c.name, c.type, nullable=c.nullable) for c in GENERATION_COLUMNS])
 
