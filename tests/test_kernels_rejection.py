@@ -8,6 +8,7 @@ target_prob (a gather: no arithmetic). The chi-square tests run the Triton kerne
 import pytest
 import torch
 
+from avkit.errors import DataError
 from avkit.kernels.rejection_ref import rejection_sample_ref
 
 # On CPU the kernels run in Triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1).
@@ -64,6 +65,16 @@ def test_greedy_bit_exact(kernels, V, K, dtype):
     lean = (args[0], args[1][:, :, :0], *args[2:])
     assert_identical(run(kernels.rejection_sample, lean, keys, True), want)
     assert_identical(run(rejection_sample_ref, lean, keys, True), want)
+
+
+def test_bad_shapes_raise_on_both_paths(kernels):
+    args, keys = make_step(2, 3, 50, torch.float32, greedy=False)
+    keys["positions"] = keys["positions"][:1]
+    for fn in (rejection_sample_ref, kernels.rejection_sample):
+        with pytest.raises(DataError, match=r"positions must have shape \[2\], got \(1,\)"):
+            run(fn, args, keys, False)
+    with pytest.raises(DataError, match=r"must be \[B, K\+1, V\] and \[B, K, V\]"):
+        run(rejection_sample_ref, (args[0], args[1][:, :, :0], *args[2:]), {**keys, "positions": keys["seeds"]}, False)
 
 
 def test_small_vocab_blocks_and_no_drafts(kernels):

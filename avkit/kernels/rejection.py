@@ -15,9 +15,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from avkit.errors import DataError
 from avkit.kernels import rng
-from avkit.kernels.rejection_ref import RejectionResult
+from avkit.kernels.rejection_ref import RejectionResult, rejection_inputs
 from avkit.trace import labels as label_rule
 
 _ACCEPT = tl.constexpr(rng.STREAM_ACCEPT)  # jit code may read module globals only as constexpr
@@ -140,25 +139,11 @@ def rejection_kernel(
     tl.store(target_prob_ptr + b * K + j, tl.where(verified, p_x, float("nan")), mask=is_draft)
 
 
-def _check(target_probs, draft_probs, draft_tokens, num_verify, seeds, request_keys, positions, greedy=False):
-    B, K = draft_tokens.shape
-    V = target_probs.shape[-1]
-    q_ok = tuple(draft_probs.shape) in ({(B, K, V), (B, K, 0)} if greedy else {(B, K, V)})
-    if tuple(target_probs.shape) != (B, K + 1, V) or not q_ok:
-        raise DataError(f"rejection_sample: target_probs {tuple(target_probs.shape)} and draft_probs "
-                        f"{tuple(draft_probs.shape)} must be [B, K+1, V] and [B, K, V] (greedy: or [B, K, 0]) "
-                        f"with draft_tokens [B, K] = {(B, K)}")
-    for name, t in (("num_verify", num_verify), ("seeds", seeds), ("request_keys", request_keys),
-                    ("positions", positions)):
-        if tuple(t.shape) != (B,):
-            raise DataError(f"rejection_sample: {name} must have shape [{B}], got {tuple(t.shape)}")
-
-
 def rejection_sample_triton(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,
                             num_verify: torch.Tensor, *, greedy: bool, seeds: torch.Tensor,
                             request_keys: torch.Tensor, positions: torch.Tensor, block_v: int = 2048):
     """Same contract as `avkit.kernels.rejection_ref.rejection_sample_ref`; one program per request."""
-    _check(target_probs, draft_probs, draft_tokens, num_verify, seeds, request_keys, positions, greedy)
+    rejection_inputs(target_probs, draft_probs, draft_tokens, num_verify, seeds, request_keys, positions, greedy)
     B, K = draft_tokens.shape
     V = target_probs.shape[-1]
     dev = draft_tokens.device

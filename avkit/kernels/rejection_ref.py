@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from avkit.errors import DataError
 from avkit.kernels.rng import STREAM_ACCEPT, STREAM_SAMPLE, argmax, uniform
 from avkit.trace import labels as label_rule
 
@@ -34,6 +35,21 @@ class RejectionResult:
     accepted: torch.Tensor  # [B, K] bool: slot accepted (False when rejected, censored or unverified)
     observed: torch.Tensor  # [B, K] bool: verified and at or before the first rejection (has a label)
     target_prob: torch.Tensor  # [B, K] float32: p_j(x_j) for verified slots, NaN elsewhere
+
+
+def rejection_inputs(target_probs, draft_probs, draft_tokens, num_verify, seeds, request_keys, positions, greedy=False):
+    """Both paths' shape checks (no value checks: they would read the device)."""
+    B, K = draft_tokens.shape
+    V = target_probs.shape[-1]
+    q_ok = tuple(draft_probs.shape) in ({(B, K, V), (B, K, 0)} if greedy else {(B, K, V)})
+    if tuple(target_probs.shape) != (B, K + 1, V) or not q_ok:
+        raise DataError(f"rejection_sample: target_probs {tuple(target_probs.shape)} and draft_probs "
+                        f"{tuple(draft_probs.shape)} must be [B, K+1, V] and [B, K, V] (greedy: or [B, K, 0]) "
+                        f"with draft_tokens [B, K] = {(B, K)}")
+    for name, t in (("num_verify", num_verify), ("seeds", seeds), ("request_keys", request_keys),
+                    ("positions", positions)):
+        if tuple(t.shape) != (B,):
+            raise DataError(f"rejection_sample: {name} must have shape [{B}], got {tuple(t.shape)}")
 
 
 def exponential_race(weights: torch.Tensor, seeds: torch.Tensor, request_keys: torch.Tensor,
@@ -77,6 +93,7 @@ def rejection_sample_ref(target_probs: torch.Tensor, draft_probs: torch.Tensor, 
     >>> r.output_tokens.tolist(), r.num_accepted.tolist()
     ([[1, 0]], [1])
     """
+    rejection_inputs(target_probs, draft_probs, draft_tokens, num_verify, seeds, request_keys, positions, greedy)
     B, K = draft_tokens.shape
     rows = torch.arange(B, device=draft_tokens.device)
     j = torch.arange(K, device=draft_tokens.device)  # [K]
