@@ -123,7 +123,6 @@ class _App(typer.Typer):
 app = _App(
     name="avkit",
     cls=_Group,
-    help="Adaptive verification for LLM speculative decoding: record, fit, simulate, serve, report.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},

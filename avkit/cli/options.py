@@ -130,11 +130,11 @@ def arg(name: str, annotation, default=inspect.Parameter.empty) -> inspect.Param
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
 
 
-def result_table(title: str, columns, rows, left=()) -> Table:
+def result_table(title: str, columns, rows, left=(), no_wrap: bool = False) -> Table:
     """A table of text cells for the terminal: the columns named in `left` left-aligned, the others right."""
     table = Table(title=title)
     for col in columns:
-        table.add_column(col, justify="left" if col in left else "right")
+        table.add_column(col, justify="left" if col in left else "right", no_wrap=no_wrap)
     for row in rows:
         table.add_row(*row)
     return table
@@ -143,7 +143,6 @@ def result_table(title: str, columns, rows, left=()) -> Table:
 def stdout_console(width: int = 132) -> Console:
     """Where a command's result goes: stdout, `width` columns when it is not a terminal (a file, a pipe)."""
     return Console(width=None if sys.stdout.isatty() else width)
-
 
 
 def end_process(code: int | str | None) -> NoReturn:

@@ -8,9 +8,8 @@ from pathlib import Path
 import typer
 from rich.console import Console
 from rich.progress import Progress
-from rich.table import Table
 
-from avkit.cli.options import TracesArgument, arg, config_options
+from avkit.cli.options import TracesArgument, arg, config_options, result_table
 from avkit.config import TuneConfig
 from avkit.staged import write_json_atomic
 from avkit.throughput_text import summary_lines, tune_grid
@@ -19,14 +18,10 @@ from avkit.throughput_text import summary_lines, tune_grid
 def render(result: dict, console: Console) -> None:
     """Throughput [interval] per arm x concurrency (chosen cell bold), infeasible columns, the schedule."""
     heads, rows = tune_grid(result)
-    table = Table(title=f"predicted tokens/s ({result['config']['level']:.0%} bootstrap interval over requests); "
-                        "bold: chosen")
-    table.add_column(heads[0], no_wrap=True)
-    for head in heads[1:]:
-        table.add_column(head, justify="right", no_wrap=True)
-    for row in rows:
-        table.add_row(*(f"[bold]{text}[/]" if chosen else text for text, chosen in row))
-    console.print(table)
+    console.print(result_table(
+        f"predicted tokens/s ({result['config']['level']:.0%} bootstrap interval over requests); bold: chosen", heads,
+        ([f"[bold]{text}[/]" if chosen else text for text, chosen in row] for row in rows), left=heads[:1],
+        no_wrap=True))
     for line in summary_lines(result):
         console.print(line, markup=False, highlight=False)
 
