@@ -18,6 +18,10 @@ traces: LOTO trains on every other trace, LOTTO only on traces of another temper
   online_sameT     online_warm_gT warm-started from the training traces at the held-out trace's temperature
                    only (all of them where none is: T = 0.3 and 0.6 in LOTO, every trace in LOTTO): what a
                    deployment does with a coefficients file fitted at the temperature it serves
+  online_multi     online_sameT's model and start on three lossless features, T * (-log(-log q_max), -entropy,
+                   log q_max - log q_2nd) (bench/multi_logistic.py): each round's weight step shrunk toward
+                   the warm start's weights by a Gaussian prior of precision `shrink` (SHRINKS, chosen by an
+                   inner LOTO on the training traces, mean log-loss), the intercepts stepped as online_sameT's
   per_position     per_position_slope from the same warm start (every position at the shared slope): each
                    online step, damped by n / (n + 50), moves a position's slope away from the shared one
                    only as its own slots accumulate (a per-position slope shrunk to the shared one)
@@ -36,7 +40,8 @@ traces: LOTO trains on every other trace, LOTTO only on traces of another temper
                    traces: the pair whose worst training temperature loses least log-loss to the cold start at
                    its prior (tau = 0): a warm start never worse than none where one was tried
   forgetting_gap_mean  the same, the pair of least mean log-loss over the inner held-out traces
-All read q_max only (and the served temperature): lossless. Scores come from avkit.metrics:
+All but online_multi read q_max only (and the served temperature); online_multi reads the draft distribution's
+entropy and top-2 margin too, never q(x_sampled): lossless. Scores come from avkit.metrics:
 ECE (10 bins) with a 95% request-bootstrap interval and its floor (the ECE of perfect calibration
 on this many slots, metrics/uncertainty.py), the debiased l2 calibration error with its interval from the
 same resamples (metrics/uncertainty.py, requests as clusters), log-loss, AUC, and per position.
@@ -69,19 +74,21 @@ from avkit.metrics import auc, ece, log_loss, score_table
 from avkit.metrics.uncertainty import cluster_bootstrap, debiased_ce2, ece_floor, signed_root
 from avkit.trace.reader import iter_traces, trace_metadata
 from common import RESULTS, header, progress, write  # bench/ is on sys.path when run as a script
+from multi_logistic import NAMES, MultiLogistic, design, sklearn_gap
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIFTS = [("reuse/t1_edit_k7", "reuse/t1_sharegpt_multiround_k7"),
           ("reuse/t0_edit_k7", "reuse/t0_mtbench_revise_k7")]
 PRIORS = (10.0, 50.0, 200.0, 1000.0)  # forgetting_warm's prior_slots grid (pseudo-slots per position)
+SHRINKS = (0.0, 10.0, 100.0, 1000.0, np.inf)  # online_multi's prior precisions (a round's sum w x^2: ~1e2-1e4)
 TAUS = (0.0, 0.1, 0.3, 1.0, np.inf)  # forgetting_gap's shrinkage scales (temperature units; 0 = cold at any gap)
 TUNED_ON = {"greedy_k7", "sampled_t1.0_k7"}  # ForgettingConfig's defaults were chosen on these
 GOAL_ECE, AUC_SLACK, BOOT = 0.010, 0.002, 1000
-CANDIDATES = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "online_sameT", "per_position",
+CANDIDATES = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "online_sameT", "online_multi", "per_position",
               "forgetting", "forgetting_warm", "forgetting_T", "isotonic", "forgetting_gap", "forgetting_gap_mean")
 # per position, reliability diagrams
 SHOWN = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "forgetting_warm", "forgetting_gap")
-FEATURES = ("logit_qmax", "neg_log_neg_log_qmax")
+FEATURES = ("logit_qmax", *NAMES)
 G_T = "t_neg_log_neg_log_qmax"  # online_warm_gT's feature, derived in `load`
 
 
@@ -92,6 +99,7 @@ class Trace:
     temperature: float
     data: object  # FitData
     requests: np.ndarray  # [N] request code of each observed slot (the bootstrap's clusters)
+    x: np.ndarray  # [N, 3] online_multi's features
 
 
 
@@ -108,7 +116,8 @@ def load(path: Path, name: str, sources: tuple[str, ...]) -> Trace:
     data = load_fit_data([path], features=FEATURES)
     temperature = float(trace_metadata(path)["avkit.temperature"])
     data.features[G_T] = (temperature or 1.0) * data.features["neg_log_neg_log_qmax"]  # [N]
-    return Trace(name, sources, temperature, data, request_codes(path, data.labels.size))
+    return Trace(name, sources, temperature, data, request_codes(path, data.labels.size),
+                 design(data.features, temperature))
 
 
 def concat(a: Path, b: Path, out: Path) -> Path:
@@ -158,6 +167,34 @@ def by_temperature(train: frozenset, temperature: float) -> dict:
     beta = np.linalg.lstsq(design * w[:, None], coef * w[:, None], rcond=None)[0]
     at = (np.r_[1.0, temperature][:design.shape[1]]) @ beta
     return batch_state(train) | {"slope": max(float(at[0]), 0.0), "intercepts": at[1:].tolist()}
+
+
+def same_temperature(train: frozenset, temperature: float) -> frozenset:
+    """The training traces at `temperature`, all of them where none is (online_sameT's and online_multi's start)."""
+    return frozenset(t for t in train if t.temperature == temperature) or train
+
+
+@cache
+def multi_state(train: frozenset) -> dict:
+    """online_multi's warm start: the three-feature model fitted to convergence on the training traces' slots."""
+    ts = sorted(train, key=lambda t: t.name)
+    est = MultiLogistic()
+    est.fit(*(np.concatenate(x) for x in zip(*[(t.x, t.data.positions, t.data.labels) for t in ts])))
+    return est.state_dict()
+
+
+def multi_replay(trace: Trace, train: frozenset, shrink: float) -> np.ndarray:
+    est = MultiLogistic(shrink=shrink)
+    est.load_state_dict(multi_state(same_temperature(train, trace.temperature)))
+    return online_replay(est, trace.data, trace.x)[0]
+
+
+def choose_shrink(train: frozenset) -> float:
+    """online_multi's shrink by LOTO inside `train`, each inner held-out trace started as the outer one is
+    (from the other training traces at its temperature): the least mean log-loss."""
+    ts = sorted(train, key=lambda t: t.name)
+    score = {s: np.mean([log_loss(u.data.labels, multi_replay(u, train - {u}, s)) for u in ts]) for s in SHRINKS}
+    return min(SHRINKS, key=score.get)
 
 
 def replay(name: str, trace: Trace, state: dict | None = None, prior: float | None = None,
@@ -210,22 +247,24 @@ def choose_gap(train: frozenset) -> tuple[tuple[float, float], tuple[float, floa
 
 def predict_all(trace: Trace, train: frozenset) -> tuple[dict[str, np.ndarray], tuple[float, float, float]]:
     """-> (each candidate's prequential predictions [N] on `trace`, having learned only from `train`;
-    the prior_slots chosen, forgetting_gap's and forgetting_gap_mean's (prior_slots, tau))."""
+    the prior_slots chosen, forgetting_gap's and forgetting_gap_mean's (prior_slots, tau), online_multi's shrink)."""
     prior, iso = inner(train)
     fit, g = batch_state(train), "neg_log_neg_log_qmax"
     warm = replay("forgetting_logistic", trace, fit, prior)
     same_t = frozenset(t for t in train if t.temperature == trace.temperature)
     worst, mean = ((prior, np.inf),) * 2 if same_t or len({t.temperature for t in train}) < 2 else choose_gap(train)
+    shrink = choose_shrink(train)
     return {"vllm": replay("online_logistic", trace), "online_warm": replay("online_logistic", trace, fit),
             "online_warm_g": replay("online_logistic", trace, batch_state(train, g), feature=g),
             "online_warm_gT": replay("online_logistic", trace, batch_state(train, G_T), feature=G_T),
             "online_sameT": replay("online_logistic", trace, batch_state(same_t or train, G_T), feature=G_T),
+            "online_multi": multi_replay(trace, train, shrink),
             "per_position": replay("per_position_slope", trace, fit | {"slopes": [fit["slope"]] * 7}),
             "forgetting": replay("forgetting_logistic", trace), "forgetting_warm": warm,
             "forgetting_T": replay("forgetting_logistic", trace, by_temperature(train, trace.temperature), prior),
             "isotonic": np.clip(iso.predict(warm), 0.0, 1.0),
             **{name: replay("forgetting_logistic", trace, gap_start(train, trace.temperature, tau), p)
-               for name, (p, tau) in (("forgetting_gap", worst), ("forgetting_gap_mean", mean))}}, (prior, worst, mean)
+               for name, (p, tau) in (("forgetting_gap", worst), ("forgetting_gap_mean", mean))}}, (prior, worst, mean, shrink)
 
 
 def scores(trace: Trace, preds: dict[str, np.ndarray], chosen: tuple) -> list[dict]:
@@ -274,17 +313,23 @@ def hindsight(trace: Trace) -> np.ndarray:
 
 
 def reach(pool: list[Trace], rows: list[dict]) -> list[str]:
-    """Per held-out trace: the floor, the hindsight fit's ECE, and the best held-out candidate's."""
-    lines = ["| held-out trace | T | slots | floor | hindsight fit: ECE [95%] | online_sameT ECE | best candidate |",
-             "|---|---:|---:|---:|---|---:|---|"]
+    """Per held-out trace: the floor, the hindsight fits' ECE (and log-loss: one feature, three), online_sameT's
+    and online_multi's ECE, and the best held-out candidate's."""
+    lines = ["| held-out trace | T | slots | floor | hindsight fit: ECE [95%] | three-feature hindsight fit: ECE | "
+             "hindsight log-loss: one feature / three | online_sameT ECE | online_multi ECE | best candidate |",
+             "|---|---:|---:|---:|---|---:|---|---:|---:|---|"]
     for t in pool:
-        p, rs = hindsight(t), [r for r in rows if r["trace"] == t.name]
-        boot = cluster_bootstrap(t.data.labels, p, t.requests, n_boot=BOOT)
+        y, p, rs = t.data.labels, hindsight(t), [r for r in rows if r["trace"] == t.name]
+        boot = cluster_bootstrap(y, p, t.requests, n_boot=BOOT)
+        multi = MultiLogistic()
+        multi.fit(t.x, t.data.positions, y)
+        pm = multi.predict(t.x, t.data.positions)
         best = min(rs, key=lambda r: r["ece"])
-        same = next(r["ece"] for r in rs if r["estimator"] == "online_sameT")
-        lines.append(f"| {t.name} | {t.temperature:g} | {t.data.labels.size:,} | {ece_floor(p):.4f} | "
-                     f"{ece(t.data.labels, p):.4f} [{np.percentile(boot['ece'], 2.5):.4f}, "
-                     f"{np.percentile(boot['ece'], 97.5):.4f}] | {same:.4f} | {best['estimator']} {best['ece']:.4f} |")
+        same, on = (next(r["ece"] for r in rs if r["estimator"] == n) for n in ("online_sameT", "online_multi"))
+        lines.append(f"| {t.name} | {t.temperature:g} | {y.size:,} | {ece_floor(p):.4f} | "
+                     f"{ece(y, p):.4f} [{np.percentile(boot['ece'], 2.5):.4f}, {np.percentile(boot['ece'], 97.5):.4f}] "
+                     f"| {ece(y, pm):.4f} | {log_loss(y, p):.4f} / {log_loss(y, pm):.4f} | {same:.4f} | {on:.4f} | "
+                     f"{best['estimator']} {best['ece']:.4f} |")
     return lines
 
 
@@ -293,8 +338,9 @@ def table(rows: list[dict]) -> list[str]:
              "log-loss | Δ log-loss vs vllm [95%] | AUC | goals |",
              "|---|---:|---:|---:|---|---|---:|---|---:|---|---:|---|"]
     for r in rows:
-        prior, worst, mean = r["chosen"]
-        mark = {"forgetting": "†" if r["trace"] in TUNED_ON else "", "forgetting_warm": f" ({prior:g})",
+        prior, worst, mean, shrink = r["chosen"]
+        mark = {"online_multi": f" ({shrink:g})", "forgetting": "†" if r["trace"] in TUNED_ON else "",
+                "forgetting_warm": f" ({prior:g})",
                 "forgetting_gap": " ({:g}, {:g})".format(*worst),
                 "forgetting_gap_mean": " ({:g}, {:g})".format(*mean)}.get(r["estimator"], "")
         dll = "—" if r["estimator"] == "vllm" else f"[{r['dll_lo']:+.4f}, {r['dll_hi']:+.4f}]"
@@ -417,14 +463,18 @@ def main() -> None:
              "log-loss <= vllm's, AUC >= vllm's - 0.002 (✓/✗ in that order). † forgetting's defaults were tuned "
              "on this trace; forgetting_warm (n): the prior_slots its inner LOTO chose; forgetting_gap (n, τ), "
              "forgetting_gap_mean (n, τ): the prior_slots and shrinkage scale its inner leave-one-temperature-out "
-             "chose (n as forgetting_warm's and τ = inf where a training trace has the held-out temperature).", "",
+             "chose (n as forgetting_warm's and τ = inf where a training trace has the held-out temperature); "
+             "online_multi (λ): the shrink its inner LOTO chose. online_multi's batch fit against scikit-learn's "
+             f"unpenalised LogisticRegression on the same design ({pool[0].name}): max |Δ coefficient| "
+             f"{sklearn_gap(pool[0].x, pool[0].data.positions, pool[0].data.labels):.1e}.", "",
              "## Summary, leave-one-trace-out", "", *summary(loto), "",
              "## Summary, leave-one-temperature-out", "", *summary(lotto), "",
              "## Leave-one-trace-out", "", *table(loto), "", "## Leave-one-temperature-out", "", *table(lotto), "",
              "## What the model family can reach: the hindsight fit", "",
              "online_sameT's model fitted on each held-out trace itself (every label seen, no prequential "
              "learning): where even it stays above 0.010, no estimator of that family reaches the ECE goal there; "
-             "the gap between it and online_sameT is what learning online from another trace's start costs.", "",
+             "the gap between it and online_sameT is what learning online from another trace's start costs. The "
+             "three-feature fit is online_multi's model fitted the same way (bench/multi_logistic.py).", "",
              *reach(pool, loto), "",
              "## ECE per position, leave-one-trace-out", "", *per_position(loto), "",
              "## Through the workload shift, leave-one-trace-out", "", *around_shift(pool, shifts, preds), "",
