@@ -12,7 +12,7 @@ import torch
 
 import avkit.models
 from avkit.models.testing import write_tiny_model
-from avkit.models import TENSORS
+from avkit.models.loader import TENSORS
 from avkit.models.gguf_file import unpermute_qk
 
 _HF_TO_GGUF = {hf: g for parts in TENSORS.values() for hf, g in parts}

@@ -59,6 +59,21 @@ def test_unsupported_architecture_is_model_error(tiny, tmp_path):
         avkit.models.load(bad)
 
 
+def test_a_missing_tensor_names_it(tiny, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny, bad)
+    (weights,) = bad.glob("*.safetensors")
+    tensors = load_file(weights)
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, weights, metadata={"format": "pt"})
+    with pytest.raises(ModelError, match=r"bad: missing tensor model\.layers\.1\.mlp\.up_proj\.weight$"):
+        avkit.models.load(bad)
+
+
 @pytest.mark.parametrize("name", ["config.json", "tokenizer_config.json", "generation_config.json"])
 def test_damaged_json_in_a_model_dir_is_one_model_error(tiny, tmp_path, name):
     import shutil

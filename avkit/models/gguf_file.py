@@ -11,7 +11,7 @@ KV          header key/values (``general.architecture``, ``tokenizer.ggml.tokens
 ggml dims   tensor dims fastest-first; the row-major (torch/HF) shape is their reverse
 alignment   tensor data starts at a multiple of ``general.alignment`` (default 32) after the header
 block       ``block_size`` weights stored in ``type_size`` bytes (a float16 scale and packed codes)
-GGUF names  llama.cpp's ``blk.N.attn_q.weight`` ...; the HF tensors' shapes once read (``avkit.models.TENSORS``)
+GGUF names  llama.cpp's ``blk.N.attn_q.weight`` ...; the HF tensors' shapes once read (``avkit.models.loader.TENSORS``)
 permute     llama.cpp's converter reorders the rows of q/k for arch ``llama`` (rotary pairs interleaved);
             :func:`unpermute_qk` undoes it. For ``qwen2`` it does not, so neither do we.
 """
@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import mmap
 import struct
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from avkit.errors import ModelError
-from avkit.models.config import ModelConfig
 
 _NUMBERS = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32, 6: np.float32,
           7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
@@ -90,46 +88,6 @@ class GGUFFile:
     def raw(self, t: GGUFTensor) -> np.ndarray:
         """The tensor's bytes (a copy-on-write view of the map, no copy)."""
         return np.frombuffer(self._map, dtype=np.uint8, count=t.nbytes, offset=t.offset)
-
-
-def read_gguf(path: Path) -> tuple[ModelConfig, Callable[[str], torch.Tensor], GGUFFile]:
-    """A GGUF file -> (config, GGUF tensor name -> float32 tensor dequantized on demand, the parsed file)."""
-    f = GGUFFile(path)
-    names = f.tensors
-    arch = f.metadata.get("general.architecture")
-    if arch not in ("llama", "qwen2"):
-        raise ModelError(f"{path}: unsupported GGUF architecture {arch!r} (supported: llama, qwen2)")
-    if "token_embd.weight" not in names:
-        raise ModelError(f"{path}: GGUF has no token_embd.weight")
-    if "rope_freqs.weight" in names or f.metadata.get(f"{arch}.rope.scaling.type", "none") != "none":
-        raise ModelError(f"{path}: RoPE scaling (e.g. Llama 3.1's rope_freqs) is not supported")
-
-    def get(key, default=None):
-        v = f.metadata.get(f"{arch}.{key}", default)
-        if v is None:
-            raise ModelError(f"{path}: GGUF metadata lacks {arch}.{key}")
-        return v
-
-    heads, hidden = int(get("attention.head_count")), int(get("embedding_length"))
-    cfg = replace(ModelConfig.from_hf({  # GGUF key/values as the HF config.json keys
-        "model_type": arch, "vocab_size": int(names["token_embd.weight"].shape[0]), "hidden_size": hidden,
-        "intermediate_size": int(get("feed_forward_length")), "num_hidden_layers": int(get("block_count")),
-        "num_attention_heads": heads, "num_key_value_heads": int(get("attention.head_count_kv", heads)),
-        "head_dim": int(get("attention.key_length", hidden // heads)), "rope_theta": float(get("rope.freq_base", 1e4)),
-        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-        "tie_word_embeddings": "output.weight" not in names}, source=str(path)), qkv_bias="blk.0.attn_q.bias" in names)
-
-    def take(name: str) -> torch.Tensor:
-        if name not in names:
-            raise ModelError(f"{path}: missing tensor {name}")
-        t = names[name]
-        w = dequantize(f.raw(t), t.ggml_type, t.shape)
-        if arch == "llama" and (".attn_q." in name or ".attn_k." in name):
-            n_heads = cfg.num_heads if ".attn_q." in name else cfg.num_kv_heads
-            w = torch.from_numpy(unpermute_qk(w.numpy(), n_heads).copy())
-        return w
-
-    return cfg, take, f
 
 
 def unpermute_qk(w: np.ndarray, n_heads: int) -> np.ndarray:
