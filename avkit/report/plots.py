@@ -191,18 +191,6 @@ def throughput_panels(size: tuple[float, float], series: dict[str, tuple[np.ndar
     return fig, axes[0, 0], axes[0, 1]
 
 
-def throughput_vs_concurrency(series: dict[str, tuple[np.ndarray, np.ndarray]],
-                              relative: dict[str, tuple[np.ndarray, np.ndarray]]) -> Figure:
-    """series: policy -> (concurrency [C], throughput tok/s [C]); relative: the same against the best
-    fixed K at each concurrency (a ratio), where the policies' differences are visible."""
-    fig, a, b = throughput_panels((12.0, 4.6), series, relative, "concurrency (requests decoding at once)")
-    a.set(title="Simulated throughput vs concurrency", ylabel="throughput (tokens/s, all requests)")
-    b.set(title="Relative to the best fixed K (no-spec is far below)", ylabel="throughput / best fixed K (×)")
-    handles, labels = a.get_legend_handles_labels()  # every policy, no-spec (grey dotted) included
-    fig.legend(handles, labels, frameon=False, fontsize=7, loc="outside right center")
-    return fig
-
-
 def pareto(series: dict[str, tuple[np.ndarray, np.ndarray]], front: tuple[np.ndarray, np.ndarray],
            concurrency: dict[str, np.ndarray] | None = None, annotate: str | None = None,
            bounds: frozenset[str] = frozenset()) -> Figure:
@@ -246,29 +234,4 @@ def grouped_bars(values: dict[str, dict[str, float]], title: str, ylabel: str, b
     ax.set_xticks(np.arange(len(groups)), groups)
     ax.set(title=title, ylabel=ylabel)
     ax.legend(frameon=False, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    return fig
-
-
-def tune_schedule(series: dict[str, tuple[np.ndarray, np.ndarray]], chosen: tuple[np.ndarray, np.ndarray],
-                  relative: dict[str, tuple[np.ndarray, np.ndarray]], gain: tuple[np.ndarray, ...],
-                  ranges: list[tuple[int, int, str]], infeasible: list[int]) -> Figure:
-    """`avkit tune`: series: arm -> (concurrency [C], tok/s [C]); chosen: the schedule's (concurrency, tok/s);
-    relative: arm -> tok/s over the best single fixed K; gain: (concurrency, ratio, lo, hi) of the schedule
-    over that K; ranges: (batch lo, batch hi, label) shaded and labelled; infeasible: concurrencies hatched."""
-    def under(ax):
-        for i, (lo, hi, label) in enumerate(ranges):
-            ax.axvspan(max(lo, 0.75) if i == 0 else lo - 0.5, hi + 0.5, color="#f2f2f2" if i % 2 else "#e4ecf7",
-                       zorder=0)
-            ax.text(np.sqrt(max(lo, 1) * hi), 0.02, label, transform=ax.get_xaxis_transform(), ha="center",
-                    va="bottom", fontsize=8, fontweight="bold")
-        for c in infeasible:
-            ax.axvspan(c / 1.3, c * 1.3, facecolor="none", hatch="//", edgecolor="#c44e52", linewidth=0, zorder=0)
-    fig, a, b = throughput_panels((12.0, 4.8), series, relative, "batch size (requests decoding at once)", under)
-    a.plot(*chosen, color="black", linewidth=3.0, marker="D", label="recommended schedule", zorder=5)
-    a.set(title="Predicted throughput; shaded: the schedule's ranges", ylabel="throughput (tokens/s, all requests)")
-    c, ratio, lo, hi = gain
-    b.errorbar(c, ratio, yerr=[ratio - lo, hi - ratio], color="black", linewidth=2.5, marker="D", capsize=3,
-               label="recommended schedule", zorder=5)
-    b.set(title="Relative to the best single fixed K (bootstrap interval)", ylabel="throughput / best single K (×)")
-    b.legend(frameon=False, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     return fig

@@ -43,6 +43,37 @@ def cell_table(result: dict) -> Table:
                          "the SLO.")
 
 
+def schedule_figure(result: dict):
+    """Every arm's tok/s over batch size with the schedule's ranges shaded and the infeasible concurrencies hatched
+    (left); the same over the best single fixed K, the schedule with its bootstrap interval (right)."""
+    s, per = result["schedule"], result["schedule"]["per_concurrency"]
+    base = {r["concurrency"]: r["throughput_tok_s"] for r in result["cells"] if r["arm"] == f"fixed{s['single_k']}"}
+    c = np.asarray([r["concurrency"] for r in per])  # [C]
+    ratio, lo, hi = (np.asarray([r["vs_single_k"][key] for r in per]) for key in ("ratio", "lo", "hi"))  # [C]
+
+    def under(ax):
+        for i, (a, b, k) in enumerate(s["ranges"]):
+            ax.axvspan(max(a, 0.75) if i == 0 else a - 0.5, b + 0.5, color="#f2f2f2" if i % 2 else "#e4ecf7", zorder=0)
+            ax.text(np.sqrt(max(a, 1) * b), 0.02, f"K={k}" + (" +AV" if s["adaptive"] and k else ""), ha="center",
+                    transform=ax.get_xaxis_transform(), va="bottom", fontsize=8, fontweight="bold")
+        for r in result["infeasible"]:
+            ax.axvspan(r["concurrency"] / 1.3, r["concurrency"] * 1.3, facecolor="none", hatch="//",
+                       edgecolor="#c44e52", linewidth=0, zorder=0)
+    fig, left, right = plots.throughput_panels(
+        (12.0, 4.8), plots.series(result["cells"], "arm", "concurrency", "throughput_tok_s"),
+        plots.series(result["cells"], "arm", "concurrency", "throughput_tok_s", base),
+        "batch size (requests decoding at once)", under)
+    left.plot(c, [r["throughput_tok_s"] for r in per], color="black", linewidth=3.0, marker="D",
+              label="recommended schedule", zorder=5)
+    left.set(title="Predicted throughput; shaded: the schedule's ranges", ylabel="throughput (tokens/s, all requests)")
+    right.errorbar(c, ratio, yerr=[ratio - lo, hi - ratio], color="black", linewidth=2.5, marker="D", capsize=3,
+                   label="recommended schedule", zorder=5)
+    right.set(title="Relative to the best single fixed K (bootstrap interval)",
+              ylabel="throughput / best single K (×)")
+    right.legend(frameon=False, fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return fig
+
+
 def build(inputs: ReportInputs) -> Section:
     sec, result = Section("tune", "Tuning: K per batch size, adaptive verification on or off"), inputs.tune
     if result is None:
@@ -60,21 +91,10 @@ def build(inputs: ReportInputs) -> Section:
         sec.add(f"Not simulated, the KV cache does not hold them at {result['memory']['context']} tokens per "
                 f"request: c = {', '.join(str(r['concurrency']) for r in result['infeasible'])} (at most "
                 f"{result['memory']['max_concurrency']} requests fit).")
-    single = f"fixed{s['single_k']}"
-    base = {r["concurrency"]: r["throughput_tok_s"] for r in result["cells"] if r["arm"] == single}
-    per = s["per_concurrency"]
-    gain = tuple(np.asarray(v) for v in ([r["concurrency"] for r in per], [r["vs_single_k"]["ratio"] for r in per],
-                                         [r["vs_single_k"]["lo"] for r in per], [r["vs_single_k"]["hi"] for r in per]))
-    labels = [(lo, hi, f"K={k}" + (" +AV" if s["adaptive"] and k else "")) for lo, hi, k in s["ranges"]]
     sec.add(Figure("tune_schedule", "Predicted throughput of every arm against batch size, the recommended schedule "
                    "in black over its shaded ranges (left); the same against the best single fixed K, the schedule "
                    "with its bootstrap interval (right). Hatched: concurrencies that do not fit the KV cache.",
-                   plots.tune_schedule(plots.series(result["cells"], "arm", "concurrency", "throughput_tok_s"),
-                                       (gain[0], np.asarray([r["throughput_tok_s"] for r in per])),
-                                       plots.series(result["cells"], "arm", "concurrency", "throughput_tok_s", base),
-                                       gain, labels,
-                                       [r["concurrency"] for r in result["infeasible"]]),
-                   alt="throughput vs batch size with the recommended schedule"))
+                   schedule_figure(result), alt="throughput vs batch size with the recommended schedule"))
     sec.add(schedule_table(result), cell_table(result))
     sec.add("vLLM `speculative_config`: `" + json.dumps(result["vllm"]) + "`; TensorRT-LLM: `"
             + json.dumps(result["trtllm"]) + "`.")
