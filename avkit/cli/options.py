@@ -1,10 +1,6 @@
-"""What the commands share: options built from config fields (`config_options`), the comma-separated lists, the
-console results go to, and how a command stopped by a signal ends.
-
-A config field is its option: its name (`max_new_tokens` is `--max-new-tokens`), its default and its help
-(`checked(..., help=...)`) are written once, in avkit/config/, and `config_options` turns the fields a command
-lists into its typer options and its parsed values back into the config; the config checks them (one place).
-"""
+"""What the commands share: options built from config fields (`config_options`: a field is its option, named,
+defaulted, helped and checked once in avkit/config/), the comma-separated lists, the console results go to, and
+how a command stopped by a signal ends."""
 
 from __future__ import annotations
 

@@ -96,9 +96,9 @@ def report_fit_dir(fit_dir, out, config: ReportConfig | None = None, **kw) -> Pa
 def report_traces(traces, out, config: ReportConfig | None = None, *, fit: FitConfig | None = None,
                   estimator: EstimatorConfig | None = None, progress: Progress = _ignore, **kw) -> Path:
     """Fit `traces` with the fit library (outputs kept in out/fit) and report them into `out`. Keywords:
-    sim, hvd, tune (results files; None: the config's when they exist), run_simulation (simulate the traces
-    when no results file is given or found), progress, outputs (a StagedOutputs the caller commits; None:
-    committed here), warn (called with each stale-input warning)."""
+    sim, hvd, tune (results files: a given one must exist; None: the config's when it exists), run_simulation
+    (simulate the traces now, SimulateConfig defaults, when no sim file is given or found), progress, outputs (a
+    StagedOutputs the caller commits; None: committed here), warn (called with each stale-input warning)."""
     paths, config = [Path(p) for p in traces], config or ReportConfig()
     progress("fit")
     if config.streaming() is not None:  # out of core: the fit too (a batch fit, report/traces.py)
@@ -111,9 +111,7 @@ def _report(out, config: ReportConfig, write_fit: Callable[[Path], object], *, t
             tune=None, run_simulation: bool = False, progress: Progress = _ignore, outputs: StagedOutputs | None = None,
             warn: Progress = _ignore) -> Path:
     """Write the fit files (`write_fit`), gather the inputs and write the report into a temp directory that
-    replaces `out` when the run succeeds (avkit/staged.py): reserved in `outputs`, else committed here.
-    sim / hvd / tune: an explicit path must exist; None falls back to the config default when present, and
-    for sim, with `run_simulation`, to simulating the traces now (SimulateConfig defaults)."""
+    replaces `out` when the run succeeds (avkit/staged.py): reserved in `outputs`, else committed here."""
     out = Path(out)
     with contextlib.nullcontext(outputs) if outputs is not None else StagedOutputs() as staged:
         tmp = staged.directory(out)
