@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import torch
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from avkit.errors import ConfigError
 from avkit.models.tokenizer import byte_level
@@ -32,8 +33,6 @@ _CORPUS = [
 
 def train_tokenizer(vocab: int):
     """A deterministic byte-level BPE with the Qwen2 split regex and ChatML special tokens."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers  # lazy: tokenizers
-
     tok = byte_level(Tokenizer(models.BPE()), "qwen2")
     trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIAL_TOKENS, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), min_frequency=1)

@@ -14,6 +14,9 @@ import json
 from datetime import datetime
 from pathlib import Path
 
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+from tokenizers import Tokenizer as HFTokenizer
+
 from avkit.errors import ModelError
 from avkit.jsonsafe import read_json
 
@@ -72,8 +75,6 @@ class Tokenizer:
     @classmethod
     def from_dir(cls, path: Path) -> Tokenizer:
         """``tokenizer.json`` (+ ``tokenizer_config.json`` and ``generation_config.json`` if present)."""
-        from tokenizers import Tokenizer as HFTokenizer  # lazy: tokenizers
-
         if not (path / "tokenizer.json").is_file():
             raise ModelError(f"{path}: no tokenizer.json")
         tok = HFTokenizer.from_file(str(path / "tokenizer.json"))
@@ -100,9 +101,6 @@ class Tokenizer:
                              f"(supported: {sorted(PRETOKENIZER_REGEX)})")
         tokens, types = get("tokenizer.ggml.tokens"), get("tokenizer.ggml.token_type")
         merges = get("tokenizer.ggml.merges")
-        from tokenizers import AddedToken, models  # lazy: tokenizers
-        from tokenizers import Tokenizer as HFTokenizer  # lazy: tokenizers
-
         bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=[tuple(m.split(" ", 1)) for m in merges],
                          ignore_merges=False)
         tok = byte_level(HFTokenizer(bpe), pre)
@@ -117,8 +115,6 @@ class Tokenizer:
 
 def byte_level(tok, pre: str):
     """``tok`` (a ``tokenizers.Tokenizer``) with NFC, the ``pre`` split regex and byte-level mapping / decoding."""
-    from tokenizers import Regex, decoders, normalizers, pre_tokenizers  # lazy: tokenizers
-
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(PRETOKENIZER_REGEX[pre]), behavior="isolated", invert=False),
