@@ -391,9 +391,8 @@ def test_served_request_with_joint_router(pair, tmp_path, survival_file):
 
 
 def test_verdict_agrees_with_the_path_simulator():
-    """The per-dataset verdict decodes one request at a time with `simulate_batched`; for the threshold
-    routers that must equal `evaluate`'s per-position path simulator (an independent loop), and its
-    flags must follow from its own numbers."""
+    """The per-dataset verdict's routers are `evaluate`'s numbers (one accounting), and its flags follow from
+    its own numbers."""
     from avkit.hvd.fit import fit_hvd_generations
 
     gens = synthetic_generations(num_requests=24, seed=4, vocab=300, prompt_len=40, output_len=60)

@@ -130,9 +130,6 @@ def fit_hvd_table(table: pl.DataFrame, out_dir: str | os.PathLike | None = None,
                   extra_info: dict | None = None, outputs: StagedOutputs | None = None) -> HvdResult:
     """Fit routers on replayed rows (`replay`) and score them on held-out requests. `structure`: the rows carry
     token-structure features; `cost` in target forwards (avkit/hvd/cost.py; None: the linear model)."""
-    if table.select("dataset", "request_id").unique().height < 3:
-        raise DataError(f"hvd fit: need at least 3 requests to split train/val/test, got "
-                        f"{table['request_id'].n_unique()}")
     split = split_by_request(table, payoff_config)
     train, val, test = (table.filter(pl.Series(split == s)) for s in ("train", "val", "test"))
     if not (train.height and val.height and test.height):
@@ -167,7 +164,7 @@ def fit_hvd_table(table: pl.DataFrame, out_dir: str | os.PathLike | None = None,
             "model_scale": float(fitted["survival"].model_scale) if "survival" in fitted else None,
             "payoff": asdict(payoff_config), **(extra_info or {})}
     result = HvdResult(metrics, abl, _budget(test, fitted, ctx), thresholds, info,
-                       verdict=dataset_verdict(test, fitted, ctx))
+                       verdict=dataset_verdict(test, metrics, fitted, ctx))
     if out_dir is not None:  # with the caller's `outputs`, staged only: the caller commits them
         with StagedOutputs() if outputs is None else contextlib.nullcontext(outputs) as staged:
             result.files = _write(result, fitted, cost, Path(out_dir), staged)

@@ -105,9 +105,7 @@ class JointRouter:
     cost: CostTable = field(default_factory=linear_table)
     rate: RunningRate = field(default_factory=RunningRate, compare=False)  # lambda: planned tokens / cost so far
 
-    def __post_init__(self):
-        if self.payoff.head != "survival":
-            raise ConfigError("joint routing needs a survival-head payoff model (payoff_survival.pt)")
+    def __post_init__(self):  # the payoff's head is checked where its survival is read (`predict_survival`)
         if self.model_surv.shape != (len(self.hit_bins) + 1, self.payoff.k):
             raise ConfigError(f"joint routing: model survival table has shape {self.model_surv.shape}, expected "
                               f"({len(self.hit_bins) + 1}, {self.payoff.k})")
@@ -150,15 +148,14 @@ def simulate_batched(table: pl.DataFrame, route: Route | None, cost: CostTable, 
                      survivals: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, float]:
     """Decode the table's requests `concurrency` at a time in lockstep (`path.decode`), each step priced by
     `CostTable.step_cost`. Without `survivals`, `route` decides and every drafted slot is verified. With
-    `survivals` = (cache [R, K], model [R, K]) each step is a `joint_step` with a running rate, as live (`route`
+    `survivals` = (cache [R, K], zero past each draft; model [R, K]) each step is a `joint_step` with a running rate, as live (`route`
     unused), the draft model's catch-up priced from its first model draft of a request on."""
     if survivals is None:
         c = decode(table, k, concurrency, route_decide(table, route, k))
     else:
-        rate, j = RunningRate(), np.arange(1, k + 1)[None, :]
-        dlen = table["draft_len"].to_numpy()
-        c = decode(table, k, concurrency, lambda r, lag: joint_step(
-            survivals[0][r] * (j <= dlen[r][:, None]), survivals[1][r], cost, k, rate, lag), catch_up=cost)
+        rate = RunningRate()
+        c = decode(table, k, concurrency, lambda r, lag: joint_step(survivals[0][r], survivals[1][r], cost, k, rate, lag),
+                   catch_up=cost)
     steps = int(c.step.max()) + 1 if c.step.size else 0
     per = lambda w: np.bincount(c.step, weights=w, minlength=steps)  # [S]
     rows = per(None)

@@ -122,13 +122,17 @@ def simulate_paths(table: pl.DataFrame, route: Route, cost: CostTable, k: int) -
 
 
 def path_metrics(paths: pl.DataFrame, by: str | None = None) -> pl.DataFrame:
-    """Cycles per 1000 tokens, mean accepted length per cycle, throughput, cache share (per `by` or overall)."""
+    """Cycles per 1000 tokens, mean accepted length per cycle, throughput, cache share, and precision
+    P(acc >= high | chosen) / recall P(chosen | acc >= high) over positions with a cache draft (nan when
+    undefined), per `by` or overall."""
     aggs = [
         (1000 * pl.col("cycles").sum() / pl.col("tokens").sum()).alias("cycles_per_1k"),
         (pl.col("accepted").sum() / pl.col("cycles").sum()).alias("mean_accepted"),
         (pl.col("tokens").sum() / pl.col("cost").sum()).alias("throughput"),
         (pl.col("cache_cycles").sum() / pl.col("cycles").sum()).alias("cache_share"),
         pl.col("tokens").sum().alias("tokens"),
+        (pl.col("hits").sum() / pl.col("chosen").sum()).alias("precision"),
+        (pl.col("hits").sum() / pl.col("high").sum()).alias("recall"),
     ]
     if by is None:
         return paths.select(aggs).with_columns(pl.lit("overall").alias("dataset"))
@@ -141,18 +145,6 @@ def throughput(table: pl.DataFrame, route: Route, cost: CostTable, k: int) -> fl
     return float(p["tokens"].sum() / p["cost"].sum())
 
 
-def precision_recall(table: pl.DataFrame, use_cache: np.ndarray, high: int) -> tuple[float, float]:
-    """High-payoff detection over rows with a cache draft: precision P(acc >= high | chosen) and
-    recall P(chosen | acc >= high); nan when undefined."""
-    has = table["draft_len"].to_numpy() > 0
-    pos = (table["cache_acc"].to_numpy() >= high) & has
-    chosen = np.asarray(use_cache, dtype=bool) & has
-    tp = float((pos & chosen).sum())
-    prec = tp / chosen.sum() if chosen.sum() else float("nan")
-    rec = tp / pos.sum() if pos.sum() else float("nan")
-    return prec, rec
-
-
 def evaluate(table: pl.DataFrame, routes: dict[str, Route], cost: CostTable, k: int,
              high: int = 6, predictions: dict[str, np.ndarray] | None = None) -> pl.DataFrame:
     """Metrics of every route per dataset and overall, with speedups over `model` and `cache` routes
@@ -161,16 +153,19 @@ def evaluate(table: pl.DataFrame, routes: dict[str, Route], cost: CostTable, k: 
     Precision / recall of high-payoff drafts compare `predictions[name] >= high` (the predicted
     payoff, as the paper does) with the oracle `cache_acc >= high`; routers without a prediction
     are scored on their decision (cache chosen)."""
+    starts, lengths = request_runs(table)  # [G], [G]
+    per_request = lambda w: np.bincount(np.repeat(np.arange(len(starts)), lengths), weights=w,
+                                        minlength=len(starts))  # [rows] -> [G]
+    has = table["draft_len"].to_numpy() > 0  # [rows] positions with a cache draft
+    high_rows = (table["cache_acc"].to_numpy() >= high) & has  # [rows]
     rows = []
-    datasets = table["dataset"].to_numpy()
     for name, route in routes.items():
-        paths = simulate_paths(table, route, cost, k)
-        per = pl.concat([path_metrics(paths, "dataset"), path_metrics(paths)], how="diagonal")
         flag = predictions[name] >= high if predictions and name in predictions else route.use_cache
-        prs = [precision_recall(table.filter(pl.col("dataset") == d) if d != "overall" else table,
-                                flag[datasets == d] if d != "overall" else flag, high) for d in per["dataset"]]
-        rows.append(per.with_columns(router=pl.lit(name), precision=pl.Series([p for p, _ in prs]),
-                                     recall=pl.Series([r for _, r in prs])))
+        chosen = np.asarray(flag, dtype=bool) & has  # [rows]
+        paths = simulate_paths(table, route, cost, k).with_columns(
+            hits=per_request(high_rows & chosen), chosen=per_request(chosen), high=per_request(high_rows))
+        per = pl.concat([path_metrics(paths, "dataset"), path_metrics(paths)], how="diagonal")
+        rows.append(per.with_columns(router=pl.lit(name)))
     res = pl.concat(rows, how="diagonal")
     base = res.select("dataset", "router", "throughput")
     for ref in ("model", "suffix"):

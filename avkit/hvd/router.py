@@ -88,6 +88,7 @@ RULES: dict[str, Callable[[pl.DataFrame, RouterContext], Route]] = {
 }
 
 
+@dataclass
 class Thresholded:
     """A predicted payoff (`predict`, fitted by `_fit`) thresholded at tau, chosen on the validation rows."""
 
@@ -105,7 +106,6 @@ class Thresholded:
 class AcceptanceTable(Thresholded):
     prior_strength: float = 10.0  # a: pseudo-observations pulling each cell to its position's rate
     name: str = "table"
-    tau: float = 0.0
     cond: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))  # [buckets, K] P(accept j | reached j)
 
     def _fit(self, train, val, ctx) -> None:
@@ -130,26 +130,20 @@ class AcceptanceTable(Thresholded):
         return (surv * mask).sum(1)
 
 
-def _x(table, ctx: RouterContext) -> np.ndarray:
-    """[R, F] payoff features of replay rows (a table, or columns: name -> [R])."""
-    return feature_matrix(table, ctx.features)
-
-
 @dataclass
 class MLPRouter(Thresholded):
     name: str = "mlp"
     head: str = "mean"
-    tau: float = 0.0
     model: PayoffMLP | None = None
 
     def _fit(self, train, val, ctx) -> None:
         """The payoff MLP on the rows with a cache draft, the validation rows choosing its epoch."""
-        (x, y), (xv, yv) = ((_x(t, ctx), t["cache_acc"].to_numpy()) for t in (train, val)
-                            for t in [t.filter(pl.col("draft_len") > 0)])
-        self.model = PayoffMLP(ctx.features, ctx.k, ctx.payoff, head=self.head).fit(x, y, xv, yv)
+        xy = [(feature_matrix(t, ctx.features), t["cache_acc"].to_numpy())
+              for t in (train.filter(pl.col("draft_len") > 0), val.filter(pl.col("draft_len") > 0))]
+        self.model = PayoffMLP(ctx.features, ctx.k, ctx.payoff, head=self.head).fit(*xy[0], *xy[1])
 
     def predict(self, table, ctx) -> np.ndarray:
-        return np.where(np.asarray(table["draft_len"]) > 0, self.model.predict(_x(table, ctx)), 0.0)
+        return np.where(np.asarray(table["draft_len"]) > 0, self.model.predict(feature_matrix(table, ctx.features)), 0.0)
 
 
 @dataclass

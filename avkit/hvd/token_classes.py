@@ -9,8 +9,8 @@ Glossary (a token is the text it decodes to on its own; byte-level BPE stand-ins
   newline  contains a newline
 Which vocabulary gives the table (`token_classes_for`; docs/hvd.md "Which vocabulary"): an explicit
 `--tokenizer` (a failure is an error; `none` leaves the features out), the trace's target (`avkit.target`) when
-its files are local, a table shipped for that exact target (`classes/<target_sha256[:16]>.npz`, `np.packbits`
-of the [V, 5] table, written by `save_shipped`), else none, which `source` says aloud.
+its files are local, a table shipped for that exact target (`classes/<target_sha256[:16]>.npz`: `bits` =
+`np.packbits` of the [V, 5] table along V, `vocab` = V), else none, which `source` says aloud.
 """
 
 from __future__ import annotations
@@ -94,25 +94,13 @@ class TokenClasses:
     source: str  # where the table came from, or why there is none (shown by the CLI and the report)
 
 
-def shipped_path(target_sha256: str) -> Path:
-    return SHIPPED / f"{target_sha256[:16]}.npz"
-
-
-def load_shipped(target_sha256: str) -> np.ndarray | None:
-    p = shipped_path(target_sha256)
+def load_shipped(target_sha256: str) -> tuple[np.ndarray, Path] | None:
+    """([V, 5] the table shipped for this target, its file), or None."""
+    p = SHIPPED / f"{target_sha256[:16]}.npz"
     if not target_sha256 or not p.is_file():
         return None
     with np.load(p) as z:
-        return np.unpackbits(z["bits"], axis=0, count=int(z["vocab"]))[:, : len(CLASSES)].astype(bool)
-
-
-def save_shipped(model: str, target_sha256: str) -> Path:
-    """Write the class table of `model` (path or alias) for traces whose target has this sha256."""
-    table = class_table_for(model)  # [V, 5]
-    SHIPPED.mkdir(exist_ok=True)
-    p = shipped_path(target_sha256)
-    np.savez_compressed(p, bits=np.packbits(table, axis=0), vocab=np.int64(table.shape[0]))
-    return p
+        return np.unpackbits(z["bits"], axis=0, count=int(z["vocab"]))[:, : len(CLASSES)].astype(bool), p
 
 
 def token_classes_for(paths, tokenizer: str | None = None) -> TokenClasses:
@@ -134,11 +122,11 @@ def token_classes_for(paths, tokenizer: str | None = None) -> TokenClasses:
             pass
     shipped = load_shipped(sha)
     if shipped is not None:
-        return TokenClasses(shipped, f"the class table shipped for target {target or '?'} "
-                                     f"(sha256 {sha[:12]}…, {shipped_path(sha).name})")
+        return TokenClasses(shipped[0], f"the class table shipped for target {target or '?'} "
+                                        f"(sha256 {sha[:12]}…, {shipped[1].name})")
     what = f"target {target!r}" if target else "the traces (no avkit.target in their metadata)"
     return TokenClasses(None, f"no vocabulary for {what}: token-structure features LEFT OUT, so the payoff "
                               "scores differ; `avkit models fetch` or --tokenizer PATH adds them")
 
 
-__all__ = ["TokenClasses", "load_shipped", "save_shipped", "token_classes_for"]
+__all__ = ["TokenClasses", "token_classes_for"]
