@@ -17,8 +17,8 @@ SEEDS_REFERENCE = (("logit(q_max) (shipped)", 0.8336, 0.4284, 0.0100),
                    ("q_max, no fit", 0.8259, 0.4880, 0.0736))
 
 
-def label(row: dict) -> str:
-    return f"{row['feature']} ({row['estimator']})"
+def label(feature: str, estimator: str) -> str:
+    return f"{feature} ({estimator})"
 
 
 def score_index(scores: list[dict]) -> dict[tuple[str, str], dict[str, dict]]:
@@ -54,7 +54,7 @@ def lossy_sentence(scores: list[dict]) -> str:
         if r["scope"] != "all" or auc is None or auc != auc:
             continue
         if bool(r["lossless"]) not in best or auc > best[bool(r["lossless"])][0]:
-            best[bool(r["lossless"])] = (auc, label(r))
+            best[bool(r["lossless"])] = (auc, label(r["feature"], r["estimator"]))
     if len(best) < 2:
         return ""
     (lossy, lossy_label), (lossless, lossless_label) = best[False], best[True]
@@ -66,7 +66,7 @@ def lossy_sentence(scores: list[dict]) -> str:
 
 
 def dataset_auc_table(scores: list[dict]) -> Table | None:
-    index = {f"{f} ({e})": sc for (f, e), sc in score_index(scores).items()}
+    index = {label(f, e): sc for (f, e), sc in score_index(scores).items()}
     datasets = list(dict.fromkeys(s.removeprefix("dataset=") for sc in index.values() for s in sc
                                   if s.startswith("dataset=")))
     return grid_table({(name, d): sc.get(f"dataset={d}", {}).get("auc") for name, sc in index.items() for d in datasets},
@@ -80,7 +80,7 @@ def auc_figure(scores: list[dict], k: int) -> Figure:
         pos = sorted(int(s.split("=")[1]) for s in scopes if s.startswith("position="))
         auc = np.array([scopes[f"position={i}"]["auc"] for i in pos], dtype=float)  # None (one class) -> nan
         lossless = next(iter(scopes.values()))["lossless"]
-        curves[f"{feature} ({est})" + ("" if lossless else "  [LOSSY]")] = (np.array(pos), auc, {
+        curves[label(feature, est) + ("" if lossless else "  [LOSSY]")] = (np.array(pos), auc, {
             "marker": "o" if lossless else "x", "linestyle": "-" if lossless else "--", "linewidth": 1.5})
     return Figure("auc_by_position", "AUC of each feature and estimator at each draft position (dashed: lossy). "
                   "Within one position, fixed coefficients make an estimator a monotone map of its feature, so "
