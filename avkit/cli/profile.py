@@ -53,8 +53,8 @@ def register(app: typer.Typer) -> None:
 
 def _profile_native(config, console: Console):
     """avkit's runtime: the models loaded here -> (points, measure(on_point) -> the cost table)."""
-    from avkit.models import load, placement  # lazy: start-up (the library loads when the command runs: -h stays fast)
-    from avkit.scheduling.profile import num_points, profile_costs  # lazy: start-up (the library loads when the command runs: -h stays fast)
+    from avkit.models import load, placement  # lazy: start-up
+    from avkit.scheduling.profile import num_points, profile_costs  # lazy: start-up
 
     target, draft = config.models.target, config.models.draft
     dev, dt = placement(config.models.device, config.models.dtype)
@@ -66,8 +66,8 @@ def _profile_native(config, console: Console):
 
 def _profile_vllm(config):
     """`--engine vllm`: vLLM's step costs (avkit/engines/vllm/profile.py), the same table format."""
-    from avkit.engines.vllm.driver import check_vllm_version, hf_dir, vllm_python  # lazy: start-up (the library loads when the command runs: -h stays fast)
-    from avkit.engines.vllm.profile import num_points, profile_vllm  # lazy: start-up (the library loads when the command runs: -h stays fast)
+    from avkit.engines.vllm.driver import check_vllm_version, hf_dir, vllm_python  # lazy: start-up
+    from avkit.engines.vllm.profile import num_points, profile_vllm  # lazy: start-up
 
     python = vllm_python(config.vllm_python)
     check_vllm_version(python)

@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
     def record(config: RecordConfig, progress: bool):
         """Record acceptance traces: one row per draft slot, streamed to Parquet in row groups."""
         parse_spec(config.policy)  # a bad --policy fails here, before torch loads (record builds it)
-        from avkit.record import record as run  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.record import record as run  # lazy: start-up
 
         console = Console(stderr=True)
         result = run(config, progress=progress, console=console)  # checks every option before the models load

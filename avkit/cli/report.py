@@ -59,9 +59,9 @@ def register(app: typer.Typer) -> None:
         """Write index.html (self-contained), report.md and the PNGs: summary, feature table, reliability
         diagrams, online fitting, simulation, tuning and hybrid drafting. Missing inputs omit their section."""
         out = Path(config.out)
-        from avkit.report import report_fit_dir, report_traces  # lazy: start-up (the library loads when the command runs: -h stays fast)
-        from avkit.report.sections import SECTIONS  # lazy: start-up (the library loads when the command runs: -h stays fast)
-        from avkit.trace.reader import common_k  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.report import report_fit_dir, report_traces  # lazy: start-up
+        from avkit.report.sections import SECTIONS  # lazy: start-up
+        from avkit.trace.reader import common_k  # lazy: start-up
 
         fit_dir, traces = split_inputs(inputs)
         console = Console(stderr=True)

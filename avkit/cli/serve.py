@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
         config = make(ServeConfig, values | {  # every option's own bound is checked here, before torch
             "policy": spec.name, "adaptive.draft_gate": spec.gate,
             "default_max_tokens": min(default_of(ServeConfig, "default_max_tokens"), values["max_new_tokens"])})
-        from avkit.serve.server import serve as run  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.serve.server import serve as run  # lazy: start-up
 
         if run(config, log_level=log_level):  # stopped by SIGTERM/SIGINT, everything closed
             end_process(0)

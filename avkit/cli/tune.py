@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
     def tune(config: TuneConfig, traces):
         """Per batch size: predicted tokens/s for no-spec, each fixed K, adaptive and adaptive with early stop;
         the recommended K per batch-size range, adaptive on or off, and the engine fragment."""
-        from avkit.tune import tune as run  # lazy: start-up (the library loads when the command runs: -h stays fast)
+        from avkit.tune import tune as run  # lazy: start-up
         from avkit.tune.formats import UPSTREAM_CONTEXT_FORMAT  # lazy: polars
 
         from avkit.trace.shards import trace_files  # lazy: polars
