@@ -88,6 +88,7 @@ CANDIDATES = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "online_
               "forgetting", "forgetting_warm", "forgetting_T", "isotonic", "forgetting_gap", "forgetting_gap_mean")
 # per position, reliability diagrams
 SHOWN = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "forgetting_warm", "forgetting_gap")
+PER_POSITION = SHOWN + ("online_sameT", "online_multi")  # the per-position table's rows (the figure keeps SHOWN)
 FEATURES = ("logit_qmax", *NAMES)
 G_T = "t_neg_log_neg_log_qmax"  # online_warm_gT's feature, derived in `load`
 
@@ -369,7 +370,7 @@ def summary(rows: list[dict]) -> list[str]:
     return lines
 
 
-def per_position(rows: list[dict], names=SHOWN) -> list[str]:
+def per_position(rows: list[dict], names=PER_POSITION) -> list[str]:
     lines = ["| held-out trace | estimator | " + " | ".join(f"pos {i}" for i in range(7)) + " |",
              "|---|---|" + "---:|" * 7]
     for r in rows:
