@@ -56,6 +56,8 @@ def record(args, out: Path, policy: str, dataset: str, temperature: float, concu
         argv += ["--cost", args.cost.replace("{T}", f"{temperature:g}")]
     if args.coefficients and Path(args.coefficients).is_file():
         argv += ["--coefficients", args.coefficients]
+    if policy == args.adaptive and args.learn_cost:  # as avkit serve: the cost model learned from the steps
+        argv += ["--learn-cost", "--cost-out", str(out.with_suffix(".learned_cost.json"))]
     with open(os.devnull, "w") as quiet, redirect_stdout(quiet), redirect_stderr(quiet):  # record's tables
         try:
             app(argv)  # the CLI exits with the command's status
@@ -79,6 +81,8 @@ def cell(args, work: Path, dataset: str, temperature: float, concurrency: int) -
                 kept_at = trace_path(args, dataset, temperature, concurrency)
                 (work / "run.parquet").replace(kept_at)
                 generations_path(work / "run.parquet").replace(generations_path(kept_at))  # token_s: its steps
+            if p == args.adaptive and rep == 0 and args.traces and args.learn_cost:  # its learned model: --predict cell
+                (work / "run.learned_cost.json").replace(learned_path(args, dataset, temperature, concurrency))
             print(f"{dataset} T={temperature} c={concurrency} repeat {rep + 1}: {p} "
                   f"{runs[p][-1]['decode_tok_s']:.2f} tok/s steady over {runs[p][-1]['steady_tokens']} tokens",
                   file=sys.stderr, flush=True)
@@ -95,6 +99,11 @@ def commit() -> str:
 def trace_path(args, dataset: str, temperature: float, concurrency: int) -> Path:
     """Where a cell's kept trace goes: --traces/<dataset>_T<T>_c<c>.parquet."""
     return Path(args.traces) / f"{Path(dataset).stem}_T{temperature:g}_c{concurrency}.parquet"
+
+
+def learned_path(args, dataset: str, temperature: float, concurrency: int) -> Path:
+    """Where a cell's first adaptive run leaves the cost model it learned: beside the kept trace."""
+    return trace_path(args, dataset, temperature, concurrency).with_suffix(".learned_cost.json")
 
 
 def key(c: dict) -> tuple:
@@ -173,7 +182,8 @@ def predict(args, cells: list[dict]) -> None:
             print(f"no kept trace for {c['dataset']} T={c['temperature']:g} c={c['concurrency']}: not predicted",
                   file=sys.stderr)
             continue
-        cost = args.predict.replace("{T}", f"{c['temperature']:g}")
+        cost = (str(learned_path(args, c["dataset"], c["temperature"], c["concurrency"])) if args.predict == "cell"
+                else args.predict.replace("{T}", f"{c['temperature']:g}"))
         if not Path(cost).is_file():
             raise SystemExit(f"adaptive.py live: error: --predict: no cost file {cost!r}")
         policies = list(c["runs"])
@@ -211,7 +221,10 @@ def live_main(argv: list[str]) -> int:
     ap.add_argument("--resume", action="store_true", help="skip the cells the JSON already holds")
     ap.add_argument("--predict", default="", metavar="COST",
                     help="no runs: the simulator's tok/s for every held cell from its kept trace under this cost "
-                         "model ({T}: one per temperature), beside the measured ones")
+                         "model ({T}: one per temperature; 'cell': the model the cell's first adaptive run learned), "
+                         "beside the measured ones")
+    ap.add_argument("--no-learn-cost", dest="learn_cost", action="store_false",
+                    help="the adaptive policy keeps --cost as it is (default: it learns from its steps, as serve's)")
     ap.add_argument("--traces", default="bench/results/adaptive_live_traces",
                     help="where each cell's first fixed:<max K> trace is kept (the simulator's input; '' keeps none)")
     if "--tiny" in argv:  # small defaults: seconds, not hours

@@ -150,3 +150,31 @@ def test_bad_policy_is_one_line_before_loading_models(setup, capsys):
              "--out", str(root / "bad.parquet")])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and err == ["avkit: error: --policy fixed:x: fixed:K needs a non-negative integer K"], err
+
+
+def test_learned_cost_is_written_from_the_runs_steps(setup):
+    root, prompts, cost, (target, draft) = setup
+    out = root / "learned.json"
+    cfg = RecordConfig(models=ModelsConfig(), decoding=EngineConfig(k=K, concurrency=3, seed=0),
+                       sampling=SamplingConfig(temperature=1.0, max_new_tokens=NEW), dataset=(str(prompts),),
+                       num_prompts=6, out=str(root / "learn.parquet"), policy="adaptive-stop:online_logistic",
+                       cost=str(cost), learn_cost=True, cost_out=str(out))
+    res = record(cfg, target=target, draft=draft, progress=False)
+    learned = CostTable.load(out)
+    assert learned.meta["source"] == "learned" and learned.meta["steps"] == res.engine_steps
+    # a tiny-pair step (draft passes, verify, sampling, Python) takes milliseconds, the prior prices one
+    # token at 1 ms: the learned curve moved up towards the run's steps
+    assert learned.verify_ms[0] > 1.5 * COST.verify_ms[0]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--policy", "fixed:2", "--learn-cost"], "--learn-cost needs an adaptive policy (fixed and scheduled ones "
+                                              "price nothing), got --policy fixed:2"),
+    (["--policy", "adaptive:online_logistic", "--cost-out", "c.json"], "--cost-out c.json needs --learn-cost (it "
+                                                                        "writes what the policy learned)")])
+def test_learn_cost_options_are_checked(setup, capsys, argv, message):
+    root, prompts, _, _ = setup
+    with pytest.raises(SystemExit) as e:
+        app(["record", "--dataset", str(prompts), "--out", str(root / "bad.parquet"), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err == [f"avkit: error: {message}"], err

@@ -35,7 +35,7 @@ def register(app: typer.Typer) -> None:
         "max_prompt_tokens", "decoding.k", "sampling.temperature", "sampling.top_p", "decoding.concurrency",
         "decoding.seed", "out", "resume", "overwrite", "slots_per_dataset", "flush_interval", "models.device",
         "models.dtype", "decoding.kernels", "threads", "models.drafter", "models.payoff", "engine", "vllm_python",
-        "vllm_draft_sampling", "policy", "cost", "coefficients",
+        "vllm_draft_sampling", "policy", "cost", "coefficients", "learn_cost", "cost_out",
         arg("progress", Annotated[bool, typer.Option(help="show the progress bar")], True),
         help={"dataset": f"a workload (docs/workloads.md: {', '.join(WORKLOADS)}) or FILE.jsonl (repeatable)",
               "seed": "prompt order and sampling seed"})

@@ -169,6 +169,10 @@ class RecordConfig(Checked):
                                  "(default: the profiled table, else the CPU roofline)")
     coefficients: str = checked("", help="adaptive policies: coefficients.json warm start of the estimator "
                                          "(default: vLLM's reference constants)")
+    learn_cost: bool = checked(False, help="adaptive policies: learn the cost model from this run's step times, as "
+                                           "avkit serve does (decisions then depend on the machine's timing)")
+    cost_out: str = checked("", help="with --learn-cost: write the learned cost model here at the end (as avkit "
+                                     "serve snapshots it; simulate and tune take it as --cost)")
 
     def __post_init__(self):
         if not self.dataset:
@@ -184,6 +188,12 @@ class RecordConfig(Checked):
                               "prompt up front)")
         if self.resume and self.overwrite:
             raise ConfigError("--resume and --overwrite exclude each other: continue the file or replace it")
+        if self.learn_cost and not self.policy.startswith("adaptive"):
+            raise ConfigError(f"--learn-cost needs an adaptive policy (fixed and scheduled ones price nothing), got "
+                              f"--policy {shown(self.policy)}")
+        if self.cost_out and not self.learn_cost:
+            raise ConfigError(f"--cost-out {shown(self.cost_out)} needs --learn-cost (it writes what the policy "
+                              "learned)")
 
     @property
     def decoding_for_run(self) -> EngineConfig:

@@ -12,7 +12,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from avkit.config import RecordConfig
+from avkit.config import AdaptiveConfig, RecordConfig
 from avkit.record.files import check_resume, open_tables, preflight
 from avkit.record.requests import PromptQueue, Turn
 from avkit.record.stats import AcceptanceStats
@@ -154,6 +154,8 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
             commit = not interrupted or files.commit_on_interrupt()
             for writer in (trace, gens):  # trace first (avkit/record/files.py)
                 (writer.close if commit else writer.flush)()
+            if config.cost_out and commit and policy.learner is not None:
+                policy.learner.snapshot(config.cost_out)  # what the run's steps taught (temp file, renamed)
         except BaseException:
             for writer in (trace, gens) if started else ():  # trace first; the finals are untouched
                 writer.keep()
@@ -168,7 +170,8 @@ def verify_policy(config: RecordConfig):
     if config.policy == "full":
         return None
     return parse_spec(config.policy).make(k=config.decoding.k, cost=config.cost or None,
-                                          coefficients=config.coefficients)
+                                          coefficients=config.coefficients,
+                                          adaptive=AdaptiveConfig(learn_cost=config.learn_cost))
 
 
 def _run(config, engine, sink, queue, gens, run_id, stats, progress, console):
