@@ -22,7 +22,7 @@ from avkit.hvd.fit import fit_hvd_table
 from avkit.hvd.markdown import COLS, hvd_markdown, table_md, verdict_md
 from avkit.hvd.replay import greedy_traces, load_generations, replay, synthetic_generations
 from avkit.hvd.suffix_cache import SuffixCache
-from avkit.hvd.token_classes import token_classes_for
+from avkit.hvd.features import token_classes_for
 from avkit.markdown import md_table
 from avkit.scheduling.cost import CostTable
 from avkit.trace.shards import resolve_shards

@@ -27,7 +27,7 @@ from avkit.hvd.path import full_route
 from avkit.hvd.payoff_mlp import PayoffMLP
 from avkit.hvd.replay import ReplayGeneration, matches_from_draft, replay, synthetic_generations
 from avkit.hvd.router import make_router
-from avkit.hvd.token_classes import class_table_for
+from avkit.hvd.features import class_table_for
 from avkit.markdown import md_table
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request

@@ -248,7 +248,7 @@ def test_trace_matches_equal_teacher_forced_draft(tmp_path):
 def test_token_classes_of_byte_level_and_sentencepiece_entries():
     """Each entry is classified by its text: byte-level stand-ins decoded (`Ġ` space, `Ċ` newline, `âĢĶ` an em
     dash), a sentencepiece `▁` read as a space, a lone continuation byte (`Ã`) the replacement character."""
-    from avkit.hvd.token_classes import CLASSES, class_table
+    from avkit.hvd.features import CLASSES, class_table
 
     got = class_table(["Ġhello", "Ċ", "ĠâĢĶ", "▁the", "12", "_x", "Ã", "<|im_start|>"])  # [8, 5]
     want = [{"ident", "space"}, {"newline"}, {"space", "punct"}, {"ident", "space"}, {"digit"}, {"ident", "punct"},

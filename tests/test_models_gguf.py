@@ -117,7 +117,7 @@ def test_hvd_vocabulary_from_gguf_equals_gguf_py_and_hf(tmp_path):
     and the HF directory it came from give the same entries and the same class table."""
     import gguf
 
-    from avkit.hvd.token_classes import class_table, load_vocab
+    from avkit.hvd.features import class_table, load_vocab
 
     hf_dir = write_tiny_model(tmp_path / "hf", vocab=300)
     gguf_path = write_tiny_gguf(hf_dir, tmp_path / "tiny.gguf")

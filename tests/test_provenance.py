@@ -119,23 +119,23 @@ def test_token_classes_fall_back_to_the_shipped_table(tmp_path, monkeypatch):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from avkit.hvd import token_classes
+    from avkit.hvd import features
 
     monkeypatch.setenv("AVKIT_MODELS_DIR", str(tmp_path / "no-models"))
-    shipped = sorted(token_classes.SHIPPED.glob("*.npz"))
+    shipped = sorted(features.SHIPPED.glob("*.npz"))
     assert shipped, "a class table ships for the shipped traces' target"
     sha = shipped[0].stem + "0" * 48
     t = pa.table({"x": [1]})
     pq.write_table(t.replace_schema_metadata({"avkit.target": "qwen2.5-coder-1.5b", "avkit.target_sha256": sha}),
                    tmp_path / "a.parquet")
-    got = token_classes.token_classes_for([tmp_path / "a.parquet"])
+    got = features.token_classes_for([tmp_path / "a.parquet"])
     assert got.table is not None and got.table.shape[1] == 5 and "shipped" in got.source
     assert got.table[:, 0].mean() > 0.5  # most of a BPE vocabulary is identifier-like
     pq.write_table(t.replace_schema_metadata({"avkit.target": "mystery-7b", "avkit.target_sha256": "ab" * 32}),
                    tmp_path / "b.parquet")
-    none = token_classes.token_classes_for([tmp_path / "b.parquet"])
+    none = features.token_classes_for([tmp_path / "b.parquet"])
     assert none.table is None and "LEFT OUT" in none.source and "avkit models fetch" in none.source
-    assert token_classes.token_classes_for([tmp_path / "a.parquet"], "none").table is None
+    assert features.token_classes_for([tmp_path / "a.parquet"], "none").table is None
 
 
 def test_hvd_metrics_json_is_strict_json(tmp_path):

@@ -2,10 +2,10 @@
 
 Reading order: `suffix_cache` (the cache drafter) -> `replay` (trace replay: oracle accepted lengths,
 the model's matches, synthetic generations) -> `features` (what the replay and the live drafter compute
-per position), `token_classes` -> `payoff_mlp` and `router` (predictor, routers) -> `path` (decode-path
-simulation, metrics), `joint` (the joint verification budget, live and replayed), `verdict` (per dataset:
-best router vs best single drafter, and the clairvoyant bound) -> `fit` (`fit_hvd`, the body of `avkit
-hvd` and `avkit fit --hvd`; `markdown` renders it) -> `hybrid_drafter` (the live drafter).
+per position; the token-class table) -> `payoff_mlp` and `router` (predictor, routers) -> `path`
+(decode-path simulation, metrics), `joint` (the joint verification budget, live and replayed), `verdict`
+(per dataset: best router vs best single drafter, and the clairvoyant bound) -> `fit` (`fit_hvd`, the body
+of `avkit hvd` and `avkit fit --hvd`; `markdown` renders it) -> `hybrid_drafter` (the live drafter).
 """
 
 # The paper's figures (seed 003), quoted by `avkit hvd --markdown`, bench/hvd.py and the report.

@@ -23,11 +23,10 @@ import polars as pl
 from avkit.config import HvdReplayConfig, PayoffConfig, SuffixCacheConfig
 from avkit.errors import DataError
 from avkit.hvd.cost import linear_table, summary
-from avkit.hvd.features import FEATURE_GROUPS
+from avkit.hvd.features import FEATURE_GROUPS, token_classes_for
 from avkit.hvd.path import evaluate
 from avkit.hvd.replay import ReplayGeneration, load_generations, replay
 from avkit.hvd.router import ROUTERS, MLPRouter, RouterContext, decode_batched, make_router
-from avkit.hvd.token_classes import token_classes_for
 from avkit.hvd.verdict import dataset_verdict
 from avkit.jsonsafe import dumps
 from avkit.provenance import inputs_record
@@ -66,12 +65,10 @@ def split_by_request(table: pl.DataFrame, config: PayoffConfig) -> np.ndarray:
     for (_,), grp in pl.DataFrame({"dataset": table["dataset"], "conv": conv}).unique(maintain_order=True) \
             .group_by("dataset", maintain_order=True):
         ids = grp["conv"].to_list()
-        perm = rng.permutation(len(ids))
+        rank = np.argsort(rng.permutation(len(ids)))  # [n] each conversation's place in the shuffle
         small = len(ids) < 3  # too few to hold any out: all train
         n_val = 0 if small else max(1, round(config.val_fraction * len(ids)))
         n_test = 0 if small else max(1, round(config.test_fraction * len(ids)))
-        rank = np.empty(len(ids), dtype=np.int64)
-        rank[perm] = np.arange(len(ids))
         names += ids
         labels += np.where(rank < n_val, "val", np.where(rank < n_val + n_test, "test", "train")).tolist()
     lookup = pl.DataFrame({"conv": names, "split": labels}).unique("conv", keep="first")
@@ -198,7 +195,7 @@ def fit_hvd(trace_paths: list[str | os.PathLike], out_dir: str | os.PathLike | N
             tokenizer: str | None = None, **kwargs) -> HvdResult:
     """`avkit hvd`, `avkit fit --hvd`: greedy traces (each with its `.generations.parquet`) -> payoff predictor +
     metrics. The token-structure features come from `token_classes_for(trace_paths, tokenizer)`
-    (avkit/hvd/token_classes.py); `info["tokenizer"]` says where from, or that they were left out."""
+    (avkit/hvd/features.py); `info["tokenizer"]` says where from, or that they were left out."""
     tc = token_classes_for(trace_paths, tokenizer)
     gens, facts = load_generations(trace_paths)
     cost = summary(kwargs.get("cost") or linear_table())

@@ -26,12 +26,11 @@ from avkit.config import SuffixCacheConfig
 from avkit.drafters.base import Drafter, DraftInput, DraftProposal
 from avkit.errors import ConfigError
 from avkit.features import draft_features
-from avkit.hvd.features import FEATURE_GROUPS, RequestFeatures, columns
+from avkit.hvd.features import FEATURE_GROUPS, RequestFeatures, class_table_for, columns
 from avkit.hvd.joint import JointRouter
 from avkit.hvd.payoff_mlp import PayoffMLP
 from avkit.hvd.router import MLPRouter, RouterContext, make_router
 from avkit.hvd.suffix_cache import CacheDraft, SuffixCache, common_prefix
-from avkit.hvd.token_classes import class_table_for
 
 
 @dataclass

@@ -21,6 +21,7 @@ model's teacher-forced matches are iid Bernoulli(`model_rate`).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,13 +97,9 @@ def matches_from_trace(trace: pl.DataFrame, gens: pl.DataFrame) -> tuple[dict[st
         pl.col("request_id").cast(pl.String))
     outputs = {r: np.asarray(o, dtype=np.int64) for r, o in zip(gens["request_id"], gens["output_ids"])}
     rows = rows.filter(pl.col("request_id").is_in(list(outputs)))
-    best = None
-    for base in (0, 1, -1):
-        lab = _label_rows(rows, outputs, base)
-        agree = lab.filter(pl.col("position") < pl.col("num_accepted"))["eq"].mean() if lab.height else 1.0
-        if best is None or (agree or 0.0) > best[0]:
-            best = (agree or 0.0, lab)
-    lab = best[1].filter(pl.col("valid"))
+    agree = lambda lab: (lab.filter(pl.col("position") < pl.col("num_accepted"))["eq"].mean() or 0.0
+                         if lab.height else 1.0)  # accepted draft tokens that equal the output
+    lab = max((_label_rows(rows, outputs, base) for base in (0, 1, -1)), key=agree).filter(pl.col("valid"))
     match = {r: np.ones(len(o), dtype=bool) for r, o in outputs.items()}
     known = {r: np.zeros(len(o), dtype=bool) for r, o in outputs.items()}
     for (r,), grp in lab.group_by("request_id"):
@@ -172,19 +169,17 @@ def greedy_traces(root: Path | None = None) -> list[Path]:
             root = shipped_traces()[0].parent
         except ConfigError:
             root = Path("traces")
-    found = {}
-    for p in sorted(root.glob("*.parquet")):
-        if p.name.endswith(".generations.parquet") or not generations_path(p).is_file():
-            continue
-        temperature = trace_metadata(p).get("avkit.temperature", "nan")
-        try:
-            found[p] = float(temperature)
-        except ValueError:
-            found[p] = float("nan")
+    found = [p for p in sorted(root.glob("*.parquet"))
+             if not p.name.endswith(".generations.parquet") and generations_path(p).is_file()]
     if not found:
         raise ConfigError(f"no trace with a generations table in {root}/; pass trace files or --synthetic")
-    greedy = [p for p, t in found.items() if t == 0.0]
-    return greedy or list(found)
+    return [p for p in found if _recorded_greedy(p)] or found
+
+
+def _recorded_greedy(path: Path) -> bool:
+    with contextlib.suppress(ValueError):  # an unreadable temperature: not greedy
+        return float(trace_metadata(path).get("avkit.temperature", "nan")) == 0.0
+    return False
 
 
 # dataset -> probabilities of span kinds (prompt copy, boilerplate copy, mutated copy, fresh)
