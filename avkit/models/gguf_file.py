@@ -1,4 +1,5 @@
-"""A GGUF (v2/v3) checkpoint: key/values, the tensor index, dequantized tensors under HF names.
+"""A GGUF (v2/v3) file: key/values, the tensor index, tensors dequantized to float32 (loader.py `read_gguf` maps
+them to a model config and HF layout).
 
 gguf-py's GGUFReader builds a numpy memmap view per array element and takes ~20-40 s on the 151,936-token
 vocabulary of Qwen2.5; this parses the same header with ``struct`` in well under a second. Quantized blocks
