@@ -5,8 +5,8 @@
     python bench/gpu_check.py --steps profile,sim --out DIR   # rerun some steps into the same directory
 
 Steps, in order, each timed, guarded (an error is recorded and the next step runs) and bounded (its own time
-limit plus what earlier steps left, inside --budget-s): pytest, kernels (bench/gpu_kernels.py), engine and
-profile (bench/gpu_engine.py), sim; docs/gpu.md says what each runs and decides. summary.json is rewritten after
+limit plus what earlier steps left, inside --budget-s): pytest, kernels, engine and
+profile (bench/gpu_steps.py), sim; docs/gpu.md says what each runs and decides. summary.json is rewritten after
 every step (kernels.json and engine.json after every row); --bundle PATH packs the directory into PATH after
 every step, so a run cut short returns files. The device image has no polars: it travels as the wheel in WHEELS.
 """
@@ -40,8 +40,7 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 from avkit.staged import staged_file  # noqa: E402
-from gpu_engine import engine_step, profile_step  # noqa: E402
-from gpu_kernels import kernels_step  # noqa: E402
+from gpu_steps import engine_step, kernels_step, profile_step  # noqa: E402
 
 WHEELS = ("polars-1.33.1-cp39-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",)  # 37.9 MiB, in .whl/
 STEPS = ("pytest", "kernels", "engine", "profile", "sim")

@@ -30,8 +30,8 @@ from avkit.tune.acceptance import wilson
 from avkit.tune.arms import Arm, simulate_arms
 from avkit.workloads import load_workload
 from common import RESULTS, options, tiny_pair, vllm_peer, write  # bench/ is on sys.path when run as a script
-from live_peer import avkit_phase, plan, vllm_phase
-from live_peer import cells as peer_cells
+from live import avkit_phase, plan, vllm_phase
+from live import cells as peer_cells
 
 
 def measured_prompts(datasets: list[str], c: int) -> list[str]:
@@ -83,7 +83,7 @@ def predicted(trace: str, cost: str, datasets: list[str], ks: list[int], concurr
 
 
 def measured(args) -> list[dict]:
-    """The first c prompts of each dataset decoded greedy here, by `live_peer`'s phases -> its cells."""
+    """The first c prompts of each dataset decoded greedy here, by `live.py --peer vllm`'s phases -> its cells."""
     peer = SimpleNamespace(datasets=args.datasets, concurrency=args.concurrency, temperatures=[0.0],
                            max_new_tokens=args.max_new_tokens, seed=0, target_dir=args.target_dir,
                            draft_dir=args.draft_dir, dtype=args.dtype, vllm_compile=False,

