@@ -1,6 +1,6 @@
 """What every bench script shares: where results go, the header that says when, on what and by which command
-they were measured, writing them all at once, the prompts as token ids, an engine's share outside its forwards,
-interleaved repeats, paired ratios with a 95% interval, the vLLM peer process, the tiny pair of dry runs, and
+they were measured, writing them all at once, the prompts as token ids, one run on avkit's engine (the clock vLLM's
+side runs too), interleaved repeats, paired ratios with a 95% interval, the vLLM peer process, the tiny pair of dry runs, and
 progress on stderr.
 
     from common import RESULTS, header, write      # bench/ is on sys.path when a script runs
@@ -27,14 +27,18 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 
+from avkit.config import SamplingConfig
+from avkit.runtime.request import Request
 from avkit.staged import StagedOutputs
 from avkit.workloads import load_workload
+from vllm_peer import drive
 
 BENCH = Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
@@ -159,6 +163,33 @@ def vllm_peer(python: str, jobs: dict, timeout: float, env: dict | None = None,
                               env={**os.environ, **VLLM_ENV, "PYTHONPATH": "", **(env or {})}, timeout=timeout,
                               capture_output=capture, text=True)
         return (json.loads(res.read_text())["results"] if res.exists() else []), proc
+
+
+def run_avkit(engine, r: dict) -> dict:
+    """One run (vllm_peer.py's run dict) on avkit's `engine` under `drive`'s output-token clock, as vLLM's side
+    runs it -> outputs [n], wall_s, in_flight, the step log, request_steps (engine steps summed over requests)."""
+    n, got, request_steps = len(r["prompts"]), {}, []
+    max_new = r.get("max_new") or [r["max_new_tokens"]] * n
+
+    def add(i: int) -> None:
+        engine.add_request(Request(f"r{i}", r["prompts"][i], SamplingConfig(
+            temperature=r["temperature"], top_p=r["top_p"], max_new_tokens=max_new[i], seed=r["seed"]),
+            r.get("dataset", "")))
+
+    def step() -> list[tuple[int, list[int], bool]]:  # avkit's outputs are each step's new tokens
+        out = []
+        for o in engine.step():
+            i = int(o.request_id[1:])
+            got[i] = got.get(i, []) + o.new_token_ids
+            out.append((i, got[i], o.finished))
+        request_steps.append(len(out))
+        return out
+
+    t0 = time.perf_counter()
+    outputs, in_flight, steps = drive({"arrival_tokens": [0] * n, **r}, add, step,
+                                      lambda: len(engine.running) + len(engine.waiting))
+    return {"outputs": outputs, "wall_s": time.perf_counter() - t0, "in_flight": in_flight, "steps": steps,
+            "request_steps": sum(request_steps)}
 
 
 def tiny_pair(prefix: str) -> tuple[str, str]:

@@ -41,11 +41,10 @@ from avkit.hvd.router import make_router
 from avkit.hvd.suffix_cache import SuffixCache
 from avkit.markdown import md_table
 from avkit.runtime.engine import Engine
-from avkit.runtime.request import Request
-from avkit.runtime.step_log import StepLog, decode_tok_s
+from avkit.runtime.step_log import decode_tok_s
 from avkit.scheduling.cost import CostTable
 from avkit.trace.shards import resolve_shards
-from common import RESULTS, csv, header, options, prompt_ids, tiny_pair, uptime, vllm_peer, write
+from common import RESULTS, csv, header, options, prompt_ids, run_avkit, tiny_pair, uptime, vllm_peer, write
 
 COSTS = {"this pair (draft step = 0.33 target forward)": linear_table(HvdCostConfig(draft_step_cost=0.33)),
          "EAGLE-like drafter (draft step = 0.05 target forward)": linear_table(HvdCostConfig(draft_step_cost=0.05))}
@@ -279,23 +278,22 @@ def _engine(name: str, target, draft, k: int, c: int, max_len: int, payoff: str,
 def measure(target, draft, prompt_ids, k: int, c: int, max_new: int, payoff: str, repeats: int, classes) -> dict:
     """Interleaved runs of every drafter -> {drafter: [tokens/s per repeat]}, steps, the generations."""
     max_len = max(map(len, prompt_ids)) + max_new + k + 2
-    sampling = SamplingConfig(temperature=0.0, max_new_tokens=max_new)
-    reqs = [Request(f"r{i}", ids, sampling, "live") for i, ids in enumerate(prompt_ids)]
+    run = {"prompts": prompt_ids, "temperature": 0.0, "top_p": SamplingConfig.top_p, "seed": None,
+           "max_new_tokens": max_new, "dataset": "live"}
     tps: dict[str, list[float]] = {d: [] for d in DRAFTERS}
     decode: dict[str, list[float]] = {d: [] for d in DRAFTERS}  # tokens/s over the steps that admitted nobody
     steps, outputs, outside, drafting = {}, {}, {}, {}
     for rep in range(repeats):
         for name in DRAFTERS if rep % 2 == 0 else DRAFTERS[::-1]:
             engine = _engine(name, target, draft, k, c, max_len, payoff, classes)
-            log = StepLog()
-            gens = engine.generate(reqs, on_step=log)
-            tps[name].append(sum(len(g.output_ids) for g in gens) / (log.clock() - log.t0))
-            decode[name].append(decode_tok_s(log.rows))
+            x = run_avkit(engine, run)
+            tps[name].append(sum(map(len, x["outputs"])) / x["wall_s"])
+            decode[name].append(decode_tok_s(x["steps"]))
             steps[name] = engine.stats.steps
             st = engine.stats  # host work per step: the step's wall time outside the target and draft forwards
             outside[name] = 1e3 * (st.step_s - st.target_forward_s - st.draft_forward_s) / max(st.steps, 1)
             drafting[name] = 1e3 * st.draft_forward_s / max(st.steps, 1)  # the draft model's forwards, catch-up included
-            out = [g.output_ids for g in gens]
+            out = x["outputs"]
             if outputs.setdefault("target", out) != out and name != "target":
                 raise SystemExit(f"lossless check failed: {name} emitted other tokens than target-only")
             outputs[name] = out
@@ -489,9 +487,7 @@ def live_main(argv: list[str]) -> int:
                 if "avkit" in engines:
                     cell["vllm"]["target_equal_avkit"] = sum(x == y for x, y in zip(res["outputs"], theirs))
             print(json.dumps(cell), flush=True)
-            cells_path.parent.mkdir(parents=True, exist_ok=True)
-            with cells_path.open("a") as f:
-                f.write(json.dumps(cell) + "\n")
+            write({cells_path: (cells_path.read_text() if cells_path.exists() else "") + json.dumps(cell) + "\n"})
     render(cells_path, out)
     return 0
 

@@ -27,12 +27,13 @@ from avkit.models.kv_cache import KVCache
 from avkit.models.registry import models_dir
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
-from avkit.runtime.step_log import StepLog, steady_tok_s
+from avkit.runtime.step_log import steady_tok_s
 from avkit.runtime.trace_rows import MemorySink
 from avkit.scheduling.adaptive import make_adaptive
 from avkit.scheduling.cost import CostTable
 from avkit.scheduling.profile import profile_costs
-from common import RESULTS, VLLM_ENV, csv, header, load, machine, options, prompt_ids, tiny_pair, today, vllm_peer, write
+from common import (RESULTS, VLLM_ENV, csv, header, load, machine, options, prompt_ids, run_avkit, tiny_pair, today,
+                    vllm_peer, write)
 from live_cost import cost_main
 
 
@@ -273,16 +274,13 @@ def decode(target, draft, r: dict, k: int, max_new: int, policy=None, sink=None)
     cfg = EngineConfig(k=k, concurrency=len(r["prompts"]), max_len=max(map(len, r["prompts"])) + max_new + k + 2,
                        seed=r["seed"])
     engine = Engine(target, draft if k > 0 else None, cfg, policy=policy, sink=sink)
-    sampling = SamplingConfig(temperature=r["temperature"], top_p=r["top_p"], max_new_tokens=max_new, seed=r["seed"])
-    log, load_avg = StepLog(), load()
-    gens = engine.generate([Request(f"r{i}", p, sampling, r["dataset"]) for i, p in enumerate(r["prompts"])],
-                           on_step=log)
-    wall, outputs = log.clock() - log.t0, [g.output_ids for g in gens]
-    tokens, steps = sum(map(len, outputs)), sum(g.num_steps for g in gens)  # request-steps
+    load_avg = load()
+    x = run_avkit(engine, {**r, "max_new_tokens": max_new})
+    tokens, steps = sum(map(len, x["outputs"])), x["request_steps"]
     # a request-step emits its accepted drafts plus one token (EOS may cut the last step short)
-    return {"tok_s": tokens / wall, "outputs": outputs, "load": load_avg, "outside": engine.stats.overhead_share,
-            "steady_tok_s": steady_tok_s(log.rows, len(outputs)), "steps": steps, "wall_s": wall,
-            "accepted_per_step": (tokens - steps) / steps if steps else 0.0}
+    return {"tok_s": tokens / x["wall_s"], "outputs": x["outputs"], "load": load_avg, "wall_s": x["wall_s"],
+            "outside": engine.stats.overhead_share, "steady_tok_s": steady_tok_s(x["steps"], len(x["outputs"])),
+            "steps": steps, "accepted_per_step": (tokens - steps) / steps if steps else 0.0}
 
 
 def avkit_phase(args, ks: list[int], runs: list[dict], cost) -> dict[tuple[str, str], dict]:

@@ -25,20 +25,19 @@ from pathlib import Path
 import torch
 
 import avkit.models
-from avkit.config import EngineConfig, SamplingConfig, TuneConfig
+from avkit.config import EngineConfig, TuneConfig
 from avkit.markdown import md_table
 from avkit.models.registry import models_dir
 from avkit.runtime.engine import Engine
-from avkit.runtime.request import Request
 from avkit.runtime.step_log import steady_tok_s
 from avkit.scheduling.batch_schedule import BatchSchedule, ScheduledK
 from avkit.throughput_text import summary_lines, tune_grid
 from avkit.trace.shards import resolve_shards
 from avkit.tune import tune
 from avkit.validate import option_text
-from common import RESULTS, VLLM_ENV, csv, machine, options, prompt_ids, rounds, tiny_pair, uptime, vllm_peer, write
+from common import (RESULTS, VLLM_ENV, csv, machine, options, prompt_ids, rounds, run_avkit, tiny_pair, uptime, vllm_peer,
+                    write)
 from tune_report import rate, write_report
-from vllm_peer import drive
 
 RAM_GB = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9  # the profiled table's device: this box
 SHIPPED = "traces/*.parquet"
@@ -157,29 +156,12 @@ def configs(args, schedule) -> list[tuple[str, int, list | None]]:
 
 
 def avkit_run(models, r: dict, k: int, schedule, max_batch: int) -> dict:
-    """One run on avkit's engine under the output-token clock (`vllm_peer.drive`, vLLM's too)."""
+    """One run on avkit's engine, `schedule` (or fixed k) its policy (`common.run_avkit`)."""
     policy = ScheduledK(schedule, k=k) if schedule is not None else None
     cfg = EngineConfig(k=k, concurrency=max_batch, max_len=max(map(len, r["prompts"])) + max(r["max_new"]) + k + 2,
                        seed=r["seed"])
     engine = Engine(models["target"], models["draft"] if k > 0 else None, cfg, policy=policy)
-    got: dict[int, list[int]] = {}
-
-    def add(i: int) -> None:
-        engine.add_request(Request(f"r{i}", r["prompts"][i], SamplingConfig(
-            temperature=r["temperature"], top_p=r["top_p"], max_new_tokens=r["max_new"][i], seed=r["seed"])))
-
-    def step() -> list[tuple[int, list[int], bool]]:  # avkit's outputs are each step's new tokens
-        out = []
-        for o in engine.step():
-            i = int(o.request_id[1:])
-            got[i] = got.get(i, []) + o.new_token_ids
-            out.append((i, got[i], o.finished))
-        return out
-
-    t0 = time.perf_counter()
-    outputs, in_flight, steps = drive(r, add, step, lambda: len(engine.running) + len(engine.waiting))
-    return {"outputs": outputs, "wall_s": time.perf_counter() - t0, "in_flight": in_flight,
-            "outside": engine.stats.overhead_share, "steps": steps,
+    return {**run_avkit(engine, r), "outside": engine.stats.overhead_share,
             "draft_forward_s": engine.stats.draft_forward_s}  # 0: the drafter never ran (no-spec's work)
 
 
