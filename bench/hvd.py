@@ -27,7 +27,7 @@ from avkit.config import (DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, HvdCostCo
 from avkit.drafters.draft_model import DraftModelDrafter
 from avkit.engines.vllm.driver import hf_dir
 from avkit.hvd import PAPER
-from avkit.hvd.cost import linear_table, summary
+from avkit.hvd.cost import in_forwards, linear_table, summary
 from avkit.hvd.features import class_table_for, feature_matrix, token_classes_for
 from avkit.hvd.fit import fit_hvd_generations, fit_hvd_table
 from avkit.hvd.hybrid_drafter import HybridDrafter
@@ -152,7 +152,7 @@ def main() -> None:
         return suffix_cache(a)
     costs = dict(COSTS)
     if a.cost_table:
-        costs = {f"measured on this device ({a.cost_table})": CostTable.load(a.cost_table).in_forwards(), **COSTS}
+        costs = {f"measured on this device ({a.cost_table})": in_forwards(CostTable.load(a.cost_table)), **COSTS}
     gens, classes, source, facts = _inputs(a)
     rc = HvdReplayConfig()
     t0 = time.perf_counter()

@@ -10,6 +10,7 @@ import pytest
 
 from avkit.config import ProfileConfig, SamplingConfig
 from avkit.errors import ConfigError
+from avkit.hvd.cost import in_forwards
 from avkit.scheduling.cost import CostTable, isotonic, resolve_cost, shape_keys
 
 
@@ -186,7 +187,7 @@ def test_context_length_moves_the_kv_read():
 def test_unit_view_divides_every_price():
     t = _table(draft_fixed_ms=(0.5, 0.7), prefill_tokens=(16, 64), prefill_ms=(2.0, 5.0), kv_ms_per_token=0.1,
                context_len=10)
-    u = t.in_forwards()
+    u = in_forwards(t)
     n, k, tok, lag = np.array([1, 3, 8]), np.array([0, 2, 5]), np.array([1, 7, 20]), np.array([2, 30, 100])
     np.testing.assert_allclose(u.step_cost(n, k, tok, 50 * n), t.step_cost(n, k, tok, 50 * n) / 2.0)
     np.testing.assert_allclose(u.catch_up_cost(lag), t.catch_up_cost(lag) / 2.0)
@@ -378,7 +379,7 @@ def test_profile_reads_a_real_prefix_written_by_the_models_prefill(tiny_pair):
     a seated engine's fed step then verifies the prefix's real continuation with the logits one forward over
     prefix + continuation gives."""
     from avkit.scheduling.profile import prompt_tokens
-    from avkit.scheduling.step_timer import SeatedEngine, write_prefix
+    from avkit.scheduling.profile import SeatedEngine, write_prefix
 
     model = tiny_pair[0].model
     ids = prompt_tokens(tiny_pair[0], 24)
@@ -410,7 +411,7 @@ def test_requests_are_priced_beyond_their_tokens_and_older_files_read_as_zero(tm
     t = _table(request_ms=(0.0, 7.0))
     np.testing.assert_allclose(t.step_cost([1, 8, 8], [0, 0, 3], [4, 4, 32]) - _table().step_cost(
         [1, 8, 8], [0, 0, 3], [4, 4, 32]), [0.0, 7.0, 7.0])
-    assert t.in_forwards().request_ms == (0.0, 3.5)
+    assert in_forwards(t).request_ms == (0.0, 3.5)
     old = t.to_json()
     del old["request_ms"]
     path = tmp_path / "old.json"
@@ -440,4 +441,4 @@ def test_shape_scale_multiplies_exactly_its_shapes(tmp_path):
     assert float(par.step_cost(1, 5, 6, 0)) == 2.0 * float(replace(par, shape_scale=()).step_cost(1, 5, 6, 0))
     back = CostTable.load(t.save(tmp_path / "scaled.json"))
     np.testing.assert_allclose(back.step_cost(n, k, tok, c), want)
-    np.testing.assert_allclose(t.in_forwards().step_cost(n, k, tok, c), np.asarray(want) / 2.0)
+    np.testing.assert_allclose(in_forwards(t).step_cost(n, k, tok, c), np.asarray(want) / 2.0)

@@ -12,7 +12,7 @@ import pytest
 from avkit.cli import app
 from avkit.config import HvdCostConfig
 from avkit.errors import ConfigError
-from avkit.hvd.cost import cost_from_json, linear_table, summary
+from avkit.hvd.cost import cost_from_json, in_forwards, linear_table, summary
 from avkit.scheduling.cost import CostTable
 
 TABLE = {"verify_tokens": [1, 2, 4, 8, 16, 32], "verify_ms": [93.8, 96.5, 109.7, 186.2, 344.0, 673.0],
@@ -24,7 +24,7 @@ TABLE = {"verify_tokens": [1, 2, 4, 8, 16, 32], "verify_ms": [93.8, 96.5, 109.7,
 def test_curves_are_the_tables_in_forwards_of_one_token(tmp_path):
     path = tmp_path / "cost.json"
     path.write_text(json.dumps(TABLE))
-    cost, table = CostTable.load(path).in_forwards(), CostTable.load(path)
+    cost, table = in_forwards(CostTable.load(path)), CostTable.load(path)
     unit = table.verify_cost(1)
     t = np.array([1, 3, 5, 7, 8, 13, 31, 40, 77])  # odd places, inside and past the grid
     assert np.allclose(cost.verify_cost(t), table.verify_cost(t) / unit, rtol=1e-12)
@@ -35,7 +35,7 @@ def test_curves_are_the_tables_in_forwards_of_one_token(tmp_path):
     assert c["verify_token_cost"] == pytest.approx(np.polyfit(np.arange(1, 9), table.verify_cost(np.arange(1, 9)) / unit,
                                                               1)[0])
     assert str(path) in c["source"] and "cpu x86_64" in c["source"]
-    fixed = CostTable.from_json({**TABLE, "draft_fixed_ms": [10.0, 11.0, 12.0, 13.0, 14.0]}).in_forwards()
+    fixed = in_forwards(CostTable.from_json({**TABLE, "draft_fixed_ms": [10.0, 11.0, 12.0, 13.0, 14.0]}))
     for k in (1, 3, 7):  # k passes and the fixed part once, as the engine's cost model prices drafting
         want = (k * table.draft_pass_cost(n) + np.interp(n, TABLE["draft_requests"], [10, 11, 12, 13, 14])) / unit
         assert np.allclose(fixed.draft_cost(n[n <= 16], k), want[n <= 16], rtol=1e-12)
@@ -49,7 +49,7 @@ def test_linear_default_and_roundtrip_through_the_payoff_extra():
     lin = linear_table(HvdCostConfig(verify_token_cost=0.1, draft_step_cost=0.4))
     assert np.allclose(lin.verify_cost([0, 1, 9]), [1.0, 1.1, 1.9]) and np.allclose(lin.draft_pass_cost([1, 16]), [0.4, 0.4])
     assert not lin.catch_up_cost([0, 3, 500]).any()  # the linear model prices no catch-up
-    cost = CostTable(**{k: tuple(v) if isinstance(v, list) else v for k, v in TABLE.items()}).in_forwards()
+    cost = in_forwards(CostTable(**{k: tuple(v) if isinstance(v, list) else v for k, v in TABLE.items()}))
     for c in (lin, cost):
         back = cost_from_json(json.loads(json.dumps(summary(c))))  # lists in, tuples out (payoff_survival.pt)
         assert back == c
@@ -106,9 +106,9 @@ def test_hvd_cli_bad_cost_table_is_one_line(change, match, tmp_path, capsys):
 def test_a_learned_lookup_price_is_the_cache_cost():
     """A table whose cost model learned what a cache lookup costs live (lookup_ms) prices HVD's lookups with it, in
     target forwards of one token; a table without one keeps HvdCostConfig's."""
-    learned = CostTable.from_json({**TABLE, "lookup_ms": 4.69}).in_forwards()
+    learned = in_forwards(CostTable.from_json({**TABLE, "lookup_ms": 4.69}))
     assert learned.lookup_ms == pytest.approx(4.69 / 93.8)
-    assert CostTable.from_json(TABLE).in_forwards().lookup_ms == HvdCostConfig.cache_cost
+    assert in_forwards(CostTable.from_json(TABLE)).lookup_ms == HvdCostConfig.cache_cost
 
 
 def test_a_batched_step_pays_one_lookup_per_request_that_consulted_the_cache():

@@ -60,13 +60,13 @@ def register(app: typer.Typer) -> None:
             payoff_config: PayoffConfig, traces, out, tokenizer, markdown, synthetic, cost_table):
         """Replay greedy generations, fit the payoff predictor, compare routers (model, suffix, cache, arctic,
         table, mlp, survival) per dataset on held-out requests."""
-        from avkit.hvd.cost import linear_table  # lazy: start-up
+        from avkit.hvd.cost import in_forwards, linear_table  # lazy: start-up
         from avkit.hvd.fit import fit_hvd_generations, reserve_hvd_outputs  # lazy: start-up
         from avkit.hvd.markdown import hvd_markdown  # lazy: start-up
         from avkit.scheduling.cost import CostTable  # lazy: start-up
 
         kw = {"cache_config": cache_config, "replay_config": replay_config, "payoff_config": payoff_config,
-              "cost": CostTable.load(cost_table).in_forwards() if cost_table is not None else
+              "cost": in_forwards(CostTable.load(cost_table)) if cost_table is not None else
               linear_table(cost_config), "progress": sys.stderr.isatty()}
         with StagedOutputs() as outputs:  # the hvd files and --markdown are committed together, or none
             reserve_hvd_outputs(out, outputs, "--out")

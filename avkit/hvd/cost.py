@@ -1,4 +1,4 @@
-"""HVD's cost model: a `CostTable` in target forwards of one token (a measured table: `CostTable.in_forwards`);
+"""HVD's cost model: a `CostTable` in target forwards of one token (a measured table: `in_forwards`);
 its `lookup_ms` is the cache lookup + payoff prediction per request that consulted the cache. `linear_table` is
 `HvdCostConfig`'s lines: verify(T) = 1 + c_v T, draft(n, k) = k c_d, free catch-up.
 """
@@ -10,7 +10,8 @@ from dataclasses import replace
 import numpy as np
 
 from avkit.config import HvdCostConfig
-from avkit.scheduling.cost import CostTable
+from avkit.errors import ConfigError
+from avkit.scheduling.cost import CURVES, CostTable
 
 LINEAR = "linear"
 
@@ -21,6 +22,26 @@ def linear_table(config: HvdCostConfig = HvdCostConfig()) -> CostTable:
     return CostTable(verify_tokens=(0, 1), verify_ms=(1.0, 1.0 + c_v), draft_requests=(1, 2), draft_ms=(c_d, c_d),
                      prefill_tokens=(1, 2), prefill_ms=(0.0, 0.0), lookup_ms=config.cache_cost,
                      meta={"source": LINEAR})
+
+
+def in_forwards(table: CostTable, cache_cost: float = HvdCostConfig.cache_cost) -> CostTable:
+    """HVD's unit view: every price divided by verify_ms(1), one target forward over one token; the lookup price
+    the table's where it learned one live, else `cache_cost` (in forwards). HVD prices an autoregressive draft
+    model's K passes on a profiled table: a context curve (roofline) or a parallel drafter is refused."""
+    path, device = str(table.meta.get("path", "")), table.meta.get("device", "")
+    if any(table.context_ms):
+        raise ConfigError(f"cost table {path}: a context_ms curve (roofline tables) has no place in the HVD cost "
+                          "model; use a profiled table (`avkit profile`)")
+    if table.drafter != "autoregressive":
+        raise ConfigError(f"cost table {path}: drafter {table.drafter!r}; the HVD cost model prices an "
+                          "autoregressive draft model (K passes)")
+    unit = float(table.verify_cost(1))
+    if unit <= 0:
+        raise ConfigError(f"cost table {path}: verify_ms at 1 token is {unit}; it must be > 0")
+    return replace(table, **{name: tuple((np.asarray(getattr(table, name), dtype=np.float64) / unit).tolist())
+                             for name in CURVES}, kv_ms_per_token=table.kv_ms_per_token / unit,
+                   lookup_ms=table.lookup_ms / unit if table.lookup_ms > 0 else cache_cost,
+                   meta={**table.meta, "unit_ms": unit, "where": f"{path} ({device})" if device else path})
 
 
 def summary(cost: CostTable) -> dict:

@@ -1,5 +1,5 @@
 """The step cost model (docs/budget.md "Cost tables"): what one engine step costs by its shape. The ONE pricing
-of a step: budget, early stop, draft gate, catch-up, the HVD joint plan (`in_forwards`), `tune`'s arms and the
+of a step: budget, early stop, draft gate, catch-up, the HVD joint plan (hvd/cost.py `in_forwards`), `tune`'s arms and the
 simulator all price through `CostTable`. Its fields are the JSON fields of a cost file (ms unless said; every
 grid strictly increasing from >= 0, every curve non-decreasing, piecewise linear between its points and the
 last segment's slope beyond: `interp_curve`, the one interpolation in avkit).
@@ -20,14 +20,15 @@ from __future__ import annotations
 
 import json
 import math
+from contextlib import nullcontext
 from numbers import Real
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from avkit.config import DEFAULT_COST_PATH, PROFILE_CONTEXT_ENV, SHIPPED_COST, HvdCostConfig, shipped_file
+from avkit.config import DEFAULT_COST_PATH, PROFILE_CONTEXT_ENV, SHIPPED_COST, shipped_file
 from avkit.errors import ConfigError
 from avkit.jsonsafe import read_json
 from avkit.scheduling.roofline import roofline_curves
@@ -269,26 +270,6 @@ class CostTable:
         context = self.held_context(num_requests, tokens) if context_tokens is None else context_tokens
         return ms * self.shape_factor(shape_keys(num_requests, self.passes(k), tokens, context, rows, lookups))
 
-    # ---- views ----
-    def in_forwards(self, cache_cost: float = HvdCostConfig.cache_cost) -> CostTable:
-        """HVD's unit view: every price divided by verify_ms(1), one target forward over one token; the lookup price
-        the table's where it learned one live, else `cache_cost` (in forwards). HVD prices an autoregressive draft
-        model's K passes on a profiled table: a context curve (roofline) or a parallel drafter is refused."""
-        path, device = str(self.meta.get("path", "")), self.meta.get("device", "")
-        if any(self.context_ms):
-            raise ConfigError(f"cost table {path}: a context_ms curve (roofline tables) has no place in the HVD cost "
-                              "model; use a profiled table (`avkit profile`)")
-        if self.drafter != "autoregressive":
-            raise ConfigError(f"cost table {path}: drafter {self.drafter!r}; the HVD cost model prices an "
-                              "autoregressive draft model (K passes)")
-        unit = float(self.verify_cost(1))
-        if unit <= 0:
-            raise ConfigError(f"cost table {path}: verify_ms at 1 token is {unit}; it must be > 0")
-        return replace(self, **{name: tuple((np.asarray(getattr(self, name), dtype=np.float64) / unit).tolist())
-                                for name in CURVES}, kv_ms_per_token=self.kv_ms_per_token / unit,
-                       lookup_ms=self.lookup_ms / unit if self.lookup_ms > 0 else cache_cost,
-                       meta={**self.meta, "unit_ms": unit, "where": f"{path} ({device})" if device else path})
-
     # ---- persistence ----
     def to_json(self) -> dict:
         d = asdict(self)
@@ -297,10 +278,8 @@ class CostTable:
 
     def save(self, path, outputs: StagedOutputs | None = None) -> Path:
         """Write JSON through a staged output (`outputs`, committed by the caller; else committed here)."""
-        if outputs is None:
-            with StagedOutputs() as own:
-                return self.save(path, own)
-        outputs.file(path).write_text(json.dumps(self.to_json(), indent=1))
+        with StagedOutputs() if outputs is None else nullcontext(outputs) as out:
+            out.file(path).write_text(json.dumps(self.to_json(), indent=1))
         return Path(path).expanduser()
 
     @classmethod

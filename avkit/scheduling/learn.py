@@ -28,7 +28,6 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from avkit.scheduling.cost import FREE_LAG, CostTable, context_band, interp_curve, isotonic, shape_keys
-from avkit.staged import StagedOutputs
 from avkit.step_types import StepTime
 
 PRIOR_COUNT = 8.0  # steps the prior counts for, per unknown (module note)
@@ -178,5 +177,4 @@ class CostLearner:
 
     def snapshot(self, path) -> None:
         """Write the learned model atomically (a temp file renamed; a failed write leaves the old one)."""
-        with StagedOutputs() as outputs:
-            self.refit().save(path, outputs)
+        self.refit().save(path)

@@ -17,8 +17,7 @@ from avkit.step_types import DraftBatch, Groups, Load, StepPlan, StepTime, Verif
 
 
 class VerifyPolicy(Protocol):
-    """The contract between the engine and a verify policy: policies subclass it, inheriting the
-    optional hooks' defaults, so the engine calls every hook unconditionally (no attribute probing)."""
+    """The engine's contract: policies subclass it and inherit the optional hooks' defaults."""
 
     name: str
 
@@ -37,30 +36,26 @@ class VerifyPolicy(Protocol):
         return True
 
     def draft_steps(self, batch: DraftBatch, groups: Groups) -> torch.Tensor | None:
-        """The simulator's `draft_this_step`: [G] bool, which steps draft, decided in step order, each from
-        earlier steps only (`batch`: the drafts every step would propose); None (default): every step."""
+        """The simulator's `draft_this_step`: [G] bool in step order (`batch`: the drafts every step would
+        propose); None (default): every step."""
         return None
 
     def draft_limits(self, load: Load | Groups, lag: list[int] | None, remaining: list[int] | None):
-        """Before drafting: per request ([B] list or tensor) the most drafts it may propose this step, from
-        host counts no draw decides (lag: tokens its drafter has not seen; remaining: new tokens it may
-        still emit; both [B], None for `Groups`); None (default): no limit beyond the engine's K."""
+        """Before drafting: [B] most drafts each request may propose (lag: tokens its drafter has not seen;
+        remaining: new tokens it may still emit; [B] host ints, None for `Groups`); None (default): K."""
         return None
 
     def confidence_coefficients(self, device) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(slope [1], intercepts [K]) on `device` for the confidence kernel in each draft pass, when
-        the policy's predictions are sigma(slope * logit(q_max) + intercept_i); None (default): the
-        policy predicts from the features itself."""
+        """(slope [1], intercepts [K]) for the confidence kernel, sigma(slope logit(q_max) + intercept_i);
+        None (default): the policy predicts from the features itself."""
         return None
 
     def continue_drafting(self, batch: DraftBatch, load: Load | Groups) -> torch.Tensor | None:
-        """After each pass of an autoregressive drafter: [B] bool "draft one more" from the lossless
-        features so far (DraftBatch name -> [B, j]), or None: no early stop (default)."""
+        """After each pass of an autoregressive drafter: [B] bool "draft one more"; None (default): no early stop."""
         return None
 
     def observe_step_time(self, timing: StepTime) -> float | None:
-        """After a step, its shape and wall time (a policy may learn its cost model from them); returns the
-        step's actual / predicted ms, or None (default) when the policy predicts none."""
+        """A step's shape and wall time (to learn the cost model) -> actual / predicted ms; None (default)."""
         return None
 
 

@@ -80,17 +80,17 @@ class SimPolicy:
         return k
 
     def make(self, steps: StepTable, cost: CostTable) -> VerifyPolicy:
-        if self.estimator not in SOURCES:
-            policy = self.spec.make(k=steps.k, cost=cost, adaptive=self.adaptive, coefficients=self.coefficients,
-                                    bound=True)
-            if self.warm_state is not None:
-                policy.estimator.load_state_dict(self.warm_state)
-            return policy
-        feature, lossless = SOURCES[self.estimator]
-        if feature not in source_features(steps):
-            raise ConfigError(f"simulate: adaptive:{self.estimator} needs a non-null `{feature}` column in the traces")
-        return self.spec.make(k=steps.k, cost=cost, adaptive=self.adaptive, bound=True,
-                              estimator=Column(self.estimator, feature, lossless, steps.k))
+        source = None
+        if self.estimator in SOURCES:
+            feature, lossless = SOURCES[self.estimator]
+            if feature not in source_features(steps):
+                raise ConfigError(f"simulate: adaptive:{self.estimator} needs a non-null `{feature}` column in the traces")
+            source = Column(self.estimator, feature, lossless, steps.k)
+        policy = self.spec.make(k=steps.k, cost=cost, adaptive=self.adaptive, coefficients=self.coefficients,
+                                bound=True, estimator=source)
+        if self.warm_state is not None:
+            policy.estimator.load_state_dict(self.warm_state)
+        return policy
 
     def prepare(self, steps: StepTable) -> SimPolicy:
         """Burn a named online estimator in on the traces once (not for sources or a coefficients file)."""
@@ -244,13 +244,8 @@ def burn_in(est: Estimator, steps: StepTable, feature: str, chunk: int = 100, mi
     feats = np.nan_to_num(steps.features[feature][order], nan=0.0).ravel()  # [S * K]
     labels = steps.label[order].ravel()  # [S * K] -1 censored
     pos = np.tile(np.arange(k), s)
-    refits, passes = 0, 0
-
-    def count(g: int, refit: bool) -> None:
-        nonlocal refits
-        refits += int(refit)
-
-    while refits < min_refits and passes < max_passes:
-        replay_steps(est, feats, pos, labels, bounds, on_round=count, chunk=chunk)
+    refits, passes = [], 0  # [rounds] whether each refit
+    while sum(refits) < min_refits and passes < max_passes:
+        replay_steps(est, feats, pos, labels, bounds, on_round=lambda g, refit: refits.append(refit), chunk=chunk)
         passes += 1
     return passes

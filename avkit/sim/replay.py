@@ -14,6 +14,7 @@ RESULT_COLUMNS documents the metrics.
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -183,12 +184,10 @@ def write_results(df: pl.DataFrame, path, outputs: StagedOutputs | None = None, 
                   inputs: dict | None = None) -> Path:
     """Parquet through a staged output (`outputs`, committed by the caller; else committed here).
     `inputs`: the provenance record (avkit/provenance.py), stored as the file's `avkit.inputs` metadata."""
-    if outputs is None:
-        with StagedOutputs() as own:
-            return write_results(df, path, own, inputs=inputs)
     table = df.to_arrow()
     if inputs is not None:
         table = table.replace_schema_metadata({**(table.schema.metadata or {}),
                                                INPUTS_KEY: json.dumps(json_safe(inputs))})
-    pq.write_table(table, outputs.file(path), compression="zstd")
+    with StagedOutputs() if outputs is None else nullcontext(outputs) as out:
+        pq.write_table(table, out.file(path), compression="zstd")
     return Path(path).expanduser()

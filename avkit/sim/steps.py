@@ -19,7 +19,6 @@ import numpy as np
 import polars as pl
 
 from avkit.scheduling.cost import CostTable
-from avkit.trace.reader import MAX_INFERRED_K
 from avkit.errors import ConfigError, DataError, TraceError
 from avkit.jsonsafe import read_json
 
@@ -56,23 +55,6 @@ class StepTable:
                        features={name: v[rows] for name, v in self.features.items()})
 
 
-def _replay_k(df: pl.DataFrame, pos: np.ndarray, k: int | None) -> int:
-    """K of the [S, K] arrays: the files' declared K, else max(num_drafted, position + 1) up to MAX_INFERRED_K."""
-    drafted = df["num_drafted"].to_numpy()
-    if k is None:
-        worst = int(np.argmax(np.maximum(drafted, pos + 1)))
-        if max(drafted[worst], pos[worst] + 1) > MAX_INFERRED_K:
-            col = "position" if pos[worst] + 1 > drafted[worst] else "num_drafted"
-            raise TraceError(f"simulate: column {col!r} row {worst} has {col} = {df[col][worst]}: K above "
-                             f"{MAX_INFERRED_K} without avkit.k metadata is refused")
-        return int(max(drafted.max(), pos.max() + 1))
-    bad = np.flatnonzero((pos >= k) | (drafted > k))
-    if bad.size:
-        raise TraceError(f"simulate: row {bad[0]} has position {pos[bad[0]]}, num_drafted {drafted[bad[0]]} "
-                         f"beyond K = {k}")
-    return k
-
-
 def _model_rows(df: pl.DataFrame) -> pl.DataFrame:
     return df.filter(pl.col("drafter").cast(pl.Utf8) == "model") if "drafter" in df.columns else df
 
@@ -105,7 +87,9 @@ def step_table(df: pl.DataFrame, k: int | None = None) -> StepTable:
     sid = np.cumsum(new) - 1  # [N] step row of each slot row
     first = np.flatnonzero(new)  # [S]
     pos = df["position"].to_numpy().astype(np.int64)
-    k = _replay_k(df, pos, k)
+    # the traces' K, wide enough for every row (the reader refused rows past a file's K, or past
+    # MAX_INFERRED_K without one: trace/values.py)
+    k = max(k or 0, int(df["num_drafted"].max()), int(pos.max()) + 1)
     s = first.size
 
     def matrix(values: np.ndarray, fill, dtype) -> np.ndarray:
