@@ -10,7 +10,7 @@ from avkit.hvd import METRICS, PAPER, SPEEDUPS
 from avkit.hvd.cost import LINEAR
 from avkit.hvd.fit import HvdResult
 from avkit.hvd.router import MODEL_SCALES
-from avkit.hvd.verdict import FLOOR
+from avkit.hvd.verdict import FLOOR, HVD, SINGLE
 from avkit.markdown import md_table
 
 COLS = ("router", "dataset", "tokens", *METRICS, *SPEEDUPS, "c_draft", "c_verify")
@@ -40,9 +40,8 @@ def cost_md(cost: dict) -> str:
 def verdict_md(verdict: pl.DataFrame) -> list[str]:
     if not verdict.height:
         return []
-    cols = ("dataset", "requests", "model", "suffix", "cache", "arctic", "table", "mlp", "survival", "survival+budget",
-            "best_single_router", "best_router", "ratio", "fewer_cycles", "holds", "oracle", "headroom",
-            "oracle_fewer_cycles")
+    cols = ("dataset", "requests", *SINGLE, *HVD, "best_single_router", "best_router", "ratio", "fewer_cycles",
+            "holds", "oracle", "headroom", "oracle_fewer_cycles")
     return [f"## Best HVD router vs the best single drafter (goal >= {FLOOR}x on every dataset)", "",
             ("Each dataset's test requests decoded one at a time (`avkit/hvd/verdict.py`), every router under the "
              "same accounting; throughput in tokens per target forward. `survival+budget` is the joint router "

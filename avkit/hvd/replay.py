@@ -89,12 +89,8 @@ def matches_from_trace(trace: pl.DataFrame, gens: pl.DataFrame) -> tuple[dict[st
 
     The first drafted step's offset (0, 1 when the prefill token precedes it, or -1) is detected from
     which one makes accepted draft tokens agree with the output."""
-    need = {"request_id", "step", "position", "draft_token", "num_accepted", "drafter"}
-    missing = need - set(trace.columns)
-    if missing:
-        raise TraceError(f"trace: missing columns {sorted(missing)} needed for hybrid replay")
-    rows = trace.filter(pl.col("drafter") == "model").select(sorted(need - {"drafter"})).with_columns(
-        pl.col("request_id").cast(pl.String))
+    rows = trace.filter(pl.col("drafter") == "model").select(  # the reader checked the columns
+        "draft_token", "num_accepted", "position", pl.col("request_id").cast(pl.String), "step")
     outputs = {r: np.asarray(o, dtype=np.int64) for r, o in zip(gens["request_id"], gens["output_ids"])}
     rows = rows.filter(pl.col("request_id").is_in(list(outputs)))
     agree = lambda lab: (lab.filter(pl.col("position") < pl.col("num_accepted"))["eq"].mean() or 0.0
