@@ -230,14 +230,16 @@ class AdaptiveVerification(VerifyPolicy):
         active = batch.num_drafted == j  # [B] drafted in this pass
         n_active = torch.zeros(num_groups, dtype=torch.int64, device=dev).index_add_(0, group, active.long())  # [G]
         size, ran = n if many else b, n_active > 0
-        pass_ms = self._lookup("draft_pass_cost", size, dev)[n_active] * ran  # [G] one pass over the active rows
+        passes = self._lookup("draft_pass_cost", size, dev)  # [size + 1] ms of one pass by rows
+        pass_ms = passes[n_active] * ran  # [G] one pass over the active rows
+        row_ms = (pass_ms - passes[(n_active - 1).clamp(min=0)]) * ran  # [G] what the last of them adds
         # the first pass also pays the drafting's fixed part (cost.py)
         self.draft_ms = pass_ms + self._lookup("draft_fixed_cost", size, dev)[n_active] * ran \
             if j == 1 or self.draft_ms is None else self.draft_ms + pass_ms
         deep = max(j, self.k)  # the look-ahead reads verify_ms up to K tokens past the optimum
         width = (n * (deep + 1) if many else n + b * deep) + deep + 2
         inputs["fixed_ms"] = inputs["fixed_ms"] + self.draft_ms
-        return continue_drafting(conf, batch.num_drafted, active, group, num_groups, pass_ms=pass_ms,
+        return continue_drafting(conf, batch.num_drafted, active, group, num_groups, pass_ms=pass_ms, row_ms=row_ms,
                                  verify_ms=self._lookup("verify_cost", width, dev), max_drafts=deep, **inputs)[0]
 
     def observe(self, outcome: VerifyOutcome) -> None:

@@ -54,6 +54,7 @@ class Ranked:
     rank: torch.Tensor  # [M] int64, 0-based rank within its group
     top: torch.Tensor  # [M] float64, sum of its group's survivals ranked at or before it
     slots: torch.Tensor  # [G] int64, valid slots per group
+    paid: torch.Tensor | None = None  # [M] float64, sum of its group's slot_ms ranked at or before it (plan's slot_ms)
 
 
 def survival(confidences: torch.Tensor, num_drafted: torch.Tensor) -> torch.Tensor:
@@ -89,8 +90,10 @@ def order_slots(key: torch.Tensor) -> torch.Tensor:
     return torch.sort(key, dim=-1, descending=True, stable=True).indices
 
 
-def rank_slots(surv: torch.Tensor, num_drafted: torch.Tensor, group: torch.Tensor, num_groups: int) -> Ranked:
-    """Rank every group's slots (module note; `group` [S] ascending): all S K slots, invalid ones last, no host read."""
+def rank_slots(surv: torch.Tensor, num_drafted: torch.Tensor, group: torch.Tensor, num_groups: int,
+               slot_ms: torch.Tensor | None = None) -> Ranked:
+    """Rank every group's slots (module note; `group` [S] ascending): all S K slots, invalid ones last, no host read.
+    slot_ms: optional [S, K] ms a slot adds to the step's cost when verified (summed as `paid`)."""
     k = surv.shape[1]
     dev = surv.device
     valid = (torch.arange(k, device=dev)[None, :] < num_drafted[:, None]).reshape(-1)  # [M] row-major
@@ -101,18 +104,23 @@ def rank_slots(surv: torch.Tensor, num_drafted: torch.Tensor, group: torch.Tenso
     row, pos = order // k, order % k
     ok = valid[order]
     value = key[order].clamp(min=0.0)  # [M] 0 at invalid slots: they add nothing to a running sum
-    csum = value.double().cumsum(0)  # [M] one running sum, restarted per group below
+    cost = None if slot_ms is None else slot_ms.reshape(-1)[order].double().masked_fill(~ok, 0.0)  # [M]
     rank = torch.arange(order.numel(), device=dev)  # [M] rank in the whole order
     if num_groups == 1:  # the live step and the gate: nothing to restart
         g = torch.zeros_like(row)
-        return Ranked(row, pos, g, ok, value, rank, csum, num_drafted.clamp(0, k).sum().reshape(1))
+        return Ranked(row, pos, g, ok, value, rank, value.double().cumsum(0), num_drafted.clamp(0, k).sum().reshape(1),
+                      None if cost is None else cost.cumsum(0))
     g = group[row]
     size = torch.zeros(num_groups, dtype=torch.int64, device=dev).index_add_(0, group, torch.ones_like(group))
     first = torch.cumsum(size * k, 0) - size * k  # [G] index of each group's first slot
-    before = torch.cat([csum - value.double(), csum.new_zeros(1)])  # [M+1] sum before each slot (+ a pad)
-    top = csum - before[first][g]  # [M]
+
+    def running(x: torch.Tensor) -> torch.Tensor:  # [M] sum of x over its group's slots ranked at or before each
+        csum = x.cumsum(0)  # one running sum, restarted per group
+        return csum - torch.cat([csum - x, csum.new_zeros(1)])[first][g]  # (+ a pad: a group may start at M)
+
     slots = torch.zeros_like(size).index_add_(0, group, num_drafted.clamp(0, k))  # [G]
-    return Ranked(row, pos, g, ok, value, rank - first[g], top, slots)
+    return Ranked(row, pos, g, ok, value, rank - first[g], running(value.double()), slots,
+                  None if cost is None else running(cost))
 
 
 def best_budget(ranked: Ranked, num_sampling: torch.Tensor, num_scheduled: torch.Tensor, fixed_ms: torch.Tensor,
@@ -123,7 +131,7 @@ def best_budget(ranked: Ranked, num_sampling: torch.Tensor, num_scheduled: torch
     rate0 = n_s / (fixed + verify_ms[num_scheduled])  # [G] b = 0: target-only
     b = ranked.rank + 1  # [M] the budget if this slot is the last one verified
     tokens = (num_scheduled[g] + b).clamp(max=verify_ms.numel() - 1)  # [M] (invalid slots may pass the table)
-    rate = (n_s[g] + ranked.top) / (fixed[g] + verify_ms[tokens])  # [M]
+    rate = (n_s[g] + ranked.top) / (fixed[g] + verify_ms[tokens] + (0.0 if ranked.paid is None else ranked.paid))
     rate = rate.masked_fill(~ranked.valid, float("-inf"))  # only valid slots can be verified
     best = rate0.scatter_reduce(0, g, rate, "amax")  # [G] includes b = 0
     big = torch.iinfo(torch.int64).max
@@ -133,8 +141,13 @@ def best_budget(ranked: Ranked, num_sampling: torch.Tensor, num_scheduled: torch
 
 def expected_tokens(ranked: Ranked, budget: torch.Tensor, num_sampling: torch.Tensor) -> torch.Tensor:
     """[G] float64 E(b_g) = N_s + the top-b_g survivals of each group (b_g <= its valid slots)."""
+    return up_to_budget(ranked, budget, ranked.top, num_sampling.double())
+
+
+def up_to_budget(ranked: Ranked, budget: torch.Tensor, running: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """[G] start + a running sum ([M], restarted per group) read at each group's last verified slot."""
     at = ranked.rank + 1 == budget[ranked.group]  # [M] the last verified slot of each group
-    return num_sampling.double().index_add(0, ranked.group, ranked.top.masked_fill(~at, 0.0))
+    return start.index_add(0, ranked.group, running.masked_fill(~at, 0.0))
 
 
 def prefixes(ranked: Ranked, budget: torch.Tensor, rows: int) -> torch.Tensor:
@@ -146,7 +159,7 @@ def prefixes(ranked: Ranked, budget: torch.Tensor, rows: int) -> torch.Tensor:
 def plan(confidences: torch.Tensor, num_drafted: torch.Tensor, group: torch.Tensor, num_groups: int, *,
          num_sampling: torch.Tensor, num_scheduled: torch.Tensor, fixed_ms: torch.Tensor,
          verify_ms: torch.Tensor, sizing: tuple[torch.Tensor, torch.Tensor] | None = None,
-         allocate=None, surv: torch.Tensor | None = None) -> Plan:
+         allocate=None, surv: torch.Tensor | None = None, slot_ms: torch.Tensor | None = None) -> Plan:
     """Survival -> rank -> b* -> per-row prefixes for rows [S] in `num_groups` groups.
 
     confidences: [S, K]; num_drafted, group: [S] int64 (group ascending); num_sampling, num_scheduled
@@ -155,6 +168,8 @@ def plan(confidences: torch.Tensor, num_drafted: torch.Tensor, group: torch.Tens
     `allocate(confidences, num_drafted, budget)` (one group): the prefixes by the allocation kernel
     (kernels/allocation.py on the device, allocation_ref.py = this module's ranking on CPU). surv: survivals
     already known ([S, K], non-increasing along K, e.g. HVD's survival heads) instead of the confidences'.
+    slot_ms: [S, K] float64 ms each slot adds to cost(b) when verified (the early stop's guessed drafts'
+    drafting; without `sizing` or `allocate`).
 
     >>> one = torch.zeros(2, dtype=torch.int64)
     >>> plan(torch.ones(2, 3), torch.tensor([3, 2]), one, 1, num_sampling=torch.tensor([2]),
@@ -164,7 +179,7 @@ def plan(confidences: torch.Tensor, num_drafted: torch.Tensor, group: torch.Tens
     """
     if allocate is None:
         surv = survival(confidences, num_drafted) if surv is None else surv  # [S, K]
-        live = rank_slots(surv, num_drafted, group, num_groups)
+        live = rank_slots(surv, num_drafted, group, num_groups, slot_ms)
         sized = live if sizing is None else rank_slots(survival(*sizing), sizing[1], group, num_groups)
     else:  # the kernel ranks the allocated slots itself
         live, size_by = None, sizing if sizing is not None else (confidences, num_drafted)
@@ -177,6 +192,8 @@ def plan(confidences: torch.Tensor, num_drafted: torch.Tensor, group: torch.Tens
         alloc = allocate(confidences, num_drafted, budget, check=False)  # kernels' Allocation: survival, num_verify
         num_verify, surv = alloc.num_verify, alloc.survival
     cost_ms = fixed_ms.double() + verify_ms[num_scheduled + budget]
+    if slot_ms is not None:
+        cost_ms = up_to_budget(sized, budget, sized.paid, cost_ms)
     return Plan(num_verify, budget, expected_tokens(sized, budget, num_sampling), cost_ms, surv)
 
 
@@ -197,7 +214,8 @@ def single_group(rows: int, device=None) -> torch.Tensor:
 # stands and as it would stand after m = 1..D more passes of every active row (D = K - j), each plan at its optimum:
 #   now       E(b*) / cost(b*) over the drafts so far, the drafting paid so far in fixed_ms        [G]
 #   after(m)  the same with each active row's next m drafts guessed at c_next, its newest draft's confidence
-#             (clamped to [0, 1]), and m more passes in fixed_ms                                   [G, D]
+#             (clamped to [0, 1]); m passes cost m (pass_ms - row_ms n_active) plus row_ms for each guessed
+#             draft the plan verifies: a pass costs by the rows in it                                [G, D]
 #   m*        the smallest m of the best after(m)
 #   keep      active & after(m*) > now & the plan at m* verifies at least one of the row's guessed drafts
 # The group is priced whole, not row by row: verify cost is a staircase in the step's tokens (the CPU kernel's
@@ -207,14 +225,15 @@ def single_group(rows: int, device=None) -> torch.Tensor:
 
 def continue_drafting(conf: torch.Tensor, proposed: torch.Tensor, active: torch.Tensor, group: torch.Tensor,
                       num_groups: int, *, num_sampling: torch.Tensor, num_scheduled: torch.Tensor,
-                      fixed_ms: torch.Tensor, pass_ms: torch.Tensor, verify_ms: torch.Tensor,
-                      max_drafts: int) -> tuple[torch.Tensor, Plan]:
+                      fixed_ms: torch.Tensor, pass_ms: torch.Tensor, verify_ms: torch.Tensor, max_drafts: int,
+                      row_ms: torch.Tensor | None = None) -> tuple[torch.Tensor, Plan]:
     """[S] bool "draft on" after a pass, and the plan of the drafts so far.
 
     conf: [S, j] confidences of the drafts so far; proposed: [S] drafts so far; active: [S] bool, drafted
     in this pass (proposed == j); group [S] ascending; num_sampling, num_scheduled, fixed_ms (drafting paid
-    so far + KV reads), pass_ms (one more pass over the active rows): [G]; verify_ms: [T_max + 1] lookup
-    (plan.verify_lookup, T_max >= num_scheduled + S max_drafts); max_drafts: K, the deepest a row may draft.
+    so far + KV reads), pass_ms (one more pass over the active rows), row_ms (what one row adds to that
+    pass; None: 0): [G]; verify_ms: [T_max + 1] lookup (plan.verify_lookup, T_max >= num_scheduled +
+    S max_drafts); max_drafts: K, the deepest a row may draft.
     """
     inputs = {"num_sampling": num_sampling, "num_scheduled": num_scheduled, "verify_ms": verify_ms}
     p = plan(conf, proposed, group, num_groups, fixed_ms=fixed_ms, **inputs)
@@ -232,8 +251,12 @@ def continue_drafting(conf: torch.Tensor, proposed: torch.Tensor, active: torch.
     src, more = rows.repeat(d)[order], m.repeat_interleave(s)[order]  # [D S] source row, its m
     drafted = proposed[src] + active[src].long() * more  # [D S]
     rep = lambda v: v.repeat_interleave(d)  # [G] -> [G D]
-    after_fixed = rep(fixed_ms.double()) + m.double().repeat(num_groups) * rep(pass_ms.double())  # [G D]
-    q = plan(guessed[src], drafted, ids[order], num_groups * d, fixed_ms=after_fixed,
+    row_ms = torch.zeros_like(pass_ms, dtype=torch.float64) if row_ms is None else row_ms.double()
+    n_active = torch.zeros_like(num_sampling).index_add_(0, group, active.long())  # [G]
+    base = (pass_ms.double() - row_ms * n_active).clamp(min=0.0)  # [G] a pass's ms that no row adds
+    after_fixed = rep(fixed_ms.double()) + m.double().repeat(num_groups) * rep(base)  # [G D]
+    guess_ms = (torch.arange(j + d, device=dev)[None, :] >= j) * row_ms[group][:, None]  # [S, j + D]
+    q = plan(guessed[src], drafted, ids[order], num_groups * d, fixed_ms=after_fixed, slot_ms=guess_ms[src],
              **{k: rep(v) for k, v in inputs.items() if k != "verify_ms"}, verify_ms=verify_ms)
     after = (q.expected / q.cost_ms).reshape(num_groups, d)  # [G, D]
     best = after.max(1).values  # [G]
