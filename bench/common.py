@@ -34,7 +34,7 @@ import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 
-from avkit.config import SamplingConfig
+from avkit.config import ProfileConfig, SamplingConfig
 from avkit.runtime.request import Request
 from avkit.staged import StagedOutputs
 from avkit.workloads import load_workload
@@ -190,6 +190,21 @@ def run_avkit(engine, r: dict) -> dict:
                                       lambda: len(engine.running) + len(engine.waiting))
     return {"outputs": outputs, "wall_s": time.perf_counter() - t0, "in_flight": in_flight, "steps": steps,
             "request_steps": sum(request_steps)}
+
+
+def profile_here(target, draft, prompts: list[list[int]], new_tokens: int, k: int, max_requests: int,
+                 temperature: float, repeats: int, path: Path):
+    """This CPU's cost table at `temperature` (`avkit profile`'s step timing) for up to `max_requests` requests
+    drafting `k`, at the context a decode step sees on average (prompt + half the new tokens, not the longest),
+    saved to `path` -> the CostTable."""
+    from avkit.scheduling.profile import profile_costs  # lazy: torch (a report-only run needs none)
+
+    context = round(sum(map(len, prompts)) / len(prompts) + new_tokens / 2)
+    table = profile_costs(target, draft, ProfileConfig(
+        context_len=context, k=k, max_verify_tokens=max_requests * (k + 1), max_requests=max_requests,
+        repeats=repeats, sampling=SamplingConfig(temperature=temperature)))
+    print(f"cost table (T = {temperature:g}): {table.save(path)}", file=sys.stderr, flush=True)
+    return table
 
 
 def tiny_pair(prefix: str) -> tuple[str, str]:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 import avkit.models
-from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, ProfileConfig, SamplingConfig
+from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, SamplingConfig
 from avkit.estimators.coefficients import load_coefficients
 from avkit.hvd.suffix_cache import common_prefix
 from avkit.models.kv_cache import KVCache
@@ -31,9 +31,8 @@ from avkit.runtime.step_log import steady_tok_s
 from avkit.runtime.trace_rows import MemorySink
 from avkit.scheduling.adaptive import make_adaptive
 from avkit.scheduling.cost import CostTable
-from avkit.scheduling.profile import profile_costs
-from common import (RESULTS, VLLM_ENV, csv, header, load, machine, options, prompt_ids, run_avkit, tiny_pair, today,
-                    vllm_peer, write)
+from common import (RESULTS, VLLM_ENV, csv, header, load, machine, options, profile_here, prompt_ids, run_avkit,
+                    tiny_pair, today, vllm_peer, write)
 from live_cost import cost_main
 
 
@@ -314,17 +313,9 @@ def profile_cost(args, ks: list[int], runs: list[dict]) -> dict[float, object] |
         return dict.fromkeys(temperatures, CostTable.load(args.cost))
     dtype = getattr(torch, args.dtype)
     target, draft = avkit.models.load(args.target_dir, dtype=dtype), avkit.models.load(args.draft_dir, dtype=dtype)
-    c_max = max(r["c"] for r in runs)
-    # the context a decode step sees on average (prompt + half the new tokens), not the longest one
-    prompts = [len(p) for r in runs for p in r["prompts"]]
-    context = round(sum(prompts) / len(prompts) + args.max_new_tokens / 2)
-    out = {}
-    for temperature in temperatures:
-        out[temperature] = profile_costs(target, draft, ProfileConfig(
-            context_len=context, k=max(ks), max_verify_tokens=c_max * (max(ks) + 1), max_requests=c_max, repeats=5,
-            sampling=SamplingConfig(temperature=temperature)))
-        path = out[temperature].save(RESULTS / f"engine_peer_cost_T{temperature:g}.json")
-        print(f"cost table (T = {temperature:g}): {path}", flush=True)
+    prompts, c_max = [p for r in runs for p in r["prompts"]], max(r["c"] for r in runs)
+    out = {t: profile_here(target, draft, prompts, args.max_new_tokens, max(ks), c_max, t, 5,
+                           RESULTS / f"engine_peer_cost_T{t:g}.json") for t in temperatures}
     del target, draft
     gc.collect()
     return out

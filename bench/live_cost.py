@@ -38,16 +38,15 @@ from pathlib import Path
 
 import avkit.models
 import torch
-from avkit.config import DEFAULT_COST_PATH, DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, ProfileConfig, SamplingConfig
+from avkit.config import DEFAULT_COST_PATH, DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, SamplingConfig
 from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.scheduling.cost import CostTable, resolve_cost
 from avkit.scheduling.learn import CostLearner
 from avkit.scheduling.policy import FixedK
-from avkit.scheduling.profile import profile_costs
 from avkit.step_types import StepTime
 from avkit.workloads import load_workload
-from common import RESULTS, csv, header, load, options, tiny_pair, write
+from common import RESULTS, csv, header, load, options, profile_here, tiny_pair, write
 
 FIELDS = ("n", "passes", "tokens", "context", "rows", "lookups", "catch_up", "ms")  # a logged StepTime, in order
 
@@ -125,17 +124,6 @@ def save_learned(learners: dict, folder: str) -> None:
         print(f"learned cost model (T = {t:g}): {learner.model.save(path)}", file=sys.stderr)
 
 
-def _profiled(target, draft, prompts, temperature: float, ks, batches, tokens: int, tiny: bool) -> CostTable:
-    """This CPU's table at `temperature` (`avkit profile`'s timing) at the cells' mean context, saved in RESULTS."""
-    context = round(sum(map(len, prompts)) / len(prompts) + tokens / 2)
-    table = profile_costs(target, draft, ProfileConfig(
-        context_len=context, k=max(ks), max_verify_tokens=max(batches) * (max(ks) + 1), max_requests=max(batches),
-        repeats=3, sampling=SamplingConfig(temperature=temperature, top_p=0.95)))
-    path = Path(tempfile.gettempdir() if tiny else RESULTS) / f"cost_live_T{temperature:g}.json"
-    print(f"cost table (T = {temperature:g}): {table.save(path)}", file=sys.stderr, flush=True)
-    return table
-
-
 def _tiny():
     target, draft = (avkit.models.load(d) for d in tiny_pair("avkit-bench-"))
     cost = CostTable((1, 8, 64), (1.0, 1.5, 4.0), (1, 8), (0.3, 0.5), meta={"source": "smoke"})
@@ -189,7 +177,8 @@ def cost_main(argv: list[str]) -> int:
                    for p in load_workload(a.dataset, n=64)]
     rows, log, load_at_start, learners = [], [], load(), {}
     for t in a.temperatures:
-        table = cost or _profiled(target, draft, prompts[:max(batches)], t, ks, batches, max(tokens.values()), a.tiny)
+        table = cost or profile_here(target, draft, prompts[:max(batches)], max(tokens.values()), max(ks), max(batches),
+                                     t, 3, Path(tempfile.gettempdir() if a.tiny else RESULTS) / f"cost_live_T{t:g}.json")
         log.append({"T": t, "table": table.to_json()})
         learner = CostLearner(table, probe_every=0)  # fixed K: every shape it runs is visited anyway
         learners[t] = learner
