@@ -18,7 +18,6 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from avkit.config import SamplingConfig
-from avkit.errors import AvkitError
 from avkit.runtime.request import Request as EngineRequest
 from avkit.serve.openai_api import ApiError, ChatCompletionRequest, CompletionRequest, response_body, usage
 from avkit.serve.state import USAGE_KEY, ServeState
@@ -89,13 +88,11 @@ class Generation:
 
     def __init__(self, state: ServeState, rid: str, prompt_ids: list[int], body, max_tokens: int):
         self.state, self.rid, self.prompt_len = state, rid, len(prompt_ids)
-        try:
-            sampling = SamplingConfig(temperature=body.temperature, top_p=body.top_p, max_new_tokens=max_tokens,
-                                      seed=body.seed, top_k=max(0, body.top_k or 0), min_p=body.min_p or 0.0)
-            requests = [EngineRequest(f"{rid}-{i}", prompt_ids, sampling, dataset="serve",
-                                      rng_key=i if body.seed is not None else None) for i in range(body.n)]
-        except AvkitError as e:
-            raise ApiError(400, str(e)) from None
+        # the request body's bounds (openai_api.py) are SamplingConfig's or tighter: nothing here can refuse it
+        sampling = SamplingConfig(temperature=body.temperature, top_p=body.top_p, max_new_tokens=max_tokens,
+                                  seed=body.seed, top_k=max(0, body.top_k or 0), min_p=body.min_p or 0.0)
+        requests = [EngineRequest(f"{rid}-{i}", prompt_ids, sampling, dataset="serve",
+                                  rng_key=i if body.seed is not None else None) for i in range(body.n)]
         self.handles = state.engine_loop.submit_all(requests, asyncio.get_running_loop())  # or a 429 / 503
         state.metrics.prompt_tokens.inc(len(prompt_ids))
         decode = functools.partial(state.tokenizer.decode, skip_special_tokens=True)

@@ -18,10 +18,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+import uvicorn
+from uvicorn.logging import DefaultFormatter
+
 from avkit.config import (DEFAULT_COST_PATH, SERVE_STATE_DIR, SHIPPED_COEFFICIENTS, EngineConfig, SamplingConfig,
                           ServeConfig, shipped_file)
 from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.coefficients import ServedPair, load_coefficients
+from avkit.models import load, placement
+from avkit.models.native import build_in_child
+from avkit.runtime.engine import Engine, make_engine
+from avkit.runtime.request import Request
 from avkit.scheduling.batch_schedule import make_scheduled
 from avkit.scheduling.spec import ADAPTIVE, PolicySpec
 from avkit.serve.app import asgi_app
@@ -175,9 +183,6 @@ def warm_up(target, draft, config: EngineConfig) -> float:
     """What a first request would otherwise pay for (kernels, first forwards, first draws), on a throwaway
     engine of `config`'s K: one greedy and one sampled request; no sink, full verification, so nothing is
     recorded, counted or learned. Seconds taken."""
-    from avkit.runtime.engine import Engine  # lazy: torch (as build_state's models)
-    from avkit.runtime.request import Request  # lazy: with the engine
-
     t0 = time.perf_counter()
     new = config.k + 2  # at least one full verify step
     small = replace(config, concurrency=2, max_len=min(config.max_len, WARM_UP_PROMPT + new + 2 * (config.k + 1)))
@@ -192,12 +197,6 @@ def warm_up(target, draft, config: EngineConfig) -> float:
 def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
     """Check the options (one `avkit: error:` line, before the models load), build the CPU kernels and load the
     models (unless given), build policy, sink and engine loop; nothing is started yet."""
-    import torch  # lazy: torch
-
-    from avkit.models import load, placement  # lazy: torch
-    from avkit.models.native import build_in_child  # lazy: torch
-    from avkit.runtime.engine import make_engine as engine_for  # lazy: torch
-
     warm = warm_start(config)
     if warm.source == "snapshot" and config.models.drafter == "hybrid" and not config.adaptive.cache_coefficients \
             and cache_snapshot_of(Path(warm.path)).is_file():  # a resumed model snapshot's cache rows
@@ -248,9 +247,9 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
         suffix_cache = SuffixCache()
         metrics.watch_suffix_cache(suffix_cache.memory)
 
-    make_engine = functools.partial(engine_for, target, draft, engine_config, config.models, policy=policy, sink=sink,
-                                    cache=suffix_cache)
-    loop = EngineLoop(make_engine, max_concurrency=config.engine.concurrency, queue_size=config.http.queue_size,
+    new_engine = functools.partial(make_engine, target, draft, engine_config, config.models, policy=policy, sink=sink,
+                                   cache=suffix_cache)
+    loop = EngineLoop(new_engine, max_concurrency=config.engine.concurrency, queue_size=config.http.queue_size,
                       metrics=metrics, on_step=snapshots.on_step,
                       warm_up=functools.partial(warm_up, target, draft, engine_config),
                       retry_after_s=config.http.retry_after_s)
@@ -264,13 +263,11 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
     return ServeState(config=config, engine_loop=loop, tokenizer=target.tokenizer,
                       vocab_size=target.model.config.vocab_size,
                       model_name=config.http.served_model_name or target.model_id, metrics=metrics, on_close=close,
-                      make_engine=make_engine, side_writes=side_writes, startup=block)
+                      make_engine=new_engine, side_writes=side_writes, startup=block)
 
 
 def uvicorn_server(state: ServeState, *, log_level: str = "info"):
     """A uvicorn Server whose first SIGTERM/SIGINT also stops admission in the engine loop."""
-    import uvicorn  # lazy: uvicorn
-
     class _Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
             state.begin_drain()
@@ -323,8 +320,6 @@ def configure_logging(log_level: str) -> None:
     logger = logging.getLogger("avkit")
     if not logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
-        from uvicorn.logging import DefaultFormatter  # lazy: uvicorn
-
         handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s", use_colors=False))  # as uvicorn's
         logger.addHandler(handler)
     logger.setLevel(log_level.upper())
