@@ -49,10 +49,6 @@ class PluginEnv:
         return bool(self.trace or self.coefficients or self.metrics)
 
 
-def run_dir() -> Path:
-    return Path(os.environ[RUN_DIR])
-
-
 def _remove_run_dir(path: str, owner: int) -> None:
     """At exit of the process that made the run directory (not of a forked child that inherited the hook)."""
     if os.getpid() == owner:
@@ -92,7 +88,7 @@ def _install(env: PluginEnv) -> None:
         rec = hooks.install()
         if rec.on_step is None:
             global OBSERVER
-            OBSERVER = Observer(env)
+            OBSERVER = Observer(env, hooks)
             rec.on_step, rec.on_step_end = OBSERVER.on_step, OBSERVER.on_step_end
 
 
@@ -190,8 +186,9 @@ def _emitted(tokens: list[int], sp) -> tuple[list[int], str]:
 class Observer:
     """In the worker: each engine step's verified slots -> the trace and the calibration health."""
 
-    def __init__(self, env: PluginEnv):
+    def __init__(self, env: PluginEnv, hooks):
         self.env, self.engine_step, self.t_start, self.off = env, 0, 0.0, False
+        self.hooks = hooks  # avkit.engines.vllm.hooks, installed (imports torch: not at this module's top)
         self.sink = None  # (TraceWriter, GenerationWriter), opened at the first step that verified drafts
         self.health = None  # health.Health, made at that step
         self.runner = None  # vLLM's model runner, as last seen
@@ -207,19 +204,17 @@ class Observer:
         self._observe(runner, ())
 
     def _observe(self, runner, finished) -> None:
-        from avkit.engines.vllm.hooks import RECORDER  # lazy: torch
-
         self.runner = runner
         if not self.off:
             try:
-                records = RECORDER.take_rows()
+                records = self.hooks.RECORDER.take_rows()
                 if records:
                     self._emit(runner, records, (time.perf_counter() - self.t_start) * 1e3)
                 self._finished(runner, finished)
             except Exception as e:  # a failing side write never takes the server down
                 self.off = True
                 error(f"the vLLM plugin stopped observing ({type(e).__name__}: {e})")
-        RECORDER.active = not self.off
+        self.hooks.RECORDER.active = not self.off
 
     def _label(self, sp, rid: str) -> tuple[str, str]:
         """(request id, dataset) of a request in the tables: its `extra_args`, else vLLM's id and the env's label."""
@@ -227,11 +222,9 @@ class Observer:
         return str(extra.get("avkit_request_id", rid)), str(extra.get("avkit_dataset", self.env.dataset))
 
     def _emit(self, runner, records: list[dict], step_ms: float) -> None:
-        from avkit.engines.vllm.hooks import slot_columns  # lazy: torch
-
         sps = {r["request_id"]: runner.requests[r["request_id"]].sampling_params for r in records}
         requests = {rid: (*self._label(sp, rid), float(sp.temperature), float(sp.top_p)) for rid, sp in sps.items()}
-        cols = slot_columns(records, requests, step_ms, self.engine_step - 1)
+        cols = self.hooks.slot_columns(records, requests, step_ms, self.engine_step - 1)
         if self.env.trace:
             if self.sink is None:
                 self.sink = self._open(runner)
@@ -243,7 +236,7 @@ class Observer:
                 acc = np.where(cols["accepted"].mask, -1, cols["accepted"].filled(False).astype(np.int64))
                 self.health.add_step(cols["logit_qmax"].astype(np.float64), cols["position"].astype(np.int64),
                                      cols["verified"], acc, cols["position"] == 0)
-                self.health.publish(run_dir())
+                self.health.publish(Path(os.environ[RUN_DIR]))
 
     def _health(self, k: int):
         from avkit.engines.vllm.health import Health  # lazy: vllm venv
@@ -277,10 +270,8 @@ class Observer:
         return trace, gens
 
     def _finished(self, runner, finished) -> None:
-        from avkit.engines.vllm.hooks import RECORDER  # lazy: torch
-
         for rid in finished:
-            RECORDER.forget(rid)
+            self.hooks.RECORDER.forget(rid)
             state = runner.requests.get(rid)
             if self.sink is None or state is None or state.prompt_token_ids is None:
                 continue
