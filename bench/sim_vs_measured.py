@@ -84,11 +84,9 @@ def predicted(trace: str, cost: str, datasets: list[str], ks: list[int], concurr
 
 def measured(args) -> list[dict]:
     """The first c prompts of each dataset decoded greedy here, by `live.py --peer vllm`'s phases -> its cells."""
-    peer = SimpleNamespace(datasets=args.datasets, concurrency=args.concurrency, temperatures=[0.0],
-                           max_new_tokens=args.max_new_tokens, seed=0, target_dir=args.target_dir,
-                           draft_dir=args.draft_dir, dtype=args.dtype, vllm_compile=False,
-                           vllm_python=args.vllm_python, vllm_timeout=3600, adaptive=False, coefficients="",
-                           vllm_fix_expand=False)  # greedy: vLLM-CPU's expand bug concerns sampled verification only
+    # greedy: no fix for vLLM-CPU's expand bug (it concerns sampled verification only)
+    peer = SimpleNamespace(**{**vars(args), "temperatures": [0.0], "seed": 0, "vllm_compile": False,
+                              "vllm_timeout": 3600, "adaptive": False, "coefficients": "", "vllm_fix_expand": False})
     runs = plan(peer, Tokenizer.from_dir(Path(args.target_dir)))
     got = vllm_phase(peer, args.ks, runs) if args.engine == "vllm" else avkit_phase(peer, args.ks, runs, None)
     return peer_cells(runs, [(got, {})] if args.engine == "vllm" else [({}, got)])

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 import avkit.models
-from avkit.config import EngineConfig, TuneConfig
+from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, TuneConfig
 from avkit.markdown import md_table
 from avkit.models.registry import models_dir
 from avkit.runtime.engine import Engine
@@ -295,8 +295,8 @@ def live_main(argv: list[str]) -> None:
     if args.tiny:
         args.target_dir, args.draft_dir, args.dtype = *tiny_pair("avkit-tune-live-"), "float32"
         torch.set_num_threads(1)  # tiny models: a second thread only waits at OpenMP barriers on a busy box
-    args.target_dir = args.target_dir or str(models_dir() / "qwen2.5-coder-1.5b-hf")
-    args.draft_dir = args.draft_dir or str(models_dir() / "qwen2.5-coder-0.5b-hf")
+    args.target_dir = args.target_dir or str(models_dir() / f"{DEFAULT_TARGET}-hf")
+    args.draft_dir = args.draft_dir or str(models_dir() / f"{DEFAULT_DRAFT}-hf")
     schedules = {"avkit": BatchSchedule.load(args.schedule), "vllm": BatchSchedule.load(args.vllm_schedule)}
     tokenizer = avkit.models.Tokenizer.from_dir(Path(args.target_dir))
     runs = plan(args, tokenizer)
