@@ -15,7 +15,7 @@ With estimator "none" it verifies every draft.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +29,7 @@ from avkit.kernels.dispatch import Kernels
 from avkit.scheduling.cost import CostTable, resolve_cost
 from avkit.scheduling.gate import DraftGate
 from avkit.scheduling.learn import CostLearner
-from avkit.scheduling.plan import Plan, continue_drafting, plan, single_group, verify_lookup
+from avkit.scheduling.plan import continue_drafting, plan, single_group, verify_lookup
 from avkit.scheduling.policy import VerifyPolicy
 from avkit.step_types import DraftBatch, Groups, Load, StepPlan, StepTime, VerifyOutcome
 from avkit.trace import labels
@@ -162,16 +162,25 @@ class AdaptiveVerification(VerifyPolicy):
         conf = self.confidences(batch)  # [B, K]
         self.draft_ms = None  # size with the nominal drafting cost: the passes run depend on the draws
         sizing = self.sizing(batch, conf)
-        plan = self._plan(conf, batch.num_drafted, load, sizing=sizing)
+        # Drafting is paid before verification: K passes over the batch (nominal, the draws decide the rest).
+        (b, k), many, drafts = conf.shape, isinstance(load, Groups), conf.shape[1]
+        if many:  # a step that drafted pays K nominal passes
+            drafted = torch.zeros(load.num_groups, dtype=torch.int64).index_add_(0, load.group, batch.num_drafted.cpu())
+            drafts = np.where(drafted.numpy() > 0, k, 0)
+        group, num_groups, n, inputs = self._inputs(load, b, drafts, conf.device)
+        width = n * (max(k, self.k) + 1) + 1 if many else n + b * max(k, self.k) + 1
+        num_verify = plan(conf, batch.num_drafted, group, num_groups, sizing=sizing, **inputs,
+                          verify_ms=self._lookup("verify_cost", width, conf.device),
+                          allocate=None if self.kernels is None or many else self.kernels.allocate).num_verify
         probe = self.probe() if isinstance(load, Load) else None
         if probe is not None:  # a cost probe verifies the depth its step count sets (lossless, as fixed K)
-            plan = replace(plan, num_verify=batch.num_drafted.clamp(max=probe))
+            num_verify = batch.num_drafted.clamp(max=probe)
         if self.gate is not None and isinstance(load, Load):  # Groups: observed by `draft_steps`
             # the gate's curve spans all K positions, even when fewer were drafted
             full = sizing[0] if conf.shape[1] == self.k else self.confidences(batch, self.k)
             drafted = batch.num_drafted > 0  # [B] the gate weighs draft-model passes: the model's rows
             self.gate.observe(full[drafted if batch.cache_rows is None else drafted & ~batch.cache_rows])
-        return StepPlan(plan.num_verify, conf)
+        return StepPlan(num_verify, conf)
 
     def _lookup(self, curve: str, size: int, device) -> torch.Tensor:
         """A cost curve's ms by count 0.. > size on `device` (`curve`: a CostTable method), built on the host once
@@ -203,18 +212,6 @@ class AdaptiveVerification(VerifyPolicy):
                                  "fixed_ms": one(fixed_ms + float(self.cost.context_cost(load.num_requests)),
                                                  torch.float64)}
         return single_group(rows, device), 1, load.num_scheduled_tokens, dict(self._tables[key])  # a copy: callers add
-
-    def _plan(self, conf: torch.Tensor, num_drafted: torch.Tensor, load: Load | Groups, sizing=None) -> Plan:
-        # Drafting is paid before verification: K passes over the batch (nominal, the draws decide the rest).
-        b, k = conf.shape
-        many, drafts = isinstance(load, Groups), k
-        if many:  # a step that drafted pays K nominal passes
-            drafted = torch.zeros(load.num_groups, dtype=torch.int64).index_add_(0, load.group, num_drafted.cpu())
-            drafts = np.where(drafted.numpy() > 0, k, 0)
-        group, num_groups, n, inputs = self._inputs(load, b, drafts, conf.device)
-        width = n * (max(k, self.k) + 1) + 1 if many else n + b * max(k, self.k) + 1
-        return plan(conf, num_drafted, group, num_groups, verify_ms=self._lookup("verify_cost", width, conf.device),
-                    sizing=sizing, allocate=None if self.kernels is None or many else self.kernels.allocate, **inputs)
 
     def continue_drafting(self, batch: DraftBatch, load: Load | Groups) -> torch.Tensor | None:
         """After each pass of an autoregressive drafter: [B] bool, draft one more (plan.py `continue_drafting`;
