@@ -4,6 +4,8 @@ one request, and the best common depth of a batch."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -42,7 +44,7 @@ def _best_plan(rows, n_s: int, t: int, fixed_ms: float, row_ms: float, verify_ms
 
 def _loop_oracle(conf, proposed, active, group, inputs, k):
     """The rule by hand, one group and one depth at a time: each group's rows as they stand and with every
-    active row's next m drafts at its newest confidence; m passes cost m bases (pass_ms - row_ms n_active)
+    active row's next m drafts at the geometric mean of its confidences; m passes cost m bases (pass_ms - row_ms n_active)
     plus row_ms per guessed draft verified (a pass costs by the rows in it)."""
     out = [False] * conf.shape[0]
     j = conf.shape[1]
@@ -58,7 +60,8 @@ def _loop_oracle(conf, proposed, active, group, inputs, k):
         for m in range(1, k - j + 1):
             grown = []
             for r in idx:
-                c = min(max(float(np.nan_to_num(float(conf[r, int(proposed[r]) - 1]))), 0.0), 1.0)
+                d = int(proposed[r])
+                c = math.prod(min(max(float(np.nan_to_num(float(conf[r, i]))), 0.0), 1.0) for i in range(d)) ** (1 / d)
                 n = int(proposed[r]) + (m if bool(active[r]) else 0)
                 grown.append((conf[r].tolist()[:int(proposed[r])] + [c] * m, n, int(proposed[r])))
             rate, won = _best_plan(grown, fixed_ms=fixed + m * base, **price)
@@ -165,3 +168,23 @@ def test_a_batch_drafts_on_where_only_all_its_rows_together_pay_the_next_tile(se
             depth = depth + keep.long()
         best = max(_group_rate(n, c, torch.full((n,), d), pass_ms, verify_ms) for d in range(1, k + 1))
         assert _group_rate(n, c, depth, pass_ms, verify_ms) == pytest.approx(best, rel=1e-9), (n, c, pass_ms, depth)
+
+
+def test_deeper_drafts_are_guessed_at_the_per_draft_rate_of_the_survival_so_far():
+    """A request whose drafts so far had confidences 0.9 then 0.5 guesses its next ones at sqrt(0.45) = 0.67
+    (the rate of its survival so far), not at its newest 0.5: with a cheap pass and 1 ms per verified token
+    it drafts on, as the request with 0.5 then 0.9 does (guessed at 0.67 too). Its newest confidence alone,
+    0.5, would stop it (the two rows are separate steps)."""
+    conf = torch.tensor([[0.9, 0.5], [0.5, 0.9]], dtype=torch.float64)
+    one = torch.ones(2, dtype=torch.int64)
+    keep, _ = continue_drafting(conf, torch.tensor([2, 2]), torch.ones(2, dtype=torch.bool), torch.tensor([0, 1]), 2,
+                                num_sampling=one, num_scheduled=one, fixed_ms=torch.full((2,), 1.0, dtype=torch.float64),
+                                pass_ms=torch.full((2,), 0.5, dtype=torch.float64),
+                                verify_ms=10.0 + torch.arange(40, dtype=torch.float64), max_drafts=5)
+    assert keep.tolist() == [True, True]
+    c = torch.full((1, 2), 0.5, dtype=torch.float64)  # a request at 0.5 throughout stops
+    keep, _ = continue_drafting(c, torch.tensor([2]), torch.ones(1, dtype=torch.bool), single_group(1), 1,
+                                num_sampling=one[:1], num_scheduled=one[:1], fixed_ms=torch.tensor([1.0], dtype=torch.float64),
+                                pass_ms=torch.tensor([0.5], dtype=torch.float64),
+                                verify_ms=10.0 + torch.arange(40, dtype=torch.float64), max_drafts=5)
+    assert keep.tolist() == [False]

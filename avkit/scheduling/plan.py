@@ -213,9 +213,11 @@ def single_group(rows: int, device=None) -> torch.Tensor:
 # draft on. After pass j (rows that drafted in it are `active`; each has drafted j), the step is priced as it
 # stands and as it would stand after m = 1..D more passes of every active row (D = K - j), each plan at its optimum:
 #   now       E(b*) / cost(b*) over the drafts so far, the drafting paid so far in fixed_ms        [G]
-#   after(m)  the same with each active row's next m drafts guessed at c_next, its newest draft's confidence
-#             (clamped to [0, 1]); m passes cost m (pass_ms - row_ms n_active) plus row_ms for each guessed
-#             draft the plan verifies: a pass costs by the rows in it                                [G, D]
+#   c_next    s_d^(1/d): the geometric mean of the row's d drafts' confidences (clamped to [0, 1]), the
+#             per-draft rate of its survival so far                                                  [S]
+#   after(m)  the same with each active row's next m drafts guessed at c_next; m passes cost m (pass_ms -
+#             row_ms n_active) plus row_ms for each guessed draft the plan verifies: a pass costs by the
+#             rows in it                                                                             [G, D]
 #   m*        the smallest m of the best after(m)
 #   keep      active & after(m*) > now & the plan at m* verifies at least one of the row's guessed drafts
 # The group is priced whole, not row by row: verify cost is a staircase in the step's tokens (the CPU kernel's
@@ -243,7 +245,9 @@ def continue_drafting(conf: torch.Tensor, proposed: torch.Tensor, active: torch.
         return torch.zeros_like(active), p
     now = p.expected / p.cost_ms  # [G]
     rows, m = torch.arange(s, device=dev), torch.arange(1, d + 1, device=dev)  # [S], [D]
-    c_next = torch.nan_to_num(conf[rows, (proposed - 1).clamp(min=0)].double(), nan=0.0).clamp(0.0, 1.0)  # [S]
+    drafted_so_far = torch.arange(j, device=dev)[None, :] < proposed[:, None]  # [S, j]
+    c = torch.nan_to_num(conf.double(), nan=0.0).clamp(0.0, 1.0).masked_fill(~drafted_so_far, 1.0)  # [S, j]
+    c_next = c.prod(1) ** (1.0 / proposed.clamp(min=1).double())  # [S] s_d^(1/d)
     guessed = torch.cat([conf.double(), c_next[:, None].expand(s, d)], 1)  # [S, j + D]
     # one plan over G D groups: group g after m more passes is g D + m - 1, its rows ascending as plan needs
     ids = (group[None, :] * d + (m - 1)[:, None]).reshape(-1)  # [D S]
