@@ -42,7 +42,7 @@ def run_tokens_s(gens: pl.DataFrame, concurrency: int) -> dict:
     seconds = np.diff(ends, prepend=ends[0])  # [S]
     return {"tok_s": float(n.sum() / (last.max() - gens["admitted_s"].min())),
             "decode_tok_s": float(emitted[steady].sum() / seconds[steady].sum()) if steady.any() else float("nan"),
-            "steady_tokens": int(emitted[steady].sum()), "new_tokens": float(n.mean())}
+            "steady_tokens": int(emitted[steady].sum()), "steady_steps": int(steady.sum()), "new_tokens": float(n.mean())}
 
 
 def record(args, out: Path, policy: str, dataset: str, temperature: float, concurrency: int) -> dict:
@@ -169,6 +169,21 @@ def markdown(args, cells: list[dict]) -> str:
                          f"| {r[args.adaptive]:.3f} | {r[c['decode_tok_s']['best_fixed']]:.3f} | "
                          f"{min(r.values()):.3f}-{max(r.values()):.3f} | "
                          f"{sum(0.9 <= v <= 1.1 for v in r.values())} of {len(r)} |")
+        split = [c for c in guessed if "step_ms" in c["predicted"] and all("steady_steps" in r for rs in c["runs"].values()
+                                                                          for r in rs)]
+        if split:
+            lines += ["", "Where each policy's error comes from: tok/s = tokens per request-step / step time, so "
+                      "predicted / measured tok/s = (tokens per request-step ratio) / (step time ratio); measured "
+                      "over the steady steps (c lanes, no prefill), the repeats' mean.", "",
+                      "| dataset | T | c | policy | tokens / request-step: predicted / measured | step ms: predicted / "
+                      "measured | their quotient |", "|---|---:|---:|---|---|---|---:|"]
+            for c in split:
+                for p, rs in c["runs"].items():
+                    tokens = np.mean([r["steady_tokens"] / r["steady_steps"] / c["concurrency"] for r in rs])
+                    ms = np.mean([1e3 * r["steady_tokens"] / r["decode_tok_s"] / r["steady_steps"] for r in rs])
+                    pt, pm = c["predicted"]["tokens_per_step"][p], c["predicted"]["step_ms"][p]
+                    lines.append(f"| {c['dataset']} | {c['temperature']:g} | {c['concurrency']} | {p} | {pt:.2f} / "
+                                 f"{tokens:.2f} | {pm:.0f} / {ms:.0f} | {pt / tokens / (pm / ms):.3f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -189,7 +204,9 @@ def predict(args, cells: list[dict]) -> None:
         policies = list(c["runs"])
         df = simulate([str(trace)], CostTable.load(cost), [c["concurrency"]], policies,
                       coefficients=args.coefficients if Path(args.coefficients).is_file() else "")
-        c["predicted"] = {"cost": cost, "tok_s": dict(zip(policies, df["throughput_tok_s"].to_list()))}
+        c["predicted"] = {"cost": cost, **{k: dict(zip(policies, df[col].to_list())) for k, col in
+                                           (("tok_s", "throughput_tok_s"), ("tokens_per_step", "tokens_per_step"),
+                                            ("step_ms", "step_ms"))}}
 
 
 def measured(c: dict) -> str:

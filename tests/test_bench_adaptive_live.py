@@ -53,14 +53,16 @@ def test_tiny_protocol_runs_through_the_cli(tmp_path):
         gens = pl.read_parquet(kept / f"tiny_T1_c{cell['concurrency']}.generations.parquet")
         times = gens["token_s"].to_list()
         ends = sorted({t for ts in times for t in ts})
-        tokens = seconds = 0.0
+        tokens = seconds = steps = 0.0
         for prev, end in pairwise(ends):
             lanes = [ts for ts in times if ts[0] < end <= ts[-1]]  # decoding into this step
             if len(lanes) == cell["concurrency"] and not any(ts[0] == end for ts in times):
                 tokens += sum(ts.count(end) for ts in times)
                 seconds += end - prev
+                steps += 1
         run = cell["runs"]["fixed:2"][0]
         assert run["steady_tokens"] == tokens > 0 and run["decode_tok_s"] == pytest.approx(tokens / seconds)
+        assert run["steady_steps"] == steps
 
     # --resume measures nothing it holds; --predict replays each kept trace, as `avkit simulate` does
     p = _live("--out", str(out), "--traces", str(kept), "--resume")
@@ -76,8 +78,9 @@ def test_tiny_protocol_runs_through_the_cli(tmp_path):
                             str(cell["concurrency"]), "--policy", ",".join(cell["runs"]), "--out", str(sim)],
                            cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert q.returncode == 0, q.stderr[-3000:]
-        assert list(cell["predicted"]["tok_s"].values()) == pytest.approx(
-            pl.read_parquet(sim)["throughput_tok_s"].to_list(), rel=1e-9)
+        for key, col in (("tok_s", "throughput_tok_s"), ("tokens_per_step", "tokens_per_step"), ("step_ms", "step_ms")):
+            assert list(cell["predicted"][key].values()) == pytest.approx(pl.read_parquet(sim)[col].to_list(), rel=1e-9)
+    assert "predicted / measured" in out.read_text()  # the split of each policy's error
     assert "## The simulator against these cells" in out.read_text()
     # --predict cell: each cell under the cost model its first adaptive run learned (as serve snapshots it)
     p = _live("--out", str(out), "--traces", str(kept), "--predict", "cell")
