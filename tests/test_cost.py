@@ -145,6 +145,13 @@ def test_missing_file():
         resolve_cost("/nonexistent/cost.json")
 
 
+def test_no_cost_given_prices_with_the_profiled_table_else_the_cpu_roofline(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert resolve_cost("") == resolve_cost("roofline:cpu:1.5b")
+    _table(verify_ms=(3.0, 3.0, 9.0)).save(tmp_path / ".cache" / "avkit" / "cost.json")  # `avkit profile`'s path
+    assert resolve_cost(None).verify_ms == (3.0, 3.0, 9.0)
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_isotonic_is_sklearns_isotonic_regression(seed):
     """Pool adjacent violators against sklearn's IsotonicRegression (the oracle), weighted and not, with ties."""

@@ -14,7 +14,8 @@ from avkit.config.fields import (
     default_of, shipped_file)
 from avkit.config.fit import FitConfig, ReportConfig, SyntheticConfig
 from avkit.config.hvd import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
-from avkit.config.simulate import DEFAULT_COST_PATH, PROFILE_CONTEXT_ENV, ProfileConfig, SimulateConfig, TuneConfig
+from avkit.config.simulate import (DEFAULT_COST_PATH, PROFILE_CONTEXT_ENV, ProfileConfig, SimulateConfig, TuneConfig,
+                                   default_cost_spec)
 
 __all__ = [
     "DEFAULT_COST_PATH", "DEFAULT_DRAFT", "DEFAULT_K", "DEFAULT_TARGET", "DEFAULT_TRACE_GLOB", "DRAFTERS",
@@ -22,5 +23,5 @@ __all__ = [
     "AdaptiveConfig", "EngineConfig", "EstimatorConfig", "FitConfig", "ForgettingConfig",
     "HttpConfig", "HvdCostConfig", "HvdReplayConfig", "ModelsConfig", "PayoffConfig", "ProfileConfig",
     "RecordConfig", "ReportConfig", "SamplingConfig", "ServeConfig", "SimulateConfig", "SuffixCacheConfig",
-    "SyntheticConfig", "TuneConfig", "default_of", "shipped_file",
+    "SyntheticConfig", "TuneConfig", "default_cost_spec", "default_of", "shipped_file",
 ]

@@ -118,7 +118,7 @@ class AdaptiveConfig(Checked):
     cache_coefficients: str = checked("", help=(
         "hybrid drafter: coefficients.json for the suffix cache's rows, fitted on them (`avkit fit --drafter "
         "suffix`); default: their own estimator from the reference constants"))
-    # "" = DEFAULT_COST_PATH, else the CPU roofline
+    # "" = default_cost_spec(): the profiled table on this machine, else the CPU roofline
     cost: str = checked("", help="cost table JSON from `avkit profile`, or roofline:GPU:MODEL")
     history: int = checked(1000, 1)  # refits kept in the coefficient trajectory
     draft_gate: bool = True  # may skip drafting for a step when no draft depth pays at its load (gate.py)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from avkit.config.engine import ENGINE_HELP, RUN_ENGINES, VLLM_PYTHON_HELP, ModelsConfig, SamplingConfig
 from avkit.config.fields import DEFAULT_K, MAX_K, SHIPPED_COST, Checked, checked
@@ -13,6 +14,13 @@ from avkit.validate import shown
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
 DEFAULT_COST_PATH = "~/.cache/avkit/cost.json"  # where `avkit profile` writes by default
 PROFILE_CONTEXT_ENV = "AVKIT_PROFILE_CONTEXT_LEN"  # overrides ProfileConfig.context_len
+
+
+def default_cost_spec() -> str:
+    """The cost model an engine prices its steps with when --cost is not given (record, serve, the adaptive
+    policy): the table `avkit profile` wrote on this machine if there is one, else the CPU roofline."""
+    profiled = Path(DEFAULT_COST_PATH).expanduser()
+    return str(profiled) if profiled.is_file() else "roofline:cpu:1.5b"
 
 
 @dataclass(frozen=True)

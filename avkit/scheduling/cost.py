@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from avkit.config import DEFAULT_COST_PATH, PROFILE_CONTEXT_ENV, SHIPPED_COST, shipped_file
+from avkit.config import PROFILE_CONTEXT_ENV, SHIPPED_COST, default_cost_spec, shipped_file
 from avkit.errors import ConfigError
 from avkit.jsonsafe import read_json
 from avkit.scheduling.roofline import roofline_curves
@@ -323,12 +323,10 @@ def context_len_from_env(default: int) -> int:
 def resolve_cost(spec: str | CostTable | None) -> CostTable:
     """A CostTable from a table, a JSON path or a roofline spec (`roofline:GPU:TARGET[:DRAFT][:context=N,
     drafter=parallel]`: scheduling/roofline.py's curves, context by default $AVKIT_PROFILE_CONTEXT_LEN, else
-    8192); empty: the profiled table at DEFAULT_COST_PATH if it exists, else the CPU roofline of the default pair."""
+    8192); empty: the live default (`default_cost_spec`)."""
     if isinstance(spec, CostTable):
         return spec
-    if not spec:
-        default = Path(DEFAULT_COST_PATH).expanduser()
-        spec = str(default) if default.is_file() else "roofline:cpu:1.5b"
+    spec = spec or default_cost_spec()
     if spec.startswith("roofline:"):
         return CostTable(**roofline_curves(spec, str(context_len_from_env(8192))))
     if spec == SHIPPED_COST:  # the default: found as the shipped traces are (here, else beside the package)

@@ -22,8 +22,8 @@ import torch
 import uvicorn
 from uvicorn.logging import DefaultFormatter
 
-from avkit.config import (DEFAULT_COST_PATH, SERVE_STATE_DIR, SHIPPED_COEFFICIENTS, EngineConfig, SamplingConfig,
-                          ServeConfig, shipped_file)
+from avkit.config import (SERVE_STATE_DIR, SHIPPED_COEFFICIENTS, EngineConfig, SamplingConfig, ServeConfig,
+                          default_cost_spec, shipped_file)
 from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.coefficients import ServedPair, load_coefficients
 from avkit.models import load, placement
@@ -109,9 +109,7 @@ def check_record_writable(path: str) -> None:
 def _cost_source(config: ServeConfig) -> str:
     if config.adaptive.cost:
         return config.adaptive.cost
-    default = Path(DEFAULT_COST_PATH).expanduser()
-    return f"{default} (profiled on this machine)" if default.is_file() else \
-        "roofline:cpu:1.5b (default; run `avkit profile` for this machine's table)"
+    return f"{default_cost_spec()} (default: `avkit profile`'s table on this machine, else the CPU roofline)"
 
 
 def startup_block(config: ServeConfig, *, target, draft, device: str, dtype: str, warm: WarmStart) -> str:
