@@ -137,14 +137,11 @@ bench-hvd-live:
 
 # the GPU check (docs/gpu.md): gpu-marked tests, kernels vs references with bandwidth, the engine on CUDA, profile
 # of random weights (real pair's and an 8B shape), tune + hvd on the measured tables, <= 8 min on an H100/H200 ->
-# bench/results/gpu/<date>-<gpu>/; `just gpu-check --dry-run` runs the same steps on this CPU at tiny sizes
+# bench/results/gpu/<date>-<gpu>/; `just gpu-check --dry-run` runs the same steps on this CPU at tiny sizes,
+# `just gpu-check --steps kernels` only the kernels against their references
 [doc("the GPU check (docs/gpu.md), <= 8 min on an H100/H200; --dry-run: the same steps on this CPU")]
 gpu-check *ARGS:
     python bench/gpu_check.py {{ARGS}}
-
-# only the kernels step of the GPU check (Triton kernels vs torch references, timed, with bandwidth)
-bench-gpu *ARGS:
-    python bench/gpu_check.py --steps kernels {{ARGS}}
 
 [doc("ruff over avkit, tests and bench")]
 lint:

