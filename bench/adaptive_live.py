@@ -24,8 +24,9 @@ from avkit.scheduling.cost import CostTable
 from avkit.trace.schema import generations_path
 from common import header, load, options, paired_ratio, rounds, tiny_pair, today, write
 
-PROTOCOL = 2  # cells of another protocol stay in the store, are not resumed and not shown (1: steady = each
-# request's first-to-last token span, which held the other lanes' admission prefills)
+PROTOCOL = 3  # cells of another protocol stay in the store, are not resumed and not shown (1: steady = each
+# request's first-to-last token span, which held the other lanes' admission prefills; 2: each adaptive run started
+# from --cost, so every run spent its first steps on the prior's prices)
 
 
 def run_tokens_s(gens: pl.DataFrame, concurrency: int) -> dict:
@@ -45,15 +46,16 @@ def run_tokens_s(gens: pl.DataFrame, concurrency: int) -> dict:
             "steady_tokens": int(emitted[steady].sum()), "steady_steps": int(steady.sum()), "new_tokens": float(n.mean())}
 
 
-def record(args, out: Path, policy: str, dataset: str, temperature: float, concurrency: int) -> dict:
-    """One `avkit record --policy` run; -> its tokens/s."""
+def record(args, out: Path, policy: str, dataset: str, temperature: float, concurrency: int,
+           cost: Path | None = None) -> dict:
+    """One `avkit record --policy` run; -> its tokens/s. `cost`: the adaptive policy's cost model (None: --cost)."""
     argv = ["record", "--target", args.target, "--draft", args.draft, "--dataset", dataset,
             "--num-prompts", str(args.requests_per_lane * concurrency), "--max-new-tokens", str(args.max_new_tokens),
             "-k", str(max(args.ks)), "--temperature", str(temperature), "--concurrency", str(concurrency),
             "--seed", str(args.seed), "--policy", policy, "--out", str(out), "--overwrite", "--no-progress",
             "--dtype", args.dtype, "--threads", str(args.threads)]
-    if args.cost:  # "{T}" in the path: one table per temperature (each profiled at its T)
-        argv += ["--cost", args.cost.replace("{T}", f"{temperature:g}")]
+    if cost or args.cost:  # "{T}" in the path: one table per temperature (each profiled at its T)
+        argv += ["--cost", str(cost or args.cost.replace("{T}", f"{temperature:g}"))]
     if args.coefficients and Path(args.coefficients).is_file():
         argv += ["--coefficients", args.coefficients]
     if policy == args.adaptive and args.learn_cost:  # as avkit serve: the cost model learned from the steps
@@ -73,19 +75,29 @@ def cell(args, work: Path, dataset: str, temperature: float, concurrency: int) -
     runs: dict[str, list[dict]] = {p: [] for p in policies}
     started = {"date": today(), "commit": commit(), "load": round(load(), 2), "protocol": PROTOCOL}
     kept = f"fixed:{max(args.ks)}"  # its first run's trace is kept: every slot labelled, what the simulator replays
+    # learning, the adaptive policy carries its cost model from run to run, as a serving engine does: each run starts
+    # from the model the previous one learned, the first from an unmeasured warm-up run's (bench/README.md)
+    carried = work / "carried.learned_cost.json"
+    carried.unlink(missing_ok=True)
+    if args.learn_cost:
+        record(args, work / "run.parquet", args.adaptive, dataset, temperature, concurrency)
+        (work / "run.learned_cost.json").replace(carried)
     for rep, order in enumerate(rounds(policies, args.repeats)):
         for p in order:
-            runs[p].append(record(args, work / "run.parquet", p, dataset, temperature, concurrency))
+            cost = carried if p == args.adaptive and carried.is_file() else None
+            runs[p].append(record(args, work / "run.parquet", p, dataset, temperature, concurrency, cost))
             if p == kept and rep == 0 and args.traces:
                 Path(args.traces).mkdir(parents=True, exist_ok=True)
                 kept_at = trace_path(args, dataset, temperature, concurrency)
                 (work / "run.parquet").replace(kept_at)
                 generations_path(work / "run.parquet").replace(generations_path(kept_at))  # token_s: its steps
-            if p == args.adaptive and rep == 0 and args.traces and args.learn_cost:  # its learned model: --predict cell
-                (work / "run.learned_cost.json").replace(learned_path(args, dataset, temperature, concurrency))
+            if p == args.adaptive and args.learn_cost:  # carried on; the last run's is the cell's (--predict cell)
+                (work / "run.learned_cost.json").replace(carried)
             print(f"{dataset} T={temperature} c={concurrency} repeat {rep + 1}: {p} "
                   f"{runs[p][-1]['decode_tok_s']:.2f} tok/s steady over {runs[p][-1]['steady_tokens']} tokens",
                   file=sys.stderr, flush=True)
+    if args.learn_cost and args.traces:
+        carried.replace(learned_path(args, dataset, temperature, concurrency))
     return compare(args, {"dataset": Path(dataset).name, "temperature": temperature, "concurrency": concurrency,
                           **started, "runs": runs})
 
@@ -102,7 +114,7 @@ def trace_path(args, dataset: str, temperature: float, concurrency: int) -> Path
 
 
 def learned_path(args, dataset: str, temperature: float, concurrency: int) -> Path:
-    """Where a cell's first adaptive run leaves the cost model it learned: beside the kept trace."""
+    """Where a cell's last adaptive run leaves the cost model it carried: beside the kept trace."""
     return trace_path(args, dataset, temperature, concurrency).with_suffix(".learned_cost.json")
 
 
@@ -238,7 +250,7 @@ def live_main(argv: list[str]) -> int:
     ap.add_argument("--resume", action="store_true", help="skip the cells the JSON already holds")
     ap.add_argument("--predict", default="", metavar="COST",
                     help="no runs: the simulator's tok/s for every held cell from its kept trace under this cost "
-                         "model ({T}: one per temperature; 'cell': the model the cell's first adaptive run learned), "
+                         "model ({T}: one per temperature; 'cell': the model the cell's last adaptive run left), "
                          "beside the measured ones")
     ap.add_argument("--no-learn-cost", dest="learn_cost", action="store_false",
                     help="the adaptive policy keeps --cost as it is (default: it learns from its steps, as serve's)")

@@ -82,12 +82,13 @@ def test_tiny_protocol_runs_through_the_cli(tmp_path):
             assert list(cell["predicted"][key].values()) == pytest.approx(pl.read_parquet(sim)[col].to_list(), rel=1e-9)
     assert "predicted / measured" in out.read_text()  # the split of each policy's error
     assert "## The simulator against these cells" in out.read_text()
-    # --predict cell: each cell under the cost model its first adaptive run learned (as serve snapshots it)
+    # --predict cell: each cell under the cost model its adaptive runs carried (as serve snapshots it)
     p = _live("--out", str(out), "--traces", str(kept), "--predict", "cell")
     assert p.returncode == 0, p.stderr[-3000:]
     for cell in json.loads(out.with_suffix(".json").read_text())[:2]:
         learned = kept / f"tiny_T1_c{cell['concurrency']}.learned_cost.json"
         assert cell["predicted"]["cost"] == str(learned) and CostTable.load(learned).meta["source"] == "learned"
+        assert CostTable.load(learned).meta["prior"] == "learned"  # carried: the last run started from a learned model
 
     # bad input: one line naming what; a run with other policies keeps the cells it does not measure
     p = _live("--out", str(out), "--traces", str(kept), "--predict", str(tmp_path / "none.json"))
