@@ -53,14 +53,12 @@ def register(app: typer.Typer) -> None:
 
 def _profile_native(config, console: Console):
     """avkit's runtime: the models loaded here -> (points, measure(on_point) -> the cost table)."""
-    from avkit.models import load, placement  # lazy: start-up
+    from avkit.models import load_pair  # lazy: start-up
     from avkit.scheduling.profile import num_points, profile_costs  # lazy: start-up
 
-    target, draft = config.models.target, config.models.draft
-    dev, dt = placement(config.models.device, config.models.dtype)
-    with console.status(f"avkit profile: loading {target}" + (f" + {draft}" if config.models.has_draft else "")):
-        tgt = load(target, dtype=dt, device=dev)
-        drf = load(draft, dtype=dt, device=dev) if config.models.has_draft else None
+    models = config.models
+    with console.status(f"avkit profile: loading {models.target}" + (f" + {models.draft}" if models.has_draft else "")):
+        tgt, drf = load_pair(models)
     return num_points(config, drf is not None), lambda on_point: profile_costs(tgt, drf, config, on_point=on_point)
 
 

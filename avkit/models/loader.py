@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from avkit.config import ModelsConfig
 from avkit.errors import ConfigError, ModelError
 from avkit.jsonsafe import read_json
 from avkit.models.config import ModelConfig
@@ -90,6 +91,17 @@ def placement(device: str = "auto", dtype: str = "auto") -> tuple[torch.device, 
     if dtype == "auto":
         dtype = "float32" if device == "cpu" else "bfloat16"
     return torch.device(device), getattr(torch, dtype)
+
+
+def load_pair(models: ModelsConfig, *, drafts: bool = True, target: LoadedModel | None = None,
+              draft: LoadedModel | None = None) -> tuple[LoadedModel, LoadedModel | None]:
+    """The target and the draft `models` names, on its device and dtype (a model given is used as it is); the draft
+    is None when `models` has none or the run does not draft (`drafts`: k > 0)."""
+    device, dtype = placement(models.device, models.dtype)
+    target = target if target is not None else load(models.target, dtype=dtype, device=device)
+    if not (drafts and models.has_draft):
+        return target, None
+    return target, draft if draft is not None else load(models.draft, dtype=dtype, device=device)
 
 
 def read_hf_dir(path: Path) -> tuple[ModelConfig, Callable[[str], torch.Tensor], Tokenizer]:

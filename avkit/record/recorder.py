@@ -96,21 +96,6 @@ class RecordProgress(Progress):
                                highlight=False, soft_wrap=True)
 
 
-def _load_models(config: RecordConfig, target, draft):
-    import torch  # lazy: torch
-
-    from avkit.models import load  # lazy: torch
-    from avkit.models import placement  # lazy: torch
-
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    device, dtype = placement(config.models.device, config.models.dtype)
-    target = target if target is not None else load(config.models.target, dtype=dtype, device=device)
-    if draft is None and config.decoding.k > 0 and config.models.has_draft:
-        draft = load(config.models.draft, dtype=dtype, device=device)
-    return target, draft
-
-
 def record(config: RecordConfig, *, target=None, draft=None, progress: bool = True, console=None,
            run_id: str | None = None) -> RecordResult:
     """Record `config.dataset` through the engine into `config.out` and its generations table (what may happen
@@ -126,9 +111,14 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
         with one_interrupt(always=True, busy=_BUSY):
             return RecordResult(**record_vllm(config, files, metadata, progress=progress, console=console,
                                               run_id=run_id))
+    import torch  # lazy: torch
+
+    from avkit.models import load_pair  # lazy: torch
     from avkit.runtime.engine import make_engine  # lazy: torch
 
-    target, draft = _load_models(config, target, draft)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    target, draft = load_pair(config.models, drafts=config.decoding.k > 0, target=target, draft=draft)
     meta = metadata(config, target, draft)
     check_resume(files, meta)
     out, gen_path = files.trace, files.generations

@@ -26,7 +26,7 @@ from avkit.config import (SERVE_STATE_DIR, SHIPPED_COEFFICIENTS, EngineConfig, S
                           default_cost_spec, shipped_file)
 from avkit.errors import AvkitError, ConfigError
 from avkit.estimators.coefficients import ServedPair, load_coefficients
-from avkit.models import load, placement
+from avkit.models import load_pair, placement
 from avkit.models.native import build_in_child
 from avkit.runtime.engine import Engine, make_engine
 from avkit.runtime.request import Request
@@ -211,11 +211,7 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
             seconds = build_in_child(bf16=dtype == torch.bfloat16, log=lambda message: log.info("%s", message))
             if seconds:
                 log.info("CPU kernels built in %.0f s", seconds)
-        target = load(config.models.target, dtype=dtype, device=device)
-    use_draft = config.models.has_draft and config.engine.k > 0
-    if draft is None and use_draft:
-        draft = load(config.models.draft, dtype=dtype, device=device)
-    draft = draft if use_draft else None
+    target, draft = load_pair(config.models, drafts=config.engine.k > 0, target=target, draft=draft)
     pair = ServedPair(target.model_id, draft.model_id if draft else "", target.sha256 or "",
                       (draft.sha256 or "") if draft else "")
     if warm.source == "shipped":
