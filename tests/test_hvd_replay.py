@@ -11,6 +11,7 @@ import pytest
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
 from avkit.hvd.cost import cost_from_json, linear_table
 from avkit.hvd.features import accept_lengths
+from avkit.hvd.markdown import hvd_markdown
 from avkit.hvd.path import Route, simulate_paths
 from avkit.hvd.replay import matches_from_trace, replay, synthetic_generations
 from avkit.hvd.suffix_cache import SuffixCache
@@ -155,6 +156,9 @@ def test_fit_hvd_on_traces(tmp_path):
     model = overall.filter(pl.col("router") == "model")
     assert model["mean_accepted"][0] > 3.5
     assert res.info["temperatures"] == [0.0]
+    md = hvd_markdown(res, "t", others={"other cost": res})  # the one renderer: `avkit hvd --markdown`, bench/hvd.py
+    assert "Recording temperature(s): [0.0]" in md and "## Cost sensitivity: other cost" in md
+    assert all(md.count(f"| {r} | overall |") == 2 for r in overall["router"])
 
 
 def test_cli_builds_configs_and_maps_errors(tmp_path, monkeypatch):

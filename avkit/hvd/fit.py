@@ -23,7 +23,7 @@ import polars as pl
 from avkit.config import HvdReplayConfig, PayoffConfig, SuffixCacheConfig
 from avkit.errors import DataError
 from avkit.hvd.cost import linear_table, summary
-from avkit.hvd.features import FEATURE_GROUPS, token_classes_for
+from avkit.hvd.features import FEATURE_GROUPS, TokenClasses, token_classes_for
 from avkit.hvd.path import evaluate
 from avkit.hvd.replay import ReplayGeneration, load_generations, replay
 from avkit.hvd.router import ROUTERS, MLPRouter, RouterContext, decode_batched, make_router
@@ -191,19 +191,25 @@ def _write(result: HvdResult, fitted: dict, cost: CostTable, out: Path, outputs:
     return files + [str(out / "hvd_metrics.json")]
 
 
-def fit_hvd(trace_paths: list[str | os.PathLike], out_dir: str | os.PathLike | None, *,
-            tokenizer: str | None = None, **kwargs) -> HvdResult:
-    """`avkit hvd`, `avkit fit --hvd`: greedy traces (each with its `.generations.parquet`) -> payoff predictor +
-    metrics. The token-structure features come from `token_classes_for(trace_paths, tokenizer)`
-    (avkit/hvd/features.py); `info["tokenizer"]` says where from, or that they were left out."""
+def load_traces(trace_paths: list[str | os.PathLike], tokenizer: str | None = None) -> tuple[list[ReplayGeneration],
+                                                                                        TokenClasses, dict]:
+    """Greedy traces (each with its `.generations.parquet`) -> (generations, their token classes
+    (`token_classes_for`, avkit/hvd/features.py), the facts hvd_metrics.json's `info` records about them)."""
     tc = token_classes_for(trace_paths, tokenizer)
     gens, facts = load_generations(trace_paths)
+    return gens, tc, {"traces": [str(p) for p in trace_paths], "tokenizer": tc.source,
+                      "structure_features": tc.table is not None,
+                      "unknown_model_positions": facts["unknown_model_positions"],
+                      "temperatures": sorted(facts["temperatures"])}
+
+
+def fit_hvd(trace_paths: list[str | os.PathLike], out_dir: str | os.PathLike | None, *,
+            tokenizer: str | None = None, **kwargs) -> HvdResult:
+    """`avkit hvd`, `avkit fit --hvd`: `load_traces` -> payoff predictor + metrics; `info["tokenizer"]` says where
+    the token-structure features came from, or that they were left out."""
+    gens, tc, extra = load_traces(trace_paths, tokenizer)
     cost = summary(kwargs.get("cost") or linear_table())
-    extra = {"traces": [str(p) for p in trace_paths], "tokenizer": tc.source,
-             "structure_features": tc.table is not None,
-             "unknown_model_positions": facts["unknown_model_positions"],
-             "temperatures": sorted(facts["temperatures"]),
-             "inputs": inputs_record("avkit hvd", trace_paths, tokenizer=tc.source,
-                                     k=kwargs.get("replay_config", HvdReplayConfig()).k,
-                                     draft_step_cost=cost["draft_step_cost"], cost_source=cost["source"] or "linear")}
+    extra["inputs"] = inputs_record("avkit hvd", trace_paths, tokenizer=tc.source,
+                                    k=kwargs.get("replay_config", HvdReplayConfig()).k,
+                                    draft_step_cost=cost["draft_step_cost"], cost_source=cost["source"] or "linear")
     return fit_hvd_generations(gens, out_dir, classes=tc.table, extra_info=extra, **kwargs)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from avkit.config import SuffixCacheConfig
+from avkit.config import HvdReplayConfig, SuffixCacheConfig
 from avkit.drafters.base import Drafter, DraftInput, DraftProposal
 from avkit.errors import ConfigError
 from avkit.features import draft_features
@@ -76,8 +76,8 @@ class HybridDrafter(Drafter):
 
     def __init__(self, model_drafter, payoff: PayoffMLP | None, tau: float,
                  cache_config: SuffixCacheConfig = SuffixCacheConfig(), classes: np.ndarray | None = None,
-                 history_window: int = 16, k: int = 7, vocab_size: int | None = None, rule: str = "arctic",
-                 joint: JointRouter | None = None, cache: SuffixCache | None = None):
+                 history_window: int = HvdReplayConfig.history_window, k: int = 7, vocab_size: int | None = None,
+                 rule: str = "arctic", joint: JointRouter | None = None, cache: SuffixCache | None = None):
         """Routed by `joint`, else `payoff` thresholded at `tau`, else `rule` (ArcticInference's score >= K, or
         every cache draft: the replay's routers). `cache`: a suffix cache shared beyond this drafter (the
         server's, kept across engine restarts; an earlier drafter's live requests are dropped)."""

@@ -151,10 +151,10 @@ def simulate_batched(table: pl.DataFrame, route: Route | None, cost: CostTable, 
     `survivals` = (cache [R, K], zero past each draft; model [R, K]) each step is a `joint_step` with a running rate, as live (`route`
     unused), the draft model's catch-up priced from its first model draft of a request on."""
     if survivals is None:
-        c = decode(table, k, concurrency, route_decide(table, route, k))
+        c = decode(table, concurrency, route_decide(table, route, k))
     else:
         rate = RunningRate()
-        c = decode(table, k, concurrency, lambda r, lag: joint_step(survivals[0][r], survivals[1][r], cost, k, rate, lag),
+        c = decode(table, concurrency, lambda r, lag: joint_step(survivals[0][r], survivals[1][r], cost, k, rate, lag),
                    catch_up=cost)
     steps = int(c.step.max()) + 1 if c.step.size else 0
     per = lambda w: np.bincount(c.step, weights=w, minlength=steps)  # [S]

@@ -37,7 +37,18 @@ def cost_md(cost: dict) -> str:
             f"was consulted (a batched step: c_cache per request that consulted it); throughput = tokens / cost (target-only decoding = 1).")
 
 
-def verdict_md(verdict: pl.DataFrame) -> list[str]:
+def _fmt(x) -> str:
+    if isinstance(x, float):
+        return "-" if math.isnan(x) else f"{x:.3f}"
+    return str(x)
+
+
+def _table(df: pl.DataFrame, cols: tuple[str, ...] | None = None) -> str:
+    cols = tuple(c for c in (cols or df.columns) if c in df.columns)
+    return md_table(cols, [[_fmt(r[c]) for c in cols] for r in df.iter_rows(named=True)], [False] * len(cols))
+
+
+def _verdict_md(verdict: pl.DataFrame) -> list[str]:
     if not verdict.height:
         return []
     cols = ("dataset", "requests", *SINGLE, *HVD, "best_single_router", "best_router", "ratio", "fewer_cycles",
@@ -49,52 +60,55 @@ def verdict_md(verdict: pl.DataFrame) -> list[str]:
              "knows both drafts' accepted lengths and verifies exactly what will be accepted (`avkit/hvd/verdict.py`, "
              "an upper bound for any router with these drafts at this K and cost model); `headroom` = oracle / the "
              "best single drafter, `oracle_fewer_cycles` its cycle saving against that drafter."), "",
-            table_md(verdict, cols), "",
-            (f"Best HVD router >= {FLOOR}x the best single drafter on {int(verdict['holds'].sum())}/{verdict.height} "
-             f"datasets (per-dataset ratio {', '.join(f'{d} {r:.3f}' for d, r in zip(verdict['dataset'], verdict['ratio']))});"
-             f" a clairvoyant router's headroom over it: "
-             f"{', '.join(f'{d} {h:.3f}' for d, h in zip(verdict['dataset'], verdict['headroom']))}."), ""]
+            _table(verdict, cols), "",
+            f"Best HVD router >= {FLOOR}x the best single drafter on {int(verdict['holds'].sum())}/{verdict.height} "
+            "datasets.", ""]
 
 
-def _fmt(x) -> str:
-    if isinstance(x, float):
-        return "-" if math.isnan(x) else f"{x:.3f}"
-    return str(x)
-
-
-def table_md(df: pl.DataFrame, cols: tuple[str, ...] | None = None) -> str:
-    cols = tuple(c for c in (cols or df.columns) if c in df.columns)
-    return md_table(cols, [[_fmt(r[c]) for c in cols] for r in df.iter_rows(named=True)], [False] * len(cols))
-
-
-def hvd_markdown(result: HvdResult, title: str, notes: str = "") -> str:
+def _thresholds_md(result: HvdResult) -> str:
     info = result.info
-    m = result.metrics
-    parts = [
-        f"# {title}", "",
-        notes, "",
-        (f"Replay: {info['requests']} requests, {info['rows']} decode positions "
-         f"({info['rows_with_cache_draft']} with a cache draft) in {info.get('replay_s', '?')} s; split by "
-         f"request {info['split_requests']}; metrics on the **test** requests, thresholds chosen on validation."),
-        (f"K = {info['k']}; mean oracle cache accepted length {info['mean_cache_acc']:.3f}, model "
-         f"{info['mean_model_acc']:.3f} (all positions)."),
-        "", cost_md(info["cost"]), "",
-        "## Overall (test split)", "",
-        table_md(m.filter(pl.col("dataset") == "overall"), COLS), "",
-        ("cycles_per_1k: target verifications per 1000 generated tokens; mean_accepted: accepted draft tokens "
-         "per cycle; cache_share: cycles that verified a cache draft; precision / recall: predicted payoff >= "
-         f"{info.get('high_payoff', 6)} against the oracle accepted length >= {info.get('high_payoff', 6)} over "
-         "positions with a cache draft (table, mlp, survival; the other routers by their decision); speedups are "
-         "throughput ratios under the cost model (target-only decoding = 1)."), "",
-        "## Per dataset", "",
-        table_md(m.filter(pl.col("dataset") != "overall").sort("dataset", "router"), COLS), "",
-        "Thresholds: " + ", ".join(f"{k} tau={v:.3f}" for k, v in result.thresholds.items())
-        + (f"; joint router's model survival scale {info['model_scale']} (validated over "
-           f"{', '.join(map(str, MODEL_SCALES))})" if info.get("model_scale") is not None else ""), "",
-        ("Validation MSE of the predicted cache accepted length (positions with a cache draft): "
-         + ", ".join(f"{k} {v:.3f}" for k, v in info.get("val_mse", {}).items())), "",
-    ]
-    parts += verdict_md(result.verdict)
+    return ("Thresholds: " + ", ".join(f"{k} tau={v:.3f}" for k, v in result.thresholds.items())
+            + (f"; joint router's model survival scale {info['model_scale']} (validated over "
+               f"{', '.join(map(str, MODEL_SCALES))})" if info.get("model_scale") is not None else ""))
+
+
+def _facts_md(info: dict) -> str:
+    """What the replay rests on: its size, split and data, the recording temperatures, the unlabelled positions."""
+    text = (f"Replay: {info['requests']} requests, {info['rows']} decode positions ({info['rows_with_cache_draft']} "
+            f"with a cache draft, mean draft length {info['mean_cache_draft_len']:.2f}, {info['high_payoff_rate']:.1%} "
+            f"of them accepted >= {info['high_payoff']}) in {info.get('replay_s', '?')} s; split by request "
+            f"{info['split_requests']}; metrics on the **test** requests, thresholds chosen on validation. "
+            f"K = {info['k']}; mean oracle cache accepted length {info['mean_cache_acc']:.3f}, model "
+            f"{info['mean_model_acc']:.3f} (all positions).")
+    if info.get("temperatures"):
+        text += (f" Recording temperature(s): {info['temperatures']} (sampled continuations give unbiased draws of a "
+                 "deterministic cache draft's accepted length; see `greedy_traces` in `avkit/hvd/replay.py`).")
+    if info.get("unknown_model_positions"):
+        unknown = ", ".join(f"{u:.1%}" for u in info["unknown_model_positions"])
+        text += (" Model-drafter matches come from the trace's own draft tokens; positions no step labels "
+                 f"(bonus tokens) are counted as hits: {unknown} of positions.")
+    return text
+
+
+def hvd_markdown(result: HvdResult, title: str | None, notes: str = "",
+                 others: dict[str, HvdResult] | None = None) -> str:
+    """The report of one fit (`title` None: no title line); `others`: the same replay fitted under other cost
+    models, each a cost-sensitivity section (its overall table, thresholds and verdict)."""
+    info, m = result.info, result.metrics
+    parts = [*([f"# {title}", ""] if title else []), notes, "", _facts_md(info), "", cost_md(info["cost"]), "",
+             "## Overall (test split)", "",
+             _table(m.filter(pl.col("dataset") == "overall"), COLS), "",
+             ("cycles_per_1k: target verifications per 1000 generated tokens; mean_accepted: accepted draft tokens "
+              "per cycle; cache_share: cycles that verified a cache draft; precision / recall: predicted payoff >= "
+              f"{info['high_payoff']} against the oracle accepted length >= {info['high_payoff']} over positions "
+              "with a cache draft (table, mlp, survival; the other routers by their decision); speedups are "
+              "throughput ratios under the cost model (target-only decoding = 1)."),
+             "", "## Per dataset", "",
+             _table(m.filter(pl.col("dataset") != "overall").sort("dataset", "router"), COLS), "",
+             _thresholds_md(result), "",
+             ("Validation MSE of the predicted cache accepted length (positions with a cache draft): "
+              + ", ".join(f"{k} {v:.3f}" for k, v in info.get("val_mse", {}).items())), "",
+             *_verdict_md(result.verdict)]
     if result.budget.height:
         wide = result.budget.pivot(on="router", index="concurrency", values="throughput")
         parts += ["## One verification budget (batched replay, throughput in tokens per target forward)", "",
@@ -104,8 +118,12 @@ def hvd_markdown(result: HvdResult, title: str, notes: str = "") -> str:
                    "(cache drafts only), and all chosen slots compete for one budget b* = argmax E(b)/cost(b) "
                    "over their survival curves (`avkit/hvd/joint.py`); the other routers verify every "
                    "drafted slot, the draft model's cost being shared by the batch."), "",
-                  table_md(wide), ""]
+                  _table(wide), ""]
     if result.ablation.height:
-        parts += ["## Feature ablation (mlp router)", "", table_md(result.ablation), ""]
+        parts += ["## Feature ablation (mlp router)", "", _table(result.ablation), ""]
+    for name, res in (others or {}).items():
+        parts += [f"## Cost sensitivity: {name}", "", cost_md(res.info["cost"]), "",
+                  _table(res.metrics.filter(pl.col("dataset") == "overall"), COLS), "", _thresholds_md(res), "",
+                  *_verdict_md(res.verdict)]
     parts += [f"Reference: {PAPER}.", ""]
     return "\n".join(parts)

@@ -57,7 +57,7 @@ class Cycles:
     catch_up: float = 0.0  # target forwards of the draft model's catch-ups (`decode`'s `catch_up`)
 
 
-def decode(table: pl.DataFrame, k: int, concurrency: int, decide, catch_up: CostTable | None = None) -> Cycles:
+def decode(table: pl.DataFrame, concurrency: int, decide, catch_up: CostTable | None = None) -> Cycles:
     """Requests decode `concurrency` at a time in lockstep, in table order (a waiting request takes a finished
     one's slot the next step); `table` holds rows (request_id, t), t = 0..n-1, contiguous and t-sorted. Each
     step `decide(r [n] replay rows, lag [n] | None)` -> (use_cache [n] bool, verify [n]); a row accepts
@@ -111,7 +111,7 @@ def simulate_paths(table: pl.DataFrame, route: Route, cost: CostTable, k: int) -
     """Per request, one at a time (each cycle a step of its own): tokens, cycles, cost, accepted draft tokens,
     cache cycles along the decode path."""
     starts, lengths = request_runs(table)  # [G], [G]
-    c = decode(table, k, len(starts), route_decide(table, route, k))  # all at once: each cycle its own step
+    c = decode(table, len(starts), route_decide(table, route, k))  # all at once: each cycle its own step
     spent = step_price(cost, k, 1, c.use_cache.astype(np.int64), c.verify, route.consults_cache)  # [C]
     by = lambda w: np.bincount(c.request, weights=w, minlength=len(starts))
     return pl.DataFrame({
