@@ -15,19 +15,20 @@ if DEVICE == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
 
 
-def test_reference_backend_on_cpu(monkeypatch):
-    monkeypatch.delenv("AVKIT_KERNELS", raising=False)
+def test_reference_backend_on_cpu():
     k = select_kernels("cpu")
     assert k.backend == "torch"
     assert k.confidence.__name__ == "confidence_ref"
     assert select_kernels("cpu", backend="torch").rejection_sample.__name__ == "rejection_sample_ref"
-    assert select_kernels("cpu", backend="ref").backend == "torch"  # the old name, read as torch
 
 
-def test_backend_override_and_errors(monkeypatch):
+def test_triton_backend():
     pytest.importorskip("triton")
-    monkeypatch.setenv("AVKIT_KERNELS", "triton")
-    assert select_kernels(DEVICE).backend == "triton"  # CUDA, or the interpreter on CPU
+    assert select_kernels(DEVICE, backend="triton").backend == "triton"  # CUDA, or the interpreter on CPU
+
+
+@pytest.mark.parametrize("name", ["cuda", "ref", ""])  # not a backend; no aliases
+def test_unknown_backend_is_an_error(name):
     with pytest.raises(ConfigError, match="kernel backend must be one of"):
-        select_kernels("cpu", backend="cuda")
+        select_kernels("cpu", backend=name)
 

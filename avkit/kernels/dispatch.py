@@ -7,7 +7,6 @@ backend needs TRITON_INTERPRET=1 set before triton is first imported (@triton.ji
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -32,11 +31,10 @@ class Kernels(NamedTuple):
     allocate: Callable  # -> Allocation
 
 
-def select_kernels(device: str | torch.device = "cpu", backend: str | None = None) -> Kernels:
+def select_kernels(device: str | torch.device = "cpu", backend: str = "auto") -> Kernels:
     """The kernel set for tensors on `device`. backend: "auto" (Triton on CUDA when installed, else torch), "torch"
-    or "triton" (EngineConfig.kernels, `--kernels`); None reads AVKIT_KERNELS (default "auto"; "ref" = "torch")."""
-    backend = backend or os.environ.get("AVKIT_KERNELS", "auto")
-    backend = check_choice("kernel backend", "torch" if backend == "ref" else backend, KERNEL_BACKENDS)
+    or "triton" (EngineConfig.kernels, `--kernels`)."""
+    backend = check_choice("kernel backend", backend, KERNEL_BACKENDS)
     dev = torch.device(device)
     has_triton = importlib.util.find_spec("triton") is not None
     if backend == "torch" or (backend == "auto" and not (dev.type == "cuda" and has_triton)):
