@@ -18,9 +18,10 @@ import numpy as np
 import torch
 
 import avkit.models
-from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig
+from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, ModelsConfig
 from avkit.estimators.coefficients import load_coefficients
 from avkit.hvd.suffix_cache import common_prefix
+from avkit.models.loader import load_pair
 from avkit.models.registry import models_dir
 from avkit.runtime.engine import Engine
 from avkit.runtime.step_log import steady_tok_s
@@ -109,7 +110,7 @@ def run_grid(args) -> None:
     if args.adaptive:  # fail now, not after an hour of vLLM: the warm start must match the adaptive engine's K
         load_coefficients(args.coefficients, k=max(ks))
     # avkit alone keeps its models loaded (the tokenizer of a GGUF comes with it); beside vLLM each phase loads them
-    models = None if args.peer else load_pair(args)
+    models = None if args.peer else models_of(args)
     tokenizer = models["target"].tokenizer if models else avkit.models.Tokenizer.from_dir(Path(args.target_dir))
     runs = plan(args, tokenizer)
     cost = profile_cost(args, ks, runs, models) if "avkit" in engines else None
@@ -213,17 +214,17 @@ def decode(target, draft, r: dict, k: int, max_new: int, policy=None) -> dict:
             "steps": steps, "accepted_per_step": (tokens - steps) / steps if steps else 0.0}
 
 
-def load_pair(args) -> dict:
+def models_of(args) -> dict:
     """{"target", "draft"}: avkit's models from --target-dir / --draft-dir (a directory or a registry alias)."""
-    return {m: avkit.models.load(getattr(args, f"{m}_dir"), dtype=getattr(torch, args.dtype))
-            for m in ("target", "draft")}
+    pair = load_pair(ModelsConfig(target=args.target_dir, draft=args.draft_dir, device="cpu", dtype=args.dtype))
+    return dict(zip(("target", "draft"), pair))
 
 
 def avkit_phase(args, ks: list[int], runs: list[dict], cost, models: dict | None = None) -> dict[tuple[str, str], dict]:
     """Every config x run in this process, after one untimed warm-up (allocations, the kernel's first load);
-    `models` (load_pair) are loaded here when not given, and freed at the end either way."""
+    `models` (models_of) are loaded here when not given, and then freed at the end."""
     own = models is None
-    models = models or load_pair(args)
+    models = models or models_of(args)
     out = {}
     decode(models["target"], models["draft"], runs[0], max(ks), 8)
     for name, k, adaptive in [(f"K={k}", k, False) for k in ks] + ([("adaptive", max(ks), True)] if args.adaptive else []):
@@ -250,7 +251,7 @@ def profile_cost(args, ks: list[int], runs: list[dict], models: dict | None = No
     temperatures = sorted({r["temperature"] for r in runs})
     if args.cost:
         return dict.fromkeys(temperatures, CostTable.load(args.cost))
-    pair = models or load_pair(args)  # (given: the caller's, kept; else loaded and freed here)
+    pair = models or models_of(args)  # (given: the caller's, kept; else loaded and freed here)
     prompts, c_max = [p for r in runs for p in r["prompts"]], max(r["c"] for r in runs)
     out = {t: profile_here(pair["target"], pair["draft"], prompts, args.max_new_tokens, max(ks), c_max, t, 5,
                            RESULTS / f"engine_peer_cost_{'tiny_' if args.tiny else ''}T{t:g}.json")
