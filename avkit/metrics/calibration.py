@@ -24,8 +24,8 @@ class UndefinedMetricWarning(UserWarning):
     """The metric is undefined on this input (e.g. AUC with one class); nan is returned."""
 
 
-def as_1d(name: str, x, dtype=np.float64) -> np.ndarray:
-    """Array-like (a tensor too) as a 1-D numpy array; DataError on empty or NaN/inf input."""
+def as_1d(name: str, x) -> np.ndarray:
+    """Array-like (a tensor too) as a 1-D float64 array; DataError on empty or NaN/inf input."""
     a = np.asarray(x.detach().cpu().numpy() if hasattr(x, "detach") else x)
     if a.ndim != 1:
         a = a.reshape(-1) if a.ndim == 0 or a.size == a.shape[0] else a
@@ -33,7 +33,7 @@ def as_1d(name: str, x, dtype=np.float64) -> np.ndarray:
         raise DataError(f"{name} must be 1-D, got shape {a.shape}")
     if a.size == 0:
         raise DataError(f"{name} is empty")
-    a = a.astype(dtype, copy=False)
+    a = a.astype(np.float64, copy=False)
     if not np.all(np.isfinite(a)):
         i = int(np.flatnonzero(~np.isfinite(a))[0])
         raise DataError(f"{name} contains non-finite values: {name}[{i}] = {a[i]}")

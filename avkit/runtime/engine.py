@@ -267,17 +267,14 @@ class Engine:
             self.stats.draft_forward_s = self.drafter.forward_s
 
     # ---- convenience -------------------------------------------------------------------------
-    def generate(self, requests: list[Request], on_step=None) -> list[Generation]:
+    def generate(self, requests: list[Request]) -> list[Generation]:
         """Run requests to completion (continuous batching); Generations in request order."""
         for r in requests:
             self.add_request(r)
         outs: dict[str, list[StepOutput]] = {r.request_id: [] for r in requests}  # each request's step outputs
         while self.has_unfinished():
-            outputs = self.step()
-            for o in outputs:
+            for o in self.step():
                 outs.get(o.request_id, []).append(o)
-            if on_step is not None:
-                on_step(outputs)
         return [Generation(r.request_id, list(r.prompt_ids), [t for o in outs[r.request_id] for t in o.new_token_ids],
                            next((o.finish_reason for o in outs[r.request_id] if o.finished), FINISH_ABORT), r.dataset,
                            len(outs[r.request_id])) for r in requests]

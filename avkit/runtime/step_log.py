@@ -3,36 +3,14 @@
 Glossary
 --------
 step log  one row per engine step: ``[seconds since start, tokens emitted so far, requests with a token,
-          requests finished]``. `StepLog` fills it from `Engine.step` outputs (``on_step=``); vLLM's peer
-          process (bench/vllm_peer.py) writes the same rows from vLLM's outputs, so both engines are read
-          by one rule.
+          requests finished]``, written by bench/vllm_peer.py's `drive` for both engines (avkit's in
+          bench/common.py, vLLM's in the peer process), so both are read by one rule.
 steady    decode tok/s with every lane busy: from the step after which all n requests have a token (their
           prefill is done) to the last step before any finishes; the state the simulator predicts.
 decode    tok/s over the steps in which no request got its first token (no prefill in the step).
 """
 
 from __future__ import annotations
-
-import time
-from collections.abc import Callable
-
-
-class StepLog:
-    """`on_step` callback of `Engine.generate` (or call it with each `Engine.step()`'s outputs)."""
-
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.clock = clock
-        self.t0 = clock()
-        self.rows: list[list[float]] = []
-        self._emitted: dict[str, int] = {}
-        self._done = 0
-
-    def __call__(self, outputs) -> None:
-        for o in outputs:
-            self._emitted[o.request_id] = self._emitted.get(o.request_id, 0) + len(o.new_token_ids)
-            self._done += bool(o.finished)
-        self.rows.append([self.clock() - self.t0, float(sum(self._emitted.values())),
-                          float(sum(v > 0 for v in self._emitted.values())), float(self._done)])
 
 
 def steady_tok_s(steps: list[list[float]], n: int, waves: int = 1) -> float:

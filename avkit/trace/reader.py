@@ -166,23 +166,22 @@ def no_repeats(paths: list[Path]) -> None:
         seen[key] = p
 
 
-def read_traces(paths, columns: list[str] | None = None, *, check: bool = True) -> pl.DataFrame:
-    """Trace files in one frame with `file_index`, the schema and (`check`) the values of the columns read
-    checked; `columns` projects the read (position, accepted and verified are read in any case)."""
-    frames = list(iter_traces(paths, columns, check=check))
+def read_traces(paths, columns: list[str] | None = None) -> pl.DataFrame:
+    """Trace files in one frame with `file_index`, the schema and the values of the columns read checked;
+    `columns` projects the read (the checked columns are read in any case)."""
+    frames = list(iter_traces(paths, columns))
     return pl.concat(frames, how="vertical") if len(frames) > 1 else frames[0]
 
 
-def iter_traces(paths, columns: list[str] | None = None, *, check: bool = True):
+def iter_traces(paths, columns: list[str] | None = None):
     """`read_traces` one file at a time (a caller reduces a file before the next is read)."""
     paths = _paths(paths)
     no_repeats(paths)
-    want = None if columns is None else {*columns, *(CHECKED_COLUMNS if check else ("position", "accepted", "verified"))}
+    want = None if columns is None else {*columns, *CHECKED_COLUMNS}
     cols = [c.name for c in S.COLUMNS if want is None or c.name in want]
     for i, path in enumerate(paths):
         df = _read_one(path, i, cols)
-        if check:
-            check_values(df, path, trace_k(path))
+        check_values(df, path, trace_k(path))
         yield df if columns is None else df.select([*columns, "file_index"])
 
 

@@ -61,16 +61,16 @@ def row_groups(src: Path) -> list[pa.Table]:
 class _ParquetStream:
     """Buffer column chunks, flush them as row groups of a Parquet file that is valid after each flush."""
 
-    columns: tuple[S.Column, ...]  # the table's columns and default row group size: the subclass says which
-    default_rows: int
+    columns: tuple[S.Column, ...]  # the subclass's table: its columns,
+    arrow: pa.Schema  # their Arrow schema (trace/schema.py)
+    default_rows: int  # and its default row group size
 
     def __init__(self, path, metadata: dict[str, str], row_group_rows: int | None = None, resume: bool = False, *,
                  flush_interval_s: float | None = None, keep_requests=None, source: Path | None = None):
         self.path = Path(path)
         self.partial = partial_path(self.path)
         meta = {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION, **metadata}
-        self.schema = pa.schema([pa.field(c.name, c.type, nullable=c.nullable) for c in self.columns],
-                                metadata={k: str(v) for k, v in meta.items()})
+        self.schema = self.arrow.with_metadata({k: str(v) for k, v in meta.items()})
         self.row_group_rows = row_group_rows or self.default_rows
         self.flush_interval_s = flush_interval_s
         self._buffer: list[pa.Table] = []  # written, not yet a row group
@@ -94,7 +94,7 @@ class _ParquetStream:
             raise TraceError(f"{src}: cannot resume, columns missing: {missing}")
         try:  # a nullable column newer than the file: null in its rows
             groups = [pa.table([g[c.name] if c.name in have else pa.nulls(g.num_rows, c.type) for c in self.columns],
-                               names=[c.name for c in self.columns]).cast(self.schema.remove_metadata()) for g in groups]
+                               names=[c.name for c in self.columns]).cast(self.arrow) for g in groups]
         except (pa.ArrowException, ValueError) as e:
             raise TraceError(f"{src}: cannot resume, columns do not cast to the schema ({e})") from None
         if keep is not None:
@@ -105,7 +105,7 @@ class _ParquetStream:
     def table(self) -> pa.Table:
         """Every row written so far (resumed and flushed groups; not the unflushed buffer)."""
         if not self._groups:
-            return self.schema.remove_metadata().empty_table()
+            return self.arrow.empty_table()
         return pa.concat_tables(self._groups).unify_dictionaries()
 
     def next_engine_step(self) -> int:
@@ -123,7 +123,7 @@ class _ParquetStream:
         if n == 0:
             return
         arrays = [_column_array(c, columns.get(c.name), n, self.path) for c in self.columns]
-        self._buffer.append(pa.Table.from_arrays(arrays, schema=self.schema.remove_metadata()))
+        self._buffer.append(pa.Table.from_arrays(arrays, schema=self.arrow))
         due = self.flush_interval_s is not None and time.monotonic() - self._last_flush >= self.flush_interval_s
         if sum(t.num_rows for t in self._buffer) >= self.row_group_rows or due:
             self.flush()
@@ -186,10 +186,10 @@ class _ParquetStream:
 class TraceWriter(_ParquetStream):
     """Write trace rows (schema v1) in zstd row groups; `<path>.partial` until closed."""
 
-    columns, default_rows = S.COLUMNS, 65536
+    columns, arrow, default_rows = S.COLUMNS, S.TRACE_SCHEMA, 65536
 
 
 class GenerationWriter(_ParquetStream):
     """Write the generations table (one row per finished request) beside a trace."""
 
-    columns, default_rows = S.GENERATION_COLUMNS, 4096
+    columns, arrow, default_rows = S.GENERATION_COLUMNS, S.GENERATION_SCHEMA, 4096

@@ -30,7 +30,7 @@ KV_CONTEXT_FACTOR = 2  # the target-only engine's second context, x context_len 
 
 
 def profile_vllm(python: str, target, draft, config: ProfileConfig, *, dtype: str, threads: int,
-                 draft_sampling: str = "probabilistic", on_point: Callable[[], None] | None = None) -> CostTable:
+                 on_point: Callable[[], None] | None = None) -> CostTable:
     """Measure vLLM's step costs (module docstring; the steps are timed in vLLM's process, offline.py's
     `profile` mode); `target`/`draft` are driver.hf_dir paths."""
     context = context_len_from_env(config.context_len)
@@ -44,7 +44,7 @@ def profile_vllm(python: str, target, draft, config: ProfileConfig, *, dtype: st
         rc = RecordConfig(models=ModelsConfig(target=str(target), draft=str(draft) if k else "none", dtype=dtype),
                           decoding=EngineConfig(k=k, concurrency=max(n_grid), seed=0),
                           sampling=replace(config.sampling, max_new_tokens=max_new), max_prompt_tokens=max(contexts),
-                          threads=threads, engine="vllm", vllm_python=python, vllm_draft_sampling=draft_sampling)
+                          threads=threads, engine="vllm", vllm_python=python)
         spec = {**engine_spec(rc, target, draft if k else target), "mode": "profile", "prefix_caching": False,
                 "contexts": contexts, "requests": n_grid, "steps": steps, "vocab": vocab, "max_tokens": max_new,
                 "temperature": config.sampling.temperature, "top_p": config.sampling.top_p}
@@ -64,7 +64,7 @@ def profile_vllm(python: str, target, draft, config: ProfileConfig, *, dtype: st
     meta = {"source": "profile", "engine": f"vllm {version}", "device": f"vllm {version} cpu x{threads or 'all'} threads",
             "target": str(target), "draft": str(draft) if config.k else "", "context_len": context, "k": config.k,
             "temperature": config.sampling.temperature, "top_p": config.sampling.top_p, "repeats": config.repeats, "dtype": dtype,
-            "vllm_draft_sampling": draft_sampling, "inputs": inputs_record("avkit profile --engine vllm")}
+            "vllm_draft_sampling": rc.vllm_draft_sampling, "inputs": inputs_record("avkit profile --engine vllm")}
     return table_from_points(points, n_grid, meta)
 
 
