@@ -102,7 +102,7 @@ def additive_sums(p: np.ndarray, y: np.ndarray, group: np.ndarray, d: int, k: in
                   w: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """[N] predictions, labels, groups (dataset * K + position) and weights (None: 1) -> the additive half
     of a score table: summed NLL [D, K] and ECE bins [3, D, K, n_bins] (weight, sum w p, sum w y). The one
-    binning rule of in-memory, binned (out-of-core), bootstrap and debiased scores."""
+    binning rule of in-memory, binned (out-of-core), bootstrap, debiased and live (vLLM health) scores."""
     # NLL = -log of the probability given to the observed label, clipped as sklearn does.
     nll = -np.log(np.clip(np.where(y > 0, p, 1.0 - p), EPS, 1 - EPS))  # [N]
     nll_g = np.bincount(group, weights=nll, minlength=d * k).reshape(d, k)

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from avkit.estimators.base import sigmoid
-from avkit.metrics.calibration import ece_from_bins
+from avkit.metrics.calibration import additive_sums, ece_from_bins
 from avkit.staged import staged_file
 
 BINS = 10
@@ -35,7 +35,7 @@ class Health:
 
     def __init__(self, k: int, slope: float, intercepts: list[float]):
         self.k, self.slope, self.intercepts = k, float(slope), np.asarray(intercepts, dtype=np.float64)  # [K]
-        width = 3 * k + 2 * BINS + BINS + 4  # one step's sums, laid out by _step_sums
+        width = 3 * k + 3 * BINS + 4  # one step's sums, laid out by add_step
         self.ring = np.zeros((WINDOW, width))  # [WINDOW, width]
         self.total = np.zeros(width)  # [width] since start
         self.steps = 0
@@ -51,14 +51,8 @@ class Health:
         p = self.predict(feature, positions)  # [N]
         labelled = accepted >= 0
         y = np.where(labelled, accepted, 0).astype(np.float64)
-        k = self.k
-        counts = np.bincount(positions[labelled], minlength=k)[:k]
-        acc = np.bincount(positions[labelled], weights=y[labelled], minlength=k)[:k]
-        pred = np.bincount(positions[labelled], weights=p[labelled], minlength=k)[:k]
-        b = np.minimum((p[labelled] * BINS).astype(np.int64), BINS - 1)
-        bin_n = np.bincount(b, minlength=BINS)
-        bin_p = np.bincount(b, weights=p[labelled], minlength=BINS)
-        bin_y = np.bincount(b, weights=y[labelled], minlength=BINS)
+        # [3, K, BINS] labelled slots, sum p, sum y by position and bin: the ECE's binning rule
+        table = additive_sums(p[labelled], y[labelled], positions[labelled], 1, self.k, BINS)[1][:, 0]
         group = np.cumsum(first) - 1  # [N] request-step index
         logp = np.where(verified, np.log(np.maximum(p, 1e-300)), 0.0)
         c = np.cumsum(logp)
@@ -68,15 +62,14 @@ class Health:
         expected = float(survival.sum())
         actual = float(((accepted == 1) & verified).sum())
         brier = float(((p[labelled] - y[labelled]) ** 2).sum())
-        sums = np.concatenate([counts, acc, pred, bin_n, bin_p, bin_y,
-                               [brier, expected, actual, float(first.sum())]])
+        sums = np.concatenate([*table.sum(-1), *table.sum(1), [brier, expected, actual, float(first.sum())]])
         self.total += sums
         self.ring[self.steps % WINDOW] = sums
         self.steps += 1
 
     def _view(self, sums: np.ndarray) -> dict:
         k = self.k
-        counts, acc, pred = sums[:k], sums[k:2 * k], sums[2 * k:3 * k]
+        counts, pred, acc = sums[:k], sums[k:2 * k], sums[2 * k:3 * k]
         bins = sums[3 * k:3 * k + 3 * BINS].reshape(3, BINS)
         brier, expected, actual, drafts = sums[3 * k + 3 * BINS:]
         n = counts.sum()
