@@ -1,8 +1,8 @@
 """The batch fit over shards: pass 0 makes the shards, then passes of map (per shard: sums) and reduce (+=).
 
-  shard   the unit of work of every pass. Held (`--engine memory`): every observed slot in RAM, sorted
-          by position (`HeldShard`, in chunks of HELD_CHUNK rows). Spilled (`--engine streaming` / `ray`):
-          one trace file, its observed slots spilled per column by pass 0 (`ShardSurvey`, fit/spill.py)
+  shard   the unit of work of every pass (`Shard`, fit/spill.py). Held (`--engine memory`): every observed
+          slot in RAM, sorted by position, in chunks of HELD_CHUNK rows. Spilled (`--engine streaming` /
+          `ray`): one trace file, its observed slots spilled per column by pass 0
   chunk   (index, [K] rows per position, [n] positions, [n] labels, [n] dataset codes), rows sorted by
           position: each position's rows sum as one segment (`irls.fused_segment_stats`)
   pass    a map of `shard_pass` (additive sums of one shard) on an engine (fit/engines.py: threads or
@@ -26,20 +26,18 @@ from pathlib import Path
 import numpy as np
 
 from avkit.config import FitConfig
-from avkit.estimators.irls import IrlsStats, group_by_position, newton_iterations
+from avkit.estimators.irls import IrlsStats, newton_iterations
 from avkit.features import FEATURES
 from avkit.fit.data import FitData, load_fit_data, no_observed, trained_on
 from avkit.fit.replay import coef_row
-from avkit.fit.spill import ShardSurvey, spill_shard
+from avkit.fit.spill import Shard, spill_shard
 from avkit.metrics.binned import BinnedScores, logit, quantile_edges
-from avkit.metrics.table import ScoreLayout
 from avkit.trace.reader import trace_k
 from avkit.trace.shards import ShardSet
 
 SAMPLE_SLOTS = 1 << 21  # observed slots sampled over all shards in pass 0: the AUC bins' quantiles
 BYTES_PER_ROW = 1024  # working memory per chunk row (all trace columns read and checked in pass 0)
 FIXED_MB = 512  # interpreter, libraries, score histograms
-HELD_CHUNK = 1 << 20  # rows per chunk of a held shard (a chunk's [n] oriented feature copy: 8 MB)
 
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
@@ -62,53 +60,15 @@ class PassWork:
     subsets: list[int | None] | None = None  # [E] fit estimator j on dataset code subsets[j] only (None: all)
 
 
-@dataclass
-class HeldShard:
-    """Every observed slot in memory, sorted by position: the one shard of `--engine memory`, in HELD_CHUNK-row
-    chunks (a pass's temporaries stay small: 4 features' passes over 1.45M slots 0.36 s CPU, 0.44 unchunked)."""
-
-    positions: np.ndarray  # [N] sorted
-    labels: np.ndarray  # [N] float64 in {0, 1}
-    dataset_codes: np.ndarray  # [N] int64
-    features: dict[str, np.ndarray]  # name -> [N] float64 (raw, not oriented)
-    layout: ScoreLayout
-
-    @classmethod
-    def of(cls, data: FitData, n_bins: int) -> HeldShard:
-        """`data`'s observed slots sorted stably by position; its features move through one spare [N] buffer
-        (each popped writable column the next one's target: no fresh pages per feature)."""
-        order = group_by_position(data.positions)
-        pos = np.repeat(np.arange(data.k), np.bincount(data.positions, minlength=data.k))  # [N] sorted: no gather
-        y, ds, spare, features = data.labels[order], data.dataset_codes[order], np.empty(order.size), {}
-        for name in list(data.features):
-            column = data.features.pop(name)
-            features[name] = np.take(column, order, out=spare)
-            spare = column if column.flags.writeable else np.empty(order.size)
-        return cls(pos, y, ds, features, ScoreLayout(y, pos, ds, data.dataset_names, n_bins))
-
-    def chunks(self, k: int, dataset_names: list[str]):
-        """-> per chunk (index, [K] rows per position, [n] positions, [n] labels, [n] dataset codes)."""
-        for c, lo in enumerate(range(0, self.labels.size, HELD_CHUNK)):
-            rows = slice(lo, lo + HELD_CHUNK)
-            pos = self.positions[rows]
-            yield c, np.bincount(pos, minlength=k), pos, self.labels[rows], self.dataset_codes[rows]
-
-    def column(self, chunk: int, name: str, dtype) -> np.ndarray:
-        return self.features[name][chunk * HELD_CHUNK:(chunk + 1) * HELD_CHUNK]
-
-    def score(self, est, name: str) -> list[dict]:
-        """Score rows of `est` on feature `name`: every slot predicted in one call, scored exactly."""
-        return self.layout.score(est.predict(self.features[name], self.positions))
-
-
 def shard_pass(shard, work: PassWork, only: int | None = None) -> list:
     """Map step over one shard -> [E] additive sums (IrlsStats, or BinnedScores) of every estimator (`only`:
     of estimator `only` alone); a held shard's scores are its score rows."""
     k, sc = work.k, work.score
     picks = range(len(work.estimators)) if only is None else [only]
-    if sc and isinstance(shard, HeldShard):
-        return [shard.score(work.estimators[j], work.features[j]) for j in picks]
-    counts_dtype = np.int32 if getattr(shard, "observed", 0) < 1 << 31 else np.int64  # one shard's counts
+    if sc and shard.layout is not None:  # held: every slot predicted in one call, scored exactly
+        pos = shard.held["position"]
+        return [shard.layout.score(work.estimators[j].predict(shard.held[work.features[j]], pos)) for j in picks]
+    counts_dtype = np.int32 if shard.observed < 1 << 31 else np.int64  # one shard's counts
     out = [BinnedScores.zeros(len(work.dataset_names), k, sc["n_bins"], sc["edges"][j], counts_dtype) if sc
            else IrlsStats.zeros(k) for j in picks]
     for c, counts, pos, y, ds in shard.chunks(k, work.dataset_names):
@@ -143,14 +103,14 @@ def pass_sums(engine, shards: list, nodes, work: PassWork) -> list:
     return engine.map(shard_pass, [(s, work) for s in shards], nodes, fold=_add)[0]
 
 
-def _edges(est, name: str, surveys: list[ShardSurvey], bins: int) -> np.ndarray:
+def _edges(est, name: str, surveys: list[Shard], bins: int) -> np.ndarray:
     """AUC rank-bin edges of one estimator: quantiles of its logits on the shards' samples."""
     f = np.concatenate([s.sample[name] for s in surveys])  # [S]
     pos = np.concatenate([s.sample_positions for s in surveys])
     return quantile_edges(logit(est.predict(f, pos)), bins) if f.size else np.zeros(0)
 
 
-def _merge_surveys(surveys: list[ShardSurvey], k: int | None, shards: ShardSet) -> dict:
+def _merge_surveys(surveys: list[Shard], k: int | None, shards: ShardSet) -> dict:
     names = sorted({n for s in surveys for n in s.datasets})
     num_positions = max([k or 0] + [s.num_positions for s in surveys])
     present = [n for n in FEATURES if all(s.nulls[n] == 0 for s in surveys)]
@@ -186,7 +146,7 @@ def newton(engine, shards, nodes, plan, ests, m, fit: FitConfig, progress,
 
 def score_pass(engine, shards, nodes, plan, ests, m, fit: FitConfig) -> list[list[dict]]:
     """One pass scoring every estimator at its coefficients -> [E] score rows (metrics/table.py's scopes)."""
-    held = isinstance(shards[0], HeldShard)
+    held = shards[0].layout is not None
     edges = [None] * len(plan) if held else [_edges(e, n, shards, fit.auc_bins) for (n, _), e in zip(plan, ests)]
     work = PassWork([n for n, _ in plan], ests, m["k"], m["names"], score={"n_bins": fit.bins, "edges": edges})
     sums = pass_sums(engine, shards, nodes, work)
@@ -195,11 +155,11 @@ def score_pass(engine, shards, nodes, plan, ests, m, fit: FitConfig) -> list[lis
 
 @contextmanager
 def held(shards: ShardSet, fit: FitConfig, data: FitData | None = None):
-    """Pass 0 in memory (fit/data.py, or `data`, whose features move to the shard) -> ([HeldShard], None, summary)."""
+    """Pass 0 in memory (fit/data.py, or `data`, whose features move to the shard) -> ([Shard], None, summary)."""
     data = load_fit_data(shards.paths, fit.drafter, fit.features or None) if data is None else data
     m = {"names": data.dataset_names, "k": data.k, "present": list(data.features), "observed": data.labels.size,
          "trained_on": data.trained_on}
-    shard = HeldShard.of(data, fit.bins)
+    shard = Shard.of(data, fit.bins)
     del data  # (the shard holds what the passes read)
     yield [shard], None, m
 

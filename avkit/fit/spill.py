@@ -1,11 +1,12 @@
-"""Pass 0 of the out-of-core fit: read each shard once in chunks (fit/data.py `read_shard`, the in-memory
-fit's reader: the same checks, lines and clock), spill its observed slots, survey it.
+"""The batch fit's shard (`Shard`: held in memory, or spilled) and pass 0 of the out-of-core fit: read each shard
+once in chunks (fit/data.py `read_shard`, the in-memory fit's reader: the same checks, lines and clock), spill its
+observed slots, survey it.
 
   spill   each chunk's observed slots' features are derived (float64, the same polars expressions as
           the in-memory fit), sorted by position and written as one raw array file per column and
           chunk into the scratch directory; later passes read back only the columns they need (no
           decompression, no unobserved rows)
-  survey  what pass 0 learns about a shard (`ShardSurvey`, small: it travels back from a Ray
+  survey  what pass 0 learns about a shard (in its `Shard`, small: it travels back from a Ray
           worker): rows, observed rows, datasets, null counts, engine steps, and a uniform sample
           of its observed slots (the AUC histogram's bin edges)
 """
@@ -19,33 +20,58 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from avkit.estimators.irls import group_by_position
 from avkit.features import FEATURES
-from avkit.fit.data import TRACE_COLUMNS, count_drafts, read_shard
+from avkit.fit.data import TRACE_COLUMNS, FitData, count_drafts, read_shard
+from avkit.metrics.table import ScoreLayout
 
 MAX_K = 64  # positions a survey can hold before K is known (traces without avkit.k)
+HELD_CHUNK = 1 << 20  # rows per chunk of a held shard (a chunk's [n] oriented feature copy: 8 MB)
 
 
 @dataclass
-class ShardSurvey:
-    """What pass 0 learned about one shard (small: travels back from a worker)."""
+class Shard:
+    """One shard of the batch fit: its observed slots in chunks, each sorted by position, and what pass 0 learned
+    about it (small: travels back from a worker). Spilled: the columns are raw arrays in `spill`; held (`--engine
+    memory`, `Shard.of`): every observed slot in memory in HELD_CHUNK-row chunks, scored exactly (`layout`)."""
 
     path: str
-    spill: str  # directory of the spilled columns: c{chunk}.{column}
+    spill: str  # directory of the spilled columns: c{chunk}.{column} ("": held)
     rows: int = 0
     observed: int = 0
-    dataset_names: list[str] = field(default_factory=list)  # the spill's dataset codes index this list
+    dataset_names: list[str] = field(default_factory=list)  # the chunks' dataset codes index this list
     datasets: dict[str, int] = field(default_factory=dict)  # name -> observed slots
     # feature -> [S] a uniform sample of the observed slots (the AUC bins' edges)
     sample: dict[str, list] = field(default_factory=lambda: {n: [] for n in FEATURES})
     nulls: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FEATURES, 0))  # feature -> null slots
     num_positions: int = 0  # max observed position + 1
-    chunk_counts: list[np.ndarray] = field(default_factory=list)  # [C] x [MAX_K] observed slots per position
+    chunk_counts: list[np.ndarray] = field(default_factory=list)  # [C] x [>= K] observed slots per position
     sample_positions: list[np.ndarray] = field(default_factory=list)  # [S] positions of the sample
     clock: str = "engine_step"  # fit/data.py CLOCKS
     steps: int = 0  # engine steps
     drafted: dict[str, list] = field(default_factory=dict)  # dataset -> [rows, sum of entropy]: every drafted slot
+    held: dict[str, np.ndarray] = field(default_factory=dict)  # held: column (and "position") -> [N] sorted
+    layout: ScoreLayout | None = None  # held: the exact scores' layout
+
+    @classmethod
+    def of(cls, data: FitData, n_bins: int) -> Shard:
+        """`data`'s observed slots held, sorted stably by position; its features move through one spare [N]
+        buffer (each popped writable column the next one's target: no fresh pages per feature)."""
+        order = group_by_position(data.positions)
+        pos = np.repeat(np.arange(data.k), np.bincount(data.positions, minlength=data.k))  # [N] sorted: no gather
+        y, ds, spare, held = data.labels[order], data.dataset_codes[order], np.empty(order.size), {}
+        for name in list(data.features):
+            column = data.features.pop(name)
+            held[name] = np.take(column, order, out=spare)
+            spare = column if column.flags.writeable else np.empty(order.size)
+        counts = [np.bincount(pos[lo:lo + HELD_CHUNK], minlength=data.k) for lo in range(0, y.size, HELD_CHUNK)]
+        return cls("", "", observed=y.size, dataset_names=data.dataset_names, chunk_counts=counts,
+                   held={**held, "label": y, "dataset": ds, "position": pos},
+                   layout=ScoreLayout(y, pos, ds, data.dataset_names, n_bins))
 
     def column(self, chunk: int, name: str, dtype) -> np.ndarray:
+        if self.held:
+            return self.held[name][chunk * HELD_CHUNK:(chunk + 1) * HELD_CHUNK]
         return np.fromfile(Path(self.spill) / f"c{chunk}.{name}", dtype=dtype)
 
     def chunks(self, k: int, dataset_names: list[str]):
@@ -58,13 +84,13 @@ class ShardSurvey:
 
 
 def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int, sample: int,
-                drafts: bool = False) -> ShardSurvey:
+                drafts: bool = False) -> Shard:
     """Pass 0 over one shard: check, keep the observed slots, survey them (`drafts`: and count every
     drafted slot per dataset, for `avkit report`)."""
     spill = Path(scratch) / f"{index:06d}"
     shutil.rmtree(spill, ignore_errors=True)  # a rerun (retried task) starts afresh
     spill.mkdir(parents=True)
-    s, seen = ShardSurvey(path, str(spill)), []
+    s, seen = Shard(path, str(spill)), []
     rng = np.random.default_rng(index)  # the sample is a function of the shard: reruns agree
     for total, df, observed, clock, s.clock in read_shard(path, k, TRACE_COLUMNS, "model", rows, spill / "slots"):
         s.rows = total
@@ -79,7 +105,7 @@ def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int, s
     return s
 
 
-def _survey_chunk(s: ShardSurvey, obs: pl.DataFrame, rng: np.random.Generator, rate: float) -> None:
+def _survey_chunk(s: Shard, obs: pl.DataFrame, rng: np.random.Generator, rate: float) -> None:
     """Add one chunk's observed slots (sorted by position) to the survey and spill them."""
     ds = obs["dataset"].cast(pl.String)
     for name in ds.unique(maintain_order=True).to_list():
