@@ -97,7 +97,7 @@ def summarize(paths, c: dict, n_bins: int, fit: FitConfig | None = None) -> Trac
                    if feature in m["present"]]
         acc, bins = engine.map(_report_pass, [(s, k, names, panels, n_bins) for s in parts], nodes,
                                fold=lambda a, b: (a[0] + b[0], a[1] + b[1]))[0]
-        for s in parts if fit.engine != "memory" else []:
+        for s in parts:  # spilled shards' drafted slots (a held shard's: counted by load_fit_data above)
             for name, (n, h) in s.drafted.items():
                 d = drafts.setdefault(name, [0, 0.0])
                 d[0], d[1] = d[0] + n, d[1] + h
