@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
                 from avkit.sim.steps import policies_for_profile, profile_steps, read_profile  # lazy: start-up
 
                 steps = profile_steps(read_profile(config.profile))
-                specs = policies_for_profile(given, steps.k)
+                specs = policies_for_profile(given)
                 console.print(f"avkit simulate: AGGREGATE acceptance profile {config.profile} (no per-draft rows)")
             else:
                 steps = load_steps(paths)

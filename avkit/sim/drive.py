@@ -80,12 +80,9 @@ class SimPolicy:
         return k
 
     def make(self, steps: StepTable, cost: CostTable) -> VerifyPolicy:
-        source = None
-        if self.estimator in SOURCES:
-            feature, lossless = SOURCES[self.estimator]
-            if feature not in source_features(steps):
-                raise ConfigError(f"simulate: adaptive:{self.estimator} needs a non-null `{feature}` column in the traces")
-            source = Column(self.estimator, feature, lossless, steps.k)
+        source = Column(self.estimator, *SOURCES[self.estimator], steps.k) if self.estimator in SOURCES else None
+        if source is not None:
+            _feature(source, steps)  # the trace must hold the source's column
         policy = self.spec.make(k=steps.k, cost=cost, adaptive=self.adaptive, coefficients=self.coefficients,
                                 bound=True, estimator=source)
         if self.warm_state is not None:
@@ -99,7 +96,7 @@ class SimPolicy:
         est = load_estimator(self.estimator, k=steps.k)
         if est is None:
             return self
-        burn_in(est, steps, _feature(est, steps), 100)
+        burn_in(est, steps, _feature(est, steps))
         return replace(self, warm_state=est.state_dict())
 
 
@@ -151,7 +148,7 @@ def _rounds(policy, est, replay: Replay, wanted: np.ndarray, groups: Groups):
     """An adaptive policy, one estimator round at a time (estimators/rounds.py)."""
     steps, bounds, rows = replay.steps, replay.bounds, replay.sched.rows
     feature = _feature(est, steps)
-    feats = source_features(steps)[feature][rows] if feature == "oracle" else steps.features[feature][rows]  # [S', K]
+    feats = source_features(steps)[feature][rows]  # [S', K]
     k = steps.k
     labels, acc = steps.label[rows], steps.accepted[rows]  # [S', K], [S']
     out, drafted = np.zeros(rows.size, np.int64), np.zeros(rows.size, np.int64)
@@ -232,10 +229,9 @@ def catch_up_ms(replay: Replay, drafts: np.ndarray) -> np.ndarray:
 
 # Burn-in: the traces replayed in recorded engine-step order (without one: 8 step rows a step), labels as
 # recorded, through estimators/rounds.py until `min_refits` refit rounds: the state a live estimator reaches.
-def burn_in(est: Estimator, steps: StepTable, feature: str, chunk: int = 100, min_refits: int = 20,
-            max_passes: int = 50) -> int:
+def burn_in(est: Estimator, steps: StepTable, feature: str, min_refits: int = 20, max_passes: int = 50) -> None:
     """Replay the traces' recorded outcomes through `est` in engine-step order until `min_refits` refits
-    (at most `max_passes` passes); returns the passes made."""
+    (at most `max_passes` passes)."""
     s, k = steps.request.size, steps.k
     known = (steps.engine_step >= 0).all()
     order = np.argsort(steps.engine_step, kind="stable") if known else np.arange(s)
@@ -246,6 +242,5 @@ def burn_in(est: Estimator, steps: StepTable, feature: str, chunk: int = 100, mi
     pos = np.tile(np.arange(k), s)
     refits, passes = [], 0  # [rounds] whether each refit
     while sum(refits) < min_refits and passes < max_passes:
-        replay_steps(est, feats, pos, labels, bounds, on_round=lambda g, refit: refits.append(refit), chunk=chunk)
+        replay_steps(est, feats, pos, labels, bounds, on_round=lambda g, refit: refits.append(refit))
         passes += 1
-    return passes

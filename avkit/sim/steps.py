@@ -202,7 +202,7 @@ def profile_steps(profile: dict, rows: int = 20_000, steps_per_request: int = 64
                      np.ones(rows, np.int64), np.full(rows, np.nan), k)
 
 
-def policies_for_profile(specs: list[str] | None, k: int) -> list[str]:
+def policies_for_profile(specs: list[str] | None) -> list[str]:
     """No-spec and fixed K only (an aggregate has no features to adapt on)."""
     specs = specs or ["nospec", "fixed"]
     bad = [s for s in specs if not (s == "nospec" or s.startswith("fixed"))]
