@@ -95,8 +95,7 @@ def _curves(accelerator: str, target: str, draft: str | None, context_len: int, 
     meta = {"source": "roofline", "device": acc.name, "target": tgt.name, "draft": drf.name,
             "context_len": context_len, "tflops": acc.tflops, "tb_s": acc.tb_s, "memory_gb": acc.memory_gb,
             "weights_gb": (tgt.params + drf.params) * acc.bytes_per_param / 1e9,  # both models resident
-            "kv_bytes_per_token": tgt.kv_bytes_per_token(acc.bytes_per_param) + drf.kv_bytes_per_token(
-                acc.bytes_per_param)}  # target + drafter KV per context token
+            "kv_bytes_per_token": kv_bytes + drf.kv_bytes_per_token(acc.bytes_per_param)}  # target + drafter
     return {"verify_tokens": tuple(int(x) for x in tokens), "verify_ms": tuple(verify.tolist()),
             "draft_requests": tuple(int(x) for x in reqs), "draft_ms": tuple(draft_ms.tolist()),
             "context_ms": tuple(context.tolist()), "drafter": drafter, "meta": meta,

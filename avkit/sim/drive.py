@@ -40,12 +40,6 @@ class Column(Passthrough):
 SOURCES = {"oracle": ("oracle", False), "recorded": ("confidence", True)}  # name -> (feature, lossless)
 
 
-def source_features(steps: StepTable) -> dict[str, np.ndarray]:
-    """The step features plus the oracle's [S, K] column (1 where the trace accepted the draft)."""
-    oracle = (np.arange(steps.k)[None, :] < steps.accepted[:, None]).astype(np.float64)
-    return {**steps.features, "oracle": oracle}
-
-
 @dataclass(frozen=True)
 class SimPolicy:
     """A policy spec as the simulator runs it: the live object made fresh per replay, warm-started."""
@@ -148,12 +142,13 @@ def _rounds(policy, est, replay: Replay, wanted: np.ndarray, groups: Groups):
     """An adaptive policy, one estimator round at a time (estimators/rounds.py)."""
     steps, bounds, rows = replay.steps, replay.bounds, replay.sched.rows
     feature = _feature(est, steps)
-    feats = source_features(steps)[feature][rows]  # [S', K]
     k = steps.k
     labels, acc = steps.label[rows], steps.accepted[rows]  # [S', K], [S']
+    j = np.arange(k)[None, :]
+    # [S', K] the feature; the oracle's column: 1 where the trace accepted the draft
+    feats = (j < acc[:, None]).astype(np.float64) if feature == "oracle" else steps.features[feature][rows]
     out, drafted = np.zeros(rows.size, np.int64), np.zeros(rows.size, np.int64)
     draft_ms = np.zeros(replay.num_requests.size)
-    j = np.arange(k)[None, :]
 
     def round_(conf, g0: int, g1: int):
         r0, r1 = bounds[g0], bounds[g1]
