@@ -125,7 +125,7 @@ class ScheduledK(VerifyPolicy):
 
 
 def make_scheduled(schedule: str | Path | BatchSchedule, k: int = 0) -> ScheduledK:
-    """POLICIES["schedule"] factory (a lazy entry in policy.py): a schedule file or a BatchSchedule, the engine's K."""
+    """POLICIES["schedule"] factory (a lazy entry in spec.py): a schedule file or a BatchSchedule, the engine's K."""
     return ScheduledK(schedule if isinstance(schedule, BatchSchedule) else BatchSchedule.load(schedule), k=k)
 
 

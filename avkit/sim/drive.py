@@ -115,26 +115,20 @@ def _feature(est, steps: StepTable) -> str:
 
 def decide(policy: VerifyPolicy, replay: Replay) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(verify counts [S'], drafts proposed [S'], drafting ms [G]) of `policy` over every sim step."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # the step loop's tensors are tiny: intra-op threads only add hand-offs (the default
-    try:  # simulation on the shipped traces: 12x the CPU time with 2 threads on a busy 2-core box)
-        return _decide(policy, replay)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _decide(policy: VerifyPolicy, replay: Replay) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    steps, sched, cost = replay.steps, replay.sched, replay.cost
+    sched = replay.sched
     groups = Groups(torch.from_numpy(sched.group.astype(np.int64)), torch.from_numpy(replay.num_requests))
-    wanted = steps.drafted[sched.rows]  # [S'] what the recorded engine drafted (its K, its length caps)
+    wanted = replay.steps.drafted[sched.rows]  # [S'] what the recorded engine drafted (its K, its length caps)
     limits = policy.draft_limits(groups, None, None)
     if limits is not None:
         wanted = np.minimum(wanted, np.asarray(limits))
     est = getattr(policy, "estimator", None)
-    if est is None:
-        k, drafted, draft_ms = _step(policy, cost, {}, "", wanted, groups)
-    else:
-        k, drafted, draft_ms = _rounds(policy, est, replay, wanted, groups)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the step loop's tensors are tiny: intra-op threads only add hand-offs (the default
+    try:  # simulation on the shipped traces: 12x the CPU time with 2 threads on a busy 2-core box)
+        k, drafted, draft_ms = _step(policy, replay.cost, {}, "", wanted, groups) if est is None else \
+            _rounds(policy, est, replay, wanted, groups)
+    finally:
+        torch.set_num_threads(threads)
     return k, drafted, draft_ms + catch_up_ms(replay, drafted > 0)
 
 

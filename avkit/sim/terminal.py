@@ -59,11 +59,10 @@ def render_results(df: pl.DataFrame, console: Console, title: str = "") -> None:
     best = {c: deployable.filter(pl.col("concurrency") == c)["throughput_tok_s"].max() for c in conc}
     short = {p: short_policy(p) for p in policies}
     ratio = lambda x: "-" if x is None or x != x else f"{x:.2f}"  # no fixed K simulated: no ratio
-    texts = {(p, c): (f"{cell[p, c]['throughput_tok_s']:,.0f}", ratio(cell[p, c]["vs_best_fixed"]))
+    texts = {(p, c): f"{cell[p, c]['throughput_tok_s']:,.0f} ({ratio(cell[p, c]['vs_best_fixed'])})"
              for p in policies for c in conc if (p, c) in cell}
     pad = 3  # one space each side and a separator
-    widths = [max(len(f"c={c}"), *(len(t[0]) + len(t[1]) + 3 for (p, cc), t in texts.items() if cc == c)) + pad
-              for c in conc]
+    widths = [max(len(f"c={c}"), *(len(t) for (p, cc), t in texts.items() if cc == c)) + pad for c in conc]
     first = max(len("policy"), *map(len, short.values())) + pad
     for n, group in enumerate(_chunks(widths, first, max(console.width, 40))):
         table = Table(title=(title or "throughput, tokens/s (× best fixed K)") if n == 0 else None,
@@ -72,16 +71,8 @@ def render_results(df: pl.DataFrame, console: Console, title: str = "") -> None:
         for i in group:
             table.add_column(f"c={conc[i]}", justify="right", no_wrap=True)
         for p in policies:
-            row = []
-            for i in group:
-                c = conc[i]
-                if (p, c) not in texts:
-                    row.append("-")
-                    continue
-                tput, ratio = texts[p, c]
-                text = f"{tput} ({ratio})"
-                row.append(f"[bold]{text}[/]" if cell[p, c]["throughput_tok_s"] == best[c] else text)
-            table.add_row(short[p], *row)
+            table.add_row(short[p], *(f"[bold]{texts[p, c]}[/]" if (p, c) in texts and cell[p, c]["throughput_tok_s"]
+                                       == best[c] else texts.get((p, c), "-") for c in (conc[i] for i in group)))
         console.print(table)
     legend = [f"{s} = {p}" + (" (reads the outcomes: a bound, not deployable)" if p.endswith("-oracle") else "")
               for p, s in short.items() if s != p and not p.startswith("fixed") and p != "nospec"]

@@ -212,11 +212,10 @@ def _geomean(per_c: list[dict], key: str) -> float:
 
 def _notes(config, cost, enable, on_cpu, priced, trt_loss, memory, conc, infeasible) -> list[str]:
     notes = []
-    if enable and on_cpu:
+    if enable:
         notes.append("adaptive verification is recommended, but vLLM-CPU refuses enable_adaptive_verification "
-                     "(Model Runner V2 on a GPU only): the vLLM fragment leaves it out")
-    if enable and not on_cpu:
-        notes.append("vLLM runs enable_adaptive_verification only in Model Runner V2 on a GPU (full CUDA graphs; "
+                     "(Model Runner V2 on a GPU only): the vLLM fragment leaves it out" if on_cpu else
+                     "vLLM runs enable_adaptive_verification only in Model Runner V2 on a GPU (full CUDA graphs; "
                      "0.32's docstring lists method dspark as the supported one)")
     if enable and config.draft_gate:
         notes.append("adaptive arms were simulated with avkit's draft gate; vLLM's adaptive verification has "
