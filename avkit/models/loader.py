@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from avkit.config import ModelsConfig
 from avkit.errors import ConfigError, ModelError
 from avkit.jsonsafe import read_json
 from avkit.models.config import ModelConfig
@@ -93,9 +92,10 @@ def placement(device: str = "auto", dtype: str = "auto") -> tuple[torch.device, 
     return torch.device(device), getattr(torch, dtype)
 
 
-def load_pair(models: ModelsConfig, *, drafts: bool = True, target: LoadedModel | None = None,
+def load_pair(models, *, drafts: bool = True, target: LoadedModel | None = None,
               draft: LoadedModel | None = None) -> tuple[LoadedModel, LoadedModel | None]:
-    """The target and the draft `models` names, on its device and dtype (a model given is used as it is); the draft
+    """The target and the draft `models` (a config.ModelsConfig, not imported: config reaches models through
+    features) names, on its device and dtype (a model given is used as it is); the draft
     is None when `models` has none or the run does not draft (`drafts`: k > 0)."""
     device, dtype = placement(models.device, models.dtype)
     target = target if target is not None else load(models.target, dtype=dtype, device=device)
