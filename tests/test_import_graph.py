@@ -1,8 +1,10 @@
 """avkit's internal import graph has no cycle, and every function-level import says why it is late.
 
 The graph is read with `ast` from the source (nothing is imported): an edge A -> B for every
-`import avkit.B` / `from avkit.B import x` in A, at module level or inside a function. A cycle hidden
-behind a function-level import is still a cycle. A function-level import is allowed only with a
+`import avkit.B` / `from avkit.B import x` in A, at module level, inside a function or under
+`if TYPE_CHECKING:`; `from avkit.P import sub` is an edge to the submodule and to the package P (importing
+it runs P's `__init__`), except where P is A's own package. A cycle hidden behind a function-level or
+type-checking import is still a cycle. A function-level import is allowed only with a
 marker comment on its line (or the line above) naming the reason: `# lazy: torch` (a heavy library
 kept out of start-up, or a module that imports one), `# optional: ray` (an extra that may be absent).
 """
@@ -47,6 +49,8 @@ def _imports(name: str, path: Path, mods: dict[str, Path]):
                     package = name.split(".") if is_package else name.split(".")[:-1]
                     package = package[: len(package) - (child.level - 1)]
                     base = ".".join(package + ([base] if base else []))
+                if not (name + ".").startswith(base + "."):  # `from pkg import sub` runs pkg too (not an ancestor)
+                    yield _resolve(base, mods), child, inner
                 for alias in child.names:
                     full = f"{base}.{alias.name}"
                     yield _resolve(full if full in mods else base, mods), child, inner
@@ -117,6 +121,31 @@ def _cycles(graph: dict[str, set[str]]) -> set[tuple[str, ...]]:
 def test_cycle_finder_sees_a_late_import_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == {("a", "b", "c")}
     assert _cycles({"a": {"b"}, "b": set()}) == set()
+
+
+def test_edges_count_the_package_of_a_from_import_and_type_checking_blocks(tmp_path):
+    """The before-stop hook's rule: `from pkg import sub` is an edge to pkg.sub and to pkg; an import under
+    `if TYPE_CHECKING:` counts; `from . import sibling` inside pkg is no edge to pkg itself."""
+    source = {
+        "avkit/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from avkit.c import X\n",
+        "avkit/b.py": "from avkit.pkg import sub\n",
+        "avkit/c.py": "",
+        "avkit/pkg/__init__.py": "from avkit import a\n",
+        "avkit/pkg/sub.py": "from . import other\n",
+        "avkit/pkg/other.py": "",
+    }
+    mods = {}
+    for rel, text in source.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        parts = list(Path(rel).with_suffix("").parts)
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    edges = {name: {t for t, _, _ in _imports(name, path, mods) if t and t != name} for name, path in mods.items()}
+    assert edges["avkit.a"] == {"avkit.c"}
+    assert edges["avkit.b"] == {"avkit.pkg", "avkit.pkg.sub"}
+    assert edges["avkit.pkg.sub"] == {"avkit.pkg.other"}
+    assert edges["avkit.pkg"] == {"avkit.a"}  # `from avkit import a`: avkit is its own package
 
 
 def test_no_import_cycles():
