@@ -72,6 +72,11 @@ def default_policies(steps: StepTable, config: SimulateConfig) -> list[str]:
     return specs + (["adaptive:oracle"] if config.oracle else [])
 
 
+def accepted_drafts(replay: Replay, k_verify: np.ndarray) -> np.ndarray:
+    """[S'] accepted drafts of each request-step verifying k_verify [S'] of its recorded drafts: min(k, a)."""
+    return np.minimum(k_verify, replay.steps.accepted[replay.sched.rows])
+
+
 def step_times(replay: Replay, k_verify: np.ndarray, draft_ms: np.ndarray) -> np.ndarray:
     """[G] predicted ms of each sim step from a policy's verify counts [S'] and drafting ms [G]."""
     n = replay.num_requests  # [G]
@@ -84,7 +89,7 @@ def policy_metrics(replay: Replay, policy: SimPolicy, k_verify: np.ndarray, draf
     """Replay one policy's verify counts [S'], drafts [S'] and drafting ms [G] through the cost table."""
     steps, rows, bounds = replay.steps, replay.sched.rows, replay.bounds
     assert (k_verify <= drafted).all(), "a policy verified more drafts than it drafted"
-    accepted = np.minimum(k_verify, steps.accepted[rows])  # [S'] the min(k, a) approximation
+    accepted = accepted_drafts(replay, k_verify)  # [S']
     n = replay.num_requests  # [G]
     verified = np.add.reduceat(k_verify, bounds[:-1])  # [G]
     step_ms = step_times(replay, k_verify, draft_ms)  # [G]

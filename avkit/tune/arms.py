@@ -22,7 +22,7 @@ import numpy as np
 from avkit.scheduling.cost import CostTable
 from avkit.scheduling.spec import PolicySpec, parse_spec
 from avkit.sim.drive import SimPolicy, decide
-from avkit.sim.replay import policy_metrics, step_times
+from avkit.sim.replay import accepted_drafts, policy_metrics, step_times
 from avkit.sim.steps import Replay, StepTable, schedule
 
 
@@ -80,7 +80,7 @@ def _cell(arm: Arm, replay: Replay, policy: SimPolicy, prefill: np.ndarray | Non
     metrics = policy_metrics(replay, policy, k_verify, drafted, draft_ms)
     steps, sched = replay.steps, replay.sched
     step_ms = step_times(replay, k_verify, draft_ms)  # [G]
-    tokens = np.minimum(k_verify, steps.accepted[sched.rows]) + 1  # [S'] accepted + bonus per request-step
+    tokens = accepted_drafts(replay, k_verify) + 1  # [S'] accepted + bonus per request-step
     share = (step_ms / replay.num_requests)[sched.group]  # [S'] the lanes share each step
     source = steps.request[sched.rows]  # [S'] recorded request of each row
     r = steps.num_requests
