@@ -12,13 +12,14 @@ import pytest
 
 from avkit.config import SimulateConfig, SyntheticConfig, TuneConfig
 from avkit.errors import ConfigError
+from avkit.metrics.uncertainty import resample_weights
 from avkit.scheduling.cost import CostTable, resolve_cost
 from avkit.scheduling.roofline import MODELS
 from avkit.sim.replay import load_steps, simulate
 from avkit.sim.steps import schedule
 from avkit.trace.synthetic import write_synthetic_trace
 from avkit.tune import tune
-from avkit.tune.arms import Arm, interval, resample_weights, resampled_rate, simulate_arms, truncate
+from avkit.tune.arms import Arm, interval, resampled_rate, simulate_arms, truncate
 from avkit.tune.feasibility import memory_budget
 from avkit.tune.formats import check_vllm
 from avkit.tune.prefill import idle_costs

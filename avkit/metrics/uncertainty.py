@@ -29,6 +29,20 @@ from avkit.errors import DataError
 from avkit.metrics.calibration import additive_sums, check_binary_inputs, check_n_bins, ece_from_bins
 
 
+def resample_weights(num_clusters: int, draws: int, seed: int) -> np.ndarray:
+    """[draws, num_clusters] counts of a cluster bootstrap (each row draws num_clusters clusters with replacement;
+    fixed seed): the resamples of `cluster_bootstrap` and of `avkit tune`'s intervals (recorded requests).
+
+    Examples
+    --------
+    >>> w = resample_weights(5, 3, seed=0)
+    >>> w.shape, w.sum(axis=1).tolist()
+    ((3, 5), [5.0, 5.0, 5.0])
+    """
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(num_clusters, np.full(num_clusters, 1.0 / num_clusters), size=draws).astype(np.float64)
+
+
 def cluster_stats(per_cluster: np.ndarray) -> np.ndarray:
     """[3, ..., R, n_bins] each cluster's (count, sum p, sum y) per bin (metrics/calibration.py additive_sums with the
     clusters as groups) -> [7, ..., R, n_bins] each cluster's stats (the module glossary)."""
@@ -78,7 +92,7 @@ def cluster_bootstrap(labels, probs, clusters, *, n_boot: int = 1000, n_bins: in
     _, codes = np.unique(np.asarray(clusters), return_inverse=True)  # [N] 0..R-1
     r = int(codes.max()) + 1
     nll, table = additive_sums(p, y, codes, 1, r, n_bins)  # [1, R], [3, 1, R, n_bins]
-    counts = np.random.default_rng(seed).multinomial(r, np.full(r, 1.0 / r), size=n_boot).astype(np.float64)  # [B, R]
+    counts = resample_weights(r, n_boot, seed)  # [B, R]
     boot = np.einsum("br,crk->cbk", counts, table[:, 0])  # [3, B, n_bins]
     ce2 = ce2_from_stats(np.einsum("br,crk->cbk", counts, cluster_stats(table[:, 0])))  # [B]
     return {"ece": ece_from_bins(boot), "log_loss": counts @ nll[0] / boot[0].sum(-1), "ce2": ce2}

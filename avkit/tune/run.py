@@ -19,13 +19,14 @@ import polars as pl
 from avkit.config import TuneConfig
 from avkit.errors import ConfigError
 from avkit.estimators.base import ESTIMATORS
+from avkit.metrics.uncertainty import resample_weights
 from avkit.provenance import cost_record, inputs_record
 from avkit.scheduling.batch_schedule import CatchUpRule
 from avkit.scheduling.cost import resolve_cost
 from avkit.sim.steps import step_table
 from avkit.trace.reader import common_k, read_traces, trace_metadata
 from avkit.tune.acceptance import acceptance_profile
-from avkit.tune.arms import Arm, Cell, interval, resample_weights, resampled_rate, simulate_arms
+from avkit.tune.arms import Arm, Cell, interval, resampled_rate, simulate_arms
 from avkit.tune.context import context_schedule
 from avkit.tune.feasibility import feasible
 from avkit.tune.formats import engine_settings, trtllm_schedule
