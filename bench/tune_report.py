@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 from avkit.markdown import md_table
+from avkit.scheduling.batch_schedule import BatchSchedule
 from common import write
 
 # ---- its report -------------------------------------------------------------------------------------------
@@ -75,8 +76,8 @@ def _off(data: dict, engine: str) -> bool:
 
 
 def _k_at(ranges: list[list[int]], b: int) -> int:
-    """K of the range holding batch size b (past the last range, the last K: vLLM's rule)."""
-    return next((k for lo, hi, k in ranges if lo <= b <= hi), ranges[-1][2])
+    """K of the schedule `ranges` at batch size b (`BatchSchedule.k_at`: past the last range, the last K)."""
+    return BatchSchedule(tuple(map(tuple, ranges))).k_at(b)
 
 
 def ran(data: dict, engine: str, x: dict) -> list[list[int]]:
