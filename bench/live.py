@@ -43,19 +43,7 @@ def main() -> None:
     ap.add_argument("--cost", default="", help="adaptive: reuse this cost table instead of profiling this CPU")
     ap.add_argument("--only-ks", action="store_true",
                     help="measure --ks only (default: K = 0 too); e.g. one cell again, the day's JSON keeps the rest")
-    peer_args(ap.add_argument_group("--peer vllm (bench/README.md)"))
-    args = ap.parse_args()
-    if (args.rewrite or args.fresh) and not args.peer:
-        ap.error("--rewrite and --fresh concern the day's --peer vllm cells: add --peer vllm")
-    torch.set_num_threads(args.threads)
-    run_grid(args)
-
-
-VLLM_THREADS = " ".join(f"{k}={v}" for k, v in VLLM_ENV.items() if k.startswith("VLLM_CPU_"))  # the results' header
-
-
-def peer_args(peer) -> None:
-    """The --peer options (an argparse group of bench/live.py)."""
+    peer = ap.add_argument_group("--peer vllm (bench/README.md)")
     peer.add_argument("--peer", choices=("vllm",), help="run vLLM-CPU on the same prompts and weights, print ratios")
     options(peer, target_dir="", draft_dir="", vllm_python=".venv-vllm/bin/python", vllm_timeout=3600)
     peer.add_argument("--engines", default="vllm,avkit", type=csv(),
@@ -69,6 +57,14 @@ def peer_args(peer) -> None:
     peer.add_argument("--rewrite", action="store_true", help="run nothing: rewrite the day's table from its JSON")
     peer.add_argument("--fresh", action="store_true",
                       help="start the day's results over (default: add these cells to engine-vllm-<date>.json)")
+    args = ap.parse_args()
+    if (args.rewrite or args.fresh) and not args.peer:
+        ap.error("--rewrite and --fresh concern the day's --peer vllm cells: add --peer vllm")
+    torch.set_num_threads(args.threads)
+    run_grid(args)
+
+
+VLLM_THREADS = " ".join(f"{k}={v}" for k, v in VLLM_ENV.items() if k.startswith("VLLM_CPU_"))  # the results' header
 
 
 def run_grid(args) -> None:
