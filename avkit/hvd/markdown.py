@@ -37,22 +37,36 @@ def cost_md(cost: dict) -> str:
             f"was consulted (a batched step: c_cache per request that consulted it); throughput = tokens / cost (target-only decoding = 1).")
 
 
+VERDICT_COLS = ("dataset", "requests", *SINGLE, *HVD, "best_single_router", "best_router", "ratio", "fewer_cycles",
+                "holds", "oracle", "headroom", "oracle_fewer_cycles")
+
+
 def _fmt(x) -> str:
-    if isinstance(x, float):
-        return "-" if math.isnan(x) else f"{x:.3f}"
+    if x is None or isinstance(x, float):
+        return "-" if x is None or math.isnan(x) else f"{x:.3f}"
     return str(x)
 
 
-def _table(df: pl.DataFrame, cols: tuple[str, ...] | None = None) -> str:
-    cols = tuple(c for c in (cols or df.columns) if c in df.columns)
-    return md_table(cols, [[_fmt(r[c]) for c in cols] for r in df.iter_rows(named=True)], [False] * len(cols))
+def cells(records: list[dict], cols: tuple[str, ...] | None = None) -> tuple[tuple[str, ...], list[list[str]]]:
+    """The columns of `cols` (None: all) the records hold, and each record's cells (floats to 3 decimals, NaN or
+    null '-'): the tables of `avkit hvd --markdown` and of the report's hybrid section."""
+    cols = tuple(c for c in (cols or records[0]) if c in records[0])
+    return cols, [[_fmt(r[c]) for c in cols] for r in records]
 
 
-def _verdict_md(verdict: pl.DataFrame) -> list[str]:
-    if not verdict.height:
+def budget_records(budget: list[dict]) -> list[dict]:
+    """The batched replay's rows (concurrency, router, throughput) as one row per concurrency, a column per router."""
+    return pl.DataFrame(budget).pivot(on="router", index="concurrency", values="throughput").to_dicts()
+
+
+def _table(records: list[dict], cols: tuple[str, ...] | None = None) -> str:
+    columns, rows = cells(records, cols)
+    return md_table(columns, rows, [False] * len(columns))
+
+
+def _verdict_md(verdict: list[dict]) -> list[str]:
+    if not verdict:
         return []
-    cols = ("dataset", "requests", *SINGLE, *HVD, "best_single_router", "best_router", "ratio", "fewer_cycles",
-            "holds", "oracle", "headroom", "oracle_fewer_cycles")
     return [f"## Best HVD router vs the best single drafter (goal >= {FLOOR}x on every dataset)", "",
             ("Each dataset's test requests decoded one at a time (`avkit/hvd/verdict.py`), every router under the "
              "same accounting; throughput in tokens per target forward. `survival+budget` is the joint router "
@@ -60,19 +74,19 @@ def _verdict_md(verdict: pl.DataFrame) -> list[str]:
              "knows both drafts' accepted lengths and verifies exactly what will be accepted (`avkit/hvd/verdict.py`, "
              "an upper bound for any router with these drafts at this K and cost model); `headroom` = oracle / the "
              "best single drafter, `oracle_fewer_cycles` its cycle saving against that drafter."), "",
-            _table(verdict, cols), "",
-            f"Best HVD router >= {FLOOR}x the best single drafter on {int(verdict['holds'].sum())}/{verdict.height} "
+            _table(verdict, VERDICT_COLS), "",
+            f"Best HVD router >= {FLOOR}x the best single drafter on {sum(r['holds'] for r in verdict)}/{len(verdict)} "
             "datasets.", ""]
 
 
-def _thresholds_md(result: HvdResult) -> str:
-    info = result.info
-    return ("Thresholds: " + ", ".join(f"{k} tau={v:.3f}" for k, v in result.thresholds.items())
+def thresholds_md(thresholds: dict[str, float], info: dict) -> str:
+    """The routers' thresholds tau chosen on validation, and the joint router's model survival scale."""
+    return ("Thresholds: " + ", ".join(f"{k} tau={_fmt(v)}" for k, v in thresholds.items())
             + (f"; joint router's model survival scale {info['model_scale']} (validated over "
                f"{', '.join(map(str, MODEL_SCALES))})" if info.get("model_scale") is not None else ""))
 
 
-def _facts_md(info: dict) -> str:
+def facts_md(info: dict) -> str:
     """What the replay rests on: its size, split and data, the recording temperatures, the unlabelled positions."""
     text = (f"Replay: {info['requests']} requests, {info['rows']} decode positions ({info['rows_with_cache_draft']} "
             f"with a cache draft, mean draft length {info['mean_cache_draft_len']:.2f}, {info['high_payoff_rate']:.1%} "
@@ -95,22 +109,22 @@ def hvd_markdown(result: HvdResult, title: str | None, notes: str = "",
     """The report of one fit (`title` None: no title line); `others`: the same replay fitted under other cost
     models, each a cost-sensitivity section (its overall table, thresholds and verdict)."""
     info, m = result.info, result.metrics
-    parts = [*([f"# {title}", ""] if title else []), notes, "", _facts_md(info), "", cost_md(info["cost"]), "",
+    overall, per_dataset = m.filter(pl.col("dataset") == "overall"), m.filter(pl.col("dataset") != "overall")
+    parts = [*([f"# {title}", ""] if title else []), notes, "", facts_md(info), "", cost_md(info["cost"]), "",
              "## Overall (test split)", "",
-             _table(m.filter(pl.col("dataset") == "overall"), COLS), "",
+             _table(overall.to_dicts(), COLS), "",
              ("cycles_per_1k: target verifications per 1000 generated tokens; mean_accepted: accepted draft tokens "
               "per cycle; cache_share: cycles that verified a cache draft; precision / recall: predicted payoff >= "
               f"{info['high_payoff']} against the oracle accepted length >= {info['high_payoff']} over positions "
               "with a cache draft (table, mlp, survival; the other routers by their decision); speedups are "
               "throughput ratios under the cost model (target-only decoding = 1)."),
              "", "## Per dataset", "",
-             _table(m.filter(pl.col("dataset") != "overall").sort("dataset", "router"), COLS), "",
-             _thresholds_md(result), "",
+             _table(per_dataset.sort("dataset", "router").to_dicts(), COLS), "",
+             thresholds_md(result.thresholds, info), "",
              ("Validation MSE of the predicted cache accepted length (positions with a cache draft): "
               + ", ".join(f"{k} {v:.3f}" for k, v in info.get("val_mse", {}).items())), "",
-             *_verdict_md(result.verdict)]
+             *_verdict_md(result.verdict.to_dicts())]
     if result.budget.height:
-        wide = result.budget.pivot(on="router", index="concurrency", values="throughput")
         parts += ["## One verification budget (batched replay, throughput in tokens per target forward)", "",
                   ("Test requests decode `concurrency` at a time (at most the number of test requests). "
                    "`survival+budget`: each step the batch either runs the draft model (each request then "
@@ -118,12 +132,12 @@ def hvd_markdown(result: HvdResult, title: str | None, notes: str = "",
                    "(cache drafts only), and all chosen slots compete for one budget b* = argmax E(b)/cost(b) "
                    "over their survival curves (`avkit/hvd/joint.py`); the other routers verify every "
                    "drafted slot, the draft model's cost being shared by the batch."), "",
-                  _table(wide), ""]
+                  _table(budget_records(result.budget.to_dicts())), ""]
     if result.ablation.height:
-        parts += ["## Feature ablation (mlp router)", "", _table(result.ablation), ""]
+        parts += ["## Feature ablation (mlp router)", "", _table(result.ablation.to_dicts()), ""]
     for name, res in (others or {}).items():
         parts += [f"## Cost sensitivity: {name}", "", cost_md(res.info["cost"]), "",
-                  _table(res.metrics.filter(pl.col("dataset") == "overall"), COLS), "", _thresholds_md(res), "",
-                  *_verdict_md(res.verdict)]
+                  _table(res.metrics.filter(pl.col("dataset") == "overall").to_dicts(), COLS), "",
+                  thresholds_md(res.thresholds, res.info), "", *_verdict_md(res.verdict.to_dicts())]
     parts += [f"Reference: {PAPER}.", ""]
     return "\n".join(parts)

@@ -22,6 +22,7 @@ from avkit.sim.replay import read_inputs
 SCORE_KEYS = ("feature", "lossless", "estimator", "scope", "auc", "log_loss", "ece", "n")
 SIM_COLUMNS = ("concurrency", "policy", "throughput_tok_s", "per_request_tok_s", "vs_best_fixed")
 HVD_KEYS = ("router", "dataset", "cycles_per_1k", "precision", "recall", "speedup_vs_model")
+HVD_INFO = ("requests", "rows", "k", "high_payoff", "split_requests", "cost")  # what hvd/markdown.py's text reads
 TUNE_KEYS = ("avkit_tune", "concurrency", "cells", "schedule", "infeasible", "idle", "vllm", "trtllm", "notes")
 
 
@@ -92,6 +93,8 @@ def load_hvd(p: Path) -> dict:
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) and all(k in r for k in HVD_KEYS)
                                                          for r in rows):
         raise DataError(f"--hvd {p}: expected `avkit hvd` hvd_metrics.json with metrics rows {list(HVD_KEYS)}")
+    if not isinstance(blob.get("info"), dict) or any(k not in blob["info"] for k in HVD_INFO):
+        raise DataError(f"--hvd {p}: `info` lacks some of {list(HVD_INFO)} (written by an older avkit: rerun `avkit hvd`)")
     return blob
 
 
