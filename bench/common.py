@@ -36,8 +36,6 @@ from rich.console import Console
 from rich.progress import Progress
 
 from avkit.config import EngineConfig, ModelsConfig, ProfileConfig, SamplingConfig
-from avkit.models.loader import load_pair
-from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.staged import StagedOutputs
 from avkit.workloads import load_workload
@@ -211,13 +209,17 @@ def run_avkit(engine, r: dict) -> dict:
 
 def models_of(args) -> dict:
     """{"target", "draft"}: avkit's models from --target-dir / --draft-dir (a directory or a registry alias)."""
+    from avkit.models.loader import load_pair  # lazy: torch (a report-only run needs none)
+
     pair = load_pair(ModelsConfig(target=args.target_dir, draft=args.draft_dir, device="cpu", dtype=args.dtype))
     return dict(zip(("target", "draft"), pair))
 
 
-def engine_run(target, draft, r: dict, k: int, concurrency: int, policy=None) -> tuple[dict, Engine]:
+def engine_run(target, draft, r: dict, k: int, concurrency: int, policy=None) -> tuple[dict, object]:
     """`run_avkit` on a new engine drafting `k` (0: target only, no draft model) with room for the run's longest
     prompt and new tokens -> (its result, the engine: its stats)."""
+    from avkit.runtime.engine import Engine  # lazy: torch (a report-only run needs none)
+
     cfg = EngineConfig(k=k, concurrency=concurrency, seed=r["seed"],
                        max_len=max(map(len, r["prompts"])) + max(r.get("max_new") or [r["max_new_tokens"]]) + k + 2)
     engine = Engine(target, draft if k > 0 else None, cfg, policy=policy)
