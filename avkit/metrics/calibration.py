@@ -88,8 +88,7 @@ def ece(labels, probs, n_bins: int = 10, sample_weight=None) -> float:
     0.2
     """
     y, p, w = check_binary_inputs(labels, probs, sample_weight, name="probs", probabilities=True)
-    _, table = additive_sums(p, y, np.zeros(y.size, dtype=np.int64), 1, 1, check_n_bins(n_bins), w)
-    return float(ece_from_bins(table[:, 0, 0]))
+    return float(ece_from_bins(bin_sums(p, y, check_n_bins(n_bins), w)))
 
 
 def check_n_bins(n_bins) -> int:
@@ -110,6 +109,11 @@ def additive_sums(p: np.ndarray, y: np.ndarray, group: np.ndarray, d: int, k: in
     weights = (None, p, y) if w is None else (w, w * p, w * y)
     table = np.stack([np.bincount(key, weights=x, minlength=d * k * n_bins) for x in weights])
     return nll_g, table.astype(np.float64).reshape(3, d, k, n_bins)
+
+
+def bin_sums(p: np.ndarray, y: np.ndarray, n_bins: int, w: np.ndarray | None = None) -> np.ndarray:
+    """[N] predictions, labels (and weights) of one group -> [3, n_bins] its ECE bins (`additive_sums`)."""
+    return additive_sums(p, y, np.zeros(len(p), np.int64), 1, 1, n_bins, w)[1][:, 0, 0]
 
 
 def ece_from_bins(table: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ from avkit.fit.data import FitData, load_fit_data
 from avkit.fit.engines import LocalEngine
 from avkit.fit.passes import held, newton, spilled
 from avkit.fit.replay import online_replay
-from avkit.metrics.calibration import additive_sums
+from avkit.metrics.calibration import bin_sums
 from avkit.trace.shards import check_shards
 
 MIN_SLOTS = 50  # observed slots at position 0 a dataset needs for its own fit (the role analysis)
@@ -38,11 +38,6 @@ class TraceSummary:
     drafts: dict[str, dict] = field(default_factory=dict)  # dataset -> {slots, entropy}
     panels: list[tuple] = field(default_factory=list)  # (title, short, feature, estimator, [3, B] bin sums)
     role_fits: list[dict] = field(default_factory=list)  # {dataset, rate, entropy, slope, b0, n}
-
-
-def bin_sums(p: np.ndarray, y: np.ndarray, n_bins: int) -> np.ndarray:
-    """[N] predictions and labels -> [3, B] slots, summed predictions, summed labels per equal-width bin."""
-    return additive_sums(p, y, np.zeros(len(p), np.int64), 1, 1, n_bins)[1][:, 0, 0]
 
 
 def deployed_estimator(c: dict, k: int, name: str | None = None):
