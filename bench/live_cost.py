@@ -24,11 +24,14 @@ Step log (JSON lines beside the Markdown: `<out stem>_steps.jsonl`, e.g. bench/r
 `--replay LOG` feeds the logged steps, temperature by temperature in their order, through the current
 CostLearner (the logged table its prior) and prints the table the live run would have printed with this
 learner: no models, seconds for the whole grid. With an unchanged learner it equals the live table.
+`--replay LOG --visit 2,3,4` feeds it only the batch-1 steps of those depths, as an adaptive policy at c1
+runs, with probes on the learner's schedule, and scores its price of the other depths (`visit`).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -99,21 +102,62 @@ def cells(rows: list[dict]) -> list[tuple]:
     return out
 
 
-def replay(log: Path) -> tuple[list[dict], dict]:
-    """The logged steps through today's CostLearner -> (new step rows, {T: its learner at the end})."""
+def _step(d: dict) -> StepTime:
+    return StepTime(d["n"], d["passes"], d["tokens"], d["context"], d["ms"], d["rows"], d.get("lookups", 0),
+                    tuple(d.get("catch_up", ())))
+
+
+def read_log(log: Path) -> tuple[dict, list[dict]]:
+    """A step log -> ({T: its offline table}, its step lines)."""
     try:
         lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
         tables = {d["T"]: CostTable.from_json(d["table"], str(log)) for d in lines if "table" in d}
-        learners = {t: CostLearner(table, probe_every=0) for t, table in tables.items()}
-        rows = [{**{c: d[c] for c in ("T", "batch", "K", "i")},
-                 **price(learners[d["T"]], tables[d["T"]], StepTime(
-                     d["n"], d["passes"], d["tokens"], d["context"], d["ms"], d["rows"], d.get("lookups", 0),
-                     tuple(d.get("catch_up", ()))))}
-                for d in lines if "table" not in d]
+        steps = [d for d in lines if "table" not in d]
+        [_step(d) for d in steps]  # every step line is a StepTime, else the error below
     except (OSError, ValueError, KeyError, TypeError) as e:
         print(f"avkit: error: --replay {log}: not a step log of `live.py cost` ({e!r})", file=sys.stderr)
         raise SystemExit(2) from None
-    return rows, learners
+    return tables, steps
+
+
+def replay(log: Path) -> tuple[list[dict], dict]:
+    """The logged steps through today's CostLearner -> (new step rows, {T: its learner at the end})."""
+    tables, steps = read_log(log)
+    learners = {t: CostLearner(table, probe_every=0) for t, table in tables.items()}
+    return [{**{c: d[c] for c in ("T", "batch", "K", "i")}, **price(learners[d["T"]], tables[d["T"]], _step(d))}
+            for d in steps], learners
+
+
+def visit(tables: dict, steps: list[dict], depths: set, total: int, every: int, k: int = 7) -> list[tuple]:
+    """An adaptive policy at batch 1 replayed from the log: its learner (the logged table its prior, probes
+    every `every` steps) sees `total` steps, cycling in log order through the batch-1 steps of `depths` (draft
+    passes); a probe of a depth the log has takes that depth's next step. -> per T and depth (T, depth, steps,
+    visited, offline, learned), each the median predicted / measured over the depth's steps the learner never
+    saw, and per T (T, the probes' share of the replayed time, learned / prior draft pass at 1 row, KV slope)."""
+    rows, probes = [], []
+    for t, table in tables.items():
+        own = [d for d in steps if d["T"] == t and d["batch"] == 1 and not d.get("catch_up")]
+        by = {p: [d for d in own if d["passes"] == p] for p in sorted({d["passes"] for d in own})}
+        queues = {p: itertools.cycle(ds) for p, ds in by.items()}
+        stream = itertools.cycle([d for d in own if d["passes"] in depths])
+        learner, seen, ms = CostLearner(table, probe_every=every), set(), [0.0, 0.0]  # [probe ms, all ms]
+        for _ in range(total):
+            depth = learner.probe_depth(k)
+            probe = depth in queues and depth not in depths
+            d = next(queues[depth] if probe else stream)
+            ms[0] += d["ms"] * probe
+            ms[1] += d["ms"]
+            seen.add(id(d))
+            learner.observe(_step(d))
+        model = learner.refit()
+        for p, ds in by.items():
+            held = [_step(d) for d in ds if id(d) not in seen]
+            ratio = lambda m: statistics.median(float(m.step_cost(s.num_requests, s.passes, s.tokens,
+                                                                  s.context_tokens, s.draft_rows)) / s.ms for s in held)
+            if len(held) >= 8:
+                rows.append((t, p, len(held), p in depths, ratio(table), ratio(model)))
+        probes.append((t, ms[0] / ms[1], model.draft_ms[0] / table.draft_ms[0], model.kv_ms_per_token))
+    return rows, probes
 
 
 def save_learned(learners: dict, folder: str) -> None:
@@ -152,7 +196,24 @@ def cost_main(argv: list[str]) -> int:
     ap.add_argument("--replay", default="", metavar="LOG", help="a step log: its steps through today's learner")
     ap.add_argument("--learned", default="", metavar="DIR",
                     help="write each temperature's learned model at the end to DIR/cost_learned_T<T>.json")
+    ap.add_argument("--visit", default=None, type=csv(int), metavar="DEPTHS",
+                    help="with --replay: feed the learner only batch-1 steps of these draft depths (`visit`)")
+    ap.add_argument("--visit-steps", type=int, default=300, help="with --visit: steps the learner sees")
+    ap.add_argument("--probe-every", type=int, default=97, help="with --visit: the learner's probe period")
     a = ap.parse_args(argv)
+    if a.replay and a.visit:
+        rows, probes = visit(*read_log(Path(a.replay)), set(a.visit), a.visit_steps, a.probe_every)
+        lines = [header("Depths an adaptive policy does not visit at batch 1: priced by the learner") +
+                 f"Replay of `{a.replay}` (bench/live_cost.py `visit`): a learner fed {a.visit_steps} batch-1 steps "
+                 f"of depths {a.visit} (*), a probe every {a.probe_every} steps; predicted / measured step time, the "
+                 "median over each depth's steps it never saw. Per T: the probes' share of the replayed time, the "
+                 "learned / prior draft pass at 1 row, the learned KV slope (ms per token): " +
+                 "; ".join(f"T = {t:g} {share:.3f}, {draft:.3f}, {kv:.3f}" for t, share, draft, kv in probes) + ".",
+                 "", "| T | depth | held-out steps | offline | learned |", "|---:|---:|---:|---:|---:|",
+                 *(f"| {t:g} | {p}{'*' if v else ''} | {n} | {off:.3f} | {on:.3f} |" for t, p, n, v, off, on in rows)]
+        write({a.out: "\n".join(lines) + "\n"} if a.out else {})
+        print("\n".join(lines))
+        return 0
     if a.replay:
         rows, learners = replay(Path(a.replay))
         if a.learned:

@@ -63,3 +63,29 @@ def test_replay_of_a_file_that_is_no_step_log_is_one_error_line(tmp_path):
     p = _cost("--replay", str(bad))
     assert p.returncode == 2 and p.stderr.startswith("avkit: error: --replay ") and str(bad) in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_visit_replay_scores_the_depths_the_learner_never_saw(tmp_path):
+    """`--replay LOG --visit 2`: a learner fed batch-1 steps of depth 2 alone, no probes, scores depths 0 and 5
+    on all their steps (the learner saw none): the offline column is the brute-force median of the logged
+    table's price / ms (1 / the scale the steps were timed at, within their 5% noise); no probe, no probe time."""
+    table = CostTable((1, 2, 4, 8), (10.0, 12.0, 14.0, 20.0), (1, 2), (3.0, 4.0), meta={"source": "test"})
+    rng = np.random.default_rng(0)
+    steps, scale = [], {0: 1.0, 2: 1.5, 5: 0.8}
+    for k in (0, 2, 5):
+        for i in range(40):
+            ms = float(table.step_cost(1, k, k + 1, 100 + i, 1)) * scale[k] * (1 + 0.05 * rng.standard_normal())
+            steps.append({"T": 0.0, "batch": 1, "K": k, "i": i, "n": 1, "passes": k, "tokens": k + 1,
+                          "context": 100 + i, "rows": 1, "ms": round(ms, 4)})
+    log = tmp_path / "steps.jsonl"
+    log.write_text("".join(json.dumps(d) + "\n" for d in [{"T": 0.0, "table": table.to_json()}, *steps]))
+    out = tmp_path / "visit.md"
+    p = _cost("--replay", str(log), "--visit", "2", "--visit-steps", "40", "--probe-every", "0", "--out", str(out))
+    assert p.returncode == 0, p.stderr[-3000:]
+    rows = {int(r[1]): r for r in _cells(out)}
+    assert sorted(rows) == [0, 5] and "T = 0 0.000, " in out.read_text()
+    for k in (0, 5):
+        mine = [d for d in steps if d["K"] == k]
+        oracle = np.median([float(table.step_cost(1, k, k + 1, d["context"], 1)) / d["ms"] for d in mine])
+        assert int(rows[k][2]) == len(mine) and float(rows[k][3]) == pytest.approx(oracle, abs=1e-3)
+        assert float(rows[k][3]) == pytest.approx(1 / scale[k], rel=0.05)

@@ -83,6 +83,38 @@ def test_probes_follow_the_step_count_only():
     assert [i for i, _ in probes] == list(range(6, 300, 7)) and {d for _, d in probes} == set(range(8))
 
 
+def test_a_probe_is_learned_from_its_first_step():
+    """A shape's first steps are warm-up, dropped, unless the step count makes the step a probe: a depth probed
+    once per (K + 1) probe periods would otherwise teach nothing before its third probe."""
+    learner = CostLearner(PRIOR, probe_every=5)
+    for _ in range(4):  # steps 0-3, none a probe
+        learner.observe(StepTime(1, 3, 4, None, float(PRIOR.step_cost(1, 3, 4))))
+    assert learner.learned(StepTime(1, 3, 4, None, 1.0)) == 2  # 4 steps less 2 of warm-up
+    before = float(learner.model.step_cost(1, 7, 8))
+    assert learner.probe_depth(7) is not None
+    learner.observe(StepTime(1, 7, 8, None, 2.0 * before))  # step 4: the probe's
+    assert learner.learned(StepTime(1, 7, 8, None, 1.0)) == 1 and float(learner.model.step_cost(1, 7, 8)) > before
+    learner.observe(StepTime(1, 5, 6, None, 2.0 * float(PRIOR.step_cost(1, 5, 6))))  # step 5: not a probe
+    assert learner.learned(StepTime(1, 5, 6, None, 1.0)) == 0
+
+
+def test_with_a_vanishing_prior_every_visited_shape_is_priced_at_its_own_median():
+    """prior_count -> 0: whatever the shared curves absorb, each visited shape's price is the brute-force median
+    of its kept steps (numpy), and a shape no step visited keeps a price the steps only moved through the curves."""
+    rng = np.random.default_rng(11)
+    learner = CostLearner(PRIOR, warmup=0, prior_count=1e-6, probe_every=0)
+    shapes, kept = [(1, 2, 3), (1, 3, 4), (1, 4, 5)], {}
+    for i in range(60):
+        n, p, t = shapes[i % 3]
+        ms = float(PRIOR.step_cost(n, p, t)) * (1.4 + 0.3 * rng.random())
+        kept.setdefault((n, p, t), []).append(ms)
+        learner.observe(StepTime(n, p, t, int(PRIOR.held_context(n, t)), ms))
+    model = learner.refit()
+    for (n, p, t), ms in kept.items():
+        assert float(model.step_cost(n, p, t)) == pytest.approx(np.median(ms), rel=1e-6), (n, p, t)
+    assert float(model.step_cost(1, 7, 8)) == pytest.approx(float(replace(model, shape_scale=()).step_cost(1, 7, 8)))
+
+
 def test_snapshot_is_a_cost_file(tmp_path):
     learner = CostLearner(PRIOR)
     for step in _stream(3, 500):

@@ -16,7 +16,9 @@
                 F_b = f0_b + M_s / (M_s + PRIOR_COUNT) (r_s - f0_b)
                 f_b = F_b + w_b (r_b - F_b),   w_b = m_b / (m_b + PRIOR_COUNT)
             stored in CostTable.shape_scale (applied by step_cost)
-  probe     every `probe_every`-th step verifies a depth cycling 0..K by the step count alone (lossless)
+  probe     every `probe_every`-th step verifies a depth cycling 0..K by the step count alone (lossless); its
+            step skips its shape's warm-up (a depth probed once every (K + 1) probe_every steps would otherwise
+            teach nothing before its third probe)
 """
 
 from __future__ import annotations
@@ -82,12 +84,13 @@ class CostLearner:
         """One step's shape and wall time -> actual / the current model's prediction (the ratio metric). Refits
         when the step's shape has learned 1, 2, 4, ... steps (up to its window: a new shape is priced from
         its own steps as soon as its warm-up is over), and every `refit_every` steps."""
+        probe = self.probe_depth(0) is not None  # a probe's step is learned at once (module note: probe)
         self.steps += 1
         key, context, lag = self.shape(t)
         predicted, learned = self.predict(t), 0
         if t.ms > 0:
             bucket = self.buckets.setdefault(key, [0, deque(maxlen=self.window)])
-            bucket[0] += 1
+            bucket[0] = max(bucket[0], self.warmup * probe) + 1
             if bucket[0] > self.warmup:
                 bucket[1].append((t.ms, context, lag))
             learned = bucket[0] - self.warmup
