@@ -94,7 +94,8 @@ def load_hvd(p: Path) -> dict:
                                                          for r in rows):
         raise DataError(f"--hvd {p}: expected `avkit hvd` hvd_metrics.json with metrics rows {list(HVD_KEYS)}")
     if not isinstance(blob.get("info"), dict) or any(k not in blob["info"] for k in HVD_INFO):
-        raise DataError(f"--hvd {p}: `info` lacks some of {list(HVD_INFO)} (written by an older avkit: rerun `avkit hvd`)")
+        raise DataError(f"--hvd {p}: `info` lacks some of {list(HVD_INFO)} (written by an older avkit: "
+                        "rerun `avkit hvd`)")
     return blob
 
 
@@ -109,7 +110,7 @@ def load_tune(p: Path) -> dict:
 # results file -> (its loader, its name in warnings, its provenance record, how to add it when it is absent)
 RESULTS = {"sim": (load_sim, "The simulation results", lambda p, _: read_inputs(p),
                    "run `avkit simulate` and pass its results with --sim (or let `avkit report` simulate the traces)"),
-           "hvd": (load_hvd, "The HVD results", lambda _, blob: (blob.get("info") or {}).get("inputs"),
+           "hvd": (load_hvd, "The HVD results", lambda _, blob: blob["info"].get("inputs"),
                    "run `avkit hvd` to add the hybrid-drafting results"),
            "tune": (load_tune, "The tuning results", lambda _, blob: blob.get("inputs"),
                     "run `avkit tune` to add the recommended schedule")}
