@@ -26,9 +26,6 @@ traces: LOTO trains on every other trace, LOTTO only on traces of another temper
                    shared shift plus per-position offsets from the warm start's, each round's offset step shrunk
                    toward 0 by a Gaussian prior of precision `offsets` (OFFSETS, chosen as online_multi's shrink)
   online_multi_shift  online_multi (its chosen shrink) with online_shift's intercepts (its chosen offsets)
-  per_position     per_position_slope from the same warm start (every position at the shared slope): each
-                   online step, damped by n / (n + 50), moves a position's slope away from the shared one
-                   only as its own slots accumulate (a per-position slope shrunk to the shared one)
   forgetting       forgetting_logistic with its defaults (those were tuned on greedy_k7 and
                    sampled_t1.0_k7: its rows on those two traces are not held-out scores)
   forgetting_warm  forgetting_logistic warm-started from the training fit, young rounds restarted;
@@ -43,7 +40,9 @@ traces: LOTO trains on every other trace, LOTTO only on traces of another temper
                    (prior_slots, tau) from PRIORS x TAUS by an inner leave-one-temperature-out on the training
                    traces: the pair whose worst training temperature loses least log-loss to the cold start at
                    its prior (tau = 0): a warm start never worse than none where one was tried
-  forgetting_gap_mean  the same, the pair of least mean log-loss over the inner held-out traces
+  blend            forgetting_gap's and online_shift's logits averaged, weight w (bench/recalibration.py)
+  blend_platt      blend through an online Platt map updated every 10 engine steps from the held-out trace's own
+                   past labels; w, then the map's prior precision, by an inner LOTO on the training traces
 All but online_multi read q_max only (and the served temperature); online_multi reads the draft distribution's
 entropy and top-2 margin too, never q(x_sampled): lossless. Scores come from avkit.metrics:
 ECE (10 bins) with a 95% request-bootstrap interval and its floor (the ECE of perfect calibration
@@ -61,6 +60,7 @@ from __future__ import annotations
 import argparse
 import io
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -78,7 +78,10 @@ from avkit.metrics import auc, ece, log_loss, score_table
 from avkit.metrics.uncertainty import cluster_bootstrap, debiased_ce2, ece_floor, signed_root
 from avkit.trace.reader import iter_traces, trace_metadata
 from common import RESULTS, header, progress, write  # bench/ is on sys.path when run as a script
+from estimator_tables import GOAL_ECE, around_shift, by_subset, per_position, summary, table
 from multi_logistic import NAMES, MultiLogistic, choose, design, multi_replay, penalised_gap, sklearn_gap
+import calibration_misses
+import recalibration
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIFTS = [("reuse/t1_edit_k7", "reuse/t1_sharegpt_multiround_k7"),
@@ -87,15 +90,15 @@ PRIORS = (10.0, 50.0, 200.0, 1000.0)  # forgetting_warm's prior_slots grid (pseu
 SHRINKS = (0.0, 10.0, 100.0, 1000.0, np.inf)  # online_multi's prior precisions (a round's sum w x^2: ~1e2-1e4)
 OFFSETS = (0.0, 10.0, 100.0, np.inf)  # online_shift's offset prior precisions (a round's c_i: ~10-200)
 TAUS = (0.0, 0.1, 0.3, 1.0, np.inf)  # forgetting_gap's shrinkage scales (temperature units; 0 = cold at any gap)
-TUNED_ON = {"greedy_k7", "sampled_t1.0_k7"}  # ForgettingConfig's defaults were chosen on these
-GOAL_ECE, AUC_SLACK, BOOT = 0.010, 0.002, 1000
+AUC_SLACK, BOOT = 0.002, 1000
 CANDIDATES = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "online_sameT", "online_multi",
-              "online_shift", "online_multi_shift", "per_position", "forgetting", "forgetting_warm", "forgetting_T", "isotonic",
-              "forgetting_gap", "forgetting_gap_mean")
+              "online_shift", "online_multi_shift", "forgetting", "forgetting_warm", "forgetting_T", "isotonic",
+              "forgetting_gap", "blend", "blend_platt")
 # per position, reliability diagrams
-SHOWN = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "forgetting_warm", "forgetting_gap")
+SHOWN = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "forgetting_warm", "forgetting_gap", "blend_platt")
 # the per-position table's rows (the figure keeps SHOWN)
 PER_POSITION = SHOWN + ("online_sameT", "online_multi", "online_shift", "online_multi_shift")
+MISSES = ("forgetting_gap", "online_shift", "blend_platt")  # the diagnosis' rows
 FEATURES = ("logit_qmax", *NAMES)
 G_T = "t_neg_log_neg_log_qmax"  # online_warm_gT's feature, derived in `load`
 
@@ -207,11 +210,10 @@ def gap_start(train: frozenset, temperature: float, tau: float) -> dict:
     return temperature_warm_start(fits, temperature, tau)
 
 
-def choose_gap(train: frozenset) -> tuple[tuple[float, float], tuple[float, float]]:
+def choose_gap(train: frozenset) -> tuple[float, float]:
     """forgetting_gap's (prior_slots, tau) by an inner leave-one-temperature-out inside `train` (each
-    training temperature held out in turn, as the served one is): -> (the pair whose worst held-out
-    temperature has the least mean log-loss regret to the cold start at that prior (tau = 0), the pair
-    of least mean log-loss over the inner held-out traces)."""
+    training temperature held out in turn, as the served one is): the pair whose worst held-out
+    temperature has the least mean log-loss regret to the cold start at that prior (tau = 0)."""
     temps = sorted({t.temperature for t in train})
     groups = [[t for t in train if t.temperature == x] for x in temps]
     rest = [frozenset(u for u in train if u.temperature != x) for x in temps]
@@ -221,19 +223,17 @@ def choose_gap(train: frozenset) -> tuple[tuple[float, float], tuple[float, floa
     per_temp = np.array([[np.mean(ls) for ls in row] for row in loss])  # [pair, temperature]
     cold = per_temp[[pairs.index((prior, 0.0)) for prior, _ in pairs]]  # [pair, temperature] tau = 0
     regret = (per_temp - cold).max(axis=1)  # [pair] the worst temperature's loss over the cold start
-    mean = np.array([np.mean(np.concatenate(row)) for row in loss])  # [pair]
-    return pairs[int(np.argmin(regret))], pairs[int(np.argmin(mean))]
+    return pairs[int(np.argmin(regret))]
 
 
 def predict_all(trace: Trace, train: frozenset) -> tuple[dict[str, np.ndarray], tuple]:
     """-> (each candidate's prequential predictions [N] on `trace`, having learned only from `train`;
-    the prior_slots chosen, forgetting_gap's and forgetting_gap_mean's (prior_slots, tau), online_multi's shrink,
-    online_shift's offsets)."""
+    the prior_slots chosen, forgetting_gap's (prior_slots, tau), online_multi's shrink, online_shift's offsets)."""
     prior, iso = inner(train)
     fit, g = batch_state(train), "neg_log_neg_log_qmax"
     warm = replay("forgetting_logistic", trace, fit, prior)
     same_t = frozenset(t for t in train if t.temperature == trace.temperature)
-    worst, mean = ((prior, np.inf),) * 2 if same_t or len({t.temperature for t in train}) < 2 else choose_gap(train)
+    worst = (prior, np.inf) if same_t or len({t.temperature for t in train}) < 2 else choose_gap(train)
     shrink, offsets = choose(train, "shrink", SHRINKS), choose(train, "offsets", OFFSETS, columns=1)
     return {"vllm": replay("online_logistic", trace), "online_warm": replay("online_logistic", trace, fit),
             "online_warm_g": replay("online_logistic", trace, batch_state(train, g), feature=g),
@@ -242,13 +242,28 @@ def predict_all(trace: Trace, train: frozenset) -> tuple[dict[str, np.ndarray], 
             "online_multi": multi_replay(trace, train, shrink),
             "online_shift": multi_replay(trace, train, 0.0, offsets, columns=1),
             "online_multi_shift": multi_replay(trace, train, shrink, offsets),
-            "per_position": replay("per_position_slope", trace, fit | {"slopes": [fit["slope"]] * 7}),
             "forgetting": replay("forgetting_logistic", trace), "forgetting_warm": warm,
             "forgetting_T": replay("forgetting_logistic", trace, by_temperature(train, trace.temperature), prior),
             "isotonic": np.clip(iso.predict(warm), 0.0, 1.0),
-            **{name: replay("forgetting_logistic", trace, gap_start(train, trace.temperature, tau), p)
-               for name, (p, tau) in (("forgetting_gap", worst), ("forgetting_gap_mean", mean))}}, \
-        (prior, worst, mean, shrink, offsets)
+            "forgetting_gap": replay("forgetting_logistic", trace, gap_start(train, trace.temperature, worst[1]),
+                                     worst[0])}, (prior, worst, shrink, offsets)
+
+
+def add_blends(trace: Trace, train: frozenset, preds: dict, chosen: tuple) -> tuple[dict, tuple]:
+    """preds plus blend and blend_platt (bench/recalibration.py) of forgetting_gap and online_shift, (w, lam) by
+    an inner LOTO, each inner held-out trace's two candidates started as the outer's are (without the inner
+    trace's temperature where the outer trace's is not trained on: LOTTO)."""
+    (tau_prior, tau), offsets, y = chosen[1], chosen[3], trace.data.labels
+    seen = any(t.temperature == trace.temperature for t in train)
+    inner = []
+    for u in sorted(train, key=lambda t: t.name):
+        rest = frozenset(v for v in train if v is not u and (seen or v.temperature != u.temperature))
+        inner.append((u.data.labels, replay("forgetting_logistic", u, gap_start(rest, u.temperature, tau), tau_prior),
+                      multi_replay(u, rest, 0.0, offsets, columns=1), u.data.row_step))
+    w, lam = recalibration.choose(inner)
+    mixed = recalibration.blend(preds["forgetting_gap"], preds["online_shift"], w)
+    return preds | {"blend": mixed, "blend_platt": recalibration.online_platt(mixed, y, trace.data.row_step, lam)}, \
+        (*chosen, w, lam)
 
 
 def scores(trace: Trace, preds: dict[str, np.ndarray], chosen: tuple) -> list[dict]:
@@ -282,7 +297,7 @@ def evaluate(pool: list[Trace], shifts: list[Trace], by_temp: bool, bar=None) ->
     for trace in pool + shifts:
         train = frozenset(t for t in pool if t.name not in trace.sources
                           and (not by_temp or t.temperature != trace.temperature))
-        preds[trace.name], chosen = predict_all(trace, train)
+        preds[trace.name], chosen = add_blends(trace, train, *predict_all(trace, train))
         rows += scores(trace, preds[trace.name], chosen)
         if bar:
             bar.advance(task)
@@ -315,87 +330,6 @@ def reach(pool: list[Trace], rows: list[dict]) -> list[str]:
                      f"{ece(y, p):.4f} [{np.percentile(boot['ece'], 2.5):.4f}, {np.percentile(boot['ece'], 97.5):.4f}] "
                      f"| {ece(y, pm):.4f} | {log_loss(y, p):.4f} / {log_loss(y, pm):.4f} | {same:.4f} | {on:.4f} | "
                      f"{best['estimator']} {best['ece']:.4f} |")
-    return lines
-
-
-def table(rows: list[dict]) -> list[str]:
-    lines = ["| held-out trace | T | slots | requests | estimator | ECE [95%] | floor | debiased l2 CE [95%] | "
-             "log-loss | Δ log-loss vs vllm [95%] | AUC | goals |",
-             "|---|---:|---:|---:|---|---|---:|---|---:|---|---:|---|"]
-    for r in rows:
-        prior, worst, mean, shrink, offsets = r["chosen"]
-        mark = {"online_multi": f" ({shrink:g})", "online_shift": f" ({offsets:g})",
-                "online_multi_shift": f" ({shrink:g}, {offsets:g})",
-                "forgetting": "†" if r["trace"] in TUNED_ON else "",
-                "forgetting_warm": f" ({prior:g})",
-                "forgetting_gap": " ({:g}, {:g})".format(*worst),
-                "forgetting_gap_mean": " ({:g}, {:g})".format(*mean)}.get(r["estimator"], "")
-        dll = "—" if r["estimator"] == "vllm" else f"[{r['dll_lo']:+.4f}, {r['dll_hi']:+.4f}]"
-        lines.append(f"| {r['trace']} | {r['T']:g} | {r['slots']:,} | {r['requests']} | {r['estimator']}{mark} | "
-                     f"{r['ece']:.4f} [{r['ece_lo']:.4f}, {r['ece_hi']:.4f}] | {r['floor']:.4f} | "
-                     f"{r['l2']:+.4f} [{r['l2_lo']:+.4f}, {r['l2_hi']:+.4f}] | "
-                     f"{r['log_loss']:.4f} | {dll} | {r['auc']:.4f} | "
-                     f"{''.join('–' if g is None else '✓' if g else '✗' for g in r['goals'])} |")
-    return lines
-
-
-def summary(rows: list[dict]) -> list[str]:
-    lines = ["| estimator | ECE goal measurable (floor <= 0.010) | ECE <= 0.010 | log-loss <= vllm | "
-             "AUC >= vllm - 0.002 | all three | "
-             "ECE within its 95% interval of the floor | debiased l2 CE <= 0.010 | its 95% interval <= 0.010 | "
-             "mean ECE | mean debiased l2 CE | mean log-loss |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    n = len({r["trace"] for r in rows})
-    for name in CANDIDATES:
-        rs = [r for r in rows if r["estimator"] == name]
-        g = np.array([[bool(x) for x in r["goals"]] for r in rs])  # not measurable: not met
-        near, measurable = sum(r["ece_lo"] <= r["floor"] for r in rs), sum(r["goals"][0] is not None for r in rs)
-        lines.append(f"| {name} | {measurable}/{n} | {g[:, 0].sum()}/{n} | {g[:, 1].sum()}/{n} | "
-                     f"{g[:, 2].sum()}/{n} | {g.all(1).sum()}/{n} | {near}/{n} | {sum(r['l2'] <= GOAL_ECE for r in rs)}/{n} | "
-                     f"{sum(r['l2_hi'] <= GOAL_ECE for r in rs)}/{n} | {np.mean([r['ece'] for r in rs]):.4f} | "
-                     f"{np.mean([r['l2'] for r in rs]):+.4f} | {np.mean([r['log_loss'] for r in rs]):.4f} |")
-    return lines
-
-
-def per_position(rows: list[dict], names=PER_POSITION) -> list[str]:
-    lines = ["| held-out trace | estimator | " + " | ".join(f"pos {i}" for i in range(7)) + " |",
-             "|---|---|" + "---:|" * 7]
-    for r in rows:
-        if r["estimator"] in names:
-            ece_i = [r["per_position"].get(f"position={i}", float("nan")) for i in range(7)]
-            lines.append(f"| {r['trace']} | {r['estimator']} | " + " | ".join(f"{e:.4f}" for e in ece_i) + " |")
-    return lines
-
-
-def around_shift(pool: list[Trace], shifts: list[Trace], preds: dict, names=SHOWN) -> list[str]:
-    """ECE of each shift trace's first workload, of the second one's first 1,000 slots, and of the rest."""
-    lines = ["| shift trace | estimator | first workload | second: first 1,000 slots | second: the rest |",
-             "|---|---|---:|---:|---:|"]
-    for t in shifts:
-        switch = next(p.data.labels.size for p in pool if p.name == t.sources[0])
-        parts = [slice(0, switch), slice(switch, switch + 1000), slice(switch + 1000, None)]
-        for name in names:
-            cells = [f"{ece(t.data.labels[s], preds[t.name][name][s]):.4f}" for s in parts]
-            lines.append(f"| {t.name} | {name} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def by_subset(pool: list[Trace], preds: dict, name: str = "online_sameT", draws: int = 100) -> list[str]:
-    """Plug-in ECE and the debiased CE2 on random subsets of the requests of the two largest traces (`name`'s
-    LOTO predictions): the plug-in's bias grows as the subset shrinks; an unbiased CE2 would not move."""
-    lines = ["| trace | requests drawn | slots (mean) | mean ECE | mean CE2 | sgn sqrt of mean CE2 |",
-             "|---|---:|---:|---:|---:|---:|"]
-    rng = np.random.default_rng(0)
-    for t in sorted(pool, key=lambda t: -t.data.labels.size)[:2]:
-        y, p, names = t.data.labels, preds[t.name][name], np.unique(t.requests)
-        for frac in (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1):
-            drawn = max(2, round(frac * names.size))
-            keeps = [np.isin(t.requests, rng.choice(names, drawn, replace=False))
-                     for _ in range(draws if frac < 1 else 1)]
-            e = np.mean([ece(y[k], p[k]) for k in keeps])
-            c = np.mean([debiased_ce2(y[k], p[k], t.requests[k]) for k in keeps])
-            lines.append(f"| {t.name} | {drawn} | {np.mean([k.sum() for k in keeps]):,.0f} | {e:.4f} | {c:.2e} | "
-                         f"{signed_root(c):+.4f} |")
     return lines
 
 
@@ -436,9 +370,16 @@ def reliability(pool: list[Trace], preds: dict, names=SHOWN) -> bytes:
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:  # the shifted traces' files, read into memory by traces()
         pool, shifts = traces(Path(tmp))
-    with progress() as bar:
+    with progress() as bar, ProcessPoolExecutor(1) as other:  # LOTTO in a second process, beside LOTO
+        lotto_run = other.submit(evaluate, pool, [], True)
         loto, preds = evaluate(pool, shifts, by_temp=False, bar=bar)
-        lotto, _ = evaluate(pool, [], by_temp=True, bar=bar)
+        lotto, lotto_preds = lotto_run.result()
+    report(pool, shifts, (loto, preds), (lotto, lotto_preds))
+
+
+def report(pool: list[Trace], shifts: list[Trace], loto_run: tuple, lotto_run: tuple) -> None:
+    """Write the results file and figure from both protocols' (rows, predictions)."""
+    (loto, preds), (lotto, lotto_preds) = loto_run, lotto_run
     lines = [header("Acceptance estimators on held-out traces") +
              "`just bench-estimators`; the protocol is in the script's docstring and "
              "docs/estimator.md. Prequential predictions (each slot before its label is learned from); ECE over 10 bins, a 95% "
@@ -451,28 +392,32 @@ def main() -> None:
              "log-loss <= vllm's, AUC >= vllm's - 0.002 (✓/✗ in that order; –: the row's floor is above 0.010, so "
              "the ECE goal cannot be measured on that trace: even a perfectly calibrated predictor would miss it; "
              "counted as not met). † forgetting's defaults were tuned "
-             "on this trace; forgetting_warm (n): the prior_slots its inner LOTO chose; forgetting_gap (n, τ), "
-             "forgetting_gap_mean (n, τ): the prior_slots and shrinkage scale its inner leave-one-temperature-out "
+             "on this trace; forgetting_warm (n): the prior_slots its inner LOTO chose; forgetting_gap (n, τ): "
+             "the prior_slots and shrinkage scale its inner leave-one-temperature-out "
              "chose (n as forgetting_warm's and τ = inf where a training trace has the held-out temperature); "
              "online_multi (λ): the shrink its inner LOTO chose; online_shift (λ): the offsets' prior precision its "
-             "inner LOTO chose, online_multi_shift (shrink, λ) both. The batch fits against independent oracles "
+             "inner LOTO chose, online_multi_shift (shrink, λ) both; blend (w): the weight on forgetting_gap's "
+             "logit its inner LOTO chose, blend_platt (w, λ): with the Platt map's prior precision. The batch fits against independent oracles "
              f"on the same design ({pool[0].name}): online_multi's against scikit-learn's unpenalised "
              "LogisticRegression, max |Δ coefficient| "
              f"{sklearn_gap(pool[0].x, pool[0].data.positions, pool[0].data.labels):.1e}; the shift model's "
              "(shared shift, offsets and weights under their priors, shrink 100, λ 10, centred off the fit) "
              "against scipy's L-BFGS-B on the penalised log-likelihood, max |Δ coefficient| "
              f"{penalised_gap(pool[0].x, pool[0].data.positions, pool[0].data.labels):.1e}.", "",
-             "## Summary, leave-one-trace-out", "", *summary(loto), "",
-             "## Summary, leave-one-temperature-out", "", *summary(lotto), "",
+             "## Summary, leave-one-trace-out", "", *summary(loto, CANDIDATES), "",
+             "## Summary, leave-one-temperature-out", "", *summary(lotto, CANDIDATES), "",
              "## Leave-one-trace-out", "", *table(loto), "", "## Leave-one-temperature-out", "", *table(lotto), "",
+             "## Why the best candidates miss the ECE goal", "", calibration_misses.__doc__.split("\n\n", 1)[1], "",
+             "Leave-one-trace-out:", "", *calibration_misses.diagnose(pool + shifts, loto, preds, MISSES), "",
+             "Leave-one-temperature-out:", "", *calibration_misses.diagnose(pool, lotto, lotto_preds, MISSES), "",
              "## What the model family can reach: the hindsight fit", "",
              "online_sameT's model fitted on each held-out trace itself (every label seen, no prequential "
              "learning): where even it stays above 0.010, no estimator of that family reaches the ECE goal there; "
              "the gap between it and online_sameT is what learning online from another trace's start costs. The "
              "three-feature fit is online_multi's model fitted the same way (bench/multi_logistic.py).", "",
              *reach(pool, loto), "",
-             "## ECE per position, leave-one-trace-out", "", *per_position(loto), "",
-             "## Through the workload shift, leave-one-trace-out", "", *around_shift(pool, shifts, preds), "",
+             "## ECE per position, leave-one-trace-out", "", *per_position(loto, PER_POSITION), "",
+             "## Through the workload shift, leave-one-trace-out", "", *around_shift(pool, shifts, preds, SHOWN), "",
              "## The debiased estimate on fewer requests, leave-one-trace-out", "",
              "online_sameT's predictions on random request subsets of the two largest traces (100 draws each): "
              "the mean plug-in ECE rises as the subset shrinks; the mean CE2 stays put from ~60 requests on and "

@@ -1,0 +1,86 @@
+"""bench/estimators.py's recalibration candidates: a blend of two candidates' logits and an online Platt layer.
+
+    blend:  p = sigmoid(w * logit(p_a) + (1 - w) * logit(p_b))            w in [0, 1]
+    platt:  p' = sigmoid(a * logit(p) + b)
+
+The Platt layer's (a, b) are updated after every round of `every` engine steps from that round's (prediction,
+label) pairs of the trace being served (its own past labels only: each slot is predicted before its label is
+learned from), tracking the maximum a posteriori fit on every earlier round under a Gaussian prior of precision
+`lam` centred at the identity (a = 1, b = 0): lam = inf is the base candidate unchanged. It reads the base candidate's predictions
+and past labels only: lossless where the base candidate is. The weight w and lam are chosen by an inner LOTO on
+the training traces (`choose`), each inner trace's base predictions made as the outer one's are.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from avkit.estimators.base import sigmoid
+from avkit.metrics import log_loss
+
+WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the blend's weight on the first candidate
+LAMS = (10.0, 100.0, 1000.0, 10000.0, np.inf)  # the Platt layer's prior precisions (a round's sum w z^2: ~1e2-1e3)
+EPS = 1e-6
+
+
+def logit(p: np.ndarray) -> np.ndarray:
+    p = np.clip(np.asarray(p, dtype=np.float64), EPS, 1.0 - EPS)
+    return np.log(p) - np.log1p(-p)
+
+
+def blend(p_a: np.ndarray, p_b: np.ndarray, w: float) -> np.ndarray:
+    """[N] the logit-linear pool of two predictions."""
+    return sigmoid(w * logit(p_a) + (1.0 - w) * logit(p_b))
+
+
+def platt_fit(z: np.ndarray, y: np.ndarray, lam: float = 0.0, iters: int = 50, tol: float = 1e-10) -> np.ndarray:
+    """[2] (a, b) maximising sum log-likelihood of y ~ sigmoid(a z + b) - lam / 2 |(a, b) - (1, 0)|^2 (Newton)."""
+    theta, centre = np.array([1.0, 0.0]), np.array([1.0, 0.0])
+    if np.isinf(lam) or z.size == 0:
+        return centre
+    x = np.c_[z, np.ones_like(z)]  # [n, 2]
+    for _ in range(iters):
+        p = sigmoid(x @ theta)
+        grad = x.T @ (y - p) - lam * (theta - centre)  # [2]
+        hess = (x * (p * (1.0 - p))[:, None]).T @ x + lam * np.eye(2)  # [2, 2]
+        try:
+            step = np.linalg.solve(hess + 1e-9 * np.eye(2), grad)
+        except np.linalg.LinAlgError:
+            break
+        theta = theta + step
+        if np.max(np.abs(step)) < tol:
+            break
+    return theta
+
+
+def online_platt(p: np.ndarray, y: np.ndarray, row_step: np.ndarray, lam: float, every: int = 10) -> np.ndarray:
+    """[N] p recalibrated online: slots of round r (engine steps [r every, (r + 1) every)) through the map learned
+    from rounds < r ([N] row_step: each slot's engine step, non-decreasing). After each round, one Newton step
+    on that round's slots under the Laplace approximation of everything before (precision H: lam I plus every
+    earlier round's curvature): the MAP fit on all earlier rounds, updated in O(round) (a Kalman-style
+    filter; `platt_fit` on the same slots is its exact counterpart)."""
+    z, y = logit(p), np.asarray(y, dtype=np.float64)
+    if np.isinf(lam):
+        return sigmoid(z)
+    rounds = np.asarray(row_step) // every  # [N]
+    edges = np.r_[0, np.flatnonzero(np.diff(rounds)) + 1, z.size]
+    out, theta, hess = np.empty_like(z), np.array([1.0, 0.0]), (lam + 1e-9) * np.eye(2)
+    for lo, hi in itertools.pairwise(edges):
+        x = np.c_[z[lo:hi], np.ones(hi - lo)]  # [n, 2]
+        q = sigmoid(x @ theta)
+        out[lo:hi] = q
+        hess = hess + (x * (q * (1.0 - q))[:, None]).T @ x
+        theta = theta + np.linalg.solve(hess, x.T @ (y[lo:hi] - q))
+    return out
+
+
+def choose(inner: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> tuple[float, float]:
+    """-> (w, lam) of least mean log-loss over the inner held-out traces, each (labels, p_a, p_b, row_step):
+    w first (the blend alone), then lam on the blend at that w."""
+    def mean_loss(w, lam):
+        return np.mean([log_loss(y, online_platt(blend(a, b, w), y, s, lam)) for y, a, b, s in inner])
+
+    w = min(WEIGHTS, key=lambda v: mean_loss(v, np.inf))
+    return w, min(LAMS, key=lambda v: mean_loss(w, v))
