@@ -215,15 +215,17 @@ def models_of(args) -> dict:
     return dict(zip(("target", "draft"), pair))
 
 
-def engine_run(target, draft, r: dict, k: int, concurrency: int, policy=None) -> tuple[dict, object]:
+def engine_run(target, draft, r: dict, k: int, concurrency: int, policy=None) -> dict:
     """`run_avkit` on a new engine drafting `k` (0: target only, no draft model) with room for the run's longest
-    prompt and new tokens -> (its result, the engine: its stats)."""
+    prompt and new tokens -> its result, plus the engine's share of step time outside forwards (`outside`) and
+    seconds in draft forwards (`draft_forward_s`; 0: the drafter never ran)."""
     from avkit.runtime.engine import Engine  # lazy: torch (a report-only run needs none)
 
     cfg = EngineConfig(k=k, concurrency=concurrency, seed=r["seed"],
                        max_len=max(map(len, r["prompts"])) + max(r.get("max_new") or [r["max_new_tokens"]]) + k + 2)
     engine = Engine(target, draft if k > 0 else None, cfg, policy=policy)
-    return run_avkit(engine, r), engine
+    res = run_avkit(engine, r)
+    return {**res, "outside": engine.stats.overhead_share, "draft_forward_s": engine.stats.draft_forward_s}
 
 
 def profile_here(target, draft, prompts: list[list[int]], new_tokens: int, k: int, max_requests: int,

@@ -198,11 +198,11 @@ def decode(target, draft, r: dict, k: int, max_new: int, policy=None) -> dict:
     """One run on avkit's engine, its prompts submitted at once, every step timed -> its record (the fields a cell
     averages, plus wall_s)."""
     load_avg = load()
-    x, engine = engine_run(target, draft, {**r, "max_new_tokens": max_new}, k, len(r["prompts"]), policy)
+    x = engine_run(target, draft, {**r, "max_new_tokens": max_new}, k, len(r["prompts"]), policy)
     tokens, steps = sum(map(len, x["outputs"])), x["request_steps"]
     # a request-step emits its accepted drafts plus one token (EOS may cut the last step short)
     return {"tok_s": tokens / x["wall_s"], "outputs": x["outputs"], "load": load_avg, "wall_s": x["wall_s"],
-            "outside": engine.stats.overhead_share, "steady_tok_s": steady_tok_s(x["steps"], len(x["outputs"])),
+            "outside": x["outside"], "steady_tok_s": steady_tok_s(x["steps"], len(x["outputs"])),
             "steps": steps, "accepted_per_step": (tokens - steps) / steps if steps else 0.0}
 
 

@@ -156,10 +156,8 @@ def configs(args, schedule) -> list[tuple[str, int, list | None]]:
 
 def avkit_run(models, r: dict, k: int, schedule, max_batch: int) -> dict:
     """One run on avkit's engine, `schedule` (or fixed k) its policy (`common.engine_run`)."""
-    res, engine = engine_run(models["target"], models["draft"], r, k, max_batch,
-                             ScheduledK(schedule, k=k) if schedule is not None else None)
-    return {**res, "outside": engine.stats.overhead_share,
-            "draft_forward_s": engine.stats.draft_forward_s}  # 0: the drafter never ran (no-spec's work)
+    return engine_run(models["target"], models["draft"], r, k, max_batch,
+                      ScheduledK(schedule, k=k) if schedule is not None else None)
 
 
 def avkit_phase(args, runs, cfgs, schedule, save=None) -> list[dict]:
