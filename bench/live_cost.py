@@ -128,7 +128,7 @@ def replay(log: Path) -> tuple[list[dict], dict]:
             for d in steps], learners
 
 
-def visit(tables: dict, steps: list[dict], depths: set, total: int, every: int, k: int = 7) -> list[tuple]:
+def visit(tables: dict, steps: list[dict], depths: set, total: int, every: int, k: int = 7) -> tuple[list, list]:
     """An adaptive policy at batch 1 replayed from the log: its learner (the logged table its prior, probes
     every `every` steps) sees `total` steps, cycling in log order through the batch-1 steps of `depths` (draft
     passes); a probe of a depth the log has takes that depth's next step. -> per T and depth (T, depth, steps,
@@ -151,9 +151,8 @@ def visit(tables: dict, steps: list[dict], depths: set, total: int, every: int, 
             learner.observe(_step(d))
         model = learner.refit()
         for p, ds in by.items():
-            held = [_step(d) for d in ds if id(d) not in seen]
-            ratio = lambda m: statistics.median(float(m.step_cost(s.num_requests, s.passes, s.tokens,
-                                                                  s.context_tokens, s.draft_rows)) / s.ms for s in held)
+            held = [d for d in ds if id(d) not in seen]
+            ratio = lambda m: statistics.median(float(m.step_cost(*(d[f] for f in FIELDS[:5]))) / d["ms"] for d in held)
             if len(held) >= 8:
                 rows.append((t, p, len(held), p in depths, ratio(table), ratio(model)))
         probes.append((t, ms[0] / ms[1], model.draft_ms[0] / table.draft_ms[0], model.kv_ms_per_token))
