@@ -18,8 +18,9 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's avkit, whatever
 
 
 def _cost(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "bench/live.py", "cost", *args], cwd=ROOT, env=ENV, capture_output=True,
-                          text=True, timeout=900)
+    # one torch thread: on tiny models a second one only adds contention (~5x the wall time on a loaded 2-core box)
+    return subprocess.run([sys.executable, "bench/live.py", "cost", *args], cwd=ROOT, env={**ENV, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=900)
 
 
 def _cells(md: Path) -> list[list[str]]:
