@@ -15,6 +15,7 @@ import pytest
 from scipy import stats
 
 from avkit.scheduling.cost import CostTable
+from conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -24,7 +25,7 @@ def _live(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=900)
 
 
-def test_tiny_protocol_runs_through_the_cli(tmp_path):
+def test_tiny_protocol_runs_through_the_cli(tmp_path, capsys):
     out, kept = tmp_path / "al.md", tmp_path / "traces"
     p = _live("--out", str(out), "--traces", str(kept))
     assert p.returncode == 0, p.stderr[-3000:]
@@ -74,10 +75,9 @@ def test_tiny_protocol_runs_through_the_cli(tmp_path):
     for cell in json.loads(out.with_suffix(".json").read_text())[:2]:
         trace = kept / f"tiny_T1_c{cell['concurrency']}.parquet"
         sim = tmp_path / f"sim{cell['concurrency']}.parquet"
-        q = subprocess.run([sys.executable, "-m", "avkit", "simulate", str(trace), "--cost", str(cost), "--concurrency",
-                            str(cell["concurrency"]), "--policy", ",".join(cell["runs"]), "--out", str(sim)],
-                           cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert q.returncode == 0, q.stderr[-3000:]
+        code, _, err = run_cli(capsys, "simulate", trace, "--cost", cost, "--concurrency", cell["concurrency"],
+                               "--policy", ",".join(cell["runs"]), "--out", sim)  # in process: no second start-up
+        assert code == 0, err[-3000:]
         for key, col in (("tok_s", "throughput_tok_s"), ("tokens_per_step", "tokens_per_step"), ("step_ms", "step_ms")):
             assert list(cell["predicted"][key].values()) == pytest.approx(pl.read_parquet(sim)[col].to_list(), rel=1e-9)
     assert "predicted / measured" in out.read_text()  # the split of each policy's error
@@ -99,7 +99,7 @@ def test_tiny_protocol_runs_through_the_cli(tmp_path):
     p = _live("--out", str(bad))
     assert p.returncode != 0 and p.stderr.strip().startswith(f"adaptive.py live: error: {bad.with_suffix('.json')}: ")
     held = json.loads(out.with_suffix(".json").read_text())[:2]
-    p = _live("--out", str(out), "--traces", "", "--ks", "0,1", "--concurrency", "1")
+    p = _live("--out", str(out), "--traces", "", "--ks", "0,1", "--concurrency", "1", "--repeats", "2")
     assert p.returncode == 0, p.stderr[-3000:]
     store = json.loads(out.with_suffix(".json").read_text())
     assert [c for c in store if set(c["runs"]) == set(held[0]["runs"])] == held
