@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import multiprocessing
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -77,7 +78,7 @@ from avkit.fit.replay import online_replay
 from avkit.metrics import auc, ece, log_loss, score_table
 from avkit.metrics.uncertainty import cluster_bootstrap, debiased_ce2, ece_floor, signed_root
 from avkit.trace.reader import iter_traces, trace_metadata
-from common import RESULTS, header, progress, write  # bench/ is on sys.path when run as a script
+from common import RESULTS, header, write  # bench/ is on sys.path when run as a script
 from estimator_tables import GOAL_ECE, around_shift, by_subset, per_position, summary, table
 from multi_logistic import NAMES, MultiLogistic, choose, design, multi_replay, penalised_gap, sklearn_gap
 import calibration_misses
@@ -291,16 +292,14 @@ def scores(trace: Trace, preds: dict[str, np.ndarray], chosen: tuple) -> list[di
     return rows
 
 
-def evaluate(pool: list[Trace], shifts: list[Trace], by_temp: bool, bar=None) -> tuple[list[dict], dict]:
+def evaluate(pool: list[Trace], held: list[Trace], by_temp: bool) -> tuple[list[dict], dict]:
+    """Each trace of `held` held out in turn (LOTO, or LOTTO with by_temp) -> (score rows, predictions)."""
     rows, preds = [], {}
-    task = bar.add_task("LOTTO" if by_temp else "LOTO", total=len(pool) + len(shifts)) if bar else None
-    for trace in pool + shifts:
+    for trace in held:
         train = frozenset(t for t in pool if t.name not in trace.sources
                           and (not by_temp or t.temperature != trace.temperature))
         preds[trace.name], chosen = add_blends(trace, train, *predict_all(trace, train))
         rows += scores(trace, preds[trace.name], chosen)
-        if bar:
-            bar.advance(task)
     return rows, preds
 
 
@@ -370,11 +369,13 @@ def reliability(pool: list[Trace], preds: dict, names=SHOWN) -> bytes:
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:  # the shifted traces' files, read into memory by traces()
         pool, shifts = traces(Path(tmp))
-    with progress() as bar, ProcessPoolExecutor(1) as other:  # LOTTO in a second process, beside LOTO
-        lotto_run = other.submit(evaluate, pool, [], True)
-        loto, preds = evaluate(pool, shifts, by_temp=False, bar=bar)
-        lotto, lotto_preds = lotto_run.result()
-    report(pool, shifts, (loto, preds), (lotto, lotto_preds))
+    parts = [(held[i::2], by_temp) for by_temp, held in ((False, pool + shifts), (True, pool)) for i in (0, 1)]
+    # each protocol's held-out traces in two halves, side by side (spawned: a forked child deadlocks in polars)
+    with ProcessPoolExecutor(len(parts), mp_context=multiprocessing.get_context("spawn")) as workers:
+        (a, pa), (b, pb), (c, pc), (d, pd) = [f.result() for f in [workers.submit(evaluate, pool, *p) for p in parts]]
+    order = {t.name: i for i, t in enumerate(pool + shifts)}
+    loto, lotto = (sorted(x + y, key=lambda r: order[r["trace"]]) for x, y in ((a, b), (c, d)))  # stable: trace order
+    report(pool, shifts, (loto, pa | pb), (lotto, pc | pd))
 
 
 def report(pool: list[Trace], shifts: list[Trace], loto_run: tuple, lotto_run: tuple) -> None:
