@@ -29,7 +29,7 @@ test-browser:
     AVKIT_SCREENSHOT=out/report_screenshot.png python -m pytest -m browser tests/test_report_browser.py
 
 # acceptance estimators on traces their defaults never saw: leave-one-trace-out and leave-one-temperature-out
-# over traces/ (~4.5 min wall on an idle 2-core box, ~22 min at load 10) -> bench/results/estimators.md, estimators_reliability.png
+# over traces/ (four processes; ~4 min wall at load 5 on the 2-core box) -> bench/results/estimators.md, estimators_reliability.png
 [doc("acceptance estimators on held-out traces (~4.5 min idle) -> bench/results/estimators.md")]
 bench-estimators:
     python bench/estimators.py
