@@ -269,13 +269,13 @@ def test_trajectory_axis_runs_on_across_traces():
 
 
 def test_pareto_front_is_over_deployable_policies():
-    from avkit.report.sections.simulation import deployable_mask
+    from avkit.sim.replay import deployable
 
     df = pl.DataFrame({"policy": ["fixed7", "adaptive-qmax", "adaptive-oracle"], "lossless": [True, True, False],
                        "per_request_tok_s": [10.0, 11.0, 12.0], "throughput_tok_s": [100.0, 105.0, 110.0]})
-    dep = deployable_mask(df)
+    dep = deployable(df)
     assert dep.tolist() == [True, True, False]
-    assert deployable_mask(df.drop("lossless")).tolist() == [True, True, False]
+    assert deployable(df.drop("lossless")).tolist() == [True, True, False]
     front = pareto_mask(df["per_request_tok_s"].to_numpy()[dep], df["throughput_tok_s"].to_numpy()[dep])
     assert front.tolist() == [False, True]  # the oracle would dominate both; it is a bound, not on the front
 

@@ -41,3 +41,17 @@ def test_short_names_are_distinct():
                         "adaptive-recorded"]
     shorts = [short_policy(p) for p in names]
     assert len(set(shorts)) == len(shorts) and max(map(len, shorts)) <= 18
+
+
+@pytest.mark.parametrize("with_column", [True, False])
+def test_bold_is_the_best_deployable_policy(with_column):
+    """The oracle (the fastest row here) is a bound: the bold cell of each column is the best other policy, with
+    the `lossless` column and without it (a results table written before the column), as the report marks it."""
+    df = _frame()
+    if with_column:
+        df = df.with_columns(lossless=pl.col("policy") != "adaptive-oracle")
+    console = Console(width=400, record=True, force_terminal=True, color_system="standard")
+    render_results(df, console)
+    bold = re.findall(r"\x1b\[1m([\d,]+) \(", console.export_text(styles=True))
+    runner_up = df.filter(pl.col("policy") == "adaptive-stop-online_logistic").sort("concurrency")
+    assert bold == [f"{x:,.0f}" for x in runner_up["throughput_tok_s"]]

@@ -72,6 +72,14 @@ def default_policies(steps: StepTable, config: SimulateConfig) -> list[str]:
     return specs + (["adaptive:oracle"] if config.oracle else [])
 
 
+def deployable(df: pl.DataFrame) -> np.ndarray:
+    """[N] bool, the results rows of policies one could deploy: the `lossless` column where present (the oracle and
+    lossy features are not), else every policy but the oracle (a table written before the column)."""
+    if "lossless" in df.columns:
+        return df["lossless"].fill_null(True).to_numpy().astype(bool)
+    return ~df["policy"].str.contains("oracle").to_numpy()
+
+
 def accepted_drafts(replay: Replay, k_verify: np.ndarray) -> np.ndarray:
     """[S'] accepted drafts of each request-step verifying k_verify [S'] of its recorded drafts: min(k, a)."""
     return np.minimum(k_verify, replay.steps.accepted[replay.sched.rows])

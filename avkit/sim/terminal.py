@@ -12,6 +12,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from avkit.sim.replay import deployable
+
 ESTIMATOR_ABBREV = {"online_logistic": "ol", "per_position_slope": "pps", "batch_logistic": "bl"}
 
 
@@ -55,8 +57,8 @@ def render_results(df: pl.DataFrame, console: Console, title: str = "") -> None:
     conc = sorted(set(df["concurrency"].to_list()))
     policies = list(dict.fromkeys(df["policy"].to_list()))
     cell = {(r["policy"], r["concurrency"]): r for r in df.iter_rows(named=True)}
-    deployable = df.filter(pl.col("lossless")) if "lossless" in df.columns else df  # the oracle is a bound
-    best = {c: deployable.filter(pl.col("concurrency") == c)["throughput_tok_s"].max() for c in conc}
+    runnable = df.filter(pl.Series(deployable(df)))  # the oracle is a bound, never "best"
+    best = {c: runnable.filter(pl.col("concurrency") == c)["throughput_tok_s"].max() for c in conc}
     short = {p: short_policy(p) for p in policies}
     ratio = lambda x: "-" if x is None or x != x else f"{x:.2f}"  # no fixed K simulated: no ratio
     texts = {(p, c): f"{cell[p, c]['throughput_tok_s']:,.0f} ({ratio(cell[p, c]['vs_best_fixed'])})"

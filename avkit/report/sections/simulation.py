@@ -15,6 +15,7 @@ import polars as pl
 from avkit.report import plots
 from avkit.report.document import Figure, Section, Table, grid_table, record_table
 from avkit.report.inputs import ReportInputs
+from avkit.sim.replay import deployable
 
 
 def pareto_mask(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -28,14 +29,6 @@ def pareto_mask(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     ge = (x[None, :] >= x[:, None]) & (y[None, :] >= y[:, None])  # [N, N] j weakly dominates i
     gt = (x[None, :] > x[:, None]) | (y[None, :] > y[:, None])
     return ~(ge & gt).any(axis=1)
-
-
-def deployable_mask(df: pl.DataFrame) -> np.ndarray:
-    """[N] rows of policies one could deploy: the `lossless` column where present (the oracle and lossy
-    features are not), else every policy but the oracle."""
-    if "lossless" in df.columns:
-        return df["lossless"].fill_null(True).to_numpy().astype(bool)
-    return ~df["policy"].str.contains("oracle").to_numpy()
 
 
 def _series(df: pl.DataFrame, x: str, y: str = "throughput_tok_s") -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -78,7 +71,7 @@ def policy_tables(df: pl.DataFrame) -> list[Table]:
     conc = sorted(set(df["concurrency"].to_list()))
     policies = list(dict.fromkeys(df["policy"].to_list()))
     cell = {(r["policy"], r["concurrency"]): r for r in df.iter_rows(named=True)}
-    bound = set(df.filter(pl.Series(~deployable_mask(df)))["policy"].to_list())  # the oracle: never "best"
+    bound = set(df.filter(pl.Series(~deployable(df)))["policy"].to_list())  # the oracle: never "best"
     best = {c: max((cell[p, c]["throughput_tok_s"] for p in policies if (p, c) in cell and p not in bound),
                    default=None) for c in conc}
     bold = frozenset((i, j + 1) for i, p in enumerate(policies) for j, c in enumerate(conc)
@@ -117,11 +110,11 @@ def build(inputs: ReportInputs) -> Section:
     if df is None:
         return sec.omit(inputs.notes.get("sim", "no simulation results"))
     df = df.sort("concurrency", maintain_order=True)
-    deployable = deployable_mask(df)  # [N] the front is over policies one can run, the oracle is a bound
+    runnable = deployable(df)  # [N] the front is over policies one can run, the oracle is a bound
     front = np.zeros(df.height, bool)
-    front[deployable] = pareto_mask(df["per_request_tok_s"].to_numpy()[deployable],
-                                    df["throughput_tok_s"].to_numpy()[deployable])
-    bounds = frozenset(df.filter(pl.Series(~deployable))["policy"].to_list())
+    front[runnable] = pareto_mask(df["per_request_tok_s"].to_numpy()[runnable],
+                                  df["throughput_tok_s"].to_numpy()[runnable])
+    bounds = frozenset(df.filter(pl.Series(~runnable))["policy"].to_list())
     sec.add(f"Source: {inputs.sources.get('sim', '?')}. " + _headline(df)
             + (" adaptive-oracle verifies with confidences that know the recorded outcomes: an upper bound, "
                "not a deployable policy." if "adaptive-oracle" in df["policy"].to_list() else ""))
