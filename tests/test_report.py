@@ -18,7 +18,7 @@ from avkit.fit import run_fit, write_fit_outputs
 from avkit.hvd.fit import fit_hvd_generations
 from avkit.hvd.replay import synthetic_generations
 from avkit.report import report_fit_dir, report_traces
-from avkit.report.document import fmt
+from avkit.markdown import fmt
 from avkit.report.inputs import load_fit_dir, load_inputs
 from avkit.report.sections import SECTIONS
 from avkit.report.sections.online import pearson

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -16,6 +15,7 @@ from avkit.cli.hvd import replay
 from avkit.cli.options import arg, config_options, result_table, stdout_console
 from avkit.config import DEFAULT_TRACE_GLOB, EstimatorConfig, FitConfig
 from avkit.errors import ConfigError
+from avkit.markdown import fmt
 from avkit.staged import StagedOutputs
 
 def render(result, written: dict, console: Console) -> None:
@@ -30,7 +30,6 @@ def render(result, written: dict, console: Console) -> None:
                       f"{CLOCKS.get(c['clock'], 'engine_step column in some files, (request_id, step) groups in others')}"
                       f"; {c['refits']} refits every {c['refit_interval']} steps")
     rows = {(r["feature"], r["estimator"], r["scope"]): r for r in result.scores}
-    fmt = lambda x: "-" if x is None or math.isnan(x) else f"{x:.4f}"
     console.print(result_table("scores (scope all / all_but_first)",
                                ("feature", "lossless", "estimator", "AUC", "log-loss", "ECE", "AUC >0", "n"),
                                [(feature, "yes" if r["lossless"] else "[red]NO[/]", est, fmt(r["auc"]),

@@ -28,11 +28,11 @@ def replay(paths: list[Path], out: Path, outputs, tokenizer: str | None = None, 
 
 
 def render(result, console: Console) -> None:
-    cols = ("router", *METRICS, *SPEEDUPS)
-    rows = result.metrics.filter(result.metrics["dataset"] == "overall").iter_rows(named=True)
-    console.print(result_table("HVD routers (test split, overall)", cols, (
-        [r[c] if isinstance(r[c], str) else "-" if r[c] is None or r[c] != r[c] else f"{r[c]:.3f}" for c in cols]
-        for r in rows), left=("router",)))  # NaN (no positive prediction: precision undefined) -> "-"
+    from avkit.hvd.markdown import cells  # lazy: start-up
+
+    cols, rows, _ = cells(result.metrics.filter(result.metrics["dataset"] == "overall").to_dicts(),
+                          ("router", *METRICS, *SPEEDUPS))
+    console.print(result_table("HVD routers (test split, overall)", cols, rows, left=("router",)))
     for f in result.files:
         console.print(f"wrote {f}")
 

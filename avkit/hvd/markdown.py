@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import polars as pl
 
 from avkit.hvd import METRICS, PAPER, SPEEDUPS
@@ -11,7 +9,7 @@ from avkit.hvd.cost import LINEAR
 from avkit.hvd.fit import HvdResult
 from avkit.hvd.router import MODEL_SCALES
 from avkit.hvd.verdict import FLOOR, HVD, SINGLE
-from avkit.markdown import md_table
+from avkit.markdown import fmt, md_table
 
 COLS = ("router", "dataset", "tokens", *METRICS, *SPEEDUPS, "c_draft", "c_verify")
 
@@ -41,17 +39,12 @@ VERDICT_COLS = ("dataset", "requests", *SINGLE, *HVD, "best_single_router", "bes
                 "holds", "oracle", "headroom", "oracle_fewer_cycles")
 
 
-def _fmt(x) -> str:
-    if x is None or isinstance(x, float):
-        return "-" if x is None or math.isnan(x) else f"{x:.3f}"
-    return str(x)
-
-
-def cells(records: list[dict], cols: tuple[str, ...] | None = None) -> tuple[tuple[str, ...], list[list[str]]]:
-    """The columns of `cols` (None: all) the records hold, and each record's cells (floats to 3 decimals, NaN or
-    null '-'): the tables of `avkit hvd --markdown` and of the report's hybrid section."""
+def cells(records: list[dict], cols: tuple[str, ...] | None = None):
+    """The columns of `cols` (None: all) the records hold, each record's cells (`fmt`, 3 decimals) and per column
+    whether it is numeric (right-aligned): the tables of `avkit hvd` (terminal and --markdown) and of the report."""
     cols = tuple(c for c in (cols or records[0]) if c in records[0])
-    return cols, [[_fmt(r[c]) for c in cols] for r in records]
+    return (cols, [[fmt(r[c], 3) for c in cols] for r in records],
+            [not isinstance(records[0][c], str | bool) for c in cols])
 
 
 def budget_records(budget: list[dict]) -> list[dict]:
@@ -60,8 +53,7 @@ def budget_records(budget: list[dict]) -> list[dict]:
 
 
 def _table(records: list[dict], cols: tuple[str, ...] | None = None) -> str:
-    columns, rows = cells(records, cols)
-    return md_table(columns, rows, [False] * len(columns))
+    return md_table(*cells(records, cols))
 
 
 def _verdict_md(verdict: list[dict]) -> list[str]:
@@ -81,7 +73,7 @@ def _verdict_md(verdict: list[dict]) -> list[str]:
 
 def thresholds_md(thresholds: dict[str, float], info: dict) -> str:
     """The routers' thresholds tau chosen on validation, and the joint router's model survival scale."""
-    return ("Thresholds: " + ", ".join(f"{k} tau={_fmt(v)}" for k, v in thresholds.items())
+    return ("Thresholds: " + ", ".join(f"{k} tau={fmt(v, 3)}" for k, v in thresholds.items())
             + (f"; joint router's model survival scale {info['model_scale']} (validated over "
                f"{', '.join(map(str, MODEL_SCALES))})" if info.get("model_scale") is not None else ""))
 

@@ -7,12 +7,11 @@ between the BEGIN/END markers of an existing card (or writes the tables alone to
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from avkit.markdown import md_table
+from avkit.markdown import fmt, md_table
 from avkit.record.stats import AcceptanceStats
 from avkit.staged import staged_file
 from avkit.trace.reader import check_schema, trace_metadata
@@ -41,10 +40,6 @@ def summarize(path) -> dict:
     }
 
 
-def _fmt(x: float) -> str:
-    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.3f}"
-
-
 def render(info: dict) -> str:
     m = info["meta"]
     lines = [f"### `{info['path'].name}`", "",
@@ -61,8 +56,9 @@ def render(info: dict) -> str:
                      f"{g['bytes'] / 1e6:.2f} MB")
     k = int(m.get("avkit.k", "7"))
     heads = ("dataset", "rows", "labelled slots", "per-slot acceptance", "tokens/step", *(f"pos {i}" for i in range(k)))
-    rows = [(name, f"{s['rows']:,}", f"{s['labelled']:,}", _fmt(s["per_slot_acceptance"]), _fmt(s["tokens_per_step"]),
-             *(_fmt(a) for a in s["acceptance_by_position"])) for name, s in info["summary"].items()]
+    rows = [(name, fmt(s["rows"]), fmt(s["labelled"]), fmt(s["per_slot_acceptance"], 3),
+             fmt(s["tokens_per_step"], 3), *(fmt(a, 3) for a in s["acceptance_by_position"]))
+            for name, s in info["summary"].items()]
     return "\n".join([*lines, "", md_table(heads, rows)]) + "\n"
 
 

@@ -1,36 +1,16 @@
 """The report as data: sections of paragraphs, tables and figures, rendered by render.py (HTML, Markdown).
 
-Every number is formatted once, here or in a section (`fmt`), so the HTML and the Markdown show the
+Every number is formatted once, in a section (`avkit.markdown.fmt`), so the HTML and the Markdown show the
 same strings and a test can compare them with the inputs (scores.json) at the printed precision.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from matplotlib.figure import Figure as MplFigure
 
-DIGITS = 4  # metrics (AUC, log-loss, ECE, coefficients) are printed with this many decimals
-
-
-def fmt(x, digits: int = DIGITS) -> str:
-    """One table cell: None / NaN -> '-', floats with `digits` decimals, everything else str().
-
-    Examples
-    --------
-    >>> fmt(0.83361), fmt(float("nan")), fmt(12345.0, 0), fmt(4500000), fmt(True)
-    ('0.8336', '-', '12,345', '4,500,000', 'yes')
-    """
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "-"
-    if isinstance(x, bool):
-        return "yes" if x else "no"
-    if isinstance(x, float):
-        return f"{x:,.{digits}f}" if abs(x) >= 1e4 else f"{x:.{digits}f}"
-    if isinstance(x, int):
-        return f"{x:,}"
-    return str(x)
+from avkit.markdown import DIGITS, fmt
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from avkit.markdown import DIGITS, fmt
 from avkit.report import plots
-from avkit.report.document import DIGITS, Figure, Section, Table, fmt, grid_table
+from avkit.report.document import Figure, Section, Table, grid_table
 from avkit.report.inputs import ReportInputs
 
 # the seeds (docs/seeds.md, vLLM PR #52228 write-ups): DeepSeek-V4-Flash + DSpark, ~4.5M drafts (AUC, log-loss, ECE).

@@ -17,9 +17,8 @@ def _table(records: list[dict], cols: tuple[str, ...] | None, caption: str, coll
     """The HVD renderer's cells; text columns left-aligned."""
     if not records:
         return None
-    columns, rows = cells(records, cols)
-    return Table(columns, [tuple(r) for r in rows], caption=caption, collapsed=collapsed,
-                 numeric=tuple(not isinstance(records[0][c], str | bool) for c in columns))
+    columns, rows, numeric = cells(records, cols)
+    return Table(columns, [tuple(r) for r in rows], caption=caption, collapsed=collapsed, numeric=tuple(numeric))
 
 
 def build(inputs: ReportInputs) -> Section:

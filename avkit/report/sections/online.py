@@ -16,8 +16,9 @@ import numpy as np
 import polars as pl
 
 from avkit.config import EstimatorConfig
+from avkit.markdown import DIGITS, fmt
 from avkit.report import plots
-from avkit.report.document import DIGITS, Figure, Section, Table, fmt, record_table
+from avkit.report.document import Figure, Section, Table, record_table
 from avkit.report.inputs import ReportInputs
 from avkit.report.traces import MIN_SLOTS
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from avkit.markdown import fmt
 from avkit.metrics.calibration import ece_from_bins
 from avkit.report import plots
-from avkit.report.document import Figure, Section, Table, fmt, grid_table
+from avkit.report.document import Figure, Section, Table, grid_table
 from avkit.report.inputs import ReportInputs
 
 

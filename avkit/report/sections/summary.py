@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from avkit.markdown import fmt
 from avkit.report import plots
-from avkit.report.document import Figure, Section, Table, fmt
+from avkit.report.document import Figure, Section, Table
 from avkit.report.inputs import ReportInputs
 from avkit.report.sections.features import SEEDS_REFERENCE
 from avkit.report.traces import TraceSummary

@@ -10,8 +10,9 @@ import json
 
 import numpy as np
 
+from avkit.markdown import DIGITS
 from avkit.report import plots
-from avkit.report.document import DIGITS, Figure, Section, Table, record_table
+from avkit.report.document import Figure, Section, Table, record_table
 from avkit.report.inputs import ReportInputs
 from avkit.throughput_text import tok, tune_grid
 
