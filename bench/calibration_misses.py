@@ -16,7 +16,8 @@ import numpy as np
 
 from avkit.estimators.base import sigmoid
 from avkit.metrics import ece
-from recalibration import logit, platt_fit  # bench/ is on sys.path when run as a script
+from avkit.estimators.platt import logit
+from recalibration import platt_fit  # bench/ is on sys.path when run as a script
 
 WARM_UP = 1000  # slots
 

@@ -13,26 +13,14 @@ the training traces (`choose`), each inner trace's base predictions made as the 
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 
 from avkit.estimators.base import sigmoid
+from avkit.estimators.platt import blend, logit, online_platt
 from avkit.metrics import log_loss
 
 WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the blend's weight on the first candidate
 LAMS = (10.0, 100.0, 1000.0, 10000.0, np.inf)  # the Platt layer's prior precisions (a round's sum w z^2: ~1e2-1e3)
-EPS = 1e-6
-
-
-def logit(p: np.ndarray) -> np.ndarray:
-    p = np.clip(np.asarray(p, dtype=np.float64), EPS, 1.0 - EPS)
-    return np.log(p) - np.log1p(-p)
-
-
-def blend(p_a: np.ndarray, p_b: np.ndarray, w: float) -> np.ndarray:
-    """[N] the logit-linear pool of two predictions."""
-    return sigmoid(w * logit(p_a) + (1.0 - w) * logit(p_b))
 
 
 def platt_fit(z: np.ndarray, y: np.ndarray, lam: float = 0.0, iters: int = 50, tol: float = 1e-10) -> np.ndarray:
@@ -53,27 +41,6 @@ def platt_fit(z: np.ndarray, y: np.ndarray, lam: float = 0.0, iters: int = 50, t
         if np.max(np.abs(step)) < tol:
             break
     return theta
-
-
-def online_platt(p: np.ndarray, y: np.ndarray, row_step: np.ndarray, lam: float, every: int = 10) -> np.ndarray:
-    """[N] p recalibrated online: slots of round r (engine steps [r every, (r + 1) every)) through the map learned
-    from rounds < r ([N] row_step: each slot's engine step, non-decreasing). After each round, one Newton step
-    on that round's slots under the Laplace approximation of everything before (precision H: lam I plus every
-    earlier round's curvature): the MAP fit on all earlier rounds, updated in O(round) (a Kalman-style
-    filter; `platt_fit` on the same slots is its exact counterpart)."""
-    z, y = logit(p), np.asarray(y, dtype=np.float64)
-    if np.isinf(lam):
-        return sigmoid(z)
-    rounds = np.asarray(row_step) // every  # [N]
-    edges = np.r_[0, np.flatnonzero(np.diff(rounds)) + 1, z.size]
-    out, theta, hess = np.empty_like(z), np.array([1.0, 0.0]), (lam + 1e-9) * np.eye(2)
-    for lo, hi in itertools.pairwise(edges):
-        x = np.c_[z[lo:hi], np.ones(hi - lo)]  # [n, 2]
-        q = sigmoid(x @ theta)
-        out[lo:hi] = q
-        hess = hess + (x * (q * (1.0 - q))[:, None]).T @ x
-        theta = theta + np.linalg.solve(hess, x.T @ (y[lo:hi] - q))
-    return out
 
 
 def choose(inner: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> tuple[float, float]:

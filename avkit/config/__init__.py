@@ -8,7 +8,7 @@ as typed; the CLI takes each option's default from its field (``default_of(Cls, 
 
 from avkit.config.engine import (
     DRAFTERS, KERNEL_BACKENDS, SERVE_STATE_DIR, AdaptiveConfig, EngineConfig, EstimatorConfig, ForgettingConfig,
-    HttpConfig, ModelsConfig, RecordConfig, SamplingConfig, ServeConfig)
+    HttpConfig, ModelsConfig, PlattConfig, RecordConfig, SamplingConfig, ServeConfig)
 from avkit.config.fields import (
     DEFAULT_DRAFT, DEFAULT_K, DEFAULT_TARGET, DEFAULT_TRACE_GLOB, MAX_K, SHIPPED_COEFFICIENTS, SHIPPED_COST,
     default_of, shipped_file)
@@ -21,7 +21,7 @@ __all__ = [
     "DEFAULT_COST_PATH", "DEFAULT_DRAFT", "DEFAULT_K", "DEFAULT_TARGET", "DEFAULT_TRACE_GLOB", "DRAFTERS",
     "KERNEL_BACKENDS", "MAX_K", "PROFILE_CONTEXT_ENV", "SERVE_STATE_DIR", "SHIPPED_COEFFICIENTS", "SHIPPED_COST",
     "AdaptiveConfig", "EngineConfig", "EstimatorConfig", "FitConfig", "ForgettingConfig",
-    "HttpConfig", "HvdCostConfig", "HvdReplayConfig", "ModelsConfig", "PayoffConfig", "ProfileConfig",
+    "HttpConfig", "HvdCostConfig", "HvdReplayConfig", "ModelsConfig", "PayoffConfig", "PlattConfig", "ProfileConfig",
     "RecordConfig", "ReportConfig", "SamplingConfig", "ServeConfig", "SimulateConfig", "SuffixCacheConfig",
     "SyntheticConfig", "TuneConfig", "default_cost_spec", "default_of", "shipped_file",
 ]

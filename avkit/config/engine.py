@@ -106,6 +106,15 @@ class ForgettingConfig(Checked):
 
 
 @dataclass(frozen=True)
+class PlattConfig(Checked):
+    """`forgetting_platt` (estimators/platt.py): forgetting_logistic's logit through an online Platt map
+    p' = sigmoid(a z + b), refit from the served slots' own past labels."""
+
+    prior: float = checked(1000.0, 0.0, lo_open=True)  # Gaussian prior's precision at (a, b) = (1, 0); inf: no map
+    every: int = checked(10, 1)  # engine steps per Platt round
+
+
+@dataclass(frozen=True)
 class AdaptiveConfig(Checked):
     """Budgeted verification (docs/budget.md): where the confidences and the step costs come from."""
 

@@ -12,7 +12,7 @@ FIT_MODES = ("online", "batch")
 FIT_ENGINES = ("memory", "streaming", "ray")
 FIT_REPLICAS = ("chain", "independent")
 FIT_DRAFTERS = ("model", "suffix")  # the trace's `drafter` values
-ONLINE_ESTIMATORS = ("online_logistic", "forgetting_logistic")  # what `avkit fit --estimator` replays
+ONLINE_ESTIMATORS = ("online_logistic", "forgetting_logistic", "forgetting_platt")  # what `avkit fit --estimator` replays
 
 
 @dataclass(frozen=True)
@@ -34,8 +34,8 @@ class FitConfig(OutOfCoreConfig):
     mode: str = checked("online", choices=FIT_MODES, help=(
         "online: replay refit rounds as live (out-of-sample scores); batch: Newton to convergence (in-sample)"))
     estimator: str = checked("online_logistic", choices=ONLINE_ESTIMATORS, help=(
-        "online estimator replayed and written to coefficients.json: online_logistic (vLLM's) or "
-        "forgetting_logistic"))
+        "online estimator replayed and written to coefficients.json: online_logistic (vLLM's), "
+        "forgetting_logistic or forgetting_platt"))
     bins: int = checked(10, 1, help="ECE bins")
     max_iter: int = checked(50, 1)  # batch Newton iterations
     tol: float = checked(1e-10, 0.0, lo_open=True)  # batch convergence: max |step| of any coefficient

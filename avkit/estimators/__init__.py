@@ -2,6 +2,7 @@
 
   online_logistic     shared slope + per-position intercepts, refit in rounds (vLLM's; the default)
   forgetting_logistic the same model refit from forgotten curvature, sooner while young, faster after a shift
+  forgetting_platt    forgetting_logistic's logit through an online Platt map refit from the served labels
   batch_logistic      the same model fitted to convergence on all slots
   per_position_slope  ablation: a slope per position (online_logistic.py)
   qmax, passthrough   no fit: q_max / a trained head's output used as the probability

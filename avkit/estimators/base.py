@@ -56,6 +56,7 @@ ESTIMATORS = Registry("estimator", {
     "online_logistic": "avkit.estimators.online_logistic:OnlineLogistic",
     "batch_logistic": "avkit.estimators.online_logistic:BatchLogistic",
     "forgetting_logistic": "avkit.estimators.forgetting_logistic:ForgettingLogistic",
+    "forgetting_platt": "avkit.estimators.platt:ForgettingPlatt",
     "per_position_slope": "avkit.estimators.online_logistic:PerPositionSlope",
     "passthrough": "avkit.estimators.base:Passthrough",
     "qmax": "avkit.estimators.base:QMax",

@@ -15,6 +15,7 @@ returns a document whose fields are safe to use or raises one AvkitError line na
   estimator       optional: a registered estimator
   basis_slopes    optional (forgetting_logistic): 2 finite numbers, w1 >= 0 and w1 + w2 >= 0
   precision       optional (forgetting_logistic): finite a [2, 2], b [K, 2], c [K]
+  platt           optional (forgetting_platt): the map's finite a, b and precision [2, 2]
   trained_on      optional object; its target / draft ids (and *_sha256) must match the pair being
                   served when both sides know them (sha256 wins over ids when both sides have it);
                   its `drafter` ("model" when absent, or "suffix": `avkit fit --drafter`) names the
@@ -125,6 +126,12 @@ def check_coefficients(doc: Any, source: str, *, k: int | None = None, pair: Ser
             raise _bad(source, "precision", "must be an object {a, b, c}", prec)
         for part, shape in (("a", (2, 2)), ("b", (n, 2)), ("c", (n,))):
             _numbers(source, f"precision.{part}", prec.get(part), shape)
+    if "platt" in doc:
+        m = doc["platt"]
+        if not isinstance(m, dict):
+            raise _bad(source, "platt", "must be an object {a, b, precision}", m)
+        for part, shape in (("a", ()), ("b", ()), ("precision", (2, 2))):
+            _numbers(source, f"platt.{part}", m.get(part), shape)
     trained = doc.get("trained_on", {})
     if not isinstance(trained, dict):
         raise _bad(source, "trained_on", "must be an object", trained)
@@ -173,7 +180,7 @@ def coefficients_document(est: Estimator, trained_on: dict, *, mode: str | None 
            **({"mode": mode} if mode else {}), "estimator": state.get("name", getattr(est, "name", "online_logistic")),
            **(settings or {}), "trained_on": trained_on}
     return {**state, **doc} if with_state else doc
-OWN_FILES = ("forgetting_logistic", "per_position_slope")  # files only their own estimator can load
+OWN_FILES = ("forgetting_logistic", "forgetting_platt", "per_position_slope")  # files only their own estimator can load
 # Estimators that use a probability-valued feature as is, and the feature they read.
 PROBABILITY_FEATURES = {"qmax": "q_max", "passthrough": "head_conf"}
 ALIASES = {"online": "online_logistic", "batch": "batch_logistic"}
