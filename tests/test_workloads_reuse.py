@@ -15,7 +15,7 @@ import re
 import pytest
 
 from avkit.workloads import load_workload
-from avkit.workloads.packages import package_data
+from avkit.workloads.sets import package_data
 from avkit.workloads.editing import inject_bug, new_name, strip_hints
 from avkit.workloads.sets import REVISE
 
