@@ -21,7 +21,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from avkit import __version__
 from avkit.config import SyntheticConfig
 from avkit.estimators.base import sigmoid
 from avkit.staged import staged_file
@@ -103,11 +102,9 @@ def synthetic_trace(cfg: SyntheticConfig | None = None, steps_before: int = 0) -
 
 def _metadata(cfg: SyntheticConfig) -> dict[str, str]:
     truth = {"slope": cfg.slope, "intercepts": list(cfg.intercepts), "seed": cfg.seed}
-    return {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION, "avkit.version": __version__,
-            "avkit.target": "synthetic", "avkit.draft": "synthetic", "avkit.k": str(cfg.k),
-            "avkit.temperature": "1.0", "avkit.top_p": "0.95", "avkit.drafter": "model",
-            "avkit.seed": str(cfg.seed), "avkit.datasets": json.dumps(list(cfg.datasets)),
-            "avkit.policy": "synthetic-trim", "avkit.synthetic": json.dumps(truth)}
+    return {S.META_SCHEMA_VERSION: S.SCHEMA_VERSION, **S.run_metadata(
+        "synthetic", "synthetic", k=cfg.k, temperature="1.0", top_p="0.95", drafter="model", seed=cfg.seed,
+        datasets=list(cfg.datasets), policy="synthetic-trim", synthetic=json.dumps(truth))}
 
 
 def write_synthetic_trace(path, cfg: SyntheticConfig | None = None, row_group_rows: int = 1 << 20,
