@@ -16,7 +16,7 @@ from avkit.runtime.engine import Engine
 from avkit.runtime.request import FINISH_LENGTH, FINISH_STOP, Request
 from avkit.runtime.trace_rows import MemorySink
 from avkit.scheduling.policy import FixedK
-from avkit.trace.schema import BY_NAME, REQUIRED
+from avkit.trace.schema import REQUIRED, TRACE_SCHEMA
 
 torch.set_num_threads(1)
 VOCAB = 300
@@ -137,7 +137,7 @@ def test_trace_rows_follow_the_schema(models):
     n = len(cols["position"])
     assert all(len(v) == n for v in cols.values())
     for name, values in cols.items():
-        if not BY_NAME[name].nullable:
+        if not TRACE_SCHEMA.field(name).nullable:
             assert not isinstance(values, np.ma.MaskedArray) or not values.mask.any(), name
     verified, accepted = cols["verified"], cols["accepted"]
     assert (cols["num_verified"] <= 2).all() and (verified == (cols["position"] < cols["num_verified"])).all()

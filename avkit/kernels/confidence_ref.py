@@ -94,6 +94,5 @@ def confidence_ref(logits: torch.Tensor, temperature, positions, slope, intercep
     """
     _, _, pos, omega, beta, lead = confidence_inputs(logits, temperature, positions, slope, intercepts, check)
     f = {n: v.reshape(-1) for n, v in draft_features(logits, temperature, check=False).items()}  # [rows] each
-    conf = torch.sigmoid(omega * f["logit_qmax"] + beta[pos])
-    return Confidence(*(v.reshape(lead) for v in (f["logit_qmax"], f["q_max"], f["q_2nd"], f["entropy"], conf,
-                                                   f["log_margin"], f["neg_log_neg_log_qmax"])))
+    f["confidence"] = torch.sigmoid(omega * f["logit_qmax"] + beta[pos])
+    return Confidence(**{n: f[n].reshape(lead) for n in Confidence._fields})

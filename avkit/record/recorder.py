@@ -53,7 +53,6 @@ class RecordResult:
     summary: dict  # AcceptanceStats.summary() over the whole file
     engine_steps: int  # the engine's own counters for this run
     engine_tokens: int
-    elapsed_s: float
     committed: bool = True  # False: the rows are in the .partial files, the finals were left as they were
     engine_counters: dict | None = None  # --engine vllm: vLLM's own spec-decode counters for this run
 
@@ -136,7 +135,6 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
             resumed_rows = trace.rows_written
             sink = RecordingSink(trace, run_id, stats)
             queue = PromptQueue(config, target.tokenizer, done)
-            t0 = time.monotonic()
             # context sized for the longest admitted prompt + generation
             engine = make_engine(target, draft, config.decoding_for_run, config.models, policy=policy, sink=sink)
             engine.engine_step = trace.next_engine_step()
@@ -152,7 +150,7 @@ def record(config: RecordConfig, *, target=None, draft=None, progress: bool = Tr
             raise
     return RecordResult(out, gen_path, run_id, finished, trace.rows_written - resumed_rows, trace.rows_written,
                         interrupted, queue.skipped_long, stats.summary(), engine.stats.steps, engine.stats.tokens,
-                        time.monotonic() - t0, committed=trace.closed)
+                        committed=trace.closed)
 
 
 def verify_policy(config: RecordConfig):

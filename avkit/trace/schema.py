@@ -73,7 +73,6 @@ COLUMNS: tuple[Column, ...] = (
 )
 
 REQUIRED = tuple(c.name for c in COLUMNS[:22])  # the fixed v1 contract
-BY_NAME = {c.name: c for c in COLUMNS}
 
 TRACE_SCHEMA = pa.schema([pa.field(c.name, c.type, nullable=c.nullable) for c in COLUMNS])
 

@@ -42,8 +42,7 @@ def _column_array(col: S.Column, values, n: int, path: Path) -> pa.Array:
         values = values.tolist()
     try:
         if pa.types.is_dictionary(col.type):
-            arr = pa.array(values, type=pa.string()).dictionary_encode()
-            return arr.cast(col.type)
+            return pa.array(values, type=pa.string()).dictionary_encode().cast(col.type)
         return pa.array(values, type=col.type, from_pandas=True)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as e:
         raise TraceError(f"{path}: column {col.name!r} cannot be written as {col.type}: {e}") from None

@@ -109,7 +109,7 @@ def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress:
            "AVKIT_VLLM_FLUSH_S": str(config.flush_interval)}
     for name in ("AVKIT_VLLM_COEFFICIENTS", "AVKIT_VLLM_METRICS", "AVKIT_VLLM_DATASET"):
         env.pop(name, None)  # this run's plugin writes the trace only
-    t0, spawned = time.monotonic(), time.time()
+    spawned = time.time()
     tables = [(trace, files.trace), (generations_path(trace), files.generations)]
     code, lines, interrupted = None, [], False
     try:
@@ -139,7 +139,7 @@ def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress:
         print(f"avkit record: vLLM {result['vllm']} ready {result['ready_at'] - spawned:.0f} s after its start "
               f"(imports included), generated in {result['generate_s']:.0f} s", file=sys.stderr)
     return {**_result(config, files, result, committed, run_id, done), "interrupted": interrupted,
-            "skipped_long": skipped_long, "elapsed_s": time.monotonic() - t0}
+            "skipped_long": skipped_long}
 
 
 def _append(files: RecordFiles, tables: list[tuple[Path, Path]], commit: bool) -> None:
