@@ -1,14 +1,12 @@
-"""bench/estimators.py's recalibration candidates: a blend of two candidates' logits and an online Platt layer.
+"""bench/estimators.py's blend_platt: a blend of two candidates' logits through the online Platt map.
 
     blend:  p = sigmoid(w * logit(p_a) + (1 - w) * logit(p_b))            w in [0, 1]
-    platt:  p' = sigmoid(a * logit(p) + b)
+    platt:  p' = sigmoid(a * logit(p) + b)    refit online from the served trace's own past labels
 
-The Platt layer's (a, b) are updated after every round of `every` engine steps from that round's (prediction,
-label) pairs of the trace being served (its own past labels only: each slot is predicted before its label is
-learned from), tracking the maximum a posteriori fit on every earlier round under a Gaussian prior of precision
-`lam` centred at the identity (a = 1, b = 0): lam = inf is the base candidate unchanged. It reads the base candidate's predictions
-and past labels only: lossless where the base candidate is. The weight w and lam are chosen by an inner LOTO on
-the training traces (`choose`), each inner trace's base predictions made as the outer one's are.
+The map and the blend are avkit/estimators/platt.py's (`online_platt`, `blend`; `forgetting_platt` deploys the
+map on one estimator). Here: the weight w and the map's prior precision lam, chosen by an inner LOTO on the
+training traces (`choose`), each inner trace's base predictions made as the outer one's are, and `platt_fit`,
+the batch MAP fit of the map (the diagnosis' hindsight map, and the online map's oracle in the tests).
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from avkit.estimators.base import sigmoid
-from avkit.estimators.platt import blend, logit, online_platt
+from avkit.estimators.platt import blend, online_platt
 from avkit.metrics import log_loss
 
 WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the blend's weight on the first candidate
