@@ -168,6 +168,13 @@ def fit_hvd_table(table: pl.DataFrame, out_dir: str | os.PathLike | None = None,
     return result
 
 
+def result_json(result: HvdResult) -> dict:
+    """hvd_metrics.json's content (what the report reads back)."""
+    return {"metrics": result.metrics.to_dicts(), "ablation": result.ablation.to_dicts(),
+            "budget": result.budget.to_dicts(), "verdict": result.verdict.to_dicts(),
+            "thresholds": result.thresholds, "info": result.info}
+
+
 def reserve_hvd_outputs(out_dir, outputs: StagedOutputs, name: str = "--out") -> dict[str, Path]:
     """Reserve the hvd files in `out_dir` before the replay (checked writable now); -> file -> temp."""
     return {f: outputs.file(Path(out_dir) / f, name) for f in HVD_FILES}
@@ -184,10 +191,7 @@ def _write(result: HvdResult, fitted: dict, cost: CostTable, out: Path, outputs:
             files.append(str(out / fname))
         else:
             outputs.discard(out / fname)  # not fitted this run: an older file stays as it was
-    blob = {"metrics": result.metrics.to_dicts(), "ablation": result.ablation.to_dicts(),
-            "budget": result.budget.to_dicts(), "verdict": result.verdict.to_dicts(),
-            "thresholds": result.thresholds, "info": result.info}
-    tmp["hvd_metrics.json"].write_text(dumps(blob, indent=1))  # NaN (an undefined precision) -> null
+    tmp["hvd_metrics.json"].write_text(dumps(result_json(result), indent=1))  # NaN (an undefined precision) -> null
     return files + [str(out / "hvd_metrics.json")]
 
 

@@ -1,12 +1,15 @@
-"""Markdown rendering of an `HvdResult` (committed as bench/results/hvd.md)."""
+"""An `HvdResult` as text: paragraphs and tables (`hvd_blocks`), rendered to Markdown here (`avkit hvd --markdown`,
+bench/results/hvd.md) and into the report's hybrid section (report/sections/hybrid.py)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import polars as pl
 
 from avkit.hvd import METRICS, PAPER, SPEEDUPS
 from avkit.hvd.cost import LINEAR
-from avkit.hvd.fit import HvdResult
+from avkit.hvd.fit import HvdResult, result_json
 from avkit.hvd.router import MODEL_SCALES
 from avkit.hvd.verdict import FLOOR, HVD, SINGLE
 from avkit.markdown import fmt, md_table
@@ -49,26 +52,7 @@ def cells(records: list[dict], cols: tuple[str, ...] | None = None):
 
 def budget_records(budget: list[dict]) -> list[dict]:
     """The batched replay's rows (concurrency, router, throughput) as one row per concurrency, a column per router."""
-    return pl.DataFrame(budget).pivot(on="router", index="concurrency", values="throughput").to_dicts()
-
-
-def _table(records: list[dict], cols: tuple[str, ...] | None = None) -> str:
-    return md_table(*cells(records, cols))
-
-
-def _verdict_md(verdict: list[dict]) -> list[str]:
-    if not verdict:
-        return []
-    return [f"## Best HVD router vs the best single drafter (goal >= {FLOOR}x on every dataset)", "",
-            ("Each dataset's test requests decoded one at a time (`avkit/hvd/verdict.py`), every router under the "
-             "same accounting; throughput in tokens per target forward. `survival+budget` is the joint router "
-             "the live `--drafter hybrid --payoff payoff_survival.pt` runs. `oracle`: a clairvoyant router that "
-             "knows both drafts' accepted lengths and verifies exactly what will be accepted (`avkit/hvd/verdict.py`, "
-             "an upper bound for any router with these drafts at this K and cost model); `headroom` = oracle / the "
-             "best single drafter, `oracle_fewer_cycles` its cycle saving against that drafter."), "",
-            _table(verdict, VERDICT_COLS), "",
-            f"Best HVD router >= {FLOOR}x the best single drafter on {sum(r['holds'] for r in verdict)}/{len(verdict)} "
-            "datasets.", ""]
+    return pl.DataFrame(budget).pivot(on="router", index="concurrency", values="throughput").to_dicts() if budget else []
 
 
 def thresholds_md(thresholds: dict[str, float], info: dict) -> str:
@@ -96,40 +80,66 @@ def facts_md(info: dict) -> str:
     return text
 
 
+@dataclass(frozen=True)
+class HvdTable:
+    key: str  # overall, per_dataset, verdict, budget, ablation
+    title: str
+    text: str  # what the columns mean (Markdown: the paragraph under the title; report: the caption)
+    records: list[dict]
+    cols: tuple[str, ...] | None = None  # None: every column
+
+
+def hvd_blocks(blob: dict, sensitivity: bool = False) -> list[str | HvdTable]:
+    """hvd_metrics.json's content (`result_json`) as paragraphs and tables, in reading order; `sensitivity`: only
+    what a cost-sensitivity section repeats (the cost model, the overall table, thresholds and verdict)."""
+    info, rows, verdict = blob["info"], blob["metrics"], blob.get("verdict", [])
+    overall = HvdTable("overall", "Overall (test split)", (
+        "cycles_per_1k: target verifications per 1000 generated tokens; mean_accepted: accepted draft tokens per "
+        f"cycle; cache_share: cycles that verified a cache draft; precision / recall: predicted payoff >= "
+        f"{info['high_payoff']} against the oracle accepted length >= {info['high_payoff']} over positions with a "
+        "cache draft (table, mlp, survival; the other routers by their decision); speedups are throughput ratios "
+        "under the cost model (target-only decoding = 1)."), [r for r in rows if r["dataset"] == "overall"], COLS)
+    thresholds = thresholds_md(blob.get("thresholds", {}), info)
+    verdict_blocks = [HvdTable("verdict", f"Best HVD router vs the best single drafter (goal >= {FLOOR}x on every "
+                               "dataset)", (
+        "Each dataset's test requests decoded one at a time (`avkit/hvd/verdict.py`), every router under the same "
+        "accounting; throughput in tokens per target forward. `survival+budget` is the joint router the live "
+        "`--drafter hybrid --payoff payoff_survival.pt` runs. `oracle`: a clairvoyant router that knows both drafts' "
+        "accepted lengths and verifies exactly what will be accepted (an upper bound for any router with these "
+        "drafts at this K and cost model); `headroom` = oracle / the best single drafter, `oracle_fewer_cycles` its "
+        "cycle saving against that drafter."), verdict, VERDICT_COLS),
+        f"Best HVD router >= {FLOOR}x the best single drafter on {sum(r['holds'] for r in verdict)}/{len(verdict)} "
+        "datasets."] if verdict else []
+    if sensitivity:
+        return [cost_md(info["cost"]), overall, thresholds, *verdict_blocks]
+    mse = ", ".join(f"{k} {v:.3f}" for k, v in info.get("val_mse", {}).items())
+    per_dataset = sorted((r for r in rows if r["dataset"] != "overall"), key=lambda r: (r["dataset"], r["router"]))
+    return [facts_md(info), cost_md(info["cost"]), overall,
+            HvdTable("per_dataset", "Per dataset", "The same columns per dataset.", per_dataset, COLS), thresholds,
+            *([f"Validation MSE of the predicted cache accepted length (positions with a cache draft): {mse}"]
+              if mse else []),
+            *verdict_blocks,
+            *([HvdTable("budget", "One verification budget (batched replay, throughput in tokens per target forward)", (
+                "Test requests decode `concurrency` at a time (at most the number of test requests). "
+                "`survival+budget`: each step the batch either runs the draft model (each request then takes "
+                "whichever draft, cache or model, has the larger expected accepted length) or not (cache drafts "
+                "only), and all chosen slots compete for one budget b* = argmax E(b)/cost(b) over their survival "
+                "curves (`avkit/hvd/joint.py`); the other routers verify every drafted slot, the draft model's "
+                "cost being shared by the batch."), budget_records(blob["budget"]))] if blob.get("budget") else []),
+            *([HvdTable("ablation", "Feature ablation (mlp router)", "Validation MSE and test throughput of the mlp "
+                        "router on each feature set.", blob["ablation"])] if blob.get("ablation") else [])]
+
+
+def _markdown(blocks: list[str | HvdTable], level: str = "##") -> list[str]:
+    return [line for b in blocks for line in ([b, ""] if isinstance(b, str) else
+            [f"{level} {b.title}", "", b.text, "", md_table(*cells(b.records, b.cols)), ""])]
+
+
 def hvd_markdown(result: HvdResult, title: str | None, notes: str = "",
                  others: dict[str, HvdResult] | None = None) -> str:
     """The report of one fit (`title` None: no title line); `others`: the same replay fitted under other cost
     models, each a cost-sensitivity section (its overall table, thresholds and verdict)."""
-    info, m = result.info, result.metrics
-    overall, per_dataset = m.filter(pl.col("dataset") == "overall"), m.filter(pl.col("dataset") != "overall")
-    parts = [*([f"# {title}", ""] if title else []), notes, "", facts_md(info), "", cost_md(info["cost"]), "",
-             "## Overall (test split)", "",
-             _table(overall.to_dicts(), COLS), "",
-             ("cycles_per_1k: target verifications per 1000 generated tokens; mean_accepted: accepted draft tokens "
-              "per cycle; cache_share: cycles that verified a cache draft; precision / recall: predicted payoff >= "
-              f"{info['high_payoff']} against the oracle accepted length >= {info['high_payoff']} over positions "
-              "with a cache draft (table, mlp, survival; the other routers by their decision); speedups are "
-              "throughput ratios under the cost model (target-only decoding = 1)."),
-             "", "## Per dataset", "",
-             _table(per_dataset.sort("dataset", "router").to_dicts(), COLS), "",
-             thresholds_md(result.thresholds, info), "",
-             ("Validation MSE of the predicted cache accepted length (positions with a cache draft): "
-              + ", ".join(f"{k} {v:.3f}" for k, v in info.get("val_mse", {}).items())), "",
-             *_verdict_md(result.verdict.to_dicts())]
-    if result.budget.height:
-        parts += ["## One verification budget (batched replay, throughput in tokens per target forward)", "",
-                  ("Test requests decode `concurrency` at a time (at most the number of test requests). "
-                   "`survival+budget`: each step the batch either runs the draft model (each request then "
-                   "takes whichever draft, cache or model, has the larger expected accepted length) or not "
-                   "(cache drafts only), and all chosen slots compete for one budget b* = argmax E(b)/cost(b) "
-                   "over their survival curves (`avkit/hvd/joint.py`); the other routers verify every "
-                   "drafted slot, the draft model's cost being shared by the batch."), "",
-                  _table(budget_records(result.budget.to_dicts())), ""]
-    if result.ablation.height:
-        parts += ["## Feature ablation (mlp router)", "", _table(result.ablation.to_dicts()), ""]
+    parts = [*([f"# {title}", ""] if title else []), notes, "", *_markdown(hvd_blocks(result_json(result)))]
     for name, res in (others or {}).items():
-        parts += [f"## Cost sensitivity: {name}", "", cost_md(res.info["cost"]), "",
-                  _table(res.metrics.filter(pl.col("dataset") == "overall").to_dicts(), COLS), "",
-                  thresholds_md(res.thresholds, res.info), "", *_verdict_md(res.verdict.to_dicts())]
-    parts += [f"Reference: {PAPER}.", ""]
-    return "\n".join(parts)
+        parts += [f"## Cost sensitivity: {name}", "", *_markdown(hvd_blocks(result_json(res), True), "###")]
+    return "\n".join(parts + [f"Reference: {PAPER}.", ""])
