@@ -91,8 +91,11 @@ FEATURES: dict[str, FeatureSpec] = {
 LOGIT_FEATURES = ("logit_qmax", "q_max", "q_2nd", "entropy", "log_margin", "neg_log_neg_log_qmax")
 
 
-def _as_temperature(temperature, logits: torch.Tensor, check: bool = True) -> torch.Tensor:
-    """float or tensor of a leading shape of `logits` -> [..., 1] float32, with T = 0 read as 1."""
+def logits_temperature(logits: torch.Tensor, temperature, check: bool = True) -> torch.Tensor:
+    """Check draft `logits` [..., V] (V >= 2) and `temperature`, a float or a tensor of a leading shape of them
+    (`check`: its values too, on a CPU only) -> [..., 1] float32, with T = 0 read as 1."""
+    if logits.dim() < 1 or logits.shape[-1] < 2:
+        raise DataError(f"logits must have shape [..., V] with V >= 2, got {tuple(logits.shape)}")
     t = torch.as_tensor(temperature, dtype=torch.float32, device=logits.device)
     lead = tuple(logits.shape[:-1])
     if t.dim() > len(lead) or tuple(t.shape) != lead[: t.dim()]:
@@ -130,9 +133,7 @@ def draft_features(logits: torch.Tensor, temperature: float | torch.Tensor = 1.0
     of `logits` ([B] for [B, K, V]), 0 read as 1; `check` validates it (CPU only: on a GPU, a host read).
     -> name -> float32 [...]: LOGIT_FEATURES.
     """
-    if logits.dim() < 1 or logits.shape[-1] < 2:
-        raise DataError(f"logits must have shape [..., V] with V >= 2, got {tuple(logits.shape)}")
-    t = _as_temperature(temperature, logits, check)  # [..., 1]
+    t = logits_temperature(logits, temperature, check)  # [..., 1]
     m, m2, s_o, s_elog = _row_stats(logits, t)  # [...] each
     z = 1.0 + s_o  # partition function in units of exp(m)
     neg_log_qmax = torch.log1p(s_o)  # -log q_max

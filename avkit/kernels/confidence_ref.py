@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 
 from avkit.errors import DataError
-from avkit.features import LOGIT_FEATURES, draft_features  # one softmax pass, one clamp (features.CLAMP)
+from avkit.features import LOGIT_FEATURES, draft_features, logits_temperature  # one softmax pass, one clamp
 
 
 class Confidence(NamedTuple):
@@ -42,32 +42,22 @@ def confidence_inputs(logits, temperature, positions, slope, intercepts, check: 
     """Check and flatten both paths' inputs -> logits [rows, V], 1 / temperature [rows] float32, positions [rows]
     int64, slope [1], intercepts [K] float32 (on the logits' device) and the leading shape to restore.
     check=False skips the value checks (the engine validated its requests; on a GPU each is a host read)."""
-    if logits.dim() < 1 or logits.shape[-1] < 2:
-        raise DataError(f"logits must have shape [..., V] with V >= 2, got {tuple(logits.shape)}")
+    t = logits_temperature(logits, temperature, check)  # [..., 1] (T = 0 read as 1): features.py's checks
     if not logits.dtype.is_floating_point:
         raise DataError(f"logits must be a float tensor, got {logits.dtype}")
-    lead = tuple(logits.shape[:-1])
-    dev = logits.device
-    t = torch.as_tensor(temperature, dtype=torch.float32, device=dev)
+    lead, dev = tuple(logits.shape[:-1]), logits.device
     pos = torch.as_tensor(positions, dtype=torch.int64, device=dev)
     omega = torch.as_tensor(slope, dtype=torch.float32, device=dev).reshape(1)  # [1]: may live on the device
     beta = torch.as_tensor(intercepts, dtype=torch.float32, device=dev).reshape(-1)  # [K]
-    if t.dim() > len(lead) or tuple(t.shape) != lead[: t.dim()]:
-        raise DataError(f"temperature shape {tuple(t.shape)} is not a leading shape of logits {lead}")
     try:
         pos = torch.broadcast_to(pos, lead)
     except RuntimeError:
         raise DataError(f"positions shape {tuple(pos.shape)} does not broadcast to logits {lead}") from None
-    if check and dev.type == "cpu":  # on a GPU these checks would cost a sync per step
-        if not bool(((t >= 0) & torch.isfinite(t)).all()):
-            raise DataError(f"temperature must be finite and >= 0, got {t.flatten()[:4].tolist()}")
-        if pos.numel() and not bool(((pos >= 0) & (pos < beta.numel())).all()):
-            raise DataError(f"positions must be in [0, {beta.numel()}) (one intercept each), "
-                            f"got {pos.flatten()[:8].tolist()}")
-
-    inv_t = 1.0 / torch.where(t == 0, torch.ones_like(t), t)  # greedy (T = 0) is read as T = 1
-    inv_t = inv_t.reshape(tuple(t.shape) + (1,) * (len(lead) - t.dim())).expand(lead)  # per request
-    return (logits.reshape(-1, logits.shape[-1]), inv_t.reshape(-1).contiguous(),
+    # on a GPU this check would cost a sync per step
+    if check and dev.type == "cpu" and pos.numel() and not bool(((pos >= 0) & (pos < beta.numel())).all()):
+        raise DataError(f"positions must be in [0, {beta.numel()}) (one intercept each), "
+                        f"got {pos.flatten()[:8].tolist()}")
+    return (logits.reshape(-1, logits.shape[-1]), (1.0 / t).expand(*lead, 1).reshape(-1).contiguous(),
             pos.reshape(-1).contiguous(), omega, beta, lead)
 
 
