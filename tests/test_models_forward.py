@@ -110,7 +110,14 @@ def test_pad_ids_are_ignored(pair):
     torch.testing.assert_close(a[1, 0], b[1, 0], atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("bad", ["q_len_zero", "dup_slots", "overflow", "grow", "token_id"])
+def test_truncate_never_grows(pair):
+    cache = pair[0].model.new_cache(2, 8)
+    cache.lengths[:] = torch.tensor([3, 5])
+    cache.truncate(torch.tensor([1, 0]), torch.tensor([2, 4]))  # slot 1 rolls back to 2; slot 0 keeps 3
+    assert cache.lengths.tolist() == [3, 2]
+
+
+@pytest.mark.parametrize("bad", ["q_len_zero", "dup_slots", "overflow", "token_id"])
 def test_bad_forward_inputs(pair, bad):
     model = pair[0].model
     cache = model.new_cache(2, 4)
@@ -123,8 +130,6 @@ def test_bad_forward_inputs(pair, bad):
         elif bad == "overflow":
             for _ in range(3):
                 model.forward(tokens, q_lens, slots, cache)
-        elif bad == "grow":
-            cache.truncate(torch.tensor([0]), torch.tensor([1]))
         else:
             model.forward(torch.tensor([[1, VOCAB]]), torch.tensor([2]), torch.tensor([0]), cache)
 

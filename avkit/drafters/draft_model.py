@@ -140,8 +140,7 @@ class DraftModelDrafter(Drafter):
         ids, valid = host if host is not None else (slots.tolist(), num_valid.tolist())  # read only without host
         for s, v in zip(ids, valid):
             self._have[s] = min(self._have[s], v)
-        have = self.cache.lengths[slots]
-        self.cache.truncate(slots, torch.minimum(have, num_valid), check=False)
+        self.cache.truncate(slots, num_valid)
 
     def release(self, slot: int) -> None:
         self.cache.free(slot)

@@ -24,17 +24,10 @@ class KVCache:
         self.max_len = max_len
 
     @torch.inference_mode()
-    def truncate(self, slots: torch.Tensor, new_lengths: torch.Tensor, check: bool = True) -> None:
-        """Roll back: ``lengths[slots] = new_lengths``; a new length may not exceed the current one.
-        check=False: the caller passes min(current, wanted) (the engine), so no host read checks it."""
-        slots = torch.as_tensor(slots, dtype=torch.int64, device=self.lengths.device).reshape(-1)
-        new = torch.as_tensor(new_lengths, dtype=torch.int64, device=self.lengths.device).reshape(-1)
-        bad = (new < 0) | (new > self.lengths[slots])
-        if check and bool(bad.any()):
-            i = int(bad.nonzero()[0])
-            raise ConfigError(f"truncate: slot {int(slots[i])} has length {int(self.lengths[slots[i]])}, "
-                              f"cannot set it to {int(new[i])}")
-        self.lengths[slots] = new
+    def truncate(self, slots: torch.Tensor, lengths: torch.Tensor) -> None:
+        """Roll back: ``lengths[slots] = min(lengths[slots], lengths)`` (a roll back never grows a slot; no host
+        read). slots [B] int64, lengths [B] int64 >= 0."""
+        self.lengths[slots] = torch.minimum(self.lengths[slots], lengths.to(self.lengths.device))
 
     @torch.inference_mode()
     def free(self, slot: int) -> None:

@@ -82,6 +82,6 @@ def roll_back(batch: list[RunningSeq], slots: torch.Tensor, cache, drafter) -> N
     (and the drafter likewise), computed from the host's own lengths."""
     valid_ids = [len(s.tokens) - 1 for s in batch]
     valid = torch.tensor(valid_ids, dtype=torch.int64).to(cache.lengths.device)  # [B]
-    cache.truncate(slots, torch.minimum(cache.lengths[slots], valid), check=False)
+    cache.truncate(slots, valid)
     if drafter is not None:
         drafter.commit(slots, valid, ([s.slot for s in batch], valid_ids))
