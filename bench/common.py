@@ -1,7 +1,7 @@
 """What every bench script shares: where results go, the header that says when, on what and by which command
 they were measured, writing them all at once, the prompts as token ids, one run on avkit's engine (the clock vLLM's
-side runs too), a phase of runs in interleaved rounds, paired ratios with a 95% interval, the vLLM peer process, the
-tiny pair of dry runs, and progress on stderr.
+side runs too), a phase of runs in interleaved rounds, paired ratios with a 95% interval, the vLLM peer process and the
+tiny pair of dry runs.
 
     from common import RESULTS, header, write      # bench/ is on sys.path when a script runs
     write({RESULTS / "x.md": header("x.py") + table})
@@ -32,8 +32,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
-from rich.progress import Progress
 
 from avkit.config import EngineConfig, ModelsConfig, ProfileConfig, SamplingConfig
 from avkit.runtime.request import Request
@@ -253,7 +251,3 @@ def tiny_pair(prefix: str) -> tuple[str, str]:
     kw = dict(vocab=512, init_std=0.3, hidden=128, heads=2, kv_heads=1, intermediate=256)
     return str(write_tiny_model(root / "t", seed=0, **kw)), str(write_tiny_model(root / "d", seed=1, **kw))
 
-
-def progress() -> Progress:
-    """A rich progress bar on stderr (results go to files and stdout)."""
-    return Progress(console=Console(stderr=True))

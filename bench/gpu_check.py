@@ -253,12 +253,8 @@ def main(argv=None) -> int:
         return 2
     device = torch.device("cpu" if a.dry_run else "cuda")
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu-dry-run"
-    if a.out:
-        out = Path(a.out)
-    elif a.dry_run:
-        out = Path(tempfile.mkdtemp(prefix="gpu_check_dry_"))
-    else:
-        out = ROOT / "bench" / "results" / "gpu" / f"{time.strftime('%Y-%m-%d')}-{re.sub('[^a-z0-9]+', '-', gpu.lower()).strip('-')}"
+    out = Path(a.out or (tempfile.mkdtemp(prefix="gpu_check_dry_") if a.dry_run else ROOT / "bench" / "results" / "gpu"
+                         / f"{time.strftime('%Y-%m-%d')}-{re.sub('[^a-z0-9]+', '-', gpu.lower()).strip('-')}"))
     sizes = DRY if a.dry_run else REAL
     out.mkdir(parents=True, exist_ok=True)
     old = out / "summary.json"  # a rerun of some steps keeps the other steps' entries

@@ -272,14 +272,11 @@ def vllm_cell(python: str, target_dir: str, prompt_ids, k: int, c: int, max_new:
         if proc.returncode != 0 or not results:
             raise SystemExit(f"vLLM peer failed for {name} (exit {proc.returncode})")
         got[name] = results[0]
-    out = {"tps": {}, "decode": {}, "dtype": dtype}
-    for name, r in got.items():
-        out["tps"][name] = sum(map(len, r["outputs"])) / r["wall_s"]
-        out["decode"][name] = decode_tok_s(r["steps"])
-    out["suffix_equal_target"] = sum(a == b for a, b in zip(got["suffix"]["outputs"], got["target"]["outputs"]))
-    out["accepted"] = got["suffix"]["counters"]
-    out["target_outputs"] = got["target"]["outputs"]  # the caller compares them with avkit's, then drops them
-    return out
+    return {"tps": {n: sum(map(len, r["outputs"])) / r["wall_s"] for n, r in got.items()},
+            "decode": {n: decode_tok_s(r["steps"]) for n, r in got.items()}, "dtype": dtype,
+            "suffix_equal_target": sum(a == b for a, b in zip(got["suffix"]["outputs"], got["target"]["outputs"])),
+            "accepted": got["suffix"]["counters"],
+            "target_outputs": got["target"]["outputs"]}  # the caller compares them with avkit's, then drops them
 
 
 def _tiny_pair_and_payoff(root: Path, k: int, dtype: torch.dtype):

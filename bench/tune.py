@@ -20,6 +20,7 @@ import os
 import random
 import sys
 import time
+from operator import itemgetter
 from pathlib import Path
 
 import torch
@@ -150,8 +151,7 @@ def configs(args, schedule) -> list[tuple[str, int, list | None]]:
     out = [("nospec", 0, None)] + [(f"K={k}", k, None) for k in args.ks]
     if schedule.max_k > 0:
         out.append(("tuned", schedule.max_k, [list(r) for r in schedule.ranges]))
-    want = set(args.configs) or None
-    return [c for c in out if want is None or c[0] in want]
+    return [c for c in out if not args.configs or c[0] in args.configs]
 
 
 def avkit_run(models, r: dict, k: int, schedule, max_batch: int) -> dict:
@@ -191,9 +191,8 @@ def vllm_phase(args, runs, cfgs) -> list[dict]:
             print(f"vLLM {name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}", flush=True)
         for x in results:
             r = next(r for r in runs if r["name"] == x["name"])
-            out.append(_row("vllm", name, r, {**x, "outside": float("nan")}, x.get("load", load), args.piece))
-            out[-1]["startup_s"] = x["startup_s"]
-            out[-1]["spec_counters"] = x["counters"]
+            out.append({**_row("vllm", name, r, {**x, "outside": float("nan")}, x.get("load", load), args.piece),
+                        "startup_s": x["startup_s"], "spec_counters": x["counters"]})
         if proc.returncode != 0 and not any(o["config"] == name for o in out):
             out.append({"engine": "vllm", "config": name, "run": "*", "error": proc.stderr[-4000:]})
     return out
@@ -230,9 +229,7 @@ def merge(path: Path, meta: dict | None, rows: list[dict]) -> dict:
     """Add rows to the results file (a row replaces the one of the same engine, config and run) and, with
     `meta`, a piece (its command, time, load and plan)."""
     data = json.loads(path.read_text()) if path.exists() else {"pieces": [], "rows": []}
-
-    def key(x: dict) -> tuple[str, str, str]:
-        return x["engine"], x["config"], x["run"]
+    key = itemgetter("engine", "config", "run")
     new = {key(x) for x in rows}
     data["rows"] = [x for x in data["rows"] if key(x) not in new] + rows
     if meta is not None:
@@ -268,10 +265,9 @@ def live_main(argv: list[str]) -> None:
     ap.add_argument("--budget-s", type=float, default=0.0,
                     help="avkit: start no further run after this many seconds (keeps a locked piece short)")
     args = ap.parse_args(argv)
-    if args.repeats < 1:
-        ap.error(f"--repeats must be >= 1, got {args.repeats}")
-    if args.waves < 1:
-        ap.error(f"--waves must be >= 1, got {args.waves}")
+    for name in ("repeats", "waves"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     out = Path(args.out or RESULTS / f"tune_live{'_tiny' if args.tiny else ''}.json")
     if args.report:
         if not out.is_file():
@@ -288,11 +284,10 @@ def live_main(argv: list[str]) -> None:
     runs = plan(args, tokenizer)
     if args.runs:
         runs = [r for name in args.runs for r in runs if r["name"] == name]  # in the order given
-    engines = args.engines
     meta = {"argv": sys.argv, "utc": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "uptime_start": uptime(),
             "machine": machine(),
             "schedules": {e: {"file": args.schedule if e == "avkit" else args.vllm_schedule,
-                              "ranges": [list(r) for r in schedules[e].ranges]} for e in engines}, "plan": runs,
+                              "ranges": [list(r) for r in schedules[e].ranges]} for e in args.engines}, "plan": runs,
             "target_dir": args.target_dir, "draft_dir": args.draft_dir, "dtype": args.dtype,
             "threads": torch.get_num_threads(), "vllm_env": VLLM_ENV}
     args.piece = meta["utc"]
@@ -300,7 +295,7 @@ def live_main(argv: list[str]) -> None:
 
     def save(rows: list[dict]) -> None:
         write_report(merge(out, None, rows), out.with_suffix(".md"))
-    for engine in engines:
+    for engine in args.engines:
         cfgs = configs(args, schedules[engine])
         save(avkit_phase(args, runs, cfgs, schedules[engine], save) if engine == "avkit" else
              vllm_phase(args, runs, cfgs))

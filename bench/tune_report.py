@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import re
-from collections import Counter
 from pathlib import Path
+
+import numpy as np
 
 from avkit.markdown import md_table
 from avkit.scheduling.batch_schedule import BatchSchedule
@@ -45,15 +46,10 @@ def steady(x: dict) -> float | None:
 
 def _share_by_range(in_flight: list[int], schedule: list[list[int]]) -> str:
     """Share of engine steps per schedule range (past the last range counts in it)."""
-    if not in_flight:
-        return "-"
-    counts = Counter(in_flight)
-    parts = []
-    for i, (lo, hi, k) in enumerate(schedule):
-        top = float("inf") if i == len(schedule) - 1 else hi
-        n = sum(v for b, v in counts.items() if lo <= b <= top)
-        parts.append(f"{lo}-{hi} (K={k}): {100 * n / len(in_flight):.0f}%")
-    return ", ".join(parts)
+    b = np.asarray(in_flight)  # [steps] batch size at each engine step
+    tops = [hi for _, hi, _ in schedule[:-1]] + [np.inf]
+    return ", ".join(f"{lo}-{hi} (K={k}): {100 * ((b >= lo) & (b <= top)).sum() / b.size:.0f}%"
+                     for (lo, hi, k), top in zip(schedule, tops)) if b.size else "-"
 
 
 def _greedy(rows: dict, engine: str, config: str, run: str) -> str:
