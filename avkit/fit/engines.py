@@ -36,18 +36,18 @@ class LocalEngine:
     def map(self, fn, items: list[tuple], nodes=None, fold=None) -> tuple[list, list]:
         """With `fold` the total and at most `workers` results exist at once (a score pass's sums are ~37 MB
         per feature and shard)."""
-        pool = self.pool
+        where = [None] * len(items)
         if fold is None:
-            return list(pool.map(lambda args: fn(*args), items)), [None] * len(items)
+            return list(self.pool.map(lambda args: fn(*args), items)), where
         todo, acc = iter(items), None
-        pending = deque(pool.submit(fn, *args) for args in itertools.islice(todo, self.workers))
+        pending = deque(self.pool.submit(fn, *args) for args in itertools.islice(todo, self.workers))
         while pending:
             result = pending.popleft().result()
             acc = result if acc is None else fold(acc, result)
             del result  # (the first result is the total itself)
             if (args := next(todo, None)) is not None:
-                pending.append(pool.submit(fn, *args))
-        return acc, [None] * len(items)
+                pending.append(self.pool.submit(fn, *args))
+        return acc, where
 
     def cleanup(self, scratch: str, nodes) -> None:
         _remove(scratch)
@@ -105,19 +105,15 @@ class RayEngine:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy  # optional: ray
 
         task = ray.remote(max_retries=self.max_retries)(_call)
-        refs = []
-        for i, args in enumerate(items):
-            opts = {"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[i], soft=False)} \
-                if nodes and nodes[i] else {}
-            refs.append(task.options(**opts).remote(fn, args))
-        out, acc = [], None
+        refs = [task.options(**({"scheduling_strategy": NodeAffinitySchedulingStrategy(nodes[i], soft=False)}
+                                if nodes and nodes[i] else {})).remote(fn, args) for i, args in enumerate(items)]
+        results, where, acc = [], [], None
         for i, args in enumerate(items):  # arrays from the object store are read-only views: copied
             try:
                 node, result = ray.get(refs[i])
             except ray.exceptions.RayError as e:
-                for r in refs:
-                    if r is not None:
-                        ray.cancel(r)
+                for r in filter(None, refs):
+                    ray.cancel(r)
                 cause = getattr(e, "cause", None) if isinstance(e, ray.exceptions.RayTaskError) else e
                 if isinstance(cause, AvkitError):
                     raise type(cause)(first_line(cause)) from None
@@ -125,11 +121,13 @@ class RayEngine:
                 raise AvkitError(f"ray: task on shard {_shard(args)} failed{retried}: {type(cause).__name__}: "
                                  f"{first_line(cause or e)}") from None
             result = copy.deepcopy(result)
-            if fold is not None:
+            where.append(node)
+            if fold is None:
+                results.append(result)
+            else:
                 acc = result if acc is None else fold(acc, result)
-                result, refs[i] = None, None  # the store may free it now
-            out.append((node, result))
-        return acc if fold is not None else [r for _, r in out], [n for n, _ in out]
+                result = refs[i] = None  # the store may free it now
+        return (results if fold is None else acc), where
 
     def cleanup(self, scratch: str, nodes) -> None:
         """Remove the spill directory on every node that wrote to it (and here)."""

@@ -71,10 +71,8 @@ def start_estimator(name: str, estimator: str, k: int, trained_on: dict, fit: Fi
     traces' model pair and the drafter fitted must match the file's (as a server restarting from its snapshot)."""
     config = replace(est_cfg, feature=name)
     if fit.coefficients and fit.mode == "online" and name == est_cfg.feature and estimator == fit.estimator:
-        t = trained_on
-        pair = ServedPair(t.get("target", ""), t.get("draft", ""), t.get("target_sha256", ""),
-                          t.get("draft_sha256", ""))
-        return load_estimator(estimator, fit.coefficients, k=k, pair=pair, drafter=t.get("drafter", "model"),
+        pair = ServedPair(*(trained_on.get(f, "") for f in ("target", "draft", "target_sha256", "draft_sha256")))
+        return load_estimator(estimator, fit.coefficients, k=k, pair=pair, drafter=trained_on.get("drafter", "model"),
                               config=config)
     return make_estimator(estimator, k=k, config=config)
 
@@ -83,14 +81,11 @@ def plan_features(fit: FitConfig, est_cfg: EstimatorConfig, present) -> list[tup
     """(feature, estimator) of every fit `avkit fit` runs, for the features `present` in the traces: each
     present feature and the per-position-slope ablation of the written one, or only `fit.features`."""
     logistic = fit.estimator if fit.mode == "online" else "batch_logistic"
-    if fit.features:
-        absent = [n for n in fit.features if n not in present]
-        if absent:
-            raise ConfigError(f"--features {absent[0]}: is not in the traces (its columns are absent or "
-                              f"hold nulls); the traces have {', '.join(n for n in FEATURES if n in present)}")
-        return [(n, FEATURES[n].no_fit or logistic) for n in FEATURES if n in fit.features]
-    plan = [(n, FEATURES[n].no_fit or logistic) for n in FEATURES if n in present]
-    return plan + [(est_cfg.feature, "per_position_slope")]
+    if absent := [n for n in fit.features if n not in present]:
+        raise ConfigError(f"--features {absent[0]}: is not in the traces (its columns are absent or "
+                          f"hold nulls); the traces have {', '.join(n for n in FEATURES if n in present)}")
+    plan = [(n, FEATURES[n].no_fit or logistic) for n in FEATURES if n in (fit.features or present)]
+    return plan if fit.features else plan + [(est_cfg.feature, "per_position_slope")]
 
 
 def coefficients_doc(est, trained_on: dict, fit: FitConfig, est_cfg: EstimatorConfig) -> dict:
