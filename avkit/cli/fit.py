@@ -12,11 +12,12 @@ from rich.progress import Progress
 
 from avkit.cli.hvd import render as render_hvd
 from avkit.cli.hvd import replay
-from avkit.cli.options import arg, config_options, result_table, stdout_console
+from avkit.cli.options import arg, config_options, result_table, stdout_console, traces_arg
 from avkit.config import DEFAULT_TRACE_GLOB, EstimatorConfig, FitConfig
 from avkit.errors import ConfigError
 from avkit.markdown import fmt
 from avkit.staged import StagedOutputs
+
 
 def render(result, written: dict, console: Console) -> None:
     c = result.coefficients
@@ -45,9 +46,8 @@ def register(app: typer.Typer) -> None:
     @app.command("fit")
     @config_options(
         (FitConfig, EstimatorConfig),
-        arg("traces", Annotated[list[Path] | None, typer.Argument(
-            metavar="TRACE", help=f"trace files, directories of them or globs: one shard per replica "
-                                  f"(default: the shipped {DEFAULT_TRACE_GLOB})", show_default=False)], None),
+        traces_arg(f"trace files, directories of them or globs: one shard per replica (default: the shipped "
+                   f"{DEFAULT_TRACE_GLOB})"),
         "out", "mode", "estimator", "coefficients", "feature", "refit_interval", "bins", "engine", "address",
         "memory_budget", "scratch", "replicas", "drafter", "features",
         arg("hvd", Annotated[bool, typer.Option("--hvd", help="also replay the traces' generations tables for Hybrid "

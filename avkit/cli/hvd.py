@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from avkit.cli.options import arg, config_options, result_table, stdout_console
+from avkit.cli.options import arg, config_options, result_table, stdout_console, traces_arg
 from avkit.config import HvdCostConfig, HvdReplayConfig, PayoffConfig, SuffixCacheConfig
 from avkit.hvd import METRICS, SPEEDUPS
 from avkit.staged import StagedOutputs
@@ -41,9 +41,7 @@ def register(app: typer.Typer) -> None:
     @app.command("hvd")
     @config_options(
         (HvdReplayConfig, SuffixCacheConfig, HvdCostConfig, PayoffConfig),
-        arg("traces", Annotated[list[Path] | None, typer.Argument(
-            metavar="TRACE", help="traces with .generations.parquet beside them (default: the greedy ones in traces/, else all)",
-            show_default=False)], None),
+        traces_arg("traces with .generations.parquet beside them (default: the greedy ones in traces/, else all)"),
         arg("out", Annotated[Path, typer.Option(help="output directory for payoff_mlp.pt and hvd_metrics.json")],
             Path("reports/hvd")),
         arg("tokenizer", Annotated[str | None, typer.Option(
@@ -77,9 +75,8 @@ def register(app: typer.Typer) -> None:
                 result = fit_hvd_generations(synthetic_generations(synthetic, seed=payoff_config.seed), out, outputs=outputs, **kw)
                 title = f"HVD replay on {synthetic} synthetic generations"
             else:
-                from avkit.trace.shards import resolve_shards  # lazy: start-up
-
                 from avkit.hvd.replay import greedy_traces  # lazy: start-up
+                from avkit.trace.shards import resolve_shards  # lazy: start-up
 
                 paths = resolve_shards(traces) if traces else greedy_traces()
                 result = replay(paths, out, outputs, tokenizer, **kw)

@@ -21,10 +21,6 @@ from rich.table import Table
 from avkit.config import DEFAULT_TRACE_GLOB, default_of
 from avkit.errors import ConfigError
 
-TracesArgument = Annotated[list[Path] | None, typer.Argument(
-    metavar="TRACE", help=f"trace files, directories of them or globs (default: the shipped {DEFAULT_TRACE_GLOB})",
-    show_default=False)]
-
 
 def parse_ints(name: str, text: str) -> tuple[int, ...]:
     """`--concurrency 1,2,4` -> (1, 2, 4); one error line naming the option otherwise."""
@@ -124,6 +120,13 @@ def make(cls, values: dict):
 def arg(name: str, annotation, default=inspect.Parameter.empty) -> inspect.Parameter:
     """A command's own parameter, for `config_options`."""
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def traces_arg(help: str = "", name: str = "traces", metavar: str = "TRACE") -> inspect.Parameter:
+    """A command's TRACE arguments (None when none is given), for `config_options`."""
+    help = help or f"trace files, directories of them or globs (default: the shipped {DEFAULT_TRACE_GLOB})"
+    return arg(name, Annotated[list[Path] | None, typer.Argument(metavar=metavar, help=help, show_default=False)],
+               None)
 
 
 def result_table(title: str, columns, rows, left=(), no_wrap: bool = False) -> Table:

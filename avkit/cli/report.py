@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from avkit.cli.options import arg, config_options
+from avkit.cli.options import arg, config_options, traces_arg
 from avkit.config import DEFAULT_TRACE_GLOB, EstimatorConfig, FitConfig, ReportConfig, default_of
 from avkit.errors import ConfigError
 from avkit.staged import StagedOutputs
@@ -36,10 +36,8 @@ def register(app: typer.Typer) -> None:
     @app.command("report")
     @config_options(
         (ReportConfig, FitConfig, EstimatorConfig),
-        arg("inputs", Annotated[list[Path] | None, typer.Argument(
-            metavar="FIT_DIR|TRACE", show_default=False,
-            help=f"an `avkit fit` output directory, or trace files (directories, globs) to fit now (default: the shipped "
-                 f"{DEFAULT_TRACE_GLOB})")], None),
+        traces_arg(f"an `avkit fit` output directory, or trace files (directories, globs) to fit now (default: the "
+                   f"shipped {DEFAULT_TRACE_GLOB})", "inputs", "FIT_DIR|TRACE"),
         "out",
         arg("sim", Annotated[Path | None, typer.Option(
             help=f"`avkit simulate` results Parquet (default: {_d('sim')} when it exists)", show_default=False)], None),

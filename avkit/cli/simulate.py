@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
-from avkit.cli.options import TracesArgument, arg, config_options, stdout_console
+from avkit.cli.options import arg, config_options, stdout_console, traces_arg
 from avkit.config import SimulateConfig
 from avkit.errors import ConfigError
 from avkit.scheduling.spec import parse_spec
@@ -18,7 +18,7 @@ from avkit.staged import StagedOutputs
 def register(app: typer.Typer) -> None:
     @app.command("simulate")
     @config_options(
-        SimulateConfig, arg("traces", TracesArgument, None), "cost", "concurrency",
+        SimulateConfig, traces_arg(), "cost", "concurrency",
         arg("policy", Annotated[list[str] | None, typer.Option(
             "--policy", help="repeatable (or comma-separated): nospec, fixed, fixed:K, adaptive:ESTIMATOR, "
             "adaptive:oracle, adaptive:recorded, adaptive-stop:ESTIMATOR (also stops drafting early), "

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.progress import Progress
 
-from avkit.cli.options import TracesArgument, arg, config_options, result_table
+from avkit.cli.options import config_options, result_table, traces_arg
 from avkit.config import TuneConfig
 from avkit.staged import write_json_atomic
 from avkit.throughput_text import summary_lines, tune_grid
@@ -28,16 +28,15 @@ def render(result: dict, console: Console) -> None:
 
 def register(app: typer.Typer) -> None:
     @app.command("tune")
-    @config_options(TuneConfig, arg("traces", TracesArgument, None), "cost", "concurrency", "max_k", "tpot_slo_ms",
+    @config_options(TuneConfig, traces_arg(), "cost", "concurrency", "max_k", "tpot_slo_ms",
                     "context", "memory_gb", "format", "draft", "context_bands", "draft_gate", "estimator",
                     "bootstrap", "seed", "out", "datasets", "max_new_tokens")
     def tune(config: TuneConfig, traces):
         """Per batch size: predicted tokens/s for no-spec, each fixed K, adaptive and adaptive with early stop;
         the recommended K per batch-size range, adaptive on or off, and the engine fragment."""
+        from avkit.trace.shards import trace_files  # lazy: polars
         from avkit.tune import tune as run  # lazy: start-up
         from avkit.tune.formats import UPSTREAM_CONTEXT_FORMAT  # lazy: polars
-
-        from avkit.trace.shards import trace_files  # lazy: polars
 
         paths = [str(p) for p in trace_files(traces)]
         console = Console(stderr=True)

@@ -211,19 +211,18 @@ def load_fit_data(paths, drafter: str = "model", features=None, drafted: dict[st
     inputs = feature_inputs(names)
     columns = [c for c in TRACE_COLUMNS if c not in FEATURE_INPUTS or c in inputs]
     kept = [c for c in OBSERVED_COLUMNS if c not in FEATURE_INPUTS or c in inputs]
-    parts, step_file, steps, row_step, clocks, total, g = [], [], [], [], [], 0, 0
-    for i, path in enumerate(paths):
+    parts, steps, row_step, clocks, total = [], [], [], [], 0
+    for path in paths:
         [(rows, df, observed, clock, name)] = read_shard(path, trace_k(path), columns, drafter=drafter)  # one chunk
         if drafted is not None:
             count_drafts(df, drafted)
         values = np.unique(clock)  # [G_i] the file's engine steps
         df, clock = replay_order(df.select(kept).filter(pl.Series(observed)), clock[observed])
+        row_step.append(np.searchsorted(values, clock) + sum(v.size for v in steps))
         parts.append(df)
-        row_step.append(np.searchsorted(values, clock) + g)
         steps.append(values)
-        step_file.append(np.full(values.size, i, dtype=np.int64))
         clocks.append(name)
-        total, g = total + rows, g + values.size
+        total += rows
     obs = pl.concat(parts, how="vertical") if len(parts) > 1 else parts[0]
     if obs.height == 0:
         raise no_observed(paths, drafter)
@@ -236,7 +235,8 @@ def load_fit_data(paths, drafter: str = "model", features=None, drafted: dict[st
     return FitData(
         k=max(common_k(paths)[0] or 0, int(positions.max()) + 1), features=features, positions=positions,
         labels=obs["accepted"].cast(pl.Float64).to_numpy(), row_step=np.concatenate(row_step),
-        step_file=np.concatenate(step_file), step_clock=step_clocks, dataset_codes=codes, dataset_names=names,
+        step_file=np.repeat(np.arange(len(steps)), [v.size for v in steps]), step_clock=step_clocks,
+        dataset_codes=codes, dataset_names=names,
         trained_on=trained_on(paths, trace_metadata(paths[0]), total, obs.height,
                               dict(zip(names, np.bincount(codes, minlength=len(names)).tolist())), drafter,
                               clocks, step_clocks.size))

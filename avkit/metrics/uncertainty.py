@@ -75,27 +75,29 @@ def debiased_ce2(labels, probs, clusters=None, n_bins: int = 10) -> float:
     >>> round(debiased_ce2([1, 0, 1, 1, 0], [0.9, 0.1, 0.8, 0.8, 0.6]), 6)
     0.092
     """
+    _, per_cluster = _cluster_sums(labels, probs, clusters, check_n_bins(n_bins))
+    return float(ce2_from_stats(cluster_stats(per_cluster).sum(1)))
+
+
+def _cluster_sums(labels, probs, clusters, n_bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """Checked inputs -> ([R] summed NLL, [3, R, n_bins] ECE bins) of each cluster (None: every slot its own)."""
     y, p, _ = check_binary_inputs(labels, probs, name="probs", probabilities=True)
     codes = np.arange(y.size) if clusters is None else np.unique(np.asarray(clusters), return_inverse=True)[1]
     if codes.size != y.size:
         raise DataError(f"clusters has {codes.size} entries for {y.size} labels")
-    r = int(codes.max()) + 1
-    _, per_cluster = additive_sums(p, y, codes, 1, r, check_n_bins(n_bins))  # [3, 1, R, n_bins]
-    return float(ce2_from_stats(cluster_stats(per_cluster[:, 0]).sum(1)))
+    nll, table = additive_sums(p, y, codes, 1, int(codes.max()) + 1, n_bins)  # [1, R], [3, 1, R, n_bins]
+    return nll[0], table[:, 0]
 
 
 def cluster_bootstrap(labels, probs, clusters, *, n_boot: int = 1000, n_bins: int = 10,
                       seed: int = 0) -> dict[str, np.ndarray]:
     """-> {"ece": [n_boot], "log_loss": [n_boot], "ce2": [n_boot]} over cluster resamples (the same resamples for the
     same `clusters`, `n_boot` and `seed`: two predictors' draws are paired)."""
-    y, p, _ = check_binary_inputs(labels, probs, name="probs", probabilities=True)
-    _, codes = np.unique(np.asarray(clusters), return_inverse=True)  # [N] 0..R-1
-    r = int(codes.max()) + 1
-    nll, table = additive_sums(p, y, codes, 1, r, n_bins)  # [1, R], [3, 1, R, n_bins]
-    counts = resample_weights(r, n_boot, seed)  # [B, R]
-    boot = np.einsum("br,crk->cbk", counts, table[:, 0])  # [3, B, n_bins]
-    ce2 = ce2_from_stats(np.einsum("br,crk->cbk", counts, cluster_stats(table[:, 0])))  # [B]
-    return {"ece": ece_from_bins(boot), "log_loss": counts @ nll[0] / boot[0].sum(-1), "ce2": ce2}
+    nll, table = _cluster_sums(labels, probs, clusters, n_bins)  # [R], [3, R, n_bins]
+    counts = resample_weights(nll.size, n_boot, seed)  # [B, R]
+    boot = np.einsum("br,crk->cbk", counts, table)  # [3, B, n_bins]
+    ce2 = ce2_from_stats(np.einsum("br,crk->cbk", counts, cluster_stats(table)))  # [B]
+    return {"ece": ece_from_bins(boot), "log_loss": counts @ nll / boot[0].sum(-1), "ce2": ce2}
 
 
 def ece_floor(probs, *, n_draws: int = 200, n_bins: int = 10, seed: int = 0) -> float:
