@@ -131,16 +131,11 @@ def _stop_group(child: subprocess.Popen, wait_s: float = 2.0) -> None:
     os.killpg(child.pid, signal.SIGTERM)
     child.wait()
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        try:
+    with contextlib.suppress(ProcessLookupError):  # the group is gone
+        while time.monotonic() < deadline:
             os.killpg(child.pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.02)
-    try:
+            time.sleep(0.02)
         os.killpg(child.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, ends: torch.Tensor,

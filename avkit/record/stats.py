@@ -40,8 +40,6 @@ class AcceptanceStats:
 
     def update_from_table(self, table) -> None:
         """Add the rows of a pyarrow trace table (e.g. a resumed file)."""
-        if table.num_rows == 0:
-            return
         acc = table["accepted"]
         arrays = {c: table[c].to_numpy(zero_copy_only=False) for c in ("position", "num_accepted")}
         self.update({**arrays, "dataset": table["dataset"].cast("string").to_numpy(zero_copy_only=False),
