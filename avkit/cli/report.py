@@ -39,13 +39,11 @@ def register(app: typer.Typer) -> None:
         traces_arg(f"an `avkit fit` output directory, or trace files (directories, globs) to fit now (default: the "
                    f"shipped {DEFAULT_TRACE_GLOB})", "inputs", "FIT_DIR|TRACE"),
         "out",
-        arg("sim", Annotated[Path | None, typer.Option(
-            help=f"`avkit simulate` results Parquet (default: {_d('sim')} when it exists)", show_default=False)], None),
-        arg("hvd", Annotated[Path | None, typer.Option(
-            help=f"`avkit hvd` hvd_metrics.json or its directory (default: {_d('hvd')} when it exists)",
-            show_default=False)], None),
-        arg("tune", Annotated[Path | None, typer.Option(
-            help=f"`avkit tune` result JSON (default: {_d('tune')} when it exists)", show_default=False)], None),
+        *(arg(name, Annotated[Path | None, typer.Option(help=f"{what} (default: {_d(name)} when it exists)",
+                                                        show_default=False)], None)
+          for name, what in (("sim", "`avkit simulate` results Parquet"),
+                             ("hvd", "`avkit hvd` hvd_metrics.json or its directory"),
+                             ("tune", "`avkit tune` result JSON"))),
         arg("simulate", Annotated[bool, typer.Option(
             help="with no --sim and no default results file: simulate the traces now (`avkit simulate` "
                  "defaults; seconds on the shipped traces)")], True),
