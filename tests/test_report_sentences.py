@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from avkit.report.sections.features import lossy_sentence
-from avkit.report.sections.tune import _gain
+from avkit.throughput_text import gain
 
 
 def _scores(lossy: tuple[float, ...], lossless: tuple[float, ...]) -> list[dict]:
@@ -38,7 +38,7 @@ def test_no_lossy_sentence_without_both_kinds():
 
 @pytest.mark.parametrize("ratio, verb", [(0.97, "it loses"), (1.03, "it gains"), (1.0002, "it neither gains nor loses")])
 def test_tune_gain_follows_the_ratio(ratio, verb):
-    assert _gain(ratio) == f"{verb}: {ratio:.3f}×"
+    assert gain(ratio) == f"{verb}: {ratio:.3f}x"
 
 
 def test_a_roofline_simulation_is_titled_a_what_if():

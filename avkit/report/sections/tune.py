@@ -14,14 +14,7 @@ from avkit.markdown import DIGITS
 from avkit.report import plots
 from avkit.report.document import Figure, Section, Table, record_table
 from avkit.report.inputs import ReportInputs
-from avkit.throughput_text import tok, tune_grid
-
-
-def _gain(ratio: float) -> str:
-    """What a throughput ratio does, in words that follow its value as printed (3 decimals)."""
-    shown = round(ratio, 3)
-    verb = "it gains" if shown > 1 else "it loses" if shown < 1 else "it neither gains nor loses"
-    return f"{verb}: {ratio:.3f}×"
+from avkit.throughput_text import headline, idle_lines, tok, tune_grid
 
 
 def schedule_table(result: dict) -> Table:
@@ -79,15 +72,10 @@ def build(inputs: ReportInputs) -> Section:
     sec, result = Section("tune", "Tuning: K per batch size, adaptive verification on or off"), inputs.tune
     if result is None:
         return sec.omit(inputs.notes.get("tune", "no `avkit tune` result"))
-    s = result["schedule"]
     cost = result["cost"]
-    ranges = ", ".join(f"{lo}–{hi}: K={k}" for lo, hi, k in s["ranges"])
     sec.add(f"Source: {inputs.sources.get('tune', '?')} ({result['requests']} recorded requests; cost "
-            f"{cost.get('source', '?')} {cost.get('device', '')} {cost.get('target', '')}). Recommended schedule "
-            f"(batch size: K): {ranges}; adaptive verification {'on' if s['adaptive'] else 'off'} (at the same K "
-            f"{_gain(s['adaptive_geomean_gain'])} on geometric mean). Over the concurrencies: "
-            f"{s['geomean_vs_single_k']:.3f}× the best single fixed K (K={s['single_k']}) and "
-            f"{s['geomean_vs_nospec']:.3f}× no-spec.")
+            f"{cost.get('source', '?')} {cost.get('device', '')} {cost.get('target', '')}). Recommended "
+            f"{'; '.join(headline(result))}.")
     if result["infeasible"]:
         sec.add(f"Not simulated, the KV cache does not hold them at {result['memory']['context']} tokens per "
                 f"request: c = {', '.join(str(r['concurrency']) for r in result['infeasible'])} (at most "
@@ -99,11 +87,5 @@ def build(inputs: ReportInputs) -> Section:
     sec.add(schedule_table(result), cell_table(result))
     sec.add("vLLM `speculative_config`: `" + json.dumps(result["vllm"]) + "`; TensorRT-LLM: `"
             + json.dumps(result["trtllm"]) + "`.")
-    idle = result["idle"]
-    if idle["per_concurrency"]:
-        sec.add("Speculation configured but off (K = 0): at most " + ", ".join(
-            f"{100 * r['overhead_share']:.1f}% at c{r['concurrency']}" for r in idle["per_concurrency"])
-            + " of no-spec time as the cost table prices it (drafter prefill, and keeping the drafter in sync or "
-            "catching it up). Not priced: " + "; ".join(idle["not_priced"])
-            + ".")
+    sec.add(*(f"{line[0].upper()}{line[1:]}." for line in idle_lines(result)))
     return sec.add(*(f"Note: {n}." for n in result["notes"]))
