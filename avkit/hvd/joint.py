@@ -125,14 +125,11 @@ class JointRouter:
         """What `from_extra` reads back, saved beside the survival head."""
         return {"model_surv": self.model_surv.tolist(), "hit_bins": self.hit_bins.tolist(), "cost": summary(self.cost)}
 
-    def model_survival(self, hist_model_hit: np.ndarray) -> np.ndarray:
-        """[R] recent model hit rates -> [R, K] model-draft survival."""
-        return self.model_surv[np.digitize(hist_model_hit, self.hit_bins)]
-
     def survivals(self, cols: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """Row features ([R] per name) -> ([R, K] cache-draft survival, zero past the draft; [R, K] model's)."""
+        """Row features ([R] per name) -> ([R, K] cache-draft survival, zero past the draft; [R, K] model's, by the
+        row's recent model hit rate)."""
         x = feature_matrix(cols, self.payoff.feature_names)
-        return self.payoff.predict_survival(x), self.model_survival(cols["hist_model_hit"])
+        return self.payoff.predict_survival(x), self.model_surv[np.digitize(cols["hist_model_hit"], self.hit_bins)]
 
     def decide(self, cols: dict[str, np.ndarray], wanted: np.ndarray,
                lag: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -50,11 +50,6 @@ def cells(records: list[dict], cols: tuple[str, ...] | None = None):
             [not isinstance(records[0][c], str | bool) for c in cols])
 
 
-def budget_records(budget: list[dict]) -> list[dict]:
-    """The batched replay's rows (concurrency, router, throughput) as one row per concurrency, a column per router."""
-    return pl.DataFrame(budget).pivot(on="router", index="concurrency", values="throughput").to_dicts() if budget else []
-
-
 def thresholds_md(thresholds: dict[str, float], info: dict) -> str:
     """The routers' thresholds tau chosen on validation, and the joint router's model survival scale."""
     return ("Thresholds: " + ", ".join(f"{k} tau={fmt(v, 3)}" for k, v in thresholds.items())
@@ -125,7 +120,9 @@ def hvd_blocks(blob: dict, sensitivity: bool = False) -> list[str | HvdTable]:
                 "whichever draft, cache or model, has the larger expected accepted length) or not (cache drafts "
                 "only), and all chosen slots compete for one budget b* = argmax E(b)/cost(b) over their survival "
                 "curves (`avkit/hvd/joint.py`); the other routers verify every drafted slot, the draft model's "
-                "cost being shared by the batch."), budget_records(blob["budget"]))] if blob.get("budget") else []),
+                "cost being shared by the batch."),  # one row per concurrency, a column per router
+                pl.DataFrame(blob["budget"]).pivot(on="router", index="concurrency", values="throughput").to_dicts())]
+              if blob.get("budget") else []),
             *([HvdTable("ablation", "Feature ablation (mlp router)", "Validation MSE and test throughput of the mlp "
                         "router on each feature set.", blob["ablation"])] if blob.get("ablation") else [])]
 
