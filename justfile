@@ -90,11 +90,11 @@ bench-cost-live:
 bench-cost-replay:
     python bench/live.py cost --replay bench/results/cost_live_steps.jsonl --learned bench/results
 
-# the logged grid's batch-1 steps of depths 2-4 alone (what an adaptive policy runs at c1) through the current
+# the logged grid's batch-1 steps of depth 7 alone (what an adaptive policy runs at c1, T = 1) through the current
 # cost learner, its probes taking the logged steps of the depths they probe: the price of every other depth
 [doc("price the depths an adaptive policy does not visit at c1, from the logged cost-live grid (seconds)")]
 bench-cost-visit:
-    python bench/live.py cost --replay bench/results/cost_live_steps.jsonl --visit 2,3,4 --out bench/results/cost_visit.md
+    python bench/live.py cost --replay bench/results/cost_live_steps.jsonl --visit 7 --out bench/results/cost_visit.md
 
 # live adaptive / best fixed K per cell through `avkit record --policy`, 3 interleaved repeats, 95% intervals
 # (real pair, idle CPU, hours on 2 cores; `python bench/adaptive.py live --tiny` checks it in seconds)

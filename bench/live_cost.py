@@ -198,7 +198,8 @@ def cost_main(argv: list[str]) -> int:
     ap.add_argument("--visit", default=None, type=csv(int), metavar="DEPTHS",
                     help="with --replay: feed the learner only batch-1 steps of these draft depths (`visit`)")
     ap.add_argument("--visit-steps", type=int, default=300, help="with --visit: steps the learner sees")
-    ap.add_argument("--probe-every", type=int, default=97, help="with --visit: the learner's probe period")
+    ap.add_argument("--probe-every", type=int, default=CostLearner.probe_every,
+                    help="with --visit: the learner's probe period (default: the learner's)")
     a = ap.parse_args(argv)
     if a.replay and a.visit:
         rows, probes = visit(*read_log(Path(a.replay)), set(a.visit), a.visit_steps, a.probe_every)

@@ -136,7 +136,7 @@ class AdaptiveConfig(Checked):
     resume_margin: float = checked(0.1, 0.0)  # gate off: resume drafting only when it promises > 10% more tok/ms
     learn_cost: bool = False  # learn the cost model from the engine's step times (scheduling/learn.py; serve: on)
     # learning: every this many steps a probe verifies a depth set by the step count
-    cost_probe_every: int = checked(97, 0)
+    cost_probe_every: int = checked(16, 0)
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import numpy as np
 from avkit.scheduling.cost import FREE_LAG, CostTable, context_band, interp_curve, isotonic, shape_keys
 from avkit.step_types import StepTime
 
-PRIOR_COUNT = 8.0  # steps the prior counts for, per unknown (module note)
+PRIOR_COUNT = 2.0  # steps the prior counts for, per unknown (module note: prior)
 LEARNED = ("verify_ms", "draft_ms", "draft_fixed_ms", "prefill_ms", "request_ms")  # the curves the fit moves
 
 @dataclass
@@ -44,7 +44,7 @@ class CostLearner:
     window: int = 32  # steps kept per shape
     warmup: int = 2  # first steps of every shape dropped
     refit_every: int = 64  # steps between refits
-    probe_every: int = 97  # a probe step every this many steps (0: never)
+    probe_every: int = 16  # a probe step every this many steps (0: never; module note: probe)
     prior_count: float = PRIOR_COUNT
     model: CostTable | None = None
     steps: int = 0  # steps timed so far (the probe schedule's clock)
