@@ -69,13 +69,8 @@ def warm_start(config: ServeConfig) -> WarmStart:
     if config.resume and snap.is_file():
         return WarmStart(str(snap), "snapshot")
     shipped = shipped_file(SHIPPED_COEFFICIENTS)  # from the working directory or the repo root
-    if shipped is not None:
-        try:  # the shipped fit is a default, not a demand: it applies only to the K it was fitted for
-            load_coefficients(shipped, k=config.engine.k)
-        except AvkitError:
-            return WarmStart("", "reference")
-        return WarmStart(str(shipped), "shipped")  # build_state also checks it was fitted on the served pair
-    return WarmStart("", "reference")
+    # build_state checks it was fitted for this K on the served pair (a default, not a demand: else not used)
+    return WarmStart(str(shipped), "shipped") if shipped is not None else WarmStart("", "reference")
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -96,20 +91,6 @@ def bind_socket(host: str, port: int) -> socket.socket:
         raise ConfigError(what) from None
     sock.set_inheritable(True)
     return sock
-
-
-def check_record_writable(path: str) -> None:
-    """--record must be a new file we can create: fail at start, not after an hour of serving."""
-    if Path(path).expanduser().is_file():  # the trace written at shutdown would replace it: never clobbered
-        raise ConfigError(f"--record {path}: exists; serve writes a new trace (give another path or move the old "
-                          "file away)")
-    check_writable(path, "--record")  # a directory, a parent that is a file, a folder we cannot write in
-
-
-def _cost_source(config: ServeConfig) -> str:
-    if config.adaptive.cost:
-        return config.adaptive.cost
-    return f"{default_cost_spec()} (default: `avkit profile`'s table on this machine, else the CPU roofline)"
 
 
 def startup_block(config: ServeConfig, *, target, draft, device: str, dtype: str, warm: WarmStart) -> str:
@@ -140,7 +121,8 @@ def startup_block(config: ServeConfig, *, target, draft, device: str, dtype: str
         lines += [("coefficients", coeffs)]
         if config.models.drafter == "hybrid":
             lines += [("cache rows", f"own estimator, {config.adaptive.cache_coefficients or 'reference constants'}")]
-        lines += [("cost table", _cost_source(config)),
+        lines += [("cost table", config.adaptive.cost or f"{default_cost_spec()} (default: `avkit profile`'s table "
+                                                          "on this machine, else the CPU roofline)"),
                   ("snapshot", f"{snapshot_path(config)} every {config.snapshot_every} refits")]
     lines += [
         ("limits", f"concurrency {config.engine.concurrency}, queue {config.http.queue_size}, max_len "
@@ -202,8 +184,11 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
                                                   cache_coefficients=str(cache_snapshot_of(Path(warm.path)))))
     if config.policy == "schedule":
         make_scheduled(config.schedule, k=config.engine.k)
-    if config.record:
-        check_record_writable(config.record)
+    if config.record:  # a new file we can create: fail at start, not after an hour of serving
+        if Path(config.record).expanduser().is_file():  # the trace written at shutdown would replace it
+            raise ConfigError(f"--record {config.record}: exists; serve writes a new trace (give another path or "
+                              "move the old file away)")
+        check_writable(config.record, "--record")  # a directory, a parent that is a file, a folder we cannot write in
     device, dtype = placement(config.models.device, config.models.dtype)
     if target is None:
         log.info("loading %s%s", config.models.target, f" + {config.models.draft}" if config.models.has_draft else "")
@@ -215,7 +200,7 @@ def build_state(config: ServeConfig, *, target=None, draft=None) -> ServeState:
     pair = ServedPair(target.model_id, draft.model_id if draft else "", target.sha256 or "",
                       (draft.sha256 or "") if draft else "")
     if warm.source == "shipped":
-        try:  # the shipped fit is a default: fitted on another pair, it is not used (a given file must match)
+        try:  # the shipped fit is a default: fitted for another K or pair, it is not used (a given file must match)
             load_coefficients(warm.path, k=config.engine.k, pair=pair)
         except AvkitError as e:
             log.warning("not warm-starting from the shipped coefficients: %s", e)
@@ -309,34 +294,21 @@ def bind_warning(config: ServeConfig) -> str | None:
     return f"binding {host} without --api-key: anyone who can reach this address can use the server"
 
 
-def configure_logging(log_level: str) -> None:
-    """avkit's server log (startup block, side-write failures, access log) on stderr beside uvicorn's."""
+def serve(config: ServeConfig, *, log_level: str = "info") -> bool:
+    """Run until SIGTERM/SIGINT; True when a signal started the (graceful) shutdown. avkit's server log (startup
+    block, side-write failures, access log) goes to stderr beside uvicorn's; avkit's logger is put back as it was
+    on return, also when a start-up check fails (an in-process caller keeps its logging)."""
     logger = logging.getLogger("avkit")
+    saved = (list(logger.handlers), logger.level, logger.propagate)
     if not logger.handlers:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s", use_colors=False))  # as uvicorn's
         logger.addHandler(handler)
     logger.setLevel(log_level.upper())
     logger.propagate = False
-
-
-def serve(config: ServeConfig, *, log_level: str = "info") -> bool:
-    """Run until SIGTERM/SIGINT; True when a signal started the (graceful) shutdown. avkit's logger is put
-    back as it was on return, also when a start-up check fails (an in-process caller keeps its logging)."""
-    logger = logging.getLogger("avkit")
-    saved = (list(logger.handlers), logger.level, logger.propagate)
-    configure_logging(log_level)
+    sock = None
     try:
-        return _serve(config, log_level)
-    finally:
-        logger.handlers[:] = saved[0]
-        logger.setLevel(saved[1])
-        logger.propagate = saved[2]
-
-
-def _serve(config: ServeConfig, log_level: str) -> bool:
-    sock = bind_socket(config.http.host, config.http.port)  # a busy port fails now, not after loading models
-    try:
+        sock = bind_socket(config.http.host, config.http.port)  # a busy port fails now, not after loading models
         if warning := bind_warning(config):
             log.warning("%s", warning)
         state = build_state(config)
@@ -351,4 +323,8 @@ def _serve(config: ServeConfig, log_level: str) -> bool:
             signal.signal(signal.SIGTERM, previous)
         return state.drain_started is not None  # the shutdown began (a SIGTERM/SIGINT, uvicorn_server)
     finally:
-        sock.close()
+        if sock is not None:
+            sock.close()
+        logger.handlers[:] = saved[0]
+        logger.setLevel(saved[1])
+        logger.propagate = saved[2]

@@ -73,8 +73,16 @@ UPSTREAM_CONTEXT_FORMAT = "vLLM PR #48944 (not in vLLM 0.32)"
 VLLM_METHODS = {"model": "draft_model", "suffix": "suffix"}  # the trace's drafter -> vLLM's method
 
 
+def _is_int(v, lo: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= lo
+
+
+def _number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _int(name: str, value, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+    if not _is_int(value, lo):
         raise ConfigError(f"{name} must be an integer >= {lo}, got {value!r}")
     return value
 
@@ -95,48 +103,43 @@ def _check_batch_ranges(entries: list, n: int, where: str) -> None:
         prev = hi
 
 
-def _schedule(spec: dict) -> tuple[int, list]:
-    """num_speculative_tokens and the non-empty num_speculative_tokens_per_batch_size list."""
+def _check_schedule(spec: dict, ctx: bool) -> dict:
+    """num_speculative_tokens and its non-empty per-batch-size list: (batch_lo, batch_hi, K) ranges, or with `ctx`
+    (bs_lo, bs_hi, ctx_lo, ctx_hi, K) entries, each context band holding such ranges (module note)."""
+    key, shape = "num_speculative_tokens_per_batch_size", ("(bs_lo, bs_hi, ctx_lo, ctx_hi, K)" if ctx else
+                                                           "(batch_lo, batch_hi, K)")
     n = _int("num_speculative_tokens", spec.get("num_speculative_tokens"), 1)
-    sched = spec.get("num_speculative_tokens_per_batch_size")
+    sched = spec.get(key)
     if not isinstance(sched, list) or not sched:
-        raise ConfigError(f"num_speculative_tokens_per_batch_size must be a non-empty list, got {sched!r}")
-    return n, sched
+        raise ConfigError(f"{key} must be a non-empty list, got {sched!r}")
+    bands: dict[tuple[int, int], list] = {}  # (ctx_lo, ctx_hi) -> its (batch_lo, batch_hi, K); one band without ctx
+    for i, entry in enumerate(sched):
+        if not isinstance(entry, list | tuple) or len(entry) != (5 if ctx else 3):
+            raise ConfigError(f"{key}[{i}] must be {shape}, got {entry!r}")
+        lo, hi = (_int(f"[{i}] ctx_lo", entry[2], 0), _int(f"[{i}] ctx_hi", entry[3], 0)) if ctx else (0, 0)
+        if lo > hi:
+            raise ConfigError(f"{key}[{i}]: ctx_lo {lo} > ctx_hi {hi}")
+        bands.setdefault((lo, hi), []).append([entry[0], entry[1], entry[-1]])
+    prev = -1
+    for lo, hi in bands:  # in order of first appearance: sorted, contiguous from 0
+        if lo != prev + 1:
+            raise ConfigError(f"{key}: context band {lo}-{hi} starts at {lo}, expected {prev + 1} (bands start at 0, "
+                              "contiguous, sorted)")
+        _check_batch_ranges(bands[lo, hi], n, f"{key} (context {lo}-{hi})" if ctx else key)
+        prev = hi
+    return spec
 
 
 def check_vllm(spec: dict) -> dict:
     """Raise ConfigError naming the key and value unless `spec` (the speculative_config dict) passes."""
-    n, sched = _schedule(spec)
-    for i, entry in enumerate(sched):
-        if not isinstance(entry, list | tuple) or len(entry) != 3:
-            raise ConfigError(f"num_speculative_tokens_per_batch_size[{i}] must be (batch_lo, batch_hi, K), "
-                              f"got {entry!r}")
-    _check_batch_ranges(sched, n, "num_speculative_tokens_per_batch_size")
     if not isinstance(spec.get("enable_adaptive_verification", False), bool):
         raise ConfigError(f"enable_adaptive_verification must be a bool, got {spec['enable_adaptive_verification']!r}")
-    return spec
+    return _check_schedule(spec, ctx=False)
 
 
 def check_vllm_context(spec: dict) -> dict:
     """The 5-item form's rules (module note): per context band, batch ranges as vLLM's 3-item ones."""
-    n, sched = _schedule(spec)
-    bands: dict[tuple[int, int], list] = {}
-    for i, entry in enumerate(sched):
-        if not isinstance(entry, list | tuple) or len(entry) != 5:
-            raise ConfigError(f"num_speculative_tokens_per_batch_size[{i}] must be (bs_lo, bs_hi, ctx_lo, ctx_hi, "
-                              f"K), got {entry!r}")
-        lo, hi = _int(f"[{i}] ctx_lo", entry[2], 0), _int(f"[{i}] ctx_hi", entry[3], 0)
-        if lo > hi:
-            raise ConfigError(f"num_speculative_tokens_per_batch_size[{i}]: ctx_lo {lo} > ctx_hi {hi}")
-        bands.setdefault((lo, hi), []).append([entry[0], entry[1], entry[4]])
-    prev = -1
-    for lo, hi in bands:  # in order of first appearance: sorted, contiguous from 0
-        if lo != prev + 1:
-            raise ConfigError(f"num_speculative_tokens_per_batch_size: context band {lo}-{hi} starts at {lo}, "
-                              f"expected {prev + 1} (bands start at 0, contiguous, sorted)")
-        _check_batch_ranges(bands[lo, hi], n, f"num_speculative_tokens_per_batch_size (context {lo}-{hi})")
-        prev = hi
-    return spec
+    return _check_schedule(spec, ctx=True)
 
 
 def check_synthetic(spec: dict) -> dict:
@@ -157,19 +160,15 @@ def check_synthetic(spec: dict) -> dict:
 TRTLLM_KEYS = ("max_draft_len", "draft_len_schedule", "acceptance_rate_window_size", "acceptance_rate_threshold")
 # SGLang's per-slot keys (AdaptiveStepSlot.__init__): name -> (type check, what it must be)
 SGLANG_KEYS = {
-    "candidate_steps": (lambda v: isinstance(v, list) and bool(v) and all(
-        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v), "a non-empty list of integers >= 0"),
+    "candidate_steps": (lambda v: isinstance(v, list) and bool(v) and all(_is_int(x, 0) for x in v),
+                        "a non-empty list of integers >= 0"),
     "ema_alpha": (lambda v: _number(v) and 0.0 < v <= 1.0, "a number in (0, 1]"),
-    "update_interval": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, "an integer >= 1"),
-    "warmup_batches": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0"),
-    "down_hysteresis": (lambda v: _number(v), "a number"),
-    "up_hysteresis": (lambda v: _number(v), "a number"),
+    "update_interval": (lambda v: _is_int(v, 1), "an integer >= 1"),
+    "warmup_batches": (lambda v: _is_int(v, 0), "an integer >= 0"),
+    "down_hysteresis": (_number, "a number"),
+    "up_hysteresis": (_number, "a number"),
     "ceiling_coeff": (lambda v: _number(v) and v >= 0, "a number >= 0"),
 }
-
-
-def _number(v) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def check_trtllm(spec: dict) -> dict:
@@ -194,7 +193,7 @@ def check_trtllm(spec: dict) -> dict:
     if "acceptance_rate_window_size" in spec:
         _int("acceptance_rate_window_size", spec["acceptance_rate_window_size"], 1)
     rate = spec.get("acceptance_rate_threshold", 0.0)
-    if not isinstance(rate, int | float) or isinstance(rate, bool) or not 0.0 <= rate <= 1.0:
+    if not (_number(rate) and 0.0 <= rate <= 1.0):
         raise ConfigError(f"acceptance_rate_threshold must be a number in [0, 1], got {rate!r}")
     return spec
 
@@ -321,6 +320,3 @@ def engine_settings(doc: dict, cost, *, adaptive_ok: bool, draft: str = "") -> d
                                              "synthetic_acceptance_rates": rates})
     return out
 
-
-__all__ = ["FORMATS", "SGLANG_KEYS", "TRTLLM_KEYS", "UPSTREAM_CONTEXT_FORMAT", "break_even_rate", "check_sglang",
-           "check_synthetic", "check_trtllm", "check_vllm", "check_vllm_context", "engine_settings", "trtllm_schedule", "vllm_spec"]

@@ -5,6 +5,7 @@ Ctrl-C reaches only avkit, which then stops it). Used by record.py and profile.p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -105,13 +106,11 @@ def run_offline(python: str, spec: dict, env: dict[str, str], work: Path, *, pro
                     on_line(lines[-1])
 
     t0 = time.monotonic()
-    status = Status("vLLM", console=console or Console(stderr=True)) if progress else None
-    with open(log, "w") as fh:
+    spinner = Status("vLLM", console=console or Console(stderr=True)) if progress else contextlib.nullcontext()
+    with open(log, "w") as fh, spinner as status:
         proc = subprocess.Popen([python, "-m", "avkit.engines.vllm.offline", str(work / "spec.json"), str(result)],
                                 stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
-            if status:
-                status.start()
             while proc.poll() is None:
                 if status:
                     status.update(f"vLLM: starting and running ({time.monotonic() - t0:.0f} s; log {log})")
@@ -125,9 +124,6 @@ def run_offline(python: str, spec: dict, env: dict[str, str], work: Path, *, pro
                 proc.kill()
                 proc.wait()
             raise
-        finally:
-            if status:
-                status.stop()
     poll()
     return proc.returncode, lines
 

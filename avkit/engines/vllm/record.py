@@ -89,10 +89,8 @@ def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress:
     """Record through vLLM (module docstring); `metadata(config, target, draft)` is the recorder's file metadata.
     -> the fields of avkit.record.RecordResult."""
     python, target_dir, draft_dir = check(config)
-    target = VllmModel(target_dir, Tokenizer.from_dir(target_dir), config.models.target, weights_sha256(target_dir),
-                       config.models.dtype)
-    draft = VllmModel(draft_dir, Tokenizer.from_dir(draft_dir), config.models.draft, weights_sha256(draft_dir),
-                      config.models.dtype)
+    target, draft = (VllmModel(d, Tokenizer.from_dir(d), name, weights_sha256(d), config.models.dtype)
+                     for d, name in ((target_dir, config.models.target), (draft_dir, config.models.draft)))
     meta = {**metadata(config, target, draft), "avkit.vllm.draft_sample_method": config.vllm_draft_sampling}
     del meta["avkit.engine"], meta["avkit.dtype"]  # the plugin's: `vllm X.Y.Z` and the dtype vLLM runs
     check_resume(files, meta)
