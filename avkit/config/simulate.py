@@ -88,7 +88,7 @@ class SimulateConfig(ReplayConfig):
             raise ConfigError("--step-time needs recorded step times: not with --profile")
 
 
-TUNE_FORMATS = ("table", "json", "vllm", "vllm-context", "vllm-synthetic", "trtllm", "sglang")  # tune/formats.py
+TUNE_FORMATS = ("table", "json", "vllm", "vllm-context", "vllm-synthetic", "trtllm", "sglang")  # tune/formats.py: [2:]
 
 
 @dataclass(frozen=True)

@@ -54,22 +54,6 @@ async def _envelope(request: Request, e: Exception) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
-def _auth(state: ServeState):
-    """A dependency: `Authorization: Bearer KEY` when the server has an API key."""
-    key = state.config.http.api_key
-
-    async def check(request: Request) -> None:
-        if not key:
-            return
-        got = request.headers.get("authorization", "")
-        scheme, _, token = got.partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode()):
-            raise ApiError(401, "missing or invalid API key (send `Authorization: Bearer KEY`)",
-                           headers={"WWW-Authenticate": "Bearer"})
-
-    return check
-
-
 def build_app(state: ServeState) -> FastAPI:
     """The FastAPI app around a ready `ServeState`; the lifespan starts and stops the engine loop."""
 
@@ -92,7 +76,15 @@ def build_app(state: ServeState) -> FastAPI:
     app.state.avkit = state
     for error in (ApiError, RequestValidationError, HTTPException, Exception):
         app.add_exception_handler(error, _envelope)
-    auth = Depends(_auth(state))
+    key = state.config.http.api_key
+
+    async def check_key(request: Request) -> None:  # `Authorization: Bearer KEY` when the server has an API key
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if key and (scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), key.encode())):
+            raise ApiError(401, "missing or invalid API key (send `Authorization: Bearer KEY`)",
+                           headers={"WWW-Authenticate": "Bearer"})
+
+    auth = Depends(check_key)
 
     @app.get("/health")
     async def health():

@@ -172,12 +172,6 @@ def _sse(data: dict[str, Any] | str) -> str:
     return f"data: {data if isinstance(data, str) else json.dumps(data, separators=(',', ':'))}\n\n"
 
 
-def _check_model(state: ServeState, model: str) -> None:
-    if model != state.model_name:
-        raise ApiError(404, f"model {model!r} not found; this server serves {state.model_name!r}",
-                       param="model")
-
-
 def _check_text(text: str, param: str) -> None:
     """JSON may carry a lone UTF-16 surrogate (\\ud800) that no tokenizer can encode: a 400, not a 500."""
     bad = _SURROGATE.search(text)
@@ -252,8 +246,19 @@ async def _stream(gen: Generation, request: Request, chat: bool, include_usage: 
     yield _sse("[DONE]")
 
 
-async def _respond(state: ServeState, request: Request, body, prompt_ids: list[int],
-                   max_tokens: int, chat: bool):
+async def _respond(state: ServeState, request: Request, body, chat: bool):
+    """Check the request against this server (model, prompt, limits), then stream or collect its generation."""
+    if body.model != state.model_name:
+        raise ApiError(404, f"model {body.model!r} not found; this server serves {state.model_name!r}",
+                       param="model")
+    if chat:
+        prompt_ids = await _chat_ids(state, body)
+        param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        max_tokens = _max_tokens(state, len(prompt_ids), body.max_completion_tokens or body.max_tokens, param,
+                                 "messages")
+    else:
+        prompt_ids = await _prompt_ids(state, body.prompt)
+        max_tokens = _max_tokens(state, len(prompt_ids), body.max_tokens, "max_tokens", "prompt")
     if body.n > state.config.engine.concurrency:
         raise ApiError(400, f"n: must be <= {state.config.engine.concurrency} (the server's --concurrency), "
                             f"got {body.n}", param="n")
@@ -280,16 +285,8 @@ async def _respond(state: ServeState, request: Request, body, prompt_ids: list[i
 def add_routes(app: FastAPI, state: ServeState, auth) -> None:
     @app.post("/v1/completions", dependencies=[auth])
     async def completions(body: CompletionRequest, request: Request):
-        _check_model(state, body.model)
-        ids = await _prompt_ids(state, body.prompt)
-        max_tokens = _max_tokens(state, len(ids), body.max_tokens, "max_tokens", "prompt")
-        return await _respond(state, request, body, ids, max_tokens, chat=False)
+        return await _respond(state, request, body, chat=False)
 
     @app.post("/v1/chat/completions", dependencies=[auth])
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        _check_model(state, body.model)
-        ids = await _chat_ids(state, body)
-        param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-        requested = body.max_completion_tokens or body.max_tokens
-        max_tokens = _max_tokens(state, len(ids), requested, param, "messages")
-        return await _respond(state, request, body, ids, max_tokens, chat=True)
+        return await _respond(state, request, body, chat=True)

@@ -1,15 +1,9 @@
 """The tune document compiled into each engine's own settings, checked against that engine's rules.
 
 `engine_settings(doc, cost)` reads the schedule, the acceptance profile (avkit/tune/acceptance.py) and the
-cost table of one `avkit tune` document and returns one payload per format, each EXACTLY what the engine
-takes (`avkit tune --format NAME` prints it alone on stdout; null: speculation off everywhere):
-  vllm            the JSON of `vllm serve --speculative-config` / `LLM(speculative_config=...)`, vLLM 0.32
-  vllm-context    the same with 5-item [bs_lo, bs_hi, ctx_lo, ctx_hi, K] entries: the format of vLLM PR
-                  #48944 (RFC #48627), NOT in vLLM 0.32, which refuses it
-  vllm-synthetic  `rejection_sample_method: "synthetic"` with the profile's survival rates: the deployment
-                  timed with the measured acceptance and no drafter quality in the way
-  trtllm          TensorRT-LLM's `speculative_config`: draft_len_schedule and the acceptance gate
-  sglang          SGLang's `--speculative-adaptive-config` file (JSON)
+cost table of one `avkit tune` document and returns one payload per format (FORMATS; what each one is:
+docs/vllm.md, "One acceptance profile, every engine's settings"), each EXACTLY what the engine takes (null:
+speculation off everywhere). The rules each payload is checked against:
 
 vLLM 0.32, `speculative_config` (vllm/config/speculative.py, vllm/v1/spec_decode/dynamic/utils.py):
   method, model                          `draft_model` + the draft's HF directory, or `suffix` (no model)
@@ -53,9 +47,7 @@ SGLang 0.5.23 (read in its wheel: sglang/srt/speculative/adaptive_spec_params.py
   rules, and the types of the keys `AdaptiveStepSlot` reads (SGLANG_KEYS, each optional at the top level, where it
   applies to every entry, or in an entry): candidate_steps, ema_alpha (default 0.2), update_interval (5),
   warmup_batches (10), down_hysteresis (-0.25), up_hysteresis (0.0), ceiling_coeff (0); any other key is refused
-  (SGLang would ignore it silently). Two things SGLang decides that the file cannot: adaptive runs only with EAGLE /
-  EAGLE3 drafting, and with CUDA graphs a batch size is first padded up to the next captured graph size, so a
-  range boundary that is not a graph size runs the K of the padded size.
+  (SGLang would ignore it silently). What SGLang decides that the file cannot: docs/vllm.md.
 """
 
 from __future__ import annotations
@@ -65,10 +57,11 @@ from itertools import pairwise
 
 import numpy as np
 
+from avkit.config.simulate import TUNE_FORMATS
 from avkit.errors import ConfigError
 from avkit.tune.acceptance import Z95
 
-FORMATS = ("vllm", "vllm-context", "vllm-synthetic", "trtllm", "sglang")
+FORMATS = TUNE_FORMATS[2:]  # the engines' payloads
 UPSTREAM_CONTEXT_FORMAT = "vLLM PR #48944 (not in vLLM 0.32)"
 VLLM_METHODS = {"model": "draft_model", "suffix": "suffix"}  # the trace's drafter -> vLLM's method
 

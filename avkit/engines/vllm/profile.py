@@ -1,11 +1,6 @@
-"""`avkit profile --engine vllm`: vLLM's step costs on this device as a CostTable (docs/vllm.md, "Step costs").
-
-Whole `LLMEngine.step()` calls of real requests are timed in vLLM's process (offline.py `profile`), split by
-the hooks' drafting time. Three engines: the config's K, K2 = K // 2 and target-only (also at KV_CONTEXT_FACTOR x
-the context, for `kv_ms_per_token`, `fit_kv`). verify_ms(T), T = n (K + 1): median of step - drafting time over
-steady steps; where two engines give the same T the larger K's point is kept (spec decoding's layout).
-Drafting D(n, K) = (K + phi) draft_ms(n) (`fit_drafting`). Curves are made non-decreasing; meta["points"]
-keeps every raw point (`table_from_points` refits them).
+"""`avkit profile --engine vllm`: vLLM's step costs on this device as a CostTable (the method: docs/vllm.md, "Step
+costs"). Whole `LLMEngine.step()` calls of real requests are timed in vLLM's process (offline.py `profile`), split
+by the hooks' drafting time; meta["points"] keeps every raw point (`table_from_points` refits them).
 """
 
 from __future__ import annotations
