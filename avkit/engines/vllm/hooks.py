@@ -12,7 +12,6 @@ import time
 import numpy as np
 import torch
 
-from avkit.engines.vllm.version import SUPPORTED, supported
 from avkit.features import draft_features
 from avkit.runtime.trace_rows import slot_rows
 from avkit.trace import labels
@@ -163,12 +162,8 @@ def _patch(owner, name: str, wrapper) -> None:
 
 
 def install() -> Recorder:
-    """Wrap vLLM's methods (idempotent; only for the SUPPORTED vLLM versions); -> the process-wide recorder."""
-    import vllm  # lazy: vllm
-
-    if not supported(vllm.__version__):
-        raise RuntimeError(f"vLLM {vllm.__version__} is not supported (avkit's hooks wrap vLLM {SUPPORTED}'s "
-                           "methods)")
+    """Wrap vLLM's methods (idempotent; those of the SUPPORTED vLLM versions, which plugin.register and
+    driver.check_vllm_version check); -> the process-wide recorder."""
     from vllm.v1.sample import rejection_sampler as rs  # optional: vllm
     from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer  # optional: vllm
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner  # optional: vllm
