@@ -116,15 +116,10 @@ class ChatMessage(_Strict):
 
     def as_template_dict(self) -> dict[str, Any]:
         """A dict for the chat template; list content (OpenAI 'parts') is joined to its text."""
-        d: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role}
-        if isinstance(self.content, list):
-            d["content"] = "".join(p.text for p in self.content)
-        else:
-            d["content"] = self.content or ""
-        for key in ("name", "tool_calls", "tool_call_id"):
-            if getattr(self, key) is not None:
-                d[key] = getattr(self, key)
-        return d
+        content = "".join(p.text for p in self.content) if isinstance(self.content, list) else self.content or ""
+        given = {key: getattr(self, key) for key in ("name", "tool_calls", "tool_call_id")
+                 if getattr(self, key) is not None}
+        return {"role": "system" if self.role == "developer" else self.role, "content": content, **given}
 
 
 class ChatCompletionRequest(_SamplingParams):

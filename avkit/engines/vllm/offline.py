@@ -47,12 +47,8 @@ def make_llm(spec: dict) -> LLM:
 
 def counters(llm: LLM) -> dict:
     """vLLM's spec-decode counters, cumulative since start: name (without `vllm:`) -> int or [int per position]."""
-    out: dict = {}
-    for m in llm.get_metrics():
-        if m.name.startswith("vllm:spec_decode_"):
-            name = m.name.split(":", 1)[1]
-            out[name] = [int(v) for v in m.values] if hasattr(m, "values") else int(getattr(m, "value", 0))
-    return out
+    return {m.name.split(":", 1)[1]: [int(v) for v in m.values] if hasattr(m, "values") else int(getattr(m, "value", 0))
+            for m in llm.get_metrics() if m.name.startswith("vllm:spec_decode_")}
 
 
 def die_with_parent() -> None:
