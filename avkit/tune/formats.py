@@ -37,17 +37,13 @@ and the gate's key names are as avkit's design notes describe them, not read in 
                        cost table, per-slot acceptance i.i.d. (one request is where drafting pays most, so
                        below it drafting pays nowhere); window: enough request-steps that the 95% interval
                        of the profile's rate stays clear of the threshold (half the gap), at least 16.
-SGLang 0.5.23 (read in its wheel: sglang/srt/speculative/adaptive_spec_params.py, `_load_adaptive_config`,
-  `AdaptiveSpeculativeParams`): `--speculative-adaptive --speculative-adaptive-config FILE`, FILE a JSON object
-  whose integer-string keys are batch sizes, each {"candidate_steps": [non-negative ints], ...}; a batch size
-  takes the entry of the largest key <= it (the first entry below all keys), and the step count moves among
-  that entry's candidates with an EMA of accepted lengths. avkit writes one entry per tuned range, keyed by its
-  batch_lo, with the tuned K as its only candidate (0: no speculation): SGLang then runs the tuned schedule.
-  SGLang does not import here (its dependencies need a GPU build); check_sglang applies `_load_adaptive_config`'s
-  rules, and the types of the keys `AdaptiveStepSlot` reads (SGLANG_KEYS, each optional at the top level, where it
-  applies to every entry, or in an entry): candidate_steps, ema_alpha (default 0.2), update_interval (5),
-  warmup_batches (10), down_hysteresis (-0.25), up_hysteresis (0.0), ceiling_coeff (0); any other key is refused
-  (SGLang would ignore it silently). What SGLang decides that the file cannot: docs/vllm.md.
+SGLang 0.5.23 (read in its wheel: sglang/srt/speculative/adaptive_spec_params.py; the file and SGLang's routing:
+  docs/vllm.md): avkit writes one entry per tuned range, keyed by its batch_lo, {"candidate_steps": [K]}.
+  check_sglang applies `_load_adaptive_config`'s rules (integer-string batch-size keys, each entry's
+  candidate_steps a non-empty list of ints >= 0) and the types of the keys `AdaptiveStepSlot` reads (SGLANG_KEYS,
+  each optional at the top level, where it applies to every entry, or in an entry): candidate_steps, ema_alpha
+  (default 0.2), update_interval (5), warmup_batches (10), down_hysteresis (-0.25), up_hysteresis (0.0),
+  ceiling_coeff (0); any other key is refused (SGLang would ignore it silently).
 """
 
 from __future__ import annotations
