@@ -16,16 +16,14 @@ from avkit.report.inputs import ReportInputs
 def _figures(rows: list[dict]) -> list[Figure]:
     """Speedup over model-only drafting and cycles per 1,000 tokens, per dataset and router."""
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
-    figures = []
-    for name, col, caption, title, ylabel, baseline, alt in (
-            ("hvd_speedup", "speedup_vs_model", "Speedup of each router over model-only drafting, per dataset.",
-             "Speedup over model-only drafting", "throughput ratio (×)", 1.0, "HVD speedup per router"),
-            ("hvd_cycles", "cycles_per_1k", "Target verifications per 1,000 generated tokens (lower is better).",
-             "Decoding cycles per 1,000 tokens", "cycles / 1,000 tokens", None, "HVD cycles per 1000 tokens")):
-        values = {d: {r["router"]: math.nan if r[col] is None else r[col] for r in rows if r["dataset"] == d}
-                  for d in datasets}
-        figures.append(Figure(name, caption, plots.grouped_bars(values, title, ylabel, baseline), alt=alt))
-    return figures
+    return [Figure(name, caption, plots.grouped_bars(
+                {d: {r["router"]: math.nan if r[col] is None else r[col] for r in rows if r["dataset"] == d}
+                 for d in datasets}, title, ylabel, baseline), alt=alt)
+            for name, col, caption, title, ylabel, baseline, alt in (
+                ("hvd_speedup", "speedup_vs_model", "Speedup of each router over model-only drafting, per dataset.",
+                 "Speedup over model-only drafting", "throughput ratio (×)", 1.0, "HVD speedup per router"),
+                ("hvd_cycles", "cycles_per_1k", "Target verifications per 1,000 generated tokens (lower is better).",
+                 "Decoding cycles per 1,000 tokens", "cycles / 1,000 tokens", None, "HVD cycles per 1000 tokens"))]
 
 
 def build(inputs: ReportInputs) -> Section:
