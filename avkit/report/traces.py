@@ -42,9 +42,8 @@ class TraceSummary:
 
 def deployed_estimator(c: dict, k: int, name: str | None = None):
     """A fresh estimator `name` (default: the deployed one) with the settings of coefficients.json `c`."""
-    cfg = EstimatorConfig(feature=c["feature"], refit_interval=int(c.get("refit_interval", 100)),
-                          ridge=float(c.get("ridge", 1e-3)), damping=float(c.get("damping", 50.0)))
-    return make_estimator(name or c["estimator"], k=k, config=cfg)
+    cfg = EstimatorConfig(feature=c["feature"], **{f: c[f] for f in ("refit_interval", "ridge", "damping") if f in c})
+    return make_estimator(name or c["estimator"], k=k, config=cfg)  # a setting c lacks: the config's default
 
 
 def replayed_panels(data: FitData, c: dict, n_bins: int) -> list[tuple]:
