@@ -76,8 +76,8 @@ class HybridDrafter(Drafter):
 
     def __init__(self, model_drafter, payoff: PayoffMLP | None, tau: float,
                  cache_config: SuffixCacheConfig = SuffixCacheConfig(), classes: np.ndarray | None = None,
-                 history_window: int = HvdReplayConfig.history_window, k: int = 7, vocab_size: int | None = None,
-                 rule: str = "arctic", joint: JointRouter | None = None, cache: SuffixCache | None = None):
+                 history_window: int = HvdReplayConfig.history_window, k: int = HvdReplayConfig.k,
+                 vocab_size: int | None = None, rule: str = "arctic", joint: JointRouter | None = None, cache: SuffixCache | None = None):
         """Routed by `joint`, else `payoff` thresholded at `tau`, else `rule` (ArcticInference's score >= K, or
         every cache draft: the replay's routers). `cache`: a suffix cache shared beyond this drafter (the
         server's, kept across engine restarts; an earlier drafter's live requests are dropped)."""

@@ -125,7 +125,7 @@ def load_inputs(fit: FitOutputs, traces=None, config: ReportConfig | None = None
     found = [p for p in paths if p.is_file()]
     inputs = ReportInputs(fit, found, notes=notes)
     if found:
-        inputs.summary = summarize(found, fit.coefficients, config.bins if config else 10,
+        inputs.summary = summarize(found, fit.coefficients, (config or ReportConfig()).bins,
                                    config.streaming() if config else None)
     else:
         notes["traces"] = ("the traces the fit was trained on are not at hand"
