@@ -109,22 +109,25 @@ def hvd_blocks(blob: dict, sensitivity: bool = False) -> list[str | HvdTable]:
         return [cost_md(info["cost"]), overall, thresholds, *verdict_blocks]
     mse = ", ".join(f"{k} {v:.3f}" for k, v in info.get("val_mse", {}).items())
     per_dataset = sorted((r for r in rows if r["dataset"] != "overall"), key=lambda r: (r["dataset"], r["router"]))
-    return [facts_md(info), cost_md(info["cost"]), overall,
-            HvdTable("per_dataset", "Per dataset", "The same columns per dataset.", per_dataset, COLS), thresholds,
-            *([f"Validation MSE of the predicted cache accepted length (positions with a cache draft): {mse}"]
-              if mse else []),
-            *verdict_blocks,
-            *([HvdTable("budget", "One verification budget (batched replay, throughput in tokens per target forward)", (
-                "Test requests decode `concurrency` at a time (at most the number of test requests). "
-                "`survival+budget`: each step the batch either runs the draft model (each request then takes "
-                "whichever draft, cache or model, has the larger expected accepted length) or not (cache drafts "
-                "only), and all chosen slots compete for one budget b* = argmax E(b)/cost(b) over their survival "
-                "curves (`avkit/hvd/joint.py`); the other routers verify every drafted slot, the draft model's "
-                "cost being shared by the batch."),  # one row per concurrency, a column per router
-                pl.DataFrame(blob["budget"]).pivot(on="router", index="concurrency", values="throughput").to_dicts())]
-              if blob.get("budget") else []),
-            *([HvdTable("ablation", "Feature ablation (mlp router)", "Validation MSE and test throughput of the mlp "
-                        "router on each feature set.", blob["ablation"])] if blob.get("ablation") else [])]
+    blocks = [facts_md(info), cost_md(info["cost"]), overall,
+              HvdTable("per_dataset", "Per dataset", "The same columns per dataset.", per_dataset, COLS), thresholds]
+    if mse:
+        blocks.append(f"Validation MSE of the predicted cache accepted length (positions with a cache draft): {mse}")
+    blocks += verdict_blocks
+    if blob.get("budget"):
+        blocks.append(HvdTable("budget", "One verification budget (batched replay, throughput in tokens per target "
+                               "forward)", (
+            "Test requests decode `concurrency` at a time (at most the number of test requests). `survival+budget`: "
+            "each step the batch either runs the draft model (each request then takes whichever draft, cache or "
+            "model, has the larger expected accepted length) or not (cache drafts only), and all chosen slots compete "
+            "for one budget b* = argmax E(b)/cost(b) over their survival curves (`avkit/hvd/joint.py`); the other "
+            "routers verify every drafted slot, the draft model's cost being shared by the batch."),
+            # one row per concurrency, a column per router
+            pl.DataFrame(blob["budget"]).pivot(on="router", index="concurrency", values="throughput").to_dicts()))
+    if blob.get("ablation"):
+        blocks.append(HvdTable("ablation", "Feature ablation (mlp router)", "Validation MSE and test throughput of "
+                               "the mlp router on each feature set.", blob["ablation"]))
+    return blocks
 
 
 def _markdown(blocks: list[str | HvdTable], level: str = "##") -> list[str]:
