@@ -178,6 +178,41 @@ def test_resume_records_the_rest_and_keeps_the_finished(pair, greedy, tmp_path):
     assert dict(zip(gens["request_id"], gens["output_ids"].to_list())) == full
 
 
+def test_resume_when_vllm_fails_is_its_error_and_keeps_the_rows(pair, greedy, tmp_path):
+    """--resume where vLLM itself fails (a Python that passes the version probe, then exits 3 on offline.py):
+    vLLM's error in one line with its log kept (not an interrupt, exit 2 through AvkitError), the finals left as
+    they were and the kept rows in the partials."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from avkit.errors import AvkitError
+    from avkit.trace.writer import partial_path
+
+    target, draft, root, _ = pair
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/sh\nif [ "$1" = "-c" ]; then echo 0.32.0; exit 0; fi\n'
+                    'echo "RuntimeError: engine core died" >&2; exit 3\n')
+    fake.chmod(0o755)
+    out = tmp_path / "resumed.parquet"
+    gens = tmp_path / "resumed.generations.parquet"
+    first = pq.read_table(greedy.generations_path)["request_id"].to_pylist()[:3]  # three finished, three to do
+    for src, dest in ((greedy.trace_path, out), (greedy.generations_path, gens)):
+        t = pq.read_table(src)
+        pq.write_table(t.filter(pc.is_in(t["request_id"].cast("string"), pa_strings(first))), dest)
+    before = (out.read_bytes(), gens.read_bytes())
+    config = RecordConfig(models=ModelsConfig(target=str(target), draft=str(draft), dtype="float32"),
+                          decoding=EngineConfig(k=3, concurrency=3, seed=0),
+                          sampling=SamplingConfig(temperature=0.0, top_p=TOP_P, max_new_tokens=MAX_NEW),
+                          dataset=(str(root / "prompts.jsonl"),), num_prompts=len(PROMPTS), max_prompt_tokens=64,
+                          out=str(out), engine="vllm", vllm_python=str(fake), threads=2, resume=True)
+    with pytest.raises(AvkitError) as e:
+        record(config, progress=False)
+    log = tmp_path / "resumed.parquet.vllm.log"
+    assert str(e.value) == f"vLLM exited with code 3 (RuntimeError: engine core died; its log: {log})"
+    assert (out.read_bytes(), gens.read_bytes()) == before
+    assert pl.read_parquet(partial_path(out)).height == pl.read_parquet(out).height
+
+
 def pa_strings(values):
     import pyarrow as pa
 

@@ -116,11 +116,12 @@ def record_vllm(config: RecordConfig, files: RecordFiles, metadata, *, progress:
     except KeyboardInterrupt:
         interrupted = True
     committed = code == 0 or (interrupted and files.commit_on_interrupt())
-    if not committed and config.resume:
-        _append(files, tables, commit=False)  # the partials hold the kept rows and this run's
-    elif not committed:
-        _commit([(src, partial_path(dest)) for src, dest in tables])
-        if not interrupted:
+    if not committed:
+        if config.resume:
+            _append(files, tables, commit=False)  # the partials hold the kept rows and this run's
+        else:
+            _commit([(src, partial_path(dest)) for src, dest in tables])
+        if not interrupted:  # vLLM failed: its error, not an interrupt (the partials keep what was recorded)
             kept = Path(shutil.copy(work / "vllm.log", out.with_name(out.name + ".vllm.log")))
             shutil.rmtree(work, ignore_errors=True)
             raise exit_error(code, kept)
