@@ -24,8 +24,11 @@ Step log (JSON lines beside the Markdown: `<out stem>_steps.jsonl`, e.g. bench/r
 `--replay LOG` feeds the logged steps, temperature by temperature in their order, through the current
 CostLearner (the logged table its prior) and prints the table the live run would have printed with this
 learner: no models, seconds for the whole grid. With an unchanged learner it equals the live table.
-`--replay LOG --visit 2,3,4` feeds it only the batch-1 steps of those depths, as an adaptive policy at c1
+`--replay LOG --visit 7` feeds it only the batch-1 steps of those depths, as an adaptive policy at c1
 runs, with probes on the learner's schedule, and scores its price of the other depths (`visit`).
+`--traces A,B --score C,D` (recorded traces, e.g. `avkit record --learn-cost` runs) feeds each of A, B in order to
+a learner from the table the previous one left (the first from --cost), as runs carrying their learned model do,
+and scores C and D per draft depth: mean predicted / mean measured over their decode steps (`traces`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from avkit.runtime.request import Request
 from avkit.scheduling.cost import CostTable, resolve_cost
 from avkit.scheduling.learn import CostLearner
 from avkit.scheduling.policy import FixedK
+from avkit.sim.steps import trace_steps
 from avkit.step_types import StepTime
 from avkit.workloads import load_workload
 from common import RESULTS, csv, header, load, options, profile_here, tiny_pair, write
@@ -159,6 +163,27 @@ def visit(tables: dict, steps: list[dict], depths: set, total: int, every: int, 
     return rows, probes
 
 
+def traces(prior: CostTable, learn: list[str], score: list[str]) -> list[tuple]:
+    """`learn` fed run by run (module note), then per scored trace and depth (trace, depth, steps, prior, learned):
+    mean predicted / mean measured step time over its decode steps."""
+    table = prior
+    for path in learn:
+        learner = CostLearner(table)
+        for t in trace_steps(path):
+            learner.observe(t)
+        table = learner.refit()
+    rows = []
+    for path in score:
+        by = {}
+        for t in trace_steps(path):
+            by.setdefault(t.passes, []).append(t)
+        for p, ts in sorted(by.items()):
+            ratio = lambda m: sum(float(m.step_cost(t.num_requests, p, t.tokens, t.context_tokens)) for t in ts) / \
+                sum(t.ms for t in ts)
+            rows.append((path, p, len(ts), ratio(prior), ratio(table)))
+    return rows
+
+
 def save_learned(learners: dict, folder: str) -> None:
     """Each temperature's learned model as <folder>/cost_learned_T<T>.json (a cost file: --cost of the simulator,
     tune and the policy)."""
@@ -200,7 +225,19 @@ def cost_main(argv: list[str]) -> int:
     ap.add_argument("--visit-steps", type=int, default=300, help="with --visit: steps the learner sees")
     ap.add_argument("--probe-every", type=int, default=CostLearner.probe_every,
                     help="with --visit: the learner's probe period (default: the learner's)")
+    ap.add_argument("--traces", default=None, type=csv(), metavar="RUNS", help="recorded runs to learn from (`traces`)")
+    ap.add_argument("--score", default=None, type=csv(), metavar="RUNS", help="with --traces: the traces to price")
     a = ap.parse_args(argv)
+    if a.traces:
+        lines = [header("Recorded runs priced by the cost model learned from others") +
+                 f"Learned from {', '.join(f'`{p}`' for p in a.traces)} in order (bench/live_cost.py `traces`), "
+                 f"prior `{a.cost}`; predicted / measured: mean over each depth's decode steps.", "",
+                 "| trace | depth | steps | prior | learned |", "|---|---:|---:|---:|---:|",
+                 *(f"| `{p}` | {d} | {n} | {off:.3f} | {on:.3f} |"
+                   for p, d, n, off, on in traces(resolve_cost(a.cost), a.traces, a.score or a.traces))]
+        write({a.out: "\n".join(lines) + "\n"} if a.out else {})
+        print("\n".join(lines))
+        return 0
     if a.replay and a.visit:
         rows, probes = visit(*read_log(Path(a.replay)), set(a.visit), a.visit_steps, a.probe_every)
         lines = [header("Depths an adaptive policy does not visit at batch 1: priced by the learner") +

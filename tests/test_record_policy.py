@@ -182,3 +182,27 @@ def test_learn_cost_options_are_checked(setup, capsys, argv, message):
         app(["record", "--dataset", str(prompts), "--out", str(root / "bad.parquet"), *argv])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and err == [f"avkit: error: {message}"], err
+
+
+def test_trace_steps_are_the_steps_the_learner_saw(setup, monkeypatch):
+    """sim/steps.py `trace_steps` rebuilds, from a written trace and its generations table, each engine step that
+    drafted and admitted no one as the engine handed it to the cost learner: requests, passes, tokens, context (the
+    oracle: the StepTimes the learner observed during the same recording, in order; their wall time is timed
+    apart from the trace's step_time_ms, a few ms apart on tiny models)."""
+    from avkit.scheduling.learn import CostLearner
+    from avkit.sim.steps import trace_steps
+
+    seen, observe = [], CostLearner.observe
+    monkeypatch.setattr(CostLearner, "observe", lambda self, t: seen.append(t) or observe(self, t))
+    root, prompts, cost, (target, draft) = setup
+    cfg = RecordConfig(models=ModelsConfig(), decoding=EngineConfig(k=K, concurrency=3, seed=0),
+                       sampling=SamplingConfig(temperature=1.0, max_new_tokens=NEW), dataset=(str(prompts),),
+                       num_prompts=6, out=str(root / "steps.parquet"), policy="adaptive-stop:online_logistic",
+                       cost=str(cost), learn_cost=True, cost_out=str(root / "steps.json"))
+    res = record(cfg, target=target, draft=draft, progress=False)
+    rebuilt = trace_steps(res.trace_path)
+    key = lambda t: (t.num_requests, t.passes, t.tokens, t.context_tokens)
+    assert 0 < len(rebuilt) < len(seen) and len(set(map(key, rebuilt))) > 5
+    left = iter(map(key, seen))  # in order: each rebuilt step is a later step the learner saw
+    missed = [t for t in rebuilt if key(t) not in left]
+    assert not missed, missed

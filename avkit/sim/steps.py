@@ -21,6 +21,8 @@ import polars as pl
 from avkit.scheduling.cost import CostTable
 from avkit.errors import ConfigError, DataError, TraceError
 from avkit.jsonsafe import read_json
+from avkit.step_types import StepTime
+from avkit.trace.schema import generations_path
 
 FEATURE_COLUMNS = ("logit_qmax", "q_max", "q_2nd", "entropy", "head_conf", "confidence")
 NEEDED = ("run_id", "request_id", "step", "position", "num_drafted", "num_verified", "num_accepted",
@@ -210,3 +212,25 @@ def policies_for_profile(specs: list[str] | None) -> list[str]:
         raise ConfigError(f"--policy {bad[0]}: an aggregate acceptance profile (--profile) has no per-draft "
                           "features; only nospec and fixed[:K] can be simulated from it")
     return specs
+
+
+def trace_steps(path) -> list[StepTime]:
+    """A recorded trace's engine steps that drafted and admitted no one, in order, as the engine timed them for the
+    cost learner (scheduling/learn.py): requests, draft passes, target tokens, context (engine.py's count: each
+    request's prompt, the tokens it emitted before the step by its generations table's token times, one time a
+    step, and the drafts it accepts), the trace's step_time_ms. A step without drafts has no trace rows."""
+    gens = (pl.read_parquet(generations_path(path))
+            .select("request_id", pl.col("prompt_ids").list.len().alias("prompt"), "token_s").explode("token_s")
+            .group_by("request_id", "token_s").agg(pl.col("prompt").first(), pl.len().alias("emitted")).sort("token_s")
+            .select("request_id", step=pl.int_range(pl.len()).over("request_id").cast(pl.Int32),
+                    before=pl.col("prompt") + pl.col("emitted").cum_sum().shift(1, fill_value=0).over("request_id")))
+    rows = (pl.read_parquet(path).with_columns(pl.col("request_id").cast(pl.Utf8))
+            .group_by("engine_step", "request_id")
+            .agg(pl.col("step", "num_verified", "num_accepted", "step_time_ms").first(), pl.col("num_drafted").max())
+            .join(gens, on=["request_id", "step"]))
+    steps = (rows.group_by("engine_step")
+             .agg(pl.len().alias("n"), pl.col("num_drafted").max(), (pl.col("num_verified") + 1).sum(),
+                  (pl.col("before") + pl.col("num_accepted")).sum(), pl.col("step_time_ms").first(),
+                  (pl.col("step") == 0).any().alias("admit"))
+             .filter(~pl.col("admit")).sort("engine_step"))
+    return [StepTime(*r) for r in steps.select("n", "num_drafted", "num_verified", "before", "step_time_ms").rows()]
