@@ -118,7 +118,7 @@ class DraftModelDrafter(Drafter):
             for b in rows:
                 done[b] = i + 1
             keep = [wanted[b] > i + 1 for b in rows]  # rows that want another draft
-            if inp.continue_drafting is not None and i + 1 < K:
+            if inp.continue_drafting is not None and i + 1 < K and any(keep):  # while a row may go on
                 so_far = DraftBatch({n: f[:, : i + 1] for n, f in feats.items()}, drafted.clone(),
                                     confs[:, : i + 1] if inp.coefficients is not None else None)
                 more = inp.continue_drafting(so_far)  # [B] the policy's lossless early stop, or None

@@ -65,7 +65,7 @@ class AdaptiveVerification(VerifyPolicy):
     cache_trajectory: list[dict] = field(default_factory=list)  # the cache estimator's refits, as `trajectory`
     cache_refits: int = 0
     learner: CostLearner | None = None  # learns `cost` from the engine's step times, probes (learn.py)
-    _tables: dict = field(default_factory=dict, repr=False)  # (kind, device) -> cost lookup tables; (load, ..) -> inputs
+    _tables: dict = field(default_factory=dict, repr=False)  # (kind, device) -> cost lookups; (counts, ..) -> inputs
 
     def cache_scorer(self) -> Estimator:
         """The suffix cache's rows' estimator: `cache_estimator`, or (first asked) a fresh one of the model
@@ -193,7 +193,8 @@ class AdaptiveVerification(VerifyPolicy):
     def _inputs(self, load: Load | Groups, rows: int, drafts, device) -> tuple[torch.Tensor, int, int, dict]:
         """(group [B], G, most target tokens a step schedules before its drafts, the plan's [G] inputs) of one
         step or many; fixed_ms = drafting `drafts` nominal passes ([G] or one int) + KV reads. One step's
-        (`Load`) inputs are kept per (load, drafts, device): loads repeat, so a live step builds no tensors."""
+        (`Load`) inputs are kept per (its counts, drafts, device), not its lags and remaining tokens (they
+        change every step and price nothing here): counts repeat, so a live step builds no tensors."""
         if isinstance(load, Groups):
             n = load.num_requests.numpy()  # [G]
             fixed = self.cost.draft_cost(n, np.asarray(drafts)) + self.cost.context_cost(n)
@@ -201,12 +202,12 @@ class AdaptiveVerification(VerifyPolicy):
             return load.group.to(device), load.num_groups, int(n.max()) if load.num_groups else 0, {
                 "num_sampling": to(load.num_requests), "num_scheduled": to(load.num_requests),
                 "fixed_ms": to(np.asarray(fixed, dtype=np.float64))}
-        key = (load, drafts, device)
+        key = ((load.num_requests, load.num_sampling, load.num_scheduled_tokens), drafts, device)
         if key not in self._tables:
             fixed_ms = float(self.cost.draft_cost(load.num_requests, drafts)) if drafts else 0.0
             one = lambda v, dt: torch.tensor([v], dtype=dt, device=device)
             if len(self._tables) > 4096:  # bounded: drop the kept inputs, keep nothing stale
-                self._tables = {k: v for k, v in self._tables.items() if not isinstance(k[0], Load)}
+                self._tables = {k: v for k, v in self._tables.items() if not isinstance(k[0], tuple)}
             self._tables[key] = {"num_sampling": one(load.num_sampling, torch.int64),
                                  "num_scheduled": one(load.num_scheduled_tokens, torch.int64),
                                  "fixed_ms": one(fixed_ms + float(self.cost.context_cost(load.num_requests)),
