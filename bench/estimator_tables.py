@@ -18,14 +18,12 @@ def table(rows: list[dict]) -> list[str]:
              "log-loss | Δ log-loss vs vllm [95%] | AUC | goals |",
              "|---|---:|---:|---:|---|---|---:|---|---:|---|---:|---|"]
     for r in rows:
-        prior, worst, shrink, offsets, w, lam = r["chosen"]
+        prior, worst, shrink, offsets, w, lam, lam_gap = r["chosen"]
         mark = {"online_multi": f" ({shrink:g})", "online_shift": f" ({offsets:g})",
-                "online_multi_shift": f" ({shrink:g}, {offsets:g})",
                 "forgetting": "†" if r["trace"] in TUNED_ON else "",
                 "forgetting_warm": f" ({prior:g})",
                 "forgetting_gap": " ({:g}, {:g})".format(*worst),
-                "blend": f" ({w:g})",
-                "blend_platt": f" ({w:g}, {lam:g})"}.get(r["estimator"], "")
+                "forgetting_platt": f" ({lam_gap:g})", "blend_platt": f" ({w:g}, {lam:g})"}.get(r["estimator"], "")
         dll = "—" if r["estimator"] == "vllm" else f"[{r['dll_lo']:+.4f}, {r['dll_hi']:+.4f}]"
         lines.append(f"| {r['trace']} | {r['T']:g} | {r['slots']:,} | {r['requests']} | {r['estimator']}{mark} | "
                      f"{r['ece']:.4f} [{r['ece_lo']:.4f}, {r['ece_hi']:.4f}] | {r['floor']:.4f} | "

@@ -10,14 +10,11 @@ that (warm-start coefficients, hyperparameters, a recalibration map) comes only 
 traces: LOTO trains on every other trace, LOTTO only on traces of another temperature.
 
   vllm             online_logistic from vLLM's reference constants (omega 0.5, beta -0.2): vLLM's estimator
-  online_warm      online_logistic warm-started from the batch fit of the training traces (a shipped file)
-  online_warm_g    the same on another lossless feature of the draft distribution, -log(-log q_max)
-  online_warm_gT   the same on T * -log(-log q_max) (T = 0 counts as 1: the features of a greedy trace are
-                   read at T = 1): the features are read from logits / T, so at T = 0.3 they are ~3x those
-                   at T = 1; the product puts every temperature on one scale (temperature as an input)
-  online_sameT     online_warm_gT warm-started from the training traces at the held-out trace's temperature
-                   only (all of them where none is: T = 0.3 and 0.6 in LOTO, every trace in LOTTO): what a
-                   deployment does with a coefficients file fitted at the temperature it serves
+  online_sameT     online_logistic on T * -log(-log q_max) (T = 0 counts as 1: the features are read from
+                   logits / T, so at T = 0.3 they are ~3x those at T = 1; the product puts every temperature on
+                   one scale), warm-started from the batch fit of the training traces at the held-out trace's
+                   temperature only (all of them where none is: T = 0.3 and 0.6 in LOTO, every trace in LOTTO):
+                   what a deployment does with a coefficients file fitted at the temperature it serves
   online_multi     online_sameT's model and start on three lossless features, T * (-log(-log q_max), -entropy,
                    log q_max - log q_2nd) (bench/multi_logistic.py): each round's weight step shrunk toward
                    the warm start's weights by a Gaussian prior of precision `shrink` (SHRINKS, chosen by an
@@ -25,24 +22,23 @@ traces: LOTO trains on every other trace, LOTTO only on traces of another temper
   online_shift     online_sameT's model and start (bench/multi_logistic.py, one feature), its intercepts a free
                    shared shift plus per-position offsets from the warm start's, each round's offset step shrunk
                    toward 0 by a Gaussian prior of precision `offsets` (OFFSETS, chosen as online_multi's shrink)
-  online_multi_shift  online_multi (its chosen shrink) with online_shift's intercepts (its chosen offsets)
   forgetting       forgetting_logistic with its defaults (those were tuned on greedy_k7 and
                    sampled_t1.0_k7: its rows on those two traces are not held-out scores)
   forgetting_warm  forgetting_logistic warm-started from the training fit, young rounds restarted;
                    prior_slots chosen from PRIORS by an inner LOTO on the training traces (mean log-loss)
-  forgetting_T     the same, its warm start fitted per training trace and interpolated linearly in
-                   the temperature at the held-out trace's (temperature as an input)
-  isotonic         forgetting_warm's output through an isotonic map fitted on its inner-LOTO
-                   predictions of the training traces
   forgetting_gap   forgetting_logistic warm-started from the training fit at the nearest temperature, shrunk
                    toward vLLM's constants by exp(-gap / tau) (avkit/estimators/warm_start.py). At a trained
                    temperature: that temperature's fit, prior_slots as forgetting_warm. At another one,
                    (prior_slots, tau) from PRIORS x TAUS by an inner leave-one-temperature-out on the training
                    traces: the pair whose worst training temperature loses least log-loss to the cold start at
                    its prior (tau = 0): a warm start never worse than none where one was tried
-  blend            forgetting_gap's and online_shift's logits averaged, weight w (bench/recalibration.py)
-  blend_platt      blend through an online Platt map updated every 10 engine steps from the held-out trace's own
-                   past labels; w, then the map's prior precision, by an inner LOTO on the training traces
+  forgetting_platt forgetting_gap through the online Platt map: the registered estimator forgetting_platt
+                   (avkit/estimators/platt.py) from forgetting_gap's start, the map's prior by inner LOTO
+  blend_platt      forgetting_gap's and online_shift's logits averaged with weight w, through an online Platt map
+                   (avkit/estimators/platt.py) updated every 10 engine steps from the held-out trace's own past
+                   labels; w, then the map's prior precision, by an inner LOTO on the training traces
+                   (bench/recalibration.py)
+Dropped candidates (dominated in both protocols) are listed with their last counts in docs/estimator.md.
 All but online_multi read q_max only (and the served temperature); online_multi reads the draft distribution's
 entropy and top-2 margin too, never q(x_sampled): lossless. Scores come from avkit.metrics:
 ECE (10 bins) with a 95% request-bootstrap interval and its floor (the ECE of perfect calibration
@@ -72,6 +68,7 @@ import pyarrow.parquet as pq
 
 from avkit.config import EstimatorConfig, ForgettingConfig
 from avkit.estimators import make_estimator
+from avkit.estimators.platt import blend, online_platt
 from avkit.estimators.warm_start import TemperatureFit, temperature_warm_start
 from avkit.fit.data import file_clock, load_fit_data
 from avkit.fit.replay import online_replay
@@ -92,16 +89,13 @@ SHRINKS = (0.0, 10.0, 100.0, 1000.0, np.inf)  # online_multi's prior precisions 
 OFFSETS = (0.0, 10.0, 100.0, np.inf)  # online_shift's offset prior precisions (a round's c_i: ~10-200)
 TAUS = (0.0, 0.1, 0.3, 1.0, np.inf)  # forgetting_gap's shrinkage scales (temperature units; 0 = cold at any gap)
 AUC_SLACK, BOOT = 0.002, 1000
-CANDIDATES = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "online_sameT", "online_multi",
-              "online_shift", "online_multi_shift", "forgetting", "forgetting_warm", "forgetting_T", "isotonic",
-              "forgetting_gap", "blend", "blend_platt")
-# per position, reliability diagrams
-SHOWN = ("vllm", "online_warm", "online_warm_g", "online_warm_gT", "forgetting_warm", "forgetting_gap", "blend_platt")
-# the per-position table's rows (the figure keeps SHOWN)
-PER_POSITION = SHOWN + ("online_sameT", "online_multi", "online_shift", "online_multi_shift")
+CANDIDATES = ("vllm", "online_sameT", "online_multi", "online_shift", "forgetting", "forgetting_warm",
+              "forgetting_gap", "forgetting_platt", "blend_platt")
+SHOWN = ("vllm", "online_sameT", "forgetting_warm", "forgetting_gap", "blend_platt")  # reliability diagrams
+PER_POSITION = SHOWN + ("online_multi", "online_shift")  # the per-position table's rows
 MISSES = ("forgetting_gap", "online_shift", "blend_platt")  # the diagnosis' rows
 FEATURES = ("logit_qmax", *NAMES)
-G_T = "t_neg_log_neg_log_qmax"  # online_warm_gT's feature, derived in `load`
+G_T = "t_neg_log_neg_log_qmax"  # online_sameT's feature, derived in `load`
 
 
 @dataclass(frozen=True, eq=False)
@@ -169,18 +163,6 @@ def batch_state(train: frozenset, feature: str = "logit_qmax") -> dict:
     return est.state_dict()
 
 
-def by_temperature(train: frozenset, temperature: float) -> dict:
-    """Each training trace's own fit, regressed linearly on temperature (weighted by slots), at `temperature`."""
-    ts = sorted(train, key=lambda t: t.name)
-    coef = np.array([[s["slope"], *s["intercepts"]] for s in (batch_state(frozenset([t])) for t in ts)])  # [n, 8]
-    temps = np.array([t.temperature for t in ts])
-    w = np.sqrt([t.data.labels.size for t in ts])
-    design = np.c_[np.ones_like(temps), temps] if np.ptp(temps) > 0 else np.ones((len(ts), 1))
-    beta = np.linalg.lstsq(design * w[:, None], coef * w[:, None], rcond=None)[0]
-    at = (np.r_[1.0, temperature][:design.shape[1]]) @ beta
-    return batch_state(train) | {"slope": max(float(at[0]), 0.0), "intercepts": at[1:].tolist()}
-
-
 def replay(name: str, trace: Trace, state: dict | None = None, prior: float | None = None,
            feature: str = "logit_qmax") -> np.ndarray:
     kw = {"forgetting": ForgettingConfig(prior_slots=prior)} if prior is not None else {}
@@ -190,18 +172,12 @@ def replay(name: str, trace: Trace, state: dict | None = None, prior: float | No
     return online_replay(est, trace.data, trace.data.features[feature])[0]
 
 
-def inner(train: frozenset) -> tuple[float, object]:
-    """forgetting_warm's prior_slots by LOTO inside `train` (mean log-loss over its traces: a proper
-    score), and an isotonic map fitted on those inner predictions at the chosen prior."""
-    from sklearn.isotonic import IsotonicRegression
-
+def inner(train: frozenset) -> float:
+    """forgetting_warm's prior_slots by LOTO inside `train` (mean log-loss over its traces: a proper score)."""
     ts = sorted(train, key=lambda t: t.name)
-    preds = {prior: [replay("forgetting_logistic", t, batch_state(train - {t}), prior) for t in ts] for prior in PRIORS}
-    score = {prior: np.mean([log_loss(t.data.labels, p) for t, p in zip(ts, ps)]) for prior, ps in preds.items()}
-    best = min(PRIORS, key=score.get)
-    iso = IsotonicRegression(y_min=1e-6, y_max=1 - 1e-6, out_of_bounds="clip")
-    iso.fit(np.concatenate(preds[best]), np.concatenate([t.data.labels for t in ts]))
-    return best, iso
+    score = {prior: np.mean([log_loss(t.data.labels, replay("forgetting_logistic", t, batch_state(train - {t}), prior))
+                             for t in ts]) for prior in PRIORS}
+    return min(PRIORS, key=score.get)
 
 
 def gap_start(train: frozenset, temperature: float, tau: float) -> dict:
@@ -230,30 +206,25 @@ def choose_gap(train: frozenset) -> tuple[float, float]:
 def predict_all(trace: Trace, train: frozenset) -> tuple[dict[str, np.ndarray], tuple]:
     """-> (each candidate's prequential predictions [N] on `trace`, having learned only from `train`;
     the prior_slots chosen, forgetting_gap's (prior_slots, tau), online_multi's shrink, online_shift's offsets)."""
-    prior, iso = inner(train)
-    fit, g = batch_state(train), "neg_log_neg_log_qmax"
-    warm = replay("forgetting_logistic", trace, fit, prior)
+    prior = inner(train)
     same_t = frozenset(t for t in train if t.temperature == trace.temperature)
     worst = (prior, np.inf) if same_t or len({t.temperature for t in train}) < 2 else choose_gap(train)
     shrink, offsets = choose(train, "shrink", SHRINKS), choose(train, "offsets", OFFSETS, columns=1)
-    return {"vllm": replay("online_logistic", trace), "online_warm": replay("online_logistic", trace, fit),
-            "online_warm_g": replay("online_logistic", trace, batch_state(train, g), feature=g),
-            "online_warm_gT": replay("online_logistic", trace, batch_state(train, G_T), feature=G_T),
+    return {"vllm": replay("online_logistic", trace),
             "online_sameT": replay("online_logistic", trace, batch_state(same_t or train, G_T), feature=G_T),
             "online_multi": multi_replay(trace, train, shrink),
             "online_shift": multi_replay(trace, train, 0.0, offsets, columns=1),
-            "online_multi_shift": multi_replay(trace, train, shrink, offsets),
-            "forgetting": replay("forgetting_logistic", trace), "forgetting_warm": warm,
-            "forgetting_T": replay("forgetting_logistic", trace, by_temperature(train, trace.temperature), prior),
-            "isotonic": np.clip(iso.predict(warm), 0.0, 1.0),
+            "forgetting": replay("forgetting_logistic", trace),
+            "forgetting_warm": replay("forgetting_logistic", trace, batch_state(train), prior),
             "forgetting_gap": replay("forgetting_logistic", trace, gap_start(train, trace.temperature, worst[1]),
                                      worst[0])}, (prior, worst, shrink, offsets)
 
 
 def add_blends(trace: Trace, train: frozenset, preds: dict, chosen: tuple) -> tuple[dict, tuple]:
-    """preds plus blend and blend_platt (bench/recalibration.py) of forgetting_gap and online_shift, (w, lam) by
-    an inner LOTO, each inner held-out trace's two candidates started as the outer's are (without the inner
-    trace's temperature where the outer trace's is not trained on: LOTTO)."""
+    """preds plus forgetting_platt (forgetting_gap through the online Platt map) and blend_platt (bench/recalibration.py:
+    forgetting_gap's and online_shift's logits blended, through the map), the priors and w by an inner LOTO, each
+    inner held-out trace's two candidates started as the outer's are (without the inner trace's temperature where
+    the outer trace's is not trained on: LOTTO)."""
     (tau_prior, tau), offsets, y = chosen[1], chosen[3], trace.data.labels
     seen = any(t.temperature == trace.temperature for t in train)
     inner = []
@@ -261,10 +232,10 @@ def add_blends(trace: Trace, train: frozenset, preds: dict, chosen: tuple) -> tu
         rest = frozenset(v for v in train if v is not u and (seen or v.temperature != u.temperature))
         inner.append((u.data.labels, replay("forgetting_logistic", u, gap_start(rest, u.temperature, tau), tau_prior),
                       multi_replay(u, rest, 0.0, offsets, columns=1), u.data.row_step))
-    w, lam = recalibration.choose(inner)
-    mixed = recalibration.blend(preds["forgetting_gap"], preds["online_shift"], w)
-    return preds | {"blend": mixed, "blend_platt": recalibration.online_platt(mixed, y, trace.data.row_step, lam)}, \
-        (*chosen, w, lam)
+    w, lam, lam_gap = recalibration.choose(inner)
+    mixed, steps = blend(preds["forgetting_gap"], preds["online_shift"], w), trace.data.row_step
+    return preds | {"forgetting_platt": online_platt(preds["forgetting_gap"], y, steps, lam_gap),
+                    "blend_platt": online_platt(mixed, y, steps, lam)}, (*chosen, w, lam, lam_gap)
 
 
 def scores(trace: Trace, preds: dict[str, np.ndarray], chosen: tuple) -> list[dict]:
@@ -397,8 +368,8 @@ def report(pool: list[Trace], shifts: list[Trace], loto_run: tuple, lotto_run: t
              "the prior_slots and shrinkage scale its inner leave-one-temperature-out "
              "chose (n as forgetting_warm's and τ = inf where a training trace has the held-out temperature); "
              "online_multi (λ): the shrink its inner LOTO chose; online_shift (λ): the offsets' prior precision its "
-             "inner LOTO chose, online_multi_shift (shrink, λ) both; blend (w): the weight on forgetting_gap's "
-             "logit its inner LOTO chose, blend_platt (w, λ): with the Platt map's prior precision. The batch fits against independent oracles "
+             "inner LOTO chose; blend_platt (w, λ): the weight on forgetting_gap's logit and the Platt map's prior "
+             "precision its inner LOTO chose; forgetting_platt (λ): the map's prior precision on forgetting_gap alone. The batch fits against independent oracles "
              f"on the same design ({pool[0].name}): online_multi's against scikit-learn's unpenalised "
              "LogisticRegression, max |Δ coefficient| "
              f"{sklearn_gap(pool[0].x, pool[0].data.positions, pool[0].data.labels):.1e}; the shift model's "

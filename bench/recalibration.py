@@ -41,11 +41,12 @@ def platt_fit(z: np.ndarray, y: np.ndarray, lam: float = 0.0, iters: int = 50, t
     return theta
 
 
-def choose(inner: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> tuple[float, float]:
-    """-> (w, lam) of least mean log-loss over the inner held-out traces, each (labels, p_a, p_b, row_step):
-    w first (the blend alone), then lam on the blend at that w."""
+def choose(inner: list[tuple[np.ndarray, ...]]) -> tuple[float, float, float]:
+    """-> (w, lam, lam_a) over the inner held-out traces, each (labels, p_a, p_b, row_step): w of least mean
+    log-loss for the blend alone, then the map's prior lam of least mean log-loss on the blend at that w, and
+    lam_a the same on p_a alone (w = 1: forgetting_platt)."""
     def mean_loss(w, lam):
         return np.mean([log_loss(y, online_platt(blend(a, b, w), y, s, lam)) for y, a, b, s in inner])
 
     w = min(WEIGHTS, key=lambda v: mean_loss(v, np.inf))
-    return w, min(LAMS, key=lambda v: mean_loss(w, v))
+    return w, min(LAMS, key=lambda v: mean_loss(w, v)), min(LAMS, key=lambda v: mean_loss(1.0, v))

@@ -145,3 +145,4 @@ def test_forgetting_platt_state_survives_its_coefficients_file(tmp_path):
 
     with pytest.raises(ConfigError, match="platt.b"):
         load_estimator("forgetting_platt", path, k=7)
+
