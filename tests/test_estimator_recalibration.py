@@ -146,3 +146,19 @@ def test_forgetting_platt_state_survives_its_coefficients_file(tmp_path):
     with pytest.raises(ConfigError, match="platt.b"):
         load_estimator("forgetting_platt", path, k=7)
 
+
+
+def test_forgetting_platt_refits_live_in_the_adaptive_policy():
+    """The live path (adaptive policy, one engine step per `observe`) steps the map every `every` steps."""
+    import torch
+
+    from avkit.scheduling.adaptive import make_adaptive
+    from avkit.step_types import VerifyOutcome
+
+    policy = make_adaptive(cost="roofline:cpu:1.5b", estimator="forgetting_platt", k=7)
+    est, rng = policy.estimator, np.random.default_rng(3)
+    for _ in range(est.platt.every):
+        f = torch.tensor(rng.normal(2, 2, (4, 7)), dtype=torch.float32)
+        conf = torch.from_numpy(est.predict(f.numpy().ravel(), np.tile(np.arange(7), 4)).reshape(4, 7))
+        policy.observe(VerifyOutcome({"logit_qmax": f}, conf, torch.full((4,), 7), torch.tensor([7, 2, 0, 5])))
+    assert est.name == "forgetting_platt" and not np.array_equal(est.map.theta, [1.0, 0.0])
