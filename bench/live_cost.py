@@ -156,7 +156,8 @@ def visit(tables: dict, steps: list[dict], depths: set, total: int, every: int, 
         model = learner.refit()
         for p, ds in by.items():
             held = [d for d in ds if id(d) not in seen]
-            ratio = lambda m: statistics.median(float(m.step_cost(*(d[f] for f in FIELDS[:5]))) / d["ms"] for d in held)
+            ratio = lambda m, held=held: statistics.median(float(m.step_cost(*(d[f] for f in FIELDS[:5]))) / d["ms"]
+                                                           for d in held)
             if len(held) >= 8:
                 rows.append((t, p, len(held), p in depths, ratio(table), ratio(model)))
         probes.append((t, ms[0] / ms[1], model.draft_ms[0] / table.draft_ms[0], model.kv_ms_per_token))
@@ -178,8 +179,8 @@ def traces(prior: CostTable, learn: list[str], score: list[str]) -> list[tuple]:
         for t in trace_steps(path):
             by.setdefault(t.passes, []).append(t)
         for p, ts in sorted(by.items()):
-            ratio = lambda m: sum(float(m.step_cost(t.num_requests, p, t.tokens, t.context_tokens)) for t in ts) / \
-                sum(t.ms for t in ts)
+            ratio = lambda m, p=p, ts=ts: sum(float(m.step_cost(t.num_requests, p, t.tokens, t.context_tokens))
+                                              for t in ts) / sum(t.ms for t in ts)
             rows.append((path, p, len(ts), ratio(prior), ratio(table)))
     return rows
 
