@@ -62,11 +62,6 @@ def _col(name: str) -> pl.Expr:
     return pl.col(name).cast(pl.Float64)
 
 
-def _neg_log_neg_log_from_logit(logit: pl.Expr) -> pl.Expr:
-    # -log(-log q) with -log q = log(1 + e^{-logit}) = softplus(-logit): exact as q -> 1.
-    return _clamp(-((-logit).exp().log1p()).log())
-
-
 FEATURES: dict[str, FeatureSpec] = {
     s.name: s
     for s in (
@@ -75,8 +70,9 @@ FEATURES: dict[str, FeatureSpec] = {
         FeatureSpec("log_margin", True, "log q_max - log q_2nd, the top-2 margin",
                     lambda: _clamp(_col("q_max").log() - _col("q_2nd").log())),
         FeatureSpec("entropy", True, "entropy H(q) in nats (fitted as -H)", lambda: _col("entropy"), sign=-1.0),
+        # -log(-log q) with -log q = log(1 + e^{-logit}) = softplus(-logit): exact as q -> 1
         FeatureSpec("neg_log_neg_log_qmax", True, "-log(-log q_max)",
-                    lambda: _neg_log_neg_log_from_logit(_col("logit_qmax"))),
+                    lambda: _clamp(-((-_col("logit_qmax")).exp().log1p()).log())),
         FeatureSpec("q_max", True, "q_max used directly as a probability (no fit)", lambda: _col("q_max"),
                     no_fit="qmax"),
         FeatureSpec("logit_q_sampled", False, "log-odds of q(x_sampled): LOSSY",

@@ -78,15 +78,9 @@ def _setting(key: str, v) -> str:
         return f"cost {v.get('spec', '?')}" + (f" ({what})" if what else "")
     if key == "args" and isinstance(v, dict):  # a command's options, by name
         return " ".join(option_text(name, x) for name, x in v.items() if x not in ("", None, [], ()))
-    return f"{key} {_short(v)}"
-
-
-def _short(v) -> str:
     if isinstance(v, dict):
-        return ", ".join(f"{k} {x}" for k, x in v.items() if x not in ("", None))
-    if isinstance(v, list | tuple):
-        return ", ".join(map(str, v))
-    return str(v)
+        return f"{key} " + ", ".join(f"{k} {x}" for k, x in v.items() if x not in ("", None))
+    return f"{key} " + (", ".join(map(str, v)) if isinstance(v, list | tuple) else str(v))
 
 
 def trace_mismatch(record: dict | None, reference: list[dict], what: str) -> str:

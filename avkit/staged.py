@@ -197,10 +197,8 @@ def _remove(p: Path) -> None:
 def check_writable(path, name: str = "--out") -> Path:
     """Fail now, in one line, if file `path` could not be written later (wrong kind, unwritable folder); the
     probe's temp and any folder it created are removed again."""
-    probe = StagedOutputs()
-    try:
+    with StagedOutputs() as probe:  # (an exception aborts it too)
         probe.file(path, name)
-    finally:
         probe.abort()
     return Path(path).expanduser()
 

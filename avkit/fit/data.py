@@ -188,7 +188,12 @@ def count_drafts(df: pl.DataFrame, drafted: dict[str, list]) -> dict[str, list]:
     """Add `df`'s drafted slots and their summed draft entropy per dataset, observed or not, into
     `drafted` (dataset -> [rows, sum of entropy]: `avkit report`); -> `drafted`."""
     agg = df.group_by(pl.col("dataset").cast(pl.String)).agg(pl.len(), pl.col("entropy").cast(pl.Float64).sum())
-    for name, n, h in agg.iter_rows():
+    return add_drafts(drafted, {name: (n, h) for name, n, h in agg.iter_rows()})
+
+
+def add_drafts(drafted: dict[str, list], more: dict) -> dict[str, list]:
+    """`drafted` += `more` (dataset -> (rows, sum of entropy), as `count_drafts` counts them); -> `drafted`."""
+    for name, (n, h) in more.items():
         acc = drafted.setdefault(name, [0, 0.0])
         acc[0], acc[1] = acc[0] + n, acc[1] + h
     return drafted

@@ -37,6 +37,7 @@ from avkit.metrics.table import ScoreLayout
 from avkit.provenance import inputs_record
 from avkit.staged import StagedOutputs
 from avkit.trace.shards import check_shards
+from avkit.validate import check_choice
 
 FILES = ("coefficients.json", "scores.json", "trajectory.parquet")
 
@@ -50,9 +51,7 @@ class FitResult:
 
 def check_features(fit: FitConfig, est_cfg: EstimatorConfig) -> None:
     """The written feature (`--feature`) is fittable and lossless and, with `--features`, among those fitted."""
-    name = est_cfg.feature
-    if name not in FEATURES:
-        raise ConfigError(f"--feature must be one of {', '.join(FEATURES)}; got {name}")
+    name = check_choice("--feature", est_cfg.feature, FEATURES)
     spec = FEATURES[name]
     if spec.no_fit is not None:
         raise ConfigError(f"--feature {name}: is a probability scored with no fit ({spec.no_fit}); "

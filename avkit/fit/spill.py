@@ -108,12 +108,10 @@ def spill_shard(path: str, index: int, k: int | None, scratch: str, rows: int, s
 def _survey_chunk(s: Shard, obs: pl.DataFrame, rng: np.random.Generator, rate: float) -> None:
     """Add one chunk's observed slots (sorted by position) to the survey and spill them."""
     ds = obs["dataset"].cast(pl.String)
-    for name in ds.unique(maintain_order=True).to_list():
-        if name not in s.dataset_names:
-            s.dataset_names.append(name)
-            s.datasets[name] = 0
-    for name, n in ds.value_counts().iter_rows():
-        s.datasets[name] += n
+    counts = dict(ds.value_counts().iter_rows())
+    for name in ds.unique(maintain_order=True).to_list():  # new names coded in order of appearance
+        s.datasets[name] = s.datasets.get(name, 0) + counts[name]
+    s.dataset_names = list(s.datasets)
     s.observed += obs.height
     derived = obs.select(*(spec.expr.alias(n) for n, spec in FEATURES.items()))
     pos = obs["position"].to_numpy()

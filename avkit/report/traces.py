@@ -14,7 +14,7 @@ import numpy as np
 from avkit.config import EstimatorConfig, FitConfig
 from avkit.errors import ConfigError
 from avkit.estimators import make_estimator
-from avkit.fit.data import FitData, load_fit_data
+from avkit.fit.data import FitData, add_drafts, load_fit_data
 from avkit.fit.engines import LocalEngine
 from avkit.fit.passes import held, newton, spilled
 from avkit.fit.replay import online_replay
@@ -92,9 +92,7 @@ def summarize(paths, c: dict, n_bins: int, fit: FitConfig | None = None) -> Trac
         acc, bins = engine.map(_report_pass, [(s, k, names, panels, n_bins) for s in parts], nodes,
                                fold=lambda a, b: (a[0] + b[0], a[1] + b[1]))[0]
         for s in parts:  # spilled shards' drafted slots (a held shard's: counted by load_fit_data above)
-            for name, (n, h) in s.drafted.items():
-                d = drafts.setdefault(name, [0, 0.0])
-                d[0], d[1] = d[0] + n, d[1] + h
+            add_drafts(drafts, s.drafted)
         out = TraceSummary(k, names, acc[0], acc[1],
                            {n: {"slots": v[0], "entropy": v[1] / v[0]} for n, v in sorted(drafts.items())})
         out.panels = replayed + [(t, short, f, e, b) for (t, short, f, e, _), b in zip(panels, bins)]
