@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated
 
 import typer
 
 from avkit.cli.options import result_table, stdout_console
-from avkit.jsonsafe import json_safe
+from avkit.jsonsafe import dumps
 from avkit.staged import StagedOutputs
 
 
@@ -31,7 +30,7 @@ def register(app: typer.Typer) -> None:
         with StagedOutputs() as outputs:
             tmp = outputs.file(out, "--out")
             profile = acceptance_profile(parse_counters(read_source(source), source, model_name), source)
-            tmp.write_text(json.dumps(json_safe(profile), indent=1) + "\n")
+            tmp.write_text(dumps(profile, indent=1) + "\n")
         console = stdout_console()  # the result: stdout
         console.print(result_table(
             f"{source}: {profile['num_drafts']} drafts, K={profile['k']} (aggregate)",
