@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ import polars as pl
 from avkit.cli import app
 from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET
 from avkit.scheduling.cost import CostTable
+from avkit.sim.steps import trace_steps
 from avkit.trace.schema import generations_path
 from common import header, load, options, paired_ratio, rounds, tiny_pair, today, write
 
@@ -78,6 +80,7 @@ def cell(args, work: Path, dataset: str, temperature: float, concurrency: int) -
     # learning, the adaptive policy carries its cost model from run to run, as a serving engine does: each run starts
     # from the model the previous one learned, the first from an unmeasured warm-up run's (bench/README.md)
     carried = work / "carried.learned_cost.json"
+    steps: list[dict] = []
     carried.unlink(missing_ok=True)
     if args.learn_cost:
         record(args, work / "run.parquet", args.adaptive, dataset, temperature, concurrency)
@@ -86,6 +89,8 @@ def cell(args, work: Path, dataset: str, temperature: float, concurrency: int) -
         for p in order:
             cost = carried if p == args.adaptive and carried.is_file() else None
             runs[p].append(record(args, work / "run.parquet", p, dataset, temperature, concurrency, cost))
+            if args.traces:  # every run's drafting steps as the cost learner sees them (bench/live.py cost --steps)
+                steps.extend({"policy": p, "repeat": rep, **asdict(t)} for t in trace_steps(work / "run.parquet"))
             if p == kept and rep == 0 and args.traces:
                 Path(args.traces).mkdir(parents=True, exist_ok=True)
                 kept_at = trace_path(args, dataset, temperature, concurrency)
@@ -98,6 +103,9 @@ def cell(args, work: Path, dataset: str, temperature: float, concurrency: int) -
                   file=sys.stderr, flush=True)
     if args.learn_cost and args.traces:
         carried.replace(learned_path(args, dataset, temperature, concurrency))
+    if args.traces:
+        write({trace_path(args, dataset, temperature, concurrency).with_suffix(".steps.jsonl"):
+               "".join(json.dumps(s) + "\n" for s in steps)})
     return compare(args, {"dataset": Path(dataset).name, "temperature": temperature, "concurrency": concurrency,
                           **started, "runs": runs})
 

@@ -64,6 +64,11 @@ def test_tiny_protocol_runs_through_the_cli(tmp_path, capsys):
         run = cell["runs"]["fixed:2"][0]
         assert run["steady_tokens"] == tokens > 0 and run["decode_tok_s"] == pytest.approx(tokens / seconds)
         assert run["steady_steps"] == steps
+        logged = [json.loads(line) for line in
+                  (kept / f"tiny_T1_c{cell['concurrency']}.steps.jsonl").read_text().splitlines()]  # every run's steps
+        assert {(s["policy"], s["repeat"]) for s in logged} >= {("fixed:2", r) for r in range(3)}
+        assert all(s["passes"] <= 2 and s["num_requests"] <= cell["concurrency"] and s["ms"] > 0 for s in logged)
+        assert not any(s["policy"] == "fixed:0" for s in logged)  # a target-only run drafts nothing: no rows
 
     # --resume measures nothing it holds; --predict replays each kept trace, as `avkit simulate` does
     p = _live("--out", str(out), "--traces", str(kept), "--resume")
