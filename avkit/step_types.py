@@ -88,6 +88,7 @@ class StepTime:
     draft_rows: int | None = None  # requests the draft passes ran over (None: all; a hybrid drafter: its model rows)
     lookups: int = 0  # requests a cache drafter looked up (suffix cache, hybrid router)
     catch_up: tuple[int, ...] = ()  # lags (tokens) of the requests whose drafter first prefilled them (> FREE_LAG)
+    drafting_ms: float | None = None  # wall time of the drafting phase within `ms` (None: not timed apart)
 
 
 __all__ = ["DraftBatch", "Groups", "Load", "StepPlan", "StepTime", "VerifyOutcome"]

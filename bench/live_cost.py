@@ -18,6 +18,7 @@ Step log (JSON lines beside the Markdown: `<out stem>_steps.jsonl`, e.g. bench/r
                   cached context tokens, draft rows (null: all), cache lookups, [lags] of its catch-ups;
                   lookups 0 and catch_up [] are left out)
   ms              its wall time (ms, rounded to 0.1 us; the learner saw the rounded value)
+  drafting_ms     its drafting phase's wall time, where the engine timed it apart (CPU; rounded the same)
   offline_ms      the offline table's price of it (its step, no catch-ups)
   online_ms       the learned model's price of it as the model stood before the step
   learned         whether its shape was learned before it (a measured step)
@@ -67,6 +68,7 @@ def price(learner: CostLearner, offline: CostTable, t: StepTime) -> dict:
                                          t.lookups))
     return {**dict(zip(FIELDS, (t.num_requests, t.passes, t.tokens, t.context_tokens, t.draft_rows, t.lookups,
                                 list(t.catch_up), t.ms))),
+            **({} if t.drafting_ms is None else {"drafting_ms": t.drafting_ms}),
             "offline_ms": offline_ms, "online_ms": online, "learned": learned}
 
 
@@ -78,7 +80,8 @@ class TimedFixedK(FixedK):
         self.learner, self.offline, self.cell, self.rows = learner, offline, cell, []
 
     def observe_step_time(self, timing):
-        timing = replace(timing, ms=round(timing.ms, 4))  # the logged value (module note)
+        timing = replace(timing, ms=round(timing.ms, 4), drafting_ms=None if timing.drafting_ms is None else
+                         round(timing.drafting_ms, 4))  # the logged values (module note)
         self.rows.append({**self.cell, "i": len(self.rows), **price(self.learner, self.offline, timing)})
         return timing.ms / self.rows[-1]["online_ms"]
 
@@ -108,7 +111,7 @@ def cells(rows: list[dict]) -> list[tuple]:
 
 def _step(d: dict) -> StepTime:
     return StepTime(d["n"], d["passes"], d["tokens"], d["context"], d["ms"], d["rows"], d.get("lookups", 0),
-                    tuple(d.get("catch_up", ())))
+                    tuple(d.get("catch_up", ())), d.get("drafting_ms"))
 
 
 def read_log(log: Path) -> tuple[dict, list[dict]]:

@@ -171,6 +171,7 @@ class Engine:
             return []
         t_decode = time.perf_counter()  # the step's shape starts here: admission prefill is not part of it
         draft, inp, load = self._draft(batch)
+        t_drafted = time.perf_counter()  # host-synchronous on CPU: the drafting phase ends here
         K = draft.tokens.shape[1]
 
         # Decide k_r in [0, num_drafted_r] from what cannot depend on the drawn tokens: lossless features
@@ -218,18 +219,22 @@ class Engine:
             self.policy.observe(VerifyOutcome(draft.features, plan.confidences, num_verify, result.num_accepted,
                                               draft.cache_rows, wide(result.observed), wide(result.accepted)))
         self._account(batch, inp, draft, num_verify, result, plan, outputs, t0)
-        self._time_step(batch, load, inp, verify_lens, t_decode)
+        self._time_step(batch, load, inp, verify_lens, t_decode, t_drafted)
         return outputs
 
-    def _time_step(self, batch, load: Load, inp, verify_lens: list[int], t_decode: float) -> None:
-        """The step's shape and time for the policy's cost model (host counts only, no device read)."""
+    def _time_step(self, batch, load: Load, inp, verify_lens: list[int], t_decode: float, t_drafted: float) -> None:
+        """The step's shape and time for the policy's cost model (host counts only, no device read). On CPU the
+        drafting phase is timed apart (it tells the learner a draft pass from a verify token, which batch-1 steps
+        alone cannot: their passes and verified tokens rise together); on an accelerator the phase's end would
+        need a device sync, so only the step is timed."""
         drafting = self.drafter is not None and inp.k > 0
         passes = self.drafter.passes if drafting else 0
         wanted = inp.host_num_draft() if passes else ()
         catch_up = tuple(lag for lag, w in zip(load.lag or (), wanted) if lag > FREE_LAG and w > 0)
         timing = StepTime(len(batch), passes, len(batch) + sum(verify_lens), sum(len(s.tokens) - 1 for s in batch),
                           (time.perf_counter() - t_decode) * 1e3, self.drafter.draft_rows if passes else 0,
-                          self.drafter.lookups if drafting else 0, catch_up)
+                          self.drafter.lookups if drafting else 0, catch_up,
+                          (t_drafted - t_decode) * 1e3 if passes and self.device.type == "cpu" else None)
         self.stats.cost_ratio = self.policy.observe_step_time(timing)
 
     def _draft(self, batch: list[RunningSeq]):

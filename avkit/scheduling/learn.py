@@ -10,7 +10,10 @@
             b's price times the ordinate, / prior_b); g_kv moves kv_ms_per_token (kv_b = (context_b -
             held_context_b) u_kv / prior_b); g_look moves lookup_ms (look_b = l_b u_look / prior_b). Each
             unknown carries PRIOR_COUNT pseudo-steps of its column's mean square; the curves are made
-            non-decreasing again by isotonic regression weighted by the steps behind each ordinate
+            non-decreasing again by isotonic regression weighted by the steps behind each ordinate.
+            A bucket whose drafting phase was timed apart (StepTime.drafting_ms, the engine on CPU) adds the
+            same equation for that phase over the drafter's columns alone: at batch 1 a step's passes and
+            verified tokens rise together, so its total cannot tell a draft pass from a verify token
   residual  per bucket without catch-ups, r_b = median_b / ridge_b(c_b), shrunk to the shape's (all bands, M_s
             steps, r_s their step-weighted mean r_b) from the prior's factor f0_b, then to the band's:
                 F_b = f0_b + M_s / (M_s + PRIOR_COUNT) (r_s - f0_b)
@@ -92,7 +95,7 @@ class CostLearner:
             bucket = self.buckets.setdefault(key, [0, deque(maxlen=self.window)])
             bucket[0] = max(bucket[0], self.warmup * probe) + 1
             if bucket[0] > self.warmup:
-                bucket[1].append((t.ms, context, lag))
+                bucket[1].append((t.ms, context, lag, math.nan if t.drafting_ms is None else t.drafting_ms))
             learned = bucket[0] - self.warmup
         if self.steps % self.refit_every == 0 or (0 < learned <= self.window and learned & (learned - 1) == 0):
             self.refit()
@@ -125,7 +128,10 @@ class CostLearner:
         if not keys:
             return self.model
         n, rows, passes, tokens, lookups, catch = np.asarray([k[:6] for k in keys], dtype=np.float64).T  # [B] each
-        ms, ctx, lag = np.asarray([np.median(np.asarray(self.buckets[k][1]), 0) for k in keys]).T  # [B] each
+        windows = [np.asarray(self.buckets[k][1]) for k in keys]  # B x [w, 4] (ms, context, lag, drafting ms)
+        ms, ctx, lag = np.asarray([np.median(w[:, :3], 0) for w in windows]).T  # [B] each
+        timed = [w[~np.isnan(w[:, 3]), 3] for w in windows]  # B x the drafting phases timed apart
+        drafting = np.asarray([np.median(d) if d.size else np.nan for d in timed])  # [B] nan: not timed
         m = np.asarray([self.buckets[k][0] - self.warmup for k in keys], dtype=np.float64)  # [B] steps learned
         p = replace(self.prior, shape_scale=())  # the ridge prices with the curves alone
         base = p.step_cost(n, passes, tokens, draft_rows=rows) + catch * p.catch_up_cost(lag)  # [B] no lookups
@@ -139,19 +145,28 @@ class CostLearner:
                 cols.append(col * scale / base)
                 names.append((name, scale))
         x_mat = np.stack(cols, 1)  # [B, P]
+        # drafting phases timed apart: one more row per such bucket, the same equation over the drafter's columns
+        # alone (draft_ms, draft_fixed_ms, prefill_ms: its passes and catch-ups), scaled by the same price
+        apart = ~np.isnan(drafting)  # [B]
+        if apart.any():
+            side = np.asarray([nm in ("draft_ms", "draft_fixed_ms", "prefill_ms") for nm, _ in names])  # [P]
+            p_draft = p.draft_cost(rows, passes) + catch * p.catch_up_cost(lag)  # [B] the prior's
+            x_mat = np.concatenate([x_mat, x_mat[apart] * side], 0)  # [B + A, P]
+            target = np.concatenate([target, ((drafting - p_draft) / base)[apart]])
+        w = np.concatenate([m, m[apart]])  # [B + A] each row's steps learned
         used = np.abs(x_mat).sum(0) > 0
         prices = {"kv": p.kv_ms_per_token, "lookup": p.lookup_ms}  # the scalar unknowns' prior values
         while True:  # a KV slope or lookup price the fit would push below 0 stays at the prior; the rest refit
             delta = np.zeros(len(names))
             a = x_mat[:, used]
-            square = (m[:, None] * a ** 2).sum(0) / (m[:, None] * (a != 0)).sum(0)  # [P'] each column's mean square
-            lhs = a.T @ (m[:, None] * a) + self.prior_count * np.diag(square)  # the prior: prior_count typical steps
-            delta[used] = np.linalg.solve(lhs, a.T @ (m * target))
+            square = (w[:, None] * a ** 2).sum(0) / (w[:, None] * (a != 0)).sum(0)  # [P'] each column's mean square
+            lhs = a.T @ (w[:, None] * a) + self.prior_count * np.diag(square)  # the prior: prior_count typical steps
+            delta[used] = np.linalg.solve(lhs, a.T @ (w * target))
             negative = np.asarray([nm in prices and prices[nm] + d * sc < 0 for (nm, sc), d in zip(names, delta)])
             if not negative.any():
                 break
             used &= ~negative
-        evidence = (m[:, None] * np.abs(x_mat)).sum(0)  # [P] steps behind each ordinate
+        evidence = (w[:, None] * np.abs(x_mat)).sum(0)  # [P] steps behind each ordinate
         curves = {}
         for name in LEARNED:
             idx = [j for j, (nm, _) in enumerate(names) if nm == name]
