@@ -146,11 +146,11 @@ class CostLearner:
                 names.append((name, scale))
         x_mat = np.stack(cols, 1)  # [B, P]
         # drafting phases timed apart: one more row per such bucket, the same equation over the drafter's columns
-        # alone (draft_ms, draft_fixed_ms, prefill_ms: its passes and catch-ups), scaled by the same price
+        # alone (its passes, catch-ups and cache lookups), scaled by the same price
         apart = ~np.isnan(drafting)  # [B]
         if apart.any():
-            side = np.asarray([nm in ("draft_ms", "draft_fixed_ms", "prefill_ms") for nm, _ in names])  # [P]
-            p_draft = p.draft_cost(rows, passes) + catch * p.catch_up_cost(lag)  # [B] the prior's
+            side = np.asarray([nm in ("draft_ms", "draft_fixed_ms", "prefill_ms", "lookup") for nm, _ in names])  # [P]
+            p_draft = p.draft_cost(rows, passes) + catch * p.catch_up_cost(lag) + p.lookup_ms * lookups  # [B] prior's
             x_mat = np.concatenate([x_mat, x_mat[apart] * side], 0)  # [B + A, P]
             target = np.concatenate([target, ((drafting - p_draft) / base)[apart]])
         w = np.concatenate([m, m[apart]])  # [B + A] each row's steps learned
