@@ -90,7 +90,7 @@ BAD = [
     (("fit", "--bins", "0"), "--bins must be >= 1, got 0"),
     (("fit", "--bins", "ten"), "--bins must be an integer, got ten"),
     (("fit", "--memory-budget", "100"), "--memory-budget must be >= 256, got 100"),
-    (("fit", "--estimator", "magic"), "--estimator must be one of online_logistic, forgetting_logistic; got magic"),
+    (("fit", "--estimator", "magic"), "--estimator must be one of online_logistic, forgetting_logistic, forgetting_platt; got magic"),
     (("fit", "--engine", "spark"), "--engine must be one of memory, streaming, ray; got spark"),
     (("fit", "--engine", "streaming"),
      "--engine streaming fits --mode batch (passes over the shards); the online replay reads its traces into "

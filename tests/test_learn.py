@@ -417,3 +417,16 @@ def test_drafting_timed_apart_tells_a_draft_pass_from_a_verify_token():
     assert float(model.verify_cost(7) / truth.verify_cost(7)) == pytest.approx(1.0, abs=0.05)
     assert float(totals.draft_pass_cost(1) / truth.draft_pass_cost(1)) > 1.10
     assert float(totals.verify_cost(7) / truth.verify_cost(7)) < 0.90
+
+
+def test_steps_far_cheaper_than_the_prior_keep_a_table_its_loader_reads(tmp_path):
+    """Steps timed at 1/1000 of the prior's price (a prior from another machine, a clock hiccup): every learned
+    ordinate stays positive and the snapshot loads (CostTable.load refuses a verify price <= 0)."""
+    learner = CostLearner(PRIOR)
+    for i in range(300):
+        d = (0, 3, 7)[i % 3]
+        learner.observe(StepTime(1, d, d + 1, 512, 1e-3 * float(PRIOR.step_cost(1, d, d + 1, 512)),
+                                 drafting_ms=1e-3 * float(PRIOR.draft_cost(1, d)) if d else None))
+    learner.snapshot(tmp_path / "cost.json")
+    model = CostTable.load(tmp_path / "cost.json")
+    assert min(model.verify_ms) > 0 and min(model.draft_ms) > 0

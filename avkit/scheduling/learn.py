@@ -170,9 +170,10 @@ class CostLearner:
         curves = {}
         for name in LEARNED:
             idx = [j for j, (nm, _) in enumerate(names) if nm == name]
-            if idx:  # monotone again, weighted by evidence: an untouched ordinate follows its measured neighbours
+            if idx:  # monotone again, weighted by evidence: an untouched ordinate follows its measured neighbours;
+                # no price below 1% of the prior's (a price of 0 makes the work free, and CostTable.load refuses it)
                 ys = p.curve(name)[1]
-                curves[name] = isotonic(np.maximum(ys * (1.0 + delta[idx]), 0.0), evidence[idx] + 1e-3)
+                curves[name] = isotonic(np.maximum(ys * (1.0 + delta[idx]), 0.01 * ys), evidence[idx] + 1e-3)
         moved = {nm: prices[nm] + d * scale for (nm, scale), d in zip(names, delta) if nm in prices}
         meta = {**p.meta, "source": "learned", "steps": self.steps, "shapes": len(keys),
                 "prior_count": self.prior_count, "window": self.window, "prior": p.meta.get("source", "")}
