@@ -96,8 +96,8 @@ bench-cost-replay:
 bench-cost-visit:
     python bench/live.py cost --replay bench/results/cost_live_steps.jsonl --visit 7 --out bench/results/cost_visit.md
 
-# live adaptive / best fixed K per cell through `avkit record --policy`, 3 interleaved repeats, 95% intervals
-# (real pair, idle CPU, hours on 2 cores; `python bench/adaptive.py live --tiny` checks it in seconds)
+# live adaptive / best fixed K per cell through `avkit record --policy`: a screen, then the finalists bracketed by
+# adaptive runs, 95% intervals (real pair, idle CPU, ~25 min a c1 cell; `python bench/adaptive.py live --tiny` checks it)
 [doc("live adaptive / best fixed K per cell, 95% intervals (real pair, idle CPU, hours)")]
 bench-adaptive-live *ARGS:
     python bench/adaptive.py live --cost 'bench/results/cost_learned_T{T}.json' --resume {{ARGS}}

@@ -1,5 +1,6 @@
-"""`bench/adaptive.py live`: adaptive verification against the best fixed K through `avkit record --policy`, every
-policy x --repeats interleaved per cell, paired 95% intervals (bench/README.md: the protocol) ->
+"""`bench/adaptive.py live`: adaptive verification against the best fixed K through `avkit record --policy`: a screen
+of every policy, then the finalists' runs each bracketed by adaptive runs, paired 95% intervals (bench/README.md:
+the protocol) ->
 bench/results/adaptive_live.{md,json}. Cells merge into the JSON as each finishes (a stopped run keeps them);
 `--resume` skips the cells it already holds, so the grid can be measured in pieces.
 """
@@ -24,11 +25,12 @@ from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET
 from avkit.scheduling.cost import CostTable
 from avkit.sim.steps import trace_steps
 from avkit.trace.schema import generations_path
-from common import header, load, options, paired_ratio, rounds, tiny_pair, today, write
+from common import header, load, options, paired_ratio, tiny_pair, today, write
 
-PROTOCOL = 3  # cells of another protocol stay in the store, are not resumed and not shown (1: steady = each
+PROTOCOL = 4  # cells of another protocol stay in the store, are not resumed and not shown (1: steady = each
 # request's first-to-last token span, which held the other lanes' admission prefills; 2: each adaptive run started
-# from --cost, so every run spent its first steps on the prior's prices)
+# from --cost, so every run spent its first steps on the prior's prices; 3: every policy in every round, paired by
+# round: the machine drifted by 10-15% within a round, so the pairs spread over +-10%)
 
 
 def run_tokens_s(gens: pl.DataFrame, concurrency: int) -> dict:
@@ -72,11 +74,13 @@ def record(args, out: Path, policy: str, dataset: str, temperature: float, concu
 
 
 def cell(args, work: Path, dataset: str, temperature: float, concurrency: int) -> dict:
-    """Every policy x --repeats, interleaved; -> per policy its runs, and adaptive / best fixed K."""
-    policies = [f"fixed:{k}" for k in args.ks] + [args.adaptive]
-    runs: dict[str, list[dict]] = {p: [] for p in policies}
+    """A screen (every policy once), then --repeats rounds of the --finalists best fixed K, each run bracketed by
+    adaptive runs (bench/README.md: the protocol); -> per policy its runs (each with its place `seq` in the cell's
+    order), and adaptive / best fixed K."""
+    fixed = [f"fixed:{k}" for k in args.ks]
+    runs: dict[str, list[dict]] = {p: [] for p in fixed + [args.adaptive]}
     started = {"date": today(), "commit": commit(), "load": round(load(), 2), "protocol": PROTOCOL}
-    kept = f"fixed:{max(args.ks)}"  # its first run's trace is kept: every slot labelled, what the simulator replays
+    kept = f"fixed:{max(args.ks)}"  # its screen run's trace is kept: every slot labelled, what the simulator replays
     # learning, the adaptive policy carries its cost model from run to run, as a serving engine does: each run starts
     # from the model the previous one learned, the first from an unmeasured warm-up run's (bench/README.md)
     carried = work / "carried.learned_cost.json"
@@ -85,30 +89,46 @@ def cell(args, work: Path, dataset: str, temperature: float, concurrency: int) -
     if args.learn_cost:
         record(args, work / "run.parquet", args.adaptive, dataset, temperature, concurrency)
         (work / "run.learned_cost.json").replace(carried)
-    for rep, order in enumerate(rounds(policies, args.repeats)):
-        for p in order:
-            cost = carried if p == args.adaptive and carried.is_file() else None
-            runs[p].append(record(args, work / "run.parquet", p, dataset, temperature, concurrency, cost))
-            if args.traces:  # every run's drafting steps as the cost learner sees them (bench/live.py cost --steps)
-                steps.extend({"policy": p, "repeat": rep, **asdict(t)} for t in trace_steps(work / "run.parquet"))
-            if p == kept and rep == 0 and args.traces:
-                Path(args.traces).mkdir(parents=True, exist_ok=True)
-                kept_at = trace_path(args, dataset, temperature, concurrency)
-                (work / "run.parquet").replace(kept_at)
-                generations_path(work / "run.parquet").replace(generations_path(kept_at))  # token_s: its steps
-            if p == args.adaptive and args.learn_cost:  # carried on; the last run's is the cell's (--predict cell)
-                (work / "run.learned_cost.json").replace(carried)
-            print(f"{dataset} T={temperature} c={concurrency} repeat {rep + 1}: {p} "
-                  f"{runs[p][-1]['decode_tok_s']:.2f} tok/s steady over {runs[p][-1]['steady_tokens']} tokens",
-                  file=sys.stderr, flush=True)
+
+    def run(p: str, rep: int) -> None:
+        cost = carried if p == args.adaptive and carried.is_file() else None
+        runs[p].append({**record(args, work / "run.parquet", p, dataset, temperature, concurrency, cost),
+                        "seq": sum(map(len, runs.values())), "repeat": rep})
+        if args.traces:  # every run's drafting steps as the cost learner sees them (bench/live.py cost --steps)
+            steps.extend({"policy": p, "repeat": rep, **asdict(t)} for t in trace_steps(work / "run.parquet"))
+        if p == kept and rep == 0 and args.traces:
+            Path(args.traces).mkdir(parents=True, exist_ok=True)
+            kept_at = trace_path(args, dataset, temperature, concurrency)
+            (work / "run.parquet").replace(kept_at)
+            generations_path(work / "run.parquet").replace(generations_path(kept_at))  # token_s: its steps
+        if p == args.adaptive and args.learn_cost:  # carried on; the last run's is the cell's (--predict cell)
+            (work / "run.learned_cost.json").replace(carried)
+        print(f"{dataset} T={temperature} c={concurrency} round {rep}: {p} {runs[p][-1]['decode_tok_s']:.2f} tok/s "
+              f"steady over {runs[p][-1]['steady_tokens']} tokens", file=sys.stderr, flush=True)
+
+    for p in fixed + [args.adaptive]:  # the screen: it only chooses the finalists, no ratio reads it
+        run(p, 0)
+    finalists = sorted(fixed, key=lambda p: -runs[p][0]["decode_tok_s"])[:args.finalists]
+    run(args.adaptive, 1)
+    for rep in range(1, args.repeats + 1):  # A f1 A f2 A f1 A ...: each finalist's run between two adaptive runs
+        for f in finalists:
+            run(f, rep)
+            run(args.adaptive, rep)
     if args.learn_cost and args.traces:
         carried.replace(learned_path(args, dataset, temperature, concurrency))
     if args.traces:
         write({trace_path(args, dataset, temperature, concurrency).with_suffix(".steps.jsonl"):
                "".join(json.dumps(s) + "\n" for s in steps)})
     return compare(args, {"dataset": Path(dataset).name, "temperature": temperature, "concurrency": concurrency,
-                          **started, "runs": runs})
+                          **started, "finalists": finalists, "runs": runs})
 
+
+def bracketed(runs: dict[str, list[dict]], adaptive: str, fixed: str, metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """-> (adaptive, fixed) per bracketed run of `fixed`: its rate and the geometric mean of the two adaptive runs
+    just before and after it (a drift of the machine that is linear over the three runs cancels)."""
+    at = {r["seq"]: r[metric] for r in runs[adaptive]}
+    pairs = [(np.sqrt(at[r["seq"] - 1] * at[r["seq"] + 1]), r[metric]) for r in runs[fixed] if r["repeat"] > 0]
+    return np.array([a for a, _ in pairs]), np.array([f for _, f in pairs])  # [repeats] each
 
 def commit() -> str:
     """The checkout's commit (a cell is measured on one; pieces of a grid name theirs)."""
@@ -131,38 +151,50 @@ def key(c: dict) -> tuple:
 
 
 def compare(args, out: dict) -> dict:
-    """Adaptive / best fixed K over a cell's runs (policy -> one dict of rates per repeat), both metrics."""
-    fixed = [p for p in out["runs"] if p != args.adaptive]
+    """Adaptive / best fixed K over a cell's bracketed runs, both metrics: the best of the finalists by their mean
+    over the rounds, its runs paired with their brackets."""
     for metric in ("decode_tok_s", "tok_s"):
-        col = {p: np.array([r[metric] for r in rs]) for p, rs in out["runs"].items()}
-        best = max(fixed, key=lambda p: col[p].mean())
-        out[metric] = {"best_fixed": best, **paired_ratio(col[args.adaptive], col[best]),
-                       "mean": {p: float(v.mean()) for p, v in col.items()}}
+        pairs = {f: bracketed(out["runs"], args.adaptive, f, metric) for f in out["finalists"]}
+        best = max(pairs, key=lambda f: pairs[f][1].mean())
+        out[metric] = {"best_fixed": best, **paired_ratio(*pairs[best]),
+                       "mean": {p: float(np.mean([r[metric] for r in rs])) for p, rs in out["runs"].items()}}
     return out
 
 
 def mixed(args, cells: list[dict]) -> list[dict]:
-    """Per dataset x temperature with every --concurrency measured: their equal-time mix (bench/README.md: mixed)."""
+    """Per dataset x temperature with every --concurrency measured: their equal-time mix (bench/README.md: mixed),
+    against the fixed K that was a finalist in every one of its cells."""
     out = []
     for d in dict.fromkeys(c["dataset"] for c in cells):
         for t in sorted({float(c["temperature"]) for c in cells if c["dataset"] == d}):
             part = [c for c in cells if c["dataset"] == d and c["temperature"] == t]
             if len(part) < 2 or {c["concurrency"] for c in part} != set(args.concurrency):
                 continue
-            repeats = min(len(runs) for c in part for runs in c["runs"].values())
-            runs = {p: [{m: float(np.mean([c["runs"][p][r][m] for c in part])) for m in ("decode_tok_s", "tok_s",
-                                                                                         "new_tokens", "steady_tokens")}
-                        for r in range(repeats)] for p in part[0]["runs"]}
-            out.append(compare(args, {"dataset": d, "temperature": t, "concurrency": "mixed", "runs": runs}))
+            eligible = [f for f in part[0]["finalists"] if all(f in c["finalists"] for c in part)]
+            if not eligible:
+                print(f"{d} T={t:g}: no fixed K is a finalist at every concurrency: no mix", file=sys.stderr)
+                continue
+            mix = {"dataset": d, "temperature": t, "concurrency": "mixed", "finalists": eligible,
+                   "runs": {p: [r for c in part for r in c["runs"][p]] for p in part[0]["runs"]}}
+            for metric in ("decode_tok_s", "tok_s"):  # round i's mix: the mean of the cells' round-i pairs
+                pairs = {f: [np.mean(v, axis=0) for v in zip(*(bracketed(c["runs"], args.adaptive, f, metric)
+                                                              for c in part))] for f in eligible}
+                best = max(pairs, key=lambda f: pairs[f][1].mean())
+                mix[metric] = {"best_fixed": best, **paired_ratio(*pairs[best]),
+                               "mean": {p: float(np.mean([c[metric]["mean"][p] for c in part])) for p in mix["runs"]}}
+            out.append(mix)
     return out
 
 
 def markdown(args, cells: list[dict]) -> str:
     lines = [header(f"Live adaptive verification: {args.adaptive} / best fixed K"),
              f"{args.target} + {args.draft}, {args.dtype}, "
-             f"{args.threads} threads, {args.repeats} interleaved repeats per cell, {args.requests_per_lane} x c "
-             f"requests per run, up to {args.max_new_tokens} new tokens, fixed K in {args.ks}. Ratios are paired by "
-             "repeat, 95% t intervals (bench/adaptive.py live).\n",
+             f"{args.threads} threads, {args.requests_per_lane} x c requests per run, up to {args.max_new_tokens} new "
+             f"tokens, fixed K in {args.ks}. Per cell a screen runs every policy once and picks the {args.finalists} "
+             f"fixed K of the best steady rates (the finalists); then {args.repeats} rounds run each finalist between "
+             "two adaptive runs. Ratios pair each finalist run with the geometric mean of its two adaptive neighbours; "
+             "95% t intervals over those pairs; best fixed: the finalist of the highest mean over its bracketed runs "
+             "(bench/adaptive.py live).\n",
              "Steady: the engine steps with every lane decoding and no prefill, read from the generations' token_s; "
              "steady tokens: the fewest any run of the cell had in those steps.\n",
              "| dataset | T | c | steady tok/s (adaptive) | best fixed | steady ratio [95%] | tok/s incl. prefill "
@@ -172,7 +204,7 @@ def markdown(args, cells: list[dict]) -> str:
         tokens = np.mean([r["new_tokens"] for r in c["runs"][args.adaptive]])
         steady = min(r["steady_tokens"] for rs in c["runs"].values() for r in rs)
         lines.append(f"| {c['dataset']} | {c['temperature']:g} | {c['concurrency']} | "
-                     f"{d['mean'][args.adaptive]:.2f} | {d['best_fixed']} | {d['ratio']:.3f} [{d['lo']:.3f}, "
+                     f"{d['mean'][args.adaptive]:.2f} | {d['best_fixed']} (of {', '.join(c['finalists'])}) | {d['ratio']:.3f} [{d['lo']:.3f}, "
                      f"{d['hi']:.3f}] | {p['ratio']:.3f} [{p['lo']:.3f}, {p['hi']:.3f}] | {tokens:.0f} | {steady:.0f} | "
                      f"{measured(c)} |")
     guessed = [c for c in cells if "predicted" in c]
@@ -251,7 +283,8 @@ def live_main(argv: list[str]) -> int:
             max_new_tokens=256, seed=0, dtype="bfloat16", threads=2, tiny=False)
     ap.add_argument("--adaptive", default="adaptive-stop:online_logistic", help="the adaptive policy spec")
     ap.add_argument("--cost", default="", help="the adaptive policy's cost table (avkit profile)")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=4, help="rounds after the screen: bracketed runs per finalist")
+    ap.add_argument("--finalists", type=int, default=2, help="the fixed K of the best screen rates that go on")
     ap.add_argument("--requests-per-lane", type=int, default=2)
     ap.add_argument("--out", default="bench/results/adaptive_live.md", help="Markdown; the JSON goes beside it "
                     "(the cells measured so far: each new cell replaces the one of its dataset, T and c)")
@@ -265,12 +298,14 @@ def live_main(argv: list[str]) -> int:
     ap.add_argument("--traces", default="bench/results/adaptive_live_traces",
                     help="where each cell's first fixed:<max K> trace is kept (the simulator's input; '' keeps none)")
     if "--tiny" in argv:  # small defaults: seconds, not hours
-        ap.set_defaults(temperatures=[1.0], concurrency=[1, 2], ks=[0, 2], max_new_tokens=24, requests_per_lane=1,
+        ap.set_defaults(temperatures=[1.0], concurrency=[1, 2], ks=[0, 2], max_new_tokens=24, requests_per_lane=1, repeats=3,
                         out=str(Path(tempfile.gettempdir()) / "adaptive_live_tiny.md"), traces="")
     args = ap.parse_args(argv)
     args.argv = list(argv)
     if args.repeats < 3 and not args.tiny:
         ap.error("--repeats must be >= 3: an interval needs them")
+    if args.finalists < 1:
+        ap.error("--finalists must be >= 1")
     out = Path(args.out)
     store = out.with_suffix(".json")
     policies = {f"fixed:{k}" for k in args.ks} | {args.adaptive}

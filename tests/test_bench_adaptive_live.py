@@ -31,23 +31,34 @@ def test_tiny_protocol_runs_through_the_cli(tmp_path, capsys):
     assert p.returncode == 0, p.stderr[-3000:]
     c1, c2, mix = json.loads(out.with_suffix(".json").read_text())  # c = 1, c = 2, their equal-time mix
     assert (c1["concurrency"], c2["concurrency"], mix["concurrency"]) == (1, 2, "mixed")
-    for cell in (c1, c2, mix):
-        assert set(cell["runs"]) == {"fixed:0", "fixed:2", "adaptive-stop:online_logistic"}
-        assert all(len(runs) == 3 for runs in cell["runs"].values())  # three interleaved repeats
+    A = "adaptive-stop:online_logistic"
+    for cell in (c1, c2):
+        assert set(cell["runs"]) == {"fixed:0", "fixed:2", A} and cell["finalists"] in (["fixed:0", "fixed:2"],
+                                                                                       ["fixed:2", "fixed:0"])
+        order = sorted((r["seq"], p, r) for p, rs in cell["runs"].items() for r in rs)  # the cell's runs in turn
+        assert [s for s, _, _ in order] == list(range(3 + 1 + 2 * 2 * 3))  # screen, then A and 3 rounds of (f1, A, f2, A)
+        assert [p for _, p, r in order if r["repeat"] == 0] == ["fixed:0", "fixed:2", A]  # the screen: each once
+        tail = [p for _, p, r in order if r["repeat"] > 0]
+        assert tail[0::2] == [A] * 7 and tail[1::2] == cell["finalists"] * 3  # A f1 A f2 ... A
         for metric in ("decode_tok_s", "tok_s"):
             r = cell[metric]
-            assert r["best_fixed"] in ("fixed:0", "fixed:2") and 0 < r["lo"] <= r["ratio"] <= r["hi"]
-            a = np.array([x[metric] for x in cell["runs"]["adaptive-stop:online_logistic"]])
-            b = np.array([x[metric] for x in cell["runs"][r["best_fixed"]]])
-            assert r["best_fixed"] == max(("fixed:0", "fixed:2"),
-                                          key=lambda k: np.mean([x[metric] for x in cell["runs"][k]]))
+            pairs = {}  # finalist -> [(its rate, sqrt(rate before * rate after))], by a loop over the order
+            for i, (_, p, run) in enumerate(order):
+                if p != A and run["repeat"] > 0:
+                    pairs.setdefault(p, []).append((run[metric], (order[i - 1][2][metric] *
+                                                                  order[i + 1][2][metric]) ** 0.5))
+            best = max(pairs, key=lambda f: np.mean([f_ for f_, _ in pairs[f]]))
+            b, a = np.array(pairs[best]).T
             ci = stats.ttest_1samp(np.log(a / b), 0.0).confidence_interval(0.95)
+            assert r["best_fixed"] == best and 0 < r["lo"] <= r["ratio"] <= r["hi"]
             assert r["ratio"] == pytest.approx(np.exp(np.log(a / b).mean()))
             assert (r["lo"], r["hi"]) == pytest.approx((np.exp(ci.low), np.exp(ci.high)))
-    for k, runs in mix["runs"].items():  # each repeat's mix is the mean of that repeat's two cells
-        for r, run in enumerate(runs):
-            assert run["decode_tok_s"] == pytest.approx((c1["runs"][k][r]["decode_tok_s"] +
-                                                         c2["runs"][k][r]["decode_tok_s"]) / 2)
+    for metric in ("decode_tok_s", "tok_s"):  # each round's mix: the mean of that round's pairs in the two cells
+        r = mix[metric]
+        f = r["best_fixed"]
+        rates = [[x[metric] for x in sorted(c["runs"][f], key=lambda x: x["seq"]) if x["repeat"] > 0] for c in (c1, c2)]
+        assert r["mean"][f] == pytest.approx((c1[metric]["mean"][f] + c2[metric]["mean"][f]) / 2)
+        assert len(rates[0]) == len(rates[1]) == 3 and 0 < r["lo"] <= r["ratio"] <= r["hi"]
     assert "adaptive-stop:online_logistic / best fixed K" in out.read_text()
     assert c1["date"] and c1["commit"] and "load" in c1  # each cell names when and on what it ran
     for cell in (c1, c2):  # steady tok/s of the kept run (fixed:2, repeat 1), by a loop over its engine steps
@@ -61,12 +72,12 @@ def test_tiny_protocol_runs_through_the_cli(tmp_path, capsys):
                 tokens += sum(ts.count(end) for ts in times)
                 seconds += end - prev
                 steps += 1
-        run = cell["runs"]["fixed:2"][0]
+        run = cell["runs"]["fixed:2"][0]  # the screen's
         assert run["steady_tokens"] == tokens > 0 and run["decode_tok_s"] == pytest.approx(tokens / seconds)
         assert run["steady_steps"] == steps
         logged = [json.loads(line) for line in
                   (kept / f"tiny_T1_c{cell['concurrency']}.steps.jsonl").read_text().splitlines()]  # every run's steps
-        assert {(s["policy"], s["repeat"]) for s in logged} >= {("fixed:2", r) for r in range(3)}
+        assert {(s["policy"], s["repeat"]) for s in logged} >= {("fixed:2", r) for r in range(4)}
         assert all(s["passes"] <= 2 and s["num_requests"] <= cell["concurrency"] and s["ms"] > 0 for s in logged)
         assert not any(s["policy"] == "fixed:0" for s in logged)  # a target-only run drafts nothing: no rows
 
