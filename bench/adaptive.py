@@ -6,6 +6,8 @@
 2. Overhead: the live policy's `draft_this_step` + `num_verify` + `observe` at batch 256, K = 7 on this CPU.
 3. `live`: adaptive verification against the best fixed K through `avkit record --policy`, paired 95% intervals
    -> adaptive_live.{md,json} (bench/adaptive_live.py).
+4. `mixed`: the simulator's prediction of the live mixed load (equal time at c1, c4, c16, composed as `live`
+   composes it) on this CPU's learned cost models, and what measuring it live would take -> adaptive_mixed_sim.md.
 """
 
 from __future__ import annotations
@@ -34,14 +36,16 @@ from avkit.runtime.engine import Engine
 from avkit.runtime.request import Request
 from avkit.runtime.trace_rows import MemorySink
 from avkit.scheduling.adaptive import make_adaptive
-from avkit.scheduling.cost import resolve_cost
+from avkit.scheduling.cost import CostTable, resolve_cost
 from avkit.scheduling.profile import profile_costs
 from avkit.step_types import DraftBatch, Load, VerifyOutcome
 from avkit.throughput_text import tok
-from avkit.sim.replay import default_policies, load_steps, simulate_and_write, step_time_check
+from avkit.sim.steps import StepTable
+from avkit.sim.replay import default_policies, load_steps, simulate, simulate_and_write, step_time_check
+from avkit.trace.reader import read_traces
 from avkit.trace.synthetic import synthetic_trace
 from adaptive_live import live_main
-from common import write  # bench/ is on sys.path when run as a script
+from common import header, write  # bench/ is on sys.path when run as a script
 
 SUMMARIZED = ("adaptive-online_logistic", "adaptive-stop-online_logistic", "adaptive-stop-nogate-online_logistic",
               "adaptive-oracle")
@@ -171,10 +175,104 @@ def real_step_time_lines(steps) -> str:
     return "\n".join(lines)
 
 
+MIXED_POLICIES = [f"fixed:{k}" for k in (0, 1, 2, 3, 5, 7)] + ["adaptive-stop:online_logistic"]  # the live grid's
+SHIPPED = {0.0: "traces/greedy_k7.parquet", 1.0: "traces/sampled_t1.0_k7.parquet"}  # every slot labelled (policy full)
+KEPT = "bench/results/adaptive_live_traces/humaneval_T{T}_c1.parquet"  # a live cell's kept fixed:7 run
+NOGATE = "adaptive-stop-nogate:online_logistic"  # not in the live grid: what the draft gate decides, by its absence
+MIXED_NOTE = (
+    "`avkit.sim.replay.simulate` of each trace at c = 1, 4, 16, the live grid's policies (adaptive warm-started from "
+    "`traces/coefficients.json`, as live). The mix spends equal time at each c: its tok/s is the mean of the three "
+    "steady rates (as `adaptive.py live` composes its cells); best fixed K: one K for the whole mix. Per c: adaptive / "
+    "the best fixed K there (which K). Per-c best K / best: each c's best fixed K, mixed, over the best single K (what "
+    "picking K per concurrency alone gains; picking per step may gain more). Goal: mix >= 1.05. Beside the grid, "
+    f"`{NOGATE}` (every policy table): the same policy without its draft gate.\n\n"
+    "Cost models: `cost_learned_T{T}.json`, the online model `bench/live.py cost` learned over batch 1, 4, 16 x K 0, 3, "
+    "5, 7 on this CPU (24 of 24 cells within 10% of live steps, `cost_live.md`), the one table whose batch 4 and 16 "
+    "prices come from timed steps (the c1 cells' tables saw batch 1 alone and carry its batch 4/16 prices unchanged); "
+    "`cost_live_T{T}.json`, that grid's fresh profile (6 of 24 within 10%), as a sensitivity check.\n")
+
+
+def mixed_cases(datasets: list[str]) -> list[tuple[str, float, StepTable]]:
+    """(label, T, steps): the shipped traces' requests of each dataset per temperature, then each kept live trace."""
+    out = []
+    for t, path in SHIPPED.items():
+        rows = read_traces([path])
+        out += [(f"{d} (shipped {Path(path).stem})", t, load_steps(rows.filter(pl.col("dataset") == d)))
+                for d in datasets]
+        if Path(kept := KEPT.format(T=f"{t:g}")).is_file():
+            out.append((f"humaneval (kept live c1 run {Path(kept).stem})", t, load_steps([kept])))
+    return out
+
+
+def mix_rates(steps: StepTable, cost: str, concurrency: tuple[int, ...]) -> dict:
+    """policy -> {c: simulated steady tok/s, 'mixed': their mean (equal time at each c), 'drafted': {c: drafts per
+    request-step}}."""
+    policies = MIXED_POLICIES + [NOGATE]
+    df = simulate(steps, CostTable.load(cost), list(concurrency), policies, coefficients="traces/coefficients.json")
+    out = {p: {"drafted": {}} for p in policies}
+    for c in concurrency:  # one row per policy, in their order
+        for p, r in zip(policies, df.filter(pl.col("concurrency") == c).iter_rows(named=True)):
+            out[p][c], out[p]["drafted"][c] = r["throughput_tok_s"], r["drafted_per_step"]
+    for p in out:
+        out[p]["mixed"] = float(np.mean([out[p][c] for c in concurrency]))
+    return out
+
+
+def best_fixed(rates: dict, at) -> str:
+    return max((p for p in rates if p.startswith("fixed:")), key=lambda p: rates[p][at])
+
+
+def mixed_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="adaptive.py mixed", description="the simulated mixed load (bench/README.md)")
+    ap.add_argument("--costs", default="bench/results/cost_learned_T{T}.json,bench/results/cost_live_T{T}.json",
+                    help="cost models, comma-separated ({T}: per temperature); the first is the prediction")
+    ap.add_argument("--datasets", default="humaneval,sharegpt")
+    ap.add_argument("--new-tokens", type=float, default=224.0, help="new tokens per request of a live run (the live "
+                    "cost estimate; the HumanEval c1 cells averaged 224 at T = 0, 185 at T = 1)")
+    ap.add_argument("--out", default="bench/results/adaptive_mixed_sim.md")
+    args = ap.parse_args(argv)
+    conc, adaptive, costs = LIVE_CONCURRENCY, MIXED_POLICIES[-1], args.costs.split(",")
+    rows, detail, minutes = [], [], []
+    for label, t, steps in mixed_cases(args.datasets.split(",")):
+        for i, cost in enumerate(spec.replace("{T}", f"{t:g}") for spec in costs):
+            r = mix_rates(steps, cost, conc)
+            b, best = best_fixed(r, "mixed"), {c: best_fixed(r, c) for c in conc}
+            ceiling = np.mean([r[best[c]][c] for c in conc]) / r[b]["mixed"]
+            rows.append([label, f"{t:g}", f"{steps.num_requests}", f"`{cost}`", f"{b} {r[b]['mixed']:.2f}",
+                         f"{r[adaptive]['mixed']:.2f}", f"**{r[adaptive]['mixed'] / r[b]['mixed']:.3f}**",
+                         f"{ceiling:.3f}", *(f"{r[adaptive][c] / r[best[c]][c]:.3f} ({best[c]})" for c in conc),
+                         " / ".join(f"{r[adaptive]['drafted'][c]:.2f}" for c in conc)])
+            print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
+            if i == 0:
+                detail += [[label, f"{t:g}", p, *(f"{r[p][c]:.2f}" for c in conc), f"{r[p]['mixed']:.2f}",
+                            f"{r[p]['mixed'] / r[b]['mixed']:.3f}"] for p in r]
+            if i == 0 and label.startswith("humaneval (shipped"):  # a live cell: every policy x 3 repeats + the
+                runs = {p: 3 + (p == adaptive) for p in MIXED_POLICIES}  # adaptive warm-up run, 2 c requests each
+                minutes.append([f"{t:g}", *(f"{sum(n * 2 * c * args.new_tokens / r[p][c] for p, n in runs.items()) / 60:.0f}"
+                                            for c in conc)])
+    text = [header("Simulated mixed load: adaptive-stop / best fixed K at equal time in c1, c4, c16"), MIXED_NOTE,
+            md_table(["trace", "T", "requests", "cost model", "mix: best fixed K (tok/s)", "mix: adaptive",
+                      "mix: adaptive / best", "mix: per-c best K / best", *(f"c{c}: adaptive / best (K)" for c in conc),
+                      "adaptive drafts / request-step (c1 / c4 / c16)"], rows),
+            f"\n## Every policy under `{costs[0]}`\n",
+            md_table(["trace", "T", "policy", *(f"c{c} tok/s" for c in conc), "mix tok/s", "mix / best fixed"], detail),
+            "\n## What measuring the mix live costs\n",
+            f"`python bench/adaptive.py live --concurrency C`, per cell: {len(MIXED_POLICIES)} policies x 3 repeats + "
+            f"the adaptive warm-up run, each 2 C requests of {args.new_tokens:g} new tokens at the simulated steady "
+            f"rate under `{costs[0]}` (HumanEval, shipped trace). Model loads, prefill, ramp and drain are left out: "
+            "lower bounds, minutes of decoding.\n",
+            md_table(["T", *(f"c{c} cell (min)" for c in conc)], minutes), ""]
+    write({Path(args.out): "\n".join(text)})
+    print("\n".join(text))
+    return 0
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["live"]:
         return live_main(argv[1:])  # bench/adaptive_live.py
+    if argv[:1] == ["mixed"]:
+        return mixed_main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("traces", nargs="*")
     ap.add_argument("--out", default="bench/results/adaptive.md")

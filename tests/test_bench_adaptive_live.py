@@ -1,7 +1,8 @@
 """`bench/adaptive.py live` run as a user runs it (a subprocess; tests import no bench script): the live
 benchmark protocol runs end to end on tiny random models (`--tiny`), its paired ratio of adaptive / best fixed
 K is a Student t interval over the repeats' log ratios (scipy as the oracle), `--resume` keeps what it holds,
-and `--predict` gives each cell what `avkit simulate` gives for its kept trace."""
+and `--predict` gives each cell what `avkit simulate` gives for its kept trace; `adaptive.py mixed` composes
+`avkit simulate`'s rates at c1, c4, c16 into the equal-time mix."""
 
 import json
 from itertools import pairwise
@@ -120,3 +121,32 @@ def test_tiny_protocol_runs_through_the_cli(tmp_path, capsys):
     store = json.loads(out.with_suffix(".json").read_text())
     assert [c for c in store if set(c["runs"]) == set(held[0]["runs"])] == held
     assert any(set(c["runs"]) == {"fixed:0", "fixed:1", "adaptive-stop:online_logistic"} for c in store)
+
+
+def test_mixed_prediction_composes_what_avkit_simulate_gives(tmp_path, capsys):
+    """`adaptive.py mixed`: each policy's rate per concurrency is `avkit simulate`'s for the same trace, cost model
+    and warm start; the mix is their mean (equal time) and its ratio is over the best single fixed K."""
+    out, cost = tmp_path / "mixed.md", "bench/results/cost_learned_T0.json"
+    p = subprocess.run([sys.executable, "bench/adaptive.py", "mixed", "--datasets", "humaneval", "--costs",
+                        "bench/results/cost_learned_T{T}.json", "--out", str(out)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    label = "humaneval (kept live c1 run humaneval_T0_c1)"
+    rows = [line.split(" | ") for line in out.read_text().splitlines() if line.startswith(f"| {label} | 0 | ")]
+    table = {r[2]: [float(v) for v in r[3:6]] for r in rows if len(r) == 8}  # policy -> c1, c4, c16 tok/s
+    mix = {r[2]: float(r[6]) for r in rows if len(r) == 8}
+    assert len(table) == 8  # the live grid's 7 policies and adaptive-stop without its gate
+    sim = tmp_path / "sim.parquet"
+    code, _, err = run_cli(capsys, "simulate", ROOT / "bench/results/adaptive_live_traces/humaneval_T0_c1.parquet",
+                           "--cost", ROOT / cost, "--concurrency", "1,4,16", "--policy", ",".join(table),
+                           "--coefficients", ROOT / "traces/coefficients.json", "--out", sim)
+    assert code == 0, err[-3000:]
+    df = pl.read_parquet(sim)
+    for c, i in ((1, 0), (4, 1), (16, 2)):
+        rates = df.filter(pl.col("concurrency") == c)["throughput_tok_s"].to_list()  # in --policy order
+        assert [v[i] for v in table.values()] == pytest.approx(rates, abs=0.006)  # 2 decimals in the Markdown
+    for p_, v in table.items():
+        assert mix[p_] == pytest.approx(np.mean(v), abs=0.01)
+    best = max(v for p_, v in mix.items() if p_.startswith("fixed:"))
+    summary = next(line.split(" | ") for line in out.read_text().splitlines() if line.startswith(f"| {label} | 0 | 2 |"))
+    assert float(summary[6].strip("*")) == pytest.approx(mix["adaptive-stop:online_logistic"] / best, abs=2e-3)
