@@ -218,8 +218,19 @@ def mix_rates(steps: StepTable, cost: str, concurrency: tuple[int, ...]) -> dict
     return out
 
 
-def best_fixed(rates: dict, at) -> str:
-    return max((p for p in rates if p.startswith("fixed:")), key=lambda p: rates[p][at])
+def best_fixed(rates: dict, at, n: int = 1):
+    """The fixed K of the highest rate at `at` (a c or 'mixed'); n > 1: the n best, best first."""
+    ranked = sorted((p for p in rates if p.startswith("fixed:")), key=lambda p: -rates[p][at])
+    return ranked[0] if n == 1 else ranked[:n]
+
+
+def live_minutes(r: dict, c: int, finalists: list[str], repeats: int, new_tokens: float) -> float:
+    """Minutes of decoding of one live cell (`adaptive.py live`'s protocol): an adaptive warm-up run, the screen (every
+    policy once), an adaptive run, then `repeats` rounds of each finalist followed by an adaptive run; every run 2 c
+    requests of `new_tokens` at the simulated steady rates `r`."""
+    runs = {p: 1 for p in MIXED_POLICIES} | {MIXED_POLICIES[-1]: 3 + repeats * len(finalists)}
+    runs |= {f: 1 + repeats for f in finalists}
+    return sum(n * 2 * c * new_tokens / r[p][c] for p, n in runs.items()) / 60
 
 
 def mixed_main(argv: list[str]) -> int:
@@ -229,10 +240,12 @@ def mixed_main(argv: list[str]) -> int:
     ap.add_argument("--datasets", default="humaneval,sharegpt")
     ap.add_argument("--new-tokens", type=float, default=224.0, help="new tokens per request of a live run (the live "
                     "cost estimate; the HumanEval c1 cells averaged 224 at T = 0, 185 at T = 1)")
+    ap.add_argument("--finalists", type=int, default=2, help="as `adaptive.py live`: fixed K kept after its screen")
+    ap.add_argument("--repeats", type=int, default=4, help="as `adaptive.py live`: rounds after the screen")
     ap.add_argument("--out", default="bench/results/adaptive_mixed_sim.md")
     args = ap.parse_args(argv)
     conc, adaptive, costs = LIVE_CONCURRENCY, MIXED_POLICIES[-1], args.costs.split(",")
-    rows, detail, minutes = [], [], []
+    rows, detail, minutes, screens = [], [], [], []
     for label, t, steps in mixed_cases(args.datasets.split(",")):
         for i, cost in enumerate(spec.replace("{T}", f"{t:g}") for spec in costs):
             r = mix_rates(steps, cost, conc)
@@ -244,11 +257,13 @@ def mixed_main(argv: list[str]) -> int:
                          " / ".join(f"{r[adaptive]['drafted'][c]:.2f}" for c in conc)])
             print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
             if i == 0:
+                top = {c: best_fixed(r, c, args.finalists) for c in conc}
+                common = [f for f in top[1] if all(f in top[c] for c in conc)]
+                screens.append([label, f"{t:g}", *(", ".join(top[c]) for c in conc), ", ".join(common) or "none"])
                 detail += [[label, f"{t:g}", p, *(f"{r[p][c]:.2f}" for c in conc), f"{r[p]['mixed']:.2f}",
                             f"{r[p]['mixed'] / r[b]['mixed']:.3f}"] for p in r]
-            if i == 0 and label.startswith("humaneval (shipped"):  # a live cell: every policy x 3 repeats + the
-                runs = {p: 3 + (p == adaptive) for p in MIXED_POLICIES}  # adaptive warm-up run, 2 c requests each
-                minutes.append([f"{t:g}", *(f"{sum(n * 2 * c * args.new_tokens / r[p][c] for p, n in runs.items()) / 60:.0f}"
+            if i == 0 and label.startswith("humaneval (shipped"):
+                minutes.append([f"{t:g}", *(f"{live_minutes(r, c, top[c], args.repeats, args.new_tokens):.0f}"
                                             for c in conc)])
     text = [header("Simulated mixed load: adaptive-stop / best fixed K at equal time in c1, c4, c16"), MIXED_NOTE,
             md_table(["trace", "T", "requests", "cost model", "mix: best fixed K (tok/s)", "mix: adaptive",
@@ -256,11 +271,17 @@ def mixed_main(argv: list[str]) -> int:
                       "adaptive drafts / request-step (c1 / c4 / c16)"], rows),
             f"\n## Every policy under `{costs[0]}`\n",
             md_table(["trace", "T", "policy", *(f"c{c} tok/s" for c in conc), "mix tok/s", "mix / best fixed"], detail),
+            "\n## The live protocol's finalists, as simulated\n",
+            f"`adaptive.py live` keeps the {args.finalists} fixed K of the best screen rates per cell and composes the "
+            "mix against the fixed K that were finalists in every cell of it (none: no mix). The simulated rates' "
+            f"top {args.finalists} per c under `{costs[0]}`:\n",
+            md_table(["trace", "T", *(f"c{c} finalists" for c in conc), "finalist at every c"], screens),
             "\n## What measuring the mix live costs\n",
-            f"`python bench/adaptive.py live --concurrency C`, per cell: {len(MIXED_POLICIES)} policies x 3 repeats + "
-            f"the adaptive warm-up run, each 2 C requests of {args.new_tokens:g} new tokens at the simulated steady "
-            f"rate under `{costs[0]}` (HumanEval, shipped trace). Model loads, prefill, ramp and drain are left out: "
-            "lower bounds, minutes of decoding.\n",
+            f"`python bench/adaptive.py live --concurrency C`, per cell (`live_minutes`): an adaptive warm-up run, the "
+            f"screen ({len(MIXED_POLICIES)} runs), an adaptive run, {args.repeats} rounds of the {args.finalists} "
+            f"simulated finalists each followed by an adaptive run; each run 2 C requests of {args.new_tokens:g} new "
+            f"tokens at the simulated steady rate under `{costs[0]}` (HumanEval, shipped trace). Model loads, prefill, "
+            "ramp and drain are left out: lower bounds, minutes of decoding.\n",
             md_table(["T", *(f"c{c} cell (min)" for c in conc)], minutes), ""]
     write({Path(args.out): "\n".join(text)})
     print("\n".join(text))

@@ -150,3 +150,8 @@ def test_mixed_prediction_composes_what_avkit_simulate_gives(tmp_path, capsys):
     best = max(v for p_, v in mix.items() if p_.startswith("fixed:"))
     summary = next(line.split(" | ") for line in out.read_text().splitlines() if line.startswith(f"| {label} | 0 | 2 |"))
     assert float(summary[6].strip("*")) == pytest.approx(mix["adaptive-stop:online_logistic"] / best, abs=2e-3)
+    # the live protocol's finalists per c: the two fixed K of the best rates; the mix needs one finalist at every c
+    screen = next(r for r in rows if len(r) == 6)
+    top = [sorted((p_ for p_ in table if p_.startswith("fixed:")), key=lambda p_: -table[p_][i])[:2] for i in range(3)]
+    assert [s_.split(", ") for s_ in screen[2:5]] == top
+    assert screen[5].strip(" |") == (", ".join(f for f in top[0] if f in top[1] and f in top[2]) or "none")
