@@ -25,7 +25,7 @@ from avkit.config import DEFAULT_DRAFT, DEFAULT_TARGET
 from avkit.scheduling.cost import CostTable
 from avkit.sim.steps import trace_steps
 from avkit.trace.schema import generations_path
-from common import header, load, options, paired_ratio, tiny_pair, today, write
+from common import csv, header, load, options, paired_ratio, tiny_pair, today, write
 
 PROTOCOL = 4  # cells of another protocol stay in the store, are not resumed and not shown (1: steady = each
 # request's first-to-last token span, which held the other lanes' admission prefills; 2: each adaptive run started
@@ -108,7 +108,8 @@ def cell(args, work: Path, dataset: str, temperature: float, concurrency: int) -
 
     for p in fixed + [args.adaptive]:  # the screen: it only chooses the finalists, no ratio reads it
         run(p, 0)
-    finalists = sorted(fixed, key=lambda p: -runs[p][0]["decode_tok_s"])[:args.finalists]
+    ranked = sorted(fixed, key=lambda p: -runs[p][0]["decode_tok_s"])
+    finalists = ranked[:args.finalists] + [f"fixed:{k}" for k in args.keep if f"fixed:{k}" not in ranked[:args.finalists]]
     run(args.adaptive, 1)
     for rep in range(1, args.repeats + 1):  # A f1 A f2 A f1 A ...: each finalist's run between two adaptive runs
         for f in finalists:
@@ -285,6 +286,9 @@ def live_main(argv: list[str]) -> int:
     ap.add_argument("--cost", default="", help="the adaptive policy's cost table (avkit profile)")
     ap.add_argument("--repeats", type=int, default=4, help="rounds after the screen: bracketed runs per finalist")
     ap.add_argument("--finalists", type=int, default=2, help="the fixed K of the best screen rates that go on")
+    ap.add_argument("--keep", type=csv(int), default=[], metavar="K,...",
+                    help="fixed K that go on whatever the screen says (a mix compares against a K that is a finalist "
+                         "in each of its cells: `bench/adaptive.py mixed` names the one it predicts)")
     ap.add_argument("--requests-per-lane", type=int, default=2)
     ap.add_argument("--out", default="bench/results/adaptive_live.md", help="Markdown; the JSON goes beside it "
                     "(the cells measured so far: each new cell replaces the one of its dataset, T and c)")
@@ -306,6 +310,8 @@ def live_main(argv: list[str]) -> int:
         ap.error("--repeats must be >= 3: an interval needs them")
     if args.finalists < 1:
         ap.error("--finalists must be >= 1")
+    if set(args.keep) - set(args.ks):
+        ap.error(f"--keep: {','.join(map(str, sorted(set(args.keep) - set(args.ks))))} not in --ks")
     out = Path(args.out)
     store = out.with_suffix(".json")
     policies = {f"fixed:{k}" for k in args.ks} | {args.adaptive}

@@ -116,11 +116,17 @@ def test_tiny_protocol_runs_through_the_cli(tmp_path, capsys):
     p = _live("--out", str(bad))
     assert p.returncode != 0 and p.stderr.strip().startswith(f"adaptive.py live: error: {bad.with_suffix('.json')}: ")
     held = json.loads(out.with_suffix(".json").read_text())[:2]
-    p = _live("--out", str(out), "--traces", "", "--ks", "0,1", "--concurrency", "1", "--repeats", "2")
+    p = _live("--out", str(out), "--traces", "", "--ks", "0,1", "--concurrency", "1", "--repeats", "2",
+              "--finalists", "1", "--keep", "0")
     assert p.returncode == 0, p.stderr[-3000:]
     store = json.loads(out.with_suffix(".json").read_text())
     assert [c for c in store if set(c["runs"]) == set(held[0]["runs"])] == held
-    assert any(set(c["runs"]) == {"fixed:0", "fixed:1", "adaptive-stop:online_logistic"} for c in store)
+    new, = [c for c in store if set(c["runs"]) == {"fixed:0", "fixed:1", "adaptive-stop:online_logistic"}]
+    screen = {p: rs[0]["decode_tok_s"] for p, rs in new["runs"].items() if p != A}
+    best = max(screen, key=screen.get)  # --finalists 1 --keep 0: the screen's best, and fixed:0 whatever it did
+    assert new["finalists"] == [best] + (["fixed:0"] if best != "fixed:0" else [])
+    p = _live("--out", str(out), "--keep", "5")
+    assert p.returncode != 0 and p.stderr.strip().splitlines()[-1].endswith("--keep: 5 not in --ks")
 
 
 def test_mixed_prediction_composes_what_avkit_simulate_gives(tmp_path, capsys):
