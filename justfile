@@ -96,6 +96,12 @@ bench-cost-replay:
 bench-cost-visit:
     python bench/live.py cost --replay bench/results/cost_live_steps.jsonl --visit 7 --out bench/results/cost_visit.md
 
+# the live adaptive cells' kept steps (no models): tables learned from repeats 0-1 scored on repeat 2, the step
+# time's drift by repeat, and the simulated adaptive depth per table (bench/cost_cell.py)
+[doc("the live cells' kept steps against the cost learner: held-out repeat, drift, simulated depth (seconds)")]
+bench-cost-cell:
+    python bench/live.py cost --cell bench/results/adaptive_live_traces/humaneval_T0_c1.steps.jsonl,bench/results/adaptive_live_traces/humaneval_T1_c1.steps.jsonl --cost 'bench/results/cost_learned_T{T}.json' --coefficients traces/coefficients.json --out bench/results/cost_cell.md
+
 # live adaptive / best fixed K per cell through `avkit record --policy`: a screen, then the finalists bracketed by
 # adaptive runs, 95% intervals (real pair, idle CPU, ~25 min a c1 cell; `python bench/adaptive.py live --tiny` checks it)
 [doc("live adaptive / best fixed K per cell, 95% intervals (real pair, idle CPU, hours)")]

@@ -241,8 +241,11 @@ def markdown(args, cells: list[dict]) -> str:
 
 
 def predict(args, cells: list[dict]) -> None:
-    """Each cell with a kept trace gets the simulator's tok/s per policy under --predict's cost model (in place)."""
+    """Each cell with a kept trace gets the simulator's tok/s per policy under --predict's cost model (in place):
+    a cost file ({T}: one per temperature), `cell` (the model the cell's last adaptive run left) or `replay:PRIOR`
+    (the model today's learner carries over the cell's kept adaptive steps from PRIOR: `carried`)."""
     from avkit.sim.replay import simulate  # the simulator, only for --predict
+    from cost_cell import carried, read_steps
 
     for c in cells:
         trace = trace_path(args, c["dataset"], c["temperature"], c["concurrency"])
@@ -251,11 +254,18 @@ def predict(args, cells: list[dict]) -> None:
                   file=sys.stderr)
             continue
         cost = (str(learned_path(args, c["dataset"], c["temperature"], c["concurrency"])) if args.predict == "cell"
-                else args.predict.replace("{T}", f"{c['temperature']:g}"))
+                else args.predict.removeprefix("replay:").replace("{T}", f"{c['temperature']:g}"))
+        steps = trace.with_suffix(".steps.jsonl")
         if not Path(cost).is_file():
             raise SystemExit(f"adaptive.py live: error: --predict: no cost file {cost!r}")
+        if args.predict.startswith("replay:") and not steps.is_file():
+            raise SystemExit(f"adaptive.py live: error: --predict replay: no kept steps {str(steps)!r}")
+        table = CostTable.load(cost)
+        if args.predict.startswith("replay:"):  # today's learner over the cell's kept steps (bench/cost_cell.py)
+            table = carried(table, read_steps(steps), range(args.repeats))
+            cost = f"{steps} through today's learner, runs carried from {cost}"
         policies = list(c["runs"])
-        df = simulate([str(trace)], CostTable.load(cost), [c["concurrency"]], policies,
+        df = simulate([str(trace)], table, [c["concurrency"]], policies,
                       coefficients=args.coefficients if Path(args.coefficients).is_file() else "")
         c["predicted"] = {"cost": cost, **{k: dict(zip(policies, df[col].to_list())) for k, col in
                                            (("tok_s", "throughput_tok_s"), ("tokens_per_step", "tokens_per_step"),
@@ -295,7 +305,8 @@ def live_main(argv: list[str]) -> int:
     ap.add_argument("--resume", action="store_true", help="skip the cells the JSON already holds")
     ap.add_argument("--predict", default="", metavar="COST",
                     help="no runs: the simulator's tok/s for every held cell from its kept trace under this cost "
-                         "model ({T}: one per temperature; 'cell': the model the cell's last adaptive run left), "
+                         "model ({T}: one per temperature; 'cell': the model the cell's last adaptive run left; "
+                         "'replay:COST': today's learner over the cell's kept steps from COST, `predict`), "
                          "beside the measured ones")
     ap.add_argument("--no-learn-cost", dest="learn_cost", action="store_false",
                     help="the adaptive policy keeps --cost as it is (default: it learns from its steps, as serve's)")

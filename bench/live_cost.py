@@ -30,6 +30,8 @@ runs, with probes on the learner's schedule, and scores its price of the other d
 `--traces A,B --score C,D` (recorded traces, e.g. `avkit record --learn-cost` runs) feeds each of A, B in order to
 a learner from the table the previous one left (the first from --cost), as runs carrying their learned model do,
 and scores C and D per draft depth: mean predicted / mean measured over their decode steps (`traces`).
+`--cell A.steps.jsonl,B.steps.jsonl` (live cells' kept steps, bench/adaptive_live.py): held-out scores, drift by
+repeat and the simulated adaptive depth per table, --cost the prior (bench/cost_cell.py).
 """
 
 from __future__ import annotations
@@ -196,6 +198,11 @@ def save_learned(learners: dict, folder: str) -> None:
         print(f"learned cost model (T = {t:g}): {learner.model.save(path)}", file=sys.stderr)
 
 
+def _t(steps: str) -> str:
+    """A cell's temperature from its kept file's name (<dataset>_T<T>_c<c>.steps.jsonl)."""
+    return Path(steps).name.split("_T")[-1].split("_c")[0]
+
+
 def _tiny():
     target, draft = (avkit.models.load(d) for d in tiny_pair("avkit-bench-"))
     cost = CostTable((1, 8, 64), (1.0, 1.5, 4.0), (1, 8), (0.3, 0.5), meta={"source": "smoke"})
@@ -231,7 +238,17 @@ def cost_main(argv: list[str]) -> int:
                     help="with --visit: the learner's probe period (default: the learner's)")
     ap.add_argument("--traces", default=None, type=csv(), metavar="RUNS", help="recorded runs to learn from (`traces`)")
     ap.add_argument("--score", default=None, type=csv(), metavar="RUNS", help="with --traces: the traces to price")
+    ap.add_argument("--cell", default=None, type=csv(), metavar="STEPS", help="live cells' steps (bench/cost_cell.py)")
+    ap.add_argument("--coefficients", default="", help="with --cell: the adaptive policy's warm start, as the cell's")
     a = ap.parse_args(argv)
+    if a.cell:
+        from cost_cell import cell_lines
+        lines = [header("Live cells' steps against the cost learner") + "bench/cost_cell.py (module note).", "",
+                 *(x for s in a.cell for x in cell_lines(s, resolve_cost(a.cost.replace("{T}", _t(s))),
+                                                         a.coefficients))]
+        write({a.out: "\n".join(lines) + "\n"} if a.out else {})
+        print("\n".join(lines))
+        return 0
     if a.traces:
         lines = [header("Recorded runs priced by the cost model learned from others") +
                  f"Learned from {', '.join(f'`{p}`' for p in a.traces)} in order (bench/live_cost.py `traces`), "

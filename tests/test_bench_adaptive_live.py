@@ -106,6 +106,11 @@ def test_tiny_protocol_runs_through_the_cli(tmp_path, capsys):
         learned = kept / f"tiny_T1_c{cell['concurrency']}.learned_cost.json"
         assert cell["predicted"]["cost"] == str(learned) and CostTable.load(learned).meta["source"] == "learned"
         assert CostTable.load(learned).meta["prior"] == "learned"  # carried: the last run started from a learned model
+    # --predict replay:COST: today's learner over each cell's kept steps, runs carried from COST (cost_cell.py)
+    p = _live("--out", str(out), "--traces", str(kept), "--predict", f"replay:{cost}")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert all("through today's learner" in c["predicted"]["cost"]
+               for c in json.loads(out.with_suffix(".json").read_text())[:2])
 
     # bad input: one line naming what; a run with other policies keeps the cells it does not measure
     p = _live("--out", str(out), "--traces", str(kept), "--predict", str(tmp_path / "none.json"))

@@ -430,3 +430,31 @@ def test_steps_far_cheaper_than_the_prior_keep_a_table_its_loader_reads(tmp_path
     learner.snapshot(tmp_path / "cost.json")
     model = CostTable.load(tmp_path / "cost.json")
     assert min(model.verify_ms) > 0 and min(model.draft_ms) > 0
+
+
+def test_a_snapshot_carries_its_steps_into_the_next_run():
+    """Run 1 learns depths 3 and 7 (400 steps, 2% noise, fixed seed) and snapshots; run 2 restarts from the snapshot
+    and sees 40 steps of depth 5 alone, which costs 1.25x what the shared curves say (its own shape, as a CPU
+    kernel's tile makes one). The snapshot's ordinates count for the steps behind them (at most a window), so run
+    2 leaves depths 3 and 7 within 8% of the truth (measured: 1.007, 1.052); a snapshot counted as 2 pseudo-steps
+    (its evidence stripped, as a profiled prior is counted) lets depth 5's steps pull them > 12% off (1.065, 1.148)."""
+    truth = lambda d: float(TRUE.step_cost(1, d, d + 1, 512)) * (1.25 if d == 5 else 1.0)
+
+    def worst(strip: bool) -> float:
+        rng = np.random.default_rng(0)
+        first = CostLearner(PRIOR, probe_every=0)
+        for i in range(400):
+            d = (3, 7)[i % 2]
+            first.observe(StepTime(1, d, d + 1, 512, truth(d) * (1 + 0.02 * rng.standard_normal())))
+        snapshot = first.refit()
+        assert set(snapshot.meta["evidence"]) >= {"verify_ms", "draft_ms"}
+        if strip:
+            snapshot = replace(snapshot, meta={k: v for k, v in snapshot.meta.items() if k != "evidence"})
+        second = CostLearner(snapshot, probe_every=0)
+        for _ in range(40):
+            second.observe(StepTime(1, 5, 6, 512, truth(5) * (1 + 0.02 * rng.standard_normal())))
+        model = second.refit()
+        return max(abs(float(model.step_cost(1, d, d + 1, 512)) / truth(d) - 1) for d in (3, 7))
+
+    assert worst(strip=False) < 0.08
+    assert worst(strip=True) > 0.12

@@ -9,8 +9,10 @@
             delta: the relative change of each ordinate of the LEARNED curves (x_b,i = ordinate i's weight in
             b's price times the ordinate, / prior_b); g_kv moves kv_ms_per_token (kv_b = (context_b -
             held_context_b) u_kv / prior_b); g_look moves lookup_ms (look_b = l_b u_look / prior_b). Each
-            unknown carries PRIOR_COUNT pseudo-steps of its column's mean square; the curves are made
-            non-decreasing again by isotonic regression weighted by the steps behind each ordinate.
+            unknown carries max(PRIOR_COUNT, e) pseudo-steps of its column's mean square, e the steps a learned
+            prior's snapshot holds behind it (meta.evidence: each unknown's steps, its prior's included, at most
+            `window`; 0 for a profiled table), so a restart resumes what the last run learned; the curves are
+            made non-decreasing again by isotonic regression weighted by the steps behind each ordinate.
             A bucket whose drafting phase was timed apart (StepTime.drafting_ms, the engine on CPU) adds the
             same equation for that phase over the drafter's columns alone: at batch 1 a step's passes and
             verified tokens rise together, so its total cannot tell a draft pass from a verify token
@@ -122,6 +124,20 @@ class CostLearner:
                 names.append((name, i))
         return cols, names
 
+    def _carried(self, names: list[tuple[str, int]]) -> np.ndarray:
+        """[P] the steps a learned prior's snapshot holds behind each unknown (meta.evidence; 0 where it holds
+        none: a profiled table, an older snapshot, a grid of another length)."""
+        held = self.prior.meta.get("evidence")
+        held = held if isinstance(held, dict) else {}
+        out = np.zeros(len(names))  # [P]
+        for name in dict.fromkeys(nm for nm, _ in names):
+            at = [j for j, (nm, _) in enumerate(names) if nm == name]  # its columns (kv, lookup: one)
+            v = held.get(name)
+            if isinstance(v, list) and len(v) == len(at) and all(
+                    isinstance(x, (int, float)) and math.isfinite(x) for x in v):
+                out[at] = v
+        return np.maximum(out, 0.0)
+
     def refit(self) -> CostTable:
         """The ridge fit of the module note; `model` becomes its CostTable."""
         keys = [k for k, (_, window) in self.buckets.items() if window]
@@ -155,18 +171,20 @@ class CostLearner:
             target = np.concatenate([target, ((drafting - p_draft) / base)[apart]])
         w = np.concatenate([m, m[apart]])  # [B + A] each row's steps learned
         used = np.abs(x_mat).sum(0) > 0
+        carried = self._carried(names)  # [P] steps behind each unknown in a learned prior (module note: prior)
+        count = np.maximum(self.prior_count, np.minimum(carried, self.window))  # [P] the prior's pseudo-steps
         prices = {"kv": p.kv_ms_per_token, "lookup": p.lookup_ms}  # the scalar unknowns' prior values
         while True:  # a KV slope or lookup price the fit would push below 0 stays at the prior; the rest refit
             delta = np.zeros(len(names))
             a = x_mat[:, used]
             square = (w[:, None] * a ** 2).sum(0) / (w[:, None] * (a != 0)).sum(0)  # [P'] each column's mean square
-            lhs = a.T @ (w[:, None] * a) + self.prior_count * np.diag(square)  # the prior: prior_count typical steps
+            lhs = a.T @ (w[:, None] * a) + np.diag(count[used] * square)  # the prior: count typical steps each
             delta[used] = np.linalg.solve(lhs, a.T @ (w * target))
             negative = np.asarray([nm in prices and prices[nm] + d * sc < 0 for (nm, sc), d in zip(names, delta)])
             if not negative.any():
                 break
             used &= ~negative
-        evidence = (w[:, None] * np.abs(x_mat)).sum(0)  # [P] steps behind each ordinate
+        evidence = (w[:, None] * np.abs(x_mat)).sum(0) + carried  # [P] steps behind each unknown, the prior's too
         curves = {}
         for name in LEARNED:
             idx = [j for j, (nm, _) in enumerate(names) if nm == name]
@@ -175,8 +193,12 @@ class CostLearner:
                 ys = p.curve(name)[1]
                 curves[name] = isotonic(np.maximum(ys * (1.0 + delta[idx]), 0.01 * ys), evidence[idx] + 1e-3)
         moved = {nm: prices[nm] + d * scale for (nm, scale), d in zip(names, delta) if nm in prices}
+        held = {}  # name -> [ordinates] (kv, lookup: one number) steps behind each, at most a window (a snapshot's)
+        for j, (nm, _) in enumerate(names):
+            held.setdefault(nm, []).append(round(float(min(evidence[j], self.window)), 3))
         meta = {**p.meta, "source": "learned", "steps": self.steps, "shapes": len(keys),
-                "prior_count": self.prior_count, "window": self.window, "prior": p.meta.get("source", "")}
+                "prior_count": self.prior_count, "window": self.window, "prior": p.meta.get("source", ""),
+                "evidence": held}
         ridge = replace(replace(p, **curves), meta=meta, kv_ms_per_token=moved.get("kv", p.kv_ms_per_token),
                         lookup_ms=moved.get("lookup", p.lookup_ms))
         own = catch == 0  # [B] the buckets a factor prices (module note: residual)
