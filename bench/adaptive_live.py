@@ -262,7 +262,7 @@ def predict(args, cells: list[dict]) -> None:
             raise SystemExit(f"adaptive.py live: error: --predict replay: no kept steps {str(steps)!r}")
         table = CostTable.load(cost)
         if args.predict.startswith("replay:"):  # today's learner over the cell's kept steps (bench/cost_cell.py)
-            table = carried(table, read_steps(steps), range(args.repeats))
+            table = carried(table, read_steps(steps))
             cost = f"{steps} through today's learner, runs carried from {cost}"
         policies = list(c["runs"])
         df = simulate([str(trace)], table, [c["concurrency"]], policies,

@@ -42,11 +42,11 @@ def read_steps(path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
-def carried(prior: CostTable, steps: list[dict], repeats) -> CostTable:
-    """The model a cell's adaptive runs carry, replayed: one learner per repeat, from the model the previous one
-    left (the first from `prior`), fed that repeat's adaptive steps (the cell's warm-up run and its steps
-    without drafts, a depth-0 probe's, are not kept)."""
-    for r in repeats:
+def carried(prior: CostTable, steps: list[dict], repeats=None) -> CostTable:
+    """The model a cell's adaptive runs carry, replayed: one learner per repeat (None: each the steps hold), from
+    the model the previous one left (the first from `prior`), fed that repeat's adaptive steps (a repeat's
+    adaptive runs as one; the cell's warm-up run and its steps without drafts, a depth-0 probe's, are not kept)."""
+    for r in sorted({d["repeat"] for d in steps}) if repeats is None else repeats:
         prior = learn(prior, [d for d in steps if d["repeat"] == r and not d["policy"].startswith("fixed")])
     return prior
 
