@@ -2,13 +2,16 @@
 
     p' = sigmoid(a z + b)          z: a base prediction's logit
 
-The map starts at the identity (a, b) = (1, 0) and is refit after every round of `every` engine steps from
-that round's (z, label) pairs of the traffic being served, each slot predicted before its label is learned
-from. It tracks the maximum a posteriori fit on every earlier round under a Gaussian prior of precision
-`prior` centred at the identity: after each round, one Newton step on that round's slots under the Laplace
-approximation of everything before (precision P: prior I plus every earlier round's curvature),
-    P <- P + sum q (1 - q) x x^T,   (a, b) <- (a, b) + P^{-1} sum x (y - q),   x = (z, 1), q = sigmoid(a z + b)
-in O(round) (a Kalman-style filter; the exact MAP fit on the same slots is its counterpart in the tests).
+The map starts at its prior's centre (the identity (a, b) = (1, 0) unless given) and is refit after every round
+of `every` engine steps from that round's (z, label) pairs of the traffic being served, each slot predicted before
+its label is learned from. It tracks the maximum a posteriori fit on every earlier round under a Gaussian prior
+of precision `prior` at the centre: after each round, the exact MAP fit of that round's slots under the Laplace
+approximation of everything before (precision P: prior I plus every earlier round's curvature; Newton steps,
+halved until the objective falls), then P <- P + sum q (1 - q) x x^T at the new fit (x = (z, 1),
+q = sigmoid(a z + b)): O(round) per round (an assumed-density filter; the exact MAP fit on the same slots is its
+counterpart in the tests). A single Newton step is not enough: on confident logits (z ~ 7-14 at T = 0.3) a
+round's few misses carry a large gradient at almost no curvature, and one step from a weak prior overshoots
+(a from 1 to 0.19 on the first round of a T = 0.3 trace at prior 10).
 prior = inf keeps the identity. It reads the base prediction and past labels only: lossless where the base is.
 
 bench/recalibration.py applies the same map to a blend of two candidates' predictions (`online_platt`);
@@ -48,31 +51,47 @@ class PlattMap:
     True
     """
 
-    def __init__(self, prior: float):
+    def __init__(self, prior: float, centre=(1.0, 0.0)):
         self.prior = float(prior)
-        self.theta = np.array([1.0, 0.0])  # [2] (a, b)
+        self.theta = np.array(centre, dtype=np.float64)  # [2] (a, b), starting at the prior's centre
         self.precision = (self.prior + 1e-9) * np.eye(2) if np.isfinite(self.prior) else np.eye(2)  # [2, 2]
-        self._curvature, self._gradient = np.zeros((2, 2)), np.zeros(2)
+        self._z, self._y = [], []  # the open round's base logits and labels
 
     def __call__(self, z):
         """[...] base logits (numpy or torch) -> [...] recalibrated logits."""
         return self.theta[0] * z + self.theta[1]
 
     def add(self, z: np.ndarray, labels: np.ndarray) -> None:
-        """Sum a round's slots ([N] base logits, [N] labels in {0, 1}) at the current map."""
-        if not np.isfinite(self.prior):
-            return
-        x = np.c_[z, np.ones(len(z))]  # [N, 2]
-        q = sigmoid(x @ self.theta)  # [N] the predictions the map made for them
-        self._curvature += (x * (q * (1.0 - q))[:, None]).T @ x
-        self._gradient += x.T @ (np.asarray(labels, dtype=np.float64) - q)
-
-    def step(self) -> None:
-        """Close the round: fold its curvature into the precision and take the Newton step."""
+        """Keep a round's slots ([N] base logits, [N] labels in {0, 1}) until the round closes."""
         if np.isfinite(self.prior):
-            self.precision = self.precision + self._curvature
-            self.theta = self.theta + np.linalg.solve(self.precision, self._gradient)
-        self._curvature, self._gradient = np.zeros((2, 2)), np.zeros(2)
+            self._z.append(np.asarray(z, dtype=np.float64))
+            self._y.append(np.asarray(labels, dtype=np.float64))
+
+    def step(self, iters: int = 20, tol: float = 1e-9) -> None:
+        """Close the round: its MAP fit under the Laplace prior (theta, precision), then fold in its curvature."""
+        if not np.isfinite(self.prior) or not self._z:
+            self._z, self._y = [], []
+            return
+        x = np.c_[np.concatenate(self._z), np.ones(sum(map(len, self._z)))]  # [N, 2]
+        y, centre, theta = np.concatenate(self._y), self.theta, self.theta.copy()
+
+        def objective(t):  # negative log-posterior of the round, up to a constant
+            s, d = x @ t, t - centre
+            return np.logaddexp(0.0, s).sum() - y @ s + 0.5 * d @ self.precision @ d
+
+        for _ in range(iters):
+            q = sigmoid(x @ theta)  # [N]
+            grad = x.T @ (y - q) - self.precision @ (theta - centre)  # [2] ascent direction of the log-posterior
+            step = np.linalg.solve(self.precision + (x * (q * (1.0 - q))[:, None]).T @ x, grad)
+            now = objective(theta)
+            while objective(theta + step) > now and np.max(np.abs(step)) > tol:
+                step = step / 2
+            theta = theta + step
+            if np.max(np.abs(step)) < tol:
+                break
+        q = sigmoid(x @ theta)
+        self.theta, self.precision = theta, self.precision + (x * (q * (1.0 - q))[:, None]).T @ x
+        self._z, self._y = [], []
 
     def state_dict(self) -> dict[str, Any]:
         return {"a": float(self.theta[0]), "b": float(self.theta[1]), "precision": self.precision.tolist()}
@@ -83,13 +102,13 @@ class PlattMap:
 
 
 def online_platt(p: np.ndarray, labels: np.ndarray, row_step: np.ndarray, prior: float,
-                 every: int = 10) -> np.ndarray:
+                 every: int = 10, centre=(1.0, 0.0)) -> np.ndarray:
     """[N] p recalibrated online: the slots of round r (engine steps [r every, (r + 1) every); [N] row_step
-    non-decreasing) through the map learned from rounds < r."""
+    non-decreasing) through the map learned from rounds < r, its prior centred at `centre` (a, b)."""
     z, y = logit(p), np.asarray(labels, dtype=np.float64)
     rounds = np.asarray(row_step) // every  # [N]
     edges = np.r_[0, np.flatnonzero(np.diff(rounds)) + 1, z.size]
-    out, platt = np.empty_like(z), PlattMap(prior)
+    out, platt = np.empty_like(z), PlattMap(prior, centre)
     for lo, hi in itertools.pairwise(edges):
         out[lo:hi] = sigmoid(platt(z[lo:hi]))
         platt.add(z[lo:hi], y[lo:hi])
