@@ -90,7 +90,7 @@ OFFSETS = (0.0, 10.0, 100.0, np.inf)  # online_shift's offset prior precisions (
 TAUS = (0.0, 0.1, 0.3, 1.0, np.inf)  # forgetting_gap's shrinkage scales (temperature units; 0 = cold at any gap)
 AUC_SLACK, BOOT = 0.002, 1000
 CANDIDATES = ("vllm", "online_sameT", "online_multi", "online_shift", "forgetting", "forgetting_warm",
-              "forgetting_gap", "forgetting_platt", "temp_platt", "blend_platt")
+              "forgetting_gap", "forgetting_platt", "blend_platt")
 SHOWN = ("vllm", "online_sameT", "forgetting_warm", "forgetting_gap", "blend_platt")  # reliability diagrams
 PER_POSITION = SHOWN + ("online_multi", "online_shift")  # the per-position table's rows
 MISSES = ("forgetting_gap", "online_shift", "blend_platt")  # the diagnosis' rows
@@ -233,15 +233,9 @@ def add_blends(trace: Trace, train: frozenset, preds: dict, chosen: tuple) -> tu
         inner.append((u.data.labels, replay("forgetting_logistic", u, gap_start(rest, u.temperature, tau), tau_prior),
                       multi_replay(u, rest, 0.0, offsets, columns=1), u.data.row_step))
     w, lam, lam_gap = recalibration.choose(inner)
-    temps = [u.temperature for u in sorted(train, key=lambda t: t.name)]
-    h, n0, lam_t, fits = recalibration.choose_temperature([(a, p, s, x) for (a, p, _, s), x in zip(inner, temps)],
-                                                          seen)
-    centre = recalibration.temperature_centre(fits, trace.temperature, h, n0)
     mixed, steps = blend(preds["forgetting_gap"], preds["online_shift"], w), trace.data.row_step
     return preds | {"forgetting_platt": online_platt(preds["forgetting_gap"], y, steps, lam_gap),
-                    "temp_platt": online_platt(preds["forgetting_gap"], y, steps, lam_t, centre=centre),
-                    "blend_platt": online_platt(mixed, y, steps, lam)}, (*chosen, w, lam, lam_gap,
-                                                                         (h, n0, lam_t, *centre))
+                    "blend_platt": online_platt(mixed, y, steps, lam)}, (*chosen, w, lam, lam_gap)
 
 
 def scores(trace: Trace, preds: dict[str, np.ndarray], chosen: tuple) -> list[dict]:

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from avkit.estimators.base import sigmoid
-from avkit.estimators.platt import PlattMap, blend, logit, online_platt
+from avkit.estimators.platt import PlattMap, blend, online_platt
 from avkit.metrics import log_loss
 
 WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the blend's weight on the first candidate
@@ -40,35 +39,3 @@ def choose(inner: list[tuple[np.ndarray, ...]]) -> tuple[float, float, float]:
     w = min(WEIGHTS, key=lambda v: mean_loss(v, np.inf))
     return w, min(LAMS, key=lambda v: mean_loss(w, v)), min(LAMS, key=lambda v: mean_loss(1.0, v))
 
-
-BANDWIDTHS = (0.1, 0.3, 1.0, np.inf)  # temp_platt's kernel scale in temperature units (inf: every trace alike)
-PSEUDO = (0.0, 1.0, 4.0)  # temp_platt's pseudo-traces at the identity (shrinkage of the centre)
-
-
-def temperature_centre(fits: list[tuple[float, np.ndarray]], temperature: float, h: float, n0: float) -> np.ndarray:
-    """[2] the map's centre at `temperature` from training traces' hindsight maps [(T_u, (a_u, b_u))]: their
-    average weighted by exp(-|T - T_u| / h), shrunk toward the identity by n0 pseudo-traces."""
-    w = np.array([np.exp(-abs(temperature - t) / h) if np.isfinite(h) else 1.0 for t, _ in fits])  # [U]
-    theta = np.array([th for _, th in fits]).reshape(-1, 2)  # [U, 2]
-    return (w @ theta + n0 * np.array([1.0, 0.0])) / (w.sum() + n0 + 1e-12)
-
-
-def choose_temperature(inner: list[tuple], seen: bool) -> tuple[float, float, float, list]:
-    """-> (h, n0, lam, fits) for temp_platt over the inner held-out traces, each (labels, p, row_step, T): every
-    inner trace's centre from the other inner traces' hindsight maps (without its own temperature unless `seen`:
-    the outer protocol's), (h, n0) of least mean log-loss with the map fixed at the centre, then the online
-    map's prior lam of least mean log-loss at that centre; fits: every inner trace's (T, hindsight map)."""
-    fits = [(t, platt_fit(logit(p), y)) for y, p, _, t in inner]
-
-    def centre(i, h, n0):
-        rest = [f for j, f in enumerate(fits) if j != i and (seen or f[0] != fits[i][0])]
-        return temperature_centre(rest, fits[i][0], h, n0) if rest else np.array([1.0, 0.0])
-
-    def fixed_loss(h, n0):
-        return np.mean([log_loss(y, sigmoid(centre(i, h, n0) @ [logit(p), np.ones(p.size)]))
-                        for i, (y, p, _, _) in enumerate(inner)])
-
-    h, n0 = min(((h, n0) for h in BANDWIDTHS for n0 in PSEUDO), key=lambda k: fixed_loss(*k))
-    lam = min(LAMS, key=lambda v: np.mean([log_loss(y, online_platt(p, y, s, v, centre=centre(i, h, n0)))
-                                            for i, (y, p, s, _) in enumerate(inner)]))
-    return h, n0, lam, fits

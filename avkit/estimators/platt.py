@@ -2,7 +2,7 @@
 
     p' = sigmoid(a z + b)          z: a base prediction's logit
 
-The map starts at its prior's centre (the identity (a, b) = (1, 0) unless given) and is refit after every round
+The map starts at the identity (a, b) = (1, 0), its prior's centre, and is refit after every round
 of `every` engine steps from that round's (z, label) pairs of the traffic being served, each slot predicted before
 its label is learned from. It tracks the maximum a posteriori fit on every earlier round under a Gaussian prior
 of precision `prior` at the centre: after each round, the exact MAP fit of that round's slots under the Laplace
@@ -51,9 +51,9 @@ class PlattMap:
     True
     """
 
-    def __init__(self, prior: float, centre=(1.0, 0.0)):
+    def __init__(self, prior: float):
         self.prior = float(prior)
-        self.theta = np.array(centre, dtype=np.float64)  # [2] (a, b), starting at the prior's centre
+        self.theta = np.array([1.0, 0.0])  # [2] (a, b), starting at the prior's centre (the identity)
         self.precision = (self.prior + 1e-9) * np.eye(2) if np.isfinite(self.prior) else np.eye(2)  # [2, 2]
         self._z, self._y = [], []  # the open round's base logits and labels
 
@@ -102,13 +102,13 @@ class PlattMap:
 
 
 def online_platt(p: np.ndarray, labels: np.ndarray, row_step: np.ndarray, prior: float,
-                 every: int = 10, centre=(1.0, 0.0)) -> np.ndarray:
+                 every: int = 10) -> np.ndarray:
     """[N] p recalibrated online: the slots of round r (engine steps [r every, (r + 1) every); [N] row_step
-    non-decreasing) through the map learned from rounds < r, its prior centred at `centre` (a, b)."""
+    non-decreasing) through the map learned from rounds < r."""
     z, y = logit(p), np.asarray(labels, dtype=np.float64)
     rounds = np.asarray(row_step) // every  # [N]
     edges = np.r_[0, np.flatnonzero(np.diff(rounds)) + 1, z.size]
-    out, platt = np.empty_like(z), PlattMap(prior, centre)
+    out, platt = np.empty_like(z), PlattMap(prior)
     for lo, hi in itertools.pairwise(edges):
         out[lo:hi] = sigmoid(platt(z[lo:hi]))
         platt.add(z[lo:hi], y[lo:hi])
