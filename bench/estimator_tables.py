@@ -18,12 +18,14 @@ def table(rows: list[dict]) -> list[str]:
              "log-loss | Δ log-loss vs vllm [95%] | AUC | goals |",
              "|---|---:|---:|---:|---|---|---:|---|---:|---|---:|---|"]
     for r in rows:
-        prior, worst, shrink, offsets, w, lam, lam_gap = r["chosen"]
+        prior, worst, shrink, offsets, prior_t, lam_t, w, lam, lam_gap = r["chosen"]
         mark = {"online_multi": f" ({shrink:g})", "online_shift": f" ({offsets:g})",
                 "forgetting": "†" if r["trace"] in TUNED_ON else "",
                 "forgetting_warm": f" ({prior:g})",
                 "forgetting_gap": " ({:g}, {:g})".format(*worst),
-                "forgetting_platt": f" ({lam_gap:g})", "blend_platt": f" ({w:g}, {lam:g})"}.get(r["estimator"], "")
+                "forgetting_platt": f" ({lam_gap:g})",
+                "forgetting_sameT_platt": f" ({prior_t:g}, {lam_t:g})",
+                "blend_platt": f" ({w:g}, {lam:g})"}.get(r["estimator"], "")
         dll = "—" if r["estimator"] == "vllm" else f"[{r['dll_lo']:+.4f}, {r['dll_hi']:+.4f}]"
         lines.append(f"| {r['trace']} | {r['T']:g} | {r['slots']:,} | {r['requests']} | {r['estimator']}{mark} | "
                      f"{r['ece']:.4f} [{r['ece_lo']:.4f}, {r['ece_hi']:.4f}] | {r['floor']:.4f} | "

@@ -34,6 +34,10 @@ traces: LOTO trains on every other trace, LOTTO only on traces of another temper
                    its prior (tau = 0): a warm start never worse than none where one was tried
   forgetting_platt forgetting_gap through the online Platt map: the registered estimator forgetting_platt
                    (avkit/estimators/platt.py) from forgetting_gap's start, the map's prior by inner LOTO
+  forgetting_sameT_platt  forgetting_logistic on online_sameT's feature T * (-log(-log q_max)) (its basis: that
+                   and -log(softplus(-it))), started as online_sameT is, through the online Platt map; prior_slots,
+                   then the map's prior, by an inner LOTO on the training traces (mean log-loss), each inner trace
+                   started as the outer one is
   blend_platt      forgetting_gap's and online_shift's logits averaged with weight w, through an online Platt map
                    (avkit/estimators/platt.py) updated every 10 engine steps from the held-out trace's own past
                    labels; w, then the map's prior precision, by an inner LOTO on the training traces
@@ -90,8 +94,8 @@ OFFSETS = (0.0, 10.0, 100.0, np.inf)  # online_shift's offset prior precisions (
 TAUS = (0.0, 0.1, 0.3, 1.0, np.inf)  # forgetting_gap's shrinkage scales (temperature units; 0 = cold at any gap)
 AUC_SLACK, BOOT = 0.002, 1000
 CANDIDATES = ("vllm", "online_sameT", "online_multi", "online_shift", "forgetting", "forgetting_warm",
-              "forgetting_gap", "forgetting_platt", "blend_platt")
-SHOWN = ("vllm", "online_sameT", "forgetting_warm", "forgetting_gap", "blend_platt")  # reliability diagrams
+              "forgetting_gap", "forgetting_platt", "forgetting_sameT_platt", "blend_platt")
+SHOWN = ("vllm", "online_sameT", "forgetting_gap", "forgetting_sameT_platt", "blend_platt")  # reliability diagrams
 PER_POSITION = SHOWN + ("online_multi", "online_shift")  # the per-position table's rows
 MISSES = ("forgetting_gap", "online_shift", "blend_platt")  # the diagnosis' rows
 FEATURES = ("logit_qmax", *NAMES)
@@ -203,13 +207,31 @@ def choose_gap(train: frozenset) -> tuple[float, float]:
     return pairs[int(np.argmin(regret))]
 
 
+def inner_same_t(train: frozenset, seen: bool) -> tuple[float, float]:
+    """forgetting_sameT_platt's prior_slots, then its Platt map's prior, by an inner LOTO inside `train` (mean
+    log-loss), each inner trace started as the outer one is: from the rest's fit at its temperature (all the
+    rest where none is; without its temperature at all where the outer trace's is not trained on: LOTTO)."""
+    ts = sorted(train, key=lambda t: t.name)
+    rests = [frozenset(v for v in train if v is not u and (seen or v.temperature != u.temperature)) for u in ts]
+    starts = [batch_state(frozenset(v for v in r if v.temperature == u.temperature) or r, G_T)
+              for u, r in zip(ts, rests)]
+    preds = {prior: [replay("forgetting_logistic", u, s, prior, G_T) for u, s in zip(ts, starts)] for prior in PRIORS}
+    prior = min(PRIORS, key=lambda v: np.mean([log_loss(u.data.labels, p) for u, p in zip(ts, preds[v])]))
+    lam = min(recalibration.LAMS, key=lambda v: np.mean([
+        log_loss(u.data.labels, online_platt(p, u.data.labels, u.data.row_step, v)) for u, p in zip(ts, preds[prior])]))
+    return prior, lam
+
+
 def predict_all(trace: Trace, train: frozenset) -> tuple[dict[str, np.ndarray], tuple]:
     """-> (each candidate's prequential predictions [N] on `trace`, having learned only from `train`;
-    the prior_slots chosen, forgetting_gap's (prior_slots, tau), online_multi's shrink, online_shift's offsets)."""
+    the prior_slots chosen, forgetting_gap's (prior_slots, tau), online_multi's shrink, online_shift's offsets,
+    forgetting_sameT_platt's prior_slots and map prior)."""
     prior = inner(train)
     same_t = frozenset(t for t in train if t.temperature == trace.temperature)
     worst = (prior, np.inf) if same_t or len({t.temperature for t in train}) < 2 else choose_gap(train)
     shrink, offsets = choose(train, "shrink", SHRINKS), choose(train, "offsets", OFFSETS, columns=1)
+    prior_t, lam_t = inner_same_t(train, bool(same_t))
+    same = replay("forgetting_logistic", trace, batch_state(same_t or train, G_T), prior_t, G_T)
     return {"vllm": replay("online_logistic", trace),
             "online_sameT": replay("online_logistic", trace, batch_state(same_t or train, G_T), feature=G_T),
             "online_multi": multi_replay(trace, train, shrink),
@@ -217,7 +239,9 @@ def predict_all(trace: Trace, train: frozenset) -> tuple[dict[str, np.ndarray], 
             "forgetting": replay("forgetting_logistic", trace),
             "forgetting_warm": replay("forgetting_logistic", trace, batch_state(train), prior),
             "forgetting_gap": replay("forgetting_logistic", trace, gap_start(train, trace.temperature, worst[1]),
-                                     worst[0])}, (prior, worst, shrink, offsets)
+                                     worst[0]),
+            "forgetting_sameT_platt": online_platt(same, trace.data.labels, trace.data.row_step, lam_t)}, \
+        (prior, worst, shrink, offsets, prior_t, lam_t)
 
 
 def add_blends(trace: Trace, train: frozenset, preds: dict, chosen: tuple) -> tuple[dict, tuple]:
@@ -369,7 +393,8 @@ def report(pool: list[Trace], shifts: list[Trace], loto_run: tuple, lotto_run: t
              "chose (n as forgetting_warm's and τ = inf where a training trace has the held-out temperature); "
              "online_multi (λ): the shrink its inner LOTO chose; online_shift (λ): the offsets' prior precision its "
              "inner LOTO chose; blend_platt (w, λ): the weight on forgetting_gap's logit and the Platt map's prior "
-             "precision its inner LOTO chose; forgetting_platt (λ): the map's prior precision on forgetting_gap alone. The batch fits against independent oracles "
+             "precision its inner LOTO chose; forgetting_platt (λ): the map's prior precision on forgetting_gap alone; "
+             "forgetting_sameT_platt (n, λ): the prior_slots, then the map's prior precision, its inner LOTO chose. The batch fits against independent oracles "
              f"on the same design ({pool[0].name}): online_multi's against scikit-learn's unpenalised "
              "LogisticRegression, max |Δ coefficient| "
              f"{sklearn_gap(pool[0].x, pool[0].data.positions, pool[0].data.labels):.1e}; the shift model's "
