@@ -108,8 +108,8 @@ def test_a_500_keeps_the_keep_alive_connection_and_echoes_nothing(server, monkey
 def test_tokenizing_a_huge_prompt_does_not_stall_health(pair, tmp_path):
     """Tokenization runs in a worker thread that releases the GIL: /health answers meanwhile. (With the
     GIL-holding `encode` on the event loop, one /health call waited for the whole tokenization.)"""
-    prompt = "the quick brown fox 12345 " * 60_000  # 1.6 MB, seconds of BPE for the tiny tokenizer
-    with running_server(pair, tmp_path, max_body_bytes=4 * 2**20) as (url, _):
+    prompt = "the quick brown fox 12345 " * 200_000  # 5.2 MB: > 1 s of BPE for the tiny tokenizer on a fast host
+    with running_server(pair, tmp_path, max_body_bytes=8 * 2**20) as (url, _):
         result = {}
 
         def post():
